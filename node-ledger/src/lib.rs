@@ -1,0 +1,1 @@
+//! What the node runtime shares between processes: config schema, the per-GPU ledger layout, the health-state enum.
