@@ -1,1 +1,8 @@
-//! Cluster placement of offline work beside online services: speed predictor, Kuhn-Munkres matching, HiveD cells.
+//! Cluster placement of offline work beside online services: speed predictor, Kuhn-Munkres
+//! matching, HiveD cells, and the plan that combines them.
+
+pub mod cells;
+pub mod extender;
+pub mod matching;
+pub mod plan;
+pub mod predictor;

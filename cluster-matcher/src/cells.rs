@@ -1,0 +1,1 @@
+//! HiveD-style buddy cells: hierarchy, virtual clusters, binding, preemption, safety check.

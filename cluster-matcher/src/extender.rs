@@ -1,0 +1,1 @@
+//! Kubernetes scheduler-extender HTTP endpoints (filter, prioritize, bind).

@@ -1,0 +1,1 @@
+//! Maximum-weight bipartite matching (shortest augmenting path / Jonker-Volgenant family).

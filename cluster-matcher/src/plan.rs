@@ -1,0 +1,1 @@
+//! One placement round: health-filtered GPUs, predicted weights, matching, the emitted plan.
