@@ -29,6 +29,8 @@ pub trait DeviceLink {
     fn client_pids(&mut self) -> Result<Vec<u32>, String>;
     /// Caps a client's SM share (active thread percentage).
     fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String>;
+    /// The percentage a client gets from its first kernel on, before the daemon has seen it.
+    fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String>;
     /// Terminates a client's GPU work (`terminate_client`).
     fn terminate_client(&mut self, pid: u32) -> Result<(), String>;
 }
@@ -95,7 +97,18 @@ impl<D: DeviceLink> Daemon<D> {
 
     /// Turns MPS on in the device.
     pub fn start(&mut self) -> Result<(), String> {
-        self.device.set_mps(true)
+        self.device.set_mps(true)?;
+        self.sync_new_client_pct();
+        Ok(())
+    }
+
+    /// Keeps the device's percentage for not-yet-seen clients equal to what they will get:
+    /// the first server's percentage, or the default when no server runs.
+    fn sync_new_client_pct(&mut self) {
+        let pct = self.servers.first().map_or(self.default_pct, |s| s.pct);
+        if let Err(e) = self.device.set_new_client_percentage(pct) {
+            self.log.line(&format!("Cannot set the default active thread percentage on the device: {e}"));
+        }
     }
 
     fn server_index(&self, pid: u32) -> Option<usize> {
@@ -121,6 +134,7 @@ impl<D: DeviceLink> Daemon<D> {
             pinned: self.default_pinned.clone(),
             clients: Vec::new(),
         });
+        self.sync_new_client_pct();
         Ok(self.servers.len() - 1)
     }
 
@@ -133,8 +147,11 @@ impl<D: DeviceLink> Daemon<D> {
                 let s = self.servers.remove(i);
                 self.log.line(&format!("Server {} exited with status {status}", s.child.id()));
                 for c in s.clients {
-                    let _ = self.device.terminate_client(c);
+                    if let Err(e) = self.device.terminate_client(c) {
+                        self.log.line(&format!("Client {c} of the lost server: {e}"));
+                    }
                 }
+                self.sync_new_client_pct();
             } else {
                 i += 1;
             }
@@ -202,12 +219,14 @@ impl<D: DeviceLink> Daemon<D> {
             }
             SetDefaultPercentage(p) => {
                 self.default_pct = p;
+                self.sync_new_client_pct();
                 Reply::text(format_pct(p))
             }
             GetDefaultPercentage => Reply::text(format_pct(self.default_pct)),
             SetPercentage { pid, pct } => {
                 if let Some(i) = self.server_index(pid) {
                     self.servers[i].pct = pct;
+                    self.sync_new_client_pct();
                     Reply::text(format_pct(pct))
                 } else if self.servers.iter().any(|s| s.clients.contains(&pid)) {
                     self.client_pct.insert(pid, pct);
@@ -295,6 +314,7 @@ mod tests {
         mps: Vec<bool>,
         clients: Vec<u32>,
         pct: Vec<(u32, f64)>,
+        new_pct: Vec<f64>,
         terminated: Vec<u32>,
     }
 
@@ -312,6 +332,10 @@ mod tests {
         }
         fn terminate_client(&mut self, pid: u32) -> Result<(), String> {
             self.terminated.push(pid);
+            Ok(())
+        }
+        fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {
+            self.new_pct.push(pct);
             Ok(())
         }
     }
@@ -348,6 +372,8 @@ mod tests {
         assert_eq!(rec.mps, vec![true, false]);
         assert_eq!(rec.pct, vec![(me, 40.0), (me, 20.0)]);
         assert_eq!(rec.terminated, vec![me]);
+        // Not-yet-seen clients get: default 100, then 40, then the new server's 40, then 30.
+        assert_eq!(rec.new_pct, vec![100.0, 40.0, 40.0, 30.0]);
     }
 
     #[test]

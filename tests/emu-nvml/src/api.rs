@@ -10,6 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use nvml_wrapper_sys::bindings::*;
 
 use crate::metrics::{ratio, Point};
+use crate::source;
 use crate::state::{self, NvmlResult};
 
 /// Driver version string the emulated host reports.
@@ -20,6 +21,11 @@ pub const NVML_VERSION: &str = "12.550.54.15";
 pub const CUDA_DRIVER_VERSION: c_int = 12040;
 /// `gpuInstanceId`/`computeInstanceId` when MIG is off (nvml.h: 0xFFFFFFFF).
 const NO_MIG: c_uint = 0xFFFF_FFFF;
+
+/// A 0..=1 fraction as a whole percentage.
+fn pct(frac: f64) -> c_uint {
+    (frac.clamp(0.0, 1.0) * 100.0).round() as c_uint
+}
 
 fn entry(f: impl FnOnce() -> NvmlResult<()>) -> nvmlReturn_t {
     match catch_unwind(AssertUnwindSafe(f)) {
@@ -192,14 +198,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_ch
     })
 }
 
-/// `gpu`: percent of the last sample period with a kernel running; `memory`: percent of the
-/// period the memory was being read or written, modelled as the same busy fraction scaled by
-/// memory occupancy.
+/// `gpu`: percent of the device's last sample window (`emu_device::SNAPSHOT_WINDOW_NS`) with a
+/// kernel running; `memory`: percent of the window the memory was read or written, modelled as
+/// the same busy fraction scaled by memory occupancy.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t {
     entry(|| {
-        let u = state::with_snapshot(device, |s, h| {
-            let gpu = h.utilization(s);
+        let u = state::with_snapshot(device, |s, _| {
+            let gpu = pct(s.gpu_util);
             let mem_frac = if s.total_memory == 0 { 0.0 } else { s.used_memory as f64 / s.total_memory as f64 };
             nvmlUtilization_t { gpu, memory: (f64::from(gpu) * mem_frac).round() as c_uint }
         })?;
@@ -273,9 +279,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(device: nvmlDevice_t, ty: nvm
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: nvmlDevice_t, power_mw: *mut c_uint) -> nvmlReturn_t {
     entry(|| {
-        let p = state::with_snapshot(device, |s, h| {
-            let u = f64::from(h.utilization(s)) / 100.0;
-            (f64::from(s.power_limit_mw) * (0.1 + 0.9 * u)).round() as c_uint
+        let p = state::with_snapshot(device, |s, _| {
+            (f64::from(s.power_limit_mw) * (0.1 + 0.9 * s.gpu_util)).round() as c_uint
         })?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(power_mw, p) }
@@ -293,7 +298,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
-        let t = state::with_snapshot(device, |s, h| 30 + h.utilization(s) / 2)?;
+        let t = state::with_snapshot(device, |s, _| 30 + pct(s.gpu_util) / 2)?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(temp, t) }
     })
@@ -385,12 +390,12 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
             nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES => |_, b| f64::from(b.sm_clock_mhz),
             _ => return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         };
-        let got = state::with_snapshot(device, |_, h| h.samples(last_seen_us, value))?;
+        let got = state::with_snapshot(device, |_, d| crate::metrics::samples(&source::samples(d), last_seen_us, value))?;
         // SAFETY: checked non-null; NVML contract.
         unsafe { *val_type = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT };
         if samples.is_null() {
             // SAFETY: checked non-null.
-            unsafe { *count = crate::metrics::HISTORY as c_uint };
+            unsafe { *count = emu_device::layout::RING_LEN as c_uint };
             return Ok(());
         }
         if got.is_empty() {
@@ -448,7 +453,7 @@ pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
 pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
     entry(|| {
         let i = state::index(device)?;
-        let p = state::with_snapshot(device, |s, _| (s.cc_major >= 9).then(|| Point::from(s)))?;
+        let p = state::with_snapshot(device, |s, _| (s.cc_major >= 9).then_some(s.point))?;
         let p = p.ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
         crate::gpm::fill(sample as usize, i, p)
     })

@@ -7,21 +7,22 @@ use std::sync::{Mutex, MutexGuard};
 
 use nvml_wrapper_sys::bindings::*;
 
-use crate::metrics::{History, Point};
+use emu_device::Device;
+
+use crate::metrics::Point;
 use crate::source::{self, Snapshot};
 
-/// Devices this library can hand out handles for.
-pub const MAX_DEVICES: usize = 16;
+/// Devices this library can hand out handles for (the emulator has one per state file).
+pub const MAX_DEVICES: usize = 1;
 
 static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
 /// Handles are addresses inside this array; never dereferenced by anyone.
 static HANDLE_BASE: [u8; MAX_DEVICES] = [0; MAX_DEVICES];
 
 /// Mutable state behind one lock (queries are not on any hot path).
-#[derive(Default)]
 pub struct Shared {
-    /// Per-device history of cumulative counters seen by this process.
-    pub history: HashMap<u32, History>,
+    /// The emulated device, opened at the first successful init.
+    pub device: Device,
     /// Live GPM samples: id -> (device, point) once filled.
     pub gpm: HashMap<usize, Option<(u32, Point)>>,
     /// Next GPM sample id (never 0, so handles are never null).
@@ -39,12 +40,13 @@ pub fn shared() -> MutexGuard<'static, Option<Shared>> {
 /// NVML result type for the safe layer.
 pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
 
-/// `nvmlInit*`: checks the emulated device is reachable, then counts one more user.
+/// `nvmlInit*`: opens the emulated device (DRIVER_NOT_LOADED when the environment names
+/// none), then counts one more user.
 pub fn init() -> NvmlResult<()> {
-    source::device_count().map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
     let mut g = shared();
     if g.is_none() {
-        *g = Some(Shared { next_gpm: 1, ..Default::default() });
+        let device = source::open().map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
+        *g = Some(Shared { device, gpm: HashMap::new(), next_gpm: 1 });
     }
     INIT_COUNT.fetch_add(1, Ordering::SeqCst);
     Ok(())
@@ -70,8 +72,7 @@ pub fn check_init() -> NvmlResult<()> {
 /// Number of devices (after init).
 pub fn device_count() -> NvmlResult<u32> {
     check_init()?;
-    let n = source::device_count().map_err(|_| nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST)?;
-    Ok(n.min(MAX_DEVICES as u32))
+    Ok(MAX_DEVICES as u32)
 }
 
 /// The handle of device `index`.
@@ -93,15 +94,11 @@ pub fn index(dev: nvmlDevice_t) -> NvmlResult<u32> {
     Ok(off as u32)
 }
 
-/// A fresh snapshot of the device behind `dev`, recorded in this process's history; the
-/// history is handed to `f` together with it.
-pub fn with_snapshot<T>(dev: nvmlDevice_t, f: impl FnOnce(&Snapshot, &History) -> T) -> NvmlResult<T> {
-    let i = index(dev)?;
-    let snap = source::snapshot(i).map_err(|_| nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST)?;
-    let mut g = shared();
-    let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    let h = sh.history.entry(i).or_default();
-    let out = f(&snap, h);
-    h.record(Point::from(&snap));
-    Ok(out)
+/// A fresh snapshot of the device behind `dev`, handed to `f` with the device itself.
+pub fn with_snapshot<T>(dev: nvmlDevice_t, f: impl FnOnce(&Snapshot, &Device) -> T) -> NvmlResult<T> {
+    index(dev)?;
+    let g = shared();
+    let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+    let snap = source::snapshot(&sh.device);
+    Ok(f(&snap, &sh.device))
 }
