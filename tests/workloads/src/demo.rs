@@ -56,7 +56,8 @@ pub struct DemoConfig {
     pub online_kernel_us: f64,
     /// Offline kernel length, µs.
     pub offline_kernel_us: f64,
-    /// Warm-up of the offline client before the online one starts, seconds.
+    /// Time the offline client runs (after its first progress report) before the online one
+    /// starts, seconds.
     pub offline_warmup_s: f64,
 }
 
@@ -159,8 +160,17 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
             }
         });
         guard.0.push(("offline client".into(), child));
+        let mut early = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !early.iter().any(|l: &String| l.contains("iters_per_s")) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => early.push(l),
+                Err(_) => return Err("the offline client did not report progress within 60 s".into()),
+            }
+        }
         std::thread::sleep(Duration::from_secs_f64(cfg.offline_warmup_s));
-        offline_out = Some(rx);
+        offline_out = Some((rx, early));
     }
     let out = host
         .command("online")
@@ -192,8 +202,11 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
         offline_iters_per_s: None,
     };
     guard.stop_all();
-    if let Some(rx) = offline_out {
-        let lines: Vec<String> = rx.try_iter().collect();
+    if let Some((rx, mut lines)) = offline_out {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            lines.push(l);
+        }
         let fin = lines.iter().rev().find(|l| l.contains("\"final\":true"));
         let fin = fin.ok_or_else(|| format!("offline client printed no summary (last lines: {:?})", lines.iter().rev().take(3).collect::<Vec<_>>()))?;
         r.offline_iters_per_s = json_number(fin, "iters_per_s");

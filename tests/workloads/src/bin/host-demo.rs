@@ -56,7 +56,7 @@ fn run(argv: Vec<String>) -> Result<(), String> {
         online_kernels: in_range("online-kernels", a.get("online-kernels", 4)?, 1, 1000)?,
         online_kernel_us: in_range("online-kernel-us", a.get("online-kernel-us", 1000.0)?, 1.0, 1e7)?,
         offline_kernel_us: in_range("offline-kernel-us", a.get("offline-kernel-us", 20_000.0)?, 1.0, 1e8)?,
-        offline_warmup_s: 1.0,
+        offline_warmup_s: 0.5,
     };
     let scratch: PathBuf = a.get("scratch", std::env::temp_dir().to_string_lossy().into_owned())?.into();
     let real = a.flag("real");
