@@ -60,6 +60,15 @@ fn per_client_percentage_set_by_pid() {
     assert!((480.0..520.0).contains(&ms), "{ms} ms");
 }
 
+/// Waits until the device has noticed that `pid` is gone.
+fn wait_reaped(dev: &e2e::emu_device::Device, pid: u32) {
+    let deadline = std::time::Instant::now() + T;
+    while dev.snapshot().processes.iter().any(|p| p.pid == pid) {
+        assert!(std::time::Instant::now() < deadline, "death of {pid} never noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Starts a neighbour that has a context and waits for the go to launch one small kernel.
 fn neighbour(host: &EmuHost) -> e2e::EmuChild {
     let mut b = host.client(&["ctx", "ready", "wait", "spin", "1", "1000", "1", "ready"]);
@@ -77,6 +86,12 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
     let mut b = neighbour(&host);
 
     victim.kill9();
+    // Death is noticed by whichever process next touches the device (within REAP_EVERY_NS).
+    let deadline = std::time::Instant::now() + T;
+    while !dev.mps_status().poisoned {
+        assert!(std::time::Instant::now() < deadline, "death of a context holder never noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     b.send_line("go");
     std::thread::sleep(Duration::from_millis(500));
     assert!(b.lines("spin=").is_empty(), "neighbour must hang while MPS is poisoned: {}", b.stdout());
@@ -112,6 +127,8 @@ fn client_that_released_its_context_harms_no_one() {
     assert_eq!(polite.lines("destroy=")[0], "destroy=0");
     let mut b = neighbour(&host);
     polite.kill9();
+    wait_reaped(&dev, polite.pid());
+    assert!(!dev.mps_status().poisoned);
     b.send_line("go");
     let l = b.wait_for_line("spin=", T).expect("neighbour runs");
     assert_eq!(field(&l, "spin"), Some("0"), "{l}");
@@ -126,6 +143,7 @@ fn client_killed_without_mps_harms_no_one() {
     victim.wait_for_line("ready", T).expect("ready");
     let mut b = neighbour(&host);
     victim.kill9();
+    wait_reaped(&host.device(), victim.pid());
     b.send_line("go");
     let l = b.wait_for_line("spin=", T).expect("neighbour runs");
     assert_eq!(field(&l, "spin"), Some("0"), "{l}");
