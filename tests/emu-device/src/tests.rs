@@ -170,3 +170,34 @@ fn mps_percentages_validate_and_apply() {
     assert!(matches!(d.set_client_active_thread_pct(1, 20), Err(EmuError::NoSuchClient(1))));
     std::fs::remove_file(&p).unwrap();
 }
+
+#[test]
+fn lock_holder_killed_with_sigkill_does_not_wedge_the_device() {
+    use std::os::fd::AsRawFd;
+    let p = tmp("flock");
+    let d = std::sync::Arc::new(Device::open(&p, &profile::T4).unwrap());
+    // Another process takes the state lock and is then SIGKILLed while holding it.
+    // (bash takes the lock on fd 9 and execs into sleep, so the holder is exactly our child.)
+    let mut holder = std::process::Command::new("bash")
+        .args(["-c", "exec 9<>\"$0\"; flock 9; exec sleep 30"])
+        .arg(&p)
+        .spawn()
+        .unwrap();
+    let probe = std::fs::File::open(&p).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // SAFETY: non-blocking flock probe on our own descriptor.
+    while unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        // SAFETY: releasing the probe lock we just took.
+        unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_UN) };
+        assert!(std::time::Instant::now() < deadline, "holder never took the lock");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let d2 = d.clone();
+    let t = std::thread::spawn(move || d2.snapshot().memory_total);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!t.is_finished(), "the lock must exclude other processes");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(t.join().unwrap(), profile::T4.total_memory);
+    std::fs::remove_file(&p).unwrap();
+}
