@@ -67,7 +67,7 @@ trait OlderThan {
 
 impl OlderThan for Option<&'static ProcEntry> {
     fn is_none_or_older(&self, v: u32) -> bool {
-        self.map_or(true, |cur| cur.version < v)
+        !matches!(self, Some(cur) if cur.version >= v)
     }
 }
 

@@ -419,7 +419,7 @@ pub fn func_attribute(f: u64, attrib: u32) -> R<i32> {
         4 => 16,   // CU_FUNC_ATTRIBUTE_NUM_REGS
         5 => 75,   // CU_FUNC_ATTRIBUTE_PTX_VERSION
         6 => 75,   // CU_FUNC_ATTRIBUTE_BINARY_VERSION
-        0..=10 => 0,
+        _ if attrib <= 10 => 0,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     })
 }
@@ -850,7 +850,7 @@ pub fn array_destroy(h: u64) -> R {
 
 pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
     current()?;
-    if size == 0 || size % GRANULARITY != 0 || !location_is_device || device != 0 {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) || !location_is_device || device != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
@@ -885,7 +885,7 @@ pub fn vmm_release(h: u64) -> R {
 
 pub fn vmm_reserve(size: u64, align: u64) -> R<u64> {
     drv()?;
-    if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) || (align != 0 && !align.is_power_of_two()) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
