@@ -149,3 +149,28 @@ fn client_killed_without_mps_harms_no_one() {
     assert_eq!(field(&l, "spin"), Some("0"), "{l}");
     b.finish(T);
 }
+
+#[test]
+fn sigterm_with_default_action_poisons_but_normal_exit_does_not() {
+    let host = EmuHost::new();
+    let dev = host.device();
+    dev.mps_start(std::process::id());
+    // exit() without destroying the context: the driver's exit handler releases it, like a real
+    // driver's process teardown.
+    let mut tidy = host.client(&["ctx", "alloc", "1048576", "exit"]);
+    tidy.finish(T);
+    wait_reaped(&dev, tidy.pid());
+    assert!(!dev.mps_status().poisoned, "normal exit must not poison MPS");
+
+    // SIGTERM with no handler kills the process with its context live: exactly what the shim's
+    // graceful exit exists to prevent.
+    let mut victim = host.client(&["ctx", "ready", "hang"]);
+    victim.wait_for_line("ready", T).expect("ready");
+    victim.signal(libc::SIGTERM);
+    victim.finish(T);
+    let deadline = std::time::Instant::now() + T;
+    while !dev.mps_status().poisoned {
+        assert!(std::time::Instant::now() < deadline, "SIGTERM-killed context holder never poisoned MPS");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
