@@ -4,7 +4,7 @@
 //!
 //! Steps: `ctx` | `primary` | `destroy` | `release` | `meminfo` | `alloc BYTES` | `free` (last
 //! allocation) | `alloc-path KIND BYTES` (plain, pitch, managed, async, pool, vmm, array,
-//! array3d, mipmap) | `free-all` (every alloc-path allocation) | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
+//! array3d, mipmap) | `free-all` (every alloc-path allocation) | `hostile` (bad arguments) | `fork` | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
 //! by events) | `sync` | `ready` | `wait` (a line on stdin) | `sleep MS` | `hang` |
 //! `procaddr NAME VERSION FLAGS` | `exit`.
 
@@ -21,6 +21,7 @@ macro_rules! get {
     }};
 }
 
+mod hostile;
 mod paths;
 
 use cuda_abi::*;
@@ -173,6 +174,25 @@ fn main() {
                         }
                     }
                     out(format!("freed={n} rc={}", code(rc)));
+                }
+                "fork" => {
+                    // The child may not use the parent's driver state (real drivers refuse too).
+                    let (mut f, mut t) = (0usize, 0usize);
+                    let pid = libc::fork();
+                    if pid == 0 {
+                        let r = mem_info(&mut f, &mut t);
+                        println!("forked-child meminfo={}", code(r));
+                        let _ = std::io::stdout().flush();
+                        libc::_exit(0);
+                    }
+                    let mut st = 0;
+                    libc::waitpid(pid, &mut st, 0);
+                    out(format!("fork-parent meminfo={}", code(mem_info(&mut f, &mut t))));
+                }
+                "hostile" => {
+                    for (case, rc) in hostile::run(&cu) {
+                        out(format!("hostile case={case} rc={rc}"));
+                    }
                 }
                 "free" => {
                     let p = allocs.pop().unwrap_or(0);
