@@ -42,6 +42,7 @@ fn full_gpu_kernels_slow_both_clients_in_proportion() {
     assert!((240.0..260.0).contains(&alone), "alone {alone} ms (20 x 10 ms / 0.8)");
     let (a, b) = run_pair(&host, "40");
     let (ra, rb) = (a / alone, b / alone);
+    eprintln!("contention: alone {alone:.1} ms, together {a:.1} / {b:.1} ms, slowdown {ra:.2}x / {rb:.2}x");
     // Two clients demanding 2x the SMs: each gets half, and the clock falls from 80% to 70%:
     // expected slowdown 2 * 0.8 / 0.7 = 2.29 for both (minus the edges where one runs alone).
     for r in [ra, rb] {
@@ -57,6 +58,7 @@ fn kernels_that_fit_together_do_not_slow_each_other() {
     let alone = run_alone(&host, "10");
     assert!((195.0..205.0).contains(&alone), "alone {alone} ms");
     let (a, b) = run_pair(&host, "10");
+    eprintln!("no contention: alone {alone:.1} ms, together {a:.1} / {b:.1} ms");
     for t in [a, b] {
         assert!((t / alone - 1.0).abs() < 0.06, "alone {alone} ms, together {a} / {b} ms");
     }

@@ -35,12 +35,14 @@ fn active_thread_percentage_caps_a_client() {
     // 25% of 40 SMs = 10 SMs at full boost (occupancy 25%) vs 40 SMs at 80% clock: 3.2x.
     let quarter = spin_ms(&host, Some("25"));
     let r = quarter / full;
+    eprintln!("mps: uncapped {full:.1} ms, 25% cap {quarter:.1} ms ({r:.2}x)");
     assert!((3.0..3.4).contains(&r), "25% cap: {full} -> {quarter} ms ({r:.2}x)");
 
     // Server default percentage applies to clients without their own.
     dev.set_default_active_thread_pct(50).unwrap();
     let half = spin_ms(&host, None);
     let r = half / full;
+    eprintln!("mps: default 50% {half:.1} ms ({r:.2}x)");
     assert!((1.5..1.7).contains(&r), "50% default: {full} -> {half} ms ({r:.2}x)");
 }
 
