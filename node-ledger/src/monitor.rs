@@ -62,7 +62,7 @@ impl Ledger {
     pub fn publish_at(&self, s: &MonitorSample, publish_ns: u64) {
         let m = &self.layout().monitor;
         let seq = m.seq.load(Relaxed);
-        let start = if seq % 2 == 0 { seq + 1 } else { seq + 2 };
+        let start = if seq & 1 == 0 { seq + 1 } else { seq + 2 };
         m.seq.store(start, Relaxed);
         fence(Release);
         m.monitor_pid.store(std::process::id(), Relaxed);
@@ -85,7 +85,7 @@ impl Ledger {
         let m = &self.layout().monitor;
         for _ in 0..64 {
             let s1 = m.seq.load(Acquire);
-            if s1 % 2 == 1 {
+            if s1 & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
