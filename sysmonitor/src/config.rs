@@ -23,11 +23,13 @@ pub struct Config {
     /// How much sample history to keep in memory, in seconds.
     #[serde(default = "d_history")]
     pub history_secs: u64,
-    /// Per-GPU ledger file shared with the shim and the MPS manager.
+    /// Directory of the per-GPU ledgers (`<dir>/gpu<N>/ledger`), shared with the shim and the
+    /// MPS manager; `$XSHARE_LEDGER_DIR` overrides it.
     #[serde(default = "d_ledger")]
-    pub ledger_path: PathBuf,
-    /// JSON state file for the cluster component (rewritten atomically).
-    #[serde(default = "d_state")]
+    pub ledger_dir: PathBuf,
+    /// JSON state file for the cluster component (rewritten atomically); empty means
+    /// `<ledger_dir>/gpu<N>/state.json`.
+    #[serde(default)]
     pub state_file: PathBuf,
     /// How often to rewrite the state file, ms.
     #[serde(default = "d_state_every")]
@@ -124,10 +126,7 @@ fn d_history() -> u64 {
     300
 }
 fn d_ledger() -> PathBuf {
-    "/run/xshare/gpu0.ledger".into()
-}
-fn d_state() -> PathBuf {
-    "/run/xshare/sysmonitor-0.json".into()
+    node_ledger::config::DEFAULT_LEDGER_DIR.into()
 }
 fn d_state_every() -> u64 {
     100
@@ -182,6 +181,24 @@ impl Config {
         files.extend(layered::override_files(base));
         let c = layered::load(&files, Config::validate)?;
         Ok((c, files))
+    }
+
+    /// Applies `$XSHARE_LEDGER_DIR`, a `--gpu` override, and fills derived paths.
+    pub fn finalize(&mut self, gpu: Option<u32>) {
+        if let Some(d) = std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty()) {
+            self.ledger_dir = d.into();
+        }
+        if let Some(g) = gpu {
+            self.gpu_index = g;
+        }
+        if self.state_file.as_os_str().is_empty() {
+            self.state_file = self.ledger_path().with_file_name("state.json");
+        }
+    }
+
+    /// This GPU's ledger file.
+    pub fn ledger_path(&self) -> PathBuf {
+        node_ledger::config::ledger_path(&self.ledger_dir, self.gpu_index)
     }
 
     /// Number of samples the ring buffer keeps.

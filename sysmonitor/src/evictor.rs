@@ -158,6 +158,10 @@ impl<S: Signaller> Evictor<S> {
                 tracing::warn!(pid = p.pid, start_time = p.start_time, reason = reason.as_str(), why, command = ?args, "evicting offline process (command)");
                 out.push(Event::Command { pid: p.pid, reason });
             }
+            None if !p.signalable => {
+                tracing::warn!(pid = p.pid, reason = reason.as_str(), why, "evicting offline process from another pid namespace (ledger request only)");
+                out.push(Event::Term { pid: p.pid, reason });
+            }
             None => {
                 match self.sig.signal(p.pid, p.start_time, libc::SIGTERM) {
                     Ok(true) => {}
@@ -176,6 +180,9 @@ impl<S: Signaller> Evictor<S> {
         self.commands.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
         let mut gone = Vec::new();
         for (k, p) in self.pending.iter_mut() {
+            if !p.proc_.signalable {
+                continue;
+            }
             if !self.sig.alive(p.proc_.pid, p.proc_.start_time) {
                 gone.push(*k);
                 continue;
@@ -220,7 +227,7 @@ mod tests {
     }
 
     fn p(pid: u32) -> OfflineProc {
-        OfflineProc { pid, start_time: 100 + pid as u64, reported_bytes: 0, evict_requested_ms: None }
+        OfflineProc { slot: 0, signalable: true, pid, start_time: 100 + pid as u64, reported_bytes: 0, evict_requested_ms: None }
     }
 
     fn cfg() -> EvictorConfig {

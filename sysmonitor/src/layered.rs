@@ -1,35 +1,12 @@
 //! Layered JSON config: a base file plus override files merged over it, with errors that name
 //! the file, line and field at fault.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// A config problem, pointing at where an operator must look.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    pub line: Option<usize>,
-    pub field: Option<String>,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(l) = self.line {
-            write!(f, ":{l}")?;
-        }
-        if let Some(fl) = &self.field {
-            write!(f, ": field `{fl}`")?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+pub use node_ledger::ConfigError;
 
 /// One source file and its text, kept to locate fields in errors.
 struct Layer {
@@ -60,17 +37,19 @@ pub fn load<T: DeserializeOwned>(
         let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
             file: p.clone(),
             line: None,
+            column: None,
             field: None,
             message: format!("cannot read: {e}"),
         })?;
         let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError {
             file: p.clone(),
             line: Some(e.line()),
+            column: Some(e.column()),
             field: None,
             message: format!("invalid JSON: {e}"),
         })?;
         if !v.is_object() {
-            return Err(ConfigError { file: p.clone(), line: Some(1), field: None, message: "top level must be a JSON object".into() });
+            return Err(ConfigError { file: p.clone(), line: Some(1), column: None, field: None, message: "top level must be a JSON object".into() });
         }
         merge(&mut merged, v);
         layers.push(Layer { path: p.clone(), text });
@@ -89,11 +68,11 @@ fn locate(layers: &[Layer], field: &str, message: String) -> ConfigError {
     let segs: Vec<&str> = field.split('.').filter(|s| !s.is_empty() && *s != "?").collect();
     for l in layers.iter().rev() {
         if let Some(line) = find_key_line(&l.text, &segs) {
-            return ConfigError { file: l.path.clone(), line: Some(line), field: Some(field.into()), message };
+            return ConfigError { file: l.path.clone(), line: Some(line), column: None, field: Some(field.into()), message };
         }
     }
     let file = layers.last().map(|l| l.path.clone()).unwrap_or_default();
-    ConfigError { file, line: None, field: (!field.is_empty() && field != ".").then(|| field.to_string()), message }
+    ConfigError { file, line: None, column: None, field: (!field.is_empty() && field != ".").then(|| field.to_string()), message }
 }
 
 /// Line (1-based) of the last segment's key, found by searching each key after the previous.

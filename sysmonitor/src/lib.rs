@@ -1,10 +1,12 @@
 //! Per-GPU health monitor: NVML sampling, the five-state health machine, eviction of offline work.
 
 pub mod config;
+pub mod daemon;
 pub mod evictor;
 pub mod health;
 pub mod hostmem;
 pub mod layered;
+pub mod ledger;
 pub mod monitor;
 pub mod port;
 pub mod procinfo;

@@ -330,7 +330,7 @@ mod tests {
     }
 
     fn off(pid: u32) -> OfflineProc {
-        OfflineProc { pid, start_time: 7, reported_bytes: 0, evict_requested_ms: None }
+        OfflineProc { slot: 0, signalable: true, pid, start_time: 7, reported_bytes: 0, evict_requested_ms: None }
     }
 
     #[test]

@@ -7,7 +7,12 @@ use crate::sampler::SmSource;
 /// An offline process registered by the shim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OfflineProc {
+    /// Registry slot in the ledger.
+    pub slot: usize,
     pub pid: u32,
+    /// False when the process registered from another pid namespace: its pid means nothing
+    /// here, so it is asked to exit through the ledger only, never signalled.
+    pub signalable: bool,
     /// Start time in clock ticks since boot (/proc/<pid>/stat field 22).
     pub start_time: u64,
     /// GPU memory the process says it holds, bytes.

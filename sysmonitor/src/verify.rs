@@ -52,7 +52,7 @@ mod tests {
     const MIB: u64 = 1024 * 1024;
 
     fn p(pid: u32, reported: u64) -> OfflineProc {
-        OfflineProc { pid, start_time: 1, reported_bytes: reported, evict_requested_ms: None }
+        OfflineProc { slot: 0, signalable: true, pid, start_time: 1, reported_bytes: reported, evict_requested_ms: None }
     }
 
     #[test]
