@@ -19,6 +19,9 @@ pub enum Fault {
     ClientsStuck { for_ms: u64 },
     /// The monitor reported a critical XID (e.g. 31, GPU memory page fault).
     Xid { code: u64 },
+    /// A registered offline client died without unregistering (killed holding its context),
+    /// which hangs every other client of the MPS server until MPS is reset.
+    ClientDied { pid: u32 },
 }
 
 impl Fault {
@@ -29,6 +32,7 @@ impl Fault {
             Fault::ServerCrash { .. } => "server_crash",
             Fault::ClientsStuck { .. } => "clients_stuck",
             Fault::Xid { .. } => "xid",
+            Fault::ClientDied { .. } => "client_died",
         }
     }
 }
@@ -48,6 +52,8 @@ pub struct Observation {
     pub sm_activity_pct: f64,
     /// Critical XID the monitor reports (Disabled by XID), if any.
     pub xid: Option<u64>,
+    /// Offline processes still registered in the ledger whose process is gone.
+    pub dead_offline: Vec<u32>,
 }
 
 /// Detection thresholds.
@@ -92,6 +98,9 @@ impl Detector {
             }
             None => self.xid_reported = None,
             _ => {}
+        }
+        for &pid in &o.dead_offline {
+            f.push(Fault::ClientDied { pid });
         }
         if !o.daemon_alive {
             f.push(Fault::DaemonDead);
@@ -211,6 +220,14 @@ mod tests {
         let mut busy = o.clone();
         busy.sm_activity_pct = 40.0;
         assert!(d.observe(&c, 400, &busy).is_empty());
+    }
+
+    #[test]
+    fn unclean_offline_death_is_a_fault() {
+        let mut d = Detector::default();
+        let mut o = obs(&[(10, &[1])]);
+        o.dead_offline = vec![77];
+        assert_eq!(d.observe(&DetectConfig::default(), 0, &o), vec![Fault::ClientDied { pid: 77 }]);
     }
 
     #[test]

@@ -157,9 +157,8 @@ fn run(mut cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), Strin
         m.budget_tick();
         if now >= next_check {
             next_check = now + cfg.check_every_ms;
-            for f in m.check(now) {
-                m.recover(now, f);
-            }
+            let faults = m.check(now);
+            m.handle_faults(now, faults);
             m.write_state(&state_file);
             notifier.notify("WATCHDOG=1");
         }

@@ -185,6 +185,11 @@ impl Manager {
             }
         }
         let offline = self.offline();
+        o.dead_offline = offline
+            .iter()
+            .filter(|p| p.pid_ns == self.own_ns && !node_ledger::procinfo::is_alive(p.pid, p.start_time))
+            .map(|p| p.pid)
+            .collect();
         o.offline_registered = offline.len();
         o.offline_launches = offline.iter().map(|p| p.launches).sum();
         o.sm_activity_pct = self.ledger.read_monitor().map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
@@ -194,10 +199,19 @@ impl Manager {
         self.detector.observe(&self.cfg.detect, now_ms, &o)
     }
 
+    /// Counts every fault and runs one recovery for them, if the rate limit allows it.
+    pub fn handle_faults(&mut self, now_ms: u64, faults: Vec<Fault>) {
+        for f in &faults {
+            *self.state.faults.entry(f.kind().to_string()).or_default() += 1;
+            tracing::error!(fault = ?f, gpu = self.cfg.gpu_index, "MPS fault detected");
+        }
+        if let Some(f) = faults.into_iter().next() {
+            self.recover(now_ms, f);
+        }
+    }
+
     /// Runs one recovery if the rate limit allows it.
-    pub fn recover(&mut self, now_ms: u64, fault: Fault) {
-        *self.state.faults.entry(fault.kind().to_string()).or_default() += 1;
-        tracing::error!(fault = ?fault, gpu = self.cfg.gpu_index, "MPS fault detected");
+    fn recover(&mut self, now_ms: u64, fault: Fault) {
         if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
             self.state.suppressed_recoveries += 1;
             tracing::warn!(fault = fault.kind(), %why, "recovery rate-limited; not recovering now");

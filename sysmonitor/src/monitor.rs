@@ -43,6 +43,9 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     pub sample_errors: u64,
     pub last_transition: Option<Transition>,
     pub offline_registered: usize,
+    /// Sample number at the last Overlimit entry and at the last eviction started.
+    pub overlimit_entry_sample: Option<u64>,
+    pub last_eviction_sample: Option<u64>,
     /// Events of the last tick (for tests and the bench).
     pub events: Vec<Event>,
     ledger_error_logged: bool,
@@ -78,6 +81,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             sample_errors: 0,
             last_transition: None,
             offline_registered: 0,
+            overlimit_entry_sample: None,
+            last_eviction_sample: None,
             events,
             ledger_error_logged: false,
         }
@@ -139,6 +144,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     fn apply(&mut self, now_ms: u64, step: crate::health::Step) {
         for t in step.transitions {
             tracing::warn!(gpu = self.cfg.gpu_index, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "health transition");
+            if t.to == State::Overlimit {
+                self.overlimit_entry_sample = Some(self.samples);
+            }
             self.last_transition = Some(t);
         }
         for a in step.actions {
@@ -175,6 +183,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     fn evict_one(&mut self, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str) {
         let mut ev = std::mem::take(&mut self.events);
         if self.evictor.evict(&self.cfg.evictor, now_ms, p, reason, why, &mut ev) {
+            self.last_eviction_sample = Some(self.samples);
             if let Err(e) = self.ledger.mark_evicting(p, reason, now_ms) {
                 tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
             }
@@ -267,6 +276,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             config_files: config_files.to_vec(),
             config_error,
             config_reloads: reloads,
+            overlimit_entry_sample: self.overlimit_entry_sample,
+            last_eviction_sample: self.last_eviction_sample,
         }
     }
 }

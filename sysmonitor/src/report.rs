@@ -43,6 +43,12 @@ pub struct Snapshot {
     /// The last config reload error, kept until a reload succeeds.
     pub config_error: Option<String>,
     pub config_reloads: u64,
+    /// Sample number of the last Overlimit entry / last eviction started (SIGTERM latency in
+    /// sampling intervals is their difference).
+    #[serde(default)]
+    pub overlimit_entry_sample: Option<u64>,
+    #[serde(default)]
+    pub last_eviction_sample: Option<u64>,
 }
 
 /// Writes `bytes` to `path` through a temp file and rename, so readers never see half a file.
@@ -195,6 +201,8 @@ mod tests {
             config_files: vec!["/etc/x.json".into()],
             config_error: Some("bad".into()),
             config_reloads: 0,
+            overlimit_entry_sample: Some(3),
+            last_eviction_sample: Some(3),
         }
     }
 
