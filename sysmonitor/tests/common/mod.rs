@@ -217,7 +217,10 @@ impl Load {
                         k.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(_) => {
+                        // Like a serving process: on a lost MPS client context, make a new one.
                         f.fetch_add(1, Ordering::Relaxed);
+                        dev.context_destroyed(&c);
+                        let _ = dev.context_created(&c, None);
                         std::thread::sleep(Duration::from_millis(5));
                     }
                 }
