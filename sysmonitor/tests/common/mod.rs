@@ -22,8 +22,13 @@ static BUILD: Once = Once::new();
 /// Builds the emulator pieces these tests run (fake NVML, fake MPS control) and the daemons.
 pub fn ensure_built() {
     BUILD.call_once(|| {
+        let mut args = vec!["build", "-q", "-p", "emu-nvml", "-p", "emu-mps-control", "-p", "sysmonitor", "-p", "mps-manager"];
+        // Benchmarks run from target/release: build the same profile as the caller.
+        if target_dir().ends_with("release") {
+            args.push("--release");
+        }
         let st = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "emu-nvml", "-p", "emu-mps-control", "-p", "sysmonitor", "-p", "mps-manager"])
+            .args(&args)
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
             .status()
             .expect("cargo build");
