@@ -196,6 +196,7 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
                 operator_disabled = disabled_now;
                 mon.input(now, if disabled_now { Input::OperatorDisable } else { Input::OperatorEnable });
             }
+            mon.refresh_offline();
             let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
             let snap = mon.snapshot(now, &names, config_error.clone(), reloads);
             if let Err(e) = report::write_state_file(&cfg.state_file, &snap) {

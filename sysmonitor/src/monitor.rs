@@ -46,6 +46,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// Sample number at the last Overlimit entry and at the last eviction started.
     pub overlimit_entry_sample: Option<u64>,
     pub last_eviction_sample: Option<u64>,
+    /// Samples between the last Overlimit entry and the Overlimit eviction it caused.
+    pub overlimit_eviction_lag_samples: Option<u64>,
     /// Events of the last tick (for tests and the bench).
     pub events: Vec<Event>,
     ledger_error_logged: bool,
@@ -83,6 +85,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             offline_registered: 0,
             overlimit_entry_sample: None,
             last_eviction_sample: None,
+            overlimit_eviction_lag_samples: None,
             events,
             ledger_error_logged: false,
         }
@@ -156,6 +159,11 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
+    /// Re-reads the offline registry (for the state file's count).
+    pub fn refresh_offline(&mut self) {
+        self.offline();
+    }
+
     fn offline(&mut self) -> Vec<OfflineProc> {
         match self.ledger.offline() {
             Ok(v) => {
@@ -184,6 +192,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         let mut ev = std::mem::take(&mut self.events);
         if self.evictor.evict(&self.cfg.evictor, now_ms, p, reason, why, &mut ev) {
             self.last_eviction_sample = Some(self.samples);
+            if reason == EvictReason::Overlimit {
+                self.overlimit_eviction_lag_samples = self.overlimit_entry_sample.map(|e| self.samples.saturating_sub(e));
+            }
             if let Err(e) = self.ledger.mark_evicting(p, reason, now_ms) {
                 tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
             }
@@ -278,6 +289,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             config_reloads: reloads,
             overlimit_entry_sample: self.overlimit_entry_sample,
             last_eviction_sample: self.last_eviction_sample,
+            overlimit_eviction_lag_samples: self.overlimit_eviction_lag_samples,
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct Snapshot {
     pub overlimit_entry_sample: Option<u64>,
     #[serde(default)]
     pub last_eviction_sample: Option<u64>,
+    /// Sampling intervals between the last Overlimit entry and the eviction it caused.
+    #[serde(default)]
+    pub overlimit_eviction_lag_samples: Option<u64>,
 }
 
 /// Writes `bytes` to `path` through a temp file and rename, so readers never see half a file.
@@ -203,6 +206,7 @@ mod tests {
             config_reloads: 0,
             overlimit_entry_sample: Some(3),
             last_eviction_sample: Some(3),
+            overlimit_eviction_lag_samples: Some(0),
         }
     }
 
