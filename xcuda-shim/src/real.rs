@@ -168,8 +168,13 @@ pub fn is_in_driver(p: *const c_void) -> bool {
     name.windows(7).any(|w| w == b"libcuda")
 }
 
-/// Forgets the resolved driver (tests only).
-#[cfg(test)]
-pub fn reset_for_test() {
-    DRIVER_STATE.store(UNRESOLVED, Release);
+
+/// Installs in-process stand-ins for driver entry points instead of loading a library
+/// (benchmarks and tests that measure the shim against a stub in the same process).
+#[doc(hidden)]
+pub fn install_stub_driver(entries: &[(Sym, *mut c_void)]) {
+    for (s, p) in entries {
+        DRIVER[*s as usize].store(*p, Relaxed);
+    }
+    DRIVER_STATE.store(RESOLVED, Release);
 }
