@@ -1,13 +1,20 @@
 //! Online (inference-like) and offline (training-like) CUDA client programs used by tests and demos.
 
 pub mod cli;
+pub mod demo;
 pub mod driver;
 pub mod gpu;
+pub mod host;
 pub mod offline;
 pub mod online;
 pub mod ptx;
 pub mod signals;
 pub mod stats;
+
+/// A short unique-ish tag (nanoseconds of the wall clock) for scratch names.
+pub fn now_tag() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
 
 /// Shared `main` body of the client binaries: `--help`, argument errors (exit 2), driver
 /// errors (exit 1, the message names the call and the `CUresult`).
