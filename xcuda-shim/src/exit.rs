@@ -275,12 +275,20 @@ fn handle_signal(sig: c_int) {
 
 extern "C" fn on_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(st) = state::get() {
-            st.throttle.freeze();
+        let Some(st) = state::get() else { return };
+        st.throttle.freeze();
+        let release = move || {
             let n = st.contexts.release_all();
             st.quota.retire();
-            tracing::debug!(contexts = n, "xcuda: released at exit");
-        }
+            n
+        };
+        // exit() has already run this thread's TLS destructors, and drivers keep the current
+        // context in TLS: release from a fresh thread.
+        let n = match std::thread::Builder::new().name("xcuda-atexit".into()).spawn(release) {
+            Ok(h) => h.join().unwrap_or(0),
+            Err(_) => release(),
+        };
+        tracing::debug!(contexts = n, "xcuda: released at exit");
     });
 }
 
