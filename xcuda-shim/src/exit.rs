@@ -318,7 +318,10 @@ extern "C" fn on_fork_child() {
 
 /// Logic of our exported `sigaction`: while our handlers are installed, SIGINT/SIGTERM actions
 /// set by the application are recorded (and reported back), not installed. `None` = forward.
-pub fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> Option<c_int> {
+///
+/// # Safety
+/// Same contract as sigaction(2): `act`/`old` are null or valid.
+pub unsafe fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> Option<c_int> {
     if !INSTALLED.load(Acquire) || INSTALLING.load(Acquire) {
         return None;
     }
@@ -343,5 +346,6 @@ pub fn app_signal(sig: c_int, handler: libc::sighandler_t) -> Option<libc::sigha
     act.sa_flags = libc::SA_RESTART;
     // SAFETY: as above.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    app_sigaction(sig, &act, &mut old).map(|_| old.sa_sigaction)
+    // SAFETY: both pointers are to locals.
+    unsafe { app_sigaction(sig, &act, &mut old) }.map(|_| old.sa_sigaction)
 }

@@ -153,7 +153,7 @@ pub fn own_object_base() -> usize {
 }
 
 /// Whether `p` lies in a shared object whose file name contains `libcuda` (and is not us).
-pub fn is_in_driver(p: *const c_void) -> bool {
+pub(crate) fn is_in_driver(p: *const c_void) -> bool {
     // SAFETY: as in `object_base`.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: as in `object_base`.
