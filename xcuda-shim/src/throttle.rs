@@ -176,6 +176,10 @@ impl Throttle {
                 return;
             }
             std::thread::sleep(pause);
+            if !crate::state::controller_alive() {
+                // No controller thread (it could not start): refill at the current rate here.
+                self.refill(pause.as_secs_f64());
+            }
             pause = (pause * 2).min(Duration::from_millis(2));
         }
     }

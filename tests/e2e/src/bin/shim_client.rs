@@ -6,7 +6,7 @@
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
-//! (dlsym(RTLD_NEXT)) | `ready` |
+//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `destroy` | `exit`.
 
 use cuda_abi::*;
@@ -347,6 +347,15 @@ fn main() {
                     // SAFETY: RTLD_NEXT lookup with a valid C string.
                     let p = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
                     out(format!("next object={}", object_of(p)));
+                }
+                "fork" => {
+                    let pid = libc::fork();
+                    if pid == 0 {
+                        out(format!("child pid={}", libc::getpid()));
+                        std::thread::sleep(std::time::Duration::from_secs(30));
+                        libc::_exit(0);
+                    }
+                    out(format!("forked child={pid}"));
                 }
                 "ready" => out("ready".into()),
                 "wait" => {
