@@ -76,7 +76,7 @@ fn protocol_round_trips_through_the_real_binary() {
     // SAFETY: kill(2) of the server the daemon started for this test.
     unsafe { libc::kill(server as i32, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while mps(&host, "get_server_list\n") != "" {
+    while !mps(&host, "get_server_list\n").is_empty() {
         assert!(Instant::now() < deadline, "dead server still listed");
         std::thread::sleep(Duration::from_millis(20));
     }

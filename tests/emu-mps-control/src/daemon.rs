@@ -212,7 +212,7 @@ impl<D: DeviceLink> Daemon<D> {
             },
             GetDeviceClientList { server } => {
                 let mut out = Vec::new();
-                for s in self.servers.iter().filter(|s| server.map_or(true, |p| p == s.child.id())) {
+                for s in self.servers.iter().filter(|s| server.is_none_or(|p| p == s.child.id())) {
                     out.extend(s.clients.iter().map(|c| format!("0 {c}")));
                 }
                 Reply::text(out.join("\n"))

@@ -176,7 +176,7 @@ pub fn run(cfg: &OnlineConfig, s: &Session) -> Result<OnlineReport, String> {
     let mut last_done = start;
     while !signals::stop_requested()
         && arrival.duration_since(start) <= cfg.duration
-        && cfg.requests.map_or(true, |n| (lat_ms.len() as u64) < n)
+        && cfg.requests.is_none_or(|n| (lat_ms.len() as u64) < n)
     {
         let now = Instant::now();
         if arrival > now {
