@@ -1,0 +1,63 @@
+//! Kernels of separate processes contend for the SMs of one emulated GPU (processor sharing).
+
+use e2e::{num, EmuChild, EmuHost};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+/// 20 kernels of 15.9 M cycles per block: 10 ms each at the T4's 1590 MHz boost clock.
+const CYCLES: &str = "15900000";
+const COUNT: &str = "20";
+
+fn run_alone(host: &EmuHost, blocks: &str) -> f64 {
+    let mut c = host.client(&["ctx", "spin", blocks, CYCLES, COUNT]);
+    c.finish(T);
+    let l = c.wait_for_line("spin=", T).expect("spin line");
+    assert_eq!(e2e::field(&l, "spin"), Some("0"), "{l}");
+    num(&l, "emulated_ms")
+}
+
+fn run_pair(host: &EmuHost, blocks: &str) -> (f64, f64) {
+    let steps = ["ctx", "ready", "wait", "spin", blocks, CYCLES, COUNT];
+    let mut a = host.client(&steps);
+    let mut b = host.client(&steps);
+    a.wait_for_line("ready", T).expect("a ready");
+    b.wait_for_line("ready", T).expect("b ready");
+    a.send_line("go");
+    b.send_line("go");
+    (result(&mut a), result(&mut b))
+}
+
+fn result(c: &mut EmuChild) -> f64 {
+    c.finish(T);
+    let l = c.wait_for_line("spin=", T).expect("spin line");
+    assert_eq!(e2e::field(&l, "spin"), Some("0"), "{l}");
+    num(&l, "emulated_ms")
+}
+
+#[test]
+fn full_gpu_kernels_slow_both_clients_in_proportion() {
+    let host = EmuHost::new();
+    // 40 blocks = every SM of the T4: alone each kernel holds the whole GPU (clock at 80%).
+    let alone = run_alone(&host, "40");
+    assert!((240.0..260.0).contains(&alone), "alone {alone} ms (20 x 10 ms / 0.8)");
+    let (a, b) = run_pair(&host, "40");
+    let (ra, rb) = (a / alone, b / alone);
+    // Two clients demanding 2x the SMs: each gets half, and the clock falls from 80% to 70%:
+    // expected slowdown 2 * 0.8 / 0.7 = 2.29 for both (minus the edges where one runs alone).
+    for r in [ra, rb] {
+        assert!((1.9..2.45).contains(&r), "slowdowns {ra:.2} / {rb:.2}, alone {alone} ms");
+    }
+    assert!((ra - rb).abs() < 0.35, "both slow by the same factor: {ra:.2} vs {rb:.2}");
+}
+
+#[test]
+fn kernels_that_fit_together_do_not_slow_each_other() {
+    let host = EmuHost::new();
+    // 10 blocks each: 20 of 40 SMs in use together, no contention, clock stays at boost.
+    let alone = run_alone(&host, "10");
+    assert!((195.0..205.0).contains(&alone), "alone {alone} ms");
+    let (a, b) = run_pair(&host, "10");
+    for t in [a, b] {
+        assert!((t / alone - 1.0).abs() < 0.06, "alone {alone} ms, together {a} / {b} ms");
+    }
+}
