@@ -54,6 +54,8 @@ pub struct DemoConfig {
     pub online_kernels: u32,
     /// Online kernel length, µs.
     pub online_kernel_us: f64,
+    /// Online grid size as a fraction of the SMs.
+    pub online_sm_fraction: f64,
     /// Offline kernel length, µs.
     pub offline_kernel_us: f64,
     /// Time the offline client runs (after its first progress report) before the online one
@@ -184,6 +186,8 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
             &cfg.online_kernels.to_string(),
             "--kernel-us",
             &cfg.online_kernel_us.to_string(),
+            "--sm-fraction",
+            &cfg.online_sm_fraction.to_string(),
         ])
         .stdin(Stdio::null())
         .output()
@@ -226,12 +230,25 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
 pub fn table(host: &str, rows: &[PhaseResult]) -> String {
     let base = rows.first().map_or(0.0, |r| r.p99_ms);
     let mut s = format!("GPU sharing on {host}\n");
-    s += &format!("{:<34} {:>11} {:>11} {:>9} {:>10} {:>15}\n", "phase", "p50 (ms)", "p99 (ms)", "p99 x", "online/s", "offline iter/s");
-    s += &format!("{}\n", "-".repeat(95));
+    let base50 = rows.first().map_or(0.0, |r| r.p50_ms);
+    s += &format!(
+        "{:<32} {:>10} {:>7} {:>10} {:>7} {:>9} {:>15}\n",
+        "phase", "p50 (ms)", "p50 x", "p99 (ms)", "p99 x", "online/s", "offline iter/s"
+    );
+    s += &format!("{}\n", "-".repeat(96));
+    let x = |v: f64, b: f64| if b > 0.0 { format!("{:.2}", v / b) } else { "-".into() };
     for r in rows {
-        let ratio = if base > 0.0 { format!("{:.2}", r.p99_ms / base) } else { "-".into() };
         let off = r.offline_iters_per_s.map_or("-".to_string(), |v| format!("{v:.2}"));
-        s += &format!("{:<34} {:>11.3} {:>11.3} {:>9} {:>10.1} {:>15}\n", r.name, r.p50_ms, r.p99_ms, ratio, r.online_rps, off);
+        s += &format!(
+            "{:<32} {:>10.3} {:>7} {:>10.3} {:>7} {:>9.1} {:>15}\n",
+            r.name,
+            r.p50_ms,
+            x(r.p50_ms, base50),
+            r.p99_ms,
+            x(r.p99_ms, base),
+            r.online_rps,
+            off
+        );
     }
     s
 }
@@ -252,11 +269,11 @@ mod tests {
     #[test]
     fn table_shows_ratio_against_the_first_phase() {
         let rows = [
-            PhaseResult { name: "a".into(), p99_ms: 2.0, ..Default::default() },
-            PhaseResult { name: "b".into(), p99_ms: 5.0, offline_iters_per_s: Some(3.0), ..Default::default() },
+            PhaseResult { name: "a".into(), p50_ms: 1.0, p99_ms: 2.0, ..Default::default() },
+            PhaseResult { name: "b".into(), p50_ms: 1.5, p99_ms: 5.0, offline_iters_per_s: Some(3.0), ..Default::default() },
         ];
         let t = table("x", &rows);
-        assert!(t.contains("2.50"), "{t}");
-        assert!(t.contains("3.00"), "{t}");
+        let b: Vec<&str> = t.lines().find(|l| l.starts_with('b')).unwrap().split_whitespace().collect();
+        assert_eq!(b[2..], ["1.50", "5.000", "2.50", "0.0", "3.00"], "{t}");
     }
 }

@@ -25,6 +25,7 @@ OPTIONS:
   --rate <req/s>            online request rate                         [default: 50]
   --online-kernels <n>      kernels per online request                  [default: 4]
   --online-kernel-us <us>   online kernel length                        [default: 1000]
+  --online-sm-fraction <f>  online grid size as a fraction of the SMs   [default: 1.0]
   --offline-kernel-us <us>  offline kernel length                       [default: 20000]
   --scratch <dir>           where the emulated host is laid out         [default: $TMPDIR]
   --real                    use the machine's driver and GPU instead
@@ -55,6 +56,7 @@ fn run(argv: Vec<String>) -> Result<(), String> {
         rate: in_range("rate", a.get("rate", 50.0)?, 0.1, 100_000.0)?,
         online_kernels: in_range("online-kernels", a.get("online-kernels", 4)?, 1, 1000)?,
         online_kernel_us: in_range("online-kernel-us", a.get("online-kernel-us", 1000.0)?, 1.0, 1e7)?,
+        online_sm_fraction: in_range("online-sm-fraction", a.get("online-sm-fraction", 1.0)?, 0.001, 1.0)?,
         offline_kernel_us: in_range("offline-kernel-us", a.get("offline-kernel-us", 20_000.0)?, 1.0, 1e8)?,
         offline_warmup_s: 0.5,
     };
