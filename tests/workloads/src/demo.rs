@@ -94,6 +94,25 @@ pub fn baseline_phases() -> Vec<Phase> {
     ]
 }
 
+/// A static MPS split, built only from the emulated host's own tools: the MPS control daemon
+/// runs and the offline client starts with `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (the real
+/// per-client MPS variable) so it can use at most `offline_pct` percent of the SMs.
+pub fn mps_static_phase(offline_pct: u32) -> Phase {
+    Phase {
+        name: format!("online + offline (MPS, {offline_pct}% SMs)"),
+        services: vec![Service {
+            name: "MPS control daemon".into(),
+            program: "nvidia-cuda-mps-control".into(),
+            from_bin_dir: false,
+            args: vec!["-d".into()],
+            oneshot: true,
+        }],
+        teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],
+        offline: true,
+        offline_env: vec![("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), offline_pct.to_string())],
+    }
+}
+
 /// Pulls a number field out of a flat JSON object line (the clients print such lines).
 pub fn json_number(line: &str, key: &str) -> Option<f64> {
     let pat = format!("\"{key}\":");
