@@ -37,6 +37,13 @@ fn protocol_round_trips_through_the_real_binary() {
     assert!(!out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Cannot find MPS control daemon process");
 
+    let mut nodev = host.tool("nvidia-cuda-mps-control");
+    nodev.arg("-d").env_remove("GPUEMU_STATE");
+    let out = run_bounded(nodev, "", Duration::from_secs(10));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GPUEMU_STATE"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!pipe.join("control").exists(), "a failed start leaves no socket behind");
+
     mps_start(&host);
     let _guard = MpsGuard(&host);
     assert!(pipe.join("control").exists());

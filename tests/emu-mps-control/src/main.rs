@@ -154,10 +154,10 @@ fn daemon_main(background: bool) -> Result<(), String> {
     if UnixStream::connect(&sock).is_ok() {
         return Err("An instance of this daemon is already running".into());
     }
+    let device = device::EmuLink::open()?;
+    let log = log::ControlLog::open(&logs).map_err(|e| format!("opening {}/control.log: {e}", logs.display()))?;
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
-    let log = log::ControlLog::open(&logs).map_err(|e| format!("opening {}/control.log: {e}", logs.display()))?;
-    let device = device::EmuLink::open()?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
     let mut d = Daemon::new(device, log, vec![exe.into(), server::FLAG.into()]);
     if background {
