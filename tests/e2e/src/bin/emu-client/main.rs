@@ -4,7 +4,8 @@
 //!
 //! Steps: `ctx` | `primary` | `destroy` | `release` | `meminfo` | `alloc BYTES` | `free` (last
 //! allocation) | `alloc-path KIND BYTES` (plain, pitch, managed, async, pool, vmm, array,
-//! array3d, mipmap) | `free-all` (every alloc-path allocation) | `hostile` (bad arguments) | `fork` | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
+//! array3d, mipmap) | `free-all` (every alloc-path allocation) | `hostile` (bad arguments) | `fork` |
+//! `streams BLOCKS CYCLES` (async launches on two streams) | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
 //! by events) | `sync` | `ready` | `wait` (a line on stdin) | `sleep MS` | `hang` |
 //! `procaddr NAME VERSION FLAGS` | `exit`.
 
@@ -23,6 +24,7 @@ macro_rules! get {
 
 mod hostile;
 mod paths;
+mod streams;
 
 use cuda_abi::*;
 use std::ffi::{c_void, CString};
@@ -188,6 +190,21 @@ fn main() {
                     let mut st = 0;
                     libc::waitpid(pid, &mut st, 0);
                     out(format!("fork-parent meminfo={}", code(mem_info(&mut f, &mut t))));
+                }
+                "streams" => {
+                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    let cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    i += 2;
+                    if spin_fn.is_null() {
+                        let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                        let mut m: CUmodule = std::ptr::null_mut();
+                        let r = load(&mut m, ptx.as_ptr().cast());
+                        let name = CString::new("spin").expect("no NUL");
+                        if !r.is_success() || !get_fn(&mut spin_fn, m, name.as_ptr()).is_success() {
+                            die(&format!("load spin: {r}"));
+                        }
+                    }
+                    out(streams::run(&cu, spin_fn, blocks, cycles));
                 }
                 "hostile" => {
                     for (case, rc) in hostile::run(&cu) {
