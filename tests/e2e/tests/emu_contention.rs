@@ -82,3 +82,18 @@ fn launches_are_async_ordered_per_stream_and_concurrent_across_streams() {
     }
     assert!((19.9..25.0).contains(&num(&l, "serial_ms")), "one stream serialises: {l}");
 }
+
+#[test]
+fn graph_launch_runs_its_kernel_nodes_in_order() {
+    let host = EmuHost::new();
+    let mut c = host.client(&["ctx", "graph", "10", CYCLES, "3"]);
+    c.finish(T);
+    let l = c.wait_for_line("graph ", T).expect("graph line");
+    eprintln!("{l}");
+    for k in ["build", "launch", "launch_ptsz"] {
+        assert_eq!(e2e::field(&l, k), Some("0"), "{k}: {l}");
+    }
+    for k in ["ms", "ms_ptsz"] {
+        assert!((29.9..35.0).contains(&num(&l, k)), "{k}: three 10 ms nodes in sequence: {l}");
+    }
+}

@@ -91,7 +91,19 @@ struct Inner {
     mappings: BTreeMap<u64, Mapping>,
     arrays: HashMap<u64, u64>,
     pools: HashSet<u64>,
+    graphs: HashMap<u64, Vec<GraphNode>>,
+    execs: HashMap<u64, Vec<GraphNode>>,
     mem: MemStore,
+}
+
+/// A kernel node of a graph, with its launch parameters captured when it was added.
+#[derive(Clone, Copy)]
+pub struct GraphNode {
+    pub f: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub cycles: Option<u64>,
 }
 
 impl Inner {
@@ -669,6 +681,55 @@ pub fn stream_wait_event(stream: u64, ev: u64) -> R {
     stream_ref(&d.lock(), ctx, stream)?;
     event_time(d, ev, true)?;
     Ok(())
+}
+
+// ---- graphs (kernel nodes only, run in the order they were added) ----
+
+/// `cuGraphCreate`.
+pub fn graph_create() -> R<u64> {
+    current()?;
+    let mut g = drv()?.lock();
+    let h = g.handle();
+    g.graphs.insert(h, Vec::new());
+    Ok(h)
+}
+
+/// `cuGraphAddKernelNode`: appends a kernel node; returns the node handle.
+pub fn graph_add_kernel(graph: u64, node: GraphNode) -> R<u64> {
+    let mut g = drv()?.lock();
+    if !g.funcs.contains_key(&node.f) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    g.graphs.get_mut(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.push(node);
+    Ok(g.handle())
+}
+
+/// `cuGraphInstantiateWithFlags`: a snapshot of the graph's nodes.
+pub fn graph_instantiate(graph: u64) -> R<u64> {
+    let mut g = drv()?.lock();
+    let nodes = g.graphs.get(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.clone();
+    let h = g.handle();
+    g.execs.insert(h, nodes);
+    Ok(h)
+}
+
+/// `cuGraphLaunch`: enqueues every node on `stream`, in order.
+pub fn graph_launch(exec: u64, stream: u64) -> R {
+    let nodes = drv()?.lock().execs.get(&exec).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    for n in nodes {
+        launch(LaunchReq { f: n.f, grid: n.grid, block: n.block, shared_mem: n.shared_mem, stream, cycles: n.cycles, cooperative: false })?;
+    }
+    Ok(())
+}
+
+/// `cuGraphExecDestroy`.
+pub fn graph_exec_destroy(exec: u64) -> R {
+    drv()?.lock().execs.remove(&exec).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuGraphDestroy`.
+pub fn graph_destroy(graph: u64) -> R {
+    drv()?.lock().graphs.remove(&graph).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 // ---- modules ----
