@@ -5,6 +5,7 @@
 //! `XCUDA_GROUP` (quota group / container id), `XCUDA_QUOTA_BYTES`, `XCUDA_QUOTA_FRACTION`,
 //! `XCUDA_THROTTLE` (`0`/`1`), `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`,
 //! `XSHARE_LEDGER_DIR`, `XSHARE_GPU_INDEX`, `XCUDA_REAL_LIBCUDA` (path of the real driver),
+//! `XCUDA_REAL_LIBNVML` (path of the real NVML),
 //! `XCUDA_LOG` (`error`..`trace`, default `warn`).
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub struct Config {
     pub exit: ExitConfig,
     /// Path or soname of the real driver.
     pub real_libcuda: String,
+    /// Path or soname of the real NVML library.
+    pub real_libnvml: String,
     /// Log level: error, warn, info, debug, trace, off.
     pub log: String,
 }
@@ -100,6 +103,7 @@ impl Default for Config {
             throttle: ThrottleConfig::default(),
             exit: ExitConfig::default(),
             real_libcuda: "libcuda.so.1".into(),
+            real_libnvml: "libnvidia-ml.so.1".into(),
             log: "warn".into(),
         }
     }
@@ -247,6 +251,9 @@ impl Config {
         }
         if let Some(p) = get("XCUDA_REAL_LIBCUDA").filter(|p| !p.is_empty()) {
             self.real_libcuda = p;
+        }
+        if let Some(p) = get("XCUDA_REAL_LIBNVML").filter(|p| !p.is_empty()) {
+            self.real_libnvml = p;
         }
         if let Some(l) = get("XCUDA_LOG").filter(|l| !l.is_empty()) {
             self.log = l;

@@ -85,6 +85,23 @@ fn meminfo_and_total_mem_show_the_quota() {
 }
 
 #[test]
+fn nvml_memory_queries_show_the_quota() {
+    let host = EmuHost::new();
+    let device_total = host.device().info().total_memory;
+    let lines = run(&host, limited(&host, "shim_client", QUOTA, "nvml").args(["ctx", "alloc", &(40 * MIB).to_string(), "nvmlmem"]));
+    let l = lines.iter().find(|l| l.starts_with("nvmlmem")).expect("nvml line");
+    assert_eq!(e2e::num(l, "total") as u64, QUOTA, "{l}");
+    assert_eq!(e2e::num(l, "used") as u64, 40 * MIB, "{l}");
+    assert_eq!(e2e::num(l, "free") as u64, QUOTA - 40 * MIB, "{l}");
+    assert_eq!(e2e::num(l, "total_v2") as u64, QUOTA, "{l}");
+    assert_eq!(e2e::num(l, "free_v2") as u64, QUOTA - 40 * MIB, "{l}");
+
+    let lines = run(&host, unlimited(&host, "shim_client").args(["ctx", "nvmlmem"]));
+    let l = lines.iter().find(|l| l.starts_with("nvmlmem")).expect("nvml line");
+    assert_eq!(e2e::num(l, "total") as u64, device_total, "control: {l}");
+}
+
+#[test]
 fn two_processes_of_one_container_share_one_quota() {
     let host = EmuHost::new();
     let mut a = host.spawn(limited(&host, "shim_client", QUOTA, "ctr-a").args(["ctx", "alloc", &(40 * MIB).to_string(), "ready", "wait", "freeall", "ready", "wait"]));

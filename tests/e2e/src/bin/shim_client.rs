@@ -6,7 +6,7 @@
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
-//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `ready` |
+//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `destroy` | `exit`.
 
 use cuda_abi::*;
@@ -110,6 +110,69 @@ fn object_of(p: *mut c_void) -> String {
         unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned()
     };
     format!("{}({sym})", f.rsplit('/').next().unwrap_or(&f))
+}
+
+/// nvmlMemory_t / nvmlMemory_v2_t as laid out in nvml.h.
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemoryV2 {
+    version: u32,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// Device 0's memory through NVML (v1 and v2), loaded like monitoring tools do.
+fn nvml_memory() -> (u64, u64, u64, u64, u64, u64) {
+    let name = CString::new("libnvidia-ml.so.1").expect("no NUL");
+    // SAFETY: dlopen with a valid C string.
+    let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if lib.is_null() {
+        die("dlopen libnvidia-ml.so.1 failed");
+    }
+    let sym = |n: &str| {
+        let c = CString::new(n).expect("no NUL");
+        // SAFETY: dlsym on a live handle.
+        let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
+        if p.is_null() {
+            die(&format!("{n} missing"));
+        }
+        p
+    };
+    type Init = unsafe extern "C" fn() -> u32;
+    type ByIndex = unsafe extern "C" fn(u32, *mut *mut c_void) -> u32;
+    type Mem = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32;
+    type Mem2 = unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> u32;
+    // SAFETY: the symbols have these C types per nvml.h; out-pointers are locals.
+    unsafe {
+        let init: Init = std::mem::transmute(sym("nvmlInit_v2"));
+        let by_index: ByIndex = std::mem::transmute(sym("nvmlDeviceGetHandleByIndex_v2"));
+        let mem: Mem = std::mem::transmute(sym("nvmlDeviceGetMemoryInfo"));
+        let mem2: Mem2 = std::mem::transmute(sym("nvmlDeviceGetMemoryInfo_v2"));
+        if init() != 0 {
+            die("nvmlInit_v2");
+        }
+        let mut dev = std::ptr::null_mut();
+        if by_index(0, &mut dev) != 0 {
+            die("nvmlDeviceGetHandleByIndex_v2");
+        }
+        let mut m = NvmlMemory::default();
+        let r1 = mem(dev, &mut m);
+        let mut m2 = NvmlMemoryV2 { version: (std::mem::size_of::<NvmlMemoryV2>() as u32) | (2 << 24), ..Default::default() };
+        let r2 = mem2(dev, &mut m2);
+        if r1 != 0 || r2 != 0 {
+            die(&format!("nvmlDeviceGetMemoryInfo {r1} / _v2 {r2}"));
+        }
+        (m.total, m.free, m.used, m2.total, m2.free, m2.used)
+    }
 }
 
 enum Held {
@@ -347,6 +410,10 @@ fn main() {
                     // SAFETY: RTLD_NEXT lookup with a valid C string.
                     let p = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
                     out(format!("next object={}", object_of(p)));
+                }
+                "nvmlmem" => {
+                    let (t1, f1, u1, t2, f2, u2) = nvml_memory();
+                    out(format!("nvmlmem total={t1} free={f1} used={u1} total_v2={t2} free_v2={f2} used_v2={u2}"));
                 }
                 "fork" => {
                     let pid = libc::fork();
