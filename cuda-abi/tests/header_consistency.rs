@@ -17,7 +17,9 @@ fn headers_dir() -> PathBuf {
 }
 
 /// `(C struct typedef, Rust size, [(C field, Rust offset)])`.
-fn struct_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+type Layout = (&'static str, usize, Vec<(&'static str, usize)>);
+
+fn struct_layouts() -> Vec<Layout> {
     macro_rules! layout {
         ($c:literal, $t:ty, [$($cf:literal => $rf:ident),* $(,)?]) => {
             ($c, size_of::<$t>(), vec![$(($cf, offset_of!($t, $rf))),*])

@@ -4,9 +4,10 @@ use e2e::{num, EmuChild, EmuHost};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
-/// 20 kernels of 15.9 M cycles per block: 10 ms each at the T4's 1590 MHz boost clock.
+/// 40 kernels of 15.9 M cycles per block: 10 ms each at the T4's 1590 MHz boost clock (long
+/// enough that a late start of one client on a loaded machine hardly changes the overlap).
 const CYCLES: &str = "15900000";
-const COUNT: &str = "20";
+const COUNT: &str = "40";
 
 fn run_alone(host: &EmuHost, blocks: &str) -> f64 {
     let mut c = host.client(&["ctx", "spin", blocks, CYCLES, COUNT]);
@@ -39,13 +40,14 @@ fn full_gpu_kernels_slow_both_clients_in_proportion() {
     let host = EmuHost::new();
     // 40 blocks = every SM of the T4: alone each kernel holds the whole GPU (clock at 80%).
     let alone = run_alone(&host, "40");
-    assert!((240.0..260.0).contains(&alone), "alone {alone} ms (20 x 10 ms / 0.8)");
+    assert!((490.0..510.0).contains(&alone), "alone {alone} ms (40 x 10 ms / 0.8)");
     let (a, b) = run_pair(&host, "40");
     let (ra, rb) = (a / alone, b / alone);
+    eprintln!("contention: alone {alone:.1} ms, together {a:.1} / {b:.1} ms, slowdown {ra:.2}x / {rb:.2}x");
     // Two clients demanding 2x the SMs: each gets half, and the clock falls from 80% to 70%:
     // expected slowdown 2 * 0.8 / 0.7 = 2.29 for both (minus the edges where one runs alone).
     for r in [ra, rb] {
-        assert!((1.9..2.45).contains(&r), "slowdowns {ra:.2} / {rb:.2}, alone {alone} ms");
+        assert!((1.85..2.45).contains(&r), "slowdowns {ra:.2} / {rb:.2}, alone {alone} ms");
     }
     assert!((ra - rb).abs() < 0.35, "both slow by the same factor: {ra:.2} vs {rb:.2}");
 }
@@ -55,8 +57,9 @@ fn kernels_that_fit_together_do_not_slow_each_other() {
     let host = EmuHost::new();
     // 10 blocks each: 20 of 40 SMs in use together, no contention, clock stays at boost.
     let alone = run_alone(&host, "10");
-    assert!((195.0..205.0).contains(&alone), "alone {alone} ms");
+    assert!((395.0..405.0).contains(&alone), "alone {alone} ms");
     let (a, b) = run_pair(&host, "10");
+    eprintln!("no contention: alone {alone:.1} ms, together {a:.1} / {b:.1} ms");
     for t in [a, b] {
         assert!((t / alone - 1.0).abs() < 0.06, "alone {alone} ms, together {a} / {b} ms");
     }

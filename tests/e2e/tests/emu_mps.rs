@@ -35,12 +35,14 @@ fn active_thread_percentage_caps_a_client() {
     // 25% of 40 SMs = 10 SMs at full boost (occupancy 25%) vs 40 SMs at 80% clock: 3.2x.
     let quarter = spin_ms(&host, Some("25"));
     let r = quarter / full;
+    eprintln!("mps: uncapped {full:.1} ms, 25% cap {quarter:.1} ms ({r:.2}x)");
     assert!((3.0..3.4).contains(&r), "25% cap: {full} -> {quarter} ms ({r:.2}x)");
 
     // Server default percentage applies to clients without their own.
     dev.set_default_active_thread_pct(50).unwrap();
     let half = spin_ms(&host, None);
     let r = half / full;
+    eprintln!("mps: default 50% {half:.1} ms ({r:.2}x)");
     assert!((1.5..1.7).contains(&r), "50% default: {full} -> {half} ms ({r:.2}x)");
 }
 
@@ -60,6 +62,15 @@ fn per_client_percentage_set_by_pid() {
     assert!((480.0..520.0).contains(&ms), "{ms} ms");
 }
 
+/// Waits until the device has noticed that `pid` is gone.
+fn wait_reaped(dev: &e2e::emu_device::Device, pid: u32) {
+    let deadline = std::time::Instant::now() + T;
+    while dev.snapshot().processes.iter().any(|p| p.pid == pid) {
+        assert!(std::time::Instant::now() < deadline, "death of {pid} never noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Starts a neighbour that has a context and waits for the go to launch one small kernel.
 fn neighbour(host: &EmuHost) -> e2e::EmuChild {
     let mut b = host.client(&["ctx", "ready", "wait", "spin", "1", "1000", "1", "ready"]);
@@ -77,6 +88,12 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
     let mut b = neighbour(&host);
 
     victim.kill9();
+    // Death is noticed by whichever process next touches the device (within REAP_EVERY_NS).
+    let deadline = std::time::Instant::now() + T;
+    while !dev.mps_status().poisoned {
+        assert!(std::time::Instant::now() < deadline, "death of a context holder never noticed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     b.send_line("go");
     std::thread::sleep(Duration::from_millis(500));
     assert!(b.lines("spin=").is_empty(), "neighbour must hang while MPS is poisoned: {}", b.stdout());
@@ -112,6 +129,8 @@ fn client_that_released_its_context_harms_no_one() {
     assert_eq!(polite.lines("destroy=")[0], "destroy=0");
     let mut b = neighbour(&host);
     polite.kill9();
+    wait_reaped(&dev, polite.pid());
+    assert!(!dev.mps_status().poisoned);
     b.send_line("go");
     let l = b.wait_for_line("spin=", T).expect("neighbour runs");
     assert_eq!(field(&l, "spin"), Some("0"), "{l}");
@@ -126,8 +145,34 @@ fn client_killed_without_mps_harms_no_one() {
     victim.wait_for_line("ready", T).expect("ready");
     let mut b = neighbour(&host);
     victim.kill9();
+    wait_reaped(&host.device(), victim.pid());
     b.send_line("go");
     let l = b.wait_for_line("spin=", T).expect("neighbour runs");
     assert_eq!(field(&l, "spin"), Some("0"), "{l}");
     b.finish(T);
+}
+
+#[test]
+fn sigterm_with_default_action_poisons_but_normal_exit_does_not() {
+    let host = EmuHost::new();
+    let dev = host.device();
+    dev.mps_start(std::process::id());
+    // exit() without destroying the context: the driver's exit handler releases it, like a real
+    // driver's process teardown.
+    let mut tidy = host.client(&["ctx", "alloc", "1048576", "exit"]);
+    tidy.finish(T);
+    wait_reaped(&dev, tidy.pid());
+    assert!(!dev.mps_status().poisoned, "normal exit must not poison MPS");
+
+    // SIGTERM with no handler kills the process with its context live: exactly what the shim's
+    // graceful exit exists to prevent.
+    let mut victim = host.client(&["ctx", "ready", "hang"]);
+    victim.wait_for_line("ready", T).expect("ready");
+    victim.signal(libc::SIGTERM);
+    victim.finish(T);
+    let deadline = std::time::Instant::now() + T;
+    while !dev.mps_status().poisoned {
+        assert!(std::time::Instant::now() < deadline, "SIGTERM-killed context holder never poisoned MPS");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

@@ -688,9 +688,10 @@ unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u6
     if n == 0 {
         return Ok(());
     }
-    if src.is_null() {
+    if src.is_null() || n > isize::MAX as usize {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    driver::check_device_range(dst, n as u64)?;
     if let Some(s) = stream {
         driver::sync_for_async(s)?;
     }
@@ -703,9 +704,10 @@ unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Option<u64>
     if n == 0 {
         return Ok(());
     }
-    if dst.is_null() {
+    if dst.is_null() || n > isize::MAX as usize {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    driver::check_device_range(src, n as u64)?;
     if let Some(s) = stream {
         driver::sync_for_async(s)?;
     }

@@ -27,6 +27,8 @@ const CU_STREAM_PER_THREAD: u64 = 2;
 pub struct Driver {
     pub dev: Device,
     pub client: Client,
+    /// The process that called `cuInit`; a forked child may not use its driver state.
+    pid: u32,
     inner: Mutex<Inner>,
 }
 
@@ -106,14 +108,16 @@ fn dev_err(e: EmuError) -> CUresult {
 pub fn drv() -> R<&'static Driver> {
     match DRIVER.get() {
         None => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
-        Some(Ok(d)) => Ok(d),
+        Some(Ok(d)) if d.pid == std::process::id() => Ok(d),
+        // Like a real driver, a forked child inherits no usable CUDA state.
+        Some(Ok(_)) => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
         Some(Err(e)) => Err(*e),
     }
 }
 
 extern "C" fn release_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(Ok(d)) = DRIVER.get() {
+        if let Some(Ok(d)) = DRIVER.get().filter(|d| matches!(d, Ok(d) if d.pid == std::process::id())) {
             d.dev.detach(&d.client);
         }
     });
@@ -130,7 +134,7 @@ pub fn init(flags: u32) -> R {
             Ok((dev, client)) => {
                 // SAFETY: registering a plain extern "C" fn with no captured state.
                 unsafe { libc::atexit(release_at_exit) };
-                Ok(Driver { dev, client, inner: Mutex::new(Inner::default()) })
+                Ok(Driver { dev, client, pid: std::process::id(), inner: Mutex::new(Inner::default()) })
             }
             Err(e) => {
                 eprintln!("gpuemu libcuda: no emulated GPU: {e}");
@@ -419,7 +423,7 @@ pub fn func_attribute(f: u64, attrib: u32) -> R<i32> {
         4 => 16,   // CU_FUNC_ATTRIBUTE_NUM_REGS
         5 => 75,   // CU_FUNC_ATTRIBUTE_PTX_VERSION
         6 => 75,   // CU_FUNC_ATTRIBUTE_BINARY_VERSION
-        0..=10 => 0,
+        _ if attrib <= 10 => 0,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     })
 }
@@ -759,6 +763,11 @@ pub fn pointer_owner(addr: u64) -> R<u64> {
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
+/// Checks that `[addr, addr + len)` lies inside one allocation or mapping of this process.
+pub fn check_device_range(addr: u64, len: u64) -> R {
+    check_range(&drv()?.lock(), addr, len)
+}
+
 pub fn memcpy_htod(dst: u64, src: &[u8], sync: bool) -> R {
     let d = drv()?;
     if sync { ctx_sync()? } else { d.gate()? }
@@ -850,7 +859,7 @@ pub fn array_destroy(h: u64) -> R {
 
 pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
     current()?;
-    if size == 0 || size % GRANULARITY != 0 || !location_is_device || device != 0 {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) || !location_is_device || device != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
@@ -885,7 +894,7 @@ pub fn vmm_release(h: u64) -> R {
 
 pub fn vmm_reserve(size: u64, align: u64) -> R<u64> {
     drv()?;
-    if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) || (align != 0 && !align.is_power_of_two()) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
