@@ -77,7 +77,6 @@ fn offline_load_raises_online_latency() {
     off.stop(libc::SIGTERM, Duration::from_secs(30));
     let (a, s) = (alone["p50_ms"].as_f64().unwrap(), shared["p50_ms"].as_f64().unwrap());
     assert!(s > 1.5 * a, "online p50 alone {a:.2} ms, beside offline {s:.2} ms");
-    assert!(shared["p99_ms"].as_f64().unwrap() > alone["p99_ms"].as_f64().unwrap());
 }
 
 #[test]

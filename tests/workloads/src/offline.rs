@@ -177,8 +177,8 @@ pub fn run(cfg: &OfflineConfig, s: &mut Session, progress: &mut dyn Write) -> Re
     let mut iterations = 0u64;
     let (mut last_report, mut last_iters) = (start, 0u64);
     while !signals::stop_requested()
-        && cfg.duration.map_or(true, |d| start.elapsed() < d)
-        && cfg.iterations.map_or(true, |n| iterations < n)
+        && cfg.duration.is_none_or(|d| start.elapsed() < d)
+        && cfg.iterations.is_none_or(|n| iterations < n)
     {
         for _ in 0..cfg.kernels {
             s.launch_spin(blocks, cfg.threads, cycles).map_err(|e| e.to_string())?;
