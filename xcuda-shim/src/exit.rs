@@ -276,7 +276,8 @@ fn handle_signal(sig: c_int) {
 extern "C" fn on_exit() {
     let _ = std::panic::catch_unwind(|| {
         let Some(st) = state::get() else { return };
-        st.throttle.freeze();
+        // No freeze here: exit handlers that run after this one must not block in a launch;
+        // once the contexts are gone their launches simply fail.
         let release = move || {
             let n = st.contexts.release_all();
             st.quota.retire();
