@@ -145,7 +145,13 @@ fn kill_minus_9_of_a_holder_gives_its_memory_back() {
 #[test]
 fn dlsym_and_proc_address_clients_are_both_intercepted() {
     let host = EmuHost::new();
-    for (mode, launch_sym) in [("dlsym", "cuLaunchKernel"), ("gpa0", "cuLaunchKernel"), ("gpa2", "cuLaunchKernel_ptsz")] {
+    for (mode, launch_sym) in [
+        ("dlsym", "cuLaunchKernel"),
+        ("gpa0", "cuLaunchKernel"),
+        ("gpa2", "cuLaunchKernel_ptsz"),
+        ("gpa1", "cuLaunchKernel"),
+        ("gpa1pt", "cuLaunchKernel_ptsz"),
+    ] {
         let lines = run(&host, limited(&host, "shim_client", QUOTA, mode).args([
             "--resolve", mode, "ctx", "alloc", &(40 * MIB).to_string(), "async", &(30 * MIB).to_string(),
             "where", "cuLaunchKernel", "12000", "where", "cuMemAlloc", "3020", "next", "cuInit", "launch", "8", "1000", "3",

@@ -136,3 +136,31 @@ fn without_monitor_data_the_throttle_falls_back_to_a_fixed_rate_not_unlimited() 
     assert!(blind.offline_share < free.offline_share * 0.8, "stale data must not mean unlimited: {msg}");
     assert!(blind.offline_share > 0.05, "the fallback rate still lets work through: {msg}");
 }
+
+#[test]
+fn every_launch_path_is_throttled() {
+    let host = EmuHost::new();
+    let sms = host.device().info().sm_count.to_string();
+    for step in ["launch", "launchex", "launchcoop"] {
+        for throttled in [true, false] {
+            let group = format!("{step}-{throttled}");
+            let mut c = limited(&host, "shim_client", 1 << 30, &group);
+            c.env("XCUDA_THROTTLE", if throttled { "1" } else { "0" }).env("XCUDA_FALLBACK_RATE", "5");
+            // 12 one-wave kernels against a 4-wave bucket refilled at 5 waves/s (no monitor data).
+            c.args(["ctx", step, &sms, "1000", "12", "sleep", "600", "ready", "wait"]);
+            let mut k = host.spawn(&mut c);
+            k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{step}: {}", k.stderr()));
+            assert_eq!(k.lines(&format!("{step}=")).first().and_then(|l| e2e::field(l, step)), Some("0"), "{step}");
+            let l = ledger(&host);
+            let me = l.procs().into_iter().find(|p| p.pid == k.pid()).expect("registered");
+            assert!(me.launches >= 12, "{step}: launches counted: {me:?}");
+            if throttled {
+                assert!(me.launches_delayed > 0, "{step}: over budget, launches must wait: {me:?}");
+            } else {
+                assert_eq!(me.launches_delayed, 0, "{step}: control run with the throttle off: {me:?}");
+            }
+            k.send_line("go");
+            k.finish(T);
+        }
+    }
+}

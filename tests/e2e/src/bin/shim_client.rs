@@ -1,11 +1,11 @@
 //! Test client for the shim's end-to-end tests: opens `libcuda.so.1` with `dlopen` and resolves
 //! every driver function either through `dlsym` (`--resolve dlsym`) or `cuGetProcAddress_v2`
-//! with flags 0 or 2 (`--resolve gpa0|gpa2`), then runs the steps given as arguments, printing
+//! with flags 0 or 2 (`--resolve gpa0|gpa2`) or the older `cuGetProcAddress` (`gpa1|gpa1pt`), then runs the steps given as arguments, printing
 //! one `key=value` line per result.
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
-//! `meminfo` | `totalmem` | `launch BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
+//! `meminfo` | `totalmem` | `launch|launchex|launchcoop BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `destroy` | `exit`.
 
@@ -27,13 +27,17 @@ fn out(s: String) {
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Dlsym,
+    /// cuGetProcAddress_v2 with these flags.
     Gpa(u64),
+    /// cuGetProcAddress (the CUDA 11.3 ABI, no symbolStatus) with these flags.
+    GpaV1(u64),
 }
 
 struct Cuda {
     lib: *mut c_void,
     mode: Mode,
     gpa: Option<PFN_cuGetProcAddress_v12000>,
+    gpa1: Option<PFN_cuGetProcAddress_v11030>,
 }
 
 impl Cuda {
@@ -44,11 +48,16 @@ impl Cuda {
         if lib.is_null() {
             die("dlopen libcuda.so.1 failed");
         }
-        let mut cu = Cuda { lib, mode, gpa: None };
+        let mut cu = Cuda { lib, mode, gpa: None, gpa1: None };
         let p = cu.dlsym("cuGetProcAddress_v2");
         if !p.is_null() {
             // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v12000 ABI.
             cu.gpa = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v12000>(p) });
+        }
+        let p = cu.dlsym("cuGetProcAddress");
+        if !p.is_null() {
+            // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v11030 ABI.
+            cu.gpa1 = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v11030>(p) });
         }
         cu
     }
@@ -75,6 +84,17 @@ impl Cuda {
                 let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags, &mut q) };
                 if !r.is_success() {
                     die(&format!("cuGetProcAddress_v2({name}, {version}, {flags}) = {r}"));
+                }
+                p
+            }
+            Mode::GpaV1(flags) => {
+                let gpa = self.gpa1.unwrap_or_else(|| die("cuGetProcAddress missing"));
+                let n = CString::new(name).expect("no NUL");
+                let mut p = std::ptr::null_mut();
+                // SAFETY: valid name, out-pointer to a local.
+                let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags) };
+                if !r.is_success() {
+                    die(&format!("cuGetProcAddress({name}, {version}, {flags}) = {r}"));
                 }
                 p
             }
@@ -191,7 +211,9 @@ fn main() {
             Some("dlsym") => Mode::Dlsym,
             Some("gpa0") => Mode::Gpa(0),
             Some("gpa2") => Mode::Gpa(2),
-            _ => die("--resolve dlsym|gpa0|gpa2"),
+            Some("gpa1") => Mode::GpaV1(0),
+            Some("gpa1pt") => Mode::GpaV1(2),
+            _ => die("--resolve dlsym|gpa0|gpa2|gpa1|gpa1pt"),
         };
         args.drain(..2);
     }
@@ -222,6 +244,8 @@ fn main() {
     let load = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
     let get_fn = get!(cu, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000, 2000);
     let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
+    let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
+    let launch_coop = get!(cu, "cuLaunchCooperativeKernel", PFN_cuLaunchCooperativeKernel_v9000, 9000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -369,7 +393,7 @@ fn main() {
                     let r = total_mem(&mut t, 0);
                     out(format!("totalmem={} total={t}", r.0));
                 }
-                "launch" => {
+                "launch" | "launchex" | "launchcoop" => {
                     let (blocks, mut cycles, count) = (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
                     i += 3;
                     if spin_fn.is_null() {
@@ -387,8 +411,16 @@ fn main() {
                     let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
                     let wall = std::time::Instant::now();
                     let mut r = CUresult::CUDA_SUCCESS;
+                    let config = CUlaunchConfig {
+                        gridDimX: blocks, gridDimY: 1, gridDimZ: 1, blockDimX: 32, blockDimY: 1, blockDimZ: 1,
+                        sharedMemBytes: 0, hStream: stream, attrs: std::ptr::null_mut(), numAttrs: 0,
+                    };
                     for _ in 0..count {
-                        r = launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut());
+                        r = match step.as_str() {
+                            "launch" => launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
+                            "launchex" => launch_ex(&config, spin_fn, params.as_mut_ptr(), std::ptr::null_mut()),
+                            _ => launch_coop(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr()),
+                        };
                         if !r.is_success() {
                             break;
                         }
@@ -396,7 +428,7 @@ fn main() {
                     if r.is_success() {
                         r = sync();
                     }
-                    out(format!("launch={} wall_ms={:.3}", r.0, wall.elapsed().as_secs_f64() * 1e3));
+                    out(format!("{step}={} wall_ms={:.3}", r.0, wall.elapsed().as_secs_f64() * 1e3));
                 }
                 "where" => {
                     let name = args.get(i + 1).cloned().unwrap_or_else(|| die("where NAME VERSION"));
