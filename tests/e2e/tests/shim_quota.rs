@@ -143,6 +143,27 @@ fn kill_minus_9_of_a_holder_gives_its_memory_back() {
 }
 
 #[test]
+fn a_live_neighbour_reclaims_a_killed_holder_without_any_new_process() {
+    let host = EmuHost::new();
+    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(50 * MIB).to_string(), "ready", "hang"]));
+    holder.wait_for_line("ready", T).expect("holder ready");
+    let mut neighbour = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(10 * MIB).to_string(), "ready", "hang"]));
+    neighbour.wait_for_line("ready", T).expect("neighbour ready");
+    let l = ledger(&host);
+    let g = l.group(node_ledger::ledger::group_id_for("ctr"), 1).unwrap();
+    assert_eq!(l.group_used(g), 60 * MIB);
+    holder.kill9();
+    // The neighbour's housekeeping notices the death (pid + start time) and gives the memory back.
+    let start = std::time::Instant::now();
+    while l.group_used(g) != 10 * MIB && start.elapsed() < T {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(l.group_used(g), 10 * MIB, "only the live neighbour's usage remains");
+    assert!(l.procs().iter().all(|p| p.pid != holder.pid()));
+    neighbour.kill9();
+}
+
+#[test]
 fn dlsym_and_proc_address_clients_are_both_intercepted() {
     let host = EmuHost::new();
     for (mode, launch_sym) in [
