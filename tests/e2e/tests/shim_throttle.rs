@@ -26,6 +26,13 @@ struct Run {
 
 const TARGET: f64 = 0.35;
 
+/// The tests of this file measure shares and latencies: run them one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// MuxFlow eq. 2 with the shim's default a_L = 2, a_H = 0.2 and the test's T_SM = 1200 MHz
 /// (restated here so the test binary does not link the interposer itself).
 fn clock_factor(c_sm: f64, c_h: f64) -> f64 {
@@ -112,6 +119,7 @@ fn run(throttled: bool, publish: bool) -> Run {
 
 #[test]
 fn throttle_holds_offline_share_near_target_and_online_latency_improves() {
+    let _one = serial();
     let free = run(false, true);
     let held = run(true, true);
     let msg = format!(
@@ -129,6 +137,7 @@ fn throttle_holds_offline_share_near_target_and_online_latency_improves() {
 
 #[test]
 fn without_monitor_data_the_throttle_falls_back_to_a_fixed_rate_not_unlimited() {
+    let _one = serial();
     let free = run(false, false);
     let blind = run(true, false);
     let msg = format!("unthrottled share {:.3}, no-monitor share {:.3}", free.offline_share, blind.offline_share);
@@ -139,6 +148,7 @@ fn without_monitor_data_the_throttle_falls_back_to_a_fixed_rate_not_unlimited() 
 
 #[test]
 fn every_launch_path_is_throttled() {
+    let _one = serial();
     let host = EmuHost::new();
     let sms = host.device().info().sm_count.to_string();
     for step in ["launch", "launchex", "launchcoop"] {
