@@ -35,6 +35,12 @@ fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
     let st = victim.wait_timeout(T).expect("victim exits on the signal");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(sig), "the default action still happens: {st:?}");
+    // Let the emulator notice the death (it reaps dead clients on its next state access after
+    // its reap period) before the neighbour asks for the GPU.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        dev.mps_status();
+    }
     b.send_line("go");
     let ran = b.wait_for_line("spin=", Duration::from_secs(3)).is_some_and(|l| field(&l, "spin") == Some("0"));
     let status = format!("{:?} victim stderr: {}", dev.mps_status(), victim.stderr());
