@@ -786,6 +786,43 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Any file content either opens (then every operation stays in bounds) or is refused
+        /// with an error naming the file; never a panic.
+        #[test]
+        fn arbitrary_files_never_panic(
+            len in prop_oneof![Just(LAYOUT_SIZE), 0usize..LAYOUT_SIZE + 64],
+            fill in any::<u8>(),
+            pokes in proptest::collection::vec((0usize..LAYOUT_SIZE, any::<u64>()), 0..16),
+            keep_header in any::<bool>(),
+        ) {
+            let (d, l) = fresh();
+            let p = d.path().join("x");
+            let mut bytes = vec![fill; len];
+            if keep_header && len >= HEADER_SIZE {
+                let good = std::fs::read(l.path()).unwrap();
+                bytes[..HEADER_SIZE].copy_from_slice(&good[..HEADER_SIZE]);
+            }
+            for (off, v) in pokes {
+                if off + 8 <= bytes.len() && (off >= HEADER_SIZE || !keep_header) {
+                    bytes[off..off + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            std::fs::write(&p, &bytes).unwrap();
+            match Ledger::open_existing(&p) {
+                Ok(o) => {
+                    let _ = o.procs();
+                    let _ = o.read_monitor();
+                    let _ = o.health();
+                    let _ = o.reclaim_dead();
+                    for g in 0..MAX_GROUPS { let _ = o.try_reserve_group(g, 1); o.release_group(g, 1); }
+                }
+                Err(e) => prop_assert!(e.to_string().contains(&*p.to_string_lossy())),
+            }
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
         /// Any sequence of registrations, reservations, releases, deaths (start time no longer
         /// matching) and unregistrations keeps each group's counter equal to the sum of its live

@@ -345,6 +345,23 @@ mod tests {
         assert!(errs[0].to_string().contains("/nonexistent/x.json"));
     }
 
+    proptest::proptest! {
+        /// Arbitrary text is either a valid config or one located error; never a panic.
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            if let Err(e) = Config::from_text(Path::new("f.json"), &text) {
+                proptest::prop_assert!(e.to_string().starts_with("f.json"));
+            }
+        }
+
+        /// Arbitrary values in known fields are validated, never a panic.
+        #[test]
+        fn arbitrary_numbers_never_panic(a in proptest::num::f64::ANY, b in proptest::num::f64::ANY, n in proptest::num::u64::ANY) {
+            let text = format!(r#"{{"memory": {{"quota_fraction": {a:?}}}, "throttle": {{"kp": {b:?}, "period_ms": {n}}}}}"#);
+            let _ = Config::from_text(Path::new("f.json"), &text);
+        }
+    }
+
     #[test]
     fn env_overrides_apply_and_bad_ones_are_reported() {
         let mut c = Config::default();
