@@ -121,6 +121,9 @@ fn main() {
         base(&l), shim(&l), added(&l), shim(&l) / base(&l));
     println!("alloc+free: direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (target <= 100) ratio {:.2}",
         base(&a), shim(&a), added(&a), shim(&a) / base(&a));
+    let t = &st.throttle;
+    let acquire = median((0..5).map(|_| per_op(n_launch, || t.acquire(black_box(1000)))).collect());
+    println!("  launch: throttle acquire alone {acquire:.1} ns (the rest is the FFI entry + catch_unwind)");
     println!("  of which: ledger reserve+release {reserve:.1} ns, pointer-table insert+remove {track:.1} ns");
     println!("(median of 7 rounds; launches counted {})", st.throttle.launches.load(Relaxed));
 }
