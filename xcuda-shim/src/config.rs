@@ -91,6 +91,8 @@ pub struct ExitConfig {
     pub handle_signals: bool,
     /// Release contexts at normal exit.
     pub release_at_exit: bool,
+    /// Longest wait for synchronise + release (a hung driver must not keep the process alive), ms.
+    pub release_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -140,7 +142,7 @@ impl Default for ThrottleConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true }
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000 }
     }
 }
 
@@ -189,6 +191,9 @@ impl Config {
         }
         if t.stale_after_ms == 0 {
             return bad("throttle.stale_after_ms", "must be positive");
+        }
+        if self.exit.release_timeout_ms == 0 {
+            return bad("exit.release_timeout_ms", "must be positive");
         }
         Ok(())
     }

@@ -151,3 +151,34 @@ fn python_trainer_stopped_with_ctrl_c_hangs_nobody_with_the_shim() {
     let (ran, st) = python_ctrl_c(false);
     assert!(!ran, "control without the shim: the dead Python client hangs MPS: {st}");
 }
+
+#[test]
+fn sigterm_with_a_hung_mps_server_still_ends_the_process() {
+    let host = EmuHost::new();
+    let dev = host.device();
+    dev.mps_start(std::process::id());
+    let cfg = host.root().join("xcuda.json");
+    std::fs::write(&cfg, r#"{"exit": {"release_timeout_ms": 300}}"#).unwrap();
+    let mut c = limited(&host, "shim_client", 1 << 30, "hung");
+    c.env("XCUDA_CONFIG", &cfg).args(["ctx", "ready", "wait", "launch", "1", "1000", "1", "ready"]);
+    let mut shimmed = host.spawn(&mut c);
+    shimmed.wait_for_line("ready", T).expect("ready");
+    // Another client dies holding a context: the MPS server hangs every client.
+    let mut culprit = host.client(&["ctx", "ready", "hang"]);
+    culprit.wait_for_line("ready", T).expect("culprit ready");
+    culprit.kill9();
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        dev.mps_status();
+    }
+    assert!(dev.mps_status().poisoned);
+    shimmed.send_line("go");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(shimmed.lines("launch=").is_empty(), "the shimmed client is stuck in the hung server");
+    shimmed.signal(libc::SIGTERM);
+    let st = shimmed.wait_timeout(T).unwrap_or_else(|| panic!("a hung driver must not keep the process alive: {}", shimmed.stderr()));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGTERM));
+    assert!(shimmed.stderr().contains("gave up waiting"), "{}", shimmed.stderr());
+    dev.mps_quit();
+}
