@@ -190,3 +190,48 @@ fn dlsym_and_proc_address_clients_are_both_intercepted() {
     let lines = run(&host, unlimited(&host, "shim_client").args(["--resolve", "gpa2", "ctx", "where", "cuLaunchKernel", "12000"]));
     assert!(lines.iter().any(|l| l.ends_with("object=libcuda.so.1(cuLaunchKernel_ptsz)")), "control: {lines:?}");
 }
+
+/// A C program linked with `-lcuda` (no dlopen, no cuGetProcAddress): the shim's exported
+/// symbols are what it binds to.
+const LINKED_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef int CUdevice;
+typedef void *CUcontext;
+CUresult cuInit(unsigned int flags);
+CUresult cuDeviceGet(CUdevice *dev, int ordinal);
+CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev);
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n);
+CUresult cuMemFree_v2(CUdeviceptr p);
+int main(int argc, char **argv) {
+    CUdevice dev; CUcontext ctx; CUdeviceptr a = 0, b = 0;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev)) return 3;
+    printf("alloc=%d\n", cuMemAlloc_v2(&a, strtoull(argv[1], 0, 10)));
+    printf("alloc=%d\n", cuMemAlloc_v2(&b, strtoull(argv[2], 0, 10)));
+    if (a) cuMemFree_v2(a);
+    if (b) cuMemFree_v2(b);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_program_linked_with_lcuda_is_limited_through_exported_symbols() {
+    let host = EmuHost::new();
+    let src = host.root().join("linked.c");
+    let exe = host.root().join("linked");
+    std::fs::write(&src, LINKED_C).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(&cc)
+        .arg("-o").arg(&exe).arg(&src)
+        .arg(format!("-L{}", host.lib_dir().display())).arg("-l:libcuda.so.1")
+        .status()
+        .unwrap_or_else(|e| panic!("{cc} (the C compiler rustc links with) is needed: {e}"));
+    assert!(st.success(), "compiling the -lcuda client failed");
+    let (a, b) = ((40 * MIB).to_string(), (30 * MIB).to_string());
+    let lines = run(&host, limited(&host, exe.to_str().unwrap(), QUOTA, "linked").args([&a, &b]));
+    assert_eq!(rc_of(&lines, "alloc="), ["0", "2"], "{lines:?}");
+    let lines = run(&host, unlimited(&host, exe.to_str().unwrap()).args([&a, &b]));
+    assert_eq!(rc_of(&lines, "alloc="), ["0", "0"], "control: {lines:?}");
+}
