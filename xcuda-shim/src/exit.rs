@@ -217,6 +217,7 @@ fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + '
     let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new().name("xcuda-release".into()).spawn(move || {
+        let _log = state::log_on_this_thread();
         let _ = tx.send(f());
     });
     if spawned.is_err() {
@@ -231,6 +232,7 @@ fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + '
 }
 
 fn exit_helper(rd: c_int) {
+    let _log = state::log_on_this_thread();
     // Signals may be blocked in the thread that spawned us; raise() below must be delivered here.
     // SAFETY: sigset operations on a local set, then pthread_sigmask for this thread only.
     unsafe {
@@ -305,7 +307,11 @@ fn handle_signal(sig: c_int) {
 }
 
 extern "C" fn on_exit() {
-    let _ = std::panic::catch_unwind(|| {
+    let _ = std::panic::catch_unwind(|| state::logged(on_exit_inner));
+}
+
+fn on_exit_inner() {
+    {
         let Some(st) = state::get() else { return };
         // No freeze here: exit handlers that run after this one must not block in a launch;
         // once the contexts are gone their launches simply fail.
@@ -318,7 +324,7 @@ extern "C" fn on_exit() {
         // context in TLS: release from a fresh thread, bounded in time.
         let n = with_deadline("release contexts at exit", release);
         tracing::debug!(contexts = ?n, "xcuda: released at exit");
-    });
+    }
 }
 
 extern "C" fn on_fork_child() {

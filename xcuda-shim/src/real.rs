@@ -105,7 +105,7 @@ fn resolve_driver() {
         }
         Err(_) => return,
     }
-    let ok = load_driver();
+    let ok = crate::state::logged(load_driver);
     DRIVER_STATE.store(if ok { RESOLVED } else { FAILED }, Release);
 }
 
