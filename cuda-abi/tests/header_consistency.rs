@@ -36,6 +36,14 @@ fn struct_layouts() -> Vec<Layout> {
             "sharedMemBytes" => sharedMemBytes, "hStream" => hStream, "attrs" => attrs, "numAttrs" => numAttrs,
         ]),
         layout!("CUmemLocation", CUmemLocation, ["type" => type_, "id" => id]),
+        layout!("CUDA_KERNEL_NODE_PARAMS_v1", CUDA_KERNEL_NODE_PARAMS_v1, [
+            "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,
+            "kernelParams" => kernelParams, "extra" => extra,
+        ]),
+        layout!("CUDA_KERNEL_NODE_PARAMS", CUDA_KERNEL_NODE_PARAMS, [
+            "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,
+            "kernelParams" => kernelParams, "extra" => extra, "kern" => kern, "ctx" => ctx,
+        ]),
         layout!("CUmemAllocationProp", CUmemAllocationProp, [
             "type" => type_, "requestedHandleTypes" => requestedHandleTypes, "location" => location,
             "win32HandleMetaData" => win32HandleMetaData, "allocFlags" => allocFlags,

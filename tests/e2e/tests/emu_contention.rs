@@ -64,3 +64,36 @@ fn kernels_that_fit_together_do_not_slow_each_other() {
         assert!((t / alone - 1.0).abs() < 0.06, "alone {alone} ms, together {a} / {b} ms");
     }
 }
+
+#[test]
+fn launches_are_async_ordered_per_stream_and_concurrent_across_streams() {
+    let host = EmuHost::new();
+    // 10 blocks x 15.9 M cycles: 10 ms on 10 of 40 SMs; two fit side by side.
+    let mut c = host.client(&["ctx", "streams", "10", CYCLES]);
+    c.finish(T);
+    let l = c.wait_for_line("streams ", T).expect("streams line");
+    eprintln!("{l}");
+    assert_eq!(e2e::field(&l, "launch_ex"), Some("0"), "{l}");
+    assert_eq!(e2e::field(&l, "launch_ptsz"), Some("0"), "{l}");
+    assert_eq!(e2e::field(&l, "query"), Some("600"), "launch returned before the kernel ended: {l}");
+    for k in ["par1_ms", "par2_ms"] {
+        // 10 ms plus host time between the start event and the launch (serialised would be 20).
+        assert!((9.9..14.0).contains(&num(&l, k)), "{k}: concurrent streams each take 10 ms: {l}");
+    }
+    assert!((19.9..25.0).contains(&num(&l, "serial_ms")), "one stream serialises: {l}");
+}
+
+#[test]
+fn graph_launch_runs_its_kernel_nodes_in_order() {
+    let host = EmuHost::new();
+    let mut c = host.client(&["ctx", "graph", "10", CYCLES, "3"]);
+    c.finish(T);
+    let l = c.wait_for_line("graph ", T).expect("graph line");
+    eprintln!("{l}");
+    for k in ["build", "launch", "launch_ptsz"] {
+        assert_eq!(e2e::field(&l, k), Some("0"), "{k}: {l}");
+    }
+    for k in ["ms", "ms_ptsz"] {
+        assert!((29.9..35.0).contains(&num(&l, k)), "{k}: three 10 ms nodes in sequence: {l}");
+    }
+}

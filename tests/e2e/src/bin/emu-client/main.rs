@@ -4,7 +4,8 @@
 //!
 //! Steps: `ctx` | `primary` | `destroy` | `release` | `meminfo` | `alloc BYTES` | `free` (last
 //! allocation) | `alloc-path KIND BYTES` (plain, pitch, managed, async, pool, vmm, array,
-//! array3d, mipmap) | `free-all` (every alloc-path allocation) | `hostile` (bad arguments) | `fork` | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
+//! array3d, mipmap) | `free-all` (every alloc-path allocation) | `hostile` (bad arguments) | `fork` |
+//! `streams BLOCKS CYCLES` (async launches on two streams) | `graph BLOCKS CYCLES NODES` | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
 //! by events) | `sync` | `ready` | `wait` (a line on stdin) | `sleep MS` | `hang` |
 //! `procaddr NAME VERSION FLAGS` | `exit`.
 
@@ -21,8 +22,10 @@ macro_rules! get {
     }};
 }
 
+mod graph;
 mod hostile;
 mod paths;
+mod streams;
 
 use cuda_abi::*;
 use std::ffi::{c_void, CString};
@@ -115,6 +118,17 @@ fn main() {
         let mut allocs: Vec<CUdeviceptr> = Vec::new();
         let mut held: Vec<paths::Held> = Vec::new();
         let mut spin_fn: CUfunction = std::ptr::null_mut();
+        let load_spin = |f: &mut CUfunction| {
+            if f.is_null() {
+                let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                let mut m: CUmodule = std::ptr::null_mut();
+                let r = load(&mut m, ptx.as_ptr().cast());
+                let name = CString::new("spin").expect("no NUL");
+                if !r.is_success() || !get_fn(f, m, name.as_ptr()).is_success() {
+                    die(&format!("load spin: {r}"));
+                }
+            }
+        };
         let mut i = 0;
         let out = |s: String| {
             println!("{s}");
@@ -188,6 +202,21 @@ fn main() {
                     let mut st = 0;
                     libc::waitpid(pid, &mut st, 0);
                     out(format!("fork-parent meminfo={}", code(mem_info(&mut f, &mut t))));
+                }
+                "graph" => {
+                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    let cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    let nodes: u32 = arg(3).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    i += 3;
+                    load_spin(&mut spin_fn);
+                    out(graph::run(&cu, spin_fn, blocks, cycles, nodes));
+                }
+                "streams" => {
+                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    let cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    i += 2;
+                    load_spin(&mut spin_fn);
+                    out(streams::run(&cu, spin_fn, blocks, cycles));
                 }
                 "hostile" => {
                     for (case, rc) in hostile::run(&cu) {
