@@ -79,8 +79,8 @@ impl Allocator {
         };
         let target = (target * 10.0).round() / 10.0;
         match self.applied {
-            // Going down is always applied at once when unsafe; otherwise wait for a real move.
-            Some(a) if (target - a).abs() < cfg.min_step_pct && !(target < a && !safe) => None,
+            // Small moves wait for a real change, except a cut while the GPU is unsafe.
+            Some(a) if (safe || target >= a) && (target - a).abs() < cfg.min_step_pct => None,
             _ => {
                 self.applied = Some(target);
                 Some(target)

@@ -97,6 +97,9 @@ fn main() {
     println!("  per sample                 {:6.1} us CPU at 10 ms, {:.1} us at 1 ms", cpu10 / 100.0 * secs / n10.max(1) as f64 * 1e6, cpu1 / 100.0 * secs / n1.max(1) as f64 * 1e6);
     println!("  target <= 1 % at 10 ms:    {}", if cpu10 <= 1.0 { "met" } else { "NOT met" });
 
+    if rounds == 0 {
+        return;
+    }
     println!("-- Overlimit -> SIGTERM latency, interval 10 ms, {rounds} rounds --");
     let mut n = EmuNode::new();
     n.start_monitor("mon.json", &config(10));

@@ -127,8 +127,14 @@ fn main() -> ExitCode {
         "enable" => {
             let f = daemon::operator_file(&cfg);
             match std::fs::remove_file(&f) {
-                Ok(()) => Ok(println!("GPU {} re-enabled; it goes through Init", cfg.gpu_index)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(println!("GPU {} was not disabled by an operator", cfg.gpu_index)),
+                Ok(()) => {
+                    println!("GPU {} re-enabled; it goes through Init", cfg.gpu_index);
+                    Ok(())
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    println!("GPU {} was not disabled by an operator", cfg.gpu_index);
+                    Ok(())
+                }
                 Err(e) => Err(format!("{}: {e}", f.display())),
             }
         }

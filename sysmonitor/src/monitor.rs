@@ -296,7 +296,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
 /// This boot's id, so Overlimit history (monotonic times) is only resumed within one boot.
 pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default())
+        .clone()
 }
 
 #[cfg(test)]

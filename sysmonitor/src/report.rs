@@ -65,7 +65,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 pub fn write_state_file(path: &Path, s: &Snapshot) -> std::io::Result<()> {
-    let mut v = serde_json::to_vec_pretty(s).map_err(std::io::Error::other)?;
+    let mut v = serde_json::to_vec(s).map_err(std::io::Error::other)?;
     v.push(b'\n');
     write_atomic(path, &v)
 }

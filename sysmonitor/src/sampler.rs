@@ -162,7 +162,15 @@ pub struct NvmlSource {
     last_sm: f64,
     samples_ok: bool,
     events: Option<nvml_wrapper::EventSet<'static>>,
+    /// Max SM clock never changes: read once.
+    max_clock: Option<u32>,
+    /// Power and temperature are shown, not judged: refreshed every `AUX_EVERY` samples.
+    aux: (Option<u32>, Option<u32>),
+    n: u64,
 }
+
+/// Samples between two power/temperature reads.
+const AUX_EVERY: u64 = 10;
 
 fn e(what: &str, err: NvmlError) -> String {
     format!("{what}: {err}")
@@ -179,7 +187,7 @@ impl NvmlSource {
             .ok()
             .and_then(|set| dev.register_events(nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR, set).ok());
         tracing::info!(gpu = index, gpm = gpm.is_some(), xid_events = events.is_some(), "NVML device opened");
-        Ok(NvmlSource { dev, gpm, last_sample_ts: 0, last_sm: 0.0, samples_ok: true, events })
+        Ok(NvmlSource { dev, gpm, last_sample_ts: 0, last_sm: 0.0, samples_ok: true, events, max_clock: None, aux: (None, None), n: 0 })
     }
 
     fn sm_activity(&mut self, util_rate: f64) -> (f64, SmSource) {
@@ -232,8 +240,19 @@ impl GpuSource for NvmlSource {
         let u = self.dev.utilization_rates().map_err(|x| e("utilization", x))?;
         let mem = self.dev.memory_info().map_err(|x| e("memory info", x))?;
         let clk = self.dev.clock_info(Clock::SM).map_err(|x| e("SM clock", x))?;
-        let max = self.dev.max_clock_info(Clock::SM).map_err(|x| e("max SM clock", x))?;
+        let max = match self.max_clock {
+            Some(m) => m,
+            None => {
+                let m = self.dev.max_clock_info(Clock::SM).map_err(|x| e("max SM clock", x))?;
+                self.max_clock = Some(m);
+                m
+            }
+        };
         let (sm, src) = self.sm_activity(u.gpu as f64);
+        if self.n % AUX_EVERY == 0 {
+            self.aux = (self.dev.power_usage().ok(), self.dev.temperature(TemperatureSensor::Gpu).ok());
+        }
+        self.n += 1;
         Ok(GpuSample {
             t_ms: now_ms,
             gpu_util: u.gpu as f64,
@@ -243,8 +262,8 @@ impl GpuSource for NvmlSource {
             sm_clock_max_mhz: max,
             mem_used: mem.used,
             mem_total: mem.total,
-            power_mw: self.dev.power_usage().ok(),
-            temp_c: self.dev.temperature(TemperatureSensor::Gpu).ok(),
+            power_mw: self.aux.0,
+            temp_c: self.aux.1,
         })
     }
 

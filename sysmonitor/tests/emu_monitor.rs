@@ -164,3 +164,55 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     assert_eq!(v["hold_ms"], 800, "second entry in the window doubles the hold");
     assert!(n.log("mon.json").contains("resumed eviction recorded by an earlier monitor run"));
 }
+
+#[test]
+fn host_memory_pressure_evicts_offline_work() {
+    let mut n = EmuNode::new();
+    let meminfo = n.path("meminfo");
+    std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 500000 kB\n").unwrap();
+    let cfg = config(400, 5000).replace(
+        r#""host_memory": { "enabled": false }"#,
+        &format!(r#""host_memory": {{ "enabled": true, "min_available_pct": 5, "check_every_ms": 20, "meminfo_path": "{}", "psi_path": "/nonexistent" }}"#, meminfo.display()),
+    );
+    n.start_monitor("mon.json", &cfg);
+    n.wait_state(T, "healthy with host memory read", |v| state(v) == "healthy" && v["host_mem_available_pct"] == 50.0);
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, n.pid(offline), 0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(n.alive(offline), "no pressure, no eviction");
+    std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 20000 kB\n").unwrap();
+    assert_eq!(n.wait_exit(offline, T).expect("not evicted"), Some(libc::SIGTERM));
+    let v = n.wait_state(T, "host_memory eviction counted", |v| v["evictions"]["host_memory"] == 1);
+    assert_eq!(state(&v), "healthy", "host pressure evicts without touching GPU health");
+    assert!(n.log("mon.json").contains("host MemAvailable 2.0% below 5.0%"));
+}
+
+#[test]
+fn operator_disable_evicts_and_enable_goes_back_through_init() {
+    let mut n = EmuNode::new();
+    n.start_monitor("mon.json", &config(400, 5000));
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, n.pid(offline), 0);
+    let (cfg, envs) = (n.path("mon.json"), n.envs());
+    let cli = |cmd: &str| {
+        let out = std::process::Command::new(common::target_dir().join("sysmonitor"))
+            .args([cmd, "--config"])
+            .arg(&cfg)
+            .envs(envs.clone())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    cli("disable");
+    assert_eq!(n.wait_exit(offline, T).expect("not evicted"), Some(libc::SIGTERM));
+    let v = n.wait_state(T, "disabled", |v| state(v) == "disabled" && v["evictions"]["disabled"] == 1);
+    assert_eq!(v["disabled_by"], "operator");
+    assert!(cli("status").contains("DISABLED by Operator"));
+    cli("enable");
+    let v = n.wait_state(T, "healthy again", |v| state(v) == "healthy");
+    assert_eq!(v["last_transition"][0], "init", "re-enabled GPUs go through Init: {v:#}");
+}
