@@ -16,18 +16,22 @@ unsafe extern "C" fn stub_init(_: c_uint) -> CUresult {
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_device_get(d: *mut CUdevice, _: i32) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *d = 0 };
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_total(b: *mut usize, _: CUdevice) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *b = 80 << 30 };
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_attr(v: *mut i32, _: CUdevice_attribute, _: CUdevice) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *v = 132 };
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_alloc(p: *mut CUdeviceptr, n: usize) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *p = NEXT.fetch_add((n as u64 + 255) & !255, Relaxed) };
     CUresult::CUDA_SUCCESS
 }
@@ -82,17 +86,21 @@ fn main() {
     assert!(st.quota.ledger().is_some(), "bench must use the shared ledger");
 
     use std::ptr::null_mut as null;
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let launch_direct = || unsafe {
         black_box(stub_launch(null(), black_box(132), 1, 1, 256, 1, 1, 0, null(), null(), null()));
     };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let launch_shim = || unsafe {
         black_box(xcuda::api::cuLaunchKernel(null(), black_box(132), 1, 1, 256, 1, 1, 0, null(), null(), null()));
     };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let pair_direct = || unsafe {
         let mut d = 0;
         black_box(stub_alloc(&mut d, black_box(1 << 20)));
         black_box(stub_free(d));
     };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let pair_shim = || unsafe {
         let mut d = 0;
         black_box(xcuda::api::cuMemAlloc_v2(&mut d, black_box(1 << 20)));
@@ -108,6 +116,12 @@ fn main() {
         a.push((d2, s2));
     }
     assert_eq!(st.quota.used(), 0, "every pair gave its bytes back");
+    // Where an alloc/free pair's added time goes.
+    let q = &st.quota;
+    let reserve = median((0..5).map(|_| per_op(n_pair, || { assert!(q.try_reserve(black_box(4096))); q.release(4096); })).collect());
+    let map = xcuda::ptrmap::PtrMap::new(1 << 16);
+    let mut k = 0x7f00_0000_0000u64;
+    let track = median((0..5).map(|_| per_op(n_pair, || { k += 1 << 20; assert!(map.insert(black_box(k), 1)); black_box(map.remove(k)); })).collect());
     let added = |v: &[(f64, f64)]| median(v.iter().map(|(d, s)| s - d).collect());
     let base = |v: &[(f64, f64)]| median(v.iter().map(|(d, _)| *d).collect());
     let shim = |v: &[(f64, f64)]| median(v.iter().map(|(_, s)| *s).collect());
@@ -115,5 +129,9 @@ fn main() {
         base(&l), shim(&l), added(&l), shim(&l) / base(&l));
     println!("alloc+free: direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (target <= 100) ratio {:.2}",
         base(&a), shim(&a), added(&a), shim(&a) / base(&a));
+    let t = &st.throttle;
+    let acquire = median((0..5).map(|_| per_op(n_launch, || t.acquire(black_box(1000)))).collect());
+    println!("  launch: throttle acquire alone {acquire:.1} ns (the rest is the FFI entry + catch_unwind)");
+    println!("  of which: ledger reserve+release {reserve:.1} ns, pointer-table insert+remove {track:.1} ns");
     println!("(median of 7 rounds; launches counted {})", st.throttle.launches.load(Relaxed));
 }
