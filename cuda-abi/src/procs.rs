@@ -225,6 +225,12 @@ proc_table! {
     PFN_cuLaunchKernelEx_v11060_ptsz = cuLaunchKernelEx @ 11060 Ptsz => cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
     PFN_cuLaunchCooperativeKernel_v9000 = cuLaunchCooperativeKernel @ 9000 Plain => cuLaunchCooperativeKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void);
     PFN_cuLaunchCooperativeKernel_v9000_ptsz = cuLaunchCooperativeKernel @ 9000 Ptsz => cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void);
+    PFN_cuGraphCreate_v10000 = cuGraphCreate @ 10000 Plain => cuGraphCreate(phGraph: *mut CUgraph, flags: c_uint);
+    PFN_cuGraphAddKernelNode_v10000 = cuGraphAddKernelNode @ 10000 Plain => cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
+    PFN_cuGraphAddKernelNode_v12000 = cuGraphAddKernelNode @ 12000 Plain => cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
+    PFN_cuGraphInstantiateWithFlags_v11040 = cuGraphInstantiateWithFlags @ 11040 Plain => cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64);
+    PFN_cuGraphExecDestroy_v10000 = cuGraphExecDestroy @ 10000 Plain => cuGraphExecDestroy(hGraphExec: CUgraphExec);
+    PFN_cuGraphDestroy_v10000 = cuGraphDestroy @ 10000 Plain => cuGraphDestroy(hGraph: CUgraph);
     PFN_cuGraphLaunch_v10000 = cuGraphLaunch @ 10000 Plain => cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGraphLaunch_v10000_ptsz = cuGraphLaunch @ 10000 Ptsz => cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGetExportTable_v3000 = cuGetExportTable @ 3000 Plain => cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid);

@@ -67,7 +67,7 @@ trait OlderThan {
 
 impl OlderThan for Option<&'static ProcEntry> {
     fn is_none_or_older(&self, v: u32) -> bool {
-        self.map_or(true, |cur| cur.version < v)
+        !matches!(self, Some(cur) if cur.version >= v)
     }
 }
 
@@ -149,5 +149,40 @@ mod tests {
         let e = entry_for_symbol("cuCtxSynchronize").unwrap();
         assert_eq!(e.c_params(), "void");
         assert_eq!(crate::procs::c_type("*const *mut c_void"), "void * const *");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn resolution_is_the_newest_fitting_abi(
+            idx in 0..PROC_TABLE.len(),
+            version in 1000i32..14000,
+            flags in 0u64..3,
+        ) {
+            let name = PROC_TABLE[idx].name;
+            let rows: Vec<&ProcEntry> = PROC_TABLE.iter().filter(|e| e.name == name).collect();
+            let fitting: Vec<&&ProcEntry> = rows.iter().filter(|e| i64::from(e.version) <= i64::from(version)).collect();
+            match resolve(name, version, flags) {
+                Resolution::Found(e) => {
+                    proptest::prop_assert_eq!(e.name, name);
+                    proptest::prop_assert!(i64::from(e.version) <= i64::from(version));
+                    // No fitting plain ABI is newer than the answer.
+                    let newest_plain = fitting.iter().filter(|r| !r.variant.is_per_thread()).map(|r| r.version).max();
+                    if let Some(v) = newest_plain {
+                        proptest::prop_assert!(e.version >= v);
+                    }
+                    // Per-thread answers only when asked for.
+                    if e.variant.is_per_thread() {
+                        proptest::prop_assert!(flags & 2 != 0);
+                    }
+                    // Asked for per-thread and a fitting per-thread ABI at least as new exists: it answers.
+                    let pt = fitting.iter().filter(|r| r.variant.is_per_thread()).map(|r| r.version).max();
+                    if flags & 2 != 0 && pt.is_some_and(|t| newest_plain.is_none_or(|p| t >= p)) {
+                        proptest::prop_assert!(e.variant.is_per_thread());
+                    }
+                }
+                Resolution::VersionNotSufficient => proptest::prop_assert!(fitting.is_empty()),
+                Resolution::SymbolNotFound => proptest::prop_assert!(false, "{} is in the table", name),
+            }
+        }
     }
 }

@@ -48,6 +48,9 @@ opaque_handles! {
     CUmipmappedArray => CUmipmappedArray_st,
     CUgraphExec => CUgraphExec_st,
     CUmemoryPool => CUmemPoolHandle_st,
+    CUgraph => CUgraph_st,
+    CUgraphNode => CUgraphNode_st,
+    CUkernel => CUkern_st,
 }
 
 /// Scalar typedefs and their sizes, for the header test.
@@ -248,6 +251,42 @@ pub struct CUlaunchConfig {
     pub attrs: *mut CUlaunchAttribute,
     pub numAttrs: c_uint,
 }
+
+/// `CUDA_KERNEL_NODE_PARAMS_v1` (graph kernel node of the CUDA 10.0 ABI).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS_v1 {
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS` (`_v2`, CUDA 12.0): v1 plus a `CUkernel` and a context.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS {
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
+}
+/// `CUDA_KERNEL_NODE_PARAMS_v2`.
+pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS;
 
 /// `CUmemLocation` (`CUmemLocation_v1`).
 #[repr(C)]

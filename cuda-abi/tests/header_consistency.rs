@@ -17,7 +17,9 @@ fn headers_dir() -> PathBuf {
 }
 
 /// `(C struct typedef, Rust size, [(C field, Rust offset)])`.
-fn struct_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+type Layout = (&'static str, usize, Vec<(&'static str, usize)>);
+
+fn struct_layouts() -> Vec<Layout> {
     macro_rules! layout {
         ($c:literal, $t:ty, [$($cf:literal => $rf:ident),* $(,)?]) => {
             ($c, size_of::<$t>(), vec![$(($cf, offset_of!($t, $rf))),*])
@@ -34,6 +36,14 @@ fn struct_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
             "sharedMemBytes" => sharedMemBytes, "hStream" => hStream, "attrs" => attrs, "numAttrs" => numAttrs,
         ]),
         layout!("CUmemLocation", CUmemLocation, ["type" => type_, "id" => id]),
+        layout!("CUDA_KERNEL_NODE_PARAMS_v1", CUDA_KERNEL_NODE_PARAMS_v1, [
+            "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,
+            "kernelParams" => kernelParams, "extra" => extra,
+        ]),
+        layout!("CUDA_KERNEL_NODE_PARAMS", CUDA_KERNEL_NODE_PARAMS, [
+            "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,
+            "kernelParams" => kernelParams, "extra" => extra, "kern" => kern, "ctx" => ctx,
+        ]),
         layout!("CUmemAllocationProp", CUmemAllocationProp, [
             "type" => type_, "requestedHandleTypes" => requestedHandleTypes, "location" => location,
             "win32HandleMetaData" => win32HandleMetaData, "allocFlags" => allocFlags,

@@ -463,8 +463,13 @@ impl Ledger {
     }
 }
 
+/// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,
+/// a correcting add when they are not (a corrupt or foreign writer).
 fn saturating_sub(a: &AtomicU64, bytes: u64) {
-    let _ = a.fetch_update(AcqRel, Relaxed, |v| Some(v.saturating_sub(bytes)));
+    let prev = a.fetch_sub(bytes, AcqRel);
+    if prev < bytes {
+        a.fetch_add(bytes - prev, AcqRel);
+    }
 }
 
 fn map(file: &File, path: &Path) -> Result<MmapMut, LedgerError> {

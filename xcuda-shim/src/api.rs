@@ -31,10 +31,15 @@ macro_rules! real {
 
 /// Reads an out-parameter the driver has just filled (it returned success, so it is valid).
 macro_rules! out {
-    ($p:expr) => {
-        // SAFETY: the driver returned CUDA_SUCCESS, so it wrote a value through this pointer.
-        unsafe { *$p }
-    };
+    ($p:expr) => {{
+        let p = $p;
+        if p.is_null() {
+            Default::default()
+        } else {
+            // SAFETY: non-null, and the driver returned CUDA_SUCCESS, so it wrote through it.
+            unsafe { *p }
+        }
+    }};
 }
 
 // ---- init and lookup -------------------------------------------------------------------------
@@ -554,7 +559,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
-    let r = catch_unwind(|| crate::exit::app_sigaction(sig, act, old)).unwrap_or(None);
+    // SAFETY: the caller's arguments, under sigaction(2)'s contract.
+    let r = catch_unwind(|| unsafe { crate::exit::app_sigaction(sig, act, old) }).unwrap_or(None);
     if let Some(rc) = r {
         return rc;
     }

@@ -162,10 +162,10 @@ impl Config {
                 return bad(&format!("throttle.{name}"), "must be a non-negative number");
             }
         }
-        if !(t.t_sm_mhz > 0.0) {
+        if t.t_sm_mhz.is_nan() || t.t_sm_mhz <= 0.0 {
             return bad("throttle.t_sm_mhz", "must be positive");
         }
-        if !(t.min_rate > 0.0) {
+        if t.min_rate.is_nan() || t.min_rate <= 0.0 {
             return bad("throttle.min_rate", "must be positive (a throttle is never unlimited)");
         }
         if !(t.max_rate >= t.min_rate && t.max_rate.is_finite()) {

@@ -275,12 +275,20 @@ fn handle_signal(sig: c_int) {
 
 extern "C" fn on_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(st) = state::get() {
-            st.throttle.freeze();
+        let Some(st) = state::get() else { return };
+        st.throttle.freeze();
+        let release = move || {
             let n = st.contexts.release_all();
             st.quota.retire();
-            tracing::debug!(contexts = n, "xcuda: released at exit");
-        }
+            n
+        };
+        // exit() has already run this thread's TLS destructors, and drivers keep the current
+        // context in TLS: release from a fresh thread.
+        let n = match std::thread::Builder::new().name("xcuda-atexit".into()).spawn(release) {
+            Ok(h) => h.join().unwrap_or(0),
+            Err(_) => release(),
+        };
+        tracing::debug!(contexts = n, "xcuda: released at exit");
     });
 }
 
@@ -310,7 +318,10 @@ extern "C" fn on_fork_child() {
 
 /// Logic of our exported `sigaction`: while our handlers are installed, SIGINT/SIGTERM actions
 /// set by the application are recorded (and reported back), not installed. `None` = forward.
-pub fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> Option<c_int> {
+///
+/// # Safety
+/// Same contract as sigaction(2): `act`/`old` are null or valid.
+pub unsafe fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> Option<c_int> {
     if !INSTALLED.load(Acquire) || INSTALLING.load(Acquire) {
         return None;
     }
@@ -335,5 +346,6 @@ pub fn app_signal(sig: c_int, handler: libc::sighandler_t) -> Option<libc::sigha
     act.sa_flags = libc::SA_RESTART;
     // SAFETY: as above.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    app_sigaction(sig, &act, &mut old).map(|_| old.sa_sigaction)
+    // SAFETY: both pointers are to locals.
+    unsafe { app_sigaction(sig, &act, &mut old) }.map(|_| old.sa_sigaction)
 }

@@ -70,7 +70,10 @@ pub fn hook_for_symbol(name: &[u8]) -> Option<*mut c_void> {
 /// Logic of our `dlsym`: ask glibc; if the answer is a driver function we hook, hand out ours.
 /// `RTLD_NEXT` never reaches here on x86-64 (the trampoline tail-jumps to glibc so that glibc
 /// sees the real caller); elsewhere it is resolved relative to us (documented limitation).
-pub fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+///
+/// # Safety
+/// Same contract as glibc's `dlsym`: `name` is null or NUL-terminated.
+pub unsafe fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let Some(real) = crate::real::dlsym_fn() else {
         return std::ptr::null_mut();
     };
@@ -146,7 +149,8 @@ extern "C" fn resolve_real_dlsym() -> *mut c_void {
 /// Non-RTLD_NEXT `dlsym` calls land here (from the trampoline, or directly on other targets).
 #[cfg_attr(not(target_arch = "x86_64"), export_name = "dlsym")]
 extern "C" fn dlsym_entry(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    std::panic::catch_unwind(|| dlsym_hook(handle, name)).unwrap_or(std::ptr::null_mut())
+    // SAFETY: the caller's arguments, under dlsym's own contract.
+    std::panic::catch_unwind(|| unsafe { dlsym_hook(handle, name) }).unwrap_or(std::ptr::null_mut())
 }
 
 #[cfg(test)]

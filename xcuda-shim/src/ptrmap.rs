@@ -63,7 +63,9 @@ impl PtrMap {
                 return None;
             }
             if cur == k {
-                let bytes = self.vals[i].swap(0, AcqRel);
+                // The value was stored before the key became visible to us; whoever wins
+                // the key owns it.
+                let bytes = self.vals[i].load(Acquire);
                 if self.keys[i].compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
                     return Some(bytes);
                 }

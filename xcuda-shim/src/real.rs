@@ -153,7 +153,7 @@ pub fn own_object_base() -> usize {
 }
 
 /// Whether `p` lies in a shared object whose file name contains `libcuda` (and is not us).
-pub fn is_in_driver(p: *const c_void) -> bool {
+pub(crate) fn is_in_driver(p: *const c_void) -> bool {
     // SAFETY: as in `object_base`.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: as in `object_base`.
@@ -168,8 +168,13 @@ pub fn is_in_driver(p: *const c_void) -> bool {
     name.windows(7).any(|w| w == b"libcuda")
 }
 
-/// Forgets the resolved driver (tests only).
-#[cfg(test)]
-pub fn reset_for_test() {
-    DRIVER_STATE.store(UNRESOLVED, Release);
+
+/// Installs in-process stand-ins for driver entry points instead of loading a library
+/// (benchmarks and tests that measure the shim against a stub in the same process).
+#[doc(hidden)]
+pub fn install_stub_driver(entries: &[(Sym, *mut c_void)]) {
+    for (s, p) in entries {
+        DRIVER[*s as usize].store(*p, Relaxed);
+    }
+    DRIVER_STATE.store(RESOLVED, Release);
 }

@@ -121,7 +121,28 @@ fn build() -> State {
         device_total: total,
     };
     crate::exit::install_process_hooks(cfg);
+    start_controller_when_ready();
     st
+}
+
+/// Called while the state is being built: the thread waits for it to be published.
+fn start_controller_when_ready() {
+    if CONTROLLER_ALIVE.swap(true, AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("xcuda-ctl".into()).spawn(|| {
+        let st = loop {
+            if let Some(st) = get() {
+                break st;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        controller(st, config());
+    });
+    if let Err(e) = spawned {
+        CONTROLLER_ALIVE.store(false, Release);
+        tracing::error!("xcuda: cannot start controller thread: {e}; waiters refill at the fallback rate");
+    }
 }
 
 fn open_ledger(cfg: &Config, limit: u64) -> Result<Quota, String> {

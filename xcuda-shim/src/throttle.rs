@@ -27,6 +27,10 @@ pub fn gpu_load(u_sm: f64, a_c: f64) -> f64 {
     u_sm * a_c
 }
 
+fn q16_per_block(sm_count: u32) -> u64 {
+    (1000u64 << 16).div_ceil(u64::from(sm_count.max(1)))
+}
+
 /// PID on log2(rate): the output is a multiplicative correction, so the gains mean the same
 /// thing whatever the kernel size or SM count (launch cost is already counted in SM-waves).
 #[derive(Debug, Clone)]
@@ -96,13 +100,14 @@ pub struct Throttle {
     tokens: AtomicI64,
     rate_milli: AtomicU64,
     frozen: AtomicBool,
-    sm_count: AtomicU64,
+    /// Milli-waves per block in 16.16 fixed point (1000 / SM count): no division on launch.
+    milli_per_block_q16: AtomicU64,
     graph_cost: i64,
     burst: i64,
     cfg: ThrottleConfig,
     /// Launches that had to wait.
     pub delayed: AtomicU64,
-    /// Launches issued.
+    /// Launches issued (approximate under concurrent launches from several threads).
     pub launches: AtomicU64,
 }
 
@@ -123,7 +128,7 @@ impl Throttle {
             tokens: AtomicI64::new(burst),
             rate_milli: AtomicU64::new((cfg.fallback_rate * MILLI) as u64),
             frozen: AtomicBool::new(false),
-            sm_count: AtomicU64::new(u64::from(sm_count.max(1))),
+            milli_per_block_q16: AtomicU64::new(q16_per_block(sm_count)),
             graph_cost: (cfg.graph_launch_waves * MILLI) as i64,
             burst,
             cfg: cfg.clone(),
@@ -135,8 +140,8 @@ impl Throttle {
     /// Cost of a kernel of `blocks` thread blocks, in milli-waves (a wave = one block per SM).
     #[inline]
     pub fn kernel_cost(&self, blocks: u64) -> i64 {
-        let sms = self.sm_count.load(Relaxed);
-        (blocks.saturating_mul(1000) / sms).clamp(1, 1 << 40) as i64
+        let q = self.milli_per_block_q16.load(Relaxed);
+        (blocks.saturating_mul(q) >> 16).clamp(1, 1 << 40) as i64
     }
 
     /// Cost of a graph launch, milli-waves.
@@ -148,7 +153,9 @@ impl Throttle {
     /// it sleeps until the controller has refilled the debt.
     #[inline]
     pub fn acquire(&self, cost: i64) {
-        self.launches.fetch_add(1, Relaxed);
+        // Statistics only: a plain load+store (no locked RMW); concurrent launches from several
+        // threads may lose an increment.
+        self.launches.store(self.launches.load(Relaxed).wrapping_add(1), Relaxed);
         if !self.enabled && !self.frozen.load(Relaxed) {
             return;
         }
@@ -169,6 +176,10 @@ impl Throttle {
                 return;
             }
             std::thread::sleep(pause);
+            if !crate::state::controller_alive() {
+                // No controller thread (it could not start): refill at the current rate here.
+                self.refill(pause.as_secs_f64());
+            }
             pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
@@ -208,7 +219,7 @@ impl Throttle {
     /// Updates the SM count used to cost kernels.
     pub fn set_sm_count(&self, n: u32) {
         if n > 0 {
-            self.sm_count.store(u64::from(n), Relaxed);
+            self.milli_per_block_q16.store(q16_per_block(n), Relaxed);
         }
     }
 

@@ -1,5 +1,6 @@
 //! An active-thread percentage set through `nvidia-cuda-mps-control` caps a client's SM share
-//! on the emulated GPU: the default percentage for a new client, and (emulator extension)
+//! on the emulated GPU: a server's percentage for clients that connect afterwards, a client's
+//! own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, and (emulator extension)
 //! `set_active_thread_percentage <client pid>` on a running one. Rates are compared against an
 //! uncapped run in the same test.
 
@@ -45,7 +46,15 @@ fn mps_percentage_caps_a_client() {
     let capped_new = rate(&mut late, 1, 4);
     late.stop(libc::SIGTERM, Duration::from_secs(30));
 
-    for (what, r) in [("live cap", capped_live), ("new-client cap", capped_new)] {
+    // A client's own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE wins over its server's percentage.
+    assert_eq!(mps(&host, &format!("set_active_thread_percentage {server} 100\n")), "100.0\n");
+    let mut c = host.command("offline");
+    c.args(["--json", "--report-interval", "0.2"]).args(args).env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25");
+    let mut own = Proc::spawn(c);
+    let capped_env = rate(&mut own, 1, 4);
+    own.stop(libc::SIGTERM, Duration::from_secs(30));
+
+    for (what, r) in [("live cap", capped_live), ("new-client cap", capped_new), ("client env cap", capped_env)] {
         let ratio = r / full;
         assert!(ratio < 0.45 && ratio > 0.1, "{what}: {r:.2} it/s vs {full:.2} it/s uncapped (ratio {ratio:.2}, expected ~0.25)");
     }

@@ -37,6 +37,13 @@ fn protocol_round_trips_through_the_real_binary() {
     assert!(!out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Cannot find MPS control daemon process");
 
+    let mut nodev = host.tool("nvidia-cuda-mps-control");
+    nodev.arg("-d").env_remove("GPUEMU_STATE");
+    let out = run_bounded(nodev, "", Duration::from_secs(10));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GPUEMU_STATE"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!pipe.join("control").exists(), "a failed start leaves no socket behind");
+
     mps_start(&host);
     let _guard = MpsGuard(&host);
     assert!(pipe.join("control").exists());
@@ -76,7 +83,7 @@ fn protocol_round_trips_through_the_real_binary() {
     // SAFETY: kill(2) of the server the daemon started for this test.
     unsafe { libc::kill(server as i32, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while mps(&host, "get_server_list\n") != "" {
+    while !mps(&host, "get_server_list\n").is_empty() {
         assert!(Instant::now() < deadline, "dead server still listed");
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -65,16 +65,18 @@ fn offline_checkpoints_and_releases_its_context_on_sigterm() {
 use std::path::PathBuf;
 
 #[test]
-fn offline_load_raises_online_tail_latency() {
+fn offline_load_raises_online_latency() {
     let host = host("t4");
-    let args = ["--duration", "2", "--rate", "50", "--kernels", "4", "--kernel-us", "1000"];
+    // Full-grid online kernels long enough that CPU scheduling noise stays small beside them:
+    // beside a full-grid offline client each gets about half the SMs at a lower clock.
+    let args = ["--duration", "2", "--rate", "20", "--kernels", "2", "--kernel-us", "5000", "--blocks", "40", "--arrivals", "fixed"];
     let alone = online(&host, &args);
-    let mut off = offline(&host, &["--kernel-us", "20000"]);
+    let mut off = offline(&host, &["--kernel-us", "20000", "--blocks", "80"]);
     off.wait_line("iters_per_s", Duration::from_secs(60));
     let shared = online(&host, &args);
     off.stop(libc::SIGTERM, Duration::from_secs(30));
-    let (a, s) = (alone["p99_ms"].as_f64().unwrap(), shared["p99_ms"].as_f64().unwrap());
-    assert!(s > 1.5 * a, "online p99 alone {a:.2} ms, beside offline {s:.2} ms");
+    let (a, s) = (alone["p50_ms"].as_f64().unwrap(), shared["p50_ms"].as_f64().unwrap());
+    assert!(s > 1.5 * a, "online p50 alone {a:.2} ms, beside offline {s:.2} ms");
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! The main job's driver: `host-demo` runs both phases on an emulated host and prints the table
-//! with the online p99 rising beside the unrestrained offline client.
+//! The main job's driver: `host-demo` runs its phases on an emulated host and prints the table:
+//! the online p99 rises beside the unrestrained offline client, and the static MPS share
+//! slows the offline client.
 
 mod workloads_support;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 use workloads_support::*;
 
 #[test]
-fn host_demo_prints_both_phases() {
+fn host_demo_prints_every_phase() {
     require_built();
     let mut c = Command::new(bin_dir().join("host-demo"));
     c.args(["--duration", "1.5", "--profile", "t4"]);
@@ -24,4 +25,7 @@ fn host_demo_prints_both_phases() {
     assert!(ratio > 1.0, "{text}");
     assert!(offline > 0.0, "{text}");
     row("online alone");
+    let mps = row("online + offline (MPS, 25% SMs)");
+    let offline_capped: f64 = mps.split_whitespace().last().unwrap().parse().unwrap_or_else(|_| panic!("offline column: {mps}"));
+    assert!(offline_capped < offline, "the MPS share slows the offline client: {text}");
 }

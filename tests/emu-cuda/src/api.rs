@@ -658,14 +658,44 @@ export! {
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) {
         launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, std::ptr::null_mut(), true)
     }
+    fn cuGraphCreate(phGraph: *mut CUgraph, flags: c_uint) {
+        if phGraph.is_null() || flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(phGraph, ptr(driver::graph_create()?))
+    }
+    fn cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) {
+        if nodeParams.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = *nodeParams;
+        let node = graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?;
+        add_node(phGraphNode, hGraph, dependencies, numDependencies, node)
+    }
+    fn cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) {
+        if nodeParams.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = *nodeParams;
+        let node = graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?;
+        add_node(phGraphNode, hGraph, dependencies, numDependencies, node)
+    }
+    fn cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64) {
+        let _ = flags;
+        if phGraphExec.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(phGraphExec, ptr(driver::graph_instantiate(h(hGraph))?))
+    }
+    fn cuGraphExecDestroy(hGraphExec: CUgraphExec) { driver::graph_exec_destroy(h(hGraphExec)) }
+    fn cuGraphDestroy(hGraph: CUgraph) { driver::graph_destroy(h(hGraph)) }
     fn cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream) {
         driver::check_stream(h(hStream))?;
-        // No graph can be instantiated on the emulator, so no handle is valid.
-        Err(if hGraphExec.is_null() { CUresult::CUDA_ERROR_INVALID_VALUE } else { CUresult::CUDA_ERROR_INVALID_HANDLE })
+        driver::graph_launch(h(hGraphExec), h(hStream))
     }
     fn cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream) {
         driver::check_stream(h(hStream))?;
-        Err(if hGraphExec.is_null() { CUresult::CUDA_ERROR_INVALID_VALUE } else { CUresult::CUDA_ERROR_INVALID_HANDLE })
+        driver::graph_launch(h(hGraphExec), h(hStream))
     }
     fn cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid) {
         let _ = pExportTableId;
@@ -684,13 +714,43 @@ export! {
     }
 }
 
+/// A graph kernel node from its parameters (the spin cycle count is read now, as a real driver
+/// copies kernel arguments when the node is added).
+///
+/// # Safety
+/// `params` / `extra` follow the `CUDA_KERNEL_NODE_PARAMS` contract.
+unsafe fn graph_node(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], shared_mem: c_uint, params: *mut *mut c_void, extra: *mut *mut c_void) -> R<driver::GraphNode> {
+    if f.is_null() || grid.contains(&0) || block.contains(&0) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let info = driver::func_info(h(f)).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let cycles = if info.is_spin && info.params == 1 {
+        // SAFETY: forwarded under the caller's contract.
+        Some(unsafe { spin_cycles(params, extra)? })
+    } else {
+        None
+    };
+    Ok(driver::GraphNode { f: h(f), grid, block, shared_mem, cycles })
+}
+
+/// # Safety
+/// `out` null or writable; `deps` valid for `n` handles when `n > 0`.
+unsafe fn add_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, node: driver::GraphNode) -> R {
+    if out.is_null() || (n > 0 && deps.is_null()) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: checked non-null out-pointer.
+    unsafe { put(out, ptr(driver::graph_add_kernel(h(graph), node)?)) }
+}
+
 unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u64>) -> R {
     if n == 0 {
         return Ok(());
     }
-    if src.is_null() {
+    if src.is_null() || n > isize::MAX as usize {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    driver::check_device_range(dst, n as u64)?;
     if let Some(s) = stream {
         driver::sync_for_async(s)?;
     }
@@ -703,9 +763,10 @@ unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Option<u64>
     if n == 0 {
         return Ok(());
     }
-    if dst.is_null() {
+    if dst.is_null() || n > isize::MAX as usize {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    driver::check_device_range(src, n as u64)?;
     if let Some(s) = stream {
         driver::sync_for_async(s)?;
     }

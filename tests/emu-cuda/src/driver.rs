@@ -24,9 +24,12 @@ pub const SPIN: &str = "spin";
 const CU_STREAM_LEGACY: u64 = 1;
 const CU_STREAM_PER_THREAD: u64 = 2;
 
+/// The initialised driver of this process: the device, our registration, and local state.
 pub struct Driver {
     pub dev: Device,
     pub client: Client,
+    /// The process that called `cuInit`; a forked child may not use its driver state.
+    pid: u32,
     inner: Mutex<Inner>,
 }
 
@@ -88,7 +91,19 @@ struct Inner {
     mappings: BTreeMap<u64, Mapping>,
     arrays: HashMap<u64, u64>,
     pools: HashSet<u64>,
+    graphs: HashMap<u64, Vec<GraphNode>>,
+    execs: HashMap<u64, Vec<GraphNode>>,
     mem: MemStore,
+}
+
+/// A kernel node of a graph, with its launch parameters captured when it was added.
+#[derive(Clone, Copy)]
+pub struct GraphNode {
+    pub f: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub cycles: Option<u64>,
 }
 
 impl Inner {
@@ -106,14 +121,16 @@ fn dev_err(e: EmuError) -> CUresult {
 pub fn drv() -> R<&'static Driver> {
     match DRIVER.get() {
         None => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
-        Some(Ok(d)) => Ok(d),
+        Some(Ok(d)) if d.pid == std::process::id() => Ok(d),
+        // Like a real driver, a forked child inherits no usable CUDA state.
+        Some(Ok(_)) => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
         Some(Err(e)) => Err(*e),
     }
 }
 
 extern "C" fn release_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(Ok(d)) = DRIVER.get() {
+        if let Some(Ok(d)) = DRIVER.get().filter(|d| matches!(d, Ok(d) if d.pid == std::process::id())) {
             d.dev.detach(&d.client);
         }
     });
@@ -130,7 +147,7 @@ pub fn init(flags: u32) -> R {
             Ok((dev, client)) => {
                 // SAFETY: registering a plain extern "C" fn with no captured state.
                 unsafe { libc::atexit(release_at_exit) };
-                Ok(Driver { dev, client, inner: Mutex::new(Inner::default()) })
+                Ok(Driver { dev, client, pid: std::process::id(), inner: Mutex::new(Inner::default()) })
             }
             Err(e) => {
                 eprintln!("gpuemu libcuda: no emulated GPU: {e}");
@@ -151,6 +168,7 @@ impl Driver {
     }
 }
 
+/// `CUDA_ERROR_INVALID_DEVICE` unless `dev` is the one emulated device (ordinal 0).
 pub fn check_device(dev: i32) -> R {
     drv()?;
     if dev == 0 { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) }
@@ -231,6 +249,7 @@ pub fn ctx_destroy(ctx: u64) -> R {
     Ok(())
 }
 
+/// `cuCtxPushCurrent`.
 pub fn ctx_push(ctx: u64) -> R {
     let d = drv()?;
     if !d.lock().ctxs.contains_key(&ctx) {
@@ -240,11 +259,13 @@ pub fn ctx_push(ctx: u64) -> R {
     Ok(())
 }
 
+/// `cuCtxPopCurrent`: the popped context.
 pub fn ctx_pop() -> R<u64> {
     drv()?;
     STACK.with(|s| s.borrow_mut().pop()).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
 }
 
+/// `cuCtxSetCurrent`: replaces the top of this thread's stack (null pops it).
 pub fn ctx_set_current(ctx: u64) -> R {
     let d = drv()?;
     if ctx == 0 {
@@ -262,22 +283,26 @@ pub fn ctx_set_current(ctx: u64) -> R {
     Ok(())
 }
 
+/// `cuCtxGetCurrent`: the top of this thread's stack, 0 if none.
 pub fn ctx_get_current() -> R<u64> {
     drv()?;
     Ok(current_raw().unwrap_or(0))
 }
 
+/// `cuCtxGetFlags` of the current context.
 pub fn ctx_flags() -> R<u32> {
     let c = current()?;
     Ok(drv()?.lock().ctxs.get(&c).map_or(0, |c| c.flags))
 }
 
+/// `cuCtxGetApiVersion` (3020 for every context).
 pub fn ctx_api_version(ctx: u64) -> R<u32> {
     let d = drv()?;
     let c = if ctx == 0 { current()? } else { ctx };
     if d.lock().ctxs.contains_key(&c) { Ok(3020) } else { Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) }
 }
 
+/// `cuDevicePrimaryCtxRetain`: creates the primary context on first retain.
 pub fn primary_retain(dev: i32) -> R<u64> {
     check_device(dev)?;
     let d = drv()?;
@@ -307,6 +332,7 @@ pub fn primary_retain(dev: i32) -> R<u64> {
     Ok(h)
 }
 
+/// `cuDevicePrimaryCtxRelease`: destroys it when the last reference goes.
 pub fn primary_release(dev: i32) -> R {
     check_device(dev)?;
     let d = drv()?;
@@ -319,6 +345,7 @@ pub fn primary_release(dev: i32) -> R {
     Ok(())
 }
 
+/// `cuDevicePrimaryCtxReset`: destroys it whatever the count.
 pub fn primary_reset(dev: i32) -> R {
     check_device(dev)?;
     let d = drv()?;
@@ -329,6 +356,7 @@ pub fn primary_reset(dev: i32) -> R {
     Ok(())
 }
 
+/// `cuDevicePrimaryCtxSetFlags`.
 pub fn primary_set_flags(dev: i32, flags: u32) -> R {
     check_device(dev)?;
     let d = drv()?;
@@ -342,6 +370,7 @@ pub fn primary_set_flags(dev: i32, flags: u32) -> R {
     Ok(())
 }
 
+/// `cuDevicePrimaryCtxGetState`: (flags, active).
 pub fn primary_state(dev: i32) -> R<(u32, bool)> {
     check_device(dev)?;
     let g = drv()?.lock();
@@ -385,6 +414,7 @@ fn set_last(g: &mut Inner, s: StreamRef, t: u64) {
     }
 }
 
+/// `cuStreamCreate` in the current context.
 pub fn stream_create(_flags: u32) -> R<u64> {
     let ctx = current()?;
     let d = drv()?;
@@ -394,6 +424,7 @@ pub fn stream_create(_flags: u32) -> R<u64> {
     Ok(h)
 }
 
+/// `cuStreamDestroy` (queued work still completes).
 pub fn stream_destroy(h: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
@@ -406,12 +437,14 @@ pub struct FuncInfo {
     pub params: usize,
 }
 
+/// Looks a function handle up.
 pub fn func_info(f: u64) -> R<FuncInfo> {
     let g = drv()?.lock();
     let (_, e) = g.funcs.get(&f).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     Ok(FuncInfo { is_spin: e.name == SPIN, params: e.params })
 }
 
+/// `cuFuncGetAttribute` (fixed, plausible values).
 pub fn func_attribute(f: u64, attrib: u32) -> R<i32> {
     func_info(f)?;
     Ok(match attrib {
@@ -419,7 +452,7 @@ pub fn func_attribute(f: u64, attrib: u32) -> R<i32> {
         4 => 16,   // CU_FUNC_ATTRIBUTE_NUM_REGS
         5 => 75,   // CU_FUNC_ATTRIBUTE_PTX_VERSION
         6 => 75,   // CU_FUNC_ATTRIBUTE_BINARY_VERSION
-        0..=10 => 0,
+        _ if attrib <= 10 => 0,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     })
 }
@@ -503,6 +536,7 @@ fn wait_ticket(d: &Driver, t: u64) -> R<u64> {
     d.dev.wait(&d.client, t).map_err(dev_err)
 }
 
+/// `cuStreamSynchronize`: waits for the stream's last kernel (emulated completion).
 pub fn stream_sync(h: u64) -> R {
     let d = drv()?;
     let ctx = current()?;
@@ -550,6 +584,7 @@ pub fn ctx_sync() -> R {
     Ok(())
 }
 
+/// `cuEventCreate`.
 pub fn event_create(_flags: u32) -> R<u64> {
     current()?;
     let d = drv()?;
@@ -559,11 +594,13 @@ pub fn event_create(_flags: u32) -> R<u64> {
     Ok(h)
 }
 
+/// `cuEventDestroy`.
 pub fn event_destroy(h: u64) -> R {
     let mut g = drv()?.lock();
     g.events.remove(&h).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
+/// `cuEventRecord`: completes when the stream's current last kernel does.
 pub fn event_record(ev: u64, stream: u64) -> R {
     let d = drv()?;
     let ctx = current()?;
@@ -606,12 +643,14 @@ fn event_time(d: &Driver, ev: u64, block: bool) -> R<Option<u64>> {
     Ok(Some(t))
 }
 
+/// `cuEventSynchronize`.
 pub fn event_sync(ev: u64) -> R {
     let d = drv()?;
     event_time(d, ev, true)?;
     Ok(())
 }
 
+/// `cuEventQuery`: `CUDA_ERROR_NOT_READY` while pending.
 pub fn event_query(ev: u64) -> R {
     let d = drv()?;
     match event_time(d, ev, false)? {
@@ -644,8 +683,58 @@ pub fn stream_wait_event(stream: u64, ev: u64) -> R {
     Ok(())
 }
 
+// ---- graphs (kernel nodes only, run in the order they were added) ----
+
+/// `cuGraphCreate`.
+pub fn graph_create() -> R<u64> {
+    current()?;
+    let mut g = drv()?.lock();
+    let h = g.handle();
+    g.graphs.insert(h, Vec::new());
+    Ok(h)
+}
+
+/// `cuGraphAddKernelNode`: appends a kernel node; returns the node handle.
+pub fn graph_add_kernel(graph: u64, node: GraphNode) -> R<u64> {
+    let mut g = drv()?.lock();
+    if !g.funcs.contains_key(&node.f) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    g.graphs.get_mut(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.push(node);
+    Ok(g.handle())
+}
+
+/// `cuGraphInstantiateWithFlags`: a snapshot of the graph's nodes.
+pub fn graph_instantiate(graph: u64) -> R<u64> {
+    let mut g = drv()?.lock();
+    let nodes = g.graphs.get(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.clone();
+    let h = g.handle();
+    g.execs.insert(h, nodes);
+    Ok(h)
+}
+
+/// `cuGraphLaunch`: enqueues every node on `stream`, in order.
+pub fn graph_launch(exec: u64, stream: u64) -> R {
+    let nodes = drv()?.lock().execs.get(&exec).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    for n in nodes {
+        launch(LaunchReq { f: n.f, grid: n.grid, block: n.block, shared_mem: n.shared_mem, stream, cycles: n.cycles, cooperative: false })?;
+    }
+    Ok(())
+}
+
+/// `cuGraphExecDestroy`.
+pub fn graph_exec_destroy(exec: u64) -> R {
+    drv()?.lock().execs.remove(&exec).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuGraphDestroy`.
+pub fn graph_destroy(graph: u64) -> R {
+    drv()?.lock().graphs.remove(&graph).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
 // ---- modules ----
 
+/// `cuModuleLoadData(Ex)`: PTX text with its `.entry` names.
 pub fn module_load(text: &str) -> R<u64> {
     let ctx = current()?;
     let entries = ptx::parse(text).map_err(|e| match e {
@@ -658,6 +747,7 @@ pub fn module_load(text: &str) -> R<u64> {
     Ok(h)
 }
 
+/// `cuModuleUnload` (its functions go with it).
 pub fn module_unload(m: u64) -> R {
     let mut g = drv()?.lock();
     g.modules.remove(&m).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
@@ -665,6 +755,7 @@ pub fn module_unload(m: u64) -> R {
     Ok(())
 }
 
+/// `cuModuleGetFunction`: `CUDA_ERROR_NOT_FOUND` for a name the module lacks.
 pub fn module_get_function(m: u64, name: &str) -> R<u64> {
     let mut g = drv()?.lock();
     let (_, entries) = g.modules.get(&m).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
@@ -679,6 +770,7 @@ pub fn module_get_function(m: u64, name: &str) -> R<u64> {
 
 // ---- memory ----
 
+/// `cuMemGetInfo`: (free, total) of the shared device.
 pub fn mem_info() -> R<(u64, u64)> {
     current()?;
     let d = drv()?;
@@ -686,6 +778,7 @@ pub fn mem_info() -> R<(u64, u64)> {
     Ok(d.dev.mem_info())
 }
 
+/// `cuDeviceTotalMem`.
 pub fn total_mem(dev: i32) -> R<u64> {
     check_device(dev)?;
     Ok(drv()?.dev.info().total_memory)
@@ -704,6 +797,7 @@ pub fn mem_alloc(size: u64) -> R<u64> {
     Ok(addr)
 }
 
+/// `cuMemAllocPitch`: rows padded to 512 bytes; (address, pitch).
 pub fn mem_alloc_pitch(width: u64, height: u64, elem: u32) -> R<(u64, u64)> {
     if !matches!(elem, 4 | 8 | 16) || width == 0 || height == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -726,6 +820,7 @@ pub fn mem_free(addr: u64) -> R {
     Ok(())
 }
 
+/// `cuMemGetAddressRange`: (base, size) of the allocation holding `addr`.
 pub fn mem_range(addr: u64) -> R<(u64, u64)> {
     let g = drv()?.lock();
     if let Some((b, a)) = g.allocs.range(..=addr).next_back() {
@@ -759,6 +854,12 @@ pub fn pointer_owner(addr: u64) -> R<u64> {
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
+/// Checks that `[addr, addr + len)` lies inside one allocation or mapping of this process.
+pub fn check_device_range(addr: u64, len: u64) -> R {
+    check_range(&drv()?.lock(), addr, len)
+}
+
+/// Host-to-device copy (after the context's work when `sync`).
 pub fn memcpy_htod(dst: u64, src: &[u8], sync: bool) -> R {
     let d = drv()?;
     if sync { ctx_sync()? } else { d.gate()? }
@@ -768,6 +869,7 @@ pub fn memcpy_htod(dst: u64, src: &[u8], sync: bool) -> R {
     Ok(())
 }
 
+/// Device-to-host copy, after the context's queued work.
 pub fn memcpy_dtoh(dst: &mut [u8], src: u64) -> R {
     let d = drv()?;
     ctx_sync()?;
@@ -777,6 +879,7 @@ pub fn memcpy_dtoh(dst: &mut [u8], src: u64) -> R {
     Ok(())
 }
 
+/// Device-to-device copy, after the context's queued work.
 pub fn memcpy_dtod(dst: u64, src: u64, len: u64) -> R {
     let d = drv()?;
     ctx_sync()?;
@@ -787,6 +890,7 @@ pub fn memcpy_dtod(dst: u64, src: u64, len: u64) -> R {
     Ok(())
 }
 
+/// `cuMemsetD8`.
 pub fn memset_d8(dst: u64, v: u8, n: u64) -> R {
     let d = drv()?;
     ctx_sync()?;
@@ -801,6 +905,7 @@ pub fn sync_for_async(stream: u64) -> R {
     stream_sync(stream)
 }
 
+/// `cuMemPoolCreate` (allocations from it are committed at once).
 pub fn pool_create() -> R<u64> {
     current()?;
     let mut g = drv()?.lock();
@@ -809,15 +914,18 @@ pub fn pool_create() -> R<u64> {
     Ok(h)
 }
 
+/// `cuMemPoolDestroy`.
 pub fn pool_destroy(p: u64) -> R {
     let mut g = drv()?.lock();
     if g.pools.remove(&p) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
 }
 
+/// `CUDA_ERROR_INVALID_VALUE` for an unknown pool.
 pub fn pool_check(p: u64) -> R {
     if drv()?.lock().pools.contains(&p) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
 }
 
+/// Validates a stream handle in the current context.
 pub fn check_stream(stream: u64) -> R {
     let ctx = current()?;
     stream_ref(&drv()?.lock(), ctx, stream).map(|_| ())
@@ -825,6 +933,7 @@ pub fn check_stream(stream: u64) -> R {
 
 // ---- arrays ----
 
+/// Array / mipmapped array of `bytes`: committed on the device.
 pub fn array_create(bytes: u64) -> R<u64> {
     current()?;
     if bytes == 0 {
@@ -839,6 +948,7 @@ pub fn array_create(bytes: u64) -> R<u64> {
     Ok(h)
 }
 
+/// Destroys an array and gives its memory back.
 pub fn array_destroy(h: u64) -> R {
     let d = drv()?;
     let bytes = d.lock().arrays.remove(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
@@ -848,9 +958,10 @@ pub fn array_destroy(h: u64) -> R {
 
 // ---- virtual memory management ----
 
+/// `cuMemCreate`: commits physical memory (size a multiple of the granularity).
 pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
     current()?;
-    if size == 0 || size % GRANULARITY != 0 || !location_is_device || device != 0 {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) || !location_is_device || device != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
@@ -872,6 +983,7 @@ fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
     }
 }
 
+/// `cuMemRelease`: memory goes back once it is also unmapped.
 pub fn vmm_release(h: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
@@ -883,9 +995,10 @@ pub fn vmm_release(h: u64) -> R {
     Ok(())
 }
 
+/// `cuMemAddressReserve`: a fresh virtual range, nothing committed.
 pub fn vmm_reserve(size: u64, align: u64) -> R<u64> {
     drv()?;
-    if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) || (align != 0 && !align.is_power_of_two()) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
@@ -894,6 +1007,7 @@ pub fn vmm_reserve(size: u64, align: u64) -> R<u64> {
     Ok(addr)
 }
 
+/// `cuMemAddressFree` of an unmapped reservation.
 pub fn vmm_address_free(addr: u64, size: u64) -> R {
     let mut g = drv()?.lock();
     match g.reservations.get(&addr) {
@@ -908,6 +1022,7 @@ pub fn vmm_address_free(addr: u64, size: u64) -> R {
     }
 }
 
+/// `cuMemMap` a handle into a reserved range.
 pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
     let mut g = drv()?.lock();
     let in_res = g.reservations.range(..=addr).next_back().is_some_and(|(b, s)| addr + size <= b + s);
@@ -925,6 +1040,7 @@ pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
     Ok(())
 }
 
+/// `cuMemUnmap` every mapping in the range.
 pub fn vmm_unmap(addr: u64, size: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
@@ -944,6 +1060,7 @@ pub fn vmm_unmap(addr: u64, size: u64) -> R {
     Ok(())
 }
 
+/// `cuMemSetAccess`: the range must be mapped.
 pub fn vmm_set_access(addr: u64, size: u64) -> R {
     let g = drv()?.lock();
     check_range(&g, addr, size)

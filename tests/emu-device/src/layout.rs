@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -66,7 +66,8 @@ pub struct Header {
     pub mps_control_pid: u32,
     pub ring_head: u32,
     pub ring_count: u32,
-    pub _pad1: u32,
+    /// Kernel slots at or past this index are all free (scans stop here).
+    pub kernel_hwm: u32,
 }
 
 /// One process using the device.
@@ -127,6 +128,28 @@ pub struct State {
     pub clients: [ClientSlot; MAX_CLIENTS],
     pub kernels: [KernelSlot; MAX_KERNELS],
     pub ring: [Sample; RING_LEN],
+}
+
+impl State {
+    /// The kernel slots that may be in use (below the high-water mark).
+    pub fn live(&self) -> &[KernelSlot] {
+        &self.kernels[..(self.header.kernel_hwm as usize).min(MAX_KERNELS)]
+    }
+
+    /// Mutable [`State::live`].
+    pub fn live_mut(&mut self) -> &mut [KernelSlot] {
+        let n = (self.header.kernel_hwm as usize).min(MAX_KERNELS);
+        &mut self.kernels[..n]
+    }
+
+    /// Lowers the high-water mark past trailing free slots.
+    pub fn shrink_live(&mut self) {
+        let mut n = (self.header.kernel_hwm as usize).min(MAX_KERNELS);
+        while n > 0 && self.kernels[n - 1].state == kstate::FREE {
+            n -= 1;
+        }
+        self.header.kernel_hwm = n as u32;
+    }
 }
 
 /// Size of the state file in bytes.

@@ -251,7 +251,7 @@ impl Device {
                     active_thread_pct: physics::client_pct(&g, c),
                     sm_time_ns: cl.sm_time_ns,
                     kernels: g
-                        .kernels
+                        .live()
                         .iter()
                         .filter(|k| k.client as usize == c && (k.state == kstate::QUEUED || k.state == kstate::RUNNING))
                         .count() as u32,
@@ -271,7 +271,7 @@ impl Device {
             sm_in_use: h.sm_in_use,
             busy_ns_total: h.busy_ns,
             sm_active_ns_total: h.sm_active_ns,
-            running_kernels: g.kernels.iter().filter(|k| k.state == kstate::RUNNING).count() as u32,
+            running_kernels: g.live().iter().filter(|k| k.state == kstate::RUNNING).count() as u32,
             processes,
             mps: mps_of(&g),
         }
@@ -556,9 +556,10 @@ impl Device {
     /// Frees the slot of a finished kernel whose completion the owner has observed.
     pub fn collect(&self, ticket: u64) {
         let mut g = self.shm.lock();
-        if let Some(k) = g.kernels.iter_mut().find(|k| k.ticket == ticket && k.state == kstate::DONE) {
+        if let Some(k) = g.live_mut().iter_mut().find(|k| k.ticket == ticket && k.state == kstate::DONE) {
             *k = layout::KernelSlot::default();
         }
+        g.shrink_live();
     }
 
     /// Clean exit of the calling process: drops its contexts and memory (what a real driver does
@@ -603,7 +604,7 @@ fn poisoned_for(st: &State, c: &Client) -> bool {
 }
 
 fn status_of(st: &State, ticket: u64) -> KernelStatus {
-    match st.kernels.iter().find(|k| k.ticket == ticket && k.state != kstate::FREE) {
+    match st.live().iter().find(|k| k.ticket == ticket && k.state != kstate::FREE) {
         Some(k) if k.state == kstate::DONE => KernelStatus::Done { start_ns: k.start_ns, end_ns: k.end_ns },
         Some(_) => KernelStatus::Pending,
         None => KernelStatus::Gone,
@@ -613,7 +614,7 @@ fn status_of(st: &State, ticket: u64) -> KernelStatus {
 fn predicted_wait(st: &State, ticket: u64) -> Duration {
     let rate = st.header.sm_clock_mhz / 1000.0;
     let ns = st
-        .kernels
+        .live()
         .iter()
         .find(|k| k.ticket == ticket)
         .filter(|k| k.state == kstate::RUNNING && k.share > 0.0 && rate > 0.0)
@@ -624,6 +625,7 @@ fn predicted_wait(st: &State, ticket: u64) -> Duration {
 
 fn free_kernel_slot(st: &mut State) -> Option<usize> {
     if let Some(i) = st.kernels.iter().position(|k| k.state == kstate::FREE) {
+        st.header.kernel_hwm = st.header.kernel_hwm.max(i as u32 + 1);
         return Some(i);
     }
     // Full: reuse the oldest finished kernel nobody collected.
@@ -633,7 +635,7 @@ fn free_kernel_slot(st: &mut State) -> Option<usize> {
 }
 
 fn drop_kernels(st: &mut State, client: u32, now: u64) {
-    for k in st.kernels.iter_mut() {
+    for k in st.live_mut().iter_mut() {
         if k.client == client && k.state != kstate::FREE {
             if k.state == kstate::DONE {
                 *k = layout::KernelSlot::default();
@@ -650,9 +652,10 @@ fn release_client(st: &mut State, c: usize, now: u64) {
     let cl = st.clients[c];
     st.header.used_memory = st.header.used_memory.saturating_sub(cl.mem_used);
     drop_kernels(st, c as u32, now);
-    for k in st.kernels.iter_mut().filter(|k| k.client == c as u32 && k.state == kstate::DONE) {
+    for k in st.live_mut().iter_mut().filter(|k| k.client == c as u32 && k.state == kstate::DONE) {
         *k = layout::KernelSlot::default();
     }
+    st.shrink_live();
     st.clients[c] = layout::ClientSlot::default();
     physics::compute_shares(st);
 }

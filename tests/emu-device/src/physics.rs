@@ -43,7 +43,7 @@ fn frozen(st: &State, c: usize) -> bool {
 pub fn compute_shares(st: &mut State) -> f64 {
     let sms = f64::from(st.header.sm_count.max(1));
     let mut client_demand = [0.0f64; MAX_CLIENTS];
-    for k in st.kernels.iter().filter(|k| k.state == kstate::RUNNING) {
+    for k in st.live().iter().filter(|k| k.state == kstate::RUNNING) {
         if let Some(d) = client_demand.get_mut(k.client as usize) {
             *d += k.demand;
         }
@@ -65,7 +65,7 @@ pub fn compute_shares(st: &mut State) -> f64 {
     }
     let scale = if capped_total > sms { sms / capped_total } else { 1.0 };
     let mut granted = 0.0;
-    for k in st.kernels.iter_mut() {
+    for k in st.live_mut().iter_mut() {
         if k.state == kstate::RUNNING {
             let f = factor.get(k.client as usize).copied().unwrap_or(0.0);
             k.share = k.demand * f * scale;
@@ -81,18 +81,20 @@ pub fn compute_shares(st: &mut State) -> f64 {
     granted
 }
 
-fn dep_pending(st: &State, dep: u64) -> bool {
-    dep != 0
-        && st
-            .kernels
-            .iter()
-            .any(|k| k.ticket == dep && (k.state == kstate::QUEUED || k.state == kstate::RUNNING))
-}
-
 fn activate_ready(st: &mut State, t: u64) {
-    for i in 0..st.kernels.len() {
-        if st.kernels[i].state == kstate::QUEUED && !dep_pending(st, st.kernels[i].dep_ticket) {
-            let k = &mut st.kernels[i];
+    if !st.live().iter().any(|k| k.state == kstate::QUEUED) {
+        return;
+    }
+    // Tickets still in flight; a queued kernel waits while its predecessor is among them.
+    let mut busy: Vec<u64> = st
+        .live()
+        .iter()
+        .filter(|k| k.state == kstate::QUEUED || k.state == kstate::RUNNING)
+        .map(|k| k.ticket)
+        .collect();
+    busy.sort_unstable();
+    for k in st.live_mut().iter_mut() {
+        if k.state == kstate::QUEUED && (k.dep_ticket == 0 || busy.binary_search(&k.dep_ticket).is_err()) {
             k.state = kstate::RUNNING;
             k.start_ns = t.max(k.enq_ns);
         }
@@ -113,7 +115,7 @@ pub fn advance(st: &mut State, now: u64) {
         let rate_per_sm = st.header.sm_clock_mhz / 1000.0; // cycles per ns
         let mut next_done = f64::INFINITY;
         let mut any_running = false;
-        for k in st.kernels.iter().filter(|k| k.state == kstate::RUNNING) {
+        for k in st.live().iter().filter(|k| k.state == kstate::RUNNING) {
             any_running = true;
             if k.share > 0.0 {
                 next_done = next_done.min(k.work_left / (k.share * rate_per_sm));
@@ -128,7 +130,7 @@ pub fn advance(st: &mut State, now: u64) {
                 st.header.busy_ns += dt;
                 st.header.sm_active_ns += dt * granted / sms;
             }
-            for i in 0..st.kernels.len() {
+            for i in 0..st.live().len() {
                 let k = st.kernels[i];
                 if k.state != kstate::RUNNING || k.share <= 0.0 {
                     continue;
@@ -141,7 +143,7 @@ pub fn advance(st: &mut State, now: u64) {
         }
         t += step_ns;
         let mut finished = false;
-        for k in st.kernels.iter_mut().filter(|k| k.state == kstate::RUNNING) {
+        for k in st.live_mut().iter_mut().filter(|k| k.state == kstate::RUNNING) {
             if k.work_left <= 1e-9 * k.work_total.max(1.0) || k.work_left < 0.5 {
                 k.state = kstate::DONE;
                 k.end_ns = t;
@@ -229,6 +231,7 @@ mod tests {
         let i = st.kernels.iter().position(|k| k.state == kstate::FREE).unwrap();
         st.header.ticket_counter += 1;
         let demand = f64::from(blocks.min(st.header.sm_count));
+        st.header.kernel_hwm = st.header.kernel_hwm.max(i as u32 + 1);
         st.kernels[i] = KernelSlot {
             state: kstate::QUEUED,
             client,

@@ -20,9 +20,19 @@ pub fn parse_stat(stat: &str) -> Option<u64> {
     fields.nth(22 - 4)?.parse().ok()
 }
 
-/// True if the process that was `pid` with `start` is still running.
+/// True if the process that was `pid` with `start` is still running. When `/proc/<pid>/stat`
+/// cannot be read for another reason than absence (e.g. `hidepid`), existence is checked with
+/// `kill(pid, 0)` instead, so an unreadable live process is never taken for dead.
 pub fn alive(pid: u32, start: u64) -> bool {
-    start_time(pid) == Some(start)
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => parse_stat(&stat) == Some(start),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(_) => {
+            // SAFETY: signal 0 only checks for existence and permission.
+            let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+            r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        }
+    }
 }
 
 /// This process's (pid, start time).

@@ -170,3 +170,77 @@ fn mps_percentages_validate_and_apply() {
     assert!(matches!(d.set_client_active_thread_pct(1, 20), Err(EmuError::NoSuchClient(1))));
     std::fs::remove_file(&p).unwrap();
 }
+
+#[test]
+fn lock_holder_killed_with_sigkill_does_not_wedge_the_device() {
+    use std::os::fd::AsRawFd;
+    let p = tmp("flock");
+    let d = std::sync::Arc::new(Device::open(&p, &profile::T4).unwrap());
+    // Another process takes the state lock and is then SIGKILLed while holding it.
+    // (bash takes the lock on fd 9 and execs into sleep, so the holder is exactly our child.)
+    let mut holder = std::process::Command::new("bash")
+        .args(["-c", "exec 9<>\"$0\"; flock 9; exec sleep 30"])
+        .arg(&p)
+        .spawn()
+        .unwrap();
+    let probe = std::fs::File::open(&p).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // SAFETY: non-blocking flock probe on our own descriptor.
+    while unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        // SAFETY: releasing the probe lock we just took.
+        unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_UN) };
+        assert!(std::time::Instant::now() < deadline, "holder never took the lock");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let d2 = d.clone();
+    let t = std::thread::spawn(move || d2.snapshot().memory_total);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!t.is_finished(), "the lock must exclude other processes");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(t.join().unwrap(), profile::T4.total_memory);
+    std::fs::remove_file(&p).unwrap();
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #[test]
+    fn memory_never_exceeds_capacity_and_returns_to_zero(ops in proptest::collection::vec((proptest::bool::ANY, 1u64..8), 1..60)) {
+        let p = tmp(&format!("prop-{}", emu_device_seq()));
+        let d = Device::open(&p, &profile::T4).unwrap();
+        let c = d.attach().unwrap();
+        let total = profile::T4.total_memory;
+        let unit = total / 16;
+        let mut live: Vec<u64> = Vec::new();
+        for (is_alloc, n) in ops {
+            if is_alloc || live.is_empty() {
+                let bytes = n * unit;
+                let used: u64 = live.iter().sum();
+                match d.alloc(&c, bytes, 0) {
+                    Ok(_) => {
+                        proptest::prop_assert!(used + bytes <= total);
+                        live.push(bytes);
+                    }
+                    Err(EmuError::OutOfMemory { free, .. }) => {
+                        proptest::prop_assert!(used + bytes > total);
+                        proptest::prop_assert_eq!(free, total - used);
+                    }
+                    Err(e) => proptest::prop_assert!(false, "{}", e),
+                }
+            } else {
+                let b = live.swap_remove((n as usize) % live.len());
+                d.free(&c, b);
+            }
+            let used: u64 = live.iter().sum();
+            proptest::prop_assert_eq!(d.mem_info(), (total - used, total));
+        }
+        d.detach(&c);
+        proptest::prop_assert_eq!(d.mem_info().0, total);
+        std::fs::remove_file(&p).unwrap();
+    }
+}
+
+fn emu_device_seq() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+}

@@ -70,6 +70,16 @@ impl Reply {
     }
 }
 
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from a client's environment (`/proc/<pid>/environ`):
+/// a client that sets it keeps that limit instead of its server's (MPS docs: the variable
+/// set in a client's environment limits that client).
+pub fn client_env_pct(pid: u32) -> Option<f64> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="))
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+}
+
 /// Uid of a live process, from `/proc/<pid>/status` (`Uid:` real uid).
 pub fn process_uid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -187,9 +197,13 @@ impl<D: DeviceLink> Daemon<D> {
             };
             let server = &mut self.servers[idx];
             server.clients.push(pid);
-            let pct = self.client_pct.get(&pid).copied().unwrap_or(server.pct);
             let spid = server.child.id();
             self.log.line(&format!("NEW CLIENT {pid} from user {uid}: Server {spid} already exists"));
+            let pct = match (self.client_pct.get(&pid), client_env_pct(pid)) {
+                (Some(p), _) => *p,
+                (None, Some(_)) => continue,
+                (None, None) => server.pct,
+            };
             if let Err(e) = self.device.set_client_percentage(pid, pct) {
                 self.log.line(&format!("Cannot set active thread percentage of client {pid}: {e}"));
             }
@@ -212,7 +226,7 @@ impl<D: DeviceLink> Daemon<D> {
             },
             GetDeviceClientList { server } => {
                 let mut out = Vec::new();
-                for s in self.servers.iter().filter(|s| server.map_or(true, |p| p == s.child.id())) {
+                for s in self.servers.iter().filter(|s| server.is_none_or(|p| p == s.child.id())) {
                     out.extend(s.clients.iter().map(|c| format!("0 {c}")));
                 }
                 Reply::text(out.join("\n"))

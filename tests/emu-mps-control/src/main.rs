@@ -154,18 +154,23 @@ fn daemon_main(background: bool) -> Result<(), String> {
     if UnixStream::connect(&sock).is_ok() {
         return Err("An instance of this daemon is already running".into());
     }
+    let device = device::EmuLink::open()?;
+    let log = log::ControlLog::open(&logs).map_err(|e| format!("opening {}/control.log: {e}", logs.display()))?;
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
-    let log = log::ControlLog::open(&logs).map_err(|e| format!("opening {}/control.log: {e}", logs.display()))?;
-    let device = device::EmuLink::open()?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
     let mut d = Daemon::new(device, log, vec![exe.into(), server::FLAG.into()]);
-    if background {
-        daemonize()?;
+    let ready = if background {
+        let fd = daemonize()?;
         d.log().refresh_pid();
+        Some(fd)
+    } else {
+        None
+    };
+    if let Err(e) = std::fs::write(pipe.join(PID_FILE), format!("{}\n", std::process::id())) {
+        d.log().line(&format!("Cannot write pid file: {e}"));
+        return Err(format!("writing pid file: {e}"));
     }
-    std::fs::write(pipe.join(PID_FILE), format!("{}\n", std::process::id()))
-        .map_err(|e| format!("writing pid file: {e}"))?;
     for sig in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: the handler only stores an atomic (async-signal-safe).
         unsafe { libc::signal(sig, on_term as extern "C" fn(libc::c_int) as libc::sighandler_t) };
@@ -175,6 +180,10 @@ fn daemon_main(background: bool) -> Result<(), String> {
     if let Err(e) = d.start() {
         d.log().line(&format!("Cannot turn MPS on in the device: {e}"));
         return Err(format!("cannot turn MPS on in the emulated device: {e}"));
+    }
+    if let Some(fd) = ready {
+        // The parent of `-d` exits 0 only now: socket, pid file and MPS mode are all in place.
+        let _ = std::fs::File::from(fd).write_all(b"1");
     }
     serve(&mut d, &listener);
     let _ = std::fs::remove_file(&sock);
@@ -235,14 +244,33 @@ fn handle_conn<D: daemon::DeviceLink>(d: &mut Daemon<D>, mut conn: UnixStream) -
     reply.quit
 }
 
-/// Daemonisation: fork (parent exits 0), new session, stdio to /dev/null.
-fn daemonize() -> Result<(), String> {
-    // SAFETY: called before any thread is started, so the child is a complete copy; the parent
-    // only calls _exit.
+/// Daemonisation: fork, new session, stdio to /dev/null. The parent waits on a pipe until the
+/// child reports it is ready (returned write end) and exits 0, or exits 1 if the child dies
+/// first, so `nvidia-cuda-mps-control -d` returning 0 means the daemon answers commands.
+fn daemonize() -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) writes two descriptors into the array; CLOEXEC keeps them out of the
+    // server processes the daemon spawns.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: called before any thread is started, so the child is a complete copy.
     match unsafe { libc::fork() } {
         -1 => return Err(format!("fork: {}", std::io::Error::last_os_error())),
-        0 => {}
-        _ => unsafe { libc::_exit(0) },
+        0 => drop(rd),
+        _ => {
+            drop(wr);
+            let mut byte = [0u8; 1];
+            let ok = matches!(std::fs::File::from(rd).read(&mut byte), Ok(1));
+            if !ok {
+                eprintln!("nvidia-cuda-mps-control: the daemon failed to start (see control.log in CUDA_MPS_LOG_DIRECTORY)");
+            }
+            // SAFETY: _exit ends the parent without running the child's share of destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+        }
     }
     // SAFETY: plain syscalls on our own process; the path literal is NUL-terminated.
     unsafe {
@@ -258,5 +286,5 @@ fn daemonize() -> Result<(), String> {
         }
         libc::chdir(c"/".as_ptr());
     }
-    Ok(())
+    Ok(wr)
 }

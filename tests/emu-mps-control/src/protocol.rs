@@ -134,7 +134,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// Formats bytes with the largest exact binary suffix (`2G`, `512M`, `1000`).
 pub fn format_size(bytes: u64) -> String {
     for (suffix, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
-        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{suffix}", bytes >> shift);
         }
     }

@@ -473,3 +473,85 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
         crate::gpm::metrics_get(req)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ptr::{null, null_mut};
+
+    /// The C surface called as a careless or hostile caller would: null pointers, handles it
+    /// never got, short buffers, wrong struct versions, calls before init and after shutdown.
+    /// Every one is answered with an NVML error code; nothing crashes.
+    #[test]
+    fn hostile_calls_get_error_codes() {
+        let dir = std::env::temp_dir().join(format!("emu-nvml-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
+        std::env::set_var("GPUEMU_PROFILE", "h100");
+        unsafe {
+            let mut n: c_uint = 0;
+            assert_eq!(nvmlDeviceGetCount_v2(&mut n), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlDeviceGetCount_v2(null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetCount_v2(&mut n), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(n, 1);
+            let mut dev: nvmlDevice_t = null_mut();
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let bogus = 0x1234usize as nvmlDevice_t;
+            let mut name = [0 as c_char; 96];
+            assert_eq!(nvmlDeviceGetName(bogus, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 4), nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+            assert_eq!(nvmlDeviceGetName(dev, null_mut(), 96), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_SUCCESS);
+            assert!(CStr::from_ptr(name.as_ptr()).to_str().unwrap().contains("H100"));
+            assert_eq!(nvmlDeviceGetHandleByUUID(null(), &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetHandleByUUID(c"GPU-nope".as_ptr(), &mut dev), nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+
+            let mut m2: nvmlMemory_v2_t = std::mem::zeroed();
+            assert_eq!(nvmlDeviceGetMemoryInfo_v2(dev, &mut m2), nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+            m2.version = MEMORY_V2;
+            assert_eq!(nvmlDeviceGetMemoryInfo_v2(dev, &mut m2), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(m2.total, m2.used + m2.free);
+            let mut clk = 0;
+            assert_eq!(nvmlDeviceGetClockInfo(dev, 77, &mut clk), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            let mut t = 0;
+            assert_eq!(nvmlDeviceGetTemperature(dev, 9, &mut t), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+
+            let mut count: c_uint = 0;
+            assert_eq!(nvmlDeviceGetComputeRunningProcesses_v3(dev, null_mut(), null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut count, null_mut()), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(count, 0);
+
+            let mut vt: nvmlValueType_t = 0;
+            let mut sc: c_uint = 0;
+            assert_eq!(nvmlDeviceGetSamples(dev, 99, 0, &mut vt, &mut sc, null_mut()), nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+            assert_eq!(nvmlDeviceGetSamples(dev, nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES, 0, null_mut(), &mut sc, null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+
+            let mut sup: nvmlGpmSupport_t = std::mem::zeroed();
+            assert_eq!(nvmlGpmQueryDeviceSupport(dev, &mut sup), nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+            assert_eq!(nvmlGpmSampleFree(0xdead as nvmlGpmSample_t), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            let mut s1: nvmlGpmSample_t = null_mut();
+            assert_eq!(nvmlGpmSampleAlloc(&mut s1), nvmlReturn_enum_NVML_SUCCESS);
+            let mut req: Box<nvmlGpmMetricsGet_t> = Box::new(std::mem::zeroed());
+            req.version = NVML_GPM_METRICS_GET_VERSION;
+            req.numMetrics = 1;
+            req.sample1 = s1;
+            req.sample2 = s1;
+            assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "unfilled sample");
+            req.numMetrics = 100_000;
+            assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlGpmMetricsGet(null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlGpmSampleFree(s1), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlGpmSampleFree(s1), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "double free");
+
+            let mut buf = [0 as c_char; 4];
+            assert_eq!(nvmlSystemGetDriverVersion(buf.as_mut_ptr(), 4), nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+            assert!(!nvmlErrorString(12345).is_null());
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

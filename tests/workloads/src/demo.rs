@@ -54,9 +54,12 @@ pub struct DemoConfig {
     pub online_kernels: u32,
     /// Online kernel length, µs.
     pub online_kernel_us: f64,
+    /// Online grid size as a fraction of the SMs.
+    pub online_sm_fraction: f64,
     /// Offline kernel length, µs.
     pub offline_kernel_us: f64,
-    /// Warm-up of the offline client before the online one starts, seconds.
+    /// Time the offline client runs (after its first progress report) before the online one
+    /// starts, seconds.
     pub offline_warmup_s: f64,
 }
 
@@ -89,6 +92,25 @@ pub fn baseline_phases() -> Vec<Phase> {
             offline_env: vec![],
         },
     ]
+}
+
+/// A static MPS split, built only from the emulated host's own tools: the MPS control daemon
+/// runs and the offline client starts with `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (the real
+/// per-client MPS variable) so it can use at most `offline_pct` percent of the SMs.
+pub fn mps_static_phase(offline_pct: u32) -> Phase {
+    Phase {
+        name: format!("online + offline (MPS, {offline_pct}% SMs)"),
+        services: vec![Service {
+            name: "MPS control daemon".into(),
+            program: "nvidia-cuda-mps-control".into(),
+            from_bin_dir: false,
+            args: vec!["-d".into()],
+            oneshot: true,
+        }],
+        teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],
+        offline: true,
+        offline_env: vec![("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), offline_pct.to_string())],
+    }
 }
 
 /// Pulls a number field out of a flat JSON object line (the clients print such lines).
@@ -159,8 +181,17 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
             }
         });
         guard.0.push(("offline client".into(), child));
+        let mut early = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !early.iter().any(|l: &String| l.contains("iters_per_s")) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => early.push(l),
+                Err(_) => return Err("the offline client did not report progress within 60 s".into()),
+            }
+        }
         std::thread::sleep(Duration::from_secs_f64(cfg.offline_warmup_s));
-        offline_out = Some(rx);
+        offline_out = Some((rx, early));
     }
     let out = host
         .command("online")
@@ -174,6 +205,8 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
             &cfg.online_kernels.to_string(),
             "--kernel-us",
             &cfg.online_kernel_us.to_string(),
+            "--sm-fraction",
+            &cfg.online_sm_fraction.to_string(),
         ])
         .stdin(Stdio::null())
         .output()
@@ -192,8 +225,11 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
         offline_iters_per_s: None,
     };
     guard.stop_all();
-    if let Some(rx) = offline_out {
-        let lines: Vec<String> = rx.try_iter().collect();
+    if let Some((rx, mut lines)) = offline_out {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            lines.push(l);
+        }
         let fin = lines.iter().rev().find(|l| l.contains("\"final\":true"));
         let fin = fin.ok_or_else(|| format!("offline client printed no summary (last lines: {:?})", lines.iter().rev().take(3).collect::<Vec<_>>()))?;
         r.offline_iters_per_s = json_number(fin, "iters_per_s");
@@ -213,12 +249,25 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
 pub fn table(host: &str, rows: &[PhaseResult]) -> String {
     let base = rows.first().map_or(0.0, |r| r.p99_ms);
     let mut s = format!("GPU sharing on {host}\n");
-    s += &format!("{:<34} {:>11} {:>11} {:>9} {:>10} {:>15}\n", "phase", "p50 (ms)", "p99 (ms)", "p99 x", "online/s", "offline iter/s");
-    s += &format!("{}\n", "-".repeat(95));
+    let base50 = rows.first().map_or(0.0, |r| r.p50_ms);
+    s += &format!(
+        "{:<32} {:>10} {:>7} {:>10} {:>7} {:>9} {:>15}\n",
+        "phase", "p50 (ms)", "p50 x", "p99 (ms)", "p99 x", "online/s", "offline iter/s"
+    );
+    s += &format!("{}\n", "-".repeat(96));
+    let x = |v: f64, b: f64| if b > 0.0 { format!("{:.2}", v / b) } else { "-".into() };
     for r in rows {
-        let ratio = if base > 0.0 { format!("{:.2}", r.p99_ms / base) } else { "-".into() };
         let off = r.offline_iters_per_s.map_or("-".to_string(), |v| format!("{v:.2}"));
-        s += &format!("{:<34} {:>11.3} {:>11.3} {:>9} {:>10.1} {:>15}\n", r.name, r.p50_ms, r.p99_ms, ratio, r.online_rps, off);
+        s += &format!(
+            "{:<32} {:>10.3} {:>7} {:>10.3} {:>7} {:>9.1} {:>15}\n",
+            r.name,
+            r.p50_ms,
+            x(r.p50_ms, base50),
+            r.p99_ms,
+            x(r.p99_ms, base),
+            r.online_rps,
+            off
+        );
     }
     s
 }
@@ -239,11 +288,11 @@ mod tests {
     #[test]
     fn table_shows_ratio_against_the_first_phase() {
         let rows = [
-            PhaseResult { name: "a".into(), p99_ms: 2.0, ..Default::default() },
-            PhaseResult { name: "b".into(), p99_ms: 5.0, offline_iters_per_s: Some(3.0), ..Default::default() },
+            PhaseResult { name: "a".into(), p50_ms: 1.0, p99_ms: 2.0, ..Default::default() },
+            PhaseResult { name: "b".into(), p50_ms: 1.5, p99_ms: 5.0, offline_iters_per_s: Some(3.0), ..Default::default() },
         ];
         let t = table("x", &rows);
-        assert!(t.contains("2.50"), "{t}");
-        assert!(t.contains("3.00"), "{t}");
+        let b: Vec<&str> = t.lines().find(|l| l.starts_with('b')).unwrap().split_whitespace().collect();
+        assert_eq!(b[2..], ["1.50", "5.000", "2.50", "0.0", "3.00"], "{t}");
     }
 }

@@ -14,7 +14,17 @@ pub type CuDevice = c_int;
 /// `CUdeviceptr_v2` (cuda.h: `typedef unsigned long long CUdeviceptr_v2`).
 pub type CuDevicePtr = u64;
 /// Opaque handles (`CUcontext`, `CUmodule`, `CUfunction`, `CUstream` are pointers).
-pub type Handle = *mut c_void;
+type Handle = *mut c_void;
+
+/// A `CUcontext` handed out by the driver (only [`Driver`] creates one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Context(Handle);
+/// A `CUmodule` handed out by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Module(Handle);
+/// A `CUfunction` handed out by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Function(Handle);
 
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CuResult = 0;
@@ -272,11 +282,11 @@ impl Driver {
     }
 
     /// `cuDevicePrimaryCtxRetain`.
-    pub fn primary_ctx_retain(&self, dev: CuDevice) -> Result<Handle, CuError> {
+    pub fn primary_ctx_retain(&self, dev: CuDevice) -> Result<Context, CuError> {
         let mut ctx = std::ptr::null_mut();
         // SAFETY: valid out pointer.
         self.check("cuDevicePrimaryCtxRetain", unsafe { (self.primary_ctx_retain)(&mut ctx, dev) })?;
-        Ok(ctx)
+        Ok(Context(ctx))
     }
 
     /// `cuDevicePrimaryCtxRelease_v2`.
@@ -286,9 +296,9 @@ impl Driver {
     }
 
     /// `cuCtxSetCurrent`.
-    pub fn ctx_set_current(&self, ctx: Handle) -> Result<(), CuError> {
-        // SAFETY: ctx came from the driver (or is null, which unbinds).
-        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
+    pub fn ctx_set_current(&self, ctx: Context) -> Result<(), CuError> {
+        // SAFETY: ctx came from the driver.
+        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx.0) })
     }
 
     /// `cuCtxSynchronize`.
@@ -298,25 +308,25 @@ impl Driver {
     }
 
     /// `cuModuleLoadData` with a NUL-terminated PTX image.
-    pub fn module_load_ptx(&self, ptx: &CStr) -> Result<Handle, CuError> {
+    pub fn module_load_ptx(&self, ptx: &CStr) -> Result<Module, CuError> {
         let mut m = std::ptr::null_mut();
         // SAFETY: ptx is a NUL-terminated image that outlives the call.
         self.check("cuModuleLoadData", unsafe { (self.module_load_data)(&mut m, ptx.as_ptr().cast()) })?;
-        Ok(m)
+        Ok(Module(m))
     }
 
     /// `cuModuleUnload`.
-    pub fn module_unload(&self, m: Handle) -> Result<(), CuError> {
+    pub fn module_unload(&self, m: Module) -> Result<(), CuError> {
         // SAFETY: m came from cuModuleLoadData.
-        self.check("cuModuleUnload", unsafe { (self.module_unload)(m) })
+        self.check("cuModuleUnload", unsafe { (self.module_unload)(m.0) })
     }
 
     /// `cuModuleGetFunction`.
-    pub fn module_get_function(&self, m: Handle, name: &CStr) -> Result<Handle, CuError> {
+    pub fn module_get_function(&self, m: Module, name: &CStr) -> Result<Function, CuError> {
         let mut f = std::ptr::null_mut();
         // SAFETY: m came from cuModuleLoadData; name is NUL-terminated.
-        self.check("cuModuleGetFunction", unsafe { (self.module_get_function)(&mut f, m, name.as_ptr()) })?;
-        Ok(f)
+        self.check("cuModuleGetFunction", unsafe { (self.module_get_function)(&mut f, m.0, name.as_ptr()) })?;
+        Ok(Function(f))
     }
 
     /// `cuMemAlloc_v2`.
@@ -353,19 +363,16 @@ impl Driver {
         self.check("cuMemcpyDtoH", unsafe { (self.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len()) })
     }
 
-    /// `cuLaunchKernel` on the default stream with `kernelParams` (one pointer per parameter).
-    pub fn launch(
-        &self,
-        f: Handle,
-        grid: [u32; 3],
-        block: [u32; 3],
-        params: &mut [*mut c_void],
-    ) -> Result<(), CuError> {
-        // SAFETY: f came from cuModuleGetFunction; params holds one valid pointer per kernel
-        // parameter, alive for the call (the driver copies the values at launch).
+    /// `cuLaunchKernel` on the default stream of `f` with one `u64` parameter (the `spin`
+    /// signature).
+    pub fn launch_u64(&self, f: Function, grid: [u32; 3], block: [u32; 3], arg: u64) -> Result<(), CuError> {
+        let mut arg = arg;
+        let mut params = [(&mut arg as *mut u64).cast::<c_void>()];
+        // SAFETY: f came from cuModuleGetFunction of a kernel taking one u64; params holds one
+        // valid pointer to it, alive for the call (the driver copies the value at launch).
         self.check("cuLaunchKernel", unsafe {
             (self.launch_kernel)(
-                f,
+                f.0,
                 grid[0],
                 grid[1],
                 grid[2],

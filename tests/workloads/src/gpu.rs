@@ -1,8 +1,6 @@
 //! One client's GPU session: device, primary context, the loaded `spin` kernel, and launches.
 
-use std::ffi::c_void;
-
-use crate::driver::{CuDevice, CuDevicePtr, CuError, Driver, Handle, ATTR_CLOCK_RATE, ATTR_MULTIPROCESSOR_COUNT};
+use crate::driver::{CuDevice, CuDevicePtr, CuError, Driver, Function, Module, ATTR_CLOCK_RATE, ATTR_MULTIPROCESSOR_COUNT};
 use crate::ptx::{SPIN_ENTRY, SPIN_PTX};
 
 /// What a session learned about its device.
@@ -32,8 +30,8 @@ impl DeviceInfo {
 pub struct Session {
     drv: Driver,
     dev: CuDevice,
-    module: Handle,
-    spin: Handle,
+    module: Option<Module>,
+    spin: Option<Function>,
     buffers: Vec<CuDevicePtr>,
     /// What the session learned about its device.
     pub info: DeviceInfo,
@@ -62,10 +60,11 @@ impl Session {
             driver_version: drv.driver_version()?,
         };
         let ctx = drv.primary_ctx_retain(dev)?;
-        let mut s = Session { drv, dev, module: std::ptr::null_mut(), spin: std::ptr::null_mut(), buffers: Vec::new(), info };
+        let mut s = Session { drv, dev, module: None, spin: None, buffers: Vec::new(), info };
         s.drv.ctx_set_current(ctx)?;
-        s.module = s.drv.module_load_ptx(SPIN_PTX)?;
-        s.spin = s.drv.module_get_function(s.module, SPIN_ENTRY)?;
+        let module = s.drv.module_load_ptx(SPIN_PTX)?;
+        s.module = Some(module);
+        s.spin = Some(s.drv.module_get_function(module, SPIN_ENTRY)?);
         Ok(s)
     }
 
@@ -76,9 +75,8 @@ impl Session {
 
     /// Launches `spin(cycles)` on `blocks` blocks of `threads` threads (asynchronous).
     pub fn launch_spin(&self, blocks: u32, threads: u32, cycles: u64) -> Result<(), CuError> {
-        let mut cycles = cycles;
-        let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
-        self.drv.launch(self.spin, [blocks.max(1), 1, 1], [threads.max(1), 1, 1], &mut params)
+        let spin = self.spin.expect("a session always has its kernel after open");
+        self.drv.launch_u64(spin, [blocks.max(1), 1, 1], [threads.max(1), 1, 1], cycles)
     }
 
     /// `cuCtxSynchronize`: waits for every launched kernel.
@@ -107,9 +105,9 @@ impl Session {
                 first = r;
             }
         }
-        if !self.module.is_null() {
-            let r = self.drv.module_unload(self.module);
-            self.module = std::ptr::null_mut();
+        self.spin = None;
+        if let Some(m) = self.module.take() {
+            let r = self.drv.module_unload(m);
             if first.is_ok() {
                 first = r;
             }

@@ -146,9 +146,19 @@ impl OfflineReport {
     }
 }
 
-/// A recognisable pattern for the state buffer, so a checkpoint can be checked.
+/// A recognisable pattern for the state buffer, so a checkpoint can be checked: a 4 KiB
+/// block (repeated with memcpy, fast in any build) whose last 8 bytes hold the block index.
 pub fn state_pattern(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8).collect()
+    let block: Vec<u8> = (0..4096usize).map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8).collect();
+    let mut out = Vec::with_capacity(len + block.len());
+    let mut n = 0u64;
+    while out.len() < len {
+        out.extend_from_slice(&block[..block.len() - 8]);
+        out.extend_from_slice(&n.to_le_bytes());
+        n += 1;
+    }
+    out.truncate(len);
+    out
 }
 
 /// Runs the client on an open session; progress lines go to `progress`.
@@ -167,8 +177,8 @@ pub fn run(cfg: &OfflineConfig, s: &mut Session, progress: &mut dyn Write) -> Re
     let mut iterations = 0u64;
     let (mut last_report, mut last_iters) = (start, 0u64);
     while !signals::stop_requested()
-        && cfg.duration.map_or(true, |d| start.elapsed() < d)
-        && cfg.iterations.map_or(true, |n| iterations < n)
+        && cfg.duration.is_none_or(|d| start.elapsed() < d)
+        && cfg.iterations.is_none_or(|n| iterations < n)
     {
         for _ in 0..cfg.kernels {
             s.launch_spin(blocks, cfg.threads, cycles).map_err(|e| e.to_string())?;
@@ -228,8 +238,10 @@ mod tests {
     }
 
     #[test]
-    fn state_pattern_is_not_constant() {
-        let p = state_pattern(4096);
+    fn state_pattern_is_not_constant_and_blocks_differ() {
+        let p = state_pattern(3 * 4096 + 5);
+        assert_eq!(p.len(), 3 * 4096 + 5);
         assert!(p.iter().any(|&b| b != p[0]));
+        assert_ne!(p[..4096], p[4096..8192]);
     }
 }

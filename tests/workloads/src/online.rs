@@ -25,7 +25,9 @@ OPTIONS:
   --requests <n>        stop after n requests (whichever comes first)  [default: unlimited]
   --kernels <n>         kernels per request                           [default: 4]
   --kernel-us <us>      duration of one kernel at the rated SM clock  [default: 500]
-  --blocks <n>          grid size (SM demand) per kernel              [default: SMs / 4]
+  --blocks <n>          grid size (SM demand) per kernel
+  --sm-fraction <f>     grid size as a fraction of the SMs, when --blocks is not given
+                                                                      [default: 0.25]
   --threads <n>         threads per block                             [default: 128]
   --device <n>          CUDA device ordinal                           [default: 0]
   --seed <n>            seed of the Poisson arrivals                  [default: 1]
@@ -60,8 +62,10 @@ pub struct OnlineConfig {
     pub kernels: u32,
     /// Per-kernel duration at the rated clock, microseconds.
     pub kernel_us: f64,
-    /// Grid size; `None` = a quarter of the SMs.
+    /// Grid size; `None` = `sm_fraction` of the SMs.
     pub blocks: Option<u32>,
+    /// Grid size as a fraction of the SMs (0..=1] when `blocks` is not given.
+    pub sm_fraction: f64,
     /// Threads per block.
     pub threads: u32,
     /// Device ordinal.
@@ -88,6 +92,7 @@ impl OnlineConfig {
             kernels: in_range("kernels", a.get("kernels", 4)?, 1, 10_000)?,
             kernel_us: in_range("kernel-us", a.get("kernel-us", 500.0)?, 0.001, 1e9)?,
             blocks: a.opt("blocks")?.map(|b| in_range("blocks", b, 1, 1 << 30)).transpose()?,
+            sm_fraction: in_range("sm-fraction", a.get("sm-fraction", 0.25)?, 0.001, 1.0)?,
             threads: in_range("threads", a.get("threads", 128)?, 1, 1024)?,
             device: a.get("device", 0)?,
             seed: a.get("seed", 1)?,
@@ -160,7 +165,7 @@ fn gaps(arrivals: Arrivals, rate: f64, seed: u64) -> impl FnMut() -> Duration {
 
 /// Runs the client on an open session.
 pub fn run(cfg: &OnlineConfig, s: &Session) -> Result<OnlineReport, String> {
-    let blocks = cfg.blocks.unwrap_or((s.info.sm_count / 4).max(1));
+    let blocks = cfg.blocks.unwrap_or_else(|| ((f64::from(s.info.sm_count) * cfg.sm_fraction).ceil() as u32).max(1));
     let cycles = s.info.cycles_for_us(cfg.kernel_us);
     let request = || -> Result<(), String> {
         for _ in 0..cfg.kernels {
@@ -176,7 +181,7 @@ pub fn run(cfg: &OnlineConfig, s: &Session) -> Result<OnlineReport, String> {
     let mut last_done = start;
     while !signals::stop_requested()
         && arrival.duration_since(start) <= cfg.duration
-        && cfg.requests.map_or(true, |n| (lat_ms.len() as u64) < n)
+        && cfg.requests.is_none_or(|n| (lat_ms.len() as u64) < n)
     {
         let now = Instant::now();
         if arrival > now {

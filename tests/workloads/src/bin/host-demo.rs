@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use workloads::cli::{in_range, Args};
-use workloads::demo::{baseline_phases, run_phase, table, DemoConfig};
+use workloads::demo::{baseline_phases, mps_static_phase, run_phase, table, DemoConfig};
 use workloads::host::Host;
 
 const HELP: &str = "\
 host-demo: shows what this product is for. On one GPU host it runs the online
 (inference-like) client alone, then beside an unrestrained offline (training-like) client,
-and prints the online p50/p99 latency and the offline iterations/s of each phase.
+then (emulated host) beside an offline client held to a static MPS share of the SMs, and
+prints the online p50/p99 latency and the offline iterations/s of each phase.
 
 By default the host is emulated: the fake libcuda.so.1 / libnvidia-ml.so.1 /
 nvidia-cuda-mps-control built next to this binary are laid out in a scratch directory with a
@@ -25,7 +26,9 @@ OPTIONS:
   --rate <req/s>            online request rate                         [default: 50]
   --online-kernels <n>      kernels per online request                  [default: 4]
   --online-kernel-us <us>   online kernel length                        [default: 1000]
+  --online-sm-fraction <f>  online grid size as a fraction of the SMs   [default: 1.0]
   --offline-kernel-us <us>  offline kernel length                       [default: 20000]
+  --mps-offline-pct <p>     offline SM share in the MPS phase           [default: 25]
   --scratch <dir>           where the emulated host is laid out         [default: $TMPDIR]
   --real                    use the machine's driver and GPU instead
   --help                    this text
@@ -55,17 +58,23 @@ fn run(argv: Vec<String>) -> Result<(), String> {
         rate: in_range("rate", a.get("rate", 50.0)?, 0.1, 100_000.0)?,
         online_kernels: in_range("online-kernels", a.get("online-kernels", 4)?, 1, 1000)?,
         online_kernel_us: in_range("online-kernel-us", a.get("online-kernel-us", 1000.0)?, 1.0, 1e7)?,
+        online_sm_fraction: in_range("online-sm-fraction", a.get("online-sm-fraction", 1.0)?, 0.001, 1.0)?,
         offline_kernel_us: in_range("offline-kernel-us", a.get("offline-kernel-us", 20_000.0)?, 1.0, 1e8)?,
-        offline_warmup_s: 1.0,
+        offline_warmup_s: 0.5,
     };
     let scratch: PathBuf = a.get("scratch", std::env::temp_dir().to_string_lossy().into_owned())?.into();
     let real = a.flag("real");
+    let mps_pct = in_range("mps-offline-pct", a.get("mps-offline-pct", 25)?, 1, 100)?;
     a.finish()?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
     let bin_dir = exe.parent().ok_or("executable has no directory")?.to_path_buf();
     let host = if real { Host::real(bin_dir) } else { Host::emulated(bin_dir, &profile, &scratch)? };
     let mut rows = Vec::new();
-    for phase in baseline_phases() {
+    let mut phases = baseline_phases();
+    if !real {
+        phases.push(mps_static_phase(mps_pct));
+    }
+    for phase in phases {
         eprintln!("host-demo: phase '{}' ({} s of online requests at {}/s)...", phase.name, cfg.duration_s, cfg.rate);
         let r = run_phase(&host, &cfg, &phase).map_err(|e| format!("phase '{}': {e}", phase.name))?;
         rows.push(r);

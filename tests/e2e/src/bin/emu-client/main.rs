@@ -3,29 +3,38 @@
 //! printing one `key=value` line per result.
 //!
 //! Steps: `ctx` | `primary` | `destroy` | `release` | `meminfo` | `alloc BYTES` | `free` (last
-//! allocation) | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
+//! allocation) | `alloc-path KIND BYTES` (plain, pitch, managed, async, pool, vmm, array,
+//! array3d, mipmap) | `free-all` (every alloc-path allocation) | `hostile` (bad arguments) | `fork` |
+//! `streams BLOCKS CYCLES` (async launches on two streams) | `graph BLOCKS CYCLES NODES` | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
 //! by events) | `sync` | `ready` | `wait` (a line on stdin) | `sleep MS` | `hang` |
 //! `procaddr NAME VERSION FLAGS` | `exit`.
+
+/// Resolves `$name` at the CUDA version that introduced the ABI `$ty` (the number in its
+/// `PFN_..._v<N>` name), so the pointer always has the type we cast it to.
+macro_rules! get {
+    ($cu:expr, $name:literal, $ty:ty, $ver:literal) => {{
+        let p = $cu.proc($name, $ver, 0).unwrap_or_else(|e| $crate::die(&format!("resolve {}: {e:?}", $name)));
+        // SAFETY: cuGetProcAddress_v2 returned the entry for (name, version, 0), which has the ABI
+        // of the given PFN type per cudaTypedefs.h (checked by cuda-abi's header test).
+        #[allow(unused_unsafe)]
+        let f = unsafe { std::mem::transmute::<*mut std::ffi::c_void, $ty>(p) };
+        f
+    }};
+}
+
+mod graph;
+mod hostile;
+mod paths;
+mod streams;
 
 use cuda_abi::*;
 use std::ffi::{c_void, CString};
 use std::io::{BufRead, Write};
 use std::os::raw::{c_int, c_uint};
 
-struct Cuda {
+pub(crate) struct Cuda {
     lib: *mut c_void,
     gpa: PFN_cuGetProcAddress_v12000,
-}
-
-/// Resolves `$name` at the CUDA version that introduced the ABI `$ty` (the number in its
-/// `PFN_..._v<N>` name), so the pointer always has the type we cast it to.
-macro_rules! get {
-    ($cu:expr, $name:literal, $ty:ty, $ver:literal) => {{
-        let p = $cu.proc($name, $ver, 0).unwrap_or_else(|e| die(&format!("resolve {}: {e:?}", $name)));
-        // SAFETY: cuGetProcAddress_v2 returned the entry for (name, version, 0), which has the ABI
-        // of the given PFN type per cudaTypedefs.h (checked by cuda-abi's header test).
-        unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
-    }};
 }
 
 fn die(msg: &str) -> ! {
@@ -52,7 +61,7 @@ impl Cuda {
         Cuda { lib, gpa }
     }
 
-    fn proc(&self, name: &str, version: c_int, flags: u64) -> Result<*mut c_void, (CUresult, CUdriverProcAddressQueryResult)> {
+    pub(crate) fn proc(&self, name: &str, version: c_int, flags: u64) -> Result<*mut c_void, (CUresult, CUdriverProcAddressQueryResult)> {
         let n = CString::new(name).expect("no NUL");
         let mut p = std::ptr::null_mut();
         let mut q = CUdriverProcAddressQueryResult(99);
@@ -107,7 +116,19 @@ fn main() {
         }
         let mut ctx: CUcontext = std::ptr::null_mut();
         let mut allocs: Vec<CUdeviceptr> = Vec::new();
+        let mut held: Vec<paths::Held> = Vec::new();
         let mut spin_fn: CUfunction = std::ptr::null_mut();
+        let load_spin = |f: &mut CUfunction| {
+            if f.is_null() {
+                let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                let mut m: CUmodule = std::ptr::null_mut();
+                let r = load(&mut m, ptx.as_ptr().cast());
+                let name = CString::new("spin").expect("no NUL");
+                if !r.is_success() || !get_fn(f, m, name.as_ptr()).is_success() {
+                    die(&format!("load spin: {r}"));
+                }
+            }
+        };
         let mut i = 0;
         let out = |s: String| {
             println!("{s}");
@@ -141,6 +162,66 @@ fn main() {
                     }
                     out(format!("alloc={}", code(r)));
                     i += 1;
+                }
+                "alloc-path" => {
+                    let kind = arg(1);
+                    let n: usize = arg(2).parse().unwrap_or_else(|_| die("alloc-path KIND BYTES"));
+                    i += 2;
+                    if !paths::KINDS.contains(&kind.as_str()) {
+                        die(&format!("alloc-path kind must be one of {:?}", paths::KINDS));
+                    }
+                    match paths::alloc(&cu, &kind, n) {
+                        Ok(h) => {
+                            held.push(h);
+                            out(format!("path={kind} rc=0"));
+                        }
+                        Err(r) => out(format!("path={kind} rc={}", code(r))),
+                    }
+                }
+                "free-all" => {
+                    let n = held.len();
+                    let mut rc = CUresult::CUDA_SUCCESS;
+                    while let Some(h) = held.pop() {
+                        let r = paths::free(&cu, h);
+                        if rc.is_success() {
+                            rc = r;
+                        }
+                    }
+                    out(format!("freed={n} rc={}", code(rc)));
+                }
+                "fork" => {
+                    // The child may not use the parent's driver state (real drivers refuse too).
+                    let (mut f, mut t) = (0usize, 0usize);
+                    let pid = libc::fork();
+                    if pid == 0 {
+                        let r = mem_info(&mut f, &mut t);
+                        println!("forked-child meminfo={}", code(r));
+                        let _ = std::io::stdout().flush();
+                        libc::_exit(0);
+                    }
+                    let mut st = 0;
+                    libc::waitpid(pid, &mut st, 0);
+                    out(format!("fork-parent meminfo={}", code(mem_info(&mut f, &mut t))));
+                }
+                "graph" => {
+                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    let cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    let nodes: u32 = arg(3).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    i += 3;
+                    load_spin(&mut spin_fn);
+                    out(graph::run(&cu, spin_fn, blocks, cycles, nodes));
+                }
+                "streams" => {
+                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    let cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    i += 2;
+                    load_spin(&mut spin_fn);
+                    out(streams::run(&cu, spin_fn, blocks, cycles));
+                }
+                "hostile" => {
+                    for (case, rc) in hostile::run(&cu) {
+                        out(format!("hostile case={case} rc={rc}"));
+                    }
                 }
                 "free" => {
                     let p = allocs.pop().unwrap_or(0);
