@@ -744,6 +744,129 @@ mod tests {
         assert_eq!(l.health(), crate::HealthState::Init);
     }
 
+    #[test]
+    fn eviction_requests_and_counters() {
+        let (_d, l) = fresh();
+        let g = l.group(3, 100).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        assert_eq!(l.evict_signal(h), 0);
+        l.request_evict(h.slot, 15);
+        assert_eq!(l.evict_signal(h), 15);
+        let e0 = l.evict_all_epoch();
+        assert_eq!(l.request_evict_all(), e0 + 1);
+        l.count_launches(h, 10, 3);
+        let before = l.procs()[0].heartbeat_ns;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        l.heartbeat(h);
+        let p = &l.procs()[0];
+        assert_eq!((p.launches, p.launches_delayed), (10, 3));
+        assert!(p.heartbeat_ns > before);
+        l.unregister(h);
+        let h2 = l.register(std::process::id(), g).unwrap();
+        assert_eq!(l.evict_signal(h2), 0, "a reused slot starts without a stale request");
+    }
+
+    #[derive(Debug, Clone)]
+    enum RegOp {
+        Register(usize),
+        Reserve(usize, u64),
+        Release(usize, u64),
+        Die(usize),
+        Unregister(usize),
+    }
+
+    fn reg_op() -> impl Strategy<Value = RegOp> {
+        prop_oneof![
+            (0usize..3).prop_map(RegOp::Register),
+            (0usize..8, 1u64..400).prop_map(|(i, b)| RegOp::Reserve(i, b)),
+            (0usize..8, 1u64..400).prop_map(|(i, b)| RegOp::Release(i, b)),
+            (0usize..8).prop_map(RegOp::Die),
+            (0usize..8).prop_map(RegOp::Unregister),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Any file content either opens (then every operation stays in bounds) or is refused
+        /// with an error naming the file; never a panic.
+        #[test]
+        fn arbitrary_files_never_panic(
+            len in prop_oneof![Just(LAYOUT_SIZE), 0usize..LAYOUT_SIZE + 64],
+            fill in any::<u8>(),
+            pokes in proptest::collection::vec((0usize..LAYOUT_SIZE, any::<u64>()), 0..16),
+            keep_header in any::<bool>(),
+        ) {
+            let (d, l) = fresh();
+            let p = d.path().join("x");
+            let mut bytes = vec![fill; len];
+            if keep_header && len >= HEADER_SIZE {
+                let good = std::fs::read(l.path()).unwrap();
+                bytes[..HEADER_SIZE].copy_from_slice(&good[..HEADER_SIZE]);
+            }
+            for (off, v) in pokes {
+                if off + 8 <= bytes.len() && (off >= HEADER_SIZE || !keep_header) {
+                    bytes[off..off + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            std::fs::write(&p, &bytes).unwrap();
+            match Ledger::open_existing(&p) {
+                Ok(o) => {
+                    let _ = o.procs();
+                    let _ = o.read_monitor();
+                    let _ = o.health();
+                    let _ = o.reclaim_dead();
+                    for g in 0..MAX_GROUPS { let _ = o.try_reserve_group(g, 1); o.release_group(g, 1); }
+                }
+                Err(e) => prop_assert!(e.to_string().contains(&*p.to_string_lossy())),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// Any sequence of registrations, reservations, releases, deaths (start time no longer
+        /// matching) and unregistrations keeps each group's counter equal to the sum of its live
+        /// processes' usage (after reclaim), within quota, and back at zero at the end.
+        #[test]
+        fn registry_books_always_balance(ops in proptest::collection::vec(reg_op(), 1..80)) {
+            let (_d, l) = fresh();
+            let groups: Vec<usize> = (0..3).map(|i| l.group(100 + i as u64, 1000).unwrap()).collect();
+            let mut live: Vec<(ProcHandle, u64)> = Vec::new();
+            let me = std::process::id();
+            for op in ops {
+                match op {
+                    RegOp::Register(g) => if let Ok(h) = l.register(me, groups[g]) { live.push((h, 0)); },
+                    RegOp::Reserve(i, b) => if let Some((h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
+                        if l.try_reserve(*h, b).is_ok() { *held += b; }
+                    },
+                    RegOp::Release(i, b) => if let Some((h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
+                        let b = b.min(*held);
+                        l.release(*h, b);
+                        *held -= b;
+                    },
+                    RegOp::Die(i) => if !live.is_empty() {
+                        let (h, _) = live.remove(i % live.len());
+                        let p = &l.layout().procs[h.slot];
+                        p.start_time.store(p.start_time.load(Relaxed) + 1, Relaxed);
+                        l.reclaim_dead().unwrap();
+                    },
+                    RegOp::Unregister(i) => if !live.is_empty() {
+                        let (h, _) = live.remove(i % live.len());
+                        l.unregister(h);
+                    },
+                }
+                for &g in &groups {
+                    let want: u64 = live.iter().filter(|(h, _)| h.group == g).map(|(_, b)| b).sum();
+                    prop_assert_eq!(l.group_used(g), want);
+                    prop_assert!(want <= 1000);
+                }
+            }
+            for (h, _) in live { l.unregister(h); }
+            for &g in &groups { prop_assert_eq!(l.group_used(g), 0); }
+            prop_assert!(l.procs().is_empty());
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         /// Random reserve/release interleavings across threads never pass the quota and end at zero.

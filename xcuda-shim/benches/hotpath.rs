@@ -108,6 +108,12 @@ fn main() {
         a.push((d2, s2));
     }
     assert_eq!(st.quota.used(), 0, "every pair gave its bytes back");
+    // Where an alloc/free pair's added time goes.
+    let q = &st.quota;
+    let reserve = median((0..5).map(|_| per_op(n_pair, || { assert!(q.try_reserve(black_box(4096))); q.release(4096); })).collect());
+    let map = xcuda::ptrmap::PtrMap::new(1 << 16);
+    let mut k = 0x7f00_0000_0000u64;
+    let track = median((0..5).map(|_| per_op(n_pair, || { k += 1 << 20; assert!(map.insert(black_box(k), 1)); black_box(map.remove(k)); })).collect());
     let added = |v: &[(f64, f64)]| median(v.iter().map(|(d, s)| s - d).collect());
     let base = |v: &[(f64, f64)]| median(v.iter().map(|(d, _)| *d).collect());
     let shim = |v: &[(f64, f64)]| median(v.iter().map(|(_, s)| *s).collect());
@@ -115,5 +121,9 @@ fn main() {
         base(&l), shim(&l), added(&l), shim(&l) / base(&l));
     println!("alloc+free: direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (target <= 100) ratio {:.2}",
         base(&a), shim(&a), added(&a), shim(&a) / base(&a));
+    let t = &st.throttle;
+    let acquire = median((0..5).map(|_| per_op(n_launch, || t.acquire(black_box(1000)))).collect());
+    println!("  launch: throttle acquire alone {acquire:.1} ns (the rest is the FFI entry + catch_unwind)");
+    println!("  of which: ledger reserve+release {reserve:.1} ns, pointer-table insert+remove {track:.1} ns");
     println!("(median of 7 rounds; launches counted {})", st.throttle.launches.load(Relaxed));
 }

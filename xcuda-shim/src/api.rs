@@ -384,6 +384,40 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> 
     })
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
+    use crate::nvml::*;
+    catch_unwind(|| {
+        let Some(real) = real_v1() else { return NVML_ERROR_FUNCTION_NOT_FOUND };
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real(device, memory) };
+        if rc == NVML_SUCCESS && !memory.is_null() {
+            // SAFETY: the real call succeeded and filled this non-null struct.
+            let m = unsafe { &mut *memory };
+            apply(&state().quota, &mut m.total, &mut m.free, &mut m.used);
+        }
+        rc
+    })
+    .unwrap_or(NVML_ERROR_UNKNOWN)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_v2_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
+    use crate::nvml::*;
+    catch_unwind(|| {
+        let Some(real) = real_v2() else { return NVML_ERROR_FUNCTION_NOT_FOUND };
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real(device, memory) };
+        if rc == NVML_SUCCESS && !memory.is_null() {
+            // SAFETY: the real call succeeded and filled this non-null struct.
+            let m = unsafe { &mut *memory };
+            apply(&state().quota, &mut m.total, &mut m.free, &mut m.used);
+        }
+        rc
+    })
+    .unwrap_or(NVML_ERROR_UNKNOWN)
+}
+
 // ---- launches --------------------------------------------------------------------------------
 
 #[inline(always)]

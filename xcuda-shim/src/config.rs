@@ -5,6 +5,7 @@
 //! `XCUDA_GROUP` (quota group / container id), `XCUDA_QUOTA_BYTES`, `XCUDA_QUOTA_FRACTION`,
 //! `XCUDA_THROTTLE` (`0`/`1`), `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`,
 //! `XSHARE_LEDGER_DIR`, `XSHARE_GPU_INDEX`, `XCUDA_REAL_LIBCUDA` (path of the real driver),
+//! `XCUDA_REAL_LIBNVML` (path of the real NVML),
 //! `XCUDA_LOG` (`error`..`trace`, default `warn`).
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub struct Config {
     pub exit: ExitConfig,
     /// Path or soname of the real driver.
     pub real_libcuda: String,
+    /// Path or soname of the real NVML library.
+    pub real_libnvml: String,
     /// Log level: error, warn, info, debug, trace, off.
     pub log: String,
 }
@@ -88,6 +91,8 @@ pub struct ExitConfig {
     pub handle_signals: bool,
     /// Release contexts at normal exit.
     pub release_at_exit: bool,
+    /// Longest wait for synchronise + release (a hung driver must not keep the process alive), ms.
+    pub release_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -100,6 +105,7 @@ impl Default for Config {
             throttle: ThrottleConfig::default(),
             exit: ExitConfig::default(),
             real_libcuda: "libcuda.so.1".into(),
+            real_libnvml: "libnvidia-ml.so.1".into(),
             log: "warn".into(),
         }
     }
@@ -136,7 +142,7 @@ impl Default for ThrottleConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true }
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000 }
     }
 }
 
@@ -185,6 +191,9 @@ impl Config {
         }
         if t.stale_after_ms == 0 {
             return bad("throttle.stale_after_ms", "must be positive");
+        }
+        if self.exit.release_timeout_ms == 0 {
+            return bad("exit.release_timeout_ms", "must be positive");
         }
         Ok(())
     }
@@ -247,6 +256,9 @@ impl Config {
         }
         if let Some(p) = get("XCUDA_REAL_LIBCUDA").filter(|p| !p.is_empty()) {
             self.real_libcuda = p;
+        }
+        if let Some(p) = get("XCUDA_REAL_LIBNVML").filter(|p| !p.is_empty()) {
+            self.real_libnvml = p;
         }
         if let Some(l) = get("XCUDA_LOG").filter(|l| !l.is_empty()) {
             self.log = l;
@@ -336,6 +348,23 @@ mod tests {
         let (_, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| "/nonexistent/x.json".into()));
         assert_eq!(errs.len(), 1);
         assert!(errs[0].to_string().contains("/nonexistent/x.json"));
+    }
+
+    proptest::proptest! {
+        /// Arbitrary text is either a valid config or one located error; never a panic.
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            if let Err(e) = Config::from_text(Path::new("f.json"), &text) {
+                proptest::prop_assert!(e.to_string().starts_with("f.json"));
+            }
+        }
+
+        /// Arbitrary values in known fields are validated, never a panic.
+        #[test]
+        fn arbitrary_numbers_never_panic(a in proptest::num::f64::ANY, b in proptest::num::f64::ANY, n in proptest::num::u64::ANY) {
+            let text = format!(r#"{{"memory": {{"quota_fraction": {a:?}}}, "throttle": {{"kp": {b:?}, "period_ms": {n}}}}}"#);
+            let _ = Config::from_text(Path::new("f.json"), &text);
+        }
     }
 
     #[test]

@@ -212,7 +212,37 @@ fn on_signal(sig: c_int) {
     }
 }
 
+/// Runs `f` on a fresh thread and waits at most the configured release timeout for it.
+fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("xcuda-release".into()).spawn(move || {
+        let _log = state::log_on_this_thread();
+        let _ = tx.send(f());
+    });
+    if spawned.is_err() {
+        tracing::error!("xcuda: cannot start a thread to {what}");
+        return None;
+    }
+    let r = rx.recv_timeout(limit).ok();
+    if r.is_none() {
+        tracing::error!(timeout_ms = limit.as_millis() as u64, "xcuda: gave up waiting to {what} (driver hung?)");
+    }
+    r
+}
+
 fn exit_helper(rd: c_int) {
+    let _log = state::log_on_this_thread();
+    // Signals may be blocked in the thread that spawned us; raise() below must be delivered here.
+    // SAFETY: sigset operations on a local set, then pthread_sigmask for this thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in SIGS {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
     loop {
         let mut b = 0u8;
         // SAFETY: reading one byte into b from our own pipe.
@@ -234,7 +264,7 @@ fn handle_signal(sig: c_int) {
     let st = state::get();
     tracing::warn!(sig, "xcuda: signal received; launches frozen");
     if let Some(st) = st {
-        st.contexts.synchronize_all();
+        with_deadline("synchronise contexts", move || st.contexts.synchronize_all());
     }
     if handler == libc::SIG_IGN {
         if let Some(st) = st {
@@ -245,9 +275,12 @@ fn handle_signal(sig: c_int) {
     let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
     if handler == libc::SIG_DFL {
         if let Some(st) = st {
-            let n = st.contexts.release_all();
-            st.quota.retire();
-            tracing::warn!(sig, contexts = n, "xcuda: contexts released; taking the default action");
+            let n = with_deadline("release contexts", move || {
+                let n = st.contexts.release_all();
+                st.quota.retire();
+                n
+            });
+            tracing::warn!(sig, contexts = ?n, "xcuda: contexts released; taking the default action");
         }
         // SAFETY: default action, then re-raise: the process ends as the signal demands.
         unsafe {
@@ -274,22 +307,24 @@ fn handle_signal(sig: c_int) {
 }
 
 extern "C" fn on_exit() {
-    let _ = std::panic::catch_unwind(|| {
+    let _ = std::panic::catch_unwind(|| state::logged(on_exit_inner));
+}
+
+fn on_exit_inner() {
+    {
         let Some(st) = state::get() else { return };
-        st.throttle.freeze();
+        // No freeze here: exit handlers that run after this one must not block in a launch;
+        // once the contexts are gone their launches simply fail.
         let release = move || {
             let n = st.contexts.release_all();
             st.quota.retire();
             n
         };
         // exit() has already run this thread's TLS destructors, and drivers keep the current
-        // context in TLS: release from a fresh thread.
-        let n = match std::thread::Builder::new().name("xcuda-atexit".into()).spawn(release) {
-            Ok(h) => h.join().unwrap_or(0),
-            Err(_) => release(),
-        };
-        tracing::debug!(contexts = n, "xcuda: released at exit");
-    });
+        // context in TLS: release from a fresh thread, bounded in time.
+        let n = with_deadline("release contexts at exit", release);
+        tracing::debug!(contexts = ?n, "xcuda: released at exit");
+    }
 }
 
 extern "C" fn on_fork_child() {

@@ -84,10 +84,16 @@ pub unsafe fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
     }
     // SAFETY: name is non-null and, per dlsym's contract, NUL-terminated.
     let n = unsafe { CStr::from_ptr(name) }.to_bytes();
-    match hook_for_symbol(n) {
-        Some(ours) if ours == p || crate::real::is_in_driver(p) => ours,
-        _ => p,
+    if let Some(ours) = hook_for_symbol(n) {
+        if ours == p || crate::real::is_in_driver(p) {
+            return ours;
+        }
+    } else if let Some(ours) = crate::nvml::hook_for_symbol(n) {
+        if ours == p || crate::real::is_in_object(p, b"libnvidia-ml") {
+            return ours;
+        }
     }
+    p
 }
 
 /// After the real `cuGetProcAddress*` succeeded for (`name`, `version`, `flags`): the pointer

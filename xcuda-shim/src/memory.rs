@@ -28,7 +28,7 @@ pub fn counted(
     if q.track(kind, k, bytes) {
         return rc;
     }
-    tracing::error!(key = k, bytes, "xcuda: allocation table full; undoing allocation");
+    crate::state::logged(|| tracing::error!(key = k, bytes, "xcuda: allocation table full; undoing allocation"));
     undo(k);
     q.release(bytes);
     CUresult::CUDA_ERROR_OUT_OF_MEMORY

@@ -96,7 +96,7 @@ impl Quota {
                     {
                         return false;
                     }
-                    let reclaimed = ledger.reclaim_dead().map(|v| !v.is_empty()).unwrap_or(false);
+                    let reclaimed = crate::state::logged(|| ledger.reclaim_dead()).map(|v| !v.is_empty()).unwrap_or(false);
                     reclaimed && ledger.try_reserve(h, bytes).is_ok()
                 }
                 None => self.register_after_fork(ledger, handle) && self.try_reserve(bytes),
@@ -211,7 +211,7 @@ impl Quota {
                 true
             }
             Err(e) => {
-                tracing::error!("xcuda: fork child cannot register in the ledger: {e}");
+                crate::state::logged(|| tracing::error!("xcuda: fork child cannot register in the ledger: {e}"));
                 false
             }
         }

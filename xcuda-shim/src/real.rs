@@ -105,7 +105,7 @@ fn resolve_driver() {
         }
         Err(_) => return,
     }
-    let ok = load_driver();
+    let ok = crate::state::logged(load_driver);
     DRIVER_STATE.store(if ok { RESOLVED } else { FAILED }, Release);
 }
 
@@ -154,6 +154,11 @@ pub fn own_object_base() -> usize {
 
 /// Whether `p` lies in a shared object whose file name contains `libcuda` (and is not us).
 pub(crate) fn is_in_driver(p: *const c_void) -> bool {
+    is_in_object(p, b"libcuda")
+}
+
+/// Whether `p` lies in a shared object (not us) whose file name contains `needle`.
+pub(crate) fn is_in_object(p: *const c_void, needle: &[u8]) -> bool {
     // SAFETY: as in `object_base`.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: as in `object_base`.
@@ -165,7 +170,7 @@ pub(crate) fn is_in_driver(p: *const c_void) -> bool {
     }
     // SAFETY: dladdr set dli_fname to a NUL-terminated string owned by the loader.
     let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
-    name.windows(7).any(|w| w == b"libcuda")
+    name.windows(needle.len()).any(|w| w == needle)
 }
 
 

@@ -27,26 +27,50 @@ static CONFIG: OnceLock<Config> = OnceLock::new();
 static STATE: OnceLock<State> = OnceLock::new();
 static CONTROLLER_ALIVE: AtomicBool = AtomicBool::new(false);
 
+static DISPATCH: OnceLock<tracing::Dispatch> = OnceLock::new();
+
 /// The config, loaded (file + env) and logged once.
 pub fn config() -> &'static Config {
     CONFIG.get_or_init(|| {
         let (cfg, errs) = Config::load(&|k| std::env::var(k).ok());
-        init_logging(&cfg.log);
-        for e in errs {
-            tracing::error!("xcuda: config error: {e} (keeping safe defaults)");
+        let _ = DISPATCH.set(our_dispatch(&cfg.log));
+        if let Some(d) = DISPATCH.get() {
+            tracing::dispatcher::with_default(d, || {
+                for e in errs {
+                    tracing::error!("xcuda: config error: {e} (keeping safe defaults)");
+                }
+            });
         }
         cfg
     })
 }
 
-fn init_logging(level: &str) {
+/// Our own subscriber (stderr, level from config). It is never installed as the process's
+/// global default: the host application keeps its own logging.
+fn our_dispatch(level: &str) -> tracing::Dispatch {
     use tracing_subscriber::filter::LevelFilter;
     let lvl = level.parse::<LevelFilter>().unwrap_or(LevelFilter::WARN);
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(lvl)
-        .with_target(false)
-        .try_init();
+    tracing::Dispatch::new(
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(lvl).with_target(false).finish(),
+    )
+}
+
+fn dispatch() -> &'static tracing::Dispatch {
+    if let Some(d) = DISPATCH.get() {
+        return d;
+    }
+    config();
+    DISPATCH.get_or_init(|| our_dispatch("warn"))
+}
+
+/// Runs `f` with the shim's logger (on application threads; never on a hot path).
+pub fn logged<R>(f: impl FnOnce() -> R) -> R {
+    tracing::dispatcher::with_default(dispatch(), f)
+}
+
+/// Makes the shim's logger the default of the calling (shim-owned) thread.
+pub fn log_on_this_thread() -> tracing::dispatcher::DefaultGuard {
+    tracing::dispatcher::set_default(dispatch())
 }
 
 /// The state, if already built (async-signal-safe: one atomic load).
@@ -58,7 +82,7 @@ pub fn get() -> Option<&'static State> {
 /// The state, built on first use.
 #[inline]
 pub fn state() -> &'static State {
-    STATE.get_or_init(build)
+    STATE.get_or_init(|| logged(build))
 }
 
 macro_rules! call_real {
@@ -131,6 +155,7 @@ fn start_controller_when_ready() {
         return;
     }
     let spawned = std::thread::Builder::new().name("xcuda-ctl".into()).spawn(|| {
+        let _log = log_on_this_thread();
         let st = loop {
             if let Some(st) = get() {
                 break st;
@@ -170,7 +195,10 @@ pub fn ensure_controller() {
     }
     let spawned = std::thread::Builder::new()
         .name("xcuda-ctl".into())
-        .spawn(move || controller(st, config()));
+        .spawn(move || {
+            let _log = log_on_this_thread();
+            controller(st, config())
+        });
     if let Err(e) = spawned {
         CONTROLLER_ALIVE.store(false, Release);
         tracing::error!("xcuda: cannot start controller thread: {e}; waiters refill at the fallback rate");
@@ -240,3 +268,17 @@ fn housekeeping(st: &State, start_epoch: Option<u64>, reported: &mut (u64, u64))
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn logging_never_installs_a_global_subscriber() {
+        super::logged(|| tracing::warn!("xcuda test line"));
+        drop(super::log_on_this_thread());
+        // An application initialising its own logging afterwards must still be able to.
+        assert!(
+            tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default()).is_ok(),
+            "the host application's logging is left alone"
+        );
+    }
+}

@@ -159,8 +159,9 @@ impl Throttle {
         if !self.enabled && !self.frozen.load(Relaxed) {
             return;
         }
+        // Freezing parks the bucket far below zero, so one RMW also answers "frozen?".
         let before = self.tokens.fetch_sub(cost, AcqRel);
-        if before >= cost && !self.frozen.load(Relaxed) {
+        if before >= cost {
             return;
         }
         self.wait_for_budget();

@@ -35,6 +35,12 @@ fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
     let st = victim.wait_timeout(T).expect("victim exits on the signal");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(sig), "the default action still happens: {st:?}");
+    // Let the emulator notice the death (it reaps dead clients on its next state access after
+    // its reap period) before the neighbour asks for the GPU.
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        dev.mps_status();
+    }
     b.send_line("go");
     let ran = b.wait_for_line("spin=", Duration::from_secs(3)).is_some_and(|l| field(&l, "spin") == Some("0"));
     let status = format!("{:?} victim stderr: {}", dev.mps_status(), victim.stderr());
@@ -86,4 +92,93 @@ fn application_handler_still_checkpoints_and_nobody_hangs() {
     let l = b.wait_for_line("spin=", Duration::from_secs(5)).expect("neighbour runs");
     assert_eq!(field(&l, "spin"), Some("0"));
     assert!(!dev.mps_status().poisoned);
+}
+
+/// An unmodified Python trainer (NVIDIA cuda-bindings) holding a primary context, stopped with
+/// Ctrl-C: Python's own SIGINT handling (KeyboardInterrupt, then re-killing itself with SIGINT)
+/// runs, and with the shim the context is released before the process is gone.
+const PY_TRAINER: &str = r#"
+import time
+from cuda.bindings import driver as cu
+assert cu.cuInit(0)[0] == 0
+dev = cu.cuDeviceGet(0)[1]
+ctx = cu.cuDevicePrimaryCtxRetain(dev)[1]
+cu.cuCtxSetCurrent(ctx)
+err, p = cu.cuMemAlloc(1 << 20)
+assert int(err) == 0
+print("ready", flush=True)
+while True:
+    time.sleep(0.02)
+"#;
+
+fn python() -> std::path::PathBuf {
+    std::env::var_os("XSHARE_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
+}
+
+fn python_ctrl_c(shimmed: bool) -> (bool, String) {
+    let host = EmuHost::new();
+    let dev = host.device();
+    dev.mps_start(std::process::id());
+    let py = python();
+    assert!(py.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", py.display());
+    let mut c = if shimmed { limited(&host, py.to_str().unwrap(), 1 << 30, "py") } else { unlimited(&host, py.to_str().unwrap()) };
+    c.args(["-c", PY_TRAINER]);
+    let mut trainer = host.spawn(&mut c);
+    trainer.wait_for_line("ready", T).unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
+    let mut b = neighbour(&host);
+    trainer.signal(libc::SIGINT);
+    trainer.wait_timeout(T).expect("python exits on Ctrl-C");
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        dev.mps_status();
+    }
+    b.send_line("go");
+    let ran = b.wait_for_line("spin=", Duration::from_secs(3)).is_some_and(|l| field(&l, "spin") == Some("0"));
+    let status = format!("{:?}; python stderr: {}", dev.mps_status(), trainer.stderr());
+    if !ran {
+        dev.mps_quit();
+    }
+    (ran, status)
+}
+
+#[test]
+fn python_trainer_stopped_with_ctrl_c_hangs_nobody_with_the_shim() {
+    let (ran, st) = python_ctrl_c(true);
+    assert!(ran, "neighbour must run: {st}");
+    assert!(st.contains("KeyboardInterrupt"), "Python's own handler ran: {st}");
+    let (ran, st) = python_ctrl_c(false);
+    assert!(!ran, "control without the shim: the dead Python client hangs MPS: {st}");
+}
+
+#[test]
+fn sigterm_with_a_hung_mps_server_still_ends_the_process() {
+    let host = EmuHost::new();
+    let dev = host.device();
+    dev.mps_start(std::process::id());
+    let cfg = host.root().join("xcuda.json");
+    std::fs::write(&cfg, r#"{"exit": {"release_timeout_ms": 300}}"#).unwrap();
+    let mut c = limited(&host, "shim_client", 1 << 30, "hung");
+    c.env("XCUDA_CONFIG", &cfg).args(["ctx", "ready", "wait", "launch", "1", "1000", "1", "ready"]);
+    let mut shimmed = host.spawn(&mut c);
+    shimmed.wait_for_line("ready", T).expect("ready");
+    // Another client dies holding a context: the MPS server hangs every client.
+    let mut culprit = host.client(&["ctx", "ready", "hang"]);
+    culprit.wait_for_line("ready", T).expect("culprit ready");
+    culprit.kill9();
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        dev.mps_status();
+    }
+    assert!(dev.mps_status().poisoned);
+    shimmed.send_line("go");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(shimmed.lines("launch=").is_empty(), "the shimmed client is stuck in the hung server");
+    shimmed.signal(libc::SIGTERM);
+    let st = shimmed.wait_timeout(T).unwrap_or_else(|| panic!("a hung driver must not keep the process alive: {}", shimmed.stderr()));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGTERM));
+    assert!(shimmed.stderr().contains("gave up waiting"), "{}", shimmed.stderr());
+    dev.mps_quit();
 }

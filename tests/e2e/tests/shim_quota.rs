@@ -85,6 +85,23 @@ fn meminfo_and_total_mem_show_the_quota() {
 }
 
 #[test]
+fn nvml_memory_queries_show_the_quota() {
+    let host = EmuHost::new();
+    let device_total = host.device().info().total_memory;
+    let lines = run(&host, limited(&host, "shim_client", QUOTA, "nvml").args(["ctx", "alloc", &(40 * MIB).to_string(), "nvmlmem"]));
+    let l = lines.iter().find(|l| l.starts_with("nvmlmem")).expect("nvml line");
+    assert_eq!(e2e::num(l, "total") as u64, QUOTA, "{l}");
+    assert_eq!(e2e::num(l, "used") as u64, 40 * MIB, "{l}");
+    assert_eq!(e2e::num(l, "free") as u64, QUOTA - 40 * MIB, "{l}");
+    assert_eq!(e2e::num(l, "total_v2") as u64, QUOTA, "{l}");
+    assert_eq!(e2e::num(l, "free_v2") as u64, QUOTA - 40 * MIB, "{l}");
+
+    let lines = run(&host, unlimited(&host, "shim_client").args(["ctx", "nvmlmem"]));
+    let l = lines.iter().find(|l| l.starts_with("nvmlmem")).expect("nvml line");
+    assert_eq!(e2e::num(l, "total") as u64, device_total, "control: {l}");
+}
+
+#[test]
 fn two_processes_of_one_container_share_one_quota() {
     let host = EmuHost::new();
     let mut a = host.spawn(limited(&host, "shim_client", QUOTA, "ctr-a").args(["ctx", "alloc", &(40 * MIB).to_string(), "ready", "wait", "freeall", "ready", "wait"]));
@@ -126,9 +143,36 @@ fn kill_minus_9_of_a_holder_gives_its_memory_back() {
 }
 
 #[test]
+fn a_live_neighbour_reclaims_a_killed_holder_without_any_new_process() {
+    let host = EmuHost::new();
+    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(50 * MIB).to_string(), "ready", "hang"]));
+    holder.wait_for_line("ready", T).expect("holder ready");
+    let mut neighbour = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(10 * MIB).to_string(), "ready", "hang"]));
+    neighbour.wait_for_line("ready", T).expect("neighbour ready");
+    let l = ledger(&host);
+    let g = l.group(node_ledger::ledger::group_id_for("ctr"), 1).unwrap();
+    assert_eq!(l.group_used(g), 60 * MIB);
+    holder.kill9();
+    // The neighbour's housekeeping notices the death (pid + start time) and gives the memory back.
+    let start = std::time::Instant::now();
+    while l.group_used(g) != 10 * MIB && start.elapsed() < T {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(l.group_used(g), 10 * MIB, "only the live neighbour's usage remains");
+    assert!(l.procs().iter().all(|p| p.pid != holder.pid()));
+    neighbour.kill9();
+}
+
+#[test]
 fn dlsym_and_proc_address_clients_are_both_intercepted() {
     let host = EmuHost::new();
-    for (mode, launch_sym) in [("dlsym", "cuLaunchKernel"), ("gpa0", "cuLaunchKernel"), ("gpa2", "cuLaunchKernel_ptsz")] {
+    for (mode, launch_sym) in [
+        ("dlsym", "cuLaunchKernel"),
+        ("gpa0", "cuLaunchKernel"),
+        ("gpa2", "cuLaunchKernel_ptsz"),
+        ("gpa1", "cuLaunchKernel"),
+        ("gpa1pt", "cuLaunchKernel_ptsz"),
+    ] {
         let lines = run(&host, limited(&host, "shim_client", QUOTA, mode).args([
             "--resolve", mode, "ctx", "alloc", &(40 * MIB).to_string(), "async", &(30 * MIB).to_string(),
             "where", "cuLaunchKernel", "12000", "where", "cuMemAlloc", "3020", "next", "cuInit", "launch", "8", "1000", "3",
@@ -145,4 +189,49 @@ fn dlsym_and_proc_address_clients_are_both_intercepted() {
     }
     let lines = run(&host, unlimited(&host, "shim_client").args(["--resolve", "gpa2", "ctx", "where", "cuLaunchKernel", "12000"]));
     assert!(lines.iter().any(|l| l.ends_with("object=libcuda.so.1(cuLaunchKernel_ptsz)")), "control: {lines:?}");
+}
+
+/// A C program linked with `-lcuda` (no dlopen, no cuGetProcAddress): the shim's exported
+/// symbols are what it binds to.
+const LINKED_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef int CUdevice;
+typedef void *CUcontext;
+CUresult cuInit(unsigned int flags);
+CUresult cuDeviceGet(CUdevice *dev, int ordinal);
+CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev);
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n);
+CUresult cuMemFree_v2(CUdeviceptr p);
+int main(int argc, char **argv) {
+    CUdevice dev; CUcontext ctx; CUdeviceptr a = 0, b = 0;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev)) return 3;
+    printf("alloc=%d\n", cuMemAlloc_v2(&a, strtoull(argv[1], 0, 10)));
+    printf("alloc=%d\n", cuMemAlloc_v2(&b, strtoull(argv[2], 0, 10)));
+    if (a) cuMemFree_v2(a);
+    if (b) cuMemFree_v2(b);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_program_linked_with_lcuda_is_limited_through_exported_symbols() {
+    let host = EmuHost::new();
+    let src = host.root().join("linked.c");
+    let exe = host.root().join("linked");
+    std::fs::write(&src, LINKED_C).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(&cc)
+        .arg("-o").arg(&exe).arg(&src)
+        .arg(format!("-L{}", host.lib_dir().display())).arg("-l:libcuda.so.1")
+        .status()
+        .unwrap_or_else(|e| panic!("{cc} (the C compiler rustc links with) is needed: {e}"));
+    assert!(st.success(), "compiling the -lcuda client failed");
+    let (a, b) = ((40 * MIB).to_string(), (30 * MIB).to_string());
+    let lines = run(&host, limited(&host, exe.to_str().unwrap(), QUOTA, "linked").args([&a, &b]));
+    assert_eq!(rc_of(&lines, "alloc="), ["0", "2"], "{lines:?}");
+    let lines = run(&host, unlimited(&host, exe.to_str().unwrap()).args([&a, &b]));
+    assert_eq!(rc_of(&lines, "alloc="), ["0", "0"], "control: {lines:?}");
 }

@@ -26,6 +26,13 @@ struct Run {
 
 const TARGET: f64 = 0.35;
 
+/// The tests of this file measure shares and latencies: run them one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// MuxFlow eq. 2 with the shim's default a_L = 2, a_H = 0.2 and the test's T_SM = 1200 MHz
 /// (restated here so the test binary does not link the interposer itself).
 fn clock_factor(c_sm: f64, c_h: f64) -> f64 {
@@ -112,6 +119,7 @@ fn run(throttled: bool, publish: bool) -> Run {
 
 #[test]
 fn throttle_holds_offline_share_near_target_and_online_latency_improves() {
+    let _one = serial();
     let free = run(false, true);
     let held = run(true, true);
     let msg = format!(
@@ -129,10 +137,40 @@ fn throttle_holds_offline_share_near_target_and_online_latency_improves() {
 
 #[test]
 fn without_monitor_data_the_throttle_falls_back_to_a_fixed_rate_not_unlimited() {
+    let _one = serial();
     let free = run(false, false);
     let blind = run(true, false);
     let msg = format!("unthrottled share {:.3}, no-monitor share {:.3}", free.offline_share, blind.offline_share);
     eprintln!("{msg}");
     assert!(blind.offline_share < free.offline_share * 0.8, "stale data must not mean unlimited: {msg}");
     assert!(blind.offline_share > 0.05, "the fallback rate still lets work through: {msg}");
+}
+
+#[test]
+fn every_launch_path_is_throttled() {
+    let _one = serial();
+    let host = EmuHost::new();
+    let sms = host.device().info().sm_count.to_string();
+    for step in ["launch", "launchex", "launchcoop"] {
+        for throttled in [true, false] {
+            let group = format!("{step}-{throttled}");
+            let mut c = limited(&host, "shim_client", 1 << 30, &group);
+            c.env("XCUDA_THROTTLE", if throttled { "1" } else { "0" }).env("XCUDA_FALLBACK_RATE", "5");
+            // 12 one-wave kernels against a 4-wave bucket refilled at 5 waves/s (no monitor data).
+            c.args(["ctx", step, &sms, "1000", "12", "sleep", "600", "ready", "wait"]);
+            let mut k = host.spawn(&mut c);
+            k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{step}: {}", k.stderr()));
+            assert_eq!(k.lines(&format!("{step}=")).first().and_then(|l| e2e::field(l, step)), Some("0"), "{step}");
+            let l = ledger(&host);
+            let me = l.procs().into_iter().find(|p| p.pid == k.pid()).expect("registered");
+            assert!(me.launches >= 12, "{step}: launches counted: {me:?}");
+            if throttled {
+                assert!(me.launches_delayed > 0, "{step}: over budget, launches must wait: {me:?}");
+            } else {
+                assert_eq!(me.launches_delayed, 0, "{step}: control run with the throttle off: {me:?}");
+            }
+            k.send_line("go");
+            k.finish(T);
+        }
+    }
 }

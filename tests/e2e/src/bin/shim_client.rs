@@ -1,12 +1,12 @@
 //! Test client for the shim's end-to-end tests: opens `libcuda.so.1` with `dlopen` and resolves
 //! every driver function either through `dlsym` (`--resolve dlsym`) or `cuGetProcAddress_v2`
-//! with flags 0 or 2 (`--resolve gpa0|gpa2`), then runs the steps given as arguments, printing
+//! with flags 0 or 2 (`--resolve gpa0|gpa2`) or the older `cuGetProcAddress` (`gpa1|gpa1pt`), then runs the steps given as arguments, printing
 //! one `key=value` line per result.
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
-//! `meminfo` | `totalmem` | `launch BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
-//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `ready` |
+//! `meminfo` | `totalmem` | `launch|launchex|launchcoop BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
+//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `destroy` | `exit`.
 
 use cuda_abi::*;
@@ -27,13 +27,17 @@ fn out(s: String) {
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Dlsym,
+    /// cuGetProcAddress_v2 with these flags.
     Gpa(u64),
+    /// cuGetProcAddress (the CUDA 11.3 ABI, no symbolStatus) with these flags.
+    GpaV1(u64),
 }
 
 struct Cuda {
     lib: *mut c_void,
     mode: Mode,
     gpa: Option<PFN_cuGetProcAddress_v12000>,
+    gpa1: Option<PFN_cuGetProcAddress_v11030>,
 }
 
 impl Cuda {
@@ -44,11 +48,16 @@ impl Cuda {
         if lib.is_null() {
             die("dlopen libcuda.so.1 failed");
         }
-        let mut cu = Cuda { lib, mode, gpa: None };
+        let mut cu = Cuda { lib, mode, gpa: None, gpa1: None };
         let p = cu.dlsym("cuGetProcAddress_v2");
         if !p.is_null() {
             // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v12000 ABI.
             cu.gpa = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v12000>(p) });
+        }
+        let p = cu.dlsym("cuGetProcAddress");
+        if !p.is_null() {
+            // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v11030 ABI.
+            cu.gpa1 = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v11030>(p) });
         }
         cu
     }
@@ -75,6 +84,17 @@ impl Cuda {
                 let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags, &mut q) };
                 if !r.is_success() {
                     die(&format!("cuGetProcAddress_v2({name}, {version}, {flags}) = {r}"));
+                }
+                p
+            }
+            Mode::GpaV1(flags) => {
+                let gpa = self.gpa1.unwrap_or_else(|| die("cuGetProcAddress missing"));
+                let n = CString::new(name).expect("no NUL");
+                let mut p = std::ptr::null_mut();
+                // SAFETY: valid name, out-pointer to a local.
+                let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags) };
+                if !r.is_success() {
+                    die(&format!("cuGetProcAddress({name}, {version}, {flags}) = {r}"));
                 }
                 p
             }
@@ -112,6 +132,69 @@ fn object_of(p: *mut c_void) -> String {
     format!("{}({sym})", f.rsplit('/').next().unwrap_or(&f))
 }
 
+/// nvmlMemory_t / nvmlMemory_v2_t as laid out in nvml.h.
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemoryV2 {
+    version: u32,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// Device 0's memory through NVML (v1 and v2), loaded like monitoring tools do.
+fn nvml_memory() -> (u64, u64, u64, u64, u64, u64) {
+    let name = CString::new("libnvidia-ml.so.1").expect("no NUL");
+    // SAFETY: dlopen with a valid C string.
+    let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if lib.is_null() {
+        die("dlopen libnvidia-ml.so.1 failed");
+    }
+    let sym = |n: &str| {
+        let c = CString::new(n).expect("no NUL");
+        // SAFETY: dlsym on a live handle.
+        let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
+        if p.is_null() {
+            die(&format!("{n} missing"));
+        }
+        p
+    };
+    type Init = unsafe extern "C" fn() -> u32;
+    type ByIndex = unsafe extern "C" fn(u32, *mut *mut c_void) -> u32;
+    type Mem = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32;
+    type Mem2 = unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> u32;
+    // SAFETY: the symbols have these C types per nvml.h; out-pointers are locals.
+    unsafe {
+        let init: Init = std::mem::transmute(sym("nvmlInit_v2"));
+        let by_index: ByIndex = std::mem::transmute(sym("nvmlDeviceGetHandleByIndex_v2"));
+        let mem: Mem = std::mem::transmute(sym("nvmlDeviceGetMemoryInfo"));
+        let mem2: Mem2 = std::mem::transmute(sym("nvmlDeviceGetMemoryInfo_v2"));
+        if init() != 0 {
+            die("nvmlInit_v2");
+        }
+        let mut dev = std::ptr::null_mut();
+        if by_index(0, &mut dev) != 0 {
+            die("nvmlDeviceGetHandleByIndex_v2");
+        }
+        let mut m = NvmlMemory::default();
+        let r1 = mem(dev, &mut m);
+        let mut m2 = NvmlMemoryV2 { version: (std::mem::size_of::<NvmlMemoryV2>() as u32) | (2 << 24), ..Default::default() };
+        let r2 = mem2(dev, &mut m2);
+        if r1 != 0 || r2 != 0 {
+            die(&format!("nvmlDeviceGetMemoryInfo {r1} / _v2 {r2}"));
+        }
+        (m.total, m.free, m.used, m2.total, m2.free, m2.used)
+    }
+}
+
 enum Held {
     Dev(CUdeviceptr),
     Async(CUdeviceptr),
@@ -128,7 +211,9 @@ fn main() {
             Some("dlsym") => Mode::Dlsym,
             Some("gpa0") => Mode::Gpa(0),
             Some("gpa2") => Mode::Gpa(2),
-            _ => die("--resolve dlsym|gpa0|gpa2"),
+            Some("gpa1") => Mode::GpaV1(0),
+            Some("gpa1pt") => Mode::GpaV1(2),
+            _ => die("--resolve dlsym|gpa0|gpa2|gpa1|gpa1pt"),
         };
         args.drain(..2);
     }
@@ -159,6 +244,8 @@ fn main() {
     let load = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
     let get_fn = get!(cu, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000, 2000);
     let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
+    let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
+    let launch_coop = get!(cu, "cuLaunchCooperativeKernel", PFN_cuLaunchCooperativeKernel_v9000, 9000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -306,7 +393,7 @@ fn main() {
                     let r = total_mem(&mut t, 0);
                     out(format!("totalmem={} total={t}", r.0));
                 }
-                "launch" => {
+                "launch" | "launchex" | "launchcoop" => {
                     let (blocks, mut cycles, count) = (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
                     i += 3;
                     if spin_fn.is_null() {
@@ -324,8 +411,16 @@ fn main() {
                     let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
                     let wall = std::time::Instant::now();
                     let mut r = CUresult::CUDA_SUCCESS;
+                    let config = CUlaunchConfig {
+                        gridDimX: blocks, gridDimY: 1, gridDimZ: 1, blockDimX: 32, blockDimY: 1, blockDimZ: 1,
+                        sharedMemBytes: 0, hStream: stream, attrs: std::ptr::null_mut(), numAttrs: 0,
+                    };
                     for _ in 0..count {
-                        r = launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut());
+                        r = match step.as_str() {
+                            "launch" => launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
+                            "launchex" => launch_ex(&config, spin_fn, params.as_mut_ptr(), std::ptr::null_mut()),
+                            _ => launch_coop(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr()),
+                        };
                         if !r.is_success() {
                             break;
                         }
@@ -333,7 +428,7 @@ fn main() {
                     if r.is_success() {
                         r = sync();
                     }
-                    out(format!("launch={} wall_ms={:.3}", r.0, wall.elapsed().as_secs_f64() * 1e3));
+                    out(format!("{step}={} wall_ms={:.3}", r.0, wall.elapsed().as_secs_f64() * 1e3));
                 }
                 "where" => {
                     let name = args.get(i + 1).cloned().unwrap_or_else(|| die("where NAME VERSION"));
@@ -347,6 +442,10 @@ fn main() {
                     // SAFETY: RTLD_NEXT lookup with a valid C string.
                     let p = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
                     out(format!("next object={}", object_of(p)));
+                }
+                "nvmlmem" => {
+                    let (t1, f1, u1, t2, f2, u2) = nvml_memory();
+                    out(format!("nvmlmem total={t1} free={f1} used={u1} total_v2={t2} free_v2={f2} used_v2={u2}"));
                 }
                 "fork" => {
                     let pid = libc::fork();
