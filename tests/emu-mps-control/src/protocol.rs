@@ -298,3 +298,40 @@ mod tests {
         assert_eq!(format_pct(50.0), "50.0");
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever arrives on the socket, parsing answers (a command or an error) and never
+        /// panics.
+        #[test]
+        fn any_line_parses_or_errs(line in "\\PC{0,80}") {
+            let _ = Command::parse(&line);
+        }
+
+        /// Known commands with arbitrary argument words never panic either.
+        #[test]
+        fn known_words_with_junk_args(cmd in prop::sample::select(vec![
+            "start_server", "get_client_list", "set_active_thread_percentage", "quit",
+            "set_default_device_pinned_mem_limit", "terminate_client", "set_device_pinned_mem_limit",
+        ]), args in prop::collection::vec("[-a-z0-9.]{0,12}", 0..4)) {
+            let _ = Command::parse(&format!("{cmd} {}", args.join(" ")));
+        }
+
+        /// The size printed back is the size that was set.
+        #[test]
+        fn sizes_round_trip(bytes in 0u64..(1 << 50)) {
+            prop_assert_eq!(parse_size(&format_size(bytes)), Some(bytes));
+        }
+
+        /// Accepted percentages are exactly (0, 100].
+        #[test]
+        fn percentages_in_range(p in -1000.0f64..1000.0) {
+            let r = Command::parse(&format!("set_default_active_thread_percentage {p}"));
+            prop_assert_eq!(r.is_ok(), p > 0.0 && p <= 100.0);
+        }
+    }
+}

@@ -60,3 +60,21 @@ mod tests {
         assert_eq!((s.p50_ms, s.p99_ms), (2.0, 3.0));
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Percentiles are ordered and lie within the samples' range.
+        #[test]
+        fn percentiles_are_ordered(v in prop::collection::vec(0.0f64..1e6, 1..500)) {
+            let s = summarize(&v);
+            let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+            prop_assert!(min <= s.p50_ms && s.p50_ms <= s.p90_ms && s.p90_ms <= s.p99_ms && s.p99_ms <= s.max_ms);
+            prop_assert!(s.mean_ms >= min && s.mean_ms <= s.max_ms + 1e-9);
+            prop_assert_eq!(s.count, v.len());
+        }
+    }
+}
