@@ -64,14 +64,24 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
     // Online burst ends: the monitor must stay Overlimit for the whole hold, then Unhealthy,
     // and only then Healthy.
     load.stop();
-    let calm = n.wait_state(T, "calm sample", |v| v["sample"]["sm_activity"].as_f64().unwrap_or(100.0) < 80.0);
-    assert_eq!(state(&calm), "overlimit");
-    let calm_at = calm["updated_mono_ms"].as_u64().unwrap();
-    let left = n.wait_state(T, "leaving overlimit", |v| state(v) != "overlimit");
-    let left_at = left["updated_mono_ms"].as_u64().unwrap();
-    let hold = left["hold_ms"].as_u64().unwrap();
-    assert_eq!(hold, 400);
-    assert!(left_at + 30 >= calm_at + hold, "left Overlimit {} ms after calm, hold is {hold} ms", left_at - calm_at);
+    // Judged on the monitor's own clock: the largest hold left it reported while calm, and the
+    // time it reported leaving Overlimit (robust to when this test happens to read the file).
+    let seen = std::cell::Cell::new(None::<(u64, u64)>);
+    let left = n.wait_state(T, "leaving overlimit", |v| {
+        if state(v) == "overlimit" {
+            if let (Some(r), Some(t)) = (v["hold_remaining_ms"].as_u64(), v["updated_mono_ms"].as_u64()) {
+                if seen.get().is_none_or(|(_, br)| r > br) {
+                    seen.set(Some((t, r)));
+                }
+            }
+        }
+        state(v) != "overlimit"
+    });
+    let (t1, r_max) = seen.get().expect("the monitor never reported a running hold");
+    assert_eq!(left["hold_ms"], 400);
+    assert!(r_max + 50 >= 400, "the hold started at {r_max} ms left, expected about 400");
+    let t2 = left["updated_mono_ms"].as_u64().unwrap();
+    assert!(t2 + 20 >= t1 + r_max, "left Overlimit {} ms after a report of {r_max} ms hold left", t2 - t1);
     let healthy = n.wait_state(T, "healthy again", |v| state(v) == "healthy");
     let last = &healthy["last_transition"];
     assert_eq!(last[0], "unhealthy", "Healthy is reached through Unhealthy: {last}");
