@@ -226,3 +226,40 @@ fn operator_disable_evicts_and_enable_goes_back_through_init() {
     let v = n.wait_state(T, "healthy again", |v| state(v) == "healthy");
     assert_eq!(v["last_transition"][0], "init", "re-enabled GPUs go through Init: {v:#}");
 }
+
+#[test]
+fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
+    let mut n = EmuNode::new();
+    let sock_path = n.path("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    let cfg = n.path("mon.json");
+    std::fs::write(&cfg, config(400, 5000)).unwrap();
+    let child = std::process::Command::new(common::target_dir().join("sysmonitor"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .envs(n.envs())
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "2000000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    n.children.push(child);
+    let mut buf = [0u8; 256];
+    let mut msgs = Vec::new();
+    while msgs.iter().filter(|m: &&String| m.contains("WATCHDOG=1")).count() < 3 {
+        let k = sock.recv(&mut buf).expect("no sd_notify message");
+        msgs.push(String::from_utf8_lossy(&buf[..k]).into_owned());
+    }
+    assert_eq!(msgs[0], "READY=1", "readiness first: {msgs:?}");
+    assert!(msgs.iter().any(|m| m.contains("STATUS=GPU 0 healthy")), "{msgs:?}");
+    let mon = n.children.len() - 1;
+    n.signal(mon, libc::SIGTERM);
+    assert_eq!(n.wait_exit(mon, T), Some(None), "clean exit on SIGTERM");
+    loop {
+        let k = sock.recv(&mut buf).expect("no STOPPING");
+        if &buf[..k] == b"STOPPING=1" {
+            break;
+        }
+    }
+}
