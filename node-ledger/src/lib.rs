@@ -1,1 +1,18 @@
 //! What the node runtime shares between processes: config schema, the per-GPU ledger layout, the health-state enum.
+//!
+//! The ledger is one fixed-layout file per GPU, mapped `MAP_SHARED` by the shim (in every offline
+//! process), the monitor and the MPS manager. Every field is an atomic, so a hostile or torn file
+//! can only yield odd values, never undefined behaviour; the header is validated on open.
+
+pub mod clock;
+pub mod config;
+pub mod health;
+pub mod layout;
+pub mod ledger;
+pub mod monitor;
+pub mod procinfo;
+
+pub use config::{ConfigError, LedgerConfig};
+pub use health::HealthState;
+pub use ledger::{Ledger, LedgerError, ProcHandle, ProcSnapshot, ReserveError};
+pub use monitor::{MonitorSample, MonitorSnapshot};

@@ -1,1 +1,18 @@
 //! `libxcuda.so`: the LD_PRELOAD library that enforces memory quota, launch throttle and graceful exit in offline CUDA processes.
+//!
+//! Modules, one job each: `api` (the exported C surface), `interpose` (which symbols we own,
+//! `dlsym` and `cuGetProcAddress` rewriting), `real` (finding the real functions), `quota` +
+//! `ptrmap` + `memory` (device-memory accounting), `nvml` (NVML memory view), `throttle` (eq. 1-2 + PID + token bucket),
+//! `exit` (signals, exit, fork, context release), `config`, `state` (the process's instance).
+
+pub mod api;
+pub mod config;
+pub mod exit;
+pub mod interpose;
+pub mod memory;
+pub mod nvml;
+pub mod ptrmap;
+pub mod quota;
+pub mod real;
+pub mod state;
+pub mod throttle;

@@ -1,0 +1,234 @@
+//! Client of `nvidia-cuda-mps-control`: starts the control daemon (`-d`) with per-GPU pipe and
+//! log directories, sends stdin commands with a timeout, parses the replies.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Pid file the control daemon writes into its pipe directory.
+pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+
+/// What went wrong talking to MPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MpsError {
+    /// The control program did not answer within the timeout (daemon hang).
+    Timeout { command: String, after_ms: u64 },
+    /// No control daemon is listening.
+    NoDaemon,
+    /// The program could not be started.
+    Spawn(String),
+    /// The daemon answered with an error text.
+    Rejected { command: String, reply: String },
+}
+
+impl std::fmt::Display for MpsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MpsError::Timeout { command, after_ms } => write!(f, "MPS control did not answer `{command}` within {after_ms} ms"),
+            MpsError::NoDaemon => write!(f, "no MPS control daemon is running"),
+            MpsError::Spawn(e) => write!(f, "cannot run the MPS control program: {e}"),
+            MpsError::Rejected { command, reply } => write!(f, "MPS control rejected `{command}`: {reply}"),
+        }
+    }
+}
+
+/// How to reach one GPU's MPS control daemon.
+#[derive(Debug, Clone)]
+pub struct MpsControl {
+    pub bin: PathBuf,
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+    /// Value for `CUDA_VISIBLE_DEVICES` of the daemon (the GPU it serves).
+    pub visible_devices: String,
+    pub timeout: Duration,
+}
+
+impl MpsControl {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir)
+            .env("CUDA_VISIBLE_DEVICES", &self.visible_devices);
+        c
+    }
+
+    /// Starts `nvidia-cuda-mps-control -d` and waits for its pid file; returns the daemon pid.
+    pub fn start_daemon(&self) -> Result<u32, MpsError> {
+        for d in [&self.pipe_dir, &self.log_dir] {
+            std::fs::create_dir_all(d).map_err(|e| MpsError::Spawn(format!("{}: {e}", d.display())))?;
+        }
+        let _ = std::fs::remove_file(self.pipe_dir.join(PID_FILE));
+        let mut child = self
+            .cmd()
+            .arg("-d")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| MpsError::Spawn(format!("{}: {e}", self.bin.display())))?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                if !st.success() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    return Err(MpsError::Spawn(format!("`{} -d` exited with {st}: {}", self.bin.display(), err.trim())));
+                }
+                break;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(MpsError::Timeout { command: "-d".into(), after_ms: self.timeout.as_millis() as u64 });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        while Instant::now() < deadline {
+            if let Some(pid) = self.daemon_pid() {
+                return Ok(pid);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Err(MpsError::Timeout { command: "-d (pid file)".into(), after_ms: self.timeout.as_millis() as u64 })
+    }
+
+    /// Pid of the running control daemon per its pid file, if that process is alive.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        let s = std::fs::read_to_string(self.pipe_dir.join(PID_FILE)).ok()?;
+        let pid: u32 = s.trim().parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let zombie = stat.rfind(')').is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
+        (!zombie).then_some(pid)
+    }
+
+    /// Sends one command line; returns the reply text (trimmed).
+    pub fn command(&self, line: &str) -> Result<String, MpsError> {
+        let mut child = self
+            .cmd()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| MpsError::Spawn(format!("{}: {e}", self.bin.display())))?;
+        if let Some(mut i) = child.stdin.take() {
+            let _ = i.write_all(line.as_bytes());
+            let _ = i.write_all(b"\n");
+        }
+        let mut out = child.stdout.take().expect("stdout piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            let _ = tx.send(s);
+        });
+        let reply = match rx.recv_timeout(self.timeout) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(MpsError::Timeout { command: line.to_string(), after_ms: self.timeout.as_millis() as u64 });
+            }
+        };
+        let _ = child.wait();
+        let reply = reply.trim().to_string();
+        if reply.contains("Cannot find MPS control daemon") {
+            return Err(MpsError::NoDaemon);
+        }
+        if reply.starts_with("Invalid") || reply.starts_with("Error") || reply.contains("not found") {
+            return Err(MpsError::Rejected { command: line.to_string(), reply });
+        }
+        Ok(reply)
+    }
+
+    /// `get_server_list`: pids of running MPS servers.
+    pub fn server_list(&self) -> Result<Vec<u32>, MpsError> {
+        Ok(parse_pids(&self.command("get_server_list")?))
+    }
+
+    /// `get_client_list <server>`.
+    pub fn client_list(&self, server: u32) -> Result<Vec<u32>, MpsError> {
+        Ok(parse_pids(&self.command(&format!("get_client_list {server}"))?))
+    }
+
+    /// `set_active_thread_percentage <pid> <pct>`.
+    pub fn set_percentage(&self, pid: u32, pct: f64) -> Result<(), MpsError> {
+        self.command(&format!("set_active_thread_percentage {pid} {pct:.1}")).map(|_| ())
+    }
+
+    /// `set_default_active_thread_percentage <pct>`.
+    pub fn set_default_percentage(&self, pct: f64) -> Result<(), MpsError> {
+        self.command(&format!("set_default_active_thread_percentage {pct:.1}")).map(|_| ())
+    }
+
+    /// `quit`: stops servers and the daemon (MPS reset).
+    pub fn quit(&self) -> Result<(), MpsError> {
+        self.command("quit").map(|_| ())
+    }
+
+    /// Pipe directory of this daemon.
+    pub fn pipe_dir(&self) -> &Path {
+        &self.pipe_dir
+    }
+}
+
+/// Parses one pid per line, ignoring anything else.
+pub fn parse_pids(text: &str) -> Vec<u32> {
+    text.lines().filter_map(|l| l.split_whitespace().next()?.parse().ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A stand-in control program (shell) with a scripted reply, to test timeouts and parsing;
+    /// the real protocol is exercised against the emulator in the e2e tests.
+    fn script(dir: &Path, body: &str) -> MpsControl {
+        let p = dir.join("ctl.sh");
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        MpsControl {
+            bin: p,
+            pipe_dir: dir.join("pipe"),
+            log_dir: dir.join("log"),
+            visible_devices: "0".into(),
+            timeout: Duration::from_millis(300),
+        }
+    }
+
+    #[test]
+    fn parses_pid_lists() {
+        assert_eq!(parse_pids("123\n456\n\n"), vec![123, 456]);
+        assert_eq!(parse_pids("0 789\n"), vec![0]);
+        assert!(parse_pids("").is_empty());
+    }
+
+    #[test]
+    fn reply_and_env_reach_the_program() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "read line; echo \"$line|$CUDA_MPS_PIPE_DIRECTORY|$CUDA_VISIBLE_DEVICES\"");
+        let r = c.command("get_server_list").unwrap();
+        assert_eq!(r, format!("get_server_list|{}|0", d.path().join("pipe").display()));
+    }
+
+    #[test]
+    fn a_hung_daemon_is_a_timeout_not_a_hang() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "exec sleep 5");
+        let t = Instant::now();
+        assert!(matches!(c.command("get_server_list"), Err(MpsError::Timeout { .. })));
+        assert!(t.elapsed() < Duration::from_secs(4));
+    }
+
+    #[test]
+    fn no_daemon_and_rejections_are_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "echo 'Cannot find MPS control daemon process'; exit 1");
+        assert_eq!(c.command("get_server_list"), Err(MpsError::NoDaemon));
+        let c = script(d.path(), "echo 'Invalid command: x'");
+        assert!(matches!(c.command("x"), Err(MpsError::Rejected { .. })));
+    }
+}

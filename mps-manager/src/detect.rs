@@ -1,0 +1,257 @@
+//! Recognises MPS failure patterns (MuxFlow §4.2 "other errors") from periodic observations,
+//! and rate-limits the recoveries they trigger.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+/// A failure that calls for recovery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// The control daemon process is gone.
+    DaemonDead,
+    /// The control daemon did not answer a command in time.
+    DaemonHang { command: String },
+    /// An MPS server that had clients disappeared.
+    ServerCrash { server: u32 },
+    /// Clients are connected but nothing progresses: no launches, no SM activity.
+    ClientsStuck { for_ms: u64 },
+    /// The monitor reported a critical XID (e.g. 31, GPU memory page fault).
+    Xid { code: u64 },
+    /// A registered offline client died without unregistering (killed holding its context),
+    /// which hangs every other client of the MPS server until MPS is reset.
+    ClientDied { pid: u32 },
+}
+
+impl Fault {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::DaemonDead => "daemon_dead",
+            Fault::DaemonHang { .. } => "daemon_hang",
+            Fault::ServerCrash { .. } => "server_crash",
+            Fault::ClientsStuck { .. } => "clients_stuck",
+            Fault::Xid { .. } => "xid",
+            Fault::ClientDied { .. } => "client_died",
+        }
+    }
+}
+
+/// One look at MPS and the ledger.
+#[derive(Debug, Clone, Default)]
+pub struct Observation {
+    pub daemon_alive: bool,
+    /// `None` when `get_server_list` timed out.
+    pub servers: Option<Vec<u32>>,
+    /// Clients per server, for the servers that answered.
+    pub clients: BTreeMap<u32, Vec<u32>>,
+    /// Sum of kernel launches of registered offline processes.
+    pub offline_launches: u64,
+    pub offline_registered: usize,
+    /// Total SM activity published by the monitor, percent.
+    pub sm_activity_pct: f64,
+    /// Critical XID the monitor reports (Disabled by XID), if any.
+    pub xid: Option<u64>,
+    /// Offline processes still registered in the ledger whose process is gone.
+    pub dead_offline: Vec<u32>,
+}
+
+/// Detection thresholds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DetectConfig {
+    /// Connected clients with no progress for this long count as stuck; 0 disables.
+    pub stuck_after_ms: u64,
+    /// SM activity below this (percent) counts as "no progress".
+    pub idle_sm_pct: f64,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        DetectConfig { stuck_after_ms: 10_000, idle_sm_pct: 1.0 }
+    }
+}
+
+/// Memory between observations.
+#[derive(Debug, Default)]
+pub struct Detector {
+    last_clients: BTreeMap<u32, usize>,
+    last_launches: u64,
+    stalled_since: Option<u64>,
+    xid_reported: Option<u64>,
+}
+
+impl Detector {
+    /// Forget everything (after a recovery the world starts afresh).
+    pub fn reset(&mut self) {
+        let xid = self.xid_reported;
+        *self = Detector::default();
+        self.xid_reported = xid;
+    }
+
+    pub fn observe(&mut self, cfg: &DetectConfig, now_ms: u64, o: &Observation) -> Vec<Fault> {
+        let mut f = Vec::new();
+        match o.xid {
+            Some(code) if self.xid_reported != Some(code) => {
+                self.xid_reported = Some(code);
+                f.push(Fault::Xid { code });
+            }
+            None => self.xid_reported = None,
+            _ => {}
+        }
+        for &pid in &o.dead_offline {
+            f.push(Fault::ClientDied { pid });
+        }
+        if !o.daemon_alive {
+            f.push(Fault::DaemonDead);
+            return f;
+        }
+        let Some(servers) = &o.servers else {
+            f.push(Fault::DaemonHang { command: "get_server_list".into() });
+            return f;
+        };
+        for (s, n) in &self.last_clients {
+            if *n > 0 && !servers.contains(s) {
+                f.push(Fault::ServerCrash { server: *s });
+            }
+        }
+        self.last_clients = servers.iter().map(|s| (*s, o.clients.get(s).map_or(0, |c| c.len()))).collect();
+
+        let connected: usize = o.clients.values().map(|c| c.len()).sum();
+        let progressing = o.offline_launches != self.last_launches || o.sm_activity_pct >= cfg.idle_sm_pct;
+        self.last_launches = o.offline_launches;
+        if cfg.stuck_after_ms > 0 && connected > 0 && o.offline_registered > 0 && !progressing {
+            let since = *self.stalled_since.get_or_insert(now_ms);
+            if now_ms - since >= cfg.stuck_after_ms {
+                f.push(Fault::ClientsStuck { for_ms: now_ms - since });
+                self.stalled_since = None;
+            }
+        } else {
+            self.stalled_since = None;
+        }
+        f
+    }
+}
+
+/// Allows at most `max_per_hour` recoveries, at least `min_interval_ms` apart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateConfig {
+    pub min_interval_ms: u64,
+    pub max_per_hour: usize,
+}
+
+impl Default for RateConfig {
+    fn default() -> Self {
+        RateConfig { min_interval_ms: 30_000, max_per_hour: 6 }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct RateLimiter {
+    history: VecDeque<u64>,
+}
+
+impl RateLimiter {
+    /// Whether a recovery may start at `now_ms`; records it if so.
+    pub fn allow(&mut self, cfg: &RateConfig, now_ms: u64) -> Result<(), String> {
+        while self.history.front().is_some_and(|&t| now_ms.saturating_sub(t) >= 3_600_000) {
+            self.history.pop_front();
+        }
+        if let Some(&last) = self.history.back() {
+            if now_ms.saturating_sub(last) < cfg.min_interval_ms {
+                return Err(format!("last recovery {} ms ago (min_interval_ms {})", now_ms - last, cfg.min_interval_ms));
+            }
+        }
+        if self.history.len() >= cfg.max_per_hour {
+            return Err(format!("{} recoveries in the last hour (max_per_hour {})", self.history.len(), cfg.max_per_hour));
+        }
+        self.history.push_back(now_ms);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(servers: &[(u32, &[u32])]) -> Observation {
+        Observation {
+            daemon_alive: true,
+            servers: Some(servers.iter().map(|s| s.0).collect()),
+            clients: servers.iter().map(|(s, c)| (*s, c.to_vec())).collect(),
+            offline_registered: 1,
+            sm_activity_pct: 50.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn dead_daemon_and_hang() {
+        let mut d = Detector::default();
+        let c = DetectConfig::default();
+        assert_eq!(d.observe(&c, 0, &Observation::default()), vec![Fault::DaemonDead]);
+        let o = Observation { daemon_alive: true, servers: None, ..Default::default() };
+        assert!(matches!(d.observe(&c, 0, &o)[..], [Fault::DaemonHang { .. }]));
+    }
+
+    #[test]
+    fn server_with_clients_vanishing_is_a_crash_idle_one_is_not() {
+        let mut d = Detector::default();
+        let c = DetectConfig::default();
+        assert!(d.observe(&c, 0, &obs(&[(10, &[1, 2]), (11, &[])])).is_empty());
+        assert_eq!(d.observe(&c, 1, &obs(&[])), vec![Fault::ServerCrash { server: 10 }]);
+    }
+
+    #[test]
+    fn stuck_needs_connected_clients_no_launches_and_idle_sm_for_long_enough() {
+        let mut d = Detector::default();
+        let c = DetectConfig { stuck_after_ms: 100, idle_sm_pct: 1.0 };
+        let mut o = obs(&[(10, &[1])]);
+        o.sm_activity_pct = 0.0;
+        o.offline_launches = 5;
+        assert!(d.observe(&c, 0, &o).is_empty());
+        assert!(d.observe(&c, 50, &o).is_empty());
+        o.offline_launches = 6; // progress resets the timer
+        assert!(d.observe(&c, 60, &o).is_empty());
+        assert!(d.observe(&c, 100, &o).is_empty());
+        assert!(d.observe(&c, 160, &o).is_empty());
+        assert!(matches!(d.observe(&c, 200, &o)[..], [Fault::ClientsStuck { .. }]));
+        let mut busy = o.clone();
+        busy.sm_activity_pct = 40.0;
+        assert!(d.observe(&c, 400, &busy).is_empty());
+    }
+
+    #[test]
+    fn unclean_offline_death_is_a_fault() {
+        let mut d = Detector::default();
+        let mut o = obs(&[(10, &[1])]);
+        o.dead_offline = vec![77];
+        assert_eq!(d.observe(&DetectConfig::default(), 0, &o), vec![Fault::ClientDied { pid: 77 }]);
+    }
+
+    #[test]
+    fn xid_reported_once_per_episode() {
+        let mut d = Detector::default();
+        let c = DetectConfig::default();
+        let mut o = obs(&[]);
+        o.xid = Some(31);
+        assert_eq!(d.observe(&c, 0, &o), vec![Fault::Xid { code: 31 }]);
+        assert!(d.observe(&c, 1, &o).is_empty());
+        o.xid = None;
+        d.observe(&c, 2, &o);
+        o.xid = Some(31);
+        assert_eq!(d.observe(&c, 3, &o), vec![Fault::Xid { code: 31 }]);
+    }
+
+    #[test]
+    fn rate_limit_spacing_and_hourly_cap() {
+        let c = RateConfig { min_interval_ms: 100, max_per_hour: 2 };
+        let mut r = RateLimiter::default();
+        assert!(r.allow(&c, 0).is_ok());
+        assert!(r.allow(&c, 50).unwrap_err().contains("min_interval_ms"));
+        assert!(r.allow(&c, 100).is_ok());
+        assert!(r.allow(&c, 1000).unwrap_err().contains("max_per_hour"));
+        assert!(r.allow(&c, 3_600_001).is_ok());
+    }
+}

@@ -1,0 +1,331 @@
+//! The manager loop: keeps the MPS control daemon up, applies the offline SM budget, detects
+//! MPS failures and recovers (evict offline clients, reset MPS, mark them for restart).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::Ordering::{Acquire, Release};
+use std::time::Duration;
+
+use node_ledger::{HealthState, Ledger};
+use serde::{Deserialize, Serialize};
+use sysmonitor::evictor::{PidfdSignaller, Signaller};
+use sysmonitor::monitor::{mono_ms, unix_ms};
+use sysmonitor::report::write_atomic;
+
+use crate::budget::Allocator;
+use crate::config::Config;
+use crate::control::{MpsControl, MpsError};
+use crate::detect::{Detector, Fault, Observation, RateLimiter};
+
+/// One recovery, for the state file and logs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recovery {
+    pub at_unix_ms: u64,
+    pub fault: Fault,
+    pub evicted: Vec<u32>,
+    pub outcome: String,
+}
+
+/// An offline process the manager evicted and wants its owner to restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestartRequest {
+    pub pid: u32,
+    pub start_time: u64,
+    pub reason: String,
+    pub at_unix_ms: u64,
+}
+
+/// The manager's state file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ManagerState {
+    pub gpu: u32,
+    pub manager_pid: u32,
+    pub daemon_pid: Option<u32>,
+    pub servers: Vec<u32>,
+    pub clients: usize,
+    pub gpu_health: Option<String>,
+    pub sm_activity_pct: f64,
+    pub online_estimate_pct: f64,
+    pub offline_budget_pct: Option<f64>,
+    pub faults: BTreeMap<String, u64>,
+    pub recoveries: Vec<Recovery>,
+    pub suppressed_recoveries: u64,
+    pub restart_requested: Vec<RestartRequest>,
+    pub last_error: Option<String>,
+    pub updated_unix_ms: u64,
+}
+
+pub struct Manager {
+    pub cfg: Config,
+    pub ctl: MpsControl,
+    ledger: Ledger,
+    alloc: Allocator,
+    detector: Detector,
+    limiter: RateLimiter,
+    pub state: ManagerState,
+    /// (pid, start) of offline clients that already got the current budget.
+    applied_to: HashSet<(u32, u64)>,
+    client_pct_supported: bool,
+    own_ns: u64,
+}
+
+/// Builds the control client for a config.
+pub fn control_for(cfg: &Config) -> MpsControl {
+    MpsControl {
+        bin: cfg.control_bin.clone(),
+        pipe_dir: cfg.pipe_dir.clone(),
+        log_dir: cfg.log_dir.clone(),
+        visible_devices: cfg.gpu_index.to_string(),
+        timeout: Duration::from_millis(cfg.command_timeout_ms),
+    }
+}
+
+impl Manager {
+    pub fn new(cfg: Config) -> Result<Manager, String> {
+        let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index).map_err(|e| format!("ledger: {e}"))?;
+        let ctl = control_for(&cfg);
+        Ok(Manager {
+            state: ManagerState { gpu: cfg.gpu_index, manager_pid: std::process::id(), ..Default::default() },
+            cfg,
+            ctl,
+            ledger,
+            alloc: Allocator::default(),
+            detector: Detector::default(),
+            limiter: RateLimiter::default(),
+            applied_to: HashSet::new(),
+            client_pct_supported: true,
+            own_ns: node_ledger::procinfo::own_pid_ns(),
+        })
+    }
+
+    /// Starts the control daemon unless one already runs for this pipe directory.
+    pub fn ensure_daemon(&mut self) -> Result<u32, MpsError> {
+        if let Some(pid) = self.ctl.daemon_pid() {
+            self.state.daemon_pid = Some(pid);
+            return Ok(pid);
+        }
+        let pid = self.ctl.start_daemon()?;
+        tracing::info!(pid, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon started");
+        self.state.daemon_pid = Some(pid);
+        self.alloc.reset_applied();
+        self.applied_to.clear();
+        Ok(pid)
+    }
+
+    fn offline(&self) -> Vec<node_ledger::ProcSnapshot> {
+        self.ledger.procs().into_iter().filter(|p| p.start_time != 0).collect()
+    }
+
+    /// Recomputes the offline SM budget, applies it to offline MPS clients and the ledger.
+    pub fn budget_tick(&mut self) {
+        let snap = self.ledger.read_monitor();
+        let fresh = snap.is_some_and(|s| s.is_fresh(node_ledger::clock::now_ns(), 2_000_000_000));
+        let health = snap.and_then(|s| s.health());
+        let total = snap.map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
+        let offline = self.offline();
+        let current = self.alloc.applied().unwrap_or(self.cfg.budget.max_pct);
+        let online = Allocator::online_estimate(total, !offline.is_empty(), current);
+        let safe = fresh && matches!(health, Some(HealthState::Healthy | HealthState::Unhealthy));
+        self.state.gpu_health = health.map(|h| format!("{h:?}").to_lowercase());
+        self.state.sm_activity_pct = total;
+        self.state.online_estimate_pct = online;
+        let changed = self.alloc.update(&self.cfg.budget, online, safe);
+        let Some(pct) = self.alloc.applied() else { return };
+        self.state.offline_budget_pct = Some(pct);
+        self.ledger.layout().monitor.offline_sm_budget_permille.store((pct * 10.0).round() as u32, Release);
+        if let Some(p) = changed {
+            tracing::info!(budget_pct = p, online_estimate_pct = online, sm_activity_pct = total, safe, "offline SM budget");
+            self.applied_to.clear();
+        }
+        if !self.client_pct_supported {
+            return;
+        }
+        for p in offline.iter().filter(|p| p.pid_ns == self.own_ns) {
+            if self.applied_to.contains(&(p.pid, p.start_time)) {
+                continue;
+            }
+            match self.ctl.set_percentage(p.pid, pct) {
+                Ok(()) => {
+                    self.applied_to.insert((p.pid, p.start_time));
+                }
+                Err(MpsError::Rejected { reply, .. }) => {
+                    // Real MPS only takes server pids; then the shim's throttle enforces the
+                    // ledger budget on its own.
+                    tracing::warn!(pid = p.pid, %reply, "MPS refuses per-client percentages; budget enforced through the ledger only");
+                    self.client_pct_supported = false;
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(pid = p.pid, error = %e, "could not set the client's percentage yet");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Looks at MPS and the ledger; returns the faults seen.
+    pub fn check(&mut self, now_ms: u64) -> Vec<Fault> {
+        let mut o = Observation { daemon_alive: self.ctl.daemon_pid().is_some(), ..Default::default() };
+        if o.daemon_alive {
+            match self.ctl.server_list() {
+                Ok(s) => {
+                    for &srv in &s {
+                        if let Ok(c) = self.ctl.client_list(srv) {
+                            o.clients.insert(srv, c);
+                        }
+                    }
+                    o.servers = Some(s);
+                }
+                Err(MpsError::Timeout { .. }) => o.servers = None,
+                Err(MpsError::NoDaemon) => o.daemon_alive = false,
+                Err(e) => {
+                    self.state.last_error = Some(e.to_string());
+                    o.servers = Some(Vec::new());
+                }
+            }
+        }
+        let offline = self.offline();
+        o.dead_offline = offline
+            .iter()
+            .filter(|p| p.pid_ns == self.own_ns && !node_ledger::procinfo::is_alive(p.pid, p.start_time))
+            .map(|p| p.pid)
+            .collect();
+        o.offline_registered = offline.len();
+        o.offline_launches = offline.iter().map(|p| p.launches).sum();
+        o.sm_activity_pct = self.ledger.read_monitor().map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
+        o.xid = monitor_xid(&self.cfg.monitor_state_file);
+        self.state.servers = o.servers.clone().unwrap_or_default();
+        self.state.clients = o.clients.values().map(|c| c.len()).sum();
+        self.detector.observe(&self.cfg.detect, now_ms, &o)
+    }
+
+    /// Counts every fault and runs one recovery for them, if the rate limit allows it.
+    pub fn handle_faults(&mut self, now_ms: u64, faults: Vec<Fault>) {
+        for f in &faults {
+            *self.state.faults.entry(f.kind().to_string()).or_default() += 1;
+            tracing::error!(fault = ?f, gpu = self.cfg.gpu_index, "MPS fault detected");
+        }
+        if let Some(f) = faults.into_iter().next() {
+            self.recover(now_ms, f);
+        }
+    }
+
+    /// Runs one recovery if the rate limit allows it.
+    fn recover(&mut self, now_ms: u64, fault: Fault) {
+        if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
+            self.state.suppressed_recoveries += 1;
+            tracing::warn!(fault = fault.kind(), %why, "recovery rate-limited; not recovering now");
+            return;
+        }
+        let evicted = self.evict_offline(fault.kind());
+        let outcome = match self.reset_mps() {
+            Ok(pid) => format!("MPS reset; control daemon {pid} running"),
+            Err(e) => format!("MPS reset failed: {e}"),
+        };
+        tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
+        self.state.recoveries.push(Recovery { at_unix_ms: unix_ms(), fault, evicted, outcome });
+        if self.state.recoveries.len() > 50 {
+            self.state.recoveries.remove(0);
+        }
+        self.detector.reset();
+    }
+
+    /// SIGTERM every offline client (by pid + start time), SIGKILL after the grace period,
+    /// record the requests in the ledger and in the restart list.
+    fn evict_offline(&mut self, why: &str) -> Vec<u32> {
+        let mut sig = PidfdSignaller;
+        let offline = self.offline();
+        let mut out = Vec::new();
+        for p in &offline {
+            if let Some(slot) = self.ledger.layout().procs.get(p.slot) {
+                slot.evict_signal.store(libc::SIGTERM as u32, Release);
+            }
+            if p.pid_ns == self.own_ns && sig.signal(p.pid, p.start_time, libc::SIGTERM).unwrap_or(false) {
+                out.push(p.pid);
+            }
+            self.state.restart_requested.push(RestartRequest {
+                pid: p.pid,
+                start_time: p.start_time,
+                reason: format!("MPS recovery ({why})"),
+                at_unix_ms: unix_ms(),
+            });
+        }
+        let deadline = mono_ms() + self.cfg.evict_grace_ms;
+        while mono_ms() < deadline && offline.iter().any(|p| p.pid_ns == self.own_ns && sig.alive(p.pid, p.start_time)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for p in offline.iter().filter(|p| p.pid_ns == self.own_ns) {
+            if sig.alive(p.pid, p.start_time) {
+                tracing::warn!(pid = p.pid, "offline client ignored SIGTERM during recovery: SIGKILL");
+                let _ = sig.signal(p.pid, p.start_time, libc::SIGKILL);
+            }
+        }
+        let _ = self.ledger.reclaim_dead();
+        if self.state.restart_requested.len() > 200 {
+            let n = self.state.restart_requested.len() - 200;
+            self.state.restart_requested.drain(..n);
+        }
+        out
+    }
+
+    /// `quit`, or kill the daemon and its servers when it does not answer; then start afresh.
+    fn reset_mps(&mut self) -> Result<u32, MpsError> {
+        let servers = self.state.servers.clone();
+        match self.ctl.quit() {
+            Ok(()) => {
+                let deadline = mono_ms() + self.cfg.command_timeout_ms;
+                while self.ctl.daemon_pid().is_some() && mono_ms() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "MPS quit failed; killing the control daemon"),
+        }
+        if let Some(pid) = self.ctl.daemon_pid() {
+            // SAFETY: plain kill(2) of the daemon pid read from its own pid file.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        for s in servers {
+            if let Some(st) = node_ledger::procinfo::start_time(s) {
+                let _ = PidfdSignaller.signal(s, st, libc::SIGKILL);
+            }
+        }
+        let _ = std::fs::remove_file(self.ctl.pipe_dir.join(crate::control::PID_FILE));
+        std::thread::sleep(Duration::from_millis(50));
+        self.state.daemon_pid = None;
+        self.ensure_daemon()
+    }
+
+    /// Stops MPS when configured to.
+    pub fn shutdown(&mut self) {
+        if self.cfg.quit_on_exit && self.ctl.daemon_pid().is_some() {
+            match self.ctl.quit() {
+                Ok(()) => tracing::info!("MPS control daemon stopped"),
+                Err(e) => tracing::warn!(error = %e, "MPS quit failed at shutdown"),
+            }
+        }
+    }
+
+    pub fn write_state(&mut self, path: &Path) {
+        self.state.updated_unix_ms = unix_ms();
+        if let Ok(mut v) = serde_json::to_vec_pretty(&self.state) {
+            v.push(b'\n');
+            if let Err(e) = write_atomic(path, &v) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the state file");
+            }
+        }
+    }
+
+    /// Current budget published in the ledger (per-mille).
+    pub fn published_budget_permille(&self) -> u32 {
+        self.ledger.layout().monitor.offline_sm_budget_permille.load(Acquire)
+    }
+}
+
+/// The critical XID the monitor reports, if it currently is Disabled by one.
+pub fn monitor_xid(path: &Path) -> Option<u64> {
+    let s = sysmonitor::report::read_state_file(path).ok()?;
+    match s.disabled_by? {
+        sysmonitor::health::DisableCause::Xid(c) => Some(c),
+        _ => None,
+    }
+}

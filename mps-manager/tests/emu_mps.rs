@@ -1,0 +1,227 @@
+//! The MPS manager as a real process against the emulator's `nvidia-cuda-mps-control`:
+//! crash and hang recovery with the online client continuing, and dynamic SM allocation.
+
+#[path = "../../sysmonitor/tests/common/mod.rs"]
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{register, target_dir, EmuNode, Load};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(20);
+
+#[test]
+fn helper_entry() {
+    common::helper_main();
+}
+
+fn manager_config() -> String {
+    format!(
+        r#"{{
+  "control_bin": "{}",
+  "command_timeout_ms": 1000,
+  "period_ms": 50,
+  "check_every_ms": 100,
+  "evict_grace_ms": 500,
+  "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 90, "min_step_pct": 5, "smoothing": 1.0, "unsafe_pct": 10 }},
+  "detect": {{ "stuck_after_ms": 0 }},
+  "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}
+}}
+"#,
+        target_dir().join("emu-mps-control").display()
+    )
+}
+
+fn start_manager(n: &mut EmuNode) -> usize {
+    let cfg = n.path("mps.json");
+    std::fs::write(&cfg, manager_config()).unwrap();
+    let log = std::fs::File::create(n.path("mps.log")).unwrap();
+    let c = Command::new(target_dir().join("mps-manager"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .envs(n.envs())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    n.children.push(c);
+    n.children.len() - 1
+}
+
+fn mstate(n: &EmuNode, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let path = n.ledger_dir.join("gpu0").join("mps-manager.json");
+    let end = Instant::now() + T;
+    let mut last = Value::Null;
+    while Instant::now() < end {
+        if let Some(v) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) {
+            if pred(&v) {
+                return v;
+            }
+            last = v;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!(
+        "timed out waiting for {what}; manager state: {last:#}\nlog:\n{}",
+        std::fs::read_to_string(n.path("mps.log")).unwrap_or_default()
+    );
+}
+
+fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let end = Instant::now() + T;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Online client (this process) and an offline client both on MPS; returns the offline index.
+fn online_and_offline(n: &mut EmuNode) -> (Load, usize) {
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let load = Load::start(&n.state, 0.5, 2.0);
+    let off = n.spawn_helper("gpu-mem", "256");
+    let dev = n.device();
+    let op = n.pid(off);
+    wait_until("both clients on MPS", || {
+        let s = dev.snapshot();
+        s.processes.iter().filter(|p| p.mps_client).count() >= 2 && s.processes.iter().any(|p| p.pid == op)
+    });
+    register(&ledger, op, 256 << 20);
+    (load, off)
+}
+
+#[test]
+fn mps_server_killed_under_load_is_recovered_and_online_continues() {
+    let mut n = EmuNode::new();
+    start_manager(&mut n);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = v["daemon_pid"].as_u64().unwrap();
+    let (load, off) = online_and_offline(&mut n);
+    let v = mstate(&n, "server with clients", |v| {
+        v["servers"].as_array().is_some_and(|s| !s.is_empty()) && v["clients"].as_u64() >= Some(2)
+    });
+    let server = v["servers"][0].as_u64().unwrap() as i32;
+    // SAFETY: signalling the emulated MPS server process by the pid the manager reports.
+    unsafe { libc::kill(server, libc::SIGKILL) };
+
+    let v = mstate(&n, "recovery", |v| v["recoveries"].as_array().is_some_and(|r| !r.is_empty()));
+    assert!(v["faults"]["server_crash"].as_u64() >= Some(1), "{v:#}");
+    assert_eq!(v["recoveries"][0]["fault"]["server_crash"]["server"], server as u64);
+    let sig = n.wait_exit(off, T).expect("offline client evicted");
+    assert!(sig == Some(libc::SIGTERM) || sig == Some(libc::SIGKILL));
+    assert!(
+        v["restart_requested"].as_array().unwrap().iter().any(|r| r["pid"] == n.pid(off) as u64),
+        "offline marked for restart"
+    );
+    let v = mstate(&n, "MPS running again", |v| v["daemon_pid"].is_u64());
+    assert_ne!(v["daemon_pid"].as_u64().unwrap(), daemon, "MPS was reset (new control daemon)");
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until("online kernels after recovery", || load.kernels.load(Ordering::Relaxed) >= after + 20);
+    assert!(n.device().snapshot().mps.enabled);
+}
+
+#[test]
+fn offline_killed_holding_its_context_hangs_mps_until_the_manager_resets_it() {
+    let mut n = EmuNode::new();
+    start_manager(&mut n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let (load, off) = online_and_offline(&mut n);
+    n.signal(off, libc::SIGKILL);
+    let _ = n.wait_exit(off, T);
+    let v = mstate(&n, "recovery", |v| v["recoveries"].as_array().is_some_and(|r| !r.is_empty()));
+    assert_eq!(v["recoveries"][0]["fault"]["client_died"]["pid"], n.pid(off) as u64, "{v:#}");
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until("online kernels after the reset", || load.kernels.load(Ordering::Relaxed) >= after + 20);
+    assert!(!n.device().snapshot().mps.poisoned);
+}
+
+#[test]
+fn hung_control_daemon_is_detected_by_timeout_and_replaced() {
+    let mut n = EmuNode::new();
+    start_manager(&mut n);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = v["daemon_pid"].as_u64().unwrap() as i32;
+    // SAFETY: freezing the emulated control daemon (it then never answers).
+    unsafe { libc::kill(daemon, libc::SIGSTOP) };
+    let v = mstate(&n, "hang recovery", |v| {
+        v["faults"]["daemon_hang"].as_u64() >= Some(1) && v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
+    });
+    let v2 = mstate(&n, "new daemon", |v| v["daemon_pid"].as_u64().is_some_and(|p| p as i32 != daemon));
+    assert!(v["recoveries"][0]["outcome"].as_str().unwrap().contains("MPS reset"), "{v:#}");
+    // SAFETY: the frozen daemon was SIGKILLed by the recovery; make sure it is not left stopped.
+    unsafe { libc::kill(daemon, libc::SIGKILL) };
+    assert_ne!(v2["daemon_pid"].as_u64().unwrap() as i32, daemon);
+}
+
+#[test]
+fn offline_sm_budget_follows_online_activity() {
+    let mut n = EmuNode::new();
+    n.start_monitor(
+        "mon.json",
+        r#"{"interval_ms": 10, "host_memory": {"enabled": false},
+            "machine": {"sm_activity": {"healthy": 90, "unhealthy": 95, "overlimit": 99},
+                        "gpu_util": {"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false},
+                        "sm_clock": {"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}"#,
+    );
+    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
+    start_manager(&mut n);
+    let idle = mstate(&n, "idle budget", |v| v["offline_budget_pct"].as_f64() == Some(90.0));
+    assert_eq!(idle["gpu_health"], "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    assert_eq!(ledger.read_monitor().unwrap().sample.offline_sm_budget_permille, 900);
+
+    let load = Load::start(&n.state, 0.6, 2.0);
+    let v = mstate(&n, "budget under online load", |v| v["offline_budget_pct"].as_f64().is_some_and(|b| b <= 40.0));
+    let b = v["offline_budget_pct"].as_f64().unwrap();
+    let online = v["online_estimate_pct"].as_f64().unwrap();
+    assert!((b - (100.0 - online - 10.0).clamp(10.0, 90.0)).abs() <= 5.0, "budget {b} vs online {online}");
+    // A new offline MPS client gets the budget as its active-thread percentage.
+    let off = n.spawn_helper("gpu-mem", "64");
+    let dev = n.device();
+    let op = n.pid(off);
+    wait_until("offline client on MPS", || dev.snapshot().processes.iter().any(|p| p.pid == op && p.mps_client));
+    register(&ledger, op, 64 << 20);
+    wait_until("offline client capped", || {
+        let pct = dev.snapshot().processes.iter().find(|p| p.pid == op).map_or(100, |p| p.active_thread_pct);
+        let budget = ledger.read_monitor().unwrap().sample.offline_sm_budget_permille / 10;
+        pct < 100 && pct.abs_diff(budget) <= 1
+    });
+    load.stop();
+    mstate(&n, "budget back up when online goes idle", |v| v["offline_budget_pct"].as_f64().is_some_and(|b| b >= 80.0));
+}
+
+/// Control for the test above: with no manager, the same death leaves MPS poisoned and the
+/// online client stalled, so the recovery there is what brings online service back.
+#[test]
+fn without_the_manager_a_killed_offline_client_stalls_online() {
+    let mut n = EmuNode::new();
+    let (envs, pipe, log) = (n.envs(), n.path("pipe"), n.path("log"));
+    let daemon = |arg: Option<&str>| {
+        let mut c = Command::new(target_dir().join("emu-mps-control"));
+        c.envs(envs.clone()).env("CUDA_MPS_PIPE_DIRECTORY", &pipe).env("CUDA_MPS_LOG_DIRECTORY", &log);
+        match arg {
+            Some(a) => assert!(c.arg(a).status().unwrap().success()),
+            None => {
+                let mut ch = c.stdin(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+                use std::io::Write;
+                ch.stdin.take().unwrap().write_all(b"quit\n").unwrap();
+                ch.wait().unwrap();
+            }
+        }
+    };
+    daemon(Some("-d"));
+    let (load, off) = online_and_offline(&mut n);
+    n.signal(off, libc::SIGKILL);
+    let _ = n.wait_exit(off, T);
+    let dev = n.device();
+    wait_until("MPS poisoned", || dev.snapshot().mps.poisoned);
+    std::thread::sleep(Duration::from_millis(100));
+    let stalled = load.kernels.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(load.kernels.load(Ordering::Relaxed), stalled, "online made progress on a poisoned MPS");
+    daemon(None);
+    drop(load);
+}

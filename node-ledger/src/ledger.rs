@@ -1,0 +1,909 @@
+//! Opening/validating the per-GPU ledger file, quota groups with one-step cross-process
+//! check-and-reserve, and the offline-process registry with reclaim of dead processes.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+use memmap2::MmapMut;
+
+use crate::clock::now_ns;
+use crate::layout::*;
+use crate::procinfo;
+
+/// Why a ledger could not be opened or used; always names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger {path}: {op}: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("ledger {path}: field `{field}`: {detail}")]
+    Corrupt {
+        path: PathBuf,
+        field: &'static str,
+        detail: String,
+    },
+    #[error("ledger {path}: {what} is full ({capacity} slots)")]
+    Full {
+        path: PathBuf,
+        what: &'static str,
+        capacity: usize,
+    },
+}
+
+/// A refused reservation: the group's quota would be exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("over quota: requested {requested} bytes, {used} of {quota} in use")]
+pub struct ReserveError {
+    pub requested: u64,
+    pub used: u64,
+    pub quota: u64,
+}
+
+/// A registered process: its registry slot and its group slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcHandle {
+    pub slot: usize,
+    pub group: usize,
+}
+
+/// A point-in-time copy of one registry slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcSnapshot {
+    pub slot: usize,
+    pub pid: u32,
+    pub start_time: u64,
+    pub pid_ns: u64,
+    pub group_id: u64,
+    pub mem_bytes: u64,
+    pub launches: u64,
+    pub launches_delayed: u64,
+    pub heartbeat_ns: u64,
+}
+
+/// A mapped ledger file. Hot-path operations are atomics on the mapping; registration and
+/// group creation take an advisory `flock` (never on a hot path).
+pub struct Ledger {
+    map: MmapMut,
+    file: File,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger").field("path", &self.path).finish()
+    }
+}
+
+/// Holds an exclusive `flock` on the ledger file until dropped.
+struct FileLock<'a>(&'a File);
+
+impl<'a> FileLock<'a> {
+    fn take(file: &'a File, path: &Path) -> Result<Self, LedgerError> {
+        loop {
+            // SAFETY: the fd is owned by `file`, open for the lifetime of the guard.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Self(file));
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err(path, "flock", e));
+            }
+        }
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: same fd as locked in `take`, still open.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+fn io_err(path: &Path, op: &'static str, source: io::Error) -> LedgerError {
+    LedgerError::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    }
+}
+
+fn corrupt(path: &Path, field: &'static str, detail: String) -> LedgerError {
+    LedgerError::Corrupt {
+        path: path.to_owned(),
+        field,
+        detail,
+    }
+}
+
+/// Stable non-zero group id for a container name (FNV-1a 64).
+pub fn group_id_for(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h.max(1)
+}
+
+impl Ledger {
+    /// Opens the ledger at `path`, creating and initialising it (and its directory) if absent.
+    pub fn open_or_create(path: &Path, gpu_index: u32) -> Result<Self, LedgerError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| io_err(dir, "create directory", e))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(path)
+            .map_err(|e| io_err(path, "open", e))?;
+        {
+            let _lock = FileLock::take(&file, path)?;
+            let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
+            if len == 0 {
+                file.set_len(LAYOUT_SIZE as u64)
+                    .map_err(|e| io_err(path, "set_len", e))?;
+                let map = map(&file, path)?;
+                init_layout(layout_of(&map), gpu_index);
+                map.flush().map_err(|e| io_err(path, "msync", e))?;
+            }
+        }
+        Self::from_file(file, path, Some(gpu_index))
+    }
+
+    /// Opens an existing ledger; never creates or repairs it.
+    pub fn open_existing(path: &Path) -> Result<Self, LedgerError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| io_err(path, "open", e))?;
+        Self::from_file(file, path, None)
+    }
+
+    fn from_file(file: File, path: &Path, gpu: Option<u32>) -> Result<Self, LedgerError> {
+        let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
+        if len < HEADER_SIZE as u64 {
+            return Err(corrupt(
+                path,
+                "total_size",
+                format!("file is {len} bytes, shorter than the {HEADER_SIZE}-byte header"),
+            ));
+        }
+        if len < LAYOUT_SIZE as u64 {
+            return Err(corrupt(
+                path,
+                "total_size",
+                format!("file is {len} bytes, layout v{LAYOUT_VERSION} needs {LAYOUT_SIZE}"),
+            ));
+        }
+        let map = map(&file, path)?;
+        validate(layout_of(&map), path, gpu)?;
+        Ok(Self {
+            map,
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The file this ledger maps.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The mapped layout (all atomics).
+    pub fn layout(&self) -> &Layout {
+        layout_of(&self.map)
+    }
+
+    /// GPU index recorded in the header.
+    pub fn gpu_index(&self) -> u32 {
+        self.layout().header.gpu_index.load(Relaxed)
+    }
+
+    /// Finds the group `id` or creates it with `quota_bytes`; returns its slot.
+    pub fn group(&self, id: u64, quota_bytes: u64) -> Result<usize, LedgerError> {
+        let id = id.max(1);
+        let _lock = FileLock::take(&self.file, &self.path)?;
+        let groups = &self.layout().groups;
+        if let Some(i) = groups.iter().position(|g| g.id.load(Acquire) == id) {
+            return Ok(i);
+        }
+        for (i, g) in groups.iter().enumerate() {
+            if g.id.load(Acquire) == 0 {
+                g.quota_bytes.store(quota_bytes, Relaxed);
+                g.used_bytes.store(0, Relaxed);
+                g.refusals.store(0, Relaxed);
+                g.id.store(id, Release);
+                return Ok(i);
+            }
+        }
+        Err(LedgerError::Full {
+            path: self.path.clone(),
+            what: "quota-group table",
+            capacity: MAX_GROUPS,
+        })
+    }
+
+    /// Sets the quota of group slot `group` (operators, tests).
+    pub fn set_group_quota(&self, group: usize, quota_bytes: u64) {
+        if let Some(g) = self.layout().groups.get(group) {
+            g.quota_bytes.store(quota_bytes, Relaxed);
+        }
+    }
+
+    /// Effective quota of a group: its own, capped by a monitor-published quota when set.
+    pub fn group_quota(&self, group: usize) -> u64 {
+        let l = self.layout();
+        let Some(g) = l.groups.get(group) else { return 0 };
+        let own = g.quota_bytes.load(Relaxed);
+        match l.monitor.mem_quota_bytes.load(Relaxed) {
+            0 => own,
+            m => own.min(m),
+        }
+    }
+
+    /// Bytes currently reserved by a group.
+    pub fn group_used(&self, group: usize) -> u64 {
+        self.layout()
+            .groups
+            .get(group)
+            .map_or(0, |g| g.used_bytes.load(Acquire))
+    }
+
+    /// Check-and-reserve in one CAS on the group's counter: either `bytes` are added without
+    /// passing the quota, or nothing changes. Safe across threads and processes.
+    pub fn try_reserve_group(&self, group: usize, bytes: u64) -> Result<(), ReserveError> {
+        let quota = self.group_quota(group);
+        let Some(g) = self.layout().groups.get(group) else {
+            return Err(ReserveError { requested: bytes, used: 0, quota: 0 });
+        };
+        let mut cur = g.used_bytes.load(Relaxed);
+        loop {
+            let new = match cur.checked_add(bytes) {
+                Some(n) if n <= quota => n,
+                _ => {
+                    g.refusals.fetch_add(1, Relaxed);
+                    return Err(ReserveError { requested: bytes, used: cur, quota });
+                }
+            };
+            match g.used_bytes.compare_exchange_weak(cur, new, AcqRel, Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Gives `bytes` back to a group (saturating: never underflows).
+    pub fn release_group(&self, group: usize, bytes: u64) {
+        if let Some(g) = self.layout().groups.get(group) {
+            saturating_sub(&g.used_bytes, bytes);
+        }
+    }
+
+    /// Reserves for a registered process: group first (the atomic step), then its own slot.
+    pub fn try_reserve(&self, h: ProcHandle, bytes: u64) -> Result<(), ReserveError> {
+        self.try_reserve_group(h.group, bytes)?;
+        if let Some(p) = self.layout().procs.get(h.slot) {
+            p.mem_bytes.fetch_add(bytes, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Releases for a registered process: its slot first, then the group, so a crash between
+    /// the two can only leave the group over-counted (conservative), never under-counted.
+    pub fn release(&self, h: ProcHandle, bytes: u64) {
+        if let Some(p) = self.layout().procs.get(h.slot) {
+            saturating_sub(&p.mem_bytes, bytes);
+        }
+        self.release_group(h.group, bytes);
+    }
+
+    /// Registers process `pid` (this pid namespace) in group slot `group`.
+    pub fn register(&self, pid: u32, group: usize) -> Result<ProcHandle, LedgerError> {
+        if group >= MAX_GROUPS {
+            return Err(corrupt(&self.path, "group_slot", format!("{group} out of range")));
+        }
+        let start = procinfo::start_time(pid).ok_or_else(|| {
+            corrupt(&self.path, "pid", format!("process {pid} has no /proc entry"))
+        })?;
+        let _lock = FileLock::take(&self.file, &self.path)?;
+        self.reclaim_dead_locked();
+        for (i, p) in self.layout().procs.iter().enumerate() {
+            let o = p.owner.load(Acquire);
+            if owner_pid(o) != 0 {
+                continue;
+            }
+            let claimed = owner_word(owner_gen(o).wrapping_add(1), pid);
+            if p.owner.compare_exchange(o, claimed, AcqRel, Relaxed).is_err() {
+                continue;
+            }
+            p.pid_ns.store(procinfo::own_pid_ns(), Relaxed);
+            p.group_slot.store(group as u32, Relaxed);
+            p.evict_signal.store(0, Relaxed);
+            p.mem_bytes.store(0, Relaxed);
+            p.launches.store(0, Relaxed);
+            p.launches_delayed.store(0, Relaxed);
+            p.heartbeat_ns.store(now_ns(), Relaxed);
+            p.start_time.store(start, Release);
+            return Ok(ProcHandle { slot: i, group });
+        }
+        Err(LedgerError::Full {
+            path: self.path.clone(),
+            what: "process registry",
+            capacity: MAX_PROCS,
+        })
+    }
+
+    /// Unregisters a process, giving back whatever it still holds.
+    pub fn unregister(&self, h: ProcHandle) {
+        let Some(p) = self.layout().procs.get(h.slot) else { return };
+        let o = p.owner.load(Acquire);
+        let pid = owner_pid(o);
+        if pid == 0 || pid == PID_RECLAIMING {
+            return;
+        }
+        if p
+            .owner
+            .compare_exchange(o, owner_word(owner_gen(o), PID_RECLAIMING), AcqRel, Relaxed)
+            .is_ok()
+        {
+            self.free_slot(p, o);
+        }
+    }
+
+    /// Records a heartbeat for a registered process.
+    pub fn heartbeat(&self, h: ProcHandle) {
+        if let Some(p) = self.layout().procs.get(h.slot) {
+            p.heartbeat_ns.store(now_ns(), Relaxed);
+        }
+    }
+
+    /// Counts a launch (and whether it waited) for a registered process.
+    pub fn count_launches(&self, h: ProcHandle, launches: u64, delayed: u64) {
+        if let Some(p) = self.layout().procs.get(h.slot) {
+            p.launches.fetch_add(launches, Relaxed);
+            if delayed > 0 {
+                p.launches_delayed.fetch_add(delayed, Relaxed);
+            }
+        }
+    }
+
+    /// Eviction signal the monitor asked this process to take (0 = none).
+    pub fn evict_signal(&self, h: ProcHandle) -> u32 {
+        self.layout()
+            .procs
+            .get(h.slot)
+            .map_or(0, |p| p.evict_signal.load(Relaxed))
+    }
+
+    /// Gives back the usage of every registered process in this pid namespace that has died
+    /// (pid gone, zombie, or pid reused: start time differs). Returns `(pid, bytes)` reclaimed.
+    pub fn reclaim_dead(&self) -> Result<Vec<(u32, u64)>, LedgerError> {
+        let _lock = FileLock::take(&self.file, &self.path)?;
+        Ok(self.reclaim_dead_locked())
+    }
+
+    fn reclaim_dead_locked(&self) -> Vec<(u32, u64)> {
+        let own_ns = procinfo::own_pid_ns();
+        let mut out = Vec::new();
+        for p in &self.layout().procs {
+            let o = p.owner.load(Acquire);
+            let pid = owner_pid(o);
+            if pid == 0 || pid == PID_RECLAIMING || p.pid_ns.load(Relaxed) != own_ns {
+                continue;
+            }
+            let start = p.start_time.load(Acquire);
+            let dead = if start == 0 {
+                procinfo::start_time(pid).is_none()
+            } else {
+                !procinfo::is_alive(pid, start)
+            };
+            if !dead {
+                continue;
+            }
+            if p
+                .owner
+                .compare_exchange(o, owner_word(owner_gen(o), PID_RECLAIMING), AcqRel, Relaxed)
+                .is_ok()
+            {
+                let bytes = self.free_slot(p, o);
+                tracing::info!(ledger = %self.path.display(), pid, bytes, "reclaimed dead process");
+                out.push((pid, bytes));
+            }
+        }
+        out
+    }
+
+    fn free_slot(&self, p: &ProcSlot, o: u64) -> u64 {
+        let bytes = p.mem_bytes.swap(0, AcqRel);
+        let group = p.group_slot.load(Relaxed) as usize;
+        self.release_group(group, bytes);
+        p.start_time.store(0, Relaxed);
+        p.evict_signal.store(0, Relaxed);
+        p.owner.store(owner_word(owner_gen(o), 0), Release);
+        bytes
+    }
+
+    /// Copies of all occupied registry slots.
+    pub fn procs(&self) -> Vec<ProcSnapshot> {
+        let l = self.layout();
+        l.procs
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, p)| {
+                let pid = owner_pid(p.owner.load(Acquire));
+                if pid == 0 || pid == PID_RECLAIMING {
+                    return None;
+                }
+                let group = p.group_slot.load(Relaxed) as usize;
+                Some(ProcSnapshot {
+                    slot,
+                    pid,
+                    start_time: p.start_time.load(Acquire),
+                    pid_ns: p.pid_ns.load(Relaxed),
+                    group_id: l.groups.get(group).map_or(0, |g| g.id.load(Relaxed)),
+                    mem_bytes: p.mem_bytes.load(Relaxed),
+                    launches: p.launches.load(Relaxed),
+                    launches_delayed: p.launches_delayed.load(Relaxed),
+                    heartbeat_ns: p.heartbeat_ns.load(Relaxed),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,
+/// a correcting add when they are not (a corrupt or foreign writer).
+fn saturating_sub(a: &AtomicU64, bytes: u64) {
+    let prev = a.fetch_sub(bytes, AcqRel);
+    if prev < bytes {
+        a.fetch_add(bytes - prev, AcqRel);
+    }
+}
+
+fn map(file: &File, path: &Path) -> Result<MmapMut, LedgerError> {
+    // SAFETY: the mapping is shared with other processes by design; we only ever access it
+    // through atomics (see `layout_of`), so concurrent external writes are not a data race.
+    unsafe { MmapMut::map_mut(file) }.map_err(|e| io_err(path, "mmap", e))
+}
+
+fn layout_of(map: &MmapMut) -> &Layout {
+    assert!(map.len() >= LAYOUT_SIZE);
+    // SAFETY: the mapping is page-aligned (>= align_of::<Layout>() = 8), at least LAYOUT_SIZE
+    // bytes long (checked above), lives as long as the borrow, and `Layout` consists only of
+    // atomic integers, for which every bit pattern is valid and shared mutation is sound.
+    unsafe { &*(map.as_ptr() as *const Layout) }
+}
+
+fn init_layout(l: &Layout, gpu_index: u32) {
+    let h = &l.header;
+    h.layout_version.store(LAYOUT_VERSION, Relaxed);
+    h.header_size.store(HEADER_SIZE as u32, Relaxed);
+    h.total_size.store(LAYOUT_SIZE as u64, Relaxed);
+    h.gpu_index.store(gpu_index, Relaxed);
+    h.max_procs.store(MAX_PROCS as u32, Relaxed);
+    h.max_groups.store(MAX_GROUPS as u32, Relaxed);
+    h.magic.store(MAGIC, Relaxed);
+    h.init_state.store(INIT_READY, Release);
+}
+
+fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError> {
+    let h = &l.header;
+    let magic = h.magic.load(Relaxed);
+    if magic != MAGIC {
+        return Err(corrupt(
+            path,
+            "magic",
+            format!("found {magic:#018x}, expected {MAGIC:#018x}: not an xshare ledger"),
+        ));
+    }
+    let v = h.layout_version.load(Relaxed);
+    if v != LAYOUT_VERSION {
+        return Err(corrupt(
+            path,
+            "layout_version",
+            format!("found {v}, this build reads {LAYOUT_VERSION}"),
+        ));
+    }
+    let hs = h.header_size.load(Relaxed);
+    if hs as usize != HEADER_SIZE {
+        return Err(corrupt(path, "header_size", format!("found {hs}, expected {HEADER_SIZE}")));
+    }
+    let ts = h.total_size.load(Relaxed);
+    if ts != LAYOUT_SIZE as u64 {
+        return Err(corrupt(path, "total_size", format!("found {ts}, expected {LAYOUT_SIZE}")));
+    }
+    let (mp, mg) = (h.max_procs.load(Relaxed), h.max_groups.load(Relaxed));
+    if mp as usize != MAX_PROCS {
+        return Err(corrupt(path, "max_procs", format!("found {mp}, expected {MAX_PROCS}")));
+    }
+    if mg as usize != MAX_GROUPS {
+        return Err(corrupt(path, "max_groups", format!("found {mg}, expected {MAX_GROUPS}")));
+    }
+    if h.init_state.load(Acquire) != INIT_READY {
+        return Err(corrupt(path, "init_state", "initialisation never completed".into()));
+    }
+    if let Some(want) = gpu {
+        let have = h.gpu_index.load(Relaxed);
+        if have != want {
+            return Err(corrupt(
+                path,
+                "gpu_index",
+                format!("file belongs to GPU {have}, opened for GPU {want}"),
+            ));
+        }
+    }
+    for (i, p) in l.procs.iter().enumerate() {
+        let g = p.group_slot.load(Relaxed) as usize;
+        if owner_pid(p.owner.load(Relaxed)) != 0 && g >= MAX_GROUPS {
+            return Err(corrupt(path, "procs.group_slot", format!("slot {i} names group {g}")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::MonitorSample;
+    use proptest::prelude::*;
+    use std::io::{Seek, SeekFrom, Write};
+    use std::sync::Arc;
+
+    fn fresh() -> (tempfile::TempDir, Ledger) {
+        let d = tempfile::tempdir().unwrap();
+        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
+        (d, l)
+    }
+
+    fn poke(path: &Path, offset: u64, bytes: &[u8]) {
+        let mut f = OpenOptions::new().write(true).open(path).unwrap();
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.write_all(bytes).unwrap();
+    }
+
+    fn corrupt_field(e: LedgerError) -> &'static str {
+        match e {
+            LedgerError::Corrupt { field, .. } => field,
+            other => panic!("expected Corrupt, got {other}"),
+        }
+    }
+
+    #[test]
+    fn creates_then_reopens_with_same_state() {
+        let (_d, l) = fresh();
+        let g = l.group(group_id_for("c1"), 1000).unwrap();
+        l.try_reserve_group(g, 300).unwrap();
+        let again = Ledger::open_existing(l.path()).unwrap();
+        assert_eq!(again.group(group_id_for("c1"), 5).unwrap(), g);
+        assert_eq!(again.group_used(g), 300);
+        assert_eq!(again.group_quota(g), 1000, "first creator's quota kept");
+        assert_eq!(again.gpu_index(), 0);
+    }
+
+    #[test]
+    fn corrupt_headers_are_named_errors() {
+        let (_d, l) = fresh();
+        let p = l.path().to_owned();
+        drop(l);
+        poke(&p, 0, b"NOTLEDGR");
+        let e = Ledger::open_existing(&p).unwrap_err();
+        assert!(e.to_string().contains(&*p.to_string_lossy()), "{e}");
+        assert_eq!(corrupt_field(e), "magic");
+
+        poke(&p, 0, &MAGIC.to_le_bytes());
+        poke(&p, 8, &99u32.to_le_bytes());
+        assert_eq!(corrupt_field(Ledger::open_existing(&p).unwrap_err()), "layout_version");
+        poke(&p, 8, &LAYOUT_VERSION.to_le_bytes());
+        assert!(Ledger::open_existing(&p).is_ok());
+        assert_eq!(corrupt_field(Ledger::open_or_create(&p, 1).unwrap_err()), "gpu_index");
+
+        OpenOptions::new().write(true).open(&p).unwrap().set_len(100).unwrap();
+        assert_eq!(corrupt_field(Ledger::open_existing(&p).unwrap_err()), "total_size");
+        OpenOptions::new().write(true).open(&p).unwrap().set_len(3).unwrap();
+        assert_eq!(corrupt_field(Ledger::open_or_create(&p, 0).unwrap_err()), "total_size");
+    }
+
+    #[test]
+    fn foreign_file_of_right_size_is_rejected() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ledger");
+        std::fs::write(&p, vec![0xAB; LAYOUT_SIZE]).unwrap();
+        assert_eq!(corrupt_field(Ledger::open_existing(&p).unwrap_err()), "magic");
+    }
+
+    #[test]
+    fn reserve_refuses_past_quota_and_changes_nothing() {
+        let (_d, l) = fresh();
+        let g = l.group(7, 1000).unwrap();
+        l.try_reserve_group(g, 600).unwrap();
+        let e = l.try_reserve_group(g, 401).unwrap_err();
+        assert_eq!(e, ReserveError { requested: 401, used: 600, quota: 1000 });
+        assert_eq!(l.group_used(g), 600);
+        l.try_reserve_group(g, 400).unwrap();
+        assert!(l.try_reserve_group(g, u64::MAX).is_err(), "overflow refused");
+        l.release_group(g, 1000);
+        l.release_group(g, 5);
+        assert_eq!(l.group_used(g), 0, "never underflows");
+    }
+
+    #[test]
+    fn monitor_quota_caps_group_quota() {
+        let (_d, l) = fresh();
+        let g = l.group(7, 1000).unwrap();
+        l.publish(&MonitorSample { mem_quota_bytes: 500, ..Default::default() });
+        assert_eq!(l.group_quota(g), 500);
+        assert!(l.try_reserve_group(g, 501).is_err());
+        l.publish(&MonitorSample::default());
+        assert!(l.try_reserve_group(g, 501).is_ok());
+    }
+
+    #[test]
+    fn processes_of_one_group_share_its_quota() {
+        let (_d, l) = fresh();
+        let g = l.group(group_id_for("ctr"), 100).unwrap();
+        let me = std::process::id();
+        let a = l.register(me, g).unwrap();
+        let b = l.register(me, g).unwrap();
+        assert_ne!(a.slot, b.slot);
+        l.try_reserve(a, 60).unwrap();
+        assert!(l.try_reserve(b, 50).is_err());
+        l.try_reserve(b, 40).unwrap();
+        let snaps = l.procs();
+        assert_eq!(snaps.iter().map(|s| s.mem_bytes).sum::<u64>(), 100);
+        l.unregister(a);
+        assert_eq!(l.group_used(g), 40);
+        l.release(b, 40);
+        l.unregister(b);
+        assert_eq!(l.group_used(g), 0);
+        assert!(l.procs().is_empty());
+    }
+
+    #[test]
+    fn dead_process_usage_is_reclaimed() {
+        let (_d, l) = fresh();
+        let g = l.group(1, 1 << 20).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let h = l.register(child.id(), g).unwrap();
+        l.try_reserve(h, 4096).unwrap();
+        assert!(l.reclaim_dead().unwrap().is_empty(), "live process kept");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(l.reclaim_dead().unwrap(), vec![(child.id(), 4096)]);
+        assert_eq!(l.group_used(g), 0);
+        assert!(l.procs().is_empty());
+    }
+
+    #[test]
+    fn reused_pid_is_not_trusted() {
+        let (_d, l) = fresh();
+        let g = l.group(1, 1000).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        l.try_reserve(h, 10).unwrap();
+        // Same pid, different start time: the slot's owner is a previous process that died.
+        let p = &l.layout().procs[h.slot];
+        p.start_time.store(p.start_time.load(Relaxed) + 1, Relaxed);
+        assert_eq!(l.reclaim_dead().unwrap(), vec![(std::process::id(), 10)]);
+        assert_eq!(l.group_used(g), 0);
+    }
+
+    #[test]
+    fn seqlock_readers_never_see_torn_samples() {
+        let (_d, l) = fresh();
+        let l = Arc::new(l);
+        let w = {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                for k in 1..20_000u32 {
+                    let s = MonitorSample {
+                        health: k,
+                        sm_active_permille: k,
+                        sm_clock_mhz: k,
+                        mem_used_bytes: u64::from(k),
+                        mem_quota_bytes: u64::from(k),
+                        ..Default::default()
+                    };
+                    l.publish(&s);
+                }
+            })
+        };
+        let mut seen = 0;
+        while !w.is_finished() {
+            if let Some(s) = l.read_monitor() {
+                let k = s.sample.health;
+                assert_eq!(s.sample.sm_active_permille, k);
+                assert_eq!(s.sample.sm_clock_mhz, k);
+                assert_eq!(s.sample.mem_used_bytes, u64::from(k));
+                seen += 1;
+            }
+        }
+        w.join().unwrap();
+        assert!(seen > 0);
+        let last = l.read_monitor().unwrap();
+        assert_eq!(last.sample.health, 19_999);
+        assert!(last.is_fresh(now_ns(), 1_000_000_000));
+        assert!(!last.is_fresh(now_ns() + 2_000_000_000, 1_000_000_000));
+    }
+
+    #[test]
+    fn never_published_is_not_fresh() {
+        let (_d, l) = fresh();
+        let s = l.read_monitor().unwrap();
+        assert!(!s.is_fresh(now_ns(), u64::MAX));
+        assert_eq!(l.health(), crate::HealthState::Init);
+    }
+
+    #[test]
+    fn eviction_requests_and_counters() {
+        let (_d, l) = fresh();
+        let g = l.group(3, 100).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        assert_eq!(l.evict_signal(h), 0);
+        l.request_evict(h.slot, 15);
+        assert_eq!(l.evict_signal(h), 15);
+        let e0 = l.evict_all_epoch();
+        assert_eq!(l.request_evict_all(), e0 + 1);
+        l.count_launches(h, 10, 3);
+        let before = l.procs()[0].heartbeat_ns;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        l.heartbeat(h);
+        let p = &l.procs()[0];
+        assert_eq!((p.launches, p.launches_delayed), (10, 3));
+        assert!(p.heartbeat_ns > before);
+        l.unregister(h);
+        let h2 = l.register(std::process::id(), g).unwrap();
+        assert_eq!(l.evict_signal(h2), 0, "a reused slot starts without a stale request");
+    }
+
+    #[derive(Debug, Clone)]
+    enum RegOp {
+        Register(usize),
+        Reserve(usize, u64),
+        Release(usize, u64),
+        Die(usize),
+        Unregister(usize),
+    }
+
+    fn reg_op() -> impl Strategy<Value = RegOp> {
+        prop_oneof![
+            (0usize..3).prop_map(RegOp::Register),
+            (0usize..8, 1u64..400).prop_map(|(i, b)| RegOp::Reserve(i, b)),
+            (0usize..8, 1u64..400).prop_map(|(i, b)| RegOp::Release(i, b)),
+            (0usize..8).prop_map(RegOp::Die),
+            (0usize..8).prop_map(RegOp::Unregister),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Any file content either opens (then every operation stays in bounds) or is refused
+        /// with an error naming the file; never a panic.
+        #[test]
+        fn arbitrary_files_never_panic(
+            len in prop_oneof![Just(LAYOUT_SIZE), 0usize..LAYOUT_SIZE + 64],
+            fill in any::<u8>(),
+            pokes in proptest::collection::vec((0usize..LAYOUT_SIZE, any::<u64>()), 0..16),
+            keep_header in any::<bool>(),
+        ) {
+            let (d, l) = fresh();
+            let p = d.path().join("x");
+            let mut bytes = vec![fill; len];
+            if keep_header && len >= HEADER_SIZE {
+                let good = std::fs::read(l.path()).unwrap();
+                bytes[..HEADER_SIZE].copy_from_slice(&good[..HEADER_SIZE]);
+            }
+            for (off, v) in pokes {
+                if off + 8 <= bytes.len() && (off >= HEADER_SIZE || !keep_header) {
+                    bytes[off..off + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            std::fs::write(&p, &bytes).unwrap();
+            match Ledger::open_existing(&p) {
+                Ok(o) => {
+                    let _ = o.procs();
+                    let _ = o.read_monitor();
+                    let _ = o.health();
+                    let _ = o.reclaim_dead();
+                    for g in 0..MAX_GROUPS { let _ = o.try_reserve_group(g, 1); o.release_group(g, 1); }
+                }
+                Err(e) => prop_assert!(e.to_string().contains(&*p.to_string_lossy())),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// Any sequence of registrations, reservations, releases, deaths (start time no longer
+        /// matching) and unregistrations keeps each group's counter equal to the sum of its live
+        /// processes' usage (after reclaim), within quota, and back at zero at the end.
+        #[test]
+        fn registry_books_always_balance(ops in proptest::collection::vec(reg_op(), 1..80)) {
+            let (_d, l) = fresh();
+            let groups: Vec<usize> = (0..3).map(|i| l.group(100 + i as u64, 1000).unwrap()).collect();
+            let mut live: Vec<(ProcHandle, u64)> = Vec::new();
+            let me = std::process::id();
+            for op in ops {
+                match op {
+                    RegOp::Register(g) => if let Ok(h) = l.register(me, groups[g]) { live.push((h, 0)); },
+                    RegOp::Reserve(i, b) => if let Some((h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
+                        if l.try_reserve(*h, b).is_ok() { *held += b; }
+                    },
+                    RegOp::Release(i, b) => if let Some((h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
+                        let b = b.min(*held);
+                        l.release(*h, b);
+                        *held -= b;
+                    },
+                    RegOp::Die(i) => if !live.is_empty() {
+                        let (h, _) = live.remove(i % live.len());
+                        let p = &l.layout().procs[h.slot];
+                        p.start_time.store(p.start_time.load(Relaxed) + 1, Relaxed);
+                        l.reclaim_dead().unwrap();
+                    },
+                    RegOp::Unregister(i) => if !live.is_empty() {
+                        let (h, _) = live.remove(i % live.len());
+                        l.unregister(h);
+                    },
+                }
+                for &g in &groups {
+                    let want: u64 = live.iter().filter(|(h, _)| h.group == g).map(|(_, b)| b).sum();
+                    prop_assert_eq!(l.group_used(g), want);
+                    prop_assert!(want <= 1000);
+                }
+            }
+            for (h, _) in live { l.unregister(h); }
+            for &g in &groups { prop_assert_eq!(l.group_used(g), 0); }
+            prop_assert!(l.procs().is_empty());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Random reserve/release interleavings across threads never pass the quota and end at zero.
+        #[test]
+        fn concurrent_reserve_release_respects_quota(
+            quota in 1u64..10_000,
+            plans in proptest::collection::vec(proptest::collection::vec(1u64..3_000, 1..60), 2..6),
+        ) {
+            let (_d, l) = fresh();
+            let l = Arc::new(l);
+            let g = l.group(9, quota).unwrap();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let watcher = {
+                let (l, stop) = (l.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut max = 0;
+                    while !stop.load(Relaxed) { max = max.max(l.group_used(g)); }
+                    max
+                })
+            };
+            let workers: Vec<_> = plans.into_iter().map(|plan| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for (i, b) in plan.into_iter().enumerate() {
+                        if l.try_reserve_group(g, b).is_ok() { held.push(b); }
+                        if i % 3 == 2 { if let Some(x) = held.pop() { l.release_group(g, x); } }
+                        assert!(l.group_used(g) <= quota);
+                    }
+                    for x in held { l.release_group(g, x); }
+                })
+            }).collect();
+            for w in workers { w.join().unwrap(); }
+            stop.store(true, Relaxed);
+            let max = watcher.join().unwrap();
+            prop_assert!(max <= quota);
+            prop_assert_eq!(l.group_used(g), 0);
+        }
+    }
+}

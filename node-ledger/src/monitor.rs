@@ -1,0 +1,138 @@
+//! The monitor-published block: one writer (the monitor) publishes samples under a sequence
+//! counter; any number of readers take consistent snapshots with plain atomic loads.
+
+use std::sync::atomic::{fence, Ordering::*};
+
+use crate::clock::now_ns;
+use crate::health::HealthState;
+use crate::ledger::Ledger;
+
+/// What the monitor publishes each tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MonitorSample {
+    pub health: u32,
+    pub sm_active_permille: u32,
+    pub gpu_util_permille: u32,
+    pub sm_clock_mhz: u32,
+    pub sm_clock_max_mhz: u32,
+    pub sm_count: u32,
+    pub offline_sm_budget_permille: u32,
+    pub mem_used_bytes: u64,
+    pub mem_total_bytes: u64,
+    pub mem_quota_bytes: u64,
+}
+
+/// A consistent copy of the monitor block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorSnapshot {
+    pub sample: MonitorSample,
+    /// CLOCK_MONOTONIC ns of the publish (0 = never).
+    pub publish_ns: u64,
+    pub seq: u64,
+    pub monitor_pid: u32,
+}
+
+impl MonitorSnapshot {
+    /// Decoded health; an unknown stored value reads as `None`.
+    pub fn health(&self) -> Option<HealthState> {
+        HealthState::from_u32(self.sample.health)
+    }
+
+    /// Whether the data were published within `max_age_ns` of `now_ns`.
+    pub fn is_fresh(&self, now_ns: u64, max_age_ns: u64) -> bool {
+        self.publish_ns != 0 && now_ns.saturating_sub(self.publish_ns) <= max_age_ns
+    }
+}
+
+impl MonitorSample {
+    /// Sets the health field from the enum.
+    pub fn with_health(mut self, h: HealthState) -> Self {
+        self.health = h as u32;
+        self
+    }
+}
+
+impl Ledger {
+    /// Publishes a sample stamped with the current time. Single writer: only one monitor per GPU.
+    pub fn publish(&self, s: &MonitorSample) {
+        self.publish_at(s, now_ns());
+    }
+
+    /// Publishes a sample with an explicit timestamp (tests use it to simulate a stale monitor).
+    pub fn publish_at(&self, s: &MonitorSample, publish_ns: u64) {
+        let m = &self.layout().monitor;
+        let seq = m.seq.load(Relaxed);
+        let start = if seq & 1 == 0 { seq + 1 } else { seq + 2 };
+        m.seq.store(start, Relaxed);
+        fence(Release);
+        m.monitor_pid.store(std::process::id(), Relaxed);
+        m.health.store(s.health, Relaxed);
+        m.sm_active_permille.store(s.sm_active_permille, Relaxed);
+        m.gpu_util_permille.store(s.gpu_util_permille, Relaxed);
+        m.sm_clock_mhz.store(s.sm_clock_mhz, Relaxed);
+        m.sm_clock_max_mhz.store(s.sm_clock_max_mhz, Relaxed);
+        m.sm_count.store(s.sm_count, Relaxed);
+        m.offline_sm_budget_permille.store(s.offline_sm_budget_permille, Relaxed);
+        m.mem_used_bytes.store(s.mem_used_bytes, Relaxed);
+        m.mem_total_bytes.store(s.mem_total_bytes, Relaxed);
+        m.mem_quota_bytes.store(s.mem_quota_bytes, Relaxed);
+        m.publish_ns.store(publish_ns, Relaxed);
+        m.seq.store(start + 1, Release);
+    }
+
+    /// A consistent snapshot, or `None` if a writer kept the block busy (treat as stale).
+    pub fn read_monitor(&self) -> Option<MonitorSnapshot> {
+        let m = &self.layout().monitor;
+        for _ in 0..64 {
+            let s1 = m.seq.load(Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let snap = MonitorSnapshot {
+                sample: MonitorSample {
+                    health: m.health.load(Relaxed),
+                    sm_active_permille: m.sm_active_permille.load(Relaxed),
+                    gpu_util_permille: m.gpu_util_permille.load(Relaxed),
+                    sm_clock_mhz: m.sm_clock_mhz.load(Relaxed),
+                    sm_clock_max_mhz: m.sm_clock_max_mhz.load(Relaxed),
+                    sm_count: m.sm_count.load(Relaxed),
+                    offline_sm_budget_permille: m.offline_sm_budget_permille.load(Relaxed),
+                    mem_used_bytes: m.mem_used_bytes.load(Relaxed),
+                    mem_total_bytes: m.mem_total_bytes.load(Relaxed),
+                    mem_quota_bytes: m.mem_quota_bytes.load(Relaxed),
+                },
+                publish_ns: m.publish_ns.load(Relaxed),
+                seq: s1,
+                monitor_pid: m.monitor_pid.load(Relaxed),
+            };
+            fence(Acquire);
+            if m.seq.load(Relaxed) == s1 {
+                return Some(snap);
+            }
+        }
+        None
+    }
+
+    /// Health as last published (Init if never published or unreadable).
+    pub fn health(&self) -> HealthState {
+        HealthState::from_u32(self.layout().monitor.health.load(Acquire)).unwrap_or(HealthState::Init)
+    }
+
+    /// Asks every registered offline process to exit (monitor eviction).
+    pub fn request_evict_all(&self) -> u64 {
+        self.layout().monitor.evict_all_epoch.fetch_add(1, AcqRel) + 1
+    }
+
+    /// Current eviction epoch; a change since start-up means "exit now".
+    pub fn evict_all_epoch(&self) -> u64 {
+        self.layout().monitor.evict_all_epoch.load(Acquire)
+    }
+
+    /// Asks the process in registry `slot` to take `signal` (e.g. SIGTERM).
+    pub fn request_evict(&self, slot: usize, signal: u32) {
+        if let Some(p) = self.layout().procs.get(slot) {
+            p.evict_signal.store(signal, Release);
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The monitor's configuration schema, defaults and validation.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::health::MachineConfig;
+use crate::layered::{self, ConfigError};
+
+/// Default location of the base config file.
+pub const DEFAULT_PATH: &str = "/etc/xshare/sysmonitor.json";
+
+/// Everything `sysmonitor run` reads from its config files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// NVML index of the GPU this instance watches.
+    #[serde(default)]
+    pub gpu_index: u32,
+    /// Sampling interval in milliseconds (1 ms and up).
+    #[serde(default = "d_interval")]
+    pub interval_ms: u64,
+    /// How much sample history to keep in memory, in seconds.
+    #[serde(default = "d_history")]
+    pub history_secs: u64,
+    /// Directory of the per-GPU ledgers (`<dir>/gpu<N>/ledger`), shared with the shim and the
+    /// MPS manager; `$XSHARE_LEDGER_DIR` overrides it.
+    #[serde(default = "d_ledger")]
+    pub ledger_dir: PathBuf,
+    /// JSON state file for the cluster component (rewritten atomically); empty means
+    /// `<ledger_dir>/gpu<N>/state.json`.
+    #[serde(default)]
+    pub state_file: PathBuf,
+    /// How often to rewrite the state file, ms.
+    #[serde(default = "d_state_every")]
+    pub state_file_every_ms: u64,
+    /// Prometheus endpoint: `host:port`, or `unix:/path`; absent for none.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// Thresholds and timing of the health machine.
+    #[serde(default)]
+    pub machine: MachineConfig,
+    #[serde(default)]
+    pub host_memory: HostMemoryConfig,
+    #[serde(default)]
+    pub evictor: EvictorConfig,
+    #[serde(default)]
+    pub verify: VerifyConfig,
+    /// XID codes that disable the device.
+    #[serde(default = "d_xids")]
+    pub xid_critical: Vec<u64>,
+}
+
+/// Host memory pressure: evict offline work when memory runs short or reclaim stays busy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostMemoryConfig {
+    pub enabled: bool,
+    /// Evict when MemAvailable falls below this percentage of MemTotal.
+    pub min_available_pct: f64,
+    /// Evict when PSI `some avg10` stays at or above this percentage ...
+    pub psi_some_avg10_pct: f64,
+    /// ... for this long, ms.
+    pub psi_sustain_ms: u64,
+    /// How often to read /proc, ms (host memory moves slower than the GPU).
+    pub check_every_ms: u64,
+    pub meminfo_path: PathBuf,
+    pub psi_path: PathBuf,
+}
+
+impl Default for HostMemoryConfig {
+    fn default() -> Self {
+        HostMemoryConfig {
+            enabled: true,
+            min_available_pct: 5.0,
+            psi_some_avg10_pct: 40.0,
+            psi_sustain_ms: 10_000,
+            check_every_ms: 500,
+            meminfo_path: "/proc/meminfo".into(),
+            psi_path: "/proc/pressure/memory".into(),
+        }
+    }
+}
+
+/// How offline processes are evicted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvictorConfig {
+    /// Time between SIGTERM and SIGKILL, ms.
+    pub grace_ms: u64,
+    /// Run this command instead of signalling (argv; `{pid}`, `{reason}`, `{gpu}` substituted).
+    pub command: Option<Vec<String>>,
+    /// Only print what would be evicted.
+    pub dry_run: bool,
+}
+
+impl Default for EvictorConfig {
+    fn default() -> Self {
+        EvictorConfig { grace_ms: 10_000, command: None, dry_run: false }
+    }
+}
+
+/// Trust but verify: compare ledger-reported memory with NVML's per-process view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifyConfig {
+    pub enabled: bool,
+    /// Allowed excess of NVML's figure over the reported one, MiB.
+    pub tolerance_mib: u64,
+    /// Consecutive checks a process must under-report before it is evicted.
+    pub strikes: u32,
+    /// How often to check, ms.
+    pub every_ms: u64,
+}
+
+impl Default for VerifyConfig {
+    fn default() -> Self {
+        VerifyConfig { enabled: true, tolerance_mib: 64, strikes: 3, every_ms: 200 }
+    }
+}
+
+fn d_interval() -> u64 {
+    10
+}
+fn d_history() -> u64 {
+    300
+}
+fn d_ledger() -> PathBuf {
+    node_ledger::config::DEFAULT_LEDGER_DIR.into()
+}
+fn d_state_every() -> u64 {
+    100
+}
+fn d_xids() -> Vec<u64> {
+    // Page fault, GPU fallen off the bus, row-remap failures, uncontained ECC and similar.
+    vec![31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95]
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        serde_json::from_str("{}").expect("empty config takes all defaults")
+    }
+}
+
+impl Config {
+    /// Semantic checks; returns `(dotted field, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.interval_ms == 0 {
+            return Err(("interval_ms".into(), "must be >= 1".into()));
+        }
+        if self.history_secs == 0 {
+            return Err(("history_secs".into(), "must be >= 1".into()));
+        }
+        self.machine.validate().map_err(|(f, m)| (format!("machine.{f}"), m))?;
+        let h = &self.host_memory;
+        if !(0.0..=100.0).contains(&h.min_available_pct) {
+            return Err(("host_memory.min_available_pct".into(), "must be within 0..=100".into()));
+        }
+        if !(0.0..=100.0).contains(&h.psi_some_avg10_pct) {
+            return Err(("host_memory.psi_some_avg10_pct".into(), "must be within 0..=100".into()));
+        }
+        if let Some(c) = &self.evictor.command {
+            if c.is_empty() {
+                return Err(("evictor.command".into(), "must name a program (or be null for signals)".into()));
+            }
+        }
+        if self.verify.strikes == 0 {
+            return Err(("verify.strikes".into(), "must be >= 1".into()));
+        }
+        if let Some(l) = &self.metrics_listen {
+            if !l.starts_with("unix:") && l.parse::<std::net::SocketAddr>().is_err() {
+                return Err(("metrics_listen".into(), format!("`{l}` is neither host:port nor unix:/path")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads `base` and its `<stem>.d/*.json` overrides.
+    pub fn load(base: &Path) -> Result<(Config, Vec<PathBuf>), ConfigError> {
+        let mut files = vec![base.to_path_buf()];
+        files.extend(layered::override_files(base));
+        let c = layered::load(&files, Config::validate)?;
+        Ok((c, files))
+    }
+
+    /// Applies `$XSHARE_LEDGER_DIR`, a `--gpu` override, and fills derived paths.
+    pub fn finalize(&mut self, gpu: Option<u32>) {
+        if let Some(d) = std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty()) {
+            self.ledger_dir = d.into();
+        }
+        if let Some(g) = gpu {
+            self.gpu_index = g;
+        }
+        if self.state_file.as_os_str().is_empty() {
+            self.state_file = self.ledger_path().with_file_name("state.json");
+        }
+    }
+
+    /// This GPU's ledger file.
+    pub fn ledger_path(&self) -> PathBuf {
+        node_ledger::config::ledger_path(&self.ledger_dir, self.gpu_index)
+    }
+
+    /// Number of samples the ring buffer keeps.
+    pub fn history_len(&self) -> usize {
+        ((self.history_secs * 1000) / self.interval_ms).clamp(16, 1_000_000) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults_that_validate() {
+        let c = Config::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.interval_ms, 10);
+        assert_eq!(c.machine.overlimit_window_ms, 7_200_000);
+    }
+
+    #[test]
+    fn broken_threshold_names_file_line_field() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sysmonitor.json");
+        std::fs::write(
+            &p,
+            "{\n \"machine\": {\n  \"gpu_util\": {\"healthy\": 90, \"unhealthy\": 80, \"overlimit\": 95},\n  \"sm_activity\": {\"healthy\": 1, \"unhealthy\": 2, \"overlimit\": 3},\n  \"sm_clock\": {\"healthy\": 3, \"unhealthy\": 2, \"overlimit\": 1, \"direction\": \"below\"},\n  \"mem_used\": {\"healthy\": 1, \"unhealthy\": 2, \"overlimit\": 3},\n  \"hold_base_ms\": 10, \"hold_max_ms\": 100\n }\n}\n",
+        )
+        .unwrap();
+        let e = Config::load(&p).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("machine.gpu_util"));
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("healthy < unhealthy"), "{e}");
+    }
+
+    #[test]
+    fn bad_metrics_listen_is_rejected() {
+        let c = Config { metrics_listen: Some("nonsense".into()), ..Config::default() };
+        assert_eq!(c.validate().unwrap_err().0, "metrics_listen");
+    }
+}

@@ -1,0 +1,334 @@
+//! Evicts offline processes: SIGTERM (or an operator command), then SIGKILL after a grace
+//! period; always by pid + start time, never an online process, never twice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Child, Command, Stdio};
+
+use crate::config::EvictorConfig;
+use crate::port::{EvictReason, OfflineProc};
+use crate::procinfo;
+
+/// How a signal reaches a process; real syscalls in production, recorded in tests.
+pub trait Signaller {
+    /// Sends `sig` to `pid` only if it is still the process that started at `start`.
+    fn signal(&mut self, pid: u32, start: u64, sig: i32) -> Result<bool, String>;
+    fn alive(&mut self, pid: u32, start: u64) -> bool;
+}
+
+/// Signals through a pidfd, so a recycled pid can never be hit.
+pub struct PidfdSignaller;
+
+impl Signaller for PidfdSignaller {
+    fn signal(&mut self, pid: u32, start: u64, sig: i32) -> Result<bool, String> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+        if fd < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ESRCH) {
+                return Ok(false);
+            }
+            // Kernels without pidfd: check then kill (small reuse window remains).
+            if !procinfo::same_process(pid, start) {
+                return Ok(false);
+            }
+            // SAFETY: plain kill(2) on a pid we just verified.
+            let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
+            return if r == 0 { Ok(true) } else { Err(format!("kill({pid}, {sig}): {}", std::io::Error::last_os_error())) };
+        }
+        // The fd pins the process: once open, the start time check cannot race with reuse.
+        let res = if procinfo::same_process(pid, start) {
+            // SAFETY: fd is the pidfd opened above; null siginfo and zero flags as documented.
+            let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd, sig, std::ptr::null::<libc::siginfo_t>(), 0) };
+            if r == 0 {
+                Ok(true)
+            } else {
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() == Some(libc::ESRCH) { Ok(false) } else { Err(format!("pidfd_send_signal({pid}, {sig}): {err}")) }
+            }
+        } else {
+            Ok(false)
+        };
+        // SAFETY: closing the fd we own.
+        unsafe { libc::close(fd) };
+        res
+    }
+
+    fn alive(&mut self, pid: u32, start: u64) -> bool {
+        procinfo::same_process(pid, start)
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    proc_: OfflineProc,
+    reason: EvictReason,
+    kill_at_ms: u64,
+    killed: bool,
+}
+
+/// One eviction event, for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Term { pid: u32, reason: EvictReason },
+    Command { pid: u32, reason: EvictReason },
+    Kill { pid: u32, reason: EvictReason },
+    /// A request found in the ledger from an earlier monitor run was resumed, not repeated.
+    Resumed { pid: u32 },
+    Gone { pid: u32 },
+}
+
+/// Tracks evictions in flight and counts them by reason.
+pub struct Evictor<S: Signaller> {
+    sig: S,
+    pending: HashMap<(u32, u64), Pending>,
+    counts: BTreeMap<EvictReason, u64>,
+    kills: u64,
+    commands: Vec<Child>,
+    gpu: u32,
+}
+
+impl<S: Signaller> Evictor<S> {
+    pub fn new(sig: S, gpu: u32) -> Self {
+        Evictor { sig, pending: HashMap::new(), counts: BTreeMap::new(), kills: 0, commands: Vec::new(), gpu }
+    }
+
+    /// Evictions started, by reason.
+    pub fn counts(&self) -> &BTreeMap<EvictReason, u64> {
+        &self.counts
+    }
+
+    pub fn signaller(&self) -> &S {
+        &self.sig
+    }
+
+    pub fn kills(&self) -> u64 {
+        self.kills
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_pending(&self, p: &OfflineProc) -> bool {
+        self.pending.contains_key(&p.key())
+    }
+
+    /// Adopts eviction requests recorded in the ledger by an earlier run: their grace period
+    /// continues from the recorded time and no second SIGTERM is sent.
+    pub fn adopt(&mut self, cfg: &EvictorConfig, procs: &[OfflineProc], out: &mut Vec<Event>) {
+        for p in procs {
+            if let Some(t) = p.evict_requested_ms {
+                if self.pending.contains_key(&p.key()) {
+                    continue;
+                }
+                self.pending.insert(
+                    p.key(),
+                    Pending { proc_: *p, reason: EvictReason::Overlimit, kill_at_ms: t + cfg.grace_ms, killed: false },
+                );
+                out.push(Event::Resumed { pid: p.pid });
+            }
+        }
+    }
+
+    /// Starts evicting `p` unless an eviction is already in flight. Returns true if started.
+    pub fn evict(&mut self, cfg: &EvictorConfig, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str, out: &mut Vec<Event>) -> bool {
+        if self.pending.contains_key(&p.key()) || p.evict_requested_ms.is_some() {
+            return false;
+        }
+        if p.pid <= 1 || p.pid == std::process::id() {
+            tracing::error!(pid = p.pid, "refusing to evict a system or own pid found in the ledger");
+            return false;
+        }
+        *self.counts.entry(reason).or_default() += 1;
+        self.pending.insert(p.key(), Pending { proc_: *p, reason, kill_at_ms: now_ms + cfg.grace_ms, killed: false });
+        if cfg.dry_run {
+            tracing::warn!(pid = p.pid, reason = reason.as_str(), why, "dry run: would evict");
+            return true;
+        }
+        match &cfg.command {
+            Some(argv) => {
+                let sub = |a: &String| {
+                    a.replace("{pid}", &p.pid.to_string()).replace("{reason}", reason.as_str()).replace("{gpu}", &self.gpu.to_string())
+                };
+                let args: Vec<String> = argv.iter().map(sub).collect();
+                match Command::new(&args[0]).args(&args[1..]).stdin(Stdio::null()).spawn() {
+                    Ok(c) => self.commands.push(c),
+                    Err(err) => tracing::error!(pid = p.pid, command = %args[0], error = %err, "eviction command failed to start; SIGKILL follows after grace"),
+                }
+                tracing::warn!(pid = p.pid, start_time = p.start_time, reason = reason.as_str(), why, command = ?args, "evicting offline process (command)");
+                out.push(Event::Command { pid: p.pid, reason });
+            }
+            None if !p.signalable => {
+                tracing::warn!(pid = p.pid, reason = reason.as_str(), why, "evicting offline process from another pid namespace (ledger request only)");
+                out.push(Event::Term { pid: p.pid, reason });
+            }
+            None => {
+                match self.sig.signal(p.pid, p.start_time, libc::SIGTERM) {
+                    Ok(true) => {}
+                    Ok(false) => tracing::info!(pid = p.pid, "offline process already gone"),
+                    Err(err) => tracing::error!(pid = p.pid, error = %err, "SIGTERM failed"),
+                }
+                tracing::warn!(pid = p.pid, start_time = p.start_time, reason = reason.as_str(), why, grace_ms = cfg.grace_ms, "evicting offline process (SIGTERM)");
+                out.push(Event::Term { pid: p.pid, reason });
+            }
+        }
+        true
+    }
+
+    /// Escalates to SIGKILL past the grace period and forgets processes that are gone.
+    pub fn tick(&mut self, cfg: &EvictorConfig, now_ms: u64, out: &mut Vec<Event>) {
+        self.commands.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        let mut gone = Vec::new();
+        for (k, p) in self.pending.iter_mut() {
+            if !p.proc_.signalable {
+                continue;
+            }
+            if !self.sig.alive(p.proc_.pid, p.proc_.start_time) {
+                gone.push(*k);
+                continue;
+            }
+            if !p.killed && now_ms >= p.kill_at_ms && !cfg.dry_run {
+                p.killed = true;
+                match self.sig.signal(p.proc_.pid, p.proc_.start_time, libc::SIGKILL) {
+                    Ok(true) => {
+                        self.kills += 1;
+                        tracing::warn!(pid = p.proc_.pid, reason = p.reason.as_str(), grace_ms = cfg.grace_ms, "grace period over: SIGKILL");
+                        out.push(Event::Kill { pid: p.proc_.pid, reason: p.reason });
+                    }
+                    Ok(false) => {}
+                    Err(err) => tracing::error!(pid = p.proc_.pid, error = %err, "SIGKILL failed"),
+                }
+            }
+        }
+        for k in gone {
+            self.pending.remove(&k);
+            out.push(Event::Gone { pid: k.0 });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Rec {
+        sent: Vec<(u32, i32)>,
+        dead: Vec<u32>,
+    }
+    impl Signaller for Rec {
+        fn signal(&mut self, pid: u32, _s: u64, sig: i32) -> Result<bool, String> {
+            self.sent.push((pid, sig));
+            Ok(!self.dead.contains(&pid))
+        }
+        fn alive(&mut self, pid: u32, _s: u64) -> bool {
+            !self.dead.contains(&pid)
+        }
+    }
+
+    fn p(pid: u32) -> OfflineProc {
+        OfflineProc { slot: 0, signalable: true, pid, start_time: 100 + pid as u64, reported_bytes: 0, evict_requested_ms: None }
+    }
+
+    fn cfg() -> EvictorConfig {
+        EvictorConfig { grace_ms: 50, ..Default::default() }
+    }
+
+    #[test]
+    fn term_then_kill_after_grace_once() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        assert!(ev.evict(&cfg(), 0, &p(10), EvictReason::Overlimit, "x", &mut out));
+        assert!(!ev.evict(&cfg(), 1, &p(10), EvictReason::Overlimit, "x", &mut out), "second request is a no-op");
+        ev.tick(&cfg(), 49, &mut out);
+        assert_eq!(ev.sig.sent, vec![(10, libc::SIGTERM)]);
+        ev.tick(&cfg(), 50, &mut out);
+        ev.tick(&cfg(), 60, &mut out);
+        assert_eq!(ev.sig.sent, vec![(10, libc::SIGTERM), (10, libc::SIGKILL)]);
+        assert_eq!(ev.counts()[&EvictReason::Overlimit], 1);
+        assert_eq!(ev.kills(), 1);
+        ev.sig.dead.push(10);
+        ev.tick(&cfg(), 70, &mut out);
+        assert_eq!(ev.in_flight(), 0);
+        assert_eq!(out.last(), Some(&Event::Gone { pid: 10 }));
+    }
+
+    #[test]
+    fn a_process_that_exits_in_grace_is_not_killed() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        ev.evict(&cfg(), 0, &p(11), EvictReason::HostMemory, "x", &mut out);
+        ev.sig.dead.push(11);
+        ev.tick(&cfg(), 100, &mut out);
+        assert_eq!(ev.sig.sent, vec![(11, libc::SIGTERM)]);
+    }
+
+    #[test]
+    fn requests_from_an_earlier_run_are_resumed_not_repeated() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        let old = OfflineProc { evict_requested_ms: Some(1000), ..p(12) };
+        ev.adopt(&cfg(), &[old, p(13)], &mut out);
+        assert_eq!(out, vec![Event::Resumed { pid: 12 }]);
+        assert!(!ev.evict(&cfg(), 1010, &old, EvictReason::Overlimit, "x", &mut out));
+        ev.tick(&cfg(), 1040, &mut out);
+        assert!(ev.sig.sent.is_empty(), "no SIGTERM twice, no early SIGKILL");
+        ev.tick(&cfg(), 1050, &mut out);
+        assert_eq!(ev.sig.sent, vec![(12, libc::SIGKILL)]);
+        assert!(ev.counts().is_empty(), "a resumed eviction is not counted again");
+    }
+
+    #[test]
+    fn dry_run_signals_nothing() {
+        let c = EvictorConfig { dry_run: true, ..cfg() };
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        ev.evict(&c, 0, &p(14), EvictReason::Overlimit, "x", &mut out);
+        ev.tick(&c, 1000, &mut out);
+        assert!(ev.sig.sent.is_empty());
+    }
+
+    #[test]
+    fn never_signals_init_or_itself() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        assert!(!ev.evict(&cfg(), 0, &p(1), EvictReason::Overlimit, "x", &mut out));
+        assert!(!ev.evict(&cfg(), 0, &p(std::process::id()), EvictReason::Overlimit, "x", &mut out));
+        assert!(ev.sig.sent.is_empty());
+    }
+
+    #[test]
+    fn real_pidfd_signal_reaches_a_child_and_spares_a_reused_identity() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let st = procinfo::start_time(pid).unwrap();
+        let mut s = PidfdSignaller;
+        assert_eq!(s.signal(pid, st + 1, libc::SIGTERM), Ok(false), "wrong start time: not the same process");
+        assert!(s.alive(pid, st));
+        assert_eq!(s.signal(pid, st, libc::SIGTERM), Ok(true));
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn eviction_command_replaces_signals() {
+        let d = tempfile::tempdir().unwrap();
+        let marker = d.path().join("m");
+        let c = EvictorConfig {
+            command: Some(vec!["sh".into(), "-c".into(), format!("echo {{pid}} {{reason}} {{gpu}} > {}", marker.display())]),
+            ..cfg()
+        };
+        let mut ev = Evictor::new(Rec::default(), 3);
+        let mut out = vec![];
+        ev.evict(&c, 0, &p(15), EvictReason::UnderReport, "x", &mut out);
+        for _ in 0..200 {
+            if std::fs::read_to_string(&marker).is_ok_and(|s| s.ends_with('\n')) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "15 under_report 3\n");
+        assert!(ev.sig.sent.is_empty());
+    }
+}

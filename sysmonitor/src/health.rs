@@ -1,0 +1,552 @@
+//! The five-state health machine of MuxFlow's SysMonitor, as a pure function of samples and time.
+//!
+//! Nothing here reads a clock, a device or a file: callers feed [`Input`]s stamped with a
+//! monotonic millisecond time and act on the [`Action`]s that come back.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+/// Device health as the paper names it (MuxFlow §4.1, Fig. 6b).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Init,
+    Healthy,
+    Unhealthy,
+    Overlimit,
+    Disabled,
+}
+
+impl State {
+    /// Offline work may be admitted only to a Healthy GPU.
+    pub fn admits_offline(self) -> bool {
+        self == State::Healthy
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Init => "init",
+            State::Healthy => "healthy",
+            State::Unhealthy => "unhealthy",
+            State::Overlimit => "overlimit",
+            State::Disabled => "disabled",
+        }
+    }
+}
+
+/// The metrics the machine judges, in the order used by [`Metrics`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricKind {
+    GpuUtil,
+    SmActivity,
+    SmClock,
+    MemUsed,
+}
+
+impl MetricKind {
+    pub const ALL: [MetricKind; 4] =
+        [MetricKind::GpuUtil, MetricKind::SmActivity, MetricKind::SmClock, MetricKind::MemUsed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricKind::GpuUtil => "gpu_util",
+            MetricKind::SmActivity => "sm_activity",
+            MetricKind::SmClock => "sm_clock",
+            MetricKind::MemUsed => "mem_used",
+        }
+    }
+}
+
+/// One sample's values, all in percent: GPU utilization, SM activity, SM clock as a
+/// percentage of its maximum (lower is worse), and memory used as a percentage of total.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Metrics {
+    pub gpu_util: f64,
+    pub sm_activity: f64,
+    pub sm_clock_pct: f64,
+    pub mem_used_pct: f64,
+}
+
+impl Metrics {
+    pub fn get(&self, k: MetricKind) -> f64 {
+        match k {
+            MetricKind::GpuUtil => self.gpu_util,
+            MetricKind::SmActivity => self.sm_activity,
+            MetricKind::SmClock => self.sm_clock_pct,
+            MetricKind::MemUsed => self.mem_used_pct,
+        }
+    }
+}
+
+/// Which way a metric goes bad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Bad when high (utilization, activity, memory).
+    Above,
+    /// Bad when low (SM clock).
+    Below,
+}
+
+/// Per-metric thresholds with hysteresis: `healthy` (back to Healthy only when better than
+/// this), `unhealthy` (enter Unhealthy at or past this), `overlimit` (enter Overlimit past this).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Threshold {
+    pub healthy: f64,
+    pub unhealthy: f64,
+    pub overlimit: f64,
+    #[serde(default = "default_direction")]
+    pub direction: Direction,
+    /// A disabled metric is sampled and shown but never judged.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+fn default_direction() -> Direction {
+    Direction::Above
+}
+fn default_true() -> bool {
+    true
+}
+
+/// Where one value falls against its thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Better than the healthy threshold.
+    Calm,
+    /// Between healthy and unhealthy: the hysteresis band.
+    Band,
+    /// At or past unhealthy, not past overlimit.
+    Unhealthy,
+    /// Past overlimit.
+    Overlimit,
+}
+
+impl Threshold {
+    /// Checks the ordering healthy < unhealthy < overlimit (reversed for `Below`).
+    pub fn validate(&self) -> Result<(), String> {
+        let ok = match self.direction {
+            Direction::Above => self.healthy < self.unhealthy && self.unhealthy < self.overlimit,
+            Direction::Below => self.healthy > self.unhealthy && self.unhealthy > self.overlimit,
+        };
+        let finite = self.healthy.is_finite() && self.unhealthy.is_finite() && self.overlimit.is_finite();
+        if !finite {
+            return Err("thresholds must be finite numbers".into());
+        }
+        if !ok {
+            return Err(match self.direction {
+                Direction::Above => format!(
+                    "need healthy < unhealthy < overlimit, got {} / {} / {}",
+                    self.healthy, self.unhealthy, self.overlimit
+                ),
+                Direction::Below => format!(
+                    "direction \"below\" needs healthy > unhealthy > overlimit, got {} / {} / {}",
+                    self.healthy, self.unhealthy, self.overlimit
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn level(&self, v: f64) -> Level {
+        // A NaN reading is treated as the worst case rather than silently as calm.
+        if v.is_nan() {
+            return Level::Overlimit;
+        }
+        let past = |t: f64, strict: bool| match (self.direction, strict) {
+            (Direction::Above, true) => v > t,
+            (Direction::Above, false) => v >= t,
+            (Direction::Below, true) => v < t,
+            (Direction::Below, false) => v <= t,
+        };
+        if past(self.overlimit, true) {
+            Level::Overlimit
+        } else if past(self.unhealthy, false) {
+            Level::Unhealthy
+        } else if past(self.healthy, false) {
+            Level::Band
+        } else {
+            Level::Calm
+        }
+    }
+}
+
+/// All thresholds and timing of the machine; missing fields take the defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MachineConfig {
+    pub gpu_util: Threshold,
+    pub sm_activity: Threshold,
+    pub sm_clock: Threshold,
+    pub mem_used: Threshold,
+    /// Hold after the first Overlimit entry in the window, in ms.
+    pub hold_base_ms: u64,
+    /// Multiplier per further entry in the window (the paper's exponent base).
+    #[serde(default = "default_hold_factor")]
+    pub hold_factor: f64,
+    /// Cap on the hold, in ms.
+    pub hold_max_ms: u64,
+    /// Window over which Overlimit entries are counted, in ms (paper: two hours).
+    #[serde(default = "default_window")]
+    pub overlimit_window_ms: u64,
+    /// Consecutive NVML failures before Disabled.
+    #[serde(default = "default_error_limit")]
+    pub nvml_error_limit: u32,
+    /// Consecutive good samples needed to leave an NVML-caused Disabled.
+    #[serde(default = "default_recover")]
+    pub nvml_recover_samples: u32,
+    /// How long an XID keeps the device Disabled, ms; 0 means until an operator enables it.
+    #[serde(default)]
+    pub xid_disable_ms: u64,
+}
+
+fn default_hold_factor() -> f64 {
+    2.0
+}
+fn default_window() -> u64 {
+    2 * 3600 * 1000
+}
+fn default_error_limit() -> u32 {
+    3
+}
+fn default_recover() -> u32 {
+    3
+}
+
+impl MachineConfig {
+    pub fn threshold(&self, k: MetricKind) -> &Threshold {
+        match k {
+            MetricKind::GpuUtil => &self.gpu_util,
+            MetricKind::SmActivity => &self.sm_activity,
+            MetricKind::SmClock => &self.sm_clock,
+            MetricKind::MemUsed => &self.mem_used,
+        }
+    }
+
+    /// Returns `(field, message)` for the first invalid setting.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for k in MetricKind::ALL {
+            self.threshold(k).validate().map_err(|m| (k.as_str().to_string(), m))?;
+        }
+        if self.hold_base_ms == 0 {
+            return Err(("hold_base_ms".into(), "must be > 0".into()));
+        }
+        if self.hold_max_ms < self.hold_base_ms {
+            return Err(("hold_max_ms".into(), format!("must be >= hold_base_ms ({})", self.hold_base_ms)));
+        }
+        if !(self.hold_factor >= 1.0 && self.hold_factor.is_finite()) {
+            return Err(("hold_factor".into(), format!("must be a finite number >= 1, got {}", self.hold_factor)));
+        }
+        if self.overlimit_window_ms == 0 {
+            return Err(("overlimit_window_ms".into(), "must be > 0".into()));
+        }
+        if self.nvml_error_limit == 0 {
+            return Err(("nvml_error_limit".into(), "must be >= 1".into()));
+        }
+        Ok(())
+    }
+
+    /// Hold for the `n`-th Overlimit entry in the window (n >= 1): base * factor^(n-1), capped.
+    pub fn hold_ms(&self, n: usize) -> u64 {
+        let exp = n.saturating_sub(1).min(64) as i32;
+        let h = self.hold_base_ms as f64 * self.hold_factor.powi(exp);
+        if h >= self.hold_max_ms as f64 {
+            self.hold_max_ms
+        } else {
+            h as u64
+        }
+    }
+}
+
+impl Default for MachineConfig {
+    fn default() -> Self {
+        let above = |h, u, o| Threshold { healthy: h, unhealthy: u, overlimit: o, direction: Direction::Above, enabled: true };
+        MachineConfig {
+            gpu_util: above(80.0, 90.0, 98.0),
+            sm_activity: above(70.0, 85.0, 95.0),
+            sm_clock: Threshold { healthy: 85.0, unhealthy: 75.0, overlimit: 60.0, direction: Direction::Below, enabled: true },
+            mem_used: above(80.0, 90.0, 95.0),
+            hold_base_ms: 30_000,
+            hold_factor: 2.0,
+            hold_max_ms: 3_600_000,
+            overlimit_window_ms: default_window(),
+            nvml_error_limit: 3,
+            nvml_recover_samples: 3,
+            xid_disable_ms: 0,
+        }
+    }
+}
+
+/// Why the machine is Disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisableCause {
+    Nvml,
+    Xid(u64),
+    Operator,
+}
+
+/// What happened on the device between two steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Input {
+    /// A successful sample.
+    Sample(Metrics),
+    /// The sampler failed (NVML error, device lost).
+    SampleError,
+    /// A critical XID event was reported for the device.
+    Xid(u64),
+    /// An operator asked to take the GPU out of service.
+    OperatorDisable,
+    /// An operator asked to put it back (goes through Init).
+    OperatorEnable,
+}
+
+/// One state change with its reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub from: State,
+    pub to: State,
+    pub reason: String,
+}
+
+/// What the caller must do after a step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Evict all offline work on the device (entering Overlimit or Disabled).
+    EvictOffline { reason: String },
+}
+
+/// Result of one step: changes made (at most two: Init→Healthy→…) and actions to take.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Step {
+    pub transitions: Vec<Transition>,
+    pub actions: Vec<Action>,
+}
+
+/// The machine's memory: current state plus what the transitions depend on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    state: State,
+    /// Times (ms) the machine entered Overlimit, oldest first, within the window.
+    overlimit_entries: VecDeque<u64>,
+    /// In Overlimit: since when all metrics have stayed under Overlimit.
+    calm_since_ms: Option<u64>,
+    /// In Overlimit: the hold that applies to this stay.
+    hold_ms: u64,
+    disabled_by: Option<DisableCause>,
+    disabled_at_ms: u64,
+    nvml_errors: u32,
+    good_samples: u32,
+}
+
+impl Default for Machine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Machine {
+    pub fn new() -> Self {
+        Machine {
+            state: State::Init,
+            overlimit_entries: VecDeque::new(),
+            calm_since_ms: None,
+            hold_ms: 0,
+            disabled_by: None,
+            disabled_at_ms: 0,
+            nvml_errors: 0,
+            good_samples: 0,
+        }
+    }
+
+    /// Starts in Init, remembering Overlimit entries from an earlier run (e.g. after a restart).
+    pub fn with_history(entries: impl IntoIterator<Item = u64>) -> Self {
+        let mut m = Self::new();
+        m.overlimit_entries = entries.into_iter().collect();
+        m
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    pub fn disabled_by(&self) -> Option<DisableCause> {
+        self.disabled_by
+    }
+
+    /// Overlimit entries still inside the window at `now_ms`.
+    pub fn overlimit_entries(&self) -> impl Iterator<Item = u64> + '_ {
+        self.overlimit_entries.iter().copied()
+    }
+
+    /// Time left in the current Overlimit hold, if the metrics are calm and the hold is running.
+    pub fn hold_remaining_ms(&self, now_ms: u64) -> Option<u64> {
+        match (self.state, self.calm_since_ms) {
+            (State::Overlimit, Some(t)) => Some(self.hold_ms.saturating_sub(now_ms.saturating_sub(t))),
+            _ => None,
+        }
+    }
+
+    /// The hold that applies to the current (or last) Overlimit stay.
+    pub fn current_hold_ms(&self) -> u64 {
+        self.hold_ms
+    }
+
+    /// Advances the machine by one input observed at `now_ms` (monotonic).
+    pub fn step(&mut self, cfg: &MachineConfig, now_ms: u64, input: Input) -> Step {
+        let mut out = Step::default();
+        self.prune(cfg, now_ms);
+        match input {
+            Input::OperatorDisable => self.disable(now_ms, DisableCause::Operator, "operator disabled the GPU".into(), &mut out),
+            Input::OperatorEnable => {
+                if self.state == State::Disabled {
+                    self.reset_to_init("operator enabled the GPU", &mut out);
+                }
+            }
+            Input::Xid(code) => {
+                if self.disabled_by != Some(DisableCause::Operator) {
+                    self.disable(now_ms, DisableCause::Xid(code), format!("XID {code} reported"), &mut out);
+                }
+            }
+            Input::SampleError => {
+                self.good_samples = 0;
+                self.nvml_errors = self.nvml_errors.saturating_add(1);
+                if self.state != State::Disabled && self.nvml_errors >= cfg.nvml_error_limit {
+                    let why = format!("{} consecutive NVML sampling errors", self.nvml_errors);
+                    self.disable(now_ms, DisableCause::Nvml, why, &mut out);
+                }
+            }
+            Input::Sample(m) => {
+                self.nvml_errors = 0;
+                self.good_samples = self.good_samples.saturating_add(1);
+                self.on_sample(cfg, now_ms, &m, &mut out);
+            }
+        }
+        out
+    }
+
+    fn on_sample(&mut self, cfg: &MachineConfig, now_ms: u64, m: &Metrics, out: &mut Step) {
+        if self.state == State::Disabled {
+            let recovered = match self.disabled_by {
+                Some(DisableCause::Nvml) => self.good_samples >= cfg.nvml_recover_samples.max(1),
+                Some(DisableCause::Xid(_)) => {
+                    cfg.xid_disable_ms > 0 && now_ms.saturating_sub(self.disabled_at_ms) >= cfg.xid_disable_ms
+                }
+                Some(DisableCause::Operator) | None => false,
+            };
+            if !recovered {
+                return;
+            }
+            let why = match self.disabled_by {
+                Some(DisableCause::Xid(c)) => format!("XID {c} quiet for {} ms", cfg.xid_disable_ms),
+                _ => format!("{} good samples after NVML errors", self.good_samples),
+            };
+            self.reset_to_init(&why, out);
+            // Init waits for the next sample, so recovery is visible as its own step.
+            return;
+        }
+        if self.state == State::Init {
+            self.go(State::Healthy, "initialization finished (first good sample)".into(), out);
+        }
+        let (worst, kind, value) = worst_level(cfg, m);
+        let describe = |lvl: &str| match kind {
+            Some(k) => format!("{} = {:.1} past its {lvl} threshold", k.as_str(), value),
+            None => String::new(),
+        };
+        match self.state {
+            State::Healthy => {
+                if worst == Level::Overlimit {
+                    self.enter_overlimit(cfg, now_ms, describe("overlimit"), out);
+                } else if worst == Level::Unhealthy {
+                    self.go(State::Unhealthy, describe("unhealthy"), out);
+                }
+            }
+            State::Unhealthy => {
+                if worst == Level::Overlimit {
+                    self.enter_overlimit(cfg, now_ms, describe("overlimit"), out);
+                } else if worst == Level::Calm {
+                    self.go(State::Healthy, "all metrics below their healthy thresholds".into(), out);
+                }
+            }
+            State::Overlimit => {
+                if worst == Level::Overlimit {
+                    self.calm_since_ms = None;
+                } else {
+                    let since = *self.calm_since_ms.get_or_insert(now_ms);
+                    if now_ms.saturating_sub(since) >= self.hold_ms {
+                        let why = format!("all metrics under overlimit for the {} ms hold", self.hold_ms);
+                        self.calm_since_ms = None;
+                        self.go(State::Unhealthy, why, out);
+                    }
+                }
+            }
+            State::Init | State::Disabled => {}
+        }
+    }
+
+    fn enter_overlimit(&mut self, cfg: &MachineConfig, now_ms: u64, why: String, out: &mut Step) {
+        self.overlimit_entries.push_back(now_ms);
+        self.hold_ms = cfg.hold_ms(self.overlimit_entries.len());
+        self.calm_since_ms = None;
+        let reason = format!("{why}; hold {} ms ({} entries in window)", self.hold_ms, self.overlimit_entries.len());
+        self.go(State::Overlimit, reason.clone(), out);
+        out.actions.push(Action::EvictOffline { reason });
+    }
+
+    fn disable(&mut self, now_ms: u64, cause: DisableCause, why: String, out: &mut Step) {
+        let was_disabled = self.state == State::Disabled;
+        self.disabled_by = Some(cause);
+        self.disabled_at_ms = now_ms;
+        self.calm_since_ms = None;
+        self.good_samples = 0;
+        if !was_disabled {
+            self.go(State::Disabled, why.clone(), out);
+            out.actions.push(Action::EvictOffline { reason: why });
+        }
+    }
+
+    fn reset_to_init(&mut self, why: &str, out: &mut Step) {
+        self.disabled_by = None;
+        self.nvml_errors = 0;
+        self.good_samples = 0;
+        self.go(State::Init, why.to_string(), out);
+    }
+
+    fn go(&mut self, to: State, reason: String, out: &mut Step) {
+        out.transitions.push(Transition { from: self.state, to, reason });
+        self.state = to;
+    }
+
+    fn prune(&mut self, cfg: &MachineConfig, now_ms: u64) {
+        while let Some(&t) = self.overlimit_entries.front() {
+            if now_ms.saturating_sub(t) >= cfg.overlimit_window_ms {
+                self.overlimit_entries.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+/// The worst level over the enabled metrics, with the metric and value that set it.
+pub fn worst_level(cfg: &MachineConfig, m: &Metrics) -> (Level, Option<MetricKind>, f64) {
+    let mut worst = (Level::Calm, None, 0.0);
+    for k in MetricKind::ALL {
+        let t = cfg.threshold(k);
+        if !t.enabled {
+            continue;
+        }
+        let v = m.get(k);
+        let l = t.level(v);
+        if l > worst.0 {
+            worst = (l, Some(k), v);
+        }
+    }
+    worst
+}
+
+#[cfg(test)]
+mod tests;

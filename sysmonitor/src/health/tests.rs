@@ -1,0 +1,355 @@
+use super::*;
+use proptest::prelude::*;
+
+fn cfg() -> MachineConfig {
+    MachineConfig {
+        hold_base_ms: 100,
+        hold_factor: 2.0,
+        hold_max_ms: 1_000,
+        overlimit_window_ms: 10_000,
+        nvml_error_limit: 2,
+        nvml_recover_samples: 2,
+        xid_disable_ms: 500,
+        ..MachineConfig::default()
+    }
+}
+
+// Default thresholds: util 80/90/98, sm 70/85/95, clock(below) 85/75/60, mem 80/90/95.
+const CALM: Metrics = Metrics { gpu_util: 10.0, sm_activity: 10.0, sm_clock_pct: 100.0, mem_used_pct: 10.0 };
+const BAND: Metrics = Metrics { gpu_util: 85.0, ..CALM };
+const UNHEALTHY: Metrics = Metrics { sm_activity: 90.0, ..CALM };
+const OVER: Metrics = Metrics { gpu_util: 99.0, ..CALM };
+
+fn s(m: Metrics) -> Input {
+    Input::Sample(m)
+}
+
+/// Runs `(time_ms, input, expected state after)` rows through a fresh machine.
+fn run(rows: &[(u64, Input, State)]) -> Machine {
+    let c = cfg();
+    let mut m = Machine::new();
+    for (i, (t, input, want)) in rows.iter().enumerate() {
+        m.step(&c, *t, *input);
+        assert_eq!(m.state(), *want, "row {i}: t={t} input={input:?}");
+    }
+    m
+}
+
+fn healthy_at(t: u64) -> Vec<(u64, Input, State)> {
+    vec![(t, s(CALM), State::Healthy)]
+}
+
+#[test]
+fn init_to_healthy_on_first_good_sample() {
+    run(&[(0, s(CALM), State::Healthy)]);
+}
+
+#[test]
+fn init_to_healthy_then_straight_on_when_the_first_sample_is_bad() {
+    let c = cfg();
+    let mut m = Machine::new();
+    let st = m.step(&c, 0, s(UNHEALTHY));
+    assert_eq!(st.transitions.iter().map(|t| t.to).collect::<Vec<_>>(), vec![State::Healthy, State::Unhealthy]);
+    let mut m = Machine::new();
+    let st = m.step(&c, 0, s(OVER));
+    assert_eq!(st.transitions.iter().map(|t| t.to).collect::<Vec<_>>(), vec![State::Healthy, State::Overlimit]);
+    assert_eq!(st.actions.len(), 1);
+}
+
+#[test]
+fn init_stays_init_on_errors_below_the_limit() {
+    run(&[(0, Input::SampleError, State::Init), (1, s(CALM), State::Healthy)]);
+}
+
+#[test]
+fn healthy_stays_healthy_in_the_hysteresis_band() {
+    let mut rows = healthy_at(0);
+    rows.push((1, s(BAND), State::Healthy));
+    run(&rows);
+}
+
+#[test]
+fn healthy_to_unhealthy_for_each_metric() {
+    let cases = [
+        Metrics { gpu_util: 90.0, ..CALM },
+        Metrics { sm_activity: 85.0, ..CALM },
+        Metrics { sm_clock_pct: 75.0, ..CALM },
+        Metrics { mem_used_pct: 92.0, ..CALM },
+    ];
+    for bad in cases {
+        let mut rows = healthy_at(0);
+        rows.push((1, s(bad), State::Unhealthy));
+        run(&rows);
+    }
+}
+
+#[test]
+fn healthy_to_overlimit_for_each_metric_and_evicts() {
+    let cases = [
+        Metrics { gpu_util: 98.5, ..CALM },
+        Metrics { sm_activity: 96.0, ..CALM },
+        Metrics { sm_clock_pct: 59.0, ..CALM },
+        Metrics { mem_used_pct: 96.0, ..CALM },
+    ];
+    let c = cfg();
+    for bad in cases {
+        let mut m = Machine::new();
+        m.step(&c, 0, s(CALM));
+        let st = m.step(&c, 1, s(bad));
+        assert_eq!(m.state(), State::Overlimit, "{bad:?}");
+        assert!(matches!(st.actions.as_slice(), [Action::EvictOffline { .. }]));
+    }
+}
+
+#[test]
+fn unhealthy_holds_in_band_and_returns_to_healthy_only_when_all_calm() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (1, s(UNHEALTHY), State::Unhealthy),
+        (2, s(BAND), State::Unhealthy),
+        (3, s(Metrics { sm_activity: 75.0, ..CALM }), State::Unhealthy),
+        (4, s(CALM), State::Healthy),
+    ]);
+}
+
+#[test]
+fn unhealthy_to_overlimit() {
+    run(&[(0, s(CALM), State::Healthy), (1, s(UNHEALTHY), State::Unhealthy), (2, s(OVER), State::Overlimit)]);
+}
+
+#[test]
+fn overlimit_waits_the_hold_then_goes_to_unhealthy_never_straight_to_healthy() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (10, s(OVER), State::Overlimit),
+        (20, s(CALM), State::Overlimit), // hold (100 ms) starts here
+        (119, s(CALM), State::Overlimit),
+        (120, s(CALM), State::Unhealthy),
+        (121, s(CALM), State::Healthy),
+    ]);
+}
+
+#[test]
+fn overlimit_hold_restarts_when_a_metric_goes_over_again() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (10, s(OVER), State::Overlimit),
+        (20, s(UNHEALTHY), State::Overlimit), // under overlimit: hold runs from 20
+        (100, s(OVER), State::Overlimit),     // over again: hold reset
+        (150, s(CALM), State::Overlimit),     // runs from 150
+        (249, s(CALM), State::Overlimit),
+        (250, s(UNHEALTHY), State::Unhealthy),
+    ]);
+}
+
+#[test]
+fn hold_grows_exponentially_with_entries_in_window_and_is_capped() {
+    let c = cfg();
+    assert_eq!((1..=6).map(|n| c.hold_ms(n)).collect::<Vec<_>>(), vec![100, 200, 400, 800, 1000, 1000]);
+
+    let mut m = Machine::new();
+    let mut t = 0;
+    m.step(&c, t, s(CALM));
+    for expected_hold in [100, 200, 400, 800, 1000] {
+        t += 1;
+        m.step(&c, t, s(OVER));
+        assert_eq!(m.state(), State::Overlimit);
+        assert_eq!(m.current_hold_ms(), expected_hold);
+        t += 1;
+        m.step(&c, t, s(CALM));
+        m.step(&c, t + expected_hold - 1, s(CALM));
+        assert_eq!(m.state(), State::Overlimit, "left before the {expected_hold} ms hold");
+        t += expected_hold;
+        m.step(&c, t, s(CALM));
+        assert_eq!(m.state(), State::Unhealthy, "still held after {expected_hold} ms");
+    }
+}
+
+#[test]
+fn entries_older_than_the_window_stop_counting() {
+    let c = cfg();
+    let mut m = Machine::new();
+    m.step(&c, 0, s(CALM));
+    m.step(&c, 1, s(OVER));
+    m.step(&c, 2, s(CALM));
+    m.step(&c, 102, s(CALM));
+    assert_eq!(m.state(), State::Unhealthy);
+    // Second entry inside the window: doubled.
+    m.step(&c, 5_000, s(OVER));
+    assert_eq!(m.current_hold_ms(), 200);
+    m.step(&c, 5_001, s(CALM));
+    m.step(&c, 5_201, s(CALM));
+    assert_eq!(m.state(), State::Unhealthy);
+    // At 10_001 the first entry (t=1) has left the 10 s window; at 15_000 so has the second.
+    m.step(&c, 15_000, s(OVER));
+    assert_eq!(m.current_hold_ms(), 100);
+    assert_eq!(m.overlimit_entries().count(), 1);
+}
+
+#[test]
+fn history_survives_a_restart() {
+    let c = cfg();
+    let mut m = Machine::with_history([0, 1]);
+    m.step(&c, 2, s(CALM));
+    m.step(&c, 3, s(OVER));
+    assert_eq!(m.current_hold_ms(), 400);
+}
+
+#[test]
+fn nvml_errors_disable_from_every_state_after_the_limit() {
+    for pre in [vec![], vec![s(CALM)], vec![s(CALM), s(UNHEALTHY)], vec![s(CALM), s(OVER)]] {
+        let c = cfg();
+        let mut m = Machine::new();
+        for (i, p) in pre.iter().enumerate() {
+            m.step(&c, i as u64, *p);
+        }
+        let before = m.state();
+        m.step(&c, 10, Input::SampleError);
+        assert_eq!(m.state(), before, "one error is below the limit of 2");
+        let st = m.step(&c, 11, Input::SampleError);
+        assert_eq!(m.state(), State::Disabled);
+        assert_eq!(m.disabled_by(), Some(DisableCause::Nvml));
+        assert!(matches!(st.actions.as_slice(), [Action::EvictOffline { .. }]));
+    }
+}
+
+#[test]
+fn an_error_streak_is_broken_by_a_good_sample() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (1, Input::SampleError, State::Healthy),
+        (2, s(CALM), State::Healthy),
+        (3, Input::SampleError, State::Healthy),
+        (4, Input::SampleError, State::Disabled),
+    ]);
+}
+
+#[test]
+fn disabled_by_nvml_recovers_through_init_after_good_samples() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (1, Input::SampleError, State::Healthy),
+        (2, Input::SampleError, State::Disabled),
+        (3, s(CALM), State::Disabled),
+        (4, s(CALM), State::Init),
+        (5, s(CALM), State::Healthy),
+    ]);
+}
+
+#[test]
+fn xid_disables_and_clears_after_its_quiet_time() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (10, Input::Xid(31), State::Disabled),
+        (400, s(CALM), State::Disabled),
+        (510, s(CALM), State::Init),
+        (520, s(OVER), State::Overlimit),
+    ]);
+}
+
+#[test]
+fn xid_with_zero_quiet_time_waits_for_the_operator() {
+    let c = MachineConfig { xid_disable_ms: 0, ..cfg() };
+    let mut m = Machine::new();
+    m.step(&c, 0, s(CALM));
+    m.step(&c, 1, Input::Xid(79));
+    m.step(&c, 1_000_000, s(CALM));
+    assert_eq!(m.state(), State::Disabled);
+    m.step(&c, 1_000_001, Input::OperatorEnable);
+    assert_eq!(m.state(), State::Init);
+}
+
+#[test]
+fn operator_disable_is_not_undone_by_good_samples_or_xid_timeouts() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (1, Input::OperatorDisable, State::Disabled),
+        (2, s(CALM), State::Disabled),
+        (3, s(CALM), State::Disabled),
+        (4, Input::Xid(31), State::Disabled),
+        (10_000, s(CALM), State::Disabled),
+        (10_001, Input::OperatorEnable, State::Init),
+        (10_002, s(CALM), State::Healthy),
+    ]);
+}
+
+#[test]
+fn operator_enable_outside_disabled_changes_nothing() {
+    run(&[(0, s(CALM), State::Healthy), (1, Input::OperatorEnable, State::Healthy)]);
+}
+
+#[test]
+fn a_disabled_metric_is_never_judged() {
+    let mut c = cfg();
+    c.gpu_util.enabled = false;
+    let mut m = Machine::new();
+    m.step(&c, 0, s(CALM));
+    m.step(&c, 1, s(Metrics { gpu_util: 100.0, ..CALM }));
+    assert_eq!(m.state(), State::Healthy);
+}
+
+#[test]
+fn nan_readings_count_as_overlimit() {
+    let c = cfg();
+    let mut m = Machine::new();
+    m.step(&c, 0, s(CALM));
+    m.step(&c, 1, s(Metrics { mem_used_pct: f64::NAN, ..CALM }));
+    assert_eq!(m.state(), State::Overlimit);
+}
+
+#[test]
+fn config_validation_names_the_field() {
+    let mut c = cfg();
+    c.sm_clock.direction = Direction::Above;
+    assert_eq!(c.validate().unwrap_err().0, "sm_clock");
+    let c = MachineConfig { hold_max_ms: 1, ..cfg() };
+    assert_eq!(c.validate().unwrap_err().0, "hold_max_ms");
+    assert!(cfg().validate().is_ok());
+}
+
+fn arb_metrics() -> impl Strategy<Value = Metrics> {
+    (0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64)
+        .prop_map(|(a, b, c, d)| Metrics { gpu_util: a, sm_activity: b, sm_clock_pct: c, mem_used_pct: d })
+}
+
+fn arb_input() -> impl Strategy<Value = Input> {
+    prop_oneof![
+        8 => arb_metrics().prop_map(Input::Sample),
+        1 => Just(Input::SampleError),
+        1 => (0u64..100).prop_map(Input::Xid),
+        1 => Just(Input::OperatorDisable),
+        1 => Just(Input::OperatorEnable),
+    ]
+}
+
+proptest! {
+    /// Only the paper's edges ever happen, every Overlimit/Disabled entry evicts, and
+    /// Overlimit is never left before its hold has passed.
+    #[test]
+    fn only_paper_transitions(inputs in proptest::collection::vec((1u64..200, arb_input()), 1..200)) {
+        let c = cfg();
+        let mut m = Machine::new();
+        let mut t = 0u64;
+        let mut over_entered = 0u64;
+        for (dt, input) in inputs {
+            t += dt;
+            let step = m.step(&c, t, input);
+            for tr in &step.transitions {
+                let ok = matches!((tr.from, tr.to),
+                    (State::Init, State::Healthy)
+                    | (State::Healthy, State::Unhealthy) | (State::Healthy, State::Overlimit)
+                    | (State::Unhealthy, State::Healthy) | (State::Unhealthy, State::Overlimit)
+                    | (State::Overlimit, State::Unhealthy)
+                    | (State::Disabled, State::Init)
+                    | (_, State::Disabled));
+                prop_assert!(ok, "illegal edge {:?} -> {:?}", tr.from, tr.to);
+                if tr.to == State::Overlimit { over_entered = t; }
+                if tr.from == State::Overlimit && tr.to == State::Unhealthy {
+                    prop_assert!(t - over_entered >= m.current_hold_ms());
+                }
+            }
+            let evicting = step.transitions.iter().any(|tr| matches!(tr.to, State::Overlimit | State::Disabled));
+            prop_assert_eq!(evicting, !step.actions.is_empty());
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Layered JSON config: a base file plus override files merged over it, with errors that name
+//! the file, line and field at fault.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use node_ledger::ConfigError;
+
+/// One source file and its text, kept to locate fields in errors.
+struct Layer {
+    path: PathBuf,
+    text: String,
+}
+
+/// Lists the override files for `base`: `<base stem>.d/*.json` beside it, sorted by name.
+pub fn override_files(base: &Path) -> Vec<PathBuf> {
+    let Some(stem) = base.file_stem() else { return Vec::new() };
+    let dir = base.with_file_name(format!("{}.d", stem.to_string_lossy()));
+    let Ok(rd) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let mut v: Vec<PathBuf> =
+        rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    v.sort();
+    v
+}
+
+/// Loads `files` in order (later ones override earlier ones key by key), deserializes into `T`,
+/// then runs `validate`, which returns `(dotted field, message)` on a semantic error.
+pub fn load<T: DeserializeOwned>(
+    files: &[PathBuf],
+    validate: impl Fn(&T) -> Result<(), (String, String)>,
+) -> Result<T, ConfigError> {
+    let mut layers = Vec::new();
+    let mut merged = Value::Object(Default::default());
+    for p in files {
+        let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
+            file: p.clone(),
+            line: None,
+            column: None,
+            field: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError {
+            file: p.clone(),
+            line: Some(e.line()),
+            column: Some(e.column()),
+            field: None,
+            message: format!("invalid JSON: {e}"),
+        })?;
+        if !v.is_object() {
+            return Err(ConfigError { file: p.clone(), line: Some(1), column: None, field: None, message: "top level must be a JSON object".into() });
+        }
+        merge(&mut merged, v);
+        layers.push(Layer { path: p.clone(), text });
+    }
+    let cfg: T = serde_path_to_error::deserialize(merged).map_err(|e| {
+        let field = e.path().to_string();
+        let msg = e.inner().to_string();
+        locate(&layers, &field, msg)
+    })?;
+    validate(&cfg).map_err(|(field, msg)| locate(&layers, &field, msg))?;
+    Ok(cfg)
+}
+
+/// Blames the last layer that mentions the field's deepest known key.
+fn locate(layers: &[Layer], field: &str, message: String) -> ConfigError {
+    let segs: Vec<&str> = field.split('.').filter(|s| !s.is_empty() && *s != "?").collect();
+    for l in layers.iter().rev() {
+        if let Some(line) = find_key_line(&l.text, &segs) {
+            return ConfigError { file: l.path.clone(), line: Some(line), column: None, field: Some(field.into()), message };
+        }
+    }
+    let file = layers.last().map(|l| l.path.clone()).unwrap_or_default();
+    ConfigError { file, line: None, column: None, field: (!field.is_empty() && field != ".").then(|| field.to_string()), message }
+}
+
+/// Line (1-based) of the last segment's key, found by searching each key after the previous.
+fn find_key_line(text: &str, segs: &[&str]) -> Option<usize> {
+    if segs.is_empty() {
+        return None;
+    }
+    let mut pos = 0;
+    for s in segs {
+        // Array indices in the path (e.g. `xid_critical[2]`) are searched by their key only.
+        let key = s.split('[').next().unwrap_or(s);
+        let needle = format!("\"{key}\"");
+        pos += text[pos..].find(&needle)?;
+    }
+    Some(text[..pos].matches('\n').count() + 1)
+}
+
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                match a.get_mut(&k) {
+                    Some(slot) if slot.is_object() && v.is_object() => merge(slot, v),
+                    _ => {
+                        a.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Inner {
+        a: u32,
+        #[serde(default)]
+        b: u32,
+    }
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Top {
+        name: String,
+        inner: Inner,
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn ok(_: &Top) -> Result<(), (String, String)> {
+        Ok(())
+    }
+
+    #[test]
+    fn overrides_merge_key_by_key() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.json", r#"{"name":"x","inner":{"a":1,"b":2}}"#);
+        let b = write(d.path(), "b.json", r#"{"inner":{"b":5}}"#);
+        let t: Top = load(&[a, b], ok).unwrap();
+        assert_eq!(t, Top { name: "x".into(), inner: Inner { a: 1, b: 5 } });
+    }
+
+    #[test]
+    fn syntax_error_names_file_and_line() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.json", "{\n\"name\": \"x\",\n\"inner\": {\"a\": 1,}\n}");
+        let e = load::<Top>(&[a.clone()], ok).unwrap_err();
+        assert_eq!(e.file, a);
+        assert_eq!(e.line, Some(3));
+    }
+
+    #[test]
+    fn type_error_names_the_override_file_line_and_field() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.json", "{\"name\":\"x\",\n\"inner\":{\"a\":1}}");
+        let b = write(d.path(), "b.json", "{\n  \"inner\": {\n    \"a\": \"three\"\n  }\n}");
+        let e = load::<Top>(&[a, b.clone()], ok).unwrap_err();
+        assert_eq!((e.file.clone(), e.line, e.field.as_deref()), (b, Some(3), Some("inner.a")), "{e}");
+        assert!(e.to_string().contains("inner.a"));
+    }
+
+    #[test]
+    fn unknown_field_is_rejected_with_its_name() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.json", "{\"name\":\"x\",\n\"inner\":{\"a\":1,\n\"typo\":3}}");
+        let e = load::<Top>(&[a], ok).unwrap_err();
+        assert!(e.message.contains("typo"), "{e}");
+    }
+
+    #[test]
+    fn validation_error_points_at_the_field() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.json", "{\"name\":\"x\",\n\"inner\":{\n\"a\":0}}");
+        let e = load::<Top>(&[a], |t: &Top| if t.inner.a == 0 { Err(("inner.a".into(), "must be > 0".into())) } else { Ok(()) })
+            .unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert_eq!(e.to_string().split(": ").last(), Some("must be > 0"));
+    }
+
+    #[test]
+    fn override_dir_is_sorted_json_only() {
+        let d = tempfile::tempdir().unwrap();
+        let base = write(d.path(), "sysmonitor.json", "{}");
+        std::fs::create_dir(d.path().join("sysmonitor.d")).unwrap();
+        write(&d.path().join("sysmonitor.d"), "20-b.json", "{}");
+        write(&d.path().join("sysmonitor.d"), "10-a.json", "{}");
+        write(&d.path().join("sysmonitor.d"), "README", "");
+        let names: Vec<_> = override_files(&base).iter().map(|p| p.file_name().unwrap().to_owned()).collect();
+        assert_eq!(names, ["10-a.json", "20-b.json"]);
+    }
+}

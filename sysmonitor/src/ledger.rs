@@ -1,0 +1,121 @@
+//! `LedgerPort` over the shared `node-ledger` file: reads the offline registry, records
+//! eviction requests in the process slots, publishes the monitor block.
+
+use std::sync::atomic::Ordering::{Acquire, Release};
+
+use node_ledger::{HealthState, Ledger, MonitorSample};
+
+use crate::health::State;
+use crate::monitor::mono_ms;
+use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
+
+pub struct LedgerAdapter {
+    pub ledger: Ledger,
+    own_ns: u64,
+}
+
+impl LedgerAdapter {
+    pub fn new(ledger: Ledger) -> Self {
+        LedgerAdapter { ledger, own_ns: node_ledger::procinfo::own_pid_ns() }
+    }
+}
+
+/// The ledger's copy of a health state.
+pub fn to_ledger(s: State) -> HealthState {
+    match s {
+        State::Init => HealthState::Init,
+        State::Healthy => HealthState::Healthy,
+        State::Unhealthy => HealthState::Unhealthy,
+        State::Overlimit => HealthState::Overlimit,
+        State::Disabled => HealthState::Disabled,
+    }
+}
+
+fn permille(pct: f64) -> u32 {
+    (pct * 10.0).round().clamp(0.0, 1000.0) as u32
+}
+
+impl LedgerPort for LedgerAdapter {
+    fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
+        let now = mono_ms();
+        let slots = &self.ledger.layout().procs;
+        Ok(self
+            .ledger
+            .procs()
+            .into_iter()
+            // A slot whose start time is still 0 is mid-registration: not yet a process to judge.
+            .filter(|p| p.start_time != 0)
+            .map(|p| {
+                let sig = slots.get(p.slot).map_or(0, |s| s.evict_signal.load(Acquire));
+                OfflineProc {
+                    slot: p.slot,
+                    pid: p.pid,
+                    signalable: p.pid_ns == self.own_ns,
+                    start_time: p.start_time,
+                    reported_bytes: p.mem_bytes,
+                    // The ledger keeps the request, not its time: a restarted monitor restarts
+                    // the grace period from when it finds the request.
+                    evict_requested_ms: (sig != 0).then_some(now),
+                }
+            })
+            .collect())
+    }
+
+    fn mark_evicting(&mut self, p: &OfflineProc, _reason: EvictReason, _now_ms: u64) -> Result<(), String> {
+        let slot = self.ledger.layout().procs.get(p.slot).ok_or_else(|| format!("slot {} out of range", p.slot))?;
+        // Only mark the slot if it still holds the same process.
+        if slot.start_time.load(Acquire) == p.start_time && node_ledger::layout::owner_pid(slot.owner.load(Acquire)) == p.pid {
+            slot.evict_signal.store(libc::SIGTERM as u32, Release);
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self, p: &Published) -> Result<(), String> {
+        let m = &self.ledger.layout().monitor;
+        // The SM budget and memory quota belong to the MPS manager / operator: carry them over.
+        let prev = self.ledger.read_monitor();
+        let s = MonitorSample {
+            health: to_ledger(p.state.unwrap_or(State::Init)) as u32,
+            sm_active_permille: permille(p.sm_activity),
+            gpu_util_permille: permille(p.gpu_util),
+            sm_clock_mhz: p.sm_clock_mhz,
+            sm_clock_max_mhz: p.sm_clock_max_mhz,
+            sm_count: prev.map_or(0, |x| x.sample.sm_count),
+            offline_sm_budget_permille: m.offline_sm_budget_permille.load(Acquire),
+            mem_used_bytes: p.mem_used,
+            mem_total_bytes: p.mem_total,
+            mem_quota_bytes: m.mem_quota_bytes.load(Acquire),
+        };
+        self.ledger.publish(&s);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publishes_and_keeps_the_budget_and_reads_registered_processes() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
+        l.layout().monitor.offline_sm_budget_permille.store(400, Release);
+        let g = l.group(node_ledger::ledger::group_id_for("c1"), 1 << 30).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        l.try_reserve(h, 5 << 20).unwrap();
+        let mut a = LedgerAdapter::new(l);
+        a.publish(&Published { state: Some(State::Overlimit), sm_activity: 97.25, ..Default::default() }).unwrap();
+        let snap = a.ledger.read_monitor().unwrap();
+        assert_eq!(snap.health(), Some(HealthState::Overlimit));
+        assert_eq!(snap.sample.sm_active_permille, 973);
+        assert_eq!(snap.sample.offline_sm_budget_permille, 400);
+        let procs = a.offline().unwrap();
+        assert_eq!(procs.len(), 1);
+        assert_eq!(procs[0].pid, std::process::id());
+        assert_eq!(procs[0].reported_bytes, 5 << 20);
+        assert!(procs[0].signalable && procs[0].evict_requested_ms.is_none());
+        a.mark_evicting(&procs[0], EvictReason::Overlimit, 0).unwrap();
+        assert_eq!(a.ledger.evict_signal(h), libc::SIGTERM as u32);
+        assert!(a.offline().unwrap()[0].evict_requested_ms.is_some(), "the request survives in the ledger");
+    }
+}

@@ -1,0 +1,423 @@
+//! One monitor tick: sample, step the health machine, evict, verify, publish. Generic over the
+//! GPU source, the ledger and the signaller so the whole loop runs in unit tests.
+
+use std::collections::BTreeMap;
+
+use crate::config::Config;
+use crate::evictor::{Event, Evictor, Signaller};
+use crate::health::{Action, Input, Machine, State, Transition};
+use crate::hostmem::{self, HostMem, PressureJudge};
+use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
+use crate::report::Snapshot;
+use crate::ring::Ring;
+use crate::sampler::{GpuSample, GpuSource};
+use crate::verify::Verifier;
+
+/// Monotonic milliseconds (CLOCK_MONOTONIC, shared by every process on the host).
+pub fn mono_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// Wall-clock milliseconds since the epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The monitor's whole state.
+pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
+    pub cfg: Config,
+    pub gpu: G,
+    pub ledger: L,
+    pub machine: Machine,
+    pub evictor: Evictor<S>,
+    pub history: Ring<GpuSample>,
+    verifier: Verifier,
+    pressure: PressureJudge,
+    host: Option<HostMem>,
+    next_host_ms: u64,
+    next_verify_ms: u64,
+    pub samples: u64,
+    pub sample_errors: u64,
+    pub last_transition: Option<Transition>,
+    pub offline_registered: usize,
+    /// Sample number at the last Overlimit entry and at the last eviction started.
+    pub overlimit_entry_sample: Option<u64>,
+    pub last_eviction_sample: Option<u64>,
+    /// Samples between the last Overlimit entry and the Overlimit eviction it caused.
+    pub overlimit_eviction_lag_samples: Option<u64>,
+    /// Events of the last tick (for tests and the bench).
+    pub events: Vec<Event>,
+    ledger_error_logged: bool,
+}
+
+impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
+    /// Builds a monitor, resuming Overlimit history and evictions in flight from an earlier run.
+    pub fn new(cfg: Config, gpu: G, mut ledger: L, sig: S, history: Vec<u64>) -> Self {
+        let mut evictor = Evictor::new(sig, cfg.gpu_index);
+        let mut events = Vec::new();
+        match ledger.offline() {
+            Ok(procs) => {
+                evictor.adopt(&cfg.evictor, &procs, &mut events);
+                for e in &events {
+                    tracing::info!(event = ?e, "resumed eviction recorded by an earlier monitor run");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the ledger at start"),
+        }
+        Monitor {
+            history: Ring::new(cfg.history_len()),
+            machine: Machine::with_history(history),
+            evictor,
+            cfg,
+            gpu,
+            ledger,
+            verifier: Verifier::default(),
+            pressure: PressureJudge::default(),
+            host: None,
+            next_host_ms: 0,
+            next_verify_ms: 0,
+            samples: 0,
+            sample_errors: 0,
+            last_transition: None,
+            offline_registered: 0,
+            overlimit_entry_sample: None,
+            last_eviction_sample: None,
+            overlimit_eviction_lag_samples: None,
+            events,
+            ledger_error_logged: false,
+        }
+    }
+
+    /// Feeds an operator or external input (disable/enable) into the machine.
+    pub fn input(&mut self, now_ms: u64, input: Input) {
+        let step = self.machine.step(&self.cfg.machine, now_ms, input);
+        self.apply(now_ms, step);
+    }
+
+    /// One sampling period's work.
+    pub fn tick(&mut self, now_ms: u64) {
+        self.events.clear();
+        let input = match self.gpu.sample(now_ms) {
+            Ok(s) => {
+                self.samples += 1;
+                self.history.push(s);
+                Input::Sample(s.metrics())
+            }
+            Err(e) => {
+                self.sample_errors += 1;
+                tracing::warn!(error = %e, gpu = self.cfg.gpu_index, "GPU sample failed");
+                Input::SampleError
+            }
+        };
+        for x in self.gpu.xids() {
+            if self.cfg.xid_critical.contains(&x) {
+                tracing::error!(xid = x, gpu = self.cfg.gpu_index, "critical XID");
+                self.input(now_ms, Input::Xid(x));
+            } else {
+                tracing::warn!(xid = x, gpu = self.cfg.gpu_index, "XID (not configured as critical)");
+            }
+        }
+        let step = self.machine.step(&self.cfg.machine, now_ms, input);
+        self.apply(now_ms, step);
+
+        // Nothing offline may run while Overlimit or Disabled: late registrations go too.
+        if matches!(self.machine.state(), State::Overlimit | State::Disabled) {
+            let reason = if self.machine.state() == State::Overlimit { EvictReason::Overlimit } else { EvictReason::Disabled };
+            self.evict_all(now_ms, reason, "registered while the GPU does not admit offline work");
+        }
+        if self.cfg.host_memory.enabled && now_ms >= self.next_host_ms {
+            self.next_host_ms = now_ms + self.cfg.host_memory.check_every_ms;
+            self.check_host(now_ms);
+        }
+        if self.cfg.verify.enabled && now_ms >= self.next_verify_ms {
+            self.next_verify_ms = now_ms + self.cfg.verify.every_ms;
+            self.verify(now_ms);
+        }
+        if self.evictor.in_flight() > 0 {
+            let mut ev = std::mem::take(&mut self.events);
+            self.evictor.tick(&self.cfg.evictor, now_ms, &mut ev);
+            self.events = ev;
+        }
+        self.publish(now_ms);
+    }
+
+    fn apply(&mut self, now_ms: u64, step: crate::health::Step) {
+        for t in step.transitions {
+            tracing::warn!(gpu = self.cfg.gpu_index, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "health transition");
+            if t.to == State::Overlimit {
+                self.overlimit_entry_sample = Some(self.samples);
+            }
+            self.last_transition = Some(t);
+        }
+        for a in step.actions {
+            let Action::EvictOffline { reason } = a;
+            let r = if self.machine.state() == State::Disabled { EvictReason::Disabled } else { EvictReason::Overlimit };
+            self.evict_all(now_ms, r, &reason);
+        }
+    }
+
+    /// Re-reads the offline registry (for the state file's count).
+    pub fn refresh_offline(&mut self) {
+        self.offline();
+    }
+
+    fn offline(&mut self) -> Vec<OfflineProc> {
+        match self.ledger.offline() {
+            Ok(v) => {
+                self.ledger_error_logged = false;
+                self.offline_registered = v.len();
+                v
+            }
+            Err(e) => {
+                if !self.ledger_error_logged {
+                    tracing::error!(error = %e, "cannot read offline processes from the ledger");
+                    self.ledger_error_logged = true;
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    fn evict_all(&mut self, now_ms: u64, reason: EvictReason, why: &str) {
+        let procs = self.offline();
+        for p in procs {
+            self.evict_one(now_ms, &p, reason, why);
+        }
+    }
+
+    fn evict_one(&mut self, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str) {
+        let mut ev = std::mem::take(&mut self.events);
+        if self.evictor.evict(&self.cfg.evictor, now_ms, p, reason, why, &mut ev) {
+            self.last_eviction_sample = Some(self.samples);
+            if reason == EvictReason::Overlimit {
+                self.overlimit_eviction_lag_samples = self.overlimit_entry_sample.map(|e| self.samples.saturating_sub(e));
+            }
+            if let Err(e) = self.ledger.mark_evicting(p, reason, now_ms) {
+                tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
+            }
+        }
+        self.events = ev;
+    }
+
+    fn check_host(&mut self, now_ms: u64) {
+        let h = &self.cfg.host_memory;
+        match hostmem::read(&h.meminfo_path, &h.psi_path) {
+            Ok(r) => {
+                self.host = Some(r);
+                if let Some(why) = self.pressure.judge(h, now_ms, &r) {
+                    self.evict_all(now_ms, EvictReason::HostMemory, &why);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "host memory reading failed"),
+        }
+    }
+
+    fn verify(&mut self, now_ms: u64) {
+        let offline = self.offline();
+        if offline.is_empty() {
+            return;
+        }
+        let nvml = match self.gpu.processes() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "per-process GPU memory unavailable; skipping verification");
+                return;
+            }
+        };
+        for l in self.verifier.check(&self.cfg.verify, &offline, &nvml) {
+            let why = format!(
+                "reports {} MiB in the ledger but NVML sees {} MiB",
+                l.proc_.reported_bytes >> 20,
+                l.nvml_bytes >> 20
+            );
+            self.evict_one(now_ms, &l.proc_, EvictReason::UnderReport, &why);
+        }
+    }
+
+    fn publish(&mut self, now_ms: u64) {
+        let s = self.history.last().copied().unwrap_or_default();
+        let p = Published {
+            state: Some(self.machine.state()),
+            gpu_util: s.gpu_util,
+            sm_activity: s.sm_activity,
+            sm_source: s.sm_source,
+            sm_clock_mhz: s.sm_clock_mhz,
+            sm_clock_max_mhz: s.sm_clock_max_mhz,
+            mem_used: s.mem_used,
+            mem_total: s.mem_total,
+            t_ms: now_ms,
+        };
+        if let Err(e) = self.ledger.publish(&p) {
+            if !self.ledger_error_logged {
+                tracing::error!(error = %e, "cannot publish into the ledger");
+                self.ledger_error_logged = true;
+            }
+        }
+    }
+
+    /// The state file / status content.
+    pub fn snapshot(&self, now_ms: u64, config_files: &[String], config_error: Option<String>, reloads: u64) -> Snapshot {
+        let evictions: BTreeMap<String, u64> = self.evictor.counts().iter().map(|(k, v)| (k.as_str().to_string(), *v)).collect();
+        Snapshot {
+            gpu: self.cfg.gpu_index,
+            monitor_pid: std::process::id(),
+            boot_id: boot_id(),
+            state: self.machine.state(),
+            admits_offline: self.machine.state().admits_offline(),
+            disabled_by: self.machine.disabled_by(),
+            updated_unix_ms: unix_ms(),
+            updated_mono_ms: now_ms,
+            interval_ms: self.cfg.interval_ms,
+            sample: self.history.last().copied(),
+            hold_ms: self.machine.current_hold_ms(),
+            hold_remaining_ms: self.machine.hold_remaining_ms(now_ms),
+            overlimit_entries_mono_ms: self.machine.overlimit_entries().collect(),
+            last_transition: self.last_transition.as_ref().map(|t| (t.from, t.to, t.reason.clone())),
+            evictions,
+            kills: self.evictor.kills(),
+            evictions_in_flight: self.evictor.in_flight(),
+            offline_registered: self.offline_registered,
+            samples: self.samples,
+            sample_errors: self.sample_errors,
+            host_mem_available_pct: self.host.map(|h| h.available_pct()),
+            host_psi_some_avg10: self.host.and_then(|h| h.psi_some_avg10),
+            config_files: config_files.to_vec(),
+            config_error,
+            config_reloads: reloads,
+            overlimit_entry_sample: self.overlimit_entry_sample,
+            last_eviction_sample: self.last_eviction_sample,
+            overlimit_eviction_lag_samples: self.overlimit_eviction_lag_samples,
+        }
+    }
+}
+
+/// This boot's id, so Overlimit history (monotonic times) is only resumed within one boot.
+pub fn boot_id() -> String {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default())
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::port::MemLedger;
+    use crate::sampler::ProcMem;
+
+    struct Script {
+        next: Vec<Result<GpuSample, String>>,
+        procs: Vec<ProcMem>,
+        xids: Vec<u64>,
+    }
+    impl GpuSource for Script {
+        fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
+            let mut s = if self.next.len() > 1 { self.next.remove(0) } else { self.next[0].clone() };
+            if let Ok(x) = &mut s {
+                x.t_ms = now_ms;
+            }
+            s
+        }
+        fn processes(&mut self) -> Result<Vec<ProcMem>, String> {
+            Ok(self.procs.clone())
+        }
+        fn xids(&mut self) -> Vec<u64> {
+            std::mem::take(&mut self.xids)
+        }
+    }
+
+    #[derive(Default)]
+    struct Rec(Vec<(u32, i32)>);
+    impl Signaller for Rec {
+        fn signal(&mut self, pid: u32, _s: u64, sig: i32) -> Result<bool, String> {
+            self.0.push((pid, sig));
+            Ok(true)
+        }
+        fn alive(&mut self, _pid: u32, _s: u64) -> bool {
+            true
+        }
+    }
+
+    fn gs(util: f64) -> GpuSample {
+        GpuSample { gpu_util: util, sm_activity: util, sm_clock_mhz: 1000, sm_clock_max_mhz: 1000, mem_used: 1, mem_total: 100, ..Default::default() }
+    }
+
+    fn cfg() -> Config {
+        let mut c = Config::default();
+        c.host_memory.enabled = false;
+        c.machine.hold_base_ms = 100;
+        c.machine.hold_max_ms = 1000;
+        c.evictor.grace_ms = 30;
+        c.verify.strikes = 1;
+        c
+    }
+
+    fn off(pid: u32) -> OfflineProc {
+        OfflineProc { slot: 0, signalable: true, pid, start_time: 7, reported_bytes: 0, evict_requested_ms: None }
+    }
+
+    #[test]
+    fn overlimit_sample_sigterms_offline_in_the_same_tick_and_publishes() {
+        let gpu = Script { next: vec![Ok(gs(10.0)), Ok(gs(99.5))], procs: vec![], xids: vec![] };
+        let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
+        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        m.tick(0);
+        assert_eq!(m.machine.state(), State::Healthy);
+        assert!(m.evictor.counts().is_empty());
+        m.tick(10);
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert_eq!(m.events, vec![Event::Term { pid: 500, reason: EvictReason::Overlimit }]);
+        assert_eq!(m.ledger.marks, vec![(500, EvictReason::Overlimit)]);
+        assert_eq!(m.ledger.published.last().unwrap().state, Some(State::Overlimit));
+        m.tick(45);
+        assert_eq!(m.events, vec![Event::Kill { pid: 500, reason: EvictReason::Overlimit }]);
+    }
+
+    #[test]
+    fn under_reporter_is_evicted_honest_one_is_not() {
+        let mib = 1 << 20;
+        let gpu = Script {
+            next: vec![Ok(gs(10.0))],
+            procs: vec![ProcMem { pid: 600, used_bytes: 900 * mib }, ProcMem { pid: 601, used_bytes: 100 * mib }],
+            xids: vec![],
+        };
+        let mut a = off(600);
+        a.reported_bytes = 100 * mib;
+        let mut b = off(601);
+        b.reported_bytes = 100 * mib;
+        let ledger = MemLedger { procs: vec![a, b], ..Default::default() };
+        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        m.tick(0);
+        assert_eq!(m.evictor.signaller().0.clone(), vec![(600, libc::SIGTERM)]);
+        assert_eq!(m.machine.state(), State::Healthy, "a liar does not change GPU health");
+    }
+
+    #[test]
+    fn critical_xid_disables_and_evicts_other_xids_do_not() {
+        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![13] };
+        let ledger = MemLedger { procs: vec![off(700)], ..Default::default() };
+        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        m.tick(0);
+        assert_eq!(m.machine.state(), State::Healthy);
+        m.gpu.xids = vec![31];
+        m.tick(10);
+        assert_eq!(m.machine.state(), State::Disabled);
+        assert_eq!(m.events, vec![Event::Term { pid: 700, reason: EvictReason::Disabled }]);
+    }
+
+    #[test]
+    fn restart_does_not_signal_twice() {
+        let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![] };
+        let mut p = off(800);
+        p.evict_requested_ms = Some(0);
+        let ledger = MemLedger { procs: vec![p], ..Default::default() };
+        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        m.tick(5);
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert!(m.evictor.signaller().0.clone().is_empty(), "SIGTERM already sent by the previous run");
+        m.tick(31);
+        assert_eq!(m.evictor.signaller().0.clone(), vec![(800, libc::SIGKILL)]);
+    }
+}

@@ -1,0 +1,243 @@
+//! What the monitor tells the outside: the JSON state file (atomic rename), Prometheus text,
+//! and the `sysmonitor status` table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::health::{DisableCause, State};
+use crate::sampler::GpuSample;
+
+/// The state file's content (also what `status` reads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub gpu: u32,
+    pub monitor_pid: u32,
+    pub boot_id: String,
+    pub state: State,
+    pub admits_offline: bool,
+    pub disabled_by: Option<DisableCause>,
+    /// Wall-clock ms of this snapshot.
+    pub updated_unix_ms: u64,
+    /// Monotonic ms of this snapshot.
+    pub updated_mono_ms: u64,
+    pub interval_ms: u64,
+    pub sample: Option<GpuSample>,
+    pub hold_ms: u64,
+    pub hold_remaining_ms: Option<u64>,
+    /// Monotonic ms of Overlimit entries inside the window (restored after a restart).
+    pub overlimit_entries_mono_ms: Vec<u64>,
+    pub last_transition: Option<(State, State, String)>,
+    pub evictions: BTreeMap<String, u64>,
+    pub kills: u64,
+    pub evictions_in_flight: usize,
+    pub offline_registered: usize,
+    pub samples: u64,
+    pub sample_errors: u64,
+    pub host_mem_available_pct: Option<f64>,
+    pub host_psi_some_avg10: Option<f64>,
+    pub config_files: Vec<String>,
+    /// The last config reload error, kept until a reload succeeds.
+    pub config_error: Option<String>,
+    pub config_reloads: u64,
+    /// Sample number of the last Overlimit entry / last eviction started (SIGTERM latency in
+    /// sampling intervals is their difference).
+    #[serde(default)]
+    pub overlimit_entry_sample: Option<u64>,
+    #[serde(default)]
+    pub last_eviction_sample: Option<u64>,
+    /// Sampling intervals between the last Overlimit entry and the eviction it caused.
+    #[serde(default)]
+    pub overlimit_eviction_lag_samples: Option<u64>,
+}
+
+/// Writes `bytes` to `path` through a temp file and rename, so readers never see half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+pub fn write_state_file(path: &Path, s: &Snapshot) -> std::io::Result<()> {
+    let mut v = serde_json::to_vec(s).map_err(std::io::Error::other)?;
+    v.push(b'\n');
+    write_atomic(path, &v)
+}
+
+pub fn read_state_file(path: &Path) -> Result<Snapshot, String> {
+    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&t).map_err(|e| format!("{}:{}: {e}", path.display(), e.line()))
+}
+
+/// Prometheus text exposition (format 0.0.4).
+pub fn prometheus(s: &Snapshot) -> String {
+    let mut o = String::with_capacity(2048);
+    let g = s.gpu;
+    let mut metric = |name: &str, help: &str, kind: &str, rows: &[(String, f64)]| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in rows {
+            let _ = writeln!(o, "{name}{{gpu=\"{g}\"{labels}}} {v}");
+        }
+    };
+    let states = [State::Init, State::Healthy, State::Unhealthy, State::Overlimit, State::Disabled];
+    let rows: Vec<_> = states.iter().map(|st| (format!(",state=\"{}\"", st.as_str()), (s.state == *st) as u8 as f64)).collect();
+    metric("xshare_gpu_health_state", "1 for the current health state of the GPU", "gauge", &rows);
+    metric("xshare_gpu_admits_offline", "1 when offline work may be placed on this GPU", "gauge", &[(String::new(), s.admits_offline as u8 as f64)]);
+    if let Some(x) = &s.sample {
+        let src = x.sm_source.map(|v| v.as_str()).unwrap_or("none");
+        metric("xshare_gpu_utilization_percent", "GPU utilization", "gauge", &[(String::new(), x.gpu_util)]);
+        metric("xshare_gpu_sm_activity_percent", "SM activity and its source", "gauge", &[(format!(",source=\"{src}\""), x.sm_activity)]);
+        metric("xshare_gpu_sm_clock_mhz", "SM clock", "gauge", &[(String::new(), x.sm_clock_mhz as f64)]);
+        metric("xshare_gpu_sm_clock_max_mhz", "Maximum SM clock", "gauge", &[(String::new(), x.sm_clock_max_mhz as f64)]);
+        metric("xshare_gpu_memory_used_bytes", "GPU memory used", "gauge", &[(String::new(), x.mem_used as f64)]);
+        metric("xshare_gpu_memory_total_bytes", "GPU memory total", "gauge", &[(String::new(), x.mem_total as f64)]);
+        if let Some(p) = x.power_mw {
+            metric("xshare_gpu_power_watts", "Board power", "gauge", &[(String::new(), p as f64 / 1000.0)]);
+        }
+        if let Some(t) = x.temp_c {
+            metric("xshare_gpu_temperature_celsius", "GPU temperature", "gauge", &[(String::new(), t as f64)]);
+        }
+    }
+    let ev: Vec<_> = crate::port::EvictReason::ALL
+        .iter()
+        .map(|r| (format!(",reason=\"{}\"", r.as_str()), *s.evictions.get(r.as_str()).unwrap_or(&0) as f64))
+        .collect();
+    metric("xshare_evictions_total", "Offline processes evicted, by reason", "counter", &ev);
+    metric("xshare_eviction_kills_total", "Evictions that needed SIGKILL after the grace period", "counter", &[(String::new(), s.kills as f64)]);
+    metric("xshare_overlimit_entries_window", "Overlimit entries inside the hold window", "gauge", &[(String::new(), s.overlimit_entries_mono_ms.len() as f64)]);
+    metric("xshare_overlimit_hold_seconds", "Hold of the current or last Overlimit stay", "gauge", &[(String::new(), s.hold_ms as f64 / 1000.0)]);
+    metric("xshare_samples_total", "GPU samples taken", "counter", &[(String::new(), s.samples as f64)]);
+    metric("xshare_sample_errors_total", "GPU samples that failed", "counter", &[(String::new(), s.sample_errors as f64)]);
+    metric("xshare_config_error", "1 while the last config reload failed (old config kept)", "gauge", &[(String::new(), s.config_error.is_some() as u8 as f64)]);
+    if let Some(a) = s.host_mem_available_pct {
+        metric("xshare_host_memory_available_percent", "Host MemAvailable / MemTotal", "gauge", &[(String::new(), a)]);
+    }
+    if let Some(p) = s.host_psi_some_avg10 {
+        metric("xshare_host_memory_psi_some_avg10", "Host memory PSI some avg10", "gauge", &[(String::new(), p)]);
+    }
+    o
+}
+
+/// Human-readable table for `sysmonitor status`.
+pub fn status_table(s: &Snapshot, now_unix_ms: u64) -> String {
+    let mut o = String::new();
+    let age = now_unix_ms.saturating_sub(s.updated_unix_ms);
+    let row = |o: &mut String, k: &str, v: String| {
+        let _ = writeln!(o, "  {k:<22} {v}");
+    };
+    let _ = writeln!(o, "GPU {}  (monitor pid {}, updated {} ms ago)", s.gpu, s.monitor_pid, age);
+    let mut st = s.state.as_str().to_uppercase();
+    if let Some(d) = s.disabled_by {
+        st.push_str(&format!(" by {d:?}"));
+    }
+    row(&mut o, "state", st);
+    row(&mut o, "admits offline", if s.admits_offline { "yes".into() } else { "no".into() });
+    if let Some(r) = s.hold_remaining_ms {
+        row(&mut o, "overlimit hold left", format!("{r} ms of {} ms", s.hold_ms));
+    }
+    row(&mut o, "overlimit entries (2h)", s.overlimit_entries_mono_ms.len().to_string());
+    if let Some((a, b, why)) = &s.last_transition {
+        row(&mut o, "last transition", format!("{} -> {}: {why}", a.as_str(), b.as_str()));
+    }
+    if let Some(x) = &s.sample {
+        row(&mut o, "gpu util", format!("{:.1} %", x.gpu_util));
+        row(&mut o, "sm activity", format!("{:.1} % (source: {})", x.sm_activity, x.sm_source.map(|v| v.as_str()).unwrap_or("none")));
+        row(&mut o, "sm clock", format!("{} / {} MHz", x.sm_clock_mhz, x.sm_clock_max_mhz));
+        row(&mut o, "memory", format!("{} / {} MiB", x.mem_used >> 20, x.mem_total >> 20));
+        if let Some(p) = x.power_mw {
+            row(&mut o, "power", format!("{:.1} W", p as f64 / 1000.0));
+        }
+        if let Some(t) = x.temp_c {
+            row(&mut o, "temperature", format!("{t} C"));
+        }
+    }
+    row(&mut o, "offline registered", s.offline_registered.to_string());
+    let ev: Vec<String> = s.evictions.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    row(&mut o, "evictions", if ev.is_empty() { "none".into() } else { ev.join(" ") });
+    row(&mut o, "sigkills", s.kills.to_string());
+    row(&mut o, "samples / errors", format!("{} / {} at {} ms", s.samples, s.sample_errors, s.interval_ms));
+    if let Some(a) = s.host_mem_available_pct {
+        let psi = s.host_psi_some_avg10.map(|p| format!(", PSI some avg10 {p:.1} %")).unwrap_or_default();
+        row(&mut o, "host memory", format!("{a:.1} % available{psi}"));
+    }
+    row(&mut o, "config", s.config_files.join(" + "));
+    if let Some(e) = &s.config_error {
+        row(&mut o, "CONFIG ERROR", format!("{e} (previous config still in force)"));
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap() -> Snapshot {
+        Snapshot {
+            gpu: 0,
+            monitor_pid: 1,
+            boot_id: "b".into(),
+            state: State::Overlimit,
+            admits_offline: false,
+            disabled_by: None,
+            updated_unix_ms: 1000,
+            updated_mono_ms: 5,
+            interval_ms: 10,
+            sample: Some(GpuSample { gpu_util: 99.0, sm_activity: 97.0, sm_source: Some(crate::sampler::SmSource::Gpm), ..Default::default() }),
+            hold_ms: 200,
+            hold_remaining_ms: Some(150),
+            overlimit_entries_mono_ms: vec![1, 2],
+            last_transition: Some((State::Healthy, State::Overlimit, "gpu_util".into())),
+            evictions: [("overlimit".to_string(), 2)].into_iter().collect(),
+            kills: 0,
+            evictions_in_flight: 0,
+            offline_registered: 1,
+            samples: 10,
+            sample_errors: 0,
+            host_mem_available_pct: Some(50.0),
+            host_psi_some_avg10: None,
+            config_files: vec!["/etc/x.json".into()],
+            config_error: Some("bad".into()),
+            config_reloads: 0,
+            overlimit_entry_sample: Some(3),
+            last_eviction_sample: Some(3),
+            overlimit_eviction_lag_samples: Some(0),
+        }
+    }
+
+    #[test]
+    fn state_file_round_trips_atomically() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        write_state_file(&p, &snap()).unwrap();
+        assert_eq!(read_state_file(&p).unwrap(), snap());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1, "no temp file left behind");
+    }
+
+    #[test]
+    fn prometheus_has_one_hot_state_and_labelled_counters() {
+        let t = prometheus(&snap());
+        assert!(t.contains("xshare_gpu_health_state{gpu=\"0\",state=\"overlimit\"} 1\n"));
+        assert!(t.contains("xshare_gpu_health_state{gpu=\"0\",state=\"healthy\"} 0\n"));
+        assert!(t.contains("xshare_evictions_total{gpu=\"0\",reason=\"overlimit\"} 2\n"));
+        assert!(t.contains("xshare_gpu_sm_activity_percent{gpu=\"0\",source=\"gpm\"} 97\n"));
+        for line in t.lines().filter(|l| !l.starts_with('#')) {
+            let v = line.rsplit(' ').next().unwrap();
+            assert!(v.parse::<f64>().is_ok(), "bad sample line {line}");
+        }
+    }
+
+    #[test]
+    fn status_table_shows_state_hold_and_config_error() {
+        let t = status_table(&snap(), 1100);
+        assert!(t.contains("OVERLIMIT"));
+        assert!(t.contains("150 ms of 200 ms"));
+        assert!(t.contains("CONFIG ERROR"));
+        assert!(t.contains("source: gpm"));
+    }
+}

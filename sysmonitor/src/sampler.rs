@@ -1,0 +1,294 @@
+//! GPU sampling through NVML (`nvml-wrapper`), choosing the best SM-activity source available.
+
+use nvml_wrapper::enum_wrappers::device::{Clock, Sampling, TemperatureSensor};
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings as sys;
+use serde::{Deserialize, Serialize};
+
+use crate::health::Metrics;
+
+/// Where the SM activity figure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SmSource {
+    /// NVML GPM `SM_UTIL` (Hopper and later): true SM activity.
+    Gpm,
+    /// `nvmlDeviceGetSamples(GPU_UTILIZATION)` averaged since the last sample.
+    UtilSamples,
+    /// `nvmlDeviceGetUtilizationRates().gpu`: coarse fallback.
+    UtilRates,
+}
+
+impl SmSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SmSource::Gpm => "gpm",
+            SmSource::UtilSamples => "util_samples",
+            SmSource::UtilRates => "util_rates",
+        }
+    }
+}
+
+/// One GPU reading.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct GpuSample {
+    /// Monotonic ms when taken.
+    pub t_ms: u64,
+    pub gpu_util: f64,
+    pub sm_activity: f64,
+    pub sm_source: Option<SmSource>,
+    pub sm_clock_mhz: u32,
+    pub sm_clock_max_mhz: u32,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub power_mw: Option<u32>,
+    pub temp_c: Option<u32>,
+}
+
+impl GpuSample {
+    /// The values the health machine judges.
+    pub fn metrics(&self) -> Metrics {
+        let pct = |a: f64, b: f64| if b > 0.0 { a * 100.0 / b } else { 0.0 };
+        Metrics {
+            gpu_util: self.gpu_util,
+            sm_activity: self.sm_activity,
+            sm_clock_pct: if self.sm_clock_max_mhz == 0 { 100.0 } else { pct(self.sm_clock_mhz as f64, self.sm_clock_max_mhz as f64) },
+            mem_used_pct: pct(self.mem_used as f64, self.mem_total as f64),
+        }
+    }
+}
+
+/// A process's GPU memory as the driver sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcMem {
+    pub pid: u32,
+    pub used_bytes: u64,
+}
+
+/// A source of GPU samples; NVML in production, scripted in unit tests.
+pub trait GpuSource {
+    fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String>;
+    fn processes(&mut self) -> Result<Vec<ProcMem>, String>;
+    /// Critical XID codes seen since the last call (non-blocking).
+    fn xids(&mut self) -> Vec<u64>;
+}
+
+/// Two GPM sample buffers, swapped each reading.
+struct Gpm {
+    lib: sys::NvmlLib,
+    prev: sys::nvmlGpmSample_t,
+    cur: sys::nvmlGpmSample_t,
+    primed: bool,
+}
+
+// SAFETY: the GPM buffers are plain NVML allocations owned by this struct and only used from
+// the thread that owns the sampler.
+unsafe impl Send for Gpm {}
+
+impl Drop for Gpm {
+    fn drop(&mut self) {
+        // SAFETY: both handles came from nvmlGpmSampleAlloc and are freed exactly once here.
+        unsafe {
+            self.lib.nvmlGpmSampleFree(self.prev);
+            self.lib.nvmlGpmSampleFree(self.cur);
+        }
+    }
+}
+
+impl Gpm {
+    /// Opens GPM on `dev` if NVML and the device support it.
+    fn open(dev: &Device<'static>) -> Option<Gpm> {
+        // SAFETY: loading NVML again only bumps the loader's refcount; the symbols are the
+        // published NVML ABI described by nvml-wrapper-sys.
+        let lib = unsafe { sys::NvmlLib::new("libnvidia-ml.so.1") }.ok()?;
+        // SAFETY: `handle()` is a live device handle for the leaked `Nvml`, valid for 'static.
+        let handle = unsafe { dev.handle() };
+        let mut sup = sys::nvmlGpmSupport_t { version: sys::NVML_GPM_SUPPORT_VERSION, isSupportedDevice: 0 };
+        // SAFETY: `sup` is a properly versioned out-struct; missing symbols are caught by libloading.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { lib.nvmlGpmQueryDeviceSupport(handle, &mut sup) }));
+        if r.ok()? != sys::nvmlReturn_enum_NVML_SUCCESS || sup.isSupportedDevice == 0 {
+            return None;
+        }
+        let mut prev = std::ptr::null_mut();
+        let mut cur = std::ptr::null_mut();
+        // SAFETY: out-pointers to local handles; freed in Drop.
+        unsafe {
+            if lib.nvmlGpmSampleAlloc(&mut prev) != sys::nvmlReturn_enum_NVML_SUCCESS {
+                return None;
+            }
+            if lib.nvmlGpmSampleAlloc(&mut cur) != sys::nvmlReturn_enum_NVML_SUCCESS {
+                lib.nvmlGpmSampleFree(prev);
+                return None;
+            }
+        }
+        Some(Gpm { lib, prev, cur, primed: false })
+    }
+
+    /// SM utilization (%) between the previous and this reading; None on the first one.
+    fn read(&mut self, handle: sys::nvmlDevice_t) -> Result<Option<f64>, String> {
+        // SAFETY: `cur` is an allocated GPM sample and `handle` a live device.
+        let r = unsafe { self.lib.nvmlGpmSampleGet(handle, self.cur) };
+        if r != sys::nvmlReturn_enum_NVML_SUCCESS {
+            return Err(format!("nvmlGpmSampleGet returned {r}"));
+        }
+        std::mem::swap(&mut self.prev, &mut self.cur);
+        if !self.primed {
+            self.primed = true;
+            return Ok(None);
+        }
+        // SAFETY: zeroed is a valid bit pattern for this plain C struct (null pointers, zeros).
+        let mut g: sys::nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
+        g.version = sys::NVML_GPM_METRICS_GET_VERSION;
+        g.numMetrics = 1;
+        g.sample1 = self.cur; // older (swapped above)
+        g.sample2 = self.prev; // newer
+        g.metrics[0].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL;
+        // SAFETY: `g` is versioned and points at two samples taken from this device.
+        let r = unsafe { self.lib.nvmlGpmMetricsGet(&mut g) };
+        if r != sys::nvmlReturn_enum_NVML_SUCCESS || g.metrics[0].nvmlReturn != sys::nvmlReturn_enum_NVML_SUCCESS {
+            return Err(format!("nvmlGpmMetricsGet returned {r}/{}", g.metrics[0].nvmlReturn));
+        }
+        Ok(Some(g.metrics[0].value))
+    }
+}
+
+/// NVML-backed source for one device.
+pub struct NvmlSource {
+    dev: Device<'static>,
+    gpm: Option<Gpm>,
+    last_sample_ts: u64,
+    last_sm: f64,
+    samples_ok: bool,
+    events: Option<nvml_wrapper::EventSet<'static>>,
+    /// Max SM clock never changes: read once.
+    max_clock: Option<u32>,
+    /// Power and temperature are shown, not judged: refreshed every `AUX_EVERY` samples.
+    aux: (Option<u32>, Option<u32>),
+    n: u64,
+}
+
+/// Samples between two power/temperature reads.
+const AUX_EVERY: u64 = 10;
+
+fn e(what: &str, err: NvmlError) -> String {
+    format!("{what}: {err}")
+}
+
+impl NvmlSource {
+    /// Initializes NVML and opens GPU `index`; NVML lives for the rest of the process.
+    pub fn open(index: u32) -> Result<NvmlSource, String> {
+        let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(|x| e("nvmlInit", x))?));
+        let dev = nvml.device_by_index(index).map_err(|x| e(&format!("device {index}"), x))?;
+        let gpm = Gpm::open(&dev);
+        let events = nvml
+            .create_event_set()
+            .ok()
+            .and_then(|set| dev.register_events(nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR, set).ok());
+        tracing::info!(gpu = index, gpm = gpm.is_some(), xid_events = events.is_some(), "NVML device opened");
+        Ok(NvmlSource { dev, gpm, last_sample_ts: 0, last_sm: 0.0, samples_ok: true, events, max_clock: None, aux: (None, None), n: 0 })
+    }
+
+    fn sm_activity(&mut self, util_rate: f64) -> (f64, SmSource) {
+        if let Some(g) = &mut self.gpm {
+            // SAFETY: live handle of the leaked Nvml.
+            let h = unsafe { self.dev.handle() };
+            match g.read(h) {
+                Ok(Some(v)) => {
+                    self.last_sm = v;
+                    return (v, SmSource::Gpm);
+                }
+                Ok(None) => return (util_rate, SmSource::Gpm),
+                Err(err) => {
+                    tracing::warn!(error = %err, "GPM read failed; falling back to utilization samples");
+                    self.gpm = None;
+                }
+            }
+        }
+        if self.samples_ok {
+            match self.dev.samples(Sampling::GpuUtilization, self.last_sample_ts) {
+                Ok(v) if !v.is_empty() => {
+                    let mut sum = 0.0;
+                    for s in &v {
+                        self.last_sample_ts = self.last_sample_ts.max(s.timestamp);
+                        sum += match s.value {
+                            SampleValue::F64(x) => x,
+                            SampleValue::U32(x) => x as f64,
+                            SampleValue::U64(x) => x as f64,
+                            SampleValue::I64(x) => x as f64,
+                        };
+                    }
+                    self.last_sm = sum / v.len() as f64;
+                    return (self.last_sm, SmSource::UtilSamples);
+                }
+                // No new samples since the last read: the last average still holds.
+                Ok(_) => return (self.last_sm, SmSource::UtilSamples),
+                Err(NvmlError::NotFound) => return (self.last_sm, SmSource::UtilSamples),
+                Err(err) => {
+                    tracing::warn!(error = %err, "utilization samples unavailable; using utilization rates");
+                    self.samples_ok = false;
+                }
+            }
+        }
+        (util_rate, SmSource::UtilRates)
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
+        let u = self.dev.utilization_rates().map_err(|x| e("utilization", x))?;
+        let mem = self.dev.memory_info().map_err(|x| e("memory info", x))?;
+        let clk = self.dev.clock_info(Clock::SM).map_err(|x| e("SM clock", x))?;
+        let max = match self.max_clock {
+            Some(m) => m,
+            None => {
+                let m = self.dev.max_clock_info(Clock::SM).map_err(|x| e("max SM clock", x))?;
+                self.max_clock = Some(m);
+                m
+            }
+        };
+        let (sm, src) = self.sm_activity(u.gpu as f64);
+        if self.n % AUX_EVERY == 0 {
+            self.aux = (self.dev.power_usage().ok(), self.dev.temperature(TemperatureSensor::Gpu).ok());
+        }
+        self.n += 1;
+        Ok(GpuSample {
+            t_ms: now_ms,
+            gpu_util: u.gpu as f64,
+            sm_activity: sm,
+            sm_source: Some(src),
+            sm_clock_mhz: clk,
+            sm_clock_max_mhz: max,
+            mem_used: mem.used,
+            mem_total: mem.total,
+            power_mw: self.aux.0,
+            temp_c: self.aux.1,
+        })
+    }
+
+    fn processes(&mut self) -> Result<Vec<ProcMem>, String> {
+        let v = self.dev.running_compute_processes().map_err(|x| e("running compute processes", x))?;
+        Ok(v.into_iter()
+            .map(|p| ProcMem {
+                pid: p.pid,
+                used_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b,
+                    UsedGpuMemory::Unavailable => 0,
+                },
+            })
+            .collect())
+    }
+
+    fn xids(&mut self) -> Vec<u64> {
+        let mut out = Vec::new();
+        if let Some(set) = &self.events {
+            while let Ok(ev) = set.wait(0) {
+                if let Some(nvml_wrapper::enums::event::XidError::Value(v)) = ev.event_data {
+                    out.push(v);
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,80 @@
+//! Trust but verify: compares what offline processes report in the ledger with NVML's
+//! per-process memory and flags those that under-report several checks in a row.
+
+use std::collections::HashMap;
+
+use crate::config::VerifyConfig;
+use crate::port::OfflineProc;
+use crate::sampler::ProcMem;
+
+/// A process caught under-reporting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Liar {
+    pub proc_: OfflineProc,
+    pub nvml_bytes: u64,
+}
+
+/// Strike counts per process identity.
+#[derive(Debug, Default)]
+pub struct Verifier {
+    strikes: HashMap<(u32, u64), u32>,
+}
+
+impl Verifier {
+    /// Checks every registered offline process against NVML's figures; returns those whose
+    /// strikes reached the limit.
+    pub fn check(&mut self, cfg: &VerifyConfig, offline: &[OfflineProc], nvml: &[ProcMem]) -> Vec<Liar> {
+        let tol = cfg.tolerance_mib * 1024 * 1024;
+        let mut seen = Vec::with_capacity(offline.len());
+        let mut liars = Vec::new();
+        for p in offline {
+            seen.push(p.key());
+            let used: u64 = nvml.iter().filter(|m| m.pid == p.pid).map(|m| m.used_bytes).sum();
+            let s = self.strikes.entry(p.key()).or_default();
+            if used > p.reported_bytes.saturating_add(tol) {
+                *s += 1;
+                if *s >= cfg.strikes {
+                    liars.push(Liar { proc_: *p, nvml_bytes: used });
+                }
+            } else {
+                *s = 0;
+            }
+        }
+        self.strikes.retain(|k, _| seen.contains(k));
+        liars
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn p(pid: u32, reported: u64) -> OfflineProc {
+        OfflineProc { slot: 0, signalable: true, pid, start_time: 1, reported_bytes: reported, evict_requested_ms: None }
+    }
+
+    #[test]
+    fn under_reporter_is_flagged_after_strikes_honest_one_never() {
+        let cfg = VerifyConfig { tolerance_mib: 10, strikes: 2, ..Default::default() };
+        let mut v = Verifier::default();
+        let offline = [p(1, 100 * MIB), p(2, 100 * MIB)];
+        let nvml = [ProcMem { pid: 1, used_bytes: 500 * MIB }, ProcMem { pid: 2, used_bytes: 105 * MIB }];
+        assert!(v.check(&cfg, &offline, &nvml).is_empty());
+        let l = v.check(&cfg, &offline, &nvml);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l[0].proc_.pid, 1);
+        assert_eq!(l[0].nvml_bytes, 500 * MIB);
+    }
+
+    #[test]
+    fn an_honest_check_resets_strikes() {
+        let cfg = VerifyConfig { tolerance_mib: 0, strikes: 2, ..Default::default() };
+        let mut v = Verifier::default();
+        let offline = [p(1, 10)];
+        assert!(v.check(&cfg, &offline, &[ProcMem { pid: 1, used_bytes: 20 }]).is_empty());
+        assert!(v.check(&cfg, &offline, &[ProcMem { pid: 1, used_bytes: 10 }]).is_empty());
+        assert!(v.check(&cfg, &offline, &[ProcMem { pid: 1, used_bytes: 20 }]).is_empty());
+    }
+}

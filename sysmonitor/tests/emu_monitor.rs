@@ -1,0 +1,265 @@
+//! The monitor as a real process against the GPU emulator (fake NVML over the emulated device):
+//! Overlimit eviction and hold, trust-but-verify, SIGHUP reload, restart without double eviction.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{register, EmuNode, Load};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(20);
+
+/// Judges SM activity only (the emulator's utilization and clock follow it anyway), with a
+/// short hold and grace so the test stays short.
+fn config(hold_ms: u64, grace_ms: u64) -> String {
+    format!(
+        r#"{{
+  "interval_ms": 10,
+  "state_file_every_ms": 10,
+  "host_memory": {{ "enabled": false }},
+  "machine": {{
+    "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
+    "sm_activity": {{ "healthy": 30, "unhealthy": 60, "overlimit": 80 }},
+    "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
+    "mem_used":    {{ "healthy": 80, "unhealthy": 90, "overlimit": 95 }},
+    "hold_base_ms": {hold_ms},
+    "hold_max_ms": 60000
+  }},
+  "evictor": {{ "grace_ms": {grace_ms} }},
+  "verify": {{ "every_ms": 50, "strikes": 2, "tolerance_mib": 16 }}
+}}
+"#
+    )
+}
+
+fn state(v: &Value) -> &str {
+    v["state"].as_str().unwrap_or("")
+}
+
+#[test]
+fn helper_entry() {
+    common::helper_main();
+}
+
+#[test]
+fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
+    let mut n = EmuNode::new();
+    n.start_monitor("mon.json", &config(400, 5000));
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let offline = n.spawn_sh("exec sleep 60");
+    let online_bystander = n.spawn_sh("exec sleep 60");
+    register(&ledger, n.pid(offline), 0);
+
+    let load = Load::start(&n.state, 1.0, 5.0);
+    let sig = n.wait_exit(offline, T).expect("offline process was not evicted");
+    assert_eq!(sig, Some(libc::SIGTERM), "evicted with SIGTERM");
+    let v = n.wait_state(T, "eviction recorded", |v| v["evictions"]["overlimit"] == 1);
+    assert_eq!(state(&v), "overlimit");
+    let lag = v["overlimit_eviction_lag_samples"].as_u64().unwrap();
+    assert!(lag <= 2, "SIGTERM {lag} samples after the Overlimit decision");
+    assert!(n.alive(online_bystander), "a process not registered as offline is never touched");
+
+    // Online burst ends: the monitor must stay Overlimit for the whole hold, then Unhealthy,
+    // and only then Healthy.
+    load.stop();
+    // Judged on the monitor's own clock: the largest hold left it reported while calm, and the
+    // time it reported leaving Overlimit (robust to when this test happens to read the file).
+    let seen = std::cell::Cell::new(None::<(u64, u64)>);
+    let left = n.wait_state(T, "leaving overlimit", |v| {
+        if state(v) == "overlimit" {
+            if let (Some(r), Some(t)) = (v["hold_remaining_ms"].as_u64(), v["updated_mono_ms"].as_u64()) {
+                if seen.get().is_none_or(|(_, br)| r > br) {
+                    seen.set(Some((t, r)));
+                }
+            }
+        }
+        state(v) != "overlimit"
+    });
+    let (t1, r_max) = seen.get().expect("the monitor never reported a running hold");
+    assert_eq!(left["hold_ms"], 400);
+    assert!(r_max + 50 >= 400, "the hold started at {r_max} ms left, expected about 400");
+    let t2 = left["updated_mono_ms"].as_u64().unwrap();
+    assert!(t2 + 20 >= t1 + r_max, "left Overlimit {} ms after a report of {r_max} ms hold left", t2 - t1);
+    let healthy = n.wait_state(T, "healthy again", |v| state(v) == "healthy");
+    let last = &healthy["last_transition"];
+    assert_eq!(last[0], "unhealthy", "Healthy is reached through Unhealthy: {last}");
+    assert!(n.log("mon.json").contains("evicting offline process (SIGTERM)"));
+}
+
+#[test]
+fn liar_is_evicted_honest_process_is_not() {
+    let mut n = EmuNode::new();
+    n.start_monitor("mon.json", &config(400, 5000));
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let liar = n.spawn_helper("gpu-mem", "2048");
+    let honest = n.spawn_helper("gpu-mem", "1024");
+    let dev = n.device();
+    let (lp, hp) = (n.pid(liar), n.pid(honest));
+    let deadline = std::time::Instant::now() + T;
+    while !(dev.snapshot().processes.iter().any(|p| p.pid == lp) && dev.snapshot().processes.iter().any(|p| p.pid == hp)) {
+        assert!(std::time::Instant::now() < deadline, "helpers never reached the device");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    register(&ledger, lp, 0);
+    register(&ledger, hp, 1024 << 20);
+    let sig = n.wait_exit(liar, T).expect("the under-reporting process was not evicted");
+    assert_eq!(sig, Some(libc::SIGTERM));
+    let v = n.wait_state(T, "under_report counted", |v| v["evictions"]["under_report"] == 1);
+    assert_eq!(state(&v), "healthy", "a liar does not change the GPU's health");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(n.alive(honest), "the honest process is left alone");
+    assert!(n.log("mon.json").contains("reports 0 MiB in the ledger but NVML sees 2048 MiB"));
+}
+
+#[test]
+fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
+    let mut n = EmuNode::new();
+    let mon = n.start_monitor("mon.json", &config(400, 5000));
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let cfg = n.path("mon.json");
+    let good = std::fs::read_to_string(&cfg).unwrap();
+
+    std::fs::write(&cfg, good.replace(r#""healthy": 30, "unhealthy": 60"#, r#""healthy": 70, "unhealthy": 60"#)).unwrap();
+    n.signal(mon, libc::SIGHUP);
+    let v = n.wait_state(T, "config error reported", |v| v["config_error"].is_string());
+    let err = v["config_error"].as_str().unwrap();
+    assert!(err.contains("mon.json:7") && err.contains("machine.sm_activity") && err.contains("healthy < unhealthy"), "{err}");
+    assert_eq!(v["interval_ms"], 10);
+
+    std::fs::write(&cfg, "{ \"interval_ms\": 20,\n  \"machine\": { oops } }").unwrap();
+    n.signal(mon, libc::SIGHUP);
+    let v = n.wait_state(T, "syntax error reported", |v| v["config_error"].as_str().is_some_and(|e| e.contains("invalid JSON")));
+    assert!(v["config_error"].as_str().unwrap().contains("mon.json:2"), "{}", v["config_error"]);
+    assert!(n.alive(mon), "a broken reload never stops the monitor");
+    assert_eq!(v["interval_ms"], 10, "old config still in force");
+
+    std::fs::write(&cfg, good.replace(r#""interval_ms": 10"#, r#""interval_ms": 20"#)).unwrap();
+    n.signal(mon, libc::SIGHUP);
+    let v = n.wait_state(T, "good reload", |v| v["config_error"].is_null() && v["interval_ms"] == 20);
+    assert_eq!(v["config_reloads"], 1);
+    assert!(n.log("mon.json").contains("config reload failed; keeping the previous config"));
+}
+
+#[test]
+fn monitor_restarted_mid_eviction_signals_nothing_twice() {
+    let mut n = EmuNode::new();
+    let grace = 1500;
+    let mon = n.start_monitor("mon.json", &config(400, grace));
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let terms = n.path("terms");
+    // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
+    let victim = n.spawn_sh(&format!("trap 'echo t >> {}' TERM; while :; do sleep 0.02; done", terms.display()));
+    register(&ledger, n.pid(victim), 0);
+    let _load = Load::start(&n.state, 1.0, 5.0);
+    let deadline = std::time::Instant::now() + T;
+    while std::fs::read_to_string(&terms).map_or(0, |s| s.lines().count()) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no SIGTERM");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    n.signal(mon, libc::SIGKILL);
+    let _ = n.wait_exit(mon, T);
+    let first_entries = n.wait_state(T, "state file", |_| true)["overlimit_entries_mono_ms"].as_array().unwrap().len();
+
+    n.start_monitor("mon.json", "");
+    let sig = n.wait_exit(victim, T).expect("victim never killed after the grace period");
+    assert_eq!(sig, Some(libc::SIGKILL));
+    assert_eq!(std::fs::read_to_string(&terms).unwrap().lines().count(), 1, "SIGTERM sent exactly once across the restart");
+    let v = n.wait_state(T, "restarted monitor in overlimit", |v| v["monitor_pid"] != Value::Null && state(v) == "overlimit" && v["monitor_pid"].as_u64() != Some(n.pid(mon) as u64));
+    assert_eq!(v["evictions"].as_object().map_or(0, |m| m.len()), 0, "the restarted monitor started no eviction of its own");
+    assert_eq!(v["overlimit_entries_mono_ms"].as_array().unwrap().len(), first_entries + 1, "Overlimit history resumed");
+    assert_eq!(v["hold_ms"], 800, "second entry in the window doubles the hold");
+    assert!(n.log("mon.json").contains("resumed eviction recorded by an earlier monitor run"));
+}
+
+#[test]
+fn host_memory_pressure_evicts_offline_work() {
+    let mut n = EmuNode::new();
+    let meminfo = n.path("meminfo");
+    std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 500000 kB\n").unwrap();
+    let cfg = config(400, 5000).replace(
+        r#""host_memory": { "enabled": false }"#,
+        &format!(r#""host_memory": {{ "enabled": true, "min_available_pct": 5, "check_every_ms": 20, "meminfo_path": "{}", "psi_path": "/nonexistent" }}"#, meminfo.display()),
+    );
+    n.start_monitor("mon.json", &cfg);
+    n.wait_state(T, "healthy with host memory read", |v| state(v) == "healthy" && v["host_mem_available_pct"] == 50.0);
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, n.pid(offline), 0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(n.alive(offline), "no pressure, no eviction");
+    std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 20000 kB\n").unwrap();
+    assert_eq!(n.wait_exit(offline, T).expect("not evicted"), Some(libc::SIGTERM));
+    let v = n.wait_state(T, "host_memory eviction counted", |v| v["evictions"]["host_memory"] == 1);
+    assert_eq!(state(&v), "healthy", "host pressure evicts without touching GPU health");
+    assert!(n.log("mon.json").contains("host MemAvailable 2.0% below 5.0%"));
+}
+
+#[test]
+fn operator_disable_evicts_and_enable_goes_back_through_init() {
+    let mut n = EmuNode::new();
+    n.start_monitor("mon.json", &config(400, 5000));
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, n.pid(offline), 0);
+    let (cfg, envs) = (n.path("mon.json"), n.envs());
+    let cli = |cmd: &str| {
+        let out = std::process::Command::new(common::target_dir().join("sysmonitor"))
+            .args([cmd, "--config"])
+            .arg(&cfg)
+            .envs(envs.clone())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    cli("disable");
+    assert_eq!(n.wait_exit(offline, T).expect("not evicted"), Some(libc::SIGTERM));
+    let v = n.wait_state(T, "disabled", |v| state(v) == "disabled" && v["evictions"]["disabled"] == 1);
+    assert_eq!(v["disabled_by"], "operator");
+    assert!(cli("status").contains("DISABLED by Operator"));
+    cli("enable");
+    let v = n.wait_state(T, "healthy again", |v| state(v) == "healthy");
+    assert_eq!(v["last_transition"][0], "init", "re-enabled GPUs go through Init: {v:#}");
+}
+
+#[test]
+fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
+    let mut n = EmuNode::new();
+    let sock_path = n.path("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    let cfg = n.path("mon.json");
+    std::fs::write(&cfg, config(400, 5000)).unwrap();
+    let child = std::process::Command::new(common::target_dir().join("sysmonitor"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .envs(n.envs())
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "2000000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    n.children.push(child);
+    let mut buf = [0u8; 256];
+    let mut msgs = Vec::new();
+    while msgs.iter().filter(|m: &&String| m.contains("WATCHDOG=1")).count() < 3 {
+        let k = sock.recv(&mut buf).expect("no sd_notify message");
+        msgs.push(String::from_utf8_lossy(&buf[..k]).into_owned());
+    }
+    assert_eq!(msgs[0], "READY=1", "readiness first: {msgs:?}");
+    assert!(msgs.iter().any(|m| m.contains("STATUS=GPU 0 healthy")), "{msgs:?}");
+    let mon = n.children.len() - 1;
+    n.signal(mon, libc::SIGTERM);
+    assert_eq!(n.wait_exit(mon, T), Some(None), "clean exit on SIGTERM");
+    loop {
+        let k = sock.recv(&mut buf).expect("no STOPPING");
+        if &buf[..k] == b"STOPPING=1" {
+            break;
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! Test client for the shim's end-to-end tests: opens `libcuda.so.1` with `dlopen` and resolves
+//! every driver function either through `dlsym` (`--resolve dlsym`) or `cuGetProcAddress_v2`
+//! with flags 0 or 2 (`--resolve gpa0|gpa2`) or the older `cuGetProcAddress` (`gpa1|gpa1pt`), then runs the steps given as arguments, printing
+//! one `key=value` line per result.
+//!
+//! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
+//! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
+//! `meminfo` | `totalmem` | `launch|launchex|launchcoop BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
+//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
+//! `wait` | `sleep MS` | `hang` | `destroy` | `exit`.
+
+use cuda_abi::*;
+use std::ffi::{c_void, CStr, CString};
+use std::io::{BufRead, Write};
+use std::os::raw::{c_int, c_uint};
+
+fn die(msg: &str) -> ! {
+    println!("fatal={msg}");
+    std::process::exit(2)
+}
+
+fn out(s: String) {
+    println!("{s}");
+    let _ = std::io::stdout().flush();
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Dlsym,
+    /// cuGetProcAddress_v2 with these flags.
+    Gpa(u64),
+    /// cuGetProcAddress (the CUDA 11.3 ABI, no symbolStatus) with these flags.
+    GpaV1(u64),
+}
+
+struct Cuda {
+    lib: *mut c_void,
+    mode: Mode,
+    gpa: Option<PFN_cuGetProcAddress_v12000>,
+    gpa1: Option<PFN_cuGetProcAddress_v11030>,
+}
+
+impl Cuda {
+    fn load(mode: Mode) -> Cuda {
+        let name = CString::new("libcuda.so.1").expect("no NUL");
+        // SAFETY: dlopen with a valid C string.
+        let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if lib.is_null() {
+            die("dlopen libcuda.so.1 failed");
+        }
+        let mut cu = Cuda { lib, mode, gpa: None, gpa1: None };
+        let p = cu.dlsym("cuGetProcAddress_v2");
+        if !p.is_null() {
+            // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v12000 ABI.
+            cu.gpa = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v12000>(p) });
+        }
+        let p = cu.dlsym("cuGetProcAddress");
+        if !p.is_null() {
+            // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v11030 ABI.
+            cu.gpa1 = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v11030>(p) });
+        }
+        cu
+    }
+
+    fn dlsym(&self, symbol: &str) -> *mut c_void {
+        let s = CString::new(symbol).expect("no NUL");
+        // SAFETY: dlsym on a live handle with a valid C string.
+        unsafe { libc::dlsym(self.lib, s.as_ptr()) }
+    }
+
+    /// The function for API `name` at ABI `version`, resolved the way this client was told.
+    fn get(&self, name: &str, version: c_int) -> *mut c_void {
+        match self.mode {
+            Mode::Dlsym => match resolve(name, version, 0) {
+                Resolution::Found(e) => self.dlsym(e.symbol),
+                _ => die(&format!("no table entry for {name}@{version}")),
+            },
+            Mode::Gpa(flags) => {
+                let gpa = self.gpa.unwrap_or_else(|| die("cuGetProcAddress_v2 missing"));
+                let n = CString::new(name).expect("no NUL");
+                let mut p = std::ptr::null_mut();
+                let mut q = CUdriverProcAddressQueryResult(99);
+                // SAFETY: valid name, out-pointers to locals.
+                let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags, &mut q) };
+                if !r.is_success() {
+                    die(&format!("cuGetProcAddress_v2({name}, {version}, {flags}) = {r}"));
+                }
+                p
+            }
+            Mode::GpaV1(flags) => {
+                let gpa = self.gpa1.unwrap_or_else(|| die("cuGetProcAddress missing"));
+                let n = CString::new(name).expect("no NUL");
+                let mut p = std::ptr::null_mut();
+                // SAFETY: valid name, out-pointer to a local.
+                let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags) };
+                if !r.is_success() {
+                    die(&format!("cuGetProcAddress({name}, {version}, {flags}) = {r}"));
+                }
+                p
+            }
+        }
+    }
+}
+
+macro_rules! get {
+    ($cu:expr, $name:literal, $ty:ty, $ver:literal) => {{
+        let p = $cu.get($name, $ver);
+        if p.is_null() {
+            die(concat!("null pointer for ", $name));
+        }
+        // SAFETY: resolved for (name, version) whose ABI is the given PFN type.
+        unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+    }};
+}
+
+/// `file(symbol)` of the object and nearest symbol holding address `p`.
+fn object_of(p: *mut c_void) -> String {
+    // SAFETY: Dl_info is plain data; dladdr only inspects the address.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if p.is_null() || unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
+        return "null".into();
+    }
+    // SAFETY: dladdr filled a NUL-terminated loader-owned string.
+    let f = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    let sym = if info.dli_sname.is_null() {
+        "?".to_string()
+    } else {
+        // SAFETY: as above.
+        unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned()
+    };
+    format!("{}({sym})", f.rsplit('/').next().unwrap_or(&f))
+}
+
+/// nvmlMemory_t / nvmlMemory_v2_t as laid out in nvml.h.
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemoryV2 {
+    version: u32,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// Device 0's memory through NVML (v1 and v2), loaded like monitoring tools do.
+fn nvml_memory() -> (u64, u64, u64, u64, u64, u64) {
+    let name = CString::new("libnvidia-ml.so.1").expect("no NUL");
+    // SAFETY: dlopen with a valid C string.
+    let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if lib.is_null() {
+        die("dlopen libnvidia-ml.so.1 failed");
+    }
+    let sym = |n: &str| {
+        let c = CString::new(n).expect("no NUL");
+        // SAFETY: dlsym on a live handle.
+        let p = unsafe { libc::dlsym(lib, c.as_ptr()) };
+        if p.is_null() {
+            die(&format!("{n} missing"));
+        }
+        p
+    };
+    type Init = unsafe extern "C" fn() -> u32;
+    type ByIndex = unsafe extern "C" fn(u32, *mut *mut c_void) -> u32;
+    type Mem = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> u32;
+    type Mem2 = unsafe extern "C" fn(*mut c_void, *mut NvmlMemoryV2) -> u32;
+    // SAFETY: the symbols have these C types per nvml.h; out-pointers are locals.
+    unsafe {
+        let init: Init = std::mem::transmute(sym("nvmlInit_v2"));
+        let by_index: ByIndex = std::mem::transmute(sym("nvmlDeviceGetHandleByIndex_v2"));
+        let mem: Mem = std::mem::transmute(sym("nvmlDeviceGetMemoryInfo"));
+        let mem2: Mem2 = std::mem::transmute(sym("nvmlDeviceGetMemoryInfo_v2"));
+        if init() != 0 {
+            die("nvmlInit_v2");
+        }
+        let mut dev = std::ptr::null_mut();
+        if by_index(0, &mut dev) != 0 {
+            die("nvmlDeviceGetHandleByIndex_v2");
+        }
+        let mut m = NvmlMemory::default();
+        let r1 = mem(dev, &mut m);
+        let mut m2 = NvmlMemoryV2 { version: (std::mem::size_of::<NvmlMemoryV2>() as u32) | (2 << 24), ..Default::default() };
+        let r2 = mem2(dev, &mut m2);
+        if r1 != 0 || r2 != 0 {
+            die(&format!("nvmlDeviceGetMemoryInfo {r1} / _v2 {r2}"));
+        }
+        (m.total, m.free, m.used, m2.total, m2.free, m2.used)
+    }
+}
+
+enum Held {
+    Dev(CUdeviceptr),
+    Async(CUdeviceptr),
+    Vmm(CUmemGenericAllocationHandle),
+    Array(CUarray),
+    Mip(CUmipmappedArray),
+}
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut mode = Mode::Gpa(0);
+    if args.first().map(String::as_str) == Some("--resolve") {
+        mode = match args.get(1).map(String::as_str) {
+            Some("dlsym") => Mode::Dlsym,
+            Some("gpa0") => Mode::Gpa(0),
+            Some("gpa2") => Mode::Gpa(2),
+            Some("gpa1") => Mode::GpaV1(0),
+            Some("gpa1pt") => Mode::GpaV1(2),
+            _ => die("--resolve dlsym|gpa0|gpa2|gpa1|gpa1pt"),
+        };
+        args.drain(..2);
+    }
+    let cu = Cuda::load(mode);
+    let init = get!(cu, "cuInit", PFN_cuInit_v2000, 2000);
+    let ctx_create = get!(cu, "cuCtxCreate", PFN_cuCtxCreate_v3020, 3020);
+    let ctx_destroy = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
+    let retain = get!(cu, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000, 7000);
+    let set_current = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
+    let mem_alloc = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
+    let mem_free = get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020);
+    let pitch = get!(cu, "cuMemAllocPitch", PFN_cuMemAllocPitch_v3020, 3020);
+    let managed = get!(cu, "cuMemAllocManaged", PFN_cuMemAllocManaged_v6000, 6000);
+    let alloc_async = get!(cu, "cuMemAllocAsync", PFN_cuMemAllocAsync_v11020, 11020);
+    let free_async = get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020);
+    let pool_create = get!(cu, "cuMemPoolCreate", PFN_cuMemPoolCreate_v11020, 11020);
+    let pool_alloc = get!(cu, "cuMemAllocFromPoolAsync", PFN_cuMemAllocFromPoolAsync_v11020, 11020);
+    let mem_create = get!(cu, "cuMemCreate", PFN_cuMemCreate_v10020, 10020);
+    let mem_release = get!(cu, "cuMemRelease", PFN_cuMemRelease_v10020, 10020);
+    let array_create = get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020);
+    let array3d_create = get!(cu, "cuArray3DCreate", PFN_cuArray3DCreate_v3020, 3020);
+    let array_destroy = get!(cu, "cuArrayDestroy", PFN_cuArrayDestroy_v2000, 2000);
+    let mip_create = get!(cu, "cuMipmappedArrayCreate", PFN_cuMipmappedArrayCreate_v5000, 5000);
+    let mip_destroy = get!(cu, "cuMipmappedArrayDestroy", PFN_cuMipmappedArrayDestroy_v5000, 5000);
+    let mem_info = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
+    let total_mem = get!(cu, "cuDeviceTotalMem", PFN_cuDeviceTotalMem_v3020, 3020);
+    let sync = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
+    let load = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
+    let get_fn = get!(cu, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000, 2000);
+    let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
+    let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
+    let launch_coop = get!(cu, "cuLaunchCooperativeKernel", PFN_cuLaunchCooperativeKernel_v9000, 9000);
+
+    // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
+    // locals or values the driver returned.
+    unsafe {
+        let r = init(0);
+        if !r.is_success() {
+            die(&format!("cuInit {r}"));
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        let mut held: Vec<Held> = Vec::new();
+        let mut spin_fn: CUfunction = std::ptr::null_mut();
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        let stream: CUstream = std::ptr::null_mut();
+        let mut i = 0;
+        let num = |k: usize, i: usize| -> usize {
+            args.get(i + k).and_then(|s| s.parse().ok()).unwrap_or_else(|| die(&format!("{} needs numeric argument {k}", args[i])))
+        };
+        let free_one = |h: Held| -> CUresult {
+            match h {
+                Held::Dev(p) => mem_free(p),
+                Held::Async(p) => {
+                    let r = free_async(p, stream);
+                    if r.is_success() { sync() } else { r }
+                }
+                Held::Vmm(h) => mem_release(h),
+                Held::Array(a) => array_destroy(a),
+                Held::Mip(m) => mip_destroy(m),
+            }
+        };
+        while i < args.len() {
+            let step = args[i].clone();
+            match step.as_str() {
+                "ctx" => out(format!("ctx={}", ctx_create(&mut ctx, 0, 0).0)),
+                "primary" => {
+                    let mut r = retain(&mut ctx, 0);
+                    if r.is_success() {
+                        r = set_current(ctx);
+                    }
+                    out(format!("primary={}", r.0));
+                }
+                "destroy" => out(format!("destroy={}", ctx_destroy(ctx).0)),
+                "alloc" | "managed" | "async" | "pool" | "vmm" => {
+                    let n = num(1, i);
+                    i += 1;
+                    let mut p: CUdeviceptr = 0;
+                    let r = match step.as_str() {
+                        "alloc" => mem_alloc(&mut p, n),
+                        "managed" => managed(&mut p, n, 1),
+                        "async" => alloc_async(&mut p, n, stream),
+                        "pool" => {
+                            if pool.is_null() {
+                                let mut props: CUmemPoolProps = std::mem::zeroed();
+                                props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                                props.location.type_ = CUmemLocationType(1);
+                                let r = pool_create(&mut pool, &props);
+                                if !r.is_success() {
+                                    die(&format!("cuMemPoolCreate {r}"));
+                                }
+                            }
+                            pool_alloc(&mut p, n, pool, stream)
+                        }
+                        _ => {
+                            let mut prop: CUmemAllocationProp = std::mem::zeroed();
+                            prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                            prop.location.type_ = CUmemLocationType(1);
+                            let mut h: CUmemGenericAllocationHandle = 0;
+                            let r = mem_create(&mut h, n, &prop, 0);
+                            if r.is_success() {
+                                held.push(Held::Vmm(h));
+                            }
+                            out(format!("{step}={} bytes={n}", r.0));
+                            i += 1;
+                            continue;
+                        }
+                    };
+                    if r.is_success() {
+                        held.push(if matches!(step.as_str(), "async" | "pool") { Held::Async(p) } else { Held::Dev(p) });
+                    }
+                    out(format!("{step}={} bytes={n}", r.0));
+                }
+                "pitch" => {
+                    let (w, h) = (num(1, i), num(2, i));
+                    i += 2;
+                    let (mut p, mut pp) = (0, 0usize);
+                    let r = pitch(&mut p, &mut pp, w, h, 4);
+                    if r.is_success() {
+                        held.push(Held::Dev(p));
+                    }
+                    out(format!("pitch={} pitch_bytes={pp}", r.0));
+                }
+                "array" | "array3d" | "mipmap" => {
+                    let (w, h) = (num(1, i), num(2, i));
+                    let d = if step == "array" { 0 } else { num(3, i) };
+                    let r = if step == "array" {
+                        i += 2;
+                        let desc = CUDA_ARRAY_DESCRIPTOR { Width: w, Height: h, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1 };
+                        let mut a: CUarray = std::ptr::null_mut();
+                        let r = array_create(&mut a, &desc);
+                        if r.is_success() {
+                            held.push(Held::Array(a));
+                        }
+                        r
+                    } else if step == "array3d" {
+                        i += 3;
+                        let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: w, Height: h, Depth: d, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1, Flags: 0 };
+                        let mut a: CUarray = std::ptr::null_mut();
+                        let r = array3d_create(&mut a, &desc);
+                        if r.is_success() {
+                            held.push(Held::Array(a));
+                        }
+                        r
+                    } else {
+                        i += 3;
+                        let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: w, Height: h, Depth: 0, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1, Flags: 0 };
+                        let mut m: CUmipmappedArray = std::ptr::null_mut();
+                        let r = mip_create(&mut m, &desc, d as c_uint);
+                        if r.is_success() {
+                            held.push(Held::Mip(m));
+                        }
+                        r
+                    };
+                    out(format!("{step}={}", r.0));
+                }
+                "free" => {
+                    let r = held.pop().map_or(CUresult::CUDA_ERROR_INVALID_VALUE, free_one);
+                    out(format!("free={}", r.0));
+                }
+                "freeall" => {
+                    let mut worst = 0;
+                    while let Some(h) = held.pop() {
+                        let r = free_one(h);
+                        if !r.is_success() {
+                            worst = r.0;
+                        }
+                    }
+                    out(format!("freeall={worst}"));
+                }
+                "meminfo" => {
+                    let (mut f, mut t) = (0usize, 0usize);
+                    let r = mem_info(&mut f, &mut t);
+                    out(format!("meminfo={} free={f} total={t}", r.0));
+                }
+                "totalmem" => {
+                    let mut t = 0usize;
+                    let r = total_mem(&mut t, 0);
+                    out(format!("totalmem={} total={t}", r.0));
+                }
+                "launch" | "launchex" | "launchcoop" => {
+                    let (blocks, mut cycles, count) = (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
+                    i += 3;
+                    if spin_fn.is_null() {
+                        let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                        let mut m: CUmodule = std::ptr::null_mut();
+                        let r = load(&mut m, ptx.as_ptr().cast());
+                        if !r.is_success() {
+                            die(&format!("cuModuleLoadData {r}"));
+                        }
+                        let name = CString::new("spin").expect("no NUL");
+                        if !get_fn(&mut spin_fn, m, name.as_ptr()).is_success() {
+                            die("cuModuleGetFunction");
+                        }
+                    }
+                    let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
+                    let wall = std::time::Instant::now();
+                    let mut r = CUresult::CUDA_SUCCESS;
+                    let config = CUlaunchConfig {
+                        gridDimX: blocks, gridDimY: 1, gridDimZ: 1, blockDimX: 32, blockDimY: 1, blockDimZ: 1,
+                        sharedMemBytes: 0, hStream: stream, attrs: std::ptr::null_mut(), numAttrs: 0,
+                    };
+                    for _ in 0..count {
+                        r = match step.as_str() {
+                            "launch" => launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
+                            "launchex" => launch_ex(&config, spin_fn, params.as_mut_ptr(), std::ptr::null_mut()),
+                            _ => launch_coop(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr()),
+                        };
+                        if !r.is_success() {
+                            break;
+                        }
+                    }
+                    if r.is_success() {
+                        r = sync();
+                    }
+                    out(format!("{step}={} wall_ms={:.3}", r.0, wall.elapsed().as_secs_f64() * 1e3));
+                }
+                "where" => {
+                    let name = args.get(i + 1).cloned().unwrap_or_else(|| die("where NAME VERSION"));
+                    let v = num(2, i) as c_int;
+                    i += 2;
+                    out(format!("where name={name} object={}", object_of(cu.get(&name, v))));
+                }
+                "next" => {
+                    let name = CString::new(args.get(i + 1).cloned().unwrap_or_else(|| die("next SYMBOL"))).expect("no NUL");
+                    i += 1;
+                    // SAFETY: RTLD_NEXT lookup with a valid C string.
+                    let p = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
+                    out(format!("next object={}", object_of(p)));
+                }
+                "nvmlmem" => {
+                    let (t1, f1, u1, t2, f2, u2) = nvml_memory();
+                    out(format!("nvmlmem total={t1} free={f1} used={u1} total_v2={t2} free_v2={f2} used_v2={u2}"));
+                }
+                "fork" => {
+                    let pid = libc::fork();
+                    if pid == 0 {
+                        out(format!("child pid={}", libc::getpid()));
+                        std::thread::sleep(std::time::Duration::from_secs(30));
+                        libc::_exit(0);
+                    }
+                    out(format!("forked child={pid}"));
+                }
+                "ready" => out("ready".into()),
+                "wait" => {
+                    let mut line = String::new();
+                    let _ = std::io::stdin().lock().read_line(&mut line);
+                }
+                "sleep" => {
+                    std::thread::sleep(std::time::Duration::from_millis(num(1, i) as u64));
+                    i += 1;
+                }
+                "hang" => loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                },
+                "exit" => std::process::exit(0),
+                other => die(&format!("unknown step {other:?}")),
+            }
+            i += 1;
+        }
+    }
+}
+
+/// The agreed spin kernel (entry `spin`, one `u64 cycles` parameter), as in `emu-client`.
+const SPIN_PTX: &str = ".version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry spin(
+\t.param .u64 spin_param_0
+)
+{
+\t.reg .pred \t%p<2>;
+\t.reg .b64 \t%rd<5>;
+
+\tld.param.u64 \t%rd1, [spin_param_0];
+\tmov.u64 \t%rd2, %clock64;
+$L__spin_loop:
+\tmov.u64 \t%rd3, %clock64;
+\tsub.s64 \t%rd4, %rd3, %rd2;
+\tsetp.lt.u64 \t%p1, %rd4, %rd1;
+\t@%p1 bra \t$L__spin_loop;
+\tret;
+}
+";

@@ -1,0 +1,63 @@
+//! Helpers shared by the shim's end-to-end tests: a limited (LD_PRELOAD=libxcuda.so) command
+//! on an emulated host, and the host's ledger.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use e2e::EmuHost;
+
+/// Generous bound for any single child.
+pub const T: Duration = Duration::from_secs(60);
+/// One MiB.
+pub const MIB: u64 = 1 << 20;
+
+/// The built shim.
+pub fn shim() -> PathBuf {
+    e2e::artifact("libxcuda.so")
+}
+
+/// The host's ledger directory.
+pub fn ledger_dir(host: &EmuHost) -> PathBuf {
+    host.root().join("ledger")
+}
+
+/// Opens (creating if needed) GPU 0's ledger of the host.
+pub fn ledger(host: &EmuHost) -> node_ledger::Ledger {
+    node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir(host), 0), 0).expect("ledger")
+}
+
+/// `program` with the shim preloaded, a quota of `quota` bytes for container `group`.
+pub fn limited(host: &EmuHost, program: &str, quota: u64, group: &str) -> Command {
+    let mut c = host.command(program);
+    c.env("LD_PRELOAD", shim())
+        .env("XSHARE_LEDGER_DIR", ledger_dir(host))
+        .env("XCUDA_CONFIG", host.root().join("no-such-xcuda.json"))
+        .env("XCUDA_QUOTA_BYTES", quota.to_string())
+        .env("XCUDA_GROUP", group)
+        .env("XCUDA_LOG", "info");
+    c
+}
+
+/// Same without the shim (the control run): identical environment minus LD_PRELOAD.
+pub fn unlimited(host: &EmuHost, program: &str) -> Command {
+    host.command(program)
+}
+
+/// The `key=` value of the first stdout line starting with `prefix`.
+pub fn rc_of(lines: &[String], prefix: &str) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| e2e::field(l, prefix.trim_end_matches('=')).unwrap_or("?").to_string())
+        .collect()
+}
+
+/// Runs `cmd` to completion and returns its stdout lines.
+pub fn run(host: &EmuHost, cmd: &mut Command) -> Vec<String> {
+    let mut c = host.spawn(cmd);
+    let out = c.finish(T);
+    assert!(!out.contains("fatal="), "client failed:\n{out}\n{}", c.stderr());
+    out.lines().map(str::to_string).collect()
+}

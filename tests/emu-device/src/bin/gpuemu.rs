@@ -1,0 +1,145 @@
+//! `gpuemu`: look at (or create) an emulated GPU's state file from the shell.
+
+use emu_device::{Device, EmuError, Snapshot};
+use std::process::ExitCode;
+
+const HELP: &str = "gpuemu — inspect the emulated GPU shared by the fake libcuda / NVML / MPS control
+
+USAGE:
+    gpuemu show [--state PATH]        one-shot view: memory, SMs, clock, utilization, processes, MPS
+    gpuemu watch [--state PATH] [MS]  the same every MS milliseconds (default 500) until Ctrl-C
+    gpuemu profiles                   the GPU profiles a new state file can take
+
+ENVIRONMENT:
+    GPUEMU_STATE     state file of the emulated GPU (created on first use); --state overrides it
+    GPUEMU_PROFILE   t4 | a10 | h100 (default t4): profile of a state file created now
+
+The state file is what every emulated process shares: point GPUEMU_STATE of the workload, the
+fake NVML and the fake nvidia-cuda-mps-control at the same file to put them on one GPU.";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut state: Option<String> = None;
+    let mut rest = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "-h" | "--help" | "help" => {
+                println!("{HELP}");
+                return ExitCode::SUCCESS;
+            }
+            "--state" => {
+                i += 1;
+                match args.get(i) {
+                    Some(p) => state = Some(p.clone()),
+                    None => return usage("--state needs a path"),
+                }
+            }
+            a => rest.push(a.to_string()),
+        }
+        i += 1;
+    }
+    match rest.first().map(String::as_str) {
+        Some("profiles") => {
+            for p in emu_device::profile::ALL {
+                println!(
+                    "{:<5} {:<24} {:>6} MiB  {:>3} SMs  {} MHz  cc {}.{}",
+                    p.id,
+                    p.name,
+                    p.total_memory >> 20,
+                    p.sm_count,
+                    p.max_sm_clock_mhz,
+                    p.compute_capability.0,
+                    p.compute_capability.1
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Some("show") => match open(state) {
+            Ok(d) => {
+                print!("{}", render(&d.snapshot()));
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
+        Some("watch") => {
+            let ms: u64 = match rest.get(1).map(|s| s.parse()) {
+                None => 500,
+                Some(Ok(v)) if v > 0 => v,
+                _ => return usage("watch takes a period in milliseconds (> 0)"),
+            };
+            match open(state) {
+                Ok(d) => loop {
+                    print!("\x1b[2J\x1b[H{}", render(&d.snapshot()));
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                },
+                Err(e) => fail(&e),
+            }
+        }
+        Some(other) => usage(&format!("unknown command {other:?}")),
+        None => usage("no command given"),
+    }
+}
+
+fn open(state: Option<String>) -> Result<Device, EmuError> {
+    if let Some(p) = state {
+        // Single-threaded at this point, so changing our own environment is race-free.
+        std::env::set_var(emu_device::ENV_STATE, p);
+    }
+    Device::open_from_env()
+}
+
+fn usage(why: &str) -> ExitCode {
+    eprintln!("gpuemu: {why}\n\n{HELP}");
+    ExitCode::from(2)
+}
+
+fn fail(e: &EmuError) -> ExitCode {
+    eprintln!("gpuemu: {e}");
+    ExitCode::from(1)
+}
+
+/// Human-readable view of a snapshot.
+pub fn render(s: &Snapshot) -> String {
+    let mib = |b: u64| b >> 20;
+    let mut out = format!(
+        "{} ({}): {} SMs, SM clock {}/{} MHz\nmemory: {} / {} MiB used\nutilization (last 100 ms): gpu {:.0}%, sm activity {:.0}%; now {:.1} of {} SMs granted, {:.1} wanted, {} kernels running\n",
+        s.info.name,
+        s.info.profile_id,
+        s.info.sm_count,
+        s.sm_clock_mhz,
+        s.info.max_sm_clock_mhz,
+        mib(s.memory_used),
+        mib(s.memory_total),
+        s.gpu_util * 100.0,
+        s.sm_activity * 100.0,
+        s.sm_in_use,
+        s.info.sm_count,
+        s.sm_demand,
+        s.running_kernels,
+    );
+    let m = &s.mps;
+    out += &format!(
+        "mps: {}{}, default active thread {}%, generation {}\n",
+        if m.enabled { "running" } else { "off" },
+        if m.poisoned { format!(", POISONED by pid {}", m.culprit_pid.unwrap_or(0)) } else { String::new() },
+        m.default_active_thread_pct,
+        m.generation,
+    );
+    out += "processes:\n";
+    if s.processes.is_empty() {
+        out += "    (none)\n";
+    }
+    for p in &s.processes {
+        out += &format!(
+            "    pid {:>7}  {:>7} MiB  {} ctx  {} kernels  {}{}%\n",
+            p.pid,
+            mib(p.used_memory),
+            p.contexts,
+            p.kernels,
+            if p.mps_client { "mps client, " } else { "" },
+            p.active_thread_pct
+        );
+    }
+    out
+}

@@ -1,0 +1,411 @@
+//! The control daemon's state and command semantics: MPS servers (one per user, spawned on
+//! demand as real processes), their clients, active-thread percentages and pinned-memory
+//! limits, and the effects on the emulated device through [`DeviceLink`].
+//!
+//! Behaviour, with its source in NVIDIA's MPS documentation:
+//! - a client connecting makes the daemon start a server for the client's user if none runs
+//!   (log lines `NEW CLIENT ... Server is not ready, push client to pending list`,
+//!   `Starting new server ...`, `NEW SERVER ...: Ready`, as in real `control.log`s);
+//! - `set_default_active_thread_percentage` affects servers spawned afterwards and is lost on
+//!   `quit`; `set_active_thread_percentage <server pid>` affects clients that connect to that
+//!   server afterwards, existing ones keep their limit;
+//! - emulator extension: `set_active_thread_percentage <client pid>` caps that client at once
+//!   (the emulator cannot restart a client, so dynamic SM allocation is shown this way);
+//! - `quit` stops the servers and the daemon; MPS state (percentages, a hang left by a client
+//!   that died holding a context) is reset on the device.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::process::{Child, Command as Proc};
+
+use crate::log::ControlLog;
+use crate::protocol::{format_pct, format_size, Command};
+
+/// What the daemon needs from the emulated device.
+pub trait DeviceLink {
+    /// Turns MPS mode on (daemon start) or off and resets MPS error state (quit).
+    fn set_mps(&mut self, on: bool) -> Result<(), String>;
+    /// Pids of processes that hold a context on the device now.
+    fn client_pids(&mut self) -> Result<Vec<u32>, String>;
+    /// Caps a client's SM share (active thread percentage).
+    fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String>;
+    /// The percentage a client gets from its first kernel on, before the daemon has seen it.
+    fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String>;
+    /// Terminates a client's GPU work (`terminate_client`).
+    fn terminate_client(&mut self, pid: u32) -> Result<(), String>;
+}
+
+/// One MPS server process.
+struct Server {
+    uid: u32,
+    child: Child,
+    pct: f64,
+    pinned: BTreeMap<u32, u64>,
+    clients: Vec<u32>,
+}
+
+/// The daemon's state.
+pub struct Daemon<D: DeviceLink> {
+    device: D,
+    log: ControlLog,
+    server_cmd: Vec<OsString>,
+    default_pct: f64,
+    default_pinned: BTreeMap<u32, u64>,
+    servers: Vec<Server>,
+    client_pct: BTreeMap<u32, f64>,
+}
+
+/// The answer to one command.
+#[derive(Debug, Default, PartialEq)]
+pub struct Reply {
+    /// Text to send back (may be empty).
+    pub text: String,
+    /// The daemon should exit after sending it.
+    pub quit: bool,
+}
+
+impl Reply {
+    fn text(s: impl Into<String>) -> Self {
+        Reply { text: s.into(), quit: false }
+    }
+}
+
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from a client's environment (`/proc/<pid>/environ`):
+/// a client that sets it keeps that limit instead of its server's (MPS docs: the variable
+/// set in a client's environment limits that client).
+pub fn client_env_pct(pid: u32) -> Option<f64> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="))
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+}
+
+/// Uid of a live process, from `/proc/<pid>/status` (`Uid:` real uid).
+pub fn process_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok())
+}
+
+impl<D: DeviceLink> Daemon<D> {
+    /// A daemon that starts servers by running `server_cmd <uid>`.
+    pub fn new(device: D, log: ControlLog, server_cmd: Vec<OsString>) -> Self {
+        Daemon {
+            device,
+            log,
+            server_cmd,
+            default_pct: 100.0,
+            default_pinned: BTreeMap::new(),
+            servers: Vec::new(),
+            client_pct: BTreeMap::new(),
+        }
+    }
+
+    /// The log, for the socket loop's own lines.
+    pub fn log(&mut self) -> &mut ControlLog {
+        &mut self.log
+    }
+
+    /// Turns MPS on in the device.
+    pub fn start(&mut self) -> Result<(), String> {
+        self.device.set_mps(true)?;
+        self.sync_new_client_pct();
+        Ok(())
+    }
+
+    /// Keeps the device's percentage for not-yet-seen clients equal to what they will get:
+    /// the first server's percentage, or the default when no server runs.
+    fn sync_new_client_pct(&mut self) {
+        let pct = self.servers.first().map_or(self.default_pct, |s| s.pct);
+        if let Err(e) = self.device.set_new_client_percentage(pct) {
+            self.log.line(&format!("Cannot set the default active thread percentage on the device: {e}"));
+        }
+    }
+
+    fn server_index(&self, pid: u32) -> Option<usize> {
+        self.servers.iter().position(|s| s.child.id() == pid)
+    }
+
+    fn start_server(&mut self, uid: u32) -> Result<usize, String> {
+        if let Some(i) = self.servers.iter().position(|s| s.uid == uid) {
+            return Ok(i);
+        }
+        let (prog, args) = self.server_cmd.split_first().ok_or("no server command configured")?;
+        let child = Proc::new(prog)
+            .args(args)
+            .arg(uid.to_string())
+            .spawn()
+            .map_err(|e| format!("cannot start MPS server {}: {e}", prog.to_string_lossy()))?;
+        self.log.line(&format!("Starting new server {} for user {uid}", child.id()));
+        self.log.line(&format!("NEW SERVER {}: Ready", child.id()));
+        self.servers.push(Server {
+            uid,
+            child,
+            pct: self.default_pct,
+            pinned: self.default_pinned.clone(),
+            clients: Vec::new(),
+        });
+        self.sync_new_client_pct();
+        Ok(self.servers.len() - 1)
+    }
+
+    /// Periodic work: reaps servers that died (their clients are terminated on the device,
+    /// as clients of a crashed server fail) and attaches clients that appeared on the device.
+    pub fn poll(&mut self) {
+        let mut i = 0;
+        while i < self.servers.len() {
+            if let Ok(Some(status)) = self.servers[i].child.try_wait() {
+                let s = self.servers.remove(i);
+                self.log.line(&format!("Server {} exited with status {status}", s.child.id()));
+                for c in s.clients {
+                    if let Err(e) = self.device.terminate_client(c) {
+                        self.log.line(&format!("Client {c} of the lost server: {e}"));
+                    }
+                }
+                self.sync_new_client_pct();
+            } else {
+                i += 1;
+            }
+        }
+        let pids = match self.device.client_pids() {
+            Ok(p) => p,
+            Err(e) => {
+                self.log.line(&format!("Cannot read device clients: {e}"));
+                return;
+            }
+        };
+        for s in &mut self.servers {
+            s.clients.retain(|c| pids.contains(c));
+        }
+        self.client_pct.retain(|c, _| pids.contains(c));
+        for pid in pids {
+            if self.servers.iter().any(|s| s.clients.contains(&pid)) {
+                continue;
+            }
+            let Some(uid) = process_uid(pid) else { continue };
+            let idx = match self.servers.iter().position(|s| s.uid == uid) {
+                Some(i) => i,
+                None => {
+                    self.log.line(&format!("NEW CLIENT {pid} from user {uid}: Server is not ready, push client to pending list"));
+                    match self.start_server(uid) {
+                        Ok(i) => i,
+                        Err(e) => {
+                            self.log.line(&e);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let server = &mut self.servers[idx];
+            server.clients.push(pid);
+            let spid = server.child.id();
+            self.log.line(&format!("NEW CLIENT {pid} from user {uid}: Server {spid} already exists"));
+            let pct = match (self.client_pct.get(&pid), client_env_pct(pid)) {
+                (Some(p), _) => *p,
+                (None, Some(_)) => continue,
+                (None, None) => server.pct,
+            };
+            if let Err(e) = self.device.set_client_percentage(pid, pct) {
+                self.log.line(&format!("Cannot set active thread percentage of client {pid}: {e}"));
+            }
+        }
+    }
+
+    /// Executes one command.
+    pub fn handle(&mut self, cmd: Command) -> Reply {
+        self.log.line(&format!("Command: {cmd:?}"));
+        use Command::*;
+        match cmd {
+            GetServerList => Reply::text(lines(self.servers.iter().map(|s| s.child.id()))),
+            StartServer { uid } => match self.start_server(uid) {
+                Ok(_) => Reply::default(),
+                Err(e) => Reply::text(e),
+            },
+            GetClientList { server } => match self.server_index(server) {
+                Some(i) => Reply::text(lines(self.servers[i].clients.iter())),
+                None => Reply::text(format!("Server {server} not found")),
+            },
+            GetDeviceClientList { server } => {
+                let mut out = Vec::new();
+                for s in self.servers.iter().filter(|s| server.is_none_or(|p| p == s.child.id())) {
+                    out.extend(s.clients.iter().map(|c| format!("0 {c}")));
+                }
+                Reply::text(out.join("\n"))
+            }
+            SetDefaultPercentage(p) => {
+                self.default_pct = p;
+                self.sync_new_client_pct();
+                Reply::text(format_pct(p))
+            }
+            GetDefaultPercentage => Reply::text(format_pct(self.default_pct)),
+            SetPercentage { pid, pct } => {
+                if let Some(i) = self.server_index(pid) {
+                    self.servers[i].pct = pct;
+                    self.sync_new_client_pct();
+                    Reply::text(format_pct(pct))
+                } else if self.servers.iter().any(|s| s.clients.contains(&pid)) {
+                    self.client_pct.insert(pid, pct);
+                    match self.device.set_client_percentage(pid, pct) {
+                        Ok(()) => Reply::text(format_pct(pct)),
+                        Err(e) => Reply::text(format!("Cannot set active thread percentage of client {pid}: {e}")),
+                    }
+                } else {
+                    Reply::text(format!("Server {pid} not found"))
+                }
+            }
+            GetPercentage { pid } => {
+                if let Some(i) = self.server_index(pid) {
+                    Reply::text(format_pct(self.servers[i].pct))
+                } else if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
+                    Reply::text(format_pct(self.client_pct.get(&pid).copied().unwrap_or(s.pct)))
+                } else {
+                    Reply::text(format!("Server {pid} not found"))
+                }
+            }
+            SetDefaultPinnedMemLimit { device, bytes } => {
+                self.default_pinned.insert(device, bytes);
+                Reply::default()
+            }
+            GetDefaultPinnedMemLimit { device } => {
+                Reply::text(self.default_pinned.get(&device).map_or("0".to_string(), |b| format_size(*b)))
+            }
+            SetPinnedMemLimit { pid, device, bytes } => match self.server_index(pid) {
+                Some(i) => {
+                    self.servers[i].pinned.insert(device, bytes);
+                    Reply::default()
+                }
+                None => Reply::text(format!("Server {pid} not found")),
+            },
+            TerminateClient { server, client } => match self.server_index(server) {
+                Some(i) if self.servers[i].clients.contains(&client) => match self.device.terminate_client(client) {
+                    Ok(()) => Reply::default(),
+                    Err(e) => Reply::text(format!("Cannot terminate client {client}: {e}")),
+                },
+                Some(_) => Reply::text(format!("Client {client} not found on server {server}")),
+                None => Reply::text(format!("Server {server} not found")),
+            },
+            Quit { timeout_s } => {
+                self.shutdown(timeout_s.unwrap_or(0));
+                Reply { text: String::new(), quit: true }
+            }
+        }
+    }
+
+    /// Stops every server (SIGTERM, then SIGKILL after `timeout_s`) and resets MPS on the device.
+    pub fn shutdown(&mut self, timeout_s: u64) {
+        for s in &self.servers {
+            // SAFETY: kill(2) on a pid we spawned and have not yet reaped.
+            unsafe { libc::kill(s.child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+        for mut s in self.servers.drain(..) {
+            while std::time::Instant::now() < deadline && matches!(s.child.try_wait(), Ok(None)) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+            self.log.line(&format!("Server {} exited", s.child.id()));
+        }
+        self.client_pct.clear();
+        self.default_pct = 100.0;
+        self.default_pinned.clear();
+        if let Err(e) = self.device.set_mps(false) {
+            self.log.line(&format!("Cannot reset MPS on the device: {e}"));
+        }
+        self.log.line("Exit");
+    }
+}
+
+fn lines<T: ToString>(it: impl Iterator<Item = T>) -> String {
+    it.map(|v| v.to_string()).collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Recorder {
+        mps: Vec<bool>,
+        clients: Vec<u32>,
+        pct: Vec<(u32, f64)>,
+        new_pct: Vec<f64>,
+        terminated: Vec<u32>,
+    }
+
+    impl DeviceLink for &mut Recorder {
+        fn set_mps(&mut self, on: bool) -> Result<(), String> {
+            self.mps.push(on);
+            Ok(())
+        }
+        fn client_pids(&mut self) -> Result<Vec<u32>, String> {
+            Ok(self.clients.clone())
+        }
+        fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {
+            self.pct.push((pid, pct));
+            Ok(())
+        }
+        fn terminate_client(&mut self, pid: u32) -> Result<(), String> {
+            self.terminated.push(pid);
+            Ok(())
+        }
+        fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {
+            self.new_pct.push(pct);
+            Ok(())
+        }
+    }
+
+    fn sleeper() -> Vec<OsString> {
+        ["sh", "-c", "sleep 60", "server"].map(OsString::from).to_vec()
+    }
+
+    fn run(d: &mut Daemon<&mut Recorder>, line: &str) -> String {
+        d.handle(Command::parse(line).unwrap().unwrap()).text
+    }
+
+    #[test]
+    fn clients_get_a_server_and_its_percentage() {
+        let me = std::process::id();
+        let mut rec = Recorder { clients: vec![me], ..Default::default() };
+        let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
+        d.start().unwrap();
+        assert_eq!(run(&mut d, "set_default_active_thread_percentage 40"), "40.0");
+        d.poll();
+        let servers = run(&mut d, "get_server_list");
+        let spid: u32 = servers.trim().parse().expect("one server pid");
+        assert_eq!(run(&mut d, &format!("get_client_list {spid}")), me.to_string());
+        assert_eq!(run(&mut d, &format!("get_active_thread_percentage {spid}")), "40.0");
+        // Server percentage: affects later clients only.
+        assert_eq!(run(&mut d, &format!("set_active_thread_percentage {spid} 30")), "30.0");
+        // Client pid (emulator extension): applied at once.
+        assert_eq!(run(&mut d, &format!("set_active_thread_percentage {me} 20")), "20.0");
+        assert_eq!(run(&mut d, &format!("get_active_thread_percentage {me}")), "20.0");
+        assert_eq!(run(&mut d, "set_active_thread_percentage 1 20"), "Server 1 not found");
+        assert_eq!(run(&mut d, &format!("terminate_client {spid} {me}")), "");
+        assert!(d.handle(Command::Quit { timeout_s: None }).quit);
+        drop(d);
+        assert_eq!(rec.mps, vec![true, false]);
+        assert_eq!(rec.pct, vec![(me, 40.0), (me, 20.0)]);
+        assert_eq!(rec.terminated, vec![me]);
+        // Not-yet-seen clients get: default 100, then 40, then the new server's 40, then 30.
+        assert_eq!(rec.new_pct, vec![100.0, 40.0, 40.0, 30.0]);
+    }
+
+    #[test]
+    fn quit_resets_defaults_and_dead_servers_are_reaped() {
+        let mut rec = Recorder::default();
+        let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
+        run(&mut d, "set_default_active_thread_percentage 10");
+        run(&mut d, "set_default_device_pinned_mem_limit 0 1G");
+        assert_eq!(run(&mut d, "get_default_device_pinned_mem_limit 0"), "1G");
+        assert_eq!(run(&mut d, "start_server -uid 4242"), "");
+        let spid: u32 = run(&mut d, "get_server_list").parse().unwrap();
+        // SAFETY: kill(2) on the child the daemon spawned.
+        unsafe { libc::kill(spid as i32, libc::SIGKILL) };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        d.poll();
+        assert_eq!(run(&mut d, "get_server_list"), "");
+        d.handle(Command::Quit { timeout_s: None });
+        assert_eq!(run(&mut d, "get_default_active_thread_percentage"), "100.0");
+        assert_eq!(run(&mut d, "get_default_device_pinned_mem_limit 0"), "0");
+    }
+}

@@ -1,0 +1,45 @@
+//! [`DeviceLink`] on the shared emulated device (`emu-device`, state file named by
+//! `GPUEMU_STATE`).
+
+use emu_device::Device;
+
+use crate::daemon::DeviceLink;
+
+/// The emulated device named by the emulator's environment.
+pub struct EmuLink {
+    dev: Device,
+}
+
+impl EmuLink {
+    /// Opens the device state the environment names.
+    pub fn open() -> Result<Self, String> {
+        Device::open_from_env().map(|dev| EmuLink { dev }).map_err(|e| format!("emulated GPU: {e}"))
+    }
+}
+
+impl DeviceLink for EmuLink {
+    fn set_mps(&mut self, on: bool) -> Result<(), String> {
+        if on {
+            self.dev.mps_start(std::process::id());
+        } else {
+            self.dev.mps_quit();
+        }
+        Ok(())
+    }
+
+    fn client_pids(&mut self) -> Result<Vec<u32>, String> {
+        Ok(self.dev.snapshot().processes.iter().filter(|p| p.mps_client && p.contexts > 0).map(|p| p.pid).collect())
+    }
+
+    fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {
+        self.dev.set_client_active_thread_pct(pid, pct.round().clamp(1.0, 100.0) as u32).map_err(|e| e.to_string())
+    }
+
+    fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {
+        self.dev.set_default_active_thread_pct(pct.round().clamp(1.0, 100.0) as u32).map_err(|e| e.to_string())
+    }
+
+    fn terminate_client(&mut self, pid: u32) -> Result<(), String> {
+        Err(format!("terminating client {pid} is not supported by the emulated device"))
+    }
+}

@@ -1,0 +1,557 @@
+//! The exported C surface of `libnvidia-ml.so.1`: each entry checks its pointers, calls the
+//! safe layer (`state`, `metrics`) and writes results; no panic crosses the ABI (`entry`).
+//! Signatures and types are nvml-wrapper-sys's bindings of NVIDIA's `nvml.h`.
+
+#![allow(non_snake_case, non_upper_case_globals)]
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use nvml_wrapper_sys::bindings::*;
+
+use crate::metrics::{ratio, Point};
+use crate::source;
+use crate::state::{self, NvmlResult};
+
+/// Driver version string the emulated host reports.
+pub const DRIVER_VERSION: &str = "550.54.15";
+/// NVML library version string.
+pub const NVML_VERSION: &str = "12.550.54.15";
+/// CUDA driver API version (`cuDriverGetVersion` form).
+pub const CUDA_DRIVER_VERSION: c_int = 12040;
+/// `gpuInstanceId`/`computeInstanceId` when MIG is off (nvml.h: 0xFFFFFFFF).
+const NO_MIG: c_uint = 0xFFFF_FFFF;
+
+/// A 0..=1 fraction as a whole percentage.
+fn pct(frac: f64) -> c_uint {
+    (frac.clamp(0.0, 1.0) * 100.0).round() as c_uint
+}
+
+fn entry(f: impl FnOnce() -> NvmlResult<()>) -> nvmlReturn_t {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => nvmlReturn_enum_NVML_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+    }
+}
+
+/// Writes through an out pointer, INVALID_ARGUMENT when it is null.
+///
+/// # Safety
+/// `p` is null or valid for a write of `T`.
+unsafe fn put<T>(p: *mut T, v: T) -> NvmlResult<()> {
+    if p.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null and valid per the caller's contract.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+/// Copies `s` and a NUL into `buf[..len]`; INSUFFICIENT_SIZE when it does not fit.
+///
+/// # Safety
+/// `buf` is null or valid for `len` bytes of writes.
+unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> NvmlResult<()> {
+    if buf.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (len as usize) < s.len() + 1 {
+        return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: buf holds at least s.len() + 1 bytes (checked above).
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf.cast::<u8>(), s.len());
+        *buf.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    entry(state::init)
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+    entry(state::init)
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    entry(state::init)
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    entry(state::shutdown)
+}
+
+/// `nvmlErrorString`: static text for each return code.
+#[no_mangle]
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        nvmlReturn_enum_NVML_SUCCESS => c"Success",
+        nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => c"Uninitialized",
+        nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => c"Invalid Argument",
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => c"Not Supported",
+        nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => c"Insufficient Permissions",
+        nvmlReturn_enum_NVML_ERROR_NOT_FOUND => c"Not Found",
+        nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
+        nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => c"GPU is lost",
+        nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND => c"Function Not Found",
+        nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument version mismatch",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a buffer of `length` bytes.
+    entry(|| unsafe { put_str(version, length, DRIVER_VERSION) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a buffer of `length` bytes.
+    entry(|| unsafe { put_str(version, length, NVML_VERSION) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid int pointer.
+    entry(|| unsafe { put(v, CUDA_DRIVER_VERSION) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid int pointer.
+    entry(|| unsafe { put(v, CUDA_DRIVER_VERSION) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(count, state::device_count()?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(count, state::device_count()?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(device, state::handle(index)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(device, state::handle(index)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+    entry(|| {
+        if uuid.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null, NUL-terminated per the NVML contract.
+        let want = unsafe { CStr::from_ptr(uuid) }.to_string_lossy().into_owned();
+        for i in 0..state::device_count()? {
+            let h = state::handle(i)?;
+            if state::with_snapshot(h, |s, _| s.uuid == want)? {
+                // SAFETY: caller passes a valid pointer.
+                return unsafe { put(device, h) };
+            }
+        }
+        Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(index, state::index(device)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    entry(|| {
+        let n = state::with_snapshot(device, |s, _| s.name.clone())?;
+        // SAFETY: caller passes a buffer of `length` bytes.
+        unsafe { put_str(name, length, &n) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t {
+    entry(|| {
+        let u = state::with_snapshot(device, |s, _| s.uuid.clone())?;
+        // SAFETY: caller passes a buffer of `length` bytes.
+        unsafe { put_str(uuid, length, &u) }
+    })
+}
+
+/// `gpu`: percent of the device's last sample window (`emu_device::SNAPSHOT_WINDOW_NS`) with a
+/// kernel running; `memory`: percent of the window the memory was read or written, modelled as
+/// the same busy fraction scaled by memory occupancy.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t {
+    entry(|| {
+        let u = state::with_snapshot(device, |s, _| {
+            let gpu = pct(s.gpu_util);
+            let mem_frac = if s.total_memory == 0 { 0.0 } else { s.used_memory as f64 / s.total_memory as f64 };
+            nvmlUtilization_t { gpu, memory: (f64::from(gpu) * mem_frac).round() as c_uint }
+        })?;
+        // SAFETY: caller passes a valid pointer.
+        unsafe { put(utilization, u) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
+    entry(|| {
+        let m = state::with_snapshot(device, |s, _| nvmlMemory_t {
+            total: s.total_memory,
+            used: s.used_memory.min(s.total_memory),
+            free: s.total_memory.saturating_sub(s.used_memory),
+        })?;
+        // SAFETY: caller passes a valid pointer.
+        unsafe { put(memory, m) }
+    })
+}
+
+/// `nvmlMemory_v2` = NVML_STRUCT_VERSION(Memory, 2) (nvml.h).
+const MEMORY_V2: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() | (2 << 24)) as c_uint;
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+    entry(|| {
+        if memory.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller owns a nvmlMemory_v2_t whose version field it set.
+        if unsafe { (*memory).version } != MEMORY_V2 {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let m = state::with_snapshot(device, |s, _| nvmlMemory_v2_t {
+            version: MEMORY_V2,
+            total: s.total_memory,
+            reserved: 0,
+            used: s.used_memory.min(s.total_memory),
+            free: s.total_memory.saturating_sub(s.used_memory),
+        })?;
+        // SAFETY: checked non-null above.
+        unsafe { put(memory, m) }
+    })
+}
+
+fn clock(device: nvmlDevice_t, ty: nvmlClockType_t, max: bool) -> NvmlResult<c_uint> {
+    state::with_snapshot(device, |s, _| match ty {
+        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => {
+            Ok(if max { s.max_sm_clock_mhz } else { s.sm_clock_mhz })
+        }
+        nvmlClockType_enum_NVML_CLOCK_MEM => Ok(s.mem_clock_mhz),
+        nvmlClockType_enum_NVML_CLOCK_VIDEO => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        _ => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+    })?
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(device: nvmlDevice_t, ty: nvmlClockType_t, clock_mhz: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(clock_mhz, clock(device, ty, false)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(device: nvmlDevice_t, ty: nvmlClockType_t, clock_mhz: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(clock_mhz, clock(device, ty, true)?) })
+}
+
+/// Power model: 10% of the board limit at idle plus 90% scaled by GPU utilization.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: nvmlDevice_t, power_mw: *mut c_uint) -> nvmlReturn_t {
+    entry(|| {
+        let p = state::with_snapshot(device, |s, _| {
+            (f64::from(s.power_limit_mw) * (0.1 + 0.9 * s.gpu_util)).round() as c_uint
+        })?;
+        // SAFETY: caller passes a valid pointer.
+        unsafe { put(power_mw, p) }
+    })
+}
+
+/// Temperature model: 30 °C idle, up to 80 °C at full utilization.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: nvmlTemperatureSensors_t,
+    temp: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let t = state::with_snapshot(device, |s, _| 30 + pct(s.gpu_util) / 2)?;
+        // SAFETY: caller passes a valid pointer.
+        unsafe { put(temp, t) }
+    })
+}
+
+/// The size-query protocol shared by the running-process calls: a too-small `*count`
+/// (including 0 with a null array) gets INSUFFICIENT_SIZE and the needed count.
+///
+/// # Safety
+/// `count` is null or valid; `infos` is null or valid for `*count` elements.
+unsafe fn processes<T>(device: nvmlDevice_t, count: *mut c_uint, infos: *mut T, make: fn(u32, u64) -> T) -> NvmlResult<()> {
+    if count.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let procs = state::with_snapshot(device, |s, _| s.processes.clone())?;
+    // SAFETY: count is non-null and valid.
+    let cap = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = procs.len() as c_uint };
+    if procs.is_empty() {
+        return Ok(());
+    }
+    if cap < procs.len() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if infos.is_null() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    for (i, (pid, mem)) in procs.into_iter().enumerate() {
+        // SAFETY: i < procs.len() <= cap, the caller's array length.
+        unsafe { infos.add(i).write(make(pid, mem)) };
+    }
+    Ok(())
+}
+
+fn info_v2(pid: u32, mem: u64) -> nvmlProcessInfo_v2_t {
+    nvmlProcessInfo_v2_t { pid, usedGpuMemory: mem, gpuInstanceId: NO_MIG, computeInstanceId: NO_MIG }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    // SAFETY: NVML contract: count valid, infos holds *count elements.
+    entry(|| unsafe { processes(device, count, infos, info_v2) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    // SAFETY: NVML contract: count valid, infos holds *count elements.
+    entry(|| unsafe { processes(device, count, infos, info_v2) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    // SAFETY: NVML contract: count valid, infos holds *count elements.
+    entry(|| unsafe {
+        processes(device, count, infos, |pid, mem| nvmlProcessInfo_v1_t { pid, usedGpuMemory: mem })
+    })
+}
+
+/// `nvmlDeviceGetSamples` for GPU utilization (percent per interval) and SM clock (MHz)
+/// samples, from the points this process has seen; a null `samples` asks for the buffer size.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSamples(
+    device: nvmlDevice_t,
+    ty: nvmlSamplingType_t,
+    last_seen_us: c_ulonglong,
+    val_type: *mut nvmlValueType_t,
+    count: *mut c_uint,
+    samples: *mut nvmlSample_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        if count.is_null() || val_type.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let value: fn(&Point, &Point) -> f64 = match ty {
+            nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES => |a, b| ratio(a, b, |p| p.busy_ns).unwrap_or(0.0) * 100.0,
+            nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES => |_, b| f64::from(b.sm_clock_mhz),
+            _ => return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        };
+        let got = state::with_snapshot(device, |_, d| crate::metrics::samples(&source::samples(d), last_seen_us, value))?;
+        // SAFETY: checked non-null; NVML contract.
+        unsafe { *val_type = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT };
+        if samples.is_null() {
+            // SAFETY: checked non-null.
+            unsafe { *count = emu_device::layout::RING_LEN as c_uint };
+            return Ok(());
+        }
+        if got.is_empty() {
+            // SAFETY: checked non-null.
+            unsafe { *count = 0 };
+            return Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+        }
+        // SAFETY: checked non-null.
+        let cap = unsafe { *count } as usize;
+        let newest = &got[got.len().saturating_sub(cap)..];
+        for (i, (ts, v)) in newest.iter().enumerate() {
+            let sample = nvmlSample_t { timeStamp: *ts, sampleValue: nvmlValue_t { uiVal: v.round() as c_uint } };
+            // SAFETY: i < cap, the caller's array length.
+            unsafe { samples.add(i).write(sample) };
+        }
+        // SAFETY: checked non-null.
+        unsafe { *count = newest.len() as c_uint };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(device: nvmlDevice_t, support: *mut nvmlGpmSupport_t) -> nvmlReturn_t {
+    entry(|| {
+        if support.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller set the version field.
+        if unsafe { (*support).version } != NVML_GPM_SUPPORT_VERSION {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let ok = state::with_snapshot(device, |s, _| s.cc_major >= 9)?;
+        // SAFETY: non-null, checked above.
+        unsafe { (*support).isSupportedDevice = c_uint::from(ok) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
+    entry(|| {
+        state::check_init()?;
+        let id = crate::gpm::alloc()?;
+        // SAFETY: caller passes a valid pointer.
+        unsafe { put(sample, id as nvmlGpmSample_t) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    entry(|| crate::gpm::free(sample as usize))
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    entry(|| {
+        let i = state::index(device)?;
+        let p = state::with_snapshot(device, |s, _| (s.cc_major >= 9).then_some(s.point))?;
+        let p = p.ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+        crate::gpm::fill(sample as usize, i, p)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
+    entry(|| {
+        if request.is_null() {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller owns a full nvmlGpmMetricsGet_t.
+        let req = unsafe { &mut *request };
+        if req.version != NVML_GPM_METRICS_GET_VERSION {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        crate::gpm::metrics_get(req)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ptr::{null, null_mut};
+
+    /// The C surface called as a careless or hostile caller would: null pointers, handles it
+    /// never got, short buffers, wrong struct versions, calls before init and after shutdown.
+    /// Every one is answered with an NVML error code; nothing crashes.
+    #[test]
+    fn hostile_calls_get_error_codes() {
+        let dir = std::env::temp_dir().join(format!("emu-nvml-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
+        std::env::set_var("GPUEMU_PROFILE", "h100");
+        unsafe {
+            let mut n: c_uint = 0;
+            assert_eq!(nvmlDeviceGetCount_v2(&mut n), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlDeviceGetCount_v2(null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetCount_v2(&mut n), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(n, 1);
+            let mut dev: nvmlDevice_t = null_mut();
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let bogus = 0x1234usize as nvmlDevice_t;
+            let mut name = [0 as c_char; 96];
+            assert_eq!(nvmlDeviceGetName(bogus, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 4), nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+            assert_eq!(nvmlDeviceGetName(dev, null_mut(), 96), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_SUCCESS);
+            assert!(CStr::from_ptr(name.as_ptr()).to_str().unwrap().contains("H100"));
+            assert_eq!(nvmlDeviceGetHandleByUUID(null(), &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetHandleByUUID(c"GPU-nope".as_ptr(), &mut dev), nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+
+            let mut m2: nvmlMemory_v2_t = std::mem::zeroed();
+            assert_eq!(nvmlDeviceGetMemoryInfo_v2(dev, &mut m2), nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+            m2.version = MEMORY_V2;
+            assert_eq!(nvmlDeviceGetMemoryInfo_v2(dev, &mut m2), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(m2.total, m2.used + m2.free);
+            let mut clk = 0;
+            assert_eq!(nvmlDeviceGetClockInfo(dev, 77, &mut clk), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            let mut t = 0;
+            assert_eq!(nvmlDeviceGetTemperature(dev, 9, &mut t), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+
+            let mut count: c_uint = 0;
+            assert_eq!(nvmlDeviceGetComputeRunningProcesses_v3(dev, null_mut(), null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut count, null_mut()), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(count, 0);
+
+            let mut vt: nvmlValueType_t = 0;
+            let mut sc: c_uint = 0;
+            assert_eq!(nvmlDeviceGetSamples(dev, 99, 0, &mut vt, &mut sc, null_mut()), nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+            assert_eq!(nvmlDeviceGetSamples(dev, nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES, 0, null_mut(), &mut sc, null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+
+            let mut sup: nvmlGpmSupport_t = std::mem::zeroed();
+            assert_eq!(nvmlGpmQueryDeviceSupport(dev, &mut sup), nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+            assert_eq!(nvmlGpmSampleFree(0xdead as nvmlGpmSample_t), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            let mut s1: nvmlGpmSample_t = null_mut();
+            assert_eq!(nvmlGpmSampleAlloc(&mut s1), nvmlReturn_enum_NVML_SUCCESS);
+            let mut req: Box<nvmlGpmMetricsGet_t> = Box::new(std::mem::zeroed());
+            req.version = NVML_GPM_METRICS_GET_VERSION;
+            req.numMetrics = 1;
+            req.sample1 = s1;
+            req.sample2 = s1;
+            assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "unfilled sample");
+            req.numMetrics = 100_000;
+            assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlGpmMetricsGet(null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlGpmSampleFree(s1), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlGpmSampleFree(s1), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "double free");
+
+            let mut buf = [0 as c_char; 4];
+            assert_eq!(nvmlSystemGetDriverVersion(buf.as_mut_ptr(), 4), nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+            assert!(!nvmlErrorString(12345).is_null());
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,104 @@
+//! Library-wide state: the init reference count, device handles, this process's metric
+//! history per device, and live GPM samples.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use nvml_wrapper_sys::bindings::*;
+
+use emu_device::Device;
+
+use crate::metrics::Point;
+use crate::source::{self, Snapshot};
+
+/// Devices this library can hand out handles for (the emulator has one per state file).
+pub const MAX_DEVICES: usize = 1;
+
+static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
+/// Handles are addresses inside this array; never dereferenced by anyone.
+static HANDLE_BASE: [u8; MAX_DEVICES] = [0; MAX_DEVICES];
+
+/// Mutable state behind one lock (queries are not on any hot path).
+pub struct Shared {
+    /// The emulated device, opened at the first successful init.
+    pub device: Device,
+    /// Live GPM samples: id -> (device, point) once filled.
+    pub gpm: HashMap<usize, Option<(u32, Point)>>,
+    /// Next GPM sample id (never 0, so handles are never null).
+    pub next_gpm: usize,
+}
+
+static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
+
+/// Locks the shared state (a poisoned lock is recovered: the data stays consistent because
+/// every update is a single insert or remove).
+pub fn shared() -> MutexGuard<'static, Option<Shared>> {
+    SHARED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// NVML result type for the safe layer.
+pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
+
+/// `nvmlInit*`: opens the emulated device (DRIVER_NOT_LOADED when the environment names
+/// none), then counts one more user.
+pub fn init() -> NvmlResult<()> {
+    let mut g = shared();
+    if g.is_none() {
+        let device = source::open().map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
+        *g = Some(Shared { device, gpm: HashMap::new(), next_gpm: 1 });
+    }
+    INIT_COUNT.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// `nvmlShutdown`: one user fewer; UNINITIALIZED when there was none.
+pub fn shutdown() -> NvmlResult<()> {
+    INIT_COUNT
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .map(|_| ())
+        .map_err(|_| nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)
+}
+
+/// UNINITIALIZED unless `nvmlInit` succeeded more often than `nvmlShutdown` ran.
+pub fn check_init() -> NvmlResult<()> {
+    if INIT_COUNT.load(Ordering::SeqCst) == 0 {
+        Err(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)
+    } else {
+        Ok(())
+    }
+}
+
+/// Number of devices (after init).
+pub fn device_count() -> NvmlResult<u32> {
+    check_init()?;
+    Ok(MAX_DEVICES as u32)
+}
+
+/// The handle of device `index`.
+pub fn handle(index: u32) -> NvmlResult<nvmlDevice_t> {
+    if index >= device_count()? {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(HANDLE_BASE.as_ptr().wrapping_add(index as usize) as nvmlDevice_t)
+}
+
+/// The index behind a handle, or INVALID_ARGUMENT for anything we did not hand out.
+pub fn index(dev: nvmlDevice_t) -> NvmlResult<u32> {
+    check_init()?;
+    let base = HANDLE_BASE.as_ptr() as usize;
+    let off = (dev as usize).wrapping_sub(base);
+    if off >= MAX_DEVICES || off as u32 >= device_count()? {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(off as u32)
+}
+
+/// A fresh snapshot of the device behind `dev`, handed to `f` with the device itself.
+pub fn with_snapshot<T>(dev: nvmlDevice_t, f: impl FnOnce(&Snapshot, &Device) -> T) -> NvmlResult<T> {
+    index(dev)?;
+    let g = shared();
+    let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+    let snap = source::snapshot(&sh.device);
+    Ok(f(&snap, &sh.device))
+}

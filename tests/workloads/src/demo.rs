@@ -1,0 +1,298 @@
+//! The host demo: runs the online client through a list of phases (alone, beside an
+//! unrestrained offline client, and later beside offline work under the node runtime) and
+//! reports the online latency and offline throughput of each phase.
+//!
+//! A [`Phase`] is data: which services to start first (e.g. the MPS daemon, the monitor),
+//! whether an offline client runs, and extra environment for it (e.g. `LD_PRELOAD` of the
+//! shim). Adding the node-runtime phase means adding one value to the list.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::host::Host;
+
+/// A process started for a phase and stopped (SIGTERM, then SIGKILL) when it ends.
+#[derive(Clone, Debug)]
+pub struct Service {
+    /// Shown in errors.
+    pub name: String,
+    /// Program name in the binary directory (`bin`) or on the host `PATH` (`tool`).
+    pub program: String,
+    /// Found in the binary directory (true) or on the host's PATH (false).
+    pub from_bin_dir: bool,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Run to completion before the phase (a setup command like `nvidia-cuda-mps-control -d`)
+    /// rather than kept running.
+    pub oneshot: bool,
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug)]
+pub struct Phase {
+    /// Row label.
+    pub name: String,
+    /// Started in order before the clients.
+    pub services: Vec<Service>,
+    /// Run after the phase (e.g. `echo quit | nvidia-cuda-mps-control`): program, args, stdin.
+    pub teardown: Vec<(String, Vec<String>, String)>,
+    /// Run an offline client beside the online one.
+    pub offline: bool,
+    /// Extra environment for the offline client.
+    pub offline_env: Vec<(String, String)>,
+}
+
+/// Client settings shared by all phases.
+#[derive(Clone, Debug)]
+pub struct DemoConfig {
+    /// Seconds the online client schedules requests.
+    pub duration_s: f64,
+    /// Online request rate.
+    pub rate: f64,
+    /// Online kernels per request.
+    pub online_kernels: u32,
+    /// Online kernel length, µs.
+    pub online_kernel_us: f64,
+    /// Online grid size as a fraction of the SMs.
+    pub online_sm_fraction: f64,
+    /// Offline kernel length, µs.
+    pub offline_kernel_us: f64,
+    /// Time the offline client runs (after its first progress report) before the online one
+    /// starts, seconds.
+    pub offline_warmup_s: f64,
+}
+
+/// What one phase measured.
+#[derive(Clone, Debug, Default)]
+pub struct PhaseResult {
+    /// Row label.
+    pub name: String,
+    /// Online p50, ms.
+    pub p50_ms: f64,
+    /// Online p99, ms.
+    pub p99_ms: f64,
+    /// Online throughput, req/s.
+    pub online_rps: f64,
+    /// Online requests completed.
+    pub requests: u64,
+    /// Offline iterations/s (None when no offline client ran).
+    pub offline_iters_per_s: Option<f64>,
+}
+
+/// The two phases of the problem statement.
+pub fn baseline_phases() -> Vec<Phase> {
+    vec![
+        Phase { name: "online alone".into(), services: vec![], teardown: vec![], offline: false, offline_env: vec![] },
+        Phase {
+            name: "online + offline (no control)".into(),
+            services: vec![],
+            teardown: vec![],
+            offline: true,
+            offline_env: vec![],
+        },
+    ]
+}
+
+/// A static MPS split, built only from the emulated host's own tools: the MPS control daemon
+/// runs and the offline client starts with `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (the real
+/// per-client MPS variable) so it can use at most `offline_pct` percent of the SMs.
+pub fn mps_static_phase(offline_pct: u32) -> Phase {
+    Phase {
+        name: format!("online + offline (MPS, {offline_pct}% SMs)"),
+        services: vec![Service {
+            name: "MPS control daemon".into(),
+            program: "nvidia-cuda-mps-control".into(),
+            from_bin_dir: false,
+            args: vec!["-d".into()],
+            oneshot: true,
+        }],
+        teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],
+        offline: true,
+        offline_env: vec![("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), offline_pct.to_string())],
+    }
+}
+
+/// Pulls a number field out of a flat JSON object line (the clients print such lines).
+pub fn json_number(line: &str, key: &str) -> Option<f64> {
+    let pat = format!("\"{key}\":");
+    let rest = &line[line.find(&pat)? + pat.len()..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+struct Guard(Vec<(String, Child)>);
+
+impl Guard {
+    fn stop_all(&mut self) {
+        for (_, c) in self.0.iter_mut().rev() {
+            // SAFETY: kill(2) on a child we spawned and have not reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        for (_, c) in self.0.iter_mut().rev() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.0.clear();
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// Runs one phase on `host`.
+pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseResult, String> {
+    let mut guard = Guard(Vec::new());
+    for s in &phase.services {
+        let mut cmd = if s.from_bin_dir { host.command(&s.program) } else { host.tool(&s.program) };
+        cmd.args(&s.args).stdin(Stdio::null());
+        if s.oneshot {
+            let out = cmd.output().map_err(|e| format!("{}: cannot run {}: {e}", s.name, s.program))?;
+            if !out.status.success() {
+                return Err(format!("{}: {} exited with {}: {}", s.name, s.program, out.status, String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        } else {
+            let child = cmd.stdout(Stdio::null()).spawn().map_err(|e| format!("{}: cannot start {}: {e}", s.name, s.program))?;
+            guard.0.push((s.name.clone(), child));
+        }
+    }
+    let mut offline_out = None;
+    if phase.offline {
+        let mut cmd = host.command("offline");
+        cmd.args(["--json", "--report-interval", "0.5", "--kernel-us", &cfg.offline_kernel_us.to_string()])
+            .envs(phase.offline_env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| format!("cannot start offline client: {e}"))?;
+        let stdout = child.stdout.take().ok_or("offline client has no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        guard.0.push(("offline client".into(), child));
+        let mut early = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !early.iter().any(|l: &String| l.contains("iters_per_s")) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => early.push(l),
+                Err(_) => return Err("the offline client did not report progress within 60 s".into()),
+            }
+        }
+        std::thread::sleep(Duration::from_secs_f64(cfg.offline_warmup_s));
+        offline_out = Some((rx, early));
+    }
+    let out = host
+        .command("online")
+        .args([
+            "--json",
+            "--duration",
+            &cfg.duration_s.to_string(),
+            "--rate",
+            &cfg.rate.to_string(),
+            "--kernels",
+            &cfg.online_kernels.to_string(),
+            "--kernel-us",
+            &cfg.online_kernel_us.to_string(),
+            "--sm-fraction",
+            &cfg.online_sm_fraction.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run online client: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("online client failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
+    let num = |k: &str| json_number(&line, k).ok_or_else(|| format!("online client output lacks {k}: {line}"));
+    let mut r = PhaseResult {
+        name: phase.name.clone(),
+        p50_ms: num("p50_ms")?,
+        p99_ms: num("p99_ms")?,
+        online_rps: num("throughput_rps")?,
+        requests: num("requests")? as u64,
+        offline_iters_per_s: None,
+    };
+    guard.stop_all();
+    if let Some((rx, mut lines)) = offline_out {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            lines.push(l);
+        }
+        let fin = lines.iter().rev().find(|l| l.contains("\"final\":true"));
+        let fin = fin.ok_or_else(|| format!("offline client printed no summary (last lines: {:?})", lines.iter().rev().take(3).collect::<Vec<_>>()))?;
+        r.offline_iters_per_s = json_number(fin, "iters_per_s");
+    }
+    for (prog, args, stdin) in &phase.teardown {
+        let mut c = host.tool(prog).args(args).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().map_err(|e| format!("teardown {prog}: {e}"))?;
+        if let Some(mut i) = c.stdin.take() {
+            use std::io::Write;
+            let _ = i.write_all(stdin.as_bytes());
+        }
+        let _ = c.wait();
+    }
+    Ok(r)
+}
+
+/// The results as a table, with the p99 ratio against the first phase.
+pub fn table(host: &str, rows: &[PhaseResult]) -> String {
+    let base = rows.first().map_or(0.0, |r| r.p99_ms);
+    let mut s = format!("GPU sharing on {host}\n");
+    let base50 = rows.first().map_or(0.0, |r| r.p50_ms);
+    s += &format!(
+        "{:<32} {:>10} {:>7} {:>10} {:>7} {:>9} {:>15}\n",
+        "phase", "p50 (ms)", "p50 x", "p99 (ms)", "p99 x", "online/s", "offline iter/s"
+    );
+    s += &format!("{}\n", "-".repeat(96));
+    let x = |v: f64, b: f64| if b > 0.0 { format!("{:.2}", v / b) } else { "-".into() };
+    for r in rows {
+        let off = r.offline_iters_per_s.map_or("-".to_string(), |v| format!("{v:.2}"));
+        s += &format!(
+            "{:<32} {:>10.3} {:>7} {:>10.3} {:>7} {:>9.1} {:>15}\n",
+            r.name,
+            r.p50_ms,
+            x(r.p50_ms, base50),
+            r.p99_ms,
+            x(r.p99_ms, base),
+            r.online_rps,
+            off
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_numbers_from_client_json() {
+        let l = r#"{"client":"online","requests":12,"p99_ms":3.5000,"throughput_rps":49.1}"#;
+        assert_eq!(json_number(l, "p99_ms"), Some(3.5));
+        assert_eq!(json_number(l, "throughput_rps"), Some(49.1));
+        assert_eq!(json_number(l, "requests"), Some(12.0));
+        assert_eq!(json_number(l, "p50_ms"), None);
+    }
+
+    #[test]
+    fn table_shows_ratio_against_the_first_phase() {
+        let rows = [
+            PhaseResult { name: "a".into(), p50_ms: 1.0, p99_ms: 2.0, ..Default::default() },
+            PhaseResult { name: "b".into(), p50_ms: 1.5, p99_ms: 5.0, offline_iters_per_s: Some(3.0), ..Default::default() },
+        ];
+        let t = table("x", &rows);
+        let b: Vec<&str> = t.lines().find(|l| l.starts_with('b')).unwrap().split_whitespace().collect();
+        assert_eq!(b[2..], ["1.50", "5.000", "2.50", "0.0", "3.00"], "{t}");
+    }
+}

@@ -1,0 +1,137 @@
+//! Added cost of the shim per kernel launch and per alloc/free pair, against direct calls to
+//! the same in-process stub driver functions in the same run (ledger-backed quota, throttle
+//! enabled but under budget). Run: `cargo bench -p xcuda-shim --bench hotpath`.
+
+use std::ffi::{c_uint, c_void};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use cuda_abi::*;
+use xcuda::interpose::Sym;
+
+static NEXT: AtomicU64 = AtomicU64::new(0x7f00_0000_0000);
+
+unsafe extern "C" fn stub_init(_: c_uint) -> CUresult {
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_device_get(d: *mut CUdevice, _: i32) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
+    unsafe { *d = 0 };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_total(b: *mut usize, _: CUdevice) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
+    unsafe { *b = 80 << 30 };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_attr(v: *mut i32, _: CUdevice_attribute, _: CUdevice) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
+    unsafe { *v = 132 };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_alloc(p: *mut CUdeviceptr, n: usize) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
+    unsafe { *p = NEXT.fetch_add((n as u64 + 255) & !255, Relaxed) };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_free(_: CUdeviceptr) -> CUresult {
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_launch(
+    _: CUfunction, _: c_uint, _: c_uint, _: c_uint, _: c_uint, _: c_uint, _: c_uint, _: c_uint,
+    _: CUstream, _: *mut *mut c_void, _: *mut *mut c_void,
+) -> CUresult {
+    CUresult::CUDA_SUCCESS
+}
+
+fn per_op(iters: u64, mut f: impl FnMut()) -> f64 {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    t.elapsed().as_nanos() as f64 / iters as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("xcuda.json");
+    std::fs::write(
+        &cfg,
+        r#"{"throttle": {"max_rate": 1e15, "fallback_rate": 1e15, "burst": 1e12},
+            "exit": {"handle_signals": false, "release_at_exit": false}}"#,
+    )
+    .unwrap();
+    std::env::set_var("XCUDA_CONFIG", &cfg);
+    std::env::set_var("XSHARE_LEDGER_DIR", dir.path());
+    let p = |f: *const ()| f as *mut c_void;
+    xcuda::real::install_stub_driver(&[
+        (Sym::cuInit, p(stub_init as *const ())),
+        (Sym::cuDeviceGet, p(stub_device_get as *const ())),
+        (Sym::cuDeviceTotalMem_v2, p(stub_total as *const ())),
+        (Sym::cuDeviceGetAttribute, p(stub_attr as *const ())),
+        (Sym::cuMemAlloc_v2, p(stub_alloc as *const ())),
+        (Sym::cuMemFree_v2, p(stub_free as *const ())),
+        (Sym::cuLaunchKernel, p(stub_launch as *const ())),
+    ]);
+    let st = xcuda::state::state();
+    assert!(st.quota.ledger().is_some(), "bench must use the shared ledger");
+
+    use std::ptr::null_mut as null;
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
+    let launch_direct = || unsafe {
+        black_box(stub_launch(null(), black_box(132), 1, 1, 256, 1, 1, 0, null(), null(), null()));
+    };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
+    let launch_shim = || unsafe {
+        black_box(xcuda::api::cuLaunchKernel(null(), black_box(132), 1, 1, 256, 1, 1, 0, null(), null(), null()));
+    };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
+    let pair_direct = || unsafe {
+        let mut d = 0;
+        black_box(stub_alloc(&mut d, black_box(1 << 20)));
+        black_box(stub_free(d));
+    };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
+    let pair_shim = || unsafe {
+        let mut d = 0;
+        black_box(xcuda::api::cuMemAlloc_v2(&mut d, black_box(1 << 20)));
+        black_box(xcuda::api::cuMemFree_v2(d));
+    };
+    let (n_launch, n_pair) = (5_000_000, 1_000_000);
+    let mut l = Vec::new();
+    let mut a = Vec::new();
+    for _ in 0..7 {
+        let (d, s) = (per_op(n_launch, launch_direct), per_op(n_launch, launch_shim));
+        l.push((d, s));
+        let (d2, s2) = (per_op(n_pair, pair_direct), per_op(n_pair, pair_shim));
+        a.push((d2, s2));
+    }
+    assert_eq!(st.quota.used(), 0, "every pair gave its bytes back");
+    // Where an alloc/free pair's added time goes.
+    let q = &st.quota;
+    let reserve = median((0..5).map(|_| per_op(n_pair, || { assert!(q.try_reserve(black_box(4096))); q.release(4096); })).collect());
+    let map = xcuda::ptrmap::PtrMap::new(1 << 16);
+    let mut k = 0x7f00_0000_0000u64;
+    let track = median((0..5).map(|_| per_op(n_pair, || { k += 1 << 20; assert!(map.insert(black_box(k), 1)); black_box(map.remove(k)); })).collect());
+    let added = |v: &[(f64, f64)]| median(v.iter().map(|(d, s)| s - d).collect());
+    let base = |v: &[(f64, f64)]| median(v.iter().map(|(d, _)| *d).collect());
+    let shim = |v: &[(f64, f64)]| median(v.iter().map(|(_, s)| *s).collect());
+    println!("launch:     direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (target <= 20)  ratio {:.2}",
+        base(&l), shim(&l), added(&l), shim(&l) / base(&l));
+    println!("alloc+free: direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (target <= 100) ratio {:.2}",
+        base(&a), shim(&a), added(&a), shim(&a) / base(&a));
+    let t = &st.throttle;
+    let acquire = median((0..5).map(|_| per_op(n_launch, || t.acquire(black_box(1000)))).collect());
+    println!("  launch: throttle acquire alone {acquire:.1} ns (the rest is the FFI entry + catch_unwind)");
+    println!("  of which: ledger reserve+release {reserve:.1} ns, pointer-table insert+remove {track:.1} ns");
+    println!("(median of 7 rounds; launches counted {})", st.throttle.launches.load(Relaxed));
+}

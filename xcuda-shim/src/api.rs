@@ -1,0 +1,640 @@
+//! The exported C surface: every entry point is a few lines that fetch the real function and
+//! hand the rest to `memory`, `throttle`, `exit` or `interpose`. No panic crosses this file.
+#![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cuda_abi::*;
+
+use crate::interpose::{proc_address_override, Sym};
+use crate::memory::{counted, freed, pitched, view};
+use crate::quota::{array_bytes, mipmapped_bytes, pitch_estimate, Kind};
+use crate::state::state;
+
+#[inline(always)]
+fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(CUresult::CUDA_ERROR_UNKNOWN)
+}
+
+/// The real driver's `$sym` as `$pfn`, or return CUDA_ERROR_NOT_FOUND from the closure.
+macro_rules! real {
+    ($sym:ident : $pfn:ty) => {{
+        let p = crate::real::driver(Sym::$sym);
+        if p.is_null() {
+            return CUresult::CUDA_ERROR_NOT_FOUND;
+        }
+        // SAFETY: p is the real driver's $sym, whose C type is $pfn (cuda-abi's proc table).
+        unsafe { std::mem::transmute::<*mut c_void, $pfn>(p) }
+    }};
+}
+
+/// Reads an out-parameter the driver has just filled (it returned success, so it is valid).
+macro_rules! out {
+    ($p:expr) => {{
+        let p = $p;
+        if p.is_null() {
+            Default::default()
+        } else {
+            // SAFETY: non-null, and the driver returned CUDA_SUCCESS, so it wrote through it.
+            unsafe { *p }
+        }
+    }};
+}
+
+// ---- init and lookup -------------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    guard(|| {
+        let init = real!(cuInit: PFN_cuInit_v2000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { init(flags) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state();
+        }
+        rc
+    })
+}
+
+fn rewrite_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, rc: CUresult) -> CUresult {
+    if rc != CUresult::CUDA_SUCCESS || symbol.is_null() || pfn.is_null() {
+        return rc;
+    }
+    // SAFETY: the driver accepted `symbol` as a NUL-terminated name and filled `pfn`.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    if let Some(ours) = proc_address_override(name, version, flags) {
+        // SAFETY: pfn is the caller's out-pointer, valid (the driver just wrote it).
+        unsafe { *pfn = ours };
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t) -> CUresult {
+    guard(|| {
+        let gpa = real!(cuGetProcAddress: PFN_cuGetProcAddress_v11030);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { gpa(symbol, pfn, version, flags) };
+        rewrite_proc(symbol, pfn, version, flags, rc)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: cuuint64_t,
+    status: *mut CUdriverProcAddressQueryResult,
+) -> CUresult {
+    guard(|| {
+        let gpa = real!(cuGetProcAddress_v2: PFN_cuGetProcAddress_v12000);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { gpa(symbol, pfn, version, flags, status) };
+        rewrite_proc(symbol, pfn, version, flags, rc)
+    })
+}
+
+// ---- allocation ------------------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    guard(|| {
+        let (alloc, free) = (real!(cuMemAlloc_v2: PFN_cuMemAlloc_v3020), real!(cuMemFree_v2: PFN_cuMemFree_v3020));
+        counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+            // SAFETY: forwarding the caller's arguments to the real function.
+            || unsafe { alloc(dptr, bytesize) }, || out!(dptr),
+            // SAFETY: freeing the allocation the driver just made.
+            |k| { unsafe { free(k) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresult {
+    guard(|| {
+        let (alloc, free) = (real!(cuMemAlloc: PFN_cuMemAlloc_v2000), real!(cuMemFree: PFN_cuMemFree_v2000));
+        counted(&state().quota, Kind::DevicePtr, u64::from(bytesize),
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { alloc(dptr, bytesize) }, || u64::from(out!(dptr)),
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { free(k as CUdeviceptr_v1) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult {
+    guard(|| {
+        let (alloc, free) = (real!(cuMemAllocPitch_v2: PFN_cuMemAllocPitch_v3020), real!(cuMemFree_v2: PFN_cuMemFree_v3020));
+        pitched(&state().quota, pitch_estimate(width, height),
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { alloc(dptr, pitch, width, height, elem) },
+            || (out!(dptr), (out!(pitch) as u64).saturating_mul(height as u64)),
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { free(k) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) -> CUresult {
+    guard(|| {
+        let (alloc, free) = (real!(cuMemAllocPitch: PFN_cuMemAllocPitch_v2000), real!(cuMemFree: PFN_cuMemFree_v2000));
+        pitched(&state().quota, pitch_estimate(width as usize, height as usize),
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { alloc(dptr, pitch, width, height, elem) },
+            || (u64::from(out!(dptr)), u64::from(out!(pitch)) * u64::from(height)),
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { free(k as CUdeviceptr_v1) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
+    guard(|| {
+        let (alloc, free) = (real!(cuMemAllocManaged: PFN_cuMemAllocManaged_v6000), real!(cuMemFree_v2: PFN_cuMemFree_v3020));
+        counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { alloc(dptr, bytesize, flags) }, || out!(dptr),
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { free(k) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    guard(|| {
+        let free = real!(cuMemFree_v2: PFN_cuMemFree_v3020);
+        // SAFETY: forwarding the caller's argument.
+        freed(&state().quota, Kind::DevicePtr, dptr, || unsafe { free(dptr) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
+    guard(|| {
+        let free = real!(cuMemFree: PFN_cuMemFree_v2000);
+        // SAFETY: forwarding the caller's argument.
+        freed(&state().quota, Kind::DevicePtr, u64::from(dptr), || unsafe { free(dptr) })
+    })
+}
+
+macro_rules! alloc_async {
+    ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+            guard(|| {
+                let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
+                counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+                    // SAFETY: forwarding the caller's arguments.
+                    || unsafe { alloc(dptr, bytesize, stream) }, || out!(dptr),
+                    // SAFETY: undoing our own allocation on the same stream.
+                    |k| { unsafe { free(k, stream) }; })
+            })
+        }
+    };
+}
+alloc_async!(cuMemAllocAsync, cuMemFreeAsync, PFN_cuMemAllocAsync_v11020, PFN_cuMemFreeAsync_v11020);
+alloc_async!(cuMemAllocAsync_ptsz, cuMemFreeAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
+
+macro_rules! alloc_pool {
+    ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
+            guard(|| {
+                let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
+                counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+                    // SAFETY: forwarding the caller's arguments.
+                    || unsafe { alloc(dptr, bytesize, pool, stream) }, || out!(dptr),
+                    // SAFETY: undoing our own allocation on the same stream.
+                    |k| { unsafe { free(k, stream) }; })
+            })
+        }
+    };
+}
+alloc_pool!(cuMemAllocFromPoolAsync, cuMemFreeAsync, PFN_cuMemAllocFromPoolAsync_v11020, PFN_cuMemFreeAsync_v11020);
+alloc_pool!(cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
+
+macro_rules! free_async {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+            guard(|| {
+                let free = real!($name: $pfn);
+                // SAFETY: forwarding the caller's arguments.
+                freed(&state().quota, Kind::DevicePtr, dptr, || unsafe { free(dptr, stream) })
+            })
+        }
+    };
+}
+free_async!(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020);
+free_async!(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
+    guard(|| {
+        let (create, release) = (real!(cuMemCreate: PFN_cuMemCreate_v10020), real!(cuMemRelease: PFN_cuMemRelease_v10020));
+        counted(&state().quota, Kind::Vmm, size as u64,
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { create(handle, size, prop, flags) }, || out!(handle),
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { release(k) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    guard(|| {
+        let release = real!(cuMemRelease: PFN_cuMemRelease_v10020);
+        // SAFETY: forwarding the caller's argument.
+        freed(&state().quota, Kind::Vmm, handle, || unsafe { release(handle) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
+    guard(|| {
+        let (create, destroy) = (real!(cuArrayCreate_v2: PFN_cuArrayCreate_v3020), real!(cuArrayDestroy: PFN_cuArrayDestroy_v2000));
+        if desc.is_null() {
+            // SAFETY: the driver rejects the null descriptor itself.
+            return unsafe { create(handle, desc) };
+        }
+        // SAFETY: non-null descriptor supplied by the caller per the API contract.
+        let d = unsafe { *desc };
+        counted(&state().quota, Kind::Array, array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels),
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { create(handle, desc) }, || out!(handle) as u64,
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { destroy(k as CUarray) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
+    guard(|| {
+        let (create, destroy) = (real!(cuArray3DCreate_v2: PFN_cuArray3DCreate_v3020), real!(cuArrayDestroy: PFN_cuArrayDestroy_v2000));
+        if desc.is_null() {
+            // SAFETY: the driver rejects the null descriptor itself.
+            return unsafe { create(handle, desc) };
+        }
+        // SAFETY: non-null descriptor supplied by the caller per the API contract.
+        let d = unsafe { *desc };
+        counted(&state().quota, Kind::Array, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels),
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { create(handle, desc) }, || out!(handle) as u64,
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { destroy(k as CUarray) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayDestroy(h: CUarray) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuArrayDestroy: PFN_cuArrayDestroy_v2000);
+        // SAFETY: forwarding the caller's argument.
+        freed(&state().quota, Kind::Array, h as u64, || unsafe { destroy(h) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult {
+    guard(|| {
+        let (create, destroy) = (real!(cuMipmappedArrayCreate: PFN_cuMipmappedArrayCreate_v5000), real!(cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000));
+        if desc.is_null() {
+            // SAFETY: the driver rejects the null descriptor itself.
+            return unsafe { create(handle, desc, levels) };
+        }
+        // SAFETY: non-null descriptor supplied by the caller per the API contract.
+        let d = unsafe { *desc };
+        counted(&state().quota, Kind::Array, mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels),
+            // SAFETY: forwarding the caller's arguments.
+            || unsafe { create(handle, desc, levels) }, || out!(handle) as u64,
+            // SAFETY: undoing our own allocation.
+            |k| { unsafe { destroy(k as CUmipmappedArray) }; })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: CUmipmappedArray) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000);
+        // SAFETY: forwarding the caller's argument.
+        freed(&state().quota, Kind::Array, h as u64, || unsafe { destroy(h) })
+    })
+}
+
+// ---- memory view -----------------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    guard(|| {
+        let (mut f, mut t) = (0usize, 0usize);
+        let real_fn = real!(cuMemGetInfo_v2: PFN_cuMemGetInfo_v3020);
+        // SAFETY: local out-parameters.
+        let rc = unsafe { real_fn(&mut f, &mut t) };
+        if rc != CUresult::CUDA_SUCCESS {
+            return rc;
+        }
+        let (vf, vt) = view(&state().quota, f as u64, t as u64);
+        if free.is_null() || total.is_null() {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: caller's non-null out-pointers.
+        unsafe { (*free, *total) = (vf as usize, vt as usize) };
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
+    guard(|| {
+        let (mut f, mut t) = (0 as c_uint, 0 as c_uint);
+        let real_fn = real!(cuMemGetInfo: PFN_cuMemGetInfo_v2000);
+        // SAFETY: local out-parameters.
+        let rc = unsafe { real_fn(&mut f, &mut t) };
+        if rc != CUresult::CUDA_SUCCESS {
+            return rc;
+        }
+        let (vf, vt) = view(&state().quota, u64::from(f), u64::from(t));
+        if free.is_null() || total.is_null() {
+            return CUresult::CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: caller's non-null out-pointers; values are <= the driver's c_uint answers.
+        unsafe { (*free, *total) = (vf as c_uint, vt as c_uint) };
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuDeviceTotalMem_v2: PFN_cuDeviceTotalMem_v3020);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real_fn(bytes, dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let limit = state().quota.limit();
+            // SAFETY: the driver just wrote through this pointer.
+            unsafe { *bytes = (*bytes as u64).min(limit) as usize };
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuDeviceTotalMem: PFN_cuDeviceTotalMem_v2000);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real_fn(bytes, dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let limit = state().quota.limit();
+            // SAFETY: the driver just wrote through this pointer.
+            unsafe { *bytes = u64::from(*bytes).min(limit) as c_uint };
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
+    use crate::nvml::*;
+    catch_unwind(|| {
+        let Some(real) = real_v1() else { return NVML_ERROR_FUNCTION_NOT_FOUND };
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real(device, memory) };
+        if rc == NVML_SUCCESS && !memory.is_null() {
+            // SAFETY: the real call succeeded and filled this non-null struct.
+            let m = unsafe { &mut *memory };
+            apply(&state().quota, &mut m.total, &mut m.free, &mut m.used);
+        }
+        rc
+    })
+    .unwrap_or(NVML_ERROR_UNKNOWN)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_v2_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
+    use crate::nvml::*;
+    catch_unwind(|| {
+        let Some(real) = real_v2() else { return NVML_ERROR_FUNCTION_NOT_FOUND };
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real(device, memory) };
+        if rc == NVML_SUCCESS && !memory.is_null() {
+            // SAFETY: the real call succeeded and filled this non-null struct.
+            let m = unsafe { &mut *memory };
+            apply(&state().quota, &mut m.total, &mut m.free, &mut m.used);
+        }
+        rc
+    })
+    .unwrap_or(NVML_ERROR_UNKNOWN)
+}
+
+// ---- launches --------------------------------------------------------------------------------
+
+#[inline(always)]
+fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
+    u64::from(x) * u64::from(y) * u64::from(z)
+}
+
+macro_rules! launch_kernel {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+            shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(|| {
+                let launch = real!($name: $pfn);
+                let t = &state().throttle;
+                t.acquire(t.kernel_cost(blocks(gx, gy, gz)));
+                // SAFETY: forwarding the caller's arguments.
+                unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
+            })
+        }
+    };
+}
+launch_kernel!(cuLaunchKernel, PFN_cuLaunchKernel_v4000);
+launch_kernel!(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz);
+
+macro_rules! launch_coop {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+            shared: c_uint, stream: CUstream, params: *mut *mut c_void,
+        ) -> CUresult {
+            guard(|| {
+                let launch = real!($name: $pfn);
+                let t = &state().throttle;
+                t.acquire(t.kernel_cost(blocks(gx, gy, gz)));
+                // SAFETY: forwarding the caller's arguments.
+                unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params) }
+            })
+        }
+    };
+}
+launch_coop!(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000);
+launch_coop!(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz);
+
+macro_rules! launch_ex {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
+            guard(|| {
+                let launch = real!($name: $pfn);
+                if !config.is_null() {
+                    // SAFETY: non-null config supplied by the caller per the API contract.
+                    let c = unsafe { &*config };
+                    let t = &state().throttle;
+                    t.acquire(t.kernel_cost(blocks(c.gridDimX, c.gridDimY, c.gridDimZ)));
+                }
+                // SAFETY: forwarding the caller's arguments.
+                unsafe { launch(config, f, params, extra) }
+            })
+        }
+    };
+}
+launch_ex!(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060);
+launch_ex!(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz);
+
+macro_rules! launch_graph {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
+            guard(|| {
+                let launch = real!($name: $pfn);
+                let t = &state().throttle;
+                t.acquire(t.graph_cost());
+                // SAFETY: forwarding the caller's arguments.
+                unsafe { launch(exec, stream) }
+            })
+        }
+    };
+}
+launch_graph!(cuGraphLaunch, PFN_cuGraphLaunch_v10000);
+launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
+
+// ---- contexts (tracked so they can be released before the process dies) ---------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuCtxCreate_v2: PFN_cuCtxCreate_v3020);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real_fn(pctx, flags, dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().contexts.created(out!(pctx));
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuCtxCreate_v3: PFN_cuCtxCreate_v11040);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real_fn(pctx, params, n, flags, dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().contexts.created(out!(pctx));
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuCtxCreate_v4: PFN_cuCtxCreate_v12050);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real_fn(pctx, params, flags, dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().contexts.created(out!(pctx));
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v4000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { real_fn(ctx) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().contexts.destroyed(ctx);
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain_v7000);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { real_fn(pctx, dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().contexts.retained(dev);
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuDevicePrimaryCtxRelease_v2: PFN_cuDevicePrimaryCtxRelease_v11000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { real_fn(dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().contexts.released(dev);
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    guard(|| {
+        let real_fn = real!(cuDevicePrimaryCtxRelease: PFN_cuDevicePrimaryCtxRelease_v7000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { real_fn(dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().contexts.released(dev);
+        }
+        rc
+    })
+}
+
+// ---- signals (the application's SIGINT/SIGTERM actions are kept behind ours) ----------------
+
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    // SAFETY: the caller's arguments, under sigaction(2)'s contract.
+    let r = catch_unwind(|| unsafe { crate::exit::app_sigaction(sig, act, old) }).unwrap_or(None);
+    if let Some(rc) = r {
+        return rc;
+    }
+    match crate::real::sigaction_fn() {
+        // SAFETY: forwarding the caller's arguments to libc.
+        Some(real) => unsafe { real(sig, act, old) },
+        None => {
+            // SAFETY: errno is thread-local and always writable.
+            unsafe { *libc::__errno_location() = libc::ENOSYS };
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    let r = catch_unwind(|| crate::exit::app_signal(sig, handler)).unwrap_or(None);
+    if let Some(old) = r {
+        return old;
+    }
+    match crate::real::signal_fn() {
+        // SAFETY: forwarding the caller's arguments to libc.
+        Some(real) => unsafe { real(sig, handler) },
+        None => libc::SIG_ERR,
+    }
+}

@@ -1,0 +1,386 @@
+//! Shim configuration: JSON file (`XCUDA_CONFIG`, default `/etc/xshare/xcuda.json`) plus
+//! environment overrides, parsed once at start-up; a bad file keeps safe defaults.
+//!
+//! Environment overrides (applied after the file):
+//! `XCUDA_GROUP` (quota group / container id), `XCUDA_QUOTA_BYTES`, `XCUDA_QUOTA_FRACTION`,
+//! `XCUDA_THROTTLE` (`0`/`1`), `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`,
+//! `XSHARE_LEDGER_DIR`, `XSHARE_GPU_INDEX`, `XCUDA_REAL_LIBCUDA` (path of the real driver),
+//! `XCUDA_REAL_LIBNVML` (path of the real NVML),
+//! `XCUDA_LOG` (`error`..`trace`, default `warn`).
+
+use std::path::{Path, PathBuf};
+
+use node_ledger::config::{parse_json, ConfigError, LedgerConfig};
+use serde::Deserialize;
+
+/// Env var naming the config file.
+pub const ENV_CONFIG: &str = "XCUDA_CONFIG";
+/// Operator default config path.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/xshare/xcuda.json";
+
+/// Everything the shim reads at start-up.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Directory of the per-GPU ledgers (`<dir>/gpu<N>/ledger`).
+    pub ledger_dir: PathBuf,
+    /// GPU this process is limited on.
+    pub gpu_index: u32,
+    /// Quota group (container id); processes with the same group share one quota.
+    pub group: String,
+    pub memory: MemoryConfig,
+    pub throttle: ThrottleConfig,
+    pub exit: ExitConfig,
+    /// Path or soname of the real driver.
+    pub real_libcuda: String,
+    /// Path or soname of the real NVML library.
+    pub real_libnvml: String,
+    /// Log level: error, warn, info, debug, trace, off.
+    pub log: String,
+}
+
+/// Memory quota settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Fraction of device memory the group may use (MuxFlow: 0.4).
+    pub quota_fraction: f64,
+    /// Absolute quota in bytes; wins over the fraction when set.
+    pub quota_bytes: Option<u64>,
+}
+
+/// Launch-throttle settings (MuxFlow eq. 1-2 + PID).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThrottleConfig {
+    pub enabled: bool,
+    /// Target GPU load U_GPU = U_SM * a_C (0..1).
+    pub target_load: f64,
+    /// a_L: weight of a clock below threshold.
+    pub a_l: f64,
+    /// a_H: weight of a clock above threshold.
+    pub a_h: f64,
+    /// T_SM: SM clock threshold, MHz.
+    pub t_sm_mhz: f64,
+    /// C_H: highest SM clock, MHz (0 = use the monitor's published maximum).
+    pub c_h_mhz: f64,
+    /// PID gains, as fractions of `max_rate` per unit of load error.
+    pub kp: f64,
+    pub ki: f64,
+    pub kd: f64,
+    /// Controller period, ms.
+    pub period_ms: u64,
+    /// Monitor data older than this is stale, ms.
+    pub stale_after_ms: u64,
+    /// Rate used while monitor data are missing or stale, SM-waves per second.
+    pub fallback_rate: f64,
+    /// Rate bounds, SM-waves per second.
+    pub min_rate: f64,
+    pub max_rate: f64,
+    /// Bucket depth, SM-waves.
+    pub burst: f64,
+    /// Cost charged per graph launch, SM-waves.
+    pub graph_launch_waves: f64,
+}
+
+/// Graceful-exit settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExitConfig {
+    /// Catch SIGINT/SIGTERM, freeze launches and release contexts before the process dies.
+    pub handle_signals: bool,
+    /// Release contexts at normal exit.
+    pub release_at_exit: bool,
+    /// Longest wait for synchronise + release (a hung driver must not keep the process alive), ms.
+    pub release_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            ledger_dir: LedgerConfig::default().ledger_dir,
+            gpu_index: 0,
+            group: "default".into(),
+            memory: MemoryConfig::default(),
+            throttle: ThrottleConfig::default(),
+            exit: ExitConfig::default(),
+            real_libcuda: "libcuda.so.1".into(),
+            real_libnvml: "libnvidia-ml.so.1".into(),
+            log: "warn".into(),
+        }
+    }
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self { quota_fraction: 0.4, quota_bytes: None }
+    }
+}
+
+impl Default for ThrottleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            target_load: 0.8,
+            a_l: 2.0,
+            a_h: 0.2,
+            t_sm_mhz: 1200.0,
+            c_h_mhz: 0.0,
+            kp: 0.5,
+            ki: 2.0,
+            kd: 0.0,
+            period_ms: 10,
+            stale_after_ms: 500,
+            fallback_rate: 50.0,
+            min_rate: 5.0,
+            max_rate: 100_000.0,
+            burst: 4.0,
+            graph_launch_waves: 8.0,
+        }
+    }
+}
+
+impl Default for ExitConfig {
+    fn default() -> Self {
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000 }
+    }
+}
+
+impl Config {
+    /// The ledger location.
+    pub fn ledger(&self) -> LedgerConfig {
+        LedgerConfig { ledger_dir: self.ledger_dir.clone(), gpu_index: self.gpu_index }
+    }
+
+    /// Checks ranges; the error names the field (and its line when `text` is the file).
+    pub fn validate(&self, file: &Path, text: &str) -> Result<(), ConfigError> {
+        let bad = |field: &str, msg: &str| Err(ConfigError::invalid(file, text, field, msg));
+        let f = self.memory.quota_fraction;
+        if !(f > 0.0 && f <= 1.0) {
+            return bad("memory.quota_fraction", "must be in (0, 1]");
+        }
+        let t = &self.throttle;
+        if !(t.target_load > 0.0 && t.target_load.is_finite()) {
+            return bad("throttle.target_load", "must be a positive number");
+        }
+        for (name, v) in [("a_l", t.a_l), ("a_h", t.a_h), ("kp", t.kp), ("ki", t.ki), ("kd", t.kd)] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return bad(&format!("throttle.{name}"), "must be a non-negative number");
+            }
+        }
+        if t.t_sm_mhz.is_nan() || t.t_sm_mhz <= 0.0 {
+            return bad("throttle.t_sm_mhz", "must be positive");
+        }
+        if t.min_rate.is_nan() || t.min_rate <= 0.0 {
+            return bad("throttle.min_rate", "must be positive (a throttle is never unlimited)");
+        }
+        if !(t.max_rate >= t.min_rate && t.max_rate.is_finite()) {
+            return bad("throttle.max_rate", "must be finite and >= min_rate");
+        }
+        if !(t.fallback_rate >= t.min_rate && t.fallback_rate <= t.max_rate) {
+            return bad("throttle.fallback_rate", "must lie within [min_rate, max_rate]");
+        }
+        if !(t.burst >= 1.0 && t.burst.is_finite()) {
+            return bad("throttle.burst", "must be >= 1");
+        }
+        if !(t.graph_launch_waves > 0.0 && t.graph_launch_waves.is_finite()) {
+            return bad("throttle.graph_launch_waves", "must be positive");
+        }
+        if t.period_ms == 0 || t.period_ms > 10_000 {
+            return bad("throttle.period_ms", "must be in 1..=10000");
+        }
+        if t.stale_after_ms == 0 {
+            return bad("throttle.stale_after_ms", "must be positive");
+        }
+        if self.exit.release_timeout_ms == 0 {
+            return bad("exit.release_timeout_ms", "must be positive");
+        }
+        Ok(())
+    }
+
+    /// Parses and validates file text; on error nothing of it is used.
+    pub fn from_text(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        let c: Self = parse_json(file, text)?;
+        c.validate(file, text)?;
+        Ok(c)
+    }
+
+    /// Applies the documented environment overrides; a bad value keeps the previous one and is
+    /// reported.
+    pub fn apply_env(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Vec<ConfigError> {
+        let mut errs = Vec::new();
+        let mut ledger = self.ledger();
+        match ledger.apply_env(get) {
+            Ok(()) => (self.ledger_dir, self.gpu_index) = (ledger.ledger_dir, ledger.gpu_index),
+            Err(e) => errs.push(e),
+        }
+        let env_err = |var: &str, msg: String| ConfigError {
+            file: PathBuf::from(format!("${var}")),
+            line: None,
+            column: None,
+            field: Some(var.to_owned()),
+            message: msg,
+        };
+        if let Some(g) = get("XCUDA_GROUP").filter(|g| !g.is_empty()) {
+            self.group = g;
+        }
+        if let Some(v) = get("XCUDA_QUOTA_BYTES") {
+            match v.trim().parse::<u64>() {
+                Ok(b) => self.memory.quota_bytes = Some(b),
+                Err(_) => errs.push(env_err("XCUDA_QUOTA_BYTES", format!("`{v}` is not a byte count"))),
+            }
+        }
+        if let Some(v) = get("XCUDA_QUOTA_FRACTION") {
+            match v.trim().parse::<f64>() {
+                Ok(f) if f > 0.0 && f <= 1.0 => self.memory.quota_fraction = f,
+                _ => errs.push(env_err("XCUDA_QUOTA_FRACTION", format!("`{v}` is not in (0, 1]"))),
+            }
+        }
+        if let Some(v) = get("XCUDA_THROTTLE") {
+            match v.trim() {
+                "0" | "false" | "off" => self.throttle.enabled = false,
+                "1" | "true" | "on" => self.throttle.enabled = true,
+                _ => errs.push(env_err("XCUDA_THROTTLE", format!("`{v}` is not 0/1"))),
+            }
+        }
+        for (var, slot, lo) in [
+            ("XCUDA_TARGET_LOAD", &mut self.throttle.target_load, 0.0),
+            ("XCUDA_FALLBACK_RATE", &mut self.throttle.fallback_rate, self.throttle.min_rate),
+        ] {
+            if let Some(v) = get(var) {
+                match v.trim().parse::<f64>() {
+                    Ok(x) if x > lo && x.is_finite() => *slot = x,
+                    _ => errs.push(env_err(var, format!("`{v}` must be a number > {lo}"))),
+                }
+            }
+        }
+        if let Some(p) = get("XCUDA_REAL_LIBCUDA").filter(|p| !p.is_empty()) {
+            self.real_libcuda = p;
+        }
+        if let Some(p) = get("XCUDA_REAL_LIBNVML").filter(|p| !p.is_empty()) {
+            self.real_libnvml = p;
+        }
+        if let Some(l) = get("XCUDA_LOG").filter(|l| !l.is_empty()) {
+            self.log = l;
+        }
+        errs
+    }
+
+    /// Loads the file named by `XCUDA_CONFIG` (or the default path), then the env overrides.
+    /// Returns the config and every problem found (each one line naming file, line, field);
+    /// a missing default file is not a problem.
+    pub fn load(get: &dyn Fn(&str) -> Option<String>) -> (Self, Vec<ConfigError>) {
+        let explicit = get(ENV_CONFIG).filter(|p| !p.is_empty());
+        let path = PathBuf::from(explicit.clone().unwrap_or_else(|| DEFAULT_CONFIG_PATH.into()));
+        let mut errs = Vec::new();
+        let mut cfg = match std::fs::read_to_string(&path) {
+            Ok(text) => Self::from_text(&path, &text).unwrap_or_else(|e| {
+                errs.push(e);
+                Self::default()
+            }),
+            Err(e) if explicit.is_some() || e.kind() != std::io::ErrorKind::NotFound => {
+                errs.push(ConfigError {
+                    file: path.clone(),
+                    line: None,
+                    column: None,
+                    field: None,
+                    message: format!("cannot read: {e}"),
+                });
+                Self::default()
+            }
+            Err(_) => Self::default(),
+        };
+        errs.extend(cfg.apply_env(get));
+        (cfg, errs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn defaults_are_valid_and_muxflow_like() {
+        let c = Config::default();
+        c.validate(Path::new("x"), "").unwrap();
+        assert_eq!(c.memory.quota_fraction, 0.4);
+        assert!(c.throttle.enabled && c.throttle.fallback_rate < c.throttle.max_rate);
+    }
+
+    #[test]
+    fn file_values_and_flattened_ledger_fields_parse() {
+        let text = r#"{"ledger_dir": "/tmp/l", "gpu_index": 2, "group": "c9",
+                       "memory": {"quota_bytes": 1024}, "throttle": {"target_load": 0.5}}"#;
+        let c = Config::from_text(Path::new("f.json"), text).unwrap();
+        assert_eq!(c.gpu_index, 2);
+        assert_eq!(c.memory.quota_bytes, Some(1024));
+        assert_eq!(c.throttle.target_load, 0.5);
+        assert_eq!(c.group, "c9");
+    }
+
+    #[test]
+    fn bad_file_names_file_line_field_and_keeps_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("xcuda.json");
+        std::fs::write(&p, "{\n  \"memory\": {\n    \"quota_fraction\": 1.5\n  }\n}\n").unwrap();
+        let ps = p.to_string_lossy().into_owned();
+        let (c, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| ps.clone()));
+        assert_eq!(c, Config::default());
+        assert_eq!(errs.len(), 1);
+        let line = errs[0].to_string();
+        assert!(line.starts_with(&format!("{ps}:3")), "{line}");
+        assert!(line.contains("memory.quota_fraction"), "{line}");
+
+        std::fs::write(&p, "{\n \"throttle\": {\"kp\": \"x\"}}").unwrap();
+        let (_, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| ps.clone()));
+        assert!(errs[0].to_string().contains(":2:"), "{}", errs[0]);
+        assert_eq!(errs[0].field.as_deref(), Some("throttle.kp"));
+    }
+
+    #[test]
+    fn missing_default_file_is_silent_but_missing_explicit_is_reported() {
+        let (_, errs) = Config::load(&no_env);
+        assert!(errs.is_empty() || !Path::new(DEFAULT_CONFIG_PATH).exists());
+        let (_, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| "/nonexistent/x.json".into()));
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].to_string().contains("/nonexistent/x.json"));
+    }
+
+    proptest::proptest! {
+        /// Arbitrary text is either a valid config or one located error; never a panic.
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            if let Err(e) = Config::from_text(Path::new("f.json"), &text) {
+                proptest::prop_assert!(e.to_string().starts_with("f.json"));
+            }
+        }
+
+        /// Arbitrary values in known fields are validated, never a panic.
+        #[test]
+        fn arbitrary_numbers_never_panic(a in proptest::num::f64::ANY, b in proptest::num::f64::ANY, n in proptest::num::u64::ANY) {
+            let text = format!(r#"{{"memory": {{"quota_fraction": {a:?}}}, "throttle": {{"kp": {b:?}, "period_ms": {n}}}}}"#);
+            let _ = Config::from_text(Path::new("f.json"), &text);
+        }
+    }
+
+    #[test]
+    fn env_overrides_apply_and_bad_ones_are_reported() {
+        let mut c = Config::default();
+        let errs = c.apply_env(&|k| match k {
+            "XCUDA_QUOTA_BYTES" => Some("4096".into()),
+            "XCUDA_GROUP" => Some("ctr".into()),
+            "XCUDA_THROTTLE" => Some("maybe".into()),
+            "XCUDA_TARGET_LOAD" => Some("-1".into()),
+            _ => None,
+        });
+        assert_eq!(c.memory.quota_bytes, Some(4096));
+        assert_eq!(c.group, "ctr");
+        assert!(c.throttle.enabled);
+        assert_eq!(c.throttle.target_load, 0.8);
+        assert_eq!(errs.len(), 2);
+    }
+}

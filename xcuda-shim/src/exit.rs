@@ -1,0 +1,386 @@
+//! Graceful exit: SIGINT/SIGTERM freeze launches (handler touches atomics and a pipe only), a
+//! helper thread synchronises, releases contexts (default action) or hands the signal to the
+//! application's own handler; contexts are also released at normal exit; fork children start
+//! clean. Also owns the registry of contexts this process holds.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering::*};
+use std::sync::{Mutex, Once};
+
+use cuda_abi::{CUcontext, CUdevice, CUresult};
+
+use crate::config::Config;
+use crate::ptrmap::PtrMap;
+use crate::state::{self, call_real};
+
+const MAX_DEVICES: usize = 64;
+
+/// Contexts this process created or retained, so they can be released before it dies.
+pub struct Contexts {
+    created: PtrMap,
+    primary: [AtomicU32; MAX_DEVICES],
+}
+
+impl Default for Contexts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Contexts {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self { created: PtrMap::new(256), primary: [const { AtomicU32::new(0) }; MAX_DEVICES] }
+    }
+
+    /// A context from cuCtxCreate*.
+    pub fn created(&self, ctx: CUcontext) {
+        self.created.insert(ctx as u64, 1);
+    }
+
+    /// A context destroyed by the application.
+    pub fn destroyed(&self, ctx: CUcontext) {
+        self.created.remove(ctx as u64);
+    }
+
+    /// A primary-context retain on `dev`.
+    pub fn retained(&self, dev: CUdevice) {
+        if let Some(c) = self.primary.get(dev as usize) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A primary-context release on `dev`.
+    pub fn released(&self, dev: CUdevice) {
+        if let Some(c) = self.primary.get(dev as usize) {
+            let _ = c.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(1)));
+        }
+    }
+
+    /// Retains outstanding per device, for tests and logs.
+    pub fn retains(&self, dev: CUdevice) -> u32 {
+        self.primary.get(dev as usize).map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// Waits for all work of every held context to finish.
+    pub fn synchronize_all(&self) {
+        for (key, _) in self.created.entries() {
+            sync_in(key as CUcontext);
+        }
+        for (dev, count) in self.primary.iter().enumerate() {
+            if count.load(Relaxed) > 0 {
+                if let Some(ctx) = primary_ctx(dev as CUdevice) {
+                    sync_in(ctx);
+                    call_real!(cuDevicePrimaryCtxRelease_v2: cuda_abi::PFN_cuDevicePrimaryCtxRelease_v11000, dev as CUdevice);
+                }
+            }
+        }
+    }
+
+    /// Synchronises, then destroys created contexts and drops every primary retain.
+    pub fn release_all(&self) -> usize {
+        let mut n = 0;
+        for (key, _) in self.created.entries() {
+            let ctx = key as CUcontext;
+            sync_in(ctx);
+            let rc = call_real!(cuCtxDestroy_v2: cuda_abi::PFN_cuCtxDestroy_v4000, ctx);
+            tracing::info!(?ctx, rc = rc.0, "xcuda: destroyed context before exit");
+            self.created.remove(key);
+            n += 1;
+        }
+        for (dev, count) in self.primary.iter().enumerate() {
+            let held = count.swap(0, AcqRel);
+            if held == 0 {
+                continue;
+            }
+            if let Some(ctx) = primary_ctx(dev as CUdevice) {
+                sync_in(ctx);
+                // Our own retain in primary_ctx adds one.
+                for _ in 0..=held {
+                    call_real!(cuDevicePrimaryCtxRelease_v2: cuda_abi::PFN_cuDevicePrimaryCtxRelease_v11000, dev as CUdevice);
+                }
+            }
+            tracing::info!(dev, held, "xcuda: released primary context before exit");
+            n += 1;
+        }
+        n
+    }
+
+    pub(crate) fn clear(&self) {
+        self.created.clear();
+        for c in &self.primary {
+            c.store(0, Relaxed);
+        }
+    }
+}
+
+fn primary_ctx(dev: CUdevice) -> Option<CUcontext> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    let rc = call_real!(cuDevicePrimaryCtxRetain: cuda_abi::PFN_cuDevicePrimaryCtxRetain_v7000, &mut ctx, dev);
+    (rc == CUresult::CUDA_SUCCESS && !ctx.is_null()).then_some(ctx)
+}
+
+fn sync_in(ctx: CUcontext) {
+    if call_real!(cuCtxPushCurrent_v2: cuda_abi::PFN_cuCtxPushCurrent_v4000, ctx) == CUresult::CUDA_SUCCESS {
+        call_real!(cuCtxSynchronize: cuda_abi::PFN_cuCtxSynchronize_v2000,);
+        let mut popped: CUcontext = std::ptr::null_mut();
+        call_real!(cuCtxPopCurrent_v2: cuda_abi::PFN_cuCtxPopCurrent_v4000, &mut popped);
+    }
+}
+
+const SIGS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+/// Our handlers are installed; the application's actions for SIGS live in `APP_ACTIONS`.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Set while we install our own handlers (our `sigaction` export passes those through).
+static INSTALLING: AtomicBool = AtomicBool::new(false);
+static PIPE_WR: AtomicI32 = AtomicI32::new(-1);
+static APP_ACTIONS: Mutex<[Option<libc::sigaction>; 2]> = Mutex::new([None, None]);
+static PROCESS_HOOKS: Once = Once::new();
+
+fn sig_index(sig: c_int) -> Option<usize> {
+    SIGS.iter().position(|s| *s == sig)
+}
+
+/// Installs signal handlers, the exit hook and the fork hook, once per process.
+pub fn install_process_hooks(cfg: &Config) {
+    let (signals, at_exit) = (cfg.exit.handle_signals, cfg.exit.release_at_exit);
+    PROCESS_HOOKS.call_once(|| {
+        // SAFETY: registering plain extern "C" functions that catch their own panics.
+        unsafe {
+            if at_exit {
+                libc::atexit(on_exit);
+            }
+            libc::pthread_atfork(None, None, Some(on_fork_child));
+        }
+        if signals {
+            if let Err(e) = install_signal_handlers() {
+                tracing::error!("xcuda: cannot install SIGINT/SIGTERM handlers: {e}");
+            }
+        }
+    });
+}
+
+fn install_signal_handlers() -> std::io::Result<()> {
+    let Some(real_sigaction) = crate::real::sigaction_fn() else {
+        return Err(std::io::Error::other("libc sigaction not found"));
+    };
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    PIPE_WR.store(fds[1], Release);
+    let rd = fds[0];
+    std::thread::Builder::new().name("xcuda-exit".into()).spawn(move || exit_helper(rd))?;
+    let mut apps = APP_ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
+    INSTALLING.store(true, Release);
+    for (i, sig) in SIGS.into_iter().enumerate() {
+        // SAFETY: sigaction structs are plain data; querying then ignoring is allowed for
+        // SIGINT/SIGTERM. SIG_IGN as the "previous" action makes signal-hook chain nothing.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            let mut ign: libc::sigaction = std::mem::zeroed();
+            ign.sa_sigaction = libc::SIG_IGN;
+            real_sigaction(sig, &ign, &mut old);
+            apps[i] = Some(old);
+        }
+        // SAFETY: the action only stores atomics and calls write(2), both async-signal-safe.
+        let reg = unsafe { signal_hook::low_level::register(sig, move || on_signal(sig)) };
+        if let Err(e) = reg {
+            // SAFETY: restoring the application's previous action.
+            unsafe { real_sigaction(sig, apps[i].as_ref().unwrap(), std::ptr::null_mut()) };
+            INSTALLING.store(false, Release);
+            return Err(e);
+        }
+    }
+    INSTALLING.store(false, Release);
+    INSTALLED.store(true, Release);
+    Ok(())
+}
+
+/// Signal context: freeze launches and wake the helper. Atomics and write(2) only.
+fn on_signal(sig: c_int) {
+    if let Some(st) = state::get() {
+        st.throttle.freeze();
+    }
+    let fd = PIPE_WR.load(Acquire);
+    if fd >= 0 {
+        let b = sig as u8;
+        // SAFETY: write(2) is async-signal-safe; b lives across the call.
+        unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
+    }
+}
+
+/// Runs `f` on a fresh thread and waits at most the configured release timeout for it.
+fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("xcuda-release".into()).spawn(move || {
+        let _log = state::log_on_this_thread();
+        let _ = tx.send(f());
+    });
+    if spawned.is_err() {
+        tracing::error!("xcuda: cannot start a thread to {what}");
+        return None;
+    }
+    let r = rx.recv_timeout(limit).ok();
+    if r.is_none() {
+        tracing::error!(timeout_ms = limit.as_millis() as u64, "xcuda: gave up waiting to {what} (driver hung?)");
+    }
+    r
+}
+
+fn exit_helper(rd: c_int) {
+    let _log = state::log_on_this_thread();
+    // Signals may be blocked in the thread that spawned us; raise() below must be delivered here.
+    // SAFETY: sigset operations on a local set, then pthread_sigmask for this thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in SIGS {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+    loop {
+        let mut b = 0u8;
+        // SAFETY: reading one byte into b from our own pipe.
+        let n = unsafe { libc::read(rd, (&mut b as *mut u8).cast(), 1) };
+        if n == 1 {
+            let _ = std::panic::catch_unwind(|| handle_signal(c_int::from(b)));
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
+fn handle_signal(sig: c_int) {
+    let Some(i) = sig_index(sig) else { return };
+    let app = APP_ACTIONS.lock().unwrap_or_else(|e| e.into_inner())[i];
+    let handler = app.map_or(libc::SIG_DFL, |a| a.sa_sigaction);
+    let st = state::get();
+    tracing::warn!(sig, "xcuda: signal received; launches frozen");
+    if let Some(st) = st {
+        with_deadline("synchronise contexts", move || st.contexts.synchronize_all());
+    }
+    if handler == libc::SIG_IGN {
+        if let Some(st) = st {
+            st.throttle.unfreeze();
+        }
+        return;
+    }
+    let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
+    if handler == libc::SIG_DFL {
+        if let Some(st) = st {
+            let n = with_deadline("release contexts", move || {
+                let n = st.contexts.release_all();
+                st.quota.retire();
+                n
+            });
+            tracing::warn!(sig, contexts = ?n, "xcuda: contexts released; taking the default action");
+        }
+        // SAFETY: default action, then re-raise: the process ends as the signal demands.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            real_sigaction(sig, &dfl, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+        return;
+    }
+    // The application's own handler: run it on this thread with the kernel action swapped in,
+    // then put ours back. Work was synchronised; contexts are released when the process exits.
+    // SAFETY: app is the application's sigaction as it gave it to us; raise delivers to this
+    // thread before returning, so the swap brackets exactly this delivery.
+    unsafe {
+        let mut ours: libc::sigaction = std::mem::zeroed();
+        real_sigaction(sig, app.as_ref().unwrap(), &mut ours);
+        libc::raise(sig);
+        real_sigaction(sig, &ours, std::ptr::null_mut());
+    }
+    if let Some(st) = st {
+        st.throttle.unfreeze();
+    }
+}
+
+extern "C" fn on_exit() {
+    let _ = std::panic::catch_unwind(|| state::logged(on_exit_inner));
+}
+
+fn on_exit_inner() {
+    {
+        let Some(st) = state::get() else { return };
+        // No freeze here: exit handlers that run after this one must not block in a launch;
+        // once the contexts are gone their launches simply fail.
+        let release = move || {
+            let n = st.contexts.release_all();
+            st.quota.retire();
+            n
+        };
+        // exit() has already run this thread's TLS destructors, and drivers keep the current
+        // context in TLS: release from a fresh thread, bounded in time.
+        let n = with_deadline("release contexts at exit", release);
+        tracing::debug!(contexts = ?n, "xcuda: released at exit");
+    }
+}
+
+extern "C" fn on_fork_child() {
+    let _ = std::panic::catch_unwind(|| {
+        state::controller_lost();
+        if let Some(st) = state::get() {
+            st.contexts.clear();
+            st.quota.after_fork_child();
+        }
+        // The exit helper thread did not survive fork: give the child its application's
+        // signal actions back.
+        if INSTALLED.swap(false, AcqRel) {
+            if let (Some(real_sigaction), Ok(apps)) = (crate::real::sigaction_fn(), APP_ACTIONS.try_lock()) {
+                for (i, sig) in SIGS.into_iter().enumerate() {
+                    // SAFETY: restoring the application's own action (or the default).
+                    unsafe {
+                        let mut dfl: libc::sigaction = std::mem::zeroed();
+                        dfl.sa_sigaction = libc::SIG_DFL;
+                        real_sigaction(sig, apps[i].as_ref().unwrap_or(&dfl), std::ptr::null_mut());
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Logic of our exported `sigaction`: while our handlers are installed, SIGINT/SIGTERM actions
+/// set by the application are recorded (and reported back), not installed. `None` = forward.
+///
+/// # Safety
+/// Same contract as sigaction(2): `act`/`old` are null or valid.
+pub unsafe fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> Option<c_int> {
+    if !INSTALLED.load(Acquire) || INSTALLING.load(Acquire) {
+        return None;
+    }
+    let i = sig_index(sig)?;
+    let mut apps = APP_ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
+    if !old.is_null() {
+        // SAFETY: caller's out-pointer per sigaction(2); a zeroed sigaction is SIG_DFL.
+        unsafe { *old = apps[i].unwrap_or_else(|| std::mem::zeroed()) };
+    }
+    if !act.is_null() {
+        // SAFETY: caller's in-pointer per sigaction(2).
+        apps[i] = Some(unsafe { *act });
+    }
+    Some(0)
+}
+
+/// Logic of our exported `signal` (same recording as [`app_sigaction`]).
+pub fn app_signal(sig: c_int, handler: libc::sighandler_t) -> Option<libc::sighandler_t> {
+    // SAFETY: a zeroed sigaction is a valid value; we fill the handler like glibc's signal().
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = libc::SA_RESTART;
+    // SAFETY: as above.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to locals.
+    unsafe { app_sigaction(sig, &act, &mut old) }.map(|_| old.sa_sigaction)
+}

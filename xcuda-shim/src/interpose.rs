@@ -1,0 +1,206 @@
+//! How clients reach us: the hooked-symbol table, the `dlsym` hook (RTLD_NEXT keeps the caller's
+//! semantics) and the `cuGetProcAddress`/`_v2` rewrite (version AND flags honoured, real
+//! pointer for everything not hooked, `symbolStatus` from the driver untouched).
+
+use std::ffi::{c_char, c_void, CStr};
+
+use cuda_abi::{resolve, Resolution};
+
+macro_rules! hooked_symbols {
+    (hooked: [$($s:ident),* $(,)?], internal: [$($i:ident),* $(,)?] $(,)?) => {
+        /// Every driver symbol the shim needs: the hooked ones (exported by us) first, then the
+        /// ones it only calls itself.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Sym { $($s,)* $($i,)* }
+        /// Names of [`Sym`], by discriminant.
+        pub const SYM_NAMES: &[&str] = &[$(stringify!($s),)* $(stringify!($i),)*];
+        /// Number of symbols.
+        pub const SYM_COUNT: usize = SYM_NAMES.len();
+        /// All symbols, by discriminant.
+        pub const SYMS: &[Sym] = &[$(Sym::$s,)* $(Sym::$i,)*];
+        /// Our implementation of `s` (null for internal-only symbols).
+        pub fn our_fn(s: Sym) -> *mut c_void {
+            match s {
+                $(Sym::$s => crate::api::$s as *const () as *mut c_void,)*
+                #[allow(unreachable_patterns)]
+                _ => std::ptr::null_mut(),
+            }
+        }
+    };
+}
+
+hooked_symbols! {
+    hooked: [
+        cuInit,
+        cuGetProcAddress, cuGetProcAddress_v2,
+        cuMemAlloc, cuMemAlloc_v2, cuMemAllocPitch, cuMemAllocPitch_v2, cuMemAllocManaged,
+        cuMemFree, cuMemFree_v2,
+        cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
+        cuMemFreeAsync, cuMemFreeAsync_ptsz,
+        cuMemCreate, cuMemRelease,
+        cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
+        cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
+        cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
+        cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
+        cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
+        cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2,
+        cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
+    ],
+    internal: [
+        cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2,
+        cuDeviceGet, cuDeviceGetAttribute,
+    ],
+}
+
+/// The symbol called `name`, if the shim knows it (not on a hot path).
+pub fn sym_by_name(name: &[u8]) -> Option<Sym> {
+    if !name.starts_with(b"cu") {
+        return None;
+    }
+    SYM_NAMES.iter().position(|n| n.as_bytes() == name).map(|i| SYMS[i])
+}
+
+/// Our hook for an exported driver symbol, or `None` if we pass it through.
+pub fn hook_for_symbol(name: &[u8]) -> Option<*mut c_void> {
+    sym_by_name(name).map(our_fn).filter(|p| !p.is_null())
+}
+
+/// Logic of our `dlsym`: ask glibc; if the answer is a driver function we hook, hand out ours.
+/// `RTLD_NEXT` never reaches here on x86-64 (the trampoline tail-jumps to glibc so that glibc
+/// sees the real caller); elsewhere it is resolved relative to us (documented limitation).
+///
+/// # Safety
+/// Same contract as glibc's `dlsym`: `name` is null or NUL-terminated.
+pub unsafe fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let Some(real) = crate::real::dlsym_fn() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarding the caller's own arguments to glibc's dlsym.
+    let p = unsafe { real(handle, name) };
+    if p.is_null() || name.is_null() {
+        return p;
+    }
+    // SAFETY: name is non-null and, per dlsym's contract, NUL-terminated.
+    let n = unsafe { CStr::from_ptr(name) }.to_bytes();
+    if let Some(ours) = hook_for_symbol(n) {
+        if ours == p || crate::real::is_in_driver(p) {
+            return ours;
+        }
+    } else if let Some(ours) = crate::nvml::hook_for_symbol(n) {
+        if ours == p || crate::real::is_in_object(p, b"libnvidia-ml") {
+            return ours;
+        }
+    }
+    p
+}
+
+/// After the real `cuGetProcAddress*` succeeded for (`name`, `version`, `flags`): the pointer
+/// to hand out instead, if the entry it resolves to is one we hook.
+pub fn proc_address_override(name: &[u8], version: i32, flags: u64) -> Option<*mut c_void> {
+    let name = std::str::from_utf8(name).ok()?;
+    match resolve(name, version, flags) {
+        Resolution::Found(e) => hook_for_symbol(e.symbol.as_bytes()),
+        _ => None,
+    }
+}
+
+/// Exported `dlsym`. RTLD_NEXT ((void*)-1) tail-jumps to glibc's dlsym with the stack untouched,
+/// so glibc sees our caller's return address and "next" keeps its meaning; every other handle
+/// goes to [`dlsym_entry`].
+///
+/// # Safety
+/// Same contract as glibc's `dlsym`.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(no_mangle)]
+#[unsafe(naked)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "jne 3f",
+        "mov rax, qword ptr [rip + {real}@GOTPCREL]",
+        "mov rax, qword ptr [rax]",
+        "test rax, rax",
+        "jz 1f",
+        "jmp rax",
+        "1:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {resolve}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "jmp rax",
+        "2:",
+        "xor eax, eax",
+        "ret",
+        "3:",
+        "jmp {hook}",
+        real = sym crate::real::TRAMPOLINE_DLSYM,
+        resolve = sym resolve_real_dlsym,
+        hook = sym dlsym_entry,
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn resolve_real_dlsym() -> *mut c_void {
+    std::panic::catch_unwind(|| crate::real::dlsym_fn().map_or(std::ptr::null_mut(), |f| f as *mut c_void))
+        .unwrap_or(std::ptr::null_mut())
+}
+
+/// Non-RTLD_NEXT `dlsym` calls land here (from the trampoline, or directly on other targets).
+#[cfg_attr(not(target_arch = "x86_64"), export_name = "dlsym")]
+extern "C" fn dlsym_entry(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // SAFETY: the caller's arguments, under dlsym's own contract.
+    std::panic::catch_unwind(|| unsafe { dlsym_hook(handle, name) }).unwrap_or(std::ptr::null_mut())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda_abi::PROC_TABLE;
+
+    #[test]
+    fn every_hooked_symbol_is_a_table_symbol() {
+        for n in SYM_NAMES {
+            assert!(PROC_TABLE.iter().any(|e| e.symbol == *n), "{n} not in cuda-abi's table");
+        }
+    }
+
+    #[test]
+    fn proc_address_honours_version_and_flags() {
+        let ours = |s: Sym| Some(our_fn(s));
+        assert_eq!(proc_address_override(b"cuMemAlloc", 12000, 0), ours(Sym::cuMemAlloc_v2));
+        assert_eq!(proc_address_override(b"cuMemAlloc", 3000, 0), ours(Sym::cuMemAlloc));
+        assert_eq!(proc_address_override(b"cuLaunchKernel", 12000, 0), ours(Sym::cuLaunchKernel));
+        assert_eq!(proc_address_override(b"cuLaunchKernel", 12000, 2), ours(Sym::cuLaunchKernel_ptsz));
+        assert_eq!(proc_address_override(b"cuMemAllocAsync", 12000, 2), ours(Sym::cuMemAllocAsync_ptsz));
+        assert_eq!(proc_address_override(b"cuGetProcAddress", 12000, 0), ours(Sym::cuGetProcAddress_v2));
+        assert_eq!(proc_address_override(b"cuGetProcAddress", 11030, 0), ours(Sym::cuGetProcAddress));
+        assert_eq!(proc_address_override(b"cuMemcpyHtoD", 12000, 2), None, "unhooked passes through");
+        assert_eq!(proc_address_override(b"cuGetExportTable", 12000, 0), None);
+        assert_eq!(proc_address_override(b"cuCtxSynchronize", 12000, 0), None, "internal-only");
+        assert_eq!(proc_address_override(b"cuNoSuch", 12000, 0), None);
+        assert_eq!(proc_address_override(b"cuLaunchKernelEx", 11000, 0), None);
+    }
+
+    #[test]
+    fn every_alloc_and_launch_entry_in_the_table_is_hooked() {
+        for e in PROC_TABLE {
+            let must = e.name.starts_with("cuMemAlloc")
+                || e.name.starts_with("cuLaunch")
+                || e.name == "cuGraphLaunch"
+                || e.name == "cuMemCreate"
+                || e.name.contains("ArrayCreate")
+                || (e.name.starts_with("cuMemFree") && e.name != "cuMemFreeHost")
+                || e.name == "cuMemGetInfo";
+            if must && e.name != "cuMemAllocHost" {
+                assert!(hook_for_symbol(e.symbol.as_bytes()).is_some(), "{} unhooked", e.symbol);
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Logic behind the memory hooks: reserve-then-allocate with undo (over quota => OUT_OF_MEMORY,
+//! nothing allocated, nothing leaked), exact give-back on free, and the quota-shaped memory view.
+
+use cuda_abi::CUresult;
+
+use crate::quota::{Kind, Quota};
+
+/// Reserves `bytes`, runs the driver's `alloc`; on success records the new allocation's key,
+/// on failure gives the reservation back. If the allocation cannot be tracked it is undone.
+#[inline]
+pub fn counted(
+    q: &Quota,
+    kind: Kind,
+    bytes: u64,
+    alloc: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> u64,
+    undo: impl FnOnce(u64),
+) -> CUresult {
+    if !q.try_reserve(bytes) {
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = alloc();
+    if rc != CUresult::CUDA_SUCCESS {
+        q.release(bytes);
+        return rc;
+    }
+    let k = key();
+    if q.track(kind, k, bytes) {
+        return rc;
+    }
+    crate::state::logged(|| tracing::error!(key = k, bytes, "xcuda: allocation table full; undoing allocation"));
+    undo(k);
+    q.release(bytes);
+    CUresult::CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Runs the driver's `free`; on success gives back what was counted for `key` (unknown keys
+/// were never counted and pass through untouched).
+#[inline]
+pub fn freed(q: &Quota, kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    let rc = free();
+    if rc == CUresult::CUDA_SUCCESS {
+        q.untrack(kind, key);
+    }
+    rc
+}
+
+/// Pitched allocation: reserves `estimate` first, then settles on `pitch * height` once the
+/// driver has chosen the pitch (reserving the rest, or undoing if that is over quota).
+pub fn pitched(
+    q: &Quota,
+    estimate: u64,
+    alloc: impl FnOnce() -> CUresult,
+    result: impl FnOnce() -> (u64, u64),
+    undo: impl FnOnce(u64),
+) -> CUresult {
+    if !q.try_reserve(estimate) {
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = alloc();
+    if rc != CUresult::CUDA_SUCCESS {
+        q.release(estimate);
+        return rc;
+    }
+    let (key, actual) = result();
+    if actual > estimate && !q.try_reserve(actual - estimate) {
+        undo(key);
+        q.release(estimate);
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if actual < estimate {
+        q.release(estimate - actual);
+    }
+    if !q.track(Kind::DevicePtr, key, actual) {
+        undo(key);
+        q.release(actual);
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    rc
+}
+
+/// The memory view a limited process sees: total = min(device, quota), free = min(device free,
+/// quota - used), never underflowing.
+pub fn view(q: &Quota, free: u64, total: u64) -> (u64, u64) {
+    let limit = q.limit();
+    let total_v = total.min(limit);
+    let free_v = free.min(limit.saturating_sub(q.used())).min(total_v);
+    (free_v, total_v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn over_quota_allocates_nothing() {
+        let q = Quota::local(100);
+        let called = Cell::new(false);
+        let rc = counted(&q, Kind::DevicePtr, 101, || { called.set(true); CUresult::CUDA_SUCCESS }, || 1, |_| {});
+        assert_eq!(rc, CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(!called.get(), "driver never asked");
+        assert_eq!(q.used(), 0);
+    }
+
+    #[test]
+    fn driver_failure_passes_through_unchanged_and_releases() {
+        let q = Quota::local(100);
+        let odd = CUresult(12345);
+        assert_eq!(counted(&q, Kind::DevicePtr, 10, || odd, || 1, |_| {}), odd);
+        assert_eq!(q.used(), 0);
+    }
+
+    #[test]
+    fn free_gives_back_exactly_and_unknown_passes_through() {
+        let q = Quota::local(100);
+        assert_eq!(counted(&q, Kind::DevicePtr, 60, || CUresult::CUDA_SUCCESS, || 0x1000, |_| {}), CUresult::CUDA_SUCCESS);
+        assert_eq!(q.used(), 60);
+        assert_eq!(freed(&q, Kind::DevicePtr, 0x2000, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        assert_eq!(q.used(), 60);
+        assert_eq!(freed(&q, Kind::DevicePtr, 0x1000, || CUresult::CUDA_ERROR_INVALID_VALUE), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(q.used(), 60, "failed free keeps the count");
+        freed(&q, Kind::DevicePtr, 0x1000, || CUresult::CUDA_SUCCESS);
+        assert_eq!(q.used(), 0);
+    }
+
+    #[test]
+    fn pitch_settles_on_actual_size() {
+        let q = Quota::local(10_000);
+        let rc = pitched(&q, 2048, || CUresult::CUDA_SUCCESS, || (0x10, 1536), |_| {});
+        assert_eq!(rc, CUresult::CUDA_SUCCESS);
+        assert_eq!(q.used(), 1536);
+        let undone = Cell::new(0);
+        let rc = pitched(&q, 1000, || CUresult::CUDA_SUCCESS, || (0x20, 9000), |k| undone.set(k));
+        assert_eq!(rc, CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(undone.get(), 0x20);
+        assert_eq!(q.used(), 1536);
+    }
+
+    #[test]
+    fn view_shows_quota_and_never_underflows() {
+        let q = Quota::local(1000);
+        assert_eq!(view(&q, 50_000, 80_000), (1000, 1000));
+        assert!(q.try_reserve(900));
+        assert_eq!(view(&q, 50_000, 80_000), (100, 1000));
+        assert_eq!(view(&q, 10, 80_000), (10, 1000), "device free smaller than quota room");
+        assert!(q.try_reserve(100));
+        assert_eq!(view(&q, 50_000, 80_000), (0, 1000));
+        assert_eq!(view(&q, 50_000, 500), (0, 500));
+    }
+}

@@ -1,0 +1,190 @@
+//! Lock-free, fixed-capacity map from allocation key (device pointer, VMM handle, array handle)
+//! to the bytes counted for it: open addressing over atomics, no locks, no allocation after
+//! construction, so it is safe across threads, signals and fork.
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+const EMPTY: u64 = 0;
+const TOMB: u64 = 1;
+
+/// Map of live allocations. Keys are unique while live (a pointer is not handed out twice).
+pub struct PtrMap {
+    keys: Box<[AtomicU64]>,
+    vals: Box<[AtomicU64]>,
+    mask: usize,
+}
+
+fn stored(key: u64) -> Option<u64> {
+    // Shift keys by 2 so that 0 and 1 stay free for EMPTY/TOMB; the two keys that would wrap
+    // onto them cannot be tracked (callers treat that like a full table).
+    key.checked_add(2)
+}
+
+fn zeroed(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+impl PtrMap {
+    /// A map with room for `capacity` (rounded up to a power of two) live entries.
+    pub fn new(capacity: usize) -> Self {
+        let n = capacity.next_power_of_two().max(16);
+        Self { keys: zeroed(n), vals: zeroed(n), mask: n - 1 }
+    }
+
+    fn start(&self, k: u64) -> usize {
+        ((k >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) as usize & self.mask
+    }
+
+    /// Records `bytes` for `key`; `false` if the table is full (caller must not keep the
+    /// allocation untracked).
+    pub fn insert(&self, key: u64, bytes: u64) -> bool {
+        let Some(k) = stored(key) else { return false };
+        let mut i = self.start(k);
+        for _ in 0..=self.mask {
+            let cur = self.keys[i].load(Acquire);
+            if (cur == EMPTY || cur == TOMB)
+                && self.keys[i].compare_exchange(cur, k, AcqRel, Relaxed).is_ok()
+            {
+                self.vals[i].store(bytes, Release);
+                return true;
+            }
+            i = (i + 1) & self.mask;
+        }
+        false
+    }
+
+    /// Removes `key`, returning the bytes counted for it; `None` for an unknown key.
+    pub fn remove(&self, key: u64) -> Option<u64> {
+        let k = stored(key)?;
+        let mut i = self.start(k);
+        for _ in 0..=self.mask {
+            let cur = self.keys[i].load(Acquire);
+            if cur == EMPTY {
+                return None;
+            }
+            if cur == k {
+                // The value was stored before the key became visible to us; whoever wins
+                // the key owns it.
+                let bytes = self.vals[i].load(Acquire);
+                if self.keys[i].compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
+                    return Some(bytes);
+                }
+                return None;
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    /// Bytes recorded for `key`, if live.
+    pub fn get(&self, key: u64) -> Option<u64> {
+        let k = stored(key)?;
+        let mut i = self.start(k);
+        for _ in 0..=self.mask {
+            match self.keys[i].load(Acquire) {
+                EMPTY => return None,
+                cur if cur == k => return Some(self.vals[i].load(Acquire)),
+                _ => i = (i + 1) & self.mask,
+            }
+        }
+        None
+    }
+
+    /// Empties the map (fork child: the parent's allocations are not ours).
+    pub fn clear(&self) {
+        for (k, v) in self.keys.iter().zip(self.vals.iter()) {
+            k.store(EMPTY, Relaxed);
+            v.store(0, Relaxed);
+        }
+    }
+
+    /// Every live `(key, bytes)`; O(capacity), off the hot path.
+    pub fn entries(&self) -> Vec<(u64, u64)> {
+        self.keys
+            .iter()
+            .zip(self.vals.iter())
+            .filter_map(|(k, v)| match k.load(Acquire) {
+                EMPTY | TOMB => None,
+                k => Some((k - 2, v.load(Acquire))),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    #[test]
+    fn insert_get_remove_and_unknown() {
+        let m = PtrMap::new(16);
+        assert!(m.insert(0, 5), "null-ish keys are still trackable");
+        assert!(m.insert(0x7f00_0000_1000, 4096));
+        assert_eq!(m.get(0x7f00_0000_1000), Some(4096));
+        assert_eq!(m.remove(0x7f00_0000_1000), Some(4096));
+        assert_eq!(m.remove(0x7f00_0000_1000), None, "double free is unknown");
+        assert_eq!(m.remove(0xdead), None);
+        assert_eq!(m.remove(0), Some(5));
+        assert!(!m.insert(u64::MAX, 1));
+    }
+
+    #[test]
+    fn full_table_refuses() {
+        let m = PtrMap::new(16);
+        for k in 0..16u64 {
+            assert!(m.insert(k * 256 + 0x1000, 1));
+        }
+        assert!(!m.insert(0x99_0000, 1));
+        m.remove(0x1000);
+        assert!(m.insert(0x99_0000, 1), "tombstone reused");
+    }
+
+    #[test]
+    fn concurrent_disjoint_keys() {
+        let m = Arc::new(PtrMap::new(1 << 12));
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for r in 0..200u64 {
+                        for i in 0..100u64 {
+                            assert!(m.insert((t << 40) | (i << 8), i + r));
+                        }
+                        for i in 0..100u64 {
+                            assert_eq!(m.remove((t << 40) | (i << 8)), Some(i + r));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert!(m.entries().is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn behaves_like_a_hashmap(ops in proptest::collection::vec((0u64..40, any::<bool>(), 1u64..100), 1..300)) {
+            let m = PtrMap::new(64);
+            let mut model = HashMap::new();
+            for (k, ins, v) in ops {
+                let key = k * 0x100;
+                if ins && !model.contains_key(&key) {
+                    prop_assert!(m.insert(key, v));
+                    model.insert(key, v);
+                } else {
+                    prop_assert_eq!(m.remove(key), model.remove(&key));
+                }
+            }
+            let mut e = m.entries();
+            e.sort();
+            let mut want: Vec<_> = model.into_iter().collect();
+            want.sort();
+            prop_assert_eq!(e, want);
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Device-memory quota: one-step check-and-reserve (in the shared ledger when available, else
+//! process-local), exact give-back on free through per-kind allocation maps, and array sizes.
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+use cuda_abi::{array_format_bytes, CUarray_format};
+use node_ledger::{Ledger, ProcHandle};
+
+use crate::ptrmap::PtrMap;
+
+/// What an allocation key names; each kind has its own map (keys of different kinds may collide).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Device pointer from cuMemAlloc*/Pitch/Managed/Async.
+    DevicePtr,
+    /// cuMemCreate handle.
+    Vmm,
+    /// CUarray / CUmipmappedArray handle.
+    Array,
+}
+
+/// Where reservations are counted.
+pub enum Backend {
+    /// The per-GPU ledger: the quota is shared by every process of the group.
+    Ledger { ledger: Ledger, handle: AtomicU64 },
+    /// No ledger: this process alone, same limit.
+    Local { used: AtomicU64, limit: u64 },
+}
+
+/// The quota of this process's group plus its live allocations.
+pub struct Quota {
+    backend: Backend,
+    dptrs: PtrMap,
+    vmm: PtrMap,
+    arrays: PtrMap,
+    last_reclaim_ns: AtomicU64,
+    /// After fork: group slot + 1 to register the child in lazily (0 = nothing pending).
+    fork_group: AtomicU64,
+}
+
+const NO_HANDLE: u64 = u64::MAX;
+
+fn pack(h: ProcHandle) -> u64 {
+    ((h.group as u64) << 32) | h.slot as u64
+}
+
+fn unpack(v: u64) -> Option<ProcHandle> {
+    (v != NO_HANDLE).then_some(ProcHandle { slot: (v & 0xffff_ffff) as usize, group: (v >> 32) as usize })
+}
+
+impl Quota {
+    /// A quota counted in `ledger` for registered process `handle`.
+    pub fn with_ledger(ledger: Ledger, handle: ProcHandle) -> Self {
+        Self::new(Backend::Ledger { ledger, handle: AtomicU64::new(pack(handle)) })
+    }
+
+    /// A process-local quota of `limit` bytes.
+    pub fn local(limit: u64) -> Self {
+        Self::new(Backend::Local { used: AtomicU64::new(0), limit })
+    }
+
+    fn new(backend: Backend) -> Self {
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0) }
+    }
+
+    fn map(&self, k: Kind) -> &PtrMap {
+        match k {
+            Kind::DevicePtr => &self.dptrs,
+            Kind::Vmm => &self.vmm,
+            Kind::Array => &self.arrays,
+        }
+    }
+
+    /// The ledger, when counting there.
+    pub fn ledger(&self) -> Option<(&Ledger, Option<ProcHandle>)> {
+        match &self.backend {
+            Backend::Ledger { ledger, handle } => Some((ledger, unpack(handle.load(Relaxed)))),
+            Backend::Local { .. } => None,
+        }
+    }
+
+    /// Reserves `bytes` if the quota allows, atomically; `false` = refuse the allocation.
+    #[inline]
+    pub fn try_reserve(&self, bytes: u64) -> bool {
+        match &self.backend {
+            Backend::Ledger { ledger, handle } => match unpack(handle.load(Relaxed)) {
+                Some(h) => {
+                    if ledger.try_reserve(h, bytes).is_ok() {
+                        return true;
+                    }
+                    // Dead neighbours may still hold quota: reclaim (at most every 100 ms), retry.
+                    let now = node_ledger::clock::now_ns();
+                    let last = self.last_reclaim_ns.load(Relaxed);
+                    if now.saturating_sub(last) < 100_000_000
+                        || self.last_reclaim_ns.compare_exchange(last, now, Relaxed, Relaxed).is_err()
+                    {
+                        return false;
+                    }
+                    let reclaimed = crate::state::logged(|| ledger.reclaim_dead()).map(|v| !v.is_empty()).unwrap_or(false);
+                    reclaimed && ledger.try_reserve(h, bytes).is_ok()
+                }
+                None => self.register_after_fork(ledger, handle) && self.try_reserve(bytes),
+            },
+            Backend::Local { used, limit } => {
+                let mut cur = used.load(Relaxed);
+                loop {
+                    let Some(new) = cur.checked_add(bytes).filter(|n| n <= limit) else { return false };
+                    match used.compare_exchange_weak(cur, new, AcqRel, Relaxed) {
+                        Ok(_) => return true,
+                        Err(a) => cur = a,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives back `bytes` reserved earlier.
+    #[inline]
+    pub fn release(&self, bytes: u64) {
+        match &self.backend {
+            Backend::Ledger { ledger, handle } => {
+                if let Some(h) = unpack(handle.load(Relaxed)) {
+                    ledger.release(h, bytes);
+                }
+            }
+            Backend::Local { used, .. } => {
+                let _ = used.fetch_update(AcqRel, Relaxed, |v| Some(v.saturating_sub(bytes)));
+            }
+        }
+    }
+
+    /// Bytes in use by the group (ledger) or the process (local).
+    pub fn used(&self) -> u64 {
+        match &self.backend {
+            Backend::Ledger { ledger, handle } => {
+                unpack(handle.load(Relaxed)).map_or(0, |h| ledger.group_used(h.group))
+            }
+            Backend::Local { used, .. } => used.load(Relaxed),
+        }
+    }
+
+    /// The group's quota in bytes.
+    pub fn limit(&self) -> u64 {
+        match &self.backend {
+            Backend::Ledger { ledger, handle } => {
+                unpack(handle.load(Relaxed)).map_or(0, |h| ledger.group_quota(h.group))
+            }
+            Backend::Local { limit, .. } => *limit,
+        }
+    }
+
+    /// Records an allocation that the driver just made; `false` if it could not be tracked.
+    #[inline]
+    pub fn track(&self, kind: Kind, key: u64, bytes: u64) -> bool {
+        self.map(kind).insert(key, bytes)
+    }
+
+    /// Forgets an allocation and gives its bytes back; `None` if unknown (not ours to count).
+    #[inline]
+    pub fn untrack(&self, kind: Kind, key: u64) -> Option<u64> {
+        let bytes = self.map(kind).remove(key)?;
+        self.release(bytes);
+        Some(bytes)
+    }
+
+    /// Bytes counted for a live allocation.
+    pub fn tracked(&self, kind: Kind, key: u64) -> Option<u64> {
+        self.map(kind).get(key)
+    }
+
+    /// Leaves the ledger, giving back everything still counted (exit / contexts destroyed).
+    pub fn retire(&self) {
+        for m in [&self.dptrs, &self.vmm, &self.arrays] {
+            m.clear();
+        }
+        match &self.backend {
+            Backend::Ledger { ledger, handle } => {
+                if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
+                    ledger.unregister(h);
+                }
+            }
+            Backend::Local { used, .. } => used.store(0, Relaxed),
+        }
+    }
+
+    /// In a fork child (no locks, no allocation): the parent's allocations and registration
+    /// are not ours; the child registers on its first reservation.
+    pub fn after_fork_child(&self) {
+        for m in [&self.dptrs, &self.vmm, &self.arrays] {
+            m.clear();
+        }
+        match &self.backend {
+            Backend::Ledger { handle, .. } => {
+                if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
+                    self.fork_group.store(h.group as u64 + 1, Release);
+                }
+            }
+            Backend::Local { used, .. } => used.store(0, Relaxed),
+        }
+    }
+
+    #[cold]
+    fn register_after_fork(&self, ledger: &Ledger, handle: &AtomicU64) -> bool {
+        let g = self.fork_group.swap(0, AcqRel);
+        if g == 0 {
+            return false;
+        }
+        match ledger.register(std::process::id(), (g - 1) as usize) {
+            Ok(h) => {
+                handle.store(pack(h), Release);
+                true
+            }
+            Err(e) => {
+                crate::state::logged(|| tracing::error!("xcuda: fork child cannot register in the ledger: {e}"));
+                false
+            }
+        }
+    }
+}
+
+/// Bytes of a 1-3D array: width * height * depth * channels * element size (unknown formats
+/// are counted at 8 bytes per channel, conservatively).
+pub fn array_bytes(width: usize, height: usize, depth: usize, format: CUarray_format, channels: u32) -> u64 {
+    let elem = array_format_bytes(format).unwrap_or(8);
+    (width.max(1) as u64)
+        .saturating_mul(height.max(1) as u64)
+        .saturating_mul(depth.max(1) as u64)
+        .saturating_mul(u64::from(channels.max(1)))
+        .saturating_mul(elem)
+}
+
+/// Bytes of a mipmapped array: the sum over `levels` of the level sizes (each dimension halves,
+/// never below 1).
+pub fn mipmapped_bytes(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: CUarray_format,
+    channels: u32,
+    levels: u32,
+) -> u64 {
+    let (mut w, mut h, mut d) = (width.max(1), height, depth);
+    let mut total = 0u64;
+    for _ in 0..levels.max(1) {
+        total = total.saturating_add(array_bytes(w, h, d, format, channels));
+        w = (w / 2).max(1);
+        h = if h > 0 { (h / 2).max(1) } else { 0 };
+        d = if d > 0 { (d / 2).max(1) } else { 0 };
+    }
+    total
+}
+
+/// Pitch reservation before the driver answers: rows padded to 512 bytes.
+pub fn pitch_estimate(width: usize, height: usize) -> u64 {
+    (width as u64).div_ceil(512).saturating_mul(512).max(512).saturating_mul(height.max(1) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn local_quota_refuses_and_returns_exactly() {
+        let q = Quota::local(1000);
+        assert!(q.try_reserve(600));
+        assert!(q.track(Kind::DevicePtr, 0x1000, 600));
+        assert!(!q.try_reserve(401));
+        assert_eq!(q.untrack(Kind::DevicePtr, 0x1000), Some(600));
+        assert_eq!(q.untrack(Kind::DevicePtr, 0x1000), None, "unknown pointer not counted");
+        assert_eq!(q.used(), 0);
+        assert!(q.try_reserve(1000));
+    }
+
+    #[test]
+    fn ledger_quota_is_shared_between_two_quotas_of_one_group() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        let (l1, l2) = (Ledger::open_or_create(&p, 0).unwrap(), Ledger::open_or_create(&p, 0).unwrap());
+        let g = l1.group(5, 1000).unwrap();
+        let h1 = l1.register(std::process::id(), g).unwrap();
+        let h2 = l2.register(std::process::id(), l2.group(5, 1).unwrap()).unwrap();
+        let (a, b) = (Quota::with_ledger(l1, h1), Quota::with_ledger(l2, h2));
+        assert!(a.try_reserve(700));
+        assert!(!b.try_reserve(301));
+        assert!(b.try_reserve(300));
+        assert_eq!(a.used(), 1000);
+        a.retire();
+        assert_eq!(b.used(), 300, "retiring gives back only a's share");
+        assert_eq!(b.limit(), 1000);
+    }
+
+    #[test]
+    fn array_sizes() {
+        let f = CUarray_format::CU_AD_FORMAT_FLOAT;
+        assert_eq!(array_bytes(100, 0, 0, f, 4), 1600);
+        assert_eq!(array_bytes(100, 10, 2, CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8, 1), 2000);
+        assert_eq!(mipmapped_bytes(8, 8, 0, CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8, 1, 4), 64 + 16 + 4 + 1);
+        assert_eq!(pitch_estimate(1000, 3), 3072);
+        assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, f, 4), u64::MAX, "saturates");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+        /// Random alloc/free interleavings on threads never pass the limit and end at zero.
+        #[test]
+        fn threads_never_exceed_and_return_to_zero(
+            limit in 1u64..5000,
+            plans in proptest::collection::vec(proptest::collection::vec(1u64..900, 1..80), 2..5),
+        ) {
+            let q = Arc::new(Quota::local(limit));
+            let hs: Vec<_> = plans.into_iter().enumerate().map(|(t, plan)| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut live = Vec::new();
+                    for (i, b) in plan.into_iter().enumerate() {
+                        let key = ((t as u64) << 32) | ((i as u64) << 8);
+                        if q.try_reserve(b) {
+                            assert!(q.track(Kind::DevicePtr, key, b));
+                            live.push(key);
+                        }
+                        assert!(q.used() <= limit);
+                        if i % 2 == 1 { if let Some(k) = live.pop() { q.untrack(Kind::DevicePtr, k).unwrap(); } }
+                    }
+                    for k in live { q.untrack(Kind::DevicePtr, k).unwrap(); }
+                })
+            }).collect();
+            for h in hs { h.join().unwrap(); }
+            prop_assert_eq!(q.used(), 0);
+        }
+    }
+}
