@@ -13,7 +13,9 @@ use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
 
+/// Not a test: the entry point of helper processes the tests spawn (`spawn_helper`).
 #[test]
+#[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
     common::helper_main();
 }

@@ -37,7 +37,9 @@ fn state(v: &Value) -> &str {
     v["state"].as_str().unwrap_or("")
 }
 
+/// Not a test: the entry point of helper processes the tests spawn (`spawn_helper`).
 #[test]
+#[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
     common::helper_main();
 }

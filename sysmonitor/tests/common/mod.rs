@@ -118,7 +118,7 @@ impl EmuNode {
     /// Spawns this test binary again as a helper running `role` (see `helper_main`).
     pub fn spawn_helper(&mut self, role: &str, arg: &str) -> usize {
         let c = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "helper_entry", "--nocapture", "--test-threads=1"])
+            .args(["--exact", "helper_entry", "--ignored", "--nocapture", "--test-threads=1"])
             .env("NODE_TEST_HELPER", role)
             .env("NODE_TEST_ARG", arg)
             .envs(self.envs())
