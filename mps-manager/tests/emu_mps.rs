@@ -227,3 +227,36 @@ fn without_the_manager_a_killed_offline_client_stalls_online() {
     daemon(None);
     drop(load);
 }
+
+#[test]
+fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
+    let mut n = EmuNode::new();
+    let klog = n.path("kern.log");
+    std::fs::write(&klog, "").unwrap();
+    n.start_monitor(
+        "mon.json",
+        &format!(
+            r#"{{"interval_ms": 10, "host_memory": {{"enabled": false}}, "xid_log": "{}",
+                "machine": {{"sm_activity": {{"healthy": 97, "unhealthy": 98, "overlimit": 99}},
+                             "gpu_util": {{"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false}},
+                             "sm_clock": {{"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}}}}"#,
+            klog.display()
+        ),
+    );
+    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
+    start_manager(&mut n);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = v["daemon_pid"].as_u64().unwrap();
+    let (load, off) = online_and_offline(&mut n);
+    use std::io::Write;
+    writeln!(std::fs::OpenOptions::new().append(true).open(&klog).unwrap(), "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=train").unwrap();
+    let v = mstate(&n, "xid recovery", |v| v["recoveries"].as_array().is_some_and(|r| !r.is_empty()));
+    assert_eq!(v["recoveries"][0]["fault"]["xid"]["code"], 31, "{v:#}");
+    assert!(n.wait_exit(off, T).is_some(), "offline client evicted");
+    let v = mstate(&n, "MPS running again", |v| v["daemon_pid"].as_u64().is_some_and(|p| p != daemon));
+    assert!(v["recoveries"][0]["outcome"].as_str().unwrap().contains("MPS reset"));
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until("online kernels after the reset", || load.kernels.load(Ordering::Relaxed) >= after + 20);
+    let again = mstate(&n, "one recovery per XID episode", |v| v["updated_unix_ms"].as_u64() > v["recoveries"][0]["at_unix_ms"].as_u64().map(|t| t + 500));
+    assert_eq!(again["recoveries"].as_array().unwrap().len(), 1);
+}

@@ -49,6 +49,12 @@ pub struct Config {
     /// XID codes that disable the device.
     #[serde(default = "d_xids")]
     pub xid_critical: Vec<u64>,
+    /// Also read XIDs from this kernel log (`/dev/kmsg`, a syslog file) besides NVML events.
+    #[serde(default)]
+    pub xid_log: Option<PathBuf>,
+    /// Only log lines containing this text count (e.g. `PCI:0000:3b:00` for this GPU).
+    #[serde(default)]
+    pub xid_log_match: Option<String>,
 }
 
 /// Host memory pressure: evict offline work when memory runs short or reclaim stays busy.

@@ -167,14 +167,20 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
         if take_reload() {
             match Config::load(base) {
                 Ok((new, f)) => {
-                    if new.gpu_index != cfg.gpu_index || new.ledger_dir != cfg.ledger_dir || new.state_file != cfg.state_file {
-                        tracing::warn!("gpu_index, ledger_dir and state_file changes need a restart; keeping the old ones");
+                    if new.gpu_index != cfg.gpu_index
+                        || new.ledger_dir != cfg.ledger_dir
+                        || new.state_file != cfg.state_file
+                        || new.xid_log != cfg.xid_log
+                    {
+                        tracing::warn!("gpu_index, ledger_dir, state_file and xid_log changes need a restart; keeping the old ones");
                     }
                     let mut applied = new;
                     applied.gpu_index = cfg.gpu_index;
                     applied.ledger_dir = cfg.ledger_dir.clone();
                     applied.state_file = cfg.state_file.clone();
                     applied.metrics_listen = cfg.metrics_listen.clone();
+                    applied.xid_log = cfg.xid_log.clone();
+                    applied.xid_log_match = cfg.xid_log_match.clone();
                     cfg = applied;
                     mon.cfg = cfg.clone();
                     files = f;

@@ -51,6 +51,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// Events of the last tick (for tests and the bench).
     pub events: Vec<Event>,
     ledger_error_logged: bool,
+    xid_log: Option<crate::xidlog::XidTail>,
+    next_xid_log_ms: u64,
 }
 
 impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
@@ -67,6 +69,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the ledger at start"),
         }
+        let xid_log = cfg.xid_log.as_deref().map(|p| crate::xidlog::XidTail::open(p, cfg.xid_log_match.clone()));
         Monitor {
             history: Ring::new(cfg.history_len()),
             machine: Machine::with_history(history),
@@ -86,6 +89,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             overlimit_entry_sample: None,
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
+            xid_log,
+            next_xid_log_ms: 0,
             events,
             ledger_error_logged: false,
         }
@@ -112,7 +117,15 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 Input::SampleError
             }
         };
-        for x in self.gpu.xids() {
+        let mut xids = self.gpu.xids();
+        if now_ms >= self.next_xid_log_ms {
+            // A log is read at most every 50 ms: it is a syscall, and XIDs are not a hot path.
+            self.next_xid_log_ms = now_ms + 50;
+            if let Some(t) = &mut self.xid_log {
+                xids.extend(t.poll());
+            }
+        }
+        for x in xids {
             if self.cfg.xid_critical.contains(&x) {
                 tracing::error!(xid = x, gpu = self.cfg.gpu_index, "critical XID");
                 self.input(now_ms, Input::Xid(x));

@@ -265,3 +265,33 @@ fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
         }
     }
 }
+
+#[test]
+fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
+    let mut n = EmuNode::new();
+    let klog = n.path("kern.log");
+    std::fs::write(&klog, "").unwrap();
+    let cfg = config(400, 5000).replace(
+        r#""verify":"#,
+        &format!(r#""xid_log": "{}", "xid_log_match": "PCI:0000:01:00", "verify":"#, klog.display()),
+    );
+    let cfg = cfg.replace(r#""hold_max_ms": 60000"#, r#""hold_max_ms": 60000, "xid_disable_ms": 500"#);
+    n.start_monitor("mon.json", &cfg);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, n.pid(offline), 0);
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(&klog).unwrap();
+    writeln!(f, "NVRM: Xid (PCI:0000:02:00): 31, pid=1, another GPU").unwrap();
+    writeln!(f, "NVRM: Xid (PCI:0000:01:00): 13, pid=1, not critical").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(n.alive(offline), "other GPUs' and non-critical XIDs change nothing");
+    writeln!(f, "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=train, Ch 00000010").unwrap();
+    assert_eq!(n.wait_exit(offline, T).expect("not evicted"), Some(libc::SIGTERM));
+    let v = n.wait_state(T, "disabled by xid", |v| state(v) == "disabled");
+    assert_eq!(v["disabled_by"]["xid"], 31);
+    assert_eq!(v["evictions"]["disabled"], 1);
+    let v = n.wait_state(T, "healthy after the quiet time", |v| state(v) == "healthy");
+    assert_eq!(v["last_transition"][0], "init");
+}
