@@ -295,3 +295,39 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
     let v = n.wait_state(T, "healthy after the quiet time", |v| state(v) == "healthy");
     assert_eq!(v["last_transition"][0], "init");
 }
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text_on_a_unix_socket() {
+    use std::io::{Read, Write};
+    let mut n = EmuNode::new();
+    let sock = n.path("metrics.sock");
+    let cfg = config(400, 5000).replace(r#""interval_ms": 10,"#, &format!(r#""interval_ms": 10, "metrics_listen": "unix:{}","#, sock.display()));
+    n.start_monitor("mon.json", &cfg);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let body = {
+        let end = std::time::Instant::now() + T;
+        loop {
+            let mut s = match std::os::unix::net::UnixStream::connect(&sock) {
+                Ok(s) => s,
+                Err(e) if std::time::Instant::now() < end => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                Err(e) => panic!("metrics socket: {e}"),
+            };
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut r = String::new();
+            s.read_to_string(&mut r).unwrap();
+            if r.contains("xshare_gpu_health_state{gpu=\"0\",state=\"healthy\"} 1") {
+                break r;
+            }
+            assert!(std::time::Instant::now() < end, "never healthy in metrics: {r}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert!(body.starts_with("HTTP/1.0 200 OK"));
+    assert!(body.contains("xshare_gpu_sm_activity_percent{gpu=\"0\",source=\"gpm\"}"), "{body}");
+    assert!(body.contains("xshare_gpu_memory_total_bytes{gpu=\"0\"} 85520809984"), "{body}");
+    assert!(body.contains("xshare_evictions_total{gpu=\"0\",reason=\"under_report\"} 0"));
+}
