@@ -16,18 +16,22 @@ unsafe extern "C" fn stub_init(_: c_uint) -> CUresult {
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_device_get(d: *mut CUdevice, _: i32) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *d = 0 };
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_total(b: *mut usize, _: CUdevice) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *b = 80 << 30 };
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_attr(v: *mut i32, _: CUdevice_attribute, _: CUdevice) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *v = 132 };
     CUresult::CUDA_SUCCESS
 }
 unsafe extern "C" fn stub_alloc(p: *mut CUdeviceptr, n: usize) -> CUresult {
+    // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *p = NEXT.fetch_add((n as u64 + 255) & !255, Relaxed) };
     CUresult::CUDA_SUCCESS
 }
@@ -82,17 +86,21 @@ fn main() {
     assert!(st.quota.ledger().is_some(), "bench must use the shared ledger");
 
     use std::ptr::null_mut as null;
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let launch_direct = || unsafe {
         black_box(stub_launch(null(), black_box(132), 1, 1, 256, 1, 1, 0, null(), null(), null()));
     };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let launch_shim = || unsafe {
         black_box(xcuda::api::cuLaunchKernel(null(), black_box(132), 1, 1, 256, 1, 1, 0, null(), null(), null()));
     };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let pair_direct = || unsafe {
         let mut d = 0;
         black_box(stub_alloc(&mut d, black_box(1 << 20)));
         black_box(stub_free(d));
     };
+    // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
     let pair_shim = || unsafe {
         let mut d = 0;
         black_box(xcuda::api::cuMemAlloc_v2(&mut d, black_box(1 << 20)));

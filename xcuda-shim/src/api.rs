@@ -47,7 +47,9 @@ macro_rules! out {
 #[no_mangle]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     guard(|| {
-        let rc = { let real_fn = real!(cuInit: PFN_cuInit_v2000); unsafe { real_fn(flags) } };
+        let init = real!(cuInit: PFN_cuInit_v2000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { init(flags) };
         if rc == CUresult::CUDA_SUCCESS {
             state();
         }
@@ -71,7 +73,9 @@ fn rewrite_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, fl
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t) -> CUresult {
     guard(|| {
-        let rc = { let real_fn = real!(cuGetProcAddress: PFN_cuGetProcAddress_v11030); unsafe { real_fn(symbol, pfn, version, flags) } };
+        let gpa = real!(cuGetProcAddress: PFN_cuGetProcAddress_v11030);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { gpa(symbol, pfn, version, flags) };
         rewrite_proc(symbol, pfn, version, flags, rc)
     })
 }
@@ -85,7 +89,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
     guard(|| {
-        let rc = { let real_fn = real!(cuGetProcAddress_v2: PFN_cuGetProcAddress_v12000); unsafe { real_fn(symbol, pfn, version, flags, status) } };
+        let gpa = real!(cuGetProcAddress_v2: PFN_cuGetProcAddress_v12000);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { gpa(symbol, pfn, version, flags, status) };
         rewrite_proc(symbol, pfn, version, flags, rc)
     })
 }
@@ -322,8 +328,9 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: CUmipmappedArray) -> CUresul
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard(|| {
         let (mut f, mut t) = (0usize, 0usize);
+        let real_fn = real!(cuMemGetInfo_v2: PFN_cuMemGetInfo_v3020);
         // SAFETY: local out-parameters.
-        let rc = { let real_fn = real!(cuMemGetInfo_v2: PFN_cuMemGetInfo_v3020); unsafe { real_fn(&mut f, &mut t) } };
+        let rc = unsafe { real_fn(&mut f, &mut t) };
         if rc != CUresult::CUDA_SUCCESS {
             return rc;
         }
@@ -341,8 +348,9 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
     guard(|| {
         let (mut f, mut t) = (0 as c_uint, 0 as c_uint);
+        let real_fn = real!(cuMemGetInfo: PFN_cuMemGetInfo_v2000);
         // SAFETY: local out-parameters.
-        let rc = { let real_fn = real!(cuMemGetInfo: PFN_cuMemGetInfo_v2000); unsafe { real_fn(&mut f, &mut t) } };
+        let rc = unsafe { real_fn(&mut f, &mut t) };
         if rc != CUresult::CUDA_SUCCESS {
             return rc;
         }
@@ -359,8 +367,9 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuDeviceTotalMem_v2: PFN_cuDeviceTotalMem_v3020);
         // SAFETY: forwarding the caller's arguments.
-        let rc = { let real_fn = real!(cuDeviceTotalMem_v2: PFN_cuDeviceTotalMem_v3020); unsafe { real_fn(bytes, dev) } };
+        let rc = unsafe { real_fn(bytes, dev) };
         if rc == CUresult::CUDA_SUCCESS {
             let limit = state().quota.limit();
             // SAFETY: the driver just wrote through this pointer.
@@ -373,8 +382,9 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuDeviceTotalMem: PFN_cuDeviceTotalMem_v2000);
         // SAFETY: forwarding the caller's arguments.
-        let rc = { let real_fn = real!(cuDeviceTotalMem: PFN_cuDeviceTotalMem_v2000); unsafe { real_fn(bytes, dev) } };
+        let rc = unsafe { real_fn(bytes, dev) };
         if rc == CUresult::CUDA_SUCCESS {
             let limit = state().quota.limit();
             // SAFETY: the driver just wrote through this pointer.
@@ -508,8 +518,9 @@ launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuCtxCreate_v2: PFN_cuCtxCreate_v3020);
         // SAFETY: forwarding the caller's arguments.
-        let rc = { let real_fn = real!(cuCtxCreate_v2: PFN_cuCtxCreate_v3020); unsafe { real_fn(pctx, flags, dev) } };
+        let rc = unsafe { real_fn(pctx, flags, dev) };
         if rc == CUresult::CUDA_SUCCESS {
             state().contexts.created(out!(pctx));
         }
@@ -520,8 +531,9 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuCtxCreate_v3: PFN_cuCtxCreate_v11040);
         // SAFETY: forwarding the caller's arguments.
-        let rc = { let real_fn = real!(cuCtxCreate_v3: PFN_cuCtxCreate_v11040); unsafe { real_fn(pctx, params, n, flags, dev) } };
+        let rc = unsafe { real_fn(pctx, params, n, flags, dev) };
         if rc == CUresult::CUDA_SUCCESS {
             state().contexts.created(out!(pctx));
         }
@@ -532,8 +544,9 @@ pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexe
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuCtxCreate_v4: PFN_cuCtxCreate_v12050);
         // SAFETY: forwarding the caller's arguments.
-        let rc = { let real_fn = real!(cuCtxCreate_v4: PFN_cuCtxCreate_v12050); unsafe { real_fn(pctx, params, flags, dev) } };
+        let rc = unsafe { real_fn(pctx, params, flags, dev) };
         if rc == CUresult::CUDA_SUCCESS {
             state().contexts.created(out!(pctx));
         }
@@ -544,8 +557,9 @@ pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctx
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v4000);
         // SAFETY: forwarding the caller's argument.
-        let rc = { let real_fn = real!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v4000); unsafe { real_fn(ctx) } };
+        let rc = unsafe { real_fn(ctx) };
         if rc == CUresult::CUDA_SUCCESS {
             state().contexts.destroyed(ctx);
         }
@@ -556,8 +570,9 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain_v7000);
         // SAFETY: forwarding the caller's arguments.
-        let rc = { let real_fn = real!(cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain_v7000); unsafe { real_fn(pctx, dev) } };
+        let rc = unsafe { real_fn(pctx, dev) };
         if rc == CUresult::CUDA_SUCCESS {
             state().contexts.retained(dev);
         }
@@ -568,8 +583,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuDevicePrimaryCtxRelease_v2: PFN_cuDevicePrimaryCtxRelease_v11000);
         // SAFETY: forwarding the caller's argument.
-        let rc = { let real_fn = real!(cuDevicePrimaryCtxRelease_v2: PFN_cuDevicePrimaryCtxRelease_v11000); unsafe { real_fn(dev) } };
+        let rc = unsafe { real_fn(dev) };
         if rc == CUresult::CUDA_SUCCESS {
             state().contexts.released(dev);
         }
@@ -580,8 +596,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
     guard(|| {
+        let real_fn = real!(cuDevicePrimaryCtxRelease: PFN_cuDevicePrimaryCtxRelease_v7000);
         // SAFETY: forwarding the caller's argument.
-        let rc = { let real_fn = real!(cuDevicePrimaryCtxRelease: PFN_cuDevicePrimaryCtxRelease_v7000); unsafe { real_fn(dev) } };
+        let rc = unsafe { real_fn(dev) };
         if rc == CUresult::CUDA_SUCCESS {
             state().contexts.released(dev);
         }

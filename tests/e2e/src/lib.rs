@@ -5,6 +5,8 @@
 //! dir with `nvidia-cuda-mps-control`, and MPS pipe/log dirs. [`EmuHost::command`] returns a
 //! `Command` wired to all of it; [`EmuHost::spawn`] runs it with output captured to files and
 //! kills it when the handle (or the host) is dropped. Run `cargo build --workspace` first.
+//! Set `E2E_KEEP=1` to keep the per-test dirs (state file, child output) for inspection, and
+//! `E2E_TARGET_DIR` to take the artifacts from another `target/<profile>/` dir.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -116,6 +118,18 @@ impl EmuHost {
     /// The per-test temp dir.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The fake NVML as `libnvidia-ml.so.1` in [`EmuHost::lib_dir`], or a panic with the build hint.
+    pub fn require_nvml(&self) -> PathBuf {
+        artifact("libnvidia_ml.so");
+        self.lib_dir.join("libnvidia-ml.so.1")
+    }
+
+    /// The fake `nvidia-cuda-mps-control` in [`EmuHost::bin_dir`], or a panic with the build hint.
+    pub fn require_mps_control(&self) -> PathBuf {
+        artifact("emu-mps-control");
+        self.bin_dir.join("nvidia-cuda-mps-control")
     }
 
     /// Opens the emulated device directly (to inspect it, or drive MPS without the control binary).
@@ -317,6 +331,40 @@ pub fn num(line: &str, key: &str) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn running(pid: u32) -> bool {
+        emu_device::procinfo::start_time(pid).is_some()
+    }
+
+    #[test]
+    fn children_die_with_their_handle_and_host() {
+        let host = EmuHost::new();
+        let mut a = host.spawn(host.command("sleep").arg("30"));
+        let b = host.spawn(host.command("sleep").arg("30"));
+        let (pa, pb) = (a.pid(), b.pid());
+        assert!(a.wait_timeout(Duration::from_millis(50)).is_none());
+        drop(a);
+        assert!(!running(pa), "dropping the handle kills and reaps the child");
+        std::mem::forget(b); // handle leaked: the host must still kill it
+        let root = host.root().to_path_buf();
+        drop(host);
+        std::thread::sleep(Duration::from_millis(100));
+        let st = std::fs::read_to_string(format!("/proc/{pb}/stat")).unwrap_or_default();
+        assert!(st.is_empty() || st.contains(") Z "), "host drop kills remaining children: {st}");
+        assert!(!root.exists(), "temp dir removed");
+    }
+
+    #[test]
+    fn command_wires_the_emulator_environment() {
+        let host = EmuHost::new();
+        let mut c = host.spawn(host.command("sh").args(["-c", "echo $GPUEMU_STATE; echo $LD_LIBRARY_PATH; echo $CUDA_MPS_PIPE_DIRECTORY; command -v nvidia-cuda-mps-control || echo none"]));
+        let out = c.finish(Duration::from_secs(10));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], host.state_path().display().to_string());
+        assert!(lines[1].starts_with(&host.lib_dir().display().to_string()));
+        assert_eq!(lines[2], host.pipe_dir().display().to_string());
+        assert!(host.lib_dir().join("libcuda.so.1").exists());
+    }
 
     #[test]
     fn parses_fields() {

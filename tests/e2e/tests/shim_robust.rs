@@ -56,7 +56,7 @@ fn fork_child_keeps_normal_signal_behaviour_and_parent_accounting() {
     // SAFETY: plain kill(2) of the forked child.
     unsafe { libc::kill(child, libc::SIGTERM) };
     let start = Instant::now();
-    while std::path::Path::new(&format!("/proc/{child}")).exists() && start.elapsed() < Duration::from_secs(5) {
+    while std::path::Path::new(&format!("/proc/{child}")).exists() && start.elapsed() < T {
         // The child is the parent's, not ours: it becomes a zombie until the parent reaps it.
         let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
         if stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')) {
@@ -64,7 +64,7 @@ fn fork_child_keeps_normal_signal_behaviour_and_parent_accounting() {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(start.elapsed() < Duration::from_secs(5), "the fork child must die of SIGTERM like any process");
+    assert!(start.elapsed() < T, "the fork child must die of SIGTERM like any process");
     let l = ledger(&host);
     let g = l.group(node_ledger::ledger::group_id_for("fork"), 1).unwrap();
     assert_eq!(l.group_used(g), 16 * MIB, "the parent's reservation is untouched by the child");
@@ -81,7 +81,7 @@ fn monitor_eviction_request_makes_the_process_leave_gracefully() {
     let l = ledger(&host);
     let slot = l.procs().iter().find(|p| p.pid == victim.pid()).expect("registered").slot;
     l.request_evict(slot, libc::SIGTERM as u32);
-    let st = victim.wait_timeout(Duration::from_secs(5)).expect("evicted within the housekeeping period");
+    let st = victim.wait_timeout(T).expect("evicted by the monitor's request");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(libc::SIGTERM));
     assert!(!dev.mps_status().poisoned, "left without poisoning MPS");

@@ -43,7 +43,7 @@ fn clock_factor(c_sm: f64, c_h: f64) -> f64 {
         1.0 - a_h * ((c_sm - t) / (c_h - t).max(1.0)).min(1.0)
     }
 }
-const WARMUP: Duration = Duration::from_millis(1500);
+const WARMUP: Duration = Duration::from_millis(2500);
 const MEASURE: Duration = Duration::from_secs(5);
 
 fn run(throttled: bool, publish: bool) -> Run {
@@ -54,7 +54,7 @@ fn run(throttled: bool, publish: bool) -> Run {
     let cfg = host.root().join("xcuda.json");
     std::fs::write(
         &cfg,
-        format!(r#"{{"throttle": {{"enabled": {throttled}, "target_load": {TARGET}, "kp": 1.0, "ki": 4.0, "period_ms": 10, "stale_after_ms": 200, "t_sm_mhz": 1200}}}}"#),
+        format!(r#"{{"throttle": {{"enabled": {throttled}, "target_load": {TARGET}, "kp": 1.0, "ki": 8.0, "period_ms": 10, "stale_after_ms": 200, "t_sm_mhz": 1200}}}}"#),
     )
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));

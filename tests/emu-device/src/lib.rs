@@ -611,16 +611,31 @@ fn status_of(st: &State, ticket: u64) -> KernelStatus {
     }
 }
 
+/// How long to sleep before looking at `ticket` again: the predicted time until it completes at
+/// the current rates (walking back through the queued kernels ahead of it on its stream),
+/// clamped to 20 µs ..= 2 ms so that changes in sharing are noticed.
 fn predicted_wait(st: &State, ticket: u64) -> Duration {
     let rate = st.header.sm_clock_mhz / 1000.0;
-    let ns = st
-        .live()
-        .iter()
-        .find(|k| k.ticket == ticket)
-        .filter(|k| k.state == kstate::RUNNING && k.share > 0.0 && rate > 0.0)
-        .map(|k| k.work_left / (k.share * rate))
-        .unwrap_or(1_000_000.0);
-    Duration::from_nanos(ns.clamp(20_000.0, 2_000_000.0) as u64)
+    let mut total = 0.0;
+    let mut t = ticket;
+    for _ in 0..64 {
+        let Some(k) = st.live().iter().find(|k| k.ticket == t && k.state != kstate::FREE) else { break };
+        match k.state {
+            kstate::RUNNING if k.share > 0.0 && rate > 0.0 => {
+                total += k.work_left / (k.share * rate);
+                break;
+            }
+            kstate::QUEUED if k.demand > 0.0 && rate > 0.0 => {
+                total += k.work_total / (k.demand * rate);
+                t = k.dep_ticket;
+            }
+            _ => {
+                total += 1_000_000.0;
+                break;
+            }
+        }
+    }
+    Duration::from_nanos(total.clamp(20_000.0, 2_000_000.0) as u64)
 }
 
 fn free_kernel_slot(st: &mut State) -> Option<usize> {
