@@ -307,7 +307,22 @@ fn run() -> Result<(), String> {
         _ => println!("  no eviction happened"),
     }
     println!("  offline iterations completed        {total_iters} ({restarts} restart(s) after eviction)");
-    println!("  logs: {}/sysmonitor.log, {}/mps-manager.log", root.display(), root.display());
     drop(guard);
+    println!("\nsysmonitor log (transitions and evictions):");
+    let log = std::fs::read_to_string(root.join("sysmonitor.log")).unwrap_or_default();
+    for l in log.lines().filter(|l| l.contains("health transition") || l.contains("evicting")).take(8) {
+        // Drop ANSI colour codes and the timestamp for a compact view.
+        let mut clean = String::new();
+        let mut esc = false;
+        for ch in l.chars() {
+            match (esc, ch) {
+                (false, '\u{1b}') => esc = true,
+                (true, 'm') => esc = false,
+                (true, _) => {}
+                (false, c) => clean.push(c),
+            }
+        }
+        println!("  {}", clean.split_once(' ').map_or(clean.as_str(), |(_, r)| r.trim()));
+    }
     Ok(())
 }
