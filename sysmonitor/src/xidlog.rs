@@ -17,14 +17,23 @@ impl XidTail {
     /// Starts at the current end of `path`; `matcher`, when set, must appear in a line (e.g.
     /// `PCI:0000:3b:00` to keep only this GPU's events).
     pub fn open(path: &Path, matcher: Option<String>) -> XidTail {
-        let mut t = XidTail { path: path.to_path_buf(), file: None, matcher, partial: String::new() };
+        let mut t = XidTail {
+            path: path.to_path_buf(),
+            file: None,
+            matcher,
+            partial: String::new(),
+        };
         t.reopen();
         t
     }
 
     fn reopen(&mut self) {
         use std::io::Seek;
-        match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&self.path) {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.path)
+        {
             Ok(mut f) => {
                 let _ = f.seek(std::io::SeekFrom::End(0));
                 self.file = Some(f);
@@ -38,7 +47,9 @@ impl XidTail {
 
     /// XID codes in lines written since the last call.
     pub fn poll(&mut self) -> Vec<u64> {
-        let Some(f) = &mut self.file else { return Vec::new() };
+        let Some(f) = &mut self.file else {
+            return Vec::new();
+        };
         let mut buf = [0u8; 8192];
         let mut text = std::mem::take(&mut self.partial);
         loop {
@@ -70,7 +81,12 @@ pub fn parse_xid_line(line: &str) -> Option<u64> {
         Some(i) => &rest[i + 2..],
         None => rest.trim_start().strip_prefix(':')?,
     };
-    after.trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    after
+        .trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -80,8 +96,18 @@ mod tests {
 
     #[test]
     fn parses_driver_lines() {
-        assert_eq!(parse_xid_line("[ 12.3] NVRM: Xid (PCI:0000:3b:00): 31, pid=77, name=python, Ch 00000010"), Some(31));
-        assert_eq!(parse_xid_line("6,1234,5678,-;NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus."), Some(79));
+        assert_eq!(
+            parse_xid_line(
+                "[ 12.3] NVRM: Xid (PCI:0000:3b:00): 31, pid=77, name=python, Ch 00000010"
+            ),
+            Some(31)
+        );
+        assert_eq!(
+            parse_xid_line(
+                "6,1234,5678,-;NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus."
+            ),
+            Some(79)
+        );
         assert_eq!(parse_xid_line("NVRM: GPU at PCI:0000:01:00: GPU-abc"), None);
         assert_eq!(parse_xid_line("NVRM: Xid (PCI:0000:01:00): garbage"), None);
     }
