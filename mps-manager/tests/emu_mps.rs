@@ -334,24 +334,34 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
         "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=train"
     )
     .unwrap();
-    let v = mstate(&n, "xid recovery", |v| {
-        v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
-    });
-    assert_eq!(v["recoveries"][0]["fault"]["xid"]["code"], 31, "{v:#}");
+    // The monitor's own eviction of the (signal-unaware) helper may be seen first as an unclean
+    // client death; the XID must still get its recovery.
+    let xid_recoveries = |v: &Value| {
+        v["recoveries"].as_array().map_or(0, |r| {
+            r.iter().filter(|x| x["fault"]["xid"]["code"] == 31).count()
+        })
+    };
+    mstate(&n, "xid recovery", |v| xid_recoveries(v) == 1);
     assert!(n.wait_exit(off, T).is_some(), "offline client evicted");
     let v = mstate(&n, "MPS running again", |v| {
         v["daemon_pid"].as_u64().is_some_and(|p| p != daemon)
     });
-    assert!(v["recoveries"][0]["outcome"]
-        .as_str()
-        .unwrap()
-        .contains("MPS reset"));
+    assert!(
+        v["recoveries"].as_array().unwrap().last().unwrap()["outcome"]
+            .as_str()
+            .unwrap()
+            .contains("MPS reset")
+    );
     let after = load.kernels.load(Ordering::Relaxed);
     wait_until("online kernels after the reset", || {
         load.kernels.load(Ordering::Relaxed) >= after + 20
     });
     let again = mstate(&n, "one recovery per XID episode", |v| {
-        v["updated_unix_ms"].as_u64() > v["recoveries"][0]["at_unix_ms"].as_u64().map(|t| t + 500)
+        let last = v["recoveries"]
+            .as_array()
+            .and_then(|r| r.last())
+            .and_then(|r| r["at_unix_ms"].as_u64());
+        v["updated_unix_ms"].as_u64() > last.map(|t| t + 500)
     });
-    assert_eq!(again["recoveries"].as_array().unwrap().len(), 1);
+    assert_eq!(xid_recoveries(&again), 1, "{again:#}");
 }

@@ -300,7 +300,7 @@ impl GpuSource for NvmlSource {
             }
         };
         let (sm, src) = self.sm_activity(u.gpu as f64);
-        if self.n % AUX_EVERY == 0 {
+        if self.n.is_multiple_of(AUX_EVERY) {
             self.aux = (
                 self.dev.power_usage().ok(),
                 self.dev.temperature(TemperatureSensor::Gpu).ok(),
