@@ -225,9 +225,16 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     let terms = n.path("terms");
     // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
     let victim = n.spawn_sh(&format!(
-        "trap 'echo t >> {}' TERM; while :; do sleep 0.02; done",
+        "trap 'echo t >> {0}' TERM; : > {0}.ready; while :; do sleep 0.02; done",
         terms.display()
     ));
+    // Register only once the trap is in place, or an early SIGTERM would just kill the shell.
+    let ready = n.path("terms.ready");
+    let deadline = std::time::Instant::now() + T;
+    while !ready.exists() {
+        assert!(std::time::Instant::now() < deadline, "victim never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     register(&ledger, n.pid(victim), 0);
     let _load = Load::start(&n.state, 1.0, 5.0);
     let deadline = std::time::Instant::now() + T;
