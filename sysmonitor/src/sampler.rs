@@ -140,8 +140,9 @@ impl Gpm {
         })
     }
 
-    /// SM utilization (%) between the previous and this reading; None on the first one.
-    fn read(&mut self, handle: sys::nvmlDevice_t) -> Result<Option<f64>, String> {
+    /// (SM utilization, graphics-engine utilization) in % between the previous and this
+    /// reading; None on the first one.
+    fn read(&mut self, handle: sys::nvmlDevice_t) -> Result<Option<(f64, f64)>, String> {
         // SAFETY: `cur` is an allocated GPM sample and `handle` a live device.
         let r = unsafe { self.lib.nvmlGpmSampleGet(handle, self.cur) };
         if r != sys::nvmlReturn_enum_NVML_SUCCESS {
@@ -155,21 +156,21 @@ impl Gpm {
         // SAFETY: zeroed is a valid bit pattern for this plain C struct (null pointers, zeros).
         let mut g: sys::nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
         g.version = sys::NVML_GPM_METRICS_GET_VERSION;
-        g.numMetrics = 1;
+        g.numMetrics = 2;
         g.sample1 = self.cur; // older (swapped above)
         g.sample2 = self.prev; // newer
         g.metrics[0].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL;
+        g.metrics[1].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL;
         // SAFETY: `g` is versioned and points at two samples taken from this device.
         let r = unsafe { self.lib.nvmlGpmMetricsGet(&mut g) };
-        if r != sys::nvmlReturn_enum_NVML_SUCCESS
-            || g.metrics[0].nvmlReturn != sys::nvmlReturn_enum_NVML_SUCCESS
-        {
+        let ok = |m: &sys::nvmlGpmMetric_t| m.nvmlReturn == sys::nvmlReturn_enum_NVML_SUCCESS;
+        if r != sys::nvmlReturn_enum_NVML_SUCCESS || !ok(&g.metrics[0]) || !ok(&g.metrics[1]) {
             return Err(format!(
-                "nvmlGpmMetricsGet returned {r}/{}",
-                g.metrics[0].nvmlReturn
+                "nvmlGpmMetricsGet returned {r}/{}/{}",
+                g.metrics[0].nvmlReturn, g.metrics[1].nvmlReturn
             ));
         }
-        Ok(Some(g.metrics[0].value))
+        Ok(Some((g.metrics[0].value, g.metrics[1].value)))
     }
 }
 
@@ -229,22 +230,43 @@ impl NvmlSource {
         })
     }
 
-    fn sm_activity(&mut self, util_rate: f64) -> (f64, SmSource) {
+    /// GPU utilization via `nvmlDeviceGetUtilizationRates`.
+    fn util_rate(&self) -> Result<f64, String> {
+        Ok(self
+            .dev
+            .utilization_rates()
+            .map_err(|x| e("utilization", x))?
+            .gpu as f64)
+    }
+
+    /// (GPU utilization, SM activity, its source). With GPM both come from one metrics call;
+    /// otherwise utilization rates plus utilization samples.
+    fn util_and_sm(&mut self) -> Result<(f64, f64, SmSource), String> {
         if let Some(g) = &mut self.gpm {
             // SAFETY: live handle of the leaked Nvml.
             let h = unsafe { self.dev.handle() };
             match g.read(h) {
-                Ok(Some(v)) => {
-                    self.last_sm = v;
-                    return (v, SmSource::Gpm);
+                Ok(Some((sm, gfx))) => {
+                    self.last_sm = sm;
+                    return Ok((gfx, sm, SmSource::Gpm));
                 }
-                Ok(None) => return (util_rate, SmSource::Gpm),
+                Ok(None) => {
+                    let u = self.util_rate()?;
+                    return Ok((u, u, SmSource::Gpm));
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "GPM read failed; falling back to utilization samples");
                     self.gpm = None;
                 }
             }
         }
+        let u = self.util_rate()?;
+        let (sm, src) = self.sampled_sm(u);
+        Ok((u, sm, src))
+    }
+
+    /// SM activity from utilization samples, else the utilization rate itself.
+    fn sampled_sm(&mut self, util_rate: f64) -> (f64, SmSource) {
         if self.samples_ok {
             match self
                 .dev
@@ -279,10 +301,7 @@ impl NvmlSource {
 
 impl GpuSource for NvmlSource {
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
-        let u = self
-            .dev
-            .utilization_rates()
-            .map_err(|x| e("utilization", x))?;
+        let (util, sm, src) = self.util_and_sm()?;
         let mem = self.dev.memory_info().map_err(|x| e("memory info", x))?;
         let clk = self
             .dev
@@ -299,7 +318,6 @@ impl GpuSource for NvmlSource {
                 m
             }
         };
-        let (sm, src) = self.sm_activity(u.gpu as f64);
         if self.n.is_multiple_of(AUX_EVERY) {
             self.aux = (
                 self.dev.power_usage().ok(),
@@ -309,7 +327,7 @@ impl GpuSource for NvmlSource {
         self.n += 1;
         Ok(GpuSample {
             t_ms: now_ms,
-            gpu_util: u.gpu as f64,
+            gpu_util: util,
             sm_activity: sm,
             sm_source: Some(src),
             sm_clock_mhz: clk,
