@@ -135,7 +135,9 @@ fn main() -> ExitCode {
             );
             Ok(())
         }
-        "status" => report::read_state_file(&cfg.state_file).map(|s| {
+        "status" => report::read_state_file(&cfg.state_file)
+            .map_err(|e| format!("{e}\n(is `sysmonitor run` running for GPU {} with the same ledger_dir / $XSHARE_LEDGER_DIR?)", cfg.gpu_index))
+            .map(|s| {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             } else {
