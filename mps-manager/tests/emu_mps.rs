@@ -365,3 +365,28 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
     });
     assert_eq!(xid_recoveries(&again), 1, "{again:#}");
 }
+
+#[test]
+fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
+    let mut n = EmuNode::new();
+    let m = start_manager(&mut n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let cfg = n.path("mps.json");
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, good.replace(r#""min_pct": 10"#, r#""min_pct": 95"#)).unwrap();
+    n.signal(m, libc::SIGHUP);
+    let v = mstate(&n, "reload error", |v| {
+        v["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("config reload"))
+    });
+    let e = v["last_error"].as_str().unwrap();
+    assert!(
+        e.contains("mps.json:") && e.contains("budget.min_pct"),
+        "{e}"
+    );
+    assert!(n.alive(m), "a broken reload never stops the manager");
+    std::fs::write(&cfg, &good).unwrap();
+    n.signal(m, libc::SIGHUP);
+    mstate(&n, "good reload", |v| v["last_error"].is_null());
+}
