@@ -21,28 +21,54 @@ pub struct BudgetConfig {
 
 impl Default for BudgetConfig {
     fn default() -> Self {
-        BudgetConfig { headroom_pct: 10.0, min_pct: 10.0, max_pct: 90.0, min_step_pct: 5.0, smoothing: 0.5, unsafe_pct: 10.0 }
+        BudgetConfig {
+            headroom_pct: 10.0,
+            min_pct: 10.0,
+            max_pct: 90.0,
+            min_step_pct: 5.0,
+            smoothing: 0.5,
+            unsafe_pct: 10.0,
+        }
     }
 }
 
 impl BudgetConfig {
     pub fn validate(&self) -> Result<(), (String, String)> {
         let pct = |v: f64| v.is_finite() && (0.0..=100.0).contains(&v);
-        for (f, v) in [("headroom_pct", self.headroom_pct), ("min_step_pct", self.min_step_pct)] {
+        for (f, v) in [
+            ("headroom_pct", self.headroom_pct),
+            ("min_step_pct", self.min_step_pct),
+        ] {
             if !pct(v) {
-                return Err((format!("budget.{f}"), format!("must be within 0..=100, got {v}")));
+                return Err((
+                    format!("budget.{f}"),
+                    format!("must be within 0..=100, got {v}"),
+                ));
             }
         }
-        for (f, v) in [("min_pct", self.min_pct), ("max_pct", self.max_pct), ("unsafe_pct", self.unsafe_pct)] {
+        for (f, v) in [
+            ("min_pct", self.min_pct),
+            ("max_pct", self.max_pct),
+            ("unsafe_pct", self.unsafe_pct),
+        ] {
             if !(v.is_finite() && v > 0.0 && v <= 100.0) {
-                return Err((format!("budget.{f}"), format!("MPS needs a percentage in (0, 100], got {v}")));
+                return Err((
+                    format!("budget.{f}"),
+                    format!("MPS needs a percentage in (0, 100], got {v}"),
+                ));
             }
         }
         if self.min_pct > self.max_pct {
-            return Err(("budget.min_pct".into(), format!("must be <= max_pct ({})", self.max_pct)));
+            return Err((
+                "budget.min_pct".into(),
+                format!("must be <= max_pct ({})", self.max_pct),
+            ));
         }
         if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
-            return Err(("budget.smoothing".into(), format!("must be within (0, 1], got {}", self.smoothing)));
+            return Err((
+                "budget.smoothing".into(),
+                format!("must be within (0, 1], got {}", self.smoothing),
+            ));
         }
         Ok(())
     }
@@ -58,8 +84,16 @@ pub struct Allocator {
 impl Allocator {
     /// Estimate of the online workload's SM activity from the total measured activity: the
     /// offline side can use at most its current budget, so `online ≈ total − offline share`.
-    pub fn online_estimate(total_sm_pct: f64, offline_active: bool, current_budget_pct: f64) -> f64 {
-        let off = if offline_active { current_budget_pct.min(total_sm_pct) } else { 0.0 };
+    pub fn online_estimate(
+        total_sm_pct: f64,
+        offline_active: bool,
+        current_budget_pct: f64,
+    ) -> f64 {
+        let off = if offline_active {
+            current_budget_pct.min(total_sm_pct)
+        } else {
+            0.0
+        };
         (total_sm_pct - off).clamp(0.0, 100.0)
     }
 
@@ -104,16 +138,27 @@ mod tests {
     use proptest::prelude::*;
 
     fn cfg() -> BudgetConfig {
-        BudgetConfig { smoothing: 1.0, ..Default::default() }
+        BudgetConfig {
+            smoothing: 1.0,
+            ..Default::default()
+        }
     }
 
     #[test]
     fn complement_of_online_minus_headroom() {
         let mut a = Allocator::default();
         assert_eq!(a.update(&cfg(), 30.0, true), Some(60.0));
-        assert_eq!(a.update(&cfg(), 32.0, true), None, "moves under min_step are not applied");
+        assert_eq!(
+            a.update(&cfg(), 32.0, true),
+            None,
+            "moves under min_step are not applied"
+        );
         assert_eq!(a.update(&cfg(), 50.0, true), Some(40.0));
-        assert_eq!(a.update(&cfg(), 95.0, true), Some(10.0), "floored at min_pct");
+        assert_eq!(
+            a.update(&cfg(), 95.0, true),
+            Some(10.0),
+            "floored at min_pct"
+        );
         assert_eq!(a.update(&cfg(), 0.0, true), Some(90.0), "capped at max_pct");
     }
 
@@ -121,8 +166,15 @@ mod tests {
     fn unsafe_state_drops_to_the_unsafe_budget_at_once() {
         let mut a = Allocator::default();
         a.update(&cfg(), 30.0, true);
-        let c = BudgetConfig { unsafe_pct: 58.0, ..cfg() };
-        assert_eq!(a.update(&c, 30.0, false), Some(58.0), "a 2-point drop still applies when unsafe");
+        let c = BudgetConfig {
+            unsafe_pct: 58.0,
+            ..cfg()
+        };
+        assert_eq!(
+            a.update(&c, 30.0, false),
+            Some(58.0),
+            "a 2-point drop still applies when unsafe"
+        );
     }
 
     #[test]
@@ -134,7 +186,11 @@ mod tests {
 
     #[test]
     fn smoothing_damps_a_spike() {
-        let c = BudgetConfig { smoothing: 0.5, min_step_pct: 0.0, ..Default::default() };
+        let c = BudgetConfig {
+            smoothing: 0.5,
+            min_step_pct: 0.0,
+            ..Default::default()
+        };
         let mut a = Allocator::default();
         a.update(&c, 20.0, true);
         assert_eq!(a.update(&c, 80.0, true), Some(40.0), "avg 50 -> 100-50-10");
@@ -143,9 +199,15 @@ mod tests {
     #[test]
     fn validation_names_fields() {
         assert!(BudgetConfig::default().validate().is_ok());
-        let c = BudgetConfig { min_pct: 95.0, ..Default::default() };
+        let c = BudgetConfig {
+            min_pct: 95.0,
+            ..Default::default()
+        };
         assert_eq!(c.validate().unwrap_err().0, "budget.min_pct");
-        let c = BudgetConfig { max_pct: 0.0, ..Default::default() };
+        let c = BudgetConfig {
+            max_pct: 0.0,
+            ..Default::default()
+        };
         assert_eq!(c.validate().unwrap_err().0, "budget.max_pct");
     }
 

@@ -89,13 +89,19 @@ impl Config {
 
     /// Applies `$XSHARE_LEDGER_DIR`, `--gpu`, and fills derived paths.
     pub fn finalize(&mut self, gpu: Option<u32>) {
-        if let Some(d) = std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty()) {
+        if let Some(d) =
+            std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty())
+        {
             self.ledger_dir = d.into();
         }
         if let Some(g) = gpu {
             self.gpu_index = g;
         }
-        let gdir = self.ledger_path().parent().map(Path::to_path_buf).unwrap_or_default();
+        let gdir = self
+            .ledger_path()
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         let fill = |p: &mut PathBuf, name: &str| {
             if p.as_os_str().is_empty() {
                 *p = gdir.join(name);
@@ -123,14 +129,21 @@ mod tests {
         c.ledger_dir = "/run/x".into();
         c.finalize(Some(3));
         assert_eq!(c.pipe_dir, PathBuf::from("/run/x/gpu3/mps-pipe"));
-        assert_eq!(c.monitor_state_file, PathBuf::from("/run/x/gpu3/state.json"));
+        assert_eq!(
+            c.monitor_state_file,
+            PathBuf::from("/run/x/gpu3/state.json")
+        );
     }
 
     #[test]
     fn bad_budget_names_file_line_and_field() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("mps-manager.json");
-        std::fs::write(&p, "{\n  \"budget\": {\n    \"min_pct\": 80,\n    \"max_pct\": 50\n  }\n}\n").unwrap();
+        std::fs::write(
+            &p,
+            "{\n  \"budget\": {\n    \"min_pct\": 80,\n    \"max_pct\": 50\n  }\n}\n",
+        )
+        .unwrap();
         let e = Config::load(&p).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("budget.min_pct"));
         assert_eq!(e.line, Some(3));

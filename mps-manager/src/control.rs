@@ -25,10 +25,15 @@ pub enum MpsError {
 impl std::fmt::Display for MpsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MpsError::Timeout { command, after_ms } => write!(f, "MPS control did not answer `{command}` within {after_ms} ms"),
+            MpsError::Timeout { command, after_ms } => write!(
+                f,
+                "MPS control did not answer `{command}` within {after_ms} ms"
+            ),
             MpsError::NoDaemon => write!(f, "no MPS control daemon is running"),
             MpsError::Spawn(e) => write!(f, "cannot run the MPS control program: {e}"),
-            MpsError::Rejected { command, reply } => write!(f, "MPS control rejected `{command}`: {reply}"),
+            MpsError::Rejected { command, reply } => {
+                write!(f, "MPS control rejected `{command}`: {reply}")
+            }
         }
     }
 }
@@ -56,7 +61,8 @@ impl MpsControl {
     /// Starts `nvidia-cuda-mps-control -d` and waits for its pid file; returns the daemon pid.
     pub fn start_daemon(&self) -> Result<u32, MpsError> {
         for d in [&self.pipe_dir, &self.log_dir] {
-            std::fs::create_dir_all(d).map_err(|e| MpsError::Spawn(format!("{}: {e}", d.display())))?;
+            std::fs::create_dir_all(d)
+                .map_err(|e| MpsError::Spawn(format!("{}: {e}", d.display())))?;
         }
         let _ = std::fs::remove_file(self.pipe_dir.join(PID_FILE));
         let mut child = self
@@ -75,14 +81,21 @@ impl MpsControl {
                     if let Some(mut e) = child.stderr.take() {
                         let _ = e.read_to_string(&mut err);
                     }
-                    return Err(MpsError::Spawn(format!("`{} -d` exited with {st}: {}", self.bin.display(), err.trim())));
+                    return Err(MpsError::Spawn(format!(
+                        "`{} -d` exited with {st}: {}",
+                        self.bin.display(),
+                        err.trim()
+                    )));
                 }
                 break;
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(MpsError::Timeout { command: "-d".into(), after_ms: self.timeout.as_millis() as u64 });
+                return Err(MpsError::Timeout {
+                    command: "-d".into(),
+                    after_ms: self.timeout.as_millis() as u64,
+                });
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -92,7 +105,10 @@ impl MpsControl {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        Err(MpsError::Timeout { command: "-d (pid file)".into(), after_ms: self.timeout.as_millis() as u64 })
+        Err(MpsError::Timeout {
+            command: "-d (pid file)".into(),
+            after_ms: self.timeout.as_millis() as u64,
+        })
     }
 
     /// Pid of the running control daemon per its pid file, if that process is alive.
@@ -100,7 +116,9 @@ impl MpsControl {
         let s = std::fs::read_to_string(self.pipe_dir.join(PID_FILE)).ok()?;
         let pid: u32 = s.trim().parse().ok()?;
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let zombie = stat.rfind(')').is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
+        let zombie = stat
+            .rfind(')')
+            .is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
         (!zombie).then_some(pid)
     }
 
@@ -129,7 +147,10 @@ impl MpsControl {
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(MpsError::Timeout { command: line.to_string(), after_ms: self.timeout.as_millis() as u64 });
+                return Err(MpsError::Timeout {
+                    command: line.to_string(),
+                    after_ms: self.timeout.as_millis() as u64,
+                });
             }
         };
         let _ = child.wait();
@@ -137,8 +158,12 @@ impl MpsControl {
         if reply.contains("Cannot find MPS control daemon") {
             return Err(MpsError::NoDaemon);
         }
-        if reply.starts_with("Invalid") || reply.starts_with("Error") || reply.contains("not found") {
-            return Err(MpsError::Rejected { command: line.to_string(), reply });
+        if reply.starts_with("Invalid") || reply.starts_with("Error") || reply.contains("not found")
+        {
+            return Err(MpsError::Rejected {
+                command: line.to_string(),
+                reply,
+            });
         }
         Ok(reply)
     }
@@ -150,17 +175,21 @@ impl MpsControl {
 
     /// `get_client_list <server>`.
     pub fn client_list(&self, server: u32) -> Result<Vec<u32>, MpsError> {
-        Ok(parse_pids(&self.command(&format!("get_client_list {server}"))?))
+        Ok(parse_pids(
+            &self.command(&format!("get_client_list {server}"))?,
+        ))
     }
 
     /// `set_active_thread_percentage <pid> <pct>`.
     pub fn set_percentage(&self, pid: u32, pct: f64) -> Result<(), MpsError> {
-        self.command(&format!("set_active_thread_percentage {pid} {pct:.1}")).map(|_| ())
+        self.command(&format!("set_active_thread_percentage {pid} {pct:.1}"))
+            .map(|_| ())
     }
 
     /// `set_default_active_thread_percentage <pct>`.
     pub fn set_default_percentage(&self, pct: f64) -> Result<(), MpsError> {
-        self.command(&format!("set_default_active_thread_percentage {pct:.1}")).map(|_| ())
+        self.command(&format!("set_default_active_thread_percentage {pct:.1}"))
+            .map(|_| ())
     }
 
     /// `quit`: stops servers and the daemon (MPS reset).
@@ -176,7 +205,9 @@ impl MpsControl {
 
 /// Parses one pid per line, ignoring anything else.
 pub fn parse_pids(text: &str) -> Vec<u32> {
-    text.lines().filter_map(|l| l.split_whitespace().next()?.parse().ok()).collect()
+    text.lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -209,9 +240,15 @@ mod tests {
     #[test]
     fn reply_and_env_reach_the_program() {
         let d = tempfile::tempdir().unwrap();
-        let c = script(d.path(), "read line; echo \"$line|$CUDA_MPS_PIPE_DIRECTORY|$CUDA_VISIBLE_DEVICES\"");
+        let c = script(
+            d.path(),
+            "read line; echo \"$line|$CUDA_MPS_PIPE_DIRECTORY|$CUDA_VISIBLE_DEVICES\"",
+        );
         let r = c.command("get_server_list").unwrap();
-        assert_eq!(r, format!("get_server_list|{}|0", d.path().join("pipe").display()));
+        assert_eq!(
+            r,
+            format!("get_server_list|{}|0", d.path().join("pipe").display())
+        );
     }
 
     #[test]
@@ -219,14 +256,20 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let c = script(d.path(), "exec sleep 5");
         let t = Instant::now();
-        assert!(matches!(c.command("get_server_list"), Err(MpsError::Timeout { .. })));
+        assert!(matches!(
+            c.command("get_server_list"),
+            Err(MpsError::Timeout { .. })
+        ));
         assert!(t.elapsed() < Duration::from_secs(4));
     }
 
     #[test]
     fn no_daemon_and_rejections_are_errors() {
         let d = tempfile::tempdir().unwrap();
-        let c = script(d.path(), "echo 'Cannot find MPS control daemon process'; exit 1");
+        let c = script(
+            d.path(),
+            "echo 'Cannot find MPS control daemon process'; exit 1",
+        );
         assert_eq!(c.command("get_server_list"), Err(MpsError::NoDaemon));
         let c = script(d.path(), "echo 'Invalid command: x'");
         assert!(matches!(c.command("x"), Err(MpsError::Rejected { .. })));

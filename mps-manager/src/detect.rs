@@ -68,7 +68,10 @@ pub struct DetectConfig {
 
 impl Default for DetectConfig {
     fn default() -> Self {
-        DetectConfig { stuck_after_ms: 10_000, idle_sm_pct: 1.0 }
+        DetectConfig {
+            stuck_after_ms: 10_000,
+            idle_sm_pct: 1.0,
+        }
     }
 }
 
@@ -107,7 +110,9 @@ impl Detector {
             return f;
         }
         let Some(servers) = &o.servers else {
-            f.push(Fault::DaemonHang { command: "get_server_list".into() });
+            f.push(Fault::DaemonHang {
+                command: "get_server_list".into(),
+            });
             return f;
         };
         for (s, n) in &self.last_clients {
@@ -115,15 +120,21 @@ impl Detector {
                 f.push(Fault::ServerCrash { server: *s });
             }
         }
-        self.last_clients = servers.iter().map(|s| (*s, o.clients.get(s).map_or(0, |c| c.len()))).collect();
+        self.last_clients = servers
+            .iter()
+            .map(|s| (*s, o.clients.get(s).map_or(0, |c| c.len())))
+            .collect();
 
         let connected: usize = o.clients.values().map(|c| c.len()).sum();
-        let progressing = o.offline_launches != self.last_launches || o.sm_activity_pct >= cfg.idle_sm_pct;
+        let progressing =
+            o.offline_launches != self.last_launches || o.sm_activity_pct >= cfg.idle_sm_pct;
         self.last_launches = o.offline_launches;
         if cfg.stuck_after_ms > 0 && connected > 0 && o.offline_registered > 0 && !progressing {
             let since = *self.stalled_since.get_or_insert(now_ms);
             if now_ms - since >= cfg.stuck_after_ms {
-                f.push(Fault::ClientsStuck { for_ms: now_ms - since });
+                f.push(Fault::ClientsStuck {
+                    for_ms: now_ms - since,
+                });
                 self.stalled_since = None;
             }
         } else {
@@ -143,7 +154,10 @@ pub struct RateConfig {
 
 impl Default for RateConfig {
     fn default() -> Self {
-        RateConfig { min_interval_ms: 30_000, max_per_hour: 6 }
+        RateConfig {
+            min_interval_ms: 30_000,
+            max_per_hour: 6,
+        }
     }
 }
 
@@ -155,16 +169,28 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// Whether a recovery may start at `now_ms`; records it if so.
     pub fn allow(&mut self, cfg: &RateConfig, now_ms: u64) -> Result<(), String> {
-        while self.history.front().is_some_and(|&t| now_ms.saturating_sub(t) >= 3_600_000) {
+        while self
+            .history
+            .front()
+            .is_some_and(|&t| now_ms.saturating_sub(t) >= 3_600_000)
+        {
             self.history.pop_front();
         }
         if let Some(&last) = self.history.back() {
             if now_ms.saturating_sub(last) < cfg.min_interval_ms {
-                return Err(format!("last recovery {} ms ago (min_interval_ms {})", now_ms - last, cfg.min_interval_ms));
+                return Err(format!(
+                    "last recovery {} ms ago (min_interval_ms {})",
+                    now_ms - last,
+                    cfg.min_interval_ms
+                ));
             }
         }
         if self.history.len() >= cfg.max_per_hour {
-            return Err(format!("{} recoveries in the last hour (max_per_hour {})", self.history.len(), cfg.max_per_hour));
+            return Err(format!(
+                "{} recoveries in the last hour (max_per_hour {})",
+                self.history.len(),
+                cfg.max_per_hour
+            ));
         }
         self.history.push_back(now_ms);
         Ok(())
@@ -190,23 +216,41 @@ mod tests {
     fn dead_daemon_and_hang() {
         let mut d = Detector::default();
         let c = DetectConfig::default();
-        assert_eq!(d.observe(&c, 0, &Observation::default()), vec![Fault::DaemonDead]);
-        let o = Observation { daemon_alive: true, servers: None, ..Default::default() };
-        assert!(matches!(d.observe(&c, 0, &o)[..], [Fault::DaemonHang { .. }]));
+        assert_eq!(
+            d.observe(&c, 0, &Observation::default()),
+            vec![Fault::DaemonDead]
+        );
+        let o = Observation {
+            daemon_alive: true,
+            servers: None,
+            ..Default::default()
+        };
+        assert!(matches!(
+            d.observe(&c, 0, &o)[..],
+            [Fault::DaemonHang { .. }]
+        ));
     }
 
     #[test]
     fn server_with_clients_vanishing_is_a_crash_idle_one_is_not() {
         let mut d = Detector::default();
         let c = DetectConfig::default();
-        assert!(d.observe(&c, 0, &obs(&[(10, &[1, 2]), (11, &[])])).is_empty());
-        assert_eq!(d.observe(&c, 1, &obs(&[])), vec![Fault::ServerCrash { server: 10 }]);
+        assert!(d
+            .observe(&c, 0, &obs(&[(10, &[1, 2]), (11, &[])]))
+            .is_empty());
+        assert_eq!(
+            d.observe(&c, 1, &obs(&[])),
+            vec![Fault::ServerCrash { server: 10 }]
+        );
     }
 
     #[test]
     fn stuck_needs_connected_clients_no_launches_and_idle_sm_for_long_enough() {
         let mut d = Detector::default();
-        let c = DetectConfig { stuck_after_ms: 100, idle_sm_pct: 1.0 };
+        let c = DetectConfig {
+            stuck_after_ms: 100,
+            idle_sm_pct: 1.0,
+        };
         let mut o = obs(&[(10, &[1])]);
         o.sm_activity_pct = 0.0;
         o.offline_launches = 5;
@@ -216,7 +260,10 @@ mod tests {
         assert!(d.observe(&c, 60, &o).is_empty());
         assert!(d.observe(&c, 100, &o).is_empty());
         assert!(d.observe(&c, 160, &o).is_empty());
-        assert!(matches!(d.observe(&c, 200, &o)[..], [Fault::ClientsStuck { .. }]));
+        assert!(matches!(
+            d.observe(&c, 200, &o)[..],
+            [Fault::ClientsStuck { .. }]
+        ));
         let mut busy = o.clone();
         busy.sm_activity_pct = 40.0;
         assert!(d.observe(&c, 400, &busy).is_empty());
@@ -227,7 +274,10 @@ mod tests {
         let mut d = Detector::default();
         let mut o = obs(&[(10, &[1])]);
         o.dead_offline = vec![77];
-        assert_eq!(d.observe(&DetectConfig::default(), 0, &o), vec![Fault::ClientDied { pid: 77 }]);
+        assert_eq!(
+            d.observe(&DetectConfig::default(), 0, &o),
+            vec![Fault::ClientDied { pid: 77 }]
+        );
     }
 
     #[test]
@@ -246,7 +296,10 @@ mod tests {
 
     #[test]
     fn rate_limit_spacing_and_hourly_cap() {
-        let c = RateConfig { min_interval_ms: 100, max_per_hour: 2 };
+        let c = RateConfig {
+            min_interval_ms: 100,
+            max_per_hour: 2,
+        };
         let mut r = RateLimiter::default();
         assert!(r.allow(&c, 0).is_ok());
         assert!(r.allow(&c, 50).unwrap_err().contains("min_interval_ms"));

@@ -42,7 +42,9 @@ FAULTS -> RECOVERY (rate-limited):
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let mut cmd = "run".to_string();
@@ -67,9 +69,14 @@ fn main() -> ExitCode {
             other => return fail(&format!("unknown argument `{other}` (see --help)"), 2),
         }
     }
-    let explicit = config.or_else(|| std::env::var_os("XSHARE_MPS_MANAGER_CONFIG").map(PathBuf::from));
+    let explicit =
+        config.or_else(|| std::env::var_os("XSHARE_MPS_MANAGER_CONFIG").map(PathBuf::from));
     let base = explicit.clone().unwrap_or_else(|| DEFAULT_PATH.into());
-    let loaded = if explicit.is_none() && !base.exists() { Ok((Config::default(), Vec::new())) } else { Config::load(&base) };
+    let loaded = if explicit.is_none() && !base.exists() {
+        Ok((Config::default(), Vec::new()))
+    } else {
+        Config::load(&base)
+    };
     let (mut cfg, files) = match loaded {
         Ok(x) => x,
         Err(e) => return fail(&format!("config error: {e}"), 2),
@@ -104,17 +111,45 @@ fn fail(msg: &str, code: u8) -> ExitCode {
 
 fn print_status(s: &ManagerState) {
     println!("GPU {}  (manager pid {})", s.gpu, s.manager_pid);
-    println!("  {:<20} {}", "control daemon", s.daemon_pid.map_or("not running".into(), |p| p.to_string()));
-    println!("  {:<20} {:?} ({} clients)", "servers", s.servers, s.clients);
-    println!("  {:<20} {}", "gpu health", s.gpu_health.as_deref().unwrap_or("unknown"));
-    println!("  {:<20} {:.1} % total, {:.1} % online (est.)", "sm activity", s.sm_activity_pct, s.online_estimate_pct);
-    println!("  {:<20} {}", "offline SM budget", s.offline_budget_pct.map_or("-".into(), |b| format!("{b:.1} %")));
+    println!(
+        "  {:<20} {}",
+        "control daemon",
+        s.daemon_pid.map_or("not running".into(), |p| p.to_string())
+    );
+    println!(
+        "  {:<20} {:?} ({} clients)",
+        "servers", s.servers, s.clients
+    );
+    println!(
+        "  {:<20} {}",
+        "gpu health",
+        s.gpu_health.as_deref().unwrap_or("unknown")
+    );
+    println!(
+        "  {:<20} {:.1} % total, {:.1} % online (est.)",
+        "sm activity", s.sm_activity_pct, s.online_estimate_pct
+    );
+    println!(
+        "  {:<20} {}",
+        "offline SM budget",
+        s.offline_budget_pct
+            .map_or("-".into(), |b| format!("{b:.1} %"))
+    );
     println!("  {:<20} {:?}", "faults", s.faults);
-    println!("  {:<20} {} ({} suppressed by rate limit)", "recoveries", s.recoveries.len(), s.suppressed_recoveries);
+    println!(
+        "  {:<20} {} ({} suppressed by rate limit)",
+        "recoveries",
+        s.recoveries.len(),
+        s.suppressed_recoveries
+    );
     for r in s.recoveries.iter().rev().take(5) {
         println!("    {:?}: {} (evicted {:?})", r.fault, r.outcome, r.evicted);
     }
-    println!("  {:<20} {}", "restart requested", s.restart_requested.len());
+    println!(
+        "  {:<20} {}",
+        "restart requested",
+        s.restart_requested.len()
+    );
     if let Some(e) = &s.last_error {
         println!("  {:<20} {e}", "last error");
     }
@@ -127,7 +162,8 @@ fn run(mut cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), Strin
     if let Some(d) = state_file.parent() {
         let _ = std::fs::create_dir_all(d);
     }
-    m.ensure_daemon().map_err(|e| format!("cannot start MPS: {e}"))?;
+    m.ensure_daemon()
+        .map_err(|e| format!("cannot start MPS: {e}"))?;
     let notifier = Notifier::from_env();
     notifier.notify("READY=1");
     tracing::info!(gpu = cfg.gpu_index, pipe_dir = %cfg.pipe_dir.display(), "mps-manager running");

@@ -82,10 +82,15 @@ pub fn control_for(cfg: &Config) -> MpsControl {
 
 impl Manager {
     pub fn new(cfg: Config) -> Result<Manager, String> {
-        let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index).map_err(|e| format!("ledger: {e}"))?;
+        let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index)
+            .map_err(|e| format!("ledger: {e}"))?;
         let ctl = control_for(&cfg);
         Ok(Manager {
-            state: ManagerState { gpu: cfg.gpu_index, manager_pid: std::process::id(), ..Default::default() },
+            state: ManagerState {
+                gpu: cfg.gpu_index,
+                manager_pid: std::process::id(),
+                ..Default::default()
+            },
             cfg,
             ctl,
             ledger,
@@ -113,7 +118,11 @@ impl Manager {
     }
 
     fn offline(&self) -> Vec<node_ledger::ProcSnapshot> {
-        self.ledger.procs().into_iter().filter(|p| p.start_time != 0).collect()
+        self.ledger
+            .procs()
+            .into_iter()
+            .filter(|p| p.start_time != 0)
+            .collect()
     }
 
     /// Recomputes the offline SM budget, applies it to offline MPS clients and the ledger.
@@ -130,11 +139,23 @@ impl Manager {
         self.state.sm_activity_pct = total;
         self.state.online_estimate_pct = online;
         let changed = self.alloc.update(&self.cfg.budget, online, safe);
-        let Some(pct) = self.alloc.applied() else { return };
+        let Some(pct) = self.alloc.applied() else {
+            return;
+        };
         self.state.offline_budget_pct = Some(pct);
-        self.ledger.layout().monitor.offline_sm_budget_permille.store((pct * 10.0).round() as u32, Release);
+        self.ledger
+            .layout()
+            .monitor
+            .offline_sm_budget_permille
+            .store((pct * 10.0).round() as u32, Release);
         if let Some(p) = changed {
-            tracing::info!(budget_pct = p, online_estimate_pct = online, sm_activity_pct = total, safe, "offline SM budget");
+            tracing::info!(
+                budget_pct = p,
+                online_estimate_pct = online,
+                sm_activity_pct = total,
+                safe,
+                "offline SM budget"
+            );
             self.applied_to.clear();
         }
         if !self.client_pct_supported {
@@ -165,7 +186,10 @@ impl Manager {
 
     /// Looks at MPS and the ledger; returns the faults seen.
     pub fn check(&mut self, now_ms: u64) -> Vec<Fault> {
-        let mut o = Observation { daemon_alive: self.ctl.daemon_pid().is_some(), ..Default::default() };
+        let mut o = Observation {
+            daemon_alive: self.ctl.daemon_pid().is_some(),
+            ..Default::default()
+        };
         if o.daemon_alive {
             match self.ctl.server_list() {
                 Ok(s) => {
@@ -187,12 +211,17 @@ impl Manager {
         let offline = self.offline();
         o.dead_offline = offline
             .iter()
-            .filter(|p| p.pid_ns == self.own_ns && !node_ledger::procinfo::is_alive(p.pid, p.start_time))
+            .filter(|p| {
+                p.pid_ns == self.own_ns && !node_ledger::procinfo::is_alive(p.pid, p.start_time)
+            })
             .map(|p| p.pid)
             .collect();
         o.offline_registered = offline.len();
         o.offline_launches = offline.iter().map(|p| p.launches).sum();
-        o.sm_activity_pct = self.ledger.read_monitor().map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
+        o.sm_activity_pct = self
+            .ledger
+            .read_monitor()
+            .map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
         o.xid = monitor_xid(&self.cfg.monitor_state_file);
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
@@ -223,7 +252,12 @@ impl Manager {
             Err(e) => format!("MPS reset failed: {e}"),
         };
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
-        self.state.recoveries.push(Recovery { at_unix_ms: unix_ms(), fault, evicted, outcome });
+        self.state.recoveries.push(Recovery {
+            at_unix_ms: unix_ms(),
+            fault,
+            evicted,
+            outcome,
+        });
         if self.state.recoveries.len() > 50 {
             self.state.recoveries.remove(0);
         }
@@ -240,7 +274,11 @@ impl Manager {
             if let Some(slot) = self.ledger.layout().procs.get(p.slot) {
                 slot.evict_signal.store(libc::SIGTERM as u32, Release);
             }
-            if p.pid_ns == self.own_ns && sig.signal(p.pid, p.start_time, libc::SIGTERM).unwrap_or(false) {
+            if p.pid_ns == self.own_ns
+                && sig
+                    .signal(p.pid, p.start_time, libc::SIGTERM)
+                    .unwrap_or(false)
+            {
                 out.push(p.pid);
             }
             self.state.restart_requested.push(RestartRequest {
@@ -251,12 +289,19 @@ impl Manager {
             });
         }
         let deadline = mono_ms() + self.cfg.evict_grace_ms;
-        while mono_ms() < deadline && offline.iter().any(|p| p.pid_ns == self.own_ns && sig.alive(p.pid, p.start_time)) {
+        while mono_ms() < deadline
+            && offline
+                .iter()
+                .any(|p| p.pid_ns == self.own_ns && sig.alive(p.pid, p.start_time))
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
         for p in offline.iter().filter(|p| p.pid_ns == self.own_ns) {
             if sig.alive(p.pid, p.start_time) {
-                tracing::warn!(pid = p.pid, "offline client ignored SIGTERM during recovery: SIGKILL");
+                tracing::warn!(
+                    pid = p.pid,
+                    "offline client ignored SIGTERM during recovery: SIGKILL"
+                );
                 let _ = sig.signal(p.pid, p.start_time, libc::SIGKILL);
             }
         }
@@ -317,7 +362,11 @@ impl Manager {
 
     /// Current budget published in the ledger (per-mille).
     pub fn published_budget_permille(&self) -> u32 {
-        self.ledger.layout().monitor.offline_sm_budget_permille.load(Acquire)
+        self.ledger
+            .layout()
+            .monitor
+            .offline_sm_budget_permille
+            .load(Acquire)
     }
 }
 

@@ -13,7 +13,9 @@ use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
 
+/// Not a test: the entry point of helper processes the tests spawn (`spawn_helper`).
 #[test]
+#[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
     common::helper_main();
 }
@@ -56,7 +58,10 @@ fn mstate(n: &EmuNode, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let end = Instant::now() + T;
     let mut last = Value::Null;
     while Instant::now() < end {
-        if let Some(v) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) {
+        if let Some(v) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        {
             if pred(&v) {
                 return v;
             }
@@ -87,7 +92,8 @@ fn online_and_offline(n: &mut EmuNode) -> (Load, usize) {
     let op = n.pid(off);
     wait_until("both clients on MPS", || {
         let s = dev.snapshot();
-        s.processes.iter().filter(|p| p.mps_client).count() >= 2 && s.processes.iter().any(|p| p.pid == op)
+        s.processes.iter().filter(|p| p.mps_client).count() >= 2
+            && s.processes.iter().any(|p| p.pid == op)
     });
     register(&ledger, op, 256 << 20);
     (load, off)
@@ -107,19 +113,34 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
     // SAFETY: signalling the emulated MPS server process by the pid the manager reports.
     unsafe { libc::kill(server, libc::SIGKILL) };
 
-    let v = mstate(&n, "recovery", |v| v["recoveries"].as_array().is_some_and(|r| !r.is_empty()));
+    let v = mstate(&n, "recovery", |v| {
+        v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
+    });
     assert!(v["faults"]["server_crash"].as_u64() >= Some(1), "{v:#}");
-    assert_eq!(v["recoveries"][0]["fault"]["server_crash"]["server"], server as u64);
+    assert_eq!(
+        v["recoveries"][0]["fault"]["server_crash"]["server"],
+        server as u64
+    );
     let sig = n.wait_exit(off, T).expect("offline client evicted");
     assert!(sig == Some(libc::SIGTERM) || sig == Some(libc::SIGKILL));
     assert!(
-        v["restart_requested"].as_array().unwrap().iter().any(|r| r["pid"] == n.pid(off) as u64),
+        v["restart_requested"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["pid"] == n.pid(off) as u64),
         "offline marked for restart"
     );
     let v = mstate(&n, "MPS running again", |v| v["daemon_pid"].is_u64());
-    assert_ne!(v["daemon_pid"].as_u64().unwrap(), daemon, "MPS was reset (new control daemon)");
+    assert_ne!(
+        v["daemon_pid"].as_u64().unwrap(),
+        daemon,
+        "MPS was reset (new control daemon)"
+    );
     let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after recovery", || load.kernels.load(Ordering::Relaxed) >= after + 20);
+    wait_until("online kernels after recovery", || {
+        load.kernels.load(Ordering::Relaxed) >= after + 20
+    });
     assert!(n.device().snapshot().mps.enabled);
 }
 
@@ -131,10 +152,18 @@ fn offline_killed_holding_its_context_hangs_mps_until_the_manager_resets_it() {
     let (load, off) = online_and_offline(&mut n);
     n.signal(off, libc::SIGKILL);
     let _ = n.wait_exit(off, T);
-    let v = mstate(&n, "recovery", |v| v["recoveries"].as_array().is_some_and(|r| !r.is_empty()));
-    assert_eq!(v["recoveries"][0]["fault"]["client_died"]["pid"], n.pid(off) as u64, "{v:#}");
+    let v = mstate(&n, "recovery", |v| {
+        v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
+    });
+    assert_eq!(
+        v["recoveries"][0]["fault"]["client_died"]["pid"],
+        n.pid(off) as u64,
+        "{v:#}"
+    );
     let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after the reset", || load.kernels.load(Ordering::Relaxed) >= after + 20);
+    wait_until("online kernels after the reset", || {
+        load.kernels.load(Ordering::Relaxed) >= after + 20
+    });
     assert!(!n.device().snapshot().mps.poisoned);
 }
 
@@ -147,10 +176,19 @@ fn hung_control_daemon_is_detected_by_timeout_and_replaced() {
     // SAFETY: freezing the emulated control daemon (it then never answers).
     unsafe { libc::kill(daemon, libc::SIGSTOP) };
     let v = mstate(&n, "hang recovery", |v| {
-        v["faults"]["daemon_hang"].as_u64() >= Some(1) && v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
+        v["faults"]["daemon_hang"].as_u64() >= Some(1)
+            && v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
     });
-    let v2 = mstate(&n, "new daemon", |v| v["daemon_pid"].as_u64().is_some_and(|p| p as i32 != daemon));
-    assert!(v["recoveries"][0]["outcome"].as_str().unwrap().contains("MPS reset"), "{v:#}");
+    let v2 = mstate(&n, "new daemon", |v| {
+        v["daemon_pid"].as_u64().is_some_and(|p| p as i32 != daemon)
+    });
+    assert!(
+        v["recoveries"][0]["outcome"]
+            .as_str()
+            .unwrap()
+            .contains("MPS reset"),
+        "{v:#}"
+    );
     // SAFETY: the frozen daemon was SIGKILLed by the recovery; make sure it is not left stopped.
     unsafe { libc::kill(daemon, libc::SIGKILL) };
     assert_ne!(v2["daemon_pid"].as_u64().unwrap() as i32, daemon);
@@ -168,29 +206,60 @@ fn offline_sm_budget_follows_online_activity() {
     );
     n.wait_state(T, "healthy", |v| v["state"] == "healthy");
     start_manager(&mut n);
-    let idle = mstate(&n, "idle budget", |v| v["offline_budget_pct"].as_f64() == Some(90.0));
+    let idle = mstate(&n, "idle budget", |v| {
+        v["offline_budget_pct"].as_f64() == Some(90.0)
+    });
     assert_eq!(idle["gpu_health"], "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    assert_eq!(ledger.read_monitor().unwrap().sample.offline_sm_budget_permille, 900);
+    assert_eq!(
+        ledger
+            .read_monitor()
+            .unwrap()
+            .sample
+            .offline_sm_budget_permille,
+        900
+    );
 
     let load = Load::start(&n.state, 0.6, 2.0);
-    let v = mstate(&n, "budget under online load", |v| v["offline_budget_pct"].as_f64().is_some_and(|b| b <= 40.0));
+    let v = mstate(&n, "budget under online load", |v| {
+        v["offline_budget_pct"].as_f64().is_some_and(|b| b <= 40.0)
+    });
     let b = v["offline_budget_pct"].as_f64().unwrap();
     let online = v["online_estimate_pct"].as_f64().unwrap();
-    assert!((b - (100.0 - online - 10.0).clamp(10.0, 90.0)).abs() <= 5.0, "budget {b} vs online {online}");
+    assert!(
+        (b - (100.0 - online - 10.0).clamp(10.0, 90.0)).abs() <= 5.0,
+        "budget {b} vs online {online}"
+    );
     // A new offline MPS client gets the budget as its active-thread percentage.
     let off = n.spawn_helper("gpu-mem", "64");
     let dev = n.device();
     let op = n.pid(off);
-    wait_until("offline client on MPS", || dev.snapshot().processes.iter().any(|p| p.pid == op && p.mps_client));
+    wait_until("offline client on MPS", || {
+        dev.snapshot()
+            .processes
+            .iter()
+            .any(|p| p.pid == op && p.mps_client)
+    });
     register(&ledger, op, 64 << 20);
     wait_until("offline client capped", || {
-        let pct = dev.snapshot().processes.iter().find(|p| p.pid == op).map_or(100, |p| p.active_thread_pct);
-        let budget = ledger.read_monitor().unwrap().sample.offline_sm_budget_permille / 10;
+        let pct = dev
+            .snapshot()
+            .processes
+            .iter()
+            .find(|p| p.pid == op)
+            .map_or(100, |p| p.active_thread_pct);
+        let budget = ledger
+            .read_monitor()
+            .unwrap()
+            .sample
+            .offline_sm_budget_permille
+            / 10;
         pct < 100 && pct.abs_diff(budget) <= 1
     });
     load.stop();
-    mstate(&n, "budget back up when online goes idle", |v| v["offline_budget_pct"].as_f64().is_some_and(|b| b >= 80.0));
+    mstate(&n, "budget back up when online goes idle", |v| {
+        v["offline_budget_pct"].as_f64().is_some_and(|b| b >= 80.0)
+    });
 }
 
 /// Control for the test above: with no manager, the same death leaves MPS poisoned and the
@@ -201,11 +270,17 @@ fn without_the_manager_a_killed_offline_client_stalls_online() {
     let (envs, pipe, log) = (n.envs(), n.path("pipe"), n.path("log"));
     let daemon = |arg: Option<&str>| {
         let mut c = Command::new(target_dir().join("emu-mps-control"));
-        c.envs(envs.clone()).env("CUDA_MPS_PIPE_DIRECTORY", &pipe).env("CUDA_MPS_LOG_DIRECTORY", &log);
+        c.envs(envs.clone())
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &log);
         match arg {
             Some(a) => assert!(c.arg(a).status().unwrap().success()),
             None => {
-                let mut ch = c.stdin(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+                let mut ch = c
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap();
                 use std::io::Write;
                 ch.stdin.take().unwrap().write_all(b"quit\n").unwrap();
                 ch.wait().unwrap();
@@ -221,7 +296,97 @@ fn without_the_manager_a_killed_offline_client_stalls_online() {
     std::thread::sleep(Duration::from_millis(100));
     let stalled = load.kernels.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(load.kernels.load(Ordering::Relaxed), stalled, "online made progress on a poisoned MPS");
+    assert_eq!(
+        load.kernels.load(Ordering::Relaxed),
+        stalled,
+        "online made progress on a poisoned MPS"
+    );
     daemon(None);
     drop(load);
+}
+
+#[test]
+fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
+    let mut n = EmuNode::new();
+    let klog = n.path("kern.log");
+    std::fs::write(&klog, "").unwrap();
+    n.start_monitor(
+        "mon.json",
+        &format!(
+            r#"{{"interval_ms": 10, "host_memory": {{"enabled": false}}, "xid_log": "{}",
+                "machine": {{"sm_activity": {{"healthy": 97, "unhealthy": 98, "overlimit": 99}},
+                             "gpu_util": {{"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false}},
+                             "sm_clock": {{"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}}}}"#,
+            klog.display()
+        ),
+    );
+    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
+    start_manager(&mut n);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = v["daemon_pid"].as_u64().unwrap();
+    let (load, off) = online_and_offline(&mut n);
+    use std::io::Write;
+    writeln!(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&klog)
+            .unwrap(),
+        "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=train"
+    )
+    .unwrap();
+    // The monitor's own eviction of the (signal-unaware) helper may be seen first as an unclean
+    // client death; the XID must still get its recovery.
+    let xid_recoveries = |v: &Value| {
+        v["recoveries"].as_array().map_or(0, |r| {
+            r.iter().filter(|x| x["fault"]["xid"]["code"] == 31).count()
+        })
+    };
+    mstate(&n, "xid recovery", |v| xid_recoveries(v) == 1);
+    assert!(n.wait_exit(off, T).is_some(), "offline client evicted");
+    let v = mstate(&n, "MPS running again", |v| {
+        v["daemon_pid"].as_u64().is_some_and(|p| p != daemon)
+    });
+    assert!(
+        v["recoveries"].as_array().unwrap().last().unwrap()["outcome"]
+            .as_str()
+            .unwrap()
+            .contains("MPS reset")
+    );
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until("online kernels after the reset", || {
+        load.kernels.load(Ordering::Relaxed) >= after + 20
+    });
+    let again = mstate(&n, "one recovery per XID episode", |v| {
+        let last = v["recoveries"]
+            .as_array()
+            .and_then(|r| r.last())
+            .and_then(|r| r["at_unix_ms"].as_u64());
+        v["updated_unix_ms"].as_u64() > last.map(|t| t + 500)
+    });
+    assert_eq!(xid_recoveries(&again), 1, "{again:#}");
+}
+
+#[test]
+fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
+    let mut n = EmuNode::new();
+    let m = start_manager(&mut n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let cfg = n.path("mps.json");
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, good.replace(r#""min_pct": 10"#, r#""min_pct": 95"#)).unwrap();
+    n.signal(m, libc::SIGHUP);
+    let v = mstate(&n, "reload error", |v| {
+        v["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("config reload"))
+    });
+    let e = v["last_error"].as_str().unwrap();
+    assert!(
+        e.contains("mps.json:") && e.contains("budget.min_pct"),
+        "{e}"
+    );
+    assert!(n.alive(m), "a broken reload never stops the manager");
+    std::fs::write(&cfg, &good).unwrap();
+    n.signal(m, libc::SIGHUP);
+    mstate(&n, "good reload", |v| v["last_error"].is_null());
 }

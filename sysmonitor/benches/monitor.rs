@@ -47,15 +47,24 @@ fn config(interval_ms: u64) -> String {
 fn cpu_use(interval_ms: u64, secs: f64) -> (f64, u64) {
     let mut n = EmuNode::new();
     let m = n.start_monitor("mon.json", &config(interval_ms));
-    n.wait_state(Duration::from_secs(20), "healthy", |v| v["state"] == "healthy");
+    n.wait_state(Duration::from_secs(20), "healthy", |v| {
+        v["state"] == "healthy"
+    });
     std::thread::sleep(Duration::from_millis(500));
     let pid = n.pid(m);
-    let before = n.wait_state(Duration::from_secs(5), "state", |_| true)["samples"].as_u64().unwrap_or(0);
+    let before = n.wait_state(Duration::from_secs(5), "state", |_| true)["samples"]
+        .as_u64()
+        .unwrap_or(0);
     let (c0, t0) = (cpu_secs(pid), Instant::now());
     std::thread::sleep(Duration::from_secs_f64(secs));
     let (c1, t1) = (cpu_secs(pid), Instant::now());
-    let after = n.wait_state(Duration::from_secs(5), "state", |_| true)["samples"].as_u64().unwrap_or(0);
-    ((c1 - c0) / (t1 - t0).as_secs_f64() * 100.0, after.saturating_sub(before))
+    let after = n.wait_state(Duration::from_secs(5), "state", |_| true)["samples"]
+        .as_u64()
+        .unwrap_or(0);
+    (
+        (c1 - c0) / (t1 - t0).as_secs_f64() * 100.0,
+        after.saturating_sub(before),
+    )
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -71,7 +80,11 @@ fn main() {
     }
     let args: Vec<String> = std::env::args().collect();
     let opt = |name: &str, d: f64| {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(d)
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
     };
     let secs = opt("--secs", 5.0);
     let rounds = opt("--rounds", 10.0) as usize;
@@ -80,7 +93,10 @@ fn main() {
     println!("-- CPU use of the monitor process over {secs} s --");
     let (base_cpu, _) = {
         // Baseline: the same measurement applied to an idle `sleep` process.
-        let mut c = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let mut c = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
         let (c0, t0) = (cpu_secs(c.id()), Instant::now());
         std::thread::sleep(Duration::from_secs_f64(secs.min(2.0)));
         let r = (cpu_secs(c.id()) - c0) / t0.elapsed().as_secs_f64() * 100.0;
@@ -91,11 +107,27 @@ fn main() {
     let (cpu10, n10) = cpu_use(10, secs);
     let (cpu1, n1) = cpu_use(1, secs);
     println!("  baseline idle process      {base_cpu:6.2} % of a core");
-    println!("  interval 10 ms             {cpu10:6.2} % of a core  ({n10} samples, {:.0}/s)", n10 as f64 / secs);
-    println!("  interval  1 ms             {cpu1:6.2} % of a core  ({n1} samples, {:.0}/s)", n1 as f64 / secs);
-    println!("  ratio 1 ms / 10 ms         {:6.2} x", cpu1 / cpu10.max(1e-9));
-    println!("  per sample                 {:6.1} us CPU at 10 ms, {:.1} us at 1 ms", cpu10 / 100.0 * secs / n10.max(1) as f64 * 1e6, cpu1 / 100.0 * secs / n1.max(1) as f64 * 1e6);
-    println!("  target <= 1 % at 10 ms:    {}", if cpu10 <= 1.0 { "met" } else { "NOT met" });
+    println!(
+        "  interval 10 ms             {cpu10:6.2} % of a core  ({n10} samples, {:.0}/s)",
+        n10 as f64 / secs
+    );
+    println!(
+        "  interval  1 ms             {cpu1:6.2} % of a core  ({n1} samples, {:.0}/s)",
+        n1 as f64 / secs
+    );
+    println!(
+        "  ratio 1 ms / 10 ms         {:6.2} x",
+        cpu1 / cpu10.max(1e-9)
+    );
+    println!(
+        "  per sample                 {:6.1} us CPU at 10 ms, {:.1} us at 1 ms",
+        cpu10 / 100.0 * secs / n10.max(1) as f64 * 1e6,
+        cpu1 / 100.0 * secs / n1.max(1) as f64 * 1e6
+    );
+    println!(
+        "  target <= 1 % at 10 ms:    {}",
+        if cpu10 <= 1.0 { "met" } else { "NOT met" }
+    );
 
     if rounds == 0 {
         return;
@@ -117,8 +149,18 @@ fn main() {
         // Exit observed here (polled every 5 ms) is the upper bound; the monitor's recorded
         // entry time is the decision time.
         let end = mono_ns();
-        let v = n.wait_state(t, "entry recorded", |v| v["overlimit_entries_mono_ms"].as_array().is_some_and(|a| a.len() > r));
-        let entry_ms = v["overlimit_entries_mono_ms"].as_array().unwrap().last().unwrap().as_u64().unwrap();
+        let v = n.wait_state(t, "entry recorded", |v| {
+            v["overlimit_entries_mono_ms"]
+                .as_array()
+                .is_some_and(|a| a.len() > r)
+        });
+        let entry_ms = v["overlimit_entries_mono_ms"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .as_u64()
+            .unwrap();
         from_decision.push((end / 1_000_000).saturating_sub(entry_ms) as f64);
         from_burst.push((end - burst) as f64 / 1e6);
         load.stop();
@@ -128,5 +170,9 @@ fn main() {
     let (d_avg, b_avg) = (avg(&from_decision), avg(&from_burst));
     println!("  Overlimit decision -> offline exited on SIGTERM: mean {d_avg:.1} ms, p50 {:.1} ms, max {:.1} ms (ms clock resolution)", percentile(&mut from_decision, 0.5), percentile(&mut from_decision, 1.0));
     println!("  online burst start -> offline exited on SIGTERM: mean {b_avg:.1} ms, p50 {:.1} ms, max {:.1} ms", percentile(&mut from_burst, 0.5), percentile(&mut from_burst, 1.0));
-    println!("  in sampling intervals (10 ms): decision->exit {:.2}, burst->exit {:.2}", d_avg / 10.0, b_avg / 10.0);
+    println!(
+        "  in sampling intervals (10 ms): decision->exit {:.2}, burst->exit {:.2}",
+        d_avg / 10.0,
+        b_avg / 10.0
+    );
 }

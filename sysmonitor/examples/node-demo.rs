@@ -35,7 +35,11 @@ struct Opts {
 }
 
 fn opts() -> Result<Opts, String> {
-    let mut o = Opts { windows: 16, burst_at: 5, scratch: std::env::temp_dir() };
+    let mut o = Opts {
+        windows: 16,
+        burst_at: 5,
+        scratch: std::env::temp_dir(),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut val = |n: &str| it.next().ok_or(format!("{n} needs a value"));
@@ -44,8 +48,16 @@ fn opts() -> Result<Opts, String> {
                 println!("{HELP}");
                 std::process::exit(0);
             }
-            "--windows" => o.windows = val("--windows")?.parse().map_err(|_| "--windows: not a number")?,
-            "--burst-at" => o.burst_at = val("--burst-at")?.parse().map_err(|_| "--burst-at: not a number")?,
+            "--windows" => {
+                o.windows = val("--windows")?
+                    .parse()
+                    .map_err(|_| "--windows: not a number")?
+            }
+            "--burst-at" => {
+                o.burst_at = val("--burst-at")?
+                    .parse()
+                    .map_err(|_| "--burst-at: not a number")?
+            }
             "--scratch" => o.scratch = val("--scratch")?.into(),
             other => return Err(format!("unknown argument {other} (see --help)")),
         }
@@ -78,7 +90,10 @@ impl Drop for Guard {
 }
 
 fn read_json(p: &Path) -> Value {
-    std::fs::read_to_string(p).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null)
+    std::fs::read_to_string(p)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
 }
 
 fn wait_for(what: &str, limit: Duration, f: impl Fn() -> bool) -> Result<(), String> {
@@ -130,9 +145,18 @@ fn main() -> std::process::ExitCode {
 fn run() -> Result<(), String> {
     let o = opts()?;
     let bins = bin_dir();
-    for f in ["sysmonitor", "mps-manager", "libxcuda.so", "online", "offline"] {
+    for f in [
+        "sysmonitor",
+        "mps-manager",
+        "libxcuda.so",
+        "online",
+        "offline",
+    ] {
         if !bins.join(f).exists() {
-            return Err(format!("{} is missing: build it first (see --help)", bins.join(f).display()));
+            return Err(format!(
+                "{} is missing: build it first (see --help)",
+                bins.join(f).display()
+            ));
         }
     }
     let host = Host::emulated(bins.clone(), "h100", &o.scratch)?;
@@ -168,7 +192,8 @@ fn run() -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let daemon = |name: &str, cfg: &Path| -> Result<Child, String> {
-        let log = std::fs::File::create(root.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
+        let log =
+            std::fs::File::create(root.join(format!("{name}.log"))).map_err(|e| e.to_string())?;
         Command::new(bins.join(name))
             .args(["run", "--config"])
             .arg(cfg)
@@ -182,32 +207,98 @@ fn run() -> Result<(), String> {
     let mon_state = run.join("gpu0/state.json");
     let mps_state = run.join("gpu0/mps-manager.json");
     guard.0.push(daemon("sysmonitor", &mon_cfg)?);
-    wait_for("sysmonitor Healthy", Duration::from_secs(30), || read_json(&mon_state)["state"] == "healthy")?;
+    wait_for("sysmonitor Healthy", Duration::from_secs(30), || {
+        read_json(&mon_state)["state"] == "healthy"
+    })?;
     guard.0.push(daemon("mps-manager", &mps_cfg)?);
-    wait_for("MPS up", Duration::from_secs(30), || read_json(&mps_state)["daemon_pid"].is_u64())?;
+    wait_for("MPS up", Duration::from_secs(30), || {
+        read_json(&mps_state)["daemon_pid"].is_u64()
+    })?;
 
     let online = |args: &[&str]| -> Result<Value, String> {
-        let out = host.command("online").arg("--json").args(args).stdin(Stdio::null()).output().map_err(|e| e.to_string())?;
+        let out = host
+            .command("online")
+            .arg("--json")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
         let text = String::from_utf8_lossy(&out.stdout);
-        serde_json::from_str(text.lines().last().unwrap_or(""))
-            .map_err(|_| format!("online client failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
+        serde_json::from_str(text.lines().last().unwrap_or("")).map_err(|_| {
+            format!(
+                "online client failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
     };
-    let steady = ["--rate", "100", "--duration", "1", "--kernels", "2", "--kernel-us", "500", "--arrivals", "fixed"];
-    let burst = ["--rate", "300", "--duration", "1", "--kernels", "4", "--kernel-us", "2000", "--blocks", "132"];
+    let steady = [
+        "--rate",
+        "100",
+        "--duration",
+        "1",
+        "--kernels",
+        "2",
+        "--kernel-us",
+        "500",
+        "--arrivals",
+        "fixed",
+    ];
+    let burst = [
+        "--rate",
+        "300",
+        "--duration",
+        "1",
+        "--kernels",
+        "4",
+        "--kernel-us",
+        "2000",
+        "--blocks",
+        "132",
+    ];
 
     println!("node-demo on {}: sysmonitor (10 ms sampling) + mps-manager + online + offline under libxcuda.so", host.label);
-    let alone = online(&["--rate", "100", "--duration", "3", "--kernels", "2", "--kernel-us", "500", "--arrivals", "fixed"])?;
+    let alone = online(&[
+        "--rate",
+        "100",
+        "--duration",
+        "3",
+        "--kernels",
+        "2",
+        "--kernel-us",
+        "500",
+        "--arrivals",
+        "fixed",
+    ])?;
     let p99_alone = alone["p99_ms"].as_f64().unwrap_or(f64::NAN);
-    println!("online alone: p50 {:.2} ms, p99 {:.2} ms\n", alone["p50_ms"].as_f64().unwrap_or(f64::NAN), p99_alone);
+    println!(
+        "online alone: p50 {:.2} ms, p99 {:.2} ms\n",
+        alone["p50_ms"].as_f64().unwrap_or(f64::NAN),
+        p99_alone
+    );
 
     // The shim's throttle (MuxFlow eq. 1-2 + PID) reads U_SM and the SM clock the monitor
     // publishes; the emulated H100 clock sags under load, so its clock threshold sits lower.
     let xcuda_cfg = root.join("xcuda.json");
-    std::fs::write(&xcuda_cfg, r#"{ "throttle": { "target_load": 0.85, "t_sm_mhz": 900.0 } }"#).map_err(|e| e.to_string())?;
+    std::fs::write(
+        &xcuda_cfg,
+        r#"{ "throttle": { "target_load": 0.85, "t_sm_mhz": 900.0 } }"#,
+    )
+    .map_err(|e| e.to_string())?;
     let start_offline = || -> Result<Offline, String> {
         let mut c = host
             .command("offline")
-            .args(["--json", "--blocks", "264", "--kernel-us", "20000", "--report-interval", "0.5", "--state-mb", "64"])
+            .args([
+                "--json",
+                "--blocks",
+                "264",
+                "--kernel-us",
+                "20000",
+                "--report-interval",
+                "0.5",
+                "--state-mb",
+                "64",
+            ])
             .env("LD_PRELOAD", bins.join("libxcuda.so"))
             .env("XSHARE_LEDGER_DIR", &run)
             .env("XCUDA_GROUP", "training-job-1")
@@ -226,7 +317,12 @@ fn run() -> Result<(), String> {
                 }
             }
         });
-        Ok(Offline { child: c, lines, last_rate: 0.0, iterations: 0 })
+        Ok(Offline {
+            child: c,
+            lines,
+            last_rate: 0.0,
+            iterations: 0,
+        })
     };
     let mut off = Some(start_offline()?);
     // Wait for the offline client's first progress line (start-up takes a while on a busy host).
@@ -238,10 +334,21 @@ fn run() -> Result<(), String> {
     {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (mut restarts, mut evicted_at, mut healthy_again_at, mut total_iters) = (0u32, None, None, 0u64);
+    let (mut restarts, mut evicted_at, mut healthy_again_at, mut total_iters) =
+        (0u32, None, None, 0u64);
     let (mut steady_p99, mut burst_p99) = (Vec::new(), 0.0f64);
     let t0 = Instant::now();
-    println!("{:>5}  {:<7} {:<10} {:>12} {:>10} {:>13} {:>11} {:>9}", "t (s)", "window", "GPU state", "online p99", "x alone", "offline it/s", "SM budget", "evicted");
+    println!(
+        "{:>5}  {:<7} {:<10} {:>12} {:>10} {:>13} {:>11} {:>9}",
+        "t (s)",
+        "window",
+        "GPU state",
+        "online p99",
+        "x alone",
+        "offline it/s",
+        "SM budget",
+        "evicted"
+    );
     for w in 0..o.windows {
         let is_burst = w == o.burst_at;
         let r = online(if is_burst { &burst } else { &steady })?;
@@ -271,7 +378,9 @@ fn run() -> Result<(), String> {
             restarts += 1;
             rate = "restarted".into();
         }
-        let ev: u64 = ms["evictions"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+        let ev: u64 = ms["evictions"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
         println!(
             "{:>5.1}  {:<7} {:<10} {:>9.2} ms {:>9.1}x {:>13} {:>10} {:>9}",
             t0.elapsed().as_secs_f64(),
@@ -280,7 +389,9 @@ fn run() -> Result<(), String> {
             p99,
             p99 / p99_alone,
             rate,
-            mm["offline_budget_pct"].as_f64().map_or("-".into(), |b| format!("{b:.0} %")),
+            mm["offline_budget_pct"]
+                .as_f64()
+                .map_or("-".into(), |b| format!("{b:.0} %")),
             ev
         );
     }
@@ -294,20 +405,59 @@ fn run() -> Result<(), String> {
     }
     let ms = read_json(&mon_state);
     steady_p99.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let median = steady_p99.get(steady_p99.len() / 2).copied().unwrap_or(f64::NAN);
+    let median = steady_p99
+        .get(steady_p99.len() / 2)
+        .copied()
+        .unwrap_or(f64::NAN);
     println!("\nsummary");
     println!("  online p99 alone                    {p99_alone:.2} ms");
-    println!("  online p99 beside offline (median)  {median:.2} ms ({:.2}x alone)", median / p99_alone);
+    println!(
+        "  online p99 beside offline (median)  {median:.2} ms ({:.2}x alone)",
+        median / p99_alone
+    );
     println!("  online p99 in the burst window      {burst_p99:.2} ms");
     println!("  evictions by reason                 {}", ms["evictions"]);
-    println!("  SIGTERM after Overlimit decision    {} sampling interval(s)", ms["overlimit_eviction_lag_samples"]);
+    println!(
+        "  SIGTERM after Overlimit decision    {} sampling interval(s)",
+        ms["overlimit_eviction_lag_samples"]
+    );
     match (evicted_at, healthy_again_at) {
-        (Some(a), Some(b)) => println!("  offline evicted at {a:.1} s, GPU admitted offline again at {b:.1} s (hold {} ms)", ms["hold_ms"]),
-        (Some(a), None) => println!("  offline evicted at {a:.1} s; GPU not yet Healthy again (hold {} ms)", ms["hold_ms"]),
+        (Some(a), Some(b)) => println!(
+            "  offline evicted at {a:.1} s, GPU admitted offline again at {b:.1} s (hold {} ms)",
+            ms["hold_ms"]
+        ),
+        (Some(a), None) => println!(
+            "  offline evicted at {a:.1} s; GPU not yet Healthy again (hold {} ms)",
+            ms["hold_ms"]
+        ),
         _ => println!("  no eviction happened"),
     }
     println!("  offline iterations completed        {total_iters} ({restarts} restart(s) after eviction)");
-    println!("  logs: {}/sysmonitor.log, {}/mps-manager.log", root.display(), root.display());
     drop(guard);
+    println!("\nsysmonitor log (transitions and evictions):");
+    let log = std::fs::read_to_string(root.join("sysmonitor.log")).unwrap_or_default();
+    for l in log
+        .lines()
+        .filter(|l| l.contains("health transition") || l.contains("evicting"))
+        .take(8)
+    {
+        // Drop ANSI colour codes and the timestamp for a compact view.
+        let mut clean = String::new();
+        let mut esc = false;
+        for ch in l.chars() {
+            match (esc, ch) {
+                (false, '\u{1b}') => esc = true,
+                (true, 'm') => esc = false,
+                (true, _) => {}
+                (false, c) => clean.push(c),
+            }
+        }
+        println!(
+            "  {}",
+            clean
+                .split_once(' ')
+                .map_or(clean.as_str(), |(_, r)| r.trim())
+        );
+    }
     Ok(())
 }

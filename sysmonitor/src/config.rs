@@ -49,6 +49,12 @@ pub struct Config {
     /// XID codes that disable the device.
     #[serde(default = "d_xids")]
     pub xid_critical: Vec<u64>,
+    /// Also read XIDs from this kernel log (`/dev/kmsg`, a syslog file) besides NVML events.
+    #[serde(default)]
+    pub xid_log: Option<PathBuf>,
+    /// Only log lines containing this text count (e.g. `PCI:0000:3b:00` for this GPU).
+    #[serde(default)]
+    pub xid_log_match: Option<String>,
 }
 
 /// Host memory pressure: evict offline work when memory runs short or reclaim stays busy.
@@ -96,7 +102,11 @@ pub struct EvictorConfig {
 
 impl Default for EvictorConfig {
     fn default() -> Self {
-        EvictorConfig { grace_ms: 10_000, command: None, dry_run: false }
+        EvictorConfig {
+            grace_ms: 10_000,
+            command: None,
+            dry_run: false,
+        }
     }
 }
 
@@ -115,7 +125,12 @@ pub struct VerifyConfig {
 
 impl Default for VerifyConfig {
     fn default() -> Self {
-        VerifyConfig { enabled: true, tolerance_mib: 64, strikes: 3, every_ms: 200 }
+        VerifyConfig {
+            enabled: true,
+            tolerance_mib: 64,
+            strikes: 3,
+            every_ms: 200,
+        }
     }
 }
 
@@ -151,17 +166,28 @@ impl Config {
         if self.history_secs == 0 {
             return Err(("history_secs".into(), "must be >= 1".into()));
         }
-        self.machine.validate().map_err(|(f, m)| (format!("machine.{f}"), m))?;
+        self.machine
+            .validate()
+            .map_err(|(f, m)| (format!("machine.{f}"), m))?;
         let h = &self.host_memory;
         if !(0.0..=100.0).contains(&h.min_available_pct) {
-            return Err(("host_memory.min_available_pct".into(), "must be within 0..=100".into()));
+            return Err((
+                "host_memory.min_available_pct".into(),
+                "must be within 0..=100".into(),
+            ));
         }
         if !(0.0..=100.0).contains(&h.psi_some_avg10_pct) {
-            return Err(("host_memory.psi_some_avg10_pct".into(), "must be within 0..=100".into()));
+            return Err((
+                "host_memory.psi_some_avg10_pct".into(),
+                "must be within 0..=100".into(),
+            ));
         }
         if let Some(c) = &self.evictor.command {
             if c.is_empty() {
-                return Err(("evictor.command".into(), "must name a program (or be null for signals)".into()));
+                return Err((
+                    "evictor.command".into(),
+                    "must name a program (or be null for signals)".into(),
+                ));
             }
         }
         if self.verify.strikes == 0 {
@@ -169,7 +195,10 @@ impl Config {
         }
         if let Some(l) = &self.metrics_listen {
             if !l.starts_with("unix:") && l.parse::<std::net::SocketAddr>().is_err() {
-                return Err(("metrics_listen".into(), format!("`{l}` is neither host:port nor unix:/path")));
+                return Err((
+                    "metrics_listen".into(),
+                    format!("`{l}` is neither host:port nor unix:/path"),
+                ));
             }
         }
         Ok(())
@@ -185,7 +214,9 @@ impl Config {
 
     /// Applies `$XSHARE_LEDGER_DIR`, a `--gpu` override, and fills derived paths.
     pub fn finalize(&mut self, gpu: Option<u32>) {
-        if let Some(d) = std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty()) {
+        if let Some(d) =
+            std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty())
+        {
             self.ledger_dir = d.into();
         }
         if let Some(g) = gpu {
@@ -236,7 +267,10 @@ mod tests {
 
     #[test]
     fn bad_metrics_listen_is_rejected() {
-        let c = Config { metrics_listen: Some("nonsense".into()), ..Config::default() };
+        let c = Config {
+            metrics_listen: Some("nonsense".into()),
+            ..Config::default()
+        };
         assert_eq!(c.validate().unwrap_err().0, "metrics_listen");
     }
 }

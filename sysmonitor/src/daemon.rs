@@ -56,7 +56,11 @@ pub struct RetryingNvml {
 
 impl RetryingNvml {
     pub fn new(index: u32) -> Self {
-        RetryingNvml { index, inner: None, next_try_ms: 0 }
+        RetryingNvml {
+            index,
+            inner: None,
+            next_try_ms: 0,
+        }
     }
 }
 
@@ -103,20 +107,24 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
     if let Some(path) = listen.strip_prefix("unix:") {
         let _ = std::fs::remove_file(path);
         let l = std::os::unix::net::UnixListener::bind(path)?;
-        std::thread::Builder::new().name("metrics".into()).spawn(move || {
-            for s in l.incoming().flatten() {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                serve(s, &text);
-            }
-        })?;
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                for s in l.incoming().flatten() {
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                    serve(s, &text);
+                }
+            })?;
     } else {
         let l = std::net::TcpListener::bind(listen)?;
-        std::thread::Builder::new().name("metrics".into()).spawn(move || {
-            for s in l.incoming().flatten() {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                serve(s, &text);
-            }
-        })?;
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                for s in l.incoming().flatten() {
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                    serve(s, &text);
+                }
+            })?;
     }
     Ok(())
 }
@@ -125,7 +133,10 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
 fn resume_history(cfg: &Config) -> Vec<u64> {
     match report::read_state_file(&cfg.state_file) {
         Ok(s) if s.boot_id == boot_id() && s.gpu == cfg.gpu_index => {
-            tracing::info!(entries = s.overlimit_entries_mono_ms.len(), "resumed Overlimit history from the state file");
+            tracing::info!(
+                entries = s.overlimit_entries_mono_ms.len(),
+                "resumed Overlimit history from the state file"
+            );
             s.overlimit_entries_mono_ms
         }
         _ => Vec::new(),
@@ -136,13 +147,20 @@ fn resume_history(cfg: &Config) -> Vec<u64> {
 pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), String> {
     install_signal_handlers();
     let lpath = cfg.ledger_path();
-    let ledger = node_ledger::Ledger::open_or_create(&lpath, cfg.gpu_index).map_err(|e| format!("ledger: {e}"))?;
+    let ledger = node_ledger::Ledger::open_or_create(&lpath, cfg.gpu_index)
+        .map_err(|e| format!("ledger: {e}"))?;
     if let Some(dir) = cfg.state_file.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
     let history = resume_history(&cfg);
     let gpu = RetryingNvml::new(cfg.gpu_index);
-    let mut mon = Monitor::new(cfg.clone(), gpu, LedgerAdapter::new(ledger), PidfdSignaller, history);
+    let mut mon = Monitor::new(
+        cfg.clone(),
+        gpu,
+        LedgerAdapter::new(ledger),
+        PidfdSignaller,
+        history,
+    );
     let metrics_text = Arc::new(Mutex::new(String::new()));
     if let Some(l) = &cfg.metrics_listen {
         spawn_metrics(l, metrics_text.clone()).map_err(|e| format!("metrics_listen `{l}`: {e}"))?;
@@ -167,14 +185,20 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
         if take_reload() {
             match Config::load(base) {
                 Ok((new, f)) => {
-                    if new.gpu_index != cfg.gpu_index || new.ledger_dir != cfg.ledger_dir || new.state_file != cfg.state_file {
-                        tracing::warn!("gpu_index, ledger_dir and state_file changes need a restart; keeping the old ones");
+                    if new.gpu_index != cfg.gpu_index
+                        || new.ledger_dir != cfg.ledger_dir
+                        || new.state_file != cfg.state_file
+                        || new.xid_log != cfg.xid_log
+                    {
+                        tracing::warn!("gpu_index, ledger_dir, state_file and xid_log changes need a restart; keeping the old ones");
                     }
                     let mut applied = new;
                     applied.gpu_index = cfg.gpu_index;
                     applied.ledger_dir = cfg.ledger_dir.clone();
                     applied.state_file = cfg.state_file.clone();
                     applied.metrics_listen = cfg.metrics_listen.clone();
+                    applied.xid_log = cfg.xid_log.clone();
+                    applied.xid_log_match = cfg.xid_log_match.clone();
                     cfg = applied;
                     mon.cfg = cfg.clone();
                     files = f;
@@ -194,7 +218,14 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
             let disabled_now = operator_file(&cfg).exists();
             if disabled_now != operator_disabled {
                 operator_disabled = disabled_now;
-                mon.input(now, if disabled_now { Input::OperatorDisable } else { Input::OperatorEnable });
+                mon.input(
+                    now,
+                    if disabled_now {
+                        Input::OperatorDisable
+                    } else {
+                        Input::OperatorEnable
+                    },
+                );
             }
             mon.refresh_offline();
             let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
@@ -211,7 +242,11 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
                 ready = true;
                 notifier.notify("READY=1");
             }
-            notifier.notify(&format!("STATUS=GPU {} {}\nWATCHDOG=1", cfg.gpu_index, snap.state.as_str()));
+            notifier.notify(&format!(
+                "STATUS=GPU {} {}\nWATCHDOG=1",
+                cfg.gpu_index,
+                snap.state.as_str()
+            ));
         }
         next += cfg.interval_ms;
         let after = mono_ms();
@@ -224,7 +259,10 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
     }
     notifier.notify("STOPPING=1");
     let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-    let _ = report::write_state_file(&cfg.state_file, &mon.snapshot(mono_ms(), &names, config_error, reloads));
+    let _ = report::write_state_file(
+        &cfg.state_file,
+        &mon.snapshot(mono_ms(), &names, config_error, reloads),
+    );
     tracing::info!("sysmonitor stopped");
     Ok(())
 }

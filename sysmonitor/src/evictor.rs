@@ -33,17 +33,36 @@ impl Signaller for PidfdSignaller {
             }
             // SAFETY: plain kill(2) on a pid we just verified.
             let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
-            return if r == 0 { Ok(true) } else { Err(format!("kill({pid}, {sig}): {}", std::io::Error::last_os_error())) };
+            return if r == 0 {
+                Ok(true)
+            } else {
+                Err(format!(
+                    "kill({pid}, {sig}): {}",
+                    std::io::Error::last_os_error()
+                ))
+            };
         }
         // The fd pins the process: once open, the start time check cannot race with reuse.
         let res = if procinfo::same_process(pid, start) {
             // SAFETY: fd is the pidfd opened above; null siginfo and zero flags as documented.
-            let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd, sig, std::ptr::null::<libc::siginfo_t>(), 0) };
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd,
+                    sig,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
             if r == 0 {
                 Ok(true)
             } else {
                 let err = std::io::Error::last_os_error();
-                if err.raw_os_error() == Some(libc::ESRCH) { Ok(false) } else { Err(format!("pidfd_send_signal({pid}, {sig}): {err}")) }
+                if err.raw_os_error() == Some(libc::ESRCH) {
+                    Ok(false)
+                } else {
+                    Err(format!("pidfd_send_signal({pid}, {sig}): {err}"))
+                }
             }
         } else {
             Ok(false)
@@ -69,12 +88,25 @@ struct Pending {
 /// One eviction event, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    Term { pid: u32, reason: EvictReason },
-    Command { pid: u32, reason: EvictReason },
-    Kill { pid: u32, reason: EvictReason },
+    Term {
+        pid: u32,
+        reason: EvictReason,
+    },
+    Command {
+        pid: u32,
+        reason: EvictReason,
+    },
+    Kill {
+        pid: u32,
+        reason: EvictReason,
+    },
     /// A request found in the ledger from an earlier monitor run was resumed, not repeated.
-    Resumed { pid: u32 },
-    Gone { pid: u32 },
+    Resumed {
+        pid: u32,
+    },
+    Gone {
+        pid: u32,
+    },
 }
 
 /// Tracks evictions in flight and counts them by reason.
@@ -89,7 +121,14 @@ pub struct Evictor<S: Signaller> {
 
 impl<S: Signaller> Evictor<S> {
     pub fn new(sig: S, gpu: u32) -> Self {
-        Evictor { sig, pending: HashMap::new(), counts: BTreeMap::new(), kills: 0, commands: Vec::new(), gpu }
+        Evictor {
+            sig,
+            pending: HashMap::new(),
+            counts: BTreeMap::new(),
+            kills: 0,
+            commands: Vec::new(),
+            gpu,
+        }
     }
 
     /// Evictions started, by reason.
@@ -123,7 +162,12 @@ impl<S: Signaller> Evictor<S> {
                 }
                 self.pending.insert(
                     p.key(),
-                    Pending { proc_: *p, reason: EvictReason::Overlimit, kill_at_ms: t + cfg.grace_ms, killed: false },
+                    Pending {
+                        proc_: *p,
+                        reason: EvictReason::Overlimit,
+                        kill_at_ms: t + cfg.grace_ms,
+                        killed: false,
+                    },
                 );
                 out.push(Event::Resumed { pid: p.pid });
             }
@@ -131,35 +175,72 @@ impl<S: Signaller> Evictor<S> {
     }
 
     /// Starts evicting `p` unless an eviction is already in flight. Returns true if started.
-    pub fn evict(&mut self, cfg: &EvictorConfig, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str, out: &mut Vec<Event>) -> bool {
+    pub fn evict(
+        &mut self,
+        cfg: &EvictorConfig,
+        now_ms: u64,
+        p: &OfflineProc,
+        reason: EvictReason,
+        why: &str,
+        out: &mut Vec<Event>,
+    ) -> bool {
         if self.pending.contains_key(&p.key()) || p.evict_requested_ms.is_some() {
             return false;
         }
         if p.pid <= 1 || p.pid == std::process::id() {
-            tracing::error!(pid = p.pid, "refusing to evict a system or own pid found in the ledger");
+            tracing::error!(
+                pid = p.pid,
+                "refusing to evict a system or own pid found in the ledger"
+            );
             return false;
         }
         *self.counts.entry(reason).or_default() += 1;
-        self.pending.insert(p.key(), Pending { proc_: *p, reason, kill_at_ms: now_ms + cfg.grace_ms, killed: false });
+        self.pending.insert(
+            p.key(),
+            Pending {
+                proc_: *p,
+                reason,
+                kill_at_ms: now_ms + cfg.grace_ms,
+                killed: false,
+            },
+        );
         if cfg.dry_run {
-            tracing::warn!(pid = p.pid, reason = reason.as_str(), why, "dry run: would evict");
+            tracing::warn!(
+                pid = p.pid,
+                reason = reason.as_str(),
+                why,
+                "dry run: would evict"
+            );
             return true;
         }
         match &cfg.command {
             Some(argv) => {
                 let sub = |a: &String| {
-                    a.replace("{pid}", &p.pid.to_string()).replace("{reason}", reason.as_str()).replace("{gpu}", &self.gpu.to_string())
+                    a.replace("{pid}", &p.pid.to_string())
+                        .replace("{reason}", reason.as_str())
+                        .replace("{gpu}", &self.gpu.to_string())
                 };
                 let args: Vec<String> = argv.iter().map(sub).collect();
-                match Command::new(&args[0]).args(&args[1..]).stdin(Stdio::null()).spawn() {
+                match Command::new(&args[0])
+                    .args(&args[1..])
+                    .stdin(Stdio::null())
+                    .spawn()
+                {
                     Ok(c) => self.commands.push(c),
-                    Err(err) => tracing::error!(pid = p.pid, command = %args[0], error = %err, "eviction command failed to start; SIGKILL follows after grace"),
+                    Err(err) => {
+                        tracing::error!(pid = p.pid, command = %args[0], error = %err, "eviction command failed to start; SIGKILL follows after grace")
+                    }
                 }
                 tracing::warn!(pid = p.pid, start_time = p.start_time, reason = reason.as_str(), why, command = ?args, "evicting offline process (command)");
                 out.push(Event::Command { pid: p.pid, reason });
             }
             None if !p.signalable => {
-                tracing::warn!(pid = p.pid, reason = reason.as_str(), why, "evicting offline process from another pid namespace (ledger request only)");
+                tracing::warn!(
+                    pid = p.pid,
+                    reason = reason.as_str(),
+                    why,
+                    "evicting offline process from another pid namespace (ledger request only)"
+                );
                 out.push(Event::Term { pid: p.pid, reason });
             }
             None => {
@@ -168,7 +249,14 @@ impl<S: Signaller> Evictor<S> {
                     Ok(false) => tracing::info!(pid = p.pid, "offline process already gone"),
                     Err(err) => tracing::error!(pid = p.pid, error = %err, "SIGTERM failed"),
                 }
-                tracing::warn!(pid = p.pid, start_time = p.start_time, reason = reason.as_str(), why, grace_ms = cfg.grace_ms, "evicting offline process (SIGTERM)");
+                tracing::warn!(
+                    pid = p.pid,
+                    start_time = p.start_time,
+                    reason = reason.as_str(),
+                    why,
+                    grace_ms = cfg.grace_ms,
+                    "evicting offline process (SIGTERM)"
+                );
                 out.push(Event::Term { pid: p.pid, reason });
             }
         }
@@ -177,7 +265,8 @@ impl<S: Signaller> Evictor<S> {
 
     /// Escalates to SIGKILL past the grace period and forgets processes that are gone.
     pub fn tick(&mut self, cfg: &EvictorConfig, now_ms: u64, out: &mut Vec<Event>) {
-        self.commands.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        self.commands
+            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
         let mut gone = Vec::new();
         for (k, p) in self.pending.iter_mut() {
             if !p.proc_.signalable {
@@ -189,11 +278,22 @@ impl<S: Signaller> Evictor<S> {
             }
             if !p.killed && now_ms >= p.kill_at_ms && !cfg.dry_run {
                 p.killed = true;
-                match self.sig.signal(p.proc_.pid, p.proc_.start_time, libc::SIGKILL) {
+                match self
+                    .sig
+                    .signal(p.proc_.pid, p.proc_.start_time, libc::SIGKILL)
+                {
                     Ok(true) => {
                         self.kills += 1;
-                        tracing::warn!(pid = p.proc_.pid, reason = p.reason.as_str(), grace_ms = cfg.grace_ms, "grace period over: SIGKILL");
-                        out.push(Event::Kill { pid: p.proc_.pid, reason: p.reason });
+                        tracing::warn!(
+                            pid = p.proc_.pid,
+                            reason = p.reason.as_str(),
+                            grace_ms = cfg.grace_ms,
+                            "grace period over: SIGKILL"
+                        );
+                        out.push(Event::Kill {
+                            pid: p.proc_.pid,
+                            reason: p.reason,
+                        });
                     }
                     Ok(false) => {}
                     Err(err) => tracing::error!(pid = p.proc_.pid, error = %err, "SIGKILL failed"),
@@ -227,11 +327,21 @@ mod tests {
     }
 
     fn p(pid: u32) -> OfflineProc {
-        OfflineProc { slot: 0, signalable: true, pid, start_time: 100 + pid as u64, reported_bytes: 0, evict_requested_ms: None }
+        OfflineProc {
+            slot: 0,
+            signalable: true,
+            pid,
+            start_time: 100 + pid as u64,
+            reported_bytes: 0,
+            evict_requested_ms: None,
+        }
     }
 
     fn cfg() -> EvictorConfig {
-        EvictorConfig { grace_ms: 50, ..Default::default() }
+        EvictorConfig {
+            grace_ms: 50,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -239,7 +349,10 @@ mod tests {
         let mut ev = Evictor::new(Rec::default(), 0);
         let mut out = vec![];
         assert!(ev.evict(&cfg(), 0, &p(10), EvictReason::Overlimit, "x", &mut out));
-        assert!(!ev.evict(&cfg(), 1, &p(10), EvictReason::Overlimit, "x", &mut out), "second request is a no-op");
+        assert!(
+            !ev.evict(&cfg(), 1, &p(10), EvictReason::Overlimit, "x", &mut out),
+            "second request is a no-op"
+        );
         ev.tick(&cfg(), 49, &mut out);
         assert_eq!(ev.sig.sent, vec![(10, libc::SIGTERM)]);
         ev.tick(&cfg(), 50, &mut out);
@@ -267,7 +380,10 @@ mod tests {
     fn requests_from_an_earlier_run_are_resumed_not_repeated() {
         let mut ev = Evictor::new(Rec::default(), 0);
         let mut out = vec![];
-        let old = OfflineProc { evict_requested_ms: Some(1000), ..p(12) };
+        let old = OfflineProc {
+            evict_requested_ms: Some(1000),
+            ..p(12)
+        };
         ev.adopt(&cfg(), &[old, p(13)], &mut out);
         assert_eq!(out, vec![Event::Resumed { pid: 12 }]);
         assert!(!ev.evict(&cfg(), 1010, &old, EvictReason::Overlimit, "x", &mut out));
@@ -275,12 +391,18 @@ mod tests {
         assert!(ev.sig.sent.is_empty(), "no SIGTERM twice, no early SIGKILL");
         ev.tick(&cfg(), 1050, &mut out);
         assert_eq!(ev.sig.sent, vec![(12, libc::SIGKILL)]);
-        assert!(ev.counts().is_empty(), "a resumed eviction is not counted again");
+        assert!(
+            ev.counts().is_empty(),
+            "a resumed eviction is not counted again"
+        );
     }
 
     #[test]
     fn dry_run_signals_nothing() {
-        let c = EvictorConfig { dry_run: true, ..cfg() };
+        let c = EvictorConfig {
+            dry_run: true,
+            ..cfg()
+        };
         let mut ev = Evictor::new(Rec::default(), 0);
         let mut out = vec![];
         ev.evict(&c, 0, &p(14), EvictReason::Overlimit, "x", &mut out);
@@ -293,7 +415,14 @@ mod tests {
         let mut ev = Evictor::new(Rec::default(), 0);
         let mut out = vec![];
         assert!(!ev.evict(&cfg(), 0, &p(1), EvictReason::Overlimit, "x", &mut out));
-        assert!(!ev.evict(&cfg(), 0, &p(std::process::id()), EvictReason::Overlimit, "x", &mut out));
+        assert!(!ev.evict(
+            &cfg(),
+            0,
+            &p(std::process::id()),
+            EvictReason::Overlimit,
+            "x",
+            &mut out
+        ));
         assert!(ev.sig.sent.is_empty());
     }
 
@@ -303,7 +432,11 @@ mod tests {
         let pid = child.id();
         let st = procinfo::start_time(pid).unwrap();
         let mut s = PidfdSignaller;
-        assert_eq!(s.signal(pid, st + 1, libc::SIGTERM), Ok(false), "wrong start time: not the same process");
+        assert_eq!(
+            s.signal(pid, st + 1, libc::SIGTERM),
+            Ok(false),
+            "wrong start time: not the same process"
+        );
         assert!(s.alive(pid, st));
         assert_eq!(s.signal(pid, st, libc::SIGTERM), Ok(true));
         let status = child.wait().unwrap();
@@ -316,7 +449,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let marker = d.path().join("m");
         let c = EvictorConfig {
-            command: Some(vec!["sh".into(), "-c".into(), format!("echo {{pid}} {{reason}} {{gpu}} > {}", marker.display())]),
+            command: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                format!("echo {{pid}} {{reason}} {{gpu}} > {}", marker.display()),
+            ]),
             ..cfg()
         };
         let mut ev = Evictor::new(Rec::default(), 3);
@@ -328,7 +465,10 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "15 under_report 3\n");
+        assert_eq!(
+            std::fs::read_to_string(&marker).unwrap(),
+            "15 under_report 3\n"
+        );
         assert!(ev.sig.sent.is_empty());
     }
 }

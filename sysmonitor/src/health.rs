@@ -46,8 +46,12 @@ pub enum MetricKind {
 }
 
 impl MetricKind {
-    pub const ALL: [MetricKind; 4] =
-        [MetricKind::GpuUtil, MetricKind::SmActivity, MetricKind::SmClock, MetricKind::MemUsed];
+    pub const ALL: [MetricKind; 4] = [
+        MetricKind::GpuUtil,
+        MetricKind::SmActivity,
+        MetricKind::SmClock,
+        MetricKind::MemUsed,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -132,7 +136,8 @@ impl Threshold {
             Direction::Above => self.healthy < self.unhealthy && self.unhealthy < self.overlimit,
             Direction::Below => self.healthy > self.unhealthy && self.unhealthy > self.overlimit,
         };
-        let finite = self.healthy.is_finite() && self.unhealthy.is_finite() && self.overlimit.is_finite();
+        let finite =
+            self.healthy.is_finite() && self.unhealthy.is_finite() && self.overlimit.is_finite();
         if !finite {
             return Err("thresholds must be finite numbers".into());
         }
@@ -229,16 +234,24 @@ impl MachineConfig {
     /// Returns `(field, message)` for the first invalid setting.
     pub fn validate(&self) -> Result<(), (String, String)> {
         for k in MetricKind::ALL {
-            self.threshold(k).validate().map_err(|m| (k.as_str().to_string(), m))?;
+            self.threshold(k)
+                .validate()
+                .map_err(|m| (k.as_str().to_string(), m))?;
         }
         if self.hold_base_ms == 0 {
             return Err(("hold_base_ms".into(), "must be > 0".into()));
         }
         if self.hold_max_ms < self.hold_base_ms {
-            return Err(("hold_max_ms".into(), format!("must be >= hold_base_ms ({})", self.hold_base_ms)));
+            return Err((
+                "hold_max_ms".into(),
+                format!("must be >= hold_base_ms ({})", self.hold_base_ms),
+            ));
         }
         if !(self.hold_factor >= 1.0 && self.hold_factor.is_finite()) {
-            return Err(("hold_factor".into(), format!("must be a finite number >= 1, got {}", self.hold_factor)));
+            return Err((
+                "hold_factor".into(),
+                format!("must be a finite number >= 1, got {}", self.hold_factor),
+            ));
         }
         if self.overlimit_window_ms == 0 {
             return Err(("overlimit_window_ms".into(), "must be > 0".into()));
@@ -263,11 +276,23 @@ impl MachineConfig {
 
 impl Default for MachineConfig {
     fn default() -> Self {
-        let above = |h, u, o| Threshold { healthy: h, unhealthy: u, overlimit: o, direction: Direction::Above, enabled: true };
+        let above = |h, u, o| Threshold {
+            healthy: h,
+            unhealthy: u,
+            overlimit: o,
+            direction: Direction::Above,
+            enabled: true,
+        };
         MachineConfig {
             gpu_util: above(80.0, 90.0, 98.0),
             sm_activity: above(70.0, 85.0, 95.0),
-            sm_clock: Threshold { healthy: 85.0, unhealthy: 75.0, overlimit: 60.0, direction: Direction::Below, enabled: true },
+            sm_clock: Threshold {
+                healthy: 85.0,
+                unhealthy: 75.0,
+                overlimit: 60.0,
+                direction: Direction::Below,
+                enabled: true,
+            },
             mem_used: above(80.0, 90.0, 95.0),
             hold_base_ms: 30_000,
             hold_factor: 2.0,
@@ -385,7 +410,9 @@ impl Machine {
     /// Time left in the current Overlimit hold, if the metrics are calm and the hold is running.
     pub fn hold_remaining_ms(&self, now_ms: u64) -> Option<u64> {
         match (self.state, self.calm_since_ms) {
-            (State::Overlimit, Some(t)) => Some(self.hold_ms.saturating_sub(now_ms.saturating_sub(t))),
+            (State::Overlimit, Some(t)) => {
+                Some(self.hold_ms.saturating_sub(now_ms.saturating_sub(t)))
+            }
             _ => None,
         }
     }
@@ -400,7 +427,12 @@ impl Machine {
         let mut out = Step::default();
         self.prune(cfg, now_ms);
         match input {
-            Input::OperatorDisable => self.disable(now_ms, DisableCause::Operator, "operator disabled the GPU".into(), &mut out),
+            Input::OperatorDisable => self.disable(
+                now_ms,
+                DisableCause::Operator,
+                "operator disabled the GPU".into(),
+                &mut out,
+            ),
             Input::OperatorEnable => {
                 if self.state == State::Disabled {
                     self.reset_to_init("operator enabled the GPU", &mut out);
@@ -408,7 +440,12 @@ impl Machine {
             }
             Input::Xid(code) => {
                 if self.disabled_by != Some(DisableCause::Operator) {
-                    self.disable(now_ms, DisableCause::Xid(code), format!("XID {code} reported"), &mut out);
+                    self.disable(
+                        now_ms,
+                        DisableCause::Xid(code),
+                        format!("XID {code} reported"),
+                        &mut out,
+                    );
                 }
             }
             Input::SampleError => {
@@ -433,7 +470,8 @@ impl Machine {
             let recovered = match self.disabled_by {
                 Some(DisableCause::Nvml) => self.good_samples >= cfg.nvml_recover_samples.max(1),
                 Some(DisableCause::Xid(_)) => {
-                    cfg.xid_disable_ms > 0 && now_ms.saturating_sub(self.disabled_at_ms) >= cfg.xid_disable_ms
+                    cfg.xid_disable_ms > 0
+                        && now_ms.saturating_sub(self.disabled_at_ms) >= cfg.xid_disable_ms
                 }
                 Some(DisableCause::Operator) | None => false,
             };
@@ -441,7 +479,9 @@ impl Machine {
                 return;
             }
             let why = match self.disabled_by {
-                Some(DisableCause::Xid(c)) => format!("XID {c} quiet for {} ms", cfg.xid_disable_ms),
+                Some(DisableCause::Xid(c)) => {
+                    format!("XID {c} quiet for {} ms", cfg.xid_disable_ms)
+                }
                 _ => format!("{} good samples after NVML errors", self.good_samples),
             };
             self.reset_to_init(&why, out);
@@ -449,7 +489,11 @@ impl Machine {
             return;
         }
         if self.state == State::Init {
-            self.go(State::Healthy, "initialization finished (first good sample)".into(), out);
+            self.go(
+                State::Healthy,
+                "initialization finished (first good sample)".into(),
+                out,
+            );
         }
         let (worst, kind, value) = worst_level(cfg, m);
         let describe = |lvl: &str| match kind {
@@ -468,7 +512,11 @@ impl Machine {
                 if worst == Level::Overlimit {
                     self.enter_overlimit(cfg, now_ms, describe("overlimit"), out);
                 } else if worst == Level::Calm {
-                    self.go(State::Healthy, "all metrics below their healthy thresholds".into(), out);
+                    self.go(
+                        State::Healthy,
+                        "all metrics below their healthy thresholds".into(),
+                        out,
+                    );
                 }
             }
             State::Overlimit => {
@@ -477,7 +525,10 @@ impl Machine {
                 } else {
                     let since = *self.calm_since_ms.get_or_insert(now_ms);
                     if now_ms.saturating_sub(since) >= self.hold_ms {
-                        let why = format!("all metrics under overlimit for the {} ms hold", self.hold_ms);
+                        let why = format!(
+                            "all metrics under overlimit for the {} ms hold",
+                            self.hold_ms
+                        );
                         self.calm_since_ms = None;
                         self.go(State::Unhealthy, why, out);
                     }
@@ -491,7 +542,11 @@ impl Machine {
         self.overlimit_entries.push_back(now_ms);
         self.hold_ms = cfg.hold_ms(self.overlimit_entries.len());
         self.calm_since_ms = None;
-        let reason = format!("{why}; hold {} ms ({} entries in window)", self.hold_ms, self.overlimit_entries.len());
+        let reason = format!(
+            "{why}; hold {} ms ({} entries in window)",
+            self.hold_ms,
+            self.overlimit_entries.len()
+        );
         self.go(State::Overlimit, reason.clone(), out);
         out.actions.push(Action::EvictOffline { reason });
     }
@@ -516,7 +571,11 @@ impl Machine {
     }
 
     fn go(&mut self, to: State, reason: String, out: &mut Step) {
-        out.transitions.push(Transition { from: self.state, to, reason });
+        out.transitions.push(Transition {
+            from: self.state,
+            to,
+            reason,
+        });
         self.state = to;
     }
 

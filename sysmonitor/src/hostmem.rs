@@ -40,7 +40,10 @@ pub fn parse_meminfo(text: &str) -> Result<(u64, u64), String> {
 
 /// Parses `avg10` of the `some` line of a PSI file.
 pub fn parse_psi_some_avg10(text: &str) -> Result<f64, String> {
-    let line = text.lines().find(|l| l.starts_with("some ")).ok_or("no `some` line")?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("some "))
+        .ok_or("no `some` line")?;
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix("avg10="))
         .and_then(|v| v.parse().ok())
@@ -50,9 +53,16 @@ pub fn parse_psi_some_avg10(text: &str) -> Result<f64, String> {
 /// Reads both files; PSI is optional (older kernels, containers without it).
 pub fn read(meminfo: &Path, psi: &Path) -> Result<HostMem, String> {
     let m = std::fs::read_to_string(meminfo).map_err(|e| format!("{}: {e}", meminfo.display()))?;
-    let (total_kib, available_kib) = parse_meminfo(&m).map_err(|e| format!("{}: {e}", meminfo.display()))?;
-    let psi_some_avg10 = std::fs::read_to_string(psi).ok().and_then(|t| parse_psi_some_avg10(&t).ok());
-    Ok(HostMem { total_kib, available_kib, psi_some_avg10 })
+    let (total_kib, available_kib) =
+        parse_meminfo(&m).map_err(|e| format!("{}: {e}", meminfo.display()))?;
+    let psi_some_avg10 = std::fs::read_to_string(psi)
+        .ok()
+        .and_then(|t| parse_psi_some_avg10(&t).ok());
+    Ok(HostMem {
+        total_kib,
+        available_kib,
+        psi_some_avg10,
+    })
 }
 
 /// Decides when host memory pressure must evict offline work.
@@ -67,7 +77,9 @@ impl PressureJudge {
         if !cfg.enabled {
             return None;
         }
-        let psi_high = r.psi_some_avg10.is_some_and(|p| p >= cfg.psi_some_avg10_pct);
+        let psi_high = r
+            .psi_some_avg10
+            .is_some_and(|p| p >= cfg.psi_some_avg10_pct);
         if !psi_high {
             self.psi_high_since = None;
         }
@@ -104,7 +116,9 @@ mod tests {
     fn parses_proc_files() {
         assert_eq!(parse_meminfo(MEMINFO).unwrap(), (16_000_000, 400_000));
         assert_eq!(parse_psi_some_avg10(PSI).unwrap(), 45.5);
-        assert!(parse_meminfo("MemTotal: 1 kB\n").unwrap_err().contains("MemAvailable"));
+        assert!(parse_meminfo("MemTotal: 1 kB\n")
+            .unwrap_err()
+            .contains("MemAvailable"));
         assert!(parse_psi_some_avg10("full avg10=1").is_err());
     }
 
@@ -112,28 +126,55 @@ mod tests {
     fn low_available_memory_evicts_at_once() {
         let cfg = HostMemoryConfig::default();
         let mut j = PressureJudge::default();
-        let r = HostMem { total_kib: 100, available_kib: 4, psi_some_avg10: None };
+        let r = HostMem {
+            total_kib: 100,
+            available_kib: 4,
+            psi_some_avg10: None,
+        };
         assert!(j.judge(&cfg, 0, &r).unwrap().contains("MemAvailable"));
-        let r = HostMem { available_kib: 50, ..r };
+        let r = HostMem {
+            available_kib: 50,
+            ..r
+        };
         assert!(j.judge(&cfg, 1, &r).is_none());
     }
 
     #[test]
     fn psi_must_be_sustained() {
-        let cfg = HostMemoryConfig { psi_sustain_ms: 1000, ..Default::default() };
+        let cfg = HostMemoryConfig {
+            psi_sustain_ms: 1000,
+            ..Default::default()
+        };
         let mut j = PressureJudge::default();
-        let hi = HostMem { total_kib: 100, available_kib: 50, psi_some_avg10: Some(60.0) };
-        let lo = HostMem { psi_some_avg10: Some(1.0), ..hi };
+        let hi = HostMem {
+            total_kib: 100,
+            available_kib: 50,
+            psi_some_avg10: Some(60.0),
+        };
+        let lo = HostMem {
+            psi_some_avg10: Some(1.0),
+            ..hi
+        };
         assert!(j.judge(&cfg, 0, &hi).is_none());
         assert!(j.judge(&cfg, 999, &hi).is_none());
-        assert!(j.judge(&cfg, 500, &lo).is_none() && j.judge(&cfg, 1500, &hi).is_none(), "a dip restarts the timer");
+        assert!(
+            j.judge(&cfg, 500, &lo).is_none() && j.judge(&cfg, 1500, &hi).is_none(),
+            "a dip restarts the timer"
+        );
         assert!(j.judge(&cfg, 2500, &hi).unwrap().contains("PSI"));
     }
 
     #[test]
     fn disabled_never_evicts() {
-        let cfg = HostMemoryConfig { enabled: false, ..Default::default() };
-        let r = HostMem { total_kib: 100, available_kib: 0, psi_some_avg10: Some(100.0) };
+        let cfg = HostMemoryConfig {
+            enabled: false,
+            ..Default::default()
+        };
+        let r = HostMem {
+            total_kib: 100,
+            available_kib: 0,
+            psi_some_avg10: Some(100.0),
+        };
         assert!(PressureJudge::default().judge(&cfg, 0, &r).is_none());
     }
 }

@@ -16,11 +16,17 @@ struct Layer {
 
 /// Lists the override files for `base`: `<base stem>.d/*.json` beside it, sorted by name.
 pub fn override_files(base: &Path) -> Vec<PathBuf> {
-    let Some(stem) = base.file_stem() else { return Vec::new() };
+    let Some(stem) = base.file_stem() else {
+        return Vec::new();
+    };
     let dir = base.with_file_name(format!("{}.d", stem.to_string_lossy()));
-    let Ok(rd) = std::fs::read_dir(&dir) else { return Vec::new() };
-    let mut v: Vec<PathBuf> =
-        rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
     v.sort();
     v
 }
@@ -49,10 +55,19 @@ pub fn load<T: DeserializeOwned>(
             message: format!("invalid JSON: {e}"),
         })?;
         if !v.is_object() {
-            return Err(ConfigError { file: p.clone(), line: Some(1), column: None, field: None, message: "top level must be a JSON object".into() });
+            return Err(ConfigError {
+                file: p.clone(),
+                line: Some(1),
+                column: None,
+                field: None,
+                message: "top level must be a JSON object".into(),
+            });
         }
         merge(&mut merged, v);
-        layers.push(Layer { path: p.clone(), text });
+        layers.push(Layer {
+            path: p.clone(),
+            text,
+        });
     }
     let cfg: T = serde_path_to_error::deserialize(merged).map_err(|e| {
         let field = e.path().to_string();
@@ -65,14 +80,29 @@ pub fn load<T: DeserializeOwned>(
 
 /// Blames the last layer that mentions the field's deepest known key.
 fn locate(layers: &[Layer], field: &str, message: String) -> ConfigError {
-    let segs: Vec<&str> = field.split('.').filter(|s| !s.is_empty() && *s != "?").collect();
+    let segs: Vec<&str> = field
+        .split('.')
+        .filter(|s| !s.is_empty() && *s != "?")
+        .collect();
     for l in layers.iter().rev() {
         if let Some(line) = find_key_line(&l.text, &segs) {
-            return ConfigError { file: l.path.clone(), line: Some(line), column: None, field: Some(field.into()), message };
+            return ConfigError {
+                file: l.path.clone(),
+                line: Some(line),
+                column: None,
+                field: Some(field.into()),
+                message,
+            };
         }
     }
     let file = layers.last().map(|l| l.path.clone()).unwrap_or_default();
-    ConfigError { file, line: None, column: None, field: (!field.is_empty() && field != ".").then(|| field.to_string()), message }
+    ConfigError {
+        file,
+        line: None,
+        column: None,
+        field: (!field.is_empty() && field != ".").then(|| field.to_string()),
+        message,
+    }
 }
 
 /// Line (1-based) of the last segment's key, found by searching each key after the previous.
@@ -141,13 +171,23 @@ mod tests {
         let a = write(d.path(), "a.json", r#"{"name":"x","inner":{"a":1,"b":2}}"#);
         let b = write(d.path(), "b.json", r#"{"inner":{"b":5}}"#);
         let t: Top = load(&[a, b], ok).unwrap();
-        assert_eq!(t, Top { name: "x".into(), inner: Inner { a: 1, b: 5 } });
+        assert_eq!(
+            t,
+            Top {
+                name: "x".into(),
+                inner: Inner { a: 1, b: 5 }
+            }
+        );
     }
 
     #[test]
     fn syntax_error_names_file_and_line() {
         let d = tempfile::tempdir().unwrap();
-        let a = write(d.path(), "a.json", "{\n\"name\": \"x\",\n\"inner\": {\"a\": 1,}\n}");
+        let a = write(
+            d.path(),
+            "a.json",
+            "{\n\"name\": \"x\",\n\"inner\": {\"a\": 1,}\n}",
+        );
         let e = load::<Top>(&[a.clone()], ok).unwrap_err();
         assert_eq!(e.file, a);
         assert_eq!(e.line, Some(3));
@@ -157,16 +197,28 @@ mod tests {
     fn type_error_names_the_override_file_line_and_field() {
         let d = tempfile::tempdir().unwrap();
         let a = write(d.path(), "a.json", "{\"name\":\"x\",\n\"inner\":{\"a\":1}}");
-        let b = write(d.path(), "b.json", "{\n  \"inner\": {\n    \"a\": \"three\"\n  }\n}");
+        let b = write(
+            d.path(),
+            "b.json",
+            "{\n  \"inner\": {\n    \"a\": \"three\"\n  }\n}",
+        );
         let e = load::<Top>(&[a, b.clone()], ok).unwrap_err();
-        assert_eq!((e.file.clone(), e.line, e.field.as_deref()), (b, Some(3), Some("inner.a")), "{e}");
+        assert_eq!(
+            (e.file.clone(), e.line, e.field.as_deref()),
+            (b, Some(3), Some("inner.a")),
+            "{e}"
+        );
         assert!(e.to_string().contains("inner.a"));
     }
 
     #[test]
     fn unknown_field_is_rejected_with_its_name() {
         let d = tempfile::tempdir().unwrap();
-        let a = write(d.path(), "a.json", "{\"name\":\"x\",\n\"inner\":{\"a\":1,\n\"typo\":3}}");
+        let a = write(
+            d.path(),
+            "a.json",
+            "{\"name\":\"x\",\n\"inner\":{\"a\":1,\n\"typo\":3}}",
+        );
         let e = load::<Top>(&[a], ok).unwrap_err();
         assert!(e.message.contains("typo"), "{e}");
     }
@@ -174,9 +226,19 @@ mod tests {
     #[test]
     fn validation_error_points_at_the_field() {
         let d = tempfile::tempdir().unwrap();
-        let a = write(d.path(), "a.json", "{\"name\":\"x\",\n\"inner\":{\n\"a\":0}}");
-        let e = load::<Top>(&[a], |t: &Top| if t.inner.a == 0 { Err(("inner.a".into(), "must be > 0".into())) } else { Ok(()) })
-            .unwrap_err();
+        let a = write(
+            d.path(),
+            "a.json",
+            "{\"name\":\"x\",\n\"inner\":{\n\"a\":0}}",
+        );
+        let e = load::<Top>(&[a], |t: &Top| {
+            if t.inner.a == 0 {
+                Err(("inner.a".into(), "must be > 0".into()))
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
         assert_eq!(e.line, Some(3));
         assert_eq!(e.to_string().split(": ").last(), Some("must be > 0"));
     }
@@ -189,7 +251,10 @@ mod tests {
         write(&d.path().join("sysmonitor.d"), "20-b.json", "{}");
         write(&d.path().join("sysmonitor.d"), "10-a.json", "{}");
         write(&d.path().join("sysmonitor.d"), "README", "");
-        let names: Vec<_> = override_files(&base).iter().map(|p| p.file_name().unwrap().to_owned()).collect();
+        let names: Vec<_> = override_files(&base)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_owned())
+            .collect();
         assert_eq!(names, ["10-a.json", "20-b.json"]);
     }
 }

@@ -16,7 +16,10 @@ pub struct LedgerAdapter {
 
 impl LedgerAdapter {
     pub fn new(ledger: Ledger) -> Self {
-        LedgerAdapter { ledger, own_ns: node_ledger::procinfo::own_pid_ns() }
+        LedgerAdapter {
+            ledger,
+            own_ns: node_ledger::procinfo::own_pid_ns(),
+        }
     }
 }
 
@@ -46,7 +49,9 @@ impl LedgerPort for LedgerAdapter {
             // A slot whose start time is still 0 is mid-registration: not yet a process to judge.
             .filter(|p| p.start_time != 0)
             .map(|p| {
-                let sig = slots.get(p.slot).map_or(0, |s| s.evict_signal.load(Acquire));
+                let sig = slots
+                    .get(p.slot)
+                    .map_or(0, |s| s.evict_signal.load(Acquire));
                 OfflineProc {
                     slot: p.slot,
                     pid: p.pid,
@@ -61,10 +66,22 @@ impl LedgerPort for LedgerAdapter {
             .collect())
     }
 
-    fn mark_evicting(&mut self, p: &OfflineProc, _reason: EvictReason, _now_ms: u64) -> Result<(), String> {
-        let slot = self.ledger.layout().procs.get(p.slot).ok_or_else(|| format!("slot {} out of range", p.slot))?;
+    fn mark_evicting(
+        &mut self,
+        p: &OfflineProc,
+        _reason: EvictReason,
+        _now_ms: u64,
+    ) -> Result<(), String> {
+        let slot = self
+            .ledger
+            .layout()
+            .procs
+            .get(p.slot)
+            .ok_or_else(|| format!("slot {} out of range", p.slot))?;
         // Only mark the slot if it still holds the same process.
-        if slot.start_time.load(Acquire) == p.start_time && node_ledger::layout::owner_pid(slot.owner.load(Acquire)) == p.pid {
+        if slot.start_time.load(Acquire) == p.start_time
+            && node_ledger::layout::owner_pid(slot.owner.load(Acquire)) == p.pid
+        {
             slot.evict_signal.store(libc::SIGTERM as u32, Release);
         }
         Ok(())
@@ -99,12 +116,22 @@ mod tests {
     fn publishes_and_keeps_the_budget_and_reads_registered_processes() {
         let d = tempfile::tempdir().unwrap();
         let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
-        l.layout().monitor.offline_sm_budget_permille.store(400, Release);
-        let g = l.group(node_ledger::ledger::group_id_for("c1"), 1 << 30).unwrap();
+        l.layout()
+            .monitor
+            .offline_sm_budget_permille
+            .store(400, Release);
+        let g = l
+            .group(node_ledger::ledger::group_id_for("c1"), 1 << 30)
+            .unwrap();
         let h = l.register(std::process::id(), g).unwrap();
         l.try_reserve(h, 5 << 20).unwrap();
         let mut a = LedgerAdapter::new(l);
-        a.publish(&Published { state: Some(State::Overlimit), sm_activity: 97.25, ..Default::default() }).unwrap();
+        a.publish(&Published {
+            state: Some(State::Overlimit),
+            sm_activity: 97.25,
+            ..Default::default()
+        })
+        .unwrap();
         let snap = a.ledger.read_monitor().unwrap();
         assert_eq!(snap.health(), Some(HealthState::Overlimit));
         assert_eq!(snap.sample.sm_active_permille, 973);
@@ -114,8 +141,12 @@ mod tests {
         assert_eq!(procs[0].pid, std::process::id());
         assert_eq!(procs[0].reported_bytes, 5 << 20);
         assert!(procs[0].signalable && procs[0].evict_requested_ms.is_none());
-        a.mark_evicting(&procs[0], EvictReason::Overlimit, 0).unwrap();
+        a.mark_evicting(&procs[0], EvictReason::Overlimit, 0)
+            .unwrap();
         assert_eq!(a.ledger.evict_signal(h), libc::SIGTERM as u32);
-        assert!(a.offline().unwrap()[0].evict_requested_ms.is_some(), "the request survives in the ledger");
+        assert!(
+            a.offline().unwrap()[0].evict_requested_ms.is_some(),
+            "the request survives in the ledger"
+        );
     }
 }

@@ -15,3 +15,4 @@ pub mod ring;
 pub mod sampler;
 pub mod sdnotify;
 pub mod verify;
+pub mod xidlog;

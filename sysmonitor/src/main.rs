@@ -29,7 +29,8 @@ CONFIG:
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled},
     machine.{hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
     host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run},
-    verify.{tolerance_mib,strikes,every_ms}, xid_critical.
+    verify.{tolerance_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
+    kernel log besides NVML events), xid_log_match (\"PCI:0000:3b:00\": only this GPU's lines).
 
 STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -> healthy | overlimit;
     overlimit -> unhealthy after a hold of hold_base_ms * hold_factor^(entries in window - 1);
@@ -46,7 +47,12 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { cmd: "run".into(), config: None, gpu: None, json: false };
+    let mut a = Args {
+        cmd: "run".into(),
+        config: None,
+        gpu: None,
+        json: false,
+    };
     let mut it = std::env::args().skip(1);
     let mut cmd_set = false;
     while let Some(x) = it.next() {
@@ -55,7 +61,10 @@ fn parse_args() -> Result<Args, String> {
             "--config" | "-c" => a.config = Some(it.next().ok_or("--config needs a file")?.into()),
             "--gpu" => {
                 let v = it.next().ok_or("--gpu needs an index")?;
-                a.gpu = Some(v.parse().map_err(|_| format!("--gpu: `{v}` is not a GPU index"))?);
+                a.gpu = Some(
+                    v.parse()
+                        .map_err(|_| format!("--gpu: `{v}` is not a GPU index"))?,
+                );
             }
             "--json" => a.json = true,
             c if !cmd_set && !c.starts_with('-') => {
@@ -69,10 +78,16 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn load(a: &Args) -> Result<(Config, PathBuf, Vec<PathBuf>), String> {
-    let explicit = a.config.clone().or_else(|| std::env::var_os("XSHARE_SYSMONITOR_CONFIG").map(PathBuf::from));
+    let explicit = a
+        .config
+        .clone()
+        .or_else(|| std::env::var_os("XSHARE_SYSMONITOR_CONFIG").map(PathBuf::from));
     let base = explicit.clone().unwrap_or_else(|| DEFAULT_PATH.into());
     let (mut cfg, files) = if explicit.is_none() && !base.exists() {
-        tracing::warn!(path = DEFAULT_PATH, "no config file; using built-in defaults");
+        tracing::warn!(
+            path = DEFAULT_PATH,
+            "no config file; using built-in defaults"
+        );
         (Config::default(), Vec::new())
     } else {
         Config::load(&base).map_err(|e| e.to_string())?
@@ -83,7 +98,9 @@ fn load(a: &Args) -> Result<(Config, PathBuf, Vec<PathBuf>), String> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let a = match parse_args() {
@@ -108,10 +125,19 @@ fn main() -> ExitCode {
         "run" => daemon::run(cfg, &base, files),
         "check-config" => {
             println!("{}", serde_json::to_string_pretty(&cfg).unwrap_or_default());
-            eprintln!("config ok: {}", files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" + "));
+            eprintln!(
+                "config ok: {}",
+                files
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            );
             Ok(())
         }
-        "status" => report::read_state_file(&cfg.state_file).map(|s| {
+        "status" => report::read_state_file(&cfg.state_file)
+            .map_err(|e| format!("{e}\n(is `sysmonitor run` running for GPU {} with the same ledger_dir / $XSHARE_LEDGER_DIR?)", cfg.gpu_index))
+            .map(|s| {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             } else {
@@ -120,9 +146,15 @@ fn main() -> ExitCode {
         }),
         "disable" => {
             let f = daemon::operator_file(&cfg);
-            std::fs::write(&f, b"disabled by operator\n").map_err(|e| format!("{}: {e}", f.display())).map(|_| {
-                println!("GPU {} will be Disabled at the monitor's next report ({})", cfg.gpu_index, f.display())
-            })
+            std::fs::write(&f, b"disabled by operator\n")
+                .map_err(|e| format!("{}: {e}", f.display()))
+                .map(|_| {
+                    println!(
+                        "GPU {} will be Disabled at the monitor's next report ({})",
+                        cfg.gpu_index,
+                        f.display()
+                    )
+                })
         }
         "enable" => {
             let f = daemon::operator_file(&cfg);

@@ -15,7 +15,10 @@ use crate::verify::Verifier;
 
 /// Monotonic milliseconds (CLOCK_MONOTONIC, shared by every process on the host).
 pub fn mono_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
@@ -23,7 +26,10 @@ pub fn mono_ms() -> u64 {
 
 /// Wall-clock milliseconds since the epoch.
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// The monitor's whole state.
@@ -51,6 +57,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// Events of the last tick (for tests and the bench).
     pub events: Vec<Event>,
     ledger_error_logged: bool,
+    xid_log: Option<crate::xidlog::XidTail>,
+    next_xid_log_ms: u64,
 }
 
 impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
@@ -67,6 +75,10 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the ledger at start"),
         }
+        let xid_log = cfg
+            .xid_log
+            .as_deref()
+            .map(|p| crate::xidlog::XidTail::open(p, cfg.xid_log_match.clone()));
         Monitor {
             history: Ring::new(cfg.history_len()),
             machine: Machine::with_history(history),
@@ -86,6 +98,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             overlimit_entry_sample: None,
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
+            xid_log,
+            next_xid_log_ms: 0,
             events,
             ledger_error_logged: false,
         }
@@ -112,12 +126,24 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 Input::SampleError
             }
         };
-        for x in self.gpu.xids() {
+        let mut xids = self.gpu.xids();
+        if now_ms >= self.next_xid_log_ms {
+            // A log is read at most every 50 ms: it is a syscall, and XIDs are not a hot path.
+            self.next_xid_log_ms = now_ms + 50;
+            if let Some(t) = &mut self.xid_log {
+                xids.extend(t.poll());
+            }
+        }
+        for x in xids {
             if self.cfg.xid_critical.contains(&x) {
                 tracing::error!(xid = x, gpu = self.cfg.gpu_index, "critical XID");
                 self.input(now_ms, Input::Xid(x));
             } else {
-                tracing::warn!(xid = x, gpu = self.cfg.gpu_index, "XID (not configured as critical)");
+                tracing::warn!(
+                    xid = x,
+                    gpu = self.cfg.gpu_index,
+                    "XID (not configured as critical)"
+                );
             }
         }
         let step = self.machine.step(&self.cfg.machine, now_ms, input);
@@ -125,8 +151,16 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
         // Nothing offline may run while Overlimit or Disabled: late registrations go too.
         if matches!(self.machine.state(), State::Overlimit | State::Disabled) {
-            let reason = if self.machine.state() == State::Overlimit { EvictReason::Overlimit } else { EvictReason::Disabled };
-            self.evict_all(now_ms, reason, "registered while the GPU does not admit offline work");
+            let reason = if self.machine.state() == State::Overlimit {
+                EvictReason::Overlimit
+            } else {
+                EvictReason::Disabled
+            };
+            self.evict_all(
+                now_ms,
+                reason,
+                "registered while the GPU does not admit offline work",
+            );
         }
         if self.cfg.host_memory.enabled && now_ms >= self.next_host_ms {
             self.next_host_ms = now_ms + self.cfg.host_memory.check_every_ms;
@@ -154,7 +188,11 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
         for a in step.actions {
             let Action::EvictOffline { reason } = a;
-            let r = if self.machine.state() == State::Disabled { EvictReason::Disabled } else { EvictReason::Overlimit };
+            let r = if self.machine.state() == State::Disabled {
+                EvictReason::Disabled
+            } else {
+                EvictReason::Overlimit
+            };
             self.evict_all(now_ms, r, &reason);
         }
     }
@@ -190,10 +228,15 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
     fn evict_one(&mut self, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str) {
         let mut ev = std::mem::take(&mut self.events);
-        if self.evictor.evict(&self.cfg.evictor, now_ms, p, reason, why, &mut ev) {
+        if self
+            .evictor
+            .evict(&self.cfg.evictor, now_ms, p, reason, why, &mut ev)
+        {
             self.last_eviction_sample = Some(self.samples);
             if reason == EvictReason::Overlimit {
-                self.overlimit_eviction_lag_samples = self.overlimit_entry_sample.map(|e| self.samples.saturating_sub(e));
+                self.overlimit_eviction_lag_samples = self
+                    .overlimit_entry_sample
+                    .map(|e| self.samples.saturating_sub(e));
             }
             if let Err(e) = self.ledger.mark_evicting(p, reason, now_ms) {
                 tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
@@ -259,8 +302,19 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     /// The state file / status content.
-    pub fn snapshot(&self, now_ms: u64, config_files: &[String], config_error: Option<String>, reloads: u64) -> Snapshot {
-        let evictions: BTreeMap<String, u64> = self.evictor.counts().iter().map(|(k, v)| (k.as_str().to_string(), *v)).collect();
+    pub fn snapshot(
+        &self,
+        now_ms: u64,
+        config_files: &[String],
+        config_error: Option<String>,
+        reloads: u64,
+    ) -> Snapshot {
+        let evictions: BTreeMap<String, u64> = self
+            .evictor
+            .counts()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), *v))
+            .collect();
         Snapshot {
             gpu: self.cfg.gpu_index,
             monitor_pid: std::process::id(),
@@ -275,7 +329,10 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             hold_ms: self.machine.current_hold_ms(),
             hold_remaining_ms: self.machine.hold_remaining_ms(now_ms),
             overlimit_entries_mono_ms: self.machine.overlimit_entries().collect(),
-            last_transition: self.last_transition.as_ref().map(|t| (t.from, t.to, t.reason.clone())),
+            last_transition: self
+                .last_transition
+                .as_ref()
+                .map(|t| (t.from, t.to, t.reason.clone())),
             evictions,
             kills: self.evictor.kills(),
             evictions_in_flight: self.evictor.in_flight(),
@@ -297,8 +354,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 /// This boot's id, so Overlimit history (monotonic times) is only resumed within one boot.
 pub fn boot_id() -> String {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default())
-        .clone()
+    ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    })
+    .clone()
 }
 
 #[cfg(test)]
@@ -314,7 +375,11 @@ mod tests {
     }
     impl GpuSource for Script {
         fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
-            let mut s = if self.next.len() > 1 { self.next.remove(0) } else { self.next[0].clone() };
+            let mut s = if self.next.len() > 1 {
+                self.next.remove(0)
+            } else {
+                self.next[0].clone()
+            };
             if let Ok(x) = &mut s {
                 x.t_ms = now_ms;
             }
@@ -341,7 +406,15 @@ mod tests {
     }
 
     fn gs(util: f64) -> GpuSample {
-        GpuSample { gpu_util: util, sm_activity: util, sm_clock_mhz: 1000, sm_clock_max_mhz: 1000, mem_used: 1, mem_total: 100, ..Default::default() }
+        GpuSample {
+            gpu_util: util,
+            sm_activity: util,
+            sm_clock_mhz: 1000,
+            sm_clock_max_mhz: 1000,
+            mem_used: 1,
+            mem_total: 100,
+            ..Default::default()
+        }
     }
 
     fn cfg() -> Config {
@@ -355,24 +428,53 @@ mod tests {
     }
 
     fn off(pid: u32) -> OfflineProc {
-        OfflineProc { slot: 0, signalable: true, pid, start_time: 7, reported_bytes: 0, evict_requested_ms: None }
+        OfflineProc {
+            slot: 0,
+            signalable: true,
+            pid,
+            start_time: 7,
+            reported_bytes: 0,
+            evict_requested_ms: None,
+        }
     }
 
     #[test]
     fn overlimit_sample_sigterms_offline_in_the_same_tick_and_publishes() {
-        let gpu = Script { next: vec![Ok(gs(10.0)), Ok(gs(99.5))], procs: vec![], xids: vec![] };
-        let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
+        let gpu = Script {
+            next: vec![Ok(gs(10.0)), Ok(gs(99.5))],
+            procs: vec![],
+            xids: vec![],
+        };
+        let ledger = MemLedger {
+            procs: vec![off(500)],
+            ..Default::default()
+        };
         let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
         m.tick(0);
         assert_eq!(m.machine.state(), State::Healthy);
         assert!(m.evictor.counts().is_empty());
         m.tick(10);
         assert_eq!(m.machine.state(), State::Overlimit);
-        assert_eq!(m.events, vec![Event::Term { pid: 500, reason: EvictReason::Overlimit }]);
+        assert_eq!(
+            m.events,
+            vec![Event::Term {
+                pid: 500,
+                reason: EvictReason::Overlimit
+            }]
+        );
         assert_eq!(m.ledger.marks, vec![(500, EvictReason::Overlimit)]);
-        assert_eq!(m.ledger.published.last().unwrap().state, Some(State::Overlimit));
+        assert_eq!(
+            m.ledger.published.last().unwrap().state,
+            Some(State::Overlimit)
+        );
         m.tick(45);
-        assert_eq!(m.events, vec![Event::Kill { pid: 500, reason: EvictReason::Overlimit }]);
+        assert_eq!(
+            m.events,
+            vec![Event::Kill {
+                pid: 500,
+                reason: EvictReason::Overlimit
+            }]
+        );
     }
 
     #[test]
@@ -380,43 +482,82 @@ mod tests {
         let mib = 1 << 20;
         let gpu = Script {
             next: vec![Ok(gs(10.0))],
-            procs: vec![ProcMem { pid: 600, used_bytes: 900 * mib }, ProcMem { pid: 601, used_bytes: 100 * mib }],
+            procs: vec![
+                ProcMem {
+                    pid: 600,
+                    used_bytes: 900 * mib,
+                },
+                ProcMem {
+                    pid: 601,
+                    used_bytes: 100 * mib,
+                },
+            ],
             xids: vec![],
         };
         let mut a = off(600);
         a.reported_bytes = 100 * mib;
         let mut b = off(601);
         b.reported_bytes = 100 * mib;
-        let ledger = MemLedger { procs: vec![a, b], ..Default::default() };
+        let ledger = MemLedger {
+            procs: vec![a, b],
+            ..Default::default()
+        };
         let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
         m.tick(0);
         assert_eq!(m.evictor.signaller().0.clone(), vec![(600, libc::SIGTERM)]);
-        assert_eq!(m.machine.state(), State::Healthy, "a liar does not change GPU health");
+        assert_eq!(
+            m.machine.state(),
+            State::Healthy,
+            "a liar does not change GPU health"
+        );
     }
 
     #[test]
     fn critical_xid_disables_and_evicts_other_xids_do_not() {
-        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![13] };
-        let ledger = MemLedger { procs: vec![off(700)], ..Default::default() };
+        let gpu = Script {
+            next: vec![Ok(gs(10.0))],
+            procs: vec![],
+            xids: vec![13],
+        };
+        let ledger = MemLedger {
+            procs: vec![off(700)],
+            ..Default::default()
+        };
         let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
         m.tick(0);
         assert_eq!(m.machine.state(), State::Healthy);
         m.gpu.xids = vec![31];
         m.tick(10);
         assert_eq!(m.machine.state(), State::Disabled);
-        assert_eq!(m.events, vec![Event::Term { pid: 700, reason: EvictReason::Disabled }]);
+        assert_eq!(
+            m.events,
+            vec![Event::Term {
+                pid: 700,
+                reason: EvictReason::Disabled
+            }]
+        );
     }
 
     #[test]
     fn restart_does_not_signal_twice() {
-        let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![] };
+        let gpu = Script {
+            next: vec![Ok(gs(99.5))],
+            procs: vec![],
+            xids: vec![],
+        };
         let mut p = off(800);
         p.evict_requested_ms = Some(0);
-        let ledger = MemLedger { procs: vec![p], ..Default::default() };
+        let ledger = MemLedger {
+            procs: vec![p],
+            ..Default::default()
+        };
         let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
         m.tick(5);
         assert_eq!(m.machine.state(), State::Overlimit);
-        assert!(m.evictor.signaller().0.clone().is_empty(), "SIGTERM already sent by the previous run");
+        assert!(
+            m.evictor.signaller().0.clone().is_empty(),
+            "SIGTERM already sent by the previous run"
+        );
         m.tick(31);
         assert_eq!(m.evictor.signaller().0.clone(), vec![(800, libc::SIGKILL)]);
     }

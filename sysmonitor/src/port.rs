@@ -52,8 +52,12 @@ pub enum EvictReason {
 }
 
 impl EvictReason {
-    pub const ALL: [EvictReason; 4] =
-        [EvictReason::Overlimit, EvictReason::Disabled, EvictReason::HostMemory, EvictReason::UnderReport];
+    pub const ALL: [EvictReason; 4] = [
+        EvictReason::Overlimit,
+        EvictReason::Disabled,
+        EvictReason::HostMemory,
+        EvictReason::UnderReport,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -74,7 +78,12 @@ pub trait LedgerPort {
     /// Offline processes currently registered.
     fn offline(&mut self) -> Result<Vec<OfflineProc>, String>;
     /// Records that `p` is being evicted (so a restarted monitor does not signal it again).
-    fn mark_evicting(&mut self, p: &OfflineProc, reason: EvictReason, now_ms: u64) -> Result<(), String>;
+    fn mark_evicting(
+        &mut self,
+        p: &OfflineProc,
+        reason: EvictReason,
+        now_ms: u64,
+    ) -> Result<(), String>;
     /// Publishes state and measurements for the shim and the MPS manager.
     fn publish(&mut self, p: &Published) -> Result<(), String>;
 }
@@ -91,7 +100,12 @@ impl LedgerPort for MemLedger {
     fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
         Ok(self.procs.clone())
     }
-    fn mark_evicting(&mut self, p: &OfflineProc, reason: EvictReason, now_ms: u64) -> Result<(), String> {
+    fn mark_evicting(
+        &mut self,
+        p: &OfflineProc,
+        reason: EvictReason,
+        now_ms: u64,
+    ) -> Result<(), String> {
         self.marks.push((p.pid, reason));
         for q in &mut self.procs {
             if q.key() == p.key() {

@@ -85,41 +85,155 @@ pub fn prometheus(s: &Snapshot) -> String {
             let _ = writeln!(o, "{name}{{gpu=\"{g}\"{labels}}} {v}");
         }
     };
-    let states = [State::Init, State::Healthy, State::Unhealthy, State::Overlimit, State::Disabled];
-    let rows: Vec<_> = states.iter().map(|st| (format!(",state=\"{}\"", st.as_str()), (s.state == *st) as u8 as f64)).collect();
-    metric("xshare_gpu_health_state", "1 for the current health state of the GPU", "gauge", &rows);
-    metric("xshare_gpu_admits_offline", "1 when offline work may be placed on this GPU", "gauge", &[(String::new(), s.admits_offline as u8 as f64)]);
+    let states = [
+        State::Init,
+        State::Healthy,
+        State::Unhealthy,
+        State::Overlimit,
+        State::Disabled,
+    ];
+    let rows: Vec<_> = states
+        .iter()
+        .map(|st| {
+            (
+                format!(",state=\"{}\"", st.as_str()),
+                (s.state == *st) as u8 as f64,
+            )
+        })
+        .collect();
+    metric(
+        "xshare_gpu_health_state",
+        "1 for the current health state of the GPU",
+        "gauge",
+        &rows,
+    );
+    metric(
+        "xshare_gpu_admits_offline",
+        "1 when offline work may be placed on this GPU",
+        "gauge",
+        &[(String::new(), s.admits_offline as u8 as f64)],
+    );
     if let Some(x) = &s.sample {
         let src = x.sm_source.map(|v| v.as_str()).unwrap_or("none");
-        metric("xshare_gpu_utilization_percent", "GPU utilization", "gauge", &[(String::new(), x.gpu_util)]);
-        metric("xshare_gpu_sm_activity_percent", "SM activity and its source", "gauge", &[(format!(",source=\"{src}\""), x.sm_activity)]);
-        metric("xshare_gpu_sm_clock_mhz", "SM clock", "gauge", &[(String::new(), x.sm_clock_mhz as f64)]);
-        metric("xshare_gpu_sm_clock_max_mhz", "Maximum SM clock", "gauge", &[(String::new(), x.sm_clock_max_mhz as f64)]);
-        metric("xshare_gpu_memory_used_bytes", "GPU memory used", "gauge", &[(String::new(), x.mem_used as f64)]);
-        metric("xshare_gpu_memory_total_bytes", "GPU memory total", "gauge", &[(String::new(), x.mem_total as f64)]);
+        metric(
+            "xshare_gpu_utilization_percent",
+            "GPU utilization",
+            "gauge",
+            &[(String::new(), x.gpu_util)],
+        );
+        metric(
+            "xshare_gpu_sm_activity_percent",
+            "SM activity and its source",
+            "gauge",
+            &[(format!(",source=\"{src}\""), x.sm_activity)],
+        );
+        metric(
+            "xshare_gpu_sm_clock_mhz",
+            "SM clock",
+            "gauge",
+            &[(String::new(), x.sm_clock_mhz as f64)],
+        );
+        metric(
+            "xshare_gpu_sm_clock_max_mhz",
+            "Maximum SM clock",
+            "gauge",
+            &[(String::new(), x.sm_clock_max_mhz as f64)],
+        );
+        metric(
+            "xshare_gpu_memory_used_bytes",
+            "GPU memory used",
+            "gauge",
+            &[(String::new(), x.mem_used as f64)],
+        );
+        metric(
+            "xshare_gpu_memory_total_bytes",
+            "GPU memory total",
+            "gauge",
+            &[(String::new(), x.mem_total as f64)],
+        );
         if let Some(p) = x.power_mw {
-            metric("xshare_gpu_power_watts", "Board power", "gauge", &[(String::new(), p as f64 / 1000.0)]);
+            metric(
+                "xshare_gpu_power_watts",
+                "Board power",
+                "gauge",
+                &[(String::new(), p as f64 / 1000.0)],
+            );
         }
         if let Some(t) = x.temp_c {
-            metric("xshare_gpu_temperature_celsius", "GPU temperature", "gauge", &[(String::new(), t as f64)]);
+            metric(
+                "xshare_gpu_temperature_celsius",
+                "GPU temperature",
+                "gauge",
+                &[(String::new(), t as f64)],
+            );
         }
     }
     let ev: Vec<_> = crate::port::EvictReason::ALL
         .iter()
-        .map(|r| (format!(",reason=\"{}\"", r.as_str()), *s.evictions.get(r.as_str()).unwrap_or(&0) as f64))
+        .map(|r| {
+            (
+                format!(",reason=\"{}\"", r.as_str()),
+                *s.evictions.get(r.as_str()).unwrap_or(&0) as f64,
+            )
+        })
         .collect();
-    metric("xshare_evictions_total", "Offline processes evicted, by reason", "counter", &ev);
-    metric("xshare_eviction_kills_total", "Evictions that needed SIGKILL after the grace period", "counter", &[(String::new(), s.kills as f64)]);
-    metric("xshare_overlimit_entries_window", "Overlimit entries inside the hold window", "gauge", &[(String::new(), s.overlimit_entries_mono_ms.len() as f64)]);
-    metric("xshare_overlimit_hold_seconds", "Hold of the current or last Overlimit stay", "gauge", &[(String::new(), s.hold_ms as f64 / 1000.0)]);
-    metric("xshare_samples_total", "GPU samples taken", "counter", &[(String::new(), s.samples as f64)]);
-    metric("xshare_sample_errors_total", "GPU samples that failed", "counter", &[(String::new(), s.sample_errors as f64)]);
-    metric("xshare_config_error", "1 while the last config reload failed (old config kept)", "gauge", &[(String::new(), s.config_error.is_some() as u8 as f64)]);
+    metric(
+        "xshare_evictions_total",
+        "Offline processes evicted, by reason",
+        "counter",
+        &ev,
+    );
+    metric(
+        "xshare_eviction_kills_total",
+        "Evictions that needed SIGKILL after the grace period",
+        "counter",
+        &[(String::new(), s.kills as f64)],
+    );
+    metric(
+        "xshare_overlimit_entries_window",
+        "Overlimit entries inside the hold window",
+        "gauge",
+        &[(String::new(), s.overlimit_entries_mono_ms.len() as f64)],
+    );
+    metric(
+        "xshare_overlimit_hold_seconds",
+        "Hold of the current or last Overlimit stay",
+        "gauge",
+        &[(String::new(), s.hold_ms as f64 / 1000.0)],
+    );
+    metric(
+        "xshare_samples_total",
+        "GPU samples taken",
+        "counter",
+        &[(String::new(), s.samples as f64)],
+    );
+    metric(
+        "xshare_sample_errors_total",
+        "GPU samples that failed",
+        "counter",
+        &[(String::new(), s.sample_errors as f64)],
+    );
+    metric(
+        "xshare_config_error",
+        "1 while the last config reload failed (old config kept)",
+        "gauge",
+        &[(String::new(), s.config_error.is_some() as u8 as f64)],
+    );
     if let Some(a) = s.host_mem_available_pct {
-        metric("xshare_host_memory_available_percent", "Host MemAvailable / MemTotal", "gauge", &[(String::new(), a)]);
+        metric(
+            "xshare_host_memory_available_percent",
+            "Host MemAvailable / MemTotal",
+            "gauge",
+            &[(String::new(), a)],
+        );
     }
     if let Some(p) = s.host_psi_some_avg10 {
-        metric("xshare_host_memory_psi_some_avg10", "Host memory PSI some avg10", "gauge", &[(String::new(), p)]);
+        metric(
+            "xshare_host_memory_psi_some_avg10",
+            "Host memory PSI some avg10",
+            "gauge",
+            &[(String::new(), p)],
+        );
     }
     o
 }
@@ -131,25 +245,65 @@ pub fn status_table(s: &Snapshot, now_unix_ms: u64) -> String {
     let row = |o: &mut String, k: &str, v: String| {
         let _ = writeln!(o, "  {k:<22} {v}");
     };
-    let _ = writeln!(o, "GPU {}  (monitor pid {}, updated {} ms ago)", s.gpu, s.monitor_pid, age);
+    let _ = writeln!(
+        o,
+        "GPU {}  (monitor pid {}, updated {} ms ago)",
+        s.gpu, s.monitor_pid, age
+    );
     let mut st = s.state.as_str().to_uppercase();
     if let Some(d) = s.disabled_by {
         st.push_str(&format!(" by {d:?}"));
     }
     row(&mut o, "state", st);
-    row(&mut o, "admits offline", if s.admits_offline { "yes".into() } else { "no".into() });
+    row(
+        &mut o,
+        "admits offline",
+        if s.admits_offline {
+            "yes".into()
+        } else {
+            "no".into()
+        },
+    );
     if let Some(r) = s.hold_remaining_ms {
-        row(&mut o, "overlimit hold left", format!("{r} ms of {} ms", s.hold_ms));
+        row(
+            &mut o,
+            "overlimit hold left",
+            format!("{r} ms of {} ms", s.hold_ms),
+        );
     }
-    row(&mut o, "overlimit entries (2h)", s.overlimit_entries_mono_ms.len().to_string());
+    row(
+        &mut o,
+        "overlimit entries (2h)",
+        s.overlimit_entries_mono_ms.len().to_string(),
+    );
     if let Some((a, b, why)) = &s.last_transition {
-        row(&mut o, "last transition", format!("{} -> {}: {why}", a.as_str(), b.as_str()));
+        row(
+            &mut o,
+            "last transition",
+            format!("{} -> {}: {why}", a.as_str(), b.as_str()),
+        );
     }
     if let Some(x) = &s.sample {
         row(&mut o, "gpu util", format!("{:.1} %", x.gpu_util));
-        row(&mut o, "sm activity", format!("{:.1} % (source: {})", x.sm_activity, x.sm_source.map(|v| v.as_str()).unwrap_or("none")));
-        row(&mut o, "sm clock", format!("{} / {} MHz", x.sm_clock_mhz, x.sm_clock_max_mhz));
-        row(&mut o, "memory", format!("{} / {} MiB", x.mem_used >> 20, x.mem_total >> 20));
+        row(
+            &mut o,
+            "sm activity",
+            format!(
+                "{:.1} % (source: {})",
+                x.sm_activity,
+                x.sm_source.map(|v| v.as_str()).unwrap_or("none")
+            ),
+        );
+        row(
+            &mut o,
+            "sm clock",
+            format!("{} / {} MHz", x.sm_clock_mhz, x.sm_clock_max_mhz),
+        );
+        row(
+            &mut o,
+            "memory",
+            format!("{} / {} MiB", x.mem_used >> 20, x.mem_total >> 20),
+        );
         if let Some(p) = x.power_mw {
             row(&mut o, "power", format!("{:.1} W", p as f64 / 1000.0));
         }
@@ -157,18 +311,48 @@ pub fn status_table(s: &Snapshot, now_unix_ms: u64) -> String {
             row(&mut o, "temperature", format!("{t} C"));
         }
     }
-    row(&mut o, "offline registered", s.offline_registered.to_string());
-    let ev: Vec<String> = s.evictions.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    row(&mut o, "evictions", if ev.is_empty() { "none".into() } else { ev.join(" ") });
+    row(
+        &mut o,
+        "offline registered",
+        s.offline_registered.to_string(),
+    );
+    let ev: Vec<String> = s
+        .evictions
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    row(
+        &mut o,
+        "evictions",
+        if ev.is_empty() {
+            "none".into()
+        } else {
+            ev.join(" ")
+        },
+    );
     row(&mut o, "sigkills", s.kills.to_string());
-    row(&mut o, "samples / errors", format!("{} / {} at {} ms", s.samples, s.sample_errors, s.interval_ms));
+    row(
+        &mut o,
+        "samples / errors",
+        format!(
+            "{} / {} at {} ms",
+            s.samples, s.sample_errors, s.interval_ms
+        ),
+    );
     if let Some(a) = s.host_mem_available_pct {
-        let psi = s.host_psi_some_avg10.map(|p| format!(", PSI some avg10 {p:.1} %")).unwrap_or_default();
+        let psi = s
+            .host_psi_some_avg10
+            .map(|p| format!(", PSI some avg10 {p:.1} %"))
+            .unwrap_or_default();
         row(&mut o, "host memory", format!("{a:.1} % available{psi}"));
     }
     row(&mut o, "config", s.config_files.join(" + "));
     if let Some(e) = &s.config_error {
-        row(&mut o, "CONFIG ERROR", format!("{e} (previous config still in force)"));
+        row(
+            &mut o,
+            "CONFIG ERROR",
+            format!("{e} (previous config still in force)"),
+        );
     }
     o
 }
@@ -188,7 +372,12 @@ mod tests {
             updated_unix_ms: 1000,
             updated_mono_ms: 5,
             interval_ms: 10,
-            sample: Some(GpuSample { gpu_util: 99.0, sm_activity: 97.0, sm_source: Some(crate::sampler::SmSource::Gpm), ..Default::default() }),
+            sample: Some(GpuSample {
+                gpu_util: 99.0,
+                sm_activity: 97.0,
+                sm_source: Some(crate::sampler::SmSource::Gpm),
+                ..Default::default()
+            }),
             hold_ms: 200,
             hold_remaining_ms: Some(150),
             overlimit_entries_mono_ms: vec![1, 2],
@@ -216,7 +405,11 @@ mod tests {
         let p = d.path().join("s.json");
         write_state_file(&p, &snap()).unwrap();
         assert_eq!(read_state_file(&p).unwrap(), snap());
-        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1, "no temp file left behind");
+        assert_eq!(
+            std::fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "no temp file left behind"
+        );
     }
 
     #[test]

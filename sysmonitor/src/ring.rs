@@ -11,7 +11,11 @@ pub struct Ring<T> {
 impl<T: Clone> Ring<T> {
     pub fn new(cap: usize) -> Self {
         let cap = cap.max(1);
-        Ring { buf: Vec::with_capacity(cap), cap, head: 0 }
+        Ring {
+            buf: Vec::with_capacity(cap),
+            cap,
+            head: 0,
+        }
     }
 
     pub fn push(&mut self, v: T) {

@@ -54,7 +54,11 @@ impl GpuSample {
         Metrics {
             gpu_util: self.gpu_util,
             sm_activity: self.sm_activity,
-            sm_clock_pct: if self.sm_clock_max_mhz == 0 { 100.0 } else { pct(self.sm_clock_mhz as f64, self.sm_clock_max_mhz as f64) },
+            sm_clock_pct: if self.sm_clock_max_mhz == 0 {
+                100.0
+            } else {
+                pct(self.sm_clock_mhz as f64, self.sm_clock_max_mhz as f64)
+            },
             mem_used_pct: pct(self.mem_used as f64, self.mem_total as f64),
         }
     }
@@ -105,9 +109,14 @@ impl Gpm {
         let lib = unsafe { sys::NvmlLib::new("libnvidia-ml.so.1") }.ok()?;
         // SAFETY: `handle()` is a live device handle for the leaked `Nvml`, valid for 'static.
         let handle = unsafe { dev.handle() };
-        let mut sup = sys::nvmlGpmSupport_t { version: sys::NVML_GPM_SUPPORT_VERSION, isSupportedDevice: 0 };
+        let mut sup = sys::nvmlGpmSupport_t {
+            version: sys::NVML_GPM_SUPPORT_VERSION,
+            isSupportedDevice: 0,
+        };
         // SAFETY: `sup` is a properly versioned out-struct; missing symbols are caught by libloading.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { lib.nvmlGpmQueryDeviceSupport(handle, &mut sup) }));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            lib.nvmlGpmQueryDeviceSupport(handle, &mut sup)
+        }));
         if r.ok()? != sys::nvmlReturn_enum_NVML_SUCCESS || sup.isSupportedDevice == 0 {
             return None;
         }
@@ -123,11 +132,17 @@ impl Gpm {
                 return None;
             }
         }
-        Some(Gpm { lib, prev, cur, primed: false })
+        Some(Gpm {
+            lib,
+            prev,
+            cur,
+            primed: false,
+        })
     }
 
-    /// SM utilization (%) between the previous and this reading; None on the first one.
-    fn read(&mut self, handle: sys::nvmlDevice_t) -> Result<Option<f64>, String> {
+    /// (SM utilization, graphics-engine utilization) in % between the previous and this
+    /// reading; None on the first one.
+    fn read(&mut self, handle: sys::nvmlDevice_t) -> Result<Option<(f64, f64)>, String> {
         // SAFETY: `cur` is an allocated GPM sample and `handle` a live device.
         let r = unsafe { self.lib.nvmlGpmSampleGet(handle, self.cur) };
         if r != sys::nvmlReturn_enum_NVML_SUCCESS {
@@ -141,16 +156,21 @@ impl Gpm {
         // SAFETY: zeroed is a valid bit pattern for this plain C struct (null pointers, zeros).
         let mut g: sys::nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
         g.version = sys::NVML_GPM_METRICS_GET_VERSION;
-        g.numMetrics = 1;
+        g.numMetrics = 2;
         g.sample1 = self.cur; // older (swapped above)
         g.sample2 = self.prev; // newer
         g.metrics[0].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL;
+        g.metrics[1].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL;
         // SAFETY: `g` is versioned and points at two samples taken from this device.
         let r = unsafe { self.lib.nvmlGpmMetricsGet(&mut g) };
-        if r != sys::nvmlReturn_enum_NVML_SUCCESS || g.metrics[0].nvmlReturn != sys::nvmlReturn_enum_NVML_SUCCESS {
-            return Err(format!("nvmlGpmMetricsGet returned {r}/{}", g.metrics[0].nvmlReturn));
+        let ok = |m: &sys::nvmlGpmMetric_t| m.nvmlReturn == sys::nvmlReturn_enum_NVML_SUCCESS;
+        if r != sys::nvmlReturn_enum_NVML_SUCCESS || !ok(&g.metrics[0]) || !ok(&g.metrics[1]) {
+            return Err(format!(
+                "nvmlGpmMetricsGet returned {r}/{}/{}",
+                g.metrics[0].nvmlReturn, g.metrics[1].nvmlReturn
+            ));
         }
-        Ok(Some(g.metrics[0].value))
+        Ok(Some((g.metrics[0].value, g.metrics[1].value)))
     }
 }
 
@@ -180,34 +200,78 @@ impl NvmlSource {
     /// Initializes NVML and opens GPU `index`; NVML lives for the rest of the process.
     pub fn open(index: u32) -> Result<NvmlSource, String> {
         let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(|x| e("nvmlInit", x))?));
-        let dev = nvml.device_by_index(index).map_err(|x| e(&format!("device {index}"), x))?;
+        let dev = nvml
+            .device_by_index(index)
+            .map_err(|x| e(&format!("device {index}"), x))?;
         let gpm = Gpm::open(&dev);
-        let events = nvml
-            .create_event_set()
+        let events = nvml.create_event_set().ok().and_then(|set| {
+            dev.register_events(
+                nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR,
+                set,
+            )
             .ok()
-            .and_then(|set| dev.register_events(nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR, set).ok());
-        tracing::info!(gpu = index, gpm = gpm.is_some(), xid_events = events.is_some(), "NVML device opened");
-        Ok(NvmlSource { dev, gpm, last_sample_ts: 0, last_sm: 0.0, samples_ok: true, events, max_clock: None, aux: (None, None), n: 0 })
+        });
+        tracing::info!(
+            gpu = index,
+            gpm = gpm.is_some(),
+            xid_events = events.is_some(),
+            "NVML device opened"
+        );
+        Ok(NvmlSource {
+            dev,
+            gpm,
+            last_sample_ts: 0,
+            last_sm: 0.0,
+            samples_ok: true,
+            events,
+            max_clock: None,
+            aux: (None, None),
+            n: 0,
+        })
     }
 
-    fn sm_activity(&mut self, util_rate: f64) -> (f64, SmSource) {
+    /// GPU utilization via `nvmlDeviceGetUtilizationRates`.
+    fn util_rate(&self) -> Result<f64, String> {
+        Ok(self
+            .dev
+            .utilization_rates()
+            .map_err(|x| e("utilization", x))?
+            .gpu as f64)
+    }
+
+    /// (GPU utilization, SM activity, its source). With GPM both come from one metrics call;
+    /// otherwise utilization rates plus utilization samples.
+    fn util_and_sm(&mut self) -> Result<(f64, f64, SmSource), String> {
         if let Some(g) = &mut self.gpm {
             // SAFETY: live handle of the leaked Nvml.
             let h = unsafe { self.dev.handle() };
             match g.read(h) {
-                Ok(Some(v)) => {
-                    self.last_sm = v;
-                    return (v, SmSource::Gpm);
+                Ok(Some((sm, gfx))) => {
+                    self.last_sm = sm;
+                    return Ok((gfx, sm, SmSource::Gpm));
                 }
-                Ok(None) => return (util_rate, SmSource::Gpm),
+                Ok(None) => {
+                    let u = self.util_rate()?;
+                    return Ok((u, u, SmSource::Gpm));
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "GPM read failed; falling back to utilization samples");
                     self.gpm = None;
                 }
             }
         }
+        let u = self.util_rate()?;
+        let (sm, src) = self.sampled_sm(u);
+        Ok((u, sm, src))
+    }
+
+    /// SM activity from utilization samples, else the utilization rate itself.
+    fn sampled_sm(&mut self, util_rate: f64) -> (f64, SmSource) {
         if self.samples_ok {
-            match self.dev.samples(Sampling::GpuUtilization, self.last_sample_ts) {
+            match self
+                .dev
+                .samples(Sampling::GpuUtilization, self.last_sample_ts)
+            {
                 Ok(v) if !v.is_empty() => {
                     let mut sum = 0.0;
                     for s in &v {
@@ -237,25 +301,33 @@ impl NvmlSource {
 
 impl GpuSource for NvmlSource {
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
-        let u = self.dev.utilization_rates().map_err(|x| e("utilization", x))?;
+        let (util, sm, src) = self.util_and_sm()?;
         let mem = self.dev.memory_info().map_err(|x| e("memory info", x))?;
-        let clk = self.dev.clock_info(Clock::SM).map_err(|x| e("SM clock", x))?;
+        let clk = self
+            .dev
+            .clock_info(Clock::SM)
+            .map_err(|x| e("SM clock", x))?;
         let max = match self.max_clock {
             Some(m) => m,
             None => {
-                let m = self.dev.max_clock_info(Clock::SM).map_err(|x| e("max SM clock", x))?;
+                let m = self
+                    .dev
+                    .max_clock_info(Clock::SM)
+                    .map_err(|x| e("max SM clock", x))?;
                 self.max_clock = Some(m);
                 m
             }
         };
-        let (sm, src) = self.sm_activity(u.gpu as f64);
-        if self.n % AUX_EVERY == 0 {
-            self.aux = (self.dev.power_usage().ok(), self.dev.temperature(TemperatureSensor::Gpu).ok());
+        if self.n.is_multiple_of(AUX_EVERY) {
+            self.aux = (
+                self.dev.power_usage().ok(),
+                self.dev.temperature(TemperatureSensor::Gpu).ok(),
+            );
         }
         self.n += 1;
         Ok(GpuSample {
             t_ms: now_ms,
-            gpu_util: u.gpu as f64,
+            gpu_util: util,
             sm_activity: sm,
             sm_source: Some(src),
             sm_clock_mhz: clk,
@@ -268,7 +340,10 @@ impl GpuSource for NvmlSource {
     }
 
     fn processes(&mut self) -> Result<Vec<ProcMem>, String> {
-        let v = self.dev.running_compute_processes().map_err(|x| e("running compute processes", x))?;
+        let v = self
+            .dev
+            .running_compute_processes()
+            .map_err(|x| e("running compute processes", x))?;
         Ok(v.into_iter()
             .map(|p| ProcMem {
                 pid: p.pid,

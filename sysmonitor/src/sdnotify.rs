@@ -11,11 +11,22 @@ pub struct Notifier {
 
 impl Notifier {
     pub fn from_env() -> Notifier {
-        let path = std::env::var("NOTIFY_SOCKET").ok().filter(|p| !p.is_empty());
+        let path = std::env::var("NOTIFY_SOCKET")
+            .ok()
+            .filter(|p| !p.is_empty());
         let sock = path.and_then(|p| UnixDatagram::unbound().ok().map(|s| (s, p)));
-        let watchdog_usec = std::env::var("WATCHDOG_USEC").ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0);
-        let pid_ok = std::env::var("WATCHDOG_PID").ok().and_then(|v| v.parse::<u32>().ok()).is_none_or(|p| p == std::process::id());
-        Notifier { sock, watchdog_usec: if pid_ok { watchdog_usec } else { None } }
+        let watchdog_usec = std::env::var("WATCHDOG_USEC")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0);
+        let pid_ok = std::env::var("WATCHDOG_PID")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .is_none_or(|p| p == std::process::id());
+        Notifier {
+            sock,
+            watchdog_usec: if pid_ok { watchdog_usec } else { None },
+        }
     }
 
     /// Sends `state` (e.g. `READY=1`); a missing socket is not an error.
@@ -23,7 +34,8 @@ impl Notifier {
         let Some((s, path)) = &self.sock else { return };
         let r = if let Some(abs) = path.strip_prefix('@') {
             use std::os::linux::net::SocketAddrExt;
-            std::os::unix::net::SocketAddr::from_abstract_name(abs.as_bytes()).and_then(|a| s.send_to_addr(state.as_bytes(), &a))
+            std::os::unix::net::SocketAddr::from_abstract_name(abs.as_bytes())
+                .and_then(|a| s.send_to_addr(state.as_bytes(), &a))
         } else {
             s.send_to(state.as_bytes(), path)
         };
@@ -42,7 +54,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("notify");
         let rx = UnixDatagram::bind(&p).unwrap();
-        let n = Notifier { sock: Some((UnixDatagram::unbound().unwrap(), p.to_string_lossy().into())), watchdog_usec: None };
+        let n = Notifier {
+            sock: Some((UnixDatagram::unbound().unwrap(), p.to_string_lossy().into())),
+            watchdog_usec: None,
+        };
         n.notify("READY=1\nSTATUS=ok");
         let mut buf = [0u8; 64];
         let k = rx.recv(&mut buf).unwrap();

@@ -23,18 +23,30 @@ pub struct Verifier {
 impl Verifier {
     /// Checks every registered offline process against NVML's figures; returns those whose
     /// strikes reached the limit.
-    pub fn check(&mut self, cfg: &VerifyConfig, offline: &[OfflineProc], nvml: &[ProcMem]) -> Vec<Liar> {
+    pub fn check(
+        &mut self,
+        cfg: &VerifyConfig,
+        offline: &[OfflineProc],
+        nvml: &[ProcMem],
+    ) -> Vec<Liar> {
         let tol = cfg.tolerance_mib * 1024 * 1024;
         let mut seen = Vec::with_capacity(offline.len());
         let mut liars = Vec::new();
         for p in offline {
             seen.push(p.key());
-            let used: u64 = nvml.iter().filter(|m| m.pid == p.pid).map(|m| m.used_bytes).sum();
+            let used: u64 = nvml
+                .iter()
+                .filter(|m| m.pid == p.pid)
+                .map(|m| m.used_bytes)
+                .sum();
             let s = self.strikes.entry(p.key()).or_default();
             if used > p.reported_bytes.saturating_add(tol) {
                 *s += 1;
                 if *s >= cfg.strikes {
-                    liars.push(Liar { proc_: *p, nvml_bytes: used });
+                    liars.push(Liar {
+                        proc_: *p,
+                        nvml_bytes: used,
+                    });
                 }
             } else {
                 *s = 0;
@@ -52,15 +64,35 @@ mod tests {
     const MIB: u64 = 1024 * 1024;
 
     fn p(pid: u32, reported: u64) -> OfflineProc {
-        OfflineProc { slot: 0, signalable: true, pid, start_time: 1, reported_bytes: reported, evict_requested_ms: None }
+        OfflineProc {
+            slot: 0,
+            signalable: true,
+            pid,
+            start_time: 1,
+            reported_bytes: reported,
+            evict_requested_ms: None,
+        }
     }
 
     #[test]
     fn under_reporter_is_flagged_after_strikes_honest_one_never() {
-        let cfg = VerifyConfig { tolerance_mib: 10, strikes: 2, ..Default::default() };
+        let cfg = VerifyConfig {
+            tolerance_mib: 10,
+            strikes: 2,
+            ..Default::default()
+        };
         let mut v = Verifier::default();
         let offline = [p(1, 100 * MIB), p(2, 100 * MIB)];
-        let nvml = [ProcMem { pid: 1, used_bytes: 500 * MIB }, ProcMem { pid: 2, used_bytes: 105 * MIB }];
+        let nvml = [
+            ProcMem {
+                pid: 1,
+                used_bytes: 500 * MIB,
+            },
+            ProcMem {
+                pid: 2,
+                used_bytes: 105 * MIB,
+            },
+        ];
         assert!(v.check(&cfg, &offline, &nvml).is_empty());
         let l = v.check(&cfg, &offline, &nvml);
         assert_eq!(l.len(), 1);
@@ -70,11 +102,42 @@ mod tests {
 
     #[test]
     fn an_honest_check_resets_strikes() {
-        let cfg = VerifyConfig { tolerance_mib: 0, strikes: 2, ..Default::default() };
+        let cfg = VerifyConfig {
+            tolerance_mib: 0,
+            strikes: 2,
+            ..Default::default()
+        };
         let mut v = Verifier::default();
         let offline = [p(1, 10)];
-        assert!(v.check(&cfg, &offline, &[ProcMem { pid: 1, used_bytes: 20 }]).is_empty());
-        assert!(v.check(&cfg, &offline, &[ProcMem { pid: 1, used_bytes: 10 }]).is_empty());
-        assert!(v.check(&cfg, &offline, &[ProcMem { pid: 1, used_bytes: 20 }]).is_empty());
+        assert!(v
+            .check(
+                &cfg,
+                &offline,
+                &[ProcMem {
+                    pid: 1,
+                    used_bytes: 20
+                }]
+            )
+            .is_empty());
+        assert!(v
+            .check(
+                &cfg,
+                &offline,
+                &[ProcMem {
+                    pid: 1,
+                    used_bytes: 10
+                }]
+            )
+            .is_empty());
+        assert!(v
+            .check(
+                &cfg,
+                &offline,
+                &[ProcMem {
+                    pid: 1,
+                    used_bytes: 20
+                }]
+            )
+            .is_empty());
     }
 }

@@ -37,7 +37,9 @@ fn state(v: &Value) -> &str {
     v["state"].as_str().unwrap_or("")
 }
 
+/// Not a test: the entry point of helper processes the tests spawn (`spawn_helper`).
 #[test]
+#[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
     common::helper_main();
 }
@@ -53,13 +55,21 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
     register(&ledger, n.pid(offline), 0);
 
     let load = Load::start(&n.state, 1.0, 5.0);
-    let sig = n.wait_exit(offline, T).expect("offline process was not evicted");
+    let sig = n
+        .wait_exit(offline, T)
+        .expect("offline process was not evicted");
     assert_eq!(sig, Some(libc::SIGTERM), "evicted with SIGTERM");
     let v = n.wait_state(T, "eviction recorded", |v| v["evictions"]["overlimit"] == 1);
     assert_eq!(state(&v), "overlimit");
     let lag = v["overlimit_eviction_lag_samples"].as_u64().unwrap();
-    assert!(lag <= 2, "SIGTERM {lag} samples after the Overlimit decision");
-    assert!(n.alive(online_bystander), "a process not registered as offline is never touched");
+    assert!(
+        lag <= 2,
+        "SIGTERM {lag} samples after the Overlimit decision"
+    );
+    assert!(
+        n.alive(online_bystander),
+        "a process not registered as offline is never touched"
+    );
 
     // Online burst ends: the monitor must stay Overlimit for the whole hold, then Unhealthy,
     // and only then Healthy.
@@ -69,7 +79,10 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
     let seen = std::cell::Cell::new(None::<(u64, u64)>);
     let left = n.wait_state(T, "leaving overlimit", |v| {
         if state(v) == "overlimit" {
-            if let (Some(r), Some(t)) = (v["hold_remaining_ms"].as_u64(), v["updated_mono_ms"].as_u64()) {
+            if let (Some(r), Some(t)) = (
+                v["hold_remaining_ms"].as_u64(),
+                v["updated_mono_ms"].as_u64(),
+            ) {
                 if seen.get().is_none_or(|(_, br)| r > br) {
                     seen.set(Some((t, r)));
                 }
@@ -77,15 +90,29 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
         }
         state(v) != "overlimit"
     });
-    let (t1, r_max) = seen.get().expect("the monitor never reported a running hold");
+    let (t1, r_max) = seen
+        .get()
+        .expect("the monitor never reported a running hold");
     assert_eq!(left["hold_ms"], 400);
-    assert!(r_max + 50 >= 400, "the hold started at {r_max} ms left, expected about 400");
+    assert!(
+        r_max + 50 >= 400,
+        "the hold started at {r_max} ms left, expected about 400"
+    );
     let t2 = left["updated_mono_ms"].as_u64().unwrap();
-    assert!(t2 + 20 >= t1 + r_max, "left Overlimit {} ms after a report of {r_max} ms hold left", t2 - t1);
+    assert!(
+        t2 + 20 >= t1 + r_max,
+        "left Overlimit {} ms after a report of {r_max} ms hold left",
+        t2 - t1
+    );
     let healthy = n.wait_state(T, "healthy again", |v| state(v) == "healthy");
     let last = &healthy["last_transition"];
-    assert_eq!(last[0], "unhealthy", "Healthy is reached through Unhealthy: {last}");
-    assert!(n.log("mon.json").contains("evicting offline process (SIGTERM)"));
+    assert_eq!(
+        last[0], "unhealthy",
+        "Healthy is reached through Unhealthy: {last}"
+    );
+    assert!(n
+        .log("mon.json")
+        .contains("evicting offline process (SIGTERM)"));
 }
 
 #[test]
@@ -99,19 +126,34 @@ fn liar_is_evicted_honest_process_is_not() {
     let dev = n.device();
     let (lp, hp) = (n.pid(liar), n.pid(honest));
     let deadline = std::time::Instant::now() + T;
-    while !(dev.snapshot().processes.iter().any(|p| p.pid == lp) && dev.snapshot().processes.iter().any(|p| p.pid == hp)) {
-        assert!(std::time::Instant::now() < deadline, "helpers never reached the device");
+    while !(dev.snapshot().processes.iter().any(|p| p.pid == lp)
+        && dev.snapshot().processes.iter().any(|p| p.pid == hp))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "helpers never reached the device"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     register(&ledger, lp, 0);
     register(&ledger, hp, 1024 << 20);
-    let sig = n.wait_exit(liar, T).expect("the under-reporting process was not evicted");
+    let sig = n
+        .wait_exit(liar, T)
+        .expect("the under-reporting process was not evicted");
     assert_eq!(sig, Some(libc::SIGTERM));
-    let v = n.wait_state(T, "under_report counted", |v| v["evictions"]["under_report"] == 1);
-    assert_eq!(state(&v), "healthy", "a liar does not change the GPU's health");
+    let v = n.wait_state(T, "under_report counted", |v| {
+        v["evictions"]["under_report"] == 1
+    });
+    assert_eq!(
+        state(&v),
+        "healthy",
+        "a liar does not change the GPU's health"
+    );
     std::thread::sleep(Duration::from_millis(300));
     assert!(n.alive(honest), "the honest process is left alone");
-    assert!(n.log("mon.json").contains("reports 0 MiB in the ledger but NVML sees 2048 MiB"));
+    assert!(n
+        .log("mon.json")
+        .contains("reports 0 MiB in the ledger but NVML sees 2048 MiB"));
 }
 
 #[test]
@@ -122,25 +164,55 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     let cfg = n.path("mon.json");
     let good = std::fs::read_to_string(&cfg).unwrap();
 
-    std::fs::write(&cfg, good.replace(r#""healthy": 30, "unhealthy": 60"#, r#""healthy": 70, "unhealthy": 60"#)).unwrap();
+    std::fs::write(
+        &cfg,
+        good.replace(
+            r#""healthy": 30, "unhealthy": 60"#,
+            r#""healthy": 70, "unhealthy": 60"#,
+        ),
+    )
+    .unwrap();
     n.signal(mon, libc::SIGHUP);
-    let v = n.wait_state(T, "config error reported", |v| v["config_error"].is_string());
+    let v = n.wait_state(T, "config error reported", |v| {
+        v["config_error"].is_string()
+    });
     let err = v["config_error"].as_str().unwrap();
-    assert!(err.contains("mon.json:7") && err.contains("machine.sm_activity") && err.contains("healthy < unhealthy"), "{err}");
+    assert!(
+        err.contains("mon.json:7")
+            && err.contains("machine.sm_activity")
+            && err.contains("healthy < unhealthy"),
+        "{err}"
+    );
     assert_eq!(v["interval_ms"], 10);
 
     std::fs::write(&cfg, "{ \"interval_ms\": 20,\n  \"machine\": { oops } }").unwrap();
     n.signal(mon, libc::SIGHUP);
-    let v = n.wait_state(T, "syntax error reported", |v| v["config_error"].as_str().is_some_and(|e| e.contains("invalid JSON")));
-    assert!(v["config_error"].as_str().unwrap().contains("mon.json:2"), "{}", v["config_error"]);
+    let v = n.wait_state(T, "syntax error reported", |v| {
+        v["config_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("invalid JSON"))
+    });
+    assert!(
+        v["config_error"].as_str().unwrap().contains("mon.json:2"),
+        "{}",
+        v["config_error"]
+    );
     assert!(n.alive(mon), "a broken reload never stops the monitor");
     assert_eq!(v["interval_ms"], 10, "old config still in force");
 
-    std::fs::write(&cfg, good.replace(r#""interval_ms": 10"#, r#""interval_ms": 20"#)).unwrap();
+    std::fs::write(
+        &cfg,
+        good.replace(r#""interval_ms": 10"#, r#""interval_ms": 20"#),
+    )
+    .unwrap();
     n.signal(mon, libc::SIGHUP);
-    let v = n.wait_state(T, "good reload", |v| v["config_error"].is_null() && v["interval_ms"] == 20);
+    let v = n.wait_state(T, "good reload", |v| {
+        v["config_error"].is_null() && v["interval_ms"] == 20
+    });
     assert_eq!(v["config_reloads"], 1);
-    assert!(n.log("mon.json").contains("config reload failed; keeping the previous config"));
+    assert!(n
+        .log("mon.json")
+        .contains("config reload failed; keeping the previous config"));
 }
 
 #[test]
@@ -152,7 +224,17 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
     let terms = n.path("terms");
     // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
-    let victim = n.spawn_sh(&format!("trap 'echo t >> {}' TERM; while :; do sleep 0.02; done", terms.display()));
+    let victim = n.spawn_sh(&format!(
+        "trap 'echo t >> {0}' TERM; : > {0}.ready; while :; do sleep 0.02; done",
+        terms.display()
+    ));
+    // Register only once the trap is in place, or an early SIGTERM would just kill the shell.
+    let ready = n.path("terms.ready");
+    let deadline = std::time::Instant::now() + T;
+    while !ready.exists() {
+        assert!(std::time::Instant::now() < deadline, "victim never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     register(&ledger, n.pid(victim), 0);
     let _load = Load::start(&n.state, 1.0, 5.0);
     let deadline = std::time::Instant::now() + T;
@@ -162,17 +244,45 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     }
     n.signal(mon, libc::SIGKILL);
     let _ = n.wait_exit(mon, T);
-    let first_entries = n.wait_state(T, "state file", |_| true)["overlimit_entries_mono_ms"].as_array().unwrap().len();
+    let first_entries = n.wait_state(T, "state file", |_| true)["overlimit_entries_mono_ms"]
+        .as_array()
+        .unwrap()
+        .len();
 
     n.start_monitor("mon.json", "");
-    let sig = n.wait_exit(victim, T).expect("victim never killed after the grace period");
+    let sig = n
+        .wait_exit(victim, T)
+        .expect("victim never killed after the grace period");
     assert_eq!(sig, Some(libc::SIGKILL));
-    assert_eq!(std::fs::read_to_string(&terms).unwrap().lines().count(), 1, "SIGTERM sent exactly once across the restart");
-    let v = n.wait_state(T, "restarted monitor in overlimit", |v| v["monitor_pid"] != Value::Null && state(v) == "overlimit" && v["monitor_pid"].as_u64() != Some(n.pid(mon) as u64));
-    assert_eq!(v["evictions"].as_object().map_or(0, |m| m.len()), 0, "the restarted monitor started no eviction of its own");
-    assert_eq!(v["overlimit_entries_mono_ms"].as_array().unwrap().len(), first_entries + 1, "Overlimit history resumed");
-    assert_eq!(v["hold_ms"], 800, "second entry in the window doubles the hold");
-    assert!(n.log("mon.json").contains("resumed eviction recorded by an earlier monitor run"));
+    assert_eq!(
+        std::fs::read_to_string(&terms).unwrap().lines().count(),
+        1,
+        "SIGTERM sent exactly once across the restart"
+    );
+    let v = n.wait_state(T, "restarted monitor in overlimit", |v| {
+        v["monitor_pid"] != Value::Null
+            && state(v) == "overlimit"
+            && v["monitor_pid"].as_u64() != Some(n.pid(mon) as u64)
+    });
+    assert_eq!(
+        v["evictions"].as_object().map_or(0, |m| m.len()),
+        0,
+        "the restarted monitor started no eviction of its own"
+    );
+    assert_eq!(
+        v["overlimit_entries_mono_ms"].as_array().unwrap().len(),
+        first_entries + 1,
+        "Overlimit history resumed"
+    );
+    let entries = first_entries as u32 + 1;
+    assert_eq!(
+        v["hold_ms"],
+        400 * 2u64.pow(entries - 1),
+        "entry {entries} in the window: hold doubled per earlier entry: {v:#}"
+    );
+    assert!(n
+        .log("mon.json")
+        .contains("resumed eviction recorded by an earlier monitor run"));
 }
 
 #[test]
@@ -185,17 +295,30 @@ fn host_memory_pressure_evicts_offline_work() {
         &format!(r#""host_memory": {{ "enabled": true, "min_available_pct": 5, "check_every_ms": 20, "meminfo_path": "{}", "psi_path": "/nonexistent" }}"#, meminfo.display()),
     );
     n.start_monitor("mon.json", &cfg);
-    n.wait_state(T, "healthy with host memory read", |v| state(v) == "healthy" && v["host_mem_available_pct"] == 50.0);
+    n.wait_state(T, "healthy with host memory read", |v| {
+        state(v) == "healthy" && v["host_mem_available_pct"] == 50.0
+    });
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
     let offline = n.spawn_sh("exec sleep 60");
     register(&ledger, n.pid(offline), 0);
     std::thread::sleep(Duration::from_millis(200));
     assert!(n.alive(offline), "no pressure, no eviction");
     std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 20000 kB\n").unwrap();
-    assert_eq!(n.wait_exit(offline, T).expect("not evicted"), Some(libc::SIGTERM));
-    let v = n.wait_state(T, "host_memory eviction counted", |v| v["evictions"]["host_memory"] == 1);
-    assert_eq!(state(&v), "healthy", "host pressure evicts without touching GPU health");
-    assert!(n.log("mon.json").contains("host MemAvailable 2.0% below 5.0%"));
+    assert_eq!(
+        n.wait_exit(offline, T).expect("not evicted"),
+        Some(libc::SIGTERM)
+    );
+    let v = n.wait_state(T, "host_memory eviction counted", |v| {
+        v["evictions"]["host_memory"] == 1
+    });
+    assert_eq!(
+        state(&v),
+        "healthy",
+        "host pressure evicts without touching GPU health"
+    );
+    assert!(n
+        .log("mon.json")
+        .contains("host MemAvailable 2.0% below 5.0%"));
 }
 
 #[test]
@@ -214,17 +337,29 @@ fn operator_disable_evicts_and_enable_goes_back_through_init() {
             .envs(envs.clone())
             .output()
             .unwrap();
-        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     cli("disable");
-    assert_eq!(n.wait_exit(offline, T).expect("not evicted"), Some(libc::SIGTERM));
-    let v = n.wait_state(T, "disabled", |v| state(v) == "disabled" && v["evictions"]["disabled"] == 1);
+    assert_eq!(
+        n.wait_exit(offline, T).expect("not evicted"),
+        Some(libc::SIGTERM)
+    );
+    let v = n.wait_state(T, "disabled", |v| {
+        state(v) == "disabled" && v["evictions"]["disabled"] == 1
+    });
     assert_eq!(v["disabled_by"], "operator");
     assert!(cli("status").contains("DISABLED by Operator"));
     cli("enable");
     let v = n.wait_state(T, "healthy again", |v| state(v) == "healthy");
-    assert_eq!(v["last_transition"][0], "init", "re-enabled GPUs go through Init: {v:#}");
+    assert_eq!(
+        v["last_transition"][0], "init",
+        "re-enabled GPUs go through Init: {v:#}"
+    );
 }
 
 #[test]
@@ -247,12 +382,20 @@ fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
     n.children.push(child);
     let mut buf = [0u8; 256];
     let mut msgs = Vec::new();
-    while msgs.iter().filter(|m: &&String| m.contains("WATCHDOG=1")).count() < 3 {
+    while msgs
+        .iter()
+        .filter(|m: &&String| m.contains("WATCHDOG=1"))
+        .count()
+        < 3
+    {
         let k = sock.recv(&mut buf).expect("no sd_notify message");
         msgs.push(String::from_utf8_lossy(&buf[..k]).into_owned());
     }
     assert_eq!(msgs[0], "READY=1", "readiness first: {msgs:?}");
-    assert!(msgs.iter().any(|m| m.contains("STATUS=GPU 0 healthy")), "{msgs:?}");
+    assert!(
+        msgs.iter().any(|m| m.contains("STATUS=GPU 0 healthy")),
+        "{msgs:?}"
+    );
     let mon = n.children.len() - 1;
     n.signal(mon, libc::SIGTERM);
     assert_eq!(n.wait_exit(mon, T), Some(None), "clean exit on SIGTERM");
@@ -262,4 +405,104 @@ fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
             break;
         }
     }
+}
+
+#[test]
+fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
+    let mut n = EmuNode::new();
+    let klog = n.path("kern.log");
+    std::fs::write(&klog, "").unwrap();
+    let cfg = config(400, 5000).replace(
+        r#""verify":"#,
+        &format!(
+            r#""xid_log": "{}", "xid_log_match": "PCI:0000:01:00", "verify":"#,
+            klog.display()
+        ),
+    );
+    let cfg = cfg.replace(
+        r#""hold_max_ms": 60000"#,
+        r#""hold_max_ms": 60000, "xid_disable_ms": 500"#,
+    );
+    n.start_monitor("mon.json", &cfg);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, n.pid(offline), 0);
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&klog)
+        .unwrap();
+    writeln!(f, "NVRM: Xid (PCI:0000:02:00): 31, pid=1, another GPU").unwrap();
+    writeln!(f, "NVRM: Xid (PCI:0000:01:00): 13, pid=1, not critical").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        n.alive(offline),
+        "other GPUs' and non-critical XIDs change nothing"
+    );
+    writeln!(
+        f,
+        "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=train, Ch 00000010"
+    )
+    .unwrap();
+    assert_eq!(
+        n.wait_exit(offline, T).expect("not evicted"),
+        Some(libc::SIGTERM)
+    );
+    let v = n.wait_state(T, "disabled by xid", |v| state(v) == "disabled");
+    assert_eq!(v["disabled_by"]["xid"], 31);
+    assert_eq!(v["evictions"]["disabled"], 1);
+    let v = n.wait_state(T, "healthy after the quiet time", |v| state(v) == "healthy");
+    assert_eq!(v["last_transition"][0], "init");
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text_on_a_unix_socket() {
+    use std::io::{Read, Write};
+    let mut n = EmuNode::new();
+    let sock = n.path("metrics.sock");
+    let cfg = config(400, 5000).replace(
+        r#""interval_ms": 10,"#,
+        &format!(
+            r#""interval_ms": 10, "metrics_listen": "unix:{}","#,
+            sock.display()
+        ),
+    );
+    n.start_monitor("mon.json", &cfg);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let body = {
+        let end = std::time::Instant::now() + T;
+        loop {
+            let mut s = match std::os::unix::net::UnixStream::connect(&sock) {
+                Ok(s) => s,
+                Err(e) if std::time::Instant::now() < end => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                Err(e) => panic!("metrics socket: {e}"),
+            };
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut r = String::new();
+            s.read_to_string(&mut r).unwrap();
+            if r.contains("xshare_gpu_health_state{gpu=\"0\",state=\"healthy\"} 1") {
+                break r;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "never healthy in metrics: {r}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert!(body.starts_with("HTTP/1.0 200 OK"));
+    assert!(
+        body.contains("xshare_gpu_sm_activity_percent{gpu=\"0\",source=\"gpm\"}"),
+        "{body}"
+    );
+    assert!(
+        body.contains("xshare_gpu_memory_total_bytes{gpu=\"0\"} 85520809984"),
+        "{body}"
+    );
+    assert!(body.contains("xshare_evictions_total{gpu=\"0\",reason=\"under_report\"} 0"));
 }

@@ -12,9 +12,13 @@ fn unit(name: &str) -> String {
 
 #[test]
 fn example_config_with_overrides_loads() {
-    let (cfg, files) = sysmonitor::config::Config::load(&root().join("systemd/examples/sysmonitor.json")).unwrap();
+    let (cfg, files) =
+        sysmonitor::config::Config::load(&root().join("systemd/examples/sysmonitor.json")).unwrap();
     assert_eq!(files.len(), 2, "base + sysmonitor.d override");
-    assert_eq!(cfg.machine.hold_base_ms, 60_000, "override applied over the base");
+    assert_eq!(
+        cfg.machine.hold_base_ms, 60_000,
+        "override applied over the base"
+    );
     assert!(cfg.evictor.command.is_some());
 }
 
@@ -23,7 +27,15 @@ fn units_are_notify_with_watchdog_ordered_and_hardened() {
     let mon = unit("xshare-sysmonitor@.service");
     let mps = unit("xshare-mps-manager@.service");
     for u in [&mon, &mps] {
-        for key in ["Type=notify", "WatchdogSec=", "NoNewPrivileges=yes", "ProtectSystem=strict", "RuntimeDirectory=xshare", "ExecReload=/bin/kill -HUP $MAINPID", "--gpu %i"] {
+        for key in [
+            "Type=notify",
+            "WatchdogSec=",
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "RuntimeDirectory=xshare",
+            "ExecReload=/bin/kill -HUP $MAINPID",
+            "--gpu %i",
+        ] {
             assert!(u.contains(key), "missing {key}");
         }
     }

@@ -15,10 +15,24 @@ fn cfg() -> MachineConfig {
 }
 
 // Default thresholds: util 80/90/98, sm 70/85/95, clock(below) 85/75/60, mem 80/90/95.
-const CALM: Metrics = Metrics { gpu_util: 10.0, sm_activity: 10.0, sm_clock_pct: 100.0, mem_used_pct: 10.0 };
-const BAND: Metrics = Metrics { gpu_util: 85.0, ..CALM };
-const UNHEALTHY: Metrics = Metrics { sm_activity: 90.0, ..CALM };
-const OVER: Metrics = Metrics { gpu_util: 99.0, ..CALM };
+const CALM: Metrics = Metrics {
+    gpu_util: 10.0,
+    sm_activity: 10.0,
+    sm_clock_pct: 100.0,
+    mem_used_pct: 10.0,
+};
+const BAND: Metrics = Metrics {
+    gpu_util: 85.0,
+    ..CALM
+};
+const UNHEALTHY: Metrics = Metrics {
+    sm_activity: 90.0,
+    ..CALM
+};
+const OVER: Metrics = Metrics {
+    gpu_util: 99.0,
+    ..CALM
+};
 
 fn s(m: Metrics) -> Input {
     Input::Sample(m)
@@ -49,16 +63,25 @@ fn init_to_healthy_then_straight_on_when_the_first_sample_is_bad() {
     let c = cfg();
     let mut m = Machine::new();
     let st = m.step(&c, 0, s(UNHEALTHY));
-    assert_eq!(st.transitions.iter().map(|t| t.to).collect::<Vec<_>>(), vec![State::Healthy, State::Unhealthy]);
+    assert_eq!(
+        st.transitions.iter().map(|t| t.to).collect::<Vec<_>>(),
+        vec![State::Healthy, State::Unhealthy]
+    );
     let mut m = Machine::new();
     let st = m.step(&c, 0, s(OVER));
-    assert_eq!(st.transitions.iter().map(|t| t.to).collect::<Vec<_>>(), vec![State::Healthy, State::Overlimit]);
+    assert_eq!(
+        st.transitions.iter().map(|t| t.to).collect::<Vec<_>>(),
+        vec![State::Healthy, State::Overlimit]
+    );
     assert_eq!(st.actions.len(), 1);
 }
 
 #[test]
 fn init_stays_init_on_errors_below_the_limit() {
-    run(&[(0, Input::SampleError, State::Init), (1, s(CALM), State::Healthy)]);
+    run(&[
+        (0, Input::SampleError, State::Init),
+        (1, s(CALM), State::Healthy),
+    ]);
 }
 
 #[test]
@@ -71,10 +94,22 @@ fn healthy_stays_healthy_in_the_hysteresis_band() {
 #[test]
 fn healthy_to_unhealthy_for_each_metric() {
     let cases = [
-        Metrics { gpu_util: 90.0, ..CALM },
-        Metrics { sm_activity: 85.0, ..CALM },
-        Metrics { sm_clock_pct: 75.0, ..CALM },
-        Metrics { mem_used_pct: 92.0, ..CALM },
+        Metrics {
+            gpu_util: 90.0,
+            ..CALM
+        },
+        Metrics {
+            sm_activity: 85.0,
+            ..CALM
+        },
+        Metrics {
+            sm_clock_pct: 75.0,
+            ..CALM
+        },
+        Metrics {
+            mem_used_pct: 92.0,
+            ..CALM
+        },
     ];
     for bad in cases {
         let mut rows = healthy_at(0);
@@ -86,10 +121,22 @@ fn healthy_to_unhealthy_for_each_metric() {
 #[test]
 fn healthy_to_overlimit_for_each_metric_and_evicts() {
     let cases = [
-        Metrics { gpu_util: 98.5, ..CALM },
-        Metrics { sm_activity: 96.0, ..CALM },
-        Metrics { sm_clock_pct: 59.0, ..CALM },
-        Metrics { mem_used_pct: 96.0, ..CALM },
+        Metrics {
+            gpu_util: 98.5,
+            ..CALM
+        },
+        Metrics {
+            sm_activity: 96.0,
+            ..CALM
+        },
+        Metrics {
+            sm_clock_pct: 59.0,
+            ..CALM
+        },
+        Metrics {
+            mem_used_pct: 96.0,
+            ..CALM
+        },
     ];
     let c = cfg();
     for bad in cases {
@@ -97,7 +144,10 @@ fn healthy_to_overlimit_for_each_metric_and_evicts() {
         m.step(&c, 0, s(CALM));
         let st = m.step(&c, 1, s(bad));
         assert_eq!(m.state(), State::Overlimit, "{bad:?}");
-        assert!(matches!(st.actions.as_slice(), [Action::EvictOffline { .. }]));
+        assert!(matches!(
+            st.actions.as_slice(),
+            [Action::EvictOffline { .. }]
+        ));
     }
 }
 
@@ -107,14 +157,25 @@ fn unhealthy_holds_in_band_and_returns_to_healthy_only_when_all_calm() {
         (0, s(CALM), State::Healthy),
         (1, s(UNHEALTHY), State::Unhealthy),
         (2, s(BAND), State::Unhealthy),
-        (3, s(Metrics { sm_activity: 75.0, ..CALM }), State::Unhealthy),
+        (
+            3,
+            s(Metrics {
+                sm_activity: 75.0,
+                ..CALM
+            }),
+            State::Unhealthy,
+        ),
         (4, s(CALM), State::Healthy),
     ]);
 }
 
 #[test]
 fn unhealthy_to_overlimit() {
-    run(&[(0, s(CALM), State::Healthy), (1, s(UNHEALTHY), State::Unhealthy), (2, s(OVER), State::Overlimit)]);
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (1, s(UNHEALTHY), State::Unhealthy),
+        (2, s(OVER), State::Overlimit),
+    ]);
 }
 
 #[test]
@@ -145,7 +206,10 @@ fn overlimit_hold_restarts_when_a_metric_goes_over_again() {
 #[test]
 fn hold_grows_exponentially_with_entries_in_window_and_is_capped() {
     let c = cfg();
-    assert_eq!((1..=6).map(|n| c.hold_ms(n)).collect::<Vec<_>>(), vec![100, 200, 400, 800, 1000, 1000]);
+    assert_eq!(
+        (1..=6).map(|n| c.hold_ms(n)).collect::<Vec<_>>(),
+        vec![100, 200, 400, 800, 1000, 1000]
+    );
 
     let mut m = Machine::new();
     let mut t = 0;
@@ -158,10 +222,18 @@ fn hold_grows_exponentially_with_entries_in_window_and_is_capped() {
         t += 1;
         m.step(&c, t, s(CALM));
         m.step(&c, t + expected_hold - 1, s(CALM));
-        assert_eq!(m.state(), State::Overlimit, "left before the {expected_hold} ms hold");
+        assert_eq!(
+            m.state(),
+            State::Overlimit,
+            "left before the {expected_hold} ms hold"
+        );
         t += expected_hold;
         m.step(&c, t, s(CALM));
-        assert_eq!(m.state(), State::Unhealthy, "still held after {expected_hold} ms");
+        assert_eq!(
+            m.state(),
+            State::Unhealthy,
+            "still held after {expected_hold} ms"
+        );
     }
 }
 
@@ -197,7 +269,12 @@ fn history_survives_a_restart() {
 
 #[test]
 fn nvml_errors_disable_from_every_state_after_the_limit() {
-    for pre in [vec![], vec![s(CALM)], vec![s(CALM), s(UNHEALTHY)], vec![s(CALM), s(OVER)]] {
+    for pre in [
+        vec![],
+        vec![s(CALM)],
+        vec![s(CALM), s(UNHEALTHY)],
+        vec![s(CALM), s(OVER)],
+    ] {
         let c = cfg();
         let mut m = Machine::new();
         for (i, p) in pre.iter().enumerate() {
@@ -209,7 +286,10 @@ fn nvml_errors_disable_from_every_state_after_the_limit() {
         let st = m.step(&c, 11, Input::SampleError);
         assert_eq!(m.state(), State::Disabled);
         assert_eq!(m.disabled_by(), Some(DisableCause::Nvml));
-        assert!(matches!(st.actions.as_slice(), [Action::EvictOffline { .. }]));
+        assert!(matches!(
+            st.actions.as_slice(),
+            [Action::EvictOffline { .. }]
+        ));
     }
 }
 
@@ -249,7 +329,10 @@ fn xid_disables_and_clears_after_its_quiet_time() {
 
 #[test]
 fn xid_with_zero_quiet_time_waits_for_the_operator() {
-    let c = MachineConfig { xid_disable_ms: 0, ..cfg() };
+    let c = MachineConfig {
+        xid_disable_ms: 0,
+        ..cfg()
+    };
     let mut m = Machine::new();
     m.step(&c, 0, s(CALM));
     m.step(&c, 1, Input::Xid(79));
@@ -275,7 +358,10 @@ fn operator_disable_is_not_undone_by_good_samples_or_xid_timeouts() {
 
 #[test]
 fn operator_enable_outside_disabled_changes_nothing() {
-    run(&[(0, s(CALM), State::Healthy), (1, Input::OperatorEnable, State::Healthy)]);
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (1, Input::OperatorEnable, State::Healthy),
+    ]);
 }
 
 #[test]
@@ -284,7 +370,14 @@ fn a_disabled_metric_is_never_judged() {
     c.gpu_util.enabled = false;
     let mut m = Machine::new();
     m.step(&c, 0, s(CALM));
-    m.step(&c, 1, s(Metrics { gpu_util: 100.0, ..CALM }));
+    m.step(
+        &c,
+        1,
+        s(Metrics {
+            gpu_util: 100.0,
+            ..CALM
+        }),
+    );
     assert_eq!(m.state(), State::Healthy);
 }
 
@@ -293,7 +386,14 @@ fn nan_readings_count_as_overlimit() {
     let c = cfg();
     let mut m = Machine::new();
     m.step(&c, 0, s(CALM));
-    m.step(&c, 1, s(Metrics { mem_used_pct: f64::NAN, ..CALM }));
+    m.step(
+        &c,
+        1,
+        s(Metrics {
+            mem_used_pct: f64::NAN,
+            ..CALM
+        }),
+    );
     assert_eq!(m.state(), State::Overlimit);
 }
 
@@ -302,14 +402,21 @@ fn config_validation_names_the_field() {
     let mut c = cfg();
     c.sm_clock.direction = Direction::Above;
     assert_eq!(c.validate().unwrap_err().0, "sm_clock");
-    let c = MachineConfig { hold_max_ms: 1, ..cfg() };
+    let c = MachineConfig {
+        hold_max_ms: 1,
+        ..cfg()
+    };
     assert_eq!(c.validate().unwrap_err().0, "hold_max_ms");
     assert!(cfg().validate().is_ok());
 }
 
 fn arb_metrics() -> impl Strategy<Value = Metrics> {
-    (0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64)
-        .prop_map(|(a, b, c, d)| Metrics { gpu_util: a, sm_activity: b, sm_clock_pct: c, mem_used_pct: d })
+    (0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64).prop_map(|(a, b, c, d)| Metrics {
+        gpu_util: a,
+        sm_activity: b,
+        sm_clock_pct: c,
+        mem_used_pct: d,
+    })
 }
 
 fn arb_input() -> impl Strategy<Value = Input> {

@@ -22,7 +22,18 @@ static BUILD: Once = Once::new();
 /// Builds the emulator pieces these tests run (fake NVML, fake MPS control) and the daemons.
 pub fn ensure_built() {
     BUILD.call_once(|| {
-        let mut args = vec!["build", "-q", "-p", "emu-nvml", "-p", "emu-mps-control", "-p", "sysmonitor", "-p", "mps-manager"];
+        let mut args = vec![
+            "build",
+            "-q",
+            "-p",
+            "emu-nvml",
+            "-p",
+            "emu-mps-control",
+            "-p",
+            "sysmonitor",
+            "-p",
+            "mps-manager",
+        ];
         // Benchmarks run from target/release: build the same profile as the caller.
         if target_dir().ends_with("release") {
             args.push("--release");
@@ -50,12 +61,21 @@ impl EmuNode {
         let dir = tempfile::tempdir().unwrap();
         let lib = dir.path().join("lib");
         std::fs::create_dir_all(&lib).unwrap();
-        std::os::unix::fs::symlink(target_dir().join("libnvidia_ml.so"), lib.join("libnvidia-ml.so.1")).unwrap();
+        std::os::unix::fs::symlink(
+            target_dir().join("libnvidia_ml.so"),
+            lib.join("libnvidia-ml.so.1"),
+        )
+        .unwrap();
         let state = dir.path().join("gpu0.state");
         let ledger_dir = dir.path().join("run");
         // Create the device now so every process sees the same profile.
         Device::open(&state, &emu_device::profile::H100).unwrap();
-        EmuNode { dir, state, ledger_dir, children: Vec::new() }
+        EmuNode {
+            dir,
+            state,
+            ledger_dir,
+            children: Vec::new(),
+        }
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -91,7 +111,11 @@ impl EmuNode {
         if !cfg.exists() {
             std::fs::write(&cfg, config).unwrap();
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.path(&format!("{name}.log"))).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(&format!("{name}.log")))
+            .unwrap();
         let c = Command::new(target_dir().join("sysmonitor"))
             .args(["run", "--config"])
             .arg(&cfg)
@@ -110,7 +134,13 @@ impl EmuNode {
 
     /// Spawns a helper process (shell script) and keeps it for cleanup.
     pub fn spawn_sh(&mut self, script: &str) -> usize {
-        let c = Command::new("sh").arg("-c").arg(script).envs(self.envs()).stdin(Stdio::null()).spawn().unwrap();
+        let c = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .envs(self.envs())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
         self.children.push(c);
         self.children.len() - 1
     }
@@ -118,7 +148,13 @@ impl EmuNode {
     /// Spawns this test binary again as a helper running `role` (see `helper_main`).
     pub fn spawn_helper(&mut self, role: &str, arg: &str) -> usize {
         let c = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "helper_entry", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "helper_entry",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("NODE_TEST_HELPER", role)
             .env("NODE_TEST_ARG", arg)
             .envs(self.envs())
@@ -156,7 +192,12 @@ impl EmuNode {
     }
 
     /// Polls the monitor's state file until `pred` holds (or panics after `limit`).
-    pub fn wait_state(&self, limit: Duration, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub fn wait_state(
+        &self,
+        limit: Duration,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let end = Instant::now() + limit;
         let mut last = serde_json::Value::Null;
         while Instant::now() < end {
@@ -185,7 +226,9 @@ impl Drop for EmuNode {
 
 /// Registers `pid` in the ledger as an offline process reporting `bytes`.
 pub fn register(ledger: &node_ledger::Ledger, pid: u32, bytes: u64) -> node_ledger::ProcHandle {
-    let g = ledger.group(node_ledger::ledger::group_id_for("offline-test"), 64 << 30).unwrap();
+    let g = ledger
+        .group(node_ledger::ledger::group_id_for("offline-test"), 64 << 30)
+        .unwrap();
     let h = ledger.register(pid, g).unwrap();
     if bytes > 0 {
         ledger.try_reserve(h, bytes).unwrap();
@@ -217,7 +260,17 @@ impl Load {
             let blocks = ((p.sm_count as f64) * sm_frac).max(1.0) as u64;
             let cycles = (p.max_sm_clock_mhz as f64 * 1000.0 * kernel_ms) as u64;
             while !s.load(Ordering::Relaxed) {
-                match dev.launch(&c, Launch { blocks, cycles_per_block: cycles, after: 0 }).and_then(|t| dev.wait(&c, t)) {
+                match dev
+                    .launch(
+                        &c,
+                        Launch {
+                            blocks,
+                            cycles_per_block: cycles,
+                            after: 0,
+                        },
+                    )
+                    .and_then(|t| dev.wait(&c, t))
+                {
                     Ok(_) => {
                         k.fetch_add(1, Ordering::Relaxed);
                     }
@@ -233,7 +286,12 @@ impl Load {
             dev.context_destroyed(&c);
             dev.detach(&c);
         });
-        Load { stop, kernels, failures, th: Some(th) }
+        Load {
+            stop,
+            kernels,
+            failures,
+            th: Some(th),
+        }
     }
 
     pub fn stop(mut self) {
@@ -256,8 +314,13 @@ impl Drop for Load {
 /// Body of a helper process (when `NODE_TEST_HELPER` is set): `gpu-mem` attaches to the
 /// emulated device, allocates `NODE_TEST_ARG` MiB and sleeps until killed.
 pub fn helper_main() {
-    let Ok(role) = std::env::var("NODE_TEST_HELPER") else { return };
-    let arg: u64 = std::env::var("NODE_TEST_ARG").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let Ok(role) = std::env::var("NODE_TEST_HELPER") else {
+        return;
+    };
+    let arg: u64 = std::env::var("NODE_TEST_ARG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     match role.as_str() {
         "gpu-mem" => {
             let dev = Device::open_from_env().unwrap();

@@ -16,10 +16,13 @@ use workloads_support::*;
 const T: Duration = Duration::from_secs(60);
 const HOLD_MS: u64 = 600;
 
-
 fn require_node_built() {
     for f in ["sysmonitor", "libxcuda.so"] {
-        assert!(bin_dir().join(f).exists(), "{} is not built: run `cargo build --workspace` first", bin_dir().join(f).display());
+        assert!(
+            bin_dir().join(f).exists(),
+            "{} is not built: run `cargo build --workspace` first",
+            bin_dir().join(f).display()
+        );
     }
 }
 
@@ -78,7 +81,10 @@ impl Node {
         let end = Instant::now() + T;
         let mut last = Value::Null;
         while Instant::now() < end {
-            if let Some(v) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()) {
+            if let Some(v) = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+            {
                 if pred(&v) {
                     return v;
                 }
@@ -93,7 +99,11 @@ impl Node {
         let mut c = self.host.command("online");
         c.arg("--json").args(args);
         let out = run_bounded(c, "", T);
-        assert!(out.status.success(), "online failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "online failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         last_json(&out.stdout)
     }
 
@@ -121,24 +131,72 @@ fn log(root: &Path) -> String {
 fn node_online_burst_evicts_offline_at_once_p99_recovers_healthy_after_hold() {
     let node = Node::start();
     node.state("healthy", |v| st(v) == "healthy");
-    let probe = ["--rate", "100", "--duration", "3", "--kernels", "2", "--kernel-us", "500", "--arrivals", "fixed"];
+    let probe = [
+        "--rate",
+        "100",
+        "--duration",
+        "3",
+        "--kernels",
+        "2",
+        "--kernel-us",
+        "500",
+        "--arrivals",
+        "fixed",
+    ];
     let alone = node.online(&probe);
 
     // Offline training on a third of the SMs: the GPU stays admissible.
-    let mut off = node.offline_under_shim(&["--blocks", "40", "--kernel-us", "20000", "--report-interval", "0.2", "--state-mb", "16"]);
+    let mut off = node.offline_under_shim(&[
+        "--blocks",
+        "40",
+        "--kernel-us",
+        "20000",
+        "--report-interval",
+        "0.2",
+        "--state-mb",
+        "16",
+    ]);
     off.wait_line("iters_per_s", T);
     let v = node.state("offline registered", |v| v["offline_registered"] == 1);
-    assert!(matches!(st(&v), "healthy" | "unhealthy"), "offline alone must not overload the GPU: {v:#}");
+    assert!(
+        matches!(st(&v), "healthy" | "unhealthy"),
+        "offline alone must not overload the GPU: {v:#}"
+    );
 
     // Online burst on every SM.
-    let burst = node.online(&["--rate", "400", "--duration", "1.5", "--kernels", "4", "--kernel-us", "2000", "--blocks", "132"]);
+    let burst = node.online(&[
+        "--rate",
+        "400",
+        "--duration",
+        "1.5",
+        "--kernels",
+        "4",
+        "--kernel-us",
+        "2000",
+        "--blocks",
+        "132",
+    ]);
     let (status, lines) = off.stop(0, T);
-    assert!(status.success(), "offline exits cleanly through its SIGTERM path: {status:?} {lines:?}");
-    let fin = json(lines.iter().rev().find(|l| l.contains("\"final\":true")).expect("offline summary"));
+    assert!(
+        status.success(),
+        "offline exits cleanly through its SIGTERM path: {status:?} {lines:?}"
+    );
+    let fin = json(
+        lines
+            .iter()
+            .rev()
+            .find(|l| l.contains("\"final\":true"))
+            .expect("offline summary"),
+    );
     assert_eq!(fin["signal"], libc::SIGTERM, "evicted with SIGTERM: {fin}");
     let v = node.state("eviction recorded", |v| v["evictions"]["overlimit"] == 1);
-    let lag = v["overlimit_eviction_lag_samples"].as_u64().unwrap_or_else(|| panic!("no lag recorded: {v:#}"));
-    assert!(lag <= 2, "SIGTERM {lag} sampling intervals after the Overlimit decision");
+    let lag = v["overlimit_eviction_lag_samples"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no lag recorded: {v:#}"));
+    assert!(
+        lag <= 2,
+        "SIGTERM {lag} sampling intervals after the Overlimit decision"
+    );
 
     // Hold: Overlimit until HOLD_MS after the metrics calm down, then Unhealthy, then Healthy.
     // Judged on the monitor's own clock: the largest hold left it reported while calm, and
@@ -146,7 +204,10 @@ fn node_online_burst_evicts_offline_at_once_p99_recovers_healthy_after_hold() {
     let seen = std::cell::Cell::new(None::<(u64, u64)>);
     let left = node.state("left overlimit", |v| {
         if st(v) == "overlimit" {
-            if let (Some(r), Some(t)) = (v["hold_remaining_ms"].as_u64(), v["updated_mono_ms"].as_u64()) {
+            if let (Some(r), Some(t)) = (
+                v["hold_remaining_ms"].as_u64(),
+                v["updated_mono_ms"].as_u64(),
+            ) {
                 if seen.get().is_none_or(|(_, br)| r > br) {
                     seen.set(Some((t, r)));
                 }
@@ -154,23 +215,50 @@ fn node_online_burst_evicts_offline_at_once_p99_recovers_healthy_after_hold() {
         }
         st(v) != "overlimit"
     });
-    let (t1, r_max) = seen.get().expect("the monitor never reported a running hold");
-    assert!(r_max + 100 >= HOLD_MS, "the hold started at {r_max} ms left, expected about {HOLD_MS}");
+    let (t1, r_max) = seen
+        .get()
+        .expect("the monitor never reported a running hold");
+    assert!(
+        r_max + 100 >= HOLD_MS,
+        "the hold started at {r_max} ms left, expected about {HOLD_MS}"
+    );
     let t2 = left["updated_mono_ms"].as_u64().unwrap();
-    assert!(t2 + 20 >= t1 + r_max, "left Overlimit {} ms after a report of {r_max} ms hold left", t2 - t1);
+    assert!(
+        t2 + 20 >= t1 + r_max,
+        "left Overlimit {} ms after a report of {r_max} ms hold left",
+        t2 - t1
+    );
     let healthy = node.state("healthy", |v| st(v) == "healthy");
     assert_eq!(healthy["last_transition"][0], "unhealthy", "{healthy:#}");
 
     // Online p99 is back to its alone value once offline work is gone.
     let after = node.online(&probe);
-    let (p_alone, p_burst, p_after) = (alone["p99_ms"].as_f64().unwrap(), burst["p99_ms"].as_f64().unwrap(), after["p99_ms"].as_f64().unwrap());
-    eprintln!("online p99: alone {p_alone:.2} ms, burst {p_burst:.2} ms, after eviction {p_after:.2} ms");
+    let (p_alone, p_burst, p_after) = (
+        alone["p99_ms"].as_f64().unwrap(),
+        burst["p99_ms"].as_f64().unwrap(),
+        after["p99_ms"].as_f64().unwrap(),
+    );
+    eprintln!(
+        "online p99: alone {p_alone:.2} ms, burst {p_burst:.2} ms, after eviction {p_after:.2} ms"
+    );
     // The machine running the tests is shared (2 cores, parallel builds): host scheduling noise
     // lands in the tail, so "back to alone" is judged with room for it.
-    assert!(p_after * 10.0 < p_burst, "p99 after eviction {p_after} ms vs {p_burst} ms in the burst");
-    let (m_alone, m_after) = (alone["p50_ms"].as_f64().unwrap(), after["p50_ms"].as_f64().unwrap());
+    assert!(
+        p_after * 10.0 < p_burst,
+        "p99 after eviction {p_after} ms vs {p_burst} ms in the burst"
+    );
+    let (m_alone, m_after) = (
+        alone["p50_ms"].as_f64().unwrap(),
+        after["p50_ms"].as_f64().unwrap(),
+    );
     eprintln!("online p50: alone {m_alone:.2} ms, after eviction {m_after:.2} ms");
-    assert!(m_after <= m_alone * 2.0 + 5.0, "p50 after eviction {m_after} ms vs alone {m_alone} ms");
-    assert!(p_after <= p_alone * 3.0 + 50.0, "p99 after eviction {p_after} ms vs alone {p_alone} ms");
+    assert!(
+        m_after <= m_alone * 2.0 + 5.0,
+        "p50 after eviction {m_after} ms vs alone {m_alone} ms"
+    );
+    assert!(
+        p_after <= p_alone * 3.0 + 50.0,
+        "p99 after eviction {p_after} ms vs alone {p_alone} ms"
+    );
     assert!(log(node.host.root.as_ref().unwrap()).contains("evicting offline process (SIGTERM)"));
 }

@@ -488,6 +488,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
         std::env::set_var("GPUEMU_PROFILE", "h100");
+        // SAFETY: every pointer passed is null on purpose or points at a live local of the
+        // type the entry point writes; that is what the test exercises.
         unsafe {
             let mut n: c_uint = 0;
             assert_eq!(nvmlDeviceGetCount_v2(&mut n), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
