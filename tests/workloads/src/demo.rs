@@ -83,7 +83,13 @@ pub struct PhaseResult {
 /// The two phases of the problem statement.
 pub fn baseline_phases() -> Vec<Phase> {
     vec![
-        Phase { name: "online alone".into(), services: vec![], teardown: vec![], offline: false, offline_env: vec![] },
+        Phase {
+            name: "online alone".into(),
+            services: vec![],
+            teardown: vec![],
+            offline: false,
+            offline_env: vec![],
+        },
         Phase {
             name: "online + offline (no control)".into(),
             services: vec![],
@@ -109,7 +115,10 @@ pub fn mps_static_phase(offline_pct: u32) -> Phase {
         }],
         teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],
         offline: true,
-        offline_env: vec![("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), offline_pct.to_string())],
+        offline_env: vec![(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+            offline_pct.to_string(),
+        )],
     }
 }
 
@@ -151,26 +160,49 @@ impl Drop for Guard {
 pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseResult, String> {
     let mut guard = Guard(Vec::new());
     for s in &phase.services {
-        let mut cmd = if s.from_bin_dir { host.command(&s.program) } else { host.tool(&s.program) };
+        let mut cmd = if s.from_bin_dir {
+            host.command(&s.program)
+        } else {
+            host.tool(&s.program)
+        };
         cmd.args(&s.args).stdin(Stdio::null());
         if s.oneshot {
-            let out = cmd.output().map_err(|e| format!("{}: cannot run {}: {e}", s.name, s.program))?;
+            let out = cmd
+                .output()
+                .map_err(|e| format!("{}: cannot run {}: {e}", s.name, s.program))?;
             if !out.status.success() {
-                return Err(format!("{}: {} exited with {}: {}", s.name, s.program, out.status, String::from_utf8_lossy(&out.stderr).trim()));
+                return Err(format!(
+                    "{}: {} exited with {}: {}",
+                    s.name,
+                    s.program,
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
             }
         } else {
-            let child = cmd.stdout(Stdio::null()).spawn().map_err(|e| format!("{}: cannot start {}: {e}", s.name, s.program))?;
+            let child = cmd
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("{}: cannot start {}: {e}", s.name, s.program))?;
             guard.0.push((s.name.clone(), child));
         }
     }
     let mut offline_out = None;
     if phase.offline {
         let mut cmd = host.command("offline");
-        cmd.args(["--json", "--report-interval", "0.5", "--kernel-us", &cfg.offline_kernel_us.to_string()])
-            .envs(phase.offline_env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start offline client: {e}"))?;
+        cmd.args([
+            "--json",
+            "--report-interval",
+            "0.5",
+            "--kernel-us",
+            &cfg.offline_kernel_us.to_string(),
+        ])
+        .envs(phase.offline_env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start offline client: {e}"))?;
         let stdout = child.stdout.take().ok_or("offline client has no stdout")?;
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         std::thread::spawn(move || {
@@ -187,7 +219,9 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(l) => early.push(l),
-                Err(_) => return Err("the offline client did not report progress within 60 s".into()),
+                Err(_) => {
+                    return Err("the offline client did not report progress within 60 s".into())
+                }
             }
         }
         std::thread::sleep(Duration::from_secs_f64(cfg.offline_warmup_s));
@@ -212,10 +246,20 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
         .output()
         .map_err(|e| format!("cannot run online client: {e}"))?;
     if !out.status.success() {
-        return Err(format!("online client failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "online client failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
-    let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
-    let num = |k: &str| json_number(&line, k).ok_or_else(|| format!("online client output lacks {k}: {line}"));
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let num = |k: &str| {
+        json_number(&line, k).ok_or_else(|| format!("online client output lacks {k}: {line}"))
+    };
     let mut r = PhaseResult {
         name: phase.name.clone(),
         p50_ms: num("p50_ms")?,
@@ -231,11 +275,22 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
             lines.push(l);
         }
         let fin = lines.iter().rev().find(|l| l.contains("\"final\":true"));
-        let fin = fin.ok_or_else(|| format!("offline client printed no summary (last lines: {:?})", lines.iter().rev().take(3).collect::<Vec<_>>()))?;
+        let fin = fin.ok_or_else(|| {
+            format!(
+                "offline client printed no summary (last lines: {:?})",
+                lines.iter().rev().take(3).collect::<Vec<_>>()
+            )
+        })?;
         r.offline_iters_per_s = json_number(fin, "iters_per_s");
     }
     for (prog, args, stdin) in &phase.teardown {
-        let mut c = host.tool(prog).args(args).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().map_err(|e| format!("teardown {prog}: {e}"))?;
+        let mut c = host
+            .tool(prog)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("teardown {prog}: {e}"))?;
         if let Some(mut i) = c.stdin.take() {
             use std::io::Write;
             let _ = i.write_all(stdin.as_bytes());
@@ -255,9 +310,17 @@ pub fn table(host: &str, rows: &[PhaseResult]) -> String {
         "phase", "p50 (ms)", "p50 x", "p99 (ms)", "p99 x", "online/s", "offline iter/s"
     );
     s += &format!("{}\n", "-".repeat(96));
-    let x = |v: f64, b: f64| if b > 0.0 { format!("{:.2}", v / b) } else { "-".into() };
+    let x = |v: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}", v / b)
+        } else {
+            "-".into()
+        }
+    };
     for r in rows {
-        let off = r.offline_iters_per_s.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let off = r
+            .offline_iters_per_s
+            .map_or("-".to_string(), |v| format!("{v:.2}"));
         s += &format!(
             "{:<32} {:>10.3} {:>7} {:>10.3} {:>7} {:>9.1} {:>15}\n",
             r.name,
@@ -288,11 +351,27 @@ mod tests {
     #[test]
     fn table_shows_ratio_against_the_first_phase() {
         let rows = [
-            PhaseResult { name: "a".into(), p50_ms: 1.0, p99_ms: 2.0, ..Default::default() },
-            PhaseResult { name: "b".into(), p50_ms: 1.5, p99_ms: 5.0, offline_iters_per_s: Some(3.0), ..Default::default() },
+            PhaseResult {
+                name: "a".into(),
+                p50_ms: 1.0,
+                p99_ms: 2.0,
+                ..Default::default()
+            },
+            PhaseResult {
+                name: "b".into(),
+                p50_ms: 1.5,
+                p99_ms: 5.0,
+                offline_iters_per_s: Some(3.0),
+                ..Default::default()
+            },
         ];
         let t = table("x", &rows);
-        let b: Vec<&str> = t.lines().find(|l| l.starts_with('b')).unwrap().split_whitespace().collect();
+        let b: Vec<&str> = t
+            .lines()
+            .find(|l| l.starts_with('b'))
+            .unwrap()
+            .split_whitespace()
+            .collect();
         assert_eq!(b[2..], ["1.50", "5.000", "2.50", "0.0", "3.00"], "{t}");
     }
 }
