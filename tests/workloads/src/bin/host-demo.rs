@@ -53,6 +53,13 @@ fn main() -> ExitCode {
 fn run(argv: Vec<String>) -> Result<(), String> {
     let mut a = Args::parse(argv, &["real"])?;
     let profile: String = a.get("profile", "t4".to_string())?;
+    if emu_device::Profile::by_id(&profile).is_none() {
+        let known: Vec<&str> = emu_device::profile::ALL.iter().map(|p| p.id).collect();
+        return Err(format!(
+            "--profile '{profile}': unknown GPU profile (known: {})",
+            known.join(", ")
+        ));
+    }
     let cfg = DemoConfig {
         duration_s: in_range("duration", a.get("duration", 5.0)?, 0.1, 3600.0)?,
         rate: in_range("rate", a.get("rate", 50.0)?, 0.1, 100_000.0)?,
