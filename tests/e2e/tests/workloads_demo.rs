@@ -38,6 +38,13 @@ fn host_demo_prints_every_phase() {
     assert!(ratio > 1.0, "{text}");
     assert!(offline > 0.0, "{text}");
     row("online alone");
+    let alone: f64 = row("offline alone")
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .parse()
+        .expect("offline alone it/s");
+    assert!(alone > 0.0, "{text}");
     let mps = row("online + offline (MPS, 25% SMs)");
     let offline_capped: f64 = mps
         .split_whitespace()

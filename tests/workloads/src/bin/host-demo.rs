@@ -9,7 +9,8 @@ use workloads::host::Host;
 
 const HELP: &str = "\
 host-demo: shows what this product is for. On one GPU host it runs the online
-(inference-like) client alone, then beside an unrestrained offline (training-like) client,
+(inference-like) client alone, the offline (training-like) client alone, then both
+together with the offline client unrestrained,
 then (emulated host) beside an offline client held to a static MPS share of the SMs, and
 prints the online p50/p99 latency and the offline iterations/s of each phase.
 
