@@ -31,31 +31,64 @@ fn mps_percentage_caps_a_client() {
 
     let mut free = offline(&host, &args);
     let full = rate(&mut free, 1, 4);
-    let server: u32 = mps(&host, "get_server_list\n").trim().parse().expect("server started for the client");
-    assert_eq!(mps(&host, &format!("get_client_list {server}\n")).trim(), free.pid().to_string());
+    let server: u32 = mps(&host, "get_server_list\n")
+        .trim()
+        .parse()
+        .expect("server started for the client");
+    assert_eq!(
+        mps(&host, &format!("get_client_list {server}\n")).trim(),
+        free.pid().to_string()
+    );
 
     // Emulator extension: cap the running client itself.
-    assert_eq!(mps(&host, &format!("set_active_thread_percentage {} 25\n", free.pid())), "25.0\n");
+    assert_eq!(
+        mps(
+            &host,
+            &format!("set_active_thread_percentage {} 25\n", free.pid())
+        ),
+        "25.0\n"
+    );
     let capped_live = rate(&mut free, 1, 4);
     let (st, _) = free.stop(libc::SIGTERM, Duration::from_secs(30));
     assert!(st.success());
 
     // Real protocol: the server's percentage applies to clients that connect afterwards.
-    assert_eq!(mps(&host, &format!("set_active_thread_percentage {server} 25\n")), "25.0\n");
+    assert_eq!(
+        mps(
+            &host,
+            &format!("set_active_thread_percentage {server} 25\n")
+        ),
+        "25.0\n"
+    );
     let mut late = offline(&host, &args);
     let capped_new = rate(&mut late, 1, 4);
     late.stop(libc::SIGTERM, Duration::from_secs(30));
 
     // A client's own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE wins over its server's percentage.
-    assert_eq!(mps(&host, &format!("set_active_thread_percentage {server} 100\n")), "100.0\n");
+    assert_eq!(
+        mps(
+            &host,
+            &format!("set_active_thread_percentage {server} 100\n")
+        ),
+        "100.0\n"
+    );
     let mut c = host.command("offline");
-    c.args(["--json", "--report-interval", "0.2"]).args(args).env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25");
+    c.args(["--json", "--report-interval", "0.2"])
+        .args(args)
+        .env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25");
     let mut own = Proc::spawn(c);
     let capped_env = rate(&mut own, 1, 4);
     own.stop(libc::SIGTERM, Duration::from_secs(30));
 
-    for (what, r) in [("live cap", capped_live), ("new-client cap", capped_new), ("client env cap", capped_env)] {
+    for (what, r) in [
+        ("live cap", capped_live),
+        ("new-client cap", capped_new),
+        ("client env cap", capped_env),
+    ] {
         let ratio = r / full;
-        assert!(ratio < 0.45 && ratio > 0.1, "{what}: {r:.2} it/s vs {full:.2} it/s uncapped (ratio {ratio:.2}, expected ~0.25)");
+        assert!(
+            ratio < 0.45 && ratio > 0.1,
+            "{what}: {r:.2} it/s vs {full:.2} it/s uncapped (ratio {ratio:.2}, expected ~0.25)"
+        );
     }
 }

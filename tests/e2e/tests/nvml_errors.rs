@@ -22,13 +22,22 @@ fn no_device_state_is_driver_not_loaded_and_t4_has_no_gpm() {
             std::env::set_var(k, v);
         }
     }
-    let nvml = Nvml::builder().lib_path(lib.as_os_str()).init().expect("init");
+    let nvml = Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .expect("init");
     let dev = nvml.device_by_index(0).unwrap();
-    assert!(matches!(nvml.device_by_index(1), Err(NvmlError::InvalidArg)));
+    assert!(matches!(
+        nvml.device_by_index(1),
+        Err(NvmlError::InvalidArg)
+    ));
     assert_eq!(dev.name().unwrap(), "Tesla T4");
     assert!(!dev.gpm_support().unwrap());
     assert!(matches!(dev.gpm_sample(), Err(NvmlError::NotSupported)));
     // Not exported on purpose: nvml-wrapper reports the missing symbol.
-    assert!(matches!(dev.pcie_throughput(nvml_wrapper::enum_wrappers::device::PcieUtilCounter::Send), Err(NvmlError::FailedToLoadSymbol(_))));
+    assert!(matches!(
+        dev.pcie_throughput(nvml_wrapper::enum_wrappers::device::PcieUtilCounter::Send),
+        Err(NvmlError::FailedToLoadSymbol(_))
+    ));
     nvml.shutdown().unwrap();
 }

@@ -20,14 +20,18 @@ fn nvml_for(host: &Host) -> Nvml {
         }
     }
     let lib = host.root.as_ref().unwrap().join("lib/libnvidia-ml.so.1");
-    Nvml::builder().lib_path(lib.as_os_str()).init().expect("nvmlInit against the emulator")
+    Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .expect("nvmlInit against the emulator")
 }
 
 fn sm_util(nvml: &Nvml, dev: &nvml_wrapper::Device, gap: Duration) -> f64 {
     let a = dev.gpm_sample().expect("gpm sample");
     std::thread::sleep(gap);
     let b = dev.gpm_sample().expect("gpm sample");
-    let m = nvml_wrapper::gpm::gpm_metrics_get(nvml, &a, &b, &[GpmMetricId::SmUtil]).expect("gpm metrics");
+    let m = nvml_wrapper::gpm::gpm_metrics_get(nvml, &a, &b, &[GpmMetricId::SmUtil])
+        .expect("gpm metrics");
     m[0].as_ref().expect("SM_UTIL supported").value
 }
 
@@ -39,8 +43,17 @@ fn two_processes_see_each_other_and_load_through_nvml() {
     assert_eq!(nvml.device_count().unwrap(), 1);
     assert!(dev.name().unwrap().contains("H100"));
     assert!(dev.uuid().unwrap().starts_with("GPU-"));
-    assert_eq!(nvml.device_by_uuid(dev.uuid().unwrap()).unwrap().index().unwrap(), 0);
-    assert!(dev.gpm_support().expect("GPM query"), "H100 profile answers GPM");
+    assert_eq!(
+        nvml.device_by_uuid(dev.uuid().unwrap())
+            .unwrap()
+            .index()
+            .unwrap(),
+        0
+    );
+    assert!(
+        dev.gpm_support().expect("GPM query"),
+        "H100 profile answers GPM"
+    );
     let idle_used = dev.memory_info().unwrap().used;
     assert_eq!(dev.running_compute_processes().unwrap().len(), 0);
 
@@ -49,26 +62,47 @@ fn two_processes_see_each_other_and_load_through_nvml() {
     a.wait_line("iters_per_s", Duration::from_secs(60));
     b.wait_line("iters_per_s", Duration::from_secs(60));
 
-    let procs = dev.running_compute_processes().expect("process list (size-query protocol)");
-    let mem_of = |pid: u32| match procs.iter().find(|p| p.pid == pid).map(|p| &p.used_gpu_memory) {
+    let procs = dev
+        .running_compute_processes()
+        .expect("process list (size-query protocol)");
+    let mem_of = |pid: u32| match procs
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| &p.used_gpu_memory)
+    {
         Some(nvml_wrapper::enums::device::UsedGpuMemory::Used(b)) => *b,
         other => panic!("pid {pid} not listed with memory: {other:?} in {procs:?}"),
     };
     assert!(mem_of(a.pid()) >= 64 * MIB, "{procs:?}");
     assert!(mem_of(b.pid()) >= 128 * MIB, "{procs:?}");
     let mem = dev.memory_info().unwrap();
-    assert!(mem.used >= idle_used + 192 * MIB, "used {} after two allocations", mem.used);
+    assert!(
+        mem.used >= idle_used + 192 * MIB,
+        "used {} after two allocations",
+        mem.used
+    );
     assert_eq!(mem.total, mem.used + mem.free);
 
     let util = dev.utilization_rates().unwrap().gpu;
-    assert!(util >= 80, "GPU utilization under back-to-back kernels: {util}%");
+    assert!(
+        util >= 80,
+        "GPU utilization under back-to-back kernels: {util}%"
+    );
     let busy = sm_util(&nvml, &dev, Duration::from_millis(300));
-    assert!(busy >= 80.0, "SM utilization under two full-grid clients: {busy}%");
+    assert!(
+        busy >= 80.0,
+        "SM utilization under two full-grid clients: {busy}%"
+    );
     let sm = dev.clock_info(Clock::SM).unwrap();
     assert!(sm > 0 && sm <= dev.max_clock_info(Clock::SM).unwrap());
     assert!(dev.temperature(TemperatureSensor::Gpu).unwrap() > 30);
     assert!(dev.power_usage().unwrap() > 0);
-    let samples = dev.samples(nvml_wrapper::enum_wrappers::device::Sampling::GpuUtilization, None).expect("samples");
+    let samples = dev
+        .samples(
+            nvml_wrapper::enum_wrappers::device::Sampling::GpuUtilization,
+            None,
+        )
+        .expect("samples");
     assert!(!samples.is_empty());
 
     let (sa, _) = a.stop(libc::SIGTERM, Duration::from_secs(30));
@@ -82,7 +116,10 @@ fn two_processes_see_each_other_and_load_through_nvml() {
         if util <= 5 && procs.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "load did not go away: util {util}%, processes {procs:?}");
+        assert!(
+            Instant::now() < deadline,
+            "load did not go away: util {util}%, processes {procs:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(sm_util(&nvml, &dev, Duration::from_millis(200)) <= 5.0);

@@ -12,9 +12,9 @@ use std::time::Duration;
 use workloads_support::*;
 
 fn python() -> PathBuf {
-    std::env::var_os("XSHARE_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
-    })
+    std::env::var_os("XSHARE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
 }
 
 #[test]
@@ -35,11 +35,19 @@ fn cuda_bindings_round_trip_against_the_emulator() {
         c.env(k, v);
     }
     let out = run_bounded(c, "", Duration::from_secs(120));
-    assert!(out.status.success(), "cuda-bindings round trip failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cuda-bindings round trip failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r = last_json(&out.stdout);
     assert_eq!(r["devices"], 1);
     assert_eq!(r["name"], "NVIDIA A10");
     assert_eq!(r["sms"], 72);
     assert_eq!(r["roundtrip_equal"], true, "{r}");
-    assert!(r["used_during"].as_u64().unwrap() >= r["copied"].as_u64().unwrap(), "{r}");
+    assert!(
+        r["used_during"].as_u64().unwrap() >= r["copied"].as_u64().unwrap(),
+        "{r}"
+    );
 }

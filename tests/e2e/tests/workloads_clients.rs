@@ -13,18 +13,39 @@ fn online(host: &Host, args: &[&str]) -> serde_json::Value {
     let mut c = host.command("online");
     c.arg("--json").args(args);
     let out = run_bounded(c, "", Duration::from_secs(120));
-    assert!(out.status.success(), "online failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "online failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     last_json(&out.stdout)
 }
 
 #[test]
 fn online_reports_latency_of_emulated_kernels() {
     let host = host("t4");
-    let r = online(&host, &["--duration", "1", "--rate", "40", "--kernels", "2", "--kernel-us", "2000", "--arrivals", "fixed"]);
+    let r = online(
+        &host,
+        &[
+            "--duration",
+            "1",
+            "--rate",
+            "40",
+            "--kernels",
+            "2",
+            "--kernel-us",
+            "2000",
+            "--arrivals",
+            "fixed",
+        ],
+    );
     let n = r["requests"].as_u64().unwrap();
     let (p50, p99) = (r["p50_ms"].as_f64().unwrap(), r["p99_ms"].as_f64().unwrap());
     assert!(n >= 20, "{r}");
-    assert!(p50 >= 4.0, "two 2 ms kernels per request take at least 4 ms of emulated time: {r}");
+    assert!(
+        p50 >= 4.0,
+        "two 2 ms kernels per request take at least 4 ms of emulated time: {r}"
+    );
     assert!(p99 >= p50, "{r}");
     assert_eq!(r["device"], "Tesla T4");
 }
@@ -34,22 +55,52 @@ fn offline_checkpoints_and_releases_its_context_on_sigterm() {
     let host = host("t4");
     mps_start(&host);
     let _guard = MpsGuard(&host);
-    let state = PathBuf::from(host.env().iter().find(|(k, _)| k == "GPUEMU_STATE").unwrap().1.clone());
+    let state = PathBuf::from(
+        host.env()
+            .iter()
+            .find(|(k, _)| k == "GPUEMU_STATE")
+            .unwrap()
+            .1
+            .clone(),
+    );
     let dev = emu_device::Device::open(&state, emu_device::Profile::by_id("t4").unwrap()).unwrap();
     let ckpt = host.root.as_ref().unwrap().join("ckpt.bin");
 
-    let mut p = offline(&host, &["--state-mb", "4", "--kernel-us", "20000", "--checkpoint", ckpt.to_str().unwrap()]);
+    let mut p = offline(
+        &host,
+        &[
+            "--state-mb",
+            "4",
+            "--kernel-us",
+            "20000",
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+        ],
+    );
     p.wait_line("iters_per_s", Duration::from_secs(60));
     let (st, lines) = p.stop(libc::SIGTERM, Duration::from_secs(30));
     assert!(st.success(), "{st:?} {lines:?}");
-    let fin = json(lines.iter().rev().find(|l| l.contains("\"final\":true")).expect("summary line"));
+    let fin = json(
+        lines
+            .iter()
+            .rev()
+            .find(|l| l.contains("\"final\":true"))
+            .expect("summary line"),
+    );
     assert_eq!(fin["signal"], libc::SIGTERM);
     assert_eq!(fin["checkpoint_bytes"], 4 << 20);
     assert!(fin["iterations"].as_u64().unwrap() >= 1);
     let bytes = std::fs::read(&ckpt).expect("checkpoint file");
-    assert_eq!(bytes, workloads::offline::state_pattern(4 << 20), "checkpoint holds the state copied back from the device");
+    assert_eq!(
+        bytes,
+        workloads::offline::state_pattern(4 << 20),
+        "checkpoint holds the state copied back from the device"
+    );
     std::thread::sleep(Duration::from_millis(100));
-    assert!(!dev.mps_status().poisoned, "a client that released its context leaves MPS healthy");
+    assert!(
+        !dev.mps_status().poisoned,
+        "a client that released its context leaves MPS healthy"
+    );
 
     // The contrast: the same client killed outright dies holding its context.
     let mut k = offline(&host, &["--state-mb", "4", "--kernel-us", "20000"]);
@@ -57,7 +108,10 @@ fn offline_checkpoints_and_releases_its_context_on_sigterm() {
     k.stop(libc::SIGKILL, Duration::from_secs(30));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !dev.mps_status().poisoned {
-        assert!(std::time::Instant::now() < deadline, "SIGKILLed client did not poison MPS");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGKILLed client did not poison MPS"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -69,14 +123,33 @@ fn offline_load_raises_online_latency() {
     let host = host("t4");
     // Full-grid online kernels long enough that CPU scheduling noise stays small beside them:
     // beside a full-grid offline client each gets about half the SMs at a lower clock.
-    let args = ["--duration", "2", "--rate", "20", "--kernels", "2", "--kernel-us", "5000", "--blocks", "40", "--arrivals", "fixed"];
+    let args = [
+        "--duration",
+        "2",
+        "--rate",
+        "20",
+        "--kernels",
+        "2",
+        "--kernel-us",
+        "5000",
+        "--blocks",
+        "40",
+        "--arrivals",
+        "fixed",
+    ];
     let alone = online(&host, &args);
     let mut off = offline(&host, &["--kernel-us", "20000", "--blocks", "80"]);
     off.wait_line("iters_per_s", Duration::from_secs(60));
     let shared = online(&host, &args);
     off.stop(libc::SIGTERM, Duration::from_secs(30));
-    let (a, s) = (alone["p50_ms"].as_f64().unwrap(), shared["p50_ms"].as_f64().unwrap());
-    assert!(s > 1.5 * a, "online p50 alone {a:.2} ms, beside offline {s:.2} ms");
+    let (a, s) = (
+        alone["p50_ms"].as_f64().unwrap(),
+        shared["p50_ms"].as_f64().unwrap(),
+    );
+    assert!(
+        s > 1.5 * a,
+        "online p50 alone {a:.2} ms, beside offline {s:.2} ms"
+    );
 }
 
 #[test]
@@ -86,13 +159,21 @@ fn errors_name_the_failing_call_and_result() {
     c.args(["--device", "3", "--duration", "0.1"]);
     let out = run_bounded(c, "", Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("CUDA_ERROR_INVALID_DEVICE"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("CUDA_ERROR_INVALID_DEVICE"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut c = host.command("offline");
     c.env("WORKLOADS_LIBCUDA", "/nonexistent/libcuda.so.1");
     let out = run_bounded(c, "", Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("dlopen"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("dlopen"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut c = host.command("online");
     c.args(["--rate", "fast"]);

@@ -66,7 +66,10 @@ pub struct Reply {
 
 impl Reply {
     fn text(s: impl Into<String>) -> Self {
-        Reply { text: s.into(), quit: false }
+        Reply {
+            text: s.into(),
+            quit: false,
+        }
     }
 }
 
@@ -83,7 +86,13 @@ pub fn client_env_pct(pid: u32) -> Option<f64> {
 /// Uid of a live process, from `/proc/<pid>/status` (`Uid:` real uid).
 pub fn process_uid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok())
+    status.lines().find_map(|l| {
+        l.strip_prefix("Uid:")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 impl<D: DeviceLink> Daemon<D> {
@@ -117,7 +126,9 @@ impl<D: DeviceLink> Daemon<D> {
     fn sync_new_client_pct(&mut self) {
         let pct = self.servers.first().map_or(self.default_pct, |s| s.pct);
         if let Err(e) = self.device.set_new_client_percentage(pct) {
-            self.log.line(&format!("Cannot set the default active thread percentage on the device: {e}"));
+            self.log.line(&format!(
+                "Cannot set the default active thread percentage on the device: {e}"
+            ));
         }
     }
 
@@ -129,13 +140,19 @@ impl<D: DeviceLink> Daemon<D> {
         if let Some(i) = self.servers.iter().position(|s| s.uid == uid) {
             return Ok(i);
         }
-        let (prog, args) = self.server_cmd.split_first().ok_or("no server command configured")?;
+        let (prog, args) = self
+            .server_cmd
+            .split_first()
+            .ok_or("no server command configured")?;
         let child = Proc::new(prog)
             .args(args)
             .arg(uid.to_string())
             .spawn()
             .map_err(|e| format!("cannot start MPS server {}: {e}", prog.to_string_lossy()))?;
-        self.log.line(&format!("Starting new server {} for user {uid}", child.id()));
+        self.log.line(&format!(
+            "Starting new server {} for user {uid}",
+            child.id()
+        ));
         self.log.line(&format!("NEW SERVER {}: Ready", child.id()));
         self.servers.push(Server {
             uid,
@@ -155,10 +172,14 @@ impl<D: DeviceLink> Daemon<D> {
         while i < self.servers.len() {
             if let Ok(Some(status)) = self.servers[i].child.try_wait() {
                 let s = self.servers.remove(i);
-                self.log.line(&format!("Server {} exited with status {status}", s.child.id()));
+                self.log.line(&format!(
+                    "Server {} exited with status {status}",
+                    s.child.id()
+                ));
                 for c in s.clients {
                     if let Err(e) = self.device.terminate_client(c) {
-                        self.log.line(&format!("Client {c} of the lost server: {e}"));
+                        self.log
+                            .line(&format!("Client {c} of the lost server: {e}"));
                     }
                 }
                 self.sync_new_client_pct();
@@ -181,7 +202,9 @@ impl<D: DeviceLink> Daemon<D> {
             if self.servers.iter().any(|s| s.clients.contains(&pid)) {
                 continue;
             }
-            let Some(uid) = process_uid(pid) else { continue };
+            let Some(uid) = process_uid(pid) else {
+                continue;
+            };
             let idx = match self.servers.iter().position(|s| s.uid == uid) {
                 Some(i) => i,
                 None => {
@@ -198,14 +221,18 @@ impl<D: DeviceLink> Daemon<D> {
             let server = &mut self.servers[idx];
             server.clients.push(pid);
             let spid = server.child.id();
-            self.log.line(&format!("NEW CLIENT {pid} from user {uid}: Server {spid} already exists"));
+            self.log.line(&format!(
+                "NEW CLIENT {pid} from user {uid}: Server {spid} already exists"
+            ));
             let pct = match (self.client_pct.get(&pid), client_env_pct(pid)) {
                 (Some(p), _) => *p,
                 (None, Some(_)) => continue,
                 (None, None) => server.pct,
             };
             if let Err(e) = self.device.set_client_percentage(pid, pct) {
-                self.log.line(&format!("Cannot set active thread percentage of client {pid}: {e}"));
+                self.log.line(&format!(
+                    "Cannot set active thread percentage of client {pid}: {e}"
+                ));
             }
         }
     }
@@ -226,7 +253,11 @@ impl<D: DeviceLink> Daemon<D> {
             },
             GetDeviceClientList { server } => {
                 let mut out = Vec::new();
-                for s in self.servers.iter().filter(|s| server.is_none_or(|p| p == s.child.id())) {
+                for s in self
+                    .servers
+                    .iter()
+                    .filter(|s| server.is_none_or(|p| p == s.child.id()))
+                {
                     out.extend(s.clients.iter().map(|c| format!("0 {c}")));
                 }
                 Reply::text(out.join("\n"))
@@ -246,7 +277,9 @@ impl<D: DeviceLink> Daemon<D> {
                     self.client_pct.insert(pid, pct);
                     match self.device.set_client_percentage(pid, pct) {
                         Ok(()) => Reply::text(format_pct(pct)),
-                        Err(e) => Reply::text(format!("Cannot set active thread percentage of client {pid}: {e}")),
+                        Err(e) => Reply::text(format!(
+                            "Cannot set active thread percentage of client {pid}: {e}"
+                        )),
                     }
                 } else {
                     Reply::text(format!("Server {pid} not found"))
@@ -256,7 +289,9 @@ impl<D: DeviceLink> Daemon<D> {
                 if let Some(i) = self.server_index(pid) {
                     Reply::text(format_pct(self.servers[i].pct))
                 } else if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
-                    Reply::text(format_pct(self.client_pct.get(&pid).copied().unwrap_or(s.pct)))
+                    Reply::text(format_pct(
+                        self.client_pct.get(&pid).copied().unwrap_or(s.pct),
+                    ))
                 } else {
                     Reply::text(format!("Server {pid} not found"))
                 }
@@ -265,9 +300,11 @@ impl<D: DeviceLink> Daemon<D> {
                 self.default_pinned.insert(device, bytes);
                 Reply::default()
             }
-            GetDefaultPinnedMemLimit { device } => {
-                Reply::text(self.default_pinned.get(&device).map_or("0".to_string(), |b| format_size(*b)))
-            }
+            GetDefaultPinnedMemLimit { device } => Reply::text(
+                self.default_pinned
+                    .get(&device)
+                    .map_or("0".to_string(), |b| format_size(*b)),
+            ),
             SetPinnedMemLimit { pid, device, bytes } => match self.server_index(pid) {
                 Some(i) => {
                     self.servers[i].pinned.insert(device, bytes);
@@ -276,16 +313,21 @@ impl<D: DeviceLink> Daemon<D> {
                 None => Reply::text(format!("Server {pid} not found")),
             },
             TerminateClient { server, client } => match self.server_index(server) {
-                Some(i) if self.servers[i].clients.contains(&client) => match self.device.terminate_client(client) {
-                    Ok(()) => Reply::default(),
-                    Err(e) => Reply::text(format!("Cannot terminate client {client}: {e}")),
-                },
+                Some(i) if self.servers[i].clients.contains(&client) => {
+                    match self.device.terminate_client(client) {
+                        Ok(()) => Reply::default(),
+                        Err(e) => Reply::text(format!("Cannot terminate client {client}: {e}")),
+                    }
+                }
                 Some(_) => Reply::text(format!("Client {client} not found on server {server}")),
                 None => Reply::text(format!("Server {server} not found")),
             },
             Quit { timeout_s } => {
                 self.shutdown(timeout_s.unwrap_or(0));
-                Reply { text: String::new(), quit: true }
+                Reply {
+                    text: String::new(),
+                    quit: true,
+                }
             }
         }
     }
@@ -309,7 +351,8 @@ impl<D: DeviceLink> Daemon<D> {
         self.default_pct = 100.0;
         self.default_pinned.clear();
         if let Err(e) = self.device.set_mps(false) {
-            self.log.line(&format!("Cannot reset MPS on the device: {e}"));
+            self.log
+                .line(&format!("Cannot reset MPS on the device: {e}"));
         }
         self.log.line("Exit");
     }
@@ -355,7 +398,9 @@ mod tests {
     }
 
     fn sleeper() -> Vec<OsString> {
-        ["sh", "-c", "sleep 60", "server"].map(OsString::from).to_vec()
+        ["sh", "-c", "sleep 60", "server"]
+            .map(OsString::from)
+            .to_vec()
     }
 
     fn run(d: &mut Daemon<&mut Recorder>, line: &str) -> String {
@@ -365,21 +410,45 @@ mod tests {
     #[test]
     fn clients_get_a_server_and_its_percentage() {
         let me = std::process::id();
-        let mut rec = Recorder { clients: vec![me], ..Default::default() };
+        let mut rec = Recorder {
+            clients: vec![me],
+            ..Default::default()
+        };
         let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
         d.start().unwrap();
-        assert_eq!(run(&mut d, "set_default_active_thread_percentage 40"), "40.0");
+        assert_eq!(
+            run(&mut d, "set_default_active_thread_percentage 40"),
+            "40.0"
+        );
         d.poll();
         let servers = run(&mut d, "get_server_list");
         let spid: u32 = servers.trim().parse().expect("one server pid");
-        assert_eq!(run(&mut d, &format!("get_client_list {spid}")), me.to_string());
-        assert_eq!(run(&mut d, &format!("get_active_thread_percentage {spid}")), "40.0");
+        assert_eq!(
+            run(&mut d, &format!("get_client_list {spid}")),
+            me.to_string()
+        );
+        assert_eq!(
+            run(&mut d, &format!("get_active_thread_percentage {spid}")),
+            "40.0"
+        );
         // Server percentage: affects later clients only.
-        assert_eq!(run(&mut d, &format!("set_active_thread_percentage {spid} 30")), "30.0");
+        assert_eq!(
+            run(&mut d, &format!("set_active_thread_percentage {spid} 30")),
+            "30.0"
+        );
         // Client pid (emulator extension): applied at once.
-        assert_eq!(run(&mut d, &format!("set_active_thread_percentage {me} 20")), "20.0");
-        assert_eq!(run(&mut d, &format!("get_active_thread_percentage {me}")), "20.0");
-        assert_eq!(run(&mut d, "set_active_thread_percentage 1 20"), "Server 1 not found");
+        assert_eq!(
+            run(&mut d, &format!("set_active_thread_percentage {me} 20")),
+            "20.0"
+        );
+        assert_eq!(
+            run(&mut d, &format!("get_active_thread_percentage {me}")),
+            "20.0"
+        );
+        assert_eq!(
+            run(&mut d, "set_active_thread_percentage 1 20"),
+            "Server 1 not found"
+        );
         assert_eq!(run(&mut d, &format!("terminate_client {spid} {me}")), "");
         assert!(d.handle(Command::Quit { timeout_s: None }).quit);
         drop(d);

@@ -13,7 +13,9 @@ pub struct EmuLink {
 impl EmuLink {
     /// Opens the device state the environment names.
     pub fn open() -> Result<Self, String> {
-        Device::open_from_env().map(|dev| EmuLink { dev }).map_err(|e| format!("emulated GPU: {e}"))
+        Device::open_from_env()
+            .map(|dev| EmuLink { dev })
+            .map_err(|e| format!("emulated GPU: {e}"))
     }
 }
 
@@ -28,18 +30,31 @@ impl DeviceLink for EmuLink {
     }
 
     fn client_pids(&mut self) -> Result<Vec<u32>, String> {
-        Ok(self.dev.snapshot().processes.iter().filter(|p| p.mps_client && p.contexts > 0).map(|p| p.pid).collect())
+        Ok(self
+            .dev
+            .snapshot()
+            .processes
+            .iter()
+            .filter(|p| p.mps_client && p.contexts > 0)
+            .map(|p| p.pid)
+            .collect())
     }
 
     fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {
-        self.dev.set_client_active_thread_pct(pid, pct.round().clamp(1.0, 100.0) as u32).map_err(|e| e.to_string())
+        self.dev
+            .set_client_active_thread_pct(pid, pct.round().clamp(1.0, 100.0) as u32)
+            .map_err(|e| e.to_string())
     }
 
     fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {
-        self.dev.set_default_active_thread_pct(pct.round().clamp(1.0, 100.0) as u32).map_err(|e| e.to_string())
+        self.dev
+            .set_default_active_thread_pct(pct.round().clamp(1.0, 100.0) as u32)
+            .map_err(|e| e.to_string())
     }
 
     fn terminate_client(&mut self, pid: u32) -> Result<(), String> {
-        Err(format!("terminating client {pid} is not supported by the emulated device"))
+        Err(format!(
+            "terminating client {pid} is not supported by the emulated device"
+        ))
     }
 }

@@ -39,14 +39,23 @@ impl ControlLog {
     /// Opens (creating) `<dir>/control.log` for appending.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let file = OpenOptions::new().create(true).append(true).open(dir.join("control.log"))?;
-        Ok(ControlLog { file: Some(file), pid: std::process::id() })
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("control.log"))?;
+        Ok(ControlLog {
+            file: Some(file),
+            pid: std::process::id(),
+        })
     }
 
     /// A log that drops everything (unit tests).
     #[cfg(test)]
     pub fn discard() -> Self {
-        ControlLog { file: None, pid: std::process::id() }
+        ControlLog {
+            file: None,
+            pid: std::process::id(),
+        }
     }
 
     /// Re-reads the pid (after daemonising, the writer is a new process).
@@ -57,7 +66,9 @@ impl ControlLog {
     /// Writes one line.
     pub fn line(&mut self, msg: &str) {
         if let Some(f) = &mut self.file {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
             let _ = writeln!(f, "[{} Control {:>5}] {msg}", timestamp(now), self.pid);
         }
     }
@@ -70,8 +81,17 @@ mod tests {
 
     #[test]
     fn timestamps_match_known_dates() {
-        assert_eq!(timestamp(Duration::from_millis(0)), "1970-01-01 00:00:00.000");
-        assert_eq!(timestamp(Duration::from_millis(1_718_032_600_777)), "2024-06-10 15:16:40.777");
-        assert_eq!(timestamp(Duration::from_secs(951_782_400)), "2000-02-29 00:00:00.000");
+        assert_eq!(
+            timestamp(Duration::from_millis(0)),
+            "1970-01-01 00:00:00.000"
+        );
+        assert_eq!(
+            timestamp(Duration::from_millis(1_718_032_600_777)),
+            "2024-06-10 15:16:40.777"
+        );
+        assert_eq!(
+            timestamp(Duration::from_secs(951_782_400)),
+            "2000-02-29 00:00:00.000"
+        );
     }
 }

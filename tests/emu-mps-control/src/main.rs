@@ -59,11 +59,17 @@ extern "C" fn on_term(_: libc::c_int) {
 }
 
 fn pipe_dir() -> PathBuf {
-    absolute(std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map_or_else(|| "/tmp/nvidia-mps".into(), PathBuf::from))
+    absolute(
+        std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+            .map_or_else(|| "/tmp/nvidia-mps".into(), PathBuf::from),
+    )
 }
 
 fn log_dir() -> PathBuf {
-    absolute(std::env::var_os("CUDA_MPS_LOG_DIRECTORY").map_or_else(|| "/var/log/nvidia-mps".into(), PathBuf::from))
+    absolute(
+        std::env::var_os("CUDA_MPS_LOG_DIRECTORY")
+            .map_or_else(|| "/var/log/nvidia-mps".into(), PathBuf::from),
+    )
 }
 
 fn absolute(p: PathBuf) -> PathBuf {
@@ -149,15 +155,18 @@ fn run_daemon(background: bool) -> ExitCode {
 
 fn daemon_main(background: bool) -> Result<(), String> {
     let (pipe, logs) = (pipe_dir(), log_dir());
-    std::fs::create_dir_all(&pipe).map_err(|e| format!("creating pipe directory {}: {e}", pipe.display()))?;
+    std::fs::create_dir_all(&pipe)
+        .map_err(|e| format!("creating pipe directory {}: {e}", pipe.display()))?;
     let sock = pipe.join("control");
     if UnixStream::connect(&sock).is_ok() {
         return Err("An instance of this daemon is already running".into());
     }
     let device = device::EmuLink::open()?;
-    let log = log::ControlLog::open(&logs).map_err(|e| format!("opening {}/control.log: {e}", logs.display()))?;
+    let log = log::ControlLog::open(&logs)
+        .map_err(|e| format!("opening {}/control.log: {e}", logs.display()))?;
     let _ = std::fs::remove_file(&sock);
-    let listener = UnixListener::bind(&sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
+    let listener =
+        UnixListener::bind(&sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
     let mut d = Daemon::new(device, log, vec![exe.into(), server::FLAG.into()]);
     let ready = if background {
@@ -173,12 +182,24 @@ fn daemon_main(background: bool) -> Result<(), String> {
     }
     for sig in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: the handler only stores an atomic (async-signal-safe).
-        unsafe { libc::signal(sig, on_term as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+        unsafe {
+            libc::signal(
+                sig,
+                on_term as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
     }
-    d.log().line(&format!("Starting control daemon using socket {}", sock.display()));
-    d.log().line(&format!("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()));
+    d.log().line(&format!(
+        "Starting control daemon using socket {}",
+        sock.display()
+    ));
+    d.log().line(&format!(
+        "To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={}",
+        pipe.display()
+    ));
     if let Err(e) = d.start() {
-        d.log().line(&format!("Cannot turn MPS on in the device: {e}"));
+        d.log()
+            .line(&format!("Cannot turn MPS on in the device: {e}"));
         return Err(format!("cannot turn MPS on in the emulated device: {e}"));
     }
     if let Some(fd) = ready {
@@ -211,7 +232,9 @@ fn serve<D: daemon::DeviceLink>(d: &mut Daemon<D>, listener: &UnixListener) {
                     return;
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
             Err(e) => {
                 d.log().line(&format!("accept failed: {e}"));
                 std::thread::sleep(Duration::from_millis(50));
@@ -228,14 +251,18 @@ fn handle_conn<D: daemon::DeviceLink>(d: &mut Daemon<D>, mut conn: UnixStream) -
     let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
     let mut line = String::new();
     if let Err(e) = std::io::BufReader::new((&mut conn).take(MAX_LINE)).read_line(&mut line) {
-        d.log().line(&format!("User did not send valid command: {e}"));
+        d.log()
+            .line(&format!("User did not send valid command: {e}"));
         return false;
     }
     d.poll();
     let reply = match Command::parse(&line) {
         Ok(Some(cmd)) => d.handle(cmd),
         Ok(None) => daemon::Reply::default(),
-        Err(e) => daemon::Reply { text: e.to_string(), quit: false },
+        Err(e) => daemon::Reply {
+            text: e.to_string(),
+            quit: false,
+        },
     };
     if !reply.text.is_empty() {
         let _ = conn.write_all(reply.text.as_bytes());

@@ -105,7 +105,8 @@ impl fmt::Display for ParseError {
 }
 
 fn num<T: std::str::FromStr>(s: Option<&&str>, usage: &'static str) -> Result<T, ParseError> {
-    s.and_then(|v| v.parse().ok()).ok_or(ParseError::Usage(usage))
+    s.and_then(|v| v.parse().ok())
+        .ok_or(ParseError::Usage(usage))
 }
 
 fn pct(s: Option<&&str>, usage: &'static str) -> Result<f64, ParseError> {
@@ -150,9 +151,17 @@ impl Command {
     /// Parses one input line (surrounding whitespace ignored). `Ok(None)` for a blank line.
     pub fn parse(line: &str) -> Result<Option<Command>, ParseError> {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let Some((&cmd, args)) = words.split_first() else { return Ok(None) };
+        let Some((&cmd, args)) = words.split_first() else {
+            return Ok(None);
+        };
         let a = |i: usize| args.get(i);
-        let exact = |n: usize, usage| if args.len() == n { Ok(()) } else { Err(ParseError::Usage(usage)) };
+        let exact = |n: usize, usage| {
+            if args.len() == n {
+                Ok(())
+            } else {
+                Err(ParseError::Usage(usage))
+            }
+        };
         use Command::*;
         let c = match cmd {
             "get_server_list" => {
@@ -170,14 +179,18 @@ impl Command {
             "get_client_list" => {
                 const U: &str = "get_client_list <server PID>";
                 exact(1, U)?;
-                GetClientList { server: num(a(0), U)? }
+                GetClientList {
+                    server: num(a(0), U)?,
+                }
             }
             "get_device_client_list" => {
                 const U: &str = "get_device_client_list [<server PID>]";
                 if args.len() > 1 {
                     return Err(ParseError::Usage(U));
                 }
-                GetDeviceClientList { server: a(0).map(|_| num(a(0), U)).transpose()? }
+                GetDeviceClientList {
+                    server: a(0).map(|_| num(a(0), U)).transpose()?,
+                }
             }
             "set_default_active_thread_percentage" => {
                 const U: &str = "set_default_active_thread_percentage <percentage>";
@@ -191,7 +204,10 @@ impl Command {
             "set_active_thread_percentage" => {
                 const U: &str = "set_active_thread_percentage <PID> <percentage>";
                 exact(2, U)?;
-                SetPercentage { pid: num(a(0), U)?, pct: pct(a(1), U)? }
+                SetPercentage {
+                    pid: num(a(0), U)?,
+                    pct: pct(a(1), U)?,
+                }
             }
             "get_active_thread_percentage" => {
                 const U: &str = "get_active_thread_percentage <PID>";
@@ -209,7 +225,9 @@ impl Command {
             "get_default_device_pinned_mem_limit" => {
                 const U: &str = "get_default_device_pinned_mem_limit <dev>";
                 exact(1, U)?;
-                GetDefaultPinnedMemLimit { device: num(a(0), U)? }
+                GetDefaultPinnedMemLimit {
+                    device: num(a(0), U)?,
+                }
             }
             "set_device_pinned_mem_limit" => {
                 const U: &str = "set_device_pinned_mem_limit <PID> <dev> <value>";
@@ -223,13 +241,18 @@ impl Command {
             "terminate_client" => {
                 const U: &str = "terminate_client <server PID> <client PID>";
                 exact(2, U)?;
-                TerminateClient { server: num(a(0), U)?, client: num(a(1), U)? }
+                TerminateClient {
+                    server: num(a(0), U)?,
+                    client: num(a(1), U)?,
+                }
             }
             "quit" => {
                 const U: &str = "quit [-t <timeout in seconds>]";
                 match args {
                     [] => Quit { timeout_s: None },
-                    ["-t", t] => Quit { timeout_s: Some(num(Some(t), U)?) },
+                    ["-t", t] => Quit {
+                        timeout_s: Some(num(Some(t), U)?),
+                    },
                     _ => return Err(ParseError::Usage(U)),
                 }
             }
@@ -250,16 +273,50 @@ mod tests {
             ("get_server_list", GetServerList),
             ("  start_server -uid 1000 ", StartServer { uid: 1000 }),
             ("get_client_list 42", GetClientList { server: 42 }),
-            ("get_device_client_list", GetDeviceClientList { server: None }),
-            ("get_device_client_list 7", GetDeviceClientList { server: Some(7) }),
-            ("set_default_active_thread_percentage 25", SetDefaultPercentage(25.0)),
+            (
+                "get_device_client_list",
+                GetDeviceClientList { server: None },
+            ),
+            (
+                "get_device_client_list 7",
+                GetDeviceClientList { server: Some(7) },
+            ),
+            (
+                "set_default_active_thread_percentage 25",
+                SetDefaultPercentage(25.0),
+            ),
             ("get_default_active_thread_percentage", GetDefaultPercentage),
-            ("set_active_thread_percentage 42 12.5", SetPercentage { pid: 42, pct: 12.5 }),
+            (
+                "set_active_thread_percentage 42 12.5",
+                SetPercentage { pid: 42, pct: 12.5 },
+            ),
             ("get_active_thread_percentage 42", GetPercentage { pid: 42 }),
-            ("set_default_device_pinned_mem_limit 0 2G", SetDefaultPinnedMemLimit { device: 0, bytes: 2 << 30 }),
-            ("get_default_device_pinned_mem_limit 0", GetDefaultPinnedMemLimit { device: 0 }),
-            ("set_device_pinned_mem_limit 42 1 512M", SetPinnedMemLimit { pid: 42, device: 1, bytes: 512 << 20 }),
-            ("terminate_client 42 43", TerminateClient { server: 42, client: 43 }),
+            (
+                "set_default_device_pinned_mem_limit 0 2G",
+                SetDefaultPinnedMemLimit {
+                    device: 0,
+                    bytes: 2 << 30,
+                },
+            ),
+            (
+                "get_default_device_pinned_mem_limit 0",
+                GetDefaultPinnedMemLimit { device: 0 },
+            ),
+            (
+                "set_device_pinned_mem_limit 42 1 512M",
+                SetPinnedMemLimit {
+                    pid: 42,
+                    device: 1,
+                    bytes: 512 << 20,
+                },
+            ),
+            (
+                "terminate_client 42 43",
+                TerminateClient {
+                    server: 42,
+                    client: 43,
+                },
+            ),
             ("quit", Quit { timeout_s: None }),
             ("quit -t 5", Quit { timeout_s: Some(5) }),
         ];
@@ -271,7 +328,10 @@ mod tests {
 
     #[test]
     fn rejects_unknown_and_malformed() {
-        assert_eq!(Command::parse("frobnicate 1").unwrap_err().to_string(), "Invalid command: frobnicate");
+        assert_eq!(
+            Command::parse("frobnicate 1").unwrap_err().to_string(),
+            "Invalid command: frobnicate"
+        );
         for bad in [
             "start_server 1000",
             "start_server -uid x",
@@ -283,7 +343,10 @@ mod tests {
             "quit -x",
             "set_default_device_pinned_mem_limit 0 lots",
         ] {
-            assert!(matches!(Command::parse(bad), Err(ParseError::Usage(_))), "{bad}");
+            assert!(
+                matches!(Command::parse(bad), Err(ParseError::Usage(_))),
+                "{bad}"
+            );
         }
     }
 

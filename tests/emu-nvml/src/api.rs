@@ -108,13 +108,19 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     // SAFETY: caller passes a buffer of `length` bytes.
     entry(|| unsafe { put_str(version, length, DRIVER_VERSION) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     // SAFETY: caller passes a buffer of `length` bytes.
     entry(|| unsafe { put_str(version, length, NVML_VERSION) })
 }
@@ -144,25 +150,36 @@ pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
     // SAFETY: caller passes a valid pointer.
     entry(|| unsafe { put(device, state::handle(index)?) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
     // SAFETY: caller passes a valid pointer.
     entry(|| unsafe { put(device, state::handle(index)?) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
     entry(|| {
         if uuid.is_null() {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
         // SAFETY: non-null, NUL-terminated per the NVML contract.
-        let want = unsafe { CStr::from_ptr(uuid) }.to_string_lossy().into_owned();
+        let want = unsafe { CStr::from_ptr(uuid) }
+            .to_string_lossy()
+            .into_owned();
         for i in 0..state::device_count()? {
             let h = state::handle(i)?;
             if state::with_snapshot(h, |s, _| s.uuid == want)? {
@@ -175,13 +192,20 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
     // SAFETY: caller passes a valid pointer.
     entry(|| unsafe { put(index, state::index(device)?) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     entry(|| {
         let n = state::with_snapshot(device, |s, _| s.name.clone())?;
         // SAFETY: caller passes a buffer of `length` bytes.
@@ -190,7 +214,11 @@ pub unsafe extern "C" fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_ch
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     entry(|| {
         let u = state::with_snapshot(device, |s, _| s.uuid.clone())?;
         // SAFETY: caller passes a buffer of `length` bytes.
@@ -202,12 +230,22 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_ch
 /// kernel running; `memory`: percent of the window the memory was read or written, modelled as
 /// the same busy fraction scaled by memory occupancy.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
     entry(|| {
         let u = state::with_snapshot(device, |s, _| {
             let gpu = pct(s.gpu_util);
-            let mem_frac = if s.total_memory == 0 { 0.0 } else { s.used_memory as f64 / s.total_memory as f64 };
-            nvmlUtilization_t { gpu, memory: (f64::from(gpu) * mem_frac).round() as c_uint }
+            let mem_frac = if s.total_memory == 0 {
+                0.0
+            } else {
+                s.used_memory as f64 / s.total_memory as f64
+            };
+            nvmlUtilization_t {
+                gpu,
+                memory: (f64::from(gpu) * mem_frac).round() as c_uint,
+            }
         })?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(utilization, u) }
@@ -215,7 +253,10 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, uti
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
     entry(|| {
         let m = state::with_snapshot(device, |s, _| nvmlMemory_t {
             total: s.total_memory,
@@ -231,7 +272,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *
 const MEMORY_V2: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() | (2 << 24)) as c_uint;
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
     entry(|| {
         if memory.is_null() {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
@@ -254,9 +298,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory
 
 fn clock(device: nvmlDevice_t, ty: nvmlClockType_t, max: bool) -> NvmlResult<c_uint> {
     state::with_snapshot(device, |s, _| match ty {
-        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => {
-            Ok(if max { s.max_sm_clock_mhz } else { s.sm_clock_mhz })
-        }
+        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => Ok(if max {
+            s.max_sm_clock_mhz
+        } else {
+            s.sm_clock_mhz
+        }),
         nvmlClockType_enum_NVML_CLOCK_MEM => Ok(s.mem_clock_mhz),
         nvmlClockType_enum_NVML_CLOCK_VIDEO => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         _ => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
@@ -264,20 +310,31 @@ fn clock(device: nvmlDevice_t, ty: nvmlClockType_t, max: bool) -> NvmlResult<c_u
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClockInfo(device: nvmlDevice_t, ty: nvmlClockType_t, clock_mhz: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: nvmlDevice_t,
+    ty: nvmlClockType_t,
+    clock_mhz: *mut c_uint,
+) -> nvmlReturn_t {
     // SAFETY: caller passes a valid pointer.
     entry(|| unsafe { put(clock_mhz, clock(device, ty, false)?) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(device: nvmlDevice_t, ty: nvmlClockType_t, clock_mhz: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
+    device: nvmlDevice_t,
+    ty: nvmlClockType_t,
+    clock_mhz: *mut c_uint,
+) -> nvmlReturn_t {
     // SAFETY: caller passes a valid pointer.
     entry(|| unsafe { put(clock_mhz, clock(device, ty, true)?) })
 }
 
 /// Power model: 10% of the board limit at idle plus 90% scaled by GPU utilization.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: nvmlDevice_t, power_mw: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: nvmlDevice_t,
+    power_mw: *mut c_uint,
+) -> nvmlReturn_t {
     entry(|| {
         let p = state::with_snapshot(device, |s, _| {
             (f64::from(s.power_limit_mw) * (0.1 + 0.9 * s.gpu_util)).round() as c_uint
@@ -309,7 +366,12 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
 ///
 /// # Safety
 /// `count` is null or valid; `infos` is null or valid for `*count` elements.
-unsafe fn processes<T>(device: nvmlDevice_t, count: *mut c_uint, infos: *mut T, make: fn(u32, u64) -> T) -> NvmlResult<()> {
+unsafe fn processes<T>(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+    make: fn(u32, u64) -> T,
+) -> NvmlResult<()> {
     if count.is_null() {
         return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
     }
@@ -335,7 +397,12 @@ unsafe fn processes<T>(device: nvmlDevice_t, count: *mut c_uint, infos: *mut T, 
 }
 
 fn info_v2(pid: u32, mem: u64) -> nvmlProcessInfo_v2_t {
-    nvmlProcessInfo_v2_t { pid, usedGpuMemory: mem, gpuInstanceId: NO_MIG, computeInstanceId: NO_MIG }
+    nvmlProcessInfo_v2_t {
+        pid,
+        usedGpuMemory: mem,
+        gpuInstanceId: NO_MIG,
+        computeInstanceId: NO_MIG,
+    }
 }
 
 #[no_mangle]
@@ -366,7 +433,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
 ) -> nvmlReturn_t {
     // SAFETY: NVML contract: count valid, infos holds *count elements.
     entry(|| unsafe {
-        processes(device, count, infos, |pid, mem| nvmlProcessInfo_v1_t { pid, usedGpuMemory: mem })
+        processes(device, count, infos, |pid, mem| nvmlProcessInfo_v1_t {
+            pid,
+            usedGpuMemory: mem,
+        })
     })
 }
 
@@ -386,11 +456,15 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
         let value: fn(&Point, &Point) -> f64 = match ty {
-            nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES => |a, b| ratio(a, b, |p| p.busy_ns).unwrap_or(0.0) * 100.0,
+            nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES => {
+                |a, b| ratio(a, b, |p| p.busy_ns).unwrap_or(0.0) * 100.0
+            }
             nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES => |_, b| f64::from(b.sm_clock_mhz),
             _ => return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         };
-        let got = state::with_snapshot(device, |_, d| crate::metrics::samples(&source::samples(d), last_seen_us, value))?;
+        let got = state::with_snapshot(device, |_, d| {
+            crate::metrics::samples(&source::samples(d), last_seen_us, value)
+        })?;
         // SAFETY: checked non-null; NVML contract.
         unsafe { *val_type = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT };
         if samples.is_null() {
@@ -407,7 +481,12 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
         let cap = unsafe { *count } as usize;
         let newest = &got[got.len().saturating_sub(cap)..];
         for (i, (ts, v)) in newest.iter().enumerate() {
-            let sample = nvmlSample_t { timeStamp: *ts, sampleValue: nvmlValue_t { uiVal: v.round() as c_uint } };
+            let sample = nvmlSample_t {
+                timeStamp: *ts,
+                sampleValue: nvmlValue_t {
+                    uiVal: v.round() as c_uint,
+                },
+            };
             // SAFETY: i < cap, the caller's array length.
             unsafe { samples.add(i).write(sample) };
         }
@@ -418,7 +497,10 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(device: nvmlDevice_t, support: *mut nvmlGpmSupport_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    device: nvmlDevice_t,
+    support: *mut nvmlGpmSupport_t,
+) -> nvmlReturn_t {
     entry(|| {
         if support.is_null() {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
@@ -492,48 +574,118 @@ mod tests {
         // type the entry point writes; that is what the test exercises.
         unsafe {
             let mut n: c_uint = 0;
-            assert_eq!(nvmlDeviceGetCount_v2(&mut n), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+            assert_eq!(
+                nvmlDeviceGetCount_v2(&mut n),
+                nvmlReturn_enum_NVML_ERROR_UNINITIALIZED
+            );
             assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
             assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
-            assert_eq!(nvmlDeviceGetCount_v2(null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(
+                nvmlDeviceGetCount_v2(null_mut()),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
             assert_eq!(nvmlDeviceGetCount_v2(&mut n), nvmlReturn_enum_NVML_SUCCESS);
             assert_eq!(n, 1);
             let mut dev: nvmlDevice_t = null_mut();
-            assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(
+                nvmlDeviceGetHandleByIndex_v2(1, &mut dev),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetHandleByIndex_v2(0, &mut dev),
+                nvmlReturn_enum_NVML_SUCCESS
+            );
             let bogus = 0x1234usize as nvmlDevice_t;
             let mut name = [0 as c_char; 96];
-            assert_eq!(nvmlDeviceGetName(bogus, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 4), nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
-            assert_eq!(nvmlDeviceGetName(dev, null_mut(), 96), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_SUCCESS);
-            assert!(CStr::from_ptr(name.as_ptr()).to_str().unwrap().contains("H100"));
-            assert_eq!(nvmlDeviceGetHandleByUUID(null(), &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-            assert_eq!(nvmlDeviceGetHandleByUUID(c"GPU-nope".as_ptr(), &mut dev), nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+            assert_eq!(
+                nvmlDeviceGetName(bogus, name.as_mut_ptr(), 96),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetName(dev, name.as_mut_ptr(), 4),
+                nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE
+            );
+            assert_eq!(
+                nvmlDeviceGetName(dev, null_mut(), 96),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetName(dev, name.as_mut_ptr(), 96),
+                nvmlReturn_enum_NVML_SUCCESS
+            );
+            assert!(CStr::from_ptr(name.as_ptr())
+                .to_str()
+                .unwrap()
+                .contains("H100"));
+            assert_eq!(
+                nvmlDeviceGetHandleByUUID(null(), &mut dev),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetHandleByUUID(c"GPU-nope".as_ptr(), &mut dev),
+                nvmlReturn_enum_NVML_ERROR_NOT_FOUND
+            );
 
             let mut m2: nvmlMemory_v2_t = std::mem::zeroed();
-            assert_eq!(nvmlDeviceGetMemoryInfo_v2(dev, &mut m2), nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+            assert_eq!(
+                nvmlDeviceGetMemoryInfo_v2(dev, &mut m2),
+                nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            );
             m2.version = MEMORY_V2;
-            assert_eq!(nvmlDeviceGetMemoryInfo_v2(dev, &mut m2), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(
+                nvmlDeviceGetMemoryInfo_v2(dev, &mut m2),
+                nvmlReturn_enum_NVML_SUCCESS
+            );
             assert_eq!(m2.total, m2.used + m2.free);
             let mut clk = 0;
-            assert_eq!(nvmlDeviceGetClockInfo(dev, 77, &mut clk), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(
+                nvmlDeviceGetClockInfo(dev, 77, &mut clk),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
             let mut t = 0;
-            assert_eq!(nvmlDeviceGetTemperature(dev, 9, &mut t), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(
+                nvmlDeviceGetTemperature(dev, 9, &mut t),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
 
             let mut count: c_uint = 0;
-            assert_eq!(nvmlDeviceGetComputeRunningProcesses_v3(dev, null_mut(), null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-            assert_eq!(nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut count, null_mut()), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v3(dev, null_mut(), null_mut()),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut count, null_mut()),
+                nvmlReturn_enum_NVML_SUCCESS
+            );
             assert_eq!(count, 0);
 
             let mut vt: nvmlValueType_t = 0;
             let mut sc: c_uint = 0;
-            assert_eq!(nvmlDeviceGetSamples(dev, 99, 0, &mut vt, &mut sc, null_mut()), nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
-            assert_eq!(nvmlDeviceGetSamples(dev, nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES, 0, null_mut(), &mut sc, null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(
+                nvmlDeviceGetSamples(dev, 99, 0, &mut vt, &mut sc, null_mut()),
+                nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+            );
+            assert_eq!(
+                nvmlDeviceGetSamples(
+                    dev,
+                    nvmlSamplingType_enum_NVML_GPU_UTILIZATION_SAMPLES,
+                    0,
+                    null_mut(),
+                    &mut sc,
+                    null_mut()
+                ),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
 
             let mut sup: nvmlGpmSupport_t = std::mem::zeroed();
-            assert_eq!(nvmlGpmQueryDeviceSupport(dev, &mut sup), nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-            assert_eq!(nvmlGpmSampleFree(0xdead as nvmlGpmSample_t), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(
+                nvmlGpmQueryDeviceSupport(dev, &mut sup),
+                nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            );
+            assert_eq!(
+                nvmlGpmSampleFree(0xdead as nvmlGpmSample_t),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
             let mut s1: nvmlGpmSample_t = null_mut();
             assert_eq!(nvmlGpmSampleAlloc(&mut s1), nvmlReturn_enum_NVML_SUCCESS);
             let mut req: Box<nvmlGpmMetricsGet_t> = Box::new(std::mem::zeroed());
@@ -541,18 +693,38 @@ mod tests {
             req.numMetrics = 1;
             req.sample1 = s1;
             req.sample2 = s1;
-            assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "unfilled sample");
+            assert_eq!(
+                nvmlGpmMetricsGet(&mut *req),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+                "unfilled sample"
+            );
             req.numMetrics = 100_000;
-            assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
-            assert_eq!(nvmlGpmMetricsGet(null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(
+                nvmlGpmMetricsGet(&mut *req),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlGpmMetricsGet(null_mut()),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+            );
             assert_eq!(nvmlGpmSampleFree(s1), nvmlReturn_enum_NVML_SUCCESS);
-            assert_eq!(nvmlGpmSampleFree(s1), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "double free");
+            assert_eq!(
+                nvmlGpmSampleFree(s1),
+                nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+                "double free"
+            );
 
             let mut buf = [0 as c_char; 4];
-            assert_eq!(nvmlSystemGetDriverVersion(buf.as_mut_ptr(), 4), nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+            assert_eq!(
+                nvmlSystemGetDriverVersion(buf.as_mut_ptr(), 4),
+                nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE
+            );
             assert!(!nvmlErrorString(12345).is_null());
             assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
-            assert_eq!(nvmlDeviceGetName(dev, name.as_mut_ptr(), 96), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+            assert_eq!(
+                nvmlDeviceGetName(dev, name.as_mut_ptr(), 96),
+                nvmlReturn_enum_NVML_ERROR_UNINITIALIZED
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -24,14 +24,20 @@ pub fn alloc() -> NvmlResult<usize> {
 pub fn free(id: usize) -> NvmlResult<()> {
     let mut g = shared();
     let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    sh.gpm.remove(&id).map(|_| ()).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+    sh.gpm
+        .remove(&id)
+        .map(|_| ())
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
 }
 
 /// Stores device `dev`'s counters `p` in sample `id`.
 pub fn fill(id: usize, dev: u32, p: Point) -> NvmlResult<()> {
     let mut g = shared();
     let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    let slot = sh.gpm.get_mut(&id).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+    let slot = sh
+        .gpm
+        .get_mut(&id)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
     *slot = Some((dev, p));
     Ok(())
 }
@@ -49,15 +55,27 @@ fn metric(id: nvmlGpmMetricId_t, a: &Point, b: &Point) -> Option<(f64, Info)> {
     Some(match id {
         nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => (
             pct(|p| p.busy_ns),
-            Info { short: c"gr_util", long: c"Graphics/compute engine utilization", unit: c"%" },
+            Info {
+                short: c"gr_util",
+                long: c"Graphics/compute engine utilization",
+                unit: c"%",
+            },
         ),
         nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => (
             pct(|p| p.sm_active_ns),
-            Info { short: c"sm_util", long: c"Percentage of SMs that were busy", unit: c"%" },
+            Info {
+                short: c"sm_util",
+                long: c"Percentage of SMs that were busy",
+                unit: c"%",
+            },
         ),
         nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => (
             pct(|p| p.sm_active_ns),
-            Info { short: c"sm_occupancy", long: c"Percentage of warps occupied vs theoretical maximum", unit: c"%" },
+            Info {
+                short: c"sm_occupancy",
+                long: c"Percentage of warps occupied vs theoretical maximum",
+                unit: c"%",
+            },
         ),
         _ => return None,
     })
@@ -73,14 +91,22 @@ pub fn metrics_get(req: &mut nvmlGpmMetricsGet_t) -> NvmlResult<()> {
         let g = shared();
         let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
         let get = |s: nvmlGpmSample_t| {
-            sh.gpm.get(&(s as usize)).copied().flatten().ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+            sh.gpm
+                .get(&(s as usize))
+                .copied()
+                .flatten()
+                .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
         };
         (get(req.sample1)?, get(req.sample2)?)
     };
     if a.0 != b.0 {
         return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
     }
-    let (a, b) = if a.1.now_ns <= b.1.now_ns { (a.1, b.1) } else { (b.1, a.1) };
+    let (a, b) = if a.1.now_ns <= b.1.now_ns {
+        (a.1, b.1)
+    } else {
+        (b.1, a.1)
+    };
     for m in &mut req.metrics[..n] {
         match metric(m.metricId, &a, &b) {
             Some((v, info)) => {

@@ -25,7 +25,11 @@ pub fn ratio(a: &Point, b: &Point, f: fn(&Point) -> u64) -> Option<f64> {
 
 /// Samples newer than `after_us` (µs timestamps): one per consecutive pair of points, valued
 /// by `value(a, b)`.
-pub fn samples(points: &[Point], after_us: u64, value: impl Fn(&Point, &Point) -> f64) -> Vec<(u64, f64)> {
+pub fn samples(
+    points: &[Point],
+    after_us: u64,
+    value: impl Fn(&Point, &Point) -> f64,
+) -> Vec<(u64, f64)> {
     points
         .windows(2)
         .filter(|w| w[1].now_ns / 1000 > after_us)
@@ -38,7 +42,11 @@ mod tests {
     use super::*;
 
     fn p(ms: u64, busy_ms: u64) -> Point {
-        Point { now_ns: ms * 1_000_000, busy_ns: busy_ms * 1_000_000, ..Default::default() }
+        Point {
+            now_ns: ms * 1_000_000,
+            busy_ns: busy_ms * 1_000_000,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -51,7 +59,9 @@ mod tests {
     #[test]
     fn samples_after_a_timestamp() {
         let pts = [p(0, 0), p(10, 5), p(20, 15)];
-        let s = samples(&pts, 10_000, |a, b| ratio(a, b, |q| q.busy_ns).unwrap() * 100.0);
+        let s = samples(&pts, 10_000, |a, b| {
+            ratio(a, b, |q| q.busy_ns).unwrap() * 100.0
+        });
         assert_eq!(s, vec![(20_000, 100.0)]);
         assert_eq!(samples(&pts, 0, |_, _| 0.0).len(), 2);
     }

@@ -38,8 +38,16 @@ pub struct Snapshot {
 
 /// NVML's UUID text for the device's 16 UUID bytes.
 pub fn uuid_text(b: &[u8; 16]) -> String {
-    let hex = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!("GPU-{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
 }
 
 /// Opens the device the environment names.
@@ -60,7 +68,12 @@ pub fn snapshot(dev: &Device) -> Snapshot {
         mem_clock_mhz: s.info.mem_clock_mhz,
         cc_major: s.info.compute_capability.0,
         power_limit_mw: s.info.power_limit_mw,
-        processes: s.processes.iter().filter(|p| p.contexts > 0).map(|p| (p.pid, p.used_memory)).collect(),
+        processes: s
+            .processes
+            .iter()
+            .filter(|p| p.contexts > 0)
+            .map(|p| (p.pid, p.used_memory))
+            .collect(),
         gpu_util: s.gpu_util,
         sm_activity: s.sm_activity,
         point: Point {
@@ -91,7 +104,9 @@ mod tests {
 
     #[test]
     fn uuid_has_nvml_shape() {
-        let u = uuid_text(&[0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        let u = uuid_text(&[
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ]);
         assert_eq!(u, "GPU-12345678-9abc-def0-0102-030405060708");
     }
 }

@@ -46,7 +46,11 @@ pub fn init() -> NvmlResult<()> {
     let mut g = shared();
     if g.is_none() {
         let device = source::open().map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
-        *g = Some(Shared { device, gpm: HashMap::new(), next_gpm: 1 });
+        *g = Some(Shared {
+            device,
+            gpm: HashMap::new(),
+            next_gpm: 1,
+        });
     }
     INIT_COUNT.fetch_add(1, Ordering::SeqCst);
     Ok(())
@@ -95,7 +99,10 @@ pub fn index(dev: nvmlDevice_t) -> NvmlResult<u32> {
 }
 
 /// A fresh snapshot of the device behind `dev`, handed to `f` with the device itself.
-pub fn with_snapshot<T>(dev: nvmlDevice_t, f: impl FnOnce(&Snapshot, &Device) -> T) -> NvmlResult<T> {
+pub fn with_snapshot<T>(
+    dev: nvmlDevice_t,
+    f: impl FnOnce(&Snapshot, &Device) -> T,
+) -> NvmlResult<T> {
     index(dev)?;
     let g = shared();
     let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;

@@ -17,7 +17,9 @@ impl Args {
         let mut it = argv.into_iter();
         while let Some(a) = it.next() {
             let Some(body) = a.strip_prefix("--") else {
-                return Err(format!("unexpected argument '{a}' (options start with --; see --help)"));
+                return Err(format!(
+                    "unexpected argument '{a}' (options start with --; see --help)"
+                ));
             };
             let (name, inline) = match body.split_once('=') {
                 Some((n, v)) => (n.to_string(), Some(v.to_string())),
@@ -31,7 +33,10 @@ impl Args {
             } else {
                 match inline {
                     Some(v) => Some(v),
-                    None => Some(it.next().ok_or_else(|| format!("--{name} needs a value (see --help)"))?),
+                    None => Some(
+                        it.next()
+                            .ok_or_else(|| format!("--{name} needs a value (see --help)"))?,
+                    ),
                 }
             };
             if values.insert(name.clone(), value).is_some() {
@@ -54,7 +59,10 @@ impl Args {
         match self.values.remove(name) {
             None => Ok(None),
             Some(None) => Err(format!("--{name} needs a value")),
-            Some(Some(v)) => v.parse::<T>().map(Some).map_err(|e| format!("--{name} '{v}': {e}")),
+            Some(Some(v)) => v
+                .parse::<T>()
+                .map(Some)
+                .map_err(|e| format!("--{name} '{v}': {e}")),
         }
     }
 
@@ -76,7 +84,12 @@ impl Args {
 }
 
 /// Checks `lo <= v <= hi` for option `name`.
-pub fn in_range<T: PartialOrd + std::fmt::Display>(name: &str, v: T, lo: T, hi: T) -> Result<T, String> {
+pub fn in_range<T: PartialOrd + std::fmt::Display>(
+    name: &str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<T, String> {
     if v < lo || v > hi {
         Err(format!("--{name} {v} is out of range [{lo}, {hi}]"))
     } else {
@@ -106,11 +119,17 @@ mod tests {
     fn rejects_unknown_missing_bad_and_repeated() {
         let a = Args::parse(argv("--bogus 1"), &[]).unwrap();
         assert!(a.finish().unwrap_err().contains("--bogus"));
-        assert!(Args::parse(argv("--rate"), &[]).unwrap_err().contains("needs a value"));
+        assert!(Args::parse(argv("--rate"), &[])
+            .unwrap_err()
+            .contains("needs a value"));
         let mut a = Args::parse(argv("--rate fast"), &[]).unwrap();
         assert!(a.get("rate", 1.0f64).unwrap_err().contains("'fast'"));
-        assert!(Args::parse(argv("--rate 1 --rate 2"), &[]).unwrap_err().contains("twice"));
-        assert!(Args::parse(argv("stray"), &[]).unwrap_err().contains("stray"));
+        assert!(Args::parse(argv("--rate 1 --rate 2"), &[])
+            .unwrap_err()
+            .contains("twice"));
+        assert!(Args::parse(argv("stray"), &[])
+            .unwrap_err()
+            .contains("stray"));
         assert!(in_range("rate", 0.0, 0.001, 1e6).is_err());
     }
 }

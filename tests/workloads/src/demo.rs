@@ -37,6 +37,9 @@ pub struct Phase {
     pub services: Vec<Service>,
     /// Run after the phase (e.g. `echo quit | nvidia-cuda-mps-control`): program, args, stdin.
     pub teardown: Vec<(String, Vec<String>, String)>,
+    /// Run the online client (a phase without it measures the offline client alone for the
+    /// online client's duration).
+    pub online: bool,
     /// Run an offline client beside the online one.
     pub offline: bool,
     /// Extra environment for the offline client.
@@ -68,14 +71,14 @@ pub struct DemoConfig {
 pub struct PhaseResult {
     /// Row label.
     pub name: String,
-    /// Online p50, ms.
-    pub p50_ms: f64,
+    /// Online p50, ms (None when the online client did not run).
+    pub p50_ms: Option<f64>,
     /// Online p99, ms.
-    pub p99_ms: f64,
+    pub p99_ms: Option<f64>,
     /// Online throughput, req/s.
-    pub online_rps: f64,
+    pub online_rps: Option<f64>,
     /// Online requests completed.
-    pub requests: u64,
+    pub requests: Option<u64>,
     /// Offline iterations/s (None when no offline client ran).
     pub offline_iters_per_s: Option<f64>,
 }
@@ -83,11 +86,27 @@ pub struct PhaseResult {
 /// The two phases of the problem statement.
 pub fn baseline_phases() -> Vec<Phase> {
     vec![
-        Phase { name: "online alone".into(), services: vec![], teardown: vec![], offline: false, offline_env: vec![] },
+        Phase {
+            name: "online alone".into(),
+            services: vec![],
+            teardown: vec![],
+            online: true,
+            offline: false,
+            offline_env: vec![],
+        },
+        Phase {
+            name: "offline alone".into(),
+            services: vec![],
+            teardown: vec![],
+            online: false,
+            offline: true,
+            offline_env: vec![],
+        },
         Phase {
             name: "online + offline (no control)".into(),
             services: vec![],
             teardown: vec![],
+            online: true,
             offline: true,
             offline_env: vec![],
         },
@@ -108,8 +127,12 @@ pub fn mps_static_phase(offline_pct: u32) -> Phase {
             oneshot: true,
         }],
         teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],
+        online: true,
         offline: true,
-        offline_env: vec![("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), offline_pct.to_string())],
+        offline_env: vec![(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+            offline_pct.to_string(),
+        )],
     }
 }
 
@@ -147,52 +170,8 @@ impl Drop for Guard {
     }
 }
 
-/// Runs one phase on `host`.
-pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseResult, String> {
-    let mut guard = Guard(Vec::new());
-    for s in &phase.services {
-        let mut cmd = if s.from_bin_dir { host.command(&s.program) } else { host.tool(&s.program) };
-        cmd.args(&s.args).stdin(Stdio::null());
-        if s.oneshot {
-            let out = cmd.output().map_err(|e| format!("{}: cannot run {}: {e}", s.name, s.program))?;
-            if !out.status.success() {
-                return Err(format!("{}: {} exited with {}: {}", s.name, s.program, out.status, String::from_utf8_lossy(&out.stderr).trim()));
-            }
-        } else {
-            let child = cmd.stdout(Stdio::null()).spawn().map_err(|e| format!("{}: cannot start {}: {e}", s.name, s.program))?;
-            guard.0.push((s.name.clone(), child));
-        }
-    }
-    let mut offline_out = None;
-    if phase.offline {
-        let mut cmd = host.command("offline");
-        cmd.args(["--json", "--report-interval", "0.5", "--kernel-us", &cfg.offline_kernel_us.to_string()])
-            .envs(phase.offline_env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start offline client: {e}"))?;
-        let stdout = child.stdout.take().ok_or("offline client has no stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        guard.0.push(("offline client".into(), child));
-        let mut early = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !early.iter().any(|l: &String| l.contains("iters_per_s")) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(l) => early.push(l),
-                Err(_) => return Err("the offline client did not report progress within 60 s".into()),
-            }
-        }
-        std::thread::sleep(Duration::from_secs_f64(cfg.offline_warmup_s));
-        offline_out = Some((rx, early));
-    }
+/// Runs the online client for the configured duration and records its figures in `r`.
+fn run_online(host: &Host, cfg: &DemoConfig, r: &mut PhaseResult) -> Result<(), String> {
     let out = host
         .command("online")
         .args([
@@ -212,18 +191,107 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
         .output()
         .map_err(|e| format!("cannot run online client: {e}"))?;
     if !out.status.success() {
-        return Err(format!("online client failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "online client failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
-    let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
-    let num = |k: &str| json_number(&line, k).ok_or_else(|| format!("online client output lacks {k}: {line}"));
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let num = |k: &str| {
+        json_number(&line, k).ok_or_else(|| format!("online client output lacks {k}: {line}"))
+    };
+    r.p50_ms = Some(num("p50_ms")?);
+    r.p99_ms = Some(num("p99_ms")?);
+    r.online_rps = Some(num("throughput_rps")?);
+    r.requests = Some(num("requests")? as u64);
+    Ok(())
+}
+
+/// Runs one phase on `host`.
+pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseResult, String> {
+    let mut guard = Guard(Vec::new());
+    for s in &phase.services {
+        let mut cmd = if s.from_bin_dir {
+            host.command(&s.program)
+        } else {
+            host.tool(&s.program)
+        };
+        cmd.args(&s.args).stdin(Stdio::null());
+        if s.oneshot {
+            let out = cmd
+                .output()
+                .map_err(|e| format!("{}: cannot run {}: {e}", s.name, s.program))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{}: {} exited with {}: {}",
+                    s.name,
+                    s.program,
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        } else {
+            let child = cmd
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("{}: cannot start {}: {e}", s.name, s.program))?;
+            guard.0.push((s.name.clone(), child));
+        }
+    }
+    let mut offline_out = None;
+    if phase.offline {
+        let mut cmd = host.command("offline");
+        cmd.args([
+            "--json",
+            "--report-interval",
+            "0.5",
+            "--kernel-us",
+            &cfg.offline_kernel_us.to_string(),
+        ])
+        .envs(phase.offline_env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start offline client: {e}"))?;
+        let stdout = child.stdout.take().ok_or("offline client has no stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        guard.0.push(("offline client".into(), child));
+        let mut early = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !early.iter().any(|l: &String| l.contains("iters_per_s")) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => early.push(l),
+                Err(_) => {
+                    return Err("the offline client did not report progress within 60 s".into())
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_secs_f64(cfg.offline_warmup_s));
+        offline_out = Some((rx, early));
+    }
     let mut r = PhaseResult {
         name: phase.name.clone(),
-        p50_ms: num("p50_ms")?,
-        p99_ms: num("p99_ms")?,
-        online_rps: num("throughput_rps")?,
-        requests: num("requests")? as u64,
-        offline_iters_per_s: None,
+        ..Default::default()
     };
+    if phase.online {
+        run_online(host, cfg, &mut r)?;
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(cfg.duration_s));
+    }
     guard.stop_all();
     if let Some((rx, mut lines)) = offline_out {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -231,11 +299,22 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
             lines.push(l);
         }
         let fin = lines.iter().rev().find(|l| l.contains("\"final\":true"));
-        let fin = fin.ok_or_else(|| format!("offline client printed no summary (last lines: {:?})", lines.iter().rev().take(3).collect::<Vec<_>>()))?;
+        let fin = fin.ok_or_else(|| {
+            format!(
+                "offline client printed no summary (last lines: {:?})",
+                lines.iter().rev().take(3).collect::<Vec<_>>()
+            )
+        })?;
         r.offline_iters_per_s = json_number(fin, "iters_per_s");
     }
     for (prog, args, stdin) in &phase.teardown {
-        let mut c = host.tool(prog).args(args).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().map_err(|e| format!("teardown {prog}: {e}"))?;
+        let mut c = host
+            .tool(prog)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("teardown {prog}: {e}"))?;
         if let Some(mut i) = c.stdin.take() {
             use std::io::Write;
             let _ = i.write_all(stdin.as_bytes());
@@ -245,28 +324,32 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
     Ok(r)
 }
 
-/// The results as a table, with the p99 ratio against the first phase.
+/// The results as a table, with the online ratios against the first phase that ran it.
 pub fn table(host: &str, rows: &[PhaseResult]) -> String {
-    let base = rows.first().map_or(0.0, |r| r.p99_ms);
+    let base = rows.iter().find(|r| r.p50_ms.is_some());
+    let (base50, base99) = (base.and_then(|r| r.p50_ms), base.and_then(|r| r.p99_ms));
     let mut s = format!("GPU sharing on {host}\n");
-    let base50 = rows.first().map_or(0.0, |r| r.p50_ms);
     s += &format!(
         "{:<32} {:>10} {:>7} {:>10} {:>7} {:>9} {:>15}\n",
         "phase", "p50 (ms)", "p50 x", "p99 (ms)", "p99 x", "online/s", "offline iter/s"
     );
     s += &format!("{}\n", "-".repeat(96));
-    let x = |v: f64, b: f64| if b > 0.0 { format!("{:.2}", v / b) } else { "-".into() };
+    let num =
+        |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+    let x = |v: Option<f64>, b: Option<f64>| match (v, b) {
+        (Some(v), Some(b)) if b > 0.0 => format!("{:.2}", v / b),
+        _ => "-".into(),
+    };
     for r in rows {
-        let off = r.offline_iters_per_s.map_or("-".to_string(), |v| format!("{v:.2}"));
         s += &format!(
-            "{:<32} {:>10.3} {:>7} {:>10.3} {:>7} {:>9.1} {:>15}\n",
+            "{:<32} {:>10} {:>7} {:>10} {:>7} {:>9} {:>15}\n",
             r.name,
-            r.p50_ms,
+            num(r.p50_ms, 3),
             x(r.p50_ms, base50),
-            r.p99_ms,
-            x(r.p99_ms, base),
-            r.online_rps,
-            off
+            num(r.p99_ms, 3),
+            x(r.p99_ms, base99),
+            num(r.online_rps, 1),
+            num(r.offline_iters_per_s, 2)
         );
     }
     s
@@ -286,13 +369,48 @@ mod tests {
     }
 
     #[test]
-    fn table_shows_ratio_against_the_first_phase() {
+    fn table_shows_ratios_against_the_first_online_phase() {
         let rows = [
-            PhaseResult { name: "a".into(), p50_ms: 1.0, p99_ms: 2.0, ..Default::default() },
-            PhaseResult { name: "b".into(), p50_ms: 1.5, p99_ms: 5.0, offline_iters_per_s: Some(3.0), ..Default::default() },
+            PhaseResult {
+                name: "o".into(),
+                offline_iters_per_s: Some(4.0),
+                ..Default::default()
+            },
+            PhaseResult {
+                name: "a".into(),
+                p50_ms: Some(1.0),
+                p99_ms: Some(2.0),
+                online_rps: Some(9.0),
+                ..Default::default()
+            },
+            PhaseResult {
+                name: "b".into(),
+                p50_ms: Some(1.5),
+                p99_ms: Some(5.0),
+                online_rps: Some(9.0),
+                offline_iters_per_s: Some(3.0),
+                ..Default::default()
+            },
         ];
         let t = table("x", &rows);
-        let b: Vec<&str> = t.lines().find(|l| l.starts_with('b')).unwrap().split_whitespace().collect();
-        assert_eq!(b[2..], ["1.50", "5.000", "2.50", "0.0", "3.00"], "{t}");
+        let row = |n: char| -> Vec<String> {
+            t.lines()
+                .find(|l| l.starts_with(n))
+                .unwrap()
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(row('o')[1..], ["-", "-", "-", "-", "-", "4.00"], "{t}");
+        assert_eq!(
+            row('a')[1..],
+            ["1.000", "1.00", "2.000", "1.00", "9.0", "-"],
+            "{t}"
+        );
+        assert_eq!(
+            row('b')[1..],
+            ["1.500", "1.50", "5.000", "2.50", "9.0", "3.00"],
+            "{t}"
+        );
     }
 }

@@ -137,7 +137,11 @@ fn lib_error(e: &libloading::Error) -> String {
 }
 
 fn load_error(call: &str, why: String) -> CuError {
-    CuError { call: call.to_string(), code: 0, name: why }
+    CuError {
+        call: call.to_string(),
+        code: 0,
+        name: why,
+    }
 }
 
 /// Resolves `name` through `cuGetProcAddress_v2` and casts it to the function type `F`.
@@ -153,12 +157,22 @@ unsafe fn resolve<F: Copy>(gpa: GetProcAddressFn, name: &str) -> Result<F, CuErr
     // SAFETY: gpa is cuGetProcAddress_v2 (PFN_cuGetProcAddress_v12000); all pointers are valid
     // for the duration of the call.
     let rc = unsafe {
-        gpa(cname.as_ptr(), &mut pfn, REQUESTED_CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &mut status)
+        gpa(
+            cname.as_ptr(),
+            &mut pfn,
+            REQUESTED_CUDA_VERSION,
+            CU_GET_PROC_ADDRESS_DEFAULT,
+            &mut status,
+        )
     };
     if rc != CUDA_SUCCESS || pfn.is_null() || status != CU_GET_PROC_ADDRESS_SUCCESS {
         return Err(CuError {
             call: format!("cuGetProcAddress_v2(\"{name}\", {REQUESTED_CUDA_VERSION})"),
-            code: if rc == CUDA_SUCCESS { CUDA_ERROR_NOT_FOUND } else { rc },
+            code: if rc == CUDA_SUCCESS {
+                CUDA_ERROR_NOT_FOUND
+            } else {
+                rc
+            },
             name: format!("symbol status {status}, the driver does not provide {name}"),
         });
     }
@@ -173,13 +187,25 @@ impl Driver {
         let path = std::env::var_os("WORKLOADS_LIBCUDA").unwrap_or_else(|| "libcuda.so.1".into());
         // SAFETY: loading the CUDA driver runs its initialisers, which is what every CUDA
         // client does; we trust the library found on the loader path as they do.
-        let lib = unsafe { libloading::Library::new(&path) }
-            .map_err(|e| load_error("dlopen", format!("cannot load {}: {}", path.to_string_lossy(), lib_error(&e))))?;
+        let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| {
+            load_error(
+                "dlopen",
+                format!("cannot load {}: {}", path.to_string_lossy(), lib_error(&e)),
+            )
+        })?;
         // SAFETY: the symbol has the PFN_cuGetProcAddress_v12000 signature in cuda.h.
         let gpa: GetProcAddressFn = unsafe {
-            *lib.get::<GetProcAddressFn>(b"cuGetProcAddress_v2\0").map_err(|e| {
-                load_error("dlsym", format!("cuGetProcAddress_v2 missing from {}: {}", path.to_string_lossy(), lib_error(&e)))
-            })?
+            *lib.get::<GetProcAddressFn>(b"cuGetProcAddress_v2\0")
+                .map_err(|e| {
+                    load_error(
+                        "dlsym",
+                        format!(
+                            "cuGetProcAddress_v2 missing from {}: {}",
+                            path.to_string_lossy(),
+                            lib_error(&e)
+                        ),
+                    )
+                })?
         };
         // SAFETY (every resolve below): each type alias is the PFN_ typedef for that name at
         // CUDA 12.0 (cudaTypedefs.h), which is what cuGetProcAddress_v2 returns for 12000.
@@ -212,7 +238,9 @@ impl Driver {
 
     /// The `CUresult` name (`CUDA_ERROR_OUT_OF_MEMORY`), from the driver itself.
     pub fn error_name(&self, code: CuResult) -> String {
-        let Some(f) = self.get_error_name else { return format!("CUresult {code}") };
+        let Some(f) = self.get_error_name else {
+            return format!("CUresult {code}");
+        };
         let mut p: *const c_char = std::ptr::null();
         // SAFETY: valid out pointer; the driver returns a static string or an error.
         let rc = unsafe { f(code, &mut p) };
@@ -227,7 +255,11 @@ impl Driver {
         if rc == CUDA_SUCCESS {
             Ok(())
         } else {
-            Err(CuError { call: call.to_string(), code: rc, name: self.error_name(rc) })
+            Err(CuError {
+                call: call.to_string(),
+                code: rc,
+                name: self.error_name(rc),
+            })
         }
     }
 
@@ -241,7 +273,9 @@ impl Driver {
     pub fn driver_version(&self) -> Result<i32, CuError> {
         let mut v = 0;
         // SAFETY: valid out pointer.
-        self.check("cuDriverGetVersion", unsafe { (self.driver_get_version)(&mut v) })?;
+        self.check("cuDriverGetVersion", unsafe {
+            (self.driver_get_version)(&mut v)
+        })?;
         Ok(v)
     }
 
@@ -249,7 +283,9 @@ impl Driver {
     pub fn device_count(&self) -> Result<i32, CuError> {
         let mut n = 0;
         // SAFETY: valid out pointer.
-        self.check("cuDeviceGetCount", unsafe { (self.device_get_count)(&mut n) })?;
+        self.check("cuDeviceGetCount", unsafe {
+            (self.device_get_count)(&mut n)
+        })?;
         Ok(n)
     }
 
@@ -270,14 +306,18 @@ impl Driver {
         })?;
         buf[buf.len() - 1] = 0;
         // SAFETY: buf is NUL-terminated (forced above).
-        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     /// `cuDeviceGetAttribute`.
     pub fn device_attribute(&self, dev: CuDevice, attr: c_int) -> Result<i32, CuError> {
         let mut v = 0;
         // SAFETY: valid out pointer.
-        self.check("cuDeviceGetAttribute", unsafe { (self.device_get_attribute)(&mut v, attr, dev) })?;
+        self.check("cuDeviceGetAttribute", unsafe {
+            (self.device_get_attribute)(&mut v, attr, dev)
+        })?;
         Ok(v)
     }
 
@@ -285,14 +325,18 @@ impl Driver {
     pub fn primary_ctx_retain(&self, dev: CuDevice) -> Result<Context, CuError> {
         let mut ctx = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        self.check("cuDevicePrimaryCtxRetain", unsafe { (self.primary_ctx_retain)(&mut ctx, dev) })?;
+        self.check("cuDevicePrimaryCtxRetain", unsafe {
+            (self.primary_ctx_retain)(&mut ctx, dev)
+        })?;
         Ok(Context(ctx))
     }
 
     /// `cuDevicePrimaryCtxRelease_v2`.
     pub fn primary_ctx_release(&self, dev: CuDevice) -> Result<(), CuError> {
         // SAFETY: plain value argument.
-        self.check("cuDevicePrimaryCtxRelease", unsafe { (self.primary_ctx_release)(dev) })
+        self.check("cuDevicePrimaryCtxRelease", unsafe {
+            (self.primary_ctx_release)(dev)
+        })
     }
 
     /// `cuCtxSetCurrent`.
@@ -311,7 +355,9 @@ impl Driver {
     pub fn module_load_ptx(&self, ptx: &CStr) -> Result<Module, CuError> {
         let mut m = std::ptr::null_mut();
         // SAFETY: ptx is a NUL-terminated image that outlives the call.
-        self.check("cuModuleLoadData", unsafe { (self.module_load_data)(&mut m, ptx.as_ptr().cast()) })?;
+        self.check("cuModuleLoadData", unsafe {
+            (self.module_load_data)(&mut m, ptx.as_ptr().cast())
+        })?;
         Ok(Module(m))
     }
 
@@ -325,7 +371,9 @@ impl Driver {
     pub fn module_get_function(&self, m: Module, name: &CStr) -> Result<Function, CuError> {
         let mut f = std::ptr::null_mut();
         // SAFETY: m came from cuModuleLoadData; name is NUL-terminated.
-        self.check("cuModuleGetFunction", unsafe { (self.module_get_function)(&mut f, m.0, name.as_ptr()) })?;
+        self.check("cuModuleGetFunction", unsafe {
+            (self.module_get_function)(&mut f, m.0, name.as_ptr())
+        })?;
         Ok(Function(f))
     }
 
@@ -347,25 +395,37 @@ impl Driver {
     pub fn mem_get_info(&self) -> Result<(usize, usize), CuError> {
         let (mut free, mut total) = (0, 0);
         // SAFETY: valid out pointers.
-        self.check("cuMemGetInfo", unsafe { (self.mem_get_info)(&mut free, &mut total) })?;
+        self.check("cuMemGetInfo", unsafe {
+            (self.mem_get_info)(&mut free, &mut total)
+        })?;
         Ok((free, total))
     }
 
     /// `cuMemcpyHtoD_v2` of a whole host slice.
     pub fn memcpy_htod(&self, dst: CuDevicePtr, src: &[u8]) -> Result<(), CuError> {
         // SAFETY: src is readable for src.len() bytes.
-        self.check("cuMemcpyHtoD", unsafe { (self.memcpy_htod)(dst, src.as_ptr().cast(), src.len()) })
+        self.check("cuMemcpyHtoD", unsafe {
+            (self.memcpy_htod)(dst, src.as_ptr().cast(), src.len())
+        })
     }
 
     /// `cuMemcpyDtoH_v2` filling a whole host slice.
     pub fn memcpy_dtoh(&self, dst: &mut [u8], src: CuDevicePtr) -> Result<(), CuError> {
         // SAFETY: dst is writable for dst.len() bytes.
-        self.check("cuMemcpyDtoH", unsafe { (self.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len()) })
+        self.check("cuMemcpyDtoH", unsafe {
+            (self.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len())
+        })
     }
 
     /// `cuLaunchKernel` on the default stream of `f` with one `u64` parameter (the `spin`
     /// signature).
-    pub fn launch_u64(&self, f: Function, grid: [u32; 3], block: [u32; 3], arg: u64) -> Result<(), CuError> {
+    pub fn launch_u64(
+        &self,
+        f: Function,
+        grid: [u32; 3],
+        block: [u32; 3],
+        arg: u64,
+    ) -> Result<(), CuError> {
         let mut arg = arg;
         let mut params = [(&mut arg as *mut u64).cast::<c_void>()];
         // SAFETY: f came from cuModuleGetFunction of a kernel taking one u64; params holds one

@@ -1,6 +1,9 @@
 //! One client's GPU session: device, primary context, the loaded `spin` kernel, and launches.
 
-use crate::driver::{CuDevice, CuDevicePtr, CuError, Driver, Function, Module, ATTR_CLOCK_RATE, ATTR_MULTIPROCESSOR_COUNT};
+use crate::driver::{
+    CuDevice, CuDevicePtr, CuError, Driver, Function, Module, ATTR_CLOCK_RATE,
+    ATTR_MULTIPROCESSOR_COUNT,
+};
 use crate::ptx::{SPIN_ENTRY, SPIN_PTX};
 
 /// What a session learned about its device.
@@ -60,7 +63,14 @@ impl Session {
             driver_version: drv.driver_version()?,
         };
         let ctx = drv.primary_ctx_retain(dev)?;
-        let mut s = Session { drv, dev, module: None, spin: None, buffers: Vec::new(), info };
+        let mut s = Session {
+            drv,
+            dev,
+            module: None,
+            spin: None,
+            buffers: Vec::new(),
+            info,
+        };
         s.drv.ctx_set_current(ctx)?;
         let module = s.drv.module_load_ptx(SPIN_PTX)?;
         s.module = Some(module);
@@ -75,8 +85,11 @@ impl Session {
 
     /// Launches `spin(cycles)` on `blocks` blocks of `threads` threads (asynchronous).
     pub fn launch_spin(&self, blocks: u32, threads: u32, cycles: u64) -> Result<(), CuError> {
-        let spin = self.spin.expect("a session always has its kernel after open");
-        self.drv.launch_u64(spin, [blocks.max(1), 1, 1], [threads.max(1), 1, 1], cycles)
+        let spin = self
+            .spin
+            .expect("a session always has its kernel after open");
+        self.drv
+            .launch_u64(spin, [blocks.max(1), 1, 1], [threads.max(1), 1, 1], cycles)
     }
 
     /// `cuCtxSynchronize`: waits for every launched kernel.

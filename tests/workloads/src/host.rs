@@ -25,27 +25,46 @@ pub struct Host {
 
 fn link(src: &Path, dst: &Path) -> Result<(), String> {
     if !src.exists() {
-        return Err(format!("{} is missing: build it first (scripts/demo.sh does)", src.display()));
+        return Err(format!(
+            "{} is missing: build it first (scripts/demo.sh does)",
+            src.display()
+        ));
     }
-    std::os::unix::fs::symlink(src, dst).map_err(|e| format!("linking {} -> {}: {e}", dst.display(), src.display()))
+    std::os::unix::fs::symlink(src, dst)
+        .map_err(|e| format!("linking {} -> {}: {e}", dst.display(), src.display()))
 }
 
 impl Host {
     /// The machine's own driver and tools.
     pub fn real(bin_dir: PathBuf) -> Self {
-        Host { bin_dir, root: None, env: Vec::new(), label: "real GPU".into() }
+        Host {
+            bin_dir,
+            root: None,
+            env: Vec::new(),
+            label: "real GPU".into(),
+        }
     }
 
     /// An emulated host with one `profile` GPU, under a fresh directory in `scratch`.
     pub fn emulated(bin_dir: PathBuf, profile: &str, scratch: &Path) -> Result<Self, String> {
-        let root = scratch.join(format!("emu-host-{}-{}", std::process::id(), crate::now_tag()));
+        let root = scratch.join(format!(
+            "emu-host-{}-{}",
+            std::process::id(),
+            crate::now_tag()
+        ));
         let (lib, bin) = (root.join("lib"), root.join("bin"));
         for d in [&lib, &bin, &root.join("mps-pipe"), &root.join("mps-log")] {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
         link(&bin_dir.join("libcuda.so"), &lib.join("libcuda.so.1"))?;
-        link(&bin_dir.join("libnvidia_ml.so"), &lib.join("libnvidia-ml.so.1"))?;
-        link(&bin_dir.join("emu-mps-control"), &bin.join("nvidia-cuda-mps-control"))?;
+        link(
+            &bin_dir.join("libnvidia_ml.so"),
+            &lib.join("libnvidia-ml.so.1"),
+        )?;
+        link(
+            &bin_dir.join("emu-mps-control"),
+            &bin.join("nvidia-cuda-mps-control"),
+        )?;
         let path = std::env::var_os("PATH").unwrap_or_default();
         let mut new_path = OsString::from(bin.as_os_str());
         new_path.push(":");
@@ -56,14 +75,28 @@ impl Host {
             ld.push(old);
         }
         let env = vec![
-            (ENV_STATE.to_string(), root.join("gpu0.state").into_os_string()),
+            (
+                ENV_STATE.to_string(),
+                root.join("gpu0.state").into_os_string(),
+            ),
             (ENV_PROFILE.to_string(), OsString::from(profile)),
             ("LD_LIBRARY_PATH".to_string(), ld),
             ("PATH".to_string(), new_path),
-            ("CUDA_MPS_PIPE_DIRECTORY".to_string(), root.join("mps-pipe").into_os_string()),
-            ("CUDA_MPS_LOG_DIRECTORY".to_string(), root.join("mps-log").into_os_string()),
+            (
+                "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+                root.join("mps-pipe").into_os_string(),
+            ),
+            (
+                "CUDA_MPS_LOG_DIRECTORY".to_string(),
+                root.join("mps-log").into_os_string(),
+            ),
         ];
-        Ok(Host { bin_dir, root: Some(root), env, label: format!("emulated {profile}") })
+        Ok(Host {
+            bin_dir,
+            root: Some(root),
+            env,
+            label: format!("emulated {profile}"),
+        })
     }
 
     /// A command for program `name` from the binary directory, with the host's environment.

@@ -13,7 +13,9 @@ pub mod stats;
 
 /// A short unique-ish tag (nanoseconds of the wall clock) for scratch names.
 pub fn now_tag() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// Shared `main` body of the client binaries: `--help`, argument errors (exit 2), driver

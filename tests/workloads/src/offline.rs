@@ -75,7 +75,10 @@ impl OfflineConfig {
             iterations: a.opt("iterations")?,
             kernels: in_range("kernels", a.get("kernels", 1)?, 1, 10_000)?,
             kernel_us: in_range("kernel-us", a.get("kernel-us", 20_000.0)?, 0.001, 1e9)?,
-            blocks: a.opt("blocks")?.map(|b| in_range("blocks", b, 1, 1 << 30)).transpose()?,
+            blocks: a
+                .opt("blocks")?
+                .map(|b| in_range("blocks", b, 1, 1 << 30))
+                .transpose()?,
             threads: in_range("threads", a.get("threads", 256)?, 1, 1024)?,
             state_mb: in_range("state-mb", a.get("state-mb", 64)?, 0, 1 << 20)?,
             checkpoint: a.opt::<String>("checkpoint")?.map(Into::into),
@@ -149,7 +152,9 @@ impl OfflineReport {
 /// A recognisable pattern for the state buffer, so a checkpoint can be checked: a 4 KiB
 /// block (repeated with memcpy, fast in any build) whose last 8 bytes hold the block index.
 pub fn state_pattern(len: usize) -> Vec<u8> {
-    let block: Vec<u8> = (0..4096usize).map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8).collect();
+    let block: Vec<u8> = (0..4096usize)
+        .map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8)
+        .collect();
     let mut out = Vec::with_capacity(len + block.len());
     let mut n = 0u64;
     while out.len() < len {
@@ -162,13 +167,19 @@ pub fn state_pattern(len: usize) -> Vec<u8> {
 }
 
 /// Runs the client on an open session; progress lines go to `progress`.
-pub fn run(cfg: &OfflineConfig, s: &mut Session, progress: &mut dyn Write) -> Result<OfflineReport, String> {
+pub fn run(
+    cfg: &OfflineConfig,
+    s: &mut Session,
+    progress: &mut dyn Write,
+) -> Result<OfflineReport, String> {
     let blocks = cfg.blocks.unwrap_or(s.info.sm_count * 2);
     let cycles = s.info.cycles_for_us(cfg.kernel_us);
     let state_len = cfg.state_mb << 20;
     let state = if state_len > 0 {
         let p = s.alloc(state_len).map_err(|e| e.to_string())?;
-        s.driver().memcpy_htod(p, &state_pattern(state_len)).map_err(|e| e.to_string())?;
+        s.driver()
+            .memcpy_htod(p, &state_pattern(state_len))
+            .map_err(|e| e.to_string())?;
         Some(p)
     } else {
         None
@@ -181,7 +192,8 @@ pub fn run(cfg: &OfflineConfig, s: &mut Session, progress: &mut dyn Write) -> Re
         && cfg.iterations.is_none_or(|n| iterations < n)
     {
         for _ in 0..cfg.kernels {
-            s.launch_spin(blocks, cfg.threads, cycles).map_err(|e| e.to_string())?;
+            s.launch_spin(blocks, cfg.threads, cycles)
+                .map_err(|e| e.to_string())?;
         }
         s.synchronize().map_err(|e| e.to_string())?;
         iterations += 1;
@@ -206,17 +218,24 @@ pub fn run(cfg: &OfflineConfig, s: &mut Session, progress: &mut dyn Write) -> Re
     let mut checkpoint_bytes = 0;
     if let Some(p) = state {
         let mut host = vec![0u8; state_len];
-        s.driver().memcpy_dtoh(&mut host, p).map_err(|e| e.to_string())?;
+        s.driver()
+            .memcpy_dtoh(&mut host, p)
+            .map_err(|e| e.to_string())?;
         checkpoint_bytes = host.len();
         if let Some(path) = &cfg.checkpoint {
-            std::fs::write(path, &host).map_err(|e| format!("writing checkpoint {}: {e}", path.display()))?;
+            std::fs::write(path, &host)
+                .map_err(|e| format!("writing checkpoint {}: {e}", path.display()))?;
         }
     }
     Ok(OfflineReport {
         device: s.info.name.clone(),
         iterations,
         elapsed_s: elapsed,
-        iters_per_s: if elapsed > 0.0 { iterations as f64 / elapsed } else { 0.0 },
+        iters_per_s: if elapsed > 0.0 {
+            iterations as f64 / elapsed
+        } else {
+            0.0
+        },
         checkpoint_bytes,
         signal: signals::received(),
         blocks,
@@ -230,11 +249,14 @@ mod tests {
 
     #[test]
     fn config_defaults_and_errors() {
-        let c = OfflineConfig::from_args(Args::parse(Vec::<String>::new(), &["json"]).unwrap()).unwrap();
+        let c = OfflineConfig::from_args(Args::parse(Vec::<String>::new(), &["json"]).unwrap())
+            .unwrap();
         assert_eq!((c.duration, c.kernels, c.state_mb), (None, 1, 64));
         assert_eq!(c.report_interval, Some(Duration::from_secs(1)));
         let bad = Args::parse(["--threads".to_string(), "4096".to_string()], &["json"]).unwrap();
-        assert!(OfflineConfig::from_args(bad).unwrap_err().contains("--threads 4096"));
+        assert!(OfflineConfig::from_args(bad)
+            .unwrap_err()
+            .contains("--threads 4096"));
     }
 
     #[test]

@@ -87,11 +87,19 @@ impl OnlineConfig {
         let c = OnlineConfig {
             rate: in_range("rate", a.get("rate", 50.0)?, 0.01, 1e6)?,
             arrivals,
-            duration: Duration::from_secs_f64(in_range("duration", a.get("duration", 5.0)?, 0.0, 1e7)?),
+            duration: Duration::from_secs_f64(in_range(
+                "duration",
+                a.get("duration", 5.0)?,
+                0.0,
+                1e7,
+            )?),
             requests: a.opt("requests")?,
             kernels: in_range("kernels", a.get("kernels", 4)?, 1, 10_000)?,
             kernel_us: in_range("kernel-us", a.get("kernel-us", 500.0)?, 0.001, 1e9)?,
-            blocks: a.opt("blocks")?.map(|b| in_range("blocks", b, 1, 1 << 30)).transpose()?,
+            blocks: a
+                .opt("blocks")?
+                .map(|b| in_range("blocks", b, 1, 1 << 30))
+                .transpose()?,
             sm_fraction: in_range("sm-fraction", a.get("sm-fraction", 0.25)?, 0.001, 1.0)?,
             threads: in_range("threads", a.get("threads", 128)?, 1, 1024)?,
             device: a.get("device", 0)?,
@@ -165,11 +173,14 @@ fn gaps(arrivals: Arrivals, rate: f64, seed: u64) -> impl FnMut() -> Duration {
 
 /// Runs the client on an open session.
 pub fn run(cfg: &OnlineConfig, s: &Session) -> Result<OnlineReport, String> {
-    let blocks = cfg.blocks.unwrap_or_else(|| ((f64::from(s.info.sm_count) * cfg.sm_fraction).ceil() as u32).max(1));
+    let blocks = cfg
+        .blocks
+        .unwrap_or_else(|| ((f64::from(s.info.sm_count) * cfg.sm_fraction).ceil() as u32).max(1));
     let cycles = s.info.cycles_for_us(cfg.kernel_us);
     let request = || -> Result<(), String> {
         for _ in 0..cfg.kernels {
-            s.launch_spin(blocks, cfg.threads, cycles).map_err(|e| e.to_string())?;
+            s.launch_spin(blocks, cfg.threads, cycles)
+                .map_err(|e| e.to_string())?;
         }
         s.synchronize().map_err(|e| e.to_string())
     };
@@ -196,7 +207,11 @@ pub fn run(cfg: &OnlineConfig, s: &Session) -> Result<OnlineReport, String> {
     Ok(OnlineReport {
         device: s.info.name.clone(),
         latency: summarize(&lat_ms),
-        throughput_rps: if elapsed > 0.0 { lat_ms.len() as f64 / elapsed } else { 0.0 },
+        throughput_rps: if elapsed > 0.0 {
+            lat_ms.len() as f64 / elapsed
+        } else {
+            0.0
+        },
         elapsed_s: elapsed,
         blocks,
         cycles,
@@ -219,11 +234,17 @@ mod tests {
 
     #[test]
     fn config_defaults_and_errors() {
-        let c = OnlineConfig::from_args(Args::parse(Vec::<String>::new(), &["json"]).unwrap()).unwrap();
-        assert_eq!((c.rate, c.kernels, c.arrivals), (50.0, 4, Arrivals::Poisson));
+        let c =
+            OnlineConfig::from_args(Args::parse(Vec::<String>::new(), &["json"]).unwrap()).unwrap();
+        assert_eq!(
+            (c.rate, c.kernels, c.arrivals),
+            (50.0, 4, Arrivals::Poisson)
+        );
         let bad = Args::parse(["--arrivals".to_string(), "bursty".to_string()], &["json"]).unwrap();
         assert!(OnlineConfig::from_args(bad).unwrap_err().contains("bursty"));
         let bad = Args::parse(["--rate".to_string(), "0".to_string()], &["json"]).unwrap();
-        assert!(OnlineConfig::from_args(bad).unwrap_err().contains("out of range"));
+        assert!(OnlineConfig::from_args(bad)
+            .unwrap_err()
+            .contains("out of range"));
     }
 }

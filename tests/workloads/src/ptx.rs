@@ -74,7 +74,11 @@ mod ptxas {
                 .arg(dir.join(format!("spin_{arch}.cubin")))
                 .output()
                 .expect("run ptxas");
-            assert!(out.status.success(), "ptxas -arch={arch}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "ptxas -arch={arch}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -28,9 +28,17 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Summarises samples (any order).
 pub fn summarize(samples_ms: &[f64]) -> LatencySummary {
-    let mut s: Vec<f64> = samples_ms.iter().copied().filter(|v| v.is_finite()).collect();
+    let mut s: Vec<f64> = samples_ms
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
     s.sort_by(|a, b| a.total_cmp(b));
-    let mean = if s.is_empty() { 0.0 } else { s.iter().sum::<f64>() / s.len() as f64 };
+    let mean = if s.is_empty() {
+        0.0
+    } else {
+        s.iter().sum::<f64>() / s.len() as f64
+    };
     LatencySummary {
         count: s.len(),
         mean_ms: mean,
@@ -49,7 +57,10 @@ mod tests {
     fn nearest_rank_on_one_to_hundred() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let s = summarize(&v);
-        assert_eq!((s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms), (50.0, 90.0, 99.0, 100.0));
+        assert_eq!(
+            (s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms),
+            (50.0, 90.0, 99.0, 100.0)
+        );
         assert_eq!(s.mean_ms, 50.5);
     }
 

@@ -15,12 +15,21 @@ pub use workloads::host::Host;
 /// `target/<profile>/`, where cargo put the emulator libraries and the client binaries.
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(|d| d.parent()).expect("target/<profile>/deps/<test>").to_path_buf()
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
 }
 
 /// Fails with a clear message when a needed artifact has not been built.
 pub fn require_built() {
-    for f in ["libcuda.so", "libnvidia_ml.so", "emu-mps-control", "online", "offline"] {
+    for f in [
+        "libcuda.so",
+        "libnvidia_ml.so",
+        "emu-mps-control",
+        "online",
+        "offline",
+    ] {
         assert!(
             bin_dir().join(f).exists(),
             "{} is not built: run `cargo build --workspace --all-targets` first (scripts/test.sh does)",
@@ -46,7 +55,11 @@ pub struct Proc {
 impl Proc {
     /// Spawns `cmd` with piped stdout (stderr inherited for diagnostics).
     pub fn spawn(mut cmd: Command) -> Proc {
-        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).spawn().expect("spawn client");
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn client");
         let out = child.stdout.take().expect("stdout");
         let (tx, lines) = channel();
         std::thread::spawn(move || {
@@ -56,7 +69,11 @@ impl Proc {
                 }
             }
         });
-        Proc { child, lines, seen: Vec::new() }
+        Proc {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -75,7 +92,10 @@ impl Proc {
                         return l;
                     }
                 }
-                Err(_) => panic!("no line containing {needle:?} within {timeout:?}; saw {:?}", self.seen),
+                Err(_) => panic!(
+                    "no line containing {needle:?} within {timeout:?}; saw {:?}",
+                    self.seen
+                ),
             }
         }
     }
@@ -91,7 +111,11 @@ impl Proc {
                 self.seen.extend(self.lines.try_iter());
                 return (st, self.seen.clone());
             }
-            assert!(Instant::now() < deadline, "process {} did not exit within {timeout:?} of signal {sig}", self.child.id());
+            assert!(
+                Instant::now() < deadline,
+                "process {} did not exit within {timeout:?} of signal {sig}",
+                self.child.id()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -109,7 +133,12 @@ impl Drop for Proc {
 /// Runs a command to completion with a time bound; panics on timeout.
 pub fn run_bounded(mut cmd: Command, stdin: &str, timeout: Duration) -> Output {
     use std::io::Write;
-    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
     {
         let mut i = child.stdin.take().expect("stdin");
         let _ = i.write_all(stdin.as_bytes());
@@ -140,7 +169,11 @@ pub fn json(line: &str) -> serde_json::Value {
 
 /// Sends `commands` to the host's `nvidia-cuda-mps-control` client; returns stdout.
 pub fn mps(host: &Host, commands: &str) -> String {
-    let out = run_bounded(host.tool("nvidia-cuda-mps-control"), commands, Duration::from_secs(30));
+    let out = run_bounded(
+        host.tool("nvidia-cuda-mps-control"),
+        commands,
+        Duration::from_secs(30),
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -149,7 +182,11 @@ pub fn mps_start(host: &Host) {
     let mut c = host.tool("nvidia-cuda-mps-control");
     c.arg("-d");
     let out = run_bounded(c, "", Duration::from_secs(30));
-    assert!(out.status.success(), "mps-control -d failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "mps-control -d failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Stops the daemon if it is running (for test cleanup).
@@ -157,7 +194,11 @@ pub struct MpsGuard<'a>(pub &'a Host);
 
 impl Drop for MpsGuard<'_> {
     fn drop(&mut self) {
-        let _ = run_bounded(self.0.tool("nvidia-cuda-mps-control"), "quit\n", Duration::from_secs(30));
+        let _ = run_bounded(
+            self.0.tool("nvidia-cuda-mps-control"),
+            "quit\n",
+            Duration::from_secs(30),
+        );
     }
 }
 

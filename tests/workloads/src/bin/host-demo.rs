@@ -9,7 +9,8 @@ use workloads::host::Host;
 
 const HELP: &str = "\
 host-demo: shows what this product is for. On one GPU host it runs the online
-(inference-like) client alone, then beside an unrestrained offline (training-like) client,
+(inference-like) client alone, the offline (training-like) client alone, then both
+together with the offline client unrestrained,
 then (emulated host) beside an offline client held to a static MPS share of the SMs, and
 prints the online p50/p99 latency and the offline iterations/s of each phase.
 
@@ -53,30 +54,68 @@ fn main() -> ExitCode {
 fn run(argv: Vec<String>) -> Result<(), String> {
     let mut a = Args::parse(argv, &["real"])?;
     let profile: String = a.get("profile", "t4".to_string())?;
+    if emu_device::Profile::by_id(&profile).is_none() {
+        let known: Vec<&str> = emu_device::profile::ALL.iter().map(|p| p.id).collect();
+        return Err(format!(
+            "--profile '{profile}': unknown GPU profile (known: {})",
+            known.join(", ")
+        ));
+    }
     let cfg = DemoConfig {
         duration_s: in_range("duration", a.get("duration", 5.0)?, 0.1, 3600.0)?,
         rate: in_range("rate", a.get("rate", 50.0)?, 0.1, 100_000.0)?,
         online_kernels: in_range("online-kernels", a.get("online-kernels", 4)?, 1, 1000)?,
-        online_kernel_us: in_range("online-kernel-us", a.get("online-kernel-us", 1000.0)?, 1.0, 1e7)?,
-        online_sm_fraction: in_range("online-sm-fraction", a.get("online-sm-fraction", 1.0)?, 0.001, 1.0)?,
-        offline_kernel_us: in_range("offline-kernel-us", a.get("offline-kernel-us", 20_000.0)?, 1.0, 1e8)?,
+        online_kernel_us: in_range(
+            "online-kernel-us",
+            a.get("online-kernel-us", 1000.0)?,
+            1.0,
+            1e7,
+        )?,
+        online_sm_fraction: in_range(
+            "online-sm-fraction",
+            a.get("online-sm-fraction", 1.0)?,
+            0.001,
+            1.0,
+        )?,
+        offline_kernel_us: in_range(
+            "offline-kernel-us",
+            a.get("offline-kernel-us", 20_000.0)?,
+            1.0,
+            1e8,
+        )?,
         offline_warmup_s: 0.5,
     };
-    let scratch: PathBuf = a.get("scratch", std::env::temp_dir().to_string_lossy().into_owned())?.into();
+    let scratch: PathBuf = a
+        .get(
+            "scratch",
+            std::env::temp_dir().to_string_lossy().into_owned(),
+        )?
+        .into();
     let real = a.flag("real");
     let mps_pct = in_range("mps-offline-pct", a.get("mps-offline-pct", 25)?, 1, 100)?;
     a.finish()?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
-    let bin_dir = exe.parent().ok_or("executable has no directory")?.to_path_buf();
-    let host = if real { Host::real(bin_dir) } else { Host::emulated(bin_dir, &profile, &scratch)? };
+    let bin_dir = exe
+        .parent()
+        .ok_or("executable has no directory")?
+        .to_path_buf();
+    let host = if real {
+        Host::real(bin_dir)
+    } else {
+        Host::emulated(bin_dir, &profile, &scratch)?
+    };
     let mut rows = Vec::new();
     let mut phases = baseline_phases();
     if !real {
         phases.push(mps_static_phase(mps_pct));
     }
     for phase in phases {
-        eprintln!("host-demo: phase '{}' ({} s of online requests at {}/s)...", phase.name, cfg.duration_s, cfg.rate);
-        let r = run_phase(&host, &cfg, &phase).map_err(|e| format!("phase '{}': {e}", phase.name))?;
+        eprintln!(
+            "host-demo: phase '{}' ({} s of online requests at {}/s)...",
+            phase.name, cfg.duration_s, cfg.rate
+        );
+        let r =
+            run_phase(&host, &cfg, &phase).map_err(|e| format!("phase '{}': {e}", phase.name))?;
         rows.push(r);
     }
     println!("{}", table(&host.label, &rows));

@@ -12,7 +12,14 @@ fn main() -> std::process::ExitCode {
             run(&cfg, &mut s, &mut std::io::stderr())?
         };
         s.close().map_err(|e| e.to_string())?;
-        println!("{}", if cfg.json { report.to_json() } else { report.to_table() });
+        println!(
+            "{}",
+            if cfg.json {
+                report.to_json()
+            } else {
+                report.to_table()
+            }
+        );
         Ok(())
     })
 }

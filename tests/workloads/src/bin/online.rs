@@ -8,7 +8,14 @@ fn main() -> std::process::ExitCode {
         let s = Session::open(cfg.device).map_err(|e| e.to_string())?;
         let report = run(&cfg, &s)?;
         s.close().map_err(|e| e.to_string())?;
-        println!("{}", if cfg.json { report.to_json() } else { report.to_table() });
+        println!(
+            "{}",
+            if cfg.json {
+                report.to_json()
+            } else {
+                report.to_table()
+            }
+        );
         Ok(())
     })
 }
