@@ -1,0 +1,1235 @@
+//! The cell allocator: global buddy free lists, VC-internal buddy allocation, lazy binding of
+//! virtual to physical cells, opportunistic cells with preemption, bad hardware.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::config::CellsConfig;
+use super::error::{AllocError, ConfigError};
+use super::freelist::{FreeLists, NONE};
+use super::safety::cascade;
+use super::topology::{build, Chain, Node, PCell, PState, VCell, VState, MAX_LEVELS};
+
+const CLEAN: usize = 0;
+const DIRTY: usize = 1;
+const BAD: usize = 2;
+const CATS: usize = 3;
+
+/// Index of a chain in the config order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChainId(pub u16);
+
+/// Index of a virtual cluster in the config order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VcId(pub u16);
+
+/// Cluster-wide GPU number (dense, 0..gpu_count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GpuId(pub u32);
+
+/// Handle of a live guaranteed allocation (a VC's virtual cell bound to a physical cell).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GuaranteedId {
+    cell: u32,
+    gen: u32,
+}
+
+/// Handle of a live opportunistic (low-priority) allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpportunisticId {
+    slot: u32,
+    gen: u32,
+}
+
+impl std::fmt::Display for GuaranteedId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "g{}.{}", self.cell, self.gen)
+    }
+}
+
+impl std::fmt::Display for OpportunisticId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "o{}.{}", self.slot, self.gen)
+    }
+}
+
+/// How an opportunistic job uses its GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Sharing {
+    /// HiveD low-priority job: GPUs no guaranteed work uses; preempted when guaranteed work
+    /// needs them.
+    Exclusive,
+    /// MuxFlow offline job: the low-priority view of a GPU, beside the online (guaranteed)
+    /// work on it; not preempted by guaranteed work.
+    Colocate,
+}
+
+/// A contiguous run of GPUs (every cell covers one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GpuRange {
+    /// First GPU.
+    pub start: u32,
+    /// Number of GPUs.
+    pub len: u32,
+}
+
+impl GpuRange {
+    /// The GPUs in order.
+    pub fn iter(&self) -> impl Iterator<Item = GpuId> {
+        (self.start..self.start + self.len).map(GpuId)
+    }
+
+    /// Whether a GPU lies in the range.
+    pub fn contains(&self, g: GpuId) -> bool {
+        g.0 >= self.start && g.0 < self.start + self.len
+    }
+}
+
+/// Result of a guaranteed allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuaranteedAllocation {
+    /// Handle to release it with.
+    pub id: GuaranteedId,
+    /// Physical GPUs it covers.
+    pub gpus: GpuRange,
+    /// Exclusive opportunistic allocations preempted (already released) to make room.
+    pub preempted: Vec<OpportunisticId>,
+}
+
+/// A host and GPU index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GpuAddress<'a> {
+    /// Host name.
+    pub node: &'a str,
+    /// GPU index on the host.
+    pub index: u32,
+}
+
+impl std::fmt::Display for GpuAddress<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.node, self.index)
+    }
+}
+
+/// What a health change did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HealthChange {
+    /// Opportunistic allocations on the GPUs that went bad (released).
+    pub evicted: Vec<OpportunisticId>,
+    /// Guaranteed allocations covering a GPU that went bad (kept; their owners decide).
+    pub affected: Vec<GuaranteedId>,
+}
+
+/// Owed cells that cannot be bound to healthy hardware any more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Doomed {
+    /// Chain.
+    pub chain: ChainId,
+    /// Level number.
+    pub level: u8,
+    /// Cells short.
+    pub cells: i64,
+}
+
+#[derive(Clone, Debug)]
+struct OppSlot {
+    gen: u32,
+    live: bool,
+    sharing: Sharing,
+    gpus: Vec<u32>,
+}
+
+/// The cells state of one cluster: physical cells, virtual clusters and every allocation.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    config: CellsConfig,
+    chains: Vec<Chain>,
+    chain_by_name: HashMap<String, u16>,
+    pcells: Vec<PCell>,
+    proots: Vec<u32>,
+    gpu_leaf: Vec<u32>,
+    gpu_node: Vec<u32>,
+    gpu_index: Vec<u32>,
+    gpu_bad: Vec<bool>,
+    gpu_opp: Vec<u32>,
+    nodes: Vec<Node>,
+    node_by_name: HashMap<String, u32>,
+    pfree: FreeLists,
+    owed: Vec<i64>,
+    vc_names: Vec<String>,
+    vc_by_name: HashMap<String, u16>,
+    vcells: Vec<VCell>,
+    vroots: Vec<Vec<u32>>,
+    vfree: FreeLists,
+    opp: Vec<OppSlot>,
+    opp_free: Vec<u32>,
+}
+
+#[inline]
+fn plist(chain: u16, level: u8, cat: usize) -> usize {
+    (chain as usize * MAX_LEVELS + level as usize) * CATS + cat
+}
+
+#[inline]
+fn category(c: &PCell) -> usize {
+    if c.bad > 0 {
+        BAD
+    } else if c.opp_ex > 0 {
+        DIRTY
+    } else {
+        CLEAN
+    }
+}
+
+impl Cluster {
+    /// Loads a config file and builds the cluster; errors name file, line and field.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Io { file: path.display().to_string(), source: e })?;
+        Self::from_json(&text, &path.display().to_string())
+    }
+
+    /// Parses JSON text (`origin` names it in errors) and builds the cluster.
+    pub fn from_json(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let cfg = CellsConfig::parse(text, origin)?;
+        Self::build(cfg, origin, Some(text))
+    }
+
+    /// Builds from an already parsed config.
+    pub fn from_config(cfg: CellsConfig) -> Result<Self, ConfigError> {
+        Self::build(cfg, "<config>", None)
+    }
+
+    fn build(cfg: CellsConfig, origin: &str, text: Option<&str>) -> Result<Self, ConfigError> {
+        let b = build(&cfg, origin, text)?;
+        let nchains = b.chains.len();
+        let mut pfree = FreeLists::new(nchains * MAX_LEVELS * CATS, b.pcells.len());
+        for &r in &b.proots {
+            let c = &b.pcells[r as usize];
+            pfree.push_back(plist(c.chain, c.level, CLEAN), r);
+        }
+        let nvc = b.vc_names.len();
+        let mut vfree = FreeLists::new((nvc * nchains * MAX_LEVELS).max(1), b.vcells.len());
+        let mut owed = vec![0i64; nchains * MAX_LEVELS];
+        // Feasibility, one VC at a time in file order, so the error names the first VC that
+        // does not fit.
+        let mut free = vec![vec![0i64; MAX_LEVELS]; nchains];
+        for &r in &b.proots {
+            let c = &b.pcells[r as usize];
+            free[c.chain as usize][c.level as usize] += 1;
+        }
+        for (vi, roots) in b.vroots.iter().enumerate() {
+            for &r in roots {
+                let v = &b.vcells[r as usize];
+                owed[v.chain as usize * MAX_LEVELS + v.level as usize] += 1;
+                vfree.push_back(vlist(nchains, vi as u16, v.chain, v.level), r);
+            }
+            for (ci, ch) in b.chains.iter().enumerate() {
+                let o = &owed[ci * MAX_LEVELS..(ci + 1) * MAX_LEVELS];
+                if let Err((level, short)) = cascade(ch.top, &ch.fanout, &free[ci], o) {
+                    let requested = (1..=ch.top)
+                        .rev()
+                        .filter(|&l| o[l as usize] > 0)
+                        .map(|l| format!("{}={}", ch.level_names[l as usize], o[l as usize]))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let physical_gpus = (1..=ch.top).map(|l| free[ci][l as usize] as u64 * ch.gpus_at[l as usize]).sum();
+                    return Err(ConfigError::Infeasible {
+                        file: origin.to_string(),
+                        vc: b.vc_names[vi].clone(),
+                        chain: ch.name.clone(),
+                        level: ch.level_names[level as usize].clone(),
+                        level_number: level,
+                        short,
+                        physical_gpus,
+                        requested,
+                    });
+                }
+            }
+        }
+        let ngpu = b.gpu_leaf.len();
+        let chain_by_name = b.chains.iter().enumerate().map(|(i, c)| (c.name.clone(), i as u16)).collect();
+        let vc_by_name = b.vc_names.iter().enumerate().map(|(i, n)| (n.clone(), i as u16)).collect();
+        tracing::info!(
+            origin,
+            chains = nchains,
+            gpus = ngpu,
+            physical_cells = b.pcells.len(),
+            virtual_clusters = nvc,
+            "cells cluster built"
+        );
+        Ok(Cluster {
+            config: cfg,
+            chains: b.chains,
+            chain_by_name,
+            pcells: b.pcells,
+            proots: b.proots,
+            gpu_leaf: b.gpu_leaf,
+            gpu_node: b.gpu_node,
+            gpu_index: b.gpu_index,
+            gpu_bad: vec![false; ngpu],
+            gpu_opp: vec![NONE; ngpu],
+            nodes: b.nodes,
+            node_by_name: b.node_by_name,
+            pfree,
+            owed,
+            vc_names: b.vc_names,
+            vc_by_name,
+            vcells: b.vcells,
+            vroots: b.vroots,
+            vfree,
+            opp: Vec::new(),
+            opp_free: Vec::new(),
+        })
+    }
+
+    // ---- lookups -------------------------------------------------------------------------
+
+    /// The config this cluster was built from.
+    pub fn config(&self) -> &CellsConfig {
+        &self.config
+    }
+
+    /// Chains in config order.
+    pub fn chains(&self) -> &[Chain] {
+        &self.chains
+    }
+
+    /// Chain by name.
+    pub fn chain_id(&self, name: &str) -> Option<ChainId> {
+        self.chain_by_name.get(name).map(|&c| ChainId(c))
+    }
+
+    /// Level number of a level name in a chain.
+    pub fn level(&self, chain: ChainId, name: &str) -> Option<u8> {
+        self.chains.get(chain.0 as usize)?.level(name)
+    }
+
+    /// Virtual cluster by name.
+    pub fn vc_id(&self, name: &str) -> Option<VcId> {
+        self.vc_by_name.get(name).map(|&v| VcId(v))
+    }
+
+    /// Virtual cluster names in config order.
+    pub fn vc_names(&self) -> &[String] {
+        &self.vc_names
+    }
+
+    /// Number of GPUs.
+    pub fn gpu_count(&self) -> usize {
+        self.gpu_leaf.len()
+    }
+
+    /// Host and index of a GPU.
+    pub fn gpu_address(&self, g: GpuId) -> Option<GpuAddress<'_>> {
+        let n = *self.gpu_node.get(g.0 as usize)?;
+        Some(GpuAddress { node: &self.nodes[n as usize].name, index: self.gpu_index[g.0 as usize] })
+    }
+
+    /// GPU by host name and index.
+    pub fn gpu_by_address(&self, node: &str, index: u32) -> Option<GpuId> {
+        let n = &self.nodes[*self.node_by_name.get(node)? as usize];
+        (index < n.n_gpus).then_some(GpuId(n.first_gpu + index))
+    }
+
+    /// GPUs of a host.
+    pub fn node_gpus(&self, node: &str) -> Option<GpuRange> {
+        let n = &self.nodes[*self.node_by_name.get(node)? as usize];
+        Some(GpuRange { start: n.first_gpu, len: n.n_gpus })
+    }
+
+    /// Chain (GPU type) of a GPU.
+    pub fn gpu_chain(&self, g: GpuId) -> Option<ChainId> {
+        let leaf = *self.gpu_leaf.get(g.0 as usize)?;
+        Some(ChainId(self.pcells[leaf as usize].chain))
+    }
+
+    /// Whether a GPU is marked bad.
+    pub fn gpu_is_bad(&self, g: GpuId) -> bool {
+        self.gpu_bad.get(g.0 as usize).copied().unwrap_or(false)
+    }
+
+    /// GPUs covered by a live guaranteed allocation.
+    pub fn guaranteed_gpus(&self, id: GuaranteedId) -> Result<GpuRange, AllocError> {
+        let v = self.live_guaranteed(id)?;
+        let p = &self.pcells[self.vcells[v as usize].pbind as usize];
+        Ok(GpuRange { start: p.first_gpu, len: p.n_gpus })
+    }
+
+    /// VC, chain and level of a live guaranteed allocation.
+    pub fn guaranteed_info(&self, id: GuaranteedId) -> Result<(VcId, ChainId, u8), AllocError> {
+        let v = &self.vcells[self.live_guaranteed(id)? as usize];
+        Ok((VcId(v.vc), ChainId(v.chain), v.level))
+    }
+
+    /// GPUs of a live opportunistic allocation.
+    pub fn opportunistic_gpus(&self, id: OpportunisticId) -> Result<Vec<GpuId>, AllocError> {
+        let s = self.live_opp(id)?;
+        Ok(self.opp[s as usize].gpus.iter().map(|&g| GpuId(g)).collect())
+    }
+
+    /// The guaranteed allocation using a GPU, if any.
+    pub fn guaranteed_user(&self, g: GpuId) -> Option<GuaranteedId> {
+        let mut c = *self.gpu_leaf.get(g.0 as usize)?;
+        while c != NONE {
+            let pc = &self.pcells[c as usize];
+            if pc.used_by != NONE {
+                let v = pc.used_by;
+                return Some(GuaranteedId { cell: v, gen: self.vcells[v as usize].gen });
+            }
+            c = pc.parent;
+        }
+        None
+    }
+
+    /// The opportunistic allocation on a GPU, if any.
+    pub fn opportunistic_user(&self, g: GpuId) -> Option<OpportunisticId> {
+        let s = *self.gpu_opp.get(g.0 as usize)?;
+        (s != NONE).then(|| OpportunisticId { slot: s, gen: self.opp[s as usize].gen })
+    }
+
+    /// Healthy GPUs with a free low-priority slot: for `Exclusive`, also not used by
+    /// guaranteed work; for `Colocate`, any (online GPUs included).
+    pub fn free_gpus_for_opportunistic(&self, sharing: Sharing) -> Vec<GpuId> {
+        (0..self.gpu_leaf.len() as u32)
+            .map(GpuId)
+            .filter(|&g| {
+                !self.gpu_bad[g.0 as usize]
+                    && self.gpu_opp[g.0 as usize] == NONE
+                    && (sharing == Sharing::Colocate || self.guaranteed_user(g).is_none())
+            })
+            .collect()
+    }
+
+    /// Live guaranteed allocations (handle per allocation).
+    pub fn guaranteed_allocations(&self) -> Vec<GuaranteedId> {
+        self.vcells
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.state == VState::Allocated)
+            .map(|(i, v)| GuaranteedId { cell: i as u32, gen: v.gen })
+            .collect()
+    }
+
+    /// Live opportunistic allocations.
+    pub fn opportunistic_allocations(&self) -> Vec<OpportunisticId> {
+        self.opp
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.live)
+            .map(|(i, s)| OpportunisticId { slot: i as u32, gen: s.gen })
+            .collect()
+    }
+
+    /// Free physical cells per level of a chain (index = level number), bad ones included.
+    pub fn free_cells(&self, chain: ChainId) -> Vec<u32> {
+        let ch = &self.chains[chain.0 as usize];
+        (0..=ch.top).map(|l| if l == 0 { 0 } else { self.free_at(chain.0, l) as u32 }).collect()
+    }
+
+    /// Cells owed to VCs (preassigned cells not bound yet) per level of a chain.
+    pub fn owed_cells(&self, chain: ChainId) -> Vec<u32> {
+        let ch = &self.chains[chain.0 as usize];
+        (0..=ch.top).map(|l| self.owed[chain.0 as usize * MAX_LEVELS + l as usize] as u32).collect()
+    }
+
+    /// Free cells of a VC (its private view) per level of a chain.
+    pub fn vc_free_cells(&self, vc: VcId, chain: ChainId) -> Vec<u32> {
+        let ch = &self.chains[chain.0 as usize];
+        (0..=ch.top)
+            .map(|l| if l == 0 { 0 } else { self.vfree.len(self.vl(vc.0, chain.0, l)) })
+            .collect()
+    }
+
+    // ---- safety ----------------------------------------------------------------------------
+
+    /// HiveD Theorem 1 as a checked quantity: in every chain, free cells (split top-down)
+    /// cover the cells still owed to VCs at every level.
+    pub fn check_safety(&self) -> Result<(), AllocError> {
+        for ci in 0..self.chains.len() as u16 {
+            self.chain_safe(ci, &[])?;
+        }
+        Ok(())
+    }
+
+    fn chain_safe(&self, ci: u16, free_delta: &[(u8, i64)]) -> Result<(), AllocError> {
+        let ch = &self.chains[ci as usize];
+        let mut free = [0i64; MAX_LEVELS];
+        for l in 1..=ch.top {
+            free[l as usize] = self.free_at(ci, l) as i64;
+        }
+        for &(l, d) in free_delta {
+            free[l as usize] += d;
+        }
+        let owed = &self.owed[ci as usize * MAX_LEVELS..(ci as usize + 1) * MAX_LEVELS];
+        cascade(ch.top, &ch.fanout, &free, owed).map_err(|(l, short)| {
+            AllocError::Safety(format!(
+                "chain `{}` level `{}`: {short} owed cell(s) cannot be served by free cells",
+                ch.name, ch.level_names[l as usize]
+            ))
+        })
+    }
+
+    /// Owed cells that healthy free hardware can no longer serve (HiveD's "doomed" cells).
+    pub fn doomed(&self) -> Vec<Doomed> {
+        let mut out = Vec::new();
+        for (ci, ch) in self.chains.iter().enumerate() {
+            let mut free = [0i64; MAX_LEVELS];
+            for l in 1..=ch.top {
+                for cat in [CLEAN, DIRTY, BAD] {
+                    for c in self.pfree.iter(plist(ci as u16, l, cat)) {
+                        self.count_healthy(c, &mut free);
+                    }
+                }
+            }
+            let mut spare: i64 = 0;
+            for l in (1..=ch.top as usize).rev() {
+                if l < ch.top as usize {
+                    spare = spare.saturating_mul(ch.fanout[l + 1] as i64);
+                }
+                spare += free[l] - self.owed[ci * MAX_LEVELS + l];
+                if spare < 0 {
+                    out.push(Doomed { chain: ChainId(ci as u16), level: l as u8, cells: -spare });
+                    spare = 0;
+                }
+            }
+        }
+        out
+    }
+
+    fn count_healthy(&self, c: u32, free: &mut [i64; MAX_LEVELS]) {
+        let pc = &self.pcells[c as usize];
+        if pc.bad == 0 {
+            free[pc.level as usize] += 1;
+        } else if pc.level > 1 {
+            let f = self.chains[pc.chain as usize].fanout[pc.level as usize];
+            for k in 0..f {
+                self.count_healthy(pc.first_child + k, free);
+            }
+        }
+    }
+
+    // ---- guaranteed ------------------------------------------------------------------------
+
+    /// Allocates a level-`level` cell of `chain` for VC `vc` (an online workload's cells).
+    /// Binds the VC's virtual cell to a physical one lazily, preferring healthy cells without
+    /// opportunistic users; exclusive opportunistic users of the chosen GPUs are preempted.
+    pub fn allocate_guaranteed(&mut self, vc: VcId, chain: ChainId, level: u8) -> Result<GuaranteedAllocation, AllocError> {
+        let ch = self.chains.get(chain.0 as usize).ok_or_else(|| unknown("chain", chain.0))?;
+        if vc.0 as usize >= self.vc_names.len() {
+            return Err(unknown("virtual cluster", vc.0));
+        }
+        if level == 0 || level > ch.top {
+            return Err(unknown("level", level));
+        }
+        let top = ch.top;
+        // VC-internal buddy search (read-only until everything is known to succeed).
+        let src = (level..=top)
+            .find_map(|l| self.vfree.front(self.vl(vc.0, chain.0, l)))
+            .ok_or_else(|| AllocError::NotInAssignment {
+                vc: self.vc_names[vc.0 as usize].clone(),
+                chain: ch.name.clone(),
+                level,
+            })?;
+        let root_pick = if self.vcells[src as usize].parent == NONE {
+            let r = self.vcells[src as usize].level;
+            Some(self.pick_root(chain.0, r)?)
+        } else {
+            None
+        };
+
+        self.vfree.remove(src);
+        let mut v = src;
+        while self.vcells[v as usize].level > level {
+            let vcl = &mut self.vcells[v as usize];
+            vcl.state = VState::Split;
+            let (fc, lv) = (vcl.first_child, vcl.level);
+            let f = self.chains[chain.0 as usize].fanout[lv as usize];
+            for k in (1..f).rev() {
+                self.vcells[(fc + k) as usize].state = VState::Free;
+                self.vfree.push_front(self.vl(vc.0, chain.0, lv - 1), fc + k);
+            }
+            v = fc;
+        }
+        {
+            let vcl = &mut self.vcells[v as usize];
+            vcl.state = VState::Allocated;
+            vcl.gen = vcl.gen.wrapping_add(1);
+        }
+        if let Some((cell, from_level)) = root_pick {
+            self.owed[chain.0 as usize * MAX_LEVELS + self.vcells[src as usize].level as usize] -= 1;
+            let r = self.vcells[src as usize].level;
+            let p = self.take_root(cell, from_level, r);
+            self.bind(src, p);
+        }
+        // Bind the path below the lowest bound ancestor.
+        let mut path = [NONE; MAX_LEVELS];
+        let mut n = 0;
+        let mut x = v;
+        while self.vcells[x as usize].pbind == NONE {
+            path[n] = x;
+            n += 1;
+            x = self.vcells[x as usize].parent;
+        }
+        for &w in path[..n].iter().rev() {
+            let pp = self.vcells[self.vcells[w as usize].parent as usize].pbind;
+            let child = self.pick_child(pp);
+            self.bind(w, child);
+        }
+        let mut x = v;
+        while x != NONE {
+            self.vcells[x as usize].active += 1;
+            x = self.vcells[x as usize].parent;
+        }
+        let p = self.vcells[v as usize].pbind;
+        self.pcells[p as usize].used_by = v;
+        let ng = self.pcells[p as usize].n_gpus;
+        let mut c = p;
+        while c != NONE {
+            self.pcells[c as usize].gused += ng;
+            c = self.pcells[c as usize].parent;
+        }
+        let mut preempted = Vec::new();
+        let pc = &self.pcells[p as usize];
+        let range = GpuRange { start: pc.first_gpu, len: pc.n_gpus };
+        if pc.opp_ex > 0 {
+            for g in range.iter() {
+                let s = self.gpu_opp[g.0 as usize];
+                if s != NONE && self.opp[s as usize].sharing == Sharing::Exclusive {
+                    let id = OpportunisticId { slot: s, gen: self.opp[s as usize].gen };
+                    self.drop_opp(s);
+                    preempted.push(id);
+                }
+            }
+            tracing::info!(vc = %self.vc_names[vc.0 as usize], victims = preempted.len(), "guaranteed allocation preempted opportunistic work");
+        }
+        let id = GuaranteedId { cell: v, gen: self.vcells[v as usize].gen };
+        tracing::debug!(vc = vc.0, chain = chain.0, level, %id, first_gpu = range.start, gpus = range.len, "guaranteed cell allocated");
+        debug_assert!(self.check_safety().is_ok());
+        Ok(GuaranteedAllocation { id, gpus: range, preempted })
+    }
+
+    /// Releases a guaranteed allocation; merges virtual and physical buddies back.
+    pub fn release_guaranteed(&mut self, id: GuaranteedId) -> Result<(), AllocError> {
+        let v = self.live_guaranteed(id)?;
+        let p = self.vcells[v as usize].pbind;
+        let ng = self.pcells[p as usize].n_gpus;
+        self.pcells[p as usize].used_by = NONE;
+        let mut c = p;
+        while c != NONE {
+            self.pcells[c as usize].gused -= ng;
+            c = self.pcells[c as usize].parent;
+        }
+        let mut x = v;
+        while x != NONE {
+            let vx = &mut self.vcells[x as usize];
+            vx.active -= 1;
+            let parent = vx.parent;
+            if vx.active == 0 {
+                let pb = vx.pbind;
+                vx.pbind = NONE;
+                let (chain, level) = (vx.chain, vx.level);
+                self.pcells[pb as usize].vbind = NONE;
+                if parent == NONE {
+                    self.owed[chain as usize * MAX_LEVELS + level as usize] += 1;
+                    self.release_root(pb);
+                }
+            }
+            x = parent;
+        }
+        // VC-internal merge.
+        let (vc, chain) = (self.vcells[v as usize].vc, self.vcells[v as usize].chain);
+        self.vcells[v as usize].state = VState::Free;
+        let mut x = v;
+        loop {
+            let parent = self.vcells[x as usize].parent;
+            if parent == NONE {
+                break;
+            }
+            let pv = &self.vcells[parent as usize];
+            let f = self.chains[chain as usize].fanout[pv.level as usize];
+            let fc = pv.first_child;
+            if !(0..f).all(|k| fc + k == x || self.vcells[(fc + k) as usize].state == VState::Free) {
+                break;
+            }
+            for k in 0..f {
+                let s = fc + k;
+                self.vfree.remove(s);
+                self.vcells[s as usize].state = VState::Inner;
+            }
+            self.vcells[parent as usize].state = VState::Free;
+            x = parent;
+        }
+        let lv = self.vcells[x as usize].level;
+        if self.vcells[x as usize].parent == NONE {
+            self.vfree.push_back(self.vl(vc, chain, lv), x);
+        } else {
+            self.vfree.push_front(self.vl(vc, chain, lv), x);
+        }
+        tracing::debug!(%id, "guaranteed cell released");
+        debug_assert!(self.check_safety().is_ok());
+        Ok(())
+    }
+
+    fn live_guaranteed(&self, id: GuaranteedId) -> Result<u32, AllocError> {
+        match self.vcells.get(id.cell as usize) {
+            Some(v) if v.state == VState::Allocated && v.gen == id.gen => Ok(id.cell),
+            _ => Err(AllocError::Unknown { what: "guaranteed allocation", id: id.to_string() }),
+        }
+    }
+
+    #[inline]
+    fn vl(&self, vc: u16, chain: u16, level: u8) -> usize {
+        vlist(self.chains.len(), vc, chain, level)
+    }
+
+    #[inline]
+    fn free_at(&self, chain: u16, level: u8) -> u32 {
+        self.pfree.len(plist(chain, level, CLEAN))
+            + self.pfree.len(plist(chain, level, DIRTY))
+            + self.pfree.len(plist(chain, level, BAD))
+    }
+
+    fn bind(&mut self, v: u32, p: u32) {
+        debug_assert_eq!(self.pcells[p as usize].vbind, NONE, "physical cell {p} bound twice");
+        self.vcells[v as usize].pbind = p;
+        self.pcells[p as usize].vbind = v;
+    }
+
+    /// Chooses the free physical cell to bind an owed level-`r` root to: healthy and clean
+    /// first, then with opportunistic users, then bad; a higher cell is split only when the
+    /// safety check still holds afterwards.
+    fn pick_root(&self, chain: u16, r: u8) -> Result<(u32, u8), AllocError> {
+        let ch = &self.chains[chain as usize];
+        let mut delta = [(0u8, 0i64); MAX_LEVELS + 1];
+        for cat in [CLEAN, DIRTY, BAD] {
+            let mut levels = [0u8; MAX_LEVELS];
+            let mut n = 0;
+            if cat == BAD {
+                for l in r + 1..=ch.top {
+                    levels[n] = l;
+                    n += 1;
+                }
+                levels[n] = r;
+                n += 1;
+            } else {
+                for l in r..=ch.top {
+                    levels[n] = l;
+                    n += 1;
+                }
+            }
+            for &l in &levels[..n] {
+                let Some(c) = self.pfree.front(plist(chain, l, cat)) else { continue };
+                if l == r {
+                    return Ok((c, l));
+                }
+                // Splitting one level-l cell down to r: one taken, the buddies freed.
+                let mut k = 0;
+                delta[k] = (l, -1);
+                k += 1;
+                for m in r..l {
+                    delta[k] = (m, ch.fanout[m as usize + 1] as i64 - 1);
+                    k += 1;
+                }
+                // The root being bound is no longer owed: model it as one more free at r.
+                delta[k] = (r, 1);
+                k += 1;
+                if self.chain_safe(chain, &delta[..k]).is_ok() {
+                    return Ok((c, l));
+                }
+            }
+        }
+        Err(AllocError::Safety(format!(
+            "chain `{}`: no free cell at level `{}` or above for an owed cell",
+            ch.name, ch.level_names[r as usize]
+        )))
+    }
+
+    fn take_root(&mut self, cell: u32, from_level: u8, r: u8) -> u32 {
+        self.pfree.remove(cell);
+        let mut c = cell;
+        let mut l = from_level;
+        while l > r {
+            self.pcells[c as usize].state = PState::Split;
+            let best = self.pick_child_any(c);
+            let fc = self.pcells[c as usize].first_child;
+            let f = self.chains[self.pcells[c as usize].chain as usize].fanout[l as usize];
+            for k in (0..f).rev() {
+                let s = fc + k;
+                if s != best {
+                    let pc = &mut self.pcells[s as usize];
+                    pc.state = PState::Free;
+                    let list = plist(pc.chain, pc.level, category(pc));
+                    self.pfree.push_front(list, s);
+                }
+            }
+            c = best;
+            l -= 1;
+        }
+        self.pcells[c as usize].state = PState::Taken;
+        c
+    }
+
+    fn release_root(&mut self, p: u32) {
+        let mut c = p;
+        loop {
+            let parent = self.pcells[c as usize].parent;
+            if parent == NONE {
+                break;
+            }
+            let pp = &self.pcells[parent as usize];
+            let f = self.chains[pp.chain as usize].fanout[pp.level as usize];
+            let fc = pp.first_child;
+            if !(0..f).all(|k| fc + k == c || self.pcells[(fc + k) as usize].state == PState::Free) {
+                break;
+            }
+            for k in 0..f {
+                let s = fc + k;
+                self.pfree.remove(s);
+                self.pcells[s as usize].state = PState::Inner;
+            }
+            c = parent;
+        }
+        let pc = &mut self.pcells[c as usize];
+        pc.state = PState::Free;
+        let list = plist(pc.chain, pc.level, category(pc));
+        self.pfree.push_front(list, c);
+    }
+
+    /// Best child of a cell to descend into: fewest bad GPUs, then fewest exclusive
+    /// opportunistic users.
+    fn pick_child_any(&self, c: u32) -> u32 {
+        self.best_child(c, false)
+    }
+
+    /// Best unbound child of a bound cell.
+    fn pick_child(&self, c: u32) -> u32 {
+        self.best_child(c, true)
+    }
+
+    fn best_child(&self, c: u32, unbound_only: bool) -> u32 {
+        let pc = &self.pcells[c as usize];
+        let f = self.chains[pc.chain as usize].fanout[pc.level as usize];
+        let mut best = NONE;
+        let mut key = (u32::MAX, u32::MAX);
+        for k in 0..f {
+            let s = pc.first_child + k;
+            let sc = &self.pcells[s as usize];
+            if unbound_only && sc.vbind != NONE {
+                continue;
+            }
+            let kk = (sc.bad, sc.opp_ex);
+            if kk < key {
+                key = kk;
+                best = s;
+                if kk == (0, 0) {
+                    break;
+                }
+            }
+        }
+        debug_assert_ne!(best, NONE, "no unbound child under physical cell {c}");
+        best
+    }
+
+    // ---- opportunistic ---------------------------------------------------------------------
+
+    /// Allocates a level-`level` cell of `chain` for a low-priority job: no other
+    /// opportunistic user, healthy, and (for `Exclusive`) no guaranteed user. Cells outside any
+    /// VC binding are preferred, so later guaranteed work preempts less.
+    pub fn allocate_opportunistic(&mut self, chain: ChainId, level: u8, sharing: Sharing) -> Result<(OpportunisticId, GpuRange), AllocError> {
+        let ch = self.chains.get(chain.0 as usize).ok_or_else(|| unknown("chain", chain.0))?;
+        if level == 0 || level > ch.top {
+            return Err(unknown("level", level));
+        }
+        let excl = sharing == Sharing::Exclusive;
+        let mut found = None;
+        'outer: for l in level..=ch.top {
+            for cat in [CLEAN, DIRTY, BAD] {
+                for c in self.pfree.iter(plist(chain.0, l, cat)) {
+                    if let Some(x) = self.find_sub(c, level, excl) {
+                        found = Some(x);
+                        break 'outer;
+                    }
+                }
+            }
+        }
+        if found.is_none() {
+            found = self
+                .proots
+                .iter()
+                .filter(|&&r| self.pcells[r as usize].chain == chain.0)
+                .find_map(|&r| self.find_sub(r, level, excl));
+        }
+        let c = found.ok_or_else(|| AllocError::NoOpportunisticCell { chain: ch.name.clone(), level })?;
+        let pc = &self.pcells[c as usize];
+        let range = GpuRange { start: pc.first_gpu, len: pc.n_gpus };
+        let id = self.add_opp(range.iter().map(|g| g.0).collect(), sharing);
+        tracing::debug!(%id, chain = chain.0, level, ?sharing, first_gpu = range.start, "opportunistic cell allocated");
+        Ok((id, range))
+    }
+
+    /// Puts a low-priority job on the given GPUs (a matcher's choice): each must be healthy,
+    /// without another opportunistic user, and for `Exclusive` without guaranteed work.
+    pub fn allocate_opportunistic_on(&mut self, gpus: &[GpuId], sharing: Sharing) -> Result<OpportunisticId, AllocError> {
+        if gpus.is_empty() {
+            return Err(AllocError::GpuUnavailable { gpu: "-".into(), why: "no GPUs given" });
+        }
+        for (i, &g) in gpus.iter().enumerate() {
+            let Some(addr) = self.gpu_address(g) else {
+                return Err(unknown("GPU", g.0));
+            };
+            let why = if self.gpu_bad[g.0 as usize] {
+                Some("marked bad")
+            } else if self.gpu_opp[g.0 as usize] != NONE {
+                Some("already has an opportunistic user")
+            } else if gpus[..i].contains(&g) {
+                Some("listed twice")
+            } else if sharing == Sharing::Exclusive && self.guaranteed_user(g).is_some() {
+                Some("used by guaranteed work (exclusive use asked)")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(AllocError::GpuUnavailable { gpu: addr.to_string(), why });
+            }
+        }
+        let id = self.add_opp(gpus.iter().map(|g| g.0).collect(), sharing);
+        tracing::debug!(%id, gpus = gpus.len(), ?sharing, "opportunistic GPUs allocated");
+        Ok(id)
+    }
+
+    /// Releases an opportunistic allocation.
+    pub fn release_opportunistic(&mut self, id: OpportunisticId) -> Result<(), AllocError> {
+        let s = self.live_opp(id)?;
+        self.drop_opp(s);
+        tracing::debug!(%id, "opportunistic allocation released");
+        Ok(())
+    }
+
+    fn live_opp(&self, id: OpportunisticId) -> Result<u32, AllocError> {
+        match self.opp.get(id.slot as usize) {
+            Some(s) if s.live && s.gen == id.gen => Ok(id.slot),
+            _ => Err(AllocError::Unknown { what: "opportunistic allocation", id: id.to_string() }),
+        }
+    }
+
+    fn find_sub(&self, c: u32, level: u8, excl: bool) -> Option<u32> {
+        let pc = &self.pcells[c as usize];
+        if pc.opp_any + pc.bad >= pc.n_gpus {
+            return None;
+        }
+        if excl && (pc.used_by != NONE || pc.gused >= pc.n_gpus) {
+            return None;
+        }
+        if pc.level == level {
+            return (pc.opp_any == 0 && pc.bad == 0 && (!excl || pc.gused == 0)).then_some(c);
+        }
+        let f = self.chains[pc.chain as usize].fanout[pc.level as usize];
+        (0..f).find_map(|k| self.find_sub(pc.first_child + k, level, excl))
+    }
+
+    fn add_opp(&mut self, gpus: Vec<u32>, sharing: Sharing) -> OpportunisticId {
+        let slot = match self.opp_free.pop() {
+            Some(s) => s,
+            None => {
+                self.opp.push(OppSlot { gen: 0, live: false, sharing, gpus: Vec::new() });
+                self.opp.len() as u32 - 1
+            }
+        };
+        let ex = (sharing == Sharing::Exclusive) as i64;
+        for &g in &gpus {
+            self.gpu_opp[g as usize] = slot;
+            self.adjust_up(self.gpu_leaf[g as usize], 1, ex, 0);
+        }
+        let s = &mut self.opp[slot as usize];
+        s.gen = s.gen.wrapping_add(1);
+        s.live = true;
+        s.sharing = sharing;
+        s.gpus = gpus;
+        OpportunisticId { slot, gen: s.gen }
+    }
+
+    fn drop_opp(&mut self, slot: u32) {
+        let gpus = std::mem::take(&mut self.opp[slot as usize].gpus);
+        let ex = (self.opp[slot as usize].sharing == Sharing::Exclusive) as i64;
+        for &g in &gpus {
+            self.gpu_opp[g as usize] = NONE;
+            self.adjust_up(self.gpu_leaf[g as usize], -1, -ex, 0);
+        }
+        self.opp[slot as usize].live = false;
+        self.opp_free.push(slot);
+    }
+
+    /// Adds to the counters of a cell and its ancestors, moving a free cell to the free list
+    /// of its new category.
+    fn adjust_up(&mut self, cell: u32, d_opp: i64, d_ex: i64, d_bad: i64) {
+        let mut c = cell;
+        while c != NONE {
+            let pc = &mut self.pcells[c as usize];
+            let before = category(pc);
+            pc.opp_any = (pc.opp_any as i64 + d_opp) as u32;
+            pc.opp_ex = (pc.opp_ex as i64 + d_ex) as u32;
+            pc.bad = (pc.bad as i64 + d_bad) as u32;
+            let after = category(pc);
+            if pc.state == PState::Free && before != after {
+                let list = plist(pc.chain, pc.level, after);
+                self.pfree.remove(c);
+                self.pfree.push_back(list, c);
+            }
+            c = self.pcells[c as usize].parent;
+        }
+    }
+
+    // ---- bad hardware ----------------------------------------------------------------------
+
+    /// Marks a GPU bad or healthy. A bad GPU's opportunistic users are evicted; guaranteed
+    /// allocations on it are reported (kept). Binding avoids bad cells from now on.
+    pub fn set_gpu_health(&mut self, g: GpuId, bad: bool) -> Result<HealthChange, AllocError> {
+        let addr = self.gpu_address(g).ok_or_else(|| unknown("GPU", g.0))?.to_string();
+        let mut change = HealthChange::default();
+        if self.gpu_bad[g.0 as usize] == bad {
+            return Ok(change);
+        }
+        self.gpu_bad[g.0 as usize] = bad;
+        self.adjust_up(self.gpu_leaf[g.0 as usize], 0, 0, if bad { 1 } else { -1 });
+        if bad {
+            let s = self.gpu_opp[g.0 as usize];
+            if s != NONE {
+                change.evicted.push(OpportunisticId { slot: s, gen: self.opp[s as usize].gen });
+                self.drop_opp(s);
+            }
+            change.affected.extend(self.guaranteed_user(g));
+            tracing::warn!(gpu = %addr, evicted = change.evicted.len(), affected = change.affected.len(), "GPU marked bad");
+        } else {
+            tracing::info!(gpu = %addr, "GPU marked healthy");
+        }
+        Ok(change)
+    }
+
+    /// Marks every GPU of a host bad or healthy.
+    pub fn set_node_health(&mut self, node: &str, bad: bool) -> Result<HealthChange, AllocError> {
+        let range = self.node_gpus(node).ok_or_else(|| AllocError::Unknown { what: "node", id: node.to_string() })?;
+        let mut all = HealthChange::default();
+        for g in range.iter() {
+            let c = self.set_gpu_health(g, bad)?;
+            all.evicted.extend(c.evicted);
+            for a in c.affected {
+                if !all.affected.contains(&a) {
+                    all.affected.push(a);
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Bad GPUs.
+    pub fn bad_gpus(&self) -> Vec<GpuId> {
+        (0..self.gpu_bad.len() as u32).filter(|&g| self.gpu_bad[g as usize]).map(GpuId).collect()
+    }
+
+    // ---- audit -----------------------------------------------------------------------------
+
+    /// Recomputes every derived quantity from scratch and compares (for tests and operators):
+    /// bindings are one-to-one and nested, no GPU is under two guaranteed allocations,
+    /// counters and free lists agree with cell states, and the safety check holds.
+    pub fn audit(&self) -> Result<(), String> {
+        let ngpu = self.gpu_leaf.len();
+        let mut g_owner = vec![NONE; ngpu];
+        for (i, v) in self.vcells.iter().enumerate() {
+            let i = i as u32;
+            if v.pbind != NONE {
+                let p = &self.pcells[v.pbind as usize];
+                if p.vbind != i {
+                    return Err(format!("virtual {i} -> physical {} not mirrored", v.pbind));
+                }
+                if p.level != v.level || p.chain != v.chain {
+                    return Err(format!("virtual {i} bound to a cell of another shape"));
+                }
+                if v.parent != NONE {
+                    let pp = self.vcells[v.parent as usize].pbind;
+                    if pp == NONE || p.parent != pp {
+                        return Err(format!("virtual {i} bound outside its parent's physical cell"));
+                    }
+                }
+                if (v.active > 0) != (v.pbind != NONE) {
+                    return Err(format!("virtual {i} bound without allocations"));
+                }
+            } else if v.active > 0 {
+                return Err(format!("virtual {i} active but unbound"));
+            }
+            if v.state == VState::Allocated {
+                let p = &self.pcells[v.pbind as usize];
+                if p.used_by != i {
+                    return Err(format!("allocation {i} not marked on its physical cell"));
+                }
+                for g in p.first_gpu..p.first_gpu + p.n_gpus {
+                    if g_owner[g as usize] != NONE {
+                        return Err(format!("GPU {g} under two guaranteed allocations"));
+                    }
+                    g_owner[g as usize] = i;
+                }
+            }
+        }
+        for (i, p) in self.pcells.iter().enumerate() {
+            if p.vbind != NONE && self.vcells[p.vbind as usize].pbind != i as u32 {
+                return Err(format!("physical {i} -> virtual {} not mirrored", p.vbind));
+            }
+            let gs = p.first_gpu as usize..(p.first_gpu + p.n_gpus) as usize;
+            let opp = gs.clone().filter(|&g| self.gpu_opp[g] != NONE).count() as u32;
+            let ex = gs
+                .clone()
+                .filter(|&g| self.gpu_opp[g] != NONE && self.opp[self.gpu_opp[g] as usize].sharing == Sharing::Exclusive)
+                .count() as u32;
+            let bad = gs.clone().filter(|&g| self.gpu_bad[g]).count() as u32;
+            if (opp, ex, bad) != (p.opp_any, p.opp_ex, p.bad) {
+                return Err(format!("physical {i}: counters {:?} != {:?}", (p.opp_any, p.opp_ex, p.bad), (opp, ex, bad)));
+            }
+            let listed = self.pfree.owner(i as u32);
+            match (p.state, listed) {
+                (PState::Free, Some(l)) if l == plist(p.chain, p.level, category(p)) => {}
+                (PState::Free, _) => return Err(format!("free physical {i} not in the right free list")),
+                (_, Some(_)) => return Err(format!("physical {i} listed but not free")),
+                _ => {}
+            }
+            if p.state == PState::Free && (p.vbind != NONE || p.gused != 0) {
+                return Err(format!("free physical {i} bound or used"));
+            }
+            if p.state == PState::Taken && p.vbind == NONE {
+                return Err(format!("taken physical {i} bound to nobody"));
+            }
+        }
+        for (s, slot) in self.opp.iter().enumerate() {
+            if slot.live {
+                for &g in &slot.gpus {
+                    if self.gpu_opp[g as usize] != s as u32 {
+                        return Err(format!("opportunistic {s} lost GPU {g}"));
+                    }
+                    if slot.sharing == Sharing::Exclusive && g_owner[g as usize] != NONE {
+                        return Err(format!("exclusive opportunistic {s} shares GPU {g} with guaranteed work"));
+                    }
+                }
+            }
+        }
+        for (ci, ch) in self.chains.iter().enumerate() {
+            let mut owed = [0i64; MAX_LEVELS];
+            for roots in &self.vroots {
+                for &r in roots {
+                    let v = &self.vcells[r as usize];
+                    if v.chain as usize == ci && v.pbind == NONE {
+                        owed[v.level as usize] += 1;
+                    }
+                }
+            }
+            if owed[..] != self.owed[ci * MAX_LEVELS..(ci + 1) * MAX_LEVELS] {
+                return Err(format!("chain `{}`: owed counts drifted", ch.name));
+            }
+        }
+        self.check_safety().map_err(|e| e.to_string())
+    }
+}
+
+#[inline]
+fn vlist(nchains: usize, vc: u16, chain: u16, level: u8) -> usize {
+    (vc as usize * nchains + chain as usize) * MAX_LEVELS + level as usize
+}
+
+fn unknown(what: &'static str, id: impl std::fmt::Display) -> AllocError {
+    AllocError::Unknown { what, id: id.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIG3: &str = include_str!("../../examples/cells/hived-fig3.json");
+
+    fn fig3() -> (Cluster, ChainId, [VcId; 3]) {
+        let c = Cluster::from_json(FIG3, "hived-fig3.json").unwrap();
+        let ch = c.chain_id("v100-rack").unwrap();
+        let vcs = [c.vc_id("tenant-a").unwrap(), c.vc_id("tenant-b").unwrap(), c.vc_id("tenant-c").unwrap()];
+        (c, ch, vcs)
+    }
+
+    #[test]
+    fn allocation_splits_and_release_merges_back() {
+        let (mut c, ch, [a, _, _]) = fig3();
+        let before = c.free_cells(ch);
+        assert_eq!(before, vec![0, 0, 0, 0, 0, 1]);
+        let g = c.allocate_guaranteed(a, ch, 1).unwrap();
+        assert_eq!(g.gpus.len, 1);
+        c.audit().unwrap();
+        // The tenant's GPU-level cell binds first; the rack was split down to one GPU.
+        assert_eq!(c.free_cells(ch), vec![0, 1, 1, 1, 3, 0]);
+        c.release_guaranteed(g.id).unwrap();
+        assert_eq!(c.free_cells(ch), before);
+        c.audit().unwrap();
+    }
+
+    #[test]
+    fn request_beyond_assignment_is_refused_without_change() {
+        let (mut c, ch, [a, _, _]) = fig3();
+        let node = c.level(ch, "node").unwrap();
+        let err = c.allocate_guaranteed(a, ch, node).unwrap_err();
+        assert!(matches!(err, AllocError::NotInAssignment { .. }), "{err}");
+        assert_eq!(c.free_cells(ch), vec![0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn stale_handles_are_refused() {
+        let (mut c, ch, [a, _, _]) = fig3();
+        let g = c.allocate_guaranteed(a, ch, 1).unwrap();
+        c.release_guaranteed(g.id).unwrap();
+        assert!(c.release_guaranteed(g.id).is_err());
+        let g2 = c.allocate_guaranteed(a, ch, 1).unwrap();
+        assert!(c.release_guaranteed(g.id).is_err());
+        c.release_guaranteed(g2.id).unwrap();
+        c.audit().unwrap();
+    }
+
+    #[test]
+    fn infeasible_assignment_names_vc_chain_and_level() {
+        let text = FIG3.replace(
+            "{ \"chain\": \"v100-rack\", \"level\": \"node\", \"count\": 2 }",
+            "{ \"chain\": \"v100-rack\", \"level\": \"node\", \"count\": 4 }",
+        );
+        let err = Cluster::from_json(&text, "fig3-bad.json").unwrap_err().to_string();
+        assert!(err.contains("fig3-bad.json"), "{err}");
+        assert!(err.contains("`tenant-c`"), "{err}");
+        assert!(err.contains("chain `v100-rack`"), "{err}");
+        assert!(err.contains("level `socket`"), "{err}");
+    }
+
+    #[test]
+    fn semantic_config_error_names_line_and_field() {
+        let text = FIG3.replace("\"level\": \"pcie\", \"count\": 1 } ] }", "\"level\": \"pcei\", \"count\": 1 } ] }");
+        let err = Cluster::from_json(&text, "f.json").unwrap_err().to_string();
+        assert!(err.starts_with("f.json:30: field `virtual_clusters[2].cells[1].level`"), "{err}");
+    }
+
+    #[test]
+    fn exclusive_opportunistic_is_preempted_colocated_is_not() {
+        let (mut c, ch, [_, _, cc]) = fig3();
+        let node = c.level(ch, "node").unwrap();
+        // Fill every GPU with opportunistic work: 16 exclusive, 16 colocated.
+        let mut ex = Vec::new();
+        for g in 0..16 {
+            ex.push(c.allocate_opportunistic_on(&[GpuId(g)], Sharing::Exclusive).unwrap());
+        }
+        for g in 16..32 {
+            c.allocate_opportunistic_on(&[GpuId(g)], Sharing::Colocate).unwrap();
+        }
+        let a = c.allocate_guaranteed(cc, ch, node).unwrap();
+        // Binding prefers the cells whose opportunistic users need no preemption.
+        assert!(a.preempted.is_empty(), "{:?}", a.preempted);
+        assert!(a.gpus.start >= 16);
+        let b = c.allocate_guaranteed(cc, ch, node).unwrap();
+        assert!(b.preempted.is_empty());
+        let d = c.allocate_guaranteed(cc, ch, 2).unwrap();
+        assert_eq!(d.preempted.len(), 2);
+        for p in &d.preempted {
+            assert!(ex.contains(p));
+            assert!(c.release_opportunistic(*p).is_err());
+        }
+        c.audit().unwrap();
+    }
+}
