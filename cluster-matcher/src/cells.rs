@@ -17,7 +17,7 @@ mod safety;
 mod topology;
 
 pub use cluster::{
-    ChainId, Cluster, Doomed, GpuAddress, GpuId, GpuRange, GuaranteedAllocation, GuaranteedId, HealthChange,
+    ChainId, Cluster, Doomed, GpuAddress, GpuId, GpuRange, GuaranteedAllocation, GuaranteedId, HealthChange, Reconfigured,
     OpportunisticId, Sharing, VcId,
 };
 pub use config::{CellsConfig, ChainConfig, LevelConfig, PhysicalCellConfig, VcCellsConfig, VirtualClusterConfig};

@@ -139,6 +139,7 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
                             prop_assert_eq!(opps.remove(p), Some(Sharing::Exclusive), "preempted a non-opportunistic or colocated allocation");
                         }
                         for g in a.gpus.iter() {
+                            prop_assert!(!c.gpu_is_bad(g), "guaranteed cell bound to a bad GPU");
                             prop_assert_eq!(c.guaranteed_user(g), Some(a.id));
                             prop_assert_eq!(c.gpu_chain(g), Some(chain));
                         }
@@ -146,6 +147,11 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
                     }
                     Err(AllocError::NotInAssignment { .. }) => {
                         prop_assert!(!legal, "a legal request failed");
+                        prop_assert_eq!(views(&c), before);
+                    }
+                    Err(AllocError::OnlyBadHardware { .. }) => {
+                        let chain_has_bad = c.bad_gpus().iter().any(|&g| c.gpu_chain(g) == Some(chain));
+                        prop_assert!(legal && chain_has_bad, "refused for bad hardware without any");
                         prop_assert_eq!(views(&c), before);
                     }
                     Err(e) => return Err(TestCaseError::fail(format!("legal={legal}: {e}"))),
@@ -222,6 +228,16 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
             .sum();
         prop_assert!(used <= assigned);
     }
+    // Reconfiguring to the same config keeps every allocation in place.
+    let r = c.reconfigure(c.config().clone(), "same").map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert!(r.lost_guaranteed.is_empty(), "{:?}", r.lost_guaranteed);
+    prop_assert!(r.lost_opportunistic.is_empty(), "{:?}", r.lost_opportunistic);
+    prop_assert_eq!(r.kept_guaranteed.len(), live.len());
+    for (old, new) in &r.kept_guaranteed {
+        prop_assert_eq!(c.guaranteed_gpus(*old).unwrap(), r.cluster.guaranteed_gpus(*new).unwrap());
+    }
+    r.cluster.audit().map_err(TestCaseError::fail)?;
+    prop_assert_eq!(r.cluster.bad_gpus(), c.bad_gpus());
     // Releasing everything merges every buddy back.
     for (id, _) in live {
         c.release_guaranteed(id).map_err(|e| TestCaseError::fail(e.to_string()))?;

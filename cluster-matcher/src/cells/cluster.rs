@@ -10,6 +10,9 @@ use super::freelist::{FreeLists, NONE};
 use super::safety::cascade;
 use super::topology::{build, Chain, Node, PCell, PState, VCell, VState, MAX_LEVELS};
 
+mod reconfig;
+pub use reconfig::Reconfigured;
+
 const CLEAN: usize = 0;
 const DIRTY: usize = 1;
 const BAD: usize = 2;
@@ -524,18 +527,28 @@ impl Cluster {
         }
         let top = ch.top;
         // VC-internal buddy search (read-only until everything is known to succeed).
-        let src = (level..=top)
-            .find_map(|l| self.vfree.front(self.vl(vc.0, chain.0, l)))
-            .ok_or_else(|| AllocError::NotInAssignment {
-                vc: self.vc_names[vc.0 as usize].clone(),
-                chain: ch.name.clone(),
-                level,
-            })?;
-        let root_pick = if self.vcells[src as usize].parent == NONE {
-            let r = self.vcells[src as usize].level;
-            Some(self.pick_root(chain.0, r)?)
-        } else {
-            None
+        let mut chosen = None;
+        let mut only_bad = false;
+        'search: for l in level..=top {
+            let list = self.vl(vc.0, chain.0, l);
+            for src in self.vfree.iter(list) {
+                match self.plan_binding(src, level) {
+                    Ok(root_pick) => {
+                        chosen = Some((src, root_pick));
+                        break 'search;
+                    }
+                    Err(Plan::OnlyBad) => only_bad = true,
+                    Err(Plan::Unsafe(e)) => return Err(e),
+                }
+            }
+        }
+        let Some((src, root_pick)) = chosen else {
+            let (vc, chain) = (self.vc_names[vc.0 as usize].clone(), ch.name.clone());
+            return Err(if only_bad {
+                AllocError::OnlyBadHardware { vc, chain, level }
+            } else {
+                AllocError::NotInAssignment { vc, chain, level }
+            });
         };
 
         self.vfree.remove(src);
@@ -559,7 +572,7 @@ impl Cluster {
         if let Some((cell, from_level)) = root_pick {
             self.owed[chain.0 as usize * MAX_LEVELS + self.vcells[src as usize].level as usize] -= 1;
             let r = self.vcells[src as usize].level;
-            let p = self.take_root(cell, from_level, r);
+            let p = self.take_root(cell, from_level, r, level);
             self.bind(src, p);
         }
         // Bind the path below the lowest bound ancestor.
@@ -573,9 +586,19 @@ impl Cluster {
         }
         for &w in path[..n].iter().rev() {
             let pp = self.vcells[self.vcells[w as usize].parent as usize].pbind;
-            let child = self.pick_child(pp);
+            let child = self.best_child(pp, level);
             self.bind(w, child);
         }
+        Ok(self.finish_allocation(v))
+    }
+
+    /// Marks a bound virtual cell's physical cell used and preempts exclusive opportunistic
+    /// users of its GPUs.
+    fn finish_allocation(&mut self, v: u32) -> GuaranteedAllocation {
+        let (vc, chain, level) = {
+            let x = &self.vcells[v as usize];
+            (x.vc, x.chain, x.level)
+        };
         let mut x = v;
         while x != NONE {
             self.vcells[x as usize].active += 1;
@@ -601,12 +624,12 @@ impl Cluster {
                     preempted.push(id);
                 }
             }
-            tracing::info!(vc = %self.vc_names[vc.0 as usize], victims = preempted.len(), "guaranteed allocation preempted opportunistic work");
+            tracing::info!(vc = %self.vc_names[vc as usize], victims = preempted.len(), "guaranteed allocation preempted opportunistic work");
         }
         let id = GuaranteedId { cell: v, gen: self.vcells[v as usize].gen };
-        tracing::debug!(vc = vc.0, chain = chain.0, level, %id, first_gpu = range.start, gpus = range.len, "guaranteed cell allocated");
+        tracing::debug!(vc, chain, level, %id, first_gpu = range.start, gpus = range.len, "guaranteed cell allocated");
         debug_assert!(self.check_safety().is_ok());
-        Ok(GuaranteedAllocation { id, gpus: range, preempted })
+        GuaranteedAllocation { id, gpus: range, preempted }
     }
 
     /// Releases a guaranteed allocation; merges virtual and physical buddies back.
@@ -699,9 +722,10 @@ impl Cluster {
     /// Chooses the free physical cell to bind an owed level-`r` root to: healthy and clean
     /// first, then with opportunistic users, then bad; a higher cell is split only when the
     /// safety check still holds afterwards.
-    fn pick_root(&self, chain: u16, r: u8) -> Result<(u32, u8), AllocError> {
+    fn pick_root(&self, chain: u16, r: u8, want: u8) -> Result<(u32, u8), Plan> {
         let ch = &self.chains[chain as usize];
         let mut delta = [(0u8, 0i64); MAX_LEVELS + 1];
+        let mut saw_bad = false;
         for cat in [CLEAN, DIRTY, BAD] {
             let mut levels = [0u8; MAX_LEVELS];
             let mut n = 0;
@@ -719,7 +743,21 @@ impl Cluster {
                 }
             }
             for &l in &levels[..n] {
-                let Some(c) = self.pfree.front(plist(chain, l, cat)) else { continue };
+                let list = plist(chain, l, cat);
+                let c = if cat == BAD {
+                    match self.pfree.iter(list).find(|&c| self.has_healthy_sub(c, want)) {
+                        Some(c) => c,
+                        None => {
+                            saw_bad |= self.pfree.len(list) > 0;
+                            continue;
+                        }
+                    }
+                } else {
+                    match self.pfree.front(list) {
+                        Some(c) => c,
+                        None => continue,
+                    }
+                };
                 if l == r {
                     return Ok((c, l));
                 }
@@ -739,19 +777,63 @@ impl Cluster {
                 }
             }
         }
-        Err(AllocError::Safety(format!(
+        if saw_bad {
+            return Err(Plan::OnlyBad);
+        }
+        Err(Plan::Unsafe(AllocError::Safety(format!(
             "chain `{}`: no free cell at level `{}` or above for an owed cell",
             ch.name, ch.level_names[r as usize]
-        )))
+        ))))
     }
 
-    fn take_root(&mut self, cell: u32, from_level: u8, r: u8) -> u32 {
+    /// Decides where a free virtual cell `src` would be bound for a level-`want` allocation,
+    /// without changing anything: `Some(root pick)` when its root must be bound first.
+    fn plan_binding(&self, src: u32, want: u8) -> Result<Option<(u32, u8)>, Plan> {
+        let sv = &self.vcells[src as usize];
+        if sv.parent == NONE {
+            let pick = self.pick_root(sv.chain, sv.level, want)?;
+            if self.pcells[pick.0 as usize].bad > 0 && self.pcells[self.descend(pick.0, want) as usize].bad > 0 {
+                return Err(Plan::OnlyBad);
+            }
+            Ok(Some(pick))
+        } else {
+            let start = self.vcells[sv.parent as usize].pbind;
+            if self.pcells[start as usize].bad > 0 && self.pcells[self.descend(start, want) as usize].bad > 0 {
+                return Err(Plan::OnlyBad);
+            }
+            Ok(None)
+        }
+    }
+
+    /// The cell the binding walk would reach from `start` down to level `want`.
+    fn descend(&self, start: u32, want: u8) -> u32 {
+        let mut c = start;
+        while self.pcells[c as usize].level > want {
+            c = self.best_child(c, want);
+        }
+        c
+    }
+
+    /// Whether a cell holds a level-`want` cell without bad GPUs.
+    fn has_healthy_sub(&self, c: u32, want: u8) -> bool {
+        let pc = &self.pcells[c as usize];
+        if pc.bad == 0 {
+            return true;
+        }
+        if pc.level <= want {
+            return false;
+        }
+        let f = self.chains[pc.chain as usize].fanout[pc.level as usize];
+        (0..f).any(|k| self.has_healthy_sub(pc.first_child + k, want))
+    }
+
+    fn take_root(&mut self, cell: u32, from_level: u8, r: u8, want: u8) -> u32 {
         self.pfree.remove(cell);
         let mut c = cell;
         let mut l = from_level;
         while l > r {
             self.pcells[c as usize].state = PState::Split;
-            let best = self.pick_child_any(c);
+            let best = self.best_child(c, want);
             let fc = self.pcells[c as usize].first_child;
             let f = self.chains[self.pcells[c as usize].chain as usize].fanout[l as usize];
             for k in (0..f).rev() {
@@ -796,33 +878,32 @@ impl Cluster {
         self.pfree.push_front(list, c);
     }
 
-    /// Best child of a cell to descend into: fewest bad GPUs, then fewest exclusive
-    /// opportunistic users.
-    fn pick_child_any(&self, c: u32) -> u32 {
-        self.best_child(c, false)
-    }
-
-    /// Best unbound child of a bound cell.
-    fn pick_child(&self, c: u32) -> u32 {
-        self.best_child(c, true)
-    }
-
-    fn best_child(&self, c: u32, unbound_only: bool) -> u32 {
+    /// Best unbound child of a cell on the way down to level `want`: one without bad GPUs,
+    /// else one still holding a healthy level-`want` cell; then fewest exclusive
+    /// opportunistic users (fewest preemptions).
+    fn best_child(&self, c: u32, want: u8) -> u32 {
         let pc = &self.pcells[c as usize];
         let f = self.chains[pc.chain as usize].fanout[pc.level as usize];
         let mut best = NONE;
-        let mut key = (u32::MAX, u32::MAX);
+        let mut key = (u8::MAX, u32::MAX, u32::MAX);
         for k in 0..f {
             let s = pc.first_child + k;
             let sc = &self.pcells[s as usize];
-            if unbound_only && sc.vbind != NONE {
+            if sc.vbind != NONE {
                 continue;
             }
-            let kk = (sc.bad, sc.opp_ex);
+            let class = if sc.bad == 0 {
+                0
+            } else if self.has_healthy_sub(s, want) {
+                1
+            } else {
+                2
+            };
+            let kk = (class, sc.opp_ex, sc.bad);
             if kk < key {
                 key = kk;
                 best = s;
-                if kk == (0, 0) {
+                if kk == (0, 0, 0) {
                     break;
                 }
             }
@@ -1126,6 +1207,14 @@ impl Cluster {
         }
         self.check_safety().map_err(|e| e.to_string())
     }
+}
+
+/// Why a binding plan was refused.
+enum Plan {
+    /// Only cells with bad GPUs could take the request.
+    OnlyBad,
+    /// No free cell at all (the safety invariant is broken).
+    Unsafe(AllocError),
 }
 
 #[inline]

@@ -78,6 +78,17 @@ pub enum AllocError {
         /// Level number.
         level: u8,
     },
+    /// The request is legal but every cell it could be bound to safely has bad GPUs
+    /// (the VC's cells are "doomed" to bad hardware until it is repaired).
+    #[error("virtual cluster `{vc}`: every level-{level} cell of chain `{chain}` it may take now has bad GPUs")]
+    OnlyBadHardware {
+        /// VC name.
+        vc: String,
+        /// Chain name.
+        chain: String,
+        /// Level number.
+        level: u8,
+    },
     /// No physical cell satisfies an opportunistic request.
     #[error("no free level-{level} cell for opportunistic use in chain `{chain}`")]
     NoOpportunisticCell {
