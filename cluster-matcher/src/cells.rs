@@ -21,5 +21,5 @@ pub use cluster::{
     OpportunisticId, Sharing, VcId,
 };
 pub use config::{CellsConfig, ChainConfig, LevelConfig, PhysicalCellConfig, VcCellsConfig, VirtualClusterConfig};
-pub use error::{AllocError, ConfigError};
+pub use error::{AllocError, ConfigError, Infeasible};
 pub use topology::{Chain, MAX_LEVELS};

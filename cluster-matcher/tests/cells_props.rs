@@ -49,7 +49,7 @@ fn random_config(seed: u64, nvc: usize) -> CellsConfig {
             let mut stack = vec![nlevels];
             while let Some(l) = stack.pop() {
                 match rng.below(4) {
-                    0 | 1 if l > 1 => stack.extend(std::iter::repeat(l - 1).take(fan[l] as usize)),
+                    0 | 1 if l > 1 => stack.extend(std::iter::repeat_n(l - 1, fan[l] as usize)),
                     3 => {}
                     _ => {
                         let vc = rng.below(nvc as u64) as usize;

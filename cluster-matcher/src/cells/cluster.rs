@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::config::CellsConfig;
-use super::error::{AllocError, ConfigError};
+use super::error::{AllocError, ConfigError, Infeasible};
 use super::freelist::{FreeLists, NONE};
 use super::safety::cascade;
 use super::topology::{build, Chain, Node, PCell, PState, VCell, VState, MAX_LEVELS};
@@ -237,7 +237,7 @@ impl Cluster {
                         .collect::<Vec<_>>()
                         .join(", ");
                     let physical_gpus = (1..=ch.top).map(|l| free[ci][l as usize] as u64 * ch.gpus_at[l as usize]).sum();
-                    return Err(ConfigError::Infeasible {
+                    return Err(ConfigError::Infeasible(Box::new(Infeasible {
                         file: origin.to_string(),
                         vc: b.vc_names[vi].clone(),
                         chain: ch.name.clone(),
@@ -246,7 +246,7 @@ impl Cluster {
                         short,
                         physical_gpus,
                         requested,
-                    });
+                    })));
                 }
             }
         }
@@ -427,7 +427,7 @@ impl Cluster {
     /// Free physical cells per level of a chain (index = level number), bad ones included.
     pub fn free_cells(&self, chain: ChainId) -> Vec<u32> {
         let ch = &self.chains[chain.0 as usize];
-        (0..=ch.top).map(|l| if l == 0 { 0 } else { self.free_at(chain.0, l) as u32 }).collect()
+        (0..=ch.top).map(|l| if l == 0 { 0 } else { self.free_at(chain.0, l) }).collect()
     }
 
     /// Cells owed to VCs (preassigned cells not bound yet) per level of a chain.

@@ -39,30 +39,35 @@ pub enum ConfigError {
         message: String,
     },
     /// The virtual clusters ask for more cells than the physical cluster can give.
-    #[error(
-        "{file}: virtual cluster `{vc}` is infeasible: chain `{chain}` level `{level}` \
-         (level {level_number}) is short of {short} cell(s) once `{vc}` is added \
-         (the physical cluster has {physical_gpus} GPUs in this chain; cells requested so far \
-         by level: {requested})"
-    )]
-    Infeasible {
-        /// Path as given.
-        file: String,
-        /// First VC (in file order) whose cells do not fit.
-        vc: String,
-        /// Chain name.
-        chain: String,
-        /// Level name where the shortfall appears.
-        level: String,
-        /// Level number (1 = GPU).
-        level_number: u8,
-        /// Missing cells at that level.
-        short: i64,
-        /// GPUs of the chain.
-        physical_gpus: u64,
-        /// Human-readable counts per level requested by all VCs up to and including `vc`.
-        requested: String,
-    },
+    #[error(transparent)]
+    Infeasible(Box<Infeasible>),
+}
+
+/// Details of an infeasible VC assignment.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{file}: virtual cluster `{vc}` is infeasible: chain `{chain}` level `{level}` \
+     (level {level_number}) is short of {short} cell(s) once `{vc}` is added \
+     (the physical cluster has {physical_gpus} GPUs in this chain; cells requested so far \
+     by level: {requested})"
+)]
+pub struct Infeasible {
+    /// Path as given.
+    pub file: String,
+    /// First VC (in file order) whose cells do not fit.
+    pub vc: String,
+    /// Chain name.
+    pub chain: String,
+    /// Level name where the shortfall appears.
+    pub level: String,
+    /// Level number (1 = GPU).
+    pub level_number: u8,
+    /// Missing cells at that level.
+    pub short: i64,
+    /// GPUs of the chain.
+    pub physical_gpus: u64,
+    /// Human-readable counts per level requested by all VCs up to and including `vc`.
+    pub requested: String,
 }
 
 /// Why an allocation or release was refused; the cluster state is unchanged.
