@@ -1240,6 +1240,47 @@ mod tests {
     }
 
     #[test]
+    fn example_configs_load_and_keep_chains_apart() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cells");
+        Cluster::load(&dir.join("hived-fig3.json")).unwrap();
+        let mut c = Cluster::load(&dir.join("heterogeneous.json")).unwrap();
+        assert_eq!(c.gpu_count(), 40 + 12);
+        let k80 = c.chain_id("k80").unwrap();
+        let search = c.vc_id("search").unwrap();
+        let g = c.allocate_guaranteed(search, k80, 1).unwrap();
+        let addr = c.gpu_address(GpuId(g.gpus.start)).unwrap();
+        assert!(addr.node.starts_with("k80-"), "{addr}");
+        assert_eq!(c.chains()[k80.0 as usize].gpu_type, "K80");
+        let spare = c.node_gpus("v100-spare").unwrap();
+        assert_eq!(spare.len, 8);
+        c.audit().unwrap();
+    }
+
+    #[test]
+    fn unreadable_file_is_named() {
+        let err = Cluster::load(Path::new("/nonexistent/cells.json")).unwrap_err().to_string();
+        assert!(err.starts_with("/nonexistent/cells.json: cannot read"), "{err}");
+    }
+
+    #[test]
+    fn hostile_handles_and_gpus_are_refused() {
+        let (mut c, ch, [a, _, _]) = fig3();
+        assert!(c.allocate_guaranteed(VcId(99), ch, 1).is_err());
+        assert!(c.allocate_guaranteed(a, ChainId(7), 1).is_err());
+        assert!(c.allocate_guaranteed(a, ch, 0).is_err());
+        assert!(c.allocate_guaranteed(a, ch, 9).is_err());
+        assert!(c.allocate_opportunistic_on(&[GpuId(1_000_000)], Sharing::Colocate).is_err());
+        assert!(c.allocate_opportunistic_on(&[GpuId(3), GpuId(3)], Sharing::Colocate).is_err());
+        assert!(c.allocate_opportunistic_on(&[], Sharing::Colocate).is_err());
+        assert!(c.set_gpu_health(GpuId(32), true).is_err());
+        assert!(c.set_node_health("nope", true).is_err());
+        assert!(c.release_guaranteed(GuaranteedId { cell: 12345, gen: 1 }).is_err());
+        assert!(c.release_opportunistic(OpportunisticId { slot: 0, gen: 1 }).is_err());
+        assert_eq!(c.free_cells(ch), vec![0, 0, 0, 0, 0, 1]);
+        c.audit().unwrap();
+    }
+
+    #[test]
     fn allocation_splits_and_release_merges_back() {
         let (mut c, ch, [a, _, _]) = fig3();
         let before = c.free_cells(ch);
