@@ -17,9 +17,12 @@ mod safety;
 mod topology;
 
 pub use cluster::{
-    ChainId, Cluster, Doomed, GpuAddress, GpuId, GpuRange, GuaranteedAllocation, GuaranteedId, HealthChange, Reconfigured,
-    OpportunisticId, Sharing, VcId,
+    CellsReport, ChainId, ChainReport, Cluster, Doomed, DoomedReport, GpuAddress, GpuId, GpuRange,
+    GuaranteedAllocation, GuaranteedId, GuaranteedReport, HealthChange, LevelReport,
+    OpportunisticId, OpportunisticReport, Reconfigured, Sharing, VcId, VcReport,
 };
-pub use config::{CellsConfig, ChainConfig, LevelConfig, PhysicalCellConfig, VcCellsConfig, VirtualClusterConfig};
+pub use config::{
+    CellsConfig, ChainConfig, LevelConfig, PhysicalCellConfig, VcCellsConfig, VirtualClusterConfig,
+};
 pub use error::{AllocError, ConfigError, Infeasible};
 pub use topology::{Chain, MAX_LEVELS};

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use cluster_matcher::cells::{
-    AllocError, CellsConfig, ChainConfig, ChainId, Cluster, GpuId, GuaranteedId, LevelConfig, OpportunisticId,
-    PhysicalCellConfig, Sharing, VcCellsConfig, VcId, VirtualClusterConfig,
+    AllocError, CellsConfig, ChainConfig, ChainId, Cluster, GpuId, GuaranteedId, LevelConfig,
+    OpportunisticId, PhysicalCellConfig, Sharing, VcCellsConfig, VcId, VirtualClusterConfig,
 };
 use proptest::prelude::*;
 
@@ -33,17 +33,32 @@ fn random_config(seed: u64, nvc: usize) -> CellsConfig {
     let mut node = 0;
     for ci in 0..nchains {
         let nlevels = 2 + rng.below(3) as usize;
-        let mut levels = vec![LevelConfig { name: "l1".into(), children: None }];
+        let mut levels = vec![LevelConfig {
+            name: "l1".into(),
+            children: None,
+        }];
         let mut fan = vec![0, 1];
         for l in 2..=nlevels {
             let f = 1 + rng.below(3) as u32;
             fan.push(f);
-            levels.push(LevelConfig { name: format!("l{l}"), children: Some(f) });
+            levels.push(LevelConfig {
+                name: format!("l{l}"),
+                children: Some(f),
+            });
         }
         let name = format!("c{ci}");
-        chains.push(ChainConfig { name: name.clone(), gpu_type: format!("T{ci}"), levels, node_level: None });
+        chains.push(ChainConfig {
+            name: name.clone(),
+            gpu_type: format!("T{ci}"),
+            levels,
+            node_level: None,
+        });
         for _ in 0..1 + rng.below(3) {
-            physical.push(PhysicalCellConfig { chain: name.clone(), level: None, nodes: vec![format!("n{node}")] });
+            physical.push(PhysicalCellConfig {
+                chain: name.clone(),
+                level: None,
+                nodes: vec![format!("n{node}")],
+            });
             node += 1;
             // Cut the top cell into pieces.
             let mut stack = vec![nlevels];
@@ -53,7 +68,9 @@ fn random_config(seed: u64, nvc: usize) -> CellsConfig {
                     3 => {}
                     _ => {
                         let vc = rng.below(nvc as u64) as usize;
-                        *counts.entry((vc, name.clone(), format!("l{l}"))).or_default() += 1;
+                        *counts
+                            .entry((vc, name.clone(), format!("l{l}")))
+                            .or_default() += 1;
                     }
                 }
             }
@@ -66,24 +83,50 @@ fn random_config(seed: u64, nvc: usize) -> CellsConfig {
                 let mut cells: Vec<_> = counts
                     .iter()
                     .filter(|((vv, _, _), _)| *vv == v)
-                    .map(|((_, chain, level), &count)| VcCellsConfig { chain: chain.clone(), level: level.clone(), count })
+                    .map(|((_, chain, level), &count)| VcCellsConfig {
+                        chain: chain.clone(),
+                        level: level.clone(),
+                        count,
+                    })
                     .collect();
                 cells.sort_by(|a, b| (&a.chain, &a.level).cmp(&(&b.chain, &b.level)));
                 cells
             },
         })
         .collect();
-    CellsConfig { chains, physical_cells: physical, virtual_clusters }
+    CellsConfig {
+        chains,
+        physical_cells: physical,
+        virtual_clusters,
+    }
 }
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { vc: u8, chain: u8, level: u8 },
-    Release { pick: u16 },
-    OppCell { chain: u8, level: u8, colocate: bool },
-    OppOn { gpu: u16, colocate: bool },
-    ReleaseOpp { pick: u16 },
-    Health { gpu: u16, bad: bool },
+    Alloc {
+        vc: u8,
+        chain: u8,
+        level: u8,
+    },
+    Release {
+        pick: u16,
+    },
+    OppCell {
+        chain: u8,
+        level: u8,
+        colocate: bool,
+    },
+    OppOn {
+        gpu: u16,
+        colocate: bool,
+    },
+    ReleaseOpp {
+        pick: u16,
+    },
+    Health {
+        gpu: u16,
+        bad: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -134,9 +177,16 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
                 match c.allocate_guaranteed(vc, chain, level) {
                     Ok(a) => {
                         prop_assert!(legal, "allocated an illegal request");
-                        prop_assert_eq!(a.gpus.len as u64, c.chains()[chain.0 as usize].gpus_at[level as usize]);
+                        prop_assert_eq!(
+                            a.gpus.len as u64,
+                            c.chains()[chain.0 as usize].gpus_at[level as usize]
+                        );
                         for p in &a.preempted {
-                            prop_assert_eq!(opps.remove(p), Some(Sharing::Exclusive), "preempted a non-opportunistic or colocated allocation");
+                            prop_assert_eq!(
+                                opps.remove(p),
+                                Some(Sharing::Exclusive),
+                                "preempted a non-opportunistic or colocated allocation"
+                            );
                         }
                         for g in a.gpus.iter() {
                             prop_assert!(!c.gpu_is_bad(g), "guaranteed cell bound to a bad GPU");
@@ -150,8 +200,12 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
                         prop_assert_eq!(views(&c), before);
                     }
                     Err(AllocError::OnlyBadHardware { .. }) => {
-                        let chain_has_bad = c.bad_gpus().iter().any(|&g| c.gpu_chain(g) == Some(chain));
-                        prop_assert!(legal && chain_has_bad, "refused for bad hardware without any");
+                        let chain_has_bad =
+                            c.bad_gpus().iter().any(|&g| c.gpu_chain(g) == Some(chain));
+                        prop_assert!(
+                            legal && chain_has_bad,
+                            "refused for bad hardware without any"
+                        );
                         prop_assert_eq!(views(&c), before);
                     }
                     Err(e) => return Err(TestCaseError::fail(format!("legal={legal}: {e}"))),
@@ -162,13 +216,22 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
                     continue;
                 }
                 let (id, _) = live.swap_remove(pick as usize % live.len());
-                c.release_guaranteed(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                c.release_guaranteed(id)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert!(c.release_guaranteed(id).is_err());
             }
-            Op::OppCell { chain, level, colocate } if with_opportunistic => {
+            Op::OppCell {
+                chain,
+                level,
+                colocate,
+            } if with_opportunistic => {
                 let chain = ChainId(chain as u16 % nchains as u16);
                 let level = 1 + level % c.chains()[chain.0 as usize].top;
-                let sharing = if colocate { Sharing::Colocate } else { Sharing::Exclusive };
+                let sharing = if colocate {
+                    Sharing::Colocate
+                } else {
+                    Sharing::Exclusive
+                };
                 if let Ok((id, range)) = c.allocate_opportunistic(chain, level, sharing) {
                     for g in range.iter() {
                         prop_assert!(!c.gpu_is_bad(g));
@@ -180,7 +243,11 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
                 }
             }
             Op::OppOn { gpu, colocate } if with_opportunistic => {
-                let sharing = if colocate { Sharing::Colocate } else { Sharing::Exclusive };
+                let sharing = if colocate {
+                    Sharing::Colocate
+                } else {
+                    Sharing::Exclusive
+                };
                 let g = GpuId(gpu as u32 % ngpu);
                 let free = c.free_gpus_for_opportunistic(sharing).contains(&g);
                 match c.allocate_opportunistic_on(&[g], sharing) {
@@ -199,13 +266,19 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
                 ids.sort_by_key(|i| i.to_string());
                 let id = ids[pick as usize % ids.len()];
                 opps.remove(&id);
-                c.release_opportunistic(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                c.release_opportunistic(id)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
             Op::Health { gpu, bad } => {
                 let g = GpuId(gpu as u32 % ngpu);
-                let ch = c.set_gpu_health(g, bad).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let ch = c
+                    .set_gpu_health(g, bad)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 for e in ch.evicted {
-                    prop_assert!(opps.remove(&e).is_some(), "evicted something not opportunistic");
+                    prop_assert!(
+                        opps.remove(&e).is_some(),
+                        "evicted something not opportunistic"
+                    );
                 }
             }
             _ => {}
@@ -229,21 +302,32 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
         prop_assert!(used <= assigned);
     }
     // Reconfiguring to the same config keeps every allocation in place.
-    let r = c.reconfigure(c.config().clone(), "same").map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let r = c
+        .reconfigure(c.config().clone(), "same")
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert!(r.lost_guaranteed.is_empty(), "{:?}", r.lost_guaranteed);
-    prop_assert!(r.lost_opportunistic.is_empty(), "{:?}", r.lost_opportunistic);
+    prop_assert!(
+        r.lost_opportunistic.is_empty(),
+        "{:?}",
+        r.lost_opportunistic
+    );
     prop_assert_eq!(r.kept_guaranteed.len(), live.len());
     for (old, new) in &r.kept_guaranteed {
-        prop_assert_eq!(c.guaranteed_gpus(*old).unwrap(), r.cluster.guaranteed_gpus(*new).unwrap());
+        prop_assert_eq!(
+            c.guaranteed_gpus(*old).unwrap(),
+            r.cluster.guaranteed_gpus(*new).unwrap()
+        );
     }
     r.cluster.audit().map_err(TestCaseError::fail)?;
     prop_assert_eq!(r.cluster.bad_gpus(), c.bad_gpus());
     // Releasing everything merges every buddy back.
     for (id, _) in live {
-        c.release_guaranteed(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        c.release_guaranteed(id)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
     for id in opps.into_keys() {
-        c.release_opportunistic(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        c.release_opportunistic(id)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
     for g in 0..ngpu {
         c.set_gpu_health(GpuId(g), false).unwrap();
@@ -280,10 +364,25 @@ fn one_cell_more_than_the_cluster_is_infeasible() {
         let mut cfg = random_config(seed, 2);
         let ch = cfg.chains[0].clone();
         let top = ch.levels.last().unwrap().name.clone();
-        let tops = cfg.physical_cells.iter().filter(|p| p.chain == ch.name).count() as u32;
-        cfg.virtual_clusters[1].cells = vec![VcCellsConfig { chain: ch.name.clone(), level: top, count: tops }];
-        cfg.virtual_clusters[0].cells = vec![VcCellsConfig { chain: ch.name.clone(), level: "l1".into(), count: 1 }];
+        let tops = cfg
+            .physical_cells
+            .iter()
+            .filter(|p| p.chain == ch.name)
+            .count() as u32;
+        cfg.virtual_clusters[1].cells = vec![VcCellsConfig {
+            chain: ch.name.clone(),
+            level: top,
+            count: tops,
+        }];
+        cfg.virtual_clusters[0].cells = vec![VcCellsConfig {
+            chain: ch.name.clone(),
+            level: "l1".into(),
+            count: 1,
+        }];
         let err = Cluster::from_config(cfg).unwrap_err().to_string();
-        assert!(err.contains("`vc1`") && err.contains(&format!("chain `{}`", ch.name)), "{err}");
+        assert!(
+            err.contains("`vc1`") && err.contains(&format!("chain `{}`", ch.name)),
+            "{err}"
+        );
     }
 }

@@ -3,8 +3,8 @@
 //! preemption, bad hardware and reconfiguration, with every placement written out.
 
 use cluster_matcher::cells::{
-    AllocError, CellsConfig, ChainId, Cluster, Doomed, GpuId, GpuRange, PhysicalCellConfig, Sharing, VcCellsConfig,
-    VirtualClusterConfig,
+    AllocError, CellsConfig, ChainId, Cluster, Doomed, GpuId, GpuRange, PhysicalCellConfig,
+    Sharing, VcCellsConfig, VirtualClusterConfig,
 };
 
 const FIG3: &str = include_str!("../examples/cells/hived-fig3.json");
@@ -42,18 +42,27 @@ fn hived_figure3_walkthrough() {
     assert_eq!(c.free_cells(ch), [0, 1, 0, 0, 2, 0]);
     assert_eq!(c.owed_cells(ch), [0, 1, 2, 1, 1, 0]);
     // Tenant A's view: a socket and a PCIe switch left; no node was ever its own.
-    assert!(matches!(c.allocate_guaranteed(a, ch, node), Err(AllocError::NotInAssignment { .. })));
+    assert!(matches!(
+        c.allocate_guaranteed(a, ch, node),
+        Err(AllocError::NotInAssignment { .. })
+    ));
     c.audit().unwrap();
 
     // ---- 2. Opportunistic work and preemption ---------------------------------------------
-    let (x, xg) = c.allocate_opportunistic(ch, gpu, Sharing::Exclusive).unwrap();
+    let (x, xg) = c
+        .allocate_opportunistic(ch, gpu, Sharing::Exclusive)
+        .unwrap();
     assert_eq!(at(&c, xg), "v100-n1/1"); // the lowest free cell first
-    let (y, yg) = c.allocate_opportunistic(ch, node, Sharing::Exclusive).unwrap();
+    let (y, yg) = c
+        .allocate_opportunistic(ch, node, Sharing::Exclusive)
+        .unwrap();
     assert_eq!(at(&c, yg), "v100-n2/0..7");
-    let (z, zg) = c.allocate_opportunistic(ch, pcie, Sharing::Colocate).unwrap();
+    let (z, zg) = c
+        .allocate_opportunistic(ch, pcie, Sharing::Colocate)
+        .unwrap();
     assert_eq!(at(&c, zg), "v100-n3/0..1"); // n2 now has an exclusive user; n3 is clean
-    // B's GPU: splitting clean n3 would leave too little for the cells still owed (A's socket,
-    // A's and B's PCIe switches), so safety wins over avoiding preemption: X goes.
+                                            // B's GPU: splitting clean n3 would leave too little for the cells still owed (A's socket,
+                                            // A's and B's PCIe switches), so safety wins over avoiding preemption: X goes.
     let b_gpu = c.allocate_guaranteed(b, ch, gpu).unwrap();
     assert_eq!(at(&c, b_gpu.gpus), "v100-n1/1");
     assert_eq!(b_gpu.preempted, vec![x]);
@@ -71,9 +80,22 @@ fn hived_figure3_walkthrough() {
     assert_eq!(c.owed_cells(ch), [0, 0, 1, 1, 0, 0]);
     // For MuxFlow's offline jobs: every GPU but the colocated pair has a free low-priority slot.
     assert_eq!(c.free_gpus_for_opportunistic(Sharing::Colocate).len(), 30);
-    let excl: Vec<String> =
-        c.free_gpus_for_opportunistic(Sharing::Exclusive).iter().map(|&g| c.gpu_address(g).unwrap().to_string()).collect();
-    assert_eq!(excl, ["v100-n3/2", "v100-n3/3", "v100-n3/4", "v100-n3/5", "v100-n3/6", "v100-n3/7"]);
+    let excl: Vec<String> = c
+        .free_gpus_for_opportunistic(Sharing::Exclusive)
+        .iter()
+        .map(|&g| c.gpu_address(g).unwrap().to_string())
+        .collect();
+    assert_eq!(
+        excl,
+        [
+            "v100-n3/2",
+            "v100-n3/3",
+            "v100-n3/4",
+            "v100-n3/5",
+            "v100-n3/6",
+            "v100-n3/7"
+        ]
+    );
     c.audit().unwrap();
 
     // ---- 3. Bad hardware ------------------------------------------------------------------
@@ -84,10 +106,20 @@ fn hived_figure3_walkthrough() {
     let n3_5 = c.gpu_by_address("v100-n3", 5).unwrap();
     assert!(c.set_gpu_health(n3_5, true).unwrap().affected.is_empty());
     // The only free socket now has a bad GPU: A's socket is doomed until repair.
-    assert_eq!(c.doomed(), vec![Doomed { chain: ch, level: socket, cells: 1 }]);
+    assert_eq!(
+        c.doomed(),
+        vec![Doomed {
+            chain: ch,
+            level: socket,
+            cells: 1
+        }]
+    );
     let b_pcie = c.allocate_guaranteed(b, ch, pcie).unwrap();
     assert_eq!(at(&c, b_pcie.gpus), "v100-n3/2..3");
-    assert!(matches!(c.allocate_guaranteed(a, ch, socket), Err(AllocError::OnlyBadHardware { .. })));
+    assert!(matches!(
+        c.allocate_guaranteed(a, ch, socket),
+        Err(AllocError::OnlyBadHardware { .. })
+    ));
     // A GPU from A's socket: the socket is bound, the healthy half of it is used.
     let a_gpu2 = c.allocate_guaranteed(a, ch, gpu).unwrap();
     assert_eq!(at(&c, a_gpu2.gpus), "v100-n3/6");
@@ -107,13 +139,23 @@ fn hived_figure3_walkthrough() {
     cfg.virtual_clusters[2].cells.retain(|k| k.level != "pcie");
     cfg.virtual_clusters.push(VirtualClusterConfig {
         name: "tenant-d".into(),
-        cells: vec![VcCellsConfig { chain: "v100-rack".into(), level: "node".into(), count: 3 }],
+        cells: vec![VcCellsConfig {
+            chain: "v100-rack".into(),
+            level: "node".into(),
+            count: 3,
+        }],
     });
     // An infeasible version is refused and changes nothing.
     let mut too_big = cfg.clone();
     too_big.virtual_clusters[3].cells[0].count = 7;
-    let err = c.reconfigure(too_big, "fig3-v2.json").unwrap_err().to_string();
-    assert!(err.contains("`tenant-d`") && err.contains("level `node`"), "{err}");
+    let err = c
+        .reconfigure(too_big, "fig3-v2.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`tenant-d`") && err.contains("level `node`"),
+        "{err}"
+    );
     let r = c.reconfigure(cfg, "fig3-v2.json").unwrap();
     assert_eq!(r.lost_guaranteed.len(), 1);
     assert_eq!(r.lost_guaranteed[0].0, c_pcie.id);
@@ -121,7 +163,10 @@ fn hived_figure3_walkthrough() {
     assert_eq!(r.kept_guaranteed.len(), 7);
     let mut n = r.cluster;
     for (old, new) in &r.kept_guaranteed {
-        assert_eq!(at(&c, c.guaranteed_gpus(*old).unwrap()), at(&n, n.guaranteed_gpus(*new).unwrap()));
+        assert_eq!(
+            at(&c, c.guaranteed_gpus(*old).unwrap()),
+            at(&n, n.guaranteed_gpus(*new).unwrap())
+        );
     }
     assert_eq!(n.bad_gpus(), vec![n.gpu_by_address("v100-n3", 0).unwrap()]);
     n.audit().unwrap();

@@ -11,7 +11,12 @@ use super::safety::cascade;
 use super::topology::{build, Chain, Node, PCell, PState, VCell, VState, MAX_LEVELS};
 
 mod reconfig;
+mod report;
 pub use reconfig::Reconfigured;
+pub use report::{
+    CellsReport, ChainReport, DoomedReport, GuaranteedReport, LevelReport, OpportunisticReport,
+    VcReport,
+};
 
 const CLEAN: usize = 0;
 const DIRTY: usize = 1;
@@ -19,15 +24,15 @@ const BAD: usize = 2;
 const CATS: usize = 3;
 
 /// Index of a chain in the config order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct ChainId(pub u16);
 
 /// Index of a virtual cluster in the config order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct VcId(pub u16);
 
 /// Cluster-wide GPU number (dense, 0..gpu_count).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct GpuId(pub u32);
 
 /// Handle of a live guaranteed allocation (a VC's virtual cell bound to a physical cell).
@@ -57,7 +62,7 @@ impl std::fmt::Display for OpportunisticId {
 }
 
 /// How an opportunistic job uses its GPUs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Sharing {
     /// HiveD low-priority job: GPUs no guaranteed work uses; preempted when guaranteed work
     /// needs them.
@@ -68,7 +73,7 @@ pub enum Sharing {
 }
 
 /// A contiguous run of GPUs (every cell covers one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct GpuRange {
     /// First GPU.
     pub start: u32,
@@ -100,7 +105,7 @@ pub struct GuaranteedAllocation {
 }
 
 /// A host and GPU index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct GpuAddress<'a> {
     /// Host name.
     pub node: &'a str,
@@ -187,8 +192,10 @@ fn category(c: &PCell) -> usize {
 impl Cluster {
     /// Loads a config file and builds the cluster; errors name file, line and field.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Io { file: path.display().to_string(), source: e })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            file: path.display().to_string(),
+            source: e,
+        })?;
         Self::from_json(&text, &path.display().to_string())
     }
 
@@ -236,7 +243,9 @@ impl Cluster {
                         .map(|l| format!("{}={}", ch.level_names[l as usize], o[l as usize]))
                         .collect::<Vec<_>>()
                         .join(", ");
-                    let physical_gpus = (1..=ch.top).map(|l| free[ci][l as usize] as u64 * ch.gpus_at[l as usize]).sum();
+                    let physical_gpus = (1..=ch.top)
+                        .map(|l| free[ci][l as usize] as u64 * ch.gpus_at[l as usize])
+                        .sum();
                     return Err(ConfigError::Infeasible(Box::new(Infeasible {
                         file: origin.to_string(),
                         vc: b.vc_names[vi].clone(),
@@ -251,8 +260,18 @@ impl Cluster {
             }
         }
         let ngpu = b.gpu_leaf.len();
-        let chain_by_name = b.chains.iter().enumerate().map(|(i, c)| (c.name.clone(), i as u16)).collect();
-        let vc_by_name = b.vc_names.iter().enumerate().map(|(i, n)| (n.clone(), i as u16)).collect();
+        let chain_by_name = b
+            .chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.clone(), i as u16))
+            .collect();
+        let vc_by_name = b
+            .vc_names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u16))
+            .collect();
         tracing::info!(
             origin,
             chains = nchains,
@@ -298,6 +317,14 @@ impl Cluster {
         &self.chains
     }
 
+    /// Chains whose GPUs are of the given model.
+    pub fn chains_of_type(&self, gpu_type: &str) -> Vec<ChainId> {
+        (0..self.chains.len() as u16)
+            .filter(|&c| self.chains[c as usize].gpu_type == gpu_type)
+            .map(ChainId)
+            .collect()
+    }
+
     /// Chain by name.
     pub fn chain_id(&self, name: &str) -> Option<ChainId> {
         self.chain_by_name.get(name).map(|&c| ChainId(c))
@@ -326,7 +353,10 @@ impl Cluster {
     /// Host and index of a GPU.
     pub fn gpu_address(&self, g: GpuId) -> Option<GpuAddress<'_>> {
         let n = *self.gpu_node.get(g.0 as usize)?;
-        Some(GpuAddress { node: &self.nodes[n as usize].name, index: self.gpu_index[g.0 as usize] })
+        Some(GpuAddress {
+            node: &self.nodes[n as usize].name,
+            index: self.gpu_index[g.0 as usize],
+        })
     }
 
     /// GPU by host name and index.
@@ -338,7 +368,10 @@ impl Cluster {
     /// GPUs of a host.
     pub fn node_gpus(&self, node: &str) -> Option<GpuRange> {
         let n = &self.nodes[*self.node_by_name.get(node)? as usize];
-        Some(GpuRange { start: n.first_gpu, len: n.n_gpus })
+        Some(GpuRange {
+            start: n.first_gpu,
+            len: n.n_gpus,
+        })
     }
 
     /// Chain (GPU type) of a GPU.
@@ -356,7 +389,10 @@ impl Cluster {
     pub fn guaranteed_gpus(&self, id: GuaranteedId) -> Result<GpuRange, AllocError> {
         let v = self.live_guaranteed(id)?;
         let p = &self.pcells[self.vcells[v as usize].pbind as usize];
-        Ok(GpuRange { start: p.first_gpu, len: p.n_gpus })
+        Ok(GpuRange {
+            start: p.first_gpu,
+            len: p.n_gpus,
+        })
     }
 
     /// VC, chain and level of a live guaranteed allocation.
@@ -368,7 +404,11 @@ impl Cluster {
     /// GPUs of a live opportunistic allocation.
     pub fn opportunistic_gpus(&self, id: OpportunisticId) -> Result<Vec<GpuId>, AllocError> {
         let s = self.live_opp(id)?;
-        Ok(self.opp[s as usize].gpus.iter().map(|&g| GpuId(g)).collect())
+        Ok(self.opp[s as usize]
+            .gpus
+            .iter()
+            .map(|&g| GpuId(g))
+            .collect())
     }
 
     /// The guaranteed allocation using a GPU, if any.
@@ -378,7 +418,10 @@ impl Cluster {
             let pc = &self.pcells[c as usize];
             if pc.used_by != NONE {
                 let v = pc.used_by;
-                return Some(GuaranteedId { cell: v, gen: self.vcells[v as usize].gen });
+                return Some(GuaranteedId {
+                    cell: v,
+                    gen: self.vcells[v as usize].gen,
+                });
             }
             c = pc.parent;
         }
@@ -388,7 +431,10 @@ impl Cluster {
     /// The opportunistic allocation on a GPU, if any.
     pub fn opportunistic_user(&self, g: GpuId) -> Option<OpportunisticId> {
         let s = *self.gpu_opp.get(g.0 as usize)?;
-        (s != NONE).then(|| OpportunisticId { slot: s, gen: self.opp[s as usize].gen })
+        (s != NONE).then(|| OpportunisticId {
+            slot: s,
+            gen: self.opp[s as usize].gen,
+        })
     }
 
     /// Healthy GPUs with a free low-priority slot: for `Exclusive`, also not used by
@@ -410,7 +456,10 @@ impl Cluster {
             .iter()
             .enumerate()
             .filter(|(_, v)| v.state == VState::Allocated)
-            .map(|(i, v)| GuaranteedId { cell: i as u32, gen: v.gen })
+            .map(|(i, v)| GuaranteedId {
+                cell: i as u32,
+                gen: v.gen,
+            })
             .collect()
     }
 
@@ -420,27 +469,40 @@ impl Cluster {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.live)
-            .map(|(i, s)| OpportunisticId { slot: i as u32, gen: s.gen })
+            .map(|(i, s)| OpportunisticId {
+                slot: i as u32,
+                gen: s.gen,
+            })
             .collect()
     }
 
     /// Free physical cells per level of a chain (index = level number), bad ones included.
     pub fn free_cells(&self, chain: ChainId) -> Vec<u32> {
         let ch = &self.chains[chain.0 as usize];
-        (0..=ch.top).map(|l| if l == 0 { 0 } else { self.free_at(chain.0, l) }).collect()
+        (0..=ch.top)
+            .map(|l| if l == 0 { 0 } else { self.free_at(chain.0, l) })
+            .collect()
     }
 
     /// Cells owed to VCs (preassigned cells not bound yet) per level of a chain.
     pub fn owed_cells(&self, chain: ChainId) -> Vec<u32> {
         let ch = &self.chains[chain.0 as usize];
-        (0..=ch.top).map(|l| self.owed[chain.0 as usize * MAX_LEVELS + l as usize] as u32).collect()
+        (0..=ch.top)
+            .map(|l| self.owed[chain.0 as usize * MAX_LEVELS + l as usize] as u32)
+            .collect()
     }
 
     /// Free cells of a VC (its private view) per level of a chain.
     pub fn vc_free_cells(&self, vc: VcId, chain: ChainId) -> Vec<u32> {
         let ch = &self.chains[chain.0 as usize];
         (0..=ch.top)
-            .map(|l| if l == 0 { 0 } else { self.vfree.len(self.vl(vc.0, chain.0, l)) })
+            .map(|l| {
+                if l == 0 {
+                    0
+                } else {
+                    self.vfree.len(self.vl(vc.0, chain.0, l))
+                }
+            })
             .collect()
     }
 
@@ -492,7 +554,11 @@ impl Cluster {
                 }
                 spare += free[l] - self.owed[ci * MAX_LEVELS + l];
                 if spare < 0 {
-                    out.push(Doomed { chain: ChainId(ci as u16), level: l as u8, cells: -spare });
+                    out.push(Doomed {
+                        chain: ChainId(ci as u16),
+                        level: l as u8,
+                        cells: -spare,
+                    });
                     spare = 0;
                 }
             }
@@ -517,8 +583,16 @@ impl Cluster {
     /// Allocates a level-`level` cell of `chain` for VC `vc` (an online workload's cells).
     /// Binds the VC's virtual cell to a physical one lazily, preferring healthy cells without
     /// opportunistic users; exclusive opportunistic users of the chosen GPUs are preempted.
-    pub fn allocate_guaranteed(&mut self, vc: VcId, chain: ChainId, level: u8) -> Result<GuaranteedAllocation, AllocError> {
-        let ch = self.chains.get(chain.0 as usize).ok_or_else(|| unknown("chain", chain.0))?;
+    pub fn allocate_guaranteed(
+        &mut self,
+        vc: VcId,
+        chain: ChainId,
+        level: u8,
+    ) -> Result<GuaranteedAllocation, AllocError> {
+        let ch = self
+            .chains
+            .get(chain.0 as usize)
+            .ok_or_else(|| unknown("chain", chain.0))?;
         if vc.0 as usize >= self.vc_names.len() {
             return Err(unknown("virtual cluster", vc.0));
         }
@@ -560,7 +634,8 @@ impl Cluster {
             let f = self.chains[chain.0 as usize].fanout[lv as usize];
             for k in (1..f).rev() {
                 self.vcells[(fc + k) as usize].state = VState::Free;
-                self.vfree.push_front(self.vl(vc.0, chain.0, lv - 1), fc + k);
+                self.vfree
+                    .push_front(self.vl(vc.0, chain.0, lv - 1), fc + k);
             }
             v = fc;
         }
@@ -570,7 +645,8 @@ impl Cluster {
             vcl.gen = vcl.gen.wrapping_add(1);
         }
         if let Some((cell, from_level)) = root_pick {
-            self.owed[chain.0 as usize * MAX_LEVELS + self.vcells[src as usize].level as usize] -= 1;
+            self.owed[chain.0 as usize * MAX_LEVELS + self.vcells[src as usize].level as usize] -=
+                1;
             let r = self.vcells[src as usize].level;
             let p = self.take_root(cell, from_level, r, level);
             self.bind(src, p);
@@ -614,22 +690,35 @@ impl Cluster {
         }
         let mut preempted = Vec::new();
         let pc = &self.pcells[p as usize];
-        let range = GpuRange { start: pc.first_gpu, len: pc.n_gpus };
+        let range = GpuRange {
+            start: pc.first_gpu,
+            len: pc.n_gpus,
+        };
         if pc.opp_ex > 0 {
             for g in range.iter() {
                 let s = self.gpu_opp[g.0 as usize];
                 if s != NONE && self.opp[s as usize].sharing == Sharing::Exclusive {
-                    let id = OpportunisticId { slot: s, gen: self.opp[s as usize].gen };
+                    let id = OpportunisticId {
+                        slot: s,
+                        gen: self.opp[s as usize].gen,
+                    };
                     self.drop_opp(s);
                     preempted.push(id);
                 }
             }
             tracing::info!(vc = %self.vc_names[vc as usize], victims = preempted.len(), "guaranteed allocation preempted opportunistic work");
         }
-        let id = GuaranteedId { cell: v, gen: self.vcells[v as usize].gen };
+        let id = GuaranteedId {
+            cell: v,
+            gen: self.vcells[v as usize].gen,
+        };
         tracing::debug!(vc, chain, level, %id, first_gpu = range.start, gpus = range.len, "guaranteed cell allocated");
         debug_assert!(self.check_safety().is_ok());
-        GuaranteedAllocation { id, gpus: range, preempted }
+        GuaranteedAllocation {
+            id,
+            gpus: range,
+            preempted,
+        }
     }
 
     /// Releases a guaranteed allocation; merges virtual and physical buddies back.
@@ -672,7 +761,8 @@ impl Cluster {
             let pv = &self.vcells[parent as usize];
             let f = self.chains[chain as usize].fanout[pv.level as usize];
             let fc = pv.first_child;
-            if !(0..f).all(|k| fc + k == x || self.vcells[(fc + k) as usize].state == VState::Free) {
+            if !(0..f).all(|k| fc + k == x || self.vcells[(fc + k) as usize].state == VState::Free)
+            {
                 break;
             }
             for k in 0..f {
@@ -697,7 +787,10 @@ impl Cluster {
     fn live_guaranteed(&self, id: GuaranteedId) -> Result<u32, AllocError> {
         match self.vcells.get(id.cell as usize) {
             Some(v) if v.state == VState::Allocated && v.gen == id.gen => Ok(id.cell),
-            _ => Err(AllocError::Unknown { what: "guaranteed allocation", id: id.to_string() }),
+            _ => Err(AllocError::Unknown {
+                what: "guaranteed allocation",
+                id: id.to_string(),
+            }),
         }
     }
 
@@ -714,7 +807,10 @@ impl Cluster {
     }
 
     fn bind(&mut self, v: u32, p: u32) {
-        debug_assert_eq!(self.pcells[p as usize].vbind, NONE, "physical cell {p} bound twice");
+        debug_assert_eq!(
+            self.pcells[p as usize].vbind, NONE,
+            "physical cell {p} bound twice"
+        );
         self.vcells[v as usize].pbind = p;
         self.pcells[p as usize].vbind = v;
     }
@@ -745,7 +841,11 @@ impl Cluster {
             for &l in &levels[..n] {
                 let list = plist(chain, l, cat);
                 let c = if cat == BAD {
-                    match self.pfree.iter(list).find(|&c| self.has_healthy_sub(c, want)) {
+                    match self
+                        .pfree
+                        .iter(list)
+                        .find(|&c| self.has_healthy_sub(c, want))
+                    {
                         Some(c) => c,
                         None => {
                             saw_bad |= self.pfree.len(list) > 0;
@@ -792,13 +892,17 @@ impl Cluster {
         let sv = &self.vcells[src as usize];
         if sv.parent == NONE {
             let pick = self.pick_root(sv.chain, sv.level, want)?;
-            if self.pcells[pick.0 as usize].bad > 0 && self.pcells[self.descend(pick.0, want) as usize].bad > 0 {
+            if self.pcells[pick.0 as usize].bad > 0
+                && self.pcells[self.descend(pick.0, want) as usize].bad > 0
+            {
                 return Err(Plan::OnlyBad);
             }
             Ok(Some(pick))
         } else {
             let start = self.vcells[sv.parent as usize].pbind;
-            if self.pcells[start as usize].bad > 0 && self.pcells[self.descend(start, want) as usize].bad > 0 {
+            if self.pcells[start as usize].bad > 0
+                && self.pcells[self.descend(start, want) as usize].bad > 0
+            {
                 return Err(Plan::OnlyBad);
             }
             Ok(None)
@@ -862,7 +966,8 @@ impl Cluster {
             let pp = &self.pcells[parent as usize];
             let f = self.chains[pp.chain as usize].fanout[pp.level as usize];
             let fc = pp.first_child;
-            if !(0..f).all(|k| fc + k == c || self.pcells[(fc + k) as usize].state == PState::Free) {
+            if !(0..f).all(|k| fc + k == c || self.pcells[(fc + k) as usize].state == PState::Free)
+            {
                 break;
             }
             for k in 0..f {
@@ -917,8 +1022,16 @@ impl Cluster {
     /// Allocates a level-`level` cell of `chain` for a low-priority job: no other
     /// opportunistic user, healthy, and (for `Exclusive`) no guaranteed user. Cells outside any
     /// VC binding are preferred, so later guaranteed work preempts less.
-    pub fn allocate_opportunistic(&mut self, chain: ChainId, level: u8, sharing: Sharing) -> Result<(OpportunisticId, GpuRange), AllocError> {
-        let ch = self.chains.get(chain.0 as usize).ok_or_else(|| unknown("chain", chain.0))?;
+    pub fn allocate_opportunistic(
+        &mut self,
+        chain: ChainId,
+        level: u8,
+        sharing: Sharing,
+    ) -> Result<(OpportunisticId, GpuRange), AllocError> {
+        let ch = self
+            .chains
+            .get(chain.0 as usize)
+            .ok_or_else(|| unknown("chain", chain.0))?;
         if level == 0 || level > ch.top {
             return Err(unknown("level", level));
         }
@@ -941,9 +1054,15 @@ impl Cluster {
                 .filter(|&&r| self.pcells[r as usize].chain == chain.0)
                 .find_map(|&r| self.find_sub(r, level, excl));
         }
-        let c = found.ok_or_else(|| AllocError::NoOpportunisticCell { chain: ch.name.clone(), level })?;
+        let c = found.ok_or_else(|| AllocError::NoOpportunisticCell {
+            chain: ch.name.clone(),
+            level,
+        })?;
         let pc = &self.pcells[c as usize];
-        let range = GpuRange { start: pc.first_gpu, len: pc.n_gpus };
+        let range = GpuRange {
+            start: pc.first_gpu,
+            len: pc.n_gpus,
+        };
         let id = self.add_opp(range.iter().map(|g| g.0).collect(), sharing);
         tracing::debug!(%id, chain = chain.0, level, ?sharing, first_gpu = range.start, "opportunistic cell allocated");
         Ok((id, range))
@@ -951,9 +1070,16 @@ impl Cluster {
 
     /// Puts a low-priority job on the given GPUs (a matcher's choice): each must be healthy,
     /// without another opportunistic user, and for `Exclusive` without guaranteed work.
-    pub fn allocate_opportunistic_on(&mut self, gpus: &[GpuId], sharing: Sharing) -> Result<OpportunisticId, AllocError> {
+    pub fn allocate_opportunistic_on(
+        &mut self,
+        gpus: &[GpuId],
+        sharing: Sharing,
+    ) -> Result<OpportunisticId, AllocError> {
         if gpus.is_empty() {
-            return Err(AllocError::GpuUnavailable { gpu: "-".into(), why: "no GPUs given" });
+            return Err(AllocError::GpuUnavailable {
+                gpu: "-".into(),
+                why: "no GPUs given",
+            });
         }
         for (i, &g) in gpus.iter().enumerate() {
             let Some(addr) = self.gpu_address(g) else {
@@ -971,7 +1097,10 @@ impl Cluster {
                 None
             };
             if let Some(why) = why {
-                return Err(AllocError::GpuUnavailable { gpu: addr.to_string(), why });
+                return Err(AllocError::GpuUnavailable {
+                    gpu: addr.to_string(),
+                    why,
+                });
             }
         }
         let id = self.add_opp(gpus.iter().map(|g| g.0).collect(), sharing);
@@ -990,7 +1119,10 @@ impl Cluster {
     fn live_opp(&self, id: OpportunisticId) -> Result<u32, AllocError> {
         match self.opp.get(id.slot as usize) {
             Some(s) if s.live && s.gen == id.gen => Ok(id.slot),
-            _ => Err(AllocError::Unknown { what: "opportunistic allocation", id: id.to_string() }),
+            _ => Err(AllocError::Unknown {
+                what: "opportunistic allocation",
+                id: id.to_string(),
+            }),
         }
     }
 
@@ -1013,7 +1145,12 @@ impl Cluster {
         let slot = match self.opp_free.pop() {
             Some(s) => s,
             None => {
-                self.opp.push(OppSlot { gen: 0, live: false, sharing, gpus: Vec::new() });
+                self.opp.push(OppSlot {
+                    gen: 0,
+                    live: false,
+                    sharing,
+                    gpus: Vec::new(),
+                });
                 self.opp.len() as u32 - 1
             }
         };
@@ -1066,7 +1203,10 @@ impl Cluster {
     /// Marks a GPU bad or healthy. A bad GPU's opportunistic users are evicted; guaranteed
     /// allocations on it are reported (kept). Binding avoids bad cells from now on.
     pub fn set_gpu_health(&mut self, g: GpuId, bad: bool) -> Result<HealthChange, AllocError> {
-        let addr = self.gpu_address(g).ok_or_else(|| unknown("GPU", g.0))?.to_string();
+        let addr = self
+            .gpu_address(g)
+            .ok_or_else(|| unknown("GPU", g.0))?
+            .to_string();
         let mut change = HealthChange::default();
         if self.gpu_bad[g.0 as usize] == bad {
             return Ok(change);
@@ -1076,7 +1216,10 @@ impl Cluster {
         if bad {
             let s = self.gpu_opp[g.0 as usize];
             if s != NONE {
-                change.evicted.push(OpportunisticId { slot: s, gen: self.opp[s as usize].gen });
+                change.evicted.push(OpportunisticId {
+                    slot: s,
+                    gen: self.opp[s as usize].gen,
+                });
                 self.drop_opp(s);
             }
             change.affected.extend(self.guaranteed_user(g));
@@ -1089,7 +1232,10 @@ impl Cluster {
 
     /// Marks every GPU of a host bad or healthy.
     pub fn set_node_health(&mut self, node: &str, bad: bool) -> Result<HealthChange, AllocError> {
-        let range = self.node_gpus(node).ok_or_else(|| AllocError::Unknown { what: "node", id: node.to_string() })?;
+        let range = self.node_gpus(node).ok_or_else(|| AllocError::Unknown {
+            what: "node",
+            id: node.to_string(),
+        })?;
         let mut all = HealthChange::default();
         for g in range.iter() {
             let c = self.set_gpu_health(g, bad)?;
@@ -1105,7 +1251,10 @@ impl Cluster {
 
     /// Bad GPUs.
     pub fn bad_gpus(&self) -> Vec<GpuId> {
-        (0..self.gpu_bad.len() as u32).filter(|&g| self.gpu_bad[g as usize]).map(GpuId).collect()
+        (0..self.gpu_bad.len() as u32)
+            .filter(|&g| self.gpu_bad[g as usize])
+            .map(GpuId)
+            .collect()
     }
 
     // ---- audit -----------------------------------------------------------------------------
@@ -1129,7 +1278,9 @@ impl Cluster {
                 if v.parent != NONE {
                     let pp = self.vcells[v.parent as usize].pbind;
                     if pp == NONE || p.parent != pp {
-                        return Err(format!("virtual {i} bound outside its parent's physical cell"));
+                        return Err(format!(
+                            "virtual {i} bound outside its parent's physical cell"
+                        ));
                     }
                 }
                 if (v.active > 0) != (v.pbind != NONE) {
@@ -1159,16 +1310,25 @@ impl Cluster {
             let opp = gs.clone().filter(|&g| self.gpu_opp[g] != NONE).count() as u32;
             let ex = gs
                 .clone()
-                .filter(|&g| self.gpu_opp[g] != NONE && self.opp[self.gpu_opp[g] as usize].sharing == Sharing::Exclusive)
+                .filter(|&g| {
+                    self.gpu_opp[g] != NONE
+                        && self.opp[self.gpu_opp[g] as usize].sharing == Sharing::Exclusive
+                })
                 .count() as u32;
             let bad = gs.clone().filter(|&g| self.gpu_bad[g]).count() as u32;
             if (opp, ex, bad) != (p.opp_any, p.opp_ex, p.bad) {
-                return Err(format!("physical {i}: counters {:?} != {:?}", (p.opp_any, p.opp_ex, p.bad), (opp, ex, bad)));
+                return Err(format!(
+                    "physical {i}: counters {:?} != {:?}",
+                    (p.opp_any, p.opp_ex, p.bad),
+                    (opp, ex, bad)
+                ));
             }
             let listed = self.pfree.owner(i as u32);
             match (p.state, listed) {
                 (PState::Free, Some(l)) if l == plist(p.chain, p.level, category(p)) => {}
-                (PState::Free, _) => return Err(format!("free physical {i} not in the right free list")),
+                (PState::Free, _) => {
+                    return Err(format!("free physical {i} not in the right free list"))
+                }
                 (_, Some(_)) => return Err(format!("physical {i} listed but not free")),
                 _ => {}
             }
@@ -1186,7 +1346,9 @@ impl Cluster {
                         return Err(format!("opportunistic {s} lost GPU {g}"));
                     }
                     if slot.sharing == Sharing::Exclusive && g_owner[g as usize] != NONE {
-                        return Err(format!("exclusive opportunistic {s} shares GPU {g} with guaranteed work"));
+                        return Err(format!(
+                            "exclusive opportunistic {s} shares GPU {g} with guaranteed work"
+                        ));
                     }
                 }
             }
@@ -1223,7 +1385,10 @@ fn vlist(nchains: usize, vc: u16, chain: u16, level: u8) -> usize {
 }
 
 fn unknown(what: &'static str, id: impl std::fmt::Display) -> AllocError {
-    AllocError::Unknown { what, id: id.to_string() }
+    AllocError::Unknown {
+        what,
+        id: id.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -1235,7 +1400,11 @@ mod tests {
     fn fig3() -> (Cluster, ChainId, [VcId; 3]) {
         let c = Cluster::from_json(FIG3, "hived-fig3.json").unwrap();
         let ch = c.chain_id("v100-rack").unwrap();
-        let vcs = [c.vc_id("tenant-a").unwrap(), c.vc_id("tenant-b").unwrap(), c.vc_id("tenant-c").unwrap()];
+        let vcs = [
+            c.vc_id("tenant-a").unwrap(),
+            c.vc_id("tenant-b").unwrap(),
+            c.vc_id("tenant-c").unwrap(),
+        ];
         (c, ch, vcs)
     }
 
@@ -1258,8 +1427,13 @@ mod tests {
 
     #[test]
     fn unreadable_file_is_named() {
-        let err = Cluster::load(Path::new("/nonexistent/cells.json")).unwrap_err().to_string();
-        assert!(err.starts_with("/nonexistent/cells.json: cannot read"), "{err}");
+        let err = Cluster::load(Path::new("/nonexistent/cells.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/nonexistent/cells.json: cannot read"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1269,13 +1443,24 @@ mod tests {
         assert!(c.allocate_guaranteed(a, ChainId(7), 1).is_err());
         assert!(c.allocate_guaranteed(a, ch, 0).is_err());
         assert!(c.allocate_guaranteed(a, ch, 9).is_err());
-        assert!(c.allocate_opportunistic_on(&[GpuId(1_000_000)], Sharing::Colocate).is_err());
-        assert!(c.allocate_opportunistic_on(&[GpuId(3), GpuId(3)], Sharing::Colocate).is_err());
+        assert!(c
+            .allocate_opportunistic_on(&[GpuId(1_000_000)], Sharing::Colocate)
+            .is_err());
+        assert!(c
+            .allocate_opportunistic_on(&[GpuId(3), GpuId(3)], Sharing::Colocate)
+            .is_err());
         assert!(c.allocate_opportunistic_on(&[], Sharing::Colocate).is_err());
         assert!(c.set_gpu_health(GpuId(32), true).is_err());
         assert!(c.set_node_health("nope", true).is_err());
-        assert!(c.release_guaranteed(GuaranteedId { cell: 12345, gen: 1 }).is_err());
-        assert!(c.release_opportunistic(OpportunisticId { slot: 0, gen: 1 }).is_err());
+        assert!(c
+            .release_guaranteed(GuaranteedId {
+                cell: 12345,
+                gen: 1
+            })
+            .is_err());
+        assert!(c
+            .release_opportunistic(OpportunisticId { slot: 0, gen: 1 })
+            .is_err());
         assert_eq!(c.free_cells(ch), vec![0, 0, 0, 0, 0, 1]);
         c.audit().unwrap();
     }
@@ -1322,7 +1507,9 @@ mod tests {
             "{ \"chain\": \"v100-rack\", \"level\": \"node\", \"count\": 2 }",
             "{ \"chain\": \"v100-rack\", \"level\": \"node\", \"count\": 4 }",
         );
-        let err = Cluster::from_json(&text, "fig3-bad.json").unwrap_err().to_string();
+        let err = Cluster::from_json(&text, "fig3-bad.json")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("fig3-bad.json"), "{err}");
         assert!(err.contains("`tenant-c`"), "{err}");
         assert!(err.contains("chain `v100-rack`"), "{err}");
@@ -1331,9 +1518,15 @@ mod tests {
 
     #[test]
     fn semantic_config_error_names_line_and_field() {
-        let text = FIG3.replace("\"level\": \"pcie\", \"count\": 1 } ] }", "\"level\": \"pcei\", \"count\": 1 } ] }");
+        let text = FIG3.replace(
+            "\"level\": \"pcie\", \"count\": 1 } ] }",
+            "\"level\": \"pcei\", \"count\": 1 } ] }",
+        );
         let err = Cluster::from_json(&text, "f.json").unwrap_err().to_string();
-        assert!(err.starts_with("f.json:30: field `virtual_clusters[2].cells[1].level`"), "{err}");
+        assert!(
+            err.starts_with("f.json:30: field `virtual_clusters[2].cells[1].level`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1343,10 +1536,14 @@ mod tests {
         // Fill every GPU with opportunistic work: 16 exclusive, 16 colocated.
         let mut ex = Vec::new();
         for g in 0..16 {
-            ex.push(c.allocate_opportunistic_on(&[GpuId(g)], Sharing::Exclusive).unwrap());
+            ex.push(
+                c.allocate_opportunistic_on(&[GpuId(g)], Sharing::Exclusive)
+                    .unwrap(),
+            );
         }
         for g in 16..32 {
-            c.allocate_opportunistic_on(&[GpuId(g)], Sharing::Colocate).unwrap();
+            c.allocate_opportunistic_on(&[GpuId(g)], Sharing::Colocate)
+                .unwrap();
         }
         let a = c.allocate_guaranteed(cc, ch, node).unwrap();
         // Binding prefers the cells whose opportunistic users need no preemption.

@@ -42,7 +42,10 @@ impl FreeLists {
     }
 
     pub(crate) fn push_front(&mut self, list: usize, node: u32) {
-        debug_assert_eq!(self.owner[node as usize], NONE, "node {node} already listed");
+        debug_assert_eq!(
+            self.owner[node as usize], NONE,
+            "node {node} already listed"
+        );
         let h = self.head[list];
         self.prev[node as usize] = NONE;
         self.next[node as usize] = h;
@@ -57,7 +60,10 @@ impl FreeLists {
     }
 
     pub(crate) fn push_back(&mut self, list: usize, node: u32) {
-        debug_assert_eq!(self.owner[node as usize], NONE, "node {node} already listed");
+        debug_assert_eq!(
+            self.owner[node as usize], NONE,
+            "node {node} already listed"
+        );
         let t = self.tail[list];
         self.next[node as usize] = NONE;
         self.prev[node as usize] = t;

@@ -4,7 +4,12 @@
 /// Walks a chain from its top level down. `free[l]`/`owed[l]` are indexed by level number
 /// (1..=top), `fanout[l]` is children per level-`l` cell. Returns the first level (highest
 /// first) where owed cells exceed what the free cells can give, with the shortfall.
-pub(crate) fn cascade(top: u8, fanout: &[u32], free: &[i64], owed: &[i64]) -> Result<(), (u8, i64)> {
+pub(crate) fn cascade(
+    top: u8,
+    fanout: &[u32],
+    free: &[i64],
+    owed: &[i64],
+) -> Result<(), (u8, i64)> {
     let mut spare: i64 = 0;
     for l in (1..=top as usize).rev() {
         if l < top as usize {

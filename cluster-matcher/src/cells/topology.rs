@@ -32,7 +32,11 @@ pub struct Chain {
 impl Chain {
     /// Level number of a level name.
     pub fn level(&self, name: &str) -> Option<u8> {
-        self.level_names.iter().position(|n| n == name).filter(|&i| i > 0).map(|i| i as u8)
+        self.level_names
+            .iter()
+            .position(|n| n == name)
+            .filter(|&i| i > 0)
+            .map(|i| i as u8)
     }
 }
 
@@ -122,10 +126,19 @@ pub(crate) struct Built {
 
 fn invalid(origin: &str, text: Option<&str>, field: String, message: String) -> ConfigError {
     let line = text.and_then(|t| line_of(t, &field)).unwrap_or(0);
-    ConfigError::Invalid { file: origin.to_string(), line, field, message }
+    ConfigError::Invalid {
+        file: origin.to_string(),
+        line,
+        field,
+        message,
+    }
 }
 
-pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Result<Built, ConfigError> {
+pub(crate) fn build(
+    cfg: &CellsConfig,
+    origin: &str,
+    text: Option<&str>,
+) -> Result<Built, ConfigError> {
     let err = |field: String, message: String| invalid(origin, text, field, message);
     if cfg.chains.len() > u16::MAX as usize {
         return Err(err("chains".into(), "too many chains".into()));
@@ -134,12 +147,19 @@ pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Resu
     let mut chain_by_name = HashMap::new();
     for (ci, c) in cfg.chains.iter().enumerate() {
         if chain_by_name.insert(c.name.clone(), ci).is_some() {
-            return Err(err(format!("chains[{ci}].name"), format!("duplicate chain `{}`", c.name)));
+            return Err(err(
+                format!("chains[{ci}].name"),
+                format!("duplicate chain `{}`", c.name),
+            ));
         }
         if c.levels.is_empty() || c.levels.len() >= MAX_LEVELS {
             return Err(err(
                 format!("chains[{ci}].levels"),
-                format!("a chain needs 1 to {} levels, got {}", MAX_LEVELS - 1, c.levels.len()),
+                format!(
+                    "a chain needs 1 to {} levels, got {}",
+                    MAX_LEVELS - 1,
+                    c.levels.len()
+                ),
             ));
         }
         let mut level_names = vec![String::new()];
@@ -147,7 +167,10 @@ pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Resu
         let mut gpus_at = vec![0u64];
         for (li, l) in c.levels.iter().enumerate() {
             if level_names.contains(&l.name) {
-                return Err(err(format!("chains[{ci}].levels[{li}].name"), format!("duplicate level `{}`", l.name)));
+                return Err(err(
+                    format!("chains[{ci}].levels[{li}].name"),
+                    format!("duplicate level `{}`", l.name),
+                ));
             }
             let f = match (li, l.children) {
                 (0, None) | (0, Some(1)) => 1,
@@ -167,7 +190,10 @@ pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Resu
             };
             let g = if li == 0 { 1 } else { gpus_at[li] * f as u64 };
             if g > u32::MAX as u64 / 2 {
-                return Err(err(format!("chains[{ci}].levels[{li}].children"), "cell too large".into()));
+                return Err(err(
+                    format!("chains[{ci}].levels[{li}].children"),
+                    "cell too large".into(),
+                ));
             }
             level_names.push(l.name.clone());
             fanout.push(f);
@@ -179,7 +205,10 @@ pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Resu
             Some(n) => match level_names.iter().position(|x| x == n).filter(|&i| i > 0) {
                 Some(i) => i as u8,
                 None => {
-                    return Err(err(format!("chains[{ci}].node_level"), format!("no level named `{n}` in chain `{}`", c.name)))
+                    return Err(err(
+                        format!("chains[{ci}].node_level"),
+                        format!("no level named `{n}` in chain `{}`", c.name),
+                    ))
                 }
             },
         };
@@ -200,39 +229,65 @@ pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Resu
     let mut nodes: Vec<Node> = Vec::new();
     let mut node_by_name = HashMap::new();
     for (pi, p) in cfg.physical_cells.iter().enumerate() {
-        let ci = *chain_by_name
-            .get(&p.chain)
-            .ok_or_else(|| err(format!("physical_cells[{pi}].chain"), format!("unknown chain `{}`", p.chain)))?;
+        let ci = *chain_by_name.get(&p.chain).ok_or_else(|| {
+            err(
+                format!("physical_cells[{pi}].chain"),
+                format!("unknown chain `{}`", p.chain),
+            )
+        })?;
         let ch = &chains[ci];
         let level = match &p.level {
             None => ch.top,
-            Some(l) => ch
-                .level(l)
-                .ok_or_else(|| err(format!("physical_cells[{pi}].level"), format!("no level `{l}` in chain `{}`", ch.name)))?,
+            Some(l) => ch.level(l).ok_or_else(|| {
+                err(
+                    format!("physical_cells[{pi}].level"),
+                    format!("no level `{l}` in chain `{}`", ch.name),
+                )
+            })?,
         };
         if level < ch.node_level {
             return Err(err(
                 format!("physical_cells[{pi}].level"),
-                format!("a physical cell must be at or above the node level `{}`", ch.level_names[ch.node_level as usize]),
+                format!(
+                    "a physical cell must be at or above the node level `{}`",
+                    ch.level_names[ch.node_level as usize]
+                ),
             ));
         }
         let want = (ch.gpus_at[level as usize] / ch.gpus_at[ch.node_level as usize]) as usize;
         if p.nodes.len() != want {
             return Err(err(
                 format!("physical_cells[{pi}].nodes"),
-                format!("a `{}` cell of chain `{}` holds {want} node(s), {} named", ch.level_names[level as usize], ch.name, p.nodes.len()),
+                format!(
+                    "a `{}` cell of chain `{}` holds {want} node(s), {} named",
+                    ch.level_names[level as usize],
+                    ch.name,
+                    p.nodes.len()
+                ),
             ));
         }
-        if pcells.len() as u64 + 2 * ch.gpus_at[level as usize] * level as u64 > (u32::MAX / 2) as u64 {
-            return Err(err(format!("physical_cells[{pi}]"), "cluster too large".into()));
+        if pcells.len() as u64 + 2 * ch.gpus_at[level as usize] * level as u64
+            > (u32::MAX / 2) as u64
+        {
+            return Err(err(
+                format!("physical_cells[{pi}]"),
+                "cluster too large".into(),
+            ));
         }
         let first_node = nodes.len() as u32;
         let per_node = ch.gpus_at[ch.node_level as usize] as u32;
         for (ni, n) in p.nodes.iter().enumerate() {
             if node_by_name.insert(n.clone(), nodes.len() as u32).is_some() {
-                return Err(err(format!("physical_cells[{pi}].nodes[{ni}]"), format!("node `{n}` appears twice")));
+                return Err(err(
+                    format!("physical_cells[{pi}].nodes[{ni}]"),
+                    format!("node `{n}` appears twice"),
+                ));
             }
-            nodes.push(Node { name: n.clone(), first_gpu: gpu_leaf.len() as u32 + ni as u32 * per_node, n_gpus: per_node });
+            nodes.push(Node {
+                name: n.clone(),
+                first_gpu: gpu_leaf.len() as u32 + ni as u32 * per_node,
+                n_gpus: per_node,
+            });
         }
         let root = pcells.len() as u32;
         pcells.push(new_pcell(level, ci as u16, NONE));
@@ -283,25 +338,40 @@ pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Resu
     let mut vcells: Vec<VCell> = Vec::new();
     let mut vroots = Vec::new();
     if cfg.virtual_clusters.len() > u16::MAX as usize {
-        return Err(err("virtual_clusters".into(), "too many virtual clusters".into()));
+        return Err(err(
+            "virtual_clusters".into(),
+            "too many virtual clusters".into(),
+        ));
     }
     for (vi, v) in cfg.virtual_clusters.iter().enumerate() {
         if vc_names.contains(&v.name) {
-            return Err(err(format!("virtual_clusters[{vi}].name"), format!("duplicate virtual cluster `{}`", v.name)));
+            return Err(err(
+                format!("virtual_clusters[{vi}].name"),
+                format!("duplicate virtual cluster `{}`", v.name),
+            ));
         }
         vc_names.push(v.name.clone());
         let mut roots = Vec::new();
         for (ki, c) in v.cells.iter().enumerate() {
             let ci = *chain_by_name.get(&c.chain).ok_or_else(|| {
-                err(format!("virtual_clusters[{vi}].cells[{ki}].chain"), format!("unknown chain `{}`", c.chain))
+                err(
+                    format!("virtual_clusters[{vi}].cells[{ki}].chain"),
+                    format!("unknown chain `{}`", c.chain),
+                )
             })?;
             let ch = &chains[ci];
             let level = ch.level(&c.level).ok_or_else(|| {
-                err(format!("virtual_clusters[{vi}].cells[{ki}].level"), format!("no level `{}` in chain `{}`", c.level, ch.name))
+                err(
+                    format!("virtual_clusters[{vi}].cells[{ki}].level"),
+                    format!("no level `{}` in chain `{}`", c.level, ch.name),
+                )
             })?;
             let size = vcells.len() as u64 + c.count as u64 * 2 * ch.gpus_at[level as usize];
             if size > (u32::MAX / 2) as u64 {
-                return Err(err(format!("virtual_clusters[{vi}].cells[{ki}].count"), "too many cells".into()));
+                return Err(err(
+                    format!("virtual_clusters[{vi}].cells[{ki}].count"),
+                    "too many cells".into(),
+                ));
             }
             for _ in 0..c.count {
                 let root = vcells.len() as u32;
@@ -326,7 +396,19 @@ pub(crate) fn build(cfg: &CellsConfig, origin: &str, text: Option<&str>) -> Resu
         vroots.push(roots);
     }
 
-    Ok(Built { chains, pcells, proots, gpu_leaf, gpu_node, gpu_index, nodes, node_by_name, vc_names, vcells, vroots })
+    Ok(Built {
+        chains,
+        pcells,
+        proots,
+        gpu_leaf,
+        gpu_node,
+        gpu_index,
+        nodes,
+        node_by_name,
+        vc_names,
+        vcells,
+        vroots,
+    })
 }
 
 fn new_pcell(level: u8, chain: u16, parent: u32) -> PCell {
@@ -348,5 +430,15 @@ fn new_pcell(level: u8, chain: u16, parent: u32) -> PCell {
 }
 
 fn new_vcell(vc: u16, chain: u16, level: u8, parent: u32) -> VCell {
-    VCell { vc, chain, level, state: VState::Inner, parent, first_child: NONE, pbind: NONE, gen: 0, active: 0 }
+    VCell {
+        vc,
+        chain,
+        level,
+        state: VState::Inner,
+        parent,
+        first_child: NONE,
+        pbind: NONE,
+        gen: 0,
+        active: 0,
+    }
 }

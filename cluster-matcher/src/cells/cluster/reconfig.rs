@@ -5,7 +5,7 @@ use super::super::config::CellsConfig;
 use super::super::error::ConfigError;
 use super::super::freelist::NONE;
 use super::super::topology::{PState, VState, MAX_LEVELS};
-use super::{plist, category, Cluster, GpuId, GuaranteedAllocation, GuaranteedId, OpportunisticId};
+use super::{category, plist, Cluster, GpuId, GuaranteedAllocation, GuaranteedId, OpportunisticId};
 
 /// Outcome of [`Cluster::reconfigure`].
 #[derive(Debug)]
@@ -61,7 +61,10 @@ impl Cluster {
                 .collect();
             let r = match gpus {
                 None => Err("a GPU left the cluster".to_string()),
-                Some(g) => out.cluster.allocate_opportunistic_on(&g, slot.sharing).map_err(|e| e.to_string()),
+                Some(g) => out
+                    .cluster
+                    .allocate_opportunistic_on(&g, slot.sharing)
+                    .map_err(|e| e.to_string()),
             };
             match r {
                 Ok(n) => out.kept_opportunistic.push((id, n)),
@@ -79,17 +82,29 @@ impl Cluster {
         Ok(out)
     }
 
-    fn replay_guaranteed(&self, id: GuaranteedId, next: &mut Cluster) -> Result<GuaranteedAllocation, String> {
+    fn replay_guaranteed(
+        &self,
+        id: GuaranteedId,
+        next: &mut Cluster,
+    ) -> Result<GuaranteedAllocation, String> {
         let v = &self.vcells[id.cell as usize];
         let p = &self.pcells[v.pbind as usize];
         let vc_name = &self.vc_names[v.vc as usize];
         let chain_name = &self.chains[v.chain as usize].name;
         let level_name = &self.chains[v.chain as usize].level_names[v.level as usize];
-        let vc = next.vc_id(vc_name).ok_or_else(|| format!("virtual cluster `{vc_name}` no longer exists"))?;
-        let chain = next.chain_id(chain_name).ok_or_else(|| format!("chain `{chain_name}` no longer exists"))?;
-        let level = next.level(chain, level_name).ok_or_else(|| format!("level `{level_name}` no longer exists"))?;
+        let vc = next
+            .vc_id(vc_name)
+            .ok_or_else(|| format!("virtual cluster `{vc_name}` no longer exists"))?;
+        let chain = next
+            .chain_id(chain_name)
+            .ok_or_else(|| format!("chain `{chain_name}` no longer exists"))?;
+        let level = next
+            .level(chain, level_name)
+            .ok_or_else(|| format!("level `{level_name}` no longer exists"))?;
         let a = self.gpu_address(GpuId(p.first_gpu)).expect("live GPU");
-        let g = next.gpu_by_address(a.node, a.index).ok_or_else(|| format!("GPU {a} left the cluster"))?;
+        let g = next
+            .gpu_by_address(a.node, a.index)
+            .ok_or_else(|| format!("GPU {a} left the cluster"))?;
         let mut t = next.gpu_leaf[g.0 as usize];
         while t != NONE && next.pcells[t as usize].level < level {
             t = next.pcells[t as usize].parent;
@@ -99,7 +114,9 @@ impl Cluster {
             || next.pcells[t as usize].first_gpu != g.0
             || next.pcells[t as usize].n_gpus != p.n_gpus
         {
-            return Err(format!("no `{level_name}` cell of chain `{chain_name}` starts at GPU {a} any more"));
+            return Err(format!(
+                "no `{level_name}` cell of chain `{chain_name}` starts at GPU {a} any more"
+            ));
         }
         let mut root = id.cell;
         while self.vcells[root as usize].parent != NONE {
@@ -112,7 +129,12 @@ impl Cluster {
     /// Allocates for `vc` exactly the physical cell `t` (same level as the request), binding
     /// the VC's virtual cells along `t`'s ancestors; an unbound VC root of level `root_level`
     /// is bound to `t`'s ancestor at that level. Checks everything before changing state.
-    pub(super) fn allocate_guaranteed_at(&mut self, vc: u16, t: u32, root_level: u8) -> Result<GuaranteedAllocation, String> {
+    pub(super) fn allocate_guaranteed_at(
+        &mut self,
+        vc: u16,
+        t: u32,
+        root_level: u8,
+    ) -> Result<GuaranteedAllocation, String> {
         let (chain, j) = (self.pcells[t as usize].chain, self.pcells[t as usize].level);
         let tc = &self.pcells[t as usize];
         if tc.vbind != NONE || tc.gused != 0 {
@@ -137,7 +159,10 @@ impl Cluster {
         if let Some(l) = bound {
             let w = self.pcells[anc[l as usize] as usize].vbind;
             if self.vcells[w as usize].vc != vc {
-                return Err(format!("the cell is bound to virtual cluster `{}`", self.vc_names[self.vcells[w as usize].vc as usize]));
+                return Err(format!(
+                    "the cell is bound to virtual cluster `{}`",
+                    self.vc_names[self.vcells[w as usize].vc as usize]
+                ));
             }
         } else {
             // Need one of the VC's free roots at some level r >= j whose physical ancestor is
@@ -147,7 +172,13 @@ impl Cluster {
             for r in (root_level.max(j)..=top).take(1) {
                 let ar = anc[r as usize];
                 let list = super::vlist(nchains, vc, chain, r);
-                let Some(root) = self.vfree.iter(list).find(|&c| self.vcells[c as usize].parent == NONE) else { continue };
+                let Some(root) = self
+                    .vfree
+                    .iter(list)
+                    .find(|&c| self.vcells[c as usize].parent == NONE)
+                else {
+                    continue;
+                };
                 // The free buddy cell containing anc[r].
                 let mut f = ar;
                 while f != NONE && self.pcells[f as usize].state == PState::Inner {
