@@ -9,10 +9,18 @@ pub(crate) struct FreeLists {
     head: Vec<u32>,
     tail: Vec<u32>,
     len: Vec<u32>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    owner: Vec<u32>,
+    links: Vec<Link>,
 }
+
+/// A node's links, kept together so one cache line serves an unlink.
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    prev: u32,
+    next: u32,
+    owner: u32,
+}
+
+const UNLINKED: Link = Link { prev: NONE, next: NONE, owner: NONE };
 
 impl FreeLists {
     pub(crate) fn new(lists: usize, nodes: usize) -> Self {
@@ -20,9 +28,7 @@ impl FreeLists {
             head: vec![NONE; lists],
             tail: vec![NONE; lists],
             len: vec![0; lists],
-            prev: vec![NONE; nodes],
-            next: vec![NONE; nodes],
-            owner: vec![NONE; nodes],
+            links: vec![UNLINKED; nodes],
         }
     }
 
@@ -37,67 +43,67 @@ impl FreeLists {
 
     /// The list a node is in, if any.
     pub(crate) fn owner(&self, node: u32) -> Option<usize> {
-        let o = self.owner[node as usize];
+        let o = self.links[node as usize].owner;
         (o != NONE).then_some(o as usize)
     }
 
     pub(crate) fn push_front(&mut self, list: usize, node: u32) {
         debug_assert_eq!(
-            self.owner[node as usize], NONE,
+            self.links[node as usize].owner, NONE,
             "node {node} already listed"
         );
         let h = self.head[list];
-        self.prev[node as usize] = NONE;
-        self.next[node as usize] = h;
+        self.links[node as usize].prev = NONE;
+        self.links[node as usize].next = h;
         if h != NONE {
-            self.prev[h as usize] = node;
+            self.links[h as usize].prev = node;
         } else {
             self.tail[list] = node;
         }
         self.head[list] = node;
-        self.owner[node as usize] = list as u32;
+        self.links[node as usize].owner = list as u32;
         self.len[list] += 1;
     }
 
     pub(crate) fn push_back(&mut self, list: usize, node: u32) {
         debug_assert_eq!(
-            self.owner[node as usize], NONE,
+            self.links[node as usize].owner, NONE,
             "node {node} already listed"
         );
         let t = self.tail[list];
-        self.next[node as usize] = NONE;
-        self.prev[node as usize] = t;
+        self.links[node as usize].next = NONE;
+        self.links[node as usize].prev = t;
         if t != NONE {
-            self.next[t as usize] = node;
+            self.links[t as usize].next = node;
         } else {
             self.head[list] = node;
         }
         self.tail[list] = node;
-        self.owner[node as usize] = list as u32;
+        self.links[node as usize].owner = list as u32;
         self.len[list] += 1;
     }
 
     /// Unlinks a node from whatever list holds it; a no-op for an unlisted node.
     pub(crate) fn remove(&mut self, node: u32) {
-        let list = self.owner[node as usize];
+        let list = self.links[node as usize].owner;
         if list == NONE {
             return;
         }
         let list = list as usize;
-        let (p, n) = (self.prev[node as usize], self.next[node as usize]);
+        let (p, n) = (self.links[node as usize].prev, self.links[node as usize].next);
         if p != NONE {
-            self.next[p as usize] = n;
+            self.links[p as usize].next = n;
         } else {
             self.head[list] = n;
         }
         if n != NONE {
-            self.prev[n as usize] = p;
+            self.links[n as usize].prev = p;
         } else {
             self.tail[list] = p;
         }
-        self.prev[node as usize] = NONE;
-        self.next[node as usize] = NONE;
-        self.owner[node as usize] = NONE;
+        self.links[node as usize].prev = NONE;
+        self.links[node as usize].next = NONE;
+        self.links[node as usize].owner = NONE;
         self.len[list] -= 1;
     }
 
@@ -116,7 +122,7 @@ impl FreeLists {
                 return None;
             }
             let c = cur;
-            cur = self.next[c as usize];
+            cur = self.links[c as usize].next;
             Some(c)
         })
     }
