@@ -62,6 +62,7 @@ fn config() -> CellsConfig {
         chains: vec![chain],
         physical_cells,
         virtual_clusters,
+        colocated_per_gpu: 1,
     }
 }
 

@@ -98,6 +98,7 @@ fn random_config(seed: u64, nvc: usize) -> CellsConfig {
         chains,
         physical_cells: physical,
         virtual_clusters,
+        colocated_per_gpu: 1 + rng.below(3) as u32,
     }
 }
 

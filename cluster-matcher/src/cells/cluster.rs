@@ -159,7 +159,9 @@ pub struct Cluster {
     gpu_node: Vec<u32>,
     gpu_index: Vec<u32>,
     gpu_bad: Vec<bool>,
-    gpu_opp: Vec<u32>,
+    /// Opportunistic users per GPU (one exclusive, or up to `colocated_per_gpu` colocated).
+    gpu_users: Vec<Vec<u32>>,
+    colocated_per_gpu: usize,
     nodes: Vec<Node>,
     node_by_name: HashMap<String, u32>,
     pfree: FreeLists,
@@ -281,6 +283,7 @@ impl Cluster {
             "cells cluster built"
         );
         Ok(Cluster {
+            colocated_per_gpu: cfg.colocated_per_gpu.max(1) as usize,
             config: cfg,
             chains: b.chains,
             chain_by_name,
@@ -290,7 +293,7 @@ impl Cluster {
             gpu_node: b.gpu_node,
             gpu_index: b.gpu_index,
             gpu_bad: vec![false; ngpu],
-            gpu_opp: vec![NONE; ngpu],
+            gpu_users: vec![Vec::new(); ngpu],
             nodes: b.nodes,
             node_by_name: b.node_by_name,
             pfree,
@@ -428,23 +431,59 @@ impl Cluster {
         None
     }
 
-    /// The opportunistic allocation on a GPU, if any.
+    /// The (first) opportunistic allocation on a GPU, if any.
     pub fn opportunistic_user(&self, g: GpuId) -> Option<OpportunisticId> {
-        let s = *self.gpu_opp.get(g.0 as usize)?;
-        (s != NONE).then(|| OpportunisticId {
-            slot: s,
-            gen: self.opp[s as usize].gen,
-        })
+        let s = *self.gpu_users.get(g.0 as usize)?.first()?;
+        Some(self.opp_id(s))
     }
 
-    /// Healthy GPUs with a free low-priority slot: for `Exclusive`, also not used by
-    /// guaranteed work; for `Colocate`, any (online GPUs included).
+    /// Every opportunistic allocation on a GPU.
+    pub fn opportunistic_users(&self, g: GpuId) -> Vec<OpportunisticId> {
+        self.gpu_users
+            .get(g.0 as usize)
+            .map(|u| u.iter().map(|&s| self.opp_id(s)).collect())
+            .unwrap_or_default()
+    }
+
+    /// How many colocated opportunistic jobs one GPU may hold.
+    pub fn colocated_per_gpu(&self) -> usize {
+        self.colocated_per_gpu
+    }
+
+    fn opp_id(&self, slot: u32) -> OpportunisticId {
+        OpportunisticId {
+            slot,
+            gen: self.opp[slot as usize].gen,
+        }
+    }
+
+    /// (has a user, has an exclusive user, takes no more users) for one GPU.
+    fn gpu_flags(&self, g: u32) -> (i64, i64, i64) {
+        let u = &self.gpu_users[g as usize];
+        let ex = u
+            .first()
+            .is_some_and(|&s| self.opp[s as usize].sharing == Sharing::Exclusive);
+        let full = ex || u.len() >= self.colocated_per_gpu;
+        (!u.is_empty() as i64, ex as i64, full as i64)
+    }
+
+    /// Whether a healthy GPU can take one more opportunistic user of this kind.
+    fn gpu_takes(&self, g: u32, sharing: Sharing) -> bool {
+        match sharing {
+            Sharing::Exclusive => self.gpu_users[g as usize].is_empty(),
+            Sharing::Colocate => self.gpu_flags(g).2 == 0,
+        }
+    }
+
+    /// Healthy GPUs that can take one more low-priority job: for `Exclusive`, GPUs with no
+    /// opportunistic and no guaranteed user; for `Colocate`, GPUs (online ones included)
+    /// holding fewer than `colocated_per_gpu` colocated jobs and no exclusive one.
     pub fn free_gpus_for_opportunistic(&self, sharing: Sharing) -> Vec<GpuId> {
         (0..self.gpu_leaf.len() as u32)
             .map(GpuId)
             .filter(|&g| {
                 !self.gpu_bad[g.0 as usize]
-                    && self.gpu_opp[g.0 as usize] == NONE
+                    && self.gpu_takes(g.0, sharing)
                     && (sharing == Sharing::Colocate || self.guaranteed_user(g).is_none())
             })
             .collect()
@@ -696,12 +735,9 @@ impl Cluster {
         };
         if pc.opp_ex > 0 {
             for g in range.iter() {
-                let s = self.gpu_opp[g.0 as usize];
-                if s != NONE && self.opp[s as usize].sharing == Sharing::Exclusive {
-                    let id = OpportunisticId {
-                        slot: s,
-                        gen: self.opp[s as usize].gen,
-                    };
+                if self.gpu_flags(g.0).1 == 1 {
+                    let s = self.gpu_users[g.0 as usize][0];
+                    let id = self.opp_id(s);
                     self.drop_opp(s);
                     preempted.push(id);
                 }
@@ -1087,8 +1123,11 @@ impl Cluster {
             };
             let why = if self.gpu_bad[g.0 as usize] {
                 Some("marked bad")
-            } else if self.gpu_opp[g.0 as usize] != NONE {
-                Some("already has an opportunistic user")
+            } else if !self.gpu_takes(g.0, sharing) {
+                Some(match sharing {
+                    Sharing::Exclusive => "already has an opportunistic user (exclusive use asked)",
+                    Sharing::Colocate => "holds an exclusive job or its colocated slots are full",
+                })
             } else if gpus[..i].contains(&g) {
                 Some("listed twice")
             } else if sharing == Sharing::Exclusive && self.guaranteed_user(g).is_some() {
@@ -1128,14 +1167,16 @@ impl Cluster {
 
     fn find_sub(&self, c: u32, level: u8, excl: bool) -> Option<u32> {
         let pc = &self.pcells[c as usize];
-        if pc.opp_any + pc.bad >= pc.n_gpus {
+        // Bad GPUs never hold opportunistic users, so these counts never overlap.
+        let blocked = if excl { pc.opp_any } else { pc.opp_full };
+        if blocked + pc.bad >= pc.n_gpus {
             return None;
         }
         if excl && (pc.used_by != NONE || pc.gused >= pc.n_gpus) {
             return None;
         }
         if pc.level == level {
-            return (pc.opp_any == 0 && pc.bad == 0 && (!excl || pc.gused == 0)).then_some(c);
+            return (blocked == 0 && pc.bad == 0 && (!excl || pc.gused == 0)).then_some(c);
         }
         let f = self.chains[pc.chain as usize].fanout[pc.level as usize];
         (0..f).find_map(|k| self.find_sub(pc.first_child + k, level, excl))
@@ -1154,39 +1195,54 @@ impl Cluster {
                 self.opp.len() as u32 - 1
             }
         };
-        let ex = (sharing == Sharing::Exclusive) as i64;
-        for &g in &gpus {
-            self.gpu_opp[g as usize] = slot;
-            self.adjust_up(self.gpu_leaf[g as usize], 1, ex, 0);
-        }
         let s = &mut self.opp[slot as usize];
         s.gen = s.gen.wrapping_add(1);
         s.live = true;
         s.sharing = sharing;
-        s.gpus = gpus;
-        OpportunisticId { slot, gen: s.gen }
+        let gen = s.gen;
+        for &g in &gpus {
+            let before = self.gpu_flags(g);
+            self.gpu_users[g as usize].push(slot);
+            let after = self.gpu_flags(g);
+            self.adjust_gpu(g, before, after, 0);
+        }
+        self.opp[slot as usize].gpus = gpus;
+        OpportunisticId { slot, gen }
     }
 
     fn drop_opp(&mut self, slot: u32) {
         let gpus = std::mem::take(&mut self.opp[slot as usize].gpus);
-        let ex = (self.opp[slot as usize].sharing == Sharing::Exclusive) as i64;
         for &g in &gpus {
-            self.gpu_opp[g as usize] = NONE;
-            self.adjust_up(self.gpu_leaf[g as usize], -1, -ex, 0);
+            let before = self.gpu_flags(g);
+            self.gpu_users[g as usize].retain(|&x| x != slot);
+            let after = self.gpu_flags(g);
+            self.adjust_gpu(g, before, after, 0);
         }
+        self.opp[slot as usize].gpus = gpus;
+        self.opp[slot as usize].gpus.clear();
         self.opp[slot as usize].live = false;
         self.opp_free.push(slot);
     }
 
+    /// Applies one GPU's change of opportunistic flags (and bad mark) to the counters of its
+    /// cell and every ancestor.
+    fn adjust_gpu(&mut self, g: u32, before: (i64, i64, i64), after: (i64, i64, i64), d_bad: i64) {
+        let d = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+        if d != (0, 0, 0) || d_bad != 0 {
+            self.adjust_up(self.gpu_leaf[g as usize], d, d_bad);
+        }
+    }
+
     /// Adds to the counters of a cell and its ancestors, moving a free cell to the free list
     /// of its new category.
-    fn adjust_up(&mut self, cell: u32, d_opp: i64, d_ex: i64, d_bad: i64) {
+    fn adjust_up(&mut self, cell: u32, (d_opp, d_ex, d_full): (i64, i64, i64), d_bad: i64) {
         let mut c = cell;
         while c != NONE {
             let pc = &mut self.pcells[c as usize];
             let before = category(pc);
             pc.opp_any = (pc.opp_any as i64 + d_opp) as u32;
             pc.opp_ex = (pc.opp_ex as i64 + d_ex) as u32;
+            pc.opp_full = (pc.opp_full as i64 + d_full) as u32;
             pc.bad = (pc.bad as i64 + d_bad) as u32;
             let after = category(pc);
             if pc.state == PState::Free && before != after {
@@ -1212,16 +1268,18 @@ impl Cluster {
             return Ok(change);
         }
         self.gpu_bad[g.0 as usize] = bad;
-        self.adjust_up(self.gpu_leaf[g.0 as usize], 0, 0, if bad { 1 } else { -1 });
         if bad {
-            let s = self.gpu_opp[g.0 as usize];
-            if s != NONE {
-                change.evicted.push(OpportunisticId {
-                    slot: s,
-                    gen: self.opp[s as usize].gen,
-                });
+            while let Some(&s) = self.gpu_users[g.0 as usize].first() {
+                change.evicted.push(self.opp_id(s));
                 self.drop_opp(s);
             }
+        }
+        self.adjust_up(
+            self.gpu_leaf[g.0 as usize],
+            (0, 0, 0),
+            if bad { 1 } else { -1 },
+        );
+        if bad {
             change.affected.extend(self.guaranteed_user(g));
             tracing::warn!(gpu = %addr, evicted = change.evicted.len(), affected = change.affected.len(), "GPU marked bad");
         } else {
@@ -1302,25 +1360,56 @@ impl Cluster {
                 }
             }
         }
+        // Opportunistic users per GPU, recomputed from the live slots.
+        let mut n_users = vec![0u32; ngpu];
+        let mut n_ex = vec![0u32; ngpu];
+        for (s, slot) in self.opp.iter().enumerate() {
+            if !slot.live {
+                continue;
+            }
+            for &g in &slot.gpus {
+                n_users[g as usize] += 1;
+                n_ex[g as usize] += (slot.sharing == Sharing::Exclusive) as u32;
+                if !self.gpu_users[g as usize].contains(&(s as u32)) {
+                    return Err(format!("opportunistic {s} lost GPU {g}"));
+                }
+                if slot.sharing == Sharing::Exclusive && g_owner[g as usize] != NONE {
+                    return Err(format!(
+                        "exclusive opportunistic {s} shares GPU {g} with guaranteed work"
+                    ));
+                }
+            }
+        }
+        for g in 0..ngpu {
+            let n = n_users[g];
+            if n as usize != self.gpu_users[g].len() {
+                return Err(format!("GPU {g} lists users of dead allocations"));
+            }
+            if n_ex[g] > 0 && n > 1 {
+                return Err(format!("GPU {g}: an exclusive job shares it"));
+            }
+            if n as usize > self.colocated_per_gpu {
+                return Err(format!("GPU {g}: {n} colocated jobs, more than allowed"));
+            }
+            if n > 0 && self.gpu_bad[g] {
+                return Err(format!("bad GPU {g} has opportunistic users"));
+            }
+        }
+        let full = |g: usize| n_ex[g] > 0 || n_users[g] as usize >= self.colocated_per_gpu;
         for (i, p) in self.pcells.iter().enumerate() {
             if p.vbind != NONE && self.vcells[p.vbind as usize].pbind != i as u32 {
                 return Err(format!("physical {i} -> virtual {} not mirrored", p.vbind));
             }
             let gs = p.first_gpu as usize..(p.first_gpu + p.n_gpus) as usize;
-            let opp = gs.clone().filter(|&g| self.gpu_opp[g] != NONE).count() as u32;
-            let ex = gs
-                .clone()
-                .filter(|&g| {
-                    self.gpu_opp[g] != NONE
-                        && self.opp[self.gpu_opp[g] as usize].sharing == Sharing::Exclusive
-                })
-                .count() as u32;
+            let opp = gs.clone().filter(|&g| n_users[g] > 0).count() as u32;
+            let ex = gs.clone().filter(|&g| n_ex[g] > 0).count() as u32;
+            let fu = gs.clone().filter(|&g| full(g)).count() as u32;
             let bad = gs.clone().filter(|&g| self.gpu_bad[g]).count() as u32;
-            if (opp, ex, bad) != (p.opp_any, p.opp_ex, p.bad) {
+            if (opp, ex, fu, bad) != (p.opp_any, p.opp_ex, p.opp_full, p.bad) {
                 return Err(format!(
                     "physical {i}: counters {:?} != {:?}",
-                    (p.opp_any, p.opp_ex, p.bad),
-                    (opp, ex, bad)
+                    (p.opp_any, p.opp_ex, p.opp_full, p.bad),
+                    (opp, ex, fu, bad)
                 ));
             }
             let listed = self.pfree.owner(i as u32);
@@ -1337,20 +1426,6 @@ impl Cluster {
             }
             if p.state == PState::Taken && p.vbind == NONE {
                 return Err(format!("taken physical {i} bound to nobody"));
-            }
-        }
-        for (s, slot) in self.opp.iter().enumerate() {
-            if slot.live {
-                for &g in &slot.gpus {
-                    if self.gpu_opp[g as usize] != s as u32 {
-                        return Err(format!("opportunistic {s} lost GPU {g}"));
-                    }
-                    if slot.sharing == Sharing::Exclusive && g_owner[g as usize] != NONE {
-                        return Err(format!(
-                            "exclusive opportunistic {s} shares GPU {g} with guaranteed work"
-                        ));
-                    }
-                }
             }
         }
         for (ci, ch) in self.chains.iter().enumerate() {
@@ -1527,6 +1602,52 @@ mod tests {
             err.starts_with("f.json:30: field `virtual_clusters[2].cells[1].level`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn colocated_slots_stack_up_to_the_limit() {
+        let text = FIG3.replacen("{", "{ \"colocated_per_gpu\": 2,", 1);
+        let mut c = Cluster::from_json(&text, "fig3-k2.json").unwrap();
+        let ch = c.chain_id("v100-rack").unwrap();
+        let a = c.vc_id("tenant-a").unwrap();
+        let online = c.allocate_guaranteed(a, ch, 1).unwrap();
+        let g = GpuId(online.gpus.start);
+        let j1 = c
+            .allocate_opportunistic_on(&[g], Sharing::Colocate)
+            .unwrap();
+        assert!(c
+            .free_gpus_for_opportunistic(Sharing::Colocate)
+            .contains(&g));
+        let j2 = c
+            .allocate_opportunistic_on(&[g], Sharing::Colocate)
+            .unwrap();
+        assert!(!c
+            .free_gpus_for_opportunistic(Sharing::Colocate)
+            .contains(&g));
+        let err = c
+            .allocate_opportunistic_on(&[g], Sharing::Colocate)
+            .unwrap_err();
+        assert!(err.to_string().contains("v100-n0/0"), "{err}");
+        assert_eq!(c.opportunistic_users(g), vec![j1, j2]);
+        // An exclusive job never joins a GPU with other users.
+        let g1 = GpuId(1);
+        c.allocate_opportunistic_on(&[g1], Sharing::Colocate)
+            .unwrap();
+        assert!(c
+            .allocate_opportunistic_on(&[g1], Sharing::Exclusive)
+            .is_err());
+        c.audit().unwrap();
+        let hit = c.set_gpu_health(g, true).unwrap();
+        assert_eq!(hit.evicted, vec![j1, j2]);
+        assert_eq!(hit.affected, vec![online.id]);
+        c.audit().unwrap();
+        assert!(Cluster::from_json(
+            &FIG3.replacen("{", "{ \"colocated_per_gpu\": 0,", 1),
+            "k0.json"
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("field `colocated_per_gpu`"));
     }
 
     #[test]

@@ -18,6 +18,13 @@ pub struct CellsConfig {
     /// Tenants and the cells each is guaranteed.
     #[serde(default)]
     pub virtual_clusters: Vec<VirtualClusterConfig>,
+    /// How many colocated (MuxFlow offline) jobs one GPU may hold; default 1.
+    #[serde(default = "one")]
+    pub colocated_per_gpu: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One homogeneous cell hierarchy.

@@ -20,7 +20,11 @@ struct Link {
     owner: u32,
 }
 
-const UNLINKED: Link = Link { prev: NONE, next: NONE, owner: NONE };
+const UNLINKED: Link = Link {
+    prev: NONE,
+    next: NONE,
+    owner: NONE,
+};
 
 impl FreeLists {
     pub(crate) fn new(lists: usize, nodes: usize) -> Self {
@@ -90,7 +94,10 @@ impl FreeLists {
             return;
         }
         let list = list as usize;
-        let (p, n) = (self.links[node as usize].prev, self.links[node as usize].next);
+        let (p, n) = (
+            self.links[node as usize].prev,
+            self.links[node as usize].next,
+        );
         if p != NONE {
             self.links[p as usize].next = n;
         } else {

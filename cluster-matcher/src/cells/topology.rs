@@ -71,6 +71,8 @@ pub(crate) struct PCell {
     pub opp_any: u32,
     /// GPUs with an exclusive opportunistic user (preemptable by guaranteed work).
     pub opp_ex: u32,
+    /// GPUs that take no more opportunistic users (an exclusive one, or colocated slots full).
+    pub opp_full: u32,
     /// Bad GPUs.
     pub bad: u32,
 }
@@ -142,6 +144,9 @@ pub(crate) fn build(
     let err = |field: String, message: String| invalid(origin, text, field, message);
     if cfg.chains.len() > u16::MAX as usize {
         return Err(err("chains".into(), "too many chains".into()));
+    }
+    if cfg.colocated_per_gpu == 0 {
+        return Err(err("colocated_per_gpu".into(), "must be at least 1".into()));
     }
     let mut chains = Vec::new();
     let mut chain_by_name = HashMap::new();
@@ -425,6 +430,7 @@ fn new_pcell(level: u8, chain: u16, parent: u32) -> PCell {
         gused: 0,
         opp_any: 0,
         opp_ex: 0,
+        opp_full: 0,
         bad: 0,
     }
 }
