@@ -321,6 +321,28 @@ fn run(seed: u64, nvc: usize, ops: &[Op], with_opportunistic: bool) -> Result<()
     }
     r.cluster.audit().map_err(TestCaseError::fail)?;
     prop_assert_eq!(r.cluster.bad_gpus(), c.bad_gpus());
+    // Growing the cluster by one top cell and adding a tenant that owns it loses nothing.
+    let mut grown = c.config().clone();
+    let c0 = grown.chains[0].clone();
+    grown.physical_cells.push(PhysicalCellConfig {
+        chain: c0.name.clone(),
+        level: None,
+        nodes: vec!["extra".into()],
+    });
+    grown.virtual_clusters.push(VirtualClusterConfig {
+        name: "newcomer".into(),
+        cells: vec![VcCellsConfig {
+            chain: c0.name.clone(),
+            level: c0.levels.last().unwrap().name.clone(),
+            count: 1,
+        }],
+    });
+    let r = c
+        .reconfigure(grown, "grown")
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert!(r.lost_guaranteed.is_empty(), "{:?}", r.lost_guaranteed);
+    prop_assert!(r.lost_opportunistic.is_empty());
+    r.cluster.audit().map_err(TestCaseError::fail)?;
     // Releasing everything merges every buddy back.
     for (id, _) in live {
         c.release_guaranteed(id)
