@@ -515,9 +515,12 @@ impl Cluster {
             .collect()
     }
 
-    /// Free physical cells per level of a chain (index = level number), bad ones included.
+    /// Free physical cells per level of a chain (index = level number), bad ones included;
+    /// empty for an unknown chain.
     pub fn free_cells(&self, chain: ChainId) -> Vec<u32> {
-        let ch = &self.chains[chain.0 as usize];
+        let Some(ch) = self.chains.get(chain.0 as usize) else {
+            return Vec::new();
+        };
         (0..=ch.top)
             .map(|l| if l == 0 { 0 } else { self.free_at(chain.0, l) })
             .collect()
@@ -525,7 +528,9 @@ impl Cluster {
 
     /// Cells owed to VCs (preassigned cells not bound yet) per level of a chain.
     pub fn owed_cells(&self, chain: ChainId) -> Vec<u32> {
-        let ch = &self.chains[chain.0 as usize];
+        let Some(ch) = self.chains.get(chain.0 as usize) else {
+            return Vec::new();
+        };
         (0..=ch.top)
             .map(|l| self.owed[chain.0 as usize * MAX_LEVELS + l as usize] as u32)
             .collect()
@@ -533,7 +538,12 @@ impl Cluster {
 
     /// Free cells of a VC (its private view) per level of a chain.
     pub fn vc_free_cells(&self, vc: VcId, chain: ChainId) -> Vec<u32> {
-        let ch = &self.chains[chain.0 as usize];
+        let Some(ch) = self.chains.get(chain.0 as usize) else {
+            return Vec::new();
+        };
+        if vc.0 as usize >= self.vc_names.len() {
+            return Vec::new();
+        }
         (0..=ch.top)
             .map(|l| {
                 if l == 0 {
@@ -1537,6 +1547,8 @@ mod tests {
             .release_opportunistic(OpportunisticId { slot: 0, gen: 1 })
             .is_err());
         assert_eq!(c.free_cells(ch), vec![0, 0, 0, 0, 0, 1]);
+        assert!(c.free_cells(ChainId(9)).is_empty() && c.owed_cells(ChainId(9)).is_empty());
+        assert!(c.vc_free_cells(VcId(9), ch).is_empty());
         c.audit().unwrap();
     }
 
