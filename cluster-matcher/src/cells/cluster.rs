@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::config::CellsConfig;
+use super::config::{line_of, CellsConfig};
 use super::error::{AllocError, ConfigError, Infeasible};
 use super::freelist::{FreeLists, NONE};
 use super::safety::cascade;
@@ -250,6 +250,10 @@ impl Cluster {
                         .sum();
                     return Err(ConfigError::Infeasible(Box::new(Infeasible {
                         file: origin.to_string(),
+                        line: text
+                            .and_then(|t| line_of(t, &format!("virtual_clusters[{vi}]")))
+                            .unwrap_or(0),
+                        field: format!("virtual_clusters[{vi}].cells"),
                         vc: b.vc_names[vi].clone(),
                         chain: ch.name.clone(),
                         level: ch.level_names[level as usize].clone(),
@@ -1597,7 +1601,10 @@ mod tests {
         let err = Cluster::from_json(&text, "fig3-bad.json")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("fig3-bad.json"), "{err}");
+        assert!(
+            err.starts_with("fig3-bad.json:28: field `virtual_clusters[2].cells`"),
+            "{err}"
+        );
         assert!(err.contains("`tenant-c`"), "{err}");
         assert!(err.contains("chain `v100-rack`"), "{err}");
         assert!(err.contains("level `socket`"), "{err}");

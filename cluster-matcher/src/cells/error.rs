@@ -46,7 +46,7 @@ pub enum ConfigError {
 /// Details of an infeasible VC assignment.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{file}: virtual cluster `{vc}` is infeasible: chain `{chain}` level `{level}` \
+    "{file}:{line}: field `{field}`: virtual cluster `{vc}` is infeasible: chain `{chain}` level `{level}` \
      (level {level_number}) is short of {short} cell(s) once `{vc}` is added \
      (the physical cluster has {physical_gpus} GPUs in this chain; cells requested so far \
      by level: {requested})"
@@ -54,6 +54,10 @@ pub enum ConfigError {
 pub struct Infeasible {
     /// Path as given.
     pub file: String,
+    /// 1-based line of the VC's entry (0 when unknown).
+    pub line: usize,
+    /// JSON path of the VC's cells.
+    pub field: String,
     /// First VC (in file order) whose cells do not fit.
     pub vc: String,
     /// Chain name.
