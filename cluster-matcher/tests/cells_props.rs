@@ -409,3 +409,99 @@ fn one_cell_more_than_the_cluster_is_infeasible() {
         );
     }
 }
+
+/// A private cluster made of exactly one tenant's cells, with that tenant alone on it.
+fn private_config(shared: &CellsConfig, vc: usize) -> CellsConfig {
+    let mut physical_cells = Vec::new();
+    let mut host = 0;
+    for k in &shared.virtual_clusters[vc].cells {
+        // random_config chains have the node at the top level: one host per cell.
+        let hosts = 1;
+        for _ in 0..k.count {
+            physical_cells.push(PhysicalCellConfig {
+                chain: k.chain.clone(),
+                level: Some(k.level.clone()),
+                nodes: (0..hosts)
+                    .map(|_| {
+                        host += 1;
+                        format!("p{host}")
+                    })
+                    .collect(),
+            });
+        }
+    }
+    CellsConfig {
+        chains: shared.chains.clone(),
+        physical_cells,
+        virtual_clusters: vec![VirtualClusterConfig {
+            name: "private".into(),
+            cells: shared.virtual_clusters[vc].cells.clone(),
+        }],
+        colocated_per_gpu: shared.colocated_per_gpu,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
+
+    /// HiveD's sharing safety against its definition: every tenant's request sequence,
+    /// replayed on a private cluster made of exactly its cells, succeeds on the shared cluster
+    /// (beside the other tenants and opportunistic work) exactly when it succeeds privately.
+    #[test]
+    fn shared_cluster_serves_what_private_clusters_serve(seed in any::<u64>(), nvc in 1usize..4, ops in prop::collection::vec(op(), 0..150)) {
+        let cfg = random_config(seed, nvc);
+        let mut shared = Cluster::from_config(cfg.clone()).unwrap();
+        let mut private: Vec<Cluster> = (0..nvc).map(|v| Cluster::from_config(private_config(&cfg, v)).unwrap()).collect();
+        let nchains = shared.chains().len();
+        let ngpu = shared.gpu_count() as u32;
+        let mut live: Vec<(usize, GuaranteedId, GuaranteedId)> = Vec::new();
+        let mut opps: Vec<OpportunisticId> = Vec::new();
+        for op in &ops {
+            match *op {
+                Op::Alloc { vc, chain, level } => {
+                    let v = vc as usize % nvc;
+                    let chain = ChainId(chain as u16 % nchains as u16);
+                    let level = 1 + level % shared.chains()[chain.0 as usize].top;
+                    let name = &shared.chains()[chain.0 as usize].name;
+                    let pchain = private[v].chain_id(name).unwrap();
+                    let p = private[v].allocate_guaranteed(VcId(0), pchain, level);
+                    let s = shared.allocate_guaranteed(VcId(v as u16), chain, level);
+                    match (p, s) {
+                        (Ok(p), Ok(s)) => {
+                            prop_assert_eq!(p.gpus.len, s.gpus.len);
+                            live.push((v, p.id, s.id));
+                        }
+                        (Err(AllocError::NotInAssignment { .. }), Err(AllocError::NotInAssignment { .. })) => {}
+                        (p, s) => return Err(TestCaseError::fail(format!("private {p:?} vs shared {s:?}"))),
+                    }
+                }
+                Op::Release { pick } if !live.is_empty() => {
+                    let (v, p, s) = live.swap_remove(pick as usize % live.len());
+                    private[v].release_guaranteed(p).unwrap();
+                    shared.release_guaranteed(s).unwrap();
+                }
+                Op::OppCell { chain, level, colocate } => {
+                    let chain = ChainId(chain as u16 % nchains as u16);
+                    let level = 1 + level % shared.chains()[chain.0 as usize].top;
+                    let sharing = if colocate { Sharing::Colocate } else { Sharing::Exclusive };
+                    if let Ok((id, _)) = shared.allocate_opportunistic(chain, level, sharing) {
+                        opps.push(id);
+                    }
+                }
+                Op::OppOn { gpu, colocate } => {
+                    let sharing = if colocate { Sharing::Colocate } else { Sharing::Exclusive };
+                    if let Ok(id) = shared.allocate_opportunistic_on(&[GpuId(gpu as u32 % ngpu)], sharing) {
+                        opps.push(id);
+                    }
+                }
+                Op::ReleaseOpp { pick } if !opps.is_empty() => {
+                    let id = opps.swap_remove(pick as usize % opps.len());
+                    // It may have been preempted already.
+                    let _ = shared.release_opportunistic(id);
+                }
+                _ => {}
+            }
+        }
+        shared.audit().map_err(TestCaseError::fail)?;
+    }
+}

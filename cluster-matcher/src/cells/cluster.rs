@@ -1126,6 +1126,24 @@ mod tests {
     }
 
     #[test]
+    fn a_cell_below_the_node_level_is_part_of_one_host() {
+        let text = FIG3.replace(
+            "{ \"chain\": \"v100-rack\", \"nodes\": [\"v100-n0\", \"v100-n1\", \"v100-n2\", \"v100-n3\"] }",
+            "{ \"chain\": \"v100-rack\", \"nodes\": [\"v100-n0\", \"v100-n1\", \"v100-n2\", \"v100-n3\"] },
+             { \"chain\": \"v100-rack\", \"level\": \"socket\", \"nodes\": [\"half\"] }",
+        );
+        let c = Cluster::from_json(&text, "partial.json").unwrap();
+        assert_eq!(c.gpu_count(), 36);
+        assert_eq!(c.node_gpus("half").unwrap(), GpuRange { start: 32, len: 4 });
+        assert!(c.gpu_by_address("half", 4).is_none());
+        let bad = text.replace("[\"half\"]", "[\"half\", \"other\"]");
+        let err = Cluster::from_json(&bad, "partial.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("holds 1 node(s), 2 named"), "{err}");
+    }
+
+    #[test]
     fn unreadable_file_is_named() {
         let err = Cluster::load(Path::new("/nonexistent/cells.json"))
             .unwrap_err()

@@ -53,7 +53,8 @@ pub struct LevelConfig {
     pub children: Option<u32>,
 }
 
-/// One physical cell of the cluster: a cell of some chain level at or above the node level.
+/// One physical cell of the cluster: a cell of some chain level; below the node level it is
+/// part of one host, which then lends only those GPUs (indices 0..).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PhysicalCellConfig {

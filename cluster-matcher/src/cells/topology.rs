@@ -250,16 +250,9 @@ pub(crate) fn build(
                 )
             })?,
         };
-        if level < ch.node_level {
-            return Err(err(
-                format!("physical_cells[{pi}].level"),
-                format!(
-                    "a physical cell must be at or above the node level `{}`",
-                    ch.level_names[ch.node_level as usize]
-                ),
-            ));
-        }
-        let want = (ch.gpus_at[level as usize] / ch.gpus_at[ch.node_level as usize]) as usize;
+        // A cell below the node level is part of one host (the host lends only those GPUs).
+        let host_level = level.min(ch.node_level);
+        let want = (ch.gpus_at[level as usize] / ch.gpus_at[host_level as usize]) as usize;
         if p.nodes.len() != want {
             return Err(err(
                 format!("physical_cells[{pi}].nodes"),
@@ -280,7 +273,7 @@ pub(crate) fn build(
             ));
         }
         let first_node = nodes.len() as u32;
-        let per_node = ch.gpus_at[ch.node_level as usize] as u32;
+        let per_node = ch.gpus_at[host_level as usize] as u32;
         for (ni, n) in p.nodes.iter().enumerate() {
             if node_by_name.insert(n.clone(), nodes.len() as u32).is_some() {
                 return Err(err(
