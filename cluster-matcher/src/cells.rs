@@ -23,7 +23,9 @@
 //!
 //! Levels are listed bottom-up; `children` is how many cells of the level below one cell holds.
 //! A physical cell is at the chain's top level unless `level` says otherwise, and names one
-//! host per node-level cell inside it (GPU indices run 0.. per host in topology order).
+//! host per node-level cell inside it (GPU indices run 0.. per host in topology order); a cell
+//! below the node level names the one host that lends those GPUs. The optional top-level
+//! `colocated_per_gpu` (default 1) is how many colocated offline jobs one GPU may hold.
 //!
 //! Typical use by the placement plan:
 //!
