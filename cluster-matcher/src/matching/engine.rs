@@ -75,7 +75,7 @@ pub(super) fn solve<R: Rows>(rows: &mut R) -> Vec<Option<usize>> {
 fn augmenting_row_reduction<R: Rows>(rows: &R, st: &mut State, free: &mut Vec<u32>) {
     let (n, m) = rows.dims();
     let prv = free.len();
-    let mut budget = 8 * (n + m);
+    let mut budget = 2 * (n + m);
     let mut k = 0;
     let mut kept = 0;
     while k < prv {
