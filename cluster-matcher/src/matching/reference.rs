@@ -34,3 +34,62 @@ fn best(w: &WeightMatrix, row: usize, used: u64) -> f64 {
     }
     top
 }
+
+/// Best total of `f(gpu, jobs)` over every placement of at most `k` jobs per GPU (each job
+/// on at most one GPU, empty groups worth 0), by enumeration. `None` when
+/// `(gpus + 1) ^ jobs` exceeds ten million.
+pub fn brute_force_groups(
+    gpus: usize,
+    jobs: usize,
+    k: usize,
+    f: impl Fn(usize, &[usize]) -> Option<f64>,
+) -> Option<f64> {
+    let states = (gpus as f64 + 1.0).powi(jobs as i32);
+    if states > 1e7 {
+        return None;
+    }
+    let mut choice = vec![0usize; jobs];
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); gpus];
+    let mut best = 0.0f64;
+    loop {
+        for s in groups.iter_mut() {
+            s.clear();
+        }
+        for (j, &c) in choice.iter().enumerate() {
+            if c > 0 {
+                groups[c - 1].push(j);
+            }
+        }
+        if groups.iter().all(|s| s.len() <= k) {
+            let mut total = 0.0;
+            let mut ok = true;
+            for (g, s) in groups.iter().enumerate() {
+                if !s.is_empty() {
+                    match f(g, s) {
+                        Some(x) => total += x,
+                        None => {
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+            }
+            if ok {
+                best = best.max(total);
+            }
+        }
+        // Next assignment in base (gpus + 1).
+        let mut p = 0;
+        loop {
+            if p == jobs {
+                return Some(best);
+            }
+            choice[p] += 1;
+            if choice[p] <= gpus {
+                break;
+            }
+            choice[p] = 0;
+            p += 1;
+        }
+    }
+}
