@@ -16,6 +16,7 @@
 //! entries are refused with a [`MatchError`] naming the entry. The result is exact up to
 //! `f64` rounding of sums.
 
+mod candidates;
 mod dense;
 mod engine;
 pub mod multi;
@@ -409,8 +410,10 @@ pub fn max_weight_matching(w: &WeightMatrix) -> Matching {
     } else {
         w
     };
-    let mut rows = dense::DenseRows::new(m);
-    let col4row = engine::solve(&mut rows);
+    let col4row = candidates::solve(m).map(|s| s.0).unwrap_or_else(|| {
+        let mut rows = dense::DenseRows::new(m);
+        engine::solve(&mut rows).assignment()
+    });
     finish(col4row, transpose, w.rows, w.cols, |r, c| w.data[r * w.cols + c])
 }
 
@@ -428,7 +431,7 @@ pub fn max_weight_matching_sparse(w: &SparseWeights) -> Matching {
         w
     };
     let mut rows = sparse::SparseRows::new(m);
-    let col4row = engine::solve(&mut rows);
+    let col4row = engine::solve(&mut rows).assignment();
     finish(col4row, transpose, w.rows, w.cols, |r, c| {
         w.get(r, c).expect("solver matched an unlisted pair")
     })

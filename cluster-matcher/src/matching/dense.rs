@@ -93,7 +93,7 @@ fn relax_and_min(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> (f64, usize) 
 
 /// Smallest and second smallest of `-row[j] - v[j]`, with the first index of the smallest.
 #[inline(never)]
-fn two_smallest_real(row: &[f64], v: &[f64]) -> (f64, usize, f64) {
+pub(super) fn two_smallest_real(row: &[f64], v: &[f64]) -> (f64, usize, f64) {
     let n = row.len();
     let v = &v[..n];
     let mut m1 = [f64::INFINITY; LANES];

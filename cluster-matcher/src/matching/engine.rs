@@ -46,8 +46,8 @@ pub(super) enum Sink {
     Dummy(usize),
 }
 
-/// Solves the assignment; returns the column per row (`None` = unmatched).
-pub(super) fn solve<R: Rows>(rows: &mut R) -> Vec<Option<usize>> {
+/// Solves the assignment; returns the final assignment and column duals.
+pub(super) fn solve<R: Rows>(rows: &mut R) -> State {
     let (n, m) = rows.dims();
     let mut st = State { v: vec![0.0; m], col4row: vec![FREE; n], row4col: vec![FREE; m] };
     let mut free: Vec<u32> = (0..n as u32).collect();
@@ -60,10 +60,26 @@ pub(super) fn solve<R: Rows>(rows: &mut R) -> Vec<Option<usize>> {
         let sink = rows.shortest_path(f, &mut st);
         apply_path(rows, &mut st, f, sink);
     }
-    st.col4row
-        .iter()
-        .map(|&j| if j == FREE || j == DUMMY { None } else { Some(j as usize) })
-        .collect()
+    st
+}
+
+impl State {
+    /// Column per row (`None` = unmatched).
+    pub(super) fn assignment(&self) -> Vec<Option<usize>> {
+        self.col4row
+            .iter()
+            .map(|&j| if j == FREE || j == DUMMY { None } else { Some(j as usize) })
+            .collect()
+    }
+
+    /// The row dual `u[i] = min(0, min_j c[i][j] - v[j])`, read off the assignment: the
+    /// reduced cost of the assigned column, or 0 for a row left unmatched.
+    pub(super) fn row_dual(&self, i: usize, cost: impl Fn(usize) -> f64) -> f64 {
+        match self.col4row[i] {
+            FREE | DUMMY => 0.0,
+            j => cost(j as usize) - self.v[j as usize],
+        }
+    }
 }
 
 /// One pass of Jonker-Volgenant augmenting row reduction over the free rows: each takes its

@@ -186,3 +186,52 @@ fn all_equal_weights_terminate_with_a_full_matching() {
     let w = WeightMatrix::new(300, 200, vec![1.0; 200 * 300]).unwrap();
     assert_eq!(max_weight_matching(&w).len(), 200);
 }
+
+/// Matrices where the candidate graph needs extra rounds: few distinct column "types"
+/// with near-equal weights (every row wants the same columns), plus forbidden pairs.
+fn contested(rows: usize, cols: usize, seed: u64) -> WeightMatrix {
+    let mut g = rng(seed);
+    let types: Vec<f64> = (0..5).map(|_| g()).collect();
+    let col_type: Vec<usize> = (0..cols).map(|_| (g() * 5.0) as usize % 5).collect();
+    let row_load: Vec<f64> = (0..rows).map(|_| g()).collect();
+    WeightMatrix::from_fn(rows, cols, |r, c| {
+        (g() > 0.1).then(|| types[col_type[c]] * (1.0 - row_load[r] * 0.5) + 1e-3 * g() - 0.05)
+    })
+    .unwrap()
+}
+
+/// A few columns every row prefers, the rest ordinary: each row's first candidates are
+/// all hot, so most rows need later rounds.
+fn hot_columns(rows: usize, cols: usize, seed: u64) -> WeightMatrix {
+    let mut g = rng(seed);
+    WeightMatrix::from_fn(rows, cols, |_, c| (g() > 0.05).then(|| if c % 15 == 0 { 5.0 + g() } else { g() }))
+        .unwrap()
+}
+
+#[test]
+fn candidate_graph_path_equals_plain_dense_solver() {
+    let (mut took_candidates, mut multi_round) = (0, 0);
+    for seed in 0..12u64 {
+        let (r, c) = [(64, 64), (100, 300), (300, 100), (200, 200)][seed as usize % 4];
+        let w = if seed % 3 == 0 { contested(r, c, seed) } else if seed % 3 == 1 { hot_columns(r, c, seed) } else {
+            let mut g = rng(seed + 100);
+            WeightMatrix::from_fn(r, c, |_, _| (g() > 0.2).then(|| g() * 4.0 - 1.0)).unwrap()
+        };
+        let (t, tw);
+        let m = if w.rows() > w.cols() { tw = w.transposed(); &tw } else { &w };
+        let plain = engine::solve(&mut dense::DenseRows::new(m)).assignment();
+        let total = |a: &[Option<usize>]| -> f64 {
+            a.iter().enumerate().filter_map(|(i, j)| j.map(|j| m.get(i, j).unwrap().max(0.0))).sum()
+        };
+        if let Some((via, rounds)) = candidates::solve(m) {
+            took_candidates += 1;
+            multi_round += usize::from(rounds > 1);
+            assert!(close(total(&via), total(&plain)), "seed {seed}: {} vs {}", total(&via), total(&plain));
+        }
+        t = max_weight_matching(&w);
+        assert_valid(&w, &t);
+        assert!(close(t.total_weight(), total(&plain)), "seed {seed}");
+    }
+    assert!(took_candidates >= 6, "candidate path taken only {took_candidates} times");
+    assert!(multi_round >= 3, "only {multi_round} inputs needed a second candidate round");
+}
