@@ -15,10 +15,14 @@ const FIRST: usize = 16;
 const ADD: usize = 16;
 /// Rounds before giving up (the caller then solves dense).
 const MAX_ROUNDS: usize = 6;
+/// Give up after the first round when more than this fraction of rows violate: the
+/// matrix is too contested (near-equal columns) for a small graph to hold the optimum.
+const FIRST_ROUND_MAX_VIOLATING: f64 = 0.25;
 
 /// Solves `w` through candidate graphs; returns the assignment and the number of sparse
-/// solves it took, or `None` when the graph grows past a quarter of the matrix or the
-/// rounds run out (the dense solver is then the better tool).
+/// solves it took, or `None` when the input looks too contested (many violating rows at
+/// first, violations not halving per round, the graph past a quarter of the matrix, or
+/// the rounds run out): the dense solver is then the better tool.
 pub(super) fn solve(w: &WeightMatrix) -> Option<(Vec<Option<usize>>, usize)> {
     let (n, m) = (w.rows(), w.cols());
     if n < 64 || m < 4 * FIRST {
@@ -39,16 +43,23 @@ pub(super) fn solve(w: &WeightMatrix) -> Option<(Vec<Option<usize>>, usize)> {
     }
     let tol = 1e-11 * scale.max(f64::MIN_POSITIVE);
     let mut edges: usize = cand.iter().map(Vec::len).sum();
+    let mut last_added = usize::MAX;
     for round in 0..MAX_ROUNDS {
         let sw = to_sparse(w, &mut cand);
         let st = engine::solve(&mut SparseRows::new(&sw));
         let mut added = 0;
+        let mut violating = 0;
         for (i, c) in cand.iter_mut().enumerate() {
             let row = w.row(i);
             let u = st.row_dual(i, |j| -row[j]);
             let (low, _, _) = two_smallest_real(row, &st.v);
             if low >= u - tol {
                 continue;
+            }
+            violating += 1;
+            if round == 0 && violating as f64 > FIRST_ROUND_MAX_VIOLATING * n as f64 {
+                tracing::trace!(violating, "candidate graph abandoned: contested input");
+                return None;
             }
             buf.clear();
             for (j, (&x, &vj)) in row.iter().zip(&st.v).enumerate() {
@@ -65,6 +76,10 @@ pub(super) fn solve(w: &WeightMatrix) -> Option<(Vec<Option<usize>>, usize)> {
         if added == 0 {
             return Some((st.assignment(), round + 1));
         }
+        if round > 0 && added > last_added / 2 {
+            break;
+        }
+        last_added = added;
         edges += added;
         if edges > n * m / 4 {
             break;
