@@ -51,13 +51,37 @@ impl<'a> DenseRows<'a> {
     }
 }
 
+/// Columns per block of [`relax_and_min`]: the minimum is tracked per block so that
+/// finding its index rereads one block, not the whole row.
+const BLOCK: usize = 512;
+
 /// `d[j] = min(d[j], h - row[j] - v[j])` for all `j`; returns the new minimum of `d` and
 /// its first index (`usize::MAX` when every entry is `+inf`).
-///
-/// Two passes: a branch-free relaxation that keeps per-lane minima (vectorized as packed
-/// `min`), then a read-only search for the first index holding the minimum.
-#[inline(never)]
 fn relax_and_min(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> (f64, usize) {
+    let n = row.len();
+    let (mut best, mut best_block) = (f64::INFINITY, 0);
+    for (b, ((rb, vb), db)) in
+        row.chunks(BLOCK).zip(v[..n].chunks(BLOCK)).zip(d[..n].chunks_mut(BLOCK)).enumerate()
+    {
+        let m = relax_block(h, rb, vb, db);
+        if m < best {
+            best = m;
+            best_block = b;
+        }
+    }
+    if best == f64::INFINITY {
+        return (best, usize::MAX);
+    }
+    let start = best_block * BLOCK;
+    let end = (start + BLOCK).min(n);
+    let at = d[start..end].iter().position(|&x| x == best).map_or(usize::MAX, |k| start + k);
+    (best, at)
+}
+
+/// One block of [`relax_and_min`]: a branch-free relaxation keeping per-lane minima
+/// (vectorized as packed `min`); returns the block's minimum.
+#[inline(never)]
+fn relax_block(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> f64 {
     let n = row.len();
     let v = &v[..n];
     let d = &mut d[..n];
@@ -85,10 +109,7 @@ fn relax_and_min(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> (f64, usize) 
         d[j] = x;
         min = if x < min { x } else { min };
     }
-    if min == f64::INFINITY {
-        return (min, usize::MAX);
-    }
-    (min, d.iter().position(|&x| x == min).unwrap_or(usize::MAX))
+    min
 }
 
 /// Smallest and second smallest of `-row[j] - v[j]`, with the first index of the smallest.
