@@ -9,6 +9,7 @@
 //! - `v[j] <= 0`, and `v[j] == 0` for every column still free;
 //! - an assigned row's reduced cost `c[i][j] - v[j]` is the minimum over its row, the
 //!   dummy's reduced cost `0` included.
+//!
 //! They make the final assignment optimal (complementary slackness).
 
 /// Marks a row or column that is not assigned.

@@ -100,6 +100,17 @@ pub fn greedy_k_matching(
     Ok(GroupPlan { groups, total })
 }
 
+/// One local-search move of [`improve_k_plan`]: job `j` goes to `gpu` (`usize::MAX` =
+/// off the plan), swapping with `swap` if given; `new_g`/`new_h` are the two GPUs' new
+/// values.
+struct Move {
+    gain: f64,
+    gpu: usize,
+    swap: Option<usize>,
+    new_g: f64,
+    new_h: Option<f64>,
+}
+
 /// Improves a plan by local search: moving one job (onto a GPU with room, or off the
 /// plan) or swapping two jobs between GPUs (or with an unplaced job), applying each move
 /// that raises the total, for at most `max_passes` passes over all moves. Each pass costs
@@ -141,10 +152,10 @@ pub fn improve_k_plan(
                 (Some(_), None) => None,
                 (None, _) => Some(0.0),
             };
-            let mut best: Option<(f64, usize, Option<usize>, f64, Option<f64>)> = None;
+            let mut best: Option<Move> = None;
             if let (Some(_), Some(d)) = (loc[j], h_delta) {
                 if d > eps(total) {
-                    best = Some((d, usize::MAX, None, 0.0, h_val));
+                    best = Some(Move { gain: d, gpu: usize::MAX, swap: None, new_g: 0.0, new_h: h_val });
                 }
             }
             for g in 0..gpus {
@@ -154,8 +165,8 @@ pub fn improve_k_plan(
                 if plan.groups[g].len() < k {
                     if let (Some(hd), Some(x)) = (h_delta, eval(g, &[plan.groups[g].as_slice(), &[j]].concat())) {
                         let d = hd + x - val[g];
-                        if d > eps(total) && best.as_ref().map_or(true, |b| d > b.0) {
-                            best = Some((d, g, None, x, h_val));
+                        if d > eps(total) && !matches!(&best, Some(b) if b.gain >= d) {
+                            best = Some(Move { gain: d, gpu: g, swap: None, new_g: x, new_h: h_val });
                         }
                     }
                 }
@@ -175,12 +186,12 @@ pub fn improve_k_plan(
                         None => (0.0, None),
                     };
                     let d = xg - val[g] + dh;
-                    if d > eps(total) && best.as_ref().map_or(true, |b| d > b.0) {
-                        best = Some((d, g, Some(l), xg, xh));
+                    if d > eps(total) && !matches!(&best, Some(b) if b.gain >= d) {
+                        best = Some(Move { gain: d, gpu: g, swap: Some(l), new_g: xg, new_h: xh });
                     }
                 }
             }
-            let Some((_, g, swap, xg, xh)) = best else { continue };
+            let Some(Move { gpu: g, swap, new_g: xg, new_h: xh, .. }) = best else { continue };
             let from = loc[j];
             if let Some(h) = from {
                 plan.groups[h].retain(|&x| x != j);
@@ -230,7 +241,7 @@ pub fn additive_start_k_plan(
                 let mut t = s.clone();
                 t.remove(a);
                 if let Some(x) = value(g, &t) {
-                    if best.map_or(true, |b| x > b.1) {
+                    if !matches!(best, Some(b) if b.1 >= x) {
                         best = Some((a, x));
                     }
                 }
