@@ -6,10 +6,15 @@
 //! maximum cardinality: a row or column stays unmatched when matching it does not pay, and
 //! pairs of weight `<= 0` are never reported (they cannot raise the total).
 //!
-//! Two entry points share one engine ([`engine`]): [`max_weight_matching`] for a dense
-//! row-major [`WeightMatrix`], and [`max_weight_matching_sparse`] for [`SparseWeights`]
-//! (each job allowed on few GPUs), whose cost grows with the number of allowed pairs rather
-//! than with `rows * cols`. [`multi`] extends matching to up to `k` jobs per GPU.
+//! Two entry points share one engine (`engine`: Jonker-Volgenant augmenting row reduction,
+//! then shortest augmenting paths, with an implicit "stay unmatched" column per row):
+//! [`max_weight_matching`] for a dense row-major [`WeightMatrix`], and
+//! [`max_weight_matching_sparse`] for [`SparseWeights`] (each job allowed on few GPUs),
+//! whose cost follows the number of allowed pairs rather than `rows * cols`. A dense
+//! matrix is first solved on a small candidate graph (each row's best columns) whose
+//! optimality is then certified against every pair by dual feasibility; contested
+//! matrices where that does not pay fall back to dense Dijkstra scans. [`multi`] extends
+//! matching to up to `k` jobs per GPU; [`reference`] holds exhaustive solvers for tests.
 //!
 //! Inputs are validated when built, so solving cannot fail: NaN and `+inf` weights, finite
 //! weights beyond [`MAX_ABS_WEIGHT`], mismatched shapes, out-of-range or duplicate sparse
@@ -435,6 +440,32 @@ pub fn max_weight_matching_sparse(w: &SparseWeights) -> Matching {
     finish(col4row, transpose, w.rows, w.cols, |r, c| {
         w.get(r, c).expect("solver matched an unlisted pair")
     })
+}
+
+/// Maximum-cardinality matching of a dense matrix, and among those one of maximum total
+/// weight; forbidden pairs are never matched, and unlike [`max_weight_matching`] pairs of
+/// weight `<= 0` are matched when that adds a pair.
+///
+/// Solved as a maximum-weight matching after adding one constant `M` (larger than any
+/// weight gain a matching can make) to every allowed weight, so each extra pair outweighs
+/// any weight difference. The shift costs precision: the result is exact up to rounding
+/// at the scale of `M`, about `2 * (rows + cols) * max |w|`.
+pub fn max_cardinality_matching(w: &WeightMatrix) -> Matching {
+    let span = w.data.iter().filter(|x| x.is_finite()).fold(0.0f64, |a, x| a.max(x.abs()));
+    let shift = 1.0 + 2.0 * (w.rows + w.cols) as f64 * span;
+    let shifted = WeightMatrix {
+        rows: w.rows,
+        cols: w.cols,
+        data: w.data.iter().map(|&x| if x == FORBIDDEN { x } else { x + shift }).collect(),
+    };
+    let m = max_weight_matching(&shifted);
+    let row_to_col = m.row_to_col;
+    let total = row_to_col
+        .iter()
+        .enumerate()
+        .filter_map(|(r, c)| c.map(|c| w.data[r * w.cols + c]))
+        .sum();
+    Matching::from_rows(row_to_col, w.cols, total)
 }
 
 /// Turns the engine's row assignment (possibly of the transpose) into a [`Matching`] of the

@@ -1,6 +1,6 @@
 //! Unit and property tests of the matching solvers against exhaustive search.
 
-use super::reference::brute_force_total;
+use super::reference::{brute_force_max_cardinality, brute_force_total};
 use super::*;
 use proptest::prelude::*;
 
@@ -68,6 +68,23 @@ proptest! {
         assert_valid(&w, &m);
         let best = brute_force_total(&w).unwrap();
         prop_assert!(close(m.total_weight(), best), "got {} want {}", m.total_weight(), best);
+    }
+
+    #[test]
+    fn max_cardinality_is_lexicographically_optimal(w in small_real_matrix()) {
+        let m = max_cardinality_matching(&w);
+        let (k, best) = brute_force_max_cardinality(&w).unwrap();
+        let mut used = vec![false; w.cols()];
+        let mut sum = 0.0;
+        for (r, c) in m.pairs() {
+            prop_assert!(!used[c]);
+            used[c] = true;
+            sum += w.get(r, c).expect("forbidden pair matched");
+        }
+        prop_assert_eq!(m.len(), k);
+        prop_assert!((sum - m.total_weight()).abs() < 1e-9);
+        prop_assert!((m.total_weight() - best).abs() <= 1e-9 * (1.0 + best.abs()),
+            "got {} want {}", m.total_weight(), best);
     }
 
     #[test]
