@@ -52,7 +52,7 @@ pub enum MatchError {
     OutOfRange { row: usize, col: usize, rows: usize, cols: usize },
     /// A sparse edge list names the same pair twice.
     DuplicatePair { row: usize, col: usize },
-    /// More rows or columns than the solver indexes (`u32::MAX - 2`).
+    /// More rows or columns than [`MAX_SIDE`].
     TooBig { rows: usize, cols: usize },
 }
 
@@ -91,8 +91,10 @@ impl fmt::Display for MatchError {
 
 impl std::error::Error for MatchError {}
 
-/// Largest number of rows or columns the solver indexes (indices are stored as `u32`).
-pub const MAX_SIDE: usize = (u32::MAX - 2) as usize;
+/// Largest number of rows or columns accepted (16.7 million): far beyond a cluster's
+/// GPUs or jobs, and small enough that the per-row and per-column arrays of a solve
+/// (a few hundred MB at most) cannot exhaust memory on a hostile shape.
+pub const MAX_SIDE: usize = 1 << 24;
 
 fn check_weight(row: usize, col: usize, w: f64) -> Result<(), MatchError> {
     if w.is_nan() {
@@ -315,6 +317,30 @@ impl SparseWeights {
         cs.binary_search(&u32::try_from(col).ok()?).ok().map(|k| ws[k])
     }
 
+    /// The same pairs restricted to rows and columns that have any, renumbered densely;
+    /// with the original index of each kept row and column.
+    fn compacted(&self) -> (SparseWeights, Vec<u32>, Vec<u32>) {
+        let mut col_ids = self.col_idx.clone();
+        col_ids.sort_unstable();
+        col_ids.dedup();
+        let row_ids: Vec<u32> =
+            (0..self.rows).filter(|&r| self.row_start[r + 1] > self.row_start[r]).map(|r| r as u32).collect();
+        let mut row_start = Vec::with_capacity(row_ids.len() + 1);
+        row_start.push(0);
+        let mut col_idx = Vec::with_capacity(self.nnz());
+        let mut weight = Vec::with_capacity(self.nnz());
+        for &r in &row_ids {
+            let (cs, ws) = self.row(r as usize);
+            for (&c, &x) in cs.iter().zip(ws) {
+                col_idx.push(col_ids.binary_search(&c).expect("column listed") as u32);
+                weight.push(x);
+            }
+            row_start.push(col_idx.len());
+        }
+        let c = SparseWeights { rows: row_ids.len(), cols: col_ids.len(), row_start, col_idx, weight };
+        (c, row_ids, col_ids)
+    }
+
     /// The transposed edge list (rows become columns).
     pub fn transposed(&self) -> SparseWeights {
         let mut row_start = vec![0usize; self.cols + 1];
@@ -407,6 +433,9 @@ impl Matching {
 /// augmenting path (Dijkstra over dense rows) per row it leaves unassigned; in practice
 /// well under cubic on random inputs.
 pub fn max_weight_matching(w: &WeightMatrix) -> Matching {
+    if w.rows == 0 || w.cols == 0 {
+        return Matching::from_rows(vec![None; w.rows], w.cols, 0.0);
+    }
     let transpose = w.rows > w.cols;
     let tw;
     let m = if transpose {
@@ -427,17 +456,33 @@ pub fn max_weight_matching(w: &WeightMatrix) -> Matching {
 /// Same engine as [`max_weight_matching`], with heap-based Dijkstra over the allowed pairs:
 /// the work follows the number of edges explored, not `rows * cols`.
 pub fn max_weight_matching_sparse(w: &SparseWeights) -> Matching {
-    let transpose = w.rows > w.cols;
-    let tw;
+    if w.nnz() == 0 {
+        return Matching::from_rows(vec![None; w.rows], w.cols, 0.0);
+    }
+    // Solve on the rows and columns that have pairs, so memory follows the pairs.
+    let (c, row_ids, col_ids) = w.compacted();
+    let transpose = c.rows > c.cols;
+    let tc;
     let m = if transpose {
-        tw = w.transposed();
-        &tw
+        tc = c.transposed();
+        &tc
     } else {
-        w
+        &c
     };
     let mut rows = sparse::SparseRows::new(m);
-    let col4row = engine::solve(&mut rows).assignment();
-    finish(col4row, transpose, w.rows, w.cols, |r, c| {
+    let compact = engine::solve(&mut rows).assignment();
+    let mut col4row = vec![None; c.rows];
+    for (a, b) in compact.iter().enumerate() {
+        if let Some(b) = *b {
+            let (r, k) = if transpose { (b, a) } else { (a, b) };
+            col4row[r] = Some(k);
+        }
+    }
+    let mut full = vec![None; w.rows];
+    for (r, k) in col4row.into_iter().enumerate() {
+        full[row_ids[r] as usize] = k.map(|k| col_ids[k] as usize);
+    }
+    finish(full, false, w.rows, w.cols, |r, c| {
         w.get(r, c).expect("solver matched an unlisted pair")
     })
 }

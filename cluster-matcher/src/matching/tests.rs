@@ -157,6 +157,15 @@ fn empty_and_degenerate_shapes() {
     }
     let w = WeightMatrix::all_forbidden(30, 40).unwrap();
     assert!(max_weight_matching(&w).is_empty());
+    // Hostile shapes: as many rows or columns as accepted, nothing to match.
+    let w = WeightMatrix::new(MAX_SIDE, 0, vec![]).unwrap();
+    assert!(max_weight_matching(&w).is_empty());
+    let s = SparseWeights::from_edges(3, MAX_SIDE, [(1, MAX_SIDE - 1, 2.0), (2, 7, 1.0)]).unwrap();
+    let m = max_weight_matching_sparse(&s);
+    assert_eq!(m.pairs().collect::<Vec<_>>(), vec![(1, MAX_SIDE - 1), (2, 7)]);
+    let m = max_weight_matching_sparse(&s.transposed());
+    assert_eq!(m.pairs().collect::<Vec<_>>(), vec![(7, 2), (MAX_SIDE - 1, 1)]);
+    assert!(matches!(SparseWeights::from_edges(MAX_SIDE + 1, 1, []), Err(MatchError::TooBig { .. })));
 }
 
 #[test]
