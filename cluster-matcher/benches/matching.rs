@@ -3,9 +3,9 @@
 //!
 //! ```text
 //! cargo bench -p cluster-matcher --bench matching -- [--quick] [--repeat N]
-//!     [--cases uniform,structured,rect,sparse,big,big-structured] [--scipy-10k]
+//!     [--cases uniform,structured,rect,sparse,big,kplan,big-structured] [--scipy-10k]
 //! ```
-//! Default cases: all but `big-structured`. `--quick` shrinks 2000/4000 to 500/1000.
+//! Default cases: all but `kplan` and `big-structured`. `--quick` shrinks 2000/4000 to 500/1000.
 //! Python comes from `XSHARE_PYTHON` (default `<repo>/.venv/bin/python`); scipy times only
 //! its solve. Every compared case checks that both totals agree (exit 1 if not). CPU time
 //! (`/proc/thread-self/schedstat` here, `time.thread_time()` in Python) is printed beside
@@ -149,6 +149,36 @@ fn main() {
         let sp = sparse(n, 2 * n, 8, 6);
         let (tw, tc, m) = timed(repeat, || max_weight_matching_sparse(&sp));
         t.row(&format!("sparse {n}x{}, 8 GPUs/job", 2 * n), (tw, tc), None, format!("total {:.6}", m.total_weight()), true);
+    }
+    if want("kplan") {
+        // Up to k jobs per GPU on a cluster-sized sparse instance: additive weights with a
+        // pairwise interference penalty and a per-GPU memory cap.
+        let (g, j) = if quick { (1000, 2000) } else { (6000, 12000) };
+        let sp = sparse(g, j, 8, 11);
+        let mut r = Rng::new(12);
+        let mem: Vec<f64> = (0..j).map(|_| 0.1 + 0.5 * r.f64()).collect();
+        let f = |gpu: usize, s: &[usize]| -> Option<f64> {
+            if s.iter().map(|&x| mem[x]).sum::<f64>() > 1.0 {
+                return None;
+            }
+            let base: f64 = s.iter().map(|&x| sp.get(gpu, x)).sum::<Option<f64>>()?;
+            Some(base * (1.0 - 0.15 * (s.len() as f64 - 1.0)))
+        };
+        for (k, passes) in [(2, 0), (2, 3), (3, 3)] {
+            let c0 = thread_cpu_seconds().unwrap_or(f64::NAN);
+            let t0 = Instant::now();
+            let plan = cluster_matcher::matching::multi::best_k_plan_sparse(&sp, k, passes, f).unwrap();
+            let (tw, tc) = (t0.elapsed().as_secs_f64(), thread_cpu_seconds().unwrap_or(f64::NAN) - c0);
+            let one = max_weight_matching_sparse(&sp).total_weight();
+            let placed: usize = plan.groups.iter().map(Vec::len).sum();
+            t.row(
+                &format!("k-plan {g}x{j} k={k} passes={passes}"),
+                (tw, tc),
+                None,
+                format!("total {:.2} ({:.3}x one-per-GPU), {placed} jobs placed", plan.total, plan.total / one),
+                true,
+            );
+        }
     }
     if want("big-structured") {
         let n = 10_000;
