@@ -19,7 +19,9 @@
 //! Inputs are validated when built, so solving cannot fail: NaN and `+inf` weights, finite
 //! weights beyond [`MAX_ABS_WEIGHT`], mismatched shapes, out-of-range or duplicate sparse
 //! entries are refused with a [`MatchError`] naming the entry. The result is exact up to
-//! `f64` rounding of sums.
+//! `f64` rounding of sums (the candidate-graph certificate tolerates a dual violation of
+//! `1e-11 * max |w|` per pair, so a dense total is within `rows * 1e-11 * max |w|` of the
+//! optimum).
 
 mod candidates;
 mod dense;
