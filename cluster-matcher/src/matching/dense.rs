@@ -112,9 +112,32 @@ fn relax_block(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> f64 {
     min
 }
 
+/// Smallest `-row[j] - v[j]` over the row (`+inf` for an empty or all-forbidden row).
+#[inline(never)]
+pub(super) fn row_min(row: &[f64], v: &[f64]) -> f64 {
+    let n = row.len();
+    let v = &v[..n];
+    let mut m = [f64::INFINITY; LANES];
+    let body = n - n % LANES;
+    for (r, vv) in row[..body].chunks_exact(LANES).zip(v[..body].chunks_exact(LANES)) {
+        let r: &[f64; LANES] = r.try_into().expect("exact chunk");
+        let vv: &[f64; LANES] = vv.try_into().expect("exact chunk");
+        for k in 0..LANES {
+            let h = -r[k] - vv[k];
+            m[k] = if h < m[k] { h } else { m[k] };
+        }
+    }
+    let mut min = m.iter().fold(f64::INFINITY, |a, &x| if x < a { x } else { a });
+    for j in body..n {
+        let h = -row[j] - v[j];
+        min = if h < min { h } else { min };
+    }
+    min
+}
+
 /// Smallest and second smallest of `-row[j] - v[j]`, with the first index of the smallest.
 #[inline(never)]
-pub(super) fn two_smallest_real(row: &[f64], v: &[f64]) -> (f64, usize, f64) {
+fn two_smallest_real(row: &[f64], v: &[f64]) -> (f64, usize, f64) {
     let n = row.len();
     let v = &v[..n];
     let mut m1 = [f64::INFINITY; LANES];
