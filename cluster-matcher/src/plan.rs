@@ -1,1 +1,285 @@
 //! One placement round: health-filtered GPUs, predicted weights, matching, the emitted plan.
+
+pub mod health;
+pub mod solve;
+pub mod spec;
+pub mod table;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::predictor::{JobProfile, SpeedPredictor};
+pub use health::{GpuHealth, HealthReader};
+pub use spec::{ClusterSpec, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, SpecError, Workloads};
+
+/// An offline job placed beside an online workload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Assignment {
+    pub offline: String,
+    pub tenant: String,
+    #[serde(flatten)]
+    pub at: GpuRef,
+    pub gpu_type: String,
+    /// The online workload it shares the GPU with.
+    pub online: String,
+    /// MPS active-thread percentage for the offline job.
+    pub sm_percent: f64,
+    /// GPU memory quota for the offline job (the shim's limit).
+    pub memory_quota_mib: u64,
+    /// Predicted normalized throughput (edge weight).
+    pub predicted_normalized: f64,
+    /// Whether the job already runs there.
+    pub kept: bool,
+}
+
+/// An existing pair the plan ends.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Break {
+    pub offline: String,
+    #[serde(flatten)]
+    pub at: GpuRef,
+    pub reason: String,
+}
+
+/// A GPU left out of matching and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SkippedGpu {
+    #[serde(flatten)]
+    pub at: GpuRef,
+    pub reason: String,
+}
+
+/// The result of one round.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Plan {
+    pub round: u64,
+    pub period_s: u64,
+    pub assignments: Vec<Assignment>,
+    pub breaks: Vec<Break>,
+    /// Offline jobs left waiting.
+    pub unplaced: Vec<String>,
+    pub skipped_gpus: Vec<SkippedGpu>,
+    /// Sum of predicted normalized throughput over assignments.
+    pub total_predicted: f64,
+    pub stats: PlanStats,
+}
+
+/// Sizes and timings of a round.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PlanStats {
+    pub candidate_gpus: usize,
+    pub offline_jobs: usize,
+    pub allowed_pairs: usize,
+    pub forbidden_pairs: usize,
+    pub distinct_predictions: usize,
+    pub weights_ms: f64,
+    pub matching_ms: f64,
+}
+
+/// One usable online GPU in this round.
+struct Candidate<'a> {
+    at: GpuRef,
+    node: &'a NodeSpec,
+    online: &'a OnlineWorkload,
+    sm_percent: f64,
+    memory_free_mib: u64,
+    quota_cap_mib: u64,
+}
+
+/// Why a pair may not be matched, or `None` when it may.
+fn forbidden(cluster: &ClusterSpec, c: &Candidate, job: &OfflineJob) -> Option<&'static str> {
+    if !job.gpu_types.is_empty() && !job.gpu_types.iter().any(|t| t == &c.node.gpu_type) {
+        return Some("GPU type not allowed");
+    }
+    if job.memory_mib > c.memory_free_mib.min(c.quota_cap_mib) {
+        return Some("memory will not fit");
+    }
+    if let Some(rule) = cluster.tenants.get(&c.online.tenant) {
+        if rule.no_offline_sharing || rule.deny_offline_from.contains(&job.tenant) {
+            return Some("tenant rule");
+        }
+    }
+    None
+}
+
+/// Interns profiles so that identical ones share predictions.
+#[derive(Default)]
+struct ProfileIds {
+    ids: HashMap<String, usize>,
+}
+
+impl ProfileIds {
+    fn id(&mut self, p: Option<&JobProfile>) -> Option<usize> {
+        let key = serde_json::to_string(&(&p?.batch_size, &p?.isolated, &p?.isolated_2gpu)).ok()?;
+        let next = self.ids.len();
+        Some(*self.ids.entry(key).or_insert(next))
+    }
+}
+
+/// Computes one round's plan. `health` gives each GPU's state (see [`HealthReader`]).
+pub fn plan_round(
+    cluster: &ClusterSpec,
+    workloads: &Workloads,
+    predictor: &SpeedPredictor,
+    health: &dyn Fn(&GpuRef) -> GpuHealth,
+    round: u64,
+) -> Plan {
+    let t0 = Instant::now();
+    let mut plan = Plan {
+        round,
+        period_s: cluster.round_period_s,
+        ..Plan::default()
+    };
+    let mut gpu_state: BTreeMap<GpuRef, GpuHealth> = BTreeMap::new();
+    let mut candidates = Vec::new();
+    for online in &workloads.online {
+        let Some(node) = cluster.node(&online.at.node) else { continue };
+        let state = health(&online.at);
+        gpu_state.insert(online.at.clone(), state.clone());
+        if !state.is_healthy() {
+            plan.skipped_gpus.push(SkippedGpu { at: online.at.clone(), reason: state.label() });
+            continue;
+        }
+        if cluster.tenants.get(&online.tenant).is_some_and(|r| r.no_offline_sharing) {
+            plan.skipped_gpus.push(SkippedGpu { at: online.at.clone(), reason: "tenant rule".into() });
+            continue;
+        }
+        let sm_percent = (100.0 - online.sm_activity_percent).clamp(0.0, 100.0);
+        if sm_percent < cluster.min_offline_sm_percent {
+            plan.skipped_gpus.push(SkippedGpu { at: online.at.clone(), reason: format!("no SM room ({sm_percent:.0}%)") });
+            continue;
+        }
+        let memory_free_mib = node
+            .gpu_memory_mib
+            .saturating_sub(online.memory_mib)
+            .saturating_sub(cluster.memory_headroom_mib);
+        let quota_cap_mib = (node.gpu_memory_mib as f64 * cluster.max_offline_memory_fraction) as u64;
+        candidates.push(Candidate { at: online.at.clone(), node, online, sm_percent, memory_free_mib, quota_cap_mib });
+    }
+
+    let mut ids = ProfileIds::default();
+    let online_ids: Vec<Option<usize>> = candidates.iter().map(|c| ids.id(c.online.profile.as_ref())).collect();
+    let offline_ids: Vec<Option<usize>> = workloads.offline.iter().map(|j| ids.id(j.profile.as_ref())).collect();
+    let mut cache: HashMap<(String, usize, usize, u32), f64> = HashMap::new();
+    let mut weights: Vec<Vec<Option<f64>>> = Vec::with_capacity(candidates.len());
+    let mut missing_models = std::collections::BTreeSet::new();
+    for (c, on_id) in candidates.iter().zip(&online_ids) {
+        let model_type = c.node.model_type();
+        let mut row = Vec::with_capacity(workloads.offline.len());
+        for (job, off_id) in workloads.offline.iter().zip(&offline_ids) {
+            if forbidden(cluster, c, job).is_some() {
+                plan.stats.forbidden_pairs += 1;
+                row.push(None);
+                continue;
+            }
+            plan.stats.allowed_pairs += 1;
+            let w = match (on_id, off_id, &c.online.profile, &job.profile) {
+                (Some(a), Some(b), Some(on), Some(off)) => {
+                    let key = (model_type.clone(), *b, *a, c.sm_percent.round() as u32);
+                    if let Some(w) = cache.get(&key) {
+                        *w
+                    } else {
+                        let w = match predictor.predict(&model_type, off, on, c.sm_percent) {
+                            Ok(Some(w)) => w,
+                            Ok(None) => cluster.unprofiled_weight,
+                            Err(_) => {
+                                missing_models.insert(model_type.clone());
+                                cluster.unprofiled_weight
+                            }
+                        };
+                        cache.insert(key, w);
+                        w
+                    }
+                }
+                _ => cluster.unprofiled_weight,
+            };
+            row.push(Some(w));
+        }
+        weights.push(row);
+    }
+    for m in &missing_models {
+        tracing::warn!(gpu_type = %m, weight = cluster.unprofiled_weight, "no predictor model for GPU type; using the unprofiled weight");
+    }
+    plan.stats.candidate_gpus = candidates.len();
+    plan.stats.offline_jobs = workloads.offline.len();
+    plan.stats.distinct_predictions = cache.len();
+    plan.stats.weights_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let t1 = Instant::now();
+    let chosen = solve::assign(&weights, cluster.max_offline_per_gpu);
+    plan.stats.matching_ms = t1.elapsed().as_secs_f64() * 1e3;
+
+    let mut placed: HashMap<usize, usize> = HashMap::new();
+    for (gi, mut jobs) in chosen.into_iter().enumerate() {
+        let c = &candidates[gi];
+        // Pairs are checked one by one; several jobs on one GPU must also fit together.
+        jobs.sort_by(|&a, &b| weights[gi][b].unwrap_or(0.0).total_cmp(&weights[gi][a].unwrap_or(0.0)));
+        let mut used = 0u64;
+        jobs.retain(|&j| {
+            let m = workloads.offline[j].memory_mib;
+            let fits = used + m <= c.memory_free_mib;
+            if fits {
+                used += m;
+            }
+            fits
+        });
+        let need: u64 = jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum();
+        let room = c.memory_free_mib.min(c.quota_cap_mib.saturating_mul(jobs.len() as u64));
+        let spare = room.saturating_sub(need) / jobs.len().max(1) as u64;
+        for &j in &jobs {
+            let job = &workloads.offline[j];
+            let w = weights[gi][j].unwrap_or(0.0);
+            placed.insert(j, gi);
+            plan.total_predicted += w;
+            plan.assignments.push(Assignment {
+                offline: job.name.clone(),
+                tenant: job.tenant.clone(),
+                at: c.at.clone(),
+                gpu_type: c.node.gpu_type.clone(),
+                online: c.online.name.clone(),
+                sm_percent: c.sm_percent / jobs.len() as f64,
+                memory_quota_mib: job.memory_mib + spare,
+                predicted_normalized: w,
+                kept: job.current.as_ref() == Some(&c.at),
+            });
+        }
+    }
+    let online_at: BTreeMap<&GpuRef, &OnlineWorkload> = workloads.online.iter().map(|o| (&o.at, o)).collect();
+    for (j, job) in workloads.offline.iter().enumerate() {
+        let Some(cur) = &job.current else {
+            if !placed.contains_key(&j) {
+                plan.unplaced.push(job.name.clone());
+            }
+            continue;
+        };
+        let new_at = placed.get(&j).map(|&gi| &candidates[gi].at);
+        if new_at == Some(cur) {
+            continue;
+        }
+        let reason = match (gpu_state.get(cur), online_at.get(cur)) {
+            (_, None) => "online workload gone".to_string(),
+            (Some(s), _) if !s.is_healthy() => format!("GPU not Healthy: {}", s.label()),
+            _ => match new_at {
+                Some(to) => format!("moved to {}/{} (better plan)", to.node, to.gpu),
+                None => "not placed this round".to_string(),
+            },
+        };
+        if new_at.is_none() {
+            plan.unplaced.push(job.name.clone());
+        }
+        plan.breaks.push(Break { offline: job.name.clone(), at: cur.clone(), reason });
+    }
+    tracing::info!(
+        round,
+        gpus = plan.stats.candidate_gpus,
+        offline = plan.stats.offline_jobs,
+        placed = plan.assignments.len(),
+        breaks = plan.breaks.len(),
+        weights_ms = plan.stats.weights_ms,
+        matching_ms = plan.stats.matching_ms,
+        "placement round"
+    );
+    plan
+}
