@@ -1,5 +1,6 @@
 //! One placement round: health-filtered GPUs, predicted weights, matching, the emitted plan.
 
+pub mod alibaba;
 pub mod health;
 pub mod solve;
 pub mod spec;
@@ -134,8 +135,9 @@ pub fn plan_round(
     };
     let mut gpu_state: BTreeMap<GpuRef, GpuHealth> = BTreeMap::new();
     let mut candidates = Vec::new();
+    let nodes: HashMap<&str, &NodeSpec> = cluster.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     for online in &workloads.online {
-        let Some(node) = cluster.node(&online.at.node) else { continue };
+        let Some(node) = nodes.get(online.at.node.as_str()).copied() else { continue };
         let state = health(&online.at);
         gpu_state.insert(online.at.clone(), state.clone());
         if !state.is_healthy() {
@@ -282,4 +284,16 @@ pub fn plan_round(
         "placement round"
     );
     plan
+}
+
+/// Health lookup for a round: the state files under `reader`, or, when the cluster names no
+/// state directory, every GPU taken as Healthy (logged once).
+pub fn health_fn(reader: Option<HealthReader>) -> Box<dyn Fn(&GpuRef) -> GpuHealth + Send + Sync> {
+    match reader {
+        Some(r) => Box::new(move |g: &GpuRef| r.read(&g.node, g.gpu)),
+        None => {
+            tracing::warn!("cluster has no state_dir: taking every GPU as Healthy");
+            Box::new(|_: &GpuRef| GpuHealth::Healthy)
+        }
+    }
 }

@@ -38,7 +38,8 @@ pub struct ClusterSpec {
     /// Seconds between placement rounds.
     #[serde(default = "default_period")]
     pub round_period_s: u64,
-    /// Where node monitors publish `<node>/gpu<i>.json`; absent = every GPU taken as Healthy.
+    /// Where node monitors publish `<node>/gpu<i>.json` (relative to this file); absent =
+    /// every GPU taken as Healthy.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
     /// A state file older than this is stale (not Healthy).
@@ -205,8 +206,11 @@ fn invalid(path: &Path, field: impl Into<String>, why: impl Into<String>) -> Spe
 impl ClusterSpec {
     /// Reads and checks `cluster.json`.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
-        let spec: Self = parse(path, &read(path)?)?;
+        let mut spec: Self = parse(path, &read(path)?)?;
         spec.check(path)?;
+        if let Some(dir) = spec.state_dir.as_mut().filter(|d| d.is_relative()) {
+            *dir = path.parent().unwrap_or(Path::new(".")).join(&*dir);
+        }
         Ok(spec)
     }
 
