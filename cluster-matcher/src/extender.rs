@@ -36,6 +36,8 @@ pub struct Extender {
 
 struct State {
     workloads: Workloads,
+    /// `namespace/name` of pods seen in filter or prioritize calls, to the job they run.
+    pod_jobs: BTreeMap<String, String>,
     plan: Plan,
     computed: Instant,
     round: u64,
@@ -59,7 +61,7 @@ impl Extender {
         Self {
             cluster,
             predictor,
-            state: Mutex::new(State { workloads, plan, computed: Instant::now(), round: 0 }),
+            state: Mutex::new(State { workloads, pod_jobs: BTreeMap::new(), plan, computed: Instant::now(), round: 0 }),
         }
     }
 
@@ -90,6 +92,10 @@ impl Extender {
     pub fn decide(&self, pod: &Pod) -> PodDecision {
         let Some(job) = job_name(pod) else { return PodDecision::NotOurs };
         let plan = self.plan();
+        if let Some(name) = &pod.metadata.name {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            self.lock().pod_jobs.insert(format!("{ns}/{name}"), job.clone());
+        }
         if let Some(a) = plan.assignments.iter().find(|a| a.offline == job) {
             return PodDecision::Placed(a.at.clone());
         }
@@ -160,22 +166,27 @@ impl Extender {
     pub fn bind(&self, args: ExtenderBindingArgs) -> ExtenderBindingResult {
         let plan = self.plan();
         let mut s = self.lock();
-        let Some(job) = s.workloads.offline.iter_mut().find(|o| o.name == args.pod_name) else {
+        let job_name = s
+            .pod_jobs
+            .get(&format!("{}/{}", args.pod_namespace, args.pod_name))
+            .cloned()
+            .unwrap_or_else(|| args.pod_name.clone());
+        let Some(job) = s.workloads.offline.iter_mut().find(|o| o.name == job_name) else {
             return ExtenderBindingResult {
                 error: format!("pod {}/{} is not an offline job of the plan", args.pod_namespace, args.pod_name),
             };
         };
-        match plan.assignments.iter().find(|a| a.offline == args.pod_name) {
+        match plan.assignments.iter().find(|a| a.offline == job_name) {
             Some(a) if a.at.node == args.node => {
-                tracing::info!(pod = %args.pod_name, node = %args.node, gpu = a.at.gpu, sm = a.sm_percent, quota_mib = a.memory_quota_mib, "bound");
+                tracing::info!(pod = %args.pod_name, job = %job_name, node = %args.node, gpu = a.at.gpu, sm = a.sm_percent, quota_mib = a.memory_quota_mib, "bound");
                 job.current = Some(a.at.clone());
                 ExtenderBindingResult::default()
             }
             Some(a) => ExtenderBindingResult {
-                error: format!("plan places {} on {}, not {}", args.pod_name, a.at.node, args.node),
+                error: format!("plan places {job_name} on {}, not {}", a.at.node, args.node),
             },
             None => ExtenderBindingResult {
-                error: format!("plan does not place {} this round", args.pod_name),
+                error: format!("plan does not place {job_name} this round"),
             },
         }
     }
