@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::matching::SparseWeights;
 use crate::predictor::{JobProfile, SpeedPredictor};
 pub use health::{GpuHealth, HealthReader};
 pub use spec::{ClusterSpec, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, SpecError, Workloads};
@@ -165,15 +166,13 @@ pub fn plan_round(
     let online_ids: Vec<Option<usize>> = candidates.iter().map(|c| ids.id(c.online.profile.as_ref())).collect();
     let offline_ids: Vec<Option<usize>> = workloads.offline.iter().map(|j| ids.id(j.profile.as_ref())).collect();
     let mut cache: HashMap<(String, usize, usize, u32), f64> = HashMap::new();
-    let mut weights: Vec<Vec<Option<f64>>> = Vec::with_capacity(candidates.len());
+    let mut edges: Vec<(usize, usize, f64)> = Vec::new();
     let mut missing_models = std::collections::BTreeSet::new();
-    for (c, on_id) in candidates.iter().zip(&online_ids) {
+    for (gi, (c, on_id)) in candidates.iter().zip(&online_ids).enumerate() {
         let model_type = c.node.model_type();
-        let mut row = Vec::with_capacity(workloads.offline.len());
-        for (job, off_id) in workloads.offline.iter().zip(&offline_ids) {
+        for (j, (job, off_id)) in workloads.offline.iter().zip(&offline_ids).enumerate() {
             if forbidden(cluster, c, job).is_some() {
                 plan.stats.forbidden_pairs += 1;
-                row.push(None);
                 continue;
             }
             plan.stats.allowed_pairs += 1;
@@ -197,9 +196,8 @@ pub fn plan_round(
                 }
                 _ => cluster.unprofiled_weight,
             };
-            row.push(Some(w));
+            edges.push((gi, j, w));
         }
-        weights.push(row);
     }
     for m in &missing_models {
         tracing::warn!(gpu_type = %m, weight = cluster.unprofiled_weight, "no predictor model for GPU type; using the unprofiled weight");
@@ -210,29 +208,28 @@ pub fn plan_round(
     plan.stats.weights_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let t1 = Instant::now();
-    let chosen = solve::assign(&weights, cluster.max_offline_per_gpu);
+    let weights = match SparseWeights::from_edges(candidates.len(), workloads.offline.len(), edges) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "weights refused by the matcher; no placements this round");
+            SparseWeights::from_edges(candidates.len(), workloads.offline.len(), []).expect("empty edge list")
+        }
+    };
+    let group_fits = |gi: usize, jobs: &[usize]| {
+        jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum::<u64>() <= candidates[gi].memory_free_mib
+    };
+    let chosen = solve::assign(&weights, cluster.max_offline_per_gpu, group_fits);
     plan.stats.matching_ms = t1.elapsed().as_secs_f64() * 1e3;
 
     let mut placed: HashMap<usize, usize> = HashMap::new();
-    for (gi, mut jobs) in chosen.into_iter().enumerate() {
+    for (gi, jobs) in chosen.into_iter().enumerate() {
         let c = &candidates[gi];
-        // Pairs are checked one by one; several jobs on one GPU must also fit together.
-        jobs.sort_by(|&a, &b| weights[gi][b].unwrap_or(0.0).total_cmp(&weights[gi][a].unwrap_or(0.0)));
-        let mut used = 0u64;
-        jobs.retain(|&j| {
-            let m = workloads.offline[j].memory_mib;
-            let fits = used + m <= c.memory_free_mib;
-            if fits {
-                used += m;
-            }
-            fits
-        });
         let need: u64 = jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum();
         let room = c.memory_free_mib.min(c.quota_cap_mib.saturating_mul(jobs.len() as u64));
         let spare = room.saturating_sub(need) / jobs.len().max(1) as u64;
         for &j in &jobs {
             let job = &workloads.offline[j];
-            let w = weights[gi][j].unwrap_or(0.0);
+            let w = weights.get(gi, j).unwrap_or(0.0);
             placed.insert(j, gi);
             plan.total_predicted += w;
             plan.assignments.push(Assignment {

@@ -1,23 +1,47 @@
-//! Adapter from the plan's weight matrix (GPU rows × offline-job columns, `None` = forbidden)
-//! to the matching engine.
+//! Adapter from the plan's allowed pairs to the matching engine (`crate::matching`): exact
+//! one-job-per-GPU matching, or up to `k` jobs per GPU.
 
-/// Chosen offline-job columns per GPU row, at most `per_gpu` each.
-pub fn assign(weights: &[Vec<Option<f64>>], per_gpu: usize) -> Vec<Vec<usize>> {
-    // Interim greedy until the `matching` branch's API is merged.
-    let mut edges: Vec<(f64, usize, usize)> = weights
-        .iter()
-        .enumerate()
-        .flat_map(|(r, row)| row.iter().enumerate().filter_map(move |(c, w)| w.map(|w| (w, r, c))))
-        .collect();
-    edges.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let cols = weights.first().map_or(0, Vec::len);
-    let mut taken = vec![false; cols];
-    let mut out = vec![Vec::new(); weights.len()];
-    for (_, r, c) in edges {
-        if !taken[c] && out[r].len() < per_gpu {
-            taken[c] = true;
-            out[r].push(c);
+use crate::matching::multi::best_k_plan;
+use crate::matching::{max_weight_matching_sparse, SparseWeights};
+
+/// Local-search passes for `k > 1` when the instance is small enough for them.
+const K_PASSES: usize = 3;
+/// Above this many GPU×job cells, `k > 1` plans skip local search (its cost is quadratic).
+const K_SEARCH_LIMIT: usize = 200_000;
+
+/// Chosen jobs (columns) per GPU (row). With `per_gpu == 1` this is the exact maximum-weight
+/// matching; above 1, the matching engine's group planner with group weight = the sum of
+/// the pairs' weights, for groups that `group_fits` accepts (e.g. memory of all jobs fits).
+pub fn assign(
+    w: &SparseWeights,
+    per_gpu: usize,
+    group_fits: impl Fn(usize, &[usize]) -> bool,
+) -> Vec<Vec<usize>> {
+    if per_gpu <= 1 {
+        return one_per_gpu(w);
+    }
+    let f = |g: usize, s: &[usize]| -> Option<f64> {
+        if !group_fits(g, s) {
+            return None;
+        }
+        s.iter().map(|&j| w.get(g, j)).sum()
+    };
+    let passes = if w.rows().saturating_mul(w.cols()) <= K_SEARCH_LIMIT { K_PASSES } else { 0 };
+    match best_k_plan(w.rows(), w.cols(), per_gpu, passes, f) {
+        Ok(plan) => plan.groups,
+        Err(e) => {
+            // Weights come from validated predictions; an error here is a bug, not input.
+            tracing::error!(error = %e, "k-per-GPU planner refused the weights; falling back to one job per GPU");
+            one_per_gpu(w)
         }
     }
-    out
+}
+
+fn one_per_gpu(w: &SparseWeights) -> Vec<Vec<usize>> {
+    let m = max_weight_matching_sparse(w);
+    let mut groups = vec![Vec::new(); w.rows()];
+    for (g, j) in m.pairs() {
+        groups[g].push(j);
+    }
+    groups
 }
