@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use cluster_matcher::plan::{self, alibaba, ClusterSpec, HealthReader, Workloads};
+use cluster_matcher::plan::{self, alibaba, ClusterSpec, Workloads};
 use cluster_matcher::predictor::eval::{self, Split};
 use cluster_matcher::predictor::gavel;
 use cluster_matcher::predictor::{JobProfile, SpeedPredictor, TrainConfig};
@@ -284,12 +284,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Plan(a) => {
             let (cluster, workloads, model) = a.inputs.load()?;
-            let reader = cluster.state_dir.clone().map(|dir| HealthReader {
-                dir,
-                stale_after: std::time::Duration::from_secs(cluster.stale_after_s),
-            });
-            let health = plan::health_fn(reader);
-            let p = plan::plan_round(&cluster, &workloads, &model, &*health, a.round);
+            let cells = plan::load_cells(&cluster)?;
+            let p = plan::run_round(&cluster, &workloads, &model, cells.as_ref(), a.round);
             if !a.json {
                 print!("{p}");
                 println!();
@@ -298,7 +294,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Serve(a) => {
             let (cluster, workloads, model) = a.inputs.load()?;
-            let server = cluster_matcher::extender::Extender::new(cluster, workloads, model);
+            let cells = plan::load_cells(&cluster)?;
+            let server = cluster_matcher::extender::Extender::new(cluster, workloads, model, cells);
             let http = cluster_matcher::extender::bind(&a.listen).map_err(|e| e.to_string())?;
             eprintln!("cluster-matcher: extender listening on http://{}", http.server_addr());
             cluster_matcher::extender::serve(&http, &server);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::plan::{self, ClusterSpec, GpuRef, HealthReader, Plan, Workloads};
+use crate::plan::{self, ClusterSpec, GpuRef, Plan, Workloads};
 use crate::predictor::SpeedPredictor;
 pub use wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
@@ -31,6 +31,7 @@ pub const MAX_BODY: usize = 32 << 20;
 pub struct Extender {
     cluster: ClusterSpec,
     predictor: SpeedPredictor,
+    cells: Option<crate::cells::Cluster>,
     state: Mutex<State>,
 }
 
@@ -55,22 +56,21 @@ pub enum PodDecision {
 }
 
 impl Extender {
-    /// Builds the extender and computes the first plan.
-    pub fn new(cluster: ClusterSpec, workloads: Workloads, predictor: SpeedPredictor) -> Self {
-        let plan = Self::compute(&cluster, &workloads, &predictor, 0);
+    /// Builds the extender and computes the first plan; `cells` is the starting cells state
+    /// when the cluster names one (see [`plan::load_cells`]).
+    pub fn new(
+        cluster: ClusterSpec,
+        workloads: Workloads,
+        predictor: SpeedPredictor,
+        cells: Option<crate::cells::Cluster>,
+    ) -> Self {
+        let plan = plan::run_round(&cluster, &workloads, &predictor, cells.as_ref(), 0);
         Self {
             cluster,
             predictor,
+            cells,
             state: Mutex::new(State { workloads, pod_jobs: BTreeMap::new(), plan, computed: Instant::now(), round: 0 }),
         }
-    }
-
-    fn compute(cluster: &ClusterSpec, w: &Workloads, p: &SpeedPredictor, round: u64) -> Plan {
-        let reader = cluster.state_dir.clone().map(|dir| HealthReader {
-            dir,
-            stale_after: Duration::from_secs(cluster.stale_after_s),
-        });
-        plan::plan_round(cluster, w, p, &*plan::health_fn(reader), round)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -82,7 +82,7 @@ impl Extender {
         let mut s = self.lock();
         if s.computed.elapsed() >= Duration::from_secs(self.cluster.round_period_s) {
             s.round += 1;
-            s.plan = Self::compute(&self.cluster, &s.workloads, &self.predictor, s.round);
+            s.plan = plan::run_round(&self.cluster, &s.workloads, &self.predictor, self.cells.as_ref(), s.round);
             s.computed = Instant::now();
         }
         s.plan.clone()

@@ -5,6 +5,7 @@ pub mod health;
 pub mod solve;
 pub mod spec;
 pub mod table;
+pub mod with_cells;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -53,11 +54,32 @@ pub struct SkippedGpu {
     pub reason: String,
 }
 
+/// An online workload the cells placed this round.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OnlinePlacement {
+    pub online: String,
+    #[serde(flatten)]
+    pub at: GpuRef,
+}
+
+/// An online workload without a GPU this round and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OnlineWaiting {
+    pub online: String,
+    pub reason: String,
+}
+
 /// The result of one round.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Plan {
     pub round: u64,
     pub period_s: u64,
+    /// Online workloads placed on guaranteed cells (cells mode only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub online_placements: Vec<OnlinePlacement>,
+    /// Online workloads left without a GPU.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub online_waiting: Vec<OnlineWaiting>,
     pub assignments: Vec<Assignment>,
     pub breaks: Vec<Break>,
     /// Offline jobs left waiting.
@@ -121,12 +143,27 @@ impl ProfileIds {
 }
 
 /// Computes one round's plan. `health` gives each GPU's state (see [`HealthReader`]).
+/// Online workloads without a GPU wait (use [`with_cells::plan_round_with_cells`] to have
+/// cells place them).
 pub fn plan_round(
     cluster: &ClusterSpec,
     workloads: &Workloads,
     predictor: &SpeedPredictor,
     health: &dyn Fn(&GpuRef) -> GpuHealth,
     round: u64,
+) -> Plan {
+    plan_core(cluster, workloads, predictor, health, round, &|_| None, cluster.max_offline_per_gpu)
+}
+
+/// The round itself; `excluded` gives a reason to keep a GPU out of matching (or `None`).
+pub(crate) fn plan_core(
+    cluster: &ClusterSpec,
+    workloads: &Workloads,
+    predictor: &SpeedPredictor,
+    health: &dyn Fn(&GpuRef) -> GpuHealth,
+    round: u64,
+    excluded: &dyn Fn(&GpuRef) -> Option<String>,
+    per_gpu: usize,
 ) -> Plan {
     let t0 = Instant::now();
     let mut plan = Plan {
@@ -138,20 +175,28 @@ pub fn plan_round(
     let mut candidates = Vec::new();
     let nodes: HashMap<&str, &NodeSpec> = cluster.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     for online in &workloads.online {
-        let Some(node) = nodes.get(online.at.node.as_str()).copied() else { continue };
-        let state = health(&online.at);
-        gpu_state.insert(online.at.clone(), state.clone());
+        let Some(at) = &online.at else {
+            plan.online_waiting.push(OnlineWaiting { online: online.name.clone(), reason: "no GPU given".into() });
+            continue;
+        };
+        let Some(node) = nodes.get(at.node.as_str()).copied() else { continue };
+        let state = health(at);
+        gpu_state.insert(at.clone(), state.clone());
         if !state.is_healthy() {
-            plan.skipped_gpus.push(SkippedGpu { at: online.at.clone(), reason: state.label() });
+            plan.skipped_gpus.push(SkippedGpu { at: at.clone(), reason: state.label() });
+            continue;
+        }
+        if let Some(reason) = excluded(at) {
+            plan.skipped_gpus.push(SkippedGpu { at: at.clone(), reason });
             continue;
         }
         if cluster.tenants.get(&online.tenant).is_some_and(|r| r.no_offline_sharing) {
-            plan.skipped_gpus.push(SkippedGpu { at: online.at.clone(), reason: "tenant rule".into() });
+            plan.skipped_gpus.push(SkippedGpu { at: at.clone(), reason: "tenant rule".into() });
             continue;
         }
         let sm_percent = (100.0 - online.sm_activity_percent).clamp(0.0, 100.0);
         if sm_percent < cluster.min_offline_sm_percent {
-            plan.skipped_gpus.push(SkippedGpu { at: online.at.clone(), reason: format!("no SM room ({sm_percent:.0}%)") });
+            plan.skipped_gpus.push(SkippedGpu { at: at.clone(), reason: format!("no SM room ({sm_percent:.0}%)") });
             continue;
         }
         let memory_free_mib = node
@@ -159,7 +204,7 @@ pub fn plan_round(
             .saturating_sub(online.memory_mib)
             .saturating_sub(cluster.memory_headroom_mib);
         let quota_cap_mib = (node.gpu_memory_mib as f64 * cluster.max_offline_memory_fraction) as u64;
-        candidates.push(Candidate { at: online.at.clone(), node, online, sm_percent, memory_free_mib, quota_cap_mib });
+        candidates.push(Candidate { at: at.clone(), node, online, sm_percent, memory_free_mib, quota_cap_mib });
     }
 
     let mut ids = ProfileIds::default();
@@ -218,7 +263,7 @@ pub fn plan_round(
     let group_fits = |gi: usize, jobs: &[usize]| {
         jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum::<u64>() <= candidates[gi].memory_free_mib
     };
-    let chosen = solve::assign(&weights, cluster.max_offline_per_gpu, group_fits);
+    let chosen = solve::assign(&weights, per_gpu, group_fits);
     plan.stats.matching_ms = t1.elapsed().as_secs_f64() * 1e3;
 
     let mut placed: HashMap<usize, usize> = HashMap::new();
@@ -245,7 +290,8 @@ pub fn plan_round(
             });
         }
     }
-    let online_at: BTreeMap<&GpuRef, &OnlineWorkload> = workloads.online.iter().map(|o| (&o.at, o)).collect();
+    let online_at: BTreeMap<&GpuRef, &OnlineWorkload> =
+        workloads.online.iter().filter_map(|o| o.at.as_ref().map(|a| (a, o))).collect();
     for (j, job) in workloads.offline.iter().enumerate() {
         let Some(cur) = &job.current else {
             if !placed.contains_key(&j) {
@@ -292,5 +338,30 @@ pub fn health_fn(reader: Option<HealthReader>) -> Box<dyn Fn(&GpuRef) -> GpuHeal
             tracing::warn!("cluster has no state_dir: taking every GPU as Healthy");
             Box::new(|_: &GpuRef| GpuHealth::Healthy)
         }
+    }
+}
+
+/// The cells state named by `cluster.cells`, if any (the starting state of every round).
+pub fn load_cells(cluster: &ClusterSpec) -> Result<Option<crate::cells::Cluster>, crate::cells::ConfigError> {
+    cluster.cells.as_deref().map(crate::cells::Cluster::load).transpose()
+}
+
+/// One round as the CLI and the extender run it: health from the cluster's state directory,
+/// and, when `cells` is given, placement through a fresh copy of that cells state.
+pub fn run_round(
+    cluster: &ClusterSpec,
+    workloads: &Workloads,
+    predictor: &SpeedPredictor,
+    cells: Option<&crate::cells::Cluster>,
+    round: u64,
+) -> Plan {
+    let reader = cluster.state_dir.clone().map(|dir| HealthReader {
+        dir,
+        stale_after: std::time::Duration::from_secs(cluster.stale_after_s),
+    });
+    let health = health_fn(reader);
+    match cells {
+        Some(c) => with_cells::plan_round_with_cells(cluster, workloads, predictor, &*health, round, &mut c.clone()),
+        None => plan_round(cluster, workloads, predictor, &*health, round),
     }
 }

@@ -37,7 +37,7 @@ impl Drop for Running {
 fn start() -> Running {
     let cluster = ClusterSpec::load(&fixture("cluster.json")).unwrap();
     let workloads = Workloads::load(&fixture("workloads.json"), &cluster).unwrap();
-    let ext = Arc::new(Extender::new(cluster, workloads, plan_support::similarity_predictor()));
+    let ext = Arc::new(Extender::new(cluster, workloads, plan_support::similarity_predictor(), None));
     let server = Arc::new(extender::bind("127.0.0.1:0").unwrap());
     let addr = server.server_addr().to_ip().unwrap().to_string();
     let (s, e) = (server.clone(), ext.clone());

@@ -208,6 +208,7 @@ pub fn replay(trace: &Trace, gavel: &GavelData, predictor: &SpeedPredictor, roun
             })
             .collect(),
         tenants: BTreeMap::new(),
+        cells: None,
     };
     let gpus: Vec<(usize, GpuRef)> = cluster
         .nodes
@@ -275,7 +276,8 @@ pub fn replay(trace: &Trace, gavel: &GavelData, predictor: &SpeedPredictor, roun
                 online.push(OnlineWorkload {
                     name: if k == 0 { p.name.clone() } else { format!("{}#{k}", p.name) },
                     tenant: "ls".into(),
-                    at: gpus[i].1.clone(),
+                    at: Some(gpus[i].1.clone()),
+                    gpu_type: None,
                     memory_mib: node.gpu_memory_mib * u64::from(milli) / 1000,
                     sm_activity_percent: f64::from(milli) / 10.0,
                     profile: profile_of(&p.name),

@@ -57,6 +57,11 @@ pub struct ClusterSpec {
     /// Edge weight used when a job has no profile the predictor can use.
     #[serde(default = "default_weight")]
     pub unprofiled_weight: f64,
+    /// HiveD cells config (relative to this file): online workloads then take guaranteed
+    /// cells of their tenant's virtual cluster and offline jobs low-priority (colocated)
+    /// cells of the same GPUs.
+    #[serde(default)]
+    pub cells: Option<PathBuf>,
     /// Offline jobs per online GPU (1 = MuxFlow's pairing).
     #[serde(default = "default_per_gpu")]
     pub max_offline_per_gpu: usize,
@@ -144,21 +149,77 @@ pub struct Workloads {
     pub offline: Vec<OfflineJob>,
 }
 
-/// A latency-critical service holding one GPU (a guaranteed cell of its tenant).
+/// A latency-critical service holding one GPU (a guaranteed cell of its tenant's VC).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "OnlineRaw", into = "OnlineRaw")]
 pub struct OnlineWorkload {
     pub name: String,
+    /// Tenant, which is also its virtual cluster when cells are configured.
     pub tenant: String,
-    /// The GPU it holds.
-    #[serde(flatten)]
-    pub at: GpuRef,
+    /// The GPU it holds; `None` asks the cells to place it (cluster `cells` set).
+    pub at: Option<GpuRef>,
+    /// GPU type wanted when the cells place it (a cells chain `gpu_type`); any when absent.
+    pub gpu_type: Option<String>,
     /// GPU memory the service uses.
     pub memory_mib: u64,
     /// Its measured SM activity (0-100); the offline job gets the complement.
     pub sm_activity_percent: f64,
-    #[serde(default)]
     pub profile: Option<JobProfile>,
+}
+
+/// Wire form of [`OnlineWorkload`]: `node` and `gpu` are given together or not at all.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnlineRaw {
+    name: String,
+    tenant: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu_type: Option<String>,
+    memory_mib: u64,
+    sm_activity_percent: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    profile: Option<JobProfile>,
+}
+
+impl TryFrom<OnlineRaw> for OnlineWorkload {
+    type Error = String;
+
+    fn try_from(r: OnlineRaw) -> Result<Self, String> {
+        let at = match (r.node, r.gpu) {
+            (Some(node), Some(gpu)) => Some(GpuRef { node, gpu }),
+            (None, None) => None,
+            _ => return Err(format!("online workload `{}`: give `node` and `gpu` together, or neither", r.name)),
+        };
+        Ok(Self {
+            name: r.name,
+            tenant: r.tenant,
+            at,
+            gpu_type: r.gpu_type,
+            memory_mib: r.memory_mib,
+            sm_activity_percent: r.sm_activity_percent,
+            profile: r.profile,
+        })
+    }
+}
+
+impl From<OnlineWorkload> for OnlineRaw {
+    fn from(o: OnlineWorkload) -> Self {
+        let (node, gpu) = o.at.map_or((None, None), |g| (Some(g.node), Some(g.gpu)));
+        Self {
+            name: o.name,
+            tenant: o.tenant,
+            node,
+            gpu,
+            gpu_type: o.gpu_type,
+            memory_mib: o.memory_mib,
+            sm_activity_percent: o.sm_activity_percent,
+            profile: o.profile,
+        }
+    }
 }
 
 /// A best-effort training job waiting for (or already in) a shared GPU.
@@ -208,8 +269,11 @@ impl ClusterSpec {
     pub fn load(path: &Path) -> Result<Self, SpecError> {
         let mut spec: Self = parse(path, &read(path)?)?;
         spec.check(path)?;
-        if let Some(dir) = spec.state_dir.as_mut().filter(|d| d.is_relative()) {
-            *dir = path.parent().unwrap_or(Path::new(".")).join(&*dir);
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in [spec.state_dir.as_mut(), spec.cells.as_mut()].into_iter().flatten() {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
         }
         Ok(spec)
     }
@@ -267,11 +331,15 @@ impl Workloads {
             if !names.insert(&o.name) {
                 return Err(invalid(path, f("name"), format!("duplicate workload `{}`", o.name)));
             }
-            if !gpu_exists(&o.at) {
-                return Err(invalid(path, f("node"), format!("no GPU {} on node `{}`", o.at.gpu, o.at.node)));
-            }
-            if !held.insert(&o.at) {
-                return Err(invalid(path, f("gpu"), format!("GPU {}/{} already holds an online workload", o.at.node, o.at.gpu)));
+            if let Some(at) = &o.at {
+                if !gpu_exists(at) {
+                    return Err(invalid(path, f("node"), format!("no GPU {} on node `{}`", at.gpu, at.node)));
+                }
+                if !held.insert(at) {
+                    return Err(invalid(path, f("gpu"), format!("GPU {}/{} already holds an online workload", at.node, at.gpu)));
+                }
+            } else if cluster.cells.is_none() {
+                return Err(invalid(path, f("node"), "missing (only a cluster with `cells` places online workloads itself)"));
             }
             if !(0.0..=100.0).contains(&o.sm_activity_percent) {
                 return Err(invalid(path, f("sm_activity_percent"), "must be within 0..=100"));

@@ -63,6 +63,7 @@ pub fn cluster(nodes: &[(&str, &str, u32, u64)]) -> ClusterSpec {
             })
             .collect(),
         tenants: BTreeMap::new(),
+        cells: None,
     }
 }
 
@@ -70,7 +71,8 @@ pub fn online(name: &str, node: &str, gpu: u32, mem: u64, sm: f64, iso: f64) -> 
     OnlineWorkload {
         name: name.into(),
         tenant: "svc".into(),
-        at: GpuRef { node: node.into(), gpu },
+        at: Some(GpuRef { node: node.into(), gpu }),
+        gpu_type: None,
         memory_mib: mem,
         sm_activity_percent: sm,
         profile: Some(profile(iso)),
