@@ -96,9 +96,20 @@ pub fn cross_validate(
     folds: usize,
     cfg: &TrainConfig,
 ) -> Result<Vec<GpuReport>, PredictorError> {
+    cross_validate_folds(data, split, folds, &(0..folds).collect::<Vec<_>>(), cfg)
+}
+
+/// As [`cross_validate`], running only the folds in `which` (each held out once).
+pub fn cross_validate_folds(
+    data: &GavelData,
+    split: Split,
+    folds: usize,
+    which: &[usize],
+    cfg: &TrainConfig,
+) -> Result<Vec<GpuReport>, PredictorError> {
     let fold_sets = assign_folds(data, split, folds, cfg.seed ^ 0x5eed);
     let mut reports: BTreeMap<String, GpuReport> = BTreeMap::new();
-    for k in 0..folds {
+    for &k in which {
         let mut train = Vec::new();
         let mut test = Vec::new();
         for (p, f) in data.pairs.iter().zip(&fold_sets) {
@@ -152,7 +163,7 @@ pub fn cross_validate(
         r.mape_mlp /= n;
         r.mape_mean /= n;
         r.mape_job_mean /= n;
-        r.train_samples /= folds;
+        r.train_samples /= which.len().max(1);
     }
     Ok(out)
 }
