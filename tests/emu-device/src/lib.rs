@@ -1,1 +1,709 @@
-//! The emulated GPU: device profiles and the physics shared by all emulator processes through one state file.
+//! The emulated GPU: one device shared by every process through a mmap'd state file.
+//!
+//! `GPUEMU_STATE` names the file (created on first use with the profile `GPUEMU_PROFILE` =
+//! `t4` | `a10` | `h100`, default `t4`). The fake `libcuda` drives it as a client
+//! ([`Device::attach`], [`Device::alloc`], [`Device::launch`], ...); the fake NVML reads
+//! [`Device::snapshot`]; the fake `nvidia-cuda-mps-control` calls the `mps_*` methods.
+//! The model itself (SM sharing, clock, time) is in [`physics`].
+
+pub mod error;
+pub mod layout;
+pub mod physics;
+pub mod procinfo;
+pub mod profile;
+mod shm;
+
+pub use error::EmuError;
+pub use layout::Sample;
+pub use profile::Profile;
+
+use layout::{kstate, State, MAX_CLIENTS, STATE_SIZE};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Environment variable naming the state file.
+pub const ENV_STATE: &str = "GPUEMU_STATE";
+/// Environment variable choosing the profile of a new state file.
+pub const ENV_PROFILE: &str = "GPUEMU_PROFILE";
+/// How often (at most) a process touching the state scans for dead clients.
+pub const REAP_EVERY_NS: u64 = 20_000_000;
+/// Window of [`Snapshot::gpu_util`] / [`Snapshot::sm_activity`].
+pub const SNAPSHOT_WINDOW_NS: u64 = 100_000_000;
+const BASE_ADDR: u64 = 0x7f00_0000_0000;
+
+/// CLOCK_MONOTONIC in nanoseconds: the time base of the state file (shared by all processes).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Static facts about the emulated card.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub profile_id: String,
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub total_memory: u64,
+    pub sm_count: u32,
+    pub max_sm_clock_mhz: u32,
+    pub mem_clock_mhz: u32,
+    pub mem_bus_width: u32,
+    pub compute_capability: (u32, u32),
+    pub power_limit_mw: u32,
+    pub pci_bus: u32,
+}
+
+/// MPS control-daemon state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MpsStatus {
+    /// A daemon is running (started by the fake `nvidia-cuda-mps-control -d`).
+    pub enabled: bool,
+    /// A client died holding a context: MPS clients hang until `quit`.
+    pub poisoned: bool,
+    /// The pid whose death poisoned the server.
+    pub culprit_pid: Option<u32>,
+    /// Increments on every start.
+    pub generation: u64,
+    /// `set_default_active_thread_percentage` value.
+    pub default_active_thread_pct: u32,
+    /// Pid of the control daemon that started it.
+    pub control_pid: u32,
+}
+
+/// One process holding the device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub start_time: u64,
+    pub used_memory: u64,
+    pub contexts: u32,
+    /// Attached to the running MPS server.
+    pub mps_client: bool,
+    /// Active-thread percentage in force (100 when not capped).
+    pub active_thread_pct: u32,
+    /// Cumulative SM-weighted busy time of its kernels, in ns.
+    pub sm_time_ns: f64,
+    /// Its kernels currently queued or running.
+    pub kernels: u32,
+}
+
+/// A consistent view of the device at one instant.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub info: DeviceInfo,
+    pub timestamp_ns: u64,
+    pub memory_total: u64,
+    pub memory_used: u64,
+    pub memory_free: u64,
+    /// Current SM clock, MHz.
+    pub sm_clock_mhz: u32,
+    /// Fraction of the last [`SNAPSHOT_WINDOW_NS`] with at least one kernel running (0..=1).
+    pub gpu_util: f64,
+    /// Mean fraction of SMs busy over the same window (0..=1).
+    pub sm_activity: f64,
+    /// SMs wanted by running kernels right now.
+    pub sm_demand: f64,
+    /// SMs granted right now.
+    pub sm_in_use: f64,
+    /// Cumulative busy time, ns.
+    pub busy_ns_total: f64,
+    /// Cumulative SM-weighted busy time, ns.
+    pub sm_active_ns_total: f64,
+    pub running_kernels: u32,
+    pub processes: Vec<ProcessInfo>,
+    pub mps: MpsStatus,
+}
+
+/// Where a kernel is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelStatus {
+    /// Queued or running.
+    Pending,
+    /// Finished at `end_ns` (started at `start_ns`).
+    Done { start_ns: u64, end_ns: u64 },
+    /// Not in the table any more (collected, or its owner died).
+    Gone,
+}
+
+/// A process's registration on the device (returned by [`Device::attach`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Client {
+    slot: u32,
+    pid: u32,
+    start_time: u64,
+}
+
+impl Client {
+    /// The registered process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+/// What to launch.
+#[derive(Clone, Copy, Debug)]
+pub struct Launch {
+    /// Total thread blocks (gridDim.x * y * z).
+    pub blocks: u64,
+    /// Clock cycles each block runs.
+    pub cycles_per_block: u64,
+    /// Ticket of the previous kernel on the same stream (0 = none): stream order.
+    pub after: u64,
+}
+
+/// An open emulated device.
+pub struct Device {
+    shm: shm::Shm,
+}
+
+pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
+    // SAFETY: State is plain integers/floats; all-zero is valid, then we fill the header.
+    unsafe { std::ptr::write_bytes(st as *mut State, 0, 1) };
+    let h = &mut st.header;
+    h.magic = layout::MAGIC;
+    h.version = layout::LAYOUT_VERSION;
+    h.file_size = STATE_SIZE as u64;
+    layout::put_str(&mut h.profile_id, p.id);
+    layout::put_str(&mut h.name, p.name);
+    let seed = now ^ u64::from(std::process::id()).rotate_left(32);
+    h.uuid[..8].copy_from_slice(&seed.to_le_bytes());
+    h.uuid[8..].copy_from_slice(&(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+    h.uuid[6] = (h.uuid[6] & 0x0f) | 0x40;
+    h.uuid[8] = (h.uuid[8] & 0x3f) | 0x80;
+    h.total_memory = p.total_memory;
+    h.sm_count = p.sm_count;
+    h.max_sm_clock_mhz = p.max_sm_clock_mhz;
+    h.mem_clock_mhz = p.mem_clock_mhz;
+    h.mem_bus_width = p.mem_bus_width;
+    h.cc_major = p.compute_capability.0;
+    h.cc_minor = p.compute_capability.1;
+    h.power_limit_mw = p.power_limit_mw;
+    h.pci_bus = 0x3b;
+    h.next_addr = BASE_ADDR;
+    h.created_ns = now;
+    h.last_ns = now;
+    h.last_sample_ns = now;
+    h.sm_clock_mhz = f64::from(p.max_sm_clock_mhz);
+    h.mps_default_pct = 100;
+}
+
+fn align_up(v: u64, a: u64) -> u64 {
+    let a = a.max(1);
+    v.div_ceil(a) * a
+}
+
+impl Device {
+    /// Opens the device named by `GPUEMU_STATE` (profile of a new file from `GPUEMU_PROFILE`).
+    pub fn open_from_env() -> Result<Device, EmuError> {
+        let path = std::env::var_os(ENV_STATE).filter(|p| !p.is_empty()).ok_or(EmuError::NoStatePath)?;
+        let profile = match std::env::var(ENV_PROFILE) {
+            Ok(id) if !id.trim().is_empty() => Profile::by_id(&id).ok_or(EmuError::BadProfile(id))?,
+            _ => &profile::T4,
+        };
+        Device::open(Path::new(&path), profile)
+    }
+
+    /// Opens (or creates with `profile`) the state file at `path`.
+    pub fn open(path: &Path, profile: &Profile) -> Result<Device, EmuError> {
+        Ok(Device { shm: shm::Shm::open(path, profile, now_ns())? })
+    }
+
+    /// The state file.
+    pub fn path(&self) -> PathBuf {
+        self.shm.path().to_path_buf()
+    }
+
+    /// Locks the state and brings it up to now: advances the model and, at most every
+    /// [`REAP_EVERY_NS`], releases clients whose process has died.
+    fn locked(&self) -> shm::Guard<'_> {
+        let mut g = self.shm.lock();
+        let now = now_ns();
+        physics::advance(&mut g, now);
+        if now >= g.header.last_reap_ns + REAP_EVERY_NS {
+            g.header.last_reap_ns = now;
+            reap_dead(&mut g, now);
+        }
+        g
+    }
+
+    /// Static card facts.
+    pub fn info(&self) -> DeviceInfo {
+        info_of(&self.shm.lock())
+    }
+
+    /// Everything NVML and the tests want to see, at one instant.
+    pub fn snapshot(&self) -> Snapshot {
+        let g = self.locked();
+        let h = &g.header;
+        let (gpu_util, sm_activity) = physics::utilization(&g, SNAPSHOT_WINDOW_NS);
+        let processes = (0..MAX_CLIENTS)
+            .filter(|&c| g.clients[c].used != 0)
+            .map(|c| {
+                let cl = &g.clients[c];
+                ProcessInfo {
+                    pid: cl.pid,
+                    start_time: cl.start_time,
+                    used_memory: cl.mem_used,
+                    contexts: cl.contexts,
+                    mps_client: h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0,
+                    active_thread_pct: physics::client_pct(&g, c),
+                    sm_time_ns: cl.sm_time_ns,
+                    kernels: g
+                        .kernels
+                        .iter()
+                        .filter(|k| k.client as usize == c && (k.state == kstate::QUEUED || k.state == kstate::RUNNING))
+                        .count() as u32,
+                }
+            })
+            .collect();
+        Snapshot {
+            info: info_of(&g),
+            timestamp_ns: h.last_ns,
+            memory_total: h.total_memory,
+            memory_used: h.used_memory,
+            memory_free: h.total_memory.saturating_sub(h.used_memory),
+            sm_clock_mhz: h.sm_clock_mhz.round() as u32,
+            gpu_util,
+            sm_activity,
+            sm_demand: h.sm_demand,
+            sm_in_use: h.sm_in_use,
+            busy_ns_total: h.busy_ns,
+            sm_active_ns_total: h.sm_active_ns,
+            running_kernels: g.kernels.iter().filter(|k| k.state == kstate::RUNNING).count() as u32,
+            processes,
+            mps: mps_of(&g),
+        }
+    }
+
+    /// GPU utilization and SM activity (0..=1) over about the last `window`.
+    pub fn utilization(&self, window: Duration) -> (f64, f64) {
+        physics::utilization(&self.locked(), window.as_nanos() as u64)
+    }
+
+    /// The utilization samples kept (cumulative integrals, oldest first; time base [`now_ns`]).
+    pub fn samples(&self) -> Vec<Sample> {
+        physics::samples(&self.locked())
+    }
+
+    // ---- MPS control (fake nvidia-cuda-mps-control) ----
+
+    /// MPS state.
+    pub fn mps_status(&self) -> MpsStatus {
+        mps_of(&self.locked())
+    }
+
+    /// Starts the MPS server (idempotent while running); the default percentage resets to 100.
+    pub fn mps_start(&self, control_pid: u32) -> MpsStatus {
+        let mut g = self.locked();
+        if g.header.mps_enabled == 0 {
+            let h = &mut g.header;
+            h.mps_enabled = 1;
+            h.mps_poisoned = 0;
+            h.mps_culprit_pid = 0;
+            h.mps_generation += 1;
+            h.mps_default_pct = 100;
+            h.mps_control_pid = control_pid;
+        }
+        mps_of(&g)
+    }
+
+    /// Stops the MPS server: clears a poisoned state; clients attached to it lose their contexts
+    /// (their calls fail with `CUDA_ERROR_MPS_CLIENT_TERMINATED`).
+    pub fn mps_quit(&self) -> MpsStatus {
+        let mut g = self.locked();
+        if g.header.mps_enabled != 0 {
+            let generation = g.header.mps_generation;
+            let now = g.header.last_ns;
+            for c in 0..MAX_CLIENTS {
+                let cl = g.clients[c];
+                if cl.used != 0 && cl.mps_gen == generation && cl.contexts > 0 {
+                    g.clients[c].terminated = 1;
+                    drop_kernels(&mut g, c as u32, now);
+                }
+            }
+            let h = &mut g.header;
+            h.mps_enabled = 0;
+            h.mps_poisoned = 0;
+            h.mps_control_pid = 0;
+            physics::compute_shares(&mut g);
+        }
+        mps_of(&g)
+    }
+
+    /// Sets the server-wide default active-thread percentage (1..=100).
+    pub fn set_default_active_thread_pct(&self, pct: u32) -> Result<(), EmuError> {
+        check_pct(pct)?;
+        let mut g = self.locked();
+        if g.header.mps_enabled == 0 {
+            return Err(EmuError::InvalidValue("MPS is not running".into()));
+        }
+        g.header.mps_default_pct = pct;
+        physics::compute_shares(&mut g);
+        Ok(())
+    }
+
+    /// The server-wide default active-thread percentage.
+    pub fn default_active_thread_pct(&self) -> u32 {
+        self.locked().header.mps_default_pct
+    }
+
+    /// Caps the process `pid` at `pct` percent of the SMs (takes effect on its next kernels and
+    /// on the running ones; only while it is an MPS client).
+    pub fn set_client_active_thread_pct(&self, pid: u32, pct: u32) -> Result<(), EmuError> {
+        check_pct(pct)?;
+        let mut g = self.locked();
+        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == pid).ok_or(EmuError::NoSuchClient(pid))?;
+        g.clients[c].pct = pct;
+        physics::compute_shares(&mut g);
+        Ok(())
+    }
+
+    // ---- Client side (fake libcuda) ----
+
+    /// Registers the calling process (idempotent).
+    pub fn attach(&self) -> Result<Client, EmuError> {
+        let (pid, start_time) = procinfo::me();
+        let mut g = self.locked();
+        if let Some(c) = (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == pid) {
+            if g.clients[c].start_time == start_time {
+                return Ok(Client { slot: c as u32, pid, start_time });
+            }
+            let now = g.header.last_ns;
+            release_client(&mut g, c, now);
+        }
+        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used == 0).ok_or(EmuError::TooManyClients)?;
+        g.clients[c] = layout::ClientSlot { used: 1, pid, start_time, ..Default::default() };
+        Ok(Client { slot: c as u32, pid, start_time })
+    }
+
+    fn slot_ok(g: &State, c: &Client) -> bool {
+        let s = &g.clients[c.slot as usize % MAX_CLIENTS];
+        s.used != 0 && s.pid == c.pid && s.start_time == c.start_time
+    }
+
+    /// A context was created: joins the running MPS server (refused while it is poisoned) and
+    /// applies `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from the client's environment if given.
+    pub fn context_created(&self, c: &Client, env_pct: Option<u32>) -> Result<(), EmuError> {
+        let mut g = self.locked();
+        if !Self::slot_ok(&g, c) {
+            return Err(EmuError::NoSuchClient(c.pid));
+        }
+        let h = g.header;
+        let cl = &mut g.clients[c.slot as usize];
+        if cl.terminated != 0 {
+            if cl.contexts > 0 {
+                return Err(EmuError::MpsClientTerminated);
+            }
+            cl.terminated = 0;
+            cl.mps_gen = 0;
+        }
+        if h.mps_enabled != 0 {
+            if h.mps_poisoned != 0 {
+                return Err(EmuError::MpsServerNotReady);
+            }
+            cl.mps_gen = h.mps_generation;
+            if let Some(p) = env_pct.filter(|p| (1..=100).contains(p)) {
+                if cl.pct == 0 {
+                    cl.pct = p;
+                }
+            }
+        }
+        cl.contexts += 1;
+        Ok(())
+    }
+
+    /// A context was destroyed (or the process released it at exit).
+    pub fn context_destroyed(&self, c: &Client) {
+        let mut g = self.locked();
+        if Self::slot_ok(&g, c) {
+            let cl = &mut g.clients[c.slot as usize];
+            cl.contexts = cl.contexts.saturating_sub(1);
+        }
+    }
+
+    /// Live contexts this client holds according to the device.
+    pub fn contexts(&self, c: &Client) -> u32 {
+        let g = self.locked();
+        if Self::slot_ok(&g, c) { g.clients[c.slot as usize].contexts } else { 0 }
+    }
+
+    /// The MPS gate every GPU-touching call passes: fails once the client's MPS server is gone
+    /// and blocks (the hang a real MPS server shows) while the server is poisoned.
+    pub fn gate(&self, c: &Client) -> Result<(), EmuError> {
+        loop {
+            {
+                let g = self.locked();
+                gate_state(&g, c)?;
+                if !poisoned_for(&g, c) {
+                    return Ok(());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Free and total device memory as the driver reports it.
+    pub fn mem_info(&self) -> (u64, u64) {
+        let g = self.locked();
+        (g.header.total_memory.saturating_sub(g.header.used_memory), g.header.total_memory)
+    }
+
+    /// Commits `bytes` of device memory to the client and returns a fresh device address.
+    pub fn alloc(&self, c: &Client, bytes: u64, align: u64) -> Result<u64, EmuError> {
+        let mut g = self.locked();
+        gate_state(&g, c)?;
+        if bytes == 0 {
+            return Err(EmuError::InvalidValue("allocation of 0 bytes".into()));
+        }
+        let free = g.header.total_memory.saturating_sub(g.header.used_memory);
+        if bytes > free {
+            return Err(EmuError::OutOfMemory { requested: bytes, free });
+        }
+        g.header.used_memory += bytes;
+        g.clients[c.slot as usize].mem_used += bytes;
+        Ok(bump(&mut g, bytes, align.max(512)))
+    }
+
+    /// Commits `bytes` without handing out an address (physical memory of `cuMemCreate`, arrays).
+    pub fn commit(&self, c: &Client, bytes: u64) -> Result<(), EmuError> {
+        let mut g = self.locked();
+        gate_state(&g, c)?;
+        let free = g.header.total_memory.saturating_sub(g.header.used_memory);
+        if bytes > free {
+            return Err(EmuError::OutOfMemory { requested: bytes, free });
+        }
+        g.header.used_memory += bytes;
+        g.clients[c.slot as usize].mem_used += bytes;
+        Ok(())
+    }
+
+    /// Gives back `bytes` committed by this client.
+    pub fn free(&self, c: &Client, bytes: u64) {
+        let mut g = self.locked();
+        if !Self::slot_ok(&g, c) {
+            return;
+        }
+        let cl = &mut g.clients[c.slot as usize];
+        let b = bytes.min(cl.mem_used);
+        cl.mem_used -= b;
+        g.header.used_memory = g.header.used_memory.saturating_sub(b);
+    }
+
+    /// Reserves a device virtual address range (no memory committed).
+    pub fn reserve_address(&self, size: u64, align: u64) -> u64 {
+        let mut g = self.locked();
+        bump(&mut g, size.max(1), align.max(2 << 20))
+    }
+
+    /// Enqueues a kernel; returns its ticket. Waits for a free kernel slot if the table is full.
+    pub fn launch(&self, c: &Client, l: Launch) -> Result<u64, EmuError> {
+        loop {
+            {
+                let mut g = self.locked();
+                gate_state(&g, c)?;
+                if !poisoned_for(&g, c) {
+                    if let Some(i) = free_kernel_slot(&mut g) {
+                        let sms = u64::from(g.header.sm_count.max(1));
+                        let blocks = l.blocks.max(1);
+                        let work = blocks as f64 * l.cycles_per_block.max(1) as f64;
+                        g.header.ticket_counter += 1;
+                        let ticket = g.header.ticket_counter;
+                        let now = g.header.last_ns;
+                        g.kernels[i] = layout::KernelSlot {
+                            state: kstate::QUEUED,
+                            client: c.slot,
+                            ticket,
+                            dep_ticket: l.after,
+                            demand: blocks.min(sms) as f64,
+                            work_left: work,
+                            work_total: work,
+                            enq_ns: now,
+                            ..Default::default()
+                        };
+                        physics::advance(&mut g, now);
+                        return Ok(ticket);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Where the kernel `ticket` is.
+    pub fn kernel_status(&self, ticket: u64) -> KernelStatus {
+        status_of(&self.locked(), ticket)
+    }
+
+    /// Blocks until kernel `ticket` has finished (emulated time); returns its end time.
+    /// Blocks indefinitely while the client's MPS server is poisoned; fails once it is gone.
+    pub fn wait(&self, c: &Client, ticket: u64) -> Result<u64, EmuError> {
+        loop {
+            let pause = {
+                let g = self.locked();
+                gate_state(&g, c)?;
+                match status_of(&g, ticket) {
+                    KernelStatus::Done { end_ns, .. } => return Ok(end_ns),
+                    KernelStatus::Gone => return Ok(g.header.last_ns),
+                    KernelStatus::Pending => predicted_wait(&g, ticket),
+                }
+            };
+            std::thread::sleep(pause);
+        }
+    }
+
+    /// Frees the slot of a finished kernel whose completion the owner has observed.
+    pub fn collect(&self, ticket: u64) {
+        let mut g = self.shm.lock();
+        if let Some(k) = g.kernels.iter_mut().find(|k| k.ticket == ticket && k.state == kstate::DONE) {
+            *k = layout::KernelSlot::default();
+        }
+    }
+
+    /// Clean exit of the calling process: drops its contexts and memory (what a real driver does
+    /// at process teardown), so its later disappearance harms no one.
+    pub fn detach(&self, c: &Client) {
+        let mut g = self.locked();
+        if Self::slot_ok(&g, c) {
+            let now = g.header.last_ns;
+            release_client(&mut g, c.slot as usize, now);
+        }
+    }
+}
+
+fn check_pct(pct: u32) -> Result<(), EmuError> {
+    if (1..=100).contains(&pct) {
+        Ok(())
+    } else {
+        Err(EmuError::InvalidValue(format!("active thread percentage {pct} is outside 1..=100")))
+    }
+}
+
+fn bump(st: &mut State, bytes: u64, align: u64) -> u64 {
+    let addr = align_up(st.header.next_addr, align);
+    st.header.next_addr = align_up(addr + bytes, 512);
+    addr
+}
+
+fn gate_state(st: &State, c: &Client) -> Result<(), EmuError> {
+    let s = &st.clients[c.slot as usize % MAX_CLIENTS];
+    if s.used == 0 || s.pid != c.pid || s.start_time != c.start_time {
+        return Err(EmuError::NoSuchClient(c.pid));
+    }
+    if s.terminated != 0 {
+        return Err(EmuError::MpsClientTerminated);
+    }
+    Ok(())
+}
+
+fn poisoned_for(st: &State, c: &Client) -> bool {
+    let s = &st.clients[c.slot as usize % MAX_CLIENTS];
+    st.header.mps_enabled != 0 && st.header.mps_poisoned != 0 && s.mps_gen == st.header.mps_generation && s.mps_gen != 0
+}
+
+fn status_of(st: &State, ticket: u64) -> KernelStatus {
+    match st.kernels.iter().find(|k| k.ticket == ticket && k.state != kstate::FREE) {
+        Some(k) if k.state == kstate::DONE => KernelStatus::Done { start_ns: k.start_ns, end_ns: k.end_ns },
+        Some(_) => KernelStatus::Pending,
+        None => KernelStatus::Gone,
+    }
+}
+
+fn predicted_wait(st: &State, ticket: u64) -> Duration {
+    let rate = st.header.sm_clock_mhz / 1000.0;
+    let ns = st
+        .kernels
+        .iter()
+        .find(|k| k.ticket == ticket)
+        .filter(|k| k.state == kstate::RUNNING && k.share > 0.0 && rate > 0.0)
+        .map(|k| k.work_left / (k.share * rate))
+        .unwrap_or(1_000_000.0);
+    Duration::from_nanos(ns.clamp(20_000.0, 2_000_000.0) as u64)
+}
+
+fn free_kernel_slot(st: &mut State) -> Option<usize> {
+    if let Some(i) = st.kernels.iter().position(|k| k.state == kstate::FREE) {
+        return Some(i);
+    }
+    // Full: reuse the oldest finished kernel nobody collected.
+    let i = (0..st.kernels.len()).filter(|&i| st.kernels[i].state == kstate::DONE).min_by_key(|&i| st.kernels[i].end_ns)?;
+    st.kernels[i] = layout::KernelSlot::default();
+    Some(i)
+}
+
+fn drop_kernels(st: &mut State, client: u32, now: u64) {
+    for k in st.kernels.iter_mut() {
+        if k.client == client && k.state != kstate::FREE {
+            if k.state == kstate::DONE {
+                *k = layout::KernelSlot::default();
+            } else {
+                k.state = kstate::DONE;
+                k.end_ns = now;
+                k.share = 0.0;
+            }
+        }
+    }
+}
+
+fn release_client(st: &mut State, c: usize, now: u64) {
+    let cl = st.clients[c];
+    st.header.used_memory = st.header.used_memory.saturating_sub(cl.mem_used);
+    drop_kernels(st, c as u32, now);
+    for k in st.kernels.iter_mut().filter(|k| k.client == c as u32 && k.state == kstate::DONE) {
+        *k = layout::KernelSlot::default();
+    }
+    st.clients[c] = layout::ClientSlot::default();
+    physics::compute_shares(st);
+}
+
+/// Releases every client whose process is gone; one that died holding a context attached to
+/// the running MPS server poisons it.
+fn reap_dead(st: &mut State, now: u64) {
+    for c in 0..MAX_CLIENTS {
+        let cl = st.clients[c];
+        if cl.used == 0 || procinfo::alive(cl.pid, cl.start_time) {
+            continue;
+        }
+        let h = &mut st.header;
+        if cl.contexts > 0 && cl.terminated == 0 && h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0 {
+            if h.mps_poisoned == 0 {
+                h.mps_culprit_pid = cl.pid;
+            }
+            h.mps_poisoned = 1;
+        }
+        release_client(st, c, now);
+    }
+}
+
+fn info_of(st: &State) -> DeviceInfo {
+    let h = &st.header;
+    DeviceInfo {
+        profile_id: layout::get_str(&h.profile_id),
+        name: layout::get_str(&h.name),
+        uuid: h.uuid,
+        total_memory: h.total_memory,
+        sm_count: h.sm_count,
+        max_sm_clock_mhz: h.max_sm_clock_mhz,
+        mem_clock_mhz: h.mem_clock_mhz,
+        mem_bus_width: h.mem_bus_width,
+        compute_capability: (h.cc_major, h.cc_minor),
+        power_limit_mw: h.power_limit_mw,
+        pci_bus: h.pci_bus,
+    }
+}
+
+fn mps_of(st: &State) -> MpsStatus {
+    let h = &st.header;
+    MpsStatus {
+        enabled: h.mps_enabled != 0,
+        poisoned: h.mps_poisoned != 0,
+        culprit_pid: (h.mps_culprit_pid != 0).then_some(h.mps_culprit_pid),
+        generation: h.mps_generation,
+        default_active_thread_pct: h.mps_default_pct,
+        control_pid: h.mps_control_pid,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! The proc table: every driver entry point we declare, per ABI version (as `PFN_<name>_v<ver>[_ptsz]`
+//! in `cudaTypedefs.h`), with the exported symbol that implements it and its C signature.
+#![allow(non_camel_case_types, non_snake_case)]
+
+use crate::result::CUresult;
+use crate::types::*;
+use std::os::raw::{c_char, c_float, c_int, c_uchar, c_uint, c_void};
+
+/// Which default-stream flavour an entry implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// The ordinary (legacy default stream) entry.
+    Plain,
+    /// The per-thread-default-stream entry of a stream-ordered call (`_ptsz`).
+    Ptsz,
+    /// The per-thread-default-stream entry of a synchronous copy/memset (`_ptds`).
+    Ptds,
+}
+
+impl Variant {
+    /// True for the per-thread (`_ptsz` / `_ptds`) variants.
+    pub fn is_per_thread(self) -> bool {
+        !matches!(self, Variant::Plain)
+    }
+}
+
+/// One (name, version, variant) row of the table.
+#[derive(Debug)]
+pub struct ProcEntry {
+    /// API name as passed to `cuGetProcAddress` (`"cuMemAlloc"`).
+    pub name: &'static str,
+    /// The CUDA version that introduced this ABI (`3020` = CUDA 3.2).
+    pub version: u32,
+    /// Default-stream flavour.
+    pub variant: Variant,
+    /// Exported symbol implementing it (`"cuMemAlloc_v2"`).
+    pub symbol: &'static str,
+    /// The `cudaTypedefs.h` typedef (`"PFN_cuMemAlloc_v3020"`) and our Rust alias of the same name.
+    pub pfn: &'static str,
+    /// `(parameter name, Rust type as written)` in order.
+    pub params: &'static [(&'static str, &'static str)],
+}
+
+impl ProcEntry {
+    /// The C parameter list derived from the Rust declaration, e.g. `"CUdeviceptr *dptr, size_t bytesize"`.
+    pub fn c_params(&self) -> String {
+        if self.params.is_empty() {
+            return "void".to_string();
+        }
+        self.params
+            .iter()
+            .map(|(n, t)| format!("{} {}", c_type(t), n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A C typedef of our declaration named `alias`, for compile-time comparison with the header.
+    pub fn c_typedef(&self, alias: &str) -> String {
+        format!("typedef CUresult (*{alias})({});", self.c_params())
+    }
+}
+
+/// Translates a Rust type as written in the table (`*mut *const c_char`) into C (`const char * *`).
+pub fn c_type(rust: &str) -> String {
+    let t = rust.trim();
+    if let Some(rest) = t.strip_prefix("*mut") {
+        return format!("{} *", c_type(rest));
+    }
+    if let Some(rest) = t.strip_prefix("*const") {
+        let inner = c_type(rest);
+        return if inner.ends_with('*') { format!("{inner} const *") } else { format!("const {inner} *") };
+    }
+    match t {
+        "c_void" => "void",
+        "c_char" => "char",
+        "c_uchar" => "unsigned char",
+        "c_int" => "int",
+        "c_uint" => "unsigned int",
+        "c_float" | "f32" => "float",
+        "usize" => "size_t",
+        "u64" => "unsigned long long",
+        "u32" => "unsigned int",
+        other => other,
+    }
+    .to_string()
+}
+
+macro_rules! proc_table {
+    ($( $pfn:ident = $name:ident @ $ver:literal $variant:ident => $sym:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*) => {
+        $(
+            #[doc = concat!("`", stringify!($pfn), "`: `", stringify!($name), "` as exported by `", stringify!($sym), "`.")]
+            pub type $pfn = unsafe extern "C" fn($($arg: $ty),*) -> CUresult;
+        )*
+        /// Every declared entry point version.
+        pub static PROC_TABLE: &[ProcEntry] = &[$(
+            ProcEntry {
+                name: stringify!($name),
+                version: $ver,
+                variant: Variant::$variant,
+                symbol: stringify!($sym),
+                pfn: stringify!($pfn),
+                params: &[$((stringify!($arg), stringify!($ty))),*],
+            },
+        )*];
+    };
+}
+
+proc_table! {
+    PFN_cuGetErrorString_v6000 = cuGetErrorString @ 6000 Plain => cuGetErrorString(error: CUresult, pStr: *mut *const c_char);
+    PFN_cuGetErrorName_v6000 = cuGetErrorName @ 6000 Plain => cuGetErrorName(error: CUresult, pStr: *mut *const c_char);
+    PFN_cuInit_v2000 = cuInit @ 2000 Plain => cuInit(Flags: c_uint);
+    PFN_cuDriverGetVersion_v2020 = cuDriverGetVersion @ 2020 Plain => cuDriverGetVersion(driverVersion: *mut c_int);
+    PFN_cuDeviceGet_v2000 = cuDeviceGet @ 2000 Plain => cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
+    PFN_cuDeviceGetCount_v2000 = cuDeviceGetCount @ 2000 Plain => cuDeviceGetCount(count: *mut c_int);
+    PFN_cuDeviceGetName_v2000 = cuDeviceGetName @ 2000 Plain => cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
+    PFN_cuDeviceGetUuid_v9020 = cuDeviceGetUuid @ 9020 Plain => cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
+    PFN_cuDeviceGetUuid_v11040 = cuDeviceGetUuid @ 11040 Plain => cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
+    PFN_cuDeviceTotalMem_v2000 = cuDeviceTotalMem @ 2000 Plain => cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice);
+    PFN_cuDeviceTotalMem_v3020 = cuDeviceTotalMem @ 3020 Plain => cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice);
+    PFN_cuDeviceGetAttribute_v2000 = cuDeviceGetAttribute @ 2000 Plain => cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice);
+    PFN_cuDeviceComputeCapability_v2000 = cuDeviceComputeCapability @ 2000 Plain => cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice);
+    PFN_cuDeviceGetPCIBusId_v4010 = cuDeviceGetPCIBusId @ 4010 Plain => cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice);
+    PFN_cuDevicePrimaryCtxRetain_v7000 = cuDevicePrimaryCtxRetain @ 7000 Plain => cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice);
+    PFN_cuDevicePrimaryCtxRelease_v7000 = cuDevicePrimaryCtxRelease @ 7000 Plain => cuDevicePrimaryCtxRelease(dev: CUdevice);
+    PFN_cuDevicePrimaryCtxRelease_v11000 = cuDevicePrimaryCtxRelease @ 11000 Plain => cuDevicePrimaryCtxRelease_v2(dev: CUdevice);
+    PFN_cuDevicePrimaryCtxSetFlags_v7000 = cuDevicePrimaryCtxSetFlags @ 7000 Plain => cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint);
+    PFN_cuDevicePrimaryCtxSetFlags_v11000 = cuDevicePrimaryCtxSetFlags @ 11000 Plain => cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint);
+    PFN_cuDevicePrimaryCtxGetState_v7000 = cuDevicePrimaryCtxGetState @ 7000 Plain => cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
+    PFN_cuDevicePrimaryCtxReset_v7000 = cuDevicePrimaryCtxReset @ 7000 Plain => cuDevicePrimaryCtxReset(dev: CUdevice);
+    PFN_cuDevicePrimaryCtxReset_v11000 = cuDevicePrimaryCtxReset @ 11000 Plain => cuDevicePrimaryCtxReset_v2(dev: CUdevice);
+    PFN_cuCtxCreate_v2000 = cuCtxCreate @ 2000 Plain => cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
+    PFN_cuCtxCreate_v3020 = cuCtxCreate @ 3020 Plain => cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
+    PFN_cuCtxCreate_v11040 = cuCtxCreate @ 11040 Plain => cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut CUexecAffinityParam, numParams: c_int, flags: c_uint, dev: CUdevice);
+    PFN_cuCtxCreate_v12050 = cuCtxCreate @ 12050 Plain => cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice);
+    PFN_cuCtxDestroy_v2000 = cuCtxDestroy @ 2000 Plain => cuCtxDestroy(ctx: CUcontext);
+    PFN_cuCtxDestroy_v4000 = cuCtxDestroy @ 4000 Plain => cuCtxDestroy_v2(ctx: CUcontext);
+    PFN_cuCtxPushCurrent_v2000 = cuCtxPushCurrent @ 2000 Plain => cuCtxPushCurrent(ctx: CUcontext);
+    PFN_cuCtxPushCurrent_v4000 = cuCtxPushCurrent @ 4000 Plain => cuCtxPushCurrent_v2(ctx: CUcontext);
+    PFN_cuCtxPopCurrent_v2000 = cuCtxPopCurrent @ 2000 Plain => cuCtxPopCurrent(pctx: *mut CUcontext);
+    PFN_cuCtxPopCurrent_v4000 = cuCtxPopCurrent @ 4000 Plain => cuCtxPopCurrent_v2(pctx: *mut CUcontext);
+    PFN_cuCtxSetCurrent_v4000 = cuCtxSetCurrent @ 4000 Plain => cuCtxSetCurrent(ctx: CUcontext);
+    PFN_cuCtxGetCurrent_v4000 = cuCtxGetCurrent @ 4000 Plain => cuCtxGetCurrent(pctx: *mut CUcontext);
+    PFN_cuCtxGetDevice_v2000 = cuCtxGetDevice @ 2000 Plain => cuCtxGetDevice(device: *mut CUdevice);
+    PFN_cuCtxGetFlags_v7000 = cuCtxGetFlags @ 7000 Plain => cuCtxGetFlags(flags: *mut c_uint);
+    PFN_cuCtxSynchronize_v2000 = cuCtxSynchronize @ 2000 Plain => cuCtxSynchronize();
+    PFN_cuCtxGetApiVersion_v3020 = cuCtxGetApiVersion @ 3020 Plain => cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint);
+    PFN_cuCtxGetStreamPriorityRange_v5050 = cuCtxGetStreamPriorityRange @ 5050 Plain => cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int);
+    PFN_cuModuleLoadData_v2000 = cuModuleLoadData @ 2000 Plain => cuModuleLoadData(module: *mut CUmodule, image: *const c_void);
+    PFN_cuModuleLoadDataEx_v2010 = cuModuleLoadDataEx @ 2010 Plain => cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, numOptions: c_uint, options: *mut CUjit_option, optionValues: *mut *mut c_void);
+    PFN_cuModuleUnload_v2000 = cuModuleUnload @ 2000 Plain => cuModuleUnload(hmod: CUmodule);
+    PFN_cuModuleGetFunction_v2000 = cuModuleGetFunction @ 2000 Plain => cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char);
+    PFN_cuFuncGetAttribute_v2020 = cuFuncGetAttribute @ 2020 Plain => cuFuncGetAttribute(pi: *mut c_int, attrib: CUfunction_attribute, hfunc: CUfunction);
+    PFN_cuMemGetInfo_v2000 = cuMemGetInfo @ 2000 Plain => cuMemGetInfo(free: *mut c_uint, total: *mut c_uint);
+    PFN_cuMemGetInfo_v3020 = cuMemGetInfo @ 3020 Plain => cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+    PFN_cuMemAlloc_v2000 = cuMemAlloc @ 2000 Plain => cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint);
+    PFN_cuMemAlloc_v3020 = cuMemAlloc @ 3020 Plain => cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize);
+    PFN_cuMemAllocPitch_v2000 = cuMemAllocPitch @ 2000 Plain => cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pPitch: *mut c_uint, WidthInBytes: c_uint, Height: c_uint, ElementSizeBytes: c_uint);
+    PFN_cuMemAllocPitch_v3020 = cuMemAllocPitch @ 3020 Plain => cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: c_uint);
+    PFN_cuMemFree_v2000 = cuMemFree @ 2000 Plain => cuMemFree(dptr: CUdeviceptr_v1);
+    PFN_cuMemFree_v3020 = cuMemFree @ 3020 Plain => cuMemFree_v2(dptr: CUdeviceptr);
+    PFN_cuMemGetAddressRange_v3020 = cuMemGetAddressRange @ 3020 Plain => cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr);
+    PFN_cuMemAllocHost_v3020 = cuMemAllocHost @ 3020 Plain => cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize);
+    PFN_cuMemFreeHost_v2000 = cuMemFreeHost @ 2000 Plain => cuMemFreeHost(p: *mut c_void);
+    PFN_cuMemHostAlloc_v2020 = cuMemHostAlloc @ 2020 Plain => cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint);
+    PFN_cuMemAllocManaged_v6000 = cuMemAllocManaged @ 6000 Plain => cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint);
+    PFN_cuIpcOpenMemHandle_v4010 = cuIpcOpenMemHandle @ 4010 Plain => cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint);
+    PFN_cuIpcOpenMemHandle_v11000 = cuIpcOpenMemHandle @ 11000 Plain => cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint);
+    PFN_cuMemcpyHtoD_v2000 = cuMemcpyHtoD @ 2000 Plain => cuMemcpyHtoD(dstDevice: CUdeviceptr_v1, srcHost: *const c_void, ByteCount: c_uint);
+    PFN_cuMemcpyHtoD_v3020 = cuMemcpyHtoD @ 3020 Plain => cuMemcpyHtoD_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize);
+    PFN_cuMemcpyHtoD_v7000_ptds = cuMemcpyHtoD @ 7000 Ptds => cuMemcpyHtoD_v2_ptds(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize);
+    PFN_cuMemcpyDtoH_v2000 = cuMemcpyDtoH @ 2000 Plain => cuMemcpyDtoH(dstHost: *mut c_void, srcDevice: CUdeviceptr_v1, ByteCount: c_uint);
+    PFN_cuMemcpyDtoH_v3020 = cuMemcpyDtoH @ 3020 Plain => cuMemcpyDtoH_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize);
+    PFN_cuMemcpyDtoH_v7000_ptds = cuMemcpyDtoH @ 7000 Ptds => cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize);
+    PFN_cuMemcpyDtoD_v3020 = cuMemcpyDtoD @ 3020 Plain => cuMemcpyDtoD_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize);
+    PFN_cuMemcpyDtoD_v7000_ptds = cuMemcpyDtoD @ 7000 Ptds => cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize);
+    PFN_cuMemcpyHtoDAsync_v3020 = cuMemcpyHtoDAsync @ 3020 Plain => cuMemcpyHtoDAsync_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    PFN_cuMemcpyHtoDAsync_v7000_ptsz = cuMemcpyHtoDAsync @ 7000 Ptsz => cuMemcpyHtoDAsync_v2_ptsz(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    PFN_cuMemcpyDtoHAsync_v3020 = cuMemcpyDtoHAsync @ 3020 Plain => cuMemcpyDtoHAsync_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    PFN_cuMemcpyDtoHAsync_v7000_ptsz = cuMemcpyDtoHAsync @ 7000 Ptsz => cuMemcpyDtoHAsync_v2_ptsz(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    PFN_cuMemsetD8_v3020 = cuMemsetD8 @ 3020 Plain => cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize);
+    PFN_cuMemsetD8_v7000_ptds = cuMemsetD8 @ 7000 Ptds => cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize);
+    PFN_cuArrayCreate_v3020 = cuArrayCreate @ 3020 Plain => cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR);
+    PFN_cuArray3DCreate_v3020 = cuArray3DCreate @ 3020 Plain => cuArray3DCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR);
+    PFN_cuArrayDestroy_v2000 = cuArrayDestroy @ 2000 Plain => cuArrayDestroy(hArray: CUarray);
+    PFN_cuMipmappedArrayCreate_v5000 = cuMipmappedArrayCreate @ 5000 Plain => cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: c_uint);
+    PFN_cuMipmappedArrayDestroy_v5000 = cuMipmappedArrayDestroy @ 5000 Plain => cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray);
+    PFN_cuMemAddressReserve_v10020 = cuMemAddressReserve @ 10020 Plain => cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64);
+    PFN_cuMemAddressFree_v10020 = cuMemAddressFree @ 10020 Plain => cuMemAddressFree(ptr: CUdeviceptr, size: usize);
+    PFN_cuMemCreate_v10020 = cuMemCreate @ 10020 Plain => cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64);
+    PFN_cuMemRelease_v10020 = cuMemRelease @ 10020 Plain => cuMemRelease(handle: CUmemGenericAllocationHandle);
+    PFN_cuMemMap_v10020 = cuMemMap @ 10020 Plain => cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64);
+    PFN_cuMemUnmap_v10020 = cuMemUnmap @ 10020 Plain => cuMemUnmap(ptr: CUdeviceptr, size: usize);
+    PFN_cuMemSetAccess_v10020 = cuMemSetAccess @ 10020 Plain => cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize);
+    PFN_cuMemGetAllocationGranularity_v10020 = cuMemGetAllocationGranularity @ 10020 Plain => cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags);
+    PFN_cuMemFreeAsync_v11020 = cuMemFreeAsync @ 11020 Plain => cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream);
+    PFN_cuMemFreeAsync_v11020_ptsz = cuMemFreeAsync @ 11020 Ptsz => cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream);
+    PFN_cuMemAllocAsync_v11020 = cuMemAllocAsync @ 11020 Plain => cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream);
+    PFN_cuMemAllocAsync_v11020_ptsz = cuMemAllocAsync @ 11020 Ptsz => cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream);
+    PFN_cuMemPoolCreate_v11020 = cuMemPoolCreate @ 11020 Plain => cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps);
+    PFN_cuMemPoolDestroy_v11020 = cuMemPoolDestroy @ 11020 Plain => cuMemPoolDestroy(pool: CUmemoryPool);
+    PFN_cuMemAllocFromPoolAsync_v11020 = cuMemAllocFromPoolAsync @ 11020 Plain => cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream);
+    PFN_cuMemAllocFromPoolAsync_v11020_ptsz = cuMemAllocFromPoolAsync @ 11020 Ptsz => cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream);
+    PFN_cuPointerGetAttribute_v4000 = cuPointerGetAttribute @ 4000 Plain => cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
+    PFN_cuStreamCreate_v2000 = cuStreamCreate @ 2000 Plain => cuStreamCreate(phStream: *mut CUstream, Flags: c_uint);
+    PFN_cuStreamWaitEvent_v3020 = cuStreamWaitEvent @ 3020 Plain => cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint);
+    PFN_cuStreamWaitEvent_v7000_ptsz = cuStreamWaitEvent @ 7000 Ptsz => cuStreamWaitEvent_ptsz(hStream: CUstream, hEvent: CUevent, Flags: c_uint);
+    PFN_cuStreamQuery_v2000 = cuStreamQuery @ 2000 Plain => cuStreamQuery(hStream: CUstream);
+    PFN_cuStreamQuery_v7000_ptsz = cuStreamQuery @ 7000 Ptsz => cuStreamQuery_ptsz(hStream: CUstream);
+    PFN_cuStreamSynchronize_v2000 = cuStreamSynchronize @ 2000 Plain => cuStreamSynchronize(hStream: CUstream);
+    PFN_cuStreamSynchronize_v7000_ptsz = cuStreamSynchronize @ 7000 Ptsz => cuStreamSynchronize_ptsz(hStream: CUstream);
+    PFN_cuStreamDestroy_v2000 = cuStreamDestroy @ 2000 Plain => cuStreamDestroy(hStream: CUstream);
+    PFN_cuStreamDestroy_v4000 = cuStreamDestroy @ 4000 Plain => cuStreamDestroy_v2(hStream: CUstream);
+    PFN_cuEventCreate_v2000 = cuEventCreate @ 2000 Plain => cuEventCreate(phEvent: *mut CUevent, Flags: c_uint);
+    PFN_cuEventRecord_v2000 = cuEventRecord @ 2000 Plain => cuEventRecord(hEvent: CUevent, hStream: CUstream);
+    PFN_cuEventRecord_v7000_ptsz = cuEventRecord @ 7000 Ptsz => cuEventRecord_ptsz(hEvent: CUevent, hStream: CUstream);
+    PFN_cuEventQuery_v2000 = cuEventQuery @ 2000 Plain => cuEventQuery(hEvent: CUevent);
+    PFN_cuEventSynchronize_v2000 = cuEventSynchronize @ 2000 Plain => cuEventSynchronize(hEvent: CUevent);
+    PFN_cuEventDestroy_v2000 = cuEventDestroy @ 2000 Plain => cuEventDestroy(hEvent: CUevent);
+    PFN_cuEventDestroy_v4000 = cuEventDestroy @ 4000 Plain => cuEventDestroy_v2(hEvent: CUevent);
+    PFN_cuEventElapsedTime_v2000 = cuEventElapsedTime @ 2000 Plain => cuEventElapsedTime(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent);
+    PFN_cuEventElapsedTime_v12080 = cuEventElapsedTime @ 12080 Plain => cuEventElapsedTime_v2(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent);
+    PFN_cuLaunchKernel_v4000 = cuLaunchKernel @ 4000 Plain => cuLaunchKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
+    PFN_cuLaunchKernel_v7000_ptsz = cuLaunchKernel @ 7000 Ptsz => cuLaunchKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
+    PFN_cuLaunchKernelEx_v11060 = cuLaunchKernelEx @ 11060 Plain => cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
+    PFN_cuLaunchKernelEx_v11060_ptsz = cuLaunchKernelEx @ 11060 Ptsz => cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
+    PFN_cuLaunchCooperativeKernel_v9000 = cuLaunchCooperativeKernel @ 9000 Plain => cuLaunchCooperativeKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void);
+    PFN_cuLaunchCooperativeKernel_v9000_ptsz = cuLaunchCooperativeKernel @ 9000 Ptsz => cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void);
+    PFN_cuGraphLaunch_v10000 = cuGraphLaunch @ 10000 Plain => cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);
+    PFN_cuGraphLaunch_v10000_ptsz = cuGraphLaunch @ 10000 Ptsz => cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
+    PFN_cuGetExportTable_v3000 = cuGetExportTable @ 3000 Plain => cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid);
+    PFN_cuGetProcAddress_v11030 = cuGetProcAddress @ 11030 Plain => cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: cuuint64_t);
+    PFN_cuGetProcAddress_v12000 = cuGetProcAddress @ 12000 Plain => cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: cuuint64_t, symbolFound: *mut CUdriverProcAddressQueryResult);
+}

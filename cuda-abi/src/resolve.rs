@@ -1,0 +1,153 @@
+//! The pure `cuGetProcAddress` resolver: (name, requested CUDA version, flags) -> table entry.
+
+use crate::procs::{ProcEntry, PROC_TABLE};
+use crate::types::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+
+/// Outcome of a lookup, mirroring `CUdriverProcAddressQueryResult`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The entry (and so the exported symbol and ABI) that answers the request.
+    Found(&'static ProcEntry),
+    /// No entry point of that name is known (`CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND`).
+    SymbolNotFound,
+    /// The name is known but every ABI of it is newer than the requested version
+    /// (`CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`).
+    VersionNotSufficient,
+}
+
+impl PartialEq for ProcEntry {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+impl Eq for ProcEntry {}
+
+/// Resolves against the crate's [`PROC_TABLE`].
+pub fn resolve(name: &str, cuda_version: i32, flags: u64) -> Resolution {
+    resolve_in(PROC_TABLE, name, cuda_version, flags)
+}
+
+/// Resolves `name` in `table`: the highest plain entry with version <= `cuda_version`; with
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM` in `flags`, the highest per-thread entry instead
+/// when one exists that is not older than that plain ABI (a newer plain ABI without a per-thread
+/// twin wins, so the caller never gets an older signature than it asked for).
+pub fn resolve_in(table: &'static [ProcEntry], name: &str, cuda_version: i32, flags: u64) -> Resolution {
+    let mut known = false;
+    let mut plain: Option<&'static ProcEntry> = None;
+    let mut per_thread: Option<&'static ProcEntry> = None;
+    for e in table.iter().filter(|e| e.name == name) {
+        known = true;
+        if i64::from(e.version) > i64::from(cuda_version) {
+            continue;
+        }
+        let slot = if e.variant.is_per_thread() { &mut per_thread } else { &mut plain };
+        if slot.is_none_or_older(e.version) {
+            *slot = Some(e);
+        }
+    }
+    if !known {
+        return Resolution::SymbolNotFound;
+    }
+    let want_pt = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
+    let chosen = match (plain, per_thread) {
+        (Some(p), Some(t)) if want_pt && t.version >= p.version => Some(t),
+        (None, Some(t)) if want_pt => Some(t),
+        (Some(p), _) => Some(p),
+        (None, _) => None,
+    };
+    match chosen {
+        Some(e) => Resolution::Found(e),
+        None => Resolution::VersionNotSufficient,
+    }
+}
+
+trait OlderThan {
+    fn is_none_or_older(&self, v: u32) -> bool;
+}
+
+impl OlderThan for Option<&'static ProcEntry> {
+    fn is_none_or_older(&self, v: u32) -> bool {
+        self.map_or(true, |cur| cur.version < v)
+    }
+}
+
+/// Looks an exported symbol up in the table (`"cuMemAlloc_v2"` -> its entry).
+pub fn entry_for_symbol(symbol: &str) -> Option<&'static ProcEntry> {
+    PROC_TABLE.iter().find(|e| e.symbol == symbol)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procs::Variant;
+
+    fn sym(name: &str, v: i32, flags: u64) -> &'static str {
+        match resolve(name, v, flags) {
+            Resolution::Found(e) => e.symbol,
+            other => panic!("{name}@{v}/{flags}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn picks_highest_version_not_above_request() {
+        assert_eq!(sym("cuMemAlloc", 12090, 0), "cuMemAlloc_v2");
+        assert_eq!(sym("cuMemAlloc", 3020, 0), "cuMemAlloc_v2");
+        assert_eq!(sym("cuMemAlloc", 3010, 0), "cuMemAlloc");
+        assert_eq!(sym("cuGetProcAddress", 11030, 0), "cuGetProcAddress");
+        assert_eq!(sym("cuGetProcAddress", 11080, 0), "cuGetProcAddress");
+        assert_eq!(sym("cuGetProcAddress", 12000, 0), "cuGetProcAddress_v2");
+        assert_eq!(sym("cuCtxCreate", 12040, 0), "cuCtxCreate_v3");
+        assert_eq!(sym("cuCtxCreate", 12050, 0), "cuCtxCreate_v4");
+        assert_eq!(sym("cuDevicePrimaryCtxRelease", 10020, 0), "cuDevicePrimaryCtxRelease");
+        assert_eq!(sym("cuDevicePrimaryCtxRelease", 11000, 0), "cuDevicePrimaryCtxRelease_v2");
+    }
+
+    #[test]
+    fn per_thread_flag_selects_ptsz_and_ptds() {
+        assert_eq!(sym("cuLaunchKernel", 12000, 2), "cuLaunchKernel_ptsz");
+        assert_eq!(sym("cuLaunchKernel", 12000, 0), "cuLaunchKernel");
+        assert_eq!(sym("cuLaunchKernel", 12000, 1), "cuLaunchKernel");
+        assert_eq!(sym("cuMemcpyHtoD", 12000, 2), "cuMemcpyHtoD_v2_ptds");
+        assert_eq!(sym("cuMemAllocAsync", 11020, 2), "cuMemAllocAsync_ptsz");
+        // Per-thread variant newer than the request: the plain ABI answers.
+        assert_eq!(sym("cuLaunchKernel", 6050, 2), "cuLaunchKernel");
+        // No per-thread variant at all: the plain one answers.
+        assert_eq!(sym("cuMemAlloc", 12000, 2), "cuMemAlloc_v2");
+    }
+
+    #[test]
+    fn not_found_and_version_not_sufficient() {
+        assert_eq!(resolve("cuNoSuchThing", 12000, 0), Resolution::SymbolNotFound);
+        assert_eq!(resolve("", 12000, 0), Resolution::SymbolNotFound);
+        assert_eq!(resolve("cuMemAlloc_v2", 12000, 0), Resolution::SymbolNotFound);
+        assert_eq!(resolve("cuLaunchKernelEx", 11050, 0), Resolution::VersionNotSufficient);
+        assert_eq!(resolve("cuGetProcAddress", 11020, 0), Resolution::VersionNotSufficient);
+        assert_eq!(resolve("cuInit", -1, 0), Resolution::VersionNotSufficient);
+    }
+
+    #[test]
+    fn table_is_well_formed() {
+        let mut seen = std::collections::HashSet::new();
+        for e in PROC_TABLE {
+            assert!(seen.insert((e.name, e.version, e.variant as u8)), "duplicate row {e:?}");
+            assert!(e.pfn.starts_with(&format!("PFN_{}_v{}", e.name, e.version)), "{e:?}");
+            match e.variant {
+                Variant::Plain => assert!(!e.pfn.ends_with("_ptsz") && !e.pfn.ends_with("_ptds")),
+                Variant::Ptsz => assert!(e.pfn.ends_with("_ptsz") && e.symbol.ends_with("_ptsz")),
+                Variant::Ptds => assert!(e.pfn.ends_with("_ptds") && e.symbol.ends_with("_ptds")),
+            }
+            assert!(e.symbol.starts_with(e.name), "{e:?}");
+        }
+        let syms: std::collections::HashSet<_> = PROC_TABLE.iter().map(|e| e.symbol).collect();
+        assert_eq!(syms.len(), PROC_TABLE.len(), "one symbol implements one ABI");
+    }
+
+    #[test]
+    fn c_signature_from_rust_declaration() {
+        let e = entry_for_symbol("cuGetErrorString").unwrap();
+        assert_eq!(e.c_params(), "CUresult error, const char * * pStr");
+        let e = entry_for_symbol("cuCtxSynchronize").unwrap();
+        assert_eq!(e.c_params(), "void");
+        assert_eq!(crate::procs::c_type("*const *mut c_void"), "void * const *");
+    }
+}

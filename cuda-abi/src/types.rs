@@ -1,0 +1,360 @@
+//! Driver handle types, scalar typedefs, enums and the structs whose layout crosses the ABI.
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, missing_docs)]
+
+use std::os::raw::{c_int, c_uint, c_void};
+
+/// `CUdevice` (`CUdevice_v1`): a device ordinal.
+pub type CUdevice = c_int;
+/// `CUdevice_v1`.
+pub type CUdevice_v1 = c_int;
+/// `CUdeviceptr` (`CUdeviceptr_v2`): a 64-bit device address.
+pub type CUdeviceptr = u64;
+/// `CUdeviceptr_v2`.
+pub type CUdeviceptr_v2 = u64;
+/// `CUdeviceptr_v1`: the 32-bit address of the pre-3.2 ABI.
+pub type CUdeviceptr_v1 = c_uint;
+/// `cuuint64_t` (`uint64_t`).
+pub type cuuint64_t = u64;
+/// `cuuint32_t` (`uint32_t`).
+pub type cuuint32_t = u32;
+/// `CUmemGenericAllocationHandle` (`unsigned long long`).
+pub type CUmemGenericAllocationHandle = u64;
+/// `CUmemGenericAllocationHandle_v1`.
+pub type CUmemGenericAllocationHandle_v1 = u64;
+
+macro_rules! opaque_handles {
+    ($($handle:ident => $st:ident),* $(,)?) => {
+        $(
+            /// Opaque driver object (C `struct`), only ever used behind a pointer.
+            #[repr(C)]
+            pub struct $st {
+                _private: [u8; 0],
+            }
+            /// Driver handle: pointer to the opaque object.
+            pub type $handle = *mut $st;
+        )*
+        /// `(handle typedef, struct tag)` for every handle; used by the header test.
+        pub const HANDLES: &[(&str, &str)] = &[$((stringify!($handle), stringify!($st))),*];
+    };
+}
+
+opaque_handles! {
+    CUcontext => CUctx_st,
+    CUmodule => CUmod_st,
+    CUfunction => CUfunc_st,
+    CUstream => CUstream_st,
+    CUevent => CUevent_st,
+    CUarray => CUarray_st,
+    CUmipmappedArray => CUmipmappedArray_st,
+    CUgraphExec => CUgraphExec_st,
+    CUmemoryPool => CUmemPoolHandle_st,
+}
+
+/// Scalar typedefs and their sizes, for the header test.
+pub const SCALARS: &[(&str, usize)] = &[
+    ("CUdevice", std::mem::size_of::<CUdevice>()),
+    ("CUdeviceptr", std::mem::size_of::<CUdeviceptr>()),
+    ("CUdeviceptr_v1", std::mem::size_of::<CUdeviceptr_v1>()),
+    ("cuuint64_t", std::mem::size_of::<cuuint64_t>()),
+    ("cuuint32_t", std::mem::size_of::<cuuint32_t>()),
+    ("CUmemGenericAllocationHandle", std::mem::size_of::<CUmemGenericAllocationHandle>()),
+];
+
+macro_rules! c_enums {
+    ($($ty:ident { $($name:ident = $val:expr),* $(,)? })*) => {
+        $(
+            /// C enum, passed as its 32-bit value; unknown values pass through.
+            #[repr(transparent)]
+            #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+            pub struct $ty(pub u32);
+            impl $ty {
+                $(pub const $name: $ty = $ty($val);)*
+            }
+        )*
+        /// `(type, enumerator, value)` for every enumerator declared here; used by the header test.
+        pub const ENUM_VALUES: &[(&str, &str, u32)] = &[$($((stringify!($ty), stringify!($name), $val),)*)*];
+    };
+}
+
+c_enums! {
+    CUdevice_attribute {
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3,
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5,
+        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7,
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+        CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY = 9,
+        CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+        CU_DEVICE_ATTRIBUTE_MAX_PITCH = 11,
+        CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK = 12,
+        CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13,
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+        CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
+        CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20,
+        CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS = 31,
+        CU_DEVICE_ATTRIBUTE_ECC_ENABLED = 32,
+        CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+        CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+        CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,
+        CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37,
+        CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+        CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT = 40,
+        CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+        CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
+        CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+        CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+        CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+        CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    }
+    CUdriverProcAddress_flags {
+        CU_GET_PROC_ADDRESS_DEFAULT = 0,
+        CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
+        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2,
+    }
+    CUdriverProcAddressQueryResult {
+        CU_GET_PROC_ADDRESS_SUCCESS = 0,
+        CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+        CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+    }
+    CUlaunchAttributeID {
+        CU_LAUNCH_ATTRIBUTE_IGNORE = 0,
+        CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2,
+        CU_LAUNCH_ATTRIBUTE_PRIORITY = 8,
+    }
+    CUmemAllocationType {
+        CU_MEM_ALLOCATION_TYPE_INVALID = 0,
+        CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+    }
+    CUmemAllocationHandleType {
+        CU_MEM_HANDLE_TYPE_NONE = 0,
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+    }
+    CUmemLocationType {
+        CU_MEM_LOCATION_TYPE_INVALID = 0,
+        CU_MEM_LOCATION_TYPE_DEVICE = 1,
+    }
+    CUmemAccess_flags {
+        CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
+        CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+    }
+    CUmemAllocationGranularity_flags {
+        CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
+    }
+    CUarray_format {
+        CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+        CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+        CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+        CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+        CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+        CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+        CU_AD_FORMAT_HALF = 0x10,
+        CU_AD_FORMAT_FLOAT = 0x20,
+    }
+    CUpointer_attribute {
+        CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+        CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+    }
+    CUmemorytype {
+        CU_MEMORYTYPE_HOST = 1,
+        CU_MEMORYTYPE_DEVICE = 2,
+    }
+    CUfunction_attribute {
+        CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+        CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    }
+    CUjit_option {
+        CU_JIT_MAX_REGISTERS = 0,
+    }
+}
+
+/// Flag values for `cuGetProcAddress` (`CUdriverProcAddress_flags`), as plain integers.
+pub const CU_GET_PROC_ADDRESS_DEFAULT: u64 = 0;
+/// Ask for the legacy-default-stream variant.
+pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+/// Ask for the per-thread-default-stream (`_ptsz` / `_ptds`) variant.
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+/// `CU_LAUNCH_PARAM_END` marker in the `extra` array of `cuLaunchKernel`.
+pub const CU_LAUNCH_PARAM_END: usize = 0;
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER` marker.
+pub const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+/// `CU_LAUNCH_PARAM_BUFFER_SIZE` marker.
+pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+/// `CU_IPC_HANDLE_SIZE`.
+pub const CU_IPC_HANDLE_SIZE: usize = 64;
+
+/// `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+/// `CUipcMemHandle` (`CUipcMemHandle_v1`), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; CU_IPC_HANDLE_SIZE],
+}
+/// `CUipcMemHandle_v1`.
+pub type CUipcMemHandle_v1 = CUipcMemHandle;
+
+/// `CUlaunchAttributeValue`: a 64-byte union; read it through the accessors.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUlaunchAttributeValue {
+    pub pad: [u64; 8],
+}
+
+impl CUlaunchAttributeValue {
+    /// The first `int` member (`cooperative`, `priority`, ... share offset 0).
+    pub fn as_int(&self) -> i32 {
+        (self.pad[0] & 0xffff_ffff) as u32 as i32
+    }
+}
+
+/// `CUlaunchAttribute`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUlaunchAttribute {
+    pub id: CUlaunchAttributeID,
+    pub pad: [u8; 4],
+    pub value: CUlaunchAttributeValue,
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUlaunchConfig {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut CUlaunchAttribute,
+    pub numAttrs: c_uint,
+}
+
+/// `CUmemLocation` (`CUmemLocation_v1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    pub type_: CUmemLocationType,
+    pub id: c_int,
+}
+/// `CUmemLocation_v1`.
+pub type CUmemLocation_v1 = CUmemLocation;
+
+/// The anonymous `allocFlags` member of `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUmemAllocationPropAllocFlags {
+    pub compressionType: u8,
+    pub gpuDirectRDMACapable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp` (`CUmemAllocationProp_v1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAllocationProp {
+    pub type_: CUmemAllocationType,
+    pub requestedHandleTypes: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32HandleMetaData: *mut c_void,
+    pub allocFlags: CUmemAllocationPropAllocFlags,
+}
+/// `CUmemAllocationProp_v1`.
+pub type CUmemAllocationProp_v1 = CUmemAllocationProp;
+
+/// `CUmemAccessDesc` (`CUmemAccessDesc_v1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: CUmemAccess_flags,
+}
+/// `CUmemAccessDesc_v1`.
+pub type CUmemAccessDesc_v1 = CUmemAccessDesc;
+
+/// `CUDA_ARRAY_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+}
+/// `CUDA_ARRAY_DESCRIPTOR_v2`.
+pub type CUDA_ARRAY_DESCRIPTOR_v2 = CUDA_ARRAY_DESCRIPTOR;
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Depth: usize,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+/// `CUDA_ARRAY3D_DESCRIPTOR_v2`.
+pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR;
+
+/// `CUmemPoolProps` (`CUmemPoolProps_v1`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemPoolProps {
+    pub allocType: CUmemAllocationType,
+    pub handleTypes: CUmemAllocationHandleType,
+    pub location: CUmemLocation,
+    pub win32SecurityAttributes: *mut c_void,
+    pub maxSize: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+/// `CUmemPoolProps_v1`.
+pub type CUmemPoolProps_v1 = CUmemPoolProps;
+
+/// `CUexecAffinityParam`: only passed behind a pointer here.
+#[repr(C)]
+pub struct CUexecAffinityParam {
+    _private: [u8; 0],
+}
+
+/// `CUctxCreateParams`: only passed behind a pointer here.
+#[repr(C)]
+pub struct CUctxCreateParams {
+    _private: [u8; 0],
+}
+
+/// Array format element size in bytes, `None` for formats this crate does not size.
+pub fn array_format_bytes(f: CUarray_format) -> Option<u64> {
+    Some(match f {
+        CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8 | CUarray_format::CU_AD_FORMAT_SIGNED_INT8 => 1,
+        CUarray_format::CU_AD_FORMAT_UNSIGNED_INT16
+        | CUarray_format::CU_AD_FORMAT_SIGNED_INT16
+        | CUarray_format::CU_AD_FORMAT_HALF => 2,
+        CUarray_format::CU_AD_FORMAT_UNSIGNED_INT32
+        | CUarray_format::CU_AD_FORMAT_SIGNED_INT32
+        | CUarray_format::CU_AD_FORMAT_FLOAT => 4,
+        _ => return None,
+    })
+}

@@ -1,0 +1,247 @@
+//! A scripted CUDA driver client for end-to-end tests: loads `libcuda.so.1` with `dlopen`,
+//! resolves everything through `cuGetProcAddress_v2`, then runs the steps given as arguments,
+//! printing one `key=value` line per result.
+//!
+//! Steps: `ctx` | `primary` | `destroy` | `release` | `meminfo` | `alloc BYTES` | `free` (last
+//! allocation) | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
+//! by events) | `sync` | `ready` | `wait` (a line on stdin) | `sleep MS` | `hang` |
+//! `procaddr NAME VERSION FLAGS` | `exit`.
+
+use cuda_abi::*;
+use std::ffi::{c_void, CString};
+use std::io::{BufRead, Write};
+use std::os::raw::{c_int, c_uint};
+
+struct Cuda {
+    lib: *mut c_void,
+    gpa: PFN_cuGetProcAddress_v12000,
+}
+
+/// Resolves `$name` at the CUDA version that introduced the ABI `$ty` (the number in its
+/// `PFN_..._v<N>` name), so the pointer always has the type we cast it to.
+macro_rules! get {
+    ($cu:expr, $name:literal, $ty:ty, $ver:literal) => {{
+        let p = $cu.proc($name, $ver, 0).unwrap_or_else(|e| die(&format!("resolve {}: {e:?}", $name)));
+        // SAFETY: cuGetProcAddress_v2 returned the entry for (name, version, 0), which has the ABI
+        // of the given PFN type per cudaTypedefs.h (checked by cuda-abi's header test).
+        unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+    }};
+}
+
+fn die(msg: &str) -> ! {
+    println!("fatal={msg}");
+    std::process::exit(2)
+}
+
+impl Cuda {
+    fn load() -> Cuda {
+        let name = CString::new("libcuda.so.1").expect("no NUL");
+        // SAFETY: dlopen with a valid C string.
+        let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if lib.is_null() {
+            die("dlopen libcuda.so.1 failed");
+        }
+        let sym = CString::new("cuGetProcAddress_v2").expect("no NUL");
+        // SAFETY: dlsym on a live handle.
+        let p = unsafe { libc::dlsym(lib, sym.as_ptr()) };
+        if p.is_null() {
+            die("cuGetProcAddress_v2 not exported");
+        }
+        // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v12000 ABI.
+        let gpa = unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v12000>(p) };
+        Cuda { lib, gpa }
+    }
+
+    fn proc(&self, name: &str, version: c_int, flags: u64) -> Result<*mut c_void, (CUresult, CUdriverProcAddressQueryResult)> {
+        let n = CString::new(name).expect("no NUL");
+        let mut p = std::ptr::null_mut();
+        let mut q = CUdriverProcAddressQueryResult(99);
+        // SAFETY: valid name, out-pointers to locals.
+        let r = unsafe { (self.gpa)(n.as_ptr(), &mut p, version, flags, &mut q) };
+        if r.is_success() { Ok(p) } else { Err((r, q)) }
+    }
+
+    /// Which exported symbol (from the proc table) has address `p`.
+    fn symbol_of(&self, p: *mut c_void) -> String {
+        for e in PROC_TABLE {
+            let s = CString::new(e.symbol).expect("no NUL");
+            // SAFETY: dlsym on a live handle.
+            if unsafe { libc::dlsym(self.lib, s.as_ptr()) } == p {
+                return e.symbol.to_string();
+            }
+        }
+        "?".into()
+    }
+}
+
+fn code(r: CUresult) -> u32 {
+    r.0
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cu = Cuda::load();
+    let init: PFN_cuInit_v2000 = get!(cu, "cuInit", PFN_cuInit_v2000, 2000);
+    let ctx_create: PFN_cuCtxCreate_v3020 = get!(cu, "cuCtxCreate", PFN_cuCtxCreate_v3020, 3020);
+    let ctx_destroy: PFN_cuCtxDestroy_v4000 = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
+    let retain: PFN_cuDevicePrimaryCtxRetain_v7000 = get!(cu, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000, 7000);
+    let release: PFN_cuDevicePrimaryCtxRelease_v11000 = get!(cu, "cuDevicePrimaryCtxRelease", PFN_cuDevicePrimaryCtxRelease_v11000, 11000);
+    let set_current: PFN_cuCtxSetCurrent_v4000 = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
+    let mem_info: PFN_cuMemGetInfo_v3020 = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
+    let mem_alloc: PFN_cuMemAlloc_v3020 = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
+    let mem_free: PFN_cuMemFree_v3020 = get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020);
+    let load: PFN_cuModuleLoadData_v2000 = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
+    let get_fn: PFN_cuModuleGetFunction_v2000 = get!(cu, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000, 2000);
+    let launch: PFN_cuLaunchKernel_v4000 = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
+    let sync: PFN_cuCtxSynchronize_v2000 = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
+    let ev_create: PFN_cuEventCreate_v2000 = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
+    let ev_record: PFN_cuEventRecord_v2000 = get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
+    let ev_elapsed: PFN_cuEventElapsedTime_v12080 = get!(cu, "cuEventElapsedTime", PFN_cuEventElapsedTime_v12080, 12080);
+
+    // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
+    // locals or values the driver returned.
+    unsafe {
+        let r = init(0);
+        if !r.is_success() {
+            die(&format!("cuInit {r}"));
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        let mut allocs: Vec<CUdeviceptr> = Vec::new();
+        let mut spin_fn: CUfunction = std::ptr::null_mut();
+        let mut i = 0;
+        let out = |s: String| {
+            println!("{s}");
+            let _ = std::io::stdout().flush();
+        };
+        while i < args.len() {
+            let arg = |k: usize| -> String { args.get(i + k).cloned().unwrap_or_else(|| die(&format!("{} needs {k} argument(s)", args[i]))) };
+            match args[i].as_str() {
+                "ctx" => {
+                    let r = ctx_create(&mut ctx, 0, 0);
+                    out(format!("ctx={}", code(r)));
+                }
+                "primary" => {
+                    let r = retain(&mut ctx, 0);
+                    let r2 = if r.is_success() { set_current(ctx) } else { r };
+                    out(format!("primary={}", code(r2)));
+                }
+                "destroy" => out(format!("destroy={}", code(ctx_destroy(ctx)))),
+                "release" => out(format!("release={}", code(release(0)))),
+                "meminfo" => {
+                    let (mut f, mut t) = (0usize, 0usize);
+                    let r = mem_info(&mut f, &mut t);
+                    out(format!("meminfo={} free={f} total={t}", code(r)));
+                }
+                "alloc" => {
+                    let n: usize = arg(1).parse().unwrap_or_else(|_| die("alloc BYTES"));
+                    let mut p: CUdeviceptr = 0;
+                    let r = mem_alloc(&mut p, n);
+                    if r.is_success() {
+                        allocs.push(p);
+                    }
+                    out(format!("alloc={}", code(r)));
+                    i += 1;
+                }
+                "free" => {
+                    let p = allocs.pop().unwrap_or(0);
+                    out(format!("free={}", code(mem_free(p))));
+                }
+                "spin" => {
+                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
+                    let mut cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
+                    let count: u32 = arg(3).parse().unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
+                    i += 3;
+                    if spin_fn.is_null() {
+                        let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                        let mut m: CUmodule = std::ptr::null_mut();
+                        let r = load(&mut m, ptx.as_ptr().cast());
+                        if !r.is_success() {
+                            out(format!("spin={}", code(r)));
+                            i += 1;
+                            continue;
+                        }
+                        let name = CString::new("spin").expect("no NUL");
+                        let r = get_fn(&mut spin_fn, m, name.as_ptr());
+                        if !r.is_success() {
+                            die(&format!("cuModuleGetFunction {r}"));
+                        }
+                    }
+                    let (mut e0, mut e1): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
+                    ev_create(&mut e0, 0);
+                    ev_create(&mut e1, 0);
+                    let wall = std::time::Instant::now();
+                    let mut r = ev_record(e0, std::ptr::null_mut());
+                    let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
+                    for _ in 0..count {
+                        if r.is_success() {
+                            r = launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut());
+                        }
+                    }
+                    if r.is_success() {
+                        r = ev_record(e1, std::ptr::null_mut());
+                    }
+                    if r.is_success() {
+                        r = sync();
+                    }
+                    let mut ms = 0f32;
+                    if r.is_success() {
+                        r = ev_elapsed(&mut ms, e0, e1);
+                    }
+                    out(format!("spin={} emulated_ms={ms:.3} wall_ms={:.3}", code(r), wall.elapsed().as_secs_f64() * 1e3));
+                }
+                "sync" => out(format!("sync={}", code(sync()))),
+                "ready" => out("ready".into()),
+                "wait" => {
+                    let mut line = String::new();
+                    let _ = std::io::stdin().lock().read_line(&mut line);
+                }
+                "sleep" => {
+                    let ms: u64 = arg(1).parse().unwrap_or_else(|_| die("sleep MS"));
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                    i += 1;
+                }
+                "hang" => loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                },
+                "procaddr" => {
+                    let name = arg(1);
+                    let v: c_int = arg(2).parse().unwrap_or_else(|_| die("procaddr NAME VERSION FLAGS"));
+                    let f: u64 = arg(3).parse().unwrap_or_else(|_| die("procaddr NAME VERSION FLAGS"));
+                    i += 3;
+                    match cu.proc(&name, v, f) {
+                        Ok(p) => out(format!("procaddr name={name} rc=0 status=0 symbol={}", cu.symbol_of(p))),
+                        Err((r, q)) => out(format!("procaddr name={name} rc={} status={} symbol=null", code(r), q.0)),
+                    }
+                }
+                "exit" => std::process::exit(0),
+                other => die(&format!("unknown step {other:?}")),
+            }
+            i += 1;
+        }
+        let _ = ctx;
+    }
+}
+
+/// The agreed spin kernel (entry `spin`, one `u64 cycles` parameter); same text as the
+/// workloads crate's, so it also runs on a real GPU.
+const SPIN_PTX: &str = ".version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry spin(
+\t.param .u64 spin_param_0
+)
+{
+\t.reg .pred \t%p<2>;
+\t.reg .b64 \t%rd<5>;
+
+\tld.param.u64 \t%rd1, [spin_param_0];
+\tmov.u64 \t%rd2, %clock64;
+$L__spin_loop:
+\tmov.u64 \t%rd3, %clock64;
+\tsub.s64 \t%rd4, %rd3, %rd2;
+\tsetp.lt.u64 \t%p1, %rd4, %rd1;
+\t@%p1 bra \t$L__spin_loop;
+\tret;
+}
+";

@@ -1,0 +1,715 @@
+//! The exported C surface of the fake `libcuda.so.1`: thin entry points that check pointers,
+//! convert arguments and call `driver`. No panic crosses the ABI (`entry` catches it).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use crate::driver::{self, LaunchReq, R};
+use cuda_abi::*;
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_float, c_int, c_uchar, c_uint, c_void};
+
+fn entry(f: impl FnOnce() -> R) -> CUresult {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CUresult::CUDA_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => CUresult::CUDA_ERROR_UNKNOWN,
+    }
+}
+
+/// Writes an out-parameter after a null check.
+///
+/// # Safety
+/// `p` must be null or valid for a write of `T` (the CUDA API contract for out-parameters).
+unsafe fn put<T>(p: *mut T, v: T) -> R {
+    if p.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null and, by the caller's contract, valid for writes.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+fn h<T>(p: *mut T) -> u64 {
+    p as usize as u64
+}
+
+fn ptr<T>(v: u64) -> *mut T {
+    v as usize as *mut T
+}
+
+/// Copies a Rust string into a caller buffer of `len` bytes, NUL-terminated, truncating.
+///
+/// # Safety
+/// `buf` must be null or valid for `len` bytes of writes.
+unsafe fn put_str(buf: *mut c_char, len: c_int, s: &str) -> R {
+    if buf.is_null() || len <= 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let n = s.len().min(len as usize - 1);
+    // SAFETY: `buf` has `len` > n bytes by the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr().cast::<c_char>(), buf, n);
+        *buf.add(n) = 0;
+    }
+    Ok(())
+}
+
+/// Defines an exported entry point whose body runs inside `entry` (panics caught).
+macro_rules! export {
+    ($( fn $name:ident($($a:ident : $t:ty),* $(,)?) $body:block )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+                entry(|| -> R {
+                    // SAFETY: every pointer argument comes from the C caller, which the CUDA
+                    // API contract requires to be null or valid for the documented access;
+                    // `put`/`put_str` null-check outputs and inputs are checked before use.
+                    #[allow(unused_unsafe)]
+                    unsafe { $body }
+                })
+            }
+        )*
+    };
+}
+
+/// Kernel cycles of a `spin` launch: its single `u64` parameter, from `kernelParams` or from
+/// the `extra` buffer.
+///
+/// # Safety
+/// `params` / `extra` follow the `cuLaunchKernel` contract.
+unsafe fn spin_cycles(params: *mut *mut c_void, extra: *mut *mut c_void) -> R<u64> {
+    if !params.is_null() {
+        // SAFETY: the kernel has one parameter, so params[0] points at a u64.
+        let p0 = unsafe { *params };
+        if p0.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: as above; unaligned read tolerates any caller buffer.
+        return Ok(unsafe { p0.cast::<u64>().read_unaligned() });
+    }
+    if !extra.is_null() {
+        let mut i = 0;
+        loop {
+            // SAFETY: `extra` is a CU_LAUNCH_PARAM_END-terminated array of (key, value) pairs.
+            let key = unsafe { *extra.add(i) } as usize;
+            match key {
+                CU_LAUNCH_PARAM_END => break,
+                CU_LAUNCH_PARAM_BUFFER_POINTER => {
+                    // SAFETY: the value after BUFFER_POINTER is the argument buffer.
+                    let buf = unsafe { *extra.add(i + 1) };
+                    if buf.is_null() {
+                        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                    }
+                    // SAFETY: the buffer holds the u64 parameter at offset 0.
+                    return Ok(unsafe { buf.cast::<u64>().read_unaligned() });
+                }
+                _ => i += 2,
+            }
+            if i > 64 {
+                break;
+            }
+        }
+    }
+    Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_common(
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    cooperative: bool,
+) -> R {
+    let info = driver::func_info(h(f))?;
+    let cycles = if info.is_spin && info.params == 1 {
+        // SAFETY: forwarded from the caller under the cuLaunchKernel contract.
+        Some(unsafe { spin_cycles(params, extra)? })
+    } else {
+        if info.params > 0 && params.is_null() && extra.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        None
+    };
+    driver::launch(LaunchReq { f: h(f), grid, block, shared_mem, stream: h(stream), cycles, cooperative })
+}
+
+unsafe fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> R {
+    if config.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null config from the caller.
+    let c = unsafe { *config };
+    let mut cooperative = false;
+    if !c.attrs.is_null() {
+        for i in 0..c.numAttrs as usize {
+            // SAFETY: `attrs` has `numAttrs` entries.
+            let a = unsafe { *c.attrs.add(i) };
+            if a.id == CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value.as_int() != 0 {
+                cooperative = true;
+            }
+        }
+    }
+    // SAFETY: forwarded under the caller's contract.
+    unsafe {
+        launch_common(
+            f,
+            [c.gridDimX, c.gridDimY, c.gridDimZ],
+            [c.blockDimX, c.blockDimY, c.blockDimZ],
+            c.sharedMemBytes,
+            c.hStream,
+            params,
+            extra,
+            cooperative,
+        )
+    }
+}
+
+unsafe fn proc_address(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t) -> (R, CUdriverProcAddressQueryResult) {
+    use CUdriverProcAddressQueryResult as Q;
+    if symbol.is_null() || pfn.is_null() || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM {
+        return (Err(CUresult::CUDA_ERROR_INVALID_VALUE), Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    }
+    // SAFETY: non-null pfn from the caller.
+    unsafe { *pfn = std::ptr::null_mut() };
+    // SAFETY: non-null NUL-terminated name from the caller.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    match crate::procaddr::lookup(name, version, flags) {
+        Ok(p) => {
+            // SAFETY: as above.
+            unsafe { *pfn = p };
+            (Ok(()), Q::CU_GET_PROC_ADDRESS_SUCCESS)
+        }
+        Err(q) => (Err(CUresult::CUDA_ERROR_NOT_FOUND), q),
+    }
+}
+
+fn array_bytes(w: usize, hgt: usize, d: usize, fmt: CUarray_format, ch: c_uint) -> R<u64> {
+    let elem = array_format_bytes(fmt).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if w == 0 || !matches!(ch, 1 | 2 | 4) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    (w as u64)
+        .checked_mul(hgt.max(1) as u64)
+        .and_then(|v| v.checked_mul(d.max(1) as u64))
+        .and_then(|v| v.checked_mul(elem * u64::from(ch)))
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Reads a NUL-terminated image (PTX text) of at most 256 MiB.
+///
+/// # Safety
+/// `image` must be null or point at a NUL-terminated buffer.
+unsafe fn image_text<'a>(image: *const c_void) -> R<&'a str> {
+    if image.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the API requires PTX images to be NUL-terminated.
+    let bytes = unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_bytes();
+    if bytes.len() > 256 << 20 {
+        return Err(CUresult::CUDA_ERROR_INVALID_IMAGE);
+    }
+    std::str::from_utf8(bytes).map_err(|_| CUresult::CUDA_ERROR_INVALID_IMAGE)
+}
+
+export! {
+    fn cuGetErrorString(error: CUresult, pStr: *mut *const c_char) {
+        match error.description_cstr() {
+            Some(s) => put(pStr, s.as_ptr()),
+            None => {
+                put(pStr, std::ptr::null())?;
+                Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+            }
+        }
+    }
+    fn cuGetErrorName(error: CUresult, pStr: *mut *const c_char) {
+        match error.name_cstr() {
+            Some(s) => put(pStr, s.as_ptr()),
+            None => {
+                put(pStr, std::ptr::null())?;
+                Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+            }
+        }
+    }
+    fn cuInit(Flags: c_uint) { driver::init(Flags) }
+    fn cuDriverGetVersion(driverVersion: *mut c_int) { put(driverVersion, driver::DRIVER_VERSION) }
+    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) {
+        driver::drv()?;
+        if ordinal != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+        }
+        put(device, 0)
+    }
+    fn cuDeviceGetCount(count: *mut c_int) {
+        driver::drv()?;
+        put(count, 1)
+    }
+    fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
+        driver::check_device(dev)?;
+        put_str(name, len, &driver::drv()?.dev.info().name)
+    }
+    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) {
+        driver::check_device(dev)?;
+        put(uuid, CUuuid { bytes: driver::drv()?.dev.info().uuid })
+    }
+    fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) {
+        driver::check_device(dev)?;
+        put(uuid, CUuuid { bytes: driver::drv()?.dev.info().uuid })
+    }
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) { put(bytes, driver::total_mem(dev)? as usize) }
+    fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) {
+        driver::check_device(dev)?;
+        let v = crate::attrs::attribute(&driver::drv()?.dev.info(), attrib).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        put(pi, v)
+    }
+    fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) {
+        driver::check_device(dev)?;
+        let (a, b) = driver::drv()?.dev.info().compute_capability;
+        put(major, a as c_int)?;
+        put(minor, b as c_int)
+    }
+    fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) {
+        driver::check_device(dev)?;
+        let bus = driver::drv()?.dev.info().pci_bus;
+        put_str(pciBusId, len, &format!("00000000:{bus:02X}:00.0"))
+    }
+    fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) {
+        if pctx.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pctx, ptr(driver::primary_retain(dev)?))
+    }
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) { driver::primary_release(dev) }
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) { driver::primary_release(dev) }
+    fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) { driver::primary_set_flags(dev, flags) }
+    fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) { driver::primary_set_flags(dev, flags) }
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) {
+        let (f, a) = driver::primary_state(dev)?;
+        put(flags, f)?;
+        put(active, c_int::from(a))
+    }
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) { driver::primary_reset(dev) }
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) { driver::primary_reset(dev) }
+    fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) {
+        if pctx.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pctx, ptr(driver::ctx_create(flags, dev)?))
+    }
+    fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) {
+        if pctx.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pctx, ptr(driver::ctx_create(flags, dev)?))
+    }
+    fn cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut CUexecAffinityParam, numParams: c_int, flags: c_uint, dev: CUdevice) {
+        if pctx.is_null() || numParams < 0 || (numParams > 0 && paramsArray.is_null()) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pctx, ptr(driver::ctx_create(flags, dev)?))
+    }
+    fn cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) {
+        let _ = ctxCreateParams;
+        if pctx.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pctx, ptr(driver::ctx_create(flags, dev)?))
+    }
+    fn cuCtxDestroy(ctx: CUcontext) { driver::ctx_destroy(h(ctx)) }
+    fn cuCtxDestroy_v2(ctx: CUcontext) { driver::ctx_destroy(h(ctx)) }
+    fn cuCtxPushCurrent(ctx: CUcontext) { driver::ctx_push(h(ctx)) }
+    fn cuCtxPushCurrent_v2(ctx: CUcontext) { driver::ctx_push(h(ctx)) }
+    fn cuCtxPopCurrent(pctx: *mut CUcontext) {
+        let c = driver::ctx_pop()?;
+        if !pctx.is_null() {
+            put(pctx, ptr(c))?;
+        }
+        Ok(())
+    }
+    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) {
+        let c = driver::ctx_pop()?;
+        if !pctx.is_null() {
+            put(pctx, ptr(c))?;
+        }
+        Ok(())
+    }
+    fn cuCtxSetCurrent(ctx: CUcontext) { driver::ctx_set_current(h(ctx)) }
+    fn cuCtxGetCurrent(pctx: *mut CUcontext) { put(pctx, ptr(driver::ctx_get_current()?)) }
+    fn cuCtxGetDevice(device: *mut CUdevice) {
+        driver::current()?;
+        put(device, 0)
+    }
+    fn cuCtxGetFlags(flags: *mut c_uint) { put(flags, driver::ctx_flags()?) }
+    fn cuCtxSynchronize() { driver::ctx_sync() }
+    fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) { put(version, driver::ctx_api_version(h(ctx))?) }
+    fn cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int) {
+        driver::drv()?;
+        if !leastPriority.is_null() {
+            put(leastPriority, 0)?;
+        }
+        if !greatestPriority.is_null() {
+            put(greatestPriority, -5)?;
+        }
+        Ok(())
+    }
+    fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) {
+        if module.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(module, ptr(driver::module_load(image_text(image)?)?))
+    }
+    fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, numOptions: c_uint, options: *mut CUjit_option, optionValues: *mut *mut c_void) {
+        if module.is_null() || (numOptions > 0 && (options.is_null() || optionValues.is_null())) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(module, ptr(driver::module_load(image_text(image)?)?))
+    }
+    fn cuModuleUnload(hmod: CUmodule) { driver::module_unload(h(hmod)) }
+    fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) {
+        if hfunc.is_null() || name.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let n = CStr::from_ptr(name).to_str().map_err(|_| CUresult::CUDA_ERROR_NOT_FOUND)?;
+        put(hfunc, ptr(driver::module_get_function(h(hmod), n)?))
+    }
+    fn cuFuncGetAttribute(pi: *mut c_int, attrib: CUfunction_attribute, hfunc: CUfunction) {
+        put(pi, driver::func_attribute(h(hfunc), attrib.0)?)
+    }
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        if free.is_null() || total.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (f, t) = driver::mem_info()?;
+        put(free, f as usize)?;
+        put(total, t as usize)
+    }
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) {
+        if dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, driver::mem_alloc(bytesize as u64)?)
+    }
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: c_uint) {
+        if dptr.is_null() || pPitch.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (p, pitch) = driver::mem_alloc_pitch(WidthInBytes as u64, Height as u64, ElementSizeBytes)?;
+        put(dptr, p)?;
+        put(pPitch, pitch as usize)
+    }
+    fn cuMemFree_v2(dptr: CUdeviceptr) { driver::mem_free(dptr) }
+    fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) {
+        let (b, s) = driver::mem_range(dptr)?;
+        if !pbase.is_null() {
+            put(pbase, b)?;
+        }
+        if !psize.is_null() {
+            put(psize, s as usize)?;
+        }
+        Ok(())
+    }
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) {
+        driver::current()?;
+        if pp.is_null() || bytesize == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = libc::malloc(bytesize);
+        if p.is_null() {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        put(pp, p)
+    }
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) {
+        let _ = Flags;
+        driver::current()?;
+        if pp.is_null() || bytesize == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = libc::malloc(bytesize);
+        if p.is_null() {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        put(pp, p)
+    }
+    fn cuMemFreeHost(p: *mut c_void) {
+        driver::drv()?;
+        libc::free(p);
+        Ok(())
+    }
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) {
+        if dptr.is_null() || !matches!(flags, 1 | 2) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, driver::mem_alloc(bytesize as u64)?)
+    }
+    fn cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint) {
+        let _ = (handle.reserved, Flags);
+        driver::current()?;
+        put(pdptr, 0)?;
+        Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    }
+    fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint) {
+        let _ = (handle.reserved, Flags);
+        driver::current()?;
+        put(pdptr, 0)?;
+        Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    }
+    fn cuMemcpyHtoD_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize) { htod(dstDevice, srcHost, ByteCount, None) }
+    fn cuMemcpyHtoD_v2_ptds(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize) { htod(dstDevice, srcHost, ByteCount, None) }
+    fn cuMemcpyDtoH_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize) { dtoh(dstHost, srcDevice, ByteCount, None) }
+    fn cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize) { dtoh(dstHost, srcDevice, ByteCount, None) }
+    fn cuMemcpyDtoD_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) { driver::memcpy_dtod(dstDevice, srcDevice, ByteCount as u64) }
+    fn cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) { driver::memcpy_dtod(dstDevice, srcDevice, ByteCount as u64) }
+    fn cuMemcpyHtoDAsync_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream) { htod(dstDevice, srcHost, ByteCount, Some(h(hStream))) }
+    fn cuMemcpyHtoDAsync_v2_ptsz(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream) { htod(dstDevice, srcHost, ByteCount, Some(h(hStream))) }
+    fn cuMemcpyDtoHAsync_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) { dtoh(dstHost, srcDevice, ByteCount, Some(h(hStream))) }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) { dtoh(dstHost, srcDevice, ByteCount, Some(h(hStream))) }
+    fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) { driver::memset_d8(dstDevice, uc, N as u64) }
+    fn cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) { driver::memset_d8(dstDevice, uc, N as u64) }
+    fn cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) {
+        if pHandle.is_null() || pAllocateArray.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let d = *pAllocateArray;
+        let bytes = array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels)?;
+        put(pHandle, ptr(driver::array_create(bytes)?))
+    }
+    fn cuArray3DCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR) {
+        if pHandle.is_null() || pAllocateArray.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let d = *pAllocateArray;
+        let bytes = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)?;
+        put(pHandle, ptr(driver::array_create(bytes)?))
+    }
+    fn cuArrayDestroy(hArray: CUarray) { driver::array_destroy(h(hArray)) }
+    fn cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: c_uint) {
+        if pHandle.is_null() || pMipmappedArrayDesc.is_null() || numMipmapLevels == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let d = *pMipmappedArrayDesc;
+        let mut total = 0u64;
+        let (mut w, mut hh, mut dd) = (d.Width, d.Height, d.Depth);
+        for _ in 0..numMipmapLevels.min(32) {
+            total += array_bytes(w, hh, dd, d.Format, d.NumChannels)?;
+            w = (w / 2).max(1);
+            hh /= 2;
+            dd /= 2;
+        }
+        put(pHandle, ptr(driver::array_create(total)?))
+    }
+    fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray) { driver::array_destroy(h(hMipmappedArray)) }
+    fn cuMemAddressReserve(p: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64) {
+        let _ = addr;
+        if p.is_null() || flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(p, driver::vmm_reserve(size as u64, alignment as u64)?)
+    }
+    fn cuMemAddressFree(p: CUdeviceptr, size: usize) { driver::vmm_address_free(p, size as u64) }
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) {
+        if handle.is_null() || prop.is_null() || flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let pr = *prop;
+        if pr.type_ != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let on_device = pr.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        put(handle, driver::vmm_create(size as u64, on_device, pr.location.id)?)
+    }
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) { driver::vmm_release(handle) }
+    fn cuMemMap(p: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) {
+        if flags != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::vmm_map(p, size as u64, offset as u64, handle)
+    }
+    fn cuMemUnmap(p: CUdeviceptr, size: usize) { driver::vmm_unmap(p, size as u64) }
+    fn cuMemSetAccess(p: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) {
+        if desc.is_null() || count == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::vmm_set_access(p, size as u64)
+    }
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags) {
+        let _ = option;
+        if prop.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::drv()?;
+        put(granularity, driver::GRANULARITY as usize)
+    }
+    fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        driver::mem_free(dptr)
+    }
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        driver::mem_free(dptr)
+    }
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        if dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, driver::mem_alloc(bytesize as u64)?)
+    }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        if dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, driver::mem_alloc(bytesize as u64)?)
+    }
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) {
+        if pool.is_null() || poolProps.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pool, ptr(driver::pool_create()?))
+    }
+    fn cuMemPoolDestroy(pool: CUmemoryPool) { driver::pool_destroy(h(pool)) }
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
+        driver::pool_check(h(pool))?;
+        driver::check_stream(h(hStream))?;
+        if dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, driver::mem_alloc(bytesize as u64)?)
+    }
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
+        driver::pool_check(h(pool))?;
+        driver::check_stream(h(hStream))?;
+        if dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(dptr, driver::mem_alloc(bytesize as u64)?)
+    }
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, p: CUdeviceptr) {
+        let ctx = driver::pointer_owner(p)?;
+        match attribute {
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT => put(data.cast::<CUcontext>(), ptr(ctx)),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => put(data.cast::<c_uint>(), CUmemorytype::CU_MEMORYTYPE_DEVICE.0),
+            CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => put(data.cast::<CUdeviceptr>(), p),
+            _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuStreamCreate(phStream: *mut CUstream, Flags: c_uint) {
+        if phStream.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(phStream, ptr(driver::stream_create(Flags)?))
+    }
+    fn cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint) {
+        let _ = Flags;
+        driver::stream_wait_event(h(hStream), h(hEvent))
+    }
+    fn cuStreamWaitEvent_ptsz(hStream: CUstream, hEvent: CUevent, Flags: c_uint) {
+        let _ = Flags;
+        driver::stream_wait_event(h(hStream), h(hEvent))
+    }
+    fn cuStreamQuery(hStream: CUstream) { driver::stream_query(h(hStream)) }
+    fn cuStreamQuery_ptsz(hStream: CUstream) { driver::stream_query(h(hStream)) }
+    fn cuStreamSynchronize(hStream: CUstream) { driver::stream_sync(h(hStream)) }
+    fn cuStreamSynchronize_ptsz(hStream: CUstream) { driver::stream_sync(h(hStream)) }
+    fn cuStreamDestroy(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
+    fn cuStreamDestroy_v2(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
+    fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) {
+        if phEvent.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(phEvent, ptr(driver::event_create(Flags)?))
+    }
+    fn cuEventRecord(hEvent: CUevent, hStream: CUstream) { driver::event_record(h(hEvent), h(hStream)) }
+    fn cuEventRecord_ptsz(hEvent: CUevent, hStream: CUstream) { driver::event_record(h(hEvent), h(hStream)) }
+    fn cuEventQuery(hEvent: CUevent) { driver::event_query(h(hEvent)) }
+    fn cuEventSynchronize(hEvent: CUevent) { driver::event_sync(h(hEvent)) }
+    fn cuEventDestroy(hEvent: CUevent) { driver::event_destroy(h(hEvent)) }
+    fn cuEventDestroy_v2(hEvent: CUevent) { driver::event_destroy(h(hEvent)) }
+    fn cuEventElapsedTime(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent) {
+        if pMilliseconds.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pMilliseconds, driver::event_elapsed(h(hStart), h(hEnd))?)
+    }
+    fn cuEventElapsedTime_v2(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent) {
+        if pMilliseconds.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(pMilliseconds, driver::event_elapsed(h(hStart), h(hEnd))?)
+    }
+    fn cuLaunchKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, extra, false)
+    }
+    fn cuLaunchKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, extra, false)
+    }
+    fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(config, f, kernelParams, extra)
+    }
+    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
+        launch_ex(config, f, kernelParams, extra)
+    }
+    fn cuLaunchCooperativeKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) {
+        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, std::ptr::null_mut(), true)
+    }
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) {
+        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, std::ptr::null_mut(), true)
+    }
+    fn cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        // No graph can be instantiated on the emulator, so no handle is valid.
+        Err(if hGraphExec.is_null() { CUresult::CUDA_ERROR_INVALID_VALUE } else { CUresult::CUDA_ERROR_INVALID_HANDLE })
+    }
+    fn cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        Err(if hGraphExec.is_null() { CUresult::CUDA_ERROR_INVALID_VALUE } else { CUresult::CUDA_ERROR_INVALID_HANDLE })
+    }
+    fn cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid) {
+        let _ = pExportTableId;
+        put(ppExportTable, std::ptr::null())?;
+        Err(CUresult::CUDA_ERROR_NOT_FOUND)
+    }
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: cuuint64_t) {
+        proc_address(symbol, pfn, driverVersion, flags).0
+    }
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: cuuint64_t, symbolFound: *mut CUdriverProcAddressQueryResult) {
+        let (r, q) = proc_address(symbol, pfn, driverVersion, flags);
+        if !symbolFound.is_null() {
+            put(symbolFound, q)?;
+        }
+        r
+    }
+}
+
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u64>) -> R {
+    if n == 0 {
+        return Ok(());
+    }
+    if src.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some(s) = stream {
+        driver::sync_for_async(s)?;
+    }
+    // SAFETY: the caller's host buffer holds `n` readable bytes.
+    let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) };
+    driver::memcpy_htod(dst, data, stream.is_none())
+}
+
+unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Option<u64>) -> R {
+    if n == 0 {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some(s) = stream {
+        driver::sync_for_async(s)?;
+    }
+    // SAFETY: the caller's host buffer has room for `n` bytes.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };
+    driver::memcpy_dtoh(out, src)
+}

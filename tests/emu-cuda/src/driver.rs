@@ -1,0 +1,950 @@
+//! Process-local driver state over the shared emulated device: contexts (per-thread stacks),
+//! modules, streams, events, allocations and memory contents. Safe Rust; `api` is the C surface.
+
+use crate::memstore::MemStore;
+use crate::ptx;
+use cuda_abi::CUresult;
+use emu_device::{Client, Device, EmuError, KernelStatus, Launch};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Result of a driver operation.
+pub type R<T = ()> = Result<T, CUresult>;
+
+/// The CUDA version this fake driver reports (`cuDriverGetVersion`).
+pub const DRIVER_VERSION: i32 = 12090;
+/// Cycles per block charged to kernels other than `spin` (whose work we cannot know).
+pub const DEFAULT_CYCLES: u64 = 2_000;
+/// VMM allocation granularity.
+pub const GRANULARITY: u64 = 2 << 20;
+/// Name of the kernel whose `u64` parameter is its cycle count.
+pub const SPIN: &str = "spin";
+
+const CU_STREAM_LEGACY: u64 = 1;
+const CU_STREAM_PER_THREAD: u64 = 2;
+
+pub struct Driver {
+    pub dev: Device,
+    pub client: Client,
+    inner: Mutex<Inner>,
+}
+
+static DRIVER: OnceLock<R<Driver>> = OnceLock::new();
+
+thread_local! {
+    static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+#[derive(Default)]
+struct Ctx {
+    flags: u32,
+    primary: bool,
+    default_last: u64,
+    pending: Vec<u64>,
+}
+
+struct Stream {
+    ctx: u64,
+    last: u64,
+}
+
+#[derive(Clone, Copy)]
+enum Mark {
+    Ticket(u64),
+    Time(u64),
+}
+
+struct Alloc {
+    size: u64,
+    ctx: u64,
+}
+
+struct Phys {
+    size: u64,
+    released: bool,
+    maps: u32,
+}
+
+struct Mapping {
+    size: u64,
+    handle: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    next: u64,
+    ctxs: HashMap<u64, Ctx>,
+    primary: Option<u64>,
+    primary_refs: u32,
+    primary_flags: u32,
+    modules: HashMap<u64, (u64, Vec<ptx::Entry>)>,
+    funcs: HashMap<u64, (u64, ptx::Entry)>,
+    streams: HashMap<u64, Stream>,
+    events: HashMap<u64, Option<Mark>>,
+    allocs: BTreeMap<u64, Alloc>,
+    phys: HashMap<u64, Phys>,
+    reservations: BTreeMap<u64, u64>,
+    mappings: BTreeMap<u64, Mapping>,
+    arrays: HashMap<u64, u64>,
+    pools: HashSet<u64>,
+    mem: MemStore,
+}
+
+impl Inner {
+    fn handle(&mut self) -> u64 {
+        self.next += 1;
+        0x1000 + self.next * 0x100
+    }
+}
+
+fn dev_err(e: EmuError) -> CUresult {
+    e.to_curesult()
+}
+
+/// The initialised driver, or why not.
+pub fn drv() -> R<&'static Driver> {
+    match DRIVER.get() {
+        None => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
+        Some(Ok(d)) => Ok(d),
+        Some(Err(e)) => Err(*e),
+    }
+}
+
+extern "C" fn release_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Ok(d)) = DRIVER.get() {
+            d.dev.detach(&d.client);
+        }
+    });
+}
+
+/// `cuInit`: opens the device named by `GPUEMU_STATE` and registers this process.
+pub fn init(flags: u32) -> R {
+    if flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let r = DRIVER.get_or_init(|| {
+        let open = Device::open_from_env().and_then(|dev| dev.attach().map(|client| (dev, client)));
+        match open {
+            Ok((dev, client)) => {
+                // SAFETY: registering a plain extern "C" fn with no captured state.
+                unsafe { libc::atexit(release_at_exit) };
+                Ok(Driver { dev, client, inner: Mutex::new(Inner::default()) })
+            }
+            Err(e) => {
+                eprintln!("gpuemu libcuda: no emulated GPU: {e}");
+                Err(CUresult::CUDA_ERROR_NO_DEVICE)
+            }
+        }
+    });
+    r.as_ref().map(|_| ()).map_err(|e| *e)
+}
+
+impl Driver {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn gate(&self) -> R {
+        self.dev.gate(&self.client).map_err(dev_err)
+    }
+}
+
+pub fn check_device(dev: i32) -> R {
+    drv()?;
+    if dev == 0 { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) }
+}
+
+// ---- contexts ----
+
+fn current_raw() -> Option<u64> {
+    STACK.with(|s| s.borrow().last().copied())
+}
+
+/// The current context, validated.
+pub fn current() -> R<u64> {
+    let d = drv()?;
+    let c = current_raw().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    if d.lock().ctxs.contains_key(&c) { Ok(c) } else { Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) }
+}
+
+fn env_pct() -> Option<u32> {
+    let v = std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok()?;
+    let p: f64 = v.trim().parse().ok()?;
+    Some(p.round().clamp(1.0, 100.0) as u32)
+}
+
+fn new_ctx(d: &Driver, flags: u32, primary: bool) -> R<u64> {
+    d.dev.context_created(&d.client, env_pct()).map_err(dev_err)?;
+    let mut g = d.lock();
+    let h = g.handle();
+    g.ctxs.insert(h, Ctx { flags, primary, ..Default::default() });
+    Ok(h)
+}
+
+/// `cuCtxCreate`: a new context, pushed on this thread's stack.
+pub fn ctx_create(flags: u32, dev: i32) -> R<u64> {
+    check_device(dev)?;
+    let d = drv()?;
+    let h = new_ctx(d, flags, false)?;
+    STACK.with(|s| s.borrow_mut().push(h));
+    Ok(h)
+}
+
+fn destroy_ctx(d: &Driver, g: &mut Inner, ctx: u64) {
+    let Some(c) = g.ctxs.remove(&ctx) else { return };
+    let freed: Vec<(u64, u64)> = g.allocs.iter().filter(|(_, a)| a.ctx == ctx).map(|(k, a)| (*k, a.size)).collect();
+    for (addr, size) in freed {
+        g.allocs.remove(&addr);
+        g.mem.discard(addr, size);
+        d.dev.free(&d.client, size);
+    }
+    g.streams.retain(|_, s| s.ctx != ctx);
+    let mods: Vec<u64> = g.modules.iter().filter(|(_, m)| m.0 == ctx).map(|(k, _)| *k).collect();
+    for m in mods {
+        g.modules.remove(&m);
+        g.funcs.retain(|_, f| f.0 != m);
+    }
+    for t in c.pending {
+        d.dev.collect(t);
+    }
+    if g.primary == Some(ctx) {
+        g.primary = None;
+        g.primary_refs = 0;
+    }
+    STACK.with(|s| s.borrow_mut().retain(|&x| x != ctx));
+    d.dev.context_destroyed(&d.client);
+}
+
+/// `cuCtxDestroy`: releases the context and everything allocated in it.
+pub fn ctx_destroy(ctx: u64) -> R {
+    let d = drv()?;
+    let mut g = d.lock();
+    match g.ctxs.get(&ctx) {
+        None => return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT),
+        // The primary context is released with cuDevicePrimaryCtxRelease, never destroyed.
+        Some(c) if c.primary => return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT),
+        Some(_) => {}
+    }
+    destroy_ctx(d, &mut g, ctx);
+    Ok(())
+}
+
+pub fn ctx_push(ctx: u64) -> R {
+    let d = drv()?;
+    if !d.lock().ctxs.contains_key(&ctx) {
+        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    STACK.with(|s| s.borrow_mut().push(ctx));
+    Ok(())
+}
+
+pub fn ctx_pop() -> R<u64> {
+    drv()?;
+    STACK.with(|s| s.borrow_mut().pop()).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+pub fn ctx_set_current(ctx: u64) -> R {
+    let d = drv()?;
+    if ctx == 0 {
+        STACK.with(|s| s.borrow_mut().pop());
+        return Ok(());
+    }
+    if !d.lock().ctxs.contains_key(&ctx) {
+        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        s.push(ctx);
+    });
+    Ok(())
+}
+
+pub fn ctx_get_current() -> R<u64> {
+    drv()?;
+    Ok(current_raw().unwrap_or(0))
+}
+
+pub fn ctx_flags() -> R<u32> {
+    let c = current()?;
+    Ok(drv()?.lock().ctxs.get(&c).map_or(0, |c| c.flags))
+}
+
+pub fn ctx_api_version(ctx: u64) -> R<u32> {
+    let d = drv()?;
+    let c = if ctx == 0 { current()? } else { ctx };
+    if d.lock().ctxs.contains_key(&c) { Ok(3020) } else { Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) }
+}
+
+pub fn primary_retain(dev: i32) -> R<u64> {
+    check_device(dev)?;
+    let d = drv()?;
+    let existing = d.lock().primary;
+    let h = match existing {
+        Some(h) => h,
+        None => {
+            let flags = d.lock().primary_flags;
+            let h = new_ctx(d, flags, true)?;
+            let mut g = d.lock();
+            match g.primary {
+                Some(other) => {
+                    // Another thread won the race: keep its context.
+                    g.ctxs.remove(&h);
+                    drop(g);
+                    d.dev.context_destroyed(&d.client);
+                    other
+                }
+                None => {
+                    g.primary = Some(h);
+                    h
+                }
+            }
+        }
+    };
+    d.lock().primary_refs += 1;
+    Ok(h)
+}
+
+pub fn primary_release(dev: i32) -> R {
+    check_device(dev)?;
+    let d = drv()?;
+    let mut g = d.lock();
+    let Some(h) = g.primary else { return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) };
+    g.primary_refs = g.primary_refs.saturating_sub(1);
+    if g.primary_refs == 0 {
+        destroy_ctx(d, &mut g, h);
+    }
+    Ok(())
+}
+
+pub fn primary_reset(dev: i32) -> R {
+    check_device(dev)?;
+    let d = drv()?;
+    let mut g = d.lock();
+    if let Some(h) = g.primary {
+        destroy_ctx(d, &mut g, h);
+    }
+    Ok(())
+}
+
+pub fn primary_set_flags(dev: i32, flags: u32) -> R {
+    check_device(dev)?;
+    let d = drv()?;
+    let mut g = d.lock();
+    g.primary_flags = flags;
+    if let Some(h) = g.primary {
+        if let Some(c) = g.ctxs.get_mut(&h) {
+            c.flags = flags;
+        }
+    }
+    Ok(())
+}
+
+pub fn primary_state(dev: i32) -> R<(u32, bool)> {
+    check_device(dev)?;
+    let g = drv()?.lock();
+    Ok((g.primary_flags, g.primary.is_some()))
+}
+
+// ---- streams, kernels, events ----
+
+#[derive(Clone, Copy)]
+enum StreamRef {
+    Default(u64),
+    Stream(u64),
+}
+
+fn stream_ref(g: &Inner, ctx: u64, h: u64) -> R<StreamRef> {
+    if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+        return Ok(StreamRef::Default(ctx));
+    }
+    if g.streams.contains_key(&h) { Ok(StreamRef::Stream(h)) } else { Err(CUresult::CUDA_ERROR_INVALID_HANDLE) }
+}
+
+fn last_of(g: &Inner, s: StreamRef) -> u64 {
+    match s {
+        StreamRef::Default(c) => g.ctxs.get(&c).map_or(0, |c| c.default_last),
+        StreamRef::Stream(h) => g.streams.get(&h).map_or(0, |s| s.last),
+    }
+}
+
+fn set_last(g: &mut Inner, s: StreamRef, t: u64) {
+    match s {
+        StreamRef::Default(c) => {
+            if let Some(c) = g.ctxs.get_mut(&c) {
+                c.default_last = t;
+            }
+        }
+        StreamRef::Stream(h) => {
+            if let Some(s) = g.streams.get_mut(&h) {
+                s.last = t;
+            }
+        }
+    }
+}
+
+pub fn stream_create(_flags: u32) -> R<u64> {
+    let ctx = current()?;
+    let d = drv()?;
+    let mut g = d.lock();
+    let h = g.handle();
+    g.streams.insert(h, Stream { ctx, last: 0 });
+    Ok(h)
+}
+
+pub fn stream_destroy(h: u64) -> R {
+    let d = drv()?;
+    let mut g = d.lock();
+    g.streams.remove(&h).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// What a launch needs to know about a function.
+pub struct FuncInfo {
+    pub is_spin: bool,
+    pub params: usize,
+}
+
+pub fn func_info(f: u64) -> R<FuncInfo> {
+    let g = drv()?.lock();
+    let (_, e) = g.funcs.get(&f).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    Ok(FuncInfo { is_spin: e.name == SPIN, params: e.params })
+}
+
+pub fn func_attribute(f: u64, attrib: u32) -> R<i32> {
+    func_info(f)?;
+    Ok(match attrib {
+        0 => 1024, // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+        4 => 16,   // CU_FUNC_ATTRIBUTE_NUM_REGS
+        5 => 75,   // CU_FUNC_ATTRIBUTE_PTX_VERSION
+        6 => 75,   // CU_FUNC_ATTRIBUTE_BINARY_VERSION
+        0..=10 => 0,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// A validated launch request.
+pub struct LaunchReq {
+    pub f: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub stream: u64,
+    pub cycles: Option<u64>,
+    pub cooperative: bool,
+}
+
+/// `cuLaunchKernel` and friends: enqueue on the stream (asynchronous).
+pub fn launch(req: LaunchReq) -> R {
+    let d = drv()?;
+    let ctx = current()?;
+    if req.grid.contains(&0) || req.block.contains(&0) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let threads: u64 = req.block.iter().map(|&b| u64::from(b)).product();
+    if threads > 1024 || req.block[2] > 64 || req.shared_mem > 48 * 1024 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let blocks: u64 = req.grid.iter().map(|&g| u64::from(g)).product();
+    if req.cooperative && blocks > u64::from(d.dev.info().sm_count) * 16 {
+        return Err(CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    }
+    let (sref, after) = {
+        let g = d.lock();
+        if !g.funcs.contains_key(&req.f) {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        let s = stream_ref(&g, ctx, req.stream)?;
+        (s, last_of(&g, s))
+    };
+    let l = Launch { blocks, cycles_per_block: req.cycles.unwrap_or(DEFAULT_CYCLES), after };
+    let t = d.dev.launch(&d.client, l).map_err(dev_err)?;
+    let mut g = d.lock();
+    set_last(&mut g, sref, t);
+    let stale = if let Some(c) = g.ctxs.get_mut(&ctx) {
+        c.pending.push(t);
+        c.pending.len() > 256
+    } else {
+        false
+    };
+    if stale {
+        collect_pending(d, &mut g, ctx);
+    }
+    Ok(())
+}
+
+fn pinned(g: &Inner) -> HashSet<u64> {
+    g.events.values().filter_map(|m| if let Some(Mark::Ticket(t)) = m { Some(*t) } else { None }).collect()
+}
+
+fn collect_pending(d: &Driver, g: &mut Inner, ctx: u64) {
+    let keep = pinned(g);
+    let lasts: HashSet<u64> = g.streams.values().map(|s| s.last).chain(g.ctxs.values().map(|c| c.default_last)).collect();
+    let Some(c) = g.ctxs.get_mut(&ctx) else { return };
+    c.pending.retain(|&t| match d.dev.kernel_status(t) {
+        KernelStatus::Pending => true,
+        KernelStatus::Gone => false,
+        KernelStatus::Done { .. } => {
+            if keep.contains(&t) || lasts.contains(&t) {
+                return true;
+            }
+            d.dev.collect(t);
+            false
+        }
+    });
+}
+
+fn wait_ticket(d: &Driver, t: u64) -> R<u64> {
+    if t == 0 {
+        d.gate()?;
+        return Ok(emu_device::now_ns());
+    }
+    d.dev.wait(&d.client, t).map_err(dev_err)
+}
+
+pub fn stream_sync(h: u64) -> R {
+    let d = drv()?;
+    let ctx = current()?;
+    let last = {
+        let g = d.lock();
+        let s = stream_ref(&g, ctx, h)?;
+        last_of(&g, s)
+    };
+    wait_ticket(d, last)?;
+    Ok(())
+}
+
+/// `CUDA_SUCCESS` if the stream is idle, `CUDA_ERROR_NOT_READY` otherwise.
+pub fn stream_query(h: u64) -> R {
+    let d = drv()?;
+    let ctx = current()?;
+    let last = {
+        let g = d.lock();
+        let s = stream_ref(&g, ctx, h)?;
+        last_of(&g, s)
+    };
+    d.gate()?;
+    match d.dev.kernel_status(last) {
+        KernelStatus::Pending => Err(CUresult::CUDA_ERROR_NOT_READY),
+        _ => Ok(()),
+    }
+}
+
+/// Waits for everything queued in the current context.
+pub fn ctx_sync() -> R {
+    let d = drv()?;
+    let ctx = current()?;
+    let lasts: Vec<u64> = {
+        let g = d.lock();
+        let mut v: Vec<u64> = g.streams.values().filter(|s| s.ctx == ctx).map(|s| s.last).collect();
+        v.push(g.ctxs.get(&ctx).map_or(0, |c| c.default_last));
+        v
+    };
+    d.gate()?;
+    for t in lasts.into_iter().filter(|&t| t != 0) {
+        wait_ticket(d, t)?;
+    }
+    let mut g = d.lock();
+    collect_pending(d, &mut g, ctx);
+    Ok(())
+}
+
+pub fn event_create(_flags: u32) -> R<u64> {
+    current()?;
+    let d = drv()?;
+    let mut g = d.lock();
+    let h = g.handle();
+    g.events.insert(h, None);
+    Ok(h)
+}
+
+pub fn event_destroy(h: u64) -> R {
+    let mut g = drv()?.lock();
+    g.events.remove(&h).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+pub fn event_record(ev: u64, stream: u64) -> R {
+    let d = drv()?;
+    let ctx = current()?;
+    d.gate()?;
+    let mut g = d.lock();
+    if !g.events.contains_key(&ev) {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let s = stream_ref(&g, ctx, stream)?;
+    let last = last_of(&g, s);
+    let mark = match d.dev.kernel_status(last) {
+        KernelStatus::Pending => Mark::Ticket(last),
+        KernelStatus::Done { end_ns, .. } => Mark::Time(end_ns.max(emu_device::now_ns())),
+        KernelStatus::Gone => Mark::Time(emu_device::now_ns()),
+    };
+    g.events.insert(ev, Some(mark));
+    Ok(())
+}
+
+/// Resolves an event to its time if it has completed (`Ok(None)` if still pending).
+fn event_time(d: &Driver, ev: u64, block: bool) -> R<Option<u64>> {
+    let mark = {
+        let g = d.lock();
+        g.events.get(&ev).copied().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?
+    };
+    let t = match mark {
+        None => return Ok(Some(0)),
+        Some(Mark::Time(t)) => t,
+        Some(Mark::Ticket(k)) => {
+            let end = match d.dev.kernel_status(k) {
+                KernelStatus::Done { end_ns, .. } => end_ns,
+                KernelStatus::Gone => emu_device::now_ns(),
+                KernelStatus::Pending if block => wait_ticket(d, k)?,
+                KernelStatus::Pending => return Ok(None),
+            };
+            d.lock().events.insert(ev, Some(Mark::Time(end)));
+            end
+        }
+    };
+    Ok(Some(t))
+}
+
+pub fn event_sync(ev: u64) -> R {
+    let d = drv()?;
+    event_time(d, ev, true)?;
+    Ok(())
+}
+
+pub fn event_query(ev: u64) -> R {
+    let d = drv()?;
+    match event_time(d, ev, false)? {
+        Some(_) => Ok(()),
+        None => Err(CUresult::CUDA_ERROR_NOT_READY),
+    }
+}
+
+/// Milliseconds between two completed events.
+pub fn event_elapsed(start: u64, end: u64) -> R<f32> {
+    let d = drv()?;
+    let recorded = |e: u64| -> R<bool> {
+        let g = d.lock();
+        Ok(g.events.get(&e).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?.is_some())
+    };
+    if !recorded(start)? || !recorded(end)? {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let a = event_time(d, start, false)?.ok_or(CUresult::CUDA_ERROR_NOT_READY)?;
+    let b = event_time(d, end, false)?.ok_or(CUresult::CUDA_ERROR_NOT_READY)?;
+    Ok(((b as f64 - a as f64) / 1e6) as f32)
+}
+
+/// `cuStreamWaitEvent`, simplified: the host waits for the event.
+pub fn stream_wait_event(stream: u64, ev: u64) -> R {
+    let d = drv()?;
+    let ctx = current()?;
+    stream_ref(&d.lock(), ctx, stream)?;
+    event_time(d, ev, true)?;
+    Ok(())
+}
+
+// ---- modules ----
+
+pub fn module_load(text: &str) -> R<u64> {
+    let ctx = current()?;
+    let entries = ptx::parse(text).map_err(|e| match e {
+        ptx::PtxError::NotPtx => CUresult::CUDA_ERROR_INVALID_IMAGE,
+        ptx::PtxError::Malformed(_) => CUresult::CUDA_ERROR_INVALID_PTX,
+    })?;
+    let mut g = drv()?.lock();
+    let h = g.handle();
+    g.modules.insert(h, (ctx, entries));
+    Ok(h)
+}
+
+pub fn module_unload(m: u64) -> R {
+    let mut g = drv()?.lock();
+    g.modules.remove(&m).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    g.funcs.retain(|_, f| f.0 != m);
+    Ok(())
+}
+
+pub fn module_get_function(m: u64, name: &str) -> R<u64> {
+    let mut g = drv()?.lock();
+    let (_, entries) = g.modules.get(&m).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let e = entries.iter().find(|e| e.name == name).cloned().ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+    if let Some((h, _)) = g.funcs.iter().find(|(_, f)| f.0 == m && f.1.name == name) {
+        return Ok(*h);
+    }
+    let h = g.handle();
+    g.funcs.insert(h, (m, e));
+    Ok(h)
+}
+
+// ---- memory ----
+
+pub fn mem_info() -> R<(u64, u64)> {
+    current()?;
+    let d = drv()?;
+    d.gate()?;
+    Ok(d.dev.mem_info())
+}
+
+pub fn total_mem(dev: i32) -> R<u64> {
+    check_device(dev)?;
+    Ok(drv()?.dev.info().total_memory)
+}
+
+/// Commits `size` bytes in the current context and returns the device address.
+pub fn mem_alloc(size: u64) -> R<u64> {
+    let ctx = current()?;
+    if size == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let d = drv()?;
+    d.gate()?;
+    let addr = d.dev.alloc(&d.client, size, 512).map_err(dev_err)?;
+    d.lock().allocs.insert(addr, Alloc { size, ctx });
+    Ok(addr)
+}
+
+pub fn mem_alloc_pitch(width: u64, height: u64, elem: u32) -> R<(u64, u64)> {
+    if !matches!(elem, 4 | 8 | 16) || width == 0 || height == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let pitch = width.div_ceil(512) * 512;
+    let size = pitch.checked_mul(height).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    Ok((mem_alloc(size)?, pitch))
+}
+
+/// Frees an allocation made by `mem_alloc`; unknown pointers are `CUDA_ERROR_INVALID_VALUE`.
+pub fn mem_free(addr: u64) -> R {
+    let d = drv()?;
+    if addr == 0 {
+        return Ok(());
+    }
+    let mut g = d.lock();
+    let a = g.allocs.remove(&addr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    g.mem.discard(addr, a.size);
+    d.dev.free(&d.client, a.size);
+    Ok(())
+}
+
+pub fn mem_range(addr: u64) -> R<(u64, u64)> {
+    let g = drv()?.lock();
+    if let Some((b, a)) = g.allocs.range(..=addr).next_back() {
+        if addr < b + a.size {
+            return Ok((*b, a.size));
+        }
+    }
+    if let Some((b, m)) = g.mappings.range(..=addr).next_back() {
+        if addr < b + m.size {
+            return Ok((*b, m.size));
+        }
+    }
+    Err(CUresult::CUDA_ERROR_NOT_FOUND)
+}
+
+fn check_range(g: &Inner, addr: u64, len: u64) -> R {
+    let within = |b: u64, size: u64| addr >= b && addr.checked_add(len).is_some_and(|e| e <= b + size);
+    let in_alloc = g.allocs.range(..=addr).next_back().is_some_and(|(b, a)| within(*b, a.size));
+    let in_map = g.mappings.range(..=addr).next_back().is_some_and(|(b, m)| within(*b, m.size));
+    if in_alloc || in_map { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+}
+
+/// Pointer attribute query: (owning context, is device memory).
+pub fn pointer_owner(addr: u64) -> R<u64> {
+    let g = drv()?.lock();
+    g.allocs
+        .range(..=addr)
+        .next_back()
+        .filter(|(b, a)| addr < *b + a.size)
+        .map(|(_, a)| a.ctx)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+pub fn memcpy_htod(dst: u64, src: &[u8], sync: bool) -> R {
+    let d = drv()?;
+    if sync { ctx_sync()? } else { d.gate()? }
+    let mut g = d.lock();
+    check_range(&g, dst, src.len() as u64)?;
+    g.mem.write(dst, src);
+    Ok(())
+}
+
+pub fn memcpy_dtoh(dst: &mut [u8], src: u64) -> R {
+    let d = drv()?;
+    ctx_sync()?;
+    let g = d.lock();
+    check_range(&g, src, dst.len() as u64)?;
+    g.mem.read(src, dst);
+    Ok(())
+}
+
+pub fn memcpy_dtod(dst: u64, src: u64, len: u64) -> R {
+    let d = drv()?;
+    ctx_sync()?;
+    let mut g = d.lock();
+    check_range(&g, src, len)?;
+    check_range(&g, dst, len)?;
+    g.mem.copy(dst, src, len);
+    Ok(())
+}
+
+pub fn memset_d8(dst: u64, v: u8, n: u64) -> R {
+    let d = drv()?;
+    ctx_sync()?;
+    let mut g = d.lock();
+    check_range(&g, dst, n)?;
+    g.mem.fill(dst, n, v);
+    Ok(())
+}
+
+/// Synchronises `stream` before an async copy (copies themselves are instantaneous).
+pub fn sync_for_async(stream: u64) -> R {
+    stream_sync(stream)
+}
+
+pub fn pool_create() -> R<u64> {
+    current()?;
+    let mut g = drv()?.lock();
+    let h = g.handle();
+    g.pools.insert(h);
+    Ok(h)
+}
+
+pub fn pool_destroy(p: u64) -> R {
+    let mut g = drv()?.lock();
+    if g.pools.remove(&p) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+}
+
+pub fn pool_check(p: u64) -> R {
+    if drv()?.lock().pools.contains(&p) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+}
+
+pub fn check_stream(stream: u64) -> R {
+    let ctx = current()?;
+    stream_ref(&drv()?.lock(), ctx, stream).map(|_| ())
+}
+
+// ---- arrays ----
+
+pub fn array_create(bytes: u64) -> R<u64> {
+    current()?;
+    if bytes == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let d = drv()?;
+    d.gate()?;
+    d.dev.commit(&d.client, bytes).map_err(dev_err)?;
+    let mut g = d.lock();
+    let h = g.handle();
+    g.arrays.insert(h, bytes);
+    Ok(h)
+}
+
+pub fn array_destroy(h: u64) -> R {
+    let d = drv()?;
+    let bytes = d.lock().arrays.remove(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    d.dev.free(&d.client, bytes);
+    Ok(())
+}
+
+// ---- virtual memory management ----
+
+pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
+    current()?;
+    if size == 0 || size % GRANULARITY != 0 || !location_is_device || device != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let d = drv()?;
+    d.gate()?;
+    d.dev.commit(&d.client, size).map_err(dev_err)?;
+    let mut g = d.lock();
+    let h = g.handle();
+    g.phys.insert(h, Phys { size, released: false, maps: 0 });
+    Ok(h)
+}
+
+fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
+    if let Some(p) = g.phys.get(&h) {
+        if p.released && p.maps == 0 {
+            let size = p.size;
+            g.phys.remove(&h);
+            d.dev.free(&d.client, size);
+        }
+    }
+}
+
+pub fn vmm_release(h: u64) -> R {
+    let d = drv()?;
+    let mut g = d.lock();
+    match g.phys.get_mut(&h) {
+        Some(p) if !p.released => p.released = true,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+    maybe_drop_phys(d, &mut g, h);
+    Ok(())
+}
+
+pub fn vmm_reserve(size: u64, align: u64) -> R<u64> {
+    drv()?;
+    if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let d = drv()?;
+    let addr = d.dev.reserve_address(size, align.max(GRANULARITY));
+    d.lock().reservations.insert(addr, size);
+    Ok(addr)
+}
+
+pub fn vmm_address_free(addr: u64, size: u64) -> R {
+    let mut g = drv()?.lock();
+    match g.reservations.get(&addr) {
+        Some(&s) if s == size => {
+            if g.mappings.range(addr..addr + size).next().is_some() {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            g.reservations.remove(&addr);
+            Ok(())
+        }
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
+    let mut g = drv()?.lock();
+    let in_res = g.reservations.range(..=addr).next_back().is_some_and(|(b, s)| addr + size <= b + s);
+    let p = g.phys.get(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > p.size) || p.released {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if g.mappings.range(..addr + size).next_back().is_some_and(|(b, m)| b + m.size > addr) {
+        return Err(CUresult::CUDA_ERROR_ALREADY_MAPPED);
+    }
+    g.mappings.insert(addr, Mapping { size, handle: h });
+    if let Some(p) = g.phys.get_mut(&h) {
+        p.maps += 1;
+    }
+    Ok(())
+}
+
+pub fn vmm_unmap(addr: u64, size: u64) -> R {
+    let d = drv()?;
+    let mut g = d.lock();
+    let keys: Vec<u64> = g.mappings.range(addr..addr.saturating_add(size)).map(|(k, _)| *k).collect();
+    if keys.is_empty() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    for k in keys {
+        if let Some(m) = g.mappings.remove(&k) {
+            g.mem.discard(k, m.size);
+            if let Some(p) = g.phys.get_mut(&m.handle) {
+                p.maps = p.maps.saturating_sub(1);
+            }
+            maybe_drop_phys(d, &mut g, m.handle);
+        }
+    }
+    Ok(())
+}
+
+pub fn vmm_set_access(addr: u64, size: u64) -> R {
+    let g = drv()?.lock();
+    check_range(&g, addr, size)
+}

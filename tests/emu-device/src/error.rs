@@ -1,0 +1,75 @@
+//! Errors of the emulated device; each maps to the `CUresult` a real driver would give.
+
+use cuda_abi::CUresult;
+use std::path::PathBuf;
+
+/// Why a device operation failed.
+#[derive(Debug)]
+pub enum EmuError {
+    /// `GPUEMU_STATE` is not set.
+    NoStatePath,
+    /// `GPUEMU_PROFILE` names no known profile.
+    BadProfile(String),
+    /// A system call on the state file failed.
+    Io { path: PathBuf, op: &'static str, source: std::io::Error },
+    /// The state file is not ours or from another layout version.
+    Corrupt { path: PathBuf, detail: String },
+    /// Not enough free device memory.
+    OutOfMemory { requested: u64, free: u64 },
+    /// Every client slot is taken.
+    TooManyClients,
+    /// A bad argument (what and why).
+    InvalidValue(String),
+    /// No process with this pid holds the device.
+    NoSuchClient(u32),
+    /// MPS is poisoned or restarting: new clients are refused.
+    MpsServerNotReady,
+    /// The MPS server this client was attached to is gone.
+    MpsClientTerminated,
+}
+
+impl EmuError {
+    /// The driver status a real GPU would return for this failure.
+    pub fn to_curesult(&self) -> CUresult {
+        match self {
+            EmuError::NoStatePath | EmuError::BadProfile(_) | EmuError::Io { .. } | EmuError::Corrupt { .. } => {
+                CUresult::CUDA_ERROR_NO_DEVICE
+            }
+            EmuError::OutOfMemory { .. } => CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            EmuError::TooManyClients => CUresult::CUDA_ERROR_MPS_MAX_CLIENTS_REACHED,
+            EmuError::InvalidValue(_) | EmuError::NoSuchClient(_) => CUresult::CUDA_ERROR_INVALID_VALUE,
+            EmuError::MpsServerNotReady => CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY,
+            EmuError::MpsClientTerminated => CUresult::CUDA_ERROR_MPS_CLIENT_TERMINATED,
+        }
+    }
+}
+
+impl std::fmt::Display for EmuError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmuError::NoStatePath => write!(f, "GPUEMU_STATE is not set: point it at the emulated GPU's state file"),
+            EmuError::BadProfile(p) => {
+                write!(f, "GPUEMU_PROFILE={p:?} is not a known profile (use t4, a10 or h100)")
+            }
+            EmuError::Io { path, op, source } => write!(f, "{op} {}: {source}", path.display()),
+            EmuError::Corrupt { path, detail } => write!(f, "{}: not a GPU emulator state file: {detail}", path.display()),
+            EmuError::OutOfMemory { requested, free } => {
+                write!(f, "out of device memory: requested {requested} bytes, {free} free")
+            }
+            EmuError::TooManyClients => write!(f, "too many processes on the emulated GPU"),
+            EmuError::InvalidValue(w) => write!(f, "invalid value: {w}"),
+            EmuError::NoSuchClient(pid) => write!(f, "no process {pid} holds the emulated GPU"),
+            EmuError::MpsServerNotReady => write!(f, "MPS server is not ready (a client died holding a context)"),
+            EmuError::MpsClientTerminated => write!(f, "the MPS server this client was attached to has gone"),
+        }
+    }
+}
+
+impl std::error::Error for EmuError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            EmuError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

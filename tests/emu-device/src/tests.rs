@@ -1,0 +1,172 @@
+use super::*;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("emu-device-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&d);
+    d
+}
+
+#[test]
+fn creates_with_profile_and_reopens() {
+    let p = tmp("create");
+    let d = Device::open(&p, &profile::A10).unwrap();
+    assert_eq!(d.info().name, "NVIDIA A10");
+    assert_eq!(d.info().sm_count, 72);
+    drop(d);
+    // Reopening keeps the existing profile whatever is asked.
+    let d = Device::open(&p, &profile::H100).unwrap();
+    assert_eq!(d.info().profile_id, "a10");
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn corrupt_file_is_refused_with_path() {
+    let p = tmp("corrupt");
+    std::fs::write(&p, vec![7u8; STATE_SIZE]).unwrap();
+    let e = Device::open(&p, &profile::T4).err().expect("must refuse");
+    assert!(matches!(e, EmuError::Corrupt { .. }));
+    assert!(e.to_string().contains(&p.display().to_string()), "{e}");
+    std::fs::write(&p, b"short").unwrap();
+    let e = Device::open(&p, &profile::T4).err().expect("must refuse");
+    assert!(e.to_string().contains("size is 5 bytes"), "{e}");
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn memory_is_accounted_against_capacity() {
+    let p = tmp("mem");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let c = d.attach().unwrap();
+    let total = profile::T4.total_memory;
+    let a = d.alloc(&c, total / 2, 0).unwrap();
+    let b = d.alloc(&c, total / 4, 0).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(d.mem_info(), (total - total / 2 - total / 4, total));
+    let e = d.alloc(&c, total / 2, 0).unwrap_err();
+    assert_eq!(e.to_curesult(), cuda_abi::CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    d.free(&c, total / 2);
+    d.alloc(&c, total / 2, 0).unwrap();
+    let snap = d.snapshot();
+    assert_eq!(snap.processes.len(), 1);
+    assert_eq!(snap.processes[0].used_memory, total / 2 + total / 4);
+    d.detach(&c);
+    assert_eq!(d.mem_info().0, total);
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn kernel_takes_emulated_time_and_wait_returns_end() {
+    let p = tmp("kernel");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let c = d.attach().unwrap();
+    let t0 = now_ns();
+    // 4 blocks of 3.18 M cycles at 1590 MHz (10% occupancy, full clock) = 2 ms.
+    let k = d.launch(&c, Launch { blocks: 4, cycles_per_block: 3_180_000, after: 0 }).unwrap();
+    assert_eq!(d.kernel_status(k), KernelStatus::Pending);
+    let end = d.wait(&c, k).unwrap();
+    let took = end - t0;
+    assert!((1_900_000..2_500_000).contains(&took), "{took}");
+    assert!(now_ns() >= end);
+    d.collect(k);
+    assert_eq!(d.kernel_status(k), KernelStatus::Gone);
+    std::fs::remove_file(&p).unwrap();
+}
+
+fn fake_client(d: &Device, pid: u32, contexts: u32, mps: bool) {
+    let mut g = d.shm.lock();
+    let start_time = procinfo::start_time(pid).unwrap();
+    let generation = g.header.mps_generation;
+    let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used == 0).unwrap();
+    g.clients[c] = layout::ClientSlot {
+        used: 1,
+        pid,
+        start_time,
+        contexts,
+        mem_used: 1 << 20,
+        mps_gen: if mps { generation } else { 0 },
+        ..Default::default()
+    };
+    g.header.used_memory += 1 << 20;
+}
+
+fn wait_reaped(d: &Device, pid: u32) {
+    for _ in 0..200 {
+        if d.snapshot().processes.iter().all(|p| p.pid != pid) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("dead client {pid} never reaped");
+}
+
+#[test]
+fn dead_client_with_live_context_poisons_mps_until_quit() {
+    let p = tmp("poison");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    d.mps_start(1);
+    let me = d.attach().unwrap();
+    d.context_created(&me, None).unwrap();
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, child.id(), 1, true);
+    d.gate(&me).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_reaped(&d, child.id());
+    let st = d.mps_status();
+    assert!(st.poisoned, "{st:?}");
+    assert_eq!(st.culprit_pid, Some(child.id()));
+    assert_eq!(d.mem_info().0, profile::T4.total_memory, "dead client's memory is given back");
+    // A neighbour's call hangs: run it on a thread and see it not return.
+    let d = std::sync::Arc::new(d);
+    let d2 = d.clone();
+    let h = std::thread::spawn(move || d2.gate(&me));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!h.is_finished(), "neighbour must hang while MPS is poisoned");
+    // New clients are refused.
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsServerNotReady)));
+    d.mps_quit();
+    let r = h.join().unwrap();
+    assert!(matches!(r, Err(EmuError::MpsClientTerminated)), "{r:?}");
+    d.context_destroyed(&me);
+    d.mps_start(1);
+    d.context_created(&me, None).unwrap();
+    d.gate(&me).unwrap();
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn dead_client_without_context_is_harmless() {
+    let p = tmp("harmless");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    d.mps_start(1);
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, child.id(), 0, true);
+    let mut child2 = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, child2.id(), 1, false); // not an MPS client
+    child.kill().unwrap();
+    child.wait().unwrap();
+    child2.kill().unwrap();
+    child2.wait().unwrap();
+    wait_reaped(&d, child.id());
+    wait_reaped(&d, child2.id());
+    assert!(!d.mps_status().poisoned);
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn mps_percentages_validate_and_apply() {
+    let p = tmp("pct");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    assert!(d.set_default_active_thread_pct(50).is_err(), "MPS off");
+    d.mps_start(1);
+    assert!(d.set_default_active_thread_pct(0).is_err());
+    assert!(d.set_default_active_thread_pct(101).is_err());
+    d.set_default_active_thread_pct(50).unwrap();
+    let me = d.attach().unwrap();
+    d.context_created(&me, Some(30)).unwrap();
+    assert_eq!(d.snapshot().processes[0].active_thread_pct, 30);
+    d.set_client_active_thread_pct(me.pid(), 20).unwrap();
+    assert_eq!(d.snapshot().processes[0].active_thread_pct, 20);
+    assert!(matches!(d.set_client_active_thread_pct(1, 20), Err(EmuError::NoSuchClient(1))));
+    std::fs::remove_file(&p).unwrap();
+}
