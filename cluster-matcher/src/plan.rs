@@ -210,11 +210,20 @@ pub(crate) fn plan_core(
     let mut ids = ProfileIds::default();
     let online_ids: Vec<Option<usize>> = candidates.iter().map(|c| ids.id(c.online.profile.as_ref())).collect();
     let offline_ids: Vec<Option<usize>> = workloads.offline.iter().map(|j| ids.id(j.profile.as_ref())).collect();
-    let mut cache: HashMap<(String, usize, usize, u32), f64> = HashMap::new();
+    let mut cache: HashMap<(usize, usize, usize, u32), f64> = HashMap::new();
+    let mut model_ids: HashMap<String, usize> = HashMap::new();
     let mut edges: Vec<(usize, usize, f64)> = Vec::new();
     let mut missing_models = std::collections::BTreeSet::new();
     for (gi, (c, on_id)) in candidates.iter().zip(&online_ids).enumerate() {
         let model_type = c.node.model_type();
+        let next_id = model_ids.len();
+        let model_id = *model_ids.entry(model_type.clone()).or_insert(next_id);
+        // A model that ignores the SM input gives one prediction per profile pair.
+        let sm_key = if predictor.models.get(&model_type).is_some_and(|m| m.uses_sm_input()) {
+            c.sm_percent.round() as u32
+        } else {
+            0
+        };
         for (j, (job, off_id)) in workloads.offline.iter().zip(&offline_ids).enumerate() {
             if forbidden(cluster, c, job).is_some() {
                 plan.stats.forbidden_pairs += 1;
@@ -223,7 +232,7 @@ pub(crate) fn plan_core(
             plan.stats.allowed_pairs += 1;
             let w = match (on_id, off_id, &c.online.profile, &job.profile) {
                 (Some(a), Some(b), Some(on), Some(off)) => {
-                    let key = (model_type.clone(), *b, *a, c.sm_percent.round() as u32);
+                    let key = (model_id, *b, *a, sm_key);
                     if let Some(w) = cache.get(&key) {
                         *w
                     } else {
@@ -303,9 +312,11 @@ pub(crate) fn plan_core(
         if new_at == Some(cur) {
             continue;
         }
+        let skipped = plan.skipped_gpus.iter().find(|s| &s.at == cur).map(|s| s.reason.clone());
         let reason = match (gpu_state.get(cur), online_at.get(cur)) {
             (_, None) => "online workload gone".to_string(),
             (Some(s), _) if !s.is_healthy() => format!("GPU not Healthy: {}", s.label()),
+            _ if skipped.is_some() => format!("GPU closed to offline work: {}", skipped.unwrap_or_default()),
             _ => match new_at {
                 Some(to) => format!("moved to {}/{} (better plan)", to.node, to.gpu),
                 None => "not placed this round".to_string(),
