@@ -192,6 +192,12 @@ pub struct ServeArgs {
     pub listen: String,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Snapshot,
+    Timeline,
+}
+
 #[derive(Debug, Args)]
 pub struct AlibabaArgs {
     /// Trace directory [default: $XSHARE_DATA_DIR/alibaba-gpu-v2023]
@@ -206,9 +212,16 @@ pub struct AlibabaArgs {
     /// Gavel file whose job profiles are given to the trace's pods.
     #[command(flatten)]
     pub data: DataArgs,
-    /// Number of rounds, spread evenly over the trace's time span.
-    #[arg(long, default_value_t = 8)]
+    /// Number of rounds (timeline: spread evenly over the trace's time span).
+    #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// snapshot: every GPU pod at once, as the FGD simulator replays the trace;
+    /// timeline: pods alive at each round's trace time.
+    #[arg(long, value_enum, default_value = "snapshot")]
+    pub mode: ModeArg,
+    /// Online pod SM activity = gpu_milli / 10 × this (the trace has no utilisation).
+    #[arg(long, default_value_t = 1.0)]
+    pub online_sm_scale: f64,
     /// Print per-round statistics as JSON.
     #[arg(long)]
     pub json: bool,
@@ -305,7 +318,15 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             let model = SpeedPredictor::load(&a.model)?;
             let data = gavel::load(&a.data.path())?;
             let trace = alibaba::Trace::load(&dir, &a.pods)?;
-            let report = alibaba::replay(&trace, &data, &model, a.rounds);
+            let mode = match a.mode {
+                ModeArg::Snapshot => alibaba::ReplayMode::Snapshot,
+                ModeArg::Timeline => alibaba::ReplayMode::Timeline,
+            };
+            if !(a.online_sm_scale.is_finite() && a.online_sm_scale >= 0.0) {
+                return Err("--online-sm-scale must be a non-negative number".into());
+            }
+            let asm = alibaba::Assumptions { online_sm_scale: a.online_sm_scale, ..Default::default() };
+            let report = alibaba::replay(&trace, &data, &model, a.rounds, mode, asm);
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
