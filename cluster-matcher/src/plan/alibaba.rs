@@ -57,7 +57,10 @@ pub struct Trace {
     pub pods: Vec<TracePod>,
 }
 
-fn csv_rows(path: &Path) -> Result<(Vec<String>, Vec<(usize, Vec<String>)>), TraceError> {
+/// A CSV file's header and its rows, each with its line number.
+type Csv = (Vec<String>, Vec<(usize, Vec<String>)>);
+
+fn csv_rows(path: &Path) -> Result<Csv, TraceError> {
     let text = std::fs::read_to_string(path).map_err(|e| TraceError::Io { path: path.to_path_buf(), source: e })?;
     let mut lines = text.lines().enumerate();
     let header: Vec<String> = lines

@@ -164,7 +164,7 @@ mod tests {
         assert!(matches!(r.read_at("n0", 3, now), GpuHealth::Unreadable { .. }));
         assert!(matches!(r.read_at("n0", 4, now), GpuHealth::Unreadable { why } if why.contains("sleepy")));
         assert_eq!(r.read_at("n0", 9, now), GpuHealth::Missing);
-        assert_eq!(r.read_at("n0", 0, now).is_healthy(), true);
+        assert!(r.read_at("n0", 0, now).is_healthy());
         assert!(!r.read_at("n0", 2, now).is_healthy());
         std::fs::remove_dir_all(&r.dir).unwrap();
     }

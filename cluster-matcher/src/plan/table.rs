@@ -19,8 +19,8 @@ impl fmt::Display for Plan {
         if !self.assignments.is_empty() {
             writeln!(
                 f,
-                "{:<24} {:<20} {:>4} {:<10} {:<20} {:>5} {:>9} {:>6}  {}",
-                "OFFLINE", "NODE", "GPU", "TYPE", "ONLINE", "SM%", "MEM(MiB)", "PRED", "KEPT"
+                "{:<24} {:<20} {:>4} {:<10} {:<20} {:>5} {:>9} {:>6}  KEPT",
+                "OFFLINE", "NODE", "GPU", "TYPE", "ONLINE", "SM%", "MEM(MiB)", "PRED"
             )?;
             for a in &self.assignments {
                 writeln!(
