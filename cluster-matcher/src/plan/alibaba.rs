@@ -85,7 +85,7 @@ fn column(path: &Path, header: &[String], name: &str) -> Result<usize, TraceErro
 fn num<T: std::str::FromStr>(path: &Path, line: usize, row: &[String], col: usize, name: &str) -> Result<T, TraceError> {
     row.get(col).and_then(|v| v.trim().parse().ok()).ok_or_else(|| TraceError::Row {
         path: path.to_path_buf(),
-        line: line + 1,
+        line,
         why: format!("column `{name}` is not a number"),
     })
 }
@@ -391,5 +391,65 @@ impl fmt::Display for ReplayReport {
             f,
             "mean round {mean:.1} ms wall ({cpu_mean:.1} ms CPU), max {max:.1} ms wall; placed {placed} of {offered} offline pod-rounds"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::predictor::gavel;
+
+    fn write_trace(tag: &str, nodes: &str, pods: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("xshare-ali-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("openb_node_list_gpu_node.csv"), nodes).unwrap();
+        std::fs::write(d.join("pods.csv"), pods).unwrap();
+        d
+    }
+
+    const HEADER: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n";
+
+    #[test]
+    fn bad_rows_name_file_and_line() {
+        let d = write_trace("bad", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,two,V100M16\n", HEADER);
+        let e = Trace::load(&d, "pods.csv").unwrap_err().to_string();
+        assert!(e.contains("openb_node_list_gpu_node.csv:2") && e.contains("`gpu`"), "{e}");
+        let d = write_trace("bad2", "sn,cpu_milli,memory_mib,gpu,model\n", "name,qos\n");
+        assert!(Trace::load(&d, "pods.csv").unwrap_err().to_string().contains("no column `num_gpu`"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A fractional LS pod leaves room: the BE pod is placed beside it, and stays in the next
+    /// round; a full-GPU LS pod leaves no SM room; a CPU-only pod is ignored.
+    #[test]
+    fn snapshot_places_be_pods_beside_fractional_ls_pods() {
+        let pods = format!(
+            "{HEADER}ls-a,1,1,1,460,,LS,Running,0,100,0\nls-b,1,1,1,1000,,LS,Running,1,100,1\nbe-a,1,1,1,300,,BE,Running,2,100,2\nbe-b,1,1,1,900,,BE,Running,3,100,3\ncpu,1,1,0,0,,BE,Running,3,100,3\n"
+        );
+        let d = write_trace("ok", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,2,V100M16\nn1,1,1,0,\n", &pods);
+        let t = Trace::load(&d, "pods.csv").unwrap();
+        assert_eq!(t.nodes.len(), 1);
+        let p = gavel::data_dir().join("gavel/simulation_throughputs.json");
+        let data = if p.exists() { gavel::load(&p).unwrap() } else { GavelData { profiles: Default::default(), pairs: vec![], infeasible: vec![] } };
+        let r = replay(&t, &data, &SpeedPredictor::default(), 2, ReplayMode::Snapshot, Assumptions::default());
+        assert_eq!(r.gpus, 2);
+        let (r0, r1) = (&r.rounds[0], &r.rounds[1]);
+        assert_eq!((r0.online_pods, r0.offline_pods, r0.candidate_gpus), (2, 2, 1));
+        // be-b needs 90% of 16 GiB beside an online pod using 46%: forbidden by memory.
+        assert_eq!((r0.allowed_pairs, r0.placed), (1, 1));
+        assert_eq!((r1.placed, r1.kept, r1.breaks), (1, 1, 0));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn real_trace_loads_whole() {
+        let d = gavel::data_dir().join("alibaba-gpu-v2023");
+        if !d.exists() {
+            return;
+        }
+        let t = Trace::load(&d, "openb_pod_list_default.csv").unwrap();
+        assert_eq!(t.nodes.len(), 1213);
+        assert_eq!(t.nodes.iter().map(|n| n.gpus).sum::<u32>(), 6212);
+        assert_eq!(t.pods.len(), 8152);
     }
 }
