@@ -316,8 +316,8 @@ mod tests {
 
     #[test]
     fn momentum_sgd_fits_a_smooth_function() {
-        let (rows, ys) = toy(200);
-        let cfg = TrainConfig { epochs: 400, ..TrainConfig::default() };
+        let (rows, ys) = toy(120);
+        let cfg = TrainConfig { epochs: 300, ..TrainConfig::default() };
         let m = train(&rows, &ys, &cfg).unwrap();
         m.validate("toy").unwrap();
         let mape: f64 = rows
@@ -329,6 +329,20 @@ mod tests {
         let mean = ys.iter().sum::<f64>() / ys.len() as f64;
         let base: f64 = ys.iter().map(|y| (mean - y).abs() / y).sum::<f64>() / ys.len() as f64;
         assert!(mape < base * 0.5, "mape {mape} vs baseline {base}");
+    }
+
+    fn log_mse(m: &GpuModel, rows: &[[f64; INPUT_WIDTH]], ys: &[f64]) -> f64 {
+        rows.iter().zip(ys).map(|(r, y)| (m.predict(r).ln() - y.ln()).powi(2)).sum::<f64>() / ys.len() as f64
+    }
+
+    #[test]
+    fn momentum_makes_the_same_epochs_go_further() {
+        let (rows, ys) = toy(60);
+        let with = TrainConfig { epochs: 80, ..TrainConfig::default() };
+        let without = TrainConfig { momentum: 0.0, ..with };
+        let a = log_mse(&train(&rows, &ys, &with).unwrap(), &rows, &ys);
+        let b = log_mse(&train(&rows, &ys, &without).unwrap(), &rows, &ys);
+        assert!(a < b * 0.7, "with momentum {a}, without {b}");
     }
 
     #[test]
