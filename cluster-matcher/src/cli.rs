@@ -1,0 +1,338 @@
+//! Command-line interface: argument definitions and the glue from each subcommand to the library.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use cluster_matcher::plan::{self, alibaba, ClusterSpec, Workloads};
+use cluster_matcher::predictor::eval::{self, Split};
+use cluster_matcher::predictor::gavel;
+use cluster_matcher::predictor::{JobProfile, SpeedPredictor, TrainConfig};
+
+type Error = Box<dyn std::error::Error>;
+
+/// Decides which best-effort (offline) training job shares which latency-critical (online)
+/// GPU, MuxFlow-style: a speed predictor scores every allowed pair, maximum-weight matching
+/// picks the plan, and a Kubernetes scheduler extender applies it.
+///
+/// Typical flow:
+///
+///   cluster-matcher train --out model.json --eval
+///   cluster-matcher plan --cluster examples/cluster.json --workloads examples/workloads.json --model model.json
+///   cluster-matcher serve --cluster examples/cluster.json --workloads examples/workloads.json --model model.json
+///
+/// Data files (Gavel throughputs, Alibaba trace) are found under $XSHARE_DATA_DIR, else
+/// ../shared/data next to the workspace. Logs go to stderr; set RUST_LOG=debug for more.
+#[derive(Debug, Parser)]
+#[command(name = "cluster-matcher", version, verbatim_doc_comment)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train the speed predictor (one MLP per GPU type) on Gavel's measured pairs and save it.
+    Train(TrainArgs),
+    /// Cross-validated held-out error (MAPE) of the predictor against simple baselines.
+    Evaluate(EvalArgs),
+    /// Predict one pair's normalized throughput with a saved model.
+    Predict(PredictArgs),
+    /// Compute one placement round and print the plan (a table, or JSON with --json).
+    Plan(PlanArgs),
+    /// Run the Kubernetes scheduler extender (filter / prioritize / bind) over HTTP.
+    Serve(ServeArgs),
+    /// Replay placement rounds on the Alibaba 2023 GPU trace and report timings.
+    Alibaba(AlibabaArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DataArgs {
+    /// Gavel throughput file [default: $XSHARE_DATA_DIR/gavel/simulation_throughputs.json]
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+}
+
+impl DataArgs {
+    fn path(&self) -> PathBuf {
+        self.data
+            .clone()
+            .unwrap_or_else(|| gavel::data_dir().join("gavel/simulation_throughputs.json"))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct TrainOpts {
+    /// Full-batch training epochs.
+    #[arg(long, default_value_t = TrainConfig::default().epochs)]
+    pub epochs: usize,
+    /// SGD learning rate.
+    #[arg(long, default_value_t = TrainConfig::default().learning_rate)]
+    pub lr: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = TrainConfig::default().momentum)]
+    pub momentum: f64,
+    /// Seed for weight initialisation and data splits.
+    #[arg(long, default_value_t = TrainConfig::default().seed)]
+    pub seed: u64,
+}
+
+impl TrainOpts {
+    fn config(&self) -> TrainConfig {
+        TrainConfig {
+            epochs: self.epochs,
+            learning_rate: self.lr,
+            momentum: self.momentum,
+            seed: self.seed,
+            ..TrainConfig::default()
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub opts: TrainOpts,
+    /// Where to write the model file.
+    #[arg(long, short)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SplitArg {
+    /// Hold out whole job pairs.
+    Pair,
+    /// Hold out whole jobs (harder: the test jobs were never seen).
+    Job,
+    /// Both, one after the other.
+    Both,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub opts: TrainOpts,
+    /// How test samples are held out.
+    #[arg(long, value_enum, default_value = "both")]
+    pub split: SplitArg,
+    /// Number of cross-validation folds.
+    #[arg(long, default_value_t = 5)]
+    pub folds: usize,
+    /// Print the reports as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// Model file written by `train`.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// GPU type of the model to use (k80, p100, v100).
+    #[arg(long)]
+    pub gpu: String,
+    /// Offline job: a Gavel job name (e.g. "ResNet-50 (batch size 64)") or a JSON profile file.
+    #[arg(long)]
+    pub offline: String,
+    /// Online job, as for --offline.
+    #[arg(long)]
+    pub online: String,
+    /// SM percentage given to the offline job.
+    #[arg(long, default_value_t = 100.0)]
+    pub sm: f64,
+    #[command(flatten)]
+    pub data: DataArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanInputs {
+    /// Cluster description (nodes, GPUs, tenant rules, round period); see examples/cluster.json.
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// Online workloads with their GPUs, offline jobs waiting or running; see
+    /// examples/workloads.json.
+    #[arg(long)]
+    pub workloads: PathBuf,
+    /// Speed-predictor model file (from `train`).
+    #[arg(long)]
+    pub model: PathBuf,
+}
+
+impl PlanInputs {
+    fn load(&self) -> Result<(ClusterSpec, Workloads, SpeedPredictor), Error> {
+        let cluster = ClusterSpec::load(&self.cluster)?;
+        let workloads = Workloads::load(&self.workloads, &cluster)?;
+        let model = SpeedPredictor::load(&self.model)?;
+        Ok((cluster, workloads, model))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub inputs: PlanInputs,
+    /// Round number to stamp on the plan.
+    #[arg(long, default_value_t = 0)]
+    pub round: u64,
+    /// Print only JSON (default prints the table, then JSON).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub inputs: PlanInputs,
+    /// Address to listen on (kube-scheduler's extender `urlPrefix` points here).
+    #[arg(long, default_value = "127.0.0.1:8888")]
+    pub listen: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Snapshot,
+    Timeline,
+}
+
+#[derive(Debug, Args)]
+pub struct AlibabaArgs {
+    /// Trace directory [default: $XSHARE_DATA_DIR/alibaba-gpu-v2023]
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Pod list file name inside the trace directory.
+    #[arg(long, default_value = "openb_pod_list_default.csv")]
+    pub pods: String,
+    /// Speed-predictor model file (from `train`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Gavel file whose job profiles are given to the trace's pods.
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Number of rounds (timeline: spread evenly over the trace's time span).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// snapshot: every GPU pod at once, as the FGD simulator replays the trace;
+    /// timeline: pods alive at each round's trace time.
+    #[arg(long, value_enum, default_value = "snapshot")]
+    pub mode: ModeArg,
+    /// Online pod SM activity = gpu_milli / 10 × this (the trace has no utilisation).
+    #[arg(long, default_value_t = 1.0)]
+    pub online_sm_scale: f64,
+    /// Print per-round statistics as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn profile_arg(spec: &str, data: &DataArgs) -> Result<JobProfile, Error> {
+    if Path::new(spec).is_file() {
+        let text = std::fs::read_to_string(spec)?;
+        return serde_json::from_str(&text).map_err(|e| format!("{spec}: {e}").into());
+    }
+    let d = gavel::load(&data.path())?;
+    d.profiles.get(spec).cloned().ok_or_else(|| {
+        let names: Vec<_> = d.profiles.keys().map(String::as_str).collect();
+        format!("`{spec}` is neither a profile file nor a Gavel job; jobs: {}", names.join(", ")).into()
+    })
+}
+
+fn print_reports(split: Split, reports: &[eval::GpuReport]) {
+    println!("held-out MAPE, split {split:?}:");
+    println!("{:<6} {:>7} {:>7} {:>9} {:>11} {:>13}", "GPU", "train", "test", "MLP %", "mean %", "job-mean %");
+    for r in reports {
+        println!(
+            "{:<6} {:>7} {:>7} {:>9.1} {:>11.1} {:>13.1}",
+            r.gpu, r.train_samples, r.test_samples, r.mape_mlp, r.mape_mean, r.mape_job_mean
+        );
+    }
+}
+
+/// Runs one parsed command line.
+pub fn run(cli: Cli) -> Result<(), Error> {
+    match cli.command {
+        Command::Train(a) => {
+            let data = gavel::load(&a.data.path())?;
+            let samples: Vec<_> = data
+                .pairs
+                .iter()
+                .filter_map(|p| eval::sample_row(&data, p).map(|r| (p.gpu.clone(), r, p.normalized)))
+                .collect();
+            tracing::info!(pairs = samples.len(), infeasible = data.infeasible.len(), "training data");
+            let model = SpeedPredictor::train(&samples, &a.opts.config())?;
+            model.save(&a.out)?;
+            println!("wrote {} ({} GPU types, {} samples)", a.out.display(), model.models.len(), samples.len());
+        }
+        Command::Evaluate(a) => {
+            let data = gavel::load(&a.data.path())?;
+            let splits = match a.split {
+                SplitArg::Pair => vec![Split::ByPair],
+                SplitArg::Job => vec![Split::ByJob],
+                SplitArg::Both => vec![Split::ByPair, Split::ByJob],
+            };
+            let mut all = Vec::new();
+            for s in splits {
+                let t = std::time::Instant::now();
+                let r = eval::cross_validate(&data, s, a.folds, &a.opts.config())?;
+                tracing::info!(split = ?s, secs = t.elapsed().as_secs_f64(), "cross-validation done");
+                if !a.json {
+                    print_reports(s, &r);
+                }
+                all.push((s, r));
+            }
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            }
+        }
+        Command::Predict(a) => {
+            let model = SpeedPredictor::load(&a.model)?;
+            let off = profile_arg(&a.offline, &a.data)?;
+            let on = profile_arg(&a.online, &a.data)?;
+            match model.predict(&a.gpu, &off, &on, a.sm)? {
+                Some(v) => println!("{v:.4}"),
+                None => return Err(format!("a job has no isolated profile on `{}`", a.gpu).into()),
+            }
+        }
+        Command::Plan(a) => {
+            let (cluster, workloads, model) = a.inputs.load()?;
+            let cells = plan::load_cells(&cluster)?;
+            let p = plan::run_round(&cluster, &workloads, &model, cells.as_ref(), a.round);
+            if !a.json {
+                print!("{p}");
+                println!();
+            }
+            println!("{}", serde_json::to_string_pretty(&p)?);
+        }
+        Command::Serve(a) => {
+            let (cluster, workloads, model) = a.inputs.load()?;
+            let cells = plan::load_cells(&cluster)?;
+            let server = cluster_matcher::extender::Extender::new(cluster, workloads, model, cells);
+            let http = cluster_matcher::extender::bind(&a.listen).map_err(|e| e.to_string())?;
+            eprintln!("cluster-matcher: extender listening on http://{}", http.server_addr());
+            cluster_matcher::extender::serve(&http, &server);
+        }
+        Command::Alibaba(a) => {
+            let dir = a.trace.clone().unwrap_or_else(|| gavel::data_dir().join("alibaba-gpu-v2023"));
+            let model = SpeedPredictor::load(&a.model)?;
+            let data = gavel::load(&a.data.path())?;
+            let trace = alibaba::Trace::load(&dir, &a.pods)?;
+            let mode = match a.mode {
+                ModeArg::Snapshot => alibaba::ReplayMode::Snapshot,
+                ModeArg::Timeline => alibaba::ReplayMode::Timeline,
+            };
+            if !(a.online_sm_scale.is_finite() && a.online_sm_scale >= 0.0) {
+                return Err("--online-sm-scale must be a non-negative number".into());
+            }
+            let asm = alibaba::Assumptions { online_sm_scale: a.online_sm_scale, ..Default::default() };
+            let report = alibaba::replay(&trace, &data, &model, a.rounds, mode, asm);
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+        }
+    }
+    Ok(())
+}

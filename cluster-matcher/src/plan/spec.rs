@@ -1,0 +1,361 @@
+//! Input files of a placement round: the cluster (`cluster.json`) and the workloads
+//! (`workloads.json`), with checks that name the field at fault.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::predictor::JobProfile;
+
+/// Errors reading or checking the plan's input files.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {why}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        why: String,
+    },
+    #[error("{path}: {field}: {why}")]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        why: String,
+    },
+}
+
+/// The cluster: nodes and their GPUs, round settings, tenant rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Seconds between placement rounds.
+    #[serde(default = "default_period")]
+    pub round_period_s: u64,
+    /// Where node monitors publish `<node>/gpu<i>.json` (relative to this file); absent =
+    /// every GPU taken as Healthy.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// A state file older than this is stale (not Healthy).
+    #[serde(default = "default_stale")]
+    pub stale_after_s: u64,
+    /// Lowest SM percentage worth giving an offline job; below it the pair is forbidden.
+    #[serde(default = "default_min_sm")]
+    pub min_offline_sm_percent: f64,
+    /// GPU memory kept free beside the online workload's and offline job's use.
+    #[serde(default = "default_headroom")]
+    pub memory_headroom_mib: u64,
+    /// Largest share of a GPU's memory an offline job's quota may take.
+    #[serde(default = "default_quota_fraction")]
+    pub max_offline_memory_fraction: f64,
+    /// Edge weight used when a job has no profile the predictor can use.
+    #[serde(default = "default_weight")]
+    pub unprofiled_weight: f64,
+    /// HiveD cells config (relative to this file): online workloads then take guaranteed
+    /// cells of their tenant's virtual cluster and offline jobs low-priority (colocated)
+    /// cells of the same GPUs.
+    #[serde(default)]
+    pub cells: Option<PathBuf>,
+    /// Offline jobs per online GPU (1 = MuxFlow's pairing).
+    #[serde(default = "default_per_gpu")]
+    pub max_offline_per_gpu: usize,
+    pub nodes: Vec<NodeSpec>,
+    /// Per-tenant sharing rules, by tenant (virtual cluster) name.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantRule>,
+}
+
+fn default_period() -> u64 {
+    60
+}
+fn default_stale() -> u64 {
+    30
+}
+fn default_min_sm() -> f64 {
+    10.0
+}
+fn default_headroom() -> u64 {
+    512
+}
+fn default_quota_fraction() -> f64 {
+    0.4
+}
+fn default_weight() -> f64 {
+    0.3
+}
+fn default_per_gpu() -> usize {
+    1
+}
+
+/// One GPU host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    pub name: String,
+    /// GPU model as the operator names it (`V100M32`, `T4`, ...).
+    pub gpu_type: String,
+    /// Number of GPUs.
+    pub gpus: u32,
+    /// Memory per GPU.
+    pub gpu_memory_mib: u64,
+    /// Which predictor model to use for this GPU type (`k80`, `p100`, `v100`); defaults to
+    /// `gpu_type` lower-cased.
+    #[serde(default)]
+    pub predictor_gpu_type: Option<String>,
+}
+
+impl NodeSpec {
+    /// Predictor model name for this node's GPUs.
+    pub fn model_type(&self) -> String {
+        self.predictor_gpu_type
+            .clone()
+            .unwrap_or_else(|| self.gpu_type.to_lowercase())
+    }
+}
+
+/// What a tenant allows on the GPUs its online workloads hold.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRule {
+    /// Never share this tenant's online GPUs with offline work.
+    #[serde(default)]
+    pub no_offline_sharing: bool,
+    /// Offline tenants refused on this tenant's online GPUs.
+    #[serde(default)]
+    pub deny_offline_from: BTreeSet<String>,
+}
+
+/// A GPU by node name and index.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuRef {
+    pub node: String,
+    pub gpu: u32,
+}
+
+/// Online and offline work for this round.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workloads {
+    #[serde(default)]
+    pub online: Vec<OnlineWorkload>,
+    #[serde(default)]
+    pub offline: Vec<OfflineJob>,
+}
+
+/// A latency-critical service holding one GPU (a guaranteed cell of its tenant's VC).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "OnlineRaw", into = "OnlineRaw")]
+pub struct OnlineWorkload {
+    pub name: String,
+    /// Tenant, which is also its virtual cluster when cells are configured.
+    pub tenant: String,
+    /// The GPU it holds; `None` asks the cells to place it (cluster `cells` set).
+    pub at: Option<GpuRef>,
+    /// GPU type wanted when the cells place it (a cells chain `gpu_type`); any when absent.
+    pub gpu_type: Option<String>,
+    /// GPU memory the service uses.
+    pub memory_mib: u64,
+    /// Its measured SM activity (0-100); the offline job gets the complement.
+    pub sm_activity_percent: f64,
+    pub profile: Option<JobProfile>,
+}
+
+/// Wire form of [`OnlineWorkload`]: `node` and `gpu` are given together or not at all.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnlineRaw {
+    name: String,
+    tenant: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu_type: Option<String>,
+    memory_mib: u64,
+    sm_activity_percent: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    profile: Option<JobProfile>,
+}
+
+impl TryFrom<OnlineRaw> for OnlineWorkload {
+    type Error = String;
+
+    fn try_from(r: OnlineRaw) -> Result<Self, String> {
+        let at = match (r.node, r.gpu) {
+            (Some(node), Some(gpu)) => Some(GpuRef { node, gpu }),
+            (None, None) => None,
+            _ => return Err(format!("online workload `{}`: give `node` and `gpu` together, or neither", r.name)),
+        };
+        Ok(Self {
+            name: r.name,
+            tenant: r.tenant,
+            at,
+            gpu_type: r.gpu_type,
+            memory_mib: r.memory_mib,
+            sm_activity_percent: r.sm_activity_percent,
+            profile: r.profile,
+        })
+    }
+}
+
+impl From<OnlineWorkload> for OnlineRaw {
+    fn from(o: OnlineWorkload) -> Self {
+        let (node, gpu) = o.at.map_or((None, None), |g| (Some(g.node), Some(g.gpu)));
+        Self {
+            name: o.name,
+            tenant: o.tenant,
+            node,
+            gpu,
+            gpu_type: o.gpu_type,
+            memory_mib: o.memory_mib,
+            sm_activity_percent: o.sm_activity_percent,
+            profile: o.profile,
+        }
+    }
+}
+
+/// A best-effort training job waiting for (or already in) a shared GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OfflineJob {
+    pub name: String,
+    pub tenant: String,
+    /// GPU memory the job needs.
+    pub memory_mib: u64,
+    /// GPU types it may run on (node `gpu_type` names); empty = any.
+    #[serde(default)]
+    pub gpu_types: Vec<String>,
+    #[serde(default)]
+    pub profile: Option<JobProfile>,
+    /// Where it runs now, if it was placed in an earlier round.
+    #[serde(default)]
+    pub current: Option<GpuRef>,
+}
+
+fn read(path: &Path) -> Result<String, SpecError> {
+    std::fs::read_to_string(path).map_err(|e| SpecError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, SpecError> {
+    serde_json::from_str(text).map_err(|e| SpecError::Parse {
+        path: path.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+        why: e.to_string(),
+    })
+}
+
+fn invalid(path: &Path, field: impl Into<String>, why: impl Into<String>) -> SpecError {
+    SpecError::Invalid {
+        path: path.to_path_buf(),
+        field: field.into(),
+        why: why.into(),
+    }
+}
+
+impl ClusterSpec {
+    /// Reads and checks `cluster.json`.
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        let mut spec: Self = parse(path, &read(path)?)?;
+        spec.check(path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in [spec.state_dir.as_mut(), spec.cells.as_mut()].into_iter().flatten() {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Checks values serde cannot; `path` only labels errors.
+    pub fn check(&self, path: &Path) -> Result<(), SpecError> {
+        if self.round_period_s == 0 {
+            return Err(invalid(path, "round_period_s", "must be at least 1"));
+        }
+        if !(0.0..=100.0).contains(&self.min_offline_sm_percent) {
+            return Err(invalid(path, "min_offline_sm_percent", "must be within 0..=100"));
+        }
+        if !(self.max_offline_memory_fraction > 0.0 && self.max_offline_memory_fraction <= 1.0) {
+            return Err(invalid(path, "max_offline_memory_fraction", "must be within (0, 1]"));
+        }
+        if !(self.unprofiled_weight.is_finite() && self.unprofiled_weight >= 0.0) {
+            return Err(invalid(path, "unprofiled_weight", "must be a non-negative number"));
+        }
+        if self.max_offline_per_gpu == 0 {
+            return Err(invalid(path, "max_offline_per_gpu", "must be at least 1"));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !seen.insert(&n.name) {
+                return Err(invalid(path, format!("nodes[{i}].name"), format!("duplicate node `{}`", n.name)));
+            }
+            if n.gpus == 0 || n.gpu_memory_mib == 0 {
+                return Err(invalid(path, format!("nodes[{i}]"), "gpus and gpu_memory_mib must be positive"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Node by name.
+    pub fn node(&self, name: &str) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+impl Workloads {
+    /// Reads `workloads.json` and checks it against the cluster.
+    pub fn load(path: &Path, cluster: &ClusterSpec) -> Result<Self, SpecError> {
+        let w: Self = parse(path, &read(path)?)?;
+        w.check(path, cluster)?;
+        Ok(w)
+    }
+
+    /// Names unique, GPUs exist, one online workload per GPU, numbers in range.
+    pub fn check(&self, path: &Path, cluster: &ClusterSpec) -> Result<(), SpecError> {
+        let gpu_exists = |g: &GpuRef| cluster.node(&g.node).is_some_and(|n| g.gpu < n.gpus);
+        let mut names = BTreeSet::new();
+        let mut held = BTreeSet::new();
+        for (i, o) in self.online.iter().enumerate() {
+            let f = |s: &str| format!("online[{i}].{s}");
+            if !names.insert(&o.name) {
+                return Err(invalid(path, f("name"), format!("duplicate workload `{}`", o.name)));
+            }
+            if let Some(at) = &o.at {
+                if !gpu_exists(at) {
+                    return Err(invalid(path, f("node"), format!("no GPU {} on node `{}`", at.gpu, at.node)));
+                }
+                if !held.insert(at) {
+                    return Err(invalid(path, f("gpu"), format!("GPU {}/{} already holds an online workload", at.node, at.gpu)));
+                }
+            } else if cluster.cells.is_none() {
+                return Err(invalid(path, f("node"), "missing (only a cluster with `cells` places online workloads itself)"));
+            }
+            if !(0.0..=100.0).contains(&o.sm_activity_percent) {
+                return Err(invalid(path, f("sm_activity_percent"), "must be within 0..=100"));
+            }
+        }
+        for (i, j) in self.offline.iter().enumerate() {
+            let f = |s: &str| format!("offline[{i}].{s}");
+            if !names.insert(&j.name) {
+                return Err(invalid(path, f("name"), format!("duplicate workload `{}`", j.name)));
+            }
+            if let Some(c) = &j.current {
+                if !gpu_exists(c) {
+                    return Err(invalid(path, f("current"), format!("no GPU {} on node `{}`", c.gpu, c.node)));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,204 @@
+//! Held-out evaluation of the speed predictor on Gavel data: splits by pair and by job, MAPE
+//! against baselines.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::features::{pair_input, INPUT_WIDTH};
+use super::gavel::{GavelData, PairSample};
+use super::mlp::SplitMix;
+use super::{PredictorError, SpeedPredictor, TrainConfig};
+
+/// How the test set is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Split {
+    /// Unordered job pairs are held out whole (both directions, every GPU type).
+    ByPair,
+    /// Jobs are held out whole: a test sample involves at least one held-out job, a training
+    /// sample none.
+    ByJob,
+}
+
+/// Held-out error on one GPU type, summed over folds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GpuReport {
+    pub gpu: String,
+    pub train_samples: usize,
+    pub test_samples: usize,
+    /// Mean absolute percentage error of the MLP on held-out samples.
+    pub mape_mlp: f64,
+    /// MAPE of always predicting the training mean pair value.
+    pub mape_mean: f64,
+    /// MAPE of predicting the offline job's mean over its training pairs (global mean when
+    /// the job has none).
+    pub mape_job_mean: f64,
+}
+
+/// Input row and target for one pair sample.
+pub fn sample_row(data: &GavelData, p: &PairSample) -> Option<[f64; INPUT_WIDTH]> {
+    pair_input(&data.profiles[&p.offline], &data.profiles[&p.online], &p.gpu, 100.0)
+}
+
+fn pair_key(p: &PairSample) -> (String, String) {
+    if p.offline <= p.online {
+        (p.offline.clone(), p.online.clone())
+    } else {
+        (p.online.clone(), p.offline.clone())
+    }
+}
+
+/// Fold of every job for [`Split::ByJob`]: a seeded shuffle dealt round-robin.
+pub fn job_folds(data: &GavelData, folds: usize, seed: u64) -> BTreeMap<String, usize> {
+    let mut rng = SplitMix(seed);
+    let mut jobs: Vec<&String> = data.profiles.keys().collect();
+    for i in (1..jobs.len()).rev() {
+        jobs.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    jobs.into_iter().enumerate().map(|(i, j)| (j.clone(), i % folds)).collect()
+}
+
+/// Fold (0..folds) of every sample under `split`, deterministic in `seed`.
+pub fn assign_folds(data: &GavelData, split: Split, folds: usize, seed: u64) -> Vec<Vec<usize>> {
+    let mut rng = SplitMix(seed);
+    match split {
+        Split::ByPair => {
+            let keys: BTreeSet<_> = data.pairs.iter().map(pair_key).collect();
+            let fold_of: BTreeMap<_, _> = keys
+                .into_iter()
+                .map(|k| (k, (rng.next_u64() % folds as u64) as usize))
+                .collect();
+            data.pairs.iter().map(|p| vec![fold_of[&pair_key(p)]]).collect()
+        }
+        Split::ByJob => {
+            let fold_of = job_folds(data, folds, seed);
+            data.pairs
+                .iter()
+                .map(|p| {
+                    let mut f = vec![fold_of[&p.offline], fold_of[&p.online]];
+                    f.dedup();
+                    f
+                })
+                .collect()
+        }
+    }
+}
+
+fn ape(pred: f64, y: f64) -> f64 {
+    (pred - y).abs() / y * 100.0
+}
+
+/// Cross-validated held-out MAPE per GPU type. A sample is in the test set of fold `k` when any
+/// of its folds is `k`, in the training set when none is.
+pub fn cross_validate(
+    data: &GavelData,
+    split: Split,
+    folds: usize,
+    cfg: &TrainConfig,
+) -> Result<Vec<GpuReport>, PredictorError> {
+    cross_validate_folds(data, split, folds, &(0..folds).collect::<Vec<_>>(), cfg)
+}
+
+/// As [`cross_validate`], running only the folds in `which` (each held out once).
+pub fn cross_validate_folds(
+    data: &GavelData,
+    split: Split,
+    folds: usize,
+    which: &[usize],
+    cfg: &TrainConfig,
+) -> Result<Vec<GpuReport>, PredictorError> {
+    let fold_sets = assign_folds(data, split, folds, cfg.seed ^ 0x5eed);
+    let mut reports: BTreeMap<String, GpuReport> = BTreeMap::new();
+    for &k in which {
+        let mut train = Vec::new();
+        let mut test = Vec::new();
+        for (p, f) in data.pairs.iter().zip(&fold_sets) {
+            let Some(row) = sample_row(data, p) else { continue };
+            if f.contains(&k) {
+                test.push((p, row));
+            } else {
+                train.push((p.gpu.clone(), row, p.normalized));
+            }
+        }
+        let model = SpeedPredictor::train(&train, cfg)?;
+        let mut gpu_mean: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+        let mut job_mean: BTreeMap<(&str, &str), (f64, usize)> = BTreeMap::new();
+        for (gpu, _, y) in &train {
+            let e = gpu_mean.entry(gpu).or_default();
+            e.0 += y;
+            e.1 += 1;
+        }
+        for (p, f) in data.pairs.iter().zip(&fold_sets) {
+            if !f.contains(&k) {
+                let e = job_mean.entry((&p.gpu, &p.offline)).or_default();
+                e.0 += p.normalized;
+                e.1 += 1;
+            }
+        }
+        for (p, row) in test {
+            let r = reports.entry(p.gpu.clone()).or_insert_with(|| GpuReport {
+                gpu: p.gpu.clone(),
+                ..Default::default()
+            });
+            let (s, n) = gpu_mean.get(p.gpu.as_str()).copied().unwrap_or((0.0, 0));
+            let mean = if n > 0 { s / n as f64 } else { 1.0 };
+            let jm = job_mean
+                .get(&(p.gpu.as_str(), p.offline.as_str()))
+                .map_or(mean, |(s, n)| s / *n as f64);
+            let pred = model.models[&p.gpu].predict(&row);
+            r.test_samples += 1;
+            r.mape_mlp += ape(pred, p.normalized);
+            r.mape_mean += ape(mean, p.normalized);
+            r.mape_job_mean += ape(jm, p.normalized);
+        }
+        for (gpu, (_, n)) in gpu_mean {
+            if let Some(r) = reports.get_mut(gpu) {
+                r.train_samples += n;
+            }
+        }
+    }
+    let mut out: Vec<GpuReport> = reports.into_values().collect();
+    for r in &mut out {
+        let n = r.test_samples.max(1) as f64;
+        r.mape_mlp /= n;
+        r.mape_mean /= n;
+        r.mape_job_mean /= n;
+        r.train_samples /= which.len().max(1);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::predictor::gavel;
+
+    fn data() -> Option<GavelData> {
+        let p = gavel::data_dir().join("gavel/simulation_throughputs.json");
+        p.exists().then(|| gavel::load(&p).unwrap())
+    }
+
+    #[test]
+    fn folds_never_leak_a_pair_or_job_into_training() {
+        let Some(d) = data() else { return };
+        let jf = job_folds(&d, 5, 1);
+        for split in [Split::ByPair, Split::ByJob] {
+            let f = assign_folds(&d, split, 5, 1);
+            for k in 0..5 {
+                let (test, train): (Vec<_>, Vec<_>) =
+                    d.pairs.iter().zip(&f).partition(|(_, f)| f.contains(&k));
+                assert!(!test.is_empty() && !train.is_empty());
+                match split {
+                    Split::ByPair => {
+                        let held: BTreeSet<_> = test.iter().map(|(p, _)| pair_key(p)).collect();
+                        assert!(train.iter().all(|(p, _)| !held.contains(&pair_key(p))));
+                    }
+                    Split::ByJob => {
+                        assert!(train.iter().all(|(p, _)| jf[&p.offline] != k && jf[&p.online] != k));
+                        assert!(test.iter().all(|(p, _)| jf[&p.offline] == k || jf[&p.online] == k));
+                    }
+                }
+            }
+        }
+    }
+}

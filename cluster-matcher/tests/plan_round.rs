@@ -1,0 +1,197 @@
+//! Placement rounds: optimality, forbidden pairs, health filtering, SM and memory quotas,
+//! several jobs per GPU, and input-file errors.
+
+mod plan_support;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use cluster_matcher::plan::health::write_state;
+use cluster_matcher::plan::{
+    health_fn, plan_round, ClusterSpec, GpuHealth, GpuRef, HealthReader, SpecError, Workloads,
+};
+use plan_support::*;
+use proptest::prelude::*;
+
+fn healthy(_: &GpuRef) -> GpuHealth {
+    GpuHealth::Healthy
+}
+
+/// Best total over every partial one-to-one assignment, by brute force.
+fn brute_force(w: &[Vec<Option<f64>>]) -> f64 {
+    fn go(w: &[Vec<Option<f64>>], row: usize, used: &mut Vec<bool>) -> f64 {
+        if row == w.len() {
+            return 0.0;
+        }
+        let mut best = go(w, row + 1, used);
+        for c in 0..used.len() {
+            if let (false, Some(x)) = (used[c], w[row][c]) {
+                used[c] = true;
+                best = best.max(x + go(w, row + 1, used));
+                used[c] = false;
+            }
+        }
+        best
+    }
+    let cols = w.first().map_or(0, Vec::len);
+    go(w, 0, &mut vec![false; cols])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The plan's total predicted throughput is the true optimum (the matching is exact), and
+    /// no forbidden (memory) pair is ever used.
+    #[test]
+    fn plan_is_optimal_against_brute_force(
+        gpus in prop::collection::vec((1.0f64..100.0, 0u64..12_000), 1..5),
+        jobs in prop::collection::vec((1.0f64..100.0, 1_000u64..10_000), 1..6),
+    ) {
+        let c = cluster(&[("n", "V100", gpus.len() as u32, 16_000)]);
+        let w = Workloads {
+            online: gpus.iter().enumerate().map(|(i, (iso, mem))| online(&format!("on{i}"), "n", i as u32, *mem, 30.0, *iso)).collect(),
+            offline: jobs.iter().enumerate().map(|(j, (iso, mem))| offline(&format!("off{j}"), *mem, *iso)).collect(),
+        };
+        let weights: Vec<Vec<Option<f64>>> = gpus.iter().map(|(giso, gmem)| {
+            jobs.iter().map(|(jiso, jmem)| (gmem + jmem <= 16_000).then(|| similarity(*jiso, *giso))).collect()
+        }).collect();
+        let plan = plan_round(&c, &w, &similarity_predictor(), &healthy, 0);
+        let best = brute_force(&weights);
+        prop_assert!((plan.total_predicted - best).abs() < 1e-4, "plan {} vs optimum {}", plan.total_predicted, best);
+        for a in &plan.assignments {
+            let g = a.at.gpu as usize;
+            let j: usize = a.offline[3..].parse().unwrap();
+            prop_assert!(weights[g][j].is_some(), "forbidden pair {:?}", a);
+        }
+    }
+}
+
+#[test]
+fn forbidden_pairs_are_never_matched_whatever_their_weight() {
+    let mut c = cluster(&[("a", "V100", 3, 16_000), ("b", "T4", 1, 16_000)]);
+    c.tenants.insert("locked".into(), Default::default());
+    c.tenants.get_mut("locked").unwrap().no_offline_sharing = true;
+    c.tenants.insert("picky".into(), Default::default());
+    c.tenants.get_mut("picky").unwrap().deny_offline_from.insert("batch".into());
+    let mut locked = online("locked-svc", "a", 0, 1_000, 10.0, 10.0);
+    locked.tenant = "locked".into();
+    let mut picky = online("picky-svc", "a", 1, 1_000, 10.0, 10.0);
+    picky.tenant = "picky".into();
+    let big = online("big-svc", "a", 2, 12_000, 10.0, 10.0);
+    let t4 = online("t4-svc", "b", 0, 1_000, 10.0, 10.0);
+    let mut job = offline("job", 6_000, 10.0);
+    job.gpu_types = vec!["V100".into()];
+    let w = Workloads { online: vec![locked, picky, big, t4], offline: vec![job] };
+    let plan = plan_round(&c, &w, &similarity_predictor(), &healthy, 0);
+    assert!(plan.assignments.is_empty(), "{plan}");
+    assert_eq!(plan.unplaced, vec!["job".to_string()]);
+    // Lift one rule at a time: each makes exactly its GPU usable.
+    let mut w2 = w.clone();
+    w2.offline[0].gpu_types.clear();
+    let plan = plan_round(&c, &w2, &similarity_predictor(), &healthy, 0);
+    assert_eq!(plan.assignments.len(), 1);
+    assert_eq!(plan.assignments[0].at, GpuRef { node: "b".into(), gpu: 0 });
+    let mut w3 = w.clone();
+    w3.offline[0].memory_mib = 3_000;
+    let plan = plan_round(&c, &w3, &similarity_predictor(), &healthy, 0);
+    assert_eq!(plan.assignments[0].at, GpuRef { node: "a".into(), gpu: 2 });
+}
+
+#[test]
+fn only_healthy_gpus_get_offline_work_and_broken_pairs_say_why() {
+    let dir = std::env::temp_dir().join(format!("xshare-plan-health-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let reader = HealthReader { dir: dir.clone(), stale_after: Duration::from_secs(30) };
+    let now = SystemTime::now();
+    write_state(&reader.path("n", 0), "Healthy", now).unwrap();
+    write_state(&reader.path("n", 1), "Overlimit", now).unwrap();
+    write_state(&reader.path("n", 2), "Healthy", now - Duration::from_secs(300)).unwrap();
+    // GPU 3: no state file at all.
+    let c = cluster(&[("n", "V100", 4, 16_000)]);
+    let mut jobs: Vec<_> = (0..4).map(|j| offline(&format!("job{j}"), 1_000, 10.0)).collect();
+    jobs[0].current = Some(GpuRef { node: "n".into(), gpu: 1 });
+    let w = Workloads {
+        online: (0..4).map(|g| online(&format!("svc{g}"), "n", g, 1_000, 20.0, 10.0)).collect(),
+        offline: jobs,
+    };
+    let plan = plan_round(&c, &w, &similarity_predictor(), &*health_fn(Some(reader)), 3);
+    assert_eq!(plan.assignments.len(), 1, "{plan}");
+    assert_eq!(plan.assignments[0].at.gpu, 0);
+    let skipped: Vec<_> = plan.skipped_gpus.iter().map(|s| (s.at.gpu, s.reason.clone())).collect();
+    assert_eq!(skipped[0], (1, "Overlimit".to_string()));
+    assert!(skipped[1].1.starts_with("Stale("), "{skipped:?}");
+    assert_eq!(skipped[2], (3, "Missing".to_string()));
+    let brk = plan.breaks.iter().find(|b| b.offline == "job0").expect("pair on the Overlimit GPU is broken");
+    assert!(brk.reason.contains("Overlimit"), "{}", brk.reason);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sm_share_and_memory_quota_follow_the_online_workload() {
+    let mut c = cluster(&[("n", "V100", 2, 16_000)]);
+    c.memory_headroom_mib = 1_000;
+    c.max_offline_memory_fraction = 0.4;
+    let w = Workloads {
+        online: vec![online("svc0", "n", 0, 4_000, 35.0, 10.0), online("svc1", "n", 1, 2_000, 95.0, 10.0)],
+        offline: vec![offline("job", 5_000, 10.0)],
+    };
+    let plan = plan_round(&c, &w, &similarity_predictor(), &healthy, 0);
+    assert_eq!(plan.assignments.len(), 1);
+    let a = &plan.assignments[0];
+    assert_eq!(a.at.gpu, 0, "GPU 1 has only 5% SM left, below the 10% floor");
+    assert_eq!(a.sm_percent, 65.0);
+    // Free = 16000 - 4000 - 1000 = 11000; cap = 40% of 16000 = 6400: quota = 6400.
+    assert_eq!(a.memory_quota_mib, 6_400);
+    assert!(plan.skipped_gpus.iter().any(|s| s.at.gpu == 1 && s.reason.contains("SM")));
+    let mut w2 = w.clone();
+    w2.offline[0].memory_mib = 7_000;
+    assert!(plan_round(&c, &w2, &similarity_predictor(), &healthy, 0).assignments.is_empty());
+}
+
+#[test]
+fn several_jobs_per_gpu_also_fit_together() {
+    let mut c = cluster(&[("n", "V100", 1, 16_000)]);
+    c.max_offline_per_gpu = 3;
+    let w = Workloads {
+        online: vec![online("svc", "n", 0, 6_000, 20.0, 10.0)],
+        offline: vec![offline("a", 5_000, 10.0), offline("b", 4_000, 11.0), offline("c", 3_000, 50.0)],
+    };
+    let plan = plan_round(&c, &w, &similarity_predictor(), &healthy, 0);
+    let used: u64 = plan
+        .assignments
+        .iter()
+        .map(|a| w.offline.iter().find(|j| j.name == a.offline).unwrap().memory_mib)
+        .sum();
+    assert!(used <= 10_000, "{plan}");
+    assert_eq!(plan.assignments.len(), 2, "{plan}");
+    for a in &plan.assignments {
+        assert!((a.sm_percent - 40.0).abs() < 1e-9, "SM share split between the jobs");
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn input_errors_name_file_line_and_field() {
+    let dir = std::env::temp_dir().join(format!("xshare-plan-spec-{}", std::process::id()));
+    let p = write(&dir, "c1.json", "{\n  \"nodes\": [\n    {\"name\": \"a\", \"gpu_type\": \"V100\", \"gpus\": \"four\", \"gpu_memory_mib\": 1}\n  ]\n}");
+    let e = ClusterSpec::load(&p).unwrap_err();
+    assert!(matches!(e, SpecError::Parse { line: 3, .. }), "{e}");
+    assert!(e.to_string().contains("c1.json:3:"), "{e}");
+    let p = write(&dir, "c2.json", r#"{"nodes": [{"name": "a", "gpu_type": "V100", "gpus": 1, "gpu_memory_mib": 1}], "round_period_s": 0}"#);
+    assert!(ClusterSpec::load(&p).unwrap_err().to_string().contains("round_period_s"));
+    let p = write(&dir, "c3.json", r#"{"nodes": [], "colour": "red"}"#);
+    assert!(ClusterSpec::load(&p).unwrap_err().to_string().contains("colour"));
+    let c = cluster(&[("a", "V100", 2, 16_000)]);
+    let p = write(&dir, "w.json", r#"{"online": [{"name": "s", "tenant": "t", "node": "a", "gpu": 7, "memory_mib": 1, "sm_activity_percent": 5}]}"#);
+    let e = Workloads::load(&p, &c).unwrap_err().to_string();
+    assert!(e.contains("online[0].node") && e.contains("no GPU 7"), "{e}");
+    let p = write(&dir, "c4.json", r#"{"nodes": [{"name": "a", "gpu_type": "V100", "gpus": 1, "gpu_memory_mib": 1}], "state_dir": "state"}"#);
+    assert_eq!(ClusterSpec::load(&p).unwrap().state_dir.unwrap(), dir.join("state"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
