@@ -3,12 +3,15 @@
 #   .venv/            Python with NVIDIA's cuda-bindings, numba-cuda, numpy, scipy
 #   .cuda-headers/    cuda.h, cudaTypedefs.h (nvidia-cuda-runtime-cu12) and nvml.h
 #                     (nvidia-nvml-dev-cu12), unpacked from NVIDIA's wheels; never committed.
+#   .cuda-tools/ptxas NVIDIA's PTX assembler (nvidia-cuda-nvcc-cu12), which checks that the
+#                     workloads' PTX kernel is valid for real GPUs.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 PY="${PYTHON:-python3}"
 CUDA_WHEEL_VERSION=12.9.79
+NVCC_WHEEL_VERSION=12.9.86
 
 if [[ ! -x .venv/bin/python ]]; then
     echo "setup: creating .venv"
@@ -40,4 +43,19 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 PYEOF
     done
 fi
-echo "setup: ok (python: .venv/bin/python, headers: .cuda-headers)"
+if [[ ! -x .cuda-tools/ptxas ]]; then
+    echo "setup: fetching NVIDIA's ptxas (${NVCC_WHEEL_VERSION}) into .cuda-tools"
+    tmp2="$(mktemp -d)"
+    .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps -d "$tmp2" \
+        "nvidia-cuda-nvcc-cu12==${NVCC_WHEEL_VERSION}"
+    mkdir -p .cuda-tools
+    .venv/bin/python - "$tmp2"/*.whl <<'PYEOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    with open(".cuda-tools/ptxas", "wb") as f:
+        f.write(z.read("nvidia/cuda_nvcc/bin/ptxas"))
+PYEOF
+    chmod +x .cuda-tools/ptxas
+    rm -rf "$tmp2"
+fi
+echo "setup: ok (python: .venv/bin/python, headers: .cuda-headers, ptxas: .cuda-tools/ptxas)"
