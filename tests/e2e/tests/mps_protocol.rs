@@ -158,4 +158,20 @@ fn protocol_round_trips_through_the_real_binary() {
         mps(&host, "get_default_active_thread_percentage\n"),
         "100.0\n"
     );
+
+    let daemon2: u32 = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // A daemon whose pipe directory is removed (a deleted scratch host) exits by itself.
+    std::fs::remove_dir_all(&pipe).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(daemon2) {
+        assert!(
+            Instant::now() < deadline,
+            "daemon outlived its control socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

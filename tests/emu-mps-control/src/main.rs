@@ -206,21 +206,37 @@ fn daemon_main(background: bool) -> Result<(), String> {
         // The parent of `-d` exits 0 only now: socket, pid file and MPS mode are all in place.
         let _ = std::fs::File::from(fd).write_all(b"1");
     }
-    serve(&mut d, &listener);
+    serve(&mut d, &listener, &sock);
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(pipe.join(PID_FILE));
     Ok(())
 }
 
 /// Accept loop: one command per connection; device polled every 20 ms.
-fn serve<D: daemon::DeviceLink>(d: &mut Daemon<D>, listener: &UnixListener) {
+///
+/// Emulator behaviour: when the control socket disappears (its pipe directory was removed, as
+/// when a test's scratch host is deleted) nobody can reach the daemon any more, so it shuts
+/// down like on `quit` instead of lingering.
+fn serve<D: daemon::DeviceLink>(d: &mut Daemon<D>, listener: &UnixListener, sock: &Path) {
     let _ = listener.set_nonblocking(true);
     let mut last_poll = Instant::now() - Duration::from_secs(1);
+    let mut last_sock_check = Instant::now();
     loop {
         if TERM.load(Ordering::SeqCst) {
             d.log().line("Received termination signal");
             d.shutdown(0);
             return;
+        }
+        if last_sock_check.elapsed() >= Duration::from_millis(500) {
+            last_sock_check = Instant::now();
+            if !sock.exists() {
+                d.log().line(&format!(
+                    "Control socket {} is gone; exiting",
+                    sock.display()
+                ));
+                d.shutdown(0);
+                return;
+            }
         }
         if last_poll.elapsed() >= Duration::from_millis(20) {
             d.poll();
