@@ -109,6 +109,7 @@ pub fn python() -> PathBuf {
 #[derive(Debug)]
 pub struct ScipyRun {
     pub seconds: Vec<f64>,
+    pub cpu_seconds: Vec<f64>,
     pub total: f64,
     pub pairs: usize,
 }
@@ -153,12 +154,20 @@ pub fn run_scipy(w: &WeightMatrix, repeat: usize, allow_unmatched: bool) -> Resu
             .map_err(|e| format!("scipy output not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))?;
         Ok(ScipyRun {
             seconds: v["seconds"].as_array().ok_or("no seconds")?.iter().filter_map(|x| x.as_f64()).collect(),
+            cpu_seconds: v["cpu_seconds"].as_array().ok_or("no cpu_seconds")?.iter().filter_map(|x| x.as_f64()).collect(),
             total: v["total"].as_f64().ok_or("no total")?,
             pairs: v["pairs"].as_u64().ok_or("no pairs")? as usize,
         })
     })();
     let _ = std::fs::remove_file(&path);
     result
+}
+
+/// CPU time this thread has run, from `/proc/thread-self/schedstat` (nanoseconds on
+/// Linux); `None` elsewhere. Under load it is steadier than wall time.
+pub fn thread_cpu_seconds() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    Some(s.split_whitespace().next()?.parse::<f64>().ok()? / 1e9)
 }
 
 /// Median of a non-empty list.

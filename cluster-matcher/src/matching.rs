@@ -6,15 +6,22 @@
 //! maximum cardinality: a row or column stays unmatched when matching it does not pay, and
 //! pairs of weight `<= 0` are never reported (they cannot raise the total).
 //!
-//! Two entry points share one engine ([`engine`]): [`max_weight_matching`] for a dense
-//! row-major [`WeightMatrix`], and [`max_weight_matching_sparse`] for [`SparseWeights`]
-//! (each job allowed on few GPUs), whose cost grows with the number of allowed pairs rather
-//! than with `rows * cols`. [`multi`] extends matching to up to `k` jobs per GPU.
+//! Two entry points share one engine (`engine`: Jonker-Volgenant augmenting row reduction,
+//! then shortest augmenting paths, with an implicit "stay unmatched" column per row):
+//! [`max_weight_matching`] for a dense row-major [`WeightMatrix`], and
+//! [`max_weight_matching_sparse`] for [`SparseWeights`] (each job allowed on few GPUs),
+//! whose cost follows the number of allowed pairs rather than `rows * cols`. A dense
+//! matrix is first solved on a small candidate graph (each row's best columns) whose
+//! optimality is then certified against every pair by dual feasibility; contested
+//! matrices where that does not pay fall back to dense Dijkstra scans. [`multi`] extends
+//! matching to up to `k` jobs per GPU; [`reference`] holds exhaustive solvers for tests.
 //!
 //! Inputs are validated when built, so solving cannot fail: NaN and `+inf` weights, finite
 //! weights beyond [`MAX_ABS_WEIGHT`], mismatched shapes, out-of-range or duplicate sparse
 //! entries are refused with a [`MatchError`] naming the entry. The result is exact up to
-//! `f64` rounding of sums.
+//! `f64` rounding of sums (the candidate-graph certificate tolerates a dual violation of
+//! `1e-11 * max |w|` per pair, so a dense total is within `rows * 1e-11 * max |w|` of the
+//! optimum).
 
 mod candidates;
 mod dense;
@@ -47,7 +54,7 @@ pub enum MatchError {
     OutOfRange { row: usize, col: usize, rows: usize, cols: usize },
     /// A sparse edge list names the same pair twice.
     DuplicatePair { row: usize, col: usize },
-    /// More rows or columns than the solver indexes (`u32::MAX - 2`).
+    /// More rows or columns than [`MAX_SIDE`].
     TooBig { rows: usize, cols: usize },
 }
 
@@ -86,8 +93,10 @@ impl fmt::Display for MatchError {
 
 impl std::error::Error for MatchError {}
 
-/// Largest number of rows or columns the solver indexes (indices are stored as `u32`).
-pub const MAX_SIDE: usize = (u32::MAX - 2) as usize;
+/// Largest number of rows or columns accepted (16.7 million): far beyond a cluster's
+/// GPUs or jobs, and small enough that the per-row and per-column arrays of a solve
+/// (a few hundred MB at most) cannot exhaust memory on a hostile shape.
+pub const MAX_SIDE: usize = 1 << 24;
 
 fn check_weight(row: usize, col: usize, w: f64) -> Result<(), MatchError> {
     if w.is_nan() {
@@ -310,6 +319,30 @@ impl SparseWeights {
         cs.binary_search(&u32::try_from(col).ok()?).ok().map(|k| ws[k])
     }
 
+    /// The same pairs restricted to rows and columns that have any, renumbered densely;
+    /// with the original index of each kept row and column.
+    fn compacted(&self) -> (SparseWeights, Vec<u32>, Vec<u32>) {
+        let mut col_ids = self.col_idx.clone();
+        col_ids.sort_unstable();
+        col_ids.dedup();
+        let row_ids: Vec<u32> =
+            (0..self.rows).filter(|&r| self.row_start[r + 1] > self.row_start[r]).map(|r| r as u32).collect();
+        let mut row_start = Vec::with_capacity(row_ids.len() + 1);
+        row_start.push(0);
+        let mut col_idx = Vec::with_capacity(self.nnz());
+        let mut weight = Vec::with_capacity(self.nnz());
+        for &r in &row_ids {
+            let (cs, ws) = self.row(r as usize);
+            for (&c, &x) in cs.iter().zip(ws) {
+                col_idx.push(col_ids.binary_search(&c).expect("column listed") as u32);
+                weight.push(x);
+            }
+            row_start.push(col_idx.len());
+        }
+        let c = SparseWeights { rows: row_ids.len(), cols: col_ids.len(), row_start, col_idx, weight };
+        (c, row_ids, col_ids)
+    }
+
     /// The transposed edge list (rows become columns).
     pub fn transposed(&self) -> SparseWeights {
         let mut row_start = vec![0usize; self.cols + 1];
@@ -402,6 +435,9 @@ impl Matching {
 /// augmenting path (Dijkstra over dense rows) per row it leaves unassigned; in practice
 /// well under cubic on random inputs.
 pub fn max_weight_matching(w: &WeightMatrix) -> Matching {
+    if w.rows == 0 || w.cols == 0 {
+        return Matching::from_rows(vec![None; w.rows], w.cols, 0.0);
+    }
     let transpose = w.rows > w.cols;
     let tw;
     let m = if transpose {
@@ -422,19 +458,61 @@ pub fn max_weight_matching(w: &WeightMatrix) -> Matching {
 /// Same engine as [`max_weight_matching`], with heap-based Dijkstra over the allowed pairs:
 /// the work follows the number of edges explored, not `rows * cols`.
 pub fn max_weight_matching_sparse(w: &SparseWeights) -> Matching {
-    let transpose = w.rows > w.cols;
-    let tw;
+    if w.nnz() == 0 {
+        return Matching::from_rows(vec![None; w.rows], w.cols, 0.0);
+    }
+    // Solve on the rows and columns that have pairs, so memory follows the pairs.
+    let (c, row_ids, col_ids) = w.compacted();
+    let transpose = c.rows > c.cols;
+    let tc;
     let m = if transpose {
-        tw = w.transposed();
-        &tw
+        tc = c.transposed();
+        &tc
     } else {
-        w
+        &c
     };
     let mut rows = sparse::SparseRows::new(m);
-    let col4row = engine::solve(&mut rows).assignment();
-    finish(col4row, transpose, w.rows, w.cols, |r, c| {
+    let compact = engine::solve(&mut rows).assignment();
+    let mut col4row = vec![None; c.rows];
+    for (a, b) in compact.iter().enumerate() {
+        if let Some(b) = *b {
+            let (r, k) = if transpose { (b, a) } else { (a, b) };
+            col4row[r] = Some(k);
+        }
+    }
+    let mut full = vec![None; w.rows];
+    for (r, k) in col4row.into_iter().enumerate() {
+        full[row_ids[r] as usize] = k.map(|k| col_ids[k] as usize);
+    }
+    finish(full, false, w.rows, w.cols, |r, c| {
         w.get(r, c).expect("solver matched an unlisted pair")
     })
+}
+
+/// Maximum-cardinality matching of a dense matrix, and among those one of maximum total
+/// weight; forbidden pairs are never matched, and unlike [`max_weight_matching`] pairs of
+/// weight `<= 0` are matched when that adds a pair.
+///
+/// Solved as a maximum-weight matching after adding one constant `M` (larger than any
+/// weight gain a matching can make) to every allowed weight, so each extra pair outweighs
+/// any weight difference. The shift costs precision: the result is exact up to rounding
+/// at the scale of `M`, about `2 * (rows + cols) * max |w|`.
+pub fn max_cardinality_matching(w: &WeightMatrix) -> Matching {
+    let span = w.data.iter().filter(|x| x.is_finite()).fold(0.0f64, |a, x| a.max(x.abs()));
+    let shift = 1.0 + 2.0 * (w.rows + w.cols) as f64 * span;
+    let shifted = WeightMatrix {
+        rows: w.rows,
+        cols: w.cols,
+        data: w.data.iter().map(|&x| if x == FORBIDDEN { x } else { x + shift }).collect(),
+    };
+    let m = max_weight_matching(&shifted);
+    let row_to_col = m.row_to_col;
+    let total = row_to_col
+        .iter()
+        .enumerate()
+        .filter_map(|(r, c)| c.map(|c| w.data[r * w.cols + c]))
+        .sum();
+    Matching::from_rows(row_to_col, w.cols, total)
 }
 
 /// Turns the engine's row assignment (possibly of the transpose) into a [`Matching`] of the

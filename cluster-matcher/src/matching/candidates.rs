@@ -4,7 +4,7 @@
 //! again; when none does, the sparse optimum is the dense optimum (LP duality: a feasible
 //! dual with complementary slackness certifies it).
 
-use super::dense::two_smallest_real;
+use super::dense::row_min;
 use super::engine;
 use super::sparse::SparseRows;
 use super::{SparseWeights, WeightMatrix};
@@ -30,16 +30,25 @@ pub(super) fn solve(w: &WeightMatrix) -> Option<(Vec<Option<usize>>, usize)> {
     }
     let mut scale = 0.0f64;
     let mut cand: Vec<Vec<u32>> = Vec::with_capacity(n);
-    let mut buf: Vec<(f64, u32)> = Vec::with_capacity(m);
+    let mut buf: Vec<(f64, u32)> = Vec::with_capacity(m.min(8 * FIRST));
+    let by_weight_desc = |a: &(f64, u32), b: &(f64, u32)| b.0.total_cmp(&a.0);
     for i in 0..n {
+        // Keep a running top set: once it holds 4 * FIRST entries, cut it to FIRST and
+        // only admit weights above the cut, so most entries cost one comparison.
         buf.clear();
+        let mut cut = 0.0f64;
         for (j, &x) in w.row(i).iter().enumerate() {
-            if x > 0.0 {
+            if x > cut {
                 buf.push((x, j as u32));
+                if buf.len() == 4 * FIRST {
+                    buf.select_nth_unstable_by(FIRST - 1, by_weight_desc);
+                    buf.truncate(FIRST);
+                    cut = buf.iter().fold(f64::INFINITY, |a, p| a.min(p.0));
+                }
             }
         }
         scale = buf.iter().fold(scale, |s, p| s.max(p.0));
-        cand.push(top(&mut buf, FIRST, |a, b| b.0.total_cmp(&a.0)));
+        cand.push(top(&mut buf, FIRST, by_weight_desc));
     }
     let tol = 1e-11 * scale.max(f64::MIN_POSITIVE);
     let mut edges: usize = cand.iter().map(Vec::len).sum();
@@ -52,7 +61,7 @@ pub(super) fn solve(w: &WeightMatrix) -> Option<(Vec<Option<usize>>, usize)> {
         for (i, c) in cand.iter_mut().enumerate() {
             let row = w.row(i);
             let u = st.row_dual(i, |j| -row[j]);
-            let (low, _, _) = two_smallest_real(row, &st.v);
+            let low = row_min(row, &st.v);
             if low >= u - tol {
                 continue;
             }

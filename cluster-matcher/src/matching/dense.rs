@@ -51,13 +51,37 @@ impl<'a> DenseRows<'a> {
     }
 }
 
+/// Columns per block of [`relax_and_min`]: the minimum is tracked per block so that
+/// finding its index rereads one block, not the whole row.
+const BLOCK: usize = 512;
+
 /// `d[j] = min(d[j], h - row[j] - v[j])` for all `j`; returns the new minimum of `d` and
 /// its first index (`usize::MAX` when every entry is `+inf`).
-///
-/// Two passes: a branch-free relaxation that keeps per-lane minima (vectorized as packed
-/// `min`), then a read-only search for the first index holding the minimum.
-#[inline(never)]
 fn relax_and_min(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> (f64, usize) {
+    let n = row.len();
+    let (mut best, mut best_block) = (f64::INFINITY, 0);
+    for (b, ((rb, vb), db)) in
+        row.chunks(BLOCK).zip(v[..n].chunks(BLOCK)).zip(d[..n].chunks_mut(BLOCK)).enumerate()
+    {
+        let m = relax_block(h, rb, vb, db);
+        if m < best {
+            best = m;
+            best_block = b;
+        }
+    }
+    if best == f64::INFINITY {
+        return (best, usize::MAX);
+    }
+    let start = best_block * BLOCK;
+    let end = (start + BLOCK).min(n);
+    let at = d[start..end].iter().position(|&x| x == best).map_or(usize::MAX, |k| start + k);
+    (best, at)
+}
+
+/// One block of [`relax_and_min`]: a branch-free relaxation keeping per-lane minima
+/// (vectorized as packed `min`); returns the block's minimum.
+#[inline(never)]
+fn relax_block(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> f64 {
     let n = row.len();
     let v = &v[..n];
     let d = &mut d[..n];
@@ -85,15 +109,35 @@ fn relax_and_min(h: f64, row: &[f64], v: &[f64], d: &mut [f64]) -> (f64, usize) 
         d[j] = x;
         min = if x < min { x } else { min };
     }
-    if min == f64::INFINITY {
-        return (min, usize::MAX);
+    min
+}
+
+/// Smallest `-row[j] - v[j]` over the row (`+inf` for an empty or all-forbidden row).
+#[inline(never)]
+pub(super) fn row_min(row: &[f64], v: &[f64]) -> f64 {
+    let n = row.len();
+    let v = &v[..n];
+    let mut m = [f64::INFINITY; LANES];
+    let body = n - n % LANES;
+    for (r, vv) in row[..body].chunks_exact(LANES).zip(v[..body].chunks_exact(LANES)) {
+        let r: &[f64; LANES] = r.try_into().expect("exact chunk");
+        let vv: &[f64; LANES] = vv.try_into().expect("exact chunk");
+        for k in 0..LANES {
+            let h = -r[k] - vv[k];
+            m[k] = if h < m[k] { h } else { m[k] };
+        }
     }
-    (min, d.iter().position(|&x| x == min).unwrap_or(usize::MAX))
+    let mut min = m.iter().fold(f64::INFINITY, |a, &x| if x < a { x } else { a });
+    for j in body..n {
+        let h = -row[j] - v[j];
+        min = if h < min { h } else { min };
+    }
+    min
 }
 
 /// Smallest and second smallest of `-row[j] - v[j]`, with the first index of the smallest.
 #[inline(never)]
-pub(super) fn two_smallest_real(row: &[f64], v: &[f64]) -> (f64, usize, f64) {
+fn two_smallest_real(row: &[f64], v: &[f64]) -> (f64, usize, f64) {
     let n = row.len();
     let v = &v[..n];
     let mut m1 = [f64::INFINITY; LANES];

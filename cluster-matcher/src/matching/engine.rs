@@ -9,6 +9,7 @@
 //! - `v[j] <= 0`, and `v[j] == 0` for every column still free;
 //! - an assigned row's reduced cost `c[i][j] - v[j]` is the minimum over its row, the
 //!   dummy's reduced cost `0` included.
+//!
 //! They make the final assignment optimal (complementary slackness).
 
 /// Marks a row or column that is not assigned.
@@ -25,14 +26,14 @@ pub(super) struct State {
 
 /// What a row representation offers the engine.
 pub(super) trait Rows {
-    /// `(rows, cols)`; callers guarantee `rows <= cols` is not required but is faster.
+    /// `(rows, cols)`. Any shape works; `rows <= cols` is faster (fewer searches).
     fn dims(&self) -> (usize, usize);
     /// Smallest and second smallest reduced cost `c[i][j] - v[j]` over row `i`, the dummy
     /// (reduced cost 0, index [`DUMMY`]) included: `(u1, j1, u2, j2)`.
     fn two_smallest(&self, i: usize, v: &[f64]) -> (f64, u32, f64, u32);
     /// Finds a shortest augmenting path from free row `f`, updates the duals of the columns
-    /// it made final, and returns the sink: a free column, or `DUMMY` with the row that
-    /// moves to its dummy. `pred()` then holds the path.
+    /// it made final, and returns the sink: a free column, or the row that moves to its
+    /// dummy. `pred()` then holds the path.
     fn shortest_path(&mut self, f: usize, st: &mut State) -> Sink;
     /// Row from which column `j` was reached in the last search.
     fn pred(&self, j: usize) -> usize;

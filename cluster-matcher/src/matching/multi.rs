@@ -15,8 +15,15 @@
 //! `greedy >= OPT_1 >= OPT_k / k`. Measured on small random instances the ratio is far
 //! better (see the tests and the bench report); with synergies (superadditive `f`) no
 //! bound is claimed.
+//!
+//! Every planner exists for all pairs (`gpus x jobs`) and, with a `_sparse` suffix, for
+//! the pairs listed in a [`SparseWeights`] (pairs not listed are never used), where the
+//! work follows the number of listed pairs.
 
-use super::{max_weight_matching, MatchError, WeightMatrix};
+use super::{
+    check_weight, max_weight_matching, max_weight_matching_sparse, MatchError, Matching,
+    SparseWeights, WeightMatrix,
+};
 
 /// Jobs placed per GPU and the sum of the group weights.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +38,84 @@ impl GroupPlan {
     /// The GPU a job was placed on, if any.
     pub fn gpu_of(&self, job: usize) -> Option<usize> {
         self.groups.iter().position(|s| s.contains(&job))
+    }
+}
+
+/// Which (GPU, job) pairs a planner may use.
+enum Allowed {
+    /// Every pair of `gpus x jobs`.
+    All { gpus: usize, jobs: usize },
+    /// Per job, its allowed GPUs (ascending).
+    Listed { gpus: usize, by_job: Vec<Vec<u32>> },
+}
+
+impl Allowed {
+    fn of(w: &SparseWeights) -> Allowed {
+        let t = w.transposed();
+        let by_job = (0..t.rows()).map(|j| t.row(j).0.to_vec()).collect();
+        Allowed::Listed { gpus: w.rows(), by_job }
+    }
+
+    fn gpus(&self) -> usize {
+        match self {
+            Allowed::All { gpus, .. } | Allowed::Listed { gpus, .. } => *gpus,
+        }
+    }
+
+    fn jobs(&self) -> usize {
+        match self {
+            Allowed::All { jobs, .. } => *jobs,
+            Allowed::Listed { by_job, .. } => by_job.len(),
+        }
+    }
+
+    /// Calls `each(g)` for every GPU job `j` may use.
+    fn for_gpus_of(&self, j: usize, mut each: impl FnMut(usize)) {
+        match self {
+            Allowed::All { gpus, .. } => (0..*gpus).for_each(each),
+            Allowed::Listed { by_job, .. } => by_job[j].iter().for_each(|&g| each(g as usize)),
+        }
+    }
+
+    fn allows(&self, g: usize, j: usize) -> bool {
+        match self {
+            Allowed::All { .. } => true,
+            Allowed::Listed { by_job, .. } => by_job[j].binary_search(&(g as u32)).is_ok(),
+        }
+    }
+
+    /// `f` restricted to allowed pairs, the empty set worth 0.
+    fn value(&self, f: &impl Fn(usize, &[usize]) -> Option<f64>, g: usize, s: &[usize]) -> Option<f64> {
+        if s.is_empty() {
+            Some(0.0)
+        } else if s.iter().all(|&j| self.allows(g, j)) {
+            f(g, s)
+        } else {
+            None
+        }
+    }
+}
+
+/// Maximum-weight matching of `rows x cols` given as `(row, col, weight)` triples, dense
+/// or sparse by how full it is. Weights are validated (named by `name(row, col)`).
+fn match_edges(
+    rows: usize,
+    cols: usize,
+    edges: Vec<(usize, usize, f64)>,
+    name: impl Fn(usize, usize) -> (usize, usize),
+) -> Result<Matching, MatchError> {
+    for &(r, c, x) in &edges {
+        let (a, b) = name(r, c);
+        check_weight(a, b, x)?;
+    }
+    if edges.len().saturating_mul(4) > rows.saturating_mul(cols) {
+        let mut w = WeightMatrix::all_forbidden(rows, cols)?;
+        for (r, c, x) in edges {
+            w.set(r, c, Some(x))?;
+        }
+        Ok(max_weight_matching(&w))
+    } else {
+        Ok(max_weight_matching_sparse(&SparseWeights::from_edges(rows, cols, edges)?))
     }
 }
 
@@ -67,37 +152,72 @@ pub fn greedy_k_matching(
     k: usize,
     f: impl Fn(usize, &[usize]) -> Option<f64>,
 ) -> Result<GroupPlan, MatchError> {
+    greedy_in(&Allowed::All { gpus, jobs }, k, &f)
+}
+
+/// [`greedy_k_matching`] over the pairs listed in `allowed` (their weights unused).
+pub fn greedy_k_matching_sparse(
+    allowed: &SparseWeights,
+    k: usize,
+    f: impl Fn(usize, &[usize]) -> Option<f64>,
+) -> Result<GroupPlan, MatchError> {
+    greedy_in(&Allowed::of(allowed), k, &f)
+}
+
+fn greedy_in(
+    al: &Allowed,
+    k: usize,
+    f: &impl Fn(usize, &[usize]) -> Option<f64>,
+) -> Result<GroupPlan, MatchError> {
+    let (gpus, jobs) = (al.gpus(), al.jobs());
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); gpus];
     let mut value = vec![0.0f64; gpus];
     let mut placed = vec![false; jobs];
     let mut trial = Vec::with_capacity(k + 1);
     for round in 0..k {
-        let gains = WeightMatrix::from_fn(gpus, jobs, |g, j| {
-            if placed[j] || groups[g].len() != round {
-                return None;
-            }
-            trial.clear();
-            trial.extend_from_slice(&groups[g]);
-            trial.push(j);
-            f(g, &trial).map(|x| x - value[g])
-        })?;
-        let mt = max_weight_matching(&gains);
+        let mut edges = Vec::new();
+        for j in (0..jobs).filter(|&j| !placed[j]) {
+            al.for_gpus_of(j, |g| {
+                if groups[g].len() == round {
+                    trial.clear();
+                    trial.extend_from_slice(&groups[g]);
+                    trial.push(j);
+                    if let Some(x) = al.value(f, g, &trial) {
+                        edges.push((g, j, x - value[g]));
+                    }
+                }
+            });
+        }
+        let gains: std::collections::HashMap<(usize, usize), f64> =
+            edges.iter().map(|&(g, j, x)| ((g, j), x)).collect();
+        let mt = match_edges(gpus, jobs, edges, |g, j| (g, j))?;
         if mt.is_empty() {
             break;
         }
         for (g, j) in mt.pairs() {
             groups[g].push(j);
             placed[j] = true;
-            value[g] += gains.get(g, j).expect("matched pairs are allowed");
+            value[g] += gains[&(g, j)];
         }
         tracing::debug!(round = round + 1, added = mt.len(), gain = mt.total_weight(), "k-matching round");
     }
     let total = groups
         .iter()
         .enumerate()
-        .map(|(g, s)| if s.is_empty() { 0.0 } else { f(g, s).unwrap_or(value[g]) })
+        .map(|(g, s)| al.value(f, g, s).unwrap_or(value[g]))
         .sum();
     Ok(GroupPlan { groups, total })
+}
+
+/// One local-search move of [`improve_k_plan`]: job `j` goes to `gpu` (`usize::MAX` =
+/// off the plan), swapping with `swap` if given; `new_g`/`new_h` are the two GPUs' new
+/// values.
+struct Move {
+    gain: f64,
+    gpu: usize,
+    swap: Option<usize>,
+    new_g: f64,
+    new_h: Option<f64>,
 }
 
 /// Improves a plan by local search: moving one job (onto a GPU with room, or off the
@@ -112,13 +232,40 @@ pub fn improve_k_plan(
     max_passes: usize,
     f: impl Fn(usize, &[usize]) -> Option<f64>,
 ) -> usize {
-    let gpus = plan.groups.len();
-    let eval = |g: usize, s: &[usize]| if s.is_empty() { Some(0.0) } else { f(g, s) };
+    improve_in(&Allowed::All { gpus: plan.groups.len(), jobs }, plan, k, max_passes, &f)
+}
+
+/// [`improve_k_plan`] over the pairs listed in `allowed`: a pass costs
+/// `O(listed pairs * k)` calls of `f`.
+pub fn improve_k_plan_sparse(
+    allowed: &SparseWeights,
+    plan: &mut GroupPlan,
+    k: usize,
+    max_passes: usize,
+    f: impl Fn(usize, &[usize]) -> Option<f64>,
+) -> usize {
+    improve_in(&Allowed::of(allowed), plan, k, max_passes, &f)
+}
+
+fn improve_in(
+    al: &Allowed,
+    plan: &mut GroupPlan,
+    k: usize,
+    max_passes: usize,
+    f: &impl Fn(usize, &[usize]) -> Option<f64>,
+) -> usize {
+    let (gpus, jobs) = (al.gpus(), al.jobs());
+    if plan.groups.len() != gpus {
+        return 0;
+    }
+    let eval = |g: usize, s: &[usize]| al.value(f, g, s);
     let mut val: Vec<f64> = (0..gpus).map(|g| eval(g, &plan.groups[g]).unwrap_or(0.0)).collect();
     let mut loc: Vec<Option<usize>> = vec![None; jobs];
     for (g, s) in plan.groups.iter().enumerate() {
         for &j in s {
-            loc[j] = Some(g);
+            if j < jobs {
+                loc[j] = Some(g);
+            }
         }
     }
     let without = |s: &[usize], j: usize| s.iter().copied().filter(|&x| x != j).collect::<Vec<_>>();
@@ -141,21 +288,21 @@ pub fn improve_k_plan(
                 (Some(_), None) => None,
                 (None, _) => Some(0.0),
             };
-            let mut best: Option<(f64, usize, Option<usize>, f64, Option<f64>)> = None;
+            let mut best: Option<Move> = None;
             if let (Some(_), Some(d)) = (loc[j], h_delta) {
                 if d > eps(total) {
-                    best = Some((d, usize::MAX, None, 0.0, h_val));
+                    best = Some(Move { gain: d, gpu: usize::MAX, swap: None, new_g: 0.0, new_h: h_val });
                 }
             }
-            for g in 0..gpus {
+            al.for_gpus_of(j, |g| {
                 if Some(g) == loc[j] {
-                    continue;
+                    return;
                 }
                 if plan.groups[g].len() < k {
                     if let (Some(hd), Some(x)) = (h_delta, eval(g, &[plan.groups[g].as_slice(), &[j]].concat())) {
                         let d = hd + x - val[g];
-                        if d > eps(total) && best.as_ref().map_or(true, |b| d > b.0) {
-                            best = Some((d, g, None, x, h_val));
+                        if d > eps(total) && !matches!(&best, Some(b) if b.gain >= d) {
+                            best = Some(Move { gain: d, gpu: g, swap: None, new_g: x, new_h: h_val });
                         }
                     }
                 }
@@ -175,12 +322,12 @@ pub fn improve_k_plan(
                         None => (0.0, None),
                     };
                     let d = xg - val[g] + dh;
-                    if d > eps(total) && best.as_ref().map_or(true, |b| d > b.0) {
-                        best = Some((d, g, Some(l), xg, xh));
+                    if d > eps(total) && !matches!(&best, Some(b) if b.gain >= d) {
+                        best = Some(Move { gain: d, gpu: g, swap: Some(l), new_g: xg, new_h: xh });
                     }
                 }
-            }
-            let Some((_, g, swap, xg, xh)) = best else { continue };
+            });
+            let Some(Move { gpu: g, swap, new_g: xg, new_h: xh, .. }) = best else { continue };
             let from = loc[j];
             if let Some(h) = from {
                 plan.groups[h].retain(|&x| x != j);
@@ -218,19 +365,42 @@ pub fn additive_start_k_plan(
     k: usize,
     f: impl Fn(usize, &[usize]) -> Option<f64>,
 ) -> Result<GroupPlan, MatchError> {
-    let single = WeightMatrix::from_fn(gpus, jobs, |g, j| f(g, &[j]))?;
-    let mut plan = max_weight_k_matching_additive(&single, k);
-    let value = |g: usize, s: &[usize]| if s.is_empty() { Some(0.0) } else { f(g, s) };
+    additive_in(&Allowed::All { gpus, jobs }, k, &f)
+}
+
+fn additive_in(
+    al: &Allowed,
+    k: usize,
+    f: &impl Fn(usize, &[usize]) -> Option<f64>,
+) -> Result<GroupPlan, MatchError> {
+    let (gpus, jobs) = (al.gpus(), al.jobs());
+    let mut groups = vec![Vec::new(); gpus];
+    if k > 0 {
+        let mut edges = Vec::new();
+        for j in 0..jobs {
+            al.for_gpus_of(j, |g| {
+                if let Some(x) = al.value(f, g, &[j]) {
+                    for r in 0..k {
+                        edges.push((g * k + r, j, x));
+                    }
+                }
+            });
+        }
+        let mt = match_edges(gpus.saturating_mul(k), jobs, edges, |r, j| (r / k, j))?;
+        for (r, j) in mt.pairs() {
+            groups[r / k].push(j);
+        }
+    }
     let mut total = 0.0;
-    for (g, s) in plan.groups.iter_mut().enumerate() {
+    for (g, s) in groups.iter_mut().enumerate() {
         loop {
-            let cur = value(g, s);
+            let cur = al.value(f, g, s);
             let mut best: Option<(usize, f64)> = None;
             for a in 0..s.len() {
                 let mut t = s.clone();
                 t.remove(a);
-                if let Some(x) = value(g, &t) {
-                    if best.map_or(true, |b| x > b.1) {
+                if let Some(x) = al.value(f, g, &t) {
+                    if !matches!(best, Some(b) if b.1 >= x) {
                         best = Some((a, x));
                     }
                 }
@@ -246,10 +416,9 @@ pub fn additive_start_k_plan(
                 _ => break,
             }
         }
-        total += value(g, s).unwrap_or(0.0);
+        total += al.value(f, g, s).unwrap_or(0.0);
     }
-    plan.total = total;
-    Ok(plan)
+    Ok(GroupPlan { groups, total })
 }
 
 /// The best plan this module finds: the round-by-round greedy and the additive start,
@@ -262,10 +431,30 @@ pub fn best_k_plan(
     max_passes: usize,
     f: impl Fn(usize, &[usize]) -> Option<f64>,
 ) -> Result<GroupPlan, MatchError> {
-    let mut a = greedy_k_matching(gpus, jobs, k, &f)?;
-    improve_k_plan(&mut a, jobs, k, max_passes, &f);
-    let mut b = additive_start_k_plan(gpus, jobs, k, &f)?;
-    improve_k_plan(&mut b, jobs, k, max_passes, &f);
+    best_in(&Allowed::All { gpus, jobs }, k, max_passes, &f)
+}
+
+/// [`best_k_plan`] over the pairs listed in `allowed` (their weights unused; `f` is only
+/// asked about sets of listed pairs): memory and work follow the listed pairs.
+pub fn best_k_plan_sparse(
+    allowed: &SparseWeights,
+    k: usize,
+    max_passes: usize,
+    f: impl Fn(usize, &[usize]) -> Option<f64>,
+) -> Result<GroupPlan, MatchError> {
+    best_in(&Allowed::of(allowed), k, max_passes, &f)
+}
+
+fn best_in(
+    al: &Allowed,
+    k: usize,
+    max_passes: usize,
+    f: &impl Fn(usize, &[usize]) -> Option<f64>,
+) -> Result<GroupPlan, MatchError> {
+    let mut a = greedy_in(al, k, f)?;
+    improve_in(al, &mut a, k, max_passes, f);
+    let mut b = additive_in(al, k, f)?;
+    improve_in(al, &mut b, k, max_passes, f);
     Ok(if b.total > a.total { b } else { a })
 }
 
@@ -450,6 +639,43 @@ mod tests {
             );
             assert!(min >= floor, "synergy={synergy} k={k}: min ratio {min} below {floor}");
             assert!(min2 >= floor2, "synergy={synergy} k={k}: improved min ratio {min2} below {floor2}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn sparse_planners_use_only_listed_pairs_and_match_dense_when_all_listed(
+            inst in instance(true),
+            mask in proptest::collection::vec(0u8..3, 18),
+        ) {
+            let f = |g: usize, s: &[usize]| inst.f(g, s);
+            let listed: Vec<(usize, usize, f64)> = (0..inst.gpus)
+                .flat_map(|g| (0..inst.jobs).map(move |j| (g, j)))
+                .filter(|&(g, j)| mask[(g * inst.jobs + j) % mask.len()] > 0)
+                .map(|(g, j)| (g, j, 1.0))
+                .collect();
+            let allowed = SparseWeights::from_edges(inst.gpus, inst.jobs, listed).unwrap();
+            let restricted = |g: usize, s: &[usize]| {
+                if s.iter().all(|&j| allowed.get(g, j).is_some()) { inst.f(g, s) } else { None }
+            };
+            let plan = best_k_plan_sparse(&allowed, inst.k, 20, f).unwrap();
+            let best = brute_force_groups(inst.gpus, inst.jobs, inst.k, restricted).unwrap();
+            let one = brute_force_total(&WeightMatrix::from_fn(inst.gpus, inst.jobs, |g, j| restricted(g, &[j])).unwrap()).unwrap();
+            prop_assert!(plan.total <= best + 1e-9 && plan.total >= one - 1e-9, "{} not in [{}, {}]", plan.total, one, best);
+            for (g, s) in plan.groups.iter().enumerate() {
+                prop_assert!(s.len() <= inst.k);
+                for &j in s {
+                    prop_assert!(allowed.get(g, j).is_some(), "unlisted pair ({}, {}) used", g, j);
+                }
+            }
+            let all: Vec<_> = (0..inst.gpus).flat_map(|g| (0..inst.jobs).map(move |j| (g, j, 1.0))).collect();
+            let all = SparseWeights::from_edges(inst.gpus, inst.jobs, all).unwrap();
+            prop_assert_eq!(
+                best_k_plan_sparse(&all, inst.k, 20, f).unwrap(),
+                best_k_plan(inst.gpus, inst.jobs, inst.k, 20, f).unwrap()
+            );
         }
     }
 

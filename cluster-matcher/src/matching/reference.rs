@@ -22,6 +22,39 @@ pub fn brute_force_total(w: &WeightMatrix) -> Option<f64> {
     Some(best(w, 0, 0u64))
 }
 
+/// Best `(pairs, total weight)` in lexicographic order over every matching of `w`, by
+/// enumeration; same limits as [`brute_force_total`].
+pub fn brute_force_max_cardinality(w: &WeightMatrix) -> Option<(usize, f64)> {
+    let t;
+    let w = if w.rows() > w.cols() {
+        t = w.transposed();
+        &t
+    } else {
+        w
+    };
+    if w.rows() > BRUTE_FORCE_MAX_SIDE || w.cols() > 64 {
+        return None;
+    }
+    Some(best_lex(w, 0, 0u64))
+}
+
+fn best_lex(w: &WeightMatrix, row: usize, used: u64) -> (usize, f64) {
+    if row == w.rows() {
+        return (0, 0.0);
+    }
+    let mut top = best_lex(w, row + 1, used);
+    for (c, &x) in w.row(row).iter().enumerate() {
+        if used & (1 << c) == 0 && x.is_finite() {
+            let (k, s) = best_lex(w, row + 1, used | (1 << c));
+            let cand = (k + 1, s + x);
+            if cand.0 > top.0 || (cand.0 == top.0 && cand.1 > top.1) {
+                top = cand;
+            }
+        }
+    }
+    top
+}
+
 fn best(w: &WeightMatrix, row: usize, used: u64) -> f64 {
     if row == w.rows() {
         return 0.0;

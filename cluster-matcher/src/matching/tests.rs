@@ -1,6 +1,6 @@
 //! Unit and property tests of the matching solvers against exhaustive search.
 
-use super::reference::brute_force_total;
+use super::reference::{brute_force_max_cardinality, brute_force_total};
 use super::*;
 use proptest::prelude::*;
 
@@ -68,6 +68,23 @@ proptest! {
         assert_valid(&w, &m);
         let best = brute_force_total(&w).unwrap();
         prop_assert!(close(m.total_weight(), best), "got {} want {}", m.total_weight(), best);
+    }
+
+    #[test]
+    fn max_cardinality_is_lexicographically_optimal(w in small_real_matrix()) {
+        let m = max_cardinality_matching(&w);
+        let (k, best) = brute_force_max_cardinality(&w).unwrap();
+        let mut used = vec![false; w.cols()];
+        let mut sum = 0.0;
+        for (r, c) in m.pairs() {
+            prop_assert!(!used[c]);
+            used[c] = true;
+            sum += w.get(r, c).expect("forbidden pair matched");
+        }
+        prop_assert_eq!(m.len(), k);
+        prop_assert!((sum - m.total_weight()).abs() < 1e-9);
+        prop_assert!((m.total_weight() - best).abs() <= 1e-9 * (1.0 + best.abs()),
+            "got {} want {}", m.total_weight(), best);
     }
 
     #[test]
@@ -140,6 +157,15 @@ fn empty_and_degenerate_shapes() {
     }
     let w = WeightMatrix::all_forbidden(30, 40).unwrap();
     assert!(max_weight_matching(&w).is_empty());
+    // Hostile shapes: as many rows or columns as accepted, nothing to match.
+    let w = WeightMatrix::new(MAX_SIDE, 0, vec![]).unwrap();
+    assert!(max_weight_matching(&w).is_empty());
+    let s = SparseWeights::from_edges(3, MAX_SIDE, [(1, MAX_SIDE - 1, 2.0), (2, 7, 1.0)]).unwrap();
+    let m = max_weight_matching_sparse(&s);
+    assert_eq!(m.pairs().collect::<Vec<_>>(), vec![(1, MAX_SIDE - 1), (2, 7)]);
+    let m = max_weight_matching_sparse(&s.transposed());
+    assert_eq!(m.pairs().collect::<Vec<_>>(), vec![(7, 2), (MAX_SIDE - 1, 1)]);
+    assert!(matches!(SparseWeights::from_edges(MAX_SIDE + 1, 1, []), Err(MatchError::TooBig { .. })));
 }
 
 #[test]
