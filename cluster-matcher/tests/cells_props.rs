@@ -505,3 +505,44 @@ proptest! {
         shared.audit().map_err(TestCaseError::fail)?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Damaged config text (cut short, a byte changed, a value swapped for another) gives a
+    /// config error or a valid cluster, never a panic; syntax errors carry a line.
+    #[test]
+    fn damaged_configs_never_panic(cut in 0usize..2000, at in 0usize..2000, byte in any::<u8>(), num in prop_oneof![Just("0"), Just("-1"), Just("4294967295"), Just("99999999999"), Just("1.5"), Just("\"x\""), Just("null")]) {
+        let text = include_str!("../examples/cells/heterogeneous.json");
+        let variants = [
+            text[..cut.min(text.len())].to_string(),
+            {
+                let mut b = text.as_bytes().to_vec();
+                let i = at % b.len();
+                b[i] = byte;
+                String::from_utf8_lossy(&b).into_owned()
+            },
+            {
+                // Replace the n-th number in the file.
+                let digits: Vec<usize> = text.match_indices(|c: char| c.is_ascii_digit()).map(|(i, _)| i).collect();
+                let i = digits[at % digits.len()];
+                let prev = text[..i].chars().last().unwrap_or(' ');
+                if prev == ' ' || prev == ':' {
+                    let end = i + text[i..].find(|c: char| !c.is_ascii_digit()).unwrap_or(0);
+                    format!("{}{}{}", &text[..i], num, &text[end..])
+                } else {
+                    text.to_string()
+                }
+            },
+        ];
+        for v in &variants {
+            match Cluster::from_json(v, "damaged.json") {
+                Ok(c) => c.audit().map_err(TestCaseError::fail)?,
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(msg.starts_with("damaged.json"), "{msg}");
+                }
+            }
+        }
+    }
+}

@@ -25,6 +25,8 @@ const CLEAN: usize = 0;
 const DIRTY: usize = 1;
 const BAD: usize = 2;
 const CATS: usize = 3;
+/// How many free cells with opportunistic users are compared when one must be taken.
+const DIRTY_SCAN: usize = 64;
 
 /// Index of a chain in the config order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -905,6 +907,17 @@ impl Cluster {
                             continue;
                         }
                     }
+                } else if cat == DIRTY {
+                    // Fewest exclusive opportunistic GPUs = fewest preemptions (bounded scan).
+                    match self
+                        .pfree
+                        .iter(list)
+                        .take(DIRTY_SCAN)
+                        .min_by_key(|&c| self.pcells[c as usize].opp_ex)
+                    {
+                        Some(c) => c,
+                        None => continue,
+                    }
                 } else {
                     match self.pfree.front(list) {
                         Some(c) => c,
@@ -1296,6 +1309,22 @@ mod tests {
         .unwrap_err()
         .to_string()
         .contains("field `colocated_per_gpu`"));
+    }
+
+    #[test]
+    fn binding_takes_the_cell_with_fewest_victims() {
+        let (mut c, ch, [_, _, cc]) = fig3();
+        let node = c.level(ch, "node").unwrap();
+        assert_eq!(c.allocate_guaranteed(cc, ch, node).unwrap().gpus.start, 0);
+        // n1: 4 exclusive jobs, n2: 1, n3: 3 (n1 became "dirty" first).
+        for g in [8, 9, 10, 11, 16, 24, 25, 26] {
+            c.allocate_opportunistic_on(&[GpuId(g)], Sharing::Exclusive)
+                .unwrap();
+        }
+        let b = c.allocate_guaranteed(cc, ch, node).unwrap();
+        assert_eq!(b.gpus, GpuRange { start: 16, len: 8 });
+        assert_eq!(b.preempted.len(), 1);
+        c.audit().unwrap();
     }
 
     #[test]
