@@ -17,7 +17,7 @@ fi
 if ! .venv/bin/python -c 'import cuda.bindings, numba.cuda, numpy, scipy' 2>/dev/null; then
     echo "setup: installing Python test clients into .venv"
     .venv/bin/python -m pip install -q --disable-pip-version-check \
-        'cuda-bindings==12.9.4' 'numba-cuda==0.20.1' 'numba>=0.60' 'numpy>=1.26' 'scipy>=1.13'
+        'cuda-bindings==12.9.4' 'numba-cuda==0.20.1' 'numba==0.62.1' 'cuda-core<0.4' 'numpy>=1.26' 'scipy>=1.13'
 fi
 
 if [[ ! -f .cuda-headers/cuda.h || ! -f .cuda-headers/nvml.h ]]; then
