@@ -106,8 +106,10 @@ pub enum SplitArg {
     Pair,
     /// Hold out whole jobs (harder: the test jobs were never seen).
     Job,
-    /// Both, one after the other.
-    Both,
+    /// Hold out whole model families, all batch sizes (hardest); uses one fold per family.
+    Family,
+    /// Pair, job and family, one after the other.
+    All,
 }
 
 #[derive(Debug, Args)]
@@ -117,9 +119,10 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub opts: TrainOpts,
     /// How test samples are held out.
-    #[arg(long, value_enum, default_value = "both")]
+    #[arg(long, value_enum, default_value = "all")]
     pub split: SplitArg,
-    /// Number of cross-validation folds.
+    /// Number of cross-validation folds (pair and job splits; the family split uses one per
+    /// family).
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
     /// Print the reports as JSON.
@@ -270,12 +273,15 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             let splits = match a.split {
                 SplitArg::Pair => vec![Split::ByPair],
                 SplitArg::Job => vec![Split::ByJob],
-                SplitArg::Both => vec![Split::ByPair, Split::ByJob],
+                SplitArg::Family => vec![Split::ByFamily],
+                SplitArg::All => vec![Split::ByPair, Split::ByJob, Split::ByFamily],
             };
+            let families = data.profiles.keys().map(|j| eval::family(j)).collect::<std::collections::BTreeSet<_>>().len();
             let mut all = Vec::new();
             for s in splits {
                 let t = std::time::Instant::now();
-                let r = eval::cross_validate(&data, s, a.folds, &a.opts.config())?;
+                let folds = if s == Split::ByFamily { families } else { a.folds };
+                let r = eval::cross_validate(&data, s, folds, &a.opts.config())?;
                 tracing::info!(split = ?s, secs = t.elapsed().as_secs_f64(), "cross-validation done");
                 if !a.json {
                     print_reports(s, &r);

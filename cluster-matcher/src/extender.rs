@@ -92,17 +92,18 @@ impl Extender {
     pub fn decide(&self, pod: &Pod) -> PodDecision {
         let Some(job) = job_name(pod) else { return PodDecision::NotOurs };
         let plan = self.plan();
+        let mut s = self.lock();
+        if !s.workloads.offline.iter().any(|o| o.name == job) {
+            return PodDecision::NotOurs;
+        }
         if let Some(name) = &pod.metadata.name {
             let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-            self.lock().pod_jobs.insert(format!("{ns}/{name}"), job.clone());
+            s.pod_jobs.insert(format!("{ns}/{name}"), job.clone());
         }
-        if let Some(a) = plan.assignments.iter().find(|a| a.offline == job) {
-            return PodDecision::Placed(a.at.clone());
+        match plan.assignments.iter().find(|a| a.offline == job) {
+            Some(a) => PodDecision::Placed(a.at.clone()),
+            None => PodDecision::Waiting(job),
         }
-        if plan.unplaced.iter().any(|u| u == &job) || self.lock().workloads.offline.iter().any(|o| o.name == job) {
-            return PodDecision::Waiting(job);
-        }
-        PodDecision::NotOurs
     }
 
     /// The filter verb.

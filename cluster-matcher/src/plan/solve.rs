@@ -2,7 +2,7 @@
 //! one-job-per-GPU matching, or up to `k` jobs per GPU.
 
 use crate::matching::multi::best_k_plan;
-use crate::matching::{max_weight_matching_sparse, SparseWeights};
+use crate::matching::{max_weight_matching, max_weight_matching_sparse, SparseWeights, WeightMatrix, FORBIDDEN};
 
 /// Local-search passes for `k > 1` when the instance is small enough for them.
 const K_PASSES: usize = 3;
@@ -37,8 +37,26 @@ pub fn assign(
     }
 }
 
+/// Above this share of allowed pairs the dense solver is used.
+const DENSE_ABOVE: f64 = 0.25;
+
 fn one_per_gpu(w: &SparseWeights) -> Vec<Vec<usize>> {
-    let m = max_weight_matching_sparse(w);
+    let cells = w.rows().saturating_mul(w.cols());
+    let m = if cells > 0 && w.nnz() as f64 > DENSE_ABOVE * cells as f64 {
+        let mut data = vec![FORBIDDEN; cells];
+        for r in 0..w.rows() {
+            let (cols, ws) = w.row(r);
+            for (&c, &x) in cols.iter().zip(ws) {
+                data[r * w.cols() + c as usize] = x;
+            }
+        }
+        match WeightMatrix::new(w.rows(), w.cols(), data) {
+            Ok(d) => max_weight_matching(&d),
+            Err(_) => max_weight_matching_sparse(w),
+        }
+    } else {
+        max_weight_matching_sparse(w)
+    };
     let mut groups = vec![Vec::new(); w.rows()];
     for (g, j) in m.pairs() {
         groups[g].push(j);

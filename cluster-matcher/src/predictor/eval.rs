@@ -18,6 +18,21 @@ pub enum Split {
     /// Jobs are held out whole: a test sample involves at least one held-out job, a training
     /// sample none.
     ByJob,
+    /// Model families (ResNet-50, LM, ...) are held out whole, every batch size with them:
+    /// leave-one-family-out when `folds` is the number of families.
+    ByFamily,
+}
+
+/// A job's model family: its name without the batch size.
+pub fn family(job: &str) -> &str {
+    job.split(" (batch size").next().unwrap_or(job).trim()
+}
+
+/// Fold of every job for [`Split::ByFamily`]: families in name order dealt round-robin.
+pub fn family_folds(data: &GavelData, folds: usize) -> BTreeMap<String, usize> {
+    let families: BTreeSet<&str> = data.profiles.keys().map(|j| family(j)).collect();
+    let fold_of: BTreeMap<&str, usize> = families.into_iter().enumerate().map(|(i, f)| (f, i % folds)).collect();
+    data.profiles.keys().map(|j| (j.clone(), fold_of[family(j)])).collect()
 }
 
 /// Held-out error on one GPU type, summed over folds.
@@ -70,8 +85,8 @@ pub fn assign_folds(data: &GavelData, split: Split, folds: usize, seed: u64) -> 
                 .collect();
             data.pairs.iter().map(|p| vec![fold_of[&pair_key(p)]]).collect()
         }
-        Split::ByJob => {
-            let fold_of = job_folds(data, folds, seed);
+        Split::ByJob | Split::ByFamily => {
+            let fold_of = if split == Split::ByJob { job_folds(data, folds, seed) } else { family_folds(data, folds) };
             data.pairs
                 .iter()
                 .map(|p| {
@@ -182,7 +197,7 @@ mod tests {
     fn folds_never_leak_a_pair_or_job_into_training() {
         let Some(d) = data() else { return };
         let jf = job_folds(&d, 5, 1);
-        for split in [Split::ByPair, Split::ByJob] {
+        for split in [Split::ByPair, Split::ByJob, Split::ByFamily] {
             let f = assign_folds(&d, split, 5, 1);
             for k in 0..5 {
                 let (test, train): (Vec<_>, Vec<_>) =
@@ -196,6 +211,13 @@ mod tests {
                     Split::ByJob => {
                         assert!(train.iter().all(|(p, _)| jf[&p.offline] != k && jf[&p.online] != k));
                         assert!(test.iter().all(|(p, _)| jf[&p.offline] == k || jf[&p.online] == k));
+                    }
+                    Split::ByFamily => {
+                        let held: BTreeSet<_> = test.iter().flat_map(|(p, _)| [family(&p.offline), family(&p.online)]).collect();
+                        let seen: BTreeSet<_> = train.iter().flat_map(|(p, _)| [family(&p.offline), family(&p.online)]).collect();
+                        assert!(held.iter().any(|f| !seen.contains(f)), "fold {k} holds out no family");
+                        let ff = family_folds(&d, 5);
+                        assert!(train.iter().all(|(p, _)| ff[&p.offline] != k && ff[&p.online] != k));
                     }
                 }
             }
