@@ -76,7 +76,6 @@ fn cuda_bindings_past_the_quota_gets_out_of_memory() {
 }
 
 #[test]
-#[ignore = "numba-cuda 0.20.1 does not import in the stock .venv (needs cuda-core and numba 0.62); run with --ignored after fixing the venv"]
 fn numba_to_device_past_the_quota_gets_out_of_memory() {
     let host = EmuHost::new();
     let v = run_py(&host, NUMBA, true, "numba");
