@@ -5,7 +5,7 @@
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
-//! `meminfo` | `totalmem` | `launch|launchex|launchcoop BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
+//! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `destroy` | `exit`.
 
@@ -246,6 +246,10 @@ fn main() {
     let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
     let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
     let launch_coop = get!(cu, "cuLaunchCooperativeKernel", PFN_cuLaunchCooperativeKernel_v9000, 9000);
+    let graph_create = get!(cu, "cuGraphCreate", PFN_cuGraphCreate_v10000, 10000);
+    let graph_add_kernel = get!(cu, "cuGraphAddKernelNode", PFN_cuGraphAddKernelNode_v12000, 12000);
+    let graph_instantiate = get!(cu, "cuGraphInstantiateWithFlags", PFN_cuGraphInstantiateWithFlags_v11040, 11040);
+    let graph_launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -393,7 +397,7 @@ fn main() {
                     let r = total_mem(&mut t, 0);
                     out(format!("totalmem={} total={t}", r.0));
                 }
-                "launch" | "launchex" | "launchcoop" => {
+                "launch" | "launchex" | "launchcoop" | "launchgraph" => {
                     let (blocks, mut cycles, count) = (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
                     i += 3;
                     if spin_fn.is_null() {
@@ -415,8 +419,30 @@ fn main() {
                         gridDimX: blocks, gridDimY: 1, gridDimZ: 1, blockDimX: 32, blockDimY: 1, blockDimZ: 1,
                         sharedMemBytes: 0, hStream: stream, attrs: std::ptr::null_mut(), numAttrs: 0,
                     };
+                    // `launchgraph`: one graph holding one spin kernel node, launched COUNT times.
+                    let mut exec: CUgraphExec = std::ptr::null_mut();
+                    if step == "launchgraph" {
+                        let mut g: CUgraph = std::ptr::null_mut();
+                        r = graph_create(&mut g, 0);
+                        let node_params = CUDA_KERNEL_NODE_PARAMS {
+                            func: spin_fn, gridDimX: blocks, gridDimY: 1, gridDimZ: 1, blockDimX: 32, blockDimY: 1,
+                            blockDimZ: 1, sharedMemBytes: 0, kernelParams: params.as_mut_ptr(),
+                            extra: std::ptr::null_mut(), kern: std::ptr::null_mut(), ctx: std::ptr::null_mut(),
+                        };
+                        let mut node: CUgraphNode = std::ptr::null_mut();
+                        if r.is_success() {
+                            r = graph_add_kernel(&mut node, g, std::ptr::null(), 0, &node_params);
+                        }
+                        if r.is_success() {
+                            r = graph_instantiate(&mut exec, g, 0);
+                        }
+                        if !r.is_success() {
+                            die(&format!("graph build {r}"));
+                        }
+                    }
                     for _ in 0..count {
                         r = match step.as_str() {
+                            "launchgraph" => graph_launch(exec, stream),
                             "launch" => launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
                             "launchex" => launch_ex(&config, spin_fn, params.as_mut_ptr(), std::ptr::null_mut()),
                             _ => launch_coop(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr()),
