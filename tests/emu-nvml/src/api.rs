@@ -535,7 +535,7 @@ pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
 pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
     entry(|| {
         let i = state::index(device)?;
-        let p = state::with_snapshot(device, |s, _| (s.cc_major >= 9).then_some(s.point))?;
+        let p = state::with_fresh_snapshot(device, |s, _| (s.cc_major >= 9).then_some(s.point))?;
         let p = p.ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
         crate::gpm::fill(sample as usize, i, p)
     })

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::*;
 
@@ -27,7 +28,15 @@ pub struct Shared {
     pub gpm: HashMap<usize, Option<(u32, Point)>>,
     /// Next GPM sample id (never 0, so handles are never null).
     pub next_gpm: usize,
+    /// The last device snapshot and when it was taken (see [`SNAPSHOT_REUSE`]).
+    pub cache: Option<(Instant, Snapshot)>,
 }
+
+/// How long one device snapshot answers further queries. A monitor asks several questions per
+/// sample (memory, clocks, utilization, processes); they share one lock of the state file and
+/// one model update, as a real driver answers them from counters it samples itself. GPM samples
+/// always take a fresh snapshot, since their difference is the measurement.
+pub const SNAPSHOT_REUSE: Duration = Duration::from_micros(500);
 
 static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
 
@@ -50,6 +59,7 @@ pub fn init() -> NvmlResult<()> {
             device,
             gpm: HashMap::new(),
             next_gpm: 1,
+            cache: None,
         });
     }
     INIT_COUNT.fetch_add(1, Ordering::SeqCst);
@@ -98,14 +108,40 @@ pub fn index(dev: nvmlDevice_t) -> NvmlResult<u32> {
     Ok(off as u32)
 }
 
-/// A fresh snapshot of the device behind `dev`, handed to `f` with the device itself.
+/// A snapshot of the device behind `dev` (at most [`SNAPSHOT_REUSE`] old), handed to `f`
+/// with the device itself.
 pub fn with_snapshot<T>(
     dev: nvmlDevice_t,
     f: impl FnOnce(&Snapshot, &Device) -> T,
 ) -> NvmlResult<T> {
+    snapshot_then(dev, false, f)
+}
+
+/// Like [`with_snapshot`], but always taken now (GPM samples).
+pub fn with_fresh_snapshot<T>(
+    dev: nvmlDevice_t,
+    f: impl FnOnce(&Snapshot, &Device) -> T,
+) -> NvmlResult<T> {
+    snapshot_then(dev, true, f)
+}
+
+fn snapshot_then<T>(
+    dev: nvmlDevice_t,
+    fresh: bool,
+    f: impl FnOnce(&Snapshot, &Device) -> T,
+) -> NvmlResult<T> {
     index(dev)?;
-    let g = shared();
-    let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    let snap = source::snapshot(&sh.device);
-    Ok(f(&snap, &sh.device))
+    let mut g = shared();
+    let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+    let now = Instant::now();
+    let stale = fresh
+        || sh
+            .cache
+            .as_ref()
+            .is_none_or(|(at, _)| now.duration_since(*at) >= SNAPSHOT_REUSE);
+    if stale {
+        sh.cache = Some((now, source::snapshot(&sh.device)));
+    }
+    let snap = &sh.cache.as_ref().expect("filled above").1;
+    Ok(f(snap, &sh.device))
 }
