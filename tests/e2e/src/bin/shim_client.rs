@@ -401,7 +401,7 @@ fn main() {
                     let (blocks, mut cycles, count) = (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
                     i += 3;
                     if spin_fn.is_null() {
-                        let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                        let ptx = workloads::ptx::SPIN_PTX;
                         let mut m: CUmodule = std::ptr::null_mut();
                         let r = load(&mut m, ptx.as_ptr().cast());
                         if !r.is_success() {
@@ -502,25 +502,3 @@ fn main() {
     }
 }
 
-/// The agreed spin kernel (entry `spin`, one `u64 cycles` parameter), as in `emu-client`.
-const SPIN_PTX: &str = ".version 7.0
-.target sm_52
-.address_size 64
-
-.visible .entry spin(
-\t.param .u64 spin_param_0
-)
-{
-\t.reg .pred \t%p<2>;
-\t.reg .b64 \t%rd<5>;
-
-\tld.param.u64 \t%rd1, [spin_param_0];
-\tmov.u64 \t%rd2, %clock64;
-$L__spin_loop:
-\tmov.u64 \t%rd3, %clock64;
-\tsub.s64 \t%rd4, %rd3, %rd2;
-\tsetp.lt.u64 \t%p1, %rd4, %rd1;
-\t@%p1 bra \t$L__spin_loop;
-\tret;
-}
-";

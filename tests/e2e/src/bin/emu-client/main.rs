@@ -120,7 +120,7 @@ fn main() {
         let mut spin_fn: CUfunction = std::ptr::null_mut();
         let load_spin = |f: &mut CUfunction| {
             if f.is_null() {
-                let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                let ptx = workloads::ptx::SPIN_PTX;
                 let mut m: CUmodule = std::ptr::null_mut();
                 let r = load(&mut m, ptx.as_ptr().cast());
                 let name = CString::new("spin").expect("no NUL");
@@ -233,7 +233,7 @@ fn main() {
                     let count: u32 = arg(3).parse().unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
                     i += 3;
                     if spin_fn.is_null() {
-                        let ptx = CString::new(SPIN_PTX).expect("no NUL");
+                        let ptx = workloads::ptx::SPIN_PTX;
                         let mut m: CUmodule = std::ptr::null_mut();
                         let r = load(&mut m, ptx.as_ptr().cast());
                         if !r.is_success() {
@@ -303,26 +303,3 @@ fn main() {
     }
 }
 
-/// The agreed spin kernel (entry `spin`, one `u64 cycles` parameter); same text as the
-/// workloads crate's, so it also runs on a real GPU.
-const SPIN_PTX: &str = ".version 7.0
-.target sm_52
-.address_size 64
-
-.visible .entry spin(
-\t.param .u64 spin_param_0
-)
-{
-\t.reg .pred \t%p<2>;
-\t.reg .b64 \t%rd<5>;
-
-\tld.param.u64 \t%rd1, [spin_param_0];
-\tmov.u64 \t%rd2, %clock64;
-$L__spin_loop:
-\tmov.u64 \t%rd3, %clock64;
-\tsub.s64 \t%rd4, %rd3, %rd2;
-\tsetp.lt.u64 \t%p1, %rd4, %rd1;
-\t@%p1 bra \t$L__spin_loop;
-\tret;
-}
-";
