@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# GPU check kit: runs the checks that need real hardware on a GPU host, and the same checks on
+# the emulator, and prints one table. Checks:
+#   quota       two offline processes of one container (as a non-root user when run as root)
+#               allocate as much as they can under the shim; the bytes they hold, measured
+#               OUTSIDE the shim through NVML, must not exceed the quota
+#   torch-quota the host's PyTorch allocates under the shim until it is refused (skipped when
+#               torch is absent, as on the emulator)
+#   throttle    the offline client alone, without and with the shim (monitor running): the shim
+#               must slow it toward its target load, and the monitor must not evict it for
+#               using an idle GPU
+#   exit        Python clients holding a context get Ctrl-C (KeyboardInterrupt) or SIGTERM under
+#               MPS while an online neighbour runs: the neighbour must never hang
+#   node        sysmonitor + mps-manager + online + offline under the shim: online p99 beside
+#               the offline job against alone, and the offline job's throughput
+# Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
+# Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
+# --bin-dir (default target/release, else target/debug; built with cargo when missing and
+# cargo is there). Exit status: 0 when no check failed.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+top="$(dirname "$here")"
+mode="" profile="t4" bin_dir="" quick=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --emulated) mode=emu; profile="${2:?--emulated needs a profile}"; shift 2 ;;
+        --real) mode=real; shift ;;
+        --bin-dir) bin_dir="${2:?}"; shift 2 ;;
+        --quick) quick=1; shift ;;
+        -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+if [[ -z "$mode" ]]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then mode=real; else mode=emu; fi
+fi
+py="${PYTHON:-python3}"
+need=(libxcuda.so sysmonitor mps-manager online offline)
+[[ $mode == emu ]] && need+=(libcuda.so libnvidia_ml.so emu-mps-control)
+have_all() { local d="$1" f; for f in "${need[@]}"; do [[ -e "$d/$f" ]] || return 1; done; }
+if [[ -z "$bin_dir" ]]; then
+    for d in "$top/target/release" "$top/target/debug"; do have_all "$d" && { bin_dir="$d"; break; }; done
+fi
+if [[ -z "$bin_dir" ]]; then
+    command -v cargo >/dev/null 2>&1 || { echo "gpu-check: no built binaries and no cargo; pass --bin-dir" >&2; exit 2; }
+    echo "gpu-check: building the node runtime and the workload programs" >&2
+    (cd "$top" && cargo build -q --release -p xcuda-shim -p sysmonitor -p mps-manager -p workloads -p emu-cuda -p emu-nvml -p emu-mps-control) || exit 2
+    bin_dir="$top/target/release"
+fi
+have_all "$bin_dir" || { echo "gpu-check: $bin_dir lacks one of: ${need[*]}" >&2; exit 2; }
+bin_dir="$(cd "$bin_dir" && pwd)"
+
+root="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
+chmod 755 "$root"
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    sleep 0.3
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    [[ -n "${mps_up:-}" ]] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    rm -rf "$root"
+}
+trap cleanup EXIT
+mkdir -p "$root/run" "$root/mps-pipe" "$root/mps-log" "$root/bin" "$root/lib"
+chmod 1777 "$root/run" "$root/mps-pipe" "$root/mps-log"
+cp "$here/gpu_check_client.py" "$root/client.py"
+client="$root/client.py"
+if [[ $mode == emu ]]; then
+    ln -s "$bin_dir/libcuda.so" "$root/lib/libcuda.so.1"
+    ln -s "$bin_dir/libnvidia_ml.so" "$root/lib/libnvidia-ml.so.1"
+    ln -s "$bin_dir/emu-mps-control" "$root/bin/nvidia-cuda-mps-control"
+    export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PATH="$root/bin:$PATH" GPUEMU_STATE="$root/gpu0.state" GPUEMU_PROFILE="$profile"
+    touch "$GPUEMU_STATE"; chmod 666 "$GPUEMU_STATE"
+    label="emulated $profile"
+else
+    label="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0 2>/dev/null | head -1)"
+fi
+export XSHARE_LEDGER_DIR="$root/run" CUDA_MPS_PIPE_DIRECTORY="$root/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$root/mps-log"
+# Offline processes run as this user when the kit runs as root (offline containers are not root).
+as_user=()
+if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null 2>&1; then
+    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+fi
+shim_env=(env LD_PRELOAD="$bin_dir/libxcuda.so" XCUDA_CONFIG="$root/xcuda.json")
+
+rows=()
+failed=0
+plain() { sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ' | cut -c1-"${1:-200}"; }
+row() { # check result figure detail
+    rows+=("$(printf '%-12s %-5s %-34s %s' "$1" "$2" "$3" "$4")")
+    [[ $2 == FAIL ]] && failed=1
+    printf 'gpu-check: %-12s %-5s %s %s\n' "$1" "$2" "$3" "$4" >&2
+}
+jget() { "$py" -c 'import json,sys
+k=sys.argv[1]
+for line in sys.stdin:
+    try: o=json.loads(line)
+    except ValueError: continue
+    if k in o: v=o[k]
+print(v if "v" in dir() else "")' "$1"; }
+nvml_used() { "$py" "$client" nvml-used 0 2>/dev/null | jget used_mib; }
+
+start_monitor() {
+    cat >"$root/sysmonitor.json" <<EOF
+{ "interval_ms": 10, "ledger_dir": "$root/run", "state_file": "$root/run/state.json",
+  "metrics_listen": null, "evictor": { "grace_ms": 2000 } }
+EOF
+    "$bin_dir/sysmonitor" run --config "$root/sysmonitor.json" >"$root/sysmonitor.log" 2>&1 &
+    pids+=($!); mon_pid=$!
+    local i
+    for i in $(seq 100); do
+        grep -q '"state": *"healthy"' "$root/run/state.json" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# --- quota -------------------------------------------------------------------------------
+check_quota() {
+    local total quota base ctx a b used held
+    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    quota=$(( total / 4 ))
+    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check\" }" >"$root/xcuda.json"
+    base=$(nvml_used)
+    # The context alone (real drivers hold a few hundred MiB per context outside any quota).
+    "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 0 --hold >"$root/ctx.out" 2>"$root/ctx.err" &
+    a=$!; sleep 2; ctx=$(( $(nvml_used) - base )); kill -TERM $a; wait $a 2>/dev/null
+    "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q1.out" 2>"$root/q1.err" &
+    a=$!
+    "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q2.out" 2>"$root/q2.err" &
+    b=$!
+    sleep 3
+    used=$(( $(nvml_used) - base - 2 * ctx ))
+    held=$(( $(jget allocated_mib <"$root/q1.out") + $(jget allocated_mib <"$root/q2.out") ))
+    kill -TERM $a $b; wait $a $b 2>/dev/null
+    local who="root"; [[ ${#as_user[@]} -gt 0 ]] && who="uid 65534"
+    if [[ $used -le $(( quota + 64 )) && $held -le $quota && $held -gt 0 ]]; then
+        row quota PASS "$used MiB held / $quota MiB quota" "2 processes as $who; NVML outside the shim; ctx ${ctx} MiB each"
+    else
+        row quota FAIL "$used MiB held / $quota MiB quota" "2 processes as $who; shim says $held MiB; $(tail -n 3 "$root/q1.err" | plain)"
+    fi
+}
+
+check_torch_quota() {
+    local out quota
+    quota=$(( $("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib) ))
+    out=$("${shim_env[@]}" "$py" "$client" torch-quota 128 1000000 2>"$root/torch.err")
+    if [[ -n "$(jget skipped <<<"$out")" ]]; then
+        row torch-quota SKIP "-" "$(jget skipped <<<"$out")"
+        return
+    fi
+    local got; got=$(jget allocated_mib <<<"$out")
+    if [[ -n "$got" && $got -gt 0 && $got -le $quota ]]; then
+        row torch-quota PASS "$got MiB of $quota MiB quota" "torch $(jget torch <<<"$out"): $(jget error <<<"$out" | cut -c1-60)"
+    else
+        row torch-quota FAIL "${got:-?} MiB of $quota MiB quota" "$(tail -n 3 "$root/torch.err" | plain)"
+    fi
+}
+
+# --- throttle ----------------------------------------------------------------------------
+offline_rate() { # prints iterations/s of the last summary line, or empty
+    jget iters_per_s <"$1"
+}
+check_throttle() {
+    local secs=$(( quick ? 3 : 6 )) alone shimmed st evicted
+    "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-alone.out" 2>&1
+    alone=$(offline_rate "$root/off-alone.out")
+    echo '{ "group": "gpu-check", "throttle": { "target_load": 0.5 } }' >"$root/xcuda.json"
+    "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-shim.out" 2>"$root/off-shim.err"
+    st=$?
+    shimmed=$(offline_rate "$root/off-shim.out")
+    evicted=$(grep -c -i 'evict' "$root/sysmonitor.log")
+    local ratio; ratio=$("$py" -c "a,b='$alone','$shimmed'; print(f'{float(b)/float(a):.2f}' if a and b else '')")
+    if [[ -n "$ratio" && $st == 0 && $evicted == 0 ]] && "$py" -c "import sys; sys.exit(0 if $ratio <= 0.8 else 1)"; then
+        row throttle PASS "${ratio}x solo rate at target 0.5" "alone $alone it/s, shimmed $shimmed it/s, not evicted"
+    else
+        row throttle FAIL "${ratio:-?}x solo rate at target 0.5" "alone ${alone:-?} it/s, shimmed ${shimmed:-?} it/s, exit $st, eviction lines $evicted"
+    fi
+}
+
+# --- exit under MPS ----------------------------------------------------------------------
+start_mps() {
+    nvidia-cuda-mps-control -d >/dev/null 2>&1 || return 1
+    mps_up=1
+    # A first client starts the server; MPS refuses clients when it cannot start one.
+    "$py" "$client" quota 1 0 >/dev/null 2>&1
+}
+check_exit() {
+    local n=$(( quick ? 4 : 20 )) i sig hung=0 bad=0 online st
+    echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
+    "$bin_dir/online" --rate 50 --duration 600 --json >"$root/online-exit.out" 2>&1 &
+    online=$!; pids+=($online)
+    sleep 1
+    for i in $(seq "$n"); do
+        sig=INT; (( i % 2 == 0 )) && sig=TERM
+        "${as_user[@]}" "${shim_env[@]}" "$py" "$client" hold 64 >"$root/hold.out" 2>"$root/hold.err" &
+        local h=$!
+        for _ in $(seq 50); do grep -q holding "$root/hold.out" 2>/dev/null && break; sleep 0.1; done
+        sleep "0.$(( RANDOM % 5 ))"
+        kill -"$sig" $h
+        st=0; timeout 20 tail --pid=$h -f /dev/null || st=1
+        wait $h 2>/dev/null; [[ $? -gt 1 && $? -ne 130 ]] && bad=$((bad + 1))
+        [[ $st != 0 ]] && bad=$((bad + 1))
+    done
+    # The neighbour must still complete requests: ask it for a summary and see requests keep coming.
+    kill -INT $online; timeout 30 tail --pid=$online -f /dev/null || hung=1
+    local done_req; done_req=$(jget requests <"$root/online-exit.out")
+    [[ -z "$done_req" || "$done_req" == 0 ]] && hung=1
+    local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
+    if [[ $hung == 0 && $bad == 0 ]]; then
+        row exit PASS "$n Ctrl-C/SIGTERM, 0 hung neighbours" "$how; online completed ${done_req} requests"
+    else
+        row exit FAIL "$n Ctrl-C/SIGTERM, hung=$hung" "$how; clients that did not exit cleanly: $bad"
+    fi
+}
+
+# --- node runtime ------------------------------------------------------------------------
+check_node() {
+    local secs=$(( quick ? 3 : 8 )) alone beside off rate
+    cat >"$root/mps-manager.json" <<EOF
+{ "control_bin": "$(command -v nvidia-cuda-mps-control)", "pipe_dir": "$root/mps-pipe",
+  "log_dir": "$root/mps-log", "ledger_dir": "$root/run", "monitor_state_file": "$root/run/state.json",
+  "state_file": "$root/run/mps-manager.json", "period_ms": 100 }
+EOF
+    "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >"$root/mps-manager.log" 2>&1 &
+    pids+=($!)
+    sleep 2
+    local online_args=(--rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json)
+    alone=$("$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+    echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
+    "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration $(( secs + 4 )) --json --report-interval 0 >"$root/off-node.out" 2>&1 &
+    off=$!
+    sleep 2
+    beside=$("$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+    wait $off
+    rate=$(offline_rate "$root/off-node.out")
+    local ratio; ratio=$("$py" -c "a,b='$alone','$beside'; print(f'{float(b)/float(a):.2f}' if a and b else '')")
+    if [[ -n "$ratio" ]]; then
+        row node INFO "online p99 ${ratio}x alone" "p99 alone ${alone} ms, beside offline ${beside} ms; offline ${rate:-?} it/s"
+    else
+        row node FAIL "-" "online client gave no summary; see sysmonitor/mps-manager logs"
+    fi
+}
+
+echo "gpu-check on $label (binaries: $bin_dir)" >&2
+if start_monitor; then
+    check_quota
+    check_torch_quota
+    check_throttle
+    if start_mps; then
+        check_exit
+        check_node
+    else
+        row exit SKIP "-" "MPS control daemon did not start on this host"
+        check_exit
+    fi
+else
+    row monitor FAIL "-" "sysmonitor did not reach Healthy: $(tail -n 3 "$root/sysmonitor.log" | plain 300)"
+fi
+
+echo
+echo "GPU check kit on $label"
+printf '%-12s %-5s %-34s %s\n' check result figure detail
+printf '%s\n' "------------------------------------------------------------------------------------------------"
+printf '%s\n' "${rows[@]}"
+exit "$failed"

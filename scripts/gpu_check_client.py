@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""CUDA and NVML clients for scripts/gpu-check.sh, through ctypes only.
+
+They load the driver the way any CUDA program does (libcuda.so.1 / libnvidia-ml.so.1 by
+name), so the same file runs against a real GPU and against the project's emulator, and
+under the xcuda shim (LD_PRELOAD) ctypes' dlsym lookups reach the shim's hooks. No package
+is needed; `torch-quota` uses the host's PyTorch when it is installed.
+
+Every command prints one JSON object on stdout.
+"""
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+
+MIB = 1 << 20
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def out(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+class Cuda:
+    """The few driver entry points the checks need, with the _v2 ABI names."""
+
+    def __init__(self, device=0):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.check("cuInit", 0)
+        self.dev = ctypes.c_int()
+        self.check("cuDeviceGet", ctypes.byref(self.dev), device)
+        self.ctx = ctypes.c_void_p()
+        self.check("cuDevicePrimaryCtxRetain", ctypes.byref(self.ctx), self.dev)
+        self.check("cuCtxSetCurrent", self.ctx)
+
+    def call(self, name, *args):
+        return getattr(self.lib, name)(*args)
+
+    def check(self, name, *args):
+        r = self.call(name, *args)
+        if r != 0:
+            raise RuntimeError(f"{name} returned CUresult {r}")
+
+    def alloc(self, nbytes):
+        """Device pointer, or the CUresult of a refusal."""
+        ptr = ctypes.c_uint64()
+        r = self.call("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(nbytes))
+        return (ptr.value, 0) if r == 0 else (None, r)
+
+    def free(self, ptr):
+        self.check("cuMemFree_v2", ctypes.c_uint64(ptr))
+
+    def mem_info(self):
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.check("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
+
+    def release(self):
+        self.check("cuCtxSynchronize")
+        self.check("cuDevicePrimaryCtxRelease_v2", self.dev)
+
+
+def wait_for_stop():
+    """Holds until SIGTERM/SIGINT (KeyboardInterrupt, Python's own Ctrl-C path). Short sleeps,
+    like a training loop's steps: CPython runs a handler only between bytecodes."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+
+
+def quota(chunk_mib, limit_mib, hold):
+    """Allocates chunk after chunk until the driver (or the shim) refuses; reports the total."""
+    cu = Cuda()
+    _, total = cu.mem_info()
+    ptrs, refusal = [], 0
+    while len(ptrs) * chunk_mib < limit_mib:
+        p, r = cu.alloc(chunk_mib * MIB)
+        if p is None:
+            refusal = r
+            break
+        ptrs.append(p)
+    out(check="quota", allocated_mib=len(ptrs) * chunk_mib, refusal=refusal,
+        reported_total_mib=total // MIB, pid=os.getpid())
+    if hold:
+        wait_for_stop()
+    for p in ptrs:
+        cu.free(p)
+    cu.release()
+
+
+def hold(mib):
+    """Holds a context and memory until Ctrl-C (KeyboardInterrupt) or SIGTERM; the shim must
+    release the context before the process dies."""
+    cu = Cuda()
+    p, r = cu.alloc(mib * MIB)
+    out(check="hold", holding_mib=mib if p else 0, refusal=r, pid=os.getpid())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    wait_for_stop()
+    # No explicit release: the interpreter exits with the context live, as training scripts do.
+
+
+def torch_quota(chunk_mib, limit_mib, hold_after):
+    try:
+        import torch
+    except ImportError:
+        out(check="torch-quota", skipped="PyTorch is not installed")
+        return
+    if not torch.cuda.is_available():
+        out(check="torch-quota", skipped="torch.cuda.is_available() is false")
+        return
+    held, error = [], ""
+    while len(held) * chunk_mib < limit_mib:
+        try:
+            held.append(torch.empty(chunk_mib * MIB, dtype=torch.uint8, device="cuda"))
+        except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
+            error = str(e).splitlines()[0][:160]
+            break
+    out(check="torch-quota", allocated_mib=len(held) * chunk_mib, error=error,
+        torch=torch.__version__, pid=os.getpid())
+    if hold_after:
+        wait_for_stop()
+
+
+def nvml_used(index):
+    """Device memory in use as NVML sees it (outside any shim): the kit's independent meter."""
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+
+    class Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                    ("used", ctypes.c_ulonglong)]
+
+    if nvml.nvmlInit_v2() != 0:
+        raise RuntimeError("nvmlInit_v2 failed")
+    dev = ctypes.c_void_p()
+    if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(dev)) != 0:
+        raise RuntimeError("nvmlDeviceGetHandleByIndex_v2 failed")
+    m = Memory()
+    if nvml.nvmlDeviceGetMemoryInfo(dev, ctypes.byref(m)) != 0:
+        raise RuntimeError("nvmlDeviceGetMemoryInfo failed")
+    out(check="nvml", used_mib=m.used // MIB, total_mib=m.total // MIB)
+    nvml.nvmlShutdown()
+
+
+def main(argv):
+    if len(argv) < 2:
+        sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
+                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | nvml-used INDEX")
+    cmd, rest = argv[1], argv[2:]
+    hold_flag = "--hold" in rest
+    nums = [int(a) for a in rest if not a.startswith("--")]
+    if cmd == "quota":
+        quota(nums[0], nums[1], hold_flag)
+    elif cmd == "hold":
+        hold(nums[0])
+    elif cmd == "torch-quota":
+        torch_quota(nums[0], nums[1], hold_flag)
+    elif cmd == "nvml-used":
+        nvml_used(nums[0] if nums else 0)
+    else:
+        sys.exit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
