@@ -7,6 +7,7 @@
 //! shim). Adding the node-runtime phase means adding one value to the list.
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,9 @@ pub struct Service {
     /// Run to completion before the phase (a setup command like `nvidia-cuda-mps-control -d`)
     /// rather than kept running.
     pub oneshot: bool,
+    /// A long-running service is ready once this file exists and contains this text (e.g. the
+    /// monitor's state file saying `"healthy"`; "" = exists); the phase waits up to 30 s.
+    pub ready: Option<(PathBuf, String)>,
 }
 
 /// One measured configuration.
@@ -125,6 +129,7 @@ pub fn mps_static_phase(offline_pct: u32) -> Phase {
             from_bin_dir: false,
             args: vec!["-d".into()],
             oneshot: true,
+            ready: None,
         }],
         teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],
         online: true,
@@ -134,6 +139,83 @@ pub fn mps_static_phase(offline_pct: u32) -> Phase {
             offline_pct.to_string(),
         )],
     }
+}
+
+/// The product: the MPS control daemon, `sysmonitor` (10 ms sampling) and `mps-manager` on the
+/// host, the offline client under the `libxcuda.so` shim (quota, throttle, graceful exit) with
+/// the shipped defaults. Config files are written under `dir` (the emulated host's scratch
+/// directory); the node services' binaries come from the host's binary directory.
+pub fn node_runtime_phase(dir: &Path, bin_dir: &Path) -> Result<Phase, String> {
+    let run = dir.join("xshare-run");
+    let mon_state = run.join("gpu0/state.json");
+    std::fs::create_dir_all(run.join("gpu0"))
+        .map_err(|e| format!("creating {}: {e}", run.display()))?;
+    let write = |name: &str, text: String| -> Result<String, String> {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| format!("writing {}: {e}", p.display()))?;
+        Ok(p.to_string_lossy().into_owned())
+    };
+    let mon_cfg = write(
+        "sysmonitor.json",
+        format!(
+            r#"{{ "interval_ms": 10, "ledger_dir": "{run}", "state_file": "{state}", "metrics_listen": null }}"#,
+            run = run.display(),
+            state = mon_state.display()
+        ),
+    )?;
+    let mps_cfg = write(
+        "mps-manager.json",
+        format!(
+            r#"{{ "ledger_dir": "{run}", "pipe_dir": "{pipe}", "log_dir": "{log}",
+  "monitor_state_file": "{state}", "state_file": "{run}/gpu0/mps-manager.json" }}"#,
+            run = run.display(),
+            pipe = dir.join("mps-pipe").display(),
+            log = dir.join("mps-log").display(),
+            state = mon_state.display()
+        ),
+    )?;
+    let xcuda_cfg = write("xcuda.json", "{}".into())?;
+    let service = |name: &str, program: &str, cfg: String, ready| Service {
+        name: name.into(),
+        program: program.into(),
+        from_bin_dir: true,
+        args: vec!["run".into(), "--config".into(), cfg],
+        oneshot: false,
+        ready,
+    };
+    Ok(Phase {
+        name: "online + offline (xshare node)".into(),
+        services: vec![
+            service(
+                "sysmonitor",
+                "sysmonitor",
+                mon_cfg,
+                Some((mon_state, "\"healthy\"".into())),
+            ),
+            // Ready when the MPS control daemon it owns listens on the pipe directory.
+            service(
+                "mps-manager",
+                "mps-manager",
+                mps_cfg,
+                Some((dir.join("mps-pipe/control"), String::new())),
+            ),
+        ],
+        teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],
+        online: true,
+        offline: true,
+        offline_env: vec![
+            (
+                "LD_PRELOAD".into(),
+                bin_dir.join("libxcuda.so").to_string_lossy().into_owned(),
+            ),
+            ("XCUDA_CONFIG".into(), xcuda_cfg),
+            ("XCUDA_GROUP".into(), "host-demo-offline".into()),
+            (
+                "XSHARE_LEDGER_DIR".into(),
+                run.to_string_lossy().into_owned(),
+            ),
+        ],
+    })
 }
 
 /// Pulls a number field out of a flat JSON object line (the clients print such lines).
@@ -241,6 +323,23 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
                 .spawn()
                 .map_err(|e| format!("{}: cannot start {}: {e}", s.name, s.program))?;
             guard.0.push((s.name.clone(), child));
+            if let Some((file, text)) = &s.ready {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let ready = || match text.as_str() {
+                    "" => file.exists(),
+                    t => std::fs::read_to_string(file).is_ok_and(|s| s.contains(t)),
+                };
+                while !ready() {
+                    if Instant::now() > deadline {
+                        return Err(format!(
+                            "{}: not ready after 30 s ({} never contained {text})",
+                            s.name,
+                            file.display()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
         }
     }
     let mut offline_out = None;

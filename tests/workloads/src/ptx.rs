@@ -58,9 +58,11 @@ mod ptxas {
     /// `scripts/setup-test-env.sh` from pip `nvidia-cuda-nvcc-cu12`.
     #[test]
     fn spin_ptx_assembles_for_real_gpus() {
-        let ptxas = std::env::var_os("PTXAS").map(std::path::PathBuf::from).unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cuda-tools/ptxas")
-        });
+        let ptxas = std::env::var_os("PTXAS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cuda-tools/ptxas")
+            });
         assert!(
             ptxas.exists(),
             "NVIDIA's ptxas not found at {} (run scripts/setup-test-env.sh or set PTXAS)",

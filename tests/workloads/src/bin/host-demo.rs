@@ -4,15 +4,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use workloads::cli::{in_range, Args};
-use workloads::demo::{baseline_phases, mps_static_phase, run_phase, table, DemoConfig};
+use workloads::demo::{
+    baseline_phases, mps_static_phase, node_runtime_phase, run_phase, table, DemoConfig,
+};
 use workloads::host::Host;
 
 const HELP: &str = "\
 host-demo: shows what this product is for. On one GPU host it runs the online
 (inference-like) client alone, the offline (training-like) client alone, then both
 together with the offline client unrestrained,
-then (emulated host) beside an offline client held to a static MPS share of the SMs, and
-prints the online p50/p99 latency and the offline iterations/s of each phase.
+then (emulated host) beside an offline client held to a static MPS share of the SMs and
+beside an offline client under the node runtime (MPS + sysmonitor + mps-manager + the
+libxcuda.so shim, shipped defaults), and prints the online p50/p99 latency and the offline iterations/s of each phase.
 
 By default the host is emulated: the fake libcuda.so.1 / libnvidia-ml.so.1 /
 nvidia-cuda-mps-control built next to this binary are laid out in a scratch directory with a
@@ -31,6 +34,7 @@ OPTIONS:
   --offline-kernel-us <us>  offline kernel length                       [default: 20000]
   --mps-offline-pct <p>     offline SM share in the MPS phase           [default: 25]
   --scratch <dir>           where the emulated host is laid out         [default: $TMPDIR]
+  --no-node                 skip the node-runtime phase
   --real                    use the machine's driver and GPU instead
   --help                    this text
 
@@ -52,7 +56,7 @@ fn main() -> ExitCode {
 }
 
 fn run(argv: Vec<String>) -> Result<(), String> {
-    let mut a = Args::parse(argv, &["real"])?;
+    let mut a = Args::parse(argv, &["real", "no-node"])?;
     let profile: String = a.get("profile", "t4".to_string())?;
     if emu_device::Profile::by_id(&profile).is_none() {
         let known: Vec<&str> = emu_device::profile::ALL.iter().map(|p| p.id).collect();
@@ -92,6 +96,7 @@ fn run(argv: Vec<String>) -> Result<(), String> {
         )?
         .into();
     let real = a.flag("real");
+    let a_no_node = a.flag("no-node");
     let mps_pct = in_range("mps-offline-pct", a.get("mps-offline-pct", 25)?, 1, 100)?;
     a.finish()?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
@@ -106,8 +111,11 @@ fn run(argv: Vec<String>) -> Result<(), String> {
     };
     let mut rows = Vec::new();
     let mut phases = baseline_phases();
-    if !real {
+    if let (false, Some(root)) = (real, host.root.as_deref()) {
         phases.push(mps_static_phase(mps_pct));
+        if !a_no_node {
+            phases.push(node_runtime_phase(root, &host.bin_dir)?);
+        }
     }
     for phase in phases {
         eprintln!(
