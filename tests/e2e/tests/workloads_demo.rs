@@ -56,4 +56,6 @@ fn host_demo_prints_every_phase() {
         offline_capped < offline,
         "the MPS share slows the offline client: {text}"
     );
+    // The product's own phase ran (its figures belong to scripts/bench-muxflow.sh).
+    row("online + offline (xshare node)");
 }
