@@ -147,6 +147,19 @@ impl Threshold {
         if !finite {
             return Err("thresholds must be finite numbers".into());
         }
+        // Every judged metric is a percentage: a threshold outside 0..=100 can never be
+        // reached (250 % would switch the protection off) or is always past.
+        for (name, v) in [
+            ("healthy", self.healthy),
+            ("unhealthy", self.unhealthy),
+            ("overlimit", self.overlimit),
+        ] {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(format!(
+                    "{name} = {v} is a percentage: must be within 0..=100"
+                ));
+            }
+        }
         if !ok {
             return Err(match self.direction {
                 Direction::Above => format!(
