@@ -186,7 +186,21 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
     fn apply(&mut self, now_ms: u64, step: crate::health::Step) {
         for t in step.transitions {
-            tracing::warn!(gpu = self.cfg.gpu_index, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "health transition");
+            // Improvements (init -> healthy, recovery) are INFO; degradations WARN/ERROR.
+            let sev = |s: State| match s {
+                State::Init | State::Healthy => 0,
+                State::Unhealthy => 1,
+                State::Overlimit => 2,
+                State::Disabled => 3,
+            };
+            let (gpu, from, to) = (self.cfg.gpu_index, t.from.as_str(), t.to.as_str());
+            match sev(t.to) {
+                n if n <= sev(t.from) => {
+                    tracing::info!(gpu, from, to, reason = %t.reason, "health transition")
+                }
+                1 => tracing::warn!(gpu, from, to, reason = %t.reason, "health transition"),
+                _ => tracing::error!(gpu, from, to, reason = %t.reason, "health transition"),
+            }
             if t.to == State::Overlimit {
                 self.overlimit_entry_sample = Some(self.samples);
             }

@@ -341,6 +341,15 @@ fn t4_full_grid_load_is_published_as_high_sm_activity() {
     );
     assert!(m > 50.0, "full-grid load published as {m:.2} % SM activity");
     off.stop(libc::SIGTERM, T);
+
+    // Issue 8 obs. 9: the log (a file here) is plain text, and init -> healthy is INFO.
+    let text = log(node.host.root.as_ref().unwrap());
+    assert!(!text.contains('\x1b'), "ANSI codes in a log file: {text:?}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("health transition") && l.contains("init") && l.contains("healthy"))
+        .unwrap_or_else(|| panic!("no init -> healthy line: {text}"));
+    assert!(line.contains(" INFO "), "init -> healthy is not a warning: {line}");
 }
 
 /// Issue 8 obs. 1 / MuxFlow §4.1-4.3: with the shipped defaults a shimmed offline job running
