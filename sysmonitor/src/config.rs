@@ -10,6 +10,13 @@ use crate::layered::{self, ConfigError};
 /// Default location of the base config file.
 pub const DEFAULT_PATH: &str = "/etc/xshare/sysmonitor.json";
 
+/// Longest accepted `evictor.grace_ms` (SIGTERM to SIGKILL): 10 minutes.
+pub const MAX_GRACE_MS: u64 = 600_000;
+/// Longest accepted `history_secs`: one day.
+pub const MAX_HISTORY_SECS: u64 = 86_400;
+/// Longest accepted `interval_ms`: one minute.
+pub const MAX_INTERVAL_MS: u64 = 60_000;
+
 /// Everything `sysmonitor run` reads from its config files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -163,8 +170,29 @@ impl Config {
         if self.interval_ms == 0 {
             return Err(("interval_ms".into(), "must be >= 1".into()));
         }
-        if self.history_secs == 0 {
-            return Err(("history_secs".into(), "must be >= 1".into()));
+        if self.interval_ms > MAX_INTERVAL_MS {
+            return Err((
+                "interval_ms".into(),
+                format!("must be <= {MAX_INTERVAL_MS}, got {}", self.interval_ms),
+            ));
+        }
+        if self.history_secs == 0 || self.history_secs > MAX_HISTORY_SECS {
+            return Err((
+                "history_secs".into(),
+                format!(
+                    "must be within 1..={MAX_HISTORY_SECS}, got {}",
+                    self.history_secs
+                ),
+            ));
+        }
+        if self.evictor.grace_ms > MAX_GRACE_MS {
+            return Err((
+                "evictor.grace_ms".into(),
+                format!(
+                    "must be <= {MAX_GRACE_MS} (10 min) between SIGTERM and SIGKILL, got {}",
+                    self.evictor.grace_ms
+                ),
+            ));
         }
         self.machine
             .validate()
@@ -234,7 +262,8 @@ impl Config {
 
     /// Number of samples the ring buffer keeps.
     pub fn history_len(&self) -> usize {
-        ((self.history_secs * 1000) / self.interval_ms).clamp(16, 1_000_000) as usize
+        (self.history_secs.saturating_mul(1000) / self.interval_ms.max(1)).clamp(16, 1_000_000)
+            as usize
     }
 }
 
@@ -263,6 +292,76 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("machine.gpu_util"));
         assert_eq!(e.line, Some(3));
         assert!(e.message.contains("healthy < unhealthy"), "{e}");
+    }
+
+    fn load_text(text: &str) -> Result<Config, ConfigError> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sysmonitor.json");
+        std::fs::write(&p, text).unwrap();
+        Config::load(&p).map(|(c, _)| c).map_err(|mut e| {
+            e.file = e.file.file_name().unwrap().into();
+            e
+        })
+    }
+
+    #[test]
+    fn percent_thresholds_outside_0_100_are_errors_naming_file_line_field() {
+        for (metric, t) in [
+            (
+                "sm_activity",
+                r#"{"healthy": 70, "unhealthy": 85, "overlimit": 250}"#,
+            ),
+            (
+                "gpu_util",
+                r#"{"healthy": -5, "unhealthy": 85, "overlimit": 95}"#,
+            ),
+            (
+                "mem_used",
+                r#"{"healthy": 70, "unhealthy": 101, "overlimit": 150}"#,
+            ),
+            (
+                "sm_clock",
+                r#"{"healthy": 185, "unhealthy": 75, "overlimit": 60, "direction": "below"}"#,
+            ),
+        ] {
+            let e =
+                load_text(&format!("{{\n\"machine\": {{\n \"{metric}\": {t}\n}}}}")).unwrap_err();
+            assert_eq!(
+                e.field.as_deref(),
+                Some(&*format!("machine.{metric}")),
+                "{e}"
+            );
+            assert_eq!(e.line, Some(3), "{e}");
+            assert_eq!(e.file, PathBuf::from("sysmonitor.json"));
+            assert!(e.message.contains("0..=100"), "{e}");
+        }
+        assert!(load_text(
+            r#"{"machine": {"sm_activity": {"healthy": 0, "unhealthy": 50, "overlimit": 100}}}"#
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn grace_ms_is_bounded_so_sigkill_never_comes_with_sigterm() {
+        let e = load_text("{\n\"evictor\": {\n \"grace_ms\": 18446744073709551615}}").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("evictor.grace_ms"), "{e}");
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.to_string().contains("sysmonitor.json"), "{e}");
+        assert!(load_text(r#"{"evictor": {"grace_ms": 600000}}"#).is_ok());
+        assert!(load_text(r#"{"evictor": {"grace_ms": 600001}}"#).is_err());
+    }
+
+    #[test]
+    fn history_secs_that_would_overflow_is_an_error_not_a_panic() {
+        let e = load_text("{\n\"history_secs\": 18446744073709551615}").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("history_secs"), "{e}");
+        assert_eq!(e.line, Some(2), "{e}");
+        // And the arithmetic itself no longer overflows whatever the value.
+        let c = Config {
+            history_secs: u64::MAX,
+            ..Config::default()
+        };
+        assert_eq!(c.history_len(), 1_000_000);
     }
 
     #[test]

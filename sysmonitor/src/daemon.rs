@@ -91,6 +91,56 @@ pub fn operator_file(cfg: &Config) -> PathBuf {
     cfg.ledger_path().with_file_name("disabled")
 }
 
+/// This GPU's single-instance lock file, beside its ledger.
+pub fn lock_file(cfg: &Config) -> PathBuf {
+    cfg.ledger_path().with_file_name("sysmonitor.lock")
+}
+
+/// Takes the per-GPU single-instance lock (a POSIX write lock on [`lock_file`], held for the
+/// life of the returned file and released by the kernel when the process dies, however it
+/// dies). A second `sysmonitor run` for the same GPU gets an error naming the holder's pid.
+pub fn lock_instance(cfg: &Config) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    let path = lock_file(cfg);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("lock file {}: {e}", path.display()))?;
+    // SAFETY: flock is plain data; an all-zero value is valid before the fields are set.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: valid open fd and a valid flock struct for the duration of the call.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
+        let _ = f.set_len(0);
+        let _ = (&f).write_all(format!("{}\n", std::process::id()).as_bytes());
+        return Ok(f);
+    }
+    let err = std::io::Error::last_os_error();
+    if !matches!(err.raw_os_error(), Some(libc::EACCES) | Some(libc::EAGAIN)) {
+        return Err(format!("lock file {}: {err}", path.display()));
+    }
+    // SAFETY: as above; F_GETLK fills `fl` with the conflicting lock and its owner.
+    let holder = if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) } == 0
+        && fl.l_type != libc::F_UNLCK as libc::c_short
+    {
+        fl.l_pid.to_string()
+    } else {
+        "unknown".into()
+    };
+    Err(format!(
+        "another sysmonitor (pid {holder}) already runs for GPU {} (lock {}); refusing to start a second one",
+        cfg.gpu_index,
+        path.display()
+    ))
+}
+
 /// Serves the latest Prometheus text over HTTP on TCP or a unix socket, one request at a time.
 fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> {
     fn serve(mut s: impl Read + Write, text: &Mutex<String>) {
@@ -145,6 +195,7 @@ fn resume_history(cfg: &Config) -> Vec<u64> {
 
 /// Runs the monitor until SIGTERM/SIGINT. `files` are the config files (base first).
 pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), String> {
+    let _instance = lock_instance(&cfg)?;
     install_signal_handlers();
     let lpath = cfg.ledger_path();
     let ledger = node_ledger::Ledger::open_or_create(&lpath, cfg.gpu_index)

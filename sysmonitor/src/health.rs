@@ -71,6 +71,12 @@ pub struct Metrics {
     pub sm_activity: f64,
     pub sm_clock_pct: f64,
     pub mem_used_pct: f64,
+    /// Every process on the GPU is a registered offline process (none online). Load past
+    /// Overlimit is then the shim throttle's to take away (MuxFlow §4.2), not a reason to
+    /// evict: the load metrics (utilization, SM activity, SM clock) count at most as
+    /// Unhealthy. Memory is judged as always. False (the fail-closed default) when unknown.
+    #[serde(default)]
+    pub offline_only: bool,
 }
 
 impl Metrics {
@@ -141,6 +147,19 @@ impl Threshold {
         if !finite {
             return Err("thresholds must be finite numbers".into());
         }
+        // Every judged metric is a percentage: a threshold outside 0..=100 can never be
+        // reached (250 % would switch the protection off) or is always past.
+        for (name, v) in [
+            ("healthy", self.healthy),
+            ("unhealthy", self.unhealthy),
+            ("overlimit", self.overlimit),
+        ] {
+            if !(0.0..=100.0).contains(&v) {
+                return Err(format!(
+                    "{name} = {v} is a percentage: must be within 0..=100"
+                ));
+            }
+        }
         if !ok {
             return Err(match self.direction {
                 Direction::Above => format!(
@@ -187,6 +206,14 @@ pub struct MachineConfig {
     pub sm_activity: Threshold,
     pub sm_clock: Threshold,
     pub mem_used: Threshold,
+    /// How long a metric must stay past its overlimit threshold, sample after sample, before
+    /// the machine enters Overlimit (and evicts), ms. MuxFlow's throttle is the fast loop and
+    /// eviction the slow safety net: this must be longer than the shim throttle's settling
+    /// time, so that an offline job starting on an idle GPU is throttled to its target before
+    /// the monitor would call the GPU Overlimit. Only a demand the throttle cannot take away,
+    /// the online workload's own, keeps the GPU past Overlimit that long. 0 = at once.
+    #[serde(default = "default_sustain")]
+    pub overlimit_sustain_ms: u64,
     /// Hold after the first Overlimit entry in the window, in ms.
     pub hold_base_ms: u64,
     /// Multiplier per further entry in the window (the paper's exponent base).
@@ -208,6 +235,13 @@ pub struct MachineConfig {
     pub xid_disable_ms: u64,
 }
 
+/// Longest accepted `overlimit_sustain_ms`: a longer one would leave an overloaded online
+/// workload unprotected for longer than any operator means.
+pub const MAX_SUSTAIN_MS: u64 = 60_000;
+
+fn default_sustain() -> u64 {
+    2_000
+}
 fn default_hold_factor() -> f64 {
     2.0
 }
@@ -237,6 +271,15 @@ impl MachineConfig {
             self.threshold(k)
                 .validate()
                 .map_err(|m| (k.as_str().to_string(), m))?;
+        }
+        if self.overlimit_sustain_ms > MAX_SUSTAIN_MS {
+            return Err((
+                "overlimit_sustain_ms".into(),
+                format!(
+                    "must be <= {MAX_SUSTAIN_MS} ms, got {}",
+                    self.overlimit_sustain_ms
+                ),
+            ));
         }
         if self.hold_base_ms == 0 {
             return Err(("hold_base_ms".into(), "must be > 0".into()));
@@ -294,6 +337,7 @@ impl Default for MachineConfig {
                 enabled: true,
             },
             mem_used: above(80.0, 90.0, 95.0),
+            overlimit_sustain_ms: default_sustain(),
             hold_base_ms: 30_000,
             hold_factor: 2.0,
             hold_max_ms: 3_600_000,
@@ -359,6 +403,9 @@ pub struct Machine {
     overlimit_entries: VecDeque<u64>,
     /// In Overlimit: since when all metrics have stayed under Overlimit.
     calm_since_ms: Option<u64>,
+    /// In Healthy/Unhealthy: since when every sample has been past an overlimit threshold.
+    #[serde(default)]
+    over_since_ms: Option<u64>,
     /// In Overlimit: the hold that applies to this stay.
     hold_ms: u64,
     disabled_by: Option<DisableCause>,
@@ -379,6 +426,7 @@ impl Machine {
             state: State::Init,
             overlimit_entries: VecDeque::new(),
             calm_since_ms: None,
+            over_since_ms: None,
             hold_ms: 0,
             disabled_by: None,
             disabled_at_ms: 0,
@@ -500,17 +548,43 @@ impl Machine {
             Some(k) => format!("{} = {:.1} past its {lvl} threshold", k.as_str(), value),
             None => String::new(),
         };
+        // Overlimit only once it has lasted `overlimit_sustain_ms`; until then the GPU is
+        // Unhealthy (admits no new offline work) while the throttle takes offline load away.
+        let sustained = if worst == Level::Overlimit
+            && matches!(self.state, State::Healthy | State::Unhealthy)
+        {
+            let since = *self.over_since_ms.get_or_insert(now_ms);
+            now_ms.saturating_sub(since) >= cfg.overlimit_sustain_ms
+        } else {
+            self.over_since_ms = None;
+            false
+        };
+        let over_why = || {
+            let mut w = describe("overlimit");
+            if cfg.overlimit_sustain_ms > 0 {
+                w.push_str(&format!(" for {} ms", cfg.overlimit_sustain_ms));
+            }
+            w
+        };
         match self.state {
             State::Healthy => {
-                if worst == Level::Overlimit {
-                    self.enter_overlimit(cfg, now_ms, describe("overlimit"), out);
-                } else if worst == Level::Unhealthy {
-                    self.go(State::Unhealthy, describe("unhealthy"), out);
+                if sustained {
+                    self.enter_overlimit(cfg, now_ms, over_why(), out);
+                } else if worst >= Level::Unhealthy {
+                    self.go(
+                        State::Unhealthy,
+                        describe(if worst == Level::Overlimit {
+                            "overlimit"
+                        } else {
+                            "unhealthy"
+                        }),
+                        out,
+                    );
                 }
             }
             State::Unhealthy => {
-                if worst == Level::Overlimit {
-                    self.enter_overlimit(cfg, now_ms, describe("overlimit"), out);
+                if sustained {
+                    self.enter_overlimit(cfg, now_ms, over_why(), out);
                 } else if worst == Level::Calm {
                     self.go(
                         State::Healthy,
@@ -539,6 +613,7 @@ impl Machine {
     }
 
     fn enter_overlimit(&mut self, cfg: &MachineConfig, now_ms: u64, why: String, out: &mut Step) {
+        self.over_since_ms = None;
         self.overlimit_entries.push_back(now_ms);
         self.hold_ms = cfg.hold_ms(self.overlimit_entries.len());
         self.calm_since_ms = None;
@@ -564,6 +639,7 @@ impl Machine {
     }
 
     fn reset_to_init(&mut self, why: &str, out: &mut Step) {
+        self.over_since_ms = None;
         self.disabled_by = None;
         self.nvml_errors = 0;
         self.good_samples = 0;
@@ -599,7 +675,10 @@ pub fn worst_level(cfg: &MachineConfig, m: &Metrics) -> (Level, Option<MetricKin
             continue;
         }
         let v = m.get(k);
-        let l = t.level(v);
+        let mut l = t.level(v);
+        if l == Level::Overlimit && m.offline_only && k != MetricKind::MemUsed {
+            l = Level::Unhealthy;
+        }
         if l > worst.0 {
             worst = (l, Some(k), v);
         }

@@ -31,6 +31,40 @@ pub fn override_files(base: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Largest config file accepted (a config is a few KiB; a huge file is a mistake or an attack).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Reads a whole config file, refusing one over [`MAX_FILE_BYTES`] before reading it whole
+/// (the size is checked up front and the read is bounded, so a growing or endless file such
+/// as a FIFO or `/dev/zero` is refused too).
+fn read_bounded(p: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let err = |message: String| ConfigError {
+        file: p.to_path_buf(),
+        line: None,
+        column: None,
+        field: None,
+        message,
+    };
+    let too_big = || {
+        err(format!(
+            "larger than {MAX_FILE_BYTES} bytes; refusing to read it"
+        ))
+    };
+    let f = std::fs::File::open(p).map_err(|e| err(format!("cannot read: {e}")))?;
+    if f.metadata().is_ok_and(|m| m.len() > MAX_FILE_BYTES) {
+        return Err(too_big());
+    }
+    let mut text = String::new();
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big());
+    }
+    Ok(text)
+}
+
 /// Loads `files` in order (later ones override earlier ones key by key), deserializes into `T`,
 /// then runs `validate`, which returns `(dotted field, message)` on a semantic error.
 pub fn load<T: DeserializeOwned>(
@@ -40,13 +74,7 @@ pub fn load<T: DeserializeOwned>(
     let mut layers = Vec::new();
     let mut merged = Value::Object(Default::default());
     for p in files {
-        let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
-            file: p.clone(),
-            line: None,
-            column: None,
-            field: None,
-            message: format!("cannot read: {e}"),
-        })?;
+        let text = read_bounded(p)?;
         let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError {
             file: p.clone(),
             line: Some(e.line()),
@@ -241,6 +269,29 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.line, Some(3));
         assert_eq!(e.to_string().split(": ").last(), Some("must be > 0"));
+    }
+
+    #[test]
+    fn a_file_over_the_size_limit_is_refused_before_it_is_parsed() {
+        let d = tempfile::tempdir().unwrap();
+        // Valid JSON, just too big: only the size check can refuse it.
+        let mut big = String::from("{\"a\": 1, \"pad\": \"");
+        big.push_str(&"x".repeat(MAX_FILE_BYTES as usize));
+        big.push_str("\"}");
+        let p = write(d.path(), "big.json", &big);
+        let e = load::<serde_json::Value>(&[p.clone()], |_| Ok(())).unwrap_err();
+        assert_eq!(e.file, p);
+        assert!(e.message.contains("larger than"), "{e}");
+        // An endless file is refused as well, without reading it all.
+        let e = load::<serde_json::Value>(&["/dev/zero".into()], |_| Ok(())).unwrap_err();
+        assert!(e.message.contains("larger than"), "{e}");
+        // Just under the limit is fine.
+        let ok = format!(
+            "{{\"pad\": \"{}\"}}",
+            "x".repeat(MAX_FILE_BYTES as usize - 20)
+        );
+        let p = write(d.path(), "ok.json", &ok);
+        assert!(load::<serde_json::Value>(&[p], |_| Ok(())).is_ok());
     }
 
     #[test]

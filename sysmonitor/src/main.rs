@@ -96,12 +96,26 @@ fn load(a: &Args) -> Result<(Config, PathBuf, Vec<PathBuf>), String> {
     Ok((cfg, base, files))
 }
 
+/// Writes `text` to stdout. A closed reader (`sysmonitor status | head`) is not an error:
+/// the output is simply no longer wanted, so it ends quietly instead of panicking.
+fn out(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(format!("writing to stdout: {e}")),
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: never into files, pipes or the journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let a = match parse_args() {
         Ok(a) => a,
@@ -111,7 +125,7 @@ fn main() -> ExitCode {
         }
     };
     if a.cmd == "help" {
-        print!("{HELP}");
+        let _ = out(HELP);
         return ExitCode::SUCCESS;
     }
     let (cfg, base, files) = match load(&a) {
@@ -124,49 +138,53 @@ fn main() -> ExitCode {
     let r = match a.cmd.as_str() {
         "run" => daemon::run(cfg, &base, files),
         "check-config" => {
-            println!("{}", serde_json::to_string_pretty(&cfg).unwrap_or_default());
-            eprintln!(
-                "config ok: {}",
-                files
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" + ")
-            );
-            Ok(())
+            out(&format!(
+                "{}\n",
+                serde_json::to_string_pretty(&cfg).unwrap_or_default()
+            ))
+            .map(|()| {
+                eprintln!(
+                    "config ok: {}",
+                    files
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(" + ")
+                )
+            })
         }
         "status" => report::read_state_file(&cfg.state_file)
             .map_err(|e| format!("{e}\n(is `sysmonitor run` running for GPU {} with the same ledger_dir / $XSHARE_LEDGER_DIR?)", cfg.gpu_index))
-            .map(|s| {
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
-            } else {
-                print!("{}", report::status_table(&s, monitor::unix_ms()));
-            }
-        }),
+            .and_then(|s| {
+                if a.json {
+                    out(&format!("{}\n", serde_json::to_string_pretty(&s).unwrap_or_default()))
+                } else {
+                    out(&report::status_table(&s, monitor::unix_ms()))
+                }
+            }),
         "disable" => {
             let f = daemon::operator_file(&cfg);
             std::fs::write(&f, b"disabled by operator\n")
                 .map_err(|e| format!("{}: {e}", f.display()))
-                .map(|_| {
-                    println!(
-                        "GPU {} will be Disabled at the monitor's next report ({})",
+                .and_then(|_| {
+                    out(&format!(
+                        "GPU {} will be Disabled at the monitor's next report ({})\n",
                         cfg.gpu_index,
                         f.display()
-                    )
+                    ))
                 })
         }
         "enable" => {
             let f = daemon::operator_file(&cfg);
             match std::fs::remove_file(&f) {
-                Ok(()) => {
-                    println!("GPU {} re-enabled; it goes through Init", cfg.gpu_index);
-                    Ok(())
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    println!("GPU {} was not disabled by an operator", cfg.gpu_index);
-                    Ok(())
-                }
+                Ok(()) => out(&format!(
+                    "GPU {} re-enabled; it goes through Init\n",
+                    cfg.gpu_index
+                )),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => out(&format!(
+                    "GPU {} was not disabled by an operator\n",
+                    cfg.gpu_index
+                )),
                 Err(e) => Err(format!("{}: {e}", f.display())),
             }
         }

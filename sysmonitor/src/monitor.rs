@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::config::Config;
 use crate::evictor::{Event, Evictor, Signaller};
-use crate::health::{Action, Input, Machine, State, Transition};
+use crate::health::{Action, Input, Level, Machine, State, Transition};
 use crate::hostmem::{self, HostMem, PressureJudge};
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 use crate::report::Snapshot;
@@ -118,7 +118,13 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             Ok(s) => {
                 self.samples += 1;
                 self.history.push(s);
-                Input::Sample(s.metrics())
+                let mut m = s.metrics();
+                if crate::health::worst_level(&self.cfg.machine, &m).0 == Level::Overlimit {
+                    // Only now (rarely) ask who is on the GPU: an overload nothing online
+                    // drives is the throttle's job, not a reason to evict.
+                    m.offline_only = self.offline_only();
+                }
+                Input::Sample(m)
             }
             Err(e) => {
                 self.sample_errors += 1;
@@ -180,7 +186,21 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
     fn apply(&mut self, now_ms: u64, step: crate::health::Step) {
         for t in step.transitions {
-            tracing::warn!(gpu = self.cfg.gpu_index, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "health transition");
+            // Improvements (init -> healthy, recovery) are INFO; degradations WARN/ERROR.
+            let sev = |s: State| match s {
+                State::Init | State::Healthy => 0,
+                State::Unhealthy => 1,
+                State::Overlimit => 2,
+                State::Disabled => 3,
+            };
+            let (gpu, from, to) = (self.cfg.gpu_index, t.from.as_str(), t.to.as_str());
+            match sev(t.to) {
+                n if n <= sev(t.from) => {
+                    tracing::info!(gpu, from, to, reason = %t.reason, "health transition")
+                }
+                1 => tracing::warn!(gpu, from, to, reason = %t.reason, "health transition"),
+                _ => tracing::error!(gpu, from, to, reason = %t.reason, "health transition"),
+            }
             if t.to == State::Overlimit {
                 self.overlimit_entry_sample = Some(self.samples);
             }
@@ -217,6 +237,26 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 Vec::new()
             }
         }
+    }
+
+    /// Whether every process NVML lists on the GPU is a registered offline process of this
+    /// pid namespace (and there is one). Any doubt (NVML or ledger error, a process
+    /// registered from another namespace, an unknown pid) answers false: eviction stays armed.
+    fn offline_only(&mut self) -> bool {
+        let nvml = match self.gpu.processes() {
+            Ok(v) => v,
+            Err(_) => return false,
+        };
+        if nvml.is_empty() {
+            return false;
+        }
+        // A ledger error gives no offline processes: every NVML process counts as online.
+        let offline = self.offline();
+        nvml.iter().all(|p| {
+            offline
+                .iter()
+                .any(|o| o.signalable && o.pid == p.pid && o.evict_requested_ms.is_none())
+        })
     }
 
     fn evict_all(&mut self, now_ms: u64, reason: EvictReason, why: &str) {
@@ -421,6 +461,8 @@ mod tests {
         let mut c = Config::default();
         c.host_memory.enabled = false;
         c.machine.hold_base_ms = 100;
+        // These tests are about what an Overlimit decision does, not when it is taken.
+        c.machine.overlimit_sustain_ms = 0;
         c.machine.hold_max_ms = 1000;
         c.evictor.grace_ms = 30;
         c.verify.strikes = 1;
@@ -475,6 +517,49 @@ mod tests {
                 reason: EvictReason::Overlimit
             }]
         );
+    }
+
+    /// Issue 8 obs. 1: an overload only offline processes drive is the throttle's job; the
+    /// same overload with an online process on the GPU is evicted.
+    #[test]
+    fn overload_evicts_only_when_an_online_process_is_on_the_gpu() {
+        let mib = 1 << 20;
+        let pm = |pid| ProcMem {
+            pid,
+            used_bytes: mib,
+        };
+        for (procs, evicted) in [
+            (vec![pm(500)], false),        // the offline job alone
+            (vec![pm(500), pm(42)], true), // plus an online process
+            (vec![], true),                // NVML lists nobody: fail closed
+        ] {
+            let gpu = Script {
+                next: vec![Ok(gs(10.0)), Ok(gs(99.5))],
+                procs: procs.clone(),
+                xids: vec![],
+            };
+            let ledger = MemLedger {
+                procs: vec![off(500)],
+                ..Default::default()
+            };
+            let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+            for t in 0..20 {
+                m.tick(t * 10);
+            }
+            assert_eq!(
+                m.machine.state() == State::Overlimit,
+                evicted,
+                "procs {procs:?}"
+            );
+            assert_eq!(m.ledger.marks.is_empty(), !evicted, "procs {procs:?}");
+            if !evicted {
+                assert_eq!(
+                    m.machine.state(),
+                    State::Unhealthy,
+                    "admits no new offline work"
+                );
+            }
+        }
     }
 
     #[test]

@@ -60,6 +60,7 @@ impl GpuSample {
                 pct(self.sm_clock_mhz as f64, self.sm_clock_max_mhz as f64)
             },
             mem_used_pct: pct(self.mem_used as f64, self.mem_total as f64),
+            offline_only: false,
         }
     }
 }

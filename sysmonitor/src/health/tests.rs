@@ -1,8 +1,10 @@
 use super::*;
 use proptest::prelude::*;
 
+/// Overlimit at once (sustain 0): the tests of the hold, window and Disabled paths.
 fn cfg() -> MachineConfig {
     MachineConfig {
+        overlimit_sustain_ms: 0,
         hold_base_ms: 100,
         hold_factor: 2.0,
         hold_max_ms: 1_000,
@@ -20,6 +22,7 @@ const CALM: Metrics = Metrics {
     sm_activity: 10.0,
     sm_clock_pct: 100.0,
     mem_used_pct: 10.0,
+    offline_only: false,
 };
 const BAND: Metrics = Metrics {
     gpu_util: 85.0,
@@ -411,12 +414,20 @@ fn config_validation_names_the_field() {
 }
 
 fn arb_metrics() -> impl Strategy<Value = Metrics> {
-    (0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64, 0.0..100.0f64).prop_map(|(a, b, c, d)| Metrics {
-        gpu_util: a,
-        sm_activity: b,
-        sm_clock_pct: c,
-        mem_used_pct: d,
-    })
+    (
+        0.0..100.0f64,
+        0.0..100.0f64,
+        0.0..100.0f64,
+        0.0..100.0f64,
+        any::<bool>(),
+    )
+        .prop_map(|(a, b, c, d, o)| Metrics {
+            gpu_util: a,
+            sm_activity: b,
+            sm_clock_pct: c,
+            mem_used_pct: d,
+            offline_only: o,
+        })
 }
 
 fn arb_input() -> impl Strategy<Value = Input> {
@@ -459,4 +470,171 @@ proptest! {
             prop_assert_eq!(evicting, !step.actions.is_empty());
         }
     }
+}
+
+// ---- Overlimit must persist `overlimit_sustain_ms` (issue 8 obs. 1: throttle first) ----
+
+fn sustain_cfg(ms: u64) -> MachineConfig {
+    MachineConfig {
+        overlimit_sustain_ms: ms,
+        ..cfg()
+    }
+}
+
+/// Runs `(time_ms, input, expected state, evictions expected from this step)` rows.
+fn run_with(c: &MachineConfig, rows: &[(u64, Input, State, usize)]) -> Machine {
+    let mut m = Machine::new();
+    for (i, (t, input, want, ev)) in rows.iter().enumerate() {
+        let st = m.step(c, *t, *input);
+        assert_eq!(m.state(), *want, "row {i}: t={t} input={input:?}");
+        assert_eq!(st.actions.len(), *ev, "row {i}: evictions at t={t}");
+    }
+    m
+}
+
+#[test]
+fn shipped_default_waits_longer_than_the_throttle_settles() {
+    let d = MachineConfig::default();
+    assert!(
+        d.overlimit_sustain_ms >= 1_000,
+        "default sustain {} ms is shorter than the shim throttle's settling time",
+        d.overlimit_sustain_ms
+    );
+    assert!(d.validate().is_ok());
+}
+
+#[test]
+fn a_transient_overload_the_throttle_removes_is_never_evicted() {
+    // An offline job starting on an idle GPU: full load for 350 ms, then throttled to below
+    // the healthy threshold. With the old behaviour (Overlimit on the first sample) this
+    // evicted at t=10 and the hold doubled on every restart of the job.
+    let c = sustain_cfg(1_000);
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(OVER), State::Unhealthy, 0),
+            (200, s(OVER), State::Unhealthy, 0),
+            (360, s(OVER), State::Unhealthy, 0),
+            (370, s(BAND), State::Unhealthy, 0),
+            (400, s(CALM), State::Healthy, 0),
+        ],
+    );
+}
+
+#[test]
+fn a_sustained_overload_is_evicted_once_after_the_sustain_time() {
+    let c = sustain_cfg(1_000);
+    let m = run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(OVER), State::Unhealthy, 0),
+            (500, s(OVER), State::Unhealthy, 0),
+            (1_009, s(OVER), State::Unhealthy, 0),
+            (1_010, s(OVER), State::Overlimit, 1),
+            (1_020, s(OVER), State::Overlimit, 0),
+        ],
+    );
+    assert_eq!(m.overlimit_entries().count(), 1);
+    assert_eq!(
+        m.current_hold_ms(),
+        c.hold_base_ms,
+        "first entry: base hold, not doubled"
+    );
+}
+
+#[test]
+fn any_sample_under_overlimit_restarts_the_sustain_clock() {
+    let c = sustain_cfg(1_000);
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(OVER), State::Unhealthy, 0),
+            (900, s(OVER), State::Unhealthy, 0),
+            (950, s(UNHEALTHY), State::Unhealthy, 0),
+            (960, s(OVER), State::Unhealthy, 0),
+            (1_500, s(OVER), State::Unhealthy, 0),
+            (1_959, s(OVER), State::Unhealthy, 0),
+            (1_960, s(OVER), State::Overlimit, 1),
+        ],
+    );
+}
+
+#[test]
+fn sample_errors_and_disable_do_not_carry_a_pending_overload_over() {
+    let c = sustain_cfg(1_000);
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(OVER), State::Unhealthy, 0),
+            (20, Input::OperatorDisable, State::Disabled, 1),
+            (30, Input::OperatorEnable, State::Init, 0),
+            // Fresh start: the overload seen before the disable does not count.
+            (1_100, s(OVER), State::Unhealthy, 0),
+            (2_099, s(OVER), State::Unhealthy, 0),
+            (2_100, s(OVER), State::Overlimit, 1),
+        ],
+    );
+}
+
+#[test]
+fn sustain_zero_keeps_the_immediate_behaviour() {
+    run_with(
+        &sustain_cfg(0),
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(OVER), State::Overlimit, 1),
+        ],
+    );
+}
+
+#[test]
+fn sustain_longer_than_a_minute_is_a_config_error() {
+    let c = sustain_cfg(MAX_SUSTAIN_MS + 1);
+    assert_eq!(c.validate().unwrap_err().0, "overlimit_sustain_ms");
+    assert!(sustain_cfg(MAX_SUSTAIN_MS).validate().is_ok());
+}
+
+#[test]
+fn an_offline_only_overload_is_unhealthy_never_overlimit_memory_still_counts() {
+    let c = sustain_cfg(0);
+    let off = |m: Metrics| Metrics {
+        offline_only: true,
+        ..m
+    };
+    let mem_over = Metrics {
+        mem_used_pct: 99.0,
+        ..CALM
+    };
+    let clock_over = Metrics {
+        sm_clock_pct: 10.0,
+        ..CALM
+    };
+    let sm_over = Metrics {
+        sm_activity: 99.0,
+        ..CALM
+    };
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(off(OVER)), State::Unhealthy, 0),
+            (20, s(off(sm_over)), State::Unhealthy, 0),
+            (30, s(off(clock_over)), State::Unhealthy, 0),
+            (5_000, s(off(OVER)), State::Unhealthy, 0),
+            // Memory past Overlimit is not the throttle's to fix.
+            (5_010, s(off(mem_over)), State::Overlimit, 1),
+        ],
+    );
+    // The same load with an online process present evicts.
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(OVER), State::Overlimit, 1),
+        ],
+    );
 }

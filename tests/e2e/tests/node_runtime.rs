@@ -41,28 +41,32 @@ impl Drop for Node {
 
 impl Node {
     fn start() -> Node {
-        require_node_built();
-        let host = host("h100");
-        let root = host.root.clone().unwrap();
-        let run = root.join("run");
-        let cfg = root.join("sysmonitor.json");
-        std::fs::write(
-            &cfg,
-            format!(
+        Node::start_with(
+            "h100",
+            &format!(
                 r#"{{
   "interval_ms": 10, "state_file_every_ms": 10, "host_memory": {{ "enabled": false }},
   "machine": {{
     "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
     "sm_activity": {{ "healthy": 50, "unhealthy": 70, "overlimit": 90 }},
     "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
-    "hold_base_ms": {HOLD_MS}, "hold_max_ms": 60000
+    "overlimit_sustain_ms": 200, "hold_base_ms": {HOLD_MS}, "hold_max_ms": 60000
   }},
   "evictor": {{ "grace_ms": 10000 }},
   "verify": {{ "enabled": false }}
 }}"#
             ),
         )
-        .unwrap();
+    }
+
+    /// The monitor on a `profile` host with config file text `config`.
+    fn start_with(profile: &str, config: &str) -> Node {
+        require_node_built();
+        let host = host(profile);
+        let root = host.root.clone().unwrap();
+        let run = root.join("run");
+        let cfg = root.join("sysmonitor.json");
+        std::fs::write(&cfg, config).unwrap();
         let log = std::fs::File::create(root.join("sysmonitor.log")).unwrap();
         let monitor = Command::new(bin_dir().join("sysmonitor"))
             .args(["run", "--config"])
@@ -261,4 +265,155 @@ fn node_online_burst_evicts_offline_at_once_p99_recovers_healthy_after_hold() {
         "p99 after eviction {p_after} ms vs alone {p_alone} ms"
     );
     assert!(log(node.host.root.as_ref().unwrap()).contains("evicting offline process (SIGTERM)"));
+}
+
+/// Config with the shipped health-machine defaults (host memory off: the test box's own
+/// memory pressure is not what these tests are about).
+fn shipped(extra: &str) -> String {
+    format!(
+        r#"{{ "interval_ms": 10, "state_file_every_ms": 10, "host_memory": {{ "enabled": false }}{extra} }}"#
+    )
+}
+
+const KERNEL_US: &str = "20000";
+
+fn full_grid_offline(node: &Node, throttled: bool) -> Proc {
+    let mut c = node.host.command("offline");
+    c.arg("--json")
+        .args(["--blocks", "264", "--kernel-us", KERNEL_US, "--kernels", "4"])
+        .args(["--report-interval", "0.2", "--state-mb", "4"])
+        .env("LD_PRELOAD", bin_dir().join("libxcuda.so"))
+        .env("XSHARE_LEDGER_DIR", &node.run)
+        .env("XCUDA_CONFIG", node.run.join("no-such-xcuda.json"))
+        .env("XCUDA_GROUP", "offline-alone")
+        .env("XCUDA_THROTTLE", if throttled { "1" } else { "0" });
+    Proc::spawn(c)
+}
+
+/// Every state file seen for `d`: (state, sm_activity, sm_source).
+fn watch(node: &Node, d: Duration) -> Vec<(String, f64, String)> {
+    let path = node.run.join("gpu0/state.json");
+    let end = Instant::now() + d;
+    let mut seen = Vec::new();
+    while Instant::now() < end {
+        if let Some(v) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        {
+            seen.push((
+                st(&v).to_string(),
+                v["sample"]["sm_activity"].as_f64().unwrap_or(-1.0),
+                v["sample"]["sm_source"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    seen
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Issue 8 obs. 1: on a pre-Hopper GPU (utilization-samples path) a full-grid load must be
+/// published as a high SM activity. nvml-wrapper 0.11 returned the whole zero-padded sample
+/// buffer and the sampler averaged it: ≈ 0.4 % published under full load, the throttle blind.
+#[test]
+fn t4_full_grid_load_is_published_as_high_sm_activity() {
+    let node = Node::start_with("t4", &shipped(r#", "evictor": { "dry_run": true }"#));
+    node.state("healthy", |v| st(v) == "healthy");
+    let mut off = full_grid_offline(&node, false);
+    off.wait_line("iters_per_s", T);
+    let seen = watch(&node, Duration::from_millis(1500));
+    let sm: Vec<f64> = seen.iter().map(|s| s.1).collect();
+    let m = median(sm.clone());
+    eprintln!(
+        "t4 full grid: published sm_activity median {m:.1} % over {} reports (min {:.1}, max {:.1})",
+        sm.len(),
+        sm.iter().copied().fold(f64::INFINITY, f64::min),
+        sm.iter().copied().fold(0.0, f64::max)
+    );
+    assert!(
+        seen.iter().all(|s| s.2 == "util_samples"),
+        "T4 must use the utilization-samples path: {:?}",
+        seen.last()
+    );
+    assert!(m > 50.0, "full-grid load published as {m:.2} % SM activity");
+    off.stop(libc::SIGTERM, T);
+
+    // Issue 8 obs. 9: the log (a file here) is plain text, and init -> healthy is INFO.
+    let text = log(node.host.root.as_ref().unwrap());
+    assert!(!text.contains('\x1b'), "ANSI codes in a log file: {text:?}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("health transition") && l.contains("init") && l.contains("healthy"))
+        .unwrap_or_else(|| panic!("no init -> healthy line: {text}"));
+    assert!(line.contains(" INFO "), "init -> healthy is not a warning: {line}");
+}
+
+/// Issue 8 obs. 1 / MuxFlow §4.1-4.3: with the shipped defaults a shimmed offline job running
+/// ALONE with full-grid kernels on an idle GPU is throttled by the shim (launches delayed) and
+/// never evicted: the throttle is the fast loop, eviction the safety net for online demand.
+/// Before the fix the first overloaded sample entered Overlimit and SIGTERMed the job (0.35 s).
+fn offline_alone_is_throttled_not_evicted(profile: &str) {
+    let node = Node::start_with(profile, &shipped(""));
+    node.state("healthy", |v| st(v) == "healthy");
+    let mut off = full_grid_offline(&node, true);
+    off.wait_line("iters_per_s", T);
+    // Longer than the default overlimit_sustain_ms (3 s) plus the throttle's settling.
+    let seen = watch(&node, Duration::from_secs(6));
+    let states: std::collections::BTreeSet<&str> = seen.iter().map(|s| s.0.as_str()).collect();
+    let sm: Vec<f64> = seen.iter().map(|s| s.1).collect();
+    let half = sm.len() / 2;
+    eprintln!(
+        "{profile} offline alone: states {states:?}, sm_activity median first half {:.1} %, second half {:.1} %",
+        median(sm[..half].to_vec()),
+        median(sm[half..].to_vec())
+    );
+    assert!(
+        off.child.try_wait().unwrap().is_none(),
+        "the offline job must still run: {:?}",
+        off.seen
+    );
+    assert!(!states.contains("overlimit"), "never Overlimit: {states:?}");
+    let v = node.state("state", |_| true);
+    assert_eq!(
+        v["evictions"]["overlimit"].as_u64().unwrap_or(0),
+        0,
+        "no eviction: {v:#}"
+    );
+    assert_eq!(v["kills"].as_u64().unwrap_or(0), 0, "{v:#}");
+    let l = node_ledger::Ledger::open_existing(&node_ledger::config::ledger_path(&node.run, 0))
+        .expect("ledger");
+    let me = l
+        .procs()
+        .into_iter()
+        .find(|p| p.pid == off.child.id())
+        .expect("offline registered in the ledger");
+    eprintln!(
+        "{profile} offline alone: launches {} delayed {}",
+        me.launches, me.launches_delayed
+    );
+    assert!(
+        me.launches_delayed > 0,
+        "the shim throttle must have acted: {me:?}"
+    );
+    let (status, lines) = off.stop(libc::SIGTERM, T);
+    let fin = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("\"final\":true"))
+        .map(|l| json(l));
+    assert!(status.success() || fin.is_some(), "{status:?} {lines:?}");
+}
+
+#[test]
+fn offline_alone_on_t4_is_throttled_not_evicted() {
+    offline_alone_is_throttled_not_evicted("t4");
+}
+
+#[test]
+fn offline_alone_on_h100_is_throttled_not_evicted() {
+    offline_alone_is_throttled_not_evicted("h100");
 }
