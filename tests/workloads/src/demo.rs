@@ -229,12 +229,12 @@ pub fn json_number(line: &str, key: &str) -> Option<f64> {
 struct Guard(Vec<(String, Child)>);
 
 impl Guard {
+    /// Stops the processes one by one, last started first: the offline client finishes its
+    /// checkpoint before the MPS manager (started earlier) takes the MPS daemon down.
     fn stop_all(&mut self) {
         for (_, c) in self.0.iter_mut().rev() {
             // SAFETY: kill(2) on a child we spawned and have not reaped.
             unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-        }
-        for (_, c) in self.0.iter_mut().rev() {
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
                 std::thread::sleep(Duration::from_millis(10));
