@@ -93,6 +93,8 @@ pub struct ExitConfig {
     pub release_at_exit: bool,
     /// Longest wait for synchronise + release (a hung driver must not keep the process alive), ms.
     pub release_timeout_ms: u64,
+    /// Fault injection for tests only: pause this long inside a context release (0 = never).
+    pub test_release_pause_ms: u64,
 }
 
 impl Default for Config {
@@ -142,7 +144,7 @@ impl Default for ThrottleConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000 }
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0 }
     }
 }
 
