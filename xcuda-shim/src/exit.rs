@@ -19,6 +19,8 @@ const MAX_DEVICES: usize = 64;
 pub struct Contexts {
     created: PtrMap,
     primary: [AtomicU32; MAX_DEVICES],
+    /// The primary context's handle per device, as last retained (0 = never seen).
+    primary_handle: [AtomicU64; MAX_DEVICES],
 }
 
 impl Default for Contexts {
@@ -30,7 +32,11 @@ impl Default for Contexts {
 impl Contexts {
     /// An empty registry.
     pub fn new() -> Self {
-        Self { created: PtrMap::new(256), primary: [const { AtomicU32::new(0) }; MAX_DEVICES] }
+        Self {
+            created: PtrMap::new(256),
+            primary: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            primary_handle: [const { AtomicU64::new(0) }; MAX_DEVICES],
+        }
     }
 
     /// A context from cuCtxCreate*.
@@ -43,11 +49,21 @@ impl Contexts {
         self.created.remove(ctx as u64);
     }
 
-    /// A primary-context retain on `dev`.
-    pub fn retained(&self, dev: CUdevice) {
+    /// A primary-context retain on `dev` that returned `ctx`.
+    pub fn retained(&self, dev: CUdevice, ctx: CUcontext) {
         if let Some(c) = self.primary.get(dev as usize) {
             c.fetch_add(1, Relaxed);
         }
+        if let Some(h) = self.primary_handle.get(dev as usize) {
+            if !ctx.is_null() {
+                h.store(ctx as u64, Relaxed);
+            }
+        }
+    }
+
+    /// The primary context of `dev` as last retained through us (0 = unknown).
+    pub fn primary_handle(&self, dev: CUdevice) -> u64 {
+        self.primary_handle.get(dev as usize).map_or(0, |h| h.load(Relaxed))
     }
 
     /// A primary-context release on `dev`.
@@ -194,6 +210,24 @@ fn release_once_with(what: &str, release: impl FnOnce() -> usize + Send + 'stati
 /// Whether a release has started (or finished) in this process.
 pub fn release_started() -> bool {
     RELEASE.load(Acquire) != IDLE
+}
+
+/// The calling thread's current context (0 if none or unknown): the owner of a new allocation.
+pub fn current_context() -> u64 {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    match call_real!(cuCtxGetCurrent: cuda_abi::PFN_cuCtxGetCurrent_v4000, &mut ctx) {
+        CUresult::CUDA_SUCCESS => ctx as u64,
+        _ => 0,
+    }
+}
+
+/// Whether `dev`'s primary context is active (true when it cannot be told).
+pub fn primary_active(dev: CUdevice) -> bool {
+    let (mut flags, mut active): (std::ffi::c_uint, c_int) = (0, 0);
+    match call_real!(cuDevicePrimaryCtxGetState: cuda_abi::PFN_cuDevicePrimaryCtxGetState_v7000, dev, &mut flags, &mut active) {
+        CUresult::CUDA_SUCCESS => active != 0,
+        _ => true,
+    }
 }
 
 fn primary_ctx(dev: CUdevice) -> Option<CUcontext> {

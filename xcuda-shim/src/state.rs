@@ -137,6 +137,7 @@ fn build() -> State {
             Quota::local(limit)
         }
     };
+    let quota = quota.owned_by(crate::exit::current_context);
     tracing::info!(quota_bytes = quota.limit(), device_bytes = total, sms, group = %cfg.group, "xcuda active");
     let st = State {
         quota,
