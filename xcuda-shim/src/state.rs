@@ -37,7 +37,7 @@ pub fn config() -> &'static Config {
         if let Some(d) = DISPATCH.get() {
             tracing::dispatcher::with_default(d, || {
                 for e in errs {
-                    tracing::error!("xcuda: config error: {e} (keeping safe defaults)");
+                    tracing::error!("xcuda: config error: {e}; failing closed: device allocations refused, launches at the minimum rate");
                 }
             });
         }
@@ -130,7 +130,8 @@ fn build() -> State {
     if total == 0 && cfg.memory.quota_bytes.is_none() {
         tracing::error!("xcuda: device memory unknown and no quota_bytes configured: quota is 0");
     }
-    let quota = match open_ledger(cfg, limit) {
+    // A process that failed closed counts alone against 0 bytes (it must not set a group's quota).
+    let quota = match if cfg.failed_closed { Err("configuration error".into()) } else { open_ledger(cfg, limit) } {
         Ok(q) => q,
         Err(e) => {
             tracing::warn!("xcuda: {e}; counting this process alone against {limit} bytes");
