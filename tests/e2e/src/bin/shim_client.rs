@@ -8,7 +8,7 @@
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `destroy` | `release` (primary context of device 0) |
-//! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `exit`. `destroy`, `release` and `reset`
+//! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
 
 use cuda_abi::*;
@@ -499,6 +499,11 @@ fn main() {
                     out(format!("forked child={pid}"));
                 }
                 "ready" => out("ready".into()),
+                "env" => {
+                    let name = args.get(i + 1).cloned().unwrap_or_else(|| die("env needs a variable name"));
+                    i += 1;
+                    out(format!("env={}", std::env::var(&name).unwrap_or_default()));
+                }
                 "wait" => {
                     let mut line = String::new();
                     let _ = std::io::stdin().lock().read_line(&mut line);
