@@ -35,6 +35,11 @@ unsafe extern "C" fn stub_alloc(p: *mut CUdeviceptr, n: usize) -> CUresult {
     unsafe { *p = NEXT.fetch_add((n as u64 + 255) & !255, Relaxed) };
     CUresult::CUDA_SUCCESS
 }
+unsafe extern "C" fn stub_ctx_get_current(c: *mut CUcontext) -> CUresult {
+    // SAFETY: the shim passes a valid out-pointer (the owner of a new allocation).
+    unsafe { *c = 0x5000 as CUcontext };
+    CUresult::CUDA_SUCCESS
+}
 unsafe extern "C" fn stub_free(_: CUdeviceptr) -> CUresult {
     CUresult::CUDA_SUCCESS
 }
@@ -80,6 +85,7 @@ fn main() {
         (Sym::cuDeviceGetAttribute, p(stub_attr as *const ())),
         (Sym::cuMemAlloc_v2, p(stub_alloc as *const ())),
         (Sym::cuMemFree_v2, p(stub_free as *const ())),
+        (Sym::cuCtxGetCurrent, p(stub_ctx_get_current as *const ())),
         (Sym::cuLaunchKernel, p(stub_launch as *const ())),
     ]);
     let st = xcuda::state::state();

@@ -554,18 +554,27 @@ pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctx
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v4000);
-        // SAFETY: forwarding the caller's argument.
-        let rc = unsafe { real_fn(ctx) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.destroyed(ctx);
+macro_rules! ctx_destroy {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(ctx: CUcontext) -> CUresult {
+            guard(|| {
+                let real_fn = real!($name: $pfn);
+                // SAFETY: forwarding the caller's argument.
+                let rc = unsafe { real_fn(ctx) };
+                if rc == CUresult::CUDA_SUCCESS {
+                    let st = state();
+                    st.contexts.destroyed(ctx);
+                    // The driver freed every allocation of the context: give their bytes back.
+                    st.quota.release_context(ctx as u64);
+                }
+                rc
+            })
         }
-        rc
-    })
+    };
 }
+ctx_destroy!(cuCtxDestroy, PFN_cuCtxDestroy_v2000);
+ctx_destroy!(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000);
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
@@ -574,37 +583,61 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { real_fn(pctx, dev) };
         if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.retained(dev);
+            state().contexts.retained(dev, out!(pctx));
         }
         rc
     })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuDevicePrimaryCtxRelease_v2: PFN_cuDevicePrimaryCtxRelease_v11000);
-        // SAFETY: forwarding the caller's argument.
-        let rc = unsafe { real_fn(dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.released(dev);
-        }
-        rc
-    })
+/// After a successful primary-context release on `dev`: if that was the last retain, the
+/// driver destroyed the context and its allocations; give their bytes back.
+fn primary_released(dev: CUdevice) {
+    let st = state();
+    st.contexts.released(dev);
+    if !crate::exit::primary_active(dev) {
+        st.quota.release_context(st.contexts.primary_handle(dev));
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuDevicePrimaryCtxRelease: PFN_cuDevicePrimaryCtxRelease_v7000);
-        // SAFETY: forwarding the caller's argument.
-        let rc = unsafe { real_fn(dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.released(dev);
+macro_rules! primary_release {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
+            guard(|| {
+                let real_fn = real!($name: $pfn);
+                // SAFETY: forwarding the caller's argument.
+                let rc = unsafe { real_fn(dev) };
+                if rc == CUresult::CUDA_SUCCESS {
+                    primary_released(dev);
+                }
+                rc
+            })
         }
-        rc
-    })
+    };
 }
+primary_release!(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v7000);
+primary_release!(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000);
+
+macro_rules! primary_reset {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
+            guard(|| {
+                let real_fn = real!($name: $pfn);
+                // SAFETY: forwarding the caller's argument.
+                let rc = unsafe { real_fn(dev) };
+                if rc == CUresult::CUDA_SUCCESS {
+                    // Reset destroys every allocation of the primary context.
+                    let st = state();
+                    st.quota.release_context(st.contexts.primary_handle(dev));
+                }
+                rc
+            })
+        }
+    };
+}
+primary_reset!(cuDevicePrimaryCtxReset, PFN_cuDevicePrimaryCtxReset_v7000);
+primary_reset!(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000);
 
 // ---- signals (the application's SIGINT/SIGTERM actions are kept behind ours) ----------------
 

@@ -1,5 +1,8 @@
 //! Shim configuration: JSON file (`XCUDA_CONFIG`, default `/etc/xshare/xcuda.json`) plus
-//! environment overrides, parsed once at start-up; a bad file keeps safe defaults.
+//! environment overrides, parsed once at start-up. A config error never loosens a limit: any
+//! error in the file (or an explicitly named file that cannot be read) or in an override fails
+//! closed ([`Config::fail_closed`]: device allocations refused, launches at the minimum rate),
+//! never built-in defaults. A missing default file is not an error.
 //!
 //! Environment overrides (applied after the file):
 //! `XCUDA_GROUP` (quota group / container id), `XCUDA_QUOTA_BYTES`, `XCUDA_QUOTA_FRACTION`,
@@ -37,6 +40,9 @@ pub struct Config {
     pub real_libnvml: String,
     /// Log level: error, warn, info, debug, trace, off.
     pub log: String,
+    /// Set when a config error made [`Config::load`] fail closed (never read from the file).
+    #[serde(skip)]
+    pub failed_closed: bool,
 }
 
 /// Memory quota settings.
@@ -93,6 +99,8 @@ pub struct ExitConfig {
     pub release_at_exit: bool,
     /// Longest wait for synchronise + release (a hung driver must not keep the process alive), ms.
     pub release_timeout_ms: u64,
+    /// Fault injection for tests only: pause this long inside a context release (0 = never).
+    pub test_release_pause_ms: u64,
 }
 
 impl Default for Config {
@@ -107,6 +115,7 @@ impl Default for Config {
             real_libcuda: "libcuda.so.1".into(),
             real_libnvml: "libnvidia-ml.so.1".into(),
             log: "warn".into(),
+            failed_closed: false,
         }
     }
 }
@@ -142,7 +151,7 @@ impl Default for ThrottleConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000 }
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0 }
     }
 }
 
@@ -243,14 +252,16 @@ impl Config {
                 _ => errs.push(env_err("XCUDA_THROTTLE", format!("`{v}` is not 0/1"))),
             }
         }
-        for (var, slot, lo) in [
-            ("XCUDA_TARGET_LOAD", &mut self.throttle.target_load, 0.0),
-            ("XCUDA_FALLBACK_RATE", &mut self.throttle.fallback_rate, self.throttle.min_rate),
+        // Same ranges as the file's (validate): target > 0, fallback within [min_rate, max_rate].
+        let (min_rate, max_rate) = (self.throttle.min_rate, self.throttle.max_rate);
+        for (var, slot, lo, hi) in [
+            ("XCUDA_TARGET_LOAD", &mut self.throttle.target_load, f64::MIN_POSITIVE, f64::MAX),
+            ("XCUDA_FALLBACK_RATE", &mut self.throttle.fallback_rate, min_rate, max_rate),
         ] {
             if let Some(v) = get(var) {
                 match v.trim().parse::<f64>() {
-                    Ok(x) if x > lo && x.is_finite() => *slot = x,
-                    _ => errs.push(env_err(var, format!("`{v}` must be a number > {lo}"))),
+                    Ok(x) if x >= lo && x <= hi && x.is_finite() => *slot = x,
+                    _ => errs.push(env_err(var, format!("`{v}` must be a number in [{lo}, {hi}]"))),
                 }
             }
         }
@@ -266,9 +277,25 @@ impl Config {
         errs
     }
 
+    /// The most restrictive interpretation, used when the configuration has an error: a quota
+    /// of 0 bytes (every device allocation refused), the throttle on and capped at its minimum
+    /// rate, contexts released on signals and exit. Where to find the driver and the log level
+    /// are kept, so the process still runs (and says why it is limited).
+    pub fn fail_closed(self) -> Self {
+        let d = ThrottleConfig::default();
+        Self {
+            memory: MemoryConfig { quota_bytes: Some(0), ..MemoryConfig::default() },
+            throttle: ThrottleConfig { enabled: true, fallback_rate: d.min_rate, max_rate: d.min_rate, ..d },
+            exit: ExitConfig::default(),
+            failed_closed: true,
+            ..self
+        }
+    }
+
     /// Loads the file named by `XCUDA_CONFIG` (or the default path), then the env overrides.
     /// Returns the config and every problem found (each one line naming file, line, field);
-    /// a missing default file is not a problem.
+    /// a missing default file is not a problem. With any problem the config is
+    /// [`Config::fail_closed`].
     pub fn load(get: &dyn Fn(&str) -> Option<String>) -> (Self, Vec<ConfigError>) {
         let explicit = get(ENV_CONFIG).filter(|p| !p.is_empty());
         let path = PathBuf::from(explicit.clone().unwrap_or_else(|| DEFAULT_CONFIG_PATH.into()));
@@ -291,6 +318,9 @@ impl Config {
             Err(_) => Self::default(),
         };
         errs.extend(cfg.apply_env(get));
+        if !errs.is_empty() {
+            cfg = cfg.fail_closed();
+        }
         (cfg, errs)
     }
 }
@@ -323,13 +353,14 @@ mod tests {
     }
 
     #[test]
-    fn bad_file_names_file_line_field_and_keeps_defaults() {
+    fn bad_file_names_file_line_field_and_fails_closed() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("xcuda.json");
         std::fs::write(&p, "{\n  \"memory\": {\n    \"quota_fraction\": 1.5\n  }\n}\n").unwrap();
         let ps = p.to_string_lossy().into_owned();
         let (c, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| ps.clone()));
-        assert_eq!(c, Config::default());
+        assert_eq!(c, Config::default().fail_closed());
+        assert!(c.failed_closed && c.memory.quota_bytes == Some(0));
         assert_eq!(errs.len(), 1);
         let line = errs[0].to_string();
         assert!(line.starts_with(&format!("{ps}:3")), "{line}");
@@ -343,11 +374,65 @@ mod tests {
 
     #[test]
     fn missing_default_file_is_silent_but_missing_explicit_is_reported() {
-        let (_, errs) = Config::load(&no_env);
+        let (c, errs) = Config::load(&no_env);
         assert!(errs.is_empty() || !Path::new(DEFAULT_CONFIG_PATH).exists());
-        let (_, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| "/nonexistent/x.json".into()));
+        assert!(!c.failed_closed || Path::new(DEFAULT_CONFIG_PATH).exists());
+        let (c, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| "/nonexistent/x.json".into()));
         assert_eq!(errs.len(), 1);
         assert!(errs[0].to_string().contains("/nonexistent/x.json"));
+        assert!(c.failed_closed, "an operator's named file that is not there fails closed");
+    }
+
+    /// Observation 8: one typo anywhere must not turn a configured 20 % quota into the
+    /// default 40 %: the result is the restrictive config, and the error names file, line, field.
+    #[test]
+    fn a_typo_anywhere_never_loosens_the_quota() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("xcuda.json");
+        let ps = p.to_string_lossy().into_owned();
+        let good = "{\n  \"memory\": {\"quota_fraction\": 0.2},\n  \"throttle\": {\"target_load\": 0.5}\n}\n";
+        std::fs::write(&p, good).unwrap();
+        let (c, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| ps.clone()));
+        assert!(errs.is_empty() && !c.failed_closed);
+        assert_eq!(c.memory.quota_fraction, 0.2);
+        for (typo, line, field) in [
+            (good.replace("target_load", "target_lod"), ":3", "target_lod"),
+            (good.replace("0.5", "0.5,"), ":3", ""),
+            (good.replace("0.2", "\"20%\""), ":2", "memory.quota_fraction"),
+        ] {
+            std::fs::write(&p, &typo).unwrap();
+            let (c, errs) = Config::load(&|k| (k == ENV_CONFIG).then(|| ps.clone()));
+            assert_eq!(errs.len(), 1, "{typo}: {errs:?}");
+            let e = errs[0].to_string();
+            assert!(e.starts_with(&format!("{ps}{line}")), "file and line: {e}");
+            assert!(e.contains(field), "field: {e}");
+            assert!(c.failed_closed, "{typo}");
+            assert_eq!(c.memory.quota_bytes, Some(0), "no allocation allowed, never the 40% default");
+            assert!(c.throttle.enabled && c.throttle.max_rate <= Config::default().throttle.min_rate);
+        }
+    }
+
+    #[test]
+    fn malformed_env_override_fails_closed() {
+        for (var, val) in [
+            ("XCUDA_QUOTA_BYTES", "12x"),
+            ("XCUDA_QUOTA_FRACTION", "2"),
+            ("XCUDA_THROTTLE", "maybe"),
+            ("XCUDA_TARGET_LOAD", "-1"),
+            ("XCUDA_FALLBACK_RATE", "fast"),
+            ("XSHARE_GPU_INDEX", "first"),
+        ] {
+            let (c, errs) = Config::load(&|k| match k {
+                ENV_CONFIG => Some("/nonexistent-but-unused".into()).filter(|_| false),
+                "XCUDA_REAL_LIBCUDA" => Some("/opt/real/libcuda.so.1".into()),
+                k if k == var => Some(val.into()),
+                _ => None,
+            });
+            assert_eq!(errs.len(), 1, "{var}: {errs:?}");
+            assert!(errs[0].to_string().contains(var), "names the variable: {}", errs[0]);
+            assert!(c.failed_closed && c.memory.quota_bytes == Some(0), "{var}");
+            assert_eq!(c.real_libcuda, "/opt/real/libcuda.so.1", "the driver is still found");
+        }
     }
 
     proptest::proptest! {

@@ -4,14 +4,14 @@
 //! clean. Also owns the registry of contexts this process holds.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::{Mutex, Once};
 
 use cuda_abi::{CUcontext, CUdevice, CUresult};
 
 use crate::config::Config;
 use crate::ptrmap::PtrMap;
-use crate::state::{self, call_real};
+use crate::state::{self, call_real, State};
 
 const MAX_DEVICES: usize = 64;
 
@@ -19,6 +19,8 @@ const MAX_DEVICES: usize = 64;
 pub struct Contexts {
     created: PtrMap,
     primary: [AtomicU32; MAX_DEVICES],
+    /// The primary context's handle per device, as last retained (0 = never seen).
+    primary_handle: [AtomicU64; MAX_DEVICES],
 }
 
 impl Default for Contexts {
@@ -30,7 +32,11 @@ impl Default for Contexts {
 impl Contexts {
     /// An empty registry.
     pub fn new() -> Self {
-        Self { created: PtrMap::new(256), primary: [const { AtomicU32::new(0) }; MAX_DEVICES] }
+        Self {
+            created: PtrMap::new(256),
+            primary: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            primary_handle: [const { AtomicU64::new(0) }; MAX_DEVICES],
+        }
     }
 
     /// A context from cuCtxCreate*.
@@ -43,11 +49,21 @@ impl Contexts {
         self.created.remove(ctx as u64);
     }
 
-    /// A primary-context retain on `dev`.
-    pub fn retained(&self, dev: CUdevice) {
+    /// A primary-context retain on `dev` that returned `ctx`.
+    pub fn retained(&self, dev: CUdevice, ctx: CUcontext) {
         if let Some(c) = self.primary.get(dev as usize) {
             c.fetch_add(1, Relaxed);
         }
+        if let Some(h) = self.primary_handle.get(dev as usize) {
+            if !ctx.is_null() {
+                h.store(ctx as u64, Relaxed);
+            }
+        }
+    }
+
+    /// The primary context of `dev` as last retained through us (0 = unknown).
+    pub fn primary_handle(&self, dev: CUdevice) -> u64 {
+        self.primary_handle.get(dev as usize).map_or(0, |h| h.load(Relaxed))
     }
 
     /// A primary-context release on `dev`.
@@ -93,6 +109,7 @@ impl Contexts {
             if held == 0 {
                 continue;
             }
+            test_pause();
             if let Some(ctx) = primary_ctx(dev as CUdevice) {
                 sync_in(ctx);
                 // Our own retain in primary_ctx adds one.
@@ -111,6 +128,105 @@ impl Contexts {
         for c in &self.primary {
             c.store(0, Relaxed);
         }
+    }
+}
+
+/// Fault injection for tests only (`exit.test_release_pause_ms`, default 0): widens the window
+/// in which a release is in progress, so races with it show up every time.
+static TEST_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
+fn test_pause() {
+    let ms = TEST_PAUSE_MS.load(Relaxed);
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+// ---- the one release of this process's contexts ----------------------------------------------
+//
+// The exit path (atexit) and the signal helper (default action of SIGINT/SIGTERM) both want to
+// release every context before the process is gone, and can run at the same time: CPython, after
+// KeyboardInterrupt, finalises and then kills itself with SIGINT while returning from main, so the
+// helper's release and the exit path's race. One atomic decides: the first to move it from IDLE
+// to RELEASING does the release; the other waits (bounded) until it reads RELEASED. So never both
+// (no double destroy), never neither, and the default action of a fatal signal is taken only
+// after the release is complete (or its time is up: a hung driver must not keep the process).
+
+const IDLE: u8 = 0;
+const RELEASING: u8 = 1;
+const RELEASED: u8 = 2;
+static RELEASE: AtomicU8 = AtomicU8::new(IDLE);
+
+/// What one call to [`release_once`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// This caller released this many contexts.
+    Released(usize),
+    /// Another caller's release was in progress; this one waited until it completed.
+    WaitedForOther,
+    /// Already released before this call.
+    AlreadyDone,
+    /// The release (ours or another's) did not complete within the release timeout.
+    TimedOut,
+}
+
+/// Releases every context and leaves the quota, exactly once per process; concurrent callers
+/// wait for the one doing it (at most `exit.release_timeout_ms`). Never call from a signal
+/// handler (it spawns a thread and sleeps); the handler wakes the helper thread instead.
+pub fn release_once(st: &'static State, what: &str) -> ReleaseOutcome {
+    release_once_with(what, move || {
+        let n = st.contexts.release_all();
+        st.quota.retire();
+        n
+    })
+}
+
+fn release_once_with(what: &str, release: impl FnOnce() -> usize + Send + 'static) -> ReleaseOutcome {
+    let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
+    match RELEASE.compare_exchange(IDLE, RELEASING, AcqRel, Acquire) {
+        Ok(_) => {
+            let n = with_deadline(what, move || {
+                let n = release();
+                RELEASE.store(RELEASED, Release);
+                n
+            });
+            n.map_or(ReleaseOutcome::TimedOut, ReleaseOutcome::Released)
+        }
+        Err(RELEASED) => ReleaseOutcome::AlreadyDone,
+        Err(_) => {
+            let start = std::time::Instant::now();
+            while RELEASE.load(Acquire) != RELEASED {
+                if start.elapsed() >= limit {
+                    tracing::error!(timeout_ms = limit.as_millis() as u64, "xcuda: gave up waiting for the release in progress to {what}");
+                    return ReleaseOutcome::TimedOut;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            ReleaseOutcome::WaitedForOther
+        }
+    }
+}
+
+/// Whether a release has started (or finished) in this process.
+pub fn release_started() -> bool {
+    RELEASE.load(Acquire) != IDLE
+}
+
+/// The calling thread's current context (0 if none or unknown): the owner of a new allocation.
+pub fn current_context() -> u64 {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    match call_real!(cuCtxGetCurrent: cuda_abi::PFN_cuCtxGetCurrent_v4000, &mut ctx) {
+        CUresult::CUDA_SUCCESS => ctx as u64,
+        _ => 0,
+    }
+}
+
+/// Whether `dev`'s primary context is active (true when it cannot be told).
+pub fn primary_active(dev: CUdevice) -> bool {
+    let (mut flags, mut active): (std::ffi::c_uint, c_int) = (0, 0);
+    match call_real!(cuDevicePrimaryCtxGetState: cuda_abi::PFN_cuDevicePrimaryCtxGetState_v7000, dev, &mut flags, &mut active) {
+        CUresult::CUDA_SUCCESS => active != 0,
+        _ => true,
     }
 }
 
@@ -145,6 +261,7 @@ fn sig_index(sig: c_int) -> Option<usize> {
 /// Installs signal handlers, the exit hook and the fork hook, once per process.
 pub fn install_process_hooks(cfg: &Config) {
     let (signals, at_exit) = (cfg.exit.handle_signals, cfg.exit.release_at_exit);
+    TEST_PAUSE_MS.store(cfg.exit.test_release_pause_ms, Relaxed);
     PROCESS_HOOKS.call_once(|| {
         // SAFETY: registering plain extern "C" functions that catch their own panics.
         unsafe {
@@ -264,7 +381,11 @@ fn handle_signal(sig: c_int) {
     let st = state::get();
     tracing::warn!(sig, "xcuda: signal received; launches frozen");
     if let Some(st) = st {
-        with_deadline("synchronise contexts", move || st.contexts.synchronize_all());
+        // Nothing to synchronise once a release has begun (and retaining a primary context
+        // then could bring it back to life).
+        if !release_started() {
+            with_deadline("synchronise contexts", move || st.contexts.synchronize_all());
+        }
     }
     if handler == libc::SIG_IGN {
         if let Some(st) = st {
@@ -275,12 +396,8 @@ fn handle_signal(sig: c_int) {
     let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
     if handler == libc::SIG_DFL {
         if let Some(st) = st {
-            let n = with_deadline("release contexts", move || {
-                let n = st.contexts.release_all();
-                st.quota.retire();
-                n
-            });
-            tracing::warn!(sig, contexts = ?n, "xcuda: contexts released; taking the default action");
+            let r = release_once(st, "release contexts");
+            tracing::warn!(sig, release = ?r, "xcuda: contexts released; taking the default action");
         }
         // SAFETY: default action, then re-raise: the process ends as the signal demands.
         unsafe {
@@ -315,21 +432,19 @@ fn on_exit_inner() {
         let Some(st) = state::get() else { return };
         // No freeze here: exit handlers that run after this one must not block in a launch;
         // once the contexts are gone their launches simply fail.
-        let release = move || {
-            let n = st.contexts.release_all();
-            st.quota.retire();
-            n
-        };
         // exit() has already run this thread's TLS destructors, and drivers keep the current
-        // context in TLS: release from a fresh thread, bounded in time.
-        let n = with_deadline("release contexts at exit", release);
-        tracing::debug!(contexts = ?n, "xcuda: released at exit");
+        // context in TLS: the release runs on a fresh thread, bounded in time. If the signal
+        // helper is releasing already, this waits for it instead (the process must not end
+        // before that release is complete).
+        let r = release_once(st, "release contexts at exit");
+        tracing::debug!(release = ?r, "xcuda: released at exit");
     }
 }
 
 extern "C" fn on_fork_child() {
     let _ = std::panic::catch_unwind(|| {
         state::controller_lost();
+        RELEASE.store(IDLE, Release);
         if let Some(st) = state::get() {
             st.contexts.clear();
             st.quota.after_fork_child();
@@ -383,4 +498,42 @@ pub fn app_signal(sig: c_int, handler: libc::sighandler_t) -> Option<libc::sigha
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: both pointers are to locals.
     unsafe { app_sigaction(sig, &act, &mut old) }.map(|_| old.sa_sigaction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    /// The exit path and the signal helper racing: exactly one releases, the other returns
+    /// only after that release completed (never "nothing to do" while it is in progress).
+    #[test]
+    fn one_release_and_the_other_caller_waits_for_it() {
+        RELEASE.store(IDLE, SeqCst);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let (calls, done) = (calls.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let (c2, d2) = (calls.clone(), done.clone());
+                    let r = release_once_with("test", move || {
+                        c2.fetch_add(1, SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        d2.store(true, SeqCst);
+                        1
+                    });
+                    assert!(done.load(SeqCst), "returned before the release completed: {r:?}");
+                    r
+                })
+            })
+            .collect();
+        let mut rs: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        rs.sort_by_key(|r| format!("{r:?}"));
+        assert_eq!(calls.load(SeqCst), 1, "released exactly once");
+        assert_eq!(rs, vec![ReleaseOutcome::Released(1), ReleaseOutcome::WaitedForOther]);
+        assert_eq!(release_once_with("again", || unreachable!()), ReleaseOutcome::AlreadyDone);
+        RELEASE.store(IDLE, SeqCst);
+    }
 }

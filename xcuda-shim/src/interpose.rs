@@ -45,11 +45,13 @@ hooked_symbols! {
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
         cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
         cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
-        cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy_v2,
+        cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
         cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
+        cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
     ],
     internal: [
-        cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2,
+        cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
+        cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
     ],
 }

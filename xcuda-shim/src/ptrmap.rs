@@ -11,6 +11,8 @@ const TOMB: u64 = 1;
 pub struct PtrMap {
     keys: Box<[AtomicU64]>,
     vals: Box<[AtomicU64]>,
+    /// Owner of each entry (the CUDA context it was made in; 0 = none recorded).
+    owners: Box<[AtomicU64]>,
     mask: usize,
 }
 
@@ -28,7 +30,7 @@ impl PtrMap {
     /// A map with room for `capacity` (rounded up to a power of two) live entries.
     pub fn new(capacity: usize) -> Self {
         let n = capacity.next_power_of_two().max(16);
-        Self { keys: zeroed(n), vals: zeroed(n), mask: n - 1 }
+        Self { keys: zeroed(n), vals: zeroed(n), owners: zeroed(n), mask: n - 1 }
     }
 
     fn start(&self, k: u64) -> usize {
@@ -38,6 +40,11 @@ impl PtrMap {
     /// Records `bytes` for `key`; `false` if the table is full (caller must not keep the
     /// allocation untracked).
     pub fn insert(&self, key: u64, bytes: u64) -> bool {
+        self.insert_owned(key, bytes, 0)
+    }
+
+    /// Like [`PtrMap::insert`], recording `owner` (a context handle) for [`PtrMap::remove_owned_by`].
+    pub fn insert_owned(&self, key: u64, bytes: u64, owner: u64) -> bool {
         let Some(k) = stored(key) else { return false };
         let mut i = self.start(k);
         for _ in 0..=self.mask {
@@ -45,6 +52,7 @@ impl PtrMap {
             if (cur == EMPTY || cur == TOMB)
                 && self.keys[i].compare_exchange(cur, k, AcqRel, Relaxed).is_ok()
             {
+                self.owners[i].store(owner, Release);
                 self.vals[i].store(bytes, Release);
                 return true;
             }
@@ -90,11 +98,33 @@ impl PtrMap {
         None
     }
 
+    /// Removes every live entry recorded for `owner` (non-zero); returns (entries, bytes).
+    /// O(capacity), off the hot path (a context was destroyed).
+    pub fn remove_owned_by(&self, owner: u64) -> (usize, u64) {
+        let (mut n, mut bytes) = (0usize, 0u64);
+        if owner == 0 {
+            return (0, 0);
+        }
+        for i in 0..=self.mask {
+            let k = self.keys[i].load(Acquire);
+            if k == EMPTY || k == TOMB || self.owners[i].load(Acquire) != owner {
+                continue;
+            }
+            let b = self.vals[i].load(Acquire);
+            if self.keys[i].compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
+                n += 1;
+                bytes = bytes.saturating_add(b);
+            }
+        }
+        (n, bytes)
+    }
+
     /// Empties the map (fork child: the parent's allocations are not ours).
     pub fn clear(&self) {
-        for (k, v) in self.keys.iter().zip(self.vals.iter()) {
+        for ((k, v), o) in self.keys.iter().zip(self.vals.iter()).zip(self.owners.iter()) {
             k.store(EMPTY, Relaxed);
             v.store(0, Relaxed);
+            o.store(0, Relaxed);
         }
     }
 
@@ -164,6 +194,26 @@ mod tests {
             h.join().unwrap();
         }
         assert!(m.entries().is_empty());
+    }
+
+    #[test]
+    fn remove_owned_by_takes_exactly_that_owners_entries() {
+        let m = PtrMap::new(64);
+        assert!(m.insert_owned(0x1000, 10, 0xa));
+        assert!(m.insert_owned(0x2000, 20, 0xb));
+        assert!(m.insert_owned(0x3000, 30, 0xa));
+        assert!(m.insert(0x4000, 40));
+        assert_eq!(m.remove_owned_by(0), (0, 0), "no owner recorded is never matched");
+        assert_eq!(m.remove_owned_by(0xa), (2, 40));
+        assert_eq!(m.remove(0x1000), None, "gone with its context");
+        assert_eq!(m.get(0x2000), Some(20));
+        assert_eq!(m.remove_owned_by(0xa), (0, 0));
+        let mut e = m.entries();
+        e.sort();
+        assert_eq!(e, vec![(0x2000, 20), (0x4000, 40)]);
+        assert!(m.insert_owned(0x1000, 5, 0xc), "tombstone reused, new owner");
+        assert_eq!(m.remove_owned_by(0xa), (0, 0));
+        assert_eq!(m.remove_owned_by(0xc), (1, 5));
     }
 
     proptest! {

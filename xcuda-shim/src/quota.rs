@@ -36,6 +36,12 @@ pub struct Quota {
     last_reclaim_ns: AtomicU64,
     /// After fork: group slot + 1 to register the child in lazily (0 = nothing pending).
     fork_group: AtomicU64,
+    /// The calling thread's current context (owner of a new allocation; 0 = unknown).
+    owner_source: fn() -> u64,
+}
+
+fn no_owner() -> u64 {
+    0
 }
 
 const NO_HANDLE: u64 = u64::MAX;
@@ -60,7 +66,14 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner }
+    }
+
+    /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
+    /// [`Quota::release_context`] can give back what a destroyed context held.
+    pub fn owned_by(mut self, f: fn() -> u64) -> Self {
+        self.owner_source = f;
+        self
     }
 
     fn map(&self, k: Kind) -> &PtrMap {
@@ -152,7 +165,22 @@ impl Quota {
     /// Records an allocation that the driver just made; `false` if it could not be tracked.
     #[inline]
     pub fn track(&self, kind: Kind, key: u64, bytes: u64) -> bool {
-        self.map(kind).insert(key, bytes)
+        // cuMemCreate handles belong to the device, not to a context: they outlive it.
+        let owner = if kind == Kind::Vmm { 0 } else { (self.owner_source)() };
+        self.map(kind).insert_owned(key, bytes, owner)
+    }
+
+    /// Context `ctx` is gone (destroyed, reset, or the primary context's last release): the
+    /// driver freed every allocation made in it, so give their bytes back. Returns the bytes.
+    pub fn release_context(&self, ctx: u64) -> u64 {
+        let mut total = 0u64;
+        for m in [&self.dptrs, &self.arrays] {
+            total = total.saturating_add(m.remove_owned_by(ctx).1);
+        }
+        if total > 0 {
+            self.release(total);
+        }
+        total
     }
 
     /// Forgets an allocation and gives its bytes back; `None` if unknown (not ours to count).
@@ -289,6 +317,27 @@ mod tests {
         a.retire();
         assert_eq!(b.used(), 300, "retiring gives back only a's share");
         assert_eq!(b.limit(), 1000);
+    }
+
+    #[test]
+    fn destroyed_context_gives_back_its_allocations_only() {
+        thread_local!(static CUR: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+        fn cur() -> u64 {
+            CUR.with(|c| c.get())
+        }
+        let q = Quota::local(1000).owned_by(cur);
+        CUR.with(|c| c.set(0xc1));
+        assert!(q.try_reserve(600) && q.track(Kind::DevicePtr, 0x1000, 600));
+        assert!(q.try_reserve(100) && q.track(Kind::Array, 0x1000, 100));
+        assert!(q.try_reserve(50) && q.track(Kind::Vmm, 0x1000, 50));
+        CUR.with(|c| c.set(0xc2));
+        assert!(q.try_reserve(200) && q.track(Kind::DevicePtr, 0x2000, 200));
+        assert!(!q.try_reserve(51));
+        assert_eq!(q.release_context(0xc1), 700);
+        assert_eq!(q.used(), 250, "the other context's and the VMM handle's bytes stay");
+        assert_eq!(q.untrack(Kind::DevicePtr, 0x1000), None, "a free after the destroy is not counted twice");
+        assert_eq!(q.release_context(0xc1), 0);
+        assert!(q.try_reserve(750));
     }
 
     #[test]

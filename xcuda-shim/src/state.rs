@@ -37,7 +37,7 @@ pub fn config() -> &'static Config {
         if let Some(d) = DISPATCH.get() {
             tracing::dispatcher::with_default(d, || {
                 for e in errs {
-                    tracing::error!("xcuda: config error: {e} (keeping safe defaults)");
+                    tracing::error!("xcuda: config error: {e}; failing closed: device allocations refused, launches at the minimum rate");
                 }
             });
         }
@@ -130,13 +130,15 @@ fn build() -> State {
     if total == 0 && cfg.memory.quota_bytes.is_none() {
         tracing::error!("xcuda: device memory unknown and no quota_bytes configured: quota is 0");
     }
-    let quota = match open_ledger(cfg, limit) {
+    // A process that failed closed counts alone against 0 bytes (it must not set a group's quota).
+    let quota = match if cfg.failed_closed { Err("configuration error".into()) } else { open_ledger(cfg, limit) } {
         Ok(q) => q,
         Err(e) => {
             tracing::warn!("xcuda: {e}; counting this process alone against {limit} bytes");
             Quota::local(limit)
         }
     };
+    let quota = quota.owned_by(crate::exit::current_context);
     tracing::info!(quota_bytes = quota.limit(), device_bytes = total, sms, group = %cfg.group, "xcuda active");
     let st = State {
         quota,
@@ -218,6 +220,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
     let mut last = Instant::now();
     let mut last_house = Instant::now();
     let mut last_stale = None;
+    let mut last_target = tc.target_load;
     let start_epoch = st.quota.ledger().map(|(l, _)| l.evict_all_epoch());
     let mut reported = (0u64, 0u64);
     while CONTROLLER_ALIVE.load(Acquire) {
@@ -233,11 +236,17 @@ fn controller(st: &'static State, cfg: &'static Config) {
                 c_h: f64::from(s.sample.sm_clock_max_mhz),
             })
         });
-        let d = st.throttle.control(&mut pid, sample, dt);
+        let budget = st.quota.ledger().and_then(|(l, _)| crate::budget::fresh_budget(l, node_ledger::clock::now_ns(), stale_ns));
+        let d = st.throttle.control_with_budget(&mut pid, sample, budget, dt);
         st.throttle.refill(dt);
         if last_stale != Some(d.stale) {
             tracing::info!(stale = d.stale, rate = d.rate, "xcuda throttle input changed");
             last_stale = Some(d.stale);
+        }
+        let target = st.throttle.target();
+        if (target - last_target).abs() > 1e-3 {
+            tracing::info!(target, budget = ?budget, rate = d.rate, "xcuda throttle target changed");
+            last_target = target;
         }
         if now.duration_since(last_house) >= Duration::from_millis(250) {
             last_house = now;

@@ -99,6 +99,8 @@ pub struct Throttle {
     enabled: bool,
     tokens: AtomicI64,
     rate_milli: AtomicU64,
+    /// Load target of the last tick, milli (configured, or lowered by a fresh SM budget).
+    target_milli: AtomicU64,
     frozen: AtomicBool,
     /// Milli-waves per block in 16.16 fixed point (1000 / SM count): no division on launch.
     milli_per_block_q16: AtomicU64,
@@ -127,6 +129,7 @@ impl Throttle {
             enabled: cfg.enabled,
             tokens: AtomicI64::new(burst),
             rate_milli: AtomicU64::new((cfg.fallback_rate * MILLI) as u64),
+            target_milli: AtomicU64::new((cfg.target_load * MILLI) as u64),
             frozen: AtomicBool::new(false),
             milli_per_block_q16: AtomicU64::new(q16_per_block(sm_count)),
             graph_cost: (cfg.graph_launch_waves * MILLI) as i64,
@@ -226,21 +229,48 @@ impl Throttle {
 
     /// One controller tick: `sample` is `None` when monitor data are missing or stale.
     pub fn control(&self, pid: &mut Pid, sample: Option<Sample>, dt: f64) -> Decision {
+        self.control_with_budget(pid, sample, None, dt)
+    }
+
+    /// The load target for a fresh offline SM budget (`budget`: fraction of the SMs, 0..1) or
+    /// none (`None`: stale or absent): the configured target, lowered to the budget, never raised.
+    pub fn target_for(&self, budget: Option<f64>) -> f64 {
+        let t = self.cfg.target_load;
+        match budget {
+            Some(b) if b.is_finite() => t.min(b.max(0.0)),
+            _ => t,
+        }
+    }
+
+    /// One controller tick carrying the dynamic SM budget: real MPS fixes a client's SM
+    /// percentage at its start, so a running offline process follows the budget here. The PID
+    /// aims at [`Throttle::target_for`]; without monitor data the fallback rate is scaled down
+    /// by the same ratio (target / configured target, never above 1), so a lower budget always
+    /// means fewer launches, and a stale or absent budget means exactly the static behaviour.
+    pub fn control_with_budget(&self, pid: &mut Pid, sample: Option<Sample>, budget: Option<f64>, dt: f64) -> Decision {
         let c = &self.cfg;
+        let target = self.target_for(budget);
         let (rate, load) = match sample {
             None => {
                 pid.reset();
-                (c.fallback_rate, None)
+                let scale = if c.target_load > 0.0 { (target / c.target_load).min(1.0) } else { 1.0 };
+                (c.fallback_rate * scale, None)
             }
             Some(s) => {
                 let c_h = if c.c_h_mhz > 0.0 { c.c_h_mhz } else { s.c_h };
                 let load = gpu_load(s.u_sm, clock_factor(s.c_sm, c.t_sm_mhz, c_h, c.a_l, c.a_h));
-                (pid.step(c.target_load - load, dt), Some(load))
+                (pid.step(target - load, dt), Some(load))
             }
         };
         let rate = rate.clamp(c.min_rate, c.max_rate);
         self.rate_milli.store((rate * MILLI) as u64, Relaxed);
+        self.target_milli.store((target * MILLI) as u64, Relaxed);
         Decision { rate, load, stale: sample.is_none() }
+    }
+
+    /// The load target of the last controller tick (for logs and tests).
+    pub fn target(&self) -> f64 {
+        self.target_milli.load(Relaxed) as f64 / MILLI
     }
 }
 
@@ -312,6 +342,55 @@ mod tests {
             assert!((settled - c.target_load).abs() < 0.03, "sms {sms}: load {settled}");
             assert_eq!(t.kernel_cost(u64::from(sms)), 1000, "one wave whatever the SM count");
         }
+    }
+
+    /// Observation 10: with a fresh budget the same measurements give a lower launch rate at a
+    /// low budget than at a high one (so launches wait more), with or without monitor data;
+    /// a budget above the configured target, or a stale one (None), is exactly the static case.
+    #[test]
+    fn sm_budget_lowers_the_target_never_raises_it() {
+        let c = cfg();
+        let run = |budget: Option<f64>, sample: Option<Sample>| {
+            let t = Throttle::new(&c, 100);
+            let mut pid = Pid::new(&c);
+            let mut d = None;
+            for _ in 0..200 {
+                d = Some(t.control_with_budget(&mut pid, sample, budget, 0.01));
+            }
+            (d.unwrap().rate, t.target())
+        };
+        let s = Some(Sample { u_sm: 0.3, c_sm: 1400.0, c_h: 1500.0 });
+        for sample in [s, None] {
+            let (low, t_low) = run(Some(0.1), sample);
+            let (high, t_high) = run(Some(0.6), sample);
+            let (stat, t_stat) = run(None, sample);
+            let (above, t_above) = run(Some(1.0), sample);
+            assert!(low < high, "{sample:?}: low budget {low} vs high budget {high}");
+            assert!(high <= stat, "{sample:?}: never looser than configured");
+            assert_eq!((above, t_above), (stat, t_stat), "budget above the target changes nothing");
+            assert_eq!(t_stat, c.target_load);
+            assert!((t_low - 0.1).abs() < 1e-9 && (t_high - 0.6).abs() < 1e-9);
+        }
+        // Delays as a mechanism: same launches, more of them wait at the low budget.
+        let delayed = |budget: f64| {
+            let mut c = cfg();
+            c.burst = 1.0;
+            let t = Throttle::new(&c, 10);
+            let mut pid = Pid::new(&c);
+            let mut waits = 0;
+            for _ in 0..50 {
+                t.control_with_budget(&mut pid, None, Some(budget), 0.01);
+                t.refill(0.01);
+                let before = t.tokens.load(Relaxed);
+                if before < 1000 {
+                    waits += 1;
+                } else {
+                    t.tokens.fetch_sub(1000, Relaxed);
+                }
+            }
+            waits
+        };
+        assert!(delayed(0.05) > delayed(0.8), "{} vs {}", delayed(0.05), delayed(0.8));
     }
 
     #[test]

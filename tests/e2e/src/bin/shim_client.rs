@@ -7,7 +7,9 @@
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
-//! `wait` | `sleep MS` | `hang` | `destroy` | `exit`.
+//! `wait` | `sleep MS` | `hang` | `destroy` | `release` (primary context of device 0) |
+//! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
+//! forget the held allocations (the driver frees a dead context's memory).
 
 use cuda_abi::*;
 use std::ffi::{c_void, CStr, CString};
@@ -223,6 +225,8 @@ fn main() {
     let ctx_destroy = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
     let retain = get!(cu, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000, 7000);
     let set_current = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
+    let primary_release = get!(cu, "cuDevicePrimaryCtxRelease", PFN_cuDevicePrimaryCtxRelease_v11000, 11000);
+    let primary_reset = get!(cu, "cuDevicePrimaryCtxReset", PFN_cuDevicePrimaryCtxReset_v11000, 11000);
     let mem_alloc = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
     let mem_free = get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020);
     let pitch = get!(cu, "cuMemAllocPitch", PFN_cuMemAllocPitch_v3020, 3020);
@@ -290,7 +294,19 @@ fn main() {
                     }
                     out(format!("primary={}", r.0));
                 }
-                "destroy" => out(format!("destroy={}", ctx_destroy(ctx).0)),
+                "destroy" => {
+                    // The driver frees the context's allocations with it.
+                    held.clear();
+                    out(format!("destroy={}", ctx_destroy(ctx).0))
+                }
+                "release" => {
+                    held.clear();
+                    out(format!("release={}", primary_release(0).0))
+                }
+                "reset" => {
+                    held.clear();
+                    out(format!("reset={}", primary_reset(0).0))
+                }
                 "alloc" | "managed" | "async" | "pool" | "vmm" => {
                     let n = num(1, i);
                     i += 1;
@@ -483,6 +499,11 @@ fn main() {
                     out(format!("forked child={pid}"));
                 }
                 "ready" => out("ready".into()),
+                "env" => {
+                    let name = args.get(i + 1).cloned().unwrap_or_else(|| die("env needs a variable name"));
+                    i += 1;
+                    out(format!("env={}", std::env::var(&name).unwrap_or_default()));
+                }
                 "wait" => {
                     let mut line = String::new();
                     let _ = std::io::stdin().lock().read_line(&mut line);

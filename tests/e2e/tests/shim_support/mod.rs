@@ -30,10 +30,15 @@ pub fn ledger(host: &EmuHost) -> node_ledger::Ledger {
 
 /// `program` with the shim preloaded, a quota of `quota` bytes for container `group`.
 pub fn limited(host: &EmuHost, program: &str, quota: u64, group: &str) -> Command {
+    // An empty config file: a named file that is missing is a config error (fails closed).
+    let empty = host.root().join("xcuda-empty.json");
+    if !empty.exists() {
+        std::fs::write(&empty, "{}").expect("write empty xcuda.json");
+    }
     let mut c = host.command(program);
     c.env("LD_PRELOAD", shim())
         .env("XSHARE_LEDGER_DIR", ledger_dir(host))
-        .env("XCUDA_CONFIG", host.root().join("no-such-xcuda.json"))
+        .env("XCUDA_CONFIG", empty)
         .env("XCUDA_QUOTA_BYTES", quota.to_string())
         .env("XCUDA_GROUP", group)
         .env("XCUDA_LOG", "info");

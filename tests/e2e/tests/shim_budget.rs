@@ -1,0 +1,107 @@
+//! Observation 10 (shim side, issue 8): the dynamic SM budget reaches offline processes.
+//! Real MPS fixes a client's active-thread percentage at client start, so (1) the shim's
+//! library constructor sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from a fresh budget unless the
+//! user set it, and (2) a running process follows the budget through its throttle's target
+//! (read on the controller's periodic tick), back to the configured target when it goes stale.
+
+mod shim_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::EmuHost;
+use node_ledger::monitor::MonitorSample;
+use shim_support::*;
+
+const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+
+/// Publishes `permille` as the offline SM budget every 20 ms until dropped.
+struct Publisher {
+    stop: Arc<AtomicBool>,
+    h: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Publisher {
+    fn start(host: &EmuHost, permille: u32) -> Self {
+        let l = ledger(host);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let h = std::thread::spawn(move || {
+            while !s2.load(Ordering::Relaxed) {
+                l.publish(&MonitorSample { offline_sm_budget_permille: permille, ..Default::default() });
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Self { stop, h: Some(h) }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.h.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn env_seen(host: &EmuHost, user: Option<&str>) -> String {
+    let mut c = limited(host, "shim_client", 1 << 30, "budget");
+    c.env_remove(VAR);
+    if let Some(v) = user {
+        c.env(VAR, v);
+    }
+    c.args(["env", VAR]);
+    let lines = run(host, &mut c);
+    lines.iter().find_map(|l| l.strip_prefix("env=")).unwrap_or_else(|| panic!("{lines:?}")).to_string()
+}
+
+#[test]
+fn constructor_sets_the_mps_percentage_from_a_fresh_budget_and_keeps_the_users() {
+    let host = EmuHost::new();
+    assert_eq!(env_seen(&host, None), "", "no budget published: MPS's own default");
+    let _p = Publisher::start(&host, 301);
+    assert_eq!(env_seen(&host, None), "31", "rounded up from 30.1 %");
+    assert_eq!(env_seen(&host, Some("70")), "70", "the user's value is left alone");
+    drop(_p);
+    let _p = Publisher::start(&host, 20);
+    assert_eq!(env_seen(&host, None), "10", "never below the sane minimum");
+}
+
+#[test]
+fn a_running_process_follows_the_budget_and_falls_back_when_it_goes_stale() {
+    let host = EmuHost::new();
+    let cfg = host.root().join("xcuda-budget.json");
+    std::fs::write(&cfg, r#"{"throttle": {"target_load": 0.8, "stale_after_ms": 200}}"#).unwrap();
+    let mut c = limited(&host, "shim_client", 1 << 30, "follow");
+    c.env("XCUDA_CONFIG", &cfg).args(["ctx", "ready", "wait", "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}", k.stderr()));
+    let targets = |k: &e2e::EmuChild| -> Vec<String> {
+        k.stderr().lines().filter(|l| l.contains("throttle target changed")).map(str::to_string).collect()
+    };
+    let wait_for = |k: &e2e::EmuChild, n: usize| {
+        let start = Instant::now();
+        while targets(k).len() < n && start.elapsed() < T {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        targets(k)
+    };
+    {
+        let _p = Publisher::start(&host, 250);
+        let t = wait_for(&k, 1);
+        assert!(t.len() == 1 && t[0].contains("target=0.25"), "fresh budget lowers the target: {t:?}\n{}", k.stderr());
+    }
+    // Publisher stopped: the budget goes stale and the configured target comes back.
+    let t = wait_for(&k, 2);
+    assert!(t.len() >= 2 && t[1].contains("target=0.8"), "stale budget: static target again: {t:?}");
+    {
+        let _p = Publisher::start(&host, 950);
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(targets(&k).len(), 2, "a budget above the configured target never loosens it: {:?}", targets(&k));
+    }
+    k.send_line("go");
+    k.send_line("go");
+    k.finish(T);
+}

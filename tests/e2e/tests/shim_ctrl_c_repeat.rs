@@ -1,0 +1,119 @@
+//! Observation 4 (issue 8): Python's Ctrl-C path, repeated. After `KeyboardInterrupt` CPython
+//! re-raises SIGINT itself (exit_sigint) while the shim's exit-time release may be running;
+//! the signal path must then wait for that release, never kill the process with its context
+//! still live. Under the emulator's MPS model a client dying with a live context poisons the
+//! server (the hang a real MPS server shows), so per run we assert: the emulator saw the
+//! context released before the process was gone (not poisoned) and a long-lived neighbour
+//! MPS client keeps completing kernels.
+//!
+//! `repeated_python_ctrl_c_never_hangs_the_neighbour` runs 20 iterations; the `#[ignore]`d
+//! stress variant runs `XSHARE_STRESS_RUNS` (default 1000) and prints the figure.
+
+mod shim_support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use e2e::{EmuChild, EmuHost};
+use shim_support::*;
+
+fn python() -> PathBuf {
+    let p = std::env::var_os("XSHARE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    assert!(p.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", p.display());
+    p
+}
+
+fn trainer_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ctrl_c_trainer.py")
+}
+
+/// A neighbour MPS client that runs one kernel per line it reads, `runs` times.
+fn neighbour(host: &EmuHost, runs: usize) -> EmuChild {
+    let mut steps = vec!["ctx", "ready"];
+    for _ in 0..runs {
+        steps.extend(["wait", "spin", "1", "1000", "1"]);
+    }
+    let mut b = host.client(&steps);
+    b.wait_for_line("ready", T).expect("neighbour ready");
+    b
+}
+
+/// Outcome of one Ctrl-C run.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Clean,
+    /// The emulator's MPS server was poisoned: the trainer died with its context live.
+    Poisoned(String),
+    /// The neighbour did not complete its kernel.
+    NeighbourHung(String),
+}
+
+/// Runs `runs` Ctrl-C iterations on one MPS server with one neighbour; stops at the first
+/// failure. Returns (clean runs, first failure).
+fn ctrl_c_runs(runs: usize, pause_ms: u64) -> (usize, Option<Outcome>) {
+    let host = EmuHost::new();
+    let dev = host.device();
+    dev.mps_start(std::process::id());
+    let py = python();
+    let mut b = neighbour(&host, runs);
+    let cfg = host.root().join("xcuda-pause.json");
+    std::fs::write(&cfg, format!(r#"{{"exit": {{"test_release_pause_ms": {pause_ms}}}}}"#)).unwrap();
+    for i in 0..runs {
+        let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
+        // Fault injection (pause_ms > 0): each context release takes that much longer, so the
+        // exit path and the signal path overlap on every run instead of on ~1 run in 100.
+        c.env("XCUDA_CONFIG", &cfg).arg(trainer_script());
+        let mut trainer = host.spawn(&mut c);
+        trainer.wait_for_line("ready", T).unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
+        trainer.signal(libc::SIGINT);
+        let st = trainer.wait_timeout(T).unwrap_or_else(|| panic!("python exits on Ctrl-C: {}", trainer.stderr()));
+        use std::os::unix::process::ExitStatusExt;
+        let err = trainer.stderr();
+        assert!(err.contains("KeyboardInterrupt"), "Python's own handler ran: {err}");
+        // CPython re-kills itself with SIGINT; the process ends by that signal or, when the exit
+        // path got there first, with Python's own 130.
+        assert!(st.signal() == Some(libc::SIGINT) || st.code() == Some(130), "{st:?} {err}");
+        // Let the emulator reap the dead client (it does on state access after its reap period).
+        for _ in 0..10 {
+            std::thread::sleep(Duration::from_millis(20));
+            dev.mps_status();
+        }
+        let s = dev.mps_status();
+        if s.poisoned {
+            dev.mps_quit();
+            return (i, Some(Outcome::Poisoned(format!("run {i}: {s:?}; python stderr: {err}"))));
+        }
+        b.send_line("go");
+        let start = Instant::now();
+        while b.lines("spin=").len() < i + 1 {
+            if start.elapsed() > Duration::from_secs(20) {
+                dev.mps_quit();
+                return (i, Some(Outcome::NeighbourHung(format!("run {i}: {:?}; python stderr: {err}", dev.mps_status()))));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(b.lines("spin=").iter().all(|l| e2e::field(l, "spin") == Some("0")), "{}", b.stdout());
+    }
+    (runs, None)
+}
+
+#[test]
+fn repeated_python_ctrl_c_never_hangs_the_neighbour() {
+    let (clean, fail) = ctrl_c_runs(20, 100);
+    assert_eq!(fail, None, "after {clean} clean runs");
+}
+
+/// Stress figure for the issue, no fault injection unless `XSHARE_STRESS_PAUSE_MS` is set:
+/// `XSHARE_STRESS_RUNS=1000 cargo test -p e2e --test shim_ctrl_c_repeat -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn stress_python_ctrl_c() {
+    let runs = std::env::var("XSHARE_STRESS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let pause = std::env::var("XSHARE_STRESS_PAUSE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let t = Instant::now();
+    let (clean, fail) = ctrl_c_runs(runs, pause);
+    eprintln!("python ctrl-c stress: {clean}/{runs} clean in {:?}; first failure: {fail:?}", t.elapsed());
+    assert_eq!(fail, None);
+}

@@ -1,0 +1,62 @@
+//! Observation 5 (issue 8): a context that dies holding memory (cuCtxDestroy,
+//! cuDevicePrimaryCtxReset, the primary context's last cuDevicePrimaryCtxRelease) takes its
+//! allocations with it in the driver, so the shim gives their bytes back to the group's quota:
+//! usage returns to 0 and an allocation of the full quota then succeeds.
+
+mod shim_support;
+
+use e2e::EmuHost;
+use shim_support::*;
+
+const Q: u64 = 64 * MIB;
+
+fn steps_then_full_alloc(death: &[&str], name: &str) -> Vec<String> {
+    let host = EmuHost::new();
+    let three_q = (Q * 3 / 4).to_string();
+    let q = Q.to_string();
+    let (first, again) = if death == ["destroy"] { ("ctx", "ctx") } else { ("primary", "primary") };
+    let mut args = vec![first, "alloc", &three_q, "alloc", "1048576"];
+    args.extend_from_slice(death);
+    args.extend([again, "meminfo", "alloc", &q]);
+    let mut c = limited(&host, "shim_client", Q, name);
+    c.args(&args);
+    let lines = run(&host, &mut c);
+    let allocs = rc_of(&lines, "alloc=");
+    assert_eq!(allocs, vec!["0", "0", "0"], "{name}: the full quota fits again after the context died: {lines:?}");
+    let mi = lines.iter().find(|l| l.starts_with("meminfo=")).expect("meminfo");
+    assert_eq!(e2e::field(mi, "total"), Some(Q.to_string().as_str()), "{mi}");
+    assert_eq!(e2e::field(mi, "free"), Some(Q.to_string().as_str()), "{name}: nothing counted after the death: {mi}");
+    lines
+}
+
+#[test]
+fn destroyed_context_returns_its_memory_to_the_quota() {
+    steps_then_full_alloc(&["destroy"], "destroy");
+}
+
+#[test]
+fn last_primary_release_returns_its_memory_to_the_quota() {
+    let l = steps_then_full_alloc(&["release"], "release");
+    assert_eq!(rc_of(&l, "release="), vec!["0"]);
+}
+
+#[test]
+fn primary_reset_returns_its_memory_to_the_quota() {
+    let l = steps_then_full_alloc(&["reset"], "reset");
+    assert_eq!(rc_of(&l, "reset="), vec!["0"]);
+}
+
+/// Measured in the ledger while the process lives on: the group's usage is back at 0.
+#[test]
+fn group_usage_is_zero_after_the_destroy_while_the_process_lives() {
+    let host = EmuHost::new();
+    let mut c = limited(&host, "shim_client", Q, "live");
+    c.args(["ctx", "alloc", &(Q / 2).to_string(), "ready", "destroy", "ready", "wait"]);
+    let mut p = host.spawn(&mut c);
+    p.wait_for_line("destroy=", T).unwrap_or_else(|| panic!("{}", p.stderr()));
+    let l = ledger(&host);
+    let g = l.group(node_ledger::ledger::group_id_for("live"), 1).unwrap();
+    assert_eq!(l.group_used(g), 0, "stdout: {} stderr: {}", p.stdout(), p.stderr());
+    p.send_line("go");
+    p.finish(T);
+}

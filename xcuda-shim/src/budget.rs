@@ -1,0 +1,115 @@
+//! The dynamic SM budget (MuxFlow's dynamic SM allocation) as it reaches an offline process.
+//! Real MPS fixes a client's active-thread percentage when the client starts, and
+//! `set_active_thread_percentage` never changes a running client, so the budget arrives two ways:
+//! at start, the library constructor sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from it (unless
+//! the user set it), so MPS itself caps the new client; while running, the throttle's
+//! controller reads it on each periodic tick (never per launch) and lowers its load target.
+//! Stale or absent budget: the configured static target; never looser than configured.
+
+use node_ledger::Ledger;
+
+/// The MPS client variable real MPS reads at client start.
+pub const MPS_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+/// Set beside [`MPS_ENV`] when the shim chose its value, so a child process (which inherits
+/// both) recomputes it from the budget of its own start instead of taking it as the user's.
+pub const MPS_ENV_MARK: &str = "XCUDA_MPS_PERCENTAGE_FROM_BUDGET";
+/// Smallest percentage the shim sets: below it a client can barely make progress.
+pub const MIN_MPS_PERCENTAGE: u32 = 10;
+
+/// The offline SM budget as a fraction of the SMs if it is fresh (published within
+/// `stale_ns`), else `None`.
+pub fn fresh_budget(l: &Ledger, now_ns: u64, stale_ns: u64) -> Option<f64> {
+    let s = l.read_monitor()?;
+    let p = s.sample.offline_sm_budget_permille;
+    (s.is_fresh(now_ns, stale_ns) && p > 0).then(|| f64::from(p.min(1000)) / 1000.0)
+}
+
+/// MPS active-thread percentage for a budget of `permille`: rounded up, at least
+/// [`MIN_MPS_PERCENTAGE`], at most 100.
+pub fn mps_percentage(permille: u32) -> u32 {
+    permille.div_ceil(10).clamp(MIN_MPS_PERCENTAGE, 100)
+}
+
+/// The value to give [`MPS_ENV`] at process start, if any: `None` when the user set it (and
+/// not the shim in a parent process) or there is no fresh budget.
+pub fn mps_env_value(get: &dyn Fn(&str) -> Option<String>, budget: Option<f64>) -> Option<String> {
+    if let Some(v) = get(MPS_ENV) {
+        if get(MPS_ENV_MARK).as_deref() != Some(v.as_str()) {
+            return None;
+        }
+    }
+    let b = budget?;
+    Some(mps_percentage((b * 1000.0).round() as u32).to_string())
+}
+
+/// Library constructor: runs when the shim is loaded, before the application's `main` and so
+/// before any `cuInit`.
+extern "C" fn on_load() {
+    let _ = std::panic::catch_unwind(set_mps_percentage_from_budget);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+fn set_mps_percentage_from_budget() {
+    let get = |k: &str| std::env::var(k).ok();
+    if get(MPS_ENV).is_some() && get(MPS_ENV_MARK) != get(MPS_ENV) {
+        return; // the user's value: nothing to read
+    }
+    // Loaded here without caching: the process's config is loaded (and its errors reported)
+    // on the first driver call, after the application may have set its environment.
+    let (cfg, _) = crate::config::Config::load(&get);
+    let path = cfg.ledger().ledger_path();
+    let budget = Ledger::open_existing(&path)
+        .ok()
+        .and_then(|l| fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000));
+    let Some(v) = mps_env_value(&get, budget) else { return };
+    let (Ok(k), Ok(val), Ok(mark)) =
+        (std::ffi::CString::new(MPS_ENV), std::ffi::CString::new(v.clone()), std::ffi::CString::new(MPS_ENV_MARK))
+    else {
+        return;
+    };
+    // SAFETY: a library constructor runs before main, while the process has one thread; the
+    // strings are NUL-terminated and setenv copies them.
+    unsafe {
+        libc::setenv(k.as_ptr(), val.as_ptr(), 1);
+        libc::setenv(mark.as_ptr(), val.as_ptr(), 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentage_rounds_up_with_a_floor() {
+        assert_eq!(mps_percentage(300), 30);
+        assert_eq!(mps_percentage(301), 31);
+        assert_eq!(mps_percentage(20), MIN_MPS_PERCENTAGE);
+        assert_eq!(mps_percentage(5000), 100);
+    }
+
+    #[test]
+    fn env_value_respects_the_user_and_needs_a_fresh_budget() {
+        let none = |_: &str| None;
+        assert_eq!(mps_env_value(&none, Some(0.25)), Some("25".into()));
+        assert_eq!(mps_env_value(&none, None), None, "stale or absent: leave MPS's default");
+        let user = |k: &str| (k == MPS_ENV).then(|| "70".to_string());
+        assert_eq!(mps_env_value(&user, Some(0.25)), None, "the user's value is kept");
+        let ours = |k: &str| (k == MPS_ENV || k == MPS_ENV_MARK).then(|| "70".to_string());
+        assert_eq!(mps_env_value(&ours, Some(0.25)), Some("25".into()), "a parent shim's value is recomputed");
+    }
+
+    #[test]
+    fn budget_is_read_only_when_fresh() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
+        assert_eq!(fresh_budget(&l, node_ledger::clock::now_ns(), 500_000_000), None);
+        let s = node_ledger::monitor::MonitorSample { offline_sm_budget_permille: 300, ..Default::default() };
+        let now = node_ledger::clock::now_ns();
+        l.publish_at(&s, now);
+        assert_eq!(fresh_budget(&l, now, 500_000_000), Some(0.3));
+        assert_eq!(fresh_budget(&l, now + 600_000_000, 500_000_000), None, "stale");
+    }
+}
