@@ -99,7 +99,8 @@ impl ApiError {
 
 /// A connected client plus the runtime its calls run on.
 pub struct KubeApi {
-    rt: tokio::runtime::Runtime,
+    /// Always `Some` until dropped.
+    rt: Option<tokio::runtime::Runtime>,
     client: Client,
     timeout: Duration,
 }
@@ -140,7 +141,11 @@ impl KubeApi {
         let client = rt
             .block_on(async { Client::try_from(config) })
             .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
-        Ok(Self { rt, client, timeout })
+        Ok(Self { rt: Some(rt), client, timeout })
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("runtime present until drop")
     }
 
     /// Writes `placement` onto the pod (merge patch of its annotations, guarded by `uid`), then
@@ -169,11 +174,21 @@ impl KubeApi {
             Ok(())
         };
         let timeout = self.timeout * 2;
-        self.rt.block_on(async {
+        self.rt().block_on(async {
             tokio::time::timeout(timeout, fut).await.unwrap_or_else(|_| {
                 Err(ApiError::Transport { step: "binding", why: format!("no answer within {timeout:?}") })
             })
         })
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        // A runtime dropped the ordinary way panics inside another runtime's async context
+        // (the extender may be dropped by the HTTP server's tasks).
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 

@@ -255,3 +255,11 @@ fn unreachable_api_server_is_an_error_not_a_success() {
     assert!(!r.error.is_empty());
     assert!(ext.bindings().is_empty());
 }
+
+#[test]
+fn the_client_can_be_dropped_inside_an_async_context() {
+    // The extender's last reference may go away on an HTTP server task.
+    let api = KubeApi::connect(&ApiSource::Url("http://127.0.0.1:1".into()), Duration::from_secs(1)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(async move { drop(api) });
+}
