@@ -193,6 +193,25 @@ pub struct ServeArgs {
     /// Address to listen on (kube-scheduler's extender `urlPrefix` points here).
     #[arg(long, default_value = "127.0.0.1:8888")]
     pub listen: String,
+    /// Kubeconfig for the API server [default: in-cluster service account, else $KUBECONFIG
+    /// or ~/.kube/config].
+    #[arg(long, conflicts_with = "kube_api")]
+    pub kubeconfig: Option<PathBuf>,
+    /// API server URL with no credentials (a `kubectl proxy`, or a test's fake server).
+    #[arg(long)]
+    pub kube_api: Option<String>,
+    /// Deadline in ms for one API call (keep the bind under kube-scheduler's httpTimeout).
+    #[arg(long, default_value_t = 2000)]
+    pub api_timeout_ms: u64,
+    /// Deadline in ms for a request's headers and for its body (408 after it).
+    #[arg(long, default_value_t = 10_000)]
+    pub read_timeout_ms: u64,
+    /// Largest request body in bytes (413 above it).
+    #[arg(long, default_value_t = cluster_matcher::extender::MAX_BODY)]
+    pub max_body_bytes: usize,
+    /// How far ahead of this host's clock a GPU heartbeat may be dated and still count.
+    #[arg(long, default_value_t = 2000)]
+    pub max_clock_skew_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -314,10 +333,23 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         Command::Serve(a) => {
             let (cluster, workloads, model) = a.inputs.load()?;
             let cells = plan::load_cells(&cluster)?;
-            let server = cluster_matcher::extender::Extender::new(cluster, workloads, model, cells);
-            let http = cluster_matcher::extender::bind(&a.listen).map_err(|e| e.to_string())?;
-            eprintln!("cluster-matcher: extender listening on http://{}", http.server_addr());
-            cluster_matcher::extender::serve(&http, &server);
+            use cluster_matcher::{extender, kube_api};
+            plan::health::set_max_clock_skew(std::time::Duration::from_millis(a.max_clock_skew_ms));
+            let source = match (&a.kube_api, &a.kubeconfig) {
+                (Some(url), _) => kube_api::ApiSource::Url(url.clone()),
+                (None, Some(path)) => kube_api::ApiSource::Kubeconfig(path.clone()),
+                (None, None) => kube_api::ApiSource::Infer,
+            };
+            let api = kube_api::KubeApi::connect(&source, std::time::Duration::from_millis(a.api_timeout_ms))?;
+            let ext = std::sync::Arc::new(extender::Extender::new(cluster, workloads, model, cells).with_api(api));
+            let _planner = ext.spawn_planner();
+            let limits = extender::ServerLimits {
+                max_body: a.max_body_bytes,
+                read_timeout: std::time::Duration::from_millis(a.read_timeout_ms),
+            };
+            let http = extender::HttpServer::start(&a.listen, ext, limits)?;
+            eprintln!("cluster-matcher: extender listening on http://{}", http.local_addr());
+            http.wait();
         }
         Command::Alibaba(a) => {
             let dir = a.trace.clone().unwrap_or_else(|| gavel::data_dir().join("alibaba-gpu-v2023"));

@@ -6,42 +6,59 @@
 //! `HostPriorityList [{Host, Score}]` with scores 0..=10, `ExtenderBindingArgs {PodName,
 //! PodNamespace, PodUID, Node}`, `ExtenderBindingResult {Error}`.
 
+pub mod server;
 pub mod wire;
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::kube_api::{KubeApi, PodPlacement};
 use crate::plan::{self, ClusterSpec, GpuRef, Plan, Workloads};
 use crate::predictor::SpeedPredictor;
+pub use server::{HttpServer, ServerLimits};
 pub use wire::{
-    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority,
-    MAX_EXTENDER_PRIORITY,
+    ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority, MAX_EXTENDER_PRIORITY,
 };
 
 /// Label or annotation naming the offline job a pod runs (else the pod name is used).
 pub const JOB_KEY: &str = "xshare.io/offline-job";
-/// Largest request body accepted.
+/// Largest request body accepted by default.
 pub const MAX_BODY: usize = 32 << 20;
 
-/// The extender's state: inputs, the current plan, and bindings made through it.
-pub struct Extender {
-    cluster: ClusterSpec,
-    predictor: SpeedPredictor,
-    cells: Option<crate::cells::Cluster>,
-    state: Mutex<State>,
+/// Computes one round's plan from the workloads and the round number.
+pub type Planner = Box<dyn Fn(&Workloads, u64) -> Plan + Send + Sync>;
+
+/// The plan requests read: computed in the background, swapped in whole.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub plan: Plan,
+    pub round: u64,
 }
 
-struct State {
+/// The extender's state: inputs, the latest plan, and bindings made through it.
+///
+/// Requests never compute a plan: they read the latest [`Snapshot`] (an `Arc` behind a
+/// short lock); [`Extender::spawn_planner`] recomputes it when the inputs change and every
+/// round period.
+pub struct Extender {
+    planner: Planner,
+    period: Duration,
+    inputs: Mutex<Inputs>,
+    wake: Condvar,
+    latest: Mutex<Arc<Snapshot>>,
+    api: Option<KubeApi>,
+}
+
+struct Inputs {
     workloads: Workloads,
     /// `namespace/name` of pods seen in filter or prioritize calls, to the job they run.
     pod_jobs: BTreeMap<String, String>,
-    plan: Plan,
-    computed: Instant,
-    round: u64,
+    /// Inputs changed since the latest plan was started.
+    dirty: bool,
+    stop: bool,
 }
 
 /// How the plan treats one pod.
@@ -55,57 +72,131 @@ pub enum PodDecision {
     Waiting(String),
 }
 
+fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Extender {
-    /// Builds the extender and computes the first plan; `cells` is the starting cells state
-    /// when the cluster names one (see [`plan::load_cells`]).
+    /// Builds the extender and computes the first plan (before any request is served);
+    /// `cells` is the starting cells state when the cluster names one (see [`plan::load_cells`]).
     pub fn new(
         cluster: ClusterSpec,
         workloads: Workloads,
         predictor: SpeedPredictor,
         cells: Option<crate::cells::Cluster>,
     ) -> Self {
-        let plan = plan::run_round(&cluster, &workloads, &predictor, cells.as_ref(), 0);
+        let period = Duration::from_secs(cluster.round_period_s.max(1));
+        let planner: Planner =
+            Box::new(move |w: &Workloads, round: u64| plan::run_round(&cluster, w, &predictor, cells.as_ref(), round));
+        Self::with_planner(workloads, period, planner)
+    }
+
+    /// Builds the extender around any planner (tests, replays); computes the first plan.
+    pub fn with_planner(workloads: Workloads, period: Duration, planner: Planner) -> Self {
+        let plan = planner(&workloads, 0);
         Self {
-            cluster,
-            predictor,
-            cells,
-            state: Mutex::new(State { workloads, pod_jobs: BTreeMap::new(), plan, computed: Instant::now(), round: 0 }),
+            planner,
+            period,
+            inputs: Mutex::new(Inputs { workloads, pod_jobs: BTreeMap::new(), dirty: false, stop: false }),
+            wake: Condvar::new(),
+            latest: Mutex::new(Arc::new(Snapshot { plan, round: 0 })),
+            api: None,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Binds through this API client (without one, bind answers an error: it never reports
+    /// a binding it did not make).
+    pub fn with_api(mut self, api: KubeApi) -> Self {
+        self.api = Some(api);
+        self
     }
 
-    /// The current plan, recomputed when older than the round period.
+    /// Starts the background planner: recomputes the plan when the inputs change (a bind)
+    /// and every round period, and swaps it in. It stops when the extender is dropped or
+    /// [`Extender::stop_planner`] is called.
+    pub fn spawn_planner(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
+        let weak: Weak<Self> = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("planner".into())
+            .spawn(move || {
+                let mut round = 0;
+                loop {
+                    let Some(ext) = weak.upgrade() else { return };
+                    let workloads = {
+                        let mut i = relock(&ext.inputs);
+                        if !i.dirty && !i.stop {
+                            i = ext
+                                .wake
+                                .wait_timeout(i, ext.period)
+                                .map(|(g, _)| g)
+                                .unwrap_or_else(|p| p.into_inner().0);
+                        }
+                        if i.stop {
+                            return;
+                        }
+                        i.dirty = false;
+                        i.workloads.clone()
+                    };
+                    round += 1;
+                    // Computed with no lock held: requests keep reading the previous plan.
+                    let planned =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ext.planner)(&workloads, round)));
+                    match planned {
+                        Ok(plan) => {
+                            *relock(&ext.latest) = Arc::new(Snapshot { plan, round });
+                            tracing::debug!(round, "plan swapped in");
+                        }
+                        // The last good plan stays; the next round tries again.
+                        Err(_) => tracing::error!(round, "planning round panicked; keeping the previous plan"),
+                    }
+                }
+            })
+            .expect("spawn planner thread")
+    }
+
+    /// Asks the background planner to stop.
+    pub fn stop_planner(&self) {
+        relock(&self.inputs).stop = true;
+        self.wake.notify_all();
+    }
+
+    /// Asks the background planner for a new round now.
+    pub fn replan(&self) {
+        relock(&self.inputs).dirty = true;
+        self.wake.notify_all();
+    }
+
+    /// The latest plan and its round (never computed on the caller's thread).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        relock(&self.latest).clone()
+    }
+
+    /// The latest plan.
     pub fn plan(&self) -> Plan {
-        let mut s = self.lock();
-        if s.computed.elapsed() >= Duration::from_secs(self.cluster.round_period_s) {
-            s.round += 1;
-            s.plan = plan::run_round(&self.cluster, &s.workloads, &self.predictor, self.cells.as_ref(), s.round);
-            s.computed = Instant::now();
-        }
-        s.plan.clone()
+        self.snapshot().plan.clone()
     }
 
     /// What the plan says about `pod`.
     pub fn decide(&self, pod: &Pod) -> PodDecision {
-        let Some(job) = job_name(pod) else { return PodDecision::NotOurs };
-        let plan = self.plan();
-        let mut s = self.lock();
-        if !s.workloads.offline.iter().any(|o| o.name == job) {
+        let Some(job) = job_name(pod) else {
             return PodDecision::NotOurs;
+        };
+        let snap = self.snapshot();
+        {
+            let mut i = relock(&self.inputs);
+            if !i.workloads.offline.iter().any(|o| o.name == job) {
+                return PodDecision::NotOurs;
+            }
+            if let Some(name) = &pod.metadata.name {
+                let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                i.pod_jobs.insert(format!("{ns}/{name}"), job.clone());
+            }
         }
-        if let Some(name) = &pod.metadata.name {
-            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-            s.pod_jobs.insert(format!("{ns}/{name}"), job.clone());
-        }
-        match plan.assignments.iter().find(|a| a.offline == job) {
+        match snap.plan.assignments.iter().find(|a| a.offline == job) {
             Some(a) => PodDecision::Placed(a.at.clone()),
             None => PodDecision::Waiting(job),
         }
     }
-
     /// The filter verb.
     pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
         let names = args.node_names();
@@ -132,7 +223,8 @@ impl Extender {
         tracing::debug!(pod = ?args.pod.metadata.name, ?decision, passed = passed.len(), "filter");
         match args.nodes {
             Some(mut list) => {
-                list.items.retain(|node| node.metadata.name.as_deref().is_some_and(|n| passed.contains(&n.to_string())));
+                list.items
+                    .retain(|node| node.metadata.name.as_deref().is_some_and(|n| passed.contains(&n.to_string())));
                 out.nodes = Some(list);
             }
             None => out.node_names = Some(passed),
@@ -146,7 +238,7 @@ impl Extender {
         let decision = self.decide(&args.pod);
         let job = job_name(&args.pod);
         let pred = job
-            .and_then(|j| self.plan().assignments.into_iter().find(|a| a.offline == j))
+            .and_then(|j| self.snapshot().plan.assignments.iter().find(|a| a.offline == j).cloned())
             .map_or(0.0, |a| a.predicted_normalized);
         args.node_names()
             .into_iter()
@@ -162,44 +254,76 @@ impl Extender {
             .collect()
     }
 
-    /// The bind verb: accepts a binding that agrees with the plan and records the job as
-    /// running there (it becomes `current` for the next round); refuses one that does not.
+    /// The bind verb: a binding that agrees with the plan writes the plan's decision onto the
+    /// pod and creates its `Binding` through the API server, then records the job as running
+    /// there (it becomes `current` for the next round). Anything else, and every API error,
+    /// is answered in `Error`: kube-scheduler then retries the pod.
     pub fn bind(&self, args: ExtenderBindingArgs) -> ExtenderBindingResult {
-        let plan = self.plan();
-        let mut s = self.lock();
-        let job_name = s
-            .pod_jobs
-            .get(&format!("{}/{}", args.pod_namespace, args.pod_name))
-            .cloned()
-            .unwrap_or_else(|| args.pod_name.clone());
-        let Some(job) = s.workloads.offline.iter_mut().find(|o| o.name == job_name) else {
-            return ExtenderBindingResult {
-                error: format!("pod {}/{} is not an offline job of the plan", args.pod_namespace, args.pod_name),
-            };
+        let fail = |error: String| {
+            tracing::warn!(pod = %args.pod_name, ns = %args.pod_namespace, node = %args.node, %error, "bind refused");
+            ExtenderBindingResult { error }
         };
-        match plan.assignments.iter().find(|a| a.offline == job_name) {
-            Some(a) if a.at.node == args.node => {
-                tracing::info!(pod = %args.pod_name, job = %job_name, node = %args.node, gpu = a.at.gpu, sm = a.sm_percent, quota_mib = a.memory_quota_mib, "bound");
-                job.current = Some(a.at.clone());
-                ExtenderBindingResult::default()
+        let snap = self.snapshot();
+        let job_name = {
+            let i = relock(&self.inputs);
+            let job = i
+                .pod_jobs
+                .get(&format!("{}/{}", args.pod_namespace, args.pod_name))
+                .cloned()
+                .unwrap_or_else(|| args.pod_name.clone());
+            if !i.workloads.offline.iter().any(|o| o.name == job) {
+                return fail(format!("pod {}/{} is not an offline job of the plan", args.pod_namespace, args.pod_name));
             }
-            Some(a) => ExtenderBindingResult {
-                error: format!("plan places {job_name} on {}, not {}", a.at.node, args.node),
-            },
-            None => ExtenderBindingResult {
-                error: format!("plan does not place {job_name} this round"),
-            },
+            job
+        };
+        let a = match snap.plan.assignments.iter().find(|a| a.offline == job_name) {
+            Some(a) if a.at.node == args.node => a,
+            Some(a) => return fail(format!("plan places {job_name} on {}, not {}", a.at.node, args.node)),
+            None => return fail(format!("plan does not place {job_name} this round")),
+        };
+        let Some(api) = &self.api else {
+            return fail(format!(
+                "no Kubernetes API client configured: pod {}/{} not bound (run in-cluster or pass --kubeconfig / --kube-api)",
+                args.pod_namespace, args.pod_name
+            ));
+        };
+        let placement = PodPlacement {
+            node: a.at.node.clone(),
+            gpu: a.at.gpu,
+            sm_percent: a.sm_percent,
+            memory_quota_bytes: a.memory_quota_mib.saturating_mul(1 << 20),
+            online: a.online.clone(),
+            round: snap.round,
+        };
+        if let Err(e) = api.bind_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, &placement) {
+            return fail(format!("pod {}/{} not bound to {}: {e}", args.pod_namespace, args.pod_name, args.node));
         }
+        tracing::info!(pod = %args.pod_name, job = %job_name, node = %args.node, gpu = a.at.gpu, sm = a.sm_percent, quota_mib = a.memory_quota_mib, "bound");
+        {
+            let mut i = relock(&self.inputs);
+            if let Some(job) = i.workloads.offline.iter_mut().find(|o| o.name == job_name) {
+                job.current = Some(a.at.clone());
+            }
+            i.dirty = true;
+        }
+        self.wake.notify_all();
+        ExtenderBindingResult::default()
     }
 
     /// Jobs recorded as running, by job name.
     pub fn bindings(&self) -> BTreeMap<String, GpuRef> {
-        self.lock()
+        relock(&self.inputs)
             .workloads
             .offline
             .iter()
             .filter_map(|o| o.current.clone().map(|c| (o.name.clone(), c)))
             .collect()
+    }
+}
+
+impl Drop for Extender {
+    fn drop(&mut self) {
+        self.stop_planner();
     }
 }
 
@@ -214,17 +338,7 @@ pub fn job_name(pod: &Pod) -> Option<String> {
         .or_else(|| m.name.clone())
 }
 
-/// Binds the HTTP listener.
-pub fn bind(addr: &str) -> Result<tiny_http::Server, Box<dyn std::error::Error + Send + Sync>> {
-    tiny_http::Server::http(addr).map_err(|e| format!("cannot listen on {addr}: {e}").into())
-}
-
-fn json_response(status: u16, body: String) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("static header");
-    tiny_http::Response::from_string(body).with_status_code(status).with_header(header)
-}
-
-fn error_body(msg: &str) -> String {
+pub(crate) fn error_body(msg: &str) -> String {
     serde_json::json!({ "Error": msg }).to_string()
 }
 
@@ -236,12 +350,23 @@ pub fn handle(ext: &Extender, method: &str, path: &str, body: &[u8]) -> (u16, St
     let path = path.split('?').next().unwrap_or("").trim_end_matches('/');
     let path = path.rsplit('/').next().unwrap_or("");
     let result = match (method, path) {
-        ("POST", "filter") => parse::<ExtenderArgs>(body, "ExtenderArgs").map(|a| serde_json::to_string(&ext.filter(a))),
-        ("POST", "prioritize") => parse::<ExtenderArgs>(body, "ExtenderArgs").map(|a| serde_json::to_string(&ext.prioritize(a))),
-        ("POST", "bind") => parse::<ExtenderBindingArgs>(body, "ExtenderBindingArgs").map(|a| serde_json::to_string(&ext.bind(a))),
+        ("POST", "filter") => {
+            parse::<ExtenderArgs>(body, "ExtenderArgs").map(|a| serde_json::to_string(&ext.filter(a)))
+        }
+        ("POST", "prioritize") => {
+            parse::<ExtenderArgs>(body, "ExtenderArgs").map(|a| serde_json::to_string(&ext.prioritize(a)))
+        }
+        ("POST", "bind") => {
+            parse::<ExtenderBindingArgs>(body, "ExtenderBindingArgs").map(|a| serde_json::to_string(&ext.bind(a)))
+        }
         ("GET", "plan") => Ok(serde_json::to_string(&ext.plan())),
         ("GET", "healthz") => Ok(Ok("{\"ok\":true}".to_string())),
-        _ => return (404, error_body(&format!("no endpoint {method} {path}; use POST filter|prioritize|bind, GET plan|healthz"))),
+        _ => {
+            return (
+                404,
+                error_body(&format!("no endpoint {method} {path}; use POST filter|prioritize|bind, GET plan|healthz")),
+            )
+        }
     };
     match result {
         Ok(Ok(s)) => (200, s),
@@ -249,27 +374,6 @@ pub fn handle(ext: &Extender, method: &str, path: &str, body: &[u8]) -> (u16, St
         Err(e) => {
             tracing::warn!(endpoint = path, error = %e, "rejected request");
             (400, error_body(&e))
-        }
-    }
-}
-
-/// Serves requests until the server is unblocked (`Server::unblock`).
-pub fn serve(server: &tiny_http::Server, ext: &Extender) {
-    for mut req in server.incoming_requests() {
-        let method = req.method().as_str().to_string();
-        let url = req.url().to_string();
-        let mut body = Vec::new();
-        let read = req.as_reader().take(MAX_BODY as u64 + 1).read_to_end(&mut body);
-        let (status, text) = match read {
-            Err(e) => (400, error_body(&format!("cannot read body: {e}"))),
-            Ok(_) if body.len() > MAX_BODY => (413, error_body(&format!("body larger than {MAX_BODY} bytes"))),
-            Ok(_) => {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(ext, &method, &url, &body)));
-                r.unwrap_or_else(|_| (500, error_body("internal error")))
-            }
-        };
-        if let Err(e) = req.respond(json_response(status, text)) {
-            tracing::warn!(error = %e, "could not send response");
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod cells;
 pub mod extender;
+pub mod kube_api;
 pub mod matching;
 pub mod plan;
 pub mod predictor;

@@ -20,29 +20,17 @@ fn fixture(name: &str) -> PathBuf {
 /// A running extender on an ephemeral loopback port; stopped on drop.
 struct Running {
     addr: String,
-    server: Arc<tiny_http::Server>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: extender::HttpServer,
     ext: Arc<Extender>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.server.unblock();
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-    }
 }
 
 fn start() -> Running {
     let cluster = ClusterSpec::load(&fixture("cluster.json")).unwrap();
     let workloads = Workloads::load(&fixture("workloads.json"), &cluster).unwrap();
     let ext = Arc::new(Extender::new(cluster, workloads, plan_support::similarity_predictor(), None));
-    let server = Arc::new(extender::bind("127.0.0.1:0").unwrap());
-    let addr = server.server_addr().to_ip().unwrap().to_string();
-    let (s, e) = (server.clone(), ext.clone());
-    let thread = Some(std::thread::spawn(move || extender::serve(&s, &e)));
-    Running { addr, server, thread, ext }
+    let server = extender::HttpServer::start("127.0.0.1:0", ext.clone(), Default::default()).unwrap();
+    let addr = server.local_addr().to_string();
+    Running { addr, _server: server, ext }
 }
 
 /// Sends one request; returns status and parsed JSON body.
@@ -118,17 +106,19 @@ fn prioritize_scores_the_planned_node_within_extender_range() {
 }
 
 #[test]
-fn bind_accepts_the_plan_and_refuses_anything_else() {
+fn bind_refuses_what_the_plan_does_not_say_and_never_fakes_success() {
     let r = start();
     post_fixture(&r.addr, "/filter", "filter_nodenames.json");
     let (status, v) = post_fixture(&r.addr, "/bind", "bind_wrong_node.json");
     assert_eq!(status, 200);
     assert!(v["Error"].as_str().unwrap().contains("not gpu-a"), "{v}");
     assert!(r.ext.bindings().is_empty());
+    // With no API server to create the Binding, a planned bind is an error, not a false
+    // success (tests/extender_bind_api.rs binds through a fake API server).
     let (_, v) = post_fixture(&r.addr, "/bind", "bind.json");
     assert_eq!(keys(&v), ["Error"]);
-    assert_eq!(v["Error"], "");
-    assert_eq!(r.ext.bindings()["train-lm"].node, "gpu-b");
+    assert!(v["Error"].as_str().unwrap().contains("no Kubernetes API client"), "{v}");
+    assert!(r.ext.bindings().is_empty());
 }
 
 #[test]

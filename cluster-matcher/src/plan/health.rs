@@ -2,6 +2,7 @@
 //! unreadable files read as "not Healthy".
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,9 @@ pub enum GpuHealth {
     Missing,
     /// The file is older than the staleness limit: the monitor may be dead.
     Stale { age_s: u64 },
+    /// The file is dated further in the future than the allowed clock skew: its clock (or
+    /// the file) is wrong, so it proves nothing about the monitor being alive now.
+    FromFuture { ahead_ms: u64 },
     /// The file exists but cannot be read or parsed.
     Unreadable { why: String },
 }
@@ -32,6 +36,7 @@ impl GpuHealth {
     pub fn label(&self) -> String {
         match self {
             GpuHealth::Stale { age_s } => format!("Stale({age_s}s)"),
+            GpuHealth::FromFuture { ahead_ms } => format!("Stale(dated {ahead_ms}ms ahead)"),
             GpuHealth::Unreadable { why } => format!("Unreadable({why})"),
             other => format!("{other:?}"),
         }
@@ -52,6 +57,23 @@ pub struct StateFile {
     /// The monitor's own admission verdict, when it says.
     #[serde(default)]
     pub admits_offline: Option<bool>,
+}
+
+/// Default for [`max_clock_skew`]: how far ahead of this host's clock a heartbeat may be
+/// dated and still count (node clocks drift a little even under NTP).
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(2);
+
+static MAX_CLOCK_SKEW_MS: AtomicU64 = AtomicU64::new(DEFAULT_MAX_CLOCK_SKEW.as_millis() as u64);
+
+/// How far in the future a heartbeat may be dated before it reads as stale (process-wide;
+/// `cluster-matcher serve --max-clock-skew-ms` sets it).
+pub fn max_clock_skew() -> Duration {
+    Duration::from_millis(MAX_CLOCK_SKEW_MS.load(Ordering::Relaxed))
+}
+
+/// Sets [`max_clock_skew`].
+pub fn set_max_clock_skew(skew: Duration) {
+    MAX_CLOCK_SKEW_MS.store(u64::try_from(skew.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
 /// Reads health state files under one directory.
@@ -87,11 +109,18 @@ impl HealthReader {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return GpuHealth::Missing,
             Err(e) => return GpuHealth::Unreadable { why: e.to_string() },
         };
-        parse_state(&path, &text, index, now, self.stale_after)
+        parse_state(&path, &text, index, now, self.stale_after, max_clock_skew())
     }
 }
 
-fn parse_state(path: &Path, text: &str, index: u32, now: SystemTime, stale_after: Duration) -> GpuHealth {
+fn parse_state(
+    path: &Path,
+    text: &str,
+    index: u32,
+    now: SystemTime,
+    stale_after: Duration,
+    max_skew: Duration,
+) -> GpuHealth {
     let file: StateFile = match serde_json::from_str(text) {
         Ok(f) => f,
         Err(e) => {
@@ -103,6 +132,13 @@ fn parse_state(path: &Path, text: &str, index: u32, now: SystemTime, stale_after
         return GpuHealth::Unreadable { why: format!("file describes GPU {g}, not {index}") };
     }
     let now_ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    // A heartbeat from the future is no proof of life: without this, a file dated ahead (or
+    // `u64::MAX`) would read as fresh forever, even after its monitor died.
+    let ahead_ms = file.updated_unix_ms.saturating_sub(now_ms);
+    if ahead_ms > max_skew.as_millis() as u64 {
+        tracing::warn!(path = %path.display(), ahead_ms, "GPU state file dated in the future");
+        return GpuHealth::FromFuture { ahead_ms };
+    }
     let age_ms = now_ms.saturating_sub(file.updated_unix_ms);
     if age_ms > stale_after.as_millis() as u64 {
         return GpuHealth::Stale { age_s: age_ms / 1000 };
@@ -167,6 +203,36 @@ mod tests {
         assert!(r.read_at("n0", 0, now).is_healthy());
         assert!(!r.read_at("n0", 2, now).is_healthy());
         std::fs::remove_dir_all(&r.dir).unwrap();
+    }
+
+    #[test]
+    fn heartbeat_dated_in_the_future_is_not_healthy() {
+        let r = reader("future");
+        let now = SystemTime::now();
+        let p0 = r.path("n0", 0);
+        write_state(&p0, "Healthy", now + Duration::from_secs(3600)).unwrap();
+        assert_eq!(r.read_at("n0", 0, now), GpuHealth::FromFuture { ahead_ms: 3_600_000 });
+        assert!(!r.read_at("n0", 0, now).is_healthy());
+        // Within the default skew allowance (2 s) a heartbeat a little ahead still counts.
+        write_state(&p0, "Healthy", now + Duration::from_millis(1500)).unwrap();
+        assert_eq!(r.read_at("n0", 0, now), GpuHealth::Healthy);
+        // updated_unix_ms = u64::MAX never reads as fresh.
+        std::fs::write(&p0, format!(r#"{{"state":"healthy","updated_unix_ms":{}}}"#, u64::MAX)).unwrap();
+        assert!(matches!(r.read_at("n0", 0, now), GpuHealth::FromFuture { .. }));
+        assert!(r.read_at("n0", 0, now).label().starts_with("Stale("));
+        std::fs::remove_dir_all(&r.dir).unwrap();
+    }
+
+    #[test]
+    fn clock_skew_allowance_is_a_parameter() {
+        let now = SystemTime::now();
+        let ms = now.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        let text = format!(r#"{{"state":"healthy","updated_unix_ms":{}}}"#, ms + 5_000);
+        let p = Path::new("x");
+        let ten = Duration::from_secs(10);
+        assert_eq!(parse_state(p, &text, 0, now, ten, Duration::from_secs(10)), GpuHealth::Healthy);
+        assert_eq!(parse_state(p, &text, 0, now, ten, Duration::from_secs(1)), GpuHealth::FromFuture { ahead_ms: 5_000 });
+        assert_eq!(parse_state(p, &text, 0, now, ten, Duration::ZERO), GpuHealth::FromFuture { ahead_ms: 5_000 });
     }
 
     #[test]

@@ -1,0 +1,160 @@
+//! The extender's HTTP server: hyper on a small tokio runtime. Each connection is a task (an
+//! idle keep-alive connection holds no thread); headers and bodies must arrive within a read
+//! deadline (408 otherwise); bodies over the cap get 413 without being read; the verbs run on
+//! blocking threads, so one slow request (a bind waiting on the API server) delays no other.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use super::{error_body, handle, Extender, MAX_BODY};
+
+/// Limits on what one client may make the server wait for or hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Largest request body (413 above it).
+    pub max_body: usize,
+    /// Deadline for a request's headers, and separately for its whole body (408 after it).
+    pub read_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self { max_body: MAX_BODY, read_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// A running server; stops when dropped.
+pub struct HttpServer {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl HttpServer {
+    /// Listens on `addr` and starts serving `ext`.
+    pub fn start(addr: &str, ext: Arc<Extender>, limits: ServerLimits) -> Result<Self, String> {
+        let std_listener = std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        std_listener.set_nonblocking(true).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local = std_listener.local_addr().map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(64)
+            .thread_name("extender-http")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+        let listener = {
+            let _guard = rt.enter();
+            tokio::net::TcpListener::from_std(std_listener).map_err(|e| format!("cannot listen on {addr}: {e}"))?
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        rt.spawn(accept_loop(listener, ext, limits, rx));
+        Ok(Self { addr: local, shutdown: Some(tx), rt: Some(rt) })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until the process ends.
+    pub fn wait(mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.block_on(std::future::pending::<()>());
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    ext: Arc<Extender>,
+    limits: ServerLimits,
+    mut shutdown: tokio::sync::oneshot::Receiver<()>,
+) {
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let ext = ext.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let ext = ext.clone();
+                async move { Ok::<_, Infallible>(respond(ext, req, limits).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.read_timeout)
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        });
+    }
+}
+
+fn json(status: u16, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    r
+}
+
+async fn respond(ext: Arc<Extender>, req: Request<Incoming>, limits: ServerLimits) -> Response<Full<Bytes>> {
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
+    let too_big = || json(413, error_body(&format!("body larger than {} bytes", limits.max_body)));
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body as u64) {
+        return too_big();
+    }
+    let read =
+        tokio::time::timeout(limits.read_timeout, Limited::new(req.into_body(), limits.max_body).collect()).await;
+    let body = match read {
+        Err(_) => {
+            tracing::warn!(%path, "request body not received within the read deadline");
+            return json(408, error_body(&format!("body not received within {:?}", limits.read_timeout)));
+        }
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => return too_big(),
+        Ok(Err(e)) => return json(400, error_body(&format!("cannot read body: {e}"))),
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    let answer = tokio::task::spawn_blocking(move || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(&ext, &method, &path, &body)))
+    })
+    .await;
+    match answer {
+        Ok(Ok((status, text))) => json(status, text),
+        _ => json(500, error_body("internal error")),
+    }
+}
