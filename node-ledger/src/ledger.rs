@@ -123,6 +123,19 @@ fn corrupt(path: &Path, field: &'static str, detail: String) -> LedgerError {
     }
 }
 
+/// Mode of a newly created ledger file, set explicitly whatever the creator's umask: offline
+/// processes run as arbitrary non-root users and every one of them must reach the ledger.
+/// Operators who put offline containers in one group narrow it with [`Ledger::set_access`].
+pub const DEFAULT_FILE_MODE: u32 = 0o666;
+
+fn set_mode(file: &File, path: &Path, mode: u32) -> Result<(), LedgerError> {
+    // SAFETY: fchmod(2) on an fd owned by `file`, open for the duration of the call.
+    if unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) } != 0 {
+        return Err(io_err(path, "fchmod", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// Stable non-zero group id for a container name (FNV-1a 64).
 pub fn group_id_for(name: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -151,6 +164,10 @@ impl Ledger {
             let _lock = FileLock::take(&file, path)?;
             let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
             if len == 0 {
+                // The creator's umask (systemd's UMask=0022, a shell's) must not decide who
+                // can reach the ledger: a file offline processes cannot open would leave them
+                // outside the group's quota.
+                set_mode(&file, path, DEFAULT_FILE_MODE)?;
                 file.set_len(LAYOUT_SIZE as u64)
                     .map_err(|e| io_err(path, "set_len", e))?;
                 let map = map(&file, path)?;
@@ -194,6 +211,26 @@ impl Ledger {
             file,
             path: path.to_owned(),
         })
+    }
+
+    /// Sets the ledger file's group (when given) and then its mode, explicitly (never through
+    /// a umask). The monitor calls this with its configured access on every start, so an
+    /// existing file gets the configured access too.
+    pub fn set_access(&self, mode: u32, gid: Option<u32>) -> Result<(), LedgerError> {
+        if let Some(g) = gid {
+            // SAFETY: fchown(2) on an fd owned by `self.file`; uid -1 leaves the owner as is.
+            if unsafe { libc::fchown(self.file.as_raw_fd(), u32::MAX, g) } != 0 {
+                return Err(io_err(&self.path, "fchown", io::Error::last_os_error()));
+            }
+        }
+        set_mode(&self.file, &self.path, mode)
+    }
+
+    /// The ledger file's permission bits and group, as the kernel reports them.
+    pub fn access(&self) -> Result<(u32, u32), LedgerError> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?;
+        Ok((m.mode() & 0o7777, m.gid()))
     }
 
     /// The file this ledger maps.
@@ -578,6 +615,20 @@ mod tests {
             LedgerError::Corrupt { field, .. } => field,
             other => panic!("expected Corrupt, got {other}"),
         }
+    }
+
+    #[test]
+    fn a_new_ledger_is_reachable_whatever_the_umask() {
+        let d = tempfile::tempdir().unwrap();
+        // SAFETY: umask(2) only changes this process's file-creation mask.
+        let old = unsafe { libc::umask(0o077) };
+        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0);
+        // SAFETY: as above, restoring the previous mask.
+        unsafe { libc::umask(old) };
+        let l = l.unwrap();
+        assert_eq!(l.access().unwrap().0, DEFAULT_FILE_MODE);
+        l.set_access(0o660, None).unwrap();
+        assert_eq!(l.access().unwrap().0, 0o660);
     }
 
     #[test]

@@ -34,6 +34,14 @@ pub struct Config {
     /// MPS manager; `$XSHARE_LEDGER_DIR` overrides it.
     #[serde(default = "d_ledger")]
     pub ledger_dir: PathBuf,
+    /// Permission bits of the ledger file, octal (`"0666"`: offline processes run as arbitrary
+    /// users and must all reach it; `"0660"` with `ledger_group` when they share a group). Set
+    /// explicitly on every start, whatever the service's umask.
+    #[serde(default = "d_ledger_mode")]
+    pub ledger_mode: String,
+    /// Group owning the ledger file (a name from the group database, or a numeric gid).
+    #[serde(default)]
+    pub ledger_group: Option<String>,
     /// JSON state file for the cluster component (rewritten atomically); empty means
     /// `<ledger_dir>/gpu<N>/state.json`.
     #[serde(default)]
@@ -150,6 +158,9 @@ fn d_history() -> u64 {
 fn d_ledger() -> PathBuf {
     node_ledger::config::DEFAULT_LEDGER_DIR.into()
 }
+fn d_ledger_mode() -> String {
+    format!("{:04o}", node_ledger::ledger::DEFAULT_FILE_MODE)
+}
 fn d_state_every() -> u64 {
     100
 }
@@ -167,6 +178,10 @@ impl Default for Config {
 impl Config {
     /// Semantic checks; returns `(dotted field, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
+        self.ledger_mode_bits()
+            .map_err(|m| ("ledger_mode".to_string(), m))?;
+        self.ledger_gid()
+            .map_err(|m| ("ledger_group".to_string(), m))?;
         if self.interval_ms == 0 {
             return Err(("interval_ms".into(), "must be >= 1".into()));
         }
@@ -255,6 +270,43 @@ impl Config {
         }
     }
 
+    /// `ledger_mode` as permission bits (validated).
+    pub fn ledger_mode_bits(&self) -> Result<u32, String> {
+        let t = self.ledger_mode.trim();
+        let bits = u32::from_str_radix(t.trim_start_matches("0o"), 8)
+            .map_err(|_| format!("`{t}` is not an octal mode like \"0660\""))?;
+        if bits > 0o777 {
+            return Err(format!(
+                "`{t}`: only permission bits (at most 0777) are allowed"
+            ));
+        }
+        if bits & 0o600 != 0o600 {
+            return Err(format!(
+                "`{t}`: the owner (the monitor) needs read and write"
+            ));
+        }
+        Ok(bits)
+    }
+
+    /// `ledger_group` as a gid (a name is looked up in the group database).
+    pub fn ledger_gid(&self) -> Result<Option<u32>, String> {
+        let Some(g) = self.ledger_group.as_deref() else {
+            return Ok(None);
+        };
+        if let Ok(n) = g.parse::<u32>() {
+            return Ok(Some(n));
+        }
+        let name = std::ffi::CString::new(g).map_err(|_| format!("`{g}` contains a NUL"))?;
+        // SAFETY: getgrnam(3) with a valid C string; the returned record is read at once, before
+        // any other group-database call on this thread.
+        let gr = unsafe { libc::getgrnam(name.as_ptr()) };
+        if gr.is_null() {
+            return Err(format!("no group named `{g}` in the group database"));
+        }
+        // SAFETY: non-null record from getgrnam, see above.
+        Ok(Some(unsafe { (*gr).gr_gid }))
+    }
+
     /// This GPU's ledger file.
     pub fn ledger_path(&self) -> PathBuf {
         node_ledger::config::ledger_path(&self.ledger_dir, self.gpu_index)
@@ -270,6 +322,22 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ledger_access_is_checked() {
+        let mut c = Config::default();
+        assert_eq!(c.ledger_mode_bits(), Ok(0o666));
+        for bad in ["rw", "0999", "01777", "0066"] {
+            c.ledger_mode = bad.into();
+            assert_eq!(c.validate().unwrap_err().0, "ledger_mode", "{bad}");
+        }
+        c.ledger_mode = "0660".into();
+        c.ledger_group = Some("no-such-group-xshare".into());
+        assert_eq!(c.validate().unwrap_err().0, "ledger_group");
+        c.ledger_group = Some("0".into());
+        assert_eq!(c.ledger_gid(), Ok(Some(0)));
+        assert!(c.validate().is_ok());
+    }
 
     #[test]
     fn empty_file_gives_defaults_that_validate() {

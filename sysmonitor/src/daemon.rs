@@ -200,6 +200,11 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
     let lpath = cfg.ledger_path();
     let ledger = node_ledger::Ledger::open_or_create(&lpath, cfg.gpu_index)
         .map_err(|e| format!("ledger: {e}"))?;
+    // Validated with the config; applied on every start so an existing file gets it too.
+    let (mode, gid) = (cfg.ledger_mode_bits()?, cfg.ledger_gid()?);
+    ledger
+        .set_access(mode, gid)
+        .map_err(|e| format!("ledger access (ledger_mode/ledger_group): {e}"))?;
     if let Some(dir) = cfg.state_file.parent() {
         let _ = std::fs::create_dir_all(dir);
     }

@@ -130,12 +130,14 @@ fn build() -> State {
     if total == 0 && cfg.memory.quota_bytes.is_none() {
         tracing::error!("xcuda: device memory unknown and no quota_bytes configured: quota is 0");
     }
-    // A process that failed closed counts alone against 0 bytes (it must not set a group's quota).
+    // Without the group's ledger this process cannot know what the rest of its container
+    // holds, so it fails closed: alone against 0 bytes (never the whole quota for itself, and
+    // it must not set a group's quota).
     let quota = match if cfg.failed_closed { Err("configuration error".into()) } else { open_ledger(cfg, limit) } {
         Ok(q) => q,
         Err(e) => {
-            tracing::warn!("xcuda: {e}; counting this process alone against {limit} bytes");
-            Quota::local(limit)
+            tracing::error!("xcuda: {e}; refusing device allocations (the group's quota cannot be checked without its ledger: check the ledger's mode and group)");
+            Quota::local(0)
         }
     };
     let quota = quota.owned_by(crate::exit::current_context);

@@ -29,7 +29,7 @@ fn bad_config_is_one_clear_line_and_fails_closed() {
 }
 
 #[test]
-fn corrupt_ledger_is_named_and_the_process_is_still_limited() {
+fn corrupt_ledger_is_named_and_the_process_fails_closed() {
     let host = EmuHost::new();
     let path = node_ledger::config::ledger_path(&ledger_dir(&host), 0);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -41,7 +41,9 @@ fn corrupt_ledger_is_named_and_the_process_is_still_limited() {
     let out = child.finish(T);
     let err = child.stderr();
     assert!(err.contains(&path.display().to_string()) && err.contains("total_size"), "names file and field: {err}");
-    assert_eq!(rc_of(&out.lines().map(str::to_string).collect::<Vec<_>>(), "alloc="), ["0", "2"], "local quota still enforced: {out}");
+    // Without its group's ledger the process cannot know what its container holds: refused,
+    // never a per-process copy of the quota (issue 8, observation 3).
+    assert_eq!(rc_of(&out.lines().map(str::to_string).collect::<Vec<_>>(), "alloc="), ["2", "2"], "fails closed: {out}");
     assert_eq!(std::fs::read(&path).unwrap(), junk, "the corrupt file is left alone");
 }
 
