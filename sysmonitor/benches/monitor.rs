@@ -39,7 +39,7 @@ fn config(interval_ms: u64) -> String {
     "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
     "sm_activity": {{ "healthy": 30, "unhealthy": 60, "overlimit": 80 }},
     "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
-    "hold_base_ms": 50, "hold_factor": 1.0, "hold_max_ms": 50 }},
+    "overlimit_sustain_ms": 0, "hold_base_ms": 50, "hold_factor": 1.0, "hold_max_ms": 50 }},
   "evictor": {{ "grace_ms": 5000 }} }}"#
     )
 }

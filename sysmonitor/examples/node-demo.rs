@@ -173,7 +173,7 @@ fn run() -> Result<(), String> {
     "gpu_util":    { "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false },
     "sm_activity": { "healthy": 60, "unhealthy": 75, "overlimit": 90 },
     "sm_clock":    { "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false },
-    "hold_base_ms": 2000, "hold_max_ms": 60000 },
+    "overlimit_sustain_ms": 300, "hold_base_ms": 2000, "hold_max_ms": 60000 },
   "evictor": { "grace_ms": 5000 },
   "verify": { "every_ms": 200 } }"#,
     )

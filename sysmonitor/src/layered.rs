@@ -216,7 +216,7 @@ mod tests {
             "a.json",
             "{\n\"name\": \"x\",\n\"inner\": {\"a\": 1,}\n}",
         );
-        let e = load::<Top>(&[a.clone()], ok).unwrap_err();
+        let e = load::<Top>(std::slice::from_ref(&a), ok).unwrap_err();
         assert_eq!(e.file, a);
         assert_eq!(e.line, Some(3));
     }
@@ -279,7 +279,7 @@ mod tests {
         big.push_str(&"x".repeat(MAX_FILE_BYTES as usize));
         big.push_str("\"}");
         let p = write(d.path(), "big.json", &big);
-        let e = load::<serde_json::Value>(&[p.clone()], |_| Ok(())).unwrap_err();
+        let e = load::<serde_json::Value>(std::slice::from_ref(&p), |_| Ok(())).unwrap_err();
         assert_eq!(e.file, p);
         assert!(e.message.contains("larger than"), "{e}");
         // An endless file is refused as well, without reading it all.

@@ -27,12 +27,14 @@ CONFIG:
     Main keys: interval_ms (>= 1), history_secs, ledger_dir ($XSHARE_LEDGER_DIR overrides),
     state_file, metrics_listen (\"127.0.0.1:9400\" or \"unix:/run/xshare/m.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled},
-    machine.{hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
+    machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
     host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run},
     verify.{tolerance_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
     kernel log besides NVML events), xid_log_match (\"PCI:0000:3b:00\": only this GPU's lines).
 
 STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -> healthy | overlimit;
+    overlimit only after a metric stays past it for overlimit_sustain_ms (default 2000) and only
+    for load an online process drives (offline-only load is the shim throttle's job: unhealthy);
     overlimit -> unhealthy after a hold of hold_base_ms * hold_factor^(entries in window - 1);
     disabled on NVML errors, critical XIDs or operator. Offline work is admitted only when healthy.
 

@@ -22,6 +22,9 @@ struct Run {
     online_p99_ms: f64,
     online_p50_ms: f64,
     offline_iters_per_s: f64,
+    /// The offline process's ledger counters (launches, launches the throttle delayed).
+    launches: u64,
+    launches_delayed: u64,
 }
 
 const TARGET: f64 = 0.35;
@@ -100,6 +103,7 @@ fn run(throttled: bool, publish: bool) -> Run {
     let mut online = host.spawn(&mut on);
     let out = online.finish(T);
     let (t1, s1) = (Instant::now(), share_at(&dev));
+    let me = l.procs().into_iter().find(|p| p.pid == pid).expect("offline registered in the ledger");
     offline.signal(libc::SIGTERM);
     let off_out = offline.finish(T);
     stop.store(true, Ordering::Relaxed);
@@ -114,25 +118,34 @@ fn run(throttled: bool, publish: bool) -> Run {
         online_p99_ms: on_json["p99_ms"].as_f64().unwrap(),
         online_p50_ms: on_json["p50_ms"].as_f64().unwrap(),
         offline_iters_per_s: off_json["iters_per_s"].as_f64().unwrap(),
+        launches: me.launches,
+        launches_delayed: me.launches_delayed,
     }
 }
 
+/// Mechanism, not tolerance (issue 8 obs. 11): the throttle delays launches and moves the
+/// load toward the target from an overloaded control run. The figures are printed (they
+/// belong in benchmarks); none is compared against a band on this shared machine.
 #[test]
-fn throttle_holds_offline_share_near_target_and_online_latency_improves() {
+fn throttle_delays_launches_and_moves_the_load_toward_target() {
     let _one = serial();
     let free = run(false, true);
     let held = run(true, true);
     let msg = format!(
-        "unthrottled: share {:.3} load {:.3} p50 {:.2} p99 {:.2} iters/s {:.1}\n  throttled: share {:.3} load {:.3} p50 {:.2} p99 {:.2} iters/s {:.1}",
-        free.offline_share, free.load, free.online_p50_ms, free.online_p99_ms, free.offline_iters_per_s,
-        held.offline_share, held.load, held.online_p50_ms, held.online_p99_ms, held.offline_iters_per_s
+        "unthrottled: share {:.3} load {:.3} p50 {:.2} p99 {:.2} iters/s {:.1} launches {}/{} delayed\n  throttled: share {:.3} load {:.3} p50 {:.2} p99 {:.2} iters/s {:.1} launches {}/{} delayed (target {TARGET})",
+        free.offline_share, free.load, free.online_p50_ms, free.online_p99_ms, free.offline_iters_per_s, free.launches_delayed, free.launches,
+        held.offline_share, held.load, held.online_p50_ms, held.online_p99_ms, held.offline_iters_per_s, held.launches_delayed, held.launches
     );
     eprintln!("{msg}");
-    assert!(free.load > TARGET + 0.3, "control run must overload the GPU: {msg}");
-    assert!((held.load - TARGET).abs() < 0.1, "throttled load near target {TARGET}: {msg}");
-    assert!(held.offline_share < free.offline_share * 0.7, "{msg}");
-    assert!(held.offline_share > 0.1, "throttled offline still progresses: {msg}");
-    assert!(held.online_p99_ms < free.online_p99_ms, "online p99 improves: {msg}");
+    assert!(free.load > TARGET, "control run must overload the GPU past the target: {msg}");
+    assert_eq!(free.launches_delayed, 0, "control run: the throttle is off: {msg}");
+    assert!(held.launches_delayed > 0, "the throttle delayed launches: {msg}");
+    assert!(
+        (held.load - TARGET).abs() < (free.load - TARGET).abs(),
+        "throttled load moved toward the target: {msg}"
+    );
+    assert!(held.offline_share < free.offline_share, "offline share went down: {msg}");
+    assert!(held.offline_share > 0.0, "throttled offline still progresses: {msg}");
 }
 
 #[test]
@@ -140,10 +153,14 @@ fn without_monitor_data_the_throttle_falls_back_to_a_fixed_rate_not_unlimited() 
     let _one = serial();
     let free = run(false, false);
     let blind = run(true, false);
-    let msg = format!("unthrottled share {:.3}, no-monitor share {:.3}", free.offline_share, blind.offline_share);
+    let msg = format!(
+        "unthrottled share {:.3} ({} delayed), no-monitor share {:.3} ({}/{} delayed)",
+        free.offline_share, free.launches_delayed, blind.offline_share, blind.launches_delayed, blind.launches
+    );
     eprintln!("{msg}");
-    assert!(blind.offline_share < free.offline_share * 0.8, "stale data must not mean unlimited: {msg}");
-    assert!(blind.offline_share > 0.05, "the fallback rate still lets work through: {msg}");
+    assert!(blind.launches_delayed > 0, "stale data must not mean unlimited: {msg}");
+    assert!(blind.offline_share < free.offline_share, "stale data must not mean unlimited: {msg}");
+    assert!(blind.offline_share > 0.0, "the fallback rate still lets work through: {msg}");
 }
 
 #[test]

@@ -36,18 +36,20 @@ pub struct Snapshot {
     pub point: Point,
 }
 
-/// NVML's UUID text for the device's 16 UUID bytes.
+/// NVML's UUID text for the device's 16 UUID bytes. Built without `format!` per byte: every
+/// NVML query takes a snapshot, so this runs on the monitor's sampling path.
 pub fn uuid_text(b: &[u8; 16]) -> String {
-    let hex =
-        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        hex(0..4),
-        hex(4..6),
-        hex(6..8),
-        hex(8..10),
-        hex(10..16)
-    )
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(40);
+    s.push_str("GPU-");
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push(HEX[usize::from(x >> 4)] as char);
+        s.push(HEX[usize::from(x & 15)] as char);
+    }
+    s
 }
 
 /// Opens the device the environment names.
