@@ -61,13 +61,21 @@ fn set_mps_percentage_from_budget() {
     // on the first driver call, after the application may have set its environment.
     let (cfg, _) = crate::config::Config::load(&get);
     let path = cfg.ledger().ledger_path();
-    let budget = Ledger::open_existing(&path)
-        .ok()
-        .and_then(|l| fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000));
-    let Some(v) = mps_env_value(&get, budget) else { return };
-    let (Ok(k), Ok(val), Ok(mark)) =
-        (std::ffi::CString::new(MPS_ENV), std::ffi::CString::new(v.clone()), std::ffi::CString::new(MPS_ENV_MARK))
-    else {
+    let budget = Ledger::open_existing(&path).ok().and_then(|l| {
+        fresh_budget(
+            &l,
+            node_ledger::clock::now_ns(),
+            cfg.throttle.stale_after_ms * 1_000_000,
+        )
+    });
+    let Some(v) = mps_env_value(&get, budget) else {
+        return;
+    };
+    let (Ok(k), Ok(val), Ok(mark)) = (
+        std::ffi::CString::new(MPS_ENV),
+        std::ffi::CString::new(v.clone()),
+        std::ffi::CString::new(MPS_ENV_MARK),
+    ) else {
         return;
     };
     // SAFETY: a library constructor runs before main, while the process has one thread; the
@@ -94,22 +102,44 @@ mod tests {
     fn env_value_respects_the_user_and_needs_a_fresh_budget() {
         let none = |_: &str| None;
         assert_eq!(mps_env_value(&none, Some(0.25)), Some("25".into()));
-        assert_eq!(mps_env_value(&none, None), None, "stale or absent: leave MPS's default");
+        assert_eq!(
+            mps_env_value(&none, None),
+            None,
+            "stale or absent: leave MPS's default"
+        );
         let user = |k: &str| (k == MPS_ENV).then(|| "70".to_string());
-        assert_eq!(mps_env_value(&user, Some(0.25)), None, "the user's value is kept");
+        assert_eq!(
+            mps_env_value(&user, Some(0.25)),
+            None,
+            "the user's value is kept"
+        );
         let ours = |k: &str| (k == MPS_ENV || k == MPS_ENV_MARK).then(|| "70".to_string());
-        assert_eq!(mps_env_value(&ours, Some(0.25)), Some("25".into()), "a parent shim's value is recomputed");
+        assert_eq!(
+            mps_env_value(&ours, Some(0.25)),
+            Some("25".into()),
+            "a parent shim's value is recomputed"
+        );
     }
 
     #[test]
     fn budget_is_read_only_when_fresh() {
         let d = tempfile::tempdir().unwrap();
         let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
-        assert_eq!(fresh_budget(&l, node_ledger::clock::now_ns(), 500_000_000), None);
-        let s = node_ledger::monitor::MonitorSample { offline_sm_budget_permille: 300, ..Default::default() };
+        assert_eq!(
+            fresh_budget(&l, node_ledger::clock::now_ns(), 500_000_000),
+            None
+        );
+        let s = node_ledger::monitor::MonitorSample {
+            offline_sm_budget_permille: 300,
+            ..Default::default()
+        };
         let now = node_ledger::clock::now_ns();
         l.publish_at(&s, now);
         assert_eq!(fresh_budget(&l, now, 500_000_000), Some(0.3));
-        assert_eq!(fresh_budget(&l, now + 600_000_000, 500_000_000), None, "stale");
+        assert_eq!(
+            fresh_budget(&l, now + 600_000_000, 500_000_000),
+            None,
+            "stale"
+        );
     }
 }

@@ -29,7 +29,10 @@ impl Publisher {
         let s2 = stop.clone();
         let h = std::thread::spawn(move || {
             while !s2.load(Ordering::Relaxed) {
-                l.publish(&MonitorSample { offline_sm_budget_permille: permille, ..Default::default() });
+                l.publish(&MonitorSample {
+                    offline_sm_budget_permille: permille,
+                    ..Default::default()
+                });
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
@@ -54,16 +57,28 @@ fn env_seen(host: &EmuHost, user: Option<&str>) -> String {
     }
     c.args(["env", VAR]);
     let lines = run(host, &mut c);
-    lines.iter().find_map(|l| l.strip_prefix("env=")).unwrap_or_else(|| panic!("{lines:?}")).to_string()
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix("env="))
+        .unwrap_or_else(|| panic!("{lines:?}"))
+        .to_string()
 }
 
 #[test]
 fn constructor_sets_the_mps_percentage_from_a_fresh_budget_and_keeps_the_users() {
     let host = EmuHost::new();
-    assert_eq!(env_seen(&host, None), "", "no budget published: MPS's own default");
+    assert_eq!(
+        env_seen(&host, None),
+        "",
+        "no budget published: MPS's own default"
+    );
     let _p = Publisher::start(&host, 301);
     assert_eq!(env_seen(&host, None), "31", "rounded up from 30.1 %");
-    assert_eq!(env_seen(&host, Some("70")), "70", "the user's value is left alone");
+    assert_eq!(
+        env_seen(&host, Some("70")),
+        "70",
+        "the user's value is left alone"
+    );
     drop(_p);
     let _p = Publisher::start(&host, 20);
     assert_eq!(env_seen(&host, None), "10", "never below the sane minimum");
@@ -73,13 +88,23 @@ fn constructor_sets_the_mps_percentage_from_a_fresh_budget_and_keeps_the_users()
 fn a_running_process_follows_the_budget_and_falls_back_when_it_goes_stale() {
     let host = EmuHost::new();
     let cfg = host.root().join("xcuda-budget.json");
-    std::fs::write(&cfg, r#"{"throttle": {"target_load": 0.8, "stale_after_ms": 200}}"#).unwrap();
+    std::fs::write(
+        &cfg,
+        r#"{"throttle": {"target_load": 0.8, "stale_after_ms": 200}}"#,
+    )
+    .unwrap();
     let mut c = limited(&host, "shim_client", 1 << 30, "follow");
-    c.env("XCUDA_CONFIG", &cfg).args(["ctx", "ready", "wait", "ready", "wait"]);
+    c.env("XCUDA_CONFIG", &cfg)
+        .args(["ctx", "ready", "wait", "ready", "wait"]);
     let mut k = host.spawn(&mut c);
-    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}", k.stderr()));
+    k.wait_for_line("ready", T)
+        .unwrap_or_else(|| panic!("{}", k.stderr()));
     let targets = |k: &e2e::EmuChild| -> Vec<String> {
-        k.stderr().lines().filter(|l| l.contains("throttle target changed")).map(str::to_string).collect()
+        k.stderr()
+            .lines()
+            .filter(|l| l.contains("throttle target changed"))
+            .map(str::to_string)
+            .collect()
     };
     let wait_for = |k: &e2e::EmuChild, n: usize| {
         let start = Instant::now();
@@ -91,15 +116,27 @@ fn a_running_process_follows_the_budget_and_falls_back_when_it_goes_stale() {
     {
         let _p = Publisher::start(&host, 250);
         let t = wait_for(&k, 1);
-        assert!(t.len() == 1 && t[0].contains("target=0.25"), "fresh budget lowers the target: {t:?}\n{}", k.stderr());
+        assert!(
+            t.len() == 1 && t[0].contains("target=0.25"),
+            "fresh budget lowers the target: {t:?}\n{}",
+            k.stderr()
+        );
     }
     // Publisher stopped: the budget goes stale and the configured target comes back.
     let t = wait_for(&k, 2);
-    assert!(t.len() >= 2 && t[1].contains("target=0.8"), "stale budget: static target again: {t:?}");
+    assert!(
+        t.len() >= 2 && t[1].contains("target=0.8"),
+        "stale budget: static target again: {t:?}"
+    );
     {
         let _p = Publisher::start(&host, 950);
         std::thread::sleep(Duration::from_millis(500));
-        assert_eq!(targets(&k).len(), 2, "a budget above the configured target never loosens it: {:?}", targets(&k));
+        assert_eq!(
+            targets(&k).len(),
+            2,
+            "a budget above the configured target never loosens it: {:?}",
+            targets(&k)
+        );
     }
     k.send_line("go");
     k.send_line("go");

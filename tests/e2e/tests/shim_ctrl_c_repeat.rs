@@ -20,8 +20,14 @@ use shim_support::*;
 fn python() -> PathBuf {
     let p = std::env::var_os("XSHARE_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
-    assert!(p.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", p.display());
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        });
+    assert!(
+        p.exists(),
+        "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON",
+        p.display()
+    );
     p
 }
 
@@ -40,10 +46,9 @@ fn neighbour(host: &EmuHost, runs: usize) -> EmuChild {
     b
 }
 
-/// Outcome of one Ctrl-C run.
+/// How a Ctrl-C run failed.
 #[derive(Debug, PartialEq)]
 enum Outcome {
-    Clean,
     /// The emulator's MPS server was poisoned: the trainer died with its context live.
     Poisoned(String),
     /// The neighbour did not complete its kernel.
@@ -59,22 +64,36 @@ fn ctrl_c_runs(runs: usize, pause_ms: u64) -> (usize, Option<Outcome>) {
     let py = python();
     let mut b = neighbour(&host, runs);
     let cfg = host.root().join("xcuda-pause.json");
-    std::fs::write(&cfg, format!(r#"{{"exit": {{"test_release_pause_ms": {pause_ms}}}}}"#)).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(r#"{{"exit": {{"test_release_pause_ms": {pause_ms}}}}}"#),
+    )
+    .unwrap();
     for i in 0..runs {
         let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
         // Fault injection (pause_ms > 0): each context release takes that much longer, so the
         // exit path and the signal path overlap on every run instead of on ~1 run in 100.
         c.env("XCUDA_CONFIG", &cfg).arg(trainer_script());
         let mut trainer = host.spawn(&mut c);
-        trainer.wait_for_line("ready", T).unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
+        trainer
+            .wait_for_line("ready", T)
+            .unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
         trainer.signal(libc::SIGINT);
-        let st = trainer.wait_timeout(T).unwrap_or_else(|| panic!("python exits on Ctrl-C: {}", trainer.stderr()));
+        let st = trainer
+            .wait_timeout(T)
+            .unwrap_or_else(|| panic!("python exits on Ctrl-C: {}", trainer.stderr()));
         use std::os::unix::process::ExitStatusExt;
         let err = trainer.stderr();
-        assert!(err.contains("KeyboardInterrupt"), "Python's own handler ran: {err}");
+        assert!(
+            err.contains("KeyboardInterrupt"),
+            "Python's own handler ran: {err}"
+        );
         // CPython re-kills itself with SIGINT; the process ends by that signal or, when the exit
         // path got there first, with Python's own 130.
-        assert!(st.signal() == Some(libc::SIGINT) || st.code() == Some(130), "{st:?} {err}");
+        assert!(
+            st.signal() == Some(libc::SIGINT) || st.code() == Some(130),
+            "{st:?} {err}"
+        );
         // Let the emulator reap the dead client (it does on state access after its reap period).
         for _ in 0..10 {
             std::thread::sleep(Duration::from_millis(20));
@@ -83,18 +102,35 @@ fn ctrl_c_runs(runs: usize, pause_ms: u64) -> (usize, Option<Outcome>) {
         let s = dev.mps_status();
         if s.poisoned {
             dev.mps_quit();
-            return (i, Some(Outcome::Poisoned(format!("run {i}: {s:?}; python stderr: {err}"))));
+            return (
+                i,
+                Some(Outcome::Poisoned(format!(
+                    "run {i}: {s:?}; python stderr: {err}"
+                ))),
+            );
         }
         b.send_line("go");
         let start = Instant::now();
         while b.lines("spin=").len() < i + 1 {
             if start.elapsed() > Duration::from_secs(20) {
                 dev.mps_quit();
-                return (i, Some(Outcome::NeighbourHung(format!("run {i}: {:?}; python stderr: {err}", dev.mps_status()))));
+                return (
+                    i,
+                    Some(Outcome::NeighbourHung(format!(
+                        "run {i}: {:?}; python stderr: {err}",
+                        dev.mps_status()
+                    ))),
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(b.lines("spin=").iter().all(|l| e2e::field(l, "spin") == Some("0")), "{}", b.stdout());
+        assert!(
+            b.lines("spin=")
+                .iter()
+                .all(|l| e2e::field(l, "spin") == Some("0")),
+            "{}",
+            b.stdout()
+        );
     }
     (runs, None)
 }
@@ -110,10 +146,19 @@ fn repeated_python_ctrl_c_never_hangs_the_neighbour() {
 #[test]
 #[ignore]
 fn stress_python_ctrl_c() {
-    let runs = std::env::var("XSHARE_STRESS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
-    let pause = std::env::var("XSHARE_STRESS_PAUSE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let runs = std::env::var("XSHARE_STRESS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let pause = std::env::var("XSHARE_STRESS_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let t = Instant::now();
     let (clean, fail) = ctrl_c_runs(runs, pause);
-    eprintln!("python ctrl-c stress: {clean}/{runs} clean in {:?}; first failure: {fail:?}", t.elapsed());
+    eprintln!(
+        "python ctrl-c stress: {clean}/{runs} clean in {:?}; first failure: {fail:?}",
+        t.elapsed()
+    );
     assert_eq!(fail, None);
 }

@@ -14,7 +14,11 @@ fn steps_then_full_alloc(death: &[&str], name: &str) -> Vec<String> {
     let host = EmuHost::new();
     let three_q = (Q * 3 / 4).to_string();
     let q = Q.to_string();
-    let (first, again) = if death == ["destroy"] { ("ctx", "ctx") } else { ("primary", "primary") };
+    let (first, again) = if death == ["destroy"] {
+        ("ctx", "ctx")
+    } else {
+        ("primary", "primary")
+    };
     let mut args = vec![first, "alloc", &three_q, "alloc", "1048576"];
     args.extend_from_slice(death);
     args.extend([again, "meminfo", "alloc", &q]);
@@ -22,10 +26,25 @@ fn steps_then_full_alloc(death: &[&str], name: &str) -> Vec<String> {
     c.args(&args);
     let lines = run(&host, &mut c);
     let allocs = rc_of(&lines, "alloc=");
-    assert_eq!(allocs, vec!["0", "0", "0"], "{name}: the full quota fits again after the context died: {lines:?}");
-    let mi = lines.iter().find(|l| l.starts_with("meminfo=")).expect("meminfo");
-    assert_eq!(e2e::field(mi, "total"), Some(Q.to_string().as_str()), "{mi}");
-    assert_eq!(e2e::field(mi, "free"), Some(Q.to_string().as_str()), "{name}: nothing counted after the death: {mi}");
+    assert_eq!(
+        allocs,
+        vec!["0", "0", "0"],
+        "{name}: the full quota fits again after the context died: {lines:?}"
+    );
+    let mi = lines
+        .iter()
+        .find(|l| l.starts_with("meminfo="))
+        .expect("meminfo");
+    assert_eq!(
+        e2e::field(mi, "total"),
+        Some(Q.to_string().as_str()),
+        "{mi}"
+    );
+    assert_eq!(
+        e2e::field(mi, "free"),
+        Some(Q.to_string().as_str()),
+        "{name}: nothing counted after the death: {mi}"
+    );
     lines
 }
 
@@ -51,12 +70,29 @@ fn primary_reset_returns_its_memory_to_the_quota() {
 fn group_usage_is_zero_after_the_destroy_while_the_process_lives() {
     let host = EmuHost::new();
     let mut c = limited(&host, "shim_client", Q, "live");
-    c.args(["ctx", "alloc", &(Q / 2).to_string(), "ready", "destroy", "ready", "wait"]);
+    c.args([
+        "ctx",
+        "alloc",
+        &(Q / 2).to_string(),
+        "ready",
+        "destroy",
+        "ready",
+        "wait",
+    ]);
     let mut p = host.spawn(&mut c);
-    p.wait_for_line("destroy=", T).unwrap_or_else(|| panic!("{}", p.stderr()));
+    p.wait_for_line("destroy=", T)
+        .unwrap_or_else(|| panic!("{}", p.stderr()));
     let l = ledger(&host);
-    let g = l.group(node_ledger::ledger::group_id_for("live"), 1).unwrap();
-    assert_eq!(l.group_used(g), 0, "stdout: {} stderr: {}", p.stdout(), p.stderr());
+    let g = l
+        .group(node_ledger::ledger::group_id_for("live"), 1)
+        .unwrap();
+    assert_eq!(
+        l.group_used(g),
+        0,
+        "stdout: {} stderr: {}",
+        p.stdout(),
+        p.stderr()
+    );
     p.send_line("go");
     p.finish(T);
 }
