@@ -51,7 +51,13 @@ fn our_dispatch(level: &str) -> tracing::Dispatch {
     use tracing_subscriber::filter::LevelFilter;
     let lvl = level.parse::<LevelFilter>().unwrap_or(LevelFilter::WARN);
     tracing::Dispatch::new(
-        tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(lvl).with_target(false).finish(),
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(lvl)
+            .with_target(false)
+            // Plain text into files, pipes and the journal; colour only on a terminal.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .finish(),
     )
 }
 

@@ -41,6 +41,7 @@ fn corrupt_ledger_is_named_and_the_process_fails_closed() {
     let out = child.finish(T);
     let err = child.stderr();
     assert!(err.contains(&path.display().to_string()) && err.contains("total_size"), "names file and field: {err}");
+    assert!(!err.contains('\x1b'), "stderr is a file: plain text, no colour codes: {err:?}");
     // Without its group's ledger the process cannot know what its container holds: refused,
     // never a per-process copy of the quota (issue 8, observation 3).
     assert_eq!(rc_of(&out.lines().map(str::to_string).collect::<Vec<_>>(), "alloc="), ["2", "2"], "fails closed: {out}");
