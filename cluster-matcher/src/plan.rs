@@ -80,6 +80,10 @@ pub struct Plan {
     /// Online workloads left without a GPU.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub online_waiting: Vec<OnlineWaiting>,
+    /// Online workloads pinned to a GPU that their VC's cells cannot take (cells mode): they
+    /// keep running, their GPU is never handed to other online work, the reason says why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub online_unregistered: Vec<OnlineWaiting>,
     pub assignments: Vec<Assignment>,
     pub breaks: Vec<Break>,
     /// Offline jobs left waiting.
@@ -152,10 +156,11 @@ pub fn plan_round(
     health: &dyn Fn(&GpuRef) -> GpuHealth,
     round: u64,
 ) -> Plan {
-    plan_core(cluster, workloads, predictor, health, round, &|_| None, cluster.max_offline_per_gpu)
+    plan_core(cluster, workloads, predictor, health, round, &|_| None, &|_, _| false, cluster.max_offline_per_gpu)
 }
 
-/// The round itself; `excluded` gives a reason to keep a GPU out of matching (or `None`).
+/// The round itself; `excluded` gives a reason to keep a GPU out of matching (or `None`);
+/// `pair_refused(job, gpu)` forbids single pairs.
 pub(crate) fn plan_core(
     cluster: &ClusterSpec,
     workloads: &Workloads,
@@ -163,6 +168,7 @@ pub(crate) fn plan_core(
     health: &dyn Fn(&GpuRef) -> GpuHealth,
     round: u64,
     excluded: &dyn Fn(&GpuRef) -> Option<String>,
+    pair_refused: &dyn Fn(&str, &GpuRef) -> bool,
     per_gpu: usize,
 ) -> Plan {
     let t0 = Instant::now();
@@ -225,7 +231,7 @@ pub(crate) fn plan_core(
             0
         };
         for (j, (job, off_id)) in workloads.offline.iter().zip(&offline_ids).enumerate() {
-            if forbidden(cluster, c, job).is_some() {
+            if forbidden(cluster, c, job).is_some() || pair_refused(&job.name, &c.at) {
                 plan.stats.forbidden_pairs += 1;
                 continue;
             }
@@ -372,7 +378,14 @@ pub fn run_round(
     });
     let health = health_fn(reader);
     match cells {
-        Some(c) => with_cells::plan_round_with_cells(cluster, workloads, predictor, &*health, round, &mut c.clone()),
+        Some(c) => with_cells::plan_round_with_cells(
+            cluster,
+            workloads,
+            predictor,
+            &*health,
+            round,
+            &mut with_cells::CellsState::new(c.clone()),
+        ),
         None => plan_round(cluster, workloads, predictor, &*health, round),
     }
 }

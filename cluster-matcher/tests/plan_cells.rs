@@ -7,12 +7,14 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use cluster_matcher::cells::Cluster;
-use cluster_matcher::plan::with_cells::plan_round_with_cells;
+use cluster_matcher::cells::Sharing;
+use cluster_matcher::plan::with_cells::{plan_round_with_cells, CellsState};
 use cluster_matcher::plan::{GpuHealth, GpuRef, OnlineWorkload, Workloads};
 use plan_support::*;
 
 fn fig3() -> Cluster {
-    Cluster::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cells/hived-fig3.json")).unwrap()
+    Cluster::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cells/hived-fig3.json"))
+        .unwrap()
 }
 
 fn unplaced_online(name: &str, tenant: &str, iso: f64) -> OnlineWorkload {
@@ -24,46 +26,220 @@ fn unplaced_online(name: &str, tenant: &str, iso: f64) -> OnlineWorkload {
 
 #[test]
 fn online_work_takes_guaranteed_cells_and_offline_work_their_low_priority_view() {
-    let mut cells = fig3();
-    let spec = cluster(&[("v100-n0", "V100", 8, 32_768), ("v100-n1", "V100", 8, 32_768), ("v100-n2", "V100", 8, 32_768), ("v100-n3", "V100", 8, 32_768)]);
-    let mut online: Vec<_> = (0..8).map(|i| unplaced_online(&format!("a{i}"), "tenant-a", 10.0 + i as f64)).collect();
+    let mut st = CellsState::new(fig3());
+    let spec = cluster(&[
+        ("v100-n0", "V100", 8, 32_768),
+        ("v100-n1", "V100", 8, 32_768),
+        ("v100-n2", "V100", 8, 32_768),
+        ("v100-n3", "V100", 8, 32_768),
+    ]);
+    let mut online: Vec<_> = (0..8)
+        .map(|i| unplaced_online(&format!("a{i}"), "tenant-a", 10.0 + i as f64))
+        .collect();
     online.push(unplaced_online("stranger", "tenant-x", 10.0));
-    let w = Workloads { online, offline: (0..10).map(|j| offline(&format!("job{j}"), 4_000, 10.0 + j as f64)).collect() };
+    let w = Workloads {
+        online,
+        offline: (0..10)
+            .map(|j| offline(&format!("job{j}"), 4_000, 10.0 + j as f64))
+            .collect(),
+    };
     let healthy = |_: &GpuRef| GpuHealth::Healthy;
-    let plan = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut cells);
+    let plan = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut st);
 
     // tenant-a owns 7 GPUs' worth of cells (a socket, a PCIe switch, a GPU): the 8th waits.
     assert_eq!(plan.online_placements.len(), 7, "{plan:#?}");
-    let waiting: Vec<_> = plan.online_waiting.iter().map(|w| (w.online.as_str(), w.reason.clone())).collect();
+    let waiting: Vec<_> = plan
+        .online_waiting
+        .iter()
+        .map(|w| (w.online.as_str(), w.reason.clone()))
+        .collect();
     assert_eq!(waiting.len(), 2, "{waiting:?}");
-    assert!(waiting.iter().any(|(n, r)| n.starts_with('a') && r.contains("tenant-a")), "{waiting:?}");
-    assert!(waiting.iter().any(|(n, r)| *n == "stranger" && r.contains("no virtual cluster")), "{waiting:?}");
+    assert!(
+        waiting
+            .iter()
+            .any(|(n, r)| n.starts_with('a') && r.contains("tenant-a")),
+        "{waiting:?}"
+    );
+    assert!(
+        waiting
+            .iter()
+            .any(|(n, r)| *n == "stranger" && r.contains("no virtual cluster")),
+        "{waiting:?}"
+    );
 
     // Offline jobs only beside placed online work, one per GPU (colocated_per_gpu = 1).
-    let online_gpus: HashSet<_> = plan.online_placements.iter().map(|p| p.at.clone()).collect();
+    let online_gpus: HashSet<_> = plan
+        .online_placements
+        .iter()
+        .map(|p| p.at.clone())
+        .collect();
     assert_eq!(online_gpus.len(), 7, "each online workload on its own GPU");
     assert_eq!(plan.assignments.len(), 7);
     let used: HashSet<_> = plan.assignments.iter().map(|a| a.at.clone()).collect();
     assert_eq!(used, online_gpus);
     assert_eq!(plan.unplaced.len(), 3);
-    assert_eq!(cells.opportunistic_allocations().len(), 7, "each assignment holds a colocated cell");
-    cells.check_safety().unwrap();
+    assert_eq!(
+        st.cells.opportunistic_allocations().len(),
+        7,
+        "each assignment holds a colocated cell"
+    );
+    st.cells.check_safety().unwrap();
 }
 
 #[test]
 fn full_colocated_slots_keep_a_gpu_out_of_matching() {
-    let mut cells = fig3();
-    let spec = cluster(&[("v100-n0", "V100", 8, 32_768), ("v100-n1", "V100", 8, 32_768), ("v100-n2", "V100", 8, 32_768), ("v100-n3", "V100", 8, 32_768)]);
-    let w = Workloads { online: vec![unplaced_online("a0", "tenant-a", 10.0)], offline: vec![offline("job", 4_000, 10.0)] };
+    let mut st = CellsState::new(fig3());
+    let spec = cluster(&[
+        ("v100-n0", "V100", 8, 32_768),
+        ("v100-n1", "V100", 8, 32_768),
+        ("v100-n2", "V100", 8, 32_768),
+        ("v100-n3", "V100", 8, 32_768),
+    ]);
+    let w = Workloads {
+        online: vec![unplaced_online("a0", "tenant-a", 10.0)],
+        offline: vec![offline("job", 4_000, 10.0)],
+    };
     let healthy = |_: &GpuRef| GpuHealth::Healthy;
-    let first = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut cells);
+    let first = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut st);
     assert_eq!(first.assignments.len(), 1);
-    // Carry the cells state over and pin the online workload where it landed: its one
-    // colocated slot is taken, so a second round cannot put another job there.
+    // Carry the cells state over and pin the online workload where it landed; its one
+    // colocated slot is taken by a job outside the plan, so no job of the plan goes there.
     let mut w2 = w.clone();
     w2.online[0].at = Some(first.online_placements[0].at.clone());
     w2.offline[0].name = "job2".into();
-    let second = plan_round_with_cells(&spec, &w2, &similarity_predictor(), &healthy, 1, &mut cells);
+    let g = st
+        .cells
+        .gpu_by_address(
+            &first.online_placements[0].at.node,
+            first.online_placements[0].at.gpu,
+        )
+        .unwrap();
+    let second = plan_round_with_cells(&spec, &w2, &similarity_predictor(), &healthy, 1, &mut st);
+    assert_eq!(
+        second.assignments.len(),
+        1,
+        "the plan's own job moves to job2: {second:#?}"
+    );
+    st.cells
+        .allocate_opportunistic_on(&[g], Sharing::Colocate)
+        .unwrap_err();
+    let mut w3 = w2.clone();
+    w3.offline.clear();
+    plan_round_with_cells(&spec, &w3, &similarity_predictor(), &healthy, 2, &mut st);
+    st.cells
+        .allocate_opportunistic_on(&[g], Sharing::Colocate)
+        .unwrap();
+    let second = plan_round_with_cells(&spec, &w2, &similarity_predictor(), &healthy, 3, &mut st);
     assert!(second.assignments.is_empty(), "{second:#?}");
-    assert!(second.skipped_gpus[0].reason.contains("low-priority cell"), "{second:#?}");
+    assert!(
+        second.skipped_gpus[0].reason.contains("low-priority cell"),
+        "{second:#?}"
+    );
+}
+
+fn spec4() -> cluster_matcher::plan::ClusterSpec {
+    cluster(&[
+        ("v100-n0", "V100", 8, 32_768),
+        ("v100-n1", "V100", 8, 32_768),
+        ("v100-n2", "V100", 8, 32_768),
+        ("v100-n3", "V100", 8, 32_768),
+    ])
+}
+
+#[test]
+fn pinned_online_work_is_registered_so_the_cells_never_hand_its_gpu_out_again() {
+    // Failed before pinned placements were registered: `u` got v100-n0/0 as well (two online
+    // workloads, 40,000 MiB on one 32,768 MiB V100).
+    let mut st = CellsState::new(fig3());
+    let mut pinned = online("p", "v100-n0", 0, 20_000, 30.0, 10.0);
+    pinned.tenant = "tenant-a".into();
+    let mut u = unplaced_online("u", "tenant-a", 10.0);
+    u.memory_mib = 20_000;
+    let w = Workloads {
+        online: vec![pinned, u],
+        offline: vec![],
+    };
+    let healthy = |_: &GpuRef| GpuHealth::Healthy;
+    let plan = plan_round_with_cells(&spec4(), &w, &similarity_predictor(), &healthy, 0, &mut st);
+    assert_eq!(plan.online_placements.len(), 1, "{plan:#?}");
+    assert_ne!(
+        plan.online_placements[0].at,
+        GpuRef {
+            node: "v100-n0".into(),
+            gpu: 0
+        },
+        "{plan:#?}"
+    );
+    let g = st.cells.gpu_by_address("v100-n0", 0).unwrap();
+    assert!(
+        st.cells.guaranteed_user(g).is_some(),
+        "the pinned GPU is a guaranteed cell of tenant-a"
+    );
+    assert!(plan.online_unregistered.is_empty(), "{plan:#?}");
+    st.cells.check_safety().unwrap();
+    // A second round changes nothing and registers nothing twice.
+    let again = plan_round_with_cells(&spec4(), &w, &similarity_predictor(), &healthy, 1, &mut st);
+    assert!(
+        again.online_placements.is_empty()
+            && again.online_waiting.is_empty()
+            && again.online_unregistered.is_empty(),
+        "{again:#?}"
+    );
+    assert_eq!(st.cells.guaranteed_allocations().len(), 2);
+
+    // Pinned work the tenant's VC cannot take is reported, and its GPU still never given out.
+    let mut st = CellsState::new(fig3());
+    let mut stranger = online("s", "v100-n0", 0, 20_000, 30.0, 10.0);
+    stranger.tenant = "tenant-x".into();
+    let w = Workloads {
+        online: vec![stranger, unplaced_online("u", "tenant-a", 10.0)],
+        offline: vec![],
+    };
+    let plan = plan_round_with_cells(&spec4(), &w, &similarity_predictor(), &healthy, 0, &mut st);
+    assert_eq!(plan.online_unregistered.len(), 1, "{plan:#?}");
+    assert!(
+        plan.online_unregistered[0].reason.contains("tenant-x"),
+        "{plan:#?}"
+    );
+    assert_ne!(
+        plan.online_placements[0].at,
+        GpuRef {
+            node: "v100-n0".into(),
+            gpu: 0
+        },
+        "{plan:#?}"
+    );
+}
+
+#[test]
+fn an_offline_job_refused_at_the_cell_stage_is_rematched_to_its_next_best_gpu() {
+    // Failed before re-matching: job2 was left waiting although v100-n0/1 had room.
+    let text = include_str!("../examples/cells/hived-fig3.json").replacen(
+        '{',
+        "{ \"colocated_per_gpu\": 2,",
+        1,
+    );
+    let mut st = CellsState::new(Cluster::from_json(&text, "fig3-2").unwrap());
+    let mut spec = spec4();
+    spec.max_offline_per_gpu = 2;
+    let mut a = online("a", "v100-n0", 0, 8_000, 30.0, 10.0);
+    a.tenant = "tenant-a".into();
+    let mut b = online("b", "v100-n0", 1, 8_000, 30.0, 50.0);
+    b.tenant = "tenant-a".into();
+    // A colocated job outside the plan already holds one of n0/0's two slots.
+    let g = st.cells.gpu_by_address("v100-n0", 0).unwrap();
+    st.cells
+        .allocate_opportunistic_on(&[g], Sharing::Colocate)
+        .unwrap();
+    let w = Workloads {
+        online: vec![a, b],
+        offline: vec![offline("job1", 4_000, 10.0), offline("job2", 4_000, 11.0)],
+    };
+    let healthy = |_: &GpuRef| GpuHealth::Healthy;
+    let plan = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut st);
+    assert_eq!(plan.assignments.len(), 2, "{plan:#?}");
+    assert!(plan.unplaced.is_empty(), "{plan:#?}");
+    let gpus: HashSet<_> = plan.assignments.iter().map(|a| a.at.gpu).collect();
+    assert_eq!(gpus, [0, 1].into(), "{plan:#?}");
+    assert_eq!(st.offline.len(), 2);
 }

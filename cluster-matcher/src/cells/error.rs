@@ -114,6 +114,14 @@ pub enum AllocError {
         /// Reason.
         why: &'static str,
     },
+    /// A GPU in use already (work pinned to it) that the VC cannot register as its own.
+    #[error("GPU {gpu} cannot be registered: {why}")]
+    NotRegistrable {
+        /// GPU address `node/index`.
+        gpu: String,
+        /// Reason.
+        why: String,
+    },
     /// A handle or id that does not name a live object.
     #[error("unknown or stale {what}: {id}")]
     Unknown {

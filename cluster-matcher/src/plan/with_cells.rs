@@ -1,87 +1,259 @@
 //! A round with HiveD cells: online workloads take guaranteed GPU cells of their tenant's
 //! virtual cluster, offline jobs take colocated low-priority cells of those same GPUs.
+//!
+//! The cells state lives in a [`CellsState`]: the cells themselves plus a ledger of which
+//! workload holds which cell, so that a round starts from the last one's placements.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use crate::cells::{Cluster, Sharing};
+use crate::cells::{Cluster, GuaranteedId, OpportunisticId, Sharing};
 use crate::predictor::SpeedPredictor;
 
-use super::{plan_core, ClusterSpec, GpuHealth, GpuRef, OnlinePlacement, OnlineWaiting, Plan, Workloads};
+use super::{
+    plan_core, ClusterSpec, GpuHealth, GpuRef, OnlinePlacement, OnlineWaiting, Plan, Workloads,
+};
 
 /// Cell level of a single GPU (cells number levels from 1 at the GPU).
 const GPU_LEVEL: u8 = 1;
 
-/// Runs one round against `cells` (a fresh or carried-over cells state, changed in place):
+/// An online workload's guaranteed GPU cell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldOnline {
+    pub at: GpuRef,
+    pub id: GuaranteedId,
+}
+
+/// An offline job's colocated low-priority cell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldOffline {
+    pub at: GpuRef,
+    pub id: OpportunisticId,
+}
+
+/// The cells and who holds what in them; carried from round to round.
+#[derive(Debug, Clone)]
+pub struct CellsState {
+    pub cells: Cluster,
+    /// Online workload name -> its guaranteed cell.
+    pub online: BTreeMap<String, HeldOnline>,
+    /// Offline job name -> its colocated cell.
+    pub offline: BTreeMap<String, HeldOffline>,
+}
+
+impl CellsState {
+    /// A state with nothing recorded (allocations already in `cells` stay, unowned).
+    pub fn new(cells: Cluster) -> Self {
+        Self {
+            cells,
+            online: BTreeMap::new(),
+            offline: BTreeMap::new(),
+        }
+    }
+}
+
+/// Runs one round against `state` (changed in place; pass the same state to the next round):
 ///
-/// 1. every online workload without a GPU gets a GPU-level guaranteed cell of its tenant's
-///    VC (on a chain of its `gpu_type` when given); one that cannot waits, with the reason;
-/// 2. only GPUs that the cells say can take one more colocated job enter matching, with at
-///    most `min(max_offline_per_gpu, colocated_per_gpu)` jobs each;
-/// 3. every assignment takes a colocated low-priority cell on its GPU; one refused there
-///    is dropped from the plan and its job waits.
+/// 1. the ledger drops cells of workloads that are gone or now pinned elsewhere;
+/// 2. every online workload pinned to a GPU (`node`/`gpu`) is registered as a GPU-level
+///    guaranteed cell of its tenant's VC on that GPU, so the cells never hand it out again;
+///    one the VC cannot take is reported in `online_unregistered` and its GPU is still never
+///    given to another online workload;
+/// 3. every other online workload keeps the cell it got in an earlier round, or gets a
+///    GPU-level guaranteed cell of its tenant's VC (on a chain of its `gpu_type` when given);
+///    one that cannot waits, with the reason;
+/// 4. offline jobs: their colocated cells are given back, GPUs the cells say can take a
+///    colocated job enter matching (at most `min(max_offline_per_gpu, colocated_per_gpu)`
+///    jobs each), and every assignment takes a colocated cell on its GPU; a pair the cells
+///    refuse is forbidden and the round re-matched, so the job goes to its next best GPU.
 pub fn plan_round_with_cells(
     cluster: &ClusterSpec,
     workloads: &Workloads,
     predictor: &SpeedPredictor,
     health: &dyn Fn(&GpuRef) -> GpuHealth,
     round: u64,
-    cells: &mut Cluster,
+    state: &mut CellsState,
 ) -> Plan {
     let mut placed = workloads.clone();
     let mut online_placements = Vec::new();
     let mut online_waiting = Vec::new();
+    let mut online_unregistered = Vec::new();
+
+    // 1. Forget workloads that left or moved.
+    let wanted: BTreeMap<&str, Option<&GpuRef>> = workloads
+        .online
+        .iter()
+        .map(|o| (o.name.as_str(), o.at.as_ref()))
+        .collect();
+    let stale: Vec<String> = state
+        .online
+        .iter()
+        .filter(|(name, h)| match wanted.get(name.as_str()) {
+            None => true,
+            Some(Some(at)) => *at != &h.at,
+            Some(None) => false,
+        })
+        .map(|(n, _)| n.clone())
+        .collect();
+    for name in stale {
+        if let Some(h) = state.online.remove(&name) {
+            if let Err(e) = state.cells.release_guaranteed(h.id) {
+                tracing::error!(online = %name, error = %e, "releasing a guaranteed cell failed");
+            }
+        }
+    }
+
+    // 2. Register pinned online workloads where they run.
+    let pinned: HashSet<GpuRef> = placed.online.iter().filter_map(|o| o.at.clone()).collect();
+    for o in placed.online.iter().filter(|o| o.at.is_some()) {
+        if state.online.contains_key(&o.name) {
+            continue;
+        }
+        let at = o.at.clone().expect("pinned");
+        match register_pinned(&mut state.cells, &o.tenant, &at) {
+            Ok(id) => {
+                tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "pinned online workload registered in the cells");
+                state.online.insert(o.name.clone(), HeldOnline { at, id });
+            }
+            Err(reason) => {
+                tracing::warn!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, %reason, "pinned online workload not registered in the cells");
+                online_unregistered.push(OnlineWaiting {
+                    online: o.name.clone(),
+                    reason,
+                });
+            }
+        }
+    }
+
+    // 3. Place the others (keeping earlier rounds' cells), never on a pinned GPU.
     for o in placed.online.iter_mut().filter(|o| o.at.is_none()) {
-        match place_online(cells, &o.tenant, o.gpu_type.as_deref()) {
-            Ok(at) => {
+        if let Some(h) = state.online.get(&o.name) {
+            o.at = Some(h.at.clone());
+            continue;
+        }
+        match place_online(&mut state.cells, &o.tenant, o.gpu_type.as_deref(), &pinned) {
+            Ok((at, id)) => {
                 tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "guaranteed cell");
-                online_placements.push(OnlinePlacement { online: o.name.clone(), at: at.clone() });
+                online_placements.push(OnlinePlacement {
+                    online: o.name.clone(),
+                    at: at.clone(),
+                });
+                state
+                    .online
+                    .insert(o.name.clone(), HeldOnline { at: at.clone(), id });
                 o.at = Some(at);
             }
             Err(reason) => {
                 tracing::warn!(online = %o.name, vc = %o.tenant, %reason, "online workload not placed");
-                online_waiting.push(OnlineWaiting { online: o.name.clone(), reason });
+                online_waiting.push(OnlineWaiting {
+                    online: o.name.clone(),
+                    reason,
+                });
             }
         }
     }
     placed.online.retain(|o| o.at.is_some());
 
-    let colocatable: HashSet<GpuRef> = cells
+    // 4. Offline jobs: give back their cells, match, take cells; re-match on refusals.
+    for (name, h) in std::mem::take(&mut state.offline) {
+        if let Err(e) = state.cells.release_opportunistic(h.id) {
+            tracing::error!(offline = %name, error = %e, "releasing a colocated cell failed");
+        }
+    }
+    let colocatable: HashSet<GpuRef> = state
+        .cells
         .free_gpus_for_opportunistic(Sharing::Colocate)
         .into_iter()
-        .filter_map(|g| cells.gpu_address(g).map(|a| GpuRef { node: a.node.to_string(), gpu: a.index }))
+        .filter_map(|g| {
+            state.cells.gpu_address(g).map(|a| GpuRef {
+                node: a.node.to_string(),
+                gpu: a.index,
+            })
+        })
         .collect();
     let excluded = |g: &GpuRef| {
-        (!colocatable.contains(g)).then(|| "no low-priority cell (unknown to cells, bad, or colocated slots full)".to_string())
+        (!colocatable.contains(g)).then(|| {
+            "no low-priority cell (unknown to cells, bad, or colocated slots full)".to_string()
+        })
     };
-    let per_gpu = cluster.max_offline_per_gpu.min(cells.colocated_per_gpu().max(1));
-    let mut plan = plan_core(cluster, &placed, predictor, health, round, &excluded, per_gpu);
-
-    let mut refused = Vec::new();
-    plan.assignments.retain(|a| {
-        let gpu = cells.gpu_by_address(&a.at.node, a.at.gpu);
-        match gpu.map(|g| cells.allocate_opportunistic_on(&[g], Sharing::Colocate)) {
-            Some(Ok(_)) => true,
-            other => {
-                let why = match other {
-                    Some(Err(e)) => e.to_string(),
-                    _ => "GPU unknown to cells".to_string(),
-                };
-                tracing::warn!(offline = %a.offline, node = %a.at.node, gpu = a.at.gpu, %why, "low-priority cell refused");
-                refused.push((a.offline.clone(), a.predicted_normalized));
-                false
+    let per_gpu = cluster
+        .max_offline_per_gpu
+        .min(state.cells.colocated_per_gpu().max(1));
+    let mut refused_pairs: BTreeSet<(String, GpuRef)> = BTreeSet::new();
+    let mut plan;
+    loop {
+        plan = plan_core(
+            cluster,
+            &placed,
+            predictor,
+            health,
+            round,
+            &excluded,
+            &|j: &str, g: &GpuRef| refused_pairs.contains(&(j.to_string(), g.clone())),
+            per_gpu,
+        );
+        let mut taken: Vec<(String, HeldOffline)> = Vec::new();
+        let mut refused = Vec::new();
+        for a in &plan.assignments {
+            let gpu = state.cells.gpu_by_address(&a.at.node, a.at.gpu);
+            match gpu.map(|g| {
+                state
+                    .cells
+                    .allocate_opportunistic_on(&[g], Sharing::Colocate)
+            }) {
+                Some(Ok(id)) => taken.push((
+                    a.offline.clone(),
+                    HeldOffline {
+                        at: a.at.clone(),
+                        id,
+                    },
+                )),
+                other => {
+                    let why = match other {
+                        Some(Err(e)) => e.to_string(),
+                        _ => "GPU unknown to cells".to_string(),
+                    };
+                    tracing::warn!(offline = %a.offline, node = %a.at.node, gpu = a.at.gpu, %why, "low-priority cell refused; re-matching without this pair");
+                    refused.push((a.offline.clone(), a.at.clone()));
+                }
             }
         }
-    });
-    for (job, w) in refused {
-        plan.total_predicted -= w;
-        plan.unplaced.push(job);
+        if refused.is_empty() {
+            state.offline = taken.into_iter().collect();
+            break;
+        }
+        for (_, h) in taken {
+            if let Err(e) = state.cells.release_opportunistic(h.id) {
+                tracing::error!(error = %e, "releasing a colocated cell failed");
+            }
+        }
+        // Each pass forbids at least one more pair, so this ends.
+        refused_pairs.extend(refused);
     }
     plan.online_placements = online_placements;
     plan.online_waiting.extend(online_waiting);
+    plan.online_unregistered = online_unregistered;
     plan
 }
 
-fn place_online(cells: &mut Cluster, tenant: &str, gpu_type: Option<&str>) -> Result<GpuRef, String> {
+fn register_pinned(cells: &mut Cluster, tenant: &str, at: &GpuRef) -> Result<GuaranteedId, String> {
+    let vc = cells
+        .vc_id(tenant)
+        .ok_or_else(|| format!("tenant `{tenant}` has no virtual cluster in the cells config"))?;
+    let g = cells
+        .gpu_by_address(&at.node, at.gpu)
+        .ok_or_else(|| format!("GPU {}/{} is not in the cells config", at.node, at.gpu))?;
+    cells
+        .allocate_guaranteed_gpu(vc, g)
+        .map(|a| a.id)
+        .map_err(|e| e.to_string())
+}
+
+fn place_online(
+    cells: &mut Cluster,
+    tenant: &str,
+    gpu_type: Option<&str>,
+    pinned: &HashSet<GpuRef>,
+) -> Result<(GpuRef, GuaranteedId), String> {
     let vc = cells
         .vc_id(tenant)
         .ok_or_else(|| format!("tenant `{tenant}` has no virtual cluster in the cells config"))?;
@@ -92,18 +264,52 @@ fn place_online(cells: &mut Cluster, tenant: &str, gpu_type: Option<&str>) -> Re
             .collect(),
     };
     if chains.is_empty() {
-        return Err(format!("no cells chain of GPU type `{}`", gpu_type.unwrap_or("?")));
+        return Err(format!(
+            "no cells chain of GPU type `{}`",
+            gpu_type.unwrap_or("?")
+        ));
     }
     let mut last = String::new();
-    for chain in chains {
-        match cells.allocate_guaranteed(vc, chain, GPU_LEVEL) {
-            Ok(a) => {
-                let g = a.gpus.iter().next().ok_or("empty guaranteed cell")?;
-                let addr = cells.gpu_address(g).ok_or("guaranteed GPU without an address")?;
-                return Ok(GpuRef { node: addr.node.to_string(), gpu: addr.index });
+    // Cells landing on a GPU that pinned (unregistered) work runs on are held while we look
+    // further, then given back.
+    let mut held = Vec::new();
+    let mut found = None;
+    'chains: for chain in chains {
+        loop {
+            match cells.allocate_guaranteed(vc, chain, GPU_LEVEL) {
+                Ok(a) => {
+                    let Some(g) = a.gpus.iter().next() else {
+                        last = "empty guaranteed cell".into();
+                        held.push(a.id);
+                        continue 'chains;
+                    };
+                    let Some(addr) = cells.gpu_address(g) else {
+                        held.push(a.id);
+                        continue 'chains;
+                    };
+                    let at = GpuRef {
+                        node: addr.node.to_string(),
+                        gpu: addr.index,
+                    };
+                    if pinned.contains(&at) {
+                        held.push(a.id);
+                        last = format!("GPU {}/{} runs a pinned online workload", at.node, at.gpu);
+                        continue;
+                    }
+                    found = Some((at, a.id));
+                    break 'chains;
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    continue 'chains;
+                }
             }
-            Err(e) => last = e.to_string(),
         }
     }
-    Err(format!("VC `{tenant}` has no free guaranteed GPU cell: {last}"))
+    for id in held {
+        if let Err(e) = cells.release_guaranteed(id) {
+            tracing::error!(error = %e, "releasing a held guaranteed cell failed");
+        }
+    }
+    found.ok_or_else(|| format!("VC `{tenant}` has no free guaranteed GPU cell: {last}"))
 }

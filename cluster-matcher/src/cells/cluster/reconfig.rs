@@ -2,10 +2,13 @@
 //! and bad GPUs that still fit, at the same physical places; report the rest.
 
 use super::super::config::CellsConfig;
+use super::super::error::AllocError;
 use super::super::error::ConfigError;
 use super::super::freelist::NONE;
 use super::super::topology::{PState, VState, MAX_LEVELS};
-use super::{category, plist, Cluster, GpuId, GuaranteedAllocation, GuaranteedId, OpportunisticId};
+use super::{
+    category, plist, Cluster, GpuId, GuaranteedAllocation, GuaranteedId, OpportunisticId, VcId,
+};
 
 /// Outcome of [`Cluster::reconfigure`].
 #[derive(Debug)]
@@ -124,6 +127,41 @@ impl Cluster {
         }
         let root_level = self.vcells[root as usize].level;
         next.allocate_guaranteed_at(vc.0, t, root_level)
+    }
+
+    /// Registers a GPU-level guaranteed allocation of `vc` on exactly GPU `g` (work already
+    /// running there, e.g. an online workload pinned to a GPU): binds the VC's virtual cells
+    /// along the GPU's ancestors, trying the VC's free roots from the smallest level up.
+    /// Checks everything before changing state; the error says why the GPU cannot be taken.
+    pub fn allocate_guaranteed_gpu(
+        &mut self,
+        vc: VcId,
+        g: GpuId,
+    ) -> Result<GuaranteedAllocation, AllocError> {
+        if vc.0 as usize >= self.vc_names.len() {
+            return Err(super::unknown("virtual cluster", vc.0));
+        }
+        let t = *self
+            .gpu_leaf
+            .get(g.0 as usize)
+            .ok_or_else(|| super::unknown("GPU", g.0))?;
+        let top = self.chains[self.pcells[t as usize].chain as usize].top;
+        let mut last = String::from("no level fits");
+        for r in 1..=top {
+            match self.allocate_guaranteed_at(vc.0, t, r) {
+                Ok(a) => return Ok(a),
+                Err(why) => last = why,
+            }
+        }
+        Err(AllocError::NotRegistrable {
+            gpu: self
+                .gpu_address(g)
+                .map_or_else(|| g.0.to_string(), |a| a.to_string()),
+            why: format!(
+                "virtual cluster `{}` cannot take it: {last}",
+                self.vc_names[vc.0 as usize]
+            ),
+        })
     }
 
     /// Allocates for `vc` exactly the physical cell `t` (same level as the request), binding
