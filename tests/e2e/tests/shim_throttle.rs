@@ -80,23 +80,53 @@ fn run(throttled: bool, publish: bool) -> Run {
                     l.publish(&sample);
                 }
                 let a_c = clock_factor(f64::from(s.sm_clock_mhz), f64::from(info.max_sm_clock_mhz));
-                loads.lock().unwrap().push((Instant::now(), s.sm_activity * a_c));
+                loads
+                    .lock()
+                    .unwrap()
+                    .push((Instant::now(), s.sm_activity * a_c));
                 std::thread::sleep(Duration::from_millis(10));
             }
         })
     };
     let mut off = limited(&host, "offline", 1 << 30, "trainer");
-    off.env("XCUDA_CONFIG", &cfg).env_remove("XCUDA_QUOTA_BYTES");
-    off.args(["--kernel-us", "1000", "--blocks", &(2 * info.sm_count).to_string(), "--kernels", "4", "--state-mb", "4", "--report-interval", "0", "--json"]);
+    off.env("XCUDA_CONFIG", &cfg)
+        .env_remove("XCUDA_QUOTA_BYTES");
+    off.args([
+        "--kernel-us",
+        "1000",
+        "--blocks",
+        &(2 * info.sm_count).to_string(),
+        "--kernels",
+        "4",
+        "--state-mb",
+        "4",
+        "--report-interval",
+        "0",
+        "--json",
+    ]);
     let mut offline = host.spawn(&mut off);
     std::thread::sleep(WARMUP);
     let pid = offline.pid();
     let share_at = |dev: &e2e::emu_device::Device| {
-        dev.snapshot().processes.iter().find(|p| p.pid == pid).map_or(0.0, |p| p.sm_time_ns)
+        dev.snapshot()
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .map_or(0.0, |p| p.sm_time_ns)
     };
     let (t0, s0) = (Instant::now(), share_at(&dev));
     let mut on = host.command("online");
-    on.args(["--rate", "20", "--duration", &MEASURE.as_secs().to_string(), "--kernels", "4", "--kernel-us", "5000", "--json"]);
+    on.args([
+        "--rate",
+        "20",
+        "--duration",
+        &MEASURE.as_secs().to_string(),
+        "--kernels",
+        "4",
+        "--kernel-us",
+        "5000",
+        "--json",
+    ]);
     let mut online = host.spawn(&mut on);
     let out = online.finish(T);
     let (t1, s1) = (Instant::now(), share_at(&dev));
@@ -104,10 +134,28 @@ fn run(throttled: bool, publish: bool) -> Run {
     let off_out = offline.finish(T);
     stop.store(true, Ordering::Relaxed);
     monitor.join().unwrap();
-    let on_json: serde_json::Value = serde_json::from_str(out.lines().rev().find(|l| l.starts_with('{')).expect("online summary")).unwrap();
-    let off_json: serde_json::Value =
-        serde_json::from_str(off_out.lines().rev().find(|l| l.contains("\"final\":true")).unwrap_or_else(|| panic!("offline summary: {off_out}"))).unwrap();
-    let window: Vec<f64> = loads.lock().unwrap().iter().filter(|(t, _)| *t >= t0 && *t <= t1).map(|(_, v)| *v).collect();
+    let on_json: serde_json::Value = serde_json::from_str(
+        out.lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .expect("online summary"),
+    )
+    .unwrap();
+    let off_json: serde_json::Value = serde_json::from_str(
+        off_out
+            .lines()
+            .rev()
+            .find(|l| l.contains("\"final\":true"))
+            .unwrap_or_else(|| panic!("offline summary: {off_out}")),
+    )
+    .unwrap();
+    let window: Vec<f64> = loads
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _)| *t >= t0 && *t <= t1)
+        .map(|(_, v)| *v)
+        .collect();
     Run {
         offline_share: (s1 - s0) / (t1 - t0).as_nanos() as f64,
         load: window.iter().sum::<f64>() / window.len().max(1) as f64,
@@ -128,11 +176,23 @@ fn throttle_holds_offline_share_near_target_and_online_latency_improves() {
         held.offline_share, held.load, held.online_p50_ms, held.online_p99_ms, held.offline_iters_per_s
     );
     eprintln!("{msg}");
-    assert!(free.load > TARGET + 0.3, "control run must overload the GPU: {msg}");
-    assert!((held.load - TARGET).abs() < 0.1, "throttled load near target {TARGET}: {msg}");
+    assert!(
+        free.load > TARGET + 0.3,
+        "control run must overload the GPU: {msg}"
+    );
+    assert!(
+        (held.load - TARGET).abs() < 0.1,
+        "throttled load near target {TARGET}: {msg}"
+    );
     assert!(held.offline_share < free.offline_share * 0.7, "{msg}");
-    assert!(held.offline_share > 0.1, "throttled offline still progresses: {msg}");
-    assert!(held.online_p99_ms < free.online_p99_ms, "online p99 improves: {msg}");
+    assert!(
+        held.offline_share > 0.1,
+        "throttled offline still progresses: {msg}"
+    );
+    assert!(
+        held.online_p99_ms < free.online_p99_ms,
+        "online p99 improves: {msg}"
+    );
 }
 
 #[test]
@@ -140,10 +200,19 @@ fn without_monitor_data_the_throttle_falls_back_to_a_fixed_rate_not_unlimited() 
     let _one = serial();
     let free = run(false, false);
     let blind = run(true, false);
-    let msg = format!("unthrottled share {:.3}, no-monitor share {:.3}", free.offline_share, blind.offline_share);
+    let msg = format!(
+        "unthrottled share {:.3}, no-monitor share {:.3}",
+        free.offline_share, blind.offline_share
+    );
     eprintln!("{msg}");
-    assert!(blind.offline_share < free.offline_share * 0.8, "stale data must not mean unlimited: {msg}");
-    assert!(blind.offline_share > 0.05, "the fallback rate still lets work through: {msg}");
+    assert!(
+        blind.offline_share < free.offline_share * 0.8,
+        "stale data must not mean unlimited: {msg}"
+    );
+    assert!(
+        blind.offline_share > 0.05,
+        "the fallback rate still lets work through: {msg}"
+    );
 }
 
 #[test]
@@ -153,22 +222,55 @@ fn every_launch_path_is_throttled() {
     let sms = host.device().info().sm_count.to_string();
     // 12 one-wave kernels, or 3 graph launches (8 waves each by default), against a 4-wave
     // bucket refilled at 5 waves/s (no monitor data).
-    for (step, count) in [("launch", 12), ("launchex", 12), ("launchcoop", 12), ("launchgraph", 3)] {
+    for (step, count) in [
+        ("launch", 12),
+        ("launchex", 12),
+        ("launchcoop", 12),
+        ("launchgraph", 3),
+    ] {
         for throttled in [true, false] {
             let group = format!("{step}-{throttled}");
             let mut c = limited(&host, "shim_client", 1 << 30, &group);
-            c.env("XCUDA_THROTTLE", if throttled { "1" } else { "0" }).env("XCUDA_FALLBACK_RATE", "5");
-            c.args(["ctx", step, &sms, "1000", &count.to_string(), "sleep", "600", "ready", "wait"]);
+            c.env("XCUDA_THROTTLE", if throttled { "1" } else { "0" })
+                .env("XCUDA_FALLBACK_RATE", "5");
+            c.args([
+                "ctx",
+                step,
+                &sms,
+                "1000",
+                &count.to_string(),
+                "sleep",
+                "600",
+                "ready",
+                "wait",
+            ]);
             let mut k = host.spawn(&mut c);
-            k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{step}: {}", k.stderr()));
-            assert_eq!(k.lines(&format!("{step}=")).first().and_then(|l| e2e::field(l, step)), Some("0"), "{step}");
+            k.wait_for_line("ready", T)
+                .unwrap_or_else(|| panic!("{step}: {}", k.stderr()));
+            assert_eq!(
+                k.lines(&format!("{step}="))
+                    .first()
+                    .and_then(|l| e2e::field(l, step)),
+                Some("0"),
+                "{step}"
+            );
             let l = ledger(&host);
-            let me = l.procs().into_iter().find(|p| p.pid == k.pid()).expect("registered");
+            let me = l
+                .procs()
+                .into_iter()
+                .find(|p| p.pid == k.pid())
+                .expect("registered");
             assert!(me.launches >= count, "{step}: launches counted: {me:?}");
             if throttled {
-                assert!(me.launches_delayed > 0, "{step}: over budget, launches must wait: {me:?}");
+                assert!(
+                    me.launches_delayed > 0,
+                    "{step}: over budget, launches must wait: {me:?}"
+                );
             } else {
-                assert_eq!(me.launches_delayed, 0, "{step}: control run with the throttle off: {me:?}");
+                assert_eq!(
+                    me.launches_delayed, 0,
+                    "{step}: control run with the throttle off: {me:?}"
+                );
             }
             k.send_line("go");
             k.finish(T);

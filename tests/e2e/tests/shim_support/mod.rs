@@ -25,7 +25,8 @@ pub fn ledger_dir(host: &EmuHost) -> PathBuf {
 
 /// Opens (creating if needed) GPU 0's ledger of the host.
 pub fn ledger(host: &EmuHost) -> node_ledger::Ledger {
-    node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir(host), 0), 0).expect("ledger")
+    node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir(host), 0), 0)
+        .expect("ledger")
 }
 
 /// `program` with the shim preloaded, a quota of `quota` bytes for container `group`.
@@ -50,7 +51,11 @@ pub fn rc_of(lines: &[String], prefix: &str) -> Vec<String> {
     lines
         .iter()
         .filter(|l| l.starts_with(prefix))
-        .map(|l| e2e::field(l, prefix.trim_end_matches('=')).unwrap_or("?").to_string())
+        .map(|l| {
+            e2e::field(l, prefix.trim_end_matches('='))
+                .unwrap_or("?")
+                .to_string()
+        })
         .collect()
 }
 
@@ -58,6 +63,10 @@ pub fn rc_of(lines: &[String], prefix: &str) -> Vec<String> {
 pub fn run(host: &EmuHost, cmd: &mut Command) -> Vec<String> {
     let mut c = host.spawn(cmd);
     let out = c.finish(T);
-    assert!(!out.contains("fatal="), "client failed:\n{out}\n{}", c.stderr());
+    assert!(
+        !out.contains("fatal="),
+        "client failed:\n{out}\n{}",
+        c.stderr()
+    );
     out.lines().map(str::to_string).collect()
 }
