@@ -31,8 +31,9 @@ CONFIG:
 
 SM BUDGET:
     offline % = clamp(100 - online SM activity (smoothed) - headroom, min, max); unsafe_pct while
-    the GPU is Overlimit/Disabled/unknown. Published in the ledger (the shim throttles to it) and
-    set on offline MPS clients with set_active_thread_percentage.
+    the GPU is Overlimit/Disabled/unknown. Published in the ledger (the shim throttles
+    running offline processes to it) and set as MPS's default and offline servers' active-thread
+    percentage, so offline clients that start afterwards are capped from their first kernel.
 
 FAULTS -> RECOVERY (rate-limited):
     control daemon dead, command timeout (hang), MPS server with clients vanished, clients stuck

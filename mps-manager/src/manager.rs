@@ -63,9 +63,8 @@ pub struct Manager {
     detector: Detector,
     limiter: RateLimiter,
     pub state: ManagerState,
-    /// (pid, start) of offline clients that already got the current budget.
-    applied_to: HashSet<(u32, u64)>,
-    client_pct_supported: bool,
+    /// Percentage last sent to MPS (servers and default); `None` re-sends it.
+    applied_pct: Option<f64>,
     own_ns: u64,
 }
 
@@ -97,8 +96,7 @@ impl Manager {
             alloc: Allocator::default(),
             detector: Detector::default(),
             limiter: RateLimiter::default(),
-            applied_to: HashSet::new(),
-            client_pct_supported: true,
+            applied_pct: None,
             own_ns: node_ledger::procinfo::own_pid_ns(),
         })
     }
@@ -113,7 +111,7 @@ impl Manager {
         tracing::info!(pid, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon started");
         self.state.daemon_pid = Some(pid);
         self.alloc.reset_applied();
-        self.applied_to.clear();
+        self.applied_pct = None;
         Ok(pid)
     }
 
@@ -156,32 +154,33 @@ impl Manager {
                 safe,
                 "offline SM budget"
             );
-            self.applied_to.clear();
         }
-        if !self.client_pct_supported {
+        // Real MPS fixes a client's limit when it connects: the percentage goes to the servers
+        // (clients connecting afterwards) and to the default (servers started afterwards).
+        // Running offline clients follow the ledger budget through the shim's throttle.
+        if self.applied_pct == Some(pct) {
             return;
         }
-        for p in offline.iter().filter(|p| p.pid_ns == self.own_ns) {
-            if self.applied_to.contains(&(p.pid, p.start_time)) {
-                continue;
-            }
-            match self.ctl.set_percentage(p.pid, pct) {
-                Ok(()) => {
-                    self.applied_to.insert((p.pid, p.start_time));
-                }
-                Err(MpsError::Rejected { reply, .. }) => {
-                    // Real MPS only takes server pids; then the shim's throttle enforces the
-                    // ledger budget on its own.
-                    tracing::warn!(pid = p.pid, %reply, "MPS refuses per-client percentages; budget enforced through the ledger only");
-                    self.client_pct_supported = false;
-                    break;
-                }
-                Err(e) => {
-                    tracing::debug!(pid = p.pid, error = %e, "could not set the client's percentage yet");
-                    break;
-                }
+        if let Err(e) = self.apply_server_percentages(pct) {
+            tracing::debug!(error = %e, "could not set the MPS percentages yet");
+            return;
+        }
+        self.applied_pct = Some(pct);
+    }
+
+    /// `set_default_active_thread_percentage` and `set_active_thread_percentage <server>` for
+    /// every server whose clients are all registered offline processes (a server that also
+    /// serves the online workload keeps its own limit).
+    fn apply_server_percentages(&mut self, pct: f64) -> Result<(), MpsError> {
+        self.ctl.set_default_percentage(pct)?;
+        let offline: HashSet<u32> = self.offline().iter().map(|p| p.pid).collect();
+        for srv in self.ctl.server_list()? {
+            let clients = self.ctl.client_list(srv)?;
+            if clients.iter().all(|c| offline.contains(c)) {
+                self.ctl.set_percentage(srv, pct)?;
             }
         }
+        Ok(())
     }
 
     /// Looks at MPS and the ledger; returns the faults seen.

@@ -65,7 +65,11 @@ impl EmuHost {
     /// A host with the given profile (`t4`, `a10`, `h100`).
     pub fn with_profile(profile: &str) -> EmuHost {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
-        let root = std::env::temp_dir().join(format!("gpuemu-e2e-{}-{n}-{}", std::process::id(), emu_device::now_ns() % 1_000_000));
+        let root = std::env::temp_dir().join(format!(
+            "gpuemu-e2e-{}-{n}-{}",
+            std::process::id(),
+            emu_device::now_ns() % 1_000_000
+        ));
         let (lib_dir, bin_dir) = (root.join("lib"), root.join("bin"));
         let (pipe_dir, log_dir) = (root.join("mps-pipe"), root.join("mps-log"));
         for d in [&root, &lib_dir, &bin_dir, &pipe_dir, &log_dir] {
@@ -135,17 +139,24 @@ impl EmuHost {
     /// Opens the emulated device directly (to inspect it, or drive MPS without the control binary).
     pub fn device(&self) -> emu_device::Device {
         let p = emu_device::Profile::by_id(&self.profile).unwrap_or(&emu_device::profile::T4);
-        emu_device::Device::open(&self.state, p).unwrap_or_else(|e| panic!("open emulated device: {e}"))
+        emu_device::Device::open(&self.state, p)
+            .unwrap_or_else(|e| panic!("open emulated device: {e}"))
     }
 
     /// A command for `program` (a workspace binary name, or any path) with the host's
     /// environment: `GPUEMU_STATE`, `GPUEMU_PROFILE`, `LD_LIBRARY_PATH`, `PATH`, MPS dirs.
     pub fn command(&self, program: &str) -> Command {
         let local = target_dir().join(program);
-        let prog = if !program.contains('/') && local.exists() { local } else { PathBuf::from(program) };
+        let prog = if !program.contains('/') && local.exists() {
+            local
+        } else {
+            PathBuf::from(program)
+        };
         let mut c = Command::new(prog);
         let ld = match std::env::var_os("LD_LIBRARY_PATH") {
-            Some(old) if !old.is_empty() => format!("{}:{}", self.lib_dir.display(), old.to_string_lossy()),
+            Some(old) if !old.is_empty() => {
+                format!("{}:{}", self.lib_dir.display(), old.to_string_lossy())
+            }
             _ => self.lib_dir.display().to_string(),
         };
         let path = match std::env::var_os("PATH") {
@@ -174,9 +185,18 @@ impl EmuHost {
             .stderr(std::fs::File::create(&err).expect("stderr file"))
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-        self.pids.lock().unwrap_or_else(|e| e.into_inner()).push(child.id());
-        EmuChild { child, out, err, stdin: None, status: None }
-            .with_stdin()
+        self.pids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child.id());
+        EmuChild {
+            child,
+            out,
+            err,
+            stdin: None,
+            status: None,
+        }
+        .with_stdin()
     }
 
     /// Spawns the e2e test client `emu-client` with the given steps.
@@ -196,7 +216,12 @@ impl Default for EmuHost {
 
 impl Drop for EmuHost {
     fn drop(&mut self) {
-        for pid in self.pids.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for pid in self
+            .pids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             // SAFETY: plain kill(2) on a pid we spawned (a reaped pid is a harmless ESRCH).
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
@@ -208,7 +233,8 @@ impl Drop for EmuHost {
 
 fn link(target: &Path, at: &Path) {
     let _ = std::fs::remove_file(at);
-    std::os::unix::fs::symlink(target, at).unwrap_or_else(|e| panic!("symlink {} -> {}: {e}", at.display(), target.display()));
+    std::os::unix::fs::symlink(target, at)
+        .unwrap_or_else(|e| panic!("symlink {} -> {}: {e}", at.display(), target.display()));
 }
 
 /// A spawned child: output in files, killed (SIGKILL) and reaped on drop.
@@ -289,7 +315,11 @@ impl EmuChild {
                 return Some(l.to_string());
             }
             if start.elapsed() >= limit || self.wait_timeout(Duration::ZERO).is_some() {
-                return self.stdout().lines().find(|l| l.starts_with(prefix)).map(str::to_string);
+                return self
+                    .stdout()
+                    .lines()
+                    .find(|l| l.starts_with(prefix))
+                    .map(str::to_string);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -297,13 +327,22 @@ impl EmuChild {
 
     /// All stdout lines starting with `prefix`.
     pub fn lines(&self, prefix: &str) -> Vec<String> {
-        self.stdout().lines().filter(|l| l.starts_with(prefix)).map(str::to_string).collect()
+        self.stdout()
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_string)
+            .collect()
     }
 
     /// Waits for exit (bounded) and returns stdout; panics with both streams on timeout.
     pub fn finish(&mut self, limit: Duration) -> String {
         if self.wait_timeout(limit).is_none() {
-            panic!("child {} did not exit within {limit:?}\nstdout:\n{}\nstderr:\n{}", self.pid(), self.stdout(), self.stderr());
+            panic!(
+                "child {} did not exit within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                self.pid(),
+                self.stdout(),
+                self.stderr()
+            );
         }
         self.stdout()
     }
@@ -320,12 +359,15 @@ impl Drop for EmuChild {
 
 /// Value of `key=` in a `k=v k=v` line.
 pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
 }
 
 /// Numeric value of `key=` in a line, panicking with the line if absent.
 pub fn num(line: &str, key: &str) -> f64 {
-    field(line, key).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no numeric {key}= in {line:?}"))
+    field(line, key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no numeric {key}= in {line:?}"))
 }
 
 #[cfg(test)]
@@ -344,13 +386,19 @@ mod tests {
         let (pa, pb) = (a.pid(), b.pid());
         assert!(a.wait_timeout(Duration::from_millis(50)).is_none());
         drop(a);
-        assert!(!running(pa), "dropping the handle kills and reaps the child");
+        assert!(
+            !running(pa),
+            "dropping the handle kills and reaps the child"
+        );
         std::mem::forget(b); // handle leaked: the host must still kill it
         let root = host.root().to_path_buf();
         drop(host);
         std::thread::sleep(Duration::from_millis(100));
         let st = std::fs::read_to_string(format!("/proc/{pb}/stat")).unwrap_or_default();
-        assert!(st.is_empty() || st.contains(") Z "), "host drop kills remaining children: {st}");
+        assert!(
+            st.is_empty() || st.contains(") Z "),
+            "host drop kills remaining children: {st}"
+        );
         assert!(!root.exists(), "temp dir removed");
     }
 

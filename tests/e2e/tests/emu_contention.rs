@@ -40,16 +40,25 @@ fn full_gpu_kernels_slow_both_clients_in_proportion() {
     let host = EmuHost::new();
     // 40 blocks = every SM of the T4: alone each kernel holds the whole GPU (clock at 80%).
     let alone = run_alone(&host, "40");
-    assert!((490.0..510.0).contains(&alone), "alone {alone} ms (40 x 10 ms / 0.8)");
+    assert!(
+        (490.0..510.0).contains(&alone),
+        "alone {alone} ms (40 x 10 ms / 0.8)"
+    );
     let (a, b) = run_pair(&host, "40");
     let (ra, rb) = (a / alone, b / alone);
     eprintln!("contention: alone {alone:.1} ms, together {a:.1} / {b:.1} ms, slowdown {ra:.2}x / {rb:.2}x");
     // Two clients demanding 2x the SMs: each gets half, and the clock falls from 80% to 70%:
     // expected slowdown 2 * 0.8 / 0.7 = 2.29 for both (minus the edges where one runs alone).
     for r in [ra, rb] {
-        assert!((1.85..2.45).contains(&r), "slowdowns {ra:.2} / {rb:.2}, alone {alone} ms");
+        assert!(
+            (1.85..2.45).contains(&r),
+            "slowdowns {ra:.2} / {rb:.2}, alone {alone} ms"
+        );
     }
-    assert!((ra - rb).abs() < 0.35, "both slow by the same factor: {ra:.2} vs {rb:.2}");
+    assert!(
+        (ra - rb).abs() < 0.35,
+        "both slow by the same factor: {ra:.2} vs {rb:.2}"
+    );
 }
 
 #[test]
@@ -61,7 +70,10 @@ fn kernels_that_fit_together_do_not_slow_each_other() {
     let (a, b) = run_pair(&host, "10");
     eprintln!("no contention: alone {alone:.1} ms, together {a:.1} / {b:.1} ms");
     for t in [a, b] {
-        assert!((t / alone - 1.0).abs() < 0.06, "alone {alone} ms, together {a} / {b} ms");
+        assert!(
+            (t / alone - 1.0).abs() < 0.06,
+            "alone {alone} ms, together {a} / {b} ms"
+        );
     }
 }
 
@@ -75,12 +87,22 @@ fn launches_are_async_ordered_per_stream_and_concurrent_across_streams() {
     eprintln!("{l}");
     assert_eq!(e2e::field(&l, "launch_ex"), Some("0"), "{l}");
     assert_eq!(e2e::field(&l, "launch_ptsz"), Some("0"), "{l}");
-    assert_eq!(e2e::field(&l, "query"), Some("600"), "launch returned before the kernel ended: {l}");
+    assert_eq!(
+        e2e::field(&l, "query"),
+        Some("600"),
+        "launch returned before the kernel ended: {l}"
+    );
     for k in ["par1_ms", "par2_ms"] {
         // 10 ms plus host time between the start event and the launch (serialised would be 20).
-        assert!((9.9..14.0).contains(&num(&l, k)), "{k}: concurrent streams each take 10 ms: {l}");
+        assert!(
+            (9.9..14.0).contains(&num(&l, k)),
+            "{k}: concurrent streams each take 10 ms: {l}"
+        );
     }
-    assert!((19.9..25.0).contains(&num(&l, "serial_ms")), "one stream serialises: {l}");
+    assert!(
+        (19.9..25.0).contains(&num(&l, "serial_ms")),
+        "one stream serialises: {l}"
+    );
 }
 
 #[test]
@@ -94,6 +116,9 @@ fn graph_launch_runs_its_kernel_nodes_in_order() {
         assert_eq!(e2e::field(&l, k), Some("0"), "{k}: {l}");
     }
     for k in ["ms", "ms_ptsz"] {
-        assert!((29.9..35.0).contains(&num(&l, k)), "{k}: three 10 ms nodes in sequence: {l}");
+        assert!(
+            (29.9..35.0).contains(&num(&l, k)),
+            "{k}: three 10 ms nodes in sequence: {l}"
+        );
     }
 }

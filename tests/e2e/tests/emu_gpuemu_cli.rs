@@ -7,14 +7,22 @@ use std::time::Duration;
 fn show_lists_processes_memory_and_mps_state() {
     let host = EmuHost::new();
     let mut c = host.client(&["ctx", "alloc", "268435456", "ready", "hang"]);
-    c.wait_for_line("ready", Duration::from_secs(30)).expect("ready");
+    c.wait_for_line("ready", Duration::from_secs(30))
+        .expect("ready");
     host.device().mps_start(std::process::id());
-    let out = host.command("gpuemu").arg("show").output().expect("run gpuemu");
+    let out = host
+        .command("gpuemu")
+        .arg("show")
+        .output()
+        .expect("run gpuemu");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("Tesla T4 (t4): 40 SMs"), "{text}");
     assert!(text.contains("memory: 256 / 15360 MiB used"), "{text}");
-    assert!(text.contains(&format!("pid {:>7}      256 MiB  1 ctx", c.pid())), "{text}");
+    assert!(
+        text.contains(&format!("pid {:>7}      256 MiB  1 ctx", c.pid())),
+        "{text}"
+    );
     assert!(text.contains("mps: running"), "{text}");
 }
 
@@ -22,13 +30,30 @@ fn show_lists_processes_memory_and_mps_state() {
 fn corrupt_state_file_is_a_clear_error() {
     let host = EmuHost::new();
     std::fs::write(host.state_path(), b"this is not a state file").unwrap();
-    let out = host.command("gpuemu").arg("show").output().expect("run gpuemu");
+    let out = host
+        .command("gpuemu")
+        .arg("show")
+        .output()
+        .expect("run gpuemu");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
-    assert!(err.contains(&host.state_path().display().to_string()) && err.contains("not a GPU emulator state file"), "{err}");
+    assert!(
+        err.contains(&host.state_path().display().to_string())
+            && err.contains("not a GPU emulator state file"),
+        "{err}"
+    );
     // The fake driver refuses it the same way instead of crashing the client.
     let mut c = host.client(&["ctx"]);
     c.finish(Duration::from_secs(30));
-    assert!(c.stdout().contains("fatal=cuInit CUDA_ERROR_NO_DEVICE(100)"), "{}", c.stdout());
-    assert!(c.stderr().contains("not a GPU emulator state file"), "{}", c.stderr());
+    assert!(
+        c.stdout()
+            .contains("fatal=cuInit CUDA_ERROR_NO_DEVICE(100)"),
+        "{}",
+        c.stdout()
+    );
+    assert!(
+        c.stderr().contains("not a GPU emulator state file"),
+        "{}",
+        c.stderr()
+    );
 }

@@ -31,12 +31,23 @@ const EXPECTED: &[(&str, &str)] = &[
 fn hostile_arguments_get_errors_and_the_driver_keeps_working() {
     let host = EmuHost::new();
     let mut c = host.client(&["ctx", "hostile", "meminfo"]);
-    let status = c.wait_timeout(Duration::from_secs(30)).expect("client exits");
-    assert!(status.success(), "client died: {status:?}\n{}\n{}", c.stdout(), c.stderr());
+    let status = c
+        .wait_timeout(Duration::from_secs(30))
+        .expect("client exits");
+    assert!(
+        status.success(),
+        "client died: {status:?}\n{}\n{}",
+        c.stdout(),
+        c.stderr()
+    );
     let lines = c.lines("hostile ");
     assert_eq!(lines.len(), EXPECTED.len(), "{}", c.stdout());
     for (l, (case, rc)) in lines.iter().zip(EXPECTED) {
-        assert_eq!((field(l, "case").unwrap(), field(l, "rc").unwrap()), (*case, *rc), "{l}");
+        assert_eq!(
+            (field(l, "case").unwrap(), field(l, "rc").unwrap()),
+            (*case, *rc),
+            "{l}"
+        );
     }
     assert_eq!(host.device().snapshot().memory_used, 0);
 }
@@ -46,6 +57,13 @@ fn forked_child_cannot_use_the_parents_driver_state() {
     let host = EmuHost::new();
     let mut c = host.client(&["ctx", "fork"]);
     c.finish(Duration::from_secs(30));
-    assert_eq!(c.lines("forked-child"), vec!["forked-child meminfo=3".to_string()], "CUDA_ERROR_NOT_INITIALIZED");
-    assert_eq!(c.lines("fork-parent"), vec!["fork-parent meminfo=0".to_string()]);
+    assert_eq!(
+        c.lines("forked-child"),
+        vec!["forked-child meminfo=3".to_string()],
+        "CUDA_ERROR_NOT_INITIALIZED"
+    );
+    assert_eq!(
+        c.lines("fork-parent"),
+        vec!["fork-parent meminfo=0".to_string()]
+    );
 }

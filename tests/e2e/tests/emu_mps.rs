@@ -27,23 +27,35 @@ fn active_thread_percentage_caps_a_client() {
     // MPS off: the percentage means nothing.
     let free = spin_ms(&host, None);
     let ignored = spin_ms(&host, Some("25"));
-    assert!((ignored / free - 1.0).abs() < 0.05, "MPS off: {free} vs {ignored} ms");
+    assert!(
+        (ignored / free - 1.0).abs() < 0.05,
+        "MPS off: {free} vs {ignored} ms"
+    );
 
     dev.mps_start(std::process::id());
     let full = spin_ms(&host, None);
-    assert!((full / free - 1.0).abs() < 0.05, "default 100%: {free} vs {full} ms");
+    assert!(
+        (full / free - 1.0).abs() < 0.05,
+        "default 100%: {free} vs {full} ms"
+    );
     // 25% of 40 SMs = 10 SMs at full boost (occupancy 25%) vs 40 SMs at 80% clock: 3.2x.
     let quarter = spin_ms(&host, Some("25"));
     let r = quarter / full;
     eprintln!("mps: uncapped {full:.1} ms, 25% cap {quarter:.1} ms ({r:.2}x)");
-    assert!((3.0..3.4).contains(&r), "25% cap: {full} -> {quarter} ms ({r:.2}x)");
+    assert!(
+        (3.0..3.4).contains(&r),
+        "25% cap: {full} -> {quarter} ms ({r:.2}x)"
+    );
 
     // Server default percentage applies to clients without their own.
     dev.set_default_active_thread_pct(50).unwrap();
     let half = spin_ms(&host, None);
     let r = half / full;
     eprintln!("mps: default 50% {half:.1} ms ({r:.2}x)");
-    assert!((1.5..1.7).contains(&r), "50% default: {full} -> {half} ms ({r:.2}x)");
+    assert!(
+        (1.5..1.7).contains(&r),
+        "50% default: {full} -> {half} ms ({r:.2}x)"
+    );
 }
 
 #[test]
@@ -54,10 +66,21 @@ fn per_client_percentage_set_by_pid() {
     let mut c = host.client(&["ctx", "ready", "wait", "spin", "40", CYCLES, "10"]);
     c.wait_for_line("ready", T).expect("ready");
     dev.set_client_active_thread_pct(c.pid(), 20).unwrap();
-    assert_eq!(dev.snapshot().processes.iter().find(|p| p.pid == c.pid()).unwrap().active_thread_pct, 20);
+    assert_eq!(
+        dev.snapshot()
+            .processes
+            .iter()
+            .find(|p| p.pid == c.pid())
+            .unwrap()
+            .active_thread_pct,
+        20
+    );
     c.send_line("go");
     c.finish(T);
-    let ms = num(&c.wait_for_line("spin=0", T).expect("spin ok"), "emulated_ms");
+    let ms = num(
+        &c.wait_for_line("spin=0", T).expect("spin ok"),
+        "emulated_ms",
+    );
     // 8 SMs at boost: 40 blocks x 10 ms / 8 = 50 ms per kernel, 10 kernels.
     assert!((480.0..520.0).contains(&ms), "{ms} ms");
 }
@@ -66,7 +89,10 @@ fn per_client_percentage_set_by_pid() {
 fn wait_reaped(dev: &e2e::emu_device::Device, pid: u32) {
     let deadline = std::time::Instant::now() + T;
     while dev.snapshot().processes.iter().any(|p| p.pid == pid) {
-        assert!(std::time::Instant::now() < deadline, "death of {pid} never noticed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "death of {pid} never noticed"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -91,25 +117,45 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
     // Death is noticed by whichever process next touches the device (within REAP_EVERY_NS).
     let deadline = std::time::Instant::now() + T;
     while !dev.mps_status().poisoned {
-        assert!(std::time::Instant::now() < deadline, "death of a context holder never noticed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "death of a context holder never noticed"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     b.send_line("go");
     std::thread::sleep(Duration::from_millis(500));
-    assert!(b.lines("spin=").is_empty(), "neighbour must hang while MPS is poisoned: {}", b.stdout());
+    assert!(
+        b.lines("spin=").is_empty(),
+        "neighbour must hang while MPS is poisoned: {}",
+        b.stdout()
+    );
     assert!(b.wait_timeout(Duration::ZERO).is_none());
     let st = dev.mps_status();
-    assert!(st.poisoned && st.culprit_pid == Some(victim.pid()), "{st:?}");
+    assert!(
+        st.poisoned && st.culprit_pid == Some(victim.pid()),
+        "{st:?}"
+    );
 
     // A new client cannot join the hung server.
     let mut late = host.client(&["ctx"]);
     late.finish(T);
-    assert_eq!(late.lines("ctx=")[0], "ctx=807", "CUDA_ERROR_MPS_SERVER_NOT_READY");
+    assert_eq!(
+        late.lines("ctx=")[0],
+        "ctx=807",
+        "CUDA_ERROR_MPS_SERVER_NOT_READY"
+    );
 
     // quit releases the neighbour, whose context died with the server.
     dev.mps_quit();
-    let l = b.wait_for_line("spin=", T).expect("neighbour released after quit");
-    assert_eq!(field(&l, "spin"), Some("810"), "CUDA_ERROR_MPS_CLIENT_TERMINATED: {l}");
+    let l = b
+        .wait_for_line("spin=", T)
+        .expect("neighbour released after quit");
+    assert_eq!(
+        field(&l, "spin"),
+        Some("810"),
+        "CUDA_ERROR_MPS_CLIENT_TERMINATED: {l}"
+    );
     b.finish(T);
 
     // A restarted server serves new clients normally.
@@ -124,7 +170,9 @@ fn client_that_released_its_context_harms_no_one() {
     let host = EmuHost::new();
     let dev = host.device();
     dev.mps_start(std::process::id());
-    let mut polite = host.client(&["ctx", "spin", "40", "1000000", "1", "destroy", "ready", "hang"]);
+    let mut polite = host.client(&[
+        "ctx", "spin", "40", "1000000", "1", "destroy", "ready", "hang",
+    ]);
     polite.wait_for_line("ready", T).expect("ready");
     assert_eq!(polite.lines("destroy=")[0], "destroy=0");
     let mut b = neighbour(&host);
@@ -162,7 +210,10 @@ fn sigterm_with_default_action_poisons_but_normal_exit_does_not() {
     let mut tidy = host.client(&["ctx", "alloc", "1048576", "exit"]);
     tidy.finish(T);
     wait_reaped(&dev, tidy.pid());
-    assert!(!dev.mps_status().poisoned, "normal exit must not poison MPS");
+    assert!(
+        !dev.mps_status().poisoned,
+        "normal exit must not poison MPS"
+    );
 
     // SIGTERM with no handler kills the process with its context live: exactly what the shim's
     // graceful exit exists to prevent.
@@ -172,7 +223,10 @@ fn sigterm_with_default_action_poisons_but_normal_exit_does_not() {
     victim.finish(T);
     let deadline = std::time::Instant::now() + T;
     while !dev.mps_status().poisoned {
-        assert!(std::time::Instant::now() < deadline, "SIGTERM-killed context holder never poisoned MPS");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGTERM-killed context holder never poisoned MPS"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }

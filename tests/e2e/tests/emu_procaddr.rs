@@ -13,18 +13,81 @@ const CASES: &[(&str, &str, &str, &str, &str, &str)] = &[
     ("cuCtxCreate", "3020", "0", "0", "0", "cuCtxCreate_v2"),
     ("cuCtxCreate", "11040", "0", "0", "0", "cuCtxCreate_v3"),
     ("cuCtxCreate", "12090", "0", "0", "0", "cuCtxCreate_v4"),
-    ("cuDevicePrimaryCtxRelease", "10020", "0", "0", "0", "cuDevicePrimaryCtxRelease"),
-    ("cuDevicePrimaryCtxRelease", "11000", "0", "0", "0", "cuDevicePrimaryCtxRelease_v2"),
-    ("cuGetProcAddress", "11030", "0", "0", "0", "cuGetProcAddress"),
-    ("cuGetProcAddress", "12000", "0", "0", "0", "cuGetProcAddress_v2"),
+    (
+        "cuDevicePrimaryCtxRelease",
+        "10020",
+        "0",
+        "0",
+        "0",
+        "cuDevicePrimaryCtxRelease",
+    ),
+    (
+        "cuDevicePrimaryCtxRelease",
+        "11000",
+        "0",
+        "0",
+        "0",
+        "cuDevicePrimaryCtxRelease_v2",
+    ),
+    (
+        "cuGetProcAddress",
+        "11030",
+        "0",
+        "0",
+        "0",
+        "cuGetProcAddress",
+    ),
+    (
+        "cuGetProcAddress",
+        "12000",
+        "0",
+        "0",
+        "0",
+        "cuGetProcAddress_v2",
+    ),
     ("cuLaunchKernel", "12000", "0", "0", "0", "cuLaunchKernel"),
     ("cuLaunchKernel", "12000", "1", "0", "0", "cuLaunchKernel"),
-    ("cuLaunchKernel", "12000", "2", "0", "0", "cuLaunchKernel_ptsz"),
+    (
+        "cuLaunchKernel",
+        "12000",
+        "2",
+        "0",
+        "0",
+        "cuLaunchKernel_ptsz",
+    ),
     ("cuLaunchKernel", "6050", "2", "0", "0", "cuLaunchKernel"),
-    ("cuMemcpyHtoD", "12000", "2", "0", "0", "cuMemcpyHtoD_v2_ptds"),
-    ("cuMemAllocAsync", "12000", "2", "0", "0", "cuMemAllocAsync_ptsz"),
-    ("cuEventElapsedTime", "12000", "0", "0", "0", "cuEventElapsedTime"),
-    ("cuEventElapsedTime", "12080", "0", "0", "0", "cuEventElapsedTime_v2"),
+    (
+        "cuMemcpyHtoD",
+        "12000",
+        "2",
+        "0",
+        "0",
+        "cuMemcpyHtoD_v2_ptds",
+    ),
+    (
+        "cuMemAllocAsync",
+        "12000",
+        "2",
+        "0",
+        "0",
+        "cuMemAllocAsync_ptsz",
+    ),
+    (
+        "cuEventElapsedTime",
+        "12000",
+        "0",
+        "0",
+        "0",
+        "cuEventElapsedTime",
+    ),
+    (
+        "cuEventElapsedTime",
+        "12080",
+        "0",
+        "0",
+        "0",
+        "cuEventElapsedTime_v2",
+    ),
     ("cuLaunchKernelEx", "11050", "0", "500", "2", "null"),
     ("cuNoSuchFunction", "12000", "0", "500", "1", "null"),
     ("", "12000", "0", "500", "1", "null"),
@@ -44,7 +107,11 @@ fn proc_address_answers_right_abi_per_version_and_flags() {
     let lines = c.lines("procaddr ");
     assert_eq!(lines.len(), CASES.len(), "{}\n{}", c.stdout(), c.stderr());
     for (l, (name, v, f, rc, status, sym)) in lines.iter().zip(CASES) {
-        let got = (field(l, "rc").unwrap(), field(l, "status").unwrap(), field(l, "symbol").unwrap());
+        let got = (
+            field(l, "rc").unwrap(),
+            field(l, "status").unwrap(),
+            field(l, "symbol").unwrap(),
+        );
         assert_eq!(got, (*rc, *status, *sym), "{name}@{v} flags={f}: {l}");
     }
 }

@@ -1,7 +1,8 @@
 //! An active-thread percentage set through `nvidia-cuda-mps-control` caps a client's SM share
 //! on the emulated GPU: a server's percentage for clients that connect afterwards, a client's
-//! own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, and (emulator extension)
-//! `set_active_thread_percentage <client pid>` on a running one. Rates are compared against an
+//! own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`. As in real MPS, a running client keeps the limit it
+//! started with: `set_active_thread_percentage <client pid>` is refused (`Server <pid> not
+//! found`) and a server's new percentage does not reach it. Rates are compared against an
 //! uncapped run in the same test.
 
 mod workloads_support;
@@ -40,19 +41,15 @@ fn mps_percentage_caps_a_client() {
         free.pid().to_string()
     );
 
-    // Emulator extension: cap the running client itself.
+    // A client pid is not a server: refused, as by the real control daemon.
     assert_eq!(
         mps(
             &host,
             &format!("set_active_thread_percentage {} 25\n", free.pid())
         ),
-        "25.0\n"
+        format!("Server {} not found\n", free.pid())
     );
-    let capped_live = rate(&mut free, 1, 4);
-    let (st, _) = free.stop(libc::SIGTERM, Duration::from_secs(30));
-    assert!(st.success());
-
-    // Real protocol: the server's percentage applies to clients that connect afterwards.
+    // The server's percentage does not reach a client that is already running.
     assert_eq!(
         mps(
             &host,
@@ -60,6 +57,15 @@ fn mps_percentage_caps_a_client() {
         ),
         "25.0\n"
     );
+    let still_free = rate(&mut free, 1, 4);
+    assert!(
+        still_free / full > 0.8,
+        "a running client was capped: {still_free:.2} it/s vs {full:.2} it/s"
+    );
+    let (st, _) = free.stop(libc::SIGTERM, Duration::from_secs(30));
+    assert!(st.success());
+
+    // The server's percentage applies to clients that connect afterwards.
     let mut late = offline(&host, &args);
     let capped_new = rate(&mut late, 1, 4);
     late.stop(libc::SIGTERM, Duration::from_secs(30));
@@ -81,7 +87,6 @@ fn mps_percentage_caps_a_client() {
     own.stop(libc::SIGTERM, Duration::from_secs(30));
 
     for (what, r) in [
-        ("live cap", capped_live),
         ("new-client cap", capped_new),
         ("client env cap", capped_env),
     ] {

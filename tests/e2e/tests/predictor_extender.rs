@@ -30,8 +30,15 @@ fn repo() -> PathBuf {
 
 /// Writes a sysmonitor-shaped state snapshot for `node`'s GPU `gpu`.
 fn publish(dir: &Path, node: &str, gpu: u32, state: &str) {
-    let ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
-    let p = dir.join("state").join(node).join(format!("gpu{gpu}")).join("state.json");
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let p = dir
+        .join("state")
+        .join(node)
+        .join(format!("gpu{gpu}"))
+        .join("state.json");
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     let snap = json!({
         "gpu": gpu, "monitor_pid": 1, "boot_id": "e2e", "state": state,
@@ -48,7 +55,8 @@ fn start() -> Server {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let fixtures = repo().join("cluster-matcher/tests/fixtures/extender");
-    let mut cluster: Value = serde_json::from_slice(&std::fs::read(fixtures.join("cluster.json")).unwrap()).unwrap();
+    let mut cluster: Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("cluster.json")).unwrap()).unwrap();
     cluster["round_period_s"] = json!(1);
     cluster["state_dir"] = json!("state");
     for n in cluster["nodes"].as_array_mut().unwrap() {
@@ -76,7 +84,10 @@ fn start() -> Server {
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let deadline = Instant::now() + Duration::from_secs(30);
     let addr = loop {
-        assert!(Instant::now() < deadline, "server did not report its address");
+        assert!(
+            Instant::now() < deadline,
+            "server did not report its address"
+        );
         let line = lines.next().expect("server exited early").unwrap();
         if let Some(rest) = line.split("listening on http://").nth(1) {
             break rest.trim().to_string();
@@ -99,7 +110,15 @@ fn post(addr: &str, path: &str, body: &Value) -> Value {
 }
 
 fn fixture(name: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(repo().join("cluster-matcher/tests/fixtures/extender").join(name)).unwrap()).unwrap()
+    serde_json::from_slice(
+        &std::fs::read(
+            repo()
+                .join("cluster-matcher/tests/fixtures/extender")
+                .join(name),
+        )
+        .unwrap(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -113,7 +132,13 @@ fn extender_follows_the_plan_and_the_published_health() {
     assert_eq!(placed.len(), 1, "{v}");
     let node = placed[0].as_str().unwrap().to_string();
     let prio = post(&srv.addr, "/xshare/prioritize", &fixture("prioritize.json"));
-    let top = prio.as_array().unwrap().iter().max_by_key(|e| e["Score"].as_i64().unwrap()).unwrap().clone();
+    let top = prio
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|e| e["Score"].as_i64().unwrap())
+        .unwrap()
+        .clone();
     assert_eq!(top["Host"], node.as_str());
 
     // The monitor on every GPU of that node reports Overlimit: after the next round the job
@@ -124,7 +149,14 @@ fn extender_follows_the_plan_and_the_published_health() {
     }
     std::thread::sleep(Duration::from_millis(1_200));
     let v = post(&srv.addr, "/xshare/filter", &filter);
-    assert!(!v["NodeNames"].as_array().unwrap().iter().any(|n| n == node.as_str()), "{v}");
+    assert!(
+        !v["NodeNames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == node.as_str()),
+        "{v}"
+    );
 
     // Healthy again: the plan comes back.
     for g in 0..gpus {

@@ -27,7 +27,11 @@ fn neighbour(host: &EmuHost) -> EmuChild {
 
 fn training_victim(host: &EmuHost, shimmed: bool) -> EmuChild {
     let args = ["ctx", "ready", "launch", "40", "1000000", "1000000"];
-    let mut c = if shimmed { limited(host, "shim_client", 1 << 30, "victim") } else { unlimited(host, "shim_client") };
+    let mut c = if shimmed {
+        limited(host, "shim_client", 1 << 30, "victim")
+    } else {
+        unlimited(host, "shim_client")
+    };
     let mut v = host.spawn(c.args(args));
     v.wait_for_line("ready", T).expect("victim ready");
     std::thread::sleep(Duration::from_millis(300));
@@ -44,7 +48,11 @@ fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
     victim.signal(sig);
     let st = victim.wait_timeout(T).expect("victim exits on the signal");
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(st.signal(), Some(sig), "the default action still happens: {st:?}");
+    assert_eq!(
+        st.signal(),
+        Some(sig),
+        "the default action still happens: {st:?}"
+    );
     // Let the emulator notice the death (it reaps dead clients on its next state access after
     // its reap period) before the neighbour asks for the GPU.
     for _ in 0..10 {
@@ -52,7 +60,9 @@ fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
         dev.mps_status();
     }
     b.send_line("go");
-    let ran = b.wait_for_line("spin=", patience(shimmed)).is_some_and(|l| field(&l, "spin") == Some("0"));
+    let ran = b
+        .wait_for_line("spin=", patience(shimmed))
+        .is_some_and(|l| field(&l, "spin") == Some("0"));
     let status = format!("{:?} victim stderr: {}", dev.mps_status(), victim.stderr());
     if !ran {
         dev.mps_quit();
@@ -63,20 +73,29 @@ fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
 #[test]
 fn sigterm_under_mps_hangs_nobody_with_the_shim() {
     let (ran, st) = neighbour_survives(true, libc::SIGTERM);
-    assert!(ran, "neighbour must run after the shimmed victim's SIGTERM: {st}");
+    assert!(
+        ran,
+        "neighbour must run after the shimmed victim's SIGTERM: {st}"
+    );
     assert!(st.contains("poisoned: false"), "{st}");
 }
 
 #[test]
 fn sigint_under_mps_hangs_nobody_with_the_shim() {
     let (ran, st) = neighbour_survives(true, libc::SIGINT);
-    assert!(ran, "neighbour must run after the shimmed victim's SIGINT: {st}");
+    assert!(
+        ran,
+        "neighbour must run after the shimmed victim's SIGINT: {st}"
+    );
 }
 
 #[test]
 fn sigterm_without_the_shim_hangs_the_neighbour() {
     let (ran, st) = neighbour_survives(false, libc::SIGTERM);
-    assert!(!ran, "control: the emulator's MPS model must hang the neighbour: {st}");
+    assert!(
+        !ran,
+        "control: the emulator's MPS model must hang the neighbour: {st}"
+    );
     assert!(st.contains("poisoned: true"), "{st}");
 }
 
@@ -87,19 +106,48 @@ fn application_handler_still_checkpoints_and_nobody_hangs() {
     dev.mps_start(std::process::id());
     let ckpt = host.root().join("ckpt.bin");
     let mut c = limited(&host, "offline", 1 << 30, "trainer");
-    c.args(["--kernel-us", "5000", "--state-mb", "4", "--report-interval", "0.1", "--json", "--checkpoint"]).arg(&ckpt);
+    c.args([
+        "--kernel-us",
+        "5000",
+        "--state-mb",
+        "4",
+        "--report-interval",
+        "0.1",
+        "--json",
+        "--checkpoint",
+    ])
+    .arg(&ckpt);
     let mut trainer = host.spawn(&mut c);
-    assert!(trainer.wait_for_line("{", T).is_some(), "trainer progress: {}", trainer.stderr());
+    assert!(
+        trainer.wait_for_line("{", T).is_some(),
+        "trainer progress: {}",
+        trainer.stderr()
+    );
     let mut b = neighbour(&host);
     trainer.signal(libc::SIGTERM);
     let st = trainer.wait_timeout(T).expect("trainer exits");
-    assert!(st.success(), "the application's own handler ran and it exited cleanly: {st:?} {}", trainer.stderr());
+    assert!(
+        st.success(),
+        "the application's own handler ran and it exited cleanly: {st:?} {}",
+        trainer.stderr()
+    );
     let out = trainer.stdout();
-    let fin = out.lines().find(|l| l.contains("\"final\":true")).unwrap_or_else(|| panic!("summary: {out}"));
-    assert!(fin.contains(&format!("\"signal\":{}", libc::SIGTERM)), "{fin}");
-    assert_eq!(std::fs::metadata(&ckpt).expect("checkpoint written").len(), 4 << 20);
+    let fin = out
+        .lines()
+        .find(|l| l.contains("\"final\":true"))
+        .unwrap_or_else(|| panic!("summary: {out}"));
+    assert!(
+        fin.contains(&format!("\"signal\":{}", libc::SIGTERM)),
+        "{fin}"
+    );
+    assert_eq!(
+        std::fs::metadata(&ckpt).expect("checkpoint written").len(),
+        4 << 20
+    );
     b.send_line("go");
-    let l = b.wait_for_line("spin=", patience(true)).expect("neighbour runs");
+    let l = b
+        .wait_for_line("spin=", patience(true))
+        .expect("neighbour runs");
     assert_eq!(field(&l, "spin"), Some("0"));
     assert!(!dev.mps_status().poisoned);
 }
@@ -124,7 +172,9 @@ while True:
 fn python() -> std::path::PathBuf {
     std::env::var_os("XSHARE_PYTHON")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        })
 }
 
 fn python_ctrl_c(shimmed: bool) -> (bool, String) {
@@ -132,11 +182,21 @@ fn python_ctrl_c(shimmed: bool) -> (bool, String) {
     let dev = host.device();
     dev.mps_start(std::process::id());
     let py = python();
-    assert!(py.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", py.display());
-    let mut c = if shimmed { limited(&host, py.to_str().unwrap(), 1 << 30, "py") } else { unlimited(&host, py.to_str().unwrap()) };
+    assert!(
+        py.exists(),
+        "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON",
+        py.display()
+    );
+    let mut c = if shimmed {
+        limited(&host, py.to_str().unwrap(), 1 << 30, "py")
+    } else {
+        unlimited(&host, py.to_str().unwrap())
+    };
     c.args(["-c", PY_TRAINER]);
     let mut trainer = host.spawn(&mut c);
-    trainer.wait_for_line("ready", T).unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
+    trainer
+        .wait_for_line("ready", T)
+        .unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
     let mut b = neighbour(&host);
     trainer.signal(libc::SIGINT);
     trainer.wait_timeout(T).expect("python exits on Ctrl-C");
@@ -145,8 +205,14 @@ fn python_ctrl_c(shimmed: bool) -> (bool, String) {
         dev.mps_status();
     }
     b.send_line("go");
-    let ran = b.wait_for_line("spin=", patience(shimmed)).is_some_and(|l| field(&l, "spin") == Some("0"));
-    let status = format!("{:?}; python stderr: {}", dev.mps_status(), trainer.stderr());
+    let ran = b
+        .wait_for_line("spin=", patience(shimmed))
+        .is_some_and(|l| field(&l, "spin") == Some("0"));
+    let status = format!(
+        "{:?}; python stderr: {}",
+        dev.mps_status(),
+        trainer.stderr()
+    );
     if !ran {
         dev.mps_quit();
     }
@@ -157,9 +223,15 @@ fn python_ctrl_c(shimmed: bool) -> (bool, String) {
 fn python_trainer_stopped_with_ctrl_c_hangs_nobody_with_the_shim() {
     let (ran, st) = python_ctrl_c(true);
     assert!(ran, "neighbour must run: {st}");
-    assert!(st.contains("KeyboardInterrupt"), "Python's own handler ran: {st}");
+    assert!(
+        st.contains("KeyboardInterrupt"),
+        "Python's own handler ran: {st}"
+    );
     let (ran, st) = python_ctrl_c(false);
-    assert!(!ran, "control without the shim: the dead Python client hangs MPS: {st}");
+    assert!(
+        !ran,
+        "control without the shim: the dead Python client hangs MPS: {st}"
+    );
 }
 
 #[test]
@@ -170,7 +242,8 @@ fn sigterm_with_a_hung_mps_server_still_ends_the_process() {
     let cfg = host.root().join("xcuda.json");
     std::fs::write(&cfg, r#"{"exit": {"release_timeout_ms": 300}}"#).unwrap();
     let mut c = limited(&host, "shim_client", 1 << 30, "hung");
-    c.env("XCUDA_CONFIG", &cfg).args(["ctx", "ready", "wait", "launch", "1", "1000", "1", "ready"]);
+    c.env("XCUDA_CONFIG", &cfg)
+        .args(["ctx", "ready", "wait", "launch", "1", "1000", "1", "ready"]);
     let mut shimmed = host.spawn(&mut c);
     shimmed.wait_for_line("ready", T).expect("ready");
     // Another client dies holding a context: the MPS server hangs every client.
@@ -184,11 +257,23 @@ fn sigterm_with_a_hung_mps_server_still_ends_the_process() {
     assert!(dev.mps_status().poisoned);
     shimmed.send_line("go");
     std::thread::sleep(Duration::from_millis(300));
-    assert!(shimmed.lines("launch=").is_empty(), "the shimmed client is stuck in the hung server");
+    assert!(
+        shimmed.lines("launch=").is_empty(),
+        "the shimmed client is stuck in the hung server"
+    );
     shimmed.signal(libc::SIGTERM);
-    let st = shimmed.wait_timeout(T).unwrap_or_else(|| panic!("a hung driver must not keep the process alive: {}", shimmed.stderr()));
+    let st = shimmed.wait_timeout(T).unwrap_or_else(|| {
+        panic!(
+            "a hung driver must not keep the process alive: {}",
+            shimmed.stderr()
+        )
+    });
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(libc::SIGTERM));
-    assert!(shimmed.stderr().contains("gave up waiting"), "{}", shimmed.stderr());
+    assert!(
+        shimmed.stderr().contains("gave up waiting"),
+        "{}",
+        shimmed.stderr()
+    );
     dev.mps_quit();
 }

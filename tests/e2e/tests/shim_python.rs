@@ -14,8 +14,14 @@ const QUOTA: u64 = 64 * MIB;
 fn python() -> PathBuf {
     let p = std::env::var_os("XSHARE_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
-    assert!(p.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", p.display());
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+        });
+    assert!(
+        p.exists(),
+        "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON",
+        p.display()
+    );
     p
 }
 
@@ -54,12 +60,20 @@ print(json.dumps(out))
 "#;
 
 fn run_py(host: &EmuHost, script: &str, shimmed: bool, group: &str) -> serde_json::Value {
-    let mut c = if shimmed { limited(host, python().to_str().unwrap(), QUOTA, group) } else { unlimited(host, python().to_str().unwrap()) };
+    let mut c = if shimmed {
+        limited(host, python().to_str().unwrap(), QUOTA, group)
+    } else {
+        unlimited(host, python().to_str().unwrap())
+    };
     c.env("NUMBA_CUDA_DRIVER", host.lib_dir().join("libcuda.so.1"));
     c.args(["-c", script, &QUOTA.to_string()]);
     let mut child = host.spawn(&mut c);
     let out = child.finish(T);
-    let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no result; stdout:\n{out}\nstderr:\n{}", child.stderr()));
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no result; stdout:\n{out}\nstderr:\n{}", child.stderr()));
     serde_json::from_str(line).expect("json")
 }
 
@@ -68,11 +82,17 @@ fn cuda_bindings_past_the_quota_gets_out_of_memory() {
     let host = EmuHost::new();
     let v = run_py(&host, CUDA_BINDINGS, true, "py");
     assert_eq!(v["first"], 0, "{v}");
-    assert_eq!(v["second"], 2, "CUDA_ERROR_OUT_OF_MEMORY through cuda-bindings: {v}");
+    assert_eq!(
+        v["second"], 2,
+        "CUDA_ERROR_OUT_OF_MEMORY through cuda-bindings: {v}"
+    );
     assert_eq!(v["total"], QUOTA, "{v}");
     assert_eq!(v["device_total"], QUOTA, "{v}");
     let control = run_py(&host, CUDA_BINDINGS, false, "py");
-    assert_eq!(control["second"], 0, "control run without the shim: {control}");
+    assert_eq!(
+        control["second"], 0,
+        "control run without the shim: {control}"
+    );
 }
 
 #[test]
@@ -80,7 +100,13 @@ fn numba_to_device_past_the_quota_gets_out_of_memory() {
     let host = EmuHost::new();
     let v = run_py(&host, NUMBA, true, "numba");
     assert_eq!(v["first"], 0, "{v}");
-    assert_eq!(v["second"], 2, "CUDA_ERROR_OUT_OF_MEMORY through numba: {v}");
+    assert_eq!(
+        v["second"], 2,
+        "CUDA_ERROR_OUT_OF_MEMORY through numba: {v}"
+    );
     let control = run_py(&host, NUMBA, false, "numba");
-    assert_eq!(control["second"], 0, "control run without the shim: {control}");
+    assert_eq!(
+        control["second"], 0,
+        "control run without the shim: {control}"
+    );
 }

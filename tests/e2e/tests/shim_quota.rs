@@ -17,21 +17,54 @@ fn paths() -> Vec<(&'static str, Vec<String>, Vec<String>)> {
         a
     };
     vec![
-        ("alloc", one("alloc", &[40 * MIB]), one("alloc", &[30 * MIB])),
-        ("managed", one("managed", &[40 * MIB]), one("managed", &[30 * MIB])),
-        ("async", one("async", &[40 * MIB]), one("async", &[30 * MIB])),
+        (
+            "alloc",
+            one("alloc", &[40 * MIB]),
+            one("alloc", &[30 * MIB]),
+        ),
+        (
+            "managed",
+            one("managed", &[40 * MIB]),
+            one("managed", &[30 * MIB]),
+        ),
+        (
+            "async",
+            one("async", &[40 * MIB]),
+            one("async", &[30 * MIB]),
+        ),
         ("pool", one("pool", &[40 * MIB]), one("pool", &[30 * MIB])),
         ("vmm", one("vmm", &[40 * MIB]), one("vmm", &[30 * MIB])),
-        ("pitch", one("pitch", &[4096, 10240]), one("pitch", &[4096, 7680])),
-        ("array", one("array", &[4096, 2560]), one("array", &[4096, 1920])),
-        ("array3d", one("array3d", &[4096, 256, 10]), one("array3d", &[4096, 256, 8])),
-        ("mipmap", one("mipmap", &[4096, 2048, 4]), one("mipmap", &[4096, 2048, 4])),
+        (
+            "pitch",
+            one("pitch", &[4096, 10240]),
+            one("pitch", &[4096, 7680]),
+        ),
+        (
+            "array",
+            one("array", &[4096, 2560]),
+            one("array", &[4096, 1920]),
+        ),
+        (
+            "array3d",
+            one("array3d", &[4096, 256, 10]),
+            one("array3d", &[4096, 256, 8]),
+        ),
+        (
+            "mipmap",
+            one("mipmap", &[4096, 2048, 4]),
+            one("mipmap", &[4096, 2048, 4]),
+        ),
     ]
 }
 
 fn first_rc(lines: &[String], step: &str, nth: usize) -> String {
     let key = format!("{step}=");
-    lines.iter().filter(|l| l.starts_with(&key)).nth(nth).map(|l| e2e::field(l, step).unwrap().to_string()).unwrap_or_else(|| panic!("no {step} #{nth} in {lines:?}"))
+    lines
+        .iter()
+        .filter(|l| l.starts_with(&key))
+        .nth(nth)
+        .map(|l| e2e::field(l, step).unwrap().to_string())
+        .unwrap_or_else(|| panic!("no {step} #{nth} in {lines:?}"))
 }
 
 #[test]
@@ -49,10 +82,26 @@ fn quota_refused_at_the_limit_on_every_alloc_path() {
         let mut c = limited(&host, "shim_client", QUOTA, name);
         c.args(&args);
         let lines = run(&host, &mut c);
-        assert_eq!(first_rc(&lines, name, 0), "0", "{name}: first allocation fits: {lines:?}");
-        assert_eq!(first_rc(&lines, name, 1), "2", "{name}: past the quota => CUDA_ERROR_OUT_OF_MEMORY: {lines:?}");
-        assert_eq!(first_rc(&lines, name, 2), "0", "{name}: freeing gives the quota back: {lines:?}");
-        assert_eq!(dev.snapshot().memory_used, 0, "{name}: nothing leaked on the device");
+        assert_eq!(
+            first_rc(&lines, name, 0),
+            "0",
+            "{name}: first allocation fits: {lines:?}"
+        );
+        assert_eq!(
+            first_rc(&lines, name, 1),
+            "2",
+            "{name}: past the quota => CUDA_ERROR_OUT_OF_MEMORY: {lines:?}"
+        );
+        assert_eq!(
+            first_rc(&lines, name, 2),
+            "0",
+            "{name}: freeing gives the quota back: {lines:?}"
+        );
+        assert_eq!(
+            dev.snapshot().memory_used,
+            0,
+            "{name}: nothing leaked on the device"
+        );
         let l = ledger(&host);
         let g = l.group(node_ledger::ledger::group_id_for(name), 1).unwrap();
         assert_eq!(l.group_used(g), 0, "{name}: the ledger is back at zero");
@@ -60,7 +109,11 @@ fn quota_refused_at_the_limit_on_every_alloc_path() {
         let mut c = unlimited(&host, "shim_client");
         c.args(&args);
         let lines = run(&host, &mut c);
-        assert_eq!(first_rc(&lines, name, 1), "0", "{name}: control run without the shim is not limited");
+        assert_eq!(
+            first_rc(&lines, name, 1),
+            "0",
+            "{name}: control run without the shim is not limited"
+        );
     }
 }
 
@@ -69,58 +122,144 @@ fn meminfo_and_total_mem_show_the_quota() {
     let host = EmuHost::new();
     let device_total = host.device().info().total_memory;
     let mut c = limited(&host, "shim_client", QUOTA, "view");
-    c.args(["ctx", "totalmem", "meminfo", "alloc", &(40 * MIB).to_string(), "meminfo", "alloc", &(24 * MIB).to_string(), "meminfo"]);
+    c.args([
+        "ctx",
+        "totalmem",
+        "meminfo",
+        "alloc",
+        &(40 * MIB).to_string(),
+        "meminfo",
+        "alloc",
+        &(24 * MIB).to_string(),
+        "meminfo",
+    ]);
     let lines = run(&host, &mut c);
-    let l = |p: &str, n: usize| lines.iter().filter(|l| l.starts_with(p)).nth(n).unwrap().clone();
+    let l = |p: &str, n: usize| {
+        lines
+            .iter()
+            .filter(|l| l.starts_with(p))
+            .nth(n)
+            .unwrap()
+            .clone()
+    };
     assert_eq!(e2e::num(&l("totalmem=", 0), "total") as u64, QUOTA);
     assert_eq!(e2e::num(&l("meminfo=", 0), "total") as u64, QUOTA);
     assert_eq!(e2e::num(&l("meminfo=", 0), "free") as u64, QUOTA);
     assert_eq!(e2e::num(&l("meminfo=", 1), "free") as u64, QUOTA - 40 * MIB);
-    assert_eq!(e2e::num(&l("meminfo=", 2), "free") as u64, 0, "full quota: free is 0, not negative");
+    assert_eq!(
+        e2e::num(&l("meminfo=", 2), "free") as u64,
+        0,
+        "full quota: free is 0, not negative"
+    );
 
     let mut c = unlimited(&host, "shim_client");
     c.args(["ctx", "totalmem"]);
     let lines = run(&host, &mut c);
-    assert_eq!(e2e::num(&lines[1], "total") as u64, device_total, "control run sees the whole device");
+    assert_eq!(
+        e2e::num(&lines[1], "total") as u64,
+        device_total,
+        "control run sees the whole device"
+    );
 }
 
 #[test]
 fn nvml_memory_queries_show_the_quota() {
     let host = EmuHost::new();
     let device_total = host.device().info().total_memory;
-    let lines = run(&host, limited(&host, "shim_client", QUOTA, "nvml").args(["ctx", "alloc", &(40 * MIB).to_string(), "nvmlmem"]));
-    let l = lines.iter().find(|l| l.starts_with("nvmlmem")).expect("nvml line");
+    let lines = run(
+        &host,
+        limited(&host, "shim_client", QUOTA, "nvml").args([
+            "ctx",
+            "alloc",
+            &(40 * MIB).to_string(),
+            "nvmlmem",
+        ]),
+    );
+    let l = lines
+        .iter()
+        .find(|l| l.starts_with("nvmlmem"))
+        .expect("nvml line");
     assert_eq!(e2e::num(l, "total") as u64, QUOTA, "{l}");
     assert_eq!(e2e::num(l, "used") as u64, 40 * MIB, "{l}");
     assert_eq!(e2e::num(l, "free") as u64, QUOTA - 40 * MIB, "{l}");
     assert_eq!(e2e::num(l, "total_v2") as u64, QUOTA, "{l}");
     assert_eq!(e2e::num(l, "free_v2") as u64, QUOTA - 40 * MIB, "{l}");
 
-    let lines = run(&host, unlimited(&host, "shim_client").args(["ctx", "nvmlmem"]));
-    let l = lines.iter().find(|l| l.starts_with("nvmlmem")).expect("nvml line");
+    let lines = run(
+        &host,
+        unlimited(&host, "shim_client").args(["ctx", "nvmlmem"]),
+    );
+    let l = lines
+        .iter()
+        .find(|l| l.starts_with("nvmlmem"))
+        .expect("nvml line");
     assert_eq!(e2e::num(l, "total") as u64, device_total, "control: {l}");
 }
 
 #[test]
 fn two_processes_of_one_container_share_one_quota() {
     let host = EmuHost::new();
-    let mut a = host.spawn(limited(&host, "shim_client", QUOTA, "ctr-a").args(["ctx", "alloc", &(40 * MIB).to_string(), "ready", "wait", "freeall", "ready", "wait"]));
+    let mut a = host.spawn(limited(&host, "shim_client", QUOTA, "ctr-a").args([
+        "ctx",
+        "alloc",
+        &(40 * MIB).to_string(),
+        "ready",
+        "wait",
+        "freeall",
+        "ready",
+        "wait",
+    ]));
     assert!(a.wait_for_line("ready", T).is_some(), "{}", a.stderr());
     assert_eq!(a.lines("alloc=")[0], format!("alloc=0 bytes={}", 40 * MIB));
 
-    let over = run(&host, limited(&host, "shim_client", QUOTA, "ctr-a").args(["ctx", "alloc", &(30 * MIB).to_string(), "alloc", &(24 * MIB).to_string()]));
-    assert_eq!(rc_of(&over, "alloc="), ["2", "0"], "same container: 40 + 30 > 64 refused, 40 + 24 fits");
+    let over = run(
+        &host,
+        limited(&host, "shim_client", QUOTA, "ctr-a").args([
+            "ctx",
+            "alloc",
+            &(30 * MIB).to_string(),
+            "alloc",
+            &(24 * MIB).to_string(),
+        ]),
+    );
+    assert_eq!(
+        rc_of(&over, "alloc="),
+        ["2", "0"],
+        "same container: 40 + 30 > 64 refused, 40 + 24 fits"
+    );
 
-    let other = run(&host, limited(&host, "shim_client", QUOTA, "ctr-b").args(["ctx", "alloc", &(60 * MIB).to_string()]));
-    assert_eq!(rc_of(&other, "alloc="), ["0"], "another container has its own quota");
+    let other = run(
+        &host,
+        limited(&host, "shim_client", QUOTA, "ctr-b").args([
+            "ctx",
+            "alloc",
+            &(60 * MIB).to_string(),
+        ]),
+    );
+    assert_eq!(
+        rc_of(&other, "alloc="),
+        ["0"],
+        "another container has its own quota"
+    );
 
     a.send_line("free");
     let deadline = std::time::Instant::now() + T;
     while a.lines("ready").len() < 2 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let after = run(&host, limited(&host, "shim_client", QUOTA, "ctr-a").args(["ctx", "alloc", &(60 * MIB).to_string()]));
-    assert_eq!(rc_of(&after, "alloc="), ["0"], "quota given back by the neighbour's free");
+    let after = run(
+        &host,
+        limited(&host, "shim_client", QUOTA, "ctr-a").args([
+            "ctx",
+            "alloc",
+            &(60 * MIB).to_string(),
+        ]),
+    );
+    assert_eq!(
+        rc_of(&after, "alloc="),
+        ["0"],
+        "quota given back by the neighbour's free"
+    );
     a.send_line("go");
     a.finish(T);
 }
@@ -128,29 +267,69 @@ fn two_processes_of_one_container_share_one_quota() {
 #[test]
 fn kill_minus_9_of_a_holder_gives_its_memory_back() {
     let host = EmuHost::new();
-    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(50 * MIB).to_string(), "ready", "hang"]));
-    assert!(holder.wait_for_line("ready", T).is_some(), "{}", holder.stderr());
+    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args([
+        "ctx",
+        "alloc",
+        &(50 * MIB).to_string(),
+        "ready",
+        "hang",
+    ]));
+    assert!(
+        holder.wait_for_line("ready", T).is_some(),
+        "{}",
+        holder.stderr()
+    );
     let l = ledger(&host);
-    let g = l.group(node_ledger::ledger::group_id_for("ctr"), 1).unwrap();
+    let g = l
+        .group(node_ledger::ledger::group_id_for("ctr"), 1)
+        .unwrap();
     assert_eq!(l.group_used(g), 50 * MIB);
     holder.kill9();
 
     // The next process of the container finds the dead holder's usage and reclaims it.
-    let lines = run(&host, limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(50 * MIB).to_string(), "freeall"]));
+    let lines = run(
+        &host,
+        limited(&host, "shim_client", QUOTA, "ctr").args([
+            "ctx",
+            "alloc",
+            &(50 * MIB).to_string(),
+            "freeall",
+        ]),
+    );
     assert_eq!(rc_of(&lines, "alloc="), ["0"], "{lines:?}");
     assert_eq!(l.group_used(g), 0);
-    assert!(l.procs().is_empty(), "dead and exited processes left the registry: {:?}", l.procs());
+    assert!(
+        l.procs().is_empty(),
+        "dead and exited processes left the registry: {:?}",
+        l.procs()
+    );
 }
 
 #[test]
 fn a_live_neighbour_reclaims_a_killed_holder_without_any_new_process() {
     let host = EmuHost::new();
-    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(50 * MIB).to_string(), "ready", "hang"]));
+    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args([
+        "ctx",
+        "alloc",
+        &(50 * MIB).to_string(),
+        "ready",
+        "hang",
+    ]));
     holder.wait_for_line("ready", T).expect("holder ready");
-    let mut neighbour = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(10 * MIB).to_string(), "ready", "hang"]));
-    neighbour.wait_for_line("ready", T).expect("neighbour ready");
+    let mut neighbour = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args([
+        "ctx",
+        "alloc",
+        &(10 * MIB).to_string(),
+        "ready",
+        "hang",
+    ]));
+    neighbour
+        .wait_for_line("ready", T)
+        .expect("neighbour ready");
     let l = ledger(&host);
-    let g = l.group(node_ledger::ledger::group_id_for("ctr"), 1).unwrap();
+    let g = l
+        .group(node_ledger::ledger::group_id_for("ctr"), 1)
+        .unwrap();
     assert_eq!(l.group_used(g), 60 * MIB);
     holder.kill9();
     // The neighbour's housekeeping notices the death (pid + start time) and gives the memory back.
@@ -158,7 +337,11 @@ fn a_live_neighbour_reclaims_a_killed_holder_without_any_new_process() {
     while l.group_used(g) != 10 * MIB && start.elapsed() < T {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert_eq!(l.group_used(g), 10 * MIB, "only the live neighbour's usage remains");
+    assert_eq!(
+        l.group_used(g),
+        10 * MIB,
+        "only the live neighbour's usage remains"
+    );
     assert!(l.procs().iter().all(|p| p.pid != holder.pid()));
     neighbour.kill9();
 }
@@ -173,22 +356,76 @@ fn dlsym_and_proc_address_clients_are_both_intercepted() {
         ("gpa1", "cuLaunchKernel"),
         ("gpa1pt", "cuLaunchKernel_ptsz"),
     ] {
-        let lines = run(&host, limited(&host, "shim_client", QUOTA, mode).args([
-            "--resolve", mode, "ctx", "alloc", &(40 * MIB).to_string(), "async", &(30 * MIB).to_string(),
-            "where", "cuLaunchKernel", "12000", "where", "cuMemAlloc", "3020", "next", "cuInit", "launch", "8", "1000", "3",
-        ]));
+        let lines = run(
+            &host,
+            limited(&host, "shim_client", QUOTA, mode).args([
+                "--resolve",
+                mode,
+                "ctx",
+                "alloc",
+                &(40 * MIB).to_string(),
+                "async",
+                &(30 * MIB).to_string(),
+                "where",
+                "cuLaunchKernel",
+                "12000",
+                "where",
+                "cuMemAlloc",
+                "3020",
+                "next",
+                "cuInit",
+                "launch",
+                "8",
+                "1000",
+                "3",
+            ]),
+        );
         assert_eq!(rc_of(&lines, "alloc="), ["0"], "{mode}");
-        assert_eq!(rc_of(&lines, "async="), ["2"], "{mode}: over quota through the async path");
+        assert_eq!(
+            rc_of(&lines, "async="),
+            ["2"],
+            "{mode}: over quota through the async path"
+        );
         let wh: Vec<_> = lines.iter().filter(|l| l.starts_with("where")).collect();
-        assert!(wh[0].ends_with(&format!("object=libxcuda.so({launch_sym})")), "{mode}: {}", wh[0]);
-        assert!(wh[1].ends_with("object=libxcuda.so(cuMemAlloc_v2)"), "{mode}: {}", wh[1]);
+        assert!(
+            wh[0].ends_with(&format!("object=libxcuda.so({launch_sym})")),
+            "{mode}: {}",
+            wh[0]
+        );
+        assert!(
+            wh[1].ends_with("object=libxcuda.so(cuMemAlloc_v2)"),
+            "{mode}: {}",
+            wh[1]
+        );
         // RTLD_NEXT from the executable finds the next object after it in lookup order: the
         // preloaded shim. (Resolving relative to the shim itself would find nothing.)
-        assert!(lines.iter().any(|l| l == "next object=libxcuda.so(cuInit)"), "{mode}: {lines:?}");
-        assert_eq!(rc_of(&lines, "launch="), ["0"], "{mode}: launches go through");
+        assert!(
+            lines.iter().any(|l| l == "next object=libxcuda.so(cuInit)"),
+            "{mode}: {lines:?}"
+        );
+        assert_eq!(
+            rc_of(&lines, "launch="),
+            ["0"],
+            "{mode}: launches go through"
+        );
     }
-    let lines = run(&host, unlimited(&host, "shim_client").args(["--resolve", "gpa2", "ctx", "where", "cuLaunchKernel", "12000"]));
-    assert!(lines.iter().any(|l| l.ends_with("object=libcuda.so.1(cuLaunchKernel_ptsz)")), "control: {lines:?}");
+    let lines = run(
+        &host,
+        unlimited(&host, "shim_client").args([
+            "--resolve",
+            "gpa2",
+            "ctx",
+            "where",
+            "cuLaunchKernel",
+            "12000",
+        ]),
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.ends_with("object=libcuda.so.1(cuLaunchKernel_ptsz)")),
+        "control: {lines:?}"
+    );
 }
 
 /// A C program linked with `-lcuda` (no dlopen, no cuGetProcAddress): the shim's exported
@@ -224,14 +461,23 @@ fn a_program_linked_with_lcuda_is_limited_through_exported_symbols() {
     std::fs::write(&src, LINKED_C).unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let st = std::process::Command::new(&cc)
-        .arg("-o").arg(&exe).arg(&src)
-        .arg(format!("-L{}", host.lib_dir().display())).arg("-l:libcuda.so.1")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", host.lib_dir().display()))
+        .arg("-l:libcuda.so.1")
         .status()
         .unwrap_or_else(|e| panic!("{cc} (the C compiler rustc links with) is needed: {e}"));
     assert!(st.success(), "compiling the -lcuda client failed");
     let (a, b) = ((40 * MIB).to_string(), (30 * MIB).to_string());
-    let lines = run(&host, limited(&host, exe.to_str().unwrap(), QUOTA, "linked").args([&a, &b]));
+    let lines = run(
+        &host,
+        limited(&host, exe.to_str().unwrap(), QUOTA, "linked").args([&a, &b]),
+    );
     assert_eq!(rc_of(&lines, "alloc="), ["0", "2"], "{lines:?}");
-    let lines = run(&host, unlimited(&host, exe.to_str().unwrap()).args([&a, &b]));
+    let lines = run(
+        &host,
+        unlimited(&host, exe.to_str().unwrap()).args([&a, &b]),
+    );
     assert_eq!(rc_of(&lines, "alloc="), ["0", "0"], "control: {lines:?}");
 }

@@ -332,6 +332,37 @@ impl Device {
         mps_of(&g)
     }
 
+    /// `terminate_client`: ends all outstanding GPU work of one MPS client of the running
+    /// server. A live client's later calls fail with `CUDA_ERROR_MPS_CLIENT_TERMINATED`; the
+    /// server and its other clients carry on (NVIDIA MPS docs, "terminate_client", CUDA 11+).
+    /// Naming the client whose death left the server hung (the culprit) clears that hang:
+    /// the server drops the dead client's work and the neighbours progress again.
+    pub fn mps_terminate_client(&self, pid: u32) -> Result<(), EmuError> {
+        let mut g = self.locked();
+        if g.header.mps_enabled == 0 {
+            return Err(EmuError::NoSuchClient(pid));
+        }
+        let generation = g.header.mps_generation;
+        let now = g.header.last_ns;
+        if g.header.mps_poisoned != 0 && g.header.mps_culprit_pid == pid {
+            g.header.mps_poisoned = 0;
+            g.header.mps_culprit_pid = 0;
+            physics::compute_shares(&mut g);
+            return Ok(());
+        }
+        let slot = (0..MAX_CLIENTS).find(|&c| {
+            let cl = g.clients[c];
+            cl.used != 0 && cl.pid == pid && cl.mps_gen == generation && cl.mps_gen != 0 && cl.contexts > 0
+        });
+        let Some(c) = slot else {
+            return Err(EmuError::NoSuchClient(pid));
+        };
+        g.clients[c].terminated = 1;
+        drop_kernels(&mut g, c as u32, now);
+        physics::compute_shares(&mut g);
+        Ok(())
+    }
+
     /// Sets the server-wide default active-thread percentage (1..=100).
     pub fn set_default_active_thread_pct(&self, pct: u32) -> Result<(), EmuError> {
         check_pct(pct)?;

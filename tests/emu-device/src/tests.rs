@@ -244,3 +244,37 @@ fn emu_device_seq() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
 }
+
+#[test]
+fn terminate_client_clears_the_hang_of_a_dead_client_and_spares_neighbours() {
+    let p = tmp("terminate");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    d.mps_start(1);
+    let generation = d.mps_status().generation;
+    let me = d.attach().unwrap();
+    d.context_created(&me, None).unwrap();
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, child.id(), 1, true);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_reaped(&d, child.id());
+    assert!(d.mps_status().poisoned);
+    assert!(matches!(d.mps_terminate_client(12345678), Err(EmuError::NoSuchClient(_))));
+    assert!(d.mps_status().poisoned, "an unknown pid changes nothing");
+    d.mps_terminate_client(child.id()).unwrap();
+    let st = d.mps_status();
+    assert!(!st.poisoned, "{st:?}");
+    assert_eq!(st.generation, generation, "no reset: same server");
+    d.gate(&me).expect("the neighbour's context survives and progresses");
+    // Terminating a live client fails its own calls only.
+    let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, other.id(), 1, true);
+    d.mps_terminate_client(other.id()).unwrap();
+    d.gate(&me).unwrap();
+    assert!(!d.mps_status().poisoned);
+    other.kill().unwrap();
+    other.wait().unwrap();
+    wait_reaped(&d, other.id());
+    assert!(!d.mps_status().poisoned, "a terminated client's death does not hang the server");
+    std::fs::remove_file(&p).unwrap();
+}

@@ -8,9 +8,10 @@
 //!   `Starting new server ...`, `NEW SERVER ...: Ready`, as in real `control.log`s);
 //! - `set_default_active_thread_percentage` affects servers spawned afterwards and is lost on
 //!   `quit`; `set_active_thread_percentage <server pid>` affects clients that connect to that
-//!   server afterwards, existing ones keep their limit;
-//! - emulator extension: `set_active_thread_percentage <client pid>` caps that client at once
-//!   (the emulator cannot restart a client, so dynamic SM allocation is shown this way);
+//!   server afterwards, existing ones keep their limit; a client's limit is fixed when it
+//!   connects (its own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, else its server's). A client pid
+//!   is not a server: `set_/get_active_thread_percentage <client pid>` answer
+//!   `Server <pid> not found` and change nothing, as the real control daemon does;
 //! - `quit` stops the servers and the daemon; MPS state (percentages, a hang left by a client
 //!   that died holding a context) is reset on the device.
 
@@ -52,7 +53,6 @@ pub struct Daemon<D: DeviceLink> {
     default_pct: f64,
     default_pinned: BTreeMap<u32, u64>,
     servers: Vec<Server>,
-    client_pct: BTreeMap<u32, f64>,
 }
 
 /// The answer to one command.
@@ -105,7 +105,6 @@ impl<D: DeviceLink> Daemon<D> {
             default_pct: 100.0,
             default_pinned: BTreeMap::new(),
             servers: Vec::new(),
-            client_pct: BTreeMap::new(),
         }
     }
 
@@ -197,7 +196,6 @@ impl<D: DeviceLink> Daemon<D> {
         for s in &mut self.servers {
             s.clients.retain(|c| pids.contains(c));
         }
-        self.client_pct.retain(|c, _| pids.contains(c));
         for pid in pids {
             if self.servers.iter().any(|s| s.clients.contains(&pid)) {
                 continue;
@@ -224,11 +222,11 @@ impl<D: DeviceLink> Daemon<D> {
             self.log.line(&format!(
                 "NEW CLIENT {pid} from user {uid}: Server {spid} already exists"
             ));
-            let pct = match (self.client_pct.get(&pid), client_env_pct(pid)) {
-                (Some(p), _) => *p,
-                (None, Some(_)) => continue,
-                (None, None) => server.pct,
-            };
+            // The limit is fixed now, at connection: the client's own variable wins.
+            if client_env_pct(pid).is_some() {
+                continue;
+            }
+            let pct = server.pct;
             if let Err(e) = self.device.set_client_percentage(pid, pct) {
                 self.log.line(&format!(
                     "Cannot set active thread percentage of client {pid}: {e}"
@@ -273,25 +271,14 @@ impl<D: DeviceLink> Daemon<D> {
                     self.servers[i].pct = pct;
                     self.sync_new_client_pct();
                     Reply::text(format_pct(pct))
-                } else if self.servers.iter().any(|s| s.clients.contains(&pid)) {
-                    self.client_pct.insert(pid, pct);
-                    match self.device.set_client_percentage(pid, pct) {
-                        Ok(()) => Reply::text(format_pct(pct)),
-                        Err(e) => Reply::text(format!(
-                            "Cannot set active thread percentage of client {pid}: {e}"
-                        )),
-                    }
                 } else {
+                    // Real MPS takes server pids only; a running client's limit never changes.
                     Reply::text(format!("Server {pid} not found"))
                 }
             }
             GetPercentage { pid } => {
                 if let Some(i) = self.server_index(pid) {
                     Reply::text(format_pct(self.servers[i].pct))
-                } else if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
-                    Reply::text(format_pct(
-                        self.client_pct.get(&pid).copied().unwrap_or(s.pct),
-                    ))
                 } else {
                     Reply::text(format!("Server {pid} not found"))
                 }
@@ -347,7 +334,6 @@ impl<D: DeviceLink> Daemon<D> {
             let _ = s.child.wait();
             self.log.line(&format!("Server {} exited", s.child.id()));
         }
-        self.client_pct.clear();
         self.default_pct = 100.0;
         self.default_pinned.clear();
         if let Err(e) = self.device.set_mps(false) {
@@ -436,14 +422,14 @@ mod tests {
             run(&mut d, &format!("set_active_thread_percentage {spid} 30")),
             "30.0"
         );
-        // Client pid (emulator extension): applied at once.
+        // A client pid is not a server: refused, the running client keeps its limit.
         assert_eq!(
             run(&mut d, &format!("set_active_thread_percentage {me} 20")),
-            "20.0"
+            format!("Server {me} not found")
         );
         assert_eq!(
             run(&mut d, &format!("get_active_thread_percentage {me}")),
-            "20.0"
+            format!("Server {me} not found")
         );
         assert_eq!(
             run(&mut d, "set_active_thread_percentage 1 20"),
@@ -453,7 +439,11 @@ mod tests {
         assert!(d.handle(Command::Quit { timeout_s: None }).quit);
         drop(d);
         assert_eq!(rec.mps, vec![true, false]);
-        assert_eq!(rec.pct, vec![(me, 40.0), (me, 20.0)]);
+        assert_eq!(
+            rec.pct,
+            vec![(me, 40.0)],
+            "only the limit fixed at connection"
+        );
         assert_eq!(rec.terminated, vec![me]);
         // Not-yet-seen clients get: default 100, then 40, then the new server's 40, then 30.
         assert_eq!(rec.new_pct, vec![100.0, 40.0, 40.0, 30.0]);

@@ -30,14 +30,19 @@ impl DeviceLink for EmuLink {
     }
 
     fn client_pids(&mut self) -> Result<Vec<u32>, String> {
-        Ok(self
-            .dev
-            .snapshot()
+        let snap = self.dev.snapshot();
+        let mut pids: Vec<u32> = snap
             .processes
             .iter()
             .filter(|p| p.mps_client && p.contexts > 0)
             .map(|p| p.pid)
-            .collect())
+            .collect();
+        // A client that died holding a context stays connected to its server (its work is
+        // still there, hanging the server) until `terminate_client` or `quit`.
+        if let Some(c) = snap.mps.culprit_pid.filter(|_| snap.mps.poisoned) {
+            pids.push(c);
+        }
+        Ok(pids)
     }
 
     fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {
@@ -53,8 +58,8 @@ impl DeviceLink for EmuLink {
     }
 
     fn terminate_client(&mut self, pid: u32) -> Result<(), String> {
-        Err(format!(
-            "terminating client {pid} is not supported by the emulated device"
-        ))
+        self.dev
+            .mps_terminate_client(pid)
+            .map_err(|e| e.to_string())
     }
 }

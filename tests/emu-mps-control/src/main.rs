@@ -35,8 +35,8 @@ COMMANDS (one per line on stdin, e.g. `echo get_server_list | nvidia-cuda-mps-co
   get_device_client_list [<server pid>]            '<device> <client pid>' lines
   set_default_active_thread_percentage <p>         for servers started later (echoes p)
   get_default_active_thread_percentage
-  set_active_thread_percentage <pid> <p>           server pid: its later clients;
-                                                   client pid (emulator): that client now
+  set_active_thread_percentage <server pid> <p>    clients connecting later; running
+                                                   clients keep the limit fixed at start
   get_active_thread_percentage <pid>
   set_default_device_pinned_mem_limit <dev> <v>    v like 2G, 512M
   get_default_device_pinned_mem_limit <dev>

@@ -38,10 +38,10 @@ pub enum Command {
     SetDefaultPercentage(f64),
     /// `get_default_active_thread_percentage`.
     GetDefaultPercentage,
-    /// `set_active_thread_percentage <pid> <p>` (server pid; a client pid is an emulator
-    /// extension that caps that one client at once).
+    /// `set_active_thread_percentage <pid> <p>` (server pid only, as in real MPS; a client
+    /// pid is answered `Server <pid> not found`).
     SetPercentage {
-        /// Server (or client) pid.
+        /// Server pid.
         pid: u32,
         /// Percentage in (0, 100].
         pct: f64,

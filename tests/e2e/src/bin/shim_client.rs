@@ -50,16 +50,23 @@ impl Cuda {
         if lib.is_null() {
             die("dlopen libcuda.so.1 failed");
         }
-        let mut cu = Cuda { lib, mode, gpa: None, gpa1: None };
+        let mut cu = Cuda {
+            lib,
+            mode,
+            gpa: None,
+            gpa1: None,
+        };
         let p = cu.dlsym("cuGetProcAddress_v2");
         if !p.is_null() {
             // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v12000 ABI.
-            cu.gpa = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v12000>(p) });
+            cu.gpa =
+                Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v12000>(p) });
         }
         let p = cu.dlsym("cuGetProcAddress");
         if !p.is_null() {
             // SAFETY: the exported symbol has the PFN_cuGetProcAddress_v11030 ABI.
-            cu.gpa1 = Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v11030>(p) });
+            cu.gpa1 =
+                Some(unsafe { std::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v11030>(p) });
         }
         cu
     }
@@ -78,14 +85,18 @@ impl Cuda {
                 _ => die(&format!("no table entry for {name}@{version}")),
             },
             Mode::Gpa(flags) => {
-                let gpa = self.gpa.unwrap_or_else(|| die("cuGetProcAddress_v2 missing"));
+                let gpa = self
+                    .gpa
+                    .unwrap_or_else(|| die("cuGetProcAddress_v2 missing"));
                 let n = CString::new(name).expect("no NUL");
                 let mut p = std::ptr::null_mut();
                 let mut q = CUdriverProcAddressQueryResult(99);
                 // SAFETY: valid name, out-pointers to locals.
                 let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags, &mut q) };
                 if !r.is_success() {
-                    die(&format!("cuGetProcAddress_v2({name}, {version}, {flags}) = {r}"));
+                    die(&format!(
+                        "cuGetProcAddress_v2({name}, {version}, {flags}) = {r}"
+                    ));
                 }
                 p
             }
@@ -96,7 +107,9 @@ impl Cuda {
                 // SAFETY: valid name, out-pointer to a local.
                 let r = unsafe { gpa(n.as_ptr(), &mut p, version, flags) };
                 if !r.is_success() {
-                    die(&format!("cuGetProcAddress({name}, {version}, {flags}) = {r}"));
+                    die(&format!(
+                        "cuGetProcAddress({name}, {version}, {flags}) = {r}"
+                    ));
                 }
                 p
             }
@@ -124,12 +137,16 @@ fn object_of(p: *mut c_void) -> String {
         return "null".into();
     }
     // SAFETY: dladdr filled a NUL-terminated loader-owned string.
-    let f = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    let f = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
     let sym = if info.dli_sname.is_null() {
         "?".to_string()
     } else {
         // SAFETY: as above.
-        unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(info.dli_sname) }
+            .to_string_lossy()
+            .into_owned()
     };
     format!("{}({sym})", f.rsplit('/').next().unwrap_or(&f))
 }
@@ -188,7 +205,10 @@ fn nvml_memory() -> (u64, u64, u64, u64, u64, u64) {
         }
         let mut m = NvmlMemory::default();
         let r1 = mem(dev, &mut m);
-        let mut m2 = NvmlMemoryV2 { version: (std::mem::size_of::<NvmlMemoryV2>() as u32) | (2 << 24), ..Default::default() };
+        let mut m2 = NvmlMemoryV2 {
+            version: (std::mem::size_of::<NvmlMemoryV2>() as u32) | (2 << 24),
+            ..Default::default()
+        };
         let r2 = mem2(dev, &mut m2);
         if r1 != 0 || r2 != 0 {
             die(&format!("nvmlDeviceGetMemoryInfo {r1} / _v2 {r2}"));
@@ -223,7 +243,12 @@ fn main() {
     let init = get!(cu, "cuInit", PFN_cuInit_v2000, 2000);
     let ctx_create = get!(cu, "cuCtxCreate", PFN_cuCtxCreate_v3020, 3020);
     let ctx_destroy = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
-    let retain = get!(cu, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000, 7000);
+    let retain = get!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        PFN_cuDevicePrimaryCtxRetain_v7000,
+        7000
+    );
     let set_current = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
     let primary_release = get!(cu, "cuDevicePrimaryCtxRelease", PFN_cuDevicePrimaryCtxRelease_v11000, 11000);
     let primary_reset = get!(cu, "cuDevicePrimaryCtxReset", PFN_cuDevicePrimaryCtxReset_v11000, 11000);
@@ -234,25 +259,60 @@ fn main() {
     let alloc_async = get!(cu, "cuMemAllocAsync", PFN_cuMemAllocAsync_v11020, 11020);
     let free_async = get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020);
     let pool_create = get!(cu, "cuMemPoolCreate", PFN_cuMemPoolCreate_v11020, 11020);
-    let pool_alloc = get!(cu, "cuMemAllocFromPoolAsync", PFN_cuMemAllocFromPoolAsync_v11020, 11020);
+    let pool_alloc = get!(
+        cu,
+        "cuMemAllocFromPoolAsync",
+        PFN_cuMemAllocFromPoolAsync_v11020,
+        11020
+    );
     let mem_create = get!(cu, "cuMemCreate", PFN_cuMemCreate_v10020, 10020);
     let mem_release = get!(cu, "cuMemRelease", PFN_cuMemRelease_v10020, 10020);
     let array_create = get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020);
     let array3d_create = get!(cu, "cuArray3DCreate", PFN_cuArray3DCreate_v3020, 3020);
     let array_destroy = get!(cu, "cuArrayDestroy", PFN_cuArrayDestroy_v2000, 2000);
-    let mip_create = get!(cu, "cuMipmappedArrayCreate", PFN_cuMipmappedArrayCreate_v5000, 5000);
-    let mip_destroy = get!(cu, "cuMipmappedArrayDestroy", PFN_cuMipmappedArrayDestroy_v5000, 5000);
+    let mip_create = get!(
+        cu,
+        "cuMipmappedArrayCreate",
+        PFN_cuMipmappedArrayCreate_v5000,
+        5000
+    );
+    let mip_destroy = get!(
+        cu,
+        "cuMipmappedArrayDestroy",
+        PFN_cuMipmappedArrayDestroy_v5000,
+        5000
+    );
     let mem_info = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
     let total_mem = get!(cu, "cuDeviceTotalMem", PFN_cuDeviceTotalMem_v3020, 3020);
     let sync = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
     let load = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
-    let get_fn = get!(cu, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000, 2000);
+    let get_fn = get!(
+        cu,
+        "cuModuleGetFunction",
+        PFN_cuModuleGetFunction_v2000,
+        2000
+    );
     let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
     let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
-    let launch_coop = get!(cu, "cuLaunchCooperativeKernel", PFN_cuLaunchCooperativeKernel_v9000, 9000);
+    let launch_coop = get!(
+        cu,
+        "cuLaunchCooperativeKernel",
+        PFN_cuLaunchCooperativeKernel_v9000,
+        9000
+    );
     let graph_create = get!(cu, "cuGraphCreate", PFN_cuGraphCreate_v10000, 10000);
-    let graph_add_kernel = get!(cu, "cuGraphAddKernelNode", PFN_cuGraphAddKernelNode_v12000, 12000);
-    let graph_instantiate = get!(cu, "cuGraphInstantiateWithFlags", PFN_cuGraphInstantiateWithFlags_v11040, 11040);
+    let graph_add_kernel = get!(
+        cu,
+        "cuGraphAddKernelNode",
+        PFN_cuGraphAddKernelNode_v12000,
+        12000
+    );
+    let graph_instantiate = get!(
+        cu,
+        "cuGraphInstantiateWithFlags",
+        PFN_cuGraphInstantiateWithFlags_v11040,
+        11040
+    );
     let graph_launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
@@ -269,14 +329,20 @@ fn main() {
         let stream: CUstream = std::ptr::null_mut();
         let mut i = 0;
         let num = |k: usize, i: usize| -> usize {
-            args.get(i + k).and_then(|s| s.parse().ok()).unwrap_or_else(|| die(&format!("{} needs numeric argument {k}", args[i])))
+            args.get(i + k)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| die(&format!("{} needs numeric argument {k}", args[i])))
         };
         let free_one = |h: Held| -> CUresult {
             match h {
                 Held::Dev(p) => mem_free(p),
                 Held::Async(p) => {
                     let r = free_async(p, stream);
-                    if r.is_success() { sync() } else { r }
+                    if r.is_success() {
+                        sync()
+                    } else {
+                        r
+                    }
                 }
                 Held::Vmm(h) => mem_release(h),
                 Held::Array(a) => array_destroy(a),
@@ -318,7 +384,8 @@ fn main() {
                         "pool" => {
                             if pool.is_null() {
                                 let mut props: CUmemPoolProps = std::mem::zeroed();
-                                props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                                props.allocType =
+                                    CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
                                 props.location.type_ = CUmemLocationType(1);
                                 let r = pool_create(&mut pool, &props);
                                 if !r.is_success() {
@@ -342,7 +409,11 @@ fn main() {
                         }
                     };
                     if r.is_success() {
-                        held.push(if matches!(step.as_str(), "async" | "pool") { Held::Async(p) } else { Held::Dev(p) });
+                        held.push(if matches!(step.as_str(), "async" | "pool") {
+                            Held::Async(p)
+                        } else {
+                            Held::Dev(p)
+                        });
                     }
                     out(format!("{step}={} bytes={n}", r.0));
                 }
@@ -361,7 +432,12 @@ fn main() {
                     let d = if step == "array" { 0 } else { num(3, i) };
                     let r = if step == "array" {
                         i += 2;
-                        let desc = CUDA_ARRAY_DESCRIPTOR { Width: w, Height: h, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1 };
+                        let desc = CUDA_ARRAY_DESCRIPTOR {
+                            Width: w,
+                            Height: h,
+                            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+                            NumChannels: 1,
+                        };
                         let mut a: CUarray = std::ptr::null_mut();
                         let r = array_create(&mut a, &desc);
                         if r.is_success() {
@@ -370,7 +446,14 @@ fn main() {
                         r
                     } else if step == "array3d" {
                         i += 3;
-                        let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: w, Height: h, Depth: d, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1, Flags: 0 };
+                        let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                            Width: w,
+                            Height: h,
+                            Depth: d,
+                            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+                            NumChannels: 1,
+                            Flags: 0,
+                        };
                         let mut a: CUarray = std::ptr::null_mut();
                         let r = array3d_create(&mut a, &desc);
                         if r.is_success() {
@@ -379,7 +462,14 @@ fn main() {
                         r
                     } else {
                         i += 3;
-                        let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: w, Height: h, Depth: 0, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1, Flags: 0 };
+                        let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                            Width: w,
+                            Height: h,
+                            Depth: 0,
+                            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+                            NumChannels: 1,
+                            Flags: 0,
+                        };
                         let mut m: CUmipmappedArray = std::ptr::null_mut();
                         let r = mip_create(&mut m, &desc, d as c_uint);
                         if r.is_success() {
@@ -390,7 +480,9 @@ fn main() {
                     out(format!("{step}={}", r.0));
                 }
                 "free" => {
-                    let r = held.pop().map_or(CUresult::CUDA_ERROR_INVALID_VALUE, free_one);
+                    let r = held
+                        .pop()
+                        .map_or(CUresult::CUDA_ERROR_INVALID_VALUE, free_one);
                     out(format!("free={}", r.0));
                 }
                 "freeall" => {
@@ -414,7 +506,8 @@ fn main() {
                     out(format!("totalmem={} total={t}", r.0));
                 }
                 "launch" | "launchex" | "launchcoop" | "launchgraph" => {
-                    let (blocks, mut cycles, count) = (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
+                    let (blocks, mut cycles, count) =
+                        (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
                     i += 3;
                     if spin_fn.is_null() {
                         let ptx = workloads::ptx::SPIN_PTX;
@@ -432,8 +525,16 @@ fn main() {
                     let wall = std::time::Instant::now();
                     let mut r = CUresult::CUDA_SUCCESS;
                     let config = CUlaunchConfig {
-                        gridDimX: blocks, gridDimY: 1, gridDimZ: 1, blockDimX: 32, blockDimY: 1, blockDimZ: 1,
-                        sharedMemBytes: 0, hStream: stream, attrs: std::ptr::null_mut(), numAttrs: 0,
+                        gridDimX: blocks,
+                        gridDimY: 1,
+                        gridDimZ: 1,
+                        blockDimX: 32,
+                        blockDimY: 1,
+                        blockDimZ: 1,
+                        sharedMemBytes: 0,
+                        hStream: stream,
+                        attrs: std::ptr::null_mut(),
+                        numAttrs: 0,
                     };
                     // `launchgraph`: one graph holding one spin kernel node, launched COUNT times.
                     let mut exec: CUgraphExec = std::ptr::null_mut();
@@ -441,9 +542,18 @@ fn main() {
                         let mut g: CUgraph = std::ptr::null_mut();
                         r = graph_create(&mut g, 0);
                         let node_params = CUDA_KERNEL_NODE_PARAMS {
-                            func: spin_fn, gridDimX: blocks, gridDimY: 1, gridDimZ: 1, blockDimX: 32, blockDimY: 1,
-                            blockDimZ: 1, sharedMemBytes: 0, kernelParams: params.as_mut_ptr(),
-                            extra: std::ptr::null_mut(), kern: std::ptr::null_mut(), ctx: std::ptr::null_mut(),
+                            func: spin_fn,
+                            gridDimX: blocks,
+                            gridDimY: 1,
+                            gridDimZ: 1,
+                            blockDimX: 32,
+                            blockDimY: 1,
+                            blockDimZ: 1,
+                            sharedMemBytes: 0,
+                            kernelParams: params.as_mut_ptr(),
+                            extra: std::ptr::null_mut(),
+                            kern: std::ptr::null_mut(),
+                            ctx: std::ptr::null_mut(),
                         };
                         let mut node: CUgraphNode = std::ptr::null_mut();
                         if r.is_success() {
@@ -459,9 +569,37 @@ fn main() {
                     for _ in 0..count {
                         r = match step.as_str() {
                             "launchgraph" => graph_launch(exec, stream),
-                            "launch" => launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()),
-                            "launchex" => launch_ex(&config, spin_fn, params.as_mut_ptr(), std::ptr::null_mut()),
-                            _ => launch_coop(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr()),
+                            "launch" => launch(
+                                spin_fn,
+                                blocks,
+                                1,
+                                1,
+                                32,
+                                1,
+                                1,
+                                0,
+                                stream,
+                                params.as_mut_ptr(),
+                                std::ptr::null_mut(),
+                            ),
+                            "launchex" => launch_ex(
+                                &config,
+                                spin_fn,
+                                params.as_mut_ptr(),
+                                std::ptr::null_mut(),
+                            ),
+                            _ => launch_coop(
+                                spin_fn,
+                                blocks,
+                                1,
+                                1,
+                                32,
+                                1,
+                                1,
+                                0,
+                                stream,
+                                params.as_mut_ptr(),
+                            ),
                         };
                         if !r.is_success() {
                             break;
@@ -470,16 +608,31 @@ fn main() {
                     if r.is_success() {
                         r = sync();
                     }
-                    out(format!("{step}={} wall_ms={:.3}", r.0, wall.elapsed().as_secs_f64() * 1e3));
+                    out(format!(
+                        "{step}={} wall_ms={:.3}",
+                        r.0,
+                        wall.elapsed().as_secs_f64() * 1e3
+                    ));
                 }
                 "where" => {
-                    let name = args.get(i + 1).cloned().unwrap_or_else(|| die("where NAME VERSION"));
+                    let name = args
+                        .get(i + 1)
+                        .cloned()
+                        .unwrap_or_else(|| die("where NAME VERSION"));
                     let v = num(2, i) as c_int;
                     i += 2;
-                    out(format!("where name={name} object={}", object_of(cu.get(&name, v))));
+                    out(format!(
+                        "where name={name} object={}",
+                        object_of(cu.get(&name, v))
+                    ));
                 }
                 "next" => {
-                    let name = CString::new(args.get(i + 1).cloned().unwrap_or_else(|| die("next SYMBOL"))).expect("no NUL");
+                    let name = CString::new(
+                        args.get(i + 1)
+                            .cloned()
+                            .unwrap_or_else(|| die("next SYMBOL")),
+                    )
+                    .expect("no NUL");
                     i += 1;
                     // SAFETY: RTLD_NEXT lookup with a valid C string.
                     let p = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
@@ -522,4 +675,3 @@ fn main() {
         }
     }
 }
-

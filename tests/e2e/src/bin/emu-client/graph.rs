@@ -13,12 +13,33 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64, nod
     // SAFETY: functions resolved at their PFN's version (ptsz with flags=2); pointers are locals.
     unsafe {
         let create = get!(cu, "cuGraphCreate", PFN_cuGraphCreate_v10000, 10000);
-        let add = get!(cu, "cuGraphAddKernelNode", PFN_cuGraphAddKernelNode_v12000, 12000);
-        let inst = get!(cu, "cuGraphInstantiateWithFlags", PFN_cuGraphInstantiateWithFlags_v11040, 11040);
+        let add = get!(
+            cu,
+            "cuGraphAddKernelNode",
+            PFN_cuGraphAddKernelNode_v12000,
+            12000
+        );
+        let inst = get!(
+            cu,
+            "cuGraphInstantiateWithFlags",
+            PFN_cuGraphInstantiateWithFlags_v11040,
+            11040
+        );
         let launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
-        let p = cu.proc("cuGraphLaunch", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).expect("cuGraphLaunch ptsz");
+        let p = cu
+            .proc(
+                "cuGraphLaunch",
+                12000,
+                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+            )
+            .expect("cuGraphLaunch ptsz");
         let launch_ptsz = std::mem::transmute::<*mut c_void, PFN_cuGraphLaunch_v10000_ptsz>(p);
-        let exec_destroy = get!(cu, "cuGraphExecDestroy", PFN_cuGraphExecDestroy_v10000, 10000);
+        let exec_destroy = get!(
+            cu,
+            "cuGraphExecDestroy",
+            PFN_cuGraphExecDestroy_v10000,
+            10000
+        );
         let destroy = get!(cu, "cuGraphDestroy", PFN_cuGraphDestroy_v10000, 10000);
         let sync = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
         let ecreate = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
@@ -45,7 +66,11 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64, nod
                 ctx: std::ptr::null_mut(),
             };
             let mut node: CUgraphNode = std::ptr::null_mut();
-            let (deps, n) = if i == 0 { (std::ptr::null(), 0) } else { (&prev as *const CUgraphNode, 1) };
+            let (deps, n) = if i == 0 {
+                (std::ptr::null(), 0)
+            } else {
+                (&prev as *const CUgraphNode, 1)
+            };
             if rc.is_success() {
                 rc = add(&mut node, g, deps, n, &np);
             }
@@ -61,17 +86,32 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64, nod
         }
         let timed = |use_ptsz: bool, a: CUevent, b: CUevent| -> (u32, f32) {
             erecord(a, std::ptr::null_mut());
-            let r = if use_ptsz { launch_ptsz(exec, std::ptr::null_mut()) } else { launch(exec, std::ptr::null_mut()) };
+            let r = if use_ptsz {
+                launch_ptsz(exec, std::ptr::null_mut())
+            } else {
+                launch(exec, std::ptr::null_mut())
+            };
             erecord(b, std::ptr::null_mut());
             sync();
             let mut ms = 0f32;
             elapsed(&mut ms, a, b);
             (r.0, ms)
         };
-        let (r1, ms1) = if rc.is_success() { timed(false, ev[0], ev[1]) } else { (rc.0, 0.0) };
-        let (r2, ms2) = if rc.is_success() { timed(true, ev[2], ev[3]) } else { (rc.0, 0.0) };
+        let (r1, ms1) = if rc.is_success() {
+            timed(false, ev[0], ev[1])
+        } else {
+            (rc.0, 0.0)
+        };
+        let (r2, ms2) = if rc.is_success() {
+            timed(true, ev[2], ev[3])
+        } else {
+            (rc.0, 0.0)
+        };
         exec_destroy(exec);
         destroy(g);
-        format!("graph build={} launch={r1} launch_ptsz={r2} ms={ms1:.3} ms_ptsz={ms2:.3}", rc.0)
+        format!(
+            "graph build={} launch={r1} launch_ptsz={r2} ms={ms1:.3} ms_ptsz={ms2:.3}",
+            rc.0
+        )
     }
 }

@@ -19,9 +19,19 @@ pub unsafe fn run(cu: &Cuda) -> Vec<(&'static str, u32)> {
         let htod = get!(cu, "cuMemcpyHtoD", PFN_cuMemcpyHtoD_v3020, 3020);
         let dtoh = get!(cu, "cuMemcpyDtoH", PFN_cuMemcpyDtoH_v3020, 3020);
         let load = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
-        let get_fn = get!(cu, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000, 2000);
+        let get_fn = get!(
+            cu,
+            "cuModuleGetFunction",
+            PFN_cuModuleGetFunction_v2000,
+            2000
+        );
         let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
-        let ssync = get!(cu, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, 2000);
+        let ssync = get!(
+            cu,
+            "cuStreamSynchronize",
+            PFN_cuStreamSynchronize_v2000,
+            2000
+        );
         let cdestroy = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
         let ename = get!(cu, "cuGetErrorName", PFN_cuGetErrorName_v6000, 6000);
         let minfo = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
@@ -44,17 +54,38 @@ pub unsafe fn run(cu: &Cuda) -> Vec<(&'static str, u32)> {
         out.push(("double-free-first", free(ok).0));
         out.push(("double-free-second", free(ok).0));
         let mut m: CUmodule = std::ptr::null_mut();
-        out.push(("load-garbage", load(&mut m, c"not a module at all".as_ptr().cast()).0));
+        out.push((
+            "load-garbage",
+            load(&mut m, c"not a module at all".as_ptr().cast()).0,
+        ));
         out.push(("load-null", load(&mut m, std::ptr::null()).0));
         let mut f: CUfunction = std::ptr::null_mut();
-        out.push(("getfn-bad-module", get_fn(&mut f, bogus.cast(), c"spin".as_ptr()).0));
-        let launch_rc = launch(bogus.cast(), 1, 1, 1, 1, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+        out.push((
+            "getfn-bad-module",
+            get_fn(&mut f, bogus.cast(), c"spin".as_ptr()).0,
+        ));
+        let launch_rc = launch(
+            bogus.cast(),
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
         out.push(("launch-bad-function", launch_rc.0));
         out.push(("sync-bad-stream", ssync(bogus.cast()).0));
         out.push(("destroy-bad-ctx", cdestroy(bogus.cast()).0));
         let mut s: *const std::os::raw::c_char = std::ptr::null();
         out.push(("errname-unknown", ename(CUresult(12345), &mut s).0));
-        out.push(("meminfo-null", minfo(std::ptr::null_mut(), std::ptr::null_mut()).0));
+        out.push((
+            "meminfo-null",
+            minfo(std::ptr::null_mut(), std::ptr::null_mut()).0,
+        ));
         let mut d: CUdevice = 0;
         out.push(("device-7", dget(&mut d, 7).0));
         let (mut e0, mut e1): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -64,9 +95,15 @@ pub unsafe fn run(cu: &Cuda) -> Vec<(&'static str, u32)> {
         out.push(("elapsed-unrecorded", elapsed(&mut ms, e0, e1).0));
         let mut q = CUdriverProcAddressQueryResult(0);
         let mut fp: *mut c_void = std::ptr::null_mut();
-        out.push(("procaddr-null-name", gpa(std::ptr::null(), &mut fp, 12000, 0, &mut q).0));
+        out.push((
+            "procaddr-null-name",
+            gpa(std::ptr::null(), &mut fp, 12000, 0, &mut q).0,
+        ));
         let mut h: CUmemGenericAllocationHandle = 0;
-        out.push(("memcreate-null-prop", create(&mut h, 2 << 20, std::ptr::null(), 0).0));
+        out.push((
+            "memcreate-null-prop",
+            create(&mut h, 2 << 20, std::ptr::null(), 0).0,
+        ));
         // Still healthy afterwards.
         let mut again: CUdeviceptr = 0;
         out.push(("alloc-after", alloc(&mut again, 1024).0));

@@ -13,7 +13,9 @@
 /// `PFN_..._v<N>` name), so the pointer always has the type we cast it to.
 macro_rules! get {
     ($cu:expr, $name:literal, $ty:ty, $ver:literal) => {{
-        let p = $cu.proc($name, $ver, 0).unwrap_or_else(|e| $crate::die(&format!("resolve {}: {e:?}", $name)));
+        let p = $cu
+            .proc($name, $ver, 0)
+            .unwrap_or_else(|e| $crate::die(&format!("resolve {}: {e:?}", $name)));
         // SAFETY: cuGetProcAddress_v2 returned the entry for (name, version, 0), which has the ABI
         // of the given PFN type per cudaTypedefs.h (checked by cuda-abi's header test).
         #[allow(unused_unsafe)]
@@ -61,13 +63,22 @@ impl Cuda {
         Cuda { lib, gpa }
     }
 
-    pub(crate) fn proc(&self, name: &str, version: c_int, flags: u64) -> Result<*mut c_void, (CUresult, CUdriverProcAddressQueryResult)> {
+    pub(crate) fn proc(
+        &self,
+        name: &str,
+        version: c_int,
+        flags: u64,
+    ) -> Result<*mut c_void, (CUresult, CUdriverProcAddressQueryResult)> {
         let n = CString::new(name).expect("no NUL");
         let mut p = std::ptr::null_mut();
         let mut q = CUdriverProcAddressQueryResult(99);
         // SAFETY: valid name, out-pointers to locals.
         let r = unsafe { (self.gpa)(n.as_ptr(), &mut p, version, flags, &mut q) };
-        if r.is_success() { Ok(p) } else { Err((r, q)) }
+        if r.is_success() {
+            Ok(p)
+        } else {
+            Err((r, q))
+        }
     }
 
     /// Which exported symbol (from the proc table) has address `p`.
@@ -92,20 +103,47 @@ fn main() {
     let cu = Cuda::load();
     let init: PFN_cuInit_v2000 = get!(cu, "cuInit", PFN_cuInit_v2000, 2000);
     let ctx_create: PFN_cuCtxCreate_v3020 = get!(cu, "cuCtxCreate", PFN_cuCtxCreate_v3020, 3020);
-    let ctx_destroy: PFN_cuCtxDestroy_v4000 = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
-    let retain: PFN_cuDevicePrimaryCtxRetain_v7000 = get!(cu, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000, 7000);
-    let release: PFN_cuDevicePrimaryCtxRelease_v11000 = get!(cu, "cuDevicePrimaryCtxRelease", PFN_cuDevicePrimaryCtxRelease_v11000, 11000);
-    let set_current: PFN_cuCtxSetCurrent_v4000 = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
+    let ctx_destroy: PFN_cuCtxDestroy_v4000 =
+        get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
+    let retain: PFN_cuDevicePrimaryCtxRetain_v7000 = get!(
+        cu,
+        "cuDevicePrimaryCtxRetain",
+        PFN_cuDevicePrimaryCtxRetain_v7000,
+        7000
+    );
+    let release: PFN_cuDevicePrimaryCtxRelease_v11000 = get!(
+        cu,
+        "cuDevicePrimaryCtxRelease",
+        PFN_cuDevicePrimaryCtxRelease_v11000,
+        11000
+    );
+    let set_current: PFN_cuCtxSetCurrent_v4000 =
+        get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
     let mem_info: PFN_cuMemGetInfo_v3020 = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
     let mem_alloc: PFN_cuMemAlloc_v3020 = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
     let mem_free: PFN_cuMemFree_v3020 = get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020);
-    let load: PFN_cuModuleLoadData_v2000 = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
-    let get_fn: PFN_cuModuleGetFunction_v2000 = get!(cu, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000, 2000);
-    let launch: PFN_cuLaunchKernel_v4000 = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
-    let sync: PFN_cuCtxSynchronize_v2000 = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
-    let ev_create: PFN_cuEventCreate_v2000 = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
-    let ev_record: PFN_cuEventRecord_v2000 = get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
-    let ev_elapsed: PFN_cuEventElapsedTime_v12080 = get!(cu, "cuEventElapsedTime", PFN_cuEventElapsedTime_v12080, 12080);
+    let load: PFN_cuModuleLoadData_v2000 =
+        get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
+    let get_fn: PFN_cuModuleGetFunction_v2000 = get!(
+        cu,
+        "cuModuleGetFunction",
+        PFN_cuModuleGetFunction_v2000,
+        2000
+    );
+    let launch: PFN_cuLaunchKernel_v4000 =
+        get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
+    let sync: PFN_cuCtxSynchronize_v2000 =
+        get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
+    let ev_create: PFN_cuEventCreate_v2000 =
+        get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
+    let ev_record: PFN_cuEventRecord_v2000 =
+        get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
+    let ev_elapsed: PFN_cuEventElapsedTime_v12080 = get!(
+        cu,
+        "cuEventElapsedTime",
+        PFN_cuEventElapsedTime_v12080,
+        12080
+    );
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -135,7 +173,11 @@ fn main() {
             let _ = std::io::stdout().flush();
         };
         while i < args.len() {
-            let arg = |k: usize| -> String { args.get(i + k).cloned().unwrap_or_else(|| die(&format!("{} needs {k} argument(s)", args[i]))) };
+            let arg = |k: usize| -> String {
+                args.get(i + k)
+                    .cloned()
+                    .unwrap_or_else(|| die(&format!("{} needs {k} argument(s)", args[i])))
+            };
             match args[i].as_str() {
                 "ctx" => {
                     let r = ctx_create(&mut ctx, 0, 0);
@@ -165,10 +207,15 @@ fn main() {
                 }
                 "alloc-path" => {
                     let kind = arg(1);
-                    let n: usize = arg(2).parse().unwrap_or_else(|_| die("alloc-path KIND BYTES"));
+                    let n: usize = arg(2)
+                        .parse()
+                        .unwrap_or_else(|_| die("alloc-path KIND BYTES"));
                     i += 2;
                     if !paths::KINDS.contains(&kind.as_str()) {
-                        die(&format!("alloc-path kind must be one of {:?}", paths::KINDS));
+                        die(&format!(
+                            "alloc-path kind must be one of {:?}",
+                            paths::KINDS
+                        ));
                     }
                     match paths::alloc(&cu, &kind, n) {
                         Ok(h) => {
@@ -201,19 +248,32 @@ fn main() {
                     }
                     let mut st = 0;
                     libc::waitpid(pid, &mut st, 0);
-                    out(format!("fork-parent meminfo={}", code(mem_info(&mut f, &mut t))));
+                    out(format!(
+                        "fork-parent meminfo={}",
+                        code(mem_info(&mut f, &mut t))
+                    ));
                 }
                 "graph" => {
-                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
-                    let cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
-                    let nodes: u32 = arg(3).parse().unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    let blocks: c_uint = arg(1)
+                        .parse()
+                        .unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    let cycles: u64 = arg(2)
+                        .parse()
+                        .unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
+                    let nodes: u32 = arg(3)
+                        .parse()
+                        .unwrap_or_else(|_| die("graph BLOCKS CYCLES NODES"));
                     i += 3;
                     load_spin(&mut spin_fn);
                     out(graph::run(&cu, spin_fn, blocks, cycles, nodes));
                 }
                 "streams" => {
-                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
-                    let cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    let blocks: c_uint = arg(1)
+                        .parse()
+                        .unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
+                    let cycles: u64 = arg(2)
+                        .parse()
+                        .unwrap_or_else(|_| die("streams BLOCKS CYCLES"));
                     i += 2;
                     load_spin(&mut spin_fn);
                     out(streams::run(&cu, spin_fn, blocks, cycles));
@@ -228,9 +288,15 @@ fn main() {
                     out(format!("free={}", code(mem_free(p))));
                 }
                 "spin" => {
-                    let blocks: c_uint = arg(1).parse().unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
-                    let mut cycles: u64 = arg(2).parse().unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
-                    let count: u32 = arg(3).parse().unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
+                    let blocks: c_uint = arg(1)
+                        .parse()
+                        .unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
+                    let mut cycles: u64 = arg(2)
+                        .parse()
+                        .unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
+                    let count: u32 = arg(3)
+                        .parse()
+                        .unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
                     i += 3;
                     if spin_fn.is_null() {
                         let ptx = workloads::ptx::SPIN_PTX;
@@ -247,7 +313,8 @@ fn main() {
                             die(&format!("cuModuleGetFunction {r}"));
                         }
                     }
-                    let (mut e0, mut e1): (CUevent, CUevent) = (std::ptr::null_mut(), std::ptr::null_mut());
+                    let (mut e0, mut e1): (CUevent, CUevent) =
+                        (std::ptr::null_mut(), std::ptr::null_mut());
                     ev_create(&mut e0, 0);
                     ev_create(&mut e1, 0);
                     let wall = std::time::Instant::now();
@@ -255,7 +322,19 @@ fn main() {
                     let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
                     for _ in 0..count {
                         if r.is_success() {
-                            r = launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut());
+                            r = launch(
+                                spin_fn,
+                                blocks,
+                                1,
+                                1,
+                                32,
+                                1,
+                                1,
+                                0,
+                                std::ptr::null_mut(),
+                                params.as_mut_ptr(),
+                                std::ptr::null_mut(),
+                            );
                         }
                     }
                     if r.is_success() {
@@ -268,7 +347,11 @@ fn main() {
                     if r.is_success() {
                         r = ev_elapsed(&mut ms, e0, e1);
                     }
-                    out(format!("spin={} emulated_ms={ms:.3} wall_ms={:.3}", code(r), wall.elapsed().as_secs_f64() * 1e3));
+                    out(format!(
+                        "spin={} emulated_ms={ms:.3} wall_ms={:.3}",
+                        code(r),
+                        wall.elapsed().as_secs_f64() * 1e3
+                    ));
                 }
                 "sync" => out(format!("sync={}", code(sync()))),
                 "ready" => out("ready".into()),
@@ -286,12 +369,23 @@ fn main() {
                 },
                 "procaddr" => {
                     let name = arg(1);
-                    let v: c_int = arg(2).parse().unwrap_or_else(|_| die("procaddr NAME VERSION FLAGS"));
-                    let f: u64 = arg(3).parse().unwrap_or_else(|_| die("procaddr NAME VERSION FLAGS"));
+                    let v: c_int = arg(2)
+                        .parse()
+                        .unwrap_or_else(|_| die("procaddr NAME VERSION FLAGS"));
+                    let f: u64 = arg(3)
+                        .parse()
+                        .unwrap_or_else(|_| die("procaddr NAME VERSION FLAGS"));
                     i += 3;
                     match cu.proc(&name, v, f) {
-                        Ok(p) => out(format!("procaddr name={name} rc=0 status=0 symbol={}", cu.symbol_of(p))),
-                        Err((r, q)) => out(format!("procaddr name={name} rc={} status={} symbol=null", code(r), q.0)),
+                        Ok(p) => out(format!(
+                            "procaddr name={name} rc=0 status=0 symbol={}",
+                            cu.symbol_of(p)
+                        )),
+                        Err((r, q)) => out(format!(
+                            "procaddr name={name} rc={} status={} symbol=null",
+                            code(r),
+                            q.0
+                        )),
                     }
                 }
                 "exit" => std::process::exit(0),
@@ -302,4 +396,3 @@ fn main() {
         let _ = ctx;
     }
 }
-

@@ -9,16 +9,26 @@ pub enum Held {
     Plain(CUdeviceptr),
     Async(CUdeviceptr),
     Pool(CUdeviceptr, CUmemoryPool),
-    Vmm { va: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle },
+    Vmm {
+        va: CUdeviceptr,
+        size: usize,
+        handle: CUmemGenericAllocationHandle,
+    },
     Array(CUarray),
     Mipmap(CUmipmappedArray),
 }
 
 /// The allocation kinds `alloc-path` accepts.
-pub const KINDS: &[&str] = &["plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"];
+pub const KINDS: &[&str] = &[
+    "plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap",
+];
 
 fn ok(r: CUresult) -> Result<(), CUresult> {
-    if r.is_success() { Ok(()) } else { Err(r) }
+    if r.is_success() {
+        Ok(())
+    } else {
+        Err(r)
+    }
 }
 
 /// Commits exactly `bytes` (callers pass multiples of 2 MiB) through the `kind` path.
@@ -33,36 +43,69 @@ pub unsafe fn alloc(cu: &Cuda, kind: &str, bytes: usize) -> Result<Held, CUresul
         let mut p: CUdeviceptr = 0;
         match kind {
             "plain" => {
-                ok(get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020)(&mut p, bytes))?;
+                ok(get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020)(
+                    &mut p, bytes,
+                ))?;
                 Ok(Held::Plain(p))
             }
             "pitch" => {
                 // 512-byte rows: the pitch equals the width, so exactly `bytes` are committed.
                 let mut pitch = 0usize;
-                ok(get!(cu, "cuMemAllocPitch", PFN_cuMemAllocPitch_v3020, 3020)(&mut p, &mut pitch, 512, bytes / 512, 4))?;
+                ok(
+                    get!(cu, "cuMemAllocPitch", PFN_cuMemAllocPitch_v3020, 3020)(
+                        &mut p,
+                        &mut pitch,
+                        512,
+                        bytes / 512,
+                        4,
+                    ),
+                )?;
                 Ok(Held::Plain(p))
             }
             "managed" => {
-                ok(get!(cu, "cuMemAllocManaged", PFN_cuMemAllocManaged_v6000, 6000)(&mut p, bytes, 1))?;
+                ok(get!(
+                    cu,
+                    "cuMemAllocManaged",
+                    PFN_cuMemAllocManaged_v6000,
+                    6000
+                )(&mut p, bytes, 1))?;
                 Ok(Held::Plain(p))
             }
             "async" => {
-                ok(get!(cu, "cuMemAllocAsync", PFN_cuMemAllocAsync_v11020, 11020)(&mut p, bytes, null_stream))?;
+                ok(get!(
+                    cu,
+                    "cuMemAllocAsync",
+                    PFN_cuMemAllocAsync_v11020,
+                    11020
+                )(&mut p, bytes, null_stream))?;
                 Ok(Held::Async(p))
             }
             "pool" => {
                 let props = CUmemPoolProps {
                     allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
                     handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-                    location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                    location: CUmemLocation {
+                        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                        id: 0,
+                    },
                     win32SecurityAttributes: std::ptr::null_mut(),
                     maxSize: 0,
                     usage: 0,
                     reserved: [0; 54],
                 };
                 let mut pool: CUmemoryPool = std::ptr::null_mut();
-                ok(get!(cu, "cuMemPoolCreate", PFN_cuMemPoolCreate_v11020, 11020)(&mut pool, &props))?;
-                let r = get!(cu, "cuMemAllocFromPoolAsync", PFN_cuMemAllocFromPoolAsync_v11020, 11020)(&mut p, bytes, pool, null_stream);
+                ok(get!(
+                    cu,
+                    "cuMemPoolCreate",
+                    PFN_cuMemPoolCreate_v11020,
+                    11020
+                )(&mut pool, &props))?;
+                let r = get!(
+                    cu,
+                    "cuMemAllocFromPoolAsync",
+                    PFN_cuMemAllocFromPoolAsync_v11020,
+                    11020
+                )(&mut p, bytes, pool, null_stream);
                 if !r.is_success() {
                     get!(cu, "cuMemPoolDestroy", PFN_cuMemPoolDestroy_v11020, 11020)(pool);
                     return Err(r);
@@ -73,30 +116,64 @@ pub unsafe fn alloc(cu: &Cuda, kind: &str, bytes: usize) -> Result<Held, CUresul
                 let prop = CUmemAllocationProp {
                     type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
                     requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-                    location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                    location: CUmemLocation {
+                        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                        id: 0,
+                    },
                     win32HandleMetaData: std::ptr::null_mut(),
                     allocFlags: Default::default(),
                 };
                 let mut gran = 0usize;
-                ok(get!(cu, "cuMemGetAllocationGranularity", PFN_cuMemGetAllocationGranularity_v10020, 10020)(
+                ok(get!(
+                    cu,
+                    "cuMemGetAllocationGranularity",
+                    PFN_cuMemGetAllocationGranularity_v10020,
+                    10020
+                )(
                     &mut gran,
                     &prop,
                     CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
                 ))?;
                 let size = bytes.div_ceil(gran) * gran;
                 let mut handle: CUmemGenericAllocationHandle = 0;
-                ok(get!(cu, "cuMemCreate", PFN_cuMemCreate_v10020, 10020)(&mut handle, size, &prop, 0))?;
+                ok(get!(cu, "cuMemCreate", PFN_cuMemCreate_v10020, 10020)(
+                    &mut handle,
+                    size,
+                    &prop,
+                    0,
+                ))?;
                 let mut va: CUdeviceptr = 0;
-                ok(get!(cu, "cuMemAddressReserve", PFN_cuMemAddressReserve_v10020, 10020)(&mut va, size, 0, 0, 0))?;
-                ok(get!(cu, "cuMemMap", PFN_cuMemMap_v10020, 10020)(va, size, 0, handle, 0))?;
-                let access = CUmemAccessDesc { location: prop.location, flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-                ok(get!(cu, "cuMemSetAccess", PFN_cuMemSetAccess_v10020, 10020)(va, size, &access, 1))?;
+                ok(get!(
+                    cu,
+                    "cuMemAddressReserve",
+                    PFN_cuMemAddressReserve_v10020,
+                    10020
+                )(&mut va, size, 0, 0, 0))?;
+                ok(get!(cu, "cuMemMap", PFN_cuMemMap_v10020, 10020)(
+                    va, size, 0, handle, 0,
+                ))?;
+                let access = CUmemAccessDesc {
+                    location: prop.location,
+                    flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                };
+                ok(
+                    get!(cu, "cuMemSetAccess", PFN_cuMemSetAccess_v10020, 10020)(
+                        va, size, &access, 1,
+                    ),
+                )?;
                 Ok(Held::Vmm { va, size, handle })
             }
             "array" => {
-                let d = CUDA_ARRAY_DESCRIPTOR { Width: bytes / 4 / 1024, Height: 1024, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1 };
+                let d = CUDA_ARRAY_DESCRIPTOR {
+                    Width: bytes / 4 / 1024,
+                    Height: 1024,
+                    Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+                    NumChannels: 1,
+                };
                 let mut a: CUarray = std::ptr::null_mut();
-                ok(get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020)(&mut a, &d))?;
+                ok(get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020)(
+                    &mut a, &d,
+                ))?;
                 Ok(Held::Array(a))
             }
             "array3d" | "mipmap" => {
@@ -115,7 +192,12 @@ pub unsafe fn alloc(cu: &Cuda, kind: &str, bytes: usize) -> Result<Held, CUresul
                 } else {
                     let mut m: CUmipmappedArray = std::ptr::null_mut();
                     let levels: c_uint = 1;
-                    ok(get!(cu, "cuMipmappedArrayCreate", PFN_cuMipmappedArrayCreate_v5000, 5000)(&mut m, &d, levels))?;
+                    ok(get!(
+                        cu,
+                        "cuMipmappedArrayCreate",
+                        PFN_cuMipmappedArrayCreate_v5000,
+                        5000
+                    )(&mut m, &d, levels))?;
                     Ok(Held::Mipmap(m))
                 }
             }
@@ -134,20 +216,35 @@ pub unsafe fn free(cu: &Cuda, h: Held) -> CUresult {
         let null_stream: CUstream = std::ptr::null_mut();
         match h {
             Held::Plain(p) => get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020)(p),
-            Held::Async(p) => get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020)(p, null_stream),
+            Held::Async(p) => {
+                get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020)(p, null_stream)
+            }
             Held::Pool(p, pool) => {
-                let r = get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020)(p, null_stream);
+                let r =
+                    get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020)(p, null_stream);
                 let r2 = get!(cu, "cuMemPoolDestroy", PFN_cuMemPoolDestroy_v11020, 11020)(pool);
-                if r.is_success() { r2 } else { r }
+                if r.is_success() {
+                    r2
+                } else {
+                    r
+                }
             }
             Held::Vmm { va, size, handle } => {
                 let r = get!(cu, "cuMemUnmap", PFN_cuMemUnmap_v10020, 10020)(va, size);
                 let r2 = get!(cu, "cuMemRelease", PFN_cuMemRelease_v10020, 10020)(handle);
                 let r3 = get!(cu, "cuMemAddressFree", PFN_cuMemAddressFree_v10020, 10020)(va, size);
-                [r, r2, r3].into_iter().find(|r| !r.is_success()).unwrap_or(CUresult::CUDA_SUCCESS)
+                [r, r2, r3]
+                    .into_iter()
+                    .find(|r| !r.is_success())
+                    .unwrap_or(CUresult::CUDA_SUCCESS)
             }
             Held::Array(a) => get!(cu, "cuArrayDestroy", PFN_cuArrayDestroy_v2000, 2000)(a),
-            Held::Mipmap(m) => get!(cu, "cuMipmappedArrayDestroy", PFN_cuMipmappedArrayDestroy_v5000, 5000)(m),
+            Held::Mipmap(m) => get!(
+                cu,
+                "cuMipmappedArrayDestroy",
+                PFN_cuMipmappedArrayDestroy_v5000,
+                5000
+            )(m),
         }
     }
 }

@@ -15,12 +15,23 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64) -> 
     unsafe {
         let screate = get!(cu, "cuStreamCreate", PFN_cuStreamCreate_v2000, 2000);
         let squery = get!(cu, "cuStreamQuery", PFN_cuStreamQuery_v2000, 2000);
-        let ssync = get!(cu, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, 2000);
+        let ssync = get!(
+            cu,
+            "cuStreamSynchronize",
+            PFN_cuStreamSynchronize_v2000,
+            2000
+        );
         let ecreate = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
         let erecord = get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
         let elapsed = get!(cu, "cuEventElapsedTime", PFN_cuEventElapsedTime_v2000, 2000);
         let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
-        let p = cu.proc("cuLaunchKernel", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM).expect("cuLaunchKernel ptsz");
+        let p = cu
+            .proc(
+                "cuLaunchKernel",
+                12000,
+                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+            )
+            .expect("cuLaunchKernel ptsz");
         let launch_ptsz = std::mem::transmute::<*mut c_void, PFN_cuLaunchKernel_v7000_ptsz>(p);
 
         let (mut s1, mut s2): (CUstream, CUstream) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -48,7 +59,19 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64) -> 
         erecord(ev[2], s2);
         let c1 = cfg(s1);
         let r1 = launch_ex(&c1, spin, params.as_mut_ptr(), std::ptr::null_mut());
-        let r2 = launch_ptsz(spin, blocks, 1, 1, 32, 1, 1, 0, s2, params.as_mut_ptr(), std::ptr::null_mut());
+        let r2 = launch_ptsz(
+            spin,
+            blocks,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            s2,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        );
         let query = squery(s1);
         erecord(ev[1], s1);
         erecord(ev[3], s2);
@@ -63,7 +86,11 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64) -> 
         let ms = |a: CUevent, b: CUevent| {
             let mut v = 0f32;
             let r = elapsed(&mut v, a, b);
-            if r.is_success() { v } else { -1.0 }
+            if r.is_success() {
+                v
+            } else {
+                -1.0
+            }
         };
         format!(
             "streams launch_ex={} launch_ptsz={} query={} par1_ms={:.3} par2_ms={:.3} serial_ms={:.3}",
