@@ -139,10 +139,13 @@ fn build() -> State {
     // Without the group's ledger this process cannot know what the rest of its container
     // holds, so it fails closed: alone against 0 bytes (never the whole quota for itself, and
     // it must not set a group's quota).
-    let quota = match if cfg.failed_closed { Err("configuration error".into()) } else { open_ledger(cfg, limit) } {
+    // (A config error was reported where it was found and fails closed the same way.)
+    let quota = match if cfg.failed_closed { Err(None) } else { open_ledger(cfg, limit).map_err(Some) } {
         Ok(q) => q,
         Err(e) => {
-            tracing::error!("xcuda: {e}; refusing device allocations (the group's quota cannot be checked without its ledger: check the ledger's mode and group)");
+            if let Some(e) = e {
+                tracing::error!("xcuda: {e}; refusing device allocations (the group's quota cannot be checked without its ledger: check the ledger's mode and group)");
+            }
             Quota::local(0)
         }
     };

@@ -258,13 +258,16 @@ fn shipped(extra: &str) -> String {
 const KERNEL_US: &str = "20000";
 
 fn full_grid_offline(node: &Node, throttled: bool) -> Proc {
+    // The shipped defaults: an empty config file (a named file that is missing fails closed).
+    let cfg = node.run.join("xcuda-defaults.json");
+    std::fs::write(&cfg, "{}").expect("write xcuda.json");
     let mut c = node.host.command("offline");
     c.arg("--json")
         .args(["--blocks", "264", "--kernel-us", KERNEL_US, "--kernels", "4"])
         .args(["--report-interval", "0.2", "--state-mb", "4"])
         .env("LD_PRELOAD", bin_dir().join("libxcuda.so"))
         .env("XSHARE_LEDGER_DIR", &node.run)
-        .env("XCUDA_CONFIG", node.run.join("no-such-xcuda.json"))
+        .env("XCUDA_CONFIG", &cfg)
         .env("XCUDA_GROUP", "offline-alone")
         .env("XCUDA_THROTTLE", if throttled { "1" } else { "0" });
     Proc::spawn(c)

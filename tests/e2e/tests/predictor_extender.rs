@@ -14,6 +14,59 @@ struct Server {
     child: Child,
     addr: String,
     dir: PathBuf,
+    /// Requests the fake API server saw: (method, path, body).
+    api_seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>,
+}
+
+/// A stand-in for the Kubernetes API server on loopback, enough for the extender's bind: the
+/// annotation PATCH is answered with the pod, the `binding` subresource POST with 201 and the
+/// Binding it was given (the shapes kube-apiserver answers with; the request shapes themselves
+/// are checked against k8s-openapi types in cluster-matcher's extender_bind_api tests).
+fn fake_api() -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            let mut head = String::new();
+            let mut len = 0usize;
+            loop {
+                let mut l = String::new();
+                if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
+                    break;
+                }
+                if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                if head.is_empty() {
+                    head = l.trim().to_string();
+                }
+            }
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            let mut parts = head.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+            let body = String::from_utf8_lossy(&body).into_owned();
+            let (code, reply) = if method == "PATCH" {
+                let name = path.rsplit('/').next().unwrap_or("").split('?').next().unwrap_or("").to_string();
+                (200, json!({"kind": "Pod", "apiVersion": "v1",
+                    "metadata": {"name": name, "namespace": "default", "resourceVersion": "1"},
+                    "spec": {"containers": [{"name": "c", "image": "i"}]}}).to_string())
+            } else {
+                (201, body.clone())
+            };
+            log.lock().unwrap().push((method, path, body));
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {code} OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    (url, seen)
 }
 
 impl Drop for Server {
@@ -68,9 +121,10 @@ fn start() -> Server {
     publish(&dir, "gpu-a", 1, "healthy");
     publish(&dir, "gpu-b", 0, "healthy");
 
+    let (api_url, api_seen) = fake_api();
     let bin = e2e::artifact("cluster-matcher");
     let mut child = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--cluster"])
+        .args(["serve", "--kube-api", &api_url, "--listen", "127.0.0.1:0", "--cluster"])
         .arg(dir.join("cluster.json"))
         .arg("--workloads")
         .arg(dir.join("workloads.json"))
@@ -94,7 +148,7 @@ fn start() -> Server {
         }
     };
     std::thread::spawn(move || for _ in lines {});
-    Server { child, addr, dir }
+    Server { child, addr, dir, api_seen }
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> Value {
@@ -168,4 +222,12 @@ fn extender_follows_the_plan_and_the_published_health() {
     let mut bind = fixture("bind.json");
     bind["Node"] = json!(node.as_str());
     assert_eq!(post(&srv.addr, "/xshare/bind", &bind), json!({"Error": ""}));
+    // Bind went through the API server: the Binding subresource got the planned node.
+    let seen = srv.api_seen.lock().unwrap().clone();
+    let post_binding = seen
+        .iter()
+        .find(|(m, p, _)| m == "POST" && p.split('?').next().unwrap_or("").ends_with("/binding"))
+        .unwrap_or_else(|| panic!("no Binding posted: {seen:?}"));
+    let b: Value = serde_json::from_str(&post_binding.2).unwrap();
+    assert_eq!(b["target"]["name"], json!(node.as_str()), "{b}");
 }
