@@ -23,6 +23,7 @@ fn config(hold_ms: u64, grace_ms: u64) -> String {
     "sm_activity": {{ "healthy": 30, "unhealthy": 60, "overlimit": 80 }},
     "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
     "mem_used":    {{ "healthy": 80, "unhealthy": 90, "overlimit": 95 }},
+    "overlimit_sustain_ms": 0,
     "hold_base_ms": {hold_ms},
     "hold_max_ms": 60000
   }},
