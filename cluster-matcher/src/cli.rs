@@ -303,8 +303,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Plan(a) => {
             let (cluster, workloads, model) = a.inputs.load()?;
-            let cells = plan::load_cells(&cluster)?;
-            let p = plan::run_round(&cluster, &workloads, &model, cells.as_ref(), a.round);
+            let mut cells = plan::load_cells(&cluster)?;
+            let p = plan::run_round(&cluster, &workloads, &model, cells.as_mut(), a.round);
             if !a.json {
                 print!("{p}");
                 println!();

@@ -31,7 +31,7 @@ pub const MAX_BODY: usize = 32 << 20;
 pub struct Extender {
     cluster: ClusterSpec,
     predictor: SpeedPredictor,
-    cells: Option<crate::cells::Cluster>,
+    cells: Option<Mutex<plan::with_cells::CellsState>>,
     state: Mutex<State>,
 }
 
@@ -62,9 +62,10 @@ impl Extender {
         cluster: ClusterSpec,
         workloads: Workloads,
         predictor: SpeedPredictor,
-        cells: Option<crate::cells::Cluster>,
+        mut cells: Option<plan::with_cells::CellsState>,
     ) -> Self {
-        let plan = plan::run_round(&cluster, &workloads, &predictor, cells.as_ref(), 0);
+        let plan = plan::run_round(&cluster, &workloads, &predictor, cells.as_mut(), 0);
+        let cells = cells.map(Mutex::new);
         Self {
             cluster,
             predictor,
@@ -82,7 +83,8 @@ impl Extender {
         let mut s = self.lock();
         if s.computed.elapsed() >= Duration::from_secs(self.cluster.round_period_s) {
             s.round += 1;
-            s.plan = plan::run_round(&self.cluster, &s.workloads, &self.predictor, self.cells.as_ref(), s.round);
+            let mut cells = self.cells.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
+            s.plan = plan::run_round(&self.cluster, &s.workloads, &self.predictor, cells.as_deref_mut(), s.round);
             s.computed = Instant::now();
         }
         s.plan.clone()

@@ -243,3 +243,55 @@ fn an_offline_job_refused_at_the_cell_stage_is_rematched_to_its_next_best_gpu() 
     assert_eq!(gpus, [0, 1].into(), "{plan:#?}");
     assert_eq!(st.offline.len(), 2);
 }
+
+#[test]
+fn rounds_carry_the_cells_state_and_it_survives_a_restart() {
+    // Failed before: every round started from the config, so `second` got the same GPU as
+    // `first`, and the job's colocated cell was forgotten.
+    let dir = std::env::temp_dir().join(format!("xshare-cells-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state_path = dir.join("cells-state.json");
+    let _ = std::fs::remove_file(&state_path);
+    let mut spec = spec4();
+    spec.cells = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cells/hived-fig3.json"));
+    spec.cells_state = Some(state_path.clone());
+    let pred = similarity_predictor();
+    let w1 = Workloads { online: vec![unplaced_online("first", "tenant-a", 10.0)], offline: vec![offline("job", 4_000, 10.0)] };
+    let mut st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    let p1 = cluster_matcher::plan::run_round(&spec, &w1, &pred, Some(&mut st), 0);
+    let at1 = p1.online_placements[0].at.clone();
+    assert_eq!(p1.assignments[0].at, at1);
+    assert!(state_path.exists());
+
+    // A restart: the state is rebuilt from the config plus the saved ledger.
+    let mut st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    assert_eq!(st.online["first"].at, at1);
+    assert_eq!(st.offline["job"].at, at1);
+    assert_eq!(st.cells.guaranteed_allocations().len(), 1);
+    let mut w2 = w1.clone();
+    w2.online.push(unplaced_online("second", "tenant-a", 10.0));
+    let p2 = cluster_matcher::plan::run_round(&spec, &w2, &pred, Some(&mut st), 1);
+    assert_eq!(p2.online_placements.len(), 1, "only `second` is new: {p2:#?}");
+    assert_ne!(p2.online_placements[0].at, at1, "{p2:#?}");
+    let kept = p2.assignments.iter().find(|a| a.offline == "job").unwrap();
+    assert!(kept.kept && kept.at == at1, "{p2:#?}");
+    assert!(p2.breaks.is_empty(), "{p2:#?}");
+    assert_eq!(st.cells.guaranteed_allocations().len(), 2);
+
+    // A workload that leaves gives its cell back (and the saved ledger says so).
+    let w3 = Workloads { online: vec![w2.online[1].clone()], offline: vec![] };
+    cluster_matcher::plan::run_round(&spec, &w3, &pred, Some(&mut st), 2);
+    assert_eq!(st.cells.guaranteed_allocations().len(), 1);
+    let st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    assert_eq!(st.online.keys().collect::<Vec<_>>(), ["second"]);
+    assert!(st.offline.is_empty());
+
+    // A damaged state file is an error naming the file, never a silent fresh start.
+    std::fs::write(&state_path, "{\"format\": \"xshare-cells-state\", \"vers").unwrap();
+    let err = cluster_matcher::plan::load_cells(&spec).unwrap_err().to_string();
+    assert!(err.contains("cells-state.json") && err.contains("damaged"), "{err}");
+    std::fs::write(&state_path, r#"{"format":"xshare-cells-state","version":1,"online":{"x":{"tenant":"tenant-a","node":"nowhere","gpu":0}},"offline":{}}"#).unwrap();
+    let err = cluster_matcher::plan::load_cells(&spec).unwrap_err().to_string();
+    assert!(err.contains("cells-state.json") && err.contains("`x`") && err.contains("nowhere"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

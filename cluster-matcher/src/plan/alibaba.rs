@@ -240,6 +240,7 @@ pub fn replay(
             .collect(),
         tenants: BTreeMap::new(),
         cells: None,
+        cells_state: None,
     };
     let gpus: Vec<(usize, GpuRef)> = cluster
         .nodes

@@ -62,6 +62,10 @@ pub struct ClusterSpec {
     /// cells of the same GPUs.
     #[serde(default)]
     pub cells: Option<PathBuf>,
+    /// Cells mode: where the cells ledger (who holds which cell) is kept between rounds and
+    /// across restarts (relative to this file); absent = kept in memory only.
+    #[serde(default)]
+    pub cells_state: Option<PathBuf>,
     /// Offline jobs per online GPU (1 = MuxFlow's pairing).
     #[serde(default = "default_per_gpu")]
     pub max_offline_per_gpu: usize,
@@ -270,7 +274,7 @@ impl ClusterSpec {
         let mut spec: Self = parse(path, &read(path)?)?;
         spec.check(path)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        for p in [spec.state_dir.as_mut(), spec.cells.as_mut()].into_iter().flatten() {
+        for p in [spec.state_dir.as_mut(), spec.cells.as_mut(), spec.cells_state.as_mut()].into_iter().flatten() {
             if p.is_relative() {
                 *p = base.join(&*p);
             }

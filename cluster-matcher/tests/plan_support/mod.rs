@@ -64,6 +64,7 @@ pub fn cluster(nodes: &[(&str, &str, u32, u64)]) -> ClusterSpec {
             .collect(),
         tenants: BTreeMap::new(),
         cells: None,
+        cells_state: None,
     }
 }
 
