@@ -269,6 +269,9 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             println!("wrote {} ({} GPU types, {} samples)", a.out.display(), model.models.len(), samples.len());
         }
         Command::Evaluate(a) => {
+            if a.folds < 2 && !matches!(a.split, SplitArg::Family) {
+                return Err(format!("--folds {}: cross-validation needs at least 2 folds", a.folds).into());
+            }
             let data = gavel::load(&a.data.path())?;
             let splits = match a.split {
                 SplitArg::Pair => vec![Split::ByPair],

@@ -345,6 +345,31 @@ impl Workloads {
             } else if cluster.cells.is_none() {
                 return Err(invalid(path, f("node"), "missing (only a cluster with `cells` places online workloads itself)"));
             }
+            let largest = cluster.nodes.iter().map(|n| n.gpu_memory_mib).max().unwrap_or(0);
+            match o.at.as_ref().and_then(|at| cluster.node(&at.node)) {
+                Some(n) if o.memory_mib > n.gpu_memory_mib => {
+                    return Err(invalid(
+                        path,
+                        f("memory_mib"),
+                        format!(
+                            "online workload `{}` uses {} MiB, more than its GPU {}/{} has ({} MiB)",
+                            o.name,
+                            o.memory_mib,
+                            n.name,
+                            o.at.as_ref().map_or(0, |a| a.gpu),
+                            n.gpu_memory_mib
+                        ),
+                    ));
+                }
+                None if o.memory_mib > largest => {
+                    return Err(invalid(
+                        path,
+                        f("memory_mib"),
+                        format!("online workload `{}` uses {} MiB, more than any GPU of the cluster has ({largest} MiB)", o.name, o.memory_mib),
+                    ));
+                }
+                _ => {}
+            }
             if !(0.0..=100.0).contains(&o.sm_activity_percent) {
                 return Err(invalid(path, f("sm_activity_percent"), "must be within 0..=100"));
             }
@@ -357,6 +382,26 @@ impl Workloads {
             if let Some(c) = &j.current {
                 if !gpu_exists(c) {
                     return Err(invalid(path, f("current"), format!("no GPU {} on node `{}`", c.gpu, c.node)));
+                }
+                let others: Vec<&str> = self.offline[..i]
+                    .iter()
+                    .filter(|o| o.current.as_ref() == Some(c))
+                    .map(|o| o.name.as_str())
+                    .collect();
+                if others.len() >= cluster.max_offline_per_gpu {
+                    return Err(invalid(
+                        path,
+                        f("current"),
+                        format!(
+                            "offline job `{}` runs on GPU {}/{} beside {} already ({}), over max_offline_per_gpu = {}",
+                            j.name,
+                            c.node,
+                            c.gpu,
+                            others.len(),
+                            others.join(", "),
+                            cluster.max_offline_per_gpu
+                        ),
+                    ));
                 }
             }
         }
