@@ -179,13 +179,27 @@ pub(crate) fn plan_core(
     };
     let mut gpu_state: BTreeMap<GpuRef, GpuHealth> = BTreeMap::new();
     let mut candidates = Vec::new();
-    let nodes: HashMap<&str, &NodeSpec> = cluster.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    // Host name -> its entries (one per GPU type), GPUs numbered through them in order.
+    let mut nodes: HashMap<&str, Vec<&NodeSpec>> = HashMap::new();
+    for n in &cluster.nodes {
+        nodes.entry(n.name.as_str()).or_default().push(n);
+    }
+    let node_for = |at: &GpuRef| -> Option<&NodeSpec> {
+        let mut base = 0;
+        for n in nodes.get(at.node.as_str())? {
+            if at.gpu < base + n.gpus {
+                return Some(n);
+            }
+            base += n.gpus;
+        }
+        None
+    };
     for online in &workloads.online {
         let Some(at) = &online.at else {
             plan.online_waiting.push(OnlineWaiting { online: online.name.clone(), reason: "no GPU given".into() });
             continue;
         };
-        let Some(node) = nodes.get(at.node.as_str()).copied() else { continue };
+        let Some(node) = node_for(at) else { continue };
         let state = health(at);
         gpu_state.insert(at.clone(), state.clone());
         if !state.is_healthy() {

@@ -295,3 +295,39 @@ fn rounds_carry_the_cells_state_and_it_survives_a_restart() {
     assert!(err.contains("cells-state.json") && err.contains("`x`") && err.contains("nowhere"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_host_with_two_gpu_types_is_legal_and_scheduled_per_type() {
+    // Failed before: the cells refused `mixed` appearing in two chains, and cluster.json
+    // refused two entries named `mixed`.
+    let cells_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cells/two-types-one-host.json");
+    let mut st = CellsState::new(Cluster::load(&cells_path).unwrap());
+    assert_eq!(st.cells.gpu_address(st.cells.gpu_by_address("mixed", 3).unwrap()).unwrap().to_string(), "mixed/3");
+    assert_eq!(st.cells.chains()[st.cells.gpu_chain(st.cells.gpu_by_address("mixed", 2).unwrap()).unwrap().0 as usize].gpu_type, "T4");
+    assert!(st.cells.gpu_by_address("mixed", 4).is_none());
+    let mut spec = cluster(&[("mixed", "V100", 2, 32_768), ("mixed", "T4", 2, 16_384)]);
+    spec.check(Path::new("cluster.json")).unwrap();
+    spec.cells = Some(cells_path);
+    let mut t4 = unplaced_online("t4-svc", "tenant-a", 10.0);
+    t4.gpu_type = Some("T4".into());
+    t4.memory_mib = 8_000;
+    let mut v = unplaced_online("v-svc", "tenant-a", 10.0);
+    v.gpu_type = Some("V100".into());
+    let mut job = offline("t4-only", 4_000, 10.0);
+    job.gpu_types = vec!["T4".into()];
+    let w = Workloads { online: vec![t4, v], offline: vec![job] };
+    w.check(Path::new("w.json"), &spec).unwrap();
+    let healthy = |_: &GpuRef| GpuHealth::Healthy;
+    let plan = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut st);
+    let at = |n: &str| plan.online_placements.iter().find(|p| p.online == n).unwrap().at.clone();
+    assert_eq!(at("t4-svc").node, "mixed");
+    assert!(at("t4-svc").gpu >= 2, "T4 GPUs are mixed/2 and mixed/3: {plan:#?}");
+    assert!(at("v-svc").gpu < 2, "{plan:#?}");
+    assert_eq!(plan.assignments.len(), 1, "{plan:#?}");
+    assert_eq!(plan.assignments[0].at, at("t4-svc"));
+    assert_eq!(plan.assignments[0].gpu_type, "T4");
+    // The same host and type twice is still an error naming it.
+    let dup = cluster(&[("mixed", "V100", 2, 32_768), ("mixed", "V100", 2, 32_768)]);
+    let err = dup.check(Path::new("cluster.json")).unwrap_err().to_string();
+    assert!(err.contains("nodes[1].name") && err.contains("mixed"), "{err}");
+}

@@ -301,8 +301,14 @@ impl ClusterSpec {
         }
         let mut seen = BTreeSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
-            if !seen.insert(&n.name) {
-                return Err(invalid(path, format!("nodes[{i}].name"), format!("duplicate node `{}`", n.name)));
+            // A host with several GPU types is one entry per type (HiveD: several chains on
+            // one node); the same host and type twice is an error.
+            if !seen.insert((&n.name, &n.gpu_type)) {
+                return Err(invalid(
+                    path,
+                    format!("nodes[{i}].name"),
+                    format!("duplicate node `{}` with GPU type `{}`", n.name, n.gpu_type),
+                ));
             }
             if n.gpus == 0 || n.gpu_memory_mib == 0 {
                 return Err(invalid(path, format!("nodes[{i}]"), "gpus and gpu_memory_mib must be positive"));
@@ -311,9 +317,22 @@ impl ClusterSpec {
         Ok(())
     }
 
-    /// Node by name.
+    /// Node by name (its first entry when the host has several GPU types).
     pub fn node(&self, name: &str) -> Option<&NodeSpec> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The node entry a GPU belongs to: a host listed once per GPU type numbers its GPUs
+    /// 0.. through its entries in file order (first entry's GPUs first).
+    pub fn node_for(&self, at: &GpuRef) -> Option<&NodeSpec> {
+        let mut base = 0;
+        for n in self.nodes.iter().filter(|n| n.name == at.node) {
+            if at.gpu < base + n.gpus {
+                return Some(n);
+            }
+            base += n.gpus;
+        }
+        None
     }
 }
 
@@ -327,7 +346,7 @@ impl Workloads {
 
     /// Names unique, GPUs exist, one online workload per GPU, numbers in range.
     pub fn check(&self, path: &Path, cluster: &ClusterSpec) -> Result<(), SpecError> {
-        let gpu_exists = |g: &GpuRef| cluster.node(&g.node).is_some_and(|n| g.gpu < n.gpus);
+        let gpu_exists = |g: &GpuRef| cluster.node_for(g).is_some();
         let mut names = BTreeSet::new();
         let mut held = BTreeSet::new();
         for (i, o) in self.online.iter().enumerate() {
@@ -346,7 +365,7 @@ impl Workloads {
                 return Err(invalid(path, f("node"), "missing (only a cluster with `cells` places online workloads itself)"));
             }
             let largest = cluster.nodes.iter().map(|n| n.gpu_memory_mib).max().unwrap_or(0);
-            match o.at.as_ref().and_then(|at| cluster.node(&at.node)) {
+            match o.at.as_ref().and_then(|at| cluster.node_for(at)) {
                 Some(n) if o.memory_mib > n.gpu_memory_mib => {
                     return Err(invalid(
                         path,
