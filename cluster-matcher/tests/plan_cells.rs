@@ -331,3 +331,30 @@ fn a_host_with_two_gpu_types_is_legal_and_scheduled_per_type() {
     let err = dup.check(Path::new("cluster.json")).unwrap_err().to_string();
     assert!(err.contains("nodes[1].name") && err.contains("mixed"), "{err}");
 }
+
+#[test]
+fn an_affinity_group_gets_all_its_cells_or_none() {
+    // Failed before groups existed: 2 of 3 members kept their cells when the third was refused.
+    // tenant-c owns two node cells and a PCIe cell = 18 GPUs: 17 placed first, then a group of 3.
+    let mut st = CellsState::new(fig3());
+    let mut online: Vec<_> = (0..17).map(|i| unplaced_online(&format!("c{i}"), "tenant-c", 10.0)).collect();
+    for k in 0..3 {
+        let mut m = unplaced_online(&format!("g{k}"), "tenant-c", 10.0);
+        m.group = Some("trio".into());
+        online.push(m);
+    }
+    let w = Workloads { online, offline: vec![] };
+    let healthy = |_: &GpuRef| GpuHealth::Healthy;
+    let plan = plan_round_with_cells(&spec4(), &w, &similarity_predictor(), &healthy, 0, &mut st);
+    assert_eq!(plan.online_placements.len(), 17, "{plan:#?}");
+    assert!(plan.online_placements.iter().all(|p| p.online.starts_with('c')), "{plan:#?}");
+    let waiting: Vec<_> = plan.online_waiting.iter().filter(|w| w.online.starts_with('g')).collect();
+    assert_eq!(waiting.len(), 3, "{plan:#?}");
+    assert!(waiting.iter().all(|w| w.reason.contains("affinity group `trio`")), "{waiting:?}");
+    assert_eq!(st.cells.guaranteed_allocations().len(), 17, "no member keeps a cell");
+    st.cells.check_safety().unwrap();
+    // Room for the whole group: it is placed together.
+    let w2 = Workloads { online: w.online[14..].to_vec(), offline: vec![] };
+    let plan = plan_round_with_cells(&spec4(), &w2, &similarity_predictor(), &healthy, 1, &mut st);
+    assert_eq!(plan.online_placements.iter().filter(|p| p.online.starts_with('g')).count(), 3, "{plan:#?}");
+}

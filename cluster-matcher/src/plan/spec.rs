@@ -164,6 +164,9 @@ pub struct OnlineWorkload {
     pub at: Option<GpuRef>,
     /// GPU type wanted when the cells place it (a cells chain `gpu_type`); any when absent.
     pub gpu_type: Option<String>,
+    /// Affinity group (cells mode): the group's members waiting for a GPU are placed all
+    /// together or not at all (HiveD's gang semantics).
+    pub group: Option<String>,
     /// GPU memory the service uses.
     pub memory_mib: u64,
     /// Its measured SM activity (0-100); the offline job gets the complement.
@@ -183,6 +186,8 @@ struct OnlineRaw {
     gpu: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     gpu_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
     memory_mib: u64,
     sm_activity_percent: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,6 +208,7 @@ impl TryFrom<OnlineRaw> for OnlineWorkload {
             tenant: r.tenant,
             at,
             gpu_type: r.gpu_type,
+            group: r.group,
             memory_mib: r.memory_mib,
             sm_activity_percent: r.sm_activity_percent,
             profile: r.profile,
@@ -219,6 +225,7 @@ impl From<OnlineWorkload> for OnlineRaw {
             node,
             gpu,
             gpu_type: o.gpu_type,
+            group: o.group,
             memory_mib: o.memory_mib,
             sm_activity_percent: o.sm_activity_percent,
             profile: o.profile,

@@ -242,31 +242,64 @@ pub fn plan_round_with_cells(
         }
     }
 
-    // 3. Place the others (keeping earlier rounds' cells), never on a pinned GPU.
-    for o in placed.online.iter_mut().filter(|o| o.at.is_none()) {
+    // 3. Place the others (keeping earlier rounds' cells), never on a pinned GPU; the new
+    //    members of an affinity group all at once or none (gang semantics).
+    let mut order: Vec<Vec<usize>> = Vec::new();
+    let mut group_slot: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, o) in placed.online.iter_mut().enumerate().filter(|(_, o)| o.at.is_none()) {
         if let Some(h) = state.online.get(&o.name) {
             o.at = Some(h.at.clone());
             continue;
         }
-        match place_online(&mut state.cells, &o.tenant, o.gpu_type.as_deref(), &pinned) {
-            Ok((at, id)) => {
-                tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "guaranteed cell");
-                online_placements.push(OnlinePlacement {
-                    online: o.name.clone(),
-                    at: at.clone(),
-                });
-                state
-                    .online
-                    .insert(o.name.clone(), HeldOnline { at: at.clone(), tenant: o.tenant.clone(), id });
-                o.at = Some(at);
+        match &o.group {
+            Some(g) => match group_slot.get(g) {
+                Some(&k) => order[k].push(i),
+                None => {
+                    group_slot.insert(g.clone(), order.len());
+                    order.push(vec![i]);
+                }
+            },
+            None => order.push(vec![i]),
+        }
+    }
+    for members in order {
+        let mut got: Vec<(usize, GpuRef, GuaranteedId)> = Vec::new();
+        let mut failed: Option<(String, String)> = None;
+        for &i in &members {
+            let o = &placed.online[i];
+            match place_online(&mut state.cells, &o.tenant, o.gpu_type.as_deref(), &pinned) {
+                Ok((at, id)) => got.push((i, at, id)),
+                Err(reason) => {
+                    failed = Some((o.name.clone(), reason));
+                    break;
+                }
             }
-            Err(reason) => {
+        }
+        if let Some((who, reason)) = failed {
+            for (_, _, id) in got {
+                if let Err(e) = state.cells.release_guaranteed(id) {
+                    tracing::error!(error = %e, "releasing a guaranteed cell failed");
+                }
+            }
+            for &i in &members {
+                let o = &placed.online[i];
+                let reason = match &o.group {
+                    Some(g) if members.len() > 1 || who != o.name => {
+                        format!("affinity group `{g}` placed all or nothing; `{who}` got no cell: {reason}")
+                    }
+                    _ => reason.clone(),
+                };
                 tracing::warn!(online = %o.name, vc = %o.tenant, %reason, "online workload not placed");
-                online_waiting.push(OnlineWaiting {
-                    online: o.name.clone(),
-                    reason,
-                });
+                online_waiting.push(OnlineWaiting { online: o.name.clone(), reason });
             }
+            continue;
+        }
+        for (i, at, id) in got {
+            let o = &mut placed.online[i];
+            tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "guaranteed cell");
+            online_placements.push(OnlinePlacement { online: o.name.clone(), at: at.clone() });
+            state.online.insert(o.name.clone(), HeldOnline { at: at.clone(), tenant: o.tenant.clone(), id });
+            o.at = Some(at);
         }
     }
     placed.online.retain(|o| o.at.is_some());
