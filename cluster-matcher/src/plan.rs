@@ -161,6 +161,7 @@ pub fn plan_round(
 
 /// The round itself; `excluded` gives a reason to keep a GPU out of matching (or `None`);
 /// `pair_refused(job, gpu)` forbids single pairs.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_core(
     cluster: &ClusterSpec,
     workloads: &Workloads,

@@ -281,7 +281,10 @@ pub(crate) fn build(
         let per_node = ch.gpus_at[host_level as usize] as u32;
         for (ni, n) in p.nodes.iter().enumerate() {
             let entries: &mut Vec<u32> = node_by_name.entry(n.clone()).or_default();
-            if entries.iter().any(|&e| nodes[e as usize].chain == ci as u16) {
+            if entries
+                .iter()
+                .any(|&e| nodes[e as usize].chain == ci as u16)
+            {
                 return Err(err(
                     format!("physical_cells[{pi}].nodes[{ni}]"),
                     format!("node `{n}` appears twice in chain `{}`", ch.name),

@@ -14,7 +14,7 @@ use crate::cells::{Cluster, GuaranteedId, OpportunisticId, Sharing};
 use crate::predictor::SpeedPredictor;
 
 use super::{
-    plan_core, ClusterSpec, GpuHealth, GpuRef, OnlinePlacement, OnlineWaiting, Plan, Workloads,
+    ClusterSpec, GpuHealth, GpuRef, OnlinePlacement, OnlineWaiting, Plan, Workloads, plan_core,
 };
 
 /// Cell level of a single GPU (cells number levels from 1 at the GPU).
@@ -81,7 +81,11 @@ pub enum StateError {
 impl CellsState {
     /// A state with nothing recorded (allocations already in `cells` stay, unowned).
     pub fn new(cells: Cluster) -> Self {
-        Self { cells, online: BTreeMap::new(), offline: BTreeMap::new() }
+        Self {
+            cells,
+            online: BTreeMap::new(),
+            offline: BTreeMap::new(),
+        }
     }
 
     /// The ledger as written to the state file.
@@ -93,16 +97,30 @@ impl CellsState {
                 .online
                 .iter()
                 .map(|(n, h)| {
-                    (n.clone(), OnlineEntry { tenant: h.tenant.clone(), node: h.at.node.clone(), gpu: h.at.gpu })
+                    (
+                        n.clone(),
+                        OnlineEntry {
+                            tenant: h.tenant.clone(),
+                            node: h.at.node.clone(),
+                            gpu: h.at.gpu,
+                        },
+                    )
                 })
                 .collect(),
-            offline: self.offline.iter().map(|(n, h)| (n.clone(), h.at.clone())).collect(),
+            offline: self
+                .offline
+                .iter()
+                .map(|(n, h)| (n.clone(), h.at.clone()))
+                .collect(),
         }
     }
 
     /// Writes the ledger to `path` atomically (a temporary file beside it, synced, renamed).
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
-        let err = |why: String| StateError::File { path: path.to_path_buf(), why };
+        let err = |why: String| StateError::File {
+            path: path.to_path_buf(),
+            why,
+        };
         let text = serde_json::to_string_pretty(&self.to_file()).map_err(|e| err(e.to_string()))?;
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".tmp.{}", std::process::id()));
@@ -125,7 +143,10 @@ impl CellsState {
     /// JSON, other format or version, unknown VC or GPU, a place the cells refuse) is an
     /// error naming the file and the entry.
     pub fn load(cells: Cluster, path: &Path) -> Result<Self, StateError> {
-        let err = |why: String| StateError::File { path: path.to_path_buf(), why };
+        let err = |why: String| StateError::File {
+            path: path.to_path_buf(),
+            why,
+        };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -134,8 +155,13 @@ impl CellsState {
             }
             Err(e) => return Err(err(format!("cannot read: {e}"))),
         };
-        let file: StateFile = serde_json::from_str(&text)
-            .map_err(|e| err(format!("damaged (line {}, column {}): {e}", e.line(), e.column())))?;
+        let file: StateFile = serde_json::from_str(&text).map_err(|e| {
+            err(format!(
+                "damaged (line {}, column {}): {e}",
+                e.line(),
+                e.column()
+            ))
+        })?;
         if file.format != STATE_FORMAT || file.version != STATE_VERSION {
             return Err(err(format!(
                 "format `{}` version {} (expected `{STATE_FORMAT}` version {STATE_VERSION})",
@@ -144,26 +170,48 @@ impl CellsState {
         }
         let mut st = Self::new(cells);
         for (name, e) in &file.online {
-            let at = GpuRef { node: e.node.clone(), gpu: e.gpu };
-            let id = register_pinned(&mut st.cells, &e.tenant, &at)
-                .map_err(|why| err(format!("online entry `{name}` on {}/{}: {why}", at.node, at.gpu)))?;
-            st.online.insert(name.clone(), HeldOnline { at, tenant: e.tenant.clone(), id });
+            let at = GpuRef {
+                node: e.node.clone(),
+                gpu: e.gpu,
+            };
+            let id = register_pinned(&mut st.cells, &e.tenant, &at).map_err(|why| {
+                err(format!(
+                    "online entry `{name}` on {}/{}: {why}",
+                    at.node, at.gpu
+                ))
+            })?;
+            st.online.insert(
+                name.clone(),
+                HeldOnline {
+                    at,
+                    tenant: e.tenant.clone(),
+                    id,
+                },
+            );
         }
         for (name, at) in &file.offline {
             let g = st.cells.gpu_by_address(&at.node, at.gpu).ok_or_else(|| {
-                err(format!("offline entry `{name}`: GPU {}/{} is not in the cells config", at.node, at.gpu))
+                err(format!(
+                    "offline entry `{name}`: GPU {}/{} is not in the cells config",
+                    at.node, at.gpu
+                ))
             })?;
             let id = st
                 .cells
                 .allocate_opportunistic_on(&[g], Sharing::Colocate)
-                .map_err(|e| err(format!("offline entry `{name}` on {}/{}: {e}", at.node, at.gpu)))?;
-            st.offline.insert(name.clone(), HeldOffline { at: at.clone(), id });
+                .map_err(|e| {
+                    err(format!(
+                        "offline entry `{name}` on {}/{}: {e}",
+                        at.node, at.gpu
+                    ))
+                })?;
+            st.offline
+                .insert(name.clone(), HeldOffline { at: at.clone(), id });
         }
         tracing::info!(path = %path.display(), online = st.online.len(), offline = st.offline.len(), "cells state reloaded");
         Ok(st)
     }
 }
-
 
 /// Runs one round against `state` (changed in place; pass the same state to the next round):
 ///
@@ -230,7 +278,14 @@ pub fn plan_round_with_cells(
         match register_pinned(&mut state.cells, &o.tenant, &at) {
             Ok(id) => {
                 tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "pinned online workload registered in the cells");
-                state.online.insert(o.name.clone(), HeldOnline { at, tenant: o.tenant.clone(), id });
+                state.online.insert(
+                    o.name.clone(),
+                    HeldOnline {
+                        at,
+                        tenant: o.tenant.clone(),
+                        id,
+                    },
+                );
             }
             Err(reason) => {
                 tracing::warn!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, %reason, "pinned online workload not registered in the cells");
@@ -246,7 +301,12 @@ pub fn plan_round_with_cells(
     //    members of an affinity group all at once or none (gang semantics).
     let mut order: Vec<Vec<usize>> = Vec::new();
     let mut group_slot: BTreeMap<String, usize> = BTreeMap::new();
-    for (i, o) in placed.online.iter_mut().enumerate().filter(|(_, o)| o.at.is_none()) {
+    for (i, o) in placed
+        .online
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, o)| o.at.is_none())
+    {
         if let Some(h) = state.online.get(&o.name) {
             o.at = Some(h.at.clone());
             continue;
@@ -285,20 +345,35 @@ pub fn plan_round_with_cells(
                 let o = &placed.online[i];
                 let reason = match &o.group {
                     Some(g) if members.len() > 1 || who != o.name => {
-                        format!("affinity group `{g}` placed all or nothing; `{who}` got no cell: {reason}")
+                        format!(
+                            "affinity group `{g}` placed all or nothing; `{who}` got no cell: {reason}"
+                        )
                     }
                     _ => reason.clone(),
                 };
                 tracing::warn!(online = %o.name, vc = %o.tenant, %reason, "online workload not placed");
-                online_waiting.push(OnlineWaiting { online: o.name.clone(), reason });
+                online_waiting.push(OnlineWaiting {
+                    online: o.name.clone(),
+                    reason,
+                });
             }
             continue;
         }
         for (i, at, id) in got {
             let o = &mut placed.online[i];
             tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "guaranteed cell");
-            online_placements.push(OnlinePlacement { online: o.name.clone(), at: at.clone() });
-            state.online.insert(o.name.clone(), HeldOnline { at: at.clone(), tenant: o.tenant.clone(), id });
+            online_placements.push(OnlinePlacement {
+                online: o.name.clone(),
+                at: at.clone(),
+            });
+            state.online.insert(
+                o.name.clone(),
+                HeldOnline {
+                    at: at.clone(),
+                    tenant: o.tenant.clone(),
+                    id,
+                },
+            );
             o.at = Some(at);
         }
     }
