@@ -24,7 +24,9 @@
 //! Levels are listed bottom-up; `children` is how many cells of the level below one cell holds.
 //! A physical cell is at the chain's top level unless `level` says otherwise, and names one
 //! host per node-level cell inside it (GPU indices run 0.. per host in topology order); a cell
-//! below the node level names the one host that lends those GPUs. The optional top-level
+//! below the node level names the one host that lends those GPUs. A host may appear in
+//! several chains (several GPU types, as in HiveD), once per chain: its GPU indices continue
+//! from one chain to the next in config order. The optional top-level
 //! `colocated_per_gpu` (default 1) is how many colocated offline jobs one GPU may hold.
 //!
 //! Typical use by the placement plan:

@@ -288,6 +288,9 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             println!("wrote {} ({} GPU types, {} samples)", a.out.display(), model.models.len(), samples.len());
         }
         Command::Evaluate(a) => {
+            if a.folds < 2 && !matches!(a.split, SplitArg::Family) {
+                return Err(format!("--folds {}: cross-validation needs at least 2 folds", a.folds).into());
+            }
             let data = gavel::load(&a.data.path())?;
             let splits = match a.split {
                 SplitArg::Pair => vec![Split::ByPair],
@@ -322,8 +325,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Plan(a) => {
             let (cluster, workloads, model) = a.inputs.load()?;
-            let cells = plan::load_cells(&cluster)?;
-            let p = plan::run_round(&cluster, &workloads, &model, cells.as_ref(), a.round);
+            let mut cells = plan::load_cells(&cluster)?;
+            let p = plan::run_round(&cluster, &workloads, &model, cells.as_mut(), a.round);
             if !a.json {
                 print!("{p}");
                 println!();

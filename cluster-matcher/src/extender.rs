@@ -83,11 +83,15 @@ impl Extender {
         cluster: ClusterSpec,
         workloads: Workloads,
         predictor: SpeedPredictor,
-        cells: Option<crate::cells::Cluster>,
+        cells: Option<plan::with_cells::CellsState>,
     ) -> Self {
         let period = Duration::from_secs(cluster.round_period_s.max(1));
-        let planner: Planner =
-            Box::new(move |w: &Workloads, round: u64| plan::run_round(&cluster, w, &predictor, cells.as_ref(), round));
+        // The cells' state carries from round to round (one round at a time: the planner thread).
+        let cells = cells.map(Mutex::new);
+        let planner: Planner = Box::new(move |w: &Workloads, round: u64| {
+            let mut cells = cells.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
+            plan::run_round(&cluster, w, &predictor, cells.as_deref_mut(), round)
+        });
         Self::with_planner(workloads, period, planner)
     }
 

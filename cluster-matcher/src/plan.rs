@@ -161,6 +161,7 @@ pub fn plan_round(
 
 /// The round itself; `excluded` gives a reason to keep a GPU out of matching (or `None`);
 /// `pair_refused(job, gpu)` forbids single pairs.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_core(
     cluster: &ClusterSpec,
     workloads: &Workloads,
@@ -179,13 +180,27 @@ pub(crate) fn plan_core(
     };
     let mut gpu_state: BTreeMap<GpuRef, GpuHealth> = BTreeMap::new();
     let mut candidates = Vec::new();
-    let nodes: HashMap<&str, &NodeSpec> = cluster.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    // Host name -> its entries (one per GPU type), GPUs numbered through them in order.
+    let mut nodes: HashMap<&str, Vec<&NodeSpec>> = HashMap::new();
+    for n in &cluster.nodes {
+        nodes.entry(n.name.as_str()).or_default().push(n);
+    }
+    let node_for = |at: &GpuRef| -> Option<&NodeSpec> {
+        let mut base = 0;
+        for n in nodes.get(at.node.as_str())? {
+            if at.gpu < base + n.gpus {
+                return Some(n);
+            }
+            base += n.gpus;
+        }
+        None
+    };
     for online in &workloads.online {
         let Some(at) = &online.at else {
             plan.online_waiting.push(OnlineWaiting { online: online.name.clone(), reason: "no GPU given".into() });
             continue;
         };
-        let Some(node) = nodes.get(at.node.as_str()).copied() else { continue };
+        let Some(node) = node_for(at) else { continue };
         let state = health(at);
         gpu_state.insert(at.clone(), state.clone());
         if !state.is_healthy() {
@@ -358,18 +373,27 @@ pub fn health_fn(reader: Option<HealthReader>) -> Box<dyn Fn(&GpuRef) -> GpuHeal
     }
 }
 
-/// The cells state named by `cluster.cells`, if any (the starting state of every round).
-pub fn load_cells(cluster: &ClusterSpec) -> Result<Option<crate::cells::Cluster>, crate::cells::ConfigError> {
-    cluster.cells.as_deref().map(crate::cells::Cluster::load).transpose()
+/// The cells state of a cluster with `cells`: the cells built from that config, with the
+/// ledger of `cells_state` replayed onto them when that file exists (see
+/// [`with_cells::CellsState::load`]). `None` without `cells`.
+pub fn load_cells(cluster: &ClusterSpec) -> Result<Option<with_cells::CellsState>, with_cells::StateError> {
+    let Some(cfg) = cluster.cells.as_deref() else { return Ok(None) };
+    let cells = crate::cells::Cluster::load(cfg)?;
+    Ok(Some(match &cluster.cells_state {
+        Some(p) => with_cells::CellsState::load(cells, p)?,
+        None => with_cells::CellsState::new(cells),
+    }))
 }
 
 /// One round as the CLI and the extender run it: health from the cluster's state directory,
-/// and, when `cells` is given, placement through a fresh copy of that cells state.
+/// and, when `cells` is given, placement through that cells state, which carries to the next
+/// round (and, when the cluster names `cells_state`, is saved there; a failed save is logged
+/// and the in-memory state still carries).
 pub fn run_round(
     cluster: &ClusterSpec,
     workloads: &Workloads,
     predictor: &SpeedPredictor,
-    cells: Option<&crate::cells::Cluster>,
+    cells: Option<&mut with_cells::CellsState>,
     round: u64,
 ) -> Plan {
     let reader = cluster.state_dir.clone().map(|dir| HealthReader {
@@ -378,14 +402,15 @@ pub fn run_round(
     });
     let health = health_fn(reader);
     match cells {
-        Some(c) => with_cells::plan_round_with_cells(
-            cluster,
-            workloads,
-            predictor,
-            &*health,
-            round,
-            &mut with_cells::CellsState::new(c.clone()),
-        ),
+        Some(st) => {
+            let plan = with_cells::plan_round_with_cells(cluster, workloads, predictor, &*health, round, st);
+            if let Some(p) = &cluster.cells_state {
+                if let Err(e) = st.save(p) {
+                    tracing::error!(error = %e, "cells state not saved");
+                }
+            }
+            plan
+        }
         None => plan_round(cluster, workloads, predictor, &*health, round),
     }
 }

@@ -124,3 +124,15 @@ fn predict_scores_a_gavel_pair() {
     let out = run(&["predict", "--model", example("speed-predictor.json").to_str().unwrap(), "--gpu", "v100", "--offline", "NoSuchNet", "--online", "A3C"]);
     assert!(text(&out.stderr).contains("neither a profile file nor a Gavel job"));
 }
+
+#[test]
+fn evaluate_refuses_fewer_than_two_folds() {
+    // Panicked before (`--folds 0` divided by zero, `--folds 1` trained on nothing).
+    for folds in ["0", "1"] {
+        let out = run(&["evaluate", "--split", "pair", "--folds", folds, "--epochs", "1"]);
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(err.contains(&format!("--folds {folds}")) && err.contains("at least 2"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use cluster_matcher::cells::Cluster;
 use cluster_matcher::cells::Sharing;
-use cluster_matcher::plan::with_cells::{plan_round_with_cells, CellsState};
+use cluster_matcher::plan::with_cells::{CellsState, plan_round_with_cells};
 use cluster_matcher::plan::{GpuHealth, GpuRef, OnlineWorkload, Workloads};
 use plan_support::*;
 
@@ -242,4 +242,206 @@ fn an_offline_job_refused_at_the_cell_stage_is_rematched_to_its_next_best_gpu() 
     let gpus: HashSet<_> = plan.assignments.iter().map(|a| a.at.gpu).collect();
     assert_eq!(gpus, [0, 1].into(), "{plan:#?}");
     assert_eq!(st.offline.len(), 2);
+}
+
+#[test]
+fn rounds_carry_the_cells_state_and_it_survives_a_restart() {
+    // Failed before: every round started from the config, so `second` got the same GPU as
+    // `first`, and the job's colocated cell was forgotten.
+    let dir = std::env::temp_dir().join(format!("xshare-cells-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state_path = dir.join("cells-state.json");
+    let _ = std::fs::remove_file(&state_path);
+    let mut spec = spec4();
+    spec.cells = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cells/hived-fig3.json"));
+    spec.cells_state = Some(state_path.clone());
+    let pred = similarity_predictor();
+    let w1 = Workloads {
+        online: vec![unplaced_online("first", "tenant-a", 10.0)],
+        offline: vec![offline("job", 4_000, 10.0)],
+    };
+    let mut st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    let p1 = cluster_matcher::plan::run_round(&spec, &w1, &pred, Some(&mut st), 0);
+    let at1 = p1.online_placements[0].at.clone();
+    assert_eq!(p1.assignments[0].at, at1);
+    assert!(state_path.exists());
+
+    // A restart: the state is rebuilt from the config plus the saved ledger.
+    let mut st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    assert_eq!(st.online["first"].at, at1);
+    assert_eq!(st.offline["job"].at, at1);
+    assert_eq!(st.cells.guaranteed_allocations().len(), 1);
+    let mut w2 = w1.clone();
+    w2.online.push(unplaced_online("second", "tenant-a", 10.0));
+    let p2 = cluster_matcher::plan::run_round(&spec, &w2, &pred, Some(&mut st), 1);
+    assert_eq!(
+        p2.online_placements.len(),
+        1,
+        "only `second` is new: {p2:#?}"
+    );
+    assert_ne!(p2.online_placements[0].at, at1, "{p2:#?}");
+    let kept = p2.assignments.iter().find(|a| a.offline == "job").unwrap();
+    assert!(kept.kept && kept.at == at1, "{p2:#?}");
+    assert!(p2.breaks.is_empty(), "{p2:#?}");
+    assert_eq!(st.cells.guaranteed_allocations().len(), 2);
+
+    // A workload that leaves gives its cell back (and the saved ledger says so).
+    let w3 = Workloads {
+        online: vec![w2.online[1].clone()],
+        offline: vec![],
+    };
+    cluster_matcher::plan::run_round(&spec, &w3, &pred, Some(&mut st), 2);
+    assert_eq!(st.cells.guaranteed_allocations().len(), 1);
+    let st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    assert_eq!(st.online.keys().collect::<Vec<_>>(), ["second"]);
+    assert!(st.offline.is_empty());
+
+    // A damaged state file is an error naming the file, never a silent fresh start.
+    std::fs::write(&state_path, "{\"format\": \"xshare-cells-state\", \"vers").unwrap();
+    let err = cluster_matcher::plan::load_cells(&spec)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cells-state.json") && err.contains("damaged"),
+        "{err}"
+    );
+    std::fs::write(&state_path, r#"{"format":"xshare-cells-state","version":1,"online":{"x":{"tenant":"tenant-a","node":"nowhere","gpu":0}},"offline":{}}"#).unwrap();
+    let err = cluster_matcher::plan::load_cells(&spec)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cells-state.json") && err.contains("`x`") && err.contains("nowhere"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_host_with_two_gpu_types_is_legal_and_scheduled_per_type() {
+    // Failed before: the cells refused `mixed` appearing in two chains, and cluster.json
+    // refused two entries named `mixed`.
+    let cells_path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cells/two-types-one-host.json");
+    let mut st = CellsState::new(Cluster::load(&cells_path).unwrap());
+    assert_eq!(
+        st.cells
+            .gpu_address(st.cells.gpu_by_address("mixed", 3).unwrap())
+            .unwrap()
+            .to_string(),
+        "mixed/3"
+    );
+    assert_eq!(
+        st.cells.chains()[st
+            .cells
+            .gpu_chain(st.cells.gpu_by_address("mixed", 2).unwrap())
+            .unwrap()
+            .0 as usize]
+            .gpu_type,
+        "T4"
+    );
+    assert!(st.cells.gpu_by_address("mixed", 4).is_none());
+    let mut spec = cluster(&[("mixed", "V100", 2, 32_768), ("mixed", "T4", 2, 16_384)]);
+    spec.check(Path::new("cluster.json")).unwrap();
+    spec.cells = Some(cells_path);
+    let mut t4 = unplaced_online("t4-svc", "tenant-a", 10.0);
+    t4.gpu_type = Some("T4".into());
+    t4.memory_mib = 8_000;
+    let mut v = unplaced_online("v-svc", "tenant-a", 10.0);
+    v.gpu_type = Some("V100".into());
+    let mut job = offline("t4-only", 4_000, 10.0);
+    job.gpu_types = vec!["T4".into()];
+    let w = Workloads {
+        online: vec![t4, v],
+        offline: vec![job],
+    };
+    w.check(Path::new("w.json"), &spec).unwrap();
+    let healthy = |_: &GpuRef| GpuHealth::Healthy;
+    let plan = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut st);
+    let at = |n: &str| {
+        plan.online_placements
+            .iter()
+            .find(|p| p.online == n)
+            .unwrap()
+            .at
+            .clone()
+    };
+    assert_eq!(at("t4-svc").node, "mixed");
+    assert!(
+        at("t4-svc").gpu >= 2,
+        "T4 GPUs are mixed/2 and mixed/3: {plan:#?}"
+    );
+    assert!(at("v-svc").gpu < 2, "{plan:#?}");
+    assert_eq!(plan.assignments.len(), 1, "{plan:#?}");
+    assert_eq!(plan.assignments[0].at, at("t4-svc"));
+    assert_eq!(plan.assignments[0].gpu_type, "T4");
+    // The same host and type twice is still an error naming it.
+    let dup = cluster(&[("mixed", "V100", 2, 32_768), ("mixed", "V100", 2, 32_768)]);
+    let err = dup
+        .check(Path::new("cluster.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("nodes[1].name") && err.contains("mixed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_affinity_group_gets_all_its_cells_or_none() {
+    // Failed before groups existed: 2 of 3 members kept their cells when the third was refused.
+    // tenant-c owns two node cells and a PCIe cell = 18 GPUs: 17 placed first, then a group of 3.
+    let mut st = CellsState::new(fig3());
+    let mut online: Vec<_> = (0..17)
+        .map(|i| unplaced_online(&format!("c{i}"), "tenant-c", 10.0))
+        .collect();
+    for k in 0..3 {
+        let mut m = unplaced_online(&format!("g{k}"), "tenant-c", 10.0);
+        m.group = Some("trio".into());
+        online.push(m);
+    }
+    let w = Workloads {
+        online,
+        offline: vec![],
+    };
+    let healthy = |_: &GpuRef| GpuHealth::Healthy;
+    let plan = plan_round_with_cells(&spec4(), &w, &similarity_predictor(), &healthy, 0, &mut st);
+    assert_eq!(plan.online_placements.len(), 17, "{plan:#?}");
+    assert!(
+        plan.online_placements
+            .iter()
+            .all(|p| p.online.starts_with('c')),
+        "{plan:#?}"
+    );
+    let waiting: Vec<_> = plan
+        .online_waiting
+        .iter()
+        .filter(|w| w.online.starts_with('g'))
+        .collect();
+    assert_eq!(waiting.len(), 3, "{plan:#?}");
+    assert!(
+        waiting
+            .iter()
+            .all(|w| w.reason.contains("affinity group `trio`")),
+        "{waiting:?}"
+    );
+    assert_eq!(
+        st.cells.guaranteed_allocations().len(),
+        17,
+        "no member keeps a cell"
+    );
+    st.cells.check_safety().unwrap();
+    // Room for the whole group: it is placed together.
+    let w2 = Workloads {
+        online: w.online[14..].to_vec(),
+        offline: vec![],
+    };
+    let plan = plan_round_with_cells(&spec4(), &w2, &similarity_predictor(), &healthy, 1, &mut st);
+    assert_eq!(
+        plan.online_placements
+            .iter()
+            .filter(|p| p.online.starts_with('g'))
+            .count(),
+        3,
+        "{plan:#?}"
+    );
 }

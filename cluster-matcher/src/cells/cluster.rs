@@ -168,7 +168,7 @@ pub struct Cluster {
     gpu_users: Vec<Vec<u32>>,
     colocated_per_gpu: usize,
     nodes: Vec<Node>,
-    node_by_name: HashMap<String, u32>,
+    node_by_name: HashMap<String, Vec<u32>>,
     pfree: FreeLists,
     owed: Vec<i64>,
     vc_names: Vec<String>,
@@ -373,17 +373,31 @@ impl Cluster {
 
     /// GPU by host name and index.
     pub fn gpu_by_address(&self, node: &str, index: u32) -> Option<GpuId> {
-        let n = &self.nodes[*self.node_by_name.get(node)? as usize];
-        (index < n.n_gpus).then_some(GpuId(n.first_gpu + index))
+        self.node_by_name.get(node)?.iter().find_map(|&e| {
+            let n = &self.nodes[e as usize];
+            (index >= n.index_base && index < n.index_base + n.n_gpus)
+                .then_some(GpuId(n.first_gpu + index - n.index_base))
+        })
     }
 
-    /// GPUs of a host.
+    /// GPUs of a host in its first chain (see [`Cluster::node_gpu_ranges`] for a host in
+    /// several chains).
     pub fn node_gpus(&self, node: &str) -> Option<GpuRange> {
-        let n = &self.nodes[*self.node_by_name.get(node)? as usize];
-        Some(GpuRange {
-            start: n.first_gpu,
-            len: n.n_gpus,
-        })
+        self.node_gpu_ranges(node)?.first().copied()
+    }
+
+    /// GPUs of a host, one range per chain it lends GPUs to, in host index order.
+    pub fn node_gpu_ranges(&self, node: &str) -> Option<Vec<GpuRange>> {
+        let entries = self.node_by_name.get(node)?;
+        Some(
+            entries
+                .iter()
+                .map(|&e| {
+                    let n = &self.nodes[e as usize];
+                    GpuRange { start: n.first_gpu, len: n.n_gpus }
+                })
+                .collect(),
+        )
     }
 
     /// Chain (GPU type) of a GPU.

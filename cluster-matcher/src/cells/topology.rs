@@ -107,6 +107,10 @@ pub(crate) struct Node {
     pub name: String,
     pub first_gpu: u32,
     pub n_gpus: u32,
+    /// Host GPU index of `first_gpu`: a host in several chains (several GPU types, as HiveD
+    /// allows) lends GPUs 0.. to its first chain in config order, the next indices to the next.
+    pub index_base: u32,
+    pub chain: u16,
 }
 
 /// Everything built from a config, before any allocation.
@@ -119,7 +123,8 @@ pub(crate) struct Built {
     pub gpu_node: Vec<u32>,
     pub gpu_index: Vec<u32>,
     pub nodes: Vec<Node>,
-    pub node_by_name: HashMap<String, u32>,
+    /// Host name -> its entries (one per chain it lends GPUs to), in config order.
+    pub node_by_name: HashMap<String, Vec<u32>>,
     pub vc_names: Vec<String>,
     pub vcells: Vec<VCell>,
     /// Virtual roots (preassigned cells), per VC.
@@ -275,16 +280,24 @@ pub(crate) fn build(
         let first_node = nodes.len() as u32;
         let per_node = ch.gpus_at[host_level as usize] as u32;
         for (ni, n) in p.nodes.iter().enumerate() {
-            if node_by_name.insert(n.clone(), nodes.len() as u32).is_some() {
+            let entries: &mut Vec<u32> = node_by_name.entry(n.clone()).or_default();
+            if entries
+                .iter()
+                .any(|&e| nodes[e as usize].chain == ci as u16)
+            {
                 return Err(err(
                     format!("physical_cells[{pi}].nodes[{ni}]"),
-                    format!("node `{n}` appears twice"),
+                    format!("node `{n}` appears twice in chain `{}`", ch.name),
                 ));
             }
+            let index_base = entries.iter().map(|&e| nodes[e as usize].n_gpus).sum();
+            entries.push(nodes.len() as u32);
             nodes.push(Node {
                 name: n.clone(),
                 first_gpu: gpu_leaf.len() as u32 + ni as u32 * per_node,
                 n_gpus: per_node,
+                index_base,
+                chain: ci as u16,
             });
         }
         let root = pcells.len() as u32;
@@ -316,7 +329,7 @@ pub(crate) fn build(
                 gpu_leaf.push(c);
                 let node = first_node + (g - base) / per_node;
                 gpu_node.push(node);
-                gpu_index.push((g - base) % per_node);
+                gpu_index.push(nodes[node as usize].index_base + (g - base) % per_node);
                 pcells[c as usize].first_gpu = g;
                 pcells[c as usize].n_gpus = 1;
             }

@@ -240,6 +240,7 @@ pub fn replay(
             .collect(),
         tenants: BTreeMap::new(),
         cells: None,
+        cells_state: None,
     };
     let gpus: Vec<(usize, GpuRef)> = cluster
         .nodes
@@ -310,6 +311,7 @@ pub fn replay(
                 let node = &cluster.nodes[gpus[i].0];
                 let milli = if p.num_gpu > 1 { 1000 } else { p.gpu_milli.min(1000) };
                 online.push(OnlineWorkload {
+                    group: None,
                     name: if k == 0 { p.name.clone() } else { format!("{}#{k}", p.name) },
                     tenant: "ls".into(),
                     at: Some(gpus[i].1.clone()),

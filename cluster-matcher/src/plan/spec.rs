@@ -62,6 +62,10 @@ pub struct ClusterSpec {
     /// cells of the same GPUs.
     #[serde(default)]
     pub cells: Option<PathBuf>,
+    /// Cells mode: where the cells ledger (who holds which cell) is kept between rounds and
+    /// across restarts (relative to this file); absent = kept in memory only.
+    #[serde(default)]
+    pub cells_state: Option<PathBuf>,
     /// Offline jobs per online GPU (1 = MuxFlow's pairing).
     #[serde(default = "default_per_gpu")]
     pub max_offline_per_gpu: usize,
@@ -160,6 +164,9 @@ pub struct OnlineWorkload {
     pub at: Option<GpuRef>,
     /// GPU type wanted when the cells place it (a cells chain `gpu_type`); any when absent.
     pub gpu_type: Option<String>,
+    /// Affinity group (cells mode): the group's members waiting for a GPU are placed all
+    /// together or not at all (HiveD's gang semantics).
+    pub group: Option<String>,
     /// GPU memory the service uses.
     pub memory_mib: u64,
     /// Its measured SM activity (0-100); the offline job gets the complement.
@@ -179,6 +186,8 @@ struct OnlineRaw {
     gpu: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     gpu_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
     memory_mib: u64,
     sm_activity_percent: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +208,7 @@ impl TryFrom<OnlineRaw> for OnlineWorkload {
             tenant: r.tenant,
             at,
             gpu_type: r.gpu_type,
+            group: r.group,
             memory_mib: r.memory_mib,
             sm_activity_percent: r.sm_activity_percent,
             profile: r.profile,
@@ -215,6 +225,7 @@ impl From<OnlineWorkload> for OnlineRaw {
             node,
             gpu,
             gpu_type: o.gpu_type,
+            group: o.group,
             memory_mib: o.memory_mib,
             sm_activity_percent: o.sm_activity_percent,
             profile: o.profile,
@@ -270,7 +281,7 @@ impl ClusterSpec {
         let mut spec: Self = parse(path, &read(path)?)?;
         spec.check(path)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        for p in [spec.state_dir.as_mut(), spec.cells.as_mut()].into_iter().flatten() {
+        for p in [spec.state_dir.as_mut(), spec.cells.as_mut(), spec.cells_state.as_mut()].into_iter().flatten() {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
@@ -297,8 +308,14 @@ impl ClusterSpec {
         }
         let mut seen = BTreeSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
-            if !seen.insert(&n.name) {
-                return Err(invalid(path, format!("nodes[{i}].name"), format!("duplicate node `{}`", n.name)));
+            // A host with several GPU types is one entry per type (HiveD: several chains on
+            // one node); the same host and type twice is an error.
+            if !seen.insert((&n.name, &n.gpu_type)) {
+                return Err(invalid(
+                    path,
+                    format!("nodes[{i}].name"),
+                    format!("duplicate node `{}` with GPU type `{}`", n.name, n.gpu_type),
+                ));
             }
             if n.gpus == 0 || n.gpu_memory_mib == 0 {
                 return Err(invalid(path, format!("nodes[{i}]"), "gpus and gpu_memory_mib must be positive"));
@@ -307,9 +324,22 @@ impl ClusterSpec {
         Ok(())
     }
 
-    /// Node by name.
+    /// Node by name (its first entry when the host has several GPU types).
     pub fn node(&self, name: &str) -> Option<&NodeSpec> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The node entry a GPU belongs to: a host listed once per GPU type numbers its GPUs
+    /// 0.. through its entries in file order (first entry's GPUs first).
+    pub fn node_for(&self, at: &GpuRef) -> Option<&NodeSpec> {
+        let mut base = 0;
+        for n in self.nodes.iter().filter(|n| n.name == at.node) {
+            if at.gpu < base + n.gpus {
+                return Some(n);
+            }
+            base += n.gpus;
+        }
+        None
     }
 }
 
@@ -323,7 +353,7 @@ impl Workloads {
 
     /// Names unique, GPUs exist, one online workload per GPU, numbers in range.
     pub fn check(&self, path: &Path, cluster: &ClusterSpec) -> Result<(), SpecError> {
-        let gpu_exists = |g: &GpuRef| cluster.node(&g.node).is_some_and(|n| g.gpu < n.gpus);
+        let gpu_exists = |g: &GpuRef| cluster.node_for(g).is_some();
         let mut names = BTreeSet::new();
         let mut held = BTreeSet::new();
         for (i, o) in self.online.iter().enumerate() {
@@ -341,6 +371,31 @@ impl Workloads {
             } else if cluster.cells.is_none() {
                 return Err(invalid(path, f("node"), "missing (only a cluster with `cells` places online workloads itself)"));
             }
+            let largest = cluster.nodes.iter().map(|n| n.gpu_memory_mib).max().unwrap_or(0);
+            match o.at.as_ref().and_then(|at| cluster.node_for(at)) {
+                Some(n) if o.memory_mib > n.gpu_memory_mib => {
+                    return Err(invalid(
+                        path,
+                        f("memory_mib"),
+                        format!(
+                            "online workload `{}` uses {} MiB, more than its GPU {}/{} has ({} MiB)",
+                            o.name,
+                            o.memory_mib,
+                            n.name,
+                            o.at.as_ref().map_or(0, |a| a.gpu),
+                            n.gpu_memory_mib
+                        ),
+                    ));
+                }
+                None if o.memory_mib > largest => {
+                    return Err(invalid(
+                        path,
+                        f("memory_mib"),
+                        format!("online workload `{}` uses {} MiB, more than any GPU of the cluster has ({largest} MiB)", o.name, o.memory_mib),
+                    ));
+                }
+                _ => {}
+            }
             if !(0.0..=100.0).contains(&o.sm_activity_percent) {
                 return Err(invalid(path, f("sm_activity_percent"), "must be within 0..=100"));
             }
@@ -353,6 +408,26 @@ impl Workloads {
             if let Some(c) = &j.current {
                 if !gpu_exists(c) {
                     return Err(invalid(path, f("current"), format!("no GPU {} on node `{}`", c.gpu, c.node)));
+                }
+                let others: Vec<&str> = self.offline[..i]
+                    .iter()
+                    .filter(|o| o.current.as_ref() == Some(c))
+                    .map(|o| o.name.as_str())
+                    .collect();
+                if others.len() >= cluster.max_offline_per_gpu {
+                    return Err(invalid(
+                        path,
+                        f("current"),
+                        format!(
+                            "offline job `{}` runs on GPU {}/{} beside {} already ({}), over max_offline_per_gpu = {}",
+                            j.name,
+                            c.node,
+                            c.gpu,
+                            others.len(),
+                            others.join(", "),
+                            cluster.max_offline_per_gpu
+                        ),
+                    ));
                 }
             }
         }

@@ -5,12 +5,16 @@
 //! workload holds which cell, so that a round starts from the last one's placements.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
 
 use crate::cells::{Cluster, GuaranteedId, OpportunisticId, Sharing};
 use crate::predictor::SpeedPredictor;
 
 use super::{
-    plan_core, ClusterSpec, GpuHealth, GpuRef, OnlinePlacement, OnlineWaiting, Plan, Workloads,
+    ClusterSpec, GpuHealth, GpuRef, OnlinePlacement, OnlineWaiting, Plan, Workloads, plan_core,
 };
 
 /// Cell level of a single GPU (cells number levels from 1 at the GPU).
@@ -20,6 +24,7 @@ const GPU_LEVEL: u8 = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldOnline {
     pub at: GpuRef,
+    pub tenant: String,
     pub id: GuaranteedId,
 }
 
@@ -40,6 +45,39 @@ pub struct CellsState {
     pub offline: BTreeMap<String, HeldOffline>,
 }
 
+/// Format name and version of the cells state file.
+pub const STATE_FORMAT: &str = "xshare-cells-state";
+pub const STATE_VERSION: u32 = 1;
+
+/// The cells state file: who holds which GPU, replayed onto cells built from the config.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    pub format: String,
+    pub version: u32,
+    /// Online workload name -> its tenant (VC) and guaranteed GPU.
+    pub online: BTreeMap<String, OnlineEntry>,
+    /// Offline job name -> its colocated GPU.
+    pub offline: BTreeMap<String, GpuRef>,
+}
+
+/// One online workload's guaranteed GPU in the state file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OnlineEntry {
+    pub tenant: String,
+    pub node: String,
+    pub gpu: u32,
+}
+
+/// Errors loading or saving the cells state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(transparent)]
+    Config(#[from] crate::cells::ConfigError),
+    #[error("{path}: cells state file: {why}")]
+    File { path: PathBuf, why: String },
+}
+
 impl CellsState {
     /// A state with nothing recorded (allocations already in `cells` stay, unowned).
     pub fn new(cells: Cluster) -> Self {
@@ -48,6 +86,130 @@ impl CellsState {
             online: BTreeMap::new(),
             offline: BTreeMap::new(),
         }
+    }
+
+    /// The ledger as written to the state file.
+    pub fn to_file(&self) -> StateFile {
+        StateFile {
+            format: STATE_FORMAT.into(),
+            version: STATE_VERSION,
+            online: self
+                .online
+                .iter()
+                .map(|(n, h)| {
+                    (
+                        n.clone(),
+                        OnlineEntry {
+                            tenant: h.tenant.clone(),
+                            node: h.at.node.clone(),
+                            gpu: h.at.gpu,
+                        },
+                    )
+                })
+                .collect(),
+            offline: self
+                .offline
+                .iter()
+                .map(|(n, h)| (n.clone(), h.at.clone()))
+                .collect(),
+        }
+    }
+
+    /// Writes the ledger to `path` atomically (a temporary file beside it, synced, renamed).
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        let err = |why: String| StateError::File {
+            path: path.to_path_buf(),
+            why,
+        };
+        let text = serde_json::to_string_pretty(&self.to_file()).map_err(|e| err(e.to_string()))?;
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".tmp.{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            err(format!("cannot write: {e}"))
+        })
+    }
+
+    /// `cells` (freshly built from the config) with the ledger of `path` replayed onto it:
+    /// online workloads re-registered on their GPUs as guaranteed cells of their VC, offline
+    /// jobs' colocated cells retaken. A missing file is a fresh start; a damaged one (bad
+    /// JSON, other format or version, unknown VC or GPU, a place the cells refuse) is an
+    /// error naming the file and the entry.
+    pub fn load(cells: Cluster, path: &Path) -> Result<Self, StateError> {
+        let err = |why: String| StateError::File {
+            path: path.to_path_buf(),
+            why,
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::info!(path = %path.display(), "no cells state file yet: starting empty");
+                return Ok(Self::new(cells));
+            }
+            Err(e) => return Err(err(format!("cannot read: {e}"))),
+        };
+        let file: StateFile = serde_json::from_str(&text).map_err(|e| {
+            err(format!(
+                "damaged (line {}, column {}): {e}",
+                e.line(),
+                e.column()
+            ))
+        })?;
+        if file.format != STATE_FORMAT || file.version != STATE_VERSION {
+            return Err(err(format!(
+                "format `{}` version {} (expected `{STATE_FORMAT}` version {STATE_VERSION})",
+                file.format, file.version
+            )));
+        }
+        let mut st = Self::new(cells);
+        for (name, e) in &file.online {
+            let at = GpuRef {
+                node: e.node.clone(),
+                gpu: e.gpu,
+            };
+            let id = register_pinned(&mut st.cells, &e.tenant, &at).map_err(|why| {
+                err(format!(
+                    "online entry `{name}` on {}/{}: {why}",
+                    at.node, at.gpu
+                ))
+            })?;
+            st.online.insert(
+                name.clone(),
+                HeldOnline {
+                    at,
+                    tenant: e.tenant.clone(),
+                    id,
+                },
+            );
+        }
+        for (name, at) in &file.offline {
+            let g = st.cells.gpu_by_address(&at.node, at.gpu).ok_or_else(|| {
+                err(format!(
+                    "offline entry `{name}`: GPU {}/{} is not in the cells config",
+                    at.node, at.gpu
+                ))
+            })?;
+            let id = st
+                .cells
+                .allocate_opportunistic_on(&[g], Sharing::Colocate)
+                .map_err(|e| {
+                    err(format!(
+                        "offline entry `{name}` on {}/{}: {e}",
+                        at.node, at.gpu
+                    ))
+                })?;
+            st.offline
+                .insert(name.clone(), HeldOffline { at: at.clone(), id });
+        }
+        tracing::info!(path = %path.display(), online = st.online.len(), offline = st.offline.len(), "cells state reloaded");
+        Ok(st)
     }
 }
 
@@ -74,23 +236,27 @@ pub fn plan_round_with_cells(
     state: &mut CellsState,
 ) -> Plan {
     let mut placed = workloads.clone();
+    // A job the ledger holds a cell for runs there unless the workloads say otherwise.
+    for j in placed.offline.iter_mut().filter(|j| j.current.is_none()) {
+        j.current = state.offline.get(&j.name).map(|h| h.at.clone());
+    }
     let mut online_placements = Vec::new();
     let mut online_waiting = Vec::new();
     let mut online_unregistered = Vec::new();
 
     // 1. Forget workloads that left or moved.
-    let wanted: BTreeMap<&str, Option<&GpuRef>> = workloads
+    let wanted: BTreeMap<&str, (Option<&GpuRef>, &str)> = workloads
         .online
         .iter()
-        .map(|o| (o.name.as_str(), o.at.as_ref()))
+        .map(|o| (o.name.as_str(), (o.at.as_ref(), o.tenant.as_str())))
         .collect();
     let stale: Vec<String> = state
         .online
         .iter()
         .filter(|(name, h)| match wanted.get(name.as_str()) {
             None => true,
-            Some(Some(at)) => *at != &h.at,
-            Some(None) => false,
+            Some((Some(at), tenant)) => *at != &h.at || *tenant != h.tenant,
+            Some((None, tenant)) => *tenant != h.tenant,
         })
         .map(|(n, _)| n.clone())
         .collect();
@@ -112,7 +278,14 @@ pub fn plan_round_with_cells(
         match register_pinned(&mut state.cells, &o.tenant, &at) {
             Ok(id) => {
                 tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "pinned online workload registered in the cells");
-                state.online.insert(o.name.clone(), HeldOnline { at, id });
+                state.online.insert(
+                    o.name.clone(),
+                    HeldOnline {
+                        at,
+                        tenant: o.tenant.clone(),
+                        id,
+                    },
+                );
             }
             Err(reason) => {
                 tracing::warn!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, %reason, "pinned online workload not registered in the cells");
@@ -124,31 +297,84 @@ pub fn plan_round_with_cells(
         }
     }
 
-    // 3. Place the others (keeping earlier rounds' cells), never on a pinned GPU.
-    for o in placed.online.iter_mut().filter(|o| o.at.is_none()) {
+    // 3. Place the others (keeping earlier rounds' cells), never on a pinned GPU; the new
+    //    members of an affinity group all at once or none (gang semantics).
+    let mut order: Vec<Vec<usize>> = Vec::new();
+    let mut group_slot: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, o) in placed
+        .online
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, o)| o.at.is_none())
+    {
         if let Some(h) = state.online.get(&o.name) {
             o.at = Some(h.at.clone());
             continue;
         }
-        match place_online(&mut state.cells, &o.tenant, o.gpu_type.as_deref(), &pinned) {
-            Ok((at, id)) => {
-                tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "guaranteed cell");
-                online_placements.push(OnlinePlacement {
-                    online: o.name.clone(),
-                    at: at.clone(),
-                });
-                state
-                    .online
-                    .insert(o.name.clone(), HeldOnline { at: at.clone(), id });
-                o.at = Some(at);
+        match &o.group {
+            Some(g) => match group_slot.get(g) {
+                Some(&k) => order[k].push(i),
+                None => {
+                    group_slot.insert(g.clone(), order.len());
+                    order.push(vec![i]);
+                }
+            },
+            None => order.push(vec![i]),
+        }
+    }
+    for members in order {
+        let mut got: Vec<(usize, GpuRef, GuaranteedId)> = Vec::new();
+        let mut failed: Option<(String, String)> = None;
+        for &i in &members {
+            let o = &placed.online[i];
+            match place_online(&mut state.cells, &o.tenant, o.gpu_type.as_deref(), &pinned) {
+                Ok((at, id)) => got.push((i, at, id)),
+                Err(reason) => {
+                    failed = Some((o.name.clone(), reason));
+                    break;
+                }
             }
-            Err(reason) => {
+        }
+        if let Some((who, reason)) = failed {
+            for (_, _, id) in got {
+                if let Err(e) = state.cells.release_guaranteed(id) {
+                    tracing::error!(error = %e, "releasing a guaranteed cell failed");
+                }
+            }
+            for &i in &members {
+                let o = &placed.online[i];
+                let reason = match &o.group {
+                    Some(g) if members.len() > 1 || who != o.name => {
+                        format!(
+                            "affinity group `{g}` placed all or nothing; `{who}` got no cell: {reason}"
+                        )
+                    }
+                    _ => reason.clone(),
+                };
                 tracing::warn!(online = %o.name, vc = %o.tenant, %reason, "online workload not placed");
                 online_waiting.push(OnlineWaiting {
                     online: o.name.clone(),
                     reason,
                 });
             }
+            continue;
+        }
+        for (i, at, id) in got {
+            let o = &mut placed.online[i];
+            tracing::info!(online = %o.name, vc = %o.tenant, node = %at.node, gpu = at.gpu, "guaranteed cell");
+            online_placements.push(OnlinePlacement {
+                online: o.name.clone(),
+                at: at.clone(),
+            });
+            state.online.insert(
+                o.name.clone(),
+                HeldOnline {
+                    at: at.clone(),
+                    tenant: o.tenant.clone(),
+                    id,
+                },
+            );
+            o.at = Some(at);
         }
     }
     placed.online.retain(|o| o.at.is_some());

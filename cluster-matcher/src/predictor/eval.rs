@@ -122,6 +122,14 @@ pub fn cross_validate_folds(
     which: &[usize],
     cfg: &TrainConfig,
 ) -> Result<Vec<GpuReport>, PredictorError> {
+    if folds < 2 {
+        return Err(PredictorError::Training(format!(
+            "--folds {folds}: cross-validation needs at least 2 folds (one held out, the rest to train on)"
+        )));
+    }
+    if let Some(&k) = which.iter().find(|&&k| k >= folds) {
+        return Err(PredictorError::Training(format!("fold {k} does not exist (folds: {folds})")));
+    }
     let fold_sets = assign_folds(data, split, folds, cfg.seed ^ 0x5eed);
     let mut reports: BTreeMap<String, GpuReport> = BTreeMap::new();
     for &k in which {

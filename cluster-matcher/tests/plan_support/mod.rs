@@ -64,11 +64,13 @@ pub fn cluster(nodes: &[(&str, &str, u32, u64)]) -> ClusterSpec {
             .collect(),
         tenants: BTreeMap::new(),
         cells: None,
+        cells_state: None,
     }
 }
 
 pub fn online(name: &str, node: &str, gpu: u32, mem: u64, sm: f64, iso: f64) -> OnlineWorkload {
     OnlineWorkload {
+        group: None,
         name: name.into(),
         tenant: "svc".into(),
         at: Some(GpuRef { node: node.into(), gpu }),
