@@ -170,3 +170,45 @@ fn filter_answers_from_the_previous_plan_while_a_slow_round_runs() {
     drop(release_tx);
     planner_thread.join().unwrap();
 }
+
+/// Figures, not a test (`cargo test -p cluster-matcher --release --test extender_server -- --ignored --nocapture`):
+/// 1000 concurrent filter requests while one client stalls mid-body; prints the answer times.
+#[test]
+#[ignore]
+fn load_1000_concurrent_filters_with_one_stalled_client() {
+    let (cluster, workloads) = inputs();
+    let ext = Arc::new(Extender::new(cluster, workloads, plan_support::similarity_predictor(), None));
+    let server = extender::HttpServer::start("127.0.0.1:0", ext, ServerLimits::default()).unwrap();
+    let addr = server.local_addr();
+    let body = std::fs::read(fixture("filter_nodenames.json")).unwrap();
+    let mut stalled = TcpStream::connect(addr).unwrap();
+    write!(stalled, "POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len()).unwrap();
+    stalled.write_all(&body[..body.len() / 2]).unwrap();
+    let start = Arc::new(std::sync::Barrier::new(1000));
+    let handles: Vec<_> = (0..1000)
+        .map(|_| {
+            let (body, start) = (body.clone(), start.clone());
+            std::thread::Builder::new()
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    start.wait();
+                    let t = std::time::Instant::now();
+                    let (status, _) = request(addr, "POST", "/filter", &body);
+                    (status, t.elapsed())
+                })
+                .unwrap()
+        })
+        .collect();
+    let mut times: Vec<Duration> = handles
+        .into_iter()
+        .map(|h| {
+            let (status, t) = h.join().unwrap();
+            assert_eq!(status, 200);
+            t
+        })
+        .collect();
+    times.sort();
+    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    println!("1000 concurrent filters, one stalled client: p50 {:?} p99 {:?} max {:?}", pct(50), pct(99), times[999]);
+    drop(stalled);
+}

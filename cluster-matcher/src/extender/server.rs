@@ -15,6 +15,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 
 use super::{error_body, handle, Extender, MAX_BODY};
 
+/// Listen backlog asked of the kernel.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
 /// Limits on what one client may make the server wait for or hold.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
@@ -40,9 +43,11 @@ pub struct HttpServer {
 impl HttpServer {
     /// Listens on `addr` and starts serving `ext`.
     pub fn start(addr: &str, ext: Arc<Extender>, limits: ServerLimits) -> Result<Self, String> {
-        let std_listener = std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        std_listener.set_nonblocking(true).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let local = std_listener.local_addr().map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let cannot = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
+        let sock_addr = std::net::ToSocketAddrs::to_socket_addrs(addr)
+            .map_err(cannot)?
+            .next()
+            .ok_or_else(|| format!("cannot listen on {addr}: no address"))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .max_blocking_threads(64)
@@ -52,8 +57,16 @@ impl HttpServer {
             .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
         let listener = {
             let _guard = rt.enter();
-            tokio::net::TcpListener::from_std(std_listener).map_err(|e| format!("cannot listen on {addr}: {e}"))?
+            let socket =
+                if sock_addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
+                    .map_err(cannot)?;
+            socket.set_reuseaddr(true).map_err(cannot)?;
+            socket.bind(sock_addr).map_err(cannot)?;
+            // std's backlog (128) resets connections when a burst of kube-scheduler calls
+            // arrives at once; the kernel caps this at net.core.somaxconn.
+            socket.listen(LISTEN_BACKLOG).map_err(cannot)?
         };
+        let local = listener.local_addr().map_err(cannot)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         rt.spawn(accept_loop(listener, ext, limits, rx));
         Ok(Self { addr: local, shutdown: Some(tx), rt: Some(rt) })
