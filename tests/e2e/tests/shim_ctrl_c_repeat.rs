@@ -96,9 +96,16 @@ fn signal_runs(
         // exit path and the signal path overlap on every run instead of on ~1 run in 100.
         c.env("XCUDA_CONFIG", &cfg);
         let mut trainer = host.spawn(&mut c);
-        trainer
-            .wait_for_line("ready", T)
-            .unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
+        if trainer.wait_for_line("ready", T).is_none() {
+            panic!(
+                "run {i} (python: {is_py}, signal {sig}): client never ready; exited: {:?}; {:?}; pid {}; stdout: {}; stderr: {}",
+                trainer.wait_timeout(Duration::ZERO),
+                dev.mps_status(),
+                trainer.pid(),
+                trainer.stdout(),
+                trainer.stderr()
+            );
+        }
         trainer.signal(sig);
         let st = trainer
             .wait_timeout(T)
