@@ -16,12 +16,12 @@ pub const MPS_ENV_MARK: &str = "XCUDA_MPS_PERCENTAGE_FROM_BUDGET";
 /// Smallest percentage the shim sets: below it a client can barely make progress.
 pub const MIN_MPS_PERCENTAGE: u32 = 10;
 
-/// The offline SM budget as a fraction of the SMs if it is fresh (published within
-/// `stale_ns`), else `None`.
+/// The offline SM budget (the ledger's manager block, written by mps-manager) as a fraction
+/// of the SMs if it is fresh (published within `stale_ns`), else `None`.
 pub fn fresh_budget(l: &Ledger, now_ns: u64, stale_ns: u64) -> Option<f64> {
-    let s = l.read_monitor()?;
-    let p = s.sample.offline_sm_budget_permille;
-    (s.is_fresh(now_ns, stale_ns) && p > 0).then(|| f64::from(p.min(1000)) / 1000.0)
+    let s = l.read_manager()?;
+    s.is_fresh(now_ns, stale_ns)
+        .then(|| f64::from(s.offline_sm_budget_permille.min(1000)) / 1000.0)
 }
 
 /// MPS active-thread percentage for a budget of `permille`: rounded up, at least
@@ -129,12 +129,10 @@ mod tests {
             fresh_budget(&l, node_ledger::clock::now_ns(), 500_000_000),
             None
         );
-        let s = node_ledger::monitor::MonitorSample {
-            offline_sm_budget_permille: 300,
-            ..Default::default()
-        };
         let now = node_ledger::clock::now_ns();
-        l.publish_at(&s, now);
+        l.publish(&node_ledger::monitor::MonitorSample::default());
+        assert_eq!(fresh_budget(&l, now, 500_000_000), None, "the monitor does not publish it");
+        l.publish_sm_budget_at(300, now);
         assert_eq!(fresh_budget(&l, now, 500_000_000), Some(0.3));
         assert_eq!(
             fresh_budget(&l, now + 600_000_000, 500_000_000),

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e::EmuHost;
-use node_ledger::monitor::MonitorSample;
 use shim_support::*;
 
 const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 
-/// Publishes `permille` as the offline SM budget every 20 ms until dropped.
+/// Publishes `permille` as the offline SM budget (the manager block, as mps-manager does)
+/// every 20 ms until dropped.
 struct Publisher {
     stop: Arc<AtomicBool>,
     h: Option<std::thread::JoinHandle<()>>,
@@ -29,10 +29,7 @@ impl Publisher {
         let s2 = stop.clone();
         let h = std::thread::spawn(move || {
             while !s2.load(Ordering::Relaxed) {
-                l.publish(&MonitorSample {
-                    offline_sm_budget_permille: permille,
-                    ..Default::default()
-                });
+                l.publish_sm_budget(permille);
                 std::thread::sleep(Duration::from_millis(20));
             }
         });

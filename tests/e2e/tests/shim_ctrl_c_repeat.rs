@@ -58,6 +58,16 @@ enum Outcome {
 /// Runs `runs` Ctrl-C iterations on one MPS server with one neighbour; stops at the first
 /// failure. Returns (clean runs, first failure).
 fn ctrl_c_runs(runs: usize, pause_ms: u64) -> (usize, Option<Outcome>) {
+    signal_runs(runs, pause_ms, |_| (true, libc::SIGINT))
+}
+
+/// Runs `runs` iterations; `pick(i)` says whether run `i` is the Python trainer (else the C
+/// `shim_client`) and which signal it gets.
+fn signal_runs(
+    runs: usize,
+    pause_ms: u64,
+    pick: impl Fn(usize) -> (bool, i32),
+) -> (usize, Option<Outcome>) {
     let host = EmuHost::new();
     let dev = host.device();
     dev.mps_start(std::process::id());
@@ -70,30 +80,52 @@ fn ctrl_c_runs(runs: usize, pause_ms: u64) -> (usize, Option<Outcome>) {
     )
     .unwrap();
     for i in 0..runs {
-        let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
+        let (is_py, sig) = pick(i);
+        let mut c = if is_py {
+            let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
+            c.arg(trainer_script());
+            c
+        } else {
+            let mut c = limited(&host, "shim_client", 1 << 30, "c");
+            c.args([
+                "ctx", "alloc", "1048576", "launch", "1", "1000", "1", "ready", "hang",
+            ]);
+            c
+        };
         // Fault injection (pause_ms > 0): each context release takes that much longer, so the
         // exit path and the signal path overlap on every run instead of on ~1 run in 100.
-        c.env("XCUDA_CONFIG", &cfg).arg(trainer_script());
+        c.env("XCUDA_CONFIG", &cfg);
         let mut trainer = host.spawn(&mut c);
-        trainer
-            .wait_for_line("ready", T)
-            .unwrap_or_else(|| panic!("python trainer: {}", trainer.stderr()));
-        trainer.signal(libc::SIGINT);
+        if trainer.wait_for_line("ready", T).is_none() {
+            panic!(
+                "run {i} (python: {is_py}, signal {sig}): client never ready; exited: {:?}; {:?}; pid {}; stdout: {}; stderr: {}",
+                trainer.wait_timeout(Duration::ZERO),
+                dev.mps_status(),
+                trainer.pid(),
+                trainer.stdout(),
+                trainer.stderr()
+            );
+        }
+        trainer.signal(sig);
         let st = trainer
             .wait_timeout(T)
             .unwrap_or_else(|| panic!("python exits on Ctrl-C: {}", trainer.stderr()));
         use std::os::unix::process::ExitStatusExt;
         let err = trainer.stderr();
-        assert!(
-            err.contains("KeyboardInterrupt"),
-            "Python's own handler ran: {err}"
-        );
-        // CPython re-kills itself with SIGINT; the process ends by that signal or, when the exit
-        // path got there first, with Python's own 130.
-        assert!(
-            st.signal() == Some(libc::SIGINT) || st.code() == Some(130),
-            "{st:?} {err}"
-        );
+        if is_py && sig == libc::SIGINT {
+            assert!(
+                err.contains("KeyboardInterrupt"),
+                "Python's own handler ran: {err}"
+            );
+            // CPython re-kills itself with SIGINT; the process ends by that signal or, when the
+            // exit path got there first, with Python's own 130.
+            assert!(
+                st.signal() == Some(libc::SIGINT) || st.code() == Some(130),
+                "{st:?} {err}"
+            );
+        } else {
+            assert_eq!(st.signal(), Some(sig), "default action kept: {err}");
+        }
         // Let the emulator reap the dead client (it does on state access after its reap period).
         for _ in 0..10 {
             std::thread::sleep(Duration::from_millis(20));
@@ -161,4 +193,52 @@ fn stress_python_ctrl_c() {
         t.elapsed()
     );
     assert_eq!(fail, None);
+}
+
+/// The mixed figure: randomized SIGTERM/SIGINT of C (`shim_client`) and Python
+/// (cuda-bindings, KeyboardInterrupt path included) offline clients under MPS.
+/// `XSHARE_STRESS_RUNS=1000 cargo test -p e2e --test shim_ctrl_c_repeat stress_mixed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn stress_mixed_sigterm_sigint_c_and_python() {
+    let runs = std::env::var("XSHARE_STRESS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let seed = std::process::id() as u64;
+    let pick = move |i: usize| {
+        // splitmix64: a different but reproducible (seed printed) mix each run.
+        let mut z = seed.wrapping_add((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (
+            z & 1 == 0,
+            if z & 2 == 0 {
+                libc::SIGINT
+            } else {
+                libc::SIGTERM
+            },
+        )
+    };
+    let t = Instant::now();
+    let (clean, fail) = signal_runs(runs, 0, pick);
+    eprintln!(
+        "mixed C/Python SIGTERM/SIGINT stress (seed {seed}): {clean}/{runs} clean in {:?}; first failure: {fail:?}",
+        t.elapsed()
+    );
+    assert_eq!(fail, None);
+}
+
+/// Every kind once, in the normal test run.
+#[test]
+fn c_and_python_sigterm_sigint_each_release_before_exit() {
+    let kinds = [
+        (true, libc::SIGINT),
+        (true, libc::SIGTERM),
+        (false, libc::SIGINT),
+        (false, libc::SIGTERM),
+    ];
+    let (clean, fail) = signal_runs(kinds.len(), 100, |i| kinds[i]);
+    assert_eq!(fail, None, "after {clean} clean runs");
 }
