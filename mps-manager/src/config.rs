@@ -10,6 +10,15 @@ use crate::detect::{DetectConfig, RateConfig};
 
 pub const DEFAULT_PATH: &str = "/etc/xshare/mps-manager.json";
 
+/// Largest config (or override) file read, bytes.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Longest command timeout / eviction grace, ms (10 min).
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Longest loop period, ms (1 h).
+pub const MAX_PERIOD_MS: u64 = 3_600_000;
+/// Longest detection / rate-limit window, ms (1 day).
+pub const MAX_WINDOW_MS: u64 = 86_400_000;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -65,17 +74,53 @@ impl Default for Config {
 
 impl Config {
     pub fn validate(&self) -> Result<(), (String, String)> {
-        if self.command_timeout_ms == 0 {
-            return Err(("command_timeout_ms".into(), "must be > 0".into()));
+        // Durations: bounded so that `now + d` never overflows and a typo (u64::MAX) cannot
+        // silently turn a timeout or grace period into "never".
+        for (f, v, min, max) in [
+            (
+                "command_timeout_ms",
+                self.command_timeout_ms,
+                1,
+                MAX_TIMEOUT_MS,
+            ),
+            ("period_ms", self.period_ms, 1, MAX_PERIOD_MS),
+            ("check_every_ms", self.check_every_ms, 1, MAX_PERIOD_MS),
+            ("evict_grace_ms", self.evict_grace_ms, 0, MAX_TIMEOUT_MS),
+            (
+                "detect.stuck_after_ms",
+                self.detect.stuck_after_ms,
+                0,
+                MAX_WINDOW_MS,
+            ),
+            (
+                "recovery.min_interval_ms",
+                self.recovery.min_interval_ms,
+                0,
+                MAX_WINDOW_MS,
+            ),
+        ] {
+            if !(min..=max).contains(&v) {
+                return Err((
+                    f.into(),
+                    format!("must be within {min}..={max} ms, got {v}"),
+                ));
+            }
         }
-        if self.period_ms == 0 {
-            return Err(("period_ms".into(), "must be > 0".into()));
+        if !(1..=3600).contains(&self.recovery.max_per_hour) {
+            return Err((
+                "recovery.max_per_hour".into(),
+                format!(
+                    "must be within 1..=3600, got {}",
+                    self.recovery.max_per_hour
+                ),
+            ));
         }
-        if self.check_every_ms == 0 {
-            return Err(("check_every_ms".into(), "must be > 0".into()));
-        }
-        if self.recovery.max_per_hour == 0 {
-            return Err(("recovery.max_per_hour".into(), "must be >= 1".into()));
+        let idle = self.detect.idle_sm_pct;
+        if !(idle.is_finite() && (0.0..=100.0).contains(&idle)) {
+            return Err((
+                "detect.idle_sm_pct".into(),
+                format!("must be within 0..=100, got {idle}"),
+            ));
         }
         self.budget.validate()
     }
@@ -84,6 +129,22 @@ impl Config {
     pub fn load(base: &Path) -> Result<(Config, Vec<PathBuf>), ConfigError> {
         let mut files = vec![base.to_path_buf()];
         files.extend(layered::override_files(base));
+        for f in &files {
+            if let Ok(m) = std::fs::metadata(f) {
+                if m.len() > MAX_FILE_BYTES {
+                    return Err(ConfigError {
+                        file: f.clone(),
+                        line: None,
+                        column: None,
+                        field: None,
+                        message: format!(
+                            "file is {} bytes, more than the {MAX_FILE_BYTES} a config may have",
+                            m.len()
+                        ),
+                    });
+                }
+            }
+        }
         Ok((layered::load(&files, Config::validate)?, files))
     }
 
@@ -147,5 +208,70 @@ mod tests {
         let e = Config::load(&p).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("budget.min_pct"));
         assert_eq!(e.line, Some(3));
+    }
+
+    fn load_text(text: &str) -> ConfigError {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("mps-manager.json");
+        std::fs::write(&p, text).unwrap();
+        let e = Config::load(&p).unwrap_err();
+        assert_eq!(e.file, p);
+        e
+    }
+
+    #[test]
+    fn out_of_range_values_name_file_line_and_field() {
+        for (text, field, line) in [
+            (
+                "{\n  \"evict_grace_ms\": 18446744073709551615\n}\n",
+                "evict_grace_ms",
+                2,
+            ),
+            (
+                "{\n\n  \"command_timeout_ms\": 600001\n}\n",
+                "command_timeout_ms",
+                3,
+            ),
+            (
+                "{\n  \"detect\": {\n    \"idle_sm_pct\": 250\n  }\n}\n",
+                "detect.idle_sm_pct",
+                3,
+            ),
+            (
+                "{\n  \"detect\": {\n    \"stuck_after_ms\": 18446744073709551615\n  }\n}\n",
+                "detect.stuck_after_ms",
+                3,
+            ),
+            (
+                "{\n  \"recovery\": {\n    \"min_interval_ms\": 18446744073709551615\n  }\n}\n",
+                "recovery.min_interval_ms",
+                3,
+            ),
+            (
+                "{\n  \"budget\": {\n    \"headroom_pct\": 250\n  }\n}\n",
+                "budget.headroom_pct",
+                3,
+            ),
+            (
+                "{\n  \"budget\": {\n    \"max_pct\": 101\n  }\n}\n",
+                "budget.max_pct",
+                3,
+            ),
+        ] {
+            let e = load_text(text);
+            assert_eq!(e.field.as_deref(), Some(field), "{text}: {e}");
+            assert_eq!(e.line, Some(line), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_oversized_file_is_refused_unread() {
+        let big = format!(
+            "{{\"period_ms\": 100{}}}",
+            " ".repeat(MAX_FILE_BYTES as usize)
+        );
+        let e = load_text(&big);
+        assert!(e.message.contains("bytes"), "{e}");
+        assert_eq!(e.field, None);
     }
 }

@@ -65,6 +65,12 @@ pub struct Manager {
     pub state: ManagerState,
     /// Percentage last sent to MPS (servers and default); `None` re-sends it.
     applied_pct: Option<f64>,
+    /// Faults logged in the current episode (logged once, counted every time).
+    logged_faults: HashSet<String>,
+    /// The rate limit was already logged in this episode.
+    limited_logged: bool,
+    /// A targeted recovery of stuck clients did not help: the next one is a full reset.
+    escalate_stuck: bool,
     own_ns: u64,
 }
 
@@ -97,6 +103,9 @@ impl Manager {
             detector: Detector::default(),
             limiter: RateLimiter::default(),
             applied_pct: None,
+            logged_faults: HashSet::new(),
+            limited_logged: false,
+            escalate_stuck: false,
             own_ns: node_ledger::procinfo::own_pid_ns(),
         })
     }
@@ -224,30 +233,70 @@ impl Manager {
         self.detector.observe(&self.cfg.detect, now_ms, &o)
     }
 
-    /// Counts every fault and runs one recovery for them, if the rate limit allows it.
+    /// Counts every fault (the `faults` counters), logs each fault once per episode (while it
+    /// keeps being seen it is counted, not logged again) and runs one recovery for them.
     pub fn handle_faults(&mut self, now_ms: u64, faults: Vec<Fault>) {
+        let keys: HashSet<String> = faults.iter().map(|f| format!("{f:?}")).collect();
         for f in &faults {
             *self.state.faults.entry(f.kind().to_string()).or_default() += 1;
-            tracing::error!(fault = ?f, gpu = self.cfg.gpu_index, "MPS fault detected");
+            if !self.logged_faults.contains(&format!("{f:?}")) {
+                tracing::error!(fault = ?f, gpu = self.cfg.gpu_index, "MPS fault detected");
+            }
+        }
+        self.logged_faults = keys;
+        if faults.is_empty() {
+            self.limited_logged = false;
         }
         if let Some(f) = faults.into_iter().next() {
             self.recover(now_ms, f);
         }
     }
 
-    /// Runs one recovery if the rate limit allows it.
+    /// Targeted recovery first: a dead or hung offline client is removed from its MPS server
+    /// with `terminate_client`, the server and the online clients keep their contexts. A full
+    /// MPS reset (every client loses its context) is the last resort, for faults of MPS itself
+    /// or when the targeted recovery failed; only full resets are rate-limited.
     fn recover(&mut self, now_ms: u64, fault: Fault) {
+        let started = mono_ms();
+        let targeted = match &fault {
+            Fault::ClientDied { pid } => Some(self.terminate_offline(&[*pid], fault.kind())),
+            Fault::ClientsStuck { .. } if !self.escalate_stuck => {
+                let pids: Vec<u32> = self.offline().iter().map(|p| p.pid).collect();
+                self.escalate_stuck = true;
+                Some(self.terminate_offline(&pids, fault.kind()))
+            }
+            _ => None,
+        };
+        let why_full = match targeted {
+            Some(Ok(outcome)) => {
+                tracing::warn!(fault = fault.kind(), %outcome, took_ms = mono_ms() - started, "targeted recovery done; MPS and online clients untouched");
+                self.record(fault, Vec::new(), outcome);
+                return;
+            }
+            Some(Err(e)) => format!("targeted recovery failed: {e}"),
+            None => format!("{} needs a new MPS", fault.kind()),
+        };
         if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
             self.state.suppressed_recoveries += 1;
-            tracing::warn!(fault = fault.kind(), %why, "recovery rate-limited; not recovering now");
+            if !self.limited_logged {
+                self.limited_logged = true;
+                tracing::error!(fault = fault.kind(), %why, "full MPS reset rate-limited; counting in suppressed_recoveries");
+            }
             return;
         }
+        tracing::error!(fault = fault.kind(), reason = %why_full, "FULL MPS RESET: every MPS client, online included, loses its context");
         let evicted = self.evict_offline(fault.kind());
         let outcome = match self.reset_mps() {
-            Ok(pid) => format!("MPS reset; control daemon {pid} running"),
-            Err(e) => format!("MPS reset failed: {e}"),
+            Ok(pid) => format!("MPS reset ({why_full}); control daemon {pid} running"),
+            Err(e) => format!("MPS reset ({why_full}) failed: {e}"),
         };
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
+        self.escalate_stuck = false;
+        self.record(fault, evicted, outcome);
+        self.detector.reset();
+    }
+
+    fn record(&mut self, fault: Fault, evicted: Vec<u32>, outcome: String) {
         self.state.recoveries.push(Recovery {
             at_unix_ms: unix_ms(),
             fault,
@@ -257,7 +306,44 @@ impl Manager {
         if self.state.recoveries.len() > 50 {
             self.state.recoveries.remove(0);
         }
-        self.detector.reset();
+    }
+
+    /// `terminate_client <server> <pid>` for each of `pids` that an MPS server lists (a dead
+    /// client stays listed while its work hangs the server); live ones are also evicted and
+    /// marked for restart. Err when MPS does not answer or refuses.
+    fn terminate_offline(&mut self, pids: &[u32], why: &str) -> Result<String, MpsError> {
+        let mut done = Vec::new();
+        for srv in self.ctl.server_list()? {
+            for c in self.ctl.client_list(srv)? {
+                if pids.contains(&c) {
+                    self.ctl.command(&format!("terminate_client {srv} {c}"))?;
+                    done.push((srv, c));
+                }
+            }
+        }
+        let offline = self.offline();
+        let mut sig = PidfdSignaller;
+        for p in offline.iter().filter(|p| pids.contains(&p.pid)) {
+            if p.pid_ns == self.own_ns && sig.alive(p.pid, p.start_time) {
+                let _ = sig.signal(p.pid, p.start_time, libc::SIGTERM);
+            }
+            self.state.restart_requested.push(RestartRequest {
+                pid: p.pid,
+                start_time: p.start_time,
+                reason: format!("MPS recovery ({why})"),
+                at_unix_ms: unix_ms(),
+            });
+        }
+        let _ = self.ledger.reclaim_dead();
+        if self.state.restart_requested.len() > 200 {
+            let n = self.state.restart_requested.len() - 200;
+            self.state.restart_requested.drain(..n);
+        }
+        Ok(if done.is_empty() {
+            format!("clients {pids:?} not connected to MPS; ledger slots reclaimed")
+        } else {
+            format!("terminate_client {done:?}; MPS not reset")
+        })
     }
 
     /// SIGTERM every offline client (by pid + start time), SIGKILL after the grace period,

@@ -144,27 +144,114 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
     assert!(n.device().snapshot().mps.enabled);
 }
 
-#[test]
-fn offline_killed_holding_its_context_hangs_mps_until_the_manager_resets_it() {
-    let mut n = EmuNode::new();
-    start_manager(&mut n);
-    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
-    let (load, off) = online_and_offline(&mut n);
+/// SIGKILLs the offline client (it dies holding its MPS context, hanging the server) and
+/// waits for the `n`th recovery; returns the manager state and the recovery time.
+fn kill_offline_and_recover(n: &mut EmuNode, off: usize, nth: usize) -> (Value, Duration) {
+    let dev = n.device();
     n.signal(off, libc::SIGKILL);
     let _ = n.wait_exit(off, T);
-    let v = mstate(&n, "recovery", |v| {
-        v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
+    let t0 = Instant::now();
+    let v = mstate(n, "recovery", |v| {
+        v["recoveries"].as_array().is_some_and(|r| r.len() >= nth)
     });
-    assert_eq!(
-        v["recoveries"][0]["fault"]["client_died"]["pid"],
-        n.pid(off) as u64,
+    wait_until("MPS no longer hung", || !dev.snapshot().mps.poisoned);
+    (v, t0.elapsed())
+}
+
+/// Observation 7: the dead offline client is removed with `terminate_client`; MPS is not
+/// reset, the online client's context survives (no failed call, same MPS generation) and it
+/// completes kernels again. Two faults 5 s apart (inside the full-reset rate limit of 30 s)
+/// are both recovered; the ERROR lines stay bounded (once per episode, not per tick).
+#[test]
+fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_context() {
+    let mut n = EmuNode::new();
+    let cfg = n.path("mps.json");
+    // Shipped rate limit for full resets: a second one within 30 s would be refused.
+    std::fs::write(
+        &cfg,
+        manager_config().replace(
+            r#""recovery": { "min_interval_ms": 0, "max_per_hour": 20 }"#,
+            r#""recovery": { "min_interval_ms": 30000, "max_per_hour": 6 }"#,
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(n.path("mps.log")).unwrap();
+    let c = Command::new(target_dir().join("mps-manager"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .envs(n.envs())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    n.children.push(c);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = v["daemon_pid"].as_u64().unwrap();
+    let (load, off) = online_and_offline(&mut n);
+    let dev = n.device();
+    let generation = dev.snapshot().mps.generation;
+    mstate(&n, "offline client listed on its server", |v| {
+        v["clients"].as_u64() >= Some(2)
+    });
+    let (v, took) = kill_offline_and_recover(&mut n, off, 1);
+    eprintln!("first recovery: online unblocked after {took:?}");
+    let r = &v["recoveries"][0];
+    assert_eq!(r["fault"]["client_died"]["pid"], n.pid(off) as u64, "{v:#}");
+    assert!(
+        r["outcome"].as_str().unwrap().contains("terminate_client"),
         "{v:#}"
     );
     let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after the reset", || {
+    wait_until("online kernels after the targeted recovery", || {
         load.kernels.load(Ordering::Relaxed) >= after + 20
     });
-    assert!(!n.device().snapshot().mps.poisoned);
+    assert_eq!(
+        dev.snapshot().mps.generation,
+        generation,
+        "MPS was not reset"
+    );
+    assert_eq!(
+        load.failures.load(Ordering::Relaxed),
+        0,
+        "the online client's context was never lost"
+    );
+
+    // Second fault 5 s later: inside the full-reset window, still recovered.
+    std::thread::sleep(Duration::from_secs(5));
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let off2 = n.spawn_helper("gpu-mem", "128");
+    let op2 = n.pid(off2);
+    wait_until("second offline client on MPS", || {
+        dev.snapshot()
+            .processes
+            .iter()
+            .any(|p| p.pid == op2 && p.mps_client)
+    });
+    register(&ledger, op2, 128 << 20);
+    mstate(&n, "second offline client listed", |v| {
+        v["clients"].as_u64() >= Some(2)
+    });
+    let (v, took) = kill_offline_and_recover(&mut n, off2, 2);
+    eprintln!("second recovery (5 s after the first): online unblocked after {took:?}");
+    assert_eq!(
+        v["recoveries"][1]["fault"]["client_died"]["pid"],
+        op2 as u64
+    );
+    assert_eq!(v["suppressed_recoveries"], 0, "{v:#}");
+    assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "no reset");
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until("online kernels after the second recovery", || {
+        load.kernels.load(Ordering::Relaxed) >= after + 20
+    });
+    assert_eq!(dev.snapshot().mps.generation, generation);
+    assert_eq!(load.failures.load(Ordering::Relaxed), 0);
+    std::thread::sleep(Duration::from_secs(1));
+    let log = std::fs::read_to_string(n.path("mps.log")).unwrap();
+    let errors = log.lines().filter(|l| l.contains("ERROR")).count();
+    assert!(
+        errors <= 2,
+        "one ERROR line per fault episode, got {errors}:\n{log}"
+    );
 }
 
 #[test]
