@@ -272,6 +272,69 @@ impl Ledger {
         })
     }
 
+    /// Re-checks, while mapped, that the file is still this ledger: its length (a truncated
+    /// file would fault on access) and the header fields validated on open. Cheap (one
+    /// `fstat` and a few atomic loads): for periodic checks, never the hot path.
+    pub fn check_header(&self) -> Result<(), LedgerError> {
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| io_err(&self.path, "stat", e))?
+            .len();
+        if len < LAYOUT_SIZE as u64 {
+            return Err(corrupt(
+                &self.path,
+                "total_size",
+                format!("file shrank to {len} bytes while mapped, layout needs {LAYOUT_SIZE}"),
+            ));
+        }
+        validate_header(self.layout(), &self.path, None)
+    }
+
+    /// Marks the file damaged in its header (see [`INIT_DAMAGED`]), so that no process opens
+    /// it again and the monitor reports it. For a body found overwritten while the header
+    /// still validates; never call it on a file that has shrunk (the write would fault).
+    pub fn mark_damaged(&self) {
+        self.layout().header.init_state.store(INIT_DAMAGED, Release);
+    }
+
+    /// Checks that registered process `h` still owns its registry slot as process `pid` and
+    /// that its group slot still holds `group_id`. Either gone means the ledger's body was
+    /// overwritten (zeroed, replaced): the group's usage can no longer be trusted.
+    pub fn check_registration(&self, h: ProcHandle, pid: u32, group_id: u64) -> Result<(), LedgerError> {
+        let l = self.layout();
+        let gid = l.groups.get(h.group).map_or(0, |g| g.id.load(Acquire));
+        if gid != group_id {
+            return Err(corrupt(
+                &self.path,
+                "groups.id",
+                format!(
+                    "group slot {} holds id {gid:#x}, not this process's group {group_id:#x}: \
+                     the ledger was overwritten",
+                    h.group
+                ),
+            ));
+        }
+        let owner = l.procs.get(h.slot).map_or(0, |p| owner_pid(p.owner.load(Acquire)));
+        if owner != pid {
+            return Err(corrupt(
+                &self.path,
+                "procs.owner",
+                format!(
+                    "registry slot {} is owned by pid {owner}, not this process ({pid}): \
+                     the ledger was overwritten",
+                    h.slot
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Group id held by group slot `group` (0 = free or out of range).
+    pub fn group_id(&self, group: usize) -> u64 {
+        self.layout().groups.get(group).map_or(0, |g| g.id.load(Acquire))
+    }
+
     /// Sets the quota of group slot `group` (operators, tests).
     pub fn set_group_quota(&self, group: usize, quota_bytes: u64) {
         if let Some(g) = self.layout().groups.get(group) {
@@ -500,6 +563,76 @@ impl Ledger {
     }
 }
 
+/// A damaged ledger that [`Ledger::open_or_recreate`] moved aside before creating a fresh one.
+#[derive(Debug)]
+pub struct Recreated {
+    /// Where the damaged file now lies (`<ledger>.damaged-<unix-ts>`).
+    pub moved_to: PathBuf,
+    /// Why it was judged damaged (names the file and the field).
+    pub error: LedgerError,
+}
+
+impl Ledger {
+    /// Like [`Ledger::open_or_create`], but a file that fails validation (wrong magic, version,
+    /// size, gpu, too short) is renamed aside to `<ledger>.damaged-<unix-ts>` and replaced,
+    /// atomically, by a freshly initialised one (temp file in the same directory, initialised,
+    /// mode set, renamed over). For the monitor: a damaged ledger must not crash-loop it.
+    /// I/O errors (permissions, disk) are returned as they are.
+    pub fn open_or_recreate(
+        path: &Path,
+        gpu_index: u32,
+    ) -> Result<(Self, Option<Recreated>), LedgerError> {
+        let error = match Self::open_or_create(path, gpu_index) {
+            Ok(l) => return Ok((l, None)),
+            Err(e @ LedgerError::Corrupt { .. }) => e,
+            Err(e) => return Err(e),
+        };
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut moved_to = PathBuf::from(format!("{}.damaged-{ts}", path.display()));
+        let mut n = 1;
+        while moved_to.exists() {
+            moved_to = PathBuf::from(format!("{}.damaged-{ts}.{n}", path.display()));
+            n += 1;
+        }
+        Self::create_fresh(path, gpu_index, Some(&moved_to))?;
+        let l = Self::open_existing(path)?;
+        Ok((l, Some(Recreated { moved_to, error })))
+    }
+
+    /// Creates a fresh ledger beside `path` and renames it over `path`, first moving the
+    /// current file to `aside` (when given).
+    fn create_fresh(path: &Path, gpu_index: u32, aside: Option<&Path>) -> Result<(), LedgerError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path.file_name().map_or("ledger".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = dir.join(format!(".{name}.new-{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io_err(&tmp, "create", e))?;
+        let made = (|| {
+            file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
+            let m = map(&file, &tmp)?;
+            init_layout(layout_of(&m), gpu_index);
+            m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
+            set_mode(&file, &tmp, DEFAULT_FILE_MODE)?;
+            if let Some(a) = aside {
+                std::fs::rename(path, a).map_err(|e| io_err(path, "rename aside", e))?;
+            }
+            std::fs::rename(&tmp, path).map_err(|e| io_err(path, "rename into place", e))
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        made
+    }
+}
+
 /// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,
 /// a correcting add when they are not (a corrupt or foreign writer).
 fn saturating_sub(a: &AtomicU64, bytes: u64) {
@@ -536,6 +669,17 @@ fn init_layout(l: &Layout, gpu_index: u32) {
 }
 
 fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError> {
+    validate_header(l, path, gpu)?;
+    for (i, p) in l.procs.iter().enumerate() {
+        let g = p.group_slot.load(Relaxed) as usize;
+        if owner_pid(p.owner.load(Relaxed)) != 0 && g >= MAX_GROUPS {
+            return Err(corrupt(path, "procs.group_slot", format!("slot {i} names group {g}")));
+        }
+    }
+    Ok(())
+}
+
+fn validate_header(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError> {
     let h = &l.header;
     let magic = h.magic.load(Relaxed);
     if magic != MAGIC {
@@ -568,6 +712,15 @@ fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError
     if mg as usize != MAX_GROUPS {
         return Err(corrupt(path, "max_groups", format!("found {mg}, expected {MAX_GROUPS}")));
     }
+    if h.init_state.load(Acquire) == INIT_DAMAGED {
+        return Err(corrupt(
+            path,
+            "init_state",
+            "marked damaged by an offline process whose quota group or registry slot was \
+             overwritten"
+                .into(),
+        ));
+    }
     if h.init_state.load(Acquire) != INIT_READY {
         return Err(corrupt(path, "init_state", "initialisation never completed".into()));
     }
@@ -579,12 +732,6 @@ fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError
                 "gpu_index",
                 format!("file belongs to GPU {have}, opened for GPU {want}"),
             ));
-        }
-    }
-    for (i, p) in l.procs.iter().enumerate() {
-        let g = p.group_slot.load(Relaxed) as usize;
-        if owner_pid(p.owner.load(Relaxed)) != 0 && g >= MAX_GROUPS {
-            return Err(corrupt(path, "procs.group_slot", format!("slot {i} names group {g}")));
         }
     }
     Ok(())
