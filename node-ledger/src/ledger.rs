@@ -71,6 +71,8 @@ pub struct ProcSnapshot {
 /// A mapped ledger file. Hot-path operations are atomics on the mapping; registration and
 /// group creation take an advisory `flock` (never on a hot path).
 pub struct Ledger {
+    /// Declared first: dropped (unregistered) before the mapping is unmapped.
+    fault_guard: crate::sigbus::Guard,
     map: MmapMut,
     file: File,
     path: PathBuf,
@@ -205,8 +207,10 @@ impl Ledger {
             ));
         }
         let map = map(&file, path)?;
+        let fault_guard = crate::sigbus::Guard::register(map.as_ptr() as usize, map.len());
         validate(layout_of(&map), path, gpu)?;
         Ok(Self {
+            fault_guard,
             map,
             file,
             path: path.to_owned(),
@@ -276,6 +280,13 @@ impl Ledger {
     /// file would fault on access) and the header fields validated on open. Cheap (one
     /// `fstat` and a few atomic loads): for periodic checks, never the hot path.
     pub fn check_header(&self) -> Result<(), LedgerError> {
+        if self.fault_guard.faulted() {
+            return Err(corrupt(
+                &self.path,
+                "total_size",
+                "file truncated while mapped (access faulted; now reading zeros)".into(),
+            ));
+        }
         let len = self
             .file
             .metadata()

@@ -11,6 +11,7 @@ pub mod layout;
 pub mod ledger;
 pub mod monitor;
 pub mod procinfo;
+pub mod sigbus;
 
 pub use config::{ConfigError, LedgerConfig};
 pub use health::HealthState;

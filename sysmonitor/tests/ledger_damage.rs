@@ -135,3 +135,32 @@ fn a_running_monitor_reports_a_damaged_header_once_and_keeps_running() {
         );
     }
 }
+
+#[test]
+fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
+    let mut n = EmuNode::new();
+    let m = n.start_monitor("mon.json", CONFIG);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(n.ledger_path())
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let v = n.wait_state(T, "ledger_error", |v| v["ledger_error"].is_string());
+    assert!(v["ledger_error"].as_str().unwrap().contains("total_size"), "{v:#}");
+    let samples = v["samples"].as_u64().unwrap();
+    n.wait_state(T, "more samples", |v| {
+        v["samples"].as_u64().unwrap() > samples + 20
+    });
+    assert!(n.alive(m), "the monitor died: {}", n.log("mon.json"));
+    assert_eq!(error_lines(&n.log("mon.json")).len(), 1, "{}", n.log("mon.json"));
+    // Restarted (Restart=always): the empty file is a new ledger, created in place.
+    n.signal(m, libc::SIGTERM);
+    assert!(n.wait_exit(m, T).is_some(), "the monitor did not stop");
+    let m2 = n.start_monitor("mon.json", CONFIG);
+    n.wait_state(T, "healthy again", |v| {
+        state(v) == "healthy" && v["ledger_error"].is_null() && v["monitor_pid"] == n.pid(m2)
+    });
+    node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+}

@@ -106,3 +106,41 @@ fn a_zeroed_body_stops_the_holder_and_is_never_a_fresh_quota_for_a_newcomer() {
     let lines: Vec<String> = out.lines().map(str::to_string).collect();
     assert_eq!(rc_of(&lines, "alloc="), ["0", "2"], "{out}");
 }
+
+#[test]
+fn a_truncated_ledger_does_not_kill_a_process_holding_memory() {
+    let host = EmuHost::new();
+    let _l = ledger(&host);
+    let big = (40 * MIB).to_string();
+    let small = MIB.to_string();
+    // Allocates right after the truncation, racing its own controller's check: the hot path
+    // may touch the truncated mapping first (SIGBUS without the handler).
+    let mut a = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args([
+        "ctx", "alloc", &big, "ready", "wait", "alloc", &small, "alloc", &small, "wait", "alloc",
+        &small, "free",
+    ]));
+    assert!(a.wait_for_line("ready", T).is_some(), "{}", a.stderr());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(ledger_file(&host))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    a.send_line("go");
+    wait_stderr(&a, REFUSAL);
+    a.send_line("go");
+    let out = a.finish(T);
+    let st = a.wait_timeout(Duration::ZERO).unwrap();
+    assert!(st.success(), "the process died: {st:?}\n{out}\n{}", a.stderr());
+    let lines: Vec<String> = out.lines().map(str::to_string).collect();
+    let rcs = rc_of(&lines, "alloc=");
+    assert_eq!(rcs.first().map(String::as_str), Some("0"), "{out}");
+    assert!(rcs[1..].iter().all(|r| r == "2"), "nothing more is granted: {out}");
+    assert_eq!(rc_of(&lines, "free="), ["0"], "frees still work: {out}");
+    assert_eq!(
+        a.stderr().lines().filter(|l| l.contains(REFUSAL)).count(),
+        1,
+        "{}",
+        a.stderr()
+    );
+}
