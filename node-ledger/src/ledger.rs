@@ -150,33 +150,24 @@ pub fn group_id_for(name: &str) -> u64 {
 
 impl Ledger {
     /// Opens the ledger at `path`, creating and initialising it (and its directory) if absent.
+    ///
+    /// A new ledger is initialised completely in a temp file beside it and linked into place
+    /// only if the path is still free, so an existing file is always a finished ledger: an
+    /// empty or short one is damage (truncation), never "new" (re-initialising it in place
+    /// would hand every group a fresh 0 usage while its processes still hold memory).
     pub fn open_or_create(path: &Path, gpu_index: u32) -> Result<Self, LedgerError> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io_err(dir, "create directory", e))?;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .open(path)
-            .map_err(|e| io_err(path, "open", e))?;
-        {
-            let _lock = FileLock::take(&file, path)?;
-            let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
-            if len == 0 {
-                // The creator's umask (systemd's UMask=0022, a shell's) must not decide who
-                // can reach the ledger: a file offline processes cannot open would leave them
-                // outside the group's quota.
-                set_mode(&file, path, DEFAULT_FILE_MODE)?;
-                file.set_len(LAYOUT_SIZE as u64)
-                    .map_err(|e| io_err(path, "set_len", e))?;
-                let map = map(&file, path)?;
-                init_layout(layout_of(&map), gpu_index);
-                map.flush().map_err(|e| io_err(path, "msync", e))?;
+        let open = || OpenOptions::new().read(true).write(true).open(path);
+        let file = match open() {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Self::create_fresh(path, gpu_index, Place::IfAbsent)?;
+                open().map_err(|e| io_err(path, "open", e))?
             }
-        }
+            Err(e) => return Err(io_err(path, "open", e)),
+        };
         Self::from_file(file, path, Some(gpu_index))
     }
 
@@ -287,11 +278,18 @@ impl Ledger {
                 "file truncated while mapped (access faulted; now reading zeros)".into(),
             ));
         }
-        let len = self
+        let meta = self
             .file
             .metadata()
-            .map_err(|e| io_err(&self.path, "stat", e))?
-            .len();
+            .map_err(|e| io_err(&self.path, "stat", e))?;
+        if std::os::unix::fs::MetadataExt::nlink(&meta) == 0 {
+            return Err(corrupt(
+                &self.path,
+                "path",
+                "file deleted while mapped: newcomers would open a different ledger".into(),
+            ));
+        }
+        let len = meta.len();
         if len < LAYOUT_SIZE as u64 {
             return Err(corrupt(
                 &self.path,
@@ -607,17 +605,21 @@ impl Ledger {
             moved_to = PathBuf::from(format!("{}.damaged-{ts}.{n}", path.display()));
             n += 1;
         }
-        Self::create_fresh(path, gpu_index, Some(&moved_to))?;
+        Self::create_fresh(path, gpu_index, Place::Replace { aside: &moved_to })?;
         let l = Self::open_existing(path)?;
         Ok((l, Some(Recreated { moved_to, error })))
     }
 
-    /// Creates a fresh ledger beside `path` and renames it over `path`, first moving the
-    /// current file to `aside` (when given).
-    fn create_fresh(path: &Path, gpu_index: u32, aside: Option<&Path>) -> Result<(), LedgerError> {
+    /// Creates a fresh, fully initialised ledger beside `path` and puts it in place.
+    fn create_fresh(path: &Path, gpu_index: u32, place: Place<'_>) -> Result<(), LedgerError> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         let dir = path.parent().unwrap_or(Path::new("."));
         let name = path.file_name().map_or("ledger".into(), |n| n.to_string_lossy().into_owned());
-        let tmp = dir.join(format!(".{name}.new-{}", std::process::id()));
+        let tmp = dir.join(format!(
+            ".{name}.new-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        ));
         let _ = std::fs::remove_file(&tmp);
         let file = OpenOptions::new()
             .read(true)
@@ -632,16 +634,32 @@ impl Ledger {
             init_layout(layout_of(&m), gpu_index);
             m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
             set_mode(&file, &tmp, DEFAULT_FILE_MODE)?;
-            if let Some(a) = aside {
-                std::fs::rename(path, a).map_err(|e| io_err(path, "rename aside", e))?;
+            match place {
+                Place::Replace { aside } => {
+                    std::fs::rename(path, aside).map_err(|e| io_err(path, "rename aside", e))?;
+                    std::fs::rename(&tmp, path).map_err(|e| io_err(path, "rename into place", e))
+                }
+                // Another process may have linked its own first: then that one is the ledger.
+                Place::IfAbsent => match std::fs::hard_link(&tmp, path) {
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                        Err(io_err(path, "link into place", e))
+                    }
+                    _ => Ok(()),
+                },
             }
-            std::fs::rename(&tmp, path).map_err(|e| io_err(path, "rename into place", e))
         })();
-        if made.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
+        let _ = std::fs::remove_file(&tmp);
         made
     }
+}
+
+/// How [`Ledger::create_fresh`] puts the new file in place.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    /// Only if nothing is at the path yet (link(2) refuses an existing name).
+    IfAbsent,
+    /// Move the current file to `aside`, then rename the new one over the path.
+    Replace { aside: &'a Path },
 }
 
 /// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,

@@ -23,3 +23,17 @@ fn a_truncated_ledger_reads_zeros_instead_of_killing_the_process() {
     assert!(e.contains("total_size") && e.contains(&*p.to_string_lossy()), "{e}");
     // A fault outside any ledger is still a fault: not tested here (it would kill the runner).
 }
+
+#[test]
+fn an_emptied_ledger_is_damage_not_a_fresh_ledger_for_the_next_opener() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("gpu0/ledger");
+    let l = Ledger::open_or_create(&p, 0).unwrap();
+    let g = l.group(node_ledger::ledger::group_id_for("c"), 64 << 20).unwrap();
+    l.try_reserve_group(g, 40 << 20).unwrap();
+    std::fs::write(&p, b"").unwrap(); // truncate -s 0
+    match Ledger::open_or_create(&p, 0) {
+        Err(e) => assert!(e.to_string().contains("total_size"), "{e}"),
+        Ok(_) => panic!("a newcomer re-initialised the truncated ledger: a fresh 0 usage"),
+    }
+}

@@ -155,12 +155,15 @@ fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
     });
     assert!(n.alive(m), "the monitor died: {}", n.log("mon.json"));
     assert_eq!(error_lines(&n.log("mon.json")).len(), 1, "{}", n.log("mon.json"));
-    // Restarted (Restart=always): the empty file is a new ledger, created in place.
+    // Restarted (Restart=always): the emptied file is moved aside and a fresh one created.
     n.signal(m, libc::SIGTERM);
     assert!(n.wait_exit(m, T).is_some(), "the monitor did not stop");
     let m2 = n.start_monitor("mon.json", CONFIG);
     n.wait_state(T, "healthy again", |v| {
-        state(v) == "healthy" && v["ledger_error"].is_null() && v["monitor_pid"] == n.pid(m2)
+        state(v) == "healthy"
+            && v["monitor_pid"] == n.pid(m2)
+            && v["ledger_error"].as_str().is_some_and(|e| e.contains("moved to"))
     });
+    assert_eq!(aside(&n.ledger_path()).len(), 1, "the emptied file is kept aside");
     node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
 }
