@@ -300,6 +300,52 @@ impl Ledger {
         validate_header(self.layout(), &self.path, None)
     }
 
+    /// For the monitor, when its ledger was deleted while mapped: puts a copy of the mapping
+    /// (groups with their usage, registrations) back at the path, only if the name is still
+    /// free. The copy over-counts what live processes free later (they have stopped using the
+    /// deleted file) until they die and are reclaimed: conservative, never a fresh 0 usage.
+    /// Returns whether a copy was linked into place.
+    pub fn restore_deleted(&self) -> Result<bool, LedgerError> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(".restore-{}-{}", std::process::id(), SEQ.fetch_add(1, Relaxed)));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io_err(&tmp, "create", e))?;
+        let made = (|| {
+            file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
+            let m = map(&file, &tmp)?;
+            const _: () = assert!(LAYOUT_SIZE.is_multiple_of(8));
+            // SAFETY: both mappings are page-aligned and LAYOUT_SIZE long, and hold only
+            // atomics (see `layout_of`); viewing them as AtomicU64 words is sound.
+            let (from, to) = unsafe {
+                (
+                    std::slice::from_raw_parts(self.map.as_ptr() as *const AtomicU64, LAYOUT_SIZE / 8),
+                    std::slice::from_raw_parts(m.as_ptr() as *const AtomicU64, LAYOUT_SIZE / 8),
+                )
+            };
+            for (f, t) in from.iter().zip(to) {
+                t.store(f.load(Acquire), Relaxed);
+            }
+            m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
+            let mode = std::os::unix::fs::MetadataExt::mode(
+                &self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
+            );
+            set_mode(&file, &tmp, mode & 0o7777)?;
+            match std::fs::hard_link(&tmp, &self.path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(io_err(&self.path, "link into place", e)),
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        made
+    }
+
     /// Marks the file damaged in its header (see [`INIT_DAMAGED`]), so that no process opens
     /// it again and the monitor reports it. For a body found overwritten while the header
     /// still validates; never call it on a file that has shrunk (the write would fault).

@@ -32,6 +32,10 @@ impl LedgerAdapter {
     pub fn check(&mut self) -> Option<&str> {
         if self.damage.is_none() {
             if let Err(e) = self.ledger.check_header() {
+                if let Some(fresh) = self.restore_if_deleted(&e) {
+                    self.ledger = fresh;
+                    return None;
+                }
                 tracing::error!(
                     ledger = %self.ledger.path().display(),
                     error = %e,
@@ -42,6 +46,25 @@ impl LedgerAdapter {
             }
         }
         self.damage.as_deref()
+    }
+
+    /// A ledger deleted while mapped: put a copy (with every group's usage) back in place
+    /// before a newcomer creates an empty one, and go on with that copy. Logged once.
+    fn restore_if_deleted(&self, e: &node_ledger::LedgerError) -> Option<Ledger> {
+        if !matches!(e, node_ledger::LedgerError::Corrupt { field: "path", .. }) {
+            return None;
+        }
+        let path = self.ledger.path().to_owned();
+        match self.ledger.restore_deleted() {
+            Ok(true) => {
+                let (mode, gid) = self.ledger.access().ok()?;
+                let fresh = Ledger::open_existing(&path).ok()?;
+                let _ = fresh.set_access(mode, Some(gid));
+                tracing::error!(ledger = %path.display(), "ledger deleted while in use: restored a copy with every group's usage; processes that used the deleted file refuse new allocations");
+                Some(fresh)
+            }
+            _ => None,
+        }
     }
 
     /// Whether the mapping may be touched (not once damage was found; [`Self::check`] has

@@ -13,7 +13,8 @@ use node_ledger::layout::{HEADER_SIZE, LAYOUT_SIZE};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
-const CONFIG: &str = r#"{ "interval_ms": 10, "state_file_every_ms": 10, "host_memory": { "enabled": false } }"#;
+const CONFIG: &str =
+    r#"{ "interval_ms": 10, "state_file_every_ms": 10, "host_memory": { "enabled": false } }"#;
 
 fn state(v: &Value) -> &str {
     v["state"].as_str().unwrap_or("")
@@ -73,7 +74,11 @@ fn a_restarted_monitor_moves_a_damaged_ledger_aside_and_keeps_monitoring() {
         ("random bytes", junk(LAYOUT_SIZE, 7), "magic"),
         ("wrong magic", valid_then(|b| b[0] ^= 0xff), "magic"),
         ("wrong version", valid_then(|b| b[8] = 99), "layout_version"),
-        ("wrong size", valid_then(|b| b.truncate(LAYOUT_SIZE - 64)), "total_size"),
+        (
+            "wrong size",
+            valid_then(|b| b.truncate(LAYOUT_SIZE - 64)),
+            "total_size",
+        ),
         ("too short", junk(HEADER_SIZE / 2, 3), "total_size"),
     ];
     for (what, bytes, field) in cases {
@@ -83,10 +88,22 @@ fn a_restarted_monitor_moves_a_damaged_ledger_aside_and_keeps_monitoring() {
         std::fs::write(&lp, &bytes).unwrap();
         let m = n.start_monitor("mon.json", CONFIG);
         let v = n.wait_state(T, "healthy", |v| state(v) == "healthy");
-        assert!(n.alive(m), "{what}: the monitor exited: {}", n.log("mon.json"));
+        assert!(
+            n.alive(m),
+            "{what}: the monitor exited: {}",
+            n.log("mon.json")
+        );
         let moved = aside(&lp);
-        assert_eq!(moved.len(), 1, "{what}: the damaged file is kept aside: {moved:?}");
-        assert_eq!(std::fs::read(&moved[0]).unwrap(), bytes, "{what}: kept as it was");
+        assert_eq!(
+            moved.len(),
+            1,
+            "{what}: the damaged file is kept aside: {moved:?}"
+        );
+        assert_eq!(
+            std::fs::read(&moved[0]).unwrap(),
+            bytes,
+            "{what}: kept as it was"
+        );
         node_ledger::Ledger::open_existing(&lp)
             .unwrap_or_else(|e| panic!("{what}: the fresh ledger does not validate: {e}"));
         let log = n.log("mon.json");
@@ -98,7 +115,9 @@ fn a_restarted_monitor_moves_a_damaged_ledger_aside_and_keeps_monitoring() {
             errs[0]
         );
         assert!(
-            v["ledger_error"].as_str().is_some_and(|e| e.contains(field)),
+            v["ledger_error"]
+                .as_str()
+                .is_some_and(|e| e.contains(field)),
             "{what}: the state file reports it: {v:#}"
         );
     }
@@ -126,7 +145,11 @@ fn a_running_monitor_reports_a_damaged_header_once_and_keeps_running() {
         n.wait_state(T, "more samples", |v| {
             v["samples"].as_u64().unwrap() > samples + 20
         });
-        assert!(n.alive(m), "{what}: the monitor died: {}", n.log("mon.json"));
+        assert!(
+            n.alive(m),
+            "{what}: the monitor died: {}",
+            n.log("mon.json")
+        );
         let log = n.log("mon.json");
         assert_eq!(error_lines(&log).len(), 1, "{what}: one error line: {log}");
         assert!(
@@ -148,13 +171,21 @@ fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
         .set_len(0)
         .unwrap();
     let v = n.wait_state(T, "ledger_error", |v| v["ledger_error"].is_string());
-    assert!(v["ledger_error"].as_str().unwrap().contains("total_size"), "{v:#}");
+    assert!(
+        v["ledger_error"].as_str().unwrap().contains("total_size"),
+        "{v:#}"
+    );
     let samples = v["samples"].as_u64().unwrap();
     n.wait_state(T, "more samples", |v| {
         v["samples"].as_u64().unwrap() > samples + 20
     });
     assert!(n.alive(m), "the monitor died: {}", n.log("mon.json"));
-    assert_eq!(error_lines(&n.log("mon.json")).len(), 1, "{}", n.log("mon.json"));
+    assert_eq!(
+        error_lines(&n.log("mon.json")).len(),
+        1,
+        "{}",
+        n.log("mon.json")
+    );
     // Restarted (Restart=always): the emptied file is moved aside and a fresh one created.
     n.signal(m, libc::SIGTERM);
     assert!(n.wait_exit(m, T).is_some(), "the monitor did not stop");
@@ -162,8 +193,49 @@ fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
     n.wait_state(T, "healthy again", |v| {
         state(v) == "healthy"
             && v["monitor_pid"] == n.pid(m2)
-            && v["ledger_error"].as_str().is_some_and(|e| e.contains("moved to"))
+            && v["ledger_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("moved to"))
     });
-    assert_eq!(aside(&n.ledger_path()).len(), 1, "the emptied file is kept aside");
+    assert_eq!(
+        aside(&n.ledger_path()).len(),
+        1,
+        "the emptied file is kept aside"
+    );
     node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+}
+
+#[test]
+fn a_ledger_deleted_under_the_monitor_comes_back_with_its_usage() {
+    let mut n = EmuNode::new();
+    let m = n.start_monitor("mon.json", CONFIG);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let holder = n.spawn_sh("exec sleep 60");
+    let l = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let h = common::register(&l, n.pid(holder), 40 << 20);
+    std::fs::remove_file(n.ledger_path()).unwrap();
+    let end = std::time::Instant::now() + T;
+    while !n.ledger_path().exists() {
+        assert!(
+            std::time::Instant::now() < end,
+            "never restored: {}",
+            n.log("mon.json")
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // What a newcomer of that group opens: the usage is still counted, never a fresh 0.
+    let again = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    assert_eq!(again.group_used(h.group), 40 << 20);
+    assert_eq!(
+        again.procs().len(),
+        1,
+        "the holder's registration came along"
+    );
+    assert!(n.alive(m));
+    assert_eq!(
+        error_lines(&n.log("mon.json")).len(),
+        1,
+        "{}",
+        n.log("mon.json")
+    );
 }

@@ -110,7 +110,7 @@ impl Quota {
         let err = match ledger.check_header() {
             Err(e) => e,
             Ok(()) => {
-                let Some(h) = unpack(handle.load(Acquire)) else { return None };
+                let h = unpack(handle.load(Acquire))?;
                 match ledger.check_registration(h, std::process::id(), self.group_id) {
                     Ok(()) => return None,
                     Err(e) => {

@@ -28,7 +28,11 @@ fn ledger_file(host: &EmuHost) -> std::path::PathBuf {
 fn wait_stderr(c: &EmuChild, what: &str) {
     let end = Instant::now() + T;
     while !c.stderr().contains(what) {
-        assert!(Instant::now() < end, "no `{what}` in stderr:\n{}", c.stderr());
+        assert!(
+            Instant::now() < end,
+            "no `{what}` in stderr:\n{}",
+            c.stderr()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -100,7 +104,11 @@ fn a_zeroed_body_stops_the_holder_and_is_never_a_fresh_quota_for_a_newcomer() {
         &host,
         limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &(40 * MIB).to_string()]),
     );
-    assert_eq!(rc_of(&b, "alloc="), ["2"], "80 MiB held against a 64 MiB quota: {b:?}");
+    assert_eq!(
+        rc_of(&b, "alloc="),
+        ["2"],
+        "80 MiB held against a 64 MiB quota: {b:?}"
+    );
     a.send_line("go");
     let out = a.finish(T);
     let lines: Vec<String> = out.lines().map(str::to_string).collect();
@@ -131,11 +139,18 @@ fn a_truncated_ledger_does_not_kill_a_process_holding_memory() {
     a.send_line("go");
     let out = a.finish(T);
     let st = a.wait_timeout(Duration::ZERO).unwrap();
-    assert!(st.success(), "the process died: {st:?}\n{out}\n{}", a.stderr());
+    assert!(
+        st.success(),
+        "the process died: {st:?}\n{out}\n{}",
+        a.stderr()
+    );
     let lines: Vec<String> = out.lines().map(str::to_string).collect();
     let rcs = rc_of(&lines, "alloc=");
     assert_eq!(rcs.first().map(String::as_str), Some("0"), "{out}");
-    assert!(rcs[1..].iter().all(|r| r == "2"), "nothing more is granted: {out}");
+    assert!(
+        rcs[1..].iter().all(|r| r == "2"),
+        "nothing more is granted: {out}"
+    );
     assert_eq!(rc_of(&lines, "free="), ["0"], "frees still work: {out}");
     assert_eq!(
         a.stderr().lines().filter(|l| l.contains(REFUSAL)).count(),
@@ -150,7 +165,11 @@ fn held(out: &str) -> u64 {
     let mut stack = Vec::new();
     for l in out.lines() {
         if l.starts_with("alloc=0") {
-            stack.push(e2e::field(l, "bytes").and_then(|b| b.parse::<u64>().ok()).unwrap_or(0));
+            stack.push(
+                e2e::field(l, "bytes")
+                    .and_then(|b| b.parse::<u64>().ok())
+                    .unwrap_or(0),
+            );
         } else if l.starts_with("free=0") {
             stack.pop();
         }
@@ -166,12 +185,22 @@ fn held(out: &str) -> u64 {
 #[test]
 #[ignore = "stress tool: run by hand, prints its figures"]
 fn stress_damaged_ledger_under_monitor_and_processes() {
-    let cycles: usize = std::env::var("LEDGER_STRESS_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let cycles: usize = std::env::var("LEDGER_STRESS_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
     let host = EmuHost::new();
     host.require_nvml();
     let cfg = host.root().join("sysmonitor.json");
     std::fs::write(&cfg, r#"{ "interval_ms": 10, "state_file_every_ms": 10, "host_memory": { "enabled": false }, "verify": { "enabled": false } }"#).unwrap();
-    let start_monitor = || host.spawn(host.command("sysmonitor").args(["run", "--config"]).arg(&cfg).env("XSHARE_LEDGER_DIR", ledger_dir(&host)));
+    let start_monitor = || {
+        host.spawn(
+            host.command("sysmonitor")
+                .args(["run", "--config"])
+                .arg(&cfg)
+                .env("XSHARE_LEDGER_DIR", ledger_dir(&host)),
+        )
+    };
     let lp = ledger_file(&host);
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut rnd = move |n: u64| {
@@ -181,7 +210,8 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
         seed % n
     };
     let kinds = ["truncated", "zeroed", "wrong-version", "random", "deleted"];
-    let (mut died, mut monitor_died, mut worst_over, mut cycles_over) = (0usize, 0usize, 0u64, 0usize);
+    let (mut died, mut monitor_died, mut worst_over, mut cycles_over) =
+        (0usize, 0usize, 0u64, 0usize);
     let mut report = Vec::new();
     for c in 0..cycles {
         let kind = kinds[c % kinds.len()];
@@ -195,7 +225,11 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
         let mut olds: Vec<EmuChild> = (0..3)
             .map(|_| {
                 let a: Vec<String> = (0..8).map(|_| mib(rnd(16))).collect();
-                let mut args: Vec<&str> = vec!["ctx", "alloc", &a[0], "alloc", &a[1], "ready", "wait", "alloc", &a[2], "alloc", &a[3], "free", "alloc", &a[4], "sleep", "30", "alloc", &a[5], "alloc", &a[6], "alloc", &a[7], "wait"];
+                let mut args: Vec<&str> = vec![
+                    "ctx", "alloc", &a[0], "alloc", &a[1], "ready", "wait", "alloc", &a[2],
+                    "alloc", &a[3], "free", "alloc", &a[4], "sleep", "30", "alloc", &a[5], "alloc",
+                    &a[6], "alloc", &a[7], "wait",
+                ];
                 args.retain(|_| true);
                 host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(&args))
             })
@@ -204,10 +238,23 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
             o.wait_for_line("ready", T);
         }
         match kind {
-            "truncated" => std::fs::OpenOptions::new().write(true).open(&lp).unwrap().set_len(0).unwrap(),
-            "zeroed" => poke(&lp, HEADER_SIZE as u64, &vec![0u8; LAYOUT_SIZE - HEADER_SIZE]),
+            "truncated" => std::fs::OpenOptions::new()
+                .write(true)
+                .open(&lp)
+                .unwrap()
+                .set_len(0)
+                .unwrap(),
+            "zeroed" => poke(
+                &lp,
+                HEADER_SIZE as u64,
+                &vec![0u8; LAYOUT_SIZE - HEADER_SIZE],
+            ),
             "wrong-version" => poke(&lp, 8, &[9, 0, 0, 0]),
-            "random" => poke(&lp, 0, &(0..LAYOUT_SIZE).map(|_| rnd(256) as u8).collect::<Vec<_>>()),
+            "random" => poke(
+                &lp,
+                0,
+                &(0..LAYOUT_SIZE).map(|_| rnd(256) as u8).collect::<Vec<_>>(),
+            ),
             _ => std::fs::remove_file(&lp).unwrap(),
         }
         // Old processes go on at once (racing their controller's check); newcomers join.
@@ -218,7 +265,10 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
         let mut news: Vec<EmuChild> = (0..2)
             .map(|_| {
                 let (x, y) = (mib(rnd(32)), mib(rnd(32)));
-                host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args(["ctx", "alloc", &x, "alloc", &y, "ready", "wait"]))
+                host.spawn(
+                    limited(&host, "shim_client", QUOTA, "ctr")
+                        .args(["ctx", "alloc", &x, "alloc", &y, "ready", "wait"]),
+                )
             })
             .collect();
         for n in &mut news {
@@ -229,7 +279,11 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
         while olds.iter().any(|o| o.lines("alloc=").len() < 8) && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let total: u64 = olds.iter().chain(news.iter()).map(|p| held(&p.stdout())).sum();
+        let total: u64 = olds
+            .iter()
+            .chain(news.iter())
+            .map(|p| held(&p.stdout()))
+            .sum();
         let over = total.saturating_sub(QUOTA);
         worst_over = worst_over.max(over);
         cycles_over += usize::from(over > 0);
