@@ -346,6 +346,17 @@ impl Ledger {
         made
     }
 
+    /// Hot-path check (a few atomic loads, no syscall): the header still reads as this
+    /// ledger's and no truncation was caught. [`Ledger::check_header`] says what is wrong.
+    #[inline]
+    pub fn header_intact(&self) -> bool {
+        let h = &self.layout().header;
+        !self.fault_guard.faulted()
+            && h.magic.load(Relaxed) == MAGIC
+            && h.layout_version.load(Relaxed) == LAYOUT_VERSION
+            && h.init_state.load(Acquire) == INIT_READY
+    }
+
     /// Marks the file damaged in its header (see [`INIT_DAMAGED`]), so that no process opens
     /// it again and the monitor reports it. For a body found overwritten while the header
     /// still validates; never call it on a file that has shrunk (the write would fault).

@@ -140,6 +140,11 @@ impl Quota {
             Backend::Ledger { .. } if self.damaged.load(Relaxed) => false,
             Backend::Ledger { ledger, handle } => match unpack(handle.load(Relaxed)) {
                 Some(h) => {
+                    // Damage the controller has not seen yet (random bytes, an overwritten
+                    // group): atomics only; the controller names it within a tick.
+                    if !ledger.header_intact() || ledger.group_id(h.group) != self.group_id {
+                        return false;
+                    }
                     if ledger.try_reserve(h, bytes).is_ok() {
                         return true;
                     }
