@@ -15,6 +15,9 @@ pub const MAX_PROCS: usize = 256;
 pub const MAX_GROUPS: usize = 64;
 /// `Header::init_state` value once the creator has finished initialising the file.
 pub const INIT_READY: u32 = 0x5EAD_1E55;
+/// `Header::init_state` value written by a process that found the ledger's body overwritten
+/// (its group or registry slot gone): every later open and header check refuses the file.
+pub const INIT_DAMAGED: u32 = 0xDA3A_6ED0;
 
 /// Validated on open: magic, layout version, header size, total size.
 #[repr(C)]

@@ -71,6 +71,8 @@ pub struct ProcSnapshot {
 /// A mapped ledger file. Hot-path operations are atomics on the mapping; registration and
 /// group creation take an advisory `flock` (never on a hot path).
 pub struct Ledger {
+    /// Declared first: dropped (unregistered) before the mapping is unmapped.
+    fault_guard: crate::sigbus::Guard,
     map: MmapMut,
     file: File,
     path: PathBuf,
@@ -148,33 +150,24 @@ pub fn group_id_for(name: &str) -> u64 {
 
 impl Ledger {
     /// Opens the ledger at `path`, creating and initialising it (and its directory) if absent.
+    ///
+    /// A new ledger is initialised completely in a temp file beside it and linked into place
+    /// only if the path is still free, so an existing file is always a finished ledger: an
+    /// empty or short one is damage (truncation), never "new" (re-initialising it in place
+    /// would hand every group a fresh 0 usage while its processes still hold memory).
     pub fn open_or_create(path: &Path, gpu_index: u32) -> Result<Self, LedgerError> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io_err(dir, "create directory", e))?;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .open(path)
-            .map_err(|e| io_err(path, "open", e))?;
-        {
-            let _lock = FileLock::take(&file, path)?;
-            let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
-            if len == 0 {
-                // The creator's umask (systemd's UMask=0022, a shell's) must not decide who
-                // can reach the ledger: a file offline processes cannot open would leave them
-                // outside the group's quota.
-                set_mode(&file, path, DEFAULT_FILE_MODE)?;
-                file.set_len(LAYOUT_SIZE as u64)
-                    .map_err(|e| io_err(path, "set_len", e))?;
-                let map = map(&file, path)?;
-                init_layout(layout_of(&map), gpu_index);
-                map.flush().map_err(|e| io_err(path, "msync", e))?;
+        let open = || OpenOptions::new().read(true).write(true).open(path);
+        let file = match open() {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Self::create_fresh(path, gpu_index, Place::IfAbsent)?;
+                open().map_err(|e| io_err(path, "open", e))?
             }
-        }
+            Err(e) => return Err(io_err(path, "open", e)),
+        };
         Self::from_file(file, path, Some(gpu_index))
     }
 
@@ -205,8 +198,10 @@ impl Ledger {
             ));
         }
         let map = map(&file, path)?;
+        let fault_guard = crate::sigbus::Guard::register(map.as_ptr() as usize, map.len());
         validate(layout_of(&map), path, gpu)?;
         Ok(Self {
+            fault_guard,
             map,
             file,
             path: path.to_owned(),
@@ -270,6 +265,140 @@ impl Ledger {
             what: "quota-group table",
             capacity: MAX_GROUPS,
         })
+    }
+
+    /// Re-checks, while mapped, that the file is still this ledger: its length (a truncated
+    /// file would fault on access) and the header fields validated on open. Cheap (one
+    /// `fstat` and a few atomic loads): for periodic checks, never the hot path.
+    pub fn check_header(&self) -> Result<(), LedgerError> {
+        if self.fault_guard.faulted() {
+            return Err(corrupt(
+                &self.path,
+                "total_size",
+                "file truncated while mapped (access faulted; now reading zeros)".into(),
+            ));
+        }
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| io_err(&self.path, "stat", e))?;
+        if std::os::unix::fs::MetadataExt::nlink(&meta) == 0 {
+            return Err(corrupt(
+                &self.path,
+                "path",
+                "file deleted while mapped: newcomers would open a different ledger".into(),
+            ));
+        }
+        let len = meta.len();
+        if len < LAYOUT_SIZE as u64 {
+            return Err(corrupt(
+                &self.path,
+                "total_size",
+                format!("file shrank to {len} bytes while mapped, layout needs {LAYOUT_SIZE}"),
+            ));
+        }
+        validate_header(self.layout(), &self.path, None)
+    }
+
+    /// For the monitor, when its ledger was deleted while mapped: puts a copy of the mapping
+    /// (groups with their usage, registrations) back at the path, only if the name is still
+    /// free. The copy over-counts what live processes free later (they have stopped using the
+    /// deleted file) until they die and are reclaimed: conservative, never a fresh 0 usage.
+    /// Returns whether a copy was linked into place.
+    pub fn restore_deleted(&self) -> Result<bool, LedgerError> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(".restore-{}-{}", std::process::id(), SEQ.fetch_add(1, Relaxed)));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io_err(&tmp, "create", e))?;
+        let made = (|| {
+            file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
+            let m = map(&file, &tmp)?;
+            const _: () = assert!(LAYOUT_SIZE.is_multiple_of(8));
+            // SAFETY: both mappings are page-aligned and LAYOUT_SIZE long, and hold only
+            // atomics (see `layout_of`); viewing them as AtomicU64 words is sound.
+            let (from, to) = unsafe {
+                (
+                    std::slice::from_raw_parts(self.map.as_ptr() as *const AtomicU64, LAYOUT_SIZE / 8),
+                    std::slice::from_raw_parts(m.as_ptr() as *const AtomicU64, LAYOUT_SIZE / 8),
+                )
+            };
+            for (f, t) in from.iter().zip(to) {
+                t.store(f.load(Acquire), Relaxed);
+            }
+            m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
+            let mode = std::os::unix::fs::MetadataExt::mode(
+                &self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
+            );
+            set_mode(&file, &tmp, mode & 0o7777)?;
+            match std::fs::hard_link(&tmp, &self.path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(io_err(&self.path, "link into place", e)),
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        made
+    }
+
+    /// Hot-path check (a few atomic loads, no syscall): the header still reads as this
+    /// ledger's and no truncation was caught. [`Ledger::check_header`] says what is wrong.
+    #[inline]
+    pub fn header_intact(&self) -> bool {
+        let h = &self.layout().header;
+        !self.fault_guard.faulted()
+            && h.magic.load(Relaxed) == MAGIC
+            && h.layout_version.load(Relaxed) == LAYOUT_VERSION
+            && h.init_state.load(Acquire) == INIT_READY
+    }
+
+    /// Marks the file damaged in its header (see [`INIT_DAMAGED`]), so that no process opens
+    /// it again and the monitor reports it. For a body found overwritten while the header
+    /// still validates; never call it on a file that has shrunk (the write would fault).
+    pub fn mark_damaged(&self) {
+        self.layout().header.init_state.store(INIT_DAMAGED, Release);
+    }
+
+    /// Checks that registered process `h` still owns its registry slot as process `pid` and
+    /// that its group slot still holds `group_id`. Either gone means the ledger's body was
+    /// overwritten (zeroed, replaced): the group's usage can no longer be trusted.
+    pub fn check_registration(&self, h: ProcHandle, pid: u32, group_id: u64) -> Result<(), LedgerError> {
+        let l = self.layout();
+        let gid = l.groups.get(h.group).map_or(0, |g| g.id.load(Acquire));
+        if gid != group_id {
+            return Err(corrupt(
+                &self.path,
+                "groups.id",
+                format!(
+                    "group slot {} holds id {gid:#x}, not this process's group {group_id:#x}: \
+                     the ledger was overwritten",
+                    h.group
+                ),
+            ));
+        }
+        let owner = l.procs.get(h.slot).map_or(0, |p| owner_pid(p.owner.load(Acquire)));
+        if owner != pid {
+            return Err(corrupt(
+                &self.path,
+                "procs.owner",
+                format!(
+                    "registry slot {} is owned by pid {owner}, not this process ({pid}): \
+                     the ledger was overwritten",
+                    h.slot
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Group id held by group slot `group` (0 = free or out of range).
+    pub fn group_id(&self, group: usize) -> u64 {
+        self.layout().groups.get(group).map_or(0, |g| g.id.load(Acquire))
     }
 
     /// Sets the quota of group slot `group` (operators, tests).
@@ -524,6 +653,96 @@ impl Ledger {
     }
 }
 
+/// A damaged ledger that [`Ledger::open_or_recreate`] moved aside before creating a fresh one.
+#[derive(Debug)]
+pub struct Recreated {
+    /// Where the damaged file now lies (`<ledger>.damaged-<unix-ts>`).
+    pub moved_to: PathBuf,
+    /// Why it was judged damaged (names the file and the field).
+    pub error: LedgerError,
+}
+
+impl Ledger {
+    /// Like [`Ledger::open_or_create`], but a file that fails validation (wrong magic, version,
+    /// size, gpu, too short) is renamed aside to `<ledger>.damaged-<unix-ts>` and replaced,
+    /// atomically, by a freshly initialised one (temp file in the same directory, initialised,
+    /// mode set, renamed over). For the monitor: a damaged ledger must not crash-loop it.
+    /// I/O errors (permissions, disk) are returned as they are.
+    pub fn open_or_recreate(
+        path: &Path,
+        gpu_index: u32,
+    ) -> Result<(Self, Option<Recreated>), LedgerError> {
+        let error = match Self::open_or_create(path, gpu_index) {
+            Ok(l) => return Ok((l, None)),
+            Err(e @ LedgerError::Corrupt { .. }) => e,
+            Err(e) => return Err(e),
+        };
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut moved_to = PathBuf::from(format!("{}.damaged-{ts}", path.display()));
+        let mut n = 1;
+        while moved_to.exists() {
+            moved_to = PathBuf::from(format!("{}.damaged-{ts}.{n}", path.display()));
+            n += 1;
+        }
+        Self::create_fresh(path, gpu_index, Place::Replace { aside: &moved_to })?;
+        let l = Self::open_existing(path)?;
+        Ok((l, Some(Recreated { moved_to, error })))
+    }
+
+    /// Creates a fresh, fully initialised ledger beside `path` and puts it in place.
+    fn create_fresh(path: &Path, gpu_index: u32, place: Place<'_>) -> Result<(), LedgerError> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path.file_name().map_or("ledger".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = dir.join(format!(
+            ".{name}.new-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Relaxed)
+        ));
+        let _ = std::fs::remove_file(&tmp);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io_err(&tmp, "create", e))?;
+        let made = (|| {
+            file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
+            let m = map(&file, &tmp)?;
+            init_layout(layout_of(&m), gpu_index);
+            m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
+            set_mode(&file, &tmp, DEFAULT_FILE_MODE)?;
+            match place {
+                Place::Replace { aside } => {
+                    std::fs::rename(path, aside).map_err(|e| io_err(path, "rename aside", e))?;
+                    std::fs::rename(&tmp, path).map_err(|e| io_err(path, "rename into place", e))
+                }
+                // Another process may have linked its own first: then that one is the ledger.
+                Place::IfAbsent => match std::fs::hard_link(&tmp, path) {
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                        Err(io_err(path, "link into place", e))
+                    }
+                    _ => Ok(()),
+                },
+            }
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        made
+    }
+}
+
+/// How [`Ledger::create_fresh`] puts the new file in place.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    /// Only if nothing is at the path yet (link(2) refuses an existing name).
+    IfAbsent,
+    /// Move the current file to `aside`, then rename the new one over the path.
+    Replace { aside: &'a Path },
+}
+
 /// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,
 /// a correcting add when they are not (a corrupt or foreign writer).
 fn saturating_sub(a: &AtomicU64, bytes: u64) {
@@ -560,6 +779,17 @@ fn init_layout(l: &Layout, gpu_index: u32) {
 }
 
 fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError> {
+    validate_header(l, path, gpu)?;
+    for (i, p) in l.procs.iter().enumerate() {
+        let g = p.group_slot.load(Relaxed) as usize;
+        if owner_pid(p.owner.load(Relaxed)) != 0 && g >= MAX_GROUPS {
+            return Err(corrupt(path, "procs.group_slot", format!("slot {i} names group {g}")));
+        }
+    }
+    Ok(())
+}
+
+fn validate_header(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError> {
     let h = &l.header;
     let magic = h.magic.load(Relaxed);
     if magic != MAGIC {
@@ -606,6 +836,15 @@ fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError
             path,
             "max_groups",
             format!("found {mg}, expected {MAX_GROUPS}"),
+        ));
+    }
+    if h.init_state.load(Acquire) == INIT_DAMAGED {
+        return Err(corrupt(
+            path,
+            "init_state",
+            "marked damaged by an offline process whose quota group or registry slot was \
+             overwritten"
+                .into(),
         ));
     }
     if h.init_state.load(Acquire) != INIT_READY {

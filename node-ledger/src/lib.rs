@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod manager;
 pub mod monitor;
 pub mod procinfo;
+pub mod sigbus;
 
 pub use config::{ConfigError, LedgerConfig};
 pub use health::HealthState;

@@ -198,8 +198,20 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
     let _instance = lock_instance(&cfg)?;
     install_signal_handlers();
     let lpath = cfg.ledger_path();
-    let ledger = node_ledger::Ledger::open_or_create(&lpath, cfg.gpu_index)
+    // A damaged file is moved aside and replaced, never a reason to exit: under
+    // Restart=always that would be a crash loop with the GPU unmonitored.
+    let (ledger, recreated) = node_ledger::Ledger::open_or_recreate(&lpath, cfg.gpu_index)
         .map_err(|e| format!("ledger: {e}"))?;
+    let mut start_ledger_error = None;
+    if let Some(r) = recreated {
+        tracing::error!(
+            ledger = %lpath.display(),
+            moved_to = %r.moved_to.display(),
+            error = %r.error,
+            "damaged ledger moved aside; created a fresh one"
+        );
+        start_ledger_error = Some(format!("{} (moved to {})", r.error, r.moved_to.display()));
+    }
     // Validated with the config; applied on every start so an existing file gets it too.
     let (mode, gid) = (cfg.ledger_mode_bits()?, cfg.ledger_gid()?);
     ledger
@@ -237,6 +249,7 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
     let mut next = mono_ms();
     while !stop_requested() {
         let now = mono_ms();
+        mon.ledger.check();
         mon.tick(now);
         if take_reload() {
             match Config::load(base) {
@@ -285,7 +298,12 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
             }
             mon.refresh_offline();
             let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-            let snap = mon.snapshot(now, &names, config_error.clone(), reloads);
+            let mut snap = mon.snapshot(now, &names, config_error.clone(), reloads);
+            snap.ledger_error = mon
+                .ledger
+                .check()
+                .map(str::to_owned)
+                .or_else(|| start_ledger_error.clone());
             if let Err(e) = report::write_state_file(&cfg.state_file, &snap) {
                 tracing::warn!(path = %cfg.state_file.display(), error = %e, "cannot write the state file");
             }

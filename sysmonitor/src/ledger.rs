@@ -12,6 +12,9 @@ use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 pub struct LedgerAdapter {
     pub ledger: Ledger,
     own_ns: u64,
+    /// Set once the mapped header stops validating: the mapping is no longer read or written
+    /// (a truncated file would fault), offline processes fail closed on their own check.
+    damage: Option<String>,
 }
 
 impl LedgerAdapter {
@@ -19,7 +22,55 @@ impl LedgerAdapter {
         LedgerAdapter {
             ledger,
             own_ns: node_ledger::procinfo::own_pid_ns(),
+            damage: None,
         }
+    }
+
+    /// Re-validates the mapped header (call every tick). Returns the damage, logging it once
+    /// when first found; damage is sticky for the life of this monitor (a restart moves the
+    /// file aside and creates a fresh one).
+    pub fn check(&mut self) -> Option<&str> {
+        if self.damage.is_none() {
+            if let Err(e) = self.ledger.check_header() {
+                if let Some(fresh) = self.restore_if_deleted(&e) {
+                    self.ledger = fresh;
+                    return None;
+                }
+                tracing::error!(
+                    ledger = %self.ledger.path().display(),
+                    error = %e,
+                    "ledger damaged while running: offline processes refuse new allocations; \
+                     restart sysmonitor to move it aside and create a fresh one"
+                );
+                self.damage = Some(e.to_string());
+            }
+        }
+        self.damage.as_deref()
+    }
+
+    /// A ledger deleted while mapped: put a copy (with every group's usage) back in place
+    /// before a newcomer creates an empty one, and go on with that copy. Logged once.
+    fn restore_if_deleted(&self, e: &node_ledger::LedgerError) -> Option<Ledger> {
+        if !matches!(e, node_ledger::LedgerError::Corrupt { field: "path", .. }) {
+            return None;
+        }
+        let path = self.ledger.path().to_owned();
+        match self.ledger.restore_deleted() {
+            Ok(true) => {
+                let (mode, gid) = self.ledger.access().ok()?;
+                let fresh = Ledger::open_existing(&path).ok()?;
+                let _ = fresh.set_access(mode, Some(gid));
+                tracing::error!(ledger = %path.display(), "ledger deleted while in use: restored a copy with every group's usage; processes that used the deleted file refuse new allocations");
+                Some(fresh)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the mapping may be touched (not once damage was found; [`Self::check`] has
+    /// already logged it, so callers skip quietly rather than log it again every tick).
+    fn usable(&self) -> bool {
+        self.damage.is_none()
     }
 }
 
@@ -40,6 +91,9 @@ fn permille(pct: f64) -> u32 {
 
 impl LedgerPort for LedgerAdapter {
     fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
+        if !self.usable() {
+            return Ok(Vec::new());
+        }
         let now = mono_ms();
         let slots = &self.ledger.layout().procs;
         Ok(self
@@ -72,6 +126,9 @@ impl LedgerPort for LedgerAdapter {
         _reason: EvictReason,
         _now_ms: u64,
     ) -> Result<(), String> {
+        if !self.usable() {
+            return Ok(());
+        }
         let slot = self
             .ledger
             .layout()
@@ -88,6 +145,9 @@ impl LedgerPort for LedgerAdapter {
     }
 
     fn publish(&mut self, p: &Published) -> Result<(), String> {
+        if !self.usable() {
+            return Ok(());
+        }
         let m = &self.ledger.layout().monitor;
         // The memory quota belongs to the operator: carry it over (the SM budget is the manager's block).
         let prev = self.ledger.read_monitor();

@@ -387,6 +387,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             overlimit_entry_sample: self.overlimit_entry_sample,
             last_eviction_sample: self.last_eviction_sample,
             overlimit_eviction_lag_samples: self.overlimit_eviction_lag_samples,
+            ledger_error: None,
         }
     }
 }

@@ -52,6 +52,10 @@ pub struct Snapshot {
     /// Sampling intervals between the last Overlimit entry and the eviction it caused.
     #[serde(default)]
     pub overlimit_eviction_lag_samples: Option<u64>,
+    /// The ledger's damage, found at start (moved aside and recreated) or while running (the
+    /// header no longer validates; offline processes refuse new allocations).
+    #[serde(default)]
+    pub ledger_error: Option<String>,
 }
 
 /// Writes `bytes` to `path` through a temp file and rename, so readers never see half a file.
@@ -396,6 +400,7 @@ mod tests {
             overlimit_entry_sample: Some(3),
             last_eviction_sample: Some(3),
             overlimit_eviction_lag_samples: Some(0),
+            ledger_error: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Device-memory quota: one-step check-and-reserve (in the shared ledger when available, else
 //! process-local), exact give-back on free through per-kind allocation maps, and array sizes.
 
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 use cuda_abi::{array_format_bytes, CUarray_format};
 use node_ledger::{Ledger, ProcHandle};
@@ -38,6 +38,11 @@ pub struct Quota {
     fork_group: AtomicU64,
     /// The calling thread's current context (owner of a new allocation; 0 = unknown).
     owner_source: fn() -> u64,
+    /// Set (for good) once the ledger is found damaged: new reservations are refused and the
+    /// mapping is no longer touched; frees still succeed.
+    damaged: AtomicBool,
+    /// Id of the group this process registered in (ledger backend).
+    group_id: u64,
 }
 
 fn no_owner() -> u64 {
@@ -57,7 +62,10 @@ fn unpack(v: u64) -> Option<ProcHandle> {
 impl Quota {
     /// A quota counted in `ledger` for registered process `handle`.
     pub fn with_ledger(ledger: Ledger, handle: ProcHandle) -> Self {
-        Self::new(Backend::Ledger { ledger, handle: AtomicU64::new(pack(handle)) })
+        let group_id = ledger.group_id(handle.group);
+        let mut q = Self::new(Backend::Ledger { ledger, handle: AtomicU64::new(pack(handle)) });
+        q.group_id = group_id;
+        q
     }
 
     /// A process-local quota of `limit` bytes.
@@ -66,7 +74,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0 }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -84,9 +92,42 @@ impl Quota {
         }
     }
 
-    /// The ledger, when counting there.
+    /// Whether the ledger was found damaged (see [`Quota::check_ledger`]).
+    pub fn ledger_damaged(&self) -> bool {
+        self.damaged.load(Relaxed)
+    }
+
+    /// Periodic check (controller thread, never the hot path): the ledger's header still
+    /// validates, this process still owns its registry slot and its group slot still holds its
+    /// group. Returns the damage the first time it is found; from then on new reservations are
+    /// refused. A body overwritten under a valid header is marked in the header, so that no
+    /// newcomer re-creates the group with a fresh 0 usage and the monitor reports it.
+    pub fn check_ledger(&self) -> Option<String> {
+        let Backend::Ledger { ledger, handle } = &self.backend else { return None };
+        if self.damaged.load(Acquire) {
+            return None;
+        }
+        let err = match ledger.check_header() {
+            Err(e) => e,
+            Ok(()) => {
+                let h = unpack(handle.load(Acquire))?;
+                match ledger.check_registration(h, std::process::id(), self.group_id) {
+                    Ok(()) => return None,
+                    Err(e) => {
+                        ledger.mark_damaged();
+                        e
+                    }
+                }
+            }
+        };
+        self.damaged.store(true, Release);
+        Some(err.to_string())
+    }
+
+    /// The ledger, when counting there (and not found damaged).
     pub fn ledger(&self) -> Option<(&Ledger, Option<ProcHandle>)> {
         match &self.backend {
+            Backend::Ledger { .. } if self.damaged.load(Relaxed) => None,
             Backend::Ledger { ledger, handle } => Some((ledger, unpack(handle.load(Relaxed)))),
             Backend::Local { .. } => None,
         }
@@ -96,8 +137,14 @@ impl Quota {
     #[inline]
     pub fn try_reserve(&self, bytes: u64) -> bool {
         match &self.backend {
+            Backend::Ledger { .. } if self.damaged.load(Relaxed) => false,
             Backend::Ledger { ledger, handle } => match unpack(handle.load(Relaxed)) {
                 Some(h) => {
+                    // Damage the controller has not seen yet (random bytes, an overwritten
+                    // group): atomics only; the controller names it within a tick.
+                    if !ledger.header_intact() || ledger.group_id(h.group) != self.group_id {
+                        return false;
+                    }
                     if ledger.try_reserve(h, bytes).is_ok() {
                         return true;
                     }
@@ -131,6 +178,8 @@ impl Quota {
     #[inline]
     pub fn release(&self, bytes: u64) {
         match &self.backend {
+            // A damaged ledger's counters mean nothing any more: the free succeeds, uncounted.
+            Backend::Ledger { .. } if self.damaged.load(Relaxed) => {}
             Backend::Ledger { ledger, handle } => {
                 if let Some(h) = unpack(handle.load(Relaxed)) {
                     ledger.release(h, bytes);
@@ -145,6 +194,7 @@ impl Quota {
     /// Bytes in use by the group (ledger) or the process (local).
     pub fn used(&self) -> u64 {
         match &self.backend {
+            Backend::Ledger { .. } if self.damaged.load(Relaxed) => 0,
             Backend::Ledger { ledger, handle } => {
                 unpack(handle.load(Relaxed)).map_or(0, |h| ledger.group_used(h.group))
             }
@@ -155,6 +205,7 @@ impl Quota {
     /// The group's quota in bytes.
     pub fn limit(&self) -> u64 {
         match &self.backend {
+            Backend::Ledger { .. } if self.damaged.load(Relaxed) => 0,
             Backend::Ledger { ledger, handle } => {
                 unpack(handle.load(Relaxed)).map_or(0, |h| ledger.group_quota(h.group))
             }
@@ -202,6 +253,7 @@ impl Quota {
             m.clear();
         }
         match &self.backend {
+            Backend::Ledger { .. } if self.damaged.load(Relaxed) => {}
             Backend::Ledger { ledger, handle } => {
                 if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
                     ledger.unregister(h);

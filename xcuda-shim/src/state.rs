@@ -236,6 +236,9 @@ fn controller(st: &'static State, cfg: &'static Config) {
     let mut reported = (0u64, 0u64);
     while CONTROLLER_ALIVE.load(Acquire) {
         std::thread::sleep(period);
+        if let Some(e) = st.quota.check_ledger() {
+            tracing::error!("xcuda: {e}; refusing new device allocations (frees still work) until this process restarts on a sound ledger");
+        }
         let now = Instant::now();
         let dt = now.duration_since(last).as_secs_f64();
         last = now;
