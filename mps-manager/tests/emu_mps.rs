@@ -528,6 +528,10 @@ fn stress_sigkill_offline_online_time_to_progress() {
             load.kernels.load(Ordering::Relaxed) > k
         });
         times.push(t0.elapsed());
+        eprintln!(
+            "round {i}: online progress {:?} after the SIGKILL",
+            t0.elapsed()
+        );
     }
     let v = mstate(&n, "final state", |_| true);
     let resets = v["recoveries"].as_array().map_or(0, |r| {
