@@ -151,6 +151,9 @@ impl Ledger {
             let _lock = FileLock::take(&file, path)?;
             let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
             if len == 0 {
+                // The open mode is masked by the umask (systemd's UMask=0022 gives 0644, which
+                // locks non-root offline processes out): set it explicitly.
+                fchmod(&file, path, DEFAULT_MODE)?;
                 file.set_len(LAYOUT_SIZE as u64)
                     .map_err(|e| io_err(path, "set_len", e))?;
                 let map = map(&file, path)?;
@@ -194,6 +197,18 @@ impl Ledger {
             file,
             path: path.to_owned(),
         })
+    }
+
+    /// Sets the file's mode (and group, when given) explicitly with fchmod/fchown, whatever the
+    /// umask; the monitor calls it on every open so that a drifted mode is put back.
+    pub fn set_access(&self, mode: u32, group: Option<u32>) -> Result<(), LedgerError> {
+        if let Some(gid) = group {
+            // SAFETY: fchown on an fd we own; uid -1 leaves the owner unchanged.
+            if unsafe { libc::fchown(self.file.as_raw_fd(), u32::MAX, gid) } != 0 {
+                return Err(io_err(&self.path, "fchown", io::Error::last_os_error()));
+            }
+        }
+        fchmod(&self.file, &self.path, mode)
     }
 
     /// The file this ledger maps.
@@ -489,6 +504,18 @@ impl Ledger {
 
 /// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,
 /// a correcting add when they are not (a corrupt or foreign writer).
+/// Mode a ledger is created with: offline containers run as arbitrary uids and must all be able
+/// to open it read-write (the shim fails closed when it cannot).
+pub const DEFAULT_MODE: u32 = 0o666;
+
+fn fchmod(file: &File, path: &Path, mode: u32) -> Result<(), LedgerError> {
+    // SAFETY: fchmod on an fd we own.
+    if unsafe { libc::fchmod(file.as_raw_fd(), (mode & 0o7777) as libc::mode_t) } != 0 {
+        return Err(io_err(path, "fchmod", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 fn saturating_sub(a: &AtomicU64, bytes: u64) {
     let prev = a.fetch_sub(bytes, AcqRel);
     if prev < bytes {
@@ -638,6 +665,26 @@ mod tests {
         assert_eq!(again.group_used(g), 300);
         assert_eq!(again.group_quota(g), 1000, "first creator's quota kept");
         assert_eq!(again.gpu_index(), 0);
+    }
+
+    #[test]
+    fn created_with_explicit_mode_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        // SAFETY: umask only changes this process's file-creation mask.
+        let old = unsafe { libc::umask(0o022) };
+        let l = Ledger::open_or_create(&p, 0);
+        // SAFETY: as above, restores the previous mask.
+        unsafe { libc::umask(old) };
+        let l = l.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&p), 0o666, "umask 0022 must not mask the ledger mode");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // SAFETY: getgid has no preconditions.
+        let gid = unsafe { libc::getgid() };
+        l.set_access(0o660, Some(gid)).unwrap();
+        assert_eq!(mode(&p), 0o660);
     }
 
     #[test]
