@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::atomic::Ordering::Release;
 use std::time::Duration;
 
 use node_ledger::{HealthState, Ledger};
@@ -151,10 +151,7 @@ impl Manager {
         };
         self.state.offline_budget_pct = Some(pct);
         self.ledger
-            .layout()
-            .monitor
-            .offline_sm_budget_permille
-            .store((pct * 10.0).round() as u32, Release);
+            .publish_sm_budget((pct * 10.0).round().clamp(0.0, 1000.0) as u32);
         if let Some(p) = changed {
             tracing::info!(
                 budget_pct = p,
@@ -452,10 +449,8 @@ impl Manager {
     /// Current budget published in the ledger (per-mille).
     pub fn published_budget_permille(&self) -> u32 {
         self.ledger
-            .layout()
-            .monitor
-            .offline_sm_budget_permille
-            .load(Acquire)
+            .read_manager()
+            .map_or(0, |m| m.offline_sm_budget_permille)
     }
 }
 

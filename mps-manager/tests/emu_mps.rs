@@ -299,11 +299,7 @@ fn offline_sm_budget_follows_online_activity() {
     assert_eq!(idle["gpu_health"], "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
     assert_eq!(
-        ledger
-            .read_monitor()
-            .unwrap()
-            .sample
-            .offline_sm_budget_permille,
+        ledger.read_manager().unwrap().offline_sm_budget_permille,
         900
     );
 
@@ -335,12 +331,7 @@ fn offline_sm_budget_follows_online_activity() {
             .iter()
             .find(|p| p.pid == op)
             .map_or(100, |p| p.active_thread_pct);
-        let budget = ledger
-            .read_monitor()
-            .unwrap()
-            .sample
-            .offline_sm_budget_permille
-            / 10;
+        let budget = ledger.read_manager().unwrap().offline_sm_budget_permille / 10;
         pct < 100 && pct.abs_diff(budget) <= 1
     });
     load.stop();

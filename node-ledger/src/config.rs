@@ -107,7 +107,9 @@ impl ConfigError {
 
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
     let quoted = format!("\"{key}\"");
-    text.lines().position(|l| l.contains(&quoted)).map(|i| i + 1)
+    text.lines()
+        .position(|l| l.contains(&quoted))
+        .map(|i| i + 1)
 }
 
 /// Reads and parses a JSON config file; errors carry file, line, column and field path.
@@ -188,7 +190,10 @@ mod tests {
         let text = "{\n \"a\": 1,\n \"fraction\": 7\n}";
         let e = ConfigError::invalid(Path::new("f"), text, "quota.fraction", "must be in (0,1]");
         assert_eq!(e.line, Some(3));
-        assert_eq!(e.to_string(), "f:3: field `quota.fraction`: must be in (0,1]");
+        assert_eq!(
+            e.to_string(),
+            "f:3: field `quota.fraction`: must be in (0,1]"
+        );
     }
 
     #[test]
@@ -201,7 +206,9 @@ mod tests {
         })
         .unwrap();
         assert_eq!(c.ledger_path(), PathBuf::from("/tmp/l/gpu3/ledger"));
-        let e = c.apply_env(|k| (k == ENV_GPU_INDEX).then(|| "x".into())).unwrap_err();
+        let e = c
+            .apply_env(|k| (k == ENV_GPU_INDEX).then(|| "x".into()))
+            .unwrap_err();
         assert_eq!(e.field.as_deref(), Some(ENV_GPU_INDEX));
         assert_eq!(c.gpu_index, 3, "last good value kept");
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// First 8 bytes of every ledger file: `XSHLEDG\0` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHLEDG\0");
 /// Bumped on any change to the structs below.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Process registry slots per GPU.
 pub const MAX_PROCS: usize = 256;
 /// Quota groups (containers) per GPU.
@@ -50,8 +50,7 @@ pub struct MonitorBlock {
     pub sm_clock_max_mhz: AtomicU32,
     /// Number of SMs on the device.
     pub sm_count: AtomicU32,
-    /// SM share the offline side may use, per-mille (dynamic SM allocation).
-    pub offline_sm_budget_permille: AtomicU32,
+    _pad: AtomicU32,
     /// Device memory in use (all processes), bytes.
     pub mem_used_bytes: AtomicU64,
     /// Device memory total, bytes.
@@ -61,6 +60,20 @@ pub struct MonitorBlock {
     /// Bumped to ask every registered offline process to exit.
     pub evict_all_epoch: AtomicU64,
     pub _reserved: [AtomicU64; 8],
+}
+
+/// Fields only the MPS manager writes (dynamic SM allocation), guarded by their own seqlock.
+/// Reach them through `Ledger::publish_sm_budget` / `Ledger::read_manager`.
+#[repr(C)]
+pub struct ManagerBlock {
+    /// Seqlock counter; even when stable. Bumped twice per publish.
+    pub(crate) seq: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the last publish (0 = never published).
+    pub(crate) publish_ns: AtomicU64,
+    /// Pid of the publishing manager (its own pid namespace).
+    pub(crate) manager_pid: AtomicU32,
+    /// SM share the offline side may use, per-mille (0..=1000).
+    pub(crate) offline_sm_budget_permille: AtomicU32,
 }
 
 /// One quota group (one container); claimed by CAS on `id` from 0.
@@ -104,6 +117,7 @@ pub struct ProcSlot {
 pub struct Layout {
     pub header: Header,
     pub monitor: MonitorBlock,
+    pub(crate) manager: ManagerBlock,
     pub groups: [GroupSlot; MAX_GROUPS],
     pub procs: [ProcSlot; MAX_PROCS],
 }
@@ -117,6 +131,7 @@ const _: () = assert!(HEADER_SIZE == 40);
 const _: () = assert!(std::mem::size_of::<ProcSlot>() == 64);
 const _: () = assert!(std::mem::size_of::<GroupSlot>() == 32);
 const _: () = assert!(std::mem::align_of::<Layout>() == 8);
+const _: () = assert!(std::mem::size_of::<ManagerBlock>() == 24);
 
 /// Pid field of an `owner` word.
 pub fn owner_pid(owner: u64) -> u32 {

@@ -151,6 +151,9 @@ impl Ledger {
             let _lock = FileLock::take(&file, path)?;
             let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
             if len == 0 {
+                // The open mode is masked by the umask (systemd's UMask=0022 gives 0644, which
+                // locks non-root offline processes out): set it explicitly.
+                fchmod(&file, path, DEFAULT_MODE)?;
                 file.set_len(LAYOUT_SIZE as u64)
                     .map_err(|e| io_err(path, "set_len", e))?;
                 let map = map(&file, path)?;
@@ -194,6 +197,18 @@ impl Ledger {
             file,
             path: path.to_owned(),
         })
+    }
+
+    /// Sets the file's mode (and group, when given) explicitly with fchmod/fchown, whatever the
+    /// umask; the monitor calls it on every open so that a drifted mode is put back.
+    pub fn set_access(&self, mode: u32, group: Option<u32>) -> Result<(), LedgerError> {
+        if let Some(gid) = group {
+            // SAFETY: fchown on an fd we own; uid -1 leaves the owner unchanged.
+            if unsafe { libc::fchown(self.file.as_raw_fd(), u32::MAX, gid) } != 0 {
+                return Err(io_err(&self.path, "fchown", io::Error::last_os_error()));
+            }
+        }
+        fchmod(&self.file, &self.path, mode)
     }
 
     /// The file this ledger maps.
@@ -245,7 +260,9 @@ impl Ledger {
     /// Effective quota of a group: its own, capped by a monitor-published quota when set.
     pub fn group_quota(&self, group: usize) -> u64 {
         let l = self.layout();
-        let Some(g) = l.groups.get(group) else { return 0 };
+        let Some(g) = l.groups.get(group) else {
+            return 0;
+        };
         let own = g.quota_bytes.load(Relaxed);
         match l.monitor.mem_quota_bytes.load(Relaxed) {
             0 => own,
@@ -266,7 +283,11 @@ impl Ledger {
     pub fn try_reserve_group(&self, group: usize, bytes: u64) -> Result<(), ReserveError> {
         let quota = self.group_quota(group);
         let Some(g) = self.layout().groups.get(group) else {
-            return Err(ReserveError { requested: bytes, used: 0, quota: 0 });
+            return Err(ReserveError {
+                requested: bytes,
+                used: 0,
+                quota: 0,
+            });
         };
         let mut cur = g.used_bytes.load(Relaxed);
         loop {
@@ -274,10 +295,17 @@ impl Ledger {
                 Some(n) if n <= quota => n,
                 _ => {
                     g.refusals.fetch_add(1, Relaxed);
-                    return Err(ReserveError { requested: bytes, used: cur, quota });
+                    return Err(ReserveError {
+                        requested: bytes,
+                        used: cur,
+                        quota,
+                    });
                 }
             };
-            match g.used_bytes.compare_exchange_weak(cur, new, AcqRel, Relaxed) {
+            match g
+                .used_bytes
+                .compare_exchange_weak(cur, new, AcqRel, Relaxed)
+            {
                 Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
             }
@@ -312,10 +340,18 @@ impl Ledger {
     /// Registers process `pid` (this pid namespace) in group slot `group`.
     pub fn register(&self, pid: u32, group: usize) -> Result<ProcHandle, LedgerError> {
         if group >= MAX_GROUPS {
-            return Err(corrupt(&self.path, "group_slot", format!("{group} out of range")));
+            return Err(corrupt(
+                &self.path,
+                "group_slot",
+                format!("{group} out of range"),
+            ));
         }
         let start = procinfo::start_time(pid).ok_or_else(|| {
-            corrupt(&self.path, "pid", format!("process {pid} has no /proc entry"))
+            corrupt(
+                &self.path,
+                "pid",
+                format!("process {pid} has no /proc entry"),
+            )
         })?;
         let _lock = FileLock::take(&self.file, &self.path)?;
         self.reclaim_dead_locked();
@@ -325,7 +361,10 @@ impl Ledger {
                 continue;
             }
             let claimed = owner_word(owner_gen(o).wrapping_add(1), pid);
-            if p.owner.compare_exchange(o, claimed, AcqRel, Relaxed).is_err() {
+            if p.owner
+                .compare_exchange(o, claimed, AcqRel, Relaxed)
+                .is_err()
+            {
                 continue;
             }
             p.pid_ns.store(procinfo::own_pid_ns(), Relaxed);
@@ -347,14 +386,15 @@ impl Ledger {
 
     /// Unregisters a process, giving back whatever it still holds.
     pub fn unregister(&self, h: ProcHandle) {
-        let Some(p) = self.layout().procs.get(h.slot) else { return };
+        let Some(p) = self.layout().procs.get(h.slot) else {
+            return;
+        };
         let o = p.owner.load(Acquire);
         let pid = owner_pid(o);
         if pid == 0 || pid == PID_RECLAIMING {
             return;
         }
-        if p
-            .owner
+        if p.owner
             .compare_exchange(o, owner_word(owner_gen(o), PID_RECLAIMING), AcqRel, Relaxed)
             .is_ok()
         {
@@ -412,8 +452,7 @@ impl Ledger {
             if !dead {
                 continue;
             }
-            if p
-                .owner
+            if p.owner
                 .compare_exchange(o, owner_word(owner_gen(o), PID_RECLAIMING), AcqRel, Relaxed)
                 .is_ok()
             {
@@ -465,6 +504,18 @@ impl Ledger {
 
 /// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,
 /// a correcting add when they are not (a corrupt or foreign writer).
+/// Mode a ledger is created with: offline containers run as arbitrary uids and must all be able
+/// to open it read-write (the shim fails closed when it cannot).
+pub const DEFAULT_MODE: u32 = 0o666;
+
+fn fchmod(file: &File, path: &Path, mode: u32) -> Result<(), LedgerError> {
+    // SAFETY: fchmod on an fd we own.
+    if unsafe { libc::fchmod(file.as_raw_fd(), (mode & 0o7777) as libc::mode_t) } != 0 {
+        return Err(io_err(path, "fchmod", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 fn saturating_sub(a: &AtomicU64, bytes: u64) {
     let prev = a.fetch_sub(bytes, AcqRel);
     if prev < bytes {
@@ -518,21 +569,41 @@ fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError
     }
     let hs = h.header_size.load(Relaxed);
     if hs as usize != HEADER_SIZE {
-        return Err(corrupt(path, "header_size", format!("found {hs}, expected {HEADER_SIZE}")));
+        return Err(corrupt(
+            path,
+            "header_size",
+            format!("found {hs}, expected {HEADER_SIZE}"),
+        ));
     }
     let ts = h.total_size.load(Relaxed);
     if ts != LAYOUT_SIZE as u64 {
-        return Err(corrupt(path, "total_size", format!("found {ts}, expected {LAYOUT_SIZE}")));
+        return Err(corrupt(
+            path,
+            "total_size",
+            format!("found {ts}, expected {LAYOUT_SIZE}"),
+        ));
     }
     let (mp, mg) = (h.max_procs.load(Relaxed), h.max_groups.load(Relaxed));
     if mp as usize != MAX_PROCS {
-        return Err(corrupt(path, "max_procs", format!("found {mp}, expected {MAX_PROCS}")));
+        return Err(corrupt(
+            path,
+            "max_procs",
+            format!("found {mp}, expected {MAX_PROCS}"),
+        ));
     }
     if mg as usize != MAX_GROUPS {
-        return Err(corrupt(path, "max_groups", format!("found {mg}, expected {MAX_GROUPS}")));
+        return Err(corrupt(
+            path,
+            "max_groups",
+            format!("found {mg}, expected {MAX_GROUPS}"),
+        ));
     }
     if h.init_state.load(Acquire) != INIT_READY {
-        return Err(corrupt(path, "init_state", "initialisation never completed".into()));
+        return Err(corrupt(
+            path,
+            "init_state",
+            "initialisation never completed".into(),
+        ));
     }
     if let Some(want) = gpu {
         let have = h.gpu_index.load(Relaxed);
@@ -547,7 +618,11 @@ fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError
     for (i, p) in l.procs.iter().enumerate() {
         let g = p.group_slot.load(Relaxed) as usize;
         if owner_pid(p.owner.load(Relaxed)) != 0 && g >= MAX_GROUPS {
-            return Err(corrupt(path, "procs.group_slot", format!("slot {i} names group {g}")));
+            return Err(corrupt(
+                path,
+                "procs.group_slot",
+                format!("slot {i} names group {g}"),
+            ));
         }
     }
     Ok(())
@@ -593,6 +668,26 @@ mod tests {
     }
 
     #[test]
+    fn created_with_explicit_mode_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        // SAFETY: umask only changes this process's file-creation mask.
+        let old = unsafe { libc::umask(0o022) };
+        let l = Ledger::open_or_create(&p, 0);
+        // SAFETY: as above, restores the previous mask.
+        unsafe { libc::umask(old) };
+        let l = l.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&p), 0o666, "umask 0022 must not mask the ledger mode");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // SAFETY: getgid has no preconditions.
+        let gid = unsafe { libc::getgid() };
+        l.set_access(0o660, Some(gid)).unwrap();
+        assert_eq!(mode(&p), 0o660);
+    }
+
+    #[test]
     fn corrupt_headers_are_named_errors() {
         let (_d, l) = fresh();
         let p = l.path().to_owned();
@@ -604,15 +699,37 @@ mod tests {
 
         poke(&p, 0, &MAGIC.to_le_bytes());
         poke(&p, 8, &99u32.to_le_bytes());
-        assert_eq!(corrupt_field(Ledger::open_existing(&p).unwrap_err()), "layout_version");
+        assert_eq!(
+            corrupt_field(Ledger::open_existing(&p).unwrap_err()),
+            "layout_version"
+        );
         poke(&p, 8, &LAYOUT_VERSION.to_le_bytes());
         assert!(Ledger::open_existing(&p).is_ok());
-        assert_eq!(corrupt_field(Ledger::open_or_create(&p, 1).unwrap_err()), "gpu_index");
+        assert_eq!(
+            corrupt_field(Ledger::open_or_create(&p, 1).unwrap_err()),
+            "gpu_index"
+        );
 
-        OpenOptions::new().write(true).open(&p).unwrap().set_len(100).unwrap();
-        assert_eq!(corrupt_field(Ledger::open_existing(&p).unwrap_err()), "total_size");
-        OpenOptions::new().write(true).open(&p).unwrap().set_len(3).unwrap();
-        assert_eq!(corrupt_field(Ledger::open_or_create(&p, 0).unwrap_err()), "total_size");
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        assert_eq!(
+            corrupt_field(Ledger::open_existing(&p).unwrap_err()),
+            "total_size"
+        );
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(3)
+            .unwrap();
+        assert_eq!(
+            corrupt_field(Ledger::open_or_create(&p, 0).unwrap_err()),
+            "total_size"
+        );
     }
 
     #[test]
@@ -620,7 +737,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("ledger");
         std::fs::write(&p, vec![0xAB; LAYOUT_SIZE]).unwrap();
-        assert_eq!(corrupt_field(Ledger::open_existing(&p).unwrap_err()), "magic");
+        assert_eq!(
+            corrupt_field(Ledger::open_existing(&p).unwrap_err()),
+            "magic"
+        );
     }
 
     #[test]
@@ -629,10 +749,20 @@ mod tests {
         let g = l.group(7, 1000).unwrap();
         l.try_reserve_group(g, 600).unwrap();
         let e = l.try_reserve_group(g, 401).unwrap_err();
-        assert_eq!(e, ReserveError { requested: 401, used: 600, quota: 1000 });
+        assert_eq!(
+            e,
+            ReserveError {
+                requested: 401,
+                used: 600,
+                quota: 1000
+            }
+        );
         assert_eq!(l.group_used(g), 600);
         l.try_reserve_group(g, 400).unwrap();
-        assert!(l.try_reserve_group(g, u64::MAX).is_err(), "overflow refused");
+        assert!(
+            l.try_reserve_group(g, u64::MAX).is_err(),
+            "overflow refused"
+        );
         l.release_group(g, 1000);
         l.release_group(g, 5);
         assert_eq!(l.group_used(g), 0, "never underflows");
@@ -642,7 +772,10 @@ mod tests {
     fn monitor_quota_caps_group_quota() {
         let (_d, l) = fresh();
         let g = l.group(7, 1000).unwrap();
-        l.publish(&MonitorSample { mem_quota_bytes: 500, ..Default::default() });
+        l.publish(&MonitorSample {
+            mem_quota_bytes: 500,
+            ..Default::default()
+        });
         assert_eq!(l.group_quota(g), 500);
         assert!(l.try_reserve_group(g, 501).is_err());
         l.publish(&MonitorSample::default());
@@ -674,7 +807,10 @@ mod tests {
     fn dead_process_usage_is_reclaimed() {
         let (_d, l) = fresh();
         let g = l.group(1, 1 << 20).unwrap();
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let h = l.register(child.id(), g).unwrap();
         l.try_reserve(h, 4096).unwrap();
         assert!(l.reclaim_dead().unwrap().is_empty(), "live process kept");
@@ -763,7 +899,11 @@ mod tests {
         assert!(p.heartbeat_ns > before);
         l.unregister(h);
         let h2 = l.register(std::process::id(), g).unwrap();
-        assert_eq!(l.evict_signal(h2), 0, "a reused slot starts without a stale request");
+        assert_eq!(
+            l.evict_signal(h2),
+            0,
+            "a reused slot starts without a stale request"
+        );
     }
 
     #[derive(Debug, Clone)]

@@ -9,10 +9,12 @@ pub mod config;
 pub mod health;
 pub mod layout;
 pub mod ledger;
+pub mod manager;
 pub mod monitor;
 pub mod procinfo;
 
 pub use config::{ConfigError, LedgerConfig};
 pub use health::HealthState;
 pub use ledger::{Ledger, LedgerError, ProcHandle, ProcSnapshot, ReserveError};
+pub use manager::ManagerSnapshot;
 pub use monitor::{MonitorSample, MonitorSnapshot};

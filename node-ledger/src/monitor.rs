@@ -16,7 +16,6 @@ pub struct MonitorSample {
     pub sm_clock_mhz: u32,
     pub sm_clock_max_mhz: u32,
     pub sm_count: u32,
-    pub offline_sm_budget_permille: u32,
     pub mem_used_bytes: u64,
     pub mem_total_bytes: u64,
     pub mem_quota_bytes: u64,
@@ -72,7 +71,6 @@ impl Ledger {
         m.sm_clock_mhz.store(s.sm_clock_mhz, Relaxed);
         m.sm_clock_max_mhz.store(s.sm_clock_max_mhz, Relaxed);
         m.sm_count.store(s.sm_count, Relaxed);
-        m.offline_sm_budget_permille.store(s.offline_sm_budget_permille, Relaxed);
         m.mem_used_bytes.store(s.mem_used_bytes, Relaxed);
         m.mem_total_bytes.store(s.mem_total_bytes, Relaxed);
         m.mem_quota_bytes.store(s.mem_quota_bytes, Relaxed);
@@ -97,7 +95,6 @@ impl Ledger {
                     sm_clock_mhz: m.sm_clock_mhz.load(Relaxed),
                     sm_clock_max_mhz: m.sm_clock_max_mhz.load(Relaxed),
                     sm_count: m.sm_count.load(Relaxed),
-                    offline_sm_budget_permille: m.offline_sm_budget_permille.load(Relaxed),
                     mem_used_bytes: m.mem_used_bytes.load(Relaxed),
                     mem_total_bytes: m.mem_total_bytes.load(Relaxed),
                     mem_quota_bytes: m.mem_quota_bytes.load(Relaxed),
@@ -116,7 +113,8 @@ impl Ledger {
 
     /// Health as last published (Init if never published or unreadable).
     pub fn health(&self) -> HealthState {
-        HealthState::from_u32(self.layout().monitor.health.load(Acquire)).unwrap_or(HealthState::Init)
+        HealthState::from_u32(self.layout().monitor.health.load(Acquire))
+            .unwrap_or(HealthState::Init)
     }
 
     /// Asks every registered offline process to exit (monitor eviction).

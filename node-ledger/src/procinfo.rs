@@ -18,7 +18,9 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
 /// Inode of this process's pid namespace (0 if unreadable); pids are only comparable within one.
 pub fn own_pid_ns() -> u64 {
     use std::os::unix::fs::MetadataExt;
-    fs::metadata("/proc/self/ns/pid").map(|m| m.ino()).unwrap_or(0)
+    fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino())
+        .unwrap_or(0)
 }
 
 /// Whether the process `pid` started at `start` is still alive (a zombie counts as dead).

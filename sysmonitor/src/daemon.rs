@@ -149,6 +149,10 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
     let lpath = cfg.ledger_path();
     let ledger = node_ledger::Ledger::open_or_create(&lpath, cfg.gpu_index)
         .map_err(|e| format!("ledger: {e}"))?;
+    // Re-applied on every start: a drifted mode would lock non-root offline processes out.
+    ledger
+        .set_access(node_ledger::ledger::DEFAULT_MODE, None)
+        .map_err(|e| format!("ledger: {e}"))?;
     if let Some(dir) = cfg.state_file.parent() {
         let _ = std::fs::create_dir_all(dir);
     }

@@ -89,7 +89,7 @@ impl LedgerPort for LedgerAdapter {
 
     fn publish(&mut self, p: &Published) -> Result<(), String> {
         let m = &self.ledger.layout().monitor;
-        // The SM budget and memory quota belong to the MPS manager / operator: carry them over.
+        // The memory quota belongs to the operator: carry it over (the SM budget is the manager's block).
         let prev = self.ledger.read_monitor();
         let s = MonitorSample {
             health: to_ledger(p.state.unwrap_or(State::Init)) as u32,
@@ -98,7 +98,6 @@ impl LedgerPort for LedgerAdapter {
             sm_clock_mhz: p.sm_clock_mhz,
             sm_clock_max_mhz: p.sm_clock_max_mhz,
             sm_count: prev.map_or(0, |x| x.sample.sm_count),
-            offline_sm_budget_permille: m.offline_sm_budget_permille.load(Acquire),
             mem_used_bytes: p.mem_used,
             mem_total_bytes: p.mem_total,
             mem_quota_bytes: m.mem_quota_bytes.load(Acquire),
@@ -116,10 +115,7 @@ mod tests {
     fn publishes_and_keeps_the_budget_and_reads_registered_processes() {
         let d = tempfile::tempdir().unwrap();
         let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
-        l.layout()
-            .monitor
-            .offline_sm_budget_permille
-            .store(400, Release);
+        l.publish_sm_budget(400);
         let g = l
             .group(node_ledger::ledger::group_id_for("c1"), 1 << 30)
             .unwrap();
@@ -135,7 +131,10 @@ mod tests {
         let snap = a.ledger.read_monitor().unwrap();
         assert_eq!(snap.health(), Some(HealthState::Overlimit));
         assert_eq!(snap.sample.sm_active_permille, 973);
-        assert_eq!(snap.sample.offline_sm_budget_permille, 400);
+        assert_eq!(
+            a.ledger.read_manager().unwrap().offline_sm_budget_permille,
+            400
+        );
         let procs = a.offline().unwrap();
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0].pid, std::process::id());

@@ -132,9 +132,11 @@ fn build() -> State {
     }
     let quota = match open_ledger(cfg, limit) {
         Ok(q) => q,
+        // Fail closed: without the shared ledger this process cannot see its group's usage, so
+        // it gets no device memory at all (never a per-process copy of the group quota).
         Err(e) => {
-            tracing::warn!("xcuda: {e}; counting this process alone against {limit} bytes");
-            Quota::local(limit)
+            tracing::error!("xcuda: cannot use the ledger ({e}); refusing every device allocation (fail closed)");
+            Quota::local(0)
         }
     };
     tracing::info!(quota_bytes = quota.limit(), device_bytes = total, sms, group = %cfg.group, "xcuda active");
