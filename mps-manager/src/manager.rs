@@ -339,11 +339,15 @@ impl Manager {
             let n = self.state.restart_requested.len() - 200;
             self.state.restart_requested.drain(..n);
         }
-        Ok(if done.is_empty() {
-            format!("clients {pids:?} not connected to MPS; ledger slots reclaimed")
-        } else {
-            format!("terminate_client {done:?}; MPS not reset")
-        })
+        if done.is_empty() {
+            // Not listed on any server: whether its death left MPS hung cannot be known, so
+            // the last resort applies (a hung online client is worse than a reset).
+            return Err(MpsError::Rejected {
+                command: "terminate_client".into(),
+                reply: format!("clients {pids:?} are not listed on any MPS server"),
+            });
+        }
+        Ok(format!("terminate_client {done:?}; MPS not reset"))
     }
 
     /// SIGTERM every offline client (by pid + start time), SIGKILL after the grace period,

@@ -468,3 +468,86 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     n.signal(m, libc::SIGHUP);
     mstate(&n, "good reload", |v| v["last_error"].is_null());
 }
+
+/// Stress tool, not a timed test: SIGKILLs an offline MPS client holding its context N times
+/// (`MPS_STRESS_N`, default 20) beside an online client and prints the online client's
+/// time-to-progress (SIGKILL -> first completed online kernel after MPS was hung) as
+/// min/median/max. Asserts only the mechanism: every fault recovered without an MPS reset and
+/// without the online client losing its context.
+/// `cargo test -p mps-manager --test emu_mps stress_sigkill -- --ignored --nocapture`
+#[test]
+#[ignore = "stress tool; run by hand"]
+fn stress_sigkill_offline_online_time_to_progress() {
+    let rounds: usize = std::env::var("MPS_STRESS_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut n = EmuNode::new();
+    start_manager(&mut n);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = v["daemon_pid"].as_u64();
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let load = Load::start(&n.state, 0.5, 2.0);
+    let dev = n.device();
+    let generation = dev.snapshot().mps.generation;
+    let mut times = Vec::new();
+    for i in 0..rounds {
+        let off = n.spawn_helper("gpu-mem", "64");
+        let op = n.pid(off);
+        wait_until("offline client on MPS", || {
+            dev.snapshot()
+                .processes
+                .iter()
+                .any(|p| p.pid == op && p.mps_client)
+        });
+        register(&ledger, op, 64 << 20);
+        mstate(&n, "offline client listed", |v| {
+            v["clients"].as_u64() >= Some(2)
+        });
+        let t0 = Instant::now();
+        n.signal(off, libc::SIGKILL);
+        let _ = n.wait_exit(off, T);
+        mstate(&n, "recovery", |v| {
+            v["recoveries"].as_array().is_some_and(|r| r.len() > i)
+        });
+        wait_until("MPS not hung", || {
+            let m = dev.snapshot().mps;
+            m.enabled && !m.poisoned
+        });
+        let k = load.kernels.load(Ordering::Relaxed);
+        wait_until("online progress", || {
+            load.kernels.load(Ordering::Relaxed) > k
+        });
+        times.push(t0.elapsed());
+        eprintln!(
+            "round {i}: online progress {:?} after the SIGKILL",
+            t0.elapsed()
+        );
+    }
+    let v = mstate(&n, "final state", |_| true);
+    let resets = v["recoveries"].as_array().map_or(0, |r| {
+        r.iter()
+            .filter(|x| {
+                x["outcome"]
+                    .as_str()
+                    .is_some_and(|o| o.contains("MPS reset"))
+            })
+            .count()
+    });
+    eprintln!(
+        "full resets {resets} (daemon {:?} -> {:?}, generation {generation} -> {}), online failed calls {}",
+        daemon,
+        v["daemon_pid"].as_u64(),
+        dev.snapshot().mps.generation,
+        load.failures.load(Ordering::Relaxed)
+    );
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    eprintln!(
+        "SIGKILL of an offline MPS client x{rounds}: online time-to-progress min {:.0} ms, median {:.0} ms, max {:.0} ms",
+        ms(times[0]),
+        ms(times[times.len() / 2]),
+        ms(times[times.len() - 1])
+    );
+    load.stop();
+}
