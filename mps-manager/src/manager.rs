@@ -63,8 +63,6 @@ pub struct Manager {
     detector: Detector,
     limiter: RateLimiter,
     pub state: ManagerState,
-    /// Percentage last sent to MPS (servers and default); `None` re-sends it.
-    applied_pct: Option<f64>,
     /// Faults logged in the current episode (logged once, counted every time).
     logged_faults: HashSet<String>,
     /// The rate limit was already logged in this episode.
@@ -102,7 +100,6 @@ impl Manager {
             alloc: Allocator::default(),
             detector: Detector::default(),
             limiter: RateLimiter::default(),
-            applied_pct: None,
             logged_faults: HashSet::new(),
             limited_logged: false,
             escalate_stuck: false,
@@ -120,7 +117,6 @@ impl Manager {
         tracing::info!(pid, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon started");
         self.state.daemon_pid = Some(pid);
         self.alloc.reset_applied();
-        self.applied_pct = None;
         Ok(pid)
     }
 
@@ -161,32 +157,13 @@ impl Manager {
                 "offline SM budget"
             );
         }
-        // Real MPS fixes a client's limit when it connects: the percentage goes to the servers
-        // (clients connecting afterwards) and to the default (servers started afterwards).
-        // Running offline clients follow the ledger budget through the shim's throttle.
-        if self.applied_pct == Some(pct) {
-            return;
-        }
-        if let Err(e) = self.apply_server_percentages(pct) {
-            tracing::debug!(error = %e, "could not set the MPS percentages yet");
-            return;
-        }
-        self.applied_pct = Some(pct);
-    }
-
-    /// `set_default_active_thread_percentage` and `set_active_thread_percentage <server>` for
-    /// every server whose clients are all registered offline processes (a server that also
-    /// serves the online workload keeps its own limit).
-    fn apply_server_percentages(&mut self, pct: f64) -> Result<(), MpsError> {
-        self.ctl.set_default_percentage(pct)?;
-        let offline: HashSet<u32> = self.offline().iter().map(|p| p.pid).collect();
-        for srv in self.ctl.server_list()? {
-            let clients = self.ctl.client_list(srv)?;
-            if clients.iter().all(|c| offline.contains(c)) {
-                self.ctl.set_percentage(srv, pct)?;
-            }
-        }
-        Ok(())
+        // Real MPS fixes a client's limit when it connects, and a server's (or the default)
+        // percentage would also cap every client that connects to it later: the online
+        // workload's clients share a server with offline ones when they run as the same user,
+        // and the default applies to the online user's own server. So the manager sets no MPS
+        // percentage at all: a new offline process takes the budget as its own
+        // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (the shim sets it at load from this ledger
+        // block), and running ones follow it through the shim's throttle.
     }
 
     /// Looks at MPS and the ledger; returns the faults seen.
