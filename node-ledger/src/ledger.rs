@@ -306,19 +306,10 @@ impl Ledger {
     /// deleted file) until they die and are reclaimed: conservative, never a fresh 0 usage.
     /// Returns whether a copy was linked into place.
     pub fn restore_deleted(&self) -> Result<bool, LedgerError> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(".restore-{}-{}", std::process::id(), SEQ.fetch_add(1, Relaxed)));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| io_err(&tmp, "create", e))?;
-        let made = (|| {
-            file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
-            let m = map(&file, &tmp)?;
+        let mode = std::os::unix::fs::MetadataExt::mode(
+            &self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
+        );
+        build_beside(&self.path, mode & 0o7777, Place::IfAbsent, |m| {
             const _: () = assert!(LAYOUT_SIZE.is_multiple_of(8));
             // SAFETY: both mappings are page-aligned and LAYOUT_SIZE long, and hold only
             // atomics (see `layout_of`); viewing them as AtomicU64 words is sound.
@@ -331,19 +322,7 @@ impl Ledger {
             for (f, t) in from.iter().zip(to) {
                 t.store(f.load(Acquire), Relaxed);
             }
-            m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
-            let mode = std::os::unix::fs::MetadataExt::mode(
-                &self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
-            );
-            set_mode(&file, &tmp, mode & 0o7777)?;
-            match std::fs::hard_link(&tmp, &self.path) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                Err(e) => Err(io_err(&self.path, "link into place", e)),
-            }
-        })();
-        let _ = std::fs::remove_file(&tmp);
-        made
+        })
     }
 
     /// Hot-path check (a few atomic loads, no syscall): the header still reads as this
@@ -693,48 +672,50 @@ impl Ledger {
 
     /// Creates a fresh, fully initialised ledger beside `path` and puts it in place.
     fn create_fresh(path: &Path, gpu_index: u32, place: Place<'_>) -> Result<(), LedgerError> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let name = path.file_name().map_or("ledger".into(), |n| n.to_string_lossy().into_owned());
-        let tmp = dir.join(format!(
-            ".{name}.new-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Relaxed)
-        ));
-        let _ = std::fs::remove_file(&tmp);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| io_err(&tmp, "create", e))?;
-        let made = (|| {
-            file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
-            let m = map(&file, &tmp)?;
-            init_layout(layout_of(&m), gpu_index);
-            m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
-            set_mode(&file, &tmp, DEFAULT_FILE_MODE)?;
-            match place {
-                Place::Replace { aside } => {
-                    std::fs::rename(path, aside).map_err(|e| io_err(path, "rename aside", e))?;
-                    std::fs::rename(&tmp, path).map_err(|e| io_err(path, "rename into place", e))
-                }
-                // Another process may have linked its own first: then that one is the ledger.
-                Place::IfAbsent => match std::fs::hard_link(&tmp, path) {
-                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-                        Err(io_err(path, "link into place", e))
-                    }
-                    _ => Ok(()),
-                },
-            }
-        })();
-        let _ = std::fs::remove_file(&tmp);
-        made
+        build_beside(path, DEFAULT_FILE_MODE, place, |m| init_layout(layout_of(m), gpu_index)).map(|_| ())
     }
 }
 
-/// How [`Ledger::create_fresh`] puts the new file in place.
+/// Builds a whole ledger file in a temporary file beside `path` (`fill` writes the mapping),
+/// gives it `mode` and puts it in place; whether it was put there (`IfAbsent`: another
+/// process may have linked its own first, and then that one is the ledger).
+fn build_beside(path: &Path, mode: u32, place: Place<'_>, fill: impl FnOnce(&MmapMut)) -> Result<bool, LedgerError> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map_or("ledger".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.new-{}-{}", std::process::id(), SEQ.fetch_add(1, Relaxed)));
+    let _ = std::fs::remove_file(&tmp);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| io_err(&tmp, "create", e))?;
+    let made = (|| {
+        file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
+        let m = map(&file, &tmp)?;
+        fill(&m);
+        m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
+        set_mode(&file, &tmp, mode)?;
+        match place {
+            Place::Replace { aside } => {
+                std::fs::rename(path, aside).map_err(|e| io_err(path, "rename aside", e))?;
+                std::fs::rename(&tmp, path).map_err(|e| io_err(path, "rename into place", e))?;
+                Ok(true)
+            }
+            Place::IfAbsent => match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(io_err(path, "link into place", e)),
+            },
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    made
+}
+
+/// How [`build_beside`] puts the new file in place.
 #[derive(Clone, Copy)]
 enum Place<'a> {
     /// Only if nothing is at the path yet (link(2) refuses an existing name).
