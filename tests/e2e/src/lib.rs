@@ -422,3 +422,13 @@ mod tests {
         assert_eq!(field(l, "nope"), None);
     }
 }
+
+/// The Python that runs the Python clients: `$XSHARE_PYTHON`, else the repository's `.venv`
+/// (made by `scripts/setup-test-env.sh`). Panics, saying how to get one, when it is missing.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("XSHARE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    assert!(p.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", p.display());
+    p
+}

@@ -9,13 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use e2e::python;
 use workloads_support::*;
-
-fn python() -> PathBuf {
-    std::env::var_os("XSHARE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
-}
 
 #[test]
 fn cuda_bindings_round_trip_against_the_emulator() {

@@ -15,21 +15,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use e2e::{EmuChild, EmuHost};
+use e2e::python;
 use shim_support::*;
-
-fn python() -> PathBuf {
-    let p = std::env::var_os("XSHARE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
-        });
-    assert!(
-        p.exists(),
-        "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON",
-        p.display()
-    );
-    p
-}
 
 fn trainer_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ctrl_c_trainer.py")

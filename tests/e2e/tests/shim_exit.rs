@@ -7,6 +7,7 @@ mod shim_support;
 use std::time::Duration;
 
 use e2e::{field, EmuChild, EmuHost};
+use e2e::python;
 use shim_support::*;
 
 /// How long to wait for the neighbour's kernel: long when it is expected to run (a loaded
@@ -168,14 +169,6 @@ print("ready", flush=True)
 while True:
     time.sleep(0.02)
 "#;
-
-fn python() -> std::path::PathBuf {
-    std::env::var_os("XSHARE_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
-        })
-}
 
 fn python_ctrl_c(shimmed: bool) -> (bool, String) {
     let host = EmuHost::new();

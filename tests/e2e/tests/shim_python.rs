@@ -4,26 +4,12 @@
 
 mod shim_support;
 
-use std::path::PathBuf;
 
 use e2e::EmuHost;
+use e2e::python;
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
-
-fn python() -> PathBuf {
-    let p = std::env::var_os("XSHARE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
-        });
-    assert!(
-        p.exists(),
-        "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON",
-        p.display()
-    );
-    p
-}
 
 const CUDA_BINDINGS: &str = r#"
 import json, sys
