@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sysmonitor::layered::{self, ConfigError};
+use node_daemon::layered::{self, ConfigError};
 
 use crate::budget::BudgetConfig;
 use crate::detect::{DetectConfig, RateConfig};

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use mps_manager::config::{Config, DEFAULT_PATH};
 use mps_manager::manager::{Manager, ManagerState};
-use sysmonitor::daemon::{install_signal_handlers, stop_requested, take_reload};
-use sysmonitor::monitor::mono_ms;
-use sysmonitor::sdnotify::Notifier;
+use node_daemon::run::Service;
+use node_daemon::sdnotify::Notifier;
+use node_daemon::ConfigError;
 
 const HELP: &str = "\
 mps-manager - runs one GPU's MPS control daemon, gives offline work the SM share online work leaves free,
@@ -157,8 +157,57 @@ fn print_status(s: &ManagerState) {
     }
 }
 
-fn run(mut cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
-    install_signal_handlers();
+/// The manager as a [`Service`] of the shared run/reload loop.
+struct ManagerService {
+    m: Manager,
+    base: PathBuf,
+    state_file: PathBuf,
+    next_check: u64,
+}
+
+impl Service for ManagerService {
+    type Config = (Config, Vec<PathBuf>);
+
+    fn load(&mut self) -> Result<Self::Config, ConfigError> {
+        Config::load(&self.base)
+    }
+
+    fn apply(&mut self, (mut new, _): Self::Config) {
+        let cfg = &self.m.cfg;
+        new.finalize(Some(cfg.gpu_index));
+        new.ledger_dir = cfg.ledger_dir.clone();
+        new.pipe_dir = cfg.pipe_dir.clone();
+        new.log_dir = cfg.log_dir.clone();
+        new.state_file = cfg.state_file.clone();
+        self.m.ctl.timeout = Duration::from_millis(new.command_timeout_ms);
+        self.m.cfg = new;
+        self.m.state.last_error = None;
+    }
+
+    fn reload_failed(&mut self, error: &ConfigError) {
+        self.m.state.last_error = Some(format!("config reload: {error}"));
+    }
+
+    fn tick(&mut self, now: u64, notifier: &Notifier) -> u64 {
+        self.m.budget_tick();
+        if now >= self.next_check {
+            self.next_check = now + self.m.cfg.check_every_ms;
+            let faults = self.m.check(now);
+            self.m.handle_faults(now, faults);
+            self.m.write_state(&self.state_file);
+            notifier.notify("WATCHDOG=1");
+        }
+        node_daemon::clock::mono_ms() + self.m.cfg.period_ms
+    }
+
+    fn stop(&mut self) {
+        self.m.shutdown();
+        self.m.write_state(&self.state_file);
+    }
+}
+
+fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
+    node_daemon::signals::install_signal_handlers();
     let mut m = Manager::new(cfg.clone())?;
     let state_file = cfg.state_file.clone();
     if let Some(d) = state_file.parent() {
@@ -169,41 +218,12 @@ fn run(mut cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), Strin
     let notifier = Notifier::from_env();
     notifier.notify("READY=1");
     tracing::info!(gpu = cfg.gpu_index, pipe_dir = %cfg.pipe_dir.display(), "mps-manager running");
-    let mut next_check = 0u64;
-    while !stop_requested() {
-        let now = mono_ms();
-        if take_reload() {
-            match Config::load(&base) {
-                Ok((mut new, _)) => {
-                    new.finalize(Some(cfg.gpu_index));
-                    new.ledger_dir = cfg.ledger_dir.clone();
-                    new.pipe_dir = cfg.pipe_dir.clone();
-                    new.log_dir = cfg.log_dir.clone();
-                    new.state_file = cfg.state_file.clone();
-                    cfg = new;
-                    m.cfg = cfg.clone();
-                    m.ctl.timeout = Duration::from_millis(cfg.command_timeout_ms);
-                    m.state.last_error = None;
-                    tracing::info!("config reloaded");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "config reload failed; keeping the previous config");
-                    m.state.last_error = Some(format!("config reload: {e}"));
-                }
-            }
-        }
-        m.budget_tick();
-        if now >= next_check {
-            next_check = now + cfg.check_every_ms;
-            let faults = m.check(now);
-            m.handle_faults(now, faults);
-            m.write_state(&state_file);
-            notifier.notify("WATCHDOG=1");
-        }
-        std::thread::sleep(Duration::from_millis(cfg.period_ms));
-    }
-    notifier.notify("STOPPING=1");
-    m.shutdown();
-    m.write_state(&state_file);
+    let mut svc = ManagerService {
+        m,
+        base,
+        state_file,
+        next_check: 0,
+    };
+    node_daemon::run::run(&mut svc, &notifier);
     Ok(())
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use node_ledger::{HealthState, Ledger};
 use serde::{Deserialize, Serialize};
-use sysmonitor::evictor::{PidfdSignaller, Signaller};
-use sysmonitor::monitor::{mono_ms, unix_ms};
-use sysmonitor::report::write_atomic;
+use node_daemon::clock::{mono_ms, unix_ms};
+use node_daemon::evictor::{PidfdSignaller, Signaller};
+use node_daemon::state_file::write_atomic;
 
 use crate::budget::Allocator;
 use crate::config::Config;
@@ -433,9 +433,5 @@ impl Manager {
 
 /// The critical XID the monitor reports, if it currently is Disabled by one.
 pub fn monitor_xid(path: &Path) -> Option<u64> {
-    let s = sysmonitor::report::read_state_file(path).ok()?;
-    match s.disabled_by? {
-        sysmonitor::health::DisableCause::Xid(c) => Some(c),
-        _ => None,
-    }
+    node_daemon::monitor_state::disabling_xid(path)
 }

@@ -1,9 +1,12 @@
-//! The five SysMonitor health states (MuxFlow fig. 6b), as stored in the ledger.
+//! The five SysMonitor health states (MuxFlow fig. 6b): the one health enum of the node
+//! runtime, stored in the ledger (as its `u32` discriminant), in the monitor's state file and
+//! its metrics (as its lowercase name), and stepped by sysmonitor's health machine.
 
 use serde::{Deserialize, Serialize};
 
 /// GPU health as decided by the monitor; only the monitor writes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[repr(u32)]
 pub enum HealthState {
     /// Monitor started, no verdict yet (also what a fresh ledger reads).
@@ -35,6 +38,26 @@ impl HealthState {
     pub fn admits_offline(self) -> bool {
         self == Self::Healthy
     }
+
+    /// Every state, in discriminant order.
+    pub const ALL: [HealthState; 5] = [
+        Self::Init,
+        Self::Healthy,
+        Self::Unhealthy,
+        Self::Overlimit,
+        Self::Disabled,
+    ];
+
+    /// The lowercase name used in state files, metrics labels and logs (also its serde form).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Init => "init",
+            Self::Healthy => "healthy",
+            Self::Unhealthy => "unhealthy",
+            Self::Overlimit => "overlimit",
+            Self::Disabled => "disabled",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -53,6 +76,11 @@ mod tests {
             assert_eq!(HealthState::from_u32(s as u32), Some(s));
         }
         assert_eq!(HealthState::from_u32(5), None);
+        for s in HealthState::ALL {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()), "serde form is the lowercase name");
+            assert_eq!(serde_json::from_str::<HealthState>(&json).unwrap(), s);
+        }
         assert!(HealthState::Healthy.admits_offline());
         assert!(!HealthState::Unhealthy.admits_offline());
     }

@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod manager;
 pub mod monitor;
 pub mod procinfo;
+pub mod sample;
 pub mod sigbus;
 
 pub use config::{ConfigError, LedgerConfig};
@@ -19,3 +20,4 @@ pub use health::HealthState;
 pub use ledger::{Ledger, LedgerError, ProcHandle, ProcSnapshot, ReserveError};
 pub use manager::ManagerSnapshot;
 pub use monitor::{MonitorSample, MonitorSnapshot};
+pub use sample::{GpuSample, SmSource};

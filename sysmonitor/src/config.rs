@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::health::MachineConfig;
-use crate::layered::{self, ConfigError};
+pub use node_daemon::evictor::EvictorConfig;
+use node_daemon::layered::{self, ConfigError};
 
 /// Default location of the base config file.
 pub const DEFAULT_PATH: &str = "/etc/xshare/sysmonitor.json";
@@ -99,28 +100,6 @@ impl Default for HostMemoryConfig {
             check_every_ms: 500,
             meminfo_path: "/proc/meminfo".into(),
             psi_path: "/proc/pressure/memory".into(),
-        }
-    }
-}
-
-/// How offline processes are evicted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EvictorConfig {
-    /// Time between SIGTERM and SIGKILL, ms.
-    pub grace_ms: u64,
-    /// Run this command instead of signalling (argv; `{pid}`, `{reason}`, `{gpu}` substituted).
-    pub command: Option<Vec<String>>,
-    /// Only print what would be evicted.
-    pub dry_run: bool,
-}
-
-impl Default for EvictorConfig {
-    fn default() -> Self {
-        EvictorConfig {
-            grace_ms: 10_000,
-            command: None,
-            dry_run: false,
         }
     }
 }

@@ -3,48 +3,22 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use node_daemon::clock::{boot_id, mono_ms};
+use node_daemon::evictor::PidfdSignaller;
+use node_daemon::monitor_state;
+use node_daemon::run::Service;
+use node_daemon::sdnotify::Notifier;
+use node_daemon::ConfigError;
+
 use crate::config::Config;
-use crate::evictor::PidfdSignaller;
 use crate::health::Input;
 use crate::ledger::LedgerAdapter;
-use crate::monitor::{boot_id, mono_ms, Monitor};
+use crate::monitor::Monitor;
 use crate::report;
 use crate::sampler::{GpuSample, GpuSource, NvmlSource, ProcMem};
-use crate::sdnotify::Notifier;
-
-static RELOAD: AtomicBool = AtomicBool::new(false);
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_hup(_: libc::c_int) {
-    RELOAD.store(true, Ordering::Relaxed);
-}
-extern "C" fn on_stop(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Installs async-signal-safe handlers that only set flags.
-pub fn install_signal_handlers() {
-    // SAFETY: the handlers only store to atomics, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGHUP, on_hup as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_stop as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_stop as *const () as libc::sighandler_t);
-    }
-}
-
-/// Whether a stop was requested by signal.
-pub fn stop_requested() -> bool {
-    STOP.load(Ordering::Relaxed)
-}
-
-/// Takes a pending SIGHUP.
-pub fn take_reload() -> bool {
-    RELOAD.swap(false, Ordering::Relaxed)
-}
 
 /// NVML source that keeps retrying to open the device; until it opens, samples fail (so the
 /// machine goes Disabled) rather than the daemon exiting.
@@ -181,7 +155,7 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
 
 /// Overlimit history from an earlier run's state file, if it is from this boot and this GPU.
 fn resume_history(cfg: &Config) -> Vec<u64> {
-    match report::read_state_file(&cfg.state_file) {
+    match monitor_state::read(&cfg.state_file) {
         Ok(s) if s.boot_id == boot_id() && s.gpu == cfg.gpu_index => {
             tracing::info!(
                 entries = s.overlimit_entries_mono_ms.len(),
@@ -193,10 +167,139 @@ fn resume_history(cfg: &Config) -> Vec<u64> {
     }
 }
 
-/// Runs the monitor until SIGTERM/SIGINT. `files` are the config files (base first).
-pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), String> {
+/// The monitor as a [`Service`] of the shared run/reload loop.
+struct MonitorService {
+    cfg: Config,
+    base: PathBuf,
+    files: Vec<PathBuf>,
+    mon: Monitor<RetryingNvml, LedgerAdapter, PidfdSignaller>,
+    metrics_text: Arc<Mutex<String>>,
+    config_error: Option<String>,
+    reloads: u64,
+    ready: bool,
+    next_report: u64,
+    next_tick: u64,
+    operator_disabled: bool,
+    start_ledger_error: Option<String>,
+}
+
+impl MonitorService {
+    fn snapshot(&mut self, now: u64) -> monitor_state::MonitorState {
+        let names: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
+        let mut snap = self
+            .mon
+            .snapshot(now, &names, self.config_error.clone(), self.reloads);
+        snap.ledger_error = self
+            .mon
+            .ledger
+            .check()
+            .map(str::to_owned)
+            .or_else(|| self.start_ledger_error.clone());
+        snap
+    }
+
+    fn report(&mut self, now: u64, notifier: &Notifier) {
+        let cfg = &self.cfg;
+        let disabled_now = operator_file(cfg).exists();
+        if disabled_now != self.operator_disabled {
+            self.operator_disabled = disabled_now;
+            self.mon.input(
+                now,
+                if disabled_now {
+                    Input::OperatorDisable
+                } else {
+                    Input::OperatorEnable
+                },
+            );
+        }
+        self.mon.refresh_offline();
+        let snap = self.snapshot(now);
+        let cfg = &self.cfg;
+        if let Err(e) = monitor_state::write(&cfg.state_file, &snap) {
+            tracing::warn!(path = %cfg.state_file.display(), error = %e, "cannot write the state file");
+        }
+        if cfg.metrics_listen.is_some() {
+            if let Ok(mut t) = self.metrics_text.lock() {
+                *t = report::prometheus(&snap);
+            }
+        }
+        if !self.ready {
+            self.ready = true;
+            notifier.notify("READY=1");
+        }
+        notifier.notify(&format!(
+            "STATUS=GPU {} {}\nWATCHDOG=1",
+            cfg.gpu_index,
+            snap.state.as_str()
+        ));
+    }
+}
+
+impl Service for MonitorService {
+    type Config = (Config, Vec<PathBuf>);
+
+    fn load(&mut self) -> Result<Self::Config, ConfigError> {
+        Config::load(&self.base)
+    }
+
+    fn apply(&mut self, (new, files): Self::Config) {
+        let cfg = &self.cfg;
+        if new.gpu_index != cfg.gpu_index
+            || new.ledger_dir != cfg.ledger_dir
+            || new.state_file != cfg.state_file
+            || new.xid_log != cfg.xid_log
+        {
+            tracing::warn!("gpu_index, ledger_dir, state_file and xid_log changes need a restart; keeping the old ones");
+        }
+        let mut applied = new;
+        applied.gpu_index = cfg.gpu_index;
+        applied.ledger_dir = cfg.ledger_dir.clone();
+        applied.state_file = cfg.state_file.clone();
+        applied.metrics_listen = cfg.metrics_listen.clone();
+        applied.xid_log = cfg.xid_log.clone();
+        applied.xid_log_match = cfg.xid_log_match.clone();
+        self.cfg = applied;
+        self.mon.cfg = self.cfg.clone();
+        self.files = files;
+        self.config_error = None;
+        self.reloads += 1;
+        self.next_report = 0;
+        tracing::info!(files = ?self.files, "config in force");
+    }
+
+    fn reload_failed(&mut self, error: &ConfigError) {
+        self.config_error = Some(error.to_string());
+        self.next_report = 0;
+    }
+
+    fn tick(&mut self, now: u64, notifier: &Notifier) -> u64 {
+        self.mon.ledger.check();
+        self.mon.tick(now);
+        if now >= self.next_report {
+            self.next_report = now + self.cfg.state_file_every_ms;
+            self.report(now, notifier);
+        }
+        self.next_tick += self.cfg.interval_ms;
+        let after = mono_ms();
+        if self.next_tick <= after {
+            // Fell behind (slow NVML call): skip missed ticks rather than bursting.
+            self.next_tick = after;
+        }
+        self.next_tick
+    }
+
+    fn stop(&mut self) {
+        let snap = self.snapshot(mono_ms());
+        let _ = monitor_state::write(&self.cfg.state_file, &snap);
+        tracing::info!("sysmonitor stopped");
+    }
+}
+
+/// Runs the monitor until SIGTERM/SIGINT (the shared run/reload loop, [`node_daemon::run`]).
+/// `files` are the config files in force (base first); SIGHUP reloads from `base`.
+pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> {
     let _instance = lock_instance(&cfg)?;
-    install_signal_handlers();
+    node_daemon::signals::install_signal_handlers();
     let lpath = cfg.ledger_path();
     // A damaged file is moved aside and replaced, never a reason to exit: under
     // Restart=always that would be a crash loop with the GPU unmonitored.
@@ -222,7 +325,7 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
     }
     let history = resume_history(&cfg);
     let gpu = RetryingNvml::new(cfg.gpu_index);
-    let mut mon = Monitor::new(
+    let mon = Monitor::new(
         cfg.clone(),
         gpu,
         LedgerAdapter::new(ledger),
@@ -233,12 +336,6 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
     if let Some(l) = &cfg.metrics_listen {
         spawn_metrics(l, metrics_text.clone()).map_err(|e| format!("metrics_listen `{l}`: {e}"))?;
     }
-    let notifier = Notifier::from_env();
-    let mut config_error: Option<String> = None;
-    let mut reloads = 0u64;
-    let mut ready = false;
-    let mut next_report = 0u64;
-    let mut operator_disabled = false;
     tracing::info!(
         gpu = cfg.gpu_index,
         interval_ms = cfg.interval_ms,
@@ -246,97 +343,20 @@ pub fn run(mut cfg: Config, base: &Path, mut files: Vec<PathBuf>) -> Result<(), 
         state_file = %cfg.state_file.display(),
         "sysmonitor running"
     );
-    let mut next = mono_ms();
-    while !stop_requested() {
-        let now = mono_ms();
-        mon.ledger.check();
-        mon.tick(now);
-        if take_reload() {
-            match Config::load(base) {
-                Ok((new, f)) => {
-                    if new.gpu_index != cfg.gpu_index
-                        || new.ledger_dir != cfg.ledger_dir
-                        || new.state_file != cfg.state_file
-                        || new.xid_log != cfg.xid_log
-                    {
-                        tracing::warn!("gpu_index, ledger_dir, state_file and xid_log changes need a restart; keeping the old ones");
-                    }
-                    let mut applied = new;
-                    applied.gpu_index = cfg.gpu_index;
-                    applied.ledger_dir = cfg.ledger_dir.clone();
-                    applied.state_file = cfg.state_file.clone();
-                    applied.metrics_listen = cfg.metrics_listen.clone();
-                    applied.xid_log = cfg.xid_log.clone();
-                    applied.xid_log_match = cfg.xid_log_match.clone();
-                    cfg = applied;
-                    mon.cfg = cfg.clone();
-                    files = f;
-                    config_error = None;
-                    reloads += 1;
-                    tracing::info!(files = ?files, "config reloaded");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "config reload failed; keeping the previous config");
-                    config_error = Some(e.to_string());
-                }
-            }
-            next_report = 0;
-        }
-        if now >= next_report {
-            next_report = now + cfg.state_file_every_ms;
-            let disabled_now = operator_file(&cfg).exists();
-            if disabled_now != operator_disabled {
-                operator_disabled = disabled_now;
-                mon.input(
-                    now,
-                    if disabled_now {
-                        Input::OperatorDisable
-                    } else {
-                        Input::OperatorEnable
-                    },
-                );
-            }
-            mon.refresh_offline();
-            let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-            let mut snap = mon.snapshot(now, &names, config_error.clone(), reloads);
-            snap.ledger_error = mon
-                .ledger
-                .check()
-                .map(str::to_owned)
-                .or_else(|| start_ledger_error.clone());
-            if let Err(e) = report::write_state_file(&cfg.state_file, &snap) {
-                tracing::warn!(path = %cfg.state_file.display(), error = %e, "cannot write the state file");
-            }
-            if cfg.metrics_listen.is_some() {
-                if let Ok(mut t) = metrics_text.lock() {
-                    *t = report::prometheus(&snap);
-                }
-            }
-            if !ready {
-                ready = true;
-                notifier.notify("READY=1");
-            }
-            notifier.notify(&format!(
-                "STATUS=GPU {} {}\nWATCHDOG=1",
-                cfg.gpu_index,
-                snap.state.as_str()
-            ));
-        }
-        next += cfg.interval_ms;
-        let after = mono_ms();
-        if next > after {
-            std::thread::sleep(Duration::from_millis(next - after));
-        } else {
-            // Fell behind (slow NVML call): skip missed ticks rather than bursting.
-            next = after;
-        }
-    }
-    notifier.notify("STOPPING=1");
-    let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-    let _ = report::write_state_file(
-        &cfg.state_file,
-        &mon.snapshot(mono_ms(), &names, config_error, reloads),
-    );
-    tracing::info!("sysmonitor stopped");
+    let mut svc = MonitorService {
+        cfg,
+        base: base.to_path_buf(),
+        files,
+        mon,
+        metrics_text,
+        config_error: None,
+        reloads: 0,
+        ready: false,
+        next_report: 0,
+        next_tick: mono_ms(),
+        operator_disabled: false,
+        start_ledger_error,
+    };
+    node_daemon::run::run(&mut svc, &Notifier::from_env());
     Ok(())
 }

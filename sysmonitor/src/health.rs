@@ -7,33 +7,10 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-/// Device health as the paper names it (MuxFlow §4.1, Fig. 6b).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    Init,
-    Healthy,
-    Unhealthy,
-    Overlimit,
-    Disabled,
-}
-
-impl State {
-    /// Offline work may be admitted only to a Healthy GPU.
-    pub fn admits_offline(self) -> bool {
-        self == State::Healthy
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Init => "init",
-            State::Healthy => "healthy",
-            State::Unhealthy => "unhealthy",
-            State::Overlimit => "overlimit",
-            State::Disabled => "disabled",
-        }
-    }
-}
+/// Device health as the paper names it (MuxFlow §4.1, Fig. 6b): the node runtime's one
+/// health enum, [`node_ledger::HealthState`] (the machine steps it, the ledger and the state
+/// file carry it).
+pub use node_ledger::HealthState as State;
 
 /// The metrics the machine judges, in the order used by [`Metrics`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -349,14 +326,8 @@ impl Default for MachineConfig {
     }
 }
 
-/// Why the machine is Disabled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DisableCause {
-    Nvml,
-    Xid(u64),
-    Operator,
-}
+/// Why the machine is Disabled (part of the monitor's state file).
+pub use node_daemon::monitor_state::DisableCause;
 
 /// What happened on the device between two steps.
 #[derive(Debug, Clone, Copy, PartialEq)]

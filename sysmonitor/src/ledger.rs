@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::{Acquire, Release};
 use node_ledger::{HealthState, Ledger, MonitorSample};
 
 use crate::health::State;
-use crate::monitor::mono_ms;
+use node_daemon::clock::mono_ms;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 
 pub struct LedgerAdapter {

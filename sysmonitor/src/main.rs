@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use sysmonitor::config::{Config, DEFAULT_PATH};
-use sysmonitor::{daemon, monitor, report};
+use node_daemon::{clock, monitor_state};
+use sysmonitor::{daemon, report};
 
 const HELP: &str = "\
 sysmonitor - watches one GPU, keeps its health state, evicts offline work when online work is at risk
@@ -155,13 +156,13 @@ fn main() -> ExitCode {
                 )
             })
         }
-        "status" => report::read_state_file(&cfg.state_file)
+        "status" => monitor_state::read(&cfg.state_file)
             .map_err(|e| format!("{e}\n(is `sysmonitor run` running for GPU {} with the same ledger_dir / $XSHARE_LEDGER_DIR?)", cfg.gpu_index))
             .and_then(|s| {
                 if a.json {
                     out(&format!("{}\n", serde_json::to_string_pretty(&s).unwrap_or_default()))
                 } else {
-                    out(&report::status_table(&s, monitor::unix_ms()))
+                    out(&report::status_table(&s, clock::unix_ms()))
                 }
             }),
         "disable" => {

@@ -4,33 +4,15 @@
 use std::collections::BTreeMap;
 
 use crate::config::Config;
-use crate::evictor::{Event, Evictor, Signaller};
+use node_daemon::clock::{boot_id, unix_ms};
+use node_daemon::evictor::{Event, Evictor, Signaller};
+use node_daemon::monitor_state::MonitorState as Snapshot;
 use crate::health::{Action, Input, Level, Machine, State, Transition};
 use crate::hostmem::{self, HostMem, PressureJudge};
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
-use crate::report::Snapshot;
 use crate::ring::Ring;
-use crate::sampler::{GpuSample, GpuSource};
+use crate::sampler::{GpuSample, GpuSource, SampleMetrics};
 use crate::verify::Verifier;
-
-/// Monotonic milliseconds (CLOCK_MONOTONIC, shared by every process on the host).
-pub fn mono_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
-}
-
-/// Wall-clock milliseconds since the epoch.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The monitor's whole state.
 pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
@@ -390,17 +372,6 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             ledger_error: None,
         }
     }
-}
-
-/// This boot's id, so Overlimit history (monotonic times) is only resumed within one boot.
-pub fn boot_id() -> String {
-    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default()
-    })
-    .clone()
 }
 
 #[cfg(test)]

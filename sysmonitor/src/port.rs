@@ -1,31 +1,10 @@
 //! What the monitor needs from the per-GPU ledger, as a trait so the daemon logic can be
 //! tested without shared memory; `ledger.rs` implements it over `node-ledger`.
 
+pub use node_daemon::evictor::{EvictReason, OfflineProc};
+
 use crate::health::State;
 use crate::sampler::SmSource;
-
-/// An offline process registered by the shim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OfflineProc {
-    /// Registry slot in the ledger.
-    pub slot: usize,
-    pub pid: u32,
-    /// False when the process registered from another pid namespace: its pid means nothing
-    /// here, so it is asked to exit through the ledger only, never signalled.
-    pub signalable: bool,
-    /// Start time in clock ticks since boot (/proc/<pid>/stat field 22).
-    pub start_time: u64,
-    /// GPU memory the process says it holds, bytes.
-    pub reported_bytes: u64,
-    /// Monotonic ms at which an eviction was requested, if one was (survives monitor restarts).
-    pub evict_requested_ms: Option<u64>,
-}
-
-impl OfflineProc {
-    pub fn key(&self) -> (u32, u64) {
-        (self.pid, self.start_time)
-    }
-}
 
 /// What the monitor publishes each sample.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -40,37 +19,6 @@ pub struct Published {
     pub mem_total: u64,
     /// Monotonic ms of the sample.
     pub t_ms: u64,
-}
-
-/// Why a process was evicted (also the Prometheus label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EvictReason {
-    Overlimit,
-    Disabled,
-    HostMemory,
-    UnderReport,
-}
-
-impl EvictReason {
-    pub const ALL: [EvictReason; 4] = [
-        EvictReason::Overlimit,
-        EvictReason::Disabled,
-        EvictReason::HostMemory,
-        EvictReason::UnderReport,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EvictReason::Overlimit => "overlimit",
-            EvictReason::Disabled => "disabled",
-            EvictReason::HostMemory => "host_memory",
-            EvictReason::UnderReport => "under_report",
-        }
-    }
-
-    pub fn code(self) -> u32 {
-        self as u32 + 1
-    }
 }
 
 /// The monitor's view of the ledger.

@@ -1,86 +1,15 @@
-//! What the monitor tells the outside: the JSON state file (atomic rename), Prometheus text,
-//! and the `sysmonitor status` table.
+//! What the monitor tells the outside: the JSON state file (its type and I/O live in
+//! `node_daemon::monitor_state`, shared with its readers), Prometheus text, and the
+//! `sysmonitor status` table.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use node_daemon::monitor_state::MonitorState;
 
-use crate::health::{DisableCause, State};
-use crate::sampler::GpuSample;
-
-/// The state file's content (also what `status` reads).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Snapshot {
-    pub gpu: u32,
-    pub monitor_pid: u32,
-    pub boot_id: String,
-    pub state: State,
-    pub admits_offline: bool,
-    pub disabled_by: Option<DisableCause>,
-    /// Wall-clock ms of this snapshot.
-    pub updated_unix_ms: u64,
-    /// Monotonic ms of this snapshot.
-    pub updated_mono_ms: u64,
-    pub interval_ms: u64,
-    pub sample: Option<GpuSample>,
-    pub hold_ms: u64,
-    pub hold_remaining_ms: Option<u64>,
-    /// Monotonic ms of Overlimit entries inside the window (restored after a restart).
-    pub overlimit_entries_mono_ms: Vec<u64>,
-    pub last_transition: Option<(State, State, String)>,
-    pub evictions: BTreeMap<String, u64>,
-    pub kills: u64,
-    pub evictions_in_flight: usize,
-    pub offline_registered: usize,
-    pub samples: u64,
-    pub sample_errors: u64,
-    pub host_mem_available_pct: Option<f64>,
-    pub host_psi_some_avg10: Option<f64>,
-    pub config_files: Vec<String>,
-    /// The last config reload error, kept until a reload succeeds.
-    pub config_error: Option<String>,
-    pub config_reloads: u64,
-    /// Sample number of the last Overlimit entry / last eviction started (SIGTERM latency in
-    /// sampling intervals is their difference).
-    #[serde(default)]
-    pub overlimit_entry_sample: Option<u64>,
-    #[serde(default)]
-    pub last_eviction_sample: Option<u64>,
-    /// Sampling intervals between the last Overlimit entry and the eviction it caused.
-    #[serde(default)]
-    pub overlimit_eviction_lag_samples: Option<u64>,
-    /// The ledger's damage, found at start (moved aside and recreated) or while running (the
-    /// header no longer validates; offline processes refuse new allocations).
-    #[serde(default)]
-    pub ledger_error: Option<String>,
-}
-
-/// Writes `bytes` to `path` through a temp file and rename, so readers never see half a file.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-    }
-    std::fs::rename(&tmp, path)
-}
-
-pub fn write_state_file(path: &Path, s: &Snapshot) -> std::io::Result<()> {
-    let mut v = serde_json::to_vec(s).map_err(std::io::Error::other)?;
-    v.push(b'\n');
-    write_atomic(path, &v)
-}
-
-pub fn read_state_file(path: &Path) -> Result<Snapshot, String> {
-    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&t).map_err(|e| format!("{}:{}: {e}", path.display(), e.line()))
-}
+use crate::health::State;
 
 /// Prometheus text exposition (format 0.0.4).
-pub fn prometheus(s: &Snapshot) -> String {
+pub fn prometheus(s: &MonitorState) -> String {
     let mut o = String::with_capacity(2048);
     let g = s.gpu;
     let mut metric = |name: &str, help: &str, kind: &str, rows: &[(String, f64)]| {
@@ -172,7 +101,7 @@ pub fn prometheus(s: &Snapshot) -> String {
             );
         }
     }
-    let ev: Vec<_> = crate::port::EvictReason::ALL
+    let ev: Vec<_> = node_daemon::evictor::EvictReason::ALL
         .iter()
         .map(|r| {
             (
@@ -243,7 +172,7 @@ pub fn prometheus(s: &Snapshot) -> String {
 }
 
 /// Human-readable table for `sysmonitor status`.
-pub fn status_table(s: &Snapshot, now_unix_ms: u64) -> String {
+pub fn status_table(s: &MonitorState, now_unix_ms: u64) -> String {
     let mut o = String::new();
     let age = now_unix_ms.saturating_sub(s.updated_unix_ms);
     let row = |o: &mut String, k: &str, v: String| {
@@ -364,9 +293,10 @@ pub fn status_table(s: &Snapshot, now_unix_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampler::{GpuSample, SmSource};
 
-    fn snap() -> Snapshot {
-        Snapshot {
+    fn snap() -> MonitorState {
+        MonitorState {
             gpu: 0,
             monitor_pid: 1,
             boot_id: "b".into(),
@@ -379,7 +309,7 @@ mod tests {
             sample: Some(GpuSample {
                 gpu_util: 99.0,
                 sm_activity: 97.0,
-                sm_source: Some(crate::sampler::SmSource::Gpm),
+                sm_source: Some(SmSource::Gpm),
                 ..Default::default()
             }),
             hold_ms: 200,
@@ -402,19 +332,6 @@ mod tests {
             overlimit_eviction_lag_samples: Some(0),
             ledger_error: None,
         }
-    }
-
-    #[test]
-    fn state_file_round_trips_atomically() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("s.json");
-        write_state_file(&p, &snap()).unwrap();
-        assert_eq!(read_state_file(&p).unwrap(), snap());
-        assert_eq!(
-            std::fs::read_dir(d.path()).unwrap().count(),
-            1,
-            "no temp file left behind"
-        );
     }
 
     #[test]

@@ -5,51 +5,19 @@ use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
-use serde::{Deserialize, Serialize};
 
 use crate::health::Metrics;
 
-/// Where the SM activity figure came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SmSource {
-    /// NVML GPM `SM_UTIL` (Hopper and later): true SM activity.
-    Gpm,
-    /// `nvmlDeviceGetSamples(GPU_UTILIZATION)` averaged since the last sample.
-    UtilSamples,
-    /// `nvmlDeviceGetUtilizationRates().gpu`: coarse fallback.
-    UtilRates,
-}
+pub use node_ledger::sample::{GpuSample, SmSource};
 
-impl SmSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SmSource::Gpm => "gpm",
-            SmSource::UtilSamples => "util_samples",
-            SmSource::UtilRates => "util_rates",
-        }
-    }
-}
-
-/// One GPU reading.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct GpuSample {
-    /// Monotonic ms when taken.
-    pub t_ms: u64,
-    pub gpu_util: f64,
-    pub sm_activity: f64,
-    pub sm_source: Option<SmSource>,
-    pub sm_clock_mhz: u32,
-    pub sm_clock_max_mhz: u32,
-    pub mem_used: u64,
-    pub mem_total: u64,
-    pub power_mw: Option<u32>,
-    pub temp_c: Option<u32>,
-}
-
-impl GpuSample {
+/// The health machine's view of a sample (a trait: [`GpuSample`] lives in `node-ledger`).
+pub trait SampleMetrics {
     /// The values the health machine judges.
-    pub fn metrics(&self) -> Metrics {
+    fn metrics(&self) -> Metrics;
+}
+
+impl SampleMetrics for GpuSample {
+    fn metrics(&self) -> Metrics {
         let pct = |a: f64, b: f64| if b > 0.0 { a * 100.0 / b } else { 0.0 };
         Metrics {
             gpu_util: self.gpu_util,

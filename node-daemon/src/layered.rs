@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-pub use node_ledger::ConfigError;
+pub use crate::ConfigError;
 
 /// One source file and its text, kept to locate fields in errors.
 struct Layer {

@@ -4,14 +4,99 @@
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Child, Command, Stdio};
 
-use crate::config::EvictorConfig;
-use crate::port::{EvictReason, OfflineProc};
-use crate::procinfo;
+use node_ledger::procinfo;
+use serde::{Deserialize, Serialize};
+
+/// How offline processes are evicted (`evictor` in sysmonitor's config).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvictorConfig {
+    /// Time between SIGTERM and SIGKILL, ms.
+    pub grace_ms: u64,
+    /// Run this command instead of signalling (argv; `{pid}`, `{reason}`, `{gpu}` substituted).
+    pub command: Option<Vec<String>>,
+    /// Only print what would be evicted.
+    pub dry_run: bool,
+}
+
+impl Default for EvictorConfig {
+    fn default() -> Self {
+        EvictorConfig {
+            grace_ms: 10_000,
+            command: None,
+            dry_run: false,
+        }
+    }
+}
+
+/// An offline process registered by the shim, identified by pid + start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OfflineProc {
+    /// Registry slot in the ledger.
+    pub slot: usize,
+    /// Process id (in the pid namespace it registered from).
+    pub pid: u32,
+    /// False when the process registered from another pid namespace: its pid means nothing
+    /// here, so it is asked to exit through the ledger only, never signalled.
+    pub signalable: bool,
+    /// Start time in clock ticks since boot (/proc/<pid>/stat field 22).
+    pub start_time: u64,
+    /// GPU memory the process says it holds, bytes.
+    pub reported_bytes: u64,
+    /// Monotonic ms at which an eviction was requested, if one was (survives monitor restarts).
+    pub evict_requested_ms: Option<u64>,
+}
+
+impl OfflineProc {
+    /// The identity evictions are keyed and checked by: pid + start time.
+    pub fn key(&self) -> (u32, u64) {
+        (self.pid, self.start_time)
+    }
+}
+
+/// Why a process was evicted (also the Prometheus label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EvictReason {
+    /// The GPU went Overlimit.
+    Overlimit,
+    /// The GPU went Disabled.
+    Disabled,
+    /// The host ran short of memory.
+    HostMemory,
+    /// The process reported less GPU memory than NVML sees it use.
+    UnderReport,
+}
+
+impl EvictReason {
+    /// Every reason, in label order.
+    pub const ALL: [EvictReason; 4] = [
+        EvictReason::Overlimit,
+        EvictReason::Disabled,
+        EvictReason::HostMemory,
+        EvictReason::UnderReport,
+    ];
+
+    /// The snake_case label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvictReason::Overlimit => "overlimit",
+            EvictReason::Disabled => "disabled",
+            EvictReason::HostMemory => "host_memory",
+            EvictReason::UnderReport => "under_report",
+        }
+    }
+
+    /// The code stored in a ledger slot (0 means none).
+    pub fn code(self) -> u32 {
+        self as u32 + 1
+    }
+}
 
 /// How a signal reaches a process; real syscalls in production, recorded in tests.
 pub trait Signaller {
     /// Sends `sig` to `pid` only if it is still the process that started at `start`.
     fn signal(&mut self, pid: u32, start: u64, sig: i32) -> Result<bool, String>;
+    /// Whether `pid` is alive (not a zombie) and still the process that started at `start`.
     fn alive(&mut self, pid: u32, start: u64) -> bool;
 }
 
@@ -28,7 +113,7 @@ impl Signaller for PidfdSignaller {
                 return Ok(false);
             }
             // Kernels without pidfd: check then kill (small reuse window remains).
-            if !procinfo::same_process(pid, start) {
+            if !procinfo::is_alive(pid, start) {
                 return Ok(false);
             }
             // SAFETY: plain kill(2) on a pid we just verified.
@@ -43,7 +128,7 @@ impl Signaller for PidfdSignaller {
             };
         }
         // The fd pins the process: once open, the start time check cannot race with reuse.
-        let res = if procinfo::same_process(pid, start) {
+        let res = if procinfo::is_alive(pid, start) {
             // SAFETY: fd is the pidfd opened above; null siginfo and zero flags as documented.
             let r = unsafe {
                 libc::syscall(
@@ -73,7 +158,7 @@ impl Signaller for PidfdSignaller {
     }
 
     fn alive(&mut self, pid: u32, start: u64) -> bool {
-        procinfo::same_process(pid, start)
+        procinfo::is_alive(pid, start)
     }
 }
 

@@ -1,0 +1,24 @@
+//! Plumbing shared by the node daemons (`sysmonitor`, `mps-manager`), so neither depends on
+//! the other and `node-ledger` (linked into every offline process) stays small:
+//!
+//! - [`signals`]: stop/reload flags set by async-signal-safe handlers;
+//! - [`sdnotify`]: systemd readiness, status and watchdog;
+//! - [`layered`]: a base JSON config plus `<stem>.d/*.json` overrides, errors naming file, line
+//!   and field ([`ConfigError`], the one config-error type, defined in `node-ledger` because the
+//!   shim reports config errors too);
+//! - [`state_file`]: atomic JSON state files;
+//! - [`clock`]: monotonic and wall-clock milliseconds, the boot id;
+//! - [`evictor`]: pidfd signalling and the one evictor (every signal checked by pid + start time);
+//! - [`monitor_state`]: the monitor's state file, one writer and several readers;
+//! - [`run`]: the run/reload loop.
+
+pub mod clock;
+pub mod evictor;
+pub mod layered;
+pub mod monitor_state;
+pub mod run;
+pub mod sdnotify;
+pub mod signals;
+pub mod state_file;
+
+pub use node_ledger::ConfigError;

@@ -1,0 +1,170 @@
+//! The monitor's state file, a contract between one writer (`sysmonitor run`) and its readers
+//! (`sysmonitor status`, mps-manager, cluster-matcher): its type, [`write`] and [`read`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use node_ledger::{GpuSample, HealthState};
+use serde::{Deserialize, Serialize};
+
+/// Why the monitor holds the GPU Disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisableCause {
+    /// NVML failed repeatedly (driver gone, device lost).
+    Nvml,
+    /// A critical XID (the code).
+    Xid(u64),
+    /// An operator took the GPU out of service (`sysmonitor disable`).
+    Operator,
+}
+
+/// The monitor's state file: what `sysmonitor run` writes every report period and
+/// `sysmonitor status`, mps-manager (XID faults) and the matcher (health) read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MonitorState {
+    /// GPU index.
+    pub gpu: u32,
+    /// Pid of the writing monitor.
+    pub monitor_pid: u32,
+    /// Boot the monotonic times belong to ([`crate::clock::boot_id`]).
+    pub boot_id: String,
+    /// Current health state.
+    pub state: HealthState,
+    /// Whether offline work may be placed on the GPU now.
+    pub admits_offline: bool,
+    /// Why the GPU is Disabled, while it is.
+    pub disabled_by: Option<DisableCause>,
+    /// Wall-clock ms of this snapshot.
+    pub updated_unix_ms: u64,
+    /// Monotonic ms of this snapshot.
+    pub updated_mono_ms: u64,
+    /// Sampling interval, ms.
+    pub interval_ms: u64,
+    /// The latest sample, if one succeeded.
+    pub sample: Option<GpuSample>,
+    /// Current Overlimit hold, ms.
+    pub hold_ms: u64,
+    /// What is left of the hold while Overlimit, ms.
+    pub hold_remaining_ms: Option<u64>,
+    /// Monotonic ms of Overlimit entries inside the window (restored after a restart).
+    pub overlimit_entries_mono_ms: Vec<u64>,
+    /// The last state change: from, to, and why.
+    pub last_transition: Option<(HealthState, HealthState, String)>,
+    /// Evictions started, by reason ([`crate::evictor::EvictReason::as_str`]).
+    pub evictions: BTreeMap<String, u64>,
+    /// Evictions that needed SIGKILL.
+    pub kills: u64,
+    /// Evictions waiting for their process to exit.
+    pub evictions_in_flight: usize,
+    /// Offline processes registered in the ledger.
+    pub offline_registered: usize,
+    /// Samples taken since start.
+    pub samples: u64,
+    /// Samples that failed since start.
+    pub sample_errors: u64,
+    /// Host MemAvailable as a percentage of MemTotal, when checked.
+    pub host_mem_available_pct: Option<f64>,
+    /// Host memory PSI `some avg10`, percent, when available.
+    pub host_psi_some_avg10: Option<f64>,
+    /// Config files in force, base first.
+    pub config_files: Vec<String>,
+    /// The last config reload error, kept until a reload succeeds.
+    pub config_error: Option<String>,
+    /// Successful reloads since start.
+    pub config_reloads: u64,
+    /// Sample number of the last Overlimit entry (SIGTERM latency in sampling intervals is
+    /// `last_eviction_sample` minus this).
+    #[serde(default)]
+    pub overlimit_entry_sample: Option<u64>,
+    /// Sample number of the last eviction started.
+    #[serde(default)]
+    pub last_eviction_sample: Option<u64>,
+    /// Sampling intervals between the last Overlimit entry and the eviction it caused.
+    #[serde(default)]
+    pub overlimit_eviction_lag_samples: Option<u64>,
+    /// The ledger's damage, found at start (moved aside and recreated) or while running (the
+    /// header no longer validates; offline processes refuse new allocations).
+    #[serde(default)]
+    pub ledger_error: Option<String>,
+}
+
+/// Writes the state file (atomically). Only `sysmonitor run` calls it: one writer per GPU.
+pub fn write(path: &Path, s: &MonitorState) -> std::io::Result<()> {
+    crate::state_file::write_json(path, s)
+}
+
+/// Reads a state file; the error names the file and, for bad JSON, the line.
+pub fn read(path: &Path) -> Result<MonitorState, String> {
+    crate::state_file::read_json(path)
+}
+
+/// The critical XID a state file reports, if the monitor currently holds the GPU Disabled by
+/// one (a missing or unreadable file reports none).
+pub fn disabling_xid(path: &Path) -> Option<u64> {
+    match read(path).ok()?.disabled_by? {
+        DisableCause::Xid(c) => Some(c),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(disabled_by: Option<DisableCause>) -> MonitorState {
+        MonitorState {
+            gpu: 0,
+            monitor_pid: 1,
+            boot_id: "b".into(),
+            state: HealthState::Disabled,
+            admits_offline: false,
+            disabled_by,
+            updated_unix_ms: 1000,
+            updated_mono_ms: 5,
+            interval_ms: 10,
+            sample: Some(GpuSample {
+                gpu_util: 99.0,
+                ..Default::default()
+            }),
+            hold_ms: 200,
+            hold_remaining_ms: None,
+            overlimit_entries_mono_ms: vec![1, 2],
+            last_transition: Some((HealthState::Healthy, HealthState::Disabled, "xid 79".into())),
+            evictions: [("disabled".to_string(), 2)].into_iter().collect(),
+            kills: 0,
+            evictions_in_flight: 0,
+            offline_registered: 1,
+            samples: 10,
+            sample_errors: 0,
+            host_mem_available_pct: Some(50.0),
+            host_psi_some_avg10: None,
+            config_files: vec!["/etc/x.json".into()],
+            config_error: None,
+            config_reloads: 0,
+            overlimit_entry_sample: None,
+            last_eviction_sample: None,
+            overlimit_eviction_lag_samples: None,
+            ledger_error: None,
+        }
+    }
+
+    #[test]
+    fn round_trips_with_lowercase_state_and_reports_the_xid() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        let s = state(Some(DisableCause::Xid(79)));
+        write(&p, &s).unwrap();
+        assert_eq!(read(&p).unwrap(), s);
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(
+            v["state"], "disabled",
+            "readers (the matcher) match the lowercase name"
+        );
+        assert_eq!(disabling_xid(&p), Some(79));
+        write(&p, &state(Some(DisableCause::Operator))).unwrap();
+        assert_eq!(disabling_xid(&p), None);
+        assert_eq!(disabling_xid(&d.path().join("missing")), None);
+    }
+}

@@ -1,0 +1,77 @@
+//! State files: JSON written whole through a temp file and a rename, so a reader never sees
+//! half a file.
+
+use std::io::Write as _;
+use std::path::Path;
+
+/// Writes `bytes` to `path` through a temp file beside it and a rename, so readers never see
+/// half a file (and a crash mid-write leaves the previous file in place).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Serializes `value` as one line of JSON and writes it with [`write_atomic`].
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let mut v = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    v.push(b'\n');
+    write_atomic(path, &v)
+}
+
+/// Serializes `value` as indented JSON and writes it with [`write_atomic`].
+pub fn write_json_pretty<T: serde::Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let mut v = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+    v.push(b'\n');
+    write_atomic(path, &v)
+}
+
+/// Reads a JSON state file; the error names the file (and the line of a parse error).
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
+    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&t).map_err(|e| format!("{}:{}: {e}", path.display(), e.line()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_whole_and_leaves_no_temp_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        write_json(&p, &vec![1, 2, 3]).unwrap();
+        write_json_pretty(&p, &vec![4]).unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&p).unwrap(), vec![4]);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_previous_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        write_json(&p, &1u32).unwrap();
+        // The temp file's name is taken by a directory: creating it fails.
+        std::fs::create_dir(p.with_extension(format!("tmp.{}", std::process::id()))).unwrap();
+        assert!(write_json(&p, &2u32).is_err());
+        assert_eq!(read_json::<u32>(&p).unwrap(), 1);
+    }
+
+    #[test]
+    fn read_errors_name_the_file_and_line() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        std::fs::write(&p, "{\n  \"a\": oops\n}").unwrap();
+        let e = read_json::<serde_json::Value>(&p).unwrap_err();
+        assert!(e.starts_with(&format!("{}:2:", p.display())), "{e}");
+        let e = read_json::<u32>(&d.path().join("missing")).unwrap_err();
+        assert!(e.contains("missing"), "{e}");
+    }
+}
