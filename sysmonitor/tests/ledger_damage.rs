@@ -232,6 +232,11 @@ fn a_ledger_deleted_under_the_monitor_comes_back_with_its_usage() {
         "the holder's registration came along"
     );
     assert!(n.alive(m));
+    // The monitor logs the restore just after putting the file in place: wait for the line.
+    let end = std::time::Instant::now() + T;
+    while error_lines(&n.log("mon.json")).is_empty() && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(
         error_lines(&n.log("mon.json")).len(),
         1,
