@@ -10,8 +10,6 @@ use crate::detect::{DetectConfig, RateConfig};
 
 pub const DEFAULT_PATH: &str = "/etc/xshare/mps-manager.json";
 
-/// Largest config (or override) file read, bytes.
-pub const MAX_FILE_BYTES: u64 = 1 << 20;
 /// Longest command timeout / eviction grace, ms (10 min).
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
 /// Longest loop period, ms (1 h).
@@ -127,25 +125,7 @@ impl Config {
 
     /// Loads `base` plus `<stem>.d/*.json` overrides.
     pub fn load(base: &Path) -> Result<(Config, Vec<PathBuf>), ConfigError> {
-        let mut files = vec![base.to_path_buf()];
-        files.extend(layered::override_files(base));
-        for f in &files {
-            if let Ok(m) = std::fs::metadata(f) {
-                if m.len() > MAX_FILE_BYTES {
-                    return Err(ConfigError {
-                        file: f.clone(),
-                        line: None,
-                        column: None,
-                        field: None,
-                        message: format!(
-                            "file is {} bytes, more than the {MAX_FILE_BYTES} a config may have",
-                            m.len()
-                        ),
-                    });
-                }
-            }
-        }
-        Ok((layered::load(&files, Config::validate)?, files))
+        layered::load_with_overrides(base, Config::validate)
     }
 
     /// Applies `$XSHARE_LEDGER_DIR`, `--gpu`, and fills derived paths.
@@ -268,7 +248,7 @@ mod tests {
     fn an_oversized_file_is_refused_unread() {
         let big = format!(
             "{{\"period_ms\": 100{}}}",
-            " ".repeat(MAX_FILE_BYTES as usize)
+            " ".repeat(layered::MAX_FILE_BYTES as usize)
         );
         let e = load_text(&big);
         assert!(e.message.contains("bytes"), "{e}");

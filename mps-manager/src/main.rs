@@ -5,104 +5,95 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{Parser, Subcommand};
 use mps_manager::config::{Config, DEFAULT_PATH};
 use mps_manager::manager::{Manager, ManagerState};
+use node_daemon::cli::{out, ConfigArgs};
 use node_daemon::run::Service;
 use node_daemon::sdnotify::Notifier;
 use node_daemon::ConfigError;
 
-const HELP: &str = "\
-mps-manager - runs one GPU's MPS control daemon, gives offline work the SM share online work leaves free,
-and recovers MPS when it crashes or hangs
-
-USAGE:
-    mps-manager [run] [--config FILE] [--gpu N]    run (systemd: Type=notify)
-    mps-manager status [--config FILE] [--gpu N]   print the manager's state file
-    mps-manager check-config [--config FILE]       validate and print the effective config
-
+/// Read after the options by `--help`: configuration, the SM budget, faults and recovery.
+const AFTER_HELP: &str = "\
 CONFIG:
     FILE defaults to $XSHARE_MPS_MANAGER_CONFIG, else /etc/xshare/mps-manager.json, plus
     <stem>.d/*.json overrides merged in name order. Errors name file, line and field; SIGHUP
-    reloads and keeps the previous config when the new one is broken.
+    reloads and keeps the previous config when the new one is broken (log, state file
+    `last_error`). A missing default file means built-in defaults.
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
     evict_grace_ms, budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
+    `mps-manager check-config` prints the effective config.
 
 SM BUDGET:
     offline % = clamp(100 - online SM activity (smoothed) - headroom, min, max); unsafe_pct while
-    the GPU is Overlimit/Disabled/unknown. Published in the ledger (the shim throttles
-    running offline processes to it) and set as MPS's default and offline servers' active-thread
-    percentage, so offline clients that start afterwards are capped from their first kernel.
+    the GPU is Overlimit/Disabled/unknown (from sysmonitor, through the ledger). Published in the
+    ledger: the shim throttles running offline processes to it and gives new ones it as their
+    MPS active-thread percentage. The manager sets no MPS percentage itself (it would also cap
+    online clients that connect later).
 
-FAULTS -> RECOVERY (rate-limited):
-    control daemon dead, command timeout (hang), MPS server with clients vanished, clients stuck
-    (no launches and idle SMs), critical XID from sysmonitor -> SIGTERM/SIGKILL offline clients,
-    mark them for restart (state file restart_requested), quit/kill MPS, start it again.
+FAULTS -> RECOVERY:
+    a dead or stuck offline client -> terminate_client on its MPS server (MPS and online clients
+    untouched), SIGTERM it, mark it for restart (state file restart_requested). Control daemon
+    dead, command timeout (hang), a server with clients vanished, a critical XID from sysmonitor,
+    or a failed targeted recovery -> full reset: SIGTERM/SIGKILL offline clients, quit/kill MPS,
+    start it again (rate-limited by recovery.{min_interval_ms,max_per_hour}).
+
+LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
+
+EXAMPLES:
+    mps-manager run --gpu 0                     under systemd: xshare-mps-manager@0.service
+    mps-manager status --gpu 0                  daemon, servers, budget, faults, recoveries
+    mps-manager check-config -c ./mps-manager.json
 ";
 
+/// mps-manager - runs one GPU's MPS control daemon, gives offline work the SM share online
+/// work leaves free, and recovers MPS when it crashes or hangs.
+#[derive(Debug, Parser)]
+#[command(name = "mps-manager", version, after_long_help = AFTER_HELP)]
+struct Cli {
+    #[command(flatten)]
+    cfg: ConfigArgs,
+    /// What to do (default: run).
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+enum Cmd {
+    /// Run until SIGTERM (systemd: Type=notify, watchdog); SIGHUP reloads the config.
+    Run,
+    /// Print the manager's state file: MPS daemon, budget, faults, recoveries.
+    Status,
+    /// Validate the config (base + overrides) and print the effective config.
+    CheckConfig,
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let mut cmd = "run".to_string();
-    let mut config: Option<PathBuf> = None;
-    let mut gpu: Option<u32> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "-h" | "--help" | "help" => {
-                print!("{HELP}");
-                return ExitCode::SUCCESS;
-            }
-            "--config" | "-c" => match args.next() {
-                Some(v) => config = Some(v.into()),
-                None => return fail("--config needs a file", 2),
-            },
-            "--gpu" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(v) => gpu = Some(v),
-                None => return fail("--gpu needs a GPU index", 2),
-            },
-            "run" | "status" | "check-config" => cmd = a,
-            other => return fail(&format!("unknown argument `{other}` (see --help)"), 2),
-        }
-    }
-    let explicit =
-        config.or_else(|| std::env::var_os("XSHARE_MPS_MANAGER_CONFIG").map(PathBuf::from));
-    let base = explicit.clone().unwrap_or_else(|| DEFAULT_PATH.into());
-    let loaded = if explicit.is_none() && !base.exists() {
-        Ok((Config::default(), Vec::new()))
-    } else {
-        Config::load(&base)
-    };
-    let (mut cfg, files) = match loaded {
-        Ok(x) => x,
+    node_daemon::cli::init_logging();
+    let cli = Cli::parse();
+    let loaded = match cli
+        .cfg
+        .load("XSHARE_MPS_MANAGER_CONFIG", DEFAULT_PATH, Config::load)
+    {
+        Ok(l) => l,
         Err(e) => return fail(&format!("config error: {e}"), 2),
     };
-    cfg.finalize(gpu);
-    match cmd.as_str() {
-        "check-config" => {
-            println!("{}", serde_json::to_string_pretty(&cfg).unwrap_or_default());
-            ExitCode::SUCCESS
-        }
-        "status" => match std::fs::read_to_string(&cfg.state_file)
-            .map_err(|e| e.to_string())
-            .and_then(|t| serde_json::from_str::<ManagerState>(&t).map_err(|e| e.to_string()))
-        {
-            Ok(s) => {
-                print_status(&s);
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(&format!("{}: {e}", cfg.state_file.display()), 1),
-        },
-        _ => match run(cfg, base, files) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(&e, 1),
-        },
+    let mut cfg = loaded.config;
+    cfg.finalize(cli.cfg.gpu);
+    let r = match cli.cmd.unwrap_or(Cmd::Run) {
+        Cmd::CheckConfig => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&cfg).unwrap_or_default()
+        )),
+        Cmd::Status => node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file)
+            .and_then(|s| out(&status_text(&s))),
+        Cmd::Run => run(cfg, loaded.base, loaded.files),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e, 1),
     }
 }
 
@@ -111,50 +102,60 @@ fn fail(msg: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn print_status(s: &ManagerState) {
-    println!("GPU {}  (manager pid {})", s.gpu, s.manager_pid);
-    println!(
+fn status_text(s: &ManagerState) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(o, "GPU {}  (manager pid {})", s.gpu, s.manager_pid);
+    let _ = writeln!(
+        o,
         "  {:<20} {}",
         "control daemon",
         s.daemon_pid.map_or("not running".into(), |p| p.to_string())
     );
-    println!(
+    let _ = writeln!(
+        o,
         "  {:<20} {:?} ({} clients)",
         "servers", s.servers, s.clients
     );
-    println!(
+    let _ = writeln!(
+        o,
         "  {:<20} {}",
         "gpu health",
         s.gpu_health.as_deref().unwrap_or("unknown")
     );
-    println!(
+    let _ = writeln!(
+        o,
         "  {:<20} {:.1} % total, {:.1} % online (est.)",
         "sm activity", s.sm_activity_pct, s.online_estimate_pct
     );
-    println!(
+    let _ = writeln!(
+        o,
         "  {:<20} {}",
         "offline SM budget",
         s.offline_budget_pct
             .map_or("-".into(), |b| format!("{b:.1} %"))
     );
-    println!("  {:<20} {:?}", "faults", s.faults);
-    println!(
+    let _ = writeln!(o, "  {:<20} {:?}", "faults", s.faults);
+    let _ = writeln!(
+        o,
         "  {:<20} {} ({} suppressed by rate limit)",
         "recoveries",
         s.recoveries.len(),
         s.suppressed_recoveries
     );
     for r in s.recoveries.iter().rev().take(5) {
-        println!("    {:?}: {} (evicted {:?})", r.fault, r.outcome, r.evicted);
+        let _ = writeln!(o, "    {:?}: {} (evicted {:?})", r.fault, r.outcome, r.evicted);
     }
-    println!(
+    let _ = writeln!(
+        o,
         "  {:<20} {}",
         "restart requested",
         s.restart_requested.len()
     );
     if let Some(e) = &s.last_error {
-        println!("  {:<20} {e}", "last error");
+        let _ = writeln!(o, "  {:<20} {e}", "last error");
     }
+    o
 }
 
 /// The manager as a [`Service`] of the shared run/reload loop.
@@ -226,4 +227,51 @@ fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
     };
     node_daemon::run::run(&mut svc, &notifier);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent_and_defaults_to_run() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["mps-manager", "--config", "/m.json", "--gpu", "3"]).unwrap();
+        assert_eq!((c.cmd, c.cfg.gpu), (None, Some(3)));
+        let c = Cli::try_parse_from(["mps-manager", "status", "--gpu", "1"]).unwrap();
+        assert_eq!(c.cmd, Some(Cmd::Status));
+        let e = Cli::try_parse_from(["mps-manager", "run", "--json"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn long_help_teaches_config_budget_and_recovery() {
+        let h = Cli::command().render_long_help().to_string();
+        for want in [
+            "XSHARE_MPS_MANAGER_CONFIG",
+            "<stem>.d/*.json",
+            "SIGHUP",
+            "SM BUDGET",
+            "terminate_client",
+            "EXAMPLES",
+            "--gpu <N>",
+        ] {
+            assert!(h.contains(want), "--help lacks {want}:\n{h}");
+        }
+    }
+
+    #[test]
+    fn status_text_shows_budget_and_errors() {
+        let s = ManagerState {
+            gpu: 2,
+            offline_budget_pct: Some(40.0),
+            last_error: Some("config reload: x".into()),
+            ..Default::default()
+        };
+        let t = status_text(&s);
+        assert!(t.starts_with("GPU 2"), "{t}");
+        assert!(t.contains("40.0 %"), "{t}");
+        assert!(t.contains("config reload: x"), "{t}");
+    }
 }

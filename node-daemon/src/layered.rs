@@ -31,6 +31,18 @@ pub fn override_files(base: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Loads `base` and its `<stem>.d/*.json` overrides ([`override_files`]) with [`load`];
+/// returns the config and the files it came from, base first.
+pub fn load_with_overrides<T: DeserializeOwned>(
+    base: &Path,
+    validate: impl Fn(&T) -> Result<(), (String, String)>,
+) -> Result<(T, Vec<PathBuf>), ConfigError> {
+    let mut files = vec![base.to_path_buf()];
+    files.extend(override_files(base));
+    let cfg = load(&files, validate)?;
+    Ok((cfg, files))
+}
+
 /// Largest config file accepted (a config is a few KiB; a huge file is a mistake or an attack).
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 

@@ -1,6 +1,7 @@
 //! Plumbing shared by the node daemons (`sysmonitor`, `mps-manager`), so neither depends on
 //! the other and `node-ledger` (linked into every offline process) stays small:
 //!
+//! - [`cli`]: `--config`/`--gpu` (clap), locating the config, log setup;
 //! - [`signals`]: stop/reload flags set by async-signal-safe handlers;
 //! - [`sdnotify`]: systemd readiness, status and watchdog;
 //! - [`layered`]: a base JSON config plus `<stem>.d/*.json` overrides, errors naming file, line
@@ -12,6 +13,7 @@
 //! - [`monitor_state`]: the monitor's state file, one writer and several readers;
 //! - [`run`]: the run/reload loop.
 
+pub mod cli;
 pub mod clock;
 pub mod evictor;
 pub mod layered;

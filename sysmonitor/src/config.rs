@@ -228,10 +228,7 @@ impl Config {
 
     /// Loads `base` and its `<stem>.d/*.json` overrides.
     pub fn load(base: &Path) -> Result<(Config, Vec<PathBuf>), ConfigError> {
-        let mut files = vec![base.to_path_buf()];
-        files.extend(layered::override_files(base));
-        let c = layered::load(&files, Config::validate)?;
-        Ok((c, files))
+        layered::load_with_overrides(base, Config::validate)
     }
 
     /// Applies `$XSHARE_LEDGER_DIR`, a `--gpu` override, and fills derived paths.

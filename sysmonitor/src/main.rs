@@ -3,21 +3,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use sysmonitor::config::{Config, DEFAULT_PATH};
+use clap::{Parser, Subcommand};
+use node_daemon::cli::{out, ConfigArgs};
 use node_daemon::{clock, monitor_state};
+use sysmonitor::config::{Config, DEFAULT_PATH};
 use sysmonitor::{daemon, report};
 
-const HELP: &str = "\
-sysmonitor - watches one GPU, keeps its health state, evicts offline work when online work is at risk
-
-USAGE:
-    sysmonitor [run] [--config FILE] [--gpu N]   run the monitor (systemd: Type=notify)
-    sysmonitor status [--config FILE] [--gpu N] [--json]
-                                               print the GPU's state from the state file
-    sysmonitor check-config [--config FILE]    validate the config (base + overrides) and print it
-    sysmonitor disable|enable [--config FILE] [--gpu N]
-                                               take the GPU out of / back into service (Disabled state)
-
+/// Read after the options by `--help`: how the monitor is configured and what it decides.
+const AFTER_HELP: &str = "\
 CONFIG:
     FILE defaults to $XSHARE_SYSMONITOR_CONFIG, else /etc/xshare/sysmonitor.json. Every
     <stem>.d/*.json beside it (e.g. /etc/xshare/sysmonitor.d/50-local.json) is merged over it in
@@ -32,6 +25,7 @@ CONFIG:
     host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run},
     verify.{tolerance_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
     kernel log besides NVML events), xid_log_match (\"PCI:0000:3b:00\": only this GPU's lines).
+    `sysmonitor check-config` prints the effective config.
 
 STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -> healthy | overlimit;
     overlimit only after a metric stays past it for overlimit_sustain_ms (default 2000) and only
@@ -39,108 +33,73 @@ STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -
     overlimit -> unhealthy after a hold of hold_base_ms * hold_factor^(entries in window - 1);
     disabled on NVML errors, critical XIDs or operator. Offline work is admitted only when healthy.
 
+FILES: <ledger_dir>/gpu<N>/ledger (shared with the shim and mps-manager), state.json beside it
+    (what `status` reads), `disabled` beside it (operator switch), sysmonitor.lock (one monitor
+    per GPU).
+
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
+
+EXAMPLES:
+    sysmonitor run --gpu 0                      under systemd: xshare-sysmonitor@0.service
+    sysmonitor status --gpu 0                   state, hold left, metrics, evictions
+    sysmonitor check-config -c ./sysmonitor.json
+    kill -HUP $(pidof sysmonitor)               reload the config
 ";
 
-struct Args {
-    cmd: String,
-    config: Option<PathBuf>,
-    gpu: Option<u32>,
-    json: bool,
+/// sysmonitor - watches one GPU, keeps its health state, evicts offline work when online work
+/// is at risk.
+#[derive(Debug, Parser)]
+#[command(name = "sysmonitor", version, after_long_help = AFTER_HELP)]
+struct Cli {
+    #[command(flatten)]
+    cfg: ConfigArgs,
+    /// What to do (default: run).
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        cmd: "run".into(),
-        config: None,
-        gpu: None,
-        json: false,
-    };
-    let mut it = std::env::args().skip(1);
-    let mut cmd_set = false;
-    while let Some(x) = it.next() {
-        match x.as_str() {
-            "-h" | "--help" | "help" => a.cmd = "help".into(),
-            "--config" | "-c" => a.config = Some(it.next().ok_or("--config needs a file")?.into()),
-            "--gpu" => {
-                let v = it.next().ok_or("--gpu needs an index")?;
-                a.gpu = Some(
-                    v.parse()
-                        .map_err(|_| format!("--gpu: `{v}` is not a GPU index"))?,
-                );
-            }
-            "--json" => a.json = true,
-            c if !cmd_set && !c.starts_with('-') => {
-                a.cmd = c.to_string();
-                cmd_set = true;
-            }
-            other => return Err(format!("unknown argument `{other}` (see --help)")),
-        }
-    }
-    Ok(a)
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+enum Cmd {
+    /// Run the monitor until SIGTERM (systemd: Type=notify, watchdog); SIGHUP reloads the config.
+    Run,
+    /// Print the GPU's state from the state file the running monitor writes.
+    Status {
+        /// The whole state file as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate the config (base + overrides) and print the effective config.
+    CheckConfig,
+    /// Take the GPU out of service: Disabled at the next report, offline work evicted.
+    Disable,
+    /// Put the GPU back into service (it goes through Init).
+    Enable,
 }
 
-fn load(a: &Args) -> Result<(Config, PathBuf, Vec<PathBuf>), String> {
-    let explicit = a
-        .config
-        .clone()
-        .or_else(|| std::env::var_os("XSHARE_SYSMONITOR_CONFIG").map(PathBuf::from));
-    let base = explicit.clone().unwrap_or_else(|| DEFAULT_PATH.into());
-    let (mut cfg, files) = if explicit.is_none() && !base.exists() {
-        tracing::warn!(
-            path = DEFAULT_PATH,
-            "no config file; using built-in defaults"
-        );
-        (Config::default(), Vec::new())
-    } else {
-        Config::load(&base).map_err(|e| e.to_string())?
-    };
+fn load(a: &ConfigArgs) -> Result<(Config, PathBuf, Vec<PathBuf>), String> {
+    let l = a
+        .load("XSHARE_SYSMONITOR_CONFIG", DEFAULT_PATH, Config::load)
+        .map_err(|e| e.to_string())?;
+    let mut cfg = l.config;
     cfg.finalize(a.gpu);
-    Ok((cfg, base, files))
-}
-
-/// Writes `text` to stdout. A closed reader (`sysmonitor status | head`) is not an error:
-/// the output is simply no longer wanted, so it ends quietly instead of panicking.
-fn out(text: &str) -> Result<(), String> {
-    use std::io::Write;
-    let mut o = std::io::stdout().lock();
-    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(format!("writing to stdout: {e}")),
-    }
+    Ok((cfg, l.base, l.files))
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal: never into files, pipes or the journal.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let a = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("sysmonitor: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if a.cmd == "help" {
-        let _ = out(HELP);
-        return ExitCode::SUCCESS;
-    }
-    let (cfg, base, files) = match load(&a) {
+    node_daemon::cli::init_logging();
+    let cli = Cli::parse();
+    let a = &cli.cfg;
+    let cmd = cli.cmd.clone().unwrap_or(Cmd::Run);
+    let (cfg, base, files) = match load(a) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("sysmonitor: config error: {e}");
             return ExitCode::from(2);
         }
     };
-    let r = match a.cmd.as_str() {
-        "run" => daemon::run(cfg, &base, files),
-        "check-config" => {
+    let r = match cmd {
+        Cmd::Run => daemon::run(cfg, &base, files),
+        Cmd::CheckConfig => {
             out(&format!(
                 "{}\n",
                 serde_json::to_string_pretty(&cfg).unwrap_or_default()
@@ -156,16 +115,16 @@ fn main() -> ExitCode {
                 )
             })
         }
-        "status" => monitor_state::read(&cfg.state_file)
+        Cmd::Status { json } => monitor_state::read(&cfg.state_file)
             .map_err(|e| format!("{e}\n(is `sysmonitor run` running for GPU {} with the same ledger_dir / $XSHARE_LEDGER_DIR?)", cfg.gpu_index))
             .and_then(|s| {
-                if a.json {
+                if json {
                     out(&format!("{}\n", serde_json::to_string_pretty(&s).unwrap_or_default()))
                 } else {
                     out(&report::status_table(&s, clock::unix_ms()))
                 }
             }),
-        "disable" => {
+        Cmd::Disable => {
             let f = daemon::operator_file(&cfg);
             std::fs::write(&f, b"disabled by operator\n")
                 .map_err(|e| format!("{}: {e}", f.display()))
@@ -177,7 +136,7 @@ fn main() -> ExitCode {
                     ))
                 })
         }
-        "enable" => {
+        Cmd::Enable => {
             let f = daemon::operator_file(&cfg);
             match std::fs::remove_file(&f) {
                 Ok(()) => out(&format!(
@@ -191,13 +150,47 @@ fn main() -> ExitCode {
                 Err(e) => Err(format!("{}: {e}", f.display())),
             }
         }
-        other => Err(format!("unknown command `{other}` (see --help)")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sysmonitor: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent_and_defaults_to_run() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["sysmonitor", "--gpu", "1"]).unwrap();
+        assert_eq!((c.cmd, c.cfg.gpu), (None, Some(1)));
+        let c = Cli::try_parse_from(["sysmonitor", "status", "--json", "-c", "/x.json"]).unwrap();
+        assert_eq!(c.cmd, Some(Cmd::Status { json: true }));
+        let e = Cli::try_parse_from(["sysmonitor", "stauts"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "a typo is a usage error, not a run");
+    }
+
+    #[test]
+    fn long_help_teaches_config_states_and_examples() {
+        let h = Cli::command().render_long_help().to_string();
+        for want in [
+            "XSHARE_SYSMONITOR_CONFIG",
+            "sysmonitor.d",
+            "SIGHUP",
+            "overlimit_sustain_ms",
+            "STATES",
+            "EXAMPLES",
+            "check-config",
+            "--gpu <N>",
+            "--config <FILE>",
+        ] {
+            assert!(h.contains(want), "--help lacks {want}:\n{h}");
         }
     }
 }

@@ -1,0 +1,152 @@
+//! What both daemons' command lines share: `--config`/`--gpu` (clap), locating the config
+//! (flag, environment, default path, or built-in defaults) and the log setup.
+
+use std::path::{Path, PathBuf};
+
+use crate::ConfigError;
+
+/// `--config FILE` and `--gpu N`, accepted before or after the subcommand.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct ConfigArgs {
+    /// Base config file (JSON), plus the `<stem>.d/*.json` overrides beside it.
+    ///
+    /// Overrides are merged over the base in name order, key by key. Default: the daemon's
+    /// environment variable, else its file under /etc/xshare (see CONFIG below); a missing
+    /// default file means built-in defaults.
+    #[arg(short = 'c', long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Index of the GPU this instance serves (overrides the config's `gpu_index`).
+    #[arg(long, global = true, value_name = "N")]
+    pub gpu: Option<u32>,
+}
+
+/// A loaded configuration and where it came from.
+#[derive(Debug, Clone)]
+pub struct Loaded<C> {
+    /// The configuration.
+    pub config: C,
+    /// The base file SIGHUP reloads from (also when it did not exist at start).
+    pub base: PathBuf,
+    /// The files in force, base first; empty for built-in defaults.
+    pub files: Vec<PathBuf>,
+}
+
+impl ConfigArgs {
+    /// The base config file: `--config`, else `$env_var`, else `default`; and whether it was
+    /// named explicitly (by flag or environment).
+    pub fn base(&self, env_var: &str, default: &str) -> (PathBuf, bool) {
+        match self
+            .config
+            .clone()
+            .or_else(|| std::env::var_os(env_var).map(PathBuf::from))
+        {
+            Some(p) => (p, true),
+            None => (PathBuf::from(default), false),
+        }
+    }
+
+    /// Loads the config with `load` (base plus overrides). A config named explicitly must
+    /// load; the default file may be absent, which means built-in defaults (with a warning).
+    pub fn load<C: Default>(
+        &self,
+        env_var: &str,
+        default: &str,
+        load: impl Fn(&Path) -> Result<(C, Vec<PathBuf>), ConfigError>,
+    ) -> Result<Loaded<C>, ConfigError> {
+        let (base, explicit) = self.base(env_var, default);
+        if !explicit && !base.exists() {
+            tracing::warn!(path = %base.display(), "no config file; using built-in defaults");
+            return Ok(Loaded {
+                config: C::default(),
+                base,
+                files: Vec::new(),
+            });
+        }
+        let (config, files) = load(&base)?;
+        Ok(Loaded {
+            config,
+            base,
+            files,
+        })
+    }
+}
+
+/// Writes `text` to stdout. A closed reader (`status | head`) is not an error: the output is
+/// simply no longer wanted, so it ends quietly instead of panicking as `print!` would.
+pub fn out(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(format!("writing to stdout: {e}")),
+    }
+}
+
+/// Logs to stderr at `$RUST_LOG` (default `info`), coloured only on a terminal (never into
+/// files, pipes or the journal).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cfg: ConfigArgs,
+        #[command(subcommand)]
+        cmd: Option<Cmd>,
+    }
+    #[derive(clap::Subcommand, Debug, PartialEq)]
+    enum Cmd {
+        Run,
+    }
+
+    #[test]
+    fn config_and_gpu_go_before_or_after_the_subcommand() {
+        for argv in [
+            &["d", "--config", "/x.json", "--gpu", "2", "run"][..],
+            &["d", "run", "-c", "/x.json", "--gpu", "2"][..],
+        ] {
+            let c = Cli::try_parse_from(argv).unwrap();
+            assert_eq!(c.cmd, Some(Cmd::Run));
+            assert_eq!(c.cfg.config.as_deref(), Some(Path::new("/x.json")));
+            assert_eq!(c.cfg.gpu, Some(2));
+        }
+        let e = Cli::try_parse_from(["d", "--gpu", "two"]).err().unwrap();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--gpu"), "{e}");
+    }
+
+    #[test]
+    fn an_explicit_config_must_exist_the_default_may_be_absent() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("none.json");
+        let load = |p: &Path| -> Result<(u32, Vec<PathBuf>), ConfigError> {
+            crate::layered::load_with_overrides(p, |_: &u32| Ok(()))
+        };
+        let env = "XSHARE_NODE_DAEMON_TEST_UNSET";
+        let absent = ConfigArgs::default();
+        let l = absent.load(env, missing.to_str().unwrap(), load).unwrap();
+        assert_eq!((l.config, l.files.len()), (0, 0), "built-in defaults");
+        let named = ConfigArgs {
+            config: Some(missing.clone()),
+            gpu: None,
+        };
+        let e = named.load(env, "/nonexistent", load).unwrap_err();
+        assert_eq!(e.file, missing);
+        std::fs::write(&missing, "7").unwrap();
+        let l = named.load(env, "/nonexistent", load);
+        assert!(l.is_err(), "top level must be an object");
+    }
+}
