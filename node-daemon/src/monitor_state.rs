@@ -158,10 +158,11 @@ mod tests {
         assert_eq!(read(&p).unwrap(), s);
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-        assert_eq!(
-            v["state"], "disabled",
-            "readers (the matcher) match the lowercase name"
-        );
+        // What cluster-matcher's reader (plan::health::StateFile) takes from the file.
+        assert_eq!(v["state"], "disabled", "readers match the lowercase name");
+        assert_eq!(v["updated_unix_ms"], 1000);
+        assert_eq!(v["gpu"], 0);
+        assert_eq!(v["admits_offline"], false);
         assert_eq!(disabling_xid(&p), Some(79));
         write(&p, &state(Some(DisableCause::Operator))).unwrap();
         assert_eq!(disabling_xid(&p), None);

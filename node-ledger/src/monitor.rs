@@ -44,6 +44,21 @@ impl MonitorSnapshot {
 }
 
 impl MonitorSample {
+    /// SM activity in percent (the unit of [`crate::GpuSample`]).
+    pub fn sm_active_pct(&self) -> f64 {
+        crate::sample::permille_to_pct(self.sm_active_permille)
+    }
+
+    /// SM activity as a fraction, 0..=1 (the unit of the shim's controller).
+    pub fn sm_active_fraction(&self) -> f64 {
+        crate::sample::permille_to_fraction(self.sm_active_permille)
+    }
+
+    /// GPU utilization in percent.
+    pub fn gpu_util_pct(&self) -> f64 {
+        crate::sample::permille_to_pct(self.gpu_util_permille)
+    }
+
     /// Sets the health field from the enum.
     pub fn with_health(mut self, h: HealthState) -> Self {
         self.health = h as u32;

@@ -88,6 +88,18 @@ mod tests {
     }
 
     #[test]
+    fn the_ledger_sample_reads_back_in_each_unit() {
+        let m = crate::MonitorSample {
+            sm_active_permille: pct_to_permille(37.5),
+            gpu_util_permille: pct_to_permille(80.0),
+            ..Default::default()
+        };
+        assert_eq!(m.sm_active_pct(), 37.5);
+        assert_eq!(m.sm_active_fraction(), 0.375);
+        assert_eq!(m.gpu_util_pct(), 80.0);
+    }
+
+    #[test]
     fn state_file_names_are_stable() {
         let s = GpuSample {
             sm_source: Some(SmSource::UtilSamples),
