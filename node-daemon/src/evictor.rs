@@ -173,23 +173,35 @@ struct Pending {
 /// One eviction event, for logs and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
+    /// SIGTERM sent (or, for another pid namespace, the ledger request made).
     Term {
+        /// Process evicted.
         pid: u32,
+        /// Why.
         reason: EvictReason,
     },
+    /// The operator's eviction command started.
     Command {
+        /// Process evicted.
         pid: u32,
+        /// Why.
         reason: EvictReason,
     },
+    /// SIGKILL sent after the grace period.
     Kill {
+        /// Process killed.
         pid: u32,
+        /// Why it was evicted.
         reason: EvictReason,
     },
     /// A request found in the ledger from an earlier monitor run was resumed, not repeated.
     Resumed {
+        /// Process whose eviction was resumed.
         pid: u32,
     },
+    /// An evicted process is gone; its eviction is over.
     Gone {
+        /// Process that exited.
         pid: u32,
     },
 }
@@ -205,6 +217,7 @@ pub struct Evictor<S: Signaller> {
 }
 
 impl<S: Signaller> Evictor<S> {
+    /// An evictor signalling through `sig` for GPU `gpu` (substituted for `{gpu}` in commands).
     pub fn new(sig: S, gpu: u32) -> Self {
         Evictor {
             sig,
@@ -221,18 +234,22 @@ impl<S: Signaller> Evictor<S> {
         &self.counts
     }
 
+    /// The signaller (tests inspect what was sent).
     pub fn signaller(&self) -> &S {
         &self.sig
     }
 
+    /// Evictions that needed SIGKILL.
     pub fn kills(&self) -> u64 {
         self.kills
     }
 
+    /// Evictions waiting for their process to exit.
     pub fn in_flight(&self) -> usize {
         self.pending.len()
     }
 
+    /// Whether an eviction of `p` (by pid + start time) is in flight.
     pub fn is_pending(&self, p: &OfflineProc) -> bool {
         self.pending.contains_key(&p.key())
     }

@@ -10,6 +10,7 @@ pub struct Notifier {
 }
 
 impl Notifier {
+    /// Connects to `$NOTIFY_SOCKET` if set; reads `$WATCHDOG_USEC` (when `$WATCHDOG_PID` is unset or this process).
     pub fn from_env() -> Notifier {
         let path = std::env::var("NOTIFY_SOCKET")
             .ok()

@@ -65,10 +65,15 @@ pub fn ledger_path(dir: &Path, gpu_index: u32) -> PathBuf {
 /// A config problem, located: `file:line:column: field `x`: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The file at fault (or `$VAR` for an environment variable).
     pub file: PathBuf,
+    /// 1-based line, when known.
     pub line: Option<usize>,
+    /// 1-based column, when known.
     pub column: Option<usize>,
+    /// Dotted path of the field at fault, when known.
     pub field: Option<String>,
+    /// What is wrong.
     pub message: String,
 }
 

@@ -15,6 +15,7 @@ pub struct ManagerSnapshot {
     pub publish_ns: u64,
     /// Pid of the publishing manager (its own pid namespace).
     pub manager_pid: u32,
+    /// Sequence number of the publish read (even: consistent).
     pub seq: u64,
 }
 

@@ -10,24 +10,36 @@ use crate::ledger::Ledger;
 /// What the monitor publishes each tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MonitorSample {
+    /// Health state as [`HealthState`]'s discriminant (see [`MonitorSample::with_health`]).
     pub health: u32,
+    /// SM activity, per-mille ([`MonitorSample::sm_active_pct`] reads it in percent).
     pub sm_active_permille: u32,
+    /// GPU utilization, per-mille.
     pub gpu_util_permille: u32,
+    /// Current SM clock, MHz.
     pub sm_clock_mhz: u32,
+    /// Highest SM clock, MHz (0 when unknown).
     pub sm_clock_max_mhz: u32,
+    /// SM count of the device (0 when unknown).
     pub sm_count: u32,
+    /// Device memory in use, bytes.
     pub mem_used_bytes: u64,
+    /// Device memory in total, bytes.
     pub mem_total_bytes: u64,
+    /// Memory quota set by the operator for offline work, bytes (0 = none).
     pub mem_quota_bytes: u64,
 }
 
 /// A consistent copy of the monitor block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MonitorSnapshot {
+    /// The published values.
     pub sample: MonitorSample,
     /// CLOCK_MONOTONIC ns of the publish (0 = never).
     pub publish_ns: u64,
+    /// Sequence number of the publish read (even: consistent).
     pub seq: u64,
+    /// Pid of the publishing monitor (its own pid namespace).
     pub monitor_pid: u32,
 }
 

@@ -56,10 +56,13 @@ pub struct Config {
     /// Thresholds and timing of the health machine.
     #[serde(default)]
     pub machine: MachineConfig,
+    /// Host memory pressure checks.
     #[serde(default)]
     pub host_memory: HostMemoryConfig,
+    /// How offline processes are evicted.
     #[serde(default)]
     pub evictor: EvictorConfig,
+    /// Checks of ledger-reported memory against NVML.
     #[serde(default)]
     pub verify: VerifyConfig,
     /// XID codes that disable the device.
@@ -77,6 +80,7 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HostMemoryConfig {
+    /// Whether host memory is checked at all.
     pub enabled: bool,
     /// Evict when MemAvailable falls below this percentage of MemTotal.
     pub min_available_pct: f64,
@@ -86,7 +90,9 @@ pub struct HostMemoryConfig {
     pub psi_sustain_ms: u64,
     /// How often to read /proc, ms (host memory moves slower than the GPU).
     pub check_every_ms: u64,
+    /// Where MemTotal/MemAvailable are read (`/proc/meminfo`).
     pub meminfo_path: PathBuf,
+    /// Where memory PSI is read (`/proc/pressure/memory`).
     pub psi_path: PathBuf,
 }
 
@@ -108,6 +114,7 @@ impl Default for HostMemoryConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifyConfig {
+    /// Whether the check runs at all.
     pub enabled: bool,
     /// Allowed excess of NVML's figure over the reported one, MiB.
     pub tolerance_mib: u64,

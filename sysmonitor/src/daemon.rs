@@ -29,6 +29,7 @@ pub struct RetryingNvml {
 }
 
 impl RetryingNvml {
+    /// A source for GPU `index`; the first sample tries to open NVML.
     pub fn new(index: u32) -> Self {
         RetryingNvml {
             index,

@@ -16,13 +16,18 @@ pub use node_ledger::HealthState as State;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MetricKind {
+    /// GPU utilization (a kernel was running), percent.
     GpuUtil,
+    /// SM activity, percent.
     SmActivity,
+    /// SM clock as a percentage of its maximum (bad when low).
     SmClock,
+    /// Memory used as a percentage of total.
     MemUsed,
 }
 
 impl MetricKind {
+    /// Every metric, in [`Metrics`] order.
     pub const ALL: [MetricKind; 4] = [
         MetricKind::GpuUtil,
         MetricKind::SmActivity,
@@ -30,6 +35,7 @@ impl MetricKind {
         MetricKind::MemUsed,
     ];
 
+    /// The snake_case name (config key and log label).
     pub fn as_str(self) -> &'static str {
         match self {
             MetricKind::GpuUtil => "gpu_util",
@@ -44,9 +50,13 @@ impl MetricKind {
 /// percentage of its maximum (lower is worse), and memory used as a percentage of total.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Metrics {
+    /// GPU utilization, percent.
     pub gpu_util: f64,
+    /// SM activity, percent.
     pub sm_activity: f64,
+    /// SM clock as a percentage of its maximum.
     pub sm_clock_pct: f64,
+    /// Memory used as a percentage of total.
     pub mem_used_pct: f64,
     /// Every process on the GPU is a registered offline process (none online). Load past
     /// Overlimit is then the shim throttle's to take away (MuxFlow §4.2), not a reason to
@@ -57,6 +67,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// The value of metric `k`.
     pub fn get(&self, k: MetricKind) -> f64 {
         match k {
             MetricKind::GpuUtil => self.gpu_util,
@@ -82,9 +93,13 @@ pub enum Direction {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Threshold {
+    /// Back to Healthy only when better than this.
     pub healthy: f64,
+    /// Unhealthy at or past this.
     pub unhealthy: f64,
+    /// Overlimit past this (after the sustain time).
     pub overlimit: f64,
+    /// Which way the metric goes bad (default: above).
     #[serde(default = "default_direction")]
     pub direction: Direction,
     /// A disabled metric is sampled and shown but never judged.
@@ -152,6 +167,7 @@ impl Threshold {
         Ok(())
     }
 
+    /// Where `v` stands against the thresholds (a NaN reads as the worst).
     pub fn level(&self, v: f64) -> Level {
         // A NaN reading is treated as the worst case rather than silently as calm.
         if v.is_nan() {
@@ -179,9 +195,13 @@ impl Threshold {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MachineConfig {
+    /// Thresholds for GPU utilization.
     pub gpu_util: Threshold,
+    /// Thresholds for SM activity.
     pub sm_activity: Threshold,
+    /// Thresholds for the SM clock (as a percentage of its maximum; bad when low).
     pub sm_clock: Threshold,
+    /// Thresholds for memory used (percentage of total).
     pub mem_used: Threshold,
     /// How long a metric must stay past its overlimit threshold, sample after sample, before
     /// the machine enters Overlimit (and evicts), ms. MuxFlow's throttle is the fast loop and
@@ -233,6 +253,7 @@ fn default_recover() -> u32 {
 }
 
 impl MachineConfig {
+    /// The thresholds of metric `k`.
     pub fn threshold(&self, k: MetricKind) -> &Threshold {
         match k {
             MetricKind::GpuUtil => &self.gpu_util,
@@ -347,8 +368,11 @@ pub enum Input {
 /// One state change with its reason.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transition {
+    /// State left.
     pub from: State,
+    /// State entered.
     pub to: State,
+    /// Why (metric and value, or the event).
     pub reason: String,
 }
 
@@ -356,13 +380,18 @@ pub struct Transition {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Evict all offline work on the device (entering Overlimit or Disabled).
-    EvictOffline { reason: String },
+    EvictOffline {
+        /// Why (the transition's reason).
+        reason: String,
+    },
 }
 
 /// Result of one step: changes made (at most two: Init→Healthy→…) and actions to take.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Step {
+    /// State changes made, in order.
     pub transitions: Vec<Transition>,
+    /// Actions the caller must take.
     pub actions: Vec<Action>,
 }
 
@@ -392,6 +421,7 @@ impl Default for Machine {
 }
 
 impl Machine {
+    /// A machine in Init.
     pub fn new() -> Self {
         Machine {
             state: State::Init,
@@ -413,10 +443,12 @@ impl Machine {
         m
     }
 
+    /// The current state.
     pub fn state(&self) -> State {
         self.state
     }
 
+    /// Why the machine is Disabled, while it is.
     pub fn disabled_by(&self) -> Option<DisableCause> {
         self.disabled_by
     }

@@ -8,13 +8,16 @@ use crate::config::HostMemoryConfig;
 /// One reading of host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct HostMem {
+    /// MemTotal, KiB.
     pub total_kib: u64,
+    /// MemAvailable, KiB.
     pub available_kib: u64,
     /// PSI `some avg10` in percent, when the kernel exposes PSI.
     pub psi_some_avg10: Option<f64>,
 }
 
 impl HostMem {
+    /// MemAvailable as a percentage of MemTotal (100 when unknown).
     pub fn available_pct(&self) -> f64 {
         if self.total_kib == 0 {
             return 100.0;

@@ -9,13 +9,21 @@ use crate::sampler::SmSource;
 /// What the monitor publishes each sample.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Published {
+    /// Health state to publish (`None`: nothing decided yet, published as Init).
     pub state: Option<State>,
+    /// GPU utilization, percent.
     pub gpu_util: f64,
+    /// SM activity, percent.
     pub sm_activity: f64,
+    /// Source of `sm_activity`.
     pub sm_source: Option<SmSource>,
+    /// Current SM clock, MHz.
     pub sm_clock_mhz: u32,
+    /// Highest SM clock, MHz.
     pub sm_clock_max_mhz: u32,
+    /// Device memory in use, bytes.
     pub mem_used: u64,
+    /// Device memory in total, bytes.
     pub mem_total: u64,
     /// Monotonic ms of the sample.
     pub t_ms: u64,
@@ -39,8 +47,11 @@ pub trait LedgerPort {
 /// In-memory ledger for unit tests and dry runs.
 #[derive(Debug, Default)]
 pub struct MemLedger {
+    /// Registered offline processes.
     pub procs: Vec<OfflineProc>,
+    /// Everything published, in order.
     pub published: Vec<Published>,
+    /// Eviction marks made: pid and reason.
     pub marks: Vec<(u32, EvictReason)>,
 }
 

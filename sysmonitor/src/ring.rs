@@ -9,6 +9,7 @@ pub struct Ring<T> {
 }
 
 impl<T: Clone> Ring<T> {
+    /// An empty ring holding at most `cap` items.
     pub fn new(cap: usize) -> Self {
         let cap = cap.max(1);
         Ring {
@@ -18,6 +19,7 @@ impl<T: Clone> Ring<T> {
         }
     }
 
+    /// Appends `v`, dropping the oldest item when full.
     pub fn push(&mut self, v: T) {
         if self.buf.len() < self.cap {
             self.buf.push(v);
@@ -27,14 +29,17 @@ impl<T: Clone> Ring<T> {
         }
     }
 
+    /// Items held.
     pub fn len(&self) -> usize {
         self.buf.len()
     }
 
+    /// Whether no item is held.
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 
+    /// Most items held.
     pub fn capacity(&self) -> usize {
         self.cap
     }
@@ -45,6 +50,7 @@ impl<T: Clone> Ring<T> {
         b.iter().chain(a.iter())
     }
 
+    /// The newest item.
     pub fn last(&self) -> Option<&T> {
         if self.buf.is_empty() {
             None

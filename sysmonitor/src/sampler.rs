@@ -36,13 +36,17 @@ impl SampleMetrics for GpuSample {
 /// A process's GPU memory as the driver sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcMem {
+    /// Process id (as NVML reports it).
     pub pid: u32,
+    /// Device memory used, bytes.
     pub used_bytes: u64,
 }
 
 /// A source of GPU samples; NVML in production, scripted in unit tests.
 pub trait GpuSource {
+    /// Takes a sample at monotonic time `now_ms`; an error means the device could not be read.
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String>;
+    /// Device memory per process, as the driver sees it.
     fn processes(&mut self) -> Result<Vec<ProcMem>, String>;
     /// Critical XID codes seen since the last call (non-blocking).
     fn xids(&mut self) -> Vec<u64>;

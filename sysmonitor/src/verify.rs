@@ -10,7 +10,9 @@ use crate::sampler::ProcMem;
 /// A process caught under-reporting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Liar {
+    /// The process caught.
     pub proc_: OfflineProc,
+    /// What NVML sees it use, bytes.
     pub nvml_bytes: u64,
 }
 
