@@ -1,5 +1,7 @@
 //! Config bits every node component shares (ledger directory, GPU index) and the config-error
-//! type that names file, line and field.
+//! type that names file, line and field: the one such type (the daemons' layered loader in
+//! `node-daemon` returns it too; it lives here because the shim, which links only this crate,
+//! reports config errors as well).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -115,19 +117,6 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
     text.lines()
         .position(|l| l.contains(&quoted))
         .map(|i| i + 1)
-}
-
-/// Reads and parses a JSON config file; errors carry file, line, column and field path.
-pub fn load_json_file<T: DeserializeOwned>(path: &Path) -> Result<(T, String), ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: path.to_owned(),
-        line: None,
-        column: None,
-        field: None,
-        message: format!("cannot read: {e}"),
-    })?;
-    let v = parse_json(path, &text)?;
-    Ok((v, text))
 }
 
 /// Parses JSON text attributed to `path`; errors carry line, column and field path.
