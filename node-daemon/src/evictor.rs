@@ -39,7 +39,7 @@ pub struct OfflineProc {
     /// False when the process registered from another pid namespace: its pid means nothing
     /// here, so it is asked to exit through the ledger only, never signalled.
     pub signalable: bool,
-    /// Start time in clock ticks since boot (/proc/<pid>/stat field 22).
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: u64,
     /// GPU memory the process says it holds, bytes.
     pub reported_bytes: u64,

@@ -1,5 +1,5 @@
 //! The monitor's state file, a contract between one writer (`sysmonitor run`) and its readers
-//! (`sysmonitor status`, mps-manager, cluster-matcher): its type, [`write`] and [`read`].
+//! (`sysmonitor status`, mps-manager, cluster-matcher): its type, [`write()`] and [`read()`].
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -154,7 +154,7 @@ impl Ledger {
         self.layout().monitor.evict_all_epoch.load(Acquire)
     }
 
-    /// Asks the process `pid` that started at `start_time` (clock ticks, /proc/<pid>/stat
+    /// Asks the process `pid` that started at `start_time` (clock ticks, `/proc/<pid>/stat`
     /// field 22), registered in `slot`, to take `signal`: only if the slot still holds that
     /// process. Returns whether the request stands. A slot freed and claimed by a newcomer
     /// while the request was written gets it taken back, so a request never reaches another

@@ -1,4 +1,4 @@
-//! Process identity that survives pid reuse: pid + start time (/proc/<pid>/stat field 22) + pid namespace.
+//! Process identity that survives pid reuse: pid + start time (`/proc/<pid>/stat` field 22) + pid namespace.
 
 use std::fs;
 
@@ -8,7 +8,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
-/// Parses field 22 (starttime) from a /proc/<pid>/stat line; the comm field may hold spaces and ')'.
+/// Parses field 22 (starttime) from a `/proc/<pid>/stat` line; the comm field may hold spaces and ')'.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     // Fields after comm start at field 3 (state); starttime is field 22 => index 19 here.
