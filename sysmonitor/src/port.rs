@@ -86,6 +86,9 @@ pub trait LedgerPort {
     ) -> Result<(), String>;
     /// Publishes state and measurements for the shim and the MPS manager.
     fn publish(&mut self, p: &Published) -> Result<(), String>;
+    /// Gives back the quota of registered processes that have died, in any pid namespace
+    /// (called every tick).
+    fn reclaim(&mut self) {}
 }
 
 /// In-memory ledger for unit tests and dry runs.
@@ -94,6 +97,8 @@ pub struct MemLedger {
     pub procs: Vec<OfflineProc>,
     pub published: Vec<Published>,
     pub marks: Vec<(u32, EvictReason)>,
+    /// Calls of [`LedgerPort::reclaim`].
+    pub reclaims: usize,
 }
 
 impl LedgerPort for MemLedger {
@@ -117,5 +122,8 @@ impl LedgerPort for MemLedger {
     fn publish(&mut self, p: &Published) -> Result<(), String> {
         self.published.push(*p);
         Ok(())
+    }
+    fn reclaim(&mut self) {
+        self.reclaims += 1;
     }
 }
