@@ -264,7 +264,10 @@ impl Quota {
     }
 
     /// In a fork child (no locks, no allocation): the parent's allocations and registration
-    /// are not ours; the child registers on its first reservation.
+    /// are not ours; the child registers on its first reservation (with a slot lock of its
+    /// own). The parent's slot lock is inherited with its fd and left open: like the device
+    /// memory behind the driver's inherited fds, the parent's usage stays counted until the
+    /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
         for m in [&self.dptrs, &self.vmm, &self.arrays] {
             m.clear();
@@ -390,6 +393,26 @@ mod tests {
         assert_eq!(q.untrack(Kind::DevicePtr, 0x1000), None, "a free after the destroy is not counted twice");
         assert_eq!(q.release_context(0xc1), 0);
         assert!(q.try_reserve(750));
+    }
+
+    /// Issue 8 obs. 6: a neighbour of the group that died holding quota (here: its ledger
+    /// handle, so its slot lock, is gone; its pid is this live process's) is reclaimed by the
+    /// next refused reservation, which then succeeds. The pid-based reclaim kept it forever.
+    #[test]
+    fn a_refused_reservation_reclaims_a_dead_neighbour_and_retries() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        let (l1, l2) = (Ledger::open_or_create(&p, 0).unwrap(), Ledger::open_or_create(&p, 0).unwrap());
+        let g = l1.group(5, 1000).unwrap();
+        let h1 = l1.register(std::process::id(), g).unwrap();
+        let h2 = l2.register(std::process::id(), g).unwrap();
+        let (dead, live) = (Quota::with_ledger(l1, h1), Quota::with_ledger(l2, h2));
+        assert!(dead.try_reserve(700));
+        assert!(!live.try_reserve(400), "the neighbour is alive: its 700 count");
+        drop(dead); // dies without retiring: its descriptions close, its slot lock goes
+        live.last_reclaim_ns.store(0, Relaxed);
+        assert!(live.try_reserve(400), "reclaimed on refusal, then reserved");
+        assert_eq!(live.used(), 400);
     }
 
     #[test]
