@@ -596,6 +596,8 @@ impl Ledger {
         let proxy = pid != std::process::id();
         let lock = self.new_description()?;
         let own_ns = procinfo::own_pid_ns();
+        // Dead neighbours' quota back first (a newcomer may need it at once).
+        self.reclaim_dead()?;
         for (i, p) in self.layout().procs.iter().enumerate() {
             if !self.take_slot_lock(&lock, i, p, own_ns)? {
                 continue;
@@ -1532,11 +1534,10 @@ mod tests {
                 match op {
                     RegOp::Register(g) => {
                         let p = Ledger::open_existing(l.path()).unwrap();
-                        if let Ok(h) = p.register(me, groups[g]) {
-                            // A newcomer gives back the dead slot it takes over.
-                            dead_unreclaimed.retain(|&(s, _)| s != h.slot);
-                            live.push((p, h, 0));
-                        }
+                        let h = p.register(me, groups[g]).unwrap();
+                        // A newcomer gives back every dead slot first.
+                        dead_unreclaimed.clear();
+                        live.push((p, h, 0));
                     }
                     RegOp::Reserve(i, b) => if let Some((p, h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
                         if p.try_reserve(*h, b).is_ok() { *held += b; }
