@@ -296,28 +296,7 @@ fn stress_eight_users_random_allocations_against_nvml() {
     };
     let mut procs: Vec<EmuChild> = (0..8u32)
         .map(|i| {
-            let mut steps: Vec<String> = vec!["ctx".into(), "ready".into(), "wait".into()];
-            let (mut slept, mut held) = (0u64, 0usize);
-            while slept < secs * 1000 {
-                match rnd(10) {
-                    0..=4 => {
-                        steps.push("alloc".into());
-                        steps.push(((1 + rnd(64)) * MIB).to_string());
-                        held += 1;
-                    }
-                    5..=7 if held > 0 => {
-                        steps.push("free".into());
-                        held -= 1;
-                    }
-                    _ => {
-                        let ms = 1 + rnd(20);
-                        steps.push("sleep".into());
-                        steps.push(ms.to_string());
-                        slept += ms;
-                    }
-                }
-            }
-            steps.push("freeall".into());
+            let steps = random_script(&mut rnd, secs, true);
             let mut c = limited(&host, "shim_client", QUOTA, "users");
             c.args(&steps).uid(60_001 + i).gid(60_001 + i);
             host.spawn(&mut c)
@@ -391,4 +370,143 @@ fn stress_eight_users_random_allocations_against_nvml() {
     );
     assert_eq!(worst_procs.max(worst_total).saturating_sub(QUOTA), 0);
     assert_eq!(l.group_used(g), 0);
+}
+
+/// A random shim_client script of about `secs` seconds: allocations of 1..64 MiB, frees and
+/// short sleeps; gated on one stdin line after "ready" when `gate`.
+fn random_script(rnd: &mut impl FnMut(u64) -> u64, secs: u64, gate: bool) -> Vec<String> {
+    let mut steps: Vec<String> = vec!["ctx".into()];
+    if gate {
+        steps.extend(["ready".into(), "wait".into()]);
+    }
+    let (mut slept, mut held) = (0u64, 0usize);
+    while slept < secs * 1000 {
+        match rnd(10) {
+            0..=4 => {
+                steps.push("alloc".into());
+                steps.push(((1 + rnd(64)) * MIB).to_string());
+                held += 1;
+            }
+            5..=7 if held > 0 => {
+                steps.push("free".into());
+                held -= 1;
+            }
+            _ => {
+                let ms = 1 + rnd(20);
+                steps.push("sleep".into());
+                steps.push(ms.to_string());
+                slept += ms;
+            }
+        }
+    }
+    steps.push("freeall".into());
+    steps
+}
+
+/// Stress (`cargo test -p e2e --test reclaim_dead_container stress_eight_users_with_sigkills
+/// -- --ignored --nocapture`, `QUOTA_STRESS_SECS` default 30, `QUOTA_STRESS_KILL_MS` default
+/// 300): as above, and every ~300 ms one of the 8 processes is SIGKILLed holding whatever it
+/// holds and replaced by a new one of the same user, so the group's quota keeps coming back
+/// through reclaim. NVML is read as before; a killed process counts for as long as NVML lists
+/// it (the emulator frees a dead client's memory at its next reap, every 20 ms).
+#[test]
+#[ignore = "stress tool: run by hand, prints its figures"]
+fn stress_eight_users_with_sigkills_against_nvml() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (secs, kill_ms) = (
+        env("QUOTA_STRESS_SECS", 30),
+        env("QUOTA_STRESS_KILL_MS", 300),
+    );
+    let host = host_for_users();
+    let (mut mon, l) = start_monitor(&host);
+    std::env::set_var("GPUEMU_STATE", host.state_path());
+    std::env::set_var("GPUEMU_PROFILE", "t4");
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(host.require_nvml().as_os_str())
+        .init()
+        .expect("nvmlInit against the emulator");
+    let dev = nvml.device_by_index(0).unwrap();
+    let base_used = dev.memory_info().unwrap().used;
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let spawn = |rnd: &mut dyn FnMut(u64) -> u64, i: u32, secs: u64| {
+        let mut r = |n| rnd(n);
+        let steps = random_script(&mut r, secs, false);
+        let mut c = limited(&host, "shim_client", QUOTA, "users");
+        c.args(&steps).uid(60_001 + i).gid(60_001 + i);
+        host.spawn(&mut c)
+    };
+    let mut procs: Vec<EmuChild> = (0..8u32).map(|i| spawn(&mut rnd, i, secs)).collect();
+    let mut pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
+    let (mut samples, mut worst, mut over_samples, mut kills, mut reclaimed_by_kill) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let start = Instant::now();
+    let mut next_kill = Instant::now() + Duration::from_millis(kill_ms);
+    while start.elapsed() < Duration::from_secs(secs) {
+        if Instant::now() >= next_kill {
+            next_kill = Instant::now() + Duration::from_millis(kill_ms);
+            let i = rnd(8) as usize;
+            let victim = l.procs().into_iter().find(|p| p.pid == procs[i].pid());
+            reclaimed_by_kill += victim.map_or(0, |v| u64::from(v.mem_bytes > 0));
+            procs[i].kill9();
+            kills += 1;
+            let left = secs.saturating_sub(start.elapsed().as_secs()).max(1);
+            procs[i] = spawn(&mut rnd, i as u32, left);
+            pids.push(procs[i].pid());
+        }
+        let list = dev.running_compute_processes().unwrap_or_default();
+        let ours: u64 = list
+            .iter()
+            .filter(|p| pids.contains(&p.pid))
+            .map(|p| match p.used_gpu_memory {
+                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                _ => 0,
+            })
+            .sum();
+        let total = dev.memory_info().unwrap().used.saturating_sub(base_used);
+        samples += 1;
+        worst = worst.max(ours).max(total);
+        if ours.max(total) > QUOTA {
+            over_samples += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for p in &mut procs {
+        p.kill9();
+    }
+    let g = l.group(group_id_for("users"), QUOTA).unwrap();
+    let end = Instant::now() + T;
+    while l.group_used(g) != 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "8 users x {secs} s random allocations with a SIGKILL every {kill_ms} ms ({kills} kills, {reclaimed_by_kill} holding memory), \
+         quota {} MiB: NVML samples {samples}; most held at once (NVML, killed processes included while listed): {:.1} MiB; \
+         bytes over quota: {} (samples over: {over_samples}); ledger after all killed: {} bytes",
+        QUOTA / MIB,
+        worst as f64 / MIB as f64,
+        worst.saturating_sub(QUOTA),
+        l.group_used(g),
+    );
+    mon.signal(libc::SIGTERM);
+    mon.wait_timeout(T);
+    assert_eq!(
+        l.group_used(g),
+        0,
+        "every killed process's quota given back"
+    );
 }
