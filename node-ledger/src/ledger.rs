@@ -599,7 +599,7 @@ impl Ledger {
         // Dead neighbours' quota back first (a newcomer may need it at once).
         self.reclaim_dead()?;
         for (i, p) in self.layout().procs.iter().enumerate() {
-            if !self.take_slot_lock(&lock, i, p, own_ns)? {
+            if !self.take_slot_lock(&lock, i, p)? {
                 continue;
             }
             // Slot `i` is ours alone until we let go of its lock.
@@ -667,7 +667,7 @@ impl Ledger {
     /// Tries to take slot `i`'s lock on `desc` for registration or reclaim. `Ok(true)`: the
     /// lock is held and the slot may be taken over (free, or its owner is gone). Never takes a
     /// slot whose owner's lock lies in a deleted ledger, or a live proxy registration.
-    fn take_slot_lock(&self, desc: &File, i: usize, p: &ProcSlot, own_ns: u64) -> Result<bool, LedgerError> {
+    fn take_slot_lock(&self, desc: &File, i: usize, p: &ProcSlot) -> Result<bool, LedgerError> {
         let liveness = p.liveness.load(Acquire);
         if liveness != LIVENESS_LOCK && liveness != LIVENESS_PROXY {
             return Ok(false);
@@ -683,7 +683,7 @@ impl Ledger {
             LIVENESS_LOCK => true,
             LIVENESS_PROXY => {
                 owner_pid(o) == 0
-                    || (p.pid_ns.load(Relaxed) == own_ns
+                    || (p.pid_ns.load(Relaxed) == procinfo::own_pid_ns()
                         && !procinfo::is_alive(owner_pid(o), p.start_time.load(Acquire)))
             }
             _ => false,
@@ -757,13 +757,12 @@ impl Ledger {
     /// (the pid as the dead process's namespace named it). A few `fcntl` calls per occupied
     /// slot: for the monitor's tick and shims' slow paths, never an allocation's hot path.
     pub fn reclaim_dead(&self) -> Result<Vec<(u32, u64)>, LedgerError> {
-        let own_ns = procinfo::own_pid_ns();
         let mut out = Vec::new();
         for (i, p) in self.layout().procs.iter().enumerate() {
             if owner_pid(p.owner.load(Acquire)) == 0 {
                 continue;
             }
-            if !self.take_slot_lock(&self.file, i, p, own_ns)? {
+            if !self.take_slot_lock(&self.file, i, p)? {
                 continue;
             }
             let o = p.owner.load(Acquire);
