@@ -19,7 +19,15 @@ pub struct LedgerAdapter {
     /// are there (dropped once no slot of the copy depends on them).
     previous: Vec<Ledger>,
     reclaim_error_logged: bool,
+    /// Monotonic ms of the next reclaim scan; scans run at most every `reclaim_every_ms`.
+    next_reclaim_ms: u64,
+    reclaim_every_ms: u64,
 }
+
+/// How often the monitor scans the registry for dead processes: each occupied slot costs one
+/// `fcntl` per scan (about 1 us), so the scan is bounded in time rather than run at every
+/// (possibly 1 ms) tick; a dead process's quota is back within this plus one tick.
+pub const RECLAIM_EVERY_MS: u64 = 50;
 
 impl LedgerAdapter {
     pub fn new(ledger: Ledger) -> Self {
@@ -29,6 +37,8 @@ impl LedgerAdapter {
             damage: None,
             previous: Vec::new(),
             reclaim_error_logged: false,
+            next_reclaim_ms: 0,
+            reclaim_every_ms: RECLAIM_EVERY_MS,
         }
     }
 
@@ -152,9 +162,11 @@ impl LedgerPort for LedgerAdapter {
     }
 
     fn reclaim(&mut self) {
-        if !self.usable() {
+        let now = mono_ms();
+        if !self.usable() || now < self.next_reclaim_ms {
             return;
         }
+        self.next_reclaim_ms = now + self.reclaim_every_ms;
         let mut errors = Vec::new();
         // Each reclaimed process is logged (INFO) by node-ledger.
         if let Err(e) = self.ledger.reclaim_dead() {
@@ -248,6 +260,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("gpu0/ledger");
         let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        a.reclaim_every_ms = 0;
         let g = a.ledger.group(7, 1 << 30).unwrap();
         // Two offline "processes": each its own open ledger (its own slot-lock description).
         let (p1, p2) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
@@ -271,5 +284,24 @@ mod tests {
         a.reclaim();
         assert_eq!(a.ledger.group_used(g), 0);
         assert!(a.previous.is_empty(), "nothing depends on the deleted file any more");
+    }
+
+    #[test]
+    fn reclaim_scans_are_bounded_in_time_not_per_tick() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        a.reclaim_every_ms = 60_000;
+        let g = a.ledger.group(7, 1 << 30).unwrap();
+        a.reclaim(); // the first scan runs at once
+        let p = Ledger::open_existing(&path).unwrap();
+        let h = p.register(std::process::id(), g).unwrap();
+        p.try_reserve(h, 100).unwrap();
+        drop(p);
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 100, "no second scan within the period");
+        a.next_reclaim_ms = 0;
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 0);
     }
 }

@@ -87,7 +87,7 @@ pub trait LedgerPort {
     /// Publishes state and measurements for the shim and the MPS manager.
     fn publish(&mut self, p: &Published) -> Result<(), String>;
     /// Gives back the quota of registered processes that have died, in any pid namespace
-    /// (called every tick).
+    /// (called every tick; the ledger adapter scans at most every `RECLAIM_EVERY_MS`).
     fn reclaim(&mut self) {}
 }
 
