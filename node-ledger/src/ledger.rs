@@ -283,6 +283,26 @@ impl Ledger {
                 format!("file is {len} bytes, shorter than the {HEADER_SIZE}-byte header"),
             ));
         }
+        // A ledger of another layout version (another build of the node runtime) says so,
+        // before its size (which differs too) is judged.
+        let mut head = [0u8; 12];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0)
+            .map_err(|e| io_err(path, "read header", e))?;
+        let (magic, version) = (
+            u64::from_le_bytes(head[..8].try_into().expect("8 bytes")),
+            u32::from_le_bytes(head[8..].try_into().expect("4 bytes")),
+        );
+        if magic == MAGIC && version != LAYOUT_VERSION {
+            return Err(corrupt(
+                path,
+                "layout_version",
+                format!(
+                    "found {version}, this build reads {LAYOUT_VERSION}: the ledger was made by \
+                     another version of the node runtime (shim, sysmonitor and mps-manager must \
+                     be upgraded together)"
+                ),
+            ));
+        }
         if len < LAYOUT_SIZE as u64 {
             return Err(corrupt(
                 path,
@@ -1380,7 +1400,10 @@ mod tests {
         let (_d, l) = fresh();
         let p = l.path().to_owned();
         drop(l);
+        // As a v2 build left it: its header, and v2's size (64-byte slots, 8 more monitor words).
         poke(&p, 8, &(LAYOUT_VERSION - 1).to_le_bytes());
+        let v2_size = LAYOUT_SIZE - MAX_PROCS * 8 + 64;
+        OpenOptions::new().write(true).open(&p).unwrap().set_len(v2_size as u64).unwrap();
         let e = Ledger::open_existing(&p).unwrap_err().to_string();
         assert!(
             e.contains("layout_version") && e.contains(&format!("found {}", LAYOUT_VERSION - 1)) && e.contains(&p.to_string_lossy().to_string()),

@@ -510,3 +510,35 @@ fn stress_eight_users_with_sigkills_against_nvml() {
         "every killed process's quota given back"
     );
 }
+
+/// A ledger left by another version of the node runtime (layout v2 here): a shimmed process
+/// refuses device memory and says which versions met, never a quota of its own.
+#[test]
+fn a_shim_facing_a_ledger_of_another_version_fails_closed_naming_both_versions() {
+    use node_ledger::layout::{LAYOUT_SIZE, LAYOUT_VERSION, MAGIC, MAX_PROCS};
+    let host = EmuHost::new();
+    let path = node_ledger::config::ledger_path(&ledger_dir(&host), 0);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let old = LAYOUT_VERSION - 1;
+    let mut bytes = vec![0u8; LAYOUT_SIZE - MAX_PROCS * 8 + 64];
+    bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    bytes[8..12].copy_from_slice(&old.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let mut c = limited(&host, "shim_client", QUOTA, "ctr");
+    c.args(["ctx", "alloc", &MIB.to_string()]);
+    let mut child = host.spawn(&mut c);
+    let out: Vec<String> = child.finish(T).lines().map(str::to_string).collect();
+    let err = child.stderr();
+    assert_eq!(rc_of(&out, "alloc="), ["2"], "fails closed: {out:?}");
+    assert!(
+        err.contains("layout_version")
+            && err.contains(&format!("found {old}, this build reads {LAYOUT_VERSION}"))
+            && err.contains(&*path.to_string_lossy()),
+        "one clear error naming the file and both versions: {err}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "the other version's file is left alone"
+    );
+}
