@@ -118,6 +118,8 @@ pub struct Ledger {
     /// registration made through this handle (-1 = none). Raw fds in atomics so that a fork
     /// child can read them without locks.
     slot_locks: Box<[AtomicI32]>,
+    /// (st_dev, st_ino) of the mapped file, to recognise our slot-lock fds.
+    dev_ino: (u64, u64),
 }
 
 impl Drop for Ledger {
@@ -126,13 +128,23 @@ impl Drop for Ledger {
         // usage) becomes reclaimable, as when a process dies without unregistering.
         for fd in self.slot_locks.iter() {
             let fd = fd.swap(-1, AcqRel);
-            if fd >= 0 {
-                // SAFETY: `fd` came from `into_raw_fd` in `register` and was swapped out of the
-                // table, so it is closed exactly once.
+            if fd >= 0 && fd_names(fd, self.dev_ino) {
+                // SAFETY: `fd` came from `into_raw_fd` in `register`, was swapped out of the
+                // table (closed once), and still names our file (not a number the application
+                // reused after closing ours).
                 unsafe { libc::close(fd) };
             }
         }
     }
+}
+
+/// Whether open fd `fd` names the file with `(st_dev, st_ino)` = `dev_ino`.
+fn fd_names(fd: RawFd, dev_ino: (u64, u64)) -> bool {
+    // SAFETY: `stat` is plain integers; all-zero is a valid value for fstat(2) to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat(2) writes into `st`; a closed fd is an EBADF error, not UB.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    ok && (st.st_dev as u64, st.st_ino as u64) == dev_ino
 }
 
 /// Takes (`F_WRLCK`) or releases (`F_UNLCK`) registry slot `slot`'s lock on the open file
@@ -310,6 +322,11 @@ impl Ledger {
                 format!("file is {len} bytes, layout v{LAYOUT_VERSION} needs {LAYOUT_SIZE}"),
             ));
         }
+        let dev_ino = {
+            use std::os::unix::fs::MetadataExt;
+            let m = file.metadata().map_err(|e| io_err(path, "stat", e))?;
+            (m.dev(), m.ino())
+        };
         let map = map(&file, path)?;
         let fault_guard = crate::sigbus::Guard::register(map.as_ptr() as usize, map.len());
         validate(layout_of(&map), path, gpu)?;
@@ -319,6 +336,7 @@ impl Ledger {
             file,
             path: path.to_owned(),
             slot_locks: (0..MAX_PROCS).map(|_| AtomicI32::new(-1)).collect(),
+            dev_ino,
         })
     }
 
@@ -470,7 +488,25 @@ impl Ledger {
     /// Checks that registered process `h` still owns its registry slot as process `pid` and
     /// that its group slot still holds `group_id`. Either gone means the ledger's body was
     /// overwritten (zeroed, replaced): the group's usage can no longer be trusted.
+    ///
+    /// First, that this handle still holds the registration's slot lock: an fd the application
+    /// closed (or reused) loses it, and then the slot may be reclaimed and taken while this
+    /// process still holds memory. That is this process's trouble, not damage to the ledger:
+    /// reported as field `slot_lock` (the caller stops counting in the ledger and refuses new
+    /// reservations; do not mark the ledger damaged for it).
     pub fn check_registration(&self, h: ProcHandle, pid: u32, group_id: u64) -> Result<(), LedgerError> {
+        if !self.holds_slot_lock(h) {
+            return Err(corrupt(
+                &self.path,
+                "slot_lock",
+                format!(
+                    "this process's lock on registry slot {} is gone (its fd was closed or \
+                     reused, by the application?): its usage may be given back while it still \
+                     holds memory",
+                    h.slot
+                ),
+            ));
+        }
         let l = self.layout();
         let gid = l.groups.get(h.group).map_or(0, |g| g.id.load(Acquire));
         if gid != group_id {
@@ -737,10 +773,30 @@ impl Ledger {
                 let _ = slot_lock(self.file.as_raw_fd(), h.slot, libc::F_UNLCK);
             }
         }
-        if fd >= 0 {
-            // SAFETY: swapped out of the table above: closed exactly once.
+        if fd >= 0 && fd_names(fd, self.dev_ino) {
+            // SAFETY: swapped out of the table above (closed exactly once) and still ours.
             unsafe { libc::close(fd) };
         }
+    }
+
+    /// Whether this handle still holds registration `h`'s slot lock (its fd is open and names
+    /// this ledger's file). Always true for a registration made on behalf of another process.
+    pub fn holds_slot_lock(&self, h: ProcHandle) -> bool {
+        let Some(p) = self.layout().procs.get(h.slot) else {
+            return false;
+        };
+        if p.liveness.load(Acquire) == LIVENESS_PROXY {
+            return true;
+        }
+        let fd = self.slot_locks[h.slot].load(Acquire);
+        fd >= 0 && fd_names(fd, self.dev_ino)
+    }
+
+    /// The fd holding registration `h`'s slot lock (tests that play an application closing it).
+    #[doc(hidden)]
+    pub fn slot_lock_fd(&self, h: ProcHandle) -> Option<RawFd> {
+        let fd = self.slot_locks.get(h.slot)?.load(Acquire);
+        (fd >= 0).then_some(fd)
     }
 
     /// Takes slot `slot`'s lock on this handle's own description (proxy unregistration).
@@ -1368,6 +1424,32 @@ mod tests {
         newcomer.unregister(n);
         assert_eq!(l.group_used(g), 0);
         assert!(!l.slot_locked(n.slot).unwrap(), "unregister lets go of the lock");
+    }
+
+    #[test]
+    fn a_slot_lock_fd_closed_by_the_application_is_reported_as_this_processs_trouble() {
+        let (_d, l) = fresh();
+        let g = l.group(group_id_for("c"), 1000).unwrap();
+        let p = Ledger::open_existing(l.path()).unwrap();
+        let h = p.register(std::process::id(), g).unwrap();
+        p.check_registration(h, std::process::id(), group_id_for("c")).unwrap();
+        let fd = p.slot_lock_fd(h).unwrap();
+        assert!(l.slot_locked(h.slot).unwrap());
+        // The application closes the fd and opens another file at that number (dup2 does both
+        // at once, so no other thread of the test runner can take the number in between).
+        let other = tempfile::tempfile().unwrap();
+        // SAFETY: dup2(2) onto an fd number this test owns (the lock fd it is playing with).
+        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), fd) }, fd);
+        assert!(!l.slot_locked(h.slot).unwrap(), "closing the fd dropped the lock");
+        assert!(!p.holds_slot_lock(h));
+        let e = p.check_registration(h, std::process::id(), group_id_for("c")).unwrap_err();
+        assert!(matches!(e, LedgerError::Corrupt { field: "slot_lock", .. }), "{e}");
+        p.unregister(h);
+        drop(p);
+        // SAFETY: F_GETFD only reads the fd's flags.
+        assert!(unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0, "the application's fd was left open");
+        // SAFETY: this test's own duplicate, closed once.
+        unsafe { libc::close(fd) };
     }
 
     #[test]

@@ -113,6 +113,9 @@ impl Quota {
                 let h = unpack(handle.load(Acquire))?;
                 match ledger.check_registration(h, std::process::id(), self.group_id) {
                     Ok(()) => return None,
+                    // Our own slot lock is gone (the application closed its fd): this
+                    // process stops counting, the ledger itself is sound.
+                    Err(e @ node_ledger::LedgerError::Corrupt { field: "slot_lock", .. }) => e,
                     Err(e) => {
                         ledger.mark_damaged();
                         e
@@ -413,6 +416,25 @@ mod tests {
         live.last_reclaim_ns.store(0, Relaxed);
         assert!(live.try_reserve(400), "reclaimed on refusal, then reserved");
         assert_eq!(live.used(), 400);
+    }
+
+    #[test]
+    fn a_closed_slot_lock_stops_this_process_only() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        let l = Ledger::open_or_create(&p, 0).unwrap();
+        let h = l.register(std::process::id(), l.group(5, 1000).unwrap()).unwrap();
+        let q = Quota::with_ledger(l, h);
+        assert!(q.try_reserve(100));
+        assert!(q.check_ledger().is_none());
+        let fd = q.ledger().unwrap().0.slot_lock_fd(h).unwrap();
+        // SAFETY: closing the fd as a careless application would.
+        unsafe { libc::close(fd) };
+        let e = q.check_ledger().expect("the lost lock is reported");
+        assert!(e.contains("slot_lock"), "{e}");
+        assert!(!q.try_reserve(1), "no new reservations once the registration cannot be trusted");
+        let other = Ledger::open_existing(&p).unwrap();
+        assert!(other.check_header().is_ok(), "the ledger is not marked damaged for it");
     }
 
     #[test]
