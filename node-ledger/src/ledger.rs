@@ -37,7 +37,9 @@
 //! pid that is not the caller's: tools and tests) holds no lock and is alive while its pid
 //! with its start time lives, judged only from its own pid namespace; and a copy the monitor
 //! restored in place of a deleted ledger marks its occupied slots with the deleted file's
-//! inode, where their owners' locks still are (see [`Ledger::reclaim_through`]).
+//! inode, where their owners' locks still are (see [`Ledger::reclaim_through`]); a monitor
+//! restarted before those owners died can no longer test them, and their usage stays counted
+//! (conservative) until the operator recreates the ledger.
 
 use std::fs::{File, OpenOptions};
 use std::io;
