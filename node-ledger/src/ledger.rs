@@ -1428,6 +1428,50 @@ mod tests {
         assert!(!l.slot_locked(n.slot).unwrap(), "unregister lets go of the lock");
     }
 
+    /// The interleavings of the slot protocol, stepped by hand: a reclaimer in the middle of
+    /// giving a dead slot back (holding its lock) and a newcomer registering meanwhile; then a
+    /// newcomer in the middle of taking a slot over and a reclaimer scanning meanwhile.
+    #[test]
+    fn newcomer_and_reclaimer_exclude_each_other_slot_by_slot() {
+        let (_d, monitor) = fresh();
+        let g = monitor.group(1, 1000).unwrap();
+        let dead = Ledger::open_existing(monitor.path()).unwrap();
+        let h = dead.register(std::process::id(), g).unwrap();
+        dead.try_reserve(h, 400).unwrap();
+        drop(dead);
+        // 1. The monitor has taken the dead slot's lock (about to give it back).
+        assert!(slot_lock(monitor.file.as_raw_fd(), h.slot, libc::F_WRLCK).unwrap());
+        let newcomer = Ledger::open_existing(monitor.path()).unwrap();
+        let n = newcomer.register(std::process::id(), g).unwrap();
+        assert_ne!(n.slot, h.slot, "a slot being reclaimed is not taken");
+        assert_eq!(monitor.group_used(g), 400, "nor given back a second time by the newcomer");
+        let p = &monitor.layout().procs[h.slot];
+        assert_eq!(monitor.give_back(p, p.owner.load(Acquire)), 400);
+        slot_lock(monitor.file.as_raw_fd(), h.slot, libc::F_UNLCK).unwrap();
+        assert_eq!(monitor.group_used(g), 0);
+        assert!(monitor.reclaim_dead().unwrap().is_empty(), "nothing left to give back");
+        assert_eq!(monitor.group_used(g), 0);
+
+        // 2. Another owner dies; a newcomer holds its slot's lock (taking it over): the
+        //    monitor's scan leaves the slot alone, the newcomer gives the usage back once.
+        let dead = Ledger::open_existing(monitor.path()).unwrap();
+        let d2 = dead.register(std::process::id(), g).unwrap();
+        dead.try_reserve(d2, 300).unwrap();
+        newcomer.try_reserve(n, 50).unwrap();
+        drop(dead);
+        let taker = newcomer.new_description().unwrap();
+        assert!(newcomer.take_slot_lock(&taker, d2.slot, &newcomer.layout().procs[d2.slot]).unwrap());
+        assert!(monitor.reclaim_dead().unwrap().is_empty(), "a slot being taken over is skipped");
+        assert_eq!(monitor.group_used(g), 350);
+        let p = &newcomer.layout().procs[d2.slot];
+        assert_eq!(newcomer.give_back(p, p.owner.load(Acquire)), 300);
+        drop(taker);
+        assert!(monitor.reclaim_dead().unwrap().is_empty());
+        assert_eq!(monitor.group_used(g), 50, "only the live newcomer's 50 left");
+        newcomer.unregister(n);
+        assert_eq!(monitor.group_used(g), 0);
+    }
+
     #[test]
     fn a_slot_lock_fd_closed_by_the_application_is_reported_as_this_processs_trouble() {
         let (_d, l) = fresh();
