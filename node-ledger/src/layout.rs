@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// First 8 bytes of every ledger file: `XSHLEDG\0` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHLEDG\0");
-/// Bumped on any change to the structs below.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Bumped on any change to the structs below (v3: a slot's liveness is its lock, see
+/// `ProcSlot`; `liveness` added, the monitor block's unused `_reserved` words dropped).
+/// A process built for another version refuses the file (`layout_version` error).
+pub const LAYOUT_VERSION: u32 = 3;
 /// Process registry slots per GPU.
 pub const MAX_PROCS: usize = 256;
 /// Quota groups (containers) per GPU.
@@ -62,7 +64,6 @@ pub struct MonitorBlock {
     pub mem_quota_bytes: AtomicU64,
     /// Bumped to ask every registered offline process to exit.
     pub evict_all_epoch: AtomicU64,
-    pub _reserved: [AtomicU64; 8],
 }
 
 /// Fields only the MPS manager writes (dynamic SM allocation), guarded by their own seqlock.
@@ -93,14 +94,30 @@ pub struct GroupSlot {
 }
 
 /// One registered offline process.
+///
+/// Liveness is not in the slot: the owner holds an open-file-description lock
+/// (`F_OFD_SETLK`, write) on the slot's byte range of the ledger file for as long as it is
+/// registered, and the kernel drops that lock when the owner dies, in whatever pid namespace
+/// it ran. Whoever holds the slot's lock is the only one who may change `owner` or give back
+/// `mem_bytes` (protocol: `ledger.rs`, "Slot protocol").
 #[repr(C)]
 pub struct ProcSlot {
-    /// `generation << 32 | pid`; pid 0 = free, pid `u32::MAX` = being reclaimed.
+    /// `generation << 32 | pid`; pid 0 = free. The pid is the owner's in its own namespace
+    /// (for signalling and reports only, never for liveness).
     pub owner: AtomicU64,
     /// Start time from /proc/<pid>/stat (clock ticks since boot); 0 until registration completes.
+    /// With `pid` and `pid_ns`, names the process for eviction signals.
     pub start_time: AtomicU64,
-    /// Pid-namespace inode of the owner.
+    /// Pid-namespace inode of the owner: its pid may be signalled only from that namespace.
     pub pid_ns: AtomicU64,
+    /// How the owner's liveness is known: [`LIVENESS_LOCK`] (0) = the owner holds this slot's
+    /// lock in this file; [`LIVENESS_PROXY`] = registered on behalf of `pid` by another process
+    /// (tools, tests): no lock is held, and the owner counts as alive while `pid` with
+    /// `start_time` lives in `pid_ns` (judged only from that namespace); any other value = the
+    /// inode number of a deleted ledger whose slot lock the owner still holds (set in the copy
+    /// the monitor puts in its place): only that monitor, which keeps the deleted file open to
+    /// test the lock there, may free the slot.
+    pub liveness: AtomicU64,
     /// Index of the owner's group slot.
     pub group_slot: AtomicU32,
     /// Per-process eviction request (signal number, 0 = none); written by the monitor.
@@ -131,7 +148,7 @@ pub const LAYOUT_SIZE: usize = std::mem::size_of::<Layout>();
 pub const HEADER_SIZE: usize = std::mem::size_of::<Header>();
 
 const _: () = assert!(HEADER_SIZE == 40);
-const _: () = assert!(std::mem::size_of::<ProcSlot>() == 64);
+const _: () = assert!(std::mem::size_of::<ProcSlot>() == 72);
 const _: () = assert!(std::mem::size_of::<GroupSlot>() == 32);
 const _: () = assert!(std::mem::align_of::<Layout>() == 8);
 const _: () = assert!(std::mem::size_of::<ManagerBlock>() == 24);
@@ -151,5 +168,15 @@ pub fn owner_word(gen: u32, pid: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(pid)
 }
 
-/// Pid marker of a slot being reclaimed.
-pub const PID_RECLAIMING: u32 = u32::MAX;
+/// [`ProcSlot::liveness`]: the owner holds the slot's lock in this file.
+pub const LIVENESS_LOCK: u64 = 0;
+/// [`ProcSlot::liveness`]: registered on behalf of another process; alive while its pid lives.
+pub const LIVENESS_PROXY: u64 = u64::MAX;
+
+/// Byte offset of registry slot `slot` in the file: its lock range starts here.
+pub fn proc_slot_offset(slot: usize) -> u64 {
+    (std::mem::offset_of!(Layout, procs) + slot * std::mem::size_of::<ProcSlot>()) as u64
+}
+
+/// Length of a registry slot's lock range.
+pub const PROC_SLOT_LEN: u64 = std::mem::size_of::<ProcSlot>() as u64;

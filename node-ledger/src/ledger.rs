@@ -1,12 +1,52 @@
 //! Opening/validating the per-GPU ledger file, quota groups with one-step cross-process
 //! check-and-reserve, and the offline-process registry with reclaim of dead processes.
+//!
+//! # Slot protocol (registry liveness and reclaim)
+//!
+//! A registry slot's liveness is a lock, not a pid: the owner holds an open-file-description
+//! write lock (`fcntl(F_OFD_SETLK)`) on the slot's byte range of the ledger file
+//! ([`proc_slot_offset`], [`PROC_SLOT_LEN`]) through a description of its own, opened for that
+//! registration only. The kernel drops the lock when the last fd of that description closes:
+//! when the owner unregisters, or dies (any signal, any pid namespace, any uid), or, after a
+//! `fork`, when the owner and every child that inherited the description have died (as the
+//! driver keeps the device memory of a process whose device fds a child inherited).
+//!
+//! 1. **Exclusion.** Whoever holds a slot's lock is the only party that may change the slot's
+//!    `owner`, `liveness` or `group_slot`, or give back its `mem_bytes`. Locks are taken with
+//!    the non-blocking `F_OFD_SETLK` only: the kernel grants a range to one description at a
+//!    time, so two parties never work on one slot at once.
+//! 2. **Register** (newcomer): for each slot, try its lock on the new description. Refused =
+//!    a live owner, or someone registering or reclaiming there: next slot. Granted = any
+//!    previous owner is gone (its lock is free): give back its leftover usage (step 4), write
+//!    the new owner, keep the lock.
+//! 3. **Reclaim** (the monitor every tick, shims on refusal and in their housekeeping, any
+//!    newcomer): for each occupied slot, try its lock on the reclaimer's own description.
+//!    Granted = the owner is dead: give back its usage (step 4), mark the slot free, release
+//!    the lock. Refused = alive (or someone else is on it): skip.
+//! 4. **Give back** (only under the lock): `mem_bytes.swap(0)`, then subtract exactly that
+//!    from the group, then `owner = free`. The swap makes the give-back happen once: a second
+//!    party finds 0 (it can only get the lock after the first let go, and then finds the slot
+//!    free anyway). A reclaimer dying between swap and subtract leaves the group over-counted
+//!    (conservative), never under-counted.
+//! 5. **Unregister** (the owner, holding the lock): give back, mark free, then close the
+//!    description (releasing the lock).
+//!
+//! Pids play no part in liveness, so a pid or pid-namespace inode reused by another container
+//! cannot keep a dead process's usage locked, nor free a live one's. Two exceptions, marked in
+//! `ProcSlot::liveness`: a registration made on behalf of another process (`register` with a
+//! pid that is not the caller's: tools and tests) holds no lock and is alive while its pid
+//! with its start time lives, judged only from its own pid namespace; and a copy the monitor
+//! restored in place of a deleted ledger marks its occupied slots with the deleted file's
+//! inode, where their owners' locks still are (see [`Ledger::reclaim_through`]); a monitor
+//! restarted before those owners died can no longer test them, and their usage stays counted
+//! (conservative) until the operator recreates the ledger.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::*};
 
 use memmap2::MmapMut;
 
@@ -76,6 +116,73 @@ pub struct Ledger {
     map: MmapMut,
     file: File,
     path: PathBuf,
+    /// Per registry slot: the fd of the description holding that slot's lock for a
+    /// registration made through this handle (-1 = none). Raw fds in atomics so that a fork
+    /// child can read them without locks.
+    slot_locks: Box<[AtomicI32]>,
+    /// (st_dev, st_ino) of the mapped file, to recognise our slot-lock fds.
+    dev_ino: (u64, u64),
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        // Closing a registration's description releases its slot lock: the slot (with its
+        // usage) becomes reclaimable, as when a process dies without unregistering.
+        for fd in self.slot_locks.iter() {
+            let fd = fd.swap(-1, AcqRel);
+            if fd >= 0 && fd_names(fd, self.dev_ino) {
+                // SAFETY: `fd` came from `into_raw_fd` in `register`, was swapped out of the
+                // table (closed once), and still names our file (not a number the application
+                // reused after closing ours).
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+}
+
+/// Whether open fd `fd` names the file with `(st_dev, st_ino)` = `dev_ino`.
+fn fd_names(fd: RawFd, dev_ino: (u64, u64)) -> bool {
+    // SAFETY: `stat` is plain integers; all-zero is a valid value for fstat(2) to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat(2) writes into `st`; a closed fd is an EBADF error, not UB.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    ok && (st.st_dev as u64, st.st_ino as u64) == dev_ino
+}
+
+/// Takes (`F_WRLCK`) or releases (`F_UNLCK`) registry slot `slot`'s lock on the open file
+/// description behind `fd`, without blocking. `Ok(false)`: another description holds it.
+fn slot_lock(fd: RawFd, slot: usize, ty: libc::c_int) -> io::Result<bool> {
+    // SAFETY: `flock` is plain integers; all-zero is a valid value (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = proc_slot_offset(slot) as libc::off_t;
+    fl.l_len = PROC_SLOT_LEN as libc::off_t;
+    // SAFETY: fcntl(2) on a caller-owned open fd with a valid `struct flock`.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Whether some description other than `fd`'s holds registry slot `slot`'s lock (a test:
+/// takes nothing).
+fn slot_lock_held(fd: RawFd, slot: usize) -> io::Result<bool> {
+    // SAFETY: as in `slot_lock`.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = proc_slot_offset(slot) as libc::off_t;
+    fl.l_len = PROC_SLOT_LEN as libc::off_t;
+    // SAFETY: fcntl(2) F_OFD_GETLK on a caller-owned open fd, writing into `fl`.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
 }
 
 impl std::fmt::Debug for Ledger {
@@ -190,6 +297,26 @@ impl Ledger {
                 format!("file is {len} bytes, shorter than the {HEADER_SIZE}-byte header"),
             ));
         }
+        // A ledger of another layout version (another build of the node runtime) says so,
+        // before its size (which differs too) is judged.
+        let mut head = [0u8; 12];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0)
+            .map_err(|e| io_err(path, "read header", e))?;
+        let (magic, version) = (
+            u64::from_le_bytes(head[..8].try_into().expect("8 bytes")),
+            u32::from_le_bytes(head[8..].try_into().expect("4 bytes")),
+        );
+        if magic == MAGIC && version != LAYOUT_VERSION {
+            return Err(corrupt(
+                path,
+                "layout_version",
+                format!(
+                    "found {version}, this build reads {LAYOUT_VERSION}: the ledger was made by \
+                     another version of the node runtime (shim, sysmonitor and mps-manager must \
+                     be upgraded together)"
+                ),
+            ));
+        }
         if len < LAYOUT_SIZE as u64 {
             return Err(corrupt(
                 path,
@@ -197,6 +324,11 @@ impl Ledger {
                 format!("file is {len} bytes, layout v{LAYOUT_VERSION} needs {LAYOUT_SIZE}"),
             ));
         }
+        let dev_ino = {
+            use std::os::unix::fs::MetadataExt;
+            let m = file.metadata().map_err(|e| io_err(path, "stat", e))?;
+            (m.dev(), m.ino())
+        };
         let map = map(&file, path)?;
         let fault_guard = crate::sigbus::Guard::register(map.as_ptr() as usize, map.len());
         validate(layout_of(&map), path, gpu)?;
@@ -205,6 +337,8 @@ impl Ledger {
             map,
             file,
             path: path.to_owned(),
+            slot_locks: (0..MAX_PROCS).map(|_| AtomicI32::new(-1)).collect(),
+            dev_ino,
         })
     }
 
@@ -302,10 +436,13 @@ impl Ledger {
 
     /// For the monitor, when its ledger was deleted while mapped: puts a copy of the mapping
     /// (groups with their usage, registrations) back at the path, only if the name is still
-    /// free. The copy over-counts what live processes free later (they have stopped using the
+    /// free. The copy's occupied slots name this file's inode as where their owners' locks are:
+    /// keep this `Ledger` open and call [`Ledger::reclaim_through`] on the copy to free them as
+    /// their owners die. The copy over-counts what live processes free later (they have stopped using the
     /// deleted file) until they die and are reclaimed: conservative, never a fresh 0 usage.
     /// Returns whether a copy was linked into place.
     pub fn restore_deleted(&self) -> Result<bool, LedgerError> {
+        let ino = self.inode()?;
         let mode = std::os::unix::fs::MetadataExt::mode(
             &self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
         );
@@ -321,6 +458,13 @@ impl Ledger {
             };
             for (f, t) in from.iter().zip(to) {
                 t.store(f.load(Acquire), Relaxed);
+            }
+            // The owners' slot locks stay in the deleted file: say so in the copy, so that
+            // nobody takes those slots for free ones (see `reclaim_through`).
+            for p in &layout_of(m).procs {
+                if owner_pid(p.owner.load(Relaxed)) != 0 && p.liveness.load(Relaxed) == LIVENESS_LOCK {
+                    p.liveness.store(ino, Relaxed);
+                }
             }
         })
     }
@@ -346,7 +490,25 @@ impl Ledger {
     /// Checks that registered process `h` still owns its registry slot as process `pid` and
     /// that its group slot still holds `group_id`. Either gone means the ledger's body was
     /// overwritten (zeroed, replaced): the group's usage can no longer be trusted.
+    ///
+    /// First, that this handle still holds the registration's slot lock: an fd the application
+    /// closed (or reused) loses it, and then the slot may be reclaimed and taken while this
+    /// process still holds memory. That is this process's trouble, not damage to the ledger:
+    /// reported as field `slot_lock` (the caller stops counting in the ledger and refuses new
+    /// reservations; do not mark the ledger damaged for it).
     pub fn check_registration(&self, h: ProcHandle, pid: u32, group_id: u64) -> Result<(), LedgerError> {
+        if !self.holds_slot_lock(h) {
+            return Err(corrupt(
+                &self.path,
+                "slot_lock",
+                format!(
+                    "this process's lock on registry slot {} is gone (its fd was closed or \
+                     reused, by the application?): its usage may be given back while it still \
+                     holds memory",
+                    h.slot
+                ),
+            ));
+        }
         let l = self.layout();
         let gid = l.groups.get(h.group).map_or(0, |g| g.id.load(Acquire));
         if gid != group_id {
@@ -467,7 +629,13 @@ impl Ledger {
         self.release_group(h.group, bytes);
     }
 
-    /// Registers process `pid` (this pid namespace) in group slot `group`.
+    /// Registers process `pid` (as this pid namespace names it) in group slot `group`.
+    ///
+    /// For the calling process (`pid` = its own) the slot is held by a lock on a description
+    /// opened for this registration (module doc, "Slot protocol"), released by
+    /// [`Ledger::unregister`], by dropping this `Ledger`, or by the kernel when the process
+    /// dies. For another process (tools, tests) no lock is held: the slot is alive while `pid`
+    /// with its current start time lives, judged only from this pid namespace.
     pub fn register(&self, pid: u32, group: usize) -> Result<ProcHandle, LedgerError> {
         if group >= MAX_GROUPS {
             return Err(corrupt(
@@ -483,28 +651,38 @@ impl Ledger {
                 format!("process {pid} has no /proc entry"),
             )
         })?;
-        let _lock = FileLock::take(&self.file, &self.path)?;
-        self.reclaim_dead_locked();
+        let proxy = pid != std::process::id();
+        let lock = self.new_description()?;
+        let own_ns = procinfo::own_pid_ns();
+        // Dead neighbours' quota back first (a newcomer may need it at once).
+        self.reclaim_dead()?;
         for (i, p) in self.layout().procs.iter().enumerate() {
+            if !self.take_slot_lock(&lock, i, p)? {
+                continue;
+            }
+            // Slot `i` is ours alone until we let go of its lock.
             let o = p.owner.load(Acquire);
             if owner_pid(o) != 0 {
-                continue;
+                let bytes = self.give_back(p, o);
+                tracing::info!(ledger = %self.path.display(), pid = owner_pid(o), bytes, "reclaimed a dead process's slot");
             }
-            let claimed = owner_word(owner_gen(o).wrapping_add(1), pid);
-            if p.owner
-                .compare_exchange(o, claimed, AcqRel, Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            p.pid_ns.store(procinfo::own_pid_ns(), Relaxed);
+            let o = p.owner.load(Acquire);
+            p.start_time.store(0, Relaxed);
+            p.pid_ns.store(own_ns, Relaxed);
             p.group_slot.store(group as u32, Relaxed);
             p.evict_signal.store(0, Relaxed);
             p.mem_bytes.store(0, Relaxed);
             p.launches.store(0, Relaxed);
             p.launches_delayed.store(0, Relaxed);
             p.heartbeat_ns.store(now_ns(), Relaxed);
+            p.liveness.store(if proxy { LIVENESS_PROXY } else { LIVENESS_LOCK }, Relaxed);
+            p.owner.store(owner_word(owner_gen(o).wrapping_add(1), pid), Release);
             p.start_time.store(start, Release);
+            if proxy {
+                let _ = slot_lock(lock.as_raw_fd(), i, libc::F_UNLCK);
+            } else {
+                self.slot_locks[i].store(lock.into_raw_fd(), Release);
+            }
             return Ok(ProcHandle { slot: i, group });
         }
         Err(LedgerError::Full {
@@ -514,24 +692,119 @@ impl Ledger {
         })
     }
 
-    /// Unregisters a process, giving back whatever it still holds.
+    /// A new open file description of this ledger's file (slot locks of one registration).
+    fn new_description(&self) -> Result<File, LedgerError> {
+        use std::os::unix::fs::MetadataExt;
+        // /proc/self/fd names the very file we mapped, even if its path was replaced since.
+        let via_proc = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        let f = match via_proc {
+            Ok(f) => f,
+            Err(_) => OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&self.path)
+                .map_err(|e| io_err(&self.path, "open for a slot lock", e))?,
+        };
+        let (a, b) = (
+            self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
+            f.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
+        );
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return Err(corrupt(
+                &self.path,
+                "path",
+                "the path now names another file than the mapped ledger".into(),
+            ));
+        }
+        Ok(f)
+    }
+
+    /// Tries to take slot `i`'s lock on `desc` for registration or reclaim. `Ok(true)`: the
+    /// lock is held and the slot may be taken over (free, or its owner is gone). Never takes a
+    /// slot whose owner's lock lies in a deleted ledger, or a live proxy registration.
+    fn take_slot_lock(&self, desc: &File, i: usize, p: &ProcSlot) -> Result<bool, LedgerError> {
+        let liveness = p.liveness.load(Acquire);
+        if liveness != LIVENESS_LOCK && liveness != LIVENESS_PROXY {
+            return Ok(false);
+        }
+        let got = slot_lock(desc.as_raw_fd(), i, libc::F_WRLCK)
+            .map_err(|e| io_err(&self.path, "fcntl(F_OFD_SETLK)", e))?;
+        if !got {
+            return Ok(false);
+        }
+        // Under the lock: re-read what may have changed before we got it.
+        let o = p.owner.load(Acquire);
+        let keep = match p.liveness.load(Acquire) {
+            LIVENESS_LOCK => true,
+            LIVENESS_PROXY => {
+                owner_pid(o) == 0
+                    || (p.pid_ns.load(Relaxed) == procinfo::own_pid_ns()
+                        && !procinfo::is_alive(owner_pid(o), p.start_time.load(Acquire)))
+            }
+            _ => false,
+        };
+        if !keep {
+            let _ = slot_lock(desc.as_raw_fd(), i, libc::F_UNLCK);
+        }
+        Ok(keep)
+    }
+
+    /// Unregisters a process, giving back whatever it still holds. Only through the `Ledger`
+    /// that registered it: that is where its slot lock is.
     pub fn unregister(&self, h: ProcHandle) {
         let Some(p) = self.layout().procs.get(h.slot) else {
             return;
         };
-        let o = p.owner.load(Acquire);
-        let pid = owner_pid(o);
-        if pid == 0 || pid == PID_RECLAIMING {
+        let fd = self.slot_locks[h.slot].swap(-1, AcqRel);
+        let proxy = p.liveness.load(Acquire) == LIVENESS_PROXY;
+        if fd < 0 && !proxy {
             return;
         }
-        if p.owner
-            .compare_exchange(o, owner_word(owner_gen(o), PID_RECLAIMING), AcqRel, Relaxed)
-            .is_ok()
-        {
-            self.free_slot(p, o);
+        if fd >= 0 || (0..100).any(|_| self.slot_lock_self(h.slot) || {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            false
+        }) {
+            let o = p.owner.load(Acquire);
+            if owner_pid(o) != 0 {
+                self.give_back(p, o);
+            }
+            if fd < 0 {
+                let _ = slot_lock(self.file.as_raw_fd(), h.slot, libc::F_UNLCK);
+            }
+        }
+        if fd >= 0 && fd_names(fd, self.dev_ino) {
+            // SAFETY: swapped out of the table above (closed exactly once) and still ours.
+            unsafe { libc::close(fd) };
         }
     }
 
+    /// Whether this handle still holds registration `h`'s slot lock (its fd is open and names
+    /// this ledger's file). Always true for a registration made on behalf of another process.
+    pub fn holds_slot_lock(&self, h: ProcHandle) -> bool {
+        let Some(p) = self.layout().procs.get(h.slot) else {
+            return false;
+        };
+        if p.liveness.load(Acquire) == LIVENESS_PROXY {
+            return true;
+        }
+        let fd = self.slot_locks[h.slot].load(Acquire);
+        fd >= 0 && fd_names(fd, self.dev_ino)
+    }
+
+    /// The fd holding registration `h`'s slot lock (tests that play an application closing it).
+    #[doc(hidden)]
+    pub fn slot_lock_fd(&self, h: ProcHandle) -> Option<RawFd> {
+        let fd = self.slot_locks.get(h.slot)?.load(Acquire);
+        (fd >= 0).then_some(fd)
+    }
+
+    /// Takes slot `slot`'s lock on this handle's own description (proxy unregistration).
+    fn slot_lock_self(&self, slot: usize) -> bool {
+        slot_lock(self.file.as_raw_fd(), slot, libc::F_WRLCK).unwrap_or(false)
+    }
     /// Records a heartbeat for a registered process.
     pub fn heartbeat(&self, h: ProcHandle) {
         if let Some(p) = self.layout().procs.get(h.slot) {
@@ -557,44 +830,84 @@ impl Ledger {
             .map_or(0, |p| p.evict_signal.load(Relaxed))
     }
 
-    /// Gives back the usage of every registered process in this pid namespace that has died
-    /// (pid gone, zombie, or pid reused: start time differs). Returns `(pid, bytes)` reclaimed.
+    /// Gives back the usage of every registered process that has died, in any pid namespace
+    /// (its slot lock is free; module doc, "Slot protocol"). Returns `(pid, bytes)` reclaimed
+    /// (the pid as the dead process's namespace named it). A few `fcntl` calls per occupied
+    /// slot: for the monitor's tick and shims' slow paths, never an allocation's hot path.
     pub fn reclaim_dead(&self) -> Result<Vec<(u32, u64)>, LedgerError> {
-        let _lock = FileLock::take(&self.file, &self.path)?;
-        Ok(self.reclaim_dead_locked())
-    }
-
-    fn reclaim_dead_locked(&self) -> Vec<(u32, u64)> {
-        let own_ns = procinfo::own_pid_ns();
         let mut out = Vec::new();
-        for p in &self.layout().procs {
+        for (i, p) in self.layout().procs.iter().enumerate() {
+            if owner_pid(p.owner.load(Acquire)) == 0 {
+                continue;
+            }
+            if !self.take_slot_lock(&self.file, i, p)? {
+                continue;
+            }
             let o = p.owner.load(Acquire);
-            let pid = owner_pid(o);
-            if pid == 0 || pid == PID_RECLAIMING || p.pid_ns.load(Relaxed) != own_ns {
-                continue;
+            if owner_pid(o) != 0 {
+                let bytes = self.give_back(p, o);
+                tracing::info!(ledger = %self.path.display(), pid = owner_pid(o), bytes, "reclaimed dead process");
+                out.push((owner_pid(o), bytes));
             }
-            let start = p.start_time.load(Acquire);
-            let dead = if start == 0 {
-                procinfo::start_time(pid).is_none()
-            } else {
-                !procinfo::is_alive(pid, start)
-            };
-            if !dead {
-                continue;
-            }
-            if p.owner
-                .compare_exchange(o, owner_word(owner_gen(o), PID_RECLAIMING), AcqRel, Relaxed)
-                .is_ok()
-            {
-                let bytes = self.free_slot(p, o);
-                tracing::info!(ledger = %self.path.display(), pid, bytes, "reclaimed dead process");
-                out.push((pid, bytes));
-            }
+            let _ = slot_lock(self.file.as_raw_fd(), i, libc::F_UNLCK);
         }
-        out
+        Ok(out)
     }
 
-    fn free_slot(&self, p: &ProcSlot, o: u64) -> u64 {
+    /// For the monitor that restored this ledger in place of `deleted` (see
+    /// [`Ledger::restore_deleted`]): frees the slots whose owners' locks were in `deleted` and
+    /// are free there now (the owner died). Returns `(pid, bytes)` reclaimed.
+    pub fn reclaim_through(&self, deleted: &Ledger) -> Result<Vec<(u32, u64)>, LedgerError> {
+        let ino = deleted.inode()?;
+        let mut out = Vec::new();
+        for (i, p) in self.layout().procs.iter().enumerate() {
+            if p.liveness.load(Acquire) != ino || owner_pid(p.owner.load(Acquire)) == 0 {
+                continue;
+            }
+            let free_there = slot_lock(deleted.file.as_raw_fd(), i, libc::F_WRLCK)
+                .map_err(|e| io_err(&deleted.path, "fcntl(F_OFD_SETLK)", e))?;
+            if !free_there {
+                continue;
+            }
+            if slot_lock(self.file.as_raw_fd(), i, libc::F_WRLCK)
+                .map_err(|e| io_err(&self.path, "fcntl(F_OFD_SETLK)", e))?
+            {
+                let o = p.owner.load(Acquire);
+                if p.liveness.load(Acquire) == ino && owner_pid(o) != 0 {
+                    let bytes = self.give_back(p, o);
+                    p.liveness.store(LIVENESS_LOCK, Release);
+                    tracing::info!(ledger = %self.path.display(), pid = owner_pid(o), bytes, "reclaimed a dead process of the deleted ledger");
+                    out.push((owner_pid(o), bytes));
+                }
+                let _ = slot_lock(self.file.as_raw_fd(), i, libc::F_UNLCK);
+            }
+            let _ = slot_lock(deleted.file.as_raw_fd(), i, libc::F_UNLCK);
+        }
+        Ok(out)
+    }
+
+    /// Whether some occupied slot still has its owner's lock in the file with inode `ino`.
+    pub fn depends_on(&self, ino: u64) -> bool {
+        self.layout()
+            .procs
+            .iter()
+            .any(|p| p.liveness.load(Acquire) == ino && owner_pid(p.owner.load(Acquire)) != 0)
+    }
+
+    /// Inode number of the mapped file.
+    pub fn inode(&self) -> Result<u64, LedgerError> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?.ino())
+    }
+
+    /// Whether registry slot `slot`'s lock is held by some description other than this
+    /// handle's (its owner is alive, or someone is registering or reclaiming there).
+    pub fn slot_locked(&self, slot: usize) -> Result<bool, LedgerError> {
+        slot_lock_held(self.file.as_raw_fd(), slot).map_err(|e| io_err(&self.path, "fcntl(F_OFD_GETLK)", e))
+    }
+
+    /// Step 4 of the slot protocol; the caller holds slot `p`'s lock.
+    fn give_back(&self, p: &ProcSlot, o: u64) -> u64 {
         let bytes = p.mem_bytes.swap(0, AcqRel);
         let group = p.group_slot.load(Relaxed) as usize;
         self.release_group(group, bytes);
@@ -612,7 +925,7 @@ impl Ledger {
             .enumerate()
             .filter_map(|(slot, p)| {
                 let pid = owner_pid(p.owner.load(Acquire));
-                if pid == 0 || pid == PID_RECLAIMING {
+                if pid == 0 {
                     return None;
                 }
                 let group = p.group_slot.load(Relaxed) as usize;
@@ -1046,16 +1359,184 @@ mod tests {
     }
 
     #[test]
-    fn reused_pid_is_not_trusted() {
+    fn proxy_registration_with_a_reused_pid_is_not_trusted() {
         let (_d, l) = fresh();
         let g = l.group(1, 1000).unwrap();
-        let h = l.register(std::process::id(), g).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let h = l.register(child.id(), g).unwrap();
         l.try_reserve(h, 10).unwrap();
+        assert!(l.reclaim_dead().unwrap().is_empty(), "live proxy kept");
         // Same pid, different start time: the slot's owner is a previous process that died.
         let p = &l.layout().procs[h.slot];
         p.start_time.store(p.start_time.load(Relaxed) + 1, Relaxed);
-        assert_eq!(l.reclaim_dead().unwrap(), vec![(std::process::id(), 10)]);
+        assert_eq!(l.reclaim_dead().unwrap(), vec![(child.id(), 10)]);
         assert_eq!(l.group_used(g), 0);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Observation 6: liveness is the slot lock, whatever the pid fields say. A holder whose
+    /// pid, start time and pid-namespace inode now all name a live process (another container
+    /// got the same namespace inode and pid) is reclaimed once its lock is gone; a live holder
+    /// whose pid fields say "dead" is kept.
+    #[test]
+    fn liveness_is_the_slot_lock_not_the_pid() {
+        let (_d, monitor) = fresh();
+        let g = monitor.group(1, 1000).unwrap();
+        let holder = Ledger::open_existing(monitor.path()).unwrap();
+        let h = holder.register(std::process::id(), g).unwrap();
+        holder.try_reserve(h, 300).unwrap();
+        let p = &monitor.layout().procs[h.slot];
+        // The pid fields of a process that is gone (as the old, pid-based reclaim judged it).
+        p.start_time.store(1, Relaxed);
+        p.owner.store(owner_word(owner_gen(p.owner.load(Relaxed)), u32::MAX - 7), Relaxed);
+        assert!(monitor.slot_locked(h.slot).unwrap());
+        assert!(monitor.reclaim_dead().unwrap().is_empty(), "a held lock is a live owner");
+        assert_eq!(monitor.group_used(g), 300);
+        // Now the collision: the fields name a live process of this very namespace (this test
+        // process), and the holder dies (its descriptions close).
+        let me = std::process::id();
+        p.owner.store(owner_word(owner_gen(p.owner.load(Relaxed)), me), Relaxed);
+        p.start_time.store(procinfo::start_time(me).unwrap(), Relaxed);
+        p.pid_ns.store(procinfo::own_pid_ns(), Relaxed);
+        drop(holder);
+        assert!(!monitor.slot_locked(h.slot).unwrap());
+        assert_eq!(monitor.reclaim_dead().unwrap(), vec![(me, 300)]);
+        assert_eq!(monitor.group_used(g), 0);
+        assert!(monitor.procs().is_empty());
+    }
+
+    /// A newcomer that finds a dead owner's slot gives its usage back exactly once, and a
+    /// reclaimer never takes a slot a newcomer holds.
+    #[test]
+    fn newcomer_takes_over_a_dead_slot_and_gives_its_usage_back_once() {
+        let (_d, l) = fresh();
+        let g = l.group(1, 1000).unwrap();
+        let dead = Ledger::open_existing(l.path()).unwrap();
+        let h = dead.register(std::process::id(), g).unwrap();
+        dead.try_reserve(h, 400).unwrap();
+        drop(dead);
+        let newcomer = Ledger::open_existing(l.path()).unwrap();
+        let n = newcomer.register(std::process::id(), g).unwrap();
+        assert_eq!(n.slot, h.slot, "the first slot whose lock is free");
+        assert_eq!(l.group_used(g), 0, "the dead owner's 400 given back once");
+        newcomer.try_reserve(n, 100).unwrap();
+        assert!(l.reclaim_dead().unwrap().is_empty());
+        assert_eq!(l.group_used(g), 100);
+        newcomer.unregister(n);
+        assert_eq!(l.group_used(g), 0);
+        assert!(!l.slot_locked(n.slot).unwrap(), "unregister lets go of the lock");
+    }
+
+    /// The interleavings of the slot protocol, stepped by hand: a reclaimer in the middle of
+    /// giving a dead slot back (holding its lock) and a newcomer registering meanwhile; then a
+    /// newcomer in the middle of taking a slot over and a reclaimer scanning meanwhile.
+    #[test]
+    fn newcomer_and_reclaimer_exclude_each_other_slot_by_slot() {
+        let (_d, monitor) = fresh();
+        let g = monitor.group(1, 1000).unwrap();
+        let dead = Ledger::open_existing(monitor.path()).unwrap();
+        let h = dead.register(std::process::id(), g).unwrap();
+        dead.try_reserve(h, 400).unwrap();
+        drop(dead);
+        // 1. The monitor has taken the dead slot's lock (about to give it back).
+        assert!(slot_lock(monitor.file.as_raw_fd(), h.slot, libc::F_WRLCK).unwrap());
+        let newcomer = Ledger::open_existing(monitor.path()).unwrap();
+        let n = newcomer.register(std::process::id(), g).unwrap();
+        assert_ne!(n.slot, h.slot, "a slot being reclaimed is not taken");
+        assert_eq!(monitor.group_used(g), 400, "nor given back a second time by the newcomer");
+        let p = &monitor.layout().procs[h.slot];
+        assert_eq!(monitor.give_back(p, p.owner.load(Acquire)), 400);
+        slot_lock(monitor.file.as_raw_fd(), h.slot, libc::F_UNLCK).unwrap();
+        assert_eq!(monitor.group_used(g), 0);
+        assert!(monitor.reclaim_dead().unwrap().is_empty(), "nothing left to give back");
+        assert_eq!(monitor.group_used(g), 0);
+
+        // 2. Another owner dies; a newcomer holds its slot's lock (taking it over): the
+        //    monitor's scan leaves the slot alone, the newcomer gives the usage back once.
+        let dead = Ledger::open_existing(monitor.path()).unwrap();
+        let d2 = dead.register(std::process::id(), g).unwrap();
+        dead.try_reserve(d2, 300).unwrap();
+        newcomer.try_reserve(n, 50).unwrap();
+        drop(dead);
+        let taker = newcomer.new_description().unwrap();
+        assert!(newcomer.take_slot_lock(&taker, d2.slot, &newcomer.layout().procs[d2.slot]).unwrap());
+        assert!(monitor.reclaim_dead().unwrap().is_empty(), "a slot being taken over is skipped");
+        assert_eq!(monitor.group_used(g), 350);
+        let p = &newcomer.layout().procs[d2.slot];
+        assert_eq!(newcomer.give_back(p, p.owner.load(Acquire)), 300);
+        drop(taker);
+        assert!(monitor.reclaim_dead().unwrap().is_empty());
+        assert_eq!(monitor.group_used(g), 50, "only the live newcomer's 50 left");
+        newcomer.unregister(n);
+        assert_eq!(monitor.group_used(g), 0);
+    }
+
+    #[test]
+    fn a_slot_lock_fd_closed_by_the_application_is_reported_as_this_processs_trouble() {
+        let (_d, l) = fresh();
+        let g = l.group(group_id_for("c"), 1000).unwrap();
+        let p = Ledger::open_existing(l.path()).unwrap();
+        let h = p.register(std::process::id(), g).unwrap();
+        p.check_registration(h, std::process::id(), group_id_for("c")).unwrap();
+        let fd = p.slot_lock_fd(h).unwrap();
+        assert!(l.slot_locked(h.slot).unwrap());
+        // The application closes the fd and opens another file at that number (dup2 does both
+        // at once, so no other thread of the test runner can take the number in between).
+        let other = tempfile::tempfile().unwrap();
+        // SAFETY: dup2(2) onto an fd number this test owns (the lock fd it is playing with).
+        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), fd) }, fd);
+        assert!(!l.slot_locked(h.slot).unwrap(), "closing the fd dropped the lock");
+        assert!(!p.holds_slot_lock(h));
+        let e = p.check_registration(h, std::process::id(), group_id_for("c")).unwrap_err();
+        assert!(matches!(e, LedgerError::Corrupt { field: "slot_lock", .. }), "{e}");
+        p.unregister(h);
+        drop(p);
+        // SAFETY: F_GETFD only reads the fd's flags.
+        assert!(unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0, "the application's fd was left open");
+        // SAFETY: this test's own duplicate, closed once.
+        unsafe { libc::close(fd) };
+    }
+
+    #[test]
+    fn a_restored_copy_frees_slots_only_through_the_deleted_file() {
+        let (_d, l) = fresh();
+        let g = l.group(1, 1000).unwrap();
+        let holder = Ledger::open_existing(l.path()).unwrap();
+        let h = holder.register(std::process::id(), g).unwrap();
+        holder.try_reserve(h, 250).unwrap();
+        std::fs::remove_file(l.path()).unwrap();
+        assert!(l.restore_deleted().unwrap());
+        let copy = Ledger::open_existing(l.path()).unwrap();
+        assert_eq!(copy.group_used(g), 250);
+        // Nobody on the copy may take or reclaim the slot: its lock is in the deleted file.
+        assert!(copy.reclaim_dead().unwrap().is_empty());
+        let newcomer = Ledger::open_existing(l.path()).unwrap();
+        let n = newcomer.register(std::process::id(), g).unwrap();
+        assert_ne!(n.slot, h.slot);
+        assert!(copy.reclaim_through(&l).unwrap().is_empty(), "owner alive in the deleted file");
+        assert!(copy.depends_on(l.inode().unwrap()));
+        drop(holder);
+        assert_eq!(copy.reclaim_through(&l).unwrap(), vec![(std::process::id(), 250)]);
+        assert_eq!(copy.group_used(g), 0);
+        assert!(!copy.depends_on(l.inode().unwrap()));
+        newcomer.unregister(n);
+    }
+
+    #[test]
+    fn a_ledger_of_another_layout_version_is_refused_naming_both() {
+        let (_d, l) = fresh();
+        let p = l.path().to_owned();
+        drop(l);
+        // As a v2 build left it: its header, and v2's size (64-byte slots, 8 more monitor words).
+        poke(&p, 8, &(LAYOUT_VERSION - 1).to_le_bytes());
+        let v2_size = LAYOUT_SIZE - MAX_PROCS * 8 + 64;
+        OpenOptions::new().write(true).open(&p).unwrap().set_len(v2_size as u64).unwrap();
+        let e = Ledger::open_existing(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("layout_version") && e.contains(&format!("found {}", LAYOUT_VERSION - 1)) && e.contains(&p.to_string_lossy().to_string()),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1188,46 +1669,116 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
-        /// Any sequence of registrations, reservations, releases, deaths (start time no longer
-        /// matching) and unregistrations keeps each group's counter equal to the sum of its live
-        /// processes' usage (after reclaim), within quota, and back at zero at the end.
+        /// Any sequence of registrations, reservations, releases, deaths (the process's
+        /// descriptions close: its `Ledger` is dropped without unregistering), reclaims by the
+        /// monitor and unregistrations keeps each group's counter equal to the sum of its live
+        /// processes' usage (once reclaimed), within quota, and back at zero at the end.
         #[test]
         fn registry_books_always_balance(ops in proptest::collection::vec(reg_op(), 1..80)) {
             let (_d, l) = fresh();
             let groups: Vec<usize> = (0..3).map(|i| l.group(100 + i as u64, 1000).unwrap()).collect();
-            let mut live: Vec<(ProcHandle, u64)> = Vec::new();
+            let mut live: Vec<(Ledger, ProcHandle, u64)> = Vec::new();
+            let mut dead_unreclaimed: Vec<(usize, u64)> = Vec::new();
             let me = std::process::id();
             for op in ops {
                 match op {
-                    RegOp::Register(g) => if let Ok(h) = l.register(me, groups[g]) { live.push((h, 0)); },
-                    RegOp::Reserve(i, b) => if let Some((h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
-                        if l.try_reserve(*h, b).is_ok() { *held += b; }
+                    RegOp::Register(g) => {
+                        let p = Ledger::open_existing(l.path()).unwrap();
+                        let h = p.register(me, groups[g]).unwrap();
+                        // A newcomer gives back every dead slot first.
+                        dead_unreclaimed.clear();
+                        live.push((p, h, 0));
+                    }
+                    RegOp::Reserve(i, b) => if let Some((p, h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
+                        if p.try_reserve(*h, b).is_ok() { *held += b; }
                     },
-                    RegOp::Release(i, b) => if let Some((h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
+                    RegOp::Release(i, b) => if let Some((p, h, held)) = { let n = live.len().max(1); live.get_mut(i % n) } {
                         let b = b.min(*held);
-                        l.release(*h, b);
+                        p.release(*h, b);
                         *held -= b;
                     },
                     RegOp::Die(i) => if !live.is_empty() {
-                        let (h, _) = live.remove(i % live.len());
-                        let p = &l.layout().procs[h.slot];
-                        p.start_time.store(p.start_time.load(Relaxed) + 1, Relaxed);
-                        l.reclaim_dead().unwrap();
+                        let (p, h, held) = live.remove(i % live.len());
+                        drop(p);
+                        dead_unreclaimed.push((h.slot, held));
+                        if i % 2 == 0 {
+                            l.reclaim_dead().unwrap();
+                            dead_unreclaimed.clear();
+                        }
                     },
                     RegOp::Unregister(i) => if !live.is_empty() {
-                        let (h, _) = live.remove(i % live.len());
-                        l.unregister(h);
+                        let (p, h, _) = live.remove(i % live.len());
+                        p.unregister(h);
                     },
                 }
                 for &g in &groups {
-                    let want: u64 = live.iter().filter(|(h, _)| h.group == g).map(|(_, b)| b).sum();
-                    prop_assert_eq!(l.group_used(g), want);
-                    prop_assert!(want <= 1000);
+                    let want: u64 = live.iter().filter(|(_, h, _)| h.group == g).map(|(_, _, b)| b).sum();
+                    let dead: u64 = dead_unreclaimed.iter().filter(|&&(s, _)| l.layout().procs[s].group_slot.load(Relaxed) as usize == g).map(|&(_, b)| b).sum();
+                    prop_assert_eq!(l.group_used(g), want + dead);
+                    prop_assert!(want + dead <= 1000);
                 }
             }
-            for (h, _) in live { l.unregister(h); }
+            for (p, h, _) in live { p.unregister(h); }
+            l.reclaim_dead().unwrap();
             for &g in &groups { prop_assert_eq!(l.group_used(g), 0); }
             prop_assert!(l.procs().is_empty());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+        /// The slot protocol under real concurrency: processes (each its own `Ledger`, so its
+        /// own descriptions) register, reserve, release, and die or unregister, while a monitor
+        /// and a shim-like neighbour reclaim without pause. A sentinel holds `S` bytes
+        /// throughout: a double give-back would take the group below `S` (caught while running
+        /// and at the end), a lost give-back would leave it above. Never past the quota.
+        #[test]
+        fn newcomers_and_reclaimers_racing_never_double_free_or_lose_usage(
+            plans in proptest::collection::vec(proptest::collection::vec((1u64..500, any::<bool>()), 1..12), 2..6),
+        ) {
+            const S: u64 = 1000;
+            const QUOTA: u64 = 1 << 40;
+            let (_d, l) = fresh();
+            let l = Arc::new(l);
+            let g = l.group(9, QUOTA).unwrap();
+            let sentinel = Ledger::open_existing(l.path()).unwrap();
+            let hs = sentinel.register(std::process::id(), g).unwrap();
+            sentinel.try_reserve(hs, S).unwrap();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let reclaimers: Vec<_> = (0..2).map(|_| {
+                let (l, stop) = (l.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut min = u64::MAX;
+                    let other = Ledger::open_existing(l.path()).unwrap();
+                    while !stop.load(Relaxed) {
+                        other.reclaim_dead().unwrap();
+                        l.reclaim_dead().unwrap();
+                        min = min.min(l.group_used(g));
+                    }
+                    min
+                })
+            }).collect();
+            let workers: Vec<_> = plans.into_iter().map(|plan| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for (bytes, die) in plan {
+                        let p = Ledger::open_existing(l.path()).unwrap();
+                        let h = p.register(std::process::id(), g).unwrap();
+                        p.try_reserve(h, bytes).unwrap();
+                        p.try_reserve(h, bytes).unwrap();
+                        p.release(h, bytes);
+                        if die { drop(p) } else { p.unregister(h) }
+                    }
+                })
+            }).collect();
+            for w in workers { w.join().unwrap(); }
+            stop.store(true, Relaxed);
+            for r in reclaimers { prop_assert!(r.join().unwrap() >= S, "usage went below the sentinel's"); }
+            l.reclaim_dead().unwrap();
+            prop_assert_eq!(l.group_used(g), S);
+            prop_assert_eq!(l.procs().len(), 1);
+            sentinel.unregister(hs);
+            prop_assert_eq!(l.group_used(g), 0);
         }
     }
 

@@ -15,7 +15,19 @@ pub struct LedgerAdapter {
     /// Set once the mapped header stops validating: the mapping is no longer read or written
     /// (a truncated file would fault), offline processes fail closed on their own check.
     damage: Option<String>,
+    /// Deleted ledgers this monitor restored a copy of, kept open: their processes' slot locks
+    /// are there (dropped once no slot of the copy depends on them).
+    previous: Vec<Ledger>,
+    reclaim_error_logged: bool,
+    /// Monotonic ms of the next reclaim scan; scans run at most every `reclaim_every_ms`.
+    next_reclaim_ms: u64,
+    reclaim_every_ms: u64,
 }
+
+/// How often the monitor scans the registry for dead processes: each occupied slot costs one
+/// `fcntl` per scan (about 1 us), so the scan is bounded in time rather than run at every
+/// (possibly 1 ms) tick; a dead process's quota is back within this plus one tick.
+pub const RECLAIM_EVERY_MS: u64 = 50;
 
 impl LedgerAdapter {
     pub fn new(ledger: Ledger) -> Self {
@@ -23,6 +35,10 @@ impl LedgerAdapter {
             ledger,
             own_ns: node_ledger::procinfo::own_pid_ns(),
             damage: None,
+            previous: Vec::new(),
+            reclaim_error_logged: false,
+            next_reclaim_ms: 0,
+            reclaim_every_ms: RECLAIM_EVERY_MS,
         }
     }
 
@@ -33,7 +49,8 @@ impl LedgerAdapter {
         if self.damage.is_none() {
             if let Err(e) = self.ledger.check_header() {
                 if let Some(fresh) = self.restore_if_deleted(&e) {
-                    self.ledger = fresh;
+                    let deleted = std::mem::replace(&mut self.ledger, fresh);
+                    self.previous.push(deleted);
                     return None;
                 }
                 tracing::error!(
@@ -144,6 +161,32 @@ impl LedgerPort for LedgerAdapter {
         Ok(())
     }
 
+    fn reclaim(&mut self) {
+        let now = mono_ms();
+        if !self.usable() || now < self.next_reclaim_ms {
+            return;
+        }
+        self.next_reclaim_ms = now + self.reclaim_every_ms;
+        let mut errors = Vec::new();
+        // Each reclaimed process is logged (INFO) by node-ledger.
+        if let Err(e) = self.ledger.reclaim_dead() {
+            errors.push(e.to_string());
+        }
+        let current = &self.ledger;
+        self.previous.retain(|deleted| {
+            if let Err(e) = current.reclaim_through(deleted) {
+                errors.push(e.to_string());
+            }
+            deleted.inode().is_ok_and(|ino| current.depends_on(ino))
+        });
+        if errors.is_empty() {
+            self.reclaim_error_logged = false;
+        } else if !self.reclaim_error_logged {
+            tracing::error!(errors = ?errors, "cannot reclaim dead offline processes' quota");
+            self.reclaim_error_logged = true;
+        }
+    }
+
     fn publish(&mut self, p: &Published) -> Result<(), String> {
         if !self.usable() {
             return Ok(());
@@ -207,5 +250,58 @@ mod tests {
             a.offline().unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
+    }
+
+    /// Issue 8 obs. 6: the monitor itself gives back a dead process's quota (before, only a
+    /// shim of the dead process's own pid namespace did), including one registered in a
+    /// ledger that was deleted and restored while it ran.
+    #[test]
+    fn reclaims_dead_processes_also_through_a_restored_ledger() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        a.reclaim_every_ms = 0;
+        let g = a.ledger.group(7, 1 << 30).unwrap();
+        // Two offline "processes": each its own open ledger (its own slot-lock description).
+        let (p1, p2) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
+        let h1 = p1.register(std::process::id(), g).unwrap();
+        p1.try_reserve(h1, 100).unwrap();
+        let h2 = p2.register(std::process::id(), g).unwrap();
+        p2.try_reserve(h2, 20).unwrap();
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 120, "live processes keep their quota");
+        drop(p1);
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 20, "a dead one's quota comes back on the next tick");
+
+        std::fs::remove_file(&path).unwrap();
+        assert!(a.check().is_none(), "deleted ledger restored");
+        assert_eq!(a.ledger.group_used(g), 20);
+        assert_eq!(a.previous.len(), 1, "the deleted file is kept open for its slot locks");
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 20, "p2 still alive in the deleted file");
+        drop(p2);
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 0);
+        assert!(a.previous.is_empty(), "nothing depends on the deleted file any more");
+    }
+
+    #[test]
+    fn reclaim_scans_are_bounded_in_time_not_per_tick() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        a.reclaim_every_ms = 60_000;
+        let g = a.ledger.group(7, 1 << 30).unwrap();
+        a.reclaim(); // the first scan runs at once
+        let p = Ledger::open_existing(&path).unwrap();
+        let h = p.register(std::process::id(), g).unwrap();
+        p.try_reserve(h, 100).unwrap();
+        drop(p);
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 100, "no second scan within the period");
+        a.next_reclaim_ms = 0;
+        a.reclaim();
+        assert_eq!(a.ledger.group_used(g), 0);
     }
 }

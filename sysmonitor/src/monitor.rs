@@ -96,6 +96,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     /// One sampling period's work.
     pub fn tick(&mut self, now_ms: u64) {
         self.events.clear();
+        // Dead offline processes' quota back first, whatever their pid namespace.
+        self.ledger.reclaim();
         let input = match self.gpu.sample(now_ms) {
             Ok(s) => {
                 self.samples += 1;
@@ -481,6 +483,7 @@ mod tests {
             m.ledger.published.last().unwrap().state,
             Some(State::Overlimit)
         );
+        assert_eq!(m.ledger.reclaims, 2, "every tick reclaims dead processes' quota");
         m.tick(45);
         assert_eq!(
             m.events,

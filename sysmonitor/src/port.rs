@@ -42,6 +42,9 @@ pub trait LedgerPort {
     ) -> Result<(), String>;
     /// Publishes state and measurements for the shim and the MPS manager.
     fn publish(&mut self, p: &Published) -> Result<(), String>;
+    /// Gives back the quota of registered processes that have died, in any pid namespace
+    /// (called every tick; the ledger adapter scans at most every `RECLAIM_EVERY_MS`).
+    fn reclaim(&mut self) {}
 }
 
 /// In-memory ledger for unit tests and dry runs.
@@ -53,6 +56,8 @@ pub struct MemLedger {
     pub published: Vec<Published>,
     /// Eviction marks made: pid and reason.
     pub marks: Vec<(u32, EvictReason)>,
+    /// Calls of [`LedgerPort::reclaim`].
+    pub reclaims: usize,
 }
 
 impl LedgerPort for MemLedger {
@@ -76,5 +81,8 @@ impl LedgerPort for MemLedger {
     fn publish(&mut self, p: &Published) -> Result<(), String> {
         self.published.push(*p);
         Ok(())
+    }
+    fn reclaim(&mut self) {
+        self.reclaims += 1;
     }
 }

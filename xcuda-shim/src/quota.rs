@@ -113,6 +113,9 @@ impl Quota {
                 let h = unpack(handle.load(Acquire))?;
                 match ledger.check_registration(h, std::process::id(), self.group_id) {
                     Ok(()) => return None,
+                    // Our own slot lock is gone (the application closed its fd): this
+                    // process stops counting, the ledger itself is sound.
+                    Err(e @ node_ledger::LedgerError::Corrupt { field: "slot_lock", .. }) => e,
                     Err(e) => {
                         ledger.mark_damaged();
                         e
@@ -264,7 +267,10 @@ impl Quota {
     }
 
     /// In a fork child (no locks, no allocation): the parent's allocations and registration
-    /// are not ours; the child registers on its first reservation.
+    /// are not ours; the child registers on its first reservation (with a slot lock of its
+    /// own). The parent's slot lock is inherited with its fd and left open: like the device
+    /// memory behind the driver's inherited fds, the parent's usage stays counted until the
+    /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
         for m in [&self.dptrs, &self.vmm, &self.arrays] {
             m.clear();
@@ -390,6 +396,45 @@ mod tests {
         assert_eq!(q.untrack(Kind::DevicePtr, 0x1000), None, "a free after the destroy is not counted twice");
         assert_eq!(q.release_context(0xc1), 0);
         assert!(q.try_reserve(750));
+    }
+
+    /// Issue 8 obs. 6: a neighbour of the group that died holding quota (here: its ledger
+    /// handle, so its slot lock, is gone; its pid is this live process's) is reclaimed by the
+    /// next refused reservation, which then succeeds. The pid-based reclaim kept it forever.
+    #[test]
+    fn a_refused_reservation_reclaims_a_dead_neighbour_and_retries() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        let (l1, l2) = (Ledger::open_or_create(&p, 0).unwrap(), Ledger::open_or_create(&p, 0).unwrap());
+        let g = l1.group(5, 1000).unwrap();
+        let h1 = l1.register(std::process::id(), g).unwrap();
+        let h2 = l2.register(std::process::id(), g).unwrap();
+        let (dead, live) = (Quota::with_ledger(l1, h1), Quota::with_ledger(l2, h2));
+        assert!(dead.try_reserve(700));
+        assert!(!live.try_reserve(400), "the neighbour is alive: its 700 count");
+        drop(dead); // dies without retiring: its descriptions close, its slot lock goes
+        live.last_reclaim_ns.store(0, Relaxed);
+        assert!(live.try_reserve(400), "reclaimed on refusal, then reserved");
+        assert_eq!(live.used(), 400);
+    }
+
+    #[test]
+    fn a_closed_slot_lock_stops_this_process_only() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        let l = Ledger::open_or_create(&p, 0).unwrap();
+        let h = l.register(std::process::id(), l.group(5, 1000).unwrap()).unwrap();
+        let q = Quota::with_ledger(l, h);
+        assert!(q.try_reserve(100));
+        assert!(q.check_ledger().is_none());
+        let fd = q.ledger().unwrap().0.slot_lock_fd(h).unwrap();
+        // SAFETY: closing the fd as a careless application would.
+        unsafe { libc::close(fd) };
+        let e = q.check_ledger().expect("the lost lock is reported");
+        assert!(e.contains("slot_lock"), "{e}");
+        assert!(!q.try_reserve(1), "no new reservations once the registration cannot be trusted");
+        let other = Ledger::open_existing(&p).unwrap();
+        assert!(other.check_header().is_ok(), "the ledger is not marked damaged for it");
     }
 
     #[test]
