@@ -254,6 +254,66 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     );
 }
 
+/// On a panic, quits MPS on the device so a hung online `Load` can be joined (no hanging test).
+struct QuitOnPanic(emu_device::Device);
+
+impl Drop for QuitOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.mps_quit();
+        }
+    }
+}
+
+/// Two offline clients die holding their contexts at once. Each one's work hangs the server
+/// until it is terminated (as on real MPS), and the recovery reclaims every dead registration
+/// from the ledger, after which no fault names the second one again: one recovery must
+/// terminate both. MPS is not reset and the online client progresses with its context.
+#[test]
+fn two_offline_clients_killed_together_are_both_terminated() {
+    let mut n = EmuNode::new();
+    start_manager(&mut n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let (load, off) = online_and_offline(&mut n);
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let dev = n.device();
+    let off2 = n.spawn_helper("gpu-mem", "64");
+    let op2 = n.pid(off2);
+    wait_until("second offline client on MPS", || {
+        dev.snapshot()
+            .processes
+            .iter()
+            .any(|p| p.pid == op2 && p.mps_client)
+    });
+    register(&ledger, op2, 64 << 20);
+    let op = n.pid(off);
+    let generation = dev.snapshot().mps.generation;
+    // Dropped before `load`: on a failure, quit MPS so the hung online thread returns.
+    let _quit = QuitOnPanic(n.device());
+    n.signal(off, libc::SIGKILL);
+    n.signal(off2, libc::SIGKILL);
+    let _ = n.wait_exit(off, T);
+    let _ = n.wait_exit(off2, T);
+    wait_until("both deaths noticed", || {
+        let m = dev.snapshot().mps;
+        m.dead_clients.len() == 2 || !m.poisoned
+    });
+    let v = mstate(&n, "both terminated", |v| {
+        let outcomes: String = v["recoveries"]
+            .as_array()
+            .map(|r| r.iter().map(|x| x["outcome"].to_string()).collect())
+            .unwrap_or_default();
+        outcomes.contains(&op.to_string()) && outcomes.contains(&op2.to_string())
+    });
+    wait_until("MPS not hung", || !dev.snapshot().mps.poisoned);
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until("online kernels after the recovery", || {
+        load.kernels.load(Ordering::Relaxed) >= after + 20
+    });
+    assert_eq!(dev.snapshot().mps.generation, generation, "MPS not reset: {v:#}");
+    assert_eq!(load.failures.load(Ordering::Relaxed), 0, "online context kept");
+}
+
 #[test]
 fn hung_control_daemon_is_detected_by_timeout_and_replaced() {
     let mut n = EmuNode::new();
