@@ -115,10 +115,10 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
     let mut tally = Tally::default();
     let started = Instant::now();
     for i in 0..runs {
-        let is_py = rng.next() % 2 == 0;
+        let is_py = rng.next().is_multiple_of(2);
         let sig = if control_kill {
             libc::SIGKILL
-        } else if rng.next() % 2 == 0 {
+        } else if rng.next().is_multiple_of(2) {
             libc::SIGINT
         } else {
             libc::SIGTERM
