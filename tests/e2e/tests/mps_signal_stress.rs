@@ -78,6 +78,8 @@ struct Tally {
     python: usize,
     sigint: usize,
     before_ready: usize,
+    /// Signalled while holding an MPS context (checked on the device just before).
+    with_context: usize,
     keyboard_interrupt: usize,
     python_exit_codes: usize,
     hung_neighbours: usize,
@@ -142,7 +144,14 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         let mut client = host.spawn(&mut c);
         std::thread::sleep(delay);
         let ready = !client.lines("ready").is_empty();
+        let pid = client.pid();
+        let with_context = dev
+            .snapshot()
+            .processes
+            .iter()
+            .any(|p| p.pid == pid && p.mps_client && p.contexts > 0);
         client.signal(sig);
+        tally.with_context += usize::from(with_context);
         tally.runs += 1;
         tally.python += usize::from(is_py);
         tally.sigint += usize::from(sig == libc::SIGINT);
