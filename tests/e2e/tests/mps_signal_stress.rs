@@ -9,7 +9,8 @@
 //! Not a timed test, `#[ignore]`d; the figure goes in the notes:
 //! `XSHARE_STRESS_RUNS=1000 cargo test -p e2e --test mps_signal_stress -- --ignored --nocapture`
 //! (`XSHARE_STRESS_SEED` replays a mix; `XSHARE_STRESS_SIGKILL=1` is the control run: SIGKILL,
-//! which no process can handle, so the tool must count hung neighbours there).
+//! which no process can handle, so the tool must count hung neighbours there;
+//! `XSHARE_STRESS_ONLY=c|python` and `XSHARE_STRESS_WINDOW_US` narrow the mix).
 
 mod shim_support;
 
@@ -107,6 +108,11 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
     eprintln!("XSHARE_STRESS_SEED={seed}");
     // Control run: SIGKILL instead (no release possible), to see the tool count hangs.
     let control_kill = std::env::var_os("XSHARE_STRESS_SIGKILL").is_some();
+    // Narrowing knobs: one kind of client (`c` | `python`), and the moment window in µs.
+    let only = std::env::var("XSHARE_STRESS_ONLY").ok();
+    let window_us: Option<u64> = std::env::var("XSHARE_STRESS_WINDOW_US")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let mut rng = Rng(seed);
     let host = EmuHost::new();
     let dev = host.device();
@@ -117,7 +123,11 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
     let mut tally = Tally::default();
     let started = Instant::now();
     for i in 0..runs {
-        let is_py = rng.next().is_multiple_of(2);
+        let is_py = match only.as_deref() {
+            Some("c") => false,
+            Some("python") => true,
+            _ => rng.next().is_multiple_of(2),
+        };
         let sig = if control_kill {
             libc::SIGKILL
         } else if rng.next().is_multiple_of(2) {
@@ -128,7 +138,7 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         // A random moment: Python takes a few hundred ms to reach `ready` (interpreter,
         // cuda-bindings import, cuInit, primary context, cuMemAlloc), the C client a few ms
         // before it launches 200 kernels; the window covers all of that and some idle time.
-        let window_us = if is_py { 900_000 } else { 60_000 };
+        let window_us = window_us.unwrap_or(if is_py { 900_000 } else { 60_000 });
         let delay = Duration::from_micros(rng.next() % window_us);
         let mut c = if is_py {
             let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
