@@ -72,6 +72,12 @@ pub struct Manager {
     own_ns: u64,
 }
 
+/// How long a targeted recovery looks for the clients it must terminate on the servers' lists
+/// before it gives up and resets MPS. Well under the 1 s the online neighbour may wait.
+pub const LISTING_GRACE_MS: u64 = 500;
+/// Pause between two looks.
+pub const LISTING_RETRY_MS: u64 = 25;
+
 /// Builds the control client for a config.
 pub fn control_for(cfg: &Config) -> MpsControl {
     MpsControl {
@@ -236,11 +242,28 @@ impl Manager {
     fn recover(&mut self, now_ms: u64, fault: Fault) {
         let started = mono_ms();
         let targeted = match &fault {
-            Fault::ClientDied { pid } => Some(self.terminate_offline(&[*pid], fault.kind())),
+            Fault::ClientDied { pid } => {
+                // Every dead client's work hangs the server until it is terminated, and the
+                // recovery reclaims every dead registration from the ledger (after which no
+                // fault would name them again): all of them now, not only this one.
+                let mut pids: Vec<u32> = self
+                    .offline()
+                    .iter()
+                    .filter(|p| {
+                        p.pid_ns == self.own_ns
+                            && !node_ledger::procinfo::is_alive(p.pid, p.start_time)
+                    })
+                    .map(|p| p.pid)
+                    .collect();
+                if !pids.contains(pid) {
+                    pids.push(*pid);
+                }
+                Some(self.terminate_offline(&pids, true, fault.kind()))
+            }
             Fault::ClientsStuck { .. } if !self.escalate_stuck => {
                 let pids: Vec<u32> = self.offline().iter().map(|p| p.pid).collect();
                 self.escalate_stuck = true;
-                Some(self.terminate_offline(&pids, fault.kind()))
+                Some(self.terminate_offline(&pids, false, fault.kind()))
             }
             _ => None,
         };
@@ -287,16 +310,56 @@ impl Manager {
 
     /// `terminate_client <server> <pid>` for each of `pids` that an MPS server lists (a dead
     /// client stays listed while its work hangs the server); live ones are also evicted and
-    /// marked for restart. Err when MPS does not answer or refuses.
-    fn terminate_offline(&mut self, pids: &[u32], why: &str) -> Result<String, MpsError> {
-        let mut done = Vec::new();
-        for srv in self.ctl.server_list()? {
-            for c in self.ctl.client_list(srv)? {
-                if pids.contains(&c) {
-                    self.ctl.command(&format!("terminate_client {srv} {c}"))?;
-                    done.push((srv, c));
+    /// marked for restart. Err when MPS does not answer, or within [`LISTING_GRACE_MS`] none of
+    /// `pids` is listed (`all` false), or not every one of them is (`all` true: dead clients,
+    /// each of which hangs the server until terminated).
+    ///
+    /// What MPS may legitimately show meanwhile is tolerated: a client not listed yet (its
+    /// connection still being handed to its server), a server that went away between
+    /// `get_server_list` and `get_client_list`, a client gone between the listing and
+    /// `terminate_client` (`... not found`). Each is looked at again, every
+    /// [`LISTING_RETRY_MS`], until the grace runs out; only then is the full reset the answer.
+    fn terminate_offline(
+        &mut self,
+        pids: &[u32],
+        all: bool,
+        why: &str,
+    ) -> Result<String, MpsError> {
+        let deadline = mono_ms() + LISTING_GRACE_MS;
+        let mut done: Vec<(u32, u32)> = Vec::new();
+        let mut looks = 0u32;
+        let mut last_refusal = None;
+        loop {
+            looks += 1;
+            for srv in self.ctl.server_list()? {
+                let clients = match self.ctl.client_list(srv) {
+                    Ok(c) => c,
+                    Err(e @ MpsError::Rejected { .. }) => {
+                        last_refusal = Some(e.to_string());
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                for c in clients {
+                    if !pids.contains(&c) || done.iter().any(|&(_, d)| d == c) {
+                        continue;
+                    }
+                    match self.ctl.command(&format!("terminate_client {srv} {c}")) {
+                        Ok(_) => done.push((srv, c)),
+                        Err(e @ MpsError::Rejected { .. }) => last_refusal = Some(e.to_string()),
+                        Err(e) => return Err(e),
+                    }
                 }
             }
+            let enough = if all {
+                pids.iter().all(|p| done.iter().any(|&(_, d)| d == *p))
+            } else {
+                !done.is_empty()
+            };
+            if enough || mono_ms() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(LISTING_RETRY_MS));
         }
         let offline = self.offline();
         let mut sig = PidfdSignaller;
@@ -316,15 +379,25 @@ impl Manager {
             let n = self.state.restart_requested.len() - 200;
             self.state.restart_requested.drain(..n);
         }
-        if done.is_empty() {
+        let missing: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|p| !done.iter().any(|&(_, d)| d == *p))
+            .collect();
+        if done.is_empty() || (all && !missing.is_empty()) {
             // Not listed on any server: whether its death left MPS hung cannot be known, so
             // the last resort applies (a hung online client is worse than a reset).
             return Err(MpsError::Rejected {
                 command: "terminate_client".into(),
-                reply: format!("clients {pids:?} are not listed on any MPS server"),
+                reply: format!(
+                    "clients {missing:?} not listed on any MPS server in {looks} looks over {LISTING_GRACE_MS} ms (terminated: {done:?}){}",
+                    last_refusal.map_or(String::new(), |r| format!("; last refusal: {r}"))
+                ),
             });
         }
-        Ok(format!("terminate_client {done:?}; MPS not reset"))
+        Ok(format!(
+            "terminate_client {done:?} (listed at look {looks}); MPS not reset"
+        ))
     }
 
     /// SIGTERM every offline client (by pid + start time), SIGKILL after the grace period,

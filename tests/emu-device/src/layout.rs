@@ -6,13 +6,15 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
 pub const MAX_KERNELS: usize = 1024;
 /// Utilization samples kept for NVML.
 pub const RING_LEN: usize = 512;
+/// MPS clients that died holding a context, remembered until `terminate_client` or `quit`.
+pub const MAX_DEAD_MPS: usize = 16;
 
 /// Kernel slot states.
 pub mod kstate {
@@ -62,12 +64,27 @@ pub struct Header {
     pub mps_poisoned: u32,
     pub mps_generation: u64,
     pub mps_default_pct: u32,
-    pub mps_culprit_pid: u32,
     pub mps_control_pid: u32,
     pub ring_head: u32,
     pub ring_count: u32,
     /// Kernel slots at or past this index are all free (scans stop here).
     pub kernel_hwm: u32,
+    /// Entries of `mps_dead` in use (oldest first).
+    pub mps_dead_count: u32,
+    /// More clients died holding a context than `mps_dead` holds: the hang lasts until `quit`.
+    pub mps_dead_overflow: u32,
+    /// MPS clients that died holding a context: still connected to their server (their work
+    /// hangs it) until `terminate_client` names them or MPS quits.
+    pub mps_dead: [DeadMpsClient; MAX_DEAD_MPS],
+}
+
+/// An MPS client that died holding a context.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct DeadMpsClient {
+    pub pid: u32,
+    /// Effective uid it connected with (selects its server).
+    pub uid: u32,
 }
 
 /// One process using the device.
@@ -85,7 +102,8 @@ pub struct ClientSlot {
     pub mps_gen: u64,
     /// Set when the MPS server the client was attached to went away.
     pub terminated: u32,
-    pub _pad: u32,
+    /// Effective uid the process connected to MPS with (its server is that user's).
+    pub uid: u32,
     /// SM-weighted busy time of this client's kernels (ns x fraction of SMs).
     pub sm_time_ns: f64,
 }

@@ -60,10 +60,14 @@ pub struct DeviceInfo {
 pub struct MpsStatus {
     /// A daemon is running (started by the fake `nvidia-cuda-mps-control -d`).
     pub enabled: bool,
-    /// A client died holding a context: MPS clients hang until `quit`.
+    /// A client died holding a context: MPS clients hang until `terminate_client` of every
+    /// such dead client, or `quit`.
     pub poisoned: bool,
-    /// The pid whose death poisoned the server.
+    /// The pid whose death poisoned the server (the oldest dead client still connected).
     pub culprit_pid: Option<u32>,
+    /// Every client that died holding a context and is still connected to its server, oldest
+    /// first: `(pid, uid)`.
+    pub dead_clients: Vec<(u32, u32)>,
     /// Increments on every start.
     pub generation: u64,
     /// `set_default_active_thread_percentage` value.
@@ -81,6 +85,8 @@ pub struct ProcessInfo {
     pub contexts: u32,
     /// Attached to the running MPS server.
     pub mps_client: bool,
+    /// Effective uid it connected to MPS with (0 when not an MPS client).
+    pub uid: u32,
     /// Active-thread percentage in force (100 when not capped).
     pub active_thread_pct: u32,
     /// Cumulative SM-weighted busy time of its kernels, in ns.
@@ -248,6 +254,7 @@ impl Device {
                     used_memory: cl.mem_used,
                     contexts: cl.contexts,
                     mps_client: h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0,
+                    uid: cl.uid,
                     active_thread_pct: physics::client_pct(&g, c),
                     sm_time_ns: cl.sm_time_ns,
                     kernels: g
@@ -300,8 +307,7 @@ impl Device {
         if g.header.mps_enabled == 0 {
             let h = &mut g.header;
             h.mps_enabled = 1;
-            h.mps_poisoned = 0;
-            h.mps_culprit_pid = 0;
+            clear_dead(h);
             h.mps_generation += 1;
             h.mps_default_pct = 100;
             h.mps_control_pid = control_pid;
@@ -325,7 +331,7 @@ impl Device {
             }
             let h = &mut g.header;
             h.mps_enabled = 0;
-            h.mps_poisoned = 0;
+            clear_dead(h);
             h.mps_control_pid = 0;
             physics::compute_shares(&mut g);
         }
@@ -335,8 +341,8 @@ impl Device {
     /// `terminate_client`: ends all outstanding GPU work of one MPS client of the running
     /// server. A live client's later calls fail with `CUDA_ERROR_MPS_CLIENT_TERMINATED`; the
     /// server and its other clients carry on (NVIDIA MPS docs, "terminate_client", CUDA 11+).
-    /// Naming the client whose death left the server hung (the culprit) clears that hang:
-    /// the server drops the dead client's work and the neighbours progress again.
+    /// Naming a client whose death left the server hung drops that client's work; once every
+    /// such dead client is terminated the neighbours progress again.
     pub fn mps_terminate_client(&self, pid: u32) -> Result<(), EmuError> {
         let mut g = self.locked();
         if g.header.mps_enabled == 0 {
@@ -344,9 +350,7 @@ impl Device {
         }
         let generation = g.header.mps_generation;
         let now = g.header.last_ns;
-        if g.header.mps_poisoned != 0 && g.header.mps_culprit_pid == pid {
-            g.header.mps_poisoned = 0;
-            g.header.mps_culprit_pid = 0;
+        if remove_dead(&mut g.header, pid) {
             physics::compute_shares(&mut g);
             return Ok(());
         }
@@ -422,6 +426,8 @@ impl Device {
             return Err(EmuError::NoSuchClient(c.pid));
         }
         let h = g.header;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
         let cl = &mut g.clients[c.slot as usize];
         if cl.terminated != 0 {
             if cl.contexts > 0 {
@@ -434,7 +440,12 @@ impl Device {
             if h.mps_poisoned != 0 {
                 return Err(EmuError::MpsServerNotReady);
             }
+            // Real MPS: the driver connects to the control daemon, which hands the client to its
+            // user's server, before the context exists; the emulated daemon lists the client
+            // on that server from the device's record, so the uid is recorded here, with the
+            // context, and never looked up later (the process may be gone by then).
             cl.mps_gen = h.mps_generation;
+            cl.uid = euid;
             if let Some(p) = env_pct.filter(|p| (1..=100).contains(p)) {
                 if cl.pct == 0 {
                     cl.pct = p;
@@ -716,10 +727,7 @@ fn reap_dead(st: &mut State, now: u64) {
         }
         let h = &mut st.header;
         if cl.contexts > 0 && cl.terminated == 0 && h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0 {
-            if h.mps_poisoned == 0 {
-                h.mps_culprit_pid = cl.pid;
-            }
-            h.mps_poisoned = 1;
+            push_dead(h, cl.pid, cl.uid);
         }
         release_client(st, c, now);
     }
@@ -742,12 +750,46 @@ fn info_of(st: &State) -> DeviceInfo {
     }
 }
 
+/// Remembers a client that died holding a context: it stays connected to its server, which
+/// hangs, until `terminate_client` or `quit`.
+fn push_dead(h: &mut layout::Header, pid: u32, uid: u32) {
+    let n = (h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS);
+    if n < layout::MAX_DEAD_MPS {
+        h.mps_dead[n] = layout::DeadMpsClient { pid, uid };
+        h.mps_dead_count = n as u32 + 1;
+    } else {
+        // Not remembered, so never terminable: the hang lasts until `quit` (never laxer).
+        h.mps_dead_overflow = 1;
+    }
+    h.mps_poisoned = 1;
+}
+
+/// `terminate_client` of a dead client: true if `pid` was one.
+fn remove_dead(h: &mut layout::Header, pid: u32) -> bool {
+    let n = (h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS);
+    let Some(i) = h.mps_dead[..n].iter().position(|d| d.pid == pid) else { return false };
+    h.mps_dead.copy_within(i + 1..n, i);
+    h.mps_dead[n - 1] = layout::DeadMpsClient::default();
+    h.mps_dead_count = n as u32 - 1;
+    h.mps_poisoned = u32::from(h.mps_dead_count > 0 || h.mps_dead_overflow != 0);
+    true
+}
+
+fn clear_dead(h: &mut layout::Header) {
+    h.mps_poisoned = 0;
+    h.mps_dead_count = 0;
+    h.mps_dead_overflow = 0;
+    h.mps_dead = Default::default();
+}
+
 fn mps_of(st: &State) -> MpsStatus {
     let h = &st.header;
+    let dead = &h.mps_dead[..(h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS)];
     MpsStatus {
         enabled: h.mps_enabled != 0,
         poisoned: h.mps_poisoned != 0,
-        culprit_pid: (h.mps_culprit_pid != 0).then_some(h.mps_culprit_pid),
+        culprit_pid: dead.first().map(|d| d.pid),
+        dead_clients: dead.iter().map(|d| (d.pid, d.uid)).collect(),
         generation: h.mps_generation,
         default_active_thread_pct: h.mps_default_pct,
         control_pid: h.mps_control_pid,

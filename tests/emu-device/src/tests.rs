@@ -278,3 +278,52 @@ fn terminate_client_clears_the_hang_of_a_dead_client_and_spares_neighbours() {
     assert!(!d.mps_status().poisoned, "a terminated client's death does not hang the server");
     std::fs::remove_file(&p).unwrap();
 }
+
+/// Every client that dies holding a context stays connected (listed with the uid it connected
+/// with) and keeps the server hung until each one is terminated: terminating the first of two
+/// dead clients is not enough.
+#[test]
+fn each_dead_client_stays_connected_until_terminated() {
+    let p = tmp("dead-two");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    d.mps_start(1);
+    let me = d.attach().unwrap();
+    d.context_created(&me, None).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(d.snapshot().processes.iter().find(|p| p.pid == me.pid()).map(|p| p.uid), Some(uid), "uid recorded with the context");
+    let mut a = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut b = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, a.id(), 1, true);
+    fake_client(&d, b.id(), 1, true);
+    {
+        let mut g = d.shm.lock();
+        for s in g.clients.iter_mut().filter(|s| s.pid == b.id()) {
+            s.uid = 4242;
+        }
+    }
+    for c in [&mut a, &mut b] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    wait_reaped(&d, a.id());
+    wait_reaped(&d, b.id());
+    let st = d.mps_status();
+    assert!(st.poisoned, "{st:?}");
+    let mut dead = st.dead_clients.clone();
+    dead.sort();
+    let mut want = vec![(a.id(), 0), (b.id(), 4242)];
+    want.sort();
+    assert_eq!(dead, want);
+    let first = st.culprit_pid.unwrap();
+    d.mps_terminate_client(first).unwrap();
+    let st = d.mps_status();
+    assert!(st.poisoned, "the other dead client still hangs the server: {st:?}");
+    assert_eq!(st.dead_clients.len(), 1);
+    assert!(matches!(d.mps_terminate_client(first), Err(EmuError::NoSuchClient(_))), "terminated once");
+    d.mps_terminate_client(st.dead_clients[0].0).unwrap();
+    let st = d.mps_status();
+    assert!(!st.poisoned && st.dead_clients.is_empty(), "{st:?}");
+    d.gate(&me).unwrap();
+    std::fs::remove_file(&p).unwrap();
+}

@@ -26,8 +26,12 @@ use crate::protocol::{format_pct, format_size, Command};
 pub trait DeviceLink {
     /// Turns MPS mode on (daemon start) or off and resets MPS error state (quit).
     fn set_mps(&mut self, on: bool) -> Result<(), String>;
-    /// Pids of processes that hold a context on the device now.
-    fn client_pids(&mut self) -> Result<Vec<u32>, String>;
+    /// MPS clients on the device now, as `(pid, uid)`: processes holding a context on the
+    /// running server, and clients that died holding one (still connected: their work hangs
+    /// the server until `terminate_client`). The uid is the one the client connected with,
+    /// recorded by the device when its context was created, so a client is attributed to its
+    /// server even when its process is already gone.
+    fn clients(&mut self) -> Result<Vec<(u32, u32)>, String>;
     /// Caps a client's SM share (active thread percentage).
     fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String>;
     /// The percentage a client gets from its first kernel on, before the daemon has seen it.
@@ -81,18 +85,6 @@ pub fn client_env_pct(pid: u32) -> Option<f64> {
     env.split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(b"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="))
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
-}
-
-/// Uid of a live process, from `/proc/<pid>/status` (`Uid:` real uid).
-pub fn process_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| {
-        l.strip_prefix("Uid:")?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
 }
 
 impl<D: DeviceLink> Daemon<D> {
@@ -164,8 +156,14 @@ impl<D: DeviceLink> Daemon<D> {
         Ok(self.servers.len() - 1)
     }
 
-    /// Periodic work: reaps servers that died (their clients are terminated on the device,
-    /// as clients of a crashed server fail) and attaches clients that appeared on the device.
+    /// Periodic work, and the first step of every command: reaps servers that died (their
+    /// clients are terminated on the device, as clients of a crashed server fail) and attaches
+    /// clients that appeared on the device.
+    ///
+    /// Real MPS connects a client to its server before the client's context exists, so a
+    /// client holding a context is always on its server's list. Here the device is the record
+    /// (the client writes its uid with its context) and every command runs this first, so no
+    /// answer ever misses a client that holds, or died holding, a context.
     pub fn poll(&mut self) {
         let mut i = 0;
         while i < self.servers.len() {
@@ -186,7 +184,7 @@ impl<D: DeviceLink> Daemon<D> {
                 i += 1;
             }
         }
-        let pids = match self.device.client_pids() {
+        let clients = match self.device.clients() {
             Ok(p) => p,
             Err(e) => {
                 self.log.line(&format!("Cannot read device clients: {e}"));
@@ -194,15 +192,14 @@ impl<D: DeviceLink> Daemon<D> {
             }
         };
         for s in &mut self.servers {
-            s.clients.retain(|c| pids.contains(c));
+            let uid = s.uid;
+            s.clients
+                .retain(|c| clients.iter().any(|&(p, u)| p == *c && u == uid));
         }
-        for pid in pids {
+        for (pid, uid) in clients {
             if self.servers.iter().any(|s| s.clients.contains(&pid)) {
                 continue;
             }
-            let Some(uid) = process_uid(pid) else {
-                continue;
-            };
             let idx = match self.servers.iter().position(|s| s.uid == uid) {
                 Some(i) => i,
                 None => {
@@ -235,7 +232,16 @@ impl<D: DeviceLink> Daemon<D> {
         }
     }
 
-    /// Executes one command.
+    /// Serves one command as it arrives on the socket: looks at the device first ([`poll`]),
+    /// so the answer reflects every client that holds (or died holding) a context now.
+    ///
+    /// [`poll`]: Daemon::poll
+    pub fn command(&mut self, cmd: Command) -> Reply {
+        self.poll();
+        self.handle(cmd)
+    }
+
+    /// Executes one command on the state as it is.
     pub fn handle(&mut self, cmd: Command) -> Reply {
         self.log.line(&format!("Command: {cmd:?}"));
         use Command::*;
@@ -355,7 +361,7 @@ mod tests {
     #[derive(Default)]
     struct Recorder {
         mps: Vec<bool>,
-        clients: Vec<u32>,
+        clients: Vec<(u32, u32)>,
         pct: Vec<(u32, f64)>,
         new_pct: Vec<f64>,
         terminated: Vec<u32>,
@@ -366,7 +372,7 @@ mod tests {
             self.mps.push(on);
             Ok(())
         }
-        fn client_pids(&mut self) -> Result<Vec<u32>, String> {
+        fn clients(&mut self) -> Result<Vec<(u32, u32)>, String> {
             Ok(self.clients.clone())
         }
         fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {
@@ -375,6 +381,7 @@ mod tests {
         }
         fn terminate_client(&mut self, pid: u32) -> Result<(), String> {
             self.terminated.push(pid);
+            self.clients.retain(|&(p, _)| p != pid);
             Ok(())
         }
         fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {
@@ -396,8 +403,10 @@ mod tests {
     #[test]
     fn clients_get_a_server_and_its_percentage() {
         let me = std::process::id();
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
         let mut rec = Recorder {
-            clients: vec![me],
+            clients: vec![(me, uid)],
             ..Default::default()
         };
         let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
@@ -447,6 +456,34 @@ mod tests {
         assert_eq!(rec.terminated, vec![me]);
         // Not-yet-seen clients get: default 100, then 40, then the new server's 40, then 30.
         assert_eq!(rec.new_pct, vec![100.0, 40.0, 40.0, 30.0]);
+    }
+
+    /// A client that died holding a context before the daemon ever saw it alive (its process
+    /// already reaped, so nothing about it can be read from /proc) is still listed on its
+    /// user's server, from the uid the device recorded, and can be terminated.
+    #[test]
+    fn a_client_known_only_as_dead_is_listed_on_its_users_server() {
+        let mut child = Proc::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        assert!(!std::path::Path::new(&format!("/proc/{gone}")).exists());
+        let mut rec = Recorder {
+            clients: vec![(gone, 4242)],
+            ..Default::default()
+        };
+        let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
+        d.start().unwrap();
+        // No periodic poll in between: the command's own look at the device must find it.
+        let cmd = |d: &mut Daemon<&mut Recorder>, l: &str| {
+            d.command(Command::parse(l).unwrap().unwrap()).text
+        };
+        let spid: u32 = cmd(&mut d, "get_server_list").trim().parse().expect("one server");
+        assert_eq!(cmd(&mut d, &format!("get_client_list {spid}")), gone.to_string());
+        assert_eq!(cmd(&mut d, &format!("terminate_client {spid} {gone}")), "");
+        assert_eq!(cmd(&mut d, &format!("get_client_list {spid}")), "");
+        d.handle(Command::Quit { timeout_s: None });
+        drop(d);
+        assert_eq!(rec.terminated, vec![gone]);
     }
 
     #[test]

@@ -29,20 +29,18 @@ impl DeviceLink for EmuLink {
         Ok(())
     }
 
-    fn client_pids(&mut self) -> Result<Vec<u32>, String> {
+    fn clients(&mut self) -> Result<Vec<(u32, u32)>, String> {
         let snap = self.dev.snapshot();
-        let mut pids: Vec<u32> = snap
+        let mut out: Vec<(u32, u32)> = snap
             .processes
             .iter()
             .filter(|p| p.mps_client && p.contexts > 0)
-            .map(|p| p.pid)
+            .map(|p| (p.pid, p.uid))
             .collect();
         // A client that died holding a context stays connected to its server (its work is
         // still there, hanging the server) until `terminate_client` or `quit`.
-        if let Some(c) = snap.mps.culprit_pid.filter(|_| snap.mps.poisoned) {
-            pids.push(c);
-        }
-        Ok(pids)
+        out.extend(snap.mps.dead_clients.iter().copied());
+        Ok(out)
     }
 
     fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {

@@ -271,9 +271,8 @@ fn handle_conn<D: daemon::DeviceLink>(d: &mut Daemon<D>, mut conn: UnixStream) -
             .line(&format!("User did not send valid command: {e}"));
         return false;
     }
-    d.poll();
     let reply = match Command::parse(&line) {
-        Ok(Some(cmd)) => d.handle(cmd),
+        Ok(Some(cmd)) => d.command(cmd),
         Ok(None) => daemon::Reply::default(),
         Err(e) => daemon::Reply {
             text: e.to_string(),

@@ -1,0 +1,142 @@
+//! Targeted recovery against what real MPS may legitimately show: the dead client not on any
+//! server's list yet when the manager first looks. The manager looks again within a bound
+//! (`LISTING_GRACE_MS`) and terminates it there instead of resetting MPS (which would also
+//! kill the online client's context).
+//!
+//! The control program here is a scripted stand-in, not the emulator: the emulator lists a
+//! client from the moment it holds a context (as real MPS does once the client is connected),
+//! so it never shows this state, and the manager must still survive it on real hardware.
+
+#[path = "../../sysmonitor/tests/common/mod.rs"]
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{register, target_dir, EmuNode};
+use serde_json::Value;
+
+/// Not a test: the entry point of helper processes (`common::spawn_helper`).
+#[test]
+#[ignore = "helper-process entry point, run by the other tests"]
+fn helper_entry() {
+    common::helper_main();
+}
+
+/// A control program whose one server (pid 4242) lists the pid in `$PIPE/dead` only from the
+/// `$PIPE/list_from`-th `get_client_list` after that file appeared. Every command is logged.
+const SCRIPT: &str = r#"#!/bin/sh
+D="$CUDA_MPS_PIPE_DIRECTORY"
+if [ "$1" = "-d" ]; then
+  mkdir -p "$D"
+  sleep 600 </dev/null >/dev/null 2>&1 &
+  echo $! > "$D/nvidia-cuda-mps-control.pid"
+  exit 0
+fi
+read -r line
+echo "$line" >> "$D/commands.log"
+case "$line" in
+  get_server_list) echo 4242 ;;
+  "get_client_list 4242")
+    if [ -f "$D/dead" ]; then
+      n=$(( $(cat "$D/looks" 2>/dev/null || echo 0) + 1 ))
+      echo $n > "$D/looks"
+      [ $n -ge "$(cat "$D/list_from")" ] && [ ! -f "$D/terminated" ] && cat "$D/dead"
+    fi ;;
+  "get_client_list "*) echo "Server not found" ;;
+  terminate_client*) touch "$D/terminated" ;;
+  quit) kill "$(cat "$D/nvidia-cuda-mps-control.pid")"; rm -f "$D/nvidia-cuda-mps-control.pid" ;;
+esac
+exit 0
+"#;
+
+fn mstate(n: &EmuNode, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let path = n.ledger_dir.join("gpu0").join("mps-manager.json");
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut last = Value::Null;
+    while Instant::now() < end {
+        if let Some(v) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        {
+            if pred(&v) {
+                return v;
+            }
+            last = v;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!(
+        "timed out waiting for {what}; manager state: {last:#}\nlog:\n{}",
+        std::fs::read_to_string(n.path("mps.log")).unwrap_or_default()
+    );
+}
+
+/// The dead offline client appears on its server's list only at the third look after its
+/// death (the manager's periodic check and the first look of the recovery both miss it).
+/// The recovery must terminate it there, with no `quit`. Before the bounded retry the first
+/// miss meant a full MPS reset (`quit`).
+#[test]
+fn a_dead_client_listed_late_is_terminated_not_reset() {
+    let mut n = EmuNode::new();
+    let ctl = n.path("fake-mps-control");
+    std::fs::write(&ctl, SCRIPT).unwrap();
+    std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pipe = n.path("pipe");
+    let cfg = n.path("mps.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "command_timeout_ms": 2000,
+                "period_ms": 50, "check_every_ms": 100, "evict_grace_ms": 200,
+                "detect": {{ "stuck_after_ms": 0 }},
+                "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}}}"#,
+            ctl.display(),
+            pipe.display(),
+            n.path("mpslog").display()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(n.path("mps.log")).unwrap();
+    let m = Command::new(target_dir().join("mps-manager"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .envs(n.envs())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    n.children.push(m);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
+
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let off = n.spawn_sh("exec sleep 600");
+    let pid = n.pid(off);
+    register(&ledger, pid, 64 << 20);
+    std::fs::write(pipe.join("list_from"), "3").unwrap();
+    n.signal(off, libc::SIGKILL);
+    n.wait_exit(off, Duration::from_secs(10)).expect("killed");
+    std::fs::write(pipe.join("dead"), format!("{pid}\n")).unwrap();
+
+    let v = mstate(&n, "recovery", |v| {
+        v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
+    });
+    let commands = std::fs::read_to_string(pipe.join("commands.log")).unwrap();
+    let r = &v["recoveries"][0];
+    assert_eq!(r["fault"]["client_died"]["pid"], pid, "{v:#}");
+    assert!(
+        r["outcome"].as_str().unwrap().contains("terminate_client"),
+        "{v:#}\n{commands}"
+    );
+    assert!(
+        commands.contains(&format!("terminate_client 4242 {pid}")),
+        "{commands}"
+    );
+    assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
+    let now = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
+    assert_eq!(now, daemon, "same control daemon");
+    // SAFETY: the stand-in daemon is a `sleep` this test's script started.
+    unsafe { libc::kill(daemon.trim().parse::<i32>().unwrap(), libc::SIGKILL) };
+}

@@ -1,0 +1,237 @@
+//! Stress tool (issue 8, "Done means"): randomized SIGTERM / SIGINT of C (`shim_client`) and
+//! Python (cuda-bindings trainer, `KeyboardInterrupt` path included) offline clients under MPS,
+//! each at a random moment of its life (loading, CUDA init, context creation, allocation,
+//! launching kernels, or idle), beside a long-lived online neighbour on the same MPS server
+//! (the emulated control daemon running). Counts hung neighbours: runs after which the
+//! neighbour could not complete a kernel, because the offline client died with its context
+//! live (the emulator's MPS model hangs the server then, as real MPS does).
+//!
+//! Not a timed test, `#[ignore]`d; the figure goes in the notes:
+//! `XSHARE_STRESS_RUNS=1000 cargo test -p e2e --test mps_signal_stress -- --ignored --nocapture`
+//! (`XSHARE_STRESS_SEED` replays a mix; `XSHARE_STRESS_SIGKILL=1` is the control run: SIGKILL,
+//! which no process can handle, so the tool must count hung neighbours there;
+//! `XSHARE_STRESS_ONLY=c|python` and `XSHARE_STRESS_WINDOW_US` narrow the mix).
+
+mod shim_support;
+
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use e2e::{python, EmuChild, EmuHost};
+use shim_support::*;
+
+fn trainer_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ctrl_c_trainer.py")
+}
+
+/// `nvidia-cuda-mps-control` (the emulated one) with the host's environment.
+fn control(host: &EmuHost, arg: Option<&str>, stdin: &str) {
+    let bin = host.require_mps_control();
+    let mut c = host.command(bin.to_str().unwrap());
+    if let Some(a) = arg {
+        c.arg(a);
+    }
+    let mut ch = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    ch.stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    assert!(
+        ch.wait().unwrap().success(),
+        "nvidia-cuda-mps-control {arg:?}"
+    );
+}
+
+/// The online neighbour: one kernel per line it reads, `runs` times.
+fn neighbour(host: &EmuHost, runs: usize) -> EmuChild {
+    let mut steps = vec!["ctx", "ready"];
+    for _ in 0..runs {
+        steps.extend(["wait", "spin", "1", "1000", "1"]);
+    }
+    let mut b = host.client(&steps);
+    b.wait_for_line("ready", T).expect("neighbour ready");
+    b
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    runs: usize,
+    python: usize,
+    sigint: usize,
+    before_ready: usize,
+    /// Signalled while holding an MPS context (checked on the device just before).
+    with_context: usize,
+    keyboard_interrupt: usize,
+    python_exit_codes: usize,
+    hung_neighbours: usize,
+    poisoned: usize,
+    client_hung: usize,
+}
+
+#[test]
+#[ignore = "stress tool; run by hand"]
+fn stress_random_sigterm_sigint_c_and_python_under_mps() {
+    let runs: usize = std::env::var("XSHARE_STRESS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let seed: u64 = std::env::var("XSHARE_STRESS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("XSHARE_STRESS_SEED={seed}");
+    // Control run: SIGKILL instead (no release possible), to see the tool count hangs.
+    let control_kill = std::env::var_os("XSHARE_STRESS_SIGKILL").is_some();
+    // Narrowing knobs: one kind of client (`c` | `python`), and the moment window in µs.
+    let only = std::env::var("XSHARE_STRESS_ONLY").ok();
+    let window_us: Option<u64> = std::env::var("XSHARE_STRESS_WINDOW_US")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut rng = Rng(seed);
+    let host = EmuHost::new();
+    let dev = host.device();
+    control(&host, Some("-d"), "");
+    let py = python();
+    let mut b = neighbour(&host, runs);
+    let mut done_by_b = 0;
+    let mut tally = Tally::default();
+    let started = Instant::now();
+    for i in 0..runs {
+        let is_py = match only.as_deref() {
+            Some("c") => false,
+            Some("python") => true,
+            _ => rng.next().is_multiple_of(2),
+        };
+        let sig = if control_kill {
+            libc::SIGKILL
+        } else if rng.next().is_multiple_of(2) {
+            libc::SIGINT
+        } else {
+            libc::SIGTERM
+        };
+        // A random moment: Python takes a few hundred ms to reach `ready` (interpreter,
+        // cuda-bindings import, cuInit, primary context, cuMemAlloc), the C client a few ms
+        // before it launches 200 kernels; the window covers all of that and some idle time.
+        let window_us = window_us.unwrap_or(if is_py { 900_000 } else { 60_000 });
+        let delay = Duration::from_micros(rng.next() % window_us);
+        let mut c = if is_py {
+            let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
+            c.arg(trainer_script());
+            c
+        } else {
+            let mut c = limited(&host, "shim_client", 1 << 30, "c");
+            c.args([
+                "ctx", "alloc", "1048576", "ready", "launch", "4", "100000", "200", "hang",
+            ]);
+            c
+        };
+        let mut client = host.spawn(&mut c);
+        std::thread::sleep(delay);
+        let ready = !client.lines("ready").is_empty();
+        let pid = client.pid();
+        let with_context = dev
+            .snapshot()
+            .processes
+            .iter()
+            .any(|p| p.pid == pid && p.mps_client && p.contexts > 0);
+        client.signal(sig);
+        tally.with_context += usize::from(with_context);
+        tally.runs += 1;
+        tally.python += usize::from(is_py);
+        tally.sigint += usize::from(sig == libc::SIGINT);
+        tally.before_ready += usize::from(!ready);
+        let Some(st) = client.wait_timeout(T) else {
+            tally.client_hung += 1;
+            eprintln!(
+                "run {i}: client (python {is_py}, signal {sig}, {delay:?}) did not exit: {}",
+                client.stderr()
+            );
+            client.kill9();
+            continue;
+        };
+        let err = client.stderr();
+        if err.contains("KeyboardInterrupt") {
+            tally.keyboard_interrupt += 1;
+        }
+        // Whatever the moment, the process ends by the signal (default action kept) or, on
+        // Python's KeyboardInterrupt path, with CPython's own exit (re-raised SIGINT, 130, or
+        // 1 when the interrupt lands while the interpreter is still starting up).
+        let by_signal = st.signal() == Some(sig);
+        let python_exit = is_py && sig == libc::SIGINT && err.contains("KeyboardInterrupt");
+        assert!(
+            by_signal || python_exit,
+            "run {i} (python {is_py}, signal {sig}, {delay:?}): {st:?}\n{err}"
+        );
+        if !by_signal {
+            tally.python_exit_codes += 1;
+        }
+        // Let the emulator notice the death (it reaps on state access every 20 ms).
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(10));
+            dev.mps_status();
+        }
+        let poisoned = dev.mps_status().poisoned;
+        b.send_line("go");
+        let t = Instant::now();
+        let mut hung = false;
+        while b.lines("spin=").len() <= done_by_b {
+            if t.elapsed() > Duration::from_secs(5) {
+                hung = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if poisoned || hung {
+            tally.poisoned += usize::from(poisoned);
+            tally.hung_neighbours += 1;
+            eprintln!(
+                "run {i}: neighbour hung (python {is_py}, signal {sig}, {delay:?}, ready {ready}): {:?}\n{err}",
+                dev.mps_status()
+            );
+            // Reset MPS and carry on counting with a fresh neighbour.
+            control(&host, None, "quit\n");
+            control(&host, Some("-d"), "");
+            b = neighbour(&host, runs - i);
+            done_by_b = 0;
+            continue;
+        }
+        done_by_b += 1;
+        if i % 50 == 49 {
+            eprintln!("{} runs, {:?}: {tally:?}", i + 1, started.elapsed());
+        }
+    }
+    eprintln!(
+        "randomized SIGTERM/SIGINT of C and Python offline clients under MPS (seed {seed}): {} runs in {:?}; {tally:?}",
+        tally.runs,
+        started.elapsed()
+    );
+    control(&host, None, "quit\n");
+    assert_eq!(tally.hung_neighbours, 0, "{tally:?}");
+    assert_eq!(tally.client_hung, 0, "{tally:?}");
+}
