@@ -3,7 +3,7 @@
  * cuGetProcAddress_v2 at CUDA_VERSION (13000) or the version given with --version, typed with
  * the headers' own PFN_<name>_v<ver> typedefs.
  *
- * Steps (argv): version | ctx | destroy | sync | freeall | exit
+ * Steps (argv): version | ctx | destroy | primary | preset | prelease | sync | freeall | exit
  *               gpa NAME          (which object answers NAME: "lib=<file> sym=<symbol>")
  *               alloc N | async N | pool N | mpool N | vmm N   (one allocation of N bytes)
  * Each step prints one "step=rc ..." line; allocations are remembered for freeall. */
@@ -97,6 +97,22 @@ int main(int argc, char **argv) {
             r = destroy(ctx);
             printf("destroy=%d\n", (int)r);
             ctx = NULL;
+            nheld = 0; /* the driver freed the context's allocations */
+        } else if (!strcmp(s, "primary")) {
+            GET(retain, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000);
+            GET(set_current, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000);
+            r = retain(&ctx, 0);
+            if (r == CUDA_SUCCESS) r = set_current(ctx);
+            printf("primary=%d\n", (int)r);
+        } else if (!strcmp(s, "preset") || !strcmp(s, "prelease")) {
+            /* The driver frees every allocation of the primary context it destroys. */
+            CUresult (*f)(CUdevice) = !strcmp(s, "preset")
+                ? (CUresult(*)(CUdevice))get("cuDevicePrimaryCtxReset")
+                : (CUresult(*)(CUdevice))get("cuDevicePrimaryCtxRelease");
+            PFN_cuDevicePrimaryCtxReset_v11000 typed = f; /* same ABI as the release _v11000 */
+            r = typed(0);
+            nheld = 0;
+            printf("%s=%d\n", s, (int)r);
         } else if (!strcmp(s, "alloc")) {
             GET(alloc, "cuMemAlloc", PFN_cuMemAlloc_v3020);
             CUdeviceptr p = 0;

@@ -290,3 +290,49 @@ fn a_cuda_13_caller_is_refused_past_the_quota_on_every_allocation_path() {
         "nothing leaked on the device"
     );
 }
+
+#[test]
+fn context_destroy_and_primary_reset_through_cuda_13_entries_give_the_quota_back() {
+    let host = EmuHost::new();
+    let exe = client(&host);
+    let exe = exe.to_str().unwrap();
+    let fill = (40 * MIB).to_string();
+    // cuCtxCreate_v4 + cuCtxDestroy_v2 (at 13000), the primary context's Retain / Reset_v2 /
+    // Release_v2: the driver frees the context's memory, the quota follows.
+    for (group, args) in [
+        (
+            "c13destroy",
+            vec![
+                "ctx", "alloc", &fill, "destroy", "ctx", "alloc", &fill, "destroy",
+            ],
+        ),
+        (
+            "c13reset",
+            vec![
+                "primary", "alloc", &fill, "preset", "primary", "alloc", &fill, "prelease",
+            ],
+        ),
+    ] {
+        let l = lines(&host, as_13(limited(&host, exe, QUOTA, group)).args(&args));
+        assert_eq!(rc(&l, "alloc", 0), "0", "{group}: {l:?}");
+        assert_eq!(
+            rc(&l, "alloc", 1),
+            "0",
+            "{group}: the first 40 MiB went back with its context: {l:?}"
+        );
+        let ledger = ledger(&host);
+        let g = ledger
+            .group(node_ledger::ledger::group_id_for(group), 1)
+            .unwrap();
+        assert_eq!(
+            ledger.group_used(g),
+            0,
+            "{group}: the ledger is back at zero"
+        );
+    }
+    assert_eq!(
+        host.device().snapshot().memory_used,
+        0,
+        "nothing leaked on the device"
+    );
+}
