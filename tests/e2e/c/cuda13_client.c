@@ -5,6 +5,9 @@
  *
  * Steps (argv): version | ctx | destroy | primary | preset | prelease | sync | freeall | exit
  *               gpa NAME          (which object answers NAME: "lib=<file> sym=<symbol>")
+ *               launch PTXFILE N  (N launches of the PTX's `spin` kernel through each of
+ *                                  cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel)
+ *               hold              (prints "hold" and waits for stdin to close)
  *               alloc N | async N | pool N | mpool N | vmm N   (one allocation of N bytes)
  * Each step prints one "step=rc ..." line; allocations are remembered for freeall. */
 #define _GNU_SOURCE
@@ -113,6 +116,44 @@ int main(int argc, char **argv) {
             r = typed(0);
             nheld = 0;
             printf("%s=%d\n", s, (int)r);
+        } else if (!strcmp(s, "launch")) {
+            const char *file = argv[++i];
+            int count = atoi(argv[++i]);
+            static char ptx[1 << 16];
+            FILE *f = fopen(file, "rb");
+            size_t len = f ? fread(ptx, 1, sizeof ptx - 1, f) : 0;
+            if (f) fclose(f);
+            ptx[len] = 0;
+            GET(load, "cuModuleLoadData", PFN_cuModuleLoadData_v2000);
+            GET(getfn, "cuModuleGetFunction", PFN_cuModuleGetFunction_v2000);
+            GET(launch, "cuLaunchKernel", PFN_cuLaunchKernel_v4000);
+            GET(launch_ex, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060);
+            GET(launch_coop, "cuLaunchCooperativeKernel", PFN_cuLaunchCooperativeKernel_v9000);
+            GET(ssync, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000);
+            CUmodule mod = NULL;
+            CUfunction fn = NULL;
+            r = load(&mod, ptx);
+            if (r == CUDA_SUCCESS) r = getfn(&fn, mod, "spin");
+            unsigned long long cycles = 1000;
+            void *args[] = {&cycles};
+            CUlaunchConfig cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+            cfg.blockDimX = 32;
+            cfg.blockDimY = cfg.blockDimZ = 1;
+            cfg.hStream = stream;
+            for (int k = 0; k < count && r == CUDA_SUCCESS; k++) {
+                r = launch(fn, 1, 1, 1, 32, 1, 1, 0, stream, args, NULL);
+                if (r == CUDA_SUCCESS) r = launch_ex(&cfg, fn, args, NULL);
+                if (r == CUDA_SUCCESS) r = launch_coop(fn, 1, 1, 1, 32, 1, 1, 0, stream, args);
+            }
+            if (r == CUDA_SUCCESS) r = ssync(stream);
+            printf("launch=%d\n", (int)r);
+        } else if (!strcmp(s, "hold")) {
+            printf("hold\n");
+            fflush(stdout);
+            while (getchar() != EOF) {
+            }
         } else if (!strcmp(s, "alloc")) {
             GET(alloc, "cuMemAlloc", PFN_cuMemAlloc_v3020);
             CUdeviceptr p = 0;
