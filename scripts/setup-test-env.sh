@@ -3,6 +3,9 @@
 #   .venv/            Python with NVIDIA's cuda-bindings, numba-cuda, numpy, scipy
 #   .cuda-headers/    cuda.h, cudaTypedefs.h (nvidia-cuda-runtime-cu12) and nvml.h
 #                     (nvidia-nvml-dev-cu12), unpacked from NVIDIA's wheels; never committed.
+#   .cuda-headers-13/ cuda.h, cudaTypedefs.h of CUDA 13.0 (driver 580), from the
+#                     nvidia-cuda-runtime wheel (CUDA 13 dropped the -cu12 style suffix and
+#                     ships them under nvidia/cu13/include/); never committed.
 #   .cuda-tools/ptxas NVIDIA's PTX assembler (nvidia-cuda-nvcc-cu12), which checks that the
 #                     workloads' PTX kernel is valid for real GPUs.
 set -euo pipefail
@@ -12,6 +15,7 @@ cd "$root"
 PY="${PYTHON:-python3}"
 CUDA_WHEEL_VERSION=12.9.79
 NVCC_WHEEL_VERSION=12.9.86
+CUDA13_WHEEL_VERSION=13.0.96
 
 if [[ ! -x .venv/bin/python ]]; then
     echo "setup: creating .venv"
@@ -43,6 +47,21 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 PYEOF
     done
 fi
+if [[ ! -f .cuda-headers-13/cuda.h || ! -f .cuda-headers-13/cudaTypedefs.h ]]; then
+    echo "setup: fetching NVIDIA CUDA 13 headers (${CUDA13_WHEEL_VERSION}) into .cuda-headers-13"
+    tmp13="$(mktemp -d)"
+    .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps -d "$tmp13" \
+        "nvidia-cuda-runtime==${CUDA13_WHEEL_VERSION}"
+    mkdir -p .cuda-headers-13
+    .venv/bin/python - "$tmp13"/*.whl <<'PYEOF'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for h in ("cuda.h", "cudaTypedefs.h"):
+        with open(".cuda-headers-13/" + h, "wb") as f:
+            f.write(z.read("nvidia/cu13/include/" + h))
+PYEOF
+    rm -rf "$tmp13"
+fi
 if [[ ! -x .cuda-tools/ptxas ]]; then
     echo "setup: fetching NVIDIA's ptxas (${NVCC_WHEEL_VERSION}) into .cuda-tools"
     tmp2="$(mktemp -d)"
@@ -58,4 +77,4 @@ PYEOF
     chmod +x .cuda-tools/ptxas
     rm -rf "$tmp2"
 fi
-echo "setup: ok (python: .venv/bin/python, headers: .cuda-headers, ptxas: .cuda-tools/ptxas)"
+echo "setup: ok (python: .venv/bin/python, headers: .cuda-headers and .cuda-headers-13, ptxas: .cuda-tools/ptxas)"

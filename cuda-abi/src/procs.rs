@@ -141,8 +141,10 @@ proc_table! {
     PFN_cuCtxSetCurrent_v4000 = cuCtxSetCurrent @ 4000 Plain => cuCtxSetCurrent(ctx: CUcontext);
     PFN_cuCtxGetCurrent_v4000 = cuCtxGetCurrent @ 4000 Plain => cuCtxGetCurrent(pctx: *mut CUcontext);
     PFN_cuCtxGetDevice_v2000 = cuCtxGetDevice @ 2000 Plain => cuCtxGetDevice(device: *mut CUdevice);
+    PFN_cuCtxGetDevice_v13000 = cuCtxGetDevice @ 13000 Plain => cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext);
     PFN_cuCtxGetFlags_v7000 = cuCtxGetFlags @ 7000 Plain => cuCtxGetFlags(flags: *mut c_uint);
     PFN_cuCtxSynchronize_v2000 = cuCtxSynchronize @ 2000 Plain => cuCtxSynchronize();
+    PFN_cuCtxSynchronize_v13000 = cuCtxSynchronize @ 13000 Plain => cuCtxSynchronize_v2(ctx: CUcontext);
     PFN_cuCtxGetApiVersion_v3020 = cuCtxGetApiVersion @ 3020 Plain => cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint);
     PFN_cuCtxGetStreamPriorityRange_v5050 = cuCtxGetStreamPriorityRange @ 5050 Plain => cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int);
     PFN_cuModuleLoadData_v2000 = cuModuleLoadData @ 2000 Plain => cuModuleLoadData(module: *mut CUmodule, image: *const c_void);

@@ -100,6 +100,12 @@ mod tests {
         assert_eq!(sym("cuCtxCreate", 12050, 0), "cuCtxCreate_v4");
         assert_eq!(sym("cuDevicePrimaryCtxRelease", 10020, 0), "cuDevicePrimaryCtxRelease");
         assert_eq!(sym("cuDevicePrimaryCtxRelease", 11000, 0), "cuDevicePrimaryCtxRelease_v2");
+        // CUDA 13.0 (driver 580): new ABIs of cuCtxSynchronize / cuCtxGetDevice, the rest unchanged.
+        assert_eq!(sym("cuCtxSynchronize", 13000, 0), "cuCtxSynchronize_v2");
+        assert_eq!(sym("cuCtxSynchronize", 12090, 0), "cuCtxSynchronize");
+        assert_eq!(sym("cuCtxGetDevice", 13000, 0), "cuCtxGetDevice_v2");
+        assert_eq!(sym("cuCtxCreate", 13000, 0), "cuCtxCreate_v4");
+        assert_eq!(sym("cuMemAlloc", 13000, 0), "cuMemAlloc_v2");
     }
 
     #[test]

@@ -143,6 +143,9 @@ c_enums! {
     CUmemLocationType {
         CU_MEM_LOCATION_TYPE_INVALID = 0,
         CU_MEM_LOCATION_TYPE_DEVICE = 1,
+        CU_MEM_LOCATION_TYPE_HOST = 2,
+        CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+        CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4,
     }
     CUmemAccess_flags {
         CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
@@ -180,6 +183,21 @@ c_enums! {
         CU_JIT_MAX_REGISTERS = 0,
     }
 }
+
+impl CUmemAllocationType {
+    /// Managed-memory pools (`cuMemPoolCreate` / `cuMemGetDefaultMemPool`): new in CUDA 13.0.
+    pub const CU_MEM_ALLOCATION_TYPE_MANAGED: CUmemAllocationType = CUmemAllocationType(2);
+}
+
+/// `(type, enumerator, value, first CUDA version whose cuda.h has it)` for enumerators newer than
+/// the oldest headers the header test checks; used by the header test.
+pub const ENUM_VALUES_SINCE: &[(&str, &str, u32, u32)] =
+    &[("CUmemAllocationType", "CU_MEM_ALLOCATION_TYPE_MANAGED", 2, 13000)];
+
+/// The newest CUDA version whose headers the table is checked against (`CUDA_VERSION` of the
+/// newest `cuda.h` the header test compiles): requests for a newer version may name ABIs the table
+/// does not know.
+pub const NEWEST_CHECKED_CUDA_VERSION: u32 = 13000;
 
 /// Flag values for `cuGetProcAddress` (`CUdriverProcAddress_flags`), as plain integers.
 pub const CU_GET_PROC_ADDRESS_DEFAULT: u64 = 0;

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cuda_abi::*;
 
-use crate::interpose::{proc_address_override, Sym};
+use crate::interpose::{proc_answer, ProcAnswer, Sym};
 use crate::memory::{counted, freed, pitched, view};
 use crate::quota::{array_bytes, mipmapped_bytes, pitch_estimate, Kind};
 use crate::state::state;
@@ -57,17 +57,48 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     })
 }
 
-fn rewrite_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, rc: CUresult) -> CUresult {
+/// Rewrites a successful `cuGetProcAddress*` answer (see [`proc_answer`]). `status` is the
+/// caller's `symbolStatus` out-pointer (`_v2` only), set for a refused lookup.
+fn rewrite_proc(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    rc: CUresult,
+    status: *mut CUdriverProcAddressQueryResult,
+) -> CUresult {
     if rc != CUresult::CUDA_SUCCESS || symbol.is_null() || pfn.is_null() {
         return rc;
     }
     // SAFETY: the driver accepted `symbol` as a NUL-terminated name and filled `pfn`.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
-    if let Some(ours) = proc_address_override(name, version, flags) {
-        // SAFETY: pfn is the caller's out-pointer, valid (the driver just wrote it).
-        unsafe { *pfn = ours };
+    // SAFETY: pfn is the caller's out-pointer, valid (the driver just wrote it).
+    let driver_ptr = unsafe { *pfn };
+    match proc_answer(name, version, flags, driver_ptr, crate::real::driver) {
+        ProcAnswer::Driver => rc,
+        ProcAnswer::Ours(ours) => {
+            // SAFETY: as above.
+            unsafe { *pfn = ours };
+            rc
+        }
+        ProcAnswer::Unknown => {
+            tracing::error!(
+                symbol = %String::from_utf8_lossy(name),
+                version,
+                "refusing cuGetProcAddress: the driver's ABI of this hooked entry point at this CUDA \
+                 version is newer than the shim knows (it would run unlimited); the caller sees \
+                 CUDA_ERROR_NOT_SUPPORTED"
+            );
+            // SAFETY: as above; status is null or the caller's out-pointer.
+            unsafe {
+                *pfn = std::ptr::null_mut();
+                if !status.is_null() {
+                    *status = CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+                }
+            }
+            CUresult::CUDA_ERROR_NOT_SUPPORTED
+        }
     }
-    rc
 }
 
 #[no_mangle]
@@ -76,7 +107,7 @@ pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut 
         let gpa = real!(cuGetProcAddress: PFN_cuGetProcAddress_v11030);
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { gpa(symbol, pfn, version, flags) };
-        rewrite_proc(symbol, pfn, version, flags, rc)
+        rewrite_proc(symbol, pfn, version, flags, rc, std::ptr::null_mut())
     })
 }
 
@@ -92,7 +123,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         let gpa = real!(cuGetProcAddress_v2: PFN_cuGetProcAddress_v12000);
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { gpa(symbol, pfn, version, flags, status) };
-        rewrite_proc(symbol, pfn, version, flags, rc)
+        rewrite_proc(symbol, pfn, version, flags, rc, status)
     })
 }
 

@@ -108,6 +108,48 @@ pub fn proc_address_override(name: &[u8], version: i32, flags: u64) -> Option<*m
     }
 }
 
+/// What to hand a `cuGetProcAddress*` caller once the real driver answered `driver_ptr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcAnswer {
+    /// The driver's pointer: an entry point we do not hook.
+    Driver,
+    /// Our hook of the same ABI.
+    Ours(*mut c_void),
+    /// Refused: a hooked API asked for at a CUDA version newer than cuda-abi's table is checked
+    /// against, and the driver answered with a function other than the ABI the table knows, so
+    /// its signature is unknown. Neither our hook (another signature) nor the driver's pointer
+    /// (no quota, no throttle) is safe.
+    Unknown,
+}
+
+/// Decides [`ProcAnswer`]. Up to [`cuda_abi::NEWEST_CHECKED_CUDA_VERSION`] (13.0, driver 580) the
+/// table has every ABI the headers name (cuda-abi's header test), so the table's row is the
+/// driver's. Beyond it (a 13.x runtime on a newer driver) a hooked API may have gained an ABI we
+/// do not know: ours is handed out only if the driver answered with exactly the real function of
+/// the table's row (`real_of`, the driver's export of that symbol).
+pub fn proc_answer(
+    name: &[u8],
+    version: i32,
+    flags: u64,
+    driver_ptr: *mut c_void,
+    real_of: impl Fn(Sym) -> *mut c_void,
+) -> ProcAnswer {
+    let Some(ours) = proc_address_override(name, version, flags) else {
+        return ProcAnswer::Driver;
+    };
+    if i64::from(version) <= i64::from(cuda_abi::NEWEST_CHECKED_CUDA_VERSION) {
+        return ProcAnswer::Ours(ours);
+    }
+    let known = std::str::from_utf8(name).ok().and_then(|n| match resolve(n, version, flags) {
+        Resolution::Found(e) => sym_by_name(e.symbol.as_bytes()),
+        _ => None,
+    });
+    match known.map(real_of) {
+        Some(real) if !real.is_null() && real == driver_ptr => ProcAnswer::Ours(ours),
+        _ => ProcAnswer::Unknown,
+    }
+}
+
 /// Exported `dlsym`. RTLD_NEXT ((void*)-1) tail-jumps to glibc's dlsym with the stack untouched,
 /// so glibc sees our caller's return address and "next" keeps its meaning; every other handle
 /// goes to [`dlsym_entry`].
@@ -188,6 +230,39 @@ mod tests {
         assert_eq!(proc_address_override(b"cuCtxSynchronize", 12000, 0), None, "internal-only");
         assert_eq!(proc_address_override(b"cuNoSuch", 12000, 0), None);
         assert_eq!(proc_address_override(b"cuLaunchKernelEx", 11000, 0), None);
+    }
+
+    #[test]
+    fn cuda_13_callers_get_our_hooks() {
+        let ours = |s: Sym| Some(our_fn(s));
+        for v in [13000, 12090] {
+            assert_eq!(proc_address_override(b"cuMemAlloc", v, 0), ours(Sym::cuMemAlloc_v2));
+            assert_eq!(proc_address_override(b"cuCtxCreate", v, 0), ours(Sym::cuCtxCreate_v4));
+            assert_eq!(proc_address_override(b"cuCtxDestroy", v, 0), ours(Sym::cuCtxDestroy_v2));
+            assert_eq!(proc_address_override(b"cuMemAllocAsync", v, 2), ours(Sym::cuMemAllocAsync_ptsz));
+            assert_eq!(proc_address_override(b"cuMemAllocFromPoolAsync", v, 0), ours(Sym::cuMemAllocFromPoolAsync));
+            assert_eq!(proc_address_override(b"cuMemCreate", v, 0), ours(Sym::cuMemCreate));
+            assert_eq!(proc_address_override(b"cuLaunchKernelEx", v, 2), ours(Sym::cuLaunchKernelEx_ptsz));
+            assert_eq!(proc_address_override(b"cuDevicePrimaryCtxReset", v, 0), ours(Sym::cuDevicePrimaryCtxReset_v2));
+        }
+        // CUDA 13.0's new ABI of an API we only call ourselves: the driver's pointer.
+        assert_eq!(proc_address_override(b"cuCtxSynchronize", 13000, 0), None);
+    }
+
+    #[test]
+    fn versions_beyond_the_checked_headers_need_the_drivers_own_answer() {
+        let real_alloc = 0x1000 as *mut c_void;
+        let real_of = |s: Sym| if s == Sym::cuMemAlloc_v2 { real_alloc } else { std::ptr::null_mut() };
+        let other = 0x2000 as *mut c_void;
+        // Within the checked headers: the table is the driver's answer.
+        assert_eq!(proc_answer(b"cuMemAlloc", 13000, 0, other, real_of), ProcAnswer::Ours(our_fn(Sym::cuMemAlloc_v2)));
+        // Beyond: ours only when the driver gave exactly the ABI the table knows.
+        assert_eq!(proc_answer(b"cuMemAlloc", 13010, 0, real_alloc, real_of), ProcAnswer::Ours(our_fn(Sym::cuMemAlloc_v2)));
+        assert_eq!(proc_answer(b"cuMemAlloc", 14000, 0, other, real_of), ProcAnswer::Unknown);
+        assert_eq!(proc_answer(b"cuMemAlloc", 14000, 0, std::ptr::null_mut(), |_| std::ptr::null_mut()), ProcAnswer::Unknown);
+        // Not hooked: the driver's pointer at any version.
+        assert_eq!(proc_answer(b"cuMemcpyHtoD", 14000, 0, other, real_of), ProcAnswer::Driver);
+        assert_eq!(proc_answer(b"cuCtxSynchronize", 14000, 0, other, real_of), ProcAnswer::Driver);
     }
 
     #[test]

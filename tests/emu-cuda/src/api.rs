@@ -176,6 +176,12 @@ unsafe fn proc_address(symbol: *const c_char, pfn: *mut *mut c_void, version: c_
     unsafe { *pfn = std::ptr::null_mut() };
     // SAFETY: non-null NUL-terminated name from the caller.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    // A driver hands out the ABIs it has: a request newer than the driver resolves as of the
+    // driver's own version (a 12.9 driver has no CUDA 13.0 entry points).
+    let version = match driver::driver_version() {
+        Ok(v) => version.min(v),
+        Err(e) => return (Err(e), Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
+    };
     match crate::procaddr::lookup(name, version, flags) {
         Ok(p) => {
             // SAFETY: as above.
@@ -234,7 +240,7 @@ export! {
         }
     }
     fn cuInit(Flags: c_uint) { driver::init(Flags) }
-    fn cuDriverGetVersion(driverVersion: *mut c_int) { put(driverVersion, driver::DRIVER_VERSION) }
+    fn cuDriverGetVersion(driverVersion: *mut c_int) { put(driverVersion, driver::driver_version()?) }
     fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) {
         driver::drv()?;
         if ordinal != 0 {
@@ -341,8 +347,17 @@ export! {
         driver::current()?;
         put(device, 0)
     }
+    fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) {
+        if ctx.is_null() {
+            driver::current()?;
+        } else {
+            driver::ctx_api_version(h(ctx))?;
+        }
+        put(device, 0)
+    }
     fn cuCtxGetFlags(flags: *mut c_uint) { put(flags, driver::ctx_flags()?) }
     fn cuCtxSynchronize() { driver::ctx_sync() }
+    fn cuCtxSynchronize_v2(ctx: CUcontext) { driver::ctx_sync_of(h(ctx)) }
     fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) { put(version, driver::ctx_api_version(h(ctx))?) }
     fn cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int) {
         driver::drv()?;
@@ -568,7 +583,9 @@ export! {
         if pool.is_null() || poolProps.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        put(pool, ptr(driver::pool_create()?))
+        let pr = *poolProps;
+        let on_device = pr.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        put(pool, ptr(driver::pool_create(pr.allocType.0, on_device, pr.location.id)?))
     }
     fn cuMemPoolDestroy(pool: CUmemoryPool) { driver::pool_destroy(h(pool)) }
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {

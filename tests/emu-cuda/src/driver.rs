@@ -12,8 +12,38 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 /// Result of a driver operation.
 pub type R<T = ()> = Result<T, CUresult>;
 
-/// The CUDA version this fake driver reports (`cuDriverGetVersion`).
+/// The CUDA version this fake driver emulates by default (an r575 driver, CUDA 12.9).
 pub const DRIVER_VERSION: i32 = 12090;
+/// The CUDA 13.0 driver (r580) the emulator can stand in for instead.
+pub const DRIVER_VERSION_13: i32 = 13000;
+/// Names the emulated driver's CUDA version: unset or `12090` = CUDA 12.9, `13000` = CUDA 13.0.
+pub const DRIVER_VERSION_ENV: &str = "GPUEMU_CUDA_VERSION";
+
+/// The CUDA version this fake driver is (`cuDriverGetVersion`, the newest ABI `cuGetProcAddress`
+/// hands out, which 13.0-only behaviour is allowed). Any other value of `GPUEMU_CUDA_VERSION`
+/// fails every call that asks (`CUDA_ERROR_INVALID_VALUE`, said once on stderr): a test meaning
+/// to emulate a driver we do not model must not silently get another.
+pub fn driver_version() -> R<i32> {
+    static V: OnceLock<Result<i32, String>> = OnceLock::new();
+    let v = V.get_or_init(|| match std::env::var(DRIVER_VERSION_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(DRIVER_VERSION),
+        Ok(s) => match s.trim().parse::<i32>() {
+            Ok(v @ (DRIVER_VERSION | DRIVER_VERSION_13)) => Ok(v),
+            _ => Err(s),
+        },
+        Err(std::env::VarError::NotUnicode(s)) => Err(s.to_string_lossy().into_owned()),
+    });
+    match v {
+        Ok(v) => Ok(*v),
+        Err(s) => {
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                eprintln!("gpuemu: {DRIVER_VERSION_ENV}={s:?} is not an emulated driver (12090 or 13000)");
+            }
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+}
 /// Cycles per block charged to kernels other than `spin` (whose work we cannot know).
 pub const DEFAULT_CYCLES: u64 = 2_000;
 /// VMM allocation granularity.
@@ -567,8 +597,16 @@ pub fn stream_query(h: u64) -> R {
 
 /// Waits for everything queued in the current context.
 pub fn ctx_sync() -> R {
+    ctx_sync_of(0)
+}
+
+/// `cuCtxSynchronize_v2` (CUDA 13.0): waits for everything queued in `ctx` (0: the current one).
+pub fn ctx_sync_of(ctx: u64) -> R {
     let d = drv()?;
-    let ctx = current()?;
+    let ctx = if ctx == 0 { current()? } else { ctx };
+    if !d.lock().ctxs.contains_key(&ctx) {
+        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
     let lasts: Vec<u64> = {
         let g = d.lock();
         let mut v: Vec<u64> = g.streams.values().filter(|s| s.ctx == ctx).map(|s| s.last).collect();
@@ -906,8 +944,14 @@ pub fn sync_for_async(stream: u64) -> R {
 }
 
 /// `cuMemPoolCreate` (allocations from it are committed at once).
-pub fn pool_create() -> R<u64> {
+pub fn pool_create(alloc_type: u32, location_is_device: bool, device: i32) -> R<u64> {
     current()?;
+    // PINNED on this device; MANAGED pools are new in CUDA 13.0; host-located pools (13.0) are
+    // not emulated (refused, stricter than the driver).
+    let type_ok = alloc_type == 1 || (alloc_type == 2 && driver_version()? >= DRIVER_VERSION_13);
+    if !type_ok || !location_is_device || device != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
     let mut g = drv()?.lock();
     let h = g.handle();
     g.pools.insert(h);
