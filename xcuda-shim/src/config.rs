@@ -144,6 +144,12 @@ impl Config {
         if t.period_ms == 0 || t.period_ms > 10_000 {
             return bad("throttle.period_ms", "must be in 1..=10000");
         }
+        if !(0.0..1.0).contains(&t.hold_below_clock) {
+            return bad("throttle.hold_below_clock", "must be in [0, 1) (0 = no online-pressure hold)");
+        }
+        if t.hold_ms > 10_000 {
+            return bad("throttle.hold_ms", "must be at most 10000");
+        }
         if t.stale_after_ms == 0 {
             return bad("throttle.stale_after_ms", "must be positive");
         }

@@ -22,9 +22,14 @@ impl Deref for Throttle {
 }
 
 impl Throttle {
-    /// A bucket starting full at the fallback rate.
+    /// A bucket starting full at the fallback rate, knowing this process's own MPS cap (the
+    /// active-thread percentage in its environment, fixed by MPS at client start).
     pub fn new(cfg: &ThrottleConfig, sm_count: u32) -> Self {
-        Self(xshare_control::Throttle::new(cfg, sm_count))
+        let t = xshare_control::Throttle::new(cfg, sm_count);
+        if let Some(f) = crate::budget::own_mps_share(&|k| std::env::var(k).ok()) {
+            t.set_own_share(f);
+        }
+        Self(t)
     }
 
     /// Takes `cost` milli-waves; under budget this is one atomic RMW. Over budget (or frozen)

@@ -38,6 +38,12 @@ pub struct ThrottleConfig {
     pub burst: f64,
     /// Cost charged per graph launch, SM-waves.
     pub graph_launch_waves: f64,
+    /// Online-pressure hold (fast attack): a fresh sample whose SM clock is below this
+    /// fraction of the highest clock means the SMs are nearly all demanded — the online
+    /// workload is running beside this process — so launches stop at once (0 = off).
+    pub hold_below_clock: f64,
+    /// Slow release: launches stay held until this long after the last such sample, ms.
+    pub hold_ms: u64,
 }
 
 impl Default for ThrottleConfig {
@@ -59,6 +65,8 @@ impl Default for ThrottleConfig {
             max_rate: 100_000.0,
             burst: 4.0,
             graph_launch_waves: 8.0,
+            hold_below_clock: 0.85,
+            hold_ms: 500,
         }
     }
 }

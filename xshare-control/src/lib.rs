@@ -13,7 +13,7 @@
 //! let throttle = Throttle::new(&cfg, 80); // 80 SMs
 //! let mut pid = Pid::new(&cfg);
 //! // Each period: feed the monitor's sample (None when stale) and the offline SM budget.
-//! let s = Sample { u_sm: 0.95, c_sm: 1100.0, c_h: 1500.0 };
+//! let s = Sample { u_sm: 0.95, c_sm: 1400.0, c_h: 1500.0 };
 //! let d = throttle.control_with_budget(&mut pid, Some(s), Some(0.5), 0.010);
 //! throttle.refill(0.010);
 //! // Per launch: a kernel of 160 blocks costs 2 waves; `take` says whether it may go now.

@@ -6,6 +6,11 @@ use crate::{clock_factor, gpu_load, Pid, Sample, ThrottleConfig};
 
 /// Milli-waves per wave: token unit.
 const MILLI: f64 = 1000.0;
+/// Largest own MPS cap (fraction of the SMs) for which a low SM clock is taken as online
+/// pressure ([`Throttle::pressure`]): a GPU keeps its full clock up to about half occupancy.
+pub const HOLD_MAX_OWN_SHARE: f64 = 0.5;
+/// Load target while the process's own MPS cap enforces the SM budget ([`Throttle::target_for`]).
+pub const MPS_ENFORCED_TARGET: f64 = 1.0;
 /// Token level while frozen: far below zero so that every launch waits.
 const FROZEN_LEVEL: i64 = i64::MIN / 4;
 
@@ -26,6 +31,10 @@ pub struct Throttle {
     frozen: AtomicBool,
     /// Milli-waves per block in 16.16 fixed point (1000 / SM count): no division on launch.
     milli_per_block_q16: AtomicU64,
+    /// This process's own SM cap (its MPS active-thread fraction), milli; 0 = none known.
+    own_share_milli: AtomicU64,
+    /// Online-pressure hold left, µs (0 = not held).
+    hold_left_us: AtomicU64,
     graph_cost: i64,
     burst: i64,
     cfg: ThrottleConfig,
@@ -44,6 +53,9 @@ pub struct Decision {
     pub load: Option<f64>,
     /// Whether monitor data were missing or stale (the fallback rate applies).
     pub stale: bool,
+    /// Whether launches are held for online pressure (rate 0, for at most `hold_ms` after the
+    /// last sample showing it).
+    pub held: bool,
 }
 
 impl Throttle {
@@ -57,6 +69,8 @@ impl Throttle {
             target_milli: AtomicU64::new((cfg.target_load * MILLI) as u64),
             frozen: AtomicBool::new(false),
             milli_per_block_q16: AtomicU64::new(q16_per_block(sm_count)),
+            own_share_milli: AtomicU64::new(0),
+            hold_left_us: AtomicU64::new(0),
             graph_cost: (cfg.graph_launch_waves * MILLI) as i64,
             burst,
             cfg: cfg.clone(),
@@ -162,14 +176,66 @@ impl Throttle {
         self.control_with_budget(pid, sample, None, dt)
     }
 
+    /// Records this process's own SM cap, the MPS active-thread fraction (0..1] it started
+    /// with (real MPS fixes it at client start). Until called, none is known (1.0).
+    pub fn set_own_share(&self, fraction: f64) {
+        if fraction.is_finite() && fraction > 0.0 {
+            self.own_share_milli
+                .store((fraction.min(1.0) * MILLI).round() as u64, Relaxed);
+        }
+    }
+
+    /// This process's own SM cap (1.0 when none is known).
+    pub fn own_share(&self) -> f64 {
+        self.own_cap().unwrap_or(1.0)
+    }
+
+    /// This process's own SM cap, if one was recorded.
+    pub fn own_cap(&self) -> Option<f64> {
+        match self.own_share_milli.load(Relaxed) {
+            0 => None,
+            m => Some(m as f64 / MILLI),
+        }
+    }
+
     /// The load target for a fresh offline SM budget (`budget`: fraction of the SMs, 0..1) or
-    /// none (`None`: stale or absent): the configured target, lowered to the budget, never raised.
+    /// none (`None`: stale or absent): the configured target, lowered to the budget, never
+    /// raised, while the budget is below this process's own MPS cap
+    /// ([`Throttle::set_own_share`]). A budget at or above that cap is already enforced by MPS
+    /// itself, in space; the PID then aims at [`MPS_ENFORCED_TARGET`] (or the configured target
+    /// if higher): U_GPU = U_SM * a_C passes 1 only when the SM clock is below T_SM (eq. 2),
+    /// so the PID steps in only to bring the clock back, and online protection in time is the
+    /// online-pressure hold's. (Before Hopper U_SM is the GPU's busy fraction, 1 whenever the
+    /// capped offline job runs: any target under 1 would throttle it for any clock dip.)
     pub fn target_for(&self, budget: Option<f64>) -> f64 {
         let t = self.cfg.target_load;
         match budget {
+            Some(b) if b.is_finite() && self.own_cap().is_some_and(|cap| b + 1e-9 >= cap) => {
+                t.max(MPS_ENFORCED_TARGET)
+            }
             Some(b) if b.is_finite() => t.min(b.max(0.0)),
             _ => t,
         }
+    }
+
+    /// Online pressure in a sample: the SM clock below `hold_below_clock` of the highest clock
+    /// while this process's own MPS cap is at most [`HOLD_MAX_OWN_SHARE`] of the SMs. The
+    /// clock falls only when the SMs are nearly all demanded, which such a process cannot do
+    /// alone: the online workload is running beside it, and any offline kernel in flight
+    /// slows it (MPS does not preempt). A process with a larger (or unknown) cap could be the
+    /// cause itself, so it is left to the PID.
+    pub fn pressure(&self, s: &Sample) -> bool {
+        let c = &self.cfg;
+        let c_h = if c.c_h_mhz > 0.0 { c.c_h_mhz } else { s.c_h };
+        c.hold_below_clock > 0.0
+            && c_h > 0.0
+            && s.c_sm < c.hold_below_clock * c_h
+            && self.own_share() <= HOLD_MAX_OWN_SHARE
+    }
+
+    /// Whether launches were held for online pressure at the last controller tick.
+    pub fn is_held(&self) -> bool {
+        self.hold_left_us.load(Relaxed) > 0
     }
 
     /// One controller tick carrying the dynamic SM budget: real MPS fixes a client's SM
@@ -177,6 +243,11 @@ impl Throttle {
     /// aims at [`Throttle::target_for`]; without monitor data the fallback rate is scaled down
     /// by the same ratio (target / configured target, never above 1), so a lower budget always
     /// means fewer launches, and a stale or absent budget means exactly the static behaviour.
+    ///
+    /// Online pressure ([`Throttle::pressure`]) holds every launch at once (fast attack: the
+    /// bucket is emptied and the rate is 0) until `hold_ms` after the last sample showing it
+    /// (slow release); the PID is not stepped while held. Stale data never start a hold, and
+    /// a running hold expires on time whatever the data.
     pub fn control_with_budget(
         &self,
         pid: &mut Pid,
@@ -186,6 +257,26 @@ impl Throttle {
     ) -> Decision {
         let c = &self.cfg;
         let target = self.target_for(budget);
+        self.target_milli.store((target * MILLI) as u64, Relaxed);
+        let left = if sample.is_some_and(|s| self.pressure(&s)) {
+            c.hold_ms.saturating_mul(1000)
+        } else {
+            let dt_us = (dt.max(0.0) * 1e6) as u64;
+            self.hold_left_us.load(Relaxed).saturating_sub(dt_us)
+        };
+        self.hold_left_us.store(left, Relaxed);
+        if left > 0 {
+            self.rate_milli.store(0, Relaxed);
+            let _ = self
+                .tokens
+                .fetch_update(AcqRel, Acquire, |t| Some(t.min(0)));
+            return Decision {
+                rate: 0.0,
+                load: sample.map(|s| self.load_of(&s)),
+                stale: sample.is_none(),
+                held: true,
+            };
+        }
         let (rate, load) = match sample {
             None => {
                 pid.reset();
@@ -197,19 +288,25 @@ impl Throttle {
                 (c.fallback_rate * scale, None)
             }
             Some(s) => {
-                let c_h = if c.c_h_mhz > 0.0 { c.c_h_mhz } else { s.c_h };
-                let load = gpu_load(s.u_sm, clock_factor(s.c_sm, c.t_sm_mhz, c_h, c.a_l, c.a_h));
+                let load = self.load_of(&s);
                 (pid.step(target - load, dt), Some(load))
             }
         };
         let rate = rate.clamp(c.min_rate, c.max_rate);
         self.rate_milli.store((rate * MILLI) as u64, Relaxed);
-        self.target_milli.store((target * MILLI) as u64, Relaxed);
         Decision {
             rate,
             load,
             stale: sample.is_none(),
+            held: false,
         }
+    }
+
+    /// Eq. 1-2 on a sample: U_GPU = U_SM * a_C.
+    pub fn load_of(&self, s: &Sample) -> f64 {
+        let c = &self.cfg;
+        let c_h = if c.c_h_mhz > 0.0 { c.c_h_mhz } else { s.c_h };
+        gpu_load(s.u_sm, clock_factor(s.c_sm, c.t_sm_mhz, c_h, c.a_l, c.a_h))
     }
 
     /// The load target of the last controller tick (for logs and tests).
@@ -238,7 +335,11 @@ mod tests {
 
     #[test]
     fn high_load_lowers_rate_low_load_raises_it() {
-        let c = cfg();
+        // The PID alone (the online-pressure hold has its own test).
+        let c = ThrottleConfig {
+            hold_below_clock: 0.0,
+            ..cfg()
+        };
         let t = Throttle::new(&c, 100);
         let mut pid = Pid::new(&c);
         let busy = Sample {
@@ -396,5 +497,121 @@ mod tests {
         assert!(t.must_wait(), "refill does not thaw");
         t.unfreeze();
         assert!(!t.must_wait() && t.take(1));
+    }
+
+    /// Fast attack: one sample with the clock below `hold_below_clock` of the top clock holds
+    /// the next launch at once (bucket emptied, rate 0); slow release: launches stay held until
+    /// `hold_ms` after the last such sample, then the PID takes over again. Stale data never
+    /// start a hold. (Fails without the hold: the busy sample alone would leave a full bucket.)
+    #[test]
+    fn online_pressure_holds_at_once_and_releases_slowly() {
+        let c = cfg();
+        let t = Throttle::new(&c, 10);
+        let mut pid = Pid::new(&c);
+        t.set_own_share(0.45);
+        let calm = Sample {
+            u_sm: 0.5,
+            c_sm: 0.9 * 1500.0,
+            c_h: 1500.0,
+        };
+        let busy = Sample {
+            u_sm: 0.5,
+            c_sm: 0.8 * 1500.0,
+            c_h: 1500.0,
+        };
+        assert!(!t.pressure(&calm) && t.pressure(&busy));
+        let d = t.control_with_budget(&mut pid, Some(calm), None, 0.01);
+        assert!(!d.held && d.rate > 0.0 && t.tokens() > 0);
+        let d = t.control_with_budget(&mut pid, Some(busy), None, 0.01);
+        assert!(d.held && t.is_held());
+        assert_eq!((d.rate, t.rate()), (0.0, 0.0));
+        t.refill(1.0);
+        assert!(!t.take(1), "held: even the smallest launch waits");
+        assert!(t.must_wait());
+        // Release only after hold_ms of calm samples.
+        let ticks = (c.hold_ms / 10) as usize;
+        for i in 0..ticks - 1 {
+            let d = t.control_with_budget(&mut pid, Some(calm), None, 0.01);
+            assert!(d.held, "tick {i}: released before hold_ms");
+        }
+        let d = t.control_with_budget(&mut pid, Some(calm), None, 0.01);
+        assert!(
+            !d.held && d.rate >= c.min_rate,
+            "released after hold_ms: {d:?}"
+        );
+        t.refill(0.01 * 1000.0);
+        assert!(!t.must_wait());
+        // Stale data never start a hold; a hold runs out even while the data are stale.
+        let t2 = Throttle::new(&c, 10);
+        t2.set_own_share(0.45);
+        assert!(!t2.control_with_budget(&mut pid, None, None, 0.01).held);
+        t2.control_with_budget(&mut pid, Some(busy), None, 0.01);
+        let d = t2.control_with_budget(&mut pid, None, None, c.hold_ms as f64 / 1000.0);
+        assert!(!d.held && d.stale && d.rate == c.fallback_rate);
+        // Off when hold_below_clock is 0.
+        let off = Throttle::new(
+            &ThrottleConfig {
+                hold_below_clock: 0.0,
+                ..cfg()
+            },
+            10,
+        );
+        off.set_own_share(0.45);
+        assert!(
+            !off.control_with_budget(&mut pid, Some(busy), None, 0.01)
+                .held
+        );
+        // A process whose own cap is unknown or above half the SMs could cause the low clock
+        // itself: no hold.
+        let big = Throttle::new(&c, 10);
+        assert!(!big.pressure(&busy));
+        big.set_own_share(0.9);
+        assert!(
+            !big.control_with_budget(&mut pid, Some(busy), None, 0.01)
+                .held
+        );
+    }
+
+    /// A budget the process's own MPS cap already enforces leaves the PID to the clock
+    /// threshold (target 1); one below the cap lowers the target to the budget (observation
+    /// 10). Without the own-cap rule the first assertion fails (the target would be 0.45).
+    #[test]
+    fn budget_enforced_by_the_own_mps_cap_leaves_the_pid_to_the_clock() {
+        let c = cfg();
+        let t = Throttle::new(&c, 10);
+        assert_eq!(t.own_share(), 1.0);
+        t.set_own_share(0.45);
+        assert_eq!(t.own_share(), 0.45);
+        assert_eq!(t.target_for(Some(0.45)), MPS_ENFORCED_TARGET);
+        assert_eq!(t.target_for(Some(0.6)), MPS_ENFORCED_TARGET);
+        assert_eq!(t.target_for(Some(0.3)), 0.3);
+        assert_eq!(
+            t.target_for(None),
+            c.target_load,
+            "stale: the configured target"
+        );
+        // Same measurements (busy GPU at full clock, as T4's utilization-based U_SM reads a
+        // capped job running back-to-back): the enforced budget does not throttle, a lower
+        // one does.
+        let full_clock = Sample {
+            u_sm: 1.0,
+            c_sm: 1500.0,
+            c_h: 1500.0,
+        };
+        let rate = |budget: f64| {
+            let mut pid = Pid::new(&c);
+            let mut r = 0.0;
+            for _ in 0..100 {
+                r = t
+                    .control_with_budget(&mut pid, Some(full_clock), Some(budget), 0.01)
+                    .rate;
+            }
+            r
+        };
+        assert!(rate(0.45) >= c.fallback_rate, "enforced: {}", rate(0.45));
+        assert!(rate(0.3) < c.fallback_rate / 2.0, "lower: {}", rate(0.3));
+        t.set_own_share(f64::NAN);
+        t.set_own_share(0.0);
+        assert_eq!(t.own_share(), 0.45, "nonsense caps are ignored");
     }
 }
