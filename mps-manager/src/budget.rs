@@ -6,10 +6,11 @@
 //! throttle does later, the online workload meets that share of the SMs whenever it overlaps
 //! an offline kernel. So the defaults are chosen for the co-located case, not for the idle GPU
 //! an offline job usually starts on (MuxFlow places offline jobs only beside online ones):
-//! `max_pct` 45 and `headroom_pct` 25 keep online + offline demand at or under about 75 % of
-//! the SMs for an online workload of up to 30 %, where the SM clock still runs near full boost
-//! (a GPU's clock drops as SM occupancy passes about half), instead of 90 % that made every
-//! overlap cost the online workload an oversubscribed, down-clocked GPU.
+//! `max_pct` 42 and `headroom_pct` 28 keep online + offline demand at or under 70 % of the SMs
+//! for an online workload of up to 30 %, where the SM clock stays within 9 % of full boost (a
+//! GPU's clock drops as SM occupancy passes about half; the emulator's model: linear from 100 %
+//! at half occupancy to 80 % at full), so an overlapped online request is at most ~1.09x
+//! slower; 90 % made every overlap cost it an oversubscribed, down-clocked GPU (1.5x).
 
 use serde::{Deserialize, Serialize};
 
@@ -32,9 +33,9 @@ pub struct BudgetConfig {
 impl Default for BudgetConfig {
     fn default() -> Self {
         BudgetConfig {
-            headroom_pct: 25.0,
+            headroom_pct: 28.0,
             min_pct: 10.0,
-            max_pct: 45.0,
+            max_pct: 42.0,
             min_step_pct: 5.0,
             smoothing: 0.5,
             unsafe_pct: 10.0,
@@ -101,7 +102,7 @@ impl Allocator {
     /// A GPU that reads fully busy (at least [`SATURATED_PCT`]) while offline work runs gives
     /// no estimate (NaN: [`Allocator::update`] keeps the previous one): before Hopper the SM
     /// activity is the GPU's busy fraction, which a capped offline job running back-to-back
-    /// fills alone (subtracting its budget read a 45 % job beside a 3 % online workload as 55 %
+    /// fills alone (subtracting its budget read a 42 % job beside a 3 % online workload as 58 %
     /// online), and on any GPU a full reading cannot say how much of it is online.
     pub fn online_estimate(
         total_sm_pct: f64,
@@ -172,7 +173,7 @@ mod tests {
     }
 
     /// The shipped defaults give an offline process starting on an idle GPU the co-located
-    /// share (45 %), not the idle GPU's 90 % (fails with the old defaults, 10 % headroom and a
+    /// share (42 %), not the idle GPU's 90 % (fails with the old defaults, 10 % headroom and a
     /// 90 % cap); a 30 % online workload leaves it there, a larger one lowers it.
     #[test]
     fn defaults_are_chosen_for_the_colocated_case() {
@@ -181,9 +182,9 @@ mod tests {
             ..Default::default()
         };
         let mut a = Allocator::default();
-        assert_eq!(a.update(&c, 0.0, true), Some(45.0), "idle GPU");
-        assert_eq!(a.update(&c, 30.0, true), None, "30 % online: 100 - 30 - 25 = 45");
-        assert_eq!(a.update(&c, 50.0, true), Some(25.0));
+        assert_eq!(a.update(&c, 0.0, true), Some(42.0), "idle GPU");
+        assert_eq!(a.update(&c, 30.0, true), None, "30 % online: 100 - 30 - 28 = 42");
+        assert_eq!(a.update(&c, 50.0, true), Some(22.0));
         assert_eq!(a.update(&c, 100.0, true), Some(10.0), "full online: the floor");
         assert!(c.validate().is_ok());
     }
@@ -230,8 +231,8 @@ mod tests {
     }
 
     /// A saturated reading beside running offline work is no estimate, and the budget stays
-    /// where it was (fails without it: a 45 % offline job reading 100 % busy, as T4's
-    /// utilization-based SM activity does, cut its own budget to 100 - 55 - 25 = 20 %).
+    /// where it was (fails without it: a 42 % offline job reading 100 % busy, as T4's
+    /// utilization-based SM activity does, cut its own budget to 100 - 58 - 28 = 14 %).
     #[test]
     fn saturated_reading_beside_offline_work_keeps_the_estimate() {
         let c = BudgetConfig {
@@ -239,17 +240,17 @@ mod tests {
             ..Default::default()
         };
         let mut a = Allocator::default();
-        assert_eq!(a.update(&c, 3.0, true), Some(45.0));
-        let est = Allocator::online_estimate(100.0, true, 45.0);
+        assert_eq!(a.update(&c, 3.0, true), Some(42.0));
+        let est = Allocator::online_estimate(100.0, true, 42.0);
         assert!(est.is_nan());
-        assert_eq!(a.update(&c, est, true), None, "kept at 45 %");
-        assert_eq!(a.applied(), Some(45.0));
+        assert_eq!(a.update(&c, est, true), None, "kept at 42 %");
+        assert_eq!(a.applied(), Some(42.0));
         // Still drops at once when the GPU turns unsafe, and a real reading moves it.
         assert_eq!(a.update(&c, est, false), Some(10.0));
-        assert_eq!(a.update(&c, 70.0, true), None, "100 - 70 - 25 floors at 10, applied");
+        assert_eq!(a.update(&c, 70.0, true), None, "100 - 70 - 28 floors at 10, applied");
         let mut b = Allocator::default();
-        assert_eq!(b.update(&c, est, true), Some(45.0), "no average yet: none seen");
-        assert_eq!(b.update(&c, 60.0, true), Some(15.0));
+        assert_eq!(b.update(&c, est, true), Some(42.0), "no average yet: none seen");
+        assert_eq!(b.update(&c, 60.0, true), Some(12.0));
     }
 
     #[test]
