@@ -8,7 +8,9 @@ use serde::Deserialize;
 pub struct ThrottleConfig {
     /// Whether launches are throttled at all (freezing works either way).
     pub enabled: bool,
-    /// Target GPU load U_GPU = U_SM * a_C (0..1).
+    /// Target GPU load U_GPU = U_SM * a_C (0..1), lowered to a fresh SM budget below the
+    /// process's own MPS cap; a budget its MPS cap already enforces raises it to 1 (the PID
+    /// then acts only on a clock under T_SM; see `Throttle::target_for`).
     pub target_load: f64,
     /// a_L: weight of a clock below threshold.
     pub a_l: f64,
