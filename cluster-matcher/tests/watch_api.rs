@@ -26,7 +26,9 @@ use serde_json::{json, Value};
 
 #[derive(Debug, Clone)]
 pub struct Req {
+    pub method: String,
     pub path: String,
+    pub body: Vec<u8>,
     pub query: BTreeMap<String, String>,
     pub at: Instant,
 }
@@ -44,6 +46,8 @@ pub enum Answer {
     Json(u16, Value, Vec<(&'static str, String)>),
     /// A watch stream: these events, then the stream ends (`hang = false`) or stays open.
     Stream(Vec<Value>, bool),
+    /// A watch stream that sends these events after a while, then stays open.
+    Later(Duration, Vec<Value>),
 }
 
 pub struct FakeApi {
@@ -139,19 +143,24 @@ fn serve(mut stream: TcpStream, reqs: &Mutex<Vec<Req>>, stop: &AtomicBool, answe
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
         return;
     }
+    let mut length = 0;
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
             break;
         }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
     }
+    let mut body = vec![0; length];
+    std::io::Read::read_exact(&mut reader, &mut body).unwrap();
     let target = line.split_whitespace().nth(1).unwrap_or("/").to_string();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let req = Req {
-        path: path.to_string(),
-        query: parse_query(query),
-        at: Instant::now(),
-    };
+    let method = line.split_whitespace().next().unwrap_or("GET").to_string();
+    let req = Req { method, path: path.to_string(), body, query: parse_query(query), at: Instant::now() };
     let before: Vec<Req> = {
         let mut all = reqs.lock().unwrap();
         let before = all.iter().filter(|r| r.path == req.path).cloned().collect();
@@ -169,6 +178,23 @@ fn serve(mut stream: TcpStream, reqs: &Mutex<Vec<Req>>, stop: &AtomicBool, answe
                 head.push_str(&format!("{k}: {v}\r\n"));
             }
             let _ = write!(stream, "{head}\r\n{body}");
+        }
+        Answer::Later(delay, events) => {
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            );
+            let _ = stream.flush();
+            std::thread::sleep(delay);
+            for e in events {
+                let line = format!("{e}\n");
+                let _ = write!(stream, "{:x}\r\n{line}\r\n", line.len());
+                let _ = stream.flush();
+            }
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = write!(stream, "0\r\n\r\n");
         }
         Answer::Stream(events, hang) => {
             let _ = write!(
@@ -512,10 +538,7 @@ fn gone_inside_the_stream_relists_and_drops_what_was_deleted_meanwhile() {
     let v = w.view();
     eventually("the relisted state", || pod_names(&v) == ["a-1", "c-1"]);
     assert!(api.lists(PODS).len() >= 2);
-    assert!(
-        api.watches(PODS).iter().any(|r| r.rv() == "200"),
-        "watched on from the relist's version"
-    );
+    eventually("a watch from the relist's version", || api.watches(PODS).iter().any(|r| r.rv() == "200"));
 }
 
 #[test]
@@ -857,4 +880,106 @@ fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_seri
     ] {
         assert!(charted.contains(must), "dashboard does not chart {must}");
     }
+}
+
+// ---------------------------------------------------------------- the binary, end to end
+
+fn http_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Value {
+    use std::io::Read;
+    let body = body.to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
+    serde_json::from_str(body).unwrap()
+}
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn serve_watch_learns_a_job_pod_created_later_then_binds_it() {
+    let now = now_ms();
+    let job = job_pod("ml", "train", "k2", "20", 2000);
+    let j = job.clone();
+    let api = fake_api(move |r, _| match (r.method.as_str(), r.path.as_str(), r.is_watch()) {
+        ("GET", PODS, false) => {
+            Answer::Json(200, list("PodList", "10", vec![online_pod("prod", "svc-0", "5", "gpu-a", 0)]), vec![])
+        }
+        // The Job controller creates its pod after the extender started.
+        ("GET", PODS, true) => Answer::Later(Duration::from_millis(1500), vec![event("ADDED", j.clone())]),
+        ("GET", NODES, false) => {
+            let hb = heartbeat_json("gpu-a", now + 1_000, &["Healthy", "Healthy"]);
+            Answer::Json(200, list("NodeList", "10", vec![node("gpu-a", "3", Some(hb))]), vec![])
+        }
+        ("GET", NODES, true) => Answer::Stream(vec![], true),
+        ("PATCH", "/api/v1/namespaces/ml/pods/train-k2", _) => Answer::Json(200, j.clone(), vec![]),
+        ("POST", "/api/v1/namespaces/ml/pods/train-k2/binding", _) => {
+            let b: k8s_openapi::api::core::v1::Binding = serde_json::from_slice(&r.body).unwrap();
+            Answer::Json(201, serde_json::to_value(b).unwrap(), vec![])
+        }
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let dir = std::env::temp_dir().join(format!("xshare-watch-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A round period far beyond the test: only the watch's change can start the next round.
+    std::fs::write(dir.join("cluster.json"), r#"{"round_period_s": 86400, "nodes": []}"#).unwrap();
+    std::fs::write(dir.join("workloads.json"), "{}").unwrap();
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/speed-predictor.json");
+    let mut child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_cluster-matcher"))
+            .args(["serve", "--watch", "--listen", "127.0.0.1:0", "--kube-api", &api.url])
+            .arg("--cluster")
+            .arg(dir.join("cluster.json"))
+            .arg("--workloads")
+            .arg(dir.join("workloads.json"))
+            .arg("--model")
+            .arg(&model)
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(child.0.stderr.take().unwrap());
+    let addr: std::net::SocketAddr = loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "serve exited before listening");
+        if let Some(a) = line.trim().strip_prefix("cluster-matcher: extender listening on http://") {
+            break a.parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let filter = json!({"Pod": job, "NodeNames": ["gpu-a", "gpu-b"]});
+    eventually("the pod created later is planned", || {
+        http_post(addr, "/xshare/filter", &filter)["NodeNames"] == json!(["gpu-a"])
+    });
+    let bound = http_post(
+        addr,
+        "/xshare/bind",
+        &json!({"PodName": "train-k2", "PodNamespace": "ml", "PodUID": "uid-train-k2", "Node": "gpu-a"}),
+    );
+    assert_eq!(bound["Error"], "", "{bound}");
+    let posted: Vec<Req> = api.reqs.lock().unwrap().iter().filter(|r| r.method == "POST").cloned().collect();
+    assert_eq!(posted.len(), 1);
+    let b: k8s_openapi::api::core::v1::Binding = serde_json::from_slice(&posted[0].body).unwrap();
+    assert_eq!(b.target.name.as_deref(), Some("gpu-a"));
+    assert_eq!(b.metadata.uid.as_deref(), Some("uid-train-k2"));
+    let (_, metrics) = http_get(addr, "/metrics");
+    assert!(metrics.lines().any(|l| l == "xshare_plan_placed_jobs 1"), "{metrics}");
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
 }
