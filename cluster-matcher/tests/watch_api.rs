@@ -978,6 +978,13 @@ fn serve_watch_learns_a_job_pod_created_later_then_binds_it() {
     let b: k8s_openapi::api::core::v1::Binding = serde_json::from_slice(&posted[0].body).unwrap();
     assert_eq!(b.target.name.as_deref(), Some("gpu-a"));
     assert_eq!(b.metadata.uid.as_deref(), Some("uid-train-k2"));
+    // The next round counts the job as running there before any watch event shows the bind.
+    eventually("a round that keeps the bound job in place", || {
+        let (_, plan) = http_get(addr, "/plan");
+        let plan: Value = serde_json::from_str(&plan).unwrap();
+        plan["round"].as_u64() > Some(1)
+            && plan["assignments"].as_array().unwrap().iter().any(|a| a["offline"] == "ml/train" && a["kept"] == true)
+    });
     let (_, metrics) = http_get(addr, "/metrics");
     assert!(metrics.lines().any(|l| l == "xshare_plan_placed_jobs 1"), "{metrics}");
     drop(child);
