@@ -13,19 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config};
 
-/// Annotation: index of the GPU the plan chose on the bound node.
-pub const ANN_GPU: &str = "xshare.io/gpu";
-/// Annotation: MPS active-thread percentage the plan chose (e.g. `"35"`).
-pub const ANN_SM_PERCENT: &str = "xshare.io/sm-percent";
-/// Annotation: GPU memory quota in bytes (the shim's limit).
-pub const ANN_MEMORY_QUOTA_BYTES: &str = "xshare.io/memory-quota-bytes";
-/// Annotation: the online workload the pod shares its GPU with.
-pub const ANN_COLOCATED_WITH: &str = "xshare.io/colocated-with";
-/// Annotation: the plan round that made the decision.
-pub const ANN_PLAN_ROUND: &str = "xshare.io/plan-round";
+// The annotation keys live in the shared contract (the node agent reads what we write).
+pub use kube_contract::pod::{ANN_COLOCATED_WITH, ANN_GPU, ANN_MEMORY_QUOTA_BYTES, ANN_PLAN_ROUND, ANN_SM_PERCENT};
 
 /// Field manager name for the extender's patches.
-pub const FIELD_MANAGER: &str = "xshare-extender";
+pub const FIELD_MANAGER: &str = kube_contract::EXTENDER_FIELD_MANAGER;
 
 /// Where the API server is and how to reach it.
 #[derive(Debug, Clone, Default)]
@@ -121,18 +113,7 @@ impl KubeApi {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the Kubernetes client runtime: {e}"))?;
-        let mut config = rt.block_on(async {
-            match source {
-                ApiSource::Infer => {
-                    Config::infer().await.map_err(|e| format!("no in-cluster config and no usable kubeconfig: {e}"))
-                }
-                ApiSource::Kubeconfig(path) => load_kubeconfig(path).await,
-                ApiSource::Url(url) => {
-                    let uri = url.parse().map_err(|e| format!("bad --kube-api URL `{url}`: {e}"))?;
-                    Ok(Config::new(uri))
-                }
-            }
-        })?;
+        let mut config = rt.block_on(load_config(source))?;
         // kube-scheduler retries the pod itself: a 429/5xx goes back to it at once, instead of
         // being retried here past its extender timeout.
         config.default_retry = false;
@@ -188,6 +169,18 @@ impl Drop for KubeApi {
         // (the extender may be dropped by the HTTP server's tasks).
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
+        }
+    }
+}
+
+/// The client configuration `source` names.
+pub(crate) async fn load_config(source: &ApiSource) -> Result<Config, String> {
+    match source {
+        ApiSource::Infer => Config::infer().await.map_err(|e| format!("no in-cluster config and no usable kubeconfig: {e}")),
+        ApiSource::Kubeconfig(path) => load_kubeconfig(path).await,
+        ApiSource::Url(url) => {
+            let uri = url.parse().map_err(|e| format!("bad --kube-api URL `{url}`: {e}"))?;
+            Ok(Config::new(uri))
         }
     }
 }
