@@ -24,7 +24,7 @@ pub use wire::{
 };
 
 /// Label or annotation naming the offline job a pod runs (else the pod name is used).
-pub const JOB_KEY: &str = "xshare.io/offline-job";
+pub const JOB_KEY: &str = kube_contract::pod::KEY_OFFLINE_JOB;
 /// Largest request body accepted by default.
 pub const MAX_BODY: usize = 32 << 20;
 

@@ -13,19 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config};
 
-/// Annotation: index of the GPU the plan chose on the bound node.
-pub const ANN_GPU: &str = "xshare.io/gpu";
-/// Annotation: MPS active-thread percentage the plan chose (e.g. `"35"`).
-pub const ANN_SM_PERCENT: &str = "xshare.io/sm-percent";
-/// Annotation: GPU memory quota in bytes (the shim's limit).
-pub const ANN_MEMORY_QUOTA_BYTES: &str = "xshare.io/memory-quota-bytes";
-/// Annotation: the online workload the pod shares its GPU with.
-pub const ANN_COLOCATED_WITH: &str = "xshare.io/colocated-with";
-/// Annotation: the plan round that made the decision.
-pub const ANN_PLAN_ROUND: &str = "xshare.io/plan-round";
+// The annotation keys live in the shared contract (the node agent reads what we write).
+pub use kube_contract::pod::{ANN_COLOCATED_WITH, ANN_GPU, ANN_MEMORY_QUOTA_BYTES, ANN_PLAN_ROUND, ANN_SM_PERCENT};
 
 /// Field manager name for the extender's patches.
-pub const FIELD_MANAGER: &str = "xshare-extender";
+pub const FIELD_MANAGER: &str = kube_contract::EXTENDER_FIELD_MANAGER;
 
 /// Where the API server is and how to reach it.
 #[derive(Debug, Clone, Default)]

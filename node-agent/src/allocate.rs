@@ -17,10 +17,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use crate::config::AgentConfig;
 use crate::pb;
 
-/// Annotations written by the extender at bind (cluster-matcher/src/kube_api.rs).
-pub const ANN_GPU: &str = "xshare.io/gpu";
-pub const ANN_SM_PERCENT: &str = "xshare.io/sm-percent";
-pub const ANN_MEMORY_QUOTA_BYTES: &str = "xshare.io/memory-quota-bytes";
+/// Annotations written by the extender at bind (kube-contract, shared with cluster-matcher).
+pub use kube_contract::pod::{ANN_GPU, ANN_MEMORY_QUOTA_BYTES, ANN_SM_PERCENT};
 
 /// Quota group of a pod's processes in the ledger (`XCUDA_GROUP`): all containers of a pod
 /// share the pod's planned quota. The eviction side maps a ledger group back to its pod by

@@ -35,6 +35,9 @@ pub struct GpuConfig {
     pub index: u32,
     /// `GPU-...` UUID (`nvidia-smi -L`): what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get.
     pub uuid: String,
+    /// Product name for the heartbeat (`nvidia-smi --query-gpu=name`), optional.
+    #[serde(default)]
+    pub model: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -115,6 +118,9 @@ pub struct EvictionConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct HeartbeatConfig {
     pub enabled: bool,
+    /// Publication period without a state change, ms (at least kube-contract's
+    /// `MIN_PUBLISH_INTERVAL_MS`: every write reaches every Node watcher); a GPU state change
+    /// is published at the next health poll.
     pub interval_ms: u64,
 }
 
@@ -141,7 +147,7 @@ impl Default for DevicePluginConfig {
             dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
             kubelet_socket: "kubelet.sock".into(),
             socket_name: "xshare-offline-gpu.sock".into(),
-            resource_name: "xshare.io/offline-gpu".into(),
+            resource_name: kube_contract::OFFLINE_GPU_RESOURCE.into(),
             max_offline_per_gpu: 4,
         }
     }
@@ -200,7 +206,7 @@ impl Default for HeartbeatConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            interval_ms: 5000,
+            interval_ms: kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS,
         }
     }
 }
@@ -313,8 +319,12 @@ impl AgentConfig {
                 "poll_ms and retry_ms must be positive".into(),
             );
         }
-        if self.heartbeat.interval_ms == 0 {
-            return bad("heartbeat.interval_ms", "must be positive".into());
+        let min = kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS;
+        if self.heartbeat.interval_ms < min {
+            return bad(
+                "heartbeat.interval_ms",
+                format!("must be at least {min} (every write reaches every Node watcher)"),
+            );
         }
         if self.kube.timeout_ms == 0 {
             return bad("kube.timeout_ms", "must be positive".into());
@@ -351,6 +361,13 @@ mod tests {
     fn defaults_and_env_node_name() {
         let c = AgentConfig::from_text(Path::new("a.json"), OK, |_| None).unwrap();
         assert_eq!(c.device_plugin.resource_name, "xshare.io/offline-gpu");
+        assert_eq!(
+            c.heartbeat.interval_ms,
+            kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS
+        );
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "heartbeat": {"interval_ms": 1000}}"#;
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("heartbeat.interval_ms"));
         assert_eq!(
             c.mps_pipe_host_dir(0),
             PathBuf::from("/run/xshare/gpu0/mps-pipe")

@@ -296,7 +296,7 @@ impl Evictor {
             if o == Outcome::Evicted {
                 self.event(
                     pod,
-                    "XshareEvicted",
+                    kube_contract::EVICTION_EVENT_REASON,
                     &format!("{why}; evicted through the Eviction API"),
                 )
                 .await;

@@ -18,6 +18,8 @@ pub struct GpuHealth {
     pub why: String,
     /// The last consistent monitor block, fresh or not (heartbeat content).
     pub snapshot: Option<MonitorSnapshot>,
+    /// mps-manager's offline SM budget, per-mille, when freshly published.
+    pub budget_permille: Option<u32>,
 }
 
 impl GpuHealth {
@@ -34,6 +36,7 @@ pub fn read_gpu(ledger_dir: &Path, index: u32, now_ns: u64, stale_after_ns: u64)
         state: None,
         why,
         snapshot,
+        budget_permille: None,
     };
     let ledger = match Ledger::open_existing(&path) {
         Ok(l) => l,
@@ -73,11 +76,17 @@ pub fn read_gpu(ledger_dir: &Path, index: u32, now_ns: u64, stale_after_ns: u64)
     } else {
         format!("monitor says {state:?}")
     };
+    let budget_permille = ledger
+        .read_manager()
+        .filter(|m| m.is_fresh(now_ns, stale_after_ns))
+        .filter(|m| m.publish_ns <= now_ns.saturating_add(stale_after_ns))
+        .map(|m| m.offline_sm_budget_permille.min(1000));
     GpuHealth {
         index,
         state: Some(state),
         why,
         snapshot: Some(snap),
+        budget_permille,
     }
 }
 

@@ -5,12 +5,15 @@
 //!   ledger and MPS pipe directories, the GPU and the plan's quota / SM share ([`allocate`]).
 //! - [`evict`]: offline processes the monitor asked to leave (ledger eviction requests) are
 //!   mapped to their pods and evicted through the Eviction API, with an Event.
+//! - [`heartbeat`]: each GPU's state, load and offline budget on the Node annotation
+//!   `xshare.io/gpu-heartbeat` (format: `kube-contract`).
 //! - [`health`]: each GPU's health from the node ledger's monitor block.
 
 pub mod allocate;
 pub mod config;
 pub mod evict;
 pub mod health;
+pub mod heartbeat;
 pub mod kube;
 pub mod plugin;
 

@@ -182,8 +182,8 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
     assert_eq!(
         reasons,
         [
-            ("XshareEvicted".to_string(), "ok".to_string()),
-            ("XshareEvictionBlocked".into(), "pdb".into())
+            ("XshareEvictionBlocked".to_string(), "pdb".to_string()),
+            (kube_contract::EVICTION_EVENT_REASON.into(), "ok".into()),
         ]
     );
     for e in &events {

@@ -18,6 +18,7 @@ pub struct Recorded {
     pub method: String,
     pub path: String,
     pub query: String,
+    pub content_type: String,
     pub body: String,
 }
 
@@ -54,6 +55,12 @@ impl FakeApi {
                             let method = req.method().to_string();
                             let path = req.uri().path().to_string();
                             let query = req.uri().query().unwrap_or("").to_string();
+                            let content_type = req
+                                .headers()
+                                .get("content-type")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string();
                             let body = req
                                 .into_body()
                                 .collect()
@@ -64,6 +71,7 @@ impl FakeApi {
                                 method,
                                 path,
                                 query,
+                                content_type,
                                 body: String::from_utf8_lossy(&body).into_owned(),
                             };
                             let (code, json) = h(&rec);
