@@ -25,6 +25,8 @@ pub struct AgentConfig {
     pub kube: KubeConfig,
     pub eviction: EvictionConfig,
     pub heartbeat: HeartbeatConfig,
+    /// `host:port` serving Prometheus text on `/metrics`; empty: off.
+    pub metrics_listen: String,
 }
 
 /// One GPU on this host.
@@ -137,6 +139,7 @@ impl Default for AgentConfig {
             kube: KubeConfig::default(),
             eviction: EvictionConfig::default(),
             heartbeat: HeartbeatConfig::default(),
+            metrics_listen: String::new(),
         }
     }
 }
@@ -324,6 +327,17 @@ impl AgentConfig {
             return bad(
                 "heartbeat.interval_ms",
                 format!("must be at least {min} (every write reaches every Node watcher)"),
+            );
+        }
+        if !self.metrics_listen.is_empty()
+            && self.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return bad(
+                "metrics_listen",
+                format!(
+                    "`{}` is not host:port (e.g. 0.0.0.0:9402)",
+                    self.metrics_listen
+                ),
             );
         }
         if self.kube.timeout_ms == 0 {

@@ -15,6 +15,7 @@ pub mod evict;
 pub mod health;
 pub mod heartbeat;
 pub mod kube;
+pub mod metrics;
 pub mod plugin;
 
 /// The kubelet device-plugin API (v1beta1), generated from `proto/` at build time.

@@ -104,6 +104,15 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
         dev_tx,
         stop_rx.clone(),
     )));
+    let health_view = health_rx.clone();
+    if cfg.heartbeat.enabled {
+        tasks.push(tokio::spawn(node_agent::heartbeat::run(
+            cfg.clone(),
+            client.clone(),
+            health_rx.clone(),
+            stop_rx.clone(),
+        )));
+    }
     let p = Arc::new(Plugin::new(
         cfg.clone(),
         health_rx,
@@ -142,6 +151,22 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
                 }
             }
         }));
+    }
+    if !cfg.metrics_listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
+            .await
+            .map_err(|e| format!("metrics_listen {}: {e}", cfg.metrics_listen))?;
+        let (c, m) = (cfg.clone(), metrics.clone());
+        let render = Arc::new(move || {
+            let mut o = node_agent::metrics::gpu_metrics(&c, &health_view.borrow());
+            o.push_str(&m.lock().map(|g| g.clone()).unwrap_or_default());
+            o
+        });
+        tasks.push(tokio::spawn(node_agent::metrics::serve(
+            l,
+            render,
+            stop_rx.clone(),
+        )));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("SIGTERM handler: {e}"))?;

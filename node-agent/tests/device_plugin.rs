@@ -11,48 +11,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{offline_pod, pod_list, FakeApi, Recorded};
+use common::{offline_pod, pod_list, start_kubelet, FakeApi, Recorded};
 use node_agent::config::AgentConfig;
 use node_agent::pb;
 use node_agent::pb::device_plugin_client::DevicePluginClient;
-use node_agent::pb::registration_server::{Registration, RegistrationServer};
 use node_agent::plugin::{self, Plugin, PodSource};
 use node_ledger::config::ledger_path;
 use node_ledger::{HealthState, Ledger, MonitorSample};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio::sync::watch;
 use tokio_stream::StreamExt;
-
-struct FakeKubelet(mpsc::UnboundedSender<pb::RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for FakeKubelet {
-    async fn register(
-        &self,
-        req: tonic::Request<pb::RegisterRequest>,
-    ) -> Result<tonic::Response<pb::Empty>, tonic::Status> {
-        let r = req.into_inner();
-        if r.version != "v1beta1" {
-            return Err(tonic::Status::invalid_argument(format!(
-                "unsupported version {}",
-                r.version
-            )));
-        }
-        let _ = self.0.send(r);
-        Ok(tonic::Response::new(pb::Empty {}))
-    }
-}
-
-fn start_kubelet(dir: &Path) -> mpsc::UnboundedReceiver<pb::RegisterRequest> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let l = tokio::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(FakeKubelet(tx)))
-            .serve_with_incoming(UnixListenerStream::new(l)),
-    );
-    rx
-}
 
 fn publish(l: &Ledger, s: HealthState) {
     l.publish(&MonitorSample::default().with_health(s));

@@ -12,6 +12,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use node_agent::pb;
+use node_agent::pb::registration_server::{Registration, RegistrationServer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnixListenerStream;
 
 #[derive(Debug, Clone)]
 pub struct Recorded {
@@ -147,4 +151,37 @@ pub fn offline_pod(
             "resources": {"limits": {"xshare.io/offline-gpu": "1"}, "requests": {"xshare.io/offline-gpu": "1"}}}]},
         "status": {"phase": "Pending", "qosClass": "BestEffort"}
     })
+}
+
+/// The kubelet's side of registration: a `Registration` server on `<dir>/kubelet.sock` that
+/// accepts v1beta1 and hands each request to the test.
+struct FakeKubelet(mpsc::UnboundedSender<pb::RegisterRequest>);
+
+#[tonic::async_trait]
+impl Registration for FakeKubelet {
+    async fn register(
+        &self,
+        req: tonic::Request<pb::RegisterRequest>,
+    ) -> Result<tonic::Response<pb::Empty>, tonic::Status> {
+        let r = req.into_inner();
+        if r.version != "v1beta1" {
+            return Err(tonic::Status::invalid_argument(format!(
+                "unsupported version {}",
+                r.version
+            )));
+        }
+        let _ = self.0.send(r);
+        Ok(tonic::Response::new(pb::Empty {}))
+    }
+}
+
+pub fn start_kubelet(dir: &std::path::Path) -> mpsc::UnboundedReceiver<pb::RegisterRequest> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let l = tokio::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(FakeKubelet(tx)))
+            .serve_with_incoming(UnixListenerStream::new(l)),
+    );
+    rx
 }
