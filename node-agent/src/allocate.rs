@@ -495,6 +495,6 @@ mod tests {
             .unwrap();
         assert!(env
             .iter()
-            .any(|e| e == "LD_PRELOAD=/usr/local/lib/xshare/libxcuda_shim.so"));
+            .any(|e| e == "LD_PRELOAD=/usr/local/lib/xshare/libxcuda.so"));
     }
 }

@@ -61,7 +61,7 @@ pub struct DevicePluginConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InjectConfig {
-    /// The shim (`libxcuda_shim.so`) on the host.
+    /// The shim (`libxcuda.so`) on the host.
     pub shim_host_path: PathBuf,
     /// Where the container sees it (LD_PRELOAD).
     pub shim_container_path: PathBuf,
@@ -159,8 +159,8 @@ impl Default for DevicePluginConfig {
 impl Default for InjectConfig {
     fn default() -> Self {
         Self {
-            shim_host_path: PathBuf::from("/usr/local/lib/xshare/libxcuda_shim.so"),
-            shim_container_path: PathBuf::from("/usr/local/lib/xshare/libxcuda_shim.so"),
+            shim_host_path: PathBuf::from("/usr/local/lib/xshare/libxcuda.so"),
+            shim_container_path: PathBuf::from("/usr/local/lib/xshare/libxcuda.so"),
             ledger_container_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
             mps_pipe_dir: String::new(),
         }

@@ -2,6 +2,7 @@
 //! GPU heartbeat). See the crate docs and `deploy/node-agent.yaml`.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -53,11 +54,10 @@ fn main() -> ExitCode {
     };
     match cli.cmd {
         Cmd::CdiSpec { .. } => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&node_agent::allocate::cdi_spec(&cfg))
-                    .unwrap_or_default()
-            );
+            let text = serde_json::to_string_pretty(&node_agent::allocate::cdi_spec(&cfg))
+                .unwrap_or_default();
+            // A closed stdout (`| head`) is not worth a panic.
+            let _ = writeln!(std::io::stdout(), "{text}");
             ExitCode::SUCCESS
         }
         Cmd::Run { .. } => {

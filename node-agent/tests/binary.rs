@@ -127,3 +127,24 @@ fn bad_config_exits_2_naming_the_field() {
         "{err}"
     );
 }
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/node-agent.example.json"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent"))
+        .args(["cdi-spec", "--config", cfg])
+        .env("NODE_NAME", "gpu-node-1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(spec["kind"], "xshare.io/offline-gpu");
+    assert_eq!(spec["devices"].as_array().unwrap().len(), 2);
+}

@@ -195,7 +195,7 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
     let env = |k: &str| c.envs.get(k).map(String::as_str);
     assert_eq!(
         env("LD_PRELOAD"),
-        Some("/usr/local/lib/xshare/libxcuda_shim.so")
+        Some("/usr/local/lib/xshare/libxcuda.so")
     );
     assert_eq!(env("XSHARE_LEDGER_DIR"), Some("/run/xshare"));
     assert_eq!(
@@ -225,7 +225,7 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
     assert!(
         mounts
             .iter()
-            .any(|(_, c, ro)| c == "/usr/local/lib/xshare/libxcuda_shim.so" && *ro),
+            .any(|(_, c, ro)| c == "/usr/local/lib/xshare/libxcuda.so" && *ro),
         "{mounts:?}"
     );
     assert!(c.cdi_devices.is_empty(), "CDI is off by default");
