@@ -110,7 +110,9 @@ pub struct KubeConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct EvictionConfig {
     pub enabled: bool,
-    /// How often the ledgers are scanned for eviction requests, ms.
+    /// How often the ledgers are scanned for eviction requests, ms. A request is visible only
+    /// until its process exits and unregisters (sysmonitor keeps no other record of it), so
+    /// keep this short: a request missed here still evicts locally, but not through the API.
     pub poll_ms: u64,
     /// First wait before retrying a refused (429) or failed eviction, ms; doubles up to 60 s.
     pub retry_ms: u64,
@@ -199,7 +201,7 @@ impl Default for EvictionConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            poll_ms: 500,
+            poll_ms: 100,
             retry_ms: 2000,
         }
     }
