@@ -212,6 +212,23 @@ pub struct ServeArgs {
     /// How far ahead of this host's clock a GPU heartbeat may be dated and still count.
     #[arg(long, default_value_t = 2000)]
     pub max_clock_skew_ms: u64,
+    /// Learn online services and offline jobs from watched pods, nodes and GPU health from
+    /// watched Nodes' `xshare.io/gpu-heartbeat` (cluster.json then gives round settings,
+    /// tenant rules and nodes without a heartbeat; `--workloads` is read but not used).
+    #[arg(long)]
+    pub watch: bool,
+    /// Namespace of the watched pods [default: all namespaces].
+    #[arg(long, requires = "watch")]
+    pub watch_namespace: Option<String>,
+    /// Label selector of the watched pods.
+    #[arg(long, default_value = kube_contract::pod::ROLE_SELECTOR, requires = "watch")]
+    pub pod_selector: String,
+    /// Label selector of the watched GPU nodes [default: every node].
+    #[arg(long, requires = "watch")]
+    pub node_selector: Option<String>,
+    /// Seconds to wait for the first list of pods and nodes before serving.
+    #[arg(long, default_value_t = 60, requires = "watch")]
+    pub watch_sync_timeout_s: u64,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -344,7 +361,41 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 (None, None) => kube_api::ApiSource::Infer,
             };
             let api = kube_api::KubeApi::connect(&source, std::time::Duration::from_millis(a.api_timeout_ms))?;
-            let ext = std::sync::Arc::new(extender::Extender::new(cluster, workloads, model, cells).with_api(api));
+            // Kept alive for the server's lifetime.
+            let mut _watch = None;
+            let ext = if a.watch {
+                use std::sync::{Arc, OnceLock, Weak};
+                let settings = cluster_matcher::watch::WatchSettings {
+                    namespace: a.watch_namespace.clone(),
+                    pod_selector: a.pod_selector.clone(),
+                    node_selector: a.node_selector.clone(),
+                    stale_after: std::time::Duration::from_secs(cluster.stale_after_s),
+                    max_clock_skew: std::time::Duration::from_millis(a.max_clock_skew_ms),
+                    ..Default::default()
+                };
+                let slot: Arc<OnceLock<Weak<extender::Extender>>> = Arc::default();
+                let s2 = slot.clone();
+                let on_change = Arc::new(move || {
+                    if let Some(e) = s2.get().and_then(Weak::upgrade) {
+                        e.replan();
+                    }
+                });
+                let w = cluster_matcher::watch::ClusterWatch::start(&source, settings, on_change)?;
+                if !w.wait_synced(std::time::Duration::from_secs(a.watch_sync_timeout_s)) {
+                    return Err(format!(
+                        "pods and nodes not listed within {}s (API server unreachable or RBAC missing list/watch?)",
+                        a.watch_sync_timeout_s
+                    )
+                    .into());
+                }
+                drop(workloads);
+                let ext = Arc::new(extender::Extender::watched(cluster, model, cells, w.view()).with_api(api));
+                let _ = slot.set(Arc::downgrade(&ext));
+                _watch = Some(w);
+                ext
+            } else {
+                std::sync::Arc::new(extender::Extender::new(cluster, workloads, model, cells).with_api(api))
+            };
             let _planner = ext.spawn_planner();
             let limits = extender::ServerLimits {
                 max_body: a.max_body_bytes,

@@ -6,18 +6,20 @@
 //! `HostPriorityList [{Host, Score}]` with scores 0..=10, `ExtenderBindingArgs {PodName,
 //! PodNamespace, PodUID, Node}`, `ExtenderBindingResult {Error}`.
 
+pub mod metrics;
 pub mod server;
 pub mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::kube_api::{KubeApi, PodPlacement};
 use crate::plan::{self, ClusterSpec, GpuRef, Plan, Workloads};
 use crate::predictor::SpeedPredictor;
+use crate::watch::WatchView;
 pub use server::{HttpServer, ServerLimits};
 pub use wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority, MAX_EXTENDER_PRIORITY,
@@ -36,6 +38,8 @@ pub type Planner = Box<dyn Fn(&Workloads, u64) -> Plan + Send + Sync>;
 pub struct Snapshot {
     pub plan: Plan,
     pub round: u64,
+    /// Wall time the round took, seconds.
+    pub plan_seconds: f64,
 }
 
 /// The extender's state: inputs, the latest plan, and bindings made through it.
@@ -50,6 +54,18 @@ pub struct Extender {
     wake: Condvar,
     latest: Mutex<Arc<Snapshot>>,
     api: Option<KubeApi>,
+    watched: Option<Watched>,
+}
+
+/// Inputs learned from the API server's watches instead of `workloads.json`.
+pub struct Watched {
+    pub view: WatchView,
+    /// cluster.json: round settings, tenants, nodes the watches do not describe.
+    pub base: ClusterSpec,
+    /// Jobs bound through this extender, by job key, until the watch shows them bound.
+    bound: Arc<Mutex<BTreeMap<String, GpuRef>>>,
+    /// UIDs of offline pods seen evicted through the Eviction API (a counter's memory).
+    evicted: Arc<Mutex<BTreeSet<String>>>,
 }
 
 struct Inputs {
@@ -97,15 +113,86 @@ impl Extender {
 
     /// Builds the extender around any planner (tests, replays); computes the first plan.
     pub fn with_planner(workloads: Workloads, period: Duration, planner: Planner) -> Self {
+        let t0 = Instant::now();
         let plan = planner(&workloads, 0);
+        let plan_seconds = t0.elapsed().as_secs_f64();
         Self {
             planner,
             period,
             inputs: Mutex::new(Inputs { workloads, pod_jobs: BTreeMap::new(), dirty: false, stop: false }),
             wake: Condvar::new(),
-            latest: Mutex::new(Arc::new(Snapshot { plan, round: 0 })),
+            latest: Mutex::new(Arc::new(Snapshot { plan, round: 0, plan_seconds })),
             api: None,
+            watched: None,
         }
+    }
+
+    /// Builds the extender on watched inputs: each round takes one snapshot of the watched
+    /// pods and nodes and plans from it (nodes and GPU health from the heartbeats, workloads
+    /// from the pods). `base` is cluster.json; call [`Extender::replan`] when the watches
+    /// change (see [`crate::watch::ClusterWatch::start`]'s `on_change`).
+    pub fn watched(
+        base: ClusterSpec,
+        predictor: SpeedPredictor,
+        cells: Option<plan::with_cells::CellsState>,
+        view: WatchView,
+    ) -> Self {
+        let period = Duration::from_secs(base.round_period_s.max(1));
+        let bound: Arc<Mutex<BTreeMap<String, GpuRef>>> = Arc::default();
+        let evicted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let cells = cells.map(Mutex::new);
+        let (b, v, bd, ev) = (base.clone(), view.clone(), bound.clone(), evicted.clone());
+        let planner: Planner = Box::new(move |_: &Workloads, round: u64| {
+            let snap = v.snapshot();
+            let cluster = snap.cluster_spec(&b);
+            let (mut workloads, skipped) = snap.workloads(&cluster);
+            for why in &skipped {
+                tracing::debug!(round, %why, "pod left out of the plan");
+            }
+            {
+                // A bind the watch has not shown yet still counts as where the job runs.
+                let mut bound = relock(&bd);
+                let present: BTreeSet<String> = workloads.offline.iter().map(|o| o.name.clone()).collect();
+                bound.retain(|k, _| present.contains(k));
+                for job in &mut workloads.offline {
+                    if job.current.is_none() {
+                        job.current = bound.get(&job.name).cloned();
+                    } else {
+                        bound.remove(&job.name);
+                    }
+                }
+            }
+            {
+                let mut seen = relock(&ev);
+                for p in snap.evicted_offline_pods() {
+                    if let Some(uid) = &p.metadata.uid {
+                        seen.insert(uid.clone());
+                    }
+                }
+            }
+            let health = |g: &GpuRef| snap.health(g);
+            let mut cells = cells.as_ref().map(|c| relock(c));
+            match cells.as_deref_mut() {
+                Some(st) => {
+                    let plan = plan::with_cells::plan_round_with_cells(&cluster, &workloads, &predictor, &health, round, st);
+                    if let Some(p) = &cluster.cells_state {
+                        if let Err(e) = st.save(p) {
+                            tracing::error!(error = %e, "cells state not saved");
+                        }
+                    }
+                    plan
+                }
+                None => plan::plan_round(&cluster, &workloads, &predictor, &health, round),
+            }
+        });
+        let mut ext = Self::with_planner(Workloads::default(), period, planner);
+        ext.watched = Some(Watched { view, base, bound, evicted });
+        ext
+    }
+
+    /// The watched inputs, when the extender runs on them.
+    pub fn watched_inputs(&self) -> Option<&Watched> {
+        self.watched.as_ref()
     }
 
     /// Binds through this API client (without one, bind answers an error: it never reports
@@ -143,11 +230,13 @@ impl Extender {
                     };
                     round += 1;
                     // Computed with no lock held: requests keep reading the previous plan.
+                    let t0 = Instant::now();
                     let planned =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (ext.planner)(&workloads, round)));
+                    let plan_seconds = t0.elapsed().as_secs_f64();
                     match planned {
                         Ok(plan) => {
-                            *relock(&ext.latest) = Arc::new(Snapshot { plan, round });
+                            *relock(&ext.latest) = Arc::new(Snapshot { plan, round, plan_seconds });
                             tracing::debug!(round, "plan swapped in");
                         }
                         // The last good plan stays; the next round tries again.
@@ -182,13 +271,17 @@ impl Extender {
 
     /// What the plan says about `pod`.
     pub fn decide(&self, pod: &Pod) -> PodDecision {
-        let Some(job) = job_name(pod) else {
+        let job = match &self.watched {
+            Some(_) => crate::watch::offline_job_key(pod),
+            None => job_name(pod),
+        };
+        let Some(job) = job else {
             return PodDecision::NotOurs;
         };
         let snap = self.snapshot();
         {
             let mut i = relock(&self.inputs);
-            if !i.workloads.offline.iter().any(|o| o.name == job) {
+            if !self.knows_job(&i, &snap, &job) {
                 return PodDecision::NotOurs;
             }
             if let Some(name) = &pod.metadata.name {
@@ -201,6 +294,18 @@ impl Extender {
             None => PodDecision::Waiting(job),
         }
     }
+    /// Whether `job` is an offline job of the plan's inputs.
+    fn knows_job(&self, i: &Inputs, snap: &Snapshot, job: &str) -> bool {
+        match &self.watched {
+            // Watched inputs live in the round's snapshot: every offline job is placed or
+            // left waiting by it.
+            Some(_) => {
+                snap.plan.assignments.iter().any(|a| a.offline == job) || snap.plan.unplaced.iter().any(|u| u == job)
+            }
+            None => i.workloads.offline.iter().any(|o| o.name == job),
+        }
+    }
+
     /// The filter verb.
     pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
         let names = args.node_names();
@@ -240,7 +345,10 @@ impl Extender {
     /// predicted normalized throughput; every other node scores 0.
     pub fn prioritize(&self, args: ExtenderArgs) -> Vec<HostPriority> {
         let decision = self.decide(&args.pod);
-        let job = job_name(&args.pod);
+        let job = match &self.watched {
+            Some(_) => crate::watch::offline_job_key(&args.pod),
+            None => job_name(&args.pod),
+        };
         let pred = job
             .and_then(|j| self.snapshot().plan.assignments.iter().find(|a| a.offline == j).cloned())
             .map_or(0.0, |a| a.predicted_normalized);
@@ -270,12 +378,17 @@ impl Extender {
         let snap = self.snapshot();
         let job_name = {
             let i = relock(&self.inputs);
-            let job = i
-                .pod_jobs
-                .get(&format!("{}/{}", args.pod_namespace, args.pod_name))
-                .cloned()
-                .unwrap_or_else(|| args.pod_name.clone());
-            if !i.workloads.offline.iter().any(|o| o.name == job) {
+            let seen = i.pod_jobs.get(&format!("{}/{}", args.pod_namespace, args.pod_name)).cloned();
+            let job = match (&self.watched, seen) {
+                (_, Some(job)) => job,
+                (Some(w), None) => w
+                    .view
+                    .pod(&args.pod_namespace, &args.pod_name)
+                    .and_then(|p| crate::watch::offline_job_key(&p))
+                    .unwrap_or_else(|| format!("{}/{}", args.pod_namespace, args.pod_name)),
+                (None, None) => args.pod_name.clone(),
+            };
+            if !self.knows_job(&i, &snap, &job) {
                 return fail(format!("pod {}/{} is not an offline job of the plan", args.pod_namespace, args.pod_name));
             }
             job
@@ -307,6 +420,9 @@ impl Extender {
             let mut i = relock(&self.inputs);
             if let Some(job) = i.workloads.offline.iter_mut().find(|o| o.name == job_name) {
                 job.current = Some(a.at.clone());
+            }
+            if let Some(w) = &self.watched {
+                relock(&w.bound).insert(job_name.clone(), a.at.clone());
             }
             i.dirty = true;
         }
@@ -342,6 +458,13 @@ pub fn job_name(pod: &Pod) -> Option<String> {
         .or_else(|| m.name.clone())
 }
 
+impl Watched {
+    /// Offline pods seen evicted through the Eviction API since start.
+    pub fn evictions_seen(&self) -> u64 {
+        relock(&self.evicted).len() as u64
+    }
+}
+
 pub(crate) fn error_body(msg: &str) -> String {
     serde_json::json!({ "Error": msg }).to_string()
 }
@@ -364,11 +487,12 @@ pub fn handle(ext: &Extender, method: &str, path: &str, body: &[u8]) -> (u16, St
             parse::<ExtenderBindingArgs>(body, "ExtenderBindingArgs").map(|a| serde_json::to_string(&ext.bind(a)))
         }
         ("GET", "plan") => Ok(serde_json::to_string(&ext.plan())),
+        ("GET", "metrics") => return (200, metrics::render(ext)),
         ("GET", "healthz") => Ok(Ok("{\"ok\":true}".to_string())),
         _ => {
             return (
                 404,
-                error_body(&format!("no endpoint {method} {path}; use POST filter|prioritize|bind, GET plan|healthz")),
+                error_body(&format!("no endpoint {method} {path}; use POST filter|prioritize|bind, GET plan|metrics|healthz")),
             )
         }
     };

@@ -113,18 +113,7 @@ impl KubeApi {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the Kubernetes client runtime: {e}"))?;
-        let mut config = rt.block_on(async {
-            match source {
-                ApiSource::Infer => {
-                    Config::infer().await.map_err(|e| format!("no in-cluster config and no usable kubeconfig: {e}"))
-                }
-                ApiSource::Kubeconfig(path) => load_kubeconfig(path).await,
-                ApiSource::Url(url) => {
-                    let uri = url.parse().map_err(|e| format!("bad --kube-api URL `{url}`: {e}"))?;
-                    Ok(Config::new(uri))
-                }
-            }
-        })?;
+        let mut config = rt.block_on(load_config(source))?;
         // kube-scheduler retries the pod itself: a 429/5xx goes back to it at once, instead of
         // being retried here past its extender timeout.
         config.default_retry = false;
@@ -180,6 +169,18 @@ impl Drop for KubeApi {
         // (the extender may be dropped by the HTTP server's tasks).
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
+        }
+    }
+}
+
+/// The client configuration `source` names.
+pub(crate) async fn load_config(source: &ApiSource) -> Result<Config, String> {
+    match source {
+        ApiSource::Infer => Config::infer().await.map_err(|e| format!("no in-cluster config and no usable kubeconfig: {e}")),
+        ApiSource::Kubeconfig(path) => load_kubeconfig(path).await,
+        ApiSource::Url(url) => {
+            let uri = url.parse().map_err(|e| format!("bad --kube-api URL `{url}`: {e}"))?;
+            Ok(Config::new(uri))
         }
     }
 }

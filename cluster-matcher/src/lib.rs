@@ -7,3 +7,4 @@ pub mod kube_api;
 pub mod matching;
 pub mod plan;
 pub mod predictor;
+pub mod watch;

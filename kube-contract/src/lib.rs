@@ -46,6 +46,7 @@
 //!   [`heartbeat::parse`] on the reading side: unknown `version` is an error, not a guess.
 
 pub mod heartbeat;
+pub mod node;
 pub mod pod;
 
 /// The extended resource the node agent's device plugin advertises: one unit per offline slot

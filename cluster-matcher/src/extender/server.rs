@@ -162,11 +162,20 @@ async fn respond(ext: Arc<Extender>, req: Request<Incoming>, limits: ServerLimit
         Ok(Err(e)) => return json(400, error_body(&format!("cannot read body: {e}"))),
         Ok(Ok(c)) => c.to_bytes(),
     };
+    let p = path.clone();
     let answer = tokio::task::spawn_blocking(move || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(&ext, &method, &path, &body)))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(&ext, &method, &p, &body)))
     })
     .await;
     match answer {
+        Ok(Ok((200, text))) if path.trim_end_matches('/').ends_with("/metrics") => {
+            let mut r = json(200, text);
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(super::metrics::CONTENT_TYPE),
+            );
+            r
+        }
         Ok(Ok((status, text))) => json(status, text),
         _ => json(500, error_body("internal error")),
     }

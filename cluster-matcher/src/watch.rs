@@ -1,0 +1,661 @@
+//! The cluster as the API server tells it: xshare pods (online services, offline jobs) and
+//! GPU nodes with their heartbeats, kept by kube-runtime watchers, and the plan inputs derived
+//! from them.
+//!
+//! Each watch lists, then watches from the list's `resourceVersion` with bookmarks (so a
+//! reconnect resumes from the latest bookmark, not from an expired version). The stores swap
+//! in a relist's contents whole (objects deleted while the watch was down disappear). A
+//! restart therefore loses nothing: the state is rebuilt from list + watch.
+//!
+//! Error handling on top of kube-runtime's watcher (which relists itself after a `410 Gone`
+//! ERROR event inside a watch stream):
+//! - `410 Gone` answered to the watch *request* itself (the resume version expired before
+//!   the watch started; kube-runtime would retry the same expired version forever): a fresh
+//!   watcher, which relists.
+//! - `429 Too Many Requests` (API Priority and Fairness) or 5xx with `retryAfterSeconds`: wait
+//!   that long before the next request (kube-runtime would retry at once).
+//! - Anything else: exponential backoff, reset by the next event.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::Api;
+use kube_contract::heartbeat::{self, Freshness, GpuHeartbeat, GpuState};
+use kube_contract::pod::{self as contract, Role};
+
+use crate::kube_api::ApiSource;
+use crate::plan::{ClusterSpec, GpuHealth, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, Workloads};
+use crate::predictor::JobProfile;
+
+/// Node label naming the GPU type as cluster.json and offline jobs' `xshare.io/gpu-types` do.
+pub const LABEL_NODE_GPU_TYPE: &str = kube_contract::node::LABEL_GPU_TYPE;
+/// Node label naming the predictor model for the node's GPUs.
+pub const LABEL_NODE_PREDICTOR_GPU_TYPE: &str = kube_contract::node::LABEL_PREDICTOR_GPU_TYPE;
+/// GPU feature discovery's product label (the GPU type when `xshare.io/gpu-type` is absent).
+pub const LABEL_GFD_PRODUCT: &str = "nvidia.com/gpu.product";
+
+/// What to watch and how to judge heartbeats.
+#[derive(Debug, Clone)]
+pub struct WatchSettings {
+    /// Namespace of the pods; `None` = all namespaces.
+    pub namespace: Option<String>,
+    /// Label selector of xshare pods.
+    pub pod_selector: String,
+    /// Label selector of GPU nodes; `None` = every node.
+    pub node_selector: Option<String>,
+    /// A heartbeat older than this reads as stale.
+    pub stale_after: Duration,
+    /// A heartbeat dated further ahead than this reads as stale.
+    pub max_clock_skew: Duration,
+    /// Longest wait between retries after an error (and cap on a server's Retry-After).
+    pub max_backoff: Duration,
+    /// Seconds the API server keeps one watch request open.
+    pub watch_timeout_s: u32,
+}
+
+impl Default for WatchSettings {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            pod_selector: contract::ROLE_SELECTOR.to_string(),
+            node_selector: None,
+            stale_after: heartbeat::DEFAULT_STALE_AFTER,
+            max_clock_skew: heartbeat::DEFAULT_MAX_CLOCK_SKEW,
+            max_backoff: Duration::from_secs(30),
+            watch_timeout_s: 290,
+        }
+    }
+}
+
+/// Counters of the watches (exported as metrics).
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    /// Lists started (the first one and every relist).
+    pub lists: AtomicU64,
+    /// Errors answered by the API server or the connection.
+    pub errors: AtomicU64,
+    /// Waits a server's Retry-After asked for.
+    pub retry_after_waits: AtomicU64,
+    /// Watchers started afresh after a `410 Gone` on a watch request.
+    pub gone_restarts: AtomicU64,
+}
+
+/// A cheap handle on what the watches have seen.
+#[derive(Clone)]
+pub struct WatchView {
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    pub settings: Arc<WatchSettings>,
+    pub stats: Arc<WatchStats>,
+}
+
+impl std::fmt::Debug for WatchView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchView")
+            .field("pods", &self.pods.len())
+            .field("nodes", &self.nodes.len())
+            .finish()
+    }
+}
+
+impl WatchView {
+    /// The objects now, plus the time they are judged at.
+    pub fn snapshot(&self) -> ClusterSnapshot {
+        let mut pods = self.pods.state();
+        pods.sort_by_key(|p| pod_key(p));
+        let mut nodes = self.nodes.state();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        ClusterSnapshot {
+            pods,
+            nodes,
+            now_unix_ms: now_unix_ms(),
+            settings: self.settings.clone(),
+        }
+    }
+
+    /// Whether both watches finished their first list.
+    pub fn is_synced(&self) -> bool {
+        use futures::FutureExt;
+        matches!(self.pods.wait_until_ready().now_or_never(), Some(Ok(())))
+            && matches!(self.nodes.wait_until_ready().now_or_never(), Some(Ok(())))
+    }
+
+    /// The pod `namespace/name`, if watched.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&reflector::ObjectRef::new(name).within(namespace))
+    }
+}
+
+/// The running watches; they stop when this is dropped.
+pub struct ClusterWatch {
+    view: WatchView,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for ClusterWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterWatch").field("view", &self.view).finish()
+    }
+}
+
+/// Called after every change the watches apply (cheap: it should only wake the planner).
+pub type OnChange = Arc<dyn Fn() + Send + Sync>;
+
+impl ClusterWatch {
+    /// Connects and starts the pod and node watches. Nothing is listed before this returns;
+    /// see [`ClusterWatch::wait_synced`].
+    pub fn start(source: &ApiSource, settings: WatchSettings, on_change: OnChange) -> Result<Self, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kube-watch")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the watch runtime: {e}"))?;
+        let mut config = rt.block_on(crate::kube_api::load_config(source))?;
+        // Retry timing is the watch loop's (it honours Retry-After and relists on 410);
+        // a watch stays open up to `watch_timeout_s`, so reads may idle that long.
+        config.default_retry = false;
+        config.read_timeout = Some(Duration::from_secs(u64::from(settings.watch_timeout_s) + 30));
+        let client = rt
+            .block_on(async { kube::Client::try_from(config) })
+            .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+        let (pod_store, pod_writer) = reflector::store::<Pod>();
+        let (node_store, node_writer) = reflector::store::<Node>();
+        let settings = Arc::new(settings);
+        let stats = Arc::new(WatchStats::default());
+        let view = WatchView {
+            pods: pod_store,
+            nodes: node_store,
+            settings: settings.clone(),
+            stats: stats.clone(),
+        };
+        let pods: Api<Pod> = match &settings.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let nodes: Api<Node> = Api::all(client);
+        let mut pod_cfg = watcher::Config::default()
+            .labels(&settings.pod_selector)
+            .timeout(settings.watch_timeout_s);
+        pod_cfg.bookmarks = true;
+        let mut node_cfg = watcher::Config::default().timeout(settings.watch_timeout_s);
+        if let Some(sel) = &settings.node_selector {
+            node_cfg = node_cfg.labels(sel);
+        }
+        node_cfg.bookmarks = true;
+        let max = settings.max_backoff;
+        rt.spawn(run_watch(
+            pods,
+            pod_cfg,
+            pod_writer,
+            "pods",
+            stats.clone(),
+            on_change.clone(),
+            max,
+        ));
+        rt.spawn(run_watch(nodes, node_cfg, node_writer, "nodes", stats, on_change, max));
+        Ok(Self { view, rt: Some(rt) })
+    }
+
+    /// A handle on the watched state.
+    pub fn view(&self) -> WatchView {
+        self.view.clone()
+    }
+
+    /// Waits until both watches finished their first list; false on timeout.
+    pub fn wait_synced(&self, timeout: Duration) -> bool {
+        let rt = self.rt.as_ref().expect("runtime present until drop");
+        let (p, n) = (self.view.pods.clone(), self.view.nodes.clone());
+        rt.block_on(async {
+            tokio::time::timeout(timeout, async {
+                let _ = p.wait_until_ready().await;
+                let _ = n.wait_until_ready().await;
+            })
+            .await
+            .is_ok()
+        })
+    }
+}
+
+impl Drop for ClusterWatch {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(200);
+
+/// What to do after a watch error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorPlan {
+    /// Start a fresh watcher (relist) instead of resuming.
+    pub restart: bool,
+    /// Wait this long first.
+    pub delay: Duration,
+    /// The delay is the server's Retry-After.
+    pub server_asked: bool,
+}
+
+/// Decides how to go on after `e` (see the module docs); `backoff` is the current
+/// exponential delay.
+pub fn plan_after_error(e: &watcher::Error, backoff: Duration, max: Duration) -> ErrorPlan {
+    let status = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(&**s),
+        watcher::Error::WatchError(s) => Some(&**s),
+        _ => None,
+    };
+    let code = status.map_or(0, |s| s.code);
+    let retry_after = status
+        .and_then(|s| s.details.as_ref())
+        .map(|d| d.retry_after_seconds)
+        .filter(|s| *s > 0)
+        .map(u64::from);
+    if code == 410 {
+        // Relist at once, as client-go's reflector does: the version is gone for good.
+        return ErrorPlan {
+            restart: true,
+            delay: Duration::ZERO,
+            server_asked: false,
+        };
+    }
+    match retry_after {
+        Some(s) => ErrorPlan {
+            restart: false,
+            delay: Duration::from_secs(s).min(max.max(MIN_BACKOFF)),
+            server_asked: true,
+        },
+        None => ErrorPlan {
+            restart: false,
+            delay: backoff.min(max),
+            server_asked: false,
+        },
+    }
+}
+
+async fn run_watch<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    mut writer: reflector::store::Writer<K>,
+    what: &'static str,
+    stats: Arc<WatchStats>,
+    on_change: OnChange,
+    max_backoff: Duration,
+) where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        // A fresh watcher starts with a list; the writer swaps the listed objects in whole
+        // at InitDone.
+        let mut stream = std::pin::pin!(watcher(api.clone(), cfg.clone()));
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) => {
+                    backoff = MIN_BACKOFF;
+                    writer.apply_watcher_event(&event);
+                    match event {
+                        watcher::Event::Init => {
+                            stats.lists.fetch_add(1, Ordering::Relaxed);
+                        }
+                        watcher::Event::InitApply(_) => {}
+                        watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_) => on_change(),
+                    }
+                }
+                Err(e) => {
+                    stats.errors.fetch_add(1, Ordering::Relaxed);
+                    let p = plan_after_error(&e, backoff, max_backoff);
+                    tracing::warn!(watch = what, error = %e, restart = p.restart, delay_ms = p.delay.as_millis() as u64, "watch error");
+                    if p.server_asked {
+                        stats.retry_after_waits.fetch_add(1, Ordering::Relaxed);
+                    } else if !p.restart {
+                        backoff = (backoff * 2).min(max_backoff.max(MIN_BACKOFF));
+                    }
+                    tokio::time::sleep(p.delay).await;
+                    if p.restart {
+                        stats.gone_restarts.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn pod_key(p: &Pod) -> (String, String) {
+    (
+        p.metadata.namespace.clone().unwrap_or_default(),
+        p.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The plan's name for the offline job a pod runs: `namespace/job` (see
+/// [`kube_contract::pod::job_name`]); `None` for pods that are not offline xshare pods.
+pub fn offline_job_key(pod: &Pod) -> Option<String> {
+    let m = &pod.metadata;
+    if contract::role(m.labels.as_ref()) != Some(Role::Offline) {
+        return None;
+    }
+    let owners: Vec<contract::Owner<'_>> = m
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| contract::Owner {
+            api_version: &o.api_version,
+            kind: &o.kind,
+            name: &o.name,
+            controller: o.controller == Some(true),
+        })
+        .collect();
+    let job = contract::job_name(
+        m.name.as_deref().unwrap_or(""),
+        m.labels.as_ref(),
+        m.annotations.as_ref(),
+        &owners,
+    );
+    Some(format!("{}/{job}", m.namespace.as_deref().unwrap_or("default")))
+}
+
+/// Whether the API server marked the pod as being evicted through the Eviction API (the
+/// `DisruptionTarget` condition, reason `EvictionByEvictionAPI`).
+pub fn evicted_by_api(pod: &Pod) -> bool {
+    pod.status.iter().flat_map(|s| s.conditions.iter().flatten()).any(|c| {
+        c.type_ == "DisruptionTarget" && c.status == "True" && c.reason.as_deref() == Some("EvictionByEvictionAPI")
+    })
+}
+
+/// One consistent look at the watched objects, at one time.
+#[derive(Debug, Clone)]
+pub struct ClusterSnapshot {
+    pub pods: Vec<Arc<Pod>>,
+    pub nodes: Vec<Arc<Node>>,
+    pub now_unix_ms: u64,
+    pub settings: Arc<WatchSettings>,
+}
+
+/// Why a node's heartbeat cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeartbeatProblem {
+    NodeNotWatched,
+    Missing,
+    Invalid(String),
+}
+
+impl ClusterSnapshot {
+    /// A snapshot of given objects (tests, replays).
+    pub fn new(pods: Vec<Pod>, nodes: Vec<Node>, now_unix_ms: u64, settings: WatchSettings) -> Self {
+        Self {
+            pods: pods.into_iter().map(Arc::new).collect(),
+            nodes: nodes.into_iter().map(Arc::new).collect(),
+            now_unix_ms,
+            settings: Arc::new(settings),
+        }
+    }
+
+    fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))
+            .map(|n| &**n)
+    }
+
+    /// The node's heartbeat, parsed and validated (freshness not judged).
+    pub fn heartbeat(&self, node: &str) -> Result<GpuHeartbeat, HeartbeatProblem> {
+        let n = self.node(node).ok_or(HeartbeatProblem::NodeNotWatched)?;
+        let text = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(heartbeat::ANNOTATION))
+            .ok_or(HeartbeatProblem::Missing)?;
+        heartbeat::parse(node, text).map_err(|e| HeartbeatProblem::Invalid(e.to_string()))
+    }
+
+    /// A GPU's health from its node's heartbeat: a missing, invalid, stale or future-dated
+    /// heartbeat, a GPU the heartbeat does not list, or a cordoned node is not Healthy.
+    pub fn health(&self, at: &GpuRef) -> GpuHealth {
+        let hb = match self.heartbeat(&at.node) {
+            Ok(hb) => hb,
+            Err(HeartbeatProblem::NodeNotWatched | HeartbeatProblem::Missing) => return GpuHealth::Missing,
+            Err(HeartbeatProblem::Invalid(why)) => return GpuHealth::Unreadable { why },
+        };
+        match hb.freshness(
+            self.now_unix_ms,
+            self.settings.stale_after,
+            self.settings.max_clock_skew,
+        ) {
+            Freshness::Fresh { .. } => {}
+            Freshness::Stale { age_ms } => return GpuHealth::Stale { age_s: age_ms / 1000 },
+            Freshness::FromFuture { ahead_ms } => return GpuHealth::FromFuture { ahead_ms },
+        }
+        if self
+            .node(&at.node)
+            .and_then(|n| n.spec.as_ref())
+            .and_then(|s| s.unschedulable)
+            == Some(true)
+        {
+            return GpuHealth::Disabled;
+        }
+        match hb.gpu(at.gpu).map(|g| g.state) {
+            None => GpuHealth::Missing,
+            Some(GpuState::Init) => GpuHealth::Init,
+            Some(GpuState::Healthy) => GpuHealth::Healthy,
+            Some(GpuState::Unhealthy) => GpuHealth::Unhealthy,
+            Some(GpuState::Overlimit) => GpuHealth::Overlimit,
+            Some(GpuState::Disabled) => GpuHealth::Disabled,
+        }
+    }
+
+    /// `base` (cluster.json: round settings, tenants, static nodes) with every watched node
+    /// that has a readable heartbeat added or replacing its static entry: GPU count, memory
+    /// and type from the heartbeat and the node's labels.
+    pub fn cluster_spec(&self, base: &ClusterSpec) -> ClusterSpec {
+        let mut spec = base.clone();
+        for n in &self.nodes {
+            let Some(name) = n.metadata.name.as_deref() else {
+                continue;
+            };
+            let Ok(hb) = self.heartbeat(name) else { continue };
+            let Some(gpus) = hb.gpus.iter().map(|g| g.index + 1).max() else {
+                continue;
+            };
+            let labels = n.metadata.labels.as_ref();
+            let label = |k: &str| labels.and_then(|l| l.get(k)).filter(|v| !v.is_empty()).cloned();
+            let memory = hb.gpus.iter().map(|g| g.memory_total_bytes >> 20).min().unwrap_or(0);
+            if memory == 0 {
+                continue;
+            }
+            let gpu_type = label(LABEL_NODE_GPU_TYPE)
+                .or_else(|| label(LABEL_GFD_PRODUCT))
+                .unwrap_or_else(|| hb.gpus[0].model.clone());
+            spec.nodes.retain(|s| s.name != name);
+            spec.nodes.push(NodeSpec {
+                name: name.to_string(),
+                gpu_type,
+                gpus,
+                gpu_memory_mib: memory,
+                predictor_gpu_type: label(LABEL_NODE_PREDICTOR_GPU_TYPE),
+            });
+        }
+        spec
+    }
+
+    /// Online and offline workloads from the watched pods, checked against `cluster`; the
+    /// second value names each pod left out and why.
+    pub fn workloads(&self, cluster: &ClusterSpec) -> (Workloads, Vec<String>) {
+        let mut w = Workloads::default();
+        let mut skipped = Vec::new();
+        let mut online_gpus = BTreeSet::new();
+        let mut offline_index: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in &self.pods {
+            let m = &pod.metadata;
+            let ns = m.namespace.as_deref().unwrap_or("default");
+            let pod_name = m.name.as_deref().unwrap_or("");
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Pending");
+            if matches!(phase, "Succeeded" | "Failed") {
+                continue;
+            }
+            let Some(role) = contract::role(m.labels.as_ref()) else {
+                continue;
+            };
+            let ann = m.annotations.as_ref();
+            let get = |k: &str| ann.and_then(|a| a.get(k)).map(String::as_str);
+            let mut skip = |why: String| skipped.push(format!("pod {ns}/{pod_name}: {why}"));
+            let profile = match get(contract::ANN_PROFILE).map(serde_json::from_str::<JobProfile>) {
+                None => None,
+                Some(Ok(p)) => Some(p),
+                Some(Err(e)) => {
+                    skip(format!(
+                        "{} is not a job profile ({e}); planned without one",
+                        contract::ANN_PROFILE
+                    ));
+                    None
+                }
+            };
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let gpu = get(contract::ANN_GPU).and_then(|g| g.parse::<u32>().ok());
+            let at = match (node, gpu) {
+                (Some(node), Some(gpu)) => Some(GpuRef { node, gpu }),
+                _ => None,
+            };
+            let at_known = at.as_ref().filter(|a| cluster.node_for(a).is_some()).cloned();
+            let memory = get(contract::ANN_MEMORY_MIB).map(|v| v.parse::<u64>());
+            let tenant = contract::tenant(m.labels.as_ref(), ns);
+            match role {
+                Role::Online => {
+                    let name = format!("{ns}/{pod_name}");
+                    let report = at_known
+                        .as_ref()
+                        .and_then(|a| self.heartbeat(&a.node).ok().and_then(|hb| hb.gpu(a.gpu).cloned()));
+                    if at.is_some() && at_known.is_none() {
+                        skip(format!("on GPU {:?}, which no watched node or cluster.json lists", at));
+                        continue;
+                    }
+                    if at_known.is_none() && cluster.cells.is_none() {
+                        skip(format!(
+                            "online pod not bound or without {} (no cells to place it)",
+                            contract::ANN_GPU
+                        ));
+                        continue;
+                    }
+                    if let Some(a) = &at_known {
+                        if !online_gpus.insert(a.clone()) {
+                            skip(format!("GPU {}/{} already holds an online pod", a.node, a.gpu));
+                            continue;
+                        }
+                    }
+                    let memory_mib = match memory {
+                        Some(Ok(v)) => v,
+                        Some(Err(e)) => {
+                            skip(format!("bad {}: {e}", contract::ANN_MEMORY_MIB));
+                            continue;
+                        }
+                        None => match &report {
+                            Some(r) => r.memory_used_bytes >> 20,
+                            None => {
+                                skip(format!("no {} and no heartbeat for its GPU", contract::ANN_MEMORY_MIB));
+                                continue;
+                            }
+                        },
+                    };
+                    // Fail closed: without a measurement the service is taken as using
+                    // every SM (no room for offline work).
+                    let sm = match get(contract::ANN_SM_ACTIVITY_PERCENT).map(|v| v.parse::<f64>()) {
+                        Some(Ok(v)) if (0.0..=100.0).contains(&v) => v,
+                        Some(_) => {
+                            skip(format!("bad {}; taken as 100", contract::ANN_SM_ACTIVITY_PERCENT));
+                            100.0
+                        }
+                        None => report.map_or(100.0, |r| f64::from(r.sm_activity_permille) / 10.0),
+                    };
+                    w.online.push(OnlineWorkload {
+                        name,
+                        tenant,
+                        at: at_known,
+                        gpu_type: None,
+                        group: None,
+                        memory_mib,
+                        sm_activity_percent: sm,
+                        profile,
+                    });
+                }
+                Role::Offline => {
+                    let Some(key) = offline_job_key(pod) else { continue };
+                    let memory_mib = match memory {
+                        Some(Ok(v)) => v,
+                        Some(Err(e)) => {
+                            skip(format!("bad {}: {e}", contract::ANN_MEMORY_MIB));
+                            continue;
+                        }
+                        None => {
+                            skip(format!("offline pod without {}", contract::ANN_MEMORY_MIB));
+                            continue;
+                        }
+                    };
+                    let job = OfflineJob {
+                        name: key.clone(),
+                        tenant,
+                        memory_mib,
+                        gpu_types: contract::gpu_types(ann),
+                        profile,
+                        current: at_known,
+                    };
+                    // Several live pods of one job (a retried Job): one entry, the placed one.
+                    match offline_index.get(&key) {
+                        Some(&i) if w.offline[i].current.is_some() || job.current.is_none() => {}
+                        Some(&i) => w.offline[i] = job,
+                        None => {
+                            offline_index.insert(key, w.offline.len());
+                            w.offline.push(job);
+                        }
+                    }
+                }
+            }
+        }
+        // Over max_offline_per_gpu on one GPU (pods bound behind the plan's back): the extra
+        // jobs are planned as not placed, so the plan sees the overcommit as breaks to make.
+        let mut per_gpu: BTreeMap<GpuRef, usize> = BTreeMap::new();
+        for j in &mut w.offline {
+            if let Some(c) = &j.current {
+                let n = per_gpu.entry(c.clone()).or_default();
+                *n += 1;
+                if *n > cluster.max_offline_per_gpu {
+                    skipped.push(format!(
+                        "offline job {} on {}/{}: over max_offline_per_gpu",
+                        j.name, c.node, c.gpu
+                    ));
+                    j.current = None;
+                }
+            }
+        }
+        (w, skipped)
+    }
+
+    /// Offline pods the API server marked as evicted through the Eviction API.
+    pub fn evicted_offline_pods(&self) -> Vec<&Pod> {
+        self.pods
+            .iter()
+            .filter(|p| contract::role(p.metadata.labels.as_ref()) == Some(Role::Offline) && evicted_by_api(p))
+            .map(|p| &**p)
+            .collect()
+    }
+}

@@ -1,0 +1,860 @@
+//! The pod and node watches against a fake API server on loopback that speaks the list/watch
+//! protocol as a real one does: `PodList`/`NodeList` with `metadata.resourceVersion`, chunked
+//! watch streams of `{"type", "object"}` lines (ADDED/MODIFIED/DELETED, BOOKMARK objects with
+//! only a resourceVersion, ERROR with a `Status`), `410 Gone` (reason `Expired`) inside a stream
+//! and as the answer to a watch request, `429 TooManyRequests` with `Retry-After` and
+//! `details.retryAfterSeconds`.
+
+mod plan_support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cluster_matcher::extender::{Extender, ExtenderArgs, PodDecision};
+use cluster_matcher::kube_api::ApiSource;
+use cluster_matcher::plan::{ClusterSpec, GpuHealth, GpuRef};
+use cluster_matcher::watch::{ClusterSnapshot, ClusterWatch, WatchSettings, WatchView};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube_contract::heartbeat;
+use serde_json::{json, Value};
+
+// ---------------------------------------------------------------- fake API server
+
+#[derive(Debug, Clone)]
+pub struct Req {
+    pub path: String,
+    pub query: BTreeMap<String, String>,
+    pub at: Instant,
+}
+
+impl Req {
+    fn is_watch(&self) -> bool {
+        self.query.get("watch").map(String::as_str) == Some("true")
+    }
+    fn rv(&self) -> &str {
+        self.query.get("resourceVersion").map_or("", String::as_str)
+    }
+}
+
+pub enum Answer {
+    Json(u16, Value, Vec<(&'static str, String)>),
+    /// A watch stream: these events, then the stream ends (`hang = false`) or stays open.
+    Stream(Vec<Value>, bool),
+}
+
+pub struct FakeApi {
+    pub url: String,
+    pub reqs: Arc<Mutex<Vec<Req>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl FakeApi {
+    fn requests(&self, path: &str) -> Vec<Req> {
+        self.reqs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
+    }
+    fn lists(&self, path: &str) -> Vec<Req> {
+        self.requests(path).into_iter().filter(|r| !r.is_watch()).collect()
+    }
+    fn watches(&self, path: &str) -> Vec<Req> {
+        self.requests(path).into_iter().filter(Req::is_watch).collect()
+    }
+}
+
+fn parse_query(q: &str) -> BTreeMap<String, String> {
+    let unescape = |s: &str| {
+        let mut out = Vec::new();
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'%' if i + 2 < b.len() => {
+                    out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                    i += 3;
+                }
+                b'+' => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                c => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8(out).unwrap()
+    };
+    q.split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (unescape(k), unescape(v))
+        })
+        .collect()
+}
+
+/// Serves `answer(request, same-path requests before it)` on loopback, one request per
+/// connection (`Connection: close`), watch streams chunked as the API server sends them.
+pub fn fake_api(answer: impl Fn(&Req, &[Req]) -> Answer + Send + Sync + 'static) -> FakeApi {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let reqs: Arc<Mutex<Vec<Req>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let answer = Arc::new(answer);
+    let (r, st) = (reqs.clone(), stop.clone());
+    std::thread::spawn(move || {
+        while !st.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let (r, st, answer) = (r.clone(), st.clone(), answer.clone());
+                    std::thread::spawn(move || serve(stream, &r, &st, &*answer));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    FakeApi { url, reqs, stop }
+}
+
+fn serve(mut stream: TcpStream, reqs: &Mutex<Vec<Req>>, stop: &AtomicBool, answer: &dyn Fn(&Req, &[Req]) -> Answer) {
+    stream.set_nonblocking(false).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+    }
+    let target = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let req = Req {
+        path: path.to_string(),
+        query: parse_query(query),
+        at: Instant::now(),
+    };
+    let before: Vec<Req> = {
+        let mut all = reqs.lock().unwrap();
+        let before = all.iter().filter(|r| r.path == req.path).cloned().collect();
+        all.push(req.clone());
+        before
+    };
+    match answer(&req, &before) {
+        Answer::Json(code, body, headers) => {
+            let body = body.to_string();
+            let mut head = format!(
+                "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+                body.len()
+            );
+            for (k, v) in headers {
+                head.push_str(&format!("{k}: {v}\r\n"));
+            }
+            let _ = write!(stream, "{head}\r\n{body}");
+        }
+        Answer::Stream(events, hang) => {
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            );
+            for e in events {
+                let line = format!("{e}\n");
+                let _ = write!(stream, "{:x}\r\n{line}\r\n", line.len());
+                let _ = stream.flush();
+            }
+            if hang {
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            let _ = write!(stream, "0\r\n\r\n");
+        }
+    }
+    let _ = stream.flush();
+}
+
+// ---------------------------------------------------------------- real-shaped objects
+
+const PODS: &str = "/api/v1/pods";
+const NODES: &str = "/api/v1/nodes";
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn heartbeat_json(node: &str, updated_unix_ms: u64, states: &[&str]) -> String {
+    let gpus: Vec<Value> = states
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            json!({"index": i, "uuid": format!("GPU-{node}-{i}"), "state": s, "sm_activity_permille": 300,
+                   "memory_used_bytes": 8u64 << 30, "memory_total_bytes": 32u64 << 30,
+                   "offline_sm_budget_permille": 600, "model": "Tesla V100-SXM2-32GB"})
+        })
+        .collect();
+    json!({"version": 1, "node": node, "updated_unix_ms": updated_unix_ms, "gpus": gpus}).to_string()
+}
+
+fn node(name: &str, rv: &str, heartbeat: Option<String>) -> Value {
+    let mut annotations = json!({"node.alpha.kubernetes.io/ttl": "0",
+                                 "volumes.kubernetes.io/controller-managed-attach-detach": "true"});
+    if let Some(hb) = heartbeat {
+        annotations[heartbeat::ANNOTATION] = Value::String(hb);
+    }
+    json!({"kind": "Node", "apiVersion": "v1",
+      "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": rv,
+                   "creationTimestamp": "2026-11-20T08:00:00Z",
+                   "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                              "xshare.io/gpu-type": "V100M32", "xshare.io/predictor-gpu-type": "v100",
+                              "nvidia.com/gpu.product": "Tesla-V100-SXM2-32GB"},
+                   "annotations": annotations},
+      "spec": {"podCIDR": "10.244.1.0/24"},
+      "status": {"capacity": {"cpu": "64", "memory": "527927808Ki", "nvidia.com/gpu": "2", "xshare.io/offline-gpu": "2"},
+                 "allocatable": {"cpu": "63", "memory": "517000000Ki", "nvidia.com/gpu": "2", "xshare.io/offline-gpu": "2"},
+                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                 "lastHeartbeatTime": "2026-11-23T06:00:00Z", "lastTransitionTime": "2026-11-20T08:01:00Z"}]}})
+}
+
+/// A pod the Job controller made for Job `job` (generated name, its labels, ownerReference).
+fn job_pod(ns: &str, job: &str, suffix: &str, rv: &str, memory_mib: u64) -> Value {
+    let uid = format!("uid-job-{job}");
+    json!({"kind": "Pod", "apiVersion": "v1",
+      "metadata": {"name": format!("{job}-{suffix}"), "generateName": format!("{job}-"), "namespace": ns,
+                   "uid": format!("uid-{job}-{suffix}"), "resourceVersion": rv,
+                   "creationTimestamp": "2026-11-23T06:10:00Z",
+                   "labels": {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": job,
+                              "controller-uid": uid, "job-name": job, "xshare.io/role": "offline"},
+                   "annotations": {"xshare.io/memory-mib": memory_mib.to_string(),
+                                   "xshare.io/profile": "{\"isolated\": {\"v100\": 4.0}}"},
+                   "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid,
+                                        "controller": true, "blockOwnerDeletion": true}]},
+      "spec": {"restartPolicy": "Never", "schedulerName": "default-scheduler",
+               "containers": [{"name": "train", "image": "registry.local/train:1",
+                               "resources": {"limits": {"xshare.io/offline-gpu": "1"}, "requests": {"xshare.io/offline-gpu": "1"}}}]},
+      "status": {"phase": "Pending", "qosClass": "BestEffort"}})
+}
+
+fn online_pod(ns: &str, name: &str, rv: &str, node: &str, gpu: u32) -> Value {
+    json!({"kind": "Pod", "apiVersion": "v1",
+      "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"), "resourceVersion": rv,
+                   "labels": {"app": "svc", "xshare.io/role": "online", "pod-template-hash": "5d8c7b"},
+                   "annotations": {"xshare.io/gpu": gpu.to_string(), "xshare.io/memory-mib": "8000",
+                                   "xshare.io/sm-activity-percent": "30",
+                                   "xshare.io/profile": "{\"isolated\": {\"v100\": 5.0}}"},
+                   "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "svc-5d8c7b",
+                                        "uid": "uid-rs", "controller": true, "blockOwnerDeletion": true}]},
+      "spec": {"nodeName": node, "containers": [{"name": "svc", "image": "registry.local/svc:1"}]},
+      "status": {"phase": "Running", "qosClass": "Guaranteed"}})
+}
+
+fn list(kind: &str, rv: &str, items: Vec<Value>) -> Value {
+    // Items of a list carry no kind/apiVersion of their own.
+    let items: Vec<Value> = items
+        .into_iter()
+        .map(|mut i| {
+            i.as_object_mut().unwrap().remove("kind");
+            i.as_object_mut().unwrap().remove("apiVersion");
+            i
+        })
+        .collect();
+    json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items})
+}
+
+fn event(kind: &str, object: Value) -> Value {
+    json!({"type": kind, "object": object})
+}
+
+fn bookmark(kind: &str, rv: &str) -> Value {
+    event(
+        "BOOKMARK",
+        json!({"kind": kind, "apiVersion": "v1",
+                             "metadata": {"resourceVersion": rv, "creationTimestamp": null},
+                             "spec": {"containers": null}, "status": {}}),
+    )
+}
+
+fn status(code: u16, reason: &str, message: &str, details: Value) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "details": details, "code": code})
+}
+
+fn gone(rv: &str) -> Value {
+    status(
+        410,
+        "Expired",
+        &format!("too old resource version: {rv} (4117)"),
+        json!({}),
+    )
+}
+
+fn settings() -> WatchSettings {
+    WatchSettings {
+        max_backoff: Duration::from_secs(5),
+        ..Default::default()
+    }
+}
+
+fn start(api: &FakeApi) -> ClusterWatch {
+    let w = ClusterWatch::start(&ApiSource::Url(api.url.clone()), settings(), Arc::new(|| {})).unwrap();
+    assert!(w.wait_synced(Duration::from_secs(30)), "watches did not sync");
+    w
+}
+
+fn pod_names(v: &WatchView) -> Vec<String> {
+    v.snapshot()
+        .pods
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect()
+}
+
+/// Polls `cond` until it holds (a generous deadline, only against hanging forever).
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn nodes_ok(rv: &str) -> Answer {
+    let hb = heartbeat_json("gpu-a", now_ms(), &["Healthy", "Healthy"]);
+    Answer::Json(200, list("NodeList", rv, vec![node("gpu-a", rv, Some(hb))]), vec![])
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn state_is_rebuilt_from_list_and_watch_after_a_restart() {
+    let api = fake_api(|r, _| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => {
+            // Only the selector's pods: the server filters, as a real one does.
+            assert_eq!(
+                r.query.get("labelSelector").map(String::as_str),
+                Some(kube_contract::pod::ROLE_SELECTOR)
+            );
+            Answer::Json(
+                200,
+                list(
+                    "PodList",
+                    "100",
+                    vec![
+                        online_pod("prod", "svc-0", "90", "gpu-a", 0),
+                        online_pod("prod", "svc-1", "91", "gpu-a", 1),
+                        job_pod("ml", "train-resnet", "x7k2p", "95", 4000),
+                    ],
+                ),
+                vec![],
+            )
+        }
+        (PODS, true) => Answer::Stream(
+            vec![event("ADDED", job_pod("ml", "train-bert", "q9z8w", "101", 2000))],
+            true,
+        ),
+        (NODES, false) => nodes_ok("100"),
+        (NODES, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no such path", json!({})), vec![]),
+    });
+    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 1.0, "nodes": []}))
+    .unwrap();
+    for restart in 0..2 {
+        let w = start(&api);
+        let v = w.view();
+        eventually("the watched ADDED pod", || pod_names(&v).len() == 4);
+        let snap = v.snapshot();
+        let spec = snap.cluster_spec(&cluster);
+        assert_eq!(spec.nodes.len(), 1, "node from its heartbeat");
+        assert_eq!(
+            (
+                spec.nodes[0].gpus,
+                spec.nodes[0].gpu_memory_mib,
+                spec.nodes[0].gpu_type.as_str()
+            ),
+            (2, 32768, "V100M32")
+        );
+        let (workloads, skipped) = snap.workloads(&spec);
+        assert!(skipped.is_empty(), "{skipped:?}");
+        workloads.check(std::path::Path::new("<watch>"), &spec).unwrap();
+        let offline: Vec<&str> = workloads.offline.iter().map(|o| o.name.as_str()).collect();
+        // Job pods are their Job, by label and owner, never by generated name.
+        assert_eq!(offline, ["ml/train-bert", "ml/train-resnet"], "restart {restart}");
+        assert_eq!(workloads.online.len(), 2);
+        assert_eq!(
+            workloads.online[0].at,
+            Some(GpuRef {
+                node: "gpu-a".into(),
+                gpu: 0
+            })
+        );
+
+        // The extender plans from the watched state and places the Job's pod.
+        let ext = Arc::new(Extender::watched(
+            cluster.clone(),
+            plan_support::similarity_predictor(),
+            None,
+            v.clone(),
+        ));
+        let pod: Pod = serde_json::from_value(job_pod("ml", "train-resnet", "x7k2p", "95", 4000)).unwrap();
+        assert!(
+            matches!(ext.decide(&pod), PodDecision::Placed(GpuRef { ref node, .. }) if node == "gpu-a"),
+            "{:?}",
+            ext.decide(&pod)
+        );
+        let args = ExtenderArgs {
+            pod,
+            nodes: None,
+            node_names: Some(vec!["gpu-a".into(), "gpu-b".into()]),
+        };
+        assert_eq!(ext.filter(args).node_names.unwrap(), ["gpu-a"]);
+        drop(w);
+    }
+    // Each start listed afresh: nothing was kept anywhere but in the API server.
+    assert_eq!(api.lists(PODS).len(), 2);
+}
+
+#[test]
+fn watch_resumes_from_the_latest_bookmark() {
+    let api = fake_api(|r, before| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => Answer::Json(
+            200,
+            list("PodList", "100", vec![job_pod("ml", "a", "1", "90", 1000)]),
+            vec![],
+        ),
+        (PODS, true) => {
+            let watches = before.iter().filter(|b| b.is_watch()).count();
+            match (watches, r.rv()) {
+                // First watch: one change, then a bookmark, then the server ends the stream
+                // (its watch timeout).
+                (0, "100") if r.query.get("allowWatchBookmarks").map(String::as_str) == Some("true") => Answer::Stream(
+                    vec![
+                        event("ADDED", job_pod("ml", "b", "1", "120", 1000)),
+                        bookmark("Pod", "4096"),
+                    ],
+                    false,
+                ),
+                (0, "100") => Answer::Stream(vec![event("ADDED", job_pod("ml", "b", "1", "120", 1000))], false),
+                (_, "4096") => Answer::Stream(vec![], true),
+                // Version 120 was compacted away while only bookmarks moved the version on.
+                (_, rv) => Answer::Stream(vec![event("ERROR", gone(rv))], false),
+            }
+        }
+        (NODES, false) => nodes_ok("7"),
+        (NODES, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = start(&api);
+    eventually("a second pod watch", || api.watches(PODS).len() >= 2);
+    let watches = api.watches(PODS);
+    assert_eq!(
+        watches[0].query.get("allowWatchBookmarks").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(watches[1].rv(), "4096", "resumed from the bookmark's resourceVersion");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(api.lists(PODS).len(), 1, "no relist was needed");
+    // The bookmark object is no pod.
+    assert_eq!(pod_names(&w.view()), ["a-1", "b-1"]);
+}
+
+#[test]
+fn gone_inside_the_stream_relists_and_drops_what_was_deleted_meanwhile() {
+    let api = fake_api(|r, before| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => match before.iter().filter(|b| !b.is_watch()).count() {
+            0 => Answer::Json(
+                200,
+                list(
+                    "PodList",
+                    "100",
+                    vec![job_pod("ml", "a", "1", "90", 1000), job_pod("ml", "b", "1", "91", 1000)],
+                ),
+                vec![],
+            ),
+            // b was deleted while the watch was down (its DELETED event is compacted away).
+            _ => Answer::Json(
+                200,
+                list(
+                    "PodList",
+                    "200",
+                    vec![
+                        job_pod("ml", "a", "1", "90", 1000),
+                        job_pod("ml", "c", "1", "150", 1000),
+                    ],
+                ),
+                vec![],
+            ),
+        },
+        (PODS, true) if r.rv() == "100" => Answer::Stream(vec![event("ERROR", gone("100"))], true),
+        (PODS, true) => Answer::Stream(vec![], true),
+        (NODES, false) => nodes_ok("7"),
+        (NODES, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = start(&api);
+    let v = w.view();
+    eventually("the relisted state", || pod_names(&v) == ["a-1", "c-1"]);
+    assert!(api.lists(PODS).len() >= 2);
+    assert!(
+        api.watches(PODS).iter().any(|r| r.rv() == "200"),
+        "watched on from the relist's version"
+    );
+}
+
+#[test]
+fn gone_answered_to_the_watch_request_starts_a_fresh_list() {
+    let api = fake_api(|r, before| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => match before.iter().filter(|b| !b.is_watch()).count() {
+            0 => Answer::Json(
+                200,
+                list(
+                    "PodList",
+                    "100",
+                    vec![job_pod("ml", "a", "1", "90", 1000), job_pod("ml", "b", "1", "91", 1000)],
+                ),
+                vec![],
+            ),
+            _ => Answer::Json(
+                200,
+                list(
+                    "PodList",
+                    "200",
+                    vec![
+                        job_pod("ml", "a", "1", "90", 1000),
+                        job_pod("ml", "c", "1", "150", 1000),
+                    ],
+                ),
+                vec![],
+            ),
+        },
+        // The version expired before the watch started: the API server refuses the request.
+        (PODS, true) if r.rv() == "100" => Answer::Json(410, gone("100"), vec![]),
+        (PODS, true) => Answer::Stream(vec![], true),
+        (NODES, false) => nodes_ok("7"),
+        (NODES, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = start(&api);
+    let v = w.view();
+    eventually("a relist after the 410", || pod_names(&v) == ["a-1", "c-1"]);
+    assert_eq!(
+        api.watches(PODS).iter().filter(|r| r.rv() == "100").count(),
+        1,
+        "the expired version was not retried"
+    );
+    assert!(v.stats.gone_restarts.load(Ordering::Relaxed) >= 1);
+}
+
+#[test]
+fn too_many_requests_waits_for_retry_after() {
+    let api = fake_api(|r, before| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) if before.is_empty() => Answer::Json(
+            429,
+            status(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+                json!({"retryAfterSeconds": 2}),
+            ),
+            vec![("Retry-After", "2".into())],
+        ),
+        (PODS, false) => Answer::Json(
+            200,
+            list("PodList", "100", vec![job_pod("ml", "a", "1", "90", 1000)]),
+            vec![],
+        ),
+        (PODS, true) => Answer::Stream(vec![], true),
+        (NODES, false) => nodes_ok("7"),
+        (NODES, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = start(&api);
+    let lists = api.lists(PODS);
+    assert_eq!(lists.len(), 2, "one refused list, one retry");
+    // A lower bound only: the retry came no sooner than the server asked.
+    let gap = lists[1].at - lists[0].at;
+    assert!(
+        gap >= Duration::from_secs(2),
+        "retried after {gap:?}, before Retry-After"
+    );
+    assert_eq!(w.view().stats.retry_after_waits.load(Ordering::Relaxed), 1);
+    assert_eq!(pod_names(&w.view()), ["a-1"]);
+}
+
+// ---------------------------------------------------------------- heartbeat -> health
+
+fn snapshot_with(nodes: Vec<Value>, now: u64) -> ClusterSnapshot {
+    let nodes: Vec<Node> = nodes.into_iter().map(|n| serde_json::from_value(n).unwrap()).collect();
+    ClusterSnapshot::new(vec![], nodes, now, WatchSettings::default())
+}
+
+#[test]
+fn missing_stale_future_dated_or_unknown_heartbeats_are_not_healthy() {
+    let now = now_ms();
+    let g = |n: &str, i| GpuRef { node: n.into(), gpu: i };
+    let unknown_version = heartbeat_json("v2", now, &["Healthy"]).replace("\"version\":1", "\"version\":2");
+    let snap = snapshot_with(
+        vec![
+            node(
+                "fresh",
+                "1",
+                Some(heartbeat_json("fresh", now - 1_000, &["Healthy", "Overlimit"])),
+            ),
+            node("none", "1", None),
+            node("old", "1", Some(heartbeat_json("old", now - 60_000, &["Healthy"]))),
+            node(
+                "ahead",
+                "1",
+                Some(heartbeat_json("ahead", now + 3_600_000, &["Healthy"])),
+            ),
+            node("forever", "1", Some(heartbeat_json("forever", u64::MAX, &["Healthy"]))),
+            node("v2", "1", Some(unknown_version)),
+            node("liar", "1", Some(heartbeat_json("someone-else", now, &["Healthy"]))),
+        ],
+        now,
+    );
+    assert_eq!(snap.health(&g("fresh", 0)), GpuHealth::Healthy);
+    assert_eq!(snap.health(&g("fresh", 1)), GpuHealth::Overlimit);
+    assert_eq!(
+        snap.health(&g("fresh", 2)),
+        GpuHealth::Missing,
+        "a GPU the heartbeat does not list"
+    );
+    assert_eq!(snap.health(&g("none", 0)), GpuHealth::Missing);
+    assert_eq!(snap.health(&g("unwatched", 0)), GpuHealth::Missing);
+    assert_eq!(snap.health(&g("old", 0)), GpuHealth::Stale { age_s: 60 });
+    assert_eq!(
+        snap.health(&g("ahead", 0)),
+        GpuHealth::FromFuture { ahead_ms: 3_600_000 }
+    );
+    assert!(matches!(snap.health(&g("forever", 0)), GpuHealth::FromFuture { .. }));
+    assert!(matches!(snap.health(&g("v2", 0)), GpuHealth::Unreadable { ref why } if why.contains("version 2")));
+    assert!(matches!(snap.health(&g("liar", 0)), GpuHealth::Unreadable { ref why } if why.contains("someone-else")));
+}
+
+#[test]
+fn the_planner_places_offline_work_only_beside_fresh_healthy_heartbeats() {
+    let now = now_ms();
+    let nodes = vec![
+        node("gpu-ok", "1", Some(heartbeat_json("gpu-ok", now, &["Healthy"]))),
+        node(
+            "gpu-old",
+            "1",
+            Some(heartbeat_json("gpu-old", now - 120_000, &["Healthy"])),
+        ),
+        node(
+            "gpu-ahead",
+            "1",
+            Some(heartbeat_json("gpu-ahead", u64::MAX, &["Healthy"])),
+        ),
+    ];
+    let pods = vec![
+        online_pod("prod", "svc-ok", "1", "gpu-ok", 0),
+        online_pod("prod", "svc-old", "1", "gpu-old", 0),
+        online_pod("prod", "svc-ahead", "1", "gpu-ahead", 0),
+        job_pod("ml", "j1", "a", "1", 1000),
+        job_pod("ml", "j2", "b", "1", 1000),
+        job_pod("ml", "j3", "c", "1", 1000),
+    ];
+    let api = fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => Answer::Json(200, list("PodList", "10", pods.clone()), vec![]),
+        (NODES, false) => Answer::Json(200, list("NodeList", "10", nodes.clone()), vec![]),
+        (_, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = start(&api);
+    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 1.0, "nodes": []}))
+    .unwrap();
+    let ext = Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view());
+    let plan = ext.plan();
+    let placed: Vec<&str> = plan.assignments.iter().map(|a| a.at.node.as_str()).collect();
+    assert_eq!(placed, ["gpu-ok"], "{plan:?}");
+    let skipped: BTreeMap<&str, &str> = plan
+        .skipped_gpus
+        .iter()
+        .map(|s| (s.at.node.as_str(), s.reason.as_str()))
+        .collect();
+    assert!(skipped["gpu-old"].starts_with("Stale("), "{skipped:?}");
+    assert!(skipped["gpu-ahead"].starts_with("Stale(dated"), "{skipped:?}");
+    assert_eq!(plan.unplaced.len(), 2);
+}
+
+// ---------------------------------------------------------------- metrics and dashboard
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use std::io::Read;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+/// Metric names in a PromQL expression: the identifiers of our families' prefixes.
+fn metric_names(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| t.starts_with("DCGM_") || t.starts_with("xshare_"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_series() {
+    let now = now_ms();
+    let nodes = vec![
+        node(
+            "gpu-a",
+            "1",
+            Some(heartbeat_json("gpu-a", now, &["Healthy", "Overlimit"])),
+        ),
+        node(
+            "gpu-old",
+            "1",
+            Some(heartbeat_json("gpu-old", now - 600_000, &["Healthy"])),
+        ),
+    ];
+    let mut bound = job_pod("ml", "train", "k2", "5", 2000);
+    bound["spec"]["nodeName"] = json!("gpu-a");
+    bound["metadata"]["annotations"]["xshare.io/gpu"] = json!("0");
+    bound["status"]["phase"] = json!("Running");
+    let mut evicted = job_pod("ml", "old", "z1", "6", 2000);
+    evicted["status"]["conditions"] = json!([{"type": "DisruptionTarget", "status": "True",
+        "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting",
+        "lastTransitionTime": "2026-11-23T06:20:00Z"}]);
+    let pods = vec![online_pod("prod", "svc-0", "1", "gpu-a", 0), bound, evicted];
+    let api = fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => Answer::Json(200, list("PodList", "10", pods.clone()), vec![]),
+        (NODES, false) => Answer::Json(200, list("NodeList", "10", nodes.clone()), vec![]),
+        (_, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = start(&api);
+    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "nodes": []})).unwrap();
+    let ext = Arc::new(Extender::watched(
+        cluster,
+        plan_support::similarity_predictor(),
+        None,
+        w.view(),
+    ));
+    let server = cluster_matcher::extender::HttpServer::start("127.0.0.1:0", ext, Default::default()).unwrap();
+    let (head, body) = http_get(server.local_addr(), "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+
+    let samples: BTreeMap<String, f64> = body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse::<f64>().unwrap())
+        })
+        .collect();
+    let gpu0 = r#"gpu="0",UUID="GPU-gpu-a-0",device="nvidia0",modelName="Tesla V100-SXM2-32GB",Hostname="gpu-a""#;
+    for (pod, ns) in [("svc-0", "prod"), ("train-k2", "ml")] {
+        let l = format!(r#"{{{gpu0},pod="{pod}",namespace="{ns}"}}"#);
+        assert_eq!(samples.get(&format!("DCGM_FI_DEV_GPU_UTIL{l}")), Some(&30.0), "{body}");
+        assert_eq!(samples.get(&format!("DCGM_FI_DEV_FB_USED{l}")), Some(&8192.0));
+        assert_eq!(samples.get(&format!("DCGM_FI_DEV_FB_FREE{l}")), Some(&24576.0));
+        assert_eq!(samples.get(&format!("DCGM_FI_PROF_SM_ACTIVE{l}")), Some(&0.3));
+    }
+    // A GPU no pod uses: one series with empty pod/namespace.
+    let gpu1 = r#"gpu="1",UUID="GPU-gpu-a-1",device="nvidia1",modelName="Tesla V100-SXM2-32GB",Hostname="gpu-a""#;
+    assert!(samples.contains_key(&format!(r#"DCGM_FI_DEV_GPU_UTIL{{{gpu1},pod="",namespace=""}}"#)));
+    assert_eq!(
+        samples.get(&format!(r#"xshare_gpu_health_state{{{gpu0},state="Healthy"}}"#)),
+        Some(&1.0)
+    );
+    assert_eq!(
+        samples.get(&format!(r#"xshare_gpu_health_state{{{gpu0},state="Stale"}}"#)),
+        Some(&0.0)
+    );
+    assert_eq!(
+        samples.get(&format!(r#"xshare_gpu_health_state{{{gpu1},state="Overlimit"}}"#)),
+        Some(&1.0)
+    );
+    let old = r#"gpu="0",UUID="GPU-gpu-old-0",device="nvidia0",modelName="Tesla V100-SXM2-32GB",Hostname="gpu-old""#;
+    assert_eq!(
+        samples.get(&format!(r#"xshare_gpu_health_state{{{old},state="Stale"}}"#)),
+        Some(&1.0)
+    );
+    // A stale heartbeat's load is not exported as if current.
+    assert!(!samples
+        .keys()
+        .any(|k| k.starts_with("DCGM_") && k.contains(r#"Hostname="gpu-old""#)));
+    assert_eq!(samples.get("xshare_offline_evictions_total"), Some(&1.0));
+    assert_eq!(samples.get("xshare_plan_round"), Some(&0.0));
+    assert!(samples.contains_key("xshare_plan_round_duration_seconds"));
+
+    let exported: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    for f in cluster_matcher::extender::metrics::FAMILIES {
+        assert!(exported.contains(f), "family {f} not exported");
+    }
+
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/xshare-dashboard.json");
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("dashboard is valid JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(!panels.is_empty());
+    let mut charted = std::collections::BTreeSet::new();
+    for p in panels {
+        let targets = p["targets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("panel {} has no targets", p["title"]));
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap();
+            let names = metric_names(expr);
+            assert!(
+                !names.is_empty(),
+                "panel {}: `{expr}` charts no xshare/DCGM metric",
+                p["title"]
+            );
+            for n in names {
+                assert!(
+                    exported.contains(&n.as_str()),
+                    "panel {}: `{n}` is not exported",
+                    p["title"]
+                );
+                charted.insert(n);
+            }
+        }
+    }
+    for must in [
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "xshare_gpu_health_state",
+        "xshare_plan_round_duration_seconds",
+        "xshare_plan_placed_jobs",
+        "xshare_plan_waiting_jobs",
+        "xshare_offline_evictions_total",
+    ] {
+        assert!(charted.contains(must), "dashboard does not chart {must}");
+    }
+}
