@@ -1,0 +1,500 @@
+//! Allocate's decisions, apart from gRPC and the API: which pending pod a container belongs to
+//! and what the container gets.
+//!
+//! The kubelet tells a device plugin only device IDs, never the pod. Like HAMi, the scheduler
+//! side writes its decision onto the pod (cluster-matcher's bind: `xshare.io/gpu`,
+//! `xshare.io/sm-percent`, `xshare.io/memory-quota-bytes`) and the plugin finds the pod: the
+//! oldest Pending pod bound to this node that carries the decision and still has a container
+//! asking for this many slots that was not allocated yet. The GPU is the plan's (annotation),
+//! not the slot the kubelet picked: slots are a count per node, health is checked on the
+//! planned GPU at Allocate.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::config::AgentConfig;
+use crate::pb;
+
+/// Annotations written by the extender at bind (kube-contract, shared with cluster-matcher).
+pub use kube_contract::pod::{ANN_GPU, ANN_MEMORY_QUOTA_BYTES, ANN_SM_PERCENT};
+
+/// Quota group of a pod's processes in the ledger (`XCUDA_GROUP`): all containers of a pod
+/// share the pod's planned quota. The eviction side maps a ledger group back to its pod by
+/// the same name.
+pub fn group_name(pod_uid: &str) -> String {
+    format!("k8s-pod-{pod_uid}")
+}
+
+/// The plan's decision for one pod, read from its annotations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodPlan {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub gpu: u32,
+    /// MPS active-thread percentage (1..=100, rounded up from the plan's SM %).
+    pub mps_percent: u32,
+    pub memory_quota_bytes: u64,
+}
+
+/// Why no pod could be matched or its plan read; the kubelet fails the pod's admission with it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AllocError {
+    #[error("no Pending pod on node {node} with the `{ANN_GPU}` decision has an unallocated container asking for {count} {resource}")]
+    NoPod {
+        node: String,
+        count: i64,
+        resource: String,
+    },
+    #[error("pod {ns}/{name}: annotation `{key}` {why}")]
+    BadAnnotation {
+        ns: String,
+        name: String,
+        key: &'static str,
+        why: String,
+    },
+    #[error("pod {ns}/{name}: planned GPU {gpu} is not served by this agent")]
+    UnknownGpu { ns: String, name: String, gpu: u32 },
+    #[error(
+        "pod {ns}/{name}: planned GPU {gpu} is not Healthy ({why}); offline work is not admitted"
+    )]
+    Unhealthy {
+        ns: String,
+        name: String,
+        gpu: u32,
+        why: String,
+    },
+    #[error("{0}")]
+    Api(String),
+}
+
+/// Reads the plan's annotations off `pod`; every one must be there and well formed.
+pub fn pod_plan(pod: &Pod) -> Result<PodPlan, AllocError> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let ann = pod.metadata.annotations.clone().unwrap_or_default();
+    let bad = |key: &'static str, why: String| AllocError::BadAnnotation {
+        ns: ns.clone(),
+        name: name.clone(),
+        key,
+        why,
+    };
+    let get = |key: &'static str| {
+        ann.get(key)
+            .map(|v| v.trim().to_string())
+            .ok_or_else(|| bad(key, "is missing".into()))
+    };
+    let gpu_s = get(ANN_GPU)?;
+    let gpu = gpu_s
+        .parse::<u32>()
+        .map_err(|_| bad(ANN_GPU, format!("`{gpu_s}` is not a GPU index")))?;
+    let sm_s = get(ANN_SM_PERCENT)?;
+    let sm = sm_s
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0);
+    let sm = sm.ok_or_else(|| {
+        bad(
+            ANN_SM_PERCENT,
+            format!("`{sm_s}` is not a percentage in (0, 100]"),
+        )
+    })?;
+    let q_s = get(ANN_MEMORY_QUOTA_BYTES)?;
+    let memory_quota_bytes = q_s.parse::<u64>().ok().filter(|q| *q > 0);
+    let memory_quota_bytes = memory_quota_bytes.ok_or_else(|| {
+        bad(
+            ANN_MEMORY_QUOTA_BYTES,
+            format!("`{q_s}` is not a positive byte count"),
+        )
+    })?;
+    Ok(PodPlan {
+        namespace: ns.clone(),
+        name: name.clone(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        gpu,
+        mps_percent: (sm.ceil() as u32).clamp(1, 100),
+        memory_quota_bytes,
+    })
+}
+
+/// How many `resource` a container asks for (limits win; extended resources must have
+/// requests == limits).
+pub fn container_count(c: &Container, resource: &str) -> i64 {
+    let r = c.resources.as_ref();
+    let q = r
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get(resource))
+        .or_else(|| {
+            r.and_then(|r| r.requests.as_ref())
+                .and_then(|l| l.get(resource))
+        });
+    q.and_then(|q| q.0.trim().parse::<i64>().ok()).unwrap_or(0)
+}
+
+/// The containers of `pod` that ask for `resource`, init containers first (the kubelet's
+/// admission order), with their counts.
+pub fn requesting_containers(pod: &Pod, resource: &str) -> Vec<(String, i64)> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .map(|c| (c.name.clone(), container_count(c, resource)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// Tracks which containers of which pods were allocated already (by pod UID).
+#[derive(Debug, Default)]
+pub struct Allocations {
+    done: HashMap<String, usize>,
+}
+
+impl Allocations {
+    /// Picks the pod for a container asking for `count` slots among `pods` (the Pending pods
+    /// bound to `node`); oldest first (creation time, then namespace/name). [`Self::record`]
+    /// it once the container's response is built.
+    pub fn pick(
+        &self,
+        pods: &[Pod],
+        node: &str,
+        resource: &str,
+        count: i64,
+    ) -> Result<Pod, AllocError> {
+        let mut cands: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .filter(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(ANN_GPU))
+            })
+            .filter(|p| {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                let done = self.done.get(&uid).copied().unwrap_or(0);
+                requesting_containers(p, resource)
+                    .get(done)
+                    .is_some_and(|(_, n)| *n == count)
+            })
+            .collect();
+        cands.sort_by(|a, b| {
+            let key = |p: &Pod| {
+                (
+                    p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    p.metadata.namespace.clone(),
+                    p.metadata.name.clone(),
+                )
+            };
+            key(a).cmp(&key(b))
+        });
+        let pod = cands.first().ok_or_else(|| AllocError::NoPod {
+            node: node.to_string(),
+            count,
+            resource: resource.to_string(),
+        })?;
+        Ok((*pod).clone())
+    }
+
+    /// Records that one more container of pod `uid` was allocated.
+    pub fn record(&mut self, uid: &str) {
+        *self.done.entry(uid.to_string()).or_default() += 1;
+    }
+
+    /// Forgets pods no longer Pending on the node (keeps the map small).
+    pub fn retain(&mut self, live_uids: &std::collections::HashSet<String>) {
+        self.done.retain(|u, _| live_uids.contains(u));
+    }
+}
+
+/// Env and mounts common to every container on GPU `gpu` (also the CDI spec's edits).
+pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, Vec<pb::Mount>) {
+    let inj = &cfg.inject;
+    let uuid = cfg.gpu(gpu).map(|g| g.uuid.clone()).unwrap_or_default();
+    let ledger_host = cfg.ledger_dir.join(format!("gpu{gpu}"));
+    let ledger_ctr = inj.ledger_container_dir.join(format!("gpu{gpu}"));
+    let pipe_host = cfg.mps_pipe_host_dir(gpu);
+    // A pipe directory inside the ledger directory is seen through the ledger mount.
+    let pipe_ctr = match pipe_host.strip_prefix(&ledger_host) {
+        Ok(rel) => ledger_ctr.join(rel),
+        Err(_) => pipe_host.clone(),
+    };
+    let s = |p: &Path| p.display().to_string();
+    let env = BTreeMap::from([
+        ("LD_PRELOAD".to_string(), s(&inj.shim_container_path)),
+        (
+            node_ledger::config::ENV_LEDGER_DIR.to_string(),
+            s(&inj.ledger_container_dir),
+        ),
+        (
+            node_ledger::config::ENV_GPU_INDEX.to_string(),
+            gpu.to_string(),
+        ),
+        ("CUDA_MPS_PIPE_DIRECTORY".to_string(), s(&pipe_ctr)),
+        ("NVIDIA_VISIBLE_DEVICES".to_string(), uuid.clone()),
+        ("CUDA_VISIBLE_DEVICES".to_string(), uuid),
+    ]);
+    let mut mounts = vec![
+        pb::Mount {
+            container_path: s(&inj.shim_container_path),
+            host_path: s(&inj.shim_host_path),
+            read_only: true,
+        },
+        // Read-write: the shim registers its process and reserves memory in the ledger.
+        pb::Mount {
+            container_path: s(&ledger_ctr),
+            host_path: s(&ledger_host),
+            read_only: false,
+        },
+    ];
+    if !pipe_host.starts_with(&ledger_host) {
+        mounts.push(pb::Mount {
+            container_path: s(&pipe_ctr),
+            host_path: s(&pipe_host),
+            read_only: false,
+        });
+    }
+    (env, mounts)
+}
+
+/// Env that depends on the pod's plan.
+pub fn plan_env(plan: &PodPlan) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("XCUDA_GROUP".to_string(), group_name(&plan.uid)),
+        (
+            "XCUDA_QUOTA_BYTES".to_string(),
+            plan.memory_quota_bytes.to_string(),
+        ),
+        (
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
+            plan.mps_percent.to_string(),
+        ),
+    ])
+}
+
+/// CDI device name of GPU `gpu` in this agent's spec (`<resource_name>=gpu<N>`).
+pub fn cdi_device_name(cfg: &AgentConfig, gpu: u32) -> String {
+    format!("{}=gpu{gpu}", cfg.device_plugin.resource_name)
+}
+
+/// The container's response: in CDI mode the static edits come from the CDI spec (named
+/// devices) and only the plan's env is returned; otherwise everything inline.
+pub fn container_response(cfg: &AgentConfig, plan: &PodPlan) -> pb::ContainerAllocateResponse {
+    let mut envs: HashMap<String, String> = plan_env(plan).into_iter().collect();
+    let mut resp = pb::ContainerAllocateResponse::default();
+    if cfg.cdi.enabled {
+        resp.cdi_devices.push(pb::CdiDevice {
+            name: cdi_device_name(cfg, plan.gpu),
+        });
+        if let (Some(kind), Some(g)) = (&cfg.cdi.gpu_device_kind, cfg.gpu(plan.gpu)) {
+            resp.cdi_devices.push(pb::CdiDevice {
+                name: format!("{kind}={}", g.uuid),
+            });
+        }
+    } else {
+        let (env, mounts) = static_edits(cfg, plan.gpu);
+        envs.extend(env);
+        resp.mounts = mounts;
+    }
+    resp.envs = envs;
+    resp
+}
+
+/// The CDI spec (JSON, CDI 0.6.0) for every served GPU: kind `<resource_name>`, device
+/// `gpu<N>` with the static edits.
+pub fn cdi_spec(cfg: &AgentConfig) -> serde_json::Value {
+    let devices: Vec<_> = cfg
+        .gpus
+        .iter()
+        .map(|g| {
+            let (env, mounts) = static_edits(cfg, g.index);
+            let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let mounts: Vec<_> = mounts
+                .iter()
+                .map(|m| {
+                    let mode = if m.read_only { "ro" } else { "rw" };
+                    serde_json::json!({
+                        "hostPath": m.host_path,
+                        "containerPath": m.container_path,
+                        "options": [mode, "nosuid", "nodev", "bind"],
+                    })
+                })
+                .collect();
+            serde_json::json!({ "name": format!("gpu{}", g.index), "containerEdits": { "env": env, "mounts": mounts } })
+        })
+        .collect();
+    serde_json::json!({ "cdiVersion": "0.6.0", "kind": cfg.device_plugin.resource_name, "devices": devices })
+}
+
+/// Writes the CDI spec atomically as `<spec_dir>/<vendor>-<class>.json`; returns its path.
+pub fn write_cdi_spec(cfg: &AgentConfig) -> std::io::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(&cfg.cdi.spec_dir)?;
+    let path = cfg.cdi.spec_dir.join(format!(
+        "{}.json",
+        cfg.device_plugin.resource_name.replace('/', "-")
+    ));
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(&cdi_spec(cfg)).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> AgentConfig {
+        let t = r#"{"node_name": "n1", "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}]}"#;
+        AgentConfig::from_text(Path::new("c.json"), t, |_| None).unwrap()
+    }
+
+    pub(crate) fn pod(
+        name: &str,
+        uid: &str,
+        created: &str,
+        gpu: Option<&str>,
+        counts: &[i64],
+    ) -> Pod {
+        let containers: Vec<_> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                serde_json::json!({"name": format!("c{i}"), "image": "x",
+                "resources": {"limits": {"xshare.io/offline-gpu": n.to_string()}}})
+            })
+            .collect();
+        let mut ann = serde_json::json!({});
+        if let Some(g) = gpu {
+            ann = serde_json::json!({ANN_GPU: g, ANN_SM_PERCENT: "35.5", ANN_MEMORY_QUOTA_BYTES: "1073741824"});
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": uid, "creationTimestamp": created, "annotations": ann},
+            "spec": {"nodeName": "n1", "containers": containers},
+            "status": {"phase": "Pending"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn picks_oldest_annotated_pod_and_each_container_once() {
+        let pods = vec![
+            pod("new", "u2", "2026-01-01T00:00:10Z", Some("1"), &[1]),
+            pod("old", "u1", "2026-01-01T00:00:00Z", Some("0"), &[1, 1]),
+            pod("noplan", "u0", "2025-01-01T00:00:00Z", None, &[1]),
+        ];
+        let mut a = Allocations::default();
+        let r = "xshare.io/offline-gpu";
+        let take = |a: &mut Allocations| {
+            let p = a.pick(&pods, "n1", r, 1)?;
+            a.record(p.metadata.uid.as_deref().unwrap());
+            Ok::<_, AllocError>(p.metadata.name.unwrap())
+        };
+        assert_eq!(take(&mut a).unwrap(), "old");
+        assert_eq!(
+            a.pick(&pods, "n1", r, 1).unwrap().metadata.name.as_deref(),
+            Some("old"),
+            "not recorded: same pod"
+        );
+        assert_eq!(take(&mut a).unwrap(), "old");
+        assert_eq!(take(&mut a).unwrap(), "new");
+        assert!(matches!(take(&mut a), Err(AllocError::NoPod { .. })));
+        assert!(matches!(
+            Allocations::default().pick(&pods, "other", r, 1),
+            Err(AllocError::NoPod { .. })
+        ));
+        assert!(matches!(
+            Allocations::default().pick(&pods, "n1", r, 2),
+            Err(AllocError::NoPod { .. })
+        ));
+    }
+
+    #[test]
+    fn plan_is_read_and_bad_annotations_are_named() {
+        let p = pod_plan(&pod("a", "u1", "2026-01-01T00:00:00Z", Some("1"), &[1])).unwrap();
+        assert_eq!(
+            (p.gpu, p.mps_percent, p.memory_quota_bytes),
+            (1, 36, 1 << 30)
+        );
+        let mut bad = pod("a", "u1", "2026-01-01T00:00:00Z", Some("1"), &[1]);
+        bad.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANN_MEMORY_QUOTA_BYTES.into(), "0".into());
+        let e = pod_plan(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("ml/a") && e.contains(ANN_MEMORY_QUOTA_BYTES),
+            "{e}"
+        );
+        bad.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(ANN_SM_PERCENT);
+        assert!(pod_plan(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("sm-percent"));
+    }
+
+    #[test]
+    fn response_inline_and_cdi() {
+        let mut c = cfg();
+        let plan = PodPlan {
+            namespace: "ml".into(),
+            name: "a".into(),
+            uid: "u1".into(),
+            gpu: 1,
+            mps_percent: 36,
+            memory_quota_bytes: 5,
+        };
+        let r = container_response(&c, &plan);
+        assert_eq!(r.envs["CUDA_VISIBLE_DEVICES"], "GPU-b");
+        assert_eq!(
+            r.envs["CUDA_MPS_PIPE_DIRECTORY"],
+            "/run/xshare/gpu1/mps-pipe"
+        );
+        assert_eq!(r.envs["XCUDA_GROUP"], "k8s-pod-u1");
+        assert_eq!(
+            r.mounts.len(),
+            2,
+            "pipe dir inside the ledger mount: {:?}",
+            r.mounts
+        );
+        assert!(r.cdi_devices.is_empty());
+        c.inject.mps_pipe_dir = "/tmp/mps-{gpu}".into();
+        let r = container_response(&c, &plan);
+        assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/mps-1");
+        assert!(r
+            .mounts
+            .iter()
+            .any(|m| m.host_path == "/tmp/mps-1" && !m.read_only));
+        c.cdi.enabled = true;
+        c.cdi.gpu_device_kind = Some("nvidia.com/gpu".into());
+        let r = container_response(&c, &plan);
+        let names: Vec<_> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["xshare.io/offline-gpu=gpu1", "nvidia.com/gpu=GPU-b"]
+        );
+        assert!(r.mounts.is_empty() && !r.envs.contains_key("LD_PRELOAD"));
+        assert_eq!(r.envs["XCUDA_QUOTA_BYTES"], "5");
+        let spec = cdi_spec(&c);
+        assert_eq!(spec["kind"], "xshare.io/offline-gpu");
+        assert_eq!(spec["devices"][1]["name"], "gpu1");
+        let env = spec["devices"][1]["containerEdits"]["env"]
+            .as_array()
+            .unwrap();
+        assert!(env
+            .iter()
+            .any(|e| e == "LD_PRELOAD=/usr/local/lib/xshare/libxcuda.so"));
+    }
+}

@@ -1,0 +1,419 @@
+//! The agent's configuration: one JSON file (`--config`), every field defaulted, unknown fields
+//! refused, errors located by file, line and field (node-ledger's `ConfigError`).
+
+use std::path::{Path, PathBuf};
+
+use node_ledger::config::{load_json_file, parse_json, ConfigError};
+use serde::Deserialize;
+
+/// Env var the DaemonSet sets from the downward API (`spec.nodeName`).
+pub const ENV_NODE_NAME: &str = "NODE_NAME";
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// This node's name (else `$NODE_NAME`).
+    pub node_name: String,
+    /// Host directory of the per-GPU ledgers (`<dir>/gpu<N>/ledger`), as sysmonitor uses it.
+    pub ledger_dir: PathBuf,
+    /// The GPUs this agent serves. Each must have a monitor (its ledger) to be Healthy.
+    pub gpus: Vec<GpuConfig>,
+    pub device_plugin: DevicePluginConfig,
+    pub inject: InjectConfig,
+    pub cdi: CdiConfig,
+    pub health: HealthConfig,
+    pub kube: KubeConfig,
+    pub eviction: EvictionConfig,
+    pub heartbeat: HeartbeatConfig,
+    /// `host:port` serving Prometheus text on `/metrics`; empty: off.
+    pub metrics_listen: String,
+}
+
+/// One GPU on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// Host GPU index (the ledger's `gpu<N>` and the plan's `xshare.io/gpu`).
+    pub index: u32,
+    /// `GPU-...` UUID (`nvidia-smi -L`): what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get.
+    pub uuid: String,
+    /// Product name for the heartbeat (`nvidia-smi --query-gpu=name`), optional.
+    #[serde(default)]
+    pub model: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DevicePluginConfig {
+    /// The kubelet's device-plugin directory (holds `kubelet.sock`).
+    pub dir: PathBuf,
+    /// The kubelet's registration socket, inside `dir`.
+    pub kubelet_socket: String,
+    /// This plugin's socket, inside `dir`.
+    pub socket_name: String,
+    /// Extended resource advertised.
+    pub resource_name: String,
+    /// Offline slots per GPU (MuxFlow: a few offline jobs share a GPU with one online job).
+    pub max_offline_per_gpu: u32,
+}
+
+/// What an allocated container gets (host paths and the paths seen inside the container).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InjectConfig {
+    /// The shim (`libxcuda.so`) on the host.
+    pub shim_host_path: PathBuf,
+    /// Where the container sees it (LD_PRELOAD).
+    pub shim_container_path: PathBuf,
+    /// Where the container sees the ledger directory (`XSHARE_LEDGER_DIR`); its `gpu<N>`
+    /// directory is mounted there, and nothing of the other GPUs.
+    pub ledger_container_dir: PathBuf,
+    /// Host MPS pipe directory; `{gpu}` is replaced by the index. Empty: mps-manager's default
+    /// `<ledger_dir>/gpu<N>/mps-pipe` (inside the mounted ledger directory).
+    pub mps_pipe_dir: String,
+}
+
+/// CDI (Container Device Interface) mode: the static edits go into a CDI spec file and
+/// Allocate returns CDI device names; needs a runtime with CDI on (containerd >= 1.7 with
+/// `enable_cdi`, CRI-O) and the kubelet's DevicePluginCDIDevices (GA in 1.31).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CdiConfig {
+    pub enabled: bool,
+    /// Where the runtime reads CDI specs.
+    pub spec_dir: PathBuf,
+    /// Also request this CDI kind's device for the GPU (e.g. `nvidia.com/gpu` from NVIDIA's
+    /// `nvidia-ctk cdi generate`), named by UUID.
+    pub gpu_device_kind: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// How often the ledgers are read, ms.
+    pub poll_ms: u64,
+    /// A monitor block older than this reads as not Healthy, ms.
+    pub stale_after_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeConfig {
+    /// API server URL without credentials (tests, `kubectl proxy`); empty: in-cluster config
+    /// or kubeconfig.
+    pub api_url: String,
+    /// Bound on each API call, ms.
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvictionConfig {
+    pub enabled: bool,
+    /// How often the ledgers are scanned for eviction requests, ms. A request is visible only
+    /// until its process exits and unregisters (sysmonitor keeps no other record of it), so
+    /// keep this short: a request missed here still evicts locally, but not through the API.
+    pub poll_ms: u64,
+    /// First wait before retrying a refused (429) or failed eviction, ms; doubles up to 60 s.
+    pub retry_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeartbeatConfig {
+    pub enabled: bool,
+    /// Publication period without a state change, ms (at least kube-contract's
+    /// `MIN_PUBLISH_INTERVAL_MS`: every write reaches every Node watcher); a GPU state change
+    /// is published at the next health poll.
+    pub interval_ms: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            node_name: String::new(),
+            ledger_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
+            gpus: Vec::new(),
+            device_plugin: DevicePluginConfig::default(),
+            inject: InjectConfig::default(),
+            cdi: CdiConfig::default(),
+            health: HealthConfig::default(),
+            kube: KubeConfig::default(),
+            eviction: EvictionConfig::default(),
+            heartbeat: HeartbeatConfig::default(),
+            metrics_listen: String::new(),
+        }
+    }
+}
+
+impl Default for DevicePluginConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            kubelet_socket: "kubelet.sock".into(),
+            socket_name: "xshare-offline-gpu.sock".into(),
+            resource_name: kube_contract::OFFLINE_GPU_RESOURCE.into(),
+            max_offline_per_gpu: 4,
+        }
+    }
+}
+
+impl Default for InjectConfig {
+    fn default() -> Self {
+        Self {
+            shim_host_path: PathBuf::from("/usr/local/lib/xshare/libxcuda.so"),
+            shim_container_path: PathBuf::from("/usr/local/lib/xshare/libxcuda.so"),
+            ledger_container_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
+            mps_pipe_dir: String::new(),
+        }
+    }
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            spec_dir: PathBuf::from("/var/run/cdi"),
+            gpu_device_kind: None,
+        }
+    }
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            poll_ms: 1000,
+            stale_after_ms: 5000,
+        }
+    }
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        Self {
+            api_url: String::new(),
+            timeout_ms: 5000,
+        }
+    }
+}
+
+impl Default for EvictionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            poll_ms: 100,
+            retry_ms: 2000,
+        }
+    }
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_ms: kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Reads, parses and validates `path`; `$NODE_NAME` fills an empty `node_name`.
+    pub fn load(
+        path: &Path,
+        get_env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let (mut c, text): (Self, String) = load_json_file(path)?;
+        c.finish(path, &text, get_env)?;
+        Ok(c)
+    }
+
+    /// Parses and validates `text` attributed to `path`.
+    pub fn from_text(
+        path: &Path,
+        text: &str,
+        get_env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut c: Self = parse_json(path, text)?;
+        c.finish(path, text, get_env)?;
+        Ok(c)
+    }
+
+    fn finish(
+        &mut self,
+        path: &Path,
+        text: &str,
+        get_env: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        if self.node_name.is_empty() {
+            self.node_name = get_env(ENV_NODE_NAME).unwrap_or_default();
+        }
+        let bad = |field: &str, msg: String| Err(ConfigError::invalid(path, text, field, msg));
+        if self.node_name.is_empty() {
+            return bad(
+                "node_name",
+                format!("empty, and ${ENV_NODE_NAME} is not set"),
+            );
+        }
+        if self.gpus.is_empty() {
+            return bad(
+                "gpus",
+                "no GPU listed: the agent would advertise nothing".into(),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for g in &self.gpus {
+            if !seen.insert(g.index) {
+                return bad("gpus.index", format!("GPU {} listed twice", g.index));
+            }
+            if !g.uuid.starts_with("GPU-") && !g.uuid.starts_with("MIG-") {
+                return bad(
+                    "gpus.uuid",
+                    format!("`{}` is not a GPU UUID (GPU-...)", g.uuid),
+                );
+            }
+        }
+        let dp = &self.device_plugin;
+        if dp.max_offline_per_gpu == 0 || dp.max_offline_per_gpu > 64 {
+            return bad(
+                "device_plugin.max_offline_per_gpu",
+                "must be in 1..=64 (ledger quota groups per GPU)".into(),
+            );
+        }
+        if !dp.resource_name.contains('/') {
+            return bad(
+                "device_plugin.resource_name",
+                "must be `domain/name`".into(),
+            );
+        }
+        for (field, name) in [
+            ("device_plugin.socket_name", &dp.socket_name),
+            ("device_plugin.kubelet_socket", &dp.kubelet_socket),
+        ] {
+            if name.is_empty() || name.contains('/') {
+                return bad(field, "must be a file name inside device_plugin.dir".into());
+            }
+        }
+        for (field, p) in [
+            ("inject.shim_host_path", &self.inject.shim_host_path),
+            (
+                "inject.shim_container_path",
+                &self.inject.shim_container_path,
+            ),
+            (
+                "inject.ledger_container_dir",
+                &self.inject.ledger_container_dir,
+            ),
+            ("ledger_dir", &self.ledger_dir),
+        ] {
+            if !p.is_absolute() {
+                return bad(field, format!("`{}` must be an absolute path", p.display()));
+            }
+        }
+        if !self.inject.mps_pipe_dir.is_empty() && !self.inject.mps_pipe_dir.starts_with('/') {
+            return bad("inject.mps_pipe_dir", "must be an absolute path".into());
+        }
+        if self.health.poll_ms == 0 || self.health.stale_after_ms == 0 {
+            return bad(
+                "health.stale_after_ms",
+                "poll_ms and stale_after_ms must be positive".into(),
+            );
+        }
+        if self.eviction.poll_ms == 0 || self.eviction.retry_ms == 0 {
+            return bad(
+                "eviction.retry_ms",
+                "poll_ms and retry_ms must be positive".into(),
+            );
+        }
+        let min = kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS;
+        if self.heartbeat.interval_ms < min {
+            return bad(
+                "heartbeat.interval_ms",
+                format!("must be at least {min} (every write reaches every Node watcher)"),
+            );
+        }
+        if !self.metrics_listen.is_empty()
+            && self.metrics_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return bad(
+                "metrics_listen",
+                format!(
+                    "`{}` is not host:port (e.g. 0.0.0.0:9402)",
+                    self.metrics_listen
+                ),
+            );
+        }
+        if self.kube.timeout_ms == 0 {
+            return bad("kube.timeout_ms", "must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The GPU with host index `index`, if this agent serves it.
+    pub fn gpu(&self, index: u32) -> Option<&GpuConfig> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+
+    /// Host MPS pipe directory of GPU `index`.
+    pub fn mps_pipe_host_dir(&self, index: u32) -> PathBuf {
+        if self.inject.mps_pipe_dir.is_empty() {
+            self.ledger_dir.join(format!("gpu{index}")).join("mps-pipe")
+        } else {
+            PathBuf::from(
+                self.inject
+                    .mps_pipe_dir
+                    .replace("{gpu}", &index.to_string()),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"{"node_name": "n1", "gpus": [{"index": 0, "uuid": "GPU-aaaa"}]}"#;
+
+    #[test]
+    fn defaults_and_env_node_name() {
+        let c = AgentConfig::from_text(Path::new("a.json"), OK, |_| None).unwrap();
+        assert_eq!(c.device_plugin.resource_name, "xshare.io/offline-gpu");
+        assert_eq!(
+            c.heartbeat.interval_ms,
+            kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS
+        );
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "heartbeat": {"interval_ms": 1000}}"#;
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("heartbeat.interval_ms"));
+        assert_eq!(
+            c.mps_pipe_host_dir(0),
+            PathBuf::from("/run/xshare/gpu0/mps-pipe")
+        );
+        let t = r#"{"gpus": [{"index": 1, "uuid": "GPU-b"}]}"#;
+        let c = AgentConfig::from_text(Path::new("a.json"), t, |k| {
+            (k == ENV_NODE_NAME).then(|| "n9".into())
+        })
+        .unwrap();
+        assert_eq!(c.node_name, "n9");
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("node_name"));
+    }
+
+    #[test]
+    fn bad_fields_are_named_with_their_line() {
+        let t = "{\"node_name\": \"n\",\n \"gpus\": [{\"index\": 0, \"uuid\": \"GPU-a\"}],\n \"device_plugin\": {\"max_offline_per_gpu\": 0}}";
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(
+            e.field.as_deref(),
+            Some("device_plugin.max_offline_per_gpu")
+        );
+        assert_eq!(e.line, Some(3));
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "0"}]}"#;
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("gpus.uuid"));
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a", "x": 1}]}"#;
+        assert!(AgentConfig::from_text(Path::new("a.json"), t, |_| None).is_err());
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 0, "uuid": "GPU-b"}]}"#;
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert!(e.message.contains("twice"), "{e}");
+    }
+}

@@ -1,0 +1,135 @@
+//! Each GPU's health as the monitor publishes it in the node ledger (`<dir>/gpu<N>/ledger`,
+//! monitor block). The agent never creates a ledger: a GPU whose ledger is missing, damaged,
+//! never published or stale is not Healthy.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use node_ledger::config::ledger_path;
+use node_ledger::{HealthState, Ledger, MonitorSnapshot};
+
+/// One GPU's reading.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuHealth {
+    pub index: u32,
+    /// The published state, when the block is readable, published and fresh.
+    pub state: Option<HealthState>,
+    /// Why it is not Healthy (empty when Healthy).
+    pub why: String,
+    /// The last consistent monitor block, fresh or not (heartbeat content).
+    pub snapshot: Option<MonitorSnapshot>,
+    /// mps-manager's offline SM budget, per-mille, when freshly published.
+    pub budget_permille: Option<u32>,
+}
+
+impl GpuHealth {
+    pub fn healthy(&self) -> bool {
+        self.state == Some(HealthState::Healthy)
+    }
+}
+
+/// Reads GPU `index`'s ledger under `ledger_dir` at monotonic time `now_ns`.
+pub fn read_gpu(ledger_dir: &Path, index: u32, now_ns: u64, stale_after_ns: u64) -> GpuHealth {
+    let path = ledger_path(ledger_dir, index);
+    let not = |why: String, snapshot| GpuHealth {
+        index,
+        state: None,
+        why,
+        snapshot,
+        budget_permille: None,
+    };
+    let ledger = match Ledger::open_existing(&path) {
+        Ok(l) => l,
+        Err(e) => return not(format!("ledger {}: {e}", path.display()), None),
+    };
+    let Some(snap) = ledger.read_monitor() else {
+        return not(
+            format!("ledger {}: monitor block busy", path.display()),
+            None,
+        );
+    };
+    if snap.publish_ns == 0 {
+        return not("monitor has not published yet".into(), Some(snap));
+    }
+    // A block dated ahead of our clock is as untrustworthy as an old one.
+    if snap.publish_ns > now_ns.saturating_add(stale_after_ns) {
+        return not("monitor block dated in the future".into(), Some(snap));
+    }
+    if !snap.is_fresh(now_ns, stale_after_ns) {
+        let age_ms = now_ns.saturating_sub(snap.publish_ns) / 1_000_000;
+        return not(
+            format!(
+                "monitor block is {age_ms} ms old (monitor pid {} gone or stuck?)",
+                snap.monitor_pid
+            ),
+            Some(snap),
+        );
+    }
+    let Some(state) = snap.health() else {
+        return not(
+            format!("unknown health value {}", snap.sample.health),
+            Some(snap),
+        );
+    };
+    let why = if state == HealthState::Healthy {
+        String::new()
+    } else {
+        format!("monitor says {state:?}")
+    };
+    let budget_permille = ledger
+        .read_manager()
+        .filter(|m| m.is_fresh(now_ns, stale_after_ns))
+        .filter(|m| m.publish_ns <= now_ns.saturating_add(stale_after_ns))
+        .map(|m| m.offline_sm_budget_permille.min(1000));
+    GpuHealth {
+        index,
+        state: Some(state),
+        why,
+        snapshot: Some(snap),
+        budget_permille,
+    }
+}
+
+/// All served GPUs, by index.
+pub fn read_all(
+    ledger_dir: &Path,
+    gpus: &[u32],
+    now_ns: u64,
+    stale_after_ns: u64,
+) -> BTreeMap<u32, GpuHealth> {
+    gpus.iter()
+        .map(|&i| (i, read_gpu(ledger_dir, i, now_ns, stale_after_ns)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use node_ledger::clock::now_ns;
+    use node_ledger::MonitorSample;
+
+    #[test]
+    fn missing_stale_future_and_healthy() {
+        let d = tempfile::tempdir().unwrap();
+        let stale = 1_000_000_000;
+        let h = read_gpu(d.path(), 0, now_ns(), stale);
+        assert!(!h.healthy() && h.why.contains("ledger"), "{h:?}");
+        let l = Ledger::open_or_create(&ledger_path(d.path(), 0), 0).unwrap();
+        assert!(read_gpu(d.path(), 0, now_ns(), stale)
+            .why
+            .contains("not published"));
+        let s = MonitorSample::default().with_health(HealthState::Healthy);
+        l.publish(&s);
+        assert!(read_gpu(d.path(), 0, now_ns(), stale).healthy());
+        l.publish_at(&s, now_ns() - 3 * stale);
+        assert!(read_gpu(d.path(), 0, now_ns(), stale).why.contains("old"));
+        l.publish_at(&s, u64::MAX);
+        assert!(read_gpu(d.path(), 0, now_ns(), stale)
+            .why
+            .contains("future"));
+        l.publish(&MonitorSample::default().with_health(HealthState::Overlimit));
+        let h = read_gpu(d.path(), 0, now_ns(), stale);
+        assert_eq!(h.state, Some(HealthState::Overlimit));
+        assert!(!h.healthy());
+    }
+}

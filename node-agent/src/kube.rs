@@ -1,0 +1,49 @@
+//! The API client (kube-rs over k8s-openapi types) and the few reads the agent makes.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client, Config};
+
+use crate::config::KubeConfig;
+
+/// In-cluster service account (else kubeconfig), or `api_url` when set (tests, kubectl proxy).
+pub async fn client(cfg: &KubeConfig) -> Result<Client, String> {
+    let mut config = if cfg.api_url.is_empty() {
+        Config::infer()
+            .await
+            .map_err(|e| format!("no in-cluster config and no usable kubeconfig: {e}"))?
+    } else {
+        let uri = cfg
+            .api_url
+            .parse()
+            .map_err(|e| format!("kube.api_url `{}`: {e}", cfg.api_url))?;
+        Config::new(uri)
+    };
+    let t = Duration::from_millis(cfg.timeout_ms);
+    config.read_timeout = Some(t);
+    config.connect_timeout = Some(t);
+    config.write_timeout = Some(t);
+    // Our loops retry themselves (eviction backoff, next heartbeat); a retry inside the client
+    // would only delay the local decision.
+    config.default_retry = false;
+    Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+}
+
+/// The pods bound to `node` in `phase` (all phases when `None`), from the API server.
+pub async fn pods_on_node(
+    client: &Client,
+    node: &str,
+    phase: Option<&str>,
+) -> Result<Vec<Pod>, kube::Error> {
+    let mut fields = format!("spec.nodeName={node}");
+    if let Some(p) = phase {
+        fields.push_str(&format!(",status.phase={p}"));
+    }
+    let pods: Api<Pod> = Api::all(client.clone());
+    Ok(pods
+        .list(&ListParams::default().fields(&fields))
+        .await?
+        .items)
+}

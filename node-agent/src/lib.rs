@@ -1,0 +1,25 @@
+//! The per-GPU-host Kubernetes agent.
+//!
+//! - [`plugin`]: kubelet device plugin advertising offline GPU slots (`xshare.io/offline-gpu`),
+//!   Unhealthy while the GPU's monitor says it is not Healthy; Allocate injects the shim, the
+//!   ledger and MPS pipe directories, the GPU and the plan's quota / SM share ([`allocate`]).
+//! - [`evict`]: offline processes the monitor asked to leave (ledger eviction requests) are
+//!   mapped to their pods and evicted through the Eviction API, with an Event.
+//! - [`heartbeat`]: each GPU's state, load and offline budget on the Node annotation
+//!   `xshare.io/gpu-heartbeat` (format: `kube-contract`).
+//! - [`health`]: each GPU's health from the node ledger's monitor block.
+
+pub mod allocate;
+pub mod config;
+pub mod evict;
+pub mod health;
+pub mod heartbeat;
+pub mod kube;
+pub mod metrics;
+pub mod plugin;
+
+/// The kubelet device-plugin API (v1beta1), generated from `proto/` at build time.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("v1beta1");
+}

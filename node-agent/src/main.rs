@@ -1,0 +1,183 @@
+//! `node-agent`: the per-GPU-host Kubernetes agent (device plugin, eviction through the API,
+//! GPU heartbeat). See the crate docs and `deploy/node-agent.yaml`.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use node_agent::config::AgentConfig;
+use node_agent::plugin::{self, Plugin, PodSource};
+use tokio::sync::watch;
+
+#[derive(Parser)]
+#[command(name = "node-agent", about = "xshare's per-GPU-host Kubernetes agent")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the agent: device plugin, eviction through the API, heartbeat.
+    Run {
+        #[arg(long, default_value = "/etc/xshare/node-agent.json")]
+        config: PathBuf,
+    },
+    /// Check a config file and print the CDI spec it would write.
+    CdiSpec {
+        #[arg(long, default_value = "/etc/xshare/node-agent.json")]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let path = match &cli.cmd {
+        Cmd::Run { config } | Cmd::CdiSpec { config } => config.clone(),
+    };
+    let cfg = match AgentConfig::load(&path, |k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("node-agent: config error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.cmd {
+        Cmd::CdiSpec { .. } => {
+            let text = serde_json::to_string_pretty(&node_agent::allocate::cdi_spec(&cfg))
+                .unwrap_or_default();
+            // A closed stdout (`| head`) is not worth a panic.
+            let _ = writeln!(std::io::stdout(), "{text}");
+            ExitCode::SUCCESS
+        }
+        Cmd::Run { .. } => {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("node-agent: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(run(Arc::new(cfg))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("node-agent: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
+    if cfg.cdi.enabled {
+        let p = node_agent::allocate::write_cdi_spec(&cfg).map_err(|e| {
+            format!(
+                "writing the CDI spec into {}: {e}",
+                cfg.cdi.spec_dir.display()
+            )
+        })?;
+        tracing::info!(spec = %p.display(), "CDI spec written");
+    }
+    let client = node_agent::kube::client(&cfg.kube).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (health_tx, health_rx) = watch::channel(BTreeMap::new());
+    let (dev_tx, dev_rx) = watch::channel(Vec::new());
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(plugin::poll_health(
+        cfg.clone(),
+        health_tx,
+        dev_tx,
+        stop_rx.clone(),
+    )));
+    let health_view = health_rx.clone();
+    if cfg.heartbeat.enabled {
+        tasks.push(tokio::spawn(node_agent::heartbeat::run(
+            cfg.clone(),
+            client.clone(),
+            health_rx.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    let p = Arc::new(Plugin::new(
+        cfg.clone(),
+        health_rx,
+        dev_rx,
+        PodSource::Api(client.clone()),
+    ));
+    let c = cfg.clone();
+    let s = stop_rx.clone();
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = plugin::run(c, p, s).await {
+            tracing::error!(error = %e, "device plugin stopped");
+        }
+    }));
+    let metrics = Arc::new(Mutex::new(String::new()));
+    if cfg.eviction.enabled {
+        let gpus: Vec<u32> = cfg.gpus.iter().map(|g| g.index).collect();
+        let mut ev = node_agent::evict::Evictor::new(
+            client.clone(),
+            &cfg.node_name,
+            &cfg.ledger_dir,
+            gpus,
+            Duration::from_millis(cfg.eviction.retry_ms),
+        );
+        let mut s = stop_rx.clone();
+        let period = Duration::from_millis(cfg.eviction.poll_ms);
+        let m = metrics.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                ev.tick().await;
+                if let Ok(mut g) = m.lock() {
+                    *g = ev.metrics();
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {}
+                    _ = s.changed() => return,
+                }
+            }
+        }));
+    }
+    if !cfg.metrics_listen.is_empty() {
+        let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
+            .await
+            .map_err(|e| format!("metrics_listen {}: {e}", cfg.metrics_listen))?;
+        let (c, m) = (cfg.clone(), metrics.clone());
+        let render = Arc::new(move || {
+            let mut o = node_agent::metrics::gpu_metrics(&c, &health_view.borrow());
+            o.push_str(&m.lock().map(|g| g.clone()).unwrap_or_default());
+            o
+        });
+        tasks.push(tokio::spawn(node_agent::metrics::serve(
+            l,
+            render,
+            stop_rx.clone(),
+        )));
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("stopping");
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! The `node-agent run` binary as deployed: config file, fake kubelet, loopback API server.
+//! It registers, publishes the heartbeat, serves /metrics, and on SIGTERM stops cleanly and
+//! removes its socket.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{start_kubelet, FakeApi, Recorded};
+use node_ledger::config::ledger_path;
+use node_ledger::{HealthState, Ledger, MonitorSample};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_registers_heartbeats_serves_metrics_and_stops_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dp_dir = tmp.path().join("dp");
+    std::fs::create_dir_all(&dp_dir).unwrap();
+    let l = Ledger::open_or_create(&ledger_path(&tmp.path().join("run"), 0), 0).unwrap();
+    l.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+    let mut kubelet = start_kubelet(&dp_dir);
+    let api = FakeApi::start(Arc::new(|r: &Recorded| match r.method.as_str() {
+        "PATCH" => (
+            200,
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}}),
+        ),
+        _ => (200, common::pod_list(vec![])),
+    }))
+    .await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = tmp.path().join("agent.json");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({
+            "ledger_dir": tmp.path().join("run"),
+            "gpus": [{"index": 0, "uuid": "GPU-0"}],
+            "device_plugin": {"dir": dp_dir},
+            "health": {"poll_ms": 100},
+            "kube": {"api_url": api.url()},
+            "metrics_listen": format!("127.0.0.1:{port}"),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_node-agent"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env("NODE_NAME", "node-b")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    let reg = tokio::time::timeout(Duration::from_secs(20), kubelet.recv())
+        .await
+        .expect("no Register")
+        .unwrap();
+    assert_eq!(reg.resource_name, "xshare.io/offline-gpu");
+    let patch = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(r) = api
+                .requests
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|r| r.method == "PATCH")
+                .cloned()
+            {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("no heartbeat");
+    assert_eq!(patch.path, "/api/v1/nodes/node-b");
+    let metrics = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.unwrap();
+                if out.contains("health=\"Healthy\"} 4") {
+                    return out;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("no /metrics with healthy slots");
+    assert!(
+        metrics.contains("xshare_node_agent_evictions_total")
+            || metrics.contains("xshare_node_agent_offline_slots")
+    );
+
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGTERM) };
+    let st = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("no exit after SIGTERM")
+        .unwrap();
+    assert!(st.success(), "{st:?}");
+    assert!(!dp_dir.join("xshare-offline-gpu.sock").exists());
+}
+
+#[test]
+fn bad_config_exits_2_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("agent.json");
+    std::fs::write(&cfg, "{\"node_name\": \"n\",\n \"gpus\": []}").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent.json:2") && err.contains("gpus"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/node-agent.example.json"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent"))
+        .args(["cdi-spec", "--config", cfg])
+        .env("NODE_NAME", "gpu-node-1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(spec["kind"], "xshare.io/offline-gpu");
+    assert_eq!(spec["devices"].as_array().unwrap().len(), 2);
+}

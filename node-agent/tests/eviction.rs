@@ -1,0 +1,306 @@
+//! Eviction through the API: ledger eviction requests (as sysmonitor records them) are mapped
+//! to pods and posted as `policy/v1` Evictions with a UID precondition, against a loopback API
+//! server answering real-shaped JSON; requests are parsed back into k8s-openapi types and
+//! checked against the documented paths. 201 / 429 (PDB) / 404 / 409 / unreachable.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{pod_list, status, FakeApi, Recorded};
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::policy::v1::Eviction;
+use node_agent::allocate::group_name;
+use node_agent::config::KubeConfig;
+use node_agent::evict::{Evictor, Outcome};
+use node_ledger::config::ledger_path;
+use node_ledger::ledger::group_id_for;
+use node_ledger::Ledger;
+
+const UIDS: [(&str, &str); 5] = [
+    ("ok", "11111111-1111-4111-8111-111111111111"),
+    ("pdb", "22222222-2222-4222-8222-222222222222"),
+    ("gone", "33333333-3333-4333-8333-333333333333"),
+    ("replaced", "44444444-4444-4444-8444-444444444444"),
+    ("dying", "55555555-5555-4555-8555-555555555555"),
+];
+
+fn running_pod(name: &str, uid: &str) -> serde_json::Value {
+    let mut p = common::offline_pod(name, uid, "node-a", Some(0), "2026-01-01T00:00:00Z");
+    p["status"]["phase"] = "Running".into();
+    if name == "dying" {
+        p["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:00Z".into();
+        p["metadata"]["deletionGracePeriodSeconds"] = 30.into();
+    }
+    p
+}
+
+fn success() -> serde_json::Value {
+    serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+}
+
+/// Registers this test process once per pod group in GPU 0's ledger and asks each to leave,
+/// as sysmonitor's `mark_evicting` does (the process-slot eviction signal).
+fn ledger_with_requests(dir: &Path, names: &[&str]) -> Ledger {
+    let l = Ledger::open_or_create(&ledger_path(dir, 0), 0).unwrap();
+    for (name, uid) in UIDS.iter().filter(|(n, _)| names.contains(n)) {
+        let g = l.group(group_id_for(&group_name(uid)), 1 << 30).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        l.request_evict(h.slot, libc_sigterm());
+        let _ = name;
+    }
+    l
+}
+
+fn libc_sigterm() -> u32 {
+    15
+}
+
+async fn evictor(url: String, dir: &Path) -> Evictor {
+    let client = node_agent::kube::client(&KubeConfig {
+        api_url: url,
+        timeout_ms: 2000,
+    })
+    .await
+    .unwrap();
+    Evictor::new(client, "node-a", dir, vec![0], Duration::from_millis(200))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = ledger_with_requests(tmp.path(), &["ok", "pdb", "gone", "replaced", "dying"]);
+    let pdb_refusals = Arc::new(AtomicU32::new(1));
+    let refusals = pdb_refusals.clone();
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| {
+        match (r.method.as_str(), r.path.as_str()) {
+            ("GET", "/api/v1/pods") => (200, pod_list(UIDS.iter().map(|(n, u)| running_pod(n, u)).collect())),
+            ("POST", "/api/v1/namespaces/batch/events") => {
+                let mut e = r.json();
+                e["metadata"]["name"] = "ev.1".into();
+                (201, e)
+            }
+            ("POST", p) if p.ends_with("/eviction") => match p {
+                "/api/v1/namespaces/batch/pods/ok/eviction" => (201, success()),
+                "/api/v1/namespaces/batch/pods/pdb/eviction" => {
+                    if refusals.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                        (429, status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."))
+                    } else {
+                        (201, success())
+                    }
+                }
+                "/api/v1/namespaces/batch/pods/gone/eviction" => (404, status(404, "NotFound", "pods \"gone\" not found")),
+                "/api/v1/namespaces/batch/pods/replaced/eviction" => (
+                    409,
+                    status(409, "Conflict", "Precondition failed: UID in precondition: 44444444-4444-4444-8444-444444444444, UID in object meta: 99999999-9999-4999-8999-999999999999"),
+                ),
+                _ => (404, status(404, "NotFound", "unexpected eviction")),
+            },
+            _ => (404, status(404, "NotFound", "no such path")),
+        }
+    }))
+    .await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+
+    let mut got: Vec<(String, Outcome)> = ev
+        .tick()
+        .await
+        .into_iter()
+        .map(|(p, o)| (p.name, o))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("dying".to_string(), Outcome::Terminating),
+            ("gone".to_string(), Outcome::Gone),
+            ("ok".to_string(), Outcome::Evicted),
+            ("pdb".to_string(), Outcome::Blocked),
+            ("replaced".to_string(), Outcome::Replaced),
+        ]
+    );
+    let reqs = api.take();
+    // Pods bound to this node, listed once to map ledger groups to pods.
+    let lists: Vec<_> = reqs.iter().filter(|r| r.method == "GET").collect();
+    assert_eq!(lists.len(), 1);
+    assert_eq!(lists[0].path, "/api/v1/pods");
+    assert!(
+        lists[0]
+            .query
+            .contains("fieldSelector=spec.nodeName%3Dnode-a"),
+        "{}",
+        lists[0].query
+    );
+    // Evictions: documented subresource path, policy/v1 body, UID precondition.
+    let evictions: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .collect();
+    assert_eq!(
+        evictions.len(),
+        4,
+        "no Eviction for the terminating pod: {evictions:?}"
+    );
+    for r in &evictions {
+        assert_eq!(r.method, "POST");
+        let name = r
+            .path
+            .trim_start_matches("/api/v1/namespaces/batch/pods/")
+            .trim_end_matches("/eviction");
+        let uid = UIDS.iter().find(|(n, _)| *n == name).unwrap().1;
+        let raw = r.json();
+        assert_eq!(raw["apiVersion"], "policy/v1");
+        assert_eq!(raw["kind"], "Eviction");
+        assert!(
+            raw.get("delete_options").is_none(),
+            "snake_case field the API server ignores: {raw}"
+        );
+        let e: Eviction = serde_json::from_value(raw).unwrap();
+        assert_eq!(e.metadata.name.as_deref(), Some(name));
+        let pre = e.delete_options.unwrap().preconditions.unwrap();
+        assert_eq!(pre.uid.as_deref(), Some(uid));
+    }
+    // Events: one for the eviction, one for the PDB refusal.
+    let events: Vec<Event> = reqs
+        .iter()
+        .filter(|r| r.path.ends_with("/events"))
+        .map(|r| serde_json::from_value(r.json()).unwrap())
+        .collect();
+    let mut reasons: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                e.reason.clone().unwrap(),
+                e.involved_object.name.clone().unwrap(),
+            )
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            ("XshareEvictionBlocked".to_string(), "pdb".to_string()),
+            (kube_contract::EVICTION_EVENT_REASON.into(), "ok".into()),
+        ]
+    );
+    for e in &events {
+        assert_eq!(e.involved_object.kind.as_deref(), Some("Pod"));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert!(e.involved_object.uid.is_some());
+        assert_eq!(
+            e.source.as_ref().and_then(|s| s.host.as_deref()),
+            Some("node-a")
+        );
+    }
+
+    // At once again: nothing posted (finished pods never twice, the PDB one is backing off).
+    assert!(ev.tick().await.is_empty());
+    assert!(api.take().iter().all(|r| r.method != "POST"));
+
+    // After the backoff the PDB allows it: evicted, one more Event, no second "blocked" Event.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got: Vec<_> = ev
+        .tick()
+        .await
+        .into_iter()
+        .map(|(p, o)| (p.name, o))
+        .collect();
+    assert_eq!(got, [("pdb".to_string(), Outcome::Evicted)]);
+    let reqs = api.take();
+    let posts: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| r.path.as_str())
+        .collect();
+    assert_eq!(
+        posts,
+        [
+            "/api/v1/namespaces/batch/pods/pdb/eviction",
+            "/api/v1/namespaces/batch/events"
+        ]
+    );
+    assert_eq!(ev.outcome(UIDS[1].1), Some(Outcome::Evicted));
+
+    // The ledger still asks (the processes have not exited): still nothing posted, ever.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(ev.tick().await.is_empty());
+    assert!(api.take().iter().all(|r| r.method != "POST"));
+    let m = ev.metrics();
+    assert!(
+        m.contains("xshare_node_agent_evictions_total{node=\"node-a\",result=\"evicted\"} 2\n"),
+        "{m}"
+    );
+    assert!(m.contains("result=\"blocked\"} 1\n"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_api_is_retried_and_leaves_the_ledger_request_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let l = ledger_with_requests(tmp.path(), &["ok"]);
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut ev = evictor(format!("http://127.0.0.1:{port}"), tmp.path()).await;
+    // The pod cannot even be listed: no pod found, nothing final.
+    assert!(ev.tick().await.is_empty());
+    assert_eq!(ev.unmapped, 1);
+    assert_eq!(ev.outcome(UIDS[0].1), None);
+    // The monitor's request (and so its local signal path) is untouched.
+    let slot = l.procs()[0].slot;
+    assert_eq!(
+        l.layout().procs[slot].evict_signal.load(Ordering::Acquire),
+        15
+    );
+
+    // API back (list works, eviction answers 500 once): Failed, retried later, then evicted.
+    let fails = Arc::new(AtomicU32::new(1));
+    let f = fails.clone();
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| {
+        match (r.method.as_str(), r.path.as_str()) {
+            ("GET", "/api/v1/pods") => (200, pod_list(vec![running_pod("ok", UIDS[0].1)])),
+            ("POST", "/api/v1/namespaces/batch/pods/ok/eviction") => {
+                if f.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    (
+                        500,
+                        status(500, "InternalError", "etcdserver: request timed out"),
+                    )
+                } else {
+                    (201, success())
+                }
+            }
+            ("POST", "/api/v1/namespaces/batch/events") => (201, r.json()),
+            _ => (404, status(404, "NotFound", "no such path")),
+        }
+    }))
+    .await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    let got: Vec<_> = ev
+        .tick()
+        .await
+        .into_iter()
+        .map(|(p, o)| (p.name, o))
+        .collect();
+    assert_eq!(got, [("ok".to_string(), Outcome::Failed)]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got: Vec<_> = ev
+        .tick()
+        .await
+        .into_iter()
+        .map(|(p, o)| (p.name, o))
+        .collect();
+    assert_eq!(got, [("ok".to_string(), Outcome::Evicted)]);
+    let evictions = api
+        .take()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .count();
+    assert_eq!(evictions, 2, "one failed attempt, one accepted, no more");
+}
