@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use node_ledger::config::{load_json_file, parse_json, ConfigError};
+use node_daemon::layered::read_bounded;
+use node_ledger::config::{parse_json, ConfigError};
 use serde::Deserialize;
 
 /// Env var the DaemonSet sets from the downward API (`spec.nodeName`).
@@ -222,9 +223,8 @@ impl AgentConfig {
         path: &Path,
         get_env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let (mut c, text): (Self, String) = load_json_file(path)?;
-        c.finish(path, &text, get_env)?;
-        Ok(c)
+        let text = read_bounded(path)?;
+        Self::from_text(path, &text, get_env)
     }
 
     /// Parses and validates `text` attributed to `path`.

@@ -49,7 +49,7 @@ pub const MAX_FILE_BYTES: u64 = 1 << 20;
 /// Reads a whole config file, refusing one over [`MAX_FILE_BYTES`] before reading it whole
 /// (the size is checked up front and the read is bounded, so a growing or endless file such
 /// as a FIFO or `/dev/zero` is refused too).
-fn read_bounded(p: &Path) -> Result<String, ConfigError> {
+pub fn read_bounded(p: &Path) -> Result<String, ConfigError> {
     use std::io::Read;
     let err = |message: String| ConfigError {
         file: p.to_path_buf(),
