@@ -5,7 +5,8 @@
 # Targets (issue 8): 30 % online -> online p99 <= 1.10x alone with the offline job keeping
 # >= 60 % of its solo throughput; full-GPU online -> online p99 <= 1.3x alone.
 # Usage: scripts/bench-muxflow.sh [--duration S] [--profiles "t4 a10 h100"]
-# Figures only: nothing here is a test; run it on a quiet machine.
+# Figures only: nothing here is a test; run it on a quiet machine. The p99 of a 3 s run is its
+# second-worst request and swings with host CPU load; the p50 ratio is printed beside it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 duration=5 profiles="t4 a10 h100"
@@ -18,7 +19,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 cargo build -q --release -p emu-cuda -p emu-nvml -p emu-mps-control -p workloads -p sysmonitor -p mps-manager -p xcuda-shim
-printf '%-6s %-8s %10s %10s %8s %12s %12s %9s %s\n' profile online "p99 alone" "p99 node" "p99 x" "off solo/s" "off node/s" "off kept" target
+printf '%-6s %-8s %6s %10s %10s %8s %12s %12s %9s %s\n' profile online "p50 x" "p99 alone" "p99 node" "p99 x" "off solo/s" "off node/s" "off kept" target
 for p in $profiles; do
     for frac in 0.3 1.0; do
         out=$(target/release/host-demo --profile "$p" --duration "$duration" --online-sm-fraction "$frac" 2>/dev/null)
@@ -28,11 +29,12 @@ p, frac, text = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 rows = {l[:32].strip(): l[32:].split() for l in text.splitlines() if len(l) > 32}
 alone, solo, node = rows["online alone"], rows["offline alone"], rows["online + offline (xshare node)"]
 p99a, p99n = float(alone[2]), float(node[2])
+p50x = float(node[0]) / float(alone[0])
 offs, offn = float(solo[-1]), float(node[-1])
 ratio, kept = p99n / p99a, offn / offs
 ok = (ratio <= 1.10 and kept >= 0.60) if frac < 1 else ratio <= 1.3
 want = "p99<=1.10x, kept>=60%" if frac < 1 else "p99<=1.3x"
-print(f"{p:<6} {('%d%% SMs' % (frac * 100)):<8} {p99a:>10.3f} {p99n:>10.3f} {ratio:>8.2f} {offs:>12.2f} {offn:>12.2f} {kept:>8.0%} {want} {'met' if ok else 'NOT met'}")
+print(f"{p:<6} {('%d%% SMs' % (frac * 100)):<8} {p50x:>6.2f} {p99a:>10.3f} {p99n:>10.3f} {ratio:>8.2f} {offs:>12.2f} {offn:>12.2f} {kept:>8.0%} {want} {'met' if ok else 'NOT met'}")
 PY
     done
 done

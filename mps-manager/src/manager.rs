@@ -140,7 +140,10 @@ impl Manager {
         let safe = fresh && matches!(health, Some(HealthState::Healthy | HealthState::Unhealthy));
         self.state.gpu_health = health.map(|h| format!("{h:?}").to_lowercase());
         self.state.sm_activity_pct = total;
-        self.state.online_estimate_pct = online;
+        if online.is_finite() {
+            // NaN: no estimate from this reading (see Allocator::online_estimate).
+            self.state.online_estimate_pct = online;
+        }
         let changed = self.alloc.update(&self.cfg.budget, online, safe);
         let Some(pct) = self.alloc.applied() else {
             return;

@@ -16,11 +16,19 @@ pub const MPS_ENV_MARK: &str = "XCUDA_MPS_PERCENTAGE_FROM_BUDGET";
 /// Smallest percentage the shim sets: below it a client can barely make progress.
 pub const MIN_MPS_PERCENTAGE: u32 = 10;
 
+/// Shortest age at which the manager's budget counts as stale, ns. mps-manager publishes it
+/// every period (100 ms) but its loop also runs MPS control commands, which take up to a
+/// second on a busy host (seen at the moment a new offline client connects, i.e. exactly when
+/// the constructor reads it); the budget is smoothed and moves slowly, and a stale one means a
+/// looser limit (MPS's default percentage), so an age of a few periods must not count.
+pub const BUDGET_STALE_NS: u64 = 2_000_000_000;
+
 /// The offline SM budget (the ledger's manager block, written by mps-manager) as a fraction
-/// of the SMs if it is fresh (published within `stale_ns`), else `None`.
+/// of the SMs if it is fresh (published within `stale_ns`, at least [`BUDGET_STALE_NS`]),
+/// else `None`.
 pub fn fresh_budget(l: &Ledger, now_ns: u64, stale_ns: u64) -> Option<f64> {
     let s = l.read_manager()?;
-    s.is_fresh(now_ns, stale_ns)
+    s.is_fresh(now_ns, stale_ns.max(BUDGET_STALE_NS))
         .then(|| f64::from(s.offline_sm_budget_permille.min(1000)) / 1000.0)
 }
 
@@ -40,6 +48,14 @@ pub fn mps_env_value(get: &dyn Fn(&str) -> Option<String>, budget: Option<f64>) 
     }
     let b = budget?;
     Some(mps_percentage((b * 1000.0).round() as u32).to_string())
+}
+
+/// This process's own SM cap as MPS applies it: [`MPS_ENV`] (the user's or the one the
+/// constructor set from the budget) as a fraction, if it holds a valid percentage (1..=100).
+/// The throttle leaves a budget this cap already enforces to MPS.
+pub fn own_mps_share(get: &dyn Fn(&str) -> Option<String>) -> Option<f64> {
+    let pct: u32 = get(MPS_ENV)?.trim().parse().ok()?;
+    (1..=100).contains(&pct).then(|| f64::from(pct) / 100.0)
 }
 
 /// Library constructor: runs when the shim is loaded, before the application's `main` and so
@@ -122,6 +138,17 @@ mod tests {
     }
 
     #[test]
+    fn own_share_is_the_mps_percentage_in_force() {
+        let env = |v: &'static str| move |k: &str| (k == MPS_ENV).then(|| v.to_string());
+        assert_eq!(own_mps_share(&env("45")), Some(0.45));
+        assert_eq!(own_mps_share(&env(" 100 ")), Some(1.0));
+        assert_eq!(own_mps_share(&env("0")), None);
+        assert_eq!(own_mps_share(&env("150")), None);
+        assert_eq!(own_mps_share(&env("x")), None);
+        assert_eq!(own_mps_share(&|_: &str| None), None);
+    }
+
+    #[test]
     fn budget_is_read_only_when_fresh() {
         let d = tempfile::tempdir().unwrap();
         let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
@@ -136,6 +163,11 @@ mod tests {
         assert_eq!(fresh_budget(&l, now, 500_000_000), Some(0.3));
         assert_eq!(
             fresh_budget(&l, now + 600_000_000, 500_000_000),
+            Some(0.3),
+            "a few manager periods late is not stale (its loop also runs MPS commands)"
+        );
+        assert_eq!(
+            fresh_budget(&l, now + BUDGET_STALE_NS + 1, 500_000_000),
             None,
             "stale"
         );

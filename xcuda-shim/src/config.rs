@@ -55,39 +55,8 @@ pub struct MemoryConfig {
     pub quota_bytes: Option<u64>,
 }
 
-/// Launch-throttle settings (MuxFlow eq. 1-2 + PID).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ThrottleConfig {
-    pub enabled: bool,
-    /// Target GPU load U_GPU = U_SM * a_C (0..1).
-    pub target_load: f64,
-    /// a_L: weight of a clock below threshold.
-    pub a_l: f64,
-    /// a_H: weight of a clock above threshold.
-    pub a_h: f64,
-    /// T_SM: SM clock threshold, MHz.
-    pub t_sm_mhz: f64,
-    /// C_H: highest SM clock, MHz (0 = use the monitor's published maximum).
-    pub c_h_mhz: f64,
-    /// PID gains, as fractions of `max_rate` per unit of load error.
-    pub kp: f64,
-    pub ki: f64,
-    pub kd: f64,
-    /// Controller period, ms.
-    pub period_ms: u64,
-    /// Monitor data older than this is stale, ms.
-    pub stale_after_ms: u64,
-    /// Rate used while monitor data are missing or stale, SM-waves per second.
-    pub fallback_rate: f64,
-    /// Rate bounds, SM-waves per second.
-    pub min_rate: f64,
-    pub max_rate: f64,
-    /// Bucket depth, SM-waves.
-    pub burst: f64,
-    /// Cost charged per graph launch, SM-waves.
-    pub graph_launch_waves: f64,
-}
+/// Launch-throttle settings (MuxFlow eq. 1-2 + PID): defined beside the control law.
+pub use xshare_control::ThrottleConfig;
 
 /// Graceful-exit settings.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -123,29 +92,6 @@ impl Default for Config {
 impl Default for MemoryConfig {
     fn default() -> Self {
         Self { quota_fraction: 0.4, quota_bytes: None }
-    }
-}
-
-impl Default for ThrottleConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            target_load: 0.8,
-            a_l: 2.0,
-            a_h: 0.2,
-            t_sm_mhz: 1200.0,
-            c_h_mhz: 0.0,
-            kp: 0.5,
-            ki: 2.0,
-            kd: 0.0,
-            period_ms: 10,
-            stale_after_ms: 500,
-            fallback_rate: 50.0,
-            min_rate: 5.0,
-            max_rate: 100_000.0,
-            burst: 4.0,
-            graph_launch_waves: 8.0,
-        }
     }
 }
 
@@ -197,6 +143,12 @@ impl Config {
         }
         if t.period_ms == 0 || t.period_ms > 10_000 {
             return bad("throttle.period_ms", "must be in 1..=10000");
+        }
+        if !(0.0..1.0).contains(&t.hold_below_clock) {
+            return bad("throttle.hold_below_clock", "must be in [0, 1) (0 = no online-pressure hold)");
+        }
+        if t.hold_ms > 10_000 {
+            return bad("throttle.hold_ms", "must be at most 10000");
         }
         if t.stale_after_ms == 0 {
             return bad("throttle.stale_after_ms", "must be positive");

@@ -381,12 +381,17 @@ impl Device {
     }
 
     /// Caps the process `pid` at `pct` percent of the SMs (takes effect on its next kernels and
-    /// on the running ones; only while it is an MPS client).
+    /// on the running ones; only while it is an MPS client). A limit the client already has —
+    /// its own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, as its driver read it at context creation,
+    /// possibly set by the process itself before `cuInit` — is never raised: NVIDIA's MPS
+    /// documentation says the client's variable only further constrains the control daemon's
+    /// limit, so the lower of the two applies.
     pub fn set_client_active_thread_pct(&self, pid: u32, pct: u32) -> Result<(), EmuError> {
         check_pct(pct)?;
         let mut g = self.locked();
         let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == pid).ok_or(EmuError::NoSuchClient(pid))?;
-        g.clients[c].pct = pct;
+        let own = g.clients[c].pct;
+        g.clients[c].pct = if own == 0 { pct } else { own.min(pct) };
         physics::compute_shares(&mut g);
         Ok(())
     }
@@ -436,9 +441,8 @@ impl Device {
             }
             cl.mps_gen = h.mps_generation;
             if let Some(p) = env_pct.filter(|p| (1..=100).contains(p)) {
-                if cl.pct == 0 {
-                    cl.pct = p;
-                }
+                // The lower of the client's variable and a limit the daemon already set.
+                cl.pct = if cl.pct == 0 { p } else { cl.pct.min(p) };
             }
         }
         cl.contexts += 1;

@@ -167,6 +167,10 @@ fn mps_percentages_validate_and_apply() {
     assert_eq!(d.snapshot().processes[0].active_thread_pct, 30);
     d.set_client_active_thread_pct(me.pid(), 20).unwrap();
     assert_eq!(d.snapshot().processes[0].active_thread_pct, 20);
+    // The daemon's limit never raises the client's own variable (set at runtime before cuInit,
+    // which /proc/<pid>/environ does not show): the lower one applies.
+    d.set_client_active_thread_pct(me.pid(), 100).unwrap();
+    assert_eq!(d.snapshot().processes[0].active_thread_pct, 20, "never raised");
     assert!(matches!(d.set_client_active_thread_pct(1, 20), Err(EmuError::NoSuchClient(1))));
     std::fs::remove_file(&p).unwrap();
 }

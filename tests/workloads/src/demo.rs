@@ -192,12 +192,14 @@ pub fn node_runtime_phase(dir: &Path, bin_dir: &Path) -> Result<Phase, String> {
                 mon_cfg,
                 Some((mon_state, "\"healthy\"".into())),
             ),
-            // Ready when the MPS control daemon it owns listens on the pipe directory.
+            // Ready when it has published its first offline SM budget (its state file is first
+            // written after that), not merely when its MPS daemon listens: an offline client
+            // starting before takes MPS's default percentage for its whole life.
             service(
                 "mps-manager",
                 "mps-manager",
                 mps_cfg,
-                Some((dir.join("mps-pipe/control"), String::new())),
+                Some((run.join("gpu0/mps-manager.json"), "offline_budget_pct".into())),
             ),
         ],
         teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],

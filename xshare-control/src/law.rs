@@ -1,0 +1,99 @@
+//! MuxFlow eq. 1-2 and the PID controller on log2(rate).
+
+use crate::ThrottleConfig;
+
+/// Eq. 2: clock factor a_C from the SM clock `c_sm`, threshold `t_sm`, highest clock `c_h`
+/// (all MHz) and the weights `a_l` (clock below threshold) and `a_h` (above).
+pub fn clock_factor(c_sm: f64, t_sm: f64, c_h: f64, a_l: f64, a_h: f64) -> f64 {
+    if c_sm < t_sm {
+        1.0 + a_l * (t_sm - c_sm) / t_sm
+    } else {
+        let span = (c_h - t_sm).max(1.0);
+        1.0 - a_h * ((c_sm - t_sm) / span).min(1.0)
+    }
+}
+
+/// Eq. 1: GPU load U_GPU = U_SM * a_C.
+pub fn gpu_load(u_sm: f64, a_c: f64) -> f64 {
+    u_sm * a_c
+}
+
+/// PID on log2(rate): the output is a multiplicative correction, so the gains mean the same
+/// thing whatever the kernel size or SM count (launch cost is already counted in SM-waves).
+#[derive(Debug, Clone)]
+pub struct Pid {
+    kp: f64,
+    ki: f64,
+    kd: f64,
+    integral: f64,
+    prev_err: Option<f64>,
+    base_log2: f64,
+    lo_log2: f64,
+    hi_log2: f64,
+}
+
+impl Pid {
+    /// A controller starting at `cfg.fallback_rate`, bounded by `[min_rate, max_rate]`.
+    pub fn new(cfg: &ThrottleConfig) -> Self {
+        Self {
+            kp: cfg.kp,
+            ki: cfg.ki,
+            kd: cfg.kd,
+            integral: 0.0,
+            prev_err: None,
+            base_log2: cfg.fallback_rate.log2(),
+            lo_log2: cfg.min_rate.log2(),
+            hi_log2: cfg.max_rate.log2(),
+        }
+    }
+
+    /// One step: `err` = target - load (positive = room to launch more), `dt` seconds since
+    /// the previous step. Returns the new rate in waves per second.
+    pub fn step(&mut self, err: f64, dt: f64) -> f64 {
+        let dt = dt.max(1e-4);
+        let d = self.prev_err.map_or(0.0, |p| (err - p) / dt);
+        self.prev_err = Some(err);
+        let candidate = self.integral + err * dt;
+        let u = |i: f64| self.base_log2 + self.kp * err + self.ki * i + self.kd * d;
+        // Anti-windup: integrate only while the output is not pinned in the error's direction.
+        let out = u(candidate);
+        if (out < self.hi_log2 || err < 0.0) && (out > self.lo_log2 || err > 0.0) {
+            self.integral = candidate;
+        }
+        u(self.integral).clamp(self.lo_log2, self.hi_log2).exp2()
+    }
+
+    /// Forgets history (monitor came back after being stale).
+    pub fn reset(&mut self) {
+        self.integral = 0.0;
+        self.prev_err = None;
+    }
+}
+
+/// A measurement for the controller (the monitor's latest published sample).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// SM activity U_SM, 0..1.
+    pub u_sm: f64,
+    /// SM clock, MHz.
+    pub c_sm: f64,
+    /// Highest SM clock, MHz.
+    pub c_h: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_factor_matches_eq2() {
+        // Below threshold: 1 + a_L (T - C)/T.
+        assert!((clock_factor(600.0, 1200.0, 1500.0, 2.0, 0.2) - 2.0).abs() < 1e-9);
+        // At threshold: 1.
+        assert!((clock_factor(1200.0, 1200.0, 1500.0, 2.0, 0.2) - 1.0).abs() < 1e-9);
+        // At the top clock: 1 - a_H.
+        assert!((clock_factor(1500.0, 1200.0, 1500.0, 2.0, 0.2) - 0.8).abs() < 1e-9);
+        assert!(clock_factor(9999.0, 1200.0, 1500.0, 2.0, 0.2) >= 0.8 - 1e-9);
+        assert_eq!(gpu_load(0.5, 2.0), 1.0);
+    }
+}
