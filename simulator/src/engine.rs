@@ -628,7 +628,7 @@ impl<'a> Sim<'a> {
                         .max(self.cfg.min_cap);
                         let th = self.gpus[g]
                             .throttle
-                            .get_or_insert_with(|| ThrottleState::new(&self.cfg.throttle));
+                            .get_or_insert_with(|| ThrottleState::new(&self.cfg.throttle, cap));
                         th.settle(&self.cfg.throttle, &load, &pair, cap, self.cfg.tick_s)
                     }
                 };
