@@ -17,6 +17,7 @@ use cluster_matcher::plan::{
     plan_round, ClusterSpec, GpuHealth, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, Workloads,
 };
 use cluster_matcher::predictor::SpeedPredictor;
+use mps_manager::budget::{Allocator, BudgetConfig};
 use serde::Serialize;
 use sysmonitor::health::{Action, Input, Machine, MachineConfig, Metrics, State};
 
@@ -96,7 +97,8 @@ pub struct SimConfig {
     pub tick_s: f64,
     /// Seconds between placement rounds (a round with no waiting job is skipped).
     pub round_s: f64,
-    /// Matching modes re-match running jobs too (and may move them) every this many rounds.
+    /// Matching modes re-match running jobs too (and may move them) every this many rounds;
+    /// 0 = never (running jobs stay; rounds place waiting jobs on GPUs without one).
     pub rematch_every: u64,
     /// Solo work (s) an offline job loses when evicted, moved or its GPU goes away.
     pub restart_penalty_s: f64,
@@ -113,6 +115,8 @@ pub struct SimConfig {
     pub health: MachineConfig,
     /// The throttle's control settings.
     pub throttle: ThrottleSettings,
+    /// mps-manager's dynamic SM allocation settings (its shipped defaults unless changed).
+    pub budget: BudgetConfig,
     /// Stop at this simulated time (s); `None` = when every offline job is done, or 7 days
     /// after the last arrival.
     pub horizon_s: Option<f64>,
@@ -125,7 +129,7 @@ impl SimConfig {
             seed: 1,
             tick_s: 30.0,
             round_s: 60.0,
-            rematch_every: 10,
+            rematch_every: 0,
             restart_penalty_s: 60.0,
             slo_slowdown: 1.5,
             pb_switch: 0.03,
@@ -133,6 +137,7 @@ impl SimConfig {
             min_cap: 0.1,
             health: MachineConfig::default(),
             throttle: ThrottleSettings::default(),
+            budget: BudgetConfig::default(),
             horizon_s: None,
         }
     }
@@ -174,6 +179,7 @@ struct Gpu {
     job: Option<usize>,
     machine: Machine,
     throttle: Option<ThrottleState>,
+    budget: Allocator,
     view: View,
     since: f64,
     /// The online service's own SM activity (percent) at the last tick.
@@ -309,6 +315,7 @@ impl<'a> Sim<'a> {
                     job: None,
                     machine: Machine::new(),
                     throttle: None,
+                    budget: Allocator::default(),
                     view: View::default(),
                     since: 0.0,
                     online_sm_pct: 0.0,
@@ -514,6 +521,7 @@ impl<'a> Sim<'a> {
             let gpu = &mut self.gpus[g];
             gpu.online = Some(i);
             gpu.machine = Machine::new();
+            gpu.budget = Allocator::default();
             gpu.since = self.now;
             gpu.view = View::default();
             let _ = k;
@@ -620,12 +628,23 @@ impl<'a> Sim<'a> {
                         },
                     ),
                     _ => {
-                        let cap = if mode.dynamic_sm() {
-                            1.0 - online_sm
+                        // Dynamic SM allocation: mps-manager's own allocator (complement of
+                        // the online SM activity minus headroom, within limits, smoothed);
+                        // without it (-S) the same rule applied once to the online peak.
+                        let b = &self.cfg.budget;
+                        let pct = if mode.dynamic_sm() {
+                            let gpu = &mut self.gpus[g];
+                            let safe =
+                                matches!(gpu.machine.state(), State::Healthy | State::Unhealthy);
+                            if sample || gpu.budget.applied().is_none() {
+                                gpu.budget.update(b, online_sm * 100.0, safe);
+                            }
+                            gpu.budget.applied().unwrap_or(b.min_pct)
                         } else {
-                            1.0 - svc.peak_sm()
-                        }
-                        .max(self.cfg.min_cap);
+                            (100.0 - svc.peak_sm() * 100.0 - b.headroom_pct)
+                                .clamp(b.min_pct, b.max_pct)
+                        };
+                        let cap = (pct / 100.0).max(self.cfg.min_cap);
                         let th = self.gpus[g]
                             .throttle
                             .get_or_insert_with(|| ThrottleState::new(&self.cfg.throttle, cap));
@@ -752,7 +771,9 @@ impl<'a> Sim<'a> {
             .retain(|&j| self.jobs[j].finish.is_none() && self.jobs[j].gpu.is_none());
         let mode = self.cfg.mode;
         let matching = mode.matching();
-        let rematch = matching && self.round_no.is_multiple_of(self.cfg.rematch_every.max(1));
+        let rematch = matching
+            && self.cfg.rematch_every > 0
+            && self.round_no.is_multiple_of(self.cfg.rematch_every);
         self.round_no += 1;
         if self.pending.is_empty() && !rematch {
             return;
@@ -760,7 +781,7 @@ impl<'a> Sim<'a> {
         let mut online = Vec::new();
         for (g, gpu) in self.gpus.iter().enumerate() {
             let Some(oi) = gpu.online else { continue };
-            if !matching && gpu.job.is_some() {
+            if !rematch && gpu.job.is_some() {
                 continue;
             }
             let Some(inst) = self.insts[oi].as_ref() else {
@@ -786,7 +807,7 @@ impl<'a> Sim<'a> {
         }
         let mut offline = Vec::new();
         let mut consider: Vec<usize> = self.pending.clone();
-        if matching {
+        if rematch {
             consider.extend((0..self.jobs.len()).filter(|&j| self.jobs[j].gpu.is_some()));
         }
         consider.sort_unstable();

@@ -62,6 +62,10 @@ struct Args {
     /// Seconds between placement rounds.
     #[arg(long, default_value_t = 60.0)]
     round_s: f64,
+    /// MuxFlow / MuxFlow-S: re-match running jobs too every N rounds (the planner may move
+    /// them; each move costs the restart penalty); 0 = never.
+    #[arg(long, default_value_t = 0)]
+    rematch_every: u64,
     /// Solo work (s) lost on an eviction, move or lost GPU.
     #[arg(long, default_value_t = 60.0)]
     restart_penalty_s: f64,
@@ -136,6 +140,7 @@ fn run(a: Args) -> Result<(), String> {
         cfg.seed = a.seed;
         cfg.tick_s = a.tick_s;
         cfg.round_s = a.round_s;
+        cfg.rematch_every = a.rematch_every;
         cfg.restart_penalty_s = a.restart_penalty_s;
         cfg.slo_slowdown = a.slo_slowdown;
         cfg.health = health.clone();
