@@ -7,6 +7,7 @@ pub mod engine;
 pub mod metrics;
 pub mod model;
 pub mod online;
+pub mod policy;
 pub mod rng;
 pub mod throttle;
 pub mod trace;
