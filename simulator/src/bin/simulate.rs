@@ -16,7 +16,9 @@ use simulator::{table, JobTypes, Mode, Sim, SimConfig, Trace, TraceOptions};
 /// setting). Every round the real planner (`cluster_matcher::plan::plan_round`, KM matching on
 /// predicted throughput) places waiting jobs; every tick each online GPU is evaluated by the
 /// interference model (simulator::model), sampled by the real health machine
-/// (sysmonitor::health) and, in MuxFlow modes, throttled.
+/// (sysmonitor::health) and, in MuxFlow modes, throttled (xshare-control) under the SM
+/// budget of mps-manager's allocator. Latency is normalized to the same services alone (what
+/// Online-only measures); JCT and oversold GPU (MuxFlow eq. 3) also to MuxFlow's run.
 ///
 /// Examples:
 ///
@@ -25,6 +27,10 @@ use simulator::{table, JobTypes, Mode, Sim, SimConfig, Trace, TraceOptions};
 ///   simulate --mode muxflow --mode time-sharing --json out.json
 ///
 ///   simulate --compress 48 --offline-copies 2 --seed 7
+///
+///   # the shipped thresholds evict offline jobs for 100 % GPU utilization; judge SM
+///   # activity and clock only:
+///   simulate --health simulator/examples/health-no-gpu-util.json
 #[derive(Parser, Debug)]
 #[command(name = "simulate", version, verbatim_doc_comment)]
 struct Args {
