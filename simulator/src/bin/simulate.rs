@@ -1,0 +1,181 @@
+//! `simulate`: replays the Alibaba 2023 GPU trace under xshare's sharing modes.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+use cluster_matcher::predictor::SpeedPredictor;
+use simulator::{table, JobTypes, Mode, Sim, SimConfig, Trace, TraceOptions};
+
+/// Trace-driven GPU cluster simulator running xshare's own planner, health machine and
+/// throttle on a simulated clock.
+///
+/// Online services are the trace's LS pods (each on its own GPU(s), first-fit by GPU model,
+/// with a seeded diurnal request rate of 20-190 QPS); offline jobs are its BE pods (arrival and
+/// exclusive duration from the trace). Offline jobs run only beside online services (MuxFlow's
+/// setting). Every round the real planner (`cluster_matcher::plan::plan_round`, KM matching on
+/// predicted throughput) places waiting jobs; every tick each online GPU is evaluated by the
+/// interference model (simulator::model), sampled by the real health machine
+/// (sysmonitor::health) and, in MuxFlow modes, throttled (xshare-control) under the SM
+/// budget of mps-manager's allocator. Latency is normalized to the same services alone (what
+/// Online-only measures); JCT and oversold GPU (MuxFlow eq. 3) also to MuxFlow's run.
+///
+/// Examples:
+///
+///   simulate                                  # every mode, default trace replay
+///
+///   simulate --mode muxflow --mode time-sharing --json out.json
+///
+///   simulate --compress 48 --offline-copies 2 --seed 7
+///
+///   # the shipped thresholds evict offline jobs for 100 % GPU utilization; judge SM
+///   # activity and clock only:
+///   simulate --health simulator/examples/health-no-gpu-util.json
+#[derive(Parser, Debug)]
+#[command(name = "simulate", version, verbatim_doc_comment)]
+struct Args {
+    /// Sharing modes to run (repeat; default: all seven).
+    #[arg(long = "mode", value_enum)]
+    modes: Vec<Mode>,
+    /// Seed for every random choice (job types, service parameters, QPS curves, copies).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Alibaba trace directory (default: <data>/alibaba-gpu-v2023).
+    #[arg(long)]
+    trace_dir: Option<PathBuf>,
+    /// Pod list inside the trace directory.
+    #[arg(long, default_value = "openb_pod_list_default.csv")]
+    pods: String,
+    /// Gavel throughput file (default: <data>/gavel/simulation_throughputs.json).
+    #[arg(long)]
+    gavel: Option<PathBuf>,
+    /// Speed predictor model (default: cluster-matcher/examples/speed-predictor.json).
+    #[arg(long)]
+    predictor: Option<PathBuf>,
+    /// Divide arrival times by this factor (durations are kept): the trace's ~37 days of
+    /// arrivals replayed denser, as MuxFlow repeats its trace to fill the cluster.
+    #[arg(long, default_value_t = 24.0)]
+    compress: f64,
+    /// Repeat each BE pod this many times (copies arrive up to an hour later, seeded).
+    #[arg(long, default_value_t = 1)]
+    offline_copies: u32,
+    /// Keep only the first N offline jobs (0 = all).
+    #[arg(long, default_value_t = 0)]
+    max_offline: usize,
+    /// Seconds between ticks (model, health sample, throttle).
+    #[arg(long, default_value_t = 30.0)]
+    tick_s: f64,
+    /// Seconds between placement rounds.
+    #[arg(long, default_value_t = 60.0)]
+    round_s: f64,
+    /// MuxFlow / MuxFlow-S: re-match running jobs too every N rounds (the planner may move
+    /// them; each move costs the restart penalty); 0 = never.
+    #[arg(long, default_value_t = 0)]
+    rematch_every: u64,
+    /// Solo work (s) lost on an eviction, move or lost GPU.
+    #[arg(long, default_value_t = 60.0)]
+    restart_penalty_s: f64,
+    /// SLO: a request violates it when its tick is slower than this many times alone.
+    #[arg(long, default_value_t = 1.5)]
+    slo_slowdown: f64,
+    /// Health machine config (sysmonitor's `machine` JSON: thresholds, holds); default: its defaults.
+    #[arg(long)]
+    health: Option<PathBuf>,
+    /// Write the reports as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("simulate: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let data = simulator::data_dir();
+    let trace_dir = a
+        .trace_dir
+        .unwrap_or_else(|| data.join("alibaba-gpu-v2023"));
+    let opt = TraceOptions {
+        compress: a.compress,
+        offline_copies: a.offline_copies,
+        max_offline: a.max_offline,
+        seed: a.seed,
+    };
+    let trace = Trace::load(&trace_dir, &a.pods, &opt).map_err(|e| e.to_string())?;
+    let types = JobTypes::load(
+        &a.gavel
+            .unwrap_or_else(|| data.join("gavel/simulation_throughputs.json")),
+    )
+    .map_err(|e| e.to_string())?;
+    let pred_path = a.predictor.unwrap_or_else(simulator::default_predictor);
+    let predictor = SpeedPredictor::load(&pred_path).map_err(|e| e.to_string())?;
+    let health = match &a.health {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let cfg: sysmonitor::health::MachineConfig =
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            cfg.validate()
+                .map_err(|(f, m)| format!("{}: {f}: {m}", p.display()))?;
+            cfg
+        }
+        None => Default::default(),
+    };
+    let modes = if a.modes.is_empty() {
+        Mode::ALL.to_vec()
+    } else {
+        a.modes.clone()
+    };
+    eprintln!(
+        "trace: {} nodes, {} online pods, {} offline jobs over {:.1} h (compress {}), left out: {:?}",
+        trace.nodes.len(),
+        trace.online.len(),
+        trace.offline.len(),
+        trace.last_arrival() / 3600.0,
+        a.compress,
+        trace.left_out
+    );
+    let mut reports = Vec::new();
+    for mode in modes {
+        let mut cfg = SimConfig::new(mode);
+        cfg.seed = a.seed;
+        cfg.tick_s = a.tick_s;
+        cfg.round_s = a.round_s;
+        cfg.rematch_every = a.rematch_every;
+        cfg.restart_penalty_s = a.restart_penalty_s;
+        cfg.slo_slowdown = a.slo_slowdown;
+        cfg.health = health.clone();
+        let t0 = Instant::now();
+        let quiet = a.quiet;
+        let label = mode.label();
+        let rep = Sim::new(cfg, &trace, &types, &predictor).run(|t, end| {
+            if !quiet {
+                eprint!(
+                    "\r{label:<16} {:>5.1}% of {:.1} h",
+                    100.0 * (t / end.max(1.0)).min(1.0),
+                    end / 3600.0
+                );
+            }
+        });
+        if !quiet {
+            eprintln!(
+                "\r{label:<16} done in {:.1} s wall ({} rounds, planner {:.0} ms)",
+                t0.elapsed().as_secs_f64(),
+                rep.rounds,
+                rep.plan_ms_total
+            );
+        }
+        reports.push(rep);
+    }
+    print!("{}", table(&reports));
+    if let Some(p) = &a.json {
+        let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
+        std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
+}

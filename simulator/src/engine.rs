@@ -1,0 +1,919 @@
+//! The discrete-event engine: online services come and go, offline jobs arrive, placement
+//! rounds call the real planner (`cluster_matcher::plan::plan_round`), and every tick each
+//! online GPU is evaluated with the interference model, sampled by the real health machine
+//! (`sysmonitor::health::Machine` on the simulated clock) and, in protected modes, throttled
+//! by the real throttle controller (see [`crate::throttle`]).
+//!
+//! Events are ordered by (time, class, sequence): online ends and starts, then arrivals,
+//! then job completions, then rounds, then ticks. Job progress and the per-GPU accounting are
+//! integrated lazily between events at the rate the last tick set; a job's completion is an
+//! exact event inside a tick.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use cluster_matcher::plan::alibaba::Assumptions;
+use cluster_matcher::plan::{
+    plan_round, ClusterSpec, GpuHealth, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, Workloads,
+};
+use cluster_matcher::predictor::SpeedPredictor;
+use mps_manager::budget::{Allocator, BudgetConfig};
+use serde::Serialize;
+use sysmonitor::health::{Action, Input, Machine, MachineConfig, Metrics, State};
+
+use crate::metrics::{Accum, Report};
+use crate::model::{evaluate, OnlineLoad, Pair, Share, View};
+use crate::online::Service;
+use crate::rng::{hash2, Rng};
+use crate::throttle::{ThrottleSettings, ThrottleState};
+use crate::trace::{JobTypes, Trace};
+
+/// Node sharing modes (MuxFlow §7.3-7.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
+pub enum Mode {
+    /// Online services only; offline jobs never run (the latency reference).
+    OnlineOnly,
+    /// Gandiva-style time slicing, no protection, no matching.
+    TimeSharing,
+    /// Priority-based time sharing (AntMan / PAI): online preempts offline; no matching.
+    PbTimeSharing,
+    /// Protection (health machine + throttle), dynamic SM allocation, KM matching.
+    Muxflow,
+    /// MuxFlow without dynamic SM allocation: a static cap sized for the online peak.
+    MuxflowS,
+    /// MuxFlow without matching: pair-blind first-fit placement.
+    MuxflowM,
+    /// Protection only.
+    MuxflowSM,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 7] = [
+        Mode::OnlineOnly,
+        Mode::TimeSharing,
+        Mode::PbTimeSharing,
+        Mode::Muxflow,
+        Mode::MuxflowS,
+        Mode::MuxflowM,
+        Mode::MuxflowSM,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::OnlineOnly => "Online-only",
+            Mode::TimeSharing => "Time-sharing",
+            Mode::PbTimeSharing => "PB-time-sharing",
+            Mode::Muxflow => "MuxFlow",
+            Mode::MuxflowS => "MuxFlow-S",
+            Mode::MuxflowM => "MuxFlow-M",
+            Mode::MuxflowSM => "MuxFlow-S-M",
+        }
+    }
+    fn runs_offline(self) -> bool {
+        self != Mode::OnlineOnly
+    }
+    /// Health-gated admission, health evictions, the throttle.
+    fn protected(self) -> bool {
+        matches!(
+            self,
+            Mode::Muxflow | Mode::MuxflowS | Mode::MuxflowM | Mode::MuxflowSM
+        )
+    }
+    fn dynamic_sm(self) -> bool {
+        matches!(self, Mode::Muxflow | Mode::MuxflowM)
+    }
+    /// Predicted-throughput matching that may also move running jobs.
+    fn matching(self) -> bool {
+        matches!(self, Mode::Muxflow | Mode::MuxflowS)
+    }
+}
+
+/// Everything a run depends on besides the trace.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimConfig {
+    pub mode: Mode,
+    pub seed: u64,
+    /// Seconds between ticks (model evaluation, health sample, throttle settling).
+    pub tick_s: f64,
+    /// Seconds between placement rounds (a round with no waiting job is skipped).
+    pub round_s: f64,
+    /// Matching modes re-match running jobs too (and may move them) every this many rounds;
+    /// 0 = never (running jobs stay; rounds place waiting jobs on GPUs without one).
+    pub rematch_every: u64,
+    /// Solo work (s) an offline job loses when evicted, moved or its GPU goes away.
+    pub restart_penalty_s: f64,
+    /// A request is an SLO violation when its tick's latency exceeds this many times the
+    /// service's latency alone at the same rate (or the service saturates).
+    pub slo_slowdown: f64,
+    /// PB-time-sharing: relative cost of preempting an offline slice per online request.
+    pub pb_switch: f64,
+    /// Offline memory at gpu_milli = 1000 (MiB); scaled by gpu_milli.
+    pub offline_memory_mib: u64,
+    /// Smallest offline SM cap (fraction); matches the planner's `min_offline_sm_percent`.
+    pub min_cap: f64,
+    /// The real health machine's thresholds and timing.
+    pub health: MachineConfig,
+    /// The throttle's control settings.
+    pub throttle: ThrottleSettings,
+    /// mps-manager's dynamic SM allocation settings (its shipped defaults unless changed).
+    pub budget: BudgetConfig,
+    /// Stop at this simulated time (s); `None` = when every offline job is done, or 7 days
+    /// after the last arrival.
+    pub horizon_s: Option<f64>,
+}
+
+impl SimConfig {
+    pub fn new(mode: Mode) -> Self {
+        Self {
+            mode,
+            seed: 1,
+            tick_s: 30.0,
+            round_s: 60.0,
+            rematch_every: 0,
+            restart_penalty_s: 60.0,
+            slo_slowdown: 1.5,
+            pb_switch: 0.03,
+            offline_memory_mib: 6144,
+            min_cap: 0.1,
+            health: MachineConfig::default(),
+            throttle: ThrottleSettings::default(),
+            budget: BudgetConfig::default(),
+            horizon_s: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    OnlineEnd(usize),
+    OnlineStart(usize),
+    Arrive(usize),
+    Done(usize, u32),
+    Round,
+    Tick,
+}
+
+#[derive(Debug, PartialEq)]
+struct Timed(f64, Ev, u64);
+
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Timed {
+    fn cmp(&self, o: &Self) -> Ordering {
+        // Reversed: BinaryHeap is a max-heap.
+        o.0.total_cmp(&self.0)
+            .then_with(|| o.1.cmp(&self.1))
+            .then_with(|| o.2.cmp(&self.2))
+    }
+}
+
+struct Gpu {
+    at: GpuRef,
+    model_type: String,
+    mem_mib: u64,
+    online: Option<usize>,
+    job: Option<usize>,
+    machine: Machine,
+    throttle: Option<ThrottleState>,
+    budget: Allocator,
+    view: View,
+    since: f64,
+    /// The online service's own SM activity (percent) at the last tick.
+    online_sm_pct: f64,
+    qps: f64,
+}
+
+struct Inst {
+    pod: usize,
+    name: String,
+    service: usize,
+    mem_mib: u64,
+    gpus: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    name: String,
+    job_type: usize,
+    d_off: f64,
+    mem_mib: u64,
+    spec: Vec<String>,
+    arrival: f64,
+    duration: f64,
+    done: f64,
+    rate: f64,
+    since: f64,
+    gpu: Option<usize>,
+    arrived: bool,
+    finish: Option<f64>,
+    epoch: u32,
+    placed_s: f64,
+    evictions: u32,
+    moves: u32,
+    breaks: u32,
+}
+
+/// One simulation run.
+pub struct Sim<'a> {
+    cfg: SimConfig,
+    trace: &'a Trace,
+    types: &'a JobTypes,
+    predictor: &'a SpeedPredictor,
+    cluster: ClusterSpec,
+    gpus: Vec<Gpu>,
+    node_gpus: Vec<std::ops::Range<usize>>,
+    gpu_index: HashMap<GpuRef, usize>,
+    services: Vec<Service>,
+    insts: Vec<Option<Inst>>,
+    jobs: Vec<Job>,
+    job_index: HashMap<String, usize>,
+    pending: Vec<usize>,
+    heap: BinaryHeap<Timed>,
+    seq: u64,
+    now: f64,
+    round: u64,
+    /// Rounds seen, planned or not.
+    round_no: u64,
+    acc: Accum,
+    /// Latency accounting stops here (the last arrival), the same for every mode.
+    latency_until: f64,
+    horizon: f64,
+    remaining: usize,
+}
+
+fn health_of(s: State) -> GpuHealth {
+    match s {
+        State::Init => GpuHealth::Init,
+        State::Healthy => GpuHealth::Healthy,
+        State::Unhealthy => GpuHealth::Unhealthy,
+        State::Overlimit => GpuHealth::Overlimit,
+        State::Disabled => GpuHealth::Disabled,
+    }
+}
+
+impl<'a> Sim<'a> {
+    pub fn new(
+        cfg: SimConfig,
+        trace: &'a Trace,
+        types: &'a JobTypes,
+        predictor: &'a SpeedPredictor,
+    ) -> Self {
+        let asm = Assumptions::default();
+        let nodes: Vec<NodeSpec> = trace
+            .nodes
+            .iter()
+            .map(|n| NodeSpec {
+                name: n.name.clone(),
+                gpu_type: n.model.clone(),
+                gpus: n.gpus,
+                gpu_memory_mib: *asm
+                    .gpu_memory_mib
+                    .get(&n.model)
+                    .unwrap_or(&asm.default_gpu_memory_mib),
+                predictor_gpu_type: Some(
+                    asm.predictor_type
+                        .get(&n.model)
+                        .unwrap_or(&asm.default_predictor_type)
+                        .clone(),
+                ),
+            })
+            .collect();
+        let cluster = ClusterSpec {
+            round_period_s: cfg.round_s.max(1.0) as u64,
+            state_dir: None,
+            stale_after_s: 30,
+            min_offline_sm_percent: cfg.min_cap * 100.0,
+            memory_headroom_mib: 512,
+            max_offline_memory_fraction: 0.4,
+            unprofiled_weight: 0.3,
+            cells: None,
+            cells_state: None,
+            max_offline_per_gpu: 1,
+            nodes,
+            tenants: Default::default(),
+        };
+        let mut gpus = Vec::new();
+        let mut node_gpus = Vec::new();
+        let mut gpu_index = HashMap::new();
+        for n in &cluster.nodes {
+            let first = gpus.len();
+            for i in 0..n.gpus {
+                let at = GpuRef {
+                    node: n.name.clone(),
+                    gpu: i,
+                };
+                gpu_index.insert(at.clone(), gpus.len());
+                gpus.push(Gpu {
+                    at,
+                    model_type: n.model_type(),
+                    mem_mib: n.gpu_memory_mib,
+                    online: None,
+                    job: None,
+                    machine: Machine::new(),
+                    throttle: None,
+                    budget: Allocator::default(),
+                    view: View::default(),
+                    since: 0.0,
+                    online_sm_pct: 0.0,
+                    qps: 0.0,
+                });
+            }
+            node_gpus.push(first..gpus.len());
+        }
+        let services = trace
+            .online
+            .iter()
+            .map(|p| {
+                Service::seeded(
+                    cfg.seed,
+                    &p.name,
+                    p.milli,
+                    types.assign(cfg.seed, &format!("online:{}", p.name)),
+                )
+            })
+            .collect();
+        let mut jobs = Vec::new();
+        let mut job_index = HashMap::new();
+        if cfg.mode.runs_offline() {
+            for p in &trace.offline {
+                let mut rng = Rng::new(hash2(cfg.seed, &format!("offline:{}", p.name)));
+                job_index.insert(p.name.clone(), jobs.len());
+                jobs.push(Job {
+                    name: p.name.clone(),
+                    job_type: types.assign(cfg.seed, &format!("offline:{}", p.name)),
+                    d_off: rng.range(0.6, 1.0),
+                    mem_mib: (cfg.offline_memory_mib * u64::from(p.milli.min(1000)) / 1000)
+                        .max(256),
+                    spec: p.spec.clone(),
+                    arrival: p.arrival,
+                    duration: p.duration,
+                    done: 0.0,
+                    rate: 0.0,
+                    since: p.arrival,
+                    gpu: None,
+                    arrived: false,
+                    finish: None,
+                    epoch: 0,
+                    placed_s: 0.0,
+                    evictions: 0,
+                    moves: 0,
+                    breaks: 0,
+                });
+            }
+        }
+        let latency_until = trace.last_arrival();
+        let horizon = cfg.horizon_s.unwrap_or(latency_until + 7.0 * 86_400.0);
+        let remaining = jobs.len();
+        let mut sim = Self {
+            cfg,
+            trace,
+            types,
+            predictor,
+            cluster,
+            gpus,
+            node_gpus,
+            gpu_index,
+            services,
+            insts: (0..trace.online.len()).map(|_| None).collect(),
+            jobs,
+            job_index,
+            pending: Vec::new(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            round: 0,
+            round_no: 0,
+            acc: Accum::default(),
+            latency_until,
+            horizon,
+            remaining,
+        };
+        for (i, p) in trace.online.iter().enumerate() {
+            sim.push(p.start, Ev::OnlineStart(i));
+        }
+        for j in 0..sim.jobs.len() {
+            let t = sim.jobs[j].arrival;
+            sim.push(t, Ev::Arrive(j));
+        }
+        sim.push(0.0, Ev::Tick);
+        if sim.cfg.mode.runs_offline() {
+            sim.push(0.0, Ev::Round);
+        }
+        sim
+    }
+
+    fn push(&mut self, t: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Timed(t, ev, self.seq));
+    }
+
+    /// Runs to the end; `progress(now, end)` is called every few thousand events.
+    pub fn run(mut self, progress: impl FnMut(f64, f64)) -> Report {
+        self.advance(f64::INFINITY, progress);
+        self.report()
+    }
+
+    /// Processes events up to simulated time `until` (or the end of the run).
+    pub fn advance(&mut self, until: f64, mut progress: impl FnMut(f64, f64)) {
+        let mut n = 0u64;
+        while let Some(Timed(t, ..)) = self.heap.peek() {
+            let t = *t;
+            if t > until || t > self.horizon || self.over(t) {
+                break;
+            }
+            let Some(Timed(t, ev, _)) = self.heap.pop() else {
+                break;
+            };
+            self.now = t;
+            n += 1;
+            if n.is_multiple_of(4096) {
+                progress(t, self.latency_until);
+            }
+            match ev {
+                Ev::OnlineStart(i) => self.online_start(i),
+                Ev::OnlineEnd(i) => self.online_end(i),
+                Ev::Arrive(j) => {
+                    self.jobs[j].arrived = true;
+                    self.pending.push(j);
+                }
+                Ev::Done(j, epoch) => self.job_done(j, epoch),
+                Ev::Round => {
+                    self.plan();
+                    let next = t + self.cfg.round_s;
+                    self.push(next, Ev::Round);
+                }
+                Ev::Tick => {
+                    self.tick();
+                    let next = t + self.cfg.tick_s;
+                    self.push(next, Ev::Tick);
+                }
+            }
+        }
+    }
+
+    fn over(&self, t: f64) -> bool {
+        if self.cfg.mode.runs_offline() {
+            self.remaining == 0 && t > self.latency_until
+        } else {
+            t > self.latency_until
+        }
+    }
+
+    /// Simulated time of the last event processed.
+    pub fn now(&self) -> f64 {
+        self.now
+    }
+
+    /// Where offline job `name` runs now.
+    pub fn job_gpu(&self, name: &str) -> Option<&GpuRef> {
+        let j = *self.job_index.get(name)?;
+        self.jobs[j].gpu.map(|g| &self.gpus[g].at)
+    }
+
+    /// When offline job `name` finished.
+    pub fn job_finish(&self, name: &str) -> Option<f64> {
+        self.jobs[*self.job_index.get(name)?].finish
+    }
+
+    /// Health state of a GPU.
+    pub fn gpu_state(&self, at: &GpuRef) -> Option<State> {
+        self.gpu_index
+            .get(at)
+            .map(|&g| self.gpus[g].machine.state())
+    }
+
+    /// Ends the run at the current time and computes its report.
+    pub fn report(mut self) -> Report {
+        let end = self.now;
+        for g in 0..self.gpus.len() {
+            self.flush(g, end);
+        }
+        self.finish(end)
+    }
+
+    fn online_start(&mut self, i: usize) {
+        let p = &self.trace.online[i];
+        let want = p.gpus as usize;
+        let fits = |g: &Gpu, nodes: &[NodeSpec], ni: usize| {
+            g.online.is_none() && (p.spec.is_empty() || p.spec.contains(&nodes[ni].gpu_type))
+        };
+        let mut chosen = None;
+        for (ni, r) in self.node_gpus.iter().enumerate() {
+            let free: Vec<usize> = r
+                .clone()
+                .filter(|&g| fits(&self.gpus[g], &self.cluster.nodes, ni))
+                .take(want)
+                .collect();
+            if free.len() == want {
+                chosen = Some(free);
+                break;
+            }
+        }
+        let Some(gs) = chosen else {
+            self.acc.online_unplaced += 1;
+            return;
+        };
+        for (k, &g) in gs.iter().enumerate() {
+            let gpu = &mut self.gpus[g];
+            gpu.online = Some(i);
+            gpu.machine = Machine::new();
+            gpu.budget = Allocator::default();
+            gpu.since = self.now;
+            gpu.view = View::default();
+            let _ = k;
+        }
+        let mem = |g: &Gpu| (g.mem_mib as f64 * (0.2 + 0.3 * f64::from(p.milli) / 1000.0)) as u64;
+        let mem_mib = mem(&self.gpus[gs[0]]);
+        self.insts[i] = Some(Inst {
+            pod: i,
+            name: p.name.clone(),
+            service: i,
+            mem_mib,
+            gpus: gs.clone(),
+        });
+        self.acc.online_placed += 1;
+        for &g in &gs {
+            self.evaluate(g, false);
+        }
+        let end = p.end;
+        self.push(end, Ev::OnlineEnd(i));
+    }
+
+    fn online_end(&mut self, i: usize) {
+        let Some(inst) = self.insts[i].take() else {
+            return;
+        };
+        for &g in &inst.gpus {
+            self.flush(g, self.now);
+            if let Some(j) = self.gpus[g].job {
+                self.unplace(j, "online gone");
+            }
+            let gpu = &mut self.gpus[g];
+            gpu.online = None;
+            gpu.view = View::default();
+            gpu.throttle = None;
+        }
+        let _ = inst.pod;
+    }
+
+    /// Integrates GPU `g`'s accounting and its job's progress up to `t`.
+    fn flush(&mut self, g: usize, t: f64) {
+        let gpu = &mut self.gpus[g];
+        let dt = t - gpu.since;
+        gpu.since = t;
+        if dt <= 0.0 || gpu.online.is_none() {
+            return;
+        }
+        let lat_dt = (self.latency_until.min(t) - (t - dt)).max(0.0);
+        self.acc.add_gpu(
+            &gpu.view,
+            gpu.qps,
+            dt,
+            lat_dt,
+            self.cfg.slo_slowdown,
+            gpu.job.is_some(),
+        );
+        if let Some(j) = gpu.job {
+            let job = &mut self.jobs[j];
+            let d = t - job.since;
+            if d > 0.0 {
+                job.done = (job.done + job.rate * d).min(job.duration);
+                job.placed_s += d;
+                job.since = t;
+            }
+        }
+    }
+
+    /// Re-evaluates GPU `g` from now on; `sample` also feeds the health machine.
+    fn evaluate(&mut self, g: usize, sample: bool) {
+        self.flush(g, self.now);
+        let Some(oi) = self.gpus[g].online else {
+            return;
+        };
+        let svc = &self.services[self.insts[oi].as_ref().map_or(oi, |x| x.service)];
+        let qps = svc.diurnal.qps(self.now);
+        let load = OnlineLoad {
+            qps,
+            s0: svc.s0,
+            d_on: svc.d_on,
+        };
+        let online_sm = (qps * svc.s0).min(1.0) * svc.d_on;
+        let mode = self.cfg.mode;
+        let job = self.gpus[g].job;
+        let (view, pair) = match job {
+            None => (evaluate(&load, &dummy_pair(), Share::None), None),
+            Some(j) => {
+                let jb = &self.jobs[j];
+                let (go, gn, _) =
+                    self.types
+                        .pair(&self.gpus[g].model_type, jb.job_type, svc.job_type);
+                let pair = Pair {
+                    d_on: svc.d_on,
+                    d_off: jb.d_off,
+                    gavel_off: go,
+                    gavel_on: gn,
+                };
+                let view = match mode {
+                    Mode::OnlineOnly => evaluate(&load, &pair, Share::None),
+                    Mode::TimeSharing => evaluate(&load, &pair, Share::Slices),
+                    Mode::PbTimeSharing => evaluate(
+                        &load,
+                        &pair,
+                        Share::Priority {
+                            switch: self.cfg.pb_switch,
+                        },
+                    ),
+                    _ => {
+                        // Dynamic SM allocation: mps-manager's own allocator (complement of
+                        // the online SM activity minus headroom, within limits, smoothed);
+                        // without it (-S) the same rule applied once to the online peak.
+                        let b = &self.cfg.budget;
+                        let pct = if mode.dynamic_sm() {
+                            let gpu = &mut self.gpus[g];
+                            let safe =
+                                matches!(gpu.machine.state(), State::Healthy | State::Unhealthy);
+                            if sample || gpu.budget.applied().is_none() {
+                                gpu.budget.update(b, online_sm * 100.0, safe);
+                            }
+                            gpu.budget.applied().unwrap_or(b.min_pct)
+                        } else {
+                            (100.0 - svc.peak_sm() * 100.0 - b.headroom_pct)
+                                .clamp(b.min_pct, b.max_pct)
+                        };
+                        let cap = (pct / 100.0).max(self.cfg.min_cap);
+                        let th = self.gpus[g]
+                            .throttle
+                            .get_or_insert_with(|| ThrottleState::new(&self.cfg.throttle, cap));
+                        th.settle(&self.cfg.throttle, &load, &pair, cap, self.cfg.tick_s)
+                    }
+                };
+                (view, Some(pair))
+            }
+        };
+        let _ = pair;
+        let gpu = &mut self.gpus[g];
+        gpu.view = view;
+        gpu.qps = qps;
+        gpu.online_sm_pct = online_sm * 100.0;
+        let mem_used = {
+            let on = self.insts[oi].as_ref().map_or(0, |x| x.mem_mib);
+            let off = job.map_or(0, |j| self.jobs[j].mem_mib);
+            100.0 * (on + off) as f64 / gpu.mem_mib.max(1) as f64
+        };
+        if sample {
+            let m = Metrics {
+                gpu_util: view.gpu_util,
+                sm_activity: view.sm_activity,
+                sm_clock_pct: view.clock_pct,
+                mem_used_pct: mem_used,
+                offline_only: false,
+            };
+            let step = gpu.machine.step(
+                &self.cfg.health,
+                (self.now * 1000.0) as u64,
+                Input::Sample(m),
+            );
+            let evict = step
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::EvictOffline { .. }));
+            self.acc.health_transitions += step.transitions.len() as u64;
+            if evict && mode.protected() {
+                if let Some(j) = job {
+                    self.acc.evictions += 1;
+                    self.jobs[j].evictions += 1;
+                    self.unplace(j, "evicted");
+                    // The GPU runs the online service alone for the rest of the tick.
+                    self.evaluate(g, false);
+                    return;
+                }
+            }
+        }
+        if let Some(j) = job {
+            let rate = view.progress;
+            let t = self.now;
+            let jb = &mut self.jobs[j];
+            jb.rate = rate;
+            jb.since = t;
+            jb.epoch += 1;
+            if rate > 0.0 {
+                let left = (jb.duration - jb.done).max(0.0) / rate;
+                let e = jb.epoch;
+                self.push(t + left, Ev::Done(j, e));
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        for g in 0..self.gpus.len() {
+            if self.gpus[g].online.is_some() {
+                self.evaluate(g, true);
+            }
+        }
+        self.acc.ticks += 1;
+    }
+
+    fn job_done(&mut self, j: usize, epoch: u32) {
+        if self.jobs[j].epoch != epoch || self.jobs[j].finish.is_some() {
+            return;
+        }
+        let Some(g) = self.jobs[j].gpu else { return };
+        self.flush(g, self.now);
+        let jb = &mut self.jobs[j];
+        jb.done = jb.duration;
+        jb.finish = Some(self.now);
+        jb.gpu = None;
+        self.gpus[g].job = None;
+        self.gpus[g].throttle = None;
+        self.remaining -= 1;
+        self.evaluate(g, false);
+    }
+
+    /// Takes job `j` off its GPU (it keeps its progress less the restart penalty) and back
+    /// into the queue.
+    fn unplace(&mut self, j: usize, why: &str) {
+        let Some(g) = self.jobs[j].gpu else { return };
+        self.flush(g, self.now);
+        let pen = self.cfg.restart_penalty_s;
+        let jb = &mut self.jobs[j];
+        jb.done = (jb.done - pen).max(0.0);
+        jb.gpu = None;
+        jb.rate = 0.0;
+        jb.epoch += 1;
+        match why {
+            "evicted" => {}
+            "moved" => jb.moves += 1,
+            _ => jb.breaks += 1,
+        }
+        self.gpus[g].job = None;
+        self.gpus[g].throttle = None;
+        self.pending.push(j);
+    }
+
+    fn place(&mut self, j: usize, g: usize) {
+        self.flush(g, self.now);
+        self.pending.retain(|&x| x != j);
+        let jb = &mut self.jobs[j];
+        jb.gpu = Some(g);
+        jb.since = self.now;
+        self.gpus[g].job = Some(j);
+        self.gpus[g].throttle = None;
+        self.evaluate(g, false);
+    }
+
+    /// One placement round through the real planner.
+    fn plan(&mut self) {
+        self.pending
+            .retain(|&j| self.jobs[j].finish.is_none() && self.jobs[j].gpu.is_none());
+        let mode = self.cfg.mode;
+        let matching = mode.matching();
+        let rematch = matching
+            && self.cfg.rematch_every > 0
+            && self.round_no.is_multiple_of(self.cfg.rematch_every);
+        self.round_no += 1;
+        if self.pending.is_empty() && !rematch {
+            return;
+        }
+        let mut online = Vec::new();
+        for (g, gpu) in self.gpus.iter().enumerate() {
+            let Some(oi) = gpu.online else { continue };
+            if !rematch && gpu.job.is_some() {
+                continue;
+            }
+            let Some(inst) = self.insts[oi].as_ref() else {
+                continue;
+            };
+            let svc = &self.services[inst.service];
+            let k = inst.gpus.iter().position(|&x| x == g).unwrap_or(0);
+            online.push(OnlineWorkload {
+                name: if k == 0 {
+                    inst.name.clone()
+                } else {
+                    format!("{}#{k}", inst.name)
+                },
+                tenant: "ls".into(),
+                at: Some(gpu.at.clone()),
+                gpu_type: None,
+                group: None,
+                memory_mib: inst.mem_mib,
+                // As the monitor publishes it: in 5% steps.
+                sm_activity_percent: ((gpu.online_sm_pct / 5.0).round() * 5.0).clamp(0.0, 100.0),
+                profile: matching.then(|| self.types.profiles[svc.job_type].clone()),
+            });
+        }
+        let mut offline = Vec::new();
+        let mut consider: Vec<usize> = self.pending.clone();
+        if rematch {
+            consider.extend((0..self.jobs.len()).filter(|&j| self.jobs[j].gpu.is_some()));
+        }
+        consider.sort_unstable();
+        consider.dedup();
+        if consider.is_empty() {
+            return;
+        }
+        for &j in &consider {
+            let jb = &self.jobs[j];
+            offline.push(OfflineJob {
+                name: jb.name.clone(),
+                tenant: "be".into(),
+                memory_mib: jb.mem_mib,
+                gpu_types: jb.spec.clone(),
+                profile: matching.then(|| self.types.profiles[jb.job_type].clone()),
+                current: jb.gpu.map(|g| self.gpus[g].at.clone()),
+            });
+        }
+        let workloads = Workloads { online, offline };
+        let gpus = &self.gpus;
+        let index = &self.gpu_index;
+        let protected = mode.protected();
+        let health = |at: &GpuRef| {
+            if !protected {
+                return GpuHealth::Healthy;
+            }
+            index
+                .get(at)
+                .map_or(GpuHealth::Missing, |&g| health_of(gpus[g].machine.state()))
+        };
+        let plan = plan_round(
+            &self.cluster,
+            &workloads,
+            self.predictor,
+            &health,
+            self.round,
+        );
+        self.round += 1;
+        self.acc.rounds += 1;
+        if std::env::var_os("SIM_DEBUG").is_some() {
+            eprintln!(
+                "t={} plan: {}",
+                self.now,
+                serde_json::to_string(&plan).unwrap_or_default()
+            );
+        }
+        self.acc.plan_ms += plan.stats.weights_ms + plan.stats.matching_ms;
+        // Moves and breaks first, then placements.
+        let mut target: Vec<(usize, usize)> = Vec::new();
+        for a in &plan.assignments {
+            let (Some(&j), Some(&g)) = (self.job_index.get(&a.offline), self.gpu_index.get(&a.at))
+            else {
+                continue;
+            };
+            target.push((j, g));
+        }
+        for b in &plan.breaks {
+            if let Some(&j) = self.job_index.get(&b.offline) {
+                if self.jobs[j].gpu.is_some() {
+                    let moved = target.iter().any(|&(x, _)| x == j);
+                    self.unplace(j, if moved { "moved" } else { "break" });
+                    self.acc.plan_breaks += 1;
+                }
+            }
+        }
+        for (j, g) in target {
+            if self.jobs[j].gpu == Some(g) {
+                continue;
+            }
+            if self.gpus[g].job.is_some() || self.gpus[g].online.is_none() {
+                continue;
+            }
+            self.place(j, g);
+            self.acc.placements += 1;
+        }
+    }
+
+    fn finish(self, end: f64) -> Report {
+        let mut acc = self.acc;
+        for jb in &self.jobs {
+            acc.add_job(
+                jb.arrival,
+                jb.finish,
+                jb.duration,
+                jb.done,
+                jb.placed_s,
+                jb.moves,
+                jb.breaks,
+            );
+        }
+        Report::new(
+            self.cfg.mode.label(),
+            &self.cfg,
+            end,
+            self.latency_until,
+            acc,
+            self.jobs.len(),
+        )
+    }
+}
+
+fn dummy_pair() -> Pair {
+    Pair {
+        d_on: 1.0,
+        d_off: 1.0,
+        gavel_off: 1.0,
+        gavel_on: 1.0,
+    }
+}

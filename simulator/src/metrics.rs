@@ -1,0 +1,330 @@
+//! Run metrics: online latency (mean and p99, normalized to the same services alone, which is
+//! what Online-only measures), SLO violations, offline JCT and makespan, oversold GPU (MuxFlow
+//! eq. 3), utilization, evictions; the terminal table and JSON.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::engine::SimConfig;
+use crate::model::View;
+
+const BIN_BASE_MS: f64 = 0.01;
+const BIN_RATIO: f64 = 1.02;
+const BINS: usize = 1200;
+
+/// Request-weighted histogram of tick mean latencies; each tick's latency is exponential
+/// (M/M/1 processor sharing), so quantiles are those of the mixture.
+#[derive(Debug, Clone)]
+pub struct LatencyHist {
+    w: Vec<f64>,
+}
+
+impl Default for LatencyHist {
+    fn default() -> Self {
+        Self { w: vec![0.0; BINS] }
+    }
+}
+
+impl LatencyHist {
+    fn bin(ms: f64) -> usize {
+        ((ms.max(BIN_BASE_MS) / BIN_BASE_MS).ln() / BIN_RATIO.ln())
+            .floor()
+            .clamp(0.0, (BINS - 1) as f64) as usize
+    }
+    fn center(b: usize) -> f64 {
+        BIN_BASE_MS * BIN_RATIO.powf(b as f64 + 0.5)
+    }
+    pub fn add(&mut self, mean_ms: f64, weight: f64) {
+        self.w[Self::bin(mean_ms)] += weight;
+    }
+
+    /// The `q` quantile (0..1) of the mixture of exponentials, ms.
+    pub fn quantile(&self, q: f64) -> f64 {
+        let total: f64 = self.w.iter().sum();
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let used: Vec<(f64, f64)> = self
+            .w
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| **w > 0.0)
+            .map(|(b, w)| (Self::center(b), *w / total))
+            .collect();
+        let cdf = |x: f64| {
+            used.iter()
+                .map(|(m, w)| w * (1.0 - (-x / m).exp()))
+                .sum::<f64>()
+        };
+        let (mut lo, mut hi) = (0.0, used.iter().map(|(m, _)| *m).fold(0.0, f64::max) * 20.0);
+        for _ in 0..80 {
+            let mid = 0.5 * (lo + hi);
+            if cdf(mid) < q {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        0.5 * (lo + hi)
+    }
+}
+
+/// Running sums of one run.
+#[derive(Debug, Clone, Default)]
+pub struct Accum {
+    pub requests: f64,
+    pub latency_sum: f64,
+    pub latency_alone_sum: f64,
+    pub hist: LatencyHist,
+    pub hist_alone: LatencyHist,
+    pub slo_violations: f64,
+    pub saturated: f64,
+    pub gpu_s: f64,
+    pub shared_s: f64,
+    pub util_s: f64,
+    pub sm_s: f64,
+    pub online_placed: usize,
+    pub online_unplaced: usize,
+    pub evictions: u64,
+    pub health_transitions: u64,
+    pub ticks: u64,
+    pub rounds: u64,
+    pub plan_ms: f64,
+    pub plan_breaks: u64,
+    pub placements: u64,
+    pub jobs_done: usize,
+    pub jct_sum: f64,
+    pub first_arrival: f64,
+    pub last_finish: f64,
+    pub norm_tput_sum: f64,
+    pub norm_tput_jobs: usize,
+    pub work_done: f64,
+    pub placed_s: f64,
+    pub moves: u64,
+    pub breaks: u64,
+    pub any_job: bool,
+}
+
+impl Accum {
+    /// One online GPU over `dt` seconds (`lat_dt` of which count for latency).
+    pub fn add_gpu(&mut self, v: &View, qps: f64, dt: f64, lat_dt: f64, slo: f64, shared: bool) {
+        self.gpu_s += dt;
+        if shared {
+            self.shared_s += dt;
+        }
+        self.util_s += dt * v.gpu_util;
+        self.sm_s += dt * v.sm_activity;
+        if lat_dt > 0.0 {
+            let req = qps * lat_dt;
+            self.requests += req;
+            self.latency_sum += req * v.latency_ms;
+            self.latency_alone_sum += req * v.latency_alone_ms;
+            self.hist.add(v.latency_ms, req);
+            self.hist_alone.add(v.latency_alone_ms, req);
+            if v.saturated || v.latency_ms > slo * v.latency_alone_ms {
+                self.slo_violations += req;
+            }
+            if v.saturated {
+                self.saturated += req;
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_job(
+        &mut self,
+        arrival: f64,
+        finish: Option<f64>,
+        duration: f64,
+        done: f64,
+        placed_s: f64,
+        moves: u32,
+        breaks: u32,
+    ) {
+        if !self.any_job || arrival < self.first_arrival {
+            self.first_arrival = arrival;
+        }
+        self.any_job = true;
+        if let Some(f) = finish {
+            self.jobs_done += 1;
+            self.jct_sum += f - arrival;
+            self.last_finish = self.last_finish.max(f);
+        }
+        let _ = duration;
+        if placed_s > 0.0 {
+            self.norm_tput_sum += (done / placed_s).min(1.0);
+            self.norm_tput_jobs += 1;
+        }
+        self.work_done += done;
+        self.placed_s += placed_s;
+        self.moves += u64::from(moves);
+        self.breaks += u64::from(breaks);
+    }
+}
+
+/// The figures of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub mode: String,
+    pub seed: u64,
+    pub simulated_h: f64,
+    pub online_pods_placed: usize,
+    pub online_pods_unplaced: usize,
+    /// Online mean / p99 latency normalized to the same services alone (Online-only = 1).
+    pub online_latency_norm: f64,
+    pub online_p99_norm: f64,
+    pub online_latency_ms: f64,
+    pub online_p99_ms: f64,
+    /// Share of requests in ticks slower than `slo_slowdown` x alone, or saturated.
+    pub slo_violation_pct: f64,
+    pub saturated_pct: f64,
+    pub offline_jobs: usize,
+    pub offline_done: usize,
+    pub offline_avg_jct_s: f64,
+    pub makespan_h: f64,
+    /// MuxFlow eq. 3 as the mean over jobs of real / exclusive throughput while placed.
+    pub oversold_gpu: f64,
+    /// Offline solo-work seconds per placed second over all jobs (time-weighted eq. 3).
+    pub oversold_gpu_time_weighted: f64,
+    pub gpu_util_pct: f64,
+    pub sm_activity_pct: f64,
+    pub shared_gpu_pct: f64,
+    pub evictions: u64,
+    pub moves: u64,
+    pub breaks: u64,
+    pub placements: u64,
+    pub rounds: u64,
+    pub plan_ms_total: f64,
+    pub health_transitions: u64,
+    pub throttle: String,
+}
+
+fn div(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+impl Report {
+    pub fn new(
+        mode: &str,
+        cfg: &SimConfig,
+        end: f64,
+        _lat_until: f64,
+        a: Accum,
+        jobs: usize,
+    ) -> Self {
+        let p99 = a.hist.quantile(0.99);
+        let p99a = a.hist_alone.quantile(0.99);
+        Self {
+            mode: mode.to_string(),
+            seed: cfg.seed,
+            simulated_h: end / 3600.0,
+            online_pods_placed: a.online_placed,
+            online_pods_unplaced: a.online_unplaced,
+            online_latency_norm: div(a.latency_sum, a.latency_alone_sum),
+            online_p99_norm: div(p99, p99a),
+            online_latency_ms: div(a.latency_sum, a.requests),
+            online_p99_ms: p99,
+            slo_violation_pct: 100.0 * div(a.slo_violations, a.requests),
+            saturated_pct: 100.0 * div(a.saturated, a.requests),
+            offline_jobs: jobs,
+            offline_done: a.jobs_done,
+            offline_avg_jct_s: div(a.jct_sum, a.jobs_done as f64),
+            makespan_h: if a.jobs_done > 0 {
+                (a.last_finish - a.first_arrival) / 3600.0
+            } else {
+                0.0
+            },
+            oversold_gpu: div(a.norm_tput_sum, a.norm_tput_jobs as f64),
+            oversold_gpu_time_weighted: div(a.work_done, a.placed_s),
+            gpu_util_pct: div(a.util_s, a.gpu_s),
+            sm_activity_pct: div(a.sm_s, a.gpu_s),
+            shared_gpu_pct: 100.0 * div(a.shared_s, a.gpu_s),
+            evictions: a.evictions,
+            moves: a.moves,
+            breaks: a.breaks,
+            placements: a.placements,
+            rounds: a.rounds,
+            plan_ms_total: a.plan_ms,
+            health_transitions: a.health_transitions,
+            throttle: crate::throttle::description().to_string(),
+        }
+    }
+}
+
+/// The terminal table: one row per run, JCT and oversold GPU also normalized to MuxFlow's
+/// run when there is one (as MuxFlow figures 11 and 13 do).
+pub fn table(reports: &[Report]) -> String {
+    let mux = reports.iter().find(|r| r.mode == "MuxFlow");
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<16} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>8} {:>9} {:>7} {:>6} {:>6} {:>6} {:>6}",
+        "mode",
+        "lat/on",
+        "p99/on",
+        "SLO%",
+        "done",
+        "JCT s",
+        "JCT/MF",
+        "mkspan h",
+        "oversold",
+        "OS/MF",
+        "util%",
+        "SM%",
+        "evict",
+        "moves"
+    );
+    for r in reports {
+        let jct_mf = mux.map_or(String::from("-"), |m| {
+            if r.offline_done > 0 && m.offline_avg_jct_s > 0.0 {
+                format!("{:.2}", r.offline_avg_jct_s / m.offline_avg_jct_s)
+            } else {
+                "-".into()
+            }
+        });
+        let os_mf = mux.map_or(String::from("-"), |m| {
+            if m.oversold_gpu > 0.0 && r.offline_jobs > 0 {
+                format!("{:.2}", r.oversold_gpu / m.oversold_gpu)
+            } else {
+                "-".into()
+            }
+        });
+        let _ = writeln!(
+            s,
+            "{:<16} {:>7.3} {:>7.3} {:>6.2} {:>6} {:>9.0} {:>7} {:>8.2} {:>9.3} {:>7} {:>6.1} {:>6.1} {:>6} {:>6}",
+            r.mode,
+            r.online_latency_norm,
+            r.online_p99_norm,
+            r.slo_violation_pct,
+            format!("{}/{}", r.offline_done, r.offline_jobs),
+            r.offline_avg_jct_s,
+            jct_mf,
+            r.makespan_h,
+            r.oversold_gpu,
+            os_mf,
+            r.gpu_util_pct,
+            r.sm_activity_pct,
+            r.evictions,
+            r.moves
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p99_of_one_exponential_is_ln100_times_its_mean() {
+        let mut h = LatencyHist::default();
+        h.add(10.0, 1.0);
+        let c = LatencyHist::center(LatencyHist::bin(10.0));
+        assert!((h.quantile(0.99) - c * 100f64.ln()).abs() < 1e-6 * c);
+    }
+}

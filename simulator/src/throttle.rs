@@ -1,0 +1,161 @@
+//! The offline launch throttle on a simulated GPU: the real control law of `xshare-control`
+//! (the same `Throttle` and `Pid` the shim runs: eq. 1-2, PID on log2 rate, the dynamic SM
+//! budget, the online-pressure hold), driven on the simulated clock.
+//!
+//! Each tick the controller is stepped `inner_steps` times over the tick (its real period is
+//! 10 ms; the simulator steps it coarser, so the hold of `hold_ms` lasts at most one inner
+//! step). Each step feeds it the sample the monitor would publish for the GPU under the
+//! current launch rate (from [`crate::model`]); the rate becomes the offline job's duty: an
+//! offline kernel wave (one block per SM) takes `wave_s` at full speed, so a rate of `r`
+//! waves/s keeps kernels in flight `r * wave_s / share` of the time, `share` the SMs its
+//! kernels get. The tick's view is the mean over the inner steps.
+
+use serde::Serialize;
+use xshare_control::{Pid, Sample, Throttle, ThrottleConfig};
+
+use crate::model::{evaluate, OnlineLoad, Pair, Share, View};
+
+/// Throttle settings the simulator passes to the control law.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThrottleSettings {
+    /// The shim's throttle config (the shipped defaults unless changed).
+    #[serde(skip)]
+    pub config: ThrottleConfig,
+    /// Controller steps per tick.
+    pub inner_steps: u32,
+    /// Seconds one offline wave takes at full speed.
+    pub wave_s: f64,
+    /// Highest SM clock (MHz) of the simulated GPUs.
+    pub c_h_mhz: f64,
+    /// SMs per simulated GPU.
+    pub sm_count: u32,
+}
+
+impl Default for ThrottleSettings {
+    fn default() -> Self {
+        Self {
+            config: ThrottleConfig::default(),
+            inner_steps: 20,
+            wave_s: 0.001,
+            c_h_mhz: 1530.0,
+            sm_count: 80,
+        }
+    }
+}
+
+/// Per-GPU controller state: one offline process's throttle and PID.
+pub struct ThrottleState {
+    throttle: Throttle,
+    pid: Pid,
+    /// The MPS cap the process started with (real MPS fixes it at client start).
+    own_cap: f64,
+}
+
+impl ThrottleState {
+    /// A fresh offline process started under MPS cap `own_cap` (fraction of the SMs).
+    pub fn new(s: &ThrottleSettings, own_cap: f64) -> Self {
+        let throttle = Throttle::new(&s.config, s.sm_count);
+        throttle.set_own_share(own_cap);
+        Self {
+            throttle,
+            pid: Pid::new(&s.config),
+            own_cap: own_cap.clamp(0.0, 1.0),
+        }
+    }
+
+    /// The GPU over one tick of `tick_s` with the offline SM budget `budget` (fraction).
+    pub fn settle(
+        &mut self,
+        s: &ThrottleSettings,
+        load: &OnlineLoad,
+        pair: &Pair,
+        budget: f64,
+        tick_s: f64,
+    ) -> View {
+        let cap = self.own_cap;
+        if !s.config.enabled {
+            return evaluate(load, pair, Share::Space { cap, duty: 1.0 });
+        }
+        let n = s.inner_steps.max(1);
+        let dt = tick_s / f64::from(n);
+        let share = pair.d_off.min(cap).max(1e-3);
+        let mut sum = View::default();
+        for _ in 0..n {
+            let duty = (self.throttle.rate() * s.wave_s / share).min(1.0);
+            let v = evaluate(load, pair, Share::Space { cap, duty });
+            let sample = Sample {
+                u_sm: v.sm_activity / 100.0,
+                c_sm: v.clock_pct / 100.0 * s.c_h_mhz,
+                c_h: s.c_h_mhz,
+            };
+            self.throttle
+                .control_with_budget(&mut self.pid, Some(sample), Some(budget), dt);
+            sum.rho += v.rho;
+            sum.latency_ms += v.latency_ms;
+            sum.latency_alone_ms += v.latency_alone_ms;
+            sum.saturated |= v.saturated;
+            sum.progress += v.progress;
+            sum.gpu_util += v.gpu_util;
+            sum.sm_activity += v.sm_activity;
+            sum.clock_pct += v.clock_pct;
+        }
+        let k = f64::from(n);
+        View {
+            rho: sum.rho / k,
+            latency_ms: sum.latency_ms / k,
+            latency_alone_ms: sum.latency_alone_ms / k,
+            saturated: sum.saturated,
+            progress: sum.progress / k,
+            gpu_util: sum.gpu_util / k,
+            sm_activity: sum.sm_activity / k,
+            clock_pct: sum.clock_pct / k,
+        }
+    }
+
+    /// Current launch budget, waves per second.
+    pub fn rate(&self) -> f64 {
+        self.throttle.rate()
+    }
+}
+
+/// What the report says about the throttle.
+pub fn description() -> &'static str {
+    "xshare-control Throttle + Pid, stepped inner_steps per tick"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real law, stepped on the simulated clock, brings a lone offline job's load to the
+    /// configured target (a lower target gives less progress): a stub returning duty 1 fails.
+    #[test]
+    fn the_real_controller_settles_on_its_target() {
+        let load = OnlineLoad {
+            qps: 20.0,
+            s0: 0.001,
+            d_on: 0.5,
+        };
+        let pair = Pair {
+            d_on: 0.5,
+            d_off: 1.0,
+            gavel_off: 0.6,
+            gavel_on: 0.6,
+        };
+        let run = |target: f64| {
+            let mut s = ThrottleSettings::default();
+            s.config.target_load = target;
+            // A budget below the own cap: the PID aims at min(target, budget).
+            let mut st = ThrottleState::new(&s, 1.0);
+            let mut v = View::default();
+            for _ in 0..10 {
+                v = st.settle(&s, &load, &pair, 0.9, 30.0);
+            }
+            v
+        };
+        let (hi, lo) = (run(0.8), run(0.4));
+        assert!(lo.sm_activity < hi.sm_activity - 15.0, "{lo:?} {hi:?}");
+        assert!(lo.progress < hi.progress);
+        assert!((lo.sm_activity - 40.0).abs() < 12.0, "{lo:?}");
+    }
+}
