@@ -203,9 +203,9 @@ fn forbidden(cluster: &ClusterSpec, c: &Candidate, job: &OfflineJob) -> Option<&
 
 /// GPUs and jobs grouped into classes of interchangeable members: two GPUs share a class
 /// when every job sees the same weight and the same constraints on both (predictor model,
-/// GPU type, SM key, online profile and tenant, and which job memory sizes fit), two jobs
-/// when every GPU does (profile, tenant, allowed GPU types, which GPU memory caps they
-/// fit). A GPU or job named in a refused pair is a class of its own.
+/// GPU type, SM key, online profile, tenant when it has a rule, which job memory sizes
+/// fit), two jobs when every GPU does (profile, tenant when a rule names it, allowed GPU
+/// types, which GPU memory caps they fit). A GPU or job named in a refused pair is a class of its own.
 struct Classes {
     gpu_class: Vec<u32>,
     job_class: Vec<u32>,
@@ -248,6 +248,7 @@ fn sm_key(predictor: &SpeedPredictor, c: &Candidate) -> u32 {
 }
 
 fn classify<'a>(
+    cluster: &'a ClusterSpec,
     predictor: &SpeedPredictor,
     candidates: &'a [Candidate<'a>],
     jobs: &'a [OfflineJob],
@@ -263,6 +264,11 @@ fn classify<'a>(
     caps.sort_unstable();
     caps.dedup();
     let mut strings: HashMap<&str, u32> = HashMap::new();
+    // Tenants matter only through rules: an online tenant with a rule, an offline tenant
+    // some rule names; all others are alike.
+    let ruled: HashSet<&str> = cluster.tenants.keys().map(String::as_str).collect();
+    let named: HashSet<&str> =
+        cluster.tenants.values().flat_map(|r| r.deny_offline_from.iter().map(String::as_str)).collect();
     let mut profiles = ProfileIds::default();
     let gpu_keys: Vec<_> = candidates
         .iter()
@@ -276,7 +282,7 @@ fn classify<'a>(
                 // then by its rounded value (the prediction cache's key).
                 sm_key(predictor, c),
                 profiles.id(c.online.profile.as_ref()),
-                intern(&mut strings, &c.online.tenant),
+                if ruled.contains(c.online.tenant.as_str()) { intern(&mut strings, &c.online.tenant) } else { u32::MAX },
                 // Which job memory sizes fit: exact for every job of the round.
                 job_mems.partition_point(|&m| m <= cap(c)),
                 own,
@@ -290,7 +296,7 @@ fn classify<'a>(
             let own = if refused_jobs.contains(j.name.as_str()) { i } else { usize::MAX };
             (
                 profiles.id(j.profile.as_ref()),
-                intern(&mut strings, &j.tenant),
+                if named.contains(j.tenant.as_str()) { intern(&mut strings, &j.tenant) } else { u32::MAX },
                 j.gpu_types.iter().map(|t| intern(&mut strings, t)).collect::<Vec<u32>>(),
                 // Which GPU caps it fits under: exact for every GPU of the round.
                 caps.partition_point(|&c| c < j.memory_mib),
@@ -420,7 +426,7 @@ pub(crate) fn plan_core(
 
     plan.stats.candidate_gpus = candidates.len();
     plan.stats.offline_jobs = workloads.offline.len();
-    let cl = classify(predictor, &candidates, &workloads.offline, refused);
+    let cl = classify(cluster, predictor, &candidates, &workloads.offline, refused);
     let (nr, nc) = (cl.gpu_members.len(), cl.job_members.len());
     plan.stats.gpu_classes = nr;
     plan.stats.job_classes = nc;

@@ -341,6 +341,125 @@ fn augment_all(net: &mut Net, p: &ClassProblem, pr: &mut [f64], pc: &mut [f64], 
             }
         }
         paths += 1;
+        // More shortest paths of the same length: every arc of reduced cost ~0 is on one,
+        // and every column at distance `cost` ends one (primal-dual phase).
+        let tol = 16.0 * eps;
+        let sink_ok: Vec<bool> = (0..c).map(|j| done_c[j] && pc[j] <= cost + tol).collect();
+        paths += phase(net, p, pr, pc, &sink_ok, tol);
+    }
+    paths
+}
+
+/// Pushes flow along paths of reduced cost ~0 (within `tol` per arc) from unsaturated row
+/// classes to unsaturated columns marked in `sink_ok`, depth-first with dead-end marks.
+/// Paths it misses are found by the next Dijkstra; returns the paths pushed.
+fn phase(
+    net: &mut Net,
+    p: &ClassProblem,
+    pr: &[f64],
+    pc: &[f64],
+    sink_ok: &[bool],
+    tol: f64,
+) -> usize {
+    let (r, c) = (net.r, net.c);
+    let mut dead_r = vec![false; r];
+    let mut dead_c = vec![false; c];
+    let mut on_r = vec![false; r];
+    let mut on_c = vec![false; c];
+    let mut ptr_r = vec![0usize; r];
+    let mut paths = 0;
+    // Stack entries: (node, next index); rows are `0..r`, columns `r..r+c`.
+    let mut stack: Vec<(usize, usize)> = Vec::new();
+    for g0 in 0..r {
+        while net.row_used[g0] < p.row_size[g0] && !dead_r[g0] {
+            stack.clear();
+            stack.push((g0, 0));
+            on_r[g0] = true;
+            let mut sink = None;
+            while let Some(&(v, k)) = stack.last() {
+                if v < r {
+                    let g = v;
+                    let row = &p.weight[g * c..(g + 1) * c];
+                    let mut next = None;
+                    while ptr_r[g] < c {
+                        let j = ptr_r[g];
+                        let w = row[j];
+                        if w > 0.0 && !dead_c[j] && !on_c[j] && -w + pr[g] - pc[j] <= tol {
+                            next = Some(j);
+                            break;
+                        }
+                        ptr_r[g] += 1;
+                    }
+                    match next {
+                        None => {
+                            dead_r[g] = true;
+                            on_r[g] = false;
+                            stack.pop();
+                        }
+                        Some(j) if sink_ok[j] && net.col_used[j] < p.col_size[j] => {
+                            sink = Some(j);
+                            break;
+                        }
+                        Some(j) => {
+                            on_c[j] = true;
+                            stack.push((r + j, 0));
+                        }
+                    }
+                } else {
+                    let j = v - r;
+                    let list = &net.col_rows[j];
+                    let mut next = None;
+                    let mut idx = k;
+                    while idx < list.len() {
+                        let g = list[idx] as usize;
+                        idx += 1;
+                        if !dead_r[g] && !on_r[g] && p.weight[g * c + j] + pc[j] - pr[g] <= tol {
+                            next = Some(g);
+                            break;
+                        }
+                    }
+                    stack.last_mut().expect("column on the stack").1 = idx;
+                    match next {
+                        None => {
+                            dead_c[j] = true;
+                            on_c[j] = false;
+                            stack.pop();
+                            if let Some(&(g, _)) = stack.last() {
+                                ptr_r[g] += 1;
+                            }
+                        }
+                        Some(g) => {
+                            on_r[g] = true;
+                            stack.push((g, 0));
+                        }
+                    }
+                }
+            }
+            let Some(sink) = sink else { break };
+            // The stack alternates row, column, row, ..., row; the sink column ends it.
+            let mut delta = p.col_size[sink] - net.col_used[sink];
+            delta = delta.min(p.row_size[g0] - net.row_used[g0]);
+            for pair in stack.windows(2).skip(1).step_by(2) {
+                let (j, g) = (pair[0].0 - r, pair[1].0);
+                delta = delta.min(net.x[g * c + j]);
+            }
+            let last = stack.last().expect("row on the stack").0;
+            net.push(last, sink, delta as i64);
+            for k in (1..stack.len()).step_by(2) {
+                let (g_prev, j, g) = (stack[k - 1].0, stack[k].0 - r, stack[k + 1].0);
+                net.push(g_prev, j, delta as i64);
+                net.push(g, j, -(delta as i64));
+            }
+            for &(v, _) in &stack {
+                if v < r {
+                    on_r[v] = false;
+                } else {
+                    on_c[v - r] = false;
+                }
+            }
+            paths += 1;
+        }
+        on_r[g0] = false;
     }
     paths
 }
