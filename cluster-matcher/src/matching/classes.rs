@@ -517,7 +517,7 @@ fn negative_cycle(net: &Net, p: &ClassProblem, eps: f64) -> Option<Vec<usize>> {
                 changed = Some(b);
             }
         });
-        let Some(mut v) = changed else { return None };
+        let mut v = changed?;
         // A relaxation chain longer than n nodes holds a cycle; look for it now.
         for _ in 0..n {
             v = pred[v];
