@@ -15,6 +15,8 @@
 //! optimality is then certified against every pair by dual feasibility; contested
 //! matrices where that does not pay fall back to dense Dijkstra scans. [`multi`] extends
 //! matching to up to `k` jobs per GPU; [`reference`] holds exhaustive solvers for tests.
+//! [`classes`] solves exactly on classes of identical rows and columns (a transportation
+//! problem), and [`classes::max_weight_matching_auto`] picks it or the pairwise solver.
 //!
 //! Inputs are validated when built, so solving cannot fail: NaN and `+inf` weights, finite
 //! weights beyond [`MAX_ABS_WEIGHT`], mismatched shapes, out-of-range or duplicate sparse
@@ -24,6 +26,7 @@
 //! optimum).
 
 mod candidates;
+pub mod classes;
 mod dense;
 mod engine;
 pub mod multi;

@@ -7,12 +7,13 @@ pub mod spec;
 pub mod table;
 pub mod with_cells;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::matching::SparseWeights;
+use crate::matching::classes::{expand, prefer_classes, solve_classes, ClassProblem, Start, WarmStart};
+use crate::matching::{SparseWeights, FORBIDDEN};
 use crate::predictor::{JobProfile, SpeedPredictor};
 pub use health::{GpuHealth, HealthReader};
 pub use spec::{ClusterSpec, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, SpecError, Workloads};
@@ -102,8 +103,76 @@ pub struct PlanStats {
     pub allowed_pairs: usize,
     pub forbidden_pairs: usize,
     pub distinct_predictions: usize,
+    /// Classes of interchangeable GPUs and jobs (same weights, same constraints).
+    pub gpu_classes: usize,
+    pub job_classes: usize,
+    /// `classes` (transportation problem on the classes) or `pairwise` (see [`SolverChoice`]).
+    pub solver: String,
+    /// Class solver: shortest paths pushed, and how it started (cold, or warm from the
+    /// last round's pairs).
+    pub class_paths: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<Start>,
     pub weights_ms: f64,
     pub matching_ms: f64,
+}
+
+/// How a round's matching is solved. Both are exact for one job per GPU and give equal
+/// totals; they may pick different pairs among equally good ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SolverChoice {
+    /// Classes when [`crate::matching::classes::prefer_classes`] says the class problem
+    /// is far smaller (`R * C * (R + C) <= gpus * k * jobs`), else pairwise.
+    #[default]
+    Auto,
+    /// Always the pairwise solver (sparse or dense Jonker-Volgenant; with
+    /// `max_offline_per_gpu > 1` the k-per-GPU planner).
+    Pairwise,
+    /// Always classes, unless several jobs per GPU could exceed a GPU's memory together
+    /// (then pairwise: the class solver cannot see group memory).
+    Classes,
+}
+
+/// Rounds that carry the last round's solution to warm-start the next one. A plain value:
+/// no files, no globals; one per cluster (or simulation).
+#[derive(Debug, Clone, Default)]
+pub struct Planner {
+    pub solver: SolverChoice,
+    last: Vec<(GpuRef, String)>,
+}
+
+impl Planner {
+    pub fn new(solver: SolverChoice) -> Self {
+        Planner { solver, last: Vec::new() }
+    }
+
+    /// [`plan_round`], warm-started from this planner's previous round (the class solver
+    /// starts from the previous pairs, counted on this round's classes, and keeps them
+    /// when certified optimal); remembers this round's pairs.
+    pub fn plan_round(
+        &mut self,
+        cluster: &ClusterSpec,
+        workloads: &Workloads,
+        predictor: &SpeedPredictor,
+        health: &dyn Fn(&GpuRef) -> GpuHealth,
+        round: u64,
+    ) -> Plan {
+        let plan = plan_core(
+            cluster,
+            workloads,
+            predictor,
+            health,
+            round,
+            &|_| None,
+            &BTreeSet::new(),
+            cluster.max_offline_per_gpu,
+            self.solver,
+            Some(&self.last),
+        );
+        self.last = plan.assignments.iter().map(|a| (a.at.clone(), a.offline.clone())).collect();
+        plan
+    }
 }
 
 /// One usable online GPU in this round.
@@ -132,6 +201,119 @@ fn forbidden(cluster: &ClusterSpec, c: &Candidate, job: &OfflineJob) -> Option<&
     None
 }
 
+/// GPUs and jobs grouped into classes of interchangeable members: two GPUs share a class
+/// when every job sees the same weight and the same constraints on both (predictor model,
+/// GPU type, SM key, online profile, tenant when it has a rule, which job memory sizes
+/// fit), two jobs when every GPU does (profile, tenant when a rule names it, allowed GPU
+/// types, which GPU memory caps they fit). A GPU or job named in a refused pair is a class of its own.
+struct Classes {
+    gpu_class: Vec<u32>,
+    job_class: Vec<u32>,
+    gpu_members: Vec<Vec<u32>>,
+    job_members: Vec<Vec<u32>>,
+    /// Least free memory over a GPU class's members (group memory with several jobs).
+    gpu_min_free: Vec<u64>,
+    /// Largest memory over a job class's members.
+    job_max_mem: Vec<u64>,
+}
+
+fn group<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>) -> (Vec<u32>, Vec<Vec<u32>>) {
+    let mut ids: HashMap<K, u32> = HashMap::new();
+    let mut class = Vec::new();
+    let mut members: Vec<Vec<u32>> = Vec::new();
+    for (i, k) in keys.enumerate() {
+        let next = members.len() as u32;
+        let c = *ids.entry(k).or_insert(next);
+        if c == next {
+            members.push(Vec::new());
+        }
+        members[c as usize].push(i as u32);
+        class.push(c);
+    }
+    (class, members)
+}
+
+fn intern<'a>(m: &mut HashMap<&'a str, u32>, s: &'a str) -> u32 {
+    let next = m.len() as u32;
+    *m.entry(s).or_insert(next)
+}
+
+/// The SM share as a weight sees it: rounded when the GPU type's model uses it, else 0.
+fn sm_key(predictor: &SpeedPredictor, c: &Candidate) -> u32 {
+    if predictor.models.get(&c.node.model_type()).is_some_and(|m| m.uses_sm_input()) {
+        c.sm_percent.round() as u32
+    } else {
+        0
+    }
+}
+
+fn classify<'a>(
+    cluster: &'a ClusterSpec,
+    predictor: &SpeedPredictor,
+    candidates: &'a [Candidate<'a>],
+    jobs: &'a [OfflineJob],
+    refused: &BTreeSet<(String, GpuRef)>,
+) -> Classes {
+    let refused_jobs: HashSet<&str> = refused.iter().map(|(j, _)| j.as_str()).collect();
+    let refused_gpus: HashSet<&GpuRef> = refused.iter().map(|(_, g)| g).collect();
+    let cap = |c: &Candidate| c.memory_free_mib.min(c.quota_cap_mib);
+    let mut job_mems: Vec<u64> = jobs.iter().map(|j| j.memory_mib).collect();
+    job_mems.sort_unstable();
+    job_mems.dedup();
+    let mut caps: Vec<u64> = candidates.iter().map(cap).collect();
+    caps.sort_unstable();
+    caps.dedup();
+    let mut strings: HashMap<&str, u32> = HashMap::new();
+    // Tenants matter only through rules: an online tenant with a rule, an offline tenant
+    // some rule names; all others are alike.
+    let ruled: HashSet<&str> = cluster.tenants.keys().map(String::as_str).collect();
+    let named: HashSet<&str> =
+        cluster.tenants.values().flat_map(|r| r.deny_offline_from.iter().map(String::as_str)).collect();
+    let mut profiles = ProfileIds::default();
+    let gpu_keys: Vec<_> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let own = if refused_gpus.contains(&c.at) { i } else { usize::MAX };
+            (
+                intern(&mut strings, &c.node.gpu_type),
+                c.node.predictor_gpu_type.as_deref().map(|t| intern(&mut strings, t)),
+                // The SM share enters a weight only through a model that uses it, and
+                // then by its rounded value (the prediction cache's key).
+                sm_key(predictor, c),
+                profiles.id(c.online.profile.as_ref()),
+                if ruled.contains(c.online.tenant.as_str()) { intern(&mut strings, &c.online.tenant) } else { u32::MAX },
+                // Which job memory sizes fit: exact for every job of the round.
+                job_mems.partition_point(|&m| m <= cap(c)),
+                own,
+            )
+        })
+        .collect();
+    let job_keys: Vec<_> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let own = if refused_jobs.contains(j.name.as_str()) { i } else { usize::MAX };
+            (
+                profiles.id(j.profile.as_ref()),
+                if named.contains(j.tenant.as_str()) { intern(&mut strings, &j.tenant) } else { u32::MAX },
+                j.gpu_types.iter().map(|t| intern(&mut strings, t)).collect::<Vec<u32>>(),
+                // Which GPU caps it fits under: exact for every GPU of the round.
+                caps.partition_point(|&c| c < j.memory_mib),
+                own,
+            )
+        })
+        .collect();
+    let (gpu_class, gpu_members) = group(gpu_keys.into_iter());
+    let (job_class, job_members) = group(job_keys.into_iter());
+    let gpu_min_free = gpu_members
+        .iter()
+        .map(|m| m.iter().map(|&i| candidates[i as usize].memory_free_mib).min().unwrap_or(0))
+        .collect();
+    let job_max_mem = job_members.iter().map(|m| m.iter().map(|&j| jobs[j as usize].memory_mib).max().unwrap_or(0)).collect();
+    Classes { gpu_class, job_class, gpu_members, job_members, gpu_min_free, job_max_mem }
+}
+
 /// Interns profiles so that identical ones share predictions.
 #[derive(Default)]
 struct ProfileIds {
@@ -156,11 +338,23 @@ pub fn plan_round(
     health: &dyn Fn(&GpuRef) -> GpuHealth,
     round: u64,
 ) -> Plan {
-    plan_core(cluster, workloads, predictor, health, round, &|_| None, &|_, _| false, cluster.max_offline_per_gpu)
+    plan_core(
+        cluster,
+        workloads,
+        predictor,
+        health,
+        round,
+        &|_| None,
+        &BTreeSet::new(),
+        cluster.max_offline_per_gpu,
+        SolverChoice::Auto,
+        None,
+    )
 }
 
 /// The round itself; `excluded` gives a reason to keep a GPU out of matching (or `None`);
-/// `pair_refused(job, gpu)` forbids single pairs.
+/// `refused` forbids single `(job, GPU)` pairs; `last` is the previous round's pairs (warm
+/// start; `None`: the jobs' `current`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_core(
     cluster: &ClusterSpec,
@@ -169,8 +363,10 @@ pub(crate) fn plan_core(
     health: &dyn Fn(&GpuRef) -> GpuHealth,
     round: u64,
     excluded: &dyn Fn(&GpuRef) -> Option<String>,
-    pair_refused: &dyn Fn(&str, &GpuRef) -> bool,
+    refused: &BTreeSet<(String, GpuRef)>,
     per_gpu: usize,
+    solver: SolverChoice,
+    last: Option<&[(GpuRef, String)]>,
 ) -> Plan {
     let t0 = Instant::now();
     let mut plan = Plan {
@@ -228,72 +424,147 @@ pub(crate) fn plan_core(
         candidates.push(Candidate { at: at.clone(), node, online, sm_percent, memory_free_mib, quota_cap_mib });
     }
 
-    let mut ids = ProfileIds::default();
-    let online_ids: Vec<Option<usize>> = candidates.iter().map(|c| ids.id(c.online.profile.as_ref())).collect();
-    let offline_ids: Vec<Option<usize>> = workloads.offline.iter().map(|j| ids.id(j.profile.as_ref())).collect();
+    plan.stats.candidate_gpus = candidates.len();
+    plan.stats.offline_jobs = workloads.offline.len();
+    let cl = classify(cluster, predictor, &candidates, &workloads.offline, refused);
+    let (nr, nc) = (cl.gpu_members.len(), cl.job_members.len());
+    plan.stats.gpu_classes = nr;
+    plan.stats.job_classes = nc;
+
+    // Weights per class pair (every member of a class pair has the same one).
     let mut cache: HashMap<(usize, usize, usize, u32), f64> = HashMap::new();
     let mut model_ids: HashMap<String, usize> = HashMap::new();
-    let mut edges: Vec<(usize, usize, f64)> = Vec::new();
     let mut missing_models = std::collections::BTreeSet::new();
-    for (gi, (c, on_id)) in candidates.iter().zip(&online_ids).enumerate() {
+    let mut class_w = vec![FORBIDDEN; nr * nc];
+    let mut ids = ProfileIds::default();
+    let off_ids: Vec<Option<usize>> =
+        cl.job_members.iter().map(|m| ids.id(workloads.offline[m[0] as usize].profile.as_ref())).collect();
+    for g in 0..nr {
+        let c = &candidates[cl.gpu_members[g][0] as usize];
+        let on_id = ids.id(c.online.profile.as_ref());
         let model_type = c.node.model_type();
         let next_id = model_ids.len();
         let model_id = *model_ids.entry(model_type.clone()).or_insert(next_id);
         // A model that ignores the SM input gives one prediction per profile pair.
-        let sm_key = if predictor.models.get(&model_type).is_some_and(|m| m.uses_sm_input()) {
-            c.sm_percent.round() as u32
-        } else {
-            0
-        };
-        for (j, (job, off_id)) in workloads.offline.iter().zip(&offline_ids).enumerate() {
-            if forbidden(cluster, c, job).is_some() || pair_refused(&job.name, &c.at) {
-                plan.stats.forbidden_pairs += 1;
+        let sm_key = sm_key(predictor, c);
+        let gsize = cl.gpu_members[g].len();
+        for j in 0..nc {
+            let job = &workloads.offline[cl.job_members[j][0] as usize];
+            let jsize = cl.job_members[j].len();
+            let refused_pair = !refused.is_empty() && refused.contains(&(job.name.clone(), c.at.clone()));
+            if forbidden(cluster, c, job).is_some() || refused_pair {
+                plan.stats.forbidden_pairs += gsize * jsize;
                 continue;
             }
-            plan.stats.allowed_pairs += 1;
-            let w = match (on_id, off_id, &c.online.profile, &job.profile) {
-                (Some(a), Some(b), Some(on), Some(off)) => {
-                    let key = (model_id, *b, *a, sm_key);
-                    if let Some(w) = cache.get(&key) {
-                        *w
-                    } else {
-                        let w = match predictor.predict(&model_type, off, on, c.sm_percent) {
-                            Ok(Some(w)) => w,
-                            Ok(None) => cluster.unprofiled_weight,
-                            Err(_) => {
-                                missing_models.insert(model_type.clone());
-                                cluster.unprofiled_weight
-                            }
-                        };
-                        cache.insert(key, w);
-                        w
+            plan.stats.allowed_pairs += gsize * jsize;
+            let w = match (on_id, off_ids[j], &c.online.profile, &job.profile) {
+                (Some(a), Some(b), Some(on), Some(off)) => *cache.entry((model_id, b, a, sm_key)).or_insert_with(|| {
+                    match predictor.predict(&model_type, off, on, c.sm_percent) {
+                        Ok(Some(w)) => w,
+                        Ok(None) => cluster.unprofiled_weight,
+                        Err(_) => {
+                            missing_models.insert(model_type.clone());
+                            cluster.unprofiled_weight
+                        }
                     }
-                }
+                }),
                 _ => cluster.unprofiled_weight,
             };
-            edges.push((gi, j, w));
+            class_w[g * nc + j] = w;
         }
     }
     for m in &missing_models {
         tracing::warn!(gpu_type = %m, weight = cluster.unprofiled_weight, "no predictor model for GPU type; using the unprofiled weight");
     }
-    plan.stats.candidate_gpus = candidates.len();
-    plan.stats.offline_jobs = workloads.offline.len();
     plan.stats.distinct_predictions = cache.len();
     plan.stats.weights_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let weight_of = |gi: usize, j: usize| class_w[cl.gpu_class[gi] as usize * nc + cl.job_class[j] as usize];
 
     let t1 = Instant::now();
-    let weights = match SparseWeights::from_edges(candidates.len(), workloads.offline.len(), edges) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::error!(error = %e, "weights refused by the matcher; no placements this round");
-            SparseWeights::from_edges(candidates.len(), workloads.offline.len(), []).expect("empty edge list")
+    let k = per_gpu.max(1);
+    // With several jobs per GPU the round refuses groups whose memory does not fit; the
+    // class solver is exact only when that can never bind: k times the largest job a GPU
+    // class may take fits in the class's least free memory.
+    let memory_never_binds = k == 1
+        || (0..nr).all(|g| {
+            let most = (0..nc).filter(|&j| class_w[g * nc + j] > 0.0).map(|j| cl.job_max_mem[j]).max().unwrap_or(0);
+            (k as u64).saturating_mul(most) <= cl.gpu_min_free[g]
+        });
+    let use_classes = memory_never_binds
+        && match solver {
+            SolverChoice::Classes => true,
+            SolverChoice::Pairwise => false,
+            SolverChoice::Auto => prefer_classes(nr, nc, candidates.len() * k, workloads.offline.len()),
+        };
+    let gpu_index: HashMap<&GpuRef, usize> = candidates.iter().enumerate().map(|(i, c)| (&c.at, i)).collect();
+    let chosen: Vec<Vec<usize>> = if use_classes {
+        let problem = ClassProblem {
+            row_size: cl.gpu_members.iter().map(|m| (m.len() * k) as u64).collect(),
+            col_size: cl.job_members.iter().map(|m| m.len() as u64).collect(),
+            weight: class_w.clone(),
+        };
+        // Warm start: the last round's pairs (the planner's, else the jobs' `current`),
+        // counted per class pair of this round.
+        let job_index: HashMap<&str, usize> =
+            workloads.offline.iter().enumerate().map(|(j, o)| (o.name.as_str(), j)).collect();
+        let mut seed: HashMap<(u32, u32), u64> = HashMap::new();
+        let mut add = |at: &GpuRef, name: &str| {
+            if let (Some(&gi), Some(&j)) = (gpu_index.get(at), job_index.get(name)) {
+                *seed.entry((cl.gpu_class[gi], cl.job_class[j])).or_default() += 1;
+            }
+        };
+        match last {
+            Some(pairs) => pairs.iter().for_each(|(at, name)| add(at, name)),
+            None => workloads.offline.iter().for_each(|o| {
+                if let Some(at) = &o.current {
+                    add(at, &o.name)
+                }
+            }),
         }
+        let warm = (!seed.is_empty()).then(|| WarmStart { flow: seed.into_iter().map(|((g, j), f)| (g, j, f)).collect() });
+        let sol = solve_classes(&problem, warm.as_ref());
+        plan.stats.solver = "classes".into();
+        plan.stats.class_paths = sol.paths;
+        plan.stats.start = Some(sol.start);
+        // Expand to pairs, keeping each job where it runs when its class pair has room.
+        let current: Vec<u32> = workloads
+            .offline
+            .iter()
+            .map(|o| o.current.as_ref().and_then(|at| gpu_index.get(at)).map_or(u32::MAX, |&gi| gi as u32))
+            .collect();
+        let groups = expand(
+            &sol.flow,
+            &cl.gpu_members,
+            &cl.job_members,
+            candidates.len(),
+            workloads.offline.len(),
+            k,
+            |j| (current[j as usize] != u32::MAX).then(|| current[j as usize]),
+        );
+        groups.into_iter().map(|g| g.into_iter().map(|j| j as usize).collect()).collect()
+    } else {
+        let mut edges: Vec<(usize, usize, f64)> = Vec::new();
+        for gi in 0..candidates.len() {
+            for j in 0..workloads.offline.len() {
+                let w = weight_of(gi, j);
+                if w != FORBIDDEN {
+                    edges.push((gi, j, w));
+                }
+            }
+        }
+        let weights = match SparseWeights::from_edges(candidates.len(), workloads.offline.len(), edges) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(error = %e, "weights refused by the matcher; no placements this round");
+                SparseWeights::from_edges(candidates.len(), workloads.offline.len(), []).expect("empty edge list")
+            }
+        };
+        let group_fits = |gi: usize, jobs: &[usize]| {
+            jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum::<u64>() <= candidates[gi].memory_free_mib
+        };
+        plan.stats.solver = "pairwise".into();
+        solve::assign(&weights, per_gpu, group_fits)
     };
-    let group_fits = |gi: usize, jobs: &[usize]| {
-        jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum::<u64>() <= candidates[gi].memory_free_mib
-    };
-    let chosen = solve::assign(&weights, per_gpu, group_fits);
     plan.stats.matching_ms = t1.elapsed().as_secs_f64() * 1e3;
 
     let mut placed: HashMap<usize, usize> = HashMap::new();
@@ -304,7 +575,7 @@ pub(crate) fn plan_core(
         let spare = room.saturating_sub(need) / jobs.len().max(1) as u64;
         for &j in &jobs {
             let job = &workloads.offline[j];
-            let w = weights.get(gi, j).unwrap_or(0.0);
+            let w = weight_of(gi, j);
             placed.insert(j, gi);
             plan.total_predicted += w;
             plan.assignments.push(Assignment {

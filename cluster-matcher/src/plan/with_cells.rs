@@ -414,8 +414,10 @@ pub fn plan_round_with_cells(
             health,
             round,
             &excluded,
-            &|j: &str, g: &GpuRef| refused_pairs.contains(&(j.to_string(), g.clone())),
+            &refused_pairs,
             per_gpu,
+            super::SolverChoice::Auto,
+            None,
         );
         let mut taken: Vec<(String, HeldOffline)> = Vec::new();
         let mut refused = Vec::new();
