@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::Ordering::Release;
 use std::time::Duration;
 
 use node_ledger::{HealthState, Ledger};
@@ -410,8 +409,12 @@ impl Manager {
         let offline = self.offline();
         let mut out = Vec::new();
         for p in &offline {
-            if let Some(slot) = self.ledger.layout().procs.get(p.slot) {
-                slot.evict_signal.store(libc::SIGTERM as u32, Release);
+            // Checked by pid + start time; taken back if the slot changed hands meanwhile.
+            if !self
+                .ledger
+                .request_evict_of(p.slot, p.pid, p.start_time, libc::SIGTERM as u32)
+            {
+                tracing::info!(pid = p.pid, slot = p.slot, "slot changed hands: no eviction request written");
             }
             if p.pid_ns == self.own_ns
                 && sig

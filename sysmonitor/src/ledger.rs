@@ -146,17 +146,16 @@ impl LedgerPort for LedgerAdapter {
         if !self.usable() {
             return Ok(());
         }
-        let slot = self
+        // Checked by pid + start time, and taken back if the slot changed hands meanwhile:
+        // a request never reaches a newcomer that reused the slot.
+        if !self
             .ledger
-            .layout()
-            .procs
-            .get(p.slot)
-            .ok_or_else(|| format!("slot {} out of range", p.slot))?;
-        // Only mark the slot if it still holds the same process.
-        if slot.start_time.load(Acquire) == p.start_time
-            && node_ledger::layout::owner_pid(slot.owner.load(Acquire)) == p.pid
+            .request_evict_of(p.slot, p.pid, p.start_time, libc::SIGTERM as u32)
         {
-            slot.evict_signal.store(libc::SIGTERM as u32, Release);
+            return Err(format!(
+                "slot {} no longer holds pid {} (start time {}): no request written",
+                p.slot, p.pid, p.start_time
+            ));
         }
         Ok(())
     }
@@ -250,6 +249,26 @@ mod tests {
             a.offline().unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
+    }
+
+    /// Follow-up 1: the request is made by pid + start time through
+    /// `Ledger::request_evict_of`; a stale identity (the slot changed hands) is refused loudly
+    /// and the newcomer gets no request.
+    #[test]
+    fn an_eviction_for_a_process_that_left_its_slot_reaches_nobody() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
+        let g = l.group(node_ledger::ledger::group_id_for("c1"), 1 << 30).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        let mut a = LedgerAdapter::new(l);
+        let mut stale = a.offline().unwrap()[0].clone();
+        stale.start_time += 1;
+        assert!(a.mark_evicting(&stale, EvictReason::Overlimit, 0).is_err());
+        assert_eq!(a.ledger.evict_signal(h), 0, "no request for another start time");
+        let mut other = a.offline().unwrap()[0].clone();
+        other.pid += 1;
+        assert!(a.mark_evicting(&other, EvictReason::Overlimit, 0).is_err());
+        assert_eq!(a.ledger.evict_signal(h), 0, "no request for another pid");
     }
 
     /// Issue 8 obs. 6: the monitor itself gives back a dead process's quota (before, only a
