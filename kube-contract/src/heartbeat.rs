@@ -39,14 +39,19 @@ pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(2);
 /// offline work. Written capitalized; lower-case is accepted when read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum GpuState {
+    /// Monitor started, no verdict yet.
     #[serde(alias = "init")]
     Init,
+    /// All metrics below their thresholds; offline work may be admitted.
     #[serde(alias = "healthy")]
     Healthy,
+    /// A metric past its Unhealthy threshold; no new offline work.
     #[serde(alias = "unhealthy")]
     Unhealthy,
+    /// A metric past its Overlimit threshold; offline work is evicted.
     #[serde(alias = "overlimit")]
     Overlimit,
+    /// Device unavailable (an XID, or disabled by an operator).
     #[serde(alias = "disabled")]
     Disabled,
 }
@@ -85,10 +90,13 @@ pub struct GpuReport {
     pub index: u32,
     /// NVML UUID (`GPU-...`).
     pub uuid: String,
+    /// Its state in sysmonitor's machine.
     pub state: GpuState,
     /// SM activity over the last sampling window, 0..=1000 (‰ of the GPU's SMs busy).
     pub sm_activity_permille: u32,
+    /// Device memory in use by all processes, bytes.
     pub memory_used_bytes: u64,
+    /// Device memory capacity, bytes.
     pub memory_total_bytes: u64,
     /// Share of the SMs the node grants offline work now (MPS active-thread budget), 0..=1000.
     pub offline_sm_budget_permille: u32,
@@ -105,6 +113,7 @@ pub struct GpuHeartbeat {
     pub node: String,
     /// Wall-clock time of publication, milliseconds since the Unix epoch.
     pub updated_unix_ms: u64,
+    /// One report per GPU on the node.
     pub gpus: Vec<GpuReport>,
 }
 
@@ -112,14 +121,24 @@ pub struct GpuHeartbeat {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeartbeatError {
     #[error("node {node}: annotation {ANNOTATION} is {len} bytes, over the {MAX_ANNOTATION_BYTES}-byte limit")]
+    /// Over [`MAX_ANNOTATION_BYTES`]; `len` is the value's size in bytes.
+    #[allow(missing_docs)]
     TooLarge { node: String, len: usize },
     #[error("node {node}: annotation {ANNOTATION} is not valid JSON: {why}")]
+    /// Not parseable as JSON.
+    #[allow(missing_docs)]
     Json { node: String, why: String },
     #[error("node {node}: annotation {ANNOTATION} has no numeric `version`")]
+    /// No numeric top-level `version` field.
+    #[allow(missing_docs)]
     NoVersion { node: String },
     #[error("node {node}: annotation {ANNOTATION} has version {found}; this build reads version {VERSION} only")]
+    /// A `version` other than [`VERSION`].
+    #[allow(missing_docs)]
     UnknownVersion { node: String, found: u64 },
     #[error("node {node}: annotation {ANNOTATION}: {field}: {why}")]
+    /// Parsed, but `field` breaks an invariant (`why`).
+    #[allow(missing_docs)]
     Invalid { node: String, field: String, why: String },
 }
 
@@ -127,15 +146,25 @@ pub enum HeartbeatError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Freshness {
     /// Within the staleness limit (and not further ahead than the skew allowance).
-    Fresh { age_ms: u64 },
+    Fresh {
+        /// Reader's clock minus `updated_unix_ms`, saturating at 0.
+        age_ms: u64,
+    },
     /// Older than the staleness limit: the publisher may be dead.
-    Stale { age_ms: u64 },
+    Stale {
+        /// Reader's clock minus `updated_unix_ms`.
+        age_ms: u64,
+    },
     /// Dated further ahead than the skew allowance: proves nothing about the publisher being
     /// alive now (a clock set wrong, or `u64::MAX`), so it is not fresh.
-    FromFuture { ahead_ms: u64 },
+    FromFuture {
+        /// `updated_unix_ms` minus the reader's clock.
+        ahead_ms: u64,
+    },
 }
 
 impl Freshness {
+    /// Whether this is [`Freshness::Fresh`].
     pub fn is_fresh(self) -> bool {
         matches!(self, Freshness::Fresh { .. })
     }
@@ -300,8 +329,10 @@ pub fn parse_fresh(
 /// Why [`parse_fresh`] refused a heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FreshError {
+    /// Unparseable or invalid.
     #[error(transparent)]
     Invalid(HeartbeatError),
+    /// Valid, but stale or dated in the future.
     #[error("heartbeat not fresh: {0:?}")]
     NotFresh(Freshness),
 }

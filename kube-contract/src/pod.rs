@@ -74,7 +74,9 @@ pub const PLACEMENT_ANNOTATIONS: [&str; 5] = [
 /// A pod's xshare role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
+    /// Latency-critical; its GPU's health is judged by it.
     Online,
+    /// Best-effort; throttled or evicted to protect online work.
     Offline,
 }
 
@@ -91,8 +93,11 @@ pub fn role(labels: Option<&BTreeMap<String, String>>) -> Option<Role> {
 /// The fields of a pod's `ownerReference` that [`job_name`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owner<'a> {
+    /// `apiVersion` (`batch/v1`, ...).
     pub api_version: &'a str,
+    /// `kind` (`Job`, ...).
     pub kind: &'a str,
+    /// The owner's `metadata.name`.
     pub name: &'a str,
     /// `controller: true`.
     pub controller: bool,
