@@ -223,6 +223,10 @@ fn release_once_with(what: &str, release: impl FnOnce() -> usize + Send + 'stati
 // down), and the release waits for creations already inside the gate, so no context is created
 // after the release looked and left alive when the process dies. Not a hot path.
 
+/// How long a refused context creation waits after the release for a re-raised signal to end
+/// the process before it answers `CUDA_ERROR_DEINITIALIZED`.
+const REFUSED_CREATION_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Context creations in progress (inside a CreationGate).
 static CREATING: AtomicU32 = AtomicU32::new(0);
 
@@ -231,10 +235,21 @@ pub struct CreationGate(());
 
 impl CreationGate {
     /// Enters the gate, or None once a release has started (the caller must refuse).
+    ///
+    /// A refused caller first waits (bounded by `exit.release_timeout_ms`) for the release to
+    /// finish, plus a short grace: on the signal path the helper re-raises the signal right
+    /// after the release, so the process ends by that signal rather than by the application
+    /// reacting to an error code (a C client exiting 2 instead of dying of SIGTERM).
     pub fn enter() -> Option<Self> {
         CREATING.fetch_add(1, SeqCst);
         if RELEASE.load(SeqCst) != IDLE {
             CREATING.fetch_sub(1, SeqCst);
+            let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
+            let start = std::time::Instant::now();
+            while RELEASE.load(Acquire) != RELEASED && start.elapsed() < limit {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::thread::sleep(REFUSED_CREATION_GRACE);
             return None;
         }
         Some(Self(()))
