@@ -550,6 +550,8 @@ launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
 pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
         let real_fn = real!(cuCtxCreate_v2: PFN_cuCtxCreate_v3020);
+        // A release has started (signal or exit): a context created now would outlive it.
+        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { real_fn(pctx, flags, dev) };
         if rc == CUresult::CUDA_SUCCESS {
@@ -563,6 +565,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev
 pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
         let real_fn = real!(cuCtxCreate_v3: PFN_cuCtxCreate_v11040);
+        // A release has started (signal or exit): a context created now would outlive it.
+        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { real_fn(pctx, params, n, flags, dev) };
         if rc == CUresult::CUDA_SUCCESS {
@@ -576,6 +580,8 @@ pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexe
 pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
         let real_fn = real!(cuCtxCreate_v4: PFN_cuCtxCreate_v12050);
+        // A release has started (signal or exit): a context created now would outlive it.
+        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { real_fn(pctx, params, flags, dev) };
         if rc == CUresult::CUDA_SUCCESS {
@@ -611,6 +617,8 @@ ctx_destroy!(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000);
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     guard(|| {
         let real_fn = real!(cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain_v7000);
+        // A release has started (signal or exit): a context created now would outlive it.
+        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { real_fn(pctx, dev) };
         if rc == CUresult::CUDA_SUCCESS {

@@ -11,7 +11,7 @@ use cuda_abi::{CUcontext, CUdevice, CUresult};
 
 use crate::config::Config;
 use crate::ptrmap::PtrMap;
-use crate::state::{self, call_real, State};
+use crate::state::{self, call_real};
 
 const MAX_DEVICES: usize = 64;
 
@@ -173,8 +173,14 @@ pub enum ReleaseOutcome {
 /// Releases every context and leaves the quota, exactly once per process; concurrent callers
 /// wait for the one doing it (at most `exit.release_timeout_ms`). Never call from a signal
 /// handler (it spawns a thread and sleeps); the handler wakes the helper thread instead.
-pub fn release_once(st: &'static State, what: &str) -> ReleaseOutcome {
+///
+/// The state is looked up only after the creation gate is closed and the creations in flight
+/// have finished, so a signal that lands before `cuInit` built the state, or while a context is
+/// being created, still releases whatever was created.
+pub fn release_once(what: &str) -> ReleaseOutcome {
     release_once_with(what, move || {
+        wait_for_creations();
+        let Some(st) = state::get() else { return 0 };
         let n = st.contexts.release_all();
         st.quota.retire();
         n
@@ -183,7 +189,9 @@ pub fn release_once(st: &'static State, what: &str) -> ReleaseOutcome {
 
 fn release_once_with(what: &str, release: impl FnOnce() -> usize + Send + 'static) -> ReleaseOutcome {
     let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
-    match RELEASE.compare_exchange(IDLE, RELEASING, AcqRel, Acquire) {
+    // SeqCst pairs with CreationGate::enter (store-then-load on both sides): either the
+    // creator sees RELEASING and refuses, or wait_for_creations sees it in flight.
+    match RELEASE.compare_exchange(IDLE, RELEASING, SeqCst, SeqCst) {
         Ok(_) => {
             let n = with_deadline(what, move || {
                 let n = release();
@@ -204,6 +212,66 @@ fn release_once_with(what: &str, release: impl FnOnce() -> usize + Send + 'stati
             }
             ReleaseOutcome::WaitedForOther
         }
+    }
+}
+
+// ---- the creation gate ------------------------------------------------------------------------
+//
+// Context-creating entry points (cuCtxCreate*, cuDevicePrimaryCtxRetain) hold a CreationGate
+// across the driver call and the recording of its result. Once a release has started the gate
+// refuses (the entry point answers CUDA_ERROR_DEINITIALIZED, as the driver does while it shuts
+// down), and the release waits for creations already inside the gate, so no context is created
+// after the release looked and left alive when the process dies. Not a hot path.
+
+/// How long a refused context creation waits after the release for a re-raised signal to end
+/// the process before it answers `CUDA_ERROR_DEINITIALIZED`.
+const REFUSED_CREATION_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Context creations in progress (inside a CreationGate).
+static CREATING: AtomicU32 = AtomicU32::new(0);
+
+/// Held across one context creation; see above.
+pub struct CreationGate(());
+
+impl CreationGate {
+    /// Enters the gate, or None once a release has started (the caller must refuse).
+    ///
+    /// A refused caller first waits (bounded by `exit.release_timeout_ms`) for the release to
+    /// finish, plus a short grace: on the signal path the helper re-raises the signal right
+    /// after the release, so the process ends by that signal rather than by the application
+    /// reacting to an error code (a C client exiting 2 instead of dying of SIGTERM).
+    pub fn enter() -> Option<Self> {
+        CREATING.fetch_add(1, SeqCst);
+        if RELEASE.load(SeqCst) != IDLE {
+            CREATING.fetch_sub(1, SeqCst);
+            let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
+            let start = std::time::Instant::now();
+            while RELEASE.load(Acquire) != RELEASED && start.elapsed() < limit {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::thread::sleep(REFUSED_CREATION_GRACE);
+            return None;
+        }
+        Some(Self(()))
+    }
+}
+
+impl Drop for CreationGate {
+    fn drop(&mut self) {
+        CREATING.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Waits until no creation is in progress (called with the gate closed, so none can start).
+/// Bounded by the caller's deadline (it runs inside with_deadline).
+fn wait_for_creations() {
+    let mut logged = false;
+    while CREATING.load(SeqCst) != 0 {
+        if !logged {
+            tracing::info!("xcuda: waiting for a context creation in progress before releasing");
+            logged = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
@@ -395,10 +463,10 @@ fn handle_signal(sig: c_int) {
     }
     let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
     if handler == libc::SIG_DFL {
-        if let Some(st) = st {
-            let r = release_once(st, "release contexts");
-            tracing::warn!(sig, release = ?r, "xcuda: contexts released; taking the default action");
-        }
+        // Always, even if the state was not built yet: a context may be being created right now
+        // (the release closes the creation gate and waits for it).
+        let r = release_once("release contexts");
+        tracing::warn!(sig, release = ?r, "xcuda: contexts released; taking the default action");
         // SAFETY: default action, then re-raise: the process ends as the signal demands.
         unsafe {
             let mut dfl: libc::sigaction = std::mem::zeroed();
@@ -436,7 +504,8 @@ fn on_exit_inner() {
         // context in TLS: the release runs on a fresh thread, bounded in time. If the signal
         // helper is releasing already, this waits for it instead (the process must not end
         // before that release is complete).
-        let r = release_once(st, "release contexts at exit");
+        let _ = st; // built: this process may hold contexts
+        let r = release_once("release contexts at exit");
         tracing::debug!(release = ?r, "xcuda: released at exit");
     }
 }
@@ -445,6 +514,8 @@ extern "C" fn on_fork_child() {
     let _ = std::panic::catch_unwind(|| {
         state::controller_lost();
         RELEASE.store(IDLE, Release);
+        // Only the forking thread survives: no creation is in progress in the child.
+        CREATING.store(0, SeqCst);
         if let Some(st) = state::get() {
             st.contexts.clear();
             st.quota.after_fork_child();
@@ -506,10 +577,14 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
 
+    /// RELEASE and CREATING are process-wide: these tests must not run at the same time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
     /// The exit path and the signal helper racing: exactly one releases, the other returns
     /// only after that release completed (never "nothing to do" while it is in progress).
     #[test]
     fn one_release_and_the_other_caller_waits_for_it() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         RELEASE.store(IDLE, SeqCst);
         let calls = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(AtomicBool::new(false));
@@ -534,6 +609,39 @@ mod tests {
         assert_eq!(calls.load(SeqCst), 1, "released exactly once");
         assert_eq!(rs, vec![ReleaseOutcome::Released(1), ReleaseOutcome::WaitedForOther]);
         assert_eq!(release_once_with("again", || unreachable!()), ReleaseOutcome::AlreadyDone);
+        RELEASE.store(IDLE, SeqCst);
+    }
+
+    /// A signal's release racing a context creation (issue 8, obs. 4): the release must not
+    /// look at the registry while a creation is inside the gate, and once it started no new
+    /// creation may get in. Without the gate the release ran while the creation was in flight
+    /// and the context created afterwards was never released.
+    #[test]
+    fn release_waits_for_creation_in_flight_and_then_refuses_new_ones() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        RELEASE.store(IDLE, SeqCst);
+        CREATING.store(0, SeqCst);
+        let recorded = Arc::new(AtomicBool::new(false));
+        let gate = CreationGate::enter().expect("gate open before any release");
+        let r2 = recorded.clone();
+        let creator = std::thread::spawn(move || {
+            // The "driver call" still in progress when the release starts.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            r2.store(true, SeqCst); // recorded in the registry
+            drop(gate);
+        });
+        let seen = Arc::new(AtomicBool::new(false));
+        let (rec, s2) = (recorded.clone(), seen.clone());
+        let r = release_once_with("test", move || {
+            wait_for_creations();
+            s2.store(rec.load(SeqCst), SeqCst);
+            1
+        });
+        creator.join().unwrap();
+        assert_eq!(r, ReleaseOutcome::Released(1));
+        assert!(seen.load(SeqCst), "release looked at the registry before the creation in flight was recorded");
+        assert!(CreationGate::enter().is_none(), "a creation got in after the release");
+        assert_eq!(CREATING.load(SeqCst), 0, "a refused creation must not stay counted");
         RELEASE.store(IDLE, SeqCst);
     }
 }
