@@ -1344,10 +1344,10 @@ mod tests {
     fn dead_process_usage_is_reclaimed() {
         let (_d, l) = fresh();
         let g = l.group(1, 1 << 20).unwrap();
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = {
+            let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            std::process::Command::new("sleep").arg("30").spawn().unwrap()
+        };
         let h = l.register(child.id(), g).unwrap();
         l.try_reserve(h, 4096).unwrap();
         assert!(l.reclaim_dead().unwrap().is_empty(), "live process kept");
@@ -1362,7 +1362,7 @@ mod tests {
     fn proxy_registration_with_a_reused_pid_is_not_trusted() {
         let (_d, l) = fresh();
         let g = l.group(1, 1000).unwrap();
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = { let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner()); std::process::Command::new("sleep").arg("30").spawn().unwrap() };
         let h = l.register(child.id(), g).unwrap();
         l.try_reserve(h, 10).unwrap();
         assert!(l.reclaim_dead().unwrap().is_empty(), "live proxy kept");
@@ -1675,6 +1675,8 @@ mod tests {
         /// processes' usage (once reclaimed), within quota, and back at zero at the end.
         #[test]
         fn registry_books_always_balance(ops in proptest::collection::vec(reg_op(), 1..80)) {
+            // No child may be forked meanwhile: it would hold our slot locks until its exec.
+            let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
             let (_d, l) = fresh();
             let groups: Vec<usize> = (0..3).map(|i| l.group(100 + i as u64, 1000).unwrap()).collect();
             let mut live: Vec<(Ledger, ProcHandle, u64)> = Vec::new();
@@ -1738,6 +1740,8 @@ mod tests {
         ) {
             const S: u64 = 1000;
             const QUOTA: u64 = 1 << 40;
+            // No child may be forked meanwhile: it would hold our slot locks until its exec.
+            let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
             let (_d, l) = fresh();
             let l = Arc::new(l);
             let g = l.group(9, QUOTA).unwrap();

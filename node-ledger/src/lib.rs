@@ -15,6 +15,14 @@ pub mod procinfo;
 pub mod sample;
 pub mod sigbus;
 
+/// Unit tests that spawn a child take this lock around the spawn; the proptests that watch slot
+/// locks hold it for their whole run. Between fork and exec a child holds duplicates of every
+/// fd of the test process, and with them every OFD slot lock, so a concurrently "dead" test
+/// registration would look alive for that instant (in production a forked worker keeps its
+/// parent's slot alive the same way: usage stays counted, the safe direction).
+#[cfg(test)]
+pub(crate) static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 pub use config::{ConfigError, LedgerConfig};
 pub use health::HealthState;
 pub use ledger::{Ledger, LedgerError, ProcHandle, ProcSnapshot, ReserveError};

@@ -207,7 +207,7 @@ mod tests {
         assert_eq!(l.evict_signal(h), 15);
         // The slot changes hands: a request for its old owner is refused.
         l.unregister(h);
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = { let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner()); std::process::Command::new("sleep").arg("30").spawn().unwrap() };
         let h2 = l.register(child.id(), g).unwrap();
         assert_eq!(h2.slot, h.slot, "the freed slot is reused");
         assert!(!l.request_evict_of(h.slot, me, start, 15));
