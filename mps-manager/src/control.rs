@@ -9,6 +9,36 @@ use std::time::{Duration, Instant};
 /// Pid file the control daemon writes into its pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 
+/// Seconds a process may appear to have started after its pid file was written before it is
+/// taken for a recycled pid: `btime` in `/proc/stat` has 1 s resolution and moves with clock
+/// adjustments.
+pub const PID_FILE_SLACK_S: f64 = 2.0;
+
+/// A control daemon process as pid + start time (clock ticks since boot), so that a signal
+/// meant for it can never reach a process that got its pid later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DaemonId {
+    /// Process id.
+    pub pid: u32,
+    /// `/proc/<pid>/stat` field 22.
+    pub start_time: u64,
+}
+
+/// Start of a process in Unix seconds, from its start time in clock ticks since boot and the
+/// boot time in `/proc/stat`.
+fn started_unix(start_ticks: u64) -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let btime: f64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| btime + start_ticks as f64 / hz as f64)
+}
+
 /// What went wrong talking to MPS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MpsError {
@@ -111,15 +141,46 @@ impl MpsControl {
         })
     }
 
-    /// Pid of the running control daemon per its pid file, if that process is alive.
+    /// Pid of the running control daemon per its pid file, if that process is alive and is
+    /// the daemon that wrote the file (see [`MpsControl::daemon_identity`]).
     pub fn daemon_pid(&self) -> Option<u32> {
-        let s = std::fs::read_to_string(self.pipe_dir.join(PID_FILE)).ok()?;
+        self.daemon_identity().map(|d| d.pid)
+    }
+
+    /// The pid the pid file holds, whatever process (if any) has it now.
+    pub fn pid_file_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.pipe_dir.join(PID_FILE))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The control daemon named by the pid file, as pid + start time (`/proc/<pid>/stat`
+    /// field 22), if that process is alive (not a zombie) and started before the pid file was
+    /// written: a process that started later holds a recycled pid and is not the daemon.
+    pub fn daemon_identity(&self) -> Option<DaemonId> {
+        let file = self.pipe_dir.join(PID_FILE);
+        let s = std::fs::read_to_string(&file).ok()?;
         let pid: u32 = s.trim().parse().ok()?;
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let zombie = stat
             .rfind(')')
-            .is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
-        (!zombie).then_some(pid)
+            .is_some_and(|i| stat[i + 1..].trim_start().starts_with(['Z', 'X']));
+        if zombie {
+            return None;
+        }
+        let start_time = node_ledger::procinfo::parse_start_time(&stat)?;
+        let written = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
+        if let (Some(written), Some(started)) = (written, started_unix(start_time)) {
+            let written = written
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            if started > written + PID_FILE_SLACK_S {
+                return None;
+            }
+        }
+        Some(DaemonId { pid, start_time })
     }
 
     /// Sends one command line; returns the reply text (trimmed).
@@ -228,6 +289,35 @@ mod tests {
             visible_devices: "0".into(),
             timeout: Duration::from_millis(300),
         }
+    }
+
+    #[test]
+    fn a_pid_file_older_than_its_process_names_no_daemon() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "true");
+        std::fs::create_dir_all(&c.pipe_dir).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let file = c.pipe_dir.join(PID_FILE);
+        std::fs::write(&file, format!("{}\n", child.id())).unwrap();
+        let id = c.daemon_identity().expect("written after its process started");
+        assert_eq!(id.pid, child.id());
+        assert_eq!(
+            Some(id.start_time),
+            node_ledger::procinfo::start_time(child.id())
+        );
+        // The file is a minute older than the process now holding its pid: a recycled pid.
+        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert_eq!(c.daemon_identity(), None);
+        assert_eq!(c.daemon_pid(), None);
+        assert_eq!(c.pid_file_pid(), Some(child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -13,7 +13,7 @@ use node_daemon::state_file::write_atomic;
 
 use crate::budget::Allocator;
 use crate::config::Config;
-use crate::control::{MpsControl, MpsError};
+use crate::control::{DaemonId, MpsControl, MpsError};
 use crate::detect::{Detector, Fault, Observation, RateLimiter};
 
 /// One recovery, for the state file and logs.
@@ -40,6 +40,10 @@ pub struct ManagerState {
     pub gpu: u32,
     pub manager_pid: u32,
     pub daemon_pid: Option<u32>,
+    /// Start time (`/proc/<pid>/stat` field 22) of `daemon_pid` when it was started or
+    /// detected: the daemon is only ever signalled as this pid + start time.
+    #[serde(default)]
+    pub daemon_start_time: Option<u64>,
     pub servers: Vec<u32>,
     pub clients: usize,
     pub gpu_health: Option<String>,
@@ -69,6 +73,11 @@ pub struct Manager {
     /// A targeted recovery of stuck clients did not help: the next one is a full reset.
     escalate_stuck: bool,
     own_ns: u64,
+    /// The control daemon this manager started or detected, as pid + start time.
+    daemon: Option<DaemonId>,
+    /// MPS servers as last listed by `get_server_list`, each as pid + start time read when
+    /// listed (what a reset kills when `quit` did not stop them).
+    servers_seen: Vec<DaemonId>,
 }
 
 /// How long a targeted recovery looks for the clients it must terminate on the servers' lists
@@ -109,20 +118,40 @@ impl Manager {
             limited_logged: false,
             escalate_stuck: false,
             own_ns: node_ledger::procinfo::own_pid_ns(),
+            daemon: None,
+            servers_seen: Vec::new(),
         })
     }
 
-    /// Starts the control daemon unless one already runs for this pipe directory.
+    /// Starts the control daemon unless one already runs for this pipe directory; records it
+    /// as pid + start time.
     pub fn ensure_daemon(&mut self) -> Result<u32, MpsError> {
-        if let Some(pid) = self.ctl.daemon_pid() {
-            self.state.daemon_pid = Some(pid);
-            return Ok(pid);
+        if let Some(id) = self.ctl.daemon_identity() {
+            self.remember_daemon(id);
+            return Ok(id.pid);
         }
         let pid = self.ctl.start_daemon()?;
-        tracing::info!(pid, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon started");
-        self.state.daemon_pid = Some(pid);
+        let Some(id) = self.ctl.daemon_identity().filter(|d| d.pid == pid) else {
+            return Err(MpsError::Spawn(format!(
+                "control daemon {pid} (from {}) exited right after it started",
+                self.ctl.pipe_dir.join(crate::control::PID_FILE).display()
+            )));
+        };
+        tracing::info!(pid, start_time = id.start_time, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon started");
+        self.remember_daemon(id);
         self.alloc.reset_applied();
         Ok(pid)
+    }
+
+    fn remember_daemon(&mut self, id: DaemonId) {
+        self.daemon = Some(id);
+        self.state.daemon_pid = Some(id.pid);
+        self.state.daemon_start_time = Some(id.start_time);
+    }
+
+    /// The control daemon this manager recorded (started or detected), if any.
+    pub fn recorded_daemon(&self) -> Option<DaemonId> {
+        self.daemon
     }
 
     fn offline(&self) -> Vec<node_ledger::ProcSnapshot> {
@@ -183,6 +212,13 @@ impl Manager {
         if o.daemon_alive {
             match self.ctl.server_list() {
                 Ok(s) => {
+                    self.servers_seen = s
+                        .iter()
+                        .filter_map(|&pid| {
+                            let start_time = node_ledger::procinfo::start_time(pid)?;
+                            Some(DaemonId { pid, start_time })
+                        })
+                        .collect();
                     for &srv in &s {
                         if let Ok(c) = self.ctl.client_list(srv) {
                             o.clients.insert(srv, c);
@@ -456,29 +492,63 @@ impl Manager {
     }
 
     /// `quit`, or kill the daemon and its servers when it does not answer; then start afresh.
-    fn reset_mps(&mut self) -> Result<u32, MpsError> {
-        let servers = self.state.servers.clone();
+    ///
+    /// The daemon is signalled only as the pid + start time recorded when it was started or
+    /// detected, through a pidfd: a pid file naming another process (the daemon died and its
+    /// pid was reused) is never acted on; that is logged as an error, the stale pid file is
+    /// removed and the recovery goes on to start a new daemon.
+    pub(crate) fn reset_mps(&mut self) -> Result<u32, MpsError> {
+        let recorded = self.daemon;
+        let mut sig = PidfdSignaller;
+        let ours_alive =
+            |sig: &mut PidfdSignaller| recorded.is_some_and(|d| sig.alive(d.pid, d.start_time));
         match self.ctl.quit() {
             Ok(()) => {
                 let deadline = mono_ms() + self.cfg.command_timeout_ms;
-                while self.ctl.daemon_pid().is_some() && mono_ms() < deadline {
+                while ours_alive(&mut sig) && mono_ms() < deadline {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
             Err(e) => tracing::warn!(error = %e, "MPS quit failed; killing the control daemon"),
         }
-        if let Some(pid) = self.ctl.daemon_pid() {
-            // SAFETY: plain kill(2) of the daemon pid read from its own pid file.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-        }
-        for s in servers {
-            if let Some(st) = node_ledger::procinfo::start_time(s) {
-                let _ = PidfdSignaller.signal(s, st, libc::SIGKILL);
+        if let Some(d) = recorded {
+            match sig.signal(d.pid, d.start_time, libc::SIGKILL) {
+                Ok(true) => tracing::warn!(pid = d.pid, "MPS control daemon killed"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(pid = d.pid, error = %e, "cannot kill the MPS control daemon");
+                    self.state.last_error = Some(format!("killing MPS control daemon {}: {e}", d.pid));
+                }
             }
+        }
+        if let Some(pid) = self.ctl.pid_file_pid() {
+            let now = node_ledger::procinfo::start_time(pid);
+            let ours = recorded.is_some_and(|d| d.pid == pid && Some(d.start_time) == now);
+            if now.is_some() && !ours {
+                let msg = format!(
+                    "MPS pid file {} names pid {pid} (start time {}), not the control daemon \
+                     this manager recorded ({}): the pid was reused or the daemon was replaced \
+                     behind the manager's back; pid {pid} is NOT signalled",
+                    self.ctl.pipe_dir.join(crate::control::PID_FILE).display(),
+                    now.unwrap_or_default(),
+                    recorded.map_or("none".into(), |d| format!(
+                        "pid {} start time {}",
+                        d.pid, d.start_time
+                    )),
+                );
+                tracing::error!("{msg}");
+                self.state.last_error = Some(msg);
+            }
+        }
+        // Servers as listed (pid + start time when listed); a recycled pid is never hit.
+        for s in std::mem::take(&mut self.servers_seen) {
+            let _ = sig.signal(s.pid, s.start_time, libc::SIGKILL);
         }
         let _ = std::fs::remove_file(self.ctl.pipe_dir.join(crate::control::PID_FILE));
         std::thread::sleep(Duration::from_millis(50));
+        self.daemon = None;
         self.state.daemon_pid = None;
+        self.state.daemon_start_time = None;
         self.ensure_daemon()
     }
 
@@ -513,4 +583,96 @@ impl Manager {
 /// The critical XID the monitor reports, if it currently is Disabled by one.
 pub fn monitor_xid(path: &Path) -> Option<u64> {
     node_daemon::monitor_state::disabling_xid(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Child, Command};
+
+    /// A manager whose control program is a stand-in: `-d` starts a `sleep` as "the daemon"
+    /// and writes its pid file; every command is answered with nothing, so `quit` "succeeds"
+    /// while the stand-in daemon stays (a daemon that does not stop).
+    fn manager(dir: &Path) -> Manager {
+        let bin = dir.join("ctl.sh");
+        std::fs::write(
+            &bin,
+            "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  sleep 30 </dev/null >/dev/null 2>&1 &\n  \
+             echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"\n  exit 0\nfi\n\
+             cat >/dev/null\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg = Config {
+            ledger_dir: dir.join("ledger"),
+            control_bin: bin,
+            pipe_dir: dir.join("pipe"),
+            log_dir: dir.join("log"),
+            monitor_state_file: dir.join("state.json"),
+            state_file: dir.join("mps-manager.json"),
+            command_timeout_ms: 300,
+            ..Config::default()
+        };
+        Manager::new(cfg).unwrap()
+    }
+
+    fn sleeper() -> Child {
+        Command::new("sleep").arg("30").spawn().unwrap()
+    }
+
+    fn kill(pid: u32) {
+        if let Some(st) = node_ledger::procinfo::start_time(pid) {
+            let _ = PidfdSignaller.signal(pid, st, libc::SIGKILL);
+        }
+    }
+
+    #[test]
+    fn a_hung_daemon_is_killed_as_recorded_and_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let first = m.ensure_daemon().unwrap();
+        let id = m.recorded_daemon().unwrap();
+        assert_eq!(id.pid, first);
+        assert_eq!(m.state.daemon_start_time, Some(id.start_time));
+        let second = m.reset_mps().unwrap();
+        assert!(!node_ledger::procinfo::is_alive(id.pid, id.start_time), "old daemon killed");
+        assert_ne!(second, first);
+        assert!(m.state.last_error.is_none(), "{:?}", m.state.last_error);
+        kill(second);
+    }
+
+    /// The daemon the manager recorded died and its pid now belongs to an unrelated process
+    /// (same pid, another start time), which the pid file still names: the reset must not
+    /// signal it, must say so, and must still bring MPS back.
+    #[test]
+    fn a_recycled_daemon_pid_is_never_signalled_and_recovery_goes_on() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let first = m.ensure_daemon().unwrap();
+        kill(first);
+        let mut bystander = sleeper();
+        let pid = bystander.id();
+        let st = node_ledger::procinfo::start_time(pid).unwrap();
+        std::fs::write(
+            d.path().join("pipe").join(crate::control::PID_FILE),
+            format!("{pid}\n"),
+        )
+        .unwrap();
+        // What the manager recorded: this pid, but the process that had it then.
+        m.daemon = Some(DaemonId { pid, start_time: st.wrapping_sub(1) });
+        let new = m.reset_mps().expect("recovery starts a new daemon");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            bystander.try_wait().unwrap().is_none(),
+            "the process holding the recycled pid was signalled"
+        );
+        let err = m.state.last_error.clone().unwrap_or_default();
+        assert!(err.contains("NOT signalled") && err.contains(&pid.to_string()), "{err}");
+        assert_ne!(new, pid);
+        assert_eq!(m.recorded_daemon().map(|d| d.pid), Some(new));
+        bystander.kill().unwrap();
+        bystander.wait().unwrap();
+        kill(new);
+    }
 }
