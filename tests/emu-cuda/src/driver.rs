@@ -185,7 +185,34 @@ pub fn init(flags: u32) -> R {
             }
         }
     });
-    r.as_ref().map(|_| ()).map_err(|e| *e)
+    let d = r.as_ref().map_err(|e| *e)?;
+    if d.pid != std::process::id() {
+        // A forked child: no usable CUDA state (drv() says so), nothing to connect.
+        return Ok(());
+    }
+    // The MPS connection is attempted when CUDA is initialised: queued (blocking) while another
+    // user's server is active.
+    mps_wait_turn(|| d.dev.mps_admit(&d.client))
+}
+
+/// Runs `look` until it is not [`EmuError::MpsUserQueued`]. MPS serves one user at a time:
+/// while another user's server is active the control daemon queues this client, and its
+/// connection blocks until that server's clients are done, as with real MPS; said once on
+/// stderr, since a silent hang is what the emulator's users would otherwise see.
+fn mps_wait_turn(mut look: impl FnMut() -> Result<(), EmuError>) -> R {
+    let mut said = false;
+    loop {
+        match look() {
+            Err(e @ EmuError::MpsUserQueued { .. }) => {
+                if !said {
+                    said = true;
+                    eprintln!("gpuemu libcuda: pid {}: {e}", std::process::id());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r => return r.map_err(dev_err),
+        }
+    }
 }
 
 impl Driver {
@@ -224,7 +251,7 @@ fn env_pct() -> Option<u32> {
 }
 
 fn new_ctx(d: &Driver, flags: u32, primary: bool) -> R<u64> {
-    d.dev.context_created(&d.client, env_pct()).map_err(dev_err)?;
+    mps_wait_turn(|| d.dev.context_created(&d.client, env_pct()))?;
     let mut g = d.lock();
     let h = g.handle();
     g.ctxs.insert(h, Ctx { flags, primary, ..Default::default() });

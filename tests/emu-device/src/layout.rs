@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -106,6 +106,10 @@ pub struct ClientSlot {
     pub uid: u32,
     /// SM-weighted busy time of this client's kernels (ns x fraction of SMs).
     pub sm_time_ns: f64,
+    /// Queue position (a ticket, lower is earlier) of an MPS connection the control daemon
+    /// holds back because another user's server is active; 0 = not queued. `uid` is the
+    /// queued user.
+    pub mps_wait: u64,
 }
 
 /// One kernel launch.

@@ -89,6 +89,9 @@ pub struct ProcessInfo {
     pub uid: u32,
     /// Active-thread percentage in force (100 when not capped).
     pub active_thread_pct: u32,
+    /// Its MPS connection is queued: another user's server is active (MPS serves one user at
+    /// a time); `uid` is the queued user.
+    pub mps_queued: bool,
     /// Cumulative SM-weighted busy time of its kernels, in ns.
     pub sm_time_ns: f64,
     /// Its kernels currently queued or running.
@@ -256,6 +259,7 @@ impl Device {
                     mps_client: h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0,
                     uid: cl.uid,
                     active_thread_pct: physics::client_pct(&g, c),
+                    mps_queued: h.mps_enabled != 0 && cl.mps_wait != 0,
                     sm_time_ns: cl.sm_time_ns,
                     kernels: g
                         .live()
@@ -324,6 +328,8 @@ impl Device {
             let now = g.header.last_ns;
             for c in 0..MAX_CLIENTS {
                 let cl = g.clients[c];
+                // A queued connection waited for a server that is gone: it queues afresh.
+                g.clients[c].mps_wait = 0;
                 if cl.used != 0 && cl.mps_gen == generation && cl.contexts > 0 {
                     g.clients[c].terminated = 1;
                     drop_kernels(&mut g, c as u32, now);
@@ -433,7 +439,8 @@ impl Device {
         let h = g.header;
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
-        let cl = &mut g.clients[c.slot as usize];
+        let me = c.slot as usize;
+        let cl = &mut g.clients[me];
         if cl.terminated != 0 {
             if cl.contexts > 0 {
                 return Err(EmuError::MpsClientTerminated);
@@ -445,6 +452,21 @@ impl Device {
             if h.mps_poisoned != 0 {
                 return Err(EmuError::MpsServerNotReady);
             }
+            // A process already connected keeps its connection for further contexts.
+            let connected = cl.mps_gen == h.mps_generation && cl.contexts > 0;
+            if !connected {
+                if let Some(server_uid) = mps_queue_ahead(&g, me, euid) {
+                    if g.clients[me].mps_wait == 0 {
+                        g.header.ticket_counter += 1;
+                        let t = g.header.ticket_counter;
+                        g.clients[me].mps_wait = t;
+                        g.clients[me].uid = euid;
+                    }
+                    return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
+                }
+            }
+            let cl = &mut g.clients[me];
+            cl.mps_wait = 0;
             // Real MPS: the driver connects to the control daemon, which hands the client to its
             // user's server, before the context exists; the emulated daemon lists the client
             // on that server from the device's record, so the uid is recorded here, with the
@@ -456,7 +478,40 @@ impl Device {
                 cl.pct = if cl.pct == 0 { p } else { cl.pct.min(p) };
             }
         }
+        let cl = &mut g.clients[me];
+        cl.mps_wait = 0;
         cl.contexts += 1;
+        Ok(())
+    }
+
+    /// The MPS connection a process attempts when CUDA is initialised (`cuInit`): `Ok` when
+    /// MPS is off, the process is already connected, or the running server is its user's;
+    /// [`EmuError::MpsUserQueued`] while the control daemon queues it behind another user's
+    /// server (the caller looks again; the queue position is kept). Joining the server itself
+    /// happens with the first context ([`Device::context_created`]), which looks again.
+    pub fn mps_admit(&self, c: &Client) -> Result<(), EmuError> {
+        let mut g = self.locked();
+        if !Self::slot_ok(&g, c) {
+            return Err(EmuError::NoSuchClient(c.pid));
+        }
+        let h = g.header;
+        let me = c.slot as usize;
+        let cl = g.clients[me];
+        if h.mps_enabled == 0 || (cl.mps_gen == h.mps_generation && cl.contexts > 0) {
+            return Ok(());
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if let Some(server_uid) = mps_queue_ahead(&g, me, euid) {
+            if g.clients[me].mps_wait == 0 {
+                g.header.ticket_counter += 1;
+                let t = g.header.ticket_counter;
+                g.clients[me].mps_wait = t;
+                g.clients[me].uid = euid;
+            }
+            return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
+        }
+        g.clients[me].mps_wait = 0;
         Ok(())
     }
 
@@ -784,6 +839,34 @@ fn clear_dead(h: &mut layout::Header) {
     h.mps_dead_count = 0;
     h.mps_dead_overflow = 0;
     h.mps_dead = Default::default();
+}
+
+/// One user at a time (NVIDIA's nvidia-cuda-mps-control(1): a client of a user other than the
+/// running server's is queued; the server shuts down once all its clients are done and a
+/// server for the queued user starts): the uid this client of `uid` waits for, if any. It
+/// waits while clients of another user are connected to the running server (live with a
+/// context, or dead and still connected), or while a client of another user was queued before
+/// it (first come, first served, so neither side starves the other).
+fn mps_queue_ahead(st: &State, me: usize, uid: u32) -> Option<u32> {
+    let h = &st.header;
+    let dead = &h.mps_dead[..(h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS)];
+    if let Some(d) = dead.iter().find(|d| d.uid != uid) {
+        return Some(d.uid);
+    }
+    let mine = st.clients[me].mps_wait;
+    let mut ahead = None;
+    for (i, cl) in st.clients.iter().enumerate() {
+        if i == me || cl.used == 0 || cl.uid == uid {
+            continue;
+        }
+        if cl.mps_gen == h.mps_generation && cl.mps_gen != 0 && cl.contexts > 0 && cl.terminated == 0 {
+            return Some(cl.uid);
+        }
+        if cl.mps_wait != 0 && (mine == 0 || cl.mps_wait < mine) {
+            ahead = Some(cl.uid);
+        }
+    }
+    ahead
 }
 
 fn mps_of(st: &State) -> MpsStatus {

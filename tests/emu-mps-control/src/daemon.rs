@@ -1,11 +1,18 @@
-//! The control daemon's state and command semantics: MPS servers (one per user, spawned on
-//! demand as real processes), their clients, active-thread percentages and pinned-memory
+//! The control daemon's state and command semantics: the MPS server (one at a time, for one
+//! user, spawned on demand as a real process running as that user), its clients, active-thread percentages and pinned-memory
 //! limits, and the effects on the emulated device through [`DeviceLink`].
 //!
 //! Behaviour, with its source in NVIDIA's MPS documentation:
 //! - a client connecting makes the daemon start a server for the client's user if none runs
 //!   (log lines `NEW CLIENT ... Server is not ready, push client to pending list`,
 //!   `Starting new server ...`, `NEW SERVER ...: Ready`, as in real `control.log`s);
+//! - one user at a time (nvidia-cuda-mps-control(1): "If there's an MPS server already
+//!   running, but with a different user id than that of the client process, the control
+//!   daemon requests the existing server to shutdown as soon as all its clients are done.
+//!   Once the existing server has terminated, the control daemon launches a new server with
+//!   the user id same as that of the queued client process"): the device queues such a
+//!   client (its context creation blocks, see `emu_device::Device::context_created`), and
+//!   the daemon stops the old server before it starts the queued user's;
 //! - `set_default_active_thread_percentage` affects servers spawned afterwards and is lost on
 //!   `quit`; `set_active_thread_percentage <server pid>` affects clients that connect to that
 //!   server afterwards, existing ones keep their limit; a client's limit is fixed when it
@@ -127,17 +134,40 @@ impl<D: DeviceLink> Daemon<D> {
         self.servers.iter().position(|s| s.child.id() == pid)
     }
 
+    /// The server of `uid`, started if none runs. MPS serves one user at a time: a server of
+    /// another user that still has clients is an error (the device queues such a client until
+    /// they are done, so only `start_server` can ask for it); one without clients is stopped
+    /// first, as the real daemon stops a server once its clients are done and another user's
+    /// client is queued.
     fn start_server(&mut self, uid: u32) -> Result<usize, String> {
         if let Some(i) = self.servers.iter().position(|s| s.uid == uid) {
             return Ok(i);
+        }
+        if let Some(s) = self.servers.iter().find(|s| !s.clients.is_empty()) {
+            return Err(format!(
+                "Server {} of user {} has clients: MPS serves one user at a time, a server for \
+                 user {uid} can start once they are done",
+                s.child.id(),
+                s.uid
+            ));
+        }
+        while let Some(s) = self.servers.pop() {
+            self.stop_server(s, &format!("no clients left, user {uid} is next"));
         }
         let (prog, args) = self
             .server_cmd
             .split_first()
             .ok_or("no server command configured")?;
-        let child = Proc::new(prog)
-            .args(args)
-            .arg(uid.to_string())
+        let mut cmd = Proc::new(prog);
+        cmd.args(args).arg(uid.to_string());
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 && uid != 0 {
+            // Like the real server, it runs as the user it serves (std drops the
+            // supplementary groups when root switches uid).
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
+        let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start MPS server {}: {e}", prog.to_string_lossy()))?;
         self.log.line(&format!(
@@ -323,6 +353,23 @@ impl<D: DeviceLink> Daemon<D> {
                 }
             }
         }
+    }
+
+    /// Stops one server that has no clients (SIGTERM, SIGKILL after 1 s) and reaps it.
+    fn stop_server(&mut self, mut s: Server, why: &str) {
+        // SAFETY: kill(2) on a pid we spawned and have not yet reaped.
+        unsafe { libc::kill(s.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while std::time::Instant::now() < deadline && matches!(s.child.try_wait(), Ok(None)) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = s.child.kill();
+        let _ = s.child.wait();
+        self.log.line(&format!(
+            "Server {} of user {} exited: {why}",
+            s.child.id(),
+            s.uid
+        ));
     }
 
     /// Stops every server (SIGTERM, then SIGKILL after `timeout_s`) and resets MPS on the device.

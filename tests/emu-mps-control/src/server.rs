@@ -8,6 +8,9 @@ use std::time::Duration;
 pub const FLAG: &str = "--emu-server";
 
 /// Names the process `nvidia-cuda-mps-server` and waits until the daemon goes away.
+///
+/// Like the real server, it runs as the user it serves: a root daemon starts it as `uid`, so
+/// `/proc/<pid>/status` shows whose server it is.
 pub fn run(uid: &str) -> ExitCode {
     let _ = uid;
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
