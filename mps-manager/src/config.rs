@@ -43,6 +43,15 @@ pub struct Config {
     pub state_file: PathBuf,
     /// SIGTERM -> SIGKILL grace when recovery evicts offline clients, ms.
     pub evict_grace_ms: u64,
+    /// The one user (uid) every MPS client of this GPU runs as, the online service and the
+    /// offline containers alike. MPS serves one user at a time (nvidia-cuda-mps-control(1)):
+    /// a client of another user is queued until the running server's clients are all done,
+    /// then the server is replaced by one for that user, so two users cannot share the GPU
+    /// through MPS. When set, an MPS server of another user is an error: its registered
+    /// offline clients are terminated and evicted (restart requested) so that this user's
+    /// clients get the GPU back. `null`: not enforced; a change of the server's user is
+    /// logged as a warning.
+    pub client_uid: Option<u32>,
     pub budget: BudgetConfig,
     pub detect: DetectConfig,
     pub recovery: RateConfig,
@@ -63,6 +72,7 @@ impl Default for Config {
             monitor_state_file: PathBuf::new(),
             state_file: PathBuf::new(),
             evict_grace_ms: 5000,
+            client_uid: None,
             budget: BudgetConfig::default(),
             detect: DetectConfig::default(),
             recovery: RateConfig::default(),

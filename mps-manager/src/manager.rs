@@ -54,6 +54,12 @@ pub struct ManagerState {
     pub recoveries: Vec<Recovery>,
     pub suppressed_recoveries: u64,
     pub restart_requested: Vec<RestartRequest>,
+    /// Effective uid of the running MPS server (the user MPS serves now).
+    #[serde(default)]
+    pub mps_server_uid: Option<u32>,
+    /// MPS servers seen running as a user other than `client_uid` (see the config).
+    #[serde(default)]
+    pub user_breaches: u64,
     pub last_error: Option<String>,
     pub updated_unix_ms: u64,
 }
@@ -78,6 +84,10 @@ pub struct Manager {
     /// MPS servers as last listed by `get_server_list`, each as pid + start time read when
     /// listed (what a reset kills when `quit` did not stop them).
     servers_seen: Vec<DaemonId>,
+    /// Servers already reported as running for the wrong user (reported once each).
+    breach_reported: HashSet<u32>,
+    /// Offline processes of another user already evicted: (pid, start time) -> when (ms).
+    user_evicted: BTreeMap<(u32, u64), u64>,
 }
 
 /// How long a targeted recovery looks for the clients it must terminate on the servers' lists
@@ -120,6 +130,8 @@ impl Manager {
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon: None,
             servers_seen: Vec::new(),
+            breach_reported: HashSet::new(),
+            user_evicted: BTreeMap::new(),
         })
     }
 
@@ -251,7 +263,92 @@ impl Manager {
         o.xid = monitor_xid(&self.cfg.monitor_state_file);
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
+        self.check_users(&o.clients);
         self.detector.observe(&self.cfg.detect, now_ms, &o)
+    }
+
+    /// One user per MPS GPU: finds the running server's user; with `client_uid` set, a server
+    /// of another user (or a registered offline process of another user, which MPS queues and
+    /// whose turn would come as soon as this user's clients are done) is reported loudly and
+    /// its offline processes are terminated and evicted, restart requested.
+    fn check_users(&mut self, clients: &BTreeMap<u32, Vec<u32>>) {
+        let servers: Vec<(u32, u32)> = self
+            .servers_seen
+            .iter()
+            .filter_map(|s| Some((s.pid, proc_euid(s.pid)?)))
+            .collect();
+        let now_uid = servers.first().map(|s| s.1);
+        let Some(want) = self.cfg.client_uid else {
+            if let (Some(was), Some(now)) = (self.state.mps_server_uid, now_uid) {
+                if was != now {
+                    tracing::warn!(gpu = self.cfg.gpu_index, was, now, "the MPS server changed users: MPS serves one user at a time, so clients of uid {now} waited until those of uid {was} were done; set client_uid to enforce one user");
+                }
+            }
+            self.state.mps_server_uid = now_uid.or(self.state.mps_server_uid);
+            return;
+        };
+        self.state.mps_server_uid = now_uid.or(self.state.mps_server_uid);
+        let offline = self.offline();
+        let mine: Vec<&node_ledger::ProcSnapshot> = offline
+            .iter()
+            .filter(|p| p.pid_ns == self.own_ns && node_ledger::procinfo::is_alive(p.pid, p.start_time))
+            .collect();
+        let mut culprits: Vec<u32> = Vec::new();
+        let mut lines: Vec<String> = Vec::new();
+        for &(srv, uid) in servers.iter().filter(|s| s.1 != want) {
+            let cl = clients.get(&srv).cloned().unwrap_or_default();
+            let off: Vec<u32> = cl.iter().copied().filter(|c| mine.iter().any(|p| p.pid == *c)).collect();
+            if self.breach_reported.insert(srv) {
+                self.state.user_breaches += 1;
+                lines.push(format!(
+                    "MPS server {srv} runs as uid {uid}, but every MPS client of GPU {} must run as uid {want} (client_uid): MPS serves one user at a time, so clients of uid {want} (the online service) are queued until its clients {cl:?} are done; offline ones among them {off:?} are terminated and evicted; run offline containers as uid {want} (securityContext.runAsUser)",
+                    self.cfg.gpu_index
+                ));
+            }
+            culprits.extend(off);
+        }
+        // Evicted earlier: SIGKILL once the grace is over, never evicted twice.
+        let now = mono_ms();
+        let grace = self.cfg.evict_grace_ms;
+        self.user_evicted.retain(|&(pid, st), at| {
+            if !node_ledger::procinfo::is_alive(pid, st) {
+                return false;
+            }
+            if now.saturating_sub(*at) >= grace {
+                tracing::warn!(pid, "offline client of another user ignored SIGTERM: SIGKILL");
+                let _ = PidfdSignaller.signal(pid, st, libc::SIGKILL);
+            }
+            true
+        });
+        culprits.retain(|c| !mine.iter().any(|p| p.pid == *c && self.user_evicted.contains_key(&(p.pid, p.start_time))));
+        for p in &mine {
+            if self.user_evicted.contains_key(&(p.pid, p.start_time)) {
+                continue;
+            }
+            let Some(uid) = proc_euid(p.pid) else { continue };
+            if uid != want && !culprits.contains(&p.pid) {
+                lines.push(format!(
+                    "offline process {} runs as uid {uid}, but every MPS client of GPU {} must run as uid {want} (client_uid): MPS would queue it and then stop the server of uid {want} once its clients are done; terminated and evicted; run offline containers as uid {want} (securityContext.runAsUser)",
+                    p.pid, self.cfg.gpu_index
+                ));
+                culprits.push(p.pid);
+            }
+        }
+        for l in &lines {
+            tracing::error!("{l}");
+        }
+        if let Some(l) = lines.pop() {
+            self.state.last_error = Some(l);
+        }
+        for p in mine.iter().filter(|p| culprits.contains(&p.pid)) {
+            self.user_evicted.insert((p.pid, p.start_time), now);
+        }
+        if !culprits.is_empty() {
+            match self.terminate_offline(&culprits, false, "client of another user than client_uid") {
+                Ok(outcome) => tracing::warn!(%outcome, "clients of another user removed from MPS"),
+                Err(e) => tracing::warn!(error = %e, pids = ?culprits, "clients of another user evicted (not listed on an MPS server)"),
+            }
+        }
     }
 
     /// Counts every fault (the `faults` counters), logs each fault once per episode (while it
@@ -578,6 +675,18 @@ impl Manager {
             .read_manager()
             .map_or(0, |m| m.offline_sm_budget_permille)
     }
+}
+
+/// Effective uid of a process (`/proc/<pid>/status`, `Uid:` second field).
+pub fn proc_euid(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The critical XID the monitor reports, if it currently is Disabled by one.
