@@ -1,4 +1,13 @@
 //! Owns the MPS control daemon per GPU: dynamic SM allocation, crash/hang detection and recovery.
+//!
+//! One user per MPS GPU: MPS serves one user at a time (nvidia-cuda-mps-control(1): a client
+//! of another user than the running server's is queued until that server's clients are done,
+//! then a server for that user replaces it), so the online service and the offline containers
+//! of a GPU must run as one uid. [`config::Config::client_uid`] names it; the manager then
+//! reports and evicts offline processes of any other uid ([`manager::Manager::check`]).
+//!
+//! The control daemon is only ever signalled as the pid + start time recorded when the
+//! manager started or detected it ([`control::DaemonId`]), through a pidfd.
 
 pub mod budget;
 pub mod config;

@@ -22,7 +22,7 @@ CONFIG:
     `last_error`). A missing default file means built-in defaults.
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
-    evict_grace_ms, budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
+    evict_grace_ms, client_uid, budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
     `mps-manager check-config` prints the effective config.
 
@@ -39,6 +39,15 @@ FAULTS -> RECOVERY:
     dead, command timeout (hang), a server with clients vanished, a critical XID from sysmonitor,
     or a failed targeted recovery -> full reset: SIGTERM/SIGKILL offline clients, quit/kill MPS,
     start it again (rate-limited by recovery.{min_interval_ms,max_per_hour}).
+
+USERS:
+    MPS serves one user at a time: a client of another user than the running server's is
+    queued (its cuInit blocks) until that server's clients are done, then the server is
+    replaced by one for that user. So the online service and all offline containers of this
+    GPU run as one uid; set it as client_uid. A server or registered offline process of another
+    uid is then an error (log, state file last_error, user_breaches) and those offline processes
+    are terminate_client'ed, SIGTERMed (SIGKILL after evict_grace_ms) and marked for restart.
+    Unset: the server's user is reported (mps_server_uid) and a change warned.
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
@@ -116,6 +125,14 @@ fn status_text(s: &ManagerState) -> String {
         o,
         "  {:<20} {:?} ({} clients)",
         "servers", s.servers, s.clients
+    );
+    let _ = writeln!(
+        o,
+        "  {:<20} {} ({} servers of another user than client_uid seen)",
+        "MPS user",
+        s.mps_server_uid
+            .map_or("-".into(), |u| format!("uid {u}")),
+        s.user_breaches
     );
     let _ = writeln!(
         o,
@@ -267,9 +284,12 @@ mod tests {
             gpu: 2,
             offline_budget_pct: Some(40.0),
             last_error: Some("config reload: x".into()),
+            mps_server_uid: Some(1000),
+            user_breaches: 2,
             ..Default::default()
         };
         let t = status_text(&s);
+        assert!(t.contains("uid 1000 (2 servers"), "{t}");
         assert!(t.starts_with("GPU 2"), "{t}");
         assert!(t.contains("40.0 %"), "{t}");
         assert!(t.contains("config reload: x"), "{t}");

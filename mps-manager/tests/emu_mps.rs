@@ -638,3 +638,101 @@ fn stress_sigkill_offline_online_time_to_progress() {
     assert_eq!(generation_now, generation, "MPS never reset");
     assert_eq!(failures, 0, "the online client never lost its context");
 }
+
+fn is_root() -> bool {
+    // SAFETY: getuid(2) has no preconditions.
+    unsafe { libc::getuid() == 0 }
+}
+
+/// One user per MPS GPU: with `client_uid` set, a registered offline process of another user
+/// (which MPS would queue, then hand the GPU to once this user's clients are done) is reported
+/// with the uids and the fix, and evicted (pid + start time, restart requested); the online
+/// client of `client_uid` keeps its context. Without `client_uid`, it is left alone.
+#[test]
+fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run an offline process as uid 65534");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut n = EmuNode::new();
+    let cfg = n.path("mps.json");
+    std::fs::write(
+        &cfg,
+        manager_config().replace("\"evict_grace_ms\": 500,", "\"evict_grace_ms\": 500, \"client_uid\": 0,"),
+    )
+    .unwrap();
+    let log = std::fs::File::create(n.path("mps.log")).unwrap();
+    let c = Command::new(target_dir().join("mps-manager"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .envs(n.envs())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    n.children.push(c);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let load = Load::start(&n.state, 0.5, 2.0);
+    mstate(&n, "root's server", |v| v["mps_server_uid"] == 0);
+
+    let mut nobody = Command::new("sleep")
+        .arg("30")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .unwrap();
+    let pid = nobody.id();
+    register(&ledger, pid, 0);
+    let v = mstate(&n, "the other user's process evicted", |v| {
+        v["restart_requested"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x["pid"] == pid))
+    });
+    let err = v["last_error"].as_str().unwrap_or_default().to_string();
+    assert!(
+        err.contains(&format!("offline process {pid} runs as uid 65534"))
+            && err.contains("client_uid")
+            && err.contains("runAsUser"),
+        "{v:#}"
+    );
+    let end = Instant::now() + T;
+    while nobody.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "not evicted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until("online kernels", || {
+        load.kernels.load(Ordering::Relaxed) >= after + 20
+    });
+    assert_eq!(load.failures.load(Ordering::Relaxed), 0);
+    load.stop();
+}
+
+#[test]
+fn without_client_uid_another_users_process_is_left_alone() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run an offline process as uid 65534");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut n = EmuNode::new();
+    start_manager(&mut n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let load = Load::start(&n.state, 0.5, 2.0);
+    mstate(&n, "root's server", |v| v["mps_server_uid"] == 0);
+    let mut nobody = Command::new("sleep")
+        .arg("30")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .unwrap();
+    register(&ledger, nobody.id(), 0);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(nobody.try_wait().unwrap().is_none(), "not enforced without client_uid");
+    let _ = nobody.kill();
+    let _ = nobody.wait();
+    load.stop();
+}
