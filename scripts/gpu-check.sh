@@ -80,9 +80,14 @@ else
 fi
 export XSHARE_LEDGER_DIR="$root/run" CUDA_MPS_PIPE_DIRECTORY="$root/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$root/mps-log"
 # Offline processes run as this user when the kit runs as root (offline containers are not root).
+# Under MPS the online client runs as that user too: MPS serves one user at a time (a client
+# of another user is queued until the running server's clients are done), so a node runs its
+# online service and offline containers as one uid (README, "One user per MPS GPU").
 as_user=()
+mps_uid=$(id -u)
 if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null 2>&1; then
     as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    mps_uid=65534
 fi
 shim_env=(env LD_PRELOAD="$bin_dir/libxcuda.so" XCUDA_CONFIG="$root/xcuda.json")
 
@@ -184,12 +189,12 @@ start_mps() {
     nvidia-cuda-mps-control -d >/dev/null 2>&1 || return 1
     mps_up=1
     # A first client starts the server; MPS refuses clients when it cannot start one.
-    "$py" "$client" quota 1 0 >/dev/null 2>&1
+    "${as_user[@]}" env "$py" "$client" quota 1 0 >"$root/mps-first.out" 2>&1
 }
 check_exit() {
     local n=$(( quick ? 4 : 20 )) i sig hung=0 bad=0 online st
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
-    "$bin_dir/online" --rate 50 --duration 600 --json >"$root/online-exit.out" 2>&1 &
+    "${as_user[@]}" "$bin_dir/online" --rate 50 --duration 600 --json >"$root/online-exit.out" 2>&1 &
     online=$!; pids+=($online)
     sleep 1
     for i in $(seq "$n"); do
@@ -224,18 +229,18 @@ check_node() {
     cat >"$root/mps-manager.json" <<EOF
 { "control_bin": "$(command -v nvidia-cuda-mps-control)", "pipe_dir": "$root/mps-pipe",
   "log_dir": "$root/mps-log", "ledger_dir": "$root/run", "monitor_state_file": "$root/run/state.json",
-  "state_file": "$root/run/mps-manager.json", "period_ms": 100 }
+  "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid }
 EOF
     "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >"$root/mps-manager.log" 2>&1 &
     pids+=($!)
     sleep 2
     local online_args=(--rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json)
-    alone=$("$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+    alone=$("${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration $(( secs + 4 )) --json --report-interval 0 >"$root/off-node.out" 2>&1 &
     off=$!
     sleep 2
-    beside=$("$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+    beside=$("${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
     wait $off
     rate=$(offline_rate "$root/off-node.out")
     local ratio; ratio=$("$py" -c "a,b='$alone','$beside'; print(f'{float(b)/float(a):.2f}' if a and b else '')")
