@@ -331,3 +331,74 @@ fn each_dead_client_stays_connected_until_terminated() {
     d.gate(&me).unwrap();
     std::fs::remove_file(&p).unwrap();
 }
+
+/// Sets the uid (and queue ticket) of the fake client `pid`.
+fn fake_uid(d: &Device, pid: u32, uid: u32, wait: u64) {
+    let mut g = d.shm.lock();
+    let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == pid).unwrap();
+    g.clients[c].uid = uid;
+    g.clients[c].mps_wait = wait;
+}
+
+/// MPS serves one user at a time (nvidia-cuda-mps-control(1)): a client of another user than
+/// the connected clients' is queued, first come first served, until they are done; a process
+/// already connected keeps its connection for further contexts; without MPS nothing waits.
+#[test]
+fn mps_serves_one_user_at_a_time() {
+    // SAFETY: geteuid has no preconditions.
+    let me_uid = unsafe { libc::geteuid() };
+    let other = me_uid.wrapping_add(1000);
+    let p = tmp("users");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let me = d.attach().unwrap();
+    let mut a = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, a.id(), 1, false);
+    fake_uid(&d, a.id(), other, 0);
+    // No MPS: users do not matter.
+    d.mps_admit(&me).unwrap();
+    d.context_created(&me, None).unwrap();
+    d.context_destroyed(&me);
+
+    d.mps_start(1);
+    {
+        let mut g = d.shm.lock();
+        let generation = g.header.mps_generation;
+        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].pid == a.id()).unwrap();
+        g.clients[c].mps_gen = generation;
+    }
+    // Another user's client holds a context on the server: queued, at cuInit and at context
+    // creation alike, and shown as queued.
+    let e = d.mps_admit(&me).unwrap_err();
+    assert!(matches!(e, EmuError::MpsUserQueued { server_uid, uid } if server_uid == other && uid == me_uid), "{e}");
+    assert!(e.to_string().contains("one user at a time"), "{e}");
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsUserQueued { .. })));
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid).unwrap();
+    assert!(q.mps_queued && q.contexts == 0 && !q.mps_client, "{q:?}");
+
+    // Its clients are done: this user's turn.
+    d.context_destroyed(&Client { slot: slot_of(&d, a.id()), pid: a.id(), start_time: procinfo::start_time(a.id()).unwrap() });
+    d.mps_admit(&me).unwrap();
+    d.context_created(&me, None).unwrap();
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid).unwrap();
+    assert!(!q.mps_queued && q.mps_client && q.uid == me_uid, "{q:?}");
+    // Already connected: a second context never waits, even behind a queued other user.
+    fake_uid(&d, a.id(), other, 1);
+    d.context_created(&me, None).unwrap();
+    d.context_destroyed(&me);
+    d.context_destroyed(&me);
+
+    // Nobody connected, but a client of another user queued first: it goes first.
+    let e = d.mps_admit(&me).unwrap_err();
+    assert!(matches!(e, EmuError::MpsUserQueued { server_uid, .. } if server_uid == other), "{e}");
+    // Queued after this one: this one goes first.
+    fake_uid(&d, a.id(), other, u64::MAX);
+    d.mps_admit(&me).unwrap();
+    a.kill().unwrap();
+    a.wait().unwrap();
+    std::fs::remove_file(&p).unwrap();
+}
+
+fn slot_of(d: &Device, pid: u32) -> u32 {
+    let g = d.shm.lock();
+    (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == pid).unwrap() as u32
+}
