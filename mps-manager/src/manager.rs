@@ -275,6 +275,8 @@ impl Manager {
         let servers: Vec<(u32, u32)> = self
             .servers_seen
             .iter()
+            // Still the process that was listed (a recycled pid's user means nothing).
+            .filter(|s| node_ledger::procinfo::is_alive(s.pid, s.start_time))
             .filter_map(|s| Some((s.pid, proc_euid(s.pid)?)))
             .collect();
         let now_uid = servers.first().map(|s| s.1);
