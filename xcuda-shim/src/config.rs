@@ -70,6 +70,9 @@ pub struct ExitConfig {
     pub release_timeout_ms: u64,
     /// Fault injection for tests only: pause this long inside a context release (0 = never).
     pub test_release_pause_ms: u64,
+    /// Fault injection for tests only: delay the signal helper's re-raise after the release by
+    /// this long (0 = never), so an exit racing with it always comes first.
+    pub test_raise_delay_ms: u64,
 }
 
 impl Default for Config {
@@ -97,7 +100,7 @@ impl Default for MemoryConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0 }
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0, test_raise_delay_ms: 0 }
     }
 }
 

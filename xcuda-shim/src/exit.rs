@@ -135,6 +135,10 @@ impl Contexts {
 /// in which a release is in progress, so races with it show up every time.
 static TEST_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 
+/// Fault injection for tests only (`exit.test_raise_delay_ms`, default 0): delays the signal
+/// helper's re-raise after the release, so an exit racing with it wins every time.
+static TEST_RAISE_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+
 fn test_pause() {
     let ms = TEST_PAUSE_MS.load(Relaxed);
     if ms > 0 {
@@ -330,6 +334,7 @@ fn sig_index(sig: c_int) -> Option<usize> {
 pub fn install_process_hooks(cfg: &Config) {
     let (signals, at_exit) = (cfg.exit.handle_signals, cfg.exit.release_at_exit);
     TEST_PAUSE_MS.store(cfg.exit.test_release_pause_ms, Relaxed);
+    TEST_RAISE_DELAY_MS.store(cfg.exit.test_raise_delay_ms, Relaxed);
     PROCESS_HOOKS.call_once(|| {
         // SAFETY: registering plain extern "C" functions that catch their own panics.
         unsafe {
@@ -463,17 +468,18 @@ fn handle_signal(sig: c_int) {
     }
     let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
     if handler == libc::SIG_DFL {
+        // Recorded before the release: an exit that starts once the application sees errors
+        // from its released contexts must end the process by this signal too (die_of).
+        DYING_OF.store(sig, SeqCst);
         // Always, even if the state was not built yet: a context may be being created right now
         // (the release closes the creation gate and waits for it).
         let r = release_once("release contexts");
         tracing::warn!(sig, release = ?r, "xcuda: contexts released; taking the default action");
-        // SAFETY: default action, then re-raise: the process ends as the signal demands.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            real_sigaction(sig, &dfl, std::ptr::null_mut());
-            libc::raise(sig);
+        let delay = TEST_RAISE_DELAY_MS.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(delay));
         }
+        die_of(sig, real_sigaction);
         return;
     }
     // The application's own handler: run it on this thread with the kernel action swapped in,
@@ -491,11 +497,48 @@ fn handle_signal(sig: c_int) {
     }
 }
 
+/// The fatal signal whose default action the signal helper is carrying out (0 = none).
+///
+/// Once the helper has released the contexts, the application's next driver call fails, and an
+/// application that reacts by calling `exit` (a C client exiting 2) would otherwise race the
+/// helper's re-raise and end with its own status: the exit path then takes the signal's default
+/// action itself, so the process ends the way the signal demanded, as it would without the shim.
+static DYING_OF: AtomicI32 = AtomicI32::new(0);
+
+/// Takes `sig`'s default action in the calling thread: SIG_DFL installed, `sig` unblocked here,
+/// then raised. Returns only if the signal does not end the process (it always does for
+/// SIGINT/SIGTERM with SIG_DFL).
+fn die_of(sig: c_int, real_sigaction: crate::real::SigactionFn) {
+    // SAFETY: a zeroed sigaction with SIG_DFL is a valid action; the sigset is local and
+    // pthread_sigmask changes this thread's mask only; raise delivers to this thread.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        real_sigaction(sig, &dfl, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+}
+
 extern "C" fn on_exit() {
     let _ = std::panic::catch_unwind(|| state::logged(on_exit_inner));
 }
 
 fn on_exit_inner() {
+    let sig = DYING_OF.load(SeqCst);
+    if sig != 0 {
+        // The signal helper is releasing (or has released) for a fatal signal: wait for that
+        // release, then end by the signal rather than by the application's exit status.
+        let r = release_once("release contexts at exit");
+        tracing::warn!(sig, release = ?r, "xcuda: exit raced with a fatal signal; ending by the signal");
+        if let Some(real_sigaction) = crate::real::sigaction_fn() {
+            die_of(sig, real_sigaction);
+        }
+        return;
+    }
     {
         let Some(st) = state::get() else { return };
         // No freeze here: exit handlers that run after this one must not block in a launch;
@@ -514,6 +557,7 @@ extern "C" fn on_fork_child() {
     let _ = std::panic::catch_unwind(|| {
         state::controller_lost();
         RELEASE.store(IDLE, Release);
+        DYING_OF.store(0, SeqCst);
         // Only the forking thread survives: no creation is in progress in the child.
         CREATING.store(0, SeqCst);
         if let Some(st) = state::get() {

@@ -270,3 +270,36 @@ fn sigterm_with_a_hung_mps_server_still_ends_the_process() {
     );
     dev.mps_quit();
 }
+
+/// An application that exits on the first driver call failing after the signal helper's release
+/// (a C client's `exit(2)`) still ends by the signal, as it would without the shim: the exit
+/// path takes the signal's default action once the release is done. The helper's re-raise is
+/// delayed (test hook) so the application's exit always comes first; without the exit path's
+/// check the process ends with status 2 (seen in the 1000-run signal stress).
+#[test]
+fn an_exit_racing_the_signal_helper_still_ends_by_the_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let host = EmuHost::new();
+    let cfg = host.root().join("xcuda-raise-delay.json");
+    std::fs::write(&cfg, r#"{"exit": {"test_raise_delay_ms": 2000}}"#).unwrap();
+    let mut c = limited(&host, "shim_client", 1 << 30, "racer");
+    c.env("XCUDA_CONFIG", &cfg)
+        .args(["primary", "ready", "churn", "1048576"]);
+    let mut v = host.spawn(&mut c);
+    v.wait_for_line("ready", T).expect("client ready");
+    std::thread::sleep(Duration::from_millis(100));
+    v.signal(libc::SIGTERM);
+    let st = v.wait_timeout(T).expect("client exits");
+    let out = v.stdout();
+    assert!(
+        out.contains("fatal=churn"),
+        "the application saw a failed call and exited first: {out} {}",
+        v.stderr()
+    );
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGTERM),
+        "ended by the signal, not the application's status: {st:?} {}",
+        v.stderr()
+    );
+}

@@ -7,7 +7,7 @@
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
-//! `wait` | `sleep MS` | `hang` | `destroy` | `release` (primary context of device 0) |
+//! `wait` | `sleep MS` | `hang` | `churn N` (alloc + free N bytes until a call fails, then exit 2) | `destroy` | `release` (primary context of device 0) |
 //! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
 
@@ -664,6 +664,22 @@ fn main() {
                 "sleep" => {
                     std::thread::sleep(std::time::Duration::from_millis(num(1, i) as u64));
                     i += 1;
+                }
+                "churn" => {
+                    // An application that reacts to a driver error by exiting (status 2):
+                    // allocate and free N bytes until a call fails.
+                    let n = num(1, i);
+                    loop {
+                        let mut p: CUdeviceptr = 0;
+                        let r = mem_alloc(&mut p, n);
+                        if !r.is_success() {
+                            die(&format!("churn alloc {}", r.0));
+                        }
+                        let r = free_one(Held::Dev(p));
+                        if !r.is_success() {
+                            die(&format!("churn free {}", r.0));
+                        }
+                    }
                 }
                 "hang" => loop {
                     std::thread::sleep(std::time::Duration::from_secs(3600));
