@@ -89,7 +89,7 @@ fn main() {
         (Sym::cuLaunchKernel, p(stub_launch as *const ())),
     ]);
     let st = xcuda::state::state();
-    assert!(st.quota.ledger().is_some(), "bench must use the shared ledger");
+    assert!(st.gpus[0].quota.ledger().is_some(), "bench must use the shared ledger");
 
     use std::ptr::null_mut as null;
     // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
@@ -121,9 +121,9 @@ fn main() {
         let (d2, s2) = (per_op(n_pair, pair_direct), per_op(n_pair, pair_shim));
         a.push((d2, s2));
     }
-    assert_eq!(st.quota.used(), 0, "every pair gave its bytes back");
+    assert_eq!(st.gpus[0].quota.used(), 0, "every pair gave its bytes back");
     // Where an alloc/free pair's added time goes.
-    let q = &st.quota;
+    let q = &st.gpus[0].quota;
     let reserve = median((0..5).map(|_| per_op(n_pair, || { assert!(q.try_reserve(black_box(4096))); q.release(4096); })).collect());
     let map = xcuda::ptrmap::PtrMap::new(1 << 16);
     let mut k = 0x7f00_0000_0000u64;
@@ -135,9 +135,9 @@ fn main() {
         base(&l), shim(&l), added(&l), shim(&l) / base(&l));
     println!("alloc+free: direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (target <= 100) ratio {:.2}",
         base(&a), shim(&a), added(&a), shim(&a) / base(&a));
-    let t = &st.throttle;
+    let t = &st.gpus[0].throttle;
     let acquire = median((0..5).map(|_| per_op(n_launch, || t.acquire(black_box(1000)))).collect());
     println!("  launch: throttle acquire alone {acquire:.1} ns (the rest is the FFI entry + catch_unwind)");
     println!("  of which: ledger reserve+release {reserve:.1} ns, pointer-table insert+remove {track:.1} ns");
-    println!("(median of 7 rounds; launches counted {})", st.throttle.launches.load(Relaxed));
+    println!("(median of 7 rounds; launches counted {})", st.gpus[0].throttle.launches.load(Relaxed));
 }

@@ -53,6 +53,7 @@ hooked_symbols! {
         cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
         cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
+        cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice,
     ],
 }
 

@@ -561,7 +561,12 @@ fn stream_ref(g: &Inner, ctx: u64, h: u64) -> R<StreamRef> {
     if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
         return Ok(StreamRef::Default(ctx));
     }
-    if g.streams.contains_key(&h) { Ok(StreamRef::Stream(h)) } else { Err(CUresult::CUDA_ERROR_INVALID_HANDLE) }
+    // A stream belongs to the context it was created in: another context's stream is an
+    // invalid handle there, as on a real driver.
+    match g.streams.get(&h) {
+        Some(s) if s.ctx == ctx => Ok(StreamRef::Stream(h)),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+    }
 }
 
 fn last_of(g: &Inner, s: StreamRef) -> u64 {
@@ -659,7 +664,10 @@ pub fn launch(req: LaunchReq) -> R {
     }
     let (sref, after) = {
         let g = d.lock();
-        if !g.funcs.contains_key(&req.f) {
+        // A function belongs to its module's context (cuModuleLoad is per context): launching
+        // it in another context (another device's, say) is an invalid handle.
+        let owner = g.funcs.get(&req.f).and_then(|(m, _)| g.modules.get(m)).map(|(c, _)| *c);
+        if owner != Some(ctx) {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
         let s = stream_ref(&g, ctx, req.stream)?;

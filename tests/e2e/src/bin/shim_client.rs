@@ -250,6 +250,8 @@ fn main() {
         7000
     );
     let set_current = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
+    let device_count = get!(cu, "cuDeviceGetCount", PFN_cuDeviceGetCount_v2000, 2000);
+    let device_uuid = get!(cu, "cuDeviceGetUuid", PFN_cuDeviceGetUuid_v9020, 9020);
     let primary_release = get!(cu, "cuDevicePrimaryCtxRelease", PFN_cuDevicePrimaryCtxRelease_v11000, 11000);
     let primary_reset = get!(cu, "cuDevicePrimaryCtxReset", PFN_cuDevicePrimaryCtxReset_v11000, 11000);
     let mem_alloc = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
@@ -353,6 +355,27 @@ fn main() {
             let step = args[i].clone();
             match step.as_str() {
                 "ctx" => out(format!("ctx={}", ctx_create(&mut ctx, 0, 0).0)),
+                // Multi-GPU: a context on device ordinal N, made current (held allocations
+                // stay with the context they were made in).
+                "ctxon" => {
+                    let d = num(1, i) as CUdevice;
+                    i += 1;
+                    out(format!("ctxon={} dev={d}", ctx_create(&mut ctx, 0, d).0));
+                    // Modules belong to a context: load the kernel again in this one.
+                    spin_fn = std::ptr::null_mut();
+                }
+                "devices" => {
+                    let mut n: c_int = 0;
+                    let r = device_count(&mut n);
+                    let mut uuids = Vec::new();
+                    for d in 0..n {
+                        let mut u: CUuuid = std::mem::zeroed();
+                        device_uuid(&mut u, d);
+                        let b: Vec<String> = u.bytes.iter().map(|x| format!("{:02x}", *x as u8)).collect();
+                        uuids.push(b.concat());
+                    }
+                    out(format!("devices={} n={n} uuids={}", r.0, uuids.join(",")));
+                }
                 "primary" => {
                     let mut r = retain(&mut ctx, 0);
                     if r.is_success() {
