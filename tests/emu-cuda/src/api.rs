@@ -691,6 +691,45 @@ export! {
         }
         put(phGraphExec, ptr(driver::graph_instantiate(h(hGraph))?))
     }
+    fn cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
+        if nodeParams.is_null() || phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = *nodeParams;
+        let pp = &p.poolProps;
+        // cuda.h: pinned memory on a device, handleTypes must be CU_MEM_HANDLE_TYPE_NONE (no
+        // IPC), at most one access descriptor per GPU.
+        if pp.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+            || pp.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+            || pp.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+            || p.accessDescCount > driver::device_count()?
+            || (p.accessDescCount > 0 && p.accessDescs.is_null())
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (node, addr) = driver::graph_add_mem_alloc(h(hGraph), p.bytesize as u64, pp.location.id)?;
+        (*nodeParams).dptr = addr;
+        put(phGraphNode, ptr(node))
+    }
+    fn cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr) {
+        if phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(phGraphNode, ptr(driver::graph_add_mem_free(h(hGraph), dptr)?))
+    }
+    fn cuDeviceGraphMemTrim(device: CUdevice) { driver::graph_mem_trim(device) }
+    fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) {
+        if value.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(value.cast::<cuuint64_t>(), driver::graph_mem_attribute(device, attr.0)?)
+    }
+    fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) {
+        if value.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::graph_mem_set_attribute(device, attr.0, *value.cast::<cuuint64_t>())
+    }
     fn cuGraphExecDestroy(hGraphExec: CUgraphExec) { driver::graph_exec_destroy(h(hGraphExec)) }
     fn cuGraphDestroy(hGraph: CUgraph) { driver::graph_destroy(h(hGraph)) }
     fn cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream) {

@@ -137,7 +137,36 @@ struct Inner {
     pools: HashSet<u64>,
     graphs: HashMap<u64, Vec<GraphNode>>,
     execs: HashMap<u64, Vec<GraphNode>>,
+    /// Memory nodes of each graph (and of each instantiation: exec -> (graph, nodes)).
+    graph_mem: HashMap<u64, Vec<MemNode>>,
+    exec_mem: HashMap<u64, (u64, Vec<MemNode>)>,
+    /// Per ordinal: the graph memory pool (CUDA keeps physical memory reserved for graphs
+    /// across launches until `cuDeviceGraphMemTrim`).
+    graph_pools: HashMap<usize, GraphPool>,
+    /// Graph allocations alive after their graph's launch (not freed in the graph): address ->
+    /// (ordinal, size); freed with cuMemFree/cuMemFreeAsync back into the pool.
+    graph_live: BTreeMap<u64, (usize, u64)>,
     mem: MemStore,
+}
+
+/// A graph memory node.
+#[derive(Clone, Copy, Debug)]
+enum MemNode {
+    /// `cuGraphAddMemAllocNode`: `size` bytes at the fixed address `addr` on ordinal `ord`.
+    Alloc { addr: u64, size: u64, ord: usize },
+    /// `cuGraphAddMemFreeNode` of `addr`.
+    Free { addr: u64 },
+}
+
+/// One device's graph memory pool in this process.
+#[derive(Default, Clone, Copy, Debug)]
+struct GraphPool {
+    /// Physical memory held for graphs (committed on the device).
+    reserved: u64,
+    /// Of which in use by allocations (during a launch, or alive after it).
+    used: u64,
+    reserved_high: u64,
+    used_high: u64,
 }
 
 #[derive(Default)]
@@ -901,14 +930,24 @@ pub fn graph_add_kernel(graph: u64, node: GraphNode) -> R<u64> {
 pub fn graph_instantiate(graph: u64) -> R<u64> {
     let mut g = drv()?.lock();
     let nodes = g.graphs.get(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.clone();
+    let mem = g.graph_mem.get(&graph).cloned().unwrap_or_default();
+    // A graph with memory nodes may have one instantiation at a time (cuGraphAddMemAllocNode).
+    if !mem.is_empty() && g.exec_mem.values().any(|(gr, _)| *gr == graph) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
     let h = g.handle();
     g.execs.insert(h, nodes);
+    if !mem.is_empty() {
+        g.exec_mem.insert(h, (graph, mem));
+    }
     Ok(h)
 }
 
 /// `cuGraphLaunch`: enqueues every node on `stream`, in order.
 pub fn graph_launch(exec: u64, stream: u64) -> R {
-    let nodes = drv()?.lock().execs.get(&exec).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let d = drv()?;
+    let nodes = d.lock().execs.get(&exec).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    graph_mem_launch(d, exec)?;
     for n in nodes {
         launch(LaunchReq { f: n.f, grid: n.grid, block: n.block, shared_mem: n.shared_mem, stream, cycles: n.cycles, cooperative: false })?;
     }
@@ -917,12 +956,165 @@ pub fn graph_launch(exec: u64, stream: u64) -> R {
 
 /// `cuGraphExecDestroy`.
 pub fn graph_exec_destroy(exec: u64) -> R {
-    drv()?.lock().execs.remove(&exec).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    let mut g = drv()?.lock();
+    g.exec_mem.remove(&exec);
+    g.execs.remove(&exec).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// `cuGraphDestroy`.
 pub fn graph_destroy(graph: u64) -> R {
-    drv()?.lock().graphs.remove(&graph).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    let mut g = drv()?.lock();
+    g.graph_mem.remove(&graph);
+    g.graphs.remove(&graph).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+// ---- graph memory nodes ----
+
+/// `cuGraphAddMemAllocNode`: a node allocating `size` bytes on ordinal `ord`; returns (node,
+/// address). The address is fixed now, for the graph's lifetime; physical memory is mapped
+/// from the device's graph pool when the graph is launched.
+pub fn graph_add_mem_alloc(graph: u64, size: u64, ord: i32) -> R<(u64, u64)> {
+    check_device(ord).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if size == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let d = drv()?;
+    let ord = ord as usize;
+    let mut g = d.lock();
+    if !g.graphs.contains_key(&graph) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let gp = d.gpu(ord);
+    let addr = gp.dev.reserve_address(size, 512) | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
+    g.graph_mem.entry(graph).or_default().push(MemNode::Alloc { addr, size, ord });
+    Ok((g.handle(), addr))
+}
+
+/// `cuGraphAddMemFreeNode`: frees an allocation of the same graph, once
+/// (`CUDA_ERROR_INVALID_VALUE` otherwise; freeing another graph's allocation is not emulated).
+pub fn graph_add_mem_free(graph: u64, addr: u64) -> R<u64> {
+    let d = drv()?;
+    let mut g = d.lock();
+    if !g.graphs.contains_key(&graph) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let nodes = g.graph_mem.entry(graph).or_default();
+    let allocated = nodes.iter().any(|n| matches!(n, MemNode::Alloc { addr: a, .. } if *a == addr));
+    let freed = nodes.iter().any(|n| matches!(n, MemNode::Free { addr: a } if *a == addr));
+    if !allocated || freed {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    nodes.push(MemNode::Free { addr });
+    Ok(g.handle())
+}
+
+/// Maps the graph memory an exec needs before its launch: each alloc node's bytes come from the
+/// device's graph pool, which grows (committing device memory) only when what it holds unused
+/// does not cover them; over the device's memory: `CUDA_ERROR_OUT_OF_MEMORY`, nothing launched.
+/// Allocations freed in the graph go back to the pool after the launch; the others stay alive
+/// (as allocations the application frees with cuMemFree / cuMemFreeAsync).
+fn graph_mem_launch(d: &Driver, exec: u64) -> R {
+    let mut g = d.lock();
+    let Some((_, nodes)) = g.exec_mem.get(&exec).cloned() else { return Ok(()) };
+    let mut need: HashMap<usize, u64> = HashMap::new();
+    for n in &nodes {
+        if let MemNode::Alloc { addr, size, ord } = *n {
+            // An allocation still alive from the previous launch: the real driver refuses
+            // to launch over it.
+            if g.graph_live.contains_key(&addr) {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            *need.entry(ord).or_default() += size;
+        }
+    }
+    let mut grown: Vec<(usize, u64)> = Vec::new();
+    for (&ord, &bytes) in &need {
+        let pool = g.graph_pools.entry(ord).or_default();
+        let short = bytes.saturating_sub(pool.reserved - pool.used);
+        if short > 0 {
+            let gp = d.gpu(ord);
+            if let Err(e) = gp.dev.commit(&gp.client, short) {
+                for (o, b) in grown {
+                    let gp = d.gpu(o);
+                    gp.dev.free(&gp.client, b);
+                    g.graph_pools.entry(o).or_default().reserved -= b;
+                }
+                return Err(dev_err(e));
+            }
+            let pool = g.graph_pools.entry(ord).or_default();
+            pool.reserved += short;
+            pool.reserved_high = pool.reserved_high.max(pool.reserved);
+            grown.push((ord, short));
+        }
+        let pool = g.graph_pools.entry(ord).or_default();
+        pool.used += bytes;
+        pool.used_high = pool.used_high.max(pool.used);
+    }
+    for n in &nodes {
+        if let MemNode::Alloc { addr, size, ord } = *n {
+            let freed = nodes.iter().any(|f| matches!(f, MemNode::Free { addr: a } if *a == addr));
+            if freed {
+                g.graph_pools.entry(ord).or_default().used -= size;
+            } else {
+                g.graph_live.insert(addr, (ord, size));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A cuMemFree / cuMemFreeAsync of a live graph allocation: back into its pool.
+fn graph_mem_free(g: &mut Inner, addr: u64) -> bool {
+    let Some((ord, size)) = g.graph_live.remove(&addr) else { return false };
+    g.mem.discard(addr, size);
+    let pool = g.graph_pools.entry(ord).or_default();
+    pool.used = pool.used.saturating_sub(size);
+    true
+}
+
+/// `cuDeviceGraphMemTrim`: gives the pool's unused physical memory back to the device.
+pub fn graph_mem_trim(dev: i32) -> R {
+    check_device(dev)?;
+    let d = drv()?;
+    let mut g = d.lock();
+    let pool = g.graph_pools.entry(dev as usize).or_default();
+    let spare = pool.reserved - pool.used;
+    pool.reserved -= spare;
+    if spare > 0 {
+        let gp = d.gpu(dev as usize);
+        gp.dev.free(&gp.client, spare);
+    }
+    Ok(())
+}
+
+/// `cuDeviceGetGraphMemAttribute`: 0 used, 1 used high, 2 reserved, 3 reserved high (bytes).
+pub fn graph_mem_attribute(dev: i32, attr: u32) -> R<u64> {
+    check_device(dev)?;
+    let g = drv()?.lock();
+    let p = g.graph_pools.get(&(dev as usize)).copied().unwrap_or_default();
+    match attr {
+        0 => Ok(p.used),
+        1 => Ok(p.used_high),
+        2 => Ok(p.reserved),
+        3 => Ok(p.reserved_high),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuDeviceSetGraphMemAttribute`: only the high watermarks, and only reset to 0.
+pub fn graph_mem_set_attribute(dev: i32, attr: u32, value: u64) -> R {
+    check_device(dev)?;
+    if value != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut g = drv()?.lock();
+    let p = g.graph_pools.entry(dev as usize).or_default();
+    match attr {
+        1 => p.used_high = 0,
+        3 => p.reserved_high = 0,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+    Ok(())
 }
 
 // ---- modules ----
@@ -1008,6 +1200,9 @@ pub fn mem_free(addr: u64) -> R {
         return Ok(());
     }
     let mut g = d.lock();
+    if graph_mem_free(&mut g, addr) {
+        return Ok(());
+    }
     let a = g.allocs.remove(&addr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     g.mem.discard(addr, a.size);
     let gp = d.gpu(a.ord);
@@ -1035,7 +1230,8 @@ fn check_range(g: &Inner, addr: u64, len: u64) -> R {
     let within = |b: u64, size: u64| addr >= b && addr.checked_add(len).is_some_and(|e| e <= b + size);
     let in_alloc = g.allocs.range(..=addr).next_back().is_some_and(|(b, a)| within(*b, a.size));
     let in_map = g.mappings.range(..=addr).next_back().is_some_and(|(b, m)| within(*b, m.size));
-    if in_alloc || in_map { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+    let in_graph = g.graph_live.range(..=addr).next_back().is_some_and(|(b, (_, size))| within(*b, *size));
+    if in_alloc || in_map || in_graph { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
 }
 
 /// Pointer attribute query: (owning context, is device memory).
