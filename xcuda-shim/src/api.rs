@@ -558,13 +558,106 @@ macro_rules! launch_graph {
         pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
             guard(|| {
                 let launch = real!($name: $pfn);
-                let t = &state().current().throttle;
+                let st = state();
+                // Graph memory is mapped at launch: counted (or refused) first.
+                let graph_mem = st.graph_mem.seen();
+                if graph_mem {
+                    if let Err(rc) = crate::graphmem::before_launch(st, exec as u64) {
+                        return rc;
+                    }
+                }
+                let t = &st.current().throttle;
                 t.acquire(t.graph_cost());
                 // SAFETY: forwarding the caller's arguments.
-                unsafe { launch(exec, stream) }
+                let rc = unsafe { launch(exec, stream) };
+                if graph_mem {
+                    crate::graphmem::after_launch(st);
+                }
+                rc
             })
         }
     };
+}
+
+// ---- graph memory nodes (see graphmem) -------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    guard(|| {
+        let add = real!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode_v11040);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { add(node, graph, deps, ndeps, params) };
+        if rc == CUresult::CUDA_SUCCESS && !params.is_null() {
+            // SAFETY: the driver accepted these parameters (non-null, valid per its contract).
+            let p = unsafe { &*params };
+            state().graph_mem.node_added(graph as u64, p.poolProps.location.id.max(0) as usize, p.bytesize as u64);
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
+    guard(|| {
+        let inst = real!(cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags_v11040);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { inst(exec, graph, flags) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { destroy(exec) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            st.graph_mem.exec_destroyed(exec as u64, st.gpus.len());
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuGraphDestroy: PFN_cuGraphDestroy_v10000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { destroy(graph) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            st.graph_mem.graph_destroyed(graph as u64, st.gpus.len());
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    guard(|| {
+        let trim = real!(cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim_v11040);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { trim(dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            if usize::try_from(dev).is_ok_and(|d| d < st.gpus.len()) {
+                crate::graphmem::settle(st.gpu(dev), dev);
+            }
+        }
+        rc
+    })
 }
 launch_graph!(cuGraphLaunch, PFN_cuGraphLaunch_v10000);
 launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);

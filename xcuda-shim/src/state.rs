@@ -32,6 +32,8 @@ pub struct Gpu {
     pub host_index: Option<u32>,
     /// The driver's UUID of this device (`GPU-...`; empty if unknown).
     pub uuid: String,
+    /// Bytes of this device's graph memory pool counted in the quota ([`crate::graphmem`]).
+    pub graph_counted: std::sync::atomic::AtomicU64,
 }
 
 /// Everything the hooks use.
@@ -42,6 +44,8 @@ pub struct State {
     pub contexts: Contexts,
     /// Answers for an ordinal outside `gpus`: no quota, minimum launch rate.
     unmapped: Gpu,
+    /// Graph memory nodes' sizes per graph and exec.
+    pub graph_mem: crate::graphmem::GraphMem,
 }
 
 impl State {
@@ -286,6 +290,7 @@ fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
         device_total: f.total,
         host_index: host.ok(),
         uuid: f.uuid.clone(),
+        graph_counted: Default::default(),
     }
 }
 
@@ -304,8 +309,9 @@ fn build() -> State {
         device_total: 0,
         host_index: None,
         uuid: String::new(),
+        graph_counted: Default::default(),
     };
-    let st = State { gpus, contexts: Contexts::new(), unmapped };
+    let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default() };
     crate::exit::install_process_hooks(cfg);
     start_controller_when_ready();
     st
