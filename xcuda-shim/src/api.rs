@@ -571,7 +571,7 @@ macro_rules! launch_graph {
                 // SAFETY: forwarding the caller's arguments.
                 let rc = unsafe { launch(exec, stream) };
                 if graph_mem {
-                    crate::graphmem::after_launch(st);
+                    crate::graphmem::after_launch(st, exec as u64);
                 }
                 rc
             })

@@ -7,11 +7,13 @@
 //! - before a launch, the growth the pool may need (`used + this exec's alloc bytes` beyond what
 //!   it reserves, as the driver reports it) is reserved in the quota, and a refusal fails the
 //!   launch with `CUDA_ERROR_OUT_OF_MEMORY` before anything is mapped;
-//! - after a launch or a trim, the count is settled to the driver's
-//!   `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` (growth the shim did not foresee, such as an exec
-//!   instantiated through an entry point it does not hook, is counted then, and reported).
+//! - after such a launch (in the launching thread) and after a trim, the count is settled to the
+//!   driver's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`; the controller thread settles every GPU
+//!   each tick too, once the process has instantiated a graph (growth the shim did not foresee,
+//!   such as a captured graph's memory nodes, is counted then, and reported).
 //!
-//! A process that never adds a memory node pays one atomic load per graph launch.
+//! Launches of graphs without memory nodes pay one atomic load and one map lookup per GPU; only
+//! launches of execs with memory nodes query the driver.
 
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
@@ -46,7 +48,7 @@ impl GraphMem {
         Self { seen: AtomicBool::new(false), graphs: PtrMap::new(1024), execs: PtrMap::new(1024) }
     }
 
-    /// Whether this process ever added a memory allocation node.
+    /// Whether this process ever added a memory allocation node or instantiated a graph.
     #[inline]
     pub fn seen(&self) -> bool {
         self.seen.load(Relaxed)
@@ -62,8 +64,11 @@ impl GraphMem {
         }
     }
 
-    /// `exec` was instantiated from `graph`: it needs the graph's alloc bytes per device.
+    /// `exec` was instantiated from `graph`: it needs the graph's alloc bytes per device. From
+    /// now on graph launches are settled against the driver's pool (a captured graph may hold
+    /// memory nodes the shim never saw added).
     pub fn instantiated(&self, graph: u64, exec: u64, devices: usize) {
+        self.seen.store(true, Relaxed);
         for ord in 0..devices {
             if let Some(b) = self.graphs.get(key(graph, ord)) {
                 self.execs.insert(key(exec, ord), b);
@@ -107,6 +112,7 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
         if fp == 0 {
             continue;
         }
+        g.graph_inflight.fetch_add(1, AcqRel);
         let dev = ord as CUdevice;
         let (used, reserved) = match (
             attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
@@ -123,8 +129,11 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
             continue;
         }
         if !g.quota.try_reserve(need) {
-            for (o, g) in st.gpus.iter().enumerate().take(ord) {
-                settle(g, o as CUdevice);
+            for (o, g) in st.gpus.iter().enumerate().take(ord + 1) {
+                if gm.footprint(exec, o) > 0 {
+                    settle(g, o as CUdevice);
+                    g.graph_inflight.fetch_sub(1, AcqRel);
+                }
             }
             crate::state::logged(|| {
                 tracing::error!(
@@ -160,12 +169,21 @@ pub fn settle(g: &Gpu, dev: CUdevice) {
     }
 }
 
-/// After a graph launch (successful or not): settles every GPU whose pool the process uses.
-pub fn after_launch(st: &State) {
+/// After launching `exec` (successful or not): settles the GPUs its memory nodes use.
+pub fn after_launch(st: &State, exec: u64) {
     for (ord, g) in st.gpus.iter().enumerate() {
-        if g.graph_counted.load(Relaxed) > 0 || st.graph_mem.seen() {
+        if st.graph_mem.footprint(exec, ord) > 0 {
             settle(g, ord as CUdevice);
+            g.graph_inflight.fetch_sub(1, AcqRel);
         }
+    }
+}
+
+/// Controller tick: settles GPU `g` unless a launch with memory nodes is between its
+/// reservation and its own settle.
+pub fn tick(st: &State, g: &Gpu, dev: CUdevice) {
+    if st.graph_mem.seen() && g.graph_inflight.load(Acquire) == 0 {
+        settle(g, dev);
     }
 }
 
@@ -182,6 +200,9 @@ mod tests {
     fn footprints_follow_graphs_into_execs_per_device() {
         let gm = GraphMem::new();
         assert!(!gm.seen());
+        gm.instantiated(0x9000, 0x9100, 2);
+        assert!(gm.seen(), "any instantiation: launches are settled");
+        assert_eq!(gm.footprint(0x9100, 0), 0);
         gm.node_added(0x1000, 0, 100);
         gm.node_added(0x1000, 0, 50);
         gm.node_added(0x1000, 1, 7);

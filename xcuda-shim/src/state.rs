@@ -34,6 +34,8 @@ pub struct Gpu {
     pub uuid: String,
     /// Bytes of this device's graph memory pool counted in the quota ([`crate::graphmem`]).
     pub graph_counted: std::sync::atomic::AtomicU64,
+    /// Launches with memory nodes between their reservation and their settle.
+    pub graph_inflight: std::sync::atomic::AtomicU32,
 }
 
 /// Everything the hooks use.
@@ -291,6 +293,7 @@ fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
         host_index: host.ok(),
         uuid: f.uuid.clone(),
         graph_counted: Default::default(),
+        graph_inflight: Default::default(),
     }
 }
 
@@ -310,6 +313,7 @@ fn build() -> State {
         host_index: None,
         uuid: String::new(),
         graph_counted: Default::default(),
+        graph_inflight: Default::default(),
     };
     let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default() };
     crate::exit::install_process_hooks(cfg);
@@ -415,6 +419,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
         }
         for (ord, (g, lp)) in st.gpus.iter().zip(loops.iter_mut()).enumerate() {
             tick(ord, g, lp, stale_ns, dt);
+            crate::graphmem::tick(st, g, ord as CUdevice);
             if house && !housekeeping(g, lp) {
                 return;
             }
