@@ -20,6 +20,16 @@ unsafe extern "C" fn stub_device_get(d: *mut CUdevice, _: i32) -> CUresult {
     unsafe { *d = 0 };
     CUresult::CUDA_SUCCESS
 }
+unsafe extern "C" fn stub_count(n: *mut i32) -> CUresult {
+    // SAFETY: the shim passes a valid out-pointer.
+    unsafe { *n = 1 };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_uuid(u: *mut CUuuid, _: CUdevice) -> CUresult {
+    // SAFETY: the shim passes a valid out-pointer.
+    unsafe { (*u).bytes = [1; 16] };
+    CUresult::CUDA_SUCCESS
+}
 unsafe extern "C" fn stub_total(b: *mut usize, _: CUdevice) -> CUresult {
     // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *b = 80 << 30 };
@@ -81,6 +91,8 @@ fn main() {
     xcuda::real::install_stub_driver(&[
         (Sym::cuInit, p(stub_init as *const ())),
         (Sym::cuDeviceGet, p(stub_device_get as *const ())),
+        (Sym::cuDeviceGetCount, p(stub_count as *const ())),
+        (Sym::cuDeviceGetUuid, p(stub_uuid as *const ())),
         (Sym::cuDeviceTotalMem_v2, p(stub_total as *const ())),
         (Sym::cuDeviceGetAttribute, p(stub_attr as *const ())),
         (Sym::cuMemAlloc_v2, p(stub_alloc as *const ())),
