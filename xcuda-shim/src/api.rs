@@ -436,13 +436,14 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> 
 
 /// The GPU (quota) an NVML device handle is, matched by UUID: NVML numbers devices its own way
 /// (every GPU of the host, or of the container), never by `CUDA_VISIBLE_DEVICES`. A device this
-/// process cannot use through CUDA is answered as it is. One GPU and no UUID to match: that GPU.
+/// process cannot use through CUDA is answered as it is. One GPU whose UUID (NVML's or the
+/// driver's) is unknown: that GPU, as before.
 fn gpu_of_nvml(device: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Option<&'static crate::state::Gpu> {
     let st = state();
+    let only = (st.gpus.len() == 1).then(|| &st.gpus[0]);
     match crate::nvml::uuid_of(device) {
-        Some(u) => st.gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&u)),
-        None if st.gpus.len() == 1 => Some(&st.gpus[0]),
-        None => None,
+        Some(u) => st.gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&u)).or(only.filter(|g| g.uuid.is_empty())),
+        None => only,
     }
 }
 

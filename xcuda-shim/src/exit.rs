@@ -521,6 +521,8 @@ extern "C" fn on_fork_child() {
         if let Some(st) = state::get() {
             st.contexts.clear();
             st.quotas().for_each(|q| q.after_fork_child());
+            // The child has no driver state: no graph pool either.
+            st.gpus.iter().for_each(|g| g.graph_counted.store(0, Relaxed));
         }
         // The exit helper thread did not survive fork: give the child its application's
         // signal actions back.
