@@ -235,6 +235,11 @@ proc_table! {
     PFN_cuGraphDestroy_v10000 = cuGraphDestroy @ 10000 Plain => cuGraphDestroy(hGraph: CUgraph);
     PFN_cuGraphLaunch_v10000 = cuGraphLaunch @ 10000 Plain => cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGraphLaunch_v10000_ptsz = cuGraphLaunch @ 10000 Ptsz => cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
+    PFN_cuGraphAddMemAllocNode_v11040 = cuGraphAddMemAllocNode @ 11040 Plain => cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+    PFN_cuGraphAddMemFreeNode_v11040 = cuGraphAddMemFreeNode @ 11040 Plain => cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr);
+    PFN_cuDeviceGraphMemTrim_v11040 = cuDeviceGraphMemTrim @ 11040 Plain => cuDeviceGraphMemTrim(device: CUdevice);
+    PFN_cuDeviceGetGraphMemAttribute_v11040 = cuDeviceGetGraphMemAttribute @ 11040 Plain => cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
+    PFN_cuDeviceSetGraphMemAttribute_v11040 = cuDeviceSetGraphMemAttribute @ 11040 Plain => cuDeviceSetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
     PFN_cuGetExportTable_v3000 = cuGetExportTable @ 3000 Plain => cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid);
     PFN_cuGetProcAddress_v11030 = cuGetProcAddress @ 11030 Plain => cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: cuuint64_t);
     PFN_cuGetProcAddress_v12000 = cuGetProcAddress @ 12000 Plain => cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, driverVersion: c_int, flags: cuuint64_t, symbolFound: *mut CUdriverProcAddressQueryResult);

@@ -182,6 +182,12 @@ c_enums! {
     CUjit_option {
         CU_JIT_MAX_REGISTERS = 0,
     }
+    CUgraphMem_attribute {
+        CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+        CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+        CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+        CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+    }
 }
 
 impl CUmemAllocationType {
@@ -389,6 +395,20 @@ pub struct CUmemPoolProps {
 }
 /// `CUmemPoolProps_v1`.
 pub type CUmemPoolProps_v1 = CUmemPoolProps;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`CUDA_MEM_ALLOC_NODE_PARAMS_v1`): a graph memory
+/// allocation node; `dptr` is an out-parameter (the allocation's fixed address).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub poolProps: CUmemPoolProps,
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+/// `CUDA_MEM_ALLOC_NODE_PARAMS_v1`.
+pub type CUDA_MEM_ALLOC_NODE_PARAMS_v1 = CUDA_MEM_ALLOC_NODE_PARAMS;
 
 /// `CUexecAffinityParam`: only passed behind a pointer here.
 #[repr(C)]

@@ -74,6 +74,10 @@ fn struct_layouts() -> Vec<Layout> {
             "Width" => Width, "Height" => Height, "Depth" => Depth, "Format" => Format,
             "NumChannels" => NumChannels, "Flags" => Flags,
         ]),
+        layout!("CUDA_MEM_ALLOC_NODE_PARAMS", CUDA_MEM_ALLOC_NODE_PARAMS, [
+            "poolProps" => poolProps, "accessDescs" => accessDescs, "accessDescCount" => accessDescCount,
+            "bytesize" => bytesize, "dptr" => dptr,
+        ]),
         layout!("CUmemPoolProps", CUmemPoolProps, [
             "allocType" => allocType, "handleTypes" => handleTypes, "location" => location,
             "win32SecurityAttributes" => win32SecurityAttributes, "maxSize" => maxSize,

@@ -59,6 +59,57 @@ impl LedgerConfig {
     }
 }
 
+/// Env var mapping the GPUs a process may see to the host GPUs whose ledgers count them:
+/// `<host index>=<UUID>[,<host index>=<UUID>...]`, e.g.
+/// `XSHARE_GPUS=1=GPU-5d9c...,0=GPU-0a1b...` (UUIDs as NVML and nvidia-smi print them; order
+/// does not matter). The shim asks the driver for the UUID of each `CUdevice` ordinal, so the
+/// mapping holds whatever `CUDA_VISIBLE_DEVICES` says (indices, UUIDs, any order, a subset).
+/// A container that sees more than one GPU needs it; with one GPU, `XSHARE_GPU_INDEX` alone
+/// still works. A GPU the process sees but this list lacks gets no quota at all (fail closed).
+pub const ENV_GPUS: &str = "XSHARE_GPUS";
+
+/// One entry of [`ENV_GPUS`]: a host GPU index and that GPU's UUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuMapEntry {
+    /// Host GPU index: its ledger is `<ledger dir>/gpu<index>/ledger`.
+    pub index: u32,
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lower case.
+    pub uuid: String,
+}
+
+/// Parses the value of [`ENV_GPUS`]. Every entry must be `<index>=GPU-<hex and dashes>`; an
+/// index or a UUID named twice is an error (one GPU, one ledger).
+pub fn parse_gpu_map(v: &str) -> Result<Vec<GpuMapEntry>, ConfigError> {
+    let err = |message: String| ConfigError {
+        file: PathBuf::from(format!("${ENV_GPUS}")),
+        line: None,
+        column: None,
+        field: Some(ENV_GPUS.into()),
+        message,
+    };
+    let mut out: Vec<GpuMapEntry> = Vec::new();
+    for item in v.split(',').map(str::trim) {
+        let (idx, uuid) = item
+            .split_once('=')
+            .ok_or_else(|| err(format!("entry `{item}` is not `<host index>=<GPU UUID>`")))?;
+        let index: u32 = idx
+            .trim()
+            .parse()
+            .map_err(|_| err(format!("entry `{item}`: `{idx}` is not a GPU index")))?;
+        let uuid = uuid.trim().to_ascii_lowercase();
+        let hex = uuid.strip_prefix("gpu-").unwrap_or("");
+        if hex.len() != 36 || !hex.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return Err(err(format!("entry `{item}`: `{uuid}` is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")));
+        }
+        let uuid = format!("GPU-{hex}");
+        if out.iter().any(|e| e.index == index || e.uuid == uuid) {
+            return Err(err(format!("entry `{item}`: GPU index or UUID named twice")));
+        }
+        out.push(GpuMapEntry { index, uuid });
+    }
+    Ok(out)
+}
+
 /// `<dir>/gpu<N>/ledger`.
 pub fn ledger_path(dir: &Path, gpu_index: u32) -> PathBuf {
     dir.join(format!("gpu{gpu_index}")).join("ledger")
@@ -188,6 +239,27 @@ mod tests {
             e.to_string(),
             "f:3: field `quota.fraction`: must be in (0,1]"
         );
+    }
+
+    #[test]
+    fn gpu_map_parses_and_refuses_ambiguity() {
+        let u0 = "GPU-0a1b2c3d-0000-4000-8000-000000000000";
+        let u1 = "GPU-5D9C0000-0000-4000-8000-000000000001";
+        let m = parse_gpu_map(&format!("1={u1}, 0={u0}")).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].index, m[0].uuid.as_str()), (1, "GPU-5d9c0000-0000-4000-8000-000000000001"));
+        assert_eq!(m[1].index, 0);
+        for bad in [
+            String::new(),
+            format!("x={u0}"),
+            "0=GPU-123".to_string(),
+            format!("0={u0},0={u1}"),
+            format!("0={u0},1={u0}"),
+            u0.to_string(),
+        ] {
+            let e = parse_gpu_map(&bad).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(ENV_GPUS), "{bad}: {e}");
+        }
     }
 
     #[test]

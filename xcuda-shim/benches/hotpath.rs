@@ -20,6 +20,16 @@ unsafe extern "C" fn stub_device_get(d: *mut CUdevice, _: i32) -> CUresult {
     unsafe { *d = 0 };
     CUresult::CUDA_SUCCESS
 }
+unsafe extern "C" fn stub_count(n: *mut i32) -> CUresult {
+    // SAFETY: the shim passes a valid out-pointer.
+    unsafe { *n = 1 };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_uuid(u: *mut CUuuid, _: CUdevice) -> CUresult {
+    // SAFETY: the shim passes a valid out-pointer.
+    unsafe { (*u).bytes = [1; 16] };
+    CUresult::CUDA_SUCCESS
+}
 unsafe extern "C" fn stub_total(b: *mut usize, _: CUdevice) -> CUresult {
     // SAFETY: the shim (or the bench) passes a valid out-pointer.
     unsafe { *b = 80 << 30 };
@@ -81,6 +91,8 @@ fn main() {
     xcuda::real::install_stub_driver(&[
         (Sym::cuInit, p(stub_init as *const ())),
         (Sym::cuDeviceGet, p(stub_device_get as *const ())),
+        (Sym::cuDeviceGetCount, p(stub_count as *const ())),
+        (Sym::cuDeviceGetUuid, p(stub_uuid as *const ())),
         (Sym::cuDeviceTotalMem_v2, p(stub_total as *const ())),
         (Sym::cuDeviceGetAttribute, p(stub_attr as *const ())),
         (Sym::cuMemAlloc_v2, p(stub_alloc as *const ())),
@@ -89,7 +101,7 @@ fn main() {
         (Sym::cuLaunchKernel, p(stub_launch as *const ())),
     ]);
     let st = xcuda::state::state();
-    assert!(st.quota.ledger().is_some(), "bench must use the shared ledger");
+    assert!(st.gpus[0].quota.ledger().is_some(), "bench must use the shared ledger");
 
     use std::ptr::null_mut as null;
     // SAFETY: stub and shim entry points called with valid locals and null handles the stub ignores.
@@ -121,9 +133,9 @@ fn main() {
         let (d2, s2) = (per_op(n_pair, pair_direct), per_op(n_pair, pair_shim));
         a.push((d2, s2));
     }
-    assert_eq!(st.quota.used(), 0, "every pair gave its bytes back");
+    assert_eq!(st.gpus[0].quota.used(), 0, "every pair gave its bytes back");
     // Where an alloc/free pair's added time goes.
-    let q = &st.quota;
+    let q = &st.gpus[0].quota;
     let reserve = median((0..5).map(|_| per_op(n_pair, || { assert!(q.try_reserve(black_box(4096))); q.release(4096); })).collect());
     let map = xcuda::ptrmap::PtrMap::new(1 << 16);
     let mut k = 0x7f00_0000_0000u64;
@@ -135,9 +147,9 @@ fn main() {
         base(&l), shim(&l), added(&l), shim(&l) / base(&l));
     println!("alloc+free: direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (target <= 100) ratio {:.2}",
         base(&a), shim(&a), added(&a), shim(&a) / base(&a));
-    let t = &st.throttle;
+    let t = &st.gpus[0].throttle;
     let acquire = median((0..5).map(|_| per_op(n_launch, || t.acquire(black_box(1000)))).collect());
     println!("  launch: throttle acquire alone {acquire:.1} ns (the rest is the FFI entry + catch_unwind)");
     println!("  of which: ledger reserve+release {reserve:.1} ns, pointer-table insert+remove {track:.1} ns");
-    println!("(median of 7 rounds; launches counted {})", st.throttle.launches.load(Relaxed));
+    println!("(median of 7 rounds; launches counted {})", st.gpus[0].throttle.launches.load(Relaxed));
 }

@@ -133,7 +133,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     guard(|| {
         let (alloc, free) = (real!(cuMemAlloc_v2: PFN_cuMemAlloc_v3020), real!(cuMemFree_v2: PFN_cuMemFree_v3020));
-        counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+        counted(&state().current().quota, Kind::DevicePtr, bytesize as u64,
             // SAFETY: forwarding the caller's arguments to the real function.
             || unsafe { alloc(dptr, bytesize) }, || out!(dptr),
             // SAFETY: freeing the allocation the driver just made.
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
 pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresult {
     guard(|| {
         let (alloc, free) = (real!(cuMemAlloc: PFN_cuMemAlloc_v2000), real!(cuMemFree: PFN_cuMemFree_v2000));
-        counted(&state().quota, Kind::DevicePtr, u64::from(bytesize),
+        counted(&state().current().quota, Kind::DevicePtr, u64::from(bytesize),
             // SAFETY: forwarding the caller's arguments.
             || unsafe { alloc(dptr, bytesize) }, || u64::from(out!(dptr)),
             // SAFETY: undoing our own allocation.
@@ -157,7 +157,7 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint)
 pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult {
     guard(|| {
         let (alloc, free) = (real!(cuMemAllocPitch_v2: PFN_cuMemAllocPitch_v3020), real!(cuMemFree_v2: PFN_cuMemFree_v3020));
-        pitched(&state().quota, pitch_estimate(width, height),
+        pitched(&state().current().quota, pitch_estimate(width, height),
             // SAFETY: forwarding the caller's arguments.
             || unsafe { alloc(dptr, pitch, width, height, elem) },
             || (out!(dptr), (out!(pitch) as u64).saturating_mul(height as u64)),
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut 
 pub unsafe extern "C" fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) -> CUresult {
     guard(|| {
         let (alloc, free) = (real!(cuMemAllocPitch: PFN_cuMemAllocPitch_v2000), real!(cuMemFree: PFN_cuMemFree_v2000));
-        pitched(&state().quota, pitch_estimate(width as usize, height as usize),
+        pitched(&state().current().quota, pitch_estimate(width as usize, height as usize),
             // SAFETY: forwarding the caller's arguments.
             || unsafe { alloc(dptr, pitch, width, height, elem) },
             || (u64::from(out!(dptr)), u64::from(out!(pitch)) * u64::from(height)),
@@ -183,7 +183,7 @@ pub unsafe extern "C" fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut 
 pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
     guard(|| {
         let (alloc, free) = (real!(cuMemAllocManaged: PFN_cuMemAllocManaged_v6000), real!(cuMemFree_v2: PFN_cuMemFree_v3020));
-        counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+        counted(&state().current().quota, Kind::DevicePtr, bytesize as u64,
             // SAFETY: forwarding the caller's arguments.
             || unsafe { alloc(dptr, bytesize, flags) }, || out!(dptr),
             // SAFETY: undoing our own allocation.
@@ -196,7 +196,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(|| {
         let free = real!(cuMemFree_v2: PFN_cuMemFree_v3020);
         // SAFETY: forwarding the caller's argument.
-        freed(&state().quota, Kind::DevicePtr, dptr, || unsafe { free(dptr) })
+        freed(state(), Kind::DevicePtr, dptr, || unsafe { free(dptr) })
     })
 }
 
@@ -205,7 +205,7 @@ pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
     guard(|| {
         let free = real!(cuMemFree: PFN_cuMemFree_v2000);
         // SAFETY: forwarding the caller's argument.
-        freed(&state().quota, Kind::DevicePtr, u64::from(dptr), || unsafe { free(dptr) })
+        freed(state(), Kind::DevicePtr, u64::from(dptr), || unsafe { free(dptr) })
     })
 }
 
@@ -215,7 +215,7 @@ macro_rules! alloc_async {
         pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
             guard(|| {
                 let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
-                counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+                counted(&state().current().quota, Kind::DevicePtr, bytesize as u64,
                     // SAFETY: forwarding the caller's arguments.
                     || unsafe { alloc(dptr, bytesize, stream) }, || out!(dptr),
                     // SAFETY: undoing our own allocation on the same stream.
@@ -233,7 +233,7 @@ macro_rules! alloc_pool {
         pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
             guard(|| {
                 let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
-                counted(&state().quota, Kind::DevicePtr, bytesize as u64,
+                counted(&state().current().quota, Kind::DevicePtr, bytesize as u64,
                     // SAFETY: forwarding the caller's arguments.
                     || unsafe { alloc(dptr, bytesize, pool, stream) }, || out!(dptr),
                     // SAFETY: undoing our own allocation on the same stream.
@@ -252,7 +252,7 @@ macro_rules! free_async {
             guard(|| {
                 let free = real!($name: $pfn);
                 // SAFETY: forwarding the caller's arguments.
-                freed(&state().quota, Kind::DevicePtr, dptr, || unsafe { free(dptr, stream) })
+                freed(state(), Kind::DevicePtr, dptr, || unsafe { free(dptr, stream) })
             })
         }
     };
@@ -264,7 +264,16 @@ free_async!(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
 pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
     guard(|| {
         let (create, release) = (real!(cuMemCreate: PFN_cuMemCreate_v10020), real!(cuMemRelease: PFN_cuMemRelease_v10020));
-        counted(&state().quota, Kind::Vmm, size as u64,
+        // The physical memory lives on the device the properties name (not the current one's).
+        let st = state();
+        let gpu = if prop.is_null() {
+            st.current()
+        } else {
+            // SAFETY: non-null properties supplied by the caller per the API contract.
+            let p = unsafe { &*prop };
+            if p.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE { st.gpu(p.location.id) } else { st.current() }
+        };
+        counted(&gpu.quota, Kind::Vmm, size as u64,
             // SAFETY: forwarding the caller's arguments.
             || unsafe { create(handle, size, prop, flags) }, || out!(handle),
             // SAFETY: undoing our own allocation.
@@ -277,7 +286,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     guard(|| {
         let release = real!(cuMemRelease: PFN_cuMemRelease_v10020);
         // SAFETY: forwarding the caller's argument.
-        freed(&state().quota, Kind::Vmm, handle, || unsafe { release(handle) })
+        freed(state(), Kind::Vmm, handle, || unsafe { release(handle) })
     })
 }
 
@@ -291,7 +300,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUD
         }
         // SAFETY: non-null descriptor supplied by the caller per the API contract.
         let d = unsafe { *desc };
-        counted(&state().quota, Kind::Array, array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels),
+        counted(&state().current().quota, Kind::Array, array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels),
             // SAFETY: forwarding the caller's arguments.
             || unsafe { create(handle, desc) }, || out!(handle) as u64,
             // SAFETY: undoing our own allocation.
@@ -309,7 +318,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const C
         }
         // SAFETY: non-null descriptor supplied by the caller per the API contract.
         let d = unsafe { *desc };
-        counted(&state().quota, Kind::Array, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels),
+        counted(&state().current().quota, Kind::Array, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels),
             // SAFETY: forwarding the caller's arguments.
             || unsafe { create(handle, desc) }, || out!(handle) as u64,
             // SAFETY: undoing our own allocation.
@@ -322,7 +331,7 @@ pub unsafe extern "C" fn cuArrayDestroy(h: CUarray) -> CUresult {
     guard(|| {
         let destroy = real!(cuArrayDestroy: PFN_cuArrayDestroy_v2000);
         // SAFETY: forwarding the caller's argument.
-        freed(&state().quota, Kind::Array, h as u64, || unsafe { destroy(h) })
+        freed(state(), Kind::Array, h as u64, || unsafe { destroy(h) })
     })
 }
 
@@ -336,7 +345,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, d
         }
         // SAFETY: non-null descriptor supplied by the caller per the API contract.
         let d = unsafe { *desc };
-        counted(&state().quota, Kind::Array, mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels),
+        counted(&state().current().quota, Kind::Array, mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels),
             // SAFETY: forwarding the caller's arguments.
             || unsafe { create(handle, desc, levels) }, || out!(handle) as u64,
             // SAFETY: undoing our own allocation.
@@ -349,7 +358,7 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: CUmipmappedArray) -> CUresul
     guard(|| {
         let destroy = real!(cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000);
         // SAFETY: forwarding the caller's argument.
-        freed(&state().quota, Kind::Array, h as u64, || unsafe { destroy(h) })
+        freed(state(), Kind::Array, h as u64, || unsafe { destroy(h) })
     })
 }
 
@@ -365,7 +374,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         if rc != CUresult::CUDA_SUCCESS {
             return rc;
         }
-        let (vf, vt) = view(&state().quota, f as u64, t as u64);
+        let (vf, vt) = view(&state().current().quota, f as u64, t as u64);
         if free.is_null() || total.is_null() {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
@@ -385,7 +394,7 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
         if rc != CUresult::CUDA_SUCCESS {
             return rc;
         }
-        let (vf, vt) = view(&state().quota, u64::from(f), u64::from(t));
+        let (vf, vt) = view(&state().current().quota, u64::from(f), u64::from(t));
         if free.is_null() || total.is_null() {
             return CUresult::CUDA_ERROR_INVALID_VALUE;
         }
@@ -402,7 +411,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { real_fn(bytes, dev) };
         if rc == CUresult::CUDA_SUCCESS {
-            let limit = state().quota.limit();
+            let limit = state().gpu(dev).quota.limit();
             // SAFETY: the driver just wrote through this pointer.
             unsafe { *bytes = (*bytes as u64).min(limit) as usize };
         }
@@ -417,12 +426,25 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> 
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { real_fn(bytes, dev) };
         if rc == CUresult::CUDA_SUCCESS {
-            let limit = state().quota.limit();
+            let limit = state().gpu(dev).quota.limit();
             // SAFETY: the driver just wrote through this pointer.
             unsafe { *bytes = u64::from(*bytes).min(limit) as c_uint };
         }
         rc
     })
+}
+
+/// The GPU (quota) an NVML device handle is, matched by UUID: NVML numbers devices its own way
+/// (every GPU of the host, or of the container), never by `CUDA_VISIBLE_DEVICES`. A device this
+/// process cannot use through CUDA is answered as it is. One GPU whose UUID (NVML's or the
+/// driver's) is unknown: that GPU, as before.
+fn gpu_of_nvml(device: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Option<&'static crate::state::Gpu> {
+    let st = state();
+    let only = (st.gpus.len() == 1).then(|| &st.gpus[0]);
+    match crate::nvml::uuid_of(device) {
+        Some(u) => st.gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&u)).or(only.filter(|g| g.uuid.is_empty())),
+        None => only,
+    }
 }
 
 #[no_mangle]
@@ -435,7 +457,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvml_wrapper_sys::bindi
         if rc == NVML_SUCCESS && !memory.is_null() {
             // SAFETY: the real call succeeded and filled this non-null struct.
             let m = unsafe { &mut *memory };
-            apply(&state().quota, &mut m.total, &mut m.free, &mut m.used);
+            if let Some(g) = gpu_of_nvml(device) {
+                apply(&g.quota, &mut m.total, &mut m.free, &mut m.used);
+            }
         }
         rc
     })
@@ -452,7 +476,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvml_wrapper_sys::bi
         if rc == NVML_SUCCESS && !memory.is_null() {
             // SAFETY: the real call succeeded and filled this non-null struct.
             let m = unsafe { &mut *memory };
-            apply(&state().quota, &mut m.total, &mut m.free, &mut m.used);
+            if let Some(g) = gpu_of_nvml(device) {
+                apply(&g.quota, &mut m.total, &mut m.free, &mut m.used);
+            }
         }
         rc
     })
@@ -475,7 +501,7 @@ macro_rules! launch_kernel {
         ) -> CUresult {
             guard(|| {
                 let launch = real!($name: $pfn);
-                let t = &state().throttle;
+                let t = &state().current().throttle;
                 t.acquire(t.kernel_cost(blocks(gx, gy, gz)));
                 // SAFETY: forwarding the caller's arguments.
                 unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
@@ -495,7 +521,7 @@ macro_rules! launch_coop {
         ) -> CUresult {
             guard(|| {
                 let launch = real!($name: $pfn);
-                let t = &state().throttle;
+                let t = &state().current().throttle;
                 t.acquire(t.kernel_cost(blocks(gx, gy, gz)));
                 // SAFETY: forwarding the caller's arguments.
                 unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params) }
@@ -515,7 +541,7 @@ macro_rules! launch_ex {
                 if !config.is_null() {
                     // SAFETY: non-null config supplied by the caller per the API contract.
                     let c = unsafe { &*config };
-                    let t = &state().throttle;
+                    let t = &state().current().throttle;
                     t.acquire(t.kernel_cost(blocks(c.gridDimX, c.gridDimY, c.gridDimZ)));
                 }
                 // SAFETY: forwarding the caller's arguments.
@@ -533,13 +559,106 @@ macro_rules! launch_graph {
         pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
             guard(|| {
                 let launch = real!($name: $pfn);
-                let t = &state().throttle;
+                let st = state();
+                // Graph memory is mapped at launch: counted (or refused) first.
+                let graph_mem = st.graph_mem.seen();
+                if graph_mem {
+                    if let Err(rc) = crate::graphmem::before_launch(st, exec as u64) {
+                        return rc;
+                    }
+                }
+                let t = &st.current().throttle;
                 t.acquire(t.graph_cost());
                 // SAFETY: forwarding the caller's arguments.
-                unsafe { launch(exec, stream) }
+                let rc = unsafe { launch(exec, stream) };
+                if graph_mem {
+                    crate::graphmem::after_launch(st, exec as u64);
+                }
+                rc
             })
         }
     };
+}
+
+// ---- graph memory nodes (see graphmem) -------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    guard(|| {
+        let add = real!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode_v11040);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { add(node, graph, deps, ndeps, params) };
+        if rc == CUresult::CUDA_SUCCESS && !params.is_null() {
+            // SAFETY: the driver accepted these parameters (non-null, valid per its contract).
+            let p = unsafe { &*params };
+            state().graph_mem.node_added(graph as u64, p.poolProps.location.id.max(0) as usize, p.bytesize as u64);
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
+    guard(|| {
+        let inst = real!(cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags_v11040);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { inst(exec, graph, flags) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { destroy(exec) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            st.graph_mem.exec_destroyed(exec as u64, st.gpus.len());
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuGraphDestroy: PFN_cuGraphDestroy_v10000);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { destroy(graph) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            st.graph_mem.graph_destroyed(graph as u64, st.gpus.len());
+        }
+        rc
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    guard(|| {
+        let trim = real!(cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim_v11040);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { trim(dev) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            if usize::try_from(dev).is_ok_and(|d| d < st.gpus.len()) {
+                crate::graphmem::settle(st.gpu(dev), dev);
+            }
+        }
+        rc
+    })
 }
 launch_graph!(cuGraphLaunch, PFN_cuGraphLaunch_v10000);
 launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
@@ -603,7 +722,7 @@ macro_rules! ctx_destroy {
                     let st = state();
                     st.contexts.destroyed(ctx);
                     // The driver freed every allocation of the context: give their bytes back.
-                    st.quota.release_context(ctx as u64);
+                    st.release_context(ctx as u64);
                 }
                 rc
             })
@@ -634,7 +753,7 @@ fn primary_released(dev: CUdevice) {
     let st = state();
     st.contexts.released(dev);
     if !crate::exit::primary_active(dev) {
-        st.quota.release_context(st.contexts.primary_handle(dev));
+        st.gpu(dev).quota.release_context(st.contexts.primary_handle(dev));
     }
 }
 
@@ -668,7 +787,7 @@ macro_rules! primary_reset {
                 if rc == CUresult::CUDA_SUCCESS {
                     // Reset destroys every allocation of the primary context.
                     let st = state();
-                    st.quota.release_context(st.contexts.primary_handle(dev));
+                    st.gpu(dev).quota.release_context(st.contexts.primary_handle(dev));
                 }
                 rc
             })

@@ -76,14 +76,16 @@ fn set_mps_percentage_from_budget() {
     // Loaded here without caching: the process's config is loaded (and its errors reported)
     // on the first driver call, after the application may have set its environment.
     let (cfg, _) = crate::config::Config::load(&get);
-    let path = cfg.ledger().ledger_path();
-    let budget = Ledger::open_existing(&path).ok().and_then(|l| {
-        fresh_budget(
-            &l,
-            node_ledger::clock::now_ns(),
-            cfg.throttle.stale_after_ms * 1_000_000,
-        )
-    });
+    // MPS applies one percentage to every device of the client: with several GPUs, the
+    // strictest of their fresh budgets.
+    let budget = cfg
+        .host_gpus()
+        .into_iter()
+        .filter_map(|i| {
+            let l = Ledger::open_existing(&cfg.ledger_of(i).ledger_path()).ok()?;
+            fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000)
+        })
+        .reduce(f64::min);
     let Some(v) = mps_env_value(&get, budget) else {
         return;
     };

@@ -7,13 +7,14 @@
 //! Environment overrides (applied after the file):
 //! `XCUDA_GROUP` (quota group / container id), `XCUDA_QUOTA_BYTES`, `XCUDA_QUOTA_FRACTION`,
 //! `XCUDA_THROTTLE` (`0`/`1`), `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`,
-//! `XSHARE_LEDGER_DIR`, `XSHARE_GPU_INDEX`, `XCUDA_REAL_LIBCUDA` (path of the real driver),
+//! `XSHARE_LEDGER_DIR`, `XSHARE_GPU_INDEX`, `XSHARE_GPUS` (several GPUs: `<host index>=<UUID>,...`,
+//! see [`node_ledger::config::ENV_GPUS`]), `XCUDA_REAL_LIBCUDA` (path of the real driver),
 //! `XCUDA_REAL_LIBNVML` (path of the real NVML),
 //! `XCUDA_LOG` (`error`..`trace`, default `warn`).
 
 use std::path::{Path, PathBuf};
 
-use node_ledger::config::{parse_json, ConfigError, LedgerConfig};
+use node_ledger::config::{parse_gpu_map, parse_json, ConfigError, GpuMapEntry, LedgerConfig, ENV_GPUS};
 use serde::Deserialize;
 
 /// Env var naming the config file.
@@ -43,6 +44,10 @@ pub struct Config {
     /// Set when a config error made [`Config::load`] fail closed (never read from the file).
     #[serde(skip)]
     pub failed_closed: bool,
+    /// The host GPUs this process may see, by UUID (`XSHARE_GPUS`; empty = not given). Each
+    /// GPU's quota and throttle live in that GPU's ledger.
+    #[serde(skip)]
+    pub gpus: Vec<GpuMapEntry>,
 }
 
 /// Memory quota settings.
@@ -88,6 +93,7 @@ impl Default for Config {
             real_libnvml: "libnvidia-ml.so.1".into(),
             log: "warn".into(),
             failed_closed: false,
+            gpus: Vec::new(),
         }
     }
 }
@@ -108,6 +114,21 @@ impl Config {
     /// The ledger location.
     pub fn ledger(&self) -> LedgerConfig {
         LedgerConfig { ledger_dir: self.ledger_dir.clone(), gpu_index: self.gpu_index }
+    }
+
+    /// The ledger location of host GPU `index`.
+    pub fn ledger_of(&self, index: u32) -> LedgerConfig {
+        LedgerConfig { ledger_dir: self.ledger_dir.clone(), gpu_index: index }
+    }
+
+    /// Host GPUs whose ledgers this process may use: every `XSHARE_GPUS` entry, else
+    /// `gpu_index`.
+    pub fn host_gpus(&self) -> Vec<u32> {
+        if self.gpus.is_empty() {
+            vec![self.gpu_index]
+        } else {
+            self.gpus.iter().map(|g| g.index).collect()
+        }
     }
 
     /// Checks ranges; the error names the field (and its line when `text` is the file).
@@ -185,6 +206,12 @@ impl Config {
             field: Some(var.to_owned()),
             message: msg,
         };
+        if let Some(v) = get(ENV_GPUS) {
+            match parse_gpu_map(&v) {
+                Ok(m) => self.gpus = m,
+                Err(e) => errs.push(e),
+            }
+        }
         if let Some(g) = get("XCUDA_GROUP").filter(|g| !g.is_empty()) {
             self.group = g;
         }

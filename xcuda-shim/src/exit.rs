@@ -13,7 +13,8 @@ use crate::config::Config;
 use crate::ptrmap::PtrMap;
 use crate::state::{self, call_real};
 
-const MAX_DEVICES: usize = 64;
+/// Most `CUdevice` ordinals the shim tracks (contexts, quotas, throttles).
+pub const MAX_DEVICES: usize = 64;
 
 /// Contexts this process created or retained, so they can be released before it dies.
 pub struct Contexts {
@@ -186,7 +187,7 @@ pub fn release_once(what: &str) -> ReleaseOutcome {
         wait_for_creations();
         let Some(st) = state::get() else { return 0 };
         let n = st.contexts.release_all();
-        st.quota.retire();
+        st.quotas().for_each(|q| q.retire());
         n
     })
 }
@@ -392,7 +393,8 @@ fn install_signal_handlers() -> std::io::Result<()> {
 /// Signal context: freeze launches and wake the helper. Atomics and write(2) only.
 fn on_signal(sig: c_int) {
     if let Some(st) = state::get() {
-        st.throttle.freeze();
+        // Every GPU's throttle (a slice walk: no allocation, no lock).
+        st.throttles().for_each(|t| t.freeze());
     }
     let fd = PIPE_WR.load(Acquire);
     if fd >= 0 {
@@ -462,7 +464,7 @@ fn handle_signal(sig: c_int) {
     }
     if handler == libc::SIG_IGN {
         if let Some(st) = st {
-            st.throttle.unfreeze();
+            st.throttles().for_each(|t| t.unfreeze());
         }
         return;
     }
@@ -493,7 +495,7 @@ fn handle_signal(sig: c_int) {
         real_sigaction(sig, &ours, std::ptr::null_mut());
     }
     if let Some(st) = st {
-        st.throttle.unfreeze();
+        st.throttles().for_each(|t| t.unfreeze());
     }
 }
 
@@ -562,7 +564,9 @@ extern "C" fn on_fork_child() {
         CREATING.store(0, SeqCst);
         if let Some(st) = state::get() {
             st.contexts.clear();
-            st.quota.after_fork_child();
+            st.quotas().for_each(|q| q.after_fork_child());
+            // The child has no driver state: no graph pool either.
+            st.gpus.iter().for_each(|g| g.graph_counted.store(0, Relaxed));
         }
         // The exit helper thread did not survive fork: give the child its application's
         // signal actions back.

@@ -48,11 +48,14 @@ hooked_symbols! {
         cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
         cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
+        cuGraphAddMemAllocNode, cuGraphInstantiateWithFlags, cuGraphExecDestroy, cuGraphDestroy,
+        cuDeviceGraphMemTrim,
     ],
     internal: [
         cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
         cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
+        cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute,
     ],
 }
 

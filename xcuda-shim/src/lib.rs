@@ -3,6 +3,7 @@
 //! Modules, one job each: `api` (the exported C surface), `interpose` (which symbols we own,
 //! `dlsym` and `cuGetProcAddress` rewriting), `real` (finding the real functions), `quota` +
 //! `ptrmap` + `memory` (device-memory accounting), `nvml` (NVML memory view), `throttle` (eq. 1-2 + PID + token bucket),
+//! `graphmem` (graph memory nodes),
 //! `exit` (signals, exit, fork, context release), `budget` (the dynamic SM budget: MPS percentage
 //! at start, throttle target while running), `config`, `state` (the process's instance).
 
@@ -10,6 +11,7 @@ pub mod api;
 pub mod budget;
 pub mod config;
 pub mod exit;
+pub mod graphmem;
 pub mod interpose;
 pub mod memory;
 pub mod nvml;

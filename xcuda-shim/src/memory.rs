@@ -34,15 +34,33 @@ pub fn counted(
     CUresult::CUDA_ERROR_OUT_OF_MEMORY
 }
 
-/// Runs the driver's `free`; on success gives back what was counted for `key` (unknown keys
-/// were never counted and pass through untouched).
+/// Runs the driver's `free`; on success gives back what was counted for `key` to the GPU that
+/// counted it (unknown keys were never counted and pass through untouched).
 #[inline]
-pub fn freed(q: &Quota, kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+pub fn freed<C: Untrack + ?Sized>(c: &C, kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
     let rc = free();
     if rc == CUresult::CUDA_SUCCESS {
-        q.untrack(kind, key);
+        c.untrack(kind, key);
     }
     rc
+}
+
+/// Where a freed allocation's bytes go back: one quota, or the process's state (every GPU's).
+pub trait Untrack {
+    /// Forgets the allocation `key` of `kind` and gives its bytes back; `None` if unknown.
+    fn untrack(&self, kind: Kind, key: u64) -> Option<u64>;
+}
+
+impl Untrack for Quota {
+    fn untrack(&self, kind: Kind, key: u64) -> Option<u64> {
+        Quota::untrack(self, kind, key)
+    }
+}
+
+impl Untrack for crate::state::State {
+    fn untrack(&self, kind: Kind, key: u64) -> Option<u64> {
+        crate::state::State::untrack(self, kind, key)
+    }
 }
 
 /// Pitched allocation: reserves `estimate` first, then settles on `pitch * height` once the

@@ -75,6 +75,30 @@ pub fn real_v2() -> Option<MemInfoV2Fn> {
     (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, MemInfoV2Fn>(p) })
 }
 
+static REAL_UUID: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// `nvmlDeviceGetUUID`'s C type.
+pub type UuidFn = unsafe extern "C" fn(nvmlDevice_t, *mut std::ffi::c_char, std::ffi::c_uint) -> nvmlReturn_t;
+
+/// The UUID text of an NVML device (`GPU-...`), from the real NVML; `None` if it cannot say.
+pub fn uuid_of(device: nvmlDevice_t) -> Option<String> {
+    let p = resolve(&REAL_UUID, "nvmlDeviceGetUUID");
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the real NVML function of that name has this C type (nvml.h).
+    let f = unsafe { std::mem::transmute::<*mut c_void, UuidFn>(p) };
+    // NVML_DEVICE_UUID_V2_BUFFER_SIZE is 96.
+    let mut buf = [0 as std::ffi::c_char; 96];
+    // SAFETY: a buffer of the length we pass; NVML NUL-terminates on success.
+    if unsafe { f(device, buf.as_mut_ptr(), buf.len() as std::ffi::c_uint) } != NVML_SUCCESS {
+        return None;
+    }
+    // SAFETY: NUL-terminated by NVML within the buffer (its last byte is still 0).
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(s.to_string_lossy().into_owned())
+}
+
 /// Rewrites an NVML answer into the quota view: total = min(device, quota), used = the
 /// container's usage, free = min(device free, quota - used).
 pub fn apply(q: &Quota, total: &mut u64, free: &mut u64, used: &mut u64) {

@@ -1,12 +1,18 @@
-//! The process's shim state, built once on the first driver call: config, quota (ledger-backed
-//! when possible), throttle, context registry; plus the controller thread that feeds the
-//! throttle from the ledger, heartbeats and reclaims dead neighbours.
+//! The process's shim state, built once on the first driver call: config, one quota
+//! (ledger-backed when possible) and one throttle per GPU the process sees, context registry;
+//! plus the controller thread that feeds each throttle from its GPU's ledger, heartbeats and
+//! reclaims dead neighbours.
+//!
+//! Several GPUs: each `CUdevice` ordinal is mapped once, at init, to its physical GPU (the
+//! driver's UUID of the ordinal, looked up in `XSHARE_GPUS`), and so to that GPU's ledger; the
+//! hooks then index a fixed array by ordinal.
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use cuda_abi::CUdevice;
 use node_ledger::{ledger::group_id_for, Ledger};
 
 use crate::config::Config;
@@ -14,13 +20,79 @@ use crate::exit::Contexts;
 use crate::quota::Quota;
 use crate::throttle::{Pid, Sample, Throttle};
 
+/// One GPU as this process sees it: its quota and throttle.
+pub struct Gpu {
+    /// The group's quota on this physical GPU.
+    pub quota: Quota,
+    /// The launch throttle fed by this GPU's load.
+    pub throttle: Throttle,
+    /// Device memory as the driver reports it (0 if unknown).
+    pub device_total: u64,
+    /// Host GPU index (whose ledger counts it); `None`: unmapped, so no quota (fail closed).
+    pub host_index: Option<u32>,
+    /// The driver's UUID of this device (`GPU-...`; empty if unknown).
+    pub uuid: String,
+    /// Bytes of this device's graph memory pool counted in the quota ([`crate::graphmem`]).
+    pub graph_counted: std::sync::atomic::AtomicU64,
+    /// Launches with memory nodes between their reservation and their settle.
+    pub graph_inflight: std::sync::atomic::AtomicU32,
+}
+
 /// Everything the hooks use.
 pub struct State {
-    pub quota: Quota,
-    pub throttle: Throttle,
+    /// Index = `CUdevice` ordinal in this process (never empty).
+    pub gpus: Box<[Gpu]>,
+    /// Contexts to release before the process dies.
     pub contexts: Contexts,
-    /// Device memory of ordinal 0 as the driver reports it (0 if unknown).
-    pub device_total: u64,
+    /// Answers for an ordinal outside `gpus`: no quota, minimum launch rate.
+    unmapped: Gpu,
+    /// Graph memory nodes' sizes per graph and exec.
+    pub graph_mem: crate::graphmem::GraphMem,
+}
+
+impl State {
+    /// The GPU of ordinal `dev` (one index into a fixed array; an ordinal the driver does not
+    /// have gets a GPU with no quota).
+    #[inline]
+    pub fn gpu(&self, dev: CUdevice) -> &Gpu {
+        usize::try_from(dev).ok().and_then(|i| self.gpus.get(i)).unwrap_or(&self.unmapped)
+    }
+
+    /// The GPU of the calling thread's current context. One GPU: no lookup at all. Several:
+    /// the driver's `cuCtxGetDevice` (a thread-local read in the driver), then [`State::gpu`].
+    /// Without a current context the driver refuses the operation anyway: ordinal 0.
+    #[inline]
+    pub fn current(&self) -> &Gpu {
+        if self.gpus.len() == 1 {
+            return &self.gpus[0];
+        }
+        let mut dev: CUdevice = 0;
+        match call_real!(cuCtxGetDevice: cuda_abi::PFN_cuCtxGetDevice_v2000, &mut dev) {
+            cuda_abi::CUresult::CUDA_SUCCESS => self.gpu(dev),
+            _ => &self.gpus[0],
+        }
+    }
+
+    /// Every GPU's quota.
+    pub fn quotas(&self) -> impl Iterator<Item = &Quota> {
+        self.gpus.iter().map(|g| &g.quota)
+    }
+
+    /// Every GPU's throttle.
+    pub fn throttles(&self) -> impl Iterator<Item = &Throttle> {
+        self.gpus.iter().map(|g| &g.throttle)
+    }
+
+    /// Forgets an allocation on whichever GPU counted it (keys of one kind are unique in the
+    /// process: one address space, one handle space); its bytes go back to that GPU's quota.
+    pub fn untrack(&self, kind: crate::quota::Kind, key: u64) -> Option<u64> {
+        self.quotas().find_map(|q| q.untrack(kind, key))
+    }
+
+    /// Context `ctx` is gone: gives back what it held, on every GPU (it held memory on one).
+    pub fn release_context(&self, ctx: u64) -> u64 {
+        self.quotas().map(|q| q.release_context(ctx)).sum()
+    }
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -105,58 +177,145 @@ macro_rules! call_real {
 }
 pub(crate) use call_real;
 
-fn device_facts() -> (u64, u32) {
-    use cuda_abi::*;
-    let _ = call_real!(cuInit: PFN_cuInit_v2000, 0);
-    let mut dev: CUdevice = 0;
-    if call_real!(cuDeviceGet: PFN_cuDeviceGet_v2000, &mut dev, 0) != CUresult::CUDA_SUCCESS {
-        return (0, 1);
-    }
-    let mut total: usize = 0;
-    let total = match call_real!(cuDeviceTotalMem_v2: PFN_cuDeviceTotalMem_v3020, &mut total, dev) {
-        CUresult::CUDA_SUCCESS => total as u64,
-        _ => 0,
-    };
-    let mut sms: c_int = 0;
-    let attr = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
-    let sms = match call_real!(cuDeviceGetAttribute: PFN_cuDeviceGetAttribute_v2000, &mut sms, attr, dev) {
-        CUresult::CUDA_SUCCESS if sms > 0 => sms as u32,
-        _ => 1,
-    };
-    (total, sms)
+/// What the driver says about one ordinal.
+struct Facts {
+    total: u64,
+    sms: u32,
+    uuid: String,
 }
 
-fn build() -> State {
-    let cfg = config();
-    let (total, sms) = device_facts();
+/// NVML's text of a UUID: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn uuid_text(b: &[u8; 16]) -> String {
+    let mut s = String::with_capacity(40);
+    s.push_str("GPU-");
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+/// Every ordinal the driver has (after `CUDA_VISIBLE_DEVICES`), with its memory, SMs and UUID.
+fn device_facts() -> Vec<Facts> {
+    use cuda_abi::*;
+    let _ = call_real!(cuInit: PFN_cuInit_v2000, 0);
+    let mut n: c_int = 0;
+    if call_real!(cuDeviceGetCount: PFN_cuDeviceGetCount_v2000, &mut n) != CUresult::CUDA_SUCCESS {
+        return Vec::new();
+    }
+    (0..n.clamp(0, crate::exit::MAX_DEVICES as c_int))
+        .map(|ord| {
+            let mut dev: CUdevice = 0;
+            if call_real!(cuDeviceGet: PFN_cuDeviceGet_v2000, &mut dev, ord) != CUresult::CUDA_SUCCESS {
+                return Facts { total: 0, sms: 1, uuid: String::new() };
+            }
+            let mut total: usize = 0;
+            let total = match call_real!(cuDeviceTotalMem_v2: PFN_cuDeviceTotalMem_v3020, &mut total, dev) {
+                CUresult::CUDA_SUCCESS => total as u64,
+                _ => 0,
+            };
+            let mut sms: c_int = 0;
+            let attr = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+            let sms = match call_real!(cuDeviceGetAttribute: PFN_cuDeviceGetAttribute_v2000, &mut sms, attr, dev) {
+                CUresult::CUDA_SUCCESS if sms > 0 => sms as u32,
+                _ => 1,
+            };
+            let mut u = CUuuid { bytes: [0; 16] };
+            let uuid = match call_real!(cuDeviceGetUuid: PFN_cuDeviceGetUuid_v9020, &mut u, dev) {
+                CUresult::CUDA_SUCCESS => uuid_text(&u.bytes.map(|b| b as u8)),
+                _ => String::new(),
+            };
+            Facts { total, sms, uuid }
+        })
+        .collect()
+}
+
+/// Which host GPU (ledger) counts ordinal `ord` of `n`, whose UUID is `uuid`: the `XSHARE_GPUS`
+/// entry of that UUID; without `XSHARE_GPUS`, `gpu_index` when the process sees one GPU. Else
+/// `Err(why)`: that GPU gets no quota.
+pub fn host_index_of(cfg: &Config, ord: usize, n: usize, uuid: &str) -> Result<u32, String> {
+    if !cfg.gpus.is_empty() {
+        return cfg
+            .gpus
+            .iter()
+            .find(|g| !uuid.is_empty() && g.uuid.eq_ignore_ascii_case(uuid))
+            .map(|g| g.index)
+            .ok_or_else(|| {
+                format!("device {ord} ({uuid:?}) is not in {}: no quota on it", node_ledger::config::ENV_GPUS)
+            });
+    }
+    if n <= 1 {
+        return Ok(cfg.gpu_index);
+    }
+    Err(format!(
+        "{n} devices visible but {} does not say which host GPU each is (one GPU index, {}, cannot \
+         name them): no quota on device {ord} ({uuid:?})",
+        node_ledger::config::ENV_GPUS,
+        node_ledger::config::ENV_GPU_INDEX
+    ))
+}
+
+fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
     let limit = match cfg.memory.quota_bytes {
         Some(b) => b,
-        None => (total as f64 * cfg.memory.quota_fraction) as u64,
+        None => (f.total as f64 * cfg.memory.quota_fraction) as u64,
     };
-    if total == 0 && cfg.memory.quota_bytes.is_none() {
-        tracing::error!("xcuda: device memory unknown and no quota_bytes configured: quota is 0");
+    if f.total == 0 && cfg.memory.quota_bytes.is_none() {
+        tracing::error!(device = ord, "xcuda: device memory unknown and no quota_bytes configured: quota is 0");
     }
+    let host = host_index_of(cfg, ord, n, &f.uuid);
     // Without the group's ledger this process cannot know what the rest of its container
     // holds, so it fails closed: alone against 0 bytes (never the whole quota for itself, and
-    // it must not set a group's quota).
+    // it must not set a group's quota). The same for a GPU that no ledger can be named for.
     // (A config error was reported where it was found and fails closed the same way.)
-    let quota = match if cfg.failed_closed { Err(None) } else { open_ledger(cfg, limit).map_err(Some) } {
+    let opened = match (&host, cfg.failed_closed) {
+        (_, true) => Err(None),
+        (Err(e), false) => Err(Some(e.clone())),
+        (Ok(h), false) => open_ledger(cfg, *h, limit).map_err(Some),
+    };
+    let quota = match opened {
         Ok(q) => q,
         Err(e) => {
             if let Some(e) = e {
-                tracing::error!("xcuda: {e}; refusing device allocations (the group's quota cannot be checked without its ledger: check the ledger's mode and group)");
+                tracing::error!(device = ord, "xcuda: {e}; refusing device allocations on it (the group's quota cannot be checked without its ledger: check the ledger's mode and group, and XSHARE_GPUS)");
             }
             Quota::local(0)
         }
     };
     let quota = quota.owned_by(crate::exit::current_context);
-    tracing::info!(quota_bytes = quota.limit(), device_bytes = total, sms, group = %cfg.group, "xcuda active");
-    let st = State {
+    tracing::info!(device = ord, uuid = %f.uuid, host_gpu = ?host.as_ref().ok(), quota_bytes = quota.limit(), device_bytes = f.total, sms = f.sms, group = %cfg.group, "xcuda active");
+    Gpu {
         quota,
-        throttle: Throttle::new(&cfg.throttle, sms),
-        contexts: Contexts::new(),
-        device_total: total,
+        throttle: Throttle::new(&cfg.throttle, f.sms),
+        device_total: f.total,
+        host_index: host.ok(),
+        uuid: f.uuid.clone(),
+        graph_counted: Default::default(),
+        graph_inflight: Default::default(),
+    }
+}
+
+fn build() -> State {
+    let cfg = config();
+    let mut facts = device_facts();
+    if facts.is_empty() {
+        // No device answered: one slot, as a single-GPU process (the driver refuses its calls).
+        facts.push(Facts { total: 0, sms: 1, uuid: String::new() });
+    }
+    let n = facts.len();
+    let gpus: Box<[Gpu]> = facts.iter().enumerate().map(|(ord, f)| build_gpu(cfg, ord, n, f)).collect();
+    let unmapped = Gpu {
+        quota: Quota::local(0),
+        throttle: Throttle::new(&cfg.clone().fail_closed().throttle, 1),
+        device_total: 0,
+        host_index: None,
+        uuid: String::new(),
+        graph_counted: Default::default(),
+        graph_inflight: Default::default(),
     };
+    let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default() };
     crate::exit::install_process_hooks(cfg);
     start_controller_when_ready();
     st
@@ -183,9 +342,9 @@ fn start_controller_when_ready() {
     }
 }
 
-fn open_ledger(cfg: &Config, limit: u64) -> Result<Quota, String> {
-    let path = cfg.ledger().ledger_path();
-    let ledger = Ledger::open_or_create(&path, cfg.gpu_index).map_err(|e| e.to_string())?;
+fn open_ledger(cfg: &Config, host_index: u32, limit: u64) -> Result<Quota, String> {
+    let path = cfg.ledger_of(host_index).ledger_path();
+    let ledger = Ledger::open_or_create(&path, host_index).map_err(|e| e.to_string())?;
     let group = ledger.group(group_id_for(&cfg.group), limit).map_err(|e| e.to_string())?;
     let have = ledger.group_quota(group);
     if have != limit {
@@ -223,77 +382,156 @@ pub fn controller_lost() {
     CONTROLLER_ALIVE.store(false, Release);
 }
 
+/// What the controller keeps per GPU between ticks.
+struct Loop {
+    pid: Pid,
+    last_stale: Option<bool>,
+    last_target: f64,
+    start_epoch: Option<u64>,
+    reported: (u64, u64),
+}
+
 fn controller(st: &'static State, cfg: &'static Config) {
     let tc = &cfg.throttle;
     let period = Duration::from_millis(tc.period_ms);
     let stale_ns = tc.stale_after_ms * 1_000_000;
-    let mut pid = Pid::new(tc);
+    let mut loops: Vec<Loop> = st
+        .gpus
+        .iter()
+        .map(|g| Loop {
+            pid: Pid::new(tc),
+            last_stale: None,
+            last_target: tc.target_load,
+            start_epoch: g.quota.ledger().map(|(l, _)| l.evict_all_epoch()),
+            reported: (0, 0),
+        })
+        .collect();
     let mut last = Instant::now();
     let mut last_house = Instant::now();
-    let mut last_stale = None;
-    let mut last_target = tc.target_load;
-    let start_epoch = st.quota.ledger().map(|(l, _)| l.evict_all_epoch());
-    let mut reported = (0u64, 0u64);
     while CONTROLLER_ALIVE.load(Acquire) {
         std::thread::sleep(period);
-        if let Some(e) = st.quota.check_ledger() {
-            tracing::error!("xcuda: {e}; refusing new device allocations (frees still work) until this process restarts on a sound ledger");
-        }
         let now = Instant::now();
         let dt = now.duration_since(last).as_secs_f64();
         last = now;
-        let sample = st.quota.ledger().and_then(|(l, _)| {
-            let s = l.read_monitor()?;
-            s.is_fresh(node_ledger::clock::now_ns(), stale_ns).then(|| Sample {
-                u_sm: f64::from(s.sample.sm_active_permille) / 1000.0,
-                c_sm: f64::from(s.sample.sm_clock_mhz),
-                c_h: f64::from(s.sample.sm_clock_max_mhz),
-            })
-        });
-        let budget = st.quota.ledger().and_then(|(l, _)| crate::budget::fresh_budget(l, node_ledger::clock::now_ns(), stale_ns));
-        let d = st.throttle.control_with_budget(&mut pid, sample, budget, dt);
-        st.throttle.refill(dt);
-        if last_stale != Some(d.stale) {
-            tracing::info!(stale = d.stale, rate = d.rate, "xcuda throttle input changed");
-            last_stale = Some(d.stale);
-        }
-        let target = st.throttle.target();
-        if (target - last_target).abs() > 1e-3 {
-            tracing::info!(target, budget = ?budget, rate = d.rate, "xcuda throttle target changed");
-            last_target = target;
-        }
-        if now.duration_since(last_house) >= Duration::from_millis(250) {
+        let house = now.duration_since(last_house) >= Duration::from_millis(250);
+        if house {
             last_house = now;
-            housekeeping(st, start_epoch, &mut reported);
+        }
+        for (ord, (g, lp)) in st.gpus.iter().zip(loops.iter_mut()).enumerate() {
+            tick(ord, g, lp, stale_ns, dt);
+            crate::graphmem::tick(st, g, ord as CUdevice);
+            if house && !housekeeping(g, lp) {
+                return;
+            }
         }
     }
 }
 
-fn housekeeping(st: &State, start_epoch: Option<u64>, reported: &mut (u64, u64)) {
-    let Some((l, Some(h))) = st.quota.ledger() else { return };
+/// One control step of GPU `g`'s throttle from its own ledger's monitor sample and budget.
+fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
+    if let Some(e) = g.quota.check_ledger() {
+        tracing::error!(device = ord, "xcuda: {e}; refusing new device allocations (frees still work) until this process restarts on a sound ledger");
+    }
+    let sample = g.quota.ledger().and_then(|(l, _)| {
+        let s = l.read_monitor()?;
+        s.is_fresh(node_ledger::clock::now_ns(), stale_ns).then(|| Sample {
+            u_sm: f64::from(s.sample.sm_active_permille) / 1000.0,
+            c_sm: f64::from(s.sample.sm_clock_mhz),
+            c_h: f64::from(s.sample.sm_clock_max_mhz),
+        })
+    });
+    let budget = g.quota.ledger().and_then(|(l, _)| crate::budget::fresh_budget(l, node_ledger::clock::now_ns(), stale_ns));
+    let d = g.throttle.control_with_budget(&mut lp.pid, sample, budget, dt);
+    g.throttle.refill(dt);
+    if lp.last_stale != Some(d.stale) {
+        tracing::info!(device = ord, stale = d.stale, rate = d.rate, "xcuda throttle input changed");
+        lp.last_stale = Some(d.stale);
+    }
+    let target = g.throttle.target();
+    if (target - lp.last_target).abs() > 1e-3 {
+        tracing::info!(device = ord, target, budget = ?budget, rate = d.rate, "xcuda throttle target changed");
+        lp.last_target = target;
+    }
+}
+
+/// Heartbeat, launch counts, dead-neighbour reclaim and eviction requests in GPU `g`'s ledger;
+/// `false` once the process has been asked to leave (the controller stops).
+fn housekeeping(g: &Gpu, lp: &mut Loop) -> bool {
+    let Some((l, Some(h))) = g.quota.ledger() else { return true };
     l.heartbeat(h);
-    let (n, d) = (st.throttle.launches.load(Relaxed), st.throttle.delayed.load(Relaxed));
-    l.count_launches(h, n - reported.0, d - reported.1);
-    *reported = (n, d);
+    let (n, d) = (g.throttle.launches.load(Relaxed), g.throttle.delayed.load(Relaxed));
+    l.count_launches(h, n - lp.reported.0, d - lp.reported.1);
+    lp.reported = (n, d);
     if let Ok(v) = l.reclaim_dead() {
         for (pid, bytes) in v {
             tracing::info!(pid, bytes, "xcuda: reclaimed quota of a dead process");
         }
     }
     let sig = l.evict_signal(h);
-    let evict_all = start_epoch.is_some_and(|e| l.evict_all_epoch() != e);
+    let evict_all = lp.start_epoch.is_some_and(|e| l.evict_all_epoch() != e);
     if sig != 0 || evict_all {
         let sig = if sig != 0 { sig as c_int } else { libc::SIGTERM };
-        tracing::warn!(sig, "xcuda: monitor asked this process to leave");
+        tracing::warn!(sig, host_gpu = ?g.host_index, "xcuda: monitor asked this process to leave");
         // SAFETY: raising a signal at ourselves; the graceful-exit path handles it.
         unsafe { libc::kill(libc::getpid(), sig) };
         CONTROLLER_ALIVE.store(false, Release);
+        return false;
     }
+    true
 }
 
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn cfg_with(gpus: &str) -> Config {
+        let mut c = Config::default();
+        assert!(c.apply_env(&|k| (k == "XSHARE_GPUS").then(|| gpus.to_string())).is_empty());
+        c
+    }
+
+    const U0: &str = "GPU-00000000-0000-4000-8000-000000000000";
+    const U1: &str = "GPU-11111111-1111-4111-8111-111111111111";
+
+    /// Multi-GPU: each ordinal's ledger is the host GPU of its UUID, whatever the ordinal order
+    /// (`CUDA_VISIBLE_DEVICES=1,0`: ordinal 0 is host GPU 1). Today's shim used one ledger
+    /// (`XSHARE_GPU_INDEX`) for every device.
+    #[test]
+    fn each_ordinal_maps_to_the_host_gpu_of_its_uuid() {
+        let c = cfg_with(&format!("0={U0},1={U1}"));
+        assert_eq!(host_index_of(&c, 0, 2, &U1.to_lowercase()), Ok(1));
+        assert_eq!(host_index_of(&c, 1, 2, &U0.to_uppercase().replace("GPU-", "GPU-")), Ok(0));
+        let e = host_index_of(&c, 1, 2, "GPU-22222222-2222-4222-8222-222222222222").unwrap_err();
+        assert!(e.contains("XSHARE_GPUS") && e.contains("no quota"), "{e}");
+        assert!(host_index_of(&c, 0, 1, "").is_err(), "no UUID from the driver: unmapped");
+    }
+
+    #[test]
+    fn without_a_map_one_gpu_uses_gpu_index_and_several_fail_closed() {
+        let mut c = Config::default();
+        c.gpu_index = 3;
+        assert_eq!(host_index_of(&c, 0, 1, U0), Ok(3), "single GPU: unchanged behaviour");
+        let e = host_index_of(&c, 0, 2, U0).unwrap_err();
+        assert!(e.contains("2 devices visible"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_map_is_a_config_error() {
+        let mut c = Config::default();
+        let errs = c.apply_env(&|k| (k == "XSHARE_GPUS").then(|| "0=GPU-x".to_string()));
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].to_string().contains("XSHARE_GPUS"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn uuid_text_matches_nvml() {
+        let mut b = [0u8; 16];
+        b[0] = 0xab;
+        b[15] = 0x01;
+        assert_eq!(uuid_text(&b), "GPU-ab000000-0000-0000-0000-000000000001");
+    }
+
     #[test]
     fn logging_never_installs_a_global_subscriber() {
         super::logged(|| tracing::warn!("xcuda test line"));

@@ -242,43 +242,35 @@ export! {
     fn cuInit(Flags: c_uint) { driver::init(Flags) }
     fn cuDriverGetVersion(driverVersion: *mut c_int) { put(driverVersion, driver::driver_version()?) }
     fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) {
-        driver::drv()?;
-        if ordinal != 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
-        }
-        put(device, 0)
+        driver::check_device(ordinal)?;
+        put(device, ordinal)
     }
     fn cuDeviceGetCount(count: *mut c_int) {
-        driver::drv()?;
-        put(count, 1)
+        put(count, driver::device_count()? as c_int)
     }
     fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
-        driver::check_device(dev)?;
-        put_str(name, len, &driver::drv()?.dev.info().name)
+        put_str(name, len, &driver::gpu(dev)?.dev.info().name)
     }
     fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) {
-        driver::check_device(dev)?;
-        put(uuid, CUuuid { bytes: driver::drv()?.dev.info().uuid })
+        put(uuid, CUuuid { bytes: driver::gpu(dev)?.dev.info().uuid })
     }
     fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) {
-        driver::check_device(dev)?;
-        put(uuid, CUuuid { bytes: driver::drv()?.dev.info().uuid })
+        put(uuid, CUuuid { bytes: driver::gpu(dev)?.dev.info().uuid })
     }
     fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) { put(bytes, driver::total_mem(dev)? as usize) }
     fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) {
-        driver::check_device(dev)?;
-        let v = crate::attrs::attribute(&driver::drv()?.dev.info(), attrib).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let v = crate::attrs::attribute(&driver::gpu(dev)?.dev.info(), attrib).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         put(pi, v)
     }
     fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) {
-        driver::check_device(dev)?;
-        let (a, b) = driver::drv()?.dev.info().compute_capability;
+        let (a, b) = driver::gpu(dev)?.dev.info().compute_capability;
         put(major, a as c_int)?;
         put(minor, b as c_int)
     }
     fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: CUdevice) {
-        driver::check_device(dev)?;
-        let bus = driver::drv()?.dev.info().pci_bus;
+        let g = driver::gpu(dev)?;
+        // Each GPU of an emulated host sits on its own bus.
+        let bus = g.dev.info().pci_bus + g.phys as u32;
         put_str(pciBusId, len, &format!("00000000:{bus:02X}:00.0"))
     }
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) {
@@ -344,16 +336,11 @@ export! {
     fn cuCtxSetCurrent(ctx: CUcontext) { driver::ctx_set_current(h(ctx)) }
     fn cuCtxGetCurrent(pctx: *mut CUcontext) { put(pctx, ptr(driver::ctx_get_current()?)) }
     fn cuCtxGetDevice(device: *mut CUdevice) {
-        driver::current()?;
-        put(device, 0)
+        put(device, driver::current_ord()? as CUdevice)
     }
     fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) {
-        if ctx.is_null() {
-            driver::current()?;
-        } else {
-            driver::ctx_api_version(h(ctx))?;
-        }
-        put(device, 0)
+        let ord = if ctx.is_null() { driver::current_ord()? } else { driver::ctx_ord(h(ctx))? };
+        put(device, ord as CUdevice)
     }
     fn cuCtxGetFlags(flags: *mut c_uint) { put(flags, driver::ctx_flags()?) }
     fn cuCtxSynchronize() { driver::ctx_sync() }
@@ -703,6 +690,45 @@ export! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         put(phGraphExec, ptr(driver::graph_instantiate(h(hGraph))?))
+    }
+    fn cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
+        if nodeParams.is_null() || phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = *nodeParams;
+        let pp = &p.poolProps;
+        // cuda.h: pinned memory on a device, handleTypes must be CU_MEM_HANDLE_TYPE_NONE (no
+        // IPC), at most one access descriptor per GPU.
+        if pp.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+            || pp.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+            || pp.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+            || p.accessDescCount > driver::device_count()?
+            || (p.accessDescCount > 0 && p.accessDescs.is_null())
+        {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (node, addr) = driver::graph_add_mem_alloc(h(hGraph), p.bytesize as u64, pp.location.id)?;
+        (*nodeParams).dptr = addr;
+        put(phGraphNode, ptr(node))
+    }
+    fn cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr) {
+        if phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(phGraphNode, ptr(driver::graph_add_mem_free(h(hGraph), dptr)?))
+    }
+    fn cuDeviceGraphMemTrim(device: CUdevice) { driver::graph_mem_trim(device) }
+    fn cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) {
+        if value.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(value.cast::<cuuint64_t>(), driver::graph_mem_attribute(device, attr.0)?)
+    }
+    fn cuDeviceSetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) {
+        if value.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::graph_mem_set_attribute(device, attr.0, *value.cast::<cuuint64_t>())
     }
     fn cuGraphExecDestroy(hGraphExec: CUgraphExec) { driver::graph_exec_destroy(h(hGraphExec)) }
     fn cuGraphDestroy(hGraph: CUgraph) { driver::graph_destroy(h(hGraph)) }

@@ -54,10 +54,21 @@ pub const SPIN: &str = "spin";
 const CU_STREAM_LEGACY: u64 = 1;
 const CU_STREAM_PER_THREAD: u64 = 2;
 
-/// The initialised driver of this process: the device, our registration, and local state.
-pub struct Driver {
+/// One GPU this process sees: the emulated device and our registration on it.
+pub struct Gpu {
+    /// The emulated device.
     pub dev: Device,
+    /// This process's registration on it.
     pub client: Client,
+    /// Its position on the emulated host (`GPUEMU_STATE`'s list): the physical GPU.
+    pub phys: usize,
+}
+
+/// The initialised driver of this process: the visible GPUs (index = `CUdevice` ordinal, in
+/// the order `CUDA_VISIBLE_DEVICES` lists them), and local state.
+pub struct Driver {
+    /// The visible GPUs, by ordinal.
+    pub gpus: Vec<Gpu>,
     /// The process that called `cuInit`; a forked child may not use its driver state.
     pid: u32,
     inner: Mutex<Inner>,
@@ -71,6 +82,8 @@ thread_local! {
 
 #[derive(Default)]
 struct Ctx {
+    /// Ordinal of the device the context was created on.
+    ord: usize,
     flags: u32,
     primary: bool,
     default_last: u64,
@@ -91,9 +104,11 @@ enum Mark {
 struct Alloc {
     size: u64,
     ctx: u64,
+    ord: usize,
 }
 
 struct Phys {
+    ord: usize,
     size: u64,
     released: bool,
     maps: u32,
@@ -108,9 +123,8 @@ struct Mapping {
 struct Inner {
     next: u64,
     ctxs: HashMap<u64, Ctx>,
-    primary: Option<u64>,
-    primary_refs: u32,
-    primary_flags: u32,
+    /// Per ordinal: the primary context, its retain count and flags.
+    primary: HashMap<usize, Primary>,
     modules: HashMap<u64, (u64, Vec<ptx::Entry>)>,
     funcs: HashMap<u64, (u64, ptx::Entry)>,
     streams: HashMap<u64, Stream>,
@@ -119,11 +133,47 @@ struct Inner {
     phys: HashMap<u64, Phys>,
     reservations: BTreeMap<u64, u64>,
     mappings: BTreeMap<u64, Mapping>,
-    arrays: HashMap<u64, u64>,
+    arrays: HashMap<u64, (usize, u64)>,
     pools: HashSet<u64>,
     graphs: HashMap<u64, Vec<GraphNode>>,
     execs: HashMap<u64, Vec<GraphNode>>,
+    /// Memory nodes of each graph (and of each instantiation: exec -> (graph, nodes)).
+    graph_mem: HashMap<u64, Vec<MemNode>>,
+    exec_mem: HashMap<u64, (u64, Vec<MemNode>)>,
+    /// Per ordinal: the graph memory pool (CUDA keeps physical memory reserved for graphs
+    /// across launches until `cuDeviceGraphMemTrim`).
+    graph_pools: HashMap<usize, GraphPool>,
+    /// Graph allocations alive after their graph's launch (not freed in the graph): address ->
+    /// (ordinal, size); freed with cuMemFree/cuMemFreeAsync back into the pool.
+    graph_live: BTreeMap<u64, (usize, u64)>,
     mem: MemStore,
+}
+
+/// A graph memory node.
+#[derive(Clone, Copy, Debug)]
+enum MemNode {
+    /// `cuGraphAddMemAllocNode`: `size` bytes at the fixed address `addr` on ordinal `ord`.
+    Alloc { addr: u64, size: u64, ord: usize },
+    /// `cuGraphAddMemFreeNode` of `addr`.
+    Free { addr: u64 },
+}
+
+/// One device's graph memory pool in this process.
+#[derive(Default, Clone, Copy, Debug)]
+struct GraphPool {
+    /// Physical memory held for graphs (committed on the device).
+    reserved: u64,
+    /// Of which in use by allocations (during a launch, or alive after it).
+    used: u64,
+    reserved_high: u64,
+    used_high: u64,
+}
+
+#[derive(Default)]
+struct Primary {
+    ctx: Option<u64>,
+    refs: u32,
+    flags: u32,
 }
 
 /// A kernel node of a graph, with its launch parameters captured when it was added.
@@ -161,23 +211,71 @@ pub fn drv() -> R<&'static Driver> {
 extern "C" fn release_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(Ok(d)) = DRIVER.get().filter(|d| matches!(d, Ok(d) if d.pid == std::process::id())) {
-            d.dev.detach(&d.client);
+            for g in &d.gpus {
+                g.dev.detach(&g.client);
+            }
         }
     });
 }
 
-/// `cuInit`: opens the device named by `GPUEMU_STATE` and registers this process.
+/// Bits of a kernel ticket above the device's own counter: the ordinal it was launched on.
+const TICKET_ORD_SHIFT: u32 = 56;
+/// Bits of a device address above the device's own: the physical GPU (each emulated device
+/// hands out addresses from the same base; a process seeing several must never get one twice).
+const ADDR_PHYS_SHIFT: u32 = 48;
+
+/// The GPUs `CUDA_VISIBLE_DEVICES` makes visible, as positions in the host's list of `n`
+/// (whose UUIDs are `uuids`), in ordinal order. As the real driver does (CUDA C Programming
+/// Guide, "CUDA Environment Variables"; MPS docs, "CUDA_VISIBLE_DEVICES"): unset = every GPU in
+/// host order; entries are indices or UUIDs (`GPU-...`, a unique prefix is enough), separated
+/// by commas; the first invalid entry (unknown index or UUID, an ambiguous prefix, a GPU named
+/// twice, `-1`, anything else) ends the list, and only the entries before it are visible.
+pub fn visible_devices(env: Option<&str>, uuids: &[String]) -> Vec<usize> {
+    let Some(env) = env else { return (0..uuids.len()).collect() };
+    let mut out = Vec::new();
+    for item in env.split(',') {
+        let item = item.trim();
+        let found = if item.starts_with("GPU-") {
+            let m: Vec<usize> = (0..uuids.len()).filter(|&i| uuids[i].starts_with(item)).collect();
+            (m.len() == 1).then(|| m[0])
+        } else if !item.is_empty() && item.bytes().all(|b| b.is_ascii_digit()) {
+            item.parse::<usize>().ok().filter(|&i| i < uuids.len())
+        } else {
+            None
+        };
+        match found {
+            Some(i) if !out.contains(&i) => out.push(i),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// `cuInit`: opens the devices named by `GPUEMU_STATE` that `CUDA_VISIBLE_DEVICES` makes
+/// visible and registers this process on each (none visible: `CUDA_ERROR_NO_DEVICE`).
 pub fn init(flags: u32) -> R {
     if flags != 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let r = DRIVER.get_or_init(|| {
-        let open = Device::open_from_env().and_then(|dev| dev.attach().map(|client| (dev, client)));
+        let open = Device::open_all_from_env().and_then(|devs| {
+            let uuids: Vec<String> = devs.iter().map(|d| uuid_text(&d.info().uuid)).collect();
+            let visible = visible_devices(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(), &uuids);
+            let mut devs: Vec<Option<Device>> = devs.into_iter().map(Some).collect();
+            let mut gpus = Vec::new();
+            for phys in visible {
+                let dev = devs[phys].take().expect("visible_devices names each GPU once");
+                let client = dev.attach()?;
+                gpus.push(Gpu { dev, client, phys });
+            }
+            Ok(gpus)
+        });
         match open {
-            Ok((dev, client)) => {
+            Ok(gpus) if gpus.is_empty() => Err(CUresult::CUDA_ERROR_NO_DEVICE),
+            Ok(gpus) => {
                 // SAFETY: registering a plain extern "C" fn with no captured state.
                 unsafe { libc::atexit(release_at_exit) };
-                Ok(Driver { dev, client, pid: std::process::id(), inner: Mutex::new(Inner::default()) })
+                Ok(Driver { gpus, pid: std::process::id(), inner: Mutex::new(Inner::default()) })
             }
             Err(e) => {
                 eprintln!("gpuemu libcuda: no emulated GPU: {e}");
@@ -192,7 +290,10 @@ pub fn init(flags: u32) -> R {
     }
     // The MPS connection is attempted when CUDA is initialised: queued (blocking) while another
     // user's server is active.
-    mps_wait_turn(|| d.dev.mps_admit(&d.client))
+    for g in &d.gpus {
+        mps_wait_turn(|| g.dev.mps_admit(&g.client))?;
+    }
+    Ok(())
 }
 
 /// Runs `look` until it is not [`EmuError::MpsUserQueued`]. MPS serves one user at a time:
@@ -220,15 +321,81 @@ impl Driver {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The MPS gate of the GPU at ordinal `ord`.
+    fn gate_on(&self, ord: usize) -> R {
+        let g = &self.gpus[ord];
+        g.dev.gate(&g.client).map_err(dev_err)
+    }
+
+    /// The MPS gate of the calling thread's current context's GPU.
     fn gate(&self) -> R {
-        self.dev.gate(&self.client).map_err(dev_err)
+        self.gate_on(current_ord()?)
+    }
+
+    /// The GPU at ordinal `ord` (valid: ordinals are only ever checked ones).
+    fn gpu(&self, ord: usize) -> &Gpu {
+        &self.gpus[ord]
+    }
+
+    /// A kernel ticket's status (the ticket names its GPU).
+    fn kernel_status(&self, t: u64) -> KernelStatus {
+        let (ord, t) = split_ticket(t);
+        match self.gpus.get(ord) {
+            Some(g) => g.dev.kernel_status(t),
+            None => KernelStatus::Gone,
+        }
+    }
+
+    fn collect(&self, t: u64) {
+        let (ord, t) = split_ticket(t);
+        if let Some(g) = self.gpus.get(ord) {
+            g.dev.collect(t);
+        }
     }
 }
 
-/// `CUDA_ERROR_INVALID_DEVICE` unless `dev` is the one emulated device (ordinal 0).
+fn split_ticket(t: u64) -> (usize, u64) {
+    ((t >> TICKET_ORD_SHIFT) as usize, t & ((1 << TICKET_ORD_SHIFT) - 1))
+}
+
+/// NVML's / nvidia-smi's text of a UUID (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+pub fn uuid_text(b: &[u8; 16]) -> String {
+    let mut s = String::from("GPU-");
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+/// `CUDA_ERROR_INVALID_DEVICE` unless `dev` is a visible device's ordinal.
 pub fn check_device(dev: i32) -> R {
-    drv()?;
-    if dev == 0 { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_DEVICE) }
+    gpu(dev).map(|_| ())
+}
+
+/// The visible GPU at ordinal `dev`.
+pub fn gpu(dev: i32) -> R<&'static Gpu> {
+    let d = drv()?;
+    usize::try_from(dev).ok().and_then(|i| d.gpus.get(i)).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// Number of visible GPUs.
+pub fn device_count() -> R<usize> {
+    Ok(drv()?.gpus.len())
+}
+
+/// The ordinal of the current context's device.
+pub fn current_ord() -> R<usize> {
+    let d = drv()?;
+    let c = current_raw().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    d.lock().ctxs.get(&c).map(|c| c.ord).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// The ordinal of context `ctx`'s device.
+pub fn ctx_ord(ctx: u64) -> R<usize> {
+    drv()?.lock().ctxs.get(&ctx).map(|c| c.ord).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
 }
 
 // ---- contexts ----
@@ -250,11 +417,12 @@ fn env_pct() -> Option<u32> {
     Some(p.round().clamp(1.0, 100.0) as u32)
 }
 
-fn new_ctx(d: &Driver, flags: u32, primary: bool) -> R<u64> {
-    mps_wait_turn(|| d.dev.context_created(&d.client, env_pct()))?;
+fn new_ctx(d: &Driver, ord: usize, flags: u32, primary: bool) -> R<u64> {
+    let gp = d.gpu(ord);
+    mps_wait_turn(|| gp.dev.context_created(&gp.client, env_pct()))?;
     let mut g = d.lock();
     let h = g.handle();
-    g.ctxs.insert(h, Ctx { flags, primary, ..Default::default() });
+    g.ctxs.insert(h, Ctx { ord, flags, primary, ..Default::default() });
     Ok(h)
 }
 
@@ -262,7 +430,7 @@ fn new_ctx(d: &Driver, flags: u32, primary: bool) -> R<u64> {
 pub fn ctx_create(flags: u32, dev: i32) -> R<u64> {
     check_device(dev)?;
     let d = drv()?;
-    let h = new_ctx(d, flags, false)?;
+    let h = new_ctx(d, dev as usize, flags, false)?;
     STACK.with(|s| s.borrow_mut().push(h));
     Ok(h)
 }
@@ -270,10 +438,11 @@ pub fn ctx_create(flags: u32, dev: i32) -> R<u64> {
 fn destroy_ctx(d: &Driver, g: &mut Inner, ctx: u64) {
     let Some(c) = g.ctxs.remove(&ctx) else { return };
     let freed: Vec<(u64, u64)> = g.allocs.iter().filter(|(_, a)| a.ctx == ctx).map(|(k, a)| (*k, a.size)).collect();
+    let gp = d.gpu(c.ord);
     for (addr, size) in freed {
         g.allocs.remove(&addr);
         g.mem.discard(addr, size);
-        d.dev.free(&d.client, size);
+        gp.dev.free(&gp.client, size);
     }
     g.streams.retain(|_, s| s.ctx != ctx);
     let mods: Vec<u64> = g.modules.iter().filter(|(_, m)| m.0 == ctx).map(|(k, _)| *k).collect();
@@ -282,14 +451,14 @@ fn destroy_ctx(d: &Driver, g: &mut Inner, ctx: u64) {
         g.funcs.retain(|_, f| f.0 != m);
     }
     for t in c.pending {
-        d.dev.collect(t);
+        d.collect(t);
     }
-    if g.primary == Some(ctx) {
-        g.primary = None;
-        g.primary_refs = 0;
+    if let Some(p) = g.primary.get_mut(&c.ord).filter(|p| p.ctx == Some(ctx)) {
+        p.ctx = None;
+        p.refs = 0;
     }
     STACK.with(|s| s.borrow_mut().retain(|&x| x != ctx));
-    d.dev.context_destroyed(&d.client);
+    gp.dev.context_destroyed(&gp.client);
 }
 
 /// `cuCtxDestroy`: releases the context and everything allocated in it.
@@ -359,33 +528,36 @@ pub fn ctx_api_version(ctx: u64) -> R<u32> {
     if d.lock().ctxs.contains_key(&c) { Ok(3020) } else { Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) }
 }
 
-/// `cuDevicePrimaryCtxRetain`: creates the primary context on first retain.
+/// `cuDevicePrimaryCtxRetain`: creates the device's primary context on first retain.
 pub fn primary_retain(dev: i32) -> R<u64> {
     check_device(dev)?;
+    let ord = dev as usize;
     let d = drv()?;
-    let existing = d.lock().primary;
+    let existing = d.lock().primary.get(&ord).and_then(|p| p.ctx);
     let h = match existing {
         Some(h) => h,
         None => {
-            let flags = d.lock().primary_flags;
-            let h = new_ctx(d, flags, true)?;
+            let flags = d.lock().primary.get(&ord).map_or(0, |p| p.flags);
+            let h = new_ctx(d, ord, flags, true)?;
             let mut g = d.lock();
-            match g.primary {
+            let p = g.primary.entry(ord).or_default();
+            match p.ctx {
                 Some(other) => {
                     // Another thread won the race: keep its context.
                     g.ctxs.remove(&h);
                     drop(g);
-                    d.dev.context_destroyed(&d.client);
+                    let gp = d.gpu(ord);
+                    gp.dev.context_destroyed(&gp.client);
                     other
                 }
                 None => {
-                    g.primary = Some(h);
+                    p.ctx = Some(h);
                     h
                 }
             }
         }
     };
-    d.lock().primary_refs += 1;
+    d.lock().primary.entry(ord).or_default().refs += 1;
     Ok(h)
 }
 
@@ -394,9 +566,10 @@ pub fn primary_release(dev: i32) -> R {
     check_device(dev)?;
     let d = drv()?;
     let mut g = d.lock();
-    let Some(h) = g.primary else { return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) };
-    g.primary_refs = g.primary_refs.saturating_sub(1);
-    if g.primary_refs == 0 {
+    let p = g.primary.entry(dev as usize).or_default();
+    let Some(h) = p.ctx else { return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) };
+    p.refs = p.refs.saturating_sub(1);
+    if p.refs == 0 {
         destroy_ctx(d, &mut g, h);
     }
     Ok(())
@@ -407,7 +580,7 @@ pub fn primary_reset(dev: i32) -> R {
     check_device(dev)?;
     let d = drv()?;
     let mut g = d.lock();
-    if let Some(h) = g.primary {
+    if let Some(h) = g.primary.get(&(dev as usize)).and_then(|p| p.ctx) {
         destroy_ctx(d, &mut g, h);
     }
     Ok(())
@@ -418,8 +591,9 @@ pub fn primary_set_flags(dev: i32, flags: u32) -> R {
     check_device(dev)?;
     let d = drv()?;
     let mut g = d.lock();
-    g.primary_flags = flags;
-    if let Some(h) = g.primary {
+    let p = g.primary.entry(dev as usize).or_default();
+    p.flags = flags;
+    if let Some(h) = p.ctx {
         if let Some(c) = g.ctxs.get_mut(&h) {
             c.flags = flags;
         }
@@ -431,7 +605,7 @@ pub fn primary_set_flags(dev: i32, flags: u32) -> R {
 pub fn primary_state(dev: i32) -> R<(u32, bool)> {
     check_device(dev)?;
     let g = drv()?.lock();
-    Ok((g.primary_flags, g.primary.is_some()))
+    Ok(g.primary.get(&(dev as usize)).map_or((0, false), |p| (p.flags, p.ctx.is_some())))
 }
 
 // ---- streams, kernels, events ----
@@ -446,7 +620,12 @@ fn stream_ref(g: &Inner, ctx: u64, h: u64) -> R<StreamRef> {
     if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
         return Ok(StreamRef::Default(ctx));
     }
-    if g.streams.contains_key(&h) { Ok(StreamRef::Stream(h)) } else { Err(CUresult::CUDA_ERROR_INVALID_HANDLE) }
+    // A stream belongs to the context it was created in: another context's stream is an
+    // invalid handle there, as on a real driver.
+    match g.streams.get(&h) {
+        Some(s) if s.ctx == ctx => Ok(StreamRef::Stream(h)),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+    }
 }
 
 fn last_of(g: &Inner, s: StreamRef) -> u64 {
@@ -537,19 +716,25 @@ pub fn launch(req: LaunchReq) -> R {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let blocks: u64 = req.grid.iter().map(|&g| u64::from(g)).product();
-    if req.cooperative && blocks > u64::from(d.dev.info().sm_count) * 16 {
+    let ord = ctx_ord(ctx)?;
+    let gp = d.gpu(ord);
+    if req.cooperative && blocks > u64::from(gp.dev.info().sm_count) * 16 {
         return Err(CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
     }
     let (sref, after) = {
         let g = d.lock();
-        if !g.funcs.contains_key(&req.f) {
+        // A function belongs to its module's context (cuModuleLoad is per context): launching
+        // it in another context (another device's, say) is an invalid handle.
+        let owner = g.funcs.get(&req.f).and_then(|(m, _)| g.modules.get(m)).map(|(c, _)| *c);
+        if owner != Some(ctx) {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
         let s = stream_ref(&g, ctx, req.stream)?;
         (s, last_of(&g, s))
     };
     let l = Launch { blocks, cycles_per_block: req.cycles.unwrap_or(DEFAULT_CYCLES), after };
-    let t = d.dev.launch(&d.client, l).map_err(dev_err)?;
+    let t = gp.dev.launch(&gp.client, Launch { after: split_ticket(l.after).1, ..l }).map_err(dev_err)?;
+    let t = t | ((ord as u64) << TICKET_ORD_SHIFT);
     let mut g = d.lock();
     set_last(&mut g, sref, t);
     let stale = if let Some(c) = g.ctxs.get_mut(&ctx) {
@@ -572,14 +757,14 @@ fn collect_pending(d: &Driver, g: &mut Inner, ctx: u64) {
     let keep = pinned(g);
     let lasts: HashSet<u64> = g.streams.values().map(|s| s.last).chain(g.ctxs.values().map(|c| c.default_last)).collect();
     let Some(c) = g.ctxs.get_mut(&ctx) else { return };
-    c.pending.retain(|&t| match d.dev.kernel_status(t) {
+    c.pending.retain(|&t| match d.kernel_status(t) {
         KernelStatus::Pending => true,
         KernelStatus::Gone => false,
         KernelStatus::Done { .. } => {
             if keep.contains(&t) || lasts.contains(&t) {
                 return true;
             }
-            d.dev.collect(t);
+            d.collect(t);
             false
         }
     });
@@ -590,7 +775,9 @@ fn wait_ticket(d: &Driver, t: u64) -> R<u64> {
         d.gate()?;
         return Ok(emu_device::now_ns());
     }
-    d.dev.wait(&d.client, t).map_err(dev_err)
+    let (ord, t) = split_ticket(t);
+    let gp = d.gpus.get(ord).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    gp.dev.wait(&gp.client, t).map_err(dev_err)
 }
 
 /// `cuStreamSynchronize`: waits for the stream's last kernel (emulated completion).
@@ -616,7 +803,7 @@ pub fn stream_query(h: u64) -> R {
         last_of(&g, s)
     };
     d.gate()?;
-    match d.dev.kernel_status(last) {
+    match d.kernel_status(last) {
         KernelStatus::Pending => Err(CUresult::CUDA_ERROR_NOT_READY),
         _ => Ok(()),
     }
@@ -676,7 +863,7 @@ pub fn event_record(ev: u64, stream: u64) -> R {
     }
     let s = stream_ref(&g, ctx, stream)?;
     let last = last_of(&g, s);
-    let mark = match d.dev.kernel_status(last) {
+    let mark = match d.kernel_status(last) {
         KernelStatus::Pending => Mark::Ticket(last),
         KernelStatus::Done { end_ns, .. } => Mark::Time(end_ns.max(emu_device::now_ns())),
         KernelStatus::Gone => Mark::Time(emu_device::now_ns()),
@@ -695,7 +882,7 @@ fn event_time(d: &Driver, ev: u64, block: bool) -> R<Option<u64>> {
         None => return Ok(Some(0)),
         Some(Mark::Time(t)) => t,
         Some(Mark::Ticket(k)) => {
-            let end = match d.dev.kernel_status(k) {
+            let end = match d.kernel_status(k) {
                 KernelStatus::Done { end_ns, .. } => end_ns,
                 KernelStatus::Gone => emu_device::now_ns(),
                 KernelStatus::Pending if block => wait_ticket(d, k)?,
@@ -773,14 +960,24 @@ pub fn graph_add_kernel(graph: u64, node: GraphNode) -> R<u64> {
 pub fn graph_instantiate(graph: u64) -> R<u64> {
     let mut g = drv()?.lock();
     let nodes = g.graphs.get(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.clone();
+    let mem = g.graph_mem.get(&graph).cloned().unwrap_or_default();
+    // A graph with memory nodes may have one instantiation at a time (cuGraphAddMemAllocNode).
+    if !mem.is_empty() && g.exec_mem.values().any(|(gr, _)| *gr == graph) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
     let h = g.handle();
     g.execs.insert(h, nodes);
+    if !mem.is_empty() {
+        g.exec_mem.insert(h, (graph, mem));
+    }
     Ok(h)
 }
 
 /// `cuGraphLaunch`: enqueues every node on `stream`, in order.
 pub fn graph_launch(exec: u64, stream: u64) -> R {
-    let nodes = drv()?.lock().execs.get(&exec).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let d = drv()?;
+    let nodes = d.lock().execs.get(&exec).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    graph_mem_launch(d, exec)?;
     for n in nodes {
         launch(LaunchReq { f: n.f, grid: n.grid, block: n.block, shared_mem: n.shared_mem, stream, cycles: n.cycles, cooperative: false })?;
     }
@@ -789,12 +986,165 @@ pub fn graph_launch(exec: u64, stream: u64) -> R {
 
 /// `cuGraphExecDestroy`.
 pub fn graph_exec_destroy(exec: u64) -> R {
-    drv()?.lock().execs.remove(&exec).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    let mut g = drv()?.lock();
+    g.exec_mem.remove(&exec);
+    g.execs.remove(&exec).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// `cuGraphDestroy`.
 pub fn graph_destroy(graph: u64) -> R {
-    drv()?.lock().graphs.remove(&graph).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    let mut g = drv()?.lock();
+    g.graph_mem.remove(&graph);
+    g.graphs.remove(&graph).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+// ---- graph memory nodes ----
+
+/// `cuGraphAddMemAllocNode`: a node allocating `size` bytes on ordinal `ord`; returns (node,
+/// address). The address is fixed now, for the graph's lifetime; physical memory is mapped
+/// from the device's graph pool when the graph is launched.
+pub fn graph_add_mem_alloc(graph: u64, size: u64, ord: i32) -> R<(u64, u64)> {
+    check_device(ord).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if size == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let d = drv()?;
+    let ord = ord as usize;
+    let mut g = d.lock();
+    if !g.graphs.contains_key(&graph) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let gp = d.gpu(ord);
+    let addr = gp.dev.reserve_address(size, 512) | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
+    g.graph_mem.entry(graph).or_default().push(MemNode::Alloc { addr, size, ord });
+    Ok((g.handle(), addr))
+}
+
+/// `cuGraphAddMemFreeNode`: frees an allocation of the same graph, once
+/// (`CUDA_ERROR_INVALID_VALUE` otherwise; freeing another graph's allocation is not emulated).
+pub fn graph_add_mem_free(graph: u64, addr: u64) -> R<u64> {
+    let d = drv()?;
+    let mut g = d.lock();
+    if !g.graphs.contains_key(&graph) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let nodes = g.graph_mem.entry(graph).or_default();
+    let allocated = nodes.iter().any(|n| matches!(n, MemNode::Alloc { addr: a, .. } if *a == addr));
+    let freed = nodes.iter().any(|n| matches!(n, MemNode::Free { addr: a } if *a == addr));
+    if !allocated || freed {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    nodes.push(MemNode::Free { addr });
+    Ok(g.handle())
+}
+
+/// Maps the graph memory an exec needs before its launch: each alloc node's bytes come from the
+/// device's graph pool, which grows (committing device memory) only when what it holds unused
+/// does not cover them; over the device's memory: `CUDA_ERROR_OUT_OF_MEMORY`, nothing launched.
+/// Allocations freed in the graph go back to the pool after the launch; the others stay alive
+/// (as allocations the application frees with cuMemFree / cuMemFreeAsync).
+fn graph_mem_launch(d: &Driver, exec: u64) -> R {
+    let mut g = d.lock();
+    let Some((_, nodes)) = g.exec_mem.get(&exec).cloned() else { return Ok(()) };
+    let mut need: HashMap<usize, u64> = HashMap::new();
+    for n in &nodes {
+        if let MemNode::Alloc { addr, size, ord } = *n {
+            // An allocation still alive from the previous launch: the real driver refuses
+            // to launch over it.
+            if g.graph_live.contains_key(&addr) {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            *need.entry(ord).or_default() += size;
+        }
+    }
+    let mut grown: Vec<(usize, u64)> = Vec::new();
+    for (&ord, &bytes) in &need {
+        let pool = g.graph_pools.entry(ord).or_default();
+        let short = bytes.saturating_sub(pool.reserved - pool.used);
+        if short > 0 {
+            let gp = d.gpu(ord);
+            if let Err(e) = gp.dev.commit(&gp.client, short) {
+                for (o, b) in grown {
+                    let gp = d.gpu(o);
+                    gp.dev.free(&gp.client, b);
+                    g.graph_pools.entry(o).or_default().reserved -= b;
+                }
+                return Err(dev_err(e));
+            }
+            let pool = g.graph_pools.entry(ord).or_default();
+            pool.reserved += short;
+            pool.reserved_high = pool.reserved_high.max(pool.reserved);
+            grown.push((ord, short));
+        }
+        let pool = g.graph_pools.entry(ord).or_default();
+        pool.used += bytes;
+        pool.used_high = pool.used_high.max(pool.used);
+    }
+    for n in &nodes {
+        if let MemNode::Alloc { addr, size, ord } = *n {
+            let freed = nodes.iter().any(|f| matches!(f, MemNode::Free { addr: a } if *a == addr));
+            if freed {
+                g.graph_pools.entry(ord).or_default().used -= size;
+            } else {
+                g.graph_live.insert(addr, (ord, size));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A cuMemFree / cuMemFreeAsync of a live graph allocation: back into its pool.
+fn graph_mem_free(g: &mut Inner, addr: u64) -> bool {
+    let Some((ord, size)) = g.graph_live.remove(&addr) else { return false };
+    g.mem.discard(addr, size);
+    let pool = g.graph_pools.entry(ord).or_default();
+    pool.used = pool.used.saturating_sub(size);
+    true
+}
+
+/// `cuDeviceGraphMemTrim`: gives the pool's unused physical memory back to the device.
+pub fn graph_mem_trim(dev: i32) -> R {
+    check_device(dev)?;
+    let d = drv()?;
+    let mut g = d.lock();
+    let pool = g.graph_pools.entry(dev as usize).or_default();
+    let spare = pool.reserved - pool.used;
+    pool.reserved -= spare;
+    if spare > 0 {
+        let gp = d.gpu(dev as usize);
+        gp.dev.free(&gp.client, spare);
+    }
+    Ok(())
+}
+
+/// `cuDeviceGetGraphMemAttribute`: 0 used, 1 used high, 2 reserved, 3 reserved high (bytes).
+pub fn graph_mem_attribute(dev: i32, attr: u32) -> R<u64> {
+    check_device(dev)?;
+    let g = drv()?.lock();
+    let p = g.graph_pools.get(&(dev as usize)).copied().unwrap_or_default();
+    match attr {
+        0 => Ok(p.used),
+        1 => Ok(p.used_high),
+        2 => Ok(p.reserved),
+        3 => Ok(p.reserved_high),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuDeviceSetGraphMemAttribute`: only the high watermarks, and only reset to 0.
+pub fn graph_mem_set_attribute(dev: i32, attr: u32, value: u64) -> R {
+    check_device(dev)?;
+    if value != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut g = drv()?.lock();
+    let p = g.graph_pools.entry(dev as usize).or_default();
+    match attr {
+        1 => p.used_high = 0,
+        3 => p.reserved_high = 0,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+    Ok(())
 }
 
 // ---- modules ----
@@ -837,16 +1187,15 @@ pub fn module_get_function(m: u64, name: &str) -> R<u64> {
 
 /// `cuMemGetInfo`: (free, total) of the shared device.
 pub fn mem_info() -> R<(u64, u64)> {
-    current()?;
+    let ord = current_ord()?;
     let d = drv()?;
-    d.gate()?;
-    Ok(d.dev.mem_info())
+    d.gate_on(ord)?;
+    Ok(d.gpu(ord).dev.mem_info())
 }
 
 /// `cuDeviceTotalMem`.
 pub fn total_mem(dev: i32) -> R<u64> {
-    check_device(dev)?;
-    Ok(drv()?.dev.info().total_memory)
+    Ok(gpu(dev)?.dev.info().total_memory)
 }
 
 /// Commits `size` bytes in the current context and returns the device address.
@@ -856,9 +1205,11 @@ pub fn mem_alloc(size: u64) -> R<u64> {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
-    d.gate()?;
-    let addr = d.dev.alloc(&d.client, size, 512).map_err(dev_err)?;
-    d.lock().allocs.insert(addr, Alloc { size, ctx });
+    let ord = ctx_ord(ctx)?;
+    d.gate_on(ord)?;
+    let gp = d.gpu(ord);
+    let addr = gp.dev.alloc(&gp.client, size, 512).map_err(dev_err)? | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
+    d.lock().allocs.insert(addr, Alloc { size, ctx, ord });
     Ok(addr)
 }
 
@@ -879,9 +1230,13 @@ pub fn mem_free(addr: u64) -> R {
         return Ok(());
     }
     let mut g = d.lock();
+    if graph_mem_free(&mut g, addr) {
+        return Ok(());
+    }
     let a = g.allocs.remove(&addr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     g.mem.discard(addr, a.size);
-    d.dev.free(&d.client, a.size);
+    let gp = d.gpu(a.ord);
+    gp.dev.free(&gp.client, a.size);
     Ok(())
 }
 
@@ -905,7 +1260,8 @@ fn check_range(g: &Inner, addr: u64, len: u64) -> R {
     let within = |b: u64, size: u64| addr >= b && addr.checked_add(len).is_some_and(|e| e <= b + size);
     let in_alloc = g.allocs.range(..=addr).next_back().is_some_and(|(b, a)| within(*b, a.size));
     let in_map = g.mappings.range(..=addr).next_back().is_some_and(|(b, m)| within(*b, m.size));
-    if in_alloc || in_map { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+    let in_graph = g.graph_live.range(..=addr).next_back().is_some_and(|(b, (_, size))| within(*b, *size));
+    if in_alloc || in_map || in_graph { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
 }
 
 /// Pointer attribute query: (owning context, is device memory).
@@ -976,7 +1332,7 @@ pub fn pool_create(alloc_type: u32, location_is_device: bool, device: i32) -> R<
     // PINNED on this device; MANAGED pools are new in CUDA 13.0; host-located pools (13.0) are
     // not emulated (refused, stricter than the driver).
     let type_ok = alloc_type == 1 || (alloc_type == 2 && driver_version()? >= DRIVER_VERSION_13);
-    if !type_ok || !location_is_device || device != 0 {
+    if !type_ok || !location_is_device || check_device(device).is_err() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let mut g = drv()?.lock();
@@ -1006,24 +1362,26 @@ pub fn check_stream(stream: u64) -> R {
 
 /// Array / mipmapped array of `bytes`: committed on the device.
 pub fn array_create(bytes: u64) -> R<u64> {
-    current()?;
+    let ord = current_ord()?;
     if bytes == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
-    d.gate()?;
-    d.dev.commit(&d.client, bytes).map_err(dev_err)?;
+    d.gate_on(ord)?;
+    let gp = d.gpu(ord);
+    gp.dev.commit(&gp.client, bytes).map_err(dev_err)?;
     let mut g = d.lock();
     let h = g.handle();
-    g.arrays.insert(h, bytes);
+    g.arrays.insert(h, (ord, bytes));
     Ok(h)
 }
 
 /// Destroys an array and gives its memory back.
 pub fn array_destroy(h: u64) -> R {
     let d = drv()?;
-    let bytes = d.lock().arrays.remove(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-    d.dev.free(&d.client, bytes);
+    let (ord, bytes) = d.lock().arrays.remove(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let gp = d.gpu(ord);
+    gp.dev.free(&gp.client, bytes);
     Ok(())
 }
 
@@ -1032,24 +1390,28 @@ pub fn array_destroy(h: u64) -> R {
 /// `cuMemCreate`: commits physical memory (size a multiple of the granularity).
 pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
     current()?;
-    if size == 0 || !size.is_multiple_of(GRANULARITY) || !location_is_device || device != 0 {
+    if size == 0 || !size.is_multiple_of(GRANULARITY) || !location_is_device || check_device(device).is_err() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
+    // The physical memory lives on the GPU the properties name, not the current context's.
+    let ord = device as usize;
     let d = drv()?;
-    d.gate()?;
-    d.dev.commit(&d.client, size).map_err(dev_err)?;
+    d.gate_on(ord)?;
+    let gp = d.gpu(ord);
+    gp.dev.commit(&gp.client, size).map_err(dev_err)?;
     let mut g = d.lock();
     let h = g.handle();
-    g.phys.insert(h, Phys { size, released: false, maps: 0 });
+    g.phys.insert(h, Phys { ord, size, released: false, maps: 0 });
     Ok(h)
 }
 
 fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
     if let Some(p) = g.phys.get(&h) {
         if p.released && p.maps == 0 {
-            let size = p.size;
+            let (ord, size) = (p.ord, p.size);
             g.phys.remove(&h);
-            d.dev.free(&d.client, size);
+            let gp = d.gpu(ord);
+            gp.dev.free(&gp.client, size);
         }
     }
 }
@@ -1073,7 +1435,9 @@ pub fn vmm_reserve(size: u64, align: u64) -> R<u64> {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
-    let addr = d.dev.reserve_address(size, align.max(GRANULARITY));
+    // Virtual ranges come from GPU 0's address space (unified addressing: one per process).
+    let gp = d.gpu(0);
+    let addr = gp.dev.reserve_address(size, align.max(GRANULARITY)) | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
     d.lock().reservations.insert(addr, size);
     Ok(addr)
 }
@@ -1135,4 +1499,30 @@ pub fn vmm_unmap(addr: u64, size: u64) -> R {
 pub fn vmm_set_access(addr: u64, size: u64) -> R {
     let g = drv()?.lock();
     check_range(&g, addr, size)
+}
+
+#[cfg(test)]
+mod visible_tests {
+    use super::visible_devices;
+
+    fn host() -> Vec<String> {
+        ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-bbbb3333-0000"].map(String::from).to_vec()
+    }
+
+    #[test]
+    fn visible_devices_renumber_in_listed_order_and_stop_at_the_first_invalid_entry() {
+        let h = host();
+        assert_eq!(visible_devices(None, &h), vec![0, 1, 2], "unset: every GPU in host order");
+        assert_eq!(visible_devices(Some("1,0"), &h), vec![1, 0], "ordinal 0 is host GPU 1");
+        assert_eq!(visible_devices(Some("2"), &h), vec![2]);
+        assert_eq!(visible_devices(Some("0,5,1"), &h), vec![0], "an invalid index truncates the list");
+        assert_eq!(visible_devices(Some("0,-1,1"), &h), vec![0]);
+        assert_eq!(visible_devices(Some("-1"), &h), Vec::<usize>::new());
+        assert_eq!(visible_devices(Some(""), &h), Vec::<usize>::new(), "set but empty: no device");
+        assert_eq!(visible_devices(Some("1,1"), &h), vec![1], "a GPU named twice ends the list");
+        assert_eq!(visible_devices(Some("GPU-bbbb3333-0000,GPU-aaaa"), &h), vec![2, 0], "UUIDs and unique prefixes");
+        assert_eq!(visible_devices(Some("GPU-bbbb,0"), &h), Vec::<usize>::new(), "an ambiguous prefix is invalid");
+        assert_eq!(visible_devices(Some("GPU-ffff,0"), &h), Vec::<usize>::new(), "unknown UUID");
+        assert_eq!(visible_devices(Some("0,GPU-aaaa1111-0000"), &h), vec![0], "index and UUID of one GPU");
+    }
 }

@@ -10,6 +10,8 @@ pub enum EmuError {
     NoStatePath,
     /// `GPUEMU_PROFILE` names no known profile.
     BadProfile(String),
+    /// `GPUEMU_STATE`'s list of state files has an empty entry or names one file twice.
+    BadStateList(String),
     /// A system call on the state file failed.
     Io { path: PathBuf, op: &'static str, source: std::io::Error },
     /// The state file is not ours or from another layout version.
@@ -42,7 +44,10 @@ impl EmuError {
     /// The driver status a real GPU would return for this failure.
     pub fn to_curesult(&self) -> CUresult {
         match self {
-            EmuError::NoStatePath | EmuError::BadProfile(_) | EmuError::Io { .. } | EmuError::Corrupt { .. } => {
+            EmuError::NoStatePath
+            | EmuError::BadProfile(_)
+            | EmuError::BadStateList(_)
+            | EmuError::Io { .. } | EmuError::Corrupt { .. } => {
                 CUresult::CUDA_ERROR_NO_DEVICE
             }
             EmuError::OutOfMemory { .. } => CUresult::CUDA_ERROR_OUT_OF_MEMORY,
@@ -62,6 +67,10 @@ impl std::fmt::Display for EmuError {
             EmuError::BadProfile(p) => {
                 write!(f, "GPUEMU_PROFILE={p:?} is not a known profile (use t4, a10 or h100)")
             }
+            EmuError::BadStateList(v) => write!(
+                f,
+                "GPUEMU_STATE={v:?}: a list of state files (one per GPU) separated by ':' must name each file once and have no empty entry"
+            ),
             EmuError::Io { path, op, source } => write!(f, "{op} {}: {source}", path.display()),
             EmuError::Corrupt { path, detail } => write!(f, "{}: not a GPU emulator state file: {detail}", path.display()),
             EmuError::OutOfMemory { requested, free } => {

@@ -198,20 +198,47 @@ pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
     h.mps_default_pct = 100;
 }
 
+/// The state files `GPUEMU_STATE` names: one, or several separated by `:` (GPU 0 first).
+pub fn state_paths_from_env() -> Result<Vec<PathBuf>, EmuError> {
+    let v = std::env::var_os(ENV_STATE).filter(|p| !p.is_empty()).ok_or(EmuError::NoStatePath)?;
+    let v = v.to_string_lossy().into_owned();
+    let paths: Vec<PathBuf> = v.split(':').map(PathBuf::from).collect();
+    for (i, p) in paths.iter().enumerate() {
+        if p.as_os_str().is_empty() || paths[..i].contains(p) {
+            return Err(EmuError::BadStateList(v));
+        }
+    }
+    Ok(paths)
+}
+
 fn align_up(v: u64, a: u64) -> u64 {
     let a = a.max(1);
     v.div_ceil(a) * a
 }
 
 impl Device {
-    /// Opens the device named by `GPUEMU_STATE` (profile of a new file from `GPUEMU_PROFILE`).
+    /// Opens the device named by `GPUEMU_STATE` (profile of a new file from `GPUEMU_PROFILE`);
+    /// on a multi-GPU emulated host (see [`Device::open_all_from_env`]) that is GPU 0.
     pub fn open_from_env() -> Result<Device, EmuError> {
-        let path = std::env::var_os(ENV_STATE).filter(|p| !p.is_empty()).ok_or(EmuError::NoStatePath)?;
+        let path = state_paths_from_env()?.swap_remove(0);
         let profile = match std::env::var(ENV_PROFILE) {
             Ok(id) if !id.trim().is_empty() => Profile::by_id(&id).ok_or(EmuError::BadProfile(id))?,
             _ => &profile::T4,
         };
-        Device::open(Path::new(&path), profile)
+        Device::open(&path, profile)
+    }
+
+    /// Opens every GPU of the emulated host: `GPUEMU_STATE` is one state file, or several
+    /// separated by `:` (the host's GPUs in their physical/NVML order, 0, 1, ...), all created
+    /// with the profile `GPUEMU_PROFILE`. An empty entry or a file named twice is an error:
+    /// one physical GPU is never two.
+    pub fn open_all_from_env() -> Result<Vec<Device>, EmuError> {
+        let paths = state_paths_from_env()?;
+        let profile = match std::env::var(ENV_PROFILE) {
+            Ok(id) if !id.trim().is_empty() => Profile::by_id(&id).ok_or(EmuError::BadProfile(id))?,
+            _ => &profile::T4,
+        };
+        paths.iter().map(|p| Device::open(p, profile)).collect()
     }
 
     /// Opens (or creates with `profile`) the state file at `path`.

@@ -57,6 +57,11 @@ pub fn open() -> Result<Device, String> {
     Device::open_from_env().map_err(|e| e.to_string())
 }
 
+/// Opens every device of the emulated host (`GPUEMU_STATE` may list several state files).
+pub fn open_all() -> Result<Vec<Device>, String> {
+    Device::open_all_from_env().map_err(|e| e.to_string())
+}
+
 /// The current snapshot of `dev`.
 pub fn snapshot(dev: &Device) -> Snapshot {
     let s = dev.snapshot();

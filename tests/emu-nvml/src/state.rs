@@ -13,8 +13,9 @@ use emu_device::Device;
 use crate::metrics::Point;
 use crate::source::{self, Snapshot};
 
-/// Devices this library can hand out handles for (the emulator has one per state file).
-pub const MAX_DEVICES: usize = 1;
+/// Most devices this library can hand out handles for (the emulator has one per state file;
+/// `GPUEMU_STATE` may list several, a multi-GPU host).
+pub const MAX_DEVICES: usize = 16;
 
 static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
 /// Handles are addresses inside this array; never dereferenced by anyone.
@@ -22,14 +23,15 @@ static HANDLE_BASE: [u8; MAX_DEVICES] = [0; MAX_DEVICES];
 
 /// Mutable state behind one lock (queries are not on any hot path).
 pub struct Shared {
-    /// The emulated device, opened at the first successful init.
-    pub device: Device,
+    /// The emulated host's devices (NVML order = the order `GPUEMU_STATE` lists them), opened
+    /// at the first successful init. NVML ignores `CUDA_VISIBLE_DEVICES`, as the real one does.
+    pub devices: Vec<Device>,
     /// Live GPM samples: id -> (device, point) once filled.
     pub gpm: HashMap<usize, Option<(u32, Point)>>,
     /// Next GPM sample id (never 0, so handles are never null).
     pub next_gpm: usize,
-    /// The last device snapshot and when it was taken (see [`SNAPSHOT_REUSE`]).
-    pub cache: Option<(Instant, Snapshot)>,
+    /// Per device: the last snapshot and when it was taken (see [`SNAPSHOT_REUSE`]).
+    pub cache: Vec<Option<(Instant, Snapshot)>>,
 }
 
 /// How long one device snapshot answers further queries. A monitor asks several questions per
@@ -54,12 +56,15 @@ pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
 pub fn init() -> NvmlResult<()> {
     let mut g = shared();
     if g.is_none() {
-        let device = source::open().map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
+        let devices = source::open_all().map_err(|_| nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED)?;
+        if devices.len() > MAX_DEVICES {
+            return Err(nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED);
+        }
         *g = Some(Shared {
-            device,
+            cache: devices.iter().map(|_| None).collect(),
+            devices,
             gpm: HashMap::new(),
             next_gpm: 1,
-            cache: None,
         });
     }
     INIT_COUNT.fetch_add(1, Ordering::SeqCst);
@@ -86,7 +91,9 @@ pub fn check_init() -> NvmlResult<()> {
 /// Number of devices (after init).
 pub fn device_count() -> NvmlResult<u32> {
     check_init()?;
-    Ok(MAX_DEVICES as u32)
+    let g = shared();
+    let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+    Ok(sh.devices.len() as u32)
 }
 
 /// The handle of device `index`.
@@ -130,18 +137,18 @@ fn snapshot_then<T>(
     fresh: bool,
     f: impl FnOnce(&Snapshot, &Device) -> T,
 ) -> NvmlResult<T> {
-    index(dev)?;
+    let i = index(dev)? as usize;
     let mut g = shared();
     let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
     let now = Instant::now();
     let stale = fresh
         || sh
-            .cache
+            .cache[i]
             .as_ref()
             .is_none_or(|(at, _)| now.duration_since(*at) >= SNAPSHOT_REUSE);
     if stale {
-        sh.cache = Some((now, source::snapshot(&sh.device)));
+        sh.cache[i] = Some((now, source::snapshot(&sh.devices[i])));
     }
-    let snap = &sh.cache.as_ref().expect("filled above").1;
-    Ok(f(snap, &sh.device))
+    let snap = &sh.cache[i].as_ref().expect("filled above").1;
+    Ok(f(snap, &sh.devices[i]))
 }

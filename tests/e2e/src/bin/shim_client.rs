@@ -250,6 +250,8 @@ fn main() {
         7000
     );
     let set_current = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
+    let device_count = get!(cu, "cuDeviceGetCount", PFN_cuDeviceGetCount_v2000, 2000);
+    let device_uuid = get!(cu, "cuDeviceGetUuid", PFN_cuDeviceGetUuid_v9020, 9020);
     let primary_release = get!(cu, "cuDevicePrimaryCtxRelease", PFN_cuDevicePrimaryCtxRelease_v11000, 11000);
     let primary_reset = get!(cu, "cuDevicePrimaryCtxReset", PFN_cuDevicePrimaryCtxReset_v11000, 11000);
     let mem_alloc = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
@@ -314,6 +316,11 @@ fn main() {
         11040
     );
     let graph_launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
+    let graph_add_alloc = get!(cu, "cuGraphAddMemAllocNode", PFN_cuGraphAddMemAllocNode_v11040, 11040);
+    let graph_add_free = get!(cu, "cuGraphAddMemFreeNode", PFN_cuGraphAddMemFreeNode_v11040, 11040);
+    let graph_trim = get!(cu, "cuDeviceGraphMemTrim", PFN_cuDeviceGraphMemTrim_v11040, 11040);
+    let graph_attr = get!(cu, "cuDeviceGetGraphMemAttribute", PFN_cuDeviceGetGraphMemAttribute_v11040, 11040);
+    let graph_exec_destroy = get!(cu, "cuGraphExecDestroy", PFN_cuGraphExecDestroy_v10000, 10000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -353,6 +360,76 @@ fn main() {
             let step = args[i].clone();
             match step.as_str() {
                 "ctx" => out(format!("ctx={}", ctx_create(&mut ctx, 0, 0).0)),
+                // Multi-GPU: a context on device ordinal N, made current (held allocations
+                // stay with the context they were made in).
+                "ctxon" => {
+                    let d = num(1, i) as CUdevice;
+                    i += 1;
+                    out(format!("ctxon={} dev={d}", ctx_create(&mut ctx, 0, d).0));
+                    // Modules belong to a context: load the kernel again in this one.
+                    spin_fn = std::ptr::null_mut();
+                }
+                // Graph memory: a graph with one BYTES alloc node on device 0 (freed in the
+                // graph when FREE is 1), instantiated, launched COUNT times; prints the node's
+                // and each launch's result and the driver's pool figures.
+                "graphmem" => {
+                    let (bytes, free_in_graph, count) = (num(1, i), num(2, i) == 1, num(3, i));
+                    i += 3;
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let mut r = graph_create(&mut g, 0);
+                    let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+                    p.poolProps.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    p.poolProps.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                    p.bytesize = bytes;
+                    let mut node: CUgraphNode = std::ptr::null_mut();
+                    if r.is_success() {
+                        r = graph_add_alloc(&mut node, g, std::ptr::null(), 0, &mut p);
+                    }
+                    let node_rc = r.0;
+                    if r.is_success() && free_in_graph {
+                        let mut fnode: CUgraphNode = std::ptr::null_mut();
+                        r = graph_add_free(&mut fnode, g, &node, 1, p.dptr);
+                    }
+                    let mut exec: CUgraphExec = std::ptr::null_mut();
+                    if r.is_success() {
+                        r = graph_instantiate(&mut exec, g, 0);
+                    }
+                    let mut rcs = Vec::new();
+                    for _ in 0..count {
+                        if r.is_success() || !rcs.is_empty() {
+                            let l = graph_launch(exec, stream);
+                            rcs.push(l.0.to_string());
+                            let _ = sync();
+                        }
+                    }
+                    if !exec.is_null() {
+                        graph_exec_destroy(exec);
+                    }
+                    if !free_in_graph && p.dptr != 0 {
+                        held.push(Held::Dev(p.dptr));
+                    }
+                    let (mut used, mut reserved) = (0u64, 0u64);
+                    graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast());
+                    graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast());
+                    out(format!(
+                        "graphmem={} node={node_rc} launches={} pool_used={used} pool_reserved={reserved}",
+                        rcs.first().cloned().unwrap_or_else(|| r.0.to_string()),
+                        rcs.join(",")
+                    ));
+                }
+                "graphtrim" => out(format!("graphtrim={}", graph_trim(0).0)),
+                "devices" => {
+                    let mut n: c_int = 0;
+                    let r = device_count(&mut n);
+                    let mut uuids = Vec::new();
+                    for d in 0..n {
+                        let mut u: CUuuid = std::mem::zeroed();
+                        device_uuid(&mut u, d);
+                        let b: Vec<String> = u.bytes.iter().map(|x| format!("{:02x}", *x as u8)).collect();
+                        uuids.push(b.concat());
+                    }
+                    out(format!("devices={} n={n} uuids={}", r.0, uuids.join(",")));
+                }
                 "primary" => {
                     let mut r = retain(&mut ctx, 0);
                     if r.is_success() {

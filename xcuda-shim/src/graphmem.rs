@@ -1,0 +1,219 @@
+//! Graph memory (`cuGraphAddMemAllocNode`): counted as the driver allocates it. A node only
+//! fixes a virtual address; physical memory is mapped when the graph is launched, from the
+//! device's graph memory pool, which keeps it across launches (and for allocations the graph
+//! does not free, until the application frees them) and gives unused memory back on
+//! `cuDeviceGraphMemTrim`. So the shim counts, per GPU, the pool's reserved bytes:
+//!
+//! - before a launch, the growth the pool may need (`used + this exec's alloc bytes` beyond what
+//!   it reserves, as the driver reports it) is reserved in the quota, and a refusal fails the
+//!   launch with `CUDA_ERROR_OUT_OF_MEMORY` before anything is mapped;
+//! - after such a launch (in the launching thread) and after a trim, the count is settled to the
+//!   driver's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`; the controller thread settles every GPU
+//!   each tick too, once the process has instantiated a graph (growth the shim did not foresee,
+//!   such as a captured graph's memory nodes, is counted then, and reported).
+//!
+//! Launches of graphs without memory nodes pay one atomic load and one map lookup per GPU; only
+//! launches of execs with memory nodes query the driver.
+
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+use cuda_abi::{CUdevice, CUgraphMem_attribute, CUresult};
+
+use crate::ptrmap::PtrMap;
+use crate::state::{call_real, Gpu, State};
+
+/// Ordinal bits of a map key (handles are pointers, below 2^48).
+const ORD_SHIFT: u32 = 56;
+
+fn key(handle: u64, ord: usize) -> u64 {
+    handle ^ ((ord as u64) << ORD_SHIFT)
+}
+
+/// The alloc-node bytes of each graph and exec, per device ordinal.
+pub struct GraphMem {
+    seen: AtomicBool,
+    graphs: PtrMap,
+    execs: PtrMap,
+}
+
+impl Default for GraphMem {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GraphMem {
+    /// Empty maps (room for 1024 graph/device and exec/device pairs each).
+    pub fn new() -> Self {
+        Self { seen: AtomicBool::new(false), graphs: PtrMap::new(1024), execs: PtrMap::new(1024) }
+    }
+
+    /// Whether this process ever added a memory allocation node or instantiated a graph.
+    #[inline]
+    pub fn seen(&self) -> bool {
+        self.seen.load(Relaxed)
+    }
+
+    /// A `bytes` alloc node was added to `graph` on ordinal `ord`.
+    pub fn node_added(&self, graph: u64, ord: usize, bytes: u64) {
+        self.seen.store(true, Relaxed);
+        let k = key(graph, ord);
+        let prev = self.graphs.remove(k).unwrap_or(0);
+        if !self.graphs.insert(k, prev.saturating_add(bytes)) {
+            crate::state::logged(|| tracing::error!("xcuda: graph memory table full: graph {graph:#x} is counted at launch only, after the driver mapped it"));
+        }
+    }
+
+    /// `exec` was instantiated from `graph`: it needs the graph's alloc bytes per device. From
+    /// now on graph launches are settled against the driver's pool (a captured graph may hold
+    /// memory nodes the shim never saw added).
+    pub fn instantiated(&self, graph: u64, exec: u64, devices: usize) {
+        self.seen.store(true, Relaxed);
+        for ord in 0..devices {
+            if let Some(b) = self.graphs.get(key(graph, ord)) {
+                self.execs.insert(key(exec, ord), b);
+            }
+        }
+    }
+
+    /// `exec` was destroyed (its pool memory stays reserved by the driver until trimmed).
+    pub fn exec_destroyed(&self, exec: u64, devices: usize) {
+        for ord in 0..devices {
+            self.execs.remove(key(exec, ord));
+        }
+    }
+
+    /// `graph` was destroyed.
+    pub fn graph_destroyed(&self, graph: u64, devices: usize) {
+        for ord in 0..devices {
+            self.graphs.remove(key(graph, ord));
+        }
+    }
+
+    /// Alloc-node bytes `exec` maps on ordinal `ord` at each launch.
+    pub fn footprint(&self, exec: u64, ord: usize) -> u64 {
+        self.execs.get(key(exec, ord)).unwrap_or(0)
+    }
+}
+
+/// The driver's graph-memory attribute `attr` of ordinal `dev` (`None` if it cannot say).
+fn attribute(dev: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
+    let mut v: u64 = 0;
+    let rc = call_real!(cuDeviceGetGraphMemAttribute: cuda_abi::PFN_cuDeviceGetGraphMemAttribute_v11040, dev, attr, (&mut v as *mut u64).cast());
+    (rc == CUresult::CUDA_SUCCESS).then_some(v)
+}
+
+/// Before launching `exec`: reserves in each GPU's quota the pool growth the launch may cause;
+/// `Err(CUDA_ERROR_OUT_OF_MEMORY)` (nothing reserved) if a quota refuses.
+pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
+    let gm = &st.graph_mem;
+    for (ord, g) in st.gpus.iter().enumerate() {
+        let fp = gm.footprint(exec, ord);
+        if fp == 0 {
+            continue;
+        }
+        g.graph_inflight.fetch_add(1, AcqRel);
+        let dev = ord as CUdevice;
+        let (used, reserved) = match (
+            attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+            attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+        ) {
+            (Some(u), Some(r)) => (u, r),
+            // The driver cannot say: assume nothing in the pool is reusable.
+            _ => (g.graph_counted.load(Relaxed), g.graph_counted.load(Relaxed)),
+        };
+        let after = reserved.max(used.saturating_add(fp));
+        let counted = g.graph_counted.load(Relaxed);
+        let need = after.saturating_sub(counted);
+        if need == 0 {
+            continue;
+        }
+        if !g.quota.try_reserve(need) {
+            for (o, g) in st.gpus.iter().enumerate().take(ord + 1) {
+                if gm.footprint(exec, o) > 0 {
+                    settle(g, o as CUdevice);
+                    g.graph_inflight.fetch_sub(1, AcqRel);
+                }
+            }
+            crate::state::logged(|| {
+                tracing::error!(
+                    device = ord,
+                    graph_bytes = fp,
+                    need,
+                    quota_used = g.quota.used(),
+                    quota = g.quota.limit(),
+                    "xcuda: graph launch refused: its memory nodes would take the group over its quota (CUDA_ERROR_OUT_OF_MEMORY)"
+                )
+            });
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        g.graph_counted.fetch_add(need, Relaxed);
+    }
+    Ok(())
+}
+
+/// Settles GPU `g`'s (ordinal `dev`) graph-pool count to what the driver reserves.
+pub fn settle(g: &Gpu, dev: CUdevice) {
+    let Some(actual) = attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) else { return };
+    let counted = g.graph_counted.load(Relaxed);
+    if actual > counted {
+        let more = actual - counted;
+        if !g.quota.try_reserve(more) {
+            crate::state::logged(|| tracing::error!(device = dev, more, "xcuda: the driver's graph memory pool grew past the group's quota (an exec the shim could not size): counted as far as the quota allows"));
+            return;
+        }
+        g.graph_counted.fetch_add(more, Relaxed);
+    } else if actual < counted {
+        g.quota.release(counted - actual);
+        g.graph_counted.fetch_sub(counted - actual, Relaxed);
+    }
+}
+
+/// After launching `exec` (successful or not): settles the GPUs its memory nodes use.
+pub fn after_launch(st: &State, exec: u64) {
+    for (ord, g) in st.gpus.iter().enumerate() {
+        if st.graph_mem.footprint(exec, ord) > 0 {
+            settle(g, ord as CUdevice);
+            g.graph_inflight.fetch_sub(1, AcqRel);
+        }
+    }
+}
+
+/// Controller tick: settles GPU `g` unless a launch with memory nodes is between its
+/// reservation and its own settle.
+pub fn tick(st: &State, g: &Gpu, dev: CUdevice) {
+    if st.graph_mem.seen() && g.graph_inflight.load(Acquire) == 0 {
+        settle(g, dev);
+    }
+}
+
+/// Bytes counted for graph pools, over every GPU (for tests and logs).
+pub fn counted(st: &State) -> u64 {
+    st.gpus.iter().map(|g| g.graph_counted.load(Relaxed)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn footprints_follow_graphs_into_execs_per_device() {
+        let gm = GraphMem::new();
+        assert!(!gm.seen());
+        gm.instantiated(0x9000, 0x9100, 2);
+        assert!(gm.seen(), "any instantiation: launches are settled");
+        assert_eq!(gm.footprint(0x9100, 0), 0);
+        gm.node_added(0x1000, 0, 100);
+        gm.node_added(0x1000, 0, 50);
+        gm.node_added(0x1000, 1, 7);
+        assert!(gm.seen());
+        gm.instantiated(0x1000, 0x2000, 2);
+        assert_eq!((gm.footprint(0x2000, 0), gm.footprint(0x2000, 1)), (150, 7));
+        assert_eq!(gm.footprint(0x3000, 0), 0, "an exec without memory nodes");
+        gm.exec_destroyed(0x2000, 2);
+        assert_eq!(gm.footprint(0x2000, 0), 0);
+        gm.graph_destroyed(0x1000, 2);
+        gm.instantiated(0x1000, 0x2000, 2);
+        assert_eq!(gm.footprint(0x2000, 0), 0);
+    }
+}
