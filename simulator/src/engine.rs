@@ -671,6 +671,7 @@ impl<'a> Sim<'a> {
                 sm_clock_pct: view.clock_pct,
                 mem_used_pct: mem_used,
                 offline_only: false,
+                ..Default::default()
             };
             let step = gpu.machine.step(
                 &self.cfg.health,

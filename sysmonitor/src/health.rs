@@ -64,6 +64,41 @@ pub struct Metrics {
     /// Unhealthy. Memory is judged as always. False (the fail-closed default) when unknown.
     #[serde(default)]
     pub offline_only: bool,
+    /// Registered offline processes run beside other (online) processes on the GPU. A
+    /// back-to-back offline job then fills every busy-time metric (GPU utilization, and SM
+    /// activity where it is the busy fraction) whatever the online workload asks for, so those
+    /// count at most as Unhealthy; spatial SM activity is judged as the online workload's own
+    /// share (see [`online_share`]); the SM clock and memory are judged as always. False (the
+    /// fail-closed default) when unknown.
+    #[serde(default)]
+    pub colocated: bool,
+    /// `sm_activity` is spatial (GPM's SM utilization: the share of the SMs busy), which an
+    /// offline job held to its MPS active-thread percentage cannot push past that percentage.
+    /// False for the busy-time fallbacks (utilization samples or rates).
+    #[serde(default)]
+    pub sm_spatial: bool,
+    /// SM share, percent, the offline side is held to (the budget the MPS manager published
+    /// in the ledger, which the shim gives each offline process as its MPS active-thread
+    /// percentage). 0 when unknown: the whole reading then counts as online.
+    #[serde(default)]
+    pub offline_sm_cap_pct: f64,
+}
+
+/// The online workload's own share of the SMs left to it when the offline side is held to
+/// `offline_cap_pct` percent of them: `(total - cap) / (100 - cap)`, in percent. With offline
+/// work capped at 42 %, a 30 % online workload beside a saturating offline job reads 72 % in
+/// total and 52 % here; an online workload that takes every SM it may have reads 100 % in
+/// both. A cap above 90 % counts as 90 % (less is taken off: fail closed).
+pub fn online_share(total_pct: f64, offline_cap_pct: f64) -> f64 {
+    if total_pct.is_nan() {
+        return total_pct;
+    }
+    let cap = if offline_cap_pct.is_finite() {
+        offline_cap_pct.clamp(0.0, 90.0)
+    } else {
+        0.0
+    };
+    ((total_pct - cap).max(0.0) * 100.0 / (100.0 - cap)).min(100.0)
 }
 
 impl Metrics {
@@ -548,6 +583,12 @@ impl Machine {
         }
         let (worst, kind, value) = worst_level(cfg, m);
         let describe = |lvl: &str| match kind {
+            Some(MetricKind::SmActivity) if m.colocated && m.sm_spatial && !m.offline_only => {
+                format!(
+                    "sm_activity online share = {value:.1} (total {:.1}, offline cap {:.0} %) past its {lvl} threshold",
+                    m.sm_activity, m.offline_sm_cap_pct
+                )
+            }
             Some(k) => format!("{} = {:.1} past its {lvl} threshold", k.as_str(), value),
             None => String::new(),
         };
@@ -669,7 +710,25 @@ impl Machine {
     }
 }
 
-/// The worst level over the enabled metrics, with the metric and value that set it.
+/// The value the machine judges for metric `k` and the worst level it may reach there:
+/// the whole reading, except when offline work is on the GPU (see [`Metrics::offline_only`]
+/// and [`Metrics::colocated`]): MuxFlow's monitor evicts only for a demand the throttle cannot
+/// take away, the online workload's own.
+pub fn judged(m: &Metrics, k: MetricKind) -> (f64, Level) {
+    let v = m.get(k);
+    match k {
+        MetricKind::MemUsed => (v, Level::Overlimit),
+        _ if m.offline_only => (v, Level::Unhealthy),
+        MetricKind::GpuUtil if m.colocated => (v, Level::Unhealthy),
+        MetricKind::SmActivity if m.colocated && m.sm_spatial => {
+            (online_share(v, m.offline_sm_cap_pct), Level::Overlimit)
+        }
+        MetricKind::SmActivity if m.colocated => (v, Level::Unhealthy),
+        _ => (v, Level::Overlimit),
+    }
+}
+
+/// The worst level over the enabled metrics, with the metric and (judged) value that set it.
 pub fn worst_level(cfg: &MachineConfig, m: &Metrics) -> (Level, Option<MetricKind>, f64) {
     let mut worst = (Level::Calm, None, 0.0);
     for k in MetricKind::ALL {
@@ -677,11 +736,8 @@ pub fn worst_level(cfg: &MachineConfig, m: &Metrics) -> (Level, Option<MetricKin
         if !t.enabled {
             continue;
         }
-        let v = m.get(k);
-        let mut l = t.level(v);
-        if l == Level::Overlimit && m.offline_only && k != MetricKind::MemUsed {
-            l = Level::Unhealthy;
-        }
+        let (v, most) = judged(m, k);
+        let l = t.level(v).min(most);
         if l > worst.0 {
             worst = (l, Some(k), v);
         }

@@ -107,6 +107,18 @@ fn permille(pct: f64) -> u32 {
 }
 
 impl LedgerPort for LedgerAdapter {
+    fn offline_sm_cap_pct(&mut self) -> Option<f64> {
+        if !self.usable() {
+            return None;
+        }
+        let m = self.ledger.read_manager()?;
+        let fresh = m.is_fresh(
+            node_ledger::clock::now_ns(),
+            crate::port::BUDGET_FRESH_MS * 1_000_000,
+        );
+        fresh.then(|| f64::from(m.offline_sm_budget_permille) / 10.0)
+    }
+
     fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
         if !self.usable() {
             return Ok(Vec::new());

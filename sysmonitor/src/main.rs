@@ -29,7 +29,9 @@ CONFIG:
 
 STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -> healthy | overlimit;
     overlimit only after a metric stays past it for overlimit_sustain_ms (default 2000) and only
-    for load an online process drives (offline-only load is the shim throttle's job: unhealthy);
+    for the online workload's own demand (offline-only load is the shim throttle's job:
+    unhealthy; beside offline work busy-time metrics count at most unhealthy and GPM's SM
+    activity is judged as the online share left by the offline MPS budget);
     overlimit -> unhealthy after a hold of hold_base_ms * hold_factor^(entries in window - 1);
     disabled on NVML errors, critical XIDs or operator. Offline work is admitted only when healthy.
 

@@ -14,6 +14,27 @@ use crate::ring::Ring;
 use crate::sampler::{GpuSample, GpuSource, SampleMetrics};
 use crate::verify::Verifier;
 
+/// Who is on the GPU, for judging an overloaded sample (see [`crate::health::judged`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Occupancy {
+    /// NVML could not say (error, or no process listed): judge every metric whole.
+    Unknown,
+    /// Only registered offline processes: load is the throttle's to take away.
+    OfflineOnly,
+    /// Offline processes beside online ones: judge the online workload's own demand.
+    Colocated {
+        /// The SM share the offline side is held to (the MPS manager's fresh budget), percent.
+        offline_cap_pct: Option<f64>,
+    },
+    /// No registered offline process on the GPU.
+    OnlineOnly,
+}
+
+/// How long the monitor trusts what it found out about who is on the GPU, ms: a process
+/// that starts or stops changes the judgement at most this late (against a default
+/// `overlimit_sustain_ms` of 2000 ms); an eviction forgets it at once.
+pub const OCCUPANCY_TTL_MS: u64 = 200;
+
 /// The monitor's whole state.
 pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     pub cfg: Config,
@@ -39,6 +60,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// Events of the last tick (for tests and the bench).
     pub events: Vec<Event>,
     ledger_error_logged: bool,
+    /// Until when (monotonic ms) the last [`Occupancy`] found holds.
+    occupancy_cache: Option<(u64, Occupancy)>,
     xid_log: Option<crate::xidlog::XidTail>,
     next_xid_log_ms: u64,
 }
@@ -84,6 +107,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             next_xid_log_ms: 0,
             events,
             ledger_error_logged: false,
+            occupancy_cache: None,
         }
     }
 
@@ -104,9 +128,17 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 self.history.push(s);
                 let mut m = s.metrics();
                 if crate::health::worst_level(&self.cfg.machine, &m).0 == Level::Overlimit {
-                    // Only now (rarely) ask who is on the GPU: an overload nothing online
-                    // drives is the throttle's job, not a reason to evict.
-                    m.offline_only = self.offline_only();
+                    // Only now ask who is on the GPU: an overload nothing online drives is
+                    // the throttle's job, not a reason to evict, and beside offline work only
+                    // the online workload's own demand is (MuxFlow §4.1; health::judged).
+                    match self.occupancy(now_ms) {
+                        Occupancy::OfflineOnly => m.offline_only = true,
+                        Occupancy::Colocated { offline_cap_pct } => {
+                            m.colocated = true;
+                            m.offline_sm_cap_pct = offline_cap_pct.unwrap_or(0.0);
+                        }
+                        Occupancy::Unknown | Occupancy::OnlineOnly => {}
+                    }
                 }
                 Input::Sample(m)
             }
@@ -223,24 +255,47 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
-    /// Whether every process NVML lists on the GPU is a registered offline process of this
-    /// pid namespace (and there is one). Any doubt (NVML or ledger error, a process
-    /// registered from another namespace, an unknown pid) answers false: eviction stays armed.
-    fn offline_only(&mut self) -> bool {
+    /// Who is on the GPU, remembered for [`OCCUPANCY_TTL_MS`] (it is asked at every
+    /// overloaded sample, and NVML's process list plus a ledger scan cost more than a sample).
+    fn occupancy(&mut self, now_ms: u64) -> Occupancy {
+        if let Some((until, o)) = self.occupancy_cache {
+            if now_ms < until {
+                return o;
+            }
+        }
+        let o = self.find_occupancy();
+        self.occupancy_cache = Some((now_ms + OCCUPANCY_TTL_MS, o));
+        o
+    }
+
+    /// Sorts the processes NVML lists on the GPU into registered offline processes of this
+    /// pid namespace (not being evicted) and the rest, counted as online. Any doubt (NVML
+    /// error, nobody listed) is `Unknown`: every metric is judged whole, eviction stays armed.
+    /// A ledger error gives no offline processes: every NVML process counts as online.
+    fn find_occupancy(&mut self) -> Occupancy {
         let nvml = match self.gpu.processes() {
             Ok(v) => v,
-            Err(_) => return false,
+            Err(_) => return Occupancy::Unknown,
         };
         if nvml.is_empty() {
-            return false;
+            return Occupancy::Unknown;
         }
-        // A ledger error gives no offline processes: every NVML process counts as online.
         let offline = self.offline();
-        nvml.iter().all(|p| {
+        let is_offline = |pid: u32| {
             offline
                 .iter()
-                .any(|o| o.signalable && o.pid == p.pid && o.evict_requested_ms.is_none())
-        })
+                .any(|o| o.signalable && o.pid == pid && o.evict_requested_ms.is_none())
+        };
+        let n_off = nvml.iter().filter(|p| is_offline(p.pid)).count();
+        if n_off == nvml.len() {
+            Occupancy::OfflineOnly
+        } else if n_off > 0 {
+            Occupancy::Colocated {
+                offline_cap_pct: self.ledger.offline_sm_cap_pct(),
+            }
+        } else {
+            Occupancy::OnlineOnly
+        }
     }
 
     fn evict_all(&mut self, now_ms: u64, reason: EvictReason, why: &str) {
@@ -251,6 +306,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     fn evict_one(&mut self, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str) {
+        // A process being evicted no longer counts as offline work on the GPU.
+        self.occupancy_cache = None;
         let mut ev = std::mem::take(&mut self.events);
         if self
             .evictor
@@ -495,43 +552,58 @@ mod tests {
     }
 
     /// Issue 8 obs. 1: an overload only offline processes drive is the throttle's job; the
-    /// same overload with an online process on the GPU is evicted.
+    /// same overload with an online process on the GPU is judged by the online workload's own
+    /// demand (busy-time metrics, which the offline job fills alone, at most Unhealthy; GPM's
+    /// spatial SM activity less the offline cap); anything unknown evicts.
     #[test]
-    fn overload_evicts_only_when_an_online_process_is_on_the_gpu() {
+    fn overload_evicts_only_for_the_online_workloads_own_demand() {
         let mib = 1 << 20;
         let pm = |pid| ProcMem {
             pid,
             used_bytes: mib,
         };
-        for (procs, evicted) in [
-            (vec![pm(500)], false),        // the offline job alone
-            (vec![pm(500), pm(42)], true), // plus an online process
-            (vec![], true),                // NVML lists nobody: fail closed
+        let gpm = |util: f64, sm: f64| GpuSample {
+            sm_activity: sm,
+            sm_source: Some(crate::sampler::SmSource::Gpm),
+            ..gs(util)
+        };
+        for (procs, sample, cap, evicted) in [
+            // The offline job alone.
+            (vec![pm(500)], gs(99.5), None, false),
+            // Beside an online process, busy-time metrics full (T4, MuxFlow's scenario).
+            (vec![pm(500), pm(42)], gs(99.5), Some(42.0), false),
+            (vec![pm(500), pm(42)], gs(99.5), None, false),
+            // GPM: 30 % online + offline at its 42 % cap, then online on every SM.
+            (vec![pm(500), pm(42)], gpm(99.5, 72.0), Some(42.0), false),
+            (vec![pm(500), pm(42)], gpm(99.5, 100.0), Some(42.0), true),
+            // GPM with no budget published: the whole reading counts as online.
+            (vec![pm(500), pm(42)], gpm(99.5, 96.0), None, true),
+            // Online processes only, or NVML lists nobody (fail closed).
+            (vec![pm(42)], gs(99.5), None, true),
+            (vec![], gs(99.5), None, true),
         ] {
             let gpu = Script {
-                next: vec![Ok(gs(10.0)), Ok(gs(99.5))],
+                next: vec![Ok(gs(10.0)), Ok(sample)],
                 procs: procs.clone(),
                 xids: vec![],
             };
             let ledger = MemLedger {
                 procs: vec![off(500)],
+                sm_cap_pct: cap,
                 ..Default::default()
             };
             let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
             for t in 0..20 {
                 m.tick(t * 10);
             }
-            assert_eq!(
-                m.machine.state() == State::Overlimit,
-                evicted,
-                "procs {procs:?}"
-            );
-            assert_eq!(m.ledger.marks.is_empty(), !evicted, "procs {procs:?}");
+            let what = format!("procs {procs:?} sample {sample:?} cap {cap:?}");
+            assert_eq!(m.machine.state() == State::Overlimit, evicted, "{what}");
+            assert_eq!(m.ledger.marks.is_empty(), !evicted, "{what}");
             if !evicted {
                 assert_eq!(
                     m.machine.state(),
                     State::Unhealthy,
-                    "admits no new offline work"
+                    "admits no new offline work: {what}"
                 );
             }
         }

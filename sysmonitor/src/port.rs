@@ -45,7 +45,17 @@ pub trait LedgerPort {
     /// Gives back the quota of registered processes that have died, in any pid namespace
     /// (called every tick; the ledger adapter scans at most every `RECLAIM_EVERY_MS`).
     fn reclaim(&mut self) {}
+    /// The SM share, percent, the offline side is held to: the budget the MPS manager
+    /// published, if published recently ([`BUDGET_FRESH_MS`]). `None` (stale, never
+    /// published, unreadable): no cap is known and the whole SM activity counts as online.
+    fn offline_sm_cap_pct(&mut self) -> Option<f64> {
+        None
+    }
 }
+
+/// How recent the MPS manager's budget must be for the monitor to rely on it (the manager
+/// publishes it every budget tick, about every second).
+pub const BUDGET_FRESH_MS: u64 = 2_000;
 
 /// In-memory ledger for unit tests and dry runs.
 #[derive(Debug, Default)]
@@ -58,6 +68,8 @@ pub struct MemLedger {
     pub marks: Vec<(u32, EvictReason)>,
     /// Calls of [`LedgerPort::reclaim`].
     pub reclaims: usize,
+    /// What [`LedgerPort::offline_sm_cap_pct`] answers.
+    pub sm_cap_pct: Option<f64>,
 }
 
 impl LedgerPort for MemLedger {
@@ -84,5 +96,8 @@ impl LedgerPort for MemLedger {
     }
     fn reclaim(&mut self) {
         self.reclaims += 1;
+    }
+    fn offline_sm_cap_pct(&mut self) -> Option<f64> {
+        self.sm_cap_pct
     }
 }

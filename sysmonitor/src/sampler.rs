@@ -28,7 +28,9 @@ impl SampleMetrics for GpuSample {
                 pct(self.sm_clock_mhz as f64, self.sm_clock_max_mhz as f64)
             },
             mem_used_pct: pct(self.mem_used as f64, self.mem_total as f64),
-            offline_only: false,
+            sm_spatial: self.sm_source == Some(SmSource::Gpm),
+            // Who is on the GPU is the monitor's to find out (see `Monitor::tick`).
+            ..Metrics::default()
         }
     }
 }

@@ -23,6 +23,9 @@ const CALM: Metrics = Metrics {
     sm_clock_pct: 100.0,
     mem_used_pct: 10.0,
     offline_only: false,
+    colocated: false,
+    sm_spatial: false,
+    offline_sm_cap_pct: 0.0,
 };
 const BAND: Metrics = Metrics {
     gpu_util: 85.0,
@@ -420,13 +423,17 @@ fn arb_metrics() -> impl Strategy<Value = Metrics> {
         0.0..100.0f64,
         0.0..100.0f64,
         any::<bool>(),
+        (any::<bool>(), any::<bool>(), 0.0..100.0f64),
     )
-        .prop_map(|(a, b, c, d, o)| Metrics {
+        .prop_map(|(a, b, c, d, o, (co, sp, cap))| Metrics {
             gpu_util: a,
             sm_activity: b,
             sm_clock_pct: c,
             mem_used_pct: d,
             offline_only: o,
+            colocated: co,
+            sm_spatial: sp,
+            offline_sm_cap_pct: cap,
         })
 }
 
@@ -637,4 +644,116 @@ fn an_offline_only_overload_is_unhealthy_never_overlimit_memory_still_counts() {
             (10, s(OVER), State::Overlimit, 1),
         ],
     );
+}
+
+/// Issue 8, MuxFlow's scenario: a back-to-back offline job beside a 30 % online workload
+/// saturates the busy-time metrics (utilization, and SM activity before Hopper) whatever the
+/// online demand. Co-located, they count at most as Unhealthy; spatial SM activity is judged
+/// as the online share of the SMs the offline cap leaves, so only the online workload's own
+/// demand reaches Overlimit. Before the fix the first sample below entered Overlimit.
+#[test]
+fn colocated_busy_metrics_never_overlimit_online_demand_does() {
+    let c = sustain_cfg(0);
+    // T4: SM activity is the busy fraction; the GPU reads fully busy with a 30 % online client.
+    let t4 = Metrics {
+        gpu_util: 100.0,
+        sm_activity: 98.6,
+        colocated: true,
+        offline_sm_cap_pct: 42.0,
+        ..CALM
+    };
+    // H100 (GPM): 30 % online + the offline job at its 42 % cap.
+    let h100_low = Metrics {
+        sm_activity: 72.0,
+        sm_spatial: true,
+        ..t4
+    };
+    // H100: the online workload takes every SM it may have.
+    let h100_burst = Metrics {
+        sm_activity: 100.0,
+        ..h100_low
+    };
+    let m = run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(t4), State::Unhealthy, 0),
+            (5_000, s(t4), State::Unhealthy, 0),
+            (5_010, s(h100_low), State::Unhealthy, 0),
+            (10_000, s(h100_low), State::Unhealthy, 0),
+        ],
+    );
+    assert_eq!(m.overlimit_entries().count(), 0);
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(h100_low), State::Unhealthy, 0),
+            (20, s(h100_burst), State::Overlimit, 1),
+        ],
+    );
+    // Co-located but below the busy thresholds: Healthy, whatever the offline side does.
+    let quiet = Metrics {
+        gpu_util: 60.0,
+        sm_activity: 65.0,
+        sm_spatial: true,
+        colocated: true,
+        offline_sm_cap_pct: 42.0,
+        ..CALM
+    };
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (10, s(quiet), State::Healthy, 0),
+        ],
+    );
+    // With no cap known the whole spatial reading is online: fail closed.
+    run_with(
+        &c,
+        &[
+            (0, s(CALM), State::Healthy, 0),
+            (
+                10,
+                s(Metrics {
+                    offline_sm_cap_pct: 0.0,
+                    sm_activity: 96.0,
+                    ..h100_low
+                }),
+                State::Overlimit,
+                1,
+            ),
+        ],
+    );
+    // The online workload's own demand past the SM-clock or memory limit still evicts.
+    for over in [
+        Metrics {
+            sm_clock_pct: 50.0,
+            ..t4
+        },
+        Metrics {
+            mem_used_pct: 99.0,
+            ..t4
+        },
+    ] {
+        run_with(
+            &c,
+            &[
+                (0, s(CALM), State::Healthy, 0),
+                (10, s(over), State::Overlimit, 1),
+            ],
+        );
+    }
+}
+
+#[test]
+fn online_share_takes_the_offline_cap_off_and_fails_closed() {
+    assert_eq!(online_share(72.0, 42.0).round(), 52.0);
+    assert_eq!(online_share(100.0, 42.0), 100.0);
+    assert_eq!(online_share(30.0, 42.0), 0.0);
+    assert_eq!(online_share(96.0, 0.0), 96.0);
+    assert_eq!(online_share(96.0, f64::NAN), 96.0);
+    // A cap past 90 % takes off no more than 90 %.
+    assert_eq!(online_share(95.0, 100.0), 50.0);
+    assert!(online_share(f64::NAN, 42.0).is_nan());
 }

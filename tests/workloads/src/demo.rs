@@ -85,6 +85,9 @@ pub struct PhaseResult {
     pub requests: Option<u64>,
     /// Offline iterations/s (None when no offline client ran).
     pub offline_iters_per_s: Option<f64>,
+    /// Offline processes the node's monitor evicted during the phase, every reason counted
+    /// (None when the phase runs no `sysmonitor`, or its state file could not be read).
+    pub offline_evictions: Option<u64>,
 }
 
 /// The two phases of the problem statement.
@@ -218,6 +221,17 @@ pub fn node_runtime_phase(dir: &Path, bin_dir: &Path) -> Result<Phase, String> {
             ),
         ],
     })
+}
+
+/// The sum of the monitor state file's `"evictions": { reason: count, ... }` counts.
+pub fn eviction_count(state: &str) -> Option<u64> {
+    let rest = &state[state.find("\"evictions\"")? + "\"evictions\"".len()..];
+    let body = &rest[rest.find('{')? + 1..];
+    let body = &body[..body.find('}')?];
+    body.split(',')
+        .filter(|kv| !kv.trim().is_empty())
+        .map(|kv| kv.rsplit(':').next()?.trim().parse::<u64>().ok())
+        .sum()
 }
 
 /// Pulls a number field out of a flat JSON object line (the clients print such lines).
@@ -393,6 +407,16 @@ pub fn run_phase(host: &Host, cfg: &DemoConfig, phase: &Phase) -> Result<PhaseRe
     } else {
         std::thread::sleep(Duration::from_secs_f64(cfg.duration_s));
     }
+    if let Some(f) = phase
+        .services
+        .iter()
+        .find(|s| s.program == "sysmonitor")
+        .and_then(|s| s.ready.as_ref())
+    {
+        r.offline_evictions = std::fs::read_to_string(&f.0)
+            .ok()
+            .and_then(|t| eviction_count(&t));
+    }
     guard.stop_all();
     if let Some((rx, mut lines)) = offline_out {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -453,12 +477,26 @@ pub fn table(host: &str, rows: &[PhaseResult]) -> String {
             num(r.offline_iters_per_s, 2)
         );
     }
+    for r in rows {
+        if let Some(n) = r.offline_evictions {
+            s += &format!("offline evictions: {n} in {}\n", r.name);
+        }
+    }
     s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_evictions_in_the_monitor_state_file() {
+        let st = r#"{"state":"healthy","evictions":{"overlimit":2,"under_report":1},"kills":0}"#;
+        assert_eq!(eviction_count(st), Some(3));
+        let pretty = "{\n  \"evictions\": {},\n  \"kills\": 0\n}";
+        assert_eq!(eviction_count(pretty), Some(0));
+        assert_eq!(eviction_count("{}"), None);
+    }
 
     #[test]
     fn reads_numbers_from_client_json() {

@@ -35,6 +35,8 @@ OPTIONS:
   --mps-offline-pct <p>     offline SM share in the MPS phase           [default: 25]
   --scratch <dir>           where the emulated host is laid out         [default: $TMPDIR]
   --no-node                 skip the node-runtime phase
+  --bench                   only the phases scripts/bench-muxflow.sh reads: online alone,
+                            offline alone, node runtime
   --real                    use the machine's driver and GPU instead
   --help                    this text
 
@@ -56,7 +58,7 @@ fn main() -> ExitCode {
 }
 
 fn run(argv: Vec<String>) -> Result<(), String> {
-    let mut a = Args::parse(argv, &["real", "no-node"])?;
+    let mut a = Args::parse(argv, &["real", "no-node", "bench"])?;
     let profile: String = a.get("profile", "t4".to_string())?;
     if emu_device::Profile::by_id(&profile).is_none() {
         let known: Vec<&str> = emu_device::profile::ALL.iter().map(|p| p.id).collect();
@@ -97,6 +99,7 @@ fn run(argv: Vec<String>) -> Result<(), String> {
         .into();
     let real = a.flag("real");
     let a_no_node = a.flag("no-node");
+    let bench = a.flag("bench");
     let mps_pct = in_range("mps-offline-pct", a.get("mps-offline-pct", 25)?, 1, 100)?;
     a.finish()?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
@@ -111,8 +114,13 @@ fn run(argv: Vec<String>) -> Result<(), String> {
     };
     let mut rows = Vec::new();
     let mut phases = baseline_phases();
+    if bench {
+        phases.retain(|p| !(p.online && p.offline));
+    }
     if let (false, Some(root)) = (real, host.root.as_deref()) {
-        phases.push(mps_static_phase(mps_pct));
+        if !bench {
+            phases.push(mps_static_phase(mps_pct));
+        }
         if !a_no_node {
             phases.push(node_runtime_phase(root, &host.bin_dir)?);
         }
