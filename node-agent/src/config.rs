@@ -36,7 +36,10 @@ pub struct AgentConfig {
 pub struct GpuConfig {
     /// Host GPU index (the ledger's `gpu<N>` and the plan's `xshare.io/gpu`).
     pub index: u32,
-    /// `GPU-...` UUID (`nvidia-smi -L`): what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get.
+    /// `GPU-...` UUID: what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get. Taken from NVML
+    /// at start-up (`crate::gpus`); one given here must match NVML's, and stands in only where
+    /// NVML cannot be loaded.
+    #[serde(default)]
     pub uuid: String,
     /// Product name for the heartbeat (`nvidia-smi --query-gpu=name`), optional.
     #[serde(default)]
@@ -265,7 +268,7 @@ impl AgentConfig {
             if !seen.insert(g.index) {
                 return bad("gpus.index", format!("GPU {} listed twice", g.index));
             }
-            if !g.uuid.starts_with("GPU-") && !g.uuid.starts_with("MIG-") {
+            if !g.uuid.is_empty() && !g.uuid.starts_with("GPU-") && !g.uuid.starts_with("MIG-") {
                 return bad(
                     "gpus.uuid",
                     format!("`{}` is not a GPU UUID (GPU-...)", g.uuid),

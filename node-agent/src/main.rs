@@ -45,13 +45,18 @@ fn main() -> ExitCode {
     let path = match &cli.cmd {
         Cmd::Run { config } | Cmd::CdiSpec { config } => config.clone(),
     };
-    let cfg = match AgentConfig::load(&path, |k| std::env::var(k).ok()) {
+    let mut cfg = match AgentConfig::load(&path, |k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("node-agent: config error: {e}");
             return ExitCode::from(2);
         }
     };
+    let nvml = node_agent::gpus::NvmlLookup::init();
+    if let Err(e) = node_agent::gpus::resolve(&mut cfg, |i| nvml.gpu(i)) {
+        eprintln!("node-agent: {}: {e}", path.display());
+        return ExitCode::from(2);
+    }
     match cli.cmd {
         Cmd::CdiSpec { .. } => {
             let text = serde_json::to_string_pretty(&node_agent::allocate::cdi_spec(&cfg))

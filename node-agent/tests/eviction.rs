@@ -75,8 +75,10 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
     let _l = ledger_with_requests(tmp.path(), &["ok", "pdb", "gone", "replaced", "dying"]);
     let pdb_refusals = Arc::new(AtomicU32::new(1));
     let refusals = pdb_refusals.clone();
-    let api = FakeApi::start(Arc::new(move |r: &Recorded| {
-        match (r.method.as_str(), r.path.as_str()) {
+    let api = FakeApi::start_with_headers(Arc::new(move |r: &Recorded| {
+        // As the API server answers a PDB refusal: 429, `Retry-After` header (what we follow),
+        // and a longer `details.retryAfterSeconds` in the body (used only without the header).
+        let (code, body) = match (r.method.as_str(), r.path.as_str()) {
             ("GET", "/api/v1/pods") => (200, pod_list(UIDS.iter().map(|(n, u)| running_pod(n, u)).collect())),
             ("POST", "/api/v1/namespaces/batch/events") => {
                 let mut e = r.json();
@@ -87,7 +89,9 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
                 "/api/v1/namespaces/batch/pods/ok/eviction" => (201, success()),
                 "/api/v1/namespaces/batch/pods/pdb/eviction" => {
                     if refusals.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                        (429, status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."))
+                        let mut st = status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.");
+                        st["details"] = serde_json::json!({"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget train-pdb needs 1 healthy pods and has 1 currently"}], "retryAfterSeconds": 600});
+                        return (429, st, vec![("Retry-After", "1".to_string())]);
                     } else {
                         (201, success())
                     }
@@ -100,7 +104,8 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
                 _ => (404, status(404, "NotFound", "unexpected eviction")),
             },
             _ => (404, status(404, "NotFound", "no such path")),
-        }
+        };
+        (code, body, vec![])
     }))
     .await;
     let mut ev = evictor(api.url(), tmp.path()).await;
@@ -200,8 +205,13 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
     assert!(ev.tick().await.is_empty());
     assert!(api.take().iter().all(|r| r.method != "POST"));
 
-    // After the backoff the PDB allows it: evicted, one more Event, no second "blocked" Event.
+    // Past our own backoff (200 ms) but before the server's Retry-After (1 s): not retried.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(ev.tick().await.is_empty(), "retried before the server's Retry-After");
+    assert!(api.take().iter().all(|r| r.method != "POST"));
+
+    // After the Retry-After the PDB allows it: evicted, one more Event, no second "blocked" Event.
+    tokio::time::sleep(Duration::from_millis(900)).await;
     let got: Vec<_> = ev
         .tick()
         .await
