@@ -36,6 +36,8 @@ enum Cmd {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        // Logs on stderr: `cdi-spec` prints the spec on stdout.
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
