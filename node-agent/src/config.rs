@@ -114,9 +114,8 @@ pub struct KubeConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct EvictionConfig {
     pub enabled: bool,
-    /// How often the ledgers are scanned for eviction requests, ms. A request is visible only
-    /// until its process exits and unregisters (sysmonitor keeps no other record of it), so
-    /// keep this short: a request missed here still evicts locally, but not through the API.
+    /// How often the ledgers' slots and sysmonitor's eviction logs are scanned for eviction
+    /// requests, ms (a request whose process already exited is still in the log).
     pub poll_ms: u64,
     /// First wait before retrying a refused (429) or failed eviction, ms; doubles up to 60 s.
     pub retry_ms: u64,
