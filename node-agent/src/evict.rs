@@ -45,11 +45,17 @@ use crate::allocate::group_name;
 /// An offline process the monitor asked to leave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Requested {
+    /// Host GPU index.
     pub gpu: u32,
+    /// Pid in the process's own pid namespace.
     pub pid: u32,
+    /// Start time (clock ticks): with `pid`, the process's identity.
     pub start_time: u64,
+    /// Pid-namespace inode of the process.
     pub pid_ns: u64,
+    /// Ledger quota group (maps the process to its pod).
     pub group_id: u64,
+    /// Signal the monitor asked for.
     pub signal: u32,
     /// For a record of the eviction log: where its line ends (the cursor past it).
     pub log_end: Option<u64>,
@@ -178,9 +184,13 @@ pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
 /// A pod, as far as eviction needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRef {
+    /// Namespace.
     pub namespace: String,
+    /// Name.
     pub name: String,
+    /// UID (the Eviction's precondition).
     pub uid: String,
+    /// Already being deleted (`deletionTimestamp` set).
     pub terminating: bool,
 }
 
@@ -213,6 +223,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Evicted => "evicted",
@@ -260,6 +271,8 @@ pub struct Evictor {
 }
 
 impl Evictor {
+    /// A worker for the GPUs `gpus` of node `node`, reading `ledger_dir`; a refused or failed
+    /// eviction is retried after `retry_first`, doubling (unless the server says when).
     pub fn new(
         client: Client,
         node: &str,

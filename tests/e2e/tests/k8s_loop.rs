@@ -48,7 +48,7 @@ fn eventually<R>(what: &str, mut f: impl FnMut() -> Option<R>) -> R {
 }
 
 /// Children stopped (SIGTERM, then SIGKILL) and reaped when dropped.
-struct Daemon(std::process::Child, &'static str);
+struct Daemon(std::process::Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -71,7 +71,7 @@ fn daemon(name: &'static str, mut c: Command, log: &Path) -> Daemon {
         .stderr(f)
         .spawn()
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    Daemon(child, name)
+    Daemon(child)
 }
 
 fn http(addr: SocketAddr, method: &str, path: &str, body: &Value) -> Value {
@@ -332,7 +332,7 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     let ext_log = root.join("cluster-matcher.log");
     let mut ext_log_f = std::fs::File::create(&ext_log).unwrap();
     std::thread::spawn(move || std::io::copy(&mut err, &mut ext_log_f));
-    let _ext = Daemon(ext_child, "cluster-matcher");
+    let _ext = Daemon(ext_child);
 
     // --- 1. An offline Job pod appears; kube-scheduler asks the extender; it binds.
     let pod = cluster.add_pod(job_pod());
