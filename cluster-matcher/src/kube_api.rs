@@ -148,7 +148,9 @@ impl KubeApi {
             .await
             .map_err(|e| ApiError::from_kube("writing the plan onto the pod", e))?;
             let binding = binding_for(namespace, name, uid, &placement.node);
-            let _: Binding = pods
+            // The API server answers a created Binding with a `Status` (`status: Success`), not
+            // the Binding: any JSON body is success here.
+            let _: serde_json::Value = pods
                 .create_subresource("binding", name, &PostParams::default(), &binding)
                 .await
                 .map_err(|e| ApiError::from_kube("creating the Binding", e))?;

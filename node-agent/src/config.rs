@@ -36,7 +36,10 @@ pub struct AgentConfig {
 pub struct GpuConfig {
     /// Host GPU index (the ledger's `gpu<N>` and the plan's `xshare.io/gpu`).
     pub index: u32,
-    /// `GPU-...` UUID (`nvidia-smi -L`): what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get.
+    /// `GPU-...` UUID: what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get. Taken from NVML
+    /// at start-up (`crate::gpus`); one given here must match NVML's, and stands in only where
+    /// NVML cannot be loaded.
+    #[serde(default)]
     pub uuid: String,
     /// Product name for the heartbeat (`nvidia-smi --query-gpu=name`), optional.
     #[serde(default)]
@@ -111,9 +114,8 @@ pub struct KubeConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct EvictionConfig {
     pub enabled: bool,
-    /// How often the ledgers are scanned for eviction requests, ms. A request is visible only
-    /// until its process exits and unregisters (sysmonitor keeps no other record of it), so
-    /// keep this short: a request missed here still evicts locally, but not through the API.
+    /// How often the ledgers' slots and sysmonitor's eviction logs are scanned for eviction
+    /// requests, ms (a request whose process already exited is still in the log).
     pub poll_ms: u64,
     /// First wait before retrying a refused (429) or failed eviction, ms; doubles up to 60 s.
     pub retry_ms: u64,
@@ -265,7 +267,7 @@ impl AgentConfig {
             if !seen.insert(g.index) {
                 return bad("gpus.index", format!("GPU {} listed twice", g.index));
             }
-            if !g.uuid.starts_with("GPU-") && !g.uuid.starts_with("MIG-") {
+            if !g.uuid.is_empty() && !g.uuid.starts_with("GPU-") && !g.uuid.starts_with("MIG-") {
                 return bad(
                     "gpus.uuid",
                     format!("`{}` is not a GPU UUID (GPU-...)", g.uuid),

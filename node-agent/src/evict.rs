@@ -7,13 +7,23 @@
 //! (`policy/v1`, `deleteOptions.preconditions.uid`, so a pod re-created under the same name is
 //! never hit) and an Event, so the pod's controller re-creates it and the planner re-places it.
 //!
+//! Two sources of requests: the live slots (at once, while the process is registered) and the
+//! monitor's durable per-GPU eviction log (`node_ledger::evictlog`), which outlives a process
+//! that exits on SIGTERM before our next scan. The log is read from a cursor this agent keeps
+//! in `<ledger_dir>/evict-log/gpu<N>.cursor` (its only writer): the offset of the first record
+//! not yet settled, and the pods already finished with past it, so a restarted agent posts
+//! nothing twice. A record is settled once its pod has a final outcome, or the pod list (read
+//! successfully) has no pod for it.
+//!
 //! Process -> pod: the ledger group (`XCUDA_GROUP = k8s-pod-<uid>`, set at Allocate) gives the
 //! pod UID from any pid namespace; a process outside such a group but in our pid namespace
 //! (hostPID) is mapped by its cgroup path (`.../pod<uid>/...`).
 //!
-//! Answers: 201 evicted; 429 refused by a PodDisruptionBudget (Event once, retried with
-//! backoff); 404 pod gone, 409 UID precondition failed (pod replaced): done, never retried;
-//! other errors and timeouts: retried with backoff. A pod is evicted at most once.
+//! Answers: 201 evicted; 429 refused by a PodDisruptionBudget or API Priority and Fairness
+//! (Event once, retried after the server's `Retry-After` header, else its
+//! `details.retryAfterSeconds`, else our backoff); 404 pod gone, 409 UID precondition failed
+//! (pod replaced): done, never retried; other errors and timeouts: retried likewise. A pod is
+//! evicted at most once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -35,12 +45,91 @@ use crate::allocate::group_name;
 /// An offline process the monitor asked to leave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Requested {
+    /// Host GPU index.
     pub gpu: u32,
+    /// Pid in the process's own pid namespace.
     pub pid: u32,
+    /// Start time (clock ticks): with `pid`, the process's identity.
     pub start_time: u64,
+    /// Pid-namespace inode of the process.
     pub pid_ns: u64,
+    /// Ledger quota group (maps the process to its pod).
     pub group_id: u64,
+    /// Signal the monitor asked for.
     pub signal: u32,
+    /// For a record of the eviction log: where its line ends (the cursor past it).
+    pub log_end: Option<u64>,
+}
+
+/// How far this agent has reported GPU `gpu`'s eviction log (persisted as JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogCursor {
+    /// Offset of the first record not settled yet.
+    pub offset: u64,
+    /// Pods (UIDs) finished with whose records lie past `offset`.
+    #[serde(default)]
+    pub done: Vec<String>,
+}
+
+/// `<ledger_dir>/evict-log/gpu<N>.cursor`.
+pub fn cursor_path(ledger_dir: &Path, gpu: u32) -> std::path::PathBuf {
+    ledger_dir
+        .join(node_ledger::evictlog::DIR)
+        .join(format!("gpu{gpu}.cursor"))
+}
+
+/// The saved cursor (a missing or unreadable one starts from the log's beginning: the UID
+/// preconditions and 404s make a repeat harmless, a skipped eviction would not be).
+pub fn load_cursor(ledger_dir: &Path, gpu: u32) -> LogCursor {
+    std::fs::read(cursor_path(ledger_dir, gpu))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn save_cursor(ledger_dir: &Path, gpu: u32, c: &LogCursor) -> std::io::Result<()> {
+    let path = cursor_path(ledger_dir, gpu);
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec(c).map_err(std::io::Error::other)?)?;
+    std::fs::rename(&tmp, &path)
+}
+
+/// The records of GPU `gpu`'s eviction log past `from`.
+pub fn scan_log(ledger_dir: &Path, gpu: u32, from: u64) -> Vec<Requested> {
+    let entries = match node_ledger::evictlog::read_from(ledger_dir, gpu, from, 1 << 20) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(gpu, error = %e, "cannot read the eviction log");
+            return Vec::new();
+        }
+    };
+    entries
+        .into_iter()
+        .map(|e| match e.record {
+            Some(r) => Requested {
+                gpu,
+                pid: r.pid,
+                start_time: r.start_time,
+                pid_ns: r.pid_ns,
+                group_id: r.group_id,
+                signal: r.signal,
+                log_end: Some(e.end),
+            },
+            // A damaged line: nothing to evict, the cursor moves past it.
+            None => Requested {
+                gpu,
+                pid: 0,
+                start_time: 0,
+                pid_ns: 0,
+                group_id: 0,
+                signal: 0,
+                log_end: Some(e.end),
+            },
+        })
+        .collect()
 }
 
 /// The eviction requests in the ledgers of `gpus` (missing or damaged ledgers are skipped:
@@ -64,6 +153,7 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
                     pid_ns: p.pid_ns,
                     group_id: p.group_id,
                     signal: sig,
+                    log_end: None,
                 });
             }
         }
@@ -94,9 +184,13 @@ pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
 /// A pod, as far as eviction needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRef {
+    /// Namespace.
     pub namespace: String,
+    /// Name.
     pub name: String,
+    /// UID (the Eviction's precondition).
     pub uid: String,
+    /// Already being deleted (`deletionTimestamp` set).
     pub terminating: bool,
 }
 
@@ -129,6 +223,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Evicted => "evicted",
@@ -171,9 +266,13 @@ pub struct Evictor {
     /// Requests whose pod could not be found (not a Kubernetes pod, or not ours).
     pub unmapped: u64,
     own_pid_ns: u64,
+    /// Per GPU, how far its eviction log is reported.
+    cursors: BTreeMap<u32, LogCursor>,
 }
 
 impl Evictor {
+    /// A worker for the GPUs `gpus` of node `node`, reading `ledger_dir`; a refused or failed
+    /// eviction is retried after `retry_first`, doubling (unless the server says when).
     pub fn new(
         client: Client,
         node: &str,
@@ -181,6 +280,7 @@ impl Evictor {
         gpus: Vec<u32>,
         retry_first: Duration,
     ) -> Self {
+        let gpus_c = gpus.clone();
         Self {
             client,
             node: node.to_string(),
@@ -194,6 +294,10 @@ impl Evictor {
             counts: BTreeMap::new(),
             unmapped: 0,
             own_pid_ns: node_ledger::procinfo::own_pid_ns(),
+            cursors: gpus_c
+                .iter()
+                .map(|&g| (g, load_cursor(ledger_dir, g)))
+                .collect(),
         }
     }
 
@@ -228,21 +332,42 @@ impl Evictor {
 
     /// One pass: read the ledgers' requests, evict their pods. Returns the outcomes of this pass.
     pub async fn tick(&mut self) -> Vec<(PodRef, Outcome)> {
-        let reqs = scan(&self.ledger_dir, &self.gpus);
+        let mut reqs = scan(&self.ledger_dir, &self.gpus);
+        for (&gpu, c) in &self.cursors {
+            let mut from_log = scan_log(&self.ledger_dir, gpu, c.offset);
+            // Pods already finished with (before a restart too): their records are settled.
+            from_log.retain(|r| {
+                r.group_id == 0
+                    || !c.done.iter().any(|u| group_id_for(&group_name(u)) == r.group_id)
+            });
+            reqs.extend(from_log);
+        }
         let mut out = Vec::new();
-        if reqs.is_empty() {
+        if reqs.iter().all(|r| r.group_id == 0 && r.log_end.is_some()) {
+            self.settle_logs(&reqs, false);
             return out;
         }
-        let unknown = reqs.iter().any(|r| !self.groups.contains_key(&r.group_id));
+        let unknown = reqs
+            .iter()
+            .any(|r| r.group_id != 0 && !self.groups.contains_key(&r.group_id));
+        let mut listed = false;
         if unknown || self.groups.is_empty() {
-            if let Err(e) = self.refresh_pods().await {
-                tracing::warn!(error = %e, "listing pods on this node failed; the monitor's local signal still applies");
+            match self.refresh_pods().await {
+                Ok(()) => listed = true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing pods on this node failed; the monitor's local signal still applies")
+                }
             }
         }
         let mut seen = std::collections::HashSet::new();
         for r in &reqs {
+            if r.group_id == 0 && r.log_end.is_some() {
+                continue;
+            }
             let Some(pod) = self.resolve(r) else {
-                self.unmapped += 1;
+                if r.log_end.is_none() || listed {
+                    self.unmapped += 1;
+                }
                 tracing::debug!(
                     pid = r.pid,
                     gpu = r.gpu,
@@ -266,7 +391,47 @@ impl Evictor {
             let o = self.evict(&pod, r).await;
             out.push((pod, o));
         }
+        self.settle_logs(&reqs, listed);
         out
+    }
+
+    /// Moves each GPU's log cursor past its settled records (and saves it when it moved).
+    /// `listed`: the pod list was read this tick, so a record with no pod has none.
+    fn settle_logs(&mut self, reqs: &[Requested], listed: bool) {
+        let gpus: Vec<u32> = self.cursors.keys().copied().collect();
+        for gpu in gpus {
+            let before = self.cursors[&gpu].clone();
+            let mut c = before.clone();
+            let mut blocked = false;
+            for r in reqs.iter().filter(|r| r.gpu == gpu && r.log_end.is_some()) {
+                let pod = (r.group_id != 0).then(|| self.groups.get(&r.group_id)).flatten();
+                let settled = match pod {
+                    _ if r.group_id == 0 => true,
+                    Some(p) => self.done.contains_key(&p.uid),
+                    None => listed,
+                };
+                let end = r.log_end.unwrap_or(0);
+                if !blocked && settled {
+                    c.offset = c.offset.max(end);
+                } else {
+                    blocked = true;
+                    if let Some(p) = pod.filter(|p| self.done.contains_key(&p.uid)) {
+                        if !c.done.contains(&p.uid) {
+                            c.done.push(p.uid.clone());
+                        }
+                    }
+                }
+            }
+            if !blocked {
+                c.done.clear();
+            }
+            if c != before {
+                if let Err(e) = save_cursor(&self.ledger_dir, gpu, &c) {
+                    tracing::warn!(gpu, error = %e, "cannot save the eviction log cursor");
+                }
+                self.cursors.insert(gpu, c);
+            }
+        }
     }
 
     fn finish(&mut self, pod: &PodRef, o: Outcome) {
@@ -276,14 +441,20 @@ impl Evictor {
     }
 
     async fn evict(&mut self, pod: &PodRef, r: &Requested) -> Outcome {
+        let mut asked = None;
         let o = match post_eviction(&self.client, pod).await {
             Ok(()) => Outcome::Evicted,
-            Err(kube::Error::Api(s)) if s.code == 429 => Outcome::Blocked,
-            Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Gone,
-            Err(kube::Error::Api(s)) if s.code == 409 => Outcome::Replaced,
             Err(e) => {
-                tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "Eviction failed; retrying (the monitor's local signal still applies)");
-                Outcome::Failed
+                asked = e.retry_after;
+                match e.code {
+                    Some(429) => Outcome::Blocked,
+                    Some(404) => Outcome::Gone,
+                    Some(409) => Outcome::Replaced,
+                    _ => {
+                        tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "Eviction failed; retrying (the monitor's local signal still applies)");
+                        Outcome::Failed
+                    }
+                }
             }
         };
         tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, gpu = r.gpu, pid = r.pid, result = o.as_str(), "Eviction API");
@@ -310,8 +481,14 @@ impl Evictor {
             backoff: first,
             blocked_event_sent: false,
         });
-        rt.next = Instant::now() + rt.backoff;
-        rt.backoff = (rt.backoff * 2).min(Duration::from_secs(60));
+        match asked {
+            // The server said when: that long (bounded, a bad header must not park a pod).
+            Some(d) => rt.next = Instant::now() + d.min(MAX_RETRY_AFTER),
+            None => {
+                rt.next = Instant::now() + rt.backoff;
+                rt.backoff = (rt.backoff * 2).min(Duration::from_secs(60));
+            }
+        }
         let send_blocked = o == Outcome::Blocked && !rt.blocked_event_sent;
         if send_blocked {
             rt.blocked_event_sent = true;
@@ -374,20 +551,73 @@ pub fn eviction_for(pod: &PodRef) -> Eviction {
     }
 }
 
+/// Longest wait a server's Retry-After can impose before the next attempt.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+
+/// An Eviction the API server refused, or that got no answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}{message}", code.map(|c| format!("API server answered {c}: ")).unwrap_or_default())]
+pub struct EvictError {
+    /// HTTP status, when the server answered.
+    pub code: Option<u16>,
+    /// When to try again, as the server asked: the `Retry-After` header, else the Status
+    /// body's `details.retryAfterSeconds`.
+    pub retry_after: Option<Duration>,
+    /// The Status message, or the transport error.
+    pub message: String,
+}
+
+/// The server's wait from a `Retry-After` header (delay-seconds; the API server never sends
+/// an HTTP date) or, failing that, a Status body's `details.retryAfterSeconds`.
+pub fn retry_after(header: Option<&str>, body: &serde_json::Value) -> Option<Duration> {
+    header
+        .and_then(|h| h.trim().parse::<u64>().ok())
+        .or_else(|| body["details"]["retryAfterSeconds"].as_u64())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+}
+
 /// `POST /api/v1/namespaces/{ns}/pods/{name}/eviction`. (kube's `Api::evict` writes the body
 /// as `delete_options`, which the API server does not read; the k8s-openapi type writes
-/// `deleteOptions` with `apiVersion: policy/v1`.)
-pub async fn post_eviction(client: &Client, pod: &PodRef) -> Result<(), kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-    let _: serde_json::Value = api
-        .create_subresource(
-            "eviction",
-            &pod.name,
-            &PostParams::default(),
-            &eviction_for(pod),
-        )
-        .await?;
-    Ok(())
+/// `deleteOptions` with `apiVersion: policy/v1`.) Sent raw, so the answer's `Retry-After`
+/// header can be read (kube's typed calls keep only the Status body).
+pub async fn post_eviction(client: &Client, pod: &PodRef) -> Result<(), EvictError> {
+    let fail = |message: String| EvictError {
+        code: None,
+        retry_after: None,
+        message,
+    };
+    let body = serde_json::to_vec(&eviction_for(pod)).map_err(|e| fail(e.to_string()))?;
+    let req = kube::core::Request::new(format!("/api/v1/namespaces/{}/pods", pod.namespace))
+        .create_subresource("eviction", &pod.name, &PostParams::default(), body)
+        .map_err(|e| fail(e.to_string()))?;
+    let res = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let code = res.status().as_u16();
+    let header = res
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = res
+        .into_body()
+        .collect_bytes()
+        .await
+        .map_err(|e| fail(format!("reading the answer: {e}")))?;
+    if (200..300).contains(&code) {
+        return Ok(());
+    }
+    let status: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    Err(EvictError {
+        code: Some(code),
+        retry_after: retry_after(header.as_deref(), &status),
+        message: status["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned()),
+    })
 }
 
 /// A core/v1 Event about `pod` from this agent.
@@ -445,6 +675,16 @@ mod tests {
             None
         );
         assert_eq!(pod_uid_from_cgroup("0::/kubepods/podnotauid/x\n"), None);
+    }
+
+    #[test]
+    fn retry_after_header_wins_over_the_body() {
+        let body = serde_json::json!({"kind": "Status", "code": 429, "details": {"retryAfterSeconds": 7}});
+        assert_eq!(retry_after(Some("3"), &body), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(None, &body), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(Some("soon"), &body), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(None, &serde_json::json!({})), None);
+        assert_eq!(retry_after(Some("0"), &serde_json::json!({})), None);
     }
 
     #[test]

@@ -8,10 +8,12 @@
 //! - [`heartbeat`]: each GPU's state, load and offline budget on the Node annotation
 //!   `xshare.io/gpu-heartbeat` (format: `kube-contract`).
 //! - [`health`]: each GPU's health from the node ledger's monitor block.
+//! - [`gpus`]: each GPU's UUID and name from NVML.
 
 pub mod allocate;
 pub mod config;
 pub mod evict;
+pub mod gpus;
 pub mod health;
 pub mod heartbeat;
 pub mod kube;

@@ -36,6 +36,8 @@ enum Cmd {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        // Logs on stderr: `cdi-spec` prints the spec on stdout.
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -45,13 +47,18 @@ fn main() -> ExitCode {
     let path = match &cli.cmd {
         Cmd::Run { config } | Cmd::CdiSpec { config } => config.clone(),
     };
-    let cfg = match AgentConfig::load(&path, |k| std::env::var(k).ok()) {
+    let mut cfg = match AgentConfig::load(&path, |k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("node-agent: config error: {e}");
             return ExitCode::from(2);
         }
     };
+    let nvml = node_agent::gpus::NvmlLookup::init();
+    if let Err(e) = node_agent::gpus::resolve(&mut cfg, |i| nvml.gpu(i)) {
+        eprintln!("node-agent: {}: {e}", path.display());
+        return ExitCode::from(2);
+    }
     match cli.cmd {
         Cmd::CdiSpec { .. } => {
             let text = serde_json::to_string_pretty(&node_agent::allocate::cdi_spec(&cfg))

@@ -75,8 +75,10 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
     let _l = ledger_with_requests(tmp.path(), &["ok", "pdb", "gone", "replaced", "dying"]);
     let pdb_refusals = Arc::new(AtomicU32::new(1));
     let refusals = pdb_refusals.clone();
-    let api = FakeApi::start(Arc::new(move |r: &Recorded| {
-        match (r.method.as_str(), r.path.as_str()) {
+    let api = FakeApi::start_with_headers(Arc::new(move |r: &Recorded| {
+        // As the API server answers a PDB refusal: 429, `Retry-After` header (what we follow),
+        // and a longer `details.retryAfterSeconds` in the body (used only without the header).
+        let (code, body) = match (r.method.as_str(), r.path.as_str()) {
             ("GET", "/api/v1/pods") => (200, pod_list(UIDS.iter().map(|(n, u)| running_pod(n, u)).collect())),
             ("POST", "/api/v1/namespaces/batch/events") => {
                 let mut e = r.json();
@@ -87,7 +89,9 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
                 "/api/v1/namespaces/batch/pods/ok/eviction" => (201, success()),
                 "/api/v1/namespaces/batch/pods/pdb/eviction" => {
                     if refusals.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                        (429, status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."))
+                        let mut st = status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.");
+                        st["details"] = serde_json::json!({"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget train-pdb needs 1 healthy pods and has 1 currently"}], "retryAfterSeconds": 600});
+                        return (429, st, vec![("Retry-After", "1".to_string())]);
                     } else {
                         (201, success())
                     }
@@ -100,7 +104,8 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
                 _ => (404, status(404, "NotFound", "unexpected eviction")),
             },
             _ => (404, status(404, "NotFound", "no such path")),
-        }
+        };
+        (code, body, vec![])
     }))
     .await;
     let mut ev = evictor(api.url(), tmp.path()).await;
@@ -200,8 +205,13 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
     assert!(ev.tick().await.is_empty());
     assert!(api.take().iter().all(|r| r.method != "POST"));
 
-    // After the backoff the PDB allows it: evicted, one more Event, no second "blocked" Event.
+    // Past our own backoff (200 ms) but before the server's Retry-After (1 s): not retried.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(ev.tick().await.is_empty(), "retried before the server's Retry-After");
+    assert!(api.take().iter().all(|r| r.method != "POST"));
+
+    // After the Retry-After the PDB allows it: evicted, one more Event, no second "blocked" Event.
+    tokio::time::sleep(Duration::from_millis(900)).await;
     let got: Vec<_> = ev
         .tick()
         .await
@@ -303,4 +313,75 @@ async fn unreachable_api_is_retried_and_leaves_the_ledger_request_alone() {
         .filter(|r| r.path.ends_with("/eviction"))
         .count();
     assert_eq!(evictions, 2, "one failed attempt, one accepted, no more");
+}
+
+/// The monitor's durable eviction log: a process that exited before any scan of the slots is
+/// still reported (once), and a restarted agent posts nothing again (its cursor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logged_evictions_of_gone_processes_are_posted_once_across_restarts() {
+    use node_ledger::evictlog::{append, EvictRecord};
+    let tmp = tempfile::tempdir().unwrap();
+    // The GPU's ledger exists, but no process is registered any more.
+    let _l = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
+    let rec = |uid: &str, pid: u32| EvictRecord {
+        gpu: 0,
+        pid,
+        start_time: 1234,
+        pid_ns: 4026531836,
+        group_id: group_id_for(&group_name(uid)),
+        signal: 15,
+        reason: "overlimit".into(),
+        unix_ms: 1,
+    };
+    append(tmp.path(), &rec(UIDS[0].1, 100)).unwrap();
+    // A process of no pod on this node (not a Kubernetes pod): settled, nothing posted.
+    append(tmp.path(), &rec("99999999-0000-4000-8000-000000000000", 101)).unwrap();
+    // The monitor's SIGKILL after the grace period logs the same process again.
+    append(tmp.path(), &rec(UIDS[0].1, 100)).unwrap();
+    // Once evicted, the API server lists the pod as terminating (deletionTimestamp set).
+    let evicted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let e2 = evicted.clone();
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
+        ("GET", "/api/v1/pods") => {
+            let mut p = running_pod("ok", UIDS[0].1);
+            if e2.load(Ordering::SeqCst) {
+                p["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:00Z".into();
+                p["metadata"]["deletionGracePeriodSeconds"] = 30.into();
+            }
+            (200, pod_list(vec![p]))
+        }
+        ("POST", "/api/v1/namespaces/batch/pods/ok/eviction") => {
+            e2.store(true, Ordering::SeqCst);
+            (201, success())
+        }
+        ("POST", "/api/v1/namespaces/batch/events") => (201, r.json()),
+        _ => (404, status(404, "NotFound", "no such path")),
+    }))
+    .await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    let got: Vec<_> = ev.tick().await.into_iter().map(|(p, o)| (p.name, o)).collect();
+    assert_eq!(got, [("ok".to_string(), Outcome::Evicted)]);
+    let posted = |api: &FakeApi| {
+        api.take()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/eviction"))
+            .count()
+    };
+    assert_eq!(posted(&api), 1);
+    let cursor = node_agent::evict::load_cursor(tmp.path(), 0);
+    let len = std::fs::metadata(node_ledger::evictlog::log_path(tmp.path(), 0)).unwrap().len();
+    assert_eq!(cursor.offset, len, "every record settled: {cursor:?}");
+    assert!(ev.tick().await.is_empty());
+
+    // A restarted agent (new Evictor, same directory): nothing posted again.
+    drop(ev);
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert!(ev.tick().await.is_empty());
+    assert_eq!(posted(&api), 0);
+    // A late record of the same pod after the restart: the pod is terminating, not posted.
+    append(tmp.path(), &rec(UIDS[0].1, 102)).unwrap();
+    let got: Vec<_> = ev.tick().await.into_iter().map(|(p, o)| (p.name, o)).collect();
+    assert_eq!(got, [("ok".to_string(), Outcome::Terminating)]);
+    assert_eq!(posted(&api), 0);
+    assert!(evicted.load(Ordering::SeqCst));
 }

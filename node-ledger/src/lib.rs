@@ -6,6 +6,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod evictlog;
 pub mod health;
 pub mod layout;
 pub mod ledger;

@@ -152,7 +152,7 @@ impl LedgerPort for LedgerAdapter {
     fn mark_evicting(
         &mut self,
         p: &OfflineProc,
-        _reason: EvictReason,
+        reason: EvictReason,
         _now_ms: u64,
     ) -> Result<(), String> {
         if !self.usable() {
@@ -169,7 +169,8 @@ impl LedgerPort for LedgerAdapter {
                 p.slot, p.pid, p.start_time
             ));
         }
-        Ok(())
+        // The durable record node-agent reports from (the slot's request ends with the process).
+        crate::evictlog::record(&self.ledger, p, reason, libc::SIGTERM as u32)
     }
 
     fn reclaim(&mut self) {

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod evictlog;
 pub mod health;
 pub mod hostmem;
 pub mod ledger;

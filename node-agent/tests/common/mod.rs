@@ -1,17 +1,14 @@
-//! A loopback stand-in for the Kubernetes API server: answers each request with what the
-//! test's handler returns (real-shaped JSON) and records every request (method, path, query,
-//! body) for the test to check against k8s-openapi types and the documented paths.
+//! The loopback stand-in for the Kubernetes API server (shared test support, `fake-kube`),
+//! seen through a handler that answers each request with real-shaped JSON (and headers when
+//! the test needs them); every request is recorded (method, path, query, body) for the test
+//! to check against k8s-openapi types and the documented paths. Plus the kubelet's
+//! registration side of the device-plugin API.
 
 #![allow(dead_code)]
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use fake_kube::Answer;
 use node_agent::pb;
 use node_agent::pb::registration_server::{Registration, RegistrationServer};
 use tokio::sync::mpsc;
@@ -21,6 +18,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 pub struct Recorded {
     pub method: String,
     pub path: String,
+    /// The query string as sent (percent-encoded).
     pub query: String,
     pub content_type: String,
     pub body: String,
@@ -33,86 +31,48 @@ impl Recorded {
 }
 
 pub type Handler = Arc<dyn Fn(&Recorded) -> (u16, serde_json::Value) + Send + Sync>;
+/// A handler that also sets response headers (e.g. `Retry-After`).
+pub type HeaderHandler =
+    Arc<dyn Fn(&Recorded) -> (u16, serde_json::Value, Vec<(&'static str, String)>) + Send + Sync>;
 
 pub struct FakeApi {
-    pub addr: SocketAddr,
+    inner: fake_kube::FakeApi,
     pub requests: Arc<Mutex<Vec<Recorded>>>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl FakeApi {
     pub async fn start(handler: Handler) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        Self::start_with_headers(Arc::new(move |r: &Recorded| {
+            let (c, v) = handler(r);
+            (c, v, Vec::new())
+        }))
+        .await
+    }
+
+    pub async fn start_with_headers(handler: HeaderHandler) -> Self {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let reqs = requests.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let (h, reqs) = (handler.clone(), reqs.clone());
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let (h, reqs) = (h.clone(), reqs.clone());
-                        async move {
-                            let method = req.method().to_string();
-                            let path = req.uri().path().to_string();
-                            let query = req.uri().query().unwrap_or("").to_string();
-                            let content_type = req
-                                .headers()
-                                .get("content-type")
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .to_string();
-                            let body = req
-                                .into_body()
-                                .collect()
-                                .await
-                                .map(|b| b.to_bytes())
-                                .unwrap_or_default();
-                            let rec = Recorded {
-                                method,
-                                path,
-                                query,
-                                content_type,
-                                body: String::from_utf8_lossy(&body).into_owned(),
-                            };
-                            let (code, json) = h(&rec);
-                            reqs.lock().unwrap().push(rec);
-                            let resp = Response::builder()
-                                .status(code)
-                                .header("content-type", "application/json")
-                                .body(Full::new(Bytes::from(serde_json::to_vec(&json).unwrap())))
-                                .unwrap();
-                            Ok::<_, Infallible>(resp)
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        let inner = fake_kube::fake_api(move |r, _| {
+            let rec = Recorded {
+                method: r.method.clone(),
+                path: r.path.clone(),
+                query: r.raw_query.clone(),
+                content_type: r.headers.get("content-type").cloned().unwrap_or_default(),
+                body: String::from_utf8_lossy(&r.body).into_owned(),
+            };
+            let (code, json, headers) = handler(&rec);
+            reqs.lock().unwrap().push(rec);
+            Answer::Json(code, json, headers)
         });
-        FakeApi {
-            addr,
-            requests,
-            task,
-        }
+        FakeApi { inner, requests }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.inner.url.clone()
     }
 
     pub fn take(&self) -> Vec<Recorded> {
         std::mem::take(&mut *self.requests.lock().unwrap())
-    }
-}
-
-impl Drop for FakeApi {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -1,0 +1,479 @@
+//! The Kubernetes loop end to end on the emulator, on loopback (issue 9, "How to test without
+//! a cluster"). Real binaries: `cluster-matcher serve --watch` (the scheduler extender),
+//! `node-agent run` (device plugin, heartbeat, Eviction API), `sysmonitor` (fake NVML), the
+//! `offline` and `online` clients, `libxcuda.so`. The fake parts: the API server
+//! (`fake-kube`, stateful: list/watch with resourceVersions, Binding and Eviction
+//! subresources with UID preconditions, a Job controller), and this test playing
+//! kube-scheduler (filter/prioritize/bind over HTTP, as its extender config calls them) and
+//! the kubelet (Register / ListAndWatch / Allocate over the device-plugin unix socket, then
+//! starting the container's process with exactly what Allocate returned).
+//!
+//! Steps, each asserted: an offline Job pod appears → filter/prioritize/bind → Binding posted
+//! and the plan's decision on the pod → Allocate injects the shim and the planned quota → the
+//! offline process runs under the shim on the emulated GPU and the quota holds → an online
+//! burst (the online service's own full-GPU demand) → Overlimit → sysmonitor evicts →
+//! node-agent posts the Eviction (policy/v1, UID precondition) once → the API server deletes
+//! the pod, the Job controller makes a new one → the extender replans and binds it again.
+
+mod workloads_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_kube::cluster::FakeCluster;
+use k8s_openapi::api::core::v1::{Binding, Event};
+use k8s_openapi::api::policy::v1::Eviction;
+use node_agent::pb;
+use node_agent::pb::registration_server::{Registration, RegistrationServer};
+use serde_json::{json, Value};
+use workloads_support::*;
+
+const T: Duration = Duration::from_secs(90);
+const NODE: &str = "gpu-node-1";
+const HOLD_MS: u64 = 600;
+
+/// Polls `f` until it returns `Some` (bounded by `T`).
+fn eventually<R>(what: &str, mut f: impl FnMut() -> Option<R>) -> R {
+    let end = Instant::now() + T;
+    loop {
+        if let Some(r) = f() {
+            return r;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Children stopped (SIGTERM, then SIGKILL) and reaped when dropped.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(5);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn daemon(name: &'static str, mut c: Command, log: &Path) -> Daemon {
+    let f = std::fs::File::create(log).unwrap();
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(f)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    Daemon(child)
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str, body: &Value) -> Value {
+    let body = if body.is_null() { String::new() } else { body.to_string() };
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{method} {path}: {head}\n{body}");
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+/// The kubelet's registration side: accepts v1beta1 registrations and reports them.
+struct Kubelet(std::sync::mpsc::Sender<pb::RegisterRequest>);
+
+#[tonic::async_trait]
+impl Registration for Kubelet {
+    async fn register(
+        &self,
+        req: tonic::Request<pb::RegisterRequest>,
+    ) -> Result<tonic::Response<pb::Empty>, tonic::Status> {
+        let r = req.into_inner();
+        if r.version != "v1beta1" {
+            return Err(tonic::Status::invalid_argument("unsupported version"));
+        }
+        let _ = self.0.send(r);
+        Ok(tonic::Response::new(pb::Empty {}))
+    }
+}
+
+fn node_object() -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+      "metadata": {"name": NODE, "creationTimestamp": "2026-11-20T08:00:00Z",
+        "labels": {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux",
+                   "xshare.io/gpu-type": "H100", "xshare.io/predictor-gpu-type": "v100"},
+        "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+      "spec": {"podCIDR": "10.244.1.0/24"},
+      "status": {"capacity": {"cpu": "16", "memory": "131072Mi", "xshare.io/offline-gpu": "4"},
+                 "allocatable": {"cpu": "16", "memory": "131072Mi", "xshare.io/offline-gpu": "4"},
+                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "lastHeartbeatTime": "2026-11-23T06:00:00Z", "lastTransitionTime": "2026-11-20T08:01:00Z"}]}})
+}
+
+fn online_pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+      "metadata": {"name": "svc-0", "namespace": "prod",
+        "labels": {"app": "svc", "xshare.io/role": "online"},
+        "annotations": {"xshare.io/gpu": "0", "xshare.io/memory-mib": "8000",
+                        "xshare.io/sm-activity-percent": "30",
+                        "xshare.io/profile": "{\"isolated\": {\"v100\": 5.0}}"}},
+      "spec": {"nodeName": NODE, "containers": [{"name": "svc", "image": "registry.local/svc:1"}]},
+      "status": {"phase": "Running", "qosClass": "Guaranteed"}})
+}
+
+/// The pod the Job controller creates for Job `train` (generated name, Job labels, owner).
+fn job_pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+      "metadata": {"name": "train-x7k2p", "generateName": "train-", "namespace": "ml",
+        "labels": {"batch.kubernetes.io/job-name": "train", "job-name": "train",
+                   "batch.kubernetes.io/controller-uid": "c0ffee00-0000-4000-8000-000000000001",
+                   "controller-uid": "c0ffee00-0000-4000-8000-000000000001", "xshare.io/role": "offline"},
+        "annotations": {"xshare.io/memory-mib": "256",
+                        "xshare.io/profile": "{\"isolated\": {\"v100\": 4.0}}"},
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+            "uid": "c0ffee00-0000-4000-8000-000000000001", "controller": true, "blockOwnerDeletion": true}]},
+      "spec": {"restartPolicy": "Never", "schedulerName": "xshare-scheduler",
+        "containers": [{"name": "train", "image": "registry.local/train:1",
+          "resources": {"limits": {"xshare.io/offline-gpu": "1"}, "requests": {"xshare.io/offline-gpu": "1"}}}]},
+      "status": {"phase": "Pending", "qosClass": "BestEffort"}})
+}
+
+fn name_of(p: &Value) -> String {
+    p["metadata"]["name"].as_str().unwrap().to_string()
+}
+
+fn uid_of(p: &Value) -> String {
+    p["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+/// kube-scheduler's extender calls for `pod`: filter until the plan places it on our node,
+/// prioritize, bind. Returns the bind answer.
+fn schedule(ext: SocketAddr, pod: &Value) -> Value {
+    let args = json!({"Pod": pod, "NodeNames": [NODE, "cpu-node-2"]});
+    eventually("the extender's filter keeps our node", || {
+        let r = http(ext, "POST", "/xshare/filter", &args);
+        (r["NodeNames"] == json!([NODE])).then_some(())
+    });
+    let scores = http(ext, "POST", "/xshare/prioritize", &args);
+    let top = scores
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|h| h["Score"].as_i64())
+        .unwrap()
+        .clone();
+    assert_eq!(top["Host"], NODE, "{scores}");
+    http(
+        ext,
+        "POST",
+        "/xshare/bind",
+        &json!({"PodName": name_of(pod), "PodNamespace": "ml", "PodUID": uid_of(pod), "Node": NODE}),
+    )
+}
+
+fn read_state(run: &Path) -> Value {
+    std::fs::read_to_string(run.join("gpu0/state.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn heartbeat_state(cluster: &FakeCluster) -> Option<String> {
+    let n = cluster.node(NODE)?;
+    let text = n["metadata"]["annotations"][kube_contract::heartbeat::ANNOTATION].as_str()?;
+    let hb: Value = serde_json::from_str(text).ok()?;
+    hb["gpus"][0]["state"].as_str().map(String::from)
+}
+
+#[test]
+fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replanned() {
+    for f in ["sysmonitor", "libxcuda.so", "node-agent", "cluster-matcher", "shim_client"] {
+        assert!(
+            bin_dir().join(f).exists(),
+            "{} is not built: run `cargo build --workspace --all-targets` first",
+            bin_dir().join(f).display()
+        );
+    }
+    let host = host("h100");
+    let root = host.root.clone().unwrap();
+    let run = root.join("run");
+    let bins = bin_dir();
+
+    // --- the node: sysmonitor on the emulated GPU.
+    let mon_cfg = root.join("sysmonitor.json");
+    std::fs::write(
+        &mon_cfg,
+        format!(
+            r#"{{
+  "interval_ms": 10, "state_file_every_ms": 10, "host_memory": {{ "enabled": false }},
+  "machine": {{
+    "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
+    "sm_activity": {{ "healthy": 50, "unhealthy": 70, "overlimit": 90 }},
+    "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
+    "overlimit_sustain_ms": 200, "hold_base_ms": {HOLD_MS}, "hold_max_ms": 60000
+  }},
+  "evictor": {{ "grace_ms": 10000 }},
+  "verify": {{ "enabled": false }}
+}}"#
+        ),
+    )
+    .unwrap();
+    let mut c = Command::new(bins.join("sysmonitor"));
+    c.args(["run", "--config"])
+        .arg(&mon_cfg)
+        .envs(host.env().iter().map(|(k, v)| (k, v)))
+        .env("XSHARE_LEDGER_DIR", &run);
+    let _monitor = daemon("sysmonitor", c, &root.join("sysmonitor.log"));
+    eventually("sysmonitor Healthy", || (read_state(&run)["state"] == "healthy").then_some(()));
+
+    // --- the API server, with the GPU node and the online service already running on GPU 0.
+    let cluster = FakeCluster::start();
+    cluster.add_node(node_object());
+    cluster.add_pod(online_pod());
+
+    // --- the kubelet's registration socket, then node-agent.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dp = root.join("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    let (reg_tx, reg_rx) = std::sync::mpsc::channel();
+    {
+        let _g = rt.enter();
+        let l = tokio::net::UnixListener::bind(dp.join("kubelet.sock")).unwrap();
+        rt.spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(Kubelet(reg_tx)))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l)),
+        );
+    }
+    let shim = bins.join("libxcuda.so");
+    let agent_cfg = root.join("node-agent.json");
+    std::fs::write(
+        &agent_cfg,
+        json!({
+            "node_name": NODE,
+            "ledger_dir": run,
+            // No UUID here: node-agent asks NVML (the emulator's libnvidia-ml).
+            "gpus": [{"index": 0}],
+            "device_plugin": {"dir": dp},
+            // No container here: the host paths are the paths the process sees.
+            "inject": {"shim_host_path": shim, "shim_container_path": shim, "ledger_container_dir": run},
+            "health": {"poll_ms": 50},
+            "kube": {"api_url": cluster.url()},
+            "eviction": {"poll_ms": 20, "retry_ms": 200},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut c = Command::new(bins.join("node-agent"));
+    c.args(["run", "--config"])
+        .arg(&agent_cfg)
+        .envs(host.env().iter().map(|(k, v)| (k, v)))
+        .env("RUST_LOG", "info");
+    let _agent = daemon("node-agent", c, &root.join("node-agent.log"));
+    let reg = reg_rx.recv_timeout(T).expect("node-agent never registered with the kubelet");
+    assert_eq!(reg.resource_name, "xshare.io/offline-gpu");
+
+    // Its heartbeat reaches the Node: GPU 0 Healthy, with NVML's UUID.
+    eventually("the node-agent heartbeat on the Node", || {
+        (heartbeat_state(&cluster).as_deref() == Some("Healthy")).then_some(())
+    });
+    let hb: Value = serde_json::from_str(
+        cluster.node(NODE).unwrap()["metadata"]["annotations"][kube_contract::heartbeat::ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let uuid = hb["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    assert!(uuid.starts_with("GPU-"), "{hb}");
+
+    // --- the extender, watching the API server.
+    let cm_cluster = root.join("cluster.json");
+    std::fs::write(&cm_cluster, r#"{"round_period_s": 86400, "nodes": []}"#).unwrap();
+    std::fs::write(root.join("workloads.json"), "{}").unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cluster-matcher/examples/speed-predictor.json");
+    let mut ext_child = Command::new(bins.join("cluster-matcher"))
+        .args(["serve", "--watch", "--listen", "127.0.0.1:0", "--kube-api", &cluster.url()])
+        .arg("--cluster")
+        .arg(&cm_cluster)
+        .arg("--workloads")
+        .arg(root.join("workloads.json"))
+        .arg("--model")
+        .arg(&model)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(ext_child.stderr.take().unwrap());
+    let ext_addr: SocketAddr = loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "cluster-matcher exited before listening");
+        if let Some(a) = line.trim().strip_prefix("cluster-matcher: extender listening on http://") {
+            break a.parse().unwrap();
+        }
+    };
+    let ext_log = root.join("cluster-matcher.log");
+    let mut ext_log_f = std::fs::File::create(&ext_log).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut err, &mut ext_log_f));
+    let _ext = Daemon(ext_child);
+
+    // --- 1. An offline Job pod appears; kube-scheduler asks the extender; it binds.
+    let pod = cluster.add_pod(job_pod());
+    let bound = schedule(ext_addr, &pod);
+    assert_eq!(bound["Error"], "", "{bound}");
+    let bindings = cluster.bindings();
+    assert_eq!(bindings.len(), 1, "{bindings:?}");
+    let b: Binding = serde_json::from_value(bindings[0].clone()).unwrap();
+    assert_eq!(b.target.name.as_deref(), Some(NODE));
+    assert_eq!(b.metadata.uid.as_deref(), Some(uid_of(&pod).as_str()));
+    let p = cluster.pod("ml", "train-x7k2p").unwrap();
+    assert_eq!(p["spec"]["nodeName"], NODE);
+    let ann = &p["metadata"]["annotations"];
+    assert_eq!(ann["xshare.io/gpu"], "0", "{ann}");
+    let quota: u64 = ann["xshare.io/memory-quota-bytes"].as_str().unwrap().parse().unwrap();
+    let sm: f64 = ann["xshare.io/sm-percent"].as_str().unwrap().parse().unwrap();
+    // The plan's quota: at least the job's declared memory, within the GPU's (80 GiB).
+    assert!((256 << 20..=80 << 30).contains(&quota), "{ann}");
+    assert!(sm > 0.0 && sm <= 100.0, "{ann}");
+
+    // --- 2. The kubelet admits the pod: ListAndWatch, then Allocate one slot.
+    let sock = dp.join("xshare-offline-gpu.sock");
+    let alloc = rt.block_on(async {
+        let ch = node_agent::plugin::unix_channel(sock.clone()).await.unwrap();
+        let mut cl = pb::device_plugin_client::DevicePluginClient::new(ch);
+        let mut devs = cl.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
+        let first = devs.message().await.unwrap().unwrap();
+        assert_eq!(first.devices.len(), 4, "{first:?}");
+        assert!(first.devices.iter().all(|d| d.health == "Healthy"), "{first:?}");
+        let req = pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest {
+                devices_ids: vec![first.devices[0].id.clone()],
+            }],
+        };
+        cl.allocate(req).await.unwrap().into_inner()
+    });
+    let resp = &alloc.container_responses[0];
+    let env = &resp.envs;
+    let want_mps = (sm.ceil() as u32).clamp(1, 100).to_string();
+    assert_eq!(env["LD_PRELOAD"], shim.display().to_string());
+    assert_eq!(env["XCUDA_QUOTA_BYTES"], quota.to_string());
+    assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], want_mps);
+    assert_eq!(env["XCUDA_GROUP"], format!("k8s-pod-{}", uid_of(&pod)));
+    assert_eq!(env["XSHARE_LEDGER_DIR"], run.display().to_string());
+    assert_eq!(env["CUDA_VISIBLE_DEVICES"], uuid);
+    assert!(resp.mounts.iter().any(|m| m.host_path == shim.display().to_string() && m.read_only));
+    assert!(resp.mounts.iter().any(|m| Path::new(&m.host_path) == run.join("gpu0") && !m.read_only));
+    cluster.set_pod_phase("ml", "train-x7k2p", "Running");
+
+    // --- 3. The container's process: exactly Allocate's env (the runtime's part: the emulator).
+    let container = |program: &str| {
+        let mut c = host.command(program);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
+    };
+    let mut off = {
+        let mut c = container("offline");
+        c.args(["--json", "--blocks", "40", "--kernel-us", "20000", "--report-interval", "0.2", "--state-mb", "64"]);
+        Proc::spawn(c)
+    };
+    off.wait_line("iters_per_s", T);
+    eventually("the offline process registered in the ledger", || {
+        (read_state(&run)["offline_registered"] == 1).then_some(())
+    });
+    // The quota the plan chose holds: a second process of the pod cannot take it all again.
+    let probe = |bytes: u64| -> String {
+        let mut c = container("shim_client");
+        c.args(["ctx", "alloc", &bytes.to_string(), "exit"]);
+        let out = run_bounded(c, "", T);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.lines()
+            .find_map(|l| e2e::field(l, "alloc").map(String::from))
+            .unwrap_or_else(|| panic!("no alloc result: {text} {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    assert_eq!(probe(16 << 20), "0", "a small allocation within the quota");
+    assert_ne!(probe(quota), "0", "an allocation over the pod's planned quota is refused");
+
+    // --- 4. The online service's own burst on every SM: Overlimit, the monitor evicts.
+    let burst = {
+        let mut c = host.command("online");
+        c.args(["--json", "--rate", "400", "--duration", "1.5", "--kernels", "4", "--kernel-us", "2000", "--blocks", "132"]);
+        run_bounded(c, "", T)
+    };
+    assert!(burst.status.success(), "{}", String::from_utf8_lossy(&burst.stderr));
+    let (st, lines) = off.stop(0, T);
+    assert!(st.success(), "offline exits through its SIGTERM path: {st:?} {lines:?}");
+    let fin = json(lines.iter().rev().find(|l| l.contains("\"final\":true")).expect("offline summary"));
+    assert_eq!(fin["signal"], libc::SIGTERM, "{fin}");
+    let v = read_state(&run);
+    assert_eq!(v["evictions"]["overlimit"], 1, "{v:#}");
+
+    // --- 5. node-agent posts the Eviction; the API server deletes the pod; the Job
+    // controller makes a new one.
+    let evictions = eventually("the Eviction reaching the API server", || {
+        let e = cluster.evictions();
+        (!e.is_empty()).then_some(e)
+    });
+    let e: Eviction = serde_json::from_value(evictions[0].clone()).unwrap();
+    assert_eq!(e.metadata.name.as_deref(), Some("train-x7k2p"));
+    assert_eq!(e.metadata.namespace.as_deref(), Some("ml"));
+    let pre = e.delete_options.unwrap().preconditions.unwrap();
+    assert_eq!(pre.uid.as_deref(), Some(uid_of(&pod).as_str()));
+    assert!(cluster.pod("ml", "train-x7k2p").is_none(), "evicted pod deleted");
+    let events: Vec<Event> = cluster
+        .events()
+        .into_iter()
+        .map(|e| serde_json::from_value(e).unwrap())
+        .collect();
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some(kube_contract::EVICTION_EVENT_REASON)
+            && e.involved_object.uid.as_deref() == Some(uid_of(&pod).as_str())),
+        "{events:?}"
+    );
+    let next = eventually("the Job's replacement pod", || {
+        cluster.pods().into_iter().find(|p| {
+            p["metadata"]["labels"]["job-name"] == "train" && p["metadata"]["name"] != "train-x7k2p"
+        })
+    });
+    assert!(next["spec"]["nodeName"].is_null(), "{next}");
+    assert_ne!(uid_of(&next), uid_of(&pod));
+
+    // --- 6. The extender replans: the new pod is placed and bound once the GPU is Healthy.
+    let bound = schedule(ext_addr, &next);
+    assert_eq!(bound["Error"], "", "{bound}");
+    let bindings = cluster.bindings();
+    assert_eq!(bindings.len(), 2, "{bindings:?}");
+    let b: Binding = serde_json::from_value(bindings[1].clone()).unwrap();
+    assert_eq!(b.metadata.uid.as_deref(), Some(uid_of(&next).as_str()));
+    assert_eq!(cluster.pod("ml", &name_of(&next)).unwrap()["spec"]["nodeName"], NODE);
+
+    // The eviction was posted once, never again.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(cluster.evictions().len(), 1);
+    let posted: Vec<PathBuf> = cluster
+        .api
+        .all()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/eviction"))
+        .map(|r| PathBuf::from(&r.path))
+        .collect();
+    assert_eq!(posted, [PathBuf::from("/api/v1/namespaces/ml/pods/train-x7k2p/eviction")]);
+}

@@ -1,0 +1,633 @@
+//! A stateful fake API server: the objects live here, every change gets the next
+//! resourceVersion and reaches the watches whose selectors it concerns.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use crate::objects::{list, status, success};
+use crate::server::{fake_api, Answer, FakeApi, Req};
+
+/// Annotations a scheduler writes onto a pod: a Job's new pod comes from the Job's template,
+/// without them.
+const JOB_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Pod,
+    Node,
+}
+
+struct Watcher {
+    kind: Kind,
+    namespace: Option<String>,
+    labels: String,
+    fields: String,
+    tx: Sender<Value>,
+}
+
+struct Change {
+    kind: Kind,
+    rv: u64,
+    old: Option<Value>,
+    new: Option<Value>,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    uids: u64,
+    pods: BTreeMap<(String, String), Value>,
+    nodes: BTreeMap<String, Value>,
+    /// Job (namespace, name) -> the pod template its controller creates pods from.
+    jobs: BTreeMap<(String, String), Value>,
+    history: Vec<Change>,
+    watchers: Vec<Watcher>,
+    events: Vec<Value>,
+    evictions: Vec<Value>,
+    bindings: Vec<Value>,
+}
+
+/// The fake cluster: its API server on loopback and the objects it holds.
+pub struct FakeCluster {
+    /// The HTTP side (every request recorded).
+    pub api: FakeApi,
+    state: Arc<Mutex<State>>,
+}
+
+fn now_rfc3339() -> String {
+    let s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().unwrap();
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+/// Splits a selector on the commas outside parentheses.
+fn terms(sel: &str) -> Vec<String> {
+    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
+    for c in sel.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.push(cur);
+    out.into_iter()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// Whether `labels` match a label selector (`k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (..)`,
+/// `k notin (..)`).
+pub fn labels_match(labels: &Value, sel: &str) -> bool {
+    let get = |k: &str| labels.get(k).and_then(Value::as_str);
+    terms(sel).iter().all(|t| {
+        let set = |rest: &str| -> Vec<String> {
+            rest.trim()
+                .trim_start_matches('(')
+                .trim_end_matches(')')
+                .split(',')
+                .map(|v| v.trim().to_string())
+                .collect()
+        };
+        if let Some((k, rest)) = t.split_once(" notin ") {
+            return get(k.trim()).is_none_or(|v| !set(rest).iter().any(|s| s == v));
+        }
+        if let Some((k, rest)) = t.split_once(" in ") {
+            return get(k.trim()).is_some_and(|v| set(rest).iter().any(|s| s == v));
+        }
+        if let Some((k, v)) = t.split_once("!=") {
+            return get(k.trim()) != Some(v.trim());
+        }
+        if let Some((k, v)) = t.split_once("==").or_else(|| t.split_once('=')) {
+            return get(k.trim()) == Some(v.trim());
+        }
+        if let Some(k) = t.strip_prefix('!') {
+            return get(k.trim()).is_none();
+        }
+        get(t).is_some()
+    })
+}
+
+/// Whether `obj` matches a field selector (`a.b=v`, `a.b==v`, `a.b!=v`).
+pub fn fields_match(obj: &Value, sel: &str) -> bool {
+    terms(sel).iter().all(|t| {
+        let (path, want, eq) = match t.split_once("!=") {
+            Some((p, v)) => (p, v, false),
+            None => match t.split_once("==").or_else(|| t.split_once('=')) {
+                Some((p, v)) => (p, v, true),
+                None => return false,
+            },
+        };
+        let mut cur = obj;
+        for part in path.trim().split('.') {
+            cur = cur.get(part).unwrap_or(&Value::Null);
+        }
+        let got = cur.as_str().unwrap_or("");
+        (got == want.trim()) == eq
+    })
+}
+
+impl Watcher {
+    fn sees(&self, obj: &Value) -> bool {
+        let ns_ok = self.namespace.as_deref().is_none_or(|ns| {
+            obj["metadata"]["namespace"].as_str() == Some(ns)
+        });
+        ns_ok
+            && labels_match(&obj["metadata"]["labels"], &self.labels)
+            && fields_match(obj, &self.fields)
+    }
+
+    /// The event this watch gets for a change (objects entering or leaving the selector are
+    /// ADDED or DELETED for it, as the API server's watch cache does).
+    fn event(&self, c: &Change) -> Option<Value> {
+        if c.kind != self.kind {
+            return None;
+        }
+        let old = c.old.as_ref().filter(|o| self.sees(o));
+        let new = c.new.as_ref().filter(|n| self.sees(n));
+        let (t, o) = match (old, new, &c.new) {
+            (Some(_), Some(n), _) => ("MODIFIED", n.clone()),
+            (None, Some(n), _) => ("ADDED", n.clone()),
+            (Some(o), None, Some(n)) => {
+                let _ = o;
+                ("DELETED", n.clone())
+            }
+            (Some(o), None, None) => ("DELETED", o.clone()),
+            (None, None, _) => return None,
+        };
+        Some(json!({"type": t, "object": typed(self.kind, o)}))
+    }
+}
+
+fn typed(kind: Kind, mut o: Value) -> Value {
+    let k = match kind {
+        Kind::Pod => "Pod",
+        Kind::Node => "Node",
+    };
+    o["kind"] = k.into();
+    o["apiVersion"] = "v1".into();
+    o
+}
+
+impl State {
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn next_uid(&mut self) -> String {
+        self.uids += 1;
+        format!("0f1e2d3c-0000-4000-8000-{:012x}", self.uids)
+    }
+
+    /// Records a change (stamping the new object's resourceVersion) and tells the watches.
+    fn change(&mut self, kind: Kind, old: Option<Value>, new: Option<&mut Value>) {
+        let rv = self.next_rv();
+        let new = new.map(|n| {
+            n["metadata"]["resourceVersion"] = rv.to_string().into();
+            n.clone()
+        });
+        let c = Change { kind, rv, old, new };
+        self.watchers
+            .retain(|w| w.event(&c).is_none_or(|e| w.tx.send(e).is_ok()));
+        self.history.push(c);
+    }
+
+    fn put_pod(&mut self, mut pod: Value) -> Value {
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+        pod["metadata"]["namespace"] = ns.clone().into();
+        let name = pod["metadata"]["name"].as_str().expect("pod name").to_string();
+        if pod["metadata"]["uid"].as_str().is_none() {
+            pod["metadata"]["uid"] = self.next_uid().into();
+        }
+        if pod["metadata"]["creationTimestamp"].as_str().is_none() {
+            pod["metadata"]["creationTimestamp"] = now_rfc3339().into();
+        }
+        let labels = &pod["metadata"]["labels"];
+        if let Some(job) = JOB_LABELS.iter().find_map(|k| labels.get(*k).and_then(Value::as_str)) {
+            self.jobs
+                .entry((ns.clone(), job.to_string()))
+                .or_insert_with(|| pod.clone());
+        }
+        let old = self.pods.get(&(ns.clone(), name.clone())).cloned();
+        self.change(Kind::Pod, old, Some(&mut pod));
+        self.pods.insert((ns, name), pod.clone());
+        pod
+    }
+
+    fn delete_pod(&mut self, ns: &str, name: &str) -> Option<Value> {
+        let old = self.pods.remove(&(ns.to_string(), name.to_string()))?;
+        let mut gone = old.clone();
+        self.change(Kind::Pod, Some(old), None);
+        gone["metadata"]["resourceVersion"] = self.rv.to_string().into();
+        Some(gone)
+    }
+
+    /// The Job controller: a deleted Job pod is replaced by a new pod from the Job's template.
+    fn replace_job_pod(&mut self, deleted: &Value) {
+        let labels = &deleted["metadata"]["labels"];
+        let Some(job) = JOB_LABELS.iter().find_map(|k| labels.get(*k).and_then(Value::as_str)) else {
+            return;
+        };
+        let ns = deleted["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+        let Some(mut p) = self.jobs.get(&(ns, job.to_string())).cloned() else {
+            return;
+        };
+        let n = self.uids + 1;
+        let suffix: String = format!("{:05x}", n * 7919 % 0xfffff)
+            .chars()
+            .map(|c| if c.is_ascii_digit() { (b'a' + (c as u8 - b'0')) as char } else { c })
+            .collect();
+        let m = &mut p["metadata"];
+        m["name"] = format!("{job}-{suffix}").into();
+        m["generateName"] = format!("{job}-").into();
+        m.as_object_mut().unwrap().remove("uid");
+        m.as_object_mut().unwrap().remove("creationTimestamp");
+        m.as_object_mut().unwrap().remove("deletionTimestamp");
+        if let Some(s) = p["spec"].as_object_mut() {
+            s.remove("nodeName");
+        }
+        p["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+        self.put_pod(p);
+    }
+}
+
+fn path_parts(path: &str) -> Vec<&str> {
+    path.trim_matches('/').split('/').collect()
+}
+
+fn not_found(what: &str) -> Answer {
+    Answer::Json(404, status(404, "NotFound", &format!("{what} not found"), json!({})), vec![])
+}
+
+fn conflict(msg: &str) -> Answer {
+    Answer::Json(409, status(409, "Conflict", msg, json!({})), vec![])
+}
+
+fn bad(msg: &str) -> Answer {
+    Answer::Json(400, status(400, "BadRequest", msg, json!({})), vec![])
+}
+
+impl FakeCluster {
+    /// Starts an empty cluster.
+    pub fn start() -> FakeCluster {
+        let state: Arc<Mutex<State>> = Arc::default();
+        // Versions start high, as on a long-lived cluster.
+        state.lock().unwrap().rv = 41_000;
+        let s = state.clone();
+        let api = fake_api(move |r, _| answer(&s, r));
+        FakeCluster { api, state }
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        self.api.url.clone()
+    }
+
+    /// Creates (or replaces) a pod as its controller would; returns it as stored.
+    pub fn add_pod(&self, pod: Value) -> Value {
+        self.state.lock().unwrap().put_pod(pod)
+    }
+
+    /// Creates (or replaces) a node.
+    pub fn add_node(&self, mut node: Value) {
+        let mut st = self.state.lock().unwrap();
+        let name = node["metadata"]["name"].as_str().expect("node name").to_string();
+        if node["metadata"]["uid"].as_str().is_none() {
+            node["metadata"]["uid"] = st.next_uid().into();
+        }
+        let old = st.nodes.get(&name).cloned();
+        st.change(Kind::Node, old, Some(&mut node));
+        st.nodes.insert(name, node);
+    }
+
+    /// The pod `ns/name` now.
+    pub fn pod(&self, ns: &str, name: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .unwrap()
+            .pods
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Every pod now.
+    pub fn pods(&self) -> Vec<Value> {
+        self.state.lock().unwrap().pods.values().cloned().collect()
+    }
+
+    /// The node `name` now.
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.state.lock().unwrap().nodes.get(name).cloned()
+    }
+
+    /// What the kubelet reports once the pod's containers started (`Running`) or ended.
+    pub fn set_pod_phase(&self, ns: &str, name: &str, phase: &str) {
+        let mut st = self.state.lock().unwrap();
+        let Some(mut p) = st.pods.get(&(ns.to_string(), name.to_string())).cloned() else {
+            panic!("no pod {ns}/{name}");
+        };
+        let old = p.clone();
+        p["status"]["phase"] = phase.into();
+        if phase == "Running" {
+            p["status"]["startTime"] = now_rfc3339().into();
+        }
+        st.change(Kind::Pod, Some(old), Some(&mut p));
+        st.pods.insert((ns.to_string(), name.to_string()), p);
+    }
+
+    /// The Eviction bodies accepted (201), in order.
+    pub fn evictions(&self) -> Vec<Value> {
+        self.state.lock().unwrap().evictions.clone()
+    }
+
+    /// The Binding bodies accepted (201), in order.
+    pub fn bindings(&self) -> Vec<Value> {
+        self.state.lock().unwrap().bindings.clone()
+    }
+
+    /// The Events created, in order.
+    pub fn events(&self) -> Vec<Value> {
+        self.state.lock().unwrap().events.clone()
+    }
+}
+
+fn answer(state: &Mutex<State>, r: &Req) -> Answer {
+    let p = path_parts(&r.path);
+    let mut st = state.lock().unwrap();
+    match (r.method.as_str(), p.as_slice()) {
+        ("GET", ["api", "v1", "pods"]) => list_or_watch(&mut st, Kind::Pod, None, r),
+        ("GET", ["api", "v1", "namespaces", ns, "pods"]) => {
+            list_or_watch(&mut st, Kind::Pod, Some(ns.to_string()), r)
+        }
+        ("GET", ["api", "v1", "nodes"]) => list_or_watch(&mut st, Kind::Node, None, r),
+        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            match st.pods.get(&(ns.to_string(), name.to_string())) {
+                Some(pod) => Answer::Json(200, typed(Kind::Pod, pod.clone()), vec![]),
+                None => not_found(&format!("pods \"{name}\"")),
+            }
+        }
+        ("GET", ["api", "v1", "nodes", name]) => match st.nodes.get(*name) {
+            Some(n) => Answer::Json(200, typed(Kind::Node, n.clone()), vec![]),
+            None => not_found(&format!("nodes \"{name}\"")),
+        },
+        ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            if let Some(a) = merge_only(r) {
+                return a;
+            }
+            let key = (ns.to_string(), name.to_string());
+            let Some(mut pod) = st.pods.get(&key).cloned() else {
+                return not_found(&format!("pods \"{name}\""));
+            };
+            let patch = r.json();
+            // A uid in a merge patch is a precondition: the API server refuses to change it.
+            if let Some(uid) = patch["metadata"]["uid"].as_str() {
+                if Some(uid) != pod["metadata"]["uid"].as_str() {
+                    return conflict(&format!(
+                        "Operation cannot be fulfilled on pods \"{name}\": Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        pod["metadata"]["uid"].as_str().unwrap_or("")
+                    ));
+                }
+            }
+            let old = pod.clone();
+            merge_patch(&mut pod, &patch);
+            st.change(Kind::Pod, Some(old), Some(&mut pod));
+            st.pods.insert(key, pod.clone());
+            Answer::Json(200, typed(Kind::Pod, pod), vec![])
+        }
+        ("PATCH", ["api", "v1", "nodes", name]) => {
+            if let Some(a) = merge_only(r) {
+                return a;
+            }
+            let Some(mut node) = st.nodes.get(*name).cloned() else {
+                return not_found(&format!("nodes \"{name}\""));
+            };
+            let old = node.clone();
+            merge_patch(&mut node, &r.json());
+            st.change(Kind::Node, Some(old), Some(&mut node));
+            st.nodes.insert(name.to_string(), node.clone());
+            Answer::Json(200, typed(Kind::Node, node), vec![])
+        }
+        ("POST", ["api", "v1", "namespaces", ns, "pods", name, "binding"]) => {
+            let b = r.json();
+            if b["kind"] != "Binding" || b["apiVersion"] != "v1" {
+                return bad("a v1 Binding is expected");
+            }
+            let target = b["target"]["name"].as_str().unwrap_or("");
+            if b["target"]["kind"] != "Node" || target.is_empty() {
+                return bad("Binding.target must name a Node");
+            }
+            let key = (ns.to_string(), name.to_string());
+            let Some(mut pod) = st.pods.get(&key).cloned() else {
+                return not_found(&format!("pods \"{name}\""));
+            };
+            if let Some(uid) = b["metadata"]["uid"].as_str() {
+                if Some(uid) != pod["metadata"]["uid"].as_str() {
+                    return conflict(&format!(
+                        "Operation cannot be fulfilled on pods/binding \"{name}\": Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        pod["metadata"]["uid"].as_str().unwrap_or("")
+                    ));
+                }
+            }
+            if let Some(n) = pod["spec"]["nodeName"].as_str() {
+                return conflict(&format!(
+                    "Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} is already assigned to node \"{n}\""
+                ));
+            }
+            let old = pod.clone();
+            pod["spec"]["nodeName"] = target.into();
+            pod["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "True",
+                "lastProbeTime": null, "lastTransitionTime": now_rfc3339()}]);
+            st.change(Kind::Pod, Some(old), Some(&mut pod));
+            st.pods.insert(key, pod);
+            st.bindings.push(b);
+            Answer::Json(201, success(201), vec![])
+        }
+        ("POST", ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
+            let e = r.json();
+            if e["kind"] != "Eviction" || e["apiVersion"] != "policy/v1" {
+                return bad("a policy/v1 Eviction is expected");
+            }
+            if e["metadata"]["name"].as_str() != Some(name) {
+                return bad("name in URL does not match name in Eviction object");
+            }
+            let key = (ns.to_string(), name.to_string());
+            let Some(mut pod) = st.pods.get(&key).cloned() else {
+                return not_found(&format!("pods \"{name}\""));
+            };
+            let have = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+            if let Some(uid) = e["deleteOptions"]["preconditions"]["uid"].as_str() {
+                if uid != have {
+                    return conflict(&format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                    ));
+                }
+            }
+            // As the API server does: the DisruptionTarget condition, then the deletion (the
+            // grace period is over at once: no kubelet here to wait for).
+            let old = pod.clone();
+            let mut conds = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
+            conds.push(json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting", "lastProbeTime": null, "lastTransitionTime": now_rfc3339()}));
+            pod["status"]["conditions"] = conds.into();
+            pod["metadata"]["deletionTimestamp"] = now_rfc3339().into();
+            pod["metadata"]["deletionGracePeriodSeconds"] = 30.into();
+            st.change(Kind::Pod, Some(old), Some(&mut pod));
+            st.pods.insert(key, pod);
+            st.evictions.push(e);
+            if let Some(gone) = st.delete_pod(ns, name) {
+                st.replace_job_pod(&gone);
+            }
+            Answer::Json(201, success(201), vec![])
+        }
+        ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
+            let mut e = r.json();
+            if e["kind"] != "Event" || e["involvedObject"]["name"].as_str().is_none() {
+                return bad("a v1 Event with an involvedObject is expected");
+            }
+            let n = st.next_rv();
+            if e["metadata"]["name"].as_str().is_none() {
+                let g = e["metadata"]["generateName"].as_str().unwrap_or("ev.").to_string();
+                e["metadata"]["name"] = format!("{g}{n:x}").into();
+            }
+            e["metadata"]["namespace"] = ns.to_string().into();
+            e["metadata"]["resourceVersion"] = n.to_string().into();
+            st.events.push(e.clone());
+            Answer::Json(201, e, vec![])
+        }
+        _ => not_found(&format!("{} {}", r.method, r.path)),
+    }
+}
+
+/// PATCH must be a JSON merge patch here (what both clients send).
+fn merge_only(r: &Req) -> Option<Answer> {
+    let ct = r.headers.get("content-type").map_or("", String::as_str);
+    (ct != "application/merge-patch+json").then(|| {
+        Answer::Json(
+            415,
+            status(415, "UnsupportedMediaType", &format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json (got `{ct}`)"), json!({})),
+            vec![],
+        )
+    })
+}
+
+fn list_or_watch(st: &mut State, kind: Kind, namespace: Option<String>, r: &Req) -> Answer {
+    let w = Watcher {
+        kind,
+        namespace,
+        labels: r.query.get("labelSelector").cloned().unwrap_or_default(),
+        fields: r.query.get("fieldSelector").cloned().unwrap_or_default(),
+        tx: channel().0,
+    };
+    let objects: Vec<Value> = match kind {
+        Kind::Pod => st.pods.values().cloned().collect(),
+        Kind::Node => st.nodes.values().cloned().collect(),
+    };
+    if !r.is_watch() {
+        let items: Vec<Value> = objects.into_iter().filter(|o| w.sees(o)).collect();
+        let k = match kind {
+            Kind::Pod => "PodList",
+            Kind::Node => "NodeList",
+        };
+        return Answer::Json(200, list(k, &st.rv.to_string(), items), vec![]);
+    }
+    let (tx, rx) = channel();
+    match r.rv() {
+        // No version: the current objects as ADDED, then changes.
+        "" | "0" => {
+            for o in objects.into_iter().filter(|o| w.sees(o)) {
+                let _ = tx.send(json!({"type": "ADDED", "object": typed(kind, o)}));
+            }
+        }
+        rv => {
+            let Ok(from) = rv.parse::<u64>() else {
+                return bad(&format!("invalid resourceVersion `{rv}`"));
+            };
+            for c in st.history.iter().filter(|c| c.rv > from) {
+                if let Some(e) = w.event(c) {
+                    let _ = tx.send(e);
+                }
+            }
+        }
+    }
+    st.watchers.push(Watcher { tx, ..w });
+    Answer::Live(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors() {
+        let l = json!({"xshare.io/role": "offline", "job-name": "train"});
+        assert!(labels_match(&l, "xshare.io/role in (online,offline)"));
+        assert!(labels_match(&l, "xshare.io/role in (online, offline),job-name=train"));
+        assert!(!labels_match(&l, "xshare.io/role in (online)"));
+        assert!(labels_match(&l, "job-name,!other"));
+        assert!(!labels_match(&l, "job-name!=train"));
+        let p = json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Pending"}});
+        assert!(fields_match(&p, "spec.nodeName=n1,status.phase=Pending"));
+        assert!(!fields_match(&p, "spec.nodeName=n2"));
+        assert!(fields_match(&json!({}), "spec.nodeName="));
+    }
+
+    #[test]
+    fn merge_patch_rfc7386() {
+        let mut t = json!({"a": {"b": 1, "c": 2}, "d": [1]});
+        merge_patch(&mut t, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
+        assert_eq!(t, json!({"a": {"c": 2, "e": 3}, "d": [2]}));
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let t = now_rfc3339();
+        assert_eq!(t.len(), 20, "{t}");
+        assert!(t.starts_with("20") && t.ends_with('Z'));
+    }
+}
