@@ -460,6 +460,7 @@ pub fn plan_round_with_cells(
     plan.online_placements = online_placements;
     plan.online_waiting.extend(online_waiting);
     plan.online_unregistered = online_unregistered;
+    plan.cells_status = Some(std::sync::Arc::new(state.cells.report()));
     plan
 }
 
@@ -540,4 +541,36 @@ fn place_online(
         }
     }
     found.ok_or_else(|| format!("VC `{tenant}` has no free guaranteed GPU cell: {last}"))
+}
+
+/// Answers a GET of HiveD's inspect API from a round's cells status: `(status, JSON body)`.
+/// `path` ends with `inspect/clusterstatus` (everything), `…/physicalcluster`,
+/// `…/virtualclusters` (every VC) or `…/virtualclusters/NAME` (one VC); any prefix before
+/// `inspect/` is ignored. 404 without cells, for an unknown VC or another path.
+pub fn inspect(status: Option<&crate::cells::CellsReport>, path: &str) -> (u16, String) {
+    let not_found = |why: String| (404, serde_json::json!({ "Error": why }).to_string());
+    let path = path.split('?').next().unwrap_or("").trim_end_matches('/');
+    let Some(at) = path.find("inspect/clusterstatus") else {
+        return not_found(format!("no inspect view at `{path}`"));
+    };
+    let rest = &path[at + "inspect/clusterstatus".len()..];
+    let Some(st) = status else {
+        return not_found("cells mode is off: the cluster names no `cells` config".into());
+    };
+    let body = match rest {
+        "" => serde_json::to_string(st),
+        "/physicalcluster" => serde_json::to_string(&st.physical_cluster),
+        "/virtualclusters" => serde_json::to_string(&st.virtual_clusters),
+        _ => match rest.strip_prefix("/virtualclusters/") {
+            Some(name) => match st.virtual_clusters.iter().find(|v| v.name == name) {
+                Some(v) => serde_json::to_string(v),
+                None => return not_found(format!("no virtual cluster `{name}`")),
+            },
+            None => return not_found(format!("no inspect view at `{path}`")),
+        },
+    };
+    match body {
+        Ok(b) => (200, b),
+        Err(e) => (500, serde_json::json!({ "Error": e.to_string() }).to_string()),
+    }
 }
