@@ -177,7 +177,8 @@ fn hived_figure3_walkthrough() {
         .collect();
     assert_eq!(down, ["v100-n1/2", "v100-n1/3"]);
     assert!(r.lost_opportunistic.is_empty());
-    assert_eq!(r.kept_opportunistic.len(), 1); // X
+    assert_eq!(r.kept_opportunistic.len(), 1);
+    assert_eq!(r.kept_opportunistic[0].0, x);
     assert_eq!(r.kept_guaranteed.len(), 7);
     let mut n = r.cluster;
     for (old, new) in &r.kept_guaranteed {
