@@ -57,9 +57,10 @@ mod safety;
 mod topology;
 
 pub use cluster::{
-    CellsReport, ChainId, ChainReport, Cluster, Doomed, DoomedReport, GpuAddress, GpuId, GpuRange,
-    GuaranteedAllocation, GuaranteedId, GuaranteedReport, HealthChange, LevelReport,
-    OpportunisticId, OpportunisticReport, Reconfigured, Sharing, VcId, VcReport,
+    CellsReport, ChainId, ChainReport, Cluster, Doomed, DoomedReport, Downgraded, GpuAddress,
+    GpuId, GpuRange, GpuReport, GuaranteedAllocation, GuaranteedId, GuaranteedReport,
+    HealthChange, LevelReport, NodeReport, OpportunisticId, OpportunisticReport,
+    PhysicalReport, Reconfigured, Sharing, VcId, VcReport,
 };
 pub use config::{
     CellsConfig, ChainConfig, LevelConfig, PhysicalCellConfig, VcCellsConfig, VirtualClusterConfig,

@@ -44,6 +44,23 @@ pub enum Command {
     Serve(ServeArgs),
     /// Replay placement rounds on the Alibaba 2023 GPU trace and report timings.
     Alibaba(AlibabaArgs),
+    /// Print the HiveD cells status as JSON, as HiveD's inspect API shows it: the cluster,
+    /// the physical cluster, or the virtual clusters (the saved cells state replayed).
+    Inspect(InspectArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Cluster description naming `cells` (and `cells_state`, replayed when it exists).
+    #[arg(long, required_unless_present = "cells", conflicts_with = "cells")]
+    pub cluster: Option<PathBuf>,
+    /// A cells config alone (nothing allocated).
+    #[arg(long)]
+    pub cells: Option<PathBuf>,
+    /// View: empty for the whole cluster status, `physicalcluster`, `virtualclusters`, or
+    /// `virtualclusters/NAME`.
+    #[arg(default_value = "")]
+    pub view: String,
 }
 
 #[derive(Debug, Args)]
@@ -404,6 +421,26 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             let http = extender::HttpServer::start(&a.listen, ext, limits)?;
             eprintln!("cluster-matcher: extender listening on http://{}", http.local_addr());
             http.wait();
+        }
+        Command::Inspect(a) => {
+            let cells = match (&a.cluster, &a.cells) {
+                (Some(c), _) => {
+                    let cluster = ClusterSpec::load(c)?;
+                    let st = plan::load_cells(&cluster)?
+                        .ok_or_else(|| format!("{}: names no `cells` config", c.display()))?;
+                    st.cells
+                }
+                (None, Some(p)) => cluster_matcher::cells::Cluster::load(p)?,
+                (None, None) => return Err("give --cluster or --cells".into()),
+            };
+            let status = cells.report();
+            let path = format!("inspect/clusterstatus/{}", a.view.trim_matches('/'));
+            let (code, body) = plan::with_cells::inspect(Some(&status), &path);
+            if code != 200 {
+                return Err(body.into());
+            }
+            let v: serde_json::Value = serde_json::from_str(&body)?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
         }
         Command::Alibaba(a) => {
             let dir = a.trace.clone().unwrap_or_else(|| gavel::data_dir().join("alibaba-gpu-v2023"));

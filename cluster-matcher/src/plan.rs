@@ -93,6 +93,10 @@ pub struct Plan {
     /// Sum of predicted normalized throughput over assignments.
     pub total_predicted: f64,
     pub stats: PlanStats,
+    /// Cells mode: the cells' status after the round (HiveD's inspect view, served by the
+    /// extender under `GET /inspect/clusterstatus`; not part of the plan's JSON).
+    #[serde(skip)]
+    pub cells_status: Option<std::sync::Arc<crate::cells::CellsReport>>,
 }
 
 /// Sizes and timings of a round.

@@ -546,3 +546,72 @@ proptest! {
         }
     }
 }
+
+/// Random guaranteed requests at random priorities (HiveD's intra-VC preemption), releases and
+/// bad GPUs: a request preempts only strictly lower-priority work of its own VC, every other
+/// allocation survives, a refused request changes nothing, and the audit always holds.
+fn run_priorities(seed: u64, nvc: usize, ops: &[(u8, u8, u8, u8, u16, bool)]) -> Result<(), TestCaseError> {
+    let cfg = random_config(seed, nvc);
+    let mut c = Cluster::from_config(cfg).expect("assignment feasible by construction");
+    let nchains = c.chains().len();
+    let ngpu = c.gpu_count() as u32;
+    let mut live: Vec<(GuaranteedId, VcId, i32)> = Vec::new();
+    for &(kind, vc, chain, level, pick, bad) in ops {
+        match kind % 6 {
+            0..=3 => {
+                let vc = VcId(vc as u16 % nvc as u16);
+                let chain = ChainId(chain as u16 % nchains as u16);
+                let level = 1 + level % c.chains()[chain.0 as usize].top;
+                let prio = (pick % 4) as i32;
+                let view = c.vc_free_cells(vc, chain);
+                let free = (level..=c.chains()[chain.0 as usize].top).any(|l| view[l as usize] > 0);
+                let before = (views(&c), c.guaranteed_allocations());
+                match c.allocate_guaranteed_with_priority(vc, chain, level, prio) {
+                    Ok(a) => {
+                        if free {
+                            prop_assert!(a.preempted_guaranteed.is_empty(), "preempted with a free cell");
+                        }
+                        for v in &a.preempted_guaranteed {
+                            let k = live.iter().position(|(id, _, _)| id == v);
+                            prop_assert!(k.is_some(), "preempted an unknown allocation");
+                            let (_, vvc, vp) = live.swap_remove(k.unwrap());
+                            prop_assert_eq!(vvc, vc, "preempted another VC's work");
+                            prop_assert!(vp < prio, "preempted work of priority {} at {}", vp, prio);
+                            prop_assert!(c.guaranteed_info(*v).is_err());
+                        }
+                        prop_assert_eq!(c.guaranteed_priority(a.id).unwrap(), prio);
+                        live.push((a.id, vc, prio));
+                    }
+                    Err(_) => prop_assert_eq!((views(&c), c.guaranteed_allocations()), before),
+                }
+                for (id, _, p) in &live {
+                    prop_assert_eq!(c.guaranteed_priority(*id).ok(), Some(*p), "an untouched allocation changed");
+                }
+            }
+            4 => {
+                if !live.is_empty() {
+                    let (id, _, _) = live.swap_remove(pick as usize % live.len());
+                    c.release_guaranteed(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+            }
+            _ => {
+                c.set_gpu_health(GpuId(pick as u32 % ngpu), bad).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+        }
+        c.audit().map_err(TestCaseError::fail)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn priority_preemption_stays_inside_the_vc_and_below_the_priority(
+        seed in any::<u64>(),
+        nvc in 1usize..4,
+        ops in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u16>(), prop::bool::weighted(0.2)), 0..120),
+    ) {
+        run_priorities(seed, nvc, &ops)?;
+    }
+}

@@ -445,3 +445,60 @@ fn an_affinity_group_gets_all_its_cells_or_none() {
         "{plan:#?}"
     );
 }
+
+#[test]
+fn a_restart_on_a_changed_config_downgrades_what_no_longer_fits_instead_of_failing() {
+    // Failed before: the restart was refused ("tenant `a` has no virtual cluster"), so the
+    // whole planner stopped; HiveD lazily downgrades such work instead.
+    let dir = std::env::temp_dir().join(format!("xshare-cells-reconf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cfg, state_path) = (dir.join("cells.json"), dir.join("cells-state.json"));
+    let _ = std::fs::remove_file(&state_path);
+    let v1 = r#"{ "chains": [ { "name": "c", "gpu_type": "V100",
+        "levels": [ { "name": "gpu" }, { "name": "node", "children": 2 } ] } ],
+      "physical_cells": [ { "chain": "c", "nodes": ["h0"] } ],
+      "virtual_clusters": [ { "name": "a", "cells": [ { "chain": "c", "level": "gpu", "count": 1 } ] },
+                            { "name": "b", "cells": [ { "chain": "c", "level": "gpu", "count": 1 } ] } ] }"#;
+    std::fs::write(&cfg, v1).unwrap();
+    let mut spec = cluster(&[("h0", "V100", 2, 32_768)]);
+    spec.cells = Some(cfg.clone());
+    spec.cells_state = Some(state_path.clone());
+    let pred = similarity_predictor();
+    let mut w = Workloads {
+        online: vec![
+            unplaced_online("sa", "a", 10.0),
+            unplaced_online("sb", "b", 10.0),
+        ],
+        offline: vec![offline("job", 4_000, 10.0)],
+    };
+    let mut st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    let p = cluster_matcher::plan::run_round(&spec, &w, &pred, Some(&mut st), 0);
+    assert_eq!(p.online_placements.len(), 2, "{p:#?}");
+    let at_sa = st.online["sa"].at.clone();
+
+    // v2: VC `a` is gone, `b` owns the whole host.
+    std::fs::write(&cfg, v1.replace(r#"{ "name": "a", "cells": [ { "chain": "c", "level": "gpu", "count": 1 } ] },"#, "").replace(r#""level": "gpu", "count": 1 } ] } ] }"#, r#""level": "node", "count": 1 } ] } ] }"#)).unwrap();
+    let mut st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    assert!(st.online.contains_key("sb"));
+    assert_eq!(st.downgraded["sa"].at, at_sa);
+    assert!(st.downgraded["sa"].reason.contains("tenant `a`"), "{:?}", st.downgraded);
+    let p = cluster_matcher::plan::run_round(&spec, &w, &pred, Some(&mut st), 1);
+    let sa = p.online_unregistered.iter().find(|u| u.online == "sa").unwrap();
+    assert!(sa.reason.contains("downgraded"), "{p:#?}");
+    // No offline job joins the downgraded workload's GPU (it holds it exclusively).
+    assert!(p.assignments.iter().all(|a| a.at != at_sa), "{p:#?}");
+    // The downgrade is saved and survives another restart.
+    let mut st = cluster_matcher::plan::load_cells(&spec).unwrap().unwrap();
+    assert_eq!(st.downgraded["sa"].at, at_sa);
+
+    // `b` needs the GPU for new guaranteed work: the downgraded one is preempted then.
+    w.online.push(unplaced_online("sb2", "b", 10.0));
+    let p = cluster_matcher::plan::run_round(&spec, &w, &pred, Some(&mut st), 2);
+    let sb2 = p.online_placements.iter().find(|o| o.online == "sb2").unwrap();
+    assert_eq!(sb2.at, at_sa, "{p:#?}");
+    let sa = p.online_waiting.iter().find(|u| u.online == "sa").unwrap();
+    assert!(sa.reason.contains("preempted"), "{p:#?}");
+    assert!(st.downgraded.is_empty());
+    st.cells.audit().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -53,8 +53,8 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    println!("{path}: ok (safety: {})", report.safety);
-    for ch in &report.chains {
+    println!("{path}: ok (safety: {})", report.physical_cluster.safety);
+    for ch in &report.physical_cluster.chains {
         println!("chain {} ({}), {} GPUs", ch.name, ch.gpu_type, ch.gpus);
         println!("  {:<12} {:>6} {:>10}", "level", "free", "guaranteed");
         for l in &ch.levels {

@@ -13,12 +13,13 @@ use super::topology::{build, Chain, Node, PCell, PState, VCell, VState, MAX_LEVE
 mod audit;
 mod health;
 mod opportunistic;
+mod priority;
 mod reconfig;
 mod report;
-pub use reconfig::Reconfigured;
+pub use reconfig::{Downgraded, Reconfigured};
 pub use report::{
-    CellsReport, ChainReport, DoomedReport, GuaranteedReport, LevelReport, OpportunisticReport,
-    VcReport,
+    CellsReport, ChainReport, DoomedReport, GpuReport, GuaranteedReport, LevelReport, NodeReport,
+    OpportunisticReport, PhysicalReport, VcReport,
 };
 
 const CLEAN: usize = 0;
@@ -107,6 +108,9 @@ pub struct GuaranteedAllocation {
     pub gpus: GpuRange,
     /// Exclusive opportunistic allocations preempted (already released) to make room.
     pub preempted: Vec<OpportunisticId>,
+    /// Lower-priority guaranteed allocations of the same VC preempted (already released) to
+    /// make room (see [`Cluster::allocate_guaranteed_with_priority`]).
+    pub preempted_guaranteed: Vec<GuaranteedId>,
 }
 
 /// A host and GPU index.
@@ -607,10 +611,36 @@ impl Cluster {
         })
     }
 
-    /// Owed cells that healthy free hardware can no longer serve (HiveD's "doomed" cells).
+    /// Owed cells that healthy free hardware can no longer serve (HiveD's "doomed" cells),
+    /// over all VCs together.
     pub fn doomed(&self) -> Vec<Doomed> {
+        self.doomed_against(&self.owed)
+    }
+
+    /// The cells of one VC that are doomed to be bad, as HiveD counts them per VC
+    /// (`vcDoomedBadCells`): the VC's unbound preassigned cells that the healthy free cells of
+    /// the whole cluster (split top-down) could not serve even if no other VC asked for any.
+    /// Empty for an unknown VC.
+    pub fn vc_doomed(&self, vc: VcId) -> Vec<Doomed> {
+        let Some(roots) = self.vroots.get(vc.0 as usize) else {
+            return Vec::new();
+        };
+        let mut owed = vec![0i64; self.owed.len()];
+        for &r in roots {
+            let v = &self.vcells[r as usize];
+            if v.pbind == NONE {
+                owed[v.chain as usize * MAX_LEVELS + v.level as usize] += 1;
+            }
+        }
+        self.doomed_against(&owed)
+    }
+
+    fn doomed_against(&self, owed: &[i64]) -> Vec<Doomed> {
         let mut out = Vec::new();
         for (ci, ch) in self.chains.iter().enumerate() {
+            if owed[ci * MAX_LEVELS..(ci + 1) * MAX_LEVELS].iter().all(|&o| o == 0) {
+                continue;
+            }
             let mut free = [0i64; MAX_LEVELS];
             for l in 1..=ch.top {
                 for cat in [CLEAN, DIRTY, BAD] {
@@ -624,7 +654,7 @@ impl Cluster {
                 if l < ch.top as usize {
                     spare = spare.saturating_mul(ch.fanout[l + 1] as i64);
                 }
-                spare += free[l] - self.owed[ci * MAX_LEVELS + l];
+                spare += free[l] - owed[ci * MAX_LEVELS + l];
                 if spare < 0 {
                     out.push(Doomed {
                         chain: ChainId(ci as u16),
@@ -752,6 +782,7 @@ impl Cluster {
             self.vcells[x as usize].active += 1;
             x = self.vcells[x as usize].parent;
         }
+        self.vcells[v as usize].prio = 0;
         let p = self.vcells[v as usize].pbind;
         self.pcells[p as usize].used_by = v;
         let ng = self.pcells[p as usize].n_gpus;
@@ -787,6 +818,7 @@ impl Cluster {
             id,
             gpus: range,
             preempted,
+            preempted_guaranteed: Vec::new(),
         }
     }
 

@@ -99,6 +99,8 @@ pub(crate) struct VCell {
     pub gen: u32,
     /// Allocations at or below this cell.
     pub active: u32,
+    /// Priority of the allocation made at exactly this cell (meaningful while allocated).
+    pub prio: i32,
 }
 
 /// A host: name and its GPU range.
@@ -452,5 +454,6 @@ fn new_vcell(vc: u16, chain: u16, level: u8, parent: u32) -> VCell {
         pbind: NONE,
         gen: 0,
         active: 0,
+        prio: 0,
     }
 }

@@ -142,6 +142,11 @@ fn json(status: u16, body: String) -> Response<Full<Bytes>> {
 async fn respond(ext: Arc<Extender>, req: Request<Incoming>, limits: ServerLimits) -> Response<Full<Bytes>> {
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
+    if method == "GET" && path.contains("/inspect/") {
+        // HiveD's inspect API over the latest round's cells status (cells mode).
+        let (status, body) = crate::plan::with_cells::inspect(ext.snapshot().plan.cells_status.as_deref(), &path);
+        return json(status, body);
+    }
     let too_big = || json(413, error_body(&format!("body larger than {} bytes", limits.max_body)));
     let declared = req
         .headers()

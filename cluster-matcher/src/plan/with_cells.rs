@@ -23,40 +23,70 @@ const GPU_LEVEL: u8 = 1;
 /// An online workload's guaranteed GPU cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldOnline {
+    /// Its GPU.
     pub at: GpuRef,
+    /// Its tenant (VC).
     pub tenant: String,
+    /// The guaranteed cell.
     pub id: GuaranteedId,
 }
 
 /// An offline job's colocated low-priority cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldOffline {
+    /// Its GPU.
     pub at: GpuRef,
+    /// The colocated cell.
     pub id: OpportunisticId,
+}
+
+/// An online workload whose guarantee a reconfiguration took away (its VC no longer has room
+/// for it, or no longer exists): as HiveD lazily preempts such a group, it runs on at its GPU
+/// on an exclusive low-priority cell, until guaranteed work needs that GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldDowngraded {
+    /// Its GPU.
+    pub at: GpuRef,
+    /// Its tenant (VC).
+    pub tenant: String,
+    /// The exclusive low-priority cell.
+    pub id: OpportunisticId,
+    /// Why it lost its guarantee.
+    pub reason: String,
 }
 
 /// The cells and who holds what in them; carried from round to round.
 #[derive(Debug, Clone)]
 pub struct CellsState {
+    /// The cells.
     pub cells: Cluster,
     /// Online workload name -> its guaranteed cell.
     pub online: BTreeMap<String, HeldOnline>,
+    /// Online workload name -> its low-priority cell after a downgrade.
+    pub downgraded: BTreeMap<String, HeldDowngraded>,
     /// Offline job name -> its colocated cell.
     pub offline: BTreeMap<String, HeldOffline>,
 }
 
-/// Format name and version of the cells state file.
+/// Format name of the cells state file.
 pub const STATE_FORMAT: &str = "xshare-cells-state";
+/// Version of the cells state file.
 pub const STATE_VERSION: u32 = 1;
 
 /// The cells state file: who holds which GPU, replayed onto cells built from the config.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateFile {
+    /// Always [`STATE_FORMAT`].
     pub format: String,
+    /// Always [`STATE_VERSION`].
     pub version: u32,
     /// Online workload name -> its tenant (VC) and guaranteed GPU.
     pub online: BTreeMap<String, OnlineEntry>,
+    /// Online workload name -> its tenant and GPU, downgraded by a reconfiguration (absent
+    /// when none is).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub downgraded: BTreeMap<String, OnlineEntry>,
     /// Offline job name -> its colocated GPU.
     pub offline: BTreeMap<String, GpuRef>,
 }
@@ -64,18 +94,28 @@ pub struct StateFile {
 /// One online workload's guaranteed GPU in the state file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OnlineEntry {
+    /// Tenant (VC).
     pub tenant: String,
+    /// Host.
     pub node: String,
+    /// GPU index on the host.
     pub gpu: u32,
 }
 
 /// Errors loading or saving the cells state.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
+    /// The cells config is invalid.
     #[error(transparent)]
     Config(#[from] crate::cells::ConfigError),
+    /// The state file cannot be read, written or replayed.
     #[error("{path}: cells state file: {why}")]
-    File { path: PathBuf, why: String },
+    File {
+        /// The state file.
+        path: PathBuf,
+        /// What is wrong, naming the entry.
+        why: String,
+    },
 }
 
 impl CellsState {
@@ -84,6 +124,7 @@ impl CellsState {
         Self {
             cells,
             online: BTreeMap::new(),
+            downgraded: BTreeMap::new(),
             offline: BTreeMap::new(),
         }
     }
@@ -107,11 +148,65 @@ impl CellsState {
                     )
                 })
                 .collect(),
+            downgraded: self
+                .downgraded
+                .iter()
+                .map(|(n, h)| {
+                    (
+                        n.clone(),
+                        OnlineEntry {
+                            tenant: h.tenant.clone(),
+                            node: h.at.node.clone(),
+                            gpu: h.at.gpu,
+                        },
+                    )
+                })
+                .collect(),
             offline: self
                 .offline
                 .iter()
                 .map(|(n, h)| (n.clone(), h.at.clone()))
                 .collect(),
+        }
+    }
+
+    /// Holds online workload `name` at `at`: as a guaranteed cell of its VC when the cells
+    /// take it there, else (a reconfiguration took its guarantee away) downgraded to an
+    /// exclusive low-priority cell on the same GPU. Errs when neither is possible.
+    fn hold_online(&mut self, name: &str, tenant: &str, at: &GpuRef) -> Result<(), String> {
+        match register_pinned(&mut self.cells, tenant, at) {
+            Ok(id) => {
+                self.online.insert(
+                    name.to_string(),
+                    HeldOnline {
+                        at: at.clone(),
+                        tenant: tenant.to_string(),
+                        id,
+                    },
+                );
+                Ok(())
+            }
+            Err(why) => {
+                let g = self
+                    .cells
+                    .gpu_by_address(&at.node, at.gpu)
+                    .ok_or_else(|| format!("GPU {}/{} is not in the cells config", at.node, at.gpu))?;
+                let id = self
+                    .cells
+                    .allocate_opportunistic_on(&[g], Sharing::Exclusive)
+                    .map_err(|e| format!("{why}; cannot run on as low-priority work either: {e}"))?;
+                tracing::warn!(online = %name, vc = %tenant, node = %at.node, gpu = at.gpu, reason = %why, "online workload downgraded: no guarantee, runs on as low-priority work");
+                self.downgraded.insert(
+                    name.to_string(),
+                    HeldDowngraded {
+                        at: at.clone(),
+                        tenant: tenant.to_string(),
+                        id,
+                        reason: why,
+                    },
+                );
+                Ok(())
+            }
         }
     }
 
@@ -139,9 +234,12 @@ impl CellsState {
 
     /// `cells` (freshly built from the config) with the ledger of `path` replayed onto it:
     /// online workloads re-registered on their GPUs as guaranteed cells of their VC, offline
-    /// jobs' colocated cells retaken. A missing file is a fresh start; a damaged one (bad
-    /// JSON, other format or version, unknown VC or GPU, a place the cells refuse) is an
-    /// error naming the file and the entry.
+    /// jobs' colocated cells retaken. An online workload the cells no longer guarantee (the
+    /// config changed: its VC is gone or has no room there) is lazily downgraded, as HiveD
+    /// does: it runs on at its GPU on an exclusive low-priority cell (see
+    /// [`HeldDowngraded`]). A missing file is a fresh start; a damaged one (bad JSON, other
+    /// format or version, unknown GPU, a place the cells refuse outright) is an error naming
+    /// the file and the entry.
     pub fn load(cells: Cluster, path: &Path) -> Result<Self, StateError> {
         let err = |why: String| StateError::File {
             path: path.to_path_buf(),
@@ -169,25 +267,19 @@ impl CellsState {
             )));
         }
         let mut st = Self::new(cells);
-        for (name, e) in &file.online {
-            let at = GpuRef {
-                node: e.node.clone(),
-                gpu: e.gpu,
-            };
-            let id = register_pinned(&mut st.cells, &e.tenant, &at).map_err(|why| {
-                err(format!(
-                    "online entry `{name}` on {}/{}: {why}",
-                    at.node, at.gpu
-                ))
-            })?;
-            st.online.insert(
-                name.clone(),
-                HeldOnline {
-                    at,
-                    tenant: e.tenant.clone(),
-                    id,
-                },
-            );
+        for (what, entries) in [("online", &file.online), ("downgraded", &file.downgraded)] {
+            for (name, e) in entries {
+                let at = GpuRef {
+                    node: e.node.clone(),
+                    gpu: e.gpu,
+                };
+                st.hold_online(name, &e.tenant, &at).map_err(|why| {
+                    err(format!(
+                        "{what} entry `{name}` on {}/{}: {why}",
+                        at.node, at.gpu
+                    ))
+                })?;
+            }
         }
         for (name, at) in &file.offline {
             let g = st.cells.gpu_by_address(&at.node, at.gpu).ok_or_else(|| {
@@ -196,6 +288,12 @@ impl CellsState {
                     at.node, at.gpu
                 ))
             })?;
+            if let Some((who, _)) = st.downgraded.iter().find(|(_, h)| h.at == *at) {
+                // A downgraded online workload holds this GPU exclusively now: the offline
+                // job leaves the ledger and is matched again (its pair is broken).
+                tracing::warn!(offline = %name, online = %who, node = %at.node, gpu = at.gpu, "offline job's GPU now holds a downgraded online workload: matched again");
+                continue;
+            }
             let id = st
                 .cells
                 .allocate_opportunistic_on(&[g], Sharing::Colocate)
@@ -208,7 +306,7 @@ impl CellsState {
             st.offline
                 .insert(name.clone(), HeldOffline { at: at.clone(), id });
         }
-        tracing::info!(path = %path.display(), online = st.online.len(), offline = st.offline.len(), "cells state reloaded");
+        tracing::info!(path = %path.display(), online = st.online.len(), downgraded = st.downgraded.len(), offline = st.offline.len(), "cells state reloaded");
         Ok(st)
     }
 }
@@ -267,11 +365,37 @@ pub fn plan_round_with_cells(
             }
         }
     }
+    // Downgraded workloads that left or moved give their low-priority cell back; the others
+    // get their guarantee back when their VC has room for it again.
+    let names: Vec<String> = state.downgraded.keys().cloned().collect();
+    for name in names {
+        let h = state.downgraded.remove(&name).expect("listed");
+        if let Err(e) = state.cells.release_opportunistic(h.id) {
+            tracing::error!(online = %name, error = %e, "releasing a downgraded cell failed");
+        }
+        let keep = match wanted.get(name.as_str()) {
+            None => false,
+            Some((Some(at), tenant)) => **at == h.at && *tenant == h.tenant,
+            Some((None, tenant)) => *tenant == h.tenant,
+        };
+        if keep {
+            if let Err(why) = state.hold_online(&name, &h.tenant, &h.at) {
+                tracing::error!(online = %name, %why, "a downgraded workload lost its GPU");
+            }
+        }
+    }
 
     // 2. Register pinned online workloads where they run.
     let pinned: HashSet<GpuRef> = placed.online.iter().filter_map(|o| o.at.clone()).collect();
     for o in placed.online.iter().filter(|o| o.at.is_some()) {
         if state.online.contains_key(&o.name) {
+            continue;
+        }
+        if let Some(h) = state.downgraded.get(&o.name) {
+            online_unregistered.push(OnlineWaiting {
+                online: o.name.clone(),
+                reason: downgraded_reason(h),
+            });
             continue;
         }
         let at = o.at.clone().expect("pinned");
@@ -309,6 +433,14 @@ pub fn plan_round_with_cells(
     {
         if let Some(h) = state.online.get(&o.name) {
             o.at = Some(h.at.clone());
+            continue;
+        }
+        if let Some(h) = state.downgraded.get(&o.name) {
+            o.at = Some(h.at.clone());
+            online_unregistered.push(OnlineWaiting {
+                online: o.name.clone(),
+                reason: downgraded_reason(h),
+            });
             continue;
         }
         match &o.group {
@@ -375,6 +507,29 @@ pub fn plan_round_with_cells(
                 },
             );
             o.at = Some(at);
+        }
+    }
+    // Downgraded workloads whose GPU guaranteed work took this round (lazy preemption).
+    let preempted: Vec<String> = state
+        .downgraded
+        .iter()
+        .filter(|(_, h)| state.cells.opportunistic_gpus(h.id).is_err())
+        .map(|(n, _)| n.clone())
+        .collect();
+    for name in preempted {
+        let h = state.downgraded.remove(&name).expect("listed");
+        let reason = format!(
+            "downgraded ({}), then preempted: guaranteed work needed GPU {}/{}",
+            h.reason, h.at.node, h.at.gpu
+        );
+        tracing::warn!(online = %name, %reason, "downgraded online workload preempted");
+        online_unregistered.retain(|w| w.online != name);
+        online_waiting.push(OnlineWaiting {
+            online: name.clone(),
+            reason,
+        });
+        for o in placed.online.iter_mut().filter(|o| o.name == name) {
+            o.at = None;
         }
     }
     placed.online.retain(|o| o.at.is_some());
@@ -460,7 +615,15 @@ pub fn plan_round_with_cells(
     plan.online_placements = online_placements;
     plan.online_waiting.extend(online_waiting);
     plan.online_unregistered = online_unregistered;
+    plan.cells_status = Some(std::sync::Arc::new(state.cells.report()));
     plan
+}
+
+fn downgraded_reason(h: &HeldDowngraded) -> String {
+    format!(
+        "downgraded by a reconfiguration ({}): runs on at {}/{} as low-priority work until guaranteed work needs the GPU",
+        h.reason, h.at.node, h.at.gpu
+    )
 }
 
 fn register_pinned(cells: &mut Cluster, tenant: &str, at: &GpuRef) -> Result<GuaranteedId, String> {
@@ -540,4 +703,36 @@ fn place_online(
         }
     }
     found.ok_or_else(|| format!("VC `{tenant}` has no free guaranteed GPU cell: {last}"))
+}
+
+/// Answers a GET of HiveD's inspect API from a round's cells status: `(status, JSON body)`.
+/// `path` ends with `inspect/clusterstatus` (everything), `…/physicalcluster`,
+/// `…/virtualclusters` (every VC) or `…/virtualclusters/NAME` (one VC); any prefix before
+/// `inspect/` is ignored. 404 without cells, for an unknown VC or another path.
+pub fn inspect(status: Option<&crate::cells::CellsReport>, path: &str) -> (u16, String) {
+    let not_found = |why: String| (404, serde_json::json!({ "Error": why }).to_string());
+    let path = path.split('?').next().unwrap_or("").trim_end_matches('/');
+    let Some(at) = path.find("inspect/clusterstatus") else {
+        return not_found(format!("no inspect view at `{path}`"));
+    };
+    let rest = &path[at + "inspect/clusterstatus".len()..];
+    let Some(st) = status else {
+        return not_found("cells mode is off: the cluster names no `cells` config".into());
+    };
+    let body = match rest {
+        "" => serde_json::to_string(st),
+        "/physicalcluster" => serde_json::to_string(&st.physical_cluster),
+        "/virtualclusters" => serde_json::to_string(&st.virtual_clusters),
+        _ => match rest.strip_prefix("/virtualclusters/") {
+            Some(name) => match st.virtual_clusters.iter().find(|v| v.name == name) {
+                Some(v) => serde_json::to_string(v),
+                None => return not_found(format!("no virtual cluster `{name}`")),
+            },
+            None => return not_found(format!("no inspect view at `{path}`")),
+        },
+    };
+    match body {
+        Ok(b) => (200, b),
+        Err(e) => (500, serde_json::json!({ "Error": e.to_string() }).to_string()),
+    }
 }

@@ -10,8 +10,11 @@ use super::{
 
 impl Cluster {
     /// Allocates a level-`level` cell of `chain` for a low-priority job: no other
-    /// opportunistic user, healthy, and (for `Exclusive`) no guaranteed user. Cells outside any
-    /// VC binding are preferred, so later guaranteed work preempts less.
+    /// opportunistic user, healthy, and (for `Exclusive`) no guaranteed user. An `Exclusive`
+    /// job of a host's size or smaller goes where HiveD's opportunistic scheduler puts it: on
+    /// the healthy host with the most low-priority work already, then the least guaranteed
+    /// work. Otherwise free cells are preferred (clean, then with opportunistic users), so
+    /// later guaranteed work preempts less.
     pub fn allocate_opportunistic(
         &mut self,
         chain: ChainId,
@@ -27,7 +30,29 @@ impl Cluster {
         }
         let excl = sharing == Sharing::Exclusive;
         let mut found = None;
+        if excl && level <= ch.node_level {
+            // HiveD's opportunistic scheduler: hosts sorted healthy first, then most GPUs
+            // already used by low-priority work (pack it together), then fewest GPUs used by
+            // guaranteed work (stay away from it); the first host that fits takes the job.
+            let mut hosts: Vec<((bool, std::cmp::Reverse<u32>, u32), u32)> = self
+                .nodes
+                .iter()
+                .filter(|n| n.chain == chain.0)
+                .map(|n| {
+                    let c = self.host_cell(n.first_gpu);
+                    let pc = &self.pcells[c as usize];
+                    ((pc.bad > 0, std::cmp::Reverse(pc.opp_any), pc.gused), c)
+                })
+                .collect();
+            hosts.sort_by_key(|&(k, _)| k);
+            found = hosts
+                .iter()
+                .find_map(|&(_, c)| self.find_sub(c, level, excl));
+        }
         'outer: for l in level..=ch.top {
+            if found.is_some() {
+                break;
+            }
             for cat in [CLEAN, DIRTY, BAD] {
                 for c in self.pfree.iter(plist(chain.0, l, cat)) {
                     if let Some(x) = self.find_sub(c, level, excl) {
@@ -116,6 +141,20 @@ impl Cluster {
                 what: "opportunistic allocation",
                 id: id.to_string(),
             }),
+        }
+    }
+
+    /// The host-sized cell holding a GPU: its ancestor at the chain's node level, or the
+    /// top cell when a partial host sits below that level.
+    fn host_cell(&self, g: u32) -> u32 {
+        let mut c = self.gpu_leaf[g as usize];
+        let node_level = self.chains[self.pcells[c as usize].chain as usize].node_level;
+        loop {
+            let p = self.pcells[c as usize].parent;
+            if p == NONE || self.pcells[p as usize].level > node_level {
+                return c;
+            }
+            c = p;
         }
     }
 

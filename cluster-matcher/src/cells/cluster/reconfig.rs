@@ -1,5 +1,8 @@
 //! Reconfiguration: build a cluster from a new config and carry over the live allocations
-//! and bad GPUs that still fit, at the same physical places; report the rest.
+//! and bad GPUs that still fit, at the same physical places. A guaranteed allocation that no
+//! longer fits its VC is lazily downgraded, as HiveD lazy-preempts an affinity group: it keeps
+//! running on the same GPUs as exclusive opportunistic work, which guaranteed work preempts
+//! when it needs those GPUs. Only what cannot run on at all is reported lost.
 
 use super::super::config::CellsConfig;
 use super::super::error::AllocError;
@@ -7,8 +10,20 @@ use super::super::error::ConfigError;
 use super::super::freelist::NONE;
 use super::super::topology::{PState, VState, MAX_LEVELS};
 use super::{
-    category, plist, Cluster, GpuId, GuaranteedAllocation, GuaranteedId, OpportunisticId, VcId,
+    category, plist, Cluster, GpuId, GuaranteedAllocation, GuaranteedId, OpportunisticId,
+    Sharing, VcId,
 };
+
+/// A guaranteed allocation that lost its guarantee in a reconfiguration but runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Downgraded {
+    /// Its handle in the old cluster.
+    pub old: GuaranteedId,
+    /// Its exclusive opportunistic allocation on the same GPUs in the new cluster.
+    pub new: OpportunisticId,
+    /// Why it no longer fits its VC.
+    pub reason: String,
+}
 
 /// Outcome of [`Cluster::reconfigure`].
 #[derive(Debug)]
@@ -19,7 +34,11 @@ pub struct Reconfigured {
     pub kept_guaranteed: Vec<(GuaranteedId, GuaranteedId)>,
     /// Opportunistic allocations kept in place: old handle, new handle.
     pub kept_opportunistic: Vec<(OpportunisticId, OpportunisticId)>,
-    /// Guaranteed allocations that no longer fit, with the reason (their work must move).
+    /// Guaranteed allocations that no longer fit their VC, lazily downgraded to exclusive
+    /// opportunistic allocations on the same GPUs (preempted when guaranteed work needs them).
+    pub downgraded: Vec<Downgraded>,
+    /// Guaranteed allocations that cannot run on at all (a GPU left the cluster or went
+    /// bad), with the reason (their work must move).
     pub lost_guaranteed: Vec<(GuaranteedId, String)>,
     /// Opportunistic allocations that no longer fit, with the reason.
     pub lost_opportunistic: Vec<(OpportunisticId, String)>,
@@ -41,15 +60,48 @@ impl Cluster {
             cluster: next,
             kept_guaranteed: Vec::new(),
             kept_opportunistic: Vec::new(),
+            downgraded: Vec::new(),
             lost_guaranteed: Vec::new(),
             lost_opportunistic: Vec::new(),
         };
         let mut live = self.guaranteed_allocations();
         live.sort_by_key(|id| std::cmp::Reverse(self.vcells[id.cell as usize].level));
+        let mut misfits = Vec::new();
         for id in live {
             match self.replay_guaranteed(id, &mut out.cluster) {
-                Ok(a) => out.kept_guaranteed.push((id, a.id)),
-                Err(why) => out.lost_guaranteed.push((id, why)),
+                Ok(a) => {
+                    out.cluster.vcells[a.id.cell as usize].prio =
+                        self.vcells[id.cell as usize].prio;
+                    out.kept_guaranteed.push((id, a.id));
+                }
+                Err(why) => misfits.push((id, why)),
+            }
+        }
+        // Lazy downgrade: the work runs on, without its guarantee.
+        for (id, why) in misfits {
+            let range = self.guaranteed_gpus(id).expect("live allocation");
+            let gpus: Option<Vec<GpuId>> = range
+                .iter()
+                .map(|g| {
+                    let a = self.gpu_address(g)?;
+                    out.cluster.gpu_by_address(a.node, a.index)
+                })
+                .collect();
+            match gpus.map(|g| out.cluster.allocate_opportunistic_on(&g, Sharing::Exclusive)) {
+                Some(Ok(new)) => {
+                    tracing::warn!(%id, %new, reason = %why, "guaranteed allocation downgraded to opportunistic");
+                    out.downgraded.push(Downgraded {
+                        old: id,
+                        new,
+                        reason: why,
+                    });
+                }
+                Some(Err(e)) => out
+                    .lost_guaranteed
+                    .push((id, format!("{why}; cannot run on as opportunistic work: {e}"))),
+                None => out
+                    .lost_guaranteed
+                    .push((id, format!("{why}; a GPU left the cluster"))),
             }
         }
         for id in self.opportunistic_allocations() {
@@ -77,6 +129,7 @@ impl Cluster {
         tracing::info!(
             origin,
             kept_guaranteed = out.kept_guaranteed.len(),
+            downgraded = out.downgraded.len(),
             lost_guaranteed = out.lost_guaranteed.len(),
             kept_opportunistic = out.kept_opportunistic.len(),
             lost_opportunistic = out.lost_opportunistic.len(),
@@ -236,7 +289,13 @@ impl Cluster {
                 break;
             }
             plan_root = Some(found.ok_or_else(|| {
-                format!("the virtual cluster has no free level-{root_level} cell that can take this place safely")
+                let ch = &self.chains[chain as usize];
+                format!(
+                    "virtual cluster `{}` has no free `{}` cell of chain `{}` that can take this place safely",
+                    self.vc_names[vc as usize],
+                    ch.level_names.get(root_level as usize).map_or("?", |s| s.as_str()),
+                    ch.name
+                )
             })?);
         }
 
