@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use cluster_matcher::plan::{self, alibaba, ClusterSpec, Workloads};
 use cluster_matcher::predictor::eval::{self, Split};
 use cluster_matcher::predictor::gavel;
-use cluster_matcher::predictor::{JobProfile, SpeedPredictor, TrainConfig};
+use cluster_matcher::predictor::{JobProfile, NeighbourConfig, SpeedPredictor, TrainConfig};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -32,7 +32,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Train the speed predictor (one MLP per GPU type) on Gavel's measured pairs and save it.
+    /// Fit the speed predictor (one model per GPU type: job effects + nearest neighbours, or
+    /// MuxFlow's MLP with --kind mlp) on Gavel's measured pairs and save it.
     Train(TrainArgs),
     /// Cross-validated held-out error (MAPE) of the predictor against simple baselines.
     Evaluate(EvalArgs),
@@ -112,9 +113,20 @@ pub struct TrainArgs {
     pub data: DataArgs,
     #[command(flatten)]
     pub opts: TrainOpts,
+    /// Which model to fit (the shipped one is `neighbours`).
+    #[arg(long, value_enum, default_value = "neighbours")]
+    pub kind: KindArg,
     /// Where to write the model file.
     #[arg(long, short)]
     pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum KindArg {
+    /// Job effects in log space plus nearest neighbours (deterministic; the shipped model).
+    Neighbours,
+    /// MuxFlow's 4x64 MLP trained with momentum SGD (seeded; the MLP options apply).
+    Mlp,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -142,6 +154,9 @@ pub struct EvalArgs {
     /// family).
     #[arg(long, default_value_t = 5)]
     pub folds: usize,
+    /// Leave MuxFlow's MLP out of the table (it is by far the slowest column).
+    #[arg(long)]
+    pub no_mlp: bool,
     /// Print the reports as JSON.
     #[arg(long)]
     pub json: bool,
@@ -297,11 +312,21 @@ fn profile_arg(spec: &str, data: &DataArgs) -> Result<JobProfile, Error> {
 
 fn print_reports(split: Split, reports: &[eval::GpuReport]) {
     println!("held-out MAPE, split {split:?}:");
-    println!("{:<6} {:>7} {:>7} {:>9} {:>11} {:>13}", "GPU", "train", "test", "MLP %", "mean %", "job-mean %");
+    println!(
+        "{:<6} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12}",
+        "GPU", "train", "test", "model %", "MLP %", "3-NN %", "mean %", "job-mean %"
+    );
     for r in reports {
         println!(
-            "{:<6} {:>7} {:>7} {:>9.1} {:>11.1} {:>13.1}",
-            r.gpu, r.train_samples, r.test_samples, r.mape_mlp, r.mape_mean, r.mape_job_mean
+            "{:<6} {:>7} {:>7} {:>9.1} {:>9} {:>9.1} {:>9.1} {:>12.1}",
+            r.gpu,
+            r.train_samples,
+            r.test_samples,
+            r.mape_model,
+            r.mape_mlp.map_or("-".to_string(), |m| format!("{m:.1}")),
+            r.mape_knn,
+            r.mape_mean,
+            r.mape_job_mean
         );
     }
 }
@@ -317,7 +342,10 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 .filter_map(|p| eval::sample_row(&data, p).map(|r| (p.gpu.clone(), r, p.normalized)))
                 .collect();
             tracing::info!(pairs = samples.len(), infeasible = data.infeasible.len(), "training data");
-            let model = SpeedPredictor::train(&samples, &a.opts.config())?;
+            let model = match a.kind {
+                KindArg::Neighbours => SpeedPredictor::fit(&samples, &NeighbourConfig::default())?,
+                KindArg::Mlp => SpeedPredictor::train(&samples, &a.opts.config())?,
+            };
             model.save(&a.out)?;
             println!("wrote {} ({} GPU types, {} samples)", a.out.display(), model.models.len(), samples.len());
         }
@@ -337,7 +365,12 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             for s in splits {
                 let t = std::time::Instant::now();
                 let folds = if s == Split::ByFamily { families } else { a.folds };
-                let r = eval::cross_validate(&data, s, folds, &a.opts.config())?;
+                let cfg = eval::EvalConfig {
+                    mlp: (!a.no_mlp).then(|| a.opts.config()),
+                    seed: a.opts.seed,
+                    ..Default::default()
+                };
+                let r = eval::cross_validate(&data, s, folds, &cfg)?;
                 tracing::info!(split = ?s, secs = t.elapsed().as_secs_f64(), "cross-validation done");
                 if !a.json {
                     print_reports(s, &r);

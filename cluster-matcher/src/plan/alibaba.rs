@@ -5,6 +5,17 @@
 //! assumptions in one place ([`Assumptions`]): each pod gets the profile of a Gavel job chosen
 //! by a hash of its name; an online pod's SM activity is its `gpu_milli` share; GPU memory is
 //! shared in proportion to `gpu_milli`; undisclosed GPU models use a stated predictor type.
+//!
+//! Every GPU pod of the trace is modelled, by QoS class:
+//! * `LS`, `Burstable`, `Guaranteed`: GPU holders (Kubernetes does not evict the last two for
+//!   best-effort work), placed first-fit on `num_gpu` free GPUs of one node and kept while
+//!   they live; offline pods may share their GPUs (SM room = the complement of `gpu_milli`).
+//! * `BE` on one GPU: offline jobs, matched beside holders by the planner.
+//! * `BE` on several GPUs: the trace means `num_gpu` whole GPUs on one node (`gpu_milli` is
+//!   1000 for them), which no holder's GPU can give; they take wholly free GPUs of one node,
+//!   first-fit, and wait with that reason otherwise.
+//!
+//! Every round reports what was placed and, per reason, what waits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -171,8 +182,16 @@ impl Default for Assumptions {
 pub struct RoundReport {
     pub round: u64,
     pub trace_time_s: u64,
+    /// GPU holders' GPUs this round (LS, Burstable and Guaranteed pods, one per GPU).
     pub online_pods: usize,
+    /// GPU holders waiting for GPUs.
     pub online_unplaced: usize,
+    /// Live GPU holders by QoS class (pods, not GPUs).
+    pub holders_by_qos: BTreeMap<String, usize>,
+    /// Multi-GPU BE pods placed on whole free GPUs.
+    pub whole_gpu_placed: usize,
+    /// Pods waiting, by reason (holders, multi-GPU BE pods and offline pods).
+    pub waiting: BTreeMap<String, usize>,
     pub offline_pods: usize,
     pub candidate_gpus: usize,
     pub allowed_pairs: usize,
@@ -205,6 +224,48 @@ fn main_thread_cpu_ms() -> Option<f64> {
 
 fn fnv(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Whether a pod holds its GPUs like an online workload: LS, and the Kubernetes QoS classes
+/// Burstable and Guaranteed, which are not evicted for best-effort work.
+fn is_holder(p: &TracePod) -> bool {
+    matches!(p.qos.as_str(), "LS" | "Burstable" | "Guaranteed")
+}
+
+/// Why each offline job the plan left waiting found no GPU: no holder GPU of an allowed type
+/// open to offline work, none of them with the memory, or every GPU it fits went to another job.
+fn offline_waiting(cluster: &ClusterSpec, w: &Workloads, plan: &super::Plan) -> BTreeMap<&'static str, usize> {
+    let skipped: std::collections::HashSet<&GpuRef> = plan.skipped_gpus.iter().map(|s| &s.at).collect();
+    let nodes: HashMap<&str, &NodeSpec> = cluster.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    // Open GPUs: (GPU type, free memory cap).
+    let open: Vec<(&str, u64)> = w
+        .online
+        .iter()
+        .filter_map(|o| {
+            let at = o.at.as_ref()?;
+            let n = nodes.get(at.node.as_str())?;
+            if skipped.contains(at) || 100.0 - o.sm_activity_percent < cluster.min_offline_sm_percent {
+                return None;
+            }
+            let free = n.gpu_memory_mib.saturating_sub(o.memory_mib).saturating_sub(cluster.memory_headroom_mib);
+            let cap = (n.gpu_memory_mib as f64 * cluster.max_offline_memory_fraction) as u64;
+            Some((n.gpu_type.as_str(), free.min(cap)))
+        })
+        .collect();
+    let unplaced: std::collections::HashSet<&str> = plan.unplaced.iter().map(String::as_str).collect();
+    let mut out = BTreeMap::new();
+    for j in w.offline.iter().filter(|j| unplaced.contains(j.name.as_str())) {
+        let typed = |t: &str| j.gpu_types.is_empty() || j.gpu_types.iter().any(|g| g == t);
+        let reason = if !open.iter().any(|(t, _)| typed(t)) {
+            "no holder GPU of an allowed type with SM room"
+        } else if !open.iter().any(|(t, m)| typed(t) && *m >= j.memory_mib) {
+            "memory will not fit beside any holder"
+        } else {
+            "every GPU it fits went to another job"
+        };
+        *out.entry(reason).or_default() += 1;
+    }
+    out
 }
 
 /// Runs `rounds` placement rounds at evenly spaced trace times.
@@ -260,7 +321,16 @@ pub fn replay(
     let end = gpu_pods.iter().map(|p| p.creation).max().unwrap_or(0);
     let healthy = |_: &GpuRef| GpuHealth::Healthy;
 
+    // `num_gpu` free GPUs of one node of an allowed type, first-fit.
+    let first_fit = |p: &TracePod, busy: &[bool]| -> Option<Vec<usize>> {
+        let fits = |i: &usize| !busy[*i] && (p.gpu_spec.is_empty() || p.gpu_spec.contains(&cluster.nodes[gpus[*i].0].gpu_type));
+        node_gpus.iter().find_map(|range| {
+            let free: Vec<usize> = range.clone().filter(fits).collect();
+            (free.len() >= p.num_gpu as usize).then(|| free[..p.num_gpu as usize].to_vec())
+        })
+    };
     let mut online_at: HashMap<&str, Vec<usize>> = HashMap::new();
+    let mut whole_at: HashMap<&str, Vec<usize>> = HashMap::new();
     let mut busy = vec![false; gpus.len()];
     let mut offline_at: HashMap<String, GpuRef> = HashMap::new();
     let mut reports = Vec::new();
@@ -283,37 +353,30 @@ pub fn replay(
         });
         let mut online = Vec::new();
         let mut online_unplaced = 0;
-        for p in gpu_pods.iter().filter(active).filter(|p| p.qos == "LS") {
+        let mut holders_by_qos: BTreeMap<String, usize> = BTreeMap::new();
+        let mut waiting: BTreeMap<String, usize> = BTreeMap::new();
+        for p in gpu_pods.iter().filter(active).filter(|p| is_holder(p)) {
             if !online_at.contains_key(p.name.as_str()) {
-                let fits = |i: &usize| {
-                    !busy[*i] && (p.gpu_spec.is_empty() || p.gpu_spec.contains(&cluster.nodes[gpus[*i].0].gpu_type))
-                };
-                let mut chosen = None;
-                for range in &node_gpus {
-                    let free: Vec<usize> = range.clone().filter(fits).collect();
-                    if free.len() >= p.num_gpu as usize {
-                        chosen = Some(free[..p.num_gpu as usize].to_vec());
-                        break;
-                    }
-                }
-                match chosen {
+                match first_fit(p, &busy) {
                     Some(idx) => {
                         idx.iter().for_each(|&i| busy[i] = true);
                         online_at.insert(&p.name, idx);
                     }
                     None => {
                         online_unplaced += 1;
+                        *waiting.entry(format!("{}: no node with {} free GPU(s) of an allowed type", p.qos, p.num_gpu)).or_default() += 1;
                         continue;
                     }
                 }
             }
+            *holders_by_qos.entry(p.qos.clone()).or_default() += 1;
             for (k, &i) in online_at[p.name.as_str()].iter().enumerate() {
                 let node = &cluster.nodes[gpus[i].0];
                 let milli = if p.num_gpu > 1 { 1000 } else { p.gpu_milli.min(1000) };
                 online.push(OnlineWorkload {
                     group: None,
                     name: if k == 0 { p.name.clone() } else { format!("{}#{k}", p.name) },
-                    tenant: "ls".into(),
+                    tenant: p.qos.to_lowercase(),
                     at: Some(gpus[i].1.clone()),
                     gpu_type: None,
                     memory_mib: node.gpu_memory_mib * u64::from(milli) / 1000,
@@ -322,14 +385,37 @@ pub fn replay(
                 });
             }
         }
+        // Multi-GPU BE pods: whole free GPUs of one node, kept while they live.
+        whole_at.retain(|name, idx| {
+            let alive = by_name.get(name).is_some_and(|p| alive(p));
+            if !alive {
+                idx.iter().for_each(|&i| busy[i] = false);
+            }
+            alive
+        });
+        for p in gpu_pods.iter().filter(active).filter(|p| p.qos == "BE" && p.num_gpu > 1) {
+            if whole_at.contains_key(p.name.as_str()) {
+                continue;
+            }
+            match first_fit(p, &busy) {
+                Some(idx) => {
+                    idx.iter().for_each(|&i| busy[i] = true);
+                    whole_at.insert(&p.name, idx);
+                }
+                None => {
+                    *waiting.entry(format!("BE x{}: no node with {} whole free GPUs of an allowed type", p.num_gpu, p.num_gpu)).or_default() += 1;
+                }
+            }
+        }
+        let whole_gpu_placed = whole_at.len();
         let offline: Vec<OfflineJob> = gpu_pods
             .iter()
             .filter(active)
-            .filter(|p| p.qos == "BE")
+            .filter(|p| p.qos == "BE" && p.num_gpu == 1)
             .map(|p| OfflineJob {
                 name: p.name.clone(),
                 tenant: "be".into(),
-                memory_mib: asm.offline_memory_reference_mib * u64::from(p.gpu_milli.min(1000)) / 1000 * u64::from(p.num_gpu),
+                memory_mib: asm.offline_memory_reference_mib * u64::from(p.gpu_milli.min(1000)) / 1000,
                 gpu_types: p.gpu_spec.clone(),
                 profile: profile_of(&p.name),
                 current: offline_at.get(&p.name).cloned(),
@@ -337,12 +423,18 @@ pub fn replay(
             .collect();
         let workloads = Workloads { online, offline };
         let plan = plan_round(&cluster, &workloads, predictor, &healthy, r as u64);
+        for (reason, n) in offline_waiting(&cluster, &workloads, &plan) {
+            *waiting.entry(format!("BE: {reason}")).or_default() += n;
+        }
         offline_at = plan.assignments.iter().map(|a| (a.offline.clone(), a.at.clone())).collect();
         reports.push(RoundReport {
             round: r as u64,
             trace_time_s: t,
             online_pods: workloads.online.len(),
             online_unplaced,
+            holders_by_qos,
+            whole_gpu_placed,
+            waiting,
             offline_pods: workloads.offline.len(),
             candidate_gpus: plan.stats.candidate_gpus,
             allowed_pairs: plan.stats.allowed_pairs,
@@ -381,12 +473,19 @@ impl fmt::Display for ReplayReport {
                 r.allowed_pairs, r.placed, r.kept, r.breaks, r.weights_ms, r.matching_ms, r.round_ms,
                 r.round_cpu_ms.map_or("-".to_string(), |c| format!("{c:.1}"))
             )?;
+            let holders: Vec<String> = r.holders_by_qos.iter().map(|(q, n)| format!("{q} {n}")).collect();
+            writeln!(f, "      holders: {}; multi-GPU BE on whole GPUs: {}", holders.join(", "), r.whole_gpu_placed)?;
+            for (why, n) in &r.waiting {
+                writeln!(f, "      waiting {n:>6}  {why}")?;
+            }
         }
         let n = self.rounds.len().max(1) as f64;
         let mean = self.rounds.iter().map(|r| r.round_ms).sum::<f64>() / n;
         let max = self.rounds.iter().map(|r| r.round_ms).fold(0.0, f64::max);
         let placed: usize = self.rounds.iter().map(|r| r.placed).sum();
         let offered: usize = self.rounds.iter().map(|r| r.offline_pods).sum();
+        // `offline` above counts one-GPU BE pods (the planner's jobs); multi-GPU BE pods are
+        // on the `multi-GPU BE` line.
         let cpu: Vec<f64> = self.rounds.iter().filter_map(|r| r.round_cpu_ms).collect();
         let cpu_mean = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
         writeln!(
@@ -440,6 +539,50 @@ mod tests {
         // be-b needs 90% of 16 GiB beside an online pod using 46%: forbidden by memory.
         assert_eq!((r0.allowed_pairs, r0.placed), (1, 1));
         assert_eq!((r1.placed, r1.kept, r1.breaks), (1, 1, 0));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn no_gavel() -> GavelData {
+        GavelData { profiles: Default::default(), pairs: vec![], infeasible: vec![] }
+    }
+
+    /// Burstable and Guaranteed pods hold GPUs (an LS pod arriving later finds the node full
+    /// and waits with that reason); they were silently dropped before.
+    #[test]
+    fn burstable_and_guaranteed_pods_hold_gpus() {
+        let pods = format!(
+            "{HEADER}bu,1,1,2,1000,,Burstable,Running,0,100,0\ngu,1,1,1,400,,Guaranteed,Running,1,100,1\nls,1,1,1,500,,LS,Running,2,100,2\nbe,1,1,1,200,,BE,Running,3,100,3\n"
+        );
+        let d = write_trace("qos", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,3,V100M16\n", &pods);
+        let t = Trace::load(&d, "pods.csv").unwrap();
+        let r = replay(&t, &no_gavel(), &SpeedPredictor::default(), 1, ReplayMode::Snapshot, Assumptions::default());
+        let r0 = &r.rounds[0];
+        assert_eq!(r0.holders_by_qos, [("Burstable".to_string(), 1), ("Guaranteed".to_string(), 1)].into());
+        assert_eq!((r0.online_pods, r0.online_unplaced), (3, 1));
+        assert_eq!(r0.waiting.get("LS: no node with 1 free GPU(s) of an allowed type"), Some(&1), "{:?}", r0.waiting);
+        // The BE pod shares the Guaranteed pod's GPU (60% SM room); the Burstable GPUs are full.
+        assert_eq!((r0.candidate_gpus, r0.placed), (1, 1));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A multi-GPU BE pod takes whole free GPUs of one node (it used to be one GPU with its
+    /// memory multiplied, which never fits); one that finds no such node waits with the reason,
+    /// as does a one-GPU BE pod whose GPU type is absent.
+    #[test]
+    fn multi_gpu_be_pods_take_whole_gpus_and_waiting_pods_say_why() {
+        let pods = format!(
+            "{HEADER}ls,1,1,1,300,,LS,Running,0,100,0\nbe2,1,1,2,1000,,BE,Running,1,100,1\nbe4,1,1,4,1000,,BE,Running,2,100,2\nbe-t4,1,1,1,100,T4,BE,Running,3,100,3\nbe-ok,1,1,1,100,,BE,Running,4,100,4\n"
+        );
+        let d = write_trace("multi", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,4,V100M32\n", &pods);
+        let t = Trace::load(&d, "pods.csv").unwrap();
+        let r = replay(&t, &no_gavel(), &SpeedPredictor::default(), 2, ReplayMode::Snapshot, Assumptions::default());
+        for r in &r.rounds {
+            assert_eq!(r.whole_gpu_placed, 1, "{r:?}");
+            assert_eq!(r.offline_pods, 2);
+            assert_eq!(r.placed, 1);
+            assert_eq!(r.waiting.get("BE x4: no node with 4 whole free GPUs of an allowed type"), Some(&1), "{:?}", r.waiting);
+            assert_eq!(r.waiting.get("BE: no holder GPU of an allowed type with SM room"), Some(&1), "{:?}", r.waiting);
+        }
         std::fs::remove_dir_all(&d).unwrap();
     }
 

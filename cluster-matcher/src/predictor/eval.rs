@@ -1,5 +1,6 @@
-//! Held-out evaluation of the speed predictor on Gavel data: splits by pair and by job, MAPE
-//! against baselines.
+//! Held-out evaluation of the speed predictor on Gavel data: splits by pair, by job and by
+//! model family; MAPE of the shipped model beside every baseline (MuxFlow's MLP, 3-nearest
+//! neighbours, the mean pair value, the offline job's mean).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,7 +9,28 @@ use serde::Serialize;
 use super::features::{pair_input, INPUT_WIDTH};
 use super::gavel::{GavelData, PairSample};
 use super::mlp::SplitMix;
-use super::{PredictorError, SpeedPredictor, TrainConfig};
+use super::neighbours::knn_baseline;
+use super::{NeighbourConfig, PredictorError, SpeedPredictor, TrainConfig};
+
+/// What [`cross_validate`] fits on every fold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalConfig {
+    /// The shipped model's hyper-parameters.
+    pub model: NeighbourConfig,
+    /// MuxFlow's MLP, reported beside it; `None` skips it (it is the slow part). Its seed
+    /// also seeds the folds, so keep it when comparing runs.
+    pub mlp: Option<TrainConfig>,
+    /// Seed of the pair and job folds.
+    pub seed: u64,
+    /// Neighbours of the k-nearest-neighbour baseline.
+    pub knn_k: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self { model: NeighbourConfig::default(), mlp: Some(TrainConfig::default()), seed: TrainConfig::default().seed, knn_k: 3 }
+    }
+}
 
 /// How the test set is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -41,8 +63,13 @@ pub struct GpuReport {
     pub gpu: String,
     pub train_samples: usize,
     pub test_samples: usize,
-    /// Mean absolute percentage error of the MLP on held-out samples.
-    pub mape_mlp: f64,
+    /// Mean absolute percentage error of the shipped model (job effects + neighbours).
+    pub mape_model: f64,
+    /// MAPE of MuxFlow's MLP (`None` when skipped).
+    pub mape_mlp: Option<f64>,
+    /// MAPE of a 3-nearest-neighbour regressor on the same standardized inputs (geometric
+    /// mean of the neighbours' targets).
+    pub mape_knn: f64,
     /// MAPE of always predicting the training mean pair value.
     pub mape_mean: f64,
     /// MAPE of predicting the offline job's mean over its training pairs (global mean when
@@ -109,7 +136,7 @@ pub fn cross_validate(
     data: &GavelData,
     split: Split,
     folds: usize,
-    cfg: &TrainConfig,
+    cfg: &EvalConfig,
 ) -> Result<Vec<GpuReport>, PredictorError> {
     cross_validate_folds(data, split, folds, &(0..folds).collect::<Vec<_>>(), cfg)
 }
@@ -120,7 +147,7 @@ pub fn cross_validate_folds(
     split: Split,
     folds: usize,
     which: &[usize],
-    cfg: &TrainConfig,
+    cfg: &EvalConfig,
 ) -> Result<Vec<GpuReport>, PredictorError> {
     if folds < 2 {
         return Err(PredictorError::Training(format!(
@@ -143,7 +170,16 @@ pub fn cross_validate_folds(
                 train.push((p.gpu.clone(), row, p.normalized));
             }
         }
-        let model = SpeedPredictor::train(&train, cfg)?;
+        let model = SpeedPredictor::fit(&train, &cfg.model)?;
+        let mlp = cfg.mlp.as_ref().map(|c| SpeedPredictor::train(&train, c)).transpose()?;
+        let mut knn_rows: BTreeMap<&str, (Vec<[f64; INPUT_WIDTH]>, Vec<f64>)> = BTreeMap::new();
+        for (gpu, row, y) in &train {
+            let e = knn_rows.entry(gpu).or_default();
+            e.0.push(*row);
+            e.1.push(*y);
+        }
+        let knn: BTreeMap<&str, _> =
+            knn_rows.iter().map(|(g, (r, y))| (*g, knn_baseline(r, y, cfg.knn_k))).collect();
         let mut gpu_mean: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
         let mut job_mean: BTreeMap<(&str, &str), (f64, usize)> = BTreeMap::new();
         for (gpu, _, y) in &train {
@@ -170,7 +206,11 @@ pub fn cross_validate_folds(
                 .map_or(mean, |(s, n)| s / *n as f64);
             let pred = model.models[&p.gpu].predict(&row);
             r.test_samples += 1;
-            r.mape_mlp += ape(pred, p.normalized);
+            r.mape_model += ape(pred, p.normalized);
+            if let Some(m) = &mlp {
+                *r.mape_mlp.get_or_insert(0.0) += ape(m.models[&p.gpu].predict(&row), p.normalized);
+            }
+            r.mape_knn += knn.get(p.gpu.as_str()).map_or(100.0, |f| ape(f(&row), p.normalized));
             r.mape_mean += ape(mean, p.normalized);
             r.mape_job_mean += ape(jm, p.normalized);
         }
@@ -183,7 +223,11 @@ pub fn cross_validate_folds(
     let mut out: Vec<GpuReport> = reports.into_values().collect();
     for r in &mut out {
         let n = r.test_samples.max(1) as f64;
-        r.mape_mlp /= n;
+        r.mape_model /= n;
+        r.mape_knn /= n;
+        if let Some(m) = &mut r.mape_mlp {
+            *m /= n;
+        }
         r.mape_mean /= n;
         r.mape_job_mean /= n;
         r.train_samples /= which.len().max(1);

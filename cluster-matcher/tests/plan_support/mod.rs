@@ -25,7 +25,7 @@ pub fn similarity_predictor() -> SpeedPredictor {
         ],
     };
     model.validate("similarity").unwrap();
-    SpeedPredictor { models: [("v100".to_string(), model)].into() }
+    SpeedPredictor { models: [("v100".to_string(), model.into())].into() }
 }
 
 /// The weight [`similarity_predictor`] gives a pair of isolated speeds.
