@@ -293,6 +293,7 @@ impl<'a> Sim<'a> {
             cells: None,
             cells_state: None,
             max_offline_per_gpu: 1,
+            policy: Default::default(),
             nodes,
             tenants: Default::default(),
         };
@@ -824,6 +825,7 @@ impl<'a> Sim<'a> {
                 gpu_types: jb.spec.clone(),
                 profile: matching.then(|| self.types.profiles[jb.job_type].clone()),
                 current: jb.gpu.map(|g| self.gpus[g].at.clone()),
+                feedback: Default::default(),
             });
         }
         let workloads = Workloads { online, offline };
