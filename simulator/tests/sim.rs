@@ -212,7 +212,7 @@ fn every_planner_policy_runs_through_the_real_round() {
         let r = Sim::new(c, &t, &ty, &p).run(|_, _| {});
         assert_eq!(r.policy, pol);
         assert!(r.placements > 0, "{pol:?}: nothing placed");
-        assert!(r.jain_tenants > 0.0 && r.jain_tenants <= 1.0 + 1e-12, "{pol:?}: Jain {}", r.jain_tenants);
+        assert!((0.0..=1.0 + 1e-12).contains(&r.jain_tenants), "{pol:?}: Jain {}", r.jain_tenants);
     }
 }
 
