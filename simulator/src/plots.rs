@@ -142,7 +142,8 @@ fn utilization(path: &Path, reports: &[Report]) -> Res<PathBuf> {
 fn bars(path: &Path, reports: &[Report]) -> Res<PathBuf> {
     let root = SVGBackend::new(path, (1100, 760)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let panels = root.split_evenly((2, 2));
+    let (header, body) = root.split_vertically(16 + 14 * (reports.len() as u32).div_ceil(4));
+    let panels = body.split_evenly((2, 2));
     type Metric = (&'static str, fn(&Report) -> f64);
     let metrics: [Metric; 4] = [
         ("offline avg JCT (h)", |r| r.offline_avg_jct_s / 3600.0),
@@ -173,10 +174,11 @@ fn bars(path: &Path, reports: &[Report]) -> Res<PathBuf> {
             }))
             .map_err(err)?;
     }
-    // Legend: run number -> label, below the panels' captions (top-left corner).
+    // Legend: run number -> label, above the panels.
     let legend: Vec<String> = reports.iter().enumerate().map(|(i, r)| format!("{}: {}", i + 1, r.label())).collect();
     for (i, l) in legend.iter().enumerate() {
-        root.draw(&Text::new(l.clone(), (560 + 180 * (i as i32 % 3), 4 + 14 * (i as i32 / 3)), ("sans-serif", 12).into_font().color(&color(i))))
+        header
+            .draw(&Text::new(l.clone(), (20 + 270 * (i as i32 % 4), 4 + 14 * (i as i32 / 4)), ("sans-serif", 12).into_font().color(&color(i))))
             .map_err(err)?;
     }
     root.present().map_err(err)?;
