@@ -123,14 +123,30 @@ pub struct Slot<'a> {
 /// The policy's reshaping of a round's pair weights, computed once per round.
 #[derive(Debug, Clone)]
 pub enum Shaped {
-    /// Gavel: time share of job `j` on GPU type `t`, `x[j * types + t]`, and each GPU's type.
-    Gavel { x: Vec<f64>, types: usize, gpu_type: Vec<usize> },
-    /// DRF: whether each job is within its tenant's quota.
-    Drf { admitted: Vec<bool> },
-    /// Optimus: per job, 1 / remaining seconds.
-    Optimus { inv_remaining: Vec<f64> },
-    /// Gandiva: per job, the GPU index it runs on and whether that pair pays.
-    Gandiva { keep: Vec<Option<(usize, bool)>> },
+    /// Gavel's LP shares.
+    Gavel {
+        /// Time share of job `j` on GPU type `t`: `x[j * types + t]`.
+        x: Vec<f64>,
+        /// Number of GPU types.
+        types: usize,
+        /// Each GPU's type index.
+        gpu_type: Vec<usize>,
+    },
+    /// DRF quotas.
+    Drf {
+        /// Whether each job is within its tenant's quota.
+        admitted: Vec<bool>,
+    },
+    /// Optimus marginal gain.
+    Optimus {
+        /// Per job, 1 / remaining seconds.
+        inv_remaining: Vec<f64>,
+    },
+    /// Gandiva introspection.
+    Gandiva {
+        /// Per job, the GPU index it runs on and whether that pair pays.
+        keep: Vec<Option<(usize, bool)>>,
+    },
 }
 
 impl Shaped {
