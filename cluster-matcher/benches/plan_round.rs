@@ -130,6 +130,7 @@ fn build(gpus: usize, jobs_per_gpu: usize, per_gpu: usize) -> (ClusterSpec, Work
                 },
                 profile: Some(profiles[p].clone()),
                 current: None,
+                feedback: Default::default(),
             }
         })
         .collect();
@@ -152,6 +153,7 @@ fn build(gpus: usize, jobs_per_gpu: usize, per_gpu: usize) -> (ClusterSpec, Work
         cells: None,
         cells_state: None,
         max_offline_per_gpu: per_gpu,
+        policy: Default::default(),
         nodes,
         tenants,
     };

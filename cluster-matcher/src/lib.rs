@@ -6,5 +6,6 @@ pub mod extender;
 pub mod kube_api;
 pub mod matching;
 pub mod plan;
+pub mod policy;
 pub mod predictor;
 pub mod watch;

@@ -486,6 +486,15 @@ pub(crate) fn plan_core(
 
     let t1 = Instant::now();
     let k = per_gpu.max(1);
+    // The offline allocation policy (crate::policy) may reshape the weights; the class solver
+    // then cannot be used (reshaped weights differ within a class).
+    let job_at: HashMap<&GpuRef, usize> = candidates.iter().enumerate().map(|(i, c)| (&c.at, i)).collect();
+    let slots: Vec<crate::policy::Slot> = candidates
+        .iter()
+        .map(|c| crate::policy::Slot { gpu_type: &c.node.gpu_type, sm_percent: c.sm_percent, memory_mib: c.memory_free_mib.min(c.quota_cap_mib) })
+        .collect();
+    let current_of = |j: usize| workloads.offline[j].current.as_ref().and_then(|at| job_at.get(at).copied());
+    let shaped = crate::policy::shape(cluster.policy, &slots, &workloads.offline, k, &weight_of, &current_of);
     // With several jobs per GPU the round refuses groups whose memory does not fit; the
     // class solver is exact only when that can never bind: k times the largest job a GPU
     // class may take fits in the class's least free memory.
@@ -495,6 +504,7 @@ pub(crate) fn plan_core(
             (k as u64).saturating_mul(most) <= cl.gpu_min_free[g]
         });
     let use_classes = memory_never_binds
+        && shaped.is_none()
         && match solver {
             SolverChoice::Classes => true,
             SolverChoice::Pairwise => false,
@@ -551,6 +561,10 @@ pub(crate) fn plan_core(
         for gi in 0..candidates.len() {
             for j in 0..workloads.offline.len() {
                 let w = weight_of(gi, j);
+                let w = match &shaped {
+                    Some(s) if w != FORBIDDEN => s.weight(gi, j, w),
+                    _ => w,
+                };
                 if w != FORBIDDEN {
                     edges.push((gi, j, w));
                 }

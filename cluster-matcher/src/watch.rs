@@ -618,6 +618,7 @@ impl ClusterSnapshot {
                         gpu_types: contract::gpu_types(ann),
                         profile,
                         current: at_known,
+                        feedback: Default::default(),
                     };
                     // Several live pods of one job (a retried Job): one entry, the placed one.
                     match offline_index.get(&key) {

@@ -16,6 +16,7 @@ use cluster_matcher::plan::alibaba::Assumptions;
 use cluster_matcher::plan::{
     plan_round, ClusterSpec, GpuHealth, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, Workloads,
 };
+use cluster_matcher::policy::{JobFeedback, Policy, GANDIVA_KEEP};
 use cluster_matcher::predictor::SpeedPredictor;
 use mps_manager::budget::{Allocator, BudgetConfig};
 use serde::Serialize;
@@ -27,6 +28,9 @@ use crate::online::Service;
 use crate::rng::{hash2, Rng};
 use crate::throttle::{ThrottleSettings, ThrottleState};
 use crate::trace::{JobTypes, Trace};
+
+/// Gandiva in the simulator: migrations per job before it stays where it lands.
+pub const GANDIVA_MAX_MIGRATIONS: u32 = 3;
 
 /// Node sharing modes (MuxFlow §7.3-7.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -92,6 +96,12 @@ impl Mode {
 #[derive(Debug, Clone, Serialize)]
 pub struct SimConfig {
     pub mode: Mode,
+    /// The planner's offline allocation policy (`cluster.json` `policy`); matching modes only
+    /// (the others place pair-blind).
+    pub policy: Policy,
+    /// Offline jobs are spread over this many tenants (seeded by name), for DRF and fairness.
+    pub tenants: u32,
+
     pub seed: u64,
     /// Seconds between ticks (model evaluation, health sample, throttle settling).
     pub tick_s: f64,
@@ -105,6 +115,14 @@ pub struct SimConfig {
     /// A request is an SLO violation when its tick's latency exceeds this many times the
     /// service's latency alone at the same rate (or the service saturates).
     pub slo_slowdown: f64,
+    /// Per-online-workload SLOs: each service gets its own p99 slowdown target, seeded
+    /// uniformly in this range, and violations are judged against it (`None`: every service
+    /// has `slo_slowdown`).
+    pub slo_range: Option<(f64, f64)>,
+    /// The offline SM budget follows each service's SLO slack (MuxFlow modes): a GPU whose
+    /// online slowdown is well under its service's target lets the budget grow (x1.1 a tick,
+    /// up to 3x the allocator's), one over it shrinks it (x0.7, down to 0.1x).
+    pub slo_follow_slack: bool,
     /// PB-time-sharing: relative cost of preempting an offline slice per online request.
     pub pb_switch: f64,
     /// Offline memory at gpu_milli = 1000 (MiB); scaled by gpu_milli.
@@ -126,12 +144,16 @@ impl SimConfig {
     pub fn new(mode: Mode) -> Self {
         Self {
             mode,
+            policy: Policy::MaxThroughput,
+            tenants: 4,
             seed: 1,
             tick_s: 30.0,
             round_s: 60.0,
             rematch_every: 0,
             restart_penalty_s: 60.0,
             slo_slowdown: 1.5,
+            slo_range: None,
+            slo_follow_slack: false,
             pb_switch: 0.03,
             offline_memory_mib: 6144,
             min_cap: 0.1,
@@ -185,6 +207,8 @@ struct Gpu {
     /// The online service's own SM activity (percent) at the last tick.
     online_sm_pct: f64,
     qps: f64,
+    /// Multiplier of the offline SM budget that follows the service's SLO slack.
+    slack_scale: f64,
 }
 
 struct Inst {
@@ -198,6 +222,7 @@ struct Inst {
 #[derive(Debug, Clone)]
 struct Job {
     name: String,
+    tenant: String,
     job_type: usize,
     d_off: f64,
     mem_mib: u64,
@@ -215,6 +240,8 @@ struct Job {
     evictions: u32,
     moves: u32,
     breaks: u32,
+    /// Gandiva: the current pair was judged (kept, or the job migrated).
+    introspected: bool,
 }
 
 /// One simulation run.
@@ -228,6 +255,8 @@ pub struct Sim<'a> {
     node_gpus: Vec<std::ops::Range<usize>>,
     gpu_index: HashMap<GpuRef, usize>,
     services: Vec<Service>,
+    /// Each service's SLO: p99 latency at most this many times alone.
+    slo: Vec<f64>,
     insts: Vec<Option<Inst>>,
     jobs: Vec<Job>,
     job_index: HashMap<String, usize>,
@@ -293,6 +322,7 @@ impl<'a> Sim<'a> {
             cells: None,
             cells_state: None,
             max_offline_per_gpu: 1,
+            policy: cfg.policy,
             nodes,
             tenants: Default::default(),
         };
@@ -319,6 +349,7 @@ impl<'a> Sim<'a> {
                     view: View::default(),
                     since: 0.0,
                     online_sm_pct: 0.0,
+                    slack_scale: 1.0,
                     qps: 0.0,
                 });
             }
@@ -336,14 +367,24 @@ impl<'a> Sim<'a> {
                 )
             })
             .collect();
+        let slo = trace
+            .online
+            .iter()
+            .map(|p| match cfg.slo_range {
+                Some((lo, hi)) => Rng::new(hash2(cfg.seed, &format!("slo:{}", p.name))).range(lo, hi),
+                None => cfg.slo_slowdown,
+            })
+            .collect();
         let mut jobs = Vec::new();
         let mut job_index = HashMap::new();
         if cfg.mode.runs_offline() {
             for p in &trace.offline {
                 let mut rng = Rng::new(hash2(cfg.seed, &format!("offline:{}", p.name)));
                 job_index.insert(p.name.clone(), jobs.len());
+                let tenant = format!("t{}", hash2(cfg.seed, &format!("tenant:{}", p.name)) % u64::from(cfg.tenants.max(1)));
                 jobs.push(Job {
                     name: p.name.clone(),
+                    tenant,
                     job_type: types.assign(cfg.seed, &format!("offline:{}", p.name)),
                     d_off: rng.range(0.6, 1.0),
                     mem_mib: (cfg.offline_memory_mib * u64::from(p.milli.min(1000)) / 1000)
@@ -362,6 +403,7 @@ impl<'a> Sim<'a> {
                     evictions: 0,
                     moves: 0,
                     breaks: 0,
+                    introspected: false,
                 });
             }
         }
@@ -378,6 +420,7 @@ impl<'a> Sim<'a> {
             node_gpus,
             gpu_index,
             services,
+            slo,
             insts: (0..trace.online.len()).map(|_| None).collect(),
             jobs,
             job_index,
@@ -522,6 +565,7 @@ impl<'a> Sim<'a> {
             gpu.online = Some(i);
             gpu.machine = Machine::new();
             gpu.budget = Allocator::default();
+            gpu.slack_scale = 1.0;
             gpu.since = self.now;
             gpu.view = View::default();
             let _ = k;
@@ -569,12 +613,16 @@ impl<'a> Sim<'a> {
             return;
         }
         let lat_dt = (self.latency_until.min(t) - (t - dt)).max(0.0);
+        let slo = gpu
+            .online
+            .map_or(self.cfg.slo_slowdown, |oi| self.slo[self.insts[oi].as_ref().map_or(oi, |x| x.service)]);
         self.acc.add_gpu(
+            t - 0.5 * dt,
             &gpu.view,
             gpu.qps,
             dt,
             lat_dt,
-            self.cfg.slo_slowdown,
+            slo,
             gpu.job.is_some(),
         );
         if let Some(j) = gpu.job {
@@ -644,6 +692,11 @@ impl<'a> Sim<'a> {
                             (100.0 - svc.peak_sm() * 100.0 - b.headroom_pct)
                                 .clamp(b.min_pct, b.max_pct)
                         };
+                        let pct = if self.cfg.slo_follow_slack {
+                            (pct * self.gpus[g].slack_scale).clamp(b.min_pct, 100.0)
+                        } else {
+                            pct
+                        };
                         let cap = (pct / 100.0).max(self.cfg.min_cap);
                         let th = self.gpus[g]
                             .throttle
@@ -655,6 +708,18 @@ impl<'a> Sim<'a> {
             }
         };
         let _ = pair;
+        if sample && job.is_some() && self.cfg.slo_follow_slack {
+            // Slack of the service's own SLO (p99 / alone = mean / alone for the model's
+            // exponential latencies): grow the budget with room to spare, shrink it when over.
+            let target = self.slo[self.insts[oi].as_ref().map_or(oi, |x| x.service)];
+            let slowdown = if view.saturated { f64::INFINITY } else { view.latency_ms / view.latency_alone_ms.max(1e-9) };
+            let gpu = &mut self.gpus[g];
+            if slowdown > target {
+                gpu.slack_scale = (gpu.slack_scale * 0.7).max(0.1);
+            } else if slowdown < 0.8 * target {
+                gpu.slack_scale = (gpu.slack_scale * 1.1).min(3.0);
+            }
+        }
         let gpu = &mut self.gpus[g];
         gpu.view = view;
         gpu.qps = qps;
@@ -761,6 +826,7 @@ impl<'a> Sim<'a> {
         let jb = &mut self.jobs[j];
         jb.gpu = Some(g);
         jb.since = self.now;
+        jb.introspected = false;
         self.gpus[g].job = Some(j);
         self.gpus[g].throttle = None;
         self.evaluate(g, false);
@@ -776,13 +842,27 @@ impl<'a> Sim<'a> {
             && self.cfg.rematch_every > 0
             && self.round_no.is_multiple_of(self.cfg.rematch_every);
         self.round_no += 1;
-        if self.pending.is_empty() && !rematch {
+        // Gandiva: each new pair is judged once, at the first round after it was tried; one
+        // measured below the keep threshold is re-planned (the policy migrates it), up to
+        // GANDIVA_MAX_MIGRATIONS times per job (then it stays where it lands).
+        let mut introspect: Vec<usize> = Vec::new();
+        if matching && self.cfg.policy == Policy::Gandiva {
+            for (j, jb) in self.jobs.iter_mut().enumerate() {
+                if jb.gpu.is_some() && !jb.introspected {
+                    jb.introspected = true;
+                    if jb.rate < GANDIVA_KEEP && jb.moves + jb.breaks < GANDIVA_MAX_MIGRATIONS {
+                        introspect.push(j);
+                    }
+                }
+            }
+        }
+        if self.pending.is_empty() && !rematch && introspect.is_empty() {
             return;
         }
         let mut online = Vec::new();
         for (g, gpu) in self.gpus.iter().enumerate() {
             let Some(oi) = gpu.online else { continue };
-            if !rematch && gpu.job.is_some() {
+            if !rematch && gpu.job.is_some_and(|j| !introspect.contains(&j)) {
                 continue;
             }
             let Some(inst) = self.insts[oi].as_ref() else {
@@ -811,6 +891,7 @@ impl<'a> Sim<'a> {
         if rematch {
             consider.extend((0..self.jobs.len()).filter(|&j| self.jobs[j].gpu.is_some()));
         }
+        consider.extend(&introspect);
         consider.sort_unstable();
         consider.dedup();
         if consider.is_empty() {
@@ -820,11 +901,15 @@ impl<'a> Sim<'a> {
             let jb = &self.jobs[j];
             offline.push(OfflineJob {
                 name: jb.name.clone(),
-                tenant: "be".into(),
+                tenant: jb.tenant.clone(),
                 memory_mib: jb.mem_mib,
                 gpu_types: jb.spec.clone(),
                 profile: matching.then(|| self.types.profiles[jb.job_type].clone()),
                 current: jb.gpu.map(|g| self.gpus[g].at.clone()),
+                feedback: JobFeedback {
+                    remaining_s: Some((jb.duration - jb.done).max(1.0)),
+                    measured_normalized: jb.gpu.map(|_| jb.rate),
+                },
             });
         }
         let workloads = Workloads { online, offline };
@@ -890,6 +975,7 @@ impl<'a> Sim<'a> {
         let mut acc = self.acc;
         for jb in &self.jobs {
             acc.add_job(
+                &jb.tenant,
                 jb.arrival,
                 jb.finish,
                 jb.duration,
@@ -901,6 +987,7 @@ impl<'a> Sim<'a> {
         }
         Report::new(
             self.cfg.mode.label(),
+            self.cfg.policy,
             &self.cfg,
             end,
             self.latency_until,

@@ -7,11 +7,14 @@ pub mod engine;
 pub mod metrics;
 pub mod model;
 pub mod online;
-pub mod policy;
+pub mod plots;
 pub mod rng;
 pub mod throttle;
 pub mod trace;
 
+/// The planner's offline allocation policies (the simulator uses them, it has no copy).
+pub use cluster_matcher::policy;
+pub use cluster_matcher::policy::Policy;
 pub use engine::{Mode, Sim, SimConfig};
 pub use metrics::{table, Report};
 pub use trace::{JobTypes, Trace, TraceOptions};

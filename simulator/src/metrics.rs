@@ -2,8 +2,10 @@
 //! what Online-only measures), SLO violations, offline JCT and makespan, oversold GPU (MuxFlow
 //! eq. 3), utilization, evictions; the terminal table and JSON.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use cluster_matcher::policy::Policy;
 use serde::Serialize;
 
 use crate::engine::SimConfig;
@@ -37,6 +39,20 @@ impl LatencyHist {
     }
     pub fn add(&mut self, mean_ms: f64, weight: f64) {
         self.w[Self::bin(mean_ms)] += weight;
+    }
+
+    /// The mixture's CDF at `x` ms.
+    pub fn cdf(&self, x: f64) -> f64 {
+        let total: f64 = self.w.iter().sum();
+        if total <= 0.0 {
+            return 0.0;
+        }
+        self.w
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| **w > 0.0)
+            .map(|(b, w)| w / total * (1.0 - (-x / Self::center(b)).exp()))
+            .sum()
     }
 
     /// The `q` quantile (0..1) of the mixture of exponentials, ms.
@@ -104,11 +120,23 @@ pub struct Accum {
     pub moves: u64,
     pub breaks: u64,
     pub any_job: bool,
+    /// Per hour of simulated time: (utilization x seconds, GPU seconds).
+    pub util_hourly: Vec<(f64, f64)>,
+    /// Finished jobs: (tenant, JCT s, exclusive duration s).
+    pub finished: Vec<(String, f64, f64)>,
 }
 
 impl Accum {
     /// One online GPU over `dt` seconds (`lat_dt` of which count for latency).
-    pub fn add_gpu(&mut self, v: &View, qps: f64, dt: f64, lat_dt: f64, slo: f64, shared: bool) {
+    /// `t` is the middle of the interval (s), for the hourly utilization series.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_gpu(&mut self, t: f64, v: &View, qps: f64, dt: f64, lat_dt: f64, slo: f64, shared: bool) {
+        let hour = (t.max(0.0) / 3600.0) as usize;
+        if self.util_hourly.len() <= hour {
+            self.util_hourly.resize(hour + 1, (0.0, 0.0));
+        }
+        self.util_hourly[hour].0 += dt * v.gpu_util;
+        self.util_hourly[hour].1 += dt;
         self.gpu_s += dt;
         if shared {
             self.shared_s += dt;
@@ -134,6 +162,7 @@ impl Accum {
     #[allow(clippy::too_many_arguments)]
     pub fn add_job(
         &mut self,
+        tenant: &str,
         arrival: f64,
         finish: Option<f64>,
         duration: f64,
@@ -149,9 +178,9 @@ impl Accum {
         if let Some(f) = finish {
             self.jobs_done += 1;
             self.jct_sum += f - arrival;
+            self.finished.push((tenant.to_string(), f - arrival, duration));
             self.last_finish = self.last_finish.max(f);
         }
-        let _ = duration;
         if placed_s > 0.0 {
             self.norm_tput_sum += (done / placed_s).min(1.0);
             self.norm_tput_jobs += 1;
@@ -167,6 +196,10 @@ impl Accum {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub mode: String,
+    /// The planner's offline allocation policy.
+    pub policy: Policy,
+    /// Whether the offline SM budget followed each service's SLO slack.
+    pub slo_follow_slack: bool,
     pub seed: u64,
     pub simulated_h: f64,
     pub online_pods_placed: usize,
@@ -198,6 +231,37 @@ pub struct Report {
     pub plan_ms_total: f64,
     pub health_transitions: u64,
     pub throttle: String,
+    /// Jain's index over tenants of their mean job speed (exclusive duration / JCT): 1 = equal.
+    pub jain_tenants: f64,
+    /// Gavel's finish-time fairness rho = JCT / JCT on an exclusive GPU, mean and worst over
+    /// finished jobs (Gavel's FTF policy minimizes the worst).
+    pub ftf_mean: f64,
+    pub ftf_max: f64,
+    /// Curves for plots (not in the JSON).
+    #[serde(skip)]
+    pub series: Series,
+}
+
+/// The curves behind the plots.
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    /// Online latency (mixture of exponentials).
+    pub latency: LatencyHist,
+    /// Finished jobs' JCT, s, sorted.
+    pub jct_s: Vec<f64>,
+    /// GPU utilization (%) per simulated hour.
+    pub util_hourly_pct: Vec<f64>,
+}
+
+/// Jain's fairness index of `x`: `(sum x)^2 / (n sum x^2)`, 1 when all equal (0 when empty).
+pub fn jain(x: &[f64]) -> f64 {
+    let s: f64 = x.iter().sum();
+    let s2: f64 = x.iter().map(|v| v * v).sum();
+    if x.is_empty() || s2 <= 0.0 {
+        0.0
+    } else {
+        s * s / (x.len() as f64 * s2)
+    }
 }
 
 fn div(a: f64, b: f64) -> f64 {
@@ -211,6 +275,7 @@ fn div(a: f64, b: f64) -> f64 {
 impl Report {
     pub fn new(
         mode: &str,
+        policy: Policy,
         cfg: &SimConfig,
         end: f64,
         _lat_until: f64,
@@ -219,7 +284,30 @@ impl Report {
     ) -> Self {
         let p99 = a.hist.quantile(0.99);
         let p99a = a.hist_alone.quantile(0.99);
+        let mut per_tenant: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+        let mut rho = Vec::new();
+        for (t, jct, d) in &a.finished {
+            let speed = if *jct > 0.0 { (d / jct).min(1.0) } else { 1.0 };
+            let e = per_tenant.entry(t.as_str()).or_default();
+            e.0 += speed;
+            e.1 += 1;
+            rho.push(if *d > 0.0 { (jct / d).max(1.0) } else { 1.0 });
+        }
+        let speeds: Vec<f64> = per_tenant.values().map(|(s, n)| s / *n as f64).collect();
+        let mut jct_s: Vec<f64> = a.finished.iter().map(|f| f.1).collect();
+        jct_s.sort_by(f64::total_cmp);
+        let series = Series {
+            latency: a.hist.clone(),
+            jct_s,
+            util_hourly_pct: a.util_hourly.iter().map(|(u, s)| div(*u, *s)).collect(),
+        };
         Self {
+            jain_tenants: jain(&speeds),
+            ftf_mean: div(rho.iter().sum(), rho.len() as f64),
+            ftf_max: rho.iter().copied().fold(0.0, f64::max),
+            series,
+            policy,
+            slo_follow_slack: cfg.slo_follow_slack,
             mode: mode.to_string(),
             seed: cfg.seed,
             simulated_h: end / 3600.0,
@@ -256,15 +344,35 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The row label (see [`run_label`]).
+    pub fn label(&self) -> String {
+        run_label(&self.mode, self.policy, self.slo_follow_slack)
+    }
+}
+
+/// A run's label: the mode, `/policy` unless the default, `+slack` when the SM budget follows
+/// the SLO slack.
+pub fn run_label(mode: &str, policy: Policy, slack: bool) -> String {
+    let mut s = mode.to_string();
+    if policy != Policy::MaxThroughput {
+        s = format!("{s}/{}", policy.name());
+    }
+    if slack {
+        s.push_str("+slack");
+    }
+    s
+}
+
 /// The terminal table: one row per run, JCT and oversold GPU also normalized to MuxFlow's
-/// run when there is one (as MuxFlow figures 11 and 13 do).
+/// run (KM policy) when there is one (as MuxFlow figures 11 and 13 do).
 pub fn table(reports: &[Report]) -> String {
-    let mux = reports.iter().find(|r| r.mode == "MuxFlow");
+    let mux = reports.iter().find(|r| r.mode == "MuxFlow" && r.policy == Policy::MaxThroughput && !r.slo_follow_slack);
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<16} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>8} {:>9} {:>7} {:>6} {:>6} {:>6} {:>6}",
-        "mode",
+        "{:<24} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} {:>6}",
+        "mode/policy",
         "lat/on",
         "p99/on",
         "SLO%",
@@ -277,7 +385,10 @@ pub fn table(reports: &[Report]) -> String {
         "util%",
         "SM%",
         "evict",
-        "moves"
+        "moves",
+        "Jain",
+        "FTFavg",
+        "FTFmax"
     );
     for r in reports {
         let jct_mf = mux.map_or(String::from("-"), |m| {
@@ -296,8 +407,8 @@ pub fn table(reports: &[Report]) -> String {
         });
         let _ = writeln!(
             s,
-            "{:<16} {:>7.3} {:>7.3} {:>6.2} {:>6} {:>9.0} {:>7} {:>8.2} {:>9.3} {:>7} {:>6.1} {:>6.1} {:>6} {:>6}",
-            r.mode,
+            "{:<24} {:>7.3} {:>7.3} {:>6.2} {:>9} {:>7.0} {:>7} {:>8.2} {:>8.3} {:>6} {:>6.1} {:>6.1} {:>6} {:>6} {:>5.3} {:>6.2} {:>6.1}",
+            r.label(),
             r.online_latency_norm,
             r.online_p99_norm,
             r.slo_violation_pct,
@@ -310,7 +421,10 @@ pub fn table(reports: &[Report]) -> String {
             r.gpu_util_pct,
             r.sm_activity_pct,
             r.evictions,
-            r.moves
+            r.moves,
+            r.jain_tenants,
+            r.ftf_mean,
+            r.ftf_max
         );
     }
     s
@@ -319,6 +433,14 @@ pub fn table(reports: &[Report]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jain_index_by_hand() {
+        assert_eq!(jain(&[1.0, 1.0, 1.0]), 1.0);
+        // (1 + 0)^2 / (2 * 1) = 0.5: one of two gets everything.
+        assert_eq!(jain(&[1.0, 0.0]), 0.5);
+        assert_eq!(jain(&[]), 0.0);
+    }
 
     #[test]
     fn p99_of_one_exponential_is_ln100_times_its_mean() {

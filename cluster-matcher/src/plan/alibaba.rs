@@ -288,6 +288,7 @@ pub fn replay(
         max_offline_memory_fraction: 1.0,
         unprofiled_weight: 0.3,
         max_offline_per_gpu: 1,
+        policy: Default::default(),
         nodes: trace
             .nodes
             .iter()
@@ -419,6 +420,7 @@ pub fn replay(
                 gpu_types: p.gpu_spec.clone(),
                 profile: profile_of(&p.name),
                 current: offline_at.get(&p.name).cloned(),
+                feedback: Default::default(),
             })
             .collect();
         let workloads = Workloads { online, offline };

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::{JobFeedback, Policy};
 use crate::predictor::JobProfile;
 
 /// Errors reading or checking the plan's input files.
@@ -69,6 +70,10 @@ pub struct ClusterSpec {
     /// Offline jobs per online GPU (1 = MuxFlow's pairing).
     #[serde(default = "default_per_gpu")]
     pub max_offline_per_gpu: usize,
+    /// Offline allocation policy of a round: `max-throughput` (default, MuxFlow's KM),
+    /// `gavel-max-min`, `drf`, `optimus` or `gandiva` (see [`crate::policy`]).
+    #[serde(default)]
+    pub policy: Policy,
     pub nodes: Vec<NodeSpec>,
     /// Per-tenant sharing rules, by tenant (virtual cluster) name.
     #[serde(default)]
@@ -249,6 +254,9 @@ pub struct OfflineJob {
     /// Where it runs now, if it was placed in an earlier round.
     #[serde(default)]
     pub current: Option<GpuRef>,
+    /// What was observed of it (remaining work, measured speed), for the policies that use it.
+    #[serde(default, skip_serializing_if = "JobFeedback::is_empty")]
+    pub feedback: JobFeedback,
 }
 
 fn read(path: &Path) -> Result<String, SpecError> {

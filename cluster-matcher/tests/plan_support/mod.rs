@@ -52,6 +52,7 @@ pub fn cluster(nodes: &[(&str, &str, u32, u64)]) -> ClusterSpec {
         max_offline_memory_fraction: 1.0,
         unprofiled_weight: 0.3,
         max_offline_per_gpu: 1,
+        policy: Default::default(),
         nodes: nodes
             .iter()
             .map(|(name, ty, gpus, mem)| NodeSpec {
@@ -89,5 +90,6 @@ pub fn offline(name: &str, mem: u64, iso: f64) -> OfflineJob {
         gpu_types: vec![],
         profile: Some(profile(iso)),
         current: None,
+        feedback: Default::default(),
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use cluster_matcher::predictor::SpeedPredictor;
-use simulator::{table, JobTypes, Mode, Sim, SimConfig, Trace, TraceOptions};
+use simulator::{table, JobTypes, Mode, Policy, Sim, SimConfig, Trace, TraceOptions};
 
 /// Trace-driven GPU cluster simulator running xshare's own planner, health machine and
 /// throttle on a simulated clock.
@@ -24,6 +24,8 @@ use simulator::{table, JobTypes, Mode, Sim, SimConfig, Trace, TraceOptions};
 ///
 ///   simulate                                  # every mode, default trace replay
 ///
+///   simulate --policy all --plots plots/      # MuxFlow under every planner policy, plots
+///
 ///   simulate --mode muxflow --mode time-sharing --json out.json
 ///
 ///   simulate --compress 48 --offline-copies 2 --seed 7
@@ -37,6 +39,17 @@ struct Args {
     /// Sharing modes to run (repeat; default: all seven).
     #[arg(long = "mode", value_enum)]
     modes: Vec<Mode>,
+    /// Planner policies (`cluster.json` `policy`) to run in the matching modes (MuxFlow,
+    /// MuxFlow-S): max-throughput, gavel-max-min, drf, optimus, gandiva, or `all` (repeat;
+    /// default: max-throughput). Given without --mode: Online-only and MuxFlow.
+    #[arg(long = "policy")]
+    policies: Vec<String>,
+    /// Offline tenants (jobs spread over them by a seeded hash of their name; DRF, fairness).
+    #[arg(long, default_value_t = 4)]
+    tenants: u32,
+    /// Write SVG plots here (latency and JCT CDFs, utilization over time, per-run bars).
+    #[arg(long)]
+    plots: Option<PathBuf>,
     /// Seed for every random choice (job types, service parameters, QPS curves, copies).
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -78,6 +91,17 @@ struct Args {
     /// SLO: a request violates it when its tick is slower than this many times alone.
     #[arg(long, default_value_t = 1.5)]
     slo_slowdown: f64,
+    /// Per-online-workload SLOs: each service's own p99 slowdown target, seeded uniformly in
+    /// LO,HI (e.g. 1.2,1.8); violations are judged against it instead of --slo-slowdown.
+    #[arg(long, value_parser = parse_range)]
+    slo_range: Option<(f64, f64)>,
+    /// The offline SM budget follows each service's SLO slack (MuxFlow modes; with
+    /// --slo-range the per-service target, else --slo-slowdown). With --slo-compare both.
+    #[arg(long)]
+    slo_follow_slack: bool,
+    /// Run each MuxFlow-mode run twice: SM budget as shipped, and following SLO slack.
+    #[arg(long)]
+    slo_compare: bool,
     /// Health machine config (sysmonitor's `machine` JSON: thresholds, holds); default: its defaults.
     #[arg(long)]
     health: Option<PathBuf>,
@@ -87,6 +111,16 @@ struct Args {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+}
+
+fn parse_range(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once(',').ok_or("expected LO,HI")?;
+    let lo: f64 = a.trim().parse().map_err(|e| format!("{a}: {e}"))?;
+    let hi: f64 = b.trim().parse().map_err(|e| format!("{b}: {e}"))?;
+    if !(lo >= 1.0 && hi >= lo && hi.is_finite()) {
+        return Err(format!("{s}: need 1 <= LO <= HI"));
+    }
+    Ok((lo, hi))
 }
 
 fn main() {
@@ -126,11 +160,40 @@ fn run(a: Args) -> Result<(), String> {
         }
         None => Default::default(),
     };
-    let modes = if a.modes.is_empty() {
-        Mode::ALL.to_vec()
-    } else {
-        a.modes.clone()
+    let mut policies = Vec::new();
+    for p in &a.policies {
+        if p == "all" {
+            policies.extend(Policy::ALL);
+        } else {
+            policies.push(Policy::from_name(p).ok_or_else(|| {
+                let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+                format!("--policy {p}: unknown (one of {}, or all)", names.join(", "))
+            })?);
+        }
+    }
+    let modes = match (a.modes.is_empty(), policies.is_empty()) {
+        (true, true) => Mode::ALL.to_vec(),
+        (true, false) => vec![Mode::OnlineOnly, Mode::Muxflow],
+        (false, _) => a.modes.clone(),
     };
+    if policies.is_empty() {
+        policies.push(Policy::MaxThroughput);
+    }
+    policies.dedup();
+    let mut runs = Vec::new();
+    let slack_variants: Vec<bool> = if a.slo_compare { vec![false, true] } else { vec![a.slo_follow_slack] };
+    for &mode in &modes {
+        let protected = !matches!(mode, Mode::OnlineOnly | Mode::TimeSharing | Mode::PbTimeSharing);
+        let ps: Vec<Policy> =
+            if matches!(mode, Mode::Muxflow | Mode::MuxflowS) { policies.clone() } else { vec![Policy::MaxThroughput] };
+        for p in ps {
+            if protected {
+                runs.extend(slack_variants.iter().map(|&s| (mode, p, s)));
+            } else {
+                runs.push((mode, p, false));
+            }
+        }
+    }
     eprintln!(
         "trace: {} nodes, {} online pods, {} offline jobs over {:.1} h (compress {}), left out: {:?}",
         trace.nodes.len(),
@@ -141,8 +204,12 @@ fn run(a: Args) -> Result<(), String> {
         trace.left_out
     );
     let mut reports = Vec::new();
-    for mode in modes {
+    for (mode, policy, slack) in runs {
         let mut cfg = SimConfig::new(mode);
+        cfg.policy = policy;
+        cfg.slo_range = a.slo_range;
+        cfg.slo_follow_slack = slack;
+        cfg.tenants = a.tenants;
         cfg.seed = a.seed;
         cfg.tick_s = a.tick_s;
         cfg.round_s = a.round_s;
@@ -152,11 +219,11 @@ fn run(a: Args) -> Result<(), String> {
         cfg.health = health.clone();
         let t0 = Instant::now();
         let quiet = a.quiet;
-        let label = mode.label();
+        let label = simulator::metrics::run_label(mode.label(), policy, slack);
         let rep = Sim::new(cfg, &trace, &types, &predictor).run(|t, end| {
             if !quiet {
                 eprint!(
-                    "\r{label:<16} {:>5.1}% of {:.1} h",
+                    "\r{label:<24} {:>5.1}% of {:.1} h",
                     100.0 * (t / end.max(1.0)).min(1.0),
                     end / 3600.0
                 );
@@ -164,7 +231,7 @@ fn run(a: Args) -> Result<(), String> {
         });
         if !quiet {
             eprintln!(
-                "\r{label:<16} done in {:.1} s wall ({} rounds, planner {:.0} ms)",
+                "\r{label:<24} done in {:.1} s wall ({} rounds, planner {:.0} ms)",
                 t0.elapsed().as_secs_f64(),
                 rep.rounds,
                 rep.plan_ms_total
@@ -176,6 +243,12 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(p) = &a.json {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if let Some(dir) = &a.plots {
+        let files = simulator::plots::write_all(dir, &reports).map_err(|e| format!("plots: {e}"))?;
+        for f in files {
+            eprintln!("wrote {}", f.display());
+        }
     }
     Ok(())
 }
