@@ -104,9 +104,11 @@ impl Extender {
         let period = Duration::from_secs(cluster.round_period_s.max(1));
         // The cells' state carries from round to round (one round at a time: the planner thread).
         let cells = cells.map(Mutex::new);
+        // The last round's pairs warm-start the next round (see `plan::Planner`).
+        let warm = Mutex::new(plan::Planner::default());
         let planner: Planner = Box::new(move |w: &Workloads, round: u64| {
             let mut cells = cells.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
-            plan::run_round(&cluster, w, &predictor, cells.as_deref_mut(), round)
+            relock(&warm).run_round(&cluster, w, &predictor, cells.as_deref_mut(), round)
         });
         Self::with_planner(workloads, period, planner)
     }
@@ -141,6 +143,7 @@ impl Extender {
         let bound: Arc<Mutex<BTreeMap<String, GpuRef>>> = Arc::default();
         let evicted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let cells = cells.map(Mutex::new);
+        let warm = Mutex::new(plan::Planner::default());
         let (b, v, bd, ev) = (base.clone(), view.clone(), bound.clone(), evicted.clone());
         let planner: Planner = Box::new(move |_: &Workloads, round: u64| {
             let snap = v.snapshot();
@@ -182,7 +185,7 @@ impl Extender {
                     }
                     plan
                 }
-                None => plan::plan_round(&cluster, &workloads, &predictor, &health, round),
+                None => relock(&warm).plan_round(&cluster, &workloads, &predictor, &health, round),
             }
         });
         let mut ext = Self::with_planner(Workloads::default(), period, planner);

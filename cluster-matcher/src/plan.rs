@@ -685,6 +685,32 @@ pub fn run_round(
     cells: Option<&mut with_cells::CellsState>,
     round: u64,
 ) -> Plan {
+    run_round_with(cluster, workloads, predictor, cells, round, None)
+}
+
+impl Planner {
+    /// [`run_round`] warm-started from this planner's last round (without cells; in cells
+    /// mode the cells state is what carries), remembering this round's pairs.
+    pub fn run_round(
+        &mut self,
+        cluster: &ClusterSpec,
+        workloads: &Workloads,
+        predictor: &SpeedPredictor,
+        cells: Option<&mut with_cells::CellsState>,
+        round: u64,
+    ) -> Plan {
+        run_round_with(cluster, workloads, predictor, cells, round, Some(self))
+    }
+}
+
+fn run_round_with(
+    cluster: &ClusterSpec,
+    workloads: &Workloads,
+    predictor: &SpeedPredictor,
+    cells: Option<&mut with_cells::CellsState>,
+    round: u64,
+    planner: Option<&mut Planner>,
+) -> Plan {
     let reader = cluster.state_dir.clone().map(|dir| HealthReader {
         dir,
         stale_after: std::time::Duration::from_secs(cluster.stale_after_s),
@@ -700,6 +726,9 @@ pub fn run_round(
             }
             plan
         }
-        None => plan_round(cluster, workloads, predictor, &*health, round),
+        None => match planner {
+            Some(p) => p.plan_round(cluster, workloads, predictor, &*health, round),
+            None => plan_round(cluster, workloads, predictor, &*health, round),
+        },
     }
 }
