@@ -110,12 +110,19 @@ impl Quota {
         let err = match ledger.check_header() {
             Err(e) => e,
             Ok(()) => {
-                let h = unpack(handle.load(Acquire))?;
+                let raw = handle.load(Acquire);
+                let h = unpack(raw)?;
                 match ledger.check_registration(h, std::process::id(), self.group_id) {
                     Ok(()) => return None,
                     // Our own slot lock is gone (the application closed its fd): this
                     // process stops counting, the ledger itself is sound.
                     Err(e @ node_ledger::LedgerError::Corrupt { field: "slot_lock", .. }) => e,
+                    // The exit release (retire) unregistered this process between the load
+                    // above and the check: it swaps the handle out before it gives the slot and
+                    // group back, so a slot or group we gave back ourselves is seen here as a
+                    // changed handle, not as damage (the signal stress marked a sound ledger
+                    // damaged this way after ~400 signalled clients).
+                    Err(_) if handle.load(Acquire) != raw => return None,
                     Err(e) => {
                         ledger.mark_damaged();
                         e
