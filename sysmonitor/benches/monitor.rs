@@ -4,15 +4,14 @@
 //! 2. Overlimit -> SIGTERM latency: from the monitor's Overlimit decision (its own entry time)
 //!    and from the start of the online burst, to the SIGTERM arriving in the offline process.
 //!
-//! Run: `cargo bench -p sysmonitor --bench monitor` (add `-- --secs 10 --rounds 20` to change
-//! the window and the number of latency rounds).
-
-#[path = "../tests/common/mod.rs"]
-mod common;
+//! Run: `cargo build --release -p emu-cuda -p emu-nvml -p sysmonitor && cargo bench -p
+//! sysmonitor --bench monitor` (add `-- --secs 10 --rounds 20` to change the window and the
+//! number of latency rounds). The emulated host (`workloads::host::Host`) takes the built
+//! fakes and the monitor from `target/release/`; it builds nothing itself.
 
 use std::time::{Duration, Instant};
 
-use common::{register, EmuNode, Load};
+use workloads::host::{helper_main, register, Host, Load};
 
 fn clk_tck() -> f64 {
     // SAFETY: sysconf has no preconditions.
@@ -45,13 +44,13 @@ fn config(interval_ms: u64) -> String {
 }
 
 fn cpu_use(interval_ms: u64, secs: f64) -> (f64, u64) {
-    let mut n = EmuNode::new();
+    let n = Host::node();
     let m = n.start_monitor("mon.json", &config(interval_ms));
     n.wait_state(Duration::from_secs(20), "healthy", |v| {
         v["state"] == "healthy"
     });
     std::thread::sleep(Duration::from_millis(500));
-    let pid = n.pid(m);
+    let pid = m.pid();
     let before = n.wait_state(Duration::from_secs(5), "state", |_| true)["samples"]
         .as_u64()
         .unwrap_or(0);
@@ -75,7 +74,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 fn main() {
     // `cargo bench` passes `--bench`; a helper re-exec passes the helper role.
     if std::env::var("NODE_TEST_HELPER").is_ok() {
-        common::helper_main();
+        helper_main();
         return;
     }
     let args: Vec<String> = std::env::args().collect();
@@ -133,19 +132,19 @@ fn main() {
         return;
     }
     println!("-- Overlimit -> SIGTERM latency, interval 10 ms, {rounds} rounds --");
-    let mut n = EmuNode::new();
-    n.start_monitor("mon.json", &config(10));
+    let n = Host::node();
+    let _mon = n.start_monitor("mon.json", &config(10));
     let t = Duration::from_secs(20);
     n.wait_state(t, "healthy", |v| v["state"] == "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
     let (mut from_decision, mut from_burst) = (Vec::new(), Vec::new());
     for r in 0..rounds {
-        let victim = n.spawn_sh("exec sleep 60");
-        let vpid = n.pid(victim);
+        let mut victim = n.spawn_sh("exec sleep 60");
+        let vpid = victim.pid();
         register(&ledger, vpid, 0);
         let burst = mono_ns();
-        let load = Load::start(&n.state, 1.0, 2.0);
-        let _ = n.wait_exit(victim, t).expect("victim not evicted");
+        let load = Load::start(&n, 1.0, 2.0);
+        let _ = victim.wait_exit(t).expect("victim not evicted");
         // Exit observed here (polled every 5 ms) is the upper bound; the monitor's recorded
         // entry time is the decision time.
         let end = mono_ns();

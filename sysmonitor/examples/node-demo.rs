@@ -160,7 +160,7 @@ fn run() -> Result<(), String> {
         }
     }
     let host = Host::emulated(bins.clone(), "h100", &o.scratch)?;
-    let root = host.root.clone().unwrap();
+    let root = host.root().to_path_buf();
     let run = root.join("run");
     let env: Vec<(String, std::ffi::OsString)> = host.env().to_vec();
     let mut guard = Guard(Vec::new());
@@ -257,7 +257,7 @@ fn run() -> Result<(), String> {
         "132",
     ];
 
-    println!("node-demo on {}: sysmonitor (10 ms sampling) + mps-manager + online + offline under libxcuda.so", host.label);
+    println!("node-demo on {}: sysmonitor (10 ms sampling) + mps-manager + online + offline under libxcuda.so", host.label());
     let alone = online(&[
         "--rate",
         "100",

@@ -207,35 +207,12 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         );
     }
     let host = host("h100");
-    let root = host.root.clone().unwrap();
-    let run = root.join("run");
+    let root = host.root().to_path_buf();
+    let run = host.ledger_dir().to_path_buf();
     let bins = bin_dir();
 
     // --- the node: sysmonitor on the emulated GPU.
-    let mon_cfg = root.join("sysmonitor.json");
-    std::fs::write(
-        &mon_cfg,
-        format!(
-            r#"{{
-  "interval_ms": 10, "state_file_every_ms": 10, "host_memory": {{ "enabled": false }},
-  "machine": {{
-    "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
-    "sm_activity": {{ "healthy": 50, "unhealthy": 70, "overlimit": 90 }},
-    "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
-    "overlimit_sustain_ms": 200, "hold_base_ms": {HOLD_MS}, "hold_max_ms": 60000
-  }},
-  "evictor": {{ "grace_ms": 10000 }},
-  "verify": {{ "enabled": false }}
-}}"#
-        ),
-    )
-    .unwrap();
-    let mut c = Command::new(bins.join("sysmonitor"));
-    c.args(["run", "--config"])
-        .arg(&mon_cfg)
-        .envs(host.env().iter().map(|(k, v)| (k, v)))
-        .env("XSHARE_LEDGER_DIR", &run);
-    let _monitor = daemon("sysmonitor", c, &root.join("sysmonitor.log"));
+    let _monitor = host.start_monitor("sysmonitor.json", &node_monitor_config(HOLD_MS));
     eventually("sysmonitor Healthy", || (read_state(&run)["state"] == "healthy").then_some(()));
 
     // --- the API server, with the GPU node and the online service already running on GPU 0.

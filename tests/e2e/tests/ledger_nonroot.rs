@@ -7,36 +7,20 @@
 
 mod shim_support;
 
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::Command;
 
-use e2e::EmuHost;
+use e2e::{chmod, is_root, EmuHost};
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
 const NOBODY: u32 = 65534;
 
-fn is_root() -> bool {
-    // SAFETY: getuid(2) has no preconditions.
-    unsafe { libc::getuid() == 0 }
-}
-
-fn chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-        .unwrap_or_else(|e| panic!("chmod {}: {e}", p.display()));
-}
-
 /// A host whose device and libraries a non-root user can reach, as /dev/nvidia* and the
 /// driver are on a GPU host.
 fn host_for_users() -> EmuHost {
     let host = EmuHost::new();
-    host.device(); // creates the state file
-    for d in [host.root(), host.lib_dir(), host.bin_dir()] {
-        chmod(d, 0o755);
-    }
-    chmod(host.state_path(), 0o666);
+    host.open_to_all_users();
     std::fs::write(host.root().join("xcuda-empty.json"), "{}").unwrap();
     chmod(&host.root().join("xcuda-empty.json"), 0o644);
     host

@@ -14,10 +14,8 @@
 
 mod shim_support;
 
-use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use e2e::{python, EmuChild, EmuHost};
@@ -25,30 +23,6 @@ use shim_support::*;
 
 fn trainer_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ctrl_c_trainer.py")
-}
-
-/// `nvidia-cuda-mps-control` (the emulated one) with the host's environment.
-fn control(host: &EmuHost, arg: Option<&str>, stdin: &str) {
-    let bin = host.require_mps_control();
-    let mut c = host.command(bin.to_str().unwrap());
-    if let Some(a) = arg {
-        c.arg(a);
-    }
-    let mut ch = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    ch.stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    assert!(
-        ch.wait().unwrap().success(),
-        "nvidia-cuda-mps-control {arg:?}"
-    );
 }
 
 /// The online neighbour: one kernel per line it reads, `runs` times.
@@ -116,7 +90,7 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
     let mut rng = Rng(seed);
     let host = EmuHost::new();
     let dev = host.device();
-    control(&host, Some("-d"), "");
+    host.mps_control(Some("-d"), "");
     let py = python();
     let mut b = neighbour(&host, runs);
     let mut done_by_b = 0;
@@ -215,8 +189,8 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
                 dev.mps_status()
             );
             // Reset MPS and carry on counting with a fresh neighbour.
-            control(&host, None, "quit\n");
-            control(&host, Some("-d"), "");
+            host.mps_control(None, "quit\n");
+            host.mps_control(Some("-d"), "");
             b = neighbour(&host, runs - i);
             done_by_b = 0;
             continue;
@@ -231,7 +205,7 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         tally.runs,
         started.elapsed()
     );
-    control(&host, None, "quit\n");
+    host.mps_control(None, "quit\n");
     assert_eq!(tally.hung_neighbours, 0, "{tally:?}");
     assert_eq!(tally.client_hung, 0, "{tally:?}");
 }

@@ -3,54 +3,17 @@
 //! server's is queued (its CUDA initialisation blocks) until that server's clients are done;
 //! then the server exits and one for the queued user starts, running as that user.
 
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use e2e::{field, EmuHost};
+use e2e::{field, is_root, EmuHost};
 
 const T: Duration = Duration::from_secs(60);
 const NOBODY: u32 = 65534;
 
-fn is_root() -> bool {
-    // SAFETY: getuid(2) has no preconditions.
-    unsafe { libc::getuid() == 0 }
-}
-
-fn chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-        .unwrap_or_else(|e| panic!("chmod {}: {e}", p.display()));
-}
-
-/// The emulated `nvidia-cuda-mps-control` with one command on stdin (or `-d`); its stdout.
-fn control(host: &EmuHost, arg: Option<&str>, stdin: &str) -> String {
-    let bin = host.require_mps_control();
-    let mut c = host.command(bin.to_str().unwrap());
-    if let Some(a) = arg {
-        c.arg(a);
-    }
-    let mut ch = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    ch.stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = ch.wait_with_output().unwrap();
-    assert!(out.status.success(), "nvidia-cuda-mps-control {arg:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// `(pid, effective uid)` of each MPS server.
 fn servers(host: &EmuHost) -> Vec<(u32, u32)> {
-    control(host, None, "get_server_list\n")
+    host.mps_control(None, "get_server_list\n")
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .map(|pid: u32| {
@@ -82,11 +45,8 @@ fn a_client_of_another_user_waits_until_the_servers_clients_are_done() {
     }
     let host = EmuHost::new();
     let dev = host.device();
-    for d in [host.root(), host.lib_dir(), host.bin_dir()] {
-        chmod(d, 0o755);
-    }
-    chmod(host.state_path(), 0o666);
-    control(&host, Some("-d"), "");
+    host.open_to_all_users();
+    host.mps_control(Some("-d"), "");
 
     // Root's client holds a context: the server is root's.
     let mut a = host.client(&[
@@ -137,5 +97,5 @@ fn a_client_of_another_user_waits_until_the_servers_clients_are_done() {
     assert_eq!(listed[0].1, NOBODY, "the new server runs as the queued user");
     b.send_line("go");
     b.finish(T);
-    control(&host, None, "quit\n");
+    host.mps_control(None, "quit\n");
 }

@@ -27,8 +27,8 @@ fn require_node_built() {
 fn node_phase(profile: &str, cfg: &DemoConfig, machine: Option<&str>) -> PhaseResult {
     require_node_built();
     let host = host(profile);
-    let root = host.root.clone().expect("emulated host root");
-    let phase = node_runtime_phase(&root, &host.bin_dir).expect("node phase");
+    let root = host.root().to_path_buf();
+    let phase = node_runtime_phase(&root, host.programs_dir()).expect("node phase");
     if let Some(m) = machine {
         let f = root.join("sysmonitor.json");
         let text = std::fs::read_to_string(&f).expect("monitor config");

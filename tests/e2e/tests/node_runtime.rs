@@ -6,11 +6,11 @@
 
 mod workloads_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use workloads::host::EmuChild;
 use workloads_support::*;
 
 const T: Duration = Duration::from_secs(60);
@@ -26,77 +26,33 @@ fn require_node_built() {
     }
 }
 
+/// The monitor on an emulated host (declared first: stopped before the host goes).
 struct Node {
+    _monitor: EmuChild,
     host: Host,
     run: PathBuf,
-    monitor: std::process::Child,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.monitor.kill();
-        let _ = self.monitor.wait();
-    }
 }
 
 impl Node {
     fn start() -> Node {
-        Node::start_with(
-            "h100",
-            &format!(
-                r#"{{
-  "interval_ms": 10, "state_file_every_ms": 10, "host_memory": {{ "enabled": false }},
-  "machine": {{
-    "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
-    "sm_activity": {{ "healthy": 50, "unhealthy": 70, "overlimit": 90 }},
-    "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
-    "overlimit_sustain_ms": 200, "hold_base_ms": {HOLD_MS}, "hold_max_ms": 60000
-  }},
-  "evictor": {{ "grace_ms": 10000 }},
-  "verify": {{ "enabled": false }}
-}}"#
-            ),
-        )
+        Node::start_with("h100", &node_monitor_config(HOLD_MS))
     }
 
     /// The monitor on a `profile` host with config file text `config`.
     fn start_with(profile: &str, config: &str) -> Node {
         require_node_built();
         let host = host(profile);
-        let root = host.root.clone().unwrap();
-        let run = root.join("run");
-        let cfg = root.join("sysmonitor.json");
-        std::fs::write(&cfg, config).unwrap();
-        let log = std::fs::File::create(root.join("sysmonitor.log")).unwrap();
-        let monitor = Command::new(bin_dir().join("sysmonitor"))
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .envs(host.env().iter().map(|(k, v)| (k, v)))
-            .env("XSHARE_LEDGER_DIR", &run)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Node { host, run, monitor }
+        let run = host.ledger_dir().to_path_buf();
+        let monitor = host.start_monitor("sysmonitor.json", config);
+        Node {
+            host,
+            run,
+            _monitor: monitor,
+        }
     }
 
     fn state(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let path = self.run.join("gpu0/state.json");
-        let end = Instant::now() + T;
-        let mut last = Value::Null;
-        while Instant::now() < end {
-            if let Some(v) = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-            {
-                if pred(&v) {
-                    return v;
-                }
-                last = v;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        panic!("timed out waiting for {what}; monitor state: {last:#}");
+        self.host.wait_state(T, what, pred)
     }
 
     fn online(&self, args: &[&str]) -> Value {
@@ -127,8 +83,8 @@ fn st(v: &Value) -> &str {
     v["state"].as_str().unwrap_or("")
 }
 
-fn log(root: &Path) -> String {
-    std::fs::read_to_string(root.join("sysmonitor.log")).unwrap_or_default()
+fn log(host: &Host) -> String {
+    host.log("sysmonitor.json")
 }
 
 #[test]
@@ -244,7 +200,7 @@ fn node_online_burst_evicts_offline_after_overlimit_healthy_after_hold() {
         alone["p50_ms"].as_f64().unwrap_or(f64::NAN),
         after["p50_ms"].as_f64().unwrap_or(f64::NAN),
     );
-    assert!(log(node.host.root.as_ref().unwrap()).contains("evicting offline process (SIGTERM)"));
+    assert!(log(&node.host).contains("evicting offline process (SIGTERM)"));
 }
 
 /// Config with the shipped health-machine defaults (host memory off: the test box's own
@@ -326,7 +282,7 @@ fn t4_full_grid_load_is_published_as_high_sm_activity() {
     off.stop(libc::SIGTERM, T);
 
     // Issue 8 obs. 9: the log (a file here) is plain text, and init -> healthy is INFO.
-    let text = log(node.host.root.as_ref().unwrap());
+    let text = log(&node.host);
     assert!(!text.contains('\x1b'), "ANSI codes in a log file: {text:?}");
     let line = text
         .lines()

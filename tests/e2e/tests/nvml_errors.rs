@@ -10,7 +10,7 @@ use workloads_support::*;
 #[test]
 fn no_device_state_is_driver_not_loaded_and_t4_has_no_gpm() {
     let host = host("t4");
-    let lib = host.root.as_ref().unwrap().join("lib/libnvidia-ml.so.1");
+    let lib = host.root().join("lib/libnvidia-ml.so.1");
     std::env::remove_var("GPUEMU_STATE");
     match Nvml::builder().lib_path(lib.as_os_str()).init() {
         Err(NvmlError::DriverNotLoaded) => {}

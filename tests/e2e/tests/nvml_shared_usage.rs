@@ -19,7 +19,7 @@ fn nvml_for(host: &Host) -> Nvml {
             std::env::set_var(k, v);
         }
     }
-    let lib = host.root.as_ref().unwrap().join("lib/libnvidia-ml.so.1");
+    let lib = host.root().join("lib/libnvidia-ml.so.1");
     Nvml::builder()
         .lib_path(lib.as_os_str())
         .init()

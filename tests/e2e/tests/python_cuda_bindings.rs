@@ -21,7 +21,7 @@ fn cuda_bindings_round_trip_against_the_emulator() {
         py.display()
     );
     let host = host("a10");
-    let ptx = host.root.as_ref().unwrap().join("spin.ptx");
+    let ptx = host.root().join("spin.ptx");
     std::fs::write(&ptx, workloads::ptx::SPIN_PTX.to_bytes()).unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/cuda_roundtrip.py");
     let mut c = Command::new(&py);

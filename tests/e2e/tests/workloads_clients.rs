@@ -64,7 +64,7 @@ fn offline_checkpoints_and_releases_its_context_on_sigterm() {
             .clone(),
     );
     let dev = emu_device::Device::open(&state, emu_device::Profile::by_id("t4").unwrap()).unwrap();
-    let ckpt = host.root.as_ref().unwrap().join("ckpt.bin");
+    let ckpt = host.root().join("ckpt.bin");
 
     let mut p = offline(
         &host,

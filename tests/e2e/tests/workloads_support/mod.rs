@@ -14,11 +14,26 @@ pub use workloads::host::Host;
 
 /// `target/<profile>/`, where cargo put the emulator libraries and the client binaries.
 pub fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf()
+    workloads::host::target_dir()
+}
+
+/// The monitor's config of the node-runtime tests (`node_runtime`, `k8s_loop`): SM activity
+/// judged alone (Healthy < 50 %, Overlimit from 90 % held 200 ms), a hold of `hold_ms`, 10 s
+/// eviction grace, verification off.
+pub fn node_monitor_config(hold_ms: u64) -> String {
+    format!(
+        r#"{{
+  "interval_ms": 10, "state_file_every_ms": 10, "host_memory": {{ "enabled": false }},
+  "machine": {{
+    "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
+    "sm_activity": {{ "healthy": 50, "unhealthy": 70, "overlimit": 90 }},
+    "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
+    "overlimit_sustain_ms": 200, "hold_base_ms": {hold_ms}, "hold_max_ms": 60000
+  }},
+  "evictor": {{ "grace_ms": 10000 }},
+  "verify": {{ "enabled": false }}
+}}"#
+    )
 }
 
 /// Fails with a clear message when a needed artifact has not been built.

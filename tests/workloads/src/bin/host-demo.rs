@@ -117,12 +117,12 @@ fn run(argv: Vec<String>) -> Result<(), String> {
     if bench {
         phases.retain(|p| !(p.online && p.offline));
     }
-    if let (false, Some(root)) = (real, host.root.as_deref()) {
+    if let (false, Some(root)) = (real, host.scratch()) {
         if !bench {
             phases.push(mps_static_phase(mps_pct));
         }
         if !a_no_node {
-            phases.push(node_runtime_phase(root, &host.bin_dir)?);
+            phases.push(node_runtime_phase(root, host.programs_dir())?);
         }
     }
     for phase in phases {
@@ -134,6 +134,6 @@ fn run(argv: Vec<String>) -> Result<(), String> {
             run_phase(&host, &cfg, &phase).map_err(|e| format!("phase '{}': {e}", phase.name))?;
         rows.push(r);
     }
-    println!("{}", table(&host.label, &rows));
+    println!("{}", table(host.label(), &rows));
     Ok(())
 }

@@ -1,14 +1,11 @@
 //! The MPS manager as a real process against the emulator's `nvidia-cuda-mps-control`:
 //! crash and hang recovery with the online client continuing, and dynamic SM allocation.
 
-#[path = "../../sysmonitor/tests/common/mod.rs"]
-mod common;
-
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{register, target_dir, EmuNode, Load};
+use e2e::{artifact, is_root, register, EmuChild, EmuHost, Load};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
@@ -17,7 +14,7 @@ const T: Duration = Duration::from_secs(20);
 #[test]
 #[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
-    common::helper_main();
+    e2e::helper_main();
 }
 
 fn manager_config() -> String {
@@ -33,46 +30,18 @@ fn manager_config() -> String {
   "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}
 }}
 "#,
-        target_dir().join("emu-mps-control").display()
+        artifact("emu-mps-control").display()
     )
 }
 
-fn start_manager(n: &mut EmuNode) -> usize {
-    let cfg = n.path("mps.json");
-    std::fs::write(&cfg, manager_config()).unwrap();
-    let log = std::fs::File::create(n.path("mps.log")).unwrap();
-    let c = Command::new(target_dir().join("mps-manager"))
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .envs(n.envs())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    n.children.push(c);
-    n.children.len() - 1
+/// The manager with [`manager_config`] (unless `mps.json` was written already), its log in
+/// `mps.json.log`.
+fn start_manager(n: &EmuHost) -> EmuChild {
+    n.start_manager("mps.json", &manager_config())
 }
 
-fn mstate(n: &EmuNode, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let path = n.ledger_dir.join("gpu0").join("mps-manager.json");
-    let end = Instant::now() + T;
-    let mut last = Value::Null;
-    while Instant::now() < end {
-        if let Some(v) = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        {
-            if pred(&v) {
-                return v;
-            }
-            last = v;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!(
-        "timed out waiting for {what}; manager state: {last:#}\nlog:\n{}",
-        std::fs::read_to_string(n.path("mps.log")).unwrap_or_default()
-    );
+fn mstate(n: &EmuHost, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    n.wait_manager_state(T, "mps.json", what, pred)
 }
 
 fn wait_until(what: &str, f: impl Fn() -> bool) {
@@ -84,12 +53,12 @@ fn wait_until(what: &str, f: impl Fn() -> bool) {
 }
 
 /// Online client (this process) and an offline client both on MPS; returns the offline index.
-fn online_and_offline(n: &mut EmuNode) -> (Load, usize) {
+fn online_and_offline(n: &EmuHost) -> (Load, EmuChild) {
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let load = Load::start(&n.state, 0.5, 2.0);
+    let load = Load::start(&n, 0.5, 2.0);
     let off = n.spawn_helper("gpu-mem", "256");
     let dev = n.device();
-    let op = n.pid(off);
+    let op = off.pid();
     wait_until("both clients on MPS", || {
         let s = dev.snapshot();
         s.processes.iter().filter(|p| p.mps_client).count() >= 2
@@ -101,11 +70,11 @@ fn online_and_offline(n: &mut EmuNode) -> (Load, usize) {
 
 #[test]
 fn mps_server_killed_under_load_is_recovered_and_online_continues() {
-    let mut n = EmuNode::new();
-    start_manager(&mut n);
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64().unwrap();
-    let (load, off) = online_and_offline(&mut n);
+    let (load, mut off) = online_and_offline(&n);
     let v = mstate(&n, "server with clients", |v| {
         v["servers"].as_array().is_some_and(|s| !s.is_empty()) && v["clients"].as_u64() >= Some(2)
     });
@@ -121,14 +90,14 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
         v["recoveries"][0]["fault"]["server_crash"]["server"],
         server as u64
     );
-    let sig = n.wait_exit(off, T).expect("offline client evicted");
+    let sig = off.wait_exit(T).expect("offline client evicted");
     assert!(sig == Some(libc::SIGTERM) || sig == Some(libc::SIGKILL));
     assert!(
         v["restart_requested"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|r| r["pid"] == n.pid(off) as u64),
+            .any(|r| r["pid"] == off.pid() as u64),
         "offline marked for restart"
     );
     let v = mstate(&n, "MPS running again", |v| v["daemon_pid"].is_u64());
@@ -146,10 +115,10 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
 
 /// SIGKILLs the offline client (it dies holding its MPS context, hanging the server) and
 /// waits for the `n`th recovery; returns the manager state and the recovery time.
-fn kill_offline_and_recover(n: &mut EmuNode, off: usize, nth: usize) -> (Value, Duration) {
+fn kill_offline_and_recover(n: &EmuHost, off: &mut EmuChild, nth: usize) -> (Value, Duration) {
     let dev = n.device();
-    n.signal(off, libc::SIGKILL);
-    let _ = n.wait_exit(off, T);
+    off.signal(libc::SIGKILL);
+    let _ = off.wait_exit(T);
     let t0 = Instant::now();
     let v = mstate(n, "recovery", |v| {
         v["recoveries"].as_array().is_some_and(|r| r.len() >= nth)
@@ -164,7 +133,7 @@ fn kill_offline_and_recover(n: &mut EmuNode, off: usize, nth: usize) -> (Value, 
 /// are both recovered; the ERROR lines stay bounded (once per episode, not per tick).
 #[test]
 fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_context() {
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let cfg = n.path("mps.json");
     // Shipped rate limit for full resets: a second one within 30 s would be refused.
     std::fs::write(
@@ -175,28 +144,19 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
         ),
     )
     .unwrap();
-    let log = std::fs::File::create(n.path("mps.log")).unwrap();
-    let c = Command::new(target_dir().join("mps-manager"))
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .envs(n.envs())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    n.children.push(c);
+    let _manager = start_manager(&n);
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64().unwrap();
-    let (load, off) = online_and_offline(&mut n);
+    let (load, mut off) = online_and_offline(&n);
     let dev = n.device();
     let generation = dev.snapshot().mps.generation;
     mstate(&n, "offline client listed on its server", |v| {
         v["clients"].as_u64() >= Some(2)
     });
-    let (v, took) = kill_offline_and_recover(&mut n, off, 1);
+    let (v, took) = kill_offline_and_recover(&n, &mut off, 1);
     eprintln!("first recovery: online unblocked after {took:?}");
     let r = &v["recoveries"][0];
-    assert_eq!(r["fault"]["client_died"]["pid"], n.pid(off) as u64, "{v:#}");
+    assert_eq!(r["fault"]["client_died"]["pid"], off.pid() as u64, "{v:#}");
     assert!(
         r["outcome"].as_str().unwrap().contains("terminate_client"),
         "{v:#}"
@@ -219,8 +179,8 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     // Second fault 5 s later: inside the full-reset window, still recovered.
     std::thread::sleep(Duration::from_secs(5));
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let off2 = n.spawn_helper("gpu-mem", "128");
-    let op2 = n.pid(off2);
+    let mut off2 = n.spawn_helper("gpu-mem", "128");
+    let op2 = off2.pid();
     wait_until("second offline client on MPS", || {
         dev.snapshot()
             .processes
@@ -231,7 +191,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     mstate(&n, "second offline client listed", |v| {
         v["clients"].as_u64() >= Some(2)
     });
-    let (v, took) = kill_offline_and_recover(&mut n, off2, 2);
+    let (v, took) = kill_offline_and_recover(&n, &mut off2, 2);
     eprintln!("second recovery (5 s after the first): online unblocked after {took:?}");
     assert_eq!(
         v["recoveries"][1]["fault"]["client_died"]["pid"],
@@ -246,7 +206,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     assert_eq!(dev.snapshot().mps.generation, generation);
     assert_eq!(load.failures.load(Ordering::Relaxed), 0);
     std::thread::sleep(Duration::from_secs(1));
-    let log = std::fs::read_to_string(n.path("mps.log")).unwrap();
+    let log = n.log("mps.json");
     let errors = log.lines().filter(|l| l.contains("ERROR")).count();
     assert!(
         errors <= 2,
@@ -255,7 +215,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
 }
 
 /// On a panic, quits MPS on the device so a hung online `Load` can be joined (no hanging test).
-struct QuitOnPanic(emu_device::Device);
+struct QuitOnPanic(e2e::emu_device::Device);
 
 impl Drop for QuitOnPanic {
     fn drop(&mut self) {
@@ -271,14 +231,14 @@ impl Drop for QuitOnPanic {
 /// terminate both. MPS is not reset and the online client progresses with its context.
 #[test]
 fn two_offline_clients_killed_together_are_both_terminated() {
-    let mut n = EmuNode::new();
-    start_manager(&mut n);
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
     mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
-    let (load, off) = online_and_offline(&mut n);
+    let (load, mut off) = online_and_offline(&n);
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
     let dev = n.device();
-    let off2 = n.spawn_helper("gpu-mem", "64");
-    let op2 = n.pid(off2);
+    let mut off2 = n.spawn_helper("gpu-mem", "64");
+    let op2 = off2.pid();
     wait_until("second offline client on MPS", || {
         dev.snapshot()
             .processes
@@ -286,14 +246,14 @@ fn two_offline_clients_killed_together_are_both_terminated() {
             .any(|p| p.pid == op2 && p.mps_client)
     });
     register(&ledger, op2, 64 << 20);
-    let op = n.pid(off);
+    let op = off.pid();
     let generation = dev.snapshot().mps.generation;
     // Dropped before `load`: on a failure, quit MPS so the hung online thread returns.
     let _quit = QuitOnPanic(n.device());
-    n.signal(off, libc::SIGKILL);
-    n.signal(off2, libc::SIGKILL);
-    let _ = n.wait_exit(off, T);
-    let _ = n.wait_exit(off2, T);
+    off.signal(libc::SIGKILL);
+    off2.signal(libc::SIGKILL);
+    let _ = off.wait_exit(T);
+    let _ = off2.wait_exit(T);
     wait_until("both deaths noticed", || {
         let m = dev.snapshot().mps;
         m.dead_clients.len() == 2 || !m.poisoned
@@ -316,8 +276,8 @@ fn two_offline_clients_killed_together_are_both_terminated() {
 
 #[test]
 fn hung_control_daemon_is_detected_by_timeout_and_replaced() {
-    let mut n = EmuNode::new();
-    start_manager(&mut n);
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64().unwrap() as i32;
     // SAFETY: freezing the emulated control daemon (it then never answers).
@@ -343,8 +303,8 @@ fn hung_control_daemon_is_detected_by_timeout_and_replaced() {
 
 #[test]
 fn offline_sm_budget_follows_online_activity() {
-    let mut n = EmuNode::new();
-    n.start_monitor(
+    let n = EmuHost::node();
+    let _mon = n.start_monitor(
         "mon.json",
         r#"{"interval_ms": 10, "host_memory": {"enabled": false},
             "machine": {"sm_activity": {"healthy": 90, "unhealthy": 95, "overlimit": 99},
@@ -352,7 +312,7 @@ fn offline_sm_budget_follows_online_activity() {
                         "sm_clock": {"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}"#,
     );
     n.wait_state(T, "healthy", |v| v["state"] == "healthy");
-    start_manager(&mut n);
+    let _manager = start_manager(&n);
     let idle = mstate(&n, "idle budget", |v| {
         v["offline_budget_pct"].as_f64() == Some(90.0)
     });
@@ -363,7 +323,7 @@ fn offline_sm_budget_follows_online_activity() {
         900
     );
 
-    let load = Load::start(&n.state, 0.6, 2.0);
+    let load = Load::start(&n, 0.6, 2.0);
     let v = mstate(&n, "budget under online load", |v| {
         v["offline_budget_pct"].as_f64().is_some_and(|b| b <= 40.0)
     });
@@ -378,7 +338,7 @@ fn offline_sm_budget_follows_online_activity() {
     // as their own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from the shim (tests/e2e shim_budget).
     let other = n.spawn_helper("gpu-mem", "64");
     let dev = n.device();
-    let op = n.pid(other);
+    let op = other.pid();
     wait_until("client on MPS", || {
         dev.snapshot()
             .processes
@@ -403,31 +363,11 @@ fn offline_sm_budget_follows_online_activity() {
 /// online client stalled, so the recovery there is what brings online service back.
 #[test]
 fn without_the_manager_a_killed_offline_client_stalls_online() {
-    let mut n = EmuNode::new();
-    let (envs, pipe, log) = (n.envs(), n.path("pipe"), n.path("log"));
-    let daemon = |arg: Option<&str>| {
-        let mut c = Command::new(target_dir().join("emu-mps-control"));
-        c.envs(envs.clone())
-            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
-            .env("CUDA_MPS_LOG_DIRECTORY", &log);
-        match arg {
-            Some(a) => assert!(c.arg(a).status().unwrap().success()),
-            None => {
-                let mut ch = c
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .unwrap();
-                use std::io::Write;
-                ch.stdin.take().unwrap().write_all(b"quit\n").unwrap();
-                ch.wait().unwrap();
-            }
-        }
-    };
-    daemon(Some("-d"));
-    let (load, off) = online_and_offline(&mut n);
-    n.signal(off, libc::SIGKILL);
-    let _ = n.wait_exit(off, T);
+    let n = EmuHost::node();
+    n.mps_control(Some("-d"), "");
+    let (load, mut off) = online_and_offline(&n);
+    off.signal(libc::SIGKILL);
+    let _ = off.wait_exit(T);
     let dev = n.device();
     wait_until("MPS poisoned", || dev.snapshot().mps.poisoned);
     std::thread::sleep(Duration::from_millis(100));
@@ -438,16 +378,16 @@ fn without_the_manager_a_killed_offline_client_stalls_online() {
         stalled,
         "online made progress on a poisoned MPS"
     );
-    daemon(None);
+    n.mps_control(None, "quit\n");
     drop(load);
 }
 
 #[test]
 fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let klog = n.path("kern.log");
     std::fs::write(&klog, "").unwrap();
-    n.start_monitor(
+    let _mon = n.start_monitor(
         "mon.json",
         &format!(
             r#"{{"interval_ms": 10, "host_memory": {{"enabled": false}}, "xid_log": "{}",
@@ -458,10 +398,10 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
         ),
     );
     n.wait_state(T, "healthy", |v| v["state"] == "healthy");
-    start_manager(&mut n);
+    let _manager = start_manager(&n);
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64().unwrap();
-    let (load, off) = online_and_offline(&mut n);
+    let (load, mut off) = online_and_offline(&n);
     use std::io::Write;
     writeln!(
         std::fs::OpenOptions::new()
@@ -479,7 +419,7 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
         })
     };
     mstate(&n, "xid recovery", |v| xid_recoveries(v) == 1);
-    assert!(n.wait_exit(off, T).is_some(), "offline client evicted");
+    assert!(off.wait_exit(T).is_some(), "offline client evicted");
     let v = mstate(&n, "MPS running again", |v| {
         v["daemon_pid"].as_u64().is_some_and(|p| p != daemon)
     });
@@ -505,13 +445,13 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
 
 #[test]
 fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
-    let mut n = EmuNode::new();
-    let m = start_manager(&mut n);
+    let n = EmuHost::node();
+    let mut m = start_manager(&n);
     mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let cfg = n.path("mps.json");
     let good = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, good.replace(r#""min_pct": 10"#, r#""min_pct": 95"#)).unwrap();
-    n.signal(m, libc::SIGHUP);
+    m.signal(libc::SIGHUP);
     let v = mstate(&n, "reload error", |v| {
         v["last_error"]
             .as_str()
@@ -522,9 +462,9 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
         e.contains("mps.json:") && e.contains("budget.min_pct"),
         "{e}"
     );
-    assert!(n.alive(m), "a broken reload never stops the manager");
+    assert!(m.alive(), "a broken reload never stops the manager");
     std::fs::write(&cfg, &good).unwrap();
-    n.signal(m, libc::SIGHUP);
+    m.signal(libc::SIGHUP);
     mstate(&n, "good reload", |v| v["last_error"].is_null());
 }
 
@@ -535,7 +475,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
 /// completed online kernel once MPS is no longer hung) as median / p99 / max, the rounds over
 /// 1 s and the full resets. Asserts only the mechanism: every fault recovered by
 /// `terminate_client`, no MPS reset, the online client never lost its context.
-/// `MPS_STRESS_N=200 cargo test -p mps-manager --test emu_mps stress_sigkill -- --ignored --nocapture`
+/// `MPS_STRESS_N=200 cargo test -p e2e --test mps_manager_emu stress_sigkill -- --ignored --nocapture`
 #[test]
 #[ignore = "stress tool; run by hand"]
 fn stress_sigkill_offline_online_time_to_progress() {
@@ -560,19 +500,19 @@ fn stress_sigkill_offline_online_time_to_progress() {
         seed ^= seed << 17;
         seed
     };
-    let mut n = EmuNode::new();
-    start_manager(&mut n);
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64();
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let load = Load::start(&n.state, 0.5, 2.0);
+    let load = Load::start(&n, 0.5, 2.0);
     let dev = n.device();
     let generation = dev.snapshot().mps.generation;
     let mut times = Vec::new();
     let mut resets = 0;
     for i in 0..rounds {
-        let off = n.spawn_helper("gpu-mem", "64");
-        let op = n.pid(off);
+        let mut off = n.spawn_helper("gpu-mem", "64");
+        let op = off.pid();
         wait_until("offline client on MPS", || {
             dev.snapshot()
                 .processes
@@ -583,8 +523,8 @@ fn stress_sigkill_offline_online_time_to_progress() {
         let delay = Duration::from_micros(rand() % 40_000);
         std::thread::sleep(delay);
         let t0 = Instant::now();
-        n.signal(off, libc::SIGKILL);
-        let _ = n.wait_exit(off, T);
+        off.signal(libc::SIGKILL);
+        let _ = off.wait_exit(T);
         let v = mstate(&n, "recovery", |v| {
             v["recoveries"]
                 .as_array()
@@ -612,7 +552,7 @@ fn stress_sigkill_offline_online_time_to_progress() {
             "round {i}: killed {:.1} ms after its context appeared; online progress {took:?} after the SIGKILL; {outcome}",
             delay.as_secs_f64() * 1000.0
         );
-        n.children.pop();
+        drop(off);
     }
     let v = mstate(&n, "final state", |_| true);
     let generation_now = dev.snapshot().mps.generation;
@@ -639,11 +579,6 @@ fn stress_sigkill_offline_online_time_to_progress() {
     assert_eq!(failures, 0, "the online client never lost its context");
 }
 
-fn is_root() -> bool {
-    // SAFETY: getuid(2) has no preconditions.
-    unsafe { libc::getuid() == 0 }
-}
-
 /// One user per MPS GPU: with `client_uid` set, a registered offline process of another user
 /// (which MPS would queue, then hand the GPU to once this user's clients are done) is reported
 /// with the uids and the fix, and evicted (pid + start time, restart requested); the online
@@ -655,26 +590,17 @@ fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set()
         return;
     }
     use std::os::unix::process::CommandExt;
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let cfg = n.path("mps.json");
     std::fs::write(
         &cfg,
         manager_config().replace("\"evict_grace_ms\": 500,", "\"evict_grace_ms\": 500, \"client_uid\": 0,"),
     )
     .unwrap();
-    let log = std::fs::File::create(n.path("mps.log")).unwrap();
-    let c = Command::new(target_dir().join("mps-manager"))
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .envs(n.envs())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    n.children.push(c);
+    let _manager = start_manager(&n);
     mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let load = Load::start(&n.state, 0.5, 2.0);
+    let load = Load::start(&n, 0.5, 2.0);
     mstate(&n, "root's server", |v| v["mps_server_uid"] == 0);
 
     let mut nobody = Command::new("sleep")
@@ -717,11 +643,11 @@ fn without_client_uid_another_users_process_is_left_alone() {
         return;
     }
     use std::os::unix::process::CommandExt;
-    let mut n = EmuNode::new();
-    start_manager(&mut n);
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
     mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let load = Load::start(&n.state, 0.5, 2.0);
+    let load = Load::start(&n, 0.5, 2.0);
     mstate(&n, "root's server", |v| v["mps_server_uid"] == 0);
     let mut nobody = Command::new("sleep")
         .arg("30")

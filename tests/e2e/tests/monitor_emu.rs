@@ -1,11 +1,9 @@
 //! The monitor as a real process against the GPU emulator (fake NVML over the emulated device):
 //! Overlimit eviction and hold, trust-but-verify, SIGHUP reload, restart without double eviction.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{register, EmuNode, Load};
+use e2e::{register, EmuHost, Load};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
@@ -42,22 +40,21 @@ fn state(v: &Value) -> &str {
 #[test]
 #[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
-    common::helper_main();
+    e2e::helper_main();
 }
 
 #[test]
 fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
-    let mut n = EmuNode::new();
-    n.start_monitor("mon.json", &config(400, 5000));
+    let n = EmuHost::node();
+    let _mon = n.start_monitor("mon.json", &config(400, 5000));
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let offline = n.spawn_sh("exec sleep 60");
-    let online_bystander = n.spawn_sh("exec sleep 60");
-    register(&ledger, n.pid(offline), 0);
+    let mut offline = n.spawn_sh("exec sleep 60");
+    let mut online_bystander = n.spawn_sh("exec sleep 60");
+    register(&ledger, offline.pid(), 0);
 
-    let load = Load::start(&n.state, 1.0, 5.0);
-    let sig = n
-        .wait_exit(offline, T)
+    let load = Load::start(&n, 1.0, 5.0);
+    let sig = offline.wait_exit(T)
         .expect("offline process was not evicted");
     assert_eq!(sig, Some(libc::SIGTERM), "evicted with SIGTERM");
     let v = n.wait_state(T, "eviction recorded", |v| v["evictions"]["overlimit"] == 1);
@@ -68,7 +65,7 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
         "SIGTERM {lag} samples after the Overlimit decision"
     );
     assert!(
-        n.alive(online_bystander),
+        online_bystander.alive(),
         "a process not registered as offline is never touched"
     );
 
@@ -118,14 +115,14 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
 
 #[test]
 fn liar_is_evicted_honest_process_is_not() {
-    let mut n = EmuNode::new();
-    n.start_monitor("mon.json", &config(400, 5000));
+    let n = EmuHost::node();
+    let _mon = n.start_monitor("mon.json", &config(400, 5000));
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let liar = n.spawn_helper("gpu-mem", "2048");
-    let honest = n.spawn_helper("gpu-mem", "1024");
+    let mut liar = n.spawn_helper("gpu-mem", "2048");
+    let mut honest = n.spawn_helper("gpu-mem", "1024");
     let dev = n.device();
-    let (lp, hp) = (n.pid(liar), n.pid(honest));
+    let (lp, hp) = (liar.pid(), honest.pid());
     let deadline = std::time::Instant::now() + T;
     while !(dev.snapshot().processes.iter().any(|p| p.pid == lp)
         && dev.snapshot().processes.iter().any(|p| p.pid == hp))
@@ -138,8 +135,7 @@ fn liar_is_evicted_honest_process_is_not() {
     }
     register(&ledger, lp, 0);
     register(&ledger, hp, 1024 << 20);
-    let sig = n
-        .wait_exit(liar, T)
+    let sig = liar.wait_exit(T)
         .expect("the under-reporting process was not evicted");
     assert_eq!(sig, Some(libc::SIGTERM));
     let v = n.wait_state(T, "under_report counted", |v| {
@@ -151,7 +147,7 @@ fn liar_is_evicted_honest_process_is_not() {
         "a liar does not change the GPU's health"
     );
     std::thread::sleep(Duration::from_millis(300));
-    assert!(n.alive(honest), "the honest process is left alone");
+    assert!(honest.alive(), "the honest process is left alone");
     assert!(n
         .log("mon.json")
         .contains("reports 0 MiB in the ledger but NVML sees 2048 MiB"));
@@ -159,8 +155,8 @@ fn liar_is_evicted_honest_process_is_not() {
 
 #[test]
 fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
-    let mut n = EmuNode::new();
-    let mon = n.start_monitor("mon.json", &config(400, 5000));
+    let n = EmuHost::node();
+    let mut mon = n.start_monitor("mon.json", &config(400, 5000));
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let cfg = n.path("mon.json");
     let good = std::fs::read_to_string(&cfg).unwrap();
@@ -173,7 +169,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
         ),
     )
     .unwrap();
-    n.signal(mon, libc::SIGHUP);
+    mon.signal(libc::SIGHUP);
     let v = n.wait_state(T, "config error reported", |v| {
         v["config_error"].is_string()
     });
@@ -187,7 +183,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     assert_eq!(v["interval_ms"], 10);
 
     std::fs::write(&cfg, "{ \"interval_ms\": 20,\n  \"machine\": { oops } }").unwrap();
-    n.signal(mon, libc::SIGHUP);
+    mon.signal(libc::SIGHUP);
     let v = n.wait_state(T, "syntax error reported", |v| {
         v["config_error"]
             .as_str()
@@ -198,7 +194,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
         "{}",
         v["config_error"]
     );
-    assert!(n.alive(mon), "a broken reload never stops the monitor");
+    assert!(mon.alive(), "a broken reload never stops the monitor");
     assert_eq!(v["interval_ms"], 10, "old config still in force");
 
     std::fs::write(
@@ -206,7 +202,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
         good.replace(r#""interval_ms": 10"#, r#""interval_ms": 20"#),
     )
     .unwrap();
-    n.signal(mon, libc::SIGHUP);
+    mon.signal(libc::SIGHUP);
     let v = n.wait_state(T, "good reload", |v| {
         v["config_error"].is_null() && v["interval_ms"] == 20
     });
@@ -218,14 +214,14 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
 
 #[test]
 fn monitor_restarted_mid_eviction_signals_nothing_twice() {
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let grace = 1500;
-    let mon = n.start_monitor("mon.json", &config(400, grace));
+    let mut mon = n.start_monitor("mon.json", &config(400, grace));
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
     let terms = n.path("terms");
     // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
-    let victim = n.spawn_sh(&format!(
+    let mut victim = n.spawn_sh(&format!(
         "trap 'echo t >> {0}' TERM; : > {0}.ready; while :; do sleep 0.02; done",
         terms.display()
     ));
@@ -236,23 +232,22 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
         assert!(std::time::Instant::now() < deadline, "victim never started");
         std::thread::sleep(Duration::from_millis(5));
     }
-    register(&ledger, n.pid(victim), 0);
-    let _load = Load::start(&n.state, 1.0, 5.0);
+    register(&ledger, victim.pid(), 0);
+    let _load = Load::start(&n, 1.0, 5.0);
     let deadline = std::time::Instant::now() + T;
     while std::fs::read_to_string(&terms).map_or(0, |s| s.lines().count()) == 0 {
         assert!(std::time::Instant::now() < deadline, "no SIGTERM");
         std::thread::sleep(Duration::from_millis(5));
     }
-    n.signal(mon, libc::SIGKILL);
-    let _ = n.wait_exit(mon, T);
+    mon.signal(libc::SIGKILL);
+    let _ = mon.wait_exit(T);
     let first_entries = n.wait_state(T, "state file", |_| true)["overlimit_entries_mono_ms"]
         .as_array()
         .unwrap()
         .len();
 
-    n.start_monitor("mon.json", "");
-    let sig = n
-        .wait_exit(victim, T)
+    let _restarted = n.start_monitor("mon.json", "");
+    let sig = victim.wait_exit(T)
         .expect("victim never killed after the grace period");
     assert_eq!(sig, Some(libc::SIGKILL));
     assert_eq!(
@@ -263,7 +258,7 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     let v = n.wait_state(T, "restarted monitor in overlimit", |v| {
         v["monitor_pid"] != Value::Null
             && state(v) == "overlimit"
-            && v["monitor_pid"].as_u64() != Some(n.pid(mon) as u64)
+            && v["monitor_pid"].as_u64() != Some(mon.pid() as u64)
     });
     assert_eq!(
         v["evictions"].as_object().map_or(0, |m| m.len()),
@@ -288,25 +283,25 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
 
 #[test]
 fn host_memory_pressure_evicts_offline_work() {
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let meminfo = n.path("meminfo");
     std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 500000 kB\n").unwrap();
     let cfg = config(400, 5000).replace(
         r#""host_memory": { "enabled": false }"#,
         &format!(r#""host_memory": {{ "enabled": true, "min_available_pct": 5, "check_every_ms": 20, "meminfo_path": "{}", "psi_path": "/nonexistent" }}"#, meminfo.display()),
     );
-    n.start_monitor("mon.json", &cfg);
+    let _mon = n.start_monitor("mon.json", &cfg);
     n.wait_state(T, "healthy with host memory read", |v| {
         state(v) == "healthy" && v["host_mem_available_pct"] == 50.0
     });
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let offline = n.spawn_sh("exec sleep 60");
-    register(&ledger, n.pid(offline), 0);
+    let mut offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, offline.pid(), 0);
     std::thread::sleep(Duration::from_millis(200));
-    assert!(n.alive(offline), "no pressure, no eviction");
+    assert!(offline.alive(), "no pressure, no eviction");
     std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 20000 kB\n").unwrap();
     assert_eq!(
-        n.wait_exit(offline, T).expect("not evicted"),
+        offline.wait_exit(T).expect("not evicted"),
         Some(libc::SIGTERM)
     );
     let v = n.wait_state(T, "host_memory eviction counted", |v| {
@@ -324,18 +319,18 @@ fn host_memory_pressure_evicts_offline_work() {
 
 #[test]
 fn operator_disable_evicts_and_enable_goes_back_through_init() {
-    let mut n = EmuNode::new();
-    n.start_monitor("mon.json", &config(400, 5000));
+    let n = EmuHost::node();
+    let _mon = n.start_monitor("mon.json", &config(400, 5000));
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let offline = n.spawn_sh("exec sleep 60");
-    register(&ledger, n.pid(offline), 0);
-    let (cfg, envs) = (n.path("mon.json"), n.envs());
+    let mut offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, offline.pid(), 0);
+    let cfg = n.path("mon.json");
     let cli = |cmd: &str| {
-        let out = std::process::Command::new(common::target_dir().join("sysmonitor"))
+        let out = n
+            .node_command("sysmonitor")
             .args([cmd, "--config"])
             .arg(&cfg)
-            .envs(envs.clone())
             .output()
             .unwrap();
         assert!(
@@ -347,7 +342,7 @@ fn operator_disable_evicts_and_enable_goes_back_through_init() {
     };
     cli("disable");
     assert_eq!(
-        n.wait_exit(offline, T).expect("not evicted"),
+        offline.wait_exit(T).expect("not evicted"),
         Some(libc::SIGTERM)
     );
     let v = n.wait_state(T, "disabled", |v| {
@@ -365,22 +360,19 @@ fn operator_disable_evicts_and_enable_goes_back_through_init() {
 
 #[test]
 fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let sock_path = n.path("notify.sock");
     let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(T)).unwrap();
     let cfg = n.path("mon.json");
     std::fs::write(&cfg, config(400, 5000)).unwrap();
-    let child = std::process::Command::new(common::target_dir().join("sysmonitor"))
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .envs(n.envs())
-        .env("NOTIFY_SOCKET", &sock_path)
-        .env("WATCHDOG_USEC", "2000000")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    n.children.push(child);
+    let mut mon = n.spawn(
+        n.node_command("sysmonitor")
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .env("NOTIFY_SOCKET", &sock_path)
+            .env("WATCHDOG_USEC", "2000000"),
+    );
     let mut buf = [0u8; 256];
     let mut msgs = Vec::new();
     while msgs
@@ -397,9 +389,8 @@ fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
         msgs.iter().any(|m| m.contains("STATUS=GPU 0 healthy")),
         "{msgs:?}"
     );
-    let mon = n.children.len() - 1;
-    n.signal(mon, libc::SIGTERM);
-    assert_eq!(n.wait_exit(mon, T), Some(None), "clean exit on SIGTERM");
+    mon.signal(libc::SIGTERM);
+    assert_eq!(mon.wait_exit(T), Some(None), "clean exit on SIGTERM");
     loop {
         let k = sock.recv(&mut buf).expect("no STOPPING");
         if &buf[..k] == b"STOPPING=1" {
@@ -410,7 +401,7 @@ fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
 
 #[test]
 fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let klog = n.path("kern.log");
     std::fs::write(&klog, "").unwrap();
     let cfg = config(400, 5000).replace(
@@ -424,11 +415,11 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
         r#""hold_max_ms": 60000"#,
         r#""hold_max_ms": 60000, "xid_disable_ms": 500"#,
     );
-    n.start_monitor("mon.json", &cfg);
+    let _mon = n.start_monitor("mon.json", &cfg);
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let offline = n.spawn_sh("exec sleep 60");
-    register(&ledger, n.pid(offline), 0);
+    let mut offline = n.spawn_sh("exec sleep 60");
+    register(&ledger, offline.pid(), 0);
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -438,7 +429,7 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
     writeln!(f, "NVRM: Xid (PCI:0000:01:00): 13, pid=1, not critical").unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert!(
-        n.alive(offline),
+        offline.alive(),
         "other GPUs' and non-critical XIDs change nothing"
     );
     writeln!(
@@ -447,7 +438,7 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
     )
     .unwrap();
     assert_eq!(
-        n.wait_exit(offline, T).expect("not evicted"),
+        offline.wait_exit(T).expect("not evicted"),
         Some(libc::SIGTERM)
     );
     let v = n.wait_state(T, "disabled by xid", |v| state(v) == "disabled");
@@ -460,7 +451,7 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
 #[test]
 fn metrics_endpoint_serves_prometheus_text_on_a_unix_socket() {
     use std::io::{Read, Write};
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let sock = n.path("metrics.sock");
     let cfg = config(400, 5000).replace(
         r#""interval_ms": 10,"#,
@@ -469,7 +460,7 @@ fn metrics_endpoint_serves_prometheus_text_on_a_unix_socket() {
             sock.display()
         ),
     );
-    n.start_monitor("mon.json", &cfg);
+    let _mon = n.start_monitor("mon.json", &cfg);
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let body = {
         let end = std::time::Instant::now() + T;

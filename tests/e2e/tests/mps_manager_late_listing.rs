@@ -7,21 +7,17 @@
 //! client from the moment it holds a context (as real MPS does once the client is connected),
 //! so it never shows this state, and the manager must still survive it on real hardware.
 
-#[path = "../../sysmonitor/tests/common/mod.rs"]
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{register, target_dir, EmuNode};
+use e2e::{register, EmuHost};
 use serde_json::Value;
 
-/// Not a test: the entry point of helper processes (`common::spawn_helper`).
+/// Not a test: the entry point of helper processes (`EmuHost::spawn_helper`).
 #[test]
 #[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
-    common::helper_main();
+    e2e::helper_main();
 }
 
 /// A control program whose one server (pid 4242) lists the pid in `$PIPE/dead` only from the
@@ -51,26 +47,8 @@ esac
 exit 0
 "#;
 
-fn mstate(n: &EmuNode, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let path = n.ledger_dir.join("gpu0").join("mps-manager.json");
-    let end = Instant::now() + Duration::from_secs(20);
-    let mut last = Value::Null;
-    while Instant::now() < end {
-        if let Some(v) = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-        {
-            if pred(&v) {
-                return v;
-            }
-            last = v;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!(
-        "timed out waiting for {what}; manager state: {last:#}\nlog:\n{}",
-        std::fs::read_to_string(n.path("mps.log")).unwrap_or_default()
-    );
+fn mstate(n: &EmuHost, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    n.wait_manager_state(Duration::from_secs(20), "mps.json", what, pred)
 }
 
 /// The dead offline client appears on its server's list only at the third look after its
@@ -79,7 +57,7 @@ fn mstate(n: &EmuNode, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
 /// miss meant a full MPS reset (`quit`).
 #[test]
 fn a_dead_client_listed_late_is_terminated_not_reset() {
-    let mut n = EmuNode::new();
+    let n = EmuHost::node();
     let ctl = n.path("fake-mps-control");
     std::fs::write(&ctl, SCRIPT).unwrap();
     std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -98,26 +76,17 @@ fn a_dead_client_listed_late_is_terminated_not_reset() {
         ),
     )
     .unwrap();
-    let log = std::fs::File::create(n.path("mps.log")).unwrap();
-    let m = Command::new(target_dir().join("mps-manager"))
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .envs(n.envs())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    n.children.push(m);
+    let _manager = n.start_manager("mps.json", "");
     mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
 
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let off = n.spawn_sh("exec sleep 600");
-    let pid = n.pid(off);
+    let mut off = n.spawn_sh("exec sleep 600");
+    let pid = off.pid();
     register(&ledger, pid, 64 << 20);
     std::fs::write(pipe.join("list_from"), "3").unwrap();
-    n.signal(off, libc::SIGKILL);
-    n.wait_exit(off, Duration::from_secs(10)).expect("killed");
+    off.signal(libc::SIGKILL);
+    off.wait_exit(Duration::from_secs(10)).expect("killed");
     std::fs::write(pipe.join("dead"), format!("{pid}\n")).unwrap();
 
     let v = mstate(&n, "recovery", |v| {

@@ -2,13 +2,11 @@
 //! restarted monitor moves the damaged file aside and creates a fresh one; a running monitor
 //! reports the damage once (log and state file) and keeps monitoring.
 
-mod common;
-
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::EmuNode;
+use e2e::EmuHost;
 use node_ledger::layout::{HEADER_SIZE, LAYOUT_SIZE};
 use serde_json::Value;
 
@@ -24,7 +22,7 @@ fn state(v: &Value) -> &str {
 #[test]
 #[ignore = "helper-process entry point, run by the other tests"]
 fn helper_entry() {
-    common::helper_main();
+    e2e::helper_main();
 }
 
 fn error_lines(log: &str) -> Vec<&str> {
@@ -60,8 +58,8 @@ fn junk(len: usize, seed: u64) -> Vec<u8> {
 
 /// A valid ledger's bytes with `f` applied.
 fn valid_then(f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("l");
+    let host = EmuHost::node();
+    let p = host.path("l");
     drop(node_ledger::Ledger::open_or_create(&p, 0).unwrap());
     let mut b = std::fs::read(&p).unwrap();
     f(&mut b);
@@ -82,14 +80,14 @@ fn a_restarted_monitor_moves_a_damaged_ledger_aside_and_keeps_monitoring() {
         ("too short", junk(HEADER_SIZE / 2, 3), "total_size"),
     ];
     for (what, bytes, field) in cases {
-        let mut n = EmuNode::new();
+        let n = EmuHost::node();
         let lp = n.ledger_path();
         std::fs::create_dir_all(lp.parent().unwrap()).unwrap();
         std::fs::write(&lp, &bytes).unwrap();
-        let m = n.start_monitor("mon.json", CONFIG);
+        let mut m = n.start_monitor("mon.json", CONFIG);
         let v = n.wait_state(T, "healthy", |v| state(v) == "healthy");
         assert!(
-            n.alive(m),
+            m.alive(),
             "{what}: the monitor exited: {}",
             n.log("mon.json")
         );
@@ -135,8 +133,8 @@ fn a_running_monitor_reports_a_damaged_header_once_and_keeps_running() {
         ("wrong magic", 0u64, &b"NOTLEDGR"[..]),
         ("wrong version", 8, &[7u8, 0, 0, 0][..]),
     ] {
-        let mut n = EmuNode::new();
-        let m = n.start_monitor("mon.json", CONFIG);
+        let n = EmuHost::node();
+        let mut m = n.start_monitor("mon.json", CONFIG);
         n.wait_state(T, "healthy", |v| state(v) == "healthy");
         poke(&n.ledger_path(), offset, bytes);
         let v = n.wait_state(T, "ledger_error", |v| v["ledger_error"].is_string());
@@ -146,7 +144,7 @@ fn a_running_monitor_reports_a_damaged_header_once_and_keeps_running() {
             v["samples"].as_u64().unwrap() > samples + 20
         });
         assert!(
-            n.alive(m),
+            m.alive(),
             "{what}: the monitor died: {}",
             n.log("mon.json")
         );
@@ -161,8 +159,8 @@ fn a_running_monitor_reports_a_damaged_header_once_and_keeps_running() {
 
 #[test]
 fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
-    let mut n = EmuNode::new();
-    let m = n.start_monitor("mon.json", CONFIG);
+    let n = EmuHost::node();
+    let mut m = n.start_monitor("mon.json", CONFIG);
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     std::fs::OpenOptions::new()
         .write(true)
@@ -179,7 +177,7 @@ fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
     n.wait_state(T, "more samples", |v| {
         v["samples"].as_u64().unwrap() > samples + 20
     });
-    assert!(n.alive(m), "the monitor died: {}", n.log("mon.json"));
+    assert!(m.alive(), "the monitor died: {}", n.log("mon.json"));
     assert_eq!(
         error_lines(&n.log("mon.json")).len(),
         1,
@@ -187,12 +185,12 @@ fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
         n.log("mon.json")
     );
     // Restarted (Restart=always): the emptied file is moved aside and a fresh one created.
-    n.signal(m, libc::SIGTERM);
-    assert!(n.wait_exit(m, T).is_some(), "the monitor did not stop");
+    m.signal(libc::SIGTERM);
+    assert!(m.wait_exit(T).is_some(), "the monitor did not stop");
     let m2 = n.start_monitor("mon.json", CONFIG);
     n.wait_state(T, "healthy again", |v| {
         state(v) == "healthy"
-            && v["monitor_pid"] == n.pid(m2)
+            && v["monitor_pid"] == m2.pid()
             && v["ledger_error"]
                 .as_str()
                 .is_some_and(|e| e.contains("moved to"))
@@ -207,12 +205,12 @@ fn a_running_monitor_survives_truncation_and_a_restart_recreates_the_ledger() {
 
 #[test]
 fn a_ledger_deleted_under_the_monitor_comes_back_with_its_usage() {
-    let mut n = EmuNode::new();
-    let m = n.start_monitor("mon.json", CONFIG);
+    let n = EmuHost::node();
+    let mut m = n.start_monitor("mon.json", CONFIG);
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
     let holder = n.spawn_sh("exec sleep 60");
     let l = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let h = common::register(&l, n.pid(holder), 40 << 20);
+    let h = e2e::register(&l, holder.pid(), 40 << 20);
     std::fs::remove_file(n.ledger_path()).unwrap();
     let end = std::time::Instant::now() + T;
     while !n.ledger_path().exists() {
@@ -231,7 +229,7 @@ fn a_ledger_deleted_under_the_monitor_comes_back_with_its_usage() {
         1,
         "the holder's registration came along"
     );
-    assert!(n.alive(m));
+    assert!(m.alive());
     // The monitor logs the restore just after putting the file in place: wait for the line.
     let end = std::time::Instant::now() + T;
     while error_lines(&n.log("mon.json")).is_empty() && std::time::Instant::now() < end {
