@@ -15,7 +15,8 @@ use std::path::PathBuf;
 
 pub use emu_device;
 pub use workloads::host::{
-    artifact, chmod, helper_main, is_root, register, target_dir, wait_json, EmuChild, Host, Load,
+    artifact, chmod, helper_main, is_root, monitor_state, register, target_dir, wait_json, EmuChild,
+    Host, Load,
 };
 
 /// The emulated host of the e2e tests: the same type as [`workloads::host::Host`].
@@ -25,6 +26,31 @@ pub type EmuHost = Host;
 pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+/// `name` from the environment parsed as `T`, or `default` when unset or unparsable (the
+/// knobs of the stress tools).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A stress tool's seed: `name` from the environment, else one from the clock; printed as
+/// `name=seed` so a run can be replayed.
+pub fn seed_from_env(name: &str) -> u64 {
+    let seed = env_or(name, 0u64);
+    let seed = if seed != 0 {
+        seed
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1
+    };
+    eprintln!("{name}={seed}");
+    seed
 }
 
 /// Numeric value of `key=` in a line, panicking with the line if absent.

@@ -185,10 +185,7 @@ fn held(out: &str) -> u64 {
 #[test]
 #[ignore = "stress tool: run by hand, prints its figures"]
 fn stress_damaged_ledger_under_monitor_and_processes() {
-    let cycles: usize = std::env::var("LEDGER_STRESS_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let cycles: usize = e2e::env_or("LEDGER_STRESS_CYCLES", 10);
     let host = EmuHost::new();
     host.require_nvml();
     let cfg = host.root().join("sysmonitor.json");

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use e2e::{register, EmuHost, Load};
+use e2e::{monitor_state as state, register, EmuChild, EmuHost, Load};
+use node_ledger::Ledger;
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
@@ -32,8 +33,18 @@ fn config(hold_ms: u64, grace_ms: u64) -> String {
     )
 }
 
-fn state(v: &Value) -> &str {
-    v["state"].as_str().unwrap_or("")
+/// The monitor with `cfg` (as `mon.json`) once it reports Healthy, and the ledger it created.
+fn healthy(n: &EmuHost, cfg: &str) -> (EmuChild, Ledger) {
+    let mon = n.start_monitor("mon.json", cfg);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    (mon, Ledger::open_existing(&n.ledger_path()).unwrap())
+}
+
+/// A `sleep` registered in `ledger` as an offline process.
+fn offline_sleeper(n: &EmuHost, ledger: &Ledger) -> EmuChild {
+    let c = n.spawn_sh("exec sleep 60");
+    register(ledger, c.pid(), 0);
+    c
 }
 
 /// Not a test: the entry point of helper processes the tests spawn (`spawn_helper`).
@@ -46,12 +57,9 @@ fn helper_entry() {
 #[test]
 fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
     let n = EmuHost::node();
-    let _mon = n.start_monitor("mon.json", &config(400, 5000));
-    n.wait_state(T, "healthy", |v| state(v) == "healthy");
-    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let mut offline = n.spawn_sh("exec sleep 60");
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let mut offline = offline_sleeper(&n, &ledger);
     let mut online_bystander = n.spawn_sh("exec sleep 60");
-    register(&ledger, offline.pid(), 0);
 
     let load = Load::start(&n, 1.0, 5.0);
     let sig = offline.wait_exit(T)
@@ -116,9 +124,7 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
 #[test]
 fn liar_is_evicted_honest_process_is_not() {
     let n = EmuHost::node();
-    let _mon = n.start_monitor("mon.json", &config(400, 5000));
-    n.wait_state(T, "healthy", |v| state(v) == "healthy");
-    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
     let mut liar = n.spawn_helper("gpu-mem", "2048");
     let mut honest = n.spawn_helper("gpu-mem", "1024");
     let dev = n.device();
@@ -216,9 +222,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
 fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     let n = EmuHost::node();
     let grace = 1500;
-    let mut mon = n.start_monitor("mon.json", &config(400, grace));
-    n.wait_state(T, "healthy", |v| state(v) == "healthy");
-    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let (mut mon, ledger) = healthy(&n, &config(400, grace));
     let terms = n.path("terms");
     // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
     let mut victim = n.spawn_sh(&format!(
@@ -295,8 +299,7 @@ fn host_memory_pressure_evicts_offline_work() {
         state(v) == "healthy" && v["host_mem_available_pct"] == 50.0
     });
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let mut offline = n.spawn_sh("exec sleep 60");
-    register(&ledger, offline.pid(), 0);
+    let mut offline = offline_sleeper(&n, &ledger);
     std::thread::sleep(Duration::from_millis(200));
     assert!(offline.alive(), "no pressure, no eviction");
     std::fs::write(&meminfo, "MemTotal: 1000000 kB\nMemAvailable: 20000 kB\n").unwrap();
@@ -320,11 +323,8 @@ fn host_memory_pressure_evicts_offline_work() {
 #[test]
 fn operator_disable_evicts_and_enable_goes_back_through_init() {
     let n = EmuHost::node();
-    let _mon = n.start_monitor("mon.json", &config(400, 5000));
-    n.wait_state(T, "healthy", |v| state(v) == "healthy");
-    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let mut offline = n.spawn_sh("exec sleep 60");
-    register(&ledger, offline.pid(), 0);
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let mut offline = offline_sleeper(&n, &ledger);
     let cfg = n.path("mon.json");
     let cli = |cmd: &str| {
         let out = n
@@ -415,11 +415,8 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
         r#""hold_max_ms": 60000"#,
         r#""hold_max_ms": 60000, "xid_disable_ms": 500"#,
     );
-    let _mon = n.start_monitor("mon.json", &cfg);
-    n.wait_state(T, "healthy", |v| state(v) == "healthy");
-    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let mut offline = n.spawn_sh("exec sleep 60");
-    register(&ledger, offline.pid(), 0);
+    let (_mon, ledger) = healthy(&n, &cfg);
+    let mut offline = offline_sleeper(&n, &ledger);
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .append(true)

@@ -6,24 +6,12 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::EmuHost;
+use e2e::{monitor_state as state, EmuHost};
 use node_ledger::layout::{HEADER_SIZE, LAYOUT_SIZE};
-use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
 const CONFIG: &str =
     r#"{ "interval_ms": 10, "state_file_every_ms": 10, "host_memory": { "enabled": false } }"#;
-
-fn state(v: &Value) -> &str {
-    v["state"].as_str().unwrap_or("")
-}
-
-/// Not a test: the entry point of helper processes the tests spawn (`spawn_helper`).
-#[test]
-#[ignore = "helper-process entry point, run by the other tests"]
-fn helper_entry() {
-    e2e::helper_main();
-}
 
 fn error_lines(log: &str) -> Vec<&str> {
     log.lines().filter(|l| l.contains("ERROR")).collect()

@@ -479,21 +479,8 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
 #[test]
 #[ignore = "stress tool; run by hand"]
 fn stress_sigkill_offline_online_time_to_progress() {
-    let rounds: usize = std::env::var("MPS_STRESS_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
-    let mut seed: u64 = std::env::var("MPS_STRESS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("MPS_STRESS_SEED={seed}");
+    let rounds: usize = e2e::env_or("MPS_STRESS_N", 20);
+    let mut seed = e2e::seed_from_env("MPS_STRESS_SEED");
     let mut rand = move || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
@@ -579,6 +566,28 @@ fn stress_sigkill_offline_online_time_to_progress() {
     assert_eq!(failures, 0, "the online client never lost its context");
 }
 
+/// The manager (config `mps.json`) running root's MPS server with an online client (this
+/// process's [`Load`]) on it, and the ledger.
+fn manager_with_roots_online_client(n: &EmuHost) -> (EmuChild, node_ledger::Ledger, Load) {
+    let manager = start_manager(n);
+    mstate(n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let load = Load::start(n, 0.5, 2.0);
+    mstate(n, "root's server", |v| v["mps_server_uid"] == 0);
+    (manager, ledger, load)
+}
+
+/// `sleep 30` as uid/gid 65534 (needs root).
+fn sleep_as_nobody() -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    Command::new("sleep")
+        .arg("30")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .unwrap()
+}
+
 /// One user per MPS GPU: with `client_uid` set, a registered offline process of another user
 /// (which MPS would queue, then hand the GPU to once this user's clients are done) is reported
 /// with the uids and the fix, and evicted (pid + start time, restart requested); the online
@@ -589,7 +598,6 @@ fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set()
         eprintln!("skipped: needs root to run an offline process as uid 65534");
         return;
     }
-    use std::os::unix::process::CommandExt;
     let n = EmuHost::node();
     let cfg = n.path("mps.json");
     std::fs::write(
@@ -597,18 +605,8 @@ fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set()
         manager_config().replace("\"evict_grace_ms\": 500,", "\"evict_grace_ms\": 500, \"client_uid\": 0,"),
     )
     .unwrap();
-    let _manager = start_manager(&n);
-    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
-    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let load = Load::start(&n, 0.5, 2.0);
-    mstate(&n, "root's server", |v| v["mps_server_uid"] == 0);
-
-    let mut nobody = Command::new("sleep")
-        .arg("30")
-        .uid(65534)
-        .gid(65534)
-        .spawn()
-        .unwrap();
+    let (_manager, ledger, load) = manager_with_roots_online_client(&n);
+    let mut nobody = sleep_as_nobody();
     let pid = nobody.id();
     register(&ledger, pid, 0);
     let v = mstate(&n, "the other user's process evicted", |v| {
@@ -642,19 +640,9 @@ fn without_client_uid_another_users_process_is_left_alone() {
         eprintln!("skipped: needs root to run an offline process as uid 65534");
         return;
     }
-    use std::os::unix::process::CommandExt;
     let n = EmuHost::node();
-    let _manager = start_manager(&n);
-    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
-    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let load = Load::start(&n, 0.5, 2.0);
-    mstate(&n, "root's server", |v| v["mps_server_uid"] == 0);
-    let mut nobody = Command::new("sleep")
-        .arg("30")
-        .uid(65534)
-        .gid(65534)
-        .spawn()
-        .unwrap();
+    let (_manager, ledger, load) = manager_with_roots_online_client(&n);
+    let mut nobody = sleep_as_nobody();
     register(&ledger, nobody.id(), 0);
     std::thread::sleep(Duration::from_secs(1));
     assert!(nobody.try_wait().unwrap().is_none(), "not enforced without client_uid");

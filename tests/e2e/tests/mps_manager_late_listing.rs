@@ -13,13 +13,6 @@ use std::time::Duration;
 use e2e::{register, EmuHost};
 use serde_json::Value;
 
-/// Not a test: the entry point of helper processes (`EmuHost::spawn_helper`).
-#[test]
-#[ignore = "helper-process entry point, run by the other tests"]
-fn helper_entry() {
-    e2e::helper_main();
-}
-
 /// A control program whose one server (pid 4242) lists the pid in `$PIPE/dead` only from the
 /// `$PIPE/list_from`-th `get_client_list` after that file appeared. Every command is logged.
 const SCRIPT: &str = r#"#!/bin/sh

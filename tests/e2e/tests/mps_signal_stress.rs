@@ -65,21 +65,8 @@ struct Tally {
 #[test]
 #[ignore = "stress tool; run by hand"]
 fn stress_random_sigterm_sigint_c_and_python_under_mps() {
-    let runs: usize = std::env::var("XSHARE_STRESS_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let seed: u64 = std::env::var("XSHARE_STRESS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("XSHARE_STRESS_SEED={seed}");
+    let runs: usize = e2e::env_or("XSHARE_STRESS_RUNS", 1000);
+    let seed = e2e::seed_from_env("XSHARE_STRESS_SEED");
     // Control run: SIGKILL instead (no release possible), to see the tool count hangs.
     let control_kill = std::env::var_os("XSHARE_STRESS_SIGKILL").is_some();
     // Narrowing knobs: one kind of client (`c` | `python`), and the moment window in µs.

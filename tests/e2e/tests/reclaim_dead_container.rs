@@ -189,10 +189,7 @@ fn stress_reclaim_of_killed_containers() {
         eprintln!("skipped: needs root");
         return;
     }
-    let cycles: usize = std::env::var("RECLAIM_STRESS_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let cycles: usize = e2e::env_or("RECLAIM_STRESS_CYCLES", 100);
     let host = host_for_users();
     let (mut mon, l) = start_monitor(&host);
     let g = l.group(group_id_for("ctr"), QUOTA).unwrap();
@@ -257,10 +254,7 @@ fn stress_eight_users_random_allocations_against_nvml() {
         eprintln!("skipped: needs root");
         return;
     }
-    let secs: u64 = std::env::var("QUOTA_STRESS_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let secs: u64 = e2e::env_or("QUOTA_STRESS_SECS", 30);
     let host = host_for_users();
     let (mut mon, l) = start_monitor(&host);
     std::env::set_var("GPUEMU_STATE", host.state_path());

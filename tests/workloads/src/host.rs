@@ -535,6 +535,12 @@ impl Host {
     }
 }
 
+/// The health state (`healthy`, `overlimit`, ...) in the monitor's state file JSON (`""` if
+/// absent).
+pub fn monitor_state(v: &serde_json::Value) -> &str {
+    v["state"].as_str().unwrap_or("")
+}
+
 /// Polls the JSON file `path` every 5 ms until `pred` holds: the value, or (after `limit`)
 /// the last value read (`Null` if none).
 pub fn wait_json(
