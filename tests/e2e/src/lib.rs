@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 pub use emu_device;
 pub use workloads::host::{
-    artifact, chmod, helper_main, is_root, monitor_state, register, target_dir, wait_json, EmuChild,
+    artifact, chmod, helper_main, is_root, lacks_root, monitor_state, register, target_dir, wait_json, EmuChild,
     Host, Load,
 };
 

@@ -10,7 +10,7 @@ mod shim_support;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use e2e::{chmod, is_root, EmuHost};
+use e2e::{chmod, lacks_root, EmuHost};
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
@@ -33,8 +33,7 @@ fn as_nobody(c: &mut Command) -> &mut Command {
 
 #[test]
 fn non_root_processes_of_one_container_share_the_monitors_ledger() {
-    if !is_root() {
-        eprintln!("skipped: needs root to run offline processes as uid {NOBODY}");
+    if lacks_root("run offline processes as uid 65534") {
         return;
     }
     let host = host_for_users();
@@ -85,8 +84,7 @@ fn non_root_processes_of_one_container_share_the_monitors_ledger() {
 
 #[test]
 fn a_process_that_cannot_open_the_ledger_is_refused_not_given_the_quota() {
-    if !is_root() {
-        eprintln!("skipped: needs root to run offline processes as uid {NOBODY}");
+    if lacks_root("run offline processes as uid 65534") {
         return;
     }
     let host = host_for_users();

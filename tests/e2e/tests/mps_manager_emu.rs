@@ -5,7 +5,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use e2e::{artifact, is_root, register, EmuChild, EmuHost, Load};
+use e2e::{artifact, lacks_root, register, EmuChild, EmuHost, Load};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
@@ -106,11 +106,28 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
         daemon,
         "MPS was reset (new control daemon)"
     );
-    let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after recovery", || {
-        load.kernels.load(Ordering::Relaxed) >= after + 20
-    });
+    online_progresses(&load, "online kernels after recovery");
     assert!(n.device().snapshot().mps.enabled);
+}
+
+/// Waits until the online client (this process's [`Load`]) completes 20 more kernels.
+fn online_progresses(load: &Load, what: &str) {
+    let after = load.kernels.load(Ordering::Relaxed);
+    wait_until(what, || load.kernels.load(Ordering::Relaxed) >= after + 20);
+}
+
+/// A helper process holding `mib` MiB on MPS, registered in `ledger` as offline with them.
+fn offline_on_mps(n: &EmuHost, ledger: &node_ledger::Ledger, mib: u64) -> EmuChild {
+    let off = n.spawn_helper("gpu-mem", &mib.to_string());
+    let (dev, pid) = (n.device(), off.pid());
+    wait_until("offline client on MPS", || {
+        dev.snapshot()
+            .processes
+            .iter()
+            .any(|p| p.pid == pid && p.mps_client)
+    });
+    register(ledger, pid, mib << 20);
+    off
 }
 
 /// SIGKILLs the offline client (it dies holding its MPS context, hanging the server) and
@@ -161,10 +178,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
         r["outcome"].as_str().unwrap().contains("terminate_client"),
         "{v:#}"
     );
-    let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after the targeted recovery", || {
-        load.kernels.load(Ordering::Relaxed) >= after + 20
-    });
+    online_progresses(&load, "online kernels after the targeted recovery");
     assert_eq!(
         dev.snapshot().mps.generation,
         generation,
@@ -179,15 +193,8 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     // Second fault 5 s later: inside the full-reset window, still recovered.
     std::thread::sleep(Duration::from_secs(5));
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let mut off2 = n.spawn_helper("gpu-mem", "128");
+    let mut off2 = offline_on_mps(&n, &ledger, 128);
     let op2 = off2.pid();
-    wait_until("second offline client on MPS", || {
-        dev.snapshot()
-            .processes
-            .iter()
-            .any(|p| p.pid == op2 && p.mps_client)
-    });
-    register(&ledger, op2, 128 << 20);
     mstate(&n, "second offline client listed", |v| {
         v["clients"].as_u64() >= Some(2)
     });
@@ -199,10 +206,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     );
     assert_eq!(v["suppressed_recoveries"], 0, "{v:#}");
     assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "no reset");
-    let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after the second recovery", || {
-        load.kernels.load(Ordering::Relaxed) >= after + 20
-    });
+    online_progresses(&load, "online kernels after the second recovery");
     assert_eq!(dev.snapshot().mps.generation, generation);
     assert_eq!(load.failures.load(Ordering::Relaxed), 0);
     std::thread::sleep(Duration::from_secs(1));
@@ -237,15 +241,8 @@ fn two_offline_clients_killed_together_are_both_terminated() {
     let (load, mut off) = online_and_offline(&n);
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
     let dev = n.device();
-    let mut off2 = n.spawn_helper("gpu-mem", "64");
+    let mut off2 = offline_on_mps(&n, &ledger, 64);
     let op2 = off2.pid();
-    wait_until("second offline client on MPS", || {
-        dev.snapshot()
-            .processes
-            .iter()
-            .any(|p| p.pid == op2 && p.mps_client)
-    });
-    register(&ledger, op2, 64 << 20);
     let op = off.pid();
     let generation = dev.snapshot().mps.generation;
     // Dropped before `load`: on a failure, quit MPS so the hung online thread returns.
@@ -266,10 +263,7 @@ fn two_offline_clients_killed_together_are_both_terminated() {
         outcomes.contains(&op.to_string()) && outcomes.contains(&op2.to_string())
     });
     wait_until("MPS not hung", || !dev.snapshot().mps.poisoned);
-    let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after the recovery", || {
-        load.kernels.load(Ordering::Relaxed) >= after + 20
-    });
+    online_progresses(&load, "online kernels after the recovery");
     assert_eq!(dev.snapshot().mps.generation, generation, "MPS not reset: {v:#}");
     assert_eq!(load.failures.load(Ordering::Relaxed), 0, "online context kept");
 }
@@ -429,10 +423,7 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
             .unwrap()
             .contains("MPS reset")
     );
-    let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels after the reset", || {
-        load.kernels.load(Ordering::Relaxed) >= after + 20
-    });
+    online_progresses(&load, "online kernels after the reset");
     let again = mstate(&n, "one recovery per XID episode", |v| {
         let last = v["recoveries"]
             .as_array()
@@ -498,15 +489,8 @@ fn stress_sigkill_offline_online_time_to_progress() {
     let mut times = Vec::new();
     let mut resets = 0;
     for i in 0..rounds {
-        let mut off = n.spawn_helper("gpu-mem", "64");
+        let mut off = offline_on_mps(&n, &ledger, 64);
         let op = off.pid();
-        wait_until("offline client on MPS", || {
-            dev.snapshot()
-                .processes
-                .iter()
-                .any(|p| p.pid == op && p.mps_client)
-        });
-        register(&ledger, op, 64 << 20);
         let delay = Duration::from_micros(rand() % 40_000);
         std::thread::sleep(delay);
         let t0 = Instant::now();
@@ -594,8 +578,7 @@ fn sleep_as_nobody() -> std::process::Child {
 /// client of `client_uid` keeps its context. Without `client_uid`, it is left alone.
 #[test]
 fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set() {
-    if !is_root() {
-        eprintln!("skipped: needs root to run an offline process as uid 65534");
+    if lacks_root("run an offline process as uid 65534") {
         return;
     }
     let n = EmuHost::node();
@@ -626,18 +609,14 @@ fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set()
         assert!(Instant::now() < end, "not evicted");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let after = load.kernels.load(Ordering::Relaxed);
-    wait_until("online kernels", || {
-        load.kernels.load(Ordering::Relaxed) >= after + 20
-    });
+    online_progresses(&load, "online kernels");
     assert_eq!(load.failures.load(Ordering::Relaxed), 0);
     load.stop();
 }
 
 #[test]
 fn without_client_uid_another_users_process_is_left_alone() {
-    if !is_root() {
-        eprintln!("skipped: needs root to run an offline process as uid 65534");
+    if lacks_root("run an offline process as uid 65534") {
         return;
     }
     let n = EmuHost::node();

@@ -6,7 +6,7 @@
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use e2e::{field, is_root, EmuHost};
+use e2e::{field, lacks_root, EmuHost};
 
 const T: Duration = Duration::from_secs(60);
 const NOBODY: u32 = 65534;
@@ -39,8 +39,7 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn a_client_of_another_user_waits_until_the_servers_clients_are_done() {
-    if !is_root() {
-        eprintln!("skipped: needs root to run a client as uid {NOBODY}");
+    if lacks_root("run a client as uid 65534") {
         return;
     }
     let host = EmuHost::new();

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::{chmod, is_root, EmuChild, EmuHost};
+use e2e::{chmod, lacks_root, EmuChild, EmuHost};
 use node_ledger::ledger::group_id_for;
 use shim_support::*;
 
@@ -113,8 +113,7 @@ fn another_container() -> std::process::Child {
 
 #[test]
 fn a_dead_containers_quota_is_given_back_by_the_monitor_whatever_its_namespace() {
-    if !is_root() {
-        eprintln!("skipped: needs root for unshare and to run offline processes as uid {NOBODY}");
+    if lacks_root("unshare and run offline processes as uid 65534") {
         return;
     }
     let host = host_for_users();
@@ -185,8 +184,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 #[test]
 #[ignore = "stress tool: run by hand, prints its figures"]
 fn stress_reclaim_of_killed_containers() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if lacks_root("") {
         return;
     }
     let cycles: usize = e2e::env_or("RECLAIM_STRESS_CYCLES", 100);
@@ -250,8 +248,7 @@ fn stress_reclaim_of_killed_containers() {
 #[test]
 #[ignore = "stress tool: run by hand, prints its figures"]
 fn stress_eight_users_random_allocations_against_nvml() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if lacks_root("") {
         return;
     }
     let secs: u64 = e2e::env_or("QUOTA_STRESS_SECS", 30);
@@ -391,8 +388,7 @@ fn random_script(rnd: &mut impl FnMut(u64) -> u64, secs: u64, gate: bool) -> Vec
 #[test]
 #[ignore = "stress tool: run by hand, prints its figures"]
 fn stress_eight_users_with_sigkills_against_nvml() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if lacks_root("") {
         return;
     }
     let env = |k: &str, d: u64| {

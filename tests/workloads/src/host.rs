@@ -71,6 +71,20 @@ pub fn is_root() -> bool {
     unsafe { libc::getuid() == 0 }
 }
 
+/// True, after saying the test is skipped (and that it needs root `to`, when given), when this
+/// process is not root: `if lacks_root("run a client as uid 65534") { return; }`.
+pub fn lacks_root(to: &str) -> bool {
+    if is_root() {
+        return false;
+    }
+    if to.is_empty() {
+        eprintln!("skipped: needs root");
+    } else {
+        eprintln!("skipped: needs root to {to}");
+    }
+    true
+}
+
 /// Sets the mode bits of `p`, panicking with the path on failure.
 pub fn chmod(p: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
