@@ -32,19 +32,11 @@ fn host_for_users() -> EmuHost {
 /// A running sysmonitor on `host` sampling every 10 ms, and the ledger it created.
 fn start_monitor(host: &EmuHost) -> (EmuChild, node_ledger::Ledger) {
     host.require_nvml();
-    let cfg = host.root().join("sysmonitor.json");
-    std::fs::write(
-        &cfg,
+    let mon = host.start_monitor(
+        "sysmonitor.json",
         r#"{ "interval_ms": 10, "state_file_every_ms": 100, "host_memory": { "enabled": false }, "verify": { "enabled": false } }"#,
-    )
-    .unwrap();
-    let mon = host.spawn(
-        host.command("sysmonitor")
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .env("XSHARE_LEDGER_DIR", ledger_dir(host)),
     );
-    let path = node_ledger::config::ledger_path(&ledger_dir(host), 0);
+    let path = host.ledger_path();
     let end = Instant::now() + T;
     loop {
         if let Ok(l) = node_ledger::Ledger::open_existing(&path) {

@@ -25,6 +25,9 @@ struct Publisher {
 impl Publisher {
     fn start(host: &EmuHost, permille: u32) -> Self {
         let l = ledger(host);
+        // Published before returning: a client started next must see this budget, not the
+        // previous publisher's (still fresh) one.
+        l.publish_sm_budget(permille);
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let h = std::thread::spawn(move || {

@@ -301,7 +301,7 @@ impl Host {
     }
     /// GPU 0's ledger file.
     pub fn ledger_path(&self) -> PathBuf {
-        self.ledger_dir().join("gpu0").join("ledger")
+        node_ledger::config::ledger_path(self.ledger_dir(), 0)
     }
     /// The monitor's state file for GPU 0.
     pub fn monitor_state_file(&self) -> PathBuf {

@@ -18,9 +18,9 @@ pub fn shim() -> PathBuf {
     e2e::artifact("libxcuda.so")
 }
 
-/// The host's ledger directory.
+/// The host's ledger directory (the one its node daemons use, [`EmuHost::ledger_dir`]).
 pub fn ledger_dir(host: &EmuHost) -> PathBuf {
-    host.root().join("ledger")
+    host.ledger_dir().to_path_buf()
 }
 
 /// Opens (creating if needed) GPU 0's ledger of the host.
