@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 pub use emu_device;
 pub use workloads::host::{
-    artifact, chmod, helper_main, is_root, lacks_root, monitor_state, register, target_dir, wait_json, EmuChild,
-    Host, Load,
+    artifact, chmod, helper_main, is_root, lacks_root, monitor_state, register, target_dir,
+    wait_json, EmuChild, Host, Load,
 };
 
 /// The emulated host of the e2e tests: the same type as [`workloads::host::Host`].

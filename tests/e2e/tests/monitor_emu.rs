@@ -62,7 +62,8 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
     let mut online_bystander = n.spawn_sh("exec sleep 60");
 
     let load = Load::start(&n, 1.0, 5.0);
-    let sig = offline.wait_exit(T)
+    let sig = offline
+        .wait_exit(T)
         .expect("offline process was not evicted");
     assert_eq!(sig, Some(libc::SIGTERM), "evicted with SIGTERM");
     let v = n.wait_state(T, "eviction recorded", |v| v["evictions"]["overlimit"] == 1);
@@ -141,7 +142,8 @@ fn liar_is_evicted_honest_process_is_not() {
     }
     register(&ledger, lp, 0);
     register(&ledger, hp, 1024 << 20);
-    let sig = liar.wait_exit(T)
+    let sig = liar
+        .wait_exit(T)
         .expect("the under-reporting process was not evicted");
     assert_eq!(sig, Some(libc::SIGTERM));
     let v = n.wait_state(T, "under_report counted", |v| {
@@ -251,7 +253,8 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
         .len();
 
     let _restarted = n.start_monitor("mon.json", "");
-    let sig = victim.wait_exit(T)
+    let sig = victim
+        .wait_exit(T)
         .expect("victim never killed after the grace period");
     assert_eq!(sig, Some(libc::SIGKILL));
     assert_eq!(

@@ -131,11 +131,7 @@ fn a_running_monitor_reports_a_damaged_header_once_and_keeps_running() {
         n.wait_state(T, "more samples", |v| {
             v["samples"].as_u64().unwrap() > samples + 20
         });
-        assert!(
-            m.alive(),
-            "{what}: the monitor died: {}",
-            n.log("mon.json")
-        );
+        assert!(m.alive(), "{what}: the monitor died: {}", n.log("mon.json"));
         let log = n.log("mon.json");
         assert_eq!(error_lines(&log).len(), 1, "{what}: one error line: {log}");
         assert!(

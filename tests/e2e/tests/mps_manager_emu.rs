@@ -264,8 +264,16 @@ fn two_offline_clients_killed_together_are_both_terminated() {
     });
     wait_until("MPS not hung", || !dev.snapshot().mps.poisoned);
     online_progresses(&load, "online kernels after the recovery");
-    assert_eq!(dev.snapshot().mps.generation, generation, "MPS not reset: {v:#}");
-    assert_eq!(load.failures.load(Ordering::Relaxed), 0, "online context kept");
+    assert_eq!(
+        dev.snapshot().mps.generation,
+        generation,
+        "MPS not reset: {v:#}"
+    );
+    assert_eq!(
+        load.failures.load(Ordering::Relaxed),
+        0,
+        "online context kept"
+    );
 }
 
 #[test]
@@ -346,7 +354,10 @@ fn offline_sm_budget_follows_online_activity() {
         .iter()
         .find(|p| p.pid == op)
         .map_or(0, |p| p.active_thread_pct);
-    assert_eq!(pct, 100, "a client connecting while the budget is low keeps the whole GPU");
+    assert_eq!(
+        pct, 100,
+        "a client connecting while the budget is low keeps the whole GPU"
+    );
     load.stop();
     mstate(&n, "budget back up when online goes idle", |v| {
         v["offline_budget_pct"].as_f64().is_some_and(|b| b >= 80.0)
@@ -585,7 +596,10 @@ fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set()
     let cfg = n.path("mps.json");
     std::fs::write(
         &cfg,
-        manager_config().replace("\"evict_grace_ms\": 500,", "\"evict_grace_ms\": 500, \"client_uid\": 0,"),
+        manager_config().replace(
+            "\"evict_grace_ms\": 500,",
+            "\"evict_grace_ms\": 500, \"client_uid\": 0,",
+        ),
     )
     .unwrap();
     let (_manager, ledger, load) = manager_with_roots_online_client(&n);
@@ -624,7 +638,10 @@ fn without_client_uid_another_users_process_is_left_alone() {
     let mut nobody = sleep_as_nobody();
     register(&ledger, nobody.id(), 0);
     std::thread::sleep(Duration::from_secs(1));
-    assert!(nobody.try_wait().unwrap().is_none(), "not enforced without client_uid");
+    assert!(
+        nobody.try_wait().unwrap().is_none(),
+        "not enforced without client_uid"
+    );
     let _ = nobody.kill();
     let _ = nobody.wait();
     load.stop();

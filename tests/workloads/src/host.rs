@@ -177,7 +177,12 @@ impl Host {
         h
     }
 
-    fn layout(bin_dir: PathBuf, profile: &str, scratch: &Path, strict: bool) -> Result<Host, String> {
+    fn layout(
+        bin_dir: PathBuf,
+        profile: &str,
+        scratch: &Path,
+        strict: bool,
+    ) -> Result<Host, String> {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let root = scratch.join(format!(
             "emu-host-{}-{n}-{}",
@@ -193,7 +198,13 @@ impl Host {
             ledger_dir: root.join("run"),
             profile: profile.to_string(),
         };
-        for d in [&root, &emu.lib_dir, &emu.tools_dir, &emu.pipe_dir, &emu.log_dir] {
+        for d in [
+            &root,
+            &emu.lib_dir,
+            &emu.tools_dir,
+            &emu.pipe_dir,
+            &emu.log_dir,
+        ] {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
         let fakes = [
@@ -264,8 +275,7 @@ impl Host {
     }
     /// The emulated host's directory (panics on a real host).
     pub fn root(&self) -> &Path {
-        self.scratch()
-            .expect("a real host has no scratch dir")
+        self.scratch().expect("a real host has no scratch dir")
     }
     /// `root()/name`.
     pub fn path(&self, name: &str) -> PathBuf {
@@ -376,7 +386,8 @@ impl Host {
     /// ledger dir) and `RUST_LOG=info`.
     pub fn node_command(&self, program: &str) -> Command {
         let mut c = self.command(program);
-        c.env(ENV_LEDGER_DIR, self.ledger_dir()).env("RUST_LOG", "info");
+        c.env(ENV_LEDGER_DIR, self.ledger_dir())
+            .env("RUST_LOG", "info");
         c
     }
 
@@ -394,11 +405,7 @@ impl Host {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("spawn nvidia-cuda-mps-control: {e}"));
-        let _ = ch
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes());
+        let _ = ch.stdin.take().expect("stdin").write_all(stdin.as_bytes());
         let out = ch.wait_with_output().expect("wait nvidia-cuda-mps-control");
         assert!(out.status.success(), "nvidia-cuda-mps-control {arg:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -490,8 +497,7 @@ impl Host {
         artifact(program);
         let cfg = self.path(name);
         if !cfg.exists() {
-            std::fs::write(&cfg, config)
-                .unwrap_or_else(|e| panic!("write {}: {e}", cfg.display()));
+            std::fs::write(&cfg, config).unwrap_or_else(|e| panic!("write {}: {e}", cfg.display()));
         }
         let mut c = self.node_command(program);
         c.args(["run", "--config"]).arg(&cfg);
@@ -527,8 +533,9 @@ impl Host {
         what: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        wait_json(&self.monitor_state_file(), limit, pred)
-            .unwrap_or_else(|last| panic!("timed out waiting for {what}; last state file: {last:#}"))
+        wait_json(&self.monitor_state_file(), limit, pred).unwrap_or_else(|last| {
+            panic!("timed out waiting for {what}; last state file: {last:#}")
+        })
     }
 
     /// Polls the MPS manager's state file until `pred` holds; panics after `limit` with the
