@@ -116,6 +116,27 @@ fn online_progresses(load: &Load, what: &str) {
     wait_until(what, || load.kernels.load(Ordering::Relaxed) >= after + 20);
 }
 
+/// After `what`: the online client completes kernels again, MPS was not reset (same
+/// `generation`) and the online client never lost its context.
+fn online_kept_its_context(
+    load: &Load,
+    dev: &e2e::emu_device::Device,
+    generation: u64,
+    what: &str,
+) {
+    online_progresses(load, &format!("online kernels after {what}"));
+    assert_eq!(
+        dev.snapshot().mps.generation,
+        generation,
+        "MPS was not reset by {what}"
+    );
+    assert_eq!(
+        load.failures.load(Ordering::Relaxed),
+        0,
+        "the online client's context was never lost ({what})"
+    );
+}
+
 /// A helper process holding `mib` MiB on MPS, registered in `ledger` as offline with them.
 fn offline_on_mps(n: &EmuHost, ledger: &node_ledger::Ledger, mib: u64) -> EmuChild {
     let off = n.spawn_helper("gpu-mem", &mib.to_string());
@@ -178,17 +199,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
         r["outcome"].as_str().unwrap().contains("terminate_client"),
         "{v:#}"
     );
-    online_progresses(&load, "online kernels after the targeted recovery");
-    assert_eq!(
-        dev.snapshot().mps.generation,
-        generation,
-        "MPS was not reset"
-    );
-    assert_eq!(
-        load.failures.load(Ordering::Relaxed),
-        0,
-        "the online client's context was never lost"
-    );
+    online_kept_its_context(&load, &dev, generation, "the targeted recovery");
 
     // Second fault 5 s later: inside the full-reset window, still recovered.
     std::thread::sleep(Duration::from_secs(5));
@@ -206,9 +217,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     );
     assert_eq!(v["suppressed_recoveries"], 0, "{v:#}");
     assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "no reset");
-    online_progresses(&load, "online kernels after the second recovery");
-    assert_eq!(dev.snapshot().mps.generation, generation);
-    assert_eq!(load.failures.load(Ordering::Relaxed), 0);
+    online_kept_its_context(&load, &dev, generation, "the second recovery");
     std::thread::sleep(Duration::from_secs(1));
     let log = n.log("mps.json");
     let errors = log.lines().filter(|l| l.contains("ERROR")).count();
@@ -263,17 +272,7 @@ fn two_offline_clients_killed_together_are_both_terminated() {
         outcomes.contains(&op.to_string()) && outcomes.contains(&op2.to_string())
     });
     wait_until("MPS not hung", || !dev.snapshot().mps.poisoned);
-    online_progresses(&load, "online kernels after the recovery");
-    assert_eq!(
-        dev.snapshot().mps.generation,
-        generation,
-        "MPS not reset: {v:#}"
-    );
-    assert_eq!(
-        load.failures.load(Ordering::Relaxed),
-        0,
-        "online context kept"
-    );
+    online_kept_its_context(&load, &dev, generation, &format!("the recovery {v:#}"));
 }
 
 #[test]
