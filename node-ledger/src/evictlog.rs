@@ -887,7 +887,7 @@ mod tests {
             let mut next_pid = 1u32;
             let mut cursor: Option<Pos> = None;
             let mut got = Vec::new();
-            let mut read = |cursor: &mut Option<Pos>, budget: u64, take: usize, got: &mut Vec<u32>| {
+            let read = |cursor: &mut Option<Pos>, budget: u64, take: usize, got: &mut Vec<u32>| {
                 let b = read_from(d.path(), 1, *cursor, budget).unwrap();
                 let n = take.min(b.entries.len());
                 got.extend(b.entries[..n].iter().map(|e| e.record.as_ref().unwrap().pid));
