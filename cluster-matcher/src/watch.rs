@@ -517,6 +517,13 @@ impl ClusterSnapshot {
             let Some(role) = contract::role(m.labels.as_ref()) else {
                 continue;
             };
+            // A Terminating offline pod (evicted or deleted, `deletionTimestamp` set) is
+            // leaving: not a live placement to keep or replan. Its Job's replacement pod is
+            // the job now (the Job controller makes it while this one terminates).
+            if role == Role::Offline && m.deletion_timestamp.is_some() {
+                skipped.push(format!("pod {ns}/{pod_name}: terminating"));
+                continue;
+            }
             let ann = m.annotations.as_ref();
             let get = |k: &str| ann.and_then(|a| a.get(k)).map(String::as_str);
             let mut skip = |why: String| skipped.push(format!("pod {ns}/{pod_name}: {why}"));

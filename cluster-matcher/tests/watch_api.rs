@@ -419,6 +419,58 @@ fn the_planner_places_offline_work_only_beside_fresh_healthy_heartbeats() {
     assert_eq!(plan.unplaced.len(), 2);
 }
 
+/// An evicted Job pod stays listed while it terminates (deletionTimestamp set, still bound to
+/// its GPU), beside the Job's replacement: the job is planned once, from the replacement, as
+/// not placed (the Terminating pod is no live placement to keep), and lands on a Healthy GPU.
+#[test]
+fn a_terminating_offline_pod_is_not_a_placement_and_its_replacement_is_planned() {
+    let now = now_ms();
+    let nodes = vec![node("gpu-n", "1", Some(heartbeat_json("gpu-n", now, &["Overlimit", "Healthy"])))];
+    let mut old = job_pod("ml", "train", "old", "1", 1000);
+    old["spec"]["nodeName"] = "gpu-n".into();
+    old["metadata"]["annotations"]["xshare.io/gpu"] = "0".into();
+    old["status"]["phase"] = "Running".into();
+    old["metadata"]["deletionTimestamp"] = "2026-11-23T06:20:30Z".into();
+    old["metadata"]["deletionGracePeriodSeconds"] = 30.into();
+    let fresh = job_pod("ml", "train", "new", "2", 1000);
+    let pods = vec![
+        online_pod("prod", "svc-0", "1", "gpu-n", 0),
+        online_pod("prod", "svc-1", "1", "gpu-n", 1),
+        old,
+        fresh.clone(),
+    ];
+    let typed: Vec<Pod> = pods.iter().map(|p| serde_json::from_value(p.clone()).unwrap()).collect();
+    let nodes_t: Vec<Node> = nodes.iter().map(|n| serde_json::from_value(n.clone()).unwrap()).collect();
+    let snap = ClusterSnapshot::new(typed, nodes_t, now, WatchSettings::default());
+    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 1.0, "nodes": []}))
+    .unwrap();
+    let spec = snap.cluster_spec(&cluster);
+    let (workloads, skipped) = snap.workloads(&spec);
+    assert_eq!(workloads.offline.len(), 1, "{workloads:?}");
+    assert_eq!(workloads.offline[0].name, "ml/train");
+    assert_eq!(workloads.offline[0].current, None, "the terminating pod is no placement");
+    assert!(skipped.iter().any(|s| s.contains("train-old") && s.contains("terminating")), "{skipped:?}");
+
+    let api = fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => Answer::Json(200, list("PodList", "10", pods.clone()), vec![]),
+        (NODES, false) => Answer::Json(200, list("NodeList", "10", nodes.clone()), vec![]),
+        (_, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = start(&api);
+    eventually("both watches listed", || w.view().snapshot().pods.len() == 4);
+    let ext = Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view());
+    let plan = ext.plan();
+    let placed: Vec<(&str, u32)> = plan.assignments.iter().map(|a| (a.offline.as_str(), a.at.gpu)).collect();
+    assert_eq!(placed, [("ml/train", 1)], "{plan:?}");
+    let fresh_pod: Pod = serde_json::from_value(fresh).unwrap();
+    assert_eq!(
+        ext.decide(&fresh_pod),
+        PodDecision::Placed(GpuRef { node: "gpu-n".into(), gpu: 1 })
+    );
+}
+
 // ---------------------------------------------------------------- metrics and dashboard
 
 fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {

@@ -30,42 +30,70 @@ pub fn group_name(pod_uid: &str) -> String {
 /// The plan's decision for one pod, read from its annotations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodPlan {
+    /// The pod's namespace.
     pub namespace: String,
+    /// The pod's name.
     pub name: String,
+    /// The pod's UID (its quota group is `k8s-pod-<uid>`).
     pub uid: String,
+    /// Host GPU index the plan chose (`xshare.io/gpu`).
     pub gpu: u32,
     /// MPS active-thread percentage (1..=100, rounded up from the plan's SM %).
     pub mps_percent: u32,
+    /// The shim's GPU memory limit (`xshare.io/memory-quota-bytes`).
     pub memory_quota_bytes: u64,
 }
 
 /// Why no pod could be matched or its plan read; the kubelet fails the pod's admission with it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AllocError {
+    /// No Pending pod bound here, with the plan's decision, has a container left to allocate.
     #[error("no Pending pod on node {node} with the `{ANN_GPU}` decision has an unallocated container asking for {count} {resource}")]
     NoPod {
+        /// This node.
         node: String,
+        /// Devices the kubelet asked for in the container request.
         count: i64,
+        /// The extended resource.
         resource: String,
     },
+    /// A placement annotation is missing or malformed.
     #[error("pod {ns}/{name}: annotation `{key}` {why}")]
     BadAnnotation {
+        /// The pod's namespace.
         ns: String,
+        /// The pod's name.
         name: String,
+        /// The annotation.
         key: &'static str,
+        /// What is wrong with it.
         why: String,
     },
+    /// The plan's GPU is not one this agent serves.
     #[error("pod {ns}/{name}: planned GPU {gpu} is not served by this agent")]
-    UnknownGpu { ns: String, name: String, gpu: u32 },
+    UnknownGpu {
+        /// The pod's namespace.
+        ns: String,
+        /// The pod's name.
+        name: String,
+        /// The planned GPU index.
+        gpu: u32,
+    },
     #[error(
         "pod {ns}/{name}: planned GPU {gpu} is not Healthy ({why}); offline work is not admitted"
     )]
+    /// The plan's GPU is not Healthy now: offline work is refused admission.
     Unhealthy {
+        /// The pod's namespace.
         ns: String,
+        /// The pod's name.
         name: String,
+        /// The planned GPU index.
         gpu: u32,
+        /// Its health verdict.
         why: String,
     },
+    /// Listing the node's pods failed.
     #[error("{0}")]
     Api(String),
 }

@@ -10,6 +10,7 @@ use serde::Deserialize;
 /// Env var the DaemonSet sets from the downward API (`spec.nodeName`).
 pub const ENV_NODE_NAME: &str = "NODE_NAME";
 
+/// Everything `node-agent run` reads from its JSON config file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
@@ -19,12 +20,19 @@ pub struct AgentConfig {
     pub ledger_dir: PathBuf,
     /// The GPUs this agent serves. Each must have a monitor (its ledger) to be Healthy.
     pub gpus: Vec<GpuConfig>,
+    /// The kubelet device plugin (sockets, resource name, slots per GPU).
     pub device_plugin: DevicePluginConfig,
+    /// What Allocate injects into an offline container.
     pub inject: InjectConfig,
+    /// CDI mode (off by default).
     pub cdi: CdiConfig,
+    /// How GPU health is read from the ledgers.
     pub health: HealthConfig,
+    /// The API server connection.
     pub kube: KubeConfig,
+    /// The Eviction API worker.
     pub eviction: EvictionConfig,
+    /// The Node heartbeat annotation.
     pub heartbeat: HeartbeatConfig,
     /// `host:port` serving Prometheus text on `/metrics`; empty: off.
     pub metrics_listen: String,
@@ -46,6 +54,7 @@ pub struct GpuConfig {
     pub model: String,
 }
 
+/// The kubelet device plugin: where it listens and what it advertises.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DevicePluginConfig {
@@ -83,6 +92,7 @@ pub struct InjectConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CdiConfig {
+    /// Whether Allocate answers with CDI device names (and writes the spec file).
     pub enabled: bool,
     /// Where the runtime reads CDI specs.
     pub spec_dir: PathBuf,
@@ -91,6 +101,7 @@ pub struct CdiConfig {
     pub gpu_device_kind: Option<String>,
 }
 
+/// How the GPUs' health is read from their ledgers' monitor blocks.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
@@ -100,6 +111,7 @@ pub struct HealthConfig {
     pub stale_after_ms: u64,
 }
 
+/// The Kubernetes API server connection.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubeConfig {
@@ -110,9 +122,11 @@ pub struct KubeConfig {
     pub timeout_ms: u64,
 }
 
+/// The Eviction API worker (reports sysmonitor's evictions to the cluster).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvictionConfig {
+    /// Whether evictions are posted through the API (the monitor's local signal acts anyway).
     pub enabled: bool,
     /// How often the ledgers' slots and sysmonitor's eviction logs are scanned for eviction
     /// requests, ms (a request whose process already exited is still in the log).
@@ -121,9 +135,11 @@ pub struct EvictionConfig {
     pub retry_ms: u64,
 }
 
+/// The GPU heartbeat published on this node's Node object.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HeartbeatConfig {
+    /// Whether the heartbeat annotation is published.
     pub enabled: bool,
     /// Publication period without a state change, ms (at least kube-contract's
     /// `MIN_PUBLISH_INTERVAL_MS`: every write reaches every Node watcher); a GPU state change

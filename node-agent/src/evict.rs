@@ -10,10 +10,17 @@
 //! Two sources of requests: the live slots (at once, while the process is registered) and the
 //! monitor's durable per-GPU eviction log (`node_ledger::evictlog`), which outlives a process
 //! that exits on SIGTERM before our next scan. The log is read from a cursor this agent keeps
-//! in `<ledger_dir>/evict-log/gpu<N>.cursor` (its only writer): the offset of the first record
-//! not yet settled, and the pods already finished with past it, so a restarted agent posts
-//! nothing twice. A record is settled once its pod has a final outcome, or the pod list (read
-//! successfully) has no pod for it.
+//! in `<ledger_dir>/evict-log/gpu<N>.cursor` (its only writer): the place (log generation and
+//! byte offset, so it survives the monitor's size rotation) of the first record not yet
+//! settled, and the pods already finished with past it, so a restarted agent posts nothing
+//! twice. A record is settled once its pod has a final outcome, or the pod list (read
+//! successfully) has no pod for it. A missing cursor reads the log from its oldest kept
+//! generation (first start). A damaged cursor, or a log that no longer matches it (truncated,
+//! a generation rotated away unread), stops that GPU's log reading loudly (an error, the
+//! `xshare_node_agent_eviction_log_stalled` gauge) instead of re-reporting everything or
+//! skipping; the live slots are still served, and the operator moves the cursor aside to go
+//! on. A damaged line is reported (error, `xshare_node_agent_eviction_log_damaged_total`) and
+//! passed.
 //!
 //! Process -> pod: the ledger group (`XCUDA_GROUP = k8s-pod-<uid>`, set at Allocate) gives the
 //! pod UID from any pid namespace; a process outside such a group but in our pid namespace
@@ -37,6 +44,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use kube::api::PostParams;
 use kube::{Api, Client};
 use node_ledger::config::ledger_path;
+use node_ledger::evictlog::Pos;
 use node_ledger::ledger::group_id_for;
 use node_ledger::Ledger;
 
@@ -58,16 +66,17 @@ pub struct Requested {
     /// Signal the monitor asked for.
     pub signal: u32,
     /// For a record of the eviction log: where its line ends (the cursor past it).
-    pub log_end: Option<u64>,
+    pub log_end: Option<Pos>,
 }
 
 /// How far this agent has reported GPU `gpu`'s eviction log (persisted as JSON).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LogCursor {
-    /// Offset of the first record not settled yet.
-    pub offset: u64,
-    /// Pods (UIDs) finished with whose records lie past `offset`.
-    #[serde(default)]
+    /// Where the first record not settled yet is (`None`: nothing read yet, start at the
+    /// oldest kept generation).
+    pub at: Option<Pos>,
+    /// Pods (UIDs) finished with whose records lie past `at`.
     pub done: Vec<String>,
 }
 
@@ -78,13 +87,21 @@ pub fn cursor_path(ledger_dir: &Path, gpu: u32) -> std::path::PathBuf {
         .join(format!("gpu{gpu}.cursor"))
 }
 
-/// The saved cursor (a missing or unreadable one starts from the log's beginning: the UID
-/// preconditions and 404s make a repeat harmless, a skipped eviction would not be).
-pub fn load_cursor(ledger_dir: &Path, gpu: u32) -> LogCursor {
-    std::fs::read(cursor_path(ledger_dir, gpu))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// The saved cursor; a missing one is the start (nothing read yet). An unreadable or damaged
+/// one is an error naming the file: guessing would re-report every kept record or skip some.
+pub fn load_cursor(ledger_dir: &Path, gpu: u32) -> Result<LogCursor, String> {
+    let path = cursor_path(ledger_dir, gpu);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LogCursor::default()),
+        Err(e) => return Err(format!("eviction log cursor {}: {e}", path.display())),
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        format!(
+            "eviction log cursor {} is damaged ({e}); move it aside to re-read GPU {gpu}'s log from its oldest kept generation",
+            path.display()
+        )
+    })
 }
 
 fn save_cursor(ledger_dir: &Path, gpu: u32, c: &LogCursor) -> std::io::Result<()> {
@@ -97,16 +114,16 @@ fn save_cursor(ledger_dir: &Path, gpu: u32, c: &LogCursor) -> std::io::Result<()
     std::fs::rename(&tmp, &path)
 }
 
-/// The records of GPU `gpu`'s eviction log past `from`.
-pub fn scan_log(ledger_dir: &Path, gpu: u32, from: u64) -> Vec<Requested> {
-    let entries = match node_ledger::evictlog::read_from(ledger_dir, gpu, from, 1 << 20) {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::warn!(gpu, error = %e, "cannot read the eviction log");
-            return Vec::new();
-        }
-    };
-    entries
+/// The records of GPU `gpu`'s eviction log past `from` (damaged lines as requests of group 0),
+/// and where reading stopped.
+pub fn scan_log(
+    ledger_dir: &Path,
+    gpu: u32,
+    from: Option<Pos>,
+) -> Result<(Vec<Requested>, Pos), node_ledger::evictlog::LogError> {
+    let batch = node_ledger::evictlog::read_from(ledger_dir, gpu, from, 1 << 20)?;
+    let reqs = batch
+        .entries
         .into_iter()
         .map(|e| match e.record {
             Some(r) => Requested {
@@ -119,17 +136,27 @@ pub fn scan_log(ledger_dir: &Path, gpu: u32, from: u64) -> Vec<Requested> {
                 log_end: Some(e.end),
             },
             // A damaged line: nothing to evict, the cursor moves past it.
-            None => Requested {
-                gpu,
-                pid: 0,
-                start_time: 0,
-                pid_ns: 0,
-                group_id: 0,
-                signal: 0,
-                log_end: Some(e.end),
-            },
+            None => {
+                tracing::error!(
+                    gpu,
+                    generation = e.start.generation,
+                    offset = e.start.offset,
+                    log = %node_ledger::evictlog::log_path(ledger_dir, gpu).display(),
+                    "damaged line in the eviction log: skipped"
+                );
+                Requested {
+                    gpu,
+                    pid: 0,
+                    start_time: 0,
+                    pid_ns: 0,
+                    group_id: 0,
+                    signal: 0,
+                    log_end: Some(e.end),
+                }
+            }
         })
-        .collect()
+        .collect();
+    Ok((reqs, batch.end))
 }
 
 /// The eviction requests in the ledgers of `gpus` (missing or damaged ledgers are skipped:
@@ -266,8 +293,14 @@ pub struct Evictor {
     /// Requests whose pod could not be found (not a Kubernetes pod, or not ours).
     pub unmapped: u64,
     own_pid_ns: u64,
-    /// Per GPU, how far its eviction log is reported.
-    cursors: BTreeMap<u32, LogCursor>,
+    /// Per GPU, how far its eviction log is reported, or why it cannot be read (stalled).
+    cursors: BTreeMap<u32, Result<LogCursor, String>>,
+    /// Per GPU, where this tick's read of the log stopped.
+    log_ends: BTreeMap<u32, Pos>,
+    /// Damaged log lines passed (`xshare_node_agent_eviction_log_damaged_total`).
+    pub log_damaged: u64,
+    /// Damaged lines already counted (a blocked cursor reads them again).
+    damaged_seen: std::collections::BTreeSet<(u32, Pos)>,
 }
 
 impl Evictor {
@@ -296,9 +329,23 @@ impl Evictor {
             own_pid_ns: node_ledger::procinfo::own_pid_ns(),
             cursors: gpus_c
                 .iter()
-                .map(|&g| (g, load_cursor(ledger_dir, g)))
+                .map(|&g| {
+                    let c = load_cursor(ledger_dir, g);
+                    if let Err(e) = &c {
+                        tracing::error!(gpu = g, error = %e, "eviction log reading stopped for this GPU");
+                    }
+                    (g, c)
+                })
                 .collect(),
+            log_ends: BTreeMap::new(),
+            log_damaged: 0,
+            damaged_seen: Default::default(),
         }
+    }
+
+    /// Why GPU `gpu`'s eviction log is not being read, if it is not.
+    pub fn log_stalled(&self, gpu: u32) -> Option<&str> {
+        self.cursors.get(&gpu)?.as_ref().err().map(String::as_str)
     }
 
     /// Final outcome for pod `uid`, if it has one.
@@ -333,12 +380,34 @@ impl Evictor {
     /// One pass: read the ledgers' requests, evict their pods. Returns the outcomes of this pass.
     pub async fn tick(&mut self) -> Vec<(PodRef, Outcome)> {
         let mut reqs = scan(&self.ledger_dir, &self.gpus);
-        for (&gpu, c) in &self.cursors {
-            let mut from_log = scan_log(&self.ledger_dir, gpu, c.offset);
+        self.log_ends.clear();
+        for (&gpu, c) in self.cursors.iter_mut() {
+            let Ok(cur) = c else { continue };
+            let (mut from_log, end) = match scan_log(&self.ledger_dir, gpu, cur.at) {
+                Ok(x) => x,
+                Err(e) => {
+                    let e = e.to_string();
+                    tracing::error!(gpu, error = %e, "eviction log reading stopped for this GPU (the live slots are still served)");
+                    *c = Err(e);
+                    continue;
+                }
+            };
+            self.log_ends.insert(gpu, end);
+            for r in from_log.iter().filter(|r| r.group_id == 0) {
+                if let Some(end) = r.log_end {
+                    if self.damaged_seen.insert((gpu, end)) {
+                        self.log_damaged += 1;
+                    }
+                }
+            }
+            let c = &*cur;
             // Pods already finished with (before a restart too): their records are settled.
             from_log.retain(|r| {
                 r.group_id == 0
-                    || !c.done.iter().any(|u| group_id_for(&group_name(u)) == r.group_id)
+                    || !c
+                        .done
+                        .iter()
+                        .any(|u| group_id_for(&group_name(u)) == r.group_id)
             });
             reqs.extend(from_log);
         }
@@ -398,21 +467,25 @@ impl Evictor {
     /// Moves each GPU's log cursor past its settled records (and saves it when it moved).
     /// `listed`: the pod list was read this tick, so a record with no pod has none.
     fn settle_logs(&mut self, reqs: &[Requested], listed: bool) {
-        let gpus: Vec<u32> = self.cursors.keys().copied().collect();
+        let gpus: Vec<u32> = self.log_ends.keys().copied().collect();
         for gpu in gpus {
-            let before = self.cursors[&gpu].clone();
+            let Some(Ok(before)) = self.cursors.get(&gpu).cloned() else {
+                continue;
+            };
             let mut c = before.clone();
             let mut blocked = false;
             for r in reqs.iter().filter(|r| r.gpu == gpu && r.log_end.is_some()) {
-                let pod = (r.group_id != 0).then(|| self.groups.get(&r.group_id)).flatten();
+                let pod = (r.group_id != 0)
+                    .then(|| self.groups.get(&r.group_id))
+                    .flatten();
                 let settled = match pod {
                     _ if r.group_id == 0 => true,
                     Some(p) => self.done.contains_key(&p.uid),
                     None => listed,
                 };
-                let end = r.log_end.unwrap_or(0);
+                let end = r.log_end.unwrap_or_default();
                 if !blocked && settled {
-                    c.offset = c.offset.max(end);
+                    c.at = c.at.max(Some(end));
                 } else {
                     blocked = true;
                     if let Some(p) = pod.filter(|p| self.done.contains_key(&p.uid)) {
@@ -423,13 +496,16 @@ impl Evictor {
                 }
             }
             if !blocked {
+                // Everything read is settled: on to where reading stopped (maybe a newer
+                // generation, so a fully read one may be rotated away).
+                c.at = c.at.max(self.log_ends.get(&gpu).copied());
                 c.done.clear();
             }
             if c != before {
                 if let Err(e) = save_cursor(&self.ledger_dir, gpu, &c) {
                     tracing::warn!(gpu, error = %e, "cannot save the eviction log cursor");
                 }
-                self.cursors.insert(gpu, c);
+                self.cursors.insert(gpu, Ok(c));
             }
         }
     }
@@ -528,6 +604,15 @@ impl Evictor {
                 self.counts.get(&r).unwrap_or(&0)
             ));
         }
+        o.push_str("# HELP xshare_node_agent_eviction_log_stalled Whether a GPU's eviction log can no longer be read from the saved cursor (damaged cursor, truncated log, generation lost)\n# TYPE xshare_node_agent_eviction_log_stalled gauge\n");
+        for (gpu, c) in &self.cursors {
+            o.push_str(&format!(
+                "xshare_node_agent_eviction_log_stalled{{node=\"{}\",gpu=\"{gpu}\"}} {}\n",
+                self.node,
+                u8::from(c.is_err())
+            ));
+        }
+        o.push_str(&format!("# HELP xshare_node_agent_eviction_log_damaged_total Damaged eviction log lines skipped\n# TYPE xshare_node_agent_eviction_log_damaged_total counter\nxshare_node_agent_eviction_log_damaged_total{{node=\"{}\"}} {}\n", self.node, self.log_damaged));
         o.push_str(&format!("# HELP xshare_node_agent_eviction_unmapped_total Eviction requests with no pod found\n# TYPE xshare_node_agent_eviction_unmapped_total counter\nxshare_node_agent_eviction_unmapped_total{{node=\"{}\"}} {}\n", self.node, self.unmapped));
         o
     }
@@ -679,10 +764,14 @@ mod tests {
 
     #[test]
     fn retry_after_header_wins_over_the_body() {
-        let body = serde_json::json!({"kind": "Status", "code": 429, "details": {"retryAfterSeconds": 7}});
+        let body =
+            serde_json::json!({"kind": "Status", "code": 429, "details": {"retryAfterSeconds": 7}});
         assert_eq!(retry_after(Some("3"), &body), Some(Duration::from_secs(3)));
         assert_eq!(retry_after(None, &body), Some(Duration::from_secs(7)));
-        assert_eq!(retry_after(Some("soon"), &body), Some(Duration::from_secs(7)));
+        assert_eq!(
+            retry_after(Some("soon"), &body),
+            Some(Duration::from_secs(7))
+        );
         assert_eq!(retry_after(None, &serde_json::json!({})), None);
         assert_eq!(retry_after(Some("0"), &serde_json::json!({})), None);
     }

@@ -11,6 +11,7 @@ use node_ledger::{HealthState, Ledger, MonitorSnapshot};
 /// One GPU's reading.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuHealth {
+    /// Host GPU index.
     pub index: u32,
     /// The published state, when the block is readable, published and fresh.
     pub state: Option<HealthState>,
@@ -23,6 +24,7 @@ pub struct GpuHealth {
 }
 
 impl GpuHealth {
+    /// Whether the GPU may take offline work now (a fresh, published Healthy verdict).
     pub fn healthy(&self) -> bool {
         self.state == Some(HealthState::Healthy)
     }

@@ -80,6 +80,7 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// Whether to publish now: never published, a GPU's state changed, or `interval_ms` passed.
     pub fn due(&self, now_ms: u64, interval_ms: u64, states: &[(u32, GpuState)]) -> bool {
         match self.last_ms {
             None => true,

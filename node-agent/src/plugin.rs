@@ -29,7 +29,9 @@ use crate::pb::registration_client::RegistrationClient;
 
 /// API version string the kubelet expects in `RegisterRequest.version`.
 pub const API_VERSION: &str = "v1beta1";
+/// `Device.health` of a slot whose GPU takes offline work.
 pub const HEALTHY: &str = "Healthy";
+/// `Device.health` of a slot whose GPU is not Healthy (the kubelet admits nothing to it).
 pub const UNHEALTHY: &str = "Unhealthy";
 
 /// Device ID of slot `slot` of GPU `gpu`.
@@ -61,7 +63,9 @@ pub fn devices(cfg: &AgentConfig, health: &BTreeMap<u32, GpuHealth>) -> Vec<pb::
 /// Where Allocate finds pending pods: the API server, or (tests of the gRPC side alone) a list.
 #[derive(Clone)]
 pub enum PodSource {
+    /// The node's Pending pods, listed from the API server.
     Api(kube::Client),
+    /// A fixed list (tests of the gRPC side alone).
     Fixed(Arc<std::sync::Mutex<Vec<k8s_openapi::api::core::v1::Pod>>>),
 }
 
@@ -89,6 +93,7 @@ pub struct Plugin {
 }
 
 impl Plugin {
+    /// The plugin over the agent's config, the health and device-list channels, and `pods`.
     pub fn new(
         cfg: Arc<AgentConfig>,
         health: watch::Receiver<BTreeMap<u32, GpuHealth>>,

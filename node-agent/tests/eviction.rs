@@ -207,7 +207,10 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
 
     // Past our own backoff (200 ms) but before the server's Retry-After (1 s): not retried.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(ev.tick().await.is_empty(), "retried before the server's Retry-After");
+    assert!(
+        ev.tick().await.is_empty(),
+        "retried before the server's Retry-After"
+    );
     assert!(api.take().iter().all(|r| r.method != "POST"));
 
     // After the Retry-After the PDB allows it: evicted, one more Event, no second "blocked" Event.
@@ -335,31 +338,42 @@ async fn logged_evictions_of_gone_processes_are_posted_once_across_restarts() {
     };
     append(tmp.path(), &rec(UIDS[0].1, 100)).unwrap();
     // A process of no pod on this node (not a Kubernetes pod): settled, nothing posted.
-    append(tmp.path(), &rec("99999999-0000-4000-8000-000000000000", 101)).unwrap();
+    append(
+        tmp.path(),
+        &rec("99999999-0000-4000-8000-000000000000", 101),
+    )
+    .unwrap();
     // The monitor's SIGKILL after the grace period logs the same process again.
     append(tmp.path(), &rec(UIDS[0].1, 100)).unwrap();
     // Once evicted, the API server lists the pod as terminating (deletionTimestamp set).
     let evicted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let e2 = evicted.clone();
-    let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
-        ("GET", "/api/v1/pods") => {
-            let mut p = running_pod("ok", UIDS[0].1);
-            if e2.load(Ordering::SeqCst) {
-                p["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:00Z".into();
-                p["metadata"]["deletionGracePeriodSeconds"] = 30.into();
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| {
+        match (r.method.as_str(), r.path.as_str()) {
+            ("GET", "/api/v1/pods") => {
+                let mut p = running_pod("ok", UIDS[0].1);
+                if e2.load(Ordering::SeqCst) {
+                    p["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:00Z".into();
+                    p["metadata"]["deletionGracePeriodSeconds"] = 30.into();
+                }
+                (200, pod_list(vec![p]))
             }
-            (200, pod_list(vec![p]))
+            ("POST", "/api/v1/namespaces/batch/pods/ok/eviction") => {
+                e2.store(true, Ordering::SeqCst);
+                (201, success())
+            }
+            ("POST", "/api/v1/namespaces/batch/events") => (201, r.json()),
+            _ => (404, status(404, "NotFound", "no such path")),
         }
-        ("POST", "/api/v1/namespaces/batch/pods/ok/eviction") => {
-            e2.store(true, Ordering::SeqCst);
-            (201, success())
-        }
-        ("POST", "/api/v1/namespaces/batch/events") => (201, r.json()),
-        _ => (404, status(404, "NotFound", "no such path")),
     }))
     .await;
     let mut ev = evictor(api.url(), tmp.path()).await;
-    let got: Vec<_> = ev.tick().await.into_iter().map(|(p, o)| (p.name, o)).collect();
+    let got: Vec<_> = ev
+        .tick()
+        .await
+        .into_iter()
+        .map(|(p, o)| (p.name, o))
+        .collect();
     assert_eq!(got, [("ok".to_string(), Outcome::Evicted)]);
     let posted = |api: &FakeApi| {
         api.take()
@@ -368,9 +382,15 @@ async fn logged_evictions_of_gone_processes_are_posted_once_across_restarts() {
             .count()
     };
     assert_eq!(posted(&api), 1);
-    let cursor = node_agent::evict::load_cursor(tmp.path(), 0);
-    let len = std::fs::metadata(node_ledger::evictlog::log_path(tmp.path(), 0)).unwrap().len();
-    assert_eq!(cursor.offset, len, "every record settled: {cursor:?}");
+    let cursor = node_agent::evict::load_cursor(tmp.path(), 0).unwrap();
+    let len = std::fs::metadata(node_ledger::evictlog::log_path(tmp.path(), 0))
+        .unwrap()
+        .len();
+    assert_eq!(
+        cursor.at.unwrap().offset,
+        len,
+        "every record settled: {cursor:?}"
+    );
     assert!(ev.tick().await.is_empty());
 
     // A restarted agent (new Evictor, same directory): nothing posted again.
@@ -380,8 +400,162 @@ async fn logged_evictions_of_gone_processes_are_posted_once_across_restarts() {
     assert_eq!(posted(&api), 0);
     // A late record of the same pod after the restart: the pod is terminating, not posted.
     append(tmp.path(), &rec(UIDS[0].1, 102)).unwrap();
-    let got: Vec<_> = ev.tick().await.into_iter().map(|(p, o)| (p.name, o)).collect();
+    let got: Vec<_> = ev
+        .tick()
+        .await
+        .into_iter()
+        .map(|(p, o)| (p.name, o))
+        .collect();
     assert_eq!(got, [("ok".to_string(), Outcome::Terminating)]);
     assert_eq!(posted(&api), 0);
     assert!(evicted.load(Ordering::SeqCst));
+}
+
+fn log_rec(uid: &str, pid: u32) -> node_ledger::evictlog::EvictRecord {
+    node_ledger::evictlog::EvictRecord {
+        gpu: 0,
+        pid,
+        start_time: 1234,
+        pid_ns: 4026531836,
+        group_id: group_id_for(&group_name(uid)),
+        signal: 15,
+        reason: "overlimit".into(),
+        unix_ms: 1,
+    }
+}
+
+/// An API server listing `names` running on node-a, accepting their Evictions and Events.
+async fn accepting_api(names: &'static [&'static str]) -> FakeApi {
+    FakeApi::start(Arc::new(move |r: &Recorded| {
+        let path = r.path.as_str();
+        if r.method == "GET" && path == "/api/v1/pods" {
+            let pods = UIDS
+                .iter()
+                .filter(|(n, _)| names.contains(n))
+                .map(|(n, u)| running_pod(n, u))
+                .collect();
+            return (200, pod_list(pods));
+        }
+        if r.method == "POST" && path.ends_with("/eviction") {
+            return (201, success());
+        }
+        if r.method == "POST" && path.ends_with("/events") {
+            return (201, r.json());
+        }
+        (404, status(404, "NotFound", "no such path"))
+    }))
+    .await
+}
+
+fn evicted_names(api: &FakeApi) -> Vec<String> {
+    api.take()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .map(|r| r.path.split('/').nth_back(1).unwrap().to_string())
+        .collect()
+}
+
+/// The monitor rotates its eviction log between two of the agent's reads, and again while the
+/// agent is down (the generation it had finished is deleted): each pod is posted exactly once,
+/// nothing is lost, and the cursor follows the generations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_rotation_between_reads_and_across_restarts_posts_each_pod_once() {
+    use node_ledger::evictlog::{append_with, rotated_generations, Rotation};
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
+    // Two records per file at most; one rotated generation kept.
+    let rot = Rotation {
+        max_bytes: 420,
+        keep: 1,
+    };
+    let stranger = "99999999-0000-4000-8000-000000000000";
+    let api = accepting_api(&["ok", "pdb", "gone", "replaced"]).await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    append_with(tmp.path(), &log_rec(UIDS[0].1, 100), &rot).unwrap();
+    append_with(tmp.path(), &log_rec(UIDS[1].1, 101), &rot).unwrap();
+    assert!(ev.tick().await.len() == 2);
+    // Rotation right after the agent's read: the next record is in a new generation.
+    append_with(tmp.path(), &log_rec(UIDS[2].1, 102), &rot).unwrap();
+    assert_eq!(rotated_generations(tmp.path(), 0).unwrap(), [0]);
+    // A process of no pod of ours: settled once the pod list is read.
+    append_with(tmp.path(), &log_rec(stranger, 103), &rot).unwrap();
+    let got: Vec<_> = ev.tick().await.into_iter().map(|(p, _)| p.name).collect();
+    assert_eq!(got, ["gone"]);
+    assert_eq!(evicted_names(&api), ["ok", "pdb", "gone"]);
+    drop(ev);
+    // While the agent is down: another pod's record and a stranger's, two rotations (the
+    // generation the cursor was in is deleted: it had been read whole).
+    append_with(tmp.path(), &log_rec(UIDS[3].1, 104), &rot).unwrap();
+    append_with(tmp.path(), &log_rec(stranger, 105), &rot).unwrap();
+    append_with(tmp.path(), &log_rec(stranger, 106), &rot).unwrap();
+    assert!(!rotated_generations(tmp.path(), 0).unwrap().contains(&1));
+    let before = node_agent::evict::load_cursor(tmp.path(), 0).unwrap();
+    assert_eq!(before.at.unwrap().generation, 1, "{before:?}");
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    let got: Vec<_> = ev.tick().await.into_iter().map(|(p, _)| p.name).collect();
+    assert!(ev.log_stalled(0).is_none(), "{:?}", ev.log_stalled(0));
+    assert_eq!(got, ["replaced"]);
+    assert_eq!(evicted_names(&api), ["replaced"]);
+    let after = node_agent::evict::load_cursor(tmp.path(), 0).unwrap();
+    assert!(after.at.unwrap().generation >= 2, "{after:?}");
+    // A restart with nothing new: nothing posted.
+    drop(ev);
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert!(ev.tick().await.is_empty());
+    assert!(evicted_names(&api).is_empty());
+}
+
+/// A damaged cursor file, or a log that no longer matches the cursor, stops that GPU's log
+/// reading loudly (error, stalled gauge): nothing is re-reported from the start, nothing skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_cursor_or_truncated_log_stalls_loudly_without_reposting() {
+    use node_ledger::evictlog::append;
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
+    let api = accepting_api(&["ok", "pdb"]).await;
+    append(tmp.path(), &log_rec(UIDS[0].1, 100)).unwrap();
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert_eq!(ev.tick().await.len(), 1);
+    assert_eq!(evicted_names(&api), ["ok"]);
+    drop(ev);
+    // A damaged cursor: a restarted agent refuses to guess.
+    let cpath = node_agent::evict::cursor_path(tmp.path(), 0);
+    let saved = std::fs::read(&cpath).unwrap();
+    std::fs::write(&cpath, b"{\"at\": {\"generation\": 0, \"off").unwrap();
+    append(tmp.path(), &log_rec(UIDS[1].1, 101)).unwrap();
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert!(ev.tick().await.is_empty());
+    assert!(evicted_names(&api).is_empty(), "nothing re-posted");
+    let why = ev.log_stalled(0).unwrap().to_string();
+    assert!(
+        why.contains("gpu0.cursor") && why.contains("damaged"),
+        "{why}"
+    );
+    assert!(ev
+        .metrics()
+        .contains("xshare_node_agent_eviction_log_stalled{node=\"node-a\",gpu=\"0\"} 1"));
+    drop(ev);
+    // The cursor restored; the log truncated under it instead.
+    std::fs::write(&cpath, &saved).unwrap();
+    let log = node_ledger::evictlog::log_path(tmp.path(), 0);
+    let text = std::fs::read(&log).unwrap();
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    let at = node_agent::evict::load_cursor(tmp.path(), 0)
+        .unwrap()
+        .at
+        .unwrap();
+    std::fs::write(&log, &text[..at.offset as usize - 5]).unwrap();
+    assert!(ev.tick().await.is_empty());
+    let why = ev.log_stalled(0).unwrap().to_string();
+    assert!(
+        why.contains("gpu0.jsonl") && why.contains("truncated"),
+        "{why}"
+    );
+    assert!(evicted_names(&api).is_empty());
+    // Restored: the pending record is posted, once.
+    std::fs::write(&log, &text).unwrap();
+    drop(ev);
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert_eq!(ev.tick().await.len(), 1);
+    assert_eq!(evicted_names(&api), ["pdb"]);
 }

@@ -24,13 +24,21 @@ pub const INIT_DAMAGED: u32 = 0xDA3A_6ED0;
 /// Validated on open: magic, layout version, header size, total size.
 #[repr(C)]
 pub struct Header {
+    /// [`MAGIC`].
     pub magic: AtomicU64,
+    /// [`LAYOUT_VERSION`] of the writer that created the file.
     pub layout_version: AtomicU32,
+    /// [`HEADER_SIZE`] as the creator laid it out, bytes.
     pub header_size: AtomicU32,
+    /// Size of the whole file ([`LAYOUT_SIZE`]), bytes.
     pub total_size: AtomicU64,
+    /// Host GPU index the ledger belongs to.
     pub gpu_index: AtomicU32,
+    /// Registry slots in the file ([`MAX_PROCS`]).
     pub max_procs: AtomicU32,
+    /// Group slots in the file ([`MAX_GROUPS`]).
     pub max_groups: AtomicU32,
+    /// [`INIT_READY`] once initialised, [`INIT_DAMAGED`] once found overwritten; else in creation.
     pub init_state: AtomicU32,
 }
 
@@ -135,10 +143,14 @@ pub struct ProcSlot {
 /// The whole file.
 #[repr(C)]
 pub struct Layout {
+    /// Identity and sizes, checked on open.
     pub header: Header,
+    /// The GPU monitor's published verdict and heartbeat.
     pub monitor: MonitorBlock,
     pub(crate) manager: ManagerBlock,
+    /// Quota groups (one per container or pod).
     pub groups: [GroupSlot; MAX_GROUPS],
+    /// The process registry.
     pub procs: [ProcSlot; MAX_PROCS],
 }
 

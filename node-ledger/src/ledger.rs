@@ -57,23 +57,35 @@ use crate::procinfo;
 /// Why a ledger could not be opened or used; always names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
+    /// A system call on the file failed.
     #[error("ledger {path}: {op}: {source}")]
     Io {
+        /// The ledger file.
         path: PathBuf,
+        /// What was being done (`open`, `mmap`, ...).
         op: &'static str,
+        /// The OS error.
         #[source]
         source: io::Error,
     },
+    /// The file's content is not a valid ledger (or not this version's).
     #[error("ledger {path}: field `{field}`: {detail}")]
     Corrupt {
+        /// The ledger file.
         path: PathBuf,
+        /// The offending field.
         field: &'static str,
+        /// What is wrong with it.
         detail: String,
     },
+    /// Every slot of a table is taken.
     #[error("ledger {path}: {what} is full ({capacity} slots)")]
     Full {
+        /// The ledger file.
         path: PathBuf,
+        /// The table (`process registry`, `quota-group table`).
         what: &'static str,
+        /// Its number of slots.
         capacity: usize,
     },
 }
@@ -82,29 +94,43 @@ pub enum LedgerError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("over quota: requested {requested} bytes, {used} of {quota} in use")]
 pub struct ReserveError {
+    /// Bytes asked for.
     pub requested: u64,
+    /// Bytes the group already holds.
     pub used: u64,
+    /// The group's quota, bytes.
     pub quota: u64,
 }
 
 /// A registered process: its registry slot and its group slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcHandle {
+    /// Registry slot index.
     pub slot: usize,
+    /// Group slot index.
     pub group: usize,
 }
 
 /// A point-in-time copy of one registry slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcSnapshot {
+    /// Registry slot index.
     pub slot: usize,
+    /// Pid in the owner's own pid namespace.
     pub pid: u32,
+    /// Start time (clock ticks since boot): with `pid` and `pid_ns`, the process's identity.
     pub start_time: u64,
+    /// Pid-namespace inode of the owner.
     pub pid_ns: u64,
+    /// Id of the owner's quota group (`group_id_for` its `XCUDA_GROUP`).
     pub group_id: u64,
+    /// Device memory reserved, bytes.
     pub mem_bytes: u64,
+    /// Kernel launches issued.
     pub launches: u64,
+    /// Kernel launches that had to wait for budget.
     pub launches_delayed: u64,
+    /// CLOCK_MONOTONIC ns of the last heartbeat.
     pub heartbeat_ns: u64,
 }
 

@@ -65,6 +65,10 @@ pub struct Config {
     /// Checks of ledger-reported memory against NVML.
     #[serde(default)]
     pub verify: VerifyConfig,
+    /// Rotation of the GPU's eviction log (`<ledger_dir>/evict-log/gpu<N>.jsonl`, read by
+    /// node-agent): size bound per file and rotated generations kept.
+    #[serde(default)]
+    pub evict_log: node_ledger::evictlog::Rotation,
     /// XID codes that disable the device.
     #[serde(default = "d_xids")]
     pub xid_critical: Vec<u64>,
@@ -219,6 +223,9 @@ impl Config {
                 ));
             }
         }
+        self.evict_log
+            .validate()
+            .map_err(|(f, m)| (format!("evict_log.{f}"), m))?;
         if self.verify.strikes == 0 {
             return Err(("verify.strikes".into(), "must be >= 1".into()));
         }
@@ -353,6 +360,20 @@ mod tests {
             e.file = e.file.file_name().unwrap().into();
             e
         })
+    }
+
+    #[test]
+    fn evict_log_rotation_is_range_checked_naming_file_line_field() {
+        let c = load_text("{}").unwrap();
+        assert_eq!(c.evict_log, node_ledger::evictlog::Rotation::default());
+        let c = load_text(r#"{"evict_log": {"max_bytes": 65536, "keep": 2}}"#).unwrap();
+        assert_eq!((c.evict_log.max_bytes, c.evict_log.keep), (65536, 2));
+        let e = load_text("{\n\"evict_log\": {\n \"max_bytes\": 100\n}}").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("evict_log.max_bytes"));
+        assert_eq!(e.line, Some(3));
+        assert!(e.to_string().contains("sysmonitor.json"), "{e}");
+        let e = load_text(r#"{"evict_log": {"keep": 0}}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("evict_log.keep"));
     }
 
     #[test]

@@ -253,6 +253,7 @@ impl Service for MonitorService {
             tracing::warn!("gpu_index, ledger_dir, state_file and xid_log changes need a restart; keeping the old ones");
         }
         let mut applied = new;
+        crate::evictlog::configure(&applied.evict_log);
         applied.gpu_index = cfg.gpu_index;
         applied.ledger_dir = cfg.ledger_dir.clone();
         applied.state_file = cfg.state_file.clone();
@@ -300,6 +301,7 @@ impl Service for MonitorService {
 /// `files` are the config files in force (base first); SIGHUP reloads from `base`.
 pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> {
     let _instance = lock_instance(&cfg)?;
+    crate::evictlog::configure(&cfg.evict_log);
     node_daemon::signals::install_signal_handlers();
     let lpath = cfg.ledger_path();
     // A damaged file is moved aside and replaced, never a reason to exit: under

@@ -12,8 +12,11 @@
 //! and the plan's decision on the pod → Allocate injects the shim and the planned quota → the
 //! offline process runs under the shim on the emulated GPU and the quota holds → an online
 //! burst (the online service's own full-GPU demand) → Overlimit → sysmonitor evicts →
-//! node-agent posts the Eviction (policy/v1, UID precondition) once → the API server deletes
-//! the pod, the Job controller makes a new one → the extender replans and binds it again.
+//! node-agent posts the Eviction (policy/v1, UID precondition) once → the API server marks
+//! the pod Terminating (deletionTimestamp, its grace period) and the Job controller makes a
+//! new one at once → the extender replans and binds the new one while the old one is still
+//! Terminating (no second eviction, not planned twice) → the kubelet confirms, the old pod
+//! goes.
 
 mod workloads_support;
 
@@ -414,7 +417,11 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     assert_eq!(e.metadata.namespace.as_deref(), Some("ml"));
     let pre = e.delete_options.unwrap().preconditions.unwrap();
     assert_eq!(pre.uid.as_deref(), Some(uid_of(&pod).as_str()));
-    assert!(cluster.pod("ml", "train-x7k2p").is_none(), "evicted pod deleted");
+    // Graceful deletion, as a real API server does it: the pod stays, Terminating, until the
+    // kubelet confirms (below) or its grace (terminationGracePeriodSeconds, default 30 s) ends.
+    let terminating = cluster.pod("ml", "train-x7k2p").expect("the evicted pod stays while Terminating");
+    assert!(terminating["metadata"]["deletionTimestamp"].is_string(), "{terminating}");
+    assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 30, "{terminating}");
     let events: Vec<Event> = cluster
         .events()
         .into_iter()
@@ -433,7 +440,8 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     assert!(next["spec"]["nodeName"].is_null(), "{next}");
     assert_ne!(uid_of(&next), uid_of(&pod));
 
-    // --- 6. The extender replans: the new pod is placed and bound once the GPU is Healthy.
+    // --- 6. The extender replans: the new pod is placed and bound once the GPU is Healthy
+    // (the old pod, Terminating meanwhile, is no placement of the job's).
     let bound = schedule(ext_addr, &next);
     assert_eq!(bound["Error"], "", "{bound}");
     let bindings = cluster.bindings();
@@ -441,6 +449,21 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     let b: Binding = serde_json::from_value(bindings[1].clone()).unwrap();
     assert_eq!(b.metadata.uid.as_deref(), Some(uid_of(&next).as_str()));
     assert_eq!(cluster.pod("ml", &name_of(&next)).unwrap()["spec"]["nodeName"], NODE);
+    let old = cluster.pod("ml", "train-x7k2p");
+    assert!(
+        old.as_ref().is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string()),
+        "the replacement was planned and bound while the old pod was still Terminating: {old:?}"
+    );
+    // The kubelet confirms the old pod's containers stopped: it goes; no second replacement.
+    assert!(cluster.kubelet_confirm_stopped("ml", "train-x7k2p", &uid_of(&pod)));
+    assert!(cluster.pod("ml", "train-x7k2p").is_none());
+    let train_pods: Vec<String> = cluster
+        .pods()
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["job-name"] == "train")
+        .map(name_of)
+        .collect();
+    assert_eq!(train_pods, [name_of(&next)]);
 
     // The eviction was posted once, never again.
     std::thread::sleep(Duration::from_millis(500));

@@ -1,10 +1,22 @@
 //! A stateful fake API server: the objects live here, every change gets the next
 //! resourceVersion and reaches the watches whose selectors it concerns.
+//!
+//! Graceful deletion as the API server and the kubelet do it: an Eviction (or a deletion) of a
+//! pod bound to a node marks it Terminating (`metadata.deletionTimestamp` = now + grace,
+//! `metadata.deletionGracePeriodSeconds` = grace: the request's `gracePeriodSeconds`, else the
+//! pod's `spec.terminationGracePeriodSeconds`, else 30) and the pod stays listed until the
+//! kubelet confirms its containers stopped ([`FakeCluster::kubelet_confirm_stopped`]) or the
+//! grace runs out (the kubelet kills them then). One grace second lasts
+//! [`FakeCluster::set_grace_second`] of real time (1 s by default; tests shorten it). A pod not
+//! bound to a node, or already Succeeded/Failed, is deleted at once. Evicting a pod already
+//! Terminating changes nothing and answers 201, as the API server does. The Job controller
+//! follows the default `podReplacementPolicy: TerminatingOrFailed`: a Job's pod is replaced as
+//! soon as it is Terminating (or deleted), once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
@@ -49,7 +61,16 @@ struct State {
     events: Vec<Value>,
     evictions: Vec<Value>,
     bindings: Vec<Value>,
+    /// Terminating pods (namespace, name, uid) -> when the kubelet kills them (grace over).
+    terminating: BTreeMap<(String, String, String), Instant>,
+    /// Real time one grace second lasts.
+    grace_second: Duration,
+    /// UIDs of the Job pods already replaced by the Job controller.
+    replaced: BTreeSet<String>,
 }
+
+/// Grace period of a pod without `spec.terminationGracePeriodSeconds` (the API default).
+pub const DEFAULT_GRACE_SECONDS: u64 = 30;
 
 /// The fake cluster: its API server on loopback and the objects it holds.
 pub struct FakeCluster {
@@ -59,7 +80,12 @@ pub struct FakeCluster {
 }
 
 fn now_rfc3339() -> String {
-    let s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    rfc3339_in(0)
+}
+
+/// The wall-clock time `secs` seconds from now, RFC 3339 (seconds, UTC).
+fn rfc3339_in(secs: u64) -> String {
+    let s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64 + secs as i64;
     let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
     let z = days + 719_468;
@@ -268,8 +294,88 @@ impl State {
         Some(gone)
     }
 
-    /// The Job controller: a deleted Job pod is replaced by a new pod from the Job's template.
+    /// Graceful deletion of the pod at `key` (see the module docs): deleted at once when not
+    /// bound or already finished, else marked Terminating. Already Terminating: unchanged
+    /// (a shorter `grace` than what is left would shorten it on a real server; not modelled).
+    fn delete_gracefully(&mut self, key: &(String, String), grace: Option<u64>, conditions: Option<Value>) {
+        let Some(mut pod) = self.pods.get(key).cloned() else {
+            return;
+        };
+        if pod["metadata"]["deletionTimestamp"].is_string() {
+            return;
+        }
+        let bound = pod["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
+        let finished = matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+        let grace = grace.unwrap_or_else(|| {
+            pod["spec"]["terminationGracePeriodSeconds"]
+                .as_u64()
+                .unwrap_or(DEFAULT_GRACE_SECONDS)
+        });
+        let old = pod.clone();
+        if let Some(c) = conditions {
+            let mut conds = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
+            conds.push(c);
+            pod["status"]["conditions"] = conds.into();
+        }
+        if !bound || finished || grace == 0 {
+            // No kubelet to wait for (or nothing left to stop): gone at once.
+            if pod != old {
+                self.change(Kind::Pod, Some(old), Some(&mut pod));
+                self.pods.insert(key.clone(), pod);
+            }
+            if let Some(gone) = self.delete_pod(&key.0, &key.1) {
+                self.replace_job_pod(&gone);
+            }
+            return;
+        }
+        pod["metadata"]["deletionTimestamp"] = rfc3339_in(grace).into();
+        pod["metadata"]["deletionGracePeriodSeconds"] = grace.into();
+        self.change(Kind::Pod, Some(old), Some(&mut pod));
+        self.pods.insert(key.clone(), pod.clone());
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        let until = Instant::now() + self.grace_second.saturating_mul(grace as u32);
+        self.terminating.insert((key.0.clone(), key.1.clone(), uid), until);
+        // TerminatingOrFailed: the replacement starts now, beside the terminating pod.
+        self.replace_job_pod(&pod);
+    }
+
+    /// The kubelet's final delete of a Terminating pod (its containers stopped or killed).
+    fn finish_termination(&mut self, ns: &str, name: &str, uid: &str) -> bool {
+        self.terminating
+            .remove(&(ns.to_string(), name.to_string(), uid.to_string()));
+        let key = (ns.to_string(), name.to_string());
+        let same = self.pods.get(&key).is_some_and(|p| {
+            p["metadata"]["uid"].as_str() == Some(uid) && p["metadata"]["deletionTimestamp"].is_string()
+        });
+        if same {
+            if let Some(gone) = self.delete_pod(ns, name) {
+                self.replace_job_pod(&gone);
+            }
+        }
+        same
+    }
+
+    /// Removes the Terminating pods whose grace is over.
+    fn expire_graces(&mut self) {
+        let now = Instant::now();
+        let due: Vec<_> = self
+            .terminating
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (ns, name, uid) in due {
+            self.finish_termination(&ns, &name, &uid);
+        }
+    }
+
+    /// The Job controller: a Job pod that is Terminating or deleted is replaced (once) by a new
+    /// pod from the Job's template.
     fn replace_job_pod(&mut self, deleted: &Value) {
+        let uid = deleted["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        if self.replaced.contains(&uid) {
+            return;
+        }
         let labels = &deleted["metadata"]["labels"];
         let Some(job) = JOB_LABELS.iter().find_map(|k| labels.get(*k).and_then(Value::as_str)) else {
             return;
@@ -278,6 +384,7 @@ impl State {
         let Some(mut p) = self.jobs.get(&(ns, job.to_string())).cloned() else {
             return;
         };
+        self.replaced.insert(uid);
         let n = self.uids + 1;
         let suffix: String = format!("{:05x}", n * 7919 % 0xfffff)
             .chars()
@@ -289,6 +396,7 @@ impl State {
         m.as_object_mut().unwrap().remove("uid");
         m.as_object_mut().unwrap().remove("creationTimestamp");
         m.as_object_mut().unwrap().remove("deletionTimestamp");
+        m.as_object_mut().unwrap().remove("deletionGracePeriodSeconds");
         if let Some(s) = p["spec"].as_object_mut() {
             s.remove("nodeName");
         }
@@ -317,11 +425,45 @@ impl FakeCluster {
     /// Starts an empty cluster.
     pub fn start() -> FakeCluster {
         let state: Arc<Mutex<State>> = Arc::default();
-        // Versions start high, as on a long-lived cluster.
-        state.lock().unwrap().rv = 41_000;
+        {
+            let mut st = state.lock().unwrap();
+            // Versions start high, as on a long-lived cluster.
+            st.rv = 41_000;
+            st.grace_second = Duration::from_secs(1);
+        }
         let s = state.clone();
         let api = fake_api(move |r, _| answer(&s, r));
+        // The kubelet's side of graceful deletion: kill (delete) once the grace is over.
+        let weak = Arc::downgrade(&state);
+        std::thread::spawn(move || {
+            while let Some(st) = weak.upgrade() {
+                st.lock().unwrap().expire_graces();
+                drop(st);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
         FakeCluster { api, state }
+    }
+
+    /// How long one second of a pod's grace period lasts here (tests shorten it so a
+    /// Terminating pod goes within their time; 1 s by default). Applies to later deletions.
+    pub fn set_grace_second(&self, d: Duration) {
+        self.state.lock().unwrap().grace_second = d;
+    }
+
+    /// The kubelet reports the Terminating pod `ns/name` (UID `uid`) stopped: it is deleted now.
+    /// Returns whether such a pod was Terminating.
+    pub fn kubelet_confirm_stopped(&self, ns: &str, name: &str, uid: &str) -> bool {
+        self.state.lock().unwrap().finish_termination(ns, name, uid)
+    }
+
+    /// Deletes pod `ns/name` as `kubectl delete pod` does (graceful; `grace`: the request's
+    /// `gracePeriodSeconds`, else the pod's).
+    pub fn delete_pod(&self, ns: &str, name: &str, grace: Option<u64>) {
+        self.state
+            .lock()
+            .unwrap()
+            .delete_gracefully(&(ns.to_string(), name.to_string()), grace, None);
     }
 
     /// The server's URL.
@@ -497,7 +639,7 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
                 return bad("name in URL does not match name in Eviction object");
             }
             let key = (ns.to_string(), name.to_string());
-            let Some(mut pod) = st.pods.get(&key).cloned() else {
+            let Some(pod) = st.pods.get(&key).cloned() else {
                 return not_found(&format!("pods \"{name}\""));
             };
             let have = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
@@ -508,22 +650,40 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
                     ));
                 }
             }
-            // As the API server does: the DisruptionTarget condition, then the deletion (the
-            // grace period is over at once: no kubelet here to wait for).
-            let old = pod.clone();
-            let mut conds = pod["status"]["conditions"].as_array().cloned().unwrap_or_default();
-            conds.push(json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
-                "message": "Eviction API: evicting", "lastProbeTime": null, "lastTransitionTime": now_rfc3339()}));
-            pod["status"]["conditions"] = conds.into();
-            pod["metadata"]["deletionTimestamp"] = now_rfc3339().into();
-            pod["metadata"]["deletionGracePeriodSeconds"] = 30.into();
-            st.change(Kind::Pod, Some(old), Some(&mut pod));
-            st.pods.insert(key, pod);
+            // As the API server does: a pod already Terminating is deleted again (no change);
+            // else the DisruptionTarget condition and a graceful deletion (see the module docs).
+            let terminating = pod["metadata"]["deletionTimestamp"].is_string();
+            let cond = (!terminating).then(|| {
+                json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting", "lastProbeTime": null, "lastTransitionTime": now_rfc3339()})
+            });
+            let grace = e["deleteOptions"]["gracePeriodSeconds"].as_u64();
+            st.delete_gracefully(&key, grace, cond);
             st.evictions.push(e);
-            if let Some(gone) = st.delete_pod(ns, name) {
-                st.replace_job_pod(&gone);
-            }
             Answer::Json(201, success(201), vec![])
+        }
+        ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            // DeleteOptions in the body (kubectl, client-go) or `gracePeriodSeconds` in the query.
+            let d = r.json();
+            let key = (ns.to_string(), name.to_string());
+            let Some(pod) = st.pods.get(&key).cloned() else {
+                return not_found(&format!("pods \"{name}\""));
+            };
+            let have = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+            if let Some(uid) = d["preconditions"]["uid"].as_str() {
+                if uid != have {
+                    return conflict(&format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                    ));
+                }
+            }
+            let grace = d["gracePeriodSeconds"]
+                .as_u64()
+                .or_else(|| r.query.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
+            st.delete_gracefully(&key, grace, None);
+            // The pod as it is now: Terminating, or (deleted at once) as it was last.
+            let now = st.pods.get(&key).cloned().unwrap_or(pod);
+            Answer::Json(200, typed(Kind::Pod, now), vec![])
         }
         ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
             let mut e = r.json();
@@ -622,6 +782,132 @@ mod tests {
         let mut t = json!({"a": {"b": 1, "c": 2}, "d": [1]});
         merge_patch(&mut t, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
         assert_eq!(t, json!({"a": {"c": 2, "e": 3}, "d": [2]}));
+    }
+
+    fn req(method: &str, path: &str, body: Value, query: &[(&str, &str)]) -> Req {
+        Req {
+            method: method.into(),
+            path: path.into(),
+            body: serde_json::to_vec(&body).unwrap(),
+            query: query.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            raw_query: String::new(),
+            headers: BTreeMap::new(),
+            at: Instant::now(),
+        }
+    }
+
+    fn eviction(name: &str, uid: &str) -> Value {
+        json!({"apiVersion": "policy/v1", "kind": "Eviction",
+               "metadata": {"name": name, "namespace": "ml"},
+               "deleteOptions": {"preconditions": {"uid": uid}}})
+    }
+
+    fn job_pod(name: &str, node: Option<&str>, grace: Option<u64>) -> Value {
+        let mut p = json!({"metadata": {"name": name, "namespace": "ml",
+                                        "labels": {"job-name": "train", "xshare.io/role": "offline"}},
+                           "spec": {"containers": [{"name": "main", "image": "x"}]},
+                           "status": {"phase": "Running"}});
+        if let Some(n) = node {
+            p["spec"]["nodeName"] = n.into();
+        }
+        if let Some(g) = grace {
+            p["spec"]["terminationGracePeriodSeconds"] = g.into();
+        }
+        p
+    }
+
+    fn post(c: &FakeCluster, r: Req) -> (u16, Value) {
+        match answer(&c.state, &r) {
+            Answer::Json(code, v, _) => (code, v),
+            _ => panic!("not a JSON answer"),
+        }
+    }
+
+    fn replacements(c: &FakeCluster, not: &str) -> Vec<Value> {
+        c.pods()
+            .into_iter()
+            .filter(|p| p["metadata"]["name"] != not && p["metadata"]["labels"]["job-name"] == "train")
+            .collect()
+    }
+
+    /// An evicted bound pod stays, Terminating, for its grace period (deletionTimestamp and
+    /// deletionGracePeriodSeconds from terminationGracePeriodSeconds), its watchers see it
+    /// MODIFIED then DELETED, the Job controller replaces it once at once, and a second
+    /// Eviction of it changes nothing (201, as the API server answers).
+    #[test]
+    fn eviction_is_graceful_and_the_job_pod_is_replaced_once() {
+        let c = FakeCluster::start();
+        let p = c.add_pod(job_pod("train-a", Some("n1"), Some(5)));
+        let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+        let rv = c.state.lock().unwrap().rv.to_string();
+        let watch = req("GET", "/api/v1/pods", Value::Null, &[("watch", "true"), ("resourceVersion", &rv)]);
+        let Answer::Live(rx) = answer(&c.state, &watch) else {
+            panic!("not a watch");
+        };
+        let evict = || req("POST", "/api/v1/namespaces/ml/pods/train-a/eviction", eviction("train-a", &uid), &[]);
+        let (code, _) = post(&c, evict());
+        assert_eq!(code, 201);
+        let t = c.pod("ml", "train-a").expect("still listed while Terminating");
+        assert_eq!(t["metadata"]["deletionGracePeriodSeconds"], 5);
+        let ts = t["metadata"]["deletionTimestamp"].as_str().unwrap().to_string();
+        assert!(ts > now_rfc3339(), "deletionTimestamp is now + grace: {ts}");
+        assert_eq!(t["status"]["phase"], "Running");
+        assert_eq!(t["status"]["conditions"][0]["reason"], "EvictionByEvictionAPI");
+        let next = replacements(&c, "train-a");
+        assert_eq!(next.len(), 1, "TerminatingOrFailed: replaced at once");
+        assert!(next[0]["spec"]["nodeName"].is_null());
+        assert!(next[0]["metadata"]["deletionTimestamp"].is_null());
+        // Evicted again while Terminating: accepted, nothing changes.
+        let rv_before = t["metadata"]["resourceVersion"].clone();
+        let (code, _) = post(&c, evict());
+        assert_eq!(code, 201);
+        assert_eq!(c.pod("ml", "train-a").unwrap()["metadata"]["resourceVersion"], rv_before);
+        assert_eq!(c.evictions().len(), 2);
+        // The kubelet confirms: deleted, not replaced again.
+        assert!(!c.kubelet_confirm_stopped("ml", "train-a", "other-uid"));
+        assert!(c.kubelet_confirm_stopped("ml", "train-a", &uid));
+        assert!(c.pod("ml", "train-a").is_none());
+        assert_eq!(replacements(&c, "train-a").len(), 1);
+        let types: Vec<String> = rx
+            .try_iter()
+            .filter(|e| e["object"]["metadata"]["name"] == "train-a")
+            .map(|e| e["type"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(types, ["MODIFIED", "DELETED"]);
+    }
+
+    /// The grace runs out (30 s by default, here 30 x 2 ms): the pod goes without a kubelet
+    /// confirmation. Unbound pods go at once; DELETE is graceful like an eviction.
+    #[test]
+    fn grace_expires_and_unbound_pods_go_at_once() {
+        let c = FakeCluster::start();
+        c.set_grace_second(Duration::from_millis(2));
+        let p = c.add_pod(job_pod("train-b", Some("n1"), None));
+        let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+        post(&c, req("POST", "/api/v1/namespaces/ml/pods/train-b/eviction", eviction("train-b", &uid), &[]));
+        let t = c.pod("ml", "train-b").expect("Terminating first");
+        assert_eq!(t["metadata"]["deletionGracePeriodSeconds"], DEFAULT_GRACE_SECONDS);
+        let end = Instant::now() + Duration::from_secs(10);
+        while c.pod("ml", "train-b").is_some() {
+            assert!(Instant::now() < end, "grace never expired");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(replacements(&c, "train-b").len(), 1);
+        // The replacement is not bound: evicting it deletes it at once (and replaces it).
+        let next = replacements(&c, "train-b").remove(0);
+        let name = next["metadata"]["name"].as_str().unwrap();
+        let uid = next["metadata"]["uid"].as_str().unwrap();
+        let path = format!("/api/v1/namespaces/ml/pods/{name}/eviction");
+        post(&c, req("POST", &path, eviction(name, uid), &[]));
+        assert!(c.pod("ml", name).is_none());
+        // DELETE with gracePeriodSeconds: Terminating with that grace.
+        c.set_grace_second(Duration::from_secs(1));
+        c.add_pod(job_pod("train-c", Some("n1"), Some(60)));
+        let del = req("DELETE", "/api/v1/namespaces/ml/pods/train-c", json!({"gracePeriodSeconds": 7}), &[]);
+        let (code, v) = post(&c, del);
+        assert_eq!(code, 200);
+        assert_eq!(v["metadata"]["deletionGracePeriodSeconds"], 7);
+        assert!(c.pod("ml", "train-c").is_some());
     }
 
     #[test]
