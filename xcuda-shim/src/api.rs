@@ -617,6 +617,102 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, gra
     })
 }
 
+/// `cuGraphInstantiateWithParams[_ptsz]`: counted like `cuGraphInstantiateWithFlags`. With
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver would map the exec's graph memory right away,
+/// before any launch the quota sees: the shim instantiates without the flag, then uploads into
+/// the caller's stream through its counted `cuGraphUpload` (the same order the driver's flag
+/// means); a refused upload destroys the new exec and fails the call with
+/// `CUDA_ERROR_OUT_OF_MEMORY` (`result_out` = `CUDA_GRAPH_INSTANTIATE_ERROR`, nothing mapped).
+macro_rules! instantiate_with_params {
+    ($name:ident, $pfn:ty, $upload:ident, $upload_pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult {
+            guard(|| {
+                let inst = real!($name: $pfn);
+                let upload_flag = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64;
+                // SAFETY: null or the caller's parameter block (the driver refuses null itself).
+                let wants_upload = !params.is_null() && unsafe { (*params).flags } & upload_flag != 0;
+                if !wants_upload {
+                    // SAFETY: forwarding the caller's arguments.
+                    let rc = unsafe { inst(exec, graph, params) };
+                    if rc == CUresult::CUDA_SUCCESS {
+                        let st = state();
+                        st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+                    }
+                    return rc;
+                }
+                let upload = real!($upload: $upload_pfn);
+                // SAFETY: non-null (checked above), the caller's parameter block.
+                let caller = unsafe { &mut *params };
+                let mut p = *caller;
+                p.flags &= !upload_flag;
+                // SAFETY: the caller's out-pointer and graph, our copy of its parameters.
+                let rc = unsafe { inst(exec, graph, &mut p) };
+                (caller.hErrNode_out, caller.result_out) = (p.hErrNode_out, p.result_out);
+                if rc != CUresult::CUDA_SUCCESS {
+                    return rc;
+                }
+                let st = state();
+                let e: CUgraphExec = out!(exec);
+                st.graph_mem.instantiated(graph as u64, e as u64, st.gpus.len());
+                // SAFETY: the exec just instantiated and the caller's upload stream.
+                let rc = unsafe { counted_upload(st, e, p.hUploadStream, upload) };
+                if rc != CUresult::CUDA_SUCCESS {
+                    let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
+                    // SAFETY: the exec this call created, never handed out.
+                    unsafe { destroy(e) };
+                    st.graph_mem.exec_destroyed(e as u64, st.gpus.len());
+                    caller.hErrNode_out = std::ptr::null_mut();
+                    caller.result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR;
+                }
+                rc
+            })
+        }
+    };
+}
+instantiate_with_params!(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000, cuGraphUpload, PFN_cuGraphUpload_v11010);
+instantiate_with_params!(
+    cuGraphInstantiateWithParams_ptsz,
+    PFN_cuGraphInstantiateWithParams_v12000_ptsz,
+    cuGraphUpload_ptsz,
+    PFN_cuGraphUpload_v11010_ptsz
+);
+
+/// An upload maps the exec's graph memory like a launch does: reserved first (or refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, nothing mapped), settled after.
+///
+/// # Safety
+/// `upload` is the real driver's `cuGraphUpload[_ptsz]`; `exec` and `stream` are the caller's.
+unsafe fn counted_upload(st: &crate::state::State, exec: CUgraphExec, stream: CUstream, upload: PFN_cuGraphUpload_v11010) -> CUresult {
+    let graph_mem = st.graph_mem.seen();
+    if graph_mem {
+        if let Err(rc) = crate::graphmem::before_launch(st, exec as u64) {
+            return rc;
+        }
+    }
+    // SAFETY: forwarding the caller's arguments to the real function.
+    let rc = unsafe { upload(exec, stream) };
+    if graph_mem {
+        crate::graphmem::after_launch(st, exec as u64);
+    }
+    rc
+}
+
+macro_rules! upload_graph {
+    ($name:ident, $pfn:ty) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
+            guard(|| {
+                let upload = real!($name: $pfn);
+                // SAFETY: the real function and the caller's arguments.
+                unsafe { counted_upload(state(), exec, stream, upload) }
+            })
+        }
+    };
+}
+upload_graph!(cuGraphUpload, PFN_cuGraphUpload_v11010);
+upload_graph!(cuGraphUpload_ptsz, PFN_cuGraphUpload_v11010_ptsz);
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard(|| {

@@ -50,6 +50,7 @@ hooked_symbols! {
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
         cuGraphAddMemAllocNode, cuGraphInstantiateWithFlags, cuGraphExecDestroy, cuGraphDestroy,
         cuDeviceGraphMemTrim,
+        cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphUpload, cuGraphUpload_ptsz,
     ],
     internal: [
         cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
@@ -274,6 +275,8 @@ mod tests {
             let must = e.name.starts_with("cuMemAlloc")
                 || e.name.starts_with("cuLaunch")
                 || e.name == "cuGraphLaunch"
+                || e.name == "cuGraphUpload"
+                || e.name.starts_with("cuGraphInstantiate")
                 || e.name == "cuMemCreate"
                 || e.name.contains("ArrayCreate")
                 || (e.name.starts_with("cuMemFree") && e.name != "cuMemFreeHost")
