@@ -32,8 +32,11 @@ pub struct Config {
     pub gpu_index: u32,
     /// Quota group (container id); processes with the same group share one quota.
     pub group: String,
+    /// Memory quota settings (`memory`).
     pub memory: MemoryConfig,
+    /// Launch-throttle settings (`throttle`).
     pub throttle: ThrottleConfig,
+    /// Graceful-exit settings (`exit`).
     pub exit: ExitConfig,
     /// Path or soname of the real driver.
     pub real_libcuda: String,

@@ -13,7 +13,10 @@ macro_rules! hooked_symbols {
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
-        pub enum Sym { $($s,)* $($i,)* }
+        pub enum Sym {
+            $(#[doc = concat!("`", stringify!($s), "` (hooked).")] $s,)*
+            $(#[doc = concat!("`", stringify!($i), "` (called by the shim only).")] $i,)*
+        }
         /// Names of [`Sym`], by discriminant.
         pub const SYM_NAMES: &[&str] = &[$(stringify!($s),)* $(stringify!($i),)*];
         /// Number of symbols.

@@ -22,9 +22,19 @@ pub enum Kind {
 /// Where reservations are counted.
 pub enum Backend {
     /// The per-GPU ledger: the quota is shared by every process of the group.
-    Ledger { ledger: Ledger, handle: AtomicU64 },
+    Ledger {
+        /// The mapped ledger of this GPU.
+        ledger: Ledger,
+        /// This process's registration (group << 32 | slot; `u64::MAX` once retired).
+        handle: AtomicU64,
+    },
     /// No ledger: this process alone, same limit.
-    Local { used: AtomicU64, limit: u64 },
+    Local {
+        /// Bytes reserved by this process.
+        used: AtomicU64,
+        /// The process's limit in bytes.
+        limit: u64,
+    },
 }
 
 /// The quota of this process's group plus its live allocations.
