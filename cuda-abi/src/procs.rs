@@ -231,6 +231,10 @@ proc_table! {
     PFN_cuGraphAddKernelNode_v10000 = cuGraphAddKernelNode @ 10000 Plain => cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
     PFN_cuGraphAddKernelNode_v12000 = cuGraphAddKernelNode @ 12000 Plain => cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
     PFN_cuGraphInstantiateWithFlags_v11040 = cuGraphInstantiateWithFlags @ 11040 Plain => cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64);
+    PFN_cuGraphInstantiateWithParams_v12000 = cuGraphInstantiateWithParams @ 12000 Plain => cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS);
+    PFN_cuGraphInstantiateWithParams_v12000_ptsz = cuGraphInstantiateWithParams @ 12000 Ptsz => cuGraphInstantiateWithParams_ptsz(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS);
+    PFN_cuGraphUpload_v11010 = cuGraphUpload @ 11010 Plain => cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream);
+    PFN_cuGraphUpload_v11010_ptsz = cuGraphUpload @ 11010 Ptsz => cuGraphUpload_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGraphExecDestroy_v10000 = cuGraphExecDestroy @ 10000 Plain => cuGraphExecDestroy(hGraphExec: CUgraphExec);
     PFN_cuGraphDestroy_v10000 = cuGraphDestroy @ 10000 Plain => cuGraphDestroy(hGraph: CUgraph);
     PFN_cuGraphLaunch_v10000 = cuGraphLaunch @ 10000 Plain => cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);

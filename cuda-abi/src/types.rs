@@ -188,6 +188,19 @@ c_enums! {
         CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
         CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
     }
+    CUgraphInstantiateResult {
+        CUDA_GRAPH_INSTANTIATE_SUCCESS = 0,
+        CUDA_GRAPH_INSTANTIATE_ERROR = 1,
+        CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE = 2,
+        CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED = 3,
+        CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED = 4,
+    }
+    CUgraphInstantiate_flags {
+        CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
+        CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2,
+        CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH = 4,
+        CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8,
+    }
 }
 
 impl CUmemAllocationType {
@@ -409,6 +422,18 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
 }
 /// `CUDA_MEM_ALLOC_NODE_PARAMS_v1`.
 pub type CUDA_MEM_ALLOC_NODE_PARAMS_v1 = CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS` (`CUDA_GRAPH_INSTANTIATE_PARAMS_st`), argument of
+/// `cuGraphInstantiateWithParams`: `flags` are `CUgraphInstantiate_flags` bits; the driver writes
+/// `hErrNode_out` and `result_out`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_GRAPH_INSTANTIATE_PARAMS {
+    pub flags: cuuint64_t,
+    pub hUploadStream: CUstream,
+    pub hErrNode_out: CUgraphNode,
+    pub result_out: CUgraphInstantiateResult,
+}
 
 /// `CUexecAffinityParam`: only passed behind a pointer here.
 #[repr(C)]

@@ -78,6 +78,10 @@ fn struct_layouts() -> Vec<Layout> {
             "poolProps" => poolProps, "accessDescs" => accessDescs, "accessDescCount" => accessDescCount,
             "bytesize" => bytesize, "dptr" => dptr,
         ]),
+        layout!("CUDA_GRAPH_INSTANTIATE_PARAMS", CUDA_GRAPH_INSTANTIATE_PARAMS, [
+            "flags" => flags, "hUploadStream" => hUploadStream, "hErrNode_out" => hErrNode_out,
+            "result_out" => result_out,
+        ]),
         layout!("CUmemPoolProps", CUmemPoolProps, [
             "allocType" => allocType, "handleTypes" => handleTypes, "location" => location,
             "win32SecurityAttributes" => win32SecurityAttributes, "maxSize" => maxSize,

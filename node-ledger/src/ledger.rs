@@ -523,6 +523,13 @@ impl Ledger {
     /// reported as field `slot_lock` (the caller stops counting in the ledger and refuses new
     /// reservations; do not mark the ledger damaged for it).
     pub fn check_registration(&self, h: ProcHandle, pid: u32, group_id: u64) -> Result<(), LedgerError> {
+        self.check_slot_lock(h)?;
+        self.check_owner(h, pid, group_id)
+    }
+
+    /// The first half of [`Ledger::check_registration`]: this handle still holds registration
+    /// `h`'s slot lock (error field `slot_lock`).
+    pub fn check_slot_lock(&self, h: ProcHandle) -> Result<(), LedgerError> {
         if !self.holds_slot_lock(h) {
             return Err(corrupt(
                 &self.path,
@@ -535,6 +542,13 @@ impl Ledger {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The second half of [`Ledger::check_registration`]: registry slot `h.slot` is still owned
+    /// by `pid` and group slot `h.group` still holds `group_id` (error fields `groups.id`,
+    /// `procs.owner`: the ledger was overwritten, unless this process unregistered `h` itself).
+    pub fn check_owner(&self, h: ProcHandle, pid: u32, group_id: u64) -> Result<(), LedgerError> {
         let l = self.layout();
         let gid = l.groups.get(h.group).map_or(0, |g| g.id.load(Acquire));
         if gid != group_id {

@@ -44,6 +44,7 @@ macro_rules! out {
 
 // ---- init and lookup -------------------------------------------------------------------------
 
+/// Hooked `cuInit`: initialises the driver, then this process's shim state (quota, throttle, controller).
 #[no_mangle]
 pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     guard(|| {
@@ -101,6 +102,7 @@ fn rewrite_proc(
     }
 }
 
+/// Hooked `cuGetProcAddress` (CUDA 11.3 ABI): hooked entry points are answered with ours.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t) -> CUresult {
     guard(|| {
@@ -111,6 +113,7 @@ pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut 
     })
 }
 
+/// Hooked `cuGetProcAddress_v2`: hooked entry points are answered with ours (see `proc_answer`).
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
@@ -129,6 +132,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 
 // ---- allocation ------------------------------------------------------------------------------
 
+/// Hooked `cuMemAlloc_v2`: reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     guard(|| {
@@ -141,6 +145,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
     })
 }
 
+/// Hooked `cuMemAlloc` (32-bit ABI): counted like `cuMemAlloc_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresult {
     guard(|| {
@@ -153,6 +158,7 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint)
     })
 }
 
+/// Hooked `cuMemAllocPitch_v2`: an estimate reserved first, settled on the driver's pitch.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) -> CUresult {
     guard(|| {
@@ -166,6 +172,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut 
     })
 }
 
+/// Hooked `cuMemAllocPitch` (32-bit ABI): counted like `cuMemAllocPitch_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) -> CUresult {
     guard(|| {
@@ -179,6 +186,7 @@ pub unsafe extern "C" fn cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut 
     })
 }
 
+/// Hooked `cuMemAllocManaged`: managed memory counted against the quota like device memory.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
     guard(|| {
@@ -191,6 +199,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usi
     })
 }
 
+/// Hooked `cuMemFree_v2`: the bytes counted for the pointer go back to the quota that counted them.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(|| {
@@ -200,6 +209,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     })
 }
 
+/// Hooked `cuMemFree` (32-bit ABI): like `cuMemFree_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
     guard(|| {
@@ -211,6 +221,7 @@ pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
 
 macro_rules! alloc_async {
     ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
             guard(|| {
@@ -229,6 +240,7 @@ alloc_async!(cuMemAllocAsync_ptsz, cuMemFreeAsync_ptsz, PFN_cuMemAllocAsync_v110
 
 macro_rules! alloc_pool {
     ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
             guard(|| {
@@ -247,6 +259,7 @@ alloc_pool!(cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync_ptsz, PFN_cuMemAllocFro
 
 macro_rules! free_async {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: the bytes counted for the pointer go back to the quota.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
             guard(|| {
@@ -260,6 +273,7 @@ macro_rules! free_async {
 free_async!(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020);
 free_async!(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
 
+/// Hooked `cuMemCreate`: a VMM allocation counted against the quota until `cuMemRelease`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult {
     guard(|| {
@@ -281,6 +295,7 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, 
     })
 }
 
+/// Hooked `cuMemRelease`: gives a VMM allocation's bytes back.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     guard(|| {
@@ -290,6 +305,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     })
 }
 
+/// Hooked `cuArrayCreate_v2`: the array's size counted against the quota.
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
     guard(|| {
@@ -308,6 +324,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUD
     })
 }
 
+/// Hooked `cuArray3DCreate_v2`: the array's size counted against the quota.
 #[no_mangle]
 pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
     guard(|| {
@@ -326,6 +343,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const C
     })
 }
 
+/// Hooked `cuArrayDestroy`: gives the array's bytes back.
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayDestroy(h: CUarray) -> CUresult {
     guard(|| {
@@ -335,6 +353,7 @@ pub unsafe extern "C" fn cuArrayDestroy(h: CUarray) -> CUresult {
     })
 }
 
+/// Hooked `cuMipmappedArrayCreate`: every level's size counted against the quota.
 #[no_mangle]
 pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult {
     guard(|| {
@@ -353,6 +372,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, d
     })
 }
 
+/// Hooked `cuMipmappedArrayDestroy`: gives the mipmapped array's bytes back.
 #[no_mangle]
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: CUmipmappedArray) -> CUresult {
     guard(|| {
@@ -364,6 +384,7 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: CUmipmappedArray) -> CUresul
 
 // ---- memory view -----------------------------------------------------------------------------
 
+/// Hooked `cuMemGetInfo_v2`: free and total as the quota allows (see `memory::view`).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard(|| {
@@ -384,6 +405,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
+/// Hooked `cuMemGetInfo` (32-bit ABI): like `cuMemGetInfo_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
     guard(|| {
@@ -404,6 +426,7 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
     })
 }
 
+/// Hooked `cuDeviceTotalMem_v2`: the device's memory capped at the quota.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard(|| {
@@ -419,6 +442,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     })
 }
 
+/// Hooked `cuDeviceTotalMem` (32-bit ABI): like `cuDeviceTotalMem_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
@@ -447,6 +471,7 @@ fn gpu_of_nvml(device: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Option<&'sta
     }
 }
 
+/// Hooked NVML `nvmlDeviceGetMemoryInfo`: the quota-shaped memory view.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
     use crate::nvml::*;
@@ -466,6 +491,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvml_wrapper_sys::bindi
     .unwrap_or(NVML_ERROR_UNKNOWN)
 }
 
+/// Hooked NVML `nvmlDeviceGetMemoryInfo_v2`: the quota-shaped memory view.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_v2_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
     use crate::nvml::*;
@@ -494,6 +520,7 @@ fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
 
 macro_rules! launch_kernel {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: takes the kernel's cost from the launch throttle first.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
@@ -514,6 +541,7 @@ launch_kernel!(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz);
 
 macro_rules! launch_coop {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: takes the kernel's cost from the launch throttle first.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
@@ -534,6 +562,7 @@ launch_coop!(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000
 
 macro_rules! launch_ex {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: takes the kernel's cost from the launch throttle first.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
             guard(|| {
@@ -555,6 +584,7 @@ launch_ex!(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz);
 
 macro_rules! launch_graph {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: graph memory reserved (or refused) and the throttle taken first.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
             guard(|| {
@@ -582,6 +612,7 @@ macro_rules! launch_graph {
 
 // ---- graph memory nodes (see graphmem) -------------------------------------------------------
 
+/// Hooked `cuGraphAddMemAllocNode`: records the node's bytes for the graph (counted at launch).
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     node: *mut CUgraphNode,
@@ -603,6 +634,7 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     })
 }
 
+/// Hooked `cuGraphInstantiateWithFlags`: the exec inherits its graph's memory-node bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
     guard(|| {
@@ -617,6 +649,105 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, gra
     })
 }
 
+/// `cuGraphInstantiateWithParams[_ptsz]`: counted like `cuGraphInstantiateWithFlags`. With
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver would map the exec's graph memory right away,
+/// before any launch the quota sees: the shim instantiates without the flag, then uploads into
+/// the caller's stream through its counted `cuGraphUpload` (the same order the driver's flag
+/// means); a refused upload destroys the new exec and fails the call with
+/// `CUDA_ERROR_OUT_OF_MEMORY` (`result_out` = `CUDA_GRAPH_INSTANTIATE_ERROR`, nothing mapped).
+macro_rules! instantiate_with_params {
+    ($name:ident, $pfn:ty, $upload:ident, $upload_pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: counted like `cuGraphInstantiateWithFlags` (see above).")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult {
+            guard(|| {
+                let inst = real!($name: $pfn);
+                let upload_flag = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64;
+                // SAFETY: null or the caller's parameter block (the driver refuses null itself).
+                let wants_upload = !params.is_null() && unsafe { (*params).flags } & upload_flag != 0;
+                if !wants_upload {
+                    // SAFETY: forwarding the caller's arguments.
+                    let rc = unsafe { inst(exec, graph, params) };
+                    if rc == CUresult::CUDA_SUCCESS {
+                        let st = state();
+                        st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+                    }
+                    return rc;
+                }
+                let upload = real!($upload: $upload_pfn);
+                // SAFETY: non-null (checked above), the caller's parameter block.
+                let caller = unsafe { &mut *params };
+                let mut p = *caller;
+                p.flags &= !upload_flag;
+                // SAFETY: the caller's out-pointer and graph, our copy of its parameters.
+                let rc = unsafe { inst(exec, graph, &mut p) };
+                (caller.hErrNode_out, caller.result_out) = (p.hErrNode_out, p.result_out);
+                if rc != CUresult::CUDA_SUCCESS {
+                    return rc;
+                }
+                let st = state();
+                let e: CUgraphExec = out!(exec);
+                st.graph_mem.instantiated(graph as u64, e as u64, st.gpus.len());
+                // SAFETY: the exec just instantiated and the caller's upload stream.
+                let rc = unsafe { counted_upload(st, e, p.hUploadStream, upload) };
+                if rc != CUresult::CUDA_SUCCESS {
+                    let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
+                    // SAFETY: the exec this call created, never handed out.
+                    unsafe { destroy(e) };
+                    st.graph_mem.exec_destroyed(e as u64, st.gpus.len());
+                    caller.hErrNode_out = std::ptr::null_mut();
+                    caller.result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR;
+                }
+                rc
+            })
+        }
+    };
+}
+instantiate_with_params!(cuGraphInstantiateWithParams, PFN_cuGraphInstantiateWithParams_v12000, cuGraphUpload, PFN_cuGraphUpload_v11010);
+instantiate_with_params!(
+    cuGraphInstantiateWithParams_ptsz,
+    PFN_cuGraphInstantiateWithParams_v12000_ptsz,
+    cuGraphUpload_ptsz,
+    PFN_cuGraphUpload_v11010_ptsz
+);
+
+/// An upload maps the exec's graph memory like a launch does: reserved first (or refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, nothing mapped), settled after.
+///
+/// # Safety
+/// `upload` is the real driver's `cuGraphUpload[_ptsz]`; `exec` and `stream` are the caller's.
+unsafe fn counted_upload(st: &crate::state::State, exec: CUgraphExec, stream: CUstream, upload: PFN_cuGraphUpload_v11010) -> CUresult {
+    let graph_mem = st.graph_mem.seen();
+    if graph_mem {
+        if let Err(rc) = crate::graphmem::before_launch(st, exec as u64) {
+            return rc;
+        }
+    }
+    // SAFETY: forwarding the caller's arguments to the real function.
+    let rc = unsafe { upload(exec, stream) };
+    if graph_mem {
+        crate::graphmem::after_launch(st, exec as u64);
+    }
+    rc
+}
+
+macro_rules! upload_graph {
+    ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: the upload's graph memory reserved (or refused) first.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
+            guard(|| {
+                let upload = real!($name: $pfn);
+                // SAFETY: the real function and the caller's arguments.
+                unsafe { counted_upload(state(), exec, stream, upload) }
+            })
+        }
+    };
+}
+upload_graph!(cuGraphUpload, PFN_cuGraphUpload_v11010);
+upload_graph!(cuGraphUpload_ptsz, PFN_cuGraphUpload_v11010_ptsz);
+
+/// Hooked `cuGraphExecDestroy`: forgets the exec's memory-node bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard(|| {
@@ -631,6 +762,7 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     })
 }
 
+/// Hooked `cuGraphDestroy`: forgets the graph's memory-node bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     guard(|| {
@@ -645,6 +777,7 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     })
 }
 
+/// Hooked `cuDeviceGraphMemTrim`: the graph pool's count settled to what the driver keeps.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
     guard(|| {
@@ -665,6 +798,7 @@ launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
 
 // ---- contexts (tracked so they can be released before the process dies) ---------------------
 
+/// Hooked `cuCtxCreate_v2`: the context is tracked for release before the process dies.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
@@ -680,6 +814,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev
     })
 }
 
+/// Hooked `cuCtxCreate_v3`: the context is tracked for release before the process dies.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
@@ -695,6 +830,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexe
     })
 }
 
+/// Hooked `cuCtxCreate_v4`: the context is tracked for release before the process dies.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
@@ -712,6 +848,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctx
 
 macro_rules! ctx_destroy {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: the destroyed context's allocations are given back.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(ctx: CUcontext) -> CUresult {
             guard(|| {
@@ -732,6 +869,7 @@ macro_rules! ctx_destroy {
 ctx_destroy!(cuCtxDestroy, PFN_cuCtxDestroy_v2000);
 ctx_destroy!(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000);
 
+/// Hooked `cuDevicePrimaryCtxRetain`: the primary context is tracked for release before exit.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     guard(|| {
@@ -759,6 +897,7 @@ fn primary_released(dev: CUdevice) {
 
 macro_rules! primary_release {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: the last release gives the primary context's allocations back.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
             guard(|| {
@@ -778,6 +917,7 @@ primary_release!(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11
 
 macro_rules! primary_reset {
     ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: the reset primary context's allocations are given back.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
             guard(|| {
@@ -799,6 +939,7 @@ primary_reset!(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000);
 
 // ---- signals (the application's SIGINT/SIGTERM actions are kept behind ours) ----------------
 
+/// Exported `sigaction`: the application's SIGINT/SIGTERM actions are kept behind the shim's handlers.
 #[no_mangle]
 pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
     // SAFETY: the caller's arguments, under sigaction(2)'s contract.
@@ -817,6 +958,7 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
     }
 }
 
+/// Exported `signal`: like our `sigaction`, for the old interface.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     let r = catch_unwind(|| crate::exit::app_signal(sig, handler)).unwrap_or(None);

@@ -32,8 +32,11 @@ pub struct Config {
     pub gpu_index: u32,
     /// Quota group (container id); processes with the same group share one quota.
     pub group: String,
+    /// Memory quota settings (`memory`).
     pub memory: MemoryConfig,
+    /// Launch-throttle settings (`throttle`).
     pub throttle: ThrottleConfig,
+    /// Graceful-exit settings (`exit`).
     pub exit: ExitConfig,
     /// Path or soname of the real driver.
     pub real_libcuda: String,
@@ -58,6 +61,10 @@ pub struct MemoryConfig {
     pub quota_fraction: f64,
     /// Absolute quota in bytes; wins over the fraction when set.
     pub quota_bytes: Option<u64>,
+    /// Fault injection for tests only: pause the controller's ledger registration check this
+    /// long between its slot-lock and owner halves (0 = never), so an exit release racing with
+    /// it always lands inside.
+    pub test_ledger_check_pause_ms: u64,
 }
 
 /// Launch-throttle settings (MuxFlow eq. 1-2 + PID): defined beside the control law.
@@ -100,7 +107,7 @@ impl Default for Config {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { quota_fraction: 0.4, quota_bytes: None }
+        Self { quota_fraction: 0.4, quota_bytes: None, test_ledger_check_pause_ms: 0 }
     }
 }
 

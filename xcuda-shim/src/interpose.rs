@@ -13,7 +13,10 @@ macro_rules! hooked_symbols {
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(usize)]
-        pub enum Sym { $($s,)* $($i,)* }
+        pub enum Sym {
+            $(#[doc = concat!("`", stringify!($s), "` (hooked).")] $s,)*
+            $(#[doc = concat!("`", stringify!($i), "` (called by the shim only).")] $i,)*
+        }
         /// Names of [`Sym`], by discriminant.
         pub const SYM_NAMES: &[&str] = &[$(stringify!($s),)* $(stringify!($i),)*];
         /// Number of symbols.
@@ -50,6 +53,7 @@ hooked_symbols! {
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
         cuGraphAddMemAllocNode, cuGraphInstantiateWithFlags, cuGraphExecDestroy, cuGraphDestroy,
         cuDeviceGraphMemTrim,
+        cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphUpload, cuGraphUpload_ptsz,
     ],
     internal: [
         cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
@@ -274,6 +278,8 @@ mod tests {
             let must = e.name.starts_with("cuMemAlloc")
                 || e.name.starts_with("cuLaunch")
                 || e.name == "cuGraphLaunch"
+                || e.name == "cuGraphUpload"
+                || e.name.starts_with("cuGraphInstantiate")
                 || e.name == "cuMemCreate"
                 || e.name.contains("ArrayCreate")
                 || (e.name.starts_with("cuMemFree") && e.name != "cuMemFreeHost")

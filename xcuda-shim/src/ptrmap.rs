@@ -2,18 +2,34 @@
 //! to the bytes counted for it: open addressing over atomics, no locks, no allocation after
 //! construction, so it is safe across threads, signals and fork.
 
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 const EMPTY: u64 = 0;
 const TOMB: u64 = 1;
 
+/// What an entry holds besides its key: bytes and owner side by side (one cache line per
+/// insert for both). Keys stay in an array of their own: probing reads only keys, and a compact
+/// key array (8 bytes a slot) stays in cache where 32-byte slots did not (the hotpath bench's
+/// alloc+free pair took twice as long with key, bytes and owner in one slot).
+#[repr(C, align(16))]
+struct Entry {
+    val: AtomicU64,
+    /// Owner of the entry (the CUDA context it was made in; 0 = none recorded).
+    owner: AtomicU64,
+}
+
 /// Map of live allocations. Keys are unique while live (a pointer is not handed out twice).
 pub struct PtrMap {
     keys: Box<[AtomicU64]>,
-    vals: Box<[AtomicU64]>,
-    /// Owner of each entry (the CUDA context it was made in; 0 = none recorded).
-    owners: Box<[AtomicU64]>,
+    entries: Box<[Entry]>,
     mask: usize,
+    /// The largest distance from its start slot at which any insert placed a key: a lookup
+    /// never needs to look further. Removed entries leave tombstones, and after as many
+    /// allocations as the table has slots none is EMPTY any more, so without this bound every
+    /// lookup of an unknown key (a free of memory the shim never counted, or of another GPU's
+    /// allocation in a multi-GPU process, which asks each GPU's map in turn) walked the whole
+    /// table: 65,536 slots per cuMemFree.
+    max_probe: AtomicUsize,
 }
 
 fn stored(key: u64) -> Option<u64> {
@@ -22,15 +38,16 @@ fn stored(key: u64) -> Option<u64> {
     key.checked_add(2)
 }
 
-fn zeroed(n: usize) -> Box<[AtomicU64]> {
-    (0..n).map(|_| AtomicU64::new(0)).collect()
+fn zeroed(n: usize) -> (Box<[AtomicU64]>, Box<[Entry]>) {
+    ((0..n).map(|_| AtomicU64::new(0)).collect(), (0..n).map(|_| Entry { val: AtomicU64::new(0), owner: AtomicU64::new(0) }).collect())
 }
 
 impl PtrMap {
     /// A map with room for `capacity` (rounded up to a power of two) live entries.
     pub fn new(capacity: usize) -> Self {
         let n = capacity.next_power_of_two().max(16);
-        Self { keys: zeroed(n), vals: zeroed(n), owners: zeroed(n), mask: n - 1 }
+        let (keys, entries) = zeroed(n);
+        Self { keys, entries, mask: n - 1, max_probe: AtomicUsize::new(0) }
     }
 
     fn start(&self, k: u64) -> usize {
@@ -47,13 +64,21 @@ impl PtrMap {
     pub fn insert_owned(&self, key: u64, bytes: u64, owner: u64) -> bool {
         let Some(k) = stored(key) else { return false };
         let mut i = self.start(k);
-        for _ in 0..=self.mask {
-            let cur = self.keys[i].load(Acquire);
-            if (cur == EMPTY || cur == TOMB)
-                && self.keys[i].compare_exchange(cur, k, AcqRel, Relaxed).is_ok()
-            {
-                self.owners[i].store(owner, Release);
-                self.vals[i].store(bytes, Release);
+        for d in 0..=self.mask {
+            let key = &self.keys[i];
+            let cur = key.load(Acquire);
+            if cur != EMPTY && cur != TOMB {
+                i = (i + 1) & self.mask;
+                continue;
+            }
+            // Announced before the key can be seen: a lookup that may find it looks this far.
+            if d > self.max_probe.load(Relaxed) {
+                self.max_probe.fetch_max(d, AcqRel);
+            }
+            if key.compare_exchange(cur, k, AcqRel, Relaxed).is_ok() {
+                let e = &self.entries[i];
+                e.owner.store(owner, Release);
+                e.val.store(bytes, Release);
                 return true;
             }
             i = (i + 1) & self.mask;
@@ -65,16 +90,17 @@ impl PtrMap {
     pub fn remove(&self, key: u64) -> Option<u64> {
         let k = stored(key)?;
         let mut i = self.start(k);
-        for _ in 0..=self.mask {
-            let cur = self.keys[i].load(Acquire);
+        for _ in 0..=self.max_probe.load(Acquire).min(self.mask) {
+            let key = &self.keys[i];
+            let cur = key.load(Acquire);
             if cur == EMPTY {
                 return None;
             }
             if cur == k {
                 // The value was stored before the key became visible to us; whoever wins
                 // the key owns it.
-                let bytes = self.vals[i].load(Acquire);
-                if self.keys[i].compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
+                let bytes = self.entries[i].val.load(Acquire);
+                if key.compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
                     return Some(bytes);
                 }
                 return None;
@@ -88,14 +114,19 @@ impl PtrMap {
     pub fn get(&self, key: u64) -> Option<u64> {
         let k = stored(key)?;
         let mut i = self.start(k);
-        for _ in 0..=self.mask {
+        for _ in 0..=self.max_probe.load(Acquire).min(self.mask) {
             match self.keys[i].load(Acquire) {
                 EMPTY => return None,
-                cur if cur == k => return Some(self.vals[i].load(Acquire)),
+                cur if cur == k => return Some(self.entries[i].val.load(Acquire)),
                 _ => i = (i + 1) & self.mask,
             }
         }
         None
+    }
+
+    /// The largest distance from its start slot at which a key was ever placed (tests, bench).
+    pub fn max_probe(&self) -> usize {
+        self.max_probe.load(Relaxed)
     }
 
     /// Removes every live entry recorded for `owner` (non-zero); returns (entries, bytes).
@@ -105,13 +136,13 @@ impl PtrMap {
         if owner == 0 {
             return (0, 0);
         }
-        for i in 0..=self.mask {
-            let k = self.keys[i].load(Acquire);
-            if k == EMPTY || k == TOMB || self.owners[i].load(Acquire) != owner {
+        for (key, e) in self.keys.iter().zip(self.entries.iter()) {
+            let k = key.load(Acquire);
+            if k == EMPTY || k == TOMB || e.owner.load(Acquire) != owner {
                 continue;
             }
-            let b = self.vals[i].load(Acquire);
-            if self.keys[i].compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
+            let b = e.val.load(Acquire);
+            if key.compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
                 n += 1;
                 bytes = bytes.saturating_add(b);
             }
@@ -121,10 +152,10 @@ impl PtrMap {
 
     /// Empties the map (fork child: the parent's allocations are not ours).
     pub fn clear(&self) {
-        for ((k, v), o) in self.keys.iter().zip(self.vals.iter()).zip(self.owners.iter()) {
-            k.store(EMPTY, Relaxed);
-            v.store(0, Relaxed);
-            o.store(0, Relaxed);
+        for (key, e) in self.keys.iter().zip(self.entries.iter()) {
+            key.store(EMPTY, Relaxed);
+            e.val.store(0, Relaxed);
+            e.owner.store(0, Relaxed);
         }
     }
 
@@ -132,10 +163,10 @@ impl PtrMap {
     pub fn entries(&self) -> Vec<(u64, u64)> {
         self.keys
             .iter()
-            .zip(self.vals.iter())
-            .filter_map(|(k, v)| match k.load(Acquire) {
+            .zip(self.entries.iter())
+            .filter_map(|(key, e)| match key.load(Acquire) {
                 EMPTY | TOMB => None,
-                k => Some((k - 2, v.load(Acquire))),
+                k => Some((k - 2, e.val.load(Acquire))),
             })
             .collect()
     }
@@ -170,6 +201,35 @@ mod tests {
         assert!(!m.insert(0x99_0000, 1));
         m.remove(0x1000);
         assert!(m.insert(0x99_0000, 1), "tombstone reused");
+    }
+
+    /// After as many insert/remove cycles as the table has slots, no slot is EMPTY: a lookup of
+    /// an unknown key still stops after the longest displacement ever used (it walked the whole
+    /// table before), and keys placed far from their start slot are still found.
+    #[test]
+    fn lookups_stop_at_the_longest_displacement() {
+        let m = PtrMap::new(1 << 10);
+        for i in 0..(1u64 << 12) {
+            let k = 0x7f00_0000_0000 + (i << 20);
+            assert!(m.insert(k, i));
+            assert_eq!(m.remove(k), Some(i));
+        }
+        assert!(m.keys.iter().all(|k| k.load(Relaxed) != EMPTY), "every slot a tombstone");
+        assert_eq!(m.max_probe(), 0, "one live key at a time never needed a second slot");
+        assert_eq!(m.remove(0xdead_0000), None);
+        // A cluster: keys with one start slot go to consecutive slots.
+        let keys: Vec<u64> = (0..1u64 << 24).map(|j| 0x1000 + (j << 8)).filter(|k| m.start(k + 2) == m.start(0x1002)).take(3).collect();
+        assert_eq!(keys.len(), 3);
+        for (n, k) in keys.iter().enumerate() {
+            assert!(m.insert(*k, n as u64));
+        }
+        assert_eq!(m.max_probe(), keys.len() - 1);
+        for (n, k) in keys.iter().enumerate() {
+            assert_eq!(m.get(*k), Some(n as u64));
+        }
+        for (n, k) in keys.iter().enumerate().rev() {
+            assert_eq!(m.remove(*k), Some(n as u64));
+        }
     }
 
     #[test]

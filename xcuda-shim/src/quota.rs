@@ -22,9 +22,19 @@ pub enum Kind {
 /// Where reservations are counted.
 pub enum Backend {
     /// The per-GPU ledger: the quota is shared by every process of the group.
-    Ledger { ledger: Ledger, handle: AtomicU64 },
+    Ledger {
+        /// The mapped ledger of this GPU.
+        ledger: Ledger,
+        /// This process's registration (group << 32 | slot; `u64::MAX` once retired).
+        handle: AtomicU64,
+    },
     /// No ledger: this process alone, same limit.
-    Local { used: AtomicU64, limit: u64 },
+    Local {
+        /// Bytes reserved by this process.
+        used: AtomicU64,
+        /// The process's limit in bytes.
+        limit: u64,
+    },
 }
 
 /// The quota of this process's group plus its live allocations.
@@ -43,6 +53,12 @@ pub struct Quota {
     damaged: AtomicBool,
     /// Id of the group this process registered in (ledger backend).
     group_id: u64,
+    /// Fault injection for tests only (`memory.test_ledger_check_pause_ms`, default 0): pause
+    /// [`Quota::check_ledger`] this long between its slot-lock and owner checks, the window in
+    /// which this process's own exit release once made a sound ledger look overwritten.
+    test_check_pause_ms: AtomicU64,
+    /// How many times [`Quota::check_ledger`] entered that pause (tests wait on it).
+    test_check_pauses: AtomicU64,
 }
 
 fn no_owner() -> u64 {
@@ -74,7 +90,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0 }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -82,6 +98,19 @@ impl Quota {
     pub fn owned_by(mut self, f: fn() -> u64) -> Self {
         self.owner_source = f;
         self
+    }
+
+    /// Fault injection for tests only: see `memory.test_ledger_check_pause_ms` (0 = never).
+    pub fn set_test_check_pause_ms(&self, ms: u64) {
+        self.test_check_pause_ms.store(ms, Relaxed);
+    }
+
+    fn test_check_pause(&self) {
+        let ms = self.test_check_pause_ms.load(Relaxed);
+        if ms > 0 {
+            self.test_check_pauses.fetch_add(1, AcqRel);
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
     }
 
     fn map(&self, k: Kind) -> &PtrMap {
@@ -112,17 +141,24 @@ impl Quota {
             Ok(()) => {
                 let raw = handle.load(Acquire);
                 let h = unpack(raw)?;
-                match ledger.check_registration(h, std::process::id(), self.group_id) {
+                // `Ledger::check_registration` in its two halves, with the tests' pause between
+                // them (the window the exit release once hit).
+                let checked = ledger.check_slot_lock(h).and_then(|()| {
+                    self.test_check_pause();
+                    ledger.check_owner(h, std::process::id(), self.group_id)
+                });
+                match checked {
                     Ok(()) => return None,
+                    // The exit release (retire) unregistered this process between the load
+                    // above and the check: it swaps the handle out before it gives the slot
+                    // lock, slot and group back, so a lock, slot or group we gave back
+                    // ourselves is seen here as a changed handle, not as damage (the signal
+                    // stress marked a sound ledger damaged this way after ~400 signalled
+                    // clients; `a_check_racing_our_own_exit_release_is_not_damage`).
+                    Err(_) if handle.load(Acquire) != raw => return None,
                     // Our own slot lock is gone (the application closed its fd): this
                     // process stops counting, the ledger itself is sound.
                     Err(e @ node_ledger::LedgerError::Corrupt { field: "slot_lock", .. }) => e,
-                    // The exit release (retire) unregistered this process between the load
-                    // above and the check: it swaps the handle out before it gives the slot and
-                    // group back, so a slot or group we gave back ourselves is seen here as a
-                    // changed handle, not as damage (the signal stress marked a sound ledger
-                    // damaged this way after ~400 signalled clients).
-                    Err(_) if handle.load(Acquire) != raw => return None,
                     Err(e) => {
                         ledger.mark_damaged();
                         e
@@ -442,6 +478,40 @@ mod tests {
         assert!(!q.try_reserve(1), "no new reservations once the registration cannot be trusted");
         let other = Ledger::open_existing(&p).unwrap();
         assert!(other.check_header().is_ok(), "the ledger is not marked damaged for it");
+    }
+
+    /// The race fixed in 94cde23, made deterministic: the controller's registration check has
+    /// passed the slot-lock half when this process's own exit release (retire) unregisters it,
+    /// so the owner half finds the slot given back. That is not damage: the ledger must not be
+    /// marked damaged (every later client of the GPU would be refused) and a later client is
+    /// admitted. Without the handle re-check this marked the sound ledger damaged.
+    #[test]
+    fn a_check_racing_our_own_exit_release_is_not_damage() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        let l = Ledger::open_or_create(&p, 0).unwrap();
+        let h = l.register(std::process::id(), l.group(5, 1000).unwrap()).unwrap();
+        let q = Arc::new(Quota::with_ledger(l, h));
+        assert!(q.try_reserve(300));
+        q.set_test_check_pause_ms(400);
+        let checker = {
+            let q = q.clone();
+            std::thread::spawn(move || q.check_ledger())
+        };
+        // Inside the window (slot lock checked, owner not yet): the exit release runs.
+        while q.test_check_pauses.load(Acquire) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        q.retire();
+        let found = checker.join().unwrap();
+        let later = Ledger::open_existing(&p).unwrap_or_else(|e| panic!("a later client is refused: {e} (check: {found:?})"));
+        assert!(later.check_header().is_ok(), "a sound ledger was marked damaged: {:?} (check: {found:?})", later.check_header());
+        assert_eq!(found, None, "our own release reported as damage");
+        assert!(!q.ledger_damaged());
+        let g = later.group(5, 1000).unwrap();
+        let lh = later.register(std::process::id(), g).unwrap();
+        let next = Quota::with_ledger(later, lh);
+        assert!(next.try_reserve(1000), "a later client is admitted, with the retired 300 given back");
     }
 
     #[test]

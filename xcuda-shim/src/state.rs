@@ -285,6 +285,7 @@ fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
         }
     };
     let quota = quota.owned_by(crate::exit::current_context);
+    quota.set_test_check_pause_ms(cfg.memory.test_ledger_check_pause_ms);
     tracing::info!(device = ord, uuid = %f.uuid, host_gpu = ?host.as_ref().ok(), quota_bytes = quota.limit(), device_bytes = f.total, sms = f.sms, group = %cfg.group, "xcuda active");
     Gpu {
         quota,

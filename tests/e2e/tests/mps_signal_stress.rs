@@ -60,7 +60,16 @@ struct Tally {
     hung_neighbours: usize,
     poisoned: usize,
     client_hung: usize,
+    /// Python clients whose first Ctrl-C CPython itself swallowed at start-up (signalled again).
+    resignalled: usize,
 }
+
+/// What CPython prints when it reports a KeyboardInterrupt and carries on: landing while it
+/// checks `sys.path[0]` at start-up (Modules/main.c, `pymain_get_importer`) or inside a callback
+/// whose exceptions it only reports (an import's module-lock weakref callback: "Exception
+/// ignored in: <function _get_module_lock.<locals>.cb ...>"). That Ctrl-C is lost with or
+/// without the shim; the script then runs on.
+const CPYTHON_SWALLOWED: [&str; 2] = ["Failed checking if argv[0] is an import path entry", "Exception ignored in"];
 
 #[test]
 #[ignore = "stress tool; run by hand"]
@@ -127,13 +136,31 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         tally.python += usize::from(is_py);
         tally.sigint += usize::from(sig == libc::SIGINT);
         tally.before_ready += usize::from(!ready);
-        let Some(st) = client.wait_timeout(T) else {
+        let mut st = client.wait_timeout(Duration::from_secs(5));
+        if st.is_none() && is_py && CPYTHON_SWALLOWED.iter().any(|m| client.stderr().contains(m)) {
+            // CPython lost this Ctrl-C itself: press it again once the script runs, as a user
+            // would (seed 1795441176492600853 run 77, SIGINT at 93 ms; seed
+            // 1795441877926939867 run 444, SIGINT at 57 ms).
+            tally.resignalled += 1;
+            let _ = client.wait_for_line("ready", T);
+            client.signal(sig);
+        }
+        if st.is_none() {
+            st = client.wait_timeout(T);
+        }
+        let Some(st) = st else {
             tally.client_hung += 1;
             eprintln!(
                 "run {i}: client (python {is_py}, signal {sig}, {delay:?}) did not exit: {}",
                 client.stderr()
             );
             client.kill9();
+            // SIGKILL of a process holding an MPS context hangs the server (as on real MPS):
+            // start over with a fresh server and neighbour, as after a hung neighbour.
+            control(&host, None, "quit\n");
+            control(&host, Some("-d"), "");
+            b = neighbour(&host, runs - i);
+            done_by_b = 0;
             continue;
         };
         let err = client.stderr();

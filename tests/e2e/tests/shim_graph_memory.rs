@@ -85,3 +85,77 @@ fn the_graph_pool_is_counted_once_and_given_back_on_trim() {
     k.send_line("go");
     k.finish(T);
 }
+
+/// `cuGraphInstantiateWithParams` is counted like `cuGraphInstantiateWithFlags`: 40 MiB
+/// allocated + a 30 MiB graph allocation > 64 MiB, so the launch is refused and nothing is
+/// mapped. Before the interception the shim never saw the exec's memory nodes and the launch
+/// mapped 30 MiB past the quota (launches=0).
+#[test]
+fn an_exec_instantiated_with_params_is_counted_at_launch() {
+    let host = EmuHost::new();
+    let mut c = limited(&host, "shim_client", QUOTA, "g3");
+    c.args(["ctx", "alloc", &(40 * MIB).to_string(), "graphmemp", &(30 * MIB).to_string(), "1", "1", "0", "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
+    let msg = format!("{out:?}\n{}", k.stderr());
+    assert_eq!(field_of(&out, "graphmemp", "inst"), "0", "{msg}");
+    assert_eq!(field_of(&out, "graphmemp", "launches"), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(field_of(&out, "graphmemp", "pool_reserved"), "0", "{msg}");
+    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
+    k.send_line("go");
+    k.finish(T);
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` maps the graph's memory at instantiation, before any
+/// launch: over the quota the instantiation itself fails with CUDA_ERROR_OUT_OF_MEMORY
+/// (`result_out` = CUDA_GRAPH_INSTANTIATE_ERROR) and nothing is mapped; within it the upload is
+/// counted once and the launches reuse it. Before: the upload mapped 30 MiB past the quota.
+#[test]
+fn an_upload_at_instantiation_is_counted_or_refused() {
+    let host = EmuHost::new();
+    let l = ledger(&host);
+    let mib = |n: u64| (n * MIB).to_string();
+    let mut c = limited(&host, "shim_client", QUOTA, "g4");
+    c.args(["ctx", "alloc", &mib(40), "graphmemp", &mib(30), "1", "0", "2", "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
+    let msg = format!("{out:?}\n{}", k.stderr());
+    assert_eq!(field_of(&out, "graphmemp", "inst"), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(field_of(&out, "graphmemp", "result_out"), "1", "CUDA_GRAPH_INSTANTIATE_ERROR: {msg}");
+    assert_eq!(field_of(&out, "graphmemp", "pool_reserved"), "0", "{msg}");
+    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
+    k.send_line("go");
+    k.finish(T);
+
+    let mut c = limited(&host, "shim_client", QUOTA, "g5");
+    c.args(["ctx", "graphmemp", &mib(30), "1", "2", "2", "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    let pid = k.pid();
+    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
+    let msg = format!("{out:?}\n{}", k.stderr());
+    assert_eq!((field_of(&out, "graphmemp", "inst"), field_of(&out, "graphmemp", "result_out")), ("0".into(), "0".into()), "{msg}");
+    assert_eq!(field_of(&out, "graphmemp", "launches"), "0,0", "{msg}");
+    assert_eq!(field_of(&out, "graphmemp", "pool_reserved"), mib(30), "{msg}");
+    let me = l.procs().into_iter().find(|p| p.pid == pid).map_or(0, |p| p.mem_bytes);
+    assert_eq!(me, 30 * MIB, "the uploaded pool, counted once: {msg}");
+    k.send_line("go");
+    k.finish(T);
+}
+
+/// The emulated driver refuses the instantiations cuda.h says the real one refuses (no shim):
+/// a device-launch graph with memory nodes, AUTO_FREE_ON_LAUNCH with DEVICE_LAUNCH, unknown
+/// flag bits.
+#[test]
+fn the_emulator_refuses_instantiations_the_driver_refuses() {
+    let host = EmuHost::new();
+    for (flags, result_out) in [("4", "3"), ("5", "1"), ("16", "1")] {
+        let mut c = unlimited(&host, "shim_client");
+        c.args(["ctx", "graphmemp", &MIB.to_string(), "1", "0", flags]);
+        let out = run(&host, &mut c);
+        assert_eq!(field_of(&out, "graphmemp", "inst"), "1", "flags {flags}: CUDA_ERROR_INVALID_VALUE: {out:?}");
+        assert_eq!(field_of(&out, "graphmemp", "result_out"), result_out, "flags {flags}: {out:?}");
+    }
+}

@@ -685,11 +685,24 @@ export! {
         add_node(phGraphNode, hGraph, dependencies, numDependencies, node)
     }
     fn cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64) {
-        let _ = flags;
         if phGraphExec.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        put(phGraphExec, ptr(driver::graph_instantiate(h(hGraph))?))
+        put(phGraphExec, ptr(driver::graph_instantiate(h(hGraph), flags, false).map_err(|(rc, _)| rc)?))
+    }
+    fn cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) {
+        instantiate_with_params(phGraphExec, hGraph, instantiateParams)
+    }
+    fn cuGraphInstantiateWithParams_ptsz(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) {
+        instantiate_with_params(phGraphExec, hGraph, instantiateParams)
+    }
+    fn cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        driver::graph_upload(h(hGraphExec))
+    }
+    fn cuGraphUpload_ptsz(hGraphExec: CUgraphExec, hStream: CUstream) {
+        driver::check_stream(h(hStream))?;
+        driver::graph_upload(h(hGraphExec))
     }
     fn cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
         if nodeParams.is_null() || phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
@@ -754,6 +767,44 @@ export! {
             put(symbolFound, q)?;
         }
         r
+    }
+}
+
+/// `cuGraphInstantiateWithParams[_ptsz]`: instantiates with `flags`, reports `result_out` and
+/// `hErrNode_out` (null: the emulator names no offending node), then uploads into
+/// `hUploadStream` when `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` asks for it (a failed upload fails
+/// the call and leaves no exec behind).
+///
+/// # Safety
+/// `out` null or writable; `params` null or the caller's parameter block.
+unsafe fn instantiate_with_params(out: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> R {
+    if out.is_null() || params.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, the caller's parameter block.
+    let p = unsafe { &mut *params };
+    p.hErrNode_out = std::ptr::null_mut();
+    let upload = p.flags & CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64 != 0;
+    let made = driver::graph_instantiate(h(graph), p.flags, true).and_then(|exec| {
+        if !upload {
+            return Ok(exec);
+        }
+        let up = driver::check_stream(h(p.hUploadStream)).and_then(|()| driver::graph_upload(exec));
+        up.map(|()| exec).map_err(|rc| {
+            let _ = driver::graph_exec_destroy(exec);
+            (rc, CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR)
+        })
+    });
+    match made {
+        Ok(exec) => {
+            p.result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_SUCCESS;
+            // SAFETY: checked non-null out-pointer.
+            unsafe { put(out, ptr(exec)) }
+        }
+        Err((rc, why)) => {
+            p.result_out = why;
+            Err(rc)
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::memstore::MemStore;
 use crate::ptx;
-use cuda_abi::CUresult;
+use cuda_abi::{CUgraphInstantiateResult, CUgraphInstantiate_flags, CUresult};
 use emu_device::{Client, Device, EmuError, KernelStatus, Launch};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -140,6 +140,8 @@ struct Inner {
     /// Memory nodes of each graph (and of each instantiation: exec -> (graph, nodes)).
     graph_mem: HashMap<u64, Vec<MemNode>>,
     exec_mem: HashMap<u64, (u64, Vec<MemNode>)>,
+    /// Execs instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+    exec_auto_free: HashSet<u64>,
     /// Per ordinal: the graph memory pool (CUDA keeps physical memory reserved for graphs
     /// across launches until `cuDeviceGraphMemTrim`).
     graph_pools: HashMap<usize, GraphPool>,
@@ -956,21 +958,97 @@ pub fn graph_add_kernel(graph: u64, node: GraphNode) -> R<u64> {
     Ok(g.handle())
 }
 
-/// `cuGraphInstantiateWithFlags`: a snapshot of the graph's nodes.
-pub fn graph_instantiate(graph: u64) -> R<u64> {
-    let mut g = drv()?.lock();
-    let nodes = g.graphs.get(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.clone();
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_*` (cuda.h `CUgraphInstantiate_flags`).
+const FLAG_AUTO_FREE: u64 = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0 as u64;
+const FLAG_UPLOAD: u64 = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64;
+const FLAG_DEVICE_LAUNCH: u64 = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH.0 as u64;
+const FLAG_NODE_PRIORITY: u64 = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY.0 as u64;
+
+/// `cuGraphInstantiateWithFlags` (`with_params` false) / `cuGraphInstantiateWithParams`: a
+/// snapshot of the graph's nodes. Refused as cuda.h documents, with the reason
+/// `cuGraphInstantiateWithParams` reports in `result_out`: unknown flag bits,
+/// `FLAG_UPLOAD` outside `cuGraphInstantiateWithParams`, `FLAG_AUTO_FREE_ON_LAUNCH` with
+/// `FLAG_DEVICE_LAUNCH`, a device-launch graph that is empty or holds memory nodes (only
+/// kernel, memcpy, memset and child-graph nodes may be launched from the device), a second
+/// instantiation of a graph with memory nodes. The upload itself is the caller's
+/// ([`graph_upload`]).
+pub fn graph_instantiate(graph: u64, flags: u64, with_params: bool) -> Result<u64, (CUresult, CUgraphInstantiateResult)> {
+    let err = |r| (CUresult::CUDA_ERROR_INVALID_VALUE, r);
+    let invalid = err(CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR);
+    let known = FLAG_AUTO_FREE | FLAG_DEVICE_LAUNCH | FLAG_NODE_PRIORITY | if with_params { FLAG_UPLOAD } else { 0 };
+    if flags & !known != 0 || (flags & FLAG_AUTO_FREE != 0 && flags & FLAG_DEVICE_LAUNCH != 0) {
+        return Err(invalid);
+    }
+    let mut g = drv().map_err(|e| (e, CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR))?.lock();
+    let nodes = g.graphs.get(&graph).ok_or(invalid)?.clone();
     let mem = g.graph_mem.get(&graph).cloned().unwrap_or_default();
+    if flags & FLAG_DEVICE_LAUNCH != 0 {
+        if !mem.is_empty() {
+            return Err(err(CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED));
+        }
+        if nodes.is_empty() {
+            return Err(err(CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE));
+        }
+    }
     // A graph with memory nodes may have one instantiation at a time (cuGraphAddMemAllocNode).
     if !mem.is_empty() && g.exec_mem.values().any(|(gr, _)| *gr == graph) {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        return Err(invalid);
     }
     let h = g.handle();
     g.execs.insert(h, nodes);
     if !mem.is_empty() {
         g.exec_mem.insert(h, (graph, mem));
     }
+    if flags & FLAG_AUTO_FREE != 0 {
+        g.exec_auto_free.insert(h);
+    }
     Ok(h)
+}
+
+/// `cuGraphUpload` (and `FLAG_UPLOAD`): maps the graph memory `exec` needs ahead of its launch:
+/// the device's graph pool grows (committing device memory) to hold the exec's allocations;
+/// over the device's memory: `CUDA_ERROR_OUT_OF_MEMORY`, nothing mapped.
+pub fn graph_upload(exec: u64) -> R {
+    let d = drv()?;
+    let mut g = d.lock();
+    if !g.execs.contains_key(&exec) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let Some((_, nodes)) = g.exec_mem.get(&exec).cloned() else { return Ok(()) };
+    let mut need: HashMap<usize, u64> = HashMap::new();
+    for n in &nodes {
+        if let MemNode::Alloc { addr, size, ord } = *n {
+            if !g.graph_live.contains_key(&addr) {
+                *need.entry(ord).or_default() += size;
+            }
+        }
+    }
+    grow_pools(d, &mut g, &need)
+}
+
+/// Grows each ordinal's graph pool until its unused part covers `need` bytes (all or nothing).
+fn grow_pools(d: &Driver, g: &mut Inner, need: &HashMap<usize, u64>) -> R {
+    let mut grown: Vec<(usize, u64)> = Vec::new();
+    for (&ord, &bytes) in need {
+        let pool = g.graph_pools.entry(ord).or_default();
+        let short = bytes.saturating_sub(pool.reserved - pool.used);
+        if short > 0 {
+            let gp = d.gpu(ord);
+            if let Err(e) = gp.dev.commit(&gp.client, short) {
+                for (o, b) in grown {
+                    let gp = d.gpu(o);
+                    gp.dev.free(&gp.client, b);
+                    g.graph_pools.entry(o).or_default().reserved -= b;
+                }
+                return Err(dev_err(e));
+            }
+            let pool = g.graph_pools.entry(ord).or_default();
+            pool.reserved += short;
+            pool.reserved_high = pool.reserved_high.max(pool.reserved);
+            grown.push((ord, short));
+        }
+    }
+    Ok(())
 }
 
 /// `cuGraphLaunch`: enqueues every node on `stream`, in order.
@@ -988,6 +1066,7 @@ pub fn graph_launch(exec: u64, stream: u64) -> R {
 pub fn graph_exec_destroy(exec: u64) -> R {
     let mut g = drv()?.lock();
     g.exec_mem.remove(&exec);
+    g.exec_auto_free.remove(&exec);
     g.execs.remove(&exec).map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
@@ -1047,35 +1126,22 @@ fn graph_mem_launch(d: &Driver, exec: u64) -> R {
     let mut g = d.lock();
     let Some((_, nodes)) = g.exec_mem.get(&exec).cloned() else { return Ok(()) };
     let mut need: HashMap<usize, u64> = HashMap::new();
+    let auto_free = g.exec_auto_free.contains(&exec);
     for n in &nodes {
         if let MemNode::Alloc { addr, size, ord } = *n {
             // An allocation still alive from the previous launch: the real driver refuses
-            // to launch over it.
+            // to launch over it, unless the exec frees it itself (AUTO_FREE_ON_LAUNCH).
             if g.graph_live.contains_key(&addr) {
-                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                if !auto_free {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                graph_mem_free(&mut g, addr);
             }
             *need.entry(ord).or_default() += size;
         }
     }
-    let mut grown: Vec<(usize, u64)> = Vec::new();
+    grow_pools(d, &mut g, &need)?;
     for (&ord, &bytes) in &need {
-        let pool = g.graph_pools.entry(ord).or_default();
-        let short = bytes.saturating_sub(pool.reserved - pool.used);
-        if short > 0 {
-            let gp = d.gpu(ord);
-            if let Err(e) = gp.dev.commit(&gp.client, short) {
-                for (o, b) in grown {
-                    let gp = d.gpu(o);
-                    gp.dev.free(&gp.client, b);
-                    g.graph_pools.entry(o).or_default().reserved -= b;
-                }
-                return Err(dev_err(e));
-            }
-            let pool = g.graph_pools.entry(ord).or_default();
-            pool.reserved += short;
-            pool.reserved_high = pool.reserved_high.max(pool.reserved);
-            grown.push((ord, short));
-        }
         let pool = g.graph_pools.entry(ord).or_default();
         pool.used += bytes;
         pool.used_high = pool.used_high.max(pool.used);

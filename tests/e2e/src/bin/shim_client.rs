@@ -371,10 +371,15 @@ fn main() {
                 }
                 // Graph memory: a graph with one BYTES alloc node on device 0 (freed in the
                 // graph when FREE is 1), instantiated, launched COUNT times; prints the node's
-                // and each launch's result and the driver's pool figures.
-                "graphmem" => {
+                // and each launch's result and the driver's pool figures. `graphmemp` takes a
+                // fourth argument, FLAGS, and instantiates with cuGraphInstantiateWithParams
+                // (FLAGS 2 = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, into the client's stream) and
+                // prints `inst=` (its result) and `result_out=`.
+                "graphmem" | "graphmemp" => {
                     let (bytes, free_in_graph, count) = (num(1, i), num(2, i) == 1, num(3, i));
-                    i += 3;
+                    let with_params = step == "graphmemp";
+                    let flags = if with_params { num(4, i) as u64 } else { 0 };
+                    i += if with_params { 4 } else { 3 };
                     let mut g: CUgraph = std::ptr::null_mut();
                     let mut r = graph_create(&mut g, 0);
                     let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
@@ -391,7 +396,19 @@ fn main() {
                         r = graph_add_free(&mut fnode, g, &node, 1, p.dptr);
                     }
                     let mut exec: CUgraphExec = std::ptr::null_mut();
-                    if r.is_success() {
+                    let mut extra = String::new();
+                    if r.is_success() && with_params {
+                        let inst = get!(cu, "cuGraphInstantiateWithParams", PFN_cuGraphInstantiateWithParams_v12000, 12000);
+                        let mut ip = CUDA_GRAPH_INSTANTIATE_PARAMS {
+                            flags,
+                            hUploadStream: stream,
+                            hErrNode_out: std::ptr::null_mut(),
+                            result_out: CUgraphInstantiateResult(99),
+                        };
+                        r = inst(&mut exec, g, &mut ip);
+                        extra = format!(" inst={} result_out={}", r.0, ip.result_out.0);
+                        let _ = sync();
+                    } else if r.is_success() {
                         r = graph_instantiate(&mut exec, g, 0);
                     }
                     let mut rcs = Vec::new();
@@ -412,7 +429,7 @@ fn main() {
                     graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast());
                     graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast());
                     out(format!(
-                        "graphmem={} node={node_rc} launches={} pool_used={used} pool_reserved={reserved}",
+                        "{step}={} node={node_rc} launches={} pool_used={used} pool_reserved={reserved}{extra}",
                         rcs.first().cloned().unwrap_or_else(|| r.0.to_string()),
                         rcs.join(",")
                     ));
