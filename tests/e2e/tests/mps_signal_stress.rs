@@ -157,8 +157,8 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
             client.kill9();
             // SIGKILL of a process holding an MPS context hangs the server (as on real MPS):
             // start over with a fresh server and neighbour, as after a hung neighbour.
-            control(&host, None, "quit\n");
-            control(&host, Some("-d"), "");
+            host.mps_control(None, "quit\n");
+            host.mps_control(Some("-d"), "");
             b = neighbour(&host, runs - i);
             done_by_b = 0;
             continue;
