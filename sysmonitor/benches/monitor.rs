@@ -56,7 +56,7 @@ fn mono_ns() -> u64 {
 
 fn config(interval_ms: u64) -> String {
     format!(
-        r#"{{"interval_ms": {interval_ms}, "state_file_every_ms": 100, "host_memory": {{"enabled": false}},
+        r#"{{"interval_ms": {interval_ms}, "host_memory": {{"enabled": false}},
   "machine": {{
     "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
     "sm_activity": {{ "healthy": 30, "unhealthy": 60, "overlimit": 80 }},
