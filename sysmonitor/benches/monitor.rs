@@ -75,9 +75,17 @@ fn samples_at(n: &EmuNode) -> (u64, u64) {
     )
 }
 
-/// The monitor at `interval_ms`: CPU % of each of `windows` windows of `secs`, and samples
-/// per second (from the state file's own count and clock, whenever it was last written).
-fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> (Vec<f64>, f64) {
+/// CPU of the monitor at `interval_ms`: % of a core in each of `windows` windows of `secs`,
+/// then the same for a process making only the monitor's NVML calls on the same emulated GPU
+/// (the emulator's share: what real NVML would cost instead); and samples per second (from the
+/// state file's own count and clock, whenever it was last written).
+struct CpuUse {
+    monitor: Vec<f64>,
+    nvml_only: Vec<f64>,
+    samples_per_s: f64,
+}
+
+fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> CpuUse {
     let mut n = EmuNode::new();
     let m = n.start_monitor("mon.json", &config(interval_ms));
     n.wait_state(Duration::from_secs(20), "healthy", |v| {
@@ -86,10 +94,40 @@ fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> (Vec<f64>, f64) {
     std::thread::sleep(Duration::from_millis(500));
     let pid = n.pid(m);
     let (s0, t0) = samples_at(&n);
-    let pct = (0..windows).map(|_| cpu_pct(pid, secs)).collect();
+    let monitor = (0..windows).map(|_| cpu_pct(pid, secs)).collect();
     let (s1, t1) = samples_at(&n);
-    let rate = s1.saturating_sub(s0) as f64 * 1000.0 / t1.saturating_sub(t0).max(1) as f64;
-    (pct, rate)
+    let samples_per_s = s1.saturating_sub(s0) as f64 * 1000.0 / t1.saturating_sub(t0).max(1) as f64;
+    n.signal(m, libc::SIGTERM);
+    n.wait_exit(m, Duration::from_secs(10)).expect("monitor did not stop");
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("MONITOR_BENCH_NVML_MS", interval_ms.to_string())
+        .envs(n.envs())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let nvml_only = (0..windows).map(|_| cpu_pct(c.id(), secs)).collect();
+    let _ = c.kill();
+    let _ = c.wait();
+    CpuUse {
+        monitor,
+        nvml_only,
+        samples_per_s,
+    }
+}
+
+/// The monitor's NVML calls and nothing else, every `interval_ms`: `NvmlSource::sample` (GPM
+/// or utilization samples, memory, SM clock, power and temperature every tenth) and the XID
+/// event poll.
+fn nvml_main(interval_ms: u64) {
+    use sysmonitor::sampler::{GpuSource, NvmlSource};
+    let mut src = NvmlSource::open(0).expect("NVML on the emulator");
+    let t0 = Instant::now();
+    loop {
+        let now = t0.elapsed().as_millis() as u64;
+        let _ = std::hint::black_box(src.sample(now));
+        let _ = std::hint::black_box(src.xids());
+        std::thread::sleep(Duration::from_millis(interval_ms));
+    }
 }
 
 /// A process that wakes up every `interval_ms` and does nothing else: its CPU is the floor
@@ -135,6 +173,13 @@ fn main() {
         floor_main(ms);
         return;
     }
+    if let Some(ms) = std::env::var("MONITOR_BENCH_NVML_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        nvml_main(ms);
+        return;
+    }
     let args: Vec<String> = std::env::args().collect();
     let opt = |name: &str, d: f64| {
         args.iter()
@@ -152,23 +197,35 @@ fn main() {
         "-- CPU use, % of one core: {windows} windows of {secs} s each (min / median); load average {} --",
         load_avg()
     );
-    let (cpu10, r10) = cpu_use(10, secs, windows);
+    let u10 = cpu_use(10, secs, windows);
     let floor10 = floor_use(10, secs, windows);
-    let (cpu1, r1) = cpu_use(1, secs, windows);
+    let u1 = cpu_use(1, secs, windows);
     let floor1 = floor_use(1, secs, windows);
-    let ((c10, m10), (c1, m1)) = (min_median(&cpu10), min_median(&cpu1));
+    let ((c10, m10), (c1, m1)) = (min_median(&u10.monitor), min_median(&u1.monitor));
+    let ((n10, o10), (n1, o1)) = (min_median(&u10.nvml_only), min_median(&u1.nvml_only));
     let ((f10, g10), (f1, g1)) = (min_median(&floor10), min_median(&floor1));
+    let (r10, r1) = (u10.samples_per_s, u1.samples_per_s);
     println!("  monitor, interval 10 ms    {c10:6.2} / {m10:6.2} %  ({r10:.0} samples/s)");
-    println!("  wake-up floor, 10 ms       {f10:6.2} / {g10:6.2} %  (a process that only sleeps 10 ms at a time)");
+    println!("    its NVML calls alone     {n10:6.2} / {o10:6.2} %  (emulated NVML + wake-ups; real NVML costs what it costs)");
+    println!("    wake-up floor            {f10:6.2} / {g10:6.2} %  (a process that only sleeps 10 ms at a time)");
     println!("  monitor, interval  1 ms    {c1:6.2} / {m1:6.2} %  ({r1:.0} samples/s)");
-    println!("  wake-up floor,  1 ms       {f1:6.2} / {g1:6.2} %");
+    println!("    its NVML calls alone     {n1:6.2} / {o1:6.2} %");
+    println!("    wake-up floor            {f1:6.2} / {g1:6.2} %");
     println!("  ratio 1 ms / 10 ms         {:6.2} x (medians)", m1 / m10.max(1e-9));
+    let us = |pct: f64, rate: f64| pct / 100.0 / rate.max(1e-9) * 1e6;
     println!(
-        "  per sample (median)        {:6.1} us CPU at 10 ms ({:.1} above the floor), {:.1} us at 1 ms ({:.1} above)",
-        m10 / 100.0 / r10.max(1e-9) * 1e6,
-        (m10 - g10) / 100.0 / r10.max(1e-9) * 1e6,
-        m1 / 100.0 / r1.max(1e-9) * 1e6,
-        (m1 - g1) / 100.0 / r1.max(1e-9) * 1e6
+        "  per sample (medians)       10 ms: {:.1} us CPU = {:.1} floor + {:.1} NVML + {:.1} monitor's own",
+        us(m10, r10),
+        us(g10, r10),
+        us(o10 - g10, r10),
+        us(m10 - o10, r10)
+    );
+    println!(
+        "                              1 ms: {:.1} us CPU = {:.1} floor + {:.1} NVML + {:.1} monitor's own",
+        us(m1, r1),
+        us(g1, r1),
+        us(o1 - g1, r1),
+        us(m1 - o1, r1)
     );
     println!(
         "  target <= {TARGET_PCT_AT_10_MS} % at 10 ms:  {} (median {m10:.2} %; load average now {})",
