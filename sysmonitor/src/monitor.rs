@@ -53,25 +53,36 @@ pub struct ChangeKey {
 
 /// The monitor's whole state.
 pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
+    /// The configuration in force (replaced on reload).
     pub cfg: Config,
+    /// Where samples come from (NVML in production).
     pub gpu: G,
+    /// The per-GPU ledger: offline registry, eviction requests, the published monitor block.
     pub ledger: L,
+    /// The five-state health machine.
     pub machine: Machine,
+    /// Evictions of offline processes (SIGTERM, grace, SIGKILL).
     pub evictor: Evictor<S>,
+    /// The latest samples, `history_secs` of them.
     pub history: Ring<GpuSample>,
     verifier: Verifier,
     pressure: PressureJudge,
     host: Option<HostMem>,
     next_host_ms: u64,
     next_verify_ms: u64,
+    /// Samples taken since start.
     pub samples: u64,
+    /// Samples that failed since start.
     pub sample_errors: u64,
+    /// The last health transition.
     pub last_transition: Option<Transition>,
     /// State changes since start (the state file is rewritten in the tick one happens).
     pub transitions: u64,
+    /// Offline processes registered in the ledger at the last look.
     pub offline_registered: usize,
-    /// Sample number at the last Overlimit entry and at the last eviction started.
+    /// Sample number at the last Overlimit entry.
     pub overlimit_entry_sample: Option<u64>,
+    /// Sample number at the last eviction started.
     pub last_eviction_sample: Option<u64>,
     /// Samples between the last Overlimit entry and the Overlimit eviction it caused.
     pub overlimit_eviction_lag_samples: Option<u64>,
