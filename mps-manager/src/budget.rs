@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 pub struct BudgetConfig {
     /// SM percentage kept free above the online workload's activity.
     pub headroom_pct: f64,
+    /// Lowest SM percentage the offline side is given while the GPU is safe.
     pub min_pct: f64,
+    /// Highest SM percentage the offline side is ever given.
     pub max_pct: f64,
     /// Only apply a new value when it moved at least this much (avoids command churn).
     pub min_step_pct: f64,
@@ -44,6 +46,7 @@ impl Default for BudgetConfig {
 }
 
 impl BudgetConfig {
+    /// Range checks; returns `(dotted field, message)` for the first bad value.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let pct = |v: f64| v.is_finite() && (0.0..=100.0).contains(&v);
         for (f, v) in [
@@ -148,6 +151,7 @@ impl Allocator {
         }
     }
 
+    /// The budget last applied, percent (`None` before the first one or after a reset).
     pub fn applied(&self) -> Option<f64> {
         self.applied
     }

@@ -8,6 +8,7 @@ use node_daemon::layered::{self, ConfigError};
 use crate::budget::BudgetConfig;
 use crate::detect::{DetectConfig, RateConfig};
 
+/// Default location of the base config file.
 pub const DEFAULT_PATH: &str = "/etc/xshare/mps-manager.json";
 
 /// Longest command timeout / eviction grace, ms (10 min).
@@ -17,9 +18,11 @@ pub const MAX_PERIOD_MS: u64 = 3_600_000;
 /// Longest detection / rate-limit window, ms (1 day).
 pub const MAX_WINDOW_MS: u64 = 86_400_000;
 
+/// Everything `mps-manager run` reads from its config files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// NVML index of the GPU whose MPS this instance manages.
     pub gpu_index: u32,
     /// Ledger directory (`<dir>/gpu<N>/ledger`); `$XSHARE_LEDGER_DIR` overrides.
     pub ledger_dir: PathBuf,
@@ -52,8 +55,11 @@ pub struct Config {
     /// clients get the GPU back. `null`: not enforced; a change of the server's user is
     /// logged as a warning.
     pub client_uid: Option<u32>,
+    /// How the offline SM budget is computed.
     pub budget: BudgetConfig,
+    /// Thresholds of MPS fault detection.
     pub detect: DetectConfig,
+    /// Rate limit of recoveries.
     pub recovery: RateConfig,
 }
 
@@ -81,6 +87,7 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Semantic checks; returns `(dotted field, message)` for the first bad value.
     pub fn validate(&self) -> Result<(), (String, String)> {
         // Durations: bounded so that `now + d` never overflows and a typo (u64::MAX) cannot
         // silently turn a timeout or grace period into "never".
@@ -164,6 +171,7 @@ impl Config {
         fill(&mut self.state_file, "mps-manager.json");
     }
 
+    /// This GPU's ledger file (`<ledger_dir>/gpu<N>/ledger`).
     pub fn ledger_path(&self) -> PathBuf {
         node_ledger::config::ledger_path(&self.ledger_dir, self.gpu_index)
     }

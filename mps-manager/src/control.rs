@@ -43,13 +43,23 @@ fn started_unix(start_ticks: u64) -> Option<f64> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MpsError {
     /// The control program did not answer within the timeout (daemon hang).
-    Timeout { command: String, after_ms: u64 },
+    Timeout {
+        /// The command sent.
+        command: String,
+        /// How long it waited, ms.
+        after_ms: u64,
+    },
     /// No control daemon is listening.
     NoDaemon,
     /// The program could not be started.
     Spawn(String),
     /// The daemon answered with an error text.
-    Rejected { command: String, reply: String },
+    Rejected {
+        /// The command sent.
+        command: String,
+        /// The daemon's reply.
+        reply: String,
+    },
 }
 
 impl std::fmt::Display for MpsError {
@@ -71,11 +81,15 @@ impl std::fmt::Display for MpsError {
 /// How to reach one GPU's MPS control daemon.
 #[derive(Debug, Clone)]
 pub struct MpsControl {
+    /// The control program (`nvidia-cuda-mps-control`).
     pub bin: PathBuf,
+    /// `CUDA_MPS_PIPE_DIRECTORY` of the daemon.
     pub pipe_dir: PathBuf,
+    /// `CUDA_MPS_LOG_DIRECTORY` of the daemon.
     pub log_dir: PathBuf,
     /// Value for `CUDA_VISIBLE_DEVICES` of the daemon (the GPU it serves).
     pub visible_devices: String,
+    /// Longest wait for one command's answer (a longer one is a daemon hang).
     pub timeout: Duration,
 }
 

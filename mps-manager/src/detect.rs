@@ -12,19 +12,35 @@ pub enum Fault {
     /// The control daemon process is gone.
     DaemonDead,
     /// The control daemon did not answer a command in time.
-    DaemonHang { command: String },
+    DaemonHang {
+        /// The command that got no answer.
+        command: String,
+    },
     /// An MPS server that had clients disappeared.
-    ServerCrash { server: u32 },
+    ServerCrash {
+        /// Pid of the server that disappeared.
+        server: u32,
+    },
     /// Clients are connected but nothing progresses: no launches, no SM activity.
-    ClientsStuck { for_ms: u64 },
+    ClientsStuck {
+        /// How long nothing has progressed, ms.
+        for_ms: u64,
+    },
     /// The monitor reported a critical XID (e.g. 31, GPU memory page fault).
-    Xid { code: u64 },
+    Xid {
+        /// The XID code.
+        code: u64,
+    },
     /// A registered offline client died without unregistering (killed holding its context),
     /// which hangs every other client of the MPS server until MPS is reset.
-    ClientDied { pid: u32 },
+    ClientDied {
+        /// Pid of the dead client.
+        pid: u32,
+    },
 }
 
 impl Fault {
+    /// Short snake_case name of the fault's kind (state file counts, logs).
     pub fn kind(&self) -> &'static str {
         match self {
             Fault::DaemonDead => "daemon_dead",
@@ -40,6 +56,7 @@ impl Fault {
 /// One look at MPS and the ledger.
 #[derive(Debug, Clone, Default)]
 pub struct Observation {
+    /// Whether the control daemon process is running.
     pub daemon_alive: bool,
     /// `None` when `get_server_list` timed out.
     pub servers: Option<Vec<u32>>,
@@ -47,6 +64,7 @@ pub struct Observation {
     pub clients: BTreeMap<u32, Vec<u32>>,
     /// Sum of kernel launches of registered offline processes.
     pub offline_launches: u64,
+    /// Offline processes registered in the ledger.
     pub offline_registered: usize,
     /// Total SM activity published by the monitor, percent.
     pub sm_activity_pct: f64,
@@ -92,6 +110,7 @@ impl Detector {
         self.xid_reported = xid;
     }
 
+    /// Takes one observation at `now_ms`; returns the faults it reveals (each reported once).
     pub fn observe(&mut self, cfg: &DetectConfig, now_ms: u64, o: &Observation) -> Vec<Fault> {
         let mut f = Vec::new();
         match o.xid {
@@ -148,7 +167,9 @@ impl Detector {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateConfig {
+    /// Shortest time between two recoveries, ms.
     pub min_interval_ms: u64,
+    /// Most recoveries in any hour.
     pub max_per_hour: usize,
 }
 
@@ -161,6 +182,7 @@ impl Default for RateConfig {
     }
 }
 
+/// Recoveries of the last hour, for [`RateConfig`]'s limits.
 #[derive(Debug, Default)]
 pub struct RateLimiter {
     history: VecDeque<u64>,

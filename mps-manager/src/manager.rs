@@ -19,40 +19,61 @@ use crate::detect::{Detector, Fault, Observation, RateLimiter};
 /// One recovery, for the state file and logs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recovery {
+    /// Wall-clock ms when it ran.
     pub at_unix_ms: u64,
+    /// The fault that called for it.
     pub fault: Fault,
+    /// Pids of the offline clients it evicted.
     pub evicted: Vec<u32>,
+    /// What it did and how it ended.
     pub outcome: String,
 }
 
 /// An offline process the manager evicted and wants its owner to restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RestartRequest {
+    /// Pid of the evicted process.
     pub pid: u32,
+    /// Its start time (`/proc/<pid>/stat` field 22), so the pid is never taken for another.
     pub start_time: u64,
+    /// Why it was evicted.
     pub reason: String,
+    /// Wall-clock ms of the eviction.
     pub at_unix_ms: u64,
 }
 
 /// The manager's state file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ManagerState {
+    /// GPU index.
     pub gpu: u32,
+    /// Pid of the writing manager.
     pub manager_pid: u32,
+    /// Pid of the MPS control daemon, once started or detected.
     pub daemon_pid: Option<u32>,
     /// Start time (`/proc/<pid>/stat` field 22) of `daemon_pid` when it was started or
     /// detected: the daemon is only ever signalled as this pid + start time.
     #[serde(default)]
     pub daemon_start_time: Option<u64>,
+    /// Pids of the MPS servers at the last look.
     pub servers: Vec<u32>,
+    /// MPS clients connected at the last look, all servers together.
     pub clients: usize,
+    /// The health state the monitor last published, if any.
     pub gpu_health: Option<String>,
+    /// Total SM activity the monitor last published, percent.
     pub sm_activity_pct: f64,
+    /// Estimated SM activity of the online workload alone (smoothed), percent.
     pub online_estimate_pct: f64,
+    /// The offline SM budget in force, percent.
     pub offline_budget_pct: Option<f64>,
+    /// Faults seen since start, by kind ([`Fault::kind`]).
     pub faults: BTreeMap<String, u64>,
+    /// The latest recoveries (at most 50).
     pub recoveries: Vec<Recovery>,
+    /// Recoveries the rate limit held back.
     pub suppressed_recoveries: u64,
+    /// Offline processes evicted for their owners to restart.
     pub restart_requested: Vec<RestartRequest>,
     /// Effective uid of the running MPS server (the user MPS serves now).
     #[serde(default)]
@@ -60,17 +81,23 @@ pub struct ManagerState {
     /// MPS servers seen running as a user other than `client_uid` (see the config).
     #[serde(default)]
     pub user_breaches: u64,
+    /// The last error talking to MPS.
     pub last_error: Option<String>,
+    /// Wall-clock ms of this snapshot.
     pub updated_unix_ms: u64,
 }
 
+/// One GPU's MPS manager: the SM budget loop, fault detection and rate-limited recovery.
 pub struct Manager {
+    /// The configuration in force.
     pub cfg: Config,
+    /// The MPS control daemon client.
     pub ctl: MpsControl,
     ledger: Ledger,
     alloc: Allocator,
     detector: Detector,
     limiter: RateLimiter,
+    /// What the state file says.
     pub state: ManagerState,
     /// Faults logged in the current episode (logged once, counted every time).
     logged_faults: HashSet<String>,
@@ -108,6 +135,7 @@ pub fn control_for(cfg: &Config) -> MpsControl {
 }
 
 impl Manager {
+    /// Opens (or creates) the GPU's ledger and sets up the control client; starts nothing.
     pub fn new(cfg: Config) -> Result<Manager, String> {
         let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index)
             .map_err(|e| format!("ledger: {e}"))?;
@@ -661,6 +689,7 @@ impl Manager {
         }
     }
 
+    /// Writes the state file at `path` atomically, stamped with the current time.
     pub fn write_state(&mut self, path: &Path) {
         self.state.updated_unix_ms = unix_ms();
         if let Ok(mut v) = serde_json::to_vec_pretty(&self.state) {

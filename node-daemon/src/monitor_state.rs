@@ -19,7 +19,8 @@ pub enum DisableCause {
     Operator,
 }
 
-/// The monitor's state file: what `sysmonitor run` writes every report period and
+/// The monitor's state file: what `sysmonitor run` writes when its health, evictions or
+/// errors change and at least every `state_file_every_ms` (heartbeat), and
 /// `sysmonitor status`, mps-manager (XID faults) and the matcher (health) read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MonitorState {

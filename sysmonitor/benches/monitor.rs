@@ -1,30 +1,52 @@
 //! Benchmark of the real `sysmonitor` process against the GPU emulator:
-//! 1. CPU use of the monitor at 10 ms and 1 ms sampling (utime+stime from /proc/<pid>/stat over
-//!    a fixed window, as % of one core; the idle-system `sleep` baseline is measured alongside);
+//! 1. CPU use of the monitor at 10 ms and 1 ms sampling, as % of one core: the scheduler's
+//!    run time of all its threads (`/proc/<pid>/task/*/schedstat`, ns) over a fixed window,
+//!    several windows per interval (min and median printed). Alongside: the same measurement
+//!    of a process that only wakes up every interval and does nothing (the floor any periodic
+//!    sampler pays on this machine) and the load average, since the figure depends on both;
 //! 2. Overlimit -> SIGTERM latency: from the monitor's Overlimit decision (its own entry time)
 //!    and from the start of the online burst, to the SIGTERM arriving in the offline process.
 //!
 //! Run: `cargo build --release -p emu-cuda -p emu-nvml -p sysmonitor && cargo bench -p
-//! sysmonitor --bench monitor` (add `-- --secs 10 --rounds 20` to change the window and the
-//! number of latency rounds). The emulated host (`workloads::host::Host`) takes the built
-//! fakes and the monitor from `target/release/`; it builds nothing itself.
+//! sysmonitor --bench monitor` (add `-- --secs 10 --windows 5 --rounds 20` to change the window,
+//! the number of windows and the number of latency rounds; `--rounds 0` measures CPU only). The
+//! emulated host (`workloads::host::Host`) takes the built fakes and the monitor from
+//! `target/release/`; it builds nothing itself.
 
 use std::time::{Duration, Instant};
 
 use workloads::host::{helper_main, register, Host, Load};
 
-fn clk_tck() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
+/// The issue's target: monitor CPU at 10 ms sampling, % of one core.
+const TARGET_PCT_AT_10_MS: f64 = 0.5;
+
+/// Run time of all threads of `pid` so far, seconds (the scheduler's own ns count, far finer
+/// than utime + stime in clock ticks: a 5 s window of those resolves only 0.2 % of a core).
+fn cpu_secs(pid: u32) -> f64 {
+    let mut ns = 0u64;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    ns as f64 / 1e9
 }
 
-/// utime + stime of `pid` in seconds.
-fn cpu_secs(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &s[s.rfind(')').unwrap() + 1..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime) are indices 11 and 12 after the comm field.
-    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / clk_tck()
+fn load_avg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// `% of a core` of `pid` over `secs`.
+fn cpu_pct(pid: u32, secs: f64) -> f64 {
+    let (c0, t0) = (cpu_secs(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    (cpu_secs(pid) - c0) / t0.elapsed().as_secs_f64() * 100.0
 }
 
 fn mono_ns() -> u64 {
@@ -33,7 +55,7 @@ fn mono_ns() -> u64 {
 
 fn config(interval_ms: u64) -> String {
     format!(
-        r#"{{"interval_ms": {interval_ms}, "state_file_every_ms": 100, "host_memory": {{"enabled": false}},
+        r#"{{"interval_ms": {interval_ms}, "host_memory": {{"enabled": false}},
   "machine": {{
     "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
     "sm_activity": {{ "healthy": 30, "unhealthy": 60, "overlimit": 80 }},
@@ -43,27 +65,93 @@ fn config(interval_ms: u64) -> String {
     )
 }
 
-fn cpu_use(interval_ms: u64, secs: f64) -> (f64, u64) {
+/// The state file's sample count and its monotonic time stamp.
+fn samples_at(n: &Host) -> (u64, u64) {
+    let v = n.wait_state(Duration::from_secs(5), "state", |_| true);
+    (
+        v["samples"].as_u64().unwrap_or(0),
+        v["updated_mono_ms"].as_u64().unwrap_or(0),
+    )
+}
+
+/// CPU of the monitor at `interval_ms`: % of a core in each of `windows` windows of `secs`,
+/// then the same for a process making only the monitor's NVML calls on the same emulated GPU
+/// (the emulator's share: what real NVML would cost instead); and samples per second (from the
+/// state file's own count and clock, whenever it was last written).
+struct CpuUse {
+    monitor: Vec<f64>,
+    nvml_only: Vec<f64>,
+    samples_per_s: f64,
+}
+
+fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> CpuUse {
     let n = Host::node();
-    let m = n.start_monitor("mon.json", &config(interval_ms));
+    let mut m = n.start_monitor("mon.json", &config(interval_ms));
     n.wait_state(Duration::from_secs(20), "healthy", |v| {
         v["state"] == "healthy"
     });
     std::thread::sleep(Duration::from_millis(500));
     let pid = m.pid();
-    let before = n.wait_state(Duration::from_secs(5), "state", |_| true)["samples"]
-        .as_u64()
-        .unwrap_or(0);
-    let (c0, t0) = (cpu_secs(pid), Instant::now());
-    std::thread::sleep(Duration::from_secs_f64(secs));
-    let (c1, t1) = (cpu_secs(pid), Instant::now());
-    let after = n.wait_state(Duration::from_secs(5), "state", |_| true)["samples"]
-        .as_u64()
-        .unwrap_or(0);
-    (
-        (c1 - c0) / (t1 - t0).as_secs_f64() * 100.0,
-        after.saturating_sub(before),
-    )
+    let (s0, t0) = samples_at(&n);
+    let monitor = (0..windows).map(|_| cpu_pct(pid, secs)).collect();
+    let (s1, t1) = samples_at(&n);
+    let samples_per_s = s1.saturating_sub(s0) as f64 * 1000.0 / t1.saturating_sub(t0).max(1) as f64;
+    m.signal(libc::SIGTERM);
+    m.wait_exit(Duration::from_secs(10)).expect("monitor did not stop");
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("MONITOR_BENCH_NVML_MS", interval_ms.to_string())
+        .envs(n.env().iter().map(|(k, v)| (k, v)))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let nvml_only = (0..windows).map(|_| cpu_pct(c.id(), secs)).collect();
+    let _ = c.kill();
+    let _ = c.wait();
+    CpuUse {
+        monitor,
+        nvml_only,
+        samples_per_s,
+    }
+}
+
+/// The monitor's NVML calls and nothing else, every `interval_ms`: `NvmlSource::sample` (GPM
+/// or utilization samples, memory, SM clock, power and temperature every tenth) and the XID
+/// event poll.
+fn nvml_main(interval_ms: u64) {
+    use sysmonitor::sampler::{GpuSource, NvmlSource};
+    let mut src = NvmlSource::open(0).expect("NVML on the emulator");
+    let t0 = Instant::now();
+    loop {
+        let now = t0.elapsed().as_millis() as u64;
+        let _ = std::hint::black_box(src.sample(now));
+        let _ = std::hint::black_box(src.xids());
+        std::thread::sleep(Duration::from_millis(interval_ms));
+    }
+}
+
+/// A process that wakes up every `interval_ms` and does nothing else: its CPU is the floor
+/// every periodic sampler pays here (timer, wake-up, context switches, cold caches).
+fn floor_main(interval_ms: u64) {
+    loop {
+        std::thread::sleep(Duration::from_millis(interval_ms));
+    }
+}
+
+fn floor_use(interval_ms: u64, secs: f64, windows: usize) -> Vec<f64> {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("MONITOR_BENCH_FLOOR_MS", interval_ms.to_string())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let v = (0..windows).map(|_| cpu_pct(c.id(), secs)).collect();
+    let _ = c.kill();
+    let _ = c.wait();
+    v
+}
+
+fn min_median(v: &[f64]) -> (f64, f64) {
+    let mut v = v.to_vec();
+    (percentile(&mut v, 0.0), percentile(&mut v, 0.5))
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -77,6 +165,20 @@ fn main() {
         helper_main();
         return;
     }
+    if let Some(ms) = std::env::var("MONITOR_BENCH_FLOOR_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        floor_main(ms);
+        return;
+    }
+    if let Some(ms) = std::env::var("MONITOR_BENCH_NVML_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        nvml_main(ms);
+        return;
+    }
     let args: Vec<String> = std::env::args().collect();
     let opt = |name: &str, d: f64| {
         args.iter()
@@ -86,46 +188,48 @@ fn main() {
             .unwrap_or(d)
     };
     let secs = opt("--secs", 5.0);
+    let windows = (opt("--windows", 3.0) as usize).max(1);
     let rounds = opt("--rounds", 10.0) as usize;
 
     println!("sysmonitor benchmark on the GPU emulator (h100 profile, fake NVML with GPM)");
-    println!("-- CPU use of the monitor process over {secs} s --");
-    let (base_cpu, _) = {
-        // Baseline: the same measurement applied to an idle `sleep` process.
-        let mut c = std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .unwrap();
-        let (c0, t0) = (cpu_secs(c.id()), Instant::now());
-        std::thread::sleep(Duration::from_secs_f64(secs.min(2.0)));
-        let r = (cpu_secs(c.id()) - c0) / t0.elapsed().as_secs_f64() * 100.0;
-        let _ = c.kill();
-        let _ = c.wait();
-        (r, 0)
-    };
-    let (cpu10, n10) = cpu_use(10, secs);
-    let (cpu1, n1) = cpu_use(1, secs);
-    println!("  baseline idle process      {base_cpu:6.2} % of a core");
     println!(
-        "  interval 10 ms             {cpu10:6.2} % of a core  ({n10} samples, {:.0}/s)",
-        n10 as f64 / secs
+        "-- CPU use, % of one core: {windows} windows of {secs} s each (min / median); load average {} --",
+        load_avg()
+    );
+    let u10 = cpu_use(10, secs, windows);
+    let floor10 = floor_use(10, secs, windows);
+    let u1 = cpu_use(1, secs, windows);
+    let floor1 = floor_use(1, secs, windows);
+    let ((c10, m10), (c1, m1)) = (min_median(&u10.monitor), min_median(&u1.monitor));
+    let ((n10, o10), (n1, o1)) = (min_median(&u10.nvml_only), min_median(&u1.nvml_only));
+    let ((f10, g10), (f1, g1)) = (min_median(&floor10), min_median(&floor1));
+    let (r10, r1) = (u10.samples_per_s, u1.samples_per_s);
+    println!("  monitor, interval 10 ms    {c10:6.2} / {m10:6.2} %  ({r10:.0} samples/s)");
+    println!("    its NVML calls alone     {n10:6.2} / {o10:6.2} %  (emulated NVML + wake-ups; real NVML costs what it costs)");
+    println!("    wake-up floor            {f10:6.2} / {g10:6.2} %  (a process that only sleeps 10 ms at a time)");
+    println!("  monitor, interval  1 ms    {c1:6.2} / {m1:6.2} %  ({r1:.0} samples/s)");
+    println!("    its NVML calls alone     {n1:6.2} / {o1:6.2} %");
+    println!("    wake-up floor            {f1:6.2} / {g1:6.2} %");
+    println!("  ratio 1 ms / 10 ms         {:6.2} x (medians)", m1 / m10.max(1e-9));
+    let us = |pct: f64, rate: f64| pct / 100.0 / rate.max(1e-9) * 1e6;
+    println!(
+        "  per sample (medians)       10 ms: {:.1} us CPU = {:.1} floor + {:.1} NVML + {:.1} monitor's own",
+        us(m10, r10),
+        us(g10, r10),
+        us(o10 - g10, r10),
+        us(m10 - o10, r10)
     );
     println!(
-        "  interval  1 ms             {cpu1:6.2} % of a core  ({n1} samples, {:.0}/s)",
-        n1 as f64 / secs
+        "                              1 ms: {:.1} us CPU = {:.1} floor + {:.1} NVML + {:.1} monitor's own",
+        us(m1, r1),
+        us(g1, r1),
+        us(o1 - g1, r1),
+        us(m1 - o1, r1)
     );
     println!(
-        "  ratio 1 ms / 10 ms         {:6.2} x",
-        cpu1 / cpu10.max(1e-9)
-    );
-    println!(
-        "  per sample                 {:6.1} us CPU at 10 ms, {:.1} us at 1 ms",
-        cpu10 / 100.0 * secs / n10.max(1) as f64 * 1e6,
-        cpu1 / 100.0 * secs / n1.max(1) as f64 * 1e6
-    );
-    println!(
-        "  target <= 1 % at 10 ms:    {}",
-        if cpu10 <= 1.0 { "met" } else { "NOT met" }
+        "  target <= {TARGET_PCT_AT_10_MS} % at 10 ms:  {} (median {m10:.2} %; load average now {})",
+        if m10 <= TARGET_PCT_AT_10_MS { "met" } else { "NOT met" },
+        load_avg()
     );
 
     if rounds == 0 {

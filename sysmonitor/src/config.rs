@@ -47,7 +47,12 @@ pub struct Config {
     /// `<ledger_dir>/gpu<N>/state.json`.
     #[serde(default)]
     pub state_file: PathBuf,
-    /// How often to rewrite the state file, ms.
+    /// Heartbeat of the state file, ms: it is rewritten in the tick anything its readers act
+    /// on changes (health, Disabled cause, hold, evictions, registered offline processes,
+    /// config and ledger errors), and otherwise at least this often with the latest sample
+    /// and counters, so a reader can tell a live monitor from a dead one. The metrics endpoint
+    /// is refreshed with it. (The shim, the MPS manager and node-agent read the ledger's
+    /// monitor block, published every sample.)
     #[serde(default = "d_state_every")]
     pub state_file_every_ms: u64,
     /// Prometheus endpoint: `host:port`, or `unix:/path`; absent for none.
@@ -152,7 +157,7 @@ fn d_ledger_mode() -> String {
     format!("{:04o}", node_ledger::ledger::DEFAULT_FILE_MODE)
 }
 fn d_state_every() -> u64 {
-    100
+    1000
 }
 fn d_xids() -> Vec<u64> {
     // Page fault, GPU fallen off the bus, row-remap failures, uncontained ECC and similar.

@@ -16,7 +16,7 @@ use node_daemon::ConfigError;
 use crate::config::Config;
 use crate::health::Input;
 use crate::ledger::LedgerAdapter;
-use crate::monitor::Monitor;
+use crate::monitor::{ChangeKey, Monitor};
 use crate::report;
 use crate::sampler::{GpuSample, GpuSource, NvmlSource, ProcMem};
 
@@ -168,23 +168,61 @@ fn resume_history(cfg: &Config) -> Vec<u64> {
     }
 }
 
-/// The monitor as a [`Service`] of the shared run/reload loop.
-struct MonitorService {
+/// Longest time between two looks at the operator's disable file and the ledger's count of
+/// registered offline processes, ms (`state_file_every_ms` when that is shorter).
+pub const HOUSEKEEPING_MS: u64 = 100;
+
+/// The monitor as a [`Service`] of the shared run/reload loop. Generic over the GPU source so
+/// the loop runs in unit tests; production uses [`RetryingNvml`].
+struct MonitorService<G: GpuSource> {
     cfg: Config,
     base: PathBuf,
     files: Vec<PathBuf>,
-    mon: Monitor<RetryingNvml, LedgerAdapter, PidfdSignaller>,
+    mon: Monitor<G, LedgerAdapter, PidfdSignaller>,
     metrics_text: Arc<Mutex<String>>,
     config_error: Option<String>,
     reloads: u64,
     ready: bool,
-    next_report: u64,
+    /// Next look at the operator file and the offline count ([`HOUSEKEEPING_MS`]).
+    next_housekeeping: u64,
+    /// Next unconditional rewrite of the state file (`state_file_every_ms` after the last one).
+    next_heartbeat: u64,
+    /// What the state file last written says that readers act on (with whether the ledger
+    /// was damaged); `None` forces a write at the next tick (start, reload).
+    written: Option<(ChangeKey, bool)>,
     next_tick: u64,
+    operator_path: PathBuf,
     operator_disabled: bool,
     start_ledger_error: Option<String>,
 }
 
-impl MonitorService {
+impl<G: GpuSource> MonitorService<G> {
+    fn new(
+        cfg: Config,
+        base: &Path,
+        files: Vec<PathBuf>,
+        mon: Monitor<G, LedgerAdapter, PidfdSignaller>,
+        start_ledger_error: Option<String>,
+    ) -> Self {
+        MonitorService {
+            operator_path: operator_file(&cfg),
+            cfg,
+            base: base.to_path_buf(),
+            files,
+            mon,
+            metrics_text: Arc::new(Mutex::new(String::new())),
+            config_error: None,
+            reloads: 0,
+            ready: false,
+            next_housekeeping: 0,
+            next_heartbeat: 0,
+            written: None,
+            next_tick: mono_ms(),
+            operator_disabled: false,
+            start_ledger_error,
+        }
+    }
+
     fn snapshot(&mut self, now: u64) -> monitor_state::MonitorState {
         let names: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
         let mut snap = self
@@ -199,9 +237,11 @@ impl MonitorService {
         snap
     }
 
-    fn report(&mut self, now: u64, notifier: &Notifier) {
-        let cfg = &self.cfg;
-        let disabled_now = operator_file(cfg).exists();
+    /// The slow checks: the operator's disable file (one `stat`) and the ledger's count of
+    /// registered offline processes (a scan of its slots), every [`HOUSEKEEPING_MS`] rather
+    /// than every (possibly 1 ms) tick; and the systemd watchdog keep-alive.
+    fn housekeeping(&mut self, now: u64, notifier: &Notifier) {
+        let disabled_now = self.operator_path.exists();
         if disabled_now != self.operator_disabled {
             self.operator_disabled = disabled_now;
             self.mon.input(
@@ -214,6 +254,13 @@ impl MonitorService {
             );
         }
         self.mon.refresh_offline();
+        if self.ready && notifier.watchdog_usec.is_some() {
+            notifier.notify("WATCHDOG=1");
+        }
+    }
+
+    /// Writes the state file (atomically) and the metrics text, and tells systemd.
+    fn report(&mut self, now: u64, notifier: &Notifier) {
         let snap = self.snapshot(now);
         let cfg = &self.cfg;
         if let Err(e) = monitor_state::write(&cfg.state_file, &snap) {
@@ -236,7 +283,7 @@ impl MonitorService {
     }
 }
 
-impl Service for MonitorService {
+impl<G: GpuSource> Service for MonitorService<G> {
     type Config = (Config, Vec<PathBuf>);
 
     fn load(&mut self) -> Result<Self::Config, ConfigError> {
@@ -265,20 +312,31 @@ impl Service for MonitorService {
         self.files = files;
         self.config_error = None;
         self.reloads += 1;
-        self.next_report = 0;
+        self.next_housekeeping = 0;
+        self.written = None;
         tracing::info!(files = ?self.files, "config in force");
     }
 
     fn reload_failed(&mut self, error: &ConfigError) {
         self.config_error = Some(error.to_string());
-        self.next_report = 0;
+        self.written = None;
     }
 
+    /// One sample, then the state file: rewritten in the tick anything readers act on changes
+    /// ([`Monitor::change_key`], ledger damage, a reload), otherwise every
+    /// `state_file_every_ms` as a heartbeat. The ledger's monitor block, which the shim, the
+    /// MPS manager and node-agent read, is published at every tick by [`Monitor::tick`].
     fn tick(&mut self, now: u64, notifier: &Notifier) -> u64 {
-        self.mon.ledger.check();
+        let damaged = self.mon.ledger.check().is_some();
         self.mon.tick(now);
-        if now >= self.next_report {
-            self.next_report = now + self.cfg.state_file_every_ms;
+        if now >= self.next_housekeeping {
+            self.next_housekeeping = now + HOUSEKEEPING_MS.min(self.cfg.state_file_every_ms);
+            self.housekeeping(now, notifier);
+        }
+        let key = (self.mon.change_key(), damaged);
+        if now >= self.next_heartbeat || self.written != Some(key) {
+            self.next_heartbeat = now + self.cfg.state_file_every_ms;
+            self.written = Some(key);
             self.report(now, notifier);
         }
         self.next_tick += self.cfg.interval_ms;
@@ -335,31 +393,158 @@ pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> 
         PidfdSignaller,
         history,
     );
-    let metrics_text = Arc::new(Mutex::new(String::new()));
-    if let Some(l) = &cfg.metrics_listen {
-        spawn_metrics(l, metrics_text.clone()).map_err(|e| format!("metrics_listen `{l}`: {e}"))?;
+    let mut svc = MonitorService::new(cfg, base, files, mon, start_ledger_error);
+    if let Some(l) = &svc.cfg.metrics_listen {
+        spawn_metrics(l, svc.metrics_text.clone())
+            .map_err(|e| format!("metrics_listen `{l}`: {e}"))?;
     }
     tracing::info!(
-        gpu = cfg.gpu_index,
-        interval_ms = cfg.interval_ms,
+        gpu = svc.cfg.gpu_index,
+        interval_ms = svc.cfg.interval_ms,
         ledger = %lpath.display(),
-        state_file = %cfg.state_file.display(),
+        state_file = %svc.cfg.state_file.display(),
         "sysmonitor running"
     );
-    let mut svc = MonitorService {
-        cfg,
-        base: base.to_path_buf(),
-        files,
-        mon,
-        metrics_text,
-        config_error: None,
-        reloads: 0,
-        ready: false,
-        next_report: 0,
-        next_tick: mono_ms(),
-        operator_disabled: false,
-        start_ledger_error,
-    };
     node_daemon::run::run(&mut svc, &Notifier::from_env());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::health::State;
+
+    /// Samples whose utilization the test sets.
+    struct Dial(Rc<Cell<f64>>);
+    impl GpuSource for Dial {
+        fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
+            let u = self.0.get();
+            Ok(GpuSample {
+                t_ms: now_ms,
+                gpu_util: u,
+                sm_activity: u,
+                sm_clock_mhz: 1000,
+                sm_clock_max_mhz: 1000,
+                mem_used: 1,
+                mem_total: 100,
+                ..Default::default()
+            })
+        }
+        fn processes(&mut self) -> Result<Vec<ProcMem>, String> {
+            Ok(Vec::new())
+        }
+        fn xids(&mut self) -> Vec<u64> {
+            Vec::new()
+        }
+    }
+
+    fn service(dir: &Path, util: Rc<Cell<f64>>, heartbeat_ms: u64) -> MonitorService<Dial> {
+        let mut cfg = Config::default();
+        cfg.ledger_dir = dir.join("run");
+        cfg.state_file = dir.join("run/gpu0/state.json");
+        cfg.state_file_every_ms = heartbeat_ms;
+        cfg.host_memory.enabled = false;
+        cfg.verify.enabled = false;
+        cfg.machine.overlimit_sustain_ms = 0;
+        cfg.machine.hold_base_ms = 200;
+        cfg.machine.hold_max_ms = 200;
+        let ledger = node_ledger::Ledger::open_or_create(&cfg.ledger_path(), 0).unwrap();
+        let mon = Monitor::new(
+            cfg.clone(),
+            Dial(util),
+            LedgerAdapter::new(ledger),
+            PidfdSignaller,
+            Vec::new(),
+        );
+        MonitorService::new(cfg, &dir.join("mon.json"), Vec::new(), mon, None)
+    }
+
+    /// The state file is no longer rewritten every report period: quiet ticks leave it alone
+    /// until the heartbeat, a health change (here Healthy -> Overlimit -> Unhealthy -> Healthy, and
+    /// an operator's disable) is in the file at the end of the very tick it happened, and the
+    /// file is never older than one heartbeat.
+    #[test]
+    fn state_file_follows_changes_in_the_same_tick_and_beats_otherwise() {
+        let d = tempfile::tempdir().unwrap();
+        let util = Rc::new(Cell::new(10.0));
+        let heartbeat = 1000;
+        let mut svc = service(d.path(), util.clone(), heartbeat);
+        let n = Notifier::from_env();
+        let path = svc.cfg.state_file.clone();
+        let read = || monitor_state::read(&path).unwrap();
+
+        svc.tick(0, &n);
+        assert_eq!((read().state, read().updated_mono_ms), (State::Healthy, 0));
+        for t in (10..=500).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(
+            read().updated_mono_ms,
+            0,
+            "quiet ticks before the heartbeat do not rewrite the file"
+        );
+
+        let mut seen = vec![State::Healthy];
+        for t in (510..=6000).step_by(10) {
+            // Overload at 510 (Overlimit, hold 200 ms), calm again from 520.
+            util.set(if t == 510 { 99.5 } else { 10.0 });
+            if t == 4000 {
+                std::fs::write(&svc.operator_path, "").unwrap();
+            }
+            svc.tick(t, &n);
+            let s = read();
+            assert_eq!(
+                s.state,
+                svc.mon.machine.state(),
+                "at {t} ms the file says what the machine says"
+            );
+            assert!(
+                t - s.updated_mono_ms < heartbeat,
+                "at {t} ms the file is {} ms old",
+                t - s.updated_mono_ms
+            );
+            if seen.last() != Some(&s.state) {
+                assert_eq!(s.updated_mono_ms, t, "a change is written in its own tick");
+                seen.push(s.state);
+            }
+        }
+        assert_eq!(
+            seen,
+            [
+                State::Healthy,
+                State::Overlimit,
+                State::Unhealthy,
+                State::Healthy,
+                State::Disabled
+            ]
+        );
+        let s = read();
+        assert_eq!(s.disabled_by, Some(crate::health::DisableCause::Operator));
+        assert!(
+            s.overlimit_entries_mono_ms == vec![510],
+            "{:?}",
+            s.overlimit_entries_mono_ms
+        );
+    }
+
+    /// The operator's disable file is looked at every `HOUSEKEEPING_MS` whatever the heartbeat.
+    #[test]
+    fn operator_disable_is_seen_within_the_housekeeping_period() {
+        let d = tempfile::tempdir().unwrap();
+        let mut svc = service(d.path(), Rc::new(Cell::new(10.0)), 60_000);
+        let n = Notifier::from_env();
+        svc.tick(0, &n);
+        std::fs::write(&svc.operator_path, "").unwrap();
+        let mut t = 0;
+        while svc.mon.machine.state() != State::Disabled {
+            t += 10;
+            assert!(t <= HOUSEKEEPING_MS, "not disabled after {t} ms");
+            svc.tick(t, &n);
+        }
+        let s = monitor_state::read(&svc.cfg.state_file).unwrap();
+        assert_eq!((s.state, s.updated_mono_ms), (State::Disabled, t));
+    }
 }

@@ -1,7 +1,7 @@
 //! `LedgerPort` over the shared `node-ledger` file: reads the offline registry, records
 //! eviction requests in the process slots, publishes the monitor block.
 
-use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::atomic::Ordering::Acquire;
 
 use node_ledger::{HealthState, Ledger, MonitorSample};
 
@@ -9,7 +9,9 @@ use crate::health::State;
 use node_daemon::clock::mono_ms;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 
+/// [`LedgerPort`] over the shared ledger file, with the monitor's damage and deletion handling.
 pub struct LedgerAdapter {
+    /// The ledger in use (replaced by a restored copy if the file is deleted while mapped).
     pub ledger: Ledger,
     own_ns: u64,
     /// Set once the mapped header stops validating: the mapping is no longer read or written
@@ -30,6 +32,7 @@ pub struct LedgerAdapter {
 pub const RECLAIM_EVERY_MS: u64 = 50;
 
 impl LedgerAdapter {
+    /// Wraps `ledger`; the first [`LedgerPort::reclaim`] scans at once.
     pub fn new(ledger: Ledger) -> Self {
         LedgerAdapter {
             ledger,

@@ -35,25 +35,54 @@ pub enum Occupancy {
 /// `overlimit_sustain_ms` of 2000 ms); an eviction forgets it at once.
 pub const OCCUPANCY_TTL_MS: u64 = 200;
 
+/// The part of the state file that readers act on (see [`Monitor::change_key`]): health,
+/// why it is Disabled, transitions, the Overlimit hold and history, evictions and the number
+/// of registered offline processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeKey {
+    state: State,
+    disabled_by: Option<crate::health::DisableCause>,
+    transitions: u64,
+    hold_ms: u64,
+    overlimit_entries: usize,
+    evictions: u64,
+    kills: u64,
+    evictions_in_flight: usize,
+    offline_registered: usize,
+}
+
 /// The monitor's whole state.
 pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
+    /// The configuration in force (replaced on reload).
     pub cfg: Config,
+    /// Where samples come from (NVML in production).
     pub gpu: G,
+    /// The per-GPU ledger: offline registry, eviction requests, the published monitor block.
     pub ledger: L,
+    /// The five-state health machine.
     pub machine: Machine,
+    /// Evictions of offline processes (SIGTERM, grace, SIGKILL).
     pub evictor: Evictor<S>,
+    /// The latest samples, `history_secs` of them.
     pub history: Ring<GpuSample>,
     verifier: Verifier,
     pressure: PressureJudge,
     host: Option<HostMem>,
     next_host_ms: u64,
     next_verify_ms: u64,
+    /// Samples taken since start.
     pub samples: u64,
+    /// Samples that failed since start.
     pub sample_errors: u64,
+    /// The last health transition.
     pub last_transition: Option<Transition>,
+    /// State changes since start (the state file is rewritten in the tick one happens).
+    pub transitions: u64,
+    /// Offline processes registered in the ledger at the last look.
     pub offline_registered: usize,
-    /// Sample number at the last Overlimit entry and at the last eviction started.
+    /// Sample number at the last Overlimit entry.
     pub overlimit_entry_sample: Option<u64>,
+    /// Sample number at the last eviction started.
     pub last_eviction_sample: Option<u64>,
     /// Samples between the last Overlimit entry and the Overlimit eviction it caused.
     pub overlimit_eviction_lag_samples: Option<u64>,
@@ -99,6 +128,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             samples: 0,
             sample_errors: 0,
             last_transition: None,
+            transitions: 0,
             offline_registered: 0,
             overlimit_entry_sample: None,
             last_eviction_sample: None,
@@ -220,6 +250,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             if t.to == State::Overlimit {
                 self.overlimit_entry_sample = Some(self.samples);
             }
+            self.transitions += 1;
             self.last_transition = Some(t);
         }
         for a in step.actions {
@@ -379,6 +410,23 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 tracing::error!(error = %e, "cannot publish into the ledger");
                 self.ledger_error_logged = true;
             }
+        }
+    }
+
+    /// What readers of the state file act on, in a form cheap enough to compare every tick:
+    /// the daemon rewrites the file in the tick this changes, and otherwise only at its
+    /// heartbeat (the live sample and counters in between are for people and freshness).
+    pub fn change_key(&self) -> ChangeKey {
+        ChangeKey {
+            state: self.machine.state(),
+            disabled_by: self.machine.disabled_by(),
+            transitions: self.transitions,
+            hold_ms: self.machine.current_hold_ms(),
+            overlimit_entries: self.machine.overlimit_entries().count(),
+            evictions: self.evictor.counts().values().sum(),
+            kills: self.evictor.kills(),
+            evictions_in_flight: self.evictor.in_flight(),
+            offline_registered: self.offline_registered,
         }
     }
 
@@ -607,6 +655,32 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The state file is rewritten when the change key moves (see `daemon`): it must stay put
+    /// over quiet samples and move with a state change and with an eviction.
+    #[test]
+    fn change_key_moves_with_state_and_evictions_not_with_samples() {
+        let gpu = Script {
+            next: vec![Ok(gs(10.0)), Ok(gs(12.0)), Ok(gs(99.5))],
+            procs: vec![],
+            xids: vec![],
+        };
+        let ledger = MemLedger {
+            procs: vec![off(500)],
+            ..Default::default()
+        };
+        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        m.tick(0);
+        let healthy = m.change_key();
+        m.tick(10);
+        assert_eq!(m.change_key(), healthy, "a new sample alone is no change");
+        m.tick(20);
+        let over = m.change_key();
+        assert_ne!(over, healthy, "Overlimit + SIGTERM is");
+        m.tick(55);
+        assert_eq!(m.evictor.kills(), 1);
+        assert_ne!(m.change_key(), over, "the SIGKILL is too");
     }
 
     #[test]
