@@ -20,7 +20,8 @@ use cluster_matcher::policy::{JobFeedback, Policy, GANDIVA_KEEP};
 use cluster_matcher::predictor::SpeedPredictor;
 use mps_manager::budget::{Allocator, BudgetConfig};
 use serde::Serialize;
-use sysmonitor::health::{Action, Input, Machine, MachineConfig, Metrics, State};
+use sysmonitor::health::{worst_level, Action, Input, Level, Machine, MachineConfig, Metrics, State};
+use sysmonitor::monitor::Occupancy;
 
 use crate::metrics::{Accum, Report};
 use crate::model::{evaluate, OnlineLoad, Pair, Share, View};
@@ -206,6 +207,9 @@ struct Gpu {
     since: f64,
     /// The online service's own SM activity (percent) at the last tick.
     online_sm_pct: f64,
+    /// The SM share (percent) the offline side is held to at the last evaluation, as the
+    /// MPS manager publishes it in the ledger (`None`: no MPS cap, time-sharing modes).
+    offline_cap_pct: Option<f64>,
     qps: f64,
     /// Multiplier of the offline SM budget that follows the service's SLO slack.
     slack_scale: f64,
@@ -349,6 +353,7 @@ impl<'a> Sim<'a> {
                     view: View::default(),
                     since: 0.0,
                     online_sm_pct: 0.0,
+                    offline_cap_pct: None,
                     slack_scale: 1.0,
                     qps: 0.0,
                 });
@@ -652,6 +657,7 @@ impl<'a> Sim<'a> {
         let online_sm = (qps * svc.s0).min(1.0) * svc.d_on;
         let mode = self.cfg.mode;
         let job = self.gpus[g].job;
+        let mut offline_cap_pct = None;
         let (view, pair) = match job {
             None => (evaluate(&load, &dummy_pair(), Share::None), None),
             Some(j) => {
@@ -698,6 +704,7 @@ impl<'a> Sim<'a> {
                             pct
                         };
                         let cap = (pct / 100.0).max(self.cfg.min_cap);
+                        offline_cap_pct = Some(cap * 100.0);
                         let th = self.gpus[g]
                             .throttle
                             .get_or_insert_with(|| ThrottleState::new(&self.cfg.throttle, cap));
@@ -724,20 +731,19 @@ impl<'a> Sim<'a> {
         gpu.view = view;
         gpu.qps = qps;
         gpu.online_sm_pct = online_sm * 100.0;
+        gpu.offline_cap_pct = offline_cap_pct;
         let mem_used = {
             let on = self.insts[oi].as_ref().map_or(0, |x| x.mem_mib);
             let off = job.map_or(0, |j| self.jobs[j].mem_mib);
             100.0 * (on + off) as f64 / gpu.mem_mib.max(1) as f64
         };
         if sample {
-            let m = Metrics {
-                gpu_util: view.gpu_util,
-                sm_activity: view.sm_activity,
-                sm_clock_pct: view.clock_pct,
-                mem_used_pct: mem_used,
-                offline_only: false,
-                ..Default::default()
-            };
+            let m = judged_sample(
+                &self.cfg.health,
+                &view,
+                mem_used,
+                occupancy(job.is_some(), offline_cap_pct),
+            );
             let step = gpu.machine.step(
                 &self.cfg.health,
                 (self.now * 1000.0) as u64,
@@ -995,6 +1001,48 @@ impl<'a> Sim<'a> {
             self.jobs.len(),
         )
     }
+}
+
+/// Who is on a simulated GPU, as sysmonitor's monitor finds it from NVML's process list and
+/// the ledger: an online service always runs there (offline jobs run only beside one), so a
+/// GPU is co-located while an offline job runs on it, with the SM share the offline side is
+/// held to (`None` without an MPS cap), and online-only otherwise.
+pub fn occupancy(offline_running: bool, offline_cap_pct: Option<f64>) -> Occupancy {
+    if offline_running {
+        Occupancy::Colocated { offline_cap_pct }
+    } else {
+        Occupancy::OnlineOnly
+    }
+}
+
+/// The sample the health machine steps on, fed the way sysmonitor's monitor feeds it
+/// (`Monitor::tick`): the whole reading first; only when the product's own judgement
+/// ([`sysmonitor::health::worst_level`], which applies `health::judged`) finds it past
+/// Overlimit is the occupancy attached, so that beside offline work only the online
+/// workload's own demand can evict (busy-time metrics count at most as Unhealthy, spatial
+/// SM activity is judged as the online share). The model's SM activity is spatial (the
+/// share of SMs busy, which an offline job capped by MPS cannot push past its cap), as
+/// GPM's SM utilization is on the real GPUs.
+pub fn judged_sample(cfg: &MachineConfig, view: &View, mem_used_pct: f64, occ: Occupancy) -> Metrics {
+    let mut m = Metrics {
+        gpu_util: view.gpu_util,
+        sm_activity: view.sm_activity,
+        sm_clock_pct: view.clock_pct,
+        mem_used_pct,
+        sm_spatial: true,
+        ..Default::default()
+    };
+    if worst_level(cfg, &m).0 == Level::Overlimit {
+        match occ {
+            Occupancy::OfflineOnly => m.offline_only = true,
+            Occupancy::Colocated { offline_cap_pct } => {
+                m.colocated = true;
+                m.offline_sm_cap_pct = offline_cap_pct.unwrap_or(0.0);
+            }
+            Occupancy::Unknown | Occupancy::OnlineOnly => {}
+        }
+    }
+    m
 }
 
 fn dummy_pair() -> Pair {

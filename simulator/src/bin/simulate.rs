@@ -30,9 +30,9 @@ use simulator::{table, JobTypes, Mode, Policy, Sim, SimConfig, Trace, TraceOptio
 ///
 ///   simulate --compress 48 --offline-copies 2 --seed 7
 ///
-///   # the shipped thresholds evict offline jobs for 100 % GPU utilization; judge SM
-///   # activity and clock only:
-///   simulate --health simulator/examples/health-no-gpu-util.json
+///   # the health machine is fed as sysmonitor's monitor feeds it (co-location judged:
+///   # beside offline work only the online workload's own demand evicts), so the shipped
+///   # thresholds apply; --health FILE changes them (sysmonitor's `machine` JSON).
 #[derive(Parser, Debug)]
 #[command(name = "simulate", version, verbatim_doc_comment)]
 struct Args {
