@@ -124,6 +124,11 @@ pub struct SimConfig {
     /// online slowdown is well under its service's target lets the budget grow (x1.1 a tick,
     /// up to 3x the allocator's), one over it shrinks it (x0.7, down to 0.1x).
     pub slo_follow_slack: bool,
+    /// Global multiplier on every GPU's offline SM budget (MuxFlow modes; 1 = mps-manager's
+    /// allocator as shipped). Sweeping it trades oversold GPU for SLO violations the same way
+    /// everywhere: the baseline that `--match-violations` compares the per-service slack loop
+    /// with at equal violations.
+    pub budget_scale: f64,
     /// PB-time-sharing: relative cost of preempting an offline slice per online request.
     pub pb_switch: f64,
     /// Offline memory at gpu_milli = 1000 (MiB); scaled by gpu_milli.
@@ -155,6 +160,7 @@ impl SimConfig {
             slo_slowdown: 1.5,
             slo_range: None,
             slo_follow_slack: false,
+            budget_scale: 1.0,
             pb_switch: 0.03,
             offline_memory_mib: 6144,
             min_cap: 0.1,
@@ -700,6 +706,11 @@ impl<'a> Sim<'a> {
                         };
                         let pct = if self.cfg.slo_follow_slack {
                             (pct * self.gpus[g].slack_scale).clamp(b.min_pct, 100.0)
+                        } else {
+                            pct
+                        };
+                        let pct = if self.cfg.budget_scale != 1.0 {
+                            (pct * self.cfg.budget_scale).clamp(0.0, 100.0)
                         } else {
                             pct
                         };

@@ -102,6 +102,14 @@ struct Args {
     /// Run each MuxFlow-mode run twice: SM budget as shipped, and following SLO slack.
     #[arg(long)]
     slo_compare: bool,
+    /// Global multiplier on every GPU's offline SM budget (MuxFlow modes; 1 = as shipped).
+    #[arg(long, default_value_t = 1.0)]
+    budget_scale: f64,
+    /// With --slo-compare: also find the global --budget-scale at which the shipped SM
+    /// budget (without the slack loop) has the slack-following run's SLO violations
+    /// (bisection, up to 10 runs per mode and policy), and report both at equal violations.
+    #[arg(long, requires = "slo_compare")]
+    match_violations: bool,
     /// Health machine config (sysmonitor's `machine` JSON: thresholds, holds); default: its defaults.
     #[arg(long)]
     health: Option<PathBuf>,
@@ -203,9 +211,12 @@ fn run(a: Args) -> Result<(), String> {
         a.compress,
         trace.left_out
     );
-    let mut reports = Vec::new();
-    for (mode, policy, slack) in runs {
+    if !(a.budget_scale.is_finite() && a.budget_scale > 0.0) {
+        return Err(format!("--budget-scale {}: must be a positive number", a.budget_scale));
+    }
+    let run_one = |mode: Mode, policy: Policy, slack: bool, scale: f64| {
         let mut cfg = SimConfig::new(mode);
+        cfg.budget_scale = scale;
         cfg.policy = policy;
         cfg.slo_range = a.slo_range;
         cfg.slo_follow_slack = slack;
@@ -231,15 +242,51 @@ fn run(a: Args) -> Result<(), String> {
         });
         if !quiet {
             eprintln!(
-                "\r{label:<24} done in {:.1} s wall ({} rounds, planner {:.0} ms)",
+                "\r{:<24} done in {:.1} s wall ({} rounds, planner {:.0} ms)",
+                rep.label(),
                 t0.elapsed().as_secs_f64(),
                 rep.rounds,
                 rep.plan_ms_total
             );
         }
-        reports.push(rep);
+        rep
+    };
+    let mut reports = Vec::new();
+    for (mode, policy, slack) in runs {
+        reports.push(run_one(mode, policy, slack, a.budget_scale));
+    }
+    let mut matched = Vec::new();
+    if a.match_violations {
+        let pairs: Vec<(usize, usize)> = (0..reports.len())
+            .filter(|&i| reports[i].slo_follow_slack)
+            .filter_map(|i| {
+                let r = &reports[i];
+                let base = reports.iter().position(|b| {
+                    !b.slo_follow_slack && b.mode == r.mode && b.policy == r.policy
+                })?;
+                Some((i, base))
+            })
+            .collect();
+        for (si, bi) in pairs {
+            let target = reports[si].slo_violation_pct;
+            let mode = *modes
+                .iter()
+                .find(|m| m.label() == reports[bi].mode)
+                .expect("a run's mode is one of the modes run");
+            let policy = reports[bi].policy;
+            let found = simulator::metrics::match_violations(target, a.budget_scale, &reports[bi], |scale| {
+                run_one(mode, policy, false, scale)
+            });
+            matched.push((si, found));
+        }
+    }
+    for (_, m) in &matched {
+        reports.extend(m.runs.iter().cloned());
     }
     print!("{}", table(&reports));
+    for (si, m) in &matched {
+        println!("{}", m.describe(&reports[*si]));
+    }
     if let Some(p) = &a.json {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
