@@ -292,3 +292,56 @@ fn colocated_sample_is_judged_by_the_online_share() {
     assert_eq!(state_after(occupancy(true, Some(40.0))), State::Unhealthy);
     assert_eq!(state_after(occupancy(false, None)), State::Overlimit);
 }
+
+/// Several offline jobs per GPU (`max_offline_per_gpu` 2): the real planner puts both jobs
+/// of a one-GPU cluster beside the service at once, and each sees the other's pressure (both
+/// finish, each slower than alone beside the service); with one per GPU the second waits.
+#[test]
+fn two_offline_jobs_share_one_gpu() {
+    let (ty, p) = (types(), predictor());
+    let job = |name: &str| OfflinePod {
+        name: name.into(),
+        milli: 300,
+        spec: vec![],
+        arrival: 10.0,
+        duration: 3600.0,
+    };
+    let trace = Trace {
+        nodes: vec![Node {
+            name: "n0".into(),
+            gpus: 1,
+            model: "V100M32".into(),
+        }],
+        online: vec![OnlinePod {
+            name: "svc".into(),
+            gpus: 1,
+            milli: 200,
+            spec: vec![],
+            start: 0.0,
+            end: 1e6,
+        }],
+        offline: vec![job("a"), job("b")],
+        left_out: LeftOut::default(),
+        origin_s: 0,
+    };
+    let at = GpuRef { node: "n0".into(), gpu: 0 };
+    let run = |k: u32| {
+        let mut c = SimConfig::new(Mode::Muxflow);
+        c.max_offline_per_gpu = k;
+        c.horizon_s = Some(100_000.0);
+        let mut sim = Sim::new(c, &trace, &ty, &p);
+        sim.advance(200.0, |_, _| {});
+        let placed = [sim.job_gpu("a").cloned(), sim.job_gpu("b").cloned()];
+        (placed, sim.run(|_, _| {}))
+    };
+    let (placed2, two) = run(2);
+    assert_eq!(placed2, [Some(at.clone()), Some(at.clone())], "both beside the service");
+    let (placed1, one) = run(1);
+    assert_eq!(placed1.iter().filter(|x| x.is_some()).count(), 1, "{placed1:?}");
+    assert_eq!((two.offline_done, one.offline_done), (2, 2), "{two:?} {one:?}");
+    assert_eq!(two.evictions, 0, "{two:?}");
+    // Sharing the GPU, each job runs slower than the lone job of the k = 1 run ...
+    assert!(two.oversold_gpu < one.oversold_gpu, "{} vs {}", two.oversold_gpu, one.oversold_gpu);
+    // ... but together they finish sooner than one after the other.
+    assert!(two.makespan_h < one.makespan_h, "{} vs {}", two.makespan_h, one.makespan_h);
+}

@@ -102,6 +102,10 @@ struct Args {
     /// Run each MuxFlow-mode run twice: SM budget as shipped, and following SLO slack.
     #[arg(long)]
     slo_compare: bool,
+    /// Offline jobs an online GPU may host at once (`cluster.json` `max_offline_per_gpu`;
+    /// MuxFlow modes; the time-sharing modes keep one).
+    #[arg(long, default_value_t = 1)]
+    max_offline_per_gpu: u32,
     /// Global multiplier on every GPU's offline SM budget (MuxFlow modes; 1 = as shipped).
     #[arg(long, default_value_t = 1.0)]
     budget_scale: f64,
@@ -217,6 +221,7 @@ fn run(a: Args) -> Result<(), String> {
     let run_one = |mode: Mode, policy: Policy, slack: bool, scale: f64| {
         let mut cfg = SimConfig::new(mode);
         cfg.budget_scale = scale;
+        cfg.max_offline_per_gpu = a.max_offline_per_gpu.max(1);
         cfg.policy = policy;
         cfg.slo_range = a.slo_range;
         cfg.slo_follow_slack = slack;
