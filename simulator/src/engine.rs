@@ -1017,8 +1017,19 @@ impl<'a> Sim<'a> {
             };
             target.push((j, g));
         }
+        // Jobs handed to the round only so that it counts them against their GPU's room stay
+        // where they run (as running jobs do with one job per GPU): without re-matching, the
+        // simulator does not let a round move them.
+        let stay: Vec<usize> = if rematch {
+            Vec::new()
+        } else {
+            running_on_offered.iter().copied().filter(|j| !introspect.contains(j)).collect()
+        };
         for b in &plan.breaks {
             if let Some(&j) = self.job_index.get(&b.offline) {
+                if stay.contains(&j) && self.jobs[j].gpu.is_some_and(|g| self.gpus[g].online.is_some()) {
+                    continue;
+                }
                 if self.jobs[j].gpu.is_some() {
                     let moved = target.iter().any(|&(x, _)| x == j);
                     self.unplace(j, if moved { "moved" } else { "break" });
@@ -1027,7 +1038,7 @@ impl<'a> Sim<'a> {
             }
         }
         for (j, g) in target {
-            if self.jobs[j].gpu == Some(g) {
+            if self.jobs[j].gpu == Some(g) || (stay.contains(&j) && self.jobs[j].gpu.is_some()) {
                 continue;
             }
             if self.gpus[g].jobs.len() >= k_per_gpu || self.gpus[g].online.is_none() {

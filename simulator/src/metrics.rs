@@ -553,6 +553,14 @@ pub fn match_violations(
         if (v - target_pct).abs() <= TOL {
             break;
         }
+        // The same rate as the last point on that side: the budget is at a floor (the
+        // smallest SM cap) or a ceiling; going further changes nothing.
+        let same_side = m.points[..m.points.len() - 1]
+            .iter()
+            .any(|p| p.1 == v && (p.1 > target_pct) == (v > target_pct));
+        if same_side && (lo.is_none() || hi.is_none()) {
+            break;
+        }
         if v > target_pct {
             hi = Some(scale);
         } else {
