@@ -20,13 +20,14 @@ use cluster_matcher::policy::{JobFeedback, Policy, GANDIVA_KEEP};
 use cluster_matcher::predictor::SpeedPredictor;
 use mps_manager::budget::{Allocator, BudgetConfig};
 use serde::Serialize;
-use sysmonitor::health::{Action, Input, Machine, MachineConfig, Metrics, State};
+use sysmonitor::health::{worst_level, Action, Input, Level, Machine, MachineConfig, Metrics, State};
+use sysmonitor::monitor::Occupancy;
 
 use crate::metrics::{Accum, Report};
 use crate::model::{evaluate, OnlineLoad, Pair, Share, View};
 use crate::online::Service;
 use crate::rng::{hash2, Rng};
-use crate::throttle::{ThrottleSettings, ThrottleState};
+use crate::throttle::{settle_multi, ThrottleSettings, ThrottleState};
 use crate::trace::{JobTypes, Trace};
 
 /// Gandiva in the simulator: migrations per job before it stays where it lands.
@@ -123,6 +124,15 @@ pub struct SimConfig {
     /// online slowdown is well under its service's target lets the budget grow (x1.1 a tick,
     /// up to 3x the allocator's), one over it shrinks it (x0.7, down to 0.1x).
     pub slo_follow_slack: bool,
+    /// Offline jobs an online GPU may host at once (`cluster.json` `max_offline_per_gpu`,
+    /// handed to the planner; the interference model is [`crate::model::evaluate_multi`]).
+    /// MuxFlow modes only: the time-sharing modes keep one.
+    pub max_offline_per_gpu: u32,
+    /// Global multiplier on every GPU's offline SM budget (MuxFlow modes; 1 = mps-manager's
+    /// allocator as shipped). Sweeping it trades oversold GPU for SLO violations the same way
+    /// everywhere: the baseline that `--match-violations` compares the per-service slack loop
+    /// with at equal violations.
+    pub budget_scale: f64,
     /// PB-time-sharing: relative cost of preempting an offline slice per online request.
     pub pb_switch: f64,
     /// Offline memory at gpu_milli = 1000 (MiB); scaled by gpu_milli.
@@ -141,6 +151,16 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
+    /// Offline jobs per GPU in this mode: `max_offline_per_gpu` (at least 1) in the MuxFlow
+    /// modes, 1 in the others (their time-slicing models take one job).
+    pub fn offline_per_gpu(&self) -> u32 {
+        if self.mode.protected() {
+            self.max_offline_per_gpu.max(1)
+        } else {
+            1
+        }
+    }
+
     pub fn new(mode: Mode) -> Self {
         Self {
             mode,
@@ -154,6 +174,8 @@ impl SimConfig {
             slo_slowdown: 1.5,
             slo_range: None,
             slo_follow_slack: false,
+            budget_scale: 1.0,
+            max_offline_per_gpu: 1,
             pb_switch: 0.03,
             offline_memory_mib: 6144,
             min_cap: 0.1,
@@ -198,14 +220,20 @@ struct Gpu {
     model_type: String,
     mem_mib: u64,
     online: Option<usize>,
-    job: Option<usize>,
+    /// Offline jobs on the GPU, in the order placed (at most `max_offline_per_gpu`).
+    jobs: Vec<usize>,
     machine: Machine,
-    throttle: Option<ThrottleState>,
+    /// The throttle of each offline process, `throttles[i]` that of `jobs[i]` (created at the
+    /// job's first evaluation, so possibly shorter than `jobs`).
+    throttles: Vec<ThrottleState>,
     budget: Allocator,
     view: View,
     since: f64,
     /// The online service's own SM activity (percent) at the last tick.
     online_sm_pct: f64,
+    /// The SM share (percent) the offline side is held to at the last evaluation, as the
+    /// MPS manager publishes it in the ledger (`None`: no MPS cap, time-sharing modes).
+    offline_cap_pct: Option<f64>,
     qps: f64,
     /// Multiplier of the offline SM budget that follows the service's SLO slack.
     slack_scale: f64,
@@ -274,6 +302,18 @@ pub struct Sim<'a> {
     remaining: usize,
 }
 
+impl Gpu {
+    /// Takes job `j` and its throttle off the GPU.
+    fn remove_job(&mut self, j: usize) {
+        if let Some(i) = self.jobs.iter().position(|&x| x == j) {
+            self.jobs.remove(i);
+            if i < self.throttles.len() {
+                self.throttles.remove(i);
+            }
+        }
+    }
+}
+
 fn health_of(s: State) -> GpuHealth {
     match s {
         State::Init => GpuHealth::Init,
@@ -321,7 +361,7 @@ impl<'a> Sim<'a> {
             unprofiled_weight: 0.3,
             cells: None,
             cells_state: None,
-            max_offline_per_gpu: 1,
+            max_offline_per_gpu: cfg.offline_per_gpu() as usize,
             policy: cfg.policy,
             nodes,
             tenants: Default::default(),
@@ -342,13 +382,14 @@ impl<'a> Sim<'a> {
                     model_type: n.model_type(),
                     mem_mib: n.gpu_memory_mib,
                     online: None,
-                    job: None,
+                    jobs: Vec::new(),
                     machine: Machine::new(),
-                    throttle: None,
+                    throttles: Vec::new(),
                     budget: Allocator::default(),
                     view: View::default(),
                     since: 0.0,
                     online_sm_pct: 0.0,
+                    offline_cap_pct: None,
                     slack_scale: 1.0,
                     qps: 0.0,
                 });
@@ -593,13 +634,13 @@ impl<'a> Sim<'a> {
         };
         for &g in &inst.gpus {
             self.flush(g, self.now);
-            if let Some(j) = self.gpus[g].job {
+            for j in self.gpus[g].jobs.clone() {
                 self.unplace(j, "online gone");
             }
             let gpu = &mut self.gpus[g];
             gpu.online = None;
             gpu.view = View::default();
-            gpu.throttle = None;
+            gpu.throttles.clear();
         }
         let _ = inst.pod;
     }
@@ -623,9 +664,9 @@ impl<'a> Sim<'a> {
             dt,
             lat_dt,
             slo,
-            gpu.job.is_some(),
+            !gpu.jobs.is_empty(),
         );
-        if let Some(j) = gpu.job {
+        for &j in &gpu.jobs {
             let job = &mut self.jobs[j];
             let d = t - job.since;
             if d > 0.0 {
@@ -651,30 +692,40 @@ impl<'a> Sim<'a> {
         };
         let online_sm = (qps * svc.s0).min(1.0) * svc.d_on;
         let mode = self.cfg.mode;
-        let job = self.gpus[g].job;
-        let (view, pair) = match job {
-            None => (evaluate(&load, &dummy_pair(), Share::None), None),
-            Some(j) => {
+        let jobs = self.gpus[g].jobs.clone();
+        let mut offline_cap_pct = None;
+        let pairs: Vec<Pair> = jobs
+            .iter()
+            .map(|&j| {
                 let jb = &self.jobs[j];
                 let (go, gn, _) =
                     self.types
                         .pair(&self.gpus[g].model_type, jb.job_type, svc.job_type);
-                let pair = Pair {
+                Pair {
                     d_on: svc.d_on,
                     d_off: jb.d_off,
                     gavel_off: go,
                     gavel_on: gn,
+                }
+            })
+            .collect();
+        let (view, progress) = match pairs.first() {
+            None => (evaluate(&load, &dummy_pair(), Share::None), Vec::new()),
+            Some(&pair) => {
+                let single = |v: View| {
+                    let p = v.progress;
+                    (v, vec![p])
                 };
-                let view = match mode {
-                    Mode::OnlineOnly => evaluate(&load, &pair, Share::None),
-                    Mode::TimeSharing => evaluate(&load, &pair, Share::Slices),
-                    Mode::PbTimeSharing => evaluate(
+                match mode {
+                    Mode::OnlineOnly => single(evaluate(&load, &pair, Share::None)),
+                    Mode::TimeSharing => single(evaluate(&load, &pair, Share::Slices)),
+                    Mode::PbTimeSharing => single(evaluate(
                         &load,
                         &pair,
                         Share::Priority {
                             switch: self.cfg.pb_switch,
                         },
-                    ),
+                    )),
                     _ => {
                         // Dynamic SM allocation: mps-manager's own allocator (complement of
                         // the online SM activity minus headroom, within limits, smoothed);
@@ -697,18 +748,30 @@ impl<'a> Sim<'a> {
                         } else {
                             pct
                         };
+                        let pct = if self.cfg.budget_scale != 1.0 {
+                            (pct * self.cfg.budget_scale).clamp(0.0, 100.0)
+                        } else {
+                            pct
+                        };
                         let cap = (pct / 100.0).max(self.cfg.min_cap);
-                        let th = self.gpus[g]
-                            .throttle
-                            .get_or_insert_with(|| ThrottleState::new(&self.cfg.throttle, cap));
-                        th.settle(&self.cfg.throttle, &load, &pair, cap, self.cfg.tick_s)
+                        offline_cap_pct = Some(cap * 100.0);
+                        let gpu = &mut self.gpus[g];
+                        while gpu.throttles.len() < gpu.jobs.len() {
+                            gpu.throttles.push(ThrottleState::new(&self.cfg.throttle, cap));
+                        }
+                        settle_multi(
+                            &mut gpu.throttles,
+                            &self.cfg.throttle,
+                            &load,
+                            &pairs,
+                            cap,
+                            self.cfg.tick_s,
+                        )
                     }
-                };
-                (view, Some(pair))
+                }
             }
         };
-        let _ = pair;
-        if sample && job.is_some() && self.cfg.slo_follow_slack {
+        if sample && !jobs.is_empty() && self.cfg.slo_follow_slack {
             // Slack of the service's own SLO (p99 / alone = mean / alone for the model's
             // exponential latencies): grow the budget with room to spare, shrink it when over.
             let target = self.slo[self.insts[oi].as_ref().map_or(oi, |x| x.service)];
@@ -724,20 +787,19 @@ impl<'a> Sim<'a> {
         gpu.view = view;
         gpu.qps = qps;
         gpu.online_sm_pct = online_sm * 100.0;
+        gpu.offline_cap_pct = offline_cap_pct;
         let mem_used = {
             let on = self.insts[oi].as_ref().map_or(0, |x| x.mem_mib);
-            let off = job.map_or(0, |j| self.jobs[j].mem_mib);
+            let off: u64 = jobs.iter().map(|&j| self.jobs[j].mem_mib).sum();
             100.0 * (on + off) as f64 / gpu.mem_mib.max(1) as f64
         };
         if sample {
-            let m = Metrics {
-                gpu_util: view.gpu_util,
-                sm_activity: view.sm_activity,
-                sm_clock_pct: view.clock_pct,
-                mem_used_pct: mem_used,
-                offline_only: false,
-                ..Default::default()
-            };
+            let m = judged_sample(
+                &self.cfg.health,
+                &view,
+                mem_used,
+                occupancy(!jobs.is_empty(), offline_cap_pct),
+            );
             let step = gpu.machine.step(
                 &self.cfg.health,
                 (self.now * 1000.0) as u64,
@@ -748,19 +810,18 @@ impl<'a> Sim<'a> {
                 .iter()
                 .any(|a| matches!(a, Action::EvictOffline { .. }));
             self.acc.health_transitions += step.transitions.len() as u64;
-            if evict && mode.protected() {
-                if let Some(j) = job {
+            if evict && mode.protected() && !jobs.is_empty() {
+                for &j in &jobs {
                     self.acc.evictions += 1;
                     self.jobs[j].evictions += 1;
                     self.unplace(j, "evicted");
-                    // The GPU runs the online service alone for the rest of the tick.
-                    self.evaluate(g, false);
-                    return;
                 }
+                // The GPU runs the online service alone for the rest of the tick.
+                self.evaluate(g, false);
+                return;
             }
         }
-        if let Some(j) = job {
-            let rate = view.progress;
+        for (&j, &rate) in jobs.iter().zip(&progress) {
             let t = self.now;
             let jb = &mut self.jobs[j];
             jb.rate = rate;
@@ -793,8 +854,7 @@ impl<'a> Sim<'a> {
         jb.done = jb.duration;
         jb.finish = Some(self.now);
         jb.gpu = None;
-        self.gpus[g].job = None;
-        self.gpus[g].throttle = None;
+        self.gpus[g].remove_job(j);
         self.remaining -= 1;
         self.evaluate(g, false);
     }
@@ -815,8 +875,7 @@ impl<'a> Sim<'a> {
             "moved" => jb.moves += 1,
             _ => jb.breaks += 1,
         }
-        self.gpus[g].job = None;
-        self.gpus[g].throttle = None;
+        self.gpus[g].remove_job(j);
         self.pending.push(j);
     }
 
@@ -827,8 +886,7 @@ impl<'a> Sim<'a> {
         jb.gpu = Some(g);
         jb.since = self.now;
         jb.introspected = false;
-        self.gpus[g].job = Some(j);
-        self.gpus[g].throttle = None;
+        self.gpus[g].jobs.push(j);
         self.evaluate(g, false);
     }
 
@@ -859,15 +917,21 @@ impl<'a> Sim<'a> {
         if self.pending.is_empty() && !rematch && introspect.is_empty() {
             return;
         }
+        let k_per_gpu = self.cfg.offline_per_gpu() as usize;
         let mut online = Vec::new();
+        // Jobs running on GPUs offered to this round: the planner must see them (`current`)
+        // to count them against the GPU's room.
+        let mut running_on_offered: Vec<usize> = Vec::new();
         for (g, gpu) in self.gpus.iter().enumerate() {
             let Some(oi) = gpu.online else { continue };
-            if !rematch && gpu.job.is_some_and(|j| !introspect.contains(&j)) {
+            let full = gpu.jobs.len() >= k_per_gpu;
+            if !rematch && full && !gpu.jobs.iter().any(|j| introspect.contains(j)) {
                 continue;
             }
             let Some(inst) = self.insts[oi].as_ref() else {
                 continue;
             };
+            running_on_offered.extend(&gpu.jobs);
             let svc = &self.services[inst.service];
             let k = inst.gpus.iter().position(|&x| x == g).unwrap_or(0);
             online.push(OnlineWorkload {
@@ -892,6 +956,9 @@ impl<'a> Sim<'a> {
             consider.extend((0..self.jobs.len()).filter(|&j| self.jobs[j].gpu.is_some()));
         }
         consider.extend(&introspect);
+        if k_per_gpu > 1 {
+            consider.extend(&running_on_offered);
+        }
         consider.sort_unstable();
         consider.dedup();
         if consider.is_empty() {
@@ -950,8 +1017,19 @@ impl<'a> Sim<'a> {
             };
             target.push((j, g));
         }
+        // Jobs handed to the round only so that it counts them against their GPU's room stay
+        // where they run (as running jobs do with one job per GPU): without re-matching, the
+        // simulator does not let a round move them.
+        let stay: Vec<usize> = if rematch {
+            Vec::new()
+        } else {
+            running_on_offered.iter().copied().filter(|j| !introspect.contains(j)).collect()
+        };
         for b in &plan.breaks {
             if let Some(&j) = self.job_index.get(&b.offline) {
+                if stay.contains(&j) && self.jobs[j].gpu.is_some_and(|g| self.gpus[g].online.is_some()) {
+                    continue;
+                }
                 if self.jobs[j].gpu.is_some() {
                     let moved = target.iter().any(|&(x, _)| x == j);
                     self.unplace(j, if moved { "moved" } else { "break" });
@@ -960,10 +1038,10 @@ impl<'a> Sim<'a> {
             }
         }
         for (j, g) in target {
-            if self.jobs[j].gpu == Some(g) {
+            if self.jobs[j].gpu == Some(g) || (stay.contains(&j) && self.jobs[j].gpu.is_some()) {
                 continue;
             }
-            if self.gpus[g].job.is_some() || self.gpus[g].online.is_none() {
+            if self.gpus[g].jobs.len() >= k_per_gpu || self.gpus[g].online.is_none() {
                 continue;
             }
             self.place(j, g);
@@ -995,6 +1073,48 @@ impl<'a> Sim<'a> {
             self.jobs.len(),
         )
     }
+}
+
+/// Who is on a simulated GPU, as sysmonitor's monitor finds it from NVML's process list and
+/// the ledger: an online service always runs there (offline jobs run only beside one), so a
+/// GPU is co-located while an offline job runs on it, with the SM share the offline side is
+/// held to (`None` without an MPS cap), and online-only otherwise.
+pub fn occupancy(offline_running: bool, offline_cap_pct: Option<f64>) -> Occupancy {
+    if offline_running {
+        Occupancy::Colocated { offline_cap_pct }
+    } else {
+        Occupancy::OnlineOnly
+    }
+}
+
+/// The sample the health machine steps on, fed the way sysmonitor's monitor feeds it
+/// (`Monitor::tick`): the whole reading first; only when the product's own judgement
+/// ([`sysmonitor::health::worst_level`], which applies `health::judged`) finds it past
+/// Overlimit is the occupancy attached, so that beside offline work only the online
+/// workload's own demand can evict (busy-time metrics count at most as Unhealthy, spatial
+/// SM activity is judged as the online share). The model's SM activity is spatial (the
+/// share of SMs busy, which an offline job capped by MPS cannot push past its cap), as
+/// GPM's SM utilization is on the real GPUs.
+pub fn judged_sample(cfg: &MachineConfig, view: &View, mem_used_pct: f64, occ: Occupancy) -> Metrics {
+    let mut m = Metrics {
+        gpu_util: view.gpu_util,
+        sm_activity: view.sm_activity,
+        sm_clock_pct: view.clock_pct,
+        mem_used_pct,
+        sm_spatial: true,
+        ..Default::default()
+    };
+    if worst_level(cfg, &m).0 == Level::Overlimit {
+        match occ {
+            Occupancy::OfflineOnly => m.offline_only = true,
+            Occupancy::Colocated { offline_cap_pct } => {
+                m.colocated = true;
+                m.offline_sm_cap_pct = offline_cap_pct.unwrap_or(0.0);
+            }
+            Occupancy::Unknown | Occupancy::OnlineOnly => {}
+        }
+    }
+    m
 }
 
 fn dummy_pair() -> Pair {

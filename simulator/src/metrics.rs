@@ -237,6 +237,9 @@ pub struct Report {
     /// finished jobs (Gavel's FTF policy minimizes the worst).
     pub ftf_mean: f64,
     pub ftf_max: f64,
+    /// Global multiplier on the offline SM budget of every GPU (1 = as shipped); see
+    /// [`crate::SimConfig::budget_scale`].
+    pub budget_scale: f64,
     /// Curves for plots (not in the JSON).
     #[serde(skip)]
     pub series: Series,
@@ -308,6 +311,7 @@ impl Report {
             series,
             policy,
             slo_follow_slack: cfg.slo_follow_slack,
+            budget_scale: cfg.budget_scale,
             mode: mode.to_string(),
             seed: cfg.seed,
             simulated_h: end / 3600.0,
@@ -347,7 +351,11 @@ impl Report {
 impl Report {
     /// The row label (see [`run_label`]).
     pub fn label(&self) -> String {
-        run_label(&self.mode, self.policy, self.slo_follow_slack)
+        let mut s = run_label(&self.mode, self.policy, self.slo_follow_slack);
+        if self.budget_scale != 1.0 {
+            s.push_str(&format!(" SMx{:.3}", self.budget_scale));
+        }
+        s
     }
 }
 
@@ -367,7 +375,12 @@ pub fn run_label(mode: &str, policy: Policy, slack: bool) -> String {
 /// The terminal table: one row per run, JCT and oversold GPU also normalized to MuxFlow's
 /// run (KM policy) when there is one (as MuxFlow figures 11 and 13 do).
 pub fn table(reports: &[Report]) -> String {
-    let mux = reports.iter().find(|r| r.mode == "MuxFlow" && r.policy == Policy::MaxThroughput && !r.slo_follow_slack);
+    let mux = reports.iter().find(|r| {
+        r.mode == "MuxFlow"
+            && r.policy == Policy::MaxThroughput
+            && !r.slo_follow_slack
+            && r.budget_scale == 1.0
+    });
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -430,6 +443,134 @@ pub fn table(reports: &[Report]) -> String {
     s
 }
 
+/// Runs of the shipped SM budget under a global scale, searched for the scale at which its SLO
+/// violations equal a target (see [`match_violations`]).
+#[derive(Debug, Clone)]
+pub struct Matched {
+    /// The violation rate searched for, percent.
+    pub target_pct: f64,
+    /// Every new run, in the order made.
+    pub runs: Vec<Report>,
+    /// `(budget scale, SLO violations %, oversold GPU, average JCT s)` of every point known,
+    /// the starting run included, sorted by scale.
+    pub points: Vec<(f64, f64, f64, f64)>,
+}
+
+impl Matched {
+    /// The two known points bracketing the target (violations at or below, at or above).
+    pub fn bracket(&self) -> (Option<(f64, f64, f64, f64)>, Option<(f64, f64, f64, f64)>) {
+        let below = self
+            .points
+            .iter()
+            .filter(|p| p.1 <= self.target_pct)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .copied();
+        let above = self
+            .points
+            .iter()
+            .filter(|p| p.1 >= self.target_pct)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .copied();
+        (below, above)
+    }
+
+    /// Oversold GPU and average JCT at exactly the target, interpolated linearly in the
+    /// violation rate between the bracketing points (`None` when the target is not bracketed).
+    pub fn at_target(&self) -> Option<(f64, f64, f64)> {
+        match self.bracket() {
+            (Some(lo), Some(hi)) => {
+                let t = if hi.1 > lo.1 { (self.target_pct - lo.1) / (hi.1 - lo.1) } else { 0.0 };
+                let lerp = |a: f64, b: f64| a + t * (b - a);
+                Some((lerp(lo.0, hi.0), lerp(lo.2, hi.2), lerp(lo.3, hi.3)))
+            }
+            _ => None,
+        }
+    }
+
+    /// One line comparing `slack` (the run whose violations were the target) with the
+    /// shipped budget at equal violations.
+    pub fn describe(&self, slack: &Report) -> String {
+        let head = format!(
+            "equal SLO violations ({:.2} %): {} oversold {:.3}, JCT {:.0} s",
+            self.target_pct,
+            slack.label(),
+            slack.oversold_gpu,
+            slack.offline_avg_jct_s
+        );
+        match (self.at_target(), self.bracket()) {
+            (Some((scale, os, jct)), (Some(lo), Some(hi))) => format!(
+                "{head}; shipped budget x{scale:.3} (interpolated between x{:.3} at {:.2} % and x{:.3} at {:.2} %) oversold {os:.3}, JCT {jct:.0} s: slack sells {:+.1} % GPU",
+                lo.0,
+                lo.1,
+                hi.0,
+                hi.1,
+                100.0 * (slack.oversold_gpu / os.max(1e-12) - 1.0)
+            ),
+            _ => format!(
+                "{head}; the shipped budget does not reach that rate at any scale tried ({})",
+                self.points
+                    .iter()
+                    .map(|p| format!("x{:.3}: {:.2} %", p.0, p.1))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+/// Searches the global SM budget scale at which the shipped budget's SLO violations equal
+/// `target_pct`: from `start` (whose run is `base`) halving or doubling until the target is
+/// bracketed, then bisecting in log scale until within 0.05 points or 10 runs made.
+/// Violations grow with the budget (more SM for offline work), which the search assumes.
+pub fn match_violations(
+    target_pct: f64,
+    start: f64,
+    base: &Report,
+    mut run: impl FnMut(f64) -> Report,
+) -> Matched {
+    let point = |r: &Report, scale: f64| (scale, r.slo_violation_pct, r.oversold_gpu, r.offline_avg_jct_s);
+    let mut m = Matched { target_pct, runs: Vec::new(), points: vec![point(base, start)] };
+    const MAX_RUNS: usize = 10;
+    const TOL: f64 = 0.05;
+    if (base.slo_violation_pct - target_pct).abs() <= TOL {
+        return m;
+    }
+    let (mut lo, mut hi) = if base.slo_violation_pct > target_pct { (None, Some(start)) } else { (Some(start), None) };
+    while m.runs.len() < MAX_RUNS {
+        let scale = match (lo, hi) {
+            (Some(l), Some(h)) => (l * h).sqrt(),
+            (None, Some(h)) => h / 2.0,
+            (Some(l), None) => l * 2.0,
+            (None, None) => unreachable!("one side is always known"),
+        };
+        if !(1e-3..=64.0).contains(&scale) {
+            break;
+        }
+        let r = run(scale);
+        let v = r.slo_violation_pct;
+        m.points.push(point(&r, scale));
+        m.runs.push(r);
+        if (v - target_pct).abs() <= TOL {
+            break;
+        }
+        // The same rate as the last point on that side: the budget is at a floor (the
+        // smallest SM cap) or a ceiling; going further changes nothing.
+        let same_side = m.points[..m.points.len() - 1]
+            .iter()
+            .any(|p| p.1 == v && (p.1 > target_pct) == (v > target_pct));
+        if same_side && (lo.is_none() || hi.is_none()) {
+            break;
+        }
+        if v > target_pct {
+            hi = Some(scale);
+        } else {
+            lo = Some(scale);
+        }
+    }
+    m.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    m
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,5 +589,38 @@ mod tests {
         h.add(10.0, 1.0);
         let c = LatencyHist::center(LatencyHist::bin(10.0));
         assert!((h.quantile(0.99) - c * 100f64.ln()).abs() < 1e-6 * c);
+    }
+
+    fn base_report() -> Report {
+        let cfg = crate::SimConfig::new(crate::Mode::Muxflow);
+        Report::new("MuxFlow", Policy::MaxThroughput, &cfg, 0.0, 0.0, Accum::default(), 0)
+    }
+
+    /// The search brackets and interpolates: a made-up monotone response (violations =
+    /// 10 x scale %, oversold = 0.5 x scale) is matched at 2.5 % by scale 0.25, oversold 0.125.
+    #[test]
+    fn match_violations_finds_the_scale_by_hand() {
+        let fake = |scale: f64| {
+            let mut r = base_report();
+            r.slo_violation_pct = 10.0 * scale;
+            r.oversold_gpu = 0.5 * scale;
+            r.budget_scale = scale;
+            r
+        };
+        let base = fake(1.0);
+        let m = match_violations(2.5, 1.0, &base, fake);
+        let (scale, os, _) = m.at_target().expect("bracketed");
+        assert!((scale - 0.25).abs() < 0.01, "{m:?}");
+        assert!((os - 0.125).abs() < 0.005, "{m:?}");
+        assert!(m.runs.len() <= 10);
+        // Unreachable: violations never below 3 % whatever the scale.
+        let floor = |scale: f64| {
+            let mut r = fake(scale);
+            r.slo_violation_pct = 3.0 + scale;
+            r
+        };
+        let m = match_violations(2.5, 1.0, &floor(1.0), floor);
+        assert!(m.at_target().is_none());
+        assert!(m.describe(&base).contains("does not reach"));
     }
 }

@@ -24,7 +24,18 @@
 //! Online latency is that of an M/M/1 processor-sharing server: mean `s / (1 - rho)`,
 //! exponentially distributed (p99 = mean x ln 100).
 //!
-//! Limits, plainly: one offline job per GPU; no memory-bandwidth model beyond Gavel's
+//! **Several offline jobs per GPU** ([`evaluate_multi`], `max_offline_per_gpu` > 1): every
+//! offline process is capped at the same MPS percentage (the shim gives each the budget);
+//! while job `i` has kernels in flight the others' are in flight their own duty of the time,
+//! independently, and job `i` sees their mean capped demand `O_i` (mean field): processor
+//! sharing over `d_on + off_i + O_i` (online busy) or `off_i + O_i` (online idle), the clock
+//! from that total, and job `i`'s Gavel residual with the online service as for one job. The
+//! online service sees the offline side as one job in flight whenever any is (probability
+//! `1 - prod(1 - duty_j)`), with the mean demand of those in flight and each job's residual
+//! weighted by its share of that time. One job gives [`evaluate`] exactly.
+//!
+//! Limits, plainly: offline-offline interference is SM sharing and clock only (Gavel's
+//! pairs of two training jobs are not applied between offline jobs); no memory-bandwidth model beyond Gavel's
 //! residual; Gavel measured training next to training, so online services are stood in for by
 //! Gavel job types (as the matcher's predictor also does); the throttle's 10 ms loop is stepped
 //! at the tick's inner step; a job's exclusive speed does not depend on the GPU model
@@ -248,6 +259,89 @@ pub fn evaluate(on: &OnlineLoad, pair: &Pair, share: Share) -> View {
     v
 }
 
+/// One GPU over one tick with several offline jobs (see the module docs): the GPU's view
+/// (its `progress` is the jobs' sum) and each job's progress. `jobs` are each job's pair with
+/// the online service and its duty; every job is capped at `cap`. One job: [`evaluate`].
+pub fn evaluate_multi(on: &OnlineLoad, jobs: &[(Pair, f64)], cap: f64) -> (View, Vec<f64>) {
+    match jobs {
+        [] => (evaluate(on, &Pair { d_on: on.d_on, d_off: 1.0, gavel_off: 1.0, gavel_on: 1.0 }, Share::None), Vec::new()),
+        [(p, duty)] => {
+            let v = evaluate(on, p, Share::Space { cap, duty: *duty });
+            (v, vec![v.progress])
+        }
+        _ => multi(on, jobs, cap),
+    }
+}
+
+fn multi(on: &OnlineLoad, jobs: &[(Pair, f64)], cap: f64) -> (View, Vec<f64>) {
+    let cap = cap.clamp(0.0, 1.0);
+    let d_on = on.d_on.clamp(0.01, 1.0);
+    let clock_on = clock_frac(d_on, d_on);
+    let duty: Vec<f64> = jobs.iter().map(|(_, d)| d.clamp(0.0, 1.0)).collect();
+    let off: Vec<f64> = jobs.iter().map(|(p, _)| p.d_off.clamp(0.01, 1.0).min(cap)).collect();
+    let mean_demand: f64 = off.iter().zip(&duty).map(|(o, d)| o * d).sum();
+    let any = 1.0 - duty.iter().map(|d| 1.0 - d).product::<f64>();
+    // Online side: the offline jobs as one job in flight `any` of the time, with the mean
+    // demand of those in flight; each job's residual weighted by its share of that time.
+    let d_c = if any > 0.0 { (mean_demand / any).min(1.0) } else { 0.0 };
+    let total = d_on + d_c;
+    let scale = if total > 1.0 { 1.0 / total } else { 1.0 };
+    let clock_both = clock_frac((d_on + d_c) * scale, total);
+    let mut on_both = d_on * scale * clock_both / (d_on * clock_on);
+    for (k, (p, _)) in jobs.iter().enumerate() {
+        if any > 0.0 && duty[k] > 0.0 {
+            let full = physics(p, 1.0);
+            let now = physics(p, cap);
+            let r_on = (p.gavel_on / full.on_both.max(1e-9)).clamp(0.2, 5.0);
+            let x = (now.pressure / full.pressure.max(1e-9)).clamp(0.0, 1.0);
+            on_both *= r_on.powf(x * duty[k] * off[k] / mean_demand.max(1e-12));
+        }
+    }
+    let on_both = on_both.min(1.0);
+    let rho0 = (on.qps * on.s0).max(0.0);
+    let (alone, _) = mm1(on.s0, rho0);
+    let s = on.s0 * (any / on_both.max(1e-6) + (1.0 - any));
+    let (t, sat) = mm1(s, on.qps * s);
+    let r = (on.qps * s).min(1.0);
+    // Each offline job: processor sharing with the online service (busy `r` of the time)
+    // and the others' mean capped demand.
+    let mut progress = Vec::with_capacity(jobs.len());
+    for (k, (p, _)) in jobs.iter().enumerate() {
+        let d_off = p.d_off.clamp(0.01, 1.0);
+        let others = mean_demand - duty[k] * off[k];
+        let clock_solo = clock_frac(d_off, d_off);
+        let speed = |online: f64| {
+            let total = online + off[k] + others;
+            let scale = if total > 1.0 { 1.0 / total } else { 1.0 };
+            let occ = (online + off[k] + others) * scale;
+            off[k] * scale * clock_frac(occ, total) / (d_off * clock_solo)
+        };
+        let full = physics(p, 1.0);
+        let r_off = (p.gavel_off / full.off_both.max(1e-9)).clamp(0.2, 5.0);
+        let both = (speed(d_on) * r_off).min(1.0);
+        let alone_k = speed(0.0).min(1.0);
+        progress.push(duty[k] * (r * both + (1.0 - r) * alone_k));
+    }
+    let occ_both = (d_on + d_c) * scale;
+    let occ_off = d_c.min(1.0);
+    let clock_off = clock_frac(occ_off, d_c);
+    let both = r * any;
+    let on_only = r * (1.0 - any);
+    let off_only = (1.0 - r) * any;
+    let idle = 1.0 - both - on_only - off_only;
+    let v = View {
+        rho: r,
+        latency_ms: t * 1e3,
+        latency_alone_ms: alone * 1e3,
+        saturated: sat,
+        progress: progress.iter().sum(),
+        gpu_util: 100.0 * (both + on_only + off_only),
+        sm_activity: 100.0 * (both * occ_both + on_only * d_on + off_only * occ_off),
+        clock_pct: 100.0 * (both * clock_both + on_only * clock_on + off_only * clock_off + idle),
+    };
+    (v, progress)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,5 +421,38 @@ mod tests {
         let pr = evaluate(&on, &p, Share::Priority { switch: 0.0 });
         assert!((pr.latency_ms - a.latency_ms).abs() < 1e-9);
         assert!((pr.progress - (1.0 - a.rho)).abs() < 1e-9);
+    }
+
+    /// Two offline jobs, hand-checked. Online idle (qps 0), duty 1, cap 1:
+    /// * demands 0.2 + 0.2 fit in the SMs under 50 % occupancy: each runs as fast as alone;
+    /// * demands 0.9 + 0.9: processor sharing gives each 0.5 of the SMs for the 0.9 it wants,
+    ///   and the clock drops from 0.84 (0.9 alone: 1 - 0.2 x 0.8) to 0.72 (full occupancy,
+    ///   demand 1.8: 1 - 0.2 - 0.08): each gets 0.5 / 0.9 x 0.72 / 0.84 = 0.4762 of its speed;
+    /// * with the second job in flight half the time, the first sees half its demand (total
+    ///   1.35): 1 / 1.35 x 0.765 / 0.84 = 0.6746.
+    #[test]
+    fn two_offline_jobs_share_the_sms_by_hand() {
+        let idle = OnlineLoad { qps: 0.0, s0: 0.003, d_on: 0.5 };
+        let pair = |d_off: f64| Pair { d_on: 0.5, d_off, gavel_off: 0.6, gavel_on: 0.6 };
+        let (_, p) = evaluate_multi(&idle, &[(pair(0.2), 1.0), (pair(0.2), 1.0)], 1.0);
+        assert!((p[0] - 1.0).abs() < 1e-12 && (p[1] - 1.0).abs() < 1e-12, "{p:?}");
+        let (v, p) = evaluate_multi(&idle, &[(pair(0.9), 1.0), (pair(0.9), 1.0)], 1.0);
+        let want = 0.5 / 0.9 * 0.72 / 0.84;
+        assert!((p[0] - want).abs() < 1e-9 && (p[1] - want).abs() < 1e-9, "{p:?}");
+        assert!((v.progress - 2.0 * want).abs() < 1e-9);
+        assert!((v.gpu_util - 100.0).abs() < 1e-9 && (v.sm_activity - 100.0).abs() < 1e-9);
+        let (_, p) = evaluate_multi(&idle, &[(pair(0.9), 1.0), (pair(0.9), 0.5)], 1.0);
+        let want0 = 1.0 / 1.35 * (1.0 - 0.2 - 0.1 * 0.35) / 0.84;
+        assert!((p[0] - want0).abs() < 1e-9, "{p:?} vs {want0}");
+        // The second job runs half the time, seeing the first's full demand when it does.
+        assert!((p[1] - 0.5 * want).abs() < 1e-9, "{p:?}");
+        // A busy online service is slowed more by two offline jobs than by one.
+        let busy = OnlineLoad { qps: 100.0, s0: 0.003, d_on: 0.5 };
+        let (one, _) = evaluate_multi(&busy, &[(pair(0.9), 1.0)], 0.5);
+        let (two, _) = evaluate_multi(&busy, &[(pair(0.9), 1.0), (pair(0.9), 1.0)], 0.5);
+        assert!(two.latency_ms > one.latency_ms, "{one:?} {two:?}");
+        // One job is exactly the pair model.
+        let single = evaluate(&busy, &pair(0.9), Share::Space { cap: 0.5, duty: 1.0 });
+        assert_eq!(one, single);
     }
 }

@@ -13,7 +13,7 @@
 use serde::Serialize;
 use xshare_control::{Pid, Sample, Throttle, ThrottleConfig};
 
-use crate::model::{evaluate, OnlineLoad, Pair, Share, View};
+use crate::model::{evaluate, evaluate_multi, OnlineLoad, Pair, Share, View};
 
 /// Throttle settings the simulator passes to the control law.
 #[derive(Debug, Clone, Serialize)]
@@ -116,6 +116,73 @@ impl ThrottleState {
     pub fn rate(&self) -> f64 {
         self.throttle.rate()
     }
+}
+
+/// Several offline processes on one GPU over one tick (`max_offline_per_gpu` > 1): each has
+/// its own throttle (the shim runs one per process) and all see the same GPU-wide sample, as
+/// on a real GPU; [`evaluate_multi`] gives the GPU and each job's progress. One process is
+/// exactly [`ThrottleState::settle`]. Returns the mean view and each job's mean progress.
+pub fn settle_multi(
+    states: &mut [ThrottleState],
+    s: &ThrottleSettings,
+    load: &OnlineLoad,
+    pairs: &[Pair],
+    budget: f64,
+    tick_s: f64,
+) -> (View, Vec<f64>) {
+    if let ([st], [p]) = (&mut *states, pairs) {
+        let v = st.settle(s, load, p, budget, tick_s);
+        return (v, vec![v.progress]);
+    }
+    let cap = states.first().map_or(1.0, |st| st.own_cap);
+    let duty = |st: &ThrottleState, p: &Pair| {
+        if s.config.enabled {
+            (st.throttle.rate() * s.wave_s / p.d_off.min(cap).max(1e-3)).min(1.0)
+        } else {
+            1.0
+        }
+    };
+    let n = if s.config.enabled { s.inner_steps.max(1) } else { 1 };
+    let dt = tick_s / f64::from(n);
+    let mut sum = View::default();
+    let mut prog = vec![0.0; pairs.len()];
+    for _ in 0..n {
+        let jobs: Vec<(Pair, f64)> = states.iter().zip(pairs).map(|(st, p)| (*p, duty(st, p))).collect();
+        let (v, pr) = evaluate_multi(load, &jobs, cap);
+        if s.config.enabled {
+            let sample = Sample {
+                u_sm: v.sm_activity / 100.0,
+                c_sm: v.clock_pct / 100.0 * s.c_h_mhz,
+                c_h: s.c_h_mhz,
+            };
+            for st in states.iter_mut() {
+                st.throttle.control_with_budget(&mut st.pid, Some(sample), Some(budget), dt);
+            }
+        }
+        sum.rho += v.rho;
+        sum.latency_ms += v.latency_ms;
+        sum.latency_alone_ms += v.latency_alone_ms;
+        sum.saturated |= v.saturated;
+        sum.progress += v.progress;
+        sum.gpu_util += v.gpu_util;
+        sum.sm_activity += v.sm_activity;
+        sum.clock_pct += v.clock_pct;
+        for (a, b) in prog.iter_mut().zip(pr) {
+            *a += b;
+        }
+    }
+    let k = f64::from(n);
+    let view = View {
+        rho: sum.rho / k,
+        latency_ms: sum.latency_ms / k,
+        latency_alone_ms: sum.latency_alone_ms / k,
+        saturated: sum.saturated,
+        progress: sum.progress / k,
+        gpu_util: sum.gpu_util / k,
+        sm_activity: sum.sm_activity / k,
+        clock_pct: sum.clock_pct / k,
+    };
+    (view, prog.into_iter().map(|x| x / k).collect())
 }
 
 /// What the report says about the throttle.

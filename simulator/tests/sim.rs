@@ -144,7 +144,7 @@ fn placement_follows_the_real_planner() {
 }
 
 /// The real health machine decides admission and eviction: thresholds that call the shared
-/// GPU Overlimit evict the job (and it never finishes), the defaults let it run.
+/// GPU Overlimit evict the job (and it never finishes), the shipped defaults let it run.
 #[test]
 fn health_thresholds_change_the_outcome_as_predicted() {
     let (ty, p) = (types(), predictor());
@@ -176,23 +176,20 @@ fn health_thresholds_change_the_outcome_as_predicted() {
         let mut c = SimConfig::new(Mode::Muxflow);
         c.horizon_s = Some(20_000.0);
         if strict {
-            // GPU utilization past 30% is Overlimit: any offline job beside the service is.
-            c.health.gpu_util.healthy = 10.0;
-            c.health.gpu_util.unhealthy = 20.0;
-            c.health.gpu_util.overlimit = 30.0;
+            // Memory past 32 % is Overlimit (memory is judged whole beside offline work too):
+            // the service alone uses 26 % of the V100's 32 GiB, with the job's 3 GiB 35 %.
+            c.health.mem_used.healthy = 28.0;
+            c.health.mem_used.unhealthy = 30.0;
+            c.health.mem_used.overlimit = 32.0;
             c.health.overlimit_sustain_ms = 0;
-        } else {
-            c.health.gpu_util.enabled = false;
-            c.health.sm_activity.enabled = false;
         }
         Sim::new(c, &trace, &ty, &p).run(|_, _| {})
     };
     let (relaxed, strict) = (run(false), run(true));
     assert_eq!(relaxed.offline_done, 1, "{relaxed:?}");
     assert_eq!(relaxed.evictions, 0);
-    // The strict machine: the online service alone (about 20% busy at night) is below
-    // Unhealthy... the job starts, the next sample sees it past 30%: evicted, again and again
-    // as the hold expires.
+    // The strict machine: the online service alone is below Unhealthy, the job starts, the
+    // next sample sees memory past 32 %: evicted, again and again as the hold expires.
     assert!(strict.evictions >= 1, "{strict:?}");
     assert!(
         strict.offline_done == 0 || strict.offline_avg_jct_s > relaxed.offline_avg_jct_s,
@@ -230,4 +227,121 @@ fn slack_following_budget_changes_the_offline_share() {
     };
     let (a, b) = (run(false), run(true));
     assert!(a.oversold_gpu_time_weighted != b.oversold_gpu_time_weighted, "slack control had no effect");
+}
+
+/// The shipped health thresholds work in the simulator: the machine is fed the way
+/// sysmonitor's monitor feeds it (occupancy attached to an overloaded sample, judged by
+/// `sysmonitor::health`), so a back-to-back offline job beside a service (GPU utilization
+/// ~100 %) makes the GPU at most Unhealthy instead of evicting the job every minute. Fed the
+/// whole reading (the judgement bypassed), the same run evicts.
+#[test]
+fn shipped_health_defaults_judge_colocation_as_the_monitor_does() {
+    let (ty, p) = (types(), predictor());
+    let trace = Trace {
+        nodes: vec![Node {
+            name: "n0".into(),
+            gpus: 1,
+            model: "V100M32".into(),
+        }],
+        online: vec![OnlinePod {
+            name: "svc".into(),
+            gpus: 1,
+            milli: 200,
+            spec: vec![],
+            start: 0.0,
+            end: 1e6,
+        }],
+        offline: vec![OfflinePod {
+            name: "job".into(),
+            milli: 500,
+            spec: vec![],
+            arrival: 10.0,
+            duration: 3600.0,
+        }],
+        left_out: LeftOut::default(),
+        origin_s: 0,
+    };
+    let mut c = SimConfig::new(Mode::Muxflow);
+    c.horizon_s = Some(40_000.0);
+    assert_eq!(c.health, sysmonitor::health::MachineConfig::default());
+    let r = Sim::new(c, &trace, &ty, &p).run(|_, _| {});
+    assert_eq!(r.offline_done, 1, "{r:?}");
+    assert_eq!(r.evictions, 0, "{r:?}");
+}
+
+/// The same judgement on one sample: ~100 % busy beside an offline job capped at 40 % of the
+/// SMs is no reason to evict; the same reading with nothing offline on the GPU is.
+#[test]
+fn colocated_sample_is_judged_by_the_online_share() {
+    use simulator::engine::{judged_sample, occupancy};
+    use sysmonitor::health::{Input, Machine, MachineConfig, State};
+    let cfg = MachineConfig::default();
+    let view = simulator::model::View {
+        gpu_util: 100.0,
+        sm_activity: 60.0,
+        clock_pct: 95.0,
+        ..Default::default()
+    };
+    let state_after = |occ| {
+        let mut m = Machine::new();
+        for k in 0..10u64 {
+            m.step(&cfg, k * 30_000, Input::Sample(judged_sample(&cfg, &view, 40.0, occ)));
+        }
+        m.state()
+    };
+    assert_eq!(state_after(occupancy(true, Some(40.0))), State::Unhealthy);
+    assert_eq!(state_after(occupancy(false, None)), State::Overlimit);
+}
+
+/// Several offline jobs per GPU (`max_offline_per_gpu` 2): the real planner puts both jobs
+/// of a one-GPU cluster beside the service at once, and each sees the other's pressure (both
+/// finish, each slower than alone beside the service); with one per GPU the second waits.
+#[test]
+fn two_offline_jobs_share_one_gpu() {
+    let (ty, p) = (types(), predictor());
+    let job = |name: &str| OfflinePod {
+        name: name.into(),
+        milli: 300,
+        spec: vec![],
+        arrival: 10.0,
+        duration: 3600.0,
+    };
+    let trace = Trace {
+        nodes: vec![Node {
+            name: "n0".into(),
+            gpus: 1,
+            model: "V100M32".into(),
+        }],
+        online: vec![OnlinePod {
+            name: "svc".into(),
+            gpus: 1,
+            milli: 200,
+            spec: vec![],
+            start: 0.0,
+            end: 1e6,
+        }],
+        offline: vec![job("a"), job("b")],
+        left_out: LeftOut::default(),
+        origin_s: 0,
+    };
+    let at = GpuRef { node: "n0".into(), gpu: 0 };
+    let run = |k: u32| {
+        let mut c = SimConfig::new(Mode::Muxflow);
+        c.max_offline_per_gpu = k;
+        c.horizon_s = Some(100_000.0);
+        let mut sim = Sim::new(c, &trace, &ty, &p);
+        sim.advance(200.0, |_, _| {});
+        let placed = [sim.job_gpu("a").cloned(), sim.job_gpu("b").cloned()];
+        (placed, sim.run(|_, _| {}))
+    };
+    let (placed2, two) = run(2);
+    assert_eq!(placed2, [Some(at.clone()), Some(at.clone())], "both beside the service");
+    let (placed1, one) = run(1);
+    assert_eq!(placed1.iter().filter(|x| x.is_some()).count(), 1, "{placed1:?}");
+    assert_eq!((two.offline_done, one.offline_done), (2, 2), "{two:?} {one:?}");
+    assert_eq!(two.evictions, 0, "{two:?}");
+    // Sharing the GPU, each job runs slower than the lone job of the k = 1 run ...
+    assert!(two.oversold_gpu < one.oversold_gpu, "{} vs {}", two.oversold_gpu, one.oversold_gpu);
+    // ... but together they finish sooner than one after the other.
+    assert!(two.makespan_h < one.makespan_h, "{} vs {}", two.makespan_h, one.makespan_h);
 }

@@ -30,9 +30,9 @@ use simulator::{table, JobTypes, Mode, Policy, Sim, SimConfig, Trace, TraceOptio
 ///
 ///   simulate --compress 48 --offline-copies 2 --seed 7
 ///
-///   # the shipped thresholds evict offline jobs for 100 % GPU utilization; judge SM
-///   # activity and clock only:
-///   simulate --health simulator/examples/health-no-gpu-util.json
+///   # the health machine is fed as sysmonitor's monitor feeds it (co-location judged:
+///   # beside offline work only the online workload's own demand evicts), so the shipped
+///   # thresholds apply; --health FILE changes them (sysmonitor's `machine` JSON).
 #[derive(Parser, Debug)]
 #[command(name = "simulate", version, verbatim_doc_comment)]
 struct Args {
@@ -102,6 +102,18 @@ struct Args {
     /// Run each MuxFlow-mode run twice: SM budget as shipped, and following SLO slack.
     #[arg(long)]
     slo_compare: bool,
+    /// Offline jobs an online GPU may host at once (`cluster.json` `max_offline_per_gpu`;
+    /// MuxFlow modes; the time-sharing modes keep one).
+    #[arg(long, default_value_t = 1)]
+    max_offline_per_gpu: u32,
+    /// Global multiplier on every GPU's offline SM budget (MuxFlow modes; 1 = as shipped).
+    #[arg(long, default_value_t = 1.0)]
+    budget_scale: f64,
+    /// With --slo-compare: also find the global --budget-scale at which the shipped SM
+    /// budget (without the slack loop) has the slack-following run's SLO violations
+    /// (bisection, up to 10 runs per mode and policy), and report both at equal violations.
+    #[arg(long, requires = "slo_compare")]
+    match_violations: bool,
     /// Health machine config (sysmonitor's `machine` JSON: thresholds, holds); default: its defaults.
     #[arg(long)]
     health: Option<PathBuf>,
@@ -203,9 +215,13 @@ fn run(a: Args) -> Result<(), String> {
         a.compress,
         trace.left_out
     );
-    let mut reports = Vec::new();
-    for (mode, policy, slack) in runs {
+    if !(a.budget_scale.is_finite() && a.budget_scale > 0.0) {
+        return Err(format!("--budget-scale {}: must be a positive number", a.budget_scale));
+    }
+    let run_one = |mode: Mode, policy: Policy, slack: bool, scale: f64| {
         let mut cfg = SimConfig::new(mode);
+        cfg.budget_scale = scale;
+        cfg.max_offline_per_gpu = a.max_offline_per_gpu.max(1);
         cfg.policy = policy;
         cfg.slo_range = a.slo_range;
         cfg.slo_follow_slack = slack;
@@ -231,15 +247,51 @@ fn run(a: Args) -> Result<(), String> {
         });
         if !quiet {
             eprintln!(
-                "\r{label:<24} done in {:.1} s wall ({} rounds, planner {:.0} ms)",
+                "\r{:<24} done in {:.1} s wall ({} rounds, planner {:.0} ms)",
+                rep.label(),
                 t0.elapsed().as_secs_f64(),
                 rep.rounds,
                 rep.plan_ms_total
             );
         }
-        reports.push(rep);
+        rep
+    };
+    let mut reports = Vec::new();
+    for (mode, policy, slack) in runs {
+        reports.push(run_one(mode, policy, slack, a.budget_scale));
+    }
+    let mut matched = Vec::new();
+    if a.match_violations {
+        let pairs: Vec<(usize, usize)> = (0..reports.len())
+            .filter(|&i| reports[i].slo_follow_slack)
+            .filter_map(|i| {
+                let r = &reports[i];
+                let base = reports.iter().position(|b| {
+                    !b.slo_follow_slack && b.mode == r.mode && b.policy == r.policy
+                })?;
+                Some((i, base))
+            })
+            .collect();
+        for (si, bi) in pairs {
+            let target = reports[si].slo_violation_pct;
+            let mode = *modes
+                .iter()
+                .find(|m| m.label() == reports[bi].mode)
+                .expect("a run's mode is one of the modes run");
+            let policy = reports[bi].policy;
+            let found = simulator::metrics::match_violations(target, a.budget_scale, &reports[bi], |scale| {
+                run_one(mode, policy, false, scale)
+            });
+            matched.push((si, found));
+        }
+    }
+    for (_, m) in &matched {
+        reports.extend(m.runs.iter().cloned());
     }
     print!("{}", table(&reports));
+    for (si, m) in &matched {
+        println!("{}", m.describe(&reports[*si]));
+    }
     if let Some(p) = &a.json {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
