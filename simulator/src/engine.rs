@@ -20,7 +20,7 @@ use cluster_matcher::policy::{JobFeedback, Policy, GANDIVA_KEEP};
 use cluster_matcher::predictor::SpeedPredictor;
 use mps_manager::budget::{Allocator, BudgetConfig};
 use serde::Serialize;
-use sysmonitor::health::{worst_level, Action, Input, Level, Machine, MachineConfig, Metrics, State};
+use sysmonitor::health::{Action, Input, Machine, MachineConfig, Metrics, State};
 use sysmonitor::monitor::Occupancy;
 
 use crate::metrics::{Accum, Report};
@@ -1104,15 +1104,8 @@ pub fn judged_sample(cfg: &MachineConfig, view: &View, mem_used_pct: f64, occ: O
         sm_spatial: true,
         ..Default::default()
     };
-    if worst_level(cfg, &m).0 == Level::Overlimit {
-        match occ {
-            Occupancy::OfflineOnly => m.offline_only = true,
-            Occupancy::Colocated { offline_cap_pct } => {
-                m.colocated = true;
-                m.offline_sm_cap_pct = offline_cap_pct.unwrap_or(0.0);
-            }
-            Occupancy::Unknown | Occupancy::OnlineOnly => {}
-        }
+    if sysmonitor::monitor::needs_occupancy(cfg, &m) {
+        occ.mark(&mut m);
     }
     m
 }

@@ -7,7 +7,7 @@ use crate::config::Config;
 use node_daemon::clock::{boot_id, unix_ms};
 use node_daemon::evictor::{Event, Evictor, Signaller};
 use node_daemon::monitor_state::MonitorState as Snapshot;
-use crate::health::{Action, Input, Level, Machine, State, Transition};
+use crate::health::{Action, Input, Level, Machine, MachineConfig, Metrics, State, Transition};
 use crate::hostmem::{self, HostMem, PressureJudge};
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 use crate::ring::Ring;
@@ -28,6 +28,28 @@ pub enum Occupancy {
     },
     /// No registered offline process on the GPU.
     OnlineOnly,
+}
+
+/// Whether `m` must be judged with who is on the GPU: only an overloaded sample is (asking
+/// NVML costs a process listing), since an overload nothing online drives is the throttle's
+/// job, not a reason to evict, and beside offline work only the online workload's own demand
+/// is (MuxFlow §4.1; [`crate::health::judged`]). Used by the monitor and the simulator alike.
+pub fn needs_occupancy(cfg: &MachineConfig, m: &Metrics) -> bool {
+    crate::health::worst_level(cfg, m).0 == Level::Overlimit
+}
+
+impl Occupancy {
+    /// Marks a sample with this occupancy, for [`crate::health::judged`].
+    pub fn mark(self, m: &mut Metrics) {
+        match self {
+            Occupancy::OfflineOnly => m.offline_only = true,
+            Occupancy::Colocated { offline_cap_pct } => {
+                m.colocated = true;
+                m.offline_sm_cap_pct = offline_cap_pct.unwrap_or(0.0);
+            }
+            Occupancy::Unknown | Occupancy::OnlineOnly => {}
+        }
+    }
 }
 
 /// How long the monitor trusts what it found out about who is on the GPU, ms: a process
@@ -157,18 +179,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 self.samples += 1;
                 self.history.push(s);
                 let mut m = s.metrics();
-                if crate::health::worst_level(&self.cfg.machine, &m).0 == Level::Overlimit {
-                    // Only now ask who is on the GPU: an overload nothing online drives is
-                    // the throttle's job, not a reason to evict, and beside offline work only
-                    // the online workload's own demand is (MuxFlow §4.1; health::judged).
-                    match self.occupancy(now_ms) {
-                        Occupancy::OfflineOnly => m.offline_only = true,
-                        Occupancy::Colocated { offline_cap_pct } => {
-                            m.colocated = true;
-                            m.offline_sm_cap_pct = offline_cap_pct.unwrap_or(0.0);
-                        }
-                        Occupancy::Unknown | Occupancy::OnlineOnly => {}
-                    }
+                if needs_occupancy(&self.cfg.machine, &m) {
+                    self.occupancy(now_ms).mark(&mut m);
                 }
                 Input::Sample(m)
             }

@@ -124,6 +124,7 @@ macro_rules! get {
             die(concat!("null pointer for ", $name));
         }
         // SAFETY: resolved for (name, version) whose ABI is the given PFN type.
+        #[allow(unused_unsafe)] // also used inside unsafe blocks
         unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
     }};
 }
