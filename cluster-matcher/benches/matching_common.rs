@@ -11,9 +11,11 @@ use cluster_matcher::matching::{SparseWeights, WeightMatrix, FORBIDDEN};
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator started from `seed` (same seed, same sequence).
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
+    /// Next pseudo-random 64-bit value.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -25,6 +27,7 @@ impl Rng {
     pub fn f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+    /// Uniform in `0..n` (modulo bias is negligible for small `n`); `n` must be non-zero.
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
@@ -108,9 +111,13 @@ pub fn python() -> PathBuf {
 /// What scipy reported for one matrix.
 #[derive(Debug)]
 pub struct ScipyRun {
+    /// Wall time of each repeat, seconds.
     pub seconds: Vec<f64>,
+    /// Thread CPU time of each repeat, seconds.
     pub cpu_seconds: Vec<f64>,
+    /// Total weight of scipy's matching.
     pub total: f64,
+    /// Rows scipy matched to a real column (matches to the padding columns not counted).
     pub pairs: usize,
 }
 

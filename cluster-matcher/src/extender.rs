@@ -36,7 +36,9 @@ pub type Planner = Box<dyn Fn(&Workloads, u64) -> Plan + Send + Sync>;
 /// The plan requests read: computed in the background, swapped in whole.
 #[derive(Debug)]
 pub struct Snapshot {
+    /// The plan computed for this round; filter, prioritize and bind answer from it.
     pub plan: Plan,
+    /// Round number the plan was computed for (also written onto pods under `ANN_PLAN_ROUND`).
     pub round: u64,
     /// Wall time the round took, seconds.
     pub plan_seconds: f64,
@@ -59,6 +61,7 @@ pub struct Extender {
 
 /// Inputs learned from the API server's watches instead of `workloads.json`.
 pub struct Watched {
+    /// Pods and nodes as last seen by the API server watches.
     pub view: WatchView,
     /// cluster.json: round settings, tenants, nodes the watches do not describe.
     pub base: ClusterSpec,

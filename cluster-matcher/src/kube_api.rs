@@ -34,11 +34,17 @@ pub enum ApiSource {
 /// The plan's decision for one pod, as written onto it before binding.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodPlacement {
+    /// Node the pod is bound to.
     pub node: String,
+    /// GPU index on that node (annotation `ANN_GPU`).
     pub gpu: u32,
+    /// MPS active-thread percentage for the pod, 0-100 (written rounded to 2 decimals).
     pub sm_percent: f64,
+    /// GPU memory quota for the pod, bytes (the shim's limit).
     pub memory_quota_bytes: u64,
+    /// Name of the online workload the pod shares the GPU with.
     pub online: String,
+    /// Plan round that made this decision.
     pub round: u64,
 }
 
@@ -60,10 +66,26 @@ impl PodPlacement {
 pub enum ApiError {
     /// The API server answered with an error `Status`.
     #[error("{step}: API server answered {code} {reason}: {message}{}", retry_after_s.map(|s| format!(" (retry after {s}s)")).unwrap_or_default())]
-    Status { step: &'static str, code: u16, reason: String, message: String, retry_after_s: Option<u32> },
+    Status {
+        /// The call that failed (e.g. reading or patching the pod).
+        step: &'static str,
+        /// HTTP status code of the answer.
+        code: u16,
+        /// `Status.reason` (e.g. `NotFound`, `Conflict`).
+        reason: String,
+        /// `Status.message`, the API server's own words.
+        message: String,
+        /// `Retry-After` seconds, when the server gave one.
+        retry_after_s: Option<u32>,
+    },
     /// No answer (connection refused, timeout, TLS, bad body).
     #[error("{step}: {why}")]
-    Transport { step: &'static str, why: String },
+    Transport {
+        /// The call that failed.
+        step: &'static str,
+        /// The client error, as text.
+        why: String,
+    },
 }
 
 impl ApiError {

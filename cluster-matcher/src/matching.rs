@@ -46,19 +46,62 @@ pub const MAX_ABS_WEIGHT: f64 = 1e100;
 #[derive(Debug, Clone, PartialEq)]
 pub enum MatchError {
     /// `rows * cols` does not equal the number of weights given (or overflows `usize`).
-    Shape { rows: usize, cols: usize, len: usize },
+    Shape {
+        /// Rows declared.
+        rows: usize,
+        /// Columns declared.
+        cols: usize,
+        /// Weights given.
+        len: usize,
+    },
     /// A weight is NaN.
-    NaN { row: usize, col: usize },
+    NaN {
+        /// Row of the weight.
+        row: usize,
+        /// Column of the weight.
+        col: usize,
+    },
     /// A weight is `+inf` (use a finite weight; `-inf` means forbidden).
-    PositiveInfinity { row: usize, col: usize },
+    PositiveInfinity {
+        /// Row of the weight.
+        row: usize,
+        /// Column of the weight.
+        col: usize,
+    },
     /// A finite weight exceeds [`MAX_ABS_WEIGHT`] in magnitude.
-    TooLarge { row: usize, col: usize, value: f64 },
+    TooLarge {
+        /// Row of the weight.
+        row: usize,
+        /// Column of the weight.
+        col: usize,
+        /// The weight given.
+        value: f64,
+    },
     /// A sparse entry or a setter names a row or column outside the matrix.
-    OutOfRange { row: usize, col: usize, rows: usize, cols: usize },
+    OutOfRange {
+        /// Row named.
+        row: usize,
+        /// Column named.
+        col: usize,
+        /// Rows in the matrix.
+        rows: usize,
+        /// Columns in the matrix.
+        cols: usize,
+    },
     /// A sparse edge list names the same pair twice.
-    DuplicatePair { row: usize, col: usize },
+    DuplicatePair {
+        /// Row of the repeated pair.
+        row: usize,
+        /// Column of the repeated pair.
+        col: usize,
+    },
     /// More rows or columns than [`MAX_SIDE`].
-    TooBig { rows: usize, cols: usize },
+    TooBig {
+        /// Rows asked for.
+        rows: usize,
+        /// Columns asked for.
+        cols: usize,
+    },
 }
 
 impl fmt::Display for MatchError {

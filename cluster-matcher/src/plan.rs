@@ -21,10 +21,14 @@ pub use spec::{ClusterSpec, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, SpecEr
 /// An offline job placed beside an online workload.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Assignment {
+    /// Name of the offline job.
     pub offline: String,
+    /// Tenant the job belongs to (tenant rules may forbid some GPUs).
     pub tenant: String,
+    /// Node and GPU index the job runs on.
     #[serde(flatten)]
     pub at: GpuRef,
+    /// GPU model name (selects the predictor model).
     pub gpu_type: String,
     /// The online workload it shares the GPU with.
     pub online: String,
@@ -41,24 +45,31 @@ pub struct Assignment {
 /// An existing pair the plan ends.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Break {
+    /// Name of the offline job taken off the GPU.
     pub offline: String,
+    /// GPU it ran on.
     #[serde(flatten)]
     pub at: GpuRef,
+    /// Why it was taken off (online workload gone, GPU unhealthy, moved, not placed).
     pub reason: String,
 }
 
 /// A GPU left out of matching and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SkippedGpu {
+    /// The GPU left out.
     #[serde(flatten)]
     pub at: GpuRef,
+    /// Why: its health state label, a tenant rule, or no SM room left.
     pub reason: String,
 }
 
 /// An online workload the cells placed this round.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OnlinePlacement {
+    /// Name of the online workload.
     pub online: String,
+    /// GPU the cells gave it.
     #[serde(flatten)]
     pub at: GpuRef,
 }
@@ -66,14 +77,18 @@ pub struct OnlinePlacement {
 /// An online workload without a GPU this round and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OnlineWaiting {
+    /// Name of the online workload.
     pub online: String,
+    /// Why it has no GPU (e.g. "no GPU given").
     pub reason: String,
 }
 
 /// The result of one round.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Plan {
+    /// Round number this plan was computed for.
     pub round: u64,
+    /// Round period, seconds: the plan holds until the next round.
     pub period_s: u64,
     /// Online workloads placed on guaranteed cells (cells mode only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -85,13 +100,17 @@ pub struct Plan {
     /// keep running, their GPU is never handed to other online work, the reason says why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub online_unregistered: Vec<OnlineWaiting>,
+    /// Offline jobs placed (new or kept) beside online workloads.
     pub assignments: Vec<Assignment>,
+    /// Existing pairs this plan ends.
     pub breaks: Vec<Break>,
     /// Offline jobs left waiting.
     pub unplaced: Vec<String>,
+    /// GPUs left out of matching and why.
     pub skipped_gpus: Vec<SkippedGpu>,
     /// Sum of predicted normalized throughput over assignments.
     pub total_predicted: f64,
+    /// Sizes and timings of the round.
     pub stats: PlanStats,
     /// Cells mode: the cells' status after the round (HiveD's inspect view, served by the
     /// extender under `GET /inspect/clusterstatus`; not part of the plan's JSON).
@@ -102,22 +121,31 @@ pub struct Plan {
 /// Sizes and timings of a round.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct PlanStats {
+    /// GPUs that entered matching (healthy, tenant-allowed, with SM room).
     pub candidate_gpus: usize,
+    /// Offline jobs that entered matching.
     pub offline_jobs: usize,
+    /// GPU-job pairs given a weight (counted over members, not classes).
     pub allowed_pairs: usize,
+    /// GPU-job pairs refused by a rule or a refused binding (counted over members).
     pub forbidden_pairs: usize,
+    /// Predictor calls made: distinct (model, offline, online, SM) keys in the round's cache.
     pub distinct_predictions: usize,
     /// Classes of interchangeable GPUs and jobs (same weights, same constraints).
     pub gpu_classes: usize,
+    /// Classes of interchangeable jobs (see `gpu_classes`).
     pub job_classes: usize,
     /// `classes` (transportation problem on the classes) or `pairwise` (see [`SolverChoice`]).
     pub solver: String,
     /// Class solver: shortest paths pushed, and how it started (cold, or warm from the
     /// last round's pairs).
     pub class_paths: usize,
+    /// How the class solver started (cold or warm); `None` for the pairwise solver.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start: Option<Start>,
+    /// Time to build the weights (predictions included), milliseconds.
     pub weights_ms: f64,
+    /// Time to solve the matching, milliseconds.
     pub matching_ms: f64,
 }
 
@@ -142,11 +170,13 @@ pub enum SolverChoice {
 /// no files, no globals; one per cluster (or simulation).
 #[derive(Debug, Clone, Default)]
 pub struct Planner {
+    /// Which solver the rounds use.
     pub solver: SolverChoice,
     last: Vec<(GpuRef, String)>,
 }
 
 impl Planner {
+    /// A planner with no previous round (the first round starts cold).
     pub fn new(solver: SolverChoice) -> Self {
         Planner { solver, last: Vec::new() }
     }

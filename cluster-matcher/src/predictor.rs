@@ -18,17 +18,34 @@ pub use neighbours::{NeighbourConfig, NeighbourModel};
 /// Errors from loading data, training, or reading and writing model files.
 #[derive(Debug, thiserror::Error)]
 pub enum PredictorError {
+    /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
+    /// Training data (the Gavel files) is missing or malformed.
     #[error("{path}: bad training data: {why}")]
-    Data { path: PathBuf, why: String },
+    Data {
+        /// The data file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A saved model file cannot be used.
     #[error("model file {path}: {why}")]
-    ModelFile { path: PathBuf, why: String },
+    ModelFile {
+        /// The model file.
+        path: PathBuf,
+        /// What is wrong with it (parse error, wrong shape, non-finite value).
+        why: String,
+    },
+    /// Training refused its inputs or settings, or the tensor library failed (message given).
     #[error("training failed: {0}")]
     Training(String),
+    /// No model was trained or loaded for this GPU type.
     #[error("no model for GPU type `{0}`")]
     UnknownGpu(String),
 }

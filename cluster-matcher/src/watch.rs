@@ -91,7 +91,9 @@ pub struct WatchStats {
 pub struct WatchView {
     pods: Store<Pod>,
     nodes: Store<Node>,
+    /// Selectors and staleness limits the watches were started with.
     pub settings: Arc<WatchSettings>,
+    /// Counters the watchers update (lists, errors, restarts), shared with them.
     pub stats: Arc<WatchStats>,
 }
 
@@ -382,17 +384,24 @@ pub fn evicted_by_api(pod: &Pod) -> bool {
 /// One consistent look at the watched objects, at one time.
 #[derive(Debug, Clone)]
 pub struct ClusterSnapshot {
+    /// xshare pods seen by the pod watch.
     pub pods: Vec<Arc<Pod>>,
+    /// GPU nodes seen by the node watch.
     pub nodes: Vec<Arc<Node>>,
+    /// Wall-clock time of the snapshot, milliseconds since the Unix epoch (heartbeat ages are measured from it).
     pub now_unix_ms: u64,
+    /// Settings of the watches (staleness and clock-skew limits among them).
     pub settings: Arc<WatchSettings>,
 }
 
 /// Why a node's heartbeat cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeartbeatProblem {
+    /// The node is not among the watched nodes.
     NodeNotWatched,
+    /// The node has no heartbeat annotation.
     Missing,
+    /// The heartbeat annotation does not parse (the parser's message).
     Invalid(String),
 }
 

@@ -53,6 +53,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Every mode, in the order the comparison table prints them.
     pub const ALL: [Mode; 7] = [
         Mode::OnlineOnly,
         Mode::TimeSharing,
@@ -63,6 +64,7 @@ impl Mode {
         Mode::MuxflowSM,
     ];
 
+    /// Name of the mode as MuxFlow's figures call it (table rows, JSON `mode`).
     pub fn label(self) -> &'static str {
         match self {
             Mode::OnlineOnly => "Online-only",
@@ -96,6 +98,7 @@ impl Mode {
 /// Everything a run depends on besides the trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimConfig {
+    /// The sharing scheme simulated.
     pub mode: Mode,
     /// The planner's offline allocation policy (`cluster.json` `policy`); matching modes only
     /// (the others place pair-blind).
@@ -103,6 +106,7 @@ pub struct SimConfig {
     /// Offline jobs are spread over this many tenants (seeded by name), for DRF and fairness.
     pub tenants: u32,
 
+    /// Seed of every random draw (services, SLOs, tenants, job types), so runs are reproducible.
     pub seed: u64,
     /// Seconds between ticks (model evaluation, health sample, throttle settling).
     pub tick_s: f64,
@@ -161,6 +165,7 @@ impl SimConfig {
         }
     }
 
+    /// The shipped settings for `mode` (tick, round period, throttle, budgets).
     pub fn new(mode: Mode) -> Self {
         Self {
             mode,
@@ -325,6 +330,7 @@ fn health_of(s: State) -> GpuHealth {
 }
 
 impl<'a> Sim<'a> {
+    /// Sets up a run: nodes and GPUs from the trace, seeded services and jobs, nothing placed yet.
     pub fn new(
         cfg: SimConfig,
         trace: &'a Trace,

@@ -37,6 +37,7 @@ impl LatencyHist {
     fn center(b: usize) -> f64 {
         BIN_BASE_MS * BIN_RATIO.powf(b as f64 + 0.5)
     }
+    /// Adds `weight` requests whose latency is exponential with mean `mean_ms` (ms).
     pub fn add(&mut self, mean_ms: f64, weight: f64) {
         self.w[Self::bin(mean_ms)] += weight;
     }
@@ -89,36 +90,67 @@ impl LatencyHist {
 /// Running sums of one run.
 #[derive(Debug, Clone, Default)]
 pub struct Accum {
+    /// Online requests served while latency counted.
     pub requests: f64,
+    /// Sum over requests of their mean latency, ms.
     pub latency_sum: f64,
+    /// Sum over requests of the same service's latency alone at that rate, ms.
     pub latency_alone_sum: f64,
+    /// Latency distribution of the requests (shared, as simulated).
     pub hist: LatencyHist,
+    /// Latency distribution the same requests would have had alone.
     pub hist_alone: LatencyHist,
+    /// Requests in ticks past the SLO slowdown or saturated.
     pub slo_violations: f64,
+    /// Requests in saturated ticks.
     pub saturated: f64,
+    /// Seconds of online GPUs simulated (one GPU for one second = 1).
     pub gpu_s: f64,
+    /// Of `gpu_s`, seconds with an offline job on the GPU.
     pub shared_s: f64,
+    /// Sum of GPU utilization (%) times seconds.
     pub util_s: f64,
+    /// Sum of SM activity (%) times seconds.
     pub sm_s: f64,
+    /// Online pods given their GPUs.
     pub online_placed: usize,
+    /// Online pods that found no free GPUs (never simulated).
     pub online_unplaced: usize,
+    /// Offline jobs evicted by the health machine.
     pub evictions: u64,
+    /// Health state changes over all GPUs.
     pub health_transitions: u64,
+    /// Ticks simulated.
     pub ticks: u64,
+    /// Placement rounds run (skipped rounds not counted).
     pub rounds: u64,
+    /// Planner time summed over rounds (weights + matching), ms.
     pub plan_ms: f64,
+    /// Running jobs the plan took off their GPU (moved or broken).
     pub plan_breaks: u64,
+    /// Jobs put on a GPU by a round.
     pub placements: u64,
+    /// Offline jobs finished.
     pub jobs_done: usize,
+    /// Sum of finished jobs' JCT (finish - arrival), seconds.
     pub jct_sum: f64,
+    /// Earliest offline arrival, seconds (valid once `any_job`).
     pub first_arrival: f64,
+    /// Latest offline finish, seconds.
     pub last_finish: f64,
+    /// Sum over jobs ever placed of their work done per placed second (capped at 1).
     pub norm_tput_sum: f64,
+    /// Jobs counted in `norm_tput_sum`.
     pub norm_tput_jobs: usize,
+    /// Offline work done, in seconds of exclusive run time.
     pub work_done: f64,
+    /// Seconds offline jobs spent placed on a GPU.
     pub placed_s: f64,
+    /// Times jobs were moved to another GPU by the plan.
     pub moves: u64,
+    /// Times jobs were taken off a GPU for another reason (plan break, eviction, online gone).
     pub breaks: u64,
+    /// Whether any job was added (makes `first_arrival` valid).
     pub any_job: bool,
     /// Per hour of simulated time: (utilization x seconds, GPU seconds).
     pub util_hourly: Vec<(f64, f64)>,
@@ -159,6 +191,7 @@ impl Accum {
         }
     }
 
+    /// Adds one offline job's totals at the end of the run (`finish` is `None` if unfinished; times in seconds, `done` in exclusive-run seconds).
     #[allow(clippy::too_many_arguments)]
     pub fn add_job(
         &mut self,
@@ -195,47 +228,72 @@ impl Accum {
 /// The figures of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Row label of the mode (see [`crate::Mode::label`]).
     pub mode: String,
     /// The planner's offline allocation policy.
     pub policy: Policy,
     /// Whether the offline SM budget followed each service's SLO slack.
     pub slo_follow_slack: bool,
+    /// Seed of the run.
     pub seed: u64,
+    /// Simulated time, hours.
     pub simulated_h: f64,
+    /// Online pods given their GPUs.
     pub online_pods_placed: usize,
+    /// Online pods that found no GPUs.
     pub online_pods_unplaced: usize,
     /// Online mean / p99 latency normalized to the same services alone (Online-only = 1).
     pub online_latency_norm: f64,
+    /// p99 latency over the p99 of the same requests alone.
     pub online_p99_norm: f64,
+    /// Mean online latency, ms.
     pub online_latency_ms: f64,
+    /// p99 online latency, ms.
     pub online_p99_ms: f64,
     /// Share of requests in ticks slower than `slo_slowdown` x alone, or saturated.
     pub slo_violation_pct: f64,
+    /// Share of requests in saturated ticks, percent.
     pub saturated_pct: f64,
+    /// Offline jobs in the run.
     pub offline_jobs: usize,
+    /// Of those, jobs finished.
     pub offline_done: usize,
+    /// Mean JCT of finished jobs, seconds.
     pub offline_avg_jct_s: f64,
+    /// First offline arrival to last finish, hours.
     pub makespan_h: f64,
     /// MuxFlow eq. 3 as the mean over jobs of real / exclusive throughput while placed.
     pub oversold_gpu: f64,
     /// Offline solo-work seconds per placed second over all jobs (time-weighted eq. 3).
     pub oversold_gpu_time_weighted: f64,
+    /// Mean GPU utilization over online GPUs, percent.
     pub gpu_util_pct: f64,
+    /// Mean SM activity over online GPUs, percent.
     pub sm_activity_pct: f64,
+    /// Share of online GPU time with an offline job beside it, percent.
     pub shared_gpu_pct: f64,
+    /// Health evictions.
     pub evictions: u64,
+    /// Plan moves of running jobs.
     pub moves: u64,
+    /// Other removals of running jobs (plan breaks, evictions, online gone).
     pub breaks: u64,
+    /// Placements made by rounds.
     pub placements: u64,
+    /// Placement rounds run.
     pub rounds: u64,
+    /// Planner time over all rounds, ms.
     pub plan_ms_total: f64,
+    /// Health state changes over all GPUs.
     pub health_transitions: u64,
+    /// Which throttle implementation ran (see `throttle::description`).
     pub throttle: String,
     /// Jain's index over tenants of their mean job speed (exclusive duration / JCT): 1 = equal.
     pub jain_tenants: f64,
     /// Gavel's finish-time fairness rho = JCT / JCT on an exclusive GPU, mean and worst over
     /// finished jobs (Gavel's FTF policy minimizes the worst).
     pub ftf_mean: f64,
+    /// Worst finish-time fairness over finished jobs.
     pub ftf_max: f64,
     /// Global multiplier on the offline SM budget of every GPU (1 = as shipped); see
     /// [`crate::SimConfig::budget_scale`].
@@ -276,6 +334,7 @@ fn div(a: f64, b: f64) -> f64 {
 }
 
 impl Report {
+    /// The report of a finished run from its sums; `end` is the simulated end, seconds, and `jobs` the offline jobs in the run.
     pub fn new(
         mode: &str,
         policy: Policy,

@@ -76,9 +76,11 @@ pub struct Speeds {
     pub off_alone: f64,
     /// SM occupancy and clock fraction while both run.
     pub occ_both: f64,
+    /// Clock fraction (of the max SM clock) while both run.
     pub clock_both: f64,
     /// SM share and clock fraction of the offline job alone (capped).
     pub occ_off: f64,
+    /// Clock fraction of the offline job alone (capped).
     pub clock_off: f64,
 }
 
@@ -142,13 +144,21 @@ pub enum Share {
     None,
     /// Both run concurrently (MPS), the offline job capped at `cap` SMs and in flight `duty`
     /// of the time.
-    Space { cap: f64, duty: f64 },
+    Space {
+        /// Offline SM cap, fraction of the SMs (0..1).
+        cap: f64,
+        /// Fraction of the tick the offline job has kernels in flight (0..1).
+        duty: f64,
+    },
     /// Time slicing without priorities (Gandiva): contexts take turns; while both have work
     /// each gets what Gavel measured for the pair (the driver's slices), unrestricted.
     Slices,
     /// Online priority (PB-time-sharing): offline kernels run only while the online service
     /// is idle; each online request pays `switch` (relative) for preempting the offline slice.
-    Priority { switch: f64 },
+    Priority {
+        /// Extra service time per online request, relative to its time alone.
+        switch: f64,
+    },
 }
 
 /// One GPU over one tick.
@@ -158,6 +168,7 @@ pub struct View {
     pub rho: f64,
     /// Mean online latency (ms) and the same service's alone at this rate.
     pub latency_ms: f64,
+    /// Mean latency of the same service alone at this rate, ms.
     pub latency_alone_ms: f64,
     /// Requests would queue without bound (rho >= `RHO_MAX`): latency is capped there.
     pub saturated: bool,
@@ -165,7 +176,9 @@ pub struct View {
     pub progress: f64,
     /// NVML-style metrics, percent.
     pub gpu_util: f64,
+    /// SM activity, percent.
     pub sm_activity: f64,
+    /// SM clock, percent of the max.
     pub clock_pct: f64,
 }
 
@@ -179,6 +192,7 @@ pub struct OnlineLoad {
     pub qps: f64,
     /// Service time of one request alone, seconds.
     pub s0: f64,
+    /// Kernel SM demand, fraction of the SMs (0..1].
     pub d_on: f64,
 }
 

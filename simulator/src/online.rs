@@ -5,8 +5,9 @@ use serde::Serialize;
 
 use crate::rng::{hash2, Rng};
 
-/// Lowest and highest request rate (MuxFlow's production services).
+/// Lowest request rate, QPS (MuxFlow's production services span 20-190).
 pub const QPS_MIN: f64 = 20.0;
+/// Highest request rate, QPS.
 pub const QPS_MAX: f64 = 190.0;
 const DAY_S: f64 = 86_400.0;
 
@@ -15,11 +16,14 @@ const DAY_S: f64 = 86_400.0;
 /// amplitude up to 6 QPS each) so the rate is smooth within minutes but not a pure cosine.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Diurnal {
+    /// Offset of the daily cycle, seconds (trough at `-phase_s`, within +-2 h across services).
     pub phase_s: f64,
+    /// Slow waves as `(amplitude QPS, period s, phase rad)`.
     pub waves: [(f64, f64, f64); 3],
 }
 
 impl Diurnal {
+    /// Draws a phase and three waves from `rng`.
     pub fn seeded(rng: &mut Rng) -> Self {
         // Services peak within +-2 hours of one another (one region's day).
         let phase_s = rng.range(-7200.0, 7200.0);
@@ -60,10 +64,12 @@ pub struct Service {
     pub peak_busy: f64,
     /// Service time of one request alone, s (= peak_busy / QPS_MAX).
     pub s0: f64,
+    /// Its request rate over time.
     pub diurnal: Diurnal,
 }
 
 impl Service {
+    /// The parameters of online pod `pod` (GPU share `milli`), drawn from `seed` and the name.
     pub fn seeded(seed: u64, pod: &str, milli: u32, job_type: usize) -> Self {
         let mut rng = Rng::new(hash2(seed, &format!("service:{pod}")));
         let d_on = rng.range(0.4, 1.0);

@@ -5,10 +5,12 @@
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator started from `seed` (same seed, same draws).
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// Next pseudo-random 64-bit value.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;

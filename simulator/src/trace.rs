@@ -31,33 +31,51 @@ use crate::rng::{hash2, Rng};
 /// Errors reading the trace files.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// A trace file could not be read.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
+    /// A row (or the header) is malformed.
     #[error("{path}:{line}: {why}")]
     Row {
+        /// The file.
         path: PathBuf,
+        /// 1-based line number.
         line: usize,
+        /// What is wrong (missing column, not a number).
         why: String,
     },
+    /// The Gavel throughput files could not be loaded or lack what the simulator needs.
     #[error("{path}: {why}")]
-    Gavel { path: PathBuf, why: String },
+    Gavel {
+        /// The Gavel file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// One GPU node.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Node {
+    /// Node serial name from the trace.
     pub name: String,
+    /// GPUs on the node.
     pub gpus: u32,
+    /// GPU model (e.g. `V100M16`; may be empty).
     pub model: String,
 }
 
 /// An online service (LS pod).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OnlinePod {
+    /// Pod name from the trace.
     pub name: String,
+    /// GPUs the pod holds.
     pub gpus: u32,
     /// GPU share in milli (1000 for multi-GPU pods).
     pub milli: u32,
@@ -65,14 +83,18 @@ pub struct OnlinePod {
     pub spec: Vec<String>,
     /// Simulated start and end, seconds.
     pub start: f64,
+    /// Simulated end, seconds (the service leaves then).
     pub end: f64,
 }
 
 /// An offline job (BE pod, or a copy of one).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OfflinePod {
+    /// Pod name (copies get a `#n` suffix).
     pub name: String,
+    /// GPU share asked for, thousandths of a GPU.
     pub milli: u32,
+    /// Allowed GPU models (empty = any).
     pub spec: Vec<String>,
     /// Simulated arrival, seconds.
     pub arrival: f64,
@@ -83,10 +105,15 @@ pub struct OfflinePod {
 /// Pods the loader did not use, by reason.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct LeftOut {
+    /// GPU-less pods.
     pub no_gpu: usize,
+    /// Pods of a QoS class other than `LS` and `BE`.
     pub other_qos: usize,
+    /// Pods with no `scheduled_time` (never ran in the trace).
     pub never_scheduled: usize,
+    /// Online pods deleted at or before the first offline arrival (simulated time 0).
     pub ended_before_window: usize,
+    /// `BE` pods asking for more than one GPU (the simulator pairs one job per GPU).
     pub multi_gpu_offline: usize,
 }
 
@@ -99,6 +126,7 @@ pub struct TraceOptions {
     pub offline_copies: u32,
     /// Keep only the first this-many BE arrivals (after copies), 0 = all.
     pub max_offline: usize,
+    /// Seed of the copies' jitter.
     pub seed: u64,
 }
 
@@ -116,9 +144,13 @@ impl Default for TraceOptions {
 /// The loaded trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct Trace {
+    /// GPU nodes.
     pub nodes: Vec<Node>,
+    /// Online services, by start time.
     pub online: Vec<OnlinePod>,
+    /// Offline jobs, by arrival.
     pub offline: Vec<OfflinePod>,
+    /// Pods not used, by reason.
     pub left_out: LeftOut,
     /// Trace time (s) of simulated time 0.
     pub origin_s: u64,
@@ -352,6 +384,7 @@ impl Trace {
 pub struct JobTypes {
     /// Job names usable as types (profiled on every GPU type the simulator uses), sorted.
     pub names: Vec<String>,
+    /// Profile of each type, `profiles[i]` that of `names[i]` (fed to the predictor).
     pub profiles: Vec<JobProfile>,
     /// `(gpu, offline idx, online idx)` -> (offline normalized, online normalized) when both ran.
     pairs: HashMap<(String, usize, usize), (f64, f64)>,

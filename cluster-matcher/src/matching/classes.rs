@@ -34,8 +34,11 @@ use super::{max_weight_matching, Matching, WeightMatrix};
 /// `<= 0` = never used).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClassProblem {
+    /// Members in each row class (supply of each row node).
     pub row_size: Vec<u64>,
+    /// Members in each column class (capacity of each column node).
     pub col_size: Vec<u64>,
+    /// Weight of one unit between row class `r` and column class `c`, at `r * col_size.len() + c`.
     pub weight: Vec<f64>,
 }
 
@@ -44,9 +47,11 @@ pub struct ClassProblem {
 pub struct ClassSolution {
     /// `(row class, column class, units)` with `units > 0`.
     pub flow: Vec<(u32, u32, u64)>,
+    /// Sum of `units * weight` over `flow`.
     pub total: f64,
     /// Node potentials at the end (reduced costs `-w + p_row - p_col >= 0`).
     pub row_potential: Vec<f64>,
+    /// Potentials of the column classes (same convention as `row_potential`).
     pub col_potential: Vec<f64>,
     /// Shortest paths pushed.
     pub paths: usize,
@@ -69,6 +74,7 @@ pub enum Start {
 /// The previous round's flow, in the new problem's class indices.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WarmStart {
+    /// `(row class, column class, units)` from the previous round; clipped to the new sizes.
     pub flow: Vec<(u32, u32, u64)>,
 }
 
@@ -648,9 +654,13 @@ fn feasible_potentials(net: &Net) -> (Vec<f64>, Vec<f64>) {
 /// Classes of a dense matrix: rows with bitwise-identical weights share a class, and so do
 /// columns. Returns (class of each row, class of each column, members per class).
 pub struct MatrixClasses {
+    /// Class index of each row.
     pub row_class: Vec<u32>,
+    /// Class index of each column.
     pub col_class: Vec<u32>,
+    /// Row indices in each row class, ascending.
     pub row_members: Vec<Vec<u32>>,
+    /// Column indices in each column class, ascending.
     pub col_members: Vec<Vec<u32>>,
 }
 

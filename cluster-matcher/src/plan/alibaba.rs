@@ -32,39 +32,62 @@ use crate::predictor::{JobProfile, SpeedPredictor};
 /// Errors reading the trace.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// A trace file could not be read.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
     #[error("{path}:{line}: {why}")]
-    Row { path: PathBuf, line: usize, why: String },
+    /// A row (or the header) is malformed.
+    Row {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong (missing column, not a number).
+        why: String,
+    },
 }
 
 /// One GPU node of the trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceNode {
+    /// Node serial name (`sn` column).
     pub name: String,
+    /// GPUs on the node (`gpu` column); nodes with none are dropped.
     pub gpus: u32,
+    /// GPU model (`model` column, e.g. `V100M16`; may be empty).
     pub model: String,
 }
 
 /// One pod of the trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TracePod {
+    /// Pod name (also hashed to pick its Gavel job profile).
     pub name: String,
+    /// GPUs the pod asks for.
     pub num_gpu: u32,
+    /// Share of each GPU asked for, thousandths (1000 = a whole GPU).
     pub gpu_milli: u32,
+    /// GPU models the pod accepts (empty: any).
     pub gpu_spec: Vec<String>,
+    /// QoS class: `LS`, `BE`, `Burstable` or `Guaranteed`.
     pub qos: String,
+    /// Creation time, trace seconds.
     pub creation: u64,
+    /// Deletion time, trace seconds (`u64::MAX` when the pod never leaves).
     pub deletion: u64,
 }
 
 /// Nodes and pods of the trace.
 #[derive(Debug, Clone)]
 pub struct Trace {
+    /// GPU nodes (those with at least one GPU).
     pub nodes: Vec<TraceNode>,
+    /// Pods of the pod list, in file order.
     pub pods: Vec<TracePod>,
 }
 
@@ -154,9 +177,11 @@ pub struct Assumptions {
     pub online_sm_scale: f64,
     /// GPU memory per trace GPU model (MiB); models not listed use `default_gpu_memory_mib`.
     pub gpu_memory_mib: BTreeMap<String, u64>,
+    /// GPU memory of models not in `gpu_memory_mib`, MiB.
     pub default_gpu_memory_mib: u64,
     /// Predictor model per trace GPU model (Gavel measured only K80, P100, V100).
     pub predictor_type: BTreeMap<String, String>,
+    /// Predictor model for trace GPU models not in `predictor_type`.
     pub default_predictor_type: String,
     /// An offline pod's memory = `gpu_milli / 1000 ×` this.
     pub offline_memory_reference_mib: u64,
@@ -180,7 +205,9 @@ impl Default for Assumptions {
 /// Statistics of one replayed round.
 #[derive(Debug, Clone, Serialize)]
 pub struct RoundReport {
+    /// Round number, from 0.
     pub round: u64,
+    /// Trace time the round looks at, seconds.
     pub trace_time_s: u64,
     /// GPU holders' GPUs this round (LS, Burstable and Guaranteed pods, one per GPU).
     pub online_pods: usize,
@@ -192,15 +219,25 @@ pub struct RoundReport {
     pub whole_gpu_placed: usize,
     /// Pods waiting, by reason (holders, multi-GPU BE pods and offline pods).
     pub waiting: BTreeMap<String, usize>,
+    /// Offline (single-GPU BE) pods given to the planner.
     pub offline_pods: usize,
+    /// GPUs that entered matching (see `PlanStats::candidate_gpus`).
     pub candidate_gpus: usize,
+    /// Offline pod-GPU pairs given a weight.
     pub allowed_pairs: usize,
+    /// Offline pods placed beside a holder (new or kept).
     pub placed: usize,
+    /// Of those, pods kept where they ran last round.
     pub kept: usize,
+    /// Offline pods moved or taken off their GPU.
     pub breaks: usize,
+    /// Sum of predicted normalized throughput over placements.
     pub total_predicted: f64,
+    /// Time to build the weights, milliseconds.
     pub weights_ms: f64,
+    /// Time to solve the matching, milliseconds.
     pub matching_ms: f64,
+    /// Wall time of the whole round (workloads built, planned, counted), milliseconds.
     pub round_ms: f64,
     /// CPU time of the round on this thread (from `/proc/self/schedstat`), when readable.
     pub round_cpu_ms: Option<f64>,
@@ -209,10 +246,15 @@ pub struct RoundReport {
 /// The whole replay.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
+    /// How pods were chosen per round.
     pub mode: ReplayMode,
+    /// GPU nodes in the trace.
     pub nodes: usize,
+    /// GPUs over those nodes.
     pub gpus: u32,
+    /// Assumptions the replay made.
     pub assumptions: Assumptions,
+    /// One report per round, in order.
     pub rounds: Vec<RoundReport>,
 }
 

@@ -11,23 +11,38 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "state", content = "detail")]
 pub enum GpuHealth {
+    /// The monitor has started but given no verdict yet; no offline work.
     Init,
+    /// All metrics below their thresholds: offline work may be placed here.
     Healthy,
+    /// A metric is past its Unhealthy threshold; no new offline work.
     Unhealthy,
+    /// A metric is past its Overlimit threshold; offline work there is evicted.
     Overlimit,
+    /// The device is unavailable.
     Disabled,
     /// No state file: no monitor runs there (or it has not started).
     Missing,
     /// The file is older than the staleness limit: the monitor may be dead.
-    Stale { age_s: u64 },
+    Stale {
+        /// Seconds since the file's last update.
+        age_s: u64,
+    },
     /// The file is dated further in the future than the allowed clock skew: its clock (or
     /// the file) is wrong, so it proves nothing about the monitor being alive now.
-    FromFuture { ahead_ms: u64 },
+    FromFuture {
+        /// How far ahead of this host's clock the file is dated, milliseconds.
+        ahead_ms: u64,
+    },
     /// The file exists but cannot be read or parsed.
-    Unreadable { why: String },
+    Unreadable {
+        /// The read or parse error.
+        why: String,
+    },
 }
 
 impl GpuHealth {
+    /// Whether this state admits offline work (only `Healthy` does).
     pub fn is_healthy(&self) -> bool {
         matches!(self, GpuHealth::Healthy)
     }
@@ -79,7 +94,9 @@ pub fn set_max_clock_skew(skew: Duration) {
 /// Reads health state files under one directory.
 #[derive(Debug, Clone)]
 pub struct HealthReader {
+    /// Directory holding one subdirectory (or file set) per node.
     pub dir: PathBuf,
+    /// Files last updated longer ago than this read as [`GpuHealth::Stale`].
     pub stale_after: Duration,
 }
 

@@ -12,22 +12,34 @@ use crate::predictor::JobProfile;
 /// Errors reading or checking the plan's input files.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
+    /// A file could not be read.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         source: std::io::Error,
     },
+    /// The file is not valid JSON for its type.
     #[error("{path}:{line}:{column}: {why}")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// 1-based line of the error.
         line: usize,
+        /// 1-based column of the error.
         column: usize,
+        /// The parser's message.
         why: String,
     },
+    /// The file parses but a value breaks a rule (range, duplicate, unknown name).
     #[error("{path}: {field}: {why}")]
     Invalid {
+        /// The file.
         path: PathBuf,
+        /// Path of the offending field (e.g. `nodes[2].gpus`).
         field: String,
+        /// What is wrong with it.
         why: String,
     },
 }
@@ -74,6 +86,7 @@ pub struct ClusterSpec {
     /// `gavel-max-min`, `drf`, `optimus` or `gandiva` (see [`crate::policy`]).
     #[serde(default)]
     pub policy: Policy,
+    /// GPU hosts of the cluster.
     pub nodes: Vec<NodeSpec>,
     /// Per-tenant sharing rules, by tenant (virtual cluster) name.
     #[serde(default)]
@@ -106,6 +119,7 @@ fn default_per_gpu() -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSpec {
+    /// Node name, as Kubernetes and the health files name it.
     pub name: String,
     /// GPU model as the operator names it (`V100M32`, `T4`, ...).
     pub gpu_type: String,
@@ -144,7 +158,9 @@ pub struct TenantRule {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuRef {
+    /// Node name.
     pub node: String,
+    /// GPU index on the node (as NVML numbers it).
     pub gpu: u32,
 }
 
@@ -152,8 +168,10 @@ pub struct GpuRef {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Workloads {
+    /// Latency-critical services, each holding (or asking for) one GPU.
     #[serde(default)]
     pub online: Vec<OnlineWorkload>,
+    /// Best-effort jobs to place beside them.
     #[serde(default)]
     pub offline: Vec<OfflineJob>,
 }
@@ -162,6 +180,7 @@ pub struct Workloads {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "OnlineRaw", into = "OnlineRaw")]
 pub struct OnlineWorkload {
+    /// Unique name of the service (offline jobs' `online` refers to it).
     pub name: String,
     /// Tenant, which is also its virtual cluster when cells are configured.
     pub tenant: String,
@@ -176,6 +195,7 @@ pub struct OnlineWorkload {
     pub memory_mib: u64,
     /// Its measured SM activity (0-100); the offline job gets the complement.
     pub sm_activity_percent: f64,
+    /// Profile fed to the speed predictor; `None` gives pairs the cluster's unprofiled weight.
     pub profile: Option<JobProfile>,
 }
 
@@ -242,13 +262,16 @@ impl From<OnlineWorkload> for OnlineRaw {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OfflineJob {
+    /// Unique name of the job.
     pub name: String,
+    /// Tenant it belongs to (tenant rules may keep it off some GPUs).
     pub tenant: String,
     /// GPU memory the job needs.
     pub memory_mib: u64,
     /// GPU types it may run on (node `gpu_type` names); empty = any.
     #[serde(default)]
     pub gpu_types: Vec<String>,
+    /// Profile fed to the speed predictor; `None` gives its pairs the cluster's unprofiled weight.
     #[serde(default)]
     pub profile: Option<JobProfile>,
     /// Where it runs now, if it was placed in an earlier round.

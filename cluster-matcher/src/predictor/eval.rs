@@ -60,8 +60,11 @@ pub fn family_folds(data: &GavelData, folds: usize) -> BTreeMap<String, usize> {
 /// Held-out error on one GPU type, summed over folds.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GpuReport {
+    /// GPU type (`k80`, `p100`, `v100`).
     pub gpu: String,
+    /// Training pairs seen, summed over folds.
     pub train_samples: usize,
+    /// Held-out pairs scored, summed over folds (each pair is held out once).
     pub test_samples: usize,
     /// Mean absolute percentage error of the shipped model (job effects + neighbours).
     pub mape_model: f64,

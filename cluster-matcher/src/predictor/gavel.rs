@@ -12,8 +12,11 @@ pub const GAVEL_GPU_TYPES: [&str; 3] = ["k80", "p100", "v100"];
 /// One measured pair on one GPU type: `offline` ran next to `online`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PairSample {
+    /// GPU type the pair was measured on (one of [`GAVEL_GPU_TYPES`]).
     pub gpu: String,
+    /// Job whose throughput was measured.
     pub offline: String,
+    /// Job that ran beside it.
     pub online: String,
     /// Offline job's throughput next to `online` divided by its isolated throughput.
     pub normalized: f64,

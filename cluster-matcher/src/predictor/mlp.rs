@@ -10,12 +10,17 @@ use super::PredictorError;
 /// Training hyper-parameters (MuxFlow §6: 4 layers, hidden 64, momentum SGD).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrainConfig {
+    /// Width of each hidden layer.
     pub hidden: usize,
     /// Number of linear layers, input and output layers included.
     pub layers: usize,
+    /// Full passes over the training data.
     pub epochs: usize,
+    /// SGD step size.
     pub learning_rate: f64,
+    /// SGD momentum coefficient (0 = plain SGD).
     pub momentum: f64,
+    /// Seed of the [`SplitMix`] used for initial weights and shuffling.
     pub seed: u64,
 }
 
@@ -35,7 +40,9 @@ impl Default for TrainConfig {
 /// One dense layer: `w` is `out × in`, row-major.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Layer {
+    /// Weights: `w[o][i]` from input `i` to output `o`.
     pub w: Vec<Vec<f32>>,
+    /// Bias per output.
     pub b: Vec<f32>,
 }
 
@@ -43,8 +50,11 @@ pub struct Layer {
 /// the normalized throughput.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuModel {
+    /// Mean of each input over the training data (subtracted before the first layer).
     pub mean: Vec<f64>,
+    /// Standard deviation of each input (divides after the mean is subtracted).
     pub std: Vec<f64>,
+    /// Dense layers, input first; ReLU between them, none after the last.
     pub layers: Vec<Layer>,
 }
 
@@ -58,6 +68,7 @@ pub const MAX_PREDICTION: f64 = 1.5;
 pub struct SplitMix(pub u64);
 
 impl SplitMix {
+    /// Next pseudo-random 64-bit value.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

@@ -45,7 +45,9 @@ impl Default for NeighbourConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobEffect {
+    /// The job's standardized profile features.
     pub features: Vec<f64>,
+    /// The job's fitted effect on the log target, relative to `mu`.
     pub effect: f64,
 }
 
@@ -53,8 +55,11 @@ pub struct JobEffect {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Point {
+    /// Standardized input (both jobs' features and the SM share).
     pub x: Vec<f64>,
+    /// Log of the measured normalized throughput.
     pub log_y: f64,
+    /// What `mu` and the two job effects leave unexplained of `log_y`; neighbours average it.
     pub residual: f64,
 }
 
@@ -62,16 +67,21 @@ pub struct Point {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NeighbourModel {
+    /// Hyper-parameters it was fitted with.
     pub config: NeighbourConfig,
     /// Input standardization (a constant input gets std 1 and weight 0 in distances).
     pub mean: Vec<f64>,
+    /// Input standard deviations, paired with `mean`.
     pub std: Vec<f64>,
     /// Inputs that vary in the training data; only these enter distances.
     pub used: Vec<bool>,
     /// Mean log target.
     pub mu: f64,
+    /// Known offline jobs; a query's offline side borrows effects from the nearest.
     pub offline: Vec<JobEffect>,
+    /// Known online jobs, likewise.
     pub online: Vec<JobEffect>,
+    /// Training pairs, for the nearest-neighbour residual.
     pub points: Vec<Point>,
 }
 

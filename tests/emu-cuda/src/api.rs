@@ -57,6 +57,11 @@ unsafe fn put_str(buf: *mut c_char, len: c_int, s: &str) -> R {
 macro_rules! export {
     ($( fn $name:ident($($a:ident : $t:ty),* $(,)?) $body:block )*) => {
         $(
+            #[doc = concat!("`", stringify!($name), "` of the CUDA driver API, exported for C callers; a panic returns `CUDA_ERROR_UNKNOWN`.")]
+            #[doc = ""]
+            #[doc = "# Safety"]
+            #[doc = ""]
+            #[doc = "Pointer arguments must be null or valid for the access the CUDA API documents."]
             #[no_mangle]
             pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
                 entry(|| -> R {

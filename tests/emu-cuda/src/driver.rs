@@ -181,10 +181,15 @@ struct Primary {
 /// A kernel node of a graph, with its launch parameters captured when it was added.
 #[derive(Clone, Copy)]
 pub struct GraphNode {
+    /// Function handle (from `cuModuleGetFunction`).
     pub f: u64,
+    /// Grid size in blocks, x/y/z.
     pub grid: [u32; 3],
+    /// Block size in threads, x/y/z.
     pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes.
     pub shared_mem: u32,
+    /// Cycles per block of a `spin` kernel (its parameter); `None` runs [`DEFAULT_CYCLES`].
     pub cycles: Option<u64>,
 }
 
@@ -671,7 +676,9 @@ pub fn stream_destroy(h: u64) -> R {
 
 /// What a launch needs to know about a function.
 pub struct FuncInfo {
+    /// The function is the emulator's `spin` kernel (its parameter sets the work).
     pub is_spin: bool,
+    /// Parameters the PTX `.entry` declares.
     pub params: usize,
 }
 
@@ -697,12 +704,19 @@ pub fn func_attribute(f: u64, attrib: u32) -> R<i32> {
 
 /// A validated launch request.
 pub struct LaunchReq {
+    /// Function handle (from `cuModuleGetFunction`); must belong to the current context.
     pub f: u64,
+    /// Grid size in blocks, x/y/z (none may be 0).
     pub grid: [u32; 3],
+    /// Block size in threads, x/y/z (at most 1024 threads, z at most 64).
     pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes (at most 48 KiB).
     pub shared_mem: u32,
+    /// Stream handle (0 = the context's default stream).
     pub stream: u64,
+    /// Cycles per block of a `spin` kernel (its parameter); `None` runs [`DEFAULT_CYCLES`].
     pub cycles: Option<u64>,
+    /// `cuLaunchCooperativeKernel`: refused when the grid exceeds 16 blocks per SM.
     pub cooperative: bool,
 }
 

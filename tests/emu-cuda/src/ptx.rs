@@ -3,7 +3,9 @@
 /// A kernel entry found in PTX text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
+    /// Kernel name as `cuModuleGetFunction` looks it up.
     pub name: String,
+    /// Number of parameters in its signature.
     pub params: usize,
 }
 

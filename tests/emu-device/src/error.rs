@@ -13,11 +13,28 @@ pub enum EmuError {
     /// `GPUEMU_STATE`'s list of state files has an empty entry or names one file twice.
     BadStateList(String),
     /// A system call on the state file failed.
-    Io { path: PathBuf, op: &'static str, source: std::io::Error },
+    Io {
+        /// The state file.
+        path: PathBuf,
+        /// The call that failed (`open`, `lock`, `stat`, `resize`, ...).
+        op: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The state file is not ours or from another layout version.
-    Corrupt { path: PathBuf, detail: String },
+    Corrupt {
+        /// The state file.
+        path: PathBuf,
+        /// Which check failed (magic, version, size).
+        detail: String,
+    },
     /// Not enough free device memory.
-    OutOfMemory { requested: u64, free: u64 },
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes free at the time.
+        free: u64,
+    },
     /// Every client slot is taken.
     TooManyClients,
     /// A bad argument (what and why).

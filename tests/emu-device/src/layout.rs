@@ -32,40 +32,75 @@ pub mod kstate {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Header {
+    /// [`MAGIC`]; checked on open.
     pub magic: u64,
+    /// [`LAYOUT_VERSION`] the file was written with; checked on open.
     pub version: u32,
+    /// Padding to keep `file_size` 8-byte aligned; always 0.
     pub _pad0: u32,
+    /// Size of the whole file, bytes (`size_of::<State>()`); checked on open.
     pub file_size: u64,
+    /// Profile id (`t4`, `a10`, `h100`), NUL-padded.
     pub profile_id: [u8; 16],
+    /// Marketing name as the driver reports it, NUL-padded.
     pub name: [u8; 64],
+    /// Random version-4 UUID drawn when the file is created.
     pub uuid: [u8; 16],
+    /// Device memory, bytes.
     pub total_memory: u64,
+    /// Streaming multiprocessors.
     pub sm_count: u32,
+    /// Maximum (boost) SM clock, MHz.
     pub max_sm_clock_mhz: u32,
+    /// Memory clock, MHz.
     pub mem_clock_mhz: u32,
+    /// Memory bus width, bits.
     pub mem_bus_width: u32,
+    /// Compute capability, major.
     pub cc_major: u32,
+    /// Compute capability, minor.
     pub cc_minor: u32,
+    /// Board power limit, milliwatts.
     pub power_limit_mw: u32,
+    /// PCI bus number NVML reports.
     pub pci_bus: u32,
+    /// Device memory allocated over all clients, bytes.
     pub used_memory: u64,
+    /// Next free device address of the bump allocator (starts at `BASE_ADDR`).
     pub next_addr: u64,
+    /// `CLOCK_MONOTONIC` time the file was created, ns.
     pub created_ns: u64,
+    /// Time the model was last advanced to, ns (the state's "now").
     pub last_ns: u64,
+    /// Last scan for dead clients, ns (scans at most every `REAP_EVERY_NS`).
     pub last_reap_ns: u64,
+    /// Time of the newest utilization sample in `ring`, ns.
     pub last_sample_ns: u64,
+    /// Last ticket handed out; kernels and MPS queue positions take the next one.
     pub ticket_counter: u64,
+    /// Cumulative time with at least one kernel running, ns.
     pub busy_ns: f64,
+    /// Cumulative SM-weighted busy time (ns x fraction of SMs granted).
     pub sm_active_ns: f64,
+    /// Current SM clock, MHz (drops under load like a real card's boost).
     pub sm_clock_mhz: f64,
+    /// SMs wanted by running kernels right now (before MPS caps).
     pub sm_demand: f64,
+    /// SMs granted right now.
     pub sm_in_use: f64,
+    /// Non-zero while an MPS control daemon runs.
     pub mps_enabled: u32,
+    /// Non-zero while a dead MPS client hangs the server (see `mps_dead`).
     pub mps_poisoned: u32,
+    /// Incremented on every MPS start; clients record the generation they joined.
     pub mps_generation: u64,
+    /// Server default active-thread percentage (100 after each start).
     pub mps_default_pct: u32,
+    /// Pid of the control daemon that started MPS (0 when stopped).
     pub mps_control_pid: u32,
+    /// Index in `ring` the next sample goes to.
     pub ring_head: u32,
+    /// Samples held in `ring` (at most [`RING_LEN`]).
     pub ring_count: u32,
     /// Kernel slots at or past this index are all free (scans stop here).
     pub kernel_hwm: u32,
@@ -82,6 +117,7 @@ pub struct Header {
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct DeadMpsClient {
+    /// Pid of the dead client.
     pub pid: u32,
     /// Effective uid it connected with (selects its server).
     pub uid: u32,
@@ -91,10 +127,15 @@ pub struct DeadMpsClient {
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct ClientSlot {
+    /// Non-zero when the slot is taken.
     pub used: u32,
+    /// Pid of the process.
     pub pid: u32,
+    /// Its start time (clock ticks since boot): with `pid`, names the process across pid reuse.
     pub start_time: u64,
+    /// Device memory it holds, bytes.
     pub mem_used: u64,
+    /// Contexts it holds.
     pub contexts: u32,
     /// MPS active-thread percentage set for this client (0 = the server default).
     pub pct: u32,
@@ -116,8 +157,11 @@ pub struct ClientSlot {
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 pub struct KernelSlot {
+    /// One of the [`kstate`] values.
     pub state: u32,
+    /// Index into `clients` of the launching process.
     pub client: u32,
+    /// Launch order (from `ticket_counter`); also names the kernel to its owner.
     pub ticket: u64,
     /// Ticket of the previous kernel on the same stream (0 = none).
     pub dep_ticket: u64,
@@ -125,9 +169,13 @@ pub struct KernelSlot {
     pub demand: f64,
     /// SM-cycles still to execute.
     pub work_left: f64,
+    /// SM-cycles the kernel needs in all.
     pub work_total: f64,
+    /// Launch time, ns.
     pub enq_ns: u64,
+    /// Time it got SMs, ns (valid once running).
     pub start_ns: u64,
+    /// Finish time, ns (valid once done).
     pub end_ns: u64,
     /// SMs currently granted.
     pub share: f64,
@@ -137,18 +185,26 @@ pub struct KernelSlot {
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq)]
 pub struct Sample {
+    /// Time of the sample, ns.
     pub t_ns: u64,
+    /// `Header::busy_ns` at that time.
     pub busy_ns: f64,
+    /// `Header::sm_active_ns` at that time.
     pub sm_active_ns: f64,
+    /// SM clock at that time, MHz.
     pub sm_clock_mhz: f64,
 }
 
 /// The whole mapped file.
 #[repr(C)]
 pub struct State {
+    /// Profile, memory, MPS state and time integrals.
     pub header: Header,
+    /// Processes using the device.
     pub clients: [ClientSlot; MAX_CLIENTS],
+    /// Kernel table (see `Header::kernel_hwm`).
     pub kernels: [KernelSlot; MAX_KERNELS],
+    /// Utilization samples, a ring (see `Header::ring_head`).
     pub ring: [Sample; RING_LEN],
 }
 

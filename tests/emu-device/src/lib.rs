@@ -42,16 +42,27 @@ pub fn now_ns() -> u64 {
 /// Static facts about the emulated card.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// Profile id (`t4`, `a10`, `h100`).
     pub profile_id: String,
+    /// Marketing name as the driver reports it.
     pub name: String,
+    /// Device UUID (random, fixed at state-file creation).
     pub uuid: [u8; 16],
+    /// Device memory, bytes.
     pub total_memory: u64,
+    /// Streaming multiprocessors.
     pub sm_count: u32,
+    /// Maximum (boost) SM clock, MHz.
     pub max_sm_clock_mhz: u32,
+    /// Memory clock, MHz.
     pub mem_clock_mhz: u32,
+    /// Memory bus width, bits.
     pub mem_bus_width: u32,
+    /// Compute capability `(major, minor)`.
     pub compute_capability: (u32, u32),
+    /// Board power limit, milliwatts.
     pub power_limit_mw: u32,
+    /// PCI bus number NVML reports.
     pub pci_bus: u32,
 }
 
@@ -79,9 +90,13 @@ pub struct MpsStatus {
 /// One process holding the device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessInfo {
+    /// Pid of the process.
     pub pid: u32,
+    /// Its start time, clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: u64,
+    /// Device memory it holds, bytes.
     pub used_memory: u64,
+    /// Contexts it holds.
     pub contexts: u32,
     /// Attached to the running MPS server.
     pub mps_client: bool,
@@ -101,10 +116,15 @@ pub struct ProcessInfo {
 /// A consistent view of the device at one instant.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
+    /// Static facts about the card.
     pub info: DeviceInfo,
+    /// Time the state was advanced to for this view, `CLOCK_MONOTONIC` ns.
     pub timestamp_ns: u64,
+    /// Device memory, bytes.
     pub memory_total: u64,
+    /// Memory allocated by all clients, bytes.
     pub memory_used: u64,
+    /// `memory_total - memory_used`, bytes.
     pub memory_free: u64,
     /// Current SM clock, MHz.
     pub sm_clock_mhz: u32,
@@ -120,8 +140,11 @@ pub struct Snapshot {
     pub busy_ns_total: f64,
     /// Cumulative SM-weighted busy time, ns.
     pub sm_active_ns_total: f64,
+    /// Kernels holding SMs right now.
     pub running_kernels: u32,
+    /// Processes holding the device.
     pub processes: Vec<ProcessInfo>,
+    /// MPS control-daemon state.
     pub mps: MpsStatus,
 }
 
@@ -131,7 +154,12 @@ pub enum KernelStatus {
     /// Queued or running.
     Pending,
     /// Finished at `end_ns` (started at `start_ns`).
-    Done { start_ns: u64, end_ns: u64 },
+    Done {
+        /// Time it got SMs, `CLOCK_MONOTONIC` ns.
+        start_ns: u64,
+        /// Time it finished, `CLOCK_MONOTONIC` ns.
+        end_ns: u64,
+    },
     /// Not in the table any more (collected, or its owner died).
     Gone,
 }
