@@ -52,11 +52,6 @@ pub fn uuid_text(b: &[u8; 16]) -> String {
     s
 }
 
-/// Opens the device the environment names.
-pub fn open() -> Result<Device, String> {
-    Device::open_from_env().map_err(|e| e.to_string())
-}
-
 /// Opens every device of the emulated host (`GPUEMU_STATE` may list several state files).
 pub fn open_all() -> Result<Vec<Device>, String> {
     Device::open_all_from_env().map_err(|e| e.to_string())
