@@ -52,6 +52,30 @@ impl Occupancy {
     }
 }
 
+/// How often a Healthy <-> Unhealthy transition is logged at most, ms (see [`FlapLog`]).
+pub const FLAP_LOG_MS: u64 = 1000;
+
+/// Rate limit for the log lines of Healthy <-> Unhealthy flapping: one line per
+/// [`FLAP_LOG_MS`], which reports how many transitions were left out since the last one.
+#[derive(Debug, Default)]
+struct FlapLog {
+    next_ms: u64,
+    suppressed: u64,
+}
+
+impl FlapLog {
+    /// `Some(left out since the last line)` when a line may be logged at `now_ms`, else `None`
+    /// (the transition is counted).
+    fn admit(&mut self, now_ms: u64) -> Option<u64> {
+        if now_ms < self.next_ms {
+            self.suppressed += 1;
+            return None;
+        }
+        self.next_ms = now_ms.saturating_add(FLAP_LOG_MS);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
 /// How long the monitor trusts what it found out about who is on the GPU, ms: a process
 /// that starts or stops changes the judgement at most this late (against a default
 /// `overlimit_sustain_ms` of 2000 ms); an eviction forgets it at once.
@@ -100,6 +124,7 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     pub last_transition: Option<Transition>,
     /// State changes since start (the state file is rewritten in the tick one happens).
     pub transitions: u64,
+    flap_log: FlapLog,
     /// Offline processes registered in the ledger at the last look.
     pub offline_registered: usize,
     /// Sample number at the last Overlimit entry.
@@ -151,6 +176,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             sample_errors: 0,
             last_transition: None,
             transitions: 0,
+            flap_log: FlapLog::default(),
             offline_registered: 0,
             overlimit_entry_sample: None,
             last_eviction_sample: None,
@@ -252,12 +278,23 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 State::Disabled => 3,
             };
             let (gpu, from, to) = (self.cfg.gpu_index, t.from.as_str(), t.to.as_str());
-            match sev(t.to) {
-                n if n <= sev(t.from) => {
-                    tracing::info!(gpu, from, to, reason = %t.reason, "health transition")
+            // A load hovering at a threshold flips Healthy <-> Unhealthy every sample (the
+            // throttle holds offline load right there): log those at most once a second with
+            // the count left out, so the journal is not flooded; Overlimit, Disabled and Init
+            // are always logged, and the state file and metrics carry every transition.
+            let flap = matches!(
+                (t.from, t.to),
+                (State::Healthy, State::Unhealthy) | (State::Unhealthy, State::Healthy)
+            );
+            let logged = if flap { self.flap_log.admit(now_ms) } else { Some(0) };
+            if let Some(suppressed) = logged {
+                match sev(t.to) {
+                    n if n <= sev(t.from) => {
+                        tracing::info!(gpu, from, to, reason = %t.reason, suppressed, "health transition")
+                    }
+                    1 => tracing::warn!(gpu, from, to, reason = %t.reason, suppressed, "health transition"),
+                    _ => tracing::error!(gpu, from, to, reason = %t.reason, suppressed, "health transition"),
                 }
-                1 => tracing::warn!(gpu, from, to, reason = %t.reason, "health transition"),
-                _ => tracing::error!(gpu, from, to, reason = %t.reason, "health transition"),
             }
             if t.to == State::Overlimit {
                 self.overlimit_entry_sample = Some(self.samples);
@@ -495,6 +532,18 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn healthy_unhealthy_flapping_is_logged_once_a_second_with_the_count_left_out() {
+        let mut f = super::FlapLog::default();
+        // A transition every 10 ms for 2.5 s: three lines (0 ms, 1000 ms, 2000 ms).
+        let logged: Vec<(u64, u64)> =
+            (0..250u64).filter_map(|i| f.admit(i * 10).map(|n| (i * 10, n))).collect();
+        assert_eq!(logged, vec![(0, 0), (1000, 99), (2000, 99)]);
+        // The next one after a quiet spell is logged at once and reports what was left out.
+        assert_eq!(f.admit(10_000), Some(49));
+        assert_eq!(f.admit(10_001), None);
+    }
+
     use super::*;
     use crate::port::MemLedger;
     use crate::sampler::ProcMem;
