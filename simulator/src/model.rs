@@ -182,6 +182,35 @@ pub struct View {
     pub clock_pct: f64,
 }
 
+impl View {
+    /// Adds `v` to this running sum of views (`saturated` if any was).
+    pub fn add(&mut self, v: &View) {
+        self.rho += v.rho;
+        self.latency_ms += v.latency_ms;
+        self.latency_alone_ms += v.latency_alone_ms;
+        self.saturated |= v.saturated;
+        self.progress += v.progress;
+        self.gpu_util += v.gpu_util;
+        self.sm_activity += v.sm_activity;
+        self.clock_pct += v.clock_pct;
+    }
+
+    /// The mean of a sum of `n` views made with [`View::add`].
+    pub fn mean_of(&self, n: u32) -> View {
+        let k = f64::from(n.max(1));
+        View {
+            rho: self.rho / k,
+            latency_ms: self.latency_ms / k,
+            latency_alone_ms: self.latency_alone_ms / k,
+            saturated: self.saturated,
+            progress: self.progress / k,
+            gpu_util: self.gpu_util / k,
+            sm_activity: self.sm_activity / k,
+            clock_pct: self.clock_pct / k,
+        }
+    }
+}
+
 /// Busy fraction past which the M/M/1 latency is capped and the tick counts as saturated.
 pub const RHO_MAX: f64 = 0.98;
 

@@ -83,33 +83,12 @@ impl ThrottleState {
         for _ in 0..n {
             let duty = (self.throttle.rate() * s.wave_s / share).min(1.0);
             let v = evaluate(load, pair, Share::Space { cap, duty });
-            let sample = Sample {
-                u_sm: v.sm_activity / 100.0,
-                c_sm: v.clock_pct / 100.0 * s.c_h_mhz,
-                c_h: s.c_h_mhz,
-            };
+            let sample = sample_of(&v, s.c_h_mhz);
             self.throttle
                 .control_with_budget(&mut self.pid, Some(sample), Some(budget), dt);
-            sum.rho += v.rho;
-            sum.latency_ms += v.latency_ms;
-            sum.latency_alone_ms += v.latency_alone_ms;
-            sum.saturated |= v.saturated;
-            sum.progress += v.progress;
-            sum.gpu_util += v.gpu_util;
-            sum.sm_activity += v.sm_activity;
-            sum.clock_pct += v.clock_pct;
+            sum.add(&v);
         }
-        let k = f64::from(n);
-        View {
-            rho: sum.rho / k,
-            latency_ms: sum.latency_ms / k,
-            latency_alone_ms: sum.latency_alone_ms / k,
-            saturated: sum.saturated,
-            progress: sum.progress / k,
-            gpu_util: sum.gpu_util / k,
-            sm_activity: sum.sm_activity / k,
-            clock_pct: sum.clock_pct / k,
-        }
+        sum.mean_of(n)
     }
 
     /// Current launch budget, waves per second.
@@ -150,39 +129,24 @@ pub fn settle_multi(
         let jobs: Vec<(Pair, f64)> = states.iter().zip(pairs).map(|(st, p)| (*p, duty(st, p))).collect();
         let (v, pr) = evaluate_multi(load, &jobs, cap);
         if s.config.enabled {
-            let sample = Sample {
-                u_sm: v.sm_activity / 100.0,
-                c_sm: v.clock_pct / 100.0 * s.c_h_mhz,
-                c_h: s.c_h_mhz,
-            };
+            let sample = sample_of(&v, s.c_h_mhz);
             for st in states.iter_mut() {
                 st.throttle.control_with_budget(&mut st.pid, Some(sample), Some(budget), dt);
             }
         }
-        sum.rho += v.rho;
-        sum.latency_ms += v.latency_ms;
-        sum.latency_alone_ms += v.latency_alone_ms;
-        sum.saturated |= v.saturated;
-        sum.progress += v.progress;
-        sum.gpu_util += v.gpu_util;
-        sum.sm_activity += v.sm_activity;
-        sum.clock_pct += v.clock_pct;
+        sum.add(&v);
         for (a, b) in prog.iter_mut().zip(pr) {
             *a += b;
         }
     }
     let k = f64::from(n);
-    let view = View {
-        rho: sum.rho / k,
-        latency_ms: sum.latency_ms / k,
-        latency_alone_ms: sum.latency_alone_ms / k,
-        saturated: sum.saturated,
-        progress: sum.progress / k,
-        gpu_util: sum.gpu_util / k,
-        sm_activity: sum.sm_activity / k,
-        clock_pct: sum.clock_pct / k,
-    };
+    let view = sum.mean_of(n);
     (view, prog.into_iter().map(|x| x / k).collect())
+}
+
+/// The sample the shim's throttle reads from NVML, from the model's view of the GPU.
+fn sample_of(v: &View, c_h_mhz: f64) -> Sample {
+    Sample { u_sm: v.sm_activity / 100.0, c_sm: v.clock_pct / 100.0 * c_h_mhz, c_h: c_h_mhz }
 }
 
 /// What the report says about the throttle.
