@@ -59,22 +59,42 @@ fn cdf_plot(path: &Path, title: &str, xlabel: &str, reports: &[Report], lo: f64,
         if pts.is_empty() {
             continue;
         }
-        let c = color(i);
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-            .map_err(err)?
-            .label(r.label())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        line(&mut chart, pts, i, 2, r)?;
     }
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    root.present().map_err(err)?;
+    Ok(path.to_path_buf())
+}
+
+/// One run's curve in its colour, with its legend entry.
+fn line<'a, DB: DrawingBackend + 'a, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pts: Vec<(f64, f64)>,
+    i: usize,
+    width: u32,
+    r: &Report,
+) -> Res<()> {
+    let c = color(i);
+    chart
+        .draw_series(LineSeries::new(pts, c.stroke_width(width)))
+        .map_err(err)?
+        .label(r.label())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+    Ok(())
+}
+
+/// The legend box, at `pos`.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> Res<()> {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(pos)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(path.to_path_buf())
+        .map_err(err)
 }
 
 fn latency_cdf(path: &Path, reports: &[Report]) -> Res<PathBuf> {
@@ -119,21 +139,10 @@ fn utilization(path: &Path, reports: &[Report]) -> Res<PathBuf> {
         .map_err(err)?;
     chart.configure_mesh().x_desc("simulated hour").y_desc("GPU util %").draw().map_err(err)?;
     for (i, r) in reports.iter().enumerate() {
-        let c = color(i);
         let pts: Vec<(f64, f64)> = r.series.util_hourly_pct.iter().enumerate().map(|(h, u)| (h as f64 + 0.5, *u)).collect();
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(1)))
-            .map_err(err)?
-            .label(r.label())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        line(&mut chart, pts, i, 1, r)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(err)?;
     Ok(path.to_path_buf())
 }

@@ -102,6 +102,13 @@ pub struct OnlineEntry {
     pub gpu: u32,
 }
 
+impl OnlineEntry {
+    /// The entry of an online workload of `tenant` held on the GPU `at`.
+    fn of(tenant: &str, at: &GpuRef) -> Self {
+        OnlineEntry { tenant: tenant.to_string(), node: at.node.clone(), gpu: at.gpu }
+    }
+}
+
 /// Errors loading or saving the cells state.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -134,33 +141,11 @@ impl CellsState {
         StateFile {
             format: STATE_FORMAT.into(),
             version: STATE_VERSION,
-            online: self
-                .online
-                .iter()
-                .map(|(n, h)| {
-                    (
-                        n.clone(),
-                        OnlineEntry {
-                            tenant: h.tenant.clone(),
-                            node: h.at.node.clone(),
-                            gpu: h.at.gpu,
-                        },
-                    )
-                })
-                .collect(),
+            online: self.online.iter().map(|(n, h)| (n.clone(), OnlineEntry::of(&h.tenant, &h.at))).collect(),
             downgraded: self
                 .downgraded
                 .iter()
-                .map(|(n, h)| {
-                    (
-                        n.clone(),
-                        OnlineEntry {
-                            tenant: h.tenant.clone(),
-                            node: h.at.node.clone(),
-                            gpu: h.at.gpu,
-                        },
-                    )
-                })
+                .map(|(n, h)| (n.clone(), OnlineEntry::of(&h.tenant, &h.at)))
                 .collect(),
             offline: self
                 .offline

@@ -124,20 +124,27 @@ impl Optimizer for MomentumSgd {
     }
 }
 
-fn standardization(rows: &[[f64; INPUT_WIDTH]]) -> (Vec<f64>, Vec<f64>) {
+/// Per-feature mean and (population) variance of `rows`; the MLP and the neighbours model
+/// both standardize their inputs from these.
+pub(super) fn mean_and_variance(rows: &[[f64; INPUT_WIDTH]]) -> (Vec<f64>, Vec<f64>) {
     let n = rows.len().max(1) as f64;
     let mut mean = vec![0.0; INPUT_WIDTH];
-    let mut std = vec![0.0; INPUT_WIDTH];
+    let mut var = vec![0.0; INPUT_WIDTH];
     for r in rows {
         for (m, x) in mean.iter_mut().zip(r) {
             *m += x / n;
         }
     }
     for r in rows {
-        for ((s, x), m) in std.iter_mut().zip(r).zip(&mean) {
+        for ((s, x), m) in var.iter_mut().zip(r).zip(&mean) {
             *s += (x - m).powi(2) / n;
         }
     }
+    (mean, var)
+}
+
+fn standardization(rows: &[[f64; INPUT_WIDTH]]) -> (Vec<f64>, Vec<f64>) {
+    let (mean, mut std) = mean_and_variance(rows);
     for s in &mut std {
         *s = if *s > 1e-12 { s.sqrt() } else { 1.0 };
     }

@@ -15,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::features::{INPUT_WIDTH, JOB_FEATURES, SM_INPUT};
-use super::mlp::{MAX_PREDICTION, MIN_TARGET};
+use super::mlp::{mean_and_variance, MAX_PREDICTION, MIN_TARGET};
 use super::PredictorError;
 
 /// Hyper-parameters of [`NeighbourModel`]; stored in the model file.
@@ -135,18 +135,7 @@ impl NeighbourModel {
             return Err(PredictorError::Training("need k > 0, tau > 0 and knn_weight >= 0".into()));
         }
         let n = rows.len() as f64;
-        let mut mean = vec![0.0; INPUT_WIDTH];
-        let mut std = vec![0.0; INPUT_WIDTH];
-        for r in rows {
-            for (m, x) in mean.iter_mut().zip(r) {
-                *m += x / n;
-            }
-        }
-        for r in rows {
-            for ((s, x), m) in std.iter_mut().zip(r).zip(&mean) {
-                *s += (x - m).powi(2) / n;
-            }
-        }
+        let (mean, mut std) = mean_and_variance(rows);
         let used: Vec<bool> = std.iter().map(|s| s.sqrt() >= 1e-6).collect();
         for s in &mut std {
             *s = if s.sqrt() >= 1e-6 { s.sqrt() } else { 1.0 };
