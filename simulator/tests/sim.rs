@@ -14,6 +14,40 @@ fn predictor() -> SpeedPredictor {
     SpeedPredictor::load(&simulator::default_predictor()).unwrap()
 }
 
+/// An online pod of one GPU named `name`, using `milli` thousandths of it for the whole run.
+fn service(name: &str, milli: u32) -> OnlinePod {
+    OnlinePod {
+        name: name.into(),
+        gpus: 1,
+        milli,
+        spec: vec![],
+        start: 0.0,
+        end: 1e6,
+    }
+}
+
+/// One V100 node of `gpus` GPUs running `online`, and one offline job `job` (half a GPU)
+/// arriving at `arrival` for `duration` seconds.
+fn one_node(gpus: u32, online: Vec<OnlinePod>, job: &str, arrival: f64, duration: f64) -> Trace {
+    Trace {
+        nodes: vec![Node {
+            name: "n0".into(),
+            gpus,
+            model: "V100M32".into(),
+        }],
+        online,
+        offline: vec![OfflinePod {
+            name: job.into(),
+            milli: 500,
+            spec: vec![],
+            arrival,
+            duration,
+        }],
+        left_out: LeftOut::default(),
+        origin_s: 0,
+    }
+}
+
 fn small_trace() -> Trace {
     let opt = TraceOptions {
         compress: 24.0,
@@ -94,31 +128,7 @@ fn placement_follows_the_real_planner() {
     }
     let (first, second) =
         pick.expect("some pair of services differs by 0.1 in predicted throughput");
-    let pod = |name: &str| OnlinePod {
-        name: name.into(),
-        gpus: 1,
-        milli: 300,
-        spec: vec![],
-        start: 0.0,
-        end: 1e6,
-    };
-    let trace = Trace {
-        nodes: vec![Node {
-            name: "n0".into(),
-            gpus: 2,
-            model: "V100M32".into(),
-        }],
-        online: vec![pod(&first), pod(&second)],
-        offline: vec![OfflinePod {
-            name: job.into(),
-            milli: 500,
-            spec: vec![],
-            arrival: 100.0,
-            duration: 1e5,
-        }],
-        left_out: LeftOut::default(),
-        origin_s: 0,
-    };
+    let trace = one_node(2, vec![service(&first, 300), service(&second, 300)], job, 100.0, 1e5);
     let mut c = SimConfig::new(Mode::Muxflow);
     c.seed = seed;
     let mut sim = Sim::new(c.clone(), &trace, &ty, &p);
@@ -148,30 +158,7 @@ fn placement_follows_the_real_planner() {
 #[test]
 fn health_thresholds_change_the_outcome_as_predicted() {
     let (ty, p) = (types(), predictor());
-    let trace = Trace {
-        nodes: vec![Node {
-            name: "n0".into(),
-            gpus: 1,
-            model: "V100M32".into(),
-        }],
-        online: vec![OnlinePod {
-            name: "svc".into(),
-            gpus: 1,
-            milli: 200,
-            spec: vec![],
-            start: 0.0,
-            end: 1e6,
-        }],
-        offline: vec![OfflinePod {
-            name: "job".into(),
-            milli: 500,
-            spec: vec![],
-            arrival: 10.0,
-            duration: 600.0,
-        }],
-        left_out: LeftOut::default(),
-        origin_s: 0,
-    };
+    let trace = one_node(1, vec![service("svc", 200)], "job", 10.0, 600.0);
     let run = |strict: bool| {
         let mut c = SimConfig::new(Mode::Muxflow);
         c.horizon_s = Some(20_000.0);
@@ -237,30 +224,7 @@ fn slack_following_budget_changes_the_offline_share() {
 #[test]
 fn shipped_health_defaults_judge_colocation_as_the_monitor_does() {
     let (ty, p) = (types(), predictor());
-    let trace = Trace {
-        nodes: vec![Node {
-            name: "n0".into(),
-            gpus: 1,
-            model: "V100M32".into(),
-        }],
-        online: vec![OnlinePod {
-            name: "svc".into(),
-            gpus: 1,
-            milli: 200,
-            spec: vec![],
-            start: 0.0,
-            end: 1e6,
-        }],
-        offline: vec![OfflinePod {
-            name: "job".into(),
-            milli: 500,
-            spec: vec![],
-            arrival: 10.0,
-            duration: 3600.0,
-        }],
-        left_out: LeftOut::default(),
-        origin_s: 0,
-    };
+    let trace = one_node(1, vec![service("svc", 200)], "job", 10.0, 3600.0);
     let mut c = SimConfig::new(Mode::Muxflow);
     c.horizon_s = Some(40_000.0);
     assert_eq!(c.health, sysmonitor::health::MachineConfig::default());
