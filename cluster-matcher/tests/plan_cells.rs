@@ -17,6 +17,16 @@ fn fig3() -> Cluster {
         .unwrap()
 }
 
+/// The four 8-GPU V100 nodes of HiveD's figure 3.
+fn spec4() -> cluster_matcher::plan::ClusterSpec {
+    cluster(&[
+        ("v100-n0", "V100", 8, 32_768),
+        ("v100-n1", "V100", 8, 32_768),
+        ("v100-n2", "V100", 8, 32_768),
+        ("v100-n3", "V100", 8, 32_768),
+    ])
+}
+
 fn unplaced_online(name: &str, tenant: &str, iso: f64) -> OnlineWorkload {
     let mut o = online(name, "v100-n0", 0, 8_000, 30.0, iso);
     o.at = None;
@@ -27,12 +37,7 @@ fn unplaced_online(name: &str, tenant: &str, iso: f64) -> OnlineWorkload {
 #[test]
 fn online_work_takes_guaranteed_cells_and_offline_work_their_low_priority_view() {
     let mut st = CellsState::new(fig3());
-    let spec = cluster(&[
-        ("v100-n0", "V100", 8, 32_768),
-        ("v100-n1", "V100", 8, 32_768),
-        ("v100-n2", "V100", 8, 32_768),
-        ("v100-n3", "V100", 8, 32_768),
-    ]);
+    let spec = spec4();
     let mut online: Vec<_> = (0..8)
         .map(|i| unplaced_online(&format!("a{i}"), "tenant-a", 10.0 + i as f64))
         .collect();
@@ -89,12 +94,7 @@ fn online_work_takes_guaranteed_cells_and_offline_work_their_low_priority_view()
 #[test]
 fn full_colocated_slots_keep_a_gpu_out_of_matching() {
     let mut st = CellsState::new(fig3());
-    let spec = cluster(&[
-        ("v100-n0", "V100", 8, 32_768),
-        ("v100-n1", "V100", 8, 32_768),
-        ("v100-n2", "V100", 8, 32_768),
-        ("v100-n3", "V100", 8, 32_768),
-    ]);
+    let spec = spec4();
     let w = Workloads {
         online: vec![unplaced_online("a0", "tenant-a", 10.0)],
         offline: vec![offline("job", 4_000, 10.0)],
@@ -137,13 +137,12 @@ fn full_colocated_slots_keep_a_gpu_out_of_matching() {
     );
 }
 
-fn spec4() -> cluster_matcher::plan::ClusterSpec {
-    cluster(&[
-        ("v100-n0", "V100", 8, 32_768),
-        ("v100-n1", "V100", 8, 32_768),
-        ("v100-n2", "V100", 8, 32_768),
-        ("v100-n3", "V100", 8, 32_768),
-    ])
+/// The GPU the pinned online workloads below are pinned to.
+fn n0_gpu0() -> GpuRef {
+    GpuRef {
+        node: "v100-n0".into(),
+        gpu: 0,
+    }
 }
 
 #[test]
@@ -162,14 +161,7 @@ fn pinned_online_work_is_registered_so_the_cells_never_hand_its_gpu_out_again() 
     let healthy = |_: &GpuRef| GpuHealth::Healthy;
     let plan = plan_round_with_cells(&spec4(), &w, &similarity_predictor(), &healthy, 0, &mut st);
     assert_eq!(plan.online_placements.len(), 1, "{plan:#?}");
-    assert_ne!(
-        plan.online_placements[0].at,
-        GpuRef {
-            node: "v100-n0".into(),
-            gpu: 0
-        },
-        "{plan:#?}"
-    );
+    assert_ne!(plan.online_placements[0].at, n0_gpu0(), "{plan:#?}");
     let g = st.cells.gpu_by_address("v100-n0", 0).unwrap();
     assert!(
         st.cells.guaranteed_user(g).is_some(),
@@ -201,14 +193,7 @@ fn pinned_online_work_is_registered_so_the_cells_never_hand_its_gpu_out_again() 
         plan.online_unregistered[0].reason.contains("tenant-x"),
         "{plan:#?}"
     );
-    assert_ne!(
-        plan.online_placements[0].at,
-        GpuRef {
-            node: "v100-n0".into(),
-            gpu: 0
-        },
-        "{plan:#?}"
-    );
+    assert_ne!(plan.online_placements[0].at, n0_gpu0(), "{plan:#?}");
 }
 
 #[test]

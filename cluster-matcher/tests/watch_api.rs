@@ -65,6 +65,50 @@ fn nodes_ok(rv: &str) -> Answer {
     Answer::Json(200, list("NodeList", rv, vec![node("gpu-a", rv, Some(hb))]), vec![])
 }
 
+/// `404 NotFound`, the answer to any path a test does not serve.
+fn not_found() -> Answer {
+    Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![])
+}
+
+/// The node side of a cluster whose nodes never change (one healthy node listed at version
+/// 7, a watch with no events); `not_found` for any other path.
+fn quiet_nodes(r: &Req) -> Answer {
+    match (r.path.as_str(), r.is_watch()) {
+        (NODES, false) => nodes_ok("7"),
+        (NODES, true) => Answer::Stream(vec![], true),
+        _ => not_found(),
+    }
+}
+
+/// The pod lists around a lost watch: pods a and b at version 100 on the first list; a and c
+/// at version 200 on any later one (b was deleted while the watch was down, its DELETED event
+/// compacted away).
+fn relist_without_b(before: &[Req]) -> Answer {
+    let (rv, pods) = match before.iter().filter(|b| !b.is_watch()).count() {
+        0 => ("100", vec![job_pod("ml", "a", "1", "90", 1000), job_pod("ml", "b", "1", "91", 1000)]),
+        _ => ("200", vec![job_pod("ml", "a", "1", "90", 1000), job_pod("ml", "c", "1", "150", 1000)]),
+    };
+    Answer::Json(200, list("PodList", rv, pods), vec![])
+}
+
+/// An API server listing these pods and nodes at version 10, with watches that stay quiet.
+fn fixed_cluster(pods: Vec<Value>, nodes: Vec<Value>) -> FakeApi {
+    fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) => Answer::Json(200, list("PodList", "10", pods.clone()), vec![]),
+        (NODES, false) => Answer::Json(200, list("NodeList", "10", nodes.clone()), vec![]),
+        (_, true) => Answer::Stream(vec![], true),
+        _ => not_found(),
+    })
+}
+
+/// A cluster spec with no headroom and no cap on offline memory; its nodes come from the
+/// heartbeats.
+fn open_cluster() -> ClusterSpec {
+    serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 1.0, "nodes": []}))
+    .unwrap()
+}
+
 // ---------------------------------------------------------------- tests
 
 #[test]
@@ -98,9 +142,7 @@ fn state_is_rebuilt_from_list_and_watch_after_a_restart() {
         (NODES, true) => Answer::Stream(vec![], true),
         _ => Answer::Json(404, status(404, "NotFound", "no such path", json!({})), vec![]),
     });
-    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
-        "max_offline_memory_fraction": 1.0, "nodes": []}))
-    .unwrap();
+    let cluster = open_cluster();
     for restart in 0..2 {
         let w = start(&api);
         let v = w.view();
@@ -182,9 +224,7 @@ fn watch_resumes_from_the_latest_bookmark() {
                 (_, rv) => Answer::Stream(vec![event("ERROR", gone(rv))], false),
             }
         }
-        (NODES, false) => nodes_ok("7"),
-        (NODES, true) => Answer::Stream(vec![], true),
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+        _ => quiet_nodes(r),
     });
     let w = start(&api);
     eventually("a second pod watch", || api.watches(PODS).len() >= 2);
@@ -203,35 +243,10 @@ fn watch_resumes_from_the_latest_bookmark() {
 #[test]
 fn gone_inside_the_stream_relists_and_drops_what_was_deleted_meanwhile() {
     let api = fake_api(|r, before| match (r.path.as_str(), r.is_watch()) {
-        (PODS, false) => match before.iter().filter(|b| !b.is_watch()).count() {
-            0 => Answer::Json(
-                200,
-                list(
-                    "PodList",
-                    "100",
-                    vec![job_pod("ml", "a", "1", "90", 1000), job_pod("ml", "b", "1", "91", 1000)],
-                ),
-                vec![],
-            ),
-            // b was deleted while the watch was down (its DELETED event is compacted away).
-            _ => Answer::Json(
-                200,
-                list(
-                    "PodList",
-                    "200",
-                    vec![
-                        job_pod("ml", "a", "1", "90", 1000),
-                        job_pod("ml", "c", "1", "150", 1000),
-                    ],
-                ),
-                vec![],
-            ),
-        },
+        (PODS, false) => relist_without_b(before),
         (PODS, true) if r.rv() == "100" => Answer::Stream(vec![event("ERROR", gone("100"))], true),
         (PODS, true) => Answer::Stream(vec![], true),
-        (NODES, false) => nodes_ok("7"),
-        (NODES, true) => Answer::Stream(vec![], true),
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+        _ => quiet_nodes(r),
     });
     let w = start(&api);
     let v = w.view();
@@ -243,35 +258,11 @@ fn gone_inside_the_stream_relists_and_drops_what_was_deleted_meanwhile() {
 #[test]
 fn gone_answered_to_the_watch_request_starts_a_fresh_list() {
     let api = fake_api(|r, before| match (r.path.as_str(), r.is_watch()) {
-        (PODS, false) => match before.iter().filter(|b| !b.is_watch()).count() {
-            0 => Answer::Json(
-                200,
-                list(
-                    "PodList",
-                    "100",
-                    vec![job_pod("ml", "a", "1", "90", 1000), job_pod("ml", "b", "1", "91", 1000)],
-                ),
-                vec![],
-            ),
-            _ => Answer::Json(
-                200,
-                list(
-                    "PodList",
-                    "200",
-                    vec![
-                        job_pod("ml", "a", "1", "90", 1000),
-                        job_pod("ml", "c", "1", "150", 1000),
-                    ],
-                ),
-                vec![],
-            ),
-        },
+        (PODS, false) => relist_without_b(before),
         // The version expired before the watch started: the API server refuses the request.
         (PODS, true) if r.rv() == "100" => Answer::Json(410, gone("100"), vec![]),
         (PODS, true) => Answer::Stream(vec![], true),
-        (NODES, false) => nodes_ok("7"),
-        (NODES, true) => Answer::Stream(vec![], true),
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+        _ => quiet_nodes(r),
     });
     let w = start(&api);
     let v = w.view();
@@ -303,9 +294,7 @@ fn too_many_requests_waits_for_retry_after() {
             vec![],
         ),
         (PODS, true) => Answer::Stream(vec![], true),
-        (NODES, false) => nodes_ok("7"),
-        (NODES, true) => Answer::Stream(vec![], true),
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+        _ => quiet_nodes(r),
     });
     let w = start(&api);
     let lists = api.lists(PODS);
@@ -395,16 +384,9 @@ fn the_planner_places_offline_work_only_beside_fresh_healthy_heartbeats() {
         job_pod("ml", "j2", "b", "1", 1000),
         job_pod("ml", "j3", "c", "1", 1000),
     ];
-    let api = fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
-        (PODS, false) => Answer::Json(200, list("PodList", "10", pods.clone()), vec![]),
-        (NODES, false) => Answer::Json(200, list("NodeList", "10", nodes.clone()), vec![]),
-        (_, true) => Answer::Stream(vec![], true),
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
-    });
+    let api = fixed_cluster(pods, nodes);
     let w = start(&api);
-    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
-        "max_offline_memory_fraction": 1.0, "nodes": []}))
-    .unwrap();
+    let cluster = open_cluster();
     let ext = Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view());
     let plan = ext.plan();
     let placed: Vec<&str> = plan.assignments.iter().map(|a| a.at.node.as_str()).collect();
@@ -442,9 +424,7 @@ fn a_terminating_offline_pod_is_not_a_placement_and_its_replacement_is_planned()
     let typed: Vec<Pod> = pods.iter().map(|p| serde_json::from_value(p.clone()).unwrap()).collect();
     let nodes_t: Vec<Node> = nodes.iter().map(|n| serde_json::from_value(n.clone()).unwrap()).collect();
     let snap = ClusterSnapshot::new(typed, nodes_t, now, WatchSettings::default());
-    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
-        "max_offline_memory_fraction": 1.0, "nodes": []}))
-    .unwrap();
+    let cluster = open_cluster();
     let spec = snap.cluster_spec(&cluster);
     let (workloads, skipped) = snap.workloads(&spec);
     assert_eq!(workloads.offline.len(), 1, "{workloads:?}");
@@ -452,12 +432,7 @@ fn a_terminating_offline_pod_is_not_a_placement_and_its_replacement_is_planned()
     assert_eq!(workloads.offline[0].current, None, "the terminating pod is no placement");
     assert!(skipped.iter().any(|s| s.contains("train-old") && s.contains("terminating")), "{skipped:?}");
 
-    let api = fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
-        (PODS, false) => Answer::Json(200, list("PodList", "10", pods.clone()), vec![]),
-        (NODES, false) => Answer::Json(200, list("NodeList", "10", nodes.clone()), vec![]),
-        (_, true) => Answer::Stream(vec![], true),
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
-    });
+    let api = fixed_cluster(pods, nodes);
     let w = start(&api);
     eventually("both watches listed", || w.view().snapshot().pods.len() == 4);
     let ext = Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view());
@@ -516,12 +491,7 @@ fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_seri
         "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting",
         "lastTransitionTime": "2026-11-23T06:20:00Z"}]);
     let pods = vec![online_pod("prod", "svc-0", "1", "gpu-a", 0), bound, evicted];
-    let api = fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
-        (PODS, false) => Answer::Json(200, list("PodList", "10", pods.clone()), vec![]),
-        (NODES, false) => Answer::Json(200, list("NodeList", "10", nodes.clone()), vec![]),
-        (_, true) => Answer::Stream(vec![], true),
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
-    });
+    let api = fixed_cluster(pods, nodes);
     let w = start(&api);
     let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "nodes": []})).unwrap();
     let ext = Arc::new(Extender::watched(
@@ -683,7 +653,7 @@ fn serve_watch_learns_a_job_pod_created_later_then_binds_it() {
             let b: k8s_openapi::api::core::v1::Binding = serde_json::from_slice(&r.body).unwrap();
             Answer::Json(201, serde_json::to_value(b).unwrap(), vec![])
         }
-        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+        _ => not_found(),
     });
     let dir = std::env::temp_dir().join(format!("xshare-watch-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
