@@ -232,18 +232,7 @@ fn run() -> Result<(), String> {
             )
         })
     };
-    let steady = [
-        "--rate",
-        "100",
-        "--duration",
-        "1",
-        "--kernels",
-        "2",
-        "--kernel-us",
-        "500",
-        "--arrivals",
-        "fixed",
-    ];
+    let steady = workloads::online::probe_args("1");
     let burst = [
         "--rate",
         "300",
@@ -258,18 +247,7 @@ fn run() -> Result<(), String> {
     ];
 
     println!("node-demo on {}: sysmonitor (10 ms sampling) + mps-manager + online + offline under libxcuda.so", host.label());
-    let alone = online(&[
-        "--rate",
-        "100",
-        "--duration",
-        "3",
-        "--kernels",
-        "2",
-        "--kernel-us",
-        "500",
-        "--arrivals",
-        "fixed",
-    ])?;
+    let alone = online(&workloads::online::probe_args("3"))?;
     let p99_alone = alone["p99_ms"].as_f64().unwrap_or(f64::NAN);
     println!(
         "online alone: p50 {:.2} ms, p99 {:.2} ms\n",

@@ -12,6 +12,8 @@
 //! `E2E_TARGET_DIR` to take the artifacts from another `target/<profile>/` dir.
 
 use std::path::PathBuf;
+use std::time::Duration;
+
 
 pub use emu_device;
 pub use workloads::host::{
@@ -21,6 +23,29 @@ pub use workloads::host::{
 
 /// The emulated host of the e2e tests: the same type as [`workloads::host::Host`].
 pub type EmuHost = Host;
+
+/// Generous bound for any single child.
+pub const T: Duration = Duration::from_secs(60);
+/// One MiB.
+pub const MIB: u64 = 1 << 20;
+
+/// The Python trainer the Ctrl-C tests stop (`python/ctrl_c_trainer.py`): NVIDIA
+/// cuda-bindings, a primary context and 1 MiB held, `ready`, then idle until interrupted.
+pub fn ctrl_c_trainer() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ctrl_c_trainer.py")
+}
+
+/// An MPS neighbour on `host` (an `emu-client`): a context, `ready`, then one small kernel per
+/// line it reads, `runs` times. Returns once it is ready.
+pub fn kernel_neighbour(host: &EmuHost, runs: usize) -> EmuChild {
+    let mut steps = vec!["ctx", "ready"];
+    for _ in 0..runs {
+        steps.extend(["wait", "spin", "1", "1000", "1"]);
+    }
+    let mut b = host.client(&steps);
+    b.wait_for_line("ready", T).expect("neighbour ready");
+    b
+}
 
 /// Value of `key=` in a `k=v k=v` line.
 pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -51,6 +76,37 @@ pub fn seed_from_env(name: &str) -> u64 {
     };
     eprintln!("{name}={seed}");
     seed
+}
+
+/// The result code of the `nth` line (from 0) a client printed for `step` (`STEP=RC ...`),
+/// panicking with all the lines if there is no such line.
+pub fn step_rc(lines: &[String], step: &str, nth: usize) -> String {
+    let key = format!("{step}=");
+    lines
+        .iter()
+        .filter(|l| l.starts_with(&key))
+        .nth(nth)
+        .map(|l| field(l, step).unwrap().to_string())
+        .unwrap_or_else(|| panic!("no {step} #{nth} in {lines:?}"))
+}
+
+/// A xorshift64 generator: the stress tools' reproducible randomness (no dependency).
+#[derive(Clone, Debug)]
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
 }
 
 /// Numeric value of `key=` in a line, panicking with the line if absent.

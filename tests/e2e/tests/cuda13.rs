@@ -10,7 +10,7 @@ mod shim_support;
 use std::path::PathBuf;
 use std::process::Command;
 
-use e2e::EmuHost;
+use e2e::{step_rc as rc, EmuHost};
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
@@ -62,16 +62,6 @@ fn lines(host: &EmuHost, c: &mut Command) -> Vec<String> {
         ch.stderr()
     );
     l
-}
-
-fn rc(lines: &[String], step: &str, nth: usize) -> String {
-    let key = format!("{step}=");
-    lines
-        .iter()
-        .filter(|l| l.starts_with(&key))
-        .nth(nth)
-        .map(|l| e2e::field(l, step).unwrap().to_string())
-        .unwrap_or_else(|| panic!("no {step} #{nth} in {lines:?}"))
 }
 
 fn gpa_line<'a>(lines: &'a [String], name: &str) -> &'a str {
@@ -254,22 +244,10 @@ fn a_cuda_13_caller_is_refused_past_the_quota_on_every_allocation_path() {
             "ctx", path, &fill, path, &extra, "freeall", path, &extra, "freeall", "destroy",
         ];
         let l = lines(&host, as_13(limited(&host, exe, QUOTA, &group)).args(args));
-        assert_eq!(rc(&l, path, 0), "0", "{path}: first allocation fits: {l:?}");
-        assert_eq!(
-            rc(&l, path, 1),
-            "2",
-            "{path}: past the quota => CUDA_ERROR_OUT_OF_MEMORY: {l:?}"
-        );
-        assert_eq!(
-            rc(&l, path, 2),
-            "0",
-            "{path}: freeing gives the quota back: {l:?}"
-        );
+        assert_refused_then_given_back(&l, path);
         assert_eq!(rc(&l, "destroy", 0), "0", "{l:?}");
         let ledger = ledger(&host);
-        let g = ledger
-            .group(node_ledger::ledger::group_id_for(&group), 1)
-            .unwrap();
+        let g = group_of(&ledger, &group);
         assert_eq!(
             ledger.group_used(g),
             0,
@@ -321,9 +299,7 @@ fn context_destroy_and_primary_reset_through_cuda_13_entries_give_the_quota_back
             "{group}: the first 40 MiB went back with its context: {l:?}"
         );
         let ledger = ledger(&host);
-        let g = ledger
-            .group(node_ledger::ledger::group_id_for(group), 1)
-            .unwrap();
+        let g = group_of(&ledger, group);
         assert_eq!(
             ledger.group_used(g),
             0,

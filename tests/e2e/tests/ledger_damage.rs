@@ -199,13 +199,8 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
         )
     };
     let lp = ledger_file(&host);
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rng = e2e::XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut rnd = move |n: u64| rng.below(n);
     let kinds = ["truncated", "zeroed", "wrong-version", "random", "deleted"];
     let (mut died, mut monitor_died, mut worst_over, mut cycles_over) =
         (0usize, 0usize, 0u64, 0usize);

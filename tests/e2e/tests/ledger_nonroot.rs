@@ -10,21 +10,10 @@ mod shim_support;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use e2e::{chmod, lacks_root, EmuHost};
+use e2e::lacks_root;
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
-const NOBODY: u32 = 65534;
-
-/// A host whose device and libraries a non-root user can reach, as /dev/nvidia* and the
-/// driver are on a GPU host.
-fn host_for_users() -> EmuHost {
-    let host = EmuHost::new();
-    host.open_to_all_users();
-    std::fs::write(host.root().join("xcuda-empty.json"), "{}").unwrap();
-    chmod(&host.root().join("xcuda-empty.json"), 0o644);
-    host
-}
 
 fn as_nobody(c: &mut Command) -> &mut Command {
     // std drops the supplementary groups when root switches uid.
@@ -70,9 +59,7 @@ fn non_root_processes_of_one_container_share_the_monitors_ledger() {
         ["2"],
         "the second non-root process must see the first one's bytes: {b:?}"
     );
-    let g = l
-        .group(node_ledger::ledger::group_id_for("ctr"), 1)
-        .unwrap();
+    let g = group_of(&l, "ctr");
     assert_eq!(
         l.group_used(g),
         QUOTA * 3 / 4,

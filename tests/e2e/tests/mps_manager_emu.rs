@@ -481,13 +481,8 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
 #[ignore = "stress tool; run by hand"]
 fn stress_sigkill_offline_online_time_to_progress() {
     let rounds: usize = e2e::env_or("MPS_STRESS_N", 20);
-    let mut seed = e2e::seed_from_env("MPS_STRESS_SEED");
-    let mut rand = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = e2e::XorShift(e2e::seed_from_env("MPS_STRESS_SEED"));
+    let mut rand = move || rng.next_u64();
     let n = EmuHost::node();
     let _manager = start_manager(&n);
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());

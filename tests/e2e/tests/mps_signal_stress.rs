@@ -15,37 +15,10 @@
 mod shim_support;
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use e2e::{python, EmuChild, EmuHost};
+use e2e::{ctrl_c_trainer, kernel_neighbour, python, EmuHost};
 use shim_support::*;
-
-fn trainer_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ctrl_c_trainer.py")
-}
-
-/// The online neighbour: one kernel per line it reads, `runs` times.
-fn neighbour(host: &EmuHost, runs: usize) -> EmuChild {
-    let mut steps = vec!["ctx", "ready"];
-    for _ in 0..runs {
-        steps.extend(["wait", "spin", "1", "1000", "1"]);
-    }
-    let mut b = host.client(&steps);
-    b.wait_for_line("ready", T).expect("neighbour ready");
-    b
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 #[derive(Default, Debug)]
 struct Tally {
@@ -83,12 +56,12 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
     let window_us: Option<u64> = std::env::var("XSHARE_STRESS_WINDOW_US")
         .ok()
         .and_then(|v| v.parse().ok());
-    let mut rng = Rng(seed);
+    let mut rng = e2e::XorShift(seed);
     let host = EmuHost::new();
     let dev = host.device();
     host.mps_control(Some("-d"), "");
     let py = python();
-    let mut b = neighbour(&host, runs);
+    let mut b = kernel_neighbour(&host, runs);
     let mut done_by_b = 0;
     let mut tally = Tally::default();
     let started = Instant::now();
@@ -96,11 +69,11 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         let is_py = match only.as_deref() {
             Some("c") => false,
             Some("python") => true,
-            _ => rng.next().is_multiple_of(2),
+            _ => rng.next_u64().is_multiple_of(2),
         };
         let sig = if control_kill {
             libc::SIGKILL
-        } else if rng.next().is_multiple_of(2) {
+        } else if rng.next_u64().is_multiple_of(2) {
             libc::SIGINT
         } else {
             libc::SIGTERM
@@ -109,10 +82,10 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         // cuda-bindings import, cuInit, primary context, cuMemAlloc), the C client a few ms
         // before it launches 200 kernels; the window covers all of that and some idle time.
         let window_us = window_us.unwrap_or(if is_py { 900_000 } else { 60_000 });
-        let delay = Duration::from_micros(rng.next() % window_us);
+        let delay = Duration::from_micros(rng.next_u64() % window_us);
         let mut c = if is_py {
             let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
-            c.arg(trainer_script());
+            c.arg(ctrl_c_trainer());
             c
         } else {
             let mut c = limited(&host, "shim_client", 1 << 30, "c");
@@ -159,7 +132,7 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
             // start over with a fresh server and neighbour, as after a hung neighbour.
             host.mps_control(None, "quit\n");
             host.mps_control(Some("-d"), "");
-            b = neighbour(&host, runs - i);
+            b = kernel_neighbour(&host, runs - i);
             done_by_b = 0;
             continue;
         };
@@ -205,7 +178,7 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
             // Reset MPS and carry on counting with a fresh neighbour.
             host.mps_control(None, "quit\n");
             host.mps_control(Some("-d"), "");
-            b = neighbour(&host, runs - i);
+            b = kernel_neighbour(&host, runs - i);
             done_by_b = 0;
             continue;
         }

@@ -91,18 +91,7 @@ fn log(host: &Host) -> String {
 fn node_online_burst_evicts_offline_after_overlimit_healthy_after_hold() {
     let node = Node::start();
     node.state("healthy", |v| st(v) == "healthy");
-    let probe = [
-        "--rate",
-        "100",
-        "--duration",
-        "3",
-        "--kernels",
-        "2",
-        "--kernel-us",
-        "500",
-        "--arrivals",
-        "fixed",
-    ];
+    let probe = workloads::online::probe_args("3");
     let alone = node.online(&probe);
 
     // Offline training on a third of the SMs: the GPU stays admissible.

@@ -13,21 +13,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::{chmod, lacks_root, EmuChild, EmuHost};
+use e2e::{lacks_root, EmuChild, EmuHost};
 use node_ledger::ledger::group_id_for;
 use shim_support::*;
 
 const QUOTA: u64 = 256 * MIB;
-const NOBODY: u32 = 65534;
-
-/// A host whose device, libraries and ledger directory non-root users can reach.
-fn host_for_users() -> EmuHost {
-    let host = EmuHost::new();
-    host.open_to_all_users();
-    std::fs::write(host.root().join("xcuda-empty.json"), "{}").unwrap();
-    chmod(&host.root().join("xcuda-empty.json"), 0o644);
-    host
-}
 
 /// A running sysmonitor on `host` sampling every 10 ms, and the ledger it created.
 fn start_monitor(host: &EmuHost) -> (EmuChild, node_ledger::Ledger) {
@@ -73,6 +63,17 @@ fn in_container(host: &EmuHost, uid: u32, group: &str, args: &[&str]) -> EmuChil
         }
     }
     host.spawn(&mut c)
+}
+
+/// NVML of `host`'s emulator (T4 profile), loaded in this process as a monitoring tool outside
+/// the shim loads it.
+fn emulator_nvml(host: &EmuHost) -> nvml_wrapper::Nvml {
+    std::env::set_var("GPUEMU_STATE", host.state_path());
+    std::env::set_var("GPUEMU_PROFILE", "t4");
+    nvml_wrapper::Nvml::builder()
+        .lib_path(host.require_nvml().as_os_str())
+        .init()
+        .expect("nvmlInit against the emulator")
 }
 
 /// Kills a container started by [`in_container`]: SIGKILL to its init (the client), and the
@@ -246,22 +247,12 @@ fn stress_eight_users_random_allocations_against_nvml() {
     let secs: u64 = e2e::env_or("QUOTA_STRESS_SECS", 30);
     let host = host_for_users();
     let (mut mon, l) = start_monitor(&host);
-    std::env::set_var("GPUEMU_STATE", host.state_path());
-    std::env::set_var("GPUEMU_PROFILE", "t4");
-    let nvml = nvml_wrapper::Nvml::builder()
-        .lib_path(host.require_nvml().as_os_str())
-        .init()
-        .expect("nvmlInit against the emulator");
+    let nvml = emulator_nvml(&host);
     let dev = nvml.device_by_index(0).unwrap();
     let base_used = dev.memory_info().unwrap().used;
 
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let mut rnd = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rng = e2e::XorShift(0x2545_F491_4F6C_DD1D);
+    let mut rnd = move |n: u64| rng.below(n);
     let mut procs: Vec<EmuChild> = (0..8u32)
         .map(|i| {
             let steps = random_script(&mut rnd, secs, true);
@@ -383,33 +374,17 @@ fn stress_eight_users_with_sigkills_against_nvml() {
     if lacks_root("") {
         return;
     }
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let (secs, kill_ms) = (
-        env("QUOTA_STRESS_SECS", 30),
-        env("QUOTA_STRESS_KILL_MS", 300),
+    let (secs, kill_ms): (u64, u64) = (
+        e2e::env_or("QUOTA_STRESS_SECS", 30),
+        e2e::env_or("QUOTA_STRESS_KILL_MS", 300),
     );
     let host = host_for_users();
     let (mut mon, l) = start_monitor(&host);
-    std::env::set_var("GPUEMU_STATE", host.state_path());
-    std::env::set_var("GPUEMU_PROFILE", "t4");
-    let nvml = nvml_wrapper::Nvml::builder()
-        .lib_path(host.require_nvml().as_os_str())
-        .init()
-        .expect("nvmlInit against the emulator");
+    let nvml = emulator_nvml(&host);
     let dev = nvml.device_by_index(0).unwrap();
     let base_used = dev.memory_info().unwrap().used;
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rng = e2e::XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut rnd = move |n: u64| rng.below(n);
     let spawn = |rnd: &mut dyn FnMut(u64) -> u64, i: u32, secs: u64| {
         let mut r = |n| rnd(n);
         let steps = random_script(&mut r, secs, false);

@@ -11,27 +11,11 @@
 
 mod shim_support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use e2e::{EmuChild, EmuHost};
+use e2e::{ctrl_c_trainer, kernel_neighbour, EmuHost};
 use e2e::python;
 use shim_support::*;
-
-fn trainer_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ctrl_c_trainer.py")
-}
-
-/// A neighbour MPS client that runs one kernel per line it reads, `runs` times.
-fn neighbour(host: &EmuHost, runs: usize) -> EmuChild {
-    let mut steps = vec!["ctx", "ready"];
-    for _ in 0..runs {
-        steps.extend(["wait", "spin", "1", "1000", "1"]);
-    }
-    let mut b = host.client(&steps);
-    b.wait_for_line("ready", T).expect("neighbour ready");
-    b
-}
 
 /// How a Ctrl-C run failed.
 #[derive(Debug, PartialEq)]
@@ -59,7 +43,7 @@ fn signal_runs(
     let dev = host.device();
     dev.mps_start(std::process::id());
     let py = python();
-    let mut b = neighbour(&host, runs);
+    let mut b = kernel_neighbour(&host, runs);
     let cfg = host.root().join("xcuda-pause.json");
     std::fs::write(
         &cfg,
@@ -70,7 +54,7 @@ fn signal_runs(
         let (is_py, sig) = pick(i);
         let mut c = if is_py {
             let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
-            c.arg(trainer_script());
+            c.arg(ctrl_c_trainer());
             c
         } else {
             let mut c = limited(&host, "shim_client", 1 << 30, "c");

@@ -6,7 +6,7 @@ mod shim_support;
 
 use std::time::Duration;
 
-use e2e::{field, EmuChild, EmuHost};
+use e2e::{ctrl_c_trainer, field, kernel_neighbour, EmuChild, EmuHost};
 use e2e::python;
 use shim_support::*;
 
@@ -20,10 +20,22 @@ fn patience(expect_run: bool) -> Duration {
     }
 }
 
+/// A ready MPS neighbour that runs one kernel when told.
 fn neighbour(host: &EmuHost) -> EmuChild {
-    let mut b = host.client(&["ctx", "ready", "wait", "spin", "1", "1000", "1", "ready"]);
-    b.wait_for_line("ready", T).expect("neighbour ready");
-    b
+    kernel_neighbour(host, 1)
+}
+
+/// Once a victim is gone: lets the emulator notice the death (it reaps dead clients on its
+/// next state access after its reap period), then tells neighbour `b` to run its kernel.
+/// Returns whether the kernel ran; if not, the hung MPS server is quit.
+fn neighbour_runs_after_the_death(dev: &e2e::emu_device::Device, b: &mut EmuChild, expect_run: bool) -> bool {
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(50));
+        dev.mps_status();
+    }
+    b.send_line("go");
+    b.wait_for_line("spin=", patience(expect_run))
+        .is_some_and(|l| field(&l, "spin") == Some("0"))
 }
 
 fn training_victim(host: &EmuHost, shimmed: bool) -> EmuChild {
@@ -54,16 +66,7 @@ fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
         Some(sig),
         "the default action still happens: {st:?}"
     );
-    // Let the emulator notice the death (it reaps dead clients on its next state access after
-    // its reap period) before the neighbour asks for the GPU.
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_millis(50));
-        dev.mps_status();
-    }
-    b.send_line("go");
-    let ran = b
-        .wait_for_line("spin=", patience(shimmed))
-        .is_some_and(|l| field(&l, "spin") == Some("0"));
+    let ran = neighbour_runs_after_the_death(&dev, &mut b, shimmed);
     let status = format!("{:?} victim stderr: {}", dev.mps_status(), victim.stderr());
     if !ran {
         dev.mps_quit();
@@ -153,23 +156,9 @@ fn application_handler_still_checkpoints_and_nobody_hangs() {
     assert!(!dev.mps_status().poisoned);
 }
 
-/// An unmodified Python trainer (NVIDIA cuda-bindings) holding a primary context, stopped with
+/// An unmodified Python trainer ([`ctrl_c_trainer`]) holding a primary context, stopped with
 /// Ctrl-C: Python's own SIGINT handling (KeyboardInterrupt, then re-killing itself with SIGINT)
 /// runs, and with the shim the context is released before the process is gone.
-const PY_TRAINER: &str = r#"
-import time
-from cuda.bindings import driver as cu
-assert cu.cuInit(0)[0] == 0
-dev = cu.cuDeviceGet(0)[1]
-ctx = cu.cuDevicePrimaryCtxRetain(dev)[1]
-cu.cuCtxSetCurrent(ctx)
-err, p = cu.cuMemAlloc(1 << 20)
-assert int(err) == 0
-print("ready", flush=True)
-while True:
-    time.sleep(0.02)
-"#;
-
 fn python_ctrl_c(shimmed: bool) -> (bool, String) {
     let host = EmuHost::new();
     let dev = host.device();
@@ -185,7 +174,7 @@ fn python_ctrl_c(shimmed: bool) -> (bool, String) {
     } else {
         unlimited(&host, py.to_str().unwrap())
     };
-    c.args(["-c", PY_TRAINER]);
+    c.arg(ctrl_c_trainer());
     let mut trainer = host.spawn(&mut c);
     trainer
         .wait_for_line("ready", T)
@@ -193,14 +182,7 @@ fn python_ctrl_c(shimmed: bool) -> (bool, String) {
     let mut b = neighbour(&host);
     trainer.signal(libc::SIGINT);
     trainer.wait_timeout(T).expect("python exits on Ctrl-C");
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_millis(50));
-        dev.mps_status();
-    }
-    b.send_line("go");
-    let ran = b
-        .wait_for_line("spin=", patience(shimmed))
-        .is_some_and(|l| field(&l, "spin") == Some("0"));
+    let ran = neighbour_runs_after_the_death(&dev, &mut b, shimmed);
     let status = format!(
         "{:?}; python stderr: {}",
         dev.mps_status(),

@@ -3,7 +3,7 @@
 
 mod shim_support;
 
-use e2e::EmuHost;
+use e2e::{EmuChild, EmuHost};
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
@@ -57,14 +57,30 @@ fn paths() -> Vec<(&'static str, Vec<String>, Vec<String>)> {
     ]
 }
 
-fn first_rc(lines: &[String], step: &str, nth: usize) -> String {
-    let key = format!("{step}=");
+/// `shim_client` of container `group` under the quota, run to completion with `steps`.
+fn client(host: &EmuHost, group: &str, steps: &[&str]) -> Vec<String> {
+    run(host, limited(host, "shim_client", QUOTA, group).args(steps))
+}
+
+/// A `shim_client` of container `group` holding `bytes` (ready, then hanging until killed).
+fn spawn_holder(host: &EmuHost, group: &str, bytes: u64) -> EmuChild {
+    let mut h = host.spawn(limited(host, "shim_client", QUOTA, group).args([
+        "ctx",
+        "alloc",
+        &bytes.to_string(),
+        "ready",
+        "hang",
+    ]));
+    assert!(h.wait_for_line("ready", T).is_some(), "{}", h.stderr());
+    h
+}
+
+/// The first `nvmlmem` line a client printed.
+fn nvmlmem(lines: &[String]) -> &str {
     lines
         .iter()
-        .filter(|l| l.starts_with(&key))
-        .nth(nth)
-        .map(|l| e2e::field(l, step).unwrap().to_string())
-        .unwrap_or_else(|| panic!("no {step} #{nth} in {lines:?}"))
+        .find(|l| l.starts_with("nvmlmem"))
+        .expect("nvml line")
 }
 
 #[test]
@@ -82,35 +98,21 @@ fn quota_refused_at_the_limit_on_every_alloc_path() {
         let mut c = limited(&host, "shim_client", QUOTA, name);
         c.args(&args);
         let lines = run(&host, &mut c);
-        assert_eq!(
-            first_rc(&lines, name, 0),
-            "0",
-            "{name}: first allocation fits: {lines:?}"
-        );
-        assert_eq!(
-            first_rc(&lines, name, 1),
-            "2",
-            "{name}: past the quota => CUDA_ERROR_OUT_OF_MEMORY: {lines:?}"
-        );
-        assert_eq!(
-            first_rc(&lines, name, 2),
-            "0",
-            "{name}: freeing gives the quota back: {lines:?}"
-        );
+        assert_refused_then_given_back(&lines, name);
         assert_eq!(
             dev.snapshot().memory_used,
             0,
             "{name}: nothing leaked on the device"
         );
         let l = ledger(&host);
-        let g = l.group(node_ledger::ledger::group_id_for(name), 1).unwrap();
+        let g = group_of(&l, name);
         assert_eq!(l.group_used(g), 0, "{name}: the ledger is back at zero");
 
         let mut c = unlimited(&host, "shim_client");
         c.args(&args);
         let lines = run(&host, &mut c);
         assert_eq!(
-            first_rc(&lines, name, 1),
+            e2e::step_rc(&lines, name, 1),
             "0",
             "{name}: control run without the shim is not limited"
         );
@@ -166,19 +168,8 @@ fn meminfo_and_total_mem_show_the_quota() {
 fn nvml_memory_queries_show_the_quota() {
     let host = EmuHost::new();
     let device_total = host.device().info().total_memory;
-    let lines = run(
-        &host,
-        limited(&host, "shim_client", QUOTA, "nvml").args([
-            "ctx",
-            "alloc",
-            &(40 * MIB).to_string(),
-            "nvmlmem",
-        ]),
-    );
-    let l = lines
-        .iter()
-        .find(|l| l.starts_with("nvmlmem"))
-        .expect("nvml line");
+    let lines = client(&host, "nvml", &["ctx", "alloc", &(40 * MIB).to_string(), "nvmlmem"]);
+    let l = nvmlmem(&lines);
     assert_eq!(e2e::num(l, "total") as u64, QUOTA, "{l}");
     assert_eq!(e2e::num(l, "used") as u64, 40 * MIB, "{l}");
     assert_eq!(e2e::num(l, "free") as u64, QUOTA - 40 * MIB, "{l}");
@@ -189,10 +180,7 @@ fn nvml_memory_queries_show_the_quota() {
         &host,
         unlimited(&host, "shim_client").args(["ctx", "nvmlmem"]),
     );
-    let l = lines
-        .iter()
-        .find(|l| l.starts_with("nvmlmem"))
-        .expect("nvml line");
+    let l = nvmlmem(&lines);
     assert_eq!(e2e::num(l, "total") as u64, device_total, "control: {l}");
 }
 
@@ -212,15 +200,10 @@ fn two_processes_of_one_container_share_one_quota() {
     assert!(a.wait_for_line("ready", T).is_some(), "{}", a.stderr());
     assert_eq!(a.lines("alloc=")[0], format!("alloc=0 bytes={}", 40 * MIB));
 
-    let over = run(
+    let over = client(
         &host,
-        limited(&host, "shim_client", QUOTA, "ctr-a").args([
-            "ctx",
-            "alloc",
-            &(30 * MIB).to_string(),
-            "alloc",
-            &(24 * MIB).to_string(),
-        ]),
+        "ctr-a",
+        &["ctx", "alloc", &(30 * MIB).to_string(), "alloc", &(24 * MIB).to_string()],
     );
     assert_eq!(
         rc_of(&over, "alloc="),
@@ -228,14 +211,7 @@ fn two_processes_of_one_container_share_one_quota() {
         "same container: 40 + 30 > 64 refused, 40 + 24 fits"
     );
 
-    let other = run(
-        &host,
-        limited(&host, "shim_client", QUOTA, "ctr-b").args([
-            "ctx",
-            "alloc",
-            &(60 * MIB).to_string(),
-        ]),
-    );
+    let other = client(&host, "ctr-b", &["ctx", "alloc", &(60 * MIB).to_string()]);
     assert_eq!(
         rc_of(&other, "alloc="),
         ["0"],
@@ -247,14 +223,7 @@ fn two_processes_of_one_container_share_one_quota() {
     while a.lines("ready").len() < 2 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let after = run(
-        &host,
-        limited(&host, "shim_client", QUOTA, "ctr-a").args([
-            "ctx",
-            "alloc",
-            &(60 * MIB).to_string(),
-        ]),
-    );
+    let after = client(&host, "ctr-a", &["ctx", "alloc", &(60 * MIB).to_string()]);
     assert_eq!(
         rc_of(&after, "alloc="),
         ["0"],
@@ -267,35 +236,14 @@ fn two_processes_of_one_container_share_one_quota() {
 #[test]
 fn kill_minus_9_of_a_holder_gives_its_memory_back() {
     let host = EmuHost::new();
-    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args([
-        "ctx",
-        "alloc",
-        &(50 * MIB).to_string(),
-        "ready",
-        "hang",
-    ]));
-    assert!(
-        holder.wait_for_line("ready", T).is_some(),
-        "{}",
-        holder.stderr()
-    );
+    let mut holder = spawn_holder(&host, "ctr", 50 * MIB);
     let l = ledger(&host);
-    let g = l
-        .group(node_ledger::ledger::group_id_for("ctr"), 1)
-        .unwrap();
+    let g = group_of(&l, "ctr");
     assert_eq!(l.group_used(g), 50 * MIB);
     holder.kill9();
 
     // The next process of the container finds the dead holder's usage and reclaims it.
-    let lines = run(
-        &host,
-        limited(&host, "shim_client", QUOTA, "ctr").args([
-            "ctx",
-            "alloc",
-            &(50 * MIB).to_string(),
-            "freeall",
-        ]),
-    );
+    let lines = client(&host, "ctr", &["ctx", "alloc", &(50 * MIB).to_string(), "freeall"]);
     assert_eq!(rc_of(&lines, "alloc="), ["0"], "{lines:?}");
     assert_eq!(l.group_used(g), 0);
     assert!(
@@ -308,28 +256,10 @@ fn kill_minus_9_of_a_holder_gives_its_memory_back() {
 #[test]
 fn a_live_neighbour_reclaims_a_killed_holder_without_any_new_process() {
     let host = EmuHost::new();
-    let mut holder = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args([
-        "ctx",
-        "alloc",
-        &(50 * MIB).to_string(),
-        "ready",
-        "hang",
-    ]));
-    holder.wait_for_line("ready", T).expect("holder ready");
-    let mut neighbour = host.spawn(limited(&host, "shim_client", QUOTA, "ctr").args([
-        "ctx",
-        "alloc",
-        &(10 * MIB).to_string(),
-        "ready",
-        "hang",
-    ]));
-    neighbour
-        .wait_for_line("ready", T)
-        .expect("neighbour ready");
+    let mut holder = spawn_holder(&host, "ctr", 50 * MIB);
+    let mut neighbour = spawn_holder(&host, "ctr", 10 * MIB);
     let l = ledger(&host);
-    let g = l
-        .group(node_ledger::ledger::group_id_for("ctr"), 1)
-        .unwrap();
+    let g = group_of(&l, "ctr");
     assert_eq!(l.group_used(g), 60 * MIB);
     holder.kill9();
     // The neighbour's housekeeping notices the death (pid + start time) and gives the memory back.

@@ -9,6 +9,23 @@ use crate::gpu::Session;
 use crate::signals;
 use crate::stats::{summarize, LatencySummary};
 
+/// `online` arguments of the latency probe the node demo and the node-runtime test measure
+/// with: 100 requests/s at fixed intervals, each two 500 us kernels, for `duration_s` seconds.
+pub fn probe_args(duration_s: &str) -> [&str; 10] {
+    [
+        "--rate",
+        "100",
+        "--duration",
+        duration_s,
+        "--kernels",
+        "2",
+        "--kernel-us",
+        "500",
+        "--arrivals",
+        "fixed",
+    ]
+}
+
 /// `online --help`.
 pub const HELP: &str = "\
 online: an inference-like CUDA client. Sends requests at a given rate (open loop), each

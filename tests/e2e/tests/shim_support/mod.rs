@@ -1,17 +1,15 @@
 //! Helpers shared by the shim's end-to-end tests: a limited (LD_PRELOAD=libxcuda.so) command
 //! on an emulated host, and the host's ledger.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 use e2e::EmuHost;
+pub use e2e::{MIB, T};
 
-/// Generous bound for any single child.
-pub const T: Duration = Duration::from_secs(60);
-/// One MiB.
-pub const MIB: u64 = 1 << 20;
+/// uid and gid of `nobody`, the non-root user offline processes run as in the tests.
+pub const NOBODY: u32 = 65534;
 
 /// The built shim.
 pub fn shim() -> PathBuf {
@@ -27,6 +25,43 @@ pub fn ledger_dir(host: &EmuHost) -> PathBuf {
 pub fn ledger(host: &EmuHost) -> node_ledger::Ledger {
     node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir(host), 0), 0)
         .expect("ledger")
+}
+
+/// A host whose device, libraries and ledger directory non-root users can reach, as
+/// /dev/nvidia* and the driver are on a GPU host, with the empty `xcuda.json` of [`limited`]
+/// readable by them.
+pub fn host_for_users() -> EmuHost {
+    let host = EmuHost::new();
+    host.open_to_all_users();
+    std::fs::write(host.root().join("xcuda-empty.json"), "{}").unwrap();
+    e2e::chmod(&host.root().join("xcuda-empty.json"), 0o644);
+    host
+}
+
+/// The slot in `l` of container `name`'s group (made with a 1-byte quota if it has none).
+pub fn group_of(l: &node_ledger::Ledger, name: &str) -> usize {
+    l.group(node_ledger::ledger::group_id_for(name), 1).unwrap()
+}
+
+/// Asserts what a `STEP fill STEP extra freeall STEP extra` run under the quota printed: the
+/// first allocation of `step` fits, the second is refused with CUDA_ERROR_OUT_OF_MEMORY (2),
+/// the one after freeing fits again.
+pub fn assert_refused_then_given_back(lines: &[String], step: &str) {
+    assert_eq!(
+        e2e::step_rc(lines, step, 0),
+        "0",
+        "{step}: first allocation fits: {lines:?}"
+    );
+    assert_eq!(
+        e2e::step_rc(lines, step, 1),
+        "2",
+        "{step}: past the quota => CUDA_ERROR_OUT_OF_MEMORY: {lines:?}"
+    );
+    assert_eq!(
+        e2e::step_rc(lines, step, 2),
+        "0",
+        "{step}: freeing gives the quota back: {lines:?}"
+    );
 }
 
 /// `program` with the shim preloaded, a quota of `quota` bytes for container `group`.
