@@ -38,6 +38,15 @@ fn running_pod(name: &str, uid: &str) -> serde_json::Value {
     p
 }
 
+/// The API server's answer to a request the test does not script: an Event is created (the
+/// request's body), anything else is not found.
+fn events_or_not_found(r: &Recorded) -> (u16, serde_json::Value) {
+    match (r.method.as_str(), r.path.as_str()) {
+        ("POST", "/api/v1/namespaces/batch/events") => (201, r.json()),
+        _ => (404, status(404, "NotFound", "no such path")),
+    }
+}
+
 fn success() -> serde_json::Value {
     serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 }
@@ -67,6 +76,15 @@ async fn evictor(url: String, dir: &Path) -> Evictor {
     .await
     .unwrap();
     Evictor::new(client, "node-a", dir, vec![0], Duration::from_millis(200))
+}
+
+/// One tick of `ev`: the pods it settled, by name, and how.
+async fn outcomes(ev: &mut Evictor) -> Vec<(String, Outcome)> {
+    ev.tick()
+        .await
+        .into_iter()
+        .map(|(p, o)| (p.name, o))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,12 +128,7 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
     .await;
     let mut ev = evictor(api.url(), tmp.path()).await;
 
-    let mut got: Vec<(String, Outcome)> = ev
-        .tick()
-        .await
-        .into_iter()
-        .map(|(p, o)| (p.name, o))
-        .collect();
+    let mut got = outcomes(&mut ev).await;
     got.sort();
     assert_eq!(
         got,
@@ -215,12 +228,7 @@ async fn evicts_each_pod_once_and_handles_pdb_gone_and_replaced() {
 
     // After the Retry-After the PDB allows it: evicted, one more Event, no second "blocked" Event.
     tokio::time::sleep(Duration::from_millis(900)).await;
-    let got: Vec<_> = ev
-        .tick()
-        .await
-        .into_iter()
-        .map(|(p, o)| (p.name, o))
-        .collect();
+    let got = outcomes(&mut ev).await;
     assert_eq!(got, [("pdb".to_string(), Outcome::Evicted)]);
     let reqs = api.take();
     let posts: Vec<_> = reqs
@@ -289,53 +297,28 @@ async fn unreachable_api_is_retried_and_leaves_the_ledger_request_alone() {
                     (201, success())
                 }
             }
-            ("POST", "/api/v1/namespaces/batch/events") => (201, r.json()),
-            _ => (404, status(404, "NotFound", "no such path")),
+            _ => events_or_not_found(r),
         }
     }))
     .await;
     let mut ev = evictor(api.url(), tmp.path()).await;
-    let got: Vec<_> = ev
-        .tick()
-        .await
-        .into_iter()
-        .map(|(p, o)| (p.name, o))
-        .collect();
+    let got = outcomes(&mut ev).await;
     assert_eq!(got, [("ok".to_string(), Outcome::Failed)]);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let got: Vec<_> = ev
-        .tick()
-        .await
-        .into_iter()
-        .map(|(p, o)| (p.name, o))
-        .collect();
+    let got = outcomes(&mut ev).await;
     assert_eq!(got, [("ok".to_string(), Outcome::Evicted)]);
-    let evictions = api
-        .take()
-        .into_iter()
-        .filter(|r| r.path.ends_with("/eviction"))
-        .count();
-    assert_eq!(evictions, 2, "one failed attempt, one accepted, no more");
+    assert_eq!(evicted_names(&api).len(), 2, "one failed attempt, one accepted, no more");
 }
 
 /// The monitor's durable eviction log: a process that exited before any scan of the slots is
 /// still reported (once), and a restarted agent posts nothing again (its cursor).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logged_evictions_of_gone_processes_are_posted_once_across_restarts() {
-    use node_ledger::evictlog::{append, EvictRecord};
+    use node_ledger::evictlog::append;
     let tmp = tempfile::tempdir().unwrap();
     // The GPU's ledger exists, but no process is registered any more.
     let _l = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
-    let rec = |uid: &str, pid: u32| EvictRecord {
-        gpu: 0,
-        pid,
-        start_time: 1234,
-        pid_ns: 4026531836,
-        group_id: group_id_for(&group_name(uid)),
-        signal: 15,
-        reason: "overlimit".into(),
-        unix_ms: 1,
-    };
+    let rec = log_rec;
     append(tmp.path(), &rec(UIDS[0].1, 100)).unwrap();
     // A process of no pod on this node (not a Kubernetes pod): settled, nothing posted.
     append(
@@ -362,25 +345,14 @@ async fn logged_evictions_of_gone_processes_are_posted_once_across_restarts() {
                 e2.store(true, Ordering::SeqCst);
                 (201, success())
             }
-            ("POST", "/api/v1/namespaces/batch/events") => (201, r.json()),
-            _ => (404, status(404, "NotFound", "no such path")),
+            _ => events_or_not_found(r),
         }
     }))
     .await;
     let mut ev = evictor(api.url(), tmp.path()).await;
-    let got: Vec<_> = ev
-        .tick()
-        .await
-        .into_iter()
-        .map(|(p, o)| (p.name, o))
-        .collect();
+    let got = outcomes(&mut ev).await;
     assert_eq!(got, [("ok".to_string(), Outcome::Evicted)]);
-    let posted = |api: &FakeApi| {
-        api.take()
-            .into_iter()
-            .filter(|r| r.path.ends_with("/eviction"))
-            .count()
-    };
+    let posted = |api: &FakeApi| evicted_names(api).len();
     assert_eq!(posted(&api), 1);
     let cursor = node_agent::evict::load_cursor(tmp.path(), 0).unwrap();
     let len = std::fs::metadata(node_ledger::evictlog::log_path(tmp.path(), 0))
@@ -400,12 +372,7 @@ async fn logged_evictions_of_gone_processes_are_posted_once_across_restarts() {
     assert_eq!(posted(&api), 0);
     // A late record of the same pod after the restart: the pod is terminating, not posted.
     append(tmp.path(), &rec(UIDS[0].1, 102)).unwrap();
-    let got: Vec<_> = ev
-        .tick()
-        .await
-        .into_iter()
-        .map(|(p, o)| (p.name, o))
-        .collect();
+    let got = outcomes(&mut ev).await;
     assert_eq!(got, [("ok".to_string(), Outcome::Terminating)]);
     assert_eq!(posted(&api), 0);
     assert!(evicted.load(Ordering::SeqCst));
@@ -439,14 +406,12 @@ async fn accepting_api(names: &'static [&'static str]) -> FakeApi {
         if r.method == "POST" && path.ends_with("/eviction") {
             return (201, success());
         }
-        if r.method == "POST" && path.ends_with("/events") {
-            return (201, r.json());
-        }
-        (404, status(404, "NotFound", "no such path"))
+        events_or_not_found(r)
     }))
     .await
 }
 
+/// The pods whose Evictions `api` received since it was last asked, in order.
 fn evicted_names(api: &FakeApi) -> Vec<String> {
     api.take()
         .into_iter()
