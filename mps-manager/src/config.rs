@@ -147,14 +147,7 @@ impl Config {
 
     /// Applies `$XSHARE_LEDGER_DIR`, `--gpu`, and fills derived paths.
     pub fn finalize(&mut self, gpu: Option<u32>) {
-        if let Some(d) =
-            std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty())
-        {
-            self.ledger_dir = d.into();
-        }
-        if let Some(g) = gpu {
-            self.gpu_index = g;
-        }
+        node_daemon::cli::apply_overrides(&mut self.ledger_dir, &mut self.gpu_index, gpu);
         let gdir = self
             .ledger_path()
             .parent()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use mps_manager::config::{Config, DEFAULT_PATH};
 use mps_manager::manager::{Manager, ManagerState};
-use node_daemon::cli::{out, ConfigArgs};
+use node_daemon::cli::out;
 use node_daemon::run::Service;
 use node_daemon::sdnotify::Notifier;
 use node_daemon::ConfigError;
@@ -57,16 +57,12 @@ EXAMPLES:
     mps-manager check-config -c ./mps-manager.json
 ";
 
-/// mps-manager - runs one GPU's MPS control daemon, gives offline work the SM share online
-/// work leaves free, and recovers MPS when it crashes or hangs.
-#[derive(Debug, Parser)]
-#[command(name = "mps-manager", version, after_long_help = AFTER_HELP)]
-struct Cli {
-    #[command(flatten)]
-    cfg: ConfigArgs,
-    /// What to do (default: run).
-    #[command(subcommand)]
-    cmd: Option<Cmd>,
+node_daemon::daemon_cli! {
+    /// mps-manager - runs one GPU's MPS control daemon, gives offline work the SM share online
+    /// work leaves free, and recovers MPS when it crashes or hangs.
+    name = "mps-manager",
+    after_long_help = AFTER_HELP,
+    cmd = Cmd,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]

@@ -20,6 +20,27 @@ pub struct ConfigArgs {
     pub gpu: Option<u32>,
 }
 
+/// Declares a daemon's command line, `struct Cli`, the shape both daemons share: the
+/// [`ConfigArgs`] (`cfg`), then an optional subcommand of type `$cmd` (`cmd`; none means
+/// `run`). `$name` and `$after_help` are its name and long-help epilogue; the doc comments
+/// before them are its about text, the version is the calling crate's. The calling crate
+/// depends on `clap` (derive).
+#[macro_export]
+macro_rules! daemon_cli {
+    ($(#[$doc:meta])* name = $name:literal, after_long_help = $after:expr, cmd = $cmd:ty $(,)?) => {
+        $(#[$doc])*
+        #[derive(Debug, clap::Parser)]
+        #[command(name = $name, version, after_long_help = $after)]
+        struct Cli {
+            #[command(flatten)]
+            cfg: $crate::cli::ConfigArgs,
+            /// What to do (default: run).
+            #[command(subcommand)]
+            cmd: Option<$cmd>,
+        }
+    };
+}
+
 /// A loaded configuration and where it came from.
 #[derive(Debug, Clone)]
 pub struct Loaded<C> {
@@ -68,6 +89,19 @@ impl ConfigArgs {
             base,
             files,
         })
+    }
+}
+
+/// What both daemons apply to a loaded config before using it: `$XSHARE_LEDGER_DIR` (when set
+/// and not empty) over `ledger_dir`, then `--gpu` over `gpu_index`.
+pub fn apply_overrides(ledger_dir: &mut PathBuf, gpu_index: &mut u32, gpu: Option<u32>) {
+    if let Some(d) =
+        std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty())
+    {
+        *ledger_dir = d.into();
+    }
+    if let Some(g) = gpu {
+        *gpu_index = g;
     }
 }
 

@@ -252,14 +252,7 @@ impl Config {
 
     /// Applies `$XSHARE_LEDGER_DIR`, a `--gpu` override, and fills derived paths.
     pub fn finalize(&mut self, gpu: Option<u32>) {
-        if let Some(d) =
-            std::env::var_os(node_ledger::config::ENV_LEDGER_DIR).filter(|d| !d.is_empty())
-        {
-            self.ledger_dir = d.into();
-        }
-        if let Some(g) = gpu {
-            self.gpu_index = g;
-        }
+        node_daemon::cli::apply_overrides(&mut self.ledger_dir, &mut self.gpu_index, gpu);
         if self.state_file.as_os_str().is_empty() {
             self.state_file = self.ledger_path().with_file_name("state.json");
         }

@@ -48,16 +48,12 @@ EXAMPLES:
     kill -HUP $(pidof sysmonitor)               reload the config
 ";
 
-/// sysmonitor - watches one GPU, keeps its health state, evicts offline work when online work
-/// is at risk.
-#[derive(Debug, Parser)]
-#[command(name = "sysmonitor", version, after_long_help = AFTER_HELP)]
-struct Cli {
-    #[command(flatten)]
-    cfg: ConfigArgs,
-    /// What to do (default: run).
-    #[command(subcommand)]
-    cmd: Option<Cmd>,
+node_daemon::daemon_cli! {
+    /// sysmonitor - watches one GPU, keeps its health state, evicts offline work when online work
+    /// is at risk.
+    name = "sysmonitor",
+    after_long_help = AFTER_HELP,
+    cmd = Cmd,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
