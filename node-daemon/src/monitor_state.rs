@@ -90,37 +90,18 @@ pub struct MonitorState {
     pub ledger_error: Option<String>,
 }
 
-/// Writes the state file (atomically). Only `sysmonitor run` calls it: one writer per GPU.
-pub fn write(path: &Path, s: &MonitorState) -> std::io::Result<()> {
-    crate::state_file::write_json(path, s)
-}
-
-/// Reads a state file; the error names the file and, for bad JSON, the line.
-pub fn read(path: &Path) -> Result<MonitorState, String> {
-    crate::state_file::read_json(path)
-}
-
-/// The critical XID a state file reports, if the monitor currently holds the GPU Disabled by
-/// one (a missing or unreadable file reports none).
-pub fn disabling_xid(path: &Path) -> Option<u64> {
-    match read(path).ok()?.disabled_by? {
-        DisableCause::Xid(c) => Some(c),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state(disabled_by: Option<DisableCause>) -> MonitorState {
+impl MonitorState {
+    /// A state with every field set (GPU 0 Disabled by XID 79 after 10 samples, two
+    /// evictions), for tests of the writers and readers (feature `test-support`).
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn example() -> MonitorState {
         MonitorState {
             gpu: 0,
             monitor_pid: 1,
             boot_id: "b".into(),
             state: HealthState::Disabled,
             admits_offline: false,
-            disabled_by,
+            disabled_by: Some(DisableCause::Xid(79)),
             updated_unix_ms: 1000,
             updated_mono_ms: 5,
             interval_ms: 10,
@@ -147,6 +128,37 @@ mod tests {
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
             ledger_error: None,
+        }
+    }
+}
+
+/// Writes the state file (atomically). Only `sysmonitor run` calls it: one writer per GPU.
+pub fn write(path: &Path, s: &MonitorState) -> std::io::Result<()> {
+    crate::state_file::write_json(path, s)
+}
+
+/// Reads a state file; the error names the file and, for bad JSON, the line.
+pub fn read(path: &Path) -> Result<MonitorState, String> {
+    crate::state_file::read_json(path)
+}
+
+/// The critical XID a state file reports, if the monitor currently holds the GPU Disabled by
+/// one (a missing or unreadable file reports none).
+pub fn disabling_xid(path: &Path) -> Option<u64> {
+    match read(path).ok()?.disabled_by? {
+        DisableCause::Xid(c) => Some(c),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(disabled_by: Option<DisableCause>) -> MonitorState {
+        MonitorState {
+            disabled_by,
+            ..MonitorState::example()
         }
     }
 

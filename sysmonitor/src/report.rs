@@ -295,42 +295,25 @@ mod tests {
     use super::*;
     use crate::sampler::{GpuSample, SmSource};
 
+    /// GPU 0 Overlimit (GPM SM activity 97 %), two evictions, a config error.
     fn snap() -> MonitorState {
         MonitorState {
-            gpu: 0,
-            monitor_pid: 1,
-            boot_id: "b".into(),
             state: State::Overlimit,
-            admits_offline: false,
             disabled_by: None,
-            updated_unix_ms: 1000,
-            updated_mono_ms: 5,
-            interval_ms: 10,
             sample: Some(GpuSample {
                 gpu_util: 99.0,
                 sm_activity: 97.0,
                 sm_source: Some(SmSource::Gpm),
                 ..Default::default()
             }),
-            hold_ms: 200,
             hold_remaining_ms: Some(150),
-            overlimit_entries_mono_ms: vec![1, 2],
             last_transition: Some((State::Healthy, State::Overlimit, "gpu_util".into())),
             evictions: [("overlimit".to_string(), 2)].into_iter().collect(),
-            kills: 0,
-            evictions_in_flight: 0,
-            offline_registered: 1,
-            samples: 10,
-            sample_errors: 0,
-            host_mem_available_pct: Some(50.0),
-            host_psi_some_avg10: None,
-            config_files: vec!["/etc/x.json".into()],
             config_error: Some("bad".into()),
-            config_reloads: 0,
             overlimit_entry_sample: Some(3),
             last_eviction_sample: Some(3),
             overlimit_eviction_lag_samples: Some(0),
-            ledger_error: None,
+            ..MonitorState::example()
         }
     }
 
