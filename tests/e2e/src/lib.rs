@@ -14,6 +14,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod client;
+
 
 pub use emu_device;
 pub use workloads::host::{

@@ -12,19 +12,13 @@
 //! forget the held allocations (the driver frees a dead context's memory).
 
 use cuda_abi::*;
+use e2e::client::{
+    die, dlopen, init_or_die, out, spin_launch_config, spin_node_params, Contexts, Kernels, Memory, Resolve,
+};
+use e2e::get;
 use std::ffi::{c_void, CStr, CString};
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::os::raw::{c_int, c_uint};
-
-fn die(msg: &str) -> ! {
-    println!("fatal={msg}");
-    std::process::exit(2)
-}
-
-fn out(s: String) {
-    println!("{s}");
-    let _ = std::io::stdout().flush();
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -44,12 +38,7 @@ struct Cuda {
 
 impl Cuda {
     fn load(mode: Mode) -> Cuda {
-        let name = CString::new("libcuda.so.1").expect("no NUL");
-        // SAFETY: dlopen with a valid C string.
-        let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if lib.is_null() {
-            die("dlopen libcuda.so.1 failed");
-        }
+        let lib = dlopen("libcuda.so.1");
         let mut cu = Cuda {
             lib,
             mode,
@@ -117,16 +106,14 @@ impl Cuda {
     }
 }
 
-macro_rules! get {
-    ($cu:expr, $name:literal, $ty:ty, $ver:literal) => {{
-        let p = $cu.get($name, $ver);
+impl Resolve for Cuda {
+    fn resolve(&self, name: &str, version: c_int) -> *mut c_void {
+        let p = self.get(name, version);
         if p.is_null() {
-            die(concat!("null pointer for ", $name));
+            die(&format!("null pointer for {name}"));
         }
-        // SAFETY: resolved for (name, version) whose ABI is the given PFN type.
-        #[allow(unused_unsafe)] // also used inside unsafe blocks
-        unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
-    }};
+        p
+    }
 }
 
 /// `file(symbol)` of the object and nearest symbol holding address `p`.
@@ -172,12 +159,7 @@ struct NvmlMemoryV2 {
 
 /// Device 0's memory through NVML (v1 and v2), loaded like monitoring tools do.
 fn nvml_memory() -> (u64, u64, u64, u64, u64, u64) {
-    let name = CString::new("libnvidia-ml.so.1").expect("no NUL");
-    // SAFETY: dlopen with a valid C string.
-    let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if lib.is_null() {
-        die("dlopen libnvidia-ml.so.1 failed");
-    }
+    let lib = dlopen("libnvidia-ml.so.1");
     let sym = |n: &str| {
         let c = CString::new(n).expect("no NUL");
         // SAFETY: dlsym on a live handle.
@@ -241,22 +223,13 @@ fn main() {
         args.drain(..2);
     }
     let cu = Cuda::load(mode);
-    let init = get!(cu, "cuInit", PFN_cuInit_v2000, 2000);
-    let ctx_create = get!(cu, "cuCtxCreate", PFN_cuCtxCreate_v3020, 3020);
-    let ctx_destroy = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
-    let retain = get!(
-        cu,
-        "cuDevicePrimaryCtxRetain",
-        PFN_cuDevicePrimaryCtxRetain_v7000,
-        7000
-    );
-    let set_current = get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
+    let Contexts { init, create: ctx_create, destroy: ctx_destroy, retain, release: primary_release, set_current, sync } =
+        Contexts::resolve(&cu);
+    let Memory { alloc: mem_alloc, free: mem_free, info: mem_info } = Memory::resolve(&cu);
+    let Kernels { load, get_function: get_fn, launch } = Kernels::resolve(&cu);
     let device_count = get!(cu, "cuDeviceGetCount", PFN_cuDeviceGetCount_v2000, 2000);
     let device_uuid = get!(cu, "cuDeviceGetUuid", PFN_cuDeviceGetUuid_v9020, 9020);
-    let primary_release = get!(cu, "cuDevicePrimaryCtxRelease", PFN_cuDevicePrimaryCtxRelease_v11000, 11000);
     let primary_reset = get!(cu, "cuDevicePrimaryCtxReset", PFN_cuDevicePrimaryCtxReset_v11000, 11000);
-    let mem_alloc = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
-    let mem_free = get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020);
     let pitch = get!(cu, "cuMemAllocPitch", PFN_cuMemAllocPitch_v3020, 3020);
     let managed = get!(cu, "cuMemAllocManaged", PFN_cuMemAllocManaged_v6000, 6000);
     let alloc_async = get!(cu, "cuMemAllocAsync", PFN_cuMemAllocAsync_v11020, 11020);
@@ -285,17 +258,7 @@ fn main() {
         PFN_cuMipmappedArrayDestroy_v5000,
         5000
     );
-    let mem_info = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
     let total_mem = get!(cu, "cuDeviceTotalMem", PFN_cuDeviceTotalMem_v3020, 3020);
-    let sync = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
-    let load = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
-    let get_fn = get!(
-        cu,
-        "cuModuleGetFunction",
-        PFN_cuModuleGetFunction_v2000,
-        2000
-    );
-    let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
     let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
     let launch_coop = get!(
         cu,
@@ -326,10 +289,7 @@ fn main() {
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
     unsafe {
-        let r = init(0);
-        if !r.is_success() {
-            die(&format!("cuInit {r}"));
-        }
+        init_or_die(init);
         let mut ctx: CUcontext = std::ptr::null_mut();
         let mut held: Vec<Held> = Vec::new();
         let mut spin_fn: CUfunction = std::ptr::null_mut();
@@ -619,37 +579,13 @@ fn main() {
                     let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
                     let wall = std::time::Instant::now();
                     let mut r = CUresult::CUDA_SUCCESS;
-                    let config = CUlaunchConfig {
-                        gridDimX: blocks,
-                        gridDimY: 1,
-                        gridDimZ: 1,
-                        blockDimX: 32,
-                        blockDimY: 1,
-                        blockDimZ: 1,
-                        sharedMemBytes: 0,
-                        hStream: stream,
-                        attrs: std::ptr::null_mut(),
-                        numAttrs: 0,
-                    };
+                    let config = spin_launch_config(blocks, stream);
                     // `launchgraph`: one graph holding one spin kernel node, launched COUNT times.
                     let mut exec: CUgraphExec = std::ptr::null_mut();
                     if step == "launchgraph" {
                         let mut g: CUgraph = std::ptr::null_mut();
                         r = graph_create(&mut g, 0);
-                        let node_params = CUDA_KERNEL_NODE_PARAMS {
-                            func: spin_fn,
-                            gridDimX: blocks,
-                            gridDimY: 1,
-                            gridDimZ: 1,
-                            blockDimX: 32,
-                            blockDimY: 1,
-                            blockDimZ: 1,
-                            sharedMemBytes: 0,
-                            kernelParams: params.as_mut_ptr(),
-                            extra: std::ptr::null_mut(),
-                            kern: std::ptr::null_mut(),
-                            ctx: std::ptr::null_mut(),
-                        };
+                        let node_params = spin_node_params(spin_fn, blocks, params.as_mut_ptr());
                         let mut node: CUgraphNode = std::ptr::null_mut();
                         if r.is_success() {
                             r = graph_add_kernel(&mut node, g, std::ptr::null(), 0, &node_params);

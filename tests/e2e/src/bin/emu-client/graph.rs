@@ -3,6 +3,7 @@
 
 use super::Cuda;
 use cuda_abi::*;
+use e2e::client::{spin_node_params, Events};
 use std::ffi::c_void;
 
 /// Builds a graph of `nodes` spin kernels and launches it twice; returns a `k=v` line.
@@ -42,29 +43,18 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64, nod
         );
         let destroy = get!(cu, "cuGraphDestroy", PFN_cuGraphDestroy_v10000, 10000);
         let sync = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
-        let ecreate = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
-        let erecord = get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
-        let elapsed = get!(cu, "cuEventElapsedTime", PFN_cuEventElapsedTime_v2000, 2000);
+        let Events {
+            create: ecreate,
+            record: erecord,
+            elapsed,
+        } = Events::resolve(cu);
 
         let mut g: CUgraph = std::ptr::null_mut();
         let mut rc = create(&mut g, 0);
         let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
         let mut prev: CUgraphNode = std::ptr::null_mut();
         for i in 0..nodes {
-            let np = CUDA_KERNEL_NODE_PARAMS {
-                func: spin,
-                gridDimX: blocks,
-                gridDimY: 1,
-                gridDimZ: 1,
-                blockDimX: 32,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: 0,
-                kernelParams: params.as_mut_ptr(),
-                extra: std::ptr::null_mut(),
-                kern: std::ptr::null_mut(),
-                ctx: std::ptr::null_mut(),
-            };
+            let np = spin_node_params(spin, blocks, params.as_mut_ptr());
             let mut node: CUgraphNode = std::ptr::null_mut();
             let (deps, n) = if i == 0 {
                 (std::ptr::null(), 0)

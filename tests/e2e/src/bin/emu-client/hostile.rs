@@ -3,6 +3,7 @@
 
 use super::Cuda;
 use cuda_abi::*;
+use e2e::client::{Events, Kernels, Memory};
 use std::ffi::c_void;
 
 /// Runs the battery; returns `(case, rc)` pairs.
@@ -14,18 +15,23 @@ pub unsafe fn run(cu: &Cuda) -> Vec<(&'static str, u32)> {
     // SAFETY: functions resolved at their PFN's version; every pointer passed is either null on
     // purpose, a local, or a bogus *handle* value the driver must reject without dereferencing.
     unsafe {
-        let alloc = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
-        let free = get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020);
+        let Memory {
+            alloc,
+            free,
+            info: minfo,
+        } = Memory::resolve(cu);
+        let Kernels {
+            load,
+            get_function: get_fn,
+            launch,
+        } = Kernels::resolve(cu);
+        let Events {
+            create: ecreate,
+            elapsed,
+            ..
+        } = Events::resolve(cu);
         let htod = get!(cu, "cuMemcpyHtoD", PFN_cuMemcpyHtoD_v3020, 3020);
         let dtoh = get!(cu, "cuMemcpyDtoH", PFN_cuMemcpyDtoH_v3020, 3020);
-        let load = get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
-        let get_fn = get!(
-            cu,
-            "cuModuleGetFunction",
-            PFN_cuModuleGetFunction_v2000,
-            2000
-        );
-        let launch = get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
         let ssync = get!(
             cu,
             "cuStreamSynchronize",
@@ -34,10 +40,7 @@ pub unsafe fn run(cu: &Cuda) -> Vec<(&'static str, u32)> {
         );
         let cdestroy = get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
         let ename = get!(cu, "cuGetErrorName", PFN_cuGetErrorName_v6000, 6000);
-        let minfo = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
         let dget = get!(cu, "cuDeviceGet", PFN_cuDeviceGet_v2000, 2000);
-        let ecreate = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
-        let elapsed = get!(cu, "cuEventElapsedTime", PFN_cuEventElapsedTime_v2000, 2000);
         let gpa = get!(cu, "cuGetProcAddress", PFN_cuGetProcAddress_v12000, 12000);
         let create = get!(cu, "cuMemCreate", PFN_cuMemCreate_v10020, 10020);
 

@@ -9,20 +9,10 @@
 //! by events) | `sync` | `ready` | `wait` (a line on stdin) | `sleep MS` | `hang` |
 //! `procaddr NAME VERSION FLAGS` | `exit`.
 
-/// Resolves `$name` at the CUDA version that introduced the ABI `$ty` (the number in its
-/// `PFN_..._v<N>` name), so the pointer always has the type we cast it to.
-macro_rules! get {
-    ($cu:expr, $name:literal, $ty:ty, $ver:literal) => {{
-        let p = $cu
-            .proc($name, $ver, 0)
-            .unwrap_or_else(|e| $crate::die(&format!("resolve {}: {e:?}", $name)));
-        // SAFETY: cuGetProcAddress_v2 returned the entry for (name, version, 0), which has the ABI
-        // of the given PFN type per cudaTypedefs.h (checked by cuda-abi's header test).
-        #[allow(unused_unsafe)]
-        let f = unsafe { std::mem::transmute::<*mut std::ffi::c_void, $ty>(p) };
-        f
-    }};
-}
+// `get!` (resolve a typed driver function through `Cuda`, at `cuGetProcAddress_v2` flags 0)
+// for every module of this client.
+#[macro_use]
+extern crate e2e;
 
 mod graph;
 mod hostile;
@@ -30,6 +20,7 @@ mod paths;
 mod streams;
 
 use cuda_abi::*;
+use e2e::client::{die, dlopen, init_or_die, out, Contexts, Events, Kernels, Memory, Resolve};
 use std::ffi::{c_void, CString};
 use std::io::{BufRead, Write};
 use std::os::raw::{c_int, c_uint};
@@ -39,19 +30,16 @@ pub(crate) struct Cuda {
     gpa: PFN_cuGetProcAddress_v12000,
 }
 
-fn die(msg: &str) -> ! {
-    println!("fatal={msg}");
-    std::process::exit(2)
+impl Resolve for Cuda {
+    fn resolve(&self, name: &str, version: c_int) -> *mut c_void {
+        self.proc(name, version, 0)
+            .unwrap_or_else(|e| die(&format!("resolve {name}: {e:?}")))
+    }
 }
 
 impl Cuda {
     fn load() -> Cuda {
-        let name = CString::new("libcuda.so.1").expect("no NUL");
-        // SAFETY: dlopen with a valid C string.
-        let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if lib.is_null() {
-            die("dlopen libcuda.so.1 failed");
-        }
+        let lib = dlopen("libcuda.so.1");
         let sym = CString::new("cuGetProcAddress_v2").expect("no NUL");
         // SAFETY: dlsym on a live handle.
         let p = unsafe { libc::dlsym(lib, sym.as_ptr()) };
@@ -101,43 +89,12 @@ fn code(r: CUresult) -> u32 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cu = Cuda::load();
-    let init: PFN_cuInit_v2000 = get!(cu, "cuInit", PFN_cuInit_v2000, 2000);
-    let ctx_create: PFN_cuCtxCreate_v3020 = get!(cu, "cuCtxCreate", PFN_cuCtxCreate_v3020, 3020);
-    let ctx_destroy: PFN_cuCtxDestroy_v4000 =
-        get!(cu, "cuCtxDestroy", PFN_cuCtxDestroy_v4000, 4000);
-    let retain: PFN_cuDevicePrimaryCtxRetain_v7000 = get!(
-        cu,
-        "cuDevicePrimaryCtxRetain",
-        PFN_cuDevicePrimaryCtxRetain_v7000,
-        7000
-    );
-    let release: PFN_cuDevicePrimaryCtxRelease_v11000 = get!(
-        cu,
-        "cuDevicePrimaryCtxRelease",
-        PFN_cuDevicePrimaryCtxRelease_v11000,
-        11000
-    );
-    let set_current: PFN_cuCtxSetCurrent_v4000 =
-        get!(cu, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000, 4000);
-    let mem_info: PFN_cuMemGetInfo_v3020 = get!(cu, "cuMemGetInfo", PFN_cuMemGetInfo_v3020, 3020);
-    let mem_alloc: PFN_cuMemAlloc_v3020 = get!(cu, "cuMemAlloc", PFN_cuMemAlloc_v3020, 3020);
-    let mem_free: PFN_cuMemFree_v3020 = get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020);
-    let load: PFN_cuModuleLoadData_v2000 =
-        get!(cu, "cuModuleLoadData", PFN_cuModuleLoadData_v2000, 2000);
-    let get_fn: PFN_cuModuleGetFunction_v2000 = get!(
-        cu,
-        "cuModuleGetFunction",
-        PFN_cuModuleGetFunction_v2000,
-        2000
-    );
-    let launch: PFN_cuLaunchKernel_v4000 =
-        get!(cu, "cuLaunchKernel", PFN_cuLaunchKernel_v4000, 4000);
-    let sync: PFN_cuCtxSynchronize_v2000 =
-        get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
-    let ev_create: PFN_cuEventCreate_v2000 =
-        get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
-    let ev_record: PFN_cuEventRecord_v2000 =
-        get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
+    let Contexts { init, create: ctx_create, destroy: ctx_destroy, retain, release, set_current, sync } =
+        Contexts::resolve(&cu);
+    let Memory { alloc: mem_alloc, free: mem_free, info: mem_info } = Memory::resolve(&cu);
+    let Kernels { load, get_function: get_fn, launch } = Kernels::resolve(&cu);
+    let Events { create: ev_create, record: ev_record, .. } = Events::resolve(&cu);
+    // The CUDA 12.8 ABI of cuEventElapsedTime (the others use the 2.0 one).
     let ev_elapsed: PFN_cuEventElapsedTime_v12080 = get!(
         cu,
         "cuEventElapsedTime",
@@ -148,10 +105,7 @@ fn main() {
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
     unsafe {
-        let r = init(0);
-        if !r.is_success() {
-            die(&format!("cuInit {r}"));
-        }
+        init_or_die(init);
         let mut ctx: CUcontext = std::ptr::null_mut();
         let mut allocs: Vec<CUdeviceptr> = Vec::new();
         let mut held: Vec<paths::Held> = Vec::new();
@@ -168,10 +122,6 @@ fn main() {
             }
         };
         let mut i = 0;
-        let out = |s: String| {
-            println!("{s}");
-            let _ = std::io::stdout().flush();
-        };
         while i < args.len() {
             let arg = |k: usize| -> String {
                 args.get(i + k)

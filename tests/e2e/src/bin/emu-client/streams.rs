@@ -4,6 +4,7 @@
 
 use super::Cuda;
 use cuda_abi::*;
+use e2e::client::{spin_launch_config, Events};
 use std::ffi::c_void;
 
 /// Runs the scenario with kernels of `blocks` x `cycles`; returns a `k=v` result line.
@@ -21,9 +22,11 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64) -> 
             PFN_cuStreamSynchronize_v2000,
             2000
         );
-        let ecreate = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
-        let erecord = get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
-        let elapsed = get!(cu, "cuEventElapsedTime", PFN_cuEventElapsedTime_v2000, 2000);
+        let Events {
+            create: ecreate,
+            record: erecord,
+            elapsed,
+        } = Events::resolve(cu);
         let launch_ex = get!(cu, "cuLaunchKernelEx", PFN_cuLaunchKernelEx_v11060, 11060);
         let p = cu
             .proc(
@@ -42,18 +45,7 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64) -> 
             ecreate(e, 0);
         }
         let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
-        let cfg = |s: CUstream| CUlaunchConfig {
-            gridDimX: blocks,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: 32,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: s,
-            attrs: std::ptr::null_mut(),
-            numAttrs: 0,
-        };
+        let cfg = |s: CUstream| spin_launch_config(blocks, s);
         // One kernel on each stream: concurrent.
         erecord(ev[0], s1);
         erecord(ev[2], s2);
