@@ -19,6 +19,8 @@ pub mod heartbeat;
 pub mod kube;
 pub mod metrics;
 pub mod plugin;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 /// The kubelet device-plugin API (v1beta1), generated from `proto/` at build time.
 #[allow(clippy::all, missing_docs)]

@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use fake_kube::Answer;
 use node_agent::pb;
-use node_agent::pb::registration_server::{Registration, RegistrationServer};
+use node_agent::test_support::serve_kubelet;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnixListenerStream;
 
 #[derive(Debug, Clone)]
 pub struct Recorded {
@@ -113,35 +112,12 @@ pub fn offline_pod(
     })
 }
 
-/// The kubelet's side of registration: a `Registration` server on `<dir>/kubelet.sock` that
-/// accepts v1beta1 and hands each request to the test.
-struct FakeKubelet(mpsc::UnboundedSender<pb::RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for FakeKubelet {
-    async fn register(
-        &self,
-        req: tonic::Request<pb::RegisterRequest>,
-    ) -> Result<tonic::Response<pb::Empty>, tonic::Status> {
-        let r = req.into_inner();
-        if r.version != "v1beta1" {
-            return Err(tonic::Status::invalid_argument(format!(
-                "unsupported version {}",
-                r.version
-            )));
-        }
-        let _ = self.0.send(r);
-        Ok(tonic::Response::new(pb::Empty {}))
-    }
-}
-
+/// The kubelet's side of registration on `<dir>/kubelet.sock` ([`serve_kubelet`]); the
+/// registrations it accepted arrive on the receiver.
 pub fn start_kubelet(dir: &std::path::Path) -> mpsc::UnboundedReceiver<pb::RegisterRequest> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let l = tokio::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(FakeKubelet(tx)))
-            .serve_with_incoming(UnixListenerStream::new(l)),
-    );
+    serve_kubelet(dir, move |r| {
+        let _ = tx.send(r);
+    });
     rx
 }

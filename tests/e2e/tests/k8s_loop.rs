@@ -30,7 +30,6 @@ use fake_kube::cluster::FakeCluster;
 use k8s_openapi::api::core::v1::{Binding, Event};
 use k8s_openapi::api::policy::v1::Eviction;
 use node_agent::pb;
-use node_agent::pb::registration_server::{Registration, RegistrationServer};
 use serde_json::{json, Value};
 use workloads_support::*;
 
@@ -92,24 +91,6 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: &Value) -> Value {
     let (head, body) = out.split_once("\r\n\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 200"), "{method} {path}: {head}\n{body}");
     serde_json::from_str(body).unwrap_or(Value::Null)
-}
-
-/// The kubelet's registration side: accepts v1beta1 registrations and reports them.
-struct Kubelet(std::sync::mpsc::Sender<pb::RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for Kubelet {
-    async fn register(
-        &self,
-        req: tonic::Request<pb::RegisterRequest>,
-    ) -> Result<tonic::Response<pb::Empty>, tonic::Status> {
-        let r = req.into_inner();
-        if r.version != "v1beta1" {
-            return Err(tonic::Status::invalid_argument("unsupported version"));
-        }
-        let _ = self.0.send(r);
-        Ok(tonic::Response::new(pb::Empty {}))
-    }
 }
 
 fn node_object() -> Value {
@@ -234,12 +215,9 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     let (reg_tx, reg_rx) = std::sync::mpsc::channel();
     {
         let _g = rt.enter();
-        let l = tokio::net::UnixListener::bind(dp.join("kubelet.sock")).unwrap();
-        rt.spawn(
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(Kubelet(reg_tx)))
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l)),
-        );
+        node_agent::test_support::serve_kubelet(&dp, move |r| {
+            let _ = reg_tx.send(r);
+        });
     }
     let shim = bins.join("libxcuda.so");
     let agent_cfg = root.join("node-agent.json");
