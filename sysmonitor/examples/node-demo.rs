@@ -233,18 +233,7 @@ fn run() -> Result<(), String> {
         })
     };
     let steady = workloads::online::probe_args("1");
-    let burst = [
-        "--rate",
-        "300",
-        "--duration",
-        "1",
-        "--kernels",
-        "4",
-        "--kernel-us",
-        "2000",
-        "--blocks",
-        "132",
-    ];
+    let burst = workloads::online::burst_args("300", "1");
 
     println!("node-demo on {}: sysmonitor (10 ms sampling) + mps-manager + online + offline under libxcuda.so", host.label());
     let alone = online(&workloads::online::probe_args("3"))?;

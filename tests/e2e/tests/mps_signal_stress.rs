@@ -17,7 +17,7 @@ mod shim_support;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use e2e::{ctrl_c_trainer, kernel_neighbour, python, EmuHost};
+use e2e::{kernel_neighbour, python, EmuHost};
 use shim_support::*;
 
 #[derive(Default, Debug)]
@@ -83,17 +83,11 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         // before it launches 200 kernels; the window covers all of that and some idle time.
         let window_us = window_us.unwrap_or(if is_py { 900_000 } else { 60_000 });
         let delay = Duration::from_micros(rng.next_u64() % window_us);
-        let mut c = if is_py {
-            let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
-            c.arg(ctrl_c_trainer());
-            c
-        } else {
-            let mut c = limited(&host, "shim_client", 1 << 30, "c");
-            c.args([
-                "ctx", "alloc", "1048576", "ready", "launch", "4", "100000", "200", "hang",
-            ]);
-            c
-        };
+        let mut c = offline_victim(
+            &host,
+            is_py.then_some(py.as_path()),
+            &["ctx", "alloc", "1048576", "ready", "launch", "4", "100000", "200", "hang"],
+        );
         let mut client = host.spawn(&mut c);
         std::thread::sleep(delay);
         let ready = !client.lines("ready").is_empty();

@@ -113,18 +113,7 @@ fn node_online_burst_evicts_offline_after_overlimit_healthy_after_hold() {
     );
 
     // Online burst on every SM.
-    let burst = node.online(&[
-        "--rate",
-        "400",
-        "--duration",
-        "1.5",
-        "--kernels",
-        "4",
-        "--kernel-us",
-        "2000",
-        "--blocks",
-        "132",
-    ]);
+    let burst = node.online(&workloads::online::burst_args("400", "1.5"));
     let (status, lines) = off.stop(0, T);
     assert!(
         status.success(),

@@ -256,9 +256,7 @@ fn stress_eight_users_random_allocations_against_nvml() {
     let mut procs: Vec<EmuChild> = (0..8u32)
         .map(|i| {
             let steps = random_script(&mut rnd, secs, true);
-            let mut c = limited(&host, "shim_client", QUOTA, "users");
-            c.args(&steps).uid(60_001 + i).gid(60_001 + i);
-            host.spawn(&mut c)
+            user_client(&host, i, &steps)
         })
         .collect();
     for p in &mut procs {
@@ -279,15 +277,7 @@ fn stress_eight_users_random_allocations_against_nvml() {
                     .contains(") Z")
         })
     {
-        let list = dev.running_compute_processes().unwrap_or_default();
-        let ours: u64 = list
-            .iter()
-            .filter(|p| pids.contains(&p.pid))
-            .map(|p| match p.used_gpu_memory {
-                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
-                _ => 0,
-            })
-            .sum();
+        let ours = nvml_held(&dev, &pids);
         let total = dev.memory_info().unwrap().used.saturating_sub(base_used);
         samples += 1;
         worst_procs = worst_procs.max(ours);
@@ -329,6 +319,27 @@ fn stress_eight_users_random_allocations_against_nvml() {
     );
     assert_eq!(worst_procs.max(worst_total).saturating_sub(QUOTA), 0);
     assert_eq!(l.group_used(g), 0);
+}
+
+/// Stress user `i` (uid and gid 60001 + i): a shimmed `shim_client` of the "users" group
+/// running `steps`.
+fn user_client(host: &EmuHost, i: u32, steps: &[String]) -> EmuChild {
+    let mut c = limited(host, "shim_client", QUOTA, "users");
+    c.args(steps).uid(60_001 + i).gid(60_001 + i);
+    host.spawn(&mut c)
+}
+
+/// What the processes `pids` hold on `dev` by NVML's process list (as a monitoring tool sees).
+fn nvml_held(dev: &nvml_wrapper::Device, pids: &[u32]) -> u64 {
+    dev.running_compute_processes()
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| pids.contains(&p.pid))
+        .map(|p| match p.used_gpu_memory {
+            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+            _ => 0,
+        })
+        .sum()
 }
 
 /// A random shim_client script of about `secs` seconds: allocations of 1..64 MiB, frees and
@@ -388,9 +399,7 @@ fn stress_eight_users_with_sigkills_against_nvml() {
     let spawn = |rnd: &mut dyn FnMut(u64) -> u64, i: u32, secs: u64| {
         let mut r = |n| rnd(n);
         let steps = random_script(&mut r, secs, false);
-        let mut c = limited(&host, "shim_client", QUOTA, "users");
-        c.args(&steps).uid(60_001 + i).gid(60_001 + i);
-        host.spawn(&mut c)
+        user_client(&host, i, &steps)
     };
     let mut procs: Vec<EmuChild> = (0..8u32).map(|i| spawn(&mut rnd, i, secs)).collect();
     let mut pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
@@ -410,15 +419,7 @@ fn stress_eight_users_with_sigkills_against_nvml() {
             procs[i] = spawn(&mut rnd, i as u32, left);
             pids.push(procs[i].pid());
         }
-        let list = dev.running_compute_processes().unwrap_or_default();
-        let ours: u64 = list
-            .iter()
-            .filter(|p| pids.contains(&p.pid))
-            .map(|p| match p.used_gpu_memory {
-                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
-                _ => 0,
-            })
-            .sum();
+        let ours = nvml_held(&dev, &pids);
         let total = dev.memory_info().unwrap().used.saturating_sub(base_used);
         samples += 1;
         worst = worst.max(ours).max(total);

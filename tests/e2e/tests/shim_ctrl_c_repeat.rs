@@ -13,7 +13,7 @@ mod shim_support;
 
 use std::time::{Duration, Instant};
 
-use e2e::{ctrl_c_trainer, kernel_neighbour, EmuHost};
+use e2e::{kernel_neighbour, EmuHost};
 use e2e::python;
 use shim_support::*;
 
@@ -52,17 +52,11 @@ fn signal_runs(
     .unwrap();
     for i in 0..runs {
         let (is_py, sig) = pick(i);
-        let mut c = if is_py {
-            let mut c = limited(&host, py.to_str().unwrap(), 1 << 30, "py");
-            c.arg(ctrl_c_trainer());
-            c
-        } else {
-            let mut c = limited(&host, "shim_client", 1 << 30, "c");
-            c.args([
-                "ctx", "alloc", "1048576", "launch", "1", "1000", "1", "ready", "hang",
-            ]);
-            c
-        };
+        let mut c = offline_victim(
+            &host,
+            is_py.then_some(py.as_path()),
+            &["ctx", "alloc", "1048576", "launch", "1", "1000", "1", "ready", "hang"],
+        );
         // Fault injection (pause_ms > 0): each context release takes that much longer, so the
         // exit path and the signal path overlap on every run instead of on ~1 run in 100.
         c.env("XCUDA_CONFIG", &cfg);

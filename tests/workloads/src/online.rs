@@ -26,6 +26,24 @@ pub fn probe_args(duration_s: &str) -> [&str; 10] {
     ]
 }
 
+/// `online` arguments of a burst on every SM of an H100 (132 blocks): `rate` requests/s of
+/// four 2 ms kernels for `duration_s` seconds, what drives the GPU past Overlimit in the node
+/// demo and the node-runtime test.
+pub fn burst_args<'a>(rate: &'a str, duration_s: &'a str) -> [&'a str; 10] {
+    [
+        "--rate",
+        rate,
+        "--duration",
+        duration_s,
+        "--kernels",
+        "4",
+        "--kernel-us",
+        "2000",
+        "--blocks",
+        "132",
+    ]
+}
+
 /// `online --help`.
 pub const HELP: &str = "\
 online: an inference-like CUDA client. Sends requests at a given rate (open loop), each

@@ -81,6 +81,24 @@ pub fn limited(host: &EmuHost, program: &str, quota: u64, group: &str) -> Comman
     c
 }
 
+/// A shimmed offline client with a 1 GiB quota, to be stopped by a signal: the Python Ctrl-C
+/// trainer ([`e2e::ctrl_c_trainer`], group `py`) run by `python` when given, else `shim_client`
+/// running `c_steps` (group `c`).
+pub fn offline_victim(host: &EmuHost, python: Option<&std::path::Path>, c_steps: &[&str]) -> Command {
+    match python {
+        Some(py) => {
+            let mut c = limited(host, py.to_str().unwrap(), 1 << 30, "py");
+            c.arg(e2e::ctrl_c_trainer());
+            c
+        }
+        None => {
+            let mut c = limited(host, "shim_client", 1 << 30, "c");
+            c.args(c_steps);
+            c
+        }
+    }
+}
+
 /// Same without the shim (the control run): identical environment minus LD_PRELOAD.
 pub fn unlimited(host: &EmuHost, program: &str) -> Command {
     host.command(program)
