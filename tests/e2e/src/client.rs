@@ -114,6 +114,39 @@ functions! {
     }
 }
 
+/// Which step of loading the spin kernel failed, with the driver's result.
+#[derive(Debug, Clone, Copy)]
+pub enum SpinLoad {
+    /// `cuModuleLoadData` of [`workloads::ptx::SPIN_PTX`].
+    Module(CUresult),
+    /// `cuModuleGetFunction(.., "spin")`.
+    Function(CUresult),
+}
+
+impl Kernels {
+    /// Loads the spin kernel ([`workloads::ptx::SPIN_PTX`]) into the current context.
+    ///
+    /// # Safety
+    /// The functions must be the driver's (as [`Kernels::resolve`] gives them).
+    pub unsafe fn load_spin(&self) -> Result<CUfunction, SpinLoad> {
+        let mut m: CUmodule = std::ptr::null_mut();
+        // SAFETY: the caller's promise; the image is a NUL-terminated PTX string, the
+        // out-pointers are locals.
+        unsafe {
+            let r = (self.load)(&mut m, workloads::ptx::SPIN_PTX.as_ptr().cast());
+            if !r.is_success() {
+                return Err(SpinLoad::Module(r));
+            }
+            let mut f: CUfunction = std::ptr::null_mut();
+            let r = (self.get_function)(&mut f, m, c"spin".as_ptr());
+            if !r.is_success() {
+                return Err(SpinLoad::Function(r));
+            }
+            Ok(f)
+        }
+    }
+}
+
 /// `cuInit(0)` through `init`; [`die`]s (`fatal=cuInit RC`) when the driver refuses.
 ///
 /// # Safety

@@ -13,7 +13,8 @@
 
 use cuda_abi::*;
 use e2e::client::{
-    die, dlopen, init_or_die, out, spin_launch_config, spin_node_params, Contexts, Kernels, Memory, Resolve,
+    die, dlopen, init_or_die, out, spin_launch_config, spin_node_params, Contexts, Kernels, Memory,
+    Resolve, SpinLoad,
 };
 use e2e::get;
 use std::ffi::{c_void, CStr, CString};
@@ -226,7 +227,8 @@ fn main() {
     let Contexts { init, create: ctx_create, destroy: ctx_destroy, retain, release: primary_release, set_current, sync } =
         Contexts::resolve(&cu);
     let Memory { alloc: mem_alloc, free: mem_free, info: mem_info } = Memory::resolve(&cu);
-    let Kernels { load, get_function: get_fn, launch } = Kernels::resolve(&cu);
+    let kernels = Kernels::resolve(&cu);
+    let launch = kernels.launch;
     let device_count = get!(cu, "cuDeviceGetCount", PFN_cuDeviceGetCount_v2000, 2000);
     let device_uuid = get!(cu, "cuDeviceGetUuid", PFN_cuDeviceGetUuid_v9020, 9020);
     let primary_reset = get!(cu, "cuDevicePrimaryCtxReset", PFN_cuDevicePrimaryCtxReset_v11000, 11000);
@@ -565,16 +567,11 @@ fn main() {
                         (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
                     i += 3;
                     if spin_fn.is_null() {
-                        let ptx = workloads::ptx::SPIN_PTX;
-                        let mut m: CUmodule = std::ptr::null_mut();
-                        let r = load(&mut m, ptx.as_ptr().cast());
-                        if !r.is_success() {
-                            die(&format!("cuModuleLoadData {r}"));
-                        }
-                        let name = CString::new("spin").expect("no NUL");
-                        if !get_fn(&mut spin_fn, m, name.as_ptr()).is_success() {
-                            die("cuModuleGetFunction");
-                        }
+                        spin_fn = match kernels.load_spin() {
+                            Ok(f) => f,
+                            Err(SpinLoad::Module(r)) => die(&format!("cuModuleLoadData {r}")),
+                            Err(SpinLoad::Function(_)) => die("cuModuleGetFunction"),
+                        };
                     }
                     let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
                     let wall = std::time::Instant::now();

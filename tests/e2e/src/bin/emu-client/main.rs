@@ -20,7 +20,7 @@ mod paths;
 mod streams;
 
 use cuda_abi::*;
-use e2e::client::{die, dlopen, init_or_die, out, Contexts, Events, Kernels, Memory, Resolve};
+use e2e::client::{die, dlopen, init_or_die, out, Contexts, Events, Kernels, Memory, Resolve, SpinLoad};
 use std::ffi::{c_void, CString};
 use std::io::{BufRead, Write};
 use std::os::raw::{c_int, c_uint};
@@ -92,7 +92,8 @@ fn main() {
     let Contexts { init, create: ctx_create, destroy: ctx_destroy, retain, release, set_current, sync } =
         Contexts::resolve(&cu);
     let Memory { alloc: mem_alloc, free: mem_free, info: mem_info } = Memory::resolve(&cu);
-    let Kernels { load, get_function: get_fn, launch } = Kernels::resolve(&cu);
+    let kernels = Kernels::resolve(&cu);
+    let launch = kernels.launch;
     let Events { create: ev_create, record: ev_record, .. } = Events::resolve(&cu);
     // The CUDA 12.8 ABI of cuEventElapsedTime (the others use the 2.0 one).
     let ev_elapsed: PFN_cuEventElapsedTime_v12080 = get!(
@@ -112,13 +113,10 @@ fn main() {
         let mut spin_fn: CUfunction = std::ptr::null_mut();
         let load_spin = |f: &mut CUfunction| {
             if f.is_null() {
-                let ptx = workloads::ptx::SPIN_PTX;
-                let mut m: CUmodule = std::ptr::null_mut();
-                let r = load(&mut m, ptx.as_ptr().cast());
-                let name = CString::new("spin").expect("no NUL");
-                if !r.is_success() || !get_fn(f, m, name.as_ptr()).is_success() {
-                    die(&format!("load spin: {r}"));
-                }
+                *f = kernels.load_spin().unwrap_or_else(|e| {
+                    let (SpinLoad::Module(r) | SpinLoad::Function(r)) = e;
+                    die(&format!("load spin: {r}"))
+                });
             }
         };
         let mut i = 0;
@@ -249,18 +247,14 @@ fn main() {
                         .unwrap_or_else(|_| die("spin BLOCKS CYCLES COUNT"));
                     i += 3;
                     if spin_fn.is_null() {
-                        let ptx = workloads::ptx::SPIN_PTX;
-                        let mut m: CUmodule = std::ptr::null_mut();
-                        let r = load(&mut m, ptx.as_ptr().cast());
-                        if !r.is_success() {
-                            out(format!("spin={}", code(r)));
-                            i += 1;
-                            continue;
-                        }
-                        let name = CString::new("spin").expect("no NUL");
-                        let r = get_fn(&mut spin_fn, m, name.as_ptr());
-                        if !r.is_success() {
-                            die(&format!("cuModuleGetFunction {r}"));
+                        match kernels.load_spin() {
+                            Ok(f) => spin_fn = f,
+                            Err(SpinLoad::Module(r)) => {
+                                out(format!("spin={}", code(r)));
+                                i += 1;
+                                continue;
+                            }
+                            Err(SpinLoad::Function(r)) => die(&format!("cuModuleGetFunction {r}")),
                         }
                     }
                     let (mut e0, mut e1): (CUevent, CUevent) =
