@@ -3,11 +3,8 @@
 
 mod plan_support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use cluster_matcher::extender::{self, Extender};
 use cluster_matcher::plan::{ClusterSpec, Workloads};
@@ -35,21 +32,7 @@ fn start() -> Running {
 
 /// Sends one request; returns status and parsed JSON body.
 fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    s.write_all(body).unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).unwrap();
-    let text = String::from_utf8(out).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    fake_kube::http::request(addr, method, path, body).status_json()
 }
 
 fn post_fixture(addr: &str, path: &str, name: &str) -> (u16, Value) {

@@ -5,7 +5,7 @@
 
 mod plan_support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -29,25 +29,11 @@ fn inputs() -> (ClusterSpec, Workloads) {
 /// Sends one request on a fresh connection; a generous socket timeout only turns a hang
 /// into a failure.
 fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    s.write_all(body).unwrap();
-    read_reply(&mut s)
+    fake_kube::http::request(addr, method, path, body).status_json()
 }
 
 fn read_reply(s: &mut TcpStream) -> (u16, Value) {
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).expect("server answered before the socket timeout");
-    let text = String::from_utf8(out).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    fake_kube::http::read_reply(s).status_json()
 }
 
 #[test]

@@ -8,8 +8,7 @@
 mod plan_support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -449,14 +448,8 @@ fn a_terminating_offline_pod_is_not_a_placement_and_its_replacement_is_planned()
 // ---------------------------------------------------------------- metrics and dashboard
 
 fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
-    use std::io::Read;
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    (head.to_string(), body.to_string())
+    let r = fake_kube::http::request(addr, "GET", path, b"");
+    (r.head, r.body)
 }
 
 /// Metric names in a PromQL expression: the identifiers of our families' prefixes.
@@ -606,21 +599,9 @@ fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_seri
 // ---------------------------------------------------------------- the binary, end to end
 
 fn http_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Value {
-    use std::io::Read;
-    let body = body.to_string();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
-    serde_json::from_str(body).unwrap()
+    let r = fake_kube::http::request(addr, "POST", path, body.to_string().as_bytes());
+    assert!(r.head.starts_with("HTTP/1.1 200"), "{}\n{}", r.head, r.body);
+    serde_json::from_str(&r.body).unwrap()
 }
 
 struct Child(std::process::Child);

@@ -20,8 +20,8 @@
 
 mod workloads_support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -78,19 +78,9 @@ fn daemon(name: &'static str, mut c: Command, log: &Path) -> Daemon {
 
 fn http(addr: SocketAddr, method: &str, path: &str, body: &Value) -> Value {
     let body = if body.is_null() { String::new() } else { body.to_string() };
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{method} {path}: {head}\n{body}");
-    serde_json::from_str(body).unwrap_or(Value::Null)
+    let r = fake_kube::http::request(addr, method, path, body.as_bytes());
+    assert!(r.head.starts_with("HTTP/1.1 200"), "{method} {path}: {}\n{}", r.head, r.body);
+    r.json()
 }
 
 fn node_object() -> Value {

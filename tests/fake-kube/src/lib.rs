@@ -8,11 +8,14 @@
 //!   `binding` and `eviction` subresources with their UID preconditions, Events, and a Job
 //!   controller that re-creates an evicted Job pod.
 //! - [`objects`]: real-shaped objects (lists, events, Status failures, Nodes, Job pods).
+//! - [`http`]: the other direction, a one-request-per-connection HTTP client for tests that
+//!   call a server under test.
 //!
 //! No API server can run on the test machines: every shape here follows the API reference
 //! (paths, verbs, bodies, status codes); the clients parse answers with k8s-openapi types.
 
 pub mod cluster;
+pub mod http;
 pub mod objects;
 mod server;
 
