@@ -423,6 +423,20 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
 /// `CUDA_MEM_ALLOC_NODE_PARAMS_v1`.
 pub type CUDA_MEM_ALLOC_NODE_PARAMS_v1 = CUDA_MEM_ALLOC_NODE_PARAMS;
 
+impl CUDA_MEM_ALLOC_NODE_PARAMS {
+    /// `bytesize` bytes of pinned memory on device ordinal `device` (the one kind of memory a
+    /// graph allocation node takes), no further access descriptors, everything else zero.
+    pub fn pinned_on_device(device: c_int, bytesize: usize) -> Self {
+        // SAFETY: plain C data; all-zero is a valid value of every field (null pointers, zero
+        // enum values and sizes), as C callers `memset` it.
+        let mut p: Self = unsafe { std::mem::zeroed() };
+        p.poolProps.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+        p.bytesize = bytesize;
+        p
+    }
+}
+
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS` (`CUDA_GRAPH_INSTANTIATE_PARAMS_st`), argument of
 /// `cuGraphInstantiateWithParams`: `flags` are `CUgraphInstantiate_flags` bits; the driver writes
 /// `hErrNode_out` and `result_out`.

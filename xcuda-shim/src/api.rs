@@ -634,20 +634,42 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     })
 }
 
-/// Hooked `cuGraphInstantiateWithFlags`: the exec inherits its graph's memory-node bytes.
+/// After an instantiation returned `rc`: on success the exec (`*exec`) inherits `graph`'s
+/// memory-node bytes, counted (or refused) when it is launched or uploaded.
+fn instantiated(rc: CUresult, graph: CUgraph, exec: *mut CUgraphExec) -> CUresult {
+    if rc == CUresult::CUDA_SUCCESS {
+        let st = state();
+        st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+    }
+    rc
+}
+
+/// Hooked `cuGraphInstantiateWithFlags` (also `cuGraphInstantiate` from CUDA 12.0 on): the exec
+/// inherits its graph's memory-node bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
     guard(|| {
         let inst = real!(cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags_v11040);
         // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { inst(exec, graph, flags) };
-        if rc == CUresult::CUDA_SUCCESS {
-            let st = state();
-            st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
-        }
-        rc
+        instantiated(unsafe { inst(exec, graph, flags) }, graph, exec)
     })
 }
+
+macro_rules! instantiate_legacy {
+    ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "` (the 5-argument ABI before CUDA 12.0): counted like `cuGraphInstantiateWithFlags`.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize) -> CUresult {
+            guard(|| {
+                let inst = real!($name: $pfn);
+                // SAFETY: forwarding the caller's arguments.
+                instantiated(unsafe { inst(exec, graph, error_node, log, size) }, graph, exec)
+            })
+        }
+    };
+}
+instantiate_legacy!(cuGraphInstantiate, PFN_cuGraphInstantiate_v10000);
+instantiate_legacy!(cuGraphInstantiate_v2, PFN_cuGraphInstantiate_v11000);
 
 /// `cuGraphInstantiateWithParams[_ptsz]`: counted like `cuGraphInstantiateWithFlags`. With
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver would map the exec's graph memory right away,
@@ -667,12 +689,7 @@ macro_rules! instantiate_with_params {
                 let wants_upload = !params.is_null() && unsafe { (*params).flags } & upload_flag != 0;
                 if !wants_upload {
                     // SAFETY: forwarding the caller's arguments.
-                    let rc = unsafe { inst(exec, graph, params) };
-                    if rc == CUresult::CUDA_SUCCESS {
-                        let st = state();
-                        st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
-                    }
-                    return rc;
+                    return instantiated(unsafe { inst(exec, graph, params) }, graph, exec);
                 }
                 let upload = real!($upload: $upload_pfn);
                 // SAFETY: non-null (checked above), the caller's parameter block.
@@ -685,9 +702,8 @@ macro_rules! instantiate_with_params {
                 if rc != CUresult::CUDA_SUCCESS {
                     return rc;
                 }
-                let st = state();
-                let e: CUgraphExec = out!(exec);
-                st.graph_mem.instantiated(graph as u64, e as u64, st.gpus.len());
+                instantiated(rc, graph, exec);
+                let (st, e): (_, CUgraphExec) = (state(), out!(exec));
                 // SAFETY: the exec just instantiated and the caller's upload stream.
                 let rc = unsafe { counted_upload(st, e, p.hUploadStream, upload) };
                 if rc != CUresult::CUDA_SUCCESS {

@@ -695,6 +695,12 @@ export! {
         }
         put(phGraphExec, ptr(driver::graph_instantiate(h(hGraph), flags, false).map_err(|(rc, _)| rc)?))
     }
+    fn cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize) {
+        instantiate_legacy(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)
+    }
+    fn cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize) {
+        instantiate_legacy(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)
+    }
     fn cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) {
         instantiate_with_params(phGraphExec, hGraph, instantiateParams)
     }
@@ -772,6 +778,32 @@ export! {
             put(symbolFound, q)?;
         }
         r
+    }
+}
+
+/// The 5-argument `cuGraphInstantiate` (CUDA 10.0) / `cuGraphInstantiate_v2` (11.0): what
+/// `cuGraphInstantiateWithFlags` does with no flags; a refusal is described in `log` (truncated to
+/// `size`, NUL-terminated) when the caller gave one. `error_node` stays untouched (cuda.h: "may be
+/// modified"; the emulator names no offending node).
+///
+/// # Safety
+/// `out` null or writable; `log` null or valid for `size` bytes of writes.
+unsafe fn instantiate_legacy(out: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize) -> R {
+    let _ = error_node;
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    match driver::graph_instantiate(h(graph), 0, false) {
+        // SAFETY: checked non-null out-pointer.
+        Ok(exec) => unsafe { put(out, ptr(exec)) },
+        Err((rc, why)) => {
+            if !log.is_null() && size > 0 {
+                let msg = format!("graph instantiation failed: {rc:?} (CUgraphInstantiateResult {})", why.0);
+                // SAFETY: the caller's buffer of `size` > 0 bytes.
+                let _ = unsafe { put_str(log, c_int::try_from(size).unwrap_or(c_int::MAX), &msg) };
+            }
+            Err(rc)
+        }
     }
 }
 
