@@ -289,38 +289,35 @@ pub struct CUlaunchConfig {
     pub numAttrs: c_uint,
 }
 
-/// `CUDA_KERNEL_NODE_PARAMS_v1` (graph kernel node of the CUDA 10.0 ABI).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_KERNEL_NODE_PARAMS_v1 {
-    pub func: CUfunction,
-    pub gridDimX: c_uint,
-    pub gridDimY: c_uint,
-    pub gridDimZ: c_uint,
-    pub blockDimX: c_uint,
-    pub blockDimY: c_uint,
-    pub blockDimZ: c_uint,
-    pub sharedMemBytes: c_uint,
-    pub kernelParams: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
+/// The graph kernel-node parameter structs: CUDA 10.0's fields, then those a later ABI added.
+macro_rules! kernel_node_params {
+    ($($(#[$doc:meta])* $name:ident { $($more:ident : $t:ty),* $(,)? })*) => {
+        $(
+            $(#[$doc])*
+            #[repr(C)]
+            #[derive(Clone, Copy)]
+            pub struct $name {
+                pub func: CUfunction,
+                pub gridDimX: c_uint,
+                pub gridDimY: c_uint,
+                pub gridDimZ: c_uint,
+                pub blockDimX: c_uint,
+                pub blockDimY: c_uint,
+                pub blockDimZ: c_uint,
+                pub sharedMemBytes: c_uint,
+                pub kernelParams: *mut *mut c_void,
+                pub extra: *mut *mut c_void,
+                $(pub $more: $t,)*
+            }
+        )*
+    };
 }
 
-/// `CUDA_KERNEL_NODE_PARAMS` (`_v2`, CUDA 12.0): v1 plus a `CUkernel` and a context.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_KERNEL_NODE_PARAMS {
-    pub func: CUfunction,
-    pub gridDimX: c_uint,
-    pub gridDimY: c_uint,
-    pub gridDimZ: c_uint,
-    pub blockDimX: c_uint,
-    pub blockDimY: c_uint,
-    pub blockDimZ: c_uint,
-    pub sharedMemBytes: c_uint,
-    pub kernelParams: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
-    pub kern: CUkernel,
-    pub ctx: CUcontext,
+kernel_node_params! {
+    /// `CUDA_KERNEL_NODE_PARAMS_v1` (graph kernel node of the CUDA 10.0 ABI).
+    CUDA_KERNEL_NODE_PARAMS_v1 {}
+    /// `CUDA_KERNEL_NODE_PARAMS` (`_v2`, CUDA 12.0): v1 plus a `CUkernel` and a context.
+    CUDA_KERNEL_NODE_PARAMS { kern: CUkernel, ctx: CUcontext }
 }
 /// `CUDA_KERNEL_NODE_PARAMS_v2`.
 pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS;

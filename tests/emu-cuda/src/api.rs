@@ -417,28 +417,10 @@ export! {
         }
         Ok(())
     }
-    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) {
-        driver::current()?;
-        if pp.is_null() || bytesize == 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = libc::malloc(bytesize);
-        if p.is_null() {
-            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        put(pp, p)
-    }
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) { host_alloc(pp, bytesize) }
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) {
         let _ = Flags;
-        driver::current()?;
-        if pp.is_null() || bytesize == 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = libc::malloc(bytesize);
-        if p.is_null() {
-            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        put(pp, p)
+        host_alloc(pp, bytesize)
     }
     fn cuMemFreeHost(p: *mut c_void) {
         driver::drv()?;
@@ -874,16 +856,45 @@ unsafe fn add_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNo
     unsafe { put(out, ptr(driver::graph_add_kernel(h(graph), node)?)) }
 }
 
-unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u64>) -> R {
-    if n == 0 {
-        return Ok(());
-    }
-    if src.is_null() || n > isize::MAX as usize {
+/// `cuMemAllocHost_v2` / `cuMemHostAlloc`: `bytesize` bytes of host memory (plain `malloc`: the
+/// emulator has no page-locking to do) in a context.
+///
+/// # Safety
+/// `pp` null or writable.
+unsafe fn host_alloc(pp: *mut *mut c_void, bytesize: usize) -> R {
+    driver::current()?;
+    if pp.is_null() || bytesize == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    driver::check_device_range(dst, n as u64)?;
+    // SAFETY: malloc has no preconditions; a null answer is handled.
+    let p = unsafe { libc::malloc(bytesize) };
+    if p.is_null() {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // SAFETY: checked non-null out-pointer.
+    unsafe { put(pp, p) }
+}
+
+/// Whether a copy of `n` bytes between a host buffer (`host_null`: none) and device address
+/// `dev` has anything to do, after its checks: nothing for 0 bytes, a host buffer and a device
+/// range the driver knows, and an async copy (`stream`) waits for its stream's earlier work.
+fn copy_ready(host_null: bool, dev: CUdeviceptr, n: usize, stream: Option<u64>) -> R<bool> {
+    if n == 0 {
+        return Ok(false);
+    }
+    if host_null || n > isize::MAX as usize {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    driver::check_device_range(dev, n as u64)?;
     if let Some(s) = stream {
         driver::sync_for_async(s)?;
+    }
+    Ok(true)
+}
+
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u64>) -> R {
+    if !copy_ready(src.is_null(), dst, n, stream)? {
+        return Ok(());
     }
     // SAFETY: the caller's host buffer holds `n` readable bytes.
     let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) };
@@ -891,15 +902,8 @@ unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u6
 }
 
 unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Option<u64>) -> R {
-    if n == 0 {
+    if !copy_ready(dst.is_null(), src, n, stream)? {
         return Ok(());
-    }
-    if dst.is_null() || n > isize::MAX as usize {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    driver::check_device_range(src, n as u64)?;
-    if let Some(s) = stream {
-        driver::sync_for_async(s)?;
     }
     // SAFETY: the caller's host buffer has room for `n` bytes.
     let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };
