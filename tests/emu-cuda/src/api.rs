@@ -225,6 +225,30 @@ unsafe fn image_text<'a>(image: *const c_void) -> R<&'a str> {
     std::str::from_utf8(bytes).map_err(|_| CUresult::CUDA_ERROR_INVALID_IMAGE)
 }
 
+/// The graph kernel node a `CUDA_KERNEL_NODE_PARAMS[_v1]` pointer describes (the fields both
+/// ABIs share), or `CUDA_ERROR_INVALID_VALUE` from the entry point for a null one.
+macro_rules! kernel_node {
+    ($params:expr) => {{
+        if $params.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = *$params;
+        graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?
+    }};
+}
+
+/// `cuEventElapsedTime[_v2]`: milliseconds between two recorded events.
+///
+/// # Safety
+/// `out` null or writable.
+unsafe fn elapsed(out: *mut c_float, start: CUevent, end: CUevent) -> R {
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: checked non-null out-pointer.
+    unsafe { put(out, driver::event_elapsed(h(start), h(end))?) }
+}
+
 export! {
     fn cuGetErrorString(error: CUresult, pStr: *mut *const c_char) {
         match error.description_cstr() {
@@ -539,20 +563,8 @@ export! {
         driver::check_stream(h(hStream))?;
         driver::mem_free(dptr)
     }
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
-    }
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
-    }
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
     fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) {
         if pool.is_null() || poolProps.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -563,20 +575,10 @@ export! {
     }
     fn cuMemPoolDestroy(pool: CUmemoryPool) { driver::pool_destroy(h(pool)) }
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
-        driver::pool_check(h(pool))?;
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
+        alloc_async(dptr, bytesize, Some(pool), hStream)
     }
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
-        driver::pool_check(h(pool))?;
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
+        alloc_async(dptr, bytesize, Some(pool), hStream)
     }
     fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, p: CUdeviceptr) {
         let ctx = driver::pointer_owner(p)?;
@@ -620,16 +622,10 @@ export! {
     fn cuEventDestroy(hEvent: CUevent) { driver::event_destroy(h(hEvent)) }
     fn cuEventDestroy_v2(hEvent: CUevent) { driver::event_destroy(h(hEvent)) }
     fn cuEventElapsedTime(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent) {
-        if pMilliseconds.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(pMilliseconds, driver::event_elapsed(h(hStart), h(hEnd))?)
+        elapsed(pMilliseconds, hStart, hEnd)
     }
     fn cuEventElapsedTime_v2(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent) {
-        if pMilliseconds.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(pMilliseconds, driver::event_elapsed(h(hStart), h(hEnd))?)
+        elapsed(pMilliseconds, hStart, hEnd)
     }
     fn cuLaunchKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
         launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, extra, false)
@@ -656,20 +652,10 @@ export! {
         put(phGraph, ptr(driver::graph_create()?))
     }
     fn cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) {
-        if nodeParams.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = *nodeParams;
-        let node = graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?;
-        add_node(phGraphNode, hGraph, dependencies, numDependencies, node)
+        add_node(phGraphNode, hGraph, dependencies, numDependencies, kernel_node!(nodeParams))
     }
     fn cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) {
-        if nodeParams.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = *nodeParams;
-        let node = graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?;
-        add_node(phGraphNode, hGraph, dependencies, numDependencies, node)
+        add_node(phGraphNode, hGraph, dependencies, numDependencies, kernel_node!(nodeParams))
     }
     fn cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64) {
         if phGraphExec.is_null() {
@@ -854,6 +840,23 @@ unsafe fn add_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNo
     }
     // SAFETY: checked non-null out-pointer.
     unsafe { put(out, ptr(driver::graph_add_kernel(h(graph), node)?)) }
+}
+
+/// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`) and their `_ptsz`: committed at once
+/// (the emulator's pools hold no memory back).
+///
+/// # Safety
+/// `dptr` null or writable.
+unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUmemoryPool>, stream: CUstream) -> R {
+    if let Some(p) = pool {
+        driver::pool_check(h(p))?;
+    }
+    driver::check_stream(h(stream))?;
+    if dptr.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: checked non-null out-pointer.
+    unsafe { put(dptr, driver::mem_alloc(bytesize as u64)?) }
 }
 
 /// `cuMemAllocHost_v2` / `cuMemHostAlloc`: `bytesize` bytes of host memory (plain `malloc`: the
