@@ -39,6 +39,10 @@ pub struct ProcEntry {
     pub pfn: &'static str,
     /// `(parameter name, Rust type as written)` in order.
     pub params: &'static [(&'static str, &'static str)],
+    /// The name answers, from this version on, with another API's entry point (`symbol`, `pfn`
+    /// and `params` are that entry's): cuda.h's `#define cuGraphInstantiate
+    /// cuGraphInstantiateWithFlags` (CUDA 12.0).
+    pub alias: bool,
 }
 
 impl ProcEntry {
@@ -86,26 +90,45 @@ pub fn c_type(rust: &str) -> String {
 }
 
 macro_rules! proc_table {
-    ($( $pfn:ident = $name:ident @ $ver:literal $variant:ident => $sym:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*) => {
+    (
+        aliases { $( $aname:ident @ $aver:literal $avariant:ident => $apfn:ident; )* }
+        $( $pfn:ident = $name:ident @ $ver:literal $variant:ident => $sym:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*
+    ) => {
         $(
             #[doc = concat!("`", stringify!($pfn), "`: `", stringify!($name), "` as exported by `", stringify!($sym), "`.")]
             pub type $pfn = unsafe extern "C" fn($($arg: $ty),*) -> CUresult;
         )*
-        /// Every declared entry point version.
-        pub static PROC_TABLE: &[ProcEntry] = &[$(
-            ProcEntry {
-                name: stringify!($name),
-                version: $ver,
-                variant: Variant::$variant,
-                symbol: stringify!($sym),
-                pfn: stringify!($pfn),
-                params: &[$((stringify!($arg), stringify!($ty))),*],
-            },
-        )*];
+        /// Each row by its typedef's name (the values behind [`PROC_TABLE`] and its aliases).
+        #[allow(non_upper_case_globals)]
+        mod rows {
+            use super::{ProcEntry, Variant};
+            $(
+                pub const $pfn: ProcEntry = ProcEntry {
+                    name: stringify!($name),
+                    version: $ver,
+                    variant: Variant::$variant,
+                    symbol: stringify!($sym),
+                    pfn: stringify!($pfn),
+                    params: &[$((stringify!($arg), stringify!($ty))),*],
+                    alias: false,
+                };
+            )*
+        }
+        /// Every declared entry point version, then the aliases.
+        pub static PROC_TABLE: &[ProcEntry] = &[
+            $(rows::$pfn,)*
+            $(ProcEntry { name: stringify!($aname), version: $aver, variant: Variant::$avariant, alias: true, ..rows::$apfn },)*
+        ];
     };
 }
 
 proc_table! {
+    aliases {
+        // CUDA 12.0: the 5-argument cuGraphInstantiate (_v2) gave its name to cuGraphInstantiateWithFlags
+        // (cuda.h `#define cuGraphInstantiate cuGraphInstantiateWithFlags`, 12.9 cudaTypedefs.h
+        // `#define PFN_cuGraphInstantiate PFN_cuGraphInstantiateWithFlags_v11040`).
+        cuGraphInstantiate @ 12000 Plain => PFN_cuGraphInstantiateWithFlags_v11040;
+    }
     PFN_cuGetErrorString_v6000 = cuGetErrorString @ 6000 Plain => cuGetErrorString(error: CUresult, pStr: *mut *const c_char);
     PFN_cuGetErrorName_v6000 = cuGetErrorName @ 6000 Plain => cuGetErrorName(error: CUresult, pStr: *mut *const c_char);
     PFN_cuInit_v2000 = cuInit @ 2000 Plain => cuInit(Flags: c_uint);
@@ -230,6 +253,8 @@ proc_table! {
     PFN_cuGraphCreate_v10000 = cuGraphCreate @ 10000 Plain => cuGraphCreate(phGraph: *mut CUgraph, flags: c_uint);
     PFN_cuGraphAddKernelNode_v10000 = cuGraphAddKernelNode @ 10000 Plain => cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
     PFN_cuGraphAddKernelNode_v12000 = cuGraphAddKernelNode @ 12000 Plain => cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
+    PFN_cuGraphInstantiate_v10000 = cuGraphInstantiate @ 10000 Plain => cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize);
+    PFN_cuGraphInstantiate_v11000 = cuGraphInstantiate @ 11000 Plain => cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize);
     PFN_cuGraphInstantiateWithFlags_v11040 = cuGraphInstantiateWithFlags @ 11040 Plain => cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64);
     PFN_cuGraphInstantiateWithParams_v12000 = cuGraphInstantiateWithParams @ 12000 Plain => cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS);
     PFN_cuGraphInstantiateWithParams_v12000_ptsz = cuGraphInstantiateWithParams @ 12000 Ptsz => cuGraphInstantiateWithParams_ptsz(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS);

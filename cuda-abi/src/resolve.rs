@@ -71,9 +71,9 @@ impl OlderThan for Option<&'static ProcEntry> {
     }
 }
 
-/// Looks an exported symbol up in the table (`"cuMemAlloc_v2"` -> its entry).
+/// Looks an exported symbol up in the table (`"cuMemAlloc_v2"` -> its entry, never an alias).
 pub fn entry_for_symbol(symbol: &str) -> Option<&'static ProcEntry> {
-    PROC_TABLE.iter().find(|e| e.symbol == symbol)
+    PROC_TABLE.iter().find(|e| e.symbol == symbol && !e.alias)
 }
 
 #[cfg(test)]
@@ -109,6 +109,21 @@ mod tests {
     }
 
     #[test]
+    fn cu_graph_instantiate_changed_abi_and_then_name() {
+        // 10.0: 5 arguments; 11.0: the same as `_v2`; 12.0: the name is cuGraphInstantiateWithFlags.
+        let by_version = [(10000, "cuGraphInstantiate"), (10020, "cuGraphInstantiate"), (11000, "cuGraphInstantiate_v2")]
+            .into_iter()
+            .chain([(11080, "cuGraphInstantiate_v2"), (12000, "cuGraphInstantiateWithFlags"), (13000, "cuGraphInstantiateWithFlags")]);
+        for (v, want) in by_version {
+            assert_eq!((v, sym("cuGraphInstantiate", v, 0), sym("cuGraphInstantiate", v, 2)), (v, want, want));
+        }
+        assert_eq!(resolve("cuGraphInstantiate", 9020, 0), Resolution::VersionNotSufficient);
+        assert_eq!(sym("cuGraphInstantiateWithFlags", 12000, 0), "cuGraphInstantiateWithFlags");
+        let e = entry_for_symbol("cuGraphInstantiateWithFlags").unwrap();
+        assert!(!e.alias && e.name == "cuGraphInstantiateWithFlags", "{e:?}");
+    }
+
+    #[test]
     fn per_thread_flag_selects_ptsz_and_ptds() {
         assert_eq!(sym("cuLaunchKernel", 12000, 2), "cuLaunchKernel_ptsz");
         assert_eq!(sym("cuLaunchKernel", 12000, 0), "cuLaunchKernel");
@@ -136,6 +151,13 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for e in PROC_TABLE {
             assert!(seen.insert((e.name, e.version, e.variant as u8)), "duplicate row {e:?}");
+            if e.alias {
+                // Another API's row, under this name from this version on.
+                let target = entry_for_symbol(e.symbol).unwrap_or_else(|| panic!("{e:?}: no row for its symbol"));
+                assert!((target.pfn, target.params, target.variant) == (e.pfn, e.params, e.variant), "{e:?}");
+                assert!(target.name != e.name && target.version < e.version, "{e:?}");
+                continue;
+            }
             assert!(e.pfn.starts_with(&format!("PFN_{}_v{}", e.name, e.version)), "{e:?}");
             match e.variant {
                 Variant::Plain => assert!(!e.pfn.ends_with("_ptsz") && !e.pfn.ends_with("_ptds")),
@@ -144,8 +166,9 @@ mod tests {
             }
             assert!(e.symbol.starts_with(e.name), "{e:?}");
         }
-        let syms: std::collections::HashSet<_> = PROC_TABLE.iter().map(|e| e.symbol).collect();
-        assert_eq!(syms.len(), PROC_TABLE.len(), "one symbol implements one ABI");
+        let rows: Vec<_> = PROC_TABLE.iter().filter(|e| !e.alias).collect();
+        let syms: std::collections::HashSet<_> = rows.iter().map(|e| e.symbol).collect();
+        assert_eq!(syms.len(), rows.len(), "one symbol implements one ABI");
     }
 
     #[test]

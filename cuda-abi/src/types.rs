@@ -289,38 +289,35 @@ pub struct CUlaunchConfig {
     pub numAttrs: c_uint,
 }
 
-/// `CUDA_KERNEL_NODE_PARAMS_v1` (graph kernel node of the CUDA 10.0 ABI).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_KERNEL_NODE_PARAMS_v1 {
-    pub func: CUfunction,
-    pub gridDimX: c_uint,
-    pub gridDimY: c_uint,
-    pub gridDimZ: c_uint,
-    pub blockDimX: c_uint,
-    pub blockDimY: c_uint,
-    pub blockDimZ: c_uint,
-    pub sharedMemBytes: c_uint,
-    pub kernelParams: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
+/// The graph kernel-node parameter structs: CUDA 10.0's fields, then those a later ABI added.
+macro_rules! kernel_node_params {
+    ($($(#[$doc:meta])* $name:ident { $($more:ident : $t:ty),* $(,)? })*) => {
+        $(
+            $(#[$doc])*
+            #[repr(C)]
+            #[derive(Clone, Copy)]
+            pub struct $name {
+                pub func: CUfunction,
+                pub gridDimX: c_uint,
+                pub gridDimY: c_uint,
+                pub gridDimZ: c_uint,
+                pub blockDimX: c_uint,
+                pub blockDimY: c_uint,
+                pub blockDimZ: c_uint,
+                pub sharedMemBytes: c_uint,
+                pub kernelParams: *mut *mut c_void,
+                pub extra: *mut *mut c_void,
+                $(pub $more: $t,)*
+            }
+        )*
+    };
 }
 
-/// `CUDA_KERNEL_NODE_PARAMS` (`_v2`, CUDA 12.0): v1 plus a `CUkernel` and a context.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_KERNEL_NODE_PARAMS {
-    pub func: CUfunction,
-    pub gridDimX: c_uint,
-    pub gridDimY: c_uint,
-    pub gridDimZ: c_uint,
-    pub blockDimX: c_uint,
-    pub blockDimY: c_uint,
-    pub blockDimZ: c_uint,
-    pub sharedMemBytes: c_uint,
-    pub kernelParams: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
-    pub kern: CUkernel,
-    pub ctx: CUcontext,
+kernel_node_params! {
+    /// `CUDA_KERNEL_NODE_PARAMS_v1` (graph kernel node of the CUDA 10.0 ABI).
+    CUDA_KERNEL_NODE_PARAMS_v1 {}
+    /// `CUDA_KERNEL_NODE_PARAMS` (`_v2`, CUDA 12.0): v1 plus a `CUkernel` and a context.
+    CUDA_KERNEL_NODE_PARAMS { kern: CUkernel, ctx: CUcontext }
 }
 /// `CUDA_KERNEL_NODE_PARAMS_v2`.
 pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS;
@@ -422,6 +419,20 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
 }
 /// `CUDA_MEM_ALLOC_NODE_PARAMS_v1`.
 pub type CUDA_MEM_ALLOC_NODE_PARAMS_v1 = CUDA_MEM_ALLOC_NODE_PARAMS;
+
+impl CUDA_MEM_ALLOC_NODE_PARAMS {
+    /// `bytesize` bytes of pinned memory on device ordinal `device` (the one kind of memory a
+    /// graph allocation node takes), no further access descriptors, everything else zero.
+    pub fn pinned_on_device(device: c_int, bytesize: usize) -> Self {
+        // SAFETY: plain C data; all-zero is a valid value of every field (null pointers, zero
+        // enum values and sizes), as C callers `memset` it.
+        let mut p: Self = unsafe { std::mem::zeroed() };
+        p.poolProps.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+        p.bytesize = bytesize;
+        p
+    }
+}
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS` (`CUDA_GRAPH_INSTANTIATE_PARAMS_st`), argument of
 /// `cuGraphInstantiateWithParams`: `flags` are `CUgraphInstantiate_flags` bits; the driver writes

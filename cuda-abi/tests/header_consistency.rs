@@ -229,7 +229,7 @@ fn the_table_has_the_newest_abi_of_every_api_it_declares() {
                 let newest = pfns.iter().filter(|(n, _, s)| n == name && s.is_empty() != pt).map(|(_, v, _)| *v).max();
                 let ours = PROC_TABLE
                     .iter()
-                    .filter(|e| e.name == name && e.variant.is_per_thread() == pt)
+                    .filter(|e| e.name == name && !e.alias && e.variant.is_per_thread() == pt)
                     .map(|e| e.version)
                     .filter(|v| *v <= h.cuda_version)
                     .max();
@@ -242,6 +242,37 @@ fn the_table_has_the_newest_abi_of_every_api_it_declares() {
         }
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// Each alias row (a name that answers with another API's entry point) is what cuda.h says: a
+/// `#define <name> <symbol>` in both header sets, and in 12.9's cudaTypedefs.h (13.0 dropped these
+/// macros) `#define PFN_<name> <pfn>`. Its older ABIs stay declared in the 13.0 headers (the driver
+/// still exports them for binaries built before).
+#[test]
+fn aliases_are_the_headers_defines() {
+    let aliases: Vec<&ProcEntry> = PROC_TABLE.iter().filter(|e| e.alias).collect();
+    assert!(!aliases.is_empty());
+    let define = |text: &str, from: &str| {
+        text.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("#define") && w.next() == Some(from)).then(|| w.next().unwrap_or("").to_string())
+        })
+    };
+    for h in [headers_12(), headers_13()] {
+        let read = |f: &str| std::fs::read_to_string(h.dir.join(f)).unwrap_or_else(|e| panic!("{}/{f}: {e}", h.dir.display()));
+        let (cuda_h, typedefs) = (read("cuda.h"), read("cudaTypedefs.h"));
+        let pfns = header_pfns(&h);
+        for e in &aliases {
+            assert_eq!(define(&cuda_h, e.name).as_deref(), Some(e.symbol), "CUDA {}: cuda.h's {}", h.cuda_version, e.name);
+            if h.cuda_version < 13000 {
+                assert_eq!(define(&typedefs, &format!("PFN_{}", e.name)).as_deref(), Some(e.pfn), "CUDA {}", h.cuda_version);
+            }
+            let older: Vec<u32> = PROC_TABLE.iter().filter(|r| r.name == e.name && !r.alias).map(|r| r.version).collect();
+            for v in older {
+                assert!(pfns.iter().any(|(n, pv, _)| n == e.name && *pv == v), "CUDA {}: PFN_{}_v{v} declared", h.cuda_version, e.name);
+            }
+        }
+    }
 }
 
 #[test]

@@ -226,13 +226,7 @@ impl Manager {
         self.ledger
             .publish_sm_budget((pct * 10.0).round().clamp(0.0, 1000.0) as u32);
         if let Some(p) = changed {
-            tracing::info!(
-                budget_pct = p,
-                online_estimate_pct = online,
-                sm_activity_pct = total,
-                safe,
-                "offline SM budget"
-            );
+            log_budget(p, online, total, safe);
         }
         // Real MPS fixes a client's limit when it connects, and a server's (or the default)
         // percentage would also cap every client that connects to it later: the online
@@ -725,6 +719,18 @@ pub fn monitor_xid(path: &Path) -> Option<u64> {
     node_daemon::monitor_state::disabling_xid(path)
 }
 
+/// The "offline SM budget" line. A reading that gave no online estimate (NaN, see
+/// `Allocator::online_estimate`) logs none: the field is left out rather than written as NaN.
+fn log_budget(budget_pct: f64, online_estimate: f64, sm_activity_pct: f64, safe: bool) {
+    tracing::info!(
+        budget_pct,
+        online_estimate_pct = online_estimate.is_finite().then_some(online_estimate),
+        sm_activity_pct,
+        safe,
+        "offline SM budget"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -755,6 +761,35 @@ mod tests {
             ..Config::default()
         };
         Manager::new(cfg).unwrap()
+    }
+
+    /// Fails with the estimate logged as it is: `online_estimate_pct=NaN`.
+    #[test]
+    fn a_budget_without_an_online_estimate_logs_none() {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(move || w.clone()).finish();
+        tracing::subscriber::with_default(sub, || {
+            log_budget(40.0, f64::NAN, 100.0, true);
+            log_budget(35.0, 12.5, 50.0, true);
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].contains("budget_pct=40") && !lines[0].contains("online_estimate_pct"), "{text}");
+        assert!(!text.contains("NaN"), "{text}");
+        assert!(lines[1].contains("online_estimate_pct=12.5"), "{text}");
     }
 
     fn sleeper() -> Child {

@@ -42,20 +42,46 @@ macro_rules! out {
     }};
 }
 
+/// Hooks that call the real function with the caller's arguments and, when it returns
+/// `CUDA_SUCCESS`, do the shim's bookkeeping (`$after`, the arguments in scope). `[gated]`: the
+/// call creates a context, refused with `CUDA_ERROR_DEINITIALIZED` once a release has started
+/// (signal or exit), since a context created then would outlive it.
+macro_rules! forward_then {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($a:ident : $t:ty),* $(,)?) : $pfn:ty $([$gated:ident])? => $after:expr;
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+                guard(|| {
+                    let real_fn = real!($name: $pfn);
+                    $(creation_gate!($gated);)?
+                    // SAFETY: forwarding the caller's arguments.
+                    let rc = unsafe { real_fn($($a),*) };
+                    if rc == CUresult::CUDA_SUCCESS {
+                        $after;
+                    }
+                    rc
+                })
+            }
+        )*
+    };
+}
+
+/// `[gated]` of `forward_then!`: holds the creation gate to the end of the hook, or returns.
+macro_rules! creation_gate {
+    (gated) => {
+        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
+    };
+}
+
 // ---- init and lookup -------------------------------------------------------------------------
 
-/// Hooked `cuInit`: initialises the driver, then this process's shim state (quota, throttle, controller).
-#[no_mangle]
-pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    guard(|| {
-        let init = real!(cuInit: PFN_cuInit_v2000);
-        // SAFETY: forwarding the caller's argument.
-        let rc = unsafe { init(flags) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state();
-        }
-        rc
-    })
+forward_then! {
+    /// Hooked `cuInit`: initialises the driver, then this process's shim state (quota, throttle, controller).
+    fn cuInit(flags: c_uint): PFN_cuInit_v2000 => state();
 }
 
 /// Rewrites a successful `cuGetProcAddress*` answer (see [`proc_answer`]). `status` is the
@@ -199,36 +225,18 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usi
     })
 }
 
-/// Hooked `cuMemFree_v2`: the bytes counted for the pointer go back to the quota that counted them.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    guard(|| {
-        let free = real!(cuMemFree_v2: PFN_cuMemFree_v3020);
-        // SAFETY: forwarding the caller's argument.
-        freed(state(), Kind::DevicePtr, dptr, || unsafe { free(dptr) })
-    })
-}
-
-/// Hooked `cuMemFree` (32-bit ABI): like `cuMemFree_v2`.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
-    guard(|| {
-        let free = real!(cuMemFree: PFN_cuMemFree_v2000);
-        // SAFETY: forwarding the caller's argument.
-        freed(state(), Kind::DevicePtr, u64::from(dptr), || unsafe { free(dptr) })
-    })
-}
-
+/// Stream-ordered allocations (`pool` for `cuMemAllocFromPoolAsync`): reserved in the quota
+/// first, an allocation over it undone on the same stream.
 macro_rules! alloc_async {
-    ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty) => {
+    ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty $(, $pool:ident)?) => {
         #[doc = concat!("Hooked `", stringify!($name), "`: reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
         #[no_mangle]
-        pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+        pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, $($pool: CUmemoryPool,)? stream: CUstream) -> CUresult {
             guard(|| {
                 let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
                 counted(&state().current().quota, Kind::DevicePtr, bytesize as u64,
                     // SAFETY: forwarding the caller's arguments.
-                    || unsafe { alloc(dptr, bytesize, stream) }, || out!(dptr),
+                    || unsafe { alloc(dptr, bytesize, $($pool,)? stream) }, || out!(dptr),
                     // SAFETY: undoing our own allocation on the same stream.
                     |k| { unsafe { free(k, stream) }; })
             })
@@ -237,41 +245,14 @@ macro_rules! alloc_async {
 }
 alloc_async!(cuMemAllocAsync, cuMemFreeAsync, PFN_cuMemAllocAsync_v11020, PFN_cuMemFreeAsync_v11020);
 alloc_async!(cuMemAllocAsync_ptsz, cuMemFreeAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
-
-macro_rules! alloc_pool {
-    ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult {
-            guard(|| {
-                let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
-                counted(&state().current().quota, Kind::DevicePtr, bytesize as u64,
-                    // SAFETY: forwarding the caller's arguments.
-                    || unsafe { alloc(dptr, bytesize, pool, stream) }, || out!(dptr),
-                    // SAFETY: undoing our own allocation on the same stream.
-                    |k| { unsafe { free(k, stream) }; })
-            })
-        }
-    };
-}
-alloc_pool!(cuMemAllocFromPoolAsync, cuMemFreeAsync, PFN_cuMemAllocFromPoolAsync_v11020, PFN_cuMemFreeAsync_v11020);
-alloc_pool!(cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
-
-macro_rules! free_async {
-    ($name:ident, $pfn:ty) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: the bytes counted for the pointer go back to the quota.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-            guard(|| {
-                let free = real!($name: $pfn);
-                // SAFETY: forwarding the caller's arguments.
-                freed(state(), Kind::DevicePtr, dptr, || unsafe { free(dptr, stream) })
-            })
-        }
-    };
-}
-free_async!(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020);
-free_async!(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
+alloc_async!(cuMemAllocFromPoolAsync, cuMemFreeAsync, PFN_cuMemAllocFromPoolAsync_v11020, PFN_cuMemFreeAsync_v11020, pool);
+alloc_async!(
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemFreeAsync_ptsz,
+    PFN_cuMemAllocFromPoolAsync_v11020_ptsz,
+    PFN_cuMemFreeAsync_v11020_ptsz,
+    pool
+);
 
 /// Hooked `cuMemCreate`: a VMM allocation counted against the quota until `cuMemRelease`.
 #[no_mangle]
@@ -295,167 +276,131 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, 
     })
 }
 
-/// Hooked `cuMemRelease`: gives a VMM allocation's bytes back.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    guard(|| {
-        let release = real!(cuMemRelease: PFN_cuMemRelease_v10020);
-        // SAFETY: forwarding the caller's argument.
-        freed(state(), Kind::Vmm, handle, || unsafe { release(handle) })
-    })
+/// Array creations: with a descriptor, the array's size (`$bytes`, the descriptor `$d` in scope)
+/// counted against the quota; a null descriptor goes to the driver, which refuses it.
+macro_rules! array_create {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident(handle: *mut $h:ty, desc: $desc:ty $(, $extra:ident : $et:ty)?) : $pfn:ty, $destroy:ident : $destroy_pfn:ty => |$d:ident| $bytes:expr;
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[no_mangle]
+            pub unsafe extern "C" fn $name(handle: *mut $h, desc: $desc $(, $extra: $et)?) -> CUresult {
+                guard(|| {
+                    let (create, destroy) = (real!($name: $pfn), real!($destroy: $destroy_pfn));
+                    if desc.is_null() {
+                        // SAFETY: the driver rejects the null descriptor itself.
+                        return unsafe { create(handle, desc $(, $extra)?) };
+                    }
+                    // SAFETY: non-null descriptor supplied by the caller per the API contract.
+                    let $d = unsafe { *desc };
+                    counted(&state().current().quota, Kind::Array, $bytes,
+                        // SAFETY: forwarding the caller's arguments.
+                        || unsafe { create(handle, desc $(, $extra)?) }, || out!(handle) as u64,
+                        // SAFETY: undoing our own allocation.
+                        |k| { unsafe { destroy(k as $h) }; })
+                })
+            }
+        )*
+    };
 }
 
-/// Hooked `cuArrayCreate_v2`: the array's size counted against the quota.
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
-    guard(|| {
-        let (create, destroy) = (real!(cuArrayCreate_v2: PFN_cuArrayCreate_v3020), real!(cuArrayDestroy: PFN_cuArrayDestroy_v2000));
-        if desc.is_null() {
-            // SAFETY: the driver rejects the null descriptor itself.
-            return unsafe { create(handle, desc) };
-        }
-        // SAFETY: non-null descriptor supplied by the caller per the API contract.
-        let d = unsafe { *desc };
-        counted(&state().current().quota, Kind::Array, array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels),
-            // SAFETY: forwarding the caller's arguments.
-            || unsafe { create(handle, desc) }, || out!(handle) as u64,
-            // SAFETY: undoing our own allocation.
-            |k| { unsafe { destroy(k as CUarray) }; })
-    })
+array_create! {
+    /// Hooked `cuArrayCreate_v2`: the array's size counted against the quota.
+    fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR): PFN_cuArrayCreate_v3020, cuArrayDestroy: PFN_cuArrayDestroy_v2000
+        => |d| array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels);
+    /// Hooked `cuArray3DCreate_v2`: the array's size counted against the quota.
+    fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR): PFN_cuArray3DCreate_v3020, cuArrayDestroy: PFN_cuArrayDestroy_v2000
+        => |d| array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels);
+    /// Hooked `cuMipmappedArrayCreate`: every level's size counted against the quota.
+    fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint): PFN_cuMipmappedArrayCreate_v5000, cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000
+        => |d| mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels);
 }
 
-/// Hooked `cuArray3DCreate_v2`: the array's size counted against the quota.
-#[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
-    guard(|| {
-        let (create, destroy) = (real!(cuArray3DCreate_v2: PFN_cuArray3DCreate_v3020), real!(cuArrayDestroy: PFN_cuArrayDestroy_v2000));
-        if desc.is_null() {
-            // SAFETY: the driver rejects the null descriptor itself.
-            return unsafe { create(handle, desc) };
-        }
-        // SAFETY: non-null descriptor supplied by the caller per the API contract.
-        let d = unsafe { *desc };
-        counted(&state().current().quota, Kind::Array, array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels),
-            // SAFETY: forwarding the caller's arguments.
-            || unsafe { create(handle, desc) }, || out!(handle) as u64,
-            // SAFETY: undoing our own allocation.
-            |k| { unsafe { destroy(k as CUarray) }; })
-    })
+/// Hooks that give back the bytes counted for `$key` (the pointer or handle, of `Kind::$kind`)
+/// to the quota that counted them, around the real call.
+macro_rules! freeing {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($a:ident : $t:ty),* $(,)?) : $pfn:ty => $kind:ident($key:expr);
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+                guard(|| {
+                    let free = real!($name: $pfn);
+                    // SAFETY: forwarding the caller's arguments.
+                    freed(state(), Kind::$kind, $key, || unsafe { free($($a),*) })
+                })
+            }
+        )*
+    };
 }
 
-/// Hooked `cuArrayDestroy`: gives the array's bytes back.
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayDestroy(h: CUarray) -> CUresult {
-    guard(|| {
-        let destroy = real!(cuArrayDestroy: PFN_cuArrayDestroy_v2000);
-        // SAFETY: forwarding the caller's argument.
-        freed(state(), Kind::Array, h as u64, || unsafe { destroy(h) })
-    })
-}
-
-/// Hooked `cuMipmappedArrayCreate`: every level's size counted against the quota.
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CUresult {
-    guard(|| {
-        let (create, destroy) = (real!(cuMipmappedArrayCreate: PFN_cuMipmappedArrayCreate_v5000), real!(cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000));
-        if desc.is_null() {
-            // SAFETY: the driver rejects the null descriptor itself.
-            return unsafe { create(handle, desc, levels) };
-        }
-        // SAFETY: non-null descriptor supplied by the caller per the API contract.
-        let d = unsafe { *desc };
-        counted(&state().current().quota, Kind::Array, mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels),
-            // SAFETY: forwarding the caller's arguments.
-            || unsafe { create(handle, desc, levels) }, || out!(handle) as u64,
-            // SAFETY: undoing our own allocation.
-            |k| { unsafe { destroy(k as CUmipmappedArray) }; })
-    })
-}
-
-/// Hooked `cuMipmappedArrayDestroy`: gives the mipmapped array's bytes back.
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: CUmipmappedArray) -> CUresult {
-    guard(|| {
-        let destroy = real!(cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000);
-        // SAFETY: forwarding the caller's argument.
-        freed(state(), Kind::Array, h as u64, || unsafe { destroy(h) })
-    })
+freeing! {
+    /// Hooked `cuMemFree_v2`: the bytes counted for the pointer go back to the quota that counted them.
+    fn cuMemFree_v2(dptr: CUdeviceptr): PFN_cuMemFree_v3020 => DevicePtr(dptr);
+    /// Hooked `cuMemFree` (32-bit ABI): like `cuMemFree_v2`.
+    fn cuMemFree(dptr: CUdeviceptr_v1): PFN_cuMemFree_v2000 => DevicePtr(u64::from(dptr));
+    /// Hooked `cuMemFreeAsync`: the bytes counted for the pointer go back to the quota.
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream): PFN_cuMemFreeAsync_v11020 => DevicePtr(dptr);
+    /// Hooked `cuMemFreeAsync_ptsz`: the bytes counted for the pointer go back to the quota.
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream): PFN_cuMemFreeAsync_v11020_ptsz => DevicePtr(dptr);
+    /// Hooked `cuMemRelease`: gives a VMM allocation's bytes back.
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle): PFN_cuMemRelease_v10020 => Vmm(handle);
+    /// Hooked `cuArrayDestroy`: gives the array's bytes back.
+    fn cuArrayDestroy(h: CUarray): PFN_cuArrayDestroy_v2000 => Array(h as u64);
+    /// Hooked `cuMipmappedArrayDestroy`: gives the mipmapped array's bytes back.
+    fn cuMipmappedArrayDestroy(h: CUmipmappedArray): PFN_cuMipmappedArrayDestroy_v5000 => Array(h as u64);
 }
 
 // ---- memory view -----------------------------------------------------------------------------
 
-/// Hooked `cuMemGetInfo_v2`: free and total as the quota allows (see `memory::view`).
-#[no_mangle]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    guard(|| {
-        let (mut f, mut t) = (0usize, 0usize);
-        let real_fn = real!(cuMemGetInfo_v2: PFN_cuMemGetInfo_v3020);
-        // SAFETY: local out-parameters.
-        let rc = unsafe { real_fn(&mut f, &mut t) };
-        if rc != CUresult::CUDA_SUCCESS {
-            return rc;
+macro_rules! mem_info {
+    ($name:ident, $pfn:ty, $int:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: free and total as the quota allows (see `memory::view`).")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(free: *mut $int, total: *mut $int) -> CUresult {
+            guard(|| {
+                let (mut f, mut t): ($int, $int) = (0, 0);
+                let real_fn = real!($name: $pfn);
+                // SAFETY: local out-parameters.
+                let rc = unsafe { real_fn(&mut f, &mut t) };
+                if rc != CUresult::CUDA_SUCCESS {
+                    return rc;
+                }
+                let (vf, vt) = view(&state().current().quota, f as u64, t as u64);
+                if free.is_null() || total.is_null() {
+                    return CUresult::CUDA_ERROR_INVALID_VALUE;
+                }
+                // SAFETY: caller's non-null out-pointers; the values are <= the driver's answers,
+                // so they fit its integer type.
+                unsafe { (*free, *total) = (vf as $int, vt as $int) };
+                rc
+            })
         }
-        let (vf, vt) = view(&state().current().quota, f as u64, t as u64);
-        if free.is_null() || total.is_null() {
-            return CUresult::CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: caller's non-null out-pointers.
-        unsafe { (*free, *total) = (vf as usize, vt as usize) };
-        rc
-    })
+    };
+}
+mem_info!(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020, usize);
+mem_info!(cuMemGetInfo, PFN_cuMemGetInfo_v2000, c_uint);
+
+/// After the driver wrote a device's total memory to `bytes` (its integer type): capped at the
+/// quota of device `dev`.
+macro_rules! cap_total {
+    ($bytes:ident, $dev:ident) => {{
+        let limit = state().gpu($dev).quota.limit();
+        // SAFETY: the driver returned success, so it wrote through this pointer.
+        unsafe { *$bytes = (*$bytes as u64).min(limit) as _ };
+    }};
 }
 
-/// Hooked `cuMemGetInfo` (32-bit ABI): like `cuMemGetInfo_v2`.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
-    guard(|| {
-        let (mut f, mut t) = (0 as c_uint, 0 as c_uint);
-        let real_fn = real!(cuMemGetInfo: PFN_cuMemGetInfo_v2000);
-        // SAFETY: local out-parameters.
-        let rc = unsafe { real_fn(&mut f, &mut t) };
-        if rc != CUresult::CUDA_SUCCESS {
-            return rc;
-        }
-        let (vf, vt) = view(&state().current().quota, u64::from(f), u64::from(t));
-        if free.is_null() || total.is_null() {
-            return CUresult::CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: caller's non-null out-pointers; values are <= the driver's c_uint answers.
-        unsafe { (*free, *total) = (vf as c_uint, vt as c_uint) };
-        rc
-    })
-}
-
-/// Hooked `cuDeviceTotalMem_v2`: the device's memory capped at the quota.
-#[no_mangle]
-pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuDeviceTotalMem_v2: PFN_cuDeviceTotalMem_v3020);
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real_fn(bytes, dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            let limit = state().gpu(dev).quota.limit();
-            // SAFETY: the driver just wrote through this pointer.
-            unsafe { *bytes = (*bytes as u64).min(limit) as usize };
-        }
-        rc
-    })
-}
-
-/// Hooked `cuDeviceTotalMem` (32-bit ABI): like `cuDeviceTotalMem_v2`.
-#[no_mangle]
-pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuDeviceTotalMem: PFN_cuDeviceTotalMem_v2000);
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real_fn(bytes, dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            let limit = state().gpu(dev).quota.limit();
-            // SAFETY: the driver just wrote through this pointer.
-            unsafe { *bytes = u64::from(*bytes).min(limit) as c_uint };
-        }
-        rc
-    })
+forward_then! {
+    /// Hooked `cuDeviceTotalMem_v2`: the device's memory capped at the quota.
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice): PFN_cuDeviceTotalMem_v3020 => cap_total!(bytes, dev);
+    /// Hooked `cuDeviceTotalMem` (32-bit ABI): like `cuDeviceTotalMem_v2`.
+    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice): PFN_cuDeviceTotalMem_v2000 => cap_total!(bytes, dev);
 }
 
 /// The GPU (quota) an NVML device handle is, matched by UUID: NVML numbers devices its own way
@@ -471,45 +416,31 @@ fn gpu_of_nvml(device: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Option<&'sta
     }
 }
 
-/// Hooked NVML `nvmlDeviceGetMemoryInfo`: the quota-shaped memory view.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
-    use crate::nvml::*;
-    catch_unwind(|| {
-        let Some(real) = real_v1() else { return NVML_ERROR_FUNCTION_NOT_FOUND };
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real(device, memory) };
-        if rc == NVML_SUCCESS && !memory.is_null() {
-            // SAFETY: the real call succeeded and filled this non-null struct.
-            let m = unsafe { &mut *memory };
-            if let Some(g) = gpu_of_nvml(device) {
-                apply(&g.quota, &mut m.total, &mut m.free, &mut m.used);
-            }
+macro_rules! nvml_memory_info {
+    ($name:ident, $real:ident, $mem:ty) => {
+        #[doc = concat!("Hooked NVML `", stringify!($name), "`: the quota-shaped memory view.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut $mem) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
+            use crate::nvml::*;
+            catch_unwind(|| {
+                let Some(real) = $real() else { return NVML_ERROR_FUNCTION_NOT_FOUND };
+                // SAFETY: forwarding the caller's arguments.
+                let rc = unsafe { real(device, memory) };
+                if rc == NVML_SUCCESS && !memory.is_null() {
+                    // SAFETY: the real call succeeded and filled this non-null struct.
+                    let m = unsafe { &mut *memory };
+                    if let Some(g) = gpu_of_nvml(device) {
+                        apply(&g.quota, &mut m.total, &mut m.free, &mut m.used);
+                    }
+                }
+                rc
+            })
+            .unwrap_or(NVML_ERROR_UNKNOWN)
         }
-        rc
-    })
-    .unwrap_or(NVML_ERROR_UNKNOWN)
+    };
 }
-
-/// Hooked NVML `nvmlDeviceGetMemoryInfo_v2`: the quota-shaped memory view.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvml_wrapper_sys::bindings::nvmlDevice_t, memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_v2_t) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
-    use crate::nvml::*;
-    catch_unwind(|| {
-        let Some(real) = real_v2() else { return NVML_ERROR_FUNCTION_NOT_FOUND };
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real(device, memory) };
-        if rc == NVML_SUCCESS && !memory.is_null() {
-            // SAFETY: the real call succeeded and filled this non-null struct.
-            let m = unsafe { &mut *memory };
-            if let Some(g) = gpu_of_nvml(device) {
-                apply(&g.quota, &mut m.total, &mut m.free, &mut m.used);
-            }
-        }
-        rc
-    })
-    .unwrap_or(NVML_ERROR_UNKNOWN)
-}
+nvml_memory_info!(nvmlDeviceGetMemoryInfo, real_v1, nvml_wrapper_sys::bindings::nvmlMemory_t);
+nvml_memory_info!(nvmlDeviceGetMemoryInfo_v2, real_v2, nvml_wrapper_sys::bindings::nvmlMemory_v2_t);
 
 // ---- launches --------------------------------------------------------------------------------
 
@@ -518,47 +449,29 @@ fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
     u64::from(x) * u64::from(y) * u64::from(z)
 }
 
+/// `cuLaunchKernel` and `cuLaunchCooperativeKernel` (which has no `extra`).
 macro_rules! launch_kernel {
-    ($name:ident, $pfn:ty) => {
+    ($name:ident, $pfn:ty $(, $extra:ident)?) => {
         #[doc = concat!("Hooked `", stringify!($name), "`: takes the kernel's cost from the launch throttle first.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-            shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void,
+            shared: c_uint, stream: CUstream, params: *mut *mut c_void $(, $extra: *mut *mut c_void)?
         ) -> CUresult {
             guard(|| {
                 let launch = real!($name: $pfn);
                 let t = &state().current().throttle;
                 t.acquire(t.kernel_cost(blocks(gx, gy, gz)));
                 // SAFETY: forwarding the caller's arguments.
-                unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
+                unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params $(, $extra)?) }
             })
         }
     };
 }
-launch_kernel!(cuLaunchKernel, PFN_cuLaunchKernel_v4000);
-launch_kernel!(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz);
-
-macro_rules! launch_coop {
-    ($name:ident, $pfn:ty) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: takes the kernel's cost from the launch throttle first.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-            shared: c_uint, stream: CUstream, params: *mut *mut c_void,
-        ) -> CUresult {
-            guard(|| {
-                let launch = real!($name: $pfn);
-                let t = &state().current().throttle;
-                t.acquire(t.kernel_cost(blocks(gx, gy, gz)));
-                // SAFETY: forwarding the caller's arguments.
-                unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params) }
-            })
-        }
-    };
-}
-launch_coop!(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000);
-launch_coop!(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz);
+launch_kernel!(cuLaunchKernel, PFN_cuLaunchKernel_v4000, extra);
+launch_kernel!(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz, extra);
+launch_kernel!(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000);
+launch_kernel!(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz);
 
 macro_rules! launch_ex {
     ($name:ident, $pfn:ty) => {
@@ -612,41 +525,53 @@ macro_rules! launch_graph {
 
 // ---- graph memory nodes (see graphmem) -------------------------------------------------------
 
-/// Hooked `cuGraphAddMemAllocNode`: records the node's bytes for the graph (counted at launch).
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphAddMemAllocNode(
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
-    params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
-) -> CUresult {
-    guard(|| {
-        let add = real!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode_v11040);
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { add(node, graph, deps, ndeps, params) };
-        if rc == CUresult::CUDA_SUCCESS && !params.is_null() {
-            // SAFETY: the driver accepted these parameters (non-null, valid per its contract).
-            let p = unsafe { &*params };
-            state().graph_mem.node_added(graph as u64, p.poolProps.location.id.max(0) as usize, p.bytesize as u64);
-        }
-        rc
-    })
+/// After a successful instantiation: the exec (`*exec`) inherits `graph`'s memory-node bytes,
+/// counted (or refused) when it is launched or uploaded.
+fn instantiated(graph: CUgraph, exec: *mut CUgraphExec) {
+    let st = state();
+    st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
 }
 
-/// Hooked `cuGraphInstantiateWithFlags`: the exec inherits its graph's memory-node bytes.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult {
-    guard(|| {
-        let inst = real!(cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags_v11040);
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { inst(exec, graph, flags) };
-        if rc == CUresult::CUDA_SUCCESS {
-            let st = state();
-            st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+forward_then! {
+    /// Hooked `cuGraphAddMemAllocNode`: records the node's bytes for the graph (counted at launch).
+    fn cuGraphAddMemAllocNode(
+        node: *mut CUgraphNode,
+        graph: CUgraph,
+        deps: *const CUgraphNode,
+        ndeps: usize,
+        params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+    ): PFN_cuGraphAddMemAllocNode_v11040 => if !params.is_null() {
+        // SAFETY: the driver accepted these parameters (non-null, valid per its contract).
+        let p = unsafe { &*params };
+        state().graph_mem.node_added(graph as u64, p.poolProps.location.id.max(0) as usize, p.bytesize as u64);
+    };
+    /// Hooked `cuGraphInstantiateWithFlags` (also `cuGraphInstantiate` from CUDA 12.0 on): the
+    /// exec inherits its graph's memory-node bytes.
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64): PFN_cuGraphInstantiateWithFlags_v11040
+        => instantiated(graph, exec);
+    /// Hooked `cuGraphInstantiate` (CUDA 10.0's 5-argument ABI): counted like `cuGraphInstantiateWithFlags`.
+    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v10000
+        => instantiated(graph, exec);
+    /// Hooked `cuGraphInstantiate_v2` (CUDA 11.0, the same 5 arguments): counted like `cuGraphInstantiateWithFlags`.
+    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v11000
+        => instantiated(graph, exec);
+    /// Hooked `cuGraphExecDestroy`: forgets the exec's memory-node bytes.
+    fn cuGraphExecDestroy(exec: CUgraphExec): PFN_cuGraphExecDestroy_v10000 => {
+        let st = state();
+        st.graph_mem.exec_destroyed(exec as u64, st.gpus.len());
+    };
+    /// Hooked `cuGraphDestroy`: forgets the graph's memory-node bytes.
+    fn cuGraphDestroy(graph: CUgraph): PFN_cuGraphDestroy_v10000 => {
+        let st = state();
+        st.graph_mem.graph_destroyed(graph as u64, st.gpus.len());
+    };
+    /// Hooked `cuDeviceGraphMemTrim`: the graph pool's count settled to what the driver keeps.
+    fn cuDeviceGraphMemTrim(dev: CUdevice): PFN_cuDeviceGraphMemTrim_v11040 => {
+        let st = state();
+        if usize::try_from(dev).is_ok_and(|d| d < st.gpus.len()) {
+            crate::graphmem::settle(st.gpu(dev), dev);
         }
-        rc
-    })
+    };
 }
 
 /// `cuGraphInstantiateWithParams[_ptsz]`: counted like `cuGraphInstantiateWithFlags`. With
@@ -669,8 +594,7 @@ macro_rules! instantiate_with_params {
                     // SAFETY: forwarding the caller's arguments.
                     let rc = unsafe { inst(exec, graph, params) };
                     if rc == CUresult::CUDA_SUCCESS {
-                        let st = state();
-                        st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+                        instantiated(graph, exec);
                     }
                     return rc;
                 }
@@ -685,9 +609,8 @@ macro_rules! instantiate_with_params {
                 if rc != CUresult::CUDA_SUCCESS {
                     return rc;
                 }
-                let st = state();
-                let e: CUgraphExec = out!(exec);
-                st.graph_mem.instantiated(graph as u64, e as u64, st.gpus.len());
+                instantiated(graph, exec);
+                let (st, e): (_, CUgraphExec) = (state(), out!(exec));
                 // SAFETY: the exec just instantiated and the caller's upload stream.
                 let rc = unsafe { counted_upload(st, e, p.hUploadStream, upload) };
                 if rc != CUresult::CUDA_SUCCESS {
@@ -747,142 +670,17 @@ macro_rules! upload_graph {
 upload_graph!(cuGraphUpload, PFN_cuGraphUpload_v11010);
 upload_graph!(cuGraphUpload_ptsz, PFN_cuGraphUpload_v11010_ptsz);
 
-/// Hooked `cuGraphExecDestroy`: forgets the exec's memory-node bytes.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
-    guard(|| {
-        let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
-        // SAFETY: forwarding the caller's argument.
-        let rc = unsafe { destroy(exec) };
-        if rc == CUresult::CUDA_SUCCESS {
-            let st = state();
-            st.graph_mem.exec_destroyed(exec as u64, st.gpus.len());
-        }
-        rc
-    })
-}
-
-/// Hooked `cuGraphDestroy`: forgets the graph's memory-node bytes.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
-    guard(|| {
-        let destroy = real!(cuGraphDestroy: PFN_cuGraphDestroy_v10000);
-        // SAFETY: forwarding the caller's argument.
-        let rc = unsafe { destroy(graph) };
-        if rc == CUresult::CUDA_SUCCESS {
-            let st = state();
-            st.graph_mem.graph_destroyed(graph as u64, st.gpus.len());
-        }
-        rc
-    })
-}
-
-/// Hooked `cuDeviceGraphMemTrim`: the graph pool's count settled to what the driver keeps.
-#[no_mangle]
-pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
-    guard(|| {
-        let trim = real!(cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim_v11040);
-        // SAFETY: forwarding the caller's argument.
-        let rc = unsafe { trim(dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            let st = state();
-            if usize::try_from(dev).is_ok_and(|d| d < st.gpus.len()) {
-                crate::graphmem::settle(st.gpu(dev), dev);
-            }
-        }
-        rc
-    })
-}
 launch_graph!(cuGraphLaunch, PFN_cuGraphLaunch_v10000);
 launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
 
 // ---- contexts (tracked so they can be released before the process dies) ---------------------
 
-/// Hooked `cuCtxCreate_v2`: the context is tracked for release before the process dies.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuCtxCreate_v2: PFN_cuCtxCreate_v3020);
-        // A release has started (signal or exit): a context created now would outlive it.
-        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real_fn(pctx, flags, dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.created(out!(pctx));
-        }
-        rc
-    })
-}
-
-/// Hooked `cuCtxCreate_v3`: the context is tracked for release before the process dies.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuCtxCreate_v3: PFN_cuCtxCreate_v11040);
-        // A release has started (signal or exit): a context created now would outlive it.
-        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real_fn(pctx, params, n, flags, dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.created(out!(pctx));
-        }
-        rc
-    })
-}
-
-/// Hooked `cuCtxCreate_v4`: the context is tracked for release before the process dies.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuCtxCreate_v4: PFN_cuCtxCreate_v12050);
-        // A release has started (signal or exit): a context created now would outlive it.
-        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real_fn(pctx, params, flags, dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.created(out!(pctx));
-        }
-        rc
-    })
-}
-
-macro_rules! ctx_destroy {
-    ($name:ident, $pfn:ty) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: the destroyed context's allocations are given back.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(ctx: CUcontext) -> CUresult {
-            guard(|| {
-                let real_fn = real!($name: $pfn);
-                // SAFETY: forwarding the caller's argument.
-                let rc = unsafe { real_fn(ctx) };
-                if rc == CUresult::CUDA_SUCCESS {
-                    let st = state();
-                    st.contexts.destroyed(ctx);
-                    // The driver freed every allocation of the context: give their bytes back.
-                    st.release_context(ctx as u64);
-                }
-                rc
-            })
-        }
-    };
-}
-ctx_destroy!(cuCtxDestroy, PFN_cuCtxDestroy_v2000);
-ctx_destroy!(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000);
-
-/// Hooked `cuDevicePrimaryCtxRetain`: the primary context is tracked for release before exit.
-#[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    guard(|| {
-        let real_fn = real!(cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain_v7000);
-        // A release has started (signal or exit): a context created now would outlive it.
-        let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
-        // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { real_fn(pctx, dev) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().contexts.retained(dev, out!(pctx));
-        }
-        rc
-    })
+/// After a successful `cuCtxDestroy*`: the driver freed every allocation of the context, so
+/// their bytes go back.
+fn context_destroyed(ctx: CUcontext) {
+    let st = state();
+    st.contexts.destroyed(ctx);
+    st.release_context(ctx as u64);
 }
 
 /// After a successful primary-context release on `dev`: if that was the last retain, the
@@ -895,47 +693,39 @@ fn primary_released(dev: CUdevice) {
     }
 }
 
-macro_rules! primary_release {
-    ($name:ident, $pfn:ty) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: the last release gives the primary context's allocations back.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
-            guard(|| {
-                let real_fn = real!($name: $pfn);
-                // SAFETY: forwarding the caller's argument.
-                let rc = unsafe { real_fn(dev) };
-                if rc == CUresult::CUDA_SUCCESS {
-                    primary_released(dev);
-                }
-                rc
-            })
-        }
-    };
+/// After a successful primary-context reset on `dev`: the reset destroyed every allocation of
+/// the primary context; give their bytes back.
+fn primary_reset(dev: CUdevice) {
+    let st = state();
+    st.gpu(dev).quota.release_context(st.contexts.primary_handle(dev));
 }
-primary_release!(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v7000);
-primary_release!(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000);
 
-macro_rules! primary_reset {
-    ($name:ident, $pfn:ty) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: the reset primary context's allocations are given back.")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
-            guard(|| {
-                let real_fn = real!($name: $pfn);
-                // SAFETY: forwarding the caller's argument.
-                let rc = unsafe { real_fn(dev) };
-                if rc == CUresult::CUDA_SUCCESS {
-                    // Reset destroys every allocation of the primary context.
-                    let st = state();
-                    st.gpu(dev).quota.release_context(st.contexts.primary_handle(dev));
-                }
-                rc
-            })
-        }
-    };
+forward_then! {
+    /// Hooked `cuCtxCreate_v2`: the context is tracked for release before the process dies.
+    fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v3020 [gated]
+        => state().contexts.created(out!(pctx));
+    /// Hooked `cuCtxCreate_v3`: the context is tracked for release before the process dies.
+    fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v11040 [gated]
+        => state().contexts.created(out!(pctx));
+    /// Hooked `cuCtxCreate_v4`: the context is tracked for release before the process dies.
+    fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v12050 [gated]
+        => state().contexts.created(out!(pctx));
+    /// Hooked `cuDevicePrimaryCtxRetain`: the primary context is tracked for release before exit.
+    fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice): PFN_cuDevicePrimaryCtxRetain_v7000 [gated]
+        => state().contexts.retained(dev, out!(pctx));
+    /// Hooked `cuCtxDestroy`: the destroyed context's allocations are given back.
+    fn cuCtxDestroy(ctx: CUcontext): PFN_cuCtxDestroy_v2000 => context_destroyed(ctx);
+    /// Hooked `cuCtxDestroy_v2`: the destroyed context's allocations are given back.
+    fn cuCtxDestroy_v2(ctx: CUcontext): PFN_cuCtxDestroy_v4000 => context_destroyed(ctx);
+    /// Hooked `cuDevicePrimaryCtxRelease`: the last release gives the primary context's allocations back.
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice): PFN_cuDevicePrimaryCtxRelease_v7000 => primary_released(dev);
+    /// Hooked `cuDevicePrimaryCtxRelease_v2`: the last release gives the primary context's allocations back.
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice): PFN_cuDevicePrimaryCtxRelease_v11000 => primary_released(dev);
+    /// Hooked `cuDevicePrimaryCtxReset`: the reset primary context's allocations are given back.
+    fn cuDevicePrimaryCtxReset(dev: CUdevice): PFN_cuDevicePrimaryCtxReset_v7000 => primary_reset(dev);
+    /// Hooked `cuDevicePrimaryCtxReset_v2`: the reset primary context's allocations are given back.
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice): PFN_cuDevicePrimaryCtxReset_v11000 => primary_reset(dev);
 }
-primary_reset!(cuDevicePrimaryCtxReset, PFN_cuDevicePrimaryCtxReset_v7000);
-primary_reset!(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000);
 
 // ---- signals (the application's SIGINT/SIGTERM actions are kept behind ours) ----------------
 

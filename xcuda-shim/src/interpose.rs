@@ -51,7 +51,8 @@ hooked_symbols! {
         cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
         cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
-        cuGraphAddMemAllocNode, cuGraphInstantiateWithFlags, cuGraphExecDestroy, cuGraphDestroy,
+        cuGraphAddMemAllocNode, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
+        cuGraphExecDestroy, cuGraphDestroy,
         cuDeviceGraphMemTrim,
         cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphUpload, cuGraphUpload_ptsz,
     ],
@@ -251,7 +252,12 @@ mod tests {
             assert_eq!(proc_address_override(b"cuMemCreate", v, 0), ours(Sym::cuMemCreate));
             assert_eq!(proc_address_override(b"cuLaunchKernelEx", v, 2), ours(Sym::cuLaunchKernelEx_ptsz));
             assert_eq!(proc_address_override(b"cuDevicePrimaryCtxReset", v, 0), ours(Sym::cuDevicePrimaryCtxReset_v2));
+            // CUDA 12.0 gave the name to cuGraphInstantiateWithFlags.
+            assert_eq!(proc_address_override(b"cuGraphInstantiate", v, 0), ours(Sym::cuGraphInstantiateWithFlags));
         }
+        // The 5-argument ABIs of older callers.
+        assert_eq!(proc_address_override(b"cuGraphInstantiate", 10000, 0), ours(Sym::cuGraphInstantiate));
+        assert_eq!(proc_address_override(b"cuGraphInstantiate", 11080, 2), ours(Sym::cuGraphInstantiate_v2));
         // CUDA 13.0's new ABI of an API we only call ourselves: the driver's pointer.
         assert_eq!(proc_address_override(b"cuCtxSynchronize", 13000, 0), None);
     }

@@ -5,6 +5,20 @@ use cuda_abi::CUresult;
 
 use crate::quota::{Kind, Quota};
 
+/// Reserves `bytes`, then runs the driver's `alloc`: `CUDA_ERROR_OUT_OF_MEMORY` (nothing
+/// called) over the quota; the reservation given back if the driver fails.
+#[inline(always)]
+fn reserved(q: &Quota, bytes: u64, alloc: impl FnOnce() -> CUresult) -> CUresult {
+    if !q.try_reserve(bytes) {
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = alloc();
+    if rc != CUresult::CUDA_SUCCESS {
+        q.release(bytes);
+    }
+    rc
+}
+
 /// Reserves `bytes`, runs the driver's `alloc`; on success records the new allocation's key,
 /// on failure gives the reservation back. If the allocation cannot be tracked it is undone.
 #[inline]
@@ -16,12 +30,8 @@ pub fn counted(
     key: impl FnOnce() -> u64,
     undo: impl FnOnce(u64),
 ) -> CUresult {
-    if !q.try_reserve(bytes) {
-        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let rc = alloc();
+    let rc = reserved(q, bytes, alloc);
     if rc != CUresult::CUDA_SUCCESS {
-        q.release(bytes);
         return rc;
     }
     let k = key();
@@ -72,12 +82,8 @@ pub fn pitched(
     result: impl FnOnce() -> (u64, u64),
     undo: impl FnOnce(u64),
 ) -> CUresult {
-    if !q.try_reserve(estimate) {
-        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let rc = alloc();
+    let rc = reserved(q, estimate, alloc);
     if rc != CUresult::CUDA_SUCCESS {
-        q.release(estimate);
         return rc;
     }
     let (key, actual) = result();

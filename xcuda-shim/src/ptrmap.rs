@@ -86,42 +86,33 @@ impl PtrMap {
         false
     }
 
-    /// Removes `key`, returning the bytes counted for it; `None` for an unknown key.
-    pub fn remove(&self, key: u64) -> Option<u64> {
-        let k = stored(key)?;
-        let mut i = self.start(k);
-        for _ in 0..=self.max_probe.load(Acquire).min(self.mask) {
-            let key = &self.keys[i];
-            let cur = key.load(Acquire);
-            if cur == EMPTY {
-                return None;
-            }
-            if cur == k {
-                // The value was stored before the key became visible to us; whoever wins
-                // the key owns it.
-                let bytes = self.entries[i].val.load(Acquire);
-                if key.compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
-                    return Some(bytes);
-                }
-                return None;
-            }
-            i = (i + 1) & self.mask;
-        }
-        None
-    }
-
-    /// Bytes recorded for `key`, if live.
-    pub fn get(&self, key: u64) -> Option<u64> {
+    /// The slot holding `key` and its stored form, if live: probes no further than any insert
+    /// placed a key.
+    #[inline]
+    fn find(&self, key: u64) -> Option<(usize, u64)> {
         let k = stored(key)?;
         let mut i = self.start(k);
         for _ in 0..=self.max_probe.load(Acquire).min(self.mask) {
             match self.keys[i].load(Acquire) {
                 EMPTY => return None,
-                cur if cur == k => return Some(self.entries[i].val.load(Acquire)),
+                cur if cur == k => return Some((i, k)),
                 _ => i = (i + 1) & self.mask,
             }
         }
         None
+    }
+
+    /// Removes `key`, returning the bytes counted for it; `None` for an unknown key.
+    pub fn remove(&self, key: u64) -> Option<u64> {
+        let (i, k) = self.find(key)?;
+        // The value was stored before the key became visible to us; whoever wins the key owns it.
+        let bytes = self.entries[i].val.load(Acquire);
+        self.keys[i].compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok().then_some(bytes)
+    }
+
+    /// Bytes recorded for `key`, if live.
+    pub fn get(&self, key: u64) -> Option<u64> {
+        self.find(key).map(|(i, _)| self.entries[i].val.load(Acquire))
     }
 
     /// The largest distance from its start slot at which a key was ever placed (tests, bench).

@@ -21,6 +21,37 @@ fn held_by(host: &EmuHost, pid: u32) -> u64 {
     host.device().snapshot().processes.iter().find(|p| p.pid == pid).map_or(0, |p| p.used_memory)
 }
 
+/// `program` running `steps` (ending in `ready wait`) under the 64 MiB quota of `group`, once it
+/// is ready: the child, its stdout lines and a message with both of its streams.
+fn ready(host: &EmuHost, program: &str, group: &str, steps: &[&str]) -> (e2e::EmuChild, Vec<String>, String) {
+    let mut c = limited(host, program, QUOTA, group);
+    c.args(steps);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{steps:?}: {}\n{}", k.stdout(), k.stderr()));
+    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
+    let msg = format!("{steps:?}: {out:?}\n{}", k.stderr());
+    (k, out, msg)
+}
+
+/// `ctx`, 40 MiB allocated, then `graph` (a 30 MiB graph allocation: over the 64 MiB quota) and
+/// `ready wait`: `step`'s `launch` field is CUDA_ERROR_OUT_OF_MEMORY, the graph pool stays empty
+/// and, outside the shim, the process holds only the plain allocation. Returns the ready child.
+fn refused_at_launch(host: &EmuHost, program: &str, group: &str, graph: &[&str], step: &str, launch: &str) -> (e2e::EmuChild, Vec<String>, String) {
+    let forty = (40 * MIB).to_string();
+    let steps: Vec<&str> = ["ctx", "alloc", forty.as_str()].into_iter().chain(graph.iter().copied()).chain(["ready", "wait"]).collect();
+    let (k, out, msg) = ready(host, program, group, &steps);
+    assert_eq!(field_of(&out, step, launch), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(field_of(&out, step, "pool_reserved"), "0", "{msg}");
+    assert_eq!(held_by(host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
+    (k, out, msg)
+}
+
+/// Lets a child waiting at `wait` finish.
+fn done(mut k: e2e::EmuChild) {
+    k.send_line("go");
+    k.finish(T);
+}
+
 /// Control run: without the shim the emulated driver maps a 100 MiB graph allocation.
 #[test]
 fn without_the_shim_graph_memory_is_not_limited() {
@@ -37,19 +68,11 @@ fn without_the_shim_graph_memory_is_not_limited() {
 #[test]
 fn a_graph_launch_over_quota_is_refused_before_anything_is_mapped() {
     let host = EmuHost::new();
-    let mut c = limited(&host, "shim_client", QUOTA, "g1");
-    c.args(["ctx", "alloc", &(40 * MIB).to_string(), "graphmem", &(30 * MIB).to_string(), "1", "1", "ready", "wait"]);
-    let mut k = host.spawn(&mut c);
-    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
-    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
-    let msg = format!("{out:?}\n{}", k.stderr());
+    let thirty = (30 * MIB).to_string();
+    let (k, out, msg) = refused_at_launch(&host, "shim_client", "g1", &["graphmem", &thirty, "1", "1"], "graphmem", "launches");
     assert_eq!(field_of(&out, "graphmem", "node"), "0", "adding the node maps nothing: {msg}");
-    assert_eq!(field_of(&out, "graphmem", "launches"), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
-    assert_eq!(field_of(&out, "graphmem", "pool_reserved"), "0", "{msg}");
-    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
     assert!(k.stderr().contains("graph launch refused"), "said loudly: {msg}");
-    k.send_line("go");
-    k.finish(T);
+    done(k);
 }
 
 /// The pool is counted once however often the graph runs (the driver reuses it), keeps counting
@@ -93,18 +116,10 @@ fn the_graph_pool_is_counted_once_and_given_back_on_trim() {
 #[test]
 fn an_exec_instantiated_with_params_is_counted_at_launch() {
     let host = EmuHost::new();
-    let mut c = limited(&host, "shim_client", QUOTA, "g3");
-    c.args(["ctx", "alloc", &(40 * MIB).to_string(), "graphmemp", &(30 * MIB).to_string(), "1", "1", "0", "ready", "wait"]);
-    let mut k = host.spawn(&mut c);
-    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
-    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
-    let msg = format!("{out:?}\n{}", k.stderr());
+    let thirty = (30 * MIB).to_string();
+    let (k, out, msg) = refused_at_launch(&host, "shim_client", "g3", &["graphmemp", &thirty, "1", "1", "0"], "graphmemp", "launches");
     assert_eq!(field_of(&out, "graphmemp", "inst"), "0", "{msg}");
-    assert_eq!(field_of(&out, "graphmemp", "launches"), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
-    assert_eq!(field_of(&out, "graphmemp", "pool_reserved"), "0", "{msg}");
-    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
-    k.send_line("go");
-    k.finish(T);
+    done(k);
 }
 
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` maps the graph's memory at instantiation, before any
@@ -116,33 +131,19 @@ fn an_upload_at_instantiation_is_counted_or_refused() {
     let host = EmuHost::new();
     let l = ledger(&host);
     let mib = |n: u64| (n * MIB).to_string();
-    let mut c = limited(&host, "shim_client", QUOTA, "g4");
-    c.args(["ctx", "alloc", &mib(40), "graphmemp", &mib(30), "1", "0", "2", "ready", "wait"]);
-    let mut k = host.spawn(&mut c);
-    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
-    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
-    let msg = format!("{out:?}\n{}", k.stderr());
-    assert_eq!(field_of(&out, "graphmemp", "inst"), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    // The instantiation itself is refused (`inst`, nothing launched).
+    let (k, out, msg) = refused_at_launch(&host, "shim_client", "g4", &["graphmemp", &mib(30), "1", "0", "2"], "graphmemp", "inst");
     assert_eq!(field_of(&out, "graphmemp", "result_out"), "1", "CUDA_GRAPH_INSTANTIATE_ERROR: {msg}");
-    assert_eq!(field_of(&out, "graphmemp", "pool_reserved"), "0", "{msg}");
-    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
-    k.send_line("go");
-    k.finish(T);
+    done(k);
 
-    let mut c = limited(&host, "shim_client", QUOTA, "g5");
-    c.args(["ctx", "graphmemp", &mib(30), "1", "2", "2", "ready", "wait"]);
-    let mut k = host.spawn(&mut c);
-    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    let (k, out, msg) = ready(&host, "shim_client", "g5", &["ctx", "graphmemp", &mib(30), "1", "2", "2", "ready", "wait"]);
     let pid = k.pid();
-    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
-    let msg = format!("{out:?}\n{}", k.stderr());
     assert_eq!((field_of(&out, "graphmemp", "inst"), field_of(&out, "graphmemp", "result_out")), ("0".into(), "0".into()), "{msg}");
     assert_eq!(field_of(&out, "graphmemp", "launches"), "0,0", "{msg}");
     assert_eq!(field_of(&out, "graphmemp", "pool_reserved"), mib(30), "{msg}");
     let me = l.procs().into_iter().find(|p| p.pid == pid).map_or(0, |p| p.mem_bytes);
     assert_eq!(me, 30 * MIB, "the uploaded pool, counted once: {msg}");
-    k.send_line("go");
-    k.finish(T);
+    done(k);
 }
 
 /// The emulated driver refuses the instantiations cuda.h says the real one refuses (no shim):
@@ -157,5 +158,52 @@ fn the_emulator_refuses_instantiations_the_driver_refuses() {
         let out = run(&host, &mut c);
         assert_eq!(field_of(&out, "graphmemp", "inst"), "1", "flags {flags}: CUDA_ERROR_INVALID_VALUE: {out:?}");
         assert_eq!(field_of(&out, "graphmemp", "result_out"), result_out, "flags {flags}: {out:?}");
+    }
+}
+
+/// The legacy 5-argument `cuGraphInstantiate` (CUDA 10.0) and `cuGraphInstantiate_v2` (11.0),
+/// exported and through `cuGetProcAddress("cuGraphInstantiate", version)`, and the name's CUDA
+/// 12.0 meaning (cuGraphInstantiateWithFlags): each exec is counted at launch like the others —
+/// 40 MiB allocated + a 30 MiB graph allocation > 64 MiB, so the launch is refused with
+/// CUDA_ERROR_OUT_OF_MEMORY and nothing is mapped. Before the hooks the shim never saw these
+/// execs' memory nodes: the launch mapped 30 MiB past the quota (graphlegacy=0).
+#[test]
+fn an_exec_instantiated_through_the_legacy_name_is_counted_at_launch() {
+    let host = EmuHost::new();
+    let thirty = (30 * MIB).to_string();
+    for (i, how) in ["dlsym", "dlsym_v2", "10000", "11000", "12000", "13000"].into_iter().enumerate() {
+        let graph = ["graphlegacy", thirty.as_str(), how];
+        let (k, out, msg) = refused_at_launch(&host, "emu-client", &format!("gl{i}"), &graph, "graphlegacy", "graphlegacy");
+        assert_eq!(field_of(&out, "graphlegacy", "inst"), "0", "{how}: {msg}");
+        done(k);
+    }
+}
+
+/// `cuGetProcAddress("cuGraphInstantiate", v)` on the emulated driver answers as cuda.h says a
+/// real one does — `cuGraphInstantiate` below 11.0, `cuGraphInstantiate_v2` below 12.0,
+/// `cuGraphInstantiateWithFlags` from 12.0 — on a 12.9 and on a 13.0 driver alike (the 13.0
+/// headers still declare both 5-argument ABIs), and without the shim the legacy instantiation
+/// maps the graph's memory at launch (the control run).
+#[test]
+fn the_emulator_answers_the_legacy_name_by_version() {
+    let host = EmuHost::new();
+    for driver in ["12090", "13000"] {
+        let mut c = unlimited(&host, "emu-client");
+        c.env("GPUEMU_CUDA_VERSION", driver);
+        for v in ["10000", "10020", "11000", "11080", "12000", "13000"] {
+            c.args(["procaddr", "cuGraphInstantiate", v, "0"]);
+        }
+        c.args(["ctx", "graphlegacy", &(30 * MIB).to_string(), "11000"]);
+        let out = run(&host, &mut c);
+        let syms: Vec<&str> = out.iter().filter(|l| l.starts_with("procaddr ")).map(|l| e2e::field(l, "symbol").unwrap_or("?")).collect();
+        let flags = "cuGraphInstantiateWithFlags";
+        let want = ["cuGraphInstantiate", "cuGraphInstantiate", "cuGraphInstantiate_v2", "cuGraphInstantiate_v2", flags, flags];
+        assert_eq!(syms, want, "driver {driver}: {out:?}");
+        assert_eq!(field_of(&out, "graphlegacy", "graphlegacy"), "0", "driver {driver}: {out:?}");
+        assert_eq!(field_of(&out, "graphlegacy", "pool_reserved"), (30 * MIB).to_string(), "driver {driver}: {out:?}");
+        // A second instantiation of a graph with memory nodes is refused (CUDA_ERROR_INVALID_VALUE)
+        // and said in the caller's log buffer.
+        assert_eq!(field_of(&out, "graphlegacy", "again"), "1", "driver {driver}: {out:?}");
+        assert_ne!(field_of(&out, "graphlegacy", "log"), "0", "driver {driver}: {out:?}");
     }
 }

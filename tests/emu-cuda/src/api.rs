@@ -225,6 +225,30 @@ unsafe fn image_text<'a>(image: *const c_void) -> R<&'a str> {
     std::str::from_utf8(bytes).map_err(|_| CUresult::CUDA_ERROR_INVALID_IMAGE)
 }
 
+/// The graph kernel node a `CUDA_KERNEL_NODE_PARAMS[_v1]` pointer describes (the fields both
+/// ABIs share), or `CUDA_ERROR_INVALID_VALUE` from the entry point for a null one.
+macro_rules! kernel_node {
+    ($params:expr) => {{
+        if $params.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = *$params;
+        graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?
+    }};
+}
+
+/// `cuEventElapsedTime[_v2]`: milliseconds between two recorded events.
+///
+/// # Safety
+/// `out` null or writable.
+unsafe fn elapsed(out: *mut c_float, start: CUevent, end: CUevent) -> R {
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: checked non-null out-pointer.
+    unsafe { put(out, driver::event_elapsed(h(start), h(end))?) }
+}
+
 export! {
     fn cuGetErrorString(error: CUresult, pStr: *mut *const c_char) {
         match error.description_cstr() {
@@ -417,28 +441,10 @@ export! {
         }
         Ok(())
     }
-    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) {
-        driver::current()?;
-        if pp.is_null() || bytesize == 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = libc::malloc(bytesize);
-        if p.is_null() {
-            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        put(pp, p)
-    }
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) { host_alloc(pp, bytesize) }
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) {
         let _ = Flags;
-        driver::current()?;
-        if pp.is_null() || bytesize == 0 {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = libc::malloc(bytesize);
-        if p.is_null() {
-            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        put(pp, p)
+        host_alloc(pp, bytesize)
     }
     fn cuMemFreeHost(p: *mut c_void) {
         driver::drv()?;
@@ -557,20 +563,8 @@ export! {
         driver::check_stream(h(hStream))?;
         driver::mem_free(dptr)
     }
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
-    }
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
-    }
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
     fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) {
         if pool.is_null() || poolProps.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -581,20 +575,10 @@ export! {
     }
     fn cuMemPoolDestroy(pool: CUmemoryPool) { driver::pool_destroy(h(pool)) }
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
-        driver::pool_check(h(pool))?;
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
+        alloc_async(dptr, bytesize, Some(pool), hStream)
     }
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
-        driver::pool_check(h(pool))?;
-        driver::check_stream(h(hStream))?;
-        if dptr.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(dptr, driver::mem_alloc(bytesize as u64)?)
+        alloc_async(dptr, bytesize, Some(pool), hStream)
     }
     fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, p: CUdeviceptr) {
         let ctx = driver::pointer_owner(p)?;
@@ -638,16 +622,10 @@ export! {
     fn cuEventDestroy(hEvent: CUevent) { driver::event_destroy(h(hEvent)) }
     fn cuEventDestroy_v2(hEvent: CUevent) { driver::event_destroy(h(hEvent)) }
     fn cuEventElapsedTime(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent) {
-        if pMilliseconds.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(pMilliseconds, driver::event_elapsed(h(hStart), h(hEnd))?)
+        elapsed(pMilliseconds, hStart, hEnd)
     }
     fn cuEventElapsedTime_v2(pMilliseconds: *mut c_float, hStart: CUevent, hEnd: CUevent) {
-        if pMilliseconds.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        put(pMilliseconds, driver::event_elapsed(h(hStart), h(hEnd))?)
+        elapsed(pMilliseconds, hStart, hEnd)
     }
     fn cuLaunchKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
         launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, extra, false)
@@ -674,26 +652,22 @@ export! {
         put(phGraph, ptr(driver::graph_create()?))
     }
     fn cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) {
-        if nodeParams.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = *nodeParams;
-        let node = graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?;
-        add_node(phGraphNode, hGraph, dependencies, numDependencies, node)
+        add_node(phGraphNode, hGraph, dependencies, numDependencies, kernel_node!(nodeParams))
     }
     fn cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) {
-        if nodeParams.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = *nodeParams;
-        let node = graph_node(p.func, [p.gridDimX, p.gridDimY, p.gridDimZ], [p.blockDimX, p.blockDimY, p.blockDimZ], p.sharedMemBytes, p.kernelParams, p.extra)?;
-        add_node(phGraphNode, hGraph, dependencies, numDependencies, node)
+        add_node(phGraphNode, hGraph, dependencies, numDependencies, kernel_node!(nodeParams))
     }
     fn cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64) {
         if phGraphExec.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         put(phGraphExec, ptr(driver::graph_instantiate(h(hGraph), flags, false).map_err(|(rc, _)| rc)?))
+    }
+    fn cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize) {
+        instantiate_legacy(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)
+    }
+    fn cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize) {
+        instantiate_legacy(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize)
     }
     fn cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) {
         instantiate_with_params(phGraphExec, hGraph, instantiateParams)
@@ -775,6 +749,32 @@ export! {
     }
 }
 
+/// The 5-argument `cuGraphInstantiate` (CUDA 10.0) / `cuGraphInstantiate_v2` (11.0): what
+/// `cuGraphInstantiateWithFlags` does with no flags; a refusal is described in `log` (truncated to
+/// `size`, NUL-terminated) when the caller gave one. `error_node` stays untouched (cuda.h: "may be
+/// modified"; the emulator names no offending node).
+///
+/// # Safety
+/// `out` null or writable; `log` null or valid for `size` bytes of writes.
+unsafe fn instantiate_legacy(out: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize) -> R {
+    let _ = error_node;
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    match driver::graph_instantiate(h(graph), 0, false) {
+        // SAFETY: checked non-null out-pointer.
+        Ok(exec) => unsafe { put(out, ptr(exec)) },
+        Err((rc, why)) => {
+            if !log.is_null() && size > 0 {
+                let msg = format!("graph instantiation failed: {rc:?} (CUgraphInstantiateResult {})", why.0);
+                // SAFETY: the caller's buffer of `size` > 0 bytes.
+                let _ = unsafe { put_str(log, c_int::try_from(size).unwrap_or(c_int::MAX), &msg) };
+            }
+            Err(rc)
+        }
+    }
+}
+
 /// `cuGraphInstantiateWithParams[_ptsz]`: instantiates with `flags`, reports `result_out` and
 /// `hErrNode_out` (null: the emulator names no offending node), then uploads into
 /// `hUploadStream` when `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` asks for it (a failed upload fails
@@ -842,16 +842,62 @@ unsafe fn add_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNo
     unsafe { put(out, ptr(driver::graph_add_kernel(h(graph), node)?)) }
 }
 
-unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u64>) -> R {
-    if n == 0 {
-        return Ok(());
+/// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`) and their `_ptsz`: committed at once
+/// (the emulator's pools hold no memory back).
+///
+/// # Safety
+/// `dptr` null or writable.
+unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUmemoryPool>, stream: CUstream) -> R {
+    if let Some(p) = pool {
+        driver::pool_check(h(p))?;
     }
-    if src.is_null() || n > isize::MAX as usize {
+    driver::check_stream(h(stream))?;
+    if dptr.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    driver::check_device_range(dst, n as u64)?;
+    // SAFETY: checked non-null out-pointer.
+    unsafe { put(dptr, driver::mem_alloc(bytesize as u64)?) }
+}
+
+/// `cuMemAllocHost_v2` / `cuMemHostAlloc`: `bytesize` bytes of host memory (plain `malloc`: the
+/// emulator has no page-locking to do) in a context.
+///
+/// # Safety
+/// `pp` null or writable.
+unsafe fn host_alloc(pp: *mut *mut c_void, bytesize: usize) -> R {
+    driver::current()?;
+    if pp.is_null() || bytesize == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: malloc has no preconditions; a null answer is handled.
+    let p = unsafe { libc::malloc(bytesize) };
+    if p.is_null() {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // SAFETY: checked non-null out-pointer.
+    unsafe { put(pp, p) }
+}
+
+/// Whether a copy of `n` bytes between a host buffer (`host_null`: none) and device address
+/// `dev` has anything to do, after its checks: nothing for 0 bytes, a host buffer and a device
+/// range the driver knows, and an async copy (`stream`) waits for its stream's earlier work.
+fn copy_ready(host_null: bool, dev: CUdeviceptr, n: usize, stream: Option<u64>) -> R<bool> {
+    if n == 0 {
+        return Ok(false);
+    }
+    if host_null || n > isize::MAX as usize {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    driver::check_device_range(dev, n as u64)?;
     if let Some(s) = stream {
         driver::sync_for_async(s)?;
+    }
+    Ok(true)
+}
+
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u64>) -> R {
+    if !copy_ready(src.is_null(), dst, n, stream)? {
+        return Ok(());
     }
     // SAFETY: the caller's host buffer holds `n` readable bytes.
     let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) };
@@ -859,15 +905,8 @@ unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Option<u6
 }
 
 unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Option<u64>) -> R {
-    if n == 0 {
+    if !copy_ready(dst.is_null(), src, n, stream)? {
         return Ok(());
-    }
-    if dst.is_null() || n > isize::MAX as usize {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-    }
-    driver::check_device_range(src, n as u64)?;
-    if let Some(s) = stream {
-        driver::sync_for_async(s)?;
     }
     // SAFETY: the caller's host buffer has room for `n` bytes.
     let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };

@@ -796,28 +796,25 @@ fn wait_ticket(d: &Driver, t: u64) -> R<u64> {
     gp.dev.wait(&gp.client, t).map_err(dev_err)
 }
 
-/// `cuStreamSynchronize`: waits for the stream's last kernel (emulated completion).
-pub fn stream_sync(h: u64) -> R {
+/// The driver and the ticket of the last kernel queued on stream `h` of the current context.
+fn last_on_stream(h: u64) -> R<(&'static Driver, u64)> {
     let d = drv()?;
     let ctx = current()?;
-    let last = {
-        let g = d.lock();
-        let s = stream_ref(&g, ctx, h)?;
-        last_of(&g, s)
-    };
+    let g = d.lock();
+    let s = stream_ref(&g, ctx, h)?;
+    Ok((d, last_of(&g, s)))
+}
+
+/// `cuStreamSynchronize`: waits for the stream's last kernel (emulated completion).
+pub fn stream_sync(h: u64) -> R {
+    let (d, last) = last_on_stream(h)?;
     wait_ticket(d, last)?;
     Ok(())
 }
 
 /// `CUDA_SUCCESS` if the stream is idle, `CUDA_ERROR_NOT_READY` otherwise.
 pub fn stream_query(h: u64) -> R {
-    let d = drv()?;
-    let ctx = current()?;
-    let last = {
-        let g = d.lock();
-        let s = stream_ref(&g, ctx, h)?;
-        last_of(&g, s)
-    };
+    let (d, last) = last_on_stream(h)?;
     d.gate()?;
     match d.kernel_status(last) {
         KernelStatus::Pending => Err(CUresult::CUDA_ERROR_NOT_READY),
@@ -1360,45 +1357,38 @@ pub fn check_device_range(addr: u64, len: u64) -> R {
     check_range(&drv()?.lock(), addr, len)
 }
 
-/// Host-to-device copy (after the context's work when `sync`).
-pub fn memcpy_htod(dst: u64, src: &[u8], sync: bool) -> R {
+/// Runs `op` on device memory once every `(addr, len)` of `ranges` is checked: after the
+/// context's queued work when `sync`, else only through the gate (an async copy whose stream
+/// was synchronised already).
+fn on_memory(sync: bool, ranges: &[(u64, u64)], op: impl FnOnce(&mut Inner)) -> R {
     let d = drv()?;
     if sync { ctx_sync()? } else { d.gate()? }
     let mut g = d.lock();
-    check_range(&g, dst, src.len() as u64)?;
-    g.mem.write(dst, src);
+    for &(addr, len) in ranges {
+        check_range(&g, addr, len)?;
+    }
+    op(&mut g);
     Ok(())
+}
+
+/// Host-to-device copy (after the context's work when `sync`).
+pub fn memcpy_htod(dst: u64, src: &[u8], sync: bool) -> R {
+    on_memory(sync, &[(dst, src.len() as u64)], |g| g.mem.write(dst, src))
 }
 
 /// Device-to-host copy, after the context's queued work.
 pub fn memcpy_dtoh(dst: &mut [u8], src: u64) -> R {
-    let d = drv()?;
-    ctx_sync()?;
-    let g = d.lock();
-    check_range(&g, src, dst.len() as u64)?;
-    g.mem.read(src, dst);
-    Ok(())
+    on_memory(true, &[(src, dst.len() as u64)], |g| g.mem.read(src, dst))
 }
 
 /// Device-to-device copy, after the context's queued work.
 pub fn memcpy_dtod(dst: u64, src: u64, len: u64) -> R {
-    let d = drv()?;
-    ctx_sync()?;
-    let mut g = d.lock();
-    check_range(&g, src, len)?;
-    check_range(&g, dst, len)?;
-    g.mem.copy(dst, src, len);
-    Ok(())
+    on_memory(true, &[(src, len), (dst, len)], |g| g.mem.copy(dst, src, len))
 }
 
-/// `cuMemsetD8`.
+/// `cuMemsetD8`, after the context's queued work.
 pub fn memset_d8(dst: u64, v: u8, n: u64) -> R {
-    let d = drv()?;
-    ctx_sync()?;
-    let mut g = d.lock();
-    check_range(&g, dst, n)?;
-    g.mem.fill(dst, n, v);
-    Ok(())
+    on_memory(true, &[(dst, n)], |g| g.mem.fill(dst, n, v))
 }
 
 /// Synchronises `stream` before an async copy (copies themselves are instantaneous).

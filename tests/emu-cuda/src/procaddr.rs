@@ -138,6 +138,8 @@ exports! {
     cuGraphCreate: PFN_cuGraphCreate_v10000,
     cuGraphAddKernelNode: PFN_cuGraphAddKernelNode_v10000,
     cuGraphAddKernelNode_v2: PFN_cuGraphAddKernelNode_v12000,
+    cuGraphInstantiate: PFN_cuGraphInstantiate_v10000,
+    cuGraphInstantiate_v2: PFN_cuGraphInstantiate_v11000,
     cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags_v11040,
     cuGraphInstantiateWithParams: PFN_cuGraphInstantiateWithParams_v12000,
     cuGraphInstantiateWithParams_ptsz: PFN_cuGraphInstantiateWithParams_v12000_ptsz,
@@ -202,5 +204,9 @@ mod tests {
         assert_ne!(lookup("cuLaunchKernel", 12000, 0).unwrap(), lookup("cuLaunchKernel", 12000, 2).unwrap());
         assert_eq!(lookup("", 12000, 0), Err(CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND));
         assert_eq!(lookup("cuLaunchKernelEx", 11000, 0), Err(CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT));
+        // The legacy 5-argument instantiation by version, then the name's CUDA 12.0 meaning.
+        assert_eq!(lookup("cuGraphInstantiate", 10000, 0).unwrap(), exported("cuGraphInstantiate").unwrap());
+        assert_eq!(lookup("cuGraphInstantiate", 11000, 0).unwrap(), exported("cuGraphInstantiate_v2").unwrap());
+        assert_eq!(lookup("cuGraphInstantiate", 12000, 0).unwrap(), exported("cuGraphInstantiateWithFlags").unwrap());
     }
 }

@@ -11,7 +11,9 @@
 //! bound to a node, or already Succeeded/Failed, is deleted at once. Evicting a pod already
 //! Terminating changes nothing and answers 201, as the API server does. The Job controller
 //! follows the default `podReplacementPolicy: TerminatingOrFailed`: a Job's pod is replaced as
-//! soon as it is Terminating (or deleted), once.
+//! soon as it is Terminating (or deleted), once. A later deletion (or eviction) of a
+//! Terminating pod with a shorter `gracePeriodSeconds` shortens its grace, counted from the
+//! first deletion; 0 deletes it at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{channel, Sender};
@@ -61,12 +63,24 @@ struct State {
     events: Vec<Value>,
     evictions: Vec<Value>,
     bindings: Vec<Value>,
-    /// Terminating pods (namespace, name, uid) -> when the kubelet kills them (grace over).
-    terminating: BTreeMap<(String, String, String), Instant>,
+    /// Terminating pods (namespace, name, uid) -> when their graceful deletion began and when
+    /// the kubelet kills them (grace over).
+    terminating: BTreeMap<(String, String, String), Termination>,
     /// Real time one grace second lasts.
     grace_second: Duration,
     /// UIDs of the Job pods already replaced by the Job controller.
     replaced: BTreeSet<String>,
+}
+
+/// A pod's graceful deletion in progress.
+#[derive(Debug, Clone, Copy)]
+struct Termination {
+    /// When the first deletion request came (real time, for the grace clock).
+    since: Instant,
+    /// The same moment as Unix seconds (for `deletionTimestamp`).
+    since_unix: i64,
+    /// When the kubelet kills the pod: `since` + grace.
+    until: Instant,
 }
 
 /// Grace period of a pod without `spec.terminationGracePeriodSeconds` (the API default).
@@ -80,12 +94,16 @@ pub struct FakeCluster {
 }
 
 fn now_rfc3339() -> String {
-    rfc3339_in(0)
+    rfc3339_at(now_unix())
 }
 
-/// The wall-clock time `secs` seconds from now, RFC 3339 (seconds, UTC).
-fn rfc3339_in(secs: u64) -> String {
-    let s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64 + secs as i64;
+/// Seconds since the Unix epoch, now.
+fn now_unix() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+/// The wall-clock time `s` (Unix seconds), RFC 3339 (seconds, UTC).
+fn rfc3339_at(s: i64) -> String {
     let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
     let z = days + 719_468;
@@ -295,13 +313,14 @@ impl State {
     }
 
     /// Graceful deletion of the pod at `key` (see the module docs): deleted at once when not
-    /// bound or already finished, else marked Terminating. Already Terminating: unchanged
-    /// (a shorter `grace` than what is left would shorten it on a real server; not modelled).
+    /// bound or already finished, else marked Terminating. Already Terminating: see
+    /// [`State::shorten_grace`].
     fn delete_gracefully(&mut self, key: &(String, String), grace: Option<u64>, conditions: Option<Value>) {
         let Some(mut pod) = self.pods.get(key).cloned() else {
             return;
         };
         if pod["metadata"]["deletionTimestamp"].is_string() {
+            self.shorten_grace(key, pod, grace);
             return;
         }
         let bound = pod["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
@@ -328,15 +347,45 @@ impl State {
             }
             return;
         }
-        pod["metadata"]["deletionTimestamp"] = rfc3339_in(grace).into();
+        let (since, since_unix) = (Instant::now(), now_unix());
+        pod["metadata"]["deletionTimestamp"] = rfc3339_at(since_unix + grace as i64).into();
         pod["metadata"]["deletionGracePeriodSeconds"] = grace.into();
         self.change(Kind::Pod, Some(old), Some(&mut pod));
         self.pods.insert(key.clone(), pod.clone());
         let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
-        let until = Instant::now() + self.grace_second.saturating_mul(grace as u32);
-        self.terminating.insert((key.0.clone(), key.1.clone(), uid), until);
+        let until = since + self.grace_second.saturating_mul(grace as u32);
+        let t = Termination { since, since_unix, until };
+        self.terminating.insert((key.0.clone(), key.1.clone(), uid), t);
         // TerminatingOrFailed: the replacement starts now, beside the terminating pod.
         self.replace_job_pod(&pod);
+    }
+
+    /// A deletion of a pod already Terminating, as the API server's `BeforeDelete` treats it:
+    /// only a shorter `grace` than the pod's `deletionGracePeriodSeconds` changes anything;
+    /// the grace then counts from the first deletion (`deletionTimestamp` moves to that moment
+    /// + `grace`), and a grace of 0 deletes the pod at once. No grace, or a longer one: the
+    /// pending graceful deletion stands.
+    fn shorten_grace(&mut self, key: &(String, String), mut pod: Value, grace: Option<u64>) {
+        let current = pod["metadata"]["deletionGracePeriodSeconds"].as_u64().unwrap_or(0);
+        let Some(grace) = grace.filter(|&g| g < current) else {
+            return;
+        };
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        let tkey = (key.0.clone(), key.1.clone(), uid.clone());
+        let Some(t) = self.terminating.get(&tkey).copied() else {
+            return;
+        };
+        let old = pod.clone();
+        pod["metadata"]["deletionTimestamp"] = rfc3339_at(t.since_unix + grace as i64).into();
+        pod["metadata"]["deletionGracePeriodSeconds"] = grace.into();
+        self.change(Kind::Pod, Some(old), Some(&mut pod));
+        self.pods.insert(key.clone(), pod);
+        if grace == 0 {
+            self.finish_termination(&key.0, &key.1, &uid);
+            return;
+        }
+        let until = t.since + self.grace_second.saturating_mul(grace as u32);
+        self.terminating.insert(tkey, Termination { until, ..t });
     }
 
     /// The kubelet's final delete of a Terminating pod (its containers stopped or killed).
@@ -361,7 +410,7 @@ impl State {
         let due: Vec<_> = self
             .terminating
             .iter()
-            .filter(|(_, until)| **until <= now)
+            .filter(|(_, t)| t.until <= now)
             .map(|(k, _)| k.clone())
             .collect();
         for (ns, name, uid) in due {
@@ -908,6 +957,46 @@ mod tests {
         assert_eq!(code, 200);
         assert_eq!(v["metadata"]["deletionGracePeriodSeconds"], 7);
         assert!(c.pod("ml", "train-c").is_some());
+    }
+
+    /// A second deletion of a Terminating pod: no grace or a longer one changes nothing; a
+    /// shorter one moves `deletionTimestamp` back (counted from the first deletion) and the
+    /// pod goes when that shorter grace is over; 0 deletes it at once.
+    #[test]
+    fn a_second_deletion_may_only_shorten_the_grace() {
+        let c = FakeCluster::start();
+        c.set_grace_second(Duration::from_millis(20));
+        c.add_pod(job_pod("train-d", Some("n1"), Some(600)));
+        let del = |g: Option<u64>| {
+            let body = g.map_or(json!({}), |g| json!({"gracePeriodSeconds": g}));
+            post(&c, req("DELETE", "/api/v1/namespaces/ml/pods/train-d", body, &[]))
+        };
+        del(None);
+        let first = c.pod("ml", "train-d").unwrap();
+        assert_eq!(first["metadata"]["deletionGracePeriodSeconds"], 600);
+        let ts0 = first["metadata"]["deletionTimestamp"].as_str().unwrap().to_string();
+        for g in [None, Some(600), Some(900)] {
+            del(g);
+            let p = c.pod("ml", "train-d").unwrap();
+            assert_eq!(p["metadata"]["resourceVersion"], first["metadata"]["resourceVersion"], "{g:?}");
+        }
+        del(Some(10));
+        let p = c.pod("ml", "train-d").expect("still Terminating for the shorter grace");
+        assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 10);
+        let ts = p["metadata"]["deletionTimestamp"].as_str().unwrap().to_string();
+        assert!(ts < ts0, "moved back: {ts} vs {ts0}");
+        let end = Instant::now() + Duration::from_secs(10);
+        while c.pod("ml", "train-d").is_some() {
+            assert!(Instant::now() < end, "the shortened grace (10 x 20 ms) never expired");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Grace 0 on a Terminating pod: gone at once.
+        c.add_pod(job_pod("train-e", Some("n1"), Some(600)));
+        let path = "/api/v1/namespaces/ml/pods/train-e";
+        post(&c, req("DELETE", path, json!({}), &[]));
+        assert!(c.pod("ml", "train-e").is_some());
+        post(&c, req("DELETE", path, json!({"gracePeriodSeconds": 0}), &[]));
+        assert!(c.pod("ml", "train-e").is_none());
     }
 
     #[test]

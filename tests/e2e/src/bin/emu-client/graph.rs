@@ -105,3 +105,63 @@ pub unsafe fn run(cu: &Cuda, spin: CUfunction, blocks: u32, mut cycles: u64, nod
         )
     }
 }
+
+/// The `graphlegacy BYTES HOW` step: a graph with one BYTES alloc node on device 0 instantiated
+/// through the name `cuGraphInstantiate`, then launched once. HOW: `dlsym` / `dlsym_v2` (the
+/// exported 5-argument `cuGraphInstantiate` / `cuGraphInstantiate_v2`) or a CUDA version for
+/// `cuGetProcAddress_v2("cuGraphInstantiate", HOW)` (the 5-argument ABI below 12000,
+/// `cuGraphInstantiateWithFlags`'s from 12000). Returns a `k=v` line of the results and the
+/// driver's graph-pool reservation.
+///
+/// # Safety
+/// `cu` must be initialised with a current context.
+pub unsafe fn legacy_mem(cu: &Cuda, bytes: usize, how: &str) -> String {
+    // SAFETY: functions resolved at their PFN's version, or exported under the 5-argument ABI
+    // (`dlsym` of a table symbol); pointers are locals.
+    unsafe {
+        let create = get!(cu, "cuGraphCreate", PFN_cuGraphCreate_v10000, 10000);
+        let add = get!(cu, "cuGraphAddMemAllocNode", PFN_cuGraphAddMemAllocNode_v11040, 11040);
+        let launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
+        let sync = get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000);
+        let attr = get!(cu, "cuDeviceGetGraphMemAttribute", PFN_cuDeviceGetGraphMemAttribute_v11040, 11040);
+        let mut g: CUgraph = std::ptr::null_mut();
+        let mut rc = create(&mut g, 0);
+        let mut p = CUDA_MEM_ALLOC_NODE_PARAMS::pinned_on_device(0, bytes);
+        let mut node: CUgraphNode = std::ptr::null_mut();
+        if rc.is_success() {
+            rc = add(&mut node, g, std::ptr::null(), 0, &mut p);
+        }
+        let mut err_node: CUgraphNode = std::ptr::null_mut();
+        let mut log = [0 as std::ffi::c_char; 256];
+        let five = |p: *mut c_void| std::mem::transmute::<*mut c_void, PFN_cuGraphInstantiate_v11000>(p);
+        let mut instantiate = |exec: &mut CUgraphExec| match how {
+            "dlsym" | "dlsym_v2" => {
+                let name = if how == "dlsym" { c"cuGraphInstantiate" } else { c"cuGraphInstantiate_v2" };
+                let f = libc::dlsym(cu.lib, name.as_ptr());
+                if f.is_null() {
+                    crate::die(&format!("{name:?} not exported"));
+                }
+                five(f)(exec, g, &mut err_node, log.as_mut_ptr(), log.len())
+            }
+            v => {
+                let v: std::ffi::c_int = v.parse().unwrap_or_else(|_| crate::die("graphlegacy BYTES dlsym|dlsym_v2|VERSION"));
+                match cu.proc("cuGraphInstantiate", v, 0) {
+                    Ok(f) if v >= 12000 => std::mem::transmute::<*mut c_void, PFN_cuGraphInstantiateWithFlags_v11040>(f)(exec, g, 0),
+                    Ok(f) => five(f)(exec, g, &mut err_node, log.as_mut_ptr(), log.len()),
+                    Err((r, _)) => r,
+                }
+            }
+        };
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        let inst = if rc.is_success() { instantiate(&mut exec) } else { rc };
+        let launched = if inst.is_success() { launch(exec, std::ptr::null_mut()) } else { inst };
+        let _ = sync();
+        // A graph with memory nodes has one instantiation at a time: the driver refuses a second.
+        let mut second: CUgraphExec = std::ptr::null_mut();
+        let again = if inst.is_success() { instantiate(&mut second) } else { inst };
+        let log_len = log.iter().position(|c| *c == 0).unwrap_or(log.len());
+        let mut reserved = 0u64;
+        attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast());
+        format!("graphlegacy={} node={} inst={} again={} log={log_len} pool_reserved={reserved}", launched.0, rc.0, inst.0, again.0)
+    }
+}

@@ -5,7 +5,8 @@
 //! Steps: `ctx` | `primary` | `destroy` | `release` | `meminfo` | `alloc BYTES` | `free` (last
 //! allocation) | `alloc-path KIND BYTES` (plain, pitch, managed, async, pool, vmm, array,
 //! array3d, mipmap) | `free-all` (every alloc-path allocation) | `hostile` (bad arguments) | `fork` |
-//! `streams BLOCKS CYCLES` (async launches on two streams) | `graph BLOCKS CYCLES NODES` | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
+//! `streams BLOCKS CYCLES` (async launches on two streams) | `graph BLOCKS CYCLES NODES` |
+//! `graphlegacy BYTES HOW` (graph memory through the legacy `cuGraphInstantiate`) | `spin BLOCKS CYCLES COUNT` (COUNT back-to-back kernels, one sync, emulated time
 //! by events) | `sync` | `ready` | `wait` (a line on stdin) | `sleep MS` | `hang` |
 //! `procaddr NAME VERSION FLAGS` | `exit`.
 
@@ -296,6 +297,11 @@ fn main() {
                         code(r),
                         wall.elapsed().as_secs_f64() * 1e3
                     ));
+                }
+                "graphlegacy" => {
+                    let n: usize = arg(1).parse().unwrap_or_else(|_| die("graphlegacy BYTES HOW"));
+                    out(graph::legacy_mem(&cu, n, &arg(2)));
+                    i += 2;
                 }
                 "sync" => out(format!("sync={}", code(sync()))),
                 "ready" => out("ready".into()),
