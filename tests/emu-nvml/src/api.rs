@@ -182,7 +182,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .into_owned();
         for i in 0..state::device_count()? {
             let h = state::handle(i)?;
-            if state::with_snapshot(h, |s, _| s.uuid == want)? {
+            if state::with_facts(h, |f| f.uuid == want)? {
                 // SAFETY: caller passes a valid pointer.
                 return unsafe { put(device, h) };
             }
@@ -207,7 +207,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> nvmlReturn_t {
     entry(|| {
-        let n = state::with_snapshot(device, |s, _| s.name.clone())?;
+        let n = state::with_facts(device, |f| f.name.clone())?;
         // SAFETY: caller passes a buffer of `length` bytes.
         unsafe { put_str(name, length, &n) }
     })
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> nvmlReturn_t {
     entry(|| {
-        let u = state::with_snapshot(device, |s, _| s.uuid.clone())?;
+        let u = state::with_facts(device, |f| f.uuid.clone())?;
         // SAFETY: caller passes a buffer of `length` bytes.
         unsafe { put_str(uuid, length, &u) }
     })
@@ -235,12 +235,12 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
     entry(|| {
-        let u = state::with_snapshot(device, |s, _| {
+        let u = state::with_reading(device, |s, _| {
             let gpu = pct(s.gpu_util);
-            let mem_frac = if s.total_memory == 0 {
+            let mem_frac = if s.memory_total == 0 {
                 0.0
             } else {
-                s.used_memory as f64 / s.total_memory as f64
+                s.memory_used as f64 / s.memory_total as f64
             };
             nvmlUtilization_t {
                 gpu,
@@ -258,10 +258,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
     entry(|| {
-        let m = state::with_snapshot(device, |s, _| nvmlMemory_t {
-            total: s.total_memory,
-            used: s.used_memory.min(s.total_memory),
-            free: s.total_memory.saturating_sub(s.used_memory),
+        let m = state::with_reading(device, |s, _| nvmlMemory_t {
+            total: s.memory_total,
+            used: s.memory_used.min(s.memory_total),
+            free: s.memory_total.saturating_sub(s.memory_used),
         })?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(memory, m) }
@@ -284,12 +284,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if unsafe { (*memory).version } != MEMORY_V2 {
             return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let m = state::with_snapshot(device, |s, _| nvmlMemory_v2_t {
+        let m = state::with_reading(device, |s, _| nvmlMemory_v2_t {
             version: MEMORY_V2,
-            total: s.total_memory,
+            total: s.memory_total,
             reserved: 0,
-            used: s.used_memory.min(s.total_memory),
-            free: s.total_memory.saturating_sub(s.used_memory),
+            used: s.memory_used.min(s.memory_total),
+            free: s.memory_total.saturating_sub(s.memory_used),
         })?;
         // SAFETY: checked non-null above.
         unsafe { put(memory, m) }
@@ -297,13 +297,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 }
 
 fn clock(device: nvmlDevice_t, ty: nvmlClockType_t, max: bool) -> NvmlResult<c_uint> {
-    state::with_snapshot(device, |s, _| match ty {
-        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => Ok(if max {
-            s.max_sm_clock_mhz
-        } else {
-            s.sm_clock_mhz
-        }),
-        nvmlClockType_enum_NVML_CLOCK_MEM => Ok(s.mem_clock_mhz),
+    let sm = matches!(
+        ty,
+        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM
+    );
+    if sm && !max {
+        // The only live value: the rest are the card's fixed facts.
+        return state::with_reading(device, |s, _| s.sm_clock_mhz);
+    }
+    state::with_facts(device, |f| match ty {
+        _ if sm => Ok(f.max_sm_clock_mhz),
+        nvmlClockType_enum_NVML_CLOCK_MEM => Ok(f.mem_clock_mhz),
         nvmlClockType_enum_NVML_CLOCK_VIDEO => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         _ => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
     })?
@@ -336,8 +340,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     power_mw: *mut c_uint,
 ) -> nvmlReturn_t {
     entry(|| {
-        let p = state::with_snapshot(device, |s, _| {
-            (f64::from(s.power_limit_mw) * (0.1 + 0.9 * s.gpu_util)).round() as c_uint
+        let p = state::with_reading(device, |s, f| {
+            (f64::from(f.power_limit_mw) * (0.1 + 0.9 * s.gpu_util)).round() as c_uint
         })?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(power_mw, p) }
@@ -355,7 +359,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
-        let t = state::with_snapshot(device, |s, _| 30 + pct(s.gpu_util) / 2)?;
+        let t = state::with_reading(device, |s, _| 30 + pct(s.gpu_util) / 2)?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(temp, t) }
     })
@@ -375,7 +379,7 @@ unsafe fn processes<T>(
     if count.is_null() {
         return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
     }
-    let procs = state::with_snapshot(device, |s, _| s.processes.clone())?;
+    let procs = state::with_device(device, |d| d.compute_processes())?;
     // SAFETY: count is non-null and valid.
     let cap = unsafe { *count } as usize;
     // SAFETY: as above.
@@ -462,8 +466,8 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
             nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES => |_, b| f64::from(b.sm_clock_mhz),
             _ => return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         };
-        let got = state::with_snapshot(device, |_, d| {
-            crate::metrics::samples(&source::samples(d), last_seen_us, value)
+        let got = state::with_device(device, |d| {
+            crate::metrics::samples(&source::samples(d, last_seen_us), last_seen_us, value)
         })?;
         // SAFETY: checked non-null; NVML contract.
         unsafe { *val_type = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT };
@@ -509,7 +513,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
         if unsafe { (*support).version } != NVML_GPM_SUPPORT_VERSION {
             return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let ok = state::with_snapshot(device, |s, _| s.cc_major >= 9)?;
+        let ok = state::with_facts(device, |f| f.cc_major >= 9)?;
         // SAFETY: non-null, checked above.
         unsafe { (*support).isSupportedDevice = c_uint::from(ok) };
         Ok(())
@@ -535,8 +539,10 @@ pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
 pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
     entry(|| {
         let i = state::index(device)?;
-        let p = state::with_fresh_snapshot(device, |s, _| (s.cc_major >= 9).then_some(s.point))?;
-        let p = p.ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
+        if !state::with_facts(device, |f| f.cc_major >= 9)? {
+            return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        }
+        let p = state::with_fresh_reading(device, |r, _| source::point(r))?;
         crate::gpm::fill(sample as usize, i, p)
     })
 }
