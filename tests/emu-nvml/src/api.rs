@@ -258,7 +258,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
     entry(|| {
-        let m = state::with_reading(device, |s, _| nvmlMemory_t {
+        // Live, as the driver answers it: an allocation shows at once.
+        let m = state::with_fresh_reading(device, |s, _| nvmlMemory_t {
             total: s.memory_total,
             used: s.memory_used.min(s.memory_total),
             free: s.memory_total.saturating_sub(s.memory_used),
@@ -284,7 +285,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if unsafe { (*memory).version } != MEMORY_V2 {
             return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let m = state::with_reading(device, |s, _| nvmlMemory_v2_t {
+        let m = state::with_fresh_reading(device, |s, _| nvmlMemory_v2_t {
             version: MEMORY_V2,
             total: s.memory_total,
             reserved: 0,
@@ -570,8 +571,65 @@ mod tests {
     /// The C surface called as a careless or hostile caller would: null pointers, handles it
     /// never got, short buffers, wrong struct versions, calls before init and after shutdown.
     /// Every one is answered with an NVML error code; nothing crashes.
+    /// The tests share the library's global state (init count, devices): one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Memory in use and the process list are live, as the driver reports them: an
+    /// allocation and a new context show in the very next query, even one made right after
+    /// another query (counters such as the SM clock may be answered from a reading up to
+    /// `SNAPSHOT_REUSE` old; these never are).
+    #[test]
+    fn memory_and_processes_are_live_after_an_allocation() {
+        let _one = serial();
+        let dir = std::env::temp_dir().join(format!("emu-nvml-live-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
+        std::env::set_var("GPUEMU_PROFILE", "h100");
+        // SAFETY: every pointer passed points at a live local of the type written.
+        unsafe {
+            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+            let mut dev: nvmlDevice_t = std::ptr::null_mut();
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let query = |dev| {
+                let mut m: nvmlMemory_t = std::mem::zeroed();
+                assert_eq!(nvmlDeviceGetMemoryInfo(dev, &mut m), nvmlReturn_enum_NVML_SUCCESS);
+                let mut n: c_uint = 8;
+                let mut infos: [nvmlProcessInfo_t; 8] = std::mem::zeroed();
+                assert_eq!(
+                    nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut n, infos.as_mut_ptr()),
+                    nvmlReturn_enum_NVML_SUCCESS
+                );
+                let pids: Vec<u32> = infos[..n as usize].iter().map(|p| p.pid).collect();
+                (m.used, pids)
+            };
+            let (used0, pids0) = query(dev);
+            let me = std::process::id();
+            assert!(!pids0.contains(&me));
+            let c = state::with_device(dev, |d| {
+                let c = d.attach().unwrap();
+                d.context_created(&c, None).unwrap();
+                d.alloc(&c, 64 << 20, 512).unwrap();
+                c
+            })
+            .unwrap();
+            let (used1, pids1) = query(dev);
+            assert_eq!(used1, used0 + (64 << 20), "memory in use is live");
+            assert!(pids1.contains(&me), "the new context is listed: {pids1:?}");
+            state::with_device(dev, |d| d.detach(&c)).unwrap();
+            let (used2, pids2) = query(dev);
+            assert_eq!((used2, pids2), (used0, pids0), "and gone at once");
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn hostile_calls_get_error_codes() {
+        let _one = serial();
         let dir = std::env::temp_dir().join(format!("emu-nvml-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
