@@ -33,6 +33,8 @@ pub struct LedgerAdapter {
     full_check_every_ms: u64,
     /// Full checks (with an `fstat`) run so far.
     full_checks: u64,
+    /// This process's pid, published with every sample (a monitor never forks).
+    pid: u32,
 }
 
 /// How often the ledger file is `fstat`ed whatever its watch says (belt and braces; the
@@ -72,6 +74,7 @@ impl LedgerAdapter {
             next_full_check_ms: 0,
             full_check_every_ms: FULL_CHECK_EVERY_MS,
             full_checks: 0,
+            pid: std::process::id(),
             ledger,
         }
     }
@@ -269,7 +272,7 @@ impl LedgerPort for LedgerAdapter {
             mem_total_bytes: p.mem_total,
             mem_quota_bytes: m.mem_quota_bytes.load(Acquire),
         };
-        self.ledger.publish(&s);
+        self.ledger.publish_as(&s, self.pid);
         Ok(())
     }
 }

@@ -384,6 +384,22 @@ impl Device {
         }
     }
 
+    /// `(total, used)` device memory now, as NVML's memory query reports it: live (the last
+    /// allocation or free that completed), read without locking the state unless dead clients
+    /// are due to be released ([`REAP_EVERY_NS`]), so a dead process's memory is given back as
+    /// soon as with any other query.
+    pub fn memory(&self) -> (u64, u64) {
+        use std::mem::offset_of;
+        let now = now_ns();
+        let last_reap = self.shm.peek_u64(offset_of!(layout::Header, last_reap_ns));
+        if now < last_reap.saturating_add(REAP_EVERY_NS) {
+            let total = self.shm.peek_u64(offset_of!(layout::Header, total_memory));
+            return (total, self.shm.peek_u64(offset_of!(layout::Header, used_memory)));
+        }
+        let g = self.locked();
+        (g.header.total_memory, g.header.used_memory)
+    }
+
     /// `(pid, device memory used)` of every process holding a context now, in slot order:
     /// what NVML lists as running compute processes (the list [`Device::snapshot`] has, without
     /// the rest of the snapshot).

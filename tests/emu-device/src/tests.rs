@@ -420,6 +420,10 @@ fn cheap_readings_agree_with_the_snapshot() {
     let r = d.reading();
     let s = d.snapshot();
     assert_eq!((r.memory_total, r.memory_used), (s.memory_total, s.memory_used));
+    assert_eq!(d.memory(), (s.memory_total, s.memory_used), "the unlocked read is the same");
+    d.alloc(&c, 1 << 20, 512).unwrap();
+    assert_eq!(d.memory(), (s.memory_total, s.memory_used + (1 << 20)), "and live");
+    d.free(&c, 1 << 20);
     assert!(r.timestamp_ns <= s.timestamp_ns && r.busy_ns_total <= s.busy_ns_total);
     assert!(r.busy_ns_total > 0.0 && r.gpu_util > 0.0, "{r:?}");
     let listed: Vec<(u32, u64)> =
@@ -445,5 +449,6 @@ fn cheap_readings_agree_with_the_snapshot() {
     }
     d.detach(&c);
     assert!(d.compute_processes().is_empty());
+    assert_eq!(d.memory().1, 0);
     std::fs::remove_file(&p).unwrap();
 }

@@ -259,11 +259,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 ) -> nvmlReturn_t {
     entry(|| {
         // Live, as the driver answers it: an allocation shows at once.
-        let m = state::with_fresh_reading(device, |s, _| nvmlMemory_t {
-            total: s.memory_total,
-            used: s.memory_used.min(s.memory_total),
-            free: s.memory_total.saturating_sub(s.memory_used),
-        })?;
+        let (total, used) = state::with_device(device, |d| d.memory())?;
+        let m = nvmlMemory_t {
+            total,
+            used: used.min(total),
+            free: total.saturating_sub(used),
+        };
         // SAFETY: caller passes a valid pointer.
         unsafe { put(memory, m) }
     })
@@ -285,13 +286,14 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if unsafe { (*memory).version } != MEMORY_V2 {
             return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let m = state::with_fresh_reading(device, |s, _| nvmlMemory_v2_t {
+        let (total, used) = state::with_device(device, |d| d.memory())?;
+        let m = nvmlMemory_v2_t {
             version: MEMORY_V2,
-            total: s.memory_total,
+            total,
             reserved: 0,
-            used: s.memory_used.min(s.memory_total),
-            free: s.memory_total.saturating_sub(s.memory_used),
-        })?;
+            used: used.min(total),
+            free: total.saturating_sub(used),
+        };
         // SAFETY: checked non-null above.
         unsafe { put(memory, m) }
     })
@@ -539,12 +541,14 @@ pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
 #[no_mangle]
 pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
     entry(|| {
-        let i = state::index(device)?;
-        if !state::with_facts(device, |f| f.cc_major >= 9)? {
-            return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
-        }
-        let p = state::with_fresh_reading(device, |r, _| source::point(r))?;
-        crate::gpm::fill(sample as usize, i, p)
+        state::with_shared(device, |sh, i| {
+            if sh.facts[i].cc_major < 9 {
+                return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+            }
+            // Always taken now: the difference of two samples is the measurement.
+            let p = source::point(&state::reading(sh, i, true));
+            crate::gpm::fill_in(sh, sample as usize, i as u32, p)
+        })?
     })
 }
 

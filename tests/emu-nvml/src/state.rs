@@ -121,52 +121,48 @@ pub fn index(dev: nvmlDevice_t) -> NvmlResult<u32> {
     Ok(off as u32)
 }
 
+/// The shared state and the index of the device behind `dev`, handed to `f` under one lock
+/// (UNINITIALIZED before init, INVALID_ARGUMENT for a handle we never handed out).
+pub fn with_shared<T>(dev: nvmlDevice_t, f: impl FnOnce(&mut Shared, usize) -> T) -> NvmlResult<T> {
+    check_init()?;
+    let mut g = shared();
+    let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+    let off = (dev as usize).wrapping_sub(HANDLE_BASE.as_ptr() as usize);
+    if off >= MAX_DEVICES || off >= sh.devices.len() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(f(sh, off))
+}
+
 /// The fixed facts of the device behind `dev`, handed to `f`.
 pub fn with_facts<T>(dev: nvmlDevice_t, f: impl FnOnce(&Facts) -> T) -> NvmlResult<T> {
-    let i = index(dev)? as usize;
-    let g = shared();
-    let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    Ok(f(&sh.facts[i]))
+    with_shared(dev, |sh, i| f(&sh.facts[i]))
 }
 
 /// A reading of the device behind `dev` (at most [`SNAPSHOT_REUSE`] old), handed to `f` with
 /// the device's facts.
 pub fn with_reading<T>(dev: nvmlDevice_t, f: impl FnOnce(&Reading, &Facts) -> T) -> NvmlResult<T> {
-    reading_then(dev, false, f)
+    with_shared(dev, |sh, i| {
+        let r = reading(sh, i, false);
+        f(&r, &sh.facts[i])
+    })
 }
 
-/// Like [`with_reading`], but always taken now (GPM samples).
-pub fn with_fresh_reading<T>(
-    dev: nvmlDevice_t,
-    f: impl FnOnce(&Reading, &Facts) -> T,
-) -> NvmlResult<T> {
-    reading_then(dev, true, f)
-}
-
-fn reading_then<T>(
-    dev: nvmlDevice_t,
-    fresh: bool,
-    f: impl FnOnce(&Reading, &Facts) -> T,
-) -> NvmlResult<T> {
-    let i = index(dev)? as usize;
-    let mut g = shared();
-    let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+/// Device `i`'s reading: the cached one when `fresh` is false and it is younger than
+/// [`SNAPSHOT_REUSE`], else taken now (and cached).
+pub fn reading(sh: &mut Shared, i: usize, fresh: bool) -> Reading {
     let now = Instant::now();
-    let reading = match sh.cache[i] {
+    match sh.cache[i] {
         Some((at, r)) if !fresh && now.duration_since(at) < SNAPSHOT_REUSE => r,
         _ => {
             let r = sh.devices[i].reading();
             sh.cache[i] = Some((now, r));
             r
         }
-    };
-    Ok(f(&reading, &sh.facts[i]))
+    }
 }
 
-/// The device behind `dev`, handed to `f` (process lists and samples, read afresh).
+/// The device behind `dev`, handed to `f` (memory, process lists and samples, read live).
 pub fn with_device<T>(dev: nvmlDevice_t, f: impl FnOnce(&Device) -> T) -> NvmlResult<T> {
-    let i = index(dev)? as usize;
-    let g = shared();
-    let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    Ok(f(&sh.devices[i]))
+    with_shared(dev, |sh, i| f(&sh.devices[i]))
 }
