@@ -146,7 +146,7 @@ impl Shm {
     /// and loads are atomic on the machines the emulator runs on). For single fields whose
     /// every update is one store under the locks.
     pub fn peek_u64(&self, offset: usize) -> u64 {
-        assert!(offset % 8 == 0 && offset + 8 <= std::mem::size_of::<crate::layout::Header>());
+        assert!(offset.is_multiple_of(8) && offset + 8 <= std::mem::size_of::<crate::layout::Header>());
         // SAFETY: the map is valid for the life of `Shm` and the header starts it; `offset`
         // names an aligned u64 inside the header (checked above). No reference to the shared
         // state is formed: the field is loaded atomically through a raw pointer.
