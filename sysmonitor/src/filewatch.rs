@@ -10,7 +10,9 @@
 //! The counter is process-wide: an event on any watched file makes every [`FileWatch`] report
 //! a change once (the caller then runs its full check; a spurious one only costs that check).
 //! Where the watch cannot be set up (`SIGIO` already handled by someone else, inotify limits
-//! reached) [`FileWatch::new`] fails and the caller keeps checking at every look.
+//! reached) [`FileWatch::new`] fails and the caller keeps checking at every look. Code that
+//! installs its own `SIGIO` handler later would take the signals away unnoticed: the monitor
+//! also runs its full check every 100 ms whatever the watch says, which bounds what is missed.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
