@@ -427,6 +427,19 @@ impl Ledger {
         })
     }
 
+    /// The part of [`Ledger::check_header`] that needs no syscall: no truncation caught by a
+    /// faulting access, and the header fields validated on open. For a caller that learns of
+    /// changes to the file itself (unlink, truncation) another way, and runs the full check
+    /// then (the monitor: an inotify watch, see sysmonitor's `ledger` module).
+    pub fn check_mapped(&self) -> Result<(), LedgerError> {
+        // Anything wrong gets the full check's diagnosis (a truncation caught while reading the
+        // header reads as zeros: it is reported as the truncation, not as a bad magic).
+        if self.fault_guard.faulted() {
+            return self.check_header();
+        }
+        validate_header(self.layout(), &self.path, None).or_else(|_| self.check_header())
+    }
+
     /// Re-checks, while mapped, that the file is still this ledger: its length (a truncated
     /// file would fault on access) and the header fields validated on open. Cheap (one
     /// `fstat` and a few atomic loads): for periodic checks, never the hot path.

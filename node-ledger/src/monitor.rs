@@ -84,14 +84,24 @@ impl Ledger {
         self.publish_at(s, now_ns());
     }
 
+    /// [`Ledger::publish`] by a caller that passes its own pid (the monitor, which publishes
+    /// at every sample: one `getpid(2)` fewer each time).
+    pub fn publish_as(&self, s: &MonitorSample, pid: u32) {
+        self.write_monitor(s, now_ns(), pid);
+    }
+
     /// Publishes a sample with an explicit timestamp (tests use it to simulate a stale monitor).
     pub fn publish_at(&self, s: &MonitorSample, publish_ns: u64) {
+        self.write_monitor(s, publish_ns, std::process::id());
+    }
+
+    fn write_monitor(&self, s: &MonitorSample, publish_ns: u64, pid: u32) {
         let m = &self.layout().monitor;
         let seq = m.seq.load(Relaxed);
         let start = if seq & 1 == 0 { seq + 1 } else { seq + 2 };
         m.seq.store(start, Relaxed);
         fence(Release);
-        m.monitor_pid.store(std::process::id(), Relaxed);
+        m.monitor_pid.store(pid, Relaxed);
         m.health.store(s.health, Relaxed);
         m.sm_active_permille.store(s.sm_active_permille, Relaxed);
         m.gpu_util_permille.store(s.gpu_util_permille, Relaxed);

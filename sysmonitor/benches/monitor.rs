@@ -11,7 +11,8 @@
 //! sysmonitor --bench monitor` (add `-- --secs 10 --windows 5 --rounds 20` to change the window,
 //! the number of windows and the number of latency rounds; `--rounds 0` measures CPU only). The
 //! emulated host (`workloads::host::Host`) takes the built fakes and the monitor from
-//! `target/release/`; it builds nothing itself.
+//! `target/release/`; it builds nothing itself. `-- --compare OTHER/target/release` runs this
+//! build's monitor and another build's side by side instead (same windows, same machine load).
 
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,55 @@ fn floor_use(interval_ms: u64, secs: f64, windows: usize) -> Vec<f64> {
     v
 }
 
+/// `--compare DIR`: this build's monitor and the one built in `DIR` (another checkout's
+/// `target/release`, with its fake NVML), each on its own emulated H100 host at 10 ms, measured
+/// over the same windows, so that both see the same load from the rest of the machine (on a
+/// shared VM that load moves the figures more than most changes do).
+fn compare(dir: &str, secs: f64, windows: usize) {
+    let this = Host::node();
+    let other = Host::emulated(std::path::PathBuf::from(dir), "h100", &std::env::temp_dir())
+        .unwrap_or_else(|e| panic!("host over {dir}: {e}"));
+    let _ = other.device();
+    let hosts = [&this, &other];
+    let mons: Vec<_> = hosts
+        .iter()
+        .map(|n| n.start_monitor("mon.json", &config(10)))
+        .collect();
+    for n in hosts {
+        n.wait_state(Duration::from_secs(20), "healthy", |v| {
+            v["state"] == "healthy"
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pids: Vec<u32> = mons.iter().map(|m| m.pid()).collect();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for w in 0..windows {
+        let c0: Vec<f64> = pids.iter().map(|&p| cpu_secs(p)).collect();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let dt = t0.elapsed().as_secs_f64();
+        let pct: Vec<f64> = pids
+            .iter()
+            .zip(&c0)
+            .map(|(&p, c)| (cpu_secs(p) - c) / dt * 100.0)
+            .collect();
+        println!(
+            "  window {w}: this build {:6.3} %   {dir} {:6.3} %   (load average {})",
+            pct[0],
+            pct[1],
+            load_avg()
+        );
+        a.push(pct[0]);
+        b.push(pct[1]);
+    }
+    let ((amin, amed), (bmin, bmed)) = (min_median(&a), min_median(&b));
+    println!("  this build: min {amin:.3} / median {amed:.3} %;  {dir}: min {bmin:.3} / median {bmed:.3} %;  ratio of medians {:.2}", amed / bmed.max(1e-9));
+    for mut m in mons {
+        m.signal(libc::SIGTERM);
+        let _ = m.wait_exit(Duration::from_secs(10));
+    }
+}
+
 fn min_median(v: &[f64]) -> (f64, f64) {
     let mut v = v.to_vec();
     (percentile(&mut v, 0.0), percentile(&mut v, 0.5))
@@ -190,6 +240,15 @@ fn main() {
     let secs = opt("--secs", 5.0);
     let windows = (opt("--windows", 3.0) as usize).max(1);
     let rounds = opt("--rounds", 10.0) as usize;
+    if let Some(dir) = args
+        .iter()
+        .position(|a| a == "--compare")
+        .and_then(|i| args.get(i + 1))
+    {
+        println!("-- monitor CPU at 10 ms, % of one core: this build against {dir}, {windows} windows of {secs} s, side by side --");
+        compare(dir, secs, windows);
+        return;
+    }
 
     println!("sysmonitor benchmark on the GPU emulator (h100 profile, fake NVML with GPM)");
     println!(

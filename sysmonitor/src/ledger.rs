@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::Acquire;
 
 use node_ledger::{HealthState, Ledger, MonitorSample};
 
+use crate::filewatch::FileWatch;
 use crate::health::State;
 use node_daemon::clock::mono_ms;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
@@ -24,6 +25,34 @@ pub struct LedgerAdapter {
     /// Monotonic ms of the next reclaim scan; scans run at most every `reclaim_every_ms`.
     next_reclaim_ms: u64,
     reclaim_every_ms: u64,
+    /// Tells of an unlink or truncation of the file without a syscall per tick; `None` where
+    /// it cannot be set up: then every check runs the full check (an `fstat`).
+    watch: Option<FileWatch>,
+    /// Monotonic ms of the next full check whatever the watch says.
+    next_full_check_ms: u64,
+    full_check_every_ms: u64,
+    /// Full checks (with an `fstat`) run so far.
+    full_checks: u64,
+    /// This process's pid, published with every sample (a monitor never forks).
+    pid: u32,
+}
+
+/// How often the ledger file is `fstat`ed whatever its watch says (belt and braces; the
+/// watch reports an unlink or truncation at the next tick).
+pub const FULL_CHECK_EVERY_MS: u64 = 100;
+
+fn watch(ledger: &Ledger) -> Option<FileWatch> {
+    let r = ledger
+        .inode()
+        .map_err(|e| e.to_string())
+        .and_then(|ino| FileWatch::new(ledger.path(), ino));
+    match r {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(ledger = %ledger.path().display(), error = %e, "no inotify watch on the ledger: checking it with fstat at every tick");
+            None
+        }
+    }
 }
 
 /// How often the monitor scans the registry for dead processes: each occupied slot costs one
@@ -35,23 +64,46 @@ impl LedgerAdapter {
     /// Wraps `ledger`; the first [`LedgerPort::reclaim`] scans at once.
     pub fn new(ledger: Ledger) -> Self {
         LedgerAdapter {
-            ledger,
             own_ns: node_ledger::procinfo::own_pid_ns(),
             damage: None,
             previous: Vec::new(),
             reclaim_error_logged: false,
             next_reclaim_ms: 0,
             reclaim_every_ms: RECLAIM_EVERY_MS,
+            watch: watch(&ledger),
+            next_full_check_ms: 0,
+            full_check_every_ms: FULL_CHECK_EVERY_MS,
+            full_checks: 0,
+            pid: std::process::id(),
+            ledger,
         }
     }
 
-    /// Re-validates the mapped header (call every tick). Returns the damage, logging it once
+    /// The full check (an `fstat`: unlinked? shrunk?) when the watch reports a change to the
+    /// file, when there is no watch, and every [`FULL_CHECK_EVERY_MS`]; otherwise only what
+    /// needs no syscall (a caught truncation, the mapped header). A deleted or truncated file
+    /// is thus still found at the next tick.
+    fn check_now(&mut self) -> Result<(), node_ledger::LedgerError> {
+        let now = mono_ms();
+        let changed = self.watch.as_mut().is_none_or(|w| w.changed());
+        if changed || now >= self.next_full_check_ms {
+            self.next_full_check_ms = now.saturating_add(self.full_check_every_ms);
+            self.full_checks += 1;
+            self.ledger.check_header()
+        } else {
+            self.ledger.check_mapped()
+        }
+    }
+
+    /// Re-validates the mapped header (call every tick; the file itself is `fstat`ed only when
+    /// its watch reports a change, see [`FULL_CHECK_EVERY_MS`]). Returns the damage, logging it once
     /// when first found; damage is sticky for the life of this monitor (a restart moves the
     /// file aside and creates a fresh one).
     pub fn check(&mut self) -> Option<&str> {
         if self.damage.is_none() {
-            if let Err(e) = self.ledger.check_header() {
+            if let Err(e) = self.check_now() {
                 if let Some(fresh) = self.restore_if_deleted(&e) {
+                    self.watch = watch(&fresh);
                     let deleted = std::mem::replace(&mut self.ledger, fresh);
                     self.previous.push(deleted);
                     return None;
@@ -220,7 +272,7 @@ impl LedgerPort for LedgerAdapter {
             mem_total_bytes: p.mem_total,
             mem_quota_bytes: m.mem_quota_bytes.load(Acquire),
         };
-        self.ledger.publish(&s);
+        self.ledger.publish_as(&s, self.pid);
         Ok(())
     }
 }
@@ -319,6 +371,39 @@ mod tests {
         a.reclaim();
         assert_eq!(a.ledger.group_used(g), 0);
         assert!(a.previous.is_empty(), "nothing depends on the deleted file any more");
+    }
+
+    /// A deleted or truncated ledger is still found at the next check, though quiet checks
+    /// no longer `fstat` the file (its inotify watch tells of the change).
+    #[test]
+    fn deletion_and_truncation_are_found_at_the_next_check_without_a_stat_per_tick() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        assert!(a.watch.is_some(), "the ledger is watched");
+        a.full_check_every_ms = u64::MAX / 2;
+        assert!(a.check().is_none());
+        let before = a.full_checks;
+        for _ in 0..100 {
+            assert!(a.check().is_none());
+        }
+        // Another test's watched ledger may change meanwhile (one full check each time).
+        assert!(a.full_checks - before <= 5, "{} full checks in 100 quiet ones", a.full_checks - before);
+        // The periodic check is off: only the watch can tell. The signal may be taken by
+        // another thread a moment after the syscall returns.
+        let until = |a: &mut LedgerAdapter, what: &str, ok: &dyn Fn(&mut LedgerAdapter) -> bool| {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !ok(a) {
+                assert!(std::time::Instant::now() < end, "{what} not found");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        std::fs::remove_file(&path).unwrap();
+        until(&mut a, "deletion", &|a| a.check().is_none() && !a.previous.is_empty());
+        assert!(path.exists(), "restored");
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+        until(&mut a, "truncation", &|a| a.check().is_some());
+        assert!(a.check().unwrap().contains("total_size"), "{:?}", a.check());
     }
 
     #[test]

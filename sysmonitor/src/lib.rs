@@ -3,6 +3,7 @@
 pub mod config;
 pub mod daemon;
 pub mod evictlog;
+pub mod filewatch;
 pub mod health;
 pub mod hostmem;
 pub mod ledger;

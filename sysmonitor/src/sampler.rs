@@ -60,6 +60,9 @@ struct Gpm {
     prev: sys::nvmlGpmSample_t,
     cur: sys::nvmlGpmSample_t,
     primed: bool,
+    /// The metrics request (8 KiB: room for every metric NVML knows), zeroed once and reused
+    /// at every sample rather than zeroed again each time.
+    req: Box<sys::nvmlGpmMetricsGet_t>,
 }
 
 // SAFETY: the GPM buffers are plain NVML allocations owned by this struct and only used from
@@ -112,6 +115,8 @@ impl Gpm {
             prev,
             cur,
             primed: false,
+            // SAFETY: zeroed is a valid bit pattern for this plain C struct (null pointers, zeros).
+            req: Box::new(unsafe { std::mem::zeroed() }),
         })
     }
 
@@ -128,16 +133,20 @@ impl Gpm {
             self.primed = true;
             return Ok(None);
         }
-        // SAFETY: zeroed is a valid bit pattern for this plain C struct (null pointers, zeros).
-        let mut g: sys::nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
+        // Every field NVML reads is set here; it writes only `metrics[..numMetrics]`.
+        let g = &mut *self.req;
         g.version = sys::NVML_GPM_METRICS_GET_VERSION;
         g.numMetrics = 2;
         g.sample1 = self.cur; // older (swapped above)
         g.sample2 = self.prev; // newer
         g.metrics[0].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL;
         g.metrics[1].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL;
+        for m in &mut g.metrics[..2] {
+            m.nvmlReturn = sys::nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+            m.value = 0.0;
+        }
         // SAFETY: `g` is versioned and points at two samples taken from this device.
-        let r = unsafe { self.lib.nvmlGpmMetricsGet(&mut g) };
+        let r = unsafe { self.lib.nvmlGpmMetricsGet(g) };
         let ok = |m: &sys::nvmlGpmMetric_t| m.nvmlReturn == sys::nvmlReturn_enum_NVML_SUCCESS;
         if r != sys::nvmlReturn_enum_NVML_SUCCESS || !ok(&g.metrics[0]) || !ok(&g.metrics[1]) {
             return Err(format!(

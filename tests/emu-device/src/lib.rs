@@ -148,6 +148,27 @@ pub struct Snapshot {
     pub mps: MpsStatus,
 }
 
+/// Device counters at one instant (see [`Device::reading`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Reading {
+    /// Time the state was advanced to for this reading, `CLOCK_MONOTONIC` ns.
+    pub timestamp_ns: u64,
+    /// Device memory, bytes.
+    pub memory_total: u64,
+    /// Memory allocated by all clients, bytes.
+    pub memory_used: u64,
+    /// Current SM clock, MHz.
+    pub sm_clock_mhz: u32,
+    /// Fraction of the last [`SNAPSHOT_WINDOW_NS`] with at least one kernel running (0..=1).
+    pub gpu_util: f64,
+    /// Mean fraction of SMs busy over the same window (0..=1).
+    pub sm_activity: f64,
+    /// Cumulative busy time, ns.
+    pub busy_ns_total: f64,
+    /// Cumulative SM-weighted busy time, ns.
+    pub sm_active_ns_total: f64,
+}
+
 /// Where a kernel is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelStatus {
@@ -341,6 +362,64 @@ impl Device {
             processes,
             mps: mps_of(&g),
         }
+    }
+
+    /// The counters NVML's frequent queries answer from (memory, SM clock, cumulative busy and
+    /// SM-active time, utilization over [`SNAPSHOT_WINDOW_NS`]), at one instant, the state
+    /// advanced to now. Unlike [`Device::snapshot`] it lists no processes and allocates
+    /// nothing: a monitor asks for this at every sample.
+    pub fn reading(&self) -> Reading {
+        let g = self.locked();
+        let h = &g.header;
+        let (gpu_util, sm_activity) = physics::utilization(&g, SNAPSHOT_WINDOW_NS);
+        Reading {
+            timestamp_ns: h.last_ns,
+            memory_total: h.total_memory,
+            memory_used: h.used_memory,
+            sm_clock_mhz: h.sm_clock_mhz.round() as u32,
+            gpu_util,
+            sm_activity,
+            busy_ns_total: h.busy_ns,
+            sm_active_ns_total: h.sm_active_ns,
+        }
+    }
+
+    /// `(total, used)` device memory now, as NVML's memory query reports it: live (the last
+    /// allocation or free that completed), read without locking the state unless dead clients
+    /// are due to be released ([`REAP_EVERY_NS`]), so a dead process's memory is given back as
+    /// soon as with any other query.
+    pub fn memory(&self) -> (u64, u64) {
+        use std::mem::offset_of;
+        let now = now_ns();
+        let last_reap = self.shm.peek_u64(offset_of!(layout::Header, last_reap_ns));
+        if now < last_reap.saturating_add(REAP_EVERY_NS) {
+            let total = self.shm.peek_u64(offset_of!(layout::Header, total_memory));
+            return (total, self.shm.peek_u64(offset_of!(layout::Header, used_memory)));
+        }
+        let g = self.locked();
+        (g.header.total_memory, g.header.used_memory)
+    }
+
+    /// `(pid, device memory used)` of every process holding a context now, in slot order:
+    /// what NVML lists as running compute processes (the list [`Device::snapshot`] has, without
+    /// the rest of the snapshot).
+    pub fn compute_processes(&self) -> Vec<(u32, u64)> {
+        let g = self.locked();
+        g.clients
+            .iter()
+            .filter(|c| c.used != 0 && c.contexts > 0)
+            .map(|c| (c.pid, c.mem_used))
+            .collect()
+    }
+
+    /// The utilization samples newer than `after_ns`, with the one before them (the start of
+    /// the first interval), oldest first: what NVML's sample queries need, without copying the
+    /// whole ring.
+    pub fn samples_after(&self, after_ns: u64) -> Vec<Sample> {
+        let g = self.locked();
+        let newer = physics::samples_iter(&g).rev().take_while(|s| s.t_ns > after_ns).count();
+        let all = physics::samples_iter(&g).count();
+        physics::samples_iter(&g).skip(all.saturating_sub(newer + 1)).collect()
     }
 
     /// GPU utilization and SM activity (0..=1) over about the last `window`.

@@ -183,10 +183,15 @@ fn maybe_sample(st: &mut State, now: u64) {
 
 /// Samples in time order (oldest first).
 pub fn samples(st: &State) -> Vec<crate::layout::Sample> {
+    samples_iter(st).collect()
+}
+
+/// Samples in time order (oldest first), read in place (no copy of the ring).
+pub fn samples_iter(st: &State) -> impl DoubleEndedIterator<Item = crate::layout::Sample> + '_ {
     let h = &st.header;
-    let n = h.ring_count as usize;
+    let n = (h.ring_count as usize).min(RING_LEN);
     let head = h.ring_head as usize;
-    (0..n).map(|i| st.ring[(head + RING_LEN - n + i) % RING_LEN]).collect()
+    (0..n).map(move |i| st.ring[(head + RING_LEN - n + i) % RING_LEN])
 }
 
 /// GPU utilization and SM activity (both 0..=1) over roughly the last `window_ns`, ending at the
@@ -195,13 +200,12 @@ pub fn utilization(st: &State, window_ns: u64) -> (f64, f64) {
     let h = &st.header;
     let now = h.last_ns;
     let from = now.saturating_sub(window_ns);
-    let ss = samples(st);
-    let base = ss
-        .iter()
+    // Newest first: at one sample per `SAMPLE_EVERY_NS` the base is a few entries back (the
+    // ring is read in place, not copied: NVML asks for this at every monitor sample).
+    let base = samples_iter(st)
         .rev()
         .find(|s| s.t_ns <= from)
-        .or_else(|| ss.first())
-        .copied()
+        .or_else(|| samples_iter(st).next())
         .unwrap_or(crate::layout::Sample { t_ns: h.created_ns, ..Default::default() });
     let span = now.saturating_sub(base.t_ns) as f64;
     if span <= 0.0 {

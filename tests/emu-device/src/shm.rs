@@ -141,6 +141,21 @@ impl Shm {
         Guard { shm: self, _inproc: g }
     }
 
+    /// Reads the `u64` header field at `offset` (`std::mem::offset_of!(Header, field)`) without
+    /// taking the locks: the value some writer last stored (a whole one: aligned 8-byte stores
+    /// and loads are atomic on the machines the emulator runs on). For single fields whose
+    /// every update is one store under the locks.
+    pub fn peek_u64(&self, offset: usize) -> u64 {
+        assert!(offset.is_multiple_of(8) && offset + 8 <= std::mem::size_of::<crate::layout::Header>());
+        // SAFETY: the map is valid for the life of `Shm` and the header starts it; `offset`
+        // names an aligned u64 inside the header (checked above). No reference to the shared
+        // state is formed: the field is loaded atomically through a raw pointer.
+        unsafe {
+            let p = self.map.cast::<u8>().add(std::mem::offset_of!(State, header) + offset);
+            std::sync::atomic::AtomicU64::from_ptr(p.cast::<u64>()).load(std::sync::atomic::Ordering::Acquire)
+        }
+    }
+
     /// Path of the state file.
     pub fn path(&self) -> &Path {
         &self.path

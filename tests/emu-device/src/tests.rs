@@ -402,3 +402,53 @@ fn slot_of(d: &Device, pid: u32) -> u32 {
     let g = d.shm.lock();
     (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == pid).unwrap() as u32
 }
+
+/// `reading`, `compute_processes` and `samples_after` (what the fake NVML answers from at
+/// every monitor sample) say what the full snapshot and sample ring say.
+#[test]
+fn cheap_readings_agree_with_the_snapshot() {
+    let p = tmp("reading");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    let c = d.attach().unwrap();
+    d.context_created(&c, None).unwrap();
+    d.alloc(&c, 3 << 20, 512).unwrap();
+    for _ in 0..4 {
+        let t = d.launch(&c, Launch { blocks: 66, cycles_per_block: 2_000_000, after: 0 }).unwrap();
+        d.wait(&c, t).unwrap();
+        std::thread::sleep(Duration::from_millis(6));
+    }
+    let r = d.reading();
+    let s = d.snapshot();
+    assert_eq!((r.memory_total, r.memory_used), (s.memory_total, s.memory_used));
+    assert_eq!(d.memory(), (s.memory_total, s.memory_used), "the unlocked read is the same");
+    d.alloc(&c, 1 << 20, 512).unwrap();
+    assert_eq!(d.memory(), (s.memory_total, s.memory_used + (1 << 20)), "and live");
+    d.free(&c, 1 << 20);
+    assert!(r.timestamp_ns <= s.timestamp_ns && r.busy_ns_total <= s.busy_ns_total);
+    assert!(r.busy_ns_total > 0.0 && r.gpu_util > 0.0, "{r:?}");
+    let listed: Vec<(u32, u64)> =
+        s.processes.iter().filter(|p| p.contexts > 0).map(|p| (p.pid, p.used_memory)).collect();
+    assert_eq!(d.compute_processes(), listed);
+    assert_eq!(listed, vec![(c.pid(), 3 << 20)]);
+    let times = |v: Vec<Sample>| v.iter().map(|x| x.t_ns).collect::<Vec<u64>>();
+    let all = times(d.samples());
+    assert!(all.len() >= 3, "{}", all.len());
+    for cut in [0, all[0], all[1], all[all.len() - 2], u64::MAX] {
+        // Compared while the device took no new sample (one every 5 ms) in between.
+        for attempt in 0.. {
+            let before = times(d.samples());
+            let got = times(d.samples_after(cut));
+            if times(d.samples()) != before {
+                assert!(attempt < 100, "the ring never held still");
+                continue;
+            }
+            let newer = before.iter().filter(|&&t| t > cut).count();
+            assert_eq!(got, before[before.len() - (newer + 1).min(before.len())..], "cut {cut}");
+            break;
+        }
+    }
+    d.detach(&c);
+    assert!(d.compute_processes().is_empty());
+    assert_eq!(d.memory().1, 0);
+    std::fs::remove_file(&p).unwrap();
+}

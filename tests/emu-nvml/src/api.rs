@@ -182,7 +182,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .into_owned();
         for i in 0..state::device_count()? {
             let h = state::handle(i)?;
-            if state::with_snapshot(h, |s, _| s.uuid == want)? {
+            if state::with_facts(h, |f| f.uuid == want)? {
                 // SAFETY: caller passes a valid pointer.
                 return unsafe { put(device, h) };
             }
@@ -207,7 +207,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> nvmlReturn_t {
     entry(|| {
-        let n = state::with_snapshot(device, |s, _| s.name.clone())?;
+        let n = state::with_facts(device, |f| f.name.clone())?;
         // SAFETY: caller passes a buffer of `length` bytes.
         unsafe { put_str(name, length, &n) }
     })
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> nvmlReturn_t {
     entry(|| {
-        let u = state::with_snapshot(device, |s, _| s.uuid.clone())?;
+        let u = state::with_facts(device, |f| f.uuid.clone())?;
         // SAFETY: caller passes a buffer of `length` bytes.
         unsafe { put_str(uuid, length, &u) }
     })
@@ -235,12 +235,12 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
     entry(|| {
-        let u = state::with_snapshot(device, |s, _| {
+        let u = state::with_reading(device, |s, _| {
             let gpu = pct(s.gpu_util);
-            let mem_frac = if s.total_memory == 0 {
+            let mem_frac = if s.memory_total == 0 {
                 0.0
             } else {
-                s.used_memory as f64 / s.total_memory as f64
+                s.memory_used as f64 / s.memory_total as f64
             };
             nvmlUtilization_t {
                 gpu,
@@ -258,11 +258,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
     entry(|| {
-        let m = state::with_snapshot(device, |s, _| nvmlMemory_t {
-            total: s.total_memory,
-            used: s.used_memory.min(s.total_memory),
-            free: s.total_memory.saturating_sub(s.used_memory),
-        })?;
+        // Live, as the driver answers it: an allocation shows at once.
+        let (total, used) = state::with_device(device, |d| d.memory())?;
+        let m = nvmlMemory_t {
+            total,
+            used: used.min(total),
+            free: total.saturating_sub(used),
+        };
         // SAFETY: caller passes a valid pointer.
         unsafe { put(memory, m) }
     })
@@ -284,26 +286,31 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if unsafe { (*memory).version } != MEMORY_V2 {
             return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let m = state::with_snapshot(device, |s, _| nvmlMemory_v2_t {
+        let (total, used) = state::with_device(device, |d| d.memory())?;
+        let m = nvmlMemory_v2_t {
             version: MEMORY_V2,
-            total: s.total_memory,
+            total,
             reserved: 0,
-            used: s.used_memory.min(s.total_memory),
-            free: s.total_memory.saturating_sub(s.used_memory),
-        })?;
+            used: used.min(total),
+            free: total.saturating_sub(used),
+        };
         // SAFETY: checked non-null above.
         unsafe { put(memory, m) }
     })
 }
 
 fn clock(device: nvmlDevice_t, ty: nvmlClockType_t, max: bool) -> NvmlResult<c_uint> {
-    state::with_snapshot(device, |s, _| match ty {
-        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => Ok(if max {
-            s.max_sm_clock_mhz
-        } else {
-            s.sm_clock_mhz
-        }),
-        nvmlClockType_enum_NVML_CLOCK_MEM => Ok(s.mem_clock_mhz),
+    let sm = matches!(
+        ty,
+        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM
+    );
+    if sm && !max {
+        // The only live value: the rest are the card's fixed facts.
+        return state::with_reading(device, |s, _| s.sm_clock_mhz);
+    }
+    state::with_facts(device, |f| match ty {
+        _ if sm => Ok(f.max_sm_clock_mhz),
+        nvmlClockType_enum_NVML_CLOCK_MEM => Ok(f.mem_clock_mhz),
         nvmlClockType_enum_NVML_CLOCK_VIDEO => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         _ => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
     })?
@@ -336,8 +343,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     power_mw: *mut c_uint,
 ) -> nvmlReturn_t {
     entry(|| {
-        let p = state::with_snapshot(device, |s, _| {
-            (f64::from(s.power_limit_mw) * (0.1 + 0.9 * s.gpu_util)).round() as c_uint
+        let p = state::with_reading(device, |s, f| {
+            (f64::from(f.power_limit_mw) * (0.1 + 0.9 * s.gpu_util)).round() as c_uint
         })?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(power_mw, p) }
@@ -355,7 +362,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         }
-        let t = state::with_snapshot(device, |s, _| 30 + pct(s.gpu_util) / 2)?;
+        let t = state::with_reading(device, |s, _| 30 + pct(s.gpu_util) / 2)?;
         // SAFETY: caller passes a valid pointer.
         unsafe { put(temp, t) }
     })
@@ -375,7 +382,7 @@ unsafe fn processes<T>(
     if count.is_null() {
         return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
     }
-    let procs = state::with_snapshot(device, |s, _| s.processes.clone())?;
+    let procs = state::with_device(device, |d| d.compute_processes())?;
     // SAFETY: count is non-null and valid.
     let cap = unsafe { *count } as usize;
     // SAFETY: as above.
@@ -462,8 +469,8 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
             nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES => |_, b| f64::from(b.sm_clock_mhz),
             _ => return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         };
-        let got = state::with_snapshot(device, |_, d| {
-            crate::metrics::samples(&source::samples(d), last_seen_us, value)
+        let got = state::with_device(device, |d| {
+            crate::metrics::samples(&source::samples(d, last_seen_us), last_seen_us, value)
         })?;
         // SAFETY: checked non-null; NVML contract.
         unsafe { *val_type = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT };
@@ -509,7 +516,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
         if unsafe { (*support).version } != NVML_GPM_SUPPORT_VERSION {
             return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let ok = state::with_snapshot(device, |s, _| s.cc_major >= 9)?;
+        let ok = state::with_facts(device, |f| f.cc_major >= 9)?;
         // SAFETY: non-null, checked above.
         unsafe { (*support).isSupportedDevice = c_uint::from(ok) };
         Ok(())
@@ -534,10 +541,14 @@ pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
 #[no_mangle]
 pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
     entry(|| {
-        let i = state::index(device)?;
-        let p = state::with_fresh_snapshot(device, |s, _| (s.cc_major >= 9).then_some(s.point))?;
-        let p = p.ok_or(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED)?;
-        crate::gpm::fill(sample as usize, i, p)
+        state::with_shared(device, |sh, i| {
+            if sh.facts[i].cc_major < 9 {
+                return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+            }
+            // Always taken now: the difference of two samples is the measurement.
+            let p = source::point(&state::reading(sh, i, true));
+            crate::gpm::fill_in(sh, sample as usize, i as u32, p)
+        })?
     })
 }
 
@@ -564,8 +575,65 @@ mod tests {
     /// The C surface called as a careless or hostile caller would: null pointers, handles it
     /// never got, short buffers, wrong struct versions, calls before init and after shutdown.
     /// Every one is answered with an NVML error code; nothing crashes.
+    /// The tests share the library's global state (init count, devices): one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Memory in use and the process list are live, as the driver reports them: an
+    /// allocation and a new context show in the very next query, even one made right after
+    /// another query (counters such as the SM clock may be answered from a reading up to
+    /// `SNAPSHOT_REUSE` old; these never are).
+    #[test]
+    fn memory_and_processes_are_live_after_an_allocation() {
+        let _one = serial();
+        let dir = std::env::temp_dir().join(format!("emu-nvml-live-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
+        std::env::set_var("GPUEMU_PROFILE", "h100");
+        // SAFETY: every pointer passed points at a live local of the type written.
+        unsafe {
+            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+            let mut dev: nvmlDevice_t = std::ptr::null_mut();
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let query = |dev| {
+                let mut m: nvmlMemory_t = std::mem::zeroed();
+                assert_eq!(nvmlDeviceGetMemoryInfo(dev, &mut m), nvmlReturn_enum_NVML_SUCCESS);
+                let mut n: c_uint = 8;
+                let mut infos: [nvmlProcessInfo_t; 8] = std::mem::zeroed();
+                assert_eq!(
+                    nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut n, infos.as_mut_ptr()),
+                    nvmlReturn_enum_NVML_SUCCESS
+                );
+                let pids: Vec<u32> = infos[..n as usize].iter().map(|p| p.pid).collect();
+                (m.used, pids)
+            };
+            let (used0, pids0) = query(dev);
+            let me = std::process::id();
+            assert!(!pids0.contains(&me));
+            let c = state::with_device(dev, |d| {
+                let c = d.attach().unwrap();
+                d.context_created(&c, None).unwrap();
+                d.alloc(&c, 64 << 20, 512).unwrap();
+                c
+            })
+            .unwrap();
+            let (used1, pids1) = query(dev);
+            assert_eq!(used1, used0 + (64 << 20), "memory in use is live");
+            assert!(pids1.contains(&me), "the new context is listed: {pids1:?}");
+            state::with_device(dev, |d| d.detach(&c)).unwrap();
+            let (used2, pids2) = query(dev);
+            assert_eq!((used2, pids2), (used0, pids0), "and gone at once");
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn hostile_calls_get_error_codes() {
+        let _one = serial();
         let dir = std::env::temp_dir().join(format!("emu-nvml-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));

@@ -8,7 +8,7 @@ use std::ffi::CStr;
 use nvml_wrapper_sys::bindings::*;
 
 use crate::metrics::{ratio, Point};
-use crate::state::{shared, NvmlResult};
+use crate::state::{shared, NvmlResult, Shared};
 
 /// A new, unfilled sample; returns its handle value (never 0).
 pub fn alloc() -> NvmlResult<usize> {
@@ -30,10 +30,8 @@ pub fn free(id: usize) -> NvmlResult<()> {
         .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
 }
 
-/// Stores device `dev`'s counters `p` in sample `id`.
-pub fn fill(id: usize, dev: u32, p: Point) -> NvmlResult<()> {
-    let mut g = shared();
-    let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
+/// Stores device `dev`'s counters `p` in sample `id` (the caller holds the shared state).
+pub fn fill_in(sh: &mut Shared, id: usize, dev: u32, p: Point) -> NvmlResult<()> {
     let slot = sh
         .gpm
         .get_mut(&id)

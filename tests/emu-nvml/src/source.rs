@@ -1,23 +1,20 @@
 //! What NVML reports, read from the shared emulated device (`emu-device`, the state file named
-//! by `GPUEMU_STATE`): one [`Snapshot`] per query.
+//! by `GPUEMU_STATE`): the card's fixed facts once per process ([`Facts`]), the live counters
+//! per query ([`emu_device::Reading`]), the process list and utilization samples only for the
+//! queries that ask for them.
 
-use emu_device::Device;
+use emu_device::{Device, DeviceInfo};
 
 use crate::metrics::Point;
 
-/// The device facts and counters NVML answers from.
+/// The card's fixed facts (set when its state file was created; a real driver reads them once
+/// from the board too).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
+pub struct Facts {
     /// Marketing name (`NVIDIA H100 80GB HBM3`).
     pub name: String,
     /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
     pub uuid: String,
-    /// Device memory in bytes.
-    pub total_memory: u64,
-    /// Bytes allocated by all processes.
-    pub used_memory: u64,
-    /// Current SM clock, MHz.
-    pub sm_clock_mhz: u32,
     /// Maximum SM clock, MHz.
     pub max_sm_clock_mhz: u32,
     /// Memory clock, MHz.
@@ -26,18 +23,33 @@ pub struct Snapshot {
     pub cc_major: u32,
     /// Board power limit, milliwatts.
     pub power_limit_mw: u32,
-    /// Processes holding a context: (pid, bytes allocated).
-    pub processes: Vec<(u32, u64)>,
-    /// Fraction of the device's recent window with a kernel running (0..=1).
-    pub gpu_util: f64,
-    /// Mean fraction of SMs busy over the same window (0..=1).
-    pub sm_activity: f64,
-    /// Cumulative counters now.
-    pub point: Point,
 }
 
-/// NVML's UUID text for the device's 16 UUID bytes. Built without `format!` per byte: every
-/// NVML query takes a snapshot, so this runs on the monitor's sampling path.
+impl Facts {
+    /// The NVML view of the emulator's card facts.
+    pub fn of(i: &DeviceInfo) -> Facts {
+        Facts {
+            name: i.name.clone(),
+            uuid: uuid_text(&i.uuid),
+            max_sm_clock_mhz: i.max_sm_clock_mhz,
+            mem_clock_mhz: i.mem_clock_mhz,
+            cc_major: i.compute_capability.0,
+            power_limit_mw: i.power_limit_mw,
+        }
+    }
+}
+
+/// The cumulative counters of a reading, as a GPM sample holds them.
+pub fn point(r: &emu_device::Reading) -> Point {
+    Point {
+        now_ns: r.timestamp_ns,
+        busy_ns: r.busy_ns_total as u64,
+        sm_active_ns: r.sm_active_ns_total as u64,
+        sm_clock_mhz: r.sm_clock_mhz,
+    }
+}
+
+/// NVML's UUID text for the device's 16 UUID bytes. Built once per device and process.
 pub fn uuid_text(b: &[u8; 16]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(40);
@@ -57,39 +69,12 @@ pub fn open_all() -> Result<Vec<Device>, String> {
     Device::open_all_from_env().map_err(|e| e.to_string())
 }
 
-/// The current snapshot of `dev`.
-pub fn snapshot(dev: &Device) -> Snapshot {
-    let s = dev.snapshot();
-    Snapshot {
-        name: s.info.name.clone(),
-        uuid: uuid_text(&s.info.uuid),
-        total_memory: s.memory_total,
-        used_memory: s.memory_used,
-        sm_clock_mhz: s.sm_clock_mhz,
-        max_sm_clock_mhz: s.info.max_sm_clock_mhz,
-        mem_clock_mhz: s.info.mem_clock_mhz,
-        cc_major: s.info.compute_capability.0,
-        power_limit_mw: s.info.power_limit_mw,
-        processes: s
-            .processes
-            .iter()
-            .filter(|p| p.contexts > 0)
-            .map(|p| (p.pid, p.used_memory))
-            .collect(),
-        gpu_util: s.gpu_util,
-        sm_activity: s.sm_activity,
-        point: Point {
-            now_ns: s.timestamp_ns,
-            busy_ns: s.busy_ns_total as u64,
-            sm_active_ns: s.sm_active_ns_total as u64,
-            sm_clock_mhz: s.sm_clock_mhz,
-        },
-    }
-}
-
-/// The device's utilization sample ring as points, oldest first.
-pub fn samples(dev: &Device) -> Vec<Point> {
-    dev.samples()
+/// The device's utilization samples newer than `after_us` (µs timestamps, NVML's
+/// `lastSeenTimeStamp`) as points, oldest first, with the point before them (the start of the
+/// first interval).
+pub fn samples(dev: &Device, after_us: u64) -> Vec<Point> {
+    // `t_ns / 1000 > after_us` <=> `t_ns > after_us * 1000 + 999`.
+    dev.samples_after(after_us.saturating_mul(1000).saturating_add(999))
         .iter()
         .map(|s| Point {
             now_ns: s.t_ns,

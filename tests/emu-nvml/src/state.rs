@@ -10,8 +10,10 @@ use nvml_wrapper_sys::bindings::*;
 
 use emu_device::Device;
 
+use emu_device::Reading;
+
 use crate::metrics::Point;
-use crate::source::{self, Snapshot};
+use crate::source::{self, Facts};
 
 /// Most devices this library can hand out handles for (the emulator has one per state file;
 /// `GPUEMU_STATE` may list several, a multi-GPU host).
@@ -30,14 +32,17 @@ pub struct Shared {
     pub gpm: HashMap<usize, Option<(u32, Point)>>,
     /// Next GPM sample id (never 0, so handles are never null).
     pub next_gpm: usize,
-    /// Per device: the last snapshot and when it was taken (see [`SNAPSHOT_REUSE`]).
-    pub cache: Vec<Option<(Instant, Snapshot)>>,
+    /// Per device: its fixed facts, read once at init.
+    pub facts: Vec<Facts>,
+    /// Per device: the last reading and when it was taken (see [`SNAPSHOT_REUSE`]).
+    pub cache: Vec<Option<(Instant, Reading)>>,
 }
 
-/// How long one device snapshot answers further queries. A monitor asks several questions per
-/// sample (memory, clocks, utilization, processes); they share one lock of the state file and
-/// one model update, as a real driver answers them from counters it samples itself. GPM samples
-/// always take a fresh snapshot, since their difference is the measurement.
+/// How long one device reading answers further counter queries. A monitor asks several
+/// questions per sample (memory, clocks, utilization); they share one lock of the state file
+/// and one model update, as a real driver answers them from counters it samples itself. GPM
+/// samples always take a fresh reading, since their difference is the measurement; process
+/// lists and utilization samples are always read afresh.
 pub const SNAPSHOT_REUSE: Duration = Duration::from_micros(500);
 
 static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
@@ -62,6 +67,7 @@ pub fn init() -> NvmlResult<()> {
         }
         *g = Some(Shared {
             cache: devices.iter().map(|_| None).collect(),
+            facts: devices.iter().map(|d| Facts::of(&d.info())).collect(),
             devices,
             gpm: HashMap::new(),
             next_gpm: 1,
@@ -115,40 +121,48 @@ pub fn index(dev: nvmlDevice_t) -> NvmlResult<u32> {
     Ok(off as u32)
 }
 
-/// A snapshot of the device behind `dev` (at most [`SNAPSHOT_REUSE`] old), handed to `f`
-/// with the device itself.
-pub fn with_snapshot<T>(
-    dev: nvmlDevice_t,
-    f: impl FnOnce(&Snapshot, &Device) -> T,
-) -> NvmlResult<T> {
-    snapshot_then(dev, false, f)
-}
-
-/// Like [`with_snapshot`], but always taken now (GPM samples).
-pub fn with_fresh_snapshot<T>(
-    dev: nvmlDevice_t,
-    f: impl FnOnce(&Snapshot, &Device) -> T,
-) -> NvmlResult<T> {
-    snapshot_then(dev, true, f)
-}
-
-fn snapshot_then<T>(
-    dev: nvmlDevice_t,
-    fresh: bool,
-    f: impl FnOnce(&Snapshot, &Device) -> T,
-) -> NvmlResult<T> {
-    let i = index(dev)? as usize;
+/// The shared state and the index of the device behind `dev`, handed to `f` under one lock
+/// (UNINITIALIZED before init, INVALID_ARGUMENT for a handle we never handed out).
+pub fn with_shared<T>(dev: nvmlDevice_t, f: impl FnOnce(&mut Shared, usize) -> T) -> NvmlResult<T> {
+    check_init()?;
     let mut g = shared();
     let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    let now = Instant::now();
-    let stale = fresh
-        || sh
-            .cache[i]
-            .as_ref()
-            .is_none_or(|(at, _)| now.duration_since(*at) >= SNAPSHOT_REUSE);
-    if stale {
-        sh.cache[i] = Some((now, source::snapshot(&sh.devices[i])));
+    let off = (dev as usize).wrapping_sub(HANDLE_BASE.as_ptr() as usize);
+    if off >= MAX_DEVICES || off >= sh.devices.len() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
     }
-    let snap = &sh.cache[i].as_ref().expect("filled above").1;
-    Ok(f(snap, &sh.devices[i]))
+    Ok(f(sh, off))
+}
+
+/// The fixed facts of the device behind `dev`, handed to `f`.
+pub fn with_facts<T>(dev: nvmlDevice_t, f: impl FnOnce(&Facts) -> T) -> NvmlResult<T> {
+    with_shared(dev, |sh, i| f(&sh.facts[i]))
+}
+
+/// A reading of the device behind `dev` (at most [`SNAPSHOT_REUSE`] old), handed to `f` with
+/// the device's facts.
+pub fn with_reading<T>(dev: nvmlDevice_t, f: impl FnOnce(&Reading, &Facts) -> T) -> NvmlResult<T> {
+    with_shared(dev, |sh, i| {
+        let r = reading(sh, i, false);
+        f(&r, &sh.facts[i])
+    })
+}
+
+/// Device `i`'s reading: the cached one when `fresh` is false and it is younger than
+/// [`SNAPSHOT_REUSE`], else taken now (and cached).
+pub fn reading(sh: &mut Shared, i: usize, fresh: bool) -> Reading {
+    let now = Instant::now();
+    match sh.cache[i] {
+        Some((at, r)) if !fresh && now.duration_since(at) < SNAPSHOT_REUSE => r,
+        _ => {
+            let r = sh.devices[i].reading();
+            sh.cache[i] = Some((now, r));
+            r
+        }
+    }
+}
+
+/// The device behind `dev`, handed to `f` (memory, process lists and samples, read live).
+pub fn with_device<T>(dev: nvmlDevice_t, f: impl FnOnce(&Device) -> T) -> NvmlResult<T> {
+    with_shared(dev, |sh, i| f(&sh.devices[i]))
 }
