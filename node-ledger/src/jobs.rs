@@ -1,0 +1,106 @@
+//! Offline *jobs* on a GPU, as the SM budget is shared between them. A job is one quota group
+//! (one container or pod: `XCUDA_GROUP`); its processes (a trainer and its workers) share the
+//! job's share. Every party that splits or judges the offline SM budget reads the jobs here,
+//! from the registry slots' recorded MPS percentages ([`crate::layout::ProcSlot::mps_pct`]):
+//! the shim at start (its MPS percentage) and on its periodic tick (its load target), the
+//! monitor when it judges co-located load.
+
+use crate::ledger::{Ledger, ProcSnapshot};
+
+/// One offline job on the GPU, from its registered processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OfflineJob {
+    /// Its quota group's id (`group_id_for` its `XCUDA_GROUP`).
+    pub group_id: u64,
+    /// Its registered processes counted.
+    pub procs: u32,
+    /// The job's MPS active-thread percentage: the largest its processes started with, `None`
+    /// when any of them started without one (that process is not capped by MPS at all).
+    pub mps_pct: Option<u32>,
+}
+
+/// Groups registered processes into jobs (by group id, in order of first appearance). A slot
+/// still mid-registration (start time 0) is not counted.
+pub fn jobs_of<'a>(procs: impl IntoIterator<Item = &'a ProcSnapshot>) -> Vec<OfflineJob> {
+    let mut jobs: Vec<OfflineJob> = Vec::new();
+    for p in procs.into_iter().filter(|p| p.start_time != 0) {
+        let pct = (p.mps_pct != 0).then_some(p.mps_pct);
+        match jobs.iter_mut().find(|j| j.group_id == p.group_id) {
+            Some(j) => {
+                j.procs += 1;
+                j.mps_pct = j.mps_pct.zip(pct).map(|(a, b)| a.max(b));
+            }
+            None => jobs.push(OfflineJob { group_id: p.group_id, procs: 1, mps_pct: pct }),
+        }
+    }
+    jobs
+}
+
+impl Ledger {
+    /// The offline jobs registered on this GPU now ([`jobs_of`] over [`Ledger::procs`]). A
+    /// process that died and is not yet reclaimed still counts (for at most the reclaimers'
+    /// period): its share is given back a little late, never early. Reads every slot: for
+    /// process start and periodic ticks, never a launch.
+    pub fn offline_jobs(&self) -> Vec<OfflineJob> {
+        jobs_of(&self.procs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(group_id: u64, mps_pct: u32) -> ProcSnapshot {
+        ProcSnapshot {
+            slot: 0,
+            pid: 1,
+            start_time: 1,
+            pid_ns: 0,
+            group_id,
+            mem_bytes: 0,
+            launches: 0,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            mps_pct,
+        }
+    }
+
+    #[test]
+    fn processes_of_one_group_are_one_job_with_its_largest_percentage() {
+        let jobs = jobs_of(&[p(7, 20), p(9, 30), p(7, 25)]);
+        assert_eq!(
+            jobs,
+            vec![
+                OfflineJob { group_id: 7, procs: 2, mps_pct: Some(25) },
+                OfflineJob { group_id: 9, procs: 1, mps_pct: Some(30) },
+            ]
+        );
+    }
+
+    #[test]
+    fn one_uncapped_process_makes_its_job_uncapped_and_registering_slots_do_not_count() {
+        let mut mid = p(3, 50);
+        mid.start_time = 0;
+        let jobs = jobs_of(&[p(7, 20), p(7, 0), mid]);
+        assert_eq!(jobs, vec![OfflineJob { group_id: 7, procs: 2, mps_pct: None }]);
+    }
+
+    #[test]
+    fn the_ledger_records_each_process_percentage_in_its_own_slot() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Ledger::open_or_create(&d.path().join("ledger"), 0).unwrap();
+        let (a, b) = (l.group(1, 100).unwrap(), l.group(2, 100).unwrap());
+        let me = std::process::id();
+        let ha = l.register_with_mps(me, a, 20).unwrap();
+        let hb = l.register_with_mps(me, b, 400).unwrap();
+        assert_eq!(l.procs().iter().map(|p| p.mps_pct).collect::<Vec<_>>(), [20, 0], "out of range: none known");
+        let jobs = l.offline_jobs();
+        assert_eq!(jobs.iter().map(|j| j.mps_pct).collect::<Vec<_>>(), [Some(20), None]);
+        l.unregister(ha);
+        let hc = l.register(me, a).unwrap();
+        assert_eq!(l.procs().iter().find(|p| p.slot == hc.slot).unwrap().mps_pct, 0, "a reused slot starts without the previous owner's");
+        l.unregister(hb);
+        l.unregister(hc);
+        assert!(l.offline_jobs().is_empty());
+    }
+}
