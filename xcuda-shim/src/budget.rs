@@ -5,8 +5,31 @@
 //! the user set it), so MPS itself caps the new client; while running, the throttle's
 //! controller reads it on each periodic tick (never per launch) and lowers its load target.
 //! Stale or absent budget: the configured static target; never looser than configured.
+//!
+//! The budget is the whole offline side's, and several offline jobs may share a GPU
+//! (`max_offline_per_gpu` > 1). Each process records the percentage it started with in its own
+//! ledger slot ([`node_ledger::layout::ProcSlot::mps_pct`]), and the budget is split between
+//! *jobs* (quota groups: a container's processes share its share, see [`node_ledger::jobs`]):
+//! - at start ([`start_share`]): a process of a job already on the GPU takes its job's
+//!   percentage; a new job takes what the other jobs leave of the budget, at least
+//!   [`MIN_MPS_PERCENTAGE`]. So the percentages sum to at most the budget (plus rounding up
+//!   to whole percents) unless the others already hold it all: a job arriving then gets the
+//!   floor, for its whole life (MPS cannot raise it later), and the sum passes the budget by
+//!   that floor, which the running split below takes back in time;
+//! - while running ([`job_share`]): the fresh budget is divided between the live jobs in
+//!   proportion to their percentages, so the parts always sum to the budget, a job keeps
+//!   exactly its MPS cap while the budget is what it was at its start (its target then stays
+//!   with MPS, see `Throttle::target_for`), and every job moves by the same ratio when the
+//!   budget moves;
+//! - sysmonitor judges co-located load with the sum of the live jobs' percentages (at most
+//!   the budget), not one budget per job.
+//!
+//! Two jobs starting within one another's window between library load and first driver call
+//! (registration) cannot see each other's percentage and may both take the whole budget; the
+//! running split then holds each to its proportional part, and the monitor counts the sum
+//! capped at the budget: the load stays within the budget, only MPS's spatial cap is looser.
 
-use node_ledger::Ledger;
+use node_ledger::{Ledger, OfflineJob};
 
 /// The MPS client variable real MPS reads at client start.
 pub const MPS_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
@@ -32,6 +55,38 @@ pub fn fresh_budget(l: &Ledger, now_ns: u64, stale_ns: u64) -> Option<f64> {
         .then(|| f64::from(s.offline_sm_budget_permille.min(1000)) / 1000.0)
 }
 
+/// Weight of a job in the split: its MPS percentage, or the whole GPU (100) for a job with an
+/// uncapped process (it can take every SM).
+fn weight(j: &OfflineJob) -> f64 {
+    f64::from(j.mps_pct.unwrap_or(100))
+}
+
+/// The SM share (fraction) a process of job `my_group` may start with, of a fresh `budget`
+/// (fraction) when `jobs` are on the GPU: its own job's percentage if that job is already
+/// there with one (processes of a job share the job's share); else what the other jobs
+/// leave of the budget (a job with an uncapped process leaves nothing), possibly 0: the
+/// caller's [`mps_percentage`] floor then applies.
+pub fn start_share(budget: f64, jobs: &[OfflineJob], my_group: u64) -> f64 {
+    if let Some(pct) = jobs.iter().find(|j| j.group_id == my_group).and_then(|j| j.mps_pct) {
+        return f64::from(pct) / 100.0;
+    }
+    let held: f64 = jobs.iter().filter(|j| j.group_id != my_group).map(weight).sum::<f64>() / 100.0;
+    (budget - held).clamp(0.0, 1.0)
+}
+
+/// Job `my_group`'s part of a fresh offline SM `budget` (fraction) shared by `jobs`: the budget
+/// times its MPS percentage over the sum of every job's (a job with an uncapped process
+/// weighs 100). The parts of all jobs sum to the budget. `own_pct` weighs this job when the
+/// ledger does not list it (not registered yet): this process's own percentage, if any.
+pub fn job_share(budget: f64, jobs: &[OfflineJob], my_group: u64, own_pct: Option<u32>) -> f64 {
+    let mine = jobs
+        .iter()
+        .find(|j| j.group_id == my_group)
+        .map_or_else(|| f64::from(own_pct.unwrap_or(100)), weight);
+    let others: f64 = jobs.iter().filter(|j| j.group_id != my_group).map(weight).sum();
+    budget * mine / (mine + others)
+}
+
 /// MPS active-thread percentage for a budget of `permille`: rounded up, at least
 /// [`MIN_MPS_PERCENTAGE`], at most 100.
 pub fn mps_percentage(permille: u32) -> u32 {
@@ -54,8 +109,14 @@ pub fn mps_env_value(get: &dyn Fn(&str) -> Option<String>, budget: Option<f64>) 
 /// constructor set from the budget) as a fraction, if it holds a valid percentage (1..=100).
 /// The throttle leaves a budget this cap already enforces to MPS.
 pub fn own_mps_share(get: &dyn Fn(&str) -> Option<String>) -> Option<f64> {
-    let pct: u32 = get(MPS_ENV)?.trim().parse().ok()?;
-    (1..=100).contains(&pct).then(|| f64::from(pct) / 100.0)
+    own_mps_pct(get).map(|pct| f64::from(pct) / 100.0)
+}
+
+/// [`own_mps_share`] in whole percent (1..=100), as the ledger slot records it. A fractional
+/// value (MPS accepts one) is rounded up: the slot never records less than MPS allows.
+pub fn own_mps_pct(get: &dyn Fn(&str) -> Option<String>) -> Option<u32> {
+    let pct: f64 = get(MPS_ENV)?.trim().parse().ok()?;
+    (pct > 0.0 && pct <= 100.0).then(|| pct.ceil() as u32)
 }
 
 /// Library constructor: runs when the shim is loaded, before the application's `main` and so
@@ -76,14 +137,16 @@ fn set_mps_percentage_from_budget() {
     // Loaded here without caching: the process's config is loaded (and its errors reported)
     // on the first driver call, after the application may have set its environment.
     let (cfg, _) = crate::config::Config::load(&get);
+    let group = node_ledger::ledger::group_id_for(&cfg.group);
     // MPS applies one percentage to every device of the client: with several GPUs, the
-    // strictest of their fresh budgets.
+    // strictest of their shares of their fresh budgets.
     let budget = cfg
         .host_gpus()
         .into_iter()
         .filter_map(|i| {
             let l = Ledger::open_existing(&cfg.ledger_of(i).ledger_path()).ok()?;
-            fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000)
+            let b = fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000)?;
+            Some(start_share(b, &l.offline_jobs(), group))
         })
         .reduce(f64::min);
     let Some(v) = mps_env_value(&get, budget) else {
@@ -148,6 +211,54 @@ mod tests {
         assert_eq!(own_mps_share(&env("150")), None);
         assert_eq!(own_mps_share(&env("x")), None);
         assert_eq!(own_mps_share(&|_: &str| None), None);
+    }
+
+    fn job(group_id: u64, mps_pct: Option<u32>) -> OfflineJob {
+        OfflineJob { group_id, procs: 1, mps_pct }
+    }
+
+    fn pct_of(share: f64) -> u32 {
+        mps_percentage((share * 1000.0).round() as u32)
+    }
+
+    /// Two offline jobs on one GPU take the budget between them, not each the whole of it
+    /// (before the split each took the whole budget: 40 % + 40 % against a 40 % budget).
+    #[test]
+    fn a_new_job_takes_what_the_others_leave_of_the_budget() {
+        assert_eq!(pct_of(start_share(0.4, &[], 1)), 40, "alone: the whole budget");
+        let a = job(1, Some(25));
+        assert_eq!(pct_of(start_share(0.4, &[a], 2)), 15);
+        assert!(25 + pct_of(start_share(0.4, &[a], 2)) <= 40);
+        assert_eq!(pct_of(start_share(0.4, &[a], 1)), 25, "a job's next process shares the job's share");
+        let full = job(1, Some(40));
+        assert_eq!(pct_of(start_share(0.4, &[full], 2)), MIN_MPS_PERCENTAGE, "nothing left: the floor");
+        assert_eq!(pct_of(start_share(0.4, &[job(1, None)], 2)), MIN_MPS_PERCENTAGE, "an uncapped job leaves nothing");
+        assert_eq!(pct_of(start_share(0.4, &[job(2, None)], 2)), 40, "its own uncapped job: a job's share is computed anew");
+        assert_eq!(pct_of(start_share(0.404, &[job(1, Some(20))], 2)), 21, "rounded up to whole percents");
+    }
+
+    /// The running split: parts in proportion to the jobs' percentages, summing to the budget.
+    #[test]
+    fn running_jobs_divide_the_budget_in_proportion_to_their_percentages() {
+        let jobs = [job(1, Some(30)), job(2, Some(10))];
+        let (a, b) = (job_share(0.4, &jobs, 1, None), job_share(0.4, &jobs, 2, None));
+        assert!((a - 0.3).abs() < 1e-9 && (b - 0.1).abs() < 1e-9, "{a} {b}");
+        let (a, b) = (job_share(0.2, &jobs, 1, None), job_share(0.2, &jobs, 2, None));
+        assert!((a - 0.15).abs() < 1e-9 && (b - 0.05).abs() < 1e-9, "the budget halved: each part halves");
+        assert!((job_share(0.4, &[job(1, Some(40))], 1, None) - 0.4).abs() < 1e-9, "alone: the whole budget");
+        assert!((job_share(0.4, &[], 1, Some(20)) - 0.4).abs() < 1e-9, "not registered yet, alone");
+        assert!((job_share(0.4, &[job(2, Some(20))], 1, Some(20)) - 0.2).abs() < 1e-9, "not registered yet, beside another");
+        let u = job_share(0.4, &[job(1, Some(20)), job(2, None)], 1, None);
+        assert!((u - 0.4 * 20.0 / 120.0).abs() < 1e-9, "an uncapped job weighs the whole GPU: {u}");
+    }
+
+    #[test]
+    fn own_percentage_in_whole_percents() {
+        let env = |v: &'static str| move |k: &str| (k == MPS_ENV).then(|| v.to_string());
+        assert_eq!(own_mps_pct(&env("25")), Some(25));
+        assert_eq!(own_mps_pct(&env("12.5")), Some(13), "never less than MPS allows");
+        assert_eq!(own_mps_pct(&env("nan")), None);
+        assert_eq!(own_mps_pct(&env("0")), None);
     }
 
     #[test]
