@@ -105,6 +105,21 @@ pub fn to_ledger(s: State) -> HealthState {
     }
 }
 
+/// The SM share, percent, the offline side is held to when `jobs` run beside online work: the
+/// sum of the jobs' MPS percentages (MPS caps each job's processes in space; several jobs on
+/// one GPU each hold their own), and never more than the MPS manager's fresh `budget` (the
+/// shims' throttles hold the jobs to their parts of it in time). `None`, so that the whole
+/// reading counts as online (fail closed), when the budget is stale or absent, when no job is
+/// registered, or when a job has a process without a percentage (MPS does not cap it).
+pub fn offline_cap_pct(budget: Option<f64>, jobs: &[node_ledger::OfflineJob]) -> Option<f64> {
+    let budget = budget?;
+    if jobs.is_empty() {
+        return None;
+    }
+    let sum = jobs.iter().map(|j| j.mps_pct.map(f64::from)).sum::<Option<f64>>()?;
+    Some(sum.min(budget))
+}
+
 fn permille(pct: f64) -> u32 {
     (pct * 10.0).round().clamp(0.0, 1000.0) as u32
 }
@@ -119,7 +134,16 @@ impl LedgerPort for LedgerAdapter {
             node_ledger::clock::now_ns(),
             crate::port::BUDGET_FRESH_MS * 1_000_000,
         );
-        fresh.then(|| f64::from(m.offline_sm_budget_permille) / 10.0)
+        let budget = fresh.then(|| f64::from(m.offline_sm_budget_permille) / 10.0);
+        // Processes asked to leave count as online in the occupancy (fail closed): not here either.
+        let slots = &self.ledger.layout().procs;
+        let procs: Vec<_> = self
+            .ledger
+            .procs()
+            .into_iter()
+            .filter(|p| slots.get(p.slot).is_some_and(|s| s.evict_signal.load(Acquire) == 0))
+            .collect();
+        offline_cap_pct(budget, &node_ledger::jobs::jobs_of(&procs))
     }
 
     fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
@@ -265,6 +289,43 @@ mod tests {
             a.offline().unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
+    }
+
+    fn job(group_id: u64, mps_pct: Option<u32>) -> node_ledger::OfflineJob {
+        node_ledger::OfflineJob { group_id, procs: 1, mps_pct }
+    }
+
+    /// Several offline jobs on one GPU: the cap taken off is the sum of their MPS percentages,
+    /// at most the budget; unknown anywhere = none (the whole reading counts as online).
+    #[test]
+    fn the_offline_cap_is_the_sum_of_the_jobs_percentages_at_most_the_budget() {
+        let two = [job(1, Some(20)), job(2, Some(15))];
+        assert_eq!(offline_cap_pct(Some(40.0), &two), Some(35.0));
+        assert_eq!(offline_cap_pct(Some(40.0), &[job(1, Some(40)), job(2, Some(40))]), Some(40.0), "never past the budget");
+        assert_eq!(offline_cap_pct(Some(60.0), &[job(1, Some(40))]), Some(40.0), "one job's own cap, below a risen budget");
+        assert_eq!(offline_cap_pct(None, &two), None, "stale budget");
+        assert_eq!(offline_cap_pct(Some(40.0), &[job(1, Some(20)), job(2, None)]), None, "an uncapped job");
+        assert_eq!(offline_cap_pct(Some(40.0), &[]), None);
+    }
+
+    /// The adapter reads the jobs' recorded percentages from the slots (a process being
+    /// evicted no longer counts), not the budget once per job.
+    #[test]
+    fn the_adapter_sums_live_jobs_recorded_percentages() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let l = Ledger::open_or_create(&path, 0).unwrap();
+        l.publish_sm_budget(400);
+        let (g1, g2) = (l.group(1, 1 << 30).unwrap(), l.group(2, 1 << 30).unwrap());
+        let me = std::process::id();
+        let (p1, p2, p3) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
+        let _h1 = p1.register_with_mps(me, g1, 25).unwrap();
+        let _h1b = p3.register_with_mps(me, g1, 25).unwrap();
+        let h2 = p2.register_with_mps(me, g2, 15).unwrap();
+        let mut a = LedgerAdapter::new(l);
+        assert_eq!(a.offline_sm_cap_pct(), Some(40.0), "25 (one job, two processes) + 15");
+        a.ledger.request_evict(h2.slot, libc::SIGTERM as u32);
+        assert_eq!(a.offline_sm_cap_pct(), Some(25.0), "the job being evicted no longer counts");
     }
 
     /// Follow-up 1: the request is made by pid + start time through
