@@ -2,8 +2,9 @@
 //! (one container or pod: `XCUDA_GROUP`); its processes (a trainer and its workers) share the
 //! job's share. Every party that splits or judges the offline SM budget reads the jobs here,
 //! from the registry slots' recorded MPS percentages ([`crate::layout::ProcSlot::mps_pct`]):
-//! the shim at start (its MPS percentage) and on its periodic tick (its load target), the
-//! monitor when it judges co-located load.
+//! the shim at start (its MPS percentage, [`start_share`]) and on its periodic tick (its load
+//! target, [`job_share`]), the monitor when it judges co-located load; the simulator applies
+//! the same rules.
 
 use crate::ledger::{Ledger, ProcSnapshot};
 
@@ -36,6 +37,38 @@ pub fn jobs_of<'a>(procs: impl IntoIterator<Item = &'a ProcSnapshot>) -> Vec<Off
     jobs
 }
 
+/// Weight of a job in the split: its MPS percentage, or the whole GPU (100) for a job with an
+/// uncapped process (it can take every SM).
+fn weight(j: &OfflineJob) -> f64 {
+    f64::from(j.mps_pct.unwrap_or(100))
+}
+
+/// The SM share (fraction) a process of job `my_group` may start with, of a fresh `budget`
+/// (fraction) when `jobs` are on the GPU: its own job's percentage if that job is already
+/// there with one (processes of a job share the job's share); else what the other jobs
+/// leave of the budget (a job with an uncapped process leaves nothing), possibly 0: the
+/// caller's floor then applies (the shim's `MIN_MPS_PERCENTAGE`: MPS needs more than 0).
+pub fn start_share(budget: f64, jobs: &[OfflineJob], my_group: u64) -> f64 {
+    if let Some(pct) = jobs.iter().find(|j| j.group_id == my_group).and_then(|j| j.mps_pct) {
+        return f64::from(pct) / 100.0;
+    }
+    let held: f64 = jobs.iter().filter(|j| j.group_id != my_group).map(weight).sum::<f64>() / 100.0;
+    (budget - held).clamp(0.0, 1.0)
+}
+
+/// Job `my_group`'s part of a fresh offline SM `budget` (fraction) shared by `jobs`: the budget
+/// times its MPS percentage over the sum of every job's (a job with an uncapped process
+/// weighs 100). The parts of all jobs sum to the budget. `own_pct` weighs this job when the
+/// ledger does not list it (not registered yet): this process's own percentage, if any.
+pub fn job_share(budget: f64, jobs: &[OfflineJob], my_group: u64, own_pct: Option<u32>) -> f64 {
+    let mine = jobs
+        .iter()
+        .find(|j| j.group_id == my_group)
+        .map_or_else(|| f64::from(own_pct.unwrap_or(100)), weight);
+    let others: f64 = jobs.iter().filter(|j| j.group_id != my_group).map(weight).sum();
+    budget * mine / (mine + others)
+}
+
 impl Ledger {
     /// The offline jobs registered on this GPU now ([`jobs_of`] over [`Ledger::procs`]). A
     /// process that died and is not yet reclaimed still counts (for at most the reclaimers'
@@ -50,6 +83,10 @@ impl Ledger {
 mod tests {
     use super::*;
 
+    fn job(group_id: u64, mps_pct: Option<u32>) -> OfflineJob {
+        OfflineJob { group_id, procs: 1, mps_pct }
+    }
+
     fn p(group_id: u64, mps_pct: u32) -> ProcSnapshot {
         ProcSnapshot {
             slot: 0,
@@ -63,6 +100,21 @@ mod tests {
             heartbeat_ns: 0,
             mps_pct,
         }
+    }
+
+    /// The running split: parts in proportion to the jobs' percentages, summing to the budget.
+    #[test]
+    fn running_jobs_divide_the_budget_in_proportion_to_their_percentages() {
+        let jobs = [job(1, Some(30)), job(2, Some(10))];
+        let (a, b) = (job_share(0.4, &jobs, 1, None), job_share(0.4, &jobs, 2, None));
+        assert!((a - 0.3).abs() < 1e-9 && (b - 0.1).abs() < 1e-9, "{a} {b}");
+        let (a, b) = (job_share(0.2, &jobs, 1, None), job_share(0.2, &jobs, 2, None));
+        assert!((a - 0.15).abs() < 1e-9 && (b - 0.05).abs() < 1e-9, "the budget halved: each part halves");
+        assert!((job_share(0.4, &[job(1, Some(40))], 1, None) - 0.4).abs() < 1e-9, "alone: the whole budget");
+        assert!((job_share(0.4, &[], 1, Some(20)) - 0.4).abs() < 1e-9, "not registered yet, alone");
+        assert!((job_share(0.4, &[job(2, Some(20))], 1, Some(20)) - 0.2).abs() < 1e-9, "not registered yet, beside another");
+        let u = job_share(0.4, &[job(1, Some(20)), job(2, None)], 1, None);
+        assert!((u - 0.4 * 20.0 / 120.0).abs() < 1e-9, "an uncapped job weighs the whole GPU: {u}");
     }
 
     #[test]

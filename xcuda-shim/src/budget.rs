@@ -29,7 +29,8 @@
 //! running split then holds each to its proportional part, and the monitor counts the sum
 //! capped at the budget: the load stays within the budget, only MPS's spatial cap is looser.
 
-use node_ledger::{Ledger, OfflineJob};
+pub use node_ledger::jobs::{job_share, start_share};
+use node_ledger::Ledger;
 
 /// The MPS client variable real MPS reads at client start.
 pub const MPS_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
@@ -53,38 +54,6 @@ pub fn fresh_budget(l: &Ledger, now_ns: u64, stale_ns: u64) -> Option<f64> {
     let s = l.read_manager()?;
     s.is_fresh(now_ns, stale_ns.max(BUDGET_STALE_NS))
         .then(|| f64::from(s.offline_sm_budget_permille.min(1000)) / 1000.0)
-}
-
-/// Weight of a job in the split: its MPS percentage, or the whole GPU (100) for a job with an
-/// uncapped process (it can take every SM).
-fn weight(j: &OfflineJob) -> f64 {
-    f64::from(j.mps_pct.unwrap_or(100))
-}
-
-/// The SM share (fraction) a process of job `my_group` may start with, of a fresh `budget`
-/// (fraction) when `jobs` are on the GPU: its own job's percentage if that job is already
-/// there with one (processes of a job share the job's share); else what the other jobs
-/// leave of the budget (a job with an uncapped process leaves nothing), possibly 0: the
-/// caller's [`mps_percentage`] floor then applies.
-pub fn start_share(budget: f64, jobs: &[OfflineJob], my_group: u64) -> f64 {
-    if let Some(pct) = jobs.iter().find(|j| j.group_id == my_group).and_then(|j| j.mps_pct) {
-        return f64::from(pct) / 100.0;
-    }
-    let held: f64 = jobs.iter().filter(|j| j.group_id != my_group).map(weight).sum::<f64>() / 100.0;
-    (budget - held).clamp(0.0, 1.0)
-}
-
-/// Job `my_group`'s part of a fresh offline SM `budget` (fraction) shared by `jobs`: the budget
-/// times its MPS percentage over the sum of every job's (a job with an uncapped process
-/// weighs 100). The parts of all jobs sum to the budget. `own_pct` weighs this job when the
-/// ledger does not list it (not registered yet): this process's own percentage, if any.
-pub fn job_share(budget: f64, jobs: &[OfflineJob], my_group: u64, own_pct: Option<u32>) -> f64 {
-    let mine = jobs
-        .iter()
-        .find(|j| j.group_id == my_group)
-        .map_or_else(|| f64::from(own_pct.unwrap_or(100)), weight);
-    let others: f64 = jobs.iter().filter(|j| j.group_id != my_group).map(weight).sum();
-    budget * mine / (mine + others)
 }
 
 /// MPS active-thread percentage for a budget of `permille`: rounded up, at least
@@ -213,8 +182,8 @@ mod tests {
         assert_eq!(own_mps_share(&|_: &str| None), None);
     }
 
-    fn job(group_id: u64, mps_pct: Option<u32>) -> OfflineJob {
-        OfflineJob { group_id, procs: 1, mps_pct }
+    fn job(group_id: u64, mps_pct: Option<u32>) -> node_ledger::OfflineJob {
+        node_ledger::OfflineJob { group_id, procs: 1, mps_pct }
     }
 
     fn pct_of(share: f64) -> u32 {
@@ -235,21 +204,6 @@ mod tests {
         assert_eq!(pct_of(start_share(0.4, &[job(1, None)], 2)), MIN_MPS_PERCENTAGE, "an uncapped job leaves nothing");
         assert_eq!(pct_of(start_share(0.4, &[job(2, None)], 2)), 40, "its own uncapped job: a job's share is computed anew");
         assert_eq!(pct_of(start_share(0.404, &[job(1, Some(20))], 2)), 21, "rounded up to whole percents");
-    }
-
-    /// The running split: parts in proportion to the jobs' percentages, summing to the budget.
-    #[test]
-    fn running_jobs_divide_the_budget_in_proportion_to_their_percentages() {
-        let jobs = [job(1, Some(30)), job(2, Some(10))];
-        let (a, b) = (job_share(0.4, &jobs, 1, None), job_share(0.4, &jobs, 2, None));
-        assert!((a - 0.3).abs() < 1e-9 && (b - 0.1).abs() < 1e-9, "{a} {b}");
-        let (a, b) = (job_share(0.2, &jobs, 1, None), job_share(0.2, &jobs, 2, None));
-        assert!((a - 0.15).abs() < 1e-9 && (b - 0.05).abs() < 1e-9, "the budget halved: each part halves");
-        assert!((job_share(0.4, &[job(1, Some(40))], 1, None) - 0.4).abs() < 1e-9, "alone: the whole budget");
-        assert!((job_share(0.4, &[], 1, Some(20)) - 0.4).abs() < 1e-9, "not registered yet, alone");
-        assert!((job_share(0.4, &[job(2, Some(20))], 1, Some(20)) - 0.2).abs() < 1e-9, "not registered yet, beside another");
-        let u = job_share(0.4, &[job(1, Some(20)), job(2, None)], 1, None);
-        assert!((u - 0.4 * 20.0 / 120.0).abs() < 1e-9, "an uncapped job weighs the whole GPU: {u}");
     }
 
     #[test]
