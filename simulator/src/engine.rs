@@ -760,11 +760,21 @@ impl<'a> Sim<'a> {
                             pct
                         };
                         let cap = (pct / 100.0).max(self.cfg.min_cap);
-                        offline_cap_pct = Some(cap * 100.0);
                         let gpu = &mut self.gpus[g];
+                        // A job starting now gets what the jobs already there leave of the
+                        // budget (the shim's rule, `node_ledger::jobs::start_share`), never
+                        // below the floor; MPS keeps it for the job's life.
                         while gpu.throttles.len() < gpu.jobs.len() {
-                            gpu.throttles.push(ThrottleState::new(&self.cfg.throttle, cap));
+                            let held = crate::throttle::jobs_of(&gpu.throttles);
+                            let start = node_ledger::jobs::start_share(cap, &held, u64::MAX);
+                            let own = start.max(self.cfg.min_cap);
+                            gpu.throttles.push(ThrottleState::new(&self.cfg.throttle, own));
                         }
+                        // The monitor takes off the jobs' caps, at most the budget.
+                        offline_cap_pct = sysmonitor::ledger::offline_cap_pct(
+                            Some(cap * 100.0),
+                            &crate::throttle::jobs_of(&gpu.throttles),
+                        );
                         settle_multi(
                             &mut gpu.throttles,
                             &self.cfg.throttle,
