@@ -69,6 +69,23 @@ pub fn job_share(budget: f64, jobs: &[OfflineJob], my_group: u64, own_pct: Optio
     budget * mine / (mine + others)
 }
 
+/// The SM share, percent, the offline side is held to when `jobs` run beside online work
+/// (sysmonitor judges the online workload's own share with it, mps-manager estimates the
+/// online activity with it, and the simulator does both): the
+/// sum of the jobs' MPS percentages (MPS caps each job's processes in space; several jobs on
+/// one GPU each hold their own), and never more than the MPS manager's fresh `budget` (the
+/// shims' throttles hold the jobs to their parts of it in time). `None`, so that the whole
+/// reading counts as online (fail closed), when the budget is stale or absent, when no job is
+/// registered, or when a job has a process without a percentage (MPS does not cap it).
+pub fn offline_cap_pct(budget: Option<f64>, jobs: &[OfflineJob]) -> Option<f64> {
+    let budget = budget?;
+    if jobs.is_empty() {
+        return None;
+    }
+    let sum = jobs.iter().map(|j| j.mps_pct.map(f64::from)).sum::<Option<f64>>()?;
+    Some(sum.min(budget))
+}
+
 impl Ledger {
     /// The offline jobs registered on this GPU now ([`jobs_of`] over [`Ledger::procs`]). A
     /// process that died and is not yet reclaimed still counts (for at most the reclaimers'
@@ -115,6 +132,19 @@ mod tests {
         assert!((job_share(0.4, &[job(2, Some(20))], 1, Some(20)) - 0.2).abs() < 1e-9, "not registered yet, beside another");
         let u = job_share(0.4, &[job(1, Some(20)), job(2, None)], 1, None);
         assert!((u - 0.4 * 20.0 / 120.0).abs() < 1e-9, "an uncapped job weighs the whole GPU: {u}");
+    }
+
+    /// Several offline jobs on one GPU: the cap taken off is the sum of their MPS percentages,
+    /// at most the budget; unknown anywhere = none (the whole reading counts as online).
+    #[test]
+    fn the_offline_cap_is_the_sum_of_the_jobs_percentages_at_most_the_budget() {
+        let two = [job(1, Some(20)), job(2, Some(15))];
+        assert_eq!(offline_cap_pct(Some(40.0), &two), Some(35.0));
+        assert_eq!(offline_cap_pct(Some(40.0), &[job(1, Some(40)), job(2, Some(40))]), Some(40.0), "never past the budget");
+        assert_eq!(offline_cap_pct(Some(60.0), &[job(1, Some(40))]), Some(40.0), "one job's own cap, below a risen budget");
+        assert_eq!(offline_cap_pct(None, &two), None, "stale budget");
+        assert_eq!(offline_cap_pct(Some(40.0), &[job(1, Some(20)), job(2, None)]), None, "an uncapped job");
+        assert_eq!(offline_cap_pct(Some(40.0), &[]), None);
     }
 
     #[test]

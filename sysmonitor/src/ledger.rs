@@ -105,20 +105,7 @@ pub fn to_ledger(s: State) -> HealthState {
     }
 }
 
-/// The SM share, percent, the offline side is held to when `jobs` run beside online work: the
-/// sum of the jobs' MPS percentages (MPS caps each job's processes in space; several jobs on
-/// one GPU each hold their own), and never more than the MPS manager's fresh `budget` (the
-/// shims' throttles hold the jobs to their parts of it in time). `None`, so that the whole
-/// reading counts as online (fail closed), when the budget is stale or absent, when no job is
-/// registered, or when a job has a process without a percentage (MPS does not cap it).
-pub fn offline_cap_pct(budget: Option<f64>, jobs: &[node_ledger::OfflineJob]) -> Option<f64> {
-    let budget = budget?;
-    if jobs.is_empty() {
-        return None;
-    }
-    let sum = jobs.iter().map(|j| j.mps_pct.map(f64::from)).sum::<Option<f64>>()?;
-    Some(sum.min(budget))
-}
+pub use node_ledger::jobs::offline_cap_pct;
 
 fn permille(pct: f64) -> u32 {
     (pct * 10.0).round().clamp(0.0, 1000.0) as u32
@@ -289,23 +276,6 @@ mod tests {
             a.offline().unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
-    }
-
-    fn job(group_id: u64, mps_pct: Option<u32>) -> node_ledger::OfflineJob {
-        node_ledger::OfflineJob { group_id, procs: 1, mps_pct }
-    }
-
-    /// Several offline jobs on one GPU: the cap taken off is the sum of their MPS percentages,
-    /// at most the budget; unknown anywhere = none (the whole reading counts as online).
-    #[test]
-    fn the_offline_cap_is_the_sum_of_the_jobs_percentages_at_most_the_budget() {
-        let two = [job(1, Some(20)), job(2, Some(15))];
-        assert_eq!(offline_cap_pct(Some(40.0), &two), Some(35.0));
-        assert_eq!(offline_cap_pct(Some(40.0), &[job(1, Some(40)), job(2, Some(40))]), Some(40.0), "never past the budget");
-        assert_eq!(offline_cap_pct(Some(60.0), &[job(1, Some(40))]), Some(40.0), "one job's own cap, below a risen budget");
-        assert_eq!(offline_cap_pct(None, &two), None, "stale budget");
-        assert_eq!(offline_cap_pct(Some(40.0), &[job(1, Some(20)), job(2, None)]), None, "an uncapped job");
-        assert_eq!(offline_cap_pct(Some(40.0), &[]), None);
     }
 
     /// The adapter reads the jobs' recorded percentages from the slots (a process being
