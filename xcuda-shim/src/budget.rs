@@ -37,7 +37,11 @@ pub const MPS_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 /// Set beside [`MPS_ENV`] when the shim chose its value, so a child process (which inherits
 /// both) recomputes it from the budget of its own start instead of taking it as the user's.
 pub const MPS_ENV_MARK: &str = "XCUDA_MPS_PERCENTAGE_FROM_BUDGET";
-/// Smallest percentage the shim sets: below it a client can barely make progress.
+/// Smallest percentage the shim sets: below it a client can barely make progress. A job that
+/// starts when the other offline jobs on its GPU already hold the whole budget still gets it
+/// (for its life: MPS fixes it at start), so the jobs' percentages then sum to the budget plus
+/// this floor; the throttle's running split holds every job to its part of the budget, and the
+/// monitor takes off at most the budget.
 pub const MIN_MPS_PERCENTAGE: u32 = 10;
 
 /// Shortest age at which the manager's budget counts as stale, ns. mps-manager publishes it
