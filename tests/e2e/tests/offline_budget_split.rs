@@ -114,6 +114,15 @@ fn percentage(host: &EmuHost, k: &EmuChild) -> u32 {
     env
 }
 
+/// The load targets the client's throttle logged (`xcuda throttle target changed`).
+fn throttle_targets(k: &EmuChild) -> Vec<f64> {
+    k.stderr()
+        .lines()
+        .filter(|l| l.contains("throttle target changed"))
+        .map(|l| e2e::num(l, "target"))
+        .collect()
+}
+
 /// With the online load on, the monitor's first transition out of Healthy, which states the
 /// offline cap it judged with; then the load stops and the monitor is Healthy again.
 fn cap_judged_with(host: &EmuHost) -> String {
@@ -145,6 +154,13 @@ fn two_offline_jobs_split_the_budget_and_the_monitor_judges_with_their_sum() {
     let pb = percentage(&host, &b);
     assert_eq!(pb, FLOOR, "the budget is held: the floor");
     assert!(pa + pb <= 40 + FLOOR, "{pa} + {pb}: at most the floor over the budget");
+    // Running, each job's throttle aims at its part of the budget, in proportion to the jobs'
+    // percentages (read on the controller's periodic tick): 40 x 40/50 and 40 x 10/50.
+    for (k, part) in [(&a, 0.32), (&b, 0.08)] {
+        wait_until("the throttle's target at the job's part", || {
+            throttle_targets(k).iter().any(|t| (t - part).abs() < 1e-6).then_some(())
+        });
+    }
     // A second process of job B shares job B's share (it does not take another).
     let mut b2 = offline_job(&host, "job-b");
     assert_eq!(percentage(&host, &b2), pb);
