@@ -51,6 +51,8 @@ pub struct ThrottleState {
     pid: Pid,
     /// The MPS cap the process started with (real MPS fixes it at client start).
     own_cap: f64,
+    /// Simulated time the process started at, s (see [`ThrottleState::started_at`]).
+    started_s: f64,
 }
 
 impl ThrottleState {
@@ -62,7 +64,20 @@ impl ThrottleState {
             throttle,
             pid: Pid::new(&s.config),
             own_cap: own_cap.clamp(0.0, 1.0),
+            started_s: f64::NEG_INFINITY,
         }
+    }
+
+    /// Records when the process started (simulated seconds): jobs starting at the same instant
+    /// do not see each other's share (see the engine).
+    pub fn started_at(mut self, t_s: f64) -> Self {
+        self.started_s = t_s;
+        self
+    }
+
+    /// Simulated time the process started at, s.
+    pub fn started_s(&self) -> f64 {
+        self.started_s
     }
 
     /// The GPU over one tick of `tick_s` with the offline SM budget `budget` (fraction).
@@ -106,9 +121,9 @@ impl ThrottleState {
 
 /// The offline jobs of a GPU as the ledger would list them, one per process: job `k + 1` is
 /// `states[k]`, with the MPS percentage it started with (rounded up, as the shim records it).
-pub fn jobs_of(states: &[ThrottleState]) -> Vec<OfflineJob> {
+pub fn jobs_of<'a>(states: impl IntoIterator<Item = &'a ThrottleState>) -> Vec<OfflineJob> {
     states
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(k, st)| OfflineJob {
             group_id: k as u64 + 1,
@@ -134,11 +149,11 @@ pub fn settle_multi(
         let v = st.settle(s, load, p, budget, tick_s);
         return (v, vec![v.progress]);
     }
-    // Each process under the cap it started with, its throttle aiming at its job's part of
-    // the budget (in proportion to the caps: the parts sum to the budget), as the shim does.
-    let jobs_now = jobs_of(states);
+    // Each process under the cap it started with, its throttle judging its job's part of the
+    // budget (in proportion to the caps: the parts sum to the budget), as the shim does.
+    let jobs_now = jobs_of(&*states);
     let parts: Vec<f64> = (0..states.len())
-        .map(|k| job_share(budget, &jobs_now, k as u64 + 1, None))
+        .map(|k| job_share(1.0, &jobs_now, k as u64 + 1, None))
         .collect();
     let duty = |st: &ThrottleState, p: &Pair| {
         if s.config.enabled {
@@ -157,7 +172,7 @@ pub fn settle_multi(
         if s.config.enabled {
             let sample = sample_of(&v, s.c_h_mhz);
             for (st, part) in states.iter_mut().zip(&parts) {
-                st.throttle.control_with_budget(&mut st.pid, Some(sample), Some(*part), dt);
+                st.throttle.control_with_part(&mut st.pid, Some(sample), Some(budget), *part, dt);
             }
         }
         sum.add(&v);
@@ -217,8 +232,9 @@ mod tests {
     }
 
     /// Two offline jobs on one GPU, started under caps of 30 % and 10 %: with the budget cut
-    /// to 20 %, each throttle aims at its job's part (15 % and 5 %, summing to the budget), not
-    /// at the whole budget each (before: 20 % for the first, the second left to its own cap).
+    /// to 20 %, each job's part (15 % and 5 %, summing to the budget) is under its cap, so
+    /// both throttles aim the GPU's load at the budget (before: the second, judged on the
+    /// whole budget, was left to its own cap, unthrottled).
     #[test]
     fn jobs_on_one_gpu_divide_the_budget_by_their_caps() {
         let load = OnlineLoad { qps: 20.0, s0: 0.001, d_on: 0.3 };
@@ -229,6 +245,9 @@ mod tests {
         assert_eq!(jobs.iter().map(|j| j.mps_pct).collect::<Vec<_>>(), [Some(30), Some(10)]);
         settle_multi(&mut states, &s, &load, &[pair, pair], 0.2, 1.0);
         let t: Vec<f64> = states.iter().map(|st| st.throttle.target()).collect();
-        assert!((t[0] - 0.15).abs() < 1e-3 && (t[1] - 0.05).abs() < 1e-3, "{t:?}");
+        assert!((t[0] - 0.2).abs() < 1e-3 && (t[1] - 0.2).abs() < 1e-3, "{t:?}");
+        // With the budget back at 40 % each part (30 %, 10 %) is its cap: MPS enforces both.
+        settle_multi(&mut states, &s, &load, &[pair, pair], 0.4, 1.0);
+        assert!(states.iter().all(|st| st.throttle.target() >= 1.0));
     }
 }

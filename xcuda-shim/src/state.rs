@@ -459,8 +459,8 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     });
     // The offline side's budget, of which this job has its part (the other jobs on the GPU
     // theirs): read here, on the periodic tick, never per launch.
-    let budget = g.quota.ledger().and_then(|(l, _)| crate::budget::fresh_budget(l, node_ledger::clock::now_ns(), stale_ns)).map(|b| b * lp.job_part);
-    let d = g.throttle.control_with_budget(&mut lp.pid, sample, budget, dt);
+    let budget = g.quota.ledger().and_then(|(l, _)| crate::budget::fresh_budget(l, node_ledger::clock::now_ns(), stale_ns));
+    let d = g.throttle.control_with_part(&mut lp.pid, sample, budget, lp.job_part, dt);
     g.throttle.refill(dt);
     if lp.last_stale != Some(d.stale) {
         tracing::info!(device = ord, stale = d.stale, rate = d.rate, "xcuda throttle input changed");
@@ -468,7 +468,7 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     }
     let target = g.throttle.target();
     if (target - lp.last_target).abs() > 1e-3 {
-        tracing::info!(device = ord, target, budget = ?budget, rate = d.rate, "xcuda throttle target changed");
+        tracing::info!(device = ord, target, budget = ?budget, job_part = lp.job_part, rate = d.rate, "xcuda throttle target changed");
         lp.last_target = target;
     }
 }

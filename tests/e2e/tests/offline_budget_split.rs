@@ -114,12 +114,12 @@ fn percentage(host: &EmuHost, k: &EmuChild) -> u32 {
     env
 }
 
-/// The load targets the client's throttle logged (`xcuda throttle target changed`).
-fn throttle_targets(k: &EmuChild) -> Vec<f64> {
+/// The client throttle's `xcuda throttle target changed` log lines.
+fn throttle_lines(k: &EmuChild) -> Vec<String> {
     k.stderr()
         .lines()
         .filter(|l| l.contains("throttle target changed"))
-        .map(|l| e2e::num(l, "target"))
+        .map(str::to_string)
         .collect()
 }
 
@@ -154,11 +154,16 @@ fn two_offline_jobs_split_the_budget_and_the_monitor_judges_with_their_sum() {
     let pb = percentage(&host, &b);
     assert_eq!(pb, FLOOR, "the budget is held: the floor");
     assert!(pa + pb <= 40 + FLOOR, "{pa} + {pb}: at most the floor over the budget");
-    // Running, each job's throttle aims at its part of the budget, in proportion to the jobs'
-    // percentages (read on the controller's periodic tick): 40 x 40/50 and 40 x 10/50.
-    for (k, part) in [(&a, 0.32), (&b, 0.08)] {
-        wait_until("the throttle's target at the job's part", || {
-            throttle_targets(k).iter().any(|t| (t - part).abs() < 1e-6).then_some(())
+    // Running, each job's part of the budget is in proportion to the jobs' percentages (read
+    // on the controller's periodic tick): 40 x 40/50 = 32 % and 40 x 10/50 = 8 %, each under
+    // its job's MPS percentage, so both throttles now aim the GPU's load at the budget (job A
+    // alone was left to MPS: target 1).
+    for (k, part) in [(&a, 0.8), (&b, 0.2)] {
+        wait_until("the throttle judging the job's part", || {
+            throttle_lines(k)
+                .iter()
+                .any(|l| (e2e::num(l, "job_part") - part).abs() < 1e-6 && (e2e::num(l, "target") - 0.4).abs() < 1e-6)
+                .then_some(())
         });
     }
     // A second process of job B shares job B's share (it does not take another).
