@@ -17,17 +17,19 @@
 //!   floor, for its whole life (MPS cannot raise it later), and the sum passes the budget by
 //!   that floor, which the running split below takes back in time;
 //! - while running ([`job_share`]): the fresh budget is divided between the live jobs in
-//!   proportion to their percentages, so the parts always sum to the budget, a job keeps
-//!   exactly its MPS cap while the budget is what it was at its start (its target then stays
-//!   with MPS, see `Throttle::target_for`), and every job moves by the same ratio when the
-//!   budget moves;
+//!   proportion to their percentages (the parts sum to the budget). A job whose part covers
+//!   its MPS percentage is left to MPS (as while the budget is what it was at its start); one
+//!   whose part is below it (the budget fell, or the jobs hold more than it) is throttled, its
+//!   PID aiming the GPU's load at the budget (`Throttle::target_for_part`: the load measured
+//!   is the whole GPU's, so every such job aiming at the budget holds all of them to it), and
+//!   without monitor data its fixed rate is scaled to its part;
 //! - sysmonitor judges co-located load with the sum of the live jobs' percentages (at most
 //!   the budget), not one budget per job.
 //!
 //! Two jobs starting within one another's window between library load and first driver call
 //! (registration) cannot see each other's percentage and may both take the whole budget; the
 //! running split then holds each to its proportional part, and the monitor counts the sum
-//! capped at the budget: the load stays within the budget, only MPS's spatial cap is looser.
+//! capped at the budget: the load is held to the budget, only MPS's spatial cap is looser.
 
 pub use node_ledger::jobs::{job_share, start_share};
 use node_ledger::Ledger;
