@@ -22,9 +22,9 @@ const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 /// The shim's floor (`xcuda::budget::MIN_MPS_PERCENTAGE`).
 const FLOOR: u32 = 10;
 
-/// The budget stays at `max_pct` = 40 while the monitor says Healthy or Unhealthy: the online
-/// estimate (total SM activity less the budget; the offline clients here hold contexts and
-/// run nothing) stays at or under 100 - 40 - headroom.
+/// The budget is `max_pct` = 40 while no online load runs (the offline clients here hold
+/// contexts and run nothing); under load it follows the online estimate (total SM activity less
+/// what the offline jobs hold), and comes back to 40 when the load stops.
 fn manager_config() -> String {
     format!(
         r#"{{
@@ -67,6 +67,15 @@ fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until mps-manager publishes (fresh) the 40 % budget it gives an idle GPU.
+fn budget_at_40(host: &EmuHost) {
+    wait_until("the budget at 40 %", || {
+        let m = ledger(host).read_manager()?;
+        (m.offline_sm_budget_permille == 400 && m.is_fresh(node_ledger::clock::now_ns(), 500_000_000))
+            .then_some(())
+    });
 }
 
 /// An offline job: one shimmed client of container `group` holding a context until killed.
@@ -140,11 +149,7 @@ fn two_offline_jobs_split_the_budget_and_the_monitor_judges_with_their_sum() {
     let _mon = host.start_monitor("mon.json", MONITOR);
     host.wait_state(WAIT, "healthy", |v| state(v) == "healthy");
     let _mgr = host.start_manager("mps.json", &manager_config());
-    wait_until("the budget at 40 %", || {
-        let m = ledger(&host).read_manager()?;
-        (m.offline_sm_budget_permille == 400 && m.is_fresh(node_ledger::clock::now_ns(), 500_000_000))
-            .then_some(())
-    });
+    budget_at_40(&host);
 
     // Job A alone takes the whole budget; job B finds it all held and gets the floor.
     let mut a = offline_job(&host, "job-a");
@@ -187,6 +192,7 @@ fn two_offline_jobs_split_the_budget_and_the_monitor_judges_with_their_sum() {
     assert!(why.contains("offline cap 10 %"), "the live jobs' sum: {why}");
 
     // Job C takes what job B leaves: the two sum to the budget.
+    budget_at_40(&host);
     let c = offline_job(&host, "job-c");
     let pc = percentage(&host, &c);
     assert_eq!(pc, 40 - pb, "the budget less job B's share");
