@@ -210,7 +210,11 @@ impl Manager {
         let total = snap.map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
         let offline = self.offline();
         let current = self.alloc.applied().unwrap_or(self.cfg.budget.max_pct);
-        let online = Allocator::online_estimate(total, !offline.is_empty(), current);
+        // The offline side holds at most its jobs' MPS percentages (each fixed at its start),
+        // at most the budget; the budget alone when a job's percentage is unknown.
+        let held = node_ledger::jobs::offline_cap_pct(Some(current), &node_ledger::jobs::jobs_of(&offline))
+            .unwrap_or(current);
+        let online = Allocator::online_estimate(total, !offline.is_empty(), held);
         let safe = fresh && matches!(health, Some(HealthState::Healthy | HealthState::Unhealthy));
         self.state.gpu_health = health.map(|h| format!("{h:?}").to_lowercase());
         self.state.sm_activity_pct = total;
@@ -800,6 +804,25 @@ mod tests {
         if let Some(st) = node_ledger::procinfo::start_time(pid) {
             let _ = PidfdSignaller.signal(pid, st, libc::SIGKILL);
         }
+    }
+
+    /// The online estimate takes off what the offline jobs hold (their MPS percentages, fixed
+    /// at their start), not the whole budget: one job holding 10 % beside a 60 % reading is
+    /// 50 % online, so the budget falls to 100 - 50 - 28 = 22 % (before: 60 - 42 = 18 %
+    /// online, budget left at its 42 % maximum).
+    #[test]
+    fn the_online_estimate_takes_off_the_jobs_percentages() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let h = m.ledger.register_with_mps(std::process::id(), g, 10).unwrap();
+        m.ledger.publish(
+            &node_ledger::MonitorSample { sm_active_permille: 600, ..Default::default() }
+                .with_health(HealthState::Healthy),
+        );
+        m.budget_tick();
+        assert_eq!(m.published_budget_permille(), 220);
+        m.ledger.unregister(h);
     }
 
     #[test]

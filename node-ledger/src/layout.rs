@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// First 8 bytes of every ledger file: `XSHLEDG\0` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHLEDG\0");
 /// Bumped on any change to the structs below (v3: a slot's liveness is its lock, see
-/// `ProcSlot`; `liveness` added, the monitor block's unused `_reserved` words dropped).
+/// `ProcSlot`; `liveness` added, the monitor block's unused `_reserved` words dropped; v4:
+/// `ProcSlot::mps_pct`, the MPS active-thread percentage each offline process started with).
 /// A process built for another version refuses the file (`layout_version` error).
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Process registry slots per GPU.
 pub const MAX_PROCS: usize = 256;
 /// Quota groups (containers) per GPU.
@@ -138,6 +139,12 @@ pub struct ProcSlot {
     pub launches_delayed: AtomicU64,
     /// CLOCK_MONOTONIC ns of the last heartbeat.
     pub heartbeat_ns: AtomicU64,
+    /// The MPS active-thread percentage (1..=100) the owner started with, as MPS fixed it at
+    /// client start (its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, set by the shim from the SM
+    /// budget or by the user); 0 = none known (not capped by MPS). Written by the owner when it
+    /// registers, before its `owner` word is published, and never changed afterwards.
+    pub mps_pct: AtomicU32,
+    _pad: AtomicU32,
 }
 
 /// The whole file.
@@ -160,7 +167,7 @@ pub const LAYOUT_SIZE: usize = std::mem::size_of::<Layout>();
 pub const HEADER_SIZE: usize = std::mem::size_of::<Header>();
 
 const _: () = assert!(HEADER_SIZE == 40);
-const _: () = assert!(std::mem::size_of::<ProcSlot>() == 72);
+const _: () = assert!(std::mem::size_of::<ProcSlot>() == 80);
 const _: () = assert!(std::mem::size_of::<GroupSlot>() == 32);
 const _: () = assert!(std::mem::align_of::<Layout>() == 8);
 const _: () = assert!(std::mem::size_of::<ManagerBlock>() == 24);

@@ -132,6 +132,8 @@ pub struct ProcSnapshot {
     pub launches_delayed: u64,
     /// CLOCK_MONOTONIC ns of the last heartbeat.
     pub heartbeat_ns: u64,
+    /// MPS active-thread percentage the process started with (1..=100); 0 = none known.
+    pub mps_pct: u32,
 }
 
 /// A mapped ledger file. Hot-path operations are atomics on the mapping; registration and
@@ -690,6 +692,15 @@ impl Ledger {
     /// dies. For another process (tools, tests) no lock is held: the slot is alive while `pid`
     /// with its current start time lives, judged only from this pid namespace.
     pub fn register(&self, pid: u32, group: usize) -> Result<ProcHandle, LedgerError> {
+        self.register_with_mps(pid, group, 0)
+    }
+
+    /// [`Ledger::register`], recording in the new slot the MPS active-thread percentage
+    /// `mps_pct` (1..=100; 0 or anything else = none known) the process started with
+    /// ([`ProcSlot::mps_pct`]). The registering process is the slot's only writer: the value
+    /// is stored before the slot's owner is published and never changes afterwards.
+    pub fn register_with_mps(&self, pid: u32, group: usize, mps_pct: u32) -> Result<ProcHandle, LedgerError> {
+        let mps_pct = if (1..=100).contains(&mps_pct) { mps_pct } else { 0 };
         if group >= MAX_GROUPS {
             return Err(corrupt(
                 &self.path,
@@ -728,6 +739,7 @@ impl Ledger {
             p.launches.store(0, Relaxed);
             p.launches_delayed.store(0, Relaxed);
             p.heartbeat_ns.store(now_ns(), Relaxed);
+            p.mps_pct.store(mps_pct, Relaxed);
             p.liveness.store(if proxy { LIVENESS_PROXY } else { LIVENESS_LOCK }, Relaxed);
             p.owner.store(owner_word(owner_gen(o).wrapping_add(1), pid), Release);
             p.start_time.store(start, Release);
@@ -992,6 +1004,8 @@ impl Ledger {
                     launches: p.launches.load(Relaxed),
                     launches_delayed: p.launches_delayed.load(Relaxed),
                     heartbeat_ns: p.heartbeat_ns.load(Relaxed),
+                    // A hostile file's out-of-range value reads as none known (fail closed).
+                    mps_pct: Some(p.mps_pct.load(Relaxed)).filter(|v| *v <= 100).unwrap_or(0),
                 })
             })
             .collect()

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod evictlog;
 pub mod health;
+pub mod jobs;
 pub mod layout;
 pub mod ledger;
 pub mod manager;
@@ -26,6 +27,7 @@ pub(crate) static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 pub use config::{ConfigError, LedgerConfig};
 pub use health::HealthState;
+pub use jobs::OfflineJob;
 pub use ledger::{Ledger, LedgerError, ProcHandle, ProcSnapshot, ReserveError};
 pub use manager::ManagerSnapshot;
 pub use monitor::{MonitorSample, MonitorSnapshot};

@@ -760,11 +760,25 @@ impl<'a> Sim<'a> {
                             pct
                         };
                         let cap = (pct / 100.0).max(self.cfg.min_cap);
-                        offline_cap_pct = Some(cap * 100.0);
                         let gpu = &mut self.gpus[g];
+                        // A job starting now gets what the jobs already running leave of the
+                        // budget (the shim's rule, `node_ledger::jobs::start_share`), never
+                        // below the floor; MPS keeps it for the job's life. Jobs placed at the
+                        // same instant (one planning round) start together, each before the
+                        // other has registered (the shim's window between library load and
+                        // first driver call), so they do not see each other's share.
+                        let now = self.now;
                         while gpu.throttles.len() < gpu.jobs.len() {
-                            gpu.throttles.push(ThrottleState::new(&self.cfg.throttle, cap));
+                            let held = crate::throttle::jobs_of(gpu.throttles.iter().filter(|t| t.started_s() < now));
+                            let start = node_ledger::jobs::start_share(cap, &held, u64::MAX);
+                            let own = start.max(self.cfg.min_cap);
+                            gpu.throttles.push(ThrottleState::new(&self.cfg.throttle, own).started_at(now));
                         }
+                        // The monitor takes off the jobs' caps, at most the budget.
+                        offline_cap_pct = sysmonitor::ledger::offline_cap_pct(
+                            Some(cap * 100.0),
+                            &crate::throttle::jobs_of(&gpu.throttles),
+                        );
                         settle_multi(
                             &mut gpu.throttles,
                             &self.cfg.throttle,

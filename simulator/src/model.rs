@@ -306,22 +306,30 @@ pub fn evaluate(on: &OnlineLoad, pair: &Pair, share: Share) -> View {
 /// (its `progress` is the jobs' sum) and each job's progress. `jobs` are each job's pair with
 /// the online service and its duty; every job is capped at `cap`. One job: [`evaluate`].
 pub fn evaluate_multi(on: &OnlineLoad, jobs: &[(Pair, f64)], cap: f64) -> (View, Vec<f64>) {
+    let capped: Vec<(Pair, f64, f64)> = jobs.iter().map(|&(p, d)| (p, d, cap)).collect();
+    evaluate_multi_capped(on, &capped)
+}
+
+/// [`evaluate_multi`] with each job's own MPS cap: `jobs` are `(pair, duty, cap)`. Several
+/// jobs on one GPU split the offline SM budget (`node_ledger::jobs`), each under the cap it
+/// started with.
+pub fn evaluate_multi_capped(on: &OnlineLoad, jobs: &[(Pair, f64, f64)]) -> (View, Vec<f64>) {
     match jobs {
         [] => (evaluate(on, &Pair { d_on: on.d_on, d_off: 1.0, gavel_off: 1.0, gavel_on: 1.0 }, Share::None), Vec::new()),
-        [(p, duty)] => {
-            let v = evaluate(on, p, Share::Space { cap, duty: *duty });
+        [(p, duty, cap)] => {
+            let v = evaluate(on, p, Share::Space { cap: *cap, duty: *duty });
             (v, vec![v.progress])
         }
-        _ => multi(on, jobs, cap),
+        _ => multi(on, jobs),
     }
 }
 
-fn multi(on: &OnlineLoad, jobs: &[(Pair, f64)], cap: f64) -> (View, Vec<f64>) {
-    let cap = cap.clamp(0.0, 1.0);
+fn multi(on: &OnlineLoad, jobs: &[(Pair, f64, f64)]) -> (View, Vec<f64>) {
+    let caps: Vec<f64> = jobs.iter().map(|(_, _, c)| c.clamp(0.0, 1.0)).collect();
     let d_on = on.d_on.clamp(0.01, 1.0);
     let clock_on = clock_frac(d_on, d_on);
-    let duty: Vec<f64> = jobs.iter().map(|(_, d)| d.clamp(0.0, 1.0)).collect();
-    let off: Vec<f64> = jobs.iter().map(|(p, _)| p.d_off.clamp(0.01, 1.0).min(cap)).collect();
+    let duty: Vec<f64> = jobs.iter().map(|(_, d, _)| d.clamp(0.0, 1.0)).collect();
+    let off: Vec<f64> = jobs.iter().zip(&caps).map(|((p, _, _), c)| p.d_off.clamp(0.01, 1.0).min(*c)).collect();
     let mean_demand: f64 = off.iter().zip(&duty).map(|(o, d)| o * d).sum();
     let any = 1.0 - duty.iter().map(|d| 1.0 - d).product::<f64>();
     // Online side: the offline jobs as one job in flight `any` of the time, with the mean
@@ -331,10 +339,10 @@ fn multi(on: &OnlineLoad, jobs: &[(Pair, f64)], cap: f64) -> (View, Vec<f64>) {
     let scale = if total > 1.0 { 1.0 / total } else { 1.0 };
     let clock_both = clock_frac((d_on + d_c) * scale, total);
     let mut on_both = d_on * scale * clock_both / (d_on * clock_on);
-    for (k, (p, _)) in jobs.iter().enumerate() {
+    for (k, (p, _, _)) in jobs.iter().enumerate() {
         if any > 0.0 && duty[k] > 0.0 {
             let full = physics(p, 1.0);
-            let now = physics(p, cap);
+            let now = physics(p, caps[k]);
             let r_on = (p.gavel_on / full.on_both.max(1e-9)).clamp(0.2, 5.0);
             let x = (now.pressure / full.pressure.max(1e-9)).clamp(0.0, 1.0);
             on_both *= r_on.powf(x * duty[k] * off[k] / mean_demand.max(1e-12));
@@ -349,7 +357,7 @@ fn multi(on: &OnlineLoad, jobs: &[(Pair, f64)], cap: f64) -> (View, Vec<f64>) {
     // Each offline job: processor sharing with the online service (busy `r` of the time)
     // and the others' mean capped demand.
     let mut progress = Vec::with_capacity(jobs.len());
-    for (k, (p, _)) in jobs.iter().enumerate() {
+    for (k, (p, _, _)) in jobs.iter().enumerate() {
         let d_off = p.d_off.clamp(0.01, 1.0);
         let others = mean_demand - duty[k] * off[k];
         let clock_solo = clock_frac(d_off, d_off);

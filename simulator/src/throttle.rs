@@ -13,7 +13,9 @@
 use serde::Serialize;
 use xshare_control::{Pid, Sample, Throttle, ThrottleConfig};
 
-use crate::model::{evaluate, evaluate_multi, OnlineLoad, Pair, Share, View};
+use node_ledger::jobs::{job_share, OfflineJob};
+
+use crate::model::{evaluate, evaluate_multi_capped, OnlineLoad, Pair, Share, View};
 
 /// Throttle settings the simulator passes to the control law.
 #[derive(Debug, Clone, Serialize)]
@@ -49,6 +51,8 @@ pub struct ThrottleState {
     pid: Pid,
     /// The MPS cap the process started with (real MPS fixes it at client start).
     own_cap: f64,
+    /// Simulated time the process started at, s (see [`ThrottleState::started_at`]).
+    started_s: f64,
 }
 
 impl ThrottleState {
@@ -60,7 +64,20 @@ impl ThrottleState {
             throttle,
             pid: Pid::new(&s.config),
             own_cap: own_cap.clamp(0.0, 1.0),
+            started_s: f64::NEG_INFINITY,
         }
+    }
+
+    /// Records when the process started (simulated seconds): jobs starting at the same instant
+    /// do not see each other's share (see the engine).
+    pub fn started_at(mut self, t_s: f64) -> Self {
+        self.started_s = t_s;
+        self
+    }
+
+    /// Simulated time the process started at, s.
+    pub fn started_s(&self) -> f64 {
+        self.started_s
     }
 
     /// The GPU over one tick of `tick_s` with the offline SM budget `budget` (fraction).
@@ -95,6 +112,25 @@ impl ThrottleState {
     pub fn rate(&self) -> f64 {
         self.throttle.rate()
     }
+
+    /// The MPS cap the process started with (fraction of the SMs).
+    pub fn own_cap(&self) -> f64 {
+        self.own_cap
+    }
+}
+
+/// The offline jobs of a GPU as the ledger would list them, one per process: job `k + 1` is
+/// `states[k]`, with the MPS percentage it started with (rounded up, as the shim records it).
+pub fn jobs_of<'a>(states: impl IntoIterator<Item = &'a ThrottleState>) -> Vec<OfflineJob> {
+    states
+        .into_iter()
+        .enumerate()
+        .map(|(k, st)| OfflineJob {
+            group_id: k as u64 + 1,
+            procs: 1,
+            mps_pct: Some(((st.own_cap * 100.0 - 1e-9).ceil() as u32).clamp(1, 100)),
+        })
+        .collect()
 }
 
 /// Several offline processes on one GPU over one tick (`max_offline_per_gpu` > 1): each has
@@ -113,10 +149,15 @@ pub fn settle_multi(
         let v = st.settle(s, load, p, budget, tick_s);
         return (v, vec![v.progress]);
     }
-    let cap = states.first().map_or(1.0, |st| st.own_cap);
+    // Each process under the cap it started with, its throttle judging its job's part of the
+    // budget (in proportion to the caps: the parts sum to the budget), as the shim does.
+    let jobs_now = jobs_of(&*states);
+    let parts: Vec<f64> = (0..states.len())
+        .map(|k| job_share(1.0, &jobs_now, k as u64 + 1, None))
+        .collect();
     let duty = |st: &ThrottleState, p: &Pair| {
         if s.config.enabled {
-            (st.throttle.rate() * s.wave_s / p.d_off.min(cap).max(1e-3)).min(1.0)
+            (st.throttle.rate() * s.wave_s / p.d_off.min(st.own_cap).max(1e-3)).min(1.0)
         } else {
             1.0
         }
@@ -126,12 +167,12 @@ pub fn settle_multi(
     let mut sum = View::default();
     let mut prog = vec![0.0; pairs.len()];
     for _ in 0..n {
-        let jobs: Vec<(Pair, f64)> = states.iter().zip(pairs).map(|(st, p)| (*p, duty(st, p))).collect();
-        let (v, pr) = evaluate_multi(load, &jobs, cap);
+        let jobs: Vec<(Pair, f64, f64)> = states.iter().zip(pairs).map(|(st, p)| (*p, duty(st, p), st.own_cap)).collect();
+        let (v, pr) = evaluate_multi_capped(load, &jobs);
         if s.config.enabled {
             let sample = sample_of(&v, s.c_h_mhz);
-            for st in states.iter_mut() {
-                st.throttle.control_with_budget(&mut st.pid, Some(sample), Some(budget), dt);
+            for (st, part) in states.iter_mut().zip(&parts) {
+                st.throttle.control_with_part(&mut st.pid, Some(sample), Some(budget), *part, dt);
             }
         }
         sum.add(&v);
@@ -188,5 +229,25 @@ mod tests {
         assert!(lo.sm_activity < hi.sm_activity - 15.0, "{lo:?} {hi:?}");
         assert!(lo.progress < hi.progress);
         assert!((lo.sm_activity - 40.0).abs() < 12.0, "{lo:?}");
+    }
+
+    /// Two offline jobs on one GPU, started under caps of 30 % and 10 %: with the budget cut
+    /// to 20 %, each job's part (15 % and 5 %, summing to the budget) is under its cap, so
+    /// both throttles aim the GPU's load at the budget (before: the second, judged on the
+    /// whole budget, was left to its own cap, unthrottled).
+    #[test]
+    fn jobs_on_one_gpu_divide_the_budget_by_their_caps() {
+        let load = OnlineLoad { qps: 20.0, s0: 0.001, d_on: 0.3 };
+        let pair = Pair { d_on: 0.3, d_off: 1.0, gavel_off: 0.6, gavel_on: 0.6 };
+        let s = ThrottleSettings::default();
+        let mut states = vec![ThrottleState::new(&s, 0.3), ThrottleState::new(&s, 0.1)];
+        let jobs = jobs_of(&states);
+        assert_eq!(jobs.iter().map(|j| j.mps_pct).collect::<Vec<_>>(), [Some(30), Some(10)]);
+        settle_multi(&mut states, &s, &load, &[pair, pair], 0.2, 1.0);
+        let t: Vec<f64> = states.iter().map(|st| st.throttle.target()).collect();
+        assert!((t[0] - 0.2).abs() < 1e-3 && (t[1] - 0.2).abs() < 1e-3, "{t:?}");
+        // With the budget back at 40 % each part (30 %, 10 %) is its cap: MPS enforces both.
+        settle_multi(&mut states, &s, &load, &[pair, pair], 0.4, 1.0);
+        assert!(states.iter().all(|st| st.throttle.target() >= 1.0));
     }
 }

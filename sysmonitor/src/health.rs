@@ -77,9 +77,10 @@ pub struct Metrics {
     /// False for the busy-time fallbacks (utilization samples or rates).
     #[serde(default)]
     pub sm_spatial: bool,
-    /// SM share, percent, the offline side is held to (the budget the MPS manager published
-    /// in the ledger, which the shim gives each offline process as its MPS active-thread
-    /// percentage). 0 when unknown: the whole reading then counts as online.
+    /// SM share, percent, the offline side is held to: the sum of the live offline jobs' MPS
+    /// active-thread percentages (each recorded in its processes' ledger slots), at most the
+    /// budget the MPS manager published (`crate::ledger::offline_cap_pct`). 0 when unknown:
+    /// the whole reading then counts as online.
     #[serde(default)]
     pub offline_sm_cap_pct: f64,
 }

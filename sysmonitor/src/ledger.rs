@@ -157,6 +157,8 @@ pub fn to_ledger(s: State) -> HealthState {
     }
 }
 
+pub use node_ledger::jobs::offline_cap_pct;
+
 fn permille(pct: f64) -> u32 {
     (pct * 10.0).round().clamp(0.0, 1000.0) as u32
 }
@@ -171,7 +173,16 @@ impl LedgerPort for LedgerAdapter {
             node_ledger::clock::now_ns(),
             crate::port::BUDGET_FRESH_MS * 1_000_000,
         );
-        fresh.then(|| f64::from(m.offline_sm_budget_permille) / 10.0)
+        let budget = fresh.then(|| f64::from(m.offline_sm_budget_permille) / 10.0);
+        // Processes asked to leave count as online in the occupancy (fail closed): not here either.
+        let slots = &self.ledger.layout().procs;
+        let procs: Vec<_> = self
+            .ledger
+            .procs()
+            .into_iter()
+            .filter(|p| slots.get(p.slot).is_some_and(|s| s.evict_signal.load(Acquire) == 0))
+            .collect();
+        offline_cap_pct(budget, &node_ledger::jobs::jobs_of(&procs))
     }
 
     fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
@@ -317,6 +328,26 @@ mod tests {
             a.offline().unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
+    }
+
+    /// The adapter reads the jobs' recorded percentages from the slots (a process being
+    /// evicted no longer counts), not the budget once per job.
+    #[test]
+    fn the_adapter_sums_live_jobs_recorded_percentages() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let l = Ledger::open_or_create(&path, 0).unwrap();
+        l.publish_sm_budget(400);
+        let (g1, g2) = (l.group(1, 1 << 30).unwrap(), l.group(2, 1 << 30).unwrap());
+        let me = std::process::id();
+        let (p1, p2, p3) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
+        let _h1 = p1.register_with_mps(me, g1, 25).unwrap();
+        let _h1b = p3.register_with_mps(me, g1, 25).unwrap();
+        let h2 = p2.register_with_mps(me, g2, 15).unwrap();
+        let mut a = LedgerAdapter::new(l);
+        assert_eq!(a.offline_sm_cap_pct(), Some(40.0), "25 (one job, two processes) + 15");
+        a.ledger.request_evict(h2.slot, libc::SIGTERM as u32);
+        assert_eq!(a.offline_sm_cap_pct(), Some(25.0), "the job being evicted no longer counts");
     }
 
     /// Follow-up 1: the request is made by pid + start time through

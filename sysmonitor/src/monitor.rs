@@ -23,7 +23,8 @@ pub enum Occupancy {
     OfflineOnly,
     /// Offline processes beside online ones: judge the online workload's own demand.
     Colocated {
-        /// The SM share the offline side is held to (the MPS manager's fresh budget), percent.
+        /// The SM share the offline side is held to (its jobs' MPS percentages, at most the
+        /// MPS manager's fresh budget), percent.
         offline_cap_pct: Option<f64>,
     },
     /// No registered offline process on the GPU.

@@ -45,9 +45,10 @@ pub trait LedgerPort {
     /// Gives back the quota of registered processes that have died, in any pid namespace
     /// (called every tick; the ledger adapter scans at most every `RECLAIM_EVERY_MS`).
     fn reclaim(&mut self) {}
-    /// The SM share, percent, the offline side is held to: the budget the MPS manager
-    /// published, if published recently ([`BUDGET_FRESH_MS`]). `None` (stale, never
-    /// published, unreadable): no cap is known and the whole SM activity counts as online.
+    /// The SM share, percent, the offline side is held to: the sum of the registered offline
+    /// jobs' MPS percentages, at most the budget the MPS manager published if published
+    /// recently ([`BUDGET_FRESH_MS`]). `None` (stale, never published, unreadable, a job not
+    /// capped by MPS): no cap is known and the whole SM activity counts as online.
     fn offline_sm_cap_pct(&mut self) -> Option<f64> {
         None
     }

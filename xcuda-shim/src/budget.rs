@@ -5,7 +5,33 @@
 //! the user set it), so MPS itself caps the new client; while running, the throttle's
 //! controller reads it on each periodic tick (never per launch) and lowers its load target.
 //! Stale or absent budget: the configured static target; never looser than configured.
+//!
+//! The budget is the whole offline side's, and several offline jobs may share a GPU
+//! (`max_offline_per_gpu` > 1). Each process records the percentage it started with in its own
+//! ledger slot ([`node_ledger::layout::ProcSlot::mps_pct`]), and the budget is split between
+//! *jobs* (quota groups: a container's processes share its share, see [`node_ledger::jobs`]):
+//! - at start ([`start_share`]): a process of a job already on the GPU takes its job's
+//!   percentage; a new job takes what the other jobs leave of the budget, at least
+//!   [`MIN_MPS_PERCENTAGE`]. So the percentages sum to at most the budget (plus rounding up
+//!   to whole percents) unless the others already hold it all: a job arriving then gets the
+//!   floor, for its whole life (MPS cannot raise it later), and the sum passes the budget by
+//!   that floor, which the running split below takes back in time;
+//! - while running ([`job_share`]): the fresh budget is divided between the live jobs in
+//!   proportion to their percentages (the parts sum to the budget). A job whose part covers
+//!   its MPS percentage is left to MPS (as while the budget is what it was at its start); one
+//!   whose part is below it (the budget fell, or the jobs hold more than it) is throttled, its
+//!   PID aiming the GPU's load at the budget (`Throttle::target_for_part`: the load measured
+//!   is the whole GPU's, so every such job aiming at the budget holds all of them to it), and
+//!   without monitor data its fixed rate is scaled to its part;
+//! - sysmonitor judges co-located load with the sum of the live jobs' percentages (at most
+//!   the budget), not one budget per job.
+//!
+//! Two jobs starting within one another's window between library load and first driver call
+//! (registration) cannot see each other's percentage and may both take the whole budget; the
+//! running split then holds each to its proportional part, and the monitor counts the sum
+//! capped at the budget: the load is held to the budget, only MPS's spatial cap is looser.
 
+pub use node_ledger::jobs::{job_share, start_share};
 use node_ledger::Ledger;
 
 /// The MPS client variable real MPS reads at client start.
@@ -13,7 +39,11 @@ pub const MPS_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 /// Set beside [`MPS_ENV`] when the shim chose its value, so a child process (which inherits
 /// both) recomputes it from the budget of its own start instead of taking it as the user's.
 pub const MPS_ENV_MARK: &str = "XCUDA_MPS_PERCENTAGE_FROM_BUDGET";
-/// Smallest percentage the shim sets: below it a client can barely make progress.
+/// Smallest percentage the shim sets: below it a client can barely make progress. A job that
+/// starts when the other offline jobs on its GPU already hold the whole budget still gets it
+/// (for its life: MPS fixes it at start), so the jobs' percentages then sum to the budget plus
+/// this floor; the throttle's running split holds every job to its part of the budget, and the
+/// monitor takes off at most the budget.
 pub const MIN_MPS_PERCENTAGE: u32 = 10;
 
 /// Shortest age at which the manager's budget counts as stale, ns. mps-manager publishes it
@@ -54,8 +84,14 @@ pub fn mps_env_value(get: &dyn Fn(&str) -> Option<String>, budget: Option<f64>) 
 /// constructor set from the budget) as a fraction, if it holds a valid percentage (1..=100).
 /// The throttle leaves a budget this cap already enforces to MPS.
 pub fn own_mps_share(get: &dyn Fn(&str) -> Option<String>) -> Option<f64> {
-    let pct: u32 = get(MPS_ENV)?.trim().parse().ok()?;
-    (1..=100).contains(&pct).then(|| f64::from(pct) / 100.0)
+    own_mps_pct(get).map(|pct| f64::from(pct) / 100.0)
+}
+
+/// [`own_mps_share`] in whole percent (1..=100), as the ledger slot records it. A fractional
+/// value (MPS accepts one) is rounded up: the slot never records less than MPS allows.
+pub fn own_mps_pct(get: &dyn Fn(&str) -> Option<String>) -> Option<u32> {
+    let pct: f64 = get(MPS_ENV)?.trim().parse().ok()?;
+    (pct > 0.0 && pct <= 100.0).then(|| pct.ceil() as u32)
 }
 
 /// Library constructor: runs when the shim is loaded, before the application's `main` and so
@@ -76,14 +112,16 @@ fn set_mps_percentage_from_budget() {
     // Loaded here without caching: the process's config is loaded (and its errors reported)
     // on the first driver call, after the application may have set its environment.
     let (cfg, _) = crate::config::Config::load(&get);
+    let group = node_ledger::ledger::group_id_for(&cfg.group);
     // MPS applies one percentage to every device of the client: with several GPUs, the
-    // strictest of their fresh budgets.
+    // strictest of their shares of their fresh budgets.
     let budget = cfg
         .host_gpus()
         .into_iter()
         .filter_map(|i| {
             let l = Ledger::open_existing(&cfg.ledger_of(i).ledger_path()).ok()?;
-            fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000)
+            let b = fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000)?;
+            Some(start_share(b, &l.offline_jobs(), group))
         })
         .reduce(f64::min);
     let Some(v) = mps_env_value(&get, budget) else {
@@ -148,6 +186,39 @@ mod tests {
         assert_eq!(own_mps_share(&env("150")), None);
         assert_eq!(own_mps_share(&env("x")), None);
         assert_eq!(own_mps_share(&|_: &str| None), None);
+    }
+
+    fn job(group_id: u64, mps_pct: Option<u32>) -> node_ledger::OfflineJob {
+        node_ledger::OfflineJob { group_id, procs: 1, mps_pct }
+    }
+
+    fn pct_of(share: f64) -> u32 {
+        mps_percentage((share * 1000.0).round() as u32)
+    }
+
+    /// Two offline jobs on one GPU take the budget between them, not each the whole of it
+    /// (before the split each took the whole budget: 40 % + 40 % against a 40 % budget).
+    #[test]
+    fn a_new_job_takes_what_the_others_leave_of_the_budget() {
+        assert_eq!(pct_of(start_share(0.4, &[], 1)), 40, "alone: the whole budget");
+        let a = job(1, Some(25));
+        assert_eq!(pct_of(start_share(0.4, &[a], 2)), 15);
+        assert!(25 + pct_of(start_share(0.4, &[a], 2)) <= 40);
+        assert_eq!(pct_of(start_share(0.4, &[a], 1)), 25, "a job's next process shares the job's share");
+        let full = job(1, Some(40));
+        assert_eq!(pct_of(start_share(0.4, &[full], 2)), MIN_MPS_PERCENTAGE, "nothing left: the floor");
+        assert_eq!(pct_of(start_share(0.4, &[job(1, None)], 2)), MIN_MPS_PERCENTAGE, "an uncapped job leaves nothing");
+        assert_eq!(pct_of(start_share(0.4, &[job(2, None)], 2)), 40, "its own uncapped job: a job's share is computed anew");
+        assert_eq!(pct_of(start_share(0.404, &[job(1, Some(20))], 2)), 21, "rounded up to whole percents");
+    }
+
+    #[test]
+    fn own_percentage_in_whole_percents() {
+        let env = |v: &'static str| move |k: &str| (k == MPS_ENV).then(|| v.to_string());
+        assert_eq!(own_mps_pct(&env("25")), Some(25));
+        assert_eq!(own_mps_pct(&env("12.5")), Some(13), "never less than MPS allows");
+        assert_eq!(own_mps_pct(&env("nan")), None);
+        assert_eq!(own_mps_pct(&env("0")), None);
     }
 
     #[test]

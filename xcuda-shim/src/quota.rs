@@ -53,6 +53,9 @@ pub struct Quota {
     damaged: AtomicBool,
     /// Id of the group this process registered in (ledger backend).
     group_id: u64,
+    /// The MPS percentage recorded in this process's slot (0 = none), recorded again by a
+    /// fork child that registers (it inherits the environment its MPS client starts with).
+    mps_pct: u32,
     /// Fault injection for tests only (`memory.test_ledger_check_pause_ms`, default 0): pause
     /// [`Quota::check_ledger`] this long between its slot-lock and owner checks, the window in
     /// which this process's own exit release once made a sound ledger look overwritten.
@@ -79,8 +82,10 @@ impl Quota {
     /// A quota counted in `ledger` for registered process `handle`.
     pub fn with_ledger(ledger: Ledger, handle: ProcHandle) -> Self {
         let group_id = ledger.group_id(handle.group);
+        let mps_pct = ledger.layout().procs.get(handle.slot).map_or(0, |p| p.mps_pct.load(Relaxed));
         let mut q = Self::new(Backend::Ledger { ledger, handle: AtomicU64::new(pack(handle)) });
         q.group_id = group_id;
+        q.mps_pct = mps_pct;
         q
     }
 
@@ -90,7 +95,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -334,7 +339,7 @@ impl Quota {
         if g == 0 {
             return false;
         }
-        match ledger.register(std::process::id(), (g - 1) as usize) {
+        match ledger.register_with_mps(std::process::id(), (g - 1) as usize, self.mps_pct) {
             Ok(h) => {
                 handle.store(pack(h), Release);
                 true

@@ -351,7 +351,10 @@ fn open_ledger(cfg: &Config, host_index: u32, limit: u64) -> Result<Quota, Strin
     if have != limit {
         tracing::info!(group = %cfg.group, have, configured = limit, "group quota set by its first process kept");
     }
-    let h = ledger.register(std::process::id(), group).map_err(|e| e.to_string())?;
+    // The MPS percentage this process started with (fixed by MPS for its life), in its own
+    // slot: the other offline jobs' shares and the monitor's judgement read it there.
+    let pct = crate::budget::own_mps_pct(&|k| std::env::var(k).ok()).unwrap_or(0);
+    let h = ledger.register_with_mps(std::process::id(), group, pct).map_err(|e| e.to_string())?;
     Ok(Quota::with_ledger(ledger, h))
 }
 
@@ -390,6 +393,18 @@ struct Loop {
     last_target: f64,
     start_epoch: Option<u64>,
     reported: (u64, u64),
+    /// This process's job's part of the offline SM budget (fraction of it, 0..=1), from the
+    /// jobs registered on the GPU; refreshed with the housekeeping (see [`job_part`]).
+    job_part: f64,
+}
+
+/// This process's job's part of GPU `g`'s offline SM budget: [`crate::budget::job_share`] of
+/// a budget of 1 over the jobs registered in its ledger. 1 without a ledger.
+fn job_part(g: &Gpu) -> f64 {
+    let Some((l, h)) = g.quota.ledger() else { return 1.0 };
+    let own = g.throttle.own_cap().map(|f| (f * 100.0).round() as u32);
+    let group = h.map_or(0, |h| l.group_id(h.group));
+    crate::budget::job_share(1.0, &l.offline_jobs(), group, own).clamp(0.0, 1.0)
 }
 
 fn controller(st: &'static State, cfg: &'static Config) {
@@ -405,6 +420,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
             last_target: tc.target_load,
             start_epoch: g.quota.ledger().map(|(l, _)| l.evict_all_epoch()),
             reported: (0, 0),
+            job_part: job_part(g),
         })
         .collect();
     let mut last = Instant::now();
@@ -441,8 +457,10 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
             c_h: f64::from(s.sample.sm_clock_max_mhz),
         })
     });
+    // The offline side's budget, of which this job has its part (the other jobs on the GPU
+    // theirs): read here, on the periodic tick, never per launch.
     let budget = g.quota.ledger().and_then(|(l, _)| crate::budget::fresh_budget(l, node_ledger::clock::now_ns(), stale_ns));
-    let d = g.throttle.control_with_budget(&mut lp.pid, sample, budget, dt);
+    let d = g.throttle.control_with_part(&mut lp.pid, sample, budget, lp.job_part, dt);
     g.throttle.refill(dt);
     if lp.last_stale != Some(d.stale) {
         tracing::info!(device = ord, stale = d.stale, rate = d.rate, "xcuda throttle input changed");
@@ -450,7 +468,7 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     }
     let target = g.throttle.target();
     if (target - lp.last_target).abs() > 1e-3 {
-        tracing::info!(device = ord, target, budget = ?budget, rate = d.rate, "xcuda throttle target changed");
+        tracing::info!(device = ord, target, budget = ?budget, job_part = lp.job_part, rate = d.rate, "xcuda throttle target changed");
         lp.last_target = target;
     }
 }
@@ -458,6 +476,7 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
 /// Heartbeat, launch counts, dead-neighbour reclaim and eviction requests in GPU `g`'s ledger;
 /// `false` once the process has been asked to leave (the controller stops).
 fn housekeeping(g: &Gpu, lp: &mut Loop) -> bool {
+    lp.job_part = job_part(g);
     let Some((l, Some(h))) = g.quota.ledger() else { return true };
     l.heartbeat(h);
     let (n, d) = (g.throttle.launches.load(Relaxed), g.throttle.delayed.load(Relaxed));

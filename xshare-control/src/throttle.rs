@@ -208,9 +208,20 @@ impl Throttle {
     /// online-pressure hold's. (Before Hopper U_SM is the GPU's busy fraction, 1 whenever the
     /// capped offline job runs: any target under 1 would throttle it for any clock dip.)
     pub fn target_for(&self, budget: Option<f64>) -> f64 {
+        self.target_for_part(budget, 1.0)
+    }
+
+    /// [`Throttle::target_for`] for a process whose job has `part` (0..=1) of the offline
+    /// budget, other offline jobs sharing the GPU holding the rest. Whether the process's own
+    /// MPS cap already enforces what it may take is judged on its job's part of the budget;
+    /// when it does not, the target is the whole budget, not the part: the load the PID
+    /// measures is the GPU's, so every job aiming at the budget holds all of them to it
+    /// (aiming at a part would hold the whole GPU to that part).
+    pub fn target_for_part(&self, budget: Option<f64>, part: f64) -> f64 {
         let t = self.cfg.target_load;
+        let part = if part.is_finite() { part.clamp(0.0, 1.0) } else { 0.0 };
         match budget {
-            Some(b) if b.is_finite() && self.own_cap().is_some_and(|cap| b + 1e-9 >= cap) => {
+            Some(b) if b.is_finite() && self.own_cap().is_some_and(|cap| b * part + 1e-9 >= cap) => {
                 t.max(MPS_ENFORCED_TARGET)
             }
             Some(b) if b.is_finite() => t.min(b.max(0.0)),
@@ -255,8 +266,29 @@ impl Throttle {
         budget: Option<f64>,
         dt: f64,
     ) -> Decision {
+        self.control_with_part(pid, sample, budget, 1.0, dt)
+    }
+
+    /// [`Throttle::control_with_budget`] for a process whose job has `part` of the offline
+    /// budget (several offline jobs on one GPU): the PID aims at
+    /// [`Throttle::target_for_part`]; without monitor data (open loop, one rate per process)
+    /// the fallback rate is scaled to the job's part of the budget.
+    pub fn control_with_part(
+        &self,
+        pid: &mut Pid,
+        sample: Option<Sample>,
+        budget: Option<f64>,
+        part: f64,
+        dt: f64,
+    ) -> Decision {
         let c = &self.cfg;
-        let target = self.target_for(budget);
+        let target = self.target_for_part(budget, part);
+        let open_loop_target = match budget {
+            Some(b) if b.is_finite() && target < MPS_ENFORCED_TARGET => {
+                target.min((b * part.clamp(0.0, 1.0)).max(0.0))
+            }
+            _ => target,
+        };
         self.target_milli.store((target * MILLI) as u64, Relaxed);
         let left = if sample.is_some_and(|s| self.pressure(&s)) {
             c.hold_ms.saturating_mul(1000)
@@ -281,7 +313,7 @@ impl Throttle {
             None => {
                 pid.reset();
                 let scale = if c.target_load > 0.0 {
-                    (target / c.target_load).min(1.0)
+                    (open_loop_target / c.target_load).min(1.0)
                 } else {
                     1.0
                 };
@@ -575,6 +607,29 @@ mod tests {
     /// A budget the process's own MPS cap already enforces leaves the PID to the clock
     /// threshold (target 1); one below the cap lowers the target to the budget (observation
     /// 10). Without the own-cap rule the first assertion fails (the target would be 0.45).
+    /// Several offline jobs on one GPU: whether a job's own MPS cap enforces its share is
+    /// judged on its job's part of the budget (a job at 40 % beside one at 10 %, budget 40 %:
+    /// part 32 %, under its cap: throttled, where the whole budget would have said enforced);
+    /// the closed-loop target stays the budget (the PID measures the whole GPU), and the
+    /// open-loop fallback rate follows the part.
+    #[test]
+    fn a_jobs_part_of_the_budget_decides_whether_mps_enforces_it() {
+        let c = cfg();
+        let t = Throttle::new(&c, 10);
+        t.set_own_share(0.4);
+        assert_eq!(t.target_for_part(Some(0.4), 1.0), MPS_ENFORCED_TARGET, "alone");
+        assert_eq!(t.target_for_part(Some(0.4), 0.8), c.target_load.min(0.4), "beside another job");
+        t.set_own_share(0.1);
+        assert_eq!(t.target_for_part(Some(0.4), 0.3), c.target_load.max(MPS_ENFORCED_TARGET), "its cap is within its part");
+        let open = |part: f64| {
+            let mut pid = Pid::new(&c);
+            let t = Throttle::new(&c, 10);
+            t.set_own_share(0.4);
+            t.control_with_part(&mut pid, None, Some(0.4), part, 0.01).rate
+        };
+        assert!(open(0.5) < open(1.0) - 1e-9, "open loop: half the part, a lower rate ({} vs {})", open(0.5), open(1.0));
+    }
+
     #[test]
     fn budget_enforced_by_the_own_mps_cap_leaves_the_pid_to_the_clock() {
         let c = cfg();

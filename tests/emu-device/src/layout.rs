@@ -137,7 +137,8 @@ pub struct ClientSlot {
     pub mem_used: u64,
     /// Contexts it holds.
     pub contexts: u32,
-    /// MPS active-thread percentage set for this client (0 = the server default).
+    /// MPS active-thread percentage fixed when the client connected, for its life (0 = not
+    /// connected: the server default).
     pub pct: u32,
     /// MPS server generation the client connected to (0 = not an MPS client).
     pub mps_gen: u64,

@@ -507,7 +507,9 @@ impl Device {
         Ok(())
     }
 
-    /// Sets the server-wide default active-thread percentage (1..=100).
+    /// Sets the server-wide default active-thread percentage (1..=100): the limit of clients
+    /// that connect afterwards. A connected client keeps the limit it connected with (real MPS
+    /// never changes a running client's percentage).
     pub fn set_default_active_thread_pct(&self, pct: u32) -> Result<(), EmuError> {
         check_pct(pct)?;
         let mut g = self.locked();
@@ -522,22 +524,6 @@ impl Device {
     /// The server-wide default active-thread percentage.
     pub fn default_active_thread_pct(&self) -> u32 {
         self.locked().header.mps_default_pct
-    }
-
-    /// Caps the process `pid` at `pct` percent of the SMs (takes effect on its next kernels and
-    /// on the running ones; only while it is an MPS client). A limit the client already has —
-    /// its own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, as its driver read it at context creation,
-    /// possibly set by the process itself before `cuInit` — is never raised: NVIDIA's MPS
-    /// documentation says the client's variable only further constrains the control daemon's
-    /// limit, so the lower of the two applies.
-    pub fn set_client_active_thread_pct(&self, pid: u32, pct: u32) -> Result<(), EmuError> {
-        check_pct(pct)?;
-        let mut g = self.locked();
-        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == pid).ok_or(EmuError::NoSuchClient(pid))?;
-        let own = g.clients[c].pct;
-        g.clients[c].pct = if own == 0 { pct } else { own.min(pct) };
-        physics::compute_shares(&mut g);
-        Ok(())
     }
 
     // ---- Client side (fake libcuda) ----
@@ -607,9 +593,13 @@ impl Device {
             // context, and never looked up later (the process may be gone by then).
             cl.mps_gen = h.mps_generation;
             cl.uid = euid;
-            if let Some(p) = env_pct.filter(|p| (1..=100).contains(p)) {
-                // The lower of the client's variable and a limit the daemon already set.
-                cl.pct = if cl.pct == 0 { p } else { cl.pct.min(p) };
+            if !connected {
+                // Real MPS fixes a client's limit when it connects, for its life: the server's
+                // percentage (the daemon keeps the device's default equal to it), further
+                // constrained by the client's own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ("will only
+                // further constrain the limit set by the control daemon", NVIDIA's MPS docs).
+                let server = h.mps_default_pct.clamp(1, 100);
+                cl.pct = env_pct.filter(|p| (1..=100).contains(p)).map_or(server, |p| p.min(server));
             }
         }
         let cl = &mut g.clients[me];

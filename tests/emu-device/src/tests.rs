@@ -165,13 +165,12 @@ fn mps_percentages_validate_and_apply() {
     let me = d.attach().unwrap();
     d.context_created(&me, Some(30)).unwrap();
     assert_eq!(d.snapshot().processes[0].active_thread_pct, 30);
-    d.set_client_active_thread_pct(me.pid(), 20).unwrap();
-    assert_eq!(d.snapshot().processes[0].active_thread_pct, 20);
-    // The daemon's limit never raises the client's own variable (set at runtime before cuInit,
-    // which /proc/<pid>/environ does not show): the lower one applies.
-    d.set_client_active_thread_pct(me.pid(), 100).unwrap();
-    assert_eq!(d.snapshot().processes[0].active_thread_pct, 20, "never raised");
-    assert!(matches!(d.set_client_active_thread_pct(1, 20), Err(EmuError::NoSuchClient(1))));
+    // Fixed at connection: a later default reaches only clients that connect afterwards, and
+    // a second context keeps the connection's limit.
+    d.set_default_active_thread_pct(20).unwrap();
+    assert_eq!(d.snapshot().processes[0].active_thread_pct, 30, "a running client keeps its limit");
+    d.context_created(&me, Some(10)).unwrap();
+    assert_eq!(d.snapshot().processes[0].active_thread_pct, 30, "same connection, same limit");
     std::fs::remove_file(&p).unwrap();
 }
 

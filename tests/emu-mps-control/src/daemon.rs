@@ -16,7 +16,9 @@
 //! - `set_default_active_thread_percentage` affects servers spawned afterwards and is lost on
 //!   `quit`; `set_active_thread_percentage <server pid>` affects clients that connect to that
 //!   server afterwards, existing ones keep their limit; a client's limit is fixed when it
-//!   connects (its own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, else its server's). A client pid
+//!   connects, for its life (its server's, further constrained by its own
+//!   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`; the device fixes it, from the new-client percentage
+//!   this daemon keeps equal to the server's), and nothing changes it afterwards. A client pid
 //!   is not a server: `set_/get_active_thread_percentage <client pid>` answer
 //!   `Server <pid> not found` and change nothing, as the real control daemon does;
 //! - `quit` stops the servers and the daemon; MPS state (percentages, a hang left by a client
@@ -39,9 +41,8 @@ pub trait DeviceLink {
     /// recorded by the device when its context was created, so a client is attributed to its
     /// server even when its process is already gone.
     fn clients(&mut self) -> Result<Vec<(u32, u32)>, String>;
-    /// Caps a client's SM share (active thread percentage).
-    fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String>;
-    /// The percentage a client gets from its first kernel on, before the daemon has seen it.
+    /// The percentage a client gets when it connects, fixed for its life (real MPS never
+    /// changes a running client's limit): its server's.
     fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String>;
     /// Terminates a client's GPU work (`terminate_client`).
     fn terminate_client(&mut self, pid: u32) -> Result<(), String>;
@@ -82,16 +83,6 @@ impl Reply {
             quit: false,
         }
     }
-}
-
-/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from a client's environment (`/proc/<pid>/environ`):
-/// a client that sets it keeps that limit instead of its server's (MPS docs: the variable
-/// set in a client's environment limits that client).
-pub fn client_env_pct(pid: u32) -> Option<f64> {
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    env.split(|&b| b == 0)
-        .find_map(|kv| kv.strip_prefix(b"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="))
-        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
 }
 
 impl<D: DeviceLink> Daemon<D> {
@@ -249,16 +240,9 @@ impl<D: DeviceLink> Daemon<D> {
             self.log.line(&format!(
                 "NEW CLIENT {pid} from user {uid}: Server {spid} already exists"
             ));
-            // The limit is fixed now, at connection: the client's own variable wins.
-            if client_env_pct(pid).is_some() {
-                continue;
-            }
-            let pct = server.pct;
-            if let Err(e) = self.device.set_client_percentage(pid, pct) {
-                self.log.line(&format!(
-                    "Cannot set active thread percentage of client {pid}: {e}"
-                ));
-            }
+            // The client's limit was fixed when it connected (the device's new-client
+            // percentage, kept equal to its server's, further constrained by its own
+            // variable): nothing to set, and a running client's limit cannot be changed.
         }
     }
 
@@ -409,7 +393,6 @@ mod tests {
     struct Recorder {
         mps: Vec<bool>,
         clients: Vec<(u32, u32)>,
-        pct: Vec<(u32, f64)>,
         new_pct: Vec<f64>,
         terminated: Vec<u32>,
     }
@@ -421,10 +404,6 @@ mod tests {
         }
         fn clients(&mut self) -> Result<Vec<(u32, u32)>, String> {
             Ok(self.clients.clone())
-        }
-        fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {
-            self.pct.push((pid, pct));
-            Ok(())
         }
         fn terminate_client(&mut self, pid: u32) -> Result<(), String> {
             self.terminated.push(pid);
@@ -495,11 +474,6 @@ mod tests {
         assert!(d.handle(Command::Quit { timeout_s: None }).quit);
         drop(d);
         assert_eq!(rec.mps, vec![true, false]);
-        assert_eq!(
-            rec.pct,
-            vec![(me, 40.0)],
-            "only the limit fixed at connection"
-        );
         assert_eq!(rec.terminated, vec![me]);
         // Not-yet-seen clients get: default 100, then 40, then the new server's 40, then 30.
         assert_eq!(rec.new_pct, vec![100.0, 40.0, 40.0, 30.0]);

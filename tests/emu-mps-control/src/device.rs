@@ -43,12 +43,6 @@ impl DeviceLink for EmuLink {
         Ok(out)
     }
 
-    fn set_client_percentage(&mut self, pid: u32, pct: f64) -> Result<(), String> {
-        self.dev
-            .set_client_active_thread_pct(pid, pct.round().clamp(1.0, 100.0) as u32)
-            .map_err(|e| e.to_string())
-    }
-
     fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {
         self.dev
             .set_default_active_thread_pct(pct.round().clamp(1.0, 100.0) as u32)
