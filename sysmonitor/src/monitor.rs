@@ -621,18 +621,16 @@ mod tests {
         }
     }
 
+    /// A monitor with offline process 500 registered and NVML listing nobody, fed `samples`.
+    fn one_offline(samples: Vec<GpuSample>) -> Monitor<Script, MemLedger, Rec> {
+        let gpu = Script { next: samples.into_iter().map(Ok).collect(), procs: vec![], xids: vec![] };
+        let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
+        Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![])
+    }
+
     #[test]
     fn overlimit_sample_sigterms_offline_in_the_same_tick_and_publishes() {
-        let gpu = Script {
-            next: vec![Ok(gs(10.0)), Ok(gs(99.5))],
-            procs: vec![],
-            xids: vec![],
-        };
-        let ledger = MemLedger {
-            procs: vec![off(500)],
-            ..Default::default()
-        };
-        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        let mut m = one_offline(vec![gs(10.0), gs(99.5)]);
         m.tick(0);
         assert_eq!(m.machine.state(), State::Healthy);
         assert!(m.evictor.counts().is_empty());
@@ -723,16 +721,7 @@ mod tests {
     /// over quiet samples and move with a state change and with an eviction.
     #[test]
     fn change_key_moves_with_state_and_evictions_not_with_samples() {
-        let gpu = Script {
-            next: vec![Ok(gs(10.0)), Ok(gs(12.0)), Ok(gs(99.5))],
-            procs: vec![],
-            xids: vec![],
-        };
-        let ledger = MemLedger {
-            procs: vec![off(500)],
-            ..Default::default()
-        };
-        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        let mut m = one_offline(vec![gs(10.0), gs(12.0), gs(99.5)]);
         m.tick(0);
         let healthy = m.change_key();
         m.tick(10);
