@@ -13,7 +13,8 @@ use crate::ledger::{Ledger, ProcSnapshot};
 pub struct OfflineJob {
     /// Its quota group's id (`group_id_for` its `XCUDA_GROUP`).
     pub group_id: u64,
-    /// Its registered processes counted.
+    /// Its registered processes counted (0 for a job known only by its start claim,
+    /// [`with_claims`]).
     pub procs: u32,
     /// The job's MPS active-thread percentage: the largest its processes started with, `None`
     /// when any of them started without one (that process is not capped by MPS at all).
@@ -37,6 +38,36 @@ pub fn jobs_of<'a>(procs: impl IntoIterator<Item = &'a ProcSnapshot>) -> Vec<Off
     jobs
 }
 
+/// The jobs a process starting at `now_ns` must leave room for ([`start_share`]'s `jobs`):
+/// the registered `jobs`, plus one job (its `procs` 0) per group that has a fresh start claim
+/// (younger than `ttl_ns`, see [`crate::claims`]) and no registered process. A registered
+/// group's claim is redundant: its slots say what it holds. Several claims of one group (a
+/// damaged block) count as one job with the largest percentage (unknown if any is).
+///
+/// For a starting process's share only. The monitor's judgement ([`offline_cap_pct`]), the
+/// manager's estimate and the running split ([`job_share`]) take registered jobs alone: a
+/// claim says a process will start with a percentage, not that any SM is in use (the shell of
+/// an offline container claims too), and counting it there would subtract a cap for work that
+/// is not running, which fails open.
+pub fn with_claims(
+    jobs: &[OfflineJob],
+    claims: &[crate::claims::StartClaim],
+    now_ns: u64,
+    ttl_ns: u64,
+) -> Vec<OfflineJob> {
+    let mut out = jobs.to_vec();
+    for c in claims.iter().filter(|c| c.is_fresh(now_ns, ttl_ns)) {
+        if jobs.iter().any(|j| j.group_id == c.group_id) {
+            continue;
+        }
+        match out.iter_mut().find(|j| j.group_id == c.group_id) {
+            Some(j) => j.mps_pct = j.mps_pct.zip(c.mps_pct).map(|(a, b)| a.max(b)),
+            None => out.push(OfflineJob { group_id: c.group_id, procs: 0, mps_pct: c.mps_pct }),
+        }
+    }
+    out
+}
+
 /// Weight of a job in the split: its MPS percentage, or the whole GPU (100) for a job with an
 /// uncapped process (it can take every SM).
 fn weight(j: &OfflineJob) -> f64 {
@@ -48,6 +79,9 @@ fn weight(j: &OfflineJob) -> f64 {
 /// there with one (processes of a job share the job's share); else what the other jobs
 /// leave of the budget (a job with an uncapped process leaves nothing), possibly 0: the
 /// caller's floor then applies (the shim's `MIN_MPS_PERCENTAGE`: MPS needs more than 0).
+/// The shim passes the registered jobs together with the fresh start claims of jobs not yet
+/// registered ([`with_claims`], under the claims lock), so that two jobs starting together
+/// do not both take the whole budget.
 pub fn start_share(budget: f64, jobs: &[OfflineJob], my_group: u64) -> f64 {
     if let Some(pct) = jobs.iter().find(|j| j.group_id == my_group).and_then(|j| j.mps_pct) {
         return f64::from(pct) / 100.0;

@@ -9,13 +9,16 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHLEDG\0");
 /// Bumped on any change to the structs below (v3: a slot's liveness is its lock, see
 /// `ProcSlot`; `liveness` added, the monitor block's unused `_reserved` words dropped; v4:
-/// `ProcSlot::mps_pct`, the MPS active-thread percentage each offline process started with).
-/// A process built for another version refuses the file (`layout_version` error).
-pub const LAYOUT_VERSION: u32 = 4;
+/// `ProcSlot::mps_pct`, the MPS active-thread percentage each offline process started with;
+/// v5: the start-claims block, [`ClaimsBlock`]). A process built for another version refuses
+/// the file (`layout_version` error).
+pub const LAYOUT_VERSION: u32 = 5;
 /// Process registry slots per GPU.
 pub const MAX_PROCS: usize = 256;
 /// Quota groups (containers) per GPU.
 pub const MAX_GROUPS: usize = 64;
+/// Start-claim entries per GPU ([`ClaimsBlock`]): one per quota group is enough.
+pub const MAX_CLAIMS: usize = MAX_GROUPS;
 /// `Header::init_state` value once the creator has finished initialising the file.
 pub const INIT_READY: u32 = 0x5EAD_1E55;
 /// `Header::init_state` value written by a process that found the ledger's body overwritten
@@ -147,6 +150,34 @@ pub struct ProcSlot {
     _pad: AtomicU32,
 }
 
+/// One start claim: the MPS percentage an offline job (quota group) took at library load, before
+/// any of its processes registered (`crate::claims`). Written only under the claims lock, by
+/// the claiming process: `group_id` last when an entry is (re)filled, so an entry torn by a
+/// writer's death reads as free, or as a claim with an unknown (read: uncapped) percentage.
+#[repr(C)]
+pub struct ClaimSlot {
+    /// Group id (`group_id_for` its `XCUDA_GROUP`); 0 = free.
+    pub(crate) group_id: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the latest claim of this group.
+    pub(crate) claim_ns: AtomicU64,
+    /// Pid-namespace inode of the latest claimer (reports only).
+    pub(crate) pid_ns: AtomicU64,
+    /// Pid of the latest claimer in its own namespace (reports only).
+    pub(crate) pid: AtomicU32,
+    /// The MPS active-thread percentage claimed (1..=100; anything else reads as uncapped).
+    pub(crate) mps_pct: AtomicU32,
+}
+
+/// The start claims (layout v5). Reached only through `Ledger::lock_claims` (read-write, under
+/// the claims lock: an `F_OFD_SETLK` write lock on this block's own byte range,
+/// [`claims_offset`] / [`CLAIMS_LEN`], which lies after every registry slot's range) and
+/// `Ledger::claims` (reports). Nothing but a starting process's MPS percentage reads it: the
+/// monitor's and the manager's judgements use registered slots only.
+#[repr(C)]
+pub struct ClaimsBlock {
+    pub(crate) entries: [ClaimSlot; MAX_CLAIMS],
+}
+
 /// The whole file.
 #[repr(C)]
 pub struct Layout {
@@ -159,6 +190,8 @@ pub struct Layout {
     pub groups: [GroupSlot; MAX_GROUPS],
     /// The process registry.
     pub procs: [ProcSlot; MAX_PROCS],
+    /// Start claims (`crate::claims`).
+    pub(crate) claims: ClaimsBlock,
 }
 
 /// Size of the file in bytes.
@@ -171,6 +204,9 @@ const _: () = assert!(std::mem::size_of::<ProcSlot>() == 80);
 const _: () = assert!(std::mem::size_of::<GroupSlot>() == 32);
 const _: () = assert!(std::mem::align_of::<Layout>() == 8);
 const _: () = assert!(std::mem::size_of::<ManagerBlock>() == 24);
+const _: () = assert!(std::mem::size_of::<ClaimSlot>() == 32);
+// The claims lock's range never meets a registry slot's lock range.
+const _: () = assert!(std::mem::offset_of!(Layout, claims) >= std::mem::offset_of!(Layout, procs) + MAX_PROCS * std::mem::size_of::<ProcSlot>());
 
 /// Pid field of an `owner` word.
 pub fn owner_pid(owner: u64) -> u32 {
@@ -199,3 +235,11 @@ pub fn proc_slot_offset(slot: usize) -> u64 {
 
 /// Length of a registry slot's lock range.
 pub const PROC_SLOT_LEN: u64 = std::mem::size_of::<ProcSlot>() as u64;
+
+/// Byte offset of the start-claims block: the claims lock's range starts here.
+pub fn claims_offset() -> u64 {
+    std::mem::offset_of!(Layout, claims) as u64
+}
+
+/// Length of the claims lock's range (the whole claims block).
+pub const CLAIMS_LEN: u64 = std::mem::size_of::<ClaimsBlock>() as u64;

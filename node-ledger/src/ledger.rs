@@ -180,12 +180,18 @@ fn fd_names(fd: RawFd, dev_ino: (u64, u64)) -> bool {
 /// Takes (`F_WRLCK`) or releases (`F_UNLCK`) registry slot `slot`'s lock on the open file
 /// description behind `fd`, without blocking. `Ok(false)`: another description holds it.
 fn slot_lock(fd: RawFd, slot: usize, ty: libc::c_int) -> io::Result<bool> {
+    range_lock(fd, proc_slot_offset(slot), PROC_SLOT_LEN, ty)
+}
+
+/// Takes (`F_WRLCK`) or releases (`F_UNLCK`) an OFD lock on bytes `start..start + len` of the
+/// file behind `fd`, without blocking. `Ok(false)`: another description holds some of them.
+pub(crate) fn range_lock(fd: RawFd, start: u64, len: u64, ty: libc::c_int) -> io::Result<bool> {
     // SAFETY: `flock` is plain integers; all-zero is a valid value (l_pid must be 0 for OFD locks).
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = ty as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = proc_slot_offset(slot) as libc::off_t;
-    fl.l_len = PROC_SLOT_LEN as libc::off_t;
+    fl.l_start = start as libc::off_t;
+    fl.l_len = len as libc::off_t;
     // SAFETY: fcntl(2) on a caller-owned open fd with a valid `struct flock`.
     if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) } == 0 {
         return Ok(true);
@@ -244,7 +250,7 @@ impl Drop for FileLock<'_> {
     }
 }
 
-fn io_err(path: &Path, op: &'static str, source: io::Error) -> LedgerError {
+pub(crate) fn io_err(path: &Path, op: &'static str, source: io::Error) -> LedgerError {
     LedgerError::Io {
         path: path.to_owned(),
         op,
@@ -393,6 +399,12 @@ impl Ledger {
     /// The file this ledger maps.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This handle's own open file description (the monitor's reclaims and the claims lock
+    /// are taken on it).
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
     }
 
     /// The mapped layout (all atomics).

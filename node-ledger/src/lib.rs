@@ -4,6 +4,7 @@
 //! process), the monitor and the MPS manager. Every field is an atomic, so a hostile or torn file
 //! can only yield odd values, never undefined behaviour; the header is validated on open.
 
+pub mod claims;
 pub mod clock;
 pub mod config;
 pub mod evictlog;

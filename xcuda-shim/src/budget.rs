@@ -26,10 +26,22 @@
 //! - sysmonitor judges co-located load with the sum of the live jobs' percentages (at most
 //!   the budget), not one budget per job.
 //!
-//! Two jobs starting within one another's window between library load and first driver call
-//! (registration) cannot see each other's percentage and may both take the whole budget; the
-//! running split then holds each to its proportional part, and the monitor counts the sum
-//! capped at the budget: the load is held to the budget, only MPS's spatial cap is looser.
+//! Registration is lazy (the first driver call, seconds after library load for Python +
+//! torch), so at start the constructor also reads the other jobs' *start claims* and records
+//! its own ([`claim_start_percentage`], protocol in [`node_ledger::claims`]): per ledger it
+//! takes the ledger's claims lock, reads registered jobs and fresh claims, computes its share,
+//! writes its claim and lets go. Two jobs starting together then split the budget as two jobs
+//! starting one after the other do, instead of both taking the whole of it. A lock that cannot
+//! be had within [`node_ledger::claims::CLAIM_LOCK_WAIT`] gives the floor (never the whole
+//! budget), said once in the log. Claims count for start shares only: the running split and
+//! the monitor's judgement read registered slots alone (see [`node_ledger::jobs::with_claims`]).
+//! A percentage the user set is claimed too (the next job must leave room for it).
+//!
+//! Cost at library load (every process of an offline container pays it): beside the ledger's
+//! open and map that reading the budget already needed, two `fcntl` (lock, unlock) and one
+//! `stat` (the claimer's pid namespace, for reports); see `benches/start_claim.rs`.
+
+use std::time::Duration;
 
 pub use node_ledger::jobs::{job_share, start_share};
 use node_ledger::Ledger;
@@ -94,6 +106,83 @@ pub fn own_mps_pct(get: &dyn Fn(&str) -> Option<String>) -> Option<u32> {
     (pct > 0.0 && pct <= 100.0).then(|| pct.ceil() as u32)
 }
 
+/// What [`claim_start_percentage`] decided.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StartPercentage {
+    /// The percentage this process starts with and claimed: the user's, or its share of the
+    /// fresh budget; `None` when neither (no fresh budget on any ledger: MPS's default).
+    pub pct: Option<u32>,
+    /// What went wrong, for one log line (a claims lock not had in time: the floor was taken;
+    /// a claim not recorded).
+    pub trouble: Option<String>,
+}
+
+/// Decides the MPS percentage a process of `cfg`'s group starts with at `now_ns` and claims it
+/// on every host GPU ledger of `cfg` that opens ([`node_ledger::claims`]); `user_pct` is the
+/// percentage the user set (claimed as it is), else the process takes its start share of each
+/// ledger's fresh budget, the strictest of them (MPS applies one percentage to all of a
+/// client's devices). A ledger whose claims lock is not had within `lock_wait` counts as
+/// leaving the floor. Never panics; every error is a line in `trouble`.
+pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>, now_ns: u64, lock_wait: Duration) -> StartPercentage {
+    let group = node_ledger::ledger::group_id_for(&cfg.group);
+    let ttl_ns = cfg.budget.claim_ttl_ms.saturating_mul(1_000_000);
+    let stale_ns = cfg.throttle.stale_after_ms.saturating_mul(1_000_000);
+    let mut trouble: Option<String> = None;
+    let ledgers: Vec<Ledger> =
+        cfg.host_gpus().into_iter().filter_map(|i| Ledger::open_existing(&cfg.ledger_of(i).ledger_path()).ok()).collect();
+    let locks: Vec<_> = ledgers
+        .iter()
+        .map(|l| match l.lock_claims(lock_wait) {
+            Ok(Some(lock)) => Some(lock),
+            Ok(None) => {
+                trouble.get_or_insert_with(|| {
+                    format!(
+                        "{}: the start-claims lock stayed held for {} ms: starting at the floor ({MIN_MPS_PERCENTAGE} %), unclaimed",
+                        l.path().display(),
+                        lock_wait.as_millis()
+                    )
+                });
+                None
+            }
+            Err(e) => {
+                trouble.get_or_insert_with(|| format!("{e}: starting at the floor ({MIN_MPS_PERCENTAGE} %), unclaimed"));
+                None
+            }
+        })
+        .collect();
+    let pct = user_pct.or_else(|| {
+        ledgers
+            .iter()
+            .zip(&locks)
+            .filter_map(|(l, lock)| {
+                let b = fresh_budget(l, now_ns, stale_ns)?;
+                Some(match lock {
+                    Some(lock) => start_share(b, &lock.start_jobs(now_ns, ttl_ns), group),
+                    None => 0.0, // fail closed: the floor
+                })
+            })
+            .reduce(f64::min)
+            .map(|share| mps_percentage((share * 1000.0).round() as u32))
+    });
+    if let Some(p) = pct {
+        let (pid, pid_ns) = (std::process::id(), node_ledger::procinfo::own_pid_ns());
+        for (l, lock) in ledgers.iter().zip(&locks) {
+            if let Some(lock) = lock {
+                if !lock.record(group, p, pid, pid_ns, now_ns, ttl_ns) {
+                    trouble.get_or_insert_with(|| {
+                        format!(
+                            "{}: the start-claims table is full of other jobs' fresh claims: {p} % not claimed",
+                            l.path().display()
+                        )
+                    });
+                }
+            }
+        }
+    }
+    drop(locks);
+    StartPercentage { pct, trouble }
+}
+
 /// Library constructor: runs when the shim is loaded, before the application's `main` and so
 /// before any `cuInit`.
 extern "C" fn on_load() {
@@ -106,25 +195,27 @@ static ON_LOAD: extern "C" fn() = on_load;
 
 fn set_mps_percentage_from_budget() {
     let get = |k: &str| std::env::var(k).ok();
-    if get(MPS_ENV).is_some() && get(MPS_ENV_MARK) != get(MPS_ENV) {
-        return; // the user's value: nothing to read
-    }
+    let user_set = get(MPS_ENV).is_some() && get(MPS_ENV_MARK) != get(MPS_ENV);
+    let user_pct = if user_set {
+        match own_mps_pct(&get) {
+            Some(p) => Some(p),
+            None => return, // the user's value, not a percentage MPS would apply: nothing to claim
+        }
+    } else {
+        None
+    };
     // Loaded here without caching: the process's config is loaded (and its errors reported)
     // on the first driver call, after the application may have set its environment.
     let (cfg, _) = crate::config::Config::load(&get);
-    let group = node_ledger::ledger::group_id_for(&cfg.group);
-    // MPS applies one percentage to every device of the client: with several GPUs, the
-    // strictest of their shares of their fresh budgets.
-    let budget = cfg
-        .host_gpus()
-        .into_iter()
-        .filter_map(|i| {
-            let l = Ledger::open_existing(&cfg.ledger_of(i).ledger_path()).ok()?;
-            let b = fresh_budget(&l, node_ledger::clock::now_ns(), cfg.throttle.stale_after_ms * 1_000_000)?;
-            Some(start_share(b, &l.offline_jobs(), group))
-        })
-        .reduce(f64::min);
-    let Some(v) = mps_env_value(&get, budget) else {
+    let decided = claim_start_percentage(&cfg, user_pct, node_ledger::clock::now_ns(), node_ledger::claims::CLAIM_LOCK_WAIT);
+    if let Some(t) = &decided.trouble {
+        let d = crate::state::our_dispatch(&cfg.log);
+        tracing::dispatcher::with_default(&d, || tracing::warn!("xcuda: {t}"));
+    }
+    if user_set {
+        return;
+    }
+    let Some(v) = mps_env_value(&get, decided.pct.map(|p| f64::from(p) / 100.0)) else {
         return;
     };
     let (Ok(k), Ok(val), Ok(mark)) = (
@@ -219,6 +310,44 @@ mod tests {
         assert_eq!(own_mps_pct(&env("12.5")), Some(13), "never less than MPS allows");
         assert_eq!(own_mps_pct(&env("nan")), None);
         assert_eq!(own_mps_pct(&env("0")), None);
+    }
+
+    fn cfg_in(dir: &std::path::Path, group: &str) -> crate::config::Config {
+        crate::config::Config { ledger_dir: dir.to_owned(), group: group.into(), ..Default::default() }
+    }
+
+    /// The constructor's decision, two jobs loading one after the other before either
+    /// registers: the second sees the first's claim (before: 40 + 40 against a 40 % budget).
+    #[test]
+    fn jobs_loading_together_split_the_budget_through_their_claims() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b, c) = (cfg_in(d.path(), "job-a"), cfg_in(d.path(), "job-b"), cfg_in(d.path(), "job-c"));
+        let l = Ledger::open_or_create(&a.ledger().ledger_path(), 0).unwrap();
+        // In the past (a claim time in the future is read, and rewritten, as now).
+        let now = node_ledger::clock::now_ns().saturating_sub(60_000_000_000);
+        let wait = node_ledger::claims::CLAIM_LOCK_WAIT;
+        assert_eq!(claim_start_percentage(&a, None, now, wait).pct, None, "no budget: nothing set or claimed");
+        assert!(l.claims(now).is_empty());
+        l.publish_sm_budget_at(400, now);
+        let pa = claim_start_percentage(&a, None, now, wait);
+        let pb = claim_start_percentage(&b, None, now, wait);
+        assert_eq!((pa.pct, pb.pct), (Some(40), Some(MIN_MPS_PERCENTAGE)), "{pa:?} {pb:?}");
+        assert_eq!(claim_start_percentage(&a, None, now, wait).pct, Some(40), "job A's next process: job A's share");
+        assert!(pa.trouble.is_none() && pb.trouble.is_none());
+        assert!(l.offline_jobs().is_empty(), "nobody registered: the claims did it");
+        // The lock held elsewhere (a stopped claimer): the floor, said once, nothing claimed.
+        let holder = Ledger::open_existing(l.path()).unwrap();
+        let held = holder.lock_claims(Duration::ZERO).unwrap().unwrap();
+        let pc = claim_start_percentage(&c, None, now + 1, Duration::from_millis(5));
+        assert_eq!(pc.pct, Some(MIN_MPS_PERCENTAGE));
+        assert!(pc.trouble.as_deref().is_some_and(|t| t.contains("start-claims lock") && t.contains(&*l.path().to_string_lossy())), "{pc:?}");
+        drop(held);
+        assert!(l.claims(now + 1).iter().all(|c| c.group_id != node_ledger::ledger::group_id_for("job-c")), "unclaimed");
+        // A user's percentage is claimed as it is.
+        let later = now + 31_000_000_000;
+        l.publish_sm_budget_at(400, later);
+        assert_eq!(claim_start_percentage(&c, Some(35), later, wait).pct, Some(35));
+        assert_eq!(claim_start_percentage(&b, None, later, wait).pct, Some(MIN_MPS_PERCENTAGE), "the claims of 31 s ago expired, job C's 35 % held");
     }
 
     #[test]

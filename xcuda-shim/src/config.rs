@@ -38,6 +38,8 @@ pub struct Config {
     pub throttle: ThrottleConfig,
     /// Graceful-exit settings (`exit`).
     pub exit: ExitConfig,
+    /// SM-budget settings at process start (`budget`).
+    pub budget: BudgetConfig,
     /// Path or soname of the real driver.
     pub real_libcuda: String,
     /// Path or soname of the real NVML library.
@@ -87,6 +89,24 @@ pub struct ExitConfig {
     pub test_raise_delay_ms: u64,
 }
 
+/// SM-budget settings at process start ([`crate::budget`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetConfig {
+    /// How long another job's start claim counts against this process's start share, ms
+    /// (`node_ledger::claims`): it must cover the time between a job's library load and its
+    /// first driver call (seconds for Python + torch). Shorter lets two jobs starting together
+    /// both take the whole budget again; longer makes a newcomer leave room, for that long,
+    /// for a job that claimed and then never used the GPU. 1000..=600000.
+    pub claim_ttl_ms: u64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        Self { claim_ttl_ms: node_ledger::claims::DEFAULT_CLAIM_TTL_MS }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -96,6 +116,7 @@ impl Default for Config {
             memory: MemoryConfig::default(),
             throttle: ThrottleConfig::default(),
             exit: ExitConfig::default(),
+            budget: BudgetConfig::default(),
             real_libcuda: "libcuda.so.1".into(),
             real_libnvml: "libnvidia-ml.so.1".into(),
             log: "warn".into(),
@@ -183,6 +204,9 @@ impl Config {
         }
         if t.stale_after_ms == 0 {
             return bad("throttle.stale_after_ms", "must be positive");
+        }
+        if !(1_000..=600_000).contains(&self.budget.claim_ttl_ms) {
+            return bad("budget.claim_ttl_ms", "must be in 1000..=600000 (a claim must outlive the start-up it covers)");
         }
         if self.exit.release_timeout_ms == 0 {
             return bad("exit.release_timeout_ms", "must be positive");
@@ -398,6 +422,19 @@ mod tests {
             assert!(c.failed_closed, "{typo}");
             assert_eq!(c.memory.quota_bytes, Some(0), "no allocation allowed, never the 40% default");
             assert!(c.throttle.enabled && c.throttle.max_rate <= Config::default().throttle.min_rate);
+        }
+    }
+
+    #[test]
+    fn claim_ttl_is_range_checked_naming_the_field() {
+        let c = Config::from_text(Path::new("f.json"), r#"{"budget": {"claim_ttl_ms": 5000}}"#).unwrap();
+        assert_eq!(c.budget.claim_ttl_ms, 5000);
+        assert_eq!(Config::default().budget.claim_ttl_ms, 30_000);
+        for bad in ["0", "999", "600001"] {
+            let text = format!("{{\n  \"budget\": {{\"claim_ttl_ms\": {bad}}}\n}}\n");
+            let e = Config::from_text(Path::new("f.json"), &text).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("budget.claim_ttl_ms"), "{bad}: {e}");
+            assert!(e.to_string().contains("f.json:2"), "{e}");
         }
     }
 

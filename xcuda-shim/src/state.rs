@@ -119,7 +119,7 @@ pub fn config() -> &'static Config {
 
 /// Our own subscriber (stderr, level from config). It is never installed as the process's
 /// global default: the host application keeps its own logging.
-fn our_dispatch(level: &str) -> tracing::Dispatch {
+pub(crate) fn our_dispatch(level: &str) -> tracing::Dispatch {
     use tracing_subscriber::filter::LevelFilter;
     let lvl = level.parse::<LevelFilter>().unwrap_or(LevelFilter::WARN);
     tracing::Dispatch::new(
