@@ -38,7 +38,14 @@
 //!    container loads the shim, its shell and `pip` too, and a claim from one that never calls
 //!    CUDA must not make the monitor take a cap off the reading (the whole reading counts as
 //!    online until a job is registered: fail closed), nor give a registered job a smaller part.
-//! 5. **Reuse.** An entry is refreshed by its group's next claim (time now, the larger
+//! 5. **Withdrawal.** A process that registers withdraws the claim it made (entry of its
+//!    group whose latest claimer it is, by pid and pid namespace), after its slot is
+//!    published: from then on the slot says what the job holds, and when the job's processes
+//!    have all left, nothing of it lingers for newcomers. A claim whose process never
+//!    registers (a shell, `pip`) counts until its TTL, unless a later process of its group
+//!    refreshes the entry and registers. Withdrawal waits for the lock [`WITHDRAW_WAIT`] at
+//!    most; a claim not withdrawn stays until its TTL (a newcomer leaves more room: tighter).
+//! 6. **Reuse.** An entry is refreshed by its group's next claim (time now, the larger
 //!    percentage while fresh), and may be refilled, under the lock, when free, expired, or
 //!    redundant. An entry is filled group id last, so one torn by its writer's death reads as
 //!    free, or as a claim with an unknown percentage (counted as uncapped: the tighter reading).
@@ -69,6 +76,10 @@ pub const DEFAULT_CLAIM_TTL_MS: u64 = 30_000;
 /// Longest wait for the claims lock (non-blocking tries, 1 ms apart). Each holder keeps it for
 /// a few microseconds, so only a holder stopped mid-decision or a hostile one reaches this.
 pub const CLAIM_LOCK_WAIT: Duration = Duration::from_millis(150);
+
+/// Longest wait for the claims lock when a registering process withdraws its claim
+/// ([`Ledger::withdraw_claim`]); registration is a first driver call, not a hot path.
+pub const WITHDRAW_WAIT: Duration = Duration::from_millis(20);
 
 /// One claim as read, its values made safe (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +128,23 @@ impl Ledger {
     pub fn claims(&self, now_ns: u64) -> Vec<StartClaim> {
         let entries = &self.layout().claims.entries;
         entries.iter().enumerate().filter_map(|(i, e)| read_entry(i, e, now_ns)).collect()
+    }
+
+    /// Withdraws the start claim of group `group_id` if process `pid` in pid namespace `pid_ns`
+    /// made its latest claim (module docs, point 5), under the claims lock (tried for at most
+    /// `wait`). Whether an entry was freed; `Ok(false)` also when the lock was not had.
+    pub fn withdraw_claim(&self, group_id: u64, pid: u32, pid_ns: u64, wait: Duration) -> Result<bool, LedgerError> {
+        let Some(_lock) = self.lock_claims(wait)? else {
+            return Ok(false);
+        };
+        let mut freed = false;
+        for e in &self.layout().claims.entries {
+            if e.group_id.load(Acquire) == group_id && e.pid.load(Relaxed) == pid && e.pid_ns.load(Relaxed) == pid_ns {
+                e.group_id.store(0, Release);
+                freed = true;
+            }
+        }
+        Ok(freed)
     }
 
     /// Takes the claims lock (module docs, "Protocol"), trying for at most `wait`.
@@ -338,6 +366,43 @@ mod tests {
         assert_eq!(offline_cap_pct(Some(40.0), &l.offline_jobs()), Some(10.0), "job 2 only, not job 1's claim");
         assert!((crate::jobs::job_share(0.4, &l.offline_jobs(), 2, None) - 0.4).abs() < 1e-9, "the running split: registered jobs only");
         l.unregister(h);
+    }
+
+    /// Registration withdraws the registering process's own claim: once its job has left,
+    /// nothing of it lingers for newcomers (a claim left for its TTL gave the floor here).
+    #[test]
+    fn registration_withdraws_the_processs_own_claim() {
+        let (_d, l) = fresh();
+        let now = crate::clock::now_ns();
+        let (me, ns) = (std::process::id(), crate::procinfo::own_pid_ns());
+        let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
+        assert!(lock.record(1, 40, me, ns, now, TTL));
+        assert!(lock.record(2, 10, me + 1, ns, now, TTL), "another process of another job");
+        drop(lock);
+        let g = l.group(1, 100).unwrap();
+        let h = l.register_with_mps(me, g, 40).unwrap();
+        assert_eq!(l.claims(now).iter().map(|c| c.group_id).collect::<Vec<_>>(), [2], "its own claim withdrawn");
+        assert_eq!(start(&l, 3, 0.6, now), 10, "job 1's slot (40 %) and job 2's claim (10 %) are held");
+        l.unregister(h);
+        assert_eq!(start(&l, 4, 0.6, now), 40, "job 1 left: only job 2's and 3's claims are held");
+        // Not the latest claimer of its group: the claim stays (another process of the job
+        // claimed after it and has not registered yet).
+        let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
+        assert!(lock.record(5, 10, me + 7, ns, now, TTL));
+        drop(lock);
+        let g5 = l.group(5, 100).unwrap();
+        let h = l.register_with_mps(me, g5, 10).unwrap();
+        assert!(l.claims(now).iter().any(|c| c.group_id == 5));
+        l.unregister(h);
+        // The lock held elsewhere: registration goes on, the claim stays (until its TTL).
+        let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
+        assert!(lock.record(6, 10, me, ns, now, TTL));
+        let other = Ledger::open_existing(l.path()).unwrap();
+        let g6 = other.group(6, 100).unwrap();
+        let h = other.register_with_mps(me, g6, 10).unwrap();
+        drop(lock);
+        assert!(l.claims(now).iter().any(|c| c.group_id == 6));
+        other.unregister(h);
     }
 
     #[test]

@@ -759,6 +759,9 @@ impl Ledger {
                 let _ = slot_lock(lock.as_raw_fd(), i, libc::F_UNLCK);
             } else {
                 self.slot_locks[i].store(lock.into_raw_fd(), Release);
+                // This process's start claim has done its work: its slot says what it holds
+                // from now on (published above, so one of the two is always there).
+                let _ = self.withdraw_claim(self.group_id(group), pid, own_ns, crate::claims::WITHDRAW_WAIT);
             }
             return Ok(ProcHandle { slot: i, group });
         }

@@ -1,7 +1,8 @@
 //! Test client for the shim's end-to-end tests: opens `libcuda.so.1` with `dlopen` and resolves
 //! every driver function either through `dlsym` (`--resolve dlsym`) or `cuGetProcAddress_v2`
 //! with flags 0 or 2 (`--resolve gpa0|gpa2`) or the older `cuGetProcAddress` (`gpa1|gpa1pt`), then runs the steps given as arguments, printing
-//! one `key=value` line per result.
+//! one `key=value` line per result. `--hold` first: print `loaded` and wait for a line on
+//! stdin before anything else (the shim's library constructor has run, no driver call yet).
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
@@ -212,6 +213,13 @@ enum Held {
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut mode = Mode::Gpa(0);
+    if args.first().map(String::as_str) == Some("--hold") {
+        // Loaded (library constructors ran, `main` runs) with no driver call made yet.
+        out("loaded".into());
+        let mut line = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut line);
+        args.remove(0);
+    }
     if args.first().map(String::as_str) == Some("--resolve") {
         mode = match args.get(1).map(String::as_str) {
             Some("dlsym") => Mode::Dlsym,
