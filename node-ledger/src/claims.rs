@@ -63,9 +63,9 @@
 use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
 
-pub use crate::layout::{claims_offset, CLAIMS_LEN, MAX_CLAIMS};
 use crate::jobs::{with_claims, OfflineJob};
 use crate::layout::ClaimSlot;
+pub use crate::layout::{claims_offset, CLAIMS_LEN, MAX_CLAIMS};
 use crate::ledger::{io_err, range_lock, Ledger, LedgerError};
 
 /// How long a claim counts by default, ms: the window between library load and first driver
@@ -127,19 +127,32 @@ impl Ledger {
     /// [`Ledger::lock_claims`].
     pub fn claims(&self, now_ns: u64) -> Vec<StartClaim> {
         let entries = &self.layout().claims.entries;
-        entries.iter().enumerate().filter_map(|(i, e)| read_entry(i, e, now_ns)).collect()
+        entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| read_entry(i, e, now_ns))
+            .collect()
     }
 
     /// Withdraws the start claim of group `group_id` if process `pid` in pid namespace `pid_ns`
     /// made its latest claim (module docs, point 5), under the claims lock (tried for at most
     /// `wait`). Whether an entry was freed; `Ok(false)` also when the lock was not had.
-    pub fn withdraw_claim(&self, group_id: u64, pid: u32, pid_ns: u64, wait: Duration) -> Result<bool, LedgerError> {
+    pub fn withdraw_claim(
+        &self,
+        group_id: u64,
+        pid: u32,
+        pid_ns: u64,
+        wait: Duration,
+    ) -> Result<bool, LedgerError> {
         let Some(_lock) = self.lock_claims(wait)? else {
             return Ok(false);
         };
         let mut freed = false;
         for e in &self.layout().claims.entries {
-            if e.group_id.load(Acquire) == group_id && e.pid.load(Relaxed) == pid && e.pid_ns.load(Relaxed) == pid_ns {
+            if e.group_id.load(Acquire) == group_id
+                && e.pid.load(Relaxed) == pid
+                && e.pid_ns.load(Relaxed) == pid_ns
+            {
                 e.group_id.store(0, Release);
                 freed = true;
             }
@@ -183,13 +196,20 @@ pub struct ClaimsLock<'a> {
 
 impl std::fmt::Debug for ClaimsLock<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClaimsLock").field("ledger", &self.ledger.path()).finish()
+        f.debug_struct("ClaimsLock")
+            .field("ledger", &self.ledger.path())
+            .finish()
     }
 }
 
 impl Drop for ClaimsLock<'_> {
     fn drop(&mut self) {
-        let _ = range_lock(self.ledger.raw_fd(), claims_offset(), CLAIMS_LEN, libc::F_UNLCK);
+        let _ = range_lock(
+            self.ledger.raw_fd(),
+            claims_offset(),
+            CLAIMS_LEN,
+            libc::F_UNLCK,
+        );
     }
 }
 
@@ -198,7 +218,12 @@ impl ClaimsLock<'_> {
     /// the fresh claims of other groups ([`with_claims`]). Pass them to
     /// [`crate::jobs::start_share`]; for nothing else (module docs, point 4).
     pub fn start_jobs(&self, now_ns: u64, ttl_ns: u64) -> Vec<OfflineJob> {
-        with_claims(&self.ledger.offline_jobs(), &self.ledger.claims(now_ns), now_ns, ttl_ns)
+        with_claims(
+            &self.ledger.offline_jobs(),
+            &self.ledger.claims(now_ns),
+            now_ns,
+            ttl_ns,
+        )
     }
 
     /// Records that a process (`pid`, `pid_ns`: reports only) of group `group_id` starts at
@@ -206,7 +231,15 @@ impl ClaimsLock<'_> {
     /// larger percentage while the entry is fresh); else a free, expired (older than `ttl_ns`)
     /// or redundant (its group registered) entry is filled. `false`: every entry holds a fresh
     /// claim of another unregistered group (the caller's share already counted them all).
-    pub fn record(&self, group_id: u64, mps_pct: u32, pid: u32, pid_ns: u64, now_ns: u64, ttl_ns: u64) -> bool {
+    pub fn record(
+        &self,
+        group_id: u64,
+        mps_pct: u32,
+        pid: u32,
+        pid_ns: u64,
+        now_ns: u64,
+        ttl_ns: u64,
+    ) -> bool {
         let group_id = group_id.max(1);
         let entries = &self.ledger.layout().claims.entries;
         let claims = self.ledger.claims(now_ns);
@@ -222,11 +255,19 @@ impl ClaimsLock<'_> {
             e.claim_ns.store(now_ns, Release);
             return true;
         }
-        let registered: Vec<u64> = self.ledger.offline_jobs().iter().map(|j| j.group_id).collect();
+        let registered: Vec<u64> = self
+            .ledger
+            .offline_jobs()
+            .iter()
+            .map(|j| j.group_id)
+            .collect();
         let taken = |i: usize| claims.iter().find(|c| c.entry == i);
         let free = (0..MAX_CLAIMS).find(|&i| taken(i).is_none());
-        let expired = || (0..MAX_CLAIMS).find(|&i| taken(i).is_some_and(|c| !c.is_fresh(now_ns, ttl_ns)));
-        let redundant = || (0..MAX_CLAIMS).find(|&i| taken(i).is_some_and(|c| registered.contains(&c.group_id)));
+        let expired =
+            || (0..MAX_CLAIMS).find(|&i| taken(i).is_some_and(|c| !c.is_fresh(now_ns, ttl_ns)));
+        let redundant = || {
+            (0..MAX_CLAIMS).find(|&i| taken(i).is_some_and(|c| registered.contains(&c.group_id)))
+        };
         let Some(i) = free.or_else(expired).or_else(redundant) else {
             return false;
         };
@@ -259,7 +300,9 @@ mod tests {
 
     /// MPS percentage for a share (the shim's rounding: up to whole percent, floor 10).
     fn pct_of(share: f64) -> u32 {
-        ((share * 1000.0).round() as u32).div_ceil(10).clamp(10, 100)
+        ((share * 1000.0).round() as u32)
+            .div_ceil(10)
+            .clamp(10, 100)
     }
 
     /// What a constructor does: under the lock, read, decide, record.
@@ -275,11 +318,18 @@ mod tests {
     #[test]
     fn two_unregistered_jobs_in_sequence_split_the_budget() {
         let (_d, l) = fresh();
-        let (a, b) = (Ledger::open_existing(l.path()).unwrap(), Ledger::open_existing(l.path()).unwrap());
+        let (a, b) = (
+            Ledger::open_existing(l.path()).unwrap(),
+            Ledger::open_existing(l.path()).unwrap(),
+        );
         let now = crate::clock::now_ns();
         let pa = start(&a, 1, 0.3, now);
         let pb = start(&b, 2, 0.3, now + 1);
-        assert_eq!((pa, pb), (30, 10), "the second gets the floor, not the budget again");
+        assert_eq!(
+            (pa, pb),
+            (30, 10),
+            "the second gets the floor, not the budget again"
+        );
         let (_d, l) = fresh();
         let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
         assert!(lock.record(1, 25, 1, 0, now, TTL));
@@ -289,7 +339,11 @@ mod tests {
         assert!(25 + pc <= 40, "sum within the budget");
         let pd = start(&l, 4, 0.404, now);
         assert_eq!(pd, MIN, "the budget is held: the floor");
-        assert_eq!(start(&l, 5, 0.57, now), MIN, "57 - (25 + 15 + 10) = 7 % left: the floor");
+        assert_eq!(
+            start(&l, 5, 0.57, now),
+            MIN,
+            "57 - (25 + 15 + 10) = 7 % left: the floor"
+        );
     }
     const MIN: u32 = 10;
 
@@ -298,10 +352,22 @@ mod tests {
         let (_d, l) = fresh();
         let now = crate::clock::now_ns().max(TTL + 1);
         assert_eq!(start(&l, 1, 0.4, now - TTL), 40);
-        assert_eq!(start(&l, 2, 0.4, now - 1), 10, "still fresh one ns before the TTL");
-        assert_eq!(start(&l, 3, 0.4, now + 1), 30, "group 1's claim expired, group 2's 10 % is held");
+        assert_eq!(
+            start(&l, 2, 0.4, now - 1),
+            10,
+            "still fresh one ns before the TTL"
+        );
+        assert_eq!(
+            start(&l, 3, 0.4, now + 1),
+            30,
+            "group 1's claim expired, group 2's 10 % is held"
+        );
         let later = now + 1 + TTL;
-        assert_eq!(start(&l, 4, 0.4, later), 40, "every claim expired: the whole budget");
+        assert_eq!(
+            start(&l, 4, 0.4, later),
+            40,
+            "every claim expired: the whole budget"
+        );
         assert_eq!(l.claims(later).len(), 4, "a free entry first");
         // A full table: an expired entry is refilled, a fresh one never.
         let (_d, l) = fresh();
@@ -309,10 +375,19 @@ mod tests {
         for g in 1..=MAX_CLAIMS as u64 {
             assert!(lock.record(g, 10, 1, 0, now - TTL + g, TTL));
         }
-        assert!(!lock.record(1000, 10, 1, 0, now, TTL), "all fresh: nothing to take");
-        assert!(lock.record(1000, 10, 1, 0, now + 1, TTL), "group 1's expired");
+        assert!(
+            !lock.record(1000, 10, 1, 0, now, TTL),
+            "all fresh: nothing to take"
+        );
+        assert!(
+            lock.record(1000, 10, 1, 0, now + 1, TTL),
+            "group 1's expired"
+        );
         let c = l.claims(now + 1);
-        assert_eq!((c[0].group_id, c[0].mps_pct, c[0].claim_ns), (1000, Some(10), now + 1));
+        assert_eq!(
+            (c[0].group_id, c[0].mps_pct, c[0].claim_ns),
+            (1000, Some(10), now + 1)
+        );
         assert_eq!(c.len(), MAX_CLAIMS);
     }
 
@@ -322,7 +397,11 @@ mod tests {
         let now = crate::clock::now_ns();
         assert_eq!(start(&l, 1, 0.4, now), 40);
         assert_eq!(start(&l, 2, 0.4, now), 10);
-        assert_eq!(start(&l, 2, 0.4, now + 5), 10, "a job's next process shares its share");
+        assert_eq!(
+            start(&l, 2, 0.4, now + 5),
+            10,
+            "a job's next process shares its share"
+        );
         assert_eq!(start(&l, 1, 0.4, now + 5), 40);
         let c = l.claims(now + 5);
         assert_eq!(c.len(), 2, "one entry per group: {c:?}");
@@ -340,13 +419,27 @@ mod tests {
         let h = l.register_with_mps(std::process::id(), g, 20).unwrap();
         let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
         let jobs = lock.start_jobs(now, TTL);
-        assert_eq!(jobs.len(), 1, "the claim is not counted beside the job: {jobs:?}");
-        assert_eq!(jobs[0].mps_pct, Some(20), "the slot says what the job holds");
+        assert_eq!(
+            jobs.len(),
+            1,
+            "the claim is not counted beside the job: {jobs:?}"
+        );
+        assert_eq!(
+            jobs[0].mps_pct,
+            Some(20),
+            "the slot says what the job holds"
+        );
         for grp in 100..100 + MAX_CLAIMS as u64 - 1 {
             assert!(lock.record(grp, 10, 1, 0, now, TTL));
         }
-        assert!(lock.record(1000, 10, 1, 0, now, TTL), "the redundant entry is reused");
-        assert!(!lock.record(1001, 10, 1, 0, now, TTL), "full of fresh claims of unregistered groups");
+        assert!(
+            lock.record(1000, 10, 1, 0, now, TTL),
+            "the redundant entry is reused"
+        );
+        assert!(
+            !lock.record(1001, 10, 1, 0, now, TTL),
+            "full of fresh claims of unregistered groups"
+        );
         drop(lock);
         l.unregister(h);
     }
@@ -360,11 +453,21 @@ mod tests {
         let now = crate::clock::now_ns();
         assert_eq!(start(&l, 1, 0.4, now), 40);
         assert!(l.offline_jobs().is_empty());
-        assert_eq!(offline_cap_pct(Some(40.0), &crate::jobs::jobs_of(&l.procs())), None);
+        assert_eq!(
+            offline_cap_pct(Some(40.0), &crate::jobs::jobs_of(&l.procs())),
+            None
+        );
         let g = l.group(2, 100).unwrap();
         let h = l.register_with_mps(std::process::id(), g, 10).unwrap();
-        assert_eq!(offline_cap_pct(Some(40.0), &l.offline_jobs()), Some(10.0), "job 2 only, not job 1's claim");
-        assert!((crate::jobs::job_share(0.4, &l.offline_jobs(), 2, None) - 0.4).abs() < 1e-9, "the running split: registered jobs only");
+        assert_eq!(
+            offline_cap_pct(Some(40.0), &l.offline_jobs()),
+            Some(10.0),
+            "job 2 only, not job 1's claim"
+        );
+        assert!(
+            (crate::jobs::job_share(0.4, &l.offline_jobs(), 2, None) - 0.4).abs() < 1e-9,
+            "the running split: registered jobs only"
+        );
         l.unregister(h);
     }
 
@@ -377,14 +480,29 @@ mod tests {
         let (me, ns) = (std::process::id(), crate::procinfo::own_pid_ns());
         let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
         assert!(lock.record(1, 40, me, ns, now, TTL));
-        assert!(lock.record(2, 10, me + 1, ns, now, TTL), "another process of another job");
+        assert!(
+            lock.record(2, 10, me + 1, ns, now, TTL),
+            "another process of another job"
+        );
         drop(lock);
         let g = l.group(1, 100).unwrap();
         let h = l.register_with_mps(me, g, 40).unwrap();
-        assert_eq!(l.claims(now).iter().map(|c| c.group_id).collect::<Vec<_>>(), [2], "its own claim withdrawn");
-        assert_eq!(start(&l, 3, 0.6, now), 10, "job 1's slot (40 %) and job 2's claim (10 %) are held");
+        assert_eq!(
+            l.claims(now).iter().map(|c| c.group_id).collect::<Vec<_>>(),
+            [2],
+            "its own claim withdrawn"
+        );
+        assert_eq!(
+            start(&l, 3, 0.6, now),
+            10,
+            "job 1's slot (40 %) and job 2's claim (10 %) are held"
+        );
         l.unregister(h);
-        assert_eq!(start(&l, 4, 0.6, now), 40, "job 1 left: only job 2's and 3's claims are held");
+        assert_eq!(
+            start(&l, 4, 0.6, now),
+            40,
+            "job 1 left: only job 2's and 3's claims are held"
+        );
         // Not the latest claimer of its group: the claim stays (another process of the job
         // claimed after it and has not registered yet).
         let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
@@ -411,8 +529,14 @@ mod tests {
         let other = Ledger::open_existing(l.path()).unwrap();
         let held = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
         let t = Instant::now();
-        assert!(other.lock_claims(Duration::from_millis(20)).unwrap().is_none());
-        assert!(t.elapsed() >= Duration::from_millis(20), "retried for the wait given");
+        assert!(other
+            .lock_claims(Duration::from_millis(20))
+            .unwrap()
+            .is_none());
+        assert!(
+            t.elapsed() >= Duration::from_millis(20),
+            "retried for the wait given"
+        );
         // The registry's slot locks are another range: registration is not held up.
         let g = other.group(1, 10).unwrap();
         let h = other.register(std::process::id(), g).unwrap();
@@ -442,10 +566,21 @@ mod tests {
         let c = l.claims(now);
         assert_eq!(c[0].mps_pct, None, "out of range: uncapped");
         assert_eq!(c[1].claim_ns, now, "the future reads as now");
-        assert_eq!(start(&l, 3, 0.4, now), MIN, "group 1 reads as uncapped: the floor");
+        assert_eq!(
+            start(&l, 3, 0.4, now),
+            MIN,
+            "group 1 reads as uncapped: the floor"
+        );
         let when = e[1].claim_ns.load(Relaxed);
-        assert!(when <= crate::clock::now_ns(), "the claimer rewrote the future time to now");
-        assert_eq!(start(&l, 4, 0.4, when + TTL), 40, "so it expires within one TTL");
+        assert!(
+            when <= crate::clock::now_ns(),
+            "the claimer rewrote the future time to now"
+        );
+        assert_eq!(
+            start(&l, 4, 0.4, when + TTL),
+            40,
+            "so it expires within one TTL"
+        );
     }
 
     /// Layout v5 added this block: a v4 ledger (as the previous build left it) is refused by
@@ -462,11 +597,18 @@ mod tests {
         v4[16..24].copy_from_slice(&n.to_le_bytes());
         std::fs::write(&p, &v4).unwrap();
         let e = Ledger::open_existing(&p).unwrap_err().to_string();
-        assert!(e.contains("layout_version") && e.contains("found 4, this build reads 5"), "{e}");
+        assert!(
+            e.contains("layout_version") && e.contains("found 4, this build reads 5"),
+            "{e}"
+        );
         let (l, moved) = Ledger::open_or_recreate(&p, 0).unwrap();
         let moved = moved.expect("moved aside");
         assert!(moved.error.to_string().contains("layout_version"));
-        assert_eq!(std::fs::read(&moved.moved_to).unwrap(), v4, "the old file is kept aside");
+        assert_eq!(
+            std::fs::read(&moved.moved_to).unwrap(),
+            v4,
+            "the old file is kept aside"
+        );
         assert!(l.claims(0).is_empty());
         drop(l);
         let (_l, again) = Ledger::open_or_recreate(&p, 0).unwrap();

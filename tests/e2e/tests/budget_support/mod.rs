@@ -78,8 +78,9 @@ pub fn node_with_budget() -> (EmuHost, EmuChild, EmuChild) {
 pub fn budget_at_40(host: &EmuHost) {
     wait_until("the budget at 40 %", || {
         let m = ledger(host).read_manager()?;
-        (m.offline_sm_budget_permille == 400 && m.is_fresh(node_ledger::clock::now_ns(), 500_000_000))
-            .then_some(())
+        (m.offline_sm_budget_permille == 400
+            && m.is_fresh(node_ledger::clock::now_ns(), 500_000_000))
+        .then_some(())
     });
 }
 
@@ -143,9 +144,14 @@ pub fn percentage(host: &EmuHost, k: &EmuChild) -> u32 {
 /// offline cap it judged with; then the load stops and the monitor is Healthy again.
 pub fn cap_judged_with(host: &EmuHost) -> String {
     let load = Load::start(host, 0.9, 5.0);
-    let v = host.wait_state(WAIT, "unhealthy under online load", |v| state(v) != "healthy");
+    let v = host.wait_state(WAIT, "unhealthy under online load", |v| {
+        state(v) != "healthy"
+    });
     load.stop();
-    let why = v["last_transition"][2].as_str().unwrap_or_default().to_string();
+    let why = v["last_transition"][2]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     host.wait_state(WAIT, "healthy once online stops", |v| state(v) == "healthy");
     why
 }
