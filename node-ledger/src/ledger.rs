@@ -1743,6 +1743,14 @@ mod tests {
                     let _ = o.health();
                     let _ = o.reclaim_dead();
                     for g in 0..MAX_GROUPS { let _ = o.try_reserve_group(g, 1); o.release_group(g, 1); }
+                    let now = now_ns();
+                    for c in o.claims(now) {
+                        prop_assert!(c.claim_ns <= now && c.mps_pct.is_none_or(|p| (1..=100).contains(&p)));
+                    }
+                    if let Some(k) = o.lock_claims(std::time::Duration::ZERO).unwrap() {
+                        let _ = crate::jobs::start_share(0.4, &k.start_jobs(now, 1 << 40), 7);
+                        let _ = k.record(7, 10, 1, 0, now, 1 << 40);
+                    }
                 }
                 Err(e) => prop_assert!(e.to_string().contains(&*p.to_string_lossy())),
             }

@@ -130,6 +130,11 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
     let mut trouble: Option<String> = None;
     let ledgers: Vec<Ledger> =
         cfg.host_gpus().into_iter().filter_map(|i| Ledger::open_existing(&cfg.ledger_of(i).ledger_path()).ok()).collect();
+    if ledgers.is_empty() {
+        return StartPercentage { pct: user_pct, trouble: None };
+    }
+    // Read before the locks are taken (a `stat` in /proc: the lock is held for less).
+    let (pid, pid_ns) = (std::process::id(), node_ledger::procinfo::own_pid_ns());
     let locks: Vec<_> = ledgers
         .iter()
         .map(|l| match l.lock_claims(lock_wait) {
@@ -165,7 +170,6 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
             .map(|share| mps_percentage((share * 1000.0).round() as u32))
     });
     if let Some(p) = pct {
-        let (pid, pid_ns) = (std::process::id(), node_ledger::procinfo::own_pid_ns());
         for (l, lock) in ledgers.iter().zip(&locks) {
             if let Some(lock) = lock {
                 if !lock.record(group, p, pid, pid_ns, now_ns, ttl_ns) {
