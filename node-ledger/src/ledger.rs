@@ -40,6 +40,9 @@
 //! inode, where their owners' locks still are (see [`Ledger::reclaim_through`]); a monitor
 //! restarted before those owners died can no longer test them, and their usage stays counted
 //! (conservative) until the operator recreates the ledger.
+//!
+//! The start-claims block has a lock of its own on its own byte range, after every slot's
+//! (`crate::claims`); a registering process takes it briefly to withdraw its start claim.
 
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -35,6 +35,20 @@ fn claims(host: &e2e::EmuHost, names: &[&str]) -> Vec<(String, Option<u32>)> {
 fn jobs_loading_together_split_the_budget_through_their_start_claims() {
     let (host, _mon, _mgr) = node_with_budget();
 
+    // The claims lock held by someone else all along (a claimer stopped mid-decision): the
+    // floor, never the whole budget, said once, and nothing claimed.
+    {
+        let l = ledger(&host);
+        let held = l.lock_claims(std::time::Duration::ZERO).unwrap().expect("claims lock free");
+        let mut sh = limited(&host, "sh", 256 * MIB, "job-d");
+        sh.env_remove(VAR).args(["-c", &format!("echo env=${VAR}")]);
+        let mut k = host.spawn(&mut sh);
+        assert_eq!(k.finish(WAIT).trim(), format!("env={FLOOR}"), "{}", k.stderr());
+        assert_eq!(k.stderr().matches("start-claims lock stayed held").count(), 1, "{}", k.stderr());
+        drop(held);
+        assert!(claims(&host, &["job-d"]).is_empty(), "unclaimed");
+    }
+
     // Both jobs loaded, neither has made a driver call: nobody is registered.
     let mut a = offline_client(&host, "job-a", true);
     a.wait_for_line("loaded", WAIT).unwrap_or_else(|| panic!("job A never loaded:\n{}", a.stderr()));
