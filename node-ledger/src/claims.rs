@@ -92,9 +92,10 @@ pub struct StartClaim {
     pub mps_pct: Option<u32>,
     /// CLOCK_MONOTONIC ns of the latest claim, never later than the reader's now.
     pub claim_ns: u64,
-    /// The latest claimer's pid in its own namespace (reports only).
+    /// The latest claimer's pid in its own namespace (reports; with `pid_ns`, the claimer's
+    /// own withdrawal at registration).
     pub pid: u32,
-    /// The latest claimer's pid-namespace inode (reports only).
+    /// The latest claimer's pid-namespace inode.
     pub pid_ns: u64,
 }
 
@@ -226,7 +227,8 @@ impl ClaimsLock<'_> {
         )
     }
 
-    /// Records that a process (`pid`, `pid_ns`: reports only) of group `group_id` starts at
+    /// Records that a process (`pid` in pid namespace `pid_ns`: for reports and its withdrawal,
+    /// [`Ledger::withdraw_claim`]) of group `group_id` starts at
     /// `now_ns` with MPS percentage `mps_pct`. Its group's entry is refreshed (time now, the
     /// larger percentage while the entry is fresh); else a free, expired (older than `ttl_ns`)
     /// or redundant (its group registered) entry is filled. `false`: every entry holds a fresh

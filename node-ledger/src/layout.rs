@@ -160,9 +160,9 @@ pub struct ClaimSlot {
     pub(crate) group_id: AtomicU64,
     /// CLOCK_MONOTONIC ns of the latest claim of this group.
     pub(crate) claim_ns: AtomicU64,
-    /// Pid-namespace inode of the latest claimer (reports only).
+    /// Pid-namespace inode of the latest claimer (reports; its withdrawal at registration).
     pub(crate) pid_ns: AtomicU64,
-    /// Pid of the latest claimer in its own namespace (reports only).
+    /// Pid of the latest claimer in its own namespace (reports; its withdrawal at registration).
     pub(crate) pid: AtomicU32,
     /// The MPS active-thread percentage claimed (1..=100; anything else reads as uncapped).
     pub(crate) mps_pct: AtomicU32,
