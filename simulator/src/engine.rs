@@ -764,15 +764,14 @@ impl<'a> Sim<'a> {
                         // A job starting now gets what the jobs already running leave of the
                         // budget (the shim's rule, `node_ledger::jobs::start_share`), never
                         // below the floor; MPS keeps it for the job's life. Jobs placed at the
-                        // same instant (one planning round) start together, each before the
-                        // other has registered (the shim's window between library load and
-                        // first driver call), so they do not see each other's share.
-                        let now = self.now;
+                        // same instant (one planning round) see each other too: the shim claims
+                        // its share at library load under the ledger's claims lock
+                        // (`node_ledger::claims`), so starts are taken one after the other.
                         while gpu.throttles.len() < gpu.jobs.len() {
-                            let held = crate::throttle::jobs_of(gpu.throttles.iter().filter(|t| t.started_s() < now));
+                            let held = crate::throttle::jobs_of(&gpu.throttles);
                             let start = node_ledger::jobs::start_share(cap, &held, u64::MAX);
                             let own = start.max(self.cfg.min_cap);
-                            gpu.throttles.push(ThrottleState::new(&self.cfg.throttle, own).started_at(now));
+                            gpu.throttles.push(ThrottleState::new(&self.cfg.throttle, own));
                         }
                         // The monitor takes off the jobs' caps, at most the budget.
                         offline_cap_pct = sysmonitor::ledger::offline_cap_pct(

@@ -51,8 +51,6 @@ pub struct ThrottleState {
     pid: Pid,
     /// The MPS cap the process started with (real MPS fixes it at client start).
     own_cap: f64,
-    /// Simulated time the process started at, s (see [`ThrottleState::started_at`]).
-    started_s: f64,
 }
 
 impl ThrottleState {
@@ -64,20 +62,7 @@ impl ThrottleState {
             throttle,
             pid: Pid::new(&s.config),
             own_cap: own_cap.clamp(0.0, 1.0),
-            started_s: f64::NEG_INFINITY,
         }
-    }
-
-    /// Records when the process started (simulated seconds): jobs starting at the same instant
-    /// do not see each other's share (see the engine).
-    pub fn started_at(mut self, t_s: f64) -> Self {
-        self.started_s = t_s;
-        self
-    }
-
-    /// Simulated time the process started at, s.
-    pub fn started_s(&self) -> f64 {
-        self.started_s
     }
 
     /// The GPU over one tick of `tick_s` with the offline SM budget `budget` (fraction).
