@@ -311,6 +311,38 @@ fn a_dead_containers_quota_is_given_back_by_the_monitor_whatever_its_namespace()
     );
 }
 
+/// The stress tools' NVML samplers are independent: two hosts sampled at once, each sampler
+/// sees its own GPU only (read in the test process, both would read the first host's GPU).
+#[test]
+fn nvml_samplers_of_two_hosts_at_once_each_see_their_own_gpu() {
+    let hosts = [EmuHost::new(), EmuHost::new()];
+    let mut samplers: Vec<NvmlSampler> =
+        hosts.iter().map(|h| NvmlSampler::start(h, QUOTA)).collect();
+    let mut clients: Vec<EmuChild> = hosts
+        .iter()
+        .zip([16 * MIB, 48 * MIB])
+        .map(|(h, bytes)| {
+            let mut c = h.command("shim_client");
+            c.args(["ctx", "alloc", &bytes.to_string(), "ready", "hang"]);
+            h.spawn(&mut c)
+        })
+        .collect();
+    for (c, s) in clients.iter_mut().zip(&mut samplers) {
+        assert!(c.wait_for_line("ready", T).is_some(), "{}", c.stderr());
+        s.watch(c.pid());
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let seen: Vec<(u64, u64)> = samplers
+        .into_iter()
+        .map(|s| {
+            let f = s.stop();
+            assert!(f.samples > 0);
+            (f.procs_max, f.used_max)
+        })
+        .collect();
+    assert_eq!(seen, [(16 * MIB, 16 * MIB), (48 * MIB, 48 * MIB)]);
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * p).round() as usize]
