@@ -96,6 +96,9 @@ struct NvmlFigures {
     procs_max: u64,
     /// Most device memory used at once above the sampler's starting point.
     used_max: u64,
+    /// Most the watched processes still alive held at once by NVML's process list (a killed
+    /// process is listed until the emulator reaps it, see the SIGKILL tool).
+    live_max: u64,
     /// Samples with either figure over the quota.
     over: u64,
 }
@@ -153,6 +156,7 @@ impl NvmlSampler {
             samples: n("samples"),
             procs_max: n("procs_max"),
             used_max: n("used_max"),
+            live_max: n("live_max"),
             over: n("over"),
         }
     }
@@ -201,10 +205,18 @@ fn nvml_sampler_entry() {
         });
     }
     println!("nvml-sampler ready base_used={base_used}");
-    let (mut samples, mut procs_max, mut used_max, mut over) = (0u64, 0u64, 0u64, 0u64);
+    let (mut samples, mut procs_max, mut used_max, mut live_max, mut over) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     while !stop.load(Ordering::SeqCst) {
         let watched = pids.lock().unwrap().clone();
-        let ours = nvml_held(&dev, &watched);
+        let list = dev.running_compute_processes().unwrap_or_default();
+        let ours = held_by(&list, &watched, |_| true);
+        // Alive after the read, so alive during it (the tools reap what they kill at once).
+        let live = held_by(&list, &watched, |p| {
+            !std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .unwrap_or_else(|_| ") Z".into())
+                .contains(") Z")
+        });
         let used = dev
             .memory_info()
             .expect("memory info")
@@ -213,13 +225,14 @@ fn nvml_sampler_entry() {
         samples += 1;
         procs_max = procs_max.max(ours);
         used_max = used_max.max(used);
+        live_max = live_max.max(live);
         if ours > quota || used > quota {
             over += 1;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
     println!(
-        "nvml-sampler done samples={samples} procs_max={procs_max} used_max={used_max} over={over}"
+        "nvml-sampler done samples={samples} procs_max={procs_max} used_max={used_max} live_max={live_max} over={over}"
     );
 }
 
@@ -462,6 +475,7 @@ fn stress_eight_users_random_allocations_against_nvml() {
         procs_max: worst_procs,
         used_max: worst_total,
         over: over_samples,
+        ..
     } = sampler.stop();
     let mut allocs = (0usize, 0usize);
     for p in &mut procs {
@@ -505,12 +519,15 @@ fn user_client(host: &EmuHost, i: u32, steps: &[String]) -> EmuChild {
     host.spawn(&mut c)
 }
 
-/// What the processes `pids` hold on `dev` by NVML's process list (as a monitoring tool sees).
-fn nvml_held(dev: &nvml_wrapper::Device, pids: &[u32]) -> u64 {
-    dev.running_compute_processes()
-        .unwrap_or_default()
-        .iter()
-        .filter(|p| pids.contains(&p.pid))
+/// What the processes `pids` that pass `keep` hold by NVML's process list `list` (as a
+/// monitoring tool sees).
+fn held_by(
+    list: &[nvml_wrapper::struct_wrappers::device::ProcessInfo],
+    pids: &[u32],
+    keep: impl Fn(u32) -> bool,
+) -> u64 {
+    list.iter()
+        .filter(|p| pids.contains(&p.pid) && keep(p.pid))
         .map(|p| match p.used_gpu_memory {
             nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
             _ => 0,
@@ -554,7 +571,8 @@ fn random_script(rnd: &mut impl FnMut(u64) -> u64, secs: u64, gate: bool) -> Vec
 /// 300): as above, and every ~300 ms one of the 8 processes is SIGKILLed holding whatever it
 /// holds and replaced by a new one of the same user, so the group's quota keeps coming back
 /// through reclaim. NVML is read as before; a killed process counts for as long as NVML lists
-/// it (the emulator frees a dead client's memory at its next reap, every 20 ms).
+/// it (the emulator frees a dead client's memory at its next reap, every 20 ms); the figure
+/// for live processes only leaves them out.
 #[test]
 #[ignore = "stress tool: run by hand, prints its figures"]
 fn stress_eight_users_with_sigkills_against_nvml() {
@@ -597,7 +615,8 @@ fn stress_eight_users_with_sigkills_against_nvml() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let f = sampler.stop();
-    let (samples, worst, over_samples) = (f.samples, f.procs_max.max(f.used_max), f.over);
+    let (samples, worst, live, over_samples) =
+        (f.samples, f.procs_max.max(f.used_max), f.live_max, f.over);
     for p in &mut procs {
         p.kill9();
     }
@@ -609,10 +628,13 @@ fn stress_eight_users_with_sigkills_against_nvml() {
     eprintln!(
         "8 users x {secs} s random allocations with a SIGKILL every {kill_ms} ms ({kills} kills, {reclaimed_by_kill} holding memory), \
          quota {} MiB: NVML samples {samples}; most held at once (NVML, killed processes included while listed): {:.1} MiB; \
-         bytes over quota: {} (samples over: {over_samples}); ledger after all killed: {} bytes",
+         bytes over quota: {} (samples over: {over_samples}); live processes only: {:.1} MiB, {} bytes over; \
+         ledger after all killed: {} bytes",
         QUOTA / MIB,
         worst as f64 / MIB as f64,
         worst.saturating_sub(QUOTA),
+        live as f64 / MIB as f64,
+        live.saturating_sub(QUOTA),
         l.group_used(g),
     );
     mon.signal(libc::SIGTERM);
@@ -621,6 +643,11 @@ fn stress_eight_users_with_sigkills_against_nvml() {
         l.group_used(g),
         0,
         "every killed process's quota given back"
+    );
+    assert_eq!(
+        live.saturating_sub(QUOTA),
+        0,
+        "live processes never hold more than the quota"
     );
 }
 
