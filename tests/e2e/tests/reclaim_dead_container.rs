@@ -209,7 +209,7 @@ fn nvml_sampler_entry() {
         (0u64, 0u64, 0u64, 0u64, 0u64);
     while !stop.load(Ordering::SeqCst) {
         let watched = pids.lock().unwrap().clone();
-        let list = dev.running_compute_processes().unwrap_or_default();
+        let list = dev.running_compute_processes().expect("process list");
         let ours = held_by(&list, &watched, |_| true);
         // Alive after the read, so alive during it (the tools reap what they kill at once).
         let live = held_by(&list, &watched, |p| {
