@@ -141,7 +141,9 @@ check_quota() {
     used=$(( $(nvml_used) - base - 2 * ctx ))
     held=$(( $(jget allocated_mib <"$root/q1.out") + $(jget allocated_mib <"$root/q2.out") ))
     kill -TERM $a $b; wait $a $b 2>/dev/null
-    local who="root"; [[ ${#as_user[@]} -gt 0 ]] && who="uid 65534"
+    # Whoever the processes ran as: uid 65534 through setpriv, else the kit's own user.
+    local who="uid $(id -u)"; [[ ${#as_user[@]} -gt 0 ]] && who="uid 65534"
+    [[ $who == "uid 0" ]] && who="root"
     if [[ $used -le $(( quota + 64 )) && $held -le $quota && $held -gt 0 ]]; then
         row quota PASS "$used MiB held / $quota MiB quota" "2 processes as $who; NVML outside the shim; ctx ${ctx} MiB each"
     else

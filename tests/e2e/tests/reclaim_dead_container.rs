@@ -1,8 +1,14 @@
 //! Issue 8 observation 6: a dead container's quota comes back whatever happens to its pid
 //! namespace, given back by the monitor (no other shimmed process needed), with offline
-//! processes as non-root users. Plus two stress tools (`#[ignore]`d, figures printed):
+//! processes as non-root users. Plus three stress tools (`#[ignore]`d, figures printed):
 //! reclaim time of SIGKILLed namespaced containers, and 8 offline users of one container
-//! group allocating at random for 30 s, bytes over quota measured through NVML.
+//! group allocating at random for 30 s (without and with SIGKILLs), bytes over quota measured
+//! through NVML.
+//!
+//! Every test here has its own emulated host, passed explicitly to its children, and the
+//! process environment is never changed, so they can run together in one test process
+//! (`-- --include-ignored`). NVML is read by a process of its own per tool
+//! ([`NvmlSampler`]), as a monitoring tool reads it.
 //!
 //! Needs root (unshare, switching users); says so and passes vacuously otherwise.
 
@@ -65,15 +71,169 @@ fn in_container(host: &EmuHost, uid: u32, group: &str, args: &[&str]) -> EmuChil
     host.spawn(&mut c)
 }
 
-/// NVML of `host`'s emulator (T4 profile), loaded in this process as a monitoring tool outside
-/// the shim loads it.
-fn emulator_nvml(host: &EmuHost) -> nvml_wrapper::Nvml {
-    std::env::set_var("GPUEMU_STATE", host.state_path());
-    std::env::set_var("GPUEMU_PROFILE", "t4");
-    nvml_wrapper::Nvml::builder()
-        .lib_path(host.require_nvml().as_os_str())
+/// Names this test binary's role when a stress tool re-runs it as its NVML sampler (the value
+/// is the host's `libnvidia-ml.so.1`); see [`NvmlSampler`].
+const SAMPLER_LIB_ENV: &str = "RECLAIM_NVML_SAMPLER_LIB";
+/// The quota the NVML sampler counts samples over, in bytes.
+const SAMPLER_QUOTA_ENV: &str = "RECLAIM_NVML_SAMPLER_QUOTA";
+
+/// NVML of one emulated host read as a monitoring tool outside the shim reads it: in a process
+/// of its own (this test binary re-run as [`nvml_sampler_entry`]) with the host's environment,
+/// never in the test process. The fake NVML, like the real one, serves the one host its
+/// process was started on (it opens the devices `GPUEMU_STATE` names at the first `nvmlInit`
+/// and keeps them while loaded), and `GPUEMU_STATE` is process-wide: two stress tools reading
+/// NVML in the test process at once both read the first one's GPU. The sampler reads NVML
+/// every ~2 ms until told to stop: what the processes it watches hold by the process list,
+/// and the device's used memory above what it was when the sampler started.
+struct NvmlSampler {
+    child: EmuChild,
+}
+
+/// What an [`NvmlSampler`] saw.
+struct NvmlFigures {
+    samples: u64,
+    /// Most the watched processes held at once by NVML's process list.
+    procs_max: u64,
+    /// Most device memory used at once above the sampler's starting point.
+    used_max: u64,
+    /// Most the watched processes still alive held at once by NVML's process list (a killed
+    /// process is listed until the emulator reaps it, see the SIGKILL tool).
+    live_max: u64,
+    /// Samples with either figure over the quota.
+    over: u64,
+}
+
+impl NvmlSampler {
+    /// Starts the sampler on `host`, counting samples over `quota`; returns once it has read
+    /// the device's starting point.
+    fn start(host: &EmuHost, quota: u64) -> NvmlSampler {
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut c = host.command(exe.to_str().expect("utf-8 path"));
+        c.args([
+            "--exact",
+            "nvml_sampler_entry",
+            "--ignored",
+            "--nocapture",
+            // Terse: libtest starts no line of its own before the sampler's.
+            "--quiet",
+            "--test-threads=1",
+        ])
+        .env(SAMPLER_LIB_ENV, host.require_nvml())
+        .env(SAMPLER_QUOTA_ENV, quota.to_string());
+        let mut child = host.spawn(&mut c);
+        assert!(
+            child.wait_for_line("nvml-sampler ready", T).is_some(),
+            "NVML sampler did not start: {}\n{}",
+            child.stdout(),
+            child.stderr()
+        );
+        NvmlSampler { child }
+    }
+
+    /// Counts process `pid` among the watched ones from now on.
+    fn watch(&mut self, pid: u32) {
+        self.child.send_line(&format!("pid {pid}"));
+    }
+
+    /// Stops the sampler and returns its figures.
+    fn stop(mut self) -> NvmlFigures {
+        self.child.send_line("stop");
+        let line = self.child.wait_for_line("nvml-sampler done", T);
+        let line = line.unwrap_or_else(|| {
+            panic!(
+                "NVML sampler gave no figures: {}\n{}",
+                self.child.stdout(),
+                self.child.stderr()
+            )
+        });
+        self.child.finish(T);
+        let n = |k: &str| -> u64 {
+            e2e::field(&line, k)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {k}= in {line:?}"))
+        };
+        NvmlFigures {
+            samples: n("samples"),
+            procs_max: n("procs_max"),
+            used_max: n("used_max"),
+            live_max: n("live_max"),
+            over: n("over"),
+        }
+    }
+}
+
+/// Not a test: the body of the stress tools' [`NvmlSampler`] process (returns at once when
+/// not run as one). Reads `pid N` (watch N) and `stop` lines on stdin.
+#[test]
+#[ignore = "helper-process entry point (the stress tools' NVML sampler), run by them"]
+fn nvml_sampler_entry() {
+    use std::io::BufRead;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let Some(lib) = std::env::var_os(SAMPLER_LIB_ENV) else {
+        return;
+    };
+    let quota: u64 = std::env::var(SAMPLER_QUOTA_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{SAMPLER_QUOTA_ENV} must be a byte count"));
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(&lib)
         .init()
-        .expect("nvmlInit against the emulator")
+        .expect("nvmlInit against the emulator");
+    let dev = nvml.device_by_index(0).expect("device 0");
+    let base_used = dev.memory_info().expect("memory info").used;
+    let pids = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let (pids, stop) = (pids.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                match line.strip_prefix("pid ").map(str::parse::<u32>) {
+                    Some(Ok(p)) => pids.lock().unwrap().push(p),
+                    None if line == "stop" => break,
+                    _ => {
+                        // No figures then: the tool fails naming this line.
+                        eprintln!("nvml-sampler: unknown command {line:?}");
+                        std::process::exit(2);
+                    }
+                }
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
+    println!("nvml-sampler ready base_used={base_used}");
+    let (mut samples, mut procs_max, mut used_max, mut live_max, mut over) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    while !stop.load(Ordering::SeqCst) {
+        let watched = pids.lock().unwrap().clone();
+        let list = dev.running_compute_processes().expect("process list");
+        let ours = held_by(&list, &watched, |_| true);
+        // Alive after the read, so alive during it (the tools reap what they kill at once).
+        let live = held_by(&list, &watched, |p| {
+            !std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .unwrap_or_else(|_| ") Z".into())
+                .contains(") Z")
+        });
+        let used = dev
+            .memory_info()
+            .expect("memory info")
+            .used
+            .saturating_sub(base_used);
+        samples += 1;
+        procs_max = procs_max.max(ours);
+        used_max = used_max.max(used);
+        live_max = live_max.max(live);
+        if ours > quota || used > quota {
+            over += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    println!(
+        "nvml-sampler done samples={samples} procs_max={procs_max} used_max={used_max} live_max={live_max} over={over}"
+    );
 }
 
 /// Kills a container started by [`in_container`]: SIGKILL to its init (the client), and the
@@ -164,6 +324,38 @@ fn a_dead_containers_quota_is_given_back_by_the_monitor_whatever_its_namespace()
     );
 }
 
+/// The stress tools' NVML samplers are independent: two hosts sampled at once, each sampler
+/// sees its own GPU only (read in the test process, both would read the first host's GPU).
+#[test]
+fn nvml_samplers_of_two_hosts_at_once_each_see_their_own_gpu() {
+    let hosts = [EmuHost::new(), EmuHost::new()];
+    let mut samplers: Vec<NvmlSampler> =
+        hosts.iter().map(|h| NvmlSampler::start(h, QUOTA)).collect();
+    let mut clients: Vec<EmuChild> = hosts
+        .iter()
+        .zip([16 * MIB, 48 * MIB])
+        .map(|(h, bytes)| {
+            let mut c = h.command("shim_client");
+            c.args(["ctx", "alloc", &bytes.to_string(), "ready", "hang"]);
+            h.spawn(&mut c)
+        })
+        .collect();
+    for (c, s) in clients.iter_mut().zip(&mut samplers) {
+        assert!(c.wait_for_line("ready", T).is_some(), "{}", c.stderr());
+        s.watch(c.pid());
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let seen: Vec<(u64, u64)> = samplers
+        .into_iter()
+        .map(|s| {
+            let f = s.stop();
+            assert!(f.samples > 0);
+            (f.procs_max, f.used_max)
+        })
+        .collect();
+    assert_eq!(seen, [(16 * MIB, 16 * MIB), (48 * MIB, 48 * MIB)]);
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -247,9 +439,7 @@ fn stress_eight_users_random_allocations_against_nvml() {
     let secs: u64 = e2e::env_or("QUOTA_STRESS_SECS", 30);
     let host = host_for_users();
     let (mut mon, l) = start_monitor(&host);
-    let nvml = emulator_nvml(&host);
-    let dev = nvml.device_by_index(0).unwrap();
-    let base_used = dev.memory_info().unwrap().used;
+    let mut sampler = NvmlSampler::start(&host, QUOTA);
 
     let mut rng = e2e::XorShift(0x2545_F491_4F6C_DD1D);
     let mut rnd = move |n: u64| rng.below(n);
@@ -263,11 +453,12 @@ fn stress_eight_users_random_allocations_against_nvml() {
         assert!(p.wait_for_line("ready", T).is_some(), "{}", p.stderr());
     }
     let pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
+    for &p in &pids {
+        sampler.watch(p);
+    }
     for p in &mut procs {
         p.send_line("go");
     }
-    let (mut samples, mut worst_procs, mut worst_total, mut over_samples) =
-        (0u64, 0u64, 0u64, 0u64);
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(secs + 60)
         && pids.iter().any(|p| {
@@ -277,16 +468,15 @@ fn stress_eight_users_random_allocations_against_nvml() {
                     .contains(") Z")
         })
     {
-        let ours = nvml_held(&dev, &pids);
-        let total = dev.memory_info().unwrap().used.saturating_sub(base_used);
-        samples += 1;
-        worst_procs = worst_procs.max(ours);
-        worst_total = worst_total.max(total);
-        if ours > QUOTA || total > QUOTA {
-            over_samples += 1;
-        }
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(10));
     }
+    let NvmlFigures {
+        samples,
+        procs_max: worst_procs,
+        used_max: worst_total,
+        over: over_samples,
+        ..
+    } = sampler.stop();
     let mut allocs = (0usize, 0usize);
     for p in &mut procs {
         let out = p.finish(T);
@@ -329,12 +519,15 @@ fn user_client(host: &EmuHost, i: u32, steps: &[String]) -> EmuChild {
     host.spawn(&mut c)
 }
 
-/// What the processes `pids` hold on `dev` by NVML's process list (as a monitoring tool sees).
-fn nvml_held(dev: &nvml_wrapper::Device, pids: &[u32]) -> u64 {
-    dev.running_compute_processes()
-        .unwrap_or_default()
-        .iter()
-        .filter(|p| pids.contains(&p.pid))
+/// What the processes `pids` that pass `keep` hold by NVML's process list `list` (as a
+/// monitoring tool sees).
+fn held_by(
+    list: &[nvml_wrapper::struct_wrappers::device::ProcessInfo],
+    pids: &[u32],
+    keep: impl Fn(u32) -> bool,
+) -> u64 {
+    list.iter()
+        .filter(|p| pids.contains(&p.pid) && keep(p.pid))
         .map(|p| match p.used_gpu_memory {
             nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
             _ => 0,
@@ -378,7 +571,8 @@ fn random_script(rnd: &mut impl FnMut(u64) -> u64, secs: u64, gate: bool) -> Vec
 /// 300): as above, and every ~300 ms one of the 8 processes is SIGKILLed holding whatever it
 /// holds and replaced by a new one of the same user, so the group's quota keeps coming back
 /// through reclaim. NVML is read as before; a killed process counts for as long as NVML lists
-/// it (the emulator frees a dead client's memory at its next reap, every 20 ms).
+/// it (the emulator frees a dead client's memory at its next reap, every 20 ms); the figure
+/// for live processes only leaves them out.
 #[test]
 #[ignore = "stress tool: run by hand, prints its figures"]
 fn stress_eight_users_with_sigkills_against_nvml() {
@@ -391,9 +585,7 @@ fn stress_eight_users_with_sigkills_against_nvml() {
     );
     let host = host_for_users();
     let (mut mon, l) = start_monitor(&host);
-    let nvml = emulator_nvml(&host);
-    let dev = nvml.device_by_index(0).unwrap();
-    let base_used = dev.memory_info().unwrap().used;
+    let mut sampler = NvmlSampler::start(&host, QUOTA);
     let mut rng = e2e::XorShift(0x9E37_79B9_7F4A_7C15);
     let mut rnd = move |n: u64| rng.below(n);
     let spawn = |rnd: &mut dyn FnMut(u64) -> u64, i: u32, secs: u64| {
@@ -402,9 +594,10 @@ fn stress_eight_users_with_sigkills_against_nvml() {
         user_client(&host, i, &steps)
     };
     let mut procs: Vec<EmuChild> = (0..8u32).map(|i| spawn(&mut rnd, i, secs)).collect();
-    let mut pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
-    let (mut samples, mut worst, mut over_samples, mut kills, mut reclaimed_by_kill) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
+    for p in &procs {
+        sampler.watch(p.pid());
+    }
+    let (mut kills, mut reclaimed_by_kill) = (0u64, 0u64);
     let start = Instant::now();
     let mut next_kill = Instant::now() + Duration::from_millis(kill_ms);
     while start.elapsed() < Duration::from_secs(secs) {
@@ -417,17 +610,13 @@ fn stress_eight_users_with_sigkills_against_nvml() {
             kills += 1;
             let left = secs.saturating_sub(start.elapsed().as_secs()).max(1);
             procs[i] = spawn(&mut rnd, i as u32, left);
-            pids.push(procs[i].pid());
-        }
-        let ours = nvml_held(&dev, &pids);
-        let total = dev.memory_info().unwrap().used.saturating_sub(base_used);
-        samples += 1;
-        worst = worst.max(ours).max(total);
-        if ours.max(total) > QUOTA {
-            over_samples += 1;
+            sampler.watch(procs[i].pid());
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    let f = sampler.stop();
+    let (samples, worst, live, over_samples) =
+        (f.samples, f.procs_max.max(f.used_max), f.live_max, f.over);
     for p in &mut procs {
         p.kill9();
     }
@@ -439,10 +628,13 @@ fn stress_eight_users_with_sigkills_against_nvml() {
     eprintln!(
         "8 users x {secs} s random allocations with a SIGKILL every {kill_ms} ms ({kills} kills, {reclaimed_by_kill} holding memory), \
          quota {} MiB: NVML samples {samples}; most held at once (NVML, killed processes included while listed): {:.1} MiB; \
-         bytes over quota: {} (samples over: {over_samples}); ledger after all killed: {} bytes",
+         bytes over quota: {} (samples over: {over_samples}); live processes only: {:.1} MiB, {} bytes over; \
+         ledger after all killed: {} bytes",
         QUOTA / MIB,
         worst as f64 / MIB as f64,
         worst.saturating_sub(QUOTA),
+        live as f64 / MIB as f64,
+        live.saturating_sub(QUOTA),
         l.group_used(g),
     );
     mon.signal(libc::SIGTERM);
@@ -451,6 +643,11 @@ fn stress_eight_users_with_sigkills_against_nvml() {
         l.group_used(g),
         0,
         "every killed process's quota given back"
+    );
+    assert_eq!(
+        live.saturating_sub(QUOTA),
+        0,
+        "live processes never hold more than the quota"
     );
 }
 
