@@ -9,6 +9,7 @@ use node_daemon::evictor::{Event, Evictor, Signaller};
 use node_daemon::monitor_state::MonitorState as Snapshot;
 use crate::health::{Action, Input, Level, Machine, MachineConfig, Metrics, State, Transition};
 use crate::hostmem::{self, HostMem, PressureJudge};
+use crate::ledger::next_on_grid;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 use crate::ring::Ring;
 use crate::sampler::{GpuSample, GpuSource, SampleMetrics};
@@ -148,7 +149,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     pub fn new(cfg: Config, gpu: G, mut ledger: L, sig: S, history: Vec<u64>) -> Self {
         let mut evictor = Evictor::new(sig, cfg.gpu_index);
         let mut events = Vec::new();
-        match ledger.offline() {
+        match ledger.offline(node_daemon::clock::mono_ms()) {
             Ok(procs) => {
                 evictor.adopt(&cfg.evictor, &procs, &mut events);
                 for e in &events {
@@ -200,7 +201,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     pub fn tick(&mut self, now_ms: u64) {
         self.events.clear();
         // Dead offline processes' quota back first, whatever their pid namespace.
-        self.ledger.reclaim();
+        self.ledger.reclaim(now_ms);
         let input = match self.gpu.sample(now_ms) {
             Ok(s) => {
                 self.samples += 1;
@@ -254,11 +255,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             );
         }
         if self.cfg.host_memory.enabled && now_ms >= self.next_host_ms {
-            self.next_host_ms = now_ms + self.cfg.host_memory.check_every_ms;
+            self.next_host_ms = next_on_grid(now_ms, self.cfg.host_memory.check_every_ms);
             self.check_host(now_ms);
         }
         if self.cfg.verify.enabled && now_ms >= self.next_verify_ms {
-            self.next_verify_ms = now_ms + self.cfg.verify.every_ms;
+            // On the grid the ledger's reclaim scan uses: the registry is read once that tick.
+            self.next_verify_ms = next_on_grid(now_ms, self.cfg.verify.every_ms);
             self.verify(now_ms);
         }
         if self.evictor.in_flight() > 0 {
@@ -314,13 +316,13 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
-    /// Re-reads the offline registry (for the state file's count).
-    pub fn refresh_offline(&mut self) {
-        self.offline();
+    /// Re-reads the offline registry at monotonic ms `now_ms` (for the state file's count).
+    pub fn refresh_offline(&mut self, now_ms: u64) {
+        self.offline(now_ms);
     }
 
-    fn offline(&mut self) -> Vec<OfflineProc> {
-        match self.ledger.offline() {
+    fn offline(&mut self, now_ms: u64) -> Vec<OfflineProc> {
+        match self.ledger.offline(now_ms) {
             Ok(v) => {
                 self.ledger_error_logged = false;
                 self.offline_registered = v.len();
@@ -344,7 +346,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 return o;
             }
         }
-        let o = self.find_occupancy();
+        let o = self.find_occupancy(now_ms);
         self.occupancy_cache = Some((now_ms + OCCUPANCY_TTL_MS, o));
         o
     }
@@ -353,7 +355,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     /// pid namespace (not being evicted) and the rest, counted as online. Any doubt (NVML
     /// error, nobody listed) is `Unknown`: every metric is judged whole, eviction stays armed.
     /// A ledger error gives no offline processes: every NVML process counts as online.
-    fn find_occupancy(&mut self) -> Occupancy {
+    fn find_occupancy(&mut self, now_ms: u64) -> Occupancy {
         let nvml = match self.gpu.processes() {
             Ok(v) => v,
             Err(_) => return Occupancy::Unknown,
@@ -361,7 +363,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         if nvml.is_empty() {
             return Occupancy::Unknown;
         }
-        let offline = self.offline();
+        let offline = self.offline(now_ms);
         let is_offline = |pid: u32| {
             offline
                 .iter()
@@ -380,7 +382,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     fn evict_all(&mut self, now_ms: u64, reason: EvictReason, why: &str) {
-        let procs = self.offline();
+        let procs = self.offline(now_ms);
         for p in procs {
             self.evict_one(now_ms, &p, reason, why);
         }
@@ -421,7 +423,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     fn verify(&mut self, now_ms: u64) {
-        let offline = self.offline();
+        let offline = self.offline(now_ms);
         if offline.is_empty() {
             return;
         }
