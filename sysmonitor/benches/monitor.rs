@@ -85,6 +85,16 @@ fn hold(secs: f64) {
         .spawn()
         .unwrap();
     let pid = child.id();
+    // Beside it, over the same window: the wake-up floor and the monitor's NVML calls alone.
+    let side = |var: &str| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .env(var, "10")
+            .envs(n.env().iter().map(|(k, v)| (k, v)))
+            .spawn()
+            .unwrap()
+    };
+    let mut floor = side("MONITOR_BENCH_FLOOR_MS");
+    let mut nvml = side("MONITOR_BENCH_NVML_MS");
     n.wait_state(Duration::from_secs(120), "healthy", |v| v["state"] == "healthy");
     std::thread::sleep(Duration::from_millis(500));
     println!("monitor pid {pid}: holding {secs} s");
@@ -102,15 +112,29 @@ fn hold(secs: f64) {
     };
     let (s0, t0) = fresh();
     let (w0, c0) = (wakeups(pid), cpu_secs(pid));
+    let (f0, v0) = (cpu_secs(floor.id()), cpu_secs(nvml.id()));
     std::thread::sleep(Duration::from_secs_f64(secs));
     let (s1, t1) = fresh();
     let (w1, cpu) = (wakeups(pid), cpu_secs(pid) - c0);
+    let (fcpu, vcpu) = (cpu_secs(floor.id()) - f0, cpu_secs(nvml.id()) - v0);
     let samples = s1.saturating_sub(s0);
     println!(
         "  {samples} samples in {} ms (state file), CPU {:.1} us per sample",
         t1.saturating_sub(t0),
         cpu * 1e6 / samples.max(1) as f64
     );
+    let periods = t1.saturating_sub(t0).max(1) as f64 / 10.0;
+    println!(
+        "  same window, CPU per 10 ms period: monitor {:.1} us = floor {:.1} + NVML {:.1} + own {:.1} us",
+        cpu * 1e6 / periods,
+        fcpu * 1e6 / periods,
+        (vcpu - fcpu) * 1e6 / periods,
+        (cpu - vcpu) * 1e6 / periods
+    );
+    for c in [&mut floor, &mut nvml] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     for (name, after) in &w1 {
         let before = w0.iter().find(|(n, _)| n == name).map_or(0, |w| w.1);
         println!(

@@ -129,6 +129,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     flap_log: FlapLog,
     /// Offline processes registered in the ledger at the last look.
     pub offline_registered: usize,
+    /// Tick (monotonic ms) of the last successful look at the registry.
+    offline_read_ms: Option<u64>,
     /// Sample number at the last Overlimit entry.
     pub overlimit_entry_sample: Option<u64>,
     /// Sample number at the last eviction started.
@@ -180,6 +182,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             transitions: 0,
             flap_log: FlapLog::default(),
             offline_registered: 0,
+            offline_read_ms: None,
             overlimit_entry_sample: None,
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
@@ -316,9 +319,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
-    /// Re-reads the offline registry at monotonic ms `now_ms` (for the state file's count).
+    /// Re-reads the offline registry at monotonic ms `now_ms` (for the state file's count),
+    /// unless this tick has read it already (verification, an eviction, the occupancy).
     pub fn refresh_offline(&mut self, now_ms: u64) {
-        self.offline(now_ms);
+        if self.offline_read_ms != Some(now_ms) {
+            self.offline(now_ms);
+        }
     }
 
     fn offline(&mut self, now_ms: u64) -> Vec<OfflineProc> {
@@ -326,6 +332,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             Ok(v) => {
                 self.ledger_error_logged = false;
                 self.offline_registered = v.len();
+                self.offline_read_ms = Some(now_ms);
                 v
             }
             Err(e) => {
@@ -734,6 +741,29 @@ mod tests {
         m.tick(55);
         assert_eq!(m.evictor.kills(), 1);
         assert_ne!(m.change_key(), over, "the SIGKILL is too");
+    }
+
+    /// The registry is read once in a tick whose verification read it already; the count
+    /// still follows a registration at the next look.
+    #[test]
+    fn the_registry_count_reuses_this_ticks_read_and_follows_the_next_one() {
+        let mut c = cfg();
+        c.verify.every_ms = 200;
+        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![] };
+        let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
+        let mut m = Monitor::new(c, gpu, ledger, Rec::default(), vec![]);
+        let reads = |m: &Monitor<Script, MemLedger, Rec>| m.ledger.offline_reads;
+        let start = reads(&m);
+        m.tick(0); // verification (on the grid) reads the registry
+        assert_eq!(reads(&m), start + 1);
+        m.refresh_offline(0);
+        assert_eq!(reads(&m), start + 1, "read once in this tick");
+        assert_eq!(m.offline_registered, 1);
+        m.ledger.procs.push(off(501));
+        m.tick(100); // no verification at 100 ms
+        m.refresh_offline(100);
+        assert_eq!(reads(&m), start + 2, "a later tick reads afresh");
+        assert_eq!(m.offline_registered, 2);
     }
 
     #[test]

@@ -73,10 +73,13 @@ pub struct MemLedger {
     pub reclaims: usize,
     /// What [`LedgerPort::offline_sm_cap_pct`] answers.
     pub sm_cap_pct: Option<f64>,
+    /// Calls of [`LedgerPort::offline`] (reads of the registry).
+    pub offline_reads: usize,
 }
 
 impl LedgerPort for MemLedger {
     fn offline(&mut self, _now_ms: u64) -> Result<Vec<OfflineProc>, String> {
+        self.offline_reads += 1;
         Ok(self.procs.clone())
     }
     fn mark_evicting(
