@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering::Acquire;
 
+use node_ledger::layout::{owner_pid, LIVENESS_LOCK};
 use node_ledger::{HealthState, Ledger, MonitorSample};
 
 use crate::filewatch::FileWatch;
@@ -21,9 +22,22 @@ pub struct LedgerAdapter {
     /// are there (dropped once no slot of the copy depends on them).
     previous: Vec<Ledger>,
     reclaim_error_logged: bool,
-    /// Monotonic ms of the next reclaim scan; scans run at most every `reclaim_every_ms`.
+    /// Monotonic ms of the next reclaim scan whatever the watch says (see [`RECLAIM_EVERY_MS`]).
     next_reclaim_ms: u64,
     reclaim_every_ms: u64,
+    reclaim_fallback_ms: u64,
+    /// Whether the last reclaim scan saw a slot whose owner's liveness is not a lock in this
+    /// file (a proxy registration, a restored ledger's): no close of this file tells of its end.
+    reclaim_polls: bool,
+    /// Changes the watch reported (one per look that found some), and how many of them the
+    /// full check and the reclaim scan have acted on.
+    file_events: u64,
+    check_seen: u64,
+    reclaim_seen: u64,
+    /// Ticks left in which a reclaim scan runs because of the last reported change.
+    reclaim_due: u8,
+    /// Reclaim scans run so far.
+    reclaim_scans: u64,
     /// Tells of an unlink or truncation of the file without a syscall per tick; `None` where
     /// it cannot be set up: then every check runs the full check (an `fstat`).
     watch: Option<FileWatch>,
@@ -67,10 +81,21 @@ fn watch(ledger: &Ledger) -> Option<FileWatch> {
     }
 }
 
-/// How often the monitor scans the registry for dead processes: each occupied slot costs one
-/// `fcntl` per scan (about 1 us), so the scan is bounded in time rather than run at every
-/// (possibly 1 ms) tick; a dead process's quota is back within this plus one tick.
+/// How often the monitor scans the registry for dead processes when it cannot count on its
+/// watch of the ledger (no watch, or a registration whose liveness is not a lock in this file:
+/// a proxy, a restored ledger's): a dead process's quota is back within this plus one tick.
+///
+/// Otherwise the scan (256 slots' cache lines, one `fcntl` per occupied slot) runs when the
+/// watch reports a change to the file, which includes the close of a description opened for
+/// writing (`IN_CLOSE_WRITE`): a registered process holds its slot lock on such a description,
+/// and the kernel releases the lock when the description is closed, for whatever reason the
+/// process ended, so its quota is back at the next tick (the tick after it too, since the close
+/// is reported a moment before the lock is released). [`RECLAIM_FALLBACK_MS`] bounds what a
+/// lost signal could delay.
 pub const RECLAIM_EVERY_MS: u64 = 50;
+
+/// Longest time between two reclaim scans whatever the watch says.
+pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 
 impl LedgerAdapter {
     /// Wraps `ledger`; the first [`LedgerPort::reclaim`] scans at once.
@@ -82,6 +107,13 @@ impl LedgerAdapter {
             reclaim_error_logged: false,
             next_reclaim_ms: 0,
             reclaim_every_ms: RECLAIM_EVERY_MS,
+            reclaim_fallback_ms: RECLAIM_FALLBACK_MS,
+            reclaim_polls: false,
+            file_events: 0,
+            check_seen: 0,
+            reclaim_seen: 0,
+            reclaim_due: 0,
+            reclaim_scans: 0,
             watch: watch(&ledger),
             next_full_check_ms: 0,
             full_check_every_ms: FULL_CHECK_EVERY_MS,
@@ -97,7 +129,9 @@ impl LedgerAdapter {
     /// syscall and no pass over the registry (a caught truncation, the mapped header). A
     /// deleted or truncated file is thus still found at the next tick.
     fn check_now(&mut self, now: u64) -> Result<(), node_ledger::LedgerError> {
-        let changed = self.watch.as_mut().is_none_or(|w| w.changed());
+        self.poll_watch();
+        let changed = self.watch.is_none() || self.check_seen != self.file_events;
+        self.check_seen = self.file_events;
         if changed || now >= self.next_full_check_ms {
             self.next_full_check_ms = next_on_grid(now, self.full_check_every_ms);
             self.full_checks += 1;
@@ -149,6 +183,19 @@ impl LedgerAdapter {
                 Some(fresh)
             }
             _ => None,
+        }
+    }
+
+    /// Reclaim scans run so far (a pass over the registry each).
+    pub fn reclaim_scans(&self) -> u64 {
+        self.reclaim_scans
+    }
+
+    /// Counts a change the watch reports (one atomic load when there is none), for the full
+    /// check and the reclaim scan, each of which acts on it once.
+    fn poll_watch(&mut self) {
+        if self.watch.as_mut().is_some_and(|w| w.changed()) {
+            self.file_events += 1;
         }
     }
 
@@ -252,10 +299,20 @@ impl LedgerPort for LedgerAdapter {
     }
 
     fn reclaim(&mut self, now: u64) {
-        if !self.usable() || now < self.next_reclaim_ms {
+        if !self.usable() {
             return;
         }
-        self.next_reclaim_ms = next_on_grid(now, self.reclaim_every_ms);
+        self.poll_watch();
+        if self.reclaim_seen != self.file_events {
+            self.reclaim_seen = self.file_events;
+            self.reclaim_due = 2;
+        }
+        let due = self.reclaim_due > 0 || now >= self.next_reclaim_ms;
+        self.reclaim_due = self.reclaim_due.saturating_sub(1);
+        if !due {
+            return;
+        }
+        self.reclaim_scans += 1;
         let mut errors = Vec::new();
         // Each reclaimed process is logged (INFO) by node-ledger.
         if let Err(e) = self.ledger.reclaim_dead() {
@@ -268,6 +325,17 @@ impl LedgerPort for LedgerAdapter {
             }
             deleted.inode().is_ok_and(|ino| current.depends_on(ino))
         });
+        // Liveness that no close of this file reports: keep polling while there is some.
+        self.reclaim_polls = !self.previous.is_empty()
+            || self.ledger.layout().procs.iter().any(|p| {
+                owner_pid(p.owner.load(Acquire)) != 0 && p.liveness.load(Acquire) != LIVENESS_LOCK
+            });
+        let period = if self.watch.is_none() || self.reclaim_polls {
+            self.reclaim_every_ms
+        } else {
+            self.reclaim_fallback_ms
+        };
+        self.next_reclaim_ms = next_on_grid(now, period);
         if errors.is_empty() {
             self.reclaim_error_logged = false;
         } else if !self.reclaim_error_logged {
@@ -390,6 +458,7 @@ mod tests {
         let path = d.path().join("gpu0/ledger");
         let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
         a.reclaim_every_ms = 0;
+        a.reclaim_fallback_ms = 0;
         let g = a.ledger.group(7, 1 << 30).unwrap();
         // Two offline "processes": each its own open ledger (its own slot-lock description).
         let (p1, p2) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
@@ -448,26 +517,29 @@ mod tests {
         assert!(a.check(0).unwrap().contains("total_size"), "{:?}", a.check(0));
     }
 
-    /// The reclaim scan runs on the grid of `RECLAIM_EVERY_MS`: not at every tick, and a dead
-    /// process's quota is back at the first tick at or after the next grid point.
+    /// A registration whose liveness no close reports (a proxy) keeps the scan on the
+    /// `RECLAIM_EVERY_MS` grid, as does a ledger without a watch; without one the fallback.
     #[test]
-    fn reclaim_scans_are_bounded_in_time_not_per_tick() {
+    fn proxies_and_an_unwatched_ledger_are_polled_on_the_reclaim_grid() {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("gpu0/ledger");
         let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
-        assert_eq!(a.reclaim_every_ms, RECLAIM_EVERY_MS);
         let g = a.ledger.group(7, 1 << 30).unwrap();
-        a.reclaim(3); // the first scan runs at once
-        let p = Ledger::open_existing(&path).unwrap();
-        let h = p.register(std::process::id(), g).unwrap();
-        p.try_reserve(h, 100).unwrap();
-        drop(p);
-        for t in (13..RECLAIM_EVERY_MS).step_by(10) {
-            a.reclaim(t);
-            assert_eq!(a.ledger.group_used(g), 100, "no second scan within the period (at {t} ms)");
-        }
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let proxy = a.ledger.register(child.id(), g).unwrap();
+        a.ledger.try_reserve(proxy, 100).unwrap();
+        a.reclaim(3);
+        assert!(a.reclaim_polls, "a proxy registration is polled");
+        assert_eq!(a.next_reclaim_ms, RECLAIM_EVERY_MS);
+        child.kill().unwrap();
+        child.wait().unwrap();
         a.reclaim(RECLAIM_EVERY_MS + 3);
-        assert_eq!(a.ledger.group_used(g), 0, "scanned at the first tick past the grid point");
+        assert_eq!(a.ledger.group_used(g), 0, "the dead proxy's quota is back at the grid point");
+        assert!(!a.reclaim_polls);
+        assert_eq!(a.next_reclaim_ms, next_on_grid(RECLAIM_EVERY_MS + 3, RECLAIM_FALLBACK_MS));
+        a.watch = None;
+        a.reclaim(RECLAIM_FALLBACK_MS);
+        assert_eq!(a.next_reclaim_ms, RECLAIM_FALLBACK_MS + RECLAIM_EVERY_MS, "no watch: polled");
     }
 
     #[test]

@@ -44,8 +44,9 @@ pub trait LedgerPort {
     /// Publishes state and measurements for the shim and the MPS manager.
     fn publish(&mut self, p: &Published) -> Result<(), String>;
     /// Gives back the quota of registered processes that have died, in any pid namespace
-    /// (called every tick with its monotonic ms; the ledger adapter scans at most every
-    /// `RECLAIM_EVERY_MS`).
+    /// (called every tick with its monotonic ms; the ledger adapter scans when its watch
+    /// reports a close of the file, and on its own only every `RECLAIM_EVERY_MS` or
+    /// `RECLAIM_FALLBACK_MS`, see `ledger::RECLAIM_EVERY_MS`).
     fn reclaim(&mut self, _now_ms: u64) {}
     /// The SM share, percent, the offline side is held to: the sum of the registered offline
     /// jobs' MPS percentages, at most the budget the MPS manager published if published
