@@ -444,17 +444,21 @@ impl Ledger {
         })
     }
 
-    /// The part of [`Ledger::check_header`] that needs no syscall: no truncation caught by a
-    /// faulting access, and the header fields validated on open. For a caller that learns of
-    /// changes to the file itself (unlink, truncation) another way, and runs the full check
-    /// then (the monitor: an inotify watch, see sysmonitor's `ledger` module).
+    /// The part of [`Ledger::check_header`] that needs no syscall and touches only the
+    /// header's cache line: no truncation caught by a faulting access, and the header fields
+    /// validated on open (magic, version, sizes, the damaged mark). The registry's own check
+    /// (every occupied slot names a group in range: a pass over all [`MAX_PROCS`] slots, one
+    /// cache line each) is left to [`Ledger::check_header`]. For a caller that runs this at
+    /// every (10 ms) tick and the full check when it learns of changes to the file itself
+    /// (unlink, truncation) another way, and periodically (the monitor: an inotify watch and
+    /// every 100 ms, see sysmonitor's `ledger` module).
     pub fn check_mapped(&self) -> Result<(), LedgerError> {
         // Anything wrong gets the full check's diagnosis (a truncation caught while reading the
         // header reads as zeros: it is reported as the truncation, not as a bad magic).
         if self.fault_guard.faulted() {
             return self.check_header();
         }
-        validate_header(self.layout(), &self.path, None).or_else(|_| self.check_header())
+        validate_header_fields(self.layout(), &self.path, None).or_else(|_| self.check_header())
     }
 
     /// Re-checks, while mapped, that the file is still this ledger: its length (a truncated
@@ -1169,6 +1173,12 @@ fn validate(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError
 }
 
 fn validate_header(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError> {
+    validate_header_fields(l, path, gpu)?;
+    validate_registry(l, path)
+}
+
+/// The header's own fields (one cache line).
+fn validate_header_fields(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), LedgerError> {
     let h = &l.header;
     let magic = h.magic.load(Relaxed);
     if magic != MAGIC {
@@ -1243,6 +1253,11 @@ fn validate_header(l: &Layout, path: &Path, gpu: Option<u32>) -> Result<(), Ledg
             ));
         }
     }
+    Ok(())
+}
+
+/// Every occupied registry slot names a group in range (a pass over all slots).
+fn validate_registry(l: &Layout, path: &Path) -> Result<(), LedgerError> {
     for (i, p) in l.procs.iter().enumerate() {
         let g = p.group_slot.load(Relaxed) as usize;
         if owner_pid(p.owner.load(Relaxed)) != 0 && g >= MAX_GROUPS {

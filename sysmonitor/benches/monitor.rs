@@ -13,6 +13,10 @@
 //! emulated host (`workloads::host::Host`) takes the built fakes and the monitor from
 //! `target/release/`; it builds nothing itself. `-- --compare OTHER/target/release` runs this
 //! build's monitor and another build's side by side instead (same windows, same machine load).
+//! `-- --hold SECS` starts one monitor at 10 ms, prints its pid, counts the wake-ups of each of
+//! its threads over SECS and stops it (attach `strace -c -f -p PID` or `perf stat -p PID`
+//! meanwhile); with `MONITOR_BENCH_WRAP="valgrind --tool=callgrind"` the monitor runs under
+//! that command (instructions per function, per sample: divide by the samples printed).
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +39,113 @@ fn cpu_secs(pid: u32) -> f64 {
         }
     }
     ns as f64 / 1e9
+}
+
+/// Wake-ups so far of each thread of `pid`: (thread name, voluntary + involuntary context
+/// switches), from `/proc/<pid>/task/*/status`.
+fn wakeups(pid: u32) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let Ok(s) = std::fs::read_to_string(t.path().join("status")) else { continue };
+        let field = |k: &str| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        let n = |k: &str| field(k).parse::<u64>().unwrap_or(0);
+        let name = format!("{} ({})", field("Name:"), t.file_name().to_string_lossy());
+        out.push((name, n("voluntary_ctxt_switches:") + n("nonvoluntary_ctxt_switches:")));
+    }
+    out.sort();
+    out
+}
+
+/// `--hold SECS`: one monitor at 10 ms (under `MONITOR_BENCH_WRAP` if set), its pid printed,
+/// the wake-ups of each of its threads and its samples over SECS.
+fn hold(secs: f64) {
+    let n = Host::node();
+    let cfg = n.path("mon.json");
+    std::fs::write(&cfg, config(10)).unwrap();
+    let mon = workloads::host::target_dir().join("sysmonitor");
+    let wrap = std::env::var("MONITOR_BENCH_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    let mut c = match words.next() {
+        Some(w) => {
+            let mut c = n.node_command(w);
+            c.args(words).arg(&mon);
+            c
+        }
+        None => n.node_command(mon.to_str().unwrap()),
+    };
+    let mut child = c
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stderr(std::fs::File::create(n.path("mon.json.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Beside it, over the same window: the wake-up floor and the monitor's NVML calls alone.
+    let side = |var: &str| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .env(var, "10")
+            .envs(n.env().iter().map(|(k, v)| (k, v)))
+            .spawn()
+            .unwrap()
+    };
+    let mut floor = side("MONITOR_BENCH_FLOOR_MS");
+    let mut nvml = side("MONITOR_BENCH_NVML_MS");
+    n.wait_state(Duration::from_secs(120), "healthy", |v| v["state"] == "healthy");
+    std::thread::sleep(Duration::from_millis(500));
+    println!("monitor pid {pid}: holding {secs} s");
+    // Both ends right after a state-file write (at most a heartbeat apart otherwise), so the
+    // sample count is exact to a sample or two.
+    let fresh = || {
+        let (_, t) = samples_at(&n);
+        loop {
+            let (s, u) = samples_at(&n);
+            if u != t {
+                return (s, u);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let (s0, t0) = fresh();
+    let (w0, c0) = (wakeups(pid), cpu_secs(pid));
+    let (f0, v0) = (cpu_secs(floor.id()), cpu_secs(nvml.id()));
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let (s1, t1) = fresh();
+    let (w1, cpu) = (wakeups(pid), cpu_secs(pid) - c0);
+    let (fcpu, vcpu) = (cpu_secs(floor.id()) - f0, cpu_secs(nvml.id()) - v0);
+    let samples = s1.saturating_sub(s0);
+    println!(
+        "  {samples} samples in {} ms (state file), CPU {:.1} us per sample",
+        t1.saturating_sub(t0),
+        cpu * 1e6 / samples.max(1) as f64
+    );
+    let periods = t1.saturating_sub(t0).max(1) as f64 / 10.0;
+    println!(
+        "  same window, CPU per 10 ms period: monitor {:.1} us = floor {:.1} + NVML {:.1} + own {:.1} us",
+        cpu * 1e6 / periods,
+        fcpu * 1e6 / periods,
+        (vcpu - fcpu) * 1e6 / periods,
+        (cpu - vcpu) * 1e6 / periods
+    );
+    for c in [&mut floor, &mut nvml] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    for (name, after) in &w1 {
+        let before = w0.iter().find(|(n, _)| n == name).map_or(0, |w| w.1);
+        println!(
+            "  thread {name}: {} wake-ups, {:.3} per sample",
+            after - before,
+            (after - before) as f64 / samples.max(1) as f64
+        );
+    }
+    // SAFETY: plain kill(2) on our own child, not reaped yet.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let _ = child.wait();
 }
 
 fn load_avg() -> String {
@@ -240,6 +351,10 @@ fn main() {
     let secs = opt("--secs", 5.0);
     let windows = (opt("--windows", 3.0) as usize).max(1);
     let rounds = opt("--rounds", 10.0) as usize;
+    if args.iter().any(|a| a == "--hold") {
+        hold(opt("--hold", 10.0));
+        return;
+    }
     if let Some(dir) = args
         .iter()
         .position(|a| a == "--compare")

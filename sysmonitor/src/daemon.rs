@@ -15,7 +15,7 @@ use node_daemon::ConfigError;
 
 use crate::config::Config;
 use crate::health::Input;
-use crate::ledger::LedgerAdapter;
+use crate::ledger::{next_on_grid, LedgerAdapter};
 use crate::monitor::{ChangeKey, Monitor};
 use crate::report;
 use crate::sampler::{GpuSample, GpuSource, NvmlSource, ProcMem};
@@ -231,7 +231,7 @@ impl<G: GpuSource> MonitorService<G> {
         snap.ledger_error = self
             .mon
             .ledger
-            .check()
+            .check(now)
             .map(str::to_owned)
             .or_else(|| self.start_ledger_error.clone());
         snap
@@ -253,7 +253,7 @@ impl<G: GpuSource> MonitorService<G> {
                 },
             );
         }
-        self.mon.refresh_offline();
+        self.mon.refresh_offline(now);
         if self.ready && notifier.watchdog_usec.is_some() {
             notifier.notify("WATCHDOG=1");
         }
@@ -327,10 +327,13 @@ impl<G: GpuSource> Service for MonitorService<G> {
     /// `state_file_every_ms` as a heartbeat. The ledger's monitor block, which the shim, the
     /// MPS manager and node-agent read, is published at every tick by [`Monitor::tick`].
     fn tick(&mut self, now: u64, notifier: &Notifier) -> u64 {
-        let damaged = self.mon.ledger.check().is_some();
+        let damaged = self.mon.ledger.check(now).is_some();
         self.mon.tick(now);
         if now >= self.next_housekeeping {
-            self.next_housekeeping = now + HOUSEKEEPING_MS.min(self.cfg.state_file_every_ms);
+            // On the grid of the ledger's own periodic jobs (`ledger::next_on_grid`): the
+            // registry's count comes from cache lines the reclaim scan just brought in.
+            self.next_housekeeping =
+                next_on_grid(now, HOUSEKEEPING_MS.min(self.cfg.state_file_every_ms));
             self.housekeeping(now, notifier);
         }
         let key = (self.mon.change_key(), damaged);

@@ -64,8 +64,13 @@ pub struct FileWatch {
     seen: u64,
 }
 
-/// What the watch reports about.
-const MASK: u32 = libc::IN_ATTRIB | libc::IN_MODIFY | libc::IN_MOVE_SELF | libc::IN_DELETE_SELF;
+/// What the watch reports about: changes to the inode, and the close of a description opened
+/// for writing (for the ledger: a registered process's slot lock is released with it).
+const MASK: u32 = libc::IN_ATTRIB
+    | libc::IN_MODIFY
+    | libc::IN_MOVE_SELF
+    | libc::IN_DELETE_SELF
+    | libc::IN_CLOSE_WRITE;
 
 impl FileWatch {
     /// Watches the inode now at `path`, which must be `inode` (the file the caller has open;

@@ -3,11 +3,11 @@
 
 use std::sync::atomic::Ordering::Acquire;
 
+use node_ledger::layout::{owner_pid, LIVENESS_LOCK};
 use node_ledger::{HealthState, Ledger, MonitorSample};
 
 use crate::filewatch::FileWatch;
 use crate::health::State;
-use node_daemon::clock::mono_ms;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 
 /// [`LedgerPort`] over the shared ledger file, with the monitor's damage and deletion handling.
@@ -22,9 +22,22 @@ pub struct LedgerAdapter {
     /// are there (dropped once no slot of the copy depends on them).
     previous: Vec<Ledger>,
     reclaim_error_logged: bool,
-    /// Monotonic ms of the next reclaim scan; scans run at most every `reclaim_every_ms`.
+    /// Monotonic ms of the next reclaim scan whatever the watch says (see [`RECLAIM_EVERY_MS`]).
     next_reclaim_ms: u64,
     reclaim_every_ms: u64,
+    reclaim_fallback_ms: u64,
+    /// Whether the last reclaim scan saw a slot whose owner's liveness is not a lock in this
+    /// file (a proxy registration, a restored ledger's): no close of this file tells of its end.
+    reclaim_polls: bool,
+    /// Changes the watch reported (one per look that found some), and how many of them the
+    /// full check and the reclaim scan have acted on.
+    file_events: u64,
+    check_seen: u64,
+    reclaim_seen: u64,
+    /// Ticks left in which a reclaim scan runs because of the last reported change.
+    reclaim_due: u8,
+    /// Reclaim scans run so far.
+    reclaim_scans: u64,
     /// Tells of an unlink or truncation of the file without a syscall per tick; `None` where
     /// it cannot be set up: then every check runs the full check (an `fstat`).
     watch: Option<FileWatch>,
@@ -37,9 +50,22 @@ pub struct LedgerAdapter {
     pid: u32,
 }
 
-/// How often the ledger file is `fstat`ed whatever its watch says (belt and braces; the
-/// watch reports an unlink or truncation at the next tick).
+/// How often the ledger file is `fstat`ed and its whole registry checked whatever its watch
+/// says (belt and braces for the file; the watch reports an unlink or truncation at the next
+/// tick). The per-tick check reads only the header's cache line.
 pub const FULL_CHECK_EVERY_MS: u64 = 100;
+
+/// The first multiple of `period` after `now`: the periodic jobs of the monitor (full ledger
+/// check, reclaim scan, housekeeping, verification) run on one grid of monotonic time, so
+/// that those whose periods divide each other fall in the same tick, and the registry's 256
+/// cache lines, cold after a 10 ms sleep, are brought in once for all of them rather than
+/// once for each. `period` 0 means every tick.
+pub fn next_on_grid(now: u64, period: u64) -> u64 {
+    if period == 0 {
+        return now;
+    }
+    (now / period).saturating_add(1).saturating_mul(period)
+}
 
 fn watch(ledger: &Ledger) -> Option<FileWatch> {
     let r = ledger
@@ -55,10 +81,21 @@ fn watch(ledger: &Ledger) -> Option<FileWatch> {
     }
 }
 
-/// How often the monitor scans the registry for dead processes: each occupied slot costs one
-/// `fcntl` per scan (about 1 us), so the scan is bounded in time rather than run at every
-/// (possibly 1 ms) tick; a dead process's quota is back within this plus one tick.
+/// How often the monitor scans the registry for dead processes when it cannot count on its
+/// watch of the ledger (no watch, or a registration whose liveness is not a lock in this file:
+/// a proxy, a restored ledger's): a dead process's quota is back within this plus one tick.
+///
+/// Otherwise the scan (256 slots' cache lines, one `fcntl` per occupied slot) runs when the
+/// watch reports a change to the file, which includes the close of a description opened for
+/// writing (`IN_CLOSE_WRITE`): a registered process holds its slot lock on such a description,
+/// and the kernel releases the lock when the description is closed, for whatever reason the
+/// process ended, so its quota is back at the next tick (the tick after it too, since the close
+/// is reported a moment before the lock is released). [`RECLAIM_FALLBACK_MS`] bounds what a
+/// lost signal could delay.
 pub const RECLAIM_EVERY_MS: u64 = 50;
+
+/// Longest time between two reclaim scans whatever the watch says.
+pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 
 impl LedgerAdapter {
     /// Wraps `ledger`; the first [`LedgerPort::reclaim`] scans at once.
@@ -70,6 +107,13 @@ impl LedgerAdapter {
             reclaim_error_logged: false,
             next_reclaim_ms: 0,
             reclaim_every_ms: RECLAIM_EVERY_MS,
+            reclaim_fallback_ms: RECLAIM_FALLBACK_MS,
+            reclaim_polls: false,
+            file_events: 0,
+            check_seen: 0,
+            reclaim_seen: 0,
+            reclaim_due: 0,
+            reclaim_scans: 0,
             watch: watch(&ledger),
             next_full_check_ms: 0,
             full_check_every_ms: FULL_CHECK_EVERY_MS,
@@ -79,15 +123,17 @@ impl LedgerAdapter {
         }
     }
 
-    /// The full check (an `fstat`: unlinked? shrunk?) when the watch reports a change to the
-    /// file, when there is no watch, and every [`FULL_CHECK_EVERY_MS`]; otherwise only what
-    /// needs no syscall (a caught truncation, the mapped header). A deleted or truncated file
-    /// is thus still found at the next tick.
-    fn check_now(&mut self) -> Result<(), node_ledger::LedgerError> {
-        let now = mono_ms();
-        let changed = self.watch.as_mut().is_none_or(|w| w.changed());
+    /// The full check (an `fstat`: unlinked? shrunk? and the whole registry) when the watch
+    /// reports a change to the file, when there is no watch, and every
+    /// [`FULL_CHECK_EVERY_MS`] (on the grid of [`next_on_grid`]); otherwise only what needs no
+    /// syscall and no pass over the registry (a caught truncation, the mapped header). A
+    /// deleted or truncated file is thus still found at the next tick.
+    fn check_now(&mut self, now: u64) -> Result<(), node_ledger::LedgerError> {
+        self.poll_watch();
+        let changed = self.watch.is_none() || self.check_seen != self.file_events;
+        self.check_seen = self.file_events;
         if changed || now >= self.next_full_check_ms {
-            self.next_full_check_ms = now.saturating_add(self.full_check_every_ms);
+            self.next_full_check_ms = next_on_grid(now, self.full_check_every_ms);
             self.full_checks += 1;
             self.ledger.check_header()
         } else {
@@ -95,13 +141,14 @@ impl LedgerAdapter {
         }
     }
 
-    /// Re-validates the mapped header (call every tick; the file itself is `fstat`ed only when
-    /// its watch reports a change, see [`FULL_CHECK_EVERY_MS`]). Returns the damage, logging it once
-    /// when first found; damage is sticky for the life of this monitor (a restart moves the
-    /// file aside and creates a fresh one).
-    pub fn check(&mut self) -> Option<&str> {
+    /// Re-validates the mapped header at monotonic ms `now` (call every tick; the file itself
+    /// is `fstat`ed and the registry checked only when its watch reports a change and every
+    /// [`FULL_CHECK_EVERY_MS`]). Returns the damage, logging it once when first found; damage
+    /// is sticky for the life of this monitor (a restart moves the file aside and creates a
+    /// fresh one).
+    pub fn check(&mut self, now: u64) -> Option<&str> {
         if self.damage.is_none() {
-            if let Err(e) = self.check_now() {
+            if let Err(e) = self.check_now(now) {
                 if let Some(fresh) = self.restore_if_deleted(&e) {
                     self.watch = watch(&fresh);
                     let deleted = std::mem::replace(&mut self.ledger, fresh);
@@ -136,6 +183,19 @@ impl LedgerAdapter {
                 Some(fresh)
             }
             _ => None,
+        }
+    }
+
+    /// Reclaim scans run so far (a pass over the registry each).
+    pub fn reclaim_scans(&self) -> u64 {
+        self.reclaim_scans
+    }
+
+    /// Counts a change the watch reports (one atomic load when there is none), for the full
+    /// check and the reclaim scan, each of which acts on it once.
+    fn poll_watch(&mut self) {
+        if self.watch.as_mut().is_some_and(|w| w.changed()) {
+            self.file_events += 1;
         }
     }
 
@@ -185,11 +245,10 @@ impl LedgerPort for LedgerAdapter {
         offline_cap_pct(budget, &node_ledger::jobs::jobs_of(&procs))
     }
 
-    fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
+    fn offline(&mut self, now: u64) -> Result<Vec<OfflineProc>, String> {
         if !self.usable() {
             return Ok(Vec::new());
         }
-        let now = mono_ms();
         let slots = &self.ledger.layout().procs;
         Ok(self
             .ledger
@@ -239,12 +298,21 @@ impl LedgerPort for LedgerAdapter {
         crate::evictlog::record(&self.ledger, p, reason, libc::SIGTERM as u32)
     }
 
-    fn reclaim(&mut self) {
-        let now = mono_ms();
-        if !self.usable() || now < self.next_reclaim_ms {
+    fn reclaim(&mut self, now: u64) {
+        if !self.usable() {
             return;
         }
-        self.next_reclaim_ms = now + self.reclaim_every_ms;
+        self.poll_watch();
+        if self.reclaim_seen != self.file_events {
+            self.reclaim_seen = self.file_events;
+            self.reclaim_due = 2;
+        }
+        let due = self.reclaim_due > 0 || now >= self.next_reclaim_ms;
+        self.reclaim_due = self.reclaim_due.saturating_sub(1);
+        if !due {
+            return;
+        }
+        self.reclaim_scans += 1;
         let mut errors = Vec::new();
         // Each reclaimed process is logged (INFO) by node-ledger.
         if let Err(e) = self.ledger.reclaim_dead() {
@@ -257,6 +325,17 @@ impl LedgerPort for LedgerAdapter {
             }
             deleted.inode().is_ok_and(|ino| current.depends_on(ino))
         });
+        // Liveness that no close of this file reports: keep polling while there is some.
+        self.reclaim_polls = !self.previous.is_empty()
+            || self.ledger.layout().procs.iter().any(|p| {
+                owner_pid(p.owner.load(Acquire)) != 0 && p.liveness.load(Acquire) != LIVENESS_LOCK
+            });
+        let period = if self.watch.is_none() || self.reclaim_polls {
+            self.reclaim_every_ms
+        } else {
+            self.reclaim_fallback_ms
+        };
+        self.next_reclaim_ms = next_on_grid(now, period);
         if errors.is_empty() {
             self.reclaim_error_logged = false;
         } else if !self.reclaim_error_logged {
@@ -316,7 +395,7 @@ mod tests {
             a.ledger.read_manager().unwrap().offline_sm_budget_permille,
             400
         );
-        let procs = a.offline().unwrap();
+        let procs = a.offline(0).unwrap();
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0].pid, std::process::id());
         assert_eq!(procs[0].reported_bytes, 5 << 20);
@@ -325,7 +404,7 @@ mod tests {
             .unwrap();
         assert_eq!(a.ledger.evict_signal(h), libc::SIGTERM as u32);
         assert!(
-            a.offline().unwrap()[0].evict_requested_ms.is_some(),
+            a.offline(0).unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
     }
@@ -360,11 +439,11 @@ mod tests {
         let g = l.group(node_ledger::ledger::group_id_for("c1"), 1 << 30).unwrap();
         let h = l.register(std::process::id(), g).unwrap();
         let mut a = LedgerAdapter::new(l);
-        let mut stale = a.offline().unwrap()[0].clone();
+        let mut stale = a.offline(0).unwrap()[0].clone();
         stale.start_time += 1;
         assert!(a.mark_evicting(&stale, EvictReason::Overlimit, 0).is_err());
         assert_eq!(a.ledger.evict_signal(h), 0, "no request for another start time");
-        let mut other = a.offline().unwrap()[0].clone();
+        let mut other = a.offline(0).unwrap()[0].clone();
         other.pid += 1;
         assert!(a.mark_evicting(&other, EvictReason::Overlimit, 0).is_err());
         assert_eq!(a.ledger.evict_signal(h), 0, "no request for another pid");
@@ -379,6 +458,7 @@ mod tests {
         let path = d.path().join("gpu0/ledger");
         let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
         a.reclaim_every_ms = 0;
+        a.reclaim_fallback_ms = 0;
         let g = a.ledger.group(7, 1 << 30).unwrap();
         // Two offline "processes": each its own open ledger (its own slot-lock description).
         let (p1, p2) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
@@ -386,20 +466,20 @@ mod tests {
         p1.try_reserve(h1, 100).unwrap();
         let h2 = p2.register(std::process::id(), g).unwrap();
         p2.try_reserve(h2, 20).unwrap();
-        a.reclaim();
+        a.reclaim(0);
         assert_eq!(a.ledger.group_used(g), 120, "live processes keep their quota");
         drop(p1);
-        a.reclaim();
+        a.reclaim(0);
         assert_eq!(a.ledger.group_used(g), 20, "a dead one's quota comes back on the next tick");
 
         std::fs::remove_file(&path).unwrap();
-        assert!(a.check().is_none(), "deleted ledger restored");
+        assert!(a.check(0).is_none(), "deleted ledger restored");
         assert_eq!(a.ledger.group_used(g), 20);
         assert_eq!(a.previous.len(), 1, "the deleted file is kept open for its slot locks");
-        a.reclaim();
+        a.reclaim(0);
         assert_eq!(a.ledger.group_used(g), 20, "p2 still alive in the deleted file");
         drop(p2);
-        a.reclaim();
+        a.reclaim(0);
         assert_eq!(a.ledger.group_used(g), 0);
         assert!(a.previous.is_empty(), "nothing depends on the deleted file any more");
     }
@@ -413,10 +493,10 @@ mod tests {
         let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
         assert!(a.watch.is_some(), "the ledger is watched");
         a.full_check_every_ms = u64::MAX / 2;
-        assert!(a.check().is_none());
+        assert!(a.check(0).is_none());
         let before = a.full_checks;
         for _ in 0..100 {
-            assert!(a.check().is_none());
+            assert!(a.check(0).is_none());
         }
         // Another test's watched ledger may change meanwhile (one full check each time).
         assert!(a.full_checks - before <= 5, "{} full checks in 100 quiet ones", a.full_checks - before);
@@ -430,29 +510,99 @@ mod tests {
             }
         };
         std::fs::remove_file(&path).unwrap();
-        until(&mut a, "deletion", &|a| a.check().is_none() && !a.previous.is_empty());
+        until(&mut a, "deletion", &|a| a.check(0).is_none() && !a.previous.is_empty());
         assert!(path.exists(), "restored");
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
-        until(&mut a, "truncation", &|a| a.check().is_some());
-        assert!(a.check().unwrap().contains("total_size"), "{:?}", a.check());
+        until(&mut a, "truncation", &|a| a.check(0).is_some());
+        assert!(a.check(0).unwrap().contains("total_size"), "{:?}", a.check(0));
     }
 
+    /// A registration whose liveness no close reports (a proxy) keeps the scan on the
+    /// `RECLAIM_EVERY_MS` grid, as does a ledger without a watch; without one the fallback.
     #[test]
-    fn reclaim_scans_are_bounded_in_time_not_per_tick() {
+    fn proxies_and_an_unwatched_ledger_are_polled_on_the_reclaim_grid() {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("gpu0/ledger");
         let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
-        a.reclaim_every_ms = 60_000;
         let g = a.ledger.group(7, 1 << 30).unwrap();
-        a.reclaim(); // the first scan runs at once
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let proxy = a.ledger.register(child.id(), g).unwrap();
+        a.ledger.try_reserve(proxy, 100).unwrap();
+        a.reclaim(3);
+        assert!(a.reclaim_polls, "a proxy registration is polled");
+        assert_eq!(a.next_reclaim_ms, RECLAIM_EVERY_MS);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        a.reclaim(RECLAIM_EVERY_MS + 3);
+        assert_eq!(a.ledger.group_used(g), 0, "the dead proxy's quota is back at the grid point");
+        assert!(!a.reclaim_polls);
+        assert_eq!(a.next_reclaim_ms, next_on_grid(RECLAIM_EVERY_MS + 3, RECLAIM_FALLBACK_MS));
+        a.watch = None;
+        a.reclaim(RECLAIM_FALLBACK_MS);
+        assert_eq!(a.next_reclaim_ms, RECLAIM_FALLBACK_MS + RECLAIM_EVERY_MS, "no watch: polled");
+    }
+
+    #[test]
+    fn periodic_jobs_fall_on_one_grid() {
+        assert_eq!(next_on_grid(0, 50), 50);
+        assert_eq!(next_on_grid(49, 50), 50);
+        assert_eq!(next_on_grid(50, 50), 100);
+        assert_eq!(next_on_grid(103, 100), 200);
+        assert_eq!(next_on_grid(7, 0), 7, "period 0: every tick");
+        assert_eq!(next_on_grid(u64::MAX - 1, 100), u64::MAX, "saturates");
+        // Ticks 10 ms apart, one of them late: jobs of 50, 100 and 200 ms still meet in the
+        // same ticks (every 200 ms all three, every 100 ms two of them).
+        let (mut n50, mut n100, mut n200) = (0, 0, 0);
+        let mut both = Vec::new();
+        for t in (0..1000u64).map(|i| i * 10 + u64::from(i == 37) * 4) {
+            let (a, b, c) = (t >= n50, t >= n100, t >= n200);
+            if a {
+                n50 = next_on_grid(t, 50);
+            }
+            if b {
+                n100 = next_on_grid(t, 100);
+                assert!(a, "the 100 ms job at {t} ms runs with the 50 ms one");
+                both.push(t);
+            }
+            if c {
+                n200 = next_on_grid(t, 200);
+                assert!(a && b, "the 200 ms job at {t} ms runs with the others");
+            }
+        }
+        assert_eq!(both.len(), 100);
+    }
+
+    /// The per-tick check reads only the header's cache line; the registry's own check (a
+    /// pass over all 256 slots) comes with the full check, every `FULL_CHECK_EVERY_MS`: damage
+    /// in a slot written through the mapping (no inotify event) is still found within that.
+    #[test]
+    fn registry_damage_is_found_within_the_full_check_period() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        assert!(a.watch.is_some(), "the ledger is watched");
+        assert!(a.check(0).is_none());
         let p = Ledger::open_existing(&path).unwrap();
-        let h = p.register(std::process::id(), g).unwrap();
-        p.try_reserve(h, 100).unwrap();
-        drop(p);
-        a.reclaim();
-        assert_eq!(a.ledger.group_used(g), 100, "no second scan within the period");
-        a.next_reclaim_ms = 0;
-        a.reclaim();
-        assert_eq!(a.ledger.group_used(g), 0);
+        let g = p.group(7, 1 << 30).unwrap();
+        let _registered = p.register(std::process::id(), g).unwrap();
+        let slot = p.procs()[0].slot;
+        p.layout().procs[slot]
+            .group_slot
+            .store(node_ledger::layout::MAX_GROUPS as u32 + 5, std::sync::atomic::Ordering::Relaxed);
+        let mut t = 0;
+        loop {
+            t += 10;
+            assert!(t <= FULL_CHECK_EVERY_MS, "registry damage not found by {t} ms");
+            let before = a.full_checks;
+            let found = a.check(t).map(str::to_owned);
+            if a.full_checks == before {
+                // Another test's watched file may trigger a full check; a quiet one reads the
+                // header only.
+                assert_eq!(found, None, "a quiet check at {t} ms passes over the registry");
+            } else if let Some(e) = found {
+                assert!(e.contains("group_slot"), "{e}");
+                break;
+            }
+        }
     }
 }

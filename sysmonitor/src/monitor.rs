@@ -9,6 +9,7 @@ use node_daemon::evictor::{Event, Evictor, Signaller};
 use node_daemon::monitor_state::MonitorState as Snapshot;
 use crate::health::{Action, Input, Level, Machine, MachineConfig, Metrics, State, Transition};
 use crate::hostmem::{self, HostMem, PressureJudge};
+use crate::ledger::next_on_grid;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 use crate::ring::Ring;
 use crate::sampler::{GpuSample, GpuSource, SampleMetrics};
@@ -128,6 +129,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     flap_log: FlapLog,
     /// Offline processes registered in the ledger at the last look.
     pub offline_registered: usize,
+    /// Tick (monotonic ms) of the last successful look at the registry.
+    offline_read_ms: Option<u64>,
     /// Sample number at the last Overlimit entry.
     pub overlimit_entry_sample: Option<u64>,
     /// Sample number at the last eviction started.
@@ -148,7 +151,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     pub fn new(cfg: Config, gpu: G, mut ledger: L, sig: S, history: Vec<u64>) -> Self {
         let mut evictor = Evictor::new(sig, cfg.gpu_index);
         let mut events = Vec::new();
-        match ledger.offline() {
+        match ledger.offline(node_daemon::clock::mono_ms()) {
             Ok(procs) => {
                 evictor.adopt(&cfg.evictor, &procs, &mut events);
                 for e in &events {
@@ -179,6 +182,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             transitions: 0,
             flap_log: FlapLog::default(),
             offline_registered: 0,
+            offline_read_ms: None,
             overlimit_entry_sample: None,
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
@@ -200,7 +204,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     pub fn tick(&mut self, now_ms: u64) {
         self.events.clear();
         // Dead offline processes' quota back first, whatever their pid namespace.
-        self.ledger.reclaim();
+        self.ledger.reclaim(now_ms);
         let input = match self.gpu.sample(now_ms) {
             Ok(s) => {
                 self.samples += 1;
@@ -254,11 +258,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             );
         }
         if self.cfg.host_memory.enabled && now_ms >= self.next_host_ms {
-            self.next_host_ms = now_ms + self.cfg.host_memory.check_every_ms;
+            self.next_host_ms = next_on_grid(now_ms, self.cfg.host_memory.check_every_ms);
             self.check_host(now_ms);
         }
         if self.cfg.verify.enabled && now_ms >= self.next_verify_ms {
-            self.next_verify_ms = now_ms + self.cfg.verify.every_ms;
+            // On the grid the ledger's reclaim scan uses: the registry is read once that tick.
+            self.next_verify_ms = next_on_grid(now_ms, self.cfg.verify.every_ms);
             self.verify(now_ms);
         }
         if self.evictor.in_flight() > 0 {
@@ -314,16 +319,20 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
-    /// Re-reads the offline registry (for the state file's count).
-    pub fn refresh_offline(&mut self) {
-        self.offline();
+    /// Re-reads the offline registry at monotonic ms `now_ms` (for the state file's count),
+    /// unless this tick has read it already (verification, an eviction, the occupancy).
+    pub fn refresh_offline(&mut self, now_ms: u64) {
+        if self.offline_read_ms != Some(now_ms) {
+            self.offline(now_ms);
+        }
     }
 
-    fn offline(&mut self) -> Vec<OfflineProc> {
-        match self.ledger.offline() {
+    fn offline(&mut self, now_ms: u64) -> Vec<OfflineProc> {
+        match self.ledger.offline(now_ms) {
             Ok(v) => {
                 self.ledger_error_logged = false;
                 self.offline_registered = v.len();
+                self.offline_read_ms = Some(now_ms);
                 v
             }
             Err(e) => {
@@ -344,7 +353,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 return o;
             }
         }
-        let o = self.find_occupancy();
+        let o = self.find_occupancy(now_ms);
         self.occupancy_cache = Some((now_ms + OCCUPANCY_TTL_MS, o));
         o
     }
@@ -353,7 +362,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     /// pid namespace (not being evicted) and the rest, counted as online. Any doubt (NVML
     /// error, nobody listed) is `Unknown`: every metric is judged whole, eviction stays armed.
     /// A ledger error gives no offline processes: every NVML process counts as online.
-    fn find_occupancy(&mut self) -> Occupancy {
+    fn find_occupancy(&mut self, now_ms: u64) -> Occupancy {
         let nvml = match self.gpu.processes() {
             Ok(v) => v,
             Err(_) => return Occupancy::Unknown,
@@ -361,7 +370,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         if nvml.is_empty() {
             return Occupancy::Unknown;
         }
-        let offline = self.offline();
+        let offline = self.offline(now_ms);
         let is_offline = |pid: u32| {
             offline
                 .iter()
@@ -380,7 +389,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     fn evict_all(&mut self, now_ms: u64, reason: EvictReason, why: &str) {
-        let procs = self.offline();
+        let procs = self.offline(now_ms);
         for p in procs {
             self.evict_one(now_ms, &p, reason, why);
         }
@@ -421,7 +430,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     fn verify(&mut self, now_ms: u64) {
-        let offline = self.offline();
+        let offline = self.offline(now_ms);
         if offline.is_empty() {
             return;
         }
@@ -732,6 +741,29 @@ mod tests {
         m.tick(55);
         assert_eq!(m.evictor.kills(), 1);
         assert_ne!(m.change_key(), over, "the SIGKILL is too");
+    }
+
+    /// The registry is read once in a tick whose verification read it already; the count
+    /// still follows a registration at the next look.
+    #[test]
+    fn the_registry_count_reuses_this_ticks_read_and_follows_the_next_one() {
+        let mut c = cfg();
+        c.verify.every_ms = 200;
+        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![] };
+        let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
+        let mut m = Monitor::new(c, gpu, ledger, Rec::default(), vec![]);
+        let reads = |m: &Monitor<Script, MemLedger, Rec>| m.ledger.offline_reads;
+        let start = reads(&m);
+        m.tick(0); // verification (on the grid) reads the registry
+        assert_eq!(reads(&m), start + 1);
+        m.refresh_offline(0);
+        assert_eq!(reads(&m), start + 1, "read once in this tick");
+        assert_eq!(m.offline_registered, 1);
+        m.ledger.procs.push(off(501));
+        m.tick(100); // no verification at 100 ms
+        m.refresh_offline(100);
+        assert_eq!(reads(&m), start + 2, "a later tick reads afresh");
+        assert_eq!(m.offline_registered, 2);
     }
 
     #[test]

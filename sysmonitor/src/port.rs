@@ -31,8 +31,9 @@ pub struct Published {
 
 /// The monitor's view of the ledger.
 pub trait LedgerPort {
-    /// Offline processes currently registered.
-    fn offline(&mut self) -> Result<Vec<OfflineProc>, String>;
+    /// Offline processes currently registered, at monotonic ms `now_ms` (the time a pending
+    /// eviction request is taken to date from when the ledger does not keep it).
+    fn offline(&mut self, now_ms: u64) -> Result<Vec<OfflineProc>, String>;
     /// Records that `p` is being evicted (so a restarted monitor does not signal it again).
     fn mark_evicting(
         &mut self,
@@ -43,8 +44,10 @@ pub trait LedgerPort {
     /// Publishes state and measurements for the shim and the MPS manager.
     fn publish(&mut self, p: &Published) -> Result<(), String>;
     /// Gives back the quota of registered processes that have died, in any pid namespace
-    /// (called every tick; the ledger adapter scans at most every `RECLAIM_EVERY_MS`).
-    fn reclaim(&mut self) {}
+    /// (called every tick with its monotonic ms; the ledger adapter scans when its watch
+    /// reports a close of the file, and on its own only every `RECLAIM_EVERY_MS` or
+    /// `RECLAIM_FALLBACK_MS`, see `ledger::RECLAIM_EVERY_MS`).
+    fn reclaim(&mut self, _now_ms: u64) {}
     /// The SM share, percent, the offline side is held to: the sum of the registered offline
     /// jobs' MPS percentages, at most the budget the MPS manager published if published
     /// recently ([`BUDGET_FRESH_MS`]). `None` (stale, never published, unreadable, a job not
@@ -71,10 +74,13 @@ pub struct MemLedger {
     pub reclaims: usize,
     /// What [`LedgerPort::offline_sm_cap_pct`] answers.
     pub sm_cap_pct: Option<f64>,
+    /// Calls of [`LedgerPort::offline`] (reads of the registry).
+    pub offline_reads: usize,
 }
 
 impl LedgerPort for MemLedger {
-    fn offline(&mut self) -> Result<Vec<OfflineProc>, String> {
+    fn offline(&mut self, _now_ms: u64) -> Result<Vec<OfflineProc>, String> {
+        self.offline_reads += 1;
         Ok(self.procs.clone())
     }
     fn mark_evicting(
@@ -95,7 +101,7 @@ impl LedgerPort for MemLedger {
         self.published.push(*p);
         Ok(())
     }
-    fn reclaim(&mut self) {
+    fn reclaim(&mut self, _now_ms: u64) {
         self.reclaims += 1;
     }
     fn offline_sm_cap_pct(&mut self) -> Option<f64> {
