@@ -11,7 +11,7 @@
 //! * While MPS is poisoned (a client died holding a context), kernels of MPS clients make no
 //!   progress: the server is hung.
 
-use crate::layout::{kstate, State, MAX_CLIENTS, RING_LEN};
+use crate::layout::{kstate, Header, State, MAX_CLIENTS, RING_LEN};
 
 /// Minimum gap between two utilization samples.
 pub const SAMPLE_EVERY_NS: u64 = 5_000_000;
@@ -188,24 +188,37 @@ pub fn samples(st: &State) -> Vec<crate::layout::Sample> {
 
 /// Samples in time order (oldest first), read in place (no copy of the ring).
 pub fn samples_iter(st: &State) -> impl DoubleEndedIterator<Item = crate::layout::Sample> + '_ {
-    let h = &st.header;
+    ring_iter(&st.header, |i| st.ring[i])
+}
+
+/// The samples of a ring described by header `h` (its head and count), oldest first, each
+/// read by `at(index)`: the ring in place under the lock, or one entry at a time from a
+/// lock-free view.
+pub fn ring_iter<'a>(
+    h: &Header,
+    at: impl Fn(usize) -> crate::layout::Sample + 'a,
+) -> impl DoubleEndedIterator<Item = crate::layout::Sample> + 'a {
     let n = (h.ring_count as usize).min(RING_LEN);
-    let head = h.ring_head as usize;
-    (0..n).map(move |i| st.ring[(head + RING_LEN - n + i) % RING_LEN])
+    let head = h.ring_head as usize % RING_LEN;
+    (0..n).map(move |i| at((head + RING_LEN - n + i) % RING_LEN))
 }
 
 /// GPU utilization and SM activity (both 0..=1) over roughly the last `window_ns`, ending at the
 /// state's current time (cumulative integrals, so sparse samples stay exact).
 pub fn utilization(st: &State, window_ns: u64) -> (f64, f64) {
-    let h = &st.header;
+    utilization_of(&st.header, |i| st.ring[i], window_ns)
+}
+
+/// [`utilization`] of the state whose header is `h` and whose ring entries `at` reads.
+pub fn utilization_of(h: &Header, at: impl Fn(usize) -> crate::layout::Sample + Copy, window_ns: u64) -> (f64, f64) {
     let now = h.last_ns;
     let from = now.saturating_sub(window_ns);
     // Newest first: at one sample per `SAMPLE_EVERY_NS` the base is a few entries back (the
     // ring is read in place, not copied: NVML asks for this at every monitor sample).
-    let base = samples_iter(st)
+    let base = ring_iter(h, at)
         .rev()
         .find(|s| s.t_ns <= from)
-        .or_else(|| samples_iter(st).next())
+        .or_else(|| ring_iter(h, at).next())
         .unwrap_or(crate::layout::Sample { t_ns: h.created_ns, ..Default::default() });
     let span = now.saturating_sub(base.t_ns) as f64;
     if span <= 0.0 {
@@ -215,6 +228,55 @@ pub fn utilization(st: &State, window_ns: u64) -> (f64, f64) {
         ((h.busy_ns - base.busy_ns) / span).clamp(0.0, 1.0),
         ((h.sm_active_ns - base.sm_active_ns) / span).clamp(0.0, 1.0),
     )
+}
+
+/// True when [`advance`] to `now` would write no utilization sample (the ring stays as it is).
+pub fn sample_due(h: &Header, now: u64) -> bool {
+    h.ring_count == 0 || now >= h.last_sample_ns.saturating_add(SAMPLE_EVERY_NS)
+}
+
+/// Brings the state to the point the next [`advance`] starts from (ready kernels started,
+/// shares and clock planned: both are pure functions of the state, so doing it now changes
+/// nothing that advance would not do first) and returns until when the model then runs on
+/// unchanged: the last instant before a running kernel could finish, or `reap_at` (when dead
+/// clients are next due to be released) if earlier. Up to that time, advancing only grows the
+/// time integrals at the rates the header holds ([`extrapolate`]).
+pub fn quiet_until(st: &mut State, reap_at: u64) -> u64 {
+    let t = st.header.last_ns;
+    activate_ready(st, t);
+    compute_shares(st);
+    let rate_per_sm = st.header.sm_clock_mhz / 1000.0; // cycles per ns
+    let mut q = reap_at;
+    for k in st.live().iter().filter(|k| k.state == kstate::RUNNING && k.share > 0.0) {
+        // `advance` marks a kernel done once its work left drops to this (see its loop); stop
+        // short of that by a margin for rounding (1 cycle plus 1e-12 of the work).
+        let done_at = (1e-9 * k.work_total.max(1.0)).max(0.5);
+        let slack = k.work_left - done_at - 1.0 - 1e-12 * k.work_left;
+        let ns = slack / (k.share * rate_per_sm);
+        if !(ns >= 2.0) {
+            return t;
+        }
+        q = q.min(t.saturating_add(ns as u64 - 1));
+    }
+    q
+}
+
+/// Advances header `h` to `now` as [`advance`] would while nothing but time passes (`now` no
+/// later than the state's [`quiet_until`]): one step of `now - last_ns` at the planned shares,
+/// the same arithmetic, so the integrals come out exactly as a locked advance would leave them.
+/// Writes no utilization sample; an earlier `now` leaves `h` as it is (its time is later).
+pub fn extrapolate(h: &mut Header, now: u64) {
+    if now <= h.last_ns {
+        return;
+    }
+    let dt = (now - h.last_ns) as f64;
+    let granted = h.sm_in_use;
+    if granted > 0.0 {
+        let sms = f64::from(h.sm_count.max(1));
+        h.busy_ns += dt;
+        h.sm_active_ns += dt * granted / sms;
+    }
+    h.last_ns = now;
 }
 
 #[cfg(test)]

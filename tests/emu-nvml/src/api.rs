@@ -306,7 +306,7 @@ fn clock(device: nvmlDevice_t, ty: nvmlClockType_t, max: bool) -> NvmlResult<c_u
     );
     if sm && !max {
         // The only live value: the rest are the card's fixed facts.
-        return state::with_reading(device, |s, _| s.sm_clock_mhz);
+        return state::with_device(device, |d| d.counters().sm_clock_mhz);
     }
     state::with_facts(device, |f| match ty {
         _ if sm => Ok(f.max_sm_clock_mhz),
@@ -469,16 +469,18 @@ pub unsafe extern "C" fn nvmlDeviceGetSamples(
             nvmlSamplingType_enum_NVML_PROCESSOR_CLK_SAMPLES => |_, b| f64::from(b.sm_clock_mhz),
             _ => return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
         };
-        let got = state::with_device(device, |d| {
-            crate::metrics::samples(&source::samples(d, last_seen_us), last_seen_us, value)
-        })?;
         // SAFETY: checked non-null; NVML contract.
         unsafe { *val_type = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT };
         if samples.is_null() {
+            // The size query: room for the whole ring (the device is checked, nothing read).
+            state::with_device(device, |_| ())?;
             // SAFETY: checked non-null.
             unsafe { *count = emu_device::layout::RING_LEN as c_uint };
             return Ok(());
         }
+        let got = state::with_device(device, |d| {
+            crate::metrics::samples(&source::samples(d, last_seen_us), last_seen_us, value)
+        })?;
         if got.is_empty() {
             // SAFETY: checked non-null.
             unsafe { *count = 0 };
@@ -546,7 +548,7 @@ pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t
                 return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
             }
             // Always taken now: the difference of two samples is the measurement.
-            let p = source::point(&state::reading(sh, i, true));
+            let p = source::point(&sh.devices[i].counters());
             crate::gpm::fill_in(sh, sample as usize, i as u32, p)
         })?
     })

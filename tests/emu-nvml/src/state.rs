@@ -38,10 +38,10 @@ pub struct Shared {
     pub cache: Vec<Option<(Instant, Reading)>>,
 }
 
-/// How long one device reading answers further counter queries. A monitor asks several
-/// questions per sample (memory, clocks, utilization); they share one lock of the state file
-/// and one model update, as a real driver answers them from counters it samples itself. GPM
-/// samples always take a fresh reading, since their difference is the measurement; process
+/// How long one device reading answers further utilization-window queries (utilization rates,
+/// power, temperature): they share one model update, as a real driver answers them from
+/// counters it samples itself. Memory, the SM clock and GPM samples are read live each time
+/// (`emu_device::Device::counters`, lock-free while the model runs on unchanged); process
 /// lists and utilization samples are always read afresh.
 pub const SNAPSHOT_REUSE: Duration = Duration::from_micros(500);
 
@@ -143,17 +143,17 @@ pub fn with_facts<T>(dev: nvmlDevice_t, f: impl FnOnce(&Facts) -> T) -> NvmlResu
 /// the device's facts.
 pub fn with_reading<T>(dev: nvmlDevice_t, f: impl FnOnce(&Reading, &Facts) -> T) -> NvmlResult<T> {
     with_shared(dev, |sh, i| {
-        let r = reading(sh, i, false);
+        let r = reading(sh, i);
         f(&r, &sh.facts[i])
     })
 }
 
-/// Device `i`'s reading: the cached one when `fresh` is false and it is younger than
-/// [`SNAPSHOT_REUSE`], else taken now (and cached).
-pub fn reading(sh: &mut Shared, i: usize, fresh: bool) -> Reading {
+/// Device `i`'s reading: the cached one when it is younger than [`SNAPSHOT_REUSE`], else
+/// taken now (and cached).
+pub fn reading(sh: &mut Shared, i: usize) -> Reading {
     let now = Instant::now();
     match sh.cache[i] {
-        Some((at, r)) if !fresh && now.duration_since(at) < SNAPSHOT_REUSE => r,
+        Some((at, r)) if now.duration_since(at) < SNAPSHOT_REUSE => r,
         _ => {
             let r = sh.devices[i].reading();
             sh.cache[i] = Some((now, r));
