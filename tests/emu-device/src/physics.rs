@@ -293,6 +293,13 @@ mod tests {
         st
     }
 
+    fn dup(st: &State) -> Box<State> {
+        let mut b = state(0);
+        // SAFETY: State is plain data; copying one whole value into another box.
+        unsafe { std::ptr::copy_nonoverlapping(st, &mut *b, 1) };
+        b
+    }
+
     fn launch(st: &mut State, client: u32, blocks: u32, cycles: f64, t: u64, dep: u64) -> usize {
         let i = st.kernels.iter().position(|k| k.state == kstate::FREE).unwrap();
         st.header.ticket_counter += 1;
@@ -405,6 +412,62 @@ mod tests {
         let (util, sm) = utilization(&st, 20_000_000);
         assert!((util - 0.5).abs() < 0.01, "{util}");
         assert!((sm - 0.25).abs() < 0.01, "{sm}");
+    }
+
+    proptest::proptest! {
+        /// Up to the quiet horizon, advancing changes nothing but the integrals, and exactly
+        /// as `extrapolate` computes them (what lock-free readers report); just past the first
+        /// kernel's end, advancing does change the kernels (the horizon is never too late).
+        #[test]
+        fn extrapolation_is_advance_until_the_horizon(
+            kernels in proptest::collection::vec((0u32..3, 1u32..120, 1_000u32..5_000_000), 1..12),
+            before in 0u64..3_000_000,
+            frac in 0.0f64..=1.0,
+            mps in proptest::bool::ANY,
+        ) {
+            let mut st = state(40);
+            st.header.mps_enabled = u32::from(mps);
+            st.header.mps_generation = 1;
+            for c in 0..3usize {
+                st.clients[c] = ClientSlot { used: 1, mps_gen: 1, pct: 30 + 30 * c as u32, ..Default::default() };
+            }
+            let mut prev = 0;
+            for (i, (c, blocks, cycles)) in kernels.iter().enumerate() {
+                // Every third kernel queued behind the previous one (stream order).
+                let dep = if i % 3 == 2 { prev } else { 0 };
+                let k = launch(&mut st, *c, *blocks, f64::from(*cycles), 0, dep);
+                prev = st.kernels[k].ticket;
+            }
+            advance(&mut st, before);
+            let q = quiet_until(&mut st, u64::MAX);
+            let t = st.header.last_ns;
+            proptest::prop_assert!(q >= t);
+            if q < u64::MAX {
+                let now = t + ((q - t) as f64 * frac) as u64;
+                let mut copy = dup(&st);
+                let mut h = st.header;
+                extrapolate(&mut h, now);
+                advance(&mut copy, now);
+                for (a, b) in copy.kernels.iter().zip(st.kernels.iter()) {
+                    proptest::prop_assert_eq!(a.state, b.state);
+                }
+                proptest::prop_assert_eq!(copy.header.busy_ns, h.busy_ns);
+                proptest::prop_assert_eq!(copy.header.sm_active_ns, h.sm_active_ns);
+                proptest::prop_assert_eq!(copy.header.sm_clock_mhz, h.sm_clock_mhz);
+                proptest::prop_assert_eq!(copy.header.last_ns, h.last_ns);
+                // The first end: a little after the horizon some kernel is done.
+                let running = st.kernels.iter().filter(|k| k.state == kstate::RUNNING && k.share > 0.0).count();
+                if running > 0 {
+                    let mut later = dup(&st);
+                    let rate = st.header.sm_clock_mhz / 1000.0;
+                    let first = st.kernels.iter().filter(|k| k.state == kstate::RUNNING && k.share > 0.0)
+                        .map(|k| k.work_left / (k.share * rate)).fold(f64::INFINITY, f64::min);
+                    advance(&mut later, t + first.ceil() as u64 + 1);
+                    proptest::prop_assert!(later.kernels.iter().any(|k| k.state == kstate::DONE));
+                    proptest::prop_assert!(q < t + first.ceil() as u64 + 1);
+                }
+            }
+        }
     }
 
     proptest::proptest! {
