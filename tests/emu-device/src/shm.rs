@@ -87,26 +87,56 @@ pub struct View<'a> {
     _shm: std::marker::PhantomData<&'a Shm>,
 }
 
+/// Plain data of whole 8-byte words that any bit pattern is a valid value of.
+///
+/// # Safety
+/// Implementors are `repr(C)`, 8-aligned, a whole number of words long, and made only of
+/// integers and floats.
+unsafe trait Words: Copy {}
+// SAFETY: all three are repr(C) structs of u64/u32/f64/u8 fields (and arrays of such), 8-aligned
+// and of a size that is a multiple of 8 (checked at compile time in `copy_words`).
+unsafe impl Words for Header {}
+// SAFETY: as above.
+unsafe impl Words for Sample {}
+// SAFETY: as above.
+unsafe impl Words for ClientSlot {}
+
+/// Copies `*src` word by word with volatile loads: no reference to memory other processes write
+/// is formed, and it is one load per word (a volatile copy of a whole struct becomes a byte
+/// loop).
+///
+/// # Safety
+/// `src` is valid for reads of `T` for the duration of the call.
+unsafe fn copy_words<T: Words>(src: *const T) -> T {
+    const { assert!(std::mem::size_of::<T>() % 8 == 0 && std::mem::align_of::<T>() == 8) };
+    let mut out = std::mem::MaybeUninit::<T>::uninit();
+    let (src, dst) = (src.cast::<u64>(), out.as_mut_ptr().cast::<u64>());
+    for i in 0..std::mem::size_of::<T>() / 8 {
+        // SAFETY: both in bounds of a `T` (whole words, checked above), both 8-aligned.
+        unsafe { dst.add(i).write(src.add(i).read_volatile()) };
+    }
+    // SAFETY: every word written; any bit pattern is a valid `T` (`Words`).
+    unsafe { out.assume_init() }
+}
+
 impl View<'_> {
     /// A copy of the header.
     pub fn header(&self) -> Header {
-        // SAFETY: the map is valid for the life of the `Shm` this view borrows; the copy is
-        // made with volatile loads through a raw pointer (no reference to memory other
-        // processes write is formed), and every bit pattern is a valid `Header` (plain
-        // integers and floats), so a torn copy is a value, thrown away by the caller.
-        unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.map).header)) }
+        // SAFETY: the map is valid for the life of the `Shm` this view borrows. A copy torn by
+        // a writer is still a value (`Words`), which the caller throws away.
+        unsafe { copy_words(std::ptr::addr_of!((*self.map).header)) }
     }
 
     /// A copy of ring entry `i` (taken modulo the ring's length).
     pub fn sample(&self, i: usize) -> Sample {
         // SAFETY: as in `header`; the index is in bounds.
-        unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.map).ring[i % RING_LEN])) }
+        unsafe { copy_words(std::ptr::addr_of!((*self.map).ring[i % RING_LEN])) }
     }
 
     /// A copy of client slot `i` (taken modulo the number of slots).
     pub fn client(&self, i: usize) -> ClientSlot {
         // SAFETY: as in `header`; the index is in bounds.
-        unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.map).clients[i % MAX_CLIENTS])) }
+        unsafe { copy_words(std::ptr::addr_of!((*self.map).clients[i % MAX_CLIENTS])) }
     }
 }
 

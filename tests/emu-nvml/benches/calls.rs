@@ -1,8 +1,8 @@
 //! Cost of the NVML calls sysmonitor makes at every sample (`sysmonitor/src/sampler.rs`), on
 //! the fake `libnvidia-ml.so.1`: nanoseconds and system calls per call, for the t4 and a10
 //! profiles (utilization rates + utilization samples) and h100 (GPM), each call made 1 ms
-//! after the previous one (a monitor samples every 10 ms: nothing it reads is cached from its
-//! last sample). With `--baseline OTHER.so` the same calls on another build of the library,
+//! after the previous one (longer than any reading the library reuses), and whole monitor
+//! samples 10 ms apart (sysmonitor's default interval). With `--baseline OTHER.so` the same calls on another build of the library,
 //! side by side in the same run, with the ratio.
 //!
 //! Run: `cargo build --release -p emu-nvml && cargo bench -p emu-nvml --bench calls` (add
@@ -19,6 +19,8 @@ use nvml_wrapper_sys::bindings::*;
 
 /// Pause between two calls: longer than any reuse of a reading inside the library.
 const GAP: Duration = Duration::from_millis(1);
+/// Pause between two whole monitor samples: sysmonitor's default interval.
+const SAMPLE_GAP: Duration = Duration::from_millis(10);
 
 fn spin(d: Duration) {
     let t = Instant::now();
@@ -204,37 +206,37 @@ impl Lib {
 
 type Call = fn(&mut Lib);
 
-fn rows(profile: &str) -> Vec<(&'static str, Call)> {
-    let mut v: Vec<(&'static str, Call)> = Vec::new();
+fn rows(profile: &str) -> Vec<(&'static str, Call, Duration)> {
+    let mut v: Vec<(&'static str, Call, Duration)> = Vec::new();
     if profile == "h100" {
-        v.push(("nvmlGpmSampleGet", Lib::gpm_sample));
-        v.push(("nvmlGpmMetricsGet (SM + graphics util)", Lib::gpm_metrics));
+        v.push(("nvmlGpmSampleGet", Lib::gpm_sample, GAP));
+        v.push(("nvmlGpmMetricsGet (SM + graphics util)", Lib::gpm_metrics, GAP));
     } else {
-        v.push(("nvmlDeviceGetUtilizationRates", Lib::util_rates));
-        v.push(("nvmlDeviceGetSamples, size query", Lib::samples_size_query));
-        v.push(("nvmlDeviceGetSamples, 512-entry buffer", Lib::samples_fill));
+        v.push(("nvmlDeviceGetUtilizationRates", Lib::util_rates, GAP));
+        v.push(("nvmlDeviceGetSamples, size query", Lib::samples_size_query, GAP));
+        v.push(("nvmlDeviceGetSamples, 512-entry buffer", Lib::samples_fill, GAP));
     }
-    v.push(("nvmlDeviceGetMemoryInfo", Lib::memory));
-    v.push(("nvmlDeviceGetClockInfo(SM)", Lib::clock));
-    v.push(("power + temperature (every 10th sample)", Lib::power_temp));
-    v.push(("running processes (size + list)", Lib::processes));
+    v.push(("nvmlDeviceGetMemoryInfo", Lib::memory, GAP));
+    v.push(("nvmlDeviceGetClockInfo(SM)", Lib::clock, GAP));
+    v.push(("power + temperature (every 10th sample)", Lib::power_temp, GAP));
+    v.push(("running processes (size + list)", Lib::processes, GAP));
     if profile == "h100" {
-        v.push(("= one monitor sample (GPM path)", |l| l.monitor_sample(true)));
+        v.push(("= one monitor sample (GPM path), 10 ms apart", |l| l.monitor_sample(true), SAMPLE_GAP));
     } else {
-        v.push(("= one monitor sample (samples path)", |l| l.monitor_sample(false)));
+        v.push(("= one monitor sample (samples path), 10 ms apart", |l| l.monitor_sample(false), SAMPLE_GAP));
     }
     v
 }
 
 /// (ns per call: min over 3 rounds of the mean, system calls per call).
-fn measure(lib: &mut Lib, call: Call, n: u32, counter: Option<&SyscallCounter>) -> (f64, Option<f64>) {
+fn measure(lib: &mut Lib, call: Call, gap: Duration, n: u32, counter: Option<&SyscallCounter>) -> (f64, Option<f64>) {
     let mut best = f64::INFINITY;
     let mut sys = None;
     for _ in 0..3 {
         let before = counter.map(|c| c.get());
         let mut total = Duration::ZERO;
         for _ in 0..n {
-            spin(GAP);
+            spin(gap);
             let t = Instant::now();
             call(lib);
             total += t.elapsed();
@@ -257,28 +259,30 @@ fn run_profile(profile: &str, lib: &PathBuf, baseline: Option<&PathBuf>, n: u32)
     let mut base = baseline.map(|b| Lib::open(b, profile, &d_base));
     let counter = SyscallCounter::open();
     let sys = |s: Option<f64>| s.map_or("n/a".to_string(), |v| format!("{v:.2}"));
-    println!("-- profile {profile}: {n} calls per row, {} ms apart --", GAP.as_millis());
+    println!("-- profile {profile}: {n} calls per row, {} ms apart (whole samples: {} per row, {} ms apart); ns: best of 3 rounds' means --", GAP.as_millis(), (n / 5).max(1), SAMPLE_GAP.as_millis());
     if base.is_some() {
         println!(
-            "  {:<42} {:>10} {:>8}   {:>10} {:>8}   {:>6}",
+            "  {:<50} {:>10} {:>8}   {:>10} {:>8}   {:>6}",
             "call", "this ns", "sys/call", "base ns", "sys/call", "ratio"
         );
     } else {
-        println!("  {:<42} {:>10} {:>8}", "call", "ns", "sys/call");
+        println!("  {:<50} {:>10} {:>8}", "call", "ns", "sys/call");
     }
-    for (name, call) in rows(profile) {
-        let (ns, s) = measure(&mut this, call, n, counter.as_ref());
+    for (name, call, gap) in rows(profile) {
+        // Whole samples 10 ms apart: fewer of them, as many seconds as the other rows.
+        let n = if gap > GAP { (n / 5).max(1) } else { n };
+        let (ns, s) = measure(&mut this, call, gap, n, counter.as_ref());
         match &mut base {
             Some(b) => {
-                let (bns, bs) = measure(b, call, n, counter.as_ref());
+                let (bns, bs) = measure(b, call, gap, n, counter.as_ref());
                 println!(
-                    "  {name:<42} {ns:>10.0} {:>8}   {bns:>10.0} {:>8}   {:>6.2}",
+                    "  {name:<50} {ns:>10.0} {:>8}   {bns:>10.0} {:>8}   {:>6.2}",
                     sys(s),
                     sys(bs),
                     ns / bns.max(1e-9)
                 );
             }
-            None => println!("  {name:<42} {ns:>10.0} {:>8}", sys(s)),
+            None => println!("  {name:<50} {ns:>10.0} {:>8}", sys(s)),
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
