@@ -37,7 +37,7 @@ fn main() {
         std::hint::black_box(libc::getpid());
     });
     let rows = [
-        ("mem_info (lock + advance)", per_op(50_000, || {
+        ("mem_info (cuMemGetInfo)", per_op(50_000, || {
             std::hint::black_box(dev.mem_info());
         })),
         ("alloc + free pair", per_op(50_000, || {

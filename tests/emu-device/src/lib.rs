@@ -757,10 +757,11 @@ impl Device {
         }
     }
 
-    /// Free and total device memory as the driver reports it.
+    /// Free and total device memory as the driver reports it (live, lock-free while nothing
+    /// is due: see [`Device::counters`]).
     pub fn mem_info(&self) -> (u64, u64) {
-        let g = self.locked();
-        (g.header.total_memory.saturating_sub(g.header.used_memory), g.header.total_memory)
+        let c = self.counters();
+        (c.memory_total.saturating_sub(c.memory_used), c.memory_total)
     }
 
     /// Commits `bytes` of device memory to the client and returns a fresh device address.

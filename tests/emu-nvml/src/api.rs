@@ -633,6 +633,74 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// What a monitor asks at every sample on a quiet device (GPM sample and metrics, memory,
+    /// SM clock, the process list) is answered without a single system call: no lock of the
+    /// state file (real NVML's own cost is its driver's; the emulator's should not add to it).
+    /// Where the kernel offers no syscall counter the count is skipped, the values still
+    /// checked.
+    #[test]
+    fn per_sample_queries_make_no_system_call_on_a_quiet_device() {
+        let _one = serial();
+        let dir = std::env::temp_dir().join(format!("emu-nvml-quiet-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
+        std::env::set_var("GPUEMU_PROFILE", "h100");
+        // SAFETY: every pointer passed points at a live local of the type written.
+        unsafe {
+            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+            let mut dev: nvmlDevice_t = std::ptr::null_mut();
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let (mut a, mut b): (nvmlGpmSample_t, nvmlGpmSample_t) = (null_mut(), null_mut());
+            assert_eq!(nvmlGpmSampleAlloc(&mut a), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlGpmSampleAlloc(&mut b), nvmlReturn_enum_NVML_SUCCESS);
+            // Whoever touched the device last left it settled; one locked read to be sure.
+            state::with_device(dev, |d| d.reading_locked()).unwrap();
+            let mut req: Box<nvmlGpmMetricsGet_t> = Box::new(std::mem::zeroed());
+            let sample = |s| {
+                assert_eq!(nvmlGpmSampleGet(dev, s), nvmlReturn_enum_NVML_SUCCESS);
+                let mut m: nvmlMemory_t = std::mem::zeroed();
+                assert_eq!(nvmlDeviceGetMemoryInfo(dev, &mut m), nvmlReturn_enum_NVML_SUCCESS);
+                let mut clk = 0;
+                assert_eq!(
+                    nvmlDeviceGetClockInfo(dev, nvmlClockType_enum_NVML_CLOCK_SM, &mut clk),
+                    nvmlReturn_enum_NVML_SUCCESS
+                );
+                let mut n: c_uint = 0;
+                assert_eq!(
+                    nvmlDeviceGetComputeRunningProcesses_v3(dev, &mut n, null_mut()),
+                    nvmlReturn_enum_NVML_SUCCESS
+                );
+                (m.total, clk)
+            };
+            let counter = emu_device::syscalls::SyscallCounter::open();
+            let before = counter.as_ref().map(|c| c.get());
+            for i in 0..100 {
+                let (s1, s2) = if i % 2 == 0 { (a, b) } else { (b, a) };
+                let (total, clk) = sample(s2);
+                assert!(total > 0 && clk > 0);
+                req.version = NVML_GPM_METRICS_GET_VERSION;
+                req.numMetrics = 1;
+                req.sample1 = s1;
+                req.sample2 = s2;
+                req.metrics[0].metricId = nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL;
+                if i > 0 {
+                    assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_SUCCESS);
+                    assert_eq!(req.metrics[0].value, 0.0, "idle device");
+                }
+            }
+            if let (Some(c), Some(b)) = (&counter, before) {
+                // The counter's own read is the one system call between the two counts.
+                assert_eq!(c.get() - b, 1, "system calls made by 100 monitor samples");
+            } else {
+                eprintln!("no syscall counter on this kernel: count not checked");
+            }
+            assert_eq!(nvmlGpmSampleFree(a), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlGpmSampleFree(b), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn hostile_calls_get_error_codes() {
         let _one = serial();
