@@ -468,8 +468,19 @@ impl Device {
     /// are due to be released ([`REAP_EVERY_NS`]) or a kernel starts or finishes, so a dead
     /// process's memory is given back as soon as with any other query.
     pub fn memory(&self) -> (u64, u64) {
-        let c = self.counters();
-        (c.memory_total, c.memory_used)
+        use std::mem::offset_of;
+        let now = now_ns();
+        // Three words of the header, not all of it: NVML asks at every sample.
+        let quick = self.shm.optimistic(|v| {
+            let q = v.header_word(offset_of!(layout::Header, quiet_until_ns));
+            (now <= q).then(|| {
+                (v.header_word(offset_of!(layout::Header, total_memory)), v.header_word(offset_of!(layout::Header, used_memory)))
+            })
+        });
+        quick.unwrap_or_else(|| {
+            let c = self.counters_locked();
+            (c.memory_total, c.memory_used)
+        })
     }
 
     /// `(pid, device memory used)` of every process holding a context now, in slot order:
@@ -902,10 +913,17 @@ fn reading_of(h: &layout::Header, at: impl Fn(usize) -> Sample + Copy) -> Readin
     }
 }
 
-fn samples_after_of(h: &layout::Header, at: impl Fn(usize) -> Sample + Copy, after_ns: u64) -> Vec<Sample> {
-    let newer = physics::ring_iter(h, at).rev().take_while(|s| s.t_ns > after_ns).count();
-    let all = physics::ring_iter(h, at).count();
-    physics::ring_iter(h, at).skip(all.saturating_sub(newer + 1)).collect()
+fn samples_after_of(h: &layout::Header, at: impl Fn(usize) -> Sample, after_ns: u64) -> Vec<Sample> {
+    // Only the entries returned are read (from a lock-free view each read is a copy): back from
+    // the newest while newer than `after_ns`, then the one before them.
+    let n = (h.ring_count as usize).min(layout::RING_LEN);
+    let head = h.ring_head as usize % layout::RING_LEN;
+    let idx = |i: usize| (head + layout::RING_LEN - n + i) % layout::RING_LEN; // i-th oldest
+    let mut k = n;
+    while k > 0 && at(idx(k - 1)).t_ns > after_ns {
+        k -= 1;
+    }
+    (k.saturating_sub(1)..n).map(|i| at(idx(i))).collect()
 }
 
 fn check_pct(pct: u32) -> Result<(), EmuError> {

@@ -127,6 +127,14 @@ impl View<'_> {
         unsafe { copy_words(std::ptr::addr_of!((*self.map).header)) }
     }
 
+    /// The `u64` header field at byte `offset` (`std::mem::offset_of!(Header, field)`).
+    pub fn header_word(&self, offset: usize) -> u64 {
+        assert!(offset % 8 == 0 && offset + 8 <= std::mem::size_of::<Header>(), "header word at {offset}");
+        // SAFETY: the map is valid for the life of the `Shm` this view borrows; `offset` names
+        // an aligned word inside the header (checked above); read with one volatile load.
+        unsafe { std::ptr::addr_of!((*self.map).header).cast::<u8>().add(offset).cast::<u64>().read_volatile() }
+    }
+
     /// A copy of ring entry `i` (taken modulo the ring's length).
     pub fn sample(&self, i: usize) -> Sample {
         // SAFETY: as in `header`; the index is in bounds.
