@@ -453,9 +453,43 @@ impl Device {
     /// the last lock holder planned, and are extrapolated with the arithmetic a locked advance
     /// uses. Otherwise the lock is taken and the model advanced as by any other call.
     pub fn counters(&self) -> Counters {
+        use layout::Header as H;
+        use std::mem::offset_of;
         let now = now_ns();
-        let quick = self.shm.optimistic(|v| quiet_header(v, now).map(|h| Counters::of(&h)));
+        // The nine header fields it needs, not the whole header: a monitor asks at every sample.
+        let quick = self.shm.optimistic(|v| {
+            if now > v.header_word(offset_of!(H, quiet_until_ns)) {
+                return None;
+            }
+            let (timestamp_ns, busy_ns_total, sm_active_ns_total) = physics::extrapolated(
+                v.header_word(offset_of!(H, last_ns)),
+                v.header_f64(offset_of!(H, busy_ns)),
+                v.header_f64(offset_of!(H, sm_active_ns)),
+                v.header_f64(offset_of!(H, sm_in_use)),
+                v.header_u32(offset_of!(H, sm_count)),
+                now,
+            );
+            Some(Counters {
+                timestamp_ns,
+                memory_total: v.header_word(offset_of!(H, total_memory)),
+                memory_used: v.header_word(offset_of!(H, used_memory)),
+                sm_clock_mhz: v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32,
+                busy_ns_total,
+                sm_active_ns_total,
+            })
+        });
         quick.unwrap_or_else(|| self.counters_locked())
+    }
+
+    /// The SM clock now, MHz ([`Counters::sm_clock_mhz`], two words read while nothing is due).
+    pub fn sm_clock_mhz(&self) -> u32 {
+        use layout::Header as H;
+        use std::mem::offset_of;
+        let now = now_ns();
+        let quick = self.shm.optimistic(|v| {
+            (now <= v.header_word(offset_of!(H, quiet_until_ns))).then(|| v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32)
+        });
+        quick.unwrap_or_else(|| self.counters_locked().sm_clock_mhz)
     }
 
     /// [`Device::counters`] always under the lock.

@@ -266,17 +266,23 @@ pub fn quiet_until(st: &mut State, reap_at: u64) -> u64 {
 /// the same arithmetic, so the integrals come out exactly as a locked advance would leave them.
 /// Writes no utilization sample; an earlier `now` leaves `h` as it is (its time is later).
 pub fn extrapolate(h: &mut Header, now: u64) {
-    if now <= h.last_ns {
-        return;
+    (h.last_ns, h.busy_ns, h.sm_active_ns) =
+        extrapolated(h.last_ns, h.busy_ns, h.sm_active_ns, h.sm_in_use, h.sm_count, now);
+}
+
+/// [`extrapolate`] on the header fields it reads: `(last_ns, busy_ns, sm_active_ns)` at `now`.
+pub fn extrapolated(last_ns: u64, busy_ns: f64, sm_active_ns: f64, sm_in_use: f64, sm_count: u32, now: u64) -> (u64, f64, f64) {
+    if now <= last_ns {
+        return (last_ns, busy_ns, sm_active_ns);
     }
-    let dt = (now - h.last_ns) as f64;
-    let granted = h.sm_in_use;
+    let dt = (now - last_ns) as f64;
+    let granted = sm_in_use;
     if granted > 0.0 {
-        let sms = f64::from(h.sm_count.max(1));
-        h.busy_ns += dt;
-        h.sm_active_ns += dt * granted / sms;
+        let sms = f64::from(sm_count.max(1));
+        (now, busy_ns + dt, sm_active_ns + dt * granted / sms)
+    } else {
+        (now, busy_ns, sm_active_ns)
     }
-    h.last_ns = now;
 }
 
 #[cfg(test)]

@@ -135,6 +135,18 @@ impl View<'_> {
         unsafe { std::ptr::addr_of!((*self.map).header).cast::<u8>().add(offset).cast::<u64>().read_volatile() }
     }
 
+    /// The `f64` header field at byte `offset`.
+    pub fn header_f64(&self, offset: usize) -> f64 {
+        f64::from_bits(self.header_word(offset))
+    }
+
+    /// The `u32` header field at byte `offset`.
+    pub fn header_u32(&self, offset: usize) -> u32 {
+        assert!(offset % 4 == 0 && offset + 4 <= std::mem::size_of::<Header>(), "header u32 at {offset}");
+        // SAFETY: as in `header_word`, for an aligned u32 inside the header.
+        unsafe { std::ptr::addr_of!((*self.map).header).cast::<u8>().add(offset).cast::<u32>().read_volatile() }
+    }
+
     /// A copy of ring entry `i` (taken modulo the ring's length).
     pub fn sample(&self, i: usize) -> Sample {
         // SAFETY: as in `header`; the index is in bounds.

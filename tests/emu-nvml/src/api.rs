@@ -306,7 +306,7 @@ fn clock(device: nvmlDevice_t, ty: nvmlClockType_t, max: bool) -> NvmlResult<c_u
     );
     if sm && !max {
         // The only live value: the rest are the card's fixed facts.
-        return state::with_device(device, |d| d.counters().sm_clock_mhz);
+        return state::with_device(device, |d| d.sm_clock_mhz());
     }
     state::with_facts(device, |f| match ty {
         _ if sm => Ok(f.max_sm_clock_mhz),

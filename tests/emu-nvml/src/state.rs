@@ -1,7 +1,6 @@
 //! Library-wide state: the init reference count, device handles, this process's metric
 //! history per device, and live GPM samples.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -28,8 +27,9 @@ pub struct Shared {
     /// The emulated host's devices (NVML order = the order `GPUEMU_STATE` lists them), opened
     /// at the first successful init. NVML ignores `CUDA_VISIBLE_DEVICES`, as the real one does.
     pub devices: Vec<Device>,
-    /// Live GPM samples: id -> (device, point) once filled.
-    pub gpm: HashMap<usize, Option<(u32, Point)>>,
+    /// Live GPM samples: (id, (device, point) once filled), looked up by a linear scan (a
+    /// monitor holds two; no hashing at every sample).
+    pub gpm: Vec<(usize, Option<(u32, Point)>)>,
     /// Next GPM sample id (never 0, so handles are never null).
     pub next_gpm: usize,
     /// Per device: its fixed facts, read once at init.
@@ -69,7 +69,7 @@ pub fn init() -> NvmlResult<()> {
             cache: devices.iter().map(|_| None).collect(),
             facts: devices.iter().map(|d| Facts::of(&d.info())).collect(),
             devices,
-            gpm: HashMap::new(),
+            gpm: Vec::new(),
             next_gpm: 1,
         });
     }
