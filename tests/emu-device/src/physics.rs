@@ -253,7 +253,8 @@ pub fn quiet_until(st: &mut State, reap_at: u64) -> u64 {
         let done_at = (1e-9 * k.work_total.max(1.0)).max(0.5);
         let slack = k.work_left - done_at - 1.0 - 1e-12 * k.work_left;
         let ns = slack / (k.share * rate_per_sm);
-        if !(ns >= 2.0) {
+        // NaN too (a rate of zero or a damaged slot): no horizon, readers take the lock.
+        if ns.is_nan() || ns < 2.0 {
             return t;
         }
         q = q.min(t.saturating_add(ns as u64 - 1));

@@ -108,7 +108,7 @@ unsafe impl Words for ClientSlot {}
 /// # Safety
 /// `src` is valid for reads of `T` for the duration of the call.
 unsafe fn copy_words<T: Words>(src: *const T) -> T {
-    const { assert!(std::mem::size_of::<T>() % 8 == 0 && std::mem::align_of::<T>() == 8) };
+    const { assert!(std::mem::size_of::<T>().is_multiple_of(8) && std::mem::align_of::<T>() == 8) };
     let mut out = std::mem::MaybeUninit::<T>::uninit();
     let (src, dst) = (src.cast::<u64>(), out.as_mut_ptr().cast::<u64>());
     for i in 0..std::mem::size_of::<T>() / 8 {
@@ -129,7 +129,7 @@ impl View<'_> {
 
     /// The `u64` header field at byte `offset` (`std::mem::offset_of!(Header, field)`).
     pub fn header_word(&self, offset: usize) -> u64 {
-        assert!(offset % 8 == 0 && offset + 8 <= std::mem::size_of::<Header>(), "header word at {offset}");
+        assert!(offset.is_multiple_of(8) && offset + 8 <= std::mem::size_of::<Header>(), "header word at {offset}");
         // SAFETY: the map is valid for the life of the `Shm` this view borrows; `offset` names
         // an aligned word inside the header (checked above); read with one volatile load.
         unsafe { std::ptr::addr_of!((*self.map).header).cast::<u8>().add(offset).cast::<u64>().read_volatile() }
@@ -142,7 +142,7 @@ impl View<'_> {
 
     /// The `u32` header field at byte `offset`.
     pub fn header_u32(&self, offset: usize) -> u32 {
-        assert!(offset % 4 == 0 && offset + 4 <= std::mem::size_of::<Header>(), "header u32 at {offset}");
+        assert!(offset.is_multiple_of(4) && offset + 4 <= std::mem::size_of::<Header>(), "header u32 at {offset}");
         // SAFETY: as in `header_word`, for an aligned u32 inside the header.
         unsafe { std::ptr::addr_of!((*self.map).header).cast::<u8>().add(offset).cast::<u32>().read_volatile() }
     }
@@ -247,7 +247,7 @@ impl Shm {
         // so that a reader that began before cannot match it.
         let seq = self.seq();
         let s = seq.load(Ordering::Relaxed);
-        seq.store(if s % 2 == 0 { s.wrapping_add(1) } else { s.wrapping_add(2) }, Ordering::Relaxed);
+        seq.store(if s.is_multiple_of(2) { s.wrapping_add(1) } else { s.wrapping_add(2) }, Ordering::Relaxed);
         // The odd value is visible before anything written after it.
         fence(Ordering::Release);
         Guard { shm: self, _inproc: g, dirty: false }
@@ -278,7 +278,7 @@ impl Shm {
         let view = View { map: self.map, _shm: std::marker::PhantomData };
         for _ in 0..OPTIMISTIC_TRIES {
             let s1 = seq.load(Ordering::Acquire);
-            if check && s1 % 2 == 1 {
+            if check && !s1.is_multiple_of(2) {
                 std::hint::spin_loop();
                 continue;
             }

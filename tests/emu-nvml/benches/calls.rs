@@ -250,7 +250,7 @@ fn measure(lib: &mut Lib, call: Call, gap: Duration, n: u32, counter: Option<&Sy
     (best, sys)
 }
 
-fn run_profile(profile: &str, lib: &PathBuf, baseline: Option<&PathBuf>, n: u32) {
+fn run_profile(profile: &str, lib: &std::path::Path, baseline: Option<&PathBuf>, n: u32) {
     let tmp = std::env::temp_dir().join(format!("emu-nvml-calls-{}", std::process::id()));
     let (d_this, d_base) = (tmp.join("this"), tmp.join("base"));
     std::fs::create_dir_all(&d_this).unwrap();
