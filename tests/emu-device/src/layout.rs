@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -111,6 +111,16 @@ pub struct Header {
     /// MPS clients that died holding a context: still connected to their server (their work
     /// hangs it) until `terminate_client` names them or MPS quits.
     pub mps_dead: [DeadMpsClient; MAX_DEAD_MPS],
+    /// Seqlock sequence: odd while a process holds the state's lock (it may be writing),
+    /// bumped again when it lets go. Readers that take no lock copy what they need between two
+    /// equal even values of it (see `Shm::optimistic`).
+    pub seq: u64,
+    /// Until this time (`CLOCK_MONOTONIC` ns) the model runs on unchanged from `last_ns`: no
+    /// kernel starts or finishes, no dead client is due to be released; only the time
+    /// integrals grow, at the rates the header holds. Set by every lock holder as it lets go
+    /// (`physics::quiet_until`); readers that take no lock extrapolate up to it, and take the
+    /// lock after it.
+    pub quiet_until_ns: u64,
 }
 
 /// An MPS client that died holding a context.

@@ -11,6 +11,7 @@ pub mod layout;
 pub mod physics;
 pub mod procinfo;
 pub mod profile;
+pub mod syscalls;
 mod shm;
 
 pub use error::EmuError;
@@ -169,6 +170,37 @@ pub struct Reading {
     pub sm_active_ns_total: f64,
 }
 
+/// The device's live counters at one instant (see [`Device::counters`]): a [`Reading`] less
+/// the utilization window, which needs the sample ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Counters {
+    /// Time the model was advanced (or extrapolated) to, `CLOCK_MONOTONIC` ns.
+    pub timestamp_ns: u64,
+    /// Device memory, bytes.
+    pub memory_total: u64,
+    /// Memory allocated by all clients, bytes.
+    pub memory_used: u64,
+    /// Current SM clock, MHz.
+    pub sm_clock_mhz: u32,
+    /// Cumulative busy time, ns.
+    pub busy_ns_total: f64,
+    /// Cumulative SM-weighted busy time, ns.
+    pub sm_active_ns_total: f64,
+}
+
+impl Counters {
+    fn of(h: &layout::Header) -> Counters {
+        Counters {
+            timestamp_ns: h.last_ns,
+            memory_total: h.total_memory,
+            memory_used: h.used_memory,
+            sm_clock_mhz: h.sm_clock_mhz.round() as u32,
+            busy_ns_total: h.busy_ns,
+            sm_active_ns_total: h.sm_active_ns,
+        }
+    }
+}
+
 /// Where a kernel is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelStatus {
@@ -245,6 +277,31 @@ pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
     h.last_sample_ns = now;
     h.sm_clock_mhz = f64::from(p.max_sm_clock_mhz);
     h.mps_default_pct = 100;
+}
+
+/// What every lock holder does as it lets go of a state it may have changed: works out until
+/// when readers that take no lock may extrapolate it ([`layout::Header::quiet_until_ns`]): the
+/// next kernel start or finish, or the next scan for dead clients while any client is
+/// registered.
+pub(crate) fn settle(st: &mut State) {
+    let reap_at = if st.clients.iter().any(|c| c.used != 0) {
+        st.header.last_reap_ns.saturating_add(REAP_EVERY_NS - 1)
+    } else {
+        u64::MAX
+    };
+    st.header.quiet_until_ns = physics::quiet_until(st, reap_at);
+}
+
+/// The header brought to `now` by a reader that holds no lock, or `None` when the model would
+/// change at or before `now` in another way than its integrals growing (a kernel starting or
+/// finishing, dead clients due to be released): then the lock is needed, to advance it.
+fn quiet_header(v: &shm::View<'_>, now: u64) -> Option<layout::Header> {
+    let mut h = v.header();
+    if now > h.quiet_until_ns {
+        return None;
+    }
+    physics::extrapolate(&mut h, now);
+    Some(h)
 }
 
 /// The state files `GPUEMU_STATE` names: one, or several separated by `:` (GPU 0 first).
@@ -367,59 +424,135 @@ impl Device {
     /// The counters NVML's frequent queries answer from (memory, SM clock, cumulative busy and
     /// SM-active time, utilization over [`SNAPSHOT_WINDOW_NS`]), at one instant, the state
     /// advanced to now. Unlike [`Device::snapshot`] it lists no processes and allocates
-    /// nothing: a monitor asks for this at every sample.
+    /// nothing: a monitor asks for this at every sample. Taken without the lock while the model
+    /// runs on unchanged and no utilization sample is due (what a locked reading would see,
+    /// exactly: see [`Device::counters`]); else under the lock.
     pub fn reading(&self) -> Reading {
+        let now = now_ns();
+        let quick = self.shm.optimistic(|v| {
+            let h = quiet_header(v, now)?;
+            if physics::sample_due(&h, now) {
+                return None;
+            }
+            Some(reading_of(&h, |i| v.sample(i)))
+        });
+        quick.unwrap_or_else(|| self.reading_locked())
+    }
+
+    /// [`Device::reading`] always under the lock (the model advanced and stored): what the
+    /// lock-free path must agree with.
+    pub fn reading_locked(&self) -> Reading {
         let g = self.locked();
-        let h = &g.header;
-        let (gpu_util, sm_activity) = physics::utilization(&g, SNAPSHOT_WINDOW_NS);
-        Reading {
-            timestamp_ns: h.last_ns,
-            memory_total: h.total_memory,
-            memory_used: h.used_memory,
-            sm_clock_mhz: h.sm_clock_mhz.round() as u32,
-            gpu_util,
-            sm_activity,
-            busy_ns_total: h.busy_ns,
-            sm_active_ns_total: h.sm_active_ns,
-        }
+        reading_of(&g.header, |i| g.ring[i])
+    }
+
+    /// Memory, SM clock and the cumulative busy and SM-active time now: what a GPM sample
+    /// holds. Read without any lock or system call while the model runs on unchanged (no
+    /// kernel starts or finishes, no dead client is due to be released,
+    /// [`layout::Header::quiet_until_ns`]): then the time integrals only grow at the rates
+    /// the last lock holder planned, and are extrapolated with the arithmetic a locked advance
+    /// uses. Otherwise the lock is taken and the model advanced as by any other call.
+    pub fn counters(&self) -> Counters {
+        use layout::Header as H;
+        use std::mem::offset_of;
+        let now = now_ns();
+        // The nine header fields it needs, not the whole header: a monitor asks at every sample.
+        let quick = self.shm.optimistic(|v| {
+            if now > v.header_word(offset_of!(H, quiet_until_ns)) {
+                return None;
+            }
+            let (timestamp_ns, busy_ns_total, sm_active_ns_total) = physics::extrapolated(
+                v.header_word(offset_of!(H, last_ns)),
+                v.header_f64(offset_of!(H, busy_ns)),
+                v.header_f64(offset_of!(H, sm_active_ns)),
+                v.header_f64(offset_of!(H, sm_in_use)),
+                v.header_u32(offset_of!(H, sm_count)),
+                now,
+            );
+            Some(Counters {
+                timestamp_ns,
+                memory_total: v.header_word(offset_of!(H, total_memory)),
+                memory_used: v.header_word(offset_of!(H, used_memory)),
+                sm_clock_mhz: v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32,
+                busy_ns_total,
+                sm_active_ns_total,
+            })
+        });
+        quick.unwrap_or_else(|| self.counters_locked())
+    }
+
+    /// The SM clock now, MHz ([`Counters::sm_clock_mhz`], two words read while nothing is due).
+    pub fn sm_clock_mhz(&self) -> u32 {
+        use layout::Header as H;
+        use std::mem::offset_of;
+        let now = now_ns();
+        let quick = self.shm.optimistic(|v| {
+            (now <= v.header_word(offset_of!(H, quiet_until_ns))).then(|| v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32)
+        });
+        quick.unwrap_or_else(|| self.counters_locked().sm_clock_mhz)
+    }
+
+    /// [`Device::counters`] always under the lock.
+    pub fn counters_locked(&self) -> Counters {
+        Counters::of(&self.locked().header)
     }
 
     /// `(total, used)` device memory now, as NVML's memory query reports it: live (the last
     /// allocation or free that completed), read without locking the state unless dead clients
-    /// are due to be released ([`REAP_EVERY_NS`]), so a dead process's memory is given back as
-    /// soon as with any other query.
+    /// are due to be released ([`REAP_EVERY_NS`]) or a kernel starts or finishes, so a dead
+    /// process's memory is given back as soon as with any other query.
     pub fn memory(&self) -> (u64, u64) {
         use std::mem::offset_of;
         let now = now_ns();
-        let last_reap = self.shm.peek_u64(offset_of!(layout::Header, last_reap_ns));
-        if now < last_reap.saturating_add(REAP_EVERY_NS) {
-            let total = self.shm.peek_u64(offset_of!(layout::Header, total_memory));
-            return (total, self.shm.peek_u64(offset_of!(layout::Header, used_memory)));
-        }
-        let g = self.locked();
-        (g.header.total_memory, g.header.used_memory)
+        // Three words of the header, not all of it: NVML asks at every sample.
+        let quick = self.shm.optimistic(|v| {
+            let q = v.header_word(offset_of!(layout::Header, quiet_until_ns));
+            (now <= q).then(|| {
+                (v.header_word(offset_of!(layout::Header, total_memory)), v.header_word(offset_of!(layout::Header, used_memory)))
+            })
+        });
+        quick.unwrap_or_else(|| {
+            let c = self.counters_locked();
+            (c.memory_total, c.memory_used)
+        })
     }
 
     /// `(pid, device memory used)` of every process holding a context now, in slot order:
     /// what NVML lists as running compute processes (the list [`Device::snapshot`] has, without
     /// the rest of the snapshot).
     pub fn compute_processes(&self) -> Vec<(u32, u64)> {
-        let g = self.locked();
-        g.clients
-            .iter()
-            .filter(|c| c.used != 0 && c.contexts > 0)
-            .map(|c| (c.pid, c.mem_used))
-            .collect()
+        let now = now_ns();
+        // Contexts and memory change only under the lock; releasing dead clients is the one
+        // change time brings, and the horizon says when that is due.
+        let quick = self.shm.optimistic(|v| {
+            if now > v.header().quiet_until_ns {
+                return None;
+            }
+            Some((0..MAX_CLIENTS).map(|i| v.client(i)).filter(|c| c.used != 0 && c.contexts > 0).map(|c| (c.pid, c.mem_used)).collect())
+        });
+        quick.unwrap_or_else(|| {
+            let g = self.locked();
+            g.clients.iter().filter(|c| c.used != 0 && c.contexts > 0).map(|c| (c.pid, c.mem_used)).collect()
+        })
     }
 
     /// The utilization samples newer than `after_ns`, with the one before them (the start of
     /// the first interval), oldest first: what NVML's sample queries need, without copying the
-    /// whole ring.
+    /// whole ring. Read without the lock while no sample is due (then a locked read would
+    /// leave the ring as it is: nothing else writes it).
     pub fn samples_after(&self, after_ns: u64) -> Vec<Sample> {
-        let g = self.locked();
-        let newer = physics::samples_iter(&g).rev().take_while(|s| s.t_ns > after_ns).count();
-        let all = physics::samples_iter(&g).count();
-        physics::samples_iter(&g).skip(all.saturating_sub(newer + 1)).collect()
+        let now = now_ns();
+        let quick = self.shm.optimistic(|v| {
+            let h = v.header();
+            if physics::sample_due(&h, now) {
+                return None;
+            }
+            Some(samples_after_of(&h, |i| v.sample(i), after_ns))
+        });
+        quick.unwrap_or_else(|| {
+            let g = self.locked();
+            samples_after_of(&g.header, |i| g.ring[i], after_ns)
+        })
     }
 
     /// GPU utilization and SM activity (0..=1) over about the last `window`.
@@ -669,10 +802,11 @@ impl Device {
         }
     }
 
-    /// Free and total device memory as the driver reports it.
+    /// Free and total device memory as the driver reports it (live, lock-free while nothing
+    /// is due: see [`Device::counters`]).
     pub fn mem_info(&self) -> (u64, u64) {
-        let g = self.locked();
-        (g.header.total_memory.saturating_sub(g.header.used_memory), g.header.total_memory)
+        let c = self.counters();
+        (c.memory_total.saturating_sub(c.memory_used), c.memory_total)
     }
 
     /// Commits `bytes` of device memory to the client and returns a fresh device address.
@@ -796,6 +930,34 @@ impl Device {
             release_client(&mut g, c.slot as usize, now);
         }
     }
+}
+
+fn reading_of(h: &layout::Header, at: impl Fn(usize) -> Sample + Copy) -> Reading {
+    let (gpu_util, sm_activity) = physics::utilization_of(h, at, SNAPSHOT_WINDOW_NS);
+    let c = Counters::of(h);
+    Reading {
+        timestamp_ns: c.timestamp_ns,
+        memory_total: c.memory_total,
+        memory_used: c.memory_used,
+        sm_clock_mhz: c.sm_clock_mhz,
+        gpu_util,
+        sm_activity,
+        busy_ns_total: c.busy_ns_total,
+        sm_active_ns_total: c.sm_active_ns_total,
+    }
+}
+
+fn samples_after_of(h: &layout::Header, at: impl Fn(usize) -> Sample, after_ns: u64) -> Vec<Sample> {
+    // Only the entries returned are read (from a lock-free view each read is a copy): back from
+    // the newest while newer than `after_ns`, then the one before them.
+    let n = (h.ring_count as usize).min(layout::RING_LEN);
+    let head = h.ring_head as usize % layout::RING_LEN;
+    let idx = |i: usize| (head + layout::RING_LEN - n + i) % layout::RING_LEN; // i-th oldest
+    let mut k = n;
+    while k > 0 && at(idx(k - 1)).t_ns > after_ns {
+        k -= 1;
+    }
+    (k.saturating_sub(1)..n).map(|i| at(idx(i))).collect()
 }
 
 fn check_pct(pct: u32) -> Result<(), EmuError> {

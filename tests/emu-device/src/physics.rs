@@ -11,7 +11,7 @@
 //! * While MPS is poisoned (a client died holding a context), kernels of MPS clients make no
 //!   progress: the server is hung.
 
-use crate::layout::{kstate, State, MAX_CLIENTS, RING_LEN};
+use crate::layout::{kstate, Header, State, MAX_CLIENTS, RING_LEN};
 
 /// Minimum gap between two utilization samples.
 pub const SAMPLE_EVERY_NS: u64 = 5_000_000;
@@ -188,24 +188,37 @@ pub fn samples(st: &State) -> Vec<crate::layout::Sample> {
 
 /// Samples in time order (oldest first), read in place (no copy of the ring).
 pub fn samples_iter(st: &State) -> impl DoubleEndedIterator<Item = crate::layout::Sample> + '_ {
-    let h = &st.header;
+    ring_iter(&st.header, |i| st.ring[i])
+}
+
+/// The samples of a ring described by header `h` (its head and count), oldest first, each
+/// read by `at(index)`: the ring in place under the lock, or one entry at a time from a
+/// lock-free view.
+pub fn ring_iter<'a>(
+    h: &Header,
+    at: impl Fn(usize) -> crate::layout::Sample + 'a,
+) -> impl DoubleEndedIterator<Item = crate::layout::Sample> + 'a {
     let n = (h.ring_count as usize).min(RING_LEN);
-    let head = h.ring_head as usize;
-    (0..n).map(move |i| st.ring[(head + RING_LEN - n + i) % RING_LEN])
+    let head = h.ring_head as usize % RING_LEN;
+    (0..n).map(move |i| at((head + RING_LEN - n + i) % RING_LEN))
 }
 
 /// GPU utilization and SM activity (both 0..=1) over roughly the last `window_ns`, ending at the
 /// state's current time (cumulative integrals, so sparse samples stay exact).
 pub fn utilization(st: &State, window_ns: u64) -> (f64, f64) {
-    let h = &st.header;
+    utilization_of(&st.header, |i| st.ring[i], window_ns)
+}
+
+/// [`utilization`] of the state whose header is `h` and whose ring entries `at` reads.
+pub fn utilization_of(h: &Header, at: impl Fn(usize) -> crate::layout::Sample + Copy, window_ns: u64) -> (f64, f64) {
     let now = h.last_ns;
     let from = now.saturating_sub(window_ns);
     // Newest first: at one sample per `SAMPLE_EVERY_NS` the base is a few entries back (the
     // ring is read in place, not copied: NVML asks for this at every monitor sample).
-    let base = samples_iter(st)
+    let base = ring_iter(h, at)
         .rev()
         .find(|s| s.t_ns <= from)
-        .or_else(|| samples_iter(st).next())
+        .or_else(|| ring_iter(h, at).next())
         .unwrap_or(crate::layout::Sample { t_ns: h.created_ns, ..Default::default() });
     let span = now.saturating_sub(base.t_ns) as f64;
     if span <= 0.0 {
@@ -215,6 +228,62 @@ pub fn utilization(st: &State, window_ns: u64) -> (f64, f64) {
         ((h.busy_ns - base.busy_ns) / span).clamp(0.0, 1.0),
         ((h.sm_active_ns - base.sm_active_ns) / span).clamp(0.0, 1.0),
     )
+}
+
+/// True when [`advance`] to `now` would write no utilization sample (the ring stays as it is).
+pub fn sample_due(h: &Header, now: u64) -> bool {
+    h.ring_count == 0 || now >= h.last_sample_ns.saturating_add(SAMPLE_EVERY_NS)
+}
+
+/// Brings the state to the point the next [`advance`] starts from (ready kernels started,
+/// shares and clock planned: both are pure functions of the state, so doing it now changes
+/// nothing that advance would not do first) and returns until when the model then runs on
+/// unchanged: the last instant before a running kernel could finish, or `reap_at` (when dead
+/// clients are next due to be released) if earlier. Up to that time, advancing only grows the
+/// time integrals at the rates the header holds ([`extrapolate`]).
+pub fn quiet_until(st: &mut State, reap_at: u64) -> u64 {
+    let t = st.header.last_ns;
+    activate_ready(st, t);
+    compute_shares(st);
+    let rate_per_sm = st.header.sm_clock_mhz / 1000.0; // cycles per ns
+    let mut q = reap_at;
+    for k in st.live().iter().filter(|k| k.state == kstate::RUNNING && k.share > 0.0) {
+        // `advance` marks a kernel done once its work left drops to this (see its loop); stop
+        // short of that by a margin for rounding (1 cycle plus 1e-12 of the work).
+        let done_at = (1e-9 * k.work_total.max(1.0)).max(0.5);
+        let slack = k.work_left - done_at - 1.0 - 1e-12 * k.work_left;
+        let ns = slack / (k.share * rate_per_sm);
+        // NaN too (a rate of zero or a damaged slot): no horizon, readers take the lock.
+        if ns.is_nan() || ns < 2.0 {
+            return t;
+        }
+        q = q.min(t.saturating_add(ns as u64 - 1));
+    }
+    q
+}
+
+/// Advances header `h` to `now` as [`advance`] would while nothing but time passes (`now` no
+/// later than the state's [`quiet_until`]): one step of `now - last_ns` at the planned shares,
+/// the same arithmetic, so the integrals come out exactly as a locked advance would leave them.
+/// Writes no utilization sample; an earlier `now` leaves `h` as it is (its time is later).
+pub fn extrapolate(h: &mut Header, now: u64) {
+    (h.last_ns, h.busy_ns, h.sm_active_ns) =
+        extrapolated(h.last_ns, h.busy_ns, h.sm_active_ns, h.sm_in_use, h.sm_count, now);
+}
+
+/// [`extrapolate`] on the header fields it reads: `(last_ns, busy_ns, sm_active_ns)` at `now`.
+pub fn extrapolated(last_ns: u64, busy_ns: f64, sm_active_ns: f64, sm_in_use: f64, sm_count: u32, now: u64) -> (u64, f64, f64) {
+    if now <= last_ns {
+        return (last_ns, busy_ns, sm_active_ns);
+    }
+    let dt = (now - last_ns) as f64;
+    let granted = sm_in_use;
+    if granted > 0.0 {
+        let sms = f64::from(sm_count.max(1));
+        (now, busy_ns + dt, sm_active_ns + dt * granted / sms)
+    } else {
+        (now, busy_ns, sm_active_ns)
+    }
 }
 
 #[cfg(test)]
@@ -229,6 +298,13 @@ mod tests {
         st.header.max_sm_clock_mhz = 1000;
         st.header.mps_default_pct = 100;
         st
+    }
+
+    fn dup(st: &State) -> Box<State> {
+        let mut b = state(0);
+        // SAFETY: State is plain data; copying one whole value into another box.
+        unsafe { std::ptr::copy_nonoverlapping(st, &mut *b, 1) };
+        b
     }
 
     fn launch(st: &mut State, client: u32, blocks: u32, cycles: f64, t: u64, dep: u64) -> usize {
@@ -343,6 +419,62 @@ mod tests {
         let (util, sm) = utilization(&st, 20_000_000);
         assert!((util - 0.5).abs() < 0.01, "{util}");
         assert!((sm - 0.25).abs() < 0.01, "{sm}");
+    }
+
+    proptest::proptest! {
+        /// Up to the quiet horizon, advancing changes nothing but the integrals, and exactly
+        /// as `extrapolate` computes them (what lock-free readers report); just past the first
+        /// kernel's end, advancing does change the kernels (the horizon is never too late).
+        #[test]
+        fn extrapolation_is_advance_until_the_horizon(
+            kernels in proptest::collection::vec((0u32..3, 1u32..120, 1_000u32..5_000_000), 1..12),
+            before in 0u64..3_000_000,
+            frac in 0.0f64..=1.0,
+            mps in proptest::bool::ANY,
+        ) {
+            let mut st = state(40);
+            st.header.mps_enabled = u32::from(mps);
+            st.header.mps_generation = 1;
+            for c in 0..3usize {
+                st.clients[c] = ClientSlot { used: 1, mps_gen: 1, pct: 30 + 30 * c as u32, ..Default::default() };
+            }
+            let mut prev = 0;
+            for (i, (c, blocks, cycles)) in kernels.iter().enumerate() {
+                // Every third kernel queued behind the previous one (stream order).
+                let dep = if i % 3 == 2 { prev } else { 0 };
+                let k = launch(&mut st, *c, *blocks, f64::from(*cycles), 0, dep);
+                prev = st.kernels[k].ticket;
+            }
+            advance(&mut st, before);
+            let q = quiet_until(&mut st, u64::MAX);
+            let t = st.header.last_ns;
+            proptest::prop_assert!(q >= t);
+            if q < u64::MAX {
+                let now = t + ((q - t) as f64 * frac) as u64;
+                let mut copy = dup(&st);
+                let mut h = st.header;
+                extrapolate(&mut h, now);
+                advance(&mut copy, now);
+                for (a, b) in copy.kernels.iter().zip(st.kernels.iter()) {
+                    proptest::prop_assert_eq!(a.state, b.state);
+                }
+                proptest::prop_assert_eq!(copy.header.busy_ns, h.busy_ns);
+                proptest::prop_assert_eq!(copy.header.sm_active_ns, h.sm_active_ns);
+                proptest::prop_assert_eq!(copy.header.sm_clock_mhz, h.sm_clock_mhz);
+                proptest::prop_assert_eq!(copy.header.last_ns, h.last_ns);
+                // The first end: a little after the horizon some kernel is done.
+                let running = st.kernels.iter().filter(|k| k.state == kstate::RUNNING && k.share > 0.0).count();
+                if running > 0 {
+                    let mut later = dup(&st);
+                    let rate = st.header.sm_clock_mhz / 1000.0;
+                    let first = st.kernels.iter().filter(|k| k.state == kstate::RUNNING && k.share > 0.0)
+                        .map(|k| k.work_left / (k.share * rate)).fold(f64::INFINITY, f64::min);
+                    advance(&mut later, t + first.ceil() as u64 + 1);
+                    proptest::prop_assert!(later.kernels.iter().any(|k| k.state == kstate::DONE));
+                    proptest::prop_assert!(q < t + first.ceil() as u64 + 1);
+                }
+            }
+        }
     }
 
     proptest::proptest! {

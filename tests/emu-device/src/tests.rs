@@ -451,3 +451,161 @@ fn cheap_readings_agree_with_the_snapshot() {
     assert_eq!(d.memory().1, 0);
     std::fs::remove_file(&p).unwrap();
 }
+
+/// The seqlock: a reader that takes no lock, racing a writer that keeps two header fields
+/// equal under the lock (writing one, pausing, writing the other), never returns a pair that
+/// differs. The same reader without the retry (`check` false) does see torn pairs: the test
+/// would fail without it.
+#[test]
+fn lock_free_readers_never_see_a_torn_write() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let p = tmp("torn");
+    let d = Arc::new(Device::open(&p, &profile::H100).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (d, stop) = (d.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut x = 0.0;
+            while !stop.load(Ordering::Relaxed) {
+                x += 1.0;
+                {
+                    let mut g = d.shm.lock();
+                    g.header.busy_ns = x;
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < Duration::from_micros(30) {
+                        std::hint::spin_loop();
+                    }
+                    g.header.sm_active_ns = x;
+                }
+                let t = std::time::Instant::now();
+                while t.elapsed() < Duration::from_micros(30) {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    };
+    let pair = |v: &shm::View<'_>| {
+        let h = v.header();
+        Some((h.busy_ns, h.sm_active_ns))
+    };
+    // Without the retry: torn pairs show up (the writer is mid-write half of the time).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut torn_unchecked = 0;
+    while torn_unchecked < 3 && std::time::Instant::now() < deadline {
+        let (a, b) = d.shm.optimistic_checked(false, pair).unwrap();
+        if a != b {
+            torn_unchecked += 1;
+        }
+    }
+    // With it: never, and most reads still need no lock.
+    let (mut ok, mut fell_back) = (0u32, 0u32);
+    let t = std::time::Instant::now();
+    while ok < 20_000 && t.elapsed() < Duration::from_secs(20) {
+        match d.shm.optimistic(pair) {
+            Some((a, b)) => {
+                assert_eq!(a, b, "torn read returned after {ok} good ones");
+                ok += 1;
+            }
+            None => fell_back += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(torn_unchecked >= 3, "a reader without the retry never saw a torn write: the test shows nothing");
+    assert!(ok > 100, "lock-free reads never got through ({ok} ok, {fell_back} fell back)");
+    std::fs::remove_file(&p).unwrap();
+}
+
+/// A holder killed inside the lock leaves the sequence odd: lock-free reads then take the
+/// lock (they never spin forever), and the next holder moves the sequence on.
+#[test]
+fn an_odd_sequence_left_by_a_dead_writer_falls_back_to_the_lock() {
+    let p = tmp("oddseq");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    let _ = d.counters();
+    // SAFETY: test-only poke of the sequence, as a writer killed inside the lock leaves it.
+    unsafe {
+        let seq = std::ptr::addr_of_mut!((*d.shm.map_ptr()).header.seq);
+        *seq |= 1;
+    }
+    assert!(d.shm.optimistic(|v| Some(v.header().total_memory)).is_none());
+    assert_eq!(d.counters().memory_total, profile::H100.total_memory, "answered under the lock");
+    assert_eq!(d.shm.optimistic(|v| Some(v.header().total_memory)), Some(profile::H100.total_memory));
+    std::fs::remove_file(&p).unwrap();
+}
+
+/// Lock-free counters stay live: time integrals grow while a kernel runs and stop when it
+/// finishes even though no lock holder came by in between (the reader takes the lock at the
+/// horizon, a kernel's end); an allocation shows at once; a dead client's memory is given
+/// back within the reap period to a reader that only ever asks for counters.
+#[test]
+fn lock_free_counters_are_live() {
+    let p = tmp("livecounters");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    let c = d.attach().unwrap();
+    d.context_created(&c, None).unwrap();
+    let c0 = d.counters();
+    // 66 of 132 SMs (full clock, 1980 MHz) for 19.8e6 cycles: 10 ms of device time.
+    let t = d.launch(&c, Launch { blocks: 66, cycles_per_block: 19_800_000, after: 0 }).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    let c1 = d.counters();
+    let busy = c1.busy_ns_total - c0.busy_ns_total;
+    assert!((busy - 10e6).abs() < 0.05e6, "busy {busy} ns, the kernel ran 10 ms");
+    assert!(matches!(d.kernel_status(t), KernelStatus::Done { .. }));
+    d.collect(t);
+    d.alloc(&c, 5 << 20, 512).unwrap();
+    assert_eq!(d.counters().memory_used, 5 << 20, "an allocation shows in the next reading");
+    assert_eq!(d.memory().1, 5 << 20);
+    d.detach(&c);
+    assert_eq!(d.memory().1, 0);
+    // A client that dies holding memory, and nobody but lock-free readers around.
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, child.id(), 1, false);
+    assert_eq!(d.memory().1, 1 << 20);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t0 = std::time::Instant::now();
+    while d.memory().1 != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(2), "dead client's memory never given back");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(d.compute_processes().is_empty());
+    std::fs::remove_file(&p).unwrap();
+}
+
+/// `reading` taken without the lock says what the locked one says: same memory and clock,
+/// integrals and utilization of the same instant (checked against `reading_locked` with the
+/// state held still: a kernel running, nobody else touching it).
+#[test]
+fn lock_free_reading_agrees_with_the_locked_one() {
+    let p = tmp("agree");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    let c = d.attach().unwrap();
+    d.context_created(&c, None).unwrap();
+    d.alloc(&c, 7 << 20, 512).unwrap();
+    let t = d.launch(&c, Launch { blocks: 40, cycles_per_block: 1_000_000_000, after: 0 }).unwrap();
+    // A full utilization window behind us.
+    std::thread::sleep(Duration::from_millis(150));
+    let mut quick_seen = 0;
+    for _ in 0..200 {
+        let a = d.reading();
+        let b = d.reading_locked();
+        assert!(a.timestamp_ns <= b.timestamp_ns);
+        assert_eq!((a.memory_total, a.memory_used, a.sm_clock_mhz), (b.memory_total, b.memory_used, b.sm_clock_mhz));
+        assert!(a.busy_ns_total <= b.busy_ns_total && a.sm_active_ns_total <= b.sm_active_ns_total);
+        // Rates over the gap between the two: exactly the running kernel's (40 of 132 SMs).
+        let dt = (b.timestamp_ns - a.timestamp_ns) as f64;
+        if dt > 1000.0 {
+            assert!(((b.busy_ns_total - a.busy_ns_total) / dt - 1.0).abs() < 1e-6);
+            assert!(((b.sm_active_ns_total - a.sm_active_ns_total) / dt - 40.0 / 132.0).abs() < 1e-6);
+        }
+        assert!((a.gpu_util - b.gpu_util).abs() < 0.02, "{a:?} {b:?}");
+        quick_seen += 1;
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    assert!(quick_seen > 0);
+    let _ = t;
+    d.detach(&c);
+    std::fs::remove_file(&p).unwrap();
+}

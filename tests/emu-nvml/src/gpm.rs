@@ -16,7 +16,7 @@ pub fn alloc() -> NvmlResult<usize> {
     let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
     let id = sh.next_gpm;
     sh.next_gpm += 1;
-    sh.gpm.insert(id, None);
+    sh.gpm.push((id, None));
     Ok(id)
 }
 
@@ -24,19 +24,23 @@ pub fn alloc() -> NvmlResult<usize> {
 pub fn free(id: usize) -> NvmlResult<()> {
     let mut g = shared();
     let sh = g.as_mut().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
-    sh.gpm
-        .remove(&id)
-        .map(|_| ())
-        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+    let i = sh
+        .gpm
+        .iter()
+        .position(|(k, _)| *k == id)
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
+    sh.gpm.swap_remove(i);
+    Ok(())
 }
 
 /// Stores device `dev`'s counters `p` in sample `id` (the caller holds the shared state).
 pub fn fill_in(sh: &mut Shared, id: usize, dev: u32, p: Point) -> NvmlResult<()> {
     let slot = sh
         .gpm
-        .get_mut(&id)
+        .iter_mut()
+        .find(|(k, _)| *k == id)
         .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
-    *slot = Some((dev, p));
+    slot.1 = Some((dev, p));
     Ok(())
 }
 
@@ -90,9 +94,9 @@ pub fn metrics_get(req: &mut nvmlGpmMetricsGet_t) -> NvmlResult<()> {
         let sh = g.as_ref().ok_or(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)?;
         let get = |s: nvmlGpmSample_t| {
             sh.gpm
-                .get(&(s as usize))
-                .copied()
-                .flatten()
+                .iter()
+                .find(|(k, _)| *k == s as usize)
+                .and_then(|(_, v)| *v)
                 .ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
         };
         (get(req.sample1)?, get(req.sample2)?)

@@ -1,7 +1,8 @@
 //! What NVML reports, read from the shared emulated device (`emu-device`, the state file named
 //! by `GPUEMU_STATE`): the card's fixed facts once per process ([`Facts`]), the live counters
-//! per query ([`emu_device::Reading`]), the process list and utilization samples only for the
-//! queries that ask for them.
+//! per query ([`emu_device::Counters`], [`emu_device::Reading`] where the utilization window
+//! is asked for), the process list and utilization samples only for the queries that ask for
+//! them.
 
 use emu_device::{Device, DeviceInfo};
 
@@ -39,8 +40,8 @@ impl Facts {
     }
 }
 
-/// The cumulative counters of a reading, as a GPM sample holds them.
-pub fn point(r: &emu_device::Reading) -> Point {
+/// The cumulative counters, as a GPM sample holds them.
+pub fn point(r: &emu_device::Counters) -> Point {
     Point {
         now_ns: r.timestamp_ns,
         busy_ns: r.busy_ns_total as u64,

@@ -1,7 +1,6 @@
 //! Library-wide state: the init reference count, device handles, this process's metric
 //! history per device, and live GPM samples.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -28,8 +27,9 @@ pub struct Shared {
     /// The emulated host's devices (NVML order = the order `GPUEMU_STATE` lists them), opened
     /// at the first successful init. NVML ignores `CUDA_VISIBLE_DEVICES`, as the real one does.
     pub devices: Vec<Device>,
-    /// Live GPM samples: id -> (device, point) once filled.
-    pub gpm: HashMap<usize, Option<(u32, Point)>>,
+    /// Live GPM samples: (id, (device, point) once filled), looked up by a linear scan (a
+    /// monitor holds two; no hashing at every sample).
+    pub gpm: Vec<(usize, Option<(u32, Point)>)>,
     /// Next GPM sample id (never 0, so handles are never null).
     pub next_gpm: usize,
     /// Per device: its fixed facts, read once at init.
@@ -38,10 +38,10 @@ pub struct Shared {
     pub cache: Vec<Option<(Instant, Reading)>>,
 }
 
-/// How long one device reading answers further counter queries. A monitor asks several
-/// questions per sample (memory, clocks, utilization); they share one lock of the state file
-/// and one model update, as a real driver answers them from counters it samples itself. GPM
-/// samples always take a fresh reading, since their difference is the measurement; process
+/// How long one device reading answers further utilization-window queries (utilization rates,
+/// power, temperature): they share one model update, as a real driver answers them from
+/// counters it samples itself. Memory, the SM clock and GPM samples are read live each time
+/// (`emu_device::Device::counters`, lock-free while the model runs on unchanged); process
 /// lists and utilization samples are always read afresh.
 pub const SNAPSHOT_REUSE: Duration = Duration::from_micros(500);
 
@@ -69,7 +69,7 @@ pub fn init() -> NvmlResult<()> {
             cache: devices.iter().map(|_| None).collect(),
             facts: devices.iter().map(|d| Facts::of(&d.info())).collect(),
             devices,
-            gpm: HashMap::new(),
+            gpm: Vec::new(),
             next_gpm: 1,
         });
     }
@@ -143,17 +143,17 @@ pub fn with_facts<T>(dev: nvmlDevice_t, f: impl FnOnce(&Facts) -> T) -> NvmlResu
 /// the device's facts.
 pub fn with_reading<T>(dev: nvmlDevice_t, f: impl FnOnce(&Reading, &Facts) -> T) -> NvmlResult<T> {
     with_shared(dev, |sh, i| {
-        let r = reading(sh, i, false);
+        let r = reading(sh, i);
         f(&r, &sh.facts[i])
     })
 }
 
-/// Device `i`'s reading: the cached one when `fresh` is false and it is younger than
-/// [`SNAPSHOT_REUSE`], else taken now (and cached).
-pub fn reading(sh: &mut Shared, i: usize, fresh: bool) -> Reading {
+/// Device `i`'s reading: the cached one when it is younger than [`SNAPSHOT_REUSE`], else
+/// taken now (and cached).
+pub fn reading(sh: &mut Shared, i: usize) -> Reading {
     let now = Instant::now();
     match sh.cache[i] {
-        Some((at, r)) if !fresh && now.duration_since(at) < SNAPSHOT_REUSE => r,
+        Some((at, r)) if now.duration_since(at) < SNAPSHOT_REUSE => r,
         _ => {
             let r = sh.devices[i].reading();
             sh.cache[i] = Some((now, r));
