@@ -87,6 +87,10 @@ pub struct ExitConfig {
     /// Fault injection for tests only: delay the signal helper's re-raise after the release by
     /// this long (0 = never), so an exit racing with it always comes first.
     pub test_raise_delay_ms: u64,
+    /// Fault injection for tests only: pause this long while the SIGINT/SIGTERM handlers are
+    /// being installed, just before each signal's action changes (0 = never), so a signal that
+    /// lands during the installation does so every time.
+    pub test_install_pause_ms: u64,
 }
 
 /// SM-budget settings at process start ([`crate::budget`]).
@@ -134,7 +138,7 @@ impl Default for MemoryConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0, test_raise_delay_ms: 0 }
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0, test_raise_delay_ms: 0, test_install_pause_ms: 0 }
     }
 }
 

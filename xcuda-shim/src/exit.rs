@@ -345,14 +345,14 @@ pub fn install_process_hooks(cfg: &Config) {
             libc::pthread_atfork(None, None, Some(on_fork_child));
         }
         if signals {
-            if let Err(e) = install_signal_handlers() {
+            if let Err(e) = install_signal_handlers(cfg.exit.test_install_pause_ms) {
                 tracing::error!("xcuda: cannot install SIGINT/SIGTERM handlers: {e}");
             }
         }
     });
 }
 
-fn install_signal_handlers() -> std::io::Result<()> {
+fn install_signal_handlers(install_pause_ms: u64) -> std::io::Result<()> {
     let Some(real_sigaction) = crate::real::sigaction_fn() else {
         return Err(std::io::Error::other("libc sigaction not found"));
     };
@@ -366,28 +366,56 @@ fn install_signal_handlers() -> std::io::Result<()> {
     std::thread::Builder::new().name("xcuda-exit".into()).spawn(move || exit_helper(rd))?;
     let mut apps = APP_ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
     INSTALLING.store(true, Release);
+    // SAFETY: a zeroed sigaction is plain data; we fill in a handler that is async-signal-safe
+    // (on_signal_handler: atomics and write(2), errno preserved) and block nothing extra.
+    let ours = unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = on_signal_handler as extern "C" fn(c_int) as libc::sighandler_t;
+        a.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut a.sa_mask);
+        a
+    };
     for (i, sig) in SIGS.into_iter().enumerate() {
-        // SAFETY: sigaction structs are plain data; querying then ignoring is allowed for
-        // SIGINT/SIGTERM. SIG_IGN as the "previous" action makes signal-hook chain nothing.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            let mut ign: libc::sigaction = std::mem::zeroed();
-            ign.sa_sigaction = libc::SIG_IGN;
-            real_sigaction(sig, &ign, &mut old);
-            apps[i] = Some(old);
-        }
-        // SAFETY: the action only stores atomics and calls write(2), both async-signal-safe.
-        let reg = unsafe { signal_hook::low_level::register(sig, move || on_signal(sig)) };
-        if let Err(e) = reg {
-            // SAFETY: restoring the application's previous action.
-            unsafe { real_sigaction(sig, apps[i].as_ref().unwrap(), std::ptr::null_mut()) };
+        test_install_pause(install_pause_ms, sig);
+        // One sigaction(2) swaps the application's action for ours and returns it: at every
+        // instant one of the two is in force, so no signal is lost. (This used to set SIG_IGN
+        // first and then register a signal-hook handler; the kernel discards a signal whose
+        // action is SIG_IGN, so a SIGTERM/SIGINT landing in between was lost and the process
+        // never ended: the stress tool's 5 + 60 s `client_hung`.)
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() }; // SAFETY: plain data.
+        // SAFETY: both pointers are to locals; SIGINT/SIGTERM may be caught.
+        if unsafe { real_sigaction(sig, &ours, &mut old) } != 0 {
+            let e = std::io::Error::last_os_error();
+            for (j, s) in SIGS.into_iter().enumerate().take(i) {
+                // SAFETY: restoring the application's action recorded just above.
+                unsafe { real_sigaction(s, apps[j].as_ref().unwrap(), std::ptr::null_mut()) };
+            }
             INSTALLING.store(false, Release);
             return Err(e);
         }
+        apps[i] = Some(old);
     }
     INSTALLING.store(false, Release);
     INSTALLED.store(true, Release);
     Ok(())
+}
+
+/// The kernel-level handler for SIGS: [`on_signal`] with the interrupted code's errno kept.
+extern "C" fn on_signal_handler(sig: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot; reading and writing it back
+    // is async-signal-safe, and write(2) in on_signal may change it.
+    let saved = unsafe { *libc::__errno_location() };
+    on_signal(sig);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+}
+
+/// `exit.test_install_pause_ms` (tests only): announce the pause in the log, then pause.
+fn test_install_pause(ms: u64, sig: c_int) {
+    if ms > 0 {
+        tracing::info!(sig, ms, "xcuda: test pause while installing the signal handler");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// Signal context: freeze launches and wake the helper. Atomics and write(2) only.

@@ -40,13 +40,19 @@ pub fn ctrl_c_trainer() -> PathBuf {
 /// An MPS neighbour on `host` (an `emu-client`): a context, `ready`, then one small kernel per
 /// line it reads, `runs` times. Returns once it is ready.
 pub fn kernel_neighbour(host: &EmuHost, runs: usize) -> EmuChild {
+    let mut b = spawn_kernel_neighbour(host, runs);
+    b.wait_for_line("ready", T).expect("neighbour ready");
+    b
+}
+
+/// The neighbour of [`kernel_neighbour`], spawned but not yet waited for (to diagnose one
+/// that never gets ready).
+pub fn spawn_kernel_neighbour(host: &EmuHost, runs: usize) -> EmuChild {
     let mut steps = vec!["ctx", "ready"];
     for _ in 0..runs {
         steps.extend(["wait", "spin", "1", "1000", "1"]);
     }
-    let mut b = host.client(&steps);
-    b.wait_for_line("ready", T).expect("neighbour ready");
-    b
+    host.client(&steps)
 }
 
 /// Value of `key=` in a `k=v k=v` line.

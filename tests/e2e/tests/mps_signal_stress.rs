@@ -11,13 +11,20 @@
 //! (`XSHARE_STRESS_SEED` replays a mix; `XSHARE_STRESS_SIGKILL=1` is the control run: SIGKILL,
 //! which no process can handle, so the tool must count hung neighbours there;
 //! `XSHARE_STRESS_ONLY=c|python` and `XSHARE_STRESS_WINDOW_US` narrow the mix).
+//!
+//! On a client that does not exit or a neighbour that hangs, the tool prints everything needed
+//! to diagnose it without a re-run (before killing anything): seed, run index, moment, the
+//! process's and each thread's state, wchan, kernel stack where readable and signal masks
+//! (`SigPnd`/`SigBlk`/`SigIgn`/`SigCgt`: a signal lost to SIG_IGN shows there), its stdout
+//! and stderr, the emulator's MPS status and the MPS control daemon's log.
 
 mod shim_support;
 
+use std::fmt::Write as _;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use e2e::{kernel_neighbour, python, EmuHost};
+use e2e::{python, spawn_kernel_neighbour, EmuHost};
 use shim_support::*;
 
 #[derive(Default, Debug)]
@@ -44,6 +51,84 @@ struct Tally {
 /// without the shim; the script then runs on.
 const CPYTHON_SWALLOWED: [&str; 2] = ["Failed checking if argv[0] is an import path entry", "Exception ignored in"];
 
+/// `/proc/<pid>/<name>` trimmed, or why it could not be read.
+fn proc_file(pid: u32, name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/{name}"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_else(|e| format!("<{name}: {e}>"))
+}
+
+/// The state, signal masks, wchan and kernel stack of `pid` and of each of its threads.
+fn proc_report(pid: u32) -> String {
+    let mut r = String::new();
+    let status = proc_file(pid, "status");
+    let keep = ["Name:", "State:", "Threads:", "SigQ:", "SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:", "SigCgt:"];
+    let lines: Vec<&str> = status.lines().filter(|l| keep.iter().any(|k| l.starts_with(k))).collect();
+    let _ = writeln!(r, "process {pid}: {}", if lines.is_empty() { status.clone() } else { lines.join(" | ") });
+    let _ = writeln!(r, "  cmdline: {}", proc_file(pid, "cmdline").replace('\0', " "));
+    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    tids.sort_unstable();
+    for tid in tids {
+        let t = format!("task/{tid}");
+        let st = proc_file(pid, &format!("{t}/status"));
+        let pick = |k: &str| st.lines().find(|l| l.starts_with(k)).map_or("?", |l| l[k.len()..].trim());
+        let _ = writeln!(
+            r,
+            "  thread {tid} {:?}: state {} wchan {} SigPnd {} SigBlk {} syscall {}",
+            proc_file(pid, &format!("{t}/comm")),
+            pick("State:"),
+            proc_file(pid, &format!("{t}/wchan")),
+            pick("SigPnd:"),
+            pick("SigBlk:"),
+            proc_file(pid, &format!("{t}/syscall")),
+        );
+        let stack = proc_file(pid, &format!("{t}/stack"));
+        for l in stack.lines() {
+            let _ = writeln!(r, "    {l}");
+        }
+    }
+    r
+}
+
+/// Everything about a stuck process and the MPS around it, for the tool's output.
+fn diagnose(host: &EmuHost, dev: &e2e::emu_device::Device, who: &str, child: &e2e::EmuChild) -> String {
+    let mut r = format!("---- {who} ----\n{}", proc_report(child.pid()));
+    let _ = writeln!(r, "  stdout:\n{}", child.stdout());
+    let _ = writeln!(r, "  stderr:\n{}", child.stderr());
+    let _ = writeln!(r, "  emulator MPS status: {:?}", dev.mps_status());
+    let mut logs: Vec<_> = std::fs::read_dir(host.log_dir())
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    logs.sort();
+    for p in logs {
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| format!("<{e}>"));
+        // The tail: the daemon's log grows with every client of the run.
+        let tail: Vec<&str> = text.lines().rev().take(60).collect();
+        let _ = writeln!(r, "  {} (last {} lines):", p.display(), tail.len());
+        for l in tail.into_iter().rev() {
+            let _ = writeln!(r, "    {l}");
+        }
+    }
+    r
+}
+
+/// A fresh MPS neighbour for the runs from `i` on; panics with a diagnosis if it never gets
+/// ready.
+fn neighbour(host: &EmuHost, dev: &e2e::emu_device::Device, runs: usize, seed: u64, i: usize) -> e2e::EmuChild {
+    let started = Instant::now();
+    let mut b = spawn_kernel_neighbour(host, runs);
+    if b.wait_for_line("ready", e2e::T).is_none() {
+        panic!(
+            "run {i} (seed {seed}): neighbour not ready after {:?}\n{}",
+            started.elapsed(),
+            diagnose(host, dev, "neighbour", &b)
+        );
+    }
+    b
+}
+
 #[test]
 #[ignore = "stress tool; run by hand"]
 fn stress_random_sigterm_sigint_c_and_python_under_mps() {
@@ -61,7 +146,7 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
     let dev = host.device();
     host.mps_control(Some("-d"), "");
     let py = python();
-    let mut b = kernel_neighbour(&host, runs);
+    let mut b = neighbour(&host, &dev, runs, seed, 0);
     let mut done_by_b = 0;
     let mut tally = Tally::default();
     let started = Instant::now();
@@ -98,6 +183,7 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
             .iter()
             .any(|p| p.pid == pid && p.mps_client && p.contexts > 0);
         client.signal(sig);
+        let signalled = Instant::now();
         tally.with_context += usize::from(with_context);
         tally.runs += 1;
         tally.python += usize::from(is_py);
@@ -118,15 +204,17 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         let Some(st) = st else {
             tally.client_hung += 1;
             eprintln!(
-                "run {i}: client (python {is_py}, signal {sig}, {delay:?}) did not exit: {}",
-                client.stderr()
+                "run {i} (seed {seed}): client (python {is_py}, signal {sig}, {delay:?}, ready {ready}, with context {with_context}) did not exit within {:?} of the signal\n{}\n---- neighbour ----\n{}",
+                signalled.elapsed(),
+                diagnose(&host, &dev, "client", &client),
+                proc_report(b.pid()),
             );
             client.kill9();
             // SIGKILL of a process holding an MPS context hangs the server (as on real MPS):
             // start over with a fresh server and neighbour, as after a hung neighbour.
             host.mps_control(None, "quit\n");
             host.mps_control(Some("-d"), "");
-            b = kernel_neighbour(&host, runs - i);
+            b = neighbour(&host, &dev, runs - i, seed, i);
             done_by_b = 0;
             continue;
         };
@@ -141,7 +229,8 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         let python_exit = is_py && sig == libc::SIGINT && err.contains("KeyboardInterrupt");
         assert!(
             by_signal || python_exit,
-            "run {i} (python {is_py}, signal {sig}, {delay:?}): {st:?}\n{err}"
+            "run {i} (seed {seed}, python {is_py}, signal {sig}, {delay:?}): {st:?} after {:?}\n{err}",
+            signalled.elapsed()
         );
         if !by_signal {
             tally.python_exit_codes += 1;
@@ -166,13 +255,13 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
             tally.poisoned += usize::from(poisoned);
             tally.hung_neighbours += 1;
             eprintln!(
-                "run {i}: neighbour hung (python {is_py}, signal {sig}, {delay:?}, ready {ready}): {:?}\n{err}",
-                dev.mps_status()
+                "run {i} (seed {seed}): neighbour hung (python {is_py}, signal {sig}, {delay:?}, ready {ready}, with context {with_context}, poisoned {poisoned}); client stderr:\n{err}\n{}",
+                diagnose(&host, &dev, "neighbour", &b)
             );
             // Reset MPS and carry on counting with a fresh neighbour.
             host.mps_control(None, "quit\n");
             host.mps_control(Some("-d"), "");
-            b = kernel_neighbour(&host, runs - i);
+            b = neighbour(&host, &dev, runs - i, seed, i);
             done_by_b = 0;
             continue;
         }
@@ -187,6 +276,6 @@ fn stress_random_sigterm_sigint_c_and_python_under_mps() {
         started.elapsed()
     );
     host.mps_control(None, "quit\n");
-    assert_eq!(tally.hung_neighbours, 0, "{tally:?}");
-    assert_eq!(tally.client_hung, 0, "{tally:?}");
+    assert_eq!(tally.hung_neighbours, 0, "seed {seed}: {tally:?}");
+    assert_eq!(tally.client_hung, 0, "seed {seed}: {tally:?}");
 }
