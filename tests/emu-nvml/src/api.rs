@@ -574,14 +574,21 @@ mod tests {
     use super::*;
     use std::ptr::{null, null_mut};
 
-    /// The C surface called as a careless or hostile caller would: null pointers, handles it
-    /// never got, short buffers, wrong struct versions, calls before init and after shutdown.
-    /// Every one is answered with an NVML error code; nothing crashes.
     /// The tests share the library's global state (init count, devices): one at a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fresh emulated H100 for this test process (`GPUEMU_STATE` under a directory named
+    /// after `name`, which the test removes at its end); call with [`serial`] held.
+    fn fresh_h100(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("emu-nvml-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
+        std::env::set_var("GPUEMU_PROFILE", "h100");
+        dir
     }
 
     /// Memory in use and the process list are live, as the driver reports them: an
@@ -591,10 +598,7 @@ mod tests {
     #[test]
     fn memory_and_processes_are_live_after_an_allocation() {
         let _one = serial();
-        let dir = std::env::temp_dir().join(format!("emu-nvml-live-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
-        std::env::set_var("GPUEMU_PROFILE", "h100");
+        let dir = fresh_h100("live");
         // SAFETY: every pointer passed points at a live local of the type written.
         unsafe {
             assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
@@ -641,10 +645,7 @@ mod tests {
     #[test]
     fn per_sample_queries_make_no_system_call_on_a_quiet_device() {
         let _one = serial();
-        let dir = std::env::temp_dir().join(format!("emu-nvml-quiet-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
-        std::env::set_var("GPUEMU_PROFILE", "h100");
+        let dir = fresh_h100("quiet");
         // SAFETY: every pointer passed points at a live local of the type written.
         unsafe {
             assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
@@ -701,13 +702,13 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The C surface called as a careless or hostile caller would: null pointers, handles it
+    /// never got, short buffers, wrong struct versions, calls before init and after shutdown.
+    /// Every one is answered with an NVML error code; nothing crashes.
     #[test]
     fn hostile_calls_get_error_codes() {
         let _one = serial();
-        let dir = std::env::temp_dir().join(format!("emu-nvml-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::env::set_var("GPUEMU_STATE", dir.join("gpu.state"));
-        std::env::set_var("GPUEMU_PROFILE", "h100");
+        let dir = fresh_h100("unit");
         // SAFETY: every pointer passed is null on purpose or points at a live local of the
         // type the entry point writes; that is what the test exercises.
         unsafe {
