@@ -91,6 +91,10 @@ pub struct ExitConfig {
     /// being installed, just before each signal's action changes (0 = never), so a signal that
     /// lands during the installation does so every time.
     pub test_install_pause_ms: u64,
+    /// Fault injection for tests only: hold the lock on the application's SIGINT/SIGTERM
+    /// actions this long inside the shim's `sigaction`/`signal` (0 = never), so a `fork` from
+    /// another thread lands while it is held every time.
+    pub test_sigaction_hold_ms: u64,
 }
 
 /// SM-budget settings at process start ([`crate::budget`]).
@@ -138,7 +142,7 @@ impl Default for MemoryConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0, test_raise_delay_ms: 0, test_install_pause_ms: 0 }
+        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0, test_raise_delay_ms: 0, test_install_pause_ms: 0, test_sigaction_hold_ms: 0 }
     }
 }
 

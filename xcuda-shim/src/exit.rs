@@ -5,7 +5,8 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
-use std::sync::{Mutex, Once};
+use std::cell::{Cell, UnsafeCell};
+use std::sync::Once;
 
 use cuda_abi::{CUcontext, CUdevice, CUresult};
 
@@ -139,6 +140,11 @@ static TEST_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 /// Fault injection for tests only (`exit.test_raise_delay_ms`, default 0): delays the signal
 /// helper's re-raise after the release, so an exit racing with it wins every time.
 static TEST_RAISE_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Fault injection for tests only (`exit.test_sigaction_hold_ms`, default 0): holds the lock on
+/// the application's signal actions inside our `sigaction`, so a fork racing with it lands
+/// while it is held every time.
+static TEST_SIGACTION_HOLD_MS: AtomicU64 = AtomicU64::new(0);
 
 fn test_pause() {
     let ms = TEST_PAUSE_MS.load(Relaxed);
@@ -324,8 +330,98 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Set while we install our own handlers (our `sigaction` export passes those through).
 static INSTALLING: AtomicBool = AtomicBool::new(false);
 static PIPE_WR: AtomicI32 = AtomicI32::new(-1);
-static APP_ACTIONS: Mutex<[Option<libc::sigaction>; 2]> = Mutex::new([None, None]);
+/// The exit helper's end of the pipe (closed in fork children, which have no helper).
+static PIPE_RD: AtomicI32 = AtomicI32::new(-1);
+static APP_ACTIONS: ActionsLock = ActionsLock::new();
 static PROCESS_HOOKS: Once = Once::new();
+
+/// The application's actions for SIGS behind a small lock of our own (not a std `Mutex`): the
+/// fork hooks take it in the prepare handler and release it in the parent and child handlers,
+/// so a child always reads a complete copy. (The child handler used to `try_lock` a std Mutex
+/// and, when another thread held it at the moment of fork, left the shim's handler in the
+/// child with no helper thread behind it: every SIGINT/SIGTERM to the child was lost, and its
+/// byte on the shared pipe woke the *parent's* helper instead.) Never taken in a signal
+/// handler. Holders: `install_signal_handlers`, `app_sigaction`, `handle_signal` (copy only)
+/// and a fork between its prepare and parent/child hooks.
+struct ActionsLock {
+    held: AtomicBool,
+    /// Thread id of the holder (0 = none or not yet recorded), so a fork from a signal handler
+    /// that interrupted the holder on its own thread does not wait for itself.
+    owner: AtomicI32,
+    actions: UnsafeCell<[Option<libc::sigaction>; 2]>,
+}
+
+// SAFETY: `actions` is only reached through an ActionsGuard (or by a fork hook that holds the
+// lock, or in the single-threaded child), and `held` admits one holder at a time.
+unsafe impl Sync for ActionsLock {}
+
+impl ActionsLock {
+    const fn new() -> Self {
+        Self { held: AtomicBool::new(false), owner: AtomicI32::new(0), actions: UnsafeCell::new([None, None]) }
+    }
+
+    /// Spins (yielding) until the lock is ours. Holders keep it for a copy or one sigaction(2)
+    /// call (the install also for its test-only pause): never for long.
+    fn acquire(&self) {
+        while self.held.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+            std::thread::yield_now();
+        }
+        self.owner.store(this_tid(), Relaxed);
+    }
+
+    fn release(&self) {
+        self.owner.store(0, Relaxed);
+        self.held.store(false, Release);
+    }
+
+    /// Whether the calling thread holds the lock (a signal handler interrupted it).
+    fn held_by_me(&self) -> bool {
+        self.held.load(Acquire) && self.owner.load(Relaxed) == this_tid()
+    }
+
+    fn lock(&self) -> ActionsGuard<'_> {
+        self.acquire();
+        ActionsGuard(self)
+    }
+}
+
+/// Exclusive access to the application's actions; releases the lock when dropped (also when
+/// unwinding, so a panic cannot leave it held).
+struct ActionsGuard<'a>(&'a ActionsLock);
+
+impl std::ops::Deref for ActionsGuard<'_> {
+    type Target = [Option<libc::sigaction>; 2];
+    fn deref(&self) -> &Self::Target {
+        // SAFETY: we hold the lock: no one else reaches `actions` until we drop it.
+        unsafe { &*self.0.actions.get() }
+    }
+}
+
+impl std::ops::DerefMut for ActionsGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        // SAFETY: as in deref; `&mut self` makes this the only borrow through the guard.
+        unsafe { &mut *self.0.actions.get() }
+    }
+}
+
+impl Drop for ActionsGuard<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+fn this_tid() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+thread_local! {
+    /// Set by the prepare hook on the forking thread: it took APP_ACTIONS (the parent and child
+    /// hooks, on the same thread, must release it).
+    static FORK_TOOK_LOCK: Cell<bool> = const { Cell::new(false) };
+    /// The forking thread's signal mask before the prepare hook blocked SIGS.
+    static FORK_SAVED_MASK: Cell<Option<libc::sigset_t>> = const { Cell::new(None) };
+}
 
 fn sig_index(sig: c_int) -> Option<usize> {
     SIGS.iter().position(|s| *s == sig)
@@ -336,13 +432,14 @@ pub fn install_process_hooks(cfg: &Config) {
     let (signals, at_exit) = (cfg.exit.handle_signals, cfg.exit.release_at_exit);
     TEST_PAUSE_MS.store(cfg.exit.test_release_pause_ms, Relaxed);
     TEST_RAISE_DELAY_MS.store(cfg.exit.test_raise_delay_ms, Relaxed);
+    TEST_SIGACTION_HOLD_MS.store(cfg.exit.test_sigaction_hold_ms, Relaxed);
     PROCESS_HOOKS.call_once(|| {
         // SAFETY: registering plain extern "C" functions that catch their own panics.
         unsafe {
             if at_exit {
                 libc::atexit(on_exit);
             }
-            libc::pthread_atfork(None, None, Some(on_fork_child));
+            libc::pthread_atfork(Some(on_fork_prepare), Some(on_fork_parent), Some(on_fork_child));
         }
         if signals {
             if let Err(e) = install_signal_handlers(cfg.exit.test_install_pause_ms) {
@@ -362,9 +459,10 @@ fn install_signal_handlers(install_pause_ms: u64) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     PIPE_WR.store(fds[1], Release);
+    PIPE_RD.store(fds[0], Release);
     let rd = fds[0];
     std::thread::Builder::new().name("xcuda-exit".into()).spawn(move || exit_helper(rd))?;
-    let mut apps = APP_ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut apps = APP_ACTIONS.lock();
     INSTALLING.store(true, Release);
     // SAFETY: a zeroed sigaction is plain data; we fill in a handler that is async-signal-safe
     // (on_signal_handler: atomics and write(2), errno preserved) and block nothing extra.
@@ -479,7 +577,7 @@ fn exit_helper(rd: c_int) {
 
 fn handle_signal(sig: c_int) {
     let Some(i) = sig_index(sig) else { return };
-    let app = APP_ACTIONS.lock().unwrap_or_else(|e| e.into_inner())[i];
+    let app = APP_ACTIONS.lock()[i];
     let handler = app.map_or(libc::SIG_DFL, |a| a.sa_sigaction);
     let st = state::get();
     tracing::warn!(sig, "xcuda: signal received; launches frozen");
@@ -583,8 +681,58 @@ fn on_exit_inner() {
     }
 }
 
+/// Before fork (on the forking thread): take APP_ACTIONS, so no other thread is changing it
+/// when the address space is copied, and block SIGS in this thread, so a signal sent to the
+/// child right after fork waits until the child hook has put the application's actions back.
+extern "C" fn on_fork_prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        // A signal handler that forks while its own thread holds the lock must not wait for
+        // itself: the child then reads the actions as the interrupted holder left them.
+        let take = !APP_ACTIONS.held_by_me();
+        if take {
+            APP_ACTIONS.acquire();
+        }
+        FORK_TOOK_LOCK.with(|c| c.set(take));
+        // SAFETY: sigset operations on locals; pthread_sigmask changes this thread's mask only.
+        let saved = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in SIGS {
+                libc::sigaddset(&mut set, s);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            (libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) == 0).then_some(old)
+        };
+        FORK_SAVED_MASK.with(|c| c.set(saved));
+    });
+}
+
+/// Undoes [`on_fork_prepare`] on the forking thread: its mask back, then the lock released.
+fn fork_hooks_done() {
+    if let Some(old) = FORK_SAVED_MASK.with(|c| c.take()) {
+        // SAFETY: restoring this thread's own mask as saved by on_fork_prepare.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+    if FORK_TOOK_LOCK.with(|c| c.replace(false)) {
+        APP_ACTIONS.release();
+    }
+}
+
+extern "C" fn on_fork_parent() {
+    let _ = std::panic::catch_unwind(fork_hooks_done);
+}
+
 extern "C" fn on_fork_child() {
     let _ = std::panic::catch_unwind(|| {
+        on_fork_child_inner();
+        // Unblocks SIGS last: a signal already sent to the child is delivered now, by the
+        // application's action.
+        fork_hooks_done();
+    });
+}
+
+fn on_fork_child_inner() {
+    {
         state::controller_lost();
         RELEASE.store(IDLE, Release);
         DYING_OF.store(0, SeqCst);
@@ -596,10 +744,21 @@ extern "C" fn on_fork_child() {
             // The child has no driver state: no graph pool either.
             st.gpus.iter().for_each(|g| g.graph_counted.store(0, Relaxed));
         }
+        // The helper's pipe is the parent's: nothing in the child may wake the parent's helper.
+        for fd in [PIPE_WR.swap(-1, AcqRel), PIPE_RD.swap(-1, AcqRel)] {
+            if fd >= 0 {
+                // SAFETY: our own descriptors (the child's copies).
+                unsafe { libc::close(fd) };
+            }
+        }
         // The exit helper thread did not survive fork: give the child its application's
         // signal actions back.
         if INSTALLED.swap(false, AcqRel) {
-            if let (Some(real_sigaction), Ok(apps)) = (crate::real::sigaction_fn(), APP_ACTIONS.try_lock()) {
+            // SAFETY: the prepare hook took APP_ACTIONS on this thread, the only one in the
+            // child (or this thread held it already and a signal handler forked: then the copy
+            // is as that holder left it); nothing else reads or writes it until fork_hooks_done.
+            let apps = unsafe { *APP_ACTIONS.actions.get() };
+            if let Some(real_sigaction) = crate::real::sigaction_fn() {
                 for (i, sig) in SIGS.into_iter().enumerate() {
                     // SAFETY: restoring the application's own action (or the default).
                     unsafe {
@@ -610,7 +769,7 @@ extern "C" fn on_fork_child() {
                 }
             }
         }
-    });
+    }
 }
 
 /// Logic of our exported `sigaction`: while our handlers are installed, SIGINT/SIGTERM actions
@@ -623,7 +782,12 @@ pub unsafe fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut l
         return None;
     }
     let i = sig_index(sig)?;
-    let mut apps = APP_ACTIONS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut apps = APP_ACTIONS.lock();
+    let hold = TEST_SIGACTION_HOLD_MS.load(Relaxed);
+    if hold > 0 {
+        state::logged(|| tracing::info!(sig, ms = hold, "xcuda: test hold of the application's signal actions"));
+        std::thread::sleep(std::time::Duration::from_millis(hold));
+    }
     if !old.is_null() {
         // SAFETY: caller's out-pointer per sigaction(2); a zeroed sigaction is SIG_DFL.
         unsafe { *old = apps[i].unwrap_or_else(|| std::mem::zeroed()) };
@@ -651,7 +815,7 @@ pub fn app_signal(sig: c_int, handler: libc::sighandler_t) -> Option<libc::sigha
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     /// RELEASE and CREATING are process-wide: these tests must not run at the same time.
     static SERIAL: Mutex<()> = Mutex::new(());

@@ -7,7 +7,8 @@
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
-//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `nvmlmem` (NVML via dlopen) | `ready` |
+//! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
+//! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `churn N` (alloc + free N bytes until a call fails, then exit 2) | `destroy` | `release` (primary context of device 0) |
 //! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
@@ -686,6 +687,66 @@ fn main() {
                         libc::_exit(0);
                     }
                     out(format!("forked child={pid}"));
+                }
+                // `forksig MS`: a second thread sets SIGINT's action (through the shim's
+                // `sigaction`) while this thread, MS ms later, forks; the child idles and is
+                // sent SIGINT at once. Prints `forksig=exit:N|signal:N|hung` for how the child
+                // ended (its SIGINT handler exits 42; `hung`: still alive after 10 s, killed; the child
+                // gives up by itself after 20 s with status 3).
+                "forksig" => {
+                    use std::sync::atomic::{AtomicBool, Ordering};
+                    static STARTED: AtomicBool = AtomicBool::new(false);
+                    extern "C" fn app_handler(_: c_int) {
+                        // SAFETY: _exit is async-signal-safe.
+                        unsafe { libc::_exit(42) }
+                    }
+                    let wait = num(1, i) as u64;
+                    i += 1;
+                    let setter = std::thread::spawn(|| {
+                        // SAFETY: a zeroed sigaction with our handler and an empty mask.
+                        {
+                            let mut a: libc::sigaction = std::mem::zeroed();
+                            a.sa_sigaction = app_handler as extern "C" fn(c_int) as libc::sighandler_t;
+                            libc::sigemptyset(&mut a.sa_mask);
+                            STARTED.store(true, Ordering::SeqCst);
+                            libc::sigaction(libc::SIGINT, &a, std::ptr::null_mut())
+                        }
+                    });
+                    while !STARTED.load(Ordering::SeqCst) {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(wait));
+                    let pid = libc::fork();
+                    if pid == 0 {
+                        // Bounded, so a child whose SIGINT was lost does not outlive the test
+                        // when its parent is gone.
+                        for _ in 0..20 {
+                            libc::sleep(1);
+                        }
+                        libc::_exit(3);
+                    }
+                    libc::kill(pid, libc::SIGINT);
+                    let start = std::time::Instant::now();
+                    let mut status: c_int = 0;
+                    let mut ended = 0;
+                    while start.elapsed() < std::time::Duration::from_secs(10) {
+                        ended = libc::waitpid(pid, &mut status, libc::WNOHANG);
+                        if ended != 0 {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    let how = if ended == 0 {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                        "hung".to_string()
+                    } else if libc::WIFSIGNALED(status) {
+                        format!("signal:{}", libc::WTERMSIG(status))
+                    } else {
+                        format!("exit:{}", libc::WEXITSTATUS(status))
+                    };
+                    let rc = setter.join().unwrap_or(-1);
+                    out(format!("forksig={how} sigaction={rc}"));
                 }
                 "ready" => out("ready".into()),
                 "env" => {
