@@ -371,6 +371,15 @@ impl LedgerPort for LedgerAdapter {
 mod tests {
     use super::*;
 
+    /// A new ledger for GPU 0 in a temporary directory (kept alive by the returned handle),
+    /// its path, and the monitor's adapter over it.
+    fn fresh_adapter() -> (tempfile::TempDir, std::path::PathBuf, LedgerAdapter) {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        (d, path, a)
+    }
+
     #[test]
     fn publishes_and_keeps_the_budget_and_reads_registered_processes() {
         let d = tempfile::tempdir().unwrap();
@@ -454,9 +463,7 @@ mod tests {
     /// ledger that was deleted and restored while it ran.
     #[test]
     fn reclaims_dead_processes_also_through_a_restored_ledger() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("gpu0/ledger");
-        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        let (_dir, path, mut a) = fresh_adapter();
         a.reclaim_every_ms = 0;
         a.reclaim_fallback_ms = 0;
         let g = a.ledger.group(7, 1 << 30).unwrap();
@@ -488,9 +495,7 @@ mod tests {
     /// no longer `fstat` the file (its inotify watch tells of the change).
     #[test]
     fn deletion_and_truncation_are_found_at_the_next_check_without_a_stat_per_tick() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("gpu0/ledger");
-        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        let (_dir, path, mut a) = fresh_adapter();
         assert!(a.watch.is_some(), "the ledger is watched");
         a.full_check_every_ms = u64::MAX / 2;
         assert!(a.check(0).is_none());
@@ -521,9 +526,7 @@ mod tests {
     /// `RECLAIM_EVERY_MS` grid, as does a ledger without a watch; without one the fallback.
     #[test]
     fn proxies_and_an_unwatched_ledger_are_polled_on_the_reclaim_grid() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("gpu0/ledger");
-        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        let (_dir, _, mut a) = fresh_adapter();
         let g = a.ledger.group(7, 1 << 30).unwrap();
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let proxy = a.ledger.register(child.id(), g).unwrap();
@@ -577,9 +580,7 @@ mod tests {
     /// in a slot written through the mapping (no inotify event) is still found within that.
     #[test]
     fn registry_damage_is_found_within_the_full_check_period() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("gpu0/ledger");
-        let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        let (_dir, path, mut a) = fresh_adapter();
         assert!(a.watch.is_some(), "the ledger is watched");
         assert!(a.check(0).is_none());
         let p = Ledger::open_existing(&path).unwrap();
