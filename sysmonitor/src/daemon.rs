@@ -39,18 +39,29 @@ impl RetryingNvml {
     }
 }
 
+impl RetryingNvml {
+    /// The first sample, and every second until NVML opens. Kept out of line: `Nvml::init`
+    /// needs several KiB of stack, and inlined into [`GpuSource::sample`] it gave that
+    /// function a 12 KiB frame whose stack probe touched three pages at every sample.
+    #[cold]
+    #[inline(never)]
+    fn open_and_sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
+        if now_ms < self.next_try_ms {
+            return Err("NVML unavailable (retrying every second)".into());
+        }
+        self.next_try_ms = now_ms + 1000;
+        match NvmlSource::open(self.index) {
+            Ok(s) => self.inner.insert(s).sample(now_ms),
+            Err(e) => Err(format!("NVML unavailable: {e}")),
+        }
+    }
+}
+
 impl GpuSource for RetryingNvml {
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
-        if self.inner.is_none() && now_ms >= self.next_try_ms {
-            self.next_try_ms = now_ms + 1000;
-            match NvmlSource::open(self.index) {
-                Ok(s) => self.inner = Some(s),
-                Err(e) => return Err(format!("NVML unavailable: {e}")),
-            }
-        }
         match &mut self.inner {
             Some(s) => s.sample(now_ms),
-            None => Err("NVML unavailable (retrying every second)".into()),
+            None => self.open_and_sample(now_ms),
         }
     }
     fn processes(&mut self) -> Result<Vec<ProcMem>, String> {

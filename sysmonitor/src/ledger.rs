@@ -149,22 +149,31 @@ impl LedgerAdapter {
     pub fn check(&mut self, now: u64) -> Option<&str> {
         if self.damage.is_none() {
             if let Err(e) = self.check_now(now) {
-                if let Some(fresh) = self.restore_if_deleted(&e) {
-                    self.watch = watch(&fresh);
-                    let deleted = std::mem::replace(&mut self.ledger, fresh);
-                    self.previous.push(deleted);
-                    return None;
-                }
-                tracing::error!(
-                    ledger = %self.ledger.path().display(),
-                    error = %e,
-                    "ledger damaged while running: offline processes refuse new allocations; \
-                     restart sysmonitor to move it aside and create a fresh one"
-                );
-                self.damage = Some(e.to_string());
+                self.on_damage(e);
             }
         }
         self.damage.as_deref()
+    }
+
+    /// What [`Self::check`] does with a failed check: a deleted file restored and followed,
+    /// anything else logged and kept as sticky damage. Out of line (and out of the per-tick
+    /// code's cache lines and stack frame): it runs once in a monitor's life, if ever.
+    #[cold]
+    #[inline(never)]
+    fn on_damage(&mut self, e: node_ledger::LedgerError) {
+        if let Some(fresh) = self.restore_if_deleted(&e) {
+            self.watch = watch(&fresh);
+            let deleted = std::mem::replace(&mut self.ledger, fresh);
+            self.previous.push(deleted);
+            return;
+        }
+        tracing::error!(
+            ledger = %self.ledger.path().display(),
+            error = %e,
+            "ledger damaged while running: offline processes refuse new allocations; \
+             restart sysmonitor to move it aside and create a fresh one"
+        );
+        self.damage = Some(e.to_string());
     }
 
     /// A ledger deleted while mapped: put a copy (with every group's usage) back in place
@@ -203,6 +212,42 @@ impl LedgerAdapter {
     /// already logged it, so callers skip quietly rather than log it again every tick).
     fn usable(&self) -> bool {
         self.damage.is_none()
+    }
+
+    /// One dead-process reclaim pass (when [`LedgerPort::reclaim`] finds one due). Out of line
+    /// so the per-tick part of `reclaim` keeps a small stack frame and few cache lines.
+    #[inline(never)]
+    fn reclaim_scan(&mut self, now: u64) {
+        self.reclaim_scans += 1;
+        let mut errors = Vec::new();
+        // Each reclaimed process is logged (INFO) by node-ledger.
+        if let Err(e) = self.ledger.reclaim_dead() {
+            errors.push(e.to_string());
+        }
+        let current = &self.ledger;
+        self.previous.retain(|deleted| {
+            if let Err(e) = current.reclaim_through(deleted) {
+                errors.push(e.to_string());
+            }
+            deleted.inode().is_ok_and(|ino| current.depends_on(ino))
+        });
+        // Liveness that no close of this file reports: keep polling while there is some.
+        self.reclaim_polls = !self.previous.is_empty()
+            || self.ledger.layout().procs.iter().any(|p| {
+                owner_pid(p.owner.load(Acquire)) != 0 && p.liveness.load(Acquire) != LIVENESS_LOCK
+            });
+        let period = if self.watch.is_none() || self.reclaim_polls {
+            self.reclaim_every_ms
+        } else {
+            self.reclaim_fallback_ms
+        };
+        self.next_reclaim_ms = next_on_grid(now, period);
+        if errors.is_empty() {
+            self.reclaim_error_logged = false;
+        } else if !self.reclaim_error_logged {
+            tracing::error!(errors = ?errors, "cannot reclaim dead offline processes' quota");
+            self.reclaim_error_logged = true;
+        }
     }
 }
 
@@ -309,38 +354,8 @@ impl LedgerPort for LedgerAdapter {
         }
         let due = self.reclaim_due > 0 || now >= self.next_reclaim_ms;
         self.reclaim_due = self.reclaim_due.saturating_sub(1);
-        if !due {
-            return;
-        }
-        self.reclaim_scans += 1;
-        let mut errors = Vec::new();
-        // Each reclaimed process is logged (INFO) by node-ledger.
-        if let Err(e) = self.ledger.reclaim_dead() {
-            errors.push(e.to_string());
-        }
-        let current = &self.ledger;
-        self.previous.retain(|deleted| {
-            if let Err(e) = current.reclaim_through(deleted) {
-                errors.push(e.to_string());
-            }
-            deleted.inode().is_ok_and(|ino| current.depends_on(ino))
-        });
-        // Liveness that no close of this file reports: keep polling while there is some.
-        self.reclaim_polls = !self.previous.is_empty()
-            || self.ledger.layout().procs.iter().any(|p| {
-                owner_pid(p.owner.load(Acquire)) != 0 && p.liveness.load(Acquire) != LIVENESS_LOCK
-            });
-        let period = if self.watch.is_none() || self.reclaim_polls {
-            self.reclaim_every_ms
-        } else {
-            self.reclaim_fallback_ms
-        };
-        self.next_reclaim_ms = next_on_grid(now, period);
-        if errors.is_empty() {
-            self.reclaim_error_logged = false;
-        } else if !self.reclaim_error_logged {
-            tracing::error!(errors = ?errors, "cannot reclaim dead offline processes' quota");
-            self.reclaim_error_logged = true;
+        if due {
+            self.reclaim_scan(now);
         }
     }
 

@@ -362,6 +362,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     /// pid namespace (not being evicted) and the rest, counted as online. Any doubt (NVML
     /// error, nobody listed) is `Unknown`: every metric is judged whole, eviction stays armed.
     /// A ledger error gives no offline processes: every NVML process counts as online.
+    #[inline(never)] // periodic or rare: kept out of `tick`'s frame and cache lines
     fn find_occupancy(&mut self, now_ms: u64) -> Occupancy {
         let nvml = match self.gpu.processes() {
             Ok(v) => v,
@@ -388,6 +389,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
+    #[inline(never)] // periodic or rare: kept out of `tick`'s frame and cache lines
     fn evict_all(&mut self, now_ms: u64, reason: EvictReason, why: &str) {
         let procs = self.offline(now_ms);
         for p in procs {
@@ -416,6 +418,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         self.events = ev;
     }
 
+    #[inline(never)] // periodic or rare: kept out of `tick`'s frame and cache lines
     fn check_host(&mut self, now_ms: u64) {
         let h = &self.cfg.host_memory;
         match hostmem::read(&h.meminfo_path, &h.psi_path) {
@@ -429,6 +432,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
+    #[inline(never)] // periodic or rare: kept out of `tick`'s frame and cache lines
     fn verify(&mut self, now_ms: u64) {
         let offline = self.offline(now_ms);
         if offline.is_empty() {
