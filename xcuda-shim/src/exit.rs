@@ -343,11 +343,30 @@ static PROCESS_HOOKS: Once = Once::new();
 /// byte on the shared pipe woke the *parent's* helper instead.) Never taken in a signal
 /// handler. Holders: `install_signal_handlers`, `app_sigaction`, `handle_signal` (copy only)
 /// and a fork between its prepare and parent/child hooks.
+///
+/// Every holder blocks all signals on its own thread *before* taking the lock and restores its
+/// mask only *after* releasing it ([`ActionsLock::acquire`] / [`ActionsLock::release`], and
+/// [`ActionsGuard`] for the scoped holders). Otherwise a signal delivered to the holder (a
+/// SIGUSR1, SIGALRM, SIGCHLD, a crash reporter's SIGSEGV sent with pthread_kill) ran the
+/// application's handler on that thread, and a handler that sets SIGINT/SIGTERM's action
+/// (resetting handlers to SIG_DFL before re-raising is common) came back into `app_sigaction`
+/// and spun forever on the lock its own thread held: the process hung (`shim_sigaction_nested`).
+/// Now such a signal stays pending until the lock is free and is delivered then, before the
+/// holder's call returns. So no handler ever runs on a thread that holds the lock: a fork from
+/// a signal handler never finds its own thread holding it (the prepare hook used to check for
+/// that case by thread id; it cannot happen any more). What a holder runs must not itself fork
+/// or set SIGINT/SIGTERM.
+///
+/// Synchronous fault signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) are blocked
+/// too, on purpose: the critical sections touch only our own memory (`app_sigaction` reads
+/// and writes the caller's pointers outside the lock), so a fault inside one is a shim bug,
+/// and for a fault raised while its signal is blocked the kernel takes the default action (the
+/// process dies with a core dump) rather than running the application's crash handler, which
+/// could call `sigaction` and hang on the lock. Loud, never a hang. SIGKILL/SIGSTOP cannot be
+/// blocked, and glibc keeps its two internal signals (cancellation, setxid) unblocked; their
+/// handlers never call `sigaction`.
 struct ActionsLock {
     held: AtomicBool,
-    /// Thread id of the holder (0 = none or not yet recorded), so a fork from a signal handler
-    /// that interrupted the holder on its own thread does not wait for itself.
-    owner: AtomicI32,
     actions: UnsafeCell<[Option<libc::sigaction>; 2]>,
 }
 
@@ -357,70 +376,94 @@ unsafe impl Sync for ActionsLock {}
 
 impl ActionsLock {
     const fn new() -> Self {
-        Self { held: AtomicBool::new(false), owner: AtomicI32::new(0), actions: UnsafeCell::new([None, None]) }
+        Self { held: AtomicBool::new(false), actions: UnsafeCell::new([None, None]) }
     }
 
-    /// Spins (yielding) until the lock is ours. Holders keep it for a copy or one sigaction(2)
-    /// call (the install also for its test-only pause): never for long.
-    fn acquire(&self) {
+    /// Blocks every signal on this thread, then spins (yielding) until the lock is ours;
+    /// returns the thread's mask as it was, for [`ActionsLock::release`]. Holders keep it for
+    /// a copy or one sigaction(2) call (the install also for its test-only pause): never long.
+    fn acquire(&self) -> SavedMask {
+        let saved = block_all_signals();
         while self.held.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
             std::thread::yield_now();
         }
-        self.owner.store(this_tid(), Relaxed);
+        saved
     }
 
-    fn release(&self) {
-        self.owner.store(0, Relaxed);
+    /// Releases the lock, then puts back this thread's mask as [`ActionsLock::acquire`] saved
+    /// it (on the same thread, or in a fork child on the forking thread's copy): signals that
+    /// arrived meanwhile are delivered now, with the lock free.
+    fn release(&self, saved: SavedMask) {
         self.held.store(false, Release);
-    }
-
-    /// Whether the calling thread holds the lock (a signal handler interrupted it).
-    fn held_by_me(&self) -> bool {
-        self.held.load(Acquire) && self.owner.load(Relaxed) == this_tid()
+        restore_signals(saved);
     }
 
     fn lock(&self) -> ActionsGuard<'_> {
-        self.acquire();
-        ActionsGuard(self)
+        let saved = self.acquire();
+        ActionsGuard { lock: self, saved }
     }
 }
 
-/// Exclusive access to the application's actions; releases the lock when dropped (also when
-/// unwinding, so a panic cannot leave it held).
-struct ActionsGuard<'a>(&'a ActionsLock);
+/// A thread's signal mask from before [`block_all_signals`] (`None`: pthread_sigmask failed,
+/// which it cannot with these arguments, and nothing was changed).
+#[derive(Clone, Copy)]
+#[must_use = "the thread's signal mask must be restored"]
+struct SavedMask(Option<libc::sigset_t>);
+
+/// Blocks every blockable signal on the calling thread; returns its previous mask.
+fn block_all_signals() -> SavedMask {
+    // SAFETY: sigfillset on a local set; pthread_sigmask changes the calling thread's mask only
+    // and writes the old one to a local.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        SavedMask((libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0).then_some(old))
+    }
+}
+
+/// Sets the calling thread's mask back to `saved` (nothing if it was not saved).
+fn restore_signals(saved: SavedMask) {
+    if let Some(old) = saved.0 {
+        // SAFETY: a mask pthread_sigmask returned; it changes the calling thread's mask only.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+}
+
+/// Exclusive access to the application's actions; releases the lock and restores the thread's
+/// signal mask when dropped (also when unwinding, so a panic cannot leave it held or leave the
+/// thread's signals blocked).
+struct ActionsGuard<'a> {
+    lock: &'a ActionsLock,
+    saved: SavedMask,
+}
 
 impl std::ops::Deref for ActionsGuard<'_> {
     type Target = [Option<libc::sigaction>; 2];
     fn deref(&self) -> &Self::Target {
         // SAFETY: we hold the lock: no one else reaches `actions` until we drop it.
-        unsafe { &*self.0.actions.get() }
+        unsafe { &*self.lock.actions.get() }
     }
 }
 
 impl std::ops::DerefMut for ActionsGuard<'_> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         // SAFETY: as in deref; `&mut self` makes this the only borrow through the guard.
-        unsafe { &mut *self.0.actions.get() }
+        unsafe { &mut *self.lock.actions.get() }
     }
 }
 
 impl Drop for ActionsGuard<'_> {
     fn drop(&mut self) {
-        self.0.release();
+        self.lock.release(self.saved);
     }
 }
 
-fn this_tid() -> i32 {
-    // SAFETY: gettid takes no arguments and cannot fail.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
-
 thread_local! {
-    /// Set by the prepare hook on the forking thread: it took APP_ACTIONS (the parent and child
-    /// hooks, on the same thread, must release it).
-    static FORK_TOOK_LOCK: Cell<bool> = const { Cell::new(false) };
-    /// The forking thread's signal mask before the prepare hook blocked SIGS.
-    static FORK_SAVED_MASK: Cell<Option<libc::sigset_t>> = const { Cell::new(None) };
+    /// Set by the prepare hook on the forking thread: it took APP_ACTIONS, and this is the
+    /// thread's mask from before (the parent and child hooks, on the same thread, release the
+    /// lock and restore it).
+    static FORK_HELD: Cell<Option<SavedMask>> = const { Cell::new(None) };
 }
 
 fn sig_index(sig: c_int) -> Option<usize> {
@@ -682,39 +725,23 @@ fn on_exit_inner() {
 }
 
 /// Before fork (on the forking thread): take APP_ACTIONS, so no other thread is changing it
-/// when the address space is copied, and block SIGS in this thread, so a signal sent to the
-/// child right after fork waits until the child hook has put the application's actions back.
+/// when the address space is copied. Taking it blocks every signal on this thread first (see
+/// [`ActionsLock`]), and they stay blocked across the fork: a signal sent to the child right
+/// after fork waits until the child hook has put the application's actions back.
 extern "C" fn on_fork_prepare() {
     let _ = std::panic::catch_unwind(|| {
-        // A signal handler that forks while its own thread holds the lock must not wait for
-        // itself: the child then reads the actions as the interrupted holder left them.
-        let take = !APP_ACTIONS.held_by_me();
-        if take {
-            APP_ACTIONS.acquire();
-        }
-        FORK_TOOK_LOCK.with(|c| c.set(take));
-        // SAFETY: sigset operations on locals; pthread_sigmask changes this thread's mask only.
-        let saved = unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for s in SIGS {
-                libc::sigaddset(&mut set, s);
-            }
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            (libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) == 0).then_some(old)
-        };
-        FORK_SAVED_MASK.with(|c| c.set(saved));
+        // No signal handler runs on a thread that holds the lock (holders block every
+        // signal), so a fork from a handler never finds its own thread holding it.
+        let saved = APP_ACTIONS.acquire();
+        FORK_HELD.with(|c| c.set(Some(saved)));
     });
 }
 
-/// Undoes [`on_fork_prepare`] on the forking thread: its mask back, then the lock released.
+/// Undoes [`on_fork_prepare`] on the forking thread: the lock released, then the thread's mask
+/// back as it was before the fork (in the child too: it starts with the application's mask).
 fn fork_hooks_done() {
-    if let Some(old) = FORK_SAVED_MASK.with(|c| c.take()) {
-        // SAFETY: restoring this thread's own mask as saved by on_fork_prepare.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    }
-    if FORK_TOOK_LOCK.with(|c| c.replace(false)) {
-        APP_ACTIONS.release();
+    if let Some(saved) = FORK_HELD.with(|c| c.take()) {
+        APP_ACTIONS.release(saved);
     }
 }
 
@@ -725,7 +752,7 @@ extern "C" fn on_fork_parent() {
 extern "C" fn on_fork_child() {
     let _ = std::panic::catch_unwind(|| {
         on_fork_child_inner();
-        // Unblocks SIGS last: a signal already sent to the child is delivered now, by the
+        // Unblocks signals last: a signal already sent to the child is delivered now, by the
         // application's action.
         fork_hooks_done();
     });
@@ -755,8 +782,7 @@ fn on_fork_child_inner() {
         // signal actions back.
         if INSTALLED.swap(false, AcqRel) {
             // SAFETY: the prepare hook took APP_ACTIONS on this thread, the only one in the
-            // child (or this thread held it already and a signal handler forked: then the copy
-            // is as that holder left it); nothing else reads or writes it until fork_hooks_done.
+            // child; nothing else reads or writes it until fork_hooks_done.
             let apps = unsafe { *APP_ACTIONS.actions.get() };
             if let Some(real_sigaction) = crate::real::sigaction_fn() {
                 for (i, sig) in SIGS.into_iter().enumerate() {
@@ -782,19 +808,27 @@ pub unsafe fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut l
         return None;
     }
     let i = sig_index(sig)?;
-    let mut apps = APP_ACTIONS.lock();
-    let hold = TEST_SIGACTION_HOLD_MS.load(Relaxed);
-    if hold > 0 {
-        state::logged(|| tracing::info!(sig, ms = hold, "xcuda: test hold of the application's signal actions"));
-        std::thread::sleep(std::time::Duration::from_millis(hold));
-    }
+    // The caller's memory is read before and written after the lock (with the thread's signals
+    // unblocked), so a bad pointer faults into the application's own handler, never while the
+    // lock is held (see ActionsLock).
+    // SAFETY: caller's in-pointer per sigaction(2).
+    let new = (!act.is_null()).then(|| unsafe { *act });
+    let prev = {
+        let mut apps = APP_ACTIONS.lock();
+        let hold = TEST_SIGACTION_HOLD_MS.load(Relaxed);
+        if hold > 0 {
+            state::logged(|| tracing::info!(sig, ms = hold, "xcuda: test hold of the application's signal actions"));
+            std::thread::sleep(std::time::Duration::from_millis(hold));
+        }
+        let prev = apps[i];
+        if new.is_some() {
+            apps[i] = new;
+        }
+        prev
+    };
     if !old.is_null() {
         // SAFETY: caller's out-pointer per sigaction(2); a zeroed sigaction is SIG_DFL.
-        unsafe { *old = apps[i].unwrap_or_else(|| std::mem::zeroed()) };
-    }
-    if !act.is_null() {
-        // SAFETY: caller's in-pointer per sigaction(2).
-        apps[i] = Some(unsafe { *act });
+        unsafe { *old = prev.unwrap_or_else(|| std::mem::zeroed()) };
     }
     Some(0)
 }
@@ -819,6 +853,98 @@ mod tests {
 
     /// RELEASE and CREATING are process-wide: these tests must not run at the same time.
     static SERIAL: Mutex<()> = Mutex::new(());
+
+    /// The calling thread's signal mask as the list of signals it blocks.
+    fn blocked_now() -> Vec<c_int> {
+        // SAFETY: pthread_sigmask with a null new set only reads this thread's mask into a
+        // local; sigismember reads that local.
+        unsafe {
+            let mut cur: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut cur);
+            (1..=libc::SIGRTMAX()).filter(|&s| libc::sigismember(&cur, s) == 1).collect()
+        }
+    }
+
+    /// Sets the calling thread's mask to exactly `sigs`.
+    fn set_mask(sigs: &[c_int]) {
+        // SAFETY: sigset operations on a local; pthread_sigmask changes this thread's mask only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &s in sigs {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        }
+    }
+
+    /// Every holder of the actions' lock (the guard, and acquire/release as the fork hooks use
+    /// them) blocks every blockable signal while it holds it, and gets back exactly the mask it
+    /// had, not an empty one nor the full one.
+    #[test]
+    fn holding_the_actions_lock_blocks_every_signal_and_restores_the_exact_mask() {
+        std::thread::spawn(|| {
+            let lock = ActionsLock::new();
+            let own = [libc::SIGHUP, libc::SIGUSR2, libc::SIGRTMIN() + 3];
+            set_mask(&own);
+            let must_block: Vec<c_int> = (1..32)
+                .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
+                .chain(libc::SIGRTMIN()..=libc::SIGRTMAX())
+                .collect();
+            {
+                let _g = lock.lock();
+                let b = blocked_now();
+                let open: Vec<_> = must_block.iter().filter(|s| !b.contains(s)).collect();
+                assert!(open.is_empty(), "signals left unblocked while holding the lock: {open:?}");
+            }
+            assert_eq!(blocked_now(), own, "the guard did not restore the thread's own mask");
+            assert!(!lock.held.load(SeqCst));
+            let saved = lock.acquire();
+            assert!(blocked_now().contains(&libc::SIGSEGV) && blocked_now().contains(&libc::SIGUSR1));
+            lock.release(saved);
+            assert_eq!(blocked_now(), own, "release did not restore the thread's own mask");
+            assert!(!lock.held.load(SeqCst));
+        })
+        .join()
+        .unwrap();
+    }
+
+    static NESTED_LOCK: ActionsLock = ActionsLock::new();
+    /// What the test handler saw: 0 = not run, 1 = ran while the lock was held, 2 = after.
+    static NESTED_SEEN: AtomicU8 = AtomicU8::new(0);
+
+    extern "C" fn nested_handler(_: c_int) {
+        let held = NESTED_LOCK.held.load(SeqCst);
+        NESTED_SEEN.store(if held { 1 } else { 2 }, SeqCst);
+    }
+
+    /// A signal sent to the thread holding the lock must not run its handler there until the
+    /// lock is released: a handler that sets SIGINT/SIGTERM's action would take the lock and
+    /// spin forever on its own thread (the hang of `shim_sigaction_nested`). Without the
+    /// blocking, `pthread_kill` to oneself runs the handler before it returns, lock held.
+    #[test]
+    fn a_signal_to_the_holder_runs_its_handler_only_after_the_lock_is_released() {
+        // SAFETY: installs an atomics-only handler for SIGUSR2 (used by no other test here,
+        // and sent to this test's own thread only), then puts the previous action back.
+        unsafe {
+            let mut a: libc::sigaction = std::mem::zeroed();
+            a.sa_sigaction = nested_handler as extern "C" fn(c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut a.sa_mask);
+            let mut prev: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &a, &mut prev), 0);
+            std::thread::spawn(|| {
+                set_mask(&[]);
+                let g = NESTED_LOCK.lock();
+                assert_eq!(libc::pthread_kill(libc::pthread_self(), libc::SIGUSR2), 0);
+                assert_eq!(NESTED_SEEN.load(SeqCst), 0, "the handler ran on the thread holding the lock");
+                drop(g);
+                assert_eq!(NESTED_SEEN.load(SeqCst), 2, "the signal was not delivered once the lock was released");
+            })
+            .join()
+            .unwrap();
+            libc::sigaction(libc::SIGUSR2, &prev, std::ptr::null_mut());
+        }
+    }
 
     /// The exit path and the signal helper racing: exactly one releases, the other returns
     /// only after that release completed (never "nothing to do" while it is in progress).
