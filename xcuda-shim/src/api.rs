@@ -410,7 +410,9 @@ forward_then! {
 fn gpu_of_nvml(device: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Option<&'static crate::state::Gpu> {
     let st = state();
     let only = (st.gpus.len() == 1).then(|| &st.gpus[0]);
-    match crate::nvml::uuid_of(device) {
+    // SAFETY: `device` is the handle the application passed to this NVML call; the real NVML
+    // receives it just as the application's call would have.
+    match unsafe { crate::nvml::uuid_of(device) } {
         Some(u) => st.gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&u)).or(only.filter(|g| g.uuid.is_empty())),
         None => only,
     }

@@ -81,7 +81,11 @@ static REAL_UUID: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 pub type UuidFn = unsafe extern "C" fn(nvmlDevice_t, *mut std::ffi::c_char, std::ffi::c_uint) -> nvmlReturn_t;
 
 /// The UUID text of an NVML device (`GPU-...`), from the real NVML; `None` if it cannot say.
-pub fn uuid_of(device: nvmlDevice_t) -> Option<String> {
+///
+/// # Safety
+/// `device` is passed to the real `nvmlDeviceGetUUID` as it is: it must be a handle the
+/// caller may pass to NVML (one NVML gave out, as for any NVML call).
+pub unsafe fn uuid_of(device: nvmlDevice_t) -> Option<String> {
     let p = resolve(&REAL_UUID, "nvmlDeviceGetUUID");
     if p.is_null() {
         return None;
