@@ -40,8 +40,13 @@ pub struct MonitorState {
     pub updated_unix_ms: u64,
     /// Monotonic ms of this snapshot.
     pub updated_mono_ms: u64,
-    /// Sampling interval, ms.
+    /// Sampling interval, ms (the configured `interval_ms`).
     pub interval_ms: u64,
+    /// The interval in force at this snapshot, ms: `interval_ms` while offline work is
+    /// registered or the GPU is not Healthy, the longer `idle_interval_ms` otherwise (0 in
+    /// files written before this field existed).
+    #[serde(default)]
+    pub sampling_ms: u64,
     /// The latest sample, if one succeeded.
     pub sample: Option<GpuSample>,
     /// Current Overlimit hold, ms.
@@ -105,6 +110,7 @@ impl MonitorState {
             updated_unix_ms: 1000,
             updated_mono_ms: 5,
             interval_ms: 10,
+            sampling_ms: 10,
             sample: Some(GpuSample {
                 gpu_util: 99.0,
                 ..Default::default()

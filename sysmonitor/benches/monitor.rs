@@ -96,6 +96,8 @@ fn hold(secs: f64) {
     let mut floor = side("MONITOR_BENCH_FLOOR_MS");
     let mut nvml = side("MONITOR_BENCH_NVML_MS");
     n.wait_state(Duration::from_secs(120), "healthy", |v| v["state"] == "healthy");
+    // Registered offline work keeps the monitor at 10 ms (else it samples at the idle pace).
+    let _registered = register_offline(&n, 10);
     std::thread::sleep(Duration::from_millis(500));
     println!("monitor pid {pid}: holding {secs} s");
     // Both ends right after a state-file write (at most a heartbeat apart otherwise), so the
@@ -177,6 +179,19 @@ fn config(interval_ms: u64) -> String {
     )
 }
 
+/// Registers this bench process in the ledger as an offline process (group 1, 1 GiB quota),
+/// so the monitor samples at `interval_ms` (with nothing registered it runs at the idle pace),
+/// and waits until the state file says so. Unregister with the returned handle.
+fn register_offline(n: &Host, interval_ms: u64) -> (node_ledger::Ledger, node_ledger::ProcHandle) {
+    let l = node_ledger::Ledger::open_existing(&n.ledger_path()).expect("the monitor's ledger");
+    let g = l.group(1, 1 << 30).expect("a quota group");
+    let h = l.register(std::process::id(), g).expect("a registration");
+    n.wait_state(Duration::from_secs(20), "the full pace", |v| {
+        v["offline_registered"] == 1 && v["sampling_ms"] == interval_ms
+    });
+    (l, h)
+}
+
 /// The state file's sample count and its monotonic time stamp.
 fn samples_at(n: &Host) -> (u64, u64) {
     let v = n.wait_state(Duration::from_secs(5), "state", |_| true);
@@ -194,6 +209,10 @@ struct CpuUse {
     monitor: Vec<f64>,
     nvml_only: Vec<f64>,
     samples_per_s: f64,
+    /// The same monitor with nothing registered (the idle pace, `idle_interval_ms`), and its
+    /// samples per second.
+    idle: Vec<f64>,
+    idle_samples_per_s: f64,
 }
 
 fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> CpuUse {
@@ -202,12 +221,25 @@ fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> CpuUse {
     n.wait_state(Duration::from_secs(20), "healthy", |v| {
         v["state"] == "healthy"
     });
+    // An offline process registered: the pace the 10 ms target is about.
+    let (ledger, handle) = register_offline(&n, interval_ms);
     std::thread::sleep(Duration::from_millis(500));
     let pid = m.pid();
     let (s0, t0) = samples_at(&n);
     let monitor = (0..windows).map(|_| cpu_pct(pid, secs)).collect();
     let (s1, t1) = samples_at(&n);
     let samples_per_s = s1.saturating_sub(s0) as f64 * 1000.0 / t1.saturating_sub(t0).max(1) as f64;
+    // Nothing registered: the idle pace.
+    ledger.unregister(handle);
+    n.wait_state(Duration::from_secs(20), "the idle pace", |v| {
+        v["offline_registered"] == 0 && v["sampling_ms"].as_u64().unwrap_or(0) > interval_ms
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (s0, t0) = samples_at(&n);
+    let idle = (0..windows).map(|_| cpu_pct(pid, secs)).collect();
+    let (s1, t1) = samples_at(&n);
+    let idle_samples_per_s =
+        s1.saturating_sub(s0) as f64 * 1000.0 / t1.saturating_sub(t0).max(1) as f64;
     m.signal(libc::SIGTERM);
     m.wait_exit(Duration::from_secs(10)).expect("monitor did not stop");
     let mut c = std::process::Command::new(std::env::current_exe().unwrap())
@@ -223,6 +255,8 @@ fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> CpuUse {
         monitor,
         nvml_only,
         samples_per_s,
+        idle,
+        idle_samples_per_s,
     }
 }
 
@@ -280,6 +314,15 @@ fn compare(dir: &str, secs: f64, windows: usize) {
             v["state"] == "healthy"
         });
     }
+    // Offline work registered on both, so this build samples at 10 ms rather than at its idle
+    // pace (a build without one just counts the registration).
+    let _this = register_offline(&this, 10);
+    let _other = node_ledger::Ledger::open_existing(&other.ledger_path())
+        .ok()
+        .and_then(|l| {
+            let h = l.register(std::process::id(), l.group(1, 1 << 30).ok()?).ok()?;
+            Some((l, h))
+        });
     std::thread::sleep(Duration::from_millis(500));
     let pids: Vec<u32> = mons.iter().map(|m| m.pid()).collect();
     let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -378,9 +421,14 @@ fn main() {
     let ((n10, o10), (n1, o1)) = (min_median(&u10.nvml_only), min_median(&u1.nvml_only));
     let ((f10, g10), (f1, g1)) = (min_median(&floor10), min_median(&floor1));
     let (r10, r1) = (u10.samples_per_s, u1.samples_per_s);
-    println!("  monitor, interval 10 ms    {c10:6.2} / {m10:6.2} %  ({r10:.0} samples/s)");
+    println!("  monitor, interval 10 ms    {c10:6.2} / {m10:6.2} %  ({r10:.0} samples/s, an offline process registered)");
     println!("    its NVML calls alone     {n10:6.2} / {o10:6.2} %  (emulated NVML + wake-ups; real NVML costs what it costs)");
     println!("    wake-up floor            {f10:6.2} / {g10:6.2} %  (a process that only sleeps 10 ms at a time)");
+    let (i10, j10) = min_median(&u10.idle);
+    println!(
+        "    nothing registered       {i10:6.2} / {j10:6.2} %  ({:.0} samples/s: the idle pace, idle_interval_ms)",
+        u10.idle_samples_per_s
+    );
     println!("  monitor, interval  1 ms    {c1:6.2} / {m1:6.2} %  ({r1:.0} samples/s)");
     println!("    its NVML calls alone     {n1:6.2} / {o1:6.2} %");
     println!("    wake-up floor            {f1:6.2} / {g1:6.2} %");
@@ -420,6 +468,11 @@ fn main() {
         let mut victim = n.spawn_sh("exec sleep 60");
         let vpid = victim.pid();
         register(&ledger, vpid, 0);
+        // The steady state with offline work: the monitor back at 10 ms (it notices a
+        // registration within one idle interval, idle_interval_ms).
+        n.wait_state(t, "the full pace", |v| {
+            v["offline_registered"] == 1 && v["sampling_ms"] == 10
+        });
         let burst = mono_ns();
         let load = Load::start(&n, 1.0, 2.0);
         let _ = victim.wait_exit(t).expect("victim not evicted");

@@ -17,6 +17,10 @@ pub const MAX_GRACE_MS: u64 = 600_000;
 pub const MAX_HISTORY_SECS: u64 = 86_400;
 /// Longest accepted `interval_ms`: one minute.
 pub const MAX_INTERVAL_MS: u64 = 60_000;
+/// Longest accepted `idle_interval_ms`: one second. A process that registers waits up to one
+/// idle interval for fresh samples (the shim's throttle judges a sample stale after its
+/// `throttle.stale_after_ms`, 500 by default, and then runs at its fallback rate).
+pub const MAX_IDLE_INTERVAL_MS: u64 = 1_000;
 
 /// Everything `sysmonitor run` reads from its config files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,6 +32,15 @@ pub struct Config {
     /// Sampling interval in milliseconds (1 ms and up).
     #[serde(default = "d_interval")]
     pub interval_ms: u64,
+    /// Sampling interval, ms, while nothing on this GPU needs `interval_ms`: no offline
+    /// process registered, the GPU Healthy and no eviction in flight. There is nothing to
+    /// throttle or evict then; health is still judged (admission, state file, metrics) at this
+    /// pace. A registration is seen within one idle interval (the registry is read at every
+    /// idle sample), and from then on the GPU is sampled every `interval_ms`. `0`, or a value
+    /// not above `interval_ms`, samples every `interval_ms` always. At most
+    /// [`MAX_IDLE_INTERVAL_MS`]: keep it under the shim's `throttle.stale_after_ms` (500).
+    #[serde(default = "d_idle_interval")]
+    pub idle_interval_ms: u64,
     /// How much sample history to keep in memory, in seconds.
     #[serde(default = "d_history")]
     pub history_secs: u64,
@@ -147,6 +160,9 @@ impl Default for VerifyConfig {
 fn d_interval() -> u64 {
     10
 }
+fn d_idle_interval() -> u64 {
+    100
+}
 fn d_history() -> u64 {
     300
 }
@@ -184,6 +200,15 @@ impl Config {
             return Err((
                 "interval_ms".into(),
                 format!("must be <= {MAX_INTERVAL_MS}, got {}", self.interval_ms),
+            ));
+        }
+        if self.idle_interval_ms > MAX_IDLE_INTERVAL_MS {
+            return Err((
+                "idle_interval_ms".into(),
+                format!(
+                    "must be <= {MAX_IDLE_INTERVAL_MS} (0: always interval_ms), got {}",
+                    self.idle_interval_ms
+                ),
             ));
         }
         if self.history_secs == 0 || self.history_secs > MAX_HISTORY_SECS {
@@ -432,6 +457,18 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(c.history_len(), 1_000_000);
+    }
+
+    #[test]
+    fn idle_interval_is_bounded_and_zero_turns_it_off() {
+        assert_eq!(Config::default().idle_interval_ms, 100);
+        let e = load_text("{\n\"idle_interval_ms\": 5000}").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("idle_interval_ms"), "{e}");
+        let c = Config {
+            idle_interval_ms: 0,
+            ..Config::default()
+        };
+        assert!(c.validate().is_ok(), "0: always interval_ms");
     }
 
     #[test]

@@ -202,6 +202,8 @@ struct MonitorService<G: GpuSource> {
     /// was damaged); `None` forces a write at the next tick (start, reload).
     written: Option<(ChangeKey, bool)>,
     next_tick: u64,
+    /// The sampling interval of the last tick ([`Monitor::sampling_ms`]), for its log line.
+    pace: u64,
     operator_path: PathBuf,
     operator_disabled: bool,
     start_ledger_error: Option<String>,
@@ -215,6 +217,7 @@ impl<G: GpuSource> MonitorService<G> {
         mon: Monitor<G, LedgerAdapter, PidfdSignaller>,
         start_ledger_error: Option<String>,
     ) -> Self {
+        let cfg_interval = cfg.interval_ms;
         MonitorService {
             operator_path: operator_file(&cfg),
             cfg,
@@ -229,6 +232,7 @@ impl<G: GpuSource> MonitorService<G> {
             next_heartbeat: 0,
             written: None,
             next_tick: mono_ms(),
+            pace: cfg_interval,
             operator_disabled: false,
             start_ledger_error,
         }
@@ -353,7 +357,23 @@ impl<G: GpuSource> Service for MonitorService<G> {
             self.written = Some(key);
             self.report(now, notifier);
         }
-        self.next_tick += self.cfg.interval_ms;
+        let pace = self.mon.sampling_ms();
+        if pace != self.pace {
+            tracing::info!(
+                gpu = self.cfg.gpu_index,
+                interval_ms = pace,
+                offline_registered = self.mon.offline_registered,
+                state = self.mon.machine.state().as_str(),
+                "sampling pace: {}",
+                if pace > self.cfg.interval_ms {
+                    "idle (no offline work on this GPU)"
+                } else {
+                    "full"
+                }
+            );
+            self.pace = pace;
+        }
+        self.next_tick += pace;
         let after = mono_ms();
         if self.next_tick <= after {
             // Fell behind (slow NVML call): skip missed ticks rather than bursting.

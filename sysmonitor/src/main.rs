@@ -18,7 +18,8 @@ CONFIG:
     built-in defaults. SIGHUP reloads; a broken reload keeps the previous config and says why
     (log, state file `config_error`, metric xshare_config_error).
 
-    Main keys: interval_ms (>= 1), history_secs, ledger_dir ($XSHARE_LEDGER_DIR overrides),
+    Main keys: interval_ms (>= 1), idle_interval_ms (100: the pace while no offline process is
+    registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir ($XSHARE_LEDGER_DIR overrides),
     state_file, metrics_listen (\"127.0.0.1:9400\" or \"unix:/run/xshare/m.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled},
     machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},

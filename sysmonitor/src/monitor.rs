@@ -319,6 +319,25 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
+    /// The sampling interval to use after this tick, ms: `idle_interval_ms` while nothing on
+    /// the GPU needs the fast pace (no offline process registered as of the last registry
+    /// read, the GPU Healthy, no eviction in flight), else `interval_ms`. There is nothing to
+    /// throttle or evict while idle; the registry is read at every idle tick (the daemon's
+    /// housekeeping), so a registration brings the fast pace back within one idle interval.
+    pub fn sampling_ms(&self) -> u64 {
+        let (fast, idle) = (self.cfg.interval_ms, self.cfg.idle_interval_ms);
+        let quiet = self.offline_registered == 0
+            && self.offline_read_ms.is_some()
+            && !self.ledger_error_logged
+            && self.machine.state() == State::Healthy
+            && self.evictor.in_flight() == 0;
+        if idle > fast && quiet {
+            idle
+        } else {
+            fast
+        }
+    }
+
     /// Re-reads the offline registry at monotonic ms `now_ms` (for the state file's count),
     /// unless this tick has read it already (verification, an eviction, the occupancy).
     pub fn refresh_offline(&mut self, now_ms: u64) {
@@ -517,6 +536,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             updated_unix_ms: unix_ms(),
             updated_mono_ms: now_ms,
             interval_ms: self.cfg.interval_ms,
+            sampling_ms: self.sampling_ms(),
             sample: self.history.last().copied(),
             hold_ms: self.machine.current_hold_ms(),
             hold_remaining_ms: self.machine.hold_remaining_ms(now_ms),
@@ -768,6 +788,47 @@ mod tests {
         m.refresh_offline(100);
         assert_eq!(reads(&m), start + 2, "a later tick reads afresh");
         assert_eq!(m.offline_registered, 2);
+    }
+
+    /// The idle pace: only with no offline process registered (as of a registry read), the
+    /// GPU Healthy and no eviction in flight; a registration, a state other than Healthy, or
+    /// `idle_interval_ms` not above `interval_ms` give the full pace.
+    #[test]
+    fn the_idle_pace_needs_an_empty_registry_a_healthy_gpu_and_no_eviction() {
+        let mut c = cfg();
+        c.interval_ms = 10;
+        c.idle_interval_ms = 100;
+        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![] };
+        let mut m = Monitor::new(c.clone(), gpu, MemLedger::default(), Rec::default(), vec![]);
+        assert_eq!(m.sampling_ms(), 10, "before the first sample (Init) and registry read");
+        m.tick(0);
+        m.refresh_offline(0);
+        assert_eq!(m.machine.state(), State::Healthy);
+        assert_eq!(m.sampling_ms(), 100, "nothing registered, Healthy: idle");
+        m.ledger.procs.push(off(500));
+        m.tick(100);
+        m.refresh_offline(100);
+        assert_eq!(m.sampling_ms(), 10, "a registration: full pace");
+        m.ledger.procs.clear();
+        m.tick(110);
+        m.refresh_offline(110);
+        assert_eq!(m.sampling_ms(), 100, "the last one gone: idle again");
+        m.cfg.idle_interval_ms = 0;
+        assert_eq!(m.sampling_ms(), 10, "0: always interval_ms");
+        m.cfg.idle_interval_ms = 5;
+        assert_eq!(m.sampling_ms(), 10, "not above interval_ms: always interval_ms");
+
+        // Not Healthy (here Overlimit, with its eviction in flight): full pace.
+        let gpu = Script { next: vec![Ok(gs(10.0)), Ok(gs(99.5))], procs: vec![], xids: vec![] };
+        let ledger = MemLedger { procs: vec![off(600)], ..Default::default() };
+        let mut m = Monitor::new(c, gpu, ledger, Rec::default(), vec![]);
+        m.tick(0);
+        m.tick(10);
+        assert_eq!(m.machine.state(), State::Overlimit);
+        m.ledger.procs.clear(); // the evicted process already gone from the registry
+        m.refresh_offline(20);
+        assert_eq!(m.offline_registered, 0);
+        assert_eq!(m.sampling_ms(), 10, "Overlimit: full pace");
     }
 
     #[test]

@@ -141,6 +141,12 @@ pub fn prometheus(s: &MonitorState) -> String {
         &[(String::new(), s.samples as f64)],
     );
     metric(
+        "xshare_sampling_interval_seconds",
+        "Sampling interval in force: interval_ms with offline work registered, idle_interval_ms without",
+        "gauge",
+        &[(String::new(), s.sampling_ms as f64 / 1000.0)],
+    );
+    metric(
         "xshare_sample_errors_total",
         "GPU samples that failed",
         "counter",
@@ -267,10 +273,17 @@ pub fn status_table(s: &MonitorState, now_unix_ms: u64) -> String {
     row(
         &mut o,
         "samples / errors",
-        format!(
-            "{} / {} at {} ms",
-            s.samples, s.sample_errors, s.interval_ms
-        ),
+        if s.sampling_ms > s.interval_ms {
+            format!(
+                "{} / {} at {} ms (idle: no offline work, {} ms while there is)",
+                s.samples, s.sample_errors, s.sampling_ms, s.interval_ms
+            )
+        } else {
+            format!(
+                "{} / {} at {} ms",
+                s.samples, s.sample_errors, s.interval_ms
+            )
+        },
     );
     if let Some(a) = s.host_mem_available_pct {
         let psi = s
@@ -324,6 +337,7 @@ mod tests {
         assert!(t.contains("xshare_gpu_health_state{gpu=\"0\",state=\"healthy\"} 0\n"));
         assert!(t.contains("xshare_evictions_total{gpu=\"0\",reason=\"overlimit\"} 2\n"));
         assert!(t.contains("xshare_gpu_sm_activity_percent{gpu=\"0\",source=\"gpm\"} 97\n"));
+        assert!(t.contains("xshare_sampling_interval_seconds{gpu=\"0\"} 0.01\n"), "{t}");
         for line in t.lines().filter(|l| !l.starts_with('#')) {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "bad sample line {line}");

@@ -54,6 +54,39 @@ fn helper_entry() {
     e2e::helper_main();
 }
 
+/// With no offline process registered (and the GPU Healthy) the monitor samples at the idle
+/// pace (`idle_interval_ms`, 100 by default): over a second of its own clock it takes at most
+/// one sample per 100 ms (a slow machine only takes fewer; at `interval_ms` it would be ~100).
+/// A registration brings `interval_ms` back, and the last one leaving restores the idle pace.
+#[test]
+fn without_offline_work_the_monitor_samples_at_the_idle_pace_and_a_registration_restores_the_full_one() {
+    let n = EmuHost::node();
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let a = n.wait_state(T, "the idle pace", |v| v["sampling_ms"] == 100);
+    assert_eq!(a["interval_ms"], 10, "the configured interval is still reported");
+    assert_eq!(a["offline_registered"], 0);
+    std::thread::sleep(Duration::from_secs(1));
+    let t = a["updated_mono_ms"].as_u64().unwrap();
+    let b = n.wait_state(T, "a later idle snapshot", |v| {
+        v["updated_mono_ms"].as_u64().unwrap_or(0) >= t + 1000 && v["sampling_ms"] == 100
+    });
+    let samples = b["samples"].as_u64().unwrap() - a["samples"].as_u64().unwrap();
+    let ms = b["updated_mono_ms"].as_u64().unwrap() - t;
+    assert!(
+        samples <= ms / 100 + 2,
+        "{samples} samples in {ms} ms of the monitor's clock: faster than the idle pace"
+    );
+
+    let mut off = offline_sleeper(&n, &ledger);
+    n.wait_state(T, "the full pace with an offline process", |v| {
+        v["sampling_ms"] == 10 && v["offline_registered"] == 1
+    });
+    off.kill9();
+    n.wait_state(T, "the idle pace once its registration was reclaimed", |v| {
+        v["sampling_ms"] == 100 && v["offline_registered"] == 0
+    });
+}
+
 #[test]
 fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
     let n = EmuHost::node();
