@@ -222,7 +222,14 @@ impl Service for ManagerService {
 
 fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
     node_daemon::signals::install_signal_handlers();
+    // Before anything touches MPS: a second manager must not adopt (or reset) the daemon the
+    // first one owns.
+    let _instance = mps_manager::manager::lock_instance(&cfg)?;
     let mut m = Manager::new(cfg.clone())?;
+    // What a previous manager (SIGKILLed, OOM-killed) left unfinished.
+    if let Ok(prev) = node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file) {
+        m.adopt_previous(&prev);
+    }
     let state_file = cfg.state_file.clone();
     if let Some(d) = state_file.parent() {
         let _ = std::fs::create_dir_all(d);
