@@ -49,6 +49,13 @@ USERS:
     are terminate_client'ed, SIGTERMed (SIGKILL after evict_grace_ms) and marked for restart.
     Unset: the server's user is reported (mps_server_uid) and a change warned.
 
+RESTARTS:
+    One manager per GPU: `run` takes a lock on <ledger_dir>/gpu<N>/mps-manager.lock; a second
+    one exits naming the holder's pid. A restarted manager adopts the running control daemon
+    (pid file; nothing is reset) and finishes a recovery its predecessor was killed in (the
+    state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,
+    online included, loses its context; set it false for restarts that keep MPS running.
+
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
 EXAMPLES:
@@ -274,6 +281,7 @@ mod tests {
             "SIGHUP",
             "SM BUDGET",
             "terminate_client",
+            "mps-manager.lock",
             "EXAMPLES",
             "--gpu <N>",
         ] {

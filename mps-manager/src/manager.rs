@@ -93,7 +93,8 @@ pub struct ManagerState {
     #[serde(default)]
     pub user_breaches: u64,
     /// Offline clients this manager is about to `terminate_client` (written to the state file
-    /// before the command is sent, cleared once the recovery is done): a manager killed in the
+    /// before the command is sent, dropped once the recovery is done; those taken over from a
+    /// previous manager stay until finished): a manager killed in the
     /// middle of a recovery leaves them here, so the next one knows that such a client, dead and
     /// no longer listed on any server, was terminated (not a reason for a full reset).
     #[serde(default)]
@@ -243,6 +244,9 @@ impl Manager {
             tracing::warn!(clients = ?prev.terminating, previous_manager = prev.manager_pid, "the previous manager was stopped while terminating these offline clients; finishing that recovery");
         }
         self.inherited = prev.terminating.clone();
+        // Kept in this manager's state file too, until finished: killed again before it gets
+        // to them, this manager passes them on.
+        self.state.terminating = self.inherited.clone();
     }
 
     /// Whether the previous manager was terminating `pid` (with this start time).
@@ -488,8 +492,9 @@ impl Manager {
             }
             _ => None,
         };
-        // Whatever became of it, this recovery's journal is done with (a reset follows).
-        self.state.terminating.clear();
+        // Whatever became of it, this recovery's journal is done with (a reset follows); what
+        // the previous manager left and is still registered stays.
+        self.state.terminating = self.inherited.clone();
         let why_full = match targeted {
             Some(Ok(outcome)) => {
                 tracing::warn!(fault = fault.kind(), %outcome, took_ms = mono_ms() - started, "targeted recovery done; MPS and online clients untouched");
@@ -621,10 +626,11 @@ impl Manager {
             });
         }
         let _ = self.ledger.reclaim_dead();
-        // Reclaimed: no fault names them again; the journal has served.
-        self.state.terminating.clear();
+        // Reclaimed: no fault names them again; the journal has served (what the previous
+        // manager left and is still registered stays).
         let still: Vec<(u32, u64)> = self.offline().iter().map(|p| (p.pid, p.start_time)).collect();
         self.inherited.retain(|t| still.contains(&(t.pid, t.start_time)));
+        self.state.terminating = self.inherited.clone();
         if self.state.restart_requested.len() > 200 {
             let n = self.state.restart_requested.len() - 200;
             self.state.restart_requested.drain(..n);
@@ -894,6 +900,7 @@ mod tests {
         };
         let text = serde_json::to_string(&prev).unwrap();
         m.adopt_previous(&serde_json::from_str(&text).unwrap());
+        assert_eq!(m.state.terminating, prev.terminating, "passed on until finished");
         let out = m.terminate_offline(&[pid], true, "client_died");
         assert!(out.is_ok(), "{out:?}");
         assert!(m.offline().iter().all(|p| p.pid != pid), "registration reclaimed");

@@ -80,7 +80,11 @@ mod tests {
                 let mut fl: libc::flock = std::mem::zeroed();
                 fl.l_type = libc::F_WRLCK as libc::c_short;
                 fl.l_whence = libc::SEEK_SET as libc::c_short;
-                let ok: u8 = if fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &fl) == 0 { 1 } else { 0 };
+                let ok: u8 = if fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &fl) == 0 {
+                    1
+                } else {
+                    0
+                };
                 libc::write(fds[1], (&ok as *const u8).cast(), 1);
                 loop {
                     libc::pause();

@@ -146,7 +146,10 @@ fn restart_keeps_mps_and_clients(sig: i32) {
     // The daemon outlives its manager (systemd KillMode=process; quit_on_exit false).
     let snap = dev.snapshot();
     assert!(snap.mps.enabled, "MPS still running without its manager");
-    assert_eq!(snap.mps.generation, generation, "MPS not quit or reset by the stop");
+    assert_eq!(
+        snap.mps.generation, generation,
+        "MPS not quit or reset by the stop"
+    );
     // While no manager runs: a budget no manager would publish (1000 is above max_pct).
     ledger.publish_sm_budget(1000);
 
@@ -154,12 +157,16 @@ fn restart_keeps_mps_and_clients(sig: i32) {
     let v = mstate_of(&n, m2.pid(), "the new manager's state", |v| {
         v["daemon_pid"].is_u64() && v["clients"].as_u64() >= Some(2)
     });
-    assert_eq!(daemon_of(&v), daemon, "the running control daemon adopted: {v:#}");
+    assert_eq!(
+        daemon_of(&v),
+        daemon,
+        "the running control daemon adopted: {v:#}"
+    );
     assert_eq!(v["recoveries"], serde_json::json!([]), "no recovery: {v:#}");
     wait_until("the budget published by the new manager", T, || {
-        ledger.read_manager().is_some_and(|s| {
-            s.manager_pid == m2.pid() && s.offline_sm_budget_permille == permille
-        })
+        ledger
+            .read_manager()
+            .is_some_and(|s| s.manager_pid == m2.pid() && s.offline_sm_budget_permille == permille)
     });
     online_progresses(&load, "online kernels after the restart");
     let snap = dev.snapshot();
@@ -274,7 +281,9 @@ fn manager_sigkilled_during_a_recovery_restarts_and_finishes_it_without_a_reset(
     )
     .unwrap();
     let mut manager = start_manager(&n, false);
-    let v = mstate_of(&n, manager.pid(), "daemon started", |v| v["daemon_pid"].is_u64());
+    let v = mstate_of(&n, manager.pid(), "daemon started", |v| {
+        v["daemon_pid"].is_u64()
+    });
     let daemon = daemon_of(&v);
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
     let dev = n.device();
@@ -321,9 +330,14 @@ fn manager_sigkilled_during_a_recovery_restarts_and_finishes_it_without_a_reset(
                 std::thread::sleep(Duration::from_micros(us));
             }
             Kill::AtTerminate => {
-                wait_until("the control daemon did terminate_client", T, || mark.exists());
+                wait_until("the control daemon did terminate_client", T, || {
+                    mark.exists()
+                });
                 let line = format!("TerminateClient {{ server: {server}, client: {op} }}");
-                let control_log = n.ledger_path().with_file_name("mps-log").join("control.log");
+                let control_log = n
+                    .ledger_path()
+                    .with_file_name("mps-log")
+                    .join("control.log");
                 let l = std::fs::read_to_string(&control_log).unwrap_or_default();
                 assert!(l.contains(&line), "{line} not in the control log:\n{l}");
             }
@@ -347,16 +361,23 @@ fn manager_sigkilled_during_a_recovery_restarts_and_finishes_it_without_a_reset(
             v["updated_unix_ms"].as_u64().is_some()
         });
         let t = v["updated_unix_ms"].as_u64().unwrap();
-        let v = mstate_of(&n, mp, &format!("{what}: the state file updated again"), |v| {
-            v["updated_unix_ms"].as_u64() > Some(t + 300)
-        });
+        let v = mstate_of(
+            &n,
+            mp,
+            &format!("{what}: the state file updated again"),
+            |v| v["updated_unix_ms"].as_u64() > Some(t + 300),
+        );
         let snap = dev.snapshot();
         assert!(
             !snap.processes.iter().any(|p| p.pid == op && p.mps_client),
             "{what}: the dead client is gone from the server"
         );
         assert_eq!(snap.mps.generation, generation, "{what}: MPS never reset");
-        assert_eq!(daemon_of(&v), daemon, "{what}: the same control daemon: {v:#}");
+        assert_eq!(
+            daemon_of(&v),
+            daemon,
+            "{what}: the same control daemon: {v:#}"
+        );
         let log = n.log("mps.json");
         let new_log = &log[log_before..];
         assert!(!log.contains("FULL MPS RESET"), "{what}:\n{log}");
@@ -369,14 +390,22 @@ fn manager_sigkilled_during_a_recovery_restarts_and_finishes_it_without_a_reset(
             // The new manager finished the recovery: by terminate_client, named in its state.
             let r = v["recoveries"].as_array().and_then(|r| r.last()).cloned();
             assert!(
-                r.as_ref().is_some_and(|r| r["fault"]["client_died"]["pid"] == op
-                    && r["outcome"].as_str().unwrap_or("").contains("terminate_client")),
+                r.as_ref()
+                    .is_some_and(|r| r["fault"]["client_died"]["pid"] == op
+                        && r["outcome"]
+                            .as_str()
+                            .unwrap_or("")
+                            .contains("terminate_client")),
                 "{what}: {v:#}"
             );
         }
         eprintln!(
             "{what}: recovered by {}",
-            if errors == 1 { "the new manager" } else { "the killed manager" }
+            if errors == 1 {
+                "the new manager"
+            } else {
+                "the killed manager"
+            }
         );
     }
     assert_eq!(
