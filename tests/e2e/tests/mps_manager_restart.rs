@@ -249,8 +249,8 @@ enum Kill {
 
 /// The OOM killer's SIGKILL of the manager in the middle of a recovery: an offline client
 /// dies holding its context (MPS hangs, as real MPS does, until `terminate_client`), the
-/// manager is SIGKILLed a few ms (varied per round) after it logged the fault, and started
-/// again. Each round: the online client progresses again, the dead client is gone from the
+/// manager is SIGKILLed at a moment varied per round ([`Kill`]: with the client, µs to ms after
+/// its fault line, or between `terminate_client` and its bookkeeping of it), and started again. Each round: the online client progresses again, the dead client is gone from the
 /// server, MPS was never reset (same generation, same control daemon, no FULL MPS RESET), the
 /// new manager writes its state file and logs at most the one fault it took over.
 #[test]
