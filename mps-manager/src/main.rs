@@ -49,6 +49,13 @@ USERS:
     are terminate_client'ed, SIGTERMed (SIGKILL after evict_grace_ms) and marked for restart.
     Unset: the server's user is reported (mps_server_uid) and a change warned.
 
+RESTARTS:
+    One manager per GPU: `run` takes a lock on <ledger_dir>/gpu<N>/mps-manager.lock; a second
+    one exits naming the holder's pid. A restarted manager adopts the running control daemon
+    (pid file; nothing is reset) and finishes a recovery its predecessor was killed in (the
+    state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,
+    online included, loses its context; set it false for restarts that keep MPS running.
+
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
 EXAMPLES:
@@ -222,7 +229,14 @@ impl Service for ManagerService {
 
 fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
     node_daemon::signals::install_signal_handlers();
+    // Before anything touches MPS: a second manager must not adopt (or reset) the daemon the
+    // first one owns.
+    let _instance = mps_manager::manager::lock_instance(&cfg)?;
     let mut m = Manager::new(cfg.clone())?;
+    // What a previous manager (SIGKILLed, OOM-killed) left unfinished.
+    if let Ok(prev) = node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file) {
+        m.adopt_previous(&prev);
+    }
     let state_file = cfg.state_file.clone();
     if let Some(d) = state_file.parent() {
         let _ = std::fs::create_dir_all(d);
@@ -267,6 +281,7 @@ mod tests {
             "SIGHUP",
             "SM BUDGET",
             "terminate_client",
+            "mps-manager.lock",
             "EXAMPLES",
             "--gpu <N>",
         ] {

@@ -42,6 +42,17 @@ pub struct RestartRequest {
     pub at_unix_ms: u64,
 }
 
+/// A `terminate_client` sent (or about to be sent) for an offline client listed on a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terminating {
+    /// Pid of the client.
+    pub pid: u32,
+    /// Its start time (from its ledger registration), so the pid is never taken for another.
+    pub start_time: u64,
+    /// The server that listed it.
+    pub server: u32,
+}
+
 /// The manager's state file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ManagerState {
@@ -81,6 +92,13 @@ pub struct ManagerState {
     /// MPS servers seen running as a user other than `client_uid` (see the config).
     #[serde(default)]
     pub user_breaches: u64,
+    /// Offline clients this manager is about to `terminate_client` (written to the state file
+    /// before the command is sent, dropped once the recovery is done; those taken over from a
+    /// previous manager stay until finished): a manager killed in the
+    /// middle of a recovery leaves them here, so the next one knows that such a client, dead and
+    /// no longer listed on any server, was terminated (not a reason for a full reset).
+    #[serde(default)]
+    pub terminating: Vec<Terminating>,
     /// The last error talking to MPS.
     pub last_error: Option<String>,
     /// Wall-clock ms of this snapshot.
@@ -115,6 +133,9 @@ pub struct Manager {
     breach_reported: HashSet<u32>,
     /// Offline processes of another user already evicted: (pid, start time) -> when (ms).
     user_evicted: BTreeMap<(u32, u64), u64>,
+    /// `terminating` of the previous manager's state file ([`Manager::adopt_previous`]):
+    /// clients it was terminating when it died.
+    inherited: Vec<Terminating>,
 }
 
 /// How long a targeted recovery looks for the clients it must terminate on the servers' lists
@@ -132,6 +153,23 @@ pub fn control_for(cfg: &Config) -> MpsControl {
         visible_devices: cfg.gpu_index.to_string(),
         timeout: Duration::from_millis(cfg.command_timeout_ms),
     }
+}
+
+/// This GPU's single-instance lock file, beside its ledger (`<ledger_dir>/gpu<N>/mps-manager.lock`).
+pub fn lock_file(cfg: &Config) -> std::path::PathBuf {
+    cfg.ledger_path().with_file_name("mps-manager.lock")
+}
+
+/// Takes the per-GPU single-instance lock ([`lock_file`], a POSIX write lock held for the life
+/// of the returned file, released by the kernel however the manager dies). Two managers of one
+/// GPU would both own its control daemon: both recover the same fault (a second
+/// `terminate_client`, or a reset that cuts off the clients the first one just saved) and both
+/// publish a budget. A second `mps-manager run` for the GPU gets an error naming the holder.
+pub fn lock_instance(cfg: &Config) -> Result<std::fs::File, String> {
+    node_daemon::instance::lock(
+        &lock_file(cfg),
+        &format!("mps-manager for GPU {}", cfg.gpu_index),
+    )
 }
 
 impl Manager {
@@ -160,6 +198,7 @@ impl Manager {
             servers_seen: Vec::new(),
             breach_reported: HashSet::new(),
             user_evicted: BTreeMap::new(),
+            inherited: Vec::new(),
         })
     }
 
@@ -192,6 +231,29 @@ impl Manager {
     /// The control daemon this manager recorded (started or detected), if any.
     pub fn recorded_daemon(&self) -> Option<DaemonId> {
         self.daemon
+    }
+
+    /// Takes over what the previous manager of this GPU left in its state file (`prev`, read
+    /// at start): the clients it was terminating when it was killed (SIGKILL, OOM killer)
+    /// mid-recovery. Such a client, dead, still registered in the ledger (the previous manager
+    /// died before reclaiming it) and no longer listed on any server, was removed by that
+    /// `terminate_client`: the recovery then finishes without the full reset a dead client
+    /// missing from every server otherwise calls for.
+    pub fn adopt_previous(&mut self, prev: &ManagerState) {
+        if !prev.terminating.is_empty() {
+            tracing::warn!(clients = ?prev.terminating, previous_manager = prev.manager_pid, "the previous manager was stopped while terminating these offline clients; finishing that recovery");
+        }
+        self.inherited = prev.terminating.clone();
+        // Kept in this manager's state file too, until finished: killed again before it gets
+        // to them, this manager passes them on.
+        self.state.terminating = self.inherited.clone();
+    }
+
+    /// Whether the previous manager was terminating `pid` (with this start time).
+    fn inherited_termination(&self, pid: u32, start_time: u64) -> bool {
+        self.inherited
+            .iter()
+            .any(|t| t.pid == pid && t.start_time == start_time)
     }
 
     fn offline(&self) -> Vec<node_ledger::ProcSnapshot> {
@@ -430,6 +492,9 @@ impl Manager {
             }
             _ => None,
         };
+        // Whatever became of it, this recovery's journal is done with (a reset follows); what
+        // the previous manager left and is still registered stays.
+        self.state.terminating = self.inherited.clone();
         let why_full = match targeted {
             Some(Ok(outcome)) => {
                 tracing::warn!(fault = fault.kind(), %outcome, took_ms = mono_ms() - started, "targeted recovery done; MPS and online clients untouched");
@@ -492,8 +557,23 @@ impl Manager {
         let mut done: Vec<(u32, u32)> = Vec::new();
         let mut looks = 0u32;
         let mut last_refusal = None;
+        let registered: BTreeMap<u32, u64> =
+            self.offline().iter().map(|p| (p.pid, p.start_time)).collect();
+        // Dead clients the previous manager was terminating when it was killed: done if no
+        // server lists them (terminated then); listed, they are terminated again below.
+        let inherited: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|p| {
+                registered.get(p).is_some_and(|&st| {
+                    self.inherited_termination(*p, st)
+                        && !node_ledger::procinfo::is_alive(*p, st)
+                })
+            })
+            .collect();
         loop {
             looks += 1;
+            let mut listed: Vec<u32> = Vec::new();
             for srv in self.ctl.server_list()? {
                 let clients = match self.ctl.client_list(srv) {
                     Ok(c) => c,
@@ -503,15 +583,23 @@ impl Manager {
                     }
                     Err(e) => return Err(e),
                 };
+                listed.extend(clients.iter().copied());
                 for c in clients {
                     if !pids.contains(&c) || done.iter().any(|&(_, d)| d == c) {
                         continue;
                     }
+                    self.journal_termination(c, registered.get(&c).copied(), srv);
                     match self.ctl.command(&format!("terminate_client {srv} {c}")) {
                         Ok(_) => done.push((srv, c)),
                         Err(e @ MpsError::Rejected { .. }) => last_refusal = Some(e.to_string()),
                         Err(e) => return Err(e),
                     }
+                }
+            }
+            for &p in &inherited {
+                if !listed.contains(&p) && !done.iter().any(|&(_, d)| d == p) {
+                    tracing::info!(pid = p, "dead client terminated by the previous manager: no longer listed");
+                    done.push((0, p));
                 }
             }
             let enough = if all {
@@ -538,6 +626,11 @@ impl Manager {
             });
         }
         let _ = self.ledger.reclaim_dead();
+        // Reclaimed: no fault names them again; the journal has served (what the previous
+        // manager left and is still registered stays).
+        let still: Vec<(u32, u64)> = self.offline().iter().map(|p| (p.pid, p.start_time)).collect();
+        self.inherited.retain(|t| still.contains(&(t.pid, t.start_time)));
+        self.state.terminating = self.inherited.clone();
         if self.state.restart_requested.len() > 200 {
             let n = self.state.restart_requested.len() - 200;
             self.state.restart_requested.drain(..n);
@@ -561,6 +654,16 @@ impl Manager {
         Ok(format!(
             "terminate_client {done:?} (listed at look {looks}); MPS not reset"
         ))
+    }
+
+    /// Records, in the state file, before the command is sent, that `pid` (listed on `server`)
+    /// is being terminated (see [`ManagerState::terminating`]). Without its start time (not
+    /// registered) nothing is recorded: a bare pid could name another process later.
+    fn journal_termination(&mut self, pid: u32, start_time: Option<u64>, server: u32) {
+        let Some(start_time) = start_time else { return };
+        self.state.terminating.push(Terminating { pid, start_time, server });
+        let path = self.cfg.state_file.clone();
+        self.write_state(&path);
     }
 
     /// SIGTERM every offline client (by pid + start time), SIGKILL after the grace period,
@@ -765,6 +868,74 @@ mod tests {
             ..Config::default()
         };
         Manager::new(cfg).unwrap()
+    }
+
+    /// A manager SIGKILLed right after `terminate_client` of a dead offline client, before it
+    /// reclaimed the registration: the next manager finds the dead client registered but on
+    /// no server. Taken over from the previous state file's `terminating`, that is a finished
+    /// termination (Ok, no reset); without the journal it stays the unknown case, Err (full
+    /// reset). Failed before the journal with the e2e line `round 5 (delay Some(15000) µs):
+    /// MPS never reset` (`tests/e2e/tests/mps_manager_restart.rs`).
+    #[test]
+    fn a_termination_journaled_by_the_previous_manager_finishes_without_a_reset() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let daemon = m.ensure_daemon().unwrap();
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let dead_client = |m: &Manager| {
+            let mut c = sleeper();
+            let pid = c.id();
+            m.ledger.register(pid, g).unwrap();
+            let st = node_ledger::procinfo::start_time(pid).unwrap();
+            c.kill().unwrap();
+            c.wait().unwrap();
+            (pid, st)
+        };
+        // The journal the killed manager left (a state file as written before the command).
+        let (pid, st) = dead_client(&m);
+        let prev = ManagerState {
+            manager_pid: 1,
+            terminating: vec![Terminating { pid, start_time: st, server: 4242 }],
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&prev).unwrap();
+        m.adopt_previous(&serde_json::from_str(&text).unwrap());
+        assert_eq!(m.state.terminating, prev.terminating, "passed on until finished");
+        let out = m.terminate_offline(&[pid], true, "client_died");
+        assert!(out.is_ok(), "{out:?}");
+        assert!(m.offline().iter().all(|p| p.pid != pid), "registration reclaimed");
+        assert!(m.state.terminating.is_empty() && m.inherited.is_empty());
+
+        // A dead client nobody was terminating and no server lists: still the unknown case.
+        let (pid2, _) = dead_client(&m);
+        assert!(m.terminate_offline(&[pid2], true, "client_died").is_err());
+        // A state file of a manager without the field still reads.
+        let old: ManagerState = serde_json::from_str(r#"{"gpu":0,"manager_pid":1,"daemon_pid":null,"servers":[],"clients":0,"gpu_health":null,"sm_activity_pct":0,"online_estimate_pct":0,"offline_budget_pct":null,"faults":{},"recoveries":[],"suppressed_recoveries":0,"restart_requested":[],"last_error":null,"updated_unix_ms":0}"#).unwrap();
+        assert!(old.terminating.is_empty());
+        kill(daemon);
+    }
+
+    /// One lock per GPU, beside its ledger, naming its holder. The refusal of a second
+    /// process is tested in `node_daemon::instance` (POSIX locks are per process) and end to
+    /// end in `tests/e2e/tests/mps_manager_restart.rs`.
+    #[test]
+    fn the_instance_lock_is_per_gpu_beside_the_ledger() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = |gpu| {
+            let mut c = Config {
+                ledger_dir: dir.path().join("ledger"),
+                ..Config::default()
+            };
+            c.gpu_index = gpu;
+            c
+        };
+        assert_eq!(lock_file(&cfg(0)), cfg(0).ledger_path().with_file_name("mps-manager.lock"));
+        assert_ne!(lock_file(&cfg(0)), lock_file(&cfg(1)));
+        let a = lock_instance(&cfg(0)).unwrap();
+        let b = lock_instance(&cfg(1)).unwrap();
+        let holder = std::fs::read_to_string(lock_file(&cfg(0))).unwrap();
+        assert_eq!(holder.trim(), std::process::id().to_string());
+        drop((a, b));
     }
 
     /// Fails with the estimate logged as it is: `online_estimate_pct=NaN`.

@@ -10,12 +10,14 @@
 //! - [`state_file`]: atomic JSON state files;
 //! - [`clock`]: monotonic and wall-clock milliseconds, the boot id;
 //! - [`evictor`]: pidfd signalling and the one evictor (every signal checked by pid + start time);
+//! - [`instance`]: the single-instance lock (a POSIX write lock; the error names the holder);
 //! - [`monitor_state`]: the monitor's state file, one writer and several readers;
 //! - [`run`]: the run/reload loop.
 
 pub mod cli;
 pub mod clock;
 pub mod evictor;
+pub mod instance;
 pub mod layered;
 pub mod monitor_state;
 pub mod run;
