@@ -231,7 +231,8 @@ check_node() {
     cat >"$root/mps-manager.json" <<EOF
 { "control_bin": "$(command -v nvidia-cuda-mps-control)", "pipe_dir": "$root/mps-pipe",
   "log_dir": "$root/mps-log", "ledger_dir": "$root/run", "monitor_state_file": "$root/run/state.json",
-  "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid }
+  "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid,
+  "quit_on_exit": true }
 EOF
     "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >"$root/mps-manager.log" 2>&1 &
     pids+=($!)

@@ -38,7 +38,11 @@ pub struct Config {
     pub period_ms: u64,
     /// How often MPS health is checked, ms.
     pub check_every_ms: u64,
-    /// Stop MPS (`quit`) when the manager stops.
+    /// Stop MPS (`quit`) when the manager stops (SIGTERM/SIGINT). Off by default: a restart
+    /// (`systemctl restart`, an upgrade) must not cut off the online service, whose clients
+    /// would all lose their contexts; the next manager adopts the running daemon. On for a
+    /// setup the manager tears down (a demo), or stop MPS yourself
+    /// (`echo quit | nvidia-cuda-mps-control`).
     pub quit_on_exit: bool,
     /// The monitor's state file (for XID reports); empty means `<ledger_dir>/gpu<N>/state.json`.
     pub monitor_state_file: PathBuf,
@@ -74,7 +78,7 @@ impl Default for Config {
             command_timeout_ms: 2000,
             period_ms: 100,
             check_every_ms: 500,
-            quit_on_exit: true,
+            quit_on_exit: false,
             monitor_state_file: PathBuf::new(),
             state_file: PathBuf::new(),
             evict_grace_ms: 5000,
@@ -178,6 +182,10 @@ mod tests {
     fn defaults_validate_and_paths_derive_from_the_gpu() {
         let mut c = Config::default();
         assert!(c.validate().is_ok());
+        assert!(
+            !c.quit_on_exit,
+            "a restart (an upgrade) must keep MPS, and the online service on it, running"
+        );
         c.ledger_dir = "/run/x".into();
         c.finalize(Some(3));
         assert_eq!(c.pipe_dir, PathBuf::from("/run/x/gpu3/mps-pipe"));

@@ -54,7 +54,7 @@ RESTARTS:
     one exits naming the holder's pid. A restarted manager adopts the running control daemon
     (pid file; nothing is reset) and finishes a recovery its predecessor was killed in (the
     state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,
-    online included, loses its context; set it false for restarts that keep MPS running.
+    online included, loses its context. It is false by default: restarts keep MPS running.
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 

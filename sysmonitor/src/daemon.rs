@@ -86,45 +86,10 @@ pub fn lock_file(cfg: &Config) -> PathBuf {
 /// life of the returned file and released by the kernel when the process dies, however it
 /// dies). A second `sysmonitor run` for the same GPU gets an error naming the holder's pid.
 pub fn lock_instance(cfg: &Config) -> Result<std::fs::File, String> {
-    use std::os::fd::AsRawFd;
-    let path = lock_file(cfg);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| format!("lock file {}: {e}", path.display()))?;
-    // SAFETY: flock is plain data; an all-zero value is valid before the fields are set.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    // SAFETY: valid open fd and a valid flock struct for the duration of the call.
-    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
-        let _ = f.set_len(0);
-        let _ = (&f).write_all(format!("{}\n", std::process::id()).as_bytes());
-        return Ok(f);
-    }
-    let err = std::io::Error::last_os_error();
-    if !matches!(err.raw_os_error(), Some(libc::EACCES) | Some(libc::EAGAIN)) {
-        return Err(format!("lock file {}: {err}", path.display()));
-    }
-    // SAFETY: as above; F_GETLK fills `fl` with the conflicting lock and its owner.
-    let holder = if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) } == 0
-        && fl.l_type != libc::F_UNLCK as libc::c_short
-    {
-        fl.l_pid.to_string()
-    } else {
-        "unknown".into()
-    };
-    Err(format!(
-        "another sysmonitor (pid {holder}) already runs for GPU {} (lock {}); refusing to start a second one",
-        cfg.gpu_index,
-        path.display()
-    ))
+    node_daemon::instance::lock(
+        &lock_file(cfg),
+        &format!("sysmonitor for GPU {}", cfg.gpu_index),
+    )
 }
 
 /// Serves the latest Prometheus text over HTTP on TCP or a unix socket, one request at a time.
