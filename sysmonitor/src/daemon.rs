@@ -441,10 +441,12 @@ mod tests {
     }
 
     fn service(dir: &Path, util: Rc<Cell<f64>>, heartbeat_ms: u64) -> MonitorService<Dial> {
-        let mut cfg = Config::default();
-        cfg.ledger_dir = dir.join("run");
-        cfg.state_file = dir.join("run/gpu0/state.json");
-        cfg.state_file_every_ms = heartbeat_ms;
+        let mut cfg = Config {
+            ledger_dir: dir.join("run"),
+            state_file: dir.join("run/gpu0/state.json"),
+            state_file_every_ms: heartbeat_ms,
+            ..Config::default()
+        };
         cfg.host_memory.enabled = false;
         cfg.verify.enabled = false;
         cfg.machine.overlimit_sustain_ms = 0;

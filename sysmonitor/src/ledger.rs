@@ -463,11 +463,11 @@ mod tests {
         let g = l.group(node_ledger::ledger::group_id_for("c1"), 1 << 30).unwrap();
         let h = l.register(std::process::id(), g).unwrap();
         let mut a = LedgerAdapter::new(l);
-        let mut stale = a.offline(0).unwrap()[0].clone();
+        let mut stale = a.offline(0).unwrap()[0];
         stale.start_time += 1;
         assert!(a.mark_evicting(&stale, EvictReason::Overlimit, 0).is_err());
         assert_eq!(a.ledger.evict_signal(h), 0, "no request for another start time");
-        let mut other = a.offline(0).unwrap()[0].clone();
+        let mut other = a.offline(0).unwrap()[0];
         other.pid += 1;
         assert!(a.mark_evicting(&other, EvictReason::Overlimit, 0).is_err());
         assert_eq!(a.ledger.evict_signal(h), 0, "no request for another pid");

@@ -81,7 +81,7 @@ pub fn max_min(tput: &[Vec<f64>], cap: &[f64]) -> Result<Allocation, String> {
         }
         if let Some(zstar) = phase_two {
             // Hold z at its optimum, less a hair for the simplex's tolerance.
-            p.add_constraint(&[(z, 1.0)], ComparisonOp::Ge, zstar * (1.0 - 1e-9) - 1e-12);
+            p.add_constraint([(z, 1.0)], ComparisonOp::Ge, zstar * (1.0 - 1e-9) - 1e-12);
         }
         let sol = p
             .solve()

@@ -55,7 +55,7 @@ fn wait_until(what: &str, f: impl Fn() -> bool) {
 /// Online client (this process) and an offline client both on MPS; returns the offline index.
 fn online_and_offline(n: &EmuHost) -> (Load, EmuChild) {
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let load = Load::start(&n, 0.5, 2.0);
+    let load = Load::start(n, 0.5, 2.0);
     let off = n.spawn_helper("gpu-mem", "256");
     let dev = n.device();
     let op = off.pid();

@@ -363,7 +363,7 @@ impl State {
     /// A deletion of a pod already Terminating, as the API server's `BeforeDelete` treats it:
     /// only a shorter `grace` than the pod's `deletionGracePeriodSeconds` changes anything;
     /// the grace then counts from the first deletion (`deletionTimestamp` moves to that moment
-    /// + `grace`), and a grace of 0 deletes the pod at once. No grace, or a longer one: the
+    /// plus `grace`), and a grace of 0 deletes the pod at once. No grace, or a longer one: the
     /// pending graceful deletion stands.
     fn shorten_grace(&mut self, key: &(String, String), mut pod: Value, grace: Option<u64>) {
         let current = pod["metadata"]["deletionGracePeriodSeconds"].as_u64().unwrap_or(0);

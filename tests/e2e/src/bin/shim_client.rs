@@ -414,7 +414,7 @@ fn main() {
                     for d in 0..n {
                         let mut u: CUuuid = std::mem::zeroed();
                         device_uuid(&mut u, d);
-                        let b: Vec<String> = u.bytes.iter().map(|x| format!("{:02x}", *x as u8)).collect();
+                        let b: Vec<String> = u.bytes.iter().map(|x| format!("{:02x}", *x)).collect();
                         uuids.push(b.concat());
                     }
                     out(format!("devices={} n={n} uuids={}", r.0, uuids.join(",")));
