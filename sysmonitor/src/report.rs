@@ -351,5 +351,15 @@ mod tests {
         assert!(t.contains("150 ms of 200 ms"));
         assert!(t.contains("CONFIG ERROR"));
         assert!(t.contains("source: gpm"));
+        assert!(t.contains("10 / 0 at 10 ms"), "{t}");
+        let idle = MonitorState {
+            sampling_ms: 100,
+            ..snap()
+        };
+        let t = status_table(&idle, 1100);
+        assert!(
+            t.contains("at 100 ms (idle: no offline work, 10 ms while there is)"),
+            "{t}"
+        );
     }
 }
