@@ -124,6 +124,27 @@ pub fn num(line: &str, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("no numeric {key}= in {line:?}"))
 }
 
+/// An mps-manager config for the emulated host: the emulated control program, fast periods
+/// and no rate limit on resets (tests make several faults in a few seconds); `quit_on_exit`
+/// as given, or the built-in default when `None`.
+pub fn fast_manager_config(quit_on_exit: Option<bool>) -> String {
+    let quit = quit_on_exit.map_or(String::new(), |q| format!("\n  \"quit_on_exit\": {q},"));
+    format!(
+        r#"{{
+  "control_bin": "{}",
+  "command_timeout_ms": 1000,
+  "period_ms": 50,
+  "check_every_ms": 100,
+  "evict_grace_ms": 500,{quit}
+  "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 90, "min_step_pct": 5, "smoothing": 1.0, "unsafe_pct": 10 }},
+  "detect": {{ "stuck_after_ms": 0 }},
+  "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}
+}}
+"#,
+        artifact("emu-mps-control").display()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use e2e::{artifact, lacks_root, register, EmuChild, EmuHost, Load};
+use e2e::{lacks_root, register, EmuChild, EmuHost, Load};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(20);
@@ -18,20 +18,7 @@ fn helper_entry() {
 }
 
 fn manager_config() -> String {
-    format!(
-        r#"{{
-  "control_bin": "{}",
-  "command_timeout_ms": 1000,
-  "period_ms": 50,
-  "check_every_ms": 100,
-  "evict_grace_ms": 500,
-  "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 90, "min_step_pct": 5, "smoothing": 1.0, "unsafe_pct": 10 }},
-  "detect": {{ "stuck_after_ms": 0 }},
-  "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}
-}}
-"#,
-        artifact("emu-mps-control").display()
-    )
+    e2e::fast_manager_config(None)
 }
 
 /// The manager with [`manager_config`] (unless `mps.json` was written already), its log in

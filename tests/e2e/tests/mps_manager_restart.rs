@@ -23,24 +23,9 @@ fn helper_entry() {
     e2e::helper_main();
 }
 
-/// The config of `mps_manager_emu.rs` (fast periods, no rate limit on resets), with
-/// `quit_on_exit` as given.
+/// The config of `mps_manager_emu.rs` (e2e::fast_manager_config), with `quit_on_exit` as given.
 fn manager_config(quit_on_exit: bool) -> String {
-    format!(
-        r#"{{
-  "control_bin": "{}",
-  "command_timeout_ms": 1000,
-  "period_ms": 50,
-  "check_every_ms": 100,
-  "evict_grace_ms": 500,
-  "quit_on_exit": {quit_on_exit},
-  "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 90, "min_step_pct": 5, "smoothing": 1.0, "unsafe_pct": 10 }},
-  "detect": {{ "stuck_after_ms": 0 }},
-  "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}
-}}
-"#,
-        artifact("emu-mps-control").display()
-    )
+    e2e::fast_manager_config(Some(quit_on_exit))
 }
 
 /// `mps-manager run` with config `mps.json` (written on the first start, kept on restarts),
