@@ -502,6 +502,9 @@ pub fn table(reports: &[Report]) -> String {
     s
 }
 
+/// One run of a scale search: `(budget scale, SLO violations %, oversold GPU, average JCT s)`.
+pub type Point = (f64, f64, f64, f64);
+
 /// Runs of the shipped SM budget under a global scale, searched for the scale at which its SLO
 /// violations equal a target (see [`match_violations`]).
 #[derive(Debug, Clone)]
@@ -512,12 +515,12 @@ pub struct Matched {
     pub runs: Vec<Report>,
     /// `(budget scale, SLO violations %, oversold GPU, average JCT s)` of every point known,
     /// the starting run included, sorted by scale.
-    pub points: Vec<(f64, f64, f64, f64)>,
+    pub points: Vec<Point>,
 }
 
 impl Matched {
     /// The two known points bracketing the target (violations at or below, at or above).
-    pub fn bracket(&self) -> (Option<(f64, f64, f64, f64)>, Option<(f64, f64, f64, f64)>) {
+    pub fn bracket(&self) -> (Option<Point>, Option<Point>) {
         let below = self
             .points
             .iter()

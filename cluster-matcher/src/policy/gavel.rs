@@ -159,9 +159,9 @@ mod tests {
         let a = max_min(&[vec![0.8, 0.2], vec![0.3, 0.3]], &[1.0, 1.0]).unwrap();
         assert!((a.z - 1.0).abs() < 1e-6, "z = {}", a.z);
         let want = [[1.0, 0.0], [0.0, 1.0]];
-        for j in 0..2 {
-            for t in 0..2 {
-                assert!((a.x[j][t] - want[j][t]).abs() < 1e-6, "x = {:?}", a.x);
+        for (got, want) in a.x.iter().zip(&want) {
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "x = {:?}", a.x);
             }
         }
     }

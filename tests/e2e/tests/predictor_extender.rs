@@ -22,7 +22,10 @@ struct Server {
 /// annotation PATCH is answered with the pod, the `binding` subresource POST with 201 and the
 /// Binding it was given (the shapes kube-apiserver answers with; the request shapes themselves
 /// are checked against k8s-openapi types in cluster-matcher's extender_bind_api tests).
-fn fake_api() -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+/// Requests the fake API server saw: `(method, path, body)`.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>;
+
+fn fake_api() -> (String, Seen) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -8,6 +8,10 @@ use super::{
     OpportunisticId, Sharing, BAD, CLEAN, DIRTY,
 };
 
+/// The opportunistic scheduler's order of hosts: (has a bad GPU, most GPUs used by
+/// low-priority work first, GPUs used by guaranteed work).
+type HostOrder = (bool, std::cmp::Reverse<u32>, u32);
+
 impl Cluster {
     /// Allocates a level-`level` cell of `chain` for a low-priority job: no other
     /// opportunistic user, healthy, and (for `Exclusive`) no guaranteed user. An `Exclusive`
@@ -34,7 +38,7 @@ impl Cluster {
             // HiveD's opportunistic scheduler: hosts sorted healthy first, then most GPUs
             // already used by low-priority work (pack it together), then fewest GPUs used by
             // guaranteed work (stay away from it); the first host that fits takes the job.
-            let mut hosts: Vec<((bool, std::cmp::Reverse<u32>, u32), u32)> = self
+            let mut hosts: Vec<(HostOrder, u32)> = self
                 .nodes
                 .iter()
                 .filter(|n| n.chain == chain.0)
