@@ -234,8 +234,15 @@ fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
     let _instance = mps_manager::manager::lock_instance(&cfg)?;
     let mut m = Manager::new(cfg.clone())?;
     // What a previous manager (SIGKILLed, OOM-killed) left unfinished.
-    if let Ok(prev) = node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file) {
-        m.adopt_previous(&prev);
+    match Manager::read_previous(&cfg.state_file) {
+        Ok(Some(prev)) => m.adopt_previous(&prev),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "the previous manager's state file is unreadable: a recovery it left unfinished \
+             (offline clients it was terminating) will end in a full MPS reset; the file is \
+             rewritten from this manager's state"
+        ),
     }
     let state_file = cfg.state_file.clone();
     if let Some(d) = state_file.parent() {

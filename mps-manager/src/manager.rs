@@ -249,6 +249,17 @@ impl Manager {
         self.state.terminating = self.inherited.clone();
     }
 
+    /// The previous manager's state file at `path`, for [`Manager::adopt_previous`]: `Ok(None)`
+    /// when there is none (first start), `Err` naming the file when it cannot be read or parsed
+    /// (damaged, or written by an incompatible version). Without it a recovery the previous
+    /// manager left unfinished ends in a full MPS reset, so the caller says so loudly.
+    pub fn read_previous(path: &std::path::Path) -> Result<Option<ManagerState>, String> {
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            _ => node_daemon::state_file::read_json::<ManagerState>(path).map(Some),
+        }
+    }
+
     /// Whether the previous manager was terminating `pid` (with this start time).
     fn inherited_termination(&self, pid: u32, start_time: u64) -> bool {
         self.inherited
@@ -868,6 +879,29 @@ mod tests {
             ..Config::default()
         };
         Manager::new(cfg).unwrap()
+    }
+
+    /// The previous state file: none is a first start; a damaged one is an error naming the
+    /// file (logged at start), never mistaken for "nothing was being terminated".
+    #[test]
+    fn the_previous_state_file_missing_is_none_damaged_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("mps-manager.json");
+        assert_eq!(Manager::read_previous(&p), Ok(None));
+        let prev = ManagerState {
+            terminating: vec![Terminating { pid: 7, start_time: 9, server: 3 }],
+            ..ManagerState::default()
+        };
+        node_daemon::state_file::write_json(&p, &prev).unwrap();
+        assert_eq!(Manager::read_previous(&p), Ok(Some(prev)));
+        for bad in [&b"{\"terminating\": [{\"pid\": "[..], b"", b"\x00\x00\x00"] {
+            std::fs::write(&p, bad).unwrap();
+            let e = Manager::read_previous(&p).unwrap_err();
+            assert!(e.contains("mps-manager.json"), "{e}");
+        }
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink(d.path().join("nowhere"), &p).unwrap();
+        assert!(Manager::read_previous(&p).is_err(), "a dangling link is not a first start");
     }
 
     /// A manager SIGKILLed right after `terminate_client` of a dead offline client, before it
