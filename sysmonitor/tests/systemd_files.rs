@@ -42,3 +42,33 @@ fn units_are_notify_with_watchdog_ordered_and_hardened() {
     assert!(mps.contains("After=xshare-sysmonitor@%i.service"));
     assert!(mps.contains("Requires=xshare-sysmonitor@%i.service"));
 }
+
+/// systemd itself parses both units without a complaint: no unknown or misplaced key, no bad
+/// value (`systemd-analyze verify` exits 0 on unknown keys, so its output must be empty too).
+/// `ExecStart` must name an executable file, so the units are checked with it pointing at the
+/// built monitor; the rest of each unit is verified as shipped.
+#[test]
+fn systemd_parses_the_units_without_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = env!("CARGO_BIN_EXE_sysmonitor");
+    for name in ["xshare-sysmonitor@.service", "xshare-mps-manager@.service"] {
+        let text = unit(name)
+            .replace("/usr/bin/sysmonitor ", &format!("{exe} "))
+            .replace("/usr/bin/mps-manager ", &format!("{exe} "));
+        assert!(text.contains(exe), "{name}: ExecStart not found");
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .arg(&path)
+            .current_dir(dir.path())
+            .output()
+            .expect("systemd-analyze (package systemd) is needed to check the shipped units");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success() && said.trim().is_empty(), "{name}: {said}");
+    }
+}
