@@ -130,17 +130,41 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
     Ok(())
 }
 
-/// Overlimit history from an earlier run's state file, if it is from this boot and this GPU.
-fn resume_history(cfg: &Config) -> Vec<u64> {
+/// What a restarted monitor takes over from the state file of its earlier run (same boot, same
+/// GPU: the monotonic times are on the clock this run reads).
+#[derive(Debug, Default, PartialEq)]
+struct Resume {
+    /// Overlimit entries in the window ([`crate::health::Machine::with_history`]).
+    history: Vec<u64>,
+    /// The earlier run was Overlimit: `Some(calm since)`, monotonic ms, when its hold was
+    /// running, `Some(None)` when the metrics were still past a threshold at its last write.
+    overlimit: Option<Option<u64>>,
+}
+
+/// Reads what [`Resume`] holds from `cfg.state_file`. A restart (the OOM killer, the watchdog,
+/// `systemctl restart`) in the middle of an Overlimit hold must not end the hold: the online
+/// workload that overloaded the GPU is protected for the rest of it, and the stay counts as
+/// one entry, not two.
+fn resume(cfg: &Config) -> Resume {
     match monitor_state::read(&cfg.state_file) {
         Ok(s) if s.boot_id == boot_id() && s.gpu == cfg.gpu_index => {
             tracing::info!(
                 entries = s.overlimit_entries_mono_ms.len(),
                 "resumed Overlimit history from the state file"
             );
-            s.overlimit_entries_mono_ms
+            let overlimit = (s.state == crate::health::State::Overlimit).then(|| {
+                // The hold had run for `hold_ms - remaining` at the last write.
+                s.hold_remaining_ms.map(|r| {
+                    s.updated_mono_ms
+                        .saturating_sub(s.hold_ms.saturating_sub(r))
+                })
+            });
+            Resume {
+                history: s.overlimit_entries_mono_ms,
+                overlimit,
+            }
         }
-        _ => Vec::new(),
+        _ => Resume::default(),
     }
 }
 
@@ -383,15 +407,24 @@ pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> 
     if let Some(dir) = cfg.state_file.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let history = resume_history(&cfg);
+    let resumed = resume(&cfg);
     let gpu = RetryingNvml::new(cfg.gpu_index);
-    let mon = Monitor::new(
+    let mut mon = Monitor::new(
         cfg.clone(),
         gpu,
         LedgerAdapter::new(ledger),
         PidfdSignaller,
-        history,
+        resumed.history,
     );
+    if let Some(calm_since) = resumed.overlimit {
+        mon.machine.resume_overlimit(&cfg.machine, calm_since);
+        tracing::info!(
+            gpu = cfg.gpu_index,
+            hold_ms = mon.machine.current_hold_ms(),
+            hold_remaining_ms = ?mon.machine.hold_remaining_ms(mono_ms()),
+            "resumed the Overlimit hold of an earlier monitor run"
+        );
+    }
     let mut svc = MonitorService::new(cfg, base, files, mon, start_ledger_error);
     if let Some(l) = &svc.cfg.metrics_listen {
         spawn_metrics(l, svc.metrics_text.clone())
@@ -529,6 +562,38 @@ mod tests {
             "{:?}",
             s.overlimit_entries_mono_ms
         );
+    }
+
+    /// A restart resumes the Overlimit stay from the state file: with the hold's start when it
+    /// was running (the metrics calm since 520 ms here), without it while the metrics were
+    /// still past a threshold, and nothing once the stay is over.
+    #[test]
+    fn a_restart_resumes_the_overlimit_stay_from_the_state_file() {
+        let d = tempfile::tempdir().unwrap();
+        let util = Rc::new(Cell::new(10.0));
+        let mut svc = service(d.path(), util.clone(), 10);
+        let n = Notifier::from_env();
+        for t in (0..=500).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(resume(&svc.cfg), Resume::default());
+        util.set(99.5);
+        svc.tick(510, &n);
+        let r = resume(&svc.cfg);
+        assert_eq!((r.history, r.overlimit), (vec![510], Some(None)));
+        util.set(10.0);
+        for t in (520..=600).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(resume(&svc.cfg).overlimit, Some(Some(520)));
+        let mut m = crate::health::Machine::with_history(vec![510]);
+        m.resume_overlimit(&svc.cfg.machine, Some(520));
+        assert_eq!((m.state(), m.hold_remaining_ms(600)), (State::Overlimit, Some(120)));
+        for t in (610..=800).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(svc.mon.machine.state(), State::Healthy);
+        assert_eq!(resume(&svc.cfg).overlimit, None);
     }
 
     /// The operator's disable file is looked at every `HOUSEKEEPING_MS` whatever the heartbeat.

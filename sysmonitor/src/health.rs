@@ -479,6 +479,19 @@ impl Machine {
         m
     }
 
+    /// Takes over the Overlimit stay of an earlier run of the monitor (restarted by systemd or
+    /// an operator; see `daemon::resume`): Overlimit with the hold its entries in the window
+    /// give ([`MachineConfig::hold_ms`], the stay itself being the last entry), the metrics
+    /// calm since monotonic ms `calm_since_ms` when the earlier run's hold was running, else
+    /// the hold starts at the first calm sample. No transition and no eviction: the earlier
+    /// run made them, and its evictions in flight are resumed from the ledger.
+    pub fn resume_overlimit(&mut self, cfg: &MachineConfig, calm_since_ms: Option<u64>) {
+        self.state = State::Overlimit;
+        self.hold_ms = cfg.hold_ms(self.overlimit_entries.len().max(1));
+        self.calm_since_ms = calm_since_ms;
+        self.over_since_ms = None;
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         self.state

@@ -1,0 +1,159 @@
+//! The monitor restarted in the middle of an operation, as systemd (`Restart=always`) and
+//! operators restart it: SIGKILLed (OOM killer, watchdog) or stopped with SIGTERM
+//! (`systemctl restart`), then started again at once. The operation must go on under the new
+//! monitor as if nothing happened: an Overlimit hold keeps holding for what is left of it
+//! (a restart is no reason to let offline work back onto a GPU whose online workload just
+//! overloaded it, nor to count the same overload twice). The randomised version of these, with
+//! offline clients and evictions in flight, is `monitor_restart_stress.rs`.
+
+use std::time::Duration;
+
+use e2e::{monitor_state as state, register, EmuChild, EmuHost, Load};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(20);
+
+/// Judges SM activity and memory on a T4 (utilization from NVML's samples), no sustain, a
+/// hold of `hold_ms` (doubling per entry in the window) and a grace of `grace_ms`.
+fn config(hold_ms: u64, grace_ms: u64) -> String {
+    format!(
+        r#"{{
+  "interval_ms": 10,
+  "state_file_every_ms": 20,
+  "host_memory": {{ "enabled": false }},
+  "machine": {{
+    "gpu_util":    {{ "healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false }},
+    "sm_activity": {{ "healthy": 30, "unhealthy": 60, "overlimit": 80 }},
+    "sm_clock":    {{ "healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false }},
+    "mem_used":    {{ "healthy": 80, "unhealthy": 90, "overlimit": 95 }},
+    "overlimit_sustain_ms": 0,
+    "hold_base_ms": {hold_ms},
+    "hold_max_ms": 600000
+  }},
+  "evictor": {{ "grace_ms": {grace_ms} }},
+  "verify": {{ "enabled": false }}
+}}
+"#
+    )
+}
+
+/// A T4 host with the fake NVML and its device created.
+fn t4() -> EmuHost {
+    let n = EmuHost::with_profile("t4");
+    n.require_nvml();
+    n.device();
+    n
+}
+
+/// The state file once the monitor with pid `pid` wrote one that satisfies `pred`.
+fn state_of(n: &EmuHost, pid: u32, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    n.wait_state(T, what, |v| v["monitor_pid"] == pid && pred(v))
+}
+
+/// A `sleep` registered in the monitor's ledger as an offline process.
+fn offline_sleeper(n: &EmuHost) -> EmuChild {
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let c = n.spawn_sh("exec sleep 60");
+    register(&ledger, c.pid(), 0);
+    c
+}
+
+/// The monitor stopped by `sig` while its Overlimit hold runs (the burst is over), and started
+/// again: the new monitor is Overlimit from its first state file on, holds for what was left
+/// of the hold (on the monotonic clock both share), evicts an offline process that registers
+/// meanwhile, leaves through Unhealthy, and counts no new Overlimit entry.
+fn restart_during_the_hold_keeps_holding(sig: i32) {
+    let n = t4();
+    let hold = 4000;
+    let mut m1 = n.start_monitor("mon.json", &config(hold, 500));
+    state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
+    let load = Load::start(&n, 1.0, 5.0);
+    state_of(&n, m1.pid(), "overlimit", |v| state(v) == "overlimit");
+    load.stop();
+    let v = state_of(&n, m1.pid(), "the hold running", |v| {
+        state(v) == "overlimit" && v["hold_remaining_ms"].as_u64().is_some_and(|r| r < hold - 300)
+    });
+    let entries = v["overlimit_entries_mono_ms"].as_array().unwrap().len();
+    // The hold ends on the monitors' shared monotonic clock at about `ends`.
+    let ends = v["updated_mono_ms"].as_u64().unwrap() + v["hold_remaining_ms"].as_u64().unwrap();
+    m1.signal(sig);
+    m1.wait_exit(T).expect("the monitor stopped");
+
+    let m2 = n.start_monitor("mon.json", "");
+    let first = state_of(&n, m2.pid(), "the restarted monitor's first state file", |_| true);
+    assert_eq!(
+        state(&first),
+        "overlimit",
+        "signal {sig}: the restarted monitor left the Overlimit hold ({} ms of it were left): {first:#}",
+        ends.saturating_sub(first["updated_mono_ms"].as_u64().unwrap())
+    );
+    assert_eq!(first["admits_offline"], false, "{first:#}");
+    // Offline work that registers during the rest of the hold is evicted, not admitted.
+    let mut late = offline_sleeper(&n);
+    assert_eq!(
+        late.wait_exit(T),
+        Some(Some(libc::SIGTERM)),
+        "signal {sig}: an offline process registered during the hold was not evicted"
+    );
+    let left = state_of(&n, m2.pid(), "leaving Overlimit", |v| state(v) != "overlimit");
+    let t = left["updated_mono_ms"].as_u64().unwrap();
+    assert!(
+        t + 50 >= ends,
+        "signal {sig}: left Overlimit {} ms before the hold ended",
+        ends - t
+    );
+    assert_eq!(left["last_transition"][1], "unhealthy", "{left:#}");
+    assert_eq!(
+        left["overlimit_entries_mono_ms"].as_array().unwrap().len(),
+        entries,
+        "signal {sig}: one overload, one entry: {left:#}"
+    );
+    assert!(
+        n.log("mon.json").contains("resumed the Overlimit hold of an earlier monitor run"),
+        "{}",
+        n.log("mon.json")
+    );
+}
+
+/// The OOM killer's or the watchdog's SIGKILL during the hold.
+#[test]
+fn monitor_sigkilled_during_the_overlimit_hold_keeps_holding_after_restart() {
+    restart_during_the_hold_keeps_holding(libc::SIGKILL);
+}
+
+/// `systemctl restart` (SIGTERM) during the hold.
+#[test]
+fn monitor_sigtermed_during_the_overlimit_hold_keeps_holding_after_restart() {
+    restart_during_the_hold_keeps_holding(libc::SIGTERM);
+}
+
+/// Restarted while the online burst still overloads the GPU: the new monitor stays in the same
+/// Overlimit stay (no second entry, the same hold), and the hold starts once the burst ends.
+#[test]
+fn monitor_restarted_during_an_overload_counts_it_once() {
+    let n = t4();
+    let hold = 1000;
+    let mut m1 = n.start_monitor("mon.json", &config(hold, 500));
+    state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
+    let load = Load::start(&n, 1.0, 5.0);
+    let v = state_of(&n, m1.pid(), "overlimit", |v| state(v) == "overlimit");
+    let entries = v["overlimit_entries_mono_ms"].clone();
+    m1.signal(libc::SIGKILL);
+    m1.wait_exit(T).expect("the monitor stopped");
+    let m2 = n.start_monitor("mon.json", "");
+    let v = state_of(&n, m2.pid(), "the restarted monitor, a few samples on", |v| {
+        v["samples"].as_u64() >= Some(20)
+    });
+    assert_eq!(state(&v), "overlimit", "{v:#}");
+    assert_eq!(v["overlimit_entries_mono_ms"], entries, "one overload, one entry: {v:#}");
+    assert_eq!(v["hold_ms"], hold, "the hold of the first entry: {v:#}");
+    load.stop();
+    let stopped_ms = node_ledger::clock::now_ns() / 1_000_000;
+    let left = state_of(&n, m2.pid(), "leaving Overlimit", |v| state(v) != "overlimit");
+    let t = left["updated_mono_ms"].as_u64().unwrap();
+    assert!(
+        t + 50 >= stopped_ms + hold,
+        "left Overlimit {} ms after the burst ended, before the {hold} ms hold",
+        t.saturating_sub(stopped_ms)
+    );
+}
