@@ -166,6 +166,8 @@ impl Signaller for PidfdSignaller {
 struct Pending {
     proc_: OfflineProc,
     reason: EvictReason,
+    /// Monotonic ms the request was made (the grace runs from here).
+    requested_ms: u64,
     kill_at_ms: u64,
     killed: bool,
 }
@@ -249,6 +251,12 @@ impl<S: Signaller> Evictor<S> {
         self.pending.len()
     }
 
+    /// The evictions in flight: the process, and the monotonic ms its request was made (for
+    /// the state file, from which a restarted monitor finishes their grace periods).
+    pub fn pending(&self) -> impl Iterator<Item = (&OfflineProc, u64)> + '_ {
+        self.pending.values().map(|p| (&p.proc_, p.requested_ms))
+    }
+
     /// Whether an eviction of `p` (by pid + start time) is in flight.
     pub fn is_pending(&self, p: &OfflineProc) -> bool {
         self.pending.contains_key(&p.key())
@@ -267,7 +275,8 @@ impl<S: Signaller> Evictor<S> {
                     Pending {
                         proc_: *p,
                         reason: EvictReason::Overlimit,
-                        kill_at_ms: t + cfg.grace_ms,
+                        requested_ms: t,
+                        kill_at_ms: t.saturating_add(cfg.grace_ms),
                         killed: false,
                     },
                 );
@@ -302,6 +311,7 @@ impl<S: Signaller> Evictor<S> {
             Pending {
                 proc_: *p,
                 reason,
+                requested_ms: now_ms,
                 kill_at_ms: now_ms + cfg.grace_ms,
                 killed: false,
             },

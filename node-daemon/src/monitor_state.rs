@@ -93,6 +93,22 @@ pub struct MonitorState {
     /// header no longer validates; offline processes refuse new allocations).
     #[serde(default)]
     pub ledger_error: Option<String>,
+    /// The evictions in flight (`evictions_in_flight` of them), with when each was requested:
+    /// a restarted monitor finishes their grace periods rather than starting them again
+    /// (empty in files written before this field existed).
+    #[serde(default)]
+    pub evictions_pending: Vec<PendingEviction>,
+}
+
+/// One eviction in flight, as the state file records it ([`MonitorState::evictions_pending`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingEviction {
+    /// Pid of the process (in the pid namespace it registered from).
+    pub pid: u32,
+    /// Its start time (clock ticks since boot): with `pid`, the process.
+    pub start_time: u64,
+    /// Monotonic ms of the request (SIGTERM or ledger request): the grace runs from here.
+    pub requested_mono_ms: u64,
 }
 
 impl MonitorState {
@@ -134,6 +150,7 @@ impl MonitorState {
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
             ledger_error: None,
+            evictions_pending: Vec::new(),
         }
     }
 }

@@ -139,6 +139,8 @@ struct Resume {
     /// The earlier run was Overlimit: `Some(calm since)`, monotonic ms, when its hold was
     /// running, `Some(None)` when the metrics were still past a threshold at its last write.
     overlimit: Option<Option<u64>>,
+    /// Its evictions in flight, with when they were requested ([`Monitor::resume`]).
+    pending: Vec<monitor_state::PendingEviction>,
 }
 
 /// Reads what [`Resume`] holds from `cfg.state_file`. A restart (the OOM killer, the watchdog,
@@ -162,6 +164,7 @@ fn resume(cfg: &Config) -> Resume {
             Resume {
                 history: s.overlimit_entries_mono_ms,
                 overlimit,
+                pending: s.evictions_pending,
             }
         }
         _ => Resume::default(),
@@ -409,12 +412,13 @@ pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> 
     }
     let resumed = resume(&cfg);
     let gpu = RetryingNvml::new(cfg.gpu_index);
-    let mut mon = Monitor::new(
+    let mut mon = Monitor::resume(
         cfg.clone(),
         gpu,
         LedgerAdapter::new(ledger),
         PidfdSignaller,
         resumed.history,
+        &resumed.pending,
     );
     if let Some(calm_since) = resumed.overlimit {
         mon.machine.resume_overlimit(&cfg.machine, calm_since);
@@ -581,6 +585,7 @@ mod tests {
         svc.tick(510, &n);
         let r = resume(&svc.cfg);
         assert_eq!((r.history, r.overlimit), (vec![510], Some(None)));
+        assert!(r.pending.is_empty());
         util.set(10.0);
         for t in (520..=600).step_by(10) {
             svc.tick(t, &n);

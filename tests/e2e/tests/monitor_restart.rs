@@ -6,7 +6,7 @@
 //! overloaded it, nor to count the same overload twice). The randomised version of these, with
 //! offline clients and evictions in flight, is `monitor_restart_stress.rs`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use e2e::{monitor_state as state, register, EmuChild, EmuHost, Load};
 use serde_json::Value;
@@ -71,7 +71,10 @@ fn restart_during_the_hold_keeps_holding(sig: i32) {
     state_of(&n, m1.pid(), "overlimit", |v| state(v) == "overlimit");
     load.stop();
     let v = state_of(&n, m1.pid(), "the hold running", |v| {
-        state(v) == "overlimit" && v["hold_remaining_ms"].as_u64().is_some_and(|r| r < hold - 300)
+        state(v) == "overlimit"
+            && v["hold_remaining_ms"]
+                .as_u64()
+                .is_some_and(|r| r < hold - 300)
     });
     let entries = v["overlimit_entries_mono_ms"].as_array().unwrap().len();
     // The hold ends on the monitors' shared monotonic clock at about `ends`.
@@ -80,7 +83,12 @@ fn restart_during_the_hold_keeps_holding(sig: i32) {
     m1.wait_exit(T).expect("the monitor stopped");
 
     let m2 = n.start_monitor("mon.json", "");
-    let first = state_of(&n, m2.pid(), "the restarted monitor's first state file", |_| true);
+    let first = state_of(
+        &n,
+        m2.pid(),
+        "the restarted monitor's first state file",
+        |_| true,
+    );
     assert_eq!(
         state(&first),
         "overlimit",
@@ -95,7 +103,9 @@ fn restart_during_the_hold_keeps_holding(sig: i32) {
         Some(Some(libc::SIGTERM)),
         "signal {sig}: an offline process registered during the hold was not evicted"
     );
-    let left = state_of(&n, m2.pid(), "leaving Overlimit", |v| state(v) != "overlimit");
+    let left = state_of(&n, m2.pid(), "leaving Overlimit", |v| {
+        state(v) != "overlimit"
+    });
     let t = left["updated_mono_ms"].as_u64().unwrap();
     assert!(
         t + 50 >= ends,
@@ -109,7 +119,8 @@ fn restart_during_the_hold_keeps_holding(sig: i32) {
         "signal {sig}: one overload, one entry: {left:#}"
     );
     assert!(
-        n.log("mon.json").contains("resumed the Overlimit hold of an earlier monitor run"),
+        n.log("mon.json")
+            .contains("resumed the Overlimit hold of an earlier monitor run"),
         "{}",
         n.log("mon.json")
     );
@@ -141,19 +152,101 @@ fn monitor_restarted_during_an_overload_counts_it_once() {
     m1.signal(libc::SIGKILL);
     m1.wait_exit(T).expect("the monitor stopped");
     let m2 = n.start_monitor("mon.json", "");
-    let v = state_of(&n, m2.pid(), "the restarted monitor, a few samples on", |v| {
-        v["samples"].as_u64() >= Some(20)
-    });
+    let v = state_of(
+        &n,
+        m2.pid(),
+        "the restarted monitor, a few samples on",
+        |v| v["samples"].as_u64() >= Some(20),
+    );
     assert_eq!(state(&v), "overlimit", "{v:#}");
-    assert_eq!(v["overlimit_entries_mono_ms"], entries, "one overload, one entry: {v:#}");
+    assert_eq!(
+        v["overlimit_entries_mono_ms"], entries,
+        "one overload, one entry: {v:#}"
+    );
     assert_eq!(v["hold_ms"], hold, "the hold of the first entry: {v:#}");
     load.stop();
     let stopped_ms = node_ledger::clock::now_ns() / 1_000_000;
-    let left = state_of(&n, m2.pid(), "leaving Overlimit", |v| state(v) != "overlimit");
+    let left = state_of(&n, m2.pid(), "leaving Overlimit", |v| {
+        state(v) != "overlimit"
+    });
     let t = left["updated_mono_ms"].as_u64().unwrap();
     assert!(
         t + 50 >= stopped_ms + hold,
         "left Overlimit {} ms after the burst ended, before the {hold} ms hold",
         t.saturating_sub(stopped_ms)
+    );
+}
+
+/// Restarts in quick succession (a crash loop under `Restart=always`, the watchdog) while an
+/// eviction's grace runs: each restarted monitor finishes the grace of the one request rather
+/// than starting it again, so the process that ignores SIGTERM is SIGKILLed once that grace is
+/// over, however often the monitor comes back, and gets no second SIGTERM.
+#[test]
+fn restarts_within_the_grace_do_not_put_off_the_sigkill() {
+    let n = t4();
+    let grace = 3000;
+    // A hold far longer than the test: every restarted monitor resumes the one Overlimit stay.
+    let mut mon = n.start_monitor("mon.json", &config(60_000, grace));
+    state_of(&n, mon.pid(), "healthy", |v| state(v) == "healthy");
+    let terms = n.path("terms");
+    // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
+    let mut victim = n.spawn_sh(&format!(
+        "trap 'echo t >> {0}' TERM; : > {0}.ready; while :; do sleep 0.02; done",
+        terms.display()
+    ));
+    let ready = n.path("terms.ready");
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let end = Instant::now() + T;
+        while !f() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait("the victim's trap", &|| ready.exists());
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    register(&ledger, victim.pid(), 0);
+    let load = Load::start(&n, 1.0, 5.0);
+    let count = || std::fs::read_to_string(&terms).map_or(0, |s| s.lines().count());
+    wait("the SIGTERM", &|| count() > 0);
+    let asked = Instant::now();
+    load.stop();
+    let every = Duration::from_millis(grace / 4);
+    let mut restarts = 0;
+    while victim.alive() {
+        assert!(
+            asked.elapsed() < Duration::from_millis(4 * grace),
+            "the process asked to leave {:?} ago still runs after {restarts} monitor restarts \
+             every {every:?} (grace {grace} ms): each restart started the grace again",
+            asked.elapsed()
+        );
+        let born = Instant::now();
+        while born.elapsed() < every && victim.alive() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !victim.alive() {
+            break;
+        }
+        mon.signal(libc::SIGKILL);
+        mon.wait_exit(T).expect("the monitor stopped");
+        mon = n.start_monitor("mon.json", "");
+        restarts += 1;
+        let v = state_of(&n, mon.pid(), "the restarted monitor's state", |_| true);
+        assert_eq!(state(&v), "overlimit", "{v:#}");
+    }
+    assert_eq!(victim.wait_exit(T), Some(Some(libc::SIGKILL)));
+    assert_eq!(count(), 1, "SIGTERM sent once across {restarts} restarts");
+    assert!(
+        restarts >= 2,
+        "the monitor was restarted during the grace only {restarts} times"
+    );
+    let log = n.log("mon.json");
+    assert!(
+        log.contains("resumed eviction recorded by an earlier monitor run"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("grace period over: SIGKILL").count(),
+        1,
+        "{log}"
     );
 }
