@@ -36,6 +36,10 @@ pub struct MonitorState {
     pub admits_offline: bool,
     /// Why the GPU is Disabled, while it is.
     pub disabled_by: Option<DisableCause>,
+    /// Monotonic ms since which the GPU is Disabled, while it is (a restarted monitor keeps an
+    /// XID's Disabled from then on; absent in files written before this field existed).
+    #[serde(default)]
+    pub disabled_since_mono_ms: Option<u64>,
     /// Wall-clock ms of this snapshot.
     pub updated_unix_ms: u64,
     /// Monotonic ms of this snapshot.
@@ -123,6 +127,7 @@ impl MonitorState {
             state: HealthState::Disabled,
             admits_offline: false,
             disabled_by: Some(DisableCause::Xid(79)),
+            disabled_since_mono_ms: Some(4),
             updated_unix_ms: 1000,
             updated_mono_ms: 5,
             interval_ms: 10,

@@ -565,6 +565,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             state: self.machine.state(),
             admits_offline: self.machine.state().admits_offline(),
             disabled_by: self.machine.disabled_by(),
+            disabled_since_mono_ms: self.machine.disabled_since_ms(),
             updated_unix_ms: unix_ms(),
             updated_mono_ms: now_ms,
             interval_ms: self.cfg.interval_ms,

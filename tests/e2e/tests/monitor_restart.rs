@@ -250,3 +250,153 @@ fn restarts_within_the_grace_do_not_put_off_the_sigkill() {
         "{log}"
     );
 }
+
+/// A critical XID (here 79, the GPU fallen off the bus, from the kernel log) Disabled the GPU
+/// with `xid_disable_ms` 0, the shipped default: until an operator enables it. The monitor is
+/// SIGKILLed and started again: the kernel log is followed from its end, yet the new monitor
+/// keeps the GPU Disabled by XID 79 from its first state file and its first publish in the
+/// ledger on (never Healthy), evicts offline work that registers, and puts the GPU back in
+/// service only when the operator runs `sysmonitor enable`.
+#[test]
+fn monitor_restarted_after_a_critical_xid_keeps_the_gpu_disabled_until_enabled() {
+    let n = t4();
+    let klog = n.path("kern.log");
+    std::fs::write(&klog, "").unwrap();
+    let cfg = config(1000, 500).replace(
+        r#""verify":"#,
+        &format!(r#""xid_log": "{}", "verify":"#, klog.display()),
+    );
+    let mut m1 = n.start_monitor("mon.json", &cfg);
+    state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
+    std::fs::write(
+        &klog,
+        "NVRM: Xid (PCI:0000:01:00): 79, pid=1, GPU has fallen off the bus.\n",
+    )
+    .unwrap();
+    let v = state_of(&n, m1.pid(), "disabled", |v| state(v) == "disabled");
+    assert_eq!(v["disabled_by"]["xid"], 79, "{v:#}");
+    m1.signal(libc::SIGKILL);
+    m1.wait_exit(T).expect("the monitor stopped");
+
+    // Every health the next monitor publishes in the ledger, from before it starts.
+    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let published = Published::watch(&n);
+    let m2 = n.start_monitor("mon.json", "");
+    let first = state_of(
+        &n,
+        m2.pid(),
+        "the restarted monitor's first state file",
+        |_| true,
+    );
+    assert_eq!(
+        state(&first),
+        "disabled",
+        "the restarted monitor put a GPU with XID 79 back in service: {first:#}"
+    );
+    assert_eq!(first["disabled_by"]["xid"], 79, "{first:#}");
+    let c = n.spawn_sh("exec sleep 60");
+    register(&ledger, c.pid(), 0);
+    let mut c = c;
+    assert_eq!(
+        c.wait_exit(T),
+        Some(Some(libc::SIGTERM)),
+        "offline work on a GPU Disabled by an XID"
+    );
+    let v = state_of(&n, m2.pid(), "a few samples later", |v| {
+        v["samples"].as_u64() >= Some(30)
+    });
+    assert_eq!(state(&v), "disabled", "{v:#}");
+    assert_eq!(
+        published.by(m2.pid()),
+        ["Disabled"],
+        "what the restarted monitor published in the ledger"
+    );
+
+    let out = n
+        .node_command("sysmonitor")
+        .args(["enable", "--config"])
+        .arg(n.path("mon.json"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("Disabled by XID 79"),
+        "{said}"
+    );
+    let v = state_of(&n, m2.pid(), "healthy once enabled", |v| {
+        state(v) == "healthy"
+    });
+    assert_eq!(v["last_transition"][0], "init", "{v:#}");
+    assert!(
+        !n.ledger_path().with_file_name("enable").exists(),
+        "the request is consumed"
+    );
+}
+
+/// The healths each monitor publishes in the ledger, read every 200 µs from another thread
+/// (a monitor publishes at every sample).
+struct Published {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    th: Option<std::thread::JoinHandle<Vec<(u32, String)>>>,
+}
+
+impl Published {
+    fn watch(n: &EmuHost) -> Published {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, path) = (stop.clone(), n.ledger_path());
+        let th = std::thread::spawn(move || {
+            let l = node_ledger::Ledger::open_existing(&path).unwrap();
+            let mut seen: Vec<(u32, String)> = Vec::new();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(m) = l.read_monitor() {
+                    let h = (
+                        m.monitor_pid,
+                        m.health().map_or("unknown".into(), |h| format!("{h:?}")),
+                    );
+                    if !seen.contains(&h) {
+                        seen.push(h);
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            seen
+        });
+        Published { stop, th: Some(th) }
+    }
+
+    /// Stops watching; the healths monitor `pid` published, in order of first sight.
+    fn by(mut self, pid: u32) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let seen = self.th.take().unwrap().join().unwrap();
+        seen.into_iter()
+            .filter(|(p, _)| *p == pid)
+            .map(|(_, h)| h)
+            .collect()
+    }
+}
+
+/// An operator disabled the GPU (`sysmonitor disable`); the monitor is SIGKILLed and started
+/// again: it publishes the GPU Disabled in the ledger from its first sample on, never Healthy
+/// for a tick before it looks at the operator's switch.
+#[test]
+fn monitor_restarted_on_an_operator_disabled_gpu_never_publishes_it_healthy() {
+    let n = t4();
+    let mut m1 = n.start_monitor("mon.json", &config(1000, 500));
+    state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
+    std::fs::write(n.ledger_path().with_file_name("disabled"), "").unwrap();
+    state_of(&n, m1.pid(), "disabled", |v| state(v) == "disabled");
+    m1.signal(libc::SIGKILL);
+    m1.wait_exit(T).expect("the monitor stopped");
+    let published = Published::watch(&n);
+    let m2 = n.start_monitor("mon.json", "");
+    let v = state_of(&n, m2.pid(), "a few samples later", |v| {
+        v["samples"].as_u64() >= Some(20)
+    });
+    assert_eq!(state(&v), "disabled", "{v:#}");
+    assert_eq!(v["disabled_by"], "operator", "{v:#}");
+    assert_eq!(
+        published.by(m2.pid()),
+        ["Disabled"],
+        "what the restarted monitor published in the ledger"
+    );
+}
