@@ -452,18 +452,23 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         // A process being evicted no longer counts as offline work on the GPU.
         self.occupancy_cache = None;
         let mut ev = std::mem::take(&mut self.events);
+        let ledger = &mut self.ledger;
+        // The request is recorded (ledger slot, eviction log) before the SIGTERM is sent, and
+        // not at all in a dry run (the shim in the process acts on the slot's request).
+        let record = || {
+            if let Err(e) = ledger.mark_evicting(p, reason, now_ms) {
+                tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
+            }
+        };
         if self
             .evictor
-            .evict(&self.cfg.evictor, now_ms, p, reason, why, &mut ev)
+            .evict_recorded(&self.cfg.evictor, now_ms, p, reason, why, &mut ev, record)
         {
             self.last_eviction_sample = Some(self.samples);
             if reason == EvictReason::Overlimit {
                 self.overlimit_eviction_lag_samples = self
                     .overlimit_entry_sample
                     .map(|e| self.samples.saturating_sub(e));
-            }
-            if let Err(e) = self.ledger.mark_evicting(p, reason, now_ms) {
-                tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
             }
         }
         self.events = ev;
@@ -701,6 +706,21 @@ mod tests {
         let gpu = Script { next: samples.into_iter().map(Ok).collect(), procs: vec![], xids: vec![] };
         let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
         Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![])
+    }
+
+    /// A dry run leaves the ledger's eviction request alone: the shim in the process acts on
+    /// it by itself, so recording it would evict for real.
+    #[test]
+    fn a_dry_run_asks_no_process_to_leave_through_the_ledger() {
+        let mut m = one_offline(vec![gs(10.0), gs(99.5)]);
+        m.cfg.evictor.dry_run = true;
+        for t in [0, 10, 20, 100] {
+            m.tick(t);
+        }
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert_eq!(m.evictor.counts()[&EvictReason::Overlimit], 1);
+        assert!(m.ledger.marks.is_empty(), "{:?}", m.ledger.marks);
+        assert!(m.evictor.signaller().0.is_empty());
     }
 
     #[test]
