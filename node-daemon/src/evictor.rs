@@ -166,6 +166,8 @@ impl Signaller for PidfdSignaller {
 struct Pending {
     proc_: OfflineProc,
     reason: EvictReason,
+    /// Monotonic ms the request was made (the grace runs from here).
+    requested_ms: u64,
     kill_at_ms: u64,
     killed: bool,
 }
@@ -249,6 +251,12 @@ impl<S: Signaller> Evictor<S> {
         self.pending.len()
     }
 
+    /// The evictions in flight: the process, and the monotonic ms its request was made (for
+    /// the state file, from which a restarted monitor finishes their grace periods).
+    pub fn pending(&self) -> impl Iterator<Item = (&OfflineProc, u64)> + '_ {
+        self.pending.values().map(|p| (&p.proc_, p.requested_ms))
+    }
+
     /// Whether an eviction of `p` (by pid + start time) is in flight.
     pub fn is_pending(&self, p: &OfflineProc) -> bool {
         self.pending.contains_key(&p.key())
@@ -267,7 +275,8 @@ impl<S: Signaller> Evictor<S> {
                     Pending {
                         proc_: *p,
                         reason: EvictReason::Overlimit,
-                        kill_at_ms: t + cfg.grace_ms,
+                        requested_ms: t,
+                        kill_at_ms: t.saturating_add(cfg.grace_ms),
                         killed: false,
                     },
                 );
@@ -286,6 +295,25 @@ impl<S: Signaller> Evictor<S> {
         why: &str,
         out: &mut Vec<Event>,
     ) -> bool {
+        self.evict_recorded(cfg, now_ms, p, reason, why, out, || {})
+    }
+
+    /// [`Evictor::evict`], calling `record` once the eviction is started and before anything
+    /// reaches the process (never in a dry run): the monitor writes its durable request there
+    /// (the ledger slot, which the shim in the process also acts on, and the eviction log), so
+    /// that a monitor killed in between leaves a request its successor resumes, never a
+    /// SIGTERM it knows nothing of and sends again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn evict_recorded(
+        &mut self,
+        cfg: &EvictorConfig,
+        now_ms: u64,
+        p: &OfflineProc,
+        reason: EvictReason,
+        why: &str,
+        out: &mut Vec<Event>,
+        record: impl FnOnce(),
+    ) -> bool {
         if self.pending.contains_key(&p.key()) || p.evict_requested_ms.is_some() {
             return false;
         }
@@ -302,6 +330,7 @@ impl<S: Signaller> Evictor<S> {
             Pending {
                 proc_: *p,
                 reason,
+                requested_ms: now_ms,
                 kill_at_ms: now_ms + cfg.grace_ms,
                 killed: false,
             },
@@ -315,6 +344,7 @@ impl<S: Signaller> Evictor<S> {
             );
             return true;
         }
+        record();
         match &cfg.command {
             Some(argv) => {
                 let sub = |a: &String| {
@@ -510,6 +540,68 @@ mod tests {
         ev.evict(&c, 0, &p(14), EvictReason::Overlimit, "x", &mut out);
         ev.tick(&c, 1000, &mut out);
         assert!(ev.sig.sent.is_empty());
+    }
+
+    /// The durable request is recorded before the SIGTERM leaves (a monitor killed in between
+    /// leaves a request its successor resumes, not a SIGTERM it sends again), and not at all in
+    /// a dry run: the shim in the process acts on the ledger's request by itself.
+    #[test]
+    fn the_request_is_recorded_before_the_sigterm_and_never_in_a_dry_run() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        struct Log(Rc<RefCell<Vec<String>>>);
+        impl Signaller for Log {
+            fn signal(&mut self, pid: u32, _s: u64, sig: i32) -> Result<bool, String> {
+                self.0.borrow_mut().push(format!("signal {sig} to {pid}"));
+                Ok(true)
+            }
+            fn alive(&mut self, _pid: u32, _s: u64) -> bool {
+                true
+            }
+        }
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let mut ev = Evictor::new(Log(log.clone()), 0);
+        let mut out = vec![];
+        let record = |pid: u32| {
+            let log = log.clone();
+            move || log.borrow_mut().push(format!("recorded {pid}"))
+        };
+        assert!(ev.evict_recorded(
+            &cfg(),
+            0,
+            &p(15),
+            EvictReason::Overlimit,
+            "x",
+            &mut out,
+            record(15)
+        ));
+        assert_eq!(
+            *log.borrow(),
+            [
+                "recorded 15".to_string(),
+                format!("signal {} to 15", libc::SIGTERM)
+            ]
+        );
+        let dry = EvictorConfig {
+            dry_run: true,
+            ..cfg()
+        };
+        assert!(ev.evict_recorded(
+            &dry,
+            0,
+            &p(16),
+            EvictReason::Overlimit,
+            "x",
+            &mut out,
+            record(16)
+        ));
+        ev.tick(&dry, 1000, &mut out);
+        assert_eq!(
+            log.borrow().len(),
+            2,
+            "a dry run records no request for the shim to act on: {:?}",
+            log.borrow()
+        );
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct MonitorState {
     pub admits_offline: bool,
     /// Why the GPU is Disabled, while it is.
     pub disabled_by: Option<DisableCause>,
+    /// Monotonic ms since which the GPU is Disabled, while it is (a restarted monitor keeps an
+    /// XID's Disabled from then on; absent in files written before this field existed).
+    #[serde(default)]
+    pub disabled_since_mono_ms: Option<u64>,
     /// Wall-clock ms of this snapshot.
     pub updated_unix_ms: u64,
     /// Monotonic ms of this snapshot.
@@ -93,6 +97,22 @@ pub struct MonitorState {
     /// header no longer validates; offline processes refuse new allocations).
     #[serde(default)]
     pub ledger_error: Option<String>,
+    /// The evictions in flight (`evictions_in_flight` of them), with when each was requested:
+    /// a restarted monitor finishes their grace periods rather than starting them again
+    /// (empty in files written before this field existed).
+    #[serde(default)]
+    pub evictions_pending: Vec<PendingEviction>,
+}
+
+/// One eviction in flight, as the state file records it ([`MonitorState::evictions_pending`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingEviction {
+    /// Pid of the process (in the pid namespace it registered from).
+    pub pid: u32,
+    /// Its start time (clock ticks since boot): with `pid`, the process.
+    pub start_time: u64,
+    /// Monotonic ms of the request (SIGTERM or ledger request): the grace runs from here.
+    pub requested_mono_ms: u64,
 }
 
 impl MonitorState {
@@ -107,6 +127,7 @@ impl MonitorState {
             state: HealthState::Disabled,
             admits_offline: false,
             disabled_by: Some(DisableCause::Xid(79)),
+            disabled_since_mono_ms: Some(4),
             updated_unix_ms: 1000,
             updated_mono_ms: 5,
             interval_ms: 10,
@@ -134,6 +155,7 @@ impl MonitorState {
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
             ledger_error: None,
+            evictions_pending: Vec::new(),
         }
     }
 }

@@ -77,6 +77,12 @@ pub fn operator_file(cfg: &Config) -> PathBuf {
     cfg.ledger_path().with_file_name("disabled")
 }
 
+/// File whose presence asks the monitor to put a GPU Disabled by a critical XID back in
+/// service (`sysmonitor enable`; the monitor removes it when it has looked).
+pub fn enable_file(cfg: &Config) -> PathBuf {
+    cfg.ledger_path().with_file_name("enable")
+}
+
 /// This GPU's single-instance lock file, beside its ledger.
 pub fn lock_file(cfg: &Config) -> PathBuf {
     cfg.ledger_path().with_file_name("sysmonitor.lock")
@@ -130,17 +136,54 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
     Ok(())
 }
 
-/// Overlimit history from an earlier run's state file, if it is from this boot and this GPU.
-fn resume_history(cfg: &Config) -> Vec<u64> {
+/// What a restarted monitor takes over from the state file of its earlier run (same boot, same
+/// GPU: the monotonic times are on the clock this run reads).
+#[derive(Debug, Default, PartialEq)]
+struct Resume {
+    /// Overlimit entries in the window ([`crate::health::Machine::with_history`]).
+    history: Vec<u64>,
+    /// The earlier run was Overlimit: `Some(calm since)`, monotonic ms, when its hold was
+    /// running, `Some(None)` when the metrics were still past a threshold at its last write.
+    overlimit: Option<Option<u64>>,
+    /// Its evictions in flight, with when they were requested ([`Monitor::resume`]).
+    pending: Vec<monitor_state::PendingEviction>,
+    /// The earlier run held the GPU Disabled for a critical XID: the code, and since when
+    /// (monotonic ms; the file's time when it does not say).
+    xid: Option<(u64, u64)>,
+}
+
+/// Reads what [`Resume`] holds from `cfg.state_file`. A restart (the OOM killer, the watchdog,
+/// `systemctl restart`) in the middle of an Overlimit hold must not end the hold: the online
+/// workload that overloaded the GPU is protected for the rest of it, and the stay counts as
+/// one entry, not two. Nor may it put a GPU Disabled by a critical XID back in service.
+fn resume(cfg: &Config) -> Resume {
     match monitor_state::read(&cfg.state_file) {
         Ok(s) if s.boot_id == boot_id() && s.gpu == cfg.gpu_index => {
             tracing::info!(
                 entries = s.overlimit_entries_mono_ms.len(),
                 "resumed Overlimit history from the state file"
             );
-            s.overlimit_entries_mono_ms
+            let overlimit = (s.state == crate::health::State::Overlimit).then(|| {
+                // The hold had run for `hold_ms - remaining` at the last write.
+                s.hold_remaining_ms.map(|r| {
+                    s.updated_mono_ms
+                        .saturating_sub(s.hold_ms.saturating_sub(r))
+                })
+            });
+            let xid = match (s.state, s.disabled_by) {
+                (crate::health::State::Disabled, Some(monitor_state::DisableCause::Xid(c))) => {
+                    Some((c, s.disabled_since_mono_ms.unwrap_or(s.updated_mono_ms)))
+                }
+                _ => None,
+            };
+            Resume {
+                history: s.overlimit_entries_mono_ms,
+                overlimit,
+                pending: s.evictions_pending,
+                xid,
+            }
         }
-        _ => Vec::new(),
+        _ => Resume::default(),
     }
 }
 
@@ -171,6 +214,8 @@ struct MonitorService<G: GpuSource> {
     pace: u64,
     operator_path: PathBuf,
     operator_disabled: bool,
+    /// [`enable_file`].
+    enable_path: PathBuf,
     start_ledger_error: Option<String>,
 }
 
@@ -185,6 +230,7 @@ impl<G: GpuSource> MonitorService<G> {
         let cfg_interval = cfg.interval_ms;
         MonitorService {
             operator_path: operator_file(&cfg),
+            enable_path: enable_file(&cfg),
             cfg,
             base: base.to_path_buf(),
             files,
@@ -221,6 +267,13 @@ impl<G: GpuSource> MonitorService<G> {
     /// registered offline processes (a scan of its slots), every [`HOUSEKEEPING_MS`] rather
     /// than every (possibly 1 ms) tick; and the systemd watchdog keep-alive.
     fn housekeeping(&mut self, now: u64, notifier: &Notifier) {
+        if self.enable_path.exists() {
+            // `sysmonitor enable` of a GPU Disabled by an XID (no operator file to remove).
+            let _ = std::fs::remove_file(&self.enable_path);
+            if self.mon.machine.state() == crate::health::State::Disabled && !self.operator_disabled {
+                self.mon.input(now, Input::OperatorEnable);
+            }
+        }
         let disabled_now = self.operator_path.exists();
         if disabled_now != self.operator_disabled {
             self.operator_disabled = disabled_now;
@@ -383,16 +436,42 @@ pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> 
     if let Some(dir) = cfg.state_file.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let history = resume_history(&cfg);
+    let resumed = resume(&cfg);
     let gpu = RetryingNvml::new(cfg.gpu_index);
-    let mon = Monitor::new(
+    let mut mon = Monitor::resume(
         cfg.clone(),
         gpu,
         LedgerAdapter::new(ledger),
         PidfdSignaller,
-        history,
+        resumed.history,
+        &resumed.pending,
     );
+    if let Some(calm_since) = resumed.overlimit {
+        mon.machine.resume_overlimit(&cfg.machine, calm_since);
+        tracing::info!(
+            gpu = cfg.gpu_index,
+            hold_ms = mon.machine.current_hold_ms(),
+            hold_remaining_ms = ?mon.machine.hold_remaining_ms(mono_ms()),
+            "resumed the Overlimit hold of an earlier monitor run"
+        );
+    }
+    if let Some((code, since)) = resumed.xid {
+        mon.machine.resume_xid_disabled(code, since);
+        tracing::warn!(
+            gpu = cfg.gpu_index,
+            xid = code,
+            disabled_ms_ago = mono_ms().saturating_sub(since),
+            "GPU stays Disabled for the critical XID an earlier monitor run saw (`sysmonitor enable` puts it back in service)"
+        );
+    }
+    // The operator's switch before the first sample: a restarted monitor never publishes a
+    // state the operator turned off, not even for one tick.
+    let operator_disabled = operator_file(&cfg).exists();
+    if operator_disabled {
+        mon.input(mono_ms(), Input::OperatorDisable);
+    }
     let mut svc = MonitorService::new(cfg, base, files, mon, start_ledger_error);
+    svc.operator_disabled = operator_disabled;
     if let Some(l) = &svc.cfg.metrics_listen {
         spawn_metrics(l, svc.metrics_text.clone())
             .map_err(|e| format!("metrics_listen `{l}`: {e}"))?;
@@ -529,6 +608,66 @@ mod tests {
             "{:?}",
             s.overlimit_entries_mono_ms
         );
+    }
+
+    /// A restart resumes the Overlimit stay from the state file: with the hold's start when it
+    /// was running (the metrics calm since 520 ms here), without it while the metrics were
+    /// still past a threshold, and nothing once the stay is over.
+    #[test]
+    fn a_restart_resumes_the_overlimit_stay_from_the_state_file() {
+        let d = tempfile::tempdir().unwrap();
+        let util = Rc::new(Cell::new(10.0));
+        let mut svc = service(d.path(), util.clone(), 10);
+        let n = Notifier::from_env();
+        for t in (0..=500).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(resume(&svc.cfg), Resume::default());
+        util.set(99.5);
+        svc.tick(510, &n);
+        let r = resume(&svc.cfg);
+        assert_eq!((r.history, r.overlimit), (vec![510], Some(None)));
+        assert!(r.pending.is_empty());
+        util.set(10.0);
+        for t in (520..=600).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(resume(&svc.cfg).overlimit, Some(Some(520)));
+        let mut m = crate::health::Machine::with_history(vec![510]);
+        m.resume_overlimit(&svc.cfg.machine, Some(520));
+        assert_eq!((m.state(), m.hold_remaining_ms(600)), (State::Overlimit, Some(120)));
+        for t in (610..=800).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(svc.mon.machine.state(), State::Healthy);
+        assert_eq!(resume(&svc.cfg).overlimit, None);
+    }
+
+    /// A critical XID's Disabled is resumed with its time; an `enable` request ends it (and is
+    /// consumed); an operator's Disabled is the operator file's, not resumed from the state.
+    #[test]
+    fn a_restart_resumes_an_xid_disabled_gpu_until_an_enable_request() {
+        let d = tempfile::tempdir().unwrap();
+        let mut svc = service(d.path(), Rc::new(Cell::new(10.0)), 10);
+        let n = Notifier::from_env();
+        svc.tick(0, &n);
+        svc.mon.input(5, Input::Xid(79));
+        svc.tick(10, &n);
+        assert_eq!(resume(&svc.cfg).xid, Some((79, 5)));
+        let mut m = crate::health::Machine::new();
+        m.resume_xid_disabled(79, 5);
+        assert_eq!((m.state(), m.disabled_since_ms()), (State::Disabled, Some(5)));
+        std::fs::write(&svc.enable_path, "").unwrap();
+        svc.tick(100, &n);
+        assert_eq!(svc.mon.machine.state(), State::Init);
+        assert!(!svc.enable_path.exists(), "the request is consumed");
+        svc.tick(110, &n);
+        assert_eq!(svc.mon.machine.state(), State::Healthy);
+        assert_eq!(resume(&svc.cfg).xid, None);
+        std::fs::write(&svc.operator_path, "").unwrap();
+        svc.tick(200, &n);
+        assert_eq!(svc.mon.machine.state(), State::Disabled);
+        assert_eq!(resume(&svc.cfg).xid, None, "the operator's switch is its file");
     }
 
     /// The operator's disable file is looked at every `HOUSEKEEPING_MS` whatever the heartbeat.

@@ -479,6 +479,39 @@ impl Machine {
         m
     }
 
+    /// Takes over the Overlimit stay of an earlier run of the monitor (restarted by systemd or
+    /// an operator; see `daemon::resume`): Overlimit with the hold its entries in the window
+    /// give ([`MachineConfig::hold_ms`], the stay itself being the last entry), the metrics
+    /// calm since monotonic ms `calm_since_ms` when the earlier run's hold was running, else
+    /// the hold starts at the first calm sample. No transition and no eviction: the earlier
+    /// run made them, and its evictions in flight are resumed from the ledger.
+    pub fn resume_overlimit(&mut self, cfg: &MachineConfig, calm_since_ms: Option<u64>) {
+        self.state = State::Overlimit;
+        self.hold_ms = cfg.hold_ms(self.overlimit_entries.len().max(1));
+        self.calm_since_ms = calm_since_ms;
+        self.over_since_ms = None;
+    }
+
+    /// Takes over the Disabled state an earlier run of the monitor entered for critical XID
+    /// `code` at monotonic ms `since_ms` (see `daemon::resume`). The kernel log and NVML's
+    /// events are followed from their end, so without this a restart (the OOM killer, the
+    /// watchdog, an upgrade) would put a GPU with a fatal XID back in service. It leaves
+    /// Disabled as the earlier run would have: `xid_disable_ms` after `since_ms`, or (0) when
+    /// an operator enables it.
+    pub fn resume_xid_disabled(&mut self, code: u64, since_ms: u64) {
+        self.state = State::Disabled;
+        self.disabled_by = Some(DisableCause::Xid(code));
+        self.disabled_at_ms = since_ms;
+        self.calm_since_ms = None;
+        self.over_since_ms = None;
+        self.good_samples = 0;
+    }
+
+    /// Since when (monotonic ms) the machine is Disabled, while it is.
+    pub fn disabled_since_ms(&self) -> Option<u64> {
+        (self.state == State::Disabled).then_some(self.disabled_at_ms)
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         self.state

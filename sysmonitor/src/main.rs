@@ -35,10 +35,12 @@ STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -
     activity is judged as the online share left by the offline MPS budget);
     overlimit -> unhealthy after a hold of hold_base_ms * hold_factor^(entries in window - 1);
     disabled on NVML errors, critical XIDs or operator. Offline work is admitted only when healthy.
+    A restarted monitor resumes an Overlimit hold, the grace of evictions in flight and a
+    critical XID's Disabled (until xid_disable_ms passes, or `enable` when it is 0).
 
 FILES: <ledger_dir>/gpu<N>/ledger (shared with the shim and mps-manager), state.json beside it
-    (what `status` reads), `disabled` beside it (operator switch), sysmonitor.lock (one monitor
-    per GPU).
+    (what `status` reads), `disabled` beside it (operator switch), `enable` (an operator's
+    enable of an XID's Disabled, removed by the monitor), sysmonitor.lock (one monitor per GPU).
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
@@ -71,7 +73,8 @@ enum Cmd {
     CheckConfig,
     /// Take the GPU out of service: Disabled at the next report, offline work evicted.
     Disable,
-    /// Put the GPU back into service (it goes through Init).
+    /// Put the GPU back into service (it goes through Init): ends an operator's `disable`, or
+    /// else a critical XID's Disabled.
     Enable,
 }
 
@@ -142,10 +145,27 @@ fn main() -> ExitCode {
                     "GPU {} re-enabled; it goes through Init\n",
                     cfg.gpu_index
                 )),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => out(&format!(
-                    "GPU {} was not disabled by an operator\n",
-                    cfg.gpu_index
-                )),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    match monitor_state::disabling_xid(&cfg.state_file) {
+                        // Kept across monitor restarts: only an operator puts it back.
+                        Some(xid) => {
+                            let f = daemon::enable_file(&cfg);
+                            std::fs::write(&f, b"enabled by operator\n")
+                                .map_err(|e| format!("{}: {e}", f.display()))
+                                .and_then(|_| {
+                                    out(&format!(
+                                        "GPU {} was Disabled by XID {xid}; re-enabled at the monitor's next look ({}); it goes through Init\n",
+                                        cfg.gpu_index,
+                                        f.display()
+                                    ))
+                                })
+                        }
+                        None => out(&format!(
+                            "GPU {} was not disabled by an operator\n",
+                            cfg.gpu_index
+                        )),
+                    }
+                }
                 Err(e) => Err(format!("{}: {e}", f.display())),
             }
         }

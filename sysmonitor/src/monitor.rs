@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::config::Config;
 use node_daemon::clock::{boot_id, unix_ms};
 use node_daemon::evictor::{Event, Evictor, Signaller};
-use node_daemon::monitor_state::MonitorState as Snapshot;
+use node_daemon::monitor_state::{MonitorState as Snapshot, PendingEviction};
 use crate::health::{Action, Input, Level, Machine, MachineConfig, Metrics, State, Transition};
 use crate::hostmem::{self, HostMem, PressureJudge};
 use crate::ledger::next_on_grid;
@@ -148,15 +148,47 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
 
 impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     /// Builds a monitor, resuming Overlimit history and evictions in flight from an earlier run.
-    pub fn new(cfg: Config, gpu: G, mut ledger: L, sig: S, history: Vec<u64>) -> Self {
+    pub fn new(cfg: Config, gpu: G, ledger: L, sig: S, history: Vec<u64>) -> Self {
+        Self::resume(cfg, gpu, ledger, sig, history, &[])
+    }
+
+    /// [`Monitor::new`] for a restarted monitor that knows when the earlier run requested the
+    /// evictions it left in flight (`pending`, from its state file): their grace periods run
+    /// from those requests, so that restarts in quick succession (a crash loop, the watchdog)
+    /// cannot put off a SIGKILL for ever. A request in the ledger that `pending` does not name
+    /// gets a full grace from now.
+    pub fn resume(
+        cfg: Config,
+        gpu: G,
+        mut ledger: L,
+        sig: S,
+        history: Vec<u64>,
+        pending: &[PendingEviction],
+    ) -> Self {
         let mut evictor = Evictor::new(sig, cfg.gpu_index);
         let mut events = Vec::new();
-        match ledger.offline(node_daemon::clock::mono_ms()) {
-            Ok(procs) => {
-                evictor.adopt(&cfg.evictor, &procs, &mut events);
-                for e in &events {
-                    tracing::info!(event = ?e, "resumed eviction recorded by an earlier monitor run");
+        let now = node_daemon::clock::mono_ms();
+        match ledger.offline(now) {
+            Ok(mut procs) => {
+                for p in &mut procs {
+                    let Some(asked) = p.evict_requested_ms else { continue };
+                    let earlier = pending
+                        .iter()
+                        .find(|e| (e.pid, e.start_time) == p.key())
+                        .map(|e| e.requested_mono_ms.min(asked));
+                    p.evict_requested_ms = Some(earlier.unwrap_or(asked));
+                    tracing::info!(
+                        pid = p.pid,
+                        start_time = p.start_time,
+                        requested_ms_ago = earlier.map(|t| now.saturating_sub(t)),
+                        grace_left_ms = earlier
+                            .unwrap_or(now)
+                            .saturating_add(cfg.evictor.grace_ms)
+                            .saturating_sub(now),
+                        "resumed eviction recorded by an earlier monitor run"
+                    );
                 }
+                evictor.adopt(&cfg.evictor, &procs, &mut events);
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the ledger at start"),
         }
@@ -420,18 +452,23 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         // A process being evicted no longer counts as offline work on the GPU.
         self.occupancy_cache = None;
         let mut ev = std::mem::take(&mut self.events);
+        let ledger = &mut self.ledger;
+        // The request is recorded (ledger slot, eviction log) before the SIGTERM is sent, and
+        // not at all in a dry run (the shim in the process acts on the slot's request).
+        let record = || {
+            if let Err(e) = ledger.mark_evicting(p, reason, now_ms) {
+                tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
+            }
+        };
         if self
             .evictor
-            .evict(&self.cfg.evictor, now_ms, p, reason, why, &mut ev)
+            .evict_recorded(&self.cfg.evictor, now_ms, p, reason, why, &mut ev, record)
         {
             self.last_eviction_sample = Some(self.samples);
             if reason == EvictReason::Overlimit {
                 self.overlimit_eviction_lag_samples = self
                     .overlimit_entry_sample
                     .map(|e| self.samples.saturating_sub(e));
-            }
-            if let Err(e) = self.ledger.mark_evicting(p, reason, now_ms) {
-                tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
             }
         }
         self.events = ev;
@@ -533,6 +570,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             state: self.machine.state(),
             admits_offline: self.machine.state().admits_offline(),
             disabled_by: self.machine.disabled_by(),
+            disabled_since_mono_ms: self.machine.disabled_since_ms(),
             updated_unix_ms: unix_ms(),
             updated_mono_ms: now_ms,
             interval_ms: self.cfg.interval_ms,
@@ -560,6 +598,15 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             last_eviction_sample: self.last_eviction_sample,
             overlimit_eviction_lag_samples: self.overlimit_eviction_lag_samples,
             ledger_error: None,
+            evictions_pending: self
+                .evictor
+                .pending()
+                .map(|(p, t)| PendingEviction {
+                    pid: p.pid,
+                    start_time: p.start_time,
+                    requested_mono_ms: t,
+                })
+                .collect(),
         }
     }
 }
@@ -659,6 +706,21 @@ mod tests {
         let gpu = Script { next: samples.into_iter().map(Ok).collect(), procs: vec![], xids: vec![] };
         let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
         Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![])
+    }
+
+    /// A dry run leaves the ledger's eviction request alone: the shim in the process acts on
+    /// it by itself, so recording it would evict for real.
+    #[test]
+    fn a_dry_run_asks_no_process_to_leave_through_the_ledger() {
+        let mut m = one_offline(vec![gs(10.0), gs(99.5)]);
+        m.cfg.evictor.dry_run = true;
+        for t in [0, 10, 20, 100] {
+            m.tick(t);
+        }
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert_eq!(m.evictor.counts()[&EvictReason::Overlimit], 1);
+        assert!(m.ledger.marks.is_empty(), "{:?}", m.ledger.marks);
+        assert!(m.evictor.signaller().0.is_empty());
     }
 
     #[test]
@@ -890,6 +952,36 @@ mod tests {
                 reason: EvictReason::Disabled
             }]
         );
+    }
+
+    /// A restarted monitor finishes the grace of a request the state file dates (990 ms,
+    /// grace 30 ms: SIGKILL at 1020, not 30 ms after it found the request at 1000); a request
+    /// the file does not name (another start time: another process) gets a full grace.
+    #[test]
+    fn a_resumed_eviction_finishes_the_grace_of_the_earlier_request() {
+        let pending = [PendingEviction {
+            pid: 800,
+            start_time: 7,
+            requested_mono_ms: 990,
+        }];
+        for (start_time, kill_at) in [(7, 1020), (8, 1030)] {
+            let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![] };
+            // The ledger keeps the request, not its time: it dates it when it is read.
+            let p = OfflineProc { start_time, evict_requested_ms: Some(1000), ..off(800) };
+            let ledger = MemLedger { procs: vec![p], ..Default::default() };
+            let mut m = Monitor::resume(cfg(), gpu, ledger, Rec::default(), vec![], &pending);
+            m.tick(kill_at - 1);
+            assert!(m.evictor.signaller().0.is_empty(), "start time {start_time}");
+            m.tick(kill_at);
+            assert_eq!(m.evictor.signaller().0, vec![(800, libc::SIGKILL)], "start time {start_time}");
+            let s = m.snapshot(kill_at, &[], None, 0);
+            let want = if start_time == 7 { 990 } else { 1000 };
+            assert_eq!(
+                s.evictions_pending,
+                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want }],
+                "the state file dates the request for the next restart"
+            );
+        }
     }
 
     #[test]
