@@ -145,6 +145,16 @@ pub fn fast_manager_config(quit_on_exit: Option<bool>) -> String {
     )
 }
 
+/// The Python that runs the Python clients: `$XSHARE_PYTHON`, else the repository's `.venv`
+/// (made by `scripts/setup-test-env.sh`). Panics, saying how to get one, when it is missing.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("XSHARE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    assert!(p.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", p.display());
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,14 +207,4 @@ mod tests {
         assert_eq!(num(l, "emulated_ms"), 12.5);
         assert_eq!(field(l, "nope"), None);
     }
-}
-
-/// The Python that runs the Python clients: `$XSHARE_PYTHON`, else the repository's `.venv`
-/// (made by `scripts/setup-test-env.sh`). Panics, saying how to get one, when it is missing.
-pub fn python() -> PathBuf {
-    let p = std::env::var_os("XSHARE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
-    assert!(p.exists(), "{} not found: run scripts/setup-test-env.sh or set XSHARE_PYTHON", p.display());
-    p
 }
