@@ -1,0 +1,56 @@
+//! The GPU check kit (`scripts/gpu-check.sh`) runs on the emulator and passes, on a pre-Hopper
+//! profile (utilization samples) and on Hopper (GPM), so that it is known to work before a GPU
+//! host is at hand: quota measured outside the shim, the throttle acting on an offline job
+//! alone without an eviction, Ctrl-C/SIGTERM of Python clients under MPS with no hung
+//! neighbour, and the node runtime. Offline processes run as uid 65534 when this runs as root.
+
+use std::process::Command;
+
+/// Runs the kit with `--quick` on `profile` against the built artifacts and returns its
+/// output (the table is on stdout, the progress lines on stderr).
+fn kit(profile: &str) -> String {
+    let top = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let bins = e2e::target_dir();
+    let out = Command::new("bash")
+        .arg(format!("{top}/scripts/gpu-check.sh"))
+        .args(["--emulated", profile, "--quick", "--bin-dir"])
+        .arg(&bins)
+        // The kit's Python client uses ctypes only; the system Python is what an operator has.
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("bash runs the kit");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the kit failed on {profile}: {:?}\n{text}", out.status);
+    text
+}
+
+/// The table row of `check`, split in words.
+fn row<'a>(table: &'a str, check: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .rev()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.first() == Some(&check))
+        .unwrap_or_else(|| panic!("no {check} row in\n{table}"))
+}
+
+#[test]
+fn the_check_kit_passes_on_the_emulated_t4_and_h100() {
+    for profile in ["t4", "h100"] {
+        let out = kit(profile);
+        let table = out
+            .split("GPU check kit on")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no table in\n{out}"));
+        for check in ["quota", "throttle", "exit"] {
+            assert_eq!(row(table, check)[1], "PASS", "{profile} {check}:\n{table}");
+        }
+        // The node check reports figures (latency ratios are not asserted on a shared box).
+        assert!(matches!(row(table, "node")[1], "PASS" | "INFO"), "{profile} node:\n{table}");
+        assert!(!table.contains(" FAIL "), "{profile}:\n{table}");
+    }
+}
