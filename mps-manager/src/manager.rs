@@ -254,10 +254,7 @@ impl Manager {
     /// (damaged, or written by an incompatible version). Without it a recovery the previous
     /// manager left unfinished ends in a full MPS reset, so the caller says so loudly.
     pub fn read_previous(path: &std::path::Path) -> Result<Option<ManagerState>, String> {
-        match std::fs::symlink_metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            _ => node_daemon::state_file::read_json::<ManagerState>(path).map(Some),
-        }
+        node_daemon::state_file::read_json_if_present(path)
     }
 
     /// Whether the previous manager was terminating `pid` (with this start time).

@@ -39,6 +39,19 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Strin
     serde_json::from_str(&t).map_err(|e| format!("{}:{}: {e}", path.display(), e.line()))
 }
 
+/// [`read_json`] of a file that may not exist yet: `Ok(None)` when there is none (a daemon's
+/// first start on this boot), `Err` naming the file when it is there but cannot be read or
+/// parsed (damaged, written by an incompatible version, a dangling link). A daemon resuming
+/// from it says the latter loudly: what the earlier run left in flight is lost.
+pub fn read_json_if_present<T: serde::de::DeserializeOwned>(
+    path: &Path,
+) -> Result<Option<T>, String> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        _ => read_json(path).map(Some),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +64,26 @@ mod tests {
         write_json_pretty(&p, &vec![4]).unwrap();
         assert_eq!(read_json::<Vec<u32>>(&p).unwrap(), vec![4]);
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_missing_file_is_none_a_damaged_one_an_error_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        assert_eq!(read_json_if_present::<u32>(&p), Ok(None));
+        write_json(&p, &5u32).unwrap();
+        assert_eq!(read_json_if_present::<u32>(&p), Ok(Some(5)));
+        for bad in [&b"{"[..], b"", b"\x00\x00"] {
+            std::fs::write(&p, bad).unwrap();
+            let e = read_json_if_present::<u32>(&p).unwrap_err();
+            assert!(e.contains("s.json"), "{e}");
+        }
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink(d.path().join("nowhere"), &p).unwrap();
+        assert!(
+            read_json_if_present::<u32>(&p).is_err(),
+            "a dangling link is not a first start"
+        );
     }
 
     #[test]

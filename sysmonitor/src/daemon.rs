@@ -157,8 +157,23 @@ struct Resume {
 /// workload that overloaded the GPU is protected for the rest of it, and the stay counts as
 /// one entry, not two. Nor may it put a GPU Disabled by a critical XID back in service.
 fn resume(cfg: &Config) -> Resume {
-    match monitor_state::read(&cfg.state_file) {
-        Ok(s) if s.boot_id == boot_id() && s.gpu == cfg.gpu_index => {
+    let read = node_daemon::state_file::read_json_if_present::<monitor_state::MonitorState>(
+        &cfg.state_file,
+    );
+    match read {
+        Err(e) => {
+            // tmpfs and atomic renames make this a hostile or broken host, not a crash: say
+            // what cannot be taken over rather than start as if nothing had happened.
+            tracing::error!(
+                error = %e,
+                "the state file of the earlier monitor run is unreadable: an Overlimit hold, a \
+                 critical XID's Disabled or the grace of evictions in flight it recorded cannot \
+                 be resumed (check the GPU; `sysmonitor disable` keeps offline work off it); the \
+                 file is rewritten from this run's state"
+            );
+            Resume::default()
+        }
+        Ok(Some(s)) if s.boot_id == boot_id() && s.gpu == cfg.gpu_index => {
             tracing::info!(
                 entries = s.overlimit_entries_mono_ms.len(),
                 "resumed Overlimit history from the state file"
@@ -183,7 +198,7 @@ fn resume(cfg: &Config) -> Resume {
                 xid,
             }
         }
-        _ => Resume::default(),
+        Ok(_) => Resume::default(),
     }
 }
 
