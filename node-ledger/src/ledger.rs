@@ -420,12 +420,28 @@ impl Ledger {
         self.layout().header.gpu_index.load(Relaxed)
     }
 
-    /// Finds the group `id` or creates it with `quota_bytes`; returns its slot.
+    /// Finds the group `id` or creates it with `quota_bytes`; returns its slot. A group that
+    /// exists keeps its quota unless the caller's is lower (the tighter configuration wins:
+    /// a process never holds the group to a looser limit than its own), or the group is empty
+    /// (no bytes held, no process slot naming it): then it takes the caller's quota, so a
+    /// container restarted with a new quota gets it, lower or higher.
     pub fn group(&self, id: u64, quota_bytes: u64) -> Result<usize, LedgerError> {
         let id = id.max(1);
         let _lock = FileLock::take(&self.file, &self.path)?;
-        let groups = &self.layout().groups;
+        let l = self.layout();
+        let groups = &l.groups;
         if let Some(i) = groups.iter().position(|g| g.id.load(Acquire) == id) {
+            let g = &groups[i];
+            let have = g.quota_bytes.load(Relaxed);
+            // A slot whose owner died but was not reclaimed yet still names the group: it
+            // counts as a member (only tightening then), never as a reason to loosen.
+            let members = l.procs.iter().any(|p| {
+                owner_pid(p.owner.load(Acquire)) != 0 && p.group_slot.load(Relaxed) as usize == i
+            });
+            let empty = !members && g.used_bytes.load(Acquire) == 0;
+            if quota_bytes < have || (empty && quota_bytes != have) {
+                g.quota_bytes.store(quota_bytes, Relaxed);
+            }
             return Ok(i);
         }
         for (i, g) in groups.iter().enumerate() {
@@ -1318,10 +1334,37 @@ mod tests {
         let g = l.group(group_id_for("c1"), 1000).unwrap();
         l.try_reserve_group(g, 300).unwrap();
         let again = Ledger::open_existing(l.path()).unwrap();
-        assert_eq!(again.group(group_id_for("c1"), 5).unwrap(), g);
+        assert_eq!(again.group(group_id_for("c1"), 5000).unwrap(), g);
         assert_eq!(again.group_used(g), 300);
-        assert_eq!(again.group_quota(g), 1000, "first creator's quota kept");
+        assert_eq!(again.group_quota(g), 1000, "a looser quota never replaces a group's while it holds bytes");
         assert_eq!(again.gpu_index(), 0);
+    }
+
+    #[test]
+    fn the_tighter_group_quota_wins_and_an_empty_group_takes_the_new_one() {
+        let (_d, l) = fresh();
+        let id = group_id_for("c1");
+        let g = l.group(id, 1000).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        // A member with nothing allocated still holds the group: a looser quota is refused,
+        // a tighter one applies to every member at once.
+        assert_eq!(l.group(id, 4000).unwrap(), g);
+        assert_eq!(l.group_quota(g), 1000);
+        assert_eq!(l.group(id, 600).unwrap(), g);
+        assert_eq!(l.group_quota(g), 600);
+        l.try_reserve_group(g, 500).unwrap();
+        assert!(l.try_reserve_group(g, 200).is_err(), "600 bytes, not 1000");
+        // Bytes held without a member slot (a process between its reservation and its slot's
+        // reclaim) keep the group too.
+        l.unregister(h);
+        assert_eq!(l.group(id, 4000).unwrap(), g);
+        assert_eq!(l.group_quota(g), 600);
+        // Empty (nothing held, nobody registered): the next process's quota, higher or lower.
+        l.release_group(g, 500);
+        assert_eq!(l.group(id, 4000).unwrap(), g);
+        assert_eq!(l.group_quota(g), 4000);
+        assert_eq!(l.group(id, 300).unwrap(), g);
+        assert_eq!(l.group_quota(g), 300);
     }
 
     #[test]

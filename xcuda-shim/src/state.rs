@@ -349,7 +349,9 @@ fn open_ledger(cfg: &Config, host_index: u32, limit: u64) -> Result<Quota, Strin
     let group = ledger.group(group_id_for(&cfg.group), limit).map_err(|e| e.to_string())?;
     let have = ledger.group_quota(group);
     if have != limit {
-        tracing::info!(group = %cfg.group, have, configured = limit, "group quota set by its first process kept");
+        // The ledger never lets a member loosen a group (node_ledger::Ledger::group): `have` is
+        // the tighter of this configuration and the group's live members', or the monitor's cap.
+        tracing::info!(group = %cfg.group, have, configured = limit, "group quota differs from this process's configuration: the tighter one applies");
     }
     // The MPS percentage this process started with (fixed by MPS for its life), in its own
     // slot: the other offline jobs' shares and the monitor's judgement read it there.
