@@ -9,11 +9,18 @@
 #   throttle    the offline client alone, without and with the shim (monitor running): the shim
 #               must slow it toward its target load, and the monitor must not evict it for
 #               using an idle GPU
+#   throttle-cap the same under MPS with the cap a deployed offline job has (40 %): alone on the
+#               GPU it must not be held for online pressure (a low SM clock on an idle GPU)
 #   exit        Python clients holding a context get Ctrl-C (KeyboardInterrupt) or SIGTERM under
 #               MPS while an online neighbour runs: the neighbour must never hang
 #   node        sysmonitor + mps-manager + online + offline under the shim: online p99 beside
 #               the offline job against alone, and the offline job's throughput
+#   monitor-cpu the running sysmonitor's CPU at 10 ms sampling on this host's NVML, idle GPU
+#               (scheduler run time of all its threads, /proc/PID/task/*/schedstat)
+#   launch-cost launches/s of tiny kernels (1000 per sync) direct and under the shim (quota
+#               and throttle on, under budget), alternated: the shim's added cost per launch
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
+#        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
 # --bin-dir (default target/release, else target/debug; built with cargo when missing and
 # cargo is there). Exit status: 0 when no check failed. GPU_CHECK_KEEP=1 keeps the scratch
@@ -21,14 +28,15 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 top="$(dirname "$here")"
-mode="" profile="t4" bin_dir="" quick=0
+mode="" profile="t4" bin_dir="" quick=0 only=
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --emulated) mode=emu; profile="${2:?--emulated needs a profile}"; shift 2 ;;
         --real) mode=real; shift ;;
         --bin-dir) bin_dir="${2:?}"; shift 2 ;;
         --quick) quick=1; shift ;;
-        -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --only) only="${2:?--only needs a list of checks}"; shift 2 ;;
+        -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -123,6 +131,58 @@ EOF
     return 1
 }
 
+# --- monitor CPU and launch cost --------------------------------------------------------
+run_ns() { # scheduler run time so far of all threads of pid $1, ns
+    local t n=0 v
+    for t in /proc/"$1"/task/*/schedstat; do read -r v _ <"$t" 2>/dev/null && n=$(( n + v )); done
+    echo "$n"
+}
+check_monitor_cpu() {
+    # An offline process holding a context keeps the monitor at its full pace (it samples
+    # every 100 ms while no offline work is registered on the GPU).
+    local secs=$(( quick ? 3 : 10 )) a b t0 t1 pct h
+    echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
+    "${as_user[@]}" "${shim_env[@]}" "$py" "$client" hold 64 >"$root/cpu-hold.out" 2>"$root/cpu-hold.err" &
+    h=$!
+    for _ in $(seq 50); do grep -q holding "$root/cpu-hold.out" 2>/dev/null && break; sleep 0.1; done
+    sleep 1
+    a=$(run_ns "$mon_pid"); t0=$(date +%s%N)
+    sleep "$secs"
+    b=$(run_ns "$mon_pid"); t1=$(date +%s%N)
+    kill -TERM $h; wait $h 2>/dev/null
+    pct=$("$py" -c "print(f'{100*($b-$a)/($t1-$t0):.2f}')")
+    row monitor-cpu INFO "${pct} % of a core at 10 ms" "sysmonitor run, ${secs} s, one offline process registered, GPU idle, load $(cut -d' ' -f1 /proc/loadavg)"
+}
+check_launch_cost() {
+    local secs=$(( quick ? 2 : 3 )) i d s direct=() shimmed=() args
+    args=(--duration "$secs" --json --report-interval 0 --kernels 1000 --kernel-us 0.001 --blocks 1 --threads 32 --state-mb 1)
+    # Rate limits out of reach (the controller starts at the fallback rate and climbs over
+    # seconds): what is left is the hot path itself, quota and token-bucket accounting.
+    echo '{ "group": "gpu-check", "throttle": { "target_load": 1.0, "max_rate": 1e15, "fallback_rate": 1e15, "burst": 1e12 } }' >"$root/xcuda.json"
+    for i in 1 2 3; do
+        d=$("${as_user[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
+        s=$("${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
+        direct+=("${d:-0}"); shimmed+=("${s:-0}")
+    done
+    local fig; fig=$("$py" - "${direct[*]}" "${shimmed[*]}" <<'PY'
+import statistics, sys
+d = [float(x) * 1000 for x in sys.argv[1].split()]
+s = [float(x) * 1000 for x in sys.argv[2].split()]
+if min(d) <= 0 or min(s) <= 0:
+    print("")
+else:
+    md, ms = statistics.median(d), statistics.median(s)
+    print(f"{ms/md:.3f}x direct rate|direct {md/1e3:.0f}k/s, shimmed {ms/1e3:.0f}k/s: {1e9/ms - 1e9/md:+.0f} ns per launch (medians of 3)")
+PY
+)
+    if [[ -n "$fig" ]]; then
+        local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
+        row launch-cost INFO "${fig%%|*}" "${fig#*|}; $how"
+    else
+        row launch-cost FAIL "-" "a launch loop gave no rate (direct: ${direct[*]}; shimmed: ${shimmed[*]})"
+    fi
+}
+
 # --- quota -------------------------------------------------------------------------------
 check_quota() {
     local total quota base ctx a b used held
@@ -183,6 +243,23 @@ check_throttle() {
         row throttle PASS "${ratio}x solo rate at target 0.5" "alone $alone it/s, shimmed $shimmed it/s, not evicted"
     else
         row throttle FAIL "${ratio:-?}x solo rate at target 0.5" "alone ${alone:-?} it/s, shimmed ${shimmed:-?} it/s, exit $st, eviction lines $evicted"
+    fi
+}
+
+check_throttle_cap() {
+    local secs=$(( quick ? 3 : 6 )) alone="$solo_rate" st capped ratio
+    echo '{ "group": "gpu-check", "throttle": { "target_load": 0.5 } }' >"$root/xcuda.json"
+    # The job as deployed beside an online service: an MPS cap of 40 % in its environment (MPS
+    # enforces it) arms the online-pressure hold (a low SM clock). Alone on an idle GPU, whose
+    # clock may idle low, it must still run: nothing online is there to protect.
+    "${as_user[@]}" "${shim_env[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40 "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-cap.out" 2>"$root/off-cap.err"
+    st=$?
+    capped=$(offline_rate "$root/off-cap.out")
+    ratio=$("$py" -c "a,b='$alone','$capped'; print(f'{float(b)/float(a):.2f}' if a and b else '')")
+    if [[ -n "$ratio" && $st == 0 ]] && "$py" -c "import sys; sys.exit(0 if $ratio >= 0.2 else 1)"; then
+        row throttle-cap PASS "${ratio}x solo rate, 40 % MPS cap" "alone on the GPU: not held for a low clock; $capped it/s"
+    else
+        row throttle-cap FAIL "${ratio:-?}x solo rate, 40 % MPS cap" "alone on an idle GPU the job was starved: ${capped:-?} it/s, exit $st"
     fi
 }
 
@@ -259,17 +336,23 @@ echo "gpu-check on $label (binaries: $bin_dir)" >&2
 # GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
 "$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
 solo_rate=$(offline_rate "$root/off-alone.out")
+want() { [[ -z $only || ",$only," == *",$1,"* ]]; }
 if start_monitor; then
-    check_quota
-    check_torch_quota
-    check_throttle
+    want monitor-cpu && check_monitor_cpu
+    want quota && check_quota
+    want torch-quota && check_torch_quota
+    want throttle && check_throttle
     if start_mps; then
-        check_exit
-        check_node
+        want throttle-cap && check_throttle_cap
+        want exit && check_exit
+        want node && check_node
     else
+        row throttle-cap SKIP "-" "needs MPS to enforce the cap"
         row exit SKIP "-" "MPS control daemon did not start on this host"
-        check_exit
+        want exit && check_exit
     fi
+    # Last: an unshimmed launch loop is online load to the monitor, which may hold the GPU after it.
+    want launch-cost && check_launch_cost
 else
     row monitor FAIL "-" "sysmonitor did not reach Healthy: $(tail -n 3 "$root/sysmonitor.log" | plain 300)"
 fi
