@@ -45,6 +45,11 @@ pub struct GpuSample {
     pub sm_clock_mhz: u32,
     /// Highest SM clock, MHz (0 when unknown).
     pub sm_clock_max_mhz: u32,
+    /// The driver gives idleness as the only reason the SM clock is below its maximum
+    /// (`nvmlClocksEventReasonGpuIdle`, no power, thermal or slowdown reason): a real card
+    /// drops to a few hundred MHz when nothing runs, which says nothing about online load.
+    #[serde(default)]
+    pub clock_idle: bool,
     /// Device memory in use, bytes.
     pub mem_used: u64,
     /// Device memory in total, bytes.
@@ -53,6 +58,20 @@ pub struct GpuSample {
     pub power_mw: Option<u32>,
     /// GPU temperature, degrees Celsius, when NVML reports it.
     pub temp_c: Option<u32>,
+}
+
+impl GpuSample {
+    /// The SM clock as a sign of load, MHz: the clock, or the highest clock while the card has
+    /// lowered it only because it is idle ([`GpuSample::clock_idle`]; work brings the boost
+    /// clock back within moments). What the health machine judges and the ledger publishes to
+    /// the shims' throttles, whose online-pressure hold reads a low clock as SMs in demand.
+    pub fn load_clock_mhz(&self) -> u32 {
+        if self.clock_idle && self.sm_clock_max_mhz > 0 {
+            self.sm_clock_max_mhz
+        } else {
+            self.sm_clock_mhz
+        }
+    }
 }
 
 /// Percent (0..=100, clamped) to the ledger's per-mille integer, rounded.
@@ -97,6 +116,16 @@ mod tests {
         assert_eq!(m.sm_active_pct(), 37.5);
         assert_eq!(m.sm_active_fraction(), 0.375);
         assert_eq!(m.gpu_util_pct(), 80.0);
+    }
+
+    #[test]
+    fn an_idle_lowered_clock_is_no_sign_of_load() {
+        let busy = GpuSample { sm_clock_mhz: 1400, sm_clock_max_mhz: 1980, ..Default::default() };
+        assert_eq!(busy.load_clock_mhz(), 1400);
+        let idle = GpuSample { sm_clock_mhz: 345, clock_idle: true, ..busy };
+        assert_eq!(idle.load_clock_mhz(), 1980);
+        let unknown_top = GpuSample { sm_clock_max_mhz: 0, ..idle };
+        assert_eq!(unknown_top.load_clock_mhz(), 345);
     }
 
     #[test]

@@ -518,7 +518,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             gpu_util: s.gpu_util,
             sm_activity: s.sm_activity,
             sm_source: s.sm_source,
-            sm_clock_mhz: s.sm_clock_mhz,
+            // The shims' throttles read a low clock as online pressure: an idle card's is not.
+            sm_clock_mhz: s.load_clock_mhz(),
             sm_clock_max_mhz: s.sm_clock_max_mhz,
             mem_used: s.mem_used,
             mem_total: s.mem_total,
@@ -687,6 +688,7 @@ mod tests {
         c.machine.hold_max_ms = 1000;
         c.evictor.grace_ms = 30;
         c.verify.strikes = 1;
+        c.verify.context_mib = 0; // the scripted processes hold no context
         c
     }
 

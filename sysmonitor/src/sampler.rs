@@ -1,6 +1,7 @@
 //! GPU sampling through NVML (`nvml-wrapper`), choosing the best SM-activity source available.
 
 use nvml_wrapper::enum_wrappers::device::{Clock, Sampling, TemperatureSensor};
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
@@ -25,7 +26,7 @@ impl SampleMetrics for GpuSample {
             sm_clock_pct: if self.sm_clock_max_mhz == 0 {
                 100.0
             } else {
-                pct(self.sm_clock_mhz as f64, self.sm_clock_max_mhz as f64)
+                pct(self.load_clock_mhz() as f64, self.sm_clock_max_mhz as f64)
             },
             mem_used_pct: pct(self.mem_used as f64, self.mem_total as f64),
             sm_spatial: self.sm_source == Some(SmSource::Gpm),
@@ -60,6 +61,12 @@ struct Gpm {
     prev: sys::nvmlGpmSample_t,
     cur: sys::nvmlGpmSample_t,
     primed: bool,
+    /// When `prev` was taken (monotonic ms).
+    prev_ms: u64,
+    /// No GPM reading before this (monotonic ms): see [`GPM_EVERY_MS`].
+    next_ms: u64,
+    /// Whether a GPM reading has given SM utilization yet.
+    has_value: bool,
     /// The metrics request (8 KiB: room for every metric NVML knows), zeroed once and reused
     /// at every sample rather than zeroed again each time.
     req: Box<sys::nvmlGpmMetricsGet_t>,
@@ -115,30 +122,39 @@ impl Gpm {
             prev,
             cur,
             primed: false,
+            prev_ms: 0,
+            next_ms: 0,
+            has_value: false,
             // SAFETY: zeroed is a valid bit pattern for this plain C struct (null pointers, zeros).
             req: Box::new(unsafe { std::mem::zeroed() }),
         })
     }
 
-    /// (SM utilization, graphics-engine utilization) in % between the previous and this
-    /// reading; None on the first one.
-    fn read(&mut self, handle: sys::nvmlDevice_t) -> Result<Option<(f64, f64)>, String> {
+    /// SM utilization in % since the last snapshot that brought new counters, when this
+    /// reading brings some: [`GpmRead::New`]. The driver refreshes the counters a GPM sample
+    /// copies only every second or so (seen on an H200, driver 580: at 10 ms sampling, 1 read
+    /// in about 100 gave 99.8 % under full load, the rest 0), so a reading whose metrics are
+    /// all zero within [`GPM_SAME_SNAPSHOT_MS`] of the last new one is taken as the same
+    /// snapshot again ([`GpmRead::Same`]): the older sample is kept, and the next change is
+    /// measured over the whole span since it. Zeros that last longer are an idle GPU.
+    fn read(&mut self, handle: sys::nvmlDevice_t, now_ms: u64) -> Result<GpmRead, String> {
         // SAFETY: `cur` is an allocated GPM sample and `handle` a live device.
         let r = unsafe { self.lib.nvmlGpmSampleGet(handle, self.cur) };
         if r != sys::nvmlReturn_enum_NVML_SUCCESS {
             return Err(format!("nvmlGpmSampleGet returned {r}"));
         }
-        std::mem::swap(&mut self.prev, &mut self.cur);
         if !self.primed {
             self.primed = true;
-            return Ok(None);
+            std::mem::swap(&mut self.prev, &mut self.cur);
+            self.prev_ms = now_ms;
+            return Ok(GpmRead::Priming);
         }
         // Every field NVML reads is set here; it writes only `metrics[..numMetrics]`.
         let g = &mut *self.req;
         g.version = sys::NVML_GPM_METRICS_GET_VERSION;
         g.numMetrics = 2;
-        g.sample1 = self.cur; // older (swapped above)
-        g.sample2 = self.prev; // newer
+        g.sample1 = self.prev; // older
+        g.sample2 = self.cur; // newer
         g.metrics[0].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL;
         g.metrics[1].metricId = sys::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL;
         for m in &mut g.metrics[..2] {
@@ -154,9 +170,40 @@ impl Gpm {
                 g.metrics[0].nvmlReturn, g.metrics[1].nvmlReturn
             ));
         }
-        Ok(Some((g.metrics[0].value, g.metrics[1].value)))
+        let (sm, gfx) = (g.metrics[0].value, g.metrics[1].value);
+        if same_snapshot(sm, gfx, now_ms.saturating_sub(self.prev_ms)) {
+            return Ok(GpmRead::Same);
+        }
+        std::mem::swap(&mut self.prev, &mut self.cur);
+        self.prev_ms = now_ms;
+        Ok(GpmRead::New(sm))
     }
 }
+
+/// What one GPM reading brought.
+enum GpmRead {
+    /// The first sample: nothing to compare it with yet.
+    Priming,
+    /// The driver's counters have not changed since the last new snapshot.
+    Same,
+    /// SM utilization, %, over the span since the last new snapshot.
+    New(f64),
+}
+
+/// Whether GPM metrics `(sm, gfx)` over a span of `since_new_ms` since the last new snapshot
+/// are that snapshot read again (all zero, sooner than [`GPM_SAME_SNAPSHOT_MS`]).
+fn same_snapshot(sm: f64, gfx: f64, since_new_ms: u64) -> bool {
+    sm == 0.0 && gfx == 0.0 && since_new_ms < GPM_SAME_SNAPSHOT_MS
+}
+
+/// GPM metrics are computed at most this often: `nvmlGpmMetricsGet` costs about 1.3 ms of CPU
+/// per call (H200, driver 580; `nvmlGpmSampleGet` 51 us, a utilization query 1.4 us), 13 % of
+/// a core at 10 ms sampling, and its counters change only about once a second anyway.
+pub const GPM_EVERY_MS: u64 = 500;
+
+/// All-zero GPM metrics within this long of the last new snapshot are the same snapshot read
+/// again, not an idle GPU (longer than the driver's refresh period seen, about 1-1.5 s).
+pub const GPM_SAME_SNAPSHOT_MS: u64 = 3000;
 
 /// NVML-backed source for one device.
 pub struct NvmlSource {
@@ -223,28 +270,34 @@ impl NvmlSource {
             .gpu as f64)
     }
 
-    /// (GPU utilization, SM activity, its source). With GPM both come from one metrics call;
-    /// otherwise utilization rates plus utilization samples.
-    fn util_and_sm(&mut self) -> Result<(f64, f64, SmSource), String> {
+    /// (GPU utilization, SM activity, its source). GPU utilization is NVML's utilization rate
+    /// at every sample. With GPM, SM activity is its SM utilization, read at most every
+    /// [`GPM_EVERY_MS`] and held between new snapshots (until the first one: the utilization
+    /// rate, the busy fraction, never below the spatial figure); otherwise from utilization
+    /// samples.
+    fn util_and_sm(&mut self, now_ms: u64) -> Result<(f64, f64, SmSource), String> {
+        let u = self.util_rate()?;
         if let Some(g) = &mut self.gpm {
-            // SAFETY: live handle of the leaked Nvml.
-            let h = unsafe { self.dev.handle() };
-            match g.read(h) {
-                Ok(Some((sm, gfx))) => {
-                    self.last_sm = sm;
-                    return Ok((gfx, sm, SmSource::Gpm));
-                }
-                Ok(None) => {
-                    let u = self.util_rate()?;
-                    return Ok((u, u, SmSource::Gpm));
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "GPM read failed; falling back to utilization samples");
-                    self.gpm = None;
+            if now_ms >= g.next_ms {
+                g.next_ms = now_ms.saturating_add(GPM_EVERY_MS);
+                // SAFETY: live handle of the leaked Nvml.
+                let h = unsafe { self.dev.handle() };
+                match g.read(h, now_ms) {
+                    Ok(GpmRead::New(sm)) => {
+                        g.has_value = true;
+                        self.last_sm = sm;
+                    }
+                    Ok(GpmRead::Same | GpmRead::Priming) => {}
+                    Err(err) => {
+                        tracing::warn!(error = %err, "GPM read failed; falling back to utilization samples");
+                        self.gpm = None;
+                    }
                 }
             }
+            if let Some(g) = &self.gpm {
+                return Ok((u, if g.has_value { self.last_sm } else { u }, SmSource::Gpm));
+            }
         }
-        let u = self.util_rate()?;
         let (sm, src) = self.sampled_sm(u);
         Ok((u, sm, src))
     }
@@ -285,7 +338,7 @@ impl NvmlSource {
 
 impl GpuSource for NvmlSource {
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
-        let (util, sm, src) = self.util_and_sm()?;
+        let (util, sm, src) = self.util_and_sm(now_ms)?;
         let mem = self.dev.memory_info().map_err(|x| e("memory info", x))?;
         let clk = self
             .dev
@@ -302,6 +355,16 @@ impl GpuSource for NvmlSource {
                 m
             }
         };
+        // Below the top clock, ask the driver why (one more query, only then): idleness alone
+        // is no sign of load. Unanswered, the low clock counts (the stricter reading).
+        let clock_idle = clk < max
+            && self.dev.current_throttle_reasons().is_ok_and(|r| {
+                r.contains(ThrottleReasons::GPU_IDLE) && !r.intersects(ThrottleReasons::SW_POWER_CAP
+                    | ThrottleReasons::HW_SLOWDOWN
+                    | ThrottleReasons::SW_THERMAL_SLOWDOWN
+                    | ThrottleReasons::HW_THERMAL_SLOWDOWN
+                    | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN)
+            });
         if self.n.is_multiple_of(AUX_EVERY) {
             self.aux = (
                 self.dev.power_usage().ok(),
@@ -316,6 +379,7 @@ impl GpuSource for NvmlSource {
             sm_source: Some(src),
             sm_clock_mhz: clk,
             sm_clock_max_mhz: max,
+            clock_idle,
             mem_used: mem.used,
             mem_total: mem.total,
             power_mw: self.aux.0,
@@ -349,5 +413,29 @@ impl GpuSource for NvmlSource {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unchanged_gpm_counters_are_not_an_idle_gpu_until_they_stay_unchanged() {
+        // H200, driver 580, 10 ms sampling under full load: 99.8 % about once a second, 0
+        // in between. Those zeros are the same snapshot; zeros for longer are idleness.
+        assert!(same_snapshot(0.0, 0.0, 10));
+        assert!(same_snapshot(0.0, 0.0, GPM_SAME_SNAPSHOT_MS - 1));
+        assert!(!same_snapshot(0.0, 0.0, GPM_SAME_SNAPSHOT_MS));
+        assert!(!same_snapshot(99.8, 99.7, 10));
+        assert!(!same_snapshot(0.0, 0.4, 10), "any change is a new snapshot");
+    }
+
+    #[test]
+    fn an_idle_lowered_clock_reads_as_full_clock_to_the_health_machine() {
+        let s = GpuSample { sm_clock_mhz: 345, sm_clock_max_mhz: 1980, ..Default::default() };
+        assert!((s.metrics().sm_clock_pct - 17.42).abs() < 0.01, "a low clock under load counts");
+        let idle = GpuSample { clock_idle: true, ..s };
+        assert_eq!(idle.metrics().sm_clock_pct, 100.0);
     }
 }

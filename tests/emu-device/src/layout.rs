@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -36,8 +36,9 @@ pub struct Header {
     pub magic: u64,
     /// [`LAYOUT_VERSION`] the file was written with; checked on open.
     pub version: u32,
-    /// Padding to keep `file_size` 8-byte aligned; always 0.
-    pub _pad0: u32,
+    /// SM clock while no kernel runs, MHz (a real card drops to it within moments of going
+    /// idle, and NVML then gives `nvmlClocksEventReasonGpuIdle` as the reason).
+    pub idle_sm_clock_mhz: u32,
     /// Size of the whole file, bytes (`size_of::<State>()`); checked on open.
     pub file_size: u64,
     /// Profile id (`t4`, `a10`, `h100`), NUL-padded.
@@ -82,7 +83,8 @@ pub struct Header {
     pub busy_ns: f64,
     /// Cumulative SM-weighted busy time (ns x fraction of SMs granted).
     pub sm_active_ns: f64,
-    /// Current SM clock, MHz (drops under load like a real card's boost).
+    /// Current SM clock, MHz (the idle clock while no kernel runs; under load it drops from
+    /// the boost clock like a real card's).
     pub sm_clock_mhz: f64,
     /// SMs wanted by running kernels right now (before MPS caps).
     pub sm_demand: f64,

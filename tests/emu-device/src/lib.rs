@@ -275,7 +275,8 @@ pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
     h.created_ns = now;
     h.last_ns = now;
     h.last_sample_ns = now;
-    h.sm_clock_mhz = f64::from(p.max_sm_clock_mhz);
+    h.idle_sm_clock_mhz = p.idle_sm_clock_mhz;
+    h.sm_clock_mhz = f64::from(p.idle_sm_clock_mhz);
     h.mps_default_pct = 100;
 }
 
@@ -490,6 +491,24 @@ impl Device {
             (now <= v.header_word(offset_of!(H, quiet_until_ns))).then(|| v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32)
         });
         quick.unwrap_or_else(|| self.counters_locked().sm_clock_mhz)
+    }
+
+    /// Why the SM clock is below the boost clock now, as NVML's clock event reasons
+    /// (`nvmlDeviceGetCurrentClocksEventReasons`): `GpuIdle` (nothing runs: the idle clock),
+    /// `SwPowerCap` (load pulled the clock down, the model's only other cause), or none.
+    pub fn clock_event_reasons(&self) -> u64 {
+        /// `nvmlClocksEventReasonGpuIdle`, `nvmlClocksEventReasonSwPowerCap` (nvml.h).
+        const GPU_IDLE: u64 = 0x1;
+        const SW_POWER_CAP: u64 = 0x4;
+        let g = self.locked();
+        let h = &g.header;
+        if h.sm_demand <= 0.0 {
+            GPU_IDLE
+        } else if h.sm_clock_mhz.round() < f64::from(h.max_sm_clock_mhz) {
+            SW_POWER_CAP
+        } else {
+            0
+        }
     }
 
     /// [`Device::counters`] always under the lock.

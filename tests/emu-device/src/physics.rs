@@ -77,7 +77,13 @@ pub fn compute_shares(st: &mut State) -> f64 {
     let h = &mut st.header;
     h.sm_demand = raw_total;
     h.sm_in_use = granted;
-    h.sm_clock_mhz = clock_mhz(f64::from(h.max_sm_clock_mhz), granted / sms, raw_total / sms);
+    h.sm_clock_mhz = if raw_total > 0.0 {
+        clock_mhz(f64::from(h.max_sm_clock_mhz), granted / sms, raw_total / sms)
+    } else {
+        // Nothing runs: the card idles its clock down, as real ones do (nvidia-smi shows an
+        // idle H100/H200 at 345 of 1980 MHz); work brings the boost clock back.
+        f64::from(h.idle_sm_clock_mhz.clamp(1, h.max_sm_clock_mhz.max(1)))
+    };
     granted
 }
 

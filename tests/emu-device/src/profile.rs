@@ -13,6 +13,8 @@ pub struct Profile {
     pub sm_count: u32,
     /// Maximum (boost) SM clock in MHz.
     pub max_sm_clock_mhz: u32,
+    /// SM clock of the idle card, MHz (what `nvidia-smi` shows with nothing running).
+    pub idle_sm_clock_mhz: u32,
     /// Memory clock in MHz.
     pub mem_clock_mhz: u32,
     /// Memory bus width in bits.
@@ -32,6 +34,7 @@ pub const T4: Profile = Profile {
     total_memory: 15360 * MIB,
     sm_count: 40,
     max_sm_clock_mhz: 1590,
+    idle_sm_clock_mhz: 300,
     mem_clock_mhz: 5001,
     mem_bus_width: 256,
     compute_capability: (7, 5),
@@ -45,6 +48,7 @@ pub const A10: Profile = Profile {
     total_memory: 23028 * MIB,
     sm_count: 72,
     max_sm_clock_mhz: 1695,
+    idle_sm_clock_mhz: 210,
     mem_clock_mhz: 6251,
     mem_bus_width: 384,
     compute_capability: (8, 6),
@@ -58,6 +62,7 @@ pub const H100: Profile = Profile {
     total_memory: 81559 * MIB,
     sm_count: 132,
     max_sm_clock_mhz: 1980,
+    idle_sm_clock_mhz: 345,
     mem_clock_mhz: 2619,
     mem_bus_width: 5120,
     compute_capability: (9, 0),

@@ -609,3 +609,28 @@ fn lock_free_reading_agrees_with_the_locked_one() {
     d.detach(&c);
     std::fs::remove_file(&p).unwrap();
 }
+
+#[test]
+fn an_idle_card_idles_its_clock_and_says_why() {
+    // Real cards drop to a few hundred MHz with nothing running (nvidia-smi on an idle H200:
+    // 345 of 1980 MHz) and NVML gives GpuIdle as the reason; the monitor must not read that
+    // clock as load, and the emulator must show it so that tests see what hosts do.
+    let p = tmp("idle-clock");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    assert_eq!(d.sm_clock_mhz(), profile::H100.idle_sm_clock_mhz);
+    assert_eq!(d.clock_event_reasons(), 0x1, "nvmlClocksEventReasonGpuIdle");
+    let c = d.attach().unwrap();
+    // A small kernel: the boost clock, no reason.
+    let k = d.launch(&c, Launch { blocks: 4, cycles_per_block: 1_980_000_000, after: 0 }).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(d.sm_clock_mhz(), profile::H100.max_sm_clock_mhz);
+    assert_eq!(d.clock_event_reasons(), 0);
+    // Every SM demanded twice over: load pulls the clock down (the power cap's reason).
+    let k2 = d.launch(&c, Launch { blocks: 528, cycles_per_block: 1_980_000_000, after: 0 }).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(d.sm_clock_mhz() < profile::H100.max_sm_clock_mhz);
+    assert_eq!(d.clock_event_reasons(), 0x4, "nvmlClocksEventReasonSwPowerCap");
+    let _ = (k, k2);
+    d.detach(&c);
+    std::fs::remove_file(&p).unwrap();
+}

@@ -336,6 +336,28 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     entry(|| unsafe { put(clock_mhz, clock(device, ty, true)?) })
 }
 
+/// Why the clocks are below their maximum (bit mask of `nvmlClocksEventReason*`): `GpuIdle`
+/// while no kernel runs, `SwPowerCap` while load holds the SM clock under its boost.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(reasons, state::with_device(device, |d| d.clock_event_reasons())?) })
+}
+
+/// The deprecated name of [`nvmlDeviceGetCurrentClocksEventReasons`] (same values; NVML keeps
+/// both, and nvml-wrapper 0.13 calls this one).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded unchanged; the caller's pointer contract is the same.
+    unsafe { nvmlDeviceGetCurrentClocksEventReasons(device, reasons) }
+}
+
 /// Power model: 10% of the board limit at idle plus 90% scaled by GPU utilization.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
