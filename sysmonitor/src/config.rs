@@ -140,6 +140,12 @@ pub struct VerifyConfig {
     pub enabled: bool,
     /// Allowed excess of NVML's figure over the reported one, MiB.
     pub tolerance_mib: u64,
+    /// Device memory each process's CUDA context holds outside any allocation the shim
+    /// counts (code, stacks, heaps the driver reserves), MiB: NVML charges it to the process.
+    /// Measured with driver 580 on an H200: about 580 MiB per context, 228-290 MiB per MPS
+    /// client (`scripts/gpu-check.sh`); frameworks that raise stack or heap limits hold more.
+    /// 0 on the emulator, whose contexts hold nothing.
+    pub context_mib: u64,
     /// Consecutive checks a process must under-report before it is evicted.
     pub strikes: u32,
     /// How often to check, ms.
@@ -151,6 +157,7 @@ impl Default for VerifyConfig {
         VerifyConfig {
             enabled: true,
             tolerance_mib: 64,
+            context_mib: 1024,
             strikes: 3,
             every_ms: 200,
         }
@@ -258,6 +265,11 @@ impl Config {
             .map_err(|(f, m)| (format!("evict_log.{f}"), m))?;
         if self.verify.strikes == 0 {
             return Err(("verify.strikes".into(), "must be >= 1".into()));
+        }
+        for (f, v) in [("verify.tolerance_mib", self.verify.tolerance_mib), ("verify.context_mib", self.verify.context_mib)] {
+            if v > 1 << 20 {
+                return Err((f.into(), format!("{v} MiB is more than any GPU holds (at most 1048576)")));
+            }
         }
         if let Some(l) = &self.metrics_listen {
             if !l.starts_with("unix:") && l.parse::<std::net::SocketAddr>().is_err() {

@@ -31,7 +31,11 @@ impl Verifier {
         offline: &[OfflineProc],
         nvml: &[ProcMem],
     ) -> Vec<Liar> {
-        let tol = cfg.tolerance_mib * 1024 * 1024;
+        // Both from a checked config (ranges validated); saturating all the same.
+        let tol = cfg
+            .tolerance_mib
+            .saturating_add(cfg.context_mib)
+            .saturating_mul(1024 * 1024);
         let mut seen = Vec::with_capacity(offline.len());
         let mut liars = Vec::new();
         for p in offline {
@@ -80,6 +84,7 @@ mod tests {
     fn under_reporter_is_flagged_after_strikes_honest_one_never() {
         let cfg = VerifyConfig {
             tolerance_mib: 10,
+            context_mib: 0,
             strikes: 2,
             ..Default::default()
         };
@@ -103,9 +108,26 @@ mod tests {
     }
 
     #[test]
+    fn a_context_s_own_memory_is_not_under_reporting() {
+        // What a real driver charges a process that holds a context and 64 MiB (H200, driver
+        // 580): 582 MiB. Without the context allowance it was evicted at once.
+        let cfg = VerifyConfig {
+            strikes: 1,
+            ..Default::default()
+        };
+        let mut v = Verifier::default();
+        let nvml = |mib: u64| [ProcMem { pid: 1, used_bytes: mib * MIB }];
+        assert!(v.check(&cfg, &[p(1, 64 * MIB)], &nvml(582)).is_empty());
+        // Beyond the context allowance and the tolerance it is caught.
+        let over = 64 + cfg.context_mib + cfg.tolerance_mib + 1;
+        assert_eq!(v.check(&cfg, &[p(1, 64 * MIB)], &nvml(over)).len(), 1);
+    }
+
+    #[test]
     fn an_honest_check_resets_strikes() {
         let cfg = VerifyConfig {
             tolerance_mib: 0,
+            context_mib: 0,
             strikes: 2,
             ..Default::default()
         };

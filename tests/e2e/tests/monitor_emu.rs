@@ -27,7 +27,7 @@ fn config(hold_ms: u64, grace_ms: u64) -> String {
     "hold_max_ms": 60000
   }},
   "evictor": {{ "grace_ms": {grace_ms} }},
-  "verify": {{ "every_ms": 50, "strikes": 2, "tolerance_mib": 16 }}
+  "verify": {{ "every_ms": 50, "strikes": 2, "tolerance_mib": 16, "context_mib": 0 }}
 }}
 "#
     )

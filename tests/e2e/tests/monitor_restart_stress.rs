@@ -70,7 +70,7 @@ fn config() -> String {
     "hold_max_ms": 2000
   }},
   "evictor": {{ "grace_ms": {GRACE_MS} }},
-  "verify": {{ "every_ms": 100, "strikes": 3, "tolerance_mib": 16 }}
+  "verify": {{ "every_ms": 100, "strikes": 3, "tolerance_mib": 16, "context_mib": 0 }}
 }}
 "#
     )
