@@ -132,6 +132,12 @@ EOF
 }
 
 # --- monitor CPU and launch cost --------------------------------------------------------
+thread_ns() { # "name:tid ns" per thread of pid $1
+    local t v
+    for t in /proc/"$1"/task/*; do
+        read -r v _ <"$t/schedstat" 2>/dev/null && echo "$(cat "$t/comm" 2>/dev/null):${t##*/} $v"
+    done
+}
 run_ns() { # scheduler run time so far of all threads of pid $1, ns
     local t n=0 v
     for t in /proc/"$1"/task/*/schedstat; do read -r v _ <"$t" 2>/dev/null && n=$(( n + v )); done
@@ -146,12 +152,27 @@ check_monitor_cpu() {
     h=$!
     for _ in $(seq 50); do grep -q holding "$root/cpu-hold.out" 2>/dev/null && break; sleep 0.1; done
     sleep 1
+    local before; before=$(thread_ns "$mon_pid")
     a=$(run_ns "$mon_pid"); t0=$(date +%s%N)
     sleep "$secs"
     b=$(run_ns "$mon_pid"); t1=$(date +%s%N)
+    local after; after=$(thread_ns "$mon_pid")
+    local alive=yes; kill -0 $h 2>/dev/null || alive="no (evicted?)"
     kill -TERM $h; wait $h 2>/dev/null
     pct=$("$py" -c "print(f'{100*($b-$a)/($t1-$t0):.2f}')")
-    row monitor-cpu INFO "${pct} % of a core at 10 ms" "sysmonitor run, ${secs} s, one offline process registered, GPU idle, load $(cut -d' ' -f1 /proc/loadavg)"
+    # Per thread: where the time goes (sampler, XID events, metrics).
+    local per; per=$("$py" -c '
+import sys
+b = dict(l.rsplit(" ", 1) for l in sys.argv[1].splitlines() if l)
+a = dict(l.rsplit(" ", 1) for l in sys.argv[2].splitlines() if l)
+dt = float(sys.argv[3])
+out = []
+for k, v in a.items():
+    name, _, tid = k.rpartition(":")
+    d = (int(v) - int(b.get(k, 0))) / dt * 100
+    out.append((d, name))
+print(", ".join(f"{n} {d:.2f} %" for d, n in sorted(out, reverse=True)[:4]))' "$before" "$after" "$(( t1 - t0 ))")
+    row monitor-cpu INFO "${pct} % of a core at 10 ms" "${secs} s, one offline process registered (still there: $alive), GPU idle; threads: $per"
 }
 check_launch_cost() {
     local secs=$(( quick ? 2 : 3 )) i d s direct=() shimmed=() args
@@ -198,13 +219,18 @@ check_quota() {
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q2.out" 2>"$root/q2.err" &
     b=$!
     sleep 3
+    local gone=""
+    kill -0 $a 2>/dev/null || gone+=" first"
+    kill -0 $b 2>/dev/null || gone+=" second"
     used=$(( $(nvml_used) - base - 2 * ctx ))
     held=$(( $(jget allocated_mib <"$root/q1.out") + $(jget allocated_mib <"$root/q2.out") ))
     kill -TERM $a $b; wait $a $b 2>/dev/null
     # Whoever the processes ran as: uid 65534 through setpriv, else the kit's own user.
     local who="uid $(id -u)"; [[ ${#as_user[@]} -gt 0 ]] && who="uid 65534"
     [[ $who == "uid 0" ]] && who="root"
-    if [[ $used -le $(( quota + 64 )) && $held -le $quota && $held -gt 0 ]]; then
+    if [[ -n $gone ]]; then
+        row quota FAIL "-" "process(es)$gone gone before the measurement: $(tail -n 2 "$root/q1.err" | plain)"
+    elif [[ $used -le $(( quota + 64 )) && $held -le $quota && $held -gt 0 ]]; then
         row quota PASS "$used MiB held / $quota MiB quota" "2 processes as $who; NVML outside the shim; ctx ${ctx} MiB each"
     else
         row quota FAIL "$used MiB held / $quota MiB quota" "2 processes as $who; shim says $held MiB; $(tail -n 3 "$root/q1.err" | plain)"

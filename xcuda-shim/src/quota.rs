@@ -414,7 +414,8 @@ mod tests {
         let (l1, l2) = (Ledger::open_or_create(&p, 0).unwrap(), Ledger::open_or_create(&p, 0).unwrap());
         let g = l1.group(5, 1000).unwrap();
         let h1 = l1.register(std::process::id(), g).unwrap();
-        let h2 = l2.register(std::process::id(), l2.group(5, 1).unwrap()).unwrap();
+        // A second process configured looser gets the group's (tighter) quota, not its own.
+        let h2 = l2.register(std::process::id(), l2.group(5, 5000).unwrap()).unwrap();
         let (a, b) = (Quota::with_ledger(l1, h1), Quota::with_ledger(l2, h2));
         assert!(a.try_reserve(700));
         assert!(!b.try_reserve(301));
