@@ -234,6 +234,18 @@ pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 /// `CU_IPC_HANDLE_SIZE`.
 pub const CU_IPC_HANDLE_SIZE: usize = 64;
 
+/// `CUDA_ARRAY3D_DESCRIPTOR::Flags`: a layered array (`Depth` is the number of layers).
+pub const CUDA_ARRAY3D_LAYERED: u32 = 0x01;
+/// `CUDA_ARRAY3D_DESCRIPTOR::Flags`: a cubemap (`Depth` is 6 faces, or 6 x layers when layered).
+pub const CUDA_ARRAY3D_CUBEMAP: u32 = 0x04;
+
+/// `(macro, value)` of the `#define`d constants above; used by the header test.
+pub const MACRO_VALUES: &[(&str, u64)] = &[
+    ("CU_IPC_HANDLE_SIZE", CU_IPC_HANDLE_SIZE as u64),
+    ("CUDA_ARRAY3D_LAYERED", CUDA_ARRAY3D_LAYERED as u64),
+    ("CUDA_ARRAY3D_CUBEMAP", CUDA_ARRAY3D_CUBEMAP as u64),
+];
+
 /// `CUuuid`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -103,6 +103,9 @@ fn generate_c(cuda_version: u32) -> String {
             writeln!(c, "#ifdef {name}\n#error \"{name} is a macro before {since}?\"\n#endif").unwrap();
         }
     }
+    for (name, v) in MACRO_VALUES {
+        writeln!(c, "CHECK({name} == {v}, \"#define {name} {v}\");").unwrap();
+    }
     for (name, v) in CUresult::ALL {
         writeln!(c, "CHECK({name} == {v}, \"CUresult {name} == {v}\");").unwrap();
     }

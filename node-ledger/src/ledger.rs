@@ -420,6 +420,13 @@ impl Ledger {
         self.layout().header.gpu_index.load(Relaxed)
     }
 
+    /// The slot of group `id`, if it exists; changes nothing (for readers: the monitor's
+    /// reports, tools and tests; [`Ledger::group`] is for the processes of the group).
+    pub fn find_group(&self, id: u64) -> Option<usize> {
+        let id = id.max(1);
+        self.layout().groups.iter().position(|g| g.id.load(Acquire) == id)
+    }
+
     /// Finds the group `id` or creates it with `quota_bytes`; returns its slot. A group that
     /// exists keeps its quota unless the caller's is lower (the tighter configuration wins:
     /// a process never holds the group to a looser limit than its own), or the group is empty
@@ -1358,6 +1365,10 @@ mod tests {
         // reclaim) keep the group too.
         l.unregister(h);
         assert_eq!(l.group(id, 4000).unwrap(), g);
+        assert_eq!(l.group_quota(g), 600);
+        // A reader's lookup changes nothing.
+        assert_eq!(l.find_group(id), Some(g));
+        assert_eq!(l.find_group(group_id_for("nobody")), None);
         assert_eq!(l.group_quota(g), 600);
         // Empty (nothing held, nobody registered): the next process's quota, higher or lower.
         l.release_group(g, 500);

@@ -315,7 +315,7 @@ array_create! {
         => |d| array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels);
     /// Hooked `cuMipmappedArrayCreate`: every level's size counted against the quota.
     fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint): PFN_cuMipmappedArrayCreate_v5000, cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000
-        => |d| mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels);
+        => |d| mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, d.Flags, levels);
 }
 
 /// Hooks that give back the bytes counted for `$key` (the pointer or handle, of `Kind::$kind`)

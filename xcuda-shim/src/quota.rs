@@ -363,20 +363,27 @@ pub fn array_bytes(width: usize, height: usize, depth: usize, format: CUarray_fo
         .saturating_mul(elem)
 }
 
-/// Bytes of a mipmapped array: the sum over `levels` of the level sizes (each dimension halves,
-/// never below 1).
+/// Bytes of a mipmapped array: the sum over its levels of the level sizes. Each spatial
+/// dimension halves per level (never below 1); a layered or cubemap array (`flags`) keeps all
+/// its layers or faces (`depth`) at every level. `levels` is taken at most up to a full chain
+/// (1 + log2 of the largest spatial dimension, at most 64 levels): the driver refuses more
+/// (`CUDA_ERROR_INVALID_VALUE`), and a hostile `u32::MAX` must not loop for seconds here.
 pub fn mipmapped_bytes(
     width: usize,
     height: usize,
     depth: usize,
     format: CUarray_format,
     channels: u32,
+    flags: u32,
     levels: u32,
 ) -> u64 {
-    let (mut w, mut h, mut d) = (width.max(1), height, depth);
+    let layered = flags & (cuda_abi::CUDA_ARRAY3D_LAYERED | cuda_abi::CUDA_ARRAY3D_CUBEMAP) != 0;
+    let layers = if layered { depth.max(1) as u64 } else { 1 };
+    let (mut w, mut h, mut d) = (width.max(1), height, if layered { 0 } else { depth });
+    let chain = usize::BITS - w.max(h).max(d).max(1).leading_zeros();
     let mut total = 0u64;
-    for _ in 0..levels.max(1) {
-        total = total.saturating_add(array_bytes(w, h, d, format, channels));
+    for _ in 0..levels.clamp(1, chain) {
+        total = total.saturating_add(array_bytes(w, h, d, format, channels).saturating_mul(layers));
         w = (w / 2).max(1);
         h = if h > 0 { (h / 2).max(1) } else { 0 };
         d = if d > 0 { (d / 2).max(1) } else { 0 };
@@ -525,7 +532,19 @@ mod tests {
         let f = CUarray_format::CU_AD_FORMAT_FLOAT;
         assert_eq!(array_bytes(100, 0, 0, f, 4), 1600);
         assert_eq!(array_bytes(100, 10, 2, CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8, 1), 2000);
-        assert_eq!(mipmapped_bytes(8, 8, 0, CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8, 1, 4), 64 + 16 + 4 + 1);
+        let u8f = CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8;
+        assert_eq!(mipmapped_bytes(8, 8, 0, u8f, 1, 0, 4), 64 + 16 + 4 + 1);
+        // A layered array keeps its 10 layers at every level (was counted halving them:
+        // 64*10 + 16*5 + 4*2 + 1, 14 % short, a quota escape).
+        assert_eq!(mipmapped_bytes(8, 8, 10, u8f, 1, cuda_abi::CUDA_ARRAY3D_LAYERED, 4), (64 + 16 + 4 + 1) * 10);
+        // A cubemap keeps its 6 faces.
+        assert_eq!(mipmapped_bytes(4, 4, 6, u8f, 1, cuda_abi::CUDA_ARRAY3D_CUBEMAP, 3), (16 + 4 + 1) * 6);
+        // More levels than a chain has: the full chain (8x8: 4 levels), at once, even u32::MAX.
+        // (Before, u32::MAX levels looped 4 billion times: this test did not finish.)
+        assert_eq!(mipmapped_bytes(8, 8, 0, u8f, 1, 0, u32::MAX), 64 + 16 + 4 + 1);
+        assert_eq!(mipmapped_bytes(usize::MAX, 1, 0, u8f, 1, 0, u32::MAX), u64::MAX, "saturates");
+        // A 3D (not layered) array halves its depth too.
+        assert_eq!(mipmapped_bytes(4, 4, 4, u8f, 1, 0, 3), 64 + 8 + 1);
         assert_eq!(pitch_estimate(1000, 3), 3072);
         assert_eq!(array_bytes(usize::MAX, usize::MAX, 2, f, 4), u64::MAX, "saturates");
     }

@@ -84,7 +84,7 @@ fn group_usage_is_zero_after_the_destroy_while_the_process_lives() {
         .unwrap_or_else(|| panic!("{}", p.stderr()));
     let l = ledger(&host);
     let g = l
-        .group(node_ledger::ledger::group_id_for("live"), 1)
+        .find_group(node_ledger::ledger::group_id_for("live"))
         .unwrap();
     assert_eq!(
         l.group_used(g),

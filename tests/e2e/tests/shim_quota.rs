@@ -54,6 +54,14 @@ fn paths() -> Vec<(&'static str, Vec<String>, Vec<String>)> {
             one("mipmap", &[4096, 2048, 4]),
             one("mipmap", &[4096, 2048, 4]),
         ),
+        // 1024 x 1024 floats, 10 layers, 4 levels: 53.1 MiB, every level keeping its 10 layers;
+        // then 3 layers of one level, 12 MiB. Counted halving the layers (as it was) the first
+        // was 45.6 MiB, and the second fitted under the 64 MiB quota with 65.1 MiB on the GPU.
+        (
+            "mipmaplayered",
+            one("mipmaplayered", &[1024, 1024, 10, 4]),
+            one("mipmaplayered", &[1024, 1024, 3, 1]),
+        ),
     ]
 }
 

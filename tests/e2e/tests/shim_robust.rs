@@ -70,7 +70,7 @@ fn fork_child_keeps_normal_signal_behaviour_and_parent_accounting() {
     }
     assert!(start.elapsed() < T, "the fork child must die of SIGTERM like any process");
     let l = ledger(&host);
-    let g = l.group(node_ledger::ledger::group_id_for("fork"), 1).unwrap();
+    let g = l.find_group(node_ledger::ledger::group_id_for("fork")).unwrap();
     assert_eq!(l.group_used(g), 16 * MIB, "the parent's reservation is untouched by the child");
     parent.kill9();
 }
@@ -89,6 +89,6 @@ fn monitor_eviction_request_makes_the_process_leave_gracefully() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(libc::SIGTERM));
     assert!(!dev.mps_status().poisoned, "left without poisoning MPS");
-    let g = l.group(node_ledger::ledger::group_id_for("evict"), 1).unwrap();
+    let g = l.find_group(node_ledger::ledger::group_id_for("evict")).unwrap();
     assert_eq!(l.group_used(g), 0);
 }

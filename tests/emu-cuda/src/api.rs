@@ -503,10 +503,20 @@ export! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let d = *pMipmappedArrayDesc;
+        // As the driver documents it: at most 1 + floor(log2(max spatial dimension)) levels
+        // (INVALID_VALUE beyond); a layered or cubemap array's Depth counts layers or faces,
+        // which every level keeps.
+        let layered = d.Flags & (cuda_abi::CUDA_ARRAY3D_LAYERED | cuda_abi::CUDA_ARRAY3D_CUBEMAP) != 0;
+        let layers = if layered { d.Depth.max(1) as u64 } else { 1 };
+        let (mut w, mut hh, mut dd) = (d.Width, d.Height, if layered { 0 } else { d.Depth });
+        let chain = usize::BITS - w.max(hh).max(dd).max(1).leading_zeros();
+        if numMipmapLevels > chain {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
         let mut total = 0u64;
-        let (mut w, mut hh, mut dd) = (d.Width, d.Height, d.Depth);
-        for _ in 0..numMipmapLevels.min(32) {
-            total += array_bytes(w, hh, dd, d.Format, d.NumChannels)?;
+        for _ in 0..numMipmapLevels {
+            let level = array_bytes(w, hh, dd, d.Format, d.NumChannels)?;
+            total = total.checked_add(level.checked_mul(layers).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
             w = (w / 2).max(1);
             hh /= 2;
             dd /= 2;

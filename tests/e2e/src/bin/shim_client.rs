@@ -493,6 +493,26 @@ fn main() {
                     }
                     out(format!("pitch={} pitch_bytes={pp}", r.0));
                 }
+                "mipmaplayered" => {
+                    // width height layers levels: a layered mipmapped array (every level keeps
+                    // all its layers).
+                    let (w, h, layers, levels) = (num(1, i), num(2, i), num(3, i), num(4, i));
+                    i += 4;
+                    let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                        Width: w,
+                        Height: h,
+                        Depth: layers,
+                        Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+                        NumChannels: 1,
+                        Flags: CUDA_ARRAY3D_LAYERED,
+                    };
+                    let mut m: CUmipmappedArray = std::ptr::null_mut();
+                    let r = mip_create(&mut m, &desc, levels as c_uint);
+                    if r.is_success() {
+                        held.push(Held::Mip(m));
+                    }
+                    out(format!("{step}={}", r.0));
+                }
                 "array" | "array3d" | "mipmap" => {
                     let (w, h) = (num(1, i), num(2, i));
                     let d = if step == "array" { 0 } else { num(3, i) };

@@ -40,7 +40,8 @@ pub fn host_for_users() -> EmuHost {
 
 /// The slot in `l` of container `name`'s group (made with a 1-byte quota if it has none).
 pub fn group_of(l: &node_ledger::Ledger, name: &str) -> usize {
-    l.group(node_ledger::ledger::group_id_for(name), 1).unwrap()
+    l.find_group(node_ledger::ledger::group_id_for(name))
+        .unwrap_or_else(|| panic!("no quota group {name} in the ledger"))
 }
 
 /// Asserts what a `STEP fill STEP extra freeall STEP extra` run under the quota printed: the
