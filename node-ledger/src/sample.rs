@@ -120,11 +120,22 @@ mod tests {
 
     #[test]
     fn an_idle_lowered_clock_is_no_sign_of_load() {
-        let busy = GpuSample { sm_clock_mhz: 1400, sm_clock_max_mhz: 1980, ..Default::default() };
+        let busy = GpuSample {
+            sm_clock_mhz: 1400,
+            sm_clock_max_mhz: 1980,
+            ..Default::default()
+        };
         assert_eq!(busy.load_clock_mhz(), 1400);
-        let idle = GpuSample { sm_clock_mhz: 345, clock_idle: true, ..busy };
+        let idle = GpuSample {
+            sm_clock_mhz: 345,
+            clock_idle: true,
+            ..busy
+        };
         assert_eq!(idle.load_clock_mhz(), 1980);
-        let unknown_top = GpuSample { sm_clock_max_mhz: 0, ..idle };
+        let unknown_top = GpuSample {
+            sm_clock_max_mhz: 0,
+            ..idle
+        };
         assert_eq!(unknown_top.load_clock_mhz(), 345);
     }
 

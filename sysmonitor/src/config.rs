@@ -266,9 +266,15 @@ impl Config {
         if self.verify.strikes == 0 {
             return Err(("verify.strikes".into(), "must be >= 1".into()));
         }
-        for (f, v) in [("verify.tolerance_mib", self.verify.tolerance_mib), ("verify.context_mib", self.verify.context_mib)] {
+        for (f, v) in [
+            ("verify.tolerance_mib", self.verify.tolerance_mib),
+            ("verify.context_mib", self.verify.context_mib),
+        ] {
             if v > 1 << 20 {
-                return Err((f.into(), format!("{v} MiB is more than any GPU holds (at most 1048576)")));
+                return Err((
+                    f.into(),
+                    format!("{v} MiB is more than any GPU holds (at most 1048576)"),
+                ));
             }
         }
         if let Some(l) = &self.metrics_listen {

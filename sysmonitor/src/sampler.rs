@@ -1,7 +1,7 @@
 //! GPU sampling through NVML (`nvml-wrapper`), choosing the best SM-activity source available.
 
-use nvml_wrapper::enum_wrappers::device::{Clock, Sampling, TemperatureSensor};
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{Clock, Sampling, TemperatureSensor};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
@@ -359,11 +359,14 @@ impl GpuSource for NvmlSource {
         // is no sign of load. Unanswered, the low clock counts (the stricter reading).
         let clock_idle = clk < max
             && self.dev.current_throttle_reasons().is_ok_and(|r| {
-                r.contains(ThrottleReasons::GPU_IDLE) && !r.intersects(ThrottleReasons::SW_POWER_CAP
-                    | ThrottleReasons::HW_SLOWDOWN
-                    | ThrottleReasons::SW_THERMAL_SLOWDOWN
-                    | ThrottleReasons::HW_THERMAL_SLOWDOWN
-                    | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN)
+                r.contains(ThrottleReasons::GPU_IDLE)
+                    && !r.intersects(
+                        ThrottleReasons::SW_POWER_CAP
+                            | ThrottleReasons::HW_SLOWDOWN
+                            | ThrottleReasons::SW_THERMAL_SLOWDOWN
+                            | ThrottleReasons::HW_THERMAL_SLOWDOWN
+                            | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+                    )
             });
         if self.n.is_multiple_of(AUX_EVERY) {
             self.aux = (
@@ -433,9 +436,19 @@ mod tests {
 
     #[test]
     fn an_idle_lowered_clock_reads_as_full_clock_to_the_health_machine() {
-        let s = GpuSample { sm_clock_mhz: 345, sm_clock_max_mhz: 1980, ..Default::default() };
-        assert!((s.metrics().sm_clock_pct - 17.42).abs() < 0.01, "a low clock under load counts");
-        let idle = GpuSample { clock_idle: true, ..s };
+        let s = GpuSample {
+            sm_clock_mhz: 345,
+            sm_clock_max_mhz: 1980,
+            ..Default::default()
+        };
+        assert!(
+            (s.metrics().sm_clock_pct - 17.42).abs() < 0.01,
+            "a low clock under load counts"
+        );
+        let idle = GpuSample {
+            clock_idle: true,
+            ..s
+        };
         assert_eq!(idle.metrics().sm_clock_pct, 100.0);
     }
 }

@@ -116,7 +116,12 @@ mod tests {
             ..Default::default()
         };
         let mut v = Verifier::default();
-        let nvml = |mib: u64| [ProcMem { pid: 1, used_bytes: mib * MIB }];
+        let nvml = |mib: u64| {
+            [ProcMem {
+                pid: 1,
+                used_bytes: mib * MIB,
+            }]
+        };
         assert!(v.check(&cfg, &[p(1, 64 * MIB)], &nvml(582)).is_empty());
         // Beyond the context allowance and the tolerance it is caught.
         let over = 64 + cfg.context_mib + cfg.tolerance_mib + 1;
