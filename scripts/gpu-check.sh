@@ -258,7 +258,9 @@ offline_rate() { # prints iterations/s of the last summary line, or empty
     jget iters_per_s <"$1"
 }
 check_throttle() {
-    local secs=$(( quick ? 3 : 6 )) alone="$solo_rate" shimmed st evicted
+    # Not shorter when quick: on Hopper the monitor reads SM activity from GPM every 500 ms
+    # (its counters change about once a second), and the throttle needs a few readings.
+    local secs=6 alone="$solo_rate" shimmed st evicted
     echo '{ "group": "gpu-check", "throttle": { "target_load": 0.5 } }' >"$root/xcuda.json"
     "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-shim.out" 2>"$root/off-shim.err"
     st=$?
