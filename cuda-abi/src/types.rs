@@ -239,11 +239,22 @@ pub const CUDA_ARRAY3D_LAYERED: u32 = 0x01;
 /// `CUDA_ARRAY3D_DESCRIPTOR::Flags`: a cubemap (`Depth` is 6 faces, or 6 x layers when layered).
 pub const CUDA_ARRAY3D_CUBEMAP: u32 = 0x04;
 
+/// `cuMemHostAlloc` flags: memory portable across contexts, mapped into the device's
+/// address space, write-combined; no other bit is defined.
+pub const CU_MEMHOSTALLOC_PORTABLE: u32 = 0x01;
+/// See [`CU_MEMHOSTALLOC_PORTABLE`].
+pub const CU_MEMHOSTALLOC_DEVICEMAP: u32 = 0x02;
+/// See [`CU_MEMHOSTALLOC_PORTABLE`].
+pub const CU_MEMHOSTALLOC_WRITECOMBINED: u32 = 0x04;
+
 /// `(macro, value)` of the `#define`d constants above; used by the header test.
 pub const MACRO_VALUES: &[(&str, u64)] = &[
     ("CU_IPC_HANDLE_SIZE", CU_IPC_HANDLE_SIZE as u64),
     ("CUDA_ARRAY3D_LAYERED", CUDA_ARRAY3D_LAYERED as u64),
     ("CUDA_ARRAY3D_CUBEMAP", CUDA_ARRAY3D_CUBEMAP as u64),
+    ("CU_MEMHOSTALLOC_PORTABLE", CU_MEMHOSTALLOC_PORTABLE as u64),
+    ("CU_MEMHOSTALLOC_DEVICEMAP", CU_MEMHOSTALLOC_DEVICEMAP as u64),
+    ("CU_MEMHOSTALLOC_WRITECOMBINED", CU_MEMHOSTALLOC_WRITECOMBINED as u64),
 ];
 
 /// `CUuuid`.

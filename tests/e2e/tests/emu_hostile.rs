@@ -23,6 +23,9 @@ const EXPECTED: &[(&str, &str)] = &[
     ("elapsed-unrecorded", "400"),
     ("procaddr-null-name", "1"),
     ("memcreate-null-prop", "1"),
+    ("hostalloc-unknown-flag", "1"),
+    ("hostalloc-documented-flags", "0"),
+    ("reserve-past-address-space", "2"),
     ("alloc-after", "0"),
     ("free-after", "0"),
 ];

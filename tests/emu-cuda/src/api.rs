@@ -443,7 +443,10 @@ export! {
     }
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) { host_alloc(pp, bytesize) }
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) {
-        let _ = Flags;
+        // Only the three documented flags: the driver refuses any other bit.
+        if Flags & !(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED) != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
         host_alloc(pp, bytesize)
     }
     fn cuMemFreeHost(p: *mut c_void) {

@@ -1105,7 +1105,7 @@ pub fn graph_add_mem_alloc(graph: u64, size: u64, ord: i32) -> R<(u64, u64)> {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let gp = d.gpu(ord);
-    let addr = gp.dev.reserve_address(size, 512) | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
+    let addr = gp.dev.reserve_address(size, 512).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)? | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
     g.graph_mem.entry(graph).or_default().push(MemNode::Alloc { addr, size, ord });
     Ok((g.handle(), addr))
 }
@@ -1507,7 +1507,8 @@ pub fn vmm_reserve(size: u64, align: u64) -> R<u64> {
     let d = drv()?;
     // Virtual ranges come from GPU 0's address space (unified addressing: one per process).
     let gp = d.gpu(0);
-    let addr = gp.dev.reserve_address(size, align.max(GRANULARITY)) | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
+    let addr = gp.dev.reserve_address(size, align.max(GRANULARITY)).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?
+        | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
     d.lock().reservations.insert(addr, size);
     Ok(addr)
 }

@@ -31,6 +31,9 @@ pub const REAP_EVERY_NS: u64 = 20_000_000;
 /// Window of [`Snapshot::gpu_util`] / [`Snapshot::sm_activity`].
 pub const SNAPSHOT_WINDOW_NS: u64 = 100_000_000;
 const BASE_ADDR: u64 = 0x7f00_0000_0000;
+/// End of a device's virtual address space (48 bits; the emulated driver keeps the GPU's
+/// number above it).
+pub const VA_LIMIT: u64 = 1 << 48;
 
 /// CLOCK_MONOTONIC in nanoseconds: the time base of the state file (shared by all processes).
 pub fn now_ns() -> u64 {
@@ -870,9 +873,18 @@ impl Device {
     }
 
     /// Reserves a device virtual address range (no memory committed).
-    pub fn reserve_address(&self, size: u64, align: u64) -> u64 {
+    pub fn reserve_address(&self, size: u64, align: u64) -> Option<u64> {
         let mut g = self.locked();
-        bump(&mut g, size.max(1), align.max(2 << 20))
+        // The device's address space ends at VA_LIMIT (above it the emulated driver keeps which
+        // GPU an address belongs to): a range past it is refused, as a real driver refuses a
+        // reservation larger than its virtual address space (CUDA_ERROR_OUT_OF_MEMORY).
+        let align = align.max(2 << 20);
+        let start = g.header.next_addr.checked_next_multiple_of(align)?;
+        let end = start.checked_add(size.max(1))?;
+        if end > VA_LIMIT {
+            return None;
+        }
+        Some(bump(&mut g, size.max(1), align))
     }
 
     /// Enqueues a kernel; returns its ticket. Waits for a free kernel slot if the table is full.

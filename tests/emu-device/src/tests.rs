@@ -634,3 +634,21 @@ fn an_idle_card_idles_its_clock_and_says_why() {
     d.detach(&c);
     std::fs::remove_file(&p).unwrap();
 }
+
+#[test]
+fn an_address_range_past_the_address_space_is_refused() {
+    // A real driver refuses a reservation larger than its virtual address space; the
+    // emulator's used to wrap (release) or panic (debug), and past 2^48 its addresses would
+    // have named another GPU.
+    let p = tmp("va-limit");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    let a = d.reserve_address(1 << 30, 0).expect("1 GiB of address space");
+    assert!(a + (1 << 30) <= VA_LIMIT);
+    assert_eq!(d.reserve_address(u64::MAX, 0), None);
+    assert_eq!(d.reserve_address(VA_LIMIT, 0), None);
+    assert_eq!(d.reserve_address(1 << 20, 1 << 63), None, "an alignment past the space");
+    // Nothing was taken by the refusals: the next range follows the first.
+    let b = d.reserve_address(1 << 30, 0).unwrap();
+    assert!(b >= a + (1 << 30) && b + (1 << 30) <= VA_LIMIT);
+    std::fs::remove_file(&p).unwrap();
+}

@@ -107,6 +107,20 @@ pub unsafe fn run(cu: &Cuda) -> Vec<(&'static str, u32)> {
             "memcreate-null-prop",
             create(&mut h, 2 << 20, std::ptr::null(), 0).0,
         ));
+        // Host allocations take only the three documented flags.
+        let host_alloc = get!(cu, "cuMemHostAlloc", PFN_cuMemHostAlloc_v2020, 2020);
+        let free_host = get!(cu, "cuMemFreeHost", PFN_cuMemFreeHost_v2000, 2000);
+        let mut hp: *mut c_void = std::ptr::null_mut();
+        out.push(("hostalloc-unknown-flag", host_alloc(&mut hp, 4096, 0x80).0));
+        let r = host_alloc(&mut hp, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+        out.push(("hostalloc-documented-flags", r.0));
+        if r.is_success() {
+            free_host(hp);
+        }
+        // A virtual range larger than the address space: out of memory, not a wrapped address.
+        let reserve = get!(cu, "cuMemAddressReserve", PFN_cuMemAddressReserve_v10020, 10020);
+        let mut va: CUdeviceptr = 0;
+        out.push(("reserve-past-address-space", reserve(&mut va, 1 << 62, 0, 0, 0).0));
         // Still healthy afterwards.
         let mut again: CUdeviceptr = 0;
         out.push(("alloc-after", alloc(&mut again, 1024).0));
