@@ -569,17 +569,8 @@ pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t
             if sh.facts[i].cc_major < 9 {
                 return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
             }
-            // The snapshot of this refresh period (state::GPM_REFRESH_NS): the difference of two
-            // samples is the measurement, and within one period there is none.
+            // Always taken now: the difference of two samples is the measurement.
             let p = source::point(&sh.devices[i].counters());
-            let period = p.now_ns / state::GPM_REFRESH_NS;
-            let p = match sh.gpm_snapshot[i] {
-                Some((n, snap)) if n == period => snap,
-                _ => {
-                    sh.gpm_snapshot[i] = Some((period, p));
-                    p
-                }
-            };
             crate::gpm::fill_in(sh, sample as usize, i as u32, p)
         })?
     })
