@@ -503,15 +503,33 @@ impl Device {
         /// `nvmlClocksEventReasonGpuIdle`, `nvmlClocksEventReasonSwPowerCap` (nvml.h).
         const GPU_IDLE: u64 = 0x1;
         const SW_POWER_CAP: u64 = 0x4;
-        let g = self.locked();
-        let h = &g.header;
-        if h.sm_demand <= 0.0 {
-            GPU_IDLE
-        } else if h.sm_clock_mhz.round() < f64::from(h.max_sm_clock_mhz) {
-            SW_POWER_CAP
-        } else {
-            0
-        }
+        use layout::Header as H;
+        use std::mem::offset_of;
+        let reasons = |demand: f64, clock: f64, max: u32| {
+            if demand <= 0.0 {
+                GPU_IDLE
+            } else if clock.round() < f64::from(max) {
+                SW_POWER_CAP
+            } else {
+                0
+            }
+        };
+        // A monitor asks at every sample while the clock is low: lock-free while the model
+        // runs on unchanged, as `sm_clock_mhz` is read.
+        let now = now_ns();
+        let quick = self.shm.optimistic(|v| {
+            (now <= v.header_word(offset_of!(H, quiet_until_ns))).then(|| {
+                reasons(
+                    v.header_f64(offset_of!(H, sm_demand)),
+                    v.header_f64(offset_of!(H, sm_clock_mhz)),
+                    v.header_u32(offset_of!(H, max_sm_clock_mhz)),
+                )
+            })
+        });
+        quick.unwrap_or_else(|| {
+            let g = self.locked();
+            reasons(g.header.sm_demand, g.header.sm_clock_mhz, g.header.max_sm_clock_mhz)
+        })
     }
 
     /// [`Device::counters`] always under the lock.
