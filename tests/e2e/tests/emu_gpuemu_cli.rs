@@ -18,9 +18,10 @@ fn show_lists_processes_memory_and_mps_state() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("Tesla T4 (t4): 40 SMs"), "{text}");
-    assert!(text.contains("memory: 256 / 15360 MiB used"), "{text}");
+    // 256 MiB allocated and the T4 context's 302 MiB.
+    assert!(text.contains("memory: 558 / 15360 MiB used"), "{text}");
     assert!(
-        text.contains(&format!("pid {:>7}      256 MiB  1 ctx", c.pid())),
+        text.contains(&format!("pid {:>7}      558 MiB  1 ctx", c.pid())),
         "{text}"
     );
     assert!(text.contains("mps: running"), "{text}");

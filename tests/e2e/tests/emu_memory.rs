@@ -10,6 +10,8 @@ const GIB: u64 = 1 << 30;
 fn two_processes_see_each_others_usage_and_oom_at_capacity() {
     let host = EmuHost::new();
     let total = emu_device_total(&host);
+    // Every process's context holds device memory too, as a real one does.
+    let ctx = host.context_bytes();
     // A takes 4 GiB and holds it.
     let mut a = host.client(&[
         "ctx",
@@ -42,27 +44,28 @@ fn two_processes_see_each_others_usage_and_oom_at_capacity() {
     assert_eq!(num(&infos[0], "total") as u64, total);
     assert_eq!(
         num(&infos[0], "free") as u64,
-        total - 4 * GIB,
-        "B sees A's allocation"
+        total - 4 * GIB - 2 * ctx,
+        "B sees A's allocation (and both contexts)"
     );
-    assert_eq!(num(&infos[1], "free") as u64, total - 10 * GIB);
+    assert_eq!(num(&infos[1], "free") as u64, total - 10 * GIB - 2 * ctx);
 
     // A sees B's usage after freeing its own.
     a.send_line("go");
     let a_info = a.wait_for_line("meminfo=", T).expect("a meminfo");
     assert_eq!(
         num(&a_info, "free") as u64,
-        total - 6 * GIB,
+        total - 6 * GIB - 2 * ctx,
         "A sees B's allocation"
     );
 
-    // The card is 15 GiB: 6 GiB held by B, so 10 GiB more is out of memory.
+    // The card is 15 GiB: 6 GiB held by B and three contexts (906 MiB), so 10 GiB more is
+    // out of memory, 8 GiB is not.
     let mut c = host.client(&[
         "ctx",
         "alloc",
         &(10 * GIB).to_string(),
         "alloc",
-        &(9 * GIB).to_string(),
+        &(8 * GIB).to_string(),
     ]);
     c.finish(T);
     let allocs = c.lines("alloc=");
@@ -78,7 +81,7 @@ fn two_processes_see_each_others_usage_and_oom_at_capacity() {
     a.send_line("go");
     a.finish(T);
     let snap = host.device().snapshot();
-    assert_eq!(snap.memory_used, 0, "{snap:?}");
+    assert_eq!(snap.memory_allocated(), 0, "{snap:?}");
 }
 
 #[test]
@@ -86,7 +89,10 @@ fn killed_process_memory_is_reclaimed() {
     let host = EmuHost::new();
     let mut a = host.client(&["ctx", "alloc", &(8 * GIB).to_string(), "ready", "hang"]);
     a.wait_for_line("ready", T).expect("ready");
-    assert_eq!(host.device().snapshot().memory_used, 8 * GIB);
+    assert_eq!(
+        host.device().snapshot().memory_used,
+        8 * GIB + host.context_bytes()
+    );
     a.kill9();
     let dev = host.device();
     let deadline = std::time::Instant::now() + T;

@@ -70,7 +70,7 @@ fn config() -> String {
     "hold_max_ms": 2000
   }},
   "evictor": {{ "grace_ms": {GRACE_MS} }},
-  "verify": {{ "every_ms": 100, "strikes": 3, "tolerance_mib": 16, "context_mib": 0 }}
+  "verify": {{ "every_ms": 100, "strikes": 3, "tolerance_mib": 16 }}
 }}
 "#
     )
@@ -87,8 +87,11 @@ fn helper_entry() {
 // NVML read outside the shim, by a process of its own (as in reclaim_dead_container.rs).
 
 const SAMPLER_LIB_ENV: &str = "RESTART_STRESS_NVML_LIB";
+/// One process's context on the host's GPU, in bytes: NVML counts it, the quota does not.
+const SAMPLER_CTX_ENV: &str = "RESTART_STRESS_NVML_CTX";
 
-/// What the live watched processes hold by NVML's process list, sampled every ~2 ms.
+/// What the live watched processes hold by NVML's process list, less one context each,
+/// sampled every ~2 ms.
 struct NvmlSampler {
     child: EmuChild,
 }
@@ -105,7 +108,8 @@ impl NvmlSampler {
             "--quiet",
             "--test-threads=1",
         ])
-        .env(SAMPLER_LIB_ENV, host.require_nvml());
+        .env(SAMPLER_LIB_ENV, host.require_nvml())
+        .env(SAMPLER_CTX_ENV, host.context_bytes().to_string());
         let mut child = host.spawn(&mut c);
         assert!(
             child.wait_for_line("nvml-sampler ready", T).is_some(),
@@ -155,6 +159,10 @@ fn nvml_sampler_entry() {
         .init()
         .expect("nvmlInit against the emulator");
     let dev = nvml.device_by_index(0).expect("device 0");
+    let ctx: u64 = std::env::var(SAMPLER_CTX_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{SAMPLER_CTX_ENV} must be a byte count"));
     let pids = Arc::new(Mutex::new(Vec::<u32>::new()));
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -181,7 +189,7 @@ fn nvml_sampler_entry() {
             .iter()
             .filter(|p| watched.contains(&p.pid) && alive_pid(p.pid))
             .map(|p| match p.used_gpu_memory {
-                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b.saturating_sub(ctx),
                 _ => 0,
             })
             .sum();

@@ -76,6 +76,9 @@ fn in_container(host: &EmuHost, uid: u32, group: &str, args: &[&str]) -> EmuChil
 const SAMPLER_LIB_ENV: &str = "RECLAIM_NVML_SAMPLER_LIB";
 /// The quota the NVML sampler counts samples over, in bytes.
 const SAMPLER_QUOTA_ENV: &str = "RECLAIM_NVML_SAMPLER_QUOTA";
+/// What one process's context holds on the host's GPU, in bytes: NVML counts it for the
+/// process, the quota does not (as `scripts/gpu-check.sh` measures a bare context first).
+const SAMPLER_CTX_ENV: &str = "RECLAIM_NVML_SAMPLER_CTX";
 
 /// NVML of one emulated host read as a monitoring tool outside the shim reads it: in a process
 /// of its own (this test binary re-run as [`nvml_sampler_entry`]) with the host's environment,
@@ -84,7 +87,9 @@ const SAMPLER_QUOTA_ENV: &str = "RECLAIM_NVML_SAMPLER_QUOTA";
 /// and keeps them while loaded), and `GPUEMU_STATE` is process-wide: two stress tools reading
 /// NVML in the test process at once both read the first one's GPU. The sampler reads NVML
 /// every ~2 ms until told to stop: what the processes it watches hold by the process list,
-/// and the device's used memory above what it was when the sampler started.
+/// and the device's used memory above what it was when the sampler started, both less what
+/// the listed processes' contexts hold (one context each; a process holding more counts as
+/// over).
 struct NvmlSampler {
     child: EmuChild,
 }
@@ -119,7 +124,8 @@ impl NvmlSampler {
             "--test-threads=1",
         ])
         .env(SAMPLER_LIB_ENV, host.require_nvml())
-        .env(SAMPLER_QUOTA_ENV, quota.to_string());
+        .env(SAMPLER_QUOTA_ENV, quota.to_string())
+        .env(SAMPLER_CTX_ENV, host.context_bytes().to_string());
         let mut child = host.spawn(&mut c);
         assert!(
             child.wait_for_line("nvml-sampler ready", T).is_some(),
@@ -178,6 +184,10 @@ fn nvml_sampler_entry() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{SAMPLER_QUOTA_ENV} must be a byte count"));
+    let ctx: u64 = std::env::var(SAMPLER_CTX_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{SAMPLER_CTX_ENV} must be a byte count"));
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(&lib)
         .init()
@@ -210,9 +220,9 @@ fn nvml_sampler_entry() {
     while !stop.load(Ordering::SeqCst) {
         let watched = pids.lock().unwrap().clone();
         let list = dev.running_compute_processes().expect("process list");
-        let ours = held_by(&list, &watched, |_| true);
+        let ours = held_by(&list, &watched, ctx, |_| true);
         // Alive after the read, so alive during it (the tools reap what they kill at once).
-        let live = held_by(&list, &watched, |p| {
+        let live = held_by(&list, &watched, ctx, |p| {
             !std::fs::read_to_string(format!("/proc/{p}/stat"))
                 .unwrap_or_else(|_| ") Z".into())
                 .contains(") Z")
@@ -221,7 +231,8 @@ fn nvml_sampler_entry() {
             .memory_info()
             .expect("memory info")
             .used
-            .saturating_sub(base_used);
+            .saturating_sub(base_used)
+            .saturating_sub(ctx * list.len() as u64);
         samples += 1;
         procs_max = procs_max.max(ours);
         used_max = used_max.max(used);
@@ -520,16 +531,17 @@ fn user_client(host: &EmuHost, i: u32, steps: &[String]) -> EmuChild {
 }
 
 /// What the processes `pids` that pass `keep` hold by NVML's process list `list` (as a
-/// monitoring tool sees).
+/// monitoring tool sees), less `ctx` each for its context.
 fn held_by(
     list: &[nvml_wrapper::struct_wrappers::device::ProcessInfo],
     pids: &[u32],
+    ctx: u64,
     keep: impl Fn(u32) -> bool,
 ) -> u64 {
     list.iter()
         .filter(|p| pids.contains(&p.pid) && keep(p.pid))
         .map(|p| match p.used_gpu_memory {
-            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b,
+            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b.saturating_sub(ctx),
             _ => 0,
         })
         .sum()

@@ -17,8 +17,9 @@ fn field_of(lines: &[String], step: &str, key: &str) -> String {
     e2e::field(l, key).unwrap_or_else(|| panic!("no {key} in {l}")).to_string()
 }
 
+/// Device memory `pid` holds by the emulated device's own count, less what its contexts hold.
 fn held_by(host: &EmuHost, pid: u32) -> u64 {
-    host.device().snapshot().processes.iter().find(|p| p.pid == pid).map_or(0, |p| p.used_memory)
+    host.device().snapshot().processes.iter().find(|p| p.pid == pid).map_or(0, |p| p.used_memory - p.context_memory)
 }
 
 /// `program` running `steps` (ending in `ready wait`) under the 64 MiB quota of `group`, once it

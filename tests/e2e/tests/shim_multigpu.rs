@@ -123,8 +123,11 @@ fn each_visible_gpu_has_its_own_quota_whatever_the_visible_order() {
         // GPU 1: 40 ok; GPU 0: 40 ok, +30 refused (70 > 64); GPU 1 again: +30 refused, +20 ok.
         assert_eq!(rcs(&out, "alloc"), ["0", "0", "2", "2", "0"], "CUDA_ERROR_OUT_OF_MEMORY per physical GPU: {msg}");
         let pid = k.pid();
-        for (gpu, want) in [(0u32, 40 * MIB), (1, 60 * MIB)] {
-            assert_eq!(nvml_used(&nvml, gpu, pid), want, "NVML, host GPU {gpu}: {msg}");
+        // NVML counts the contexts too: one on host GPU 0, two on host GPU 1 (`ctxon 0` twice).
+        let t4 = &e2e::emu_device::profile::T4;
+        let ctx = |n: u64| t4.context_bytes() + (n - 1) * t4.context_local_bytes();
+        for (gpu, want, contexts) in [(0u32, 40 * MIB, 1), (1, 60 * MIB, 2)] {
+            assert_eq!(nvml_used(&nvml, gpu, pid), want + ctx(contexts), "NVML, host GPU {gpu}: {msg}");
             let l = g.ledger(&host, gpu);
             let me = l.procs().into_iter().find(|p| p.pid == pid).unwrap_or_else(|| panic!("registered in GPU {gpu}'s ledger: {msg}"));
             assert_eq!(me.mem_bytes, want, "ledger of host GPU {gpu}: {msg}");

@@ -36,11 +36,9 @@ pub fn attribute(info: &DeviceInfo, a: A) -> Option<i32> {
             8 => 6 << 20,
             _ => 4 << 20,
         },
-        A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR => match (cc_major, cc_minor) {
-            (7, 5) => 1024,
-            (8, 6) => 1536,
-            _ => 2048,
-        },
+        A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR => {
+            i64::from(emu_device::profile::max_threads_per_sm((cc_major, cc_minor)))
+        }
         A::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT => 3,
         A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING => 1,
         A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR => i64::from(cc_major),

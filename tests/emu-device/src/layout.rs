@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -149,6 +149,10 @@ pub struct ClientSlot {
     pub mem_used: u64,
     /// Contexts it holds.
     pub contexts: u32,
+    /// Of `mem_used`, the per-process part its first context took ([`crate::profile::CONTEXT_BASE_BYTES`],
+    /// or 0 when it connected to MPS, whose server holds that part): given back with its last
+    /// context.
+    pub ctx_base: u64,
     /// MPS active-thread percentage fixed when the client connected, for its life (0 = not
     /// connected: the server default).
     pub pct: u32,

@@ -102,6 +102,8 @@ pub struct ProcessInfo {
     pub used_memory: u64,
     /// Contexts it holds.
     pub contexts: u32,
+    /// Of `used_memory`, what its contexts hold (not allocations): see [`Device::context_created`].
+    pub context_memory: u64,
     /// Attached to the running MPS server.
     pub mps_client: bool,
     /// Effective uid it connected to MPS with (0 when not an MPS client).
@@ -150,6 +152,14 @@ pub struct Snapshot {
     pub processes: Vec<ProcessInfo>,
     /// MPS control-daemon state.
     pub mps: MpsStatus,
+}
+
+impl Snapshot {
+    /// Device memory allocated by all processes, bytes: what they hold less what their
+    /// contexts hold.
+    pub fn memory_allocated(&self) -> u64 {
+        self.memory_used - self.processes.iter().map(|p| p.context_memory).sum::<u64>().min(self.memory_used)
+    }
 }
 
 /// Device counters at one instant (see [`Device::reading`]).
@@ -393,6 +403,7 @@ impl Device {
                     start_time: cl.start_time,
                     used_memory: cl.mem_used,
                     contexts: cl.contexts,
+                    context_memory: (cl.ctx_base + u64::from(cl.contexts) * profile::context_local_bytes(h.sm_count, (h.cc_major, h.cc_minor))).min(cl.mem_used),
                     mps_client: h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0,
                     uid: cl.uid,
                     active_thread_pct: physics::client_pct(&g, c),
@@ -724,12 +735,23 @@ impl Device {
 
     /// A context was created: joins the running MPS server (refused while it is poisoned) and
     /// applies `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from the client's environment if given.
+    ///
+    /// The context takes device memory, as a real one does: its local-memory reservation
+    /// ([`profile::context_local_bytes`]) and, for a process's first context outside MPS, the
+    /// per-process part ([`profile::CONTEXT_BASE_BYTES`]). NVML counts it in the process's
+    /// memory and in the device's; without that much free the context is refused
+    /// ([`EmuError::OutOfMemory`], `CUDA_ERROR_OUT_OF_MEMORY` from the driver).
     pub fn context_created(&self, c: &Client, env_pct: Option<u32>) -> Result<(), EmuError> {
         let mut g = self.locked();
         if !Self::slot_ok(&g, c) {
             return Err(EmuError::NoSuchClient(c.pid));
         }
         let h = g.header;
+        let (local, base) = context_bytes(&h, &g.clients[c.slot as usize]);
+        let free = h.total_memory.saturating_sub(h.used_memory);
+        if local + base > free {
+            return Err(EmuError::OutOfMemory { requested: local + base, free });
+        }
         // SAFETY: geteuid has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
         let me = c.slot as usize;
@@ -778,6 +800,9 @@ impl Device {
         let cl = &mut g.clients[me];
         cl.mps_wait = 0;
         cl.contexts += 1;
+        cl.ctx_base += base;
+        cl.mem_used += local + base;
+        g.header.used_memory += local + base;
         Ok(())
     }
 
@@ -812,12 +837,25 @@ impl Device {
         Ok(())
     }
 
-    /// A context was destroyed (or the process released it at exit).
+    /// A context was destroyed (or the process released it at exit): its memory is given
+    /// back, and with the process's last context the per-process part.
     pub fn context_destroyed(&self, c: &Client) {
         let mut g = self.locked();
         if Self::slot_ok(&g, c) {
+            let local = profile::context_local_bytes(g.header.sm_count, (g.header.cc_major, g.header.cc_minor));
             let cl = &mut g.clients[c.slot as usize];
-            cl.contexts = cl.contexts.saturating_sub(1);
+            if cl.contexts == 0 {
+                return;
+            }
+            cl.contexts -= 1;
+            let mut back = local;
+            if cl.contexts == 0 {
+                back += cl.ctx_base;
+                cl.ctx_base = 0;
+            }
+            let back = back.min(cl.mem_used);
+            cl.mem_used -= back;
+            g.header.used_memory = g.header.used_memory.saturating_sub(back);
         }
     }
 
@@ -1109,6 +1147,15 @@ fn release_client(st: &mut State, c: usize, now: u64) {
     st.shrink_live();
     st.clients[c] = layout::ClientSlot::default();
     physics::compute_shares(st);
+}
+
+/// `(local, per-process)` device memory a new context of client `cl` takes on the device
+/// with header `h`: the per-process part only with its first context, and not under MPS
+/// (the server holds it).
+fn context_bytes(h: &layout::Header, cl: &layout::ClientSlot) -> (u64, u64) {
+    let local = profile::context_local_bytes(h.sm_count, (h.cc_major, h.cc_minor));
+    let base = if cl.contexts == 0 && h.mps_enabled == 0 { profile::CONTEXT_BASE_BYTES } else { 0 };
+    (local, base)
 }
 
 /// Releases every client whose process is gone; one that died holding a context attached to

@@ -99,6 +99,43 @@ fn wait_reaped(d: &Device, pid: u32) {
     panic!("dead client {pid} never reaped");
 }
 
+/// A context holds device memory, as a real one does: NVML counts it for the process and the
+/// device; a second context adds its local memory only; an MPS client holds its local memory
+/// only (the server holds the rest); all of it comes back with the contexts; and a context
+/// that does not fit is refused.
+#[test]
+fn contexts_hold_device_memory() {
+    let p = tmp("ctxmem");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    let me = d.attach().unwrap();
+    d.context_created(&me, None).unwrap();
+    assert_eq!(d.memory().1, profile::H100.context_bytes());
+    assert_eq!(d.compute_processes(), vec![(me.pid(), 526 << 20)], "the H200's 526 MiB");
+    d.context_created(&me, None).unwrap();
+    assert_eq!(d.memory().1, profile::H100.context_bytes() + profile::H100.context_local_bytes());
+    d.context_destroyed(&me);
+    assert_eq!(d.memory().1, profile::H100.context_bytes());
+    d.context_destroyed(&me);
+    assert_eq!(d.memory().1, 0, "the last context gives back the per-process part too");
+    d.context_destroyed(&me);
+    assert_eq!(d.memory().1, 0, "one destroy too many gives back nothing more");
+    // As an MPS client: the local memory alone.
+    d.mps_start(1);
+    d.context_created(&me, None).unwrap();
+    assert_eq!(d.compute_processes(), vec![(me.pid(), 264 << 20)], "an MPS client's 264 MiB");
+    d.context_destroyed(&me);
+    d.mps_quit();
+    // No room left for a context: refused, nothing charged.
+    let free = d.mem_info().0;
+    d.alloc(&me, free - (100 << 20), 512).unwrap();
+    let used = d.memory().1;
+    let r = d.context_created(&me, None);
+    assert!(matches!(r, Err(EmuError::OutOfMemory { .. })), "{r:?}");
+    assert_eq!(d.memory().1, used);
+    assert_eq!(d.contexts(&me), 0);
+    std::fs::remove_file(&p).unwrap();
+}
+
 #[test]
 fn dead_client_with_live_context_poisons_mps_until_quit() {
     let p = tmp("poison");
@@ -115,7 +152,8 @@ fn dead_client_with_live_context_poisons_mps_until_quit() {
     let st = d.mps_status();
     assert!(st.poisoned, "{st:?}");
     assert_eq!(st.culprit_pid, Some(child.id()));
-    assert_eq!(d.mem_info().0, profile::T4.total_memory, "dead client's memory is given back");
+    // What is left held is this process's own context (an MPS client's: its local memory).
+    assert_eq!(d.mem_info().0, profile::T4.total_memory - profile::T4.context_local_bytes(), "dead client's memory is given back");
     // A neighbour's call hangs: run it on a thread and see it not return.
     let d = std::sync::Arc::new(d);
     let d2 = d.clone();
@@ -428,7 +466,7 @@ fn cheap_readings_agree_with_the_snapshot() {
     let listed: Vec<(u32, u64)> =
         s.processes.iter().filter(|p| p.contexts > 0).map(|p| (p.pid, p.used_memory)).collect();
     assert_eq!(d.compute_processes(), listed);
-    assert_eq!(listed, vec![(c.pid(), 3 << 20)]);
+    assert_eq!(listed, vec![(c.pid(), profile::H100.context_bytes() + (3 << 20))]);
     let times = |v: Vec<Sample>| v.iter().map(|x| x.t_ns).collect::<Vec<u64>>();
     let all = times(d.samples());
     assert!(all.len() >= 3, "{}", all.len());
@@ -555,8 +593,8 @@ fn lock_free_counters_are_live() {
     assert!(matches!(d.kernel_status(t), KernelStatus::Done { .. }));
     d.collect(t);
     d.alloc(&c, 5 << 20, 512).unwrap();
-    assert_eq!(d.counters().memory_used, 5 << 20, "an allocation shows in the next reading");
-    assert_eq!(d.memory().1, 5 << 20);
+    assert_eq!(d.counters().memory_used, profile::H100.context_bytes() + (5 << 20), "an allocation shows in the next reading");
+    assert_eq!(d.memory().1, profile::H100.context_bytes() + (5 << 20));
     d.detach(&c);
     assert_eq!(d.memory().1, 0);
     // A client that dies holding memory, and nobody but lock-free readers around.

@@ -649,7 +649,8 @@ mod tests {
             })
             .unwrap();
             let (used1, pids1) = query(dev);
-            assert_eq!(used1, used0 + (64 << 20), "memory in use is live");
+            let ctx = emu_device::profile::H100.context_bytes();
+            assert_eq!(used1, used0 + ctx + (64 << 20), "memory in use (the context's too) is live");
             assert!(pids1.contains(&me), "the new context is listed: {pids1:?}");
             state::with_device(dev, |d| d.detach(&c)).unwrap();
             let (used2, pids2) = query(dev);

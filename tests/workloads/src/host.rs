@@ -338,11 +338,22 @@ impl Host {
         self.bin_dir().join("nvidia-cuda-mps-control")
     }
 
+    /// The emulated GPU's profile (T4 when the id names none).
+    pub fn gpu_profile(&self) -> &'static Profile {
+        Profile::by_id(self.profile()).unwrap_or(&emu_device::profile::T4)
+    }
+
+    /// Device memory one process's context holds on the emulated GPU outside MPS, as NVML
+    /// counts it (a real context's: T4 302 MiB, H100 526 MiB; see [`Profile::context_bytes`]).
+    pub fn context_bytes(&self) -> u64 {
+        self.gpu_profile().context_bytes()
+    }
+
     /// Opens the emulated device directly (to inspect it, drive MPS without the control
     /// binary, or create its state file).
     pub fn device(&self) -> Device {
-        let p = Profile::by_id(self.profile()).unwrap_or(&emu_device::profile::T4);
-        Device::open(self.state_path(), p).unwrap_or_else(|e| panic!("open emulated device: {e}"))
+        Device::open(self.state_path(), self.gpu_profile())
+            .unwrap_or_else(|e| panic!("open emulated device: {e}"))
     }
 
     /// Makes the host's device, libraries and tools reachable for non-root users, as
