@@ -266,7 +266,15 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, 
         } else {
             // SAFETY: non-null properties supplied by the caller per the API contract.
             let p = unsafe { &*prop };
-            if p.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE { st.gpu(p.location.id) } else { st.current() }
+            if p.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+                st.current()
+            } else if usize::try_from(p.location.id).is_ok_and(|i| i < st.gpus.len()) {
+                st.gpu(p.location.id)
+            } else {
+                // No such device: refused as the driver refuses it, without asking it (memory
+                // on a device this process cannot see would have no quota to count against).
+                return CUresult::CUDA_ERROR_INVALID_VALUE;
+            }
         };
         counted(&gpu.quota, Kind::Vmm, size as u64,
             // SAFETY: forwarding the caller's arguments.

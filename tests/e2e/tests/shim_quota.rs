@@ -127,6 +127,41 @@ fn quota_refused_at_the_limit_on_every_alloc_path() {
     }
 }
 
+/// `cuMemCreate` on a device the process does not have is refused with the driver's own
+/// `CUDA_ERROR_INVALID_VALUE` (control run without the shim), not the quota's
+/// `CUDA_ERROR_OUT_OF_MEMORY` (what the shim said before: the 0-byte quota of an unknown
+/// ordinal); ordinal 4294967295 is -1 to the driver; one on device 0 is counted as before.
+#[test]
+fn vmm_memory_on_a_device_that_does_not_exist_is_an_invalid_value() {
+    let host = EmuHost::new();
+    let steps = [
+        "ctx",
+        "vmmon",
+        "7",
+        "2097152",
+        "vmmon",
+        "4294967295",
+        "2097152",
+        "vmmon",
+        "0",
+        "2097152",
+    ];
+    let rcs = |lines: &[String]| -> Vec<String> {
+        (0..3).map(|k| e2e::step_rc(lines, "vmmon", k)).collect()
+    };
+    let without = run(&host, unlimited(&host, "shim_client").args(steps));
+    assert_eq!(rcs(&without), ["1", "1", "0"], "the driver: {without:?}");
+    let with = run(
+        &host,
+        limited(&host, "shim_client", QUOTA, "vmmon").args(steps),
+    );
+    assert_eq!(
+        rcs(&with),
+        rcs(&without),
+        "the shim answers as the driver does: {with:?}"
+    );
+}
+
 #[test]
 fn meminfo_and_total_mem_show_the_quota() {
     let host = EmuHost::new();

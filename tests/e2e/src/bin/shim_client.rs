@@ -5,7 +5,7 @@
 //! stdin before anything else (the shim's library constructor has run, no driver call yet).
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
-//! `vmm N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `free` (last) | `freeall` |
+//! `vmm N` | `vmmon DEV N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `mipmaplayered W H LAYERS LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
 //! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
@@ -263,6 +263,26 @@ fn main() {
         PFN_cuMipmappedArrayCreate_v5000,
         5000
     );
+    // A mipmapped float array (W x H x DEPTH with FLAGS, LEVELS levels), held on success.
+    let mipmapped =
+        |held: &mut Vec<Held>, w: usize, h: usize, depth: usize, flags: c_uint, levels: usize| {
+            let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                Width: w,
+                Height: h,
+                Depth: depth,
+                Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+                NumChannels: 1,
+                Flags: flags,
+            };
+            let mut m: CUmipmappedArray = std::ptr::null_mut();
+            // SAFETY: the driver's own entry point, called with live locals for its descriptor
+            // and out-pointer.
+            let r = unsafe { mip_create(&mut m, &desc, levels as c_uint) };
+            if r.is_success() {
+                held.push(Held::Mip(m));
+            }
+            r
+        };
     let mip_destroy = get!(
         cu,
         "cuMipmappedArrayDestroy",
@@ -439,6 +459,22 @@ fn main() {
                     held.clear();
                     out(format!("reset={}", primary_reset(0).0))
                 }
+                // `vmmon DEV N`: cuMemCreate of N bytes on device ordinal DEV (which may not
+                // exist), held on success.
+                "vmmon" => {
+                    let (dev, n) = (num(1, i), num(2, i));
+                    i += 2;
+                    let mut prop: CUmemAllocationProp = std::mem::zeroed();
+                    prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    prop.location.type_ = CUmemLocationType(1);
+                    prop.location.id = dev as i32;
+                    let mut h: CUmemGenericAllocationHandle = 0;
+                    let r = mem_create(&mut h, n, &prop, 0);
+                    if r.is_success() {
+                        held.push(Held::Vmm(h));
+                    }
+                    out(format!("{step}={} dev={dev}", r.0));
+                }
                 "alloc" | "managed" | "async" | "pool" | "vmm" => {
                     let n = num(1, i);
                     i += 1;
@@ -498,19 +534,7 @@ fn main() {
                     // all its layers).
                     let (w, h, layers, levels) = (num(1, i), num(2, i), num(3, i), num(4, i));
                     i += 4;
-                    let desc = CUDA_ARRAY3D_DESCRIPTOR {
-                        Width: w,
-                        Height: h,
-                        Depth: layers,
-                        Format: CUarray_format::CU_AD_FORMAT_FLOAT,
-                        NumChannels: 1,
-                        Flags: CUDA_ARRAY3D_LAYERED,
-                    };
-                    let mut m: CUmipmappedArray = std::ptr::null_mut();
-                    let r = mip_create(&mut m, &desc, levels as c_uint);
-                    if r.is_success() {
-                        held.push(Held::Mip(m));
-                    }
+                    let r = mipmapped(&mut held, w, h, layers, CUDA_ARRAY3D_LAYERED, levels);
                     out(format!("{step}={}", r.0));
                 }
                 "array" | "array3d" | "mipmap" => {
@@ -548,20 +572,7 @@ fn main() {
                         r
                     } else {
                         i += 3;
-                        let desc = CUDA_ARRAY3D_DESCRIPTOR {
-                            Width: w,
-                            Height: h,
-                            Depth: 0,
-                            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
-                            NumChannels: 1,
-                            Flags: 0,
-                        };
-                        let mut m: CUmipmappedArray = std::ptr::null_mut();
-                        let r = mip_create(&mut m, &desc, d as c_uint);
-                        if r.is_success() {
-                            held.push(Held::Mip(m));
-                        }
-                        r
+                        mipmapped(&mut held, w, h, 0, 0, d)
                     };
                     out(format!("{step}={}", r.0));
                 }
