@@ -26,6 +26,11 @@ const EXPECTED: &[(&str, &str)] = &[
     ("hostalloc-unknown-flag", "1"),
     ("hostalloc-documented-flags", "0"),
     ("reserve-past-address-space", "2"),
+    ("array3d-past-3d-limit", "1"),
+    ("array3d-depth-without-height", "1"),
+    ("cubemap-not-square", "1"),
+    ("array1d-past-limit", "1"),
+    ("array3d-at-limit", "0"),
     ("alloc-after", "0"),
     ("free-after", "0"),
 ];

@@ -489,6 +489,7 @@ export! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let d = *pAllocateArray;
+        crate::extents::check(d.Width, d.Height, 0, 0, false)?;
         let bytes = array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels)?;
         put(pHandle, ptr(driver::array_create(bytes)?))
     }
@@ -497,6 +498,7 @@ export! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let d = *pAllocateArray;
+        crate::extents::check(d.Width, d.Height, d.Depth, d.Flags, false)?;
         let bytes = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)?;
         put(pHandle, ptr(driver::array_create(bytes)?))
     }
@@ -506,6 +508,7 @@ export! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let d = *pMipmappedArrayDesc;
+        crate::extents::check(d.Width, d.Height, d.Depth, d.Flags, true)?;
         // As the driver documents it: at most 1 + floor(log2(max spatial dimension)) levels
         // (INVALID_VALUE beyond); a layered or cubemap array's Depth counts layers or faces,
         // which every level keeps.

@@ -8,6 +8,9 @@ const LAST_KNOWN: u32 = 143;
 
 /// The attribute value, `None` for an id no driver knows (`CUDA_ERROR_INVALID_VALUE`).
 pub fn attribute(info: &DeviceInfo, a: A) -> Option<i32> {
+    if let Some(v) = crate::extents::limit(a) {
+        return i32::try_from(v).ok();
+    }
     let (cc_major, cc_minor) = info.compute_capability;
     let v: i64 = match a {
         A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,

@@ -5,6 +5,7 @@
 //! * `driver` — process-local driver state: contexts, modules, streams, events, allocations.
 //! * `procaddr` — `cuGetProcAddress(_v2)` answers from the shared proc table.
 //! * `ptx`, `memstore`, `attrs` — PTX entry parsing, device memory contents, device attributes.
+//! * `extents` — the array extents cuda.h allows and the device limits behind them.
 //!
 //! Kernels: an entry named `spin` with one `u64` parameter runs that many cycles per block;
 //! other kernels cost a nominal 2000 cycles per block. SM demand is min(blocks, SMs).
@@ -12,6 +13,7 @@
 pub mod api;
 pub mod attrs;
 pub mod driver;
+pub mod extents;
 pub mod memstore;
 pub mod procaddr;
 pub mod ptx;

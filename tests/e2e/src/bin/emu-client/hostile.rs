@@ -121,6 +121,35 @@ pub unsafe fn run(cu: &Cuda) -> Vec<(&'static str, u32)> {
         let reserve = get!(cu, "cuMemAddressReserve", PFN_cuMemAddressReserve_v10020, 10020);
         let mut va: CUdeviceptr = 0;
         out.push(("reserve-past-address-space", reserve(&mut va, 1 << 62, 0, 0, 0).0));
+        // Array extents past the device's limits, or describing no array type (cuda.h's
+        // table): refused with INVALID_VALUE, whatever memory is free.
+        let a3d = get!(cu, "cuArray3DCreate", PFN_cuArray3DCreate_v3020, 3020);
+        let a2d = get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020);
+        let adestroy = get!(cu, "cuArrayDestroy", PFN_cuArrayDestroy_v2000, 2000);
+        let desc3 = |w: usize, h: usize, d: usize, flags: u32| CUDA_ARRAY3D_DESCRIPTOR {
+            Width: w,
+            Height: h,
+            Depth: d,
+            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+            NumChannels: 1,
+            Flags: flags,
+        };
+        let mut arr: CUarray = std::ptr::null_mut();
+        out.push(("array3d-past-3d-limit", a3d(&mut arr, &desc3(16_385, 16, 16, 0)).0));
+        out.push(("array3d-depth-without-height", a3d(&mut arr, &desc3(16, 0, 16, 0)).0));
+        out.push(("cubemap-not-square", a3d(&mut arr, &desc3(16, 32, 6, CUDA_ARRAY3D_CUBEMAP)).0));
+        let wide = CUDA_ARRAY_DESCRIPTOR {
+            Width: 131_073,
+            Height: 0,
+            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+            NumChannels: 1,
+        };
+        out.push(("array1d-past-limit", a2d(&mut arr, &wide).0));
+        let r = a3d(&mut arr, &desc3(16_384, 1, 1, 0));
+        out.push(("array3d-at-limit", r.0));
+        if r.is_success() {
+            adestroy(arr);
+        }
         // Still healthy afterwards.
         let mut again: CUdeviceptr = 0;
         out.push(("alloc-after", alloc(&mut again, 1024).0));

@@ -164,11 +164,13 @@ pub unsafe fn alloc(cu: &Cuda, kind: &str, bytes: usize) -> Result<Held, CUresul
                 Ok(Held::Vmm { va, size, handle })
             }
             "array" => {
+                // 16-byte elements, 65536 wide: up to 32 GiB within the 2D limits
+                // (131072 x 65536 elements).
                 let d = CUDA_ARRAY_DESCRIPTOR {
-                    Width: bytes / 4 / 1024,
-                    Height: 1024,
+                    Width: 65536,
+                    Height: bytes / 16 / 65536,
                     Format: CUarray_format::CU_AD_FORMAT_FLOAT,
-                    NumChannels: 1,
+                    NumChannels: 4,
                 };
                 let mut a: CUarray = std::ptr::null_mut();
                 ok(get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020)(
@@ -177,11 +179,13 @@ pub unsafe fn alloc(cu: &Cuda, kind: &str, bytes: usize) -> Result<Held, CUresul
                 Ok(Held::Array(a))
             }
             "array3d" | "mipmap" => {
+                // 16-byte elements, 1024 x 1024 a slice: up to 256 GiB within the 3D limits
+                // (16384 elements each way).
                 let d = CUDA_ARRAY3D_DESCRIPTOR {
-                    Width: 256,
-                    Height: 256,
-                    Depth: bytes / 4 / 256 / 256,
-                    Format: CUarray_format::CU_AD_FORMAT_UNSIGNED_INT8,
+                    Width: 1024,
+                    Height: 1024,
+                    Depth: bytes / 16 / 1024 / 1024,
+                    Format: CUarray_format::CU_AD_FORMAT_FLOAT,
                     NumChannels: 4,
                     Flags: 0,
                 };
