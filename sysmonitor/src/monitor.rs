@@ -57,6 +57,10 @@ impl Occupancy {
 /// How often a Healthy <-> Unhealthy transition is logged at most, ms (see [`FlapLog`]).
 pub const FLAP_LOG_MS: u64 = 1000;
 
+/// XIDs (NVML's critical-XID events, the kernel log) are read at most this often: each read is
+/// a driver call or a syscall, a monitor samples every 10 ms, and 50 ms is nothing to an XID.
+pub const XID_EVERY_MS: u64 = 50;
+
 /// Rate limit for the log lines of Healthy <-> Unhealthy flapping: one line per
 /// [`FLAP_LOG_MS`], which reports how many transitions were left out since the last one.
 #[derive(Debug, Default)]
@@ -143,7 +147,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// Until when (monotonic ms) the last [`Occupancy`] found holds.
     occupancy_cache: Option<(u64, Occupancy)>,
     xid_log: Option<crate::xidlog::XidTail>,
-    next_xid_log_ms: u64,
+    /// No XID read (NVML events, kernel log) before this (monotonic ms).
+    next_xid_ms: u64,
 }
 
 impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
@@ -219,7 +224,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
             xid_log,
-            next_xid_log_ms: 0,
+            next_xid_ms: 0,
             events,
             ledger_error_logged: false,
             occupancy_cache: None,
@@ -253,10 +258,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 Input::SampleError
             }
         };
-        let mut xids = self.gpu.xids();
-        if now_ms >= self.next_xid_log_ms {
-            // A log is read at most every 50 ms: it is a syscall, and XIDs are not a hot path.
-            self.next_xid_log_ms = now_ms + 50;
+        let mut xids = Vec::new();
+        if now_ms >= self.next_xid_ms {
+            // XIDs are not a hot path: NVML's event set and the kernel log are read at most
+            // every XID_EVERY_MS, not at every sample (each read is a driver call or a syscall).
+            self.next_xid_ms = now_ms + XID_EVERY_MS;
+            xids = self.gpu.xids();
             if let Some(t) = &mut self.xid_log {
                 xids.extend(t.poll());
             }
@@ -930,6 +937,8 @@ mod tests {
         );
     }
 
+    /// XIDs are read at most every [`XID_EVERY_MS`]: a critical one waiting in NVML's event set
+    /// is taken at the first sample that far from the last read, not at every sample.
     #[test]
     fn critical_xid_disables_and_evicts_other_xids_do_not() {
         let gpu = Script {
@@ -946,6 +955,9 @@ mod tests {
         assert_eq!(m.machine.state(), State::Healthy);
         m.gpu.xids = vec![31];
         m.tick(10);
+        assert_eq!(m.machine.state(), State::Healthy, "not read 10 ms after the last read");
+        assert_eq!(m.gpu.xids, vec![31]);
+        m.tick(XID_EVERY_MS);
         assert_eq!(m.machine.state(), State::Disabled);
         assert_eq!(
             m.events,
