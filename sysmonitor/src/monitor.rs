@@ -955,7 +955,11 @@ mod tests {
         assert_eq!(m.machine.state(), State::Healthy);
         m.gpu.xids = vec![31];
         m.tick(10);
-        assert_eq!(m.machine.state(), State::Healthy, "not read 10 ms after the last read");
+        assert_eq!(
+            m.machine.state(),
+            State::Healthy,
+            "not read 10 ms after the last read"
+        );
         assert_eq!(m.gpu.xids, vec![31]);
         m.tick(XID_EVERY_MS);
         assert_eq!(m.machine.state(), State::Disabled);
