@@ -19,6 +19,8 @@
 #               (scheduler run time of all its threads, /proc/PID/task/*/schedstat)
 #   launch-cost launches/s of tiny kernels (1000 per sync) direct and under the shim (quota
 #               and throttle on, under budget), alternated: the shim's added cost per launch
+#   nvml-cost   `sysmonitor nvml-cost`: CPU per call of each NVML query the monitor makes on
+#               this GPU, and their sum at 10 ms (where monitor-cpu's time goes)
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
 #        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
@@ -36,7 +38,7 @@ while [[ $# -gt 0 ]]; do
         --bin-dir) bin_dir="${2:?}"; shift 2 ;;
         --quick) quick=1; shift ;;
         --only) only="${2:?--only needs a list of checks}"; shift 2 ;;
-        -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -173,6 +175,29 @@ for k, v in a.items():
     out.append((d, name))
 print(", ".join(f"{n} {d:.2f} %" for d, n in sorted(out, reverse=True)[:4]))' "$before" "$after" "$(( t1 - t0 ))")
     row monitor-cpu INFO "${pct} % of a core at 10 ms" "${secs} s, one offline process registered (still there: $alive), GPU idle; threads: $per"
+}
+check_nvml_cost() {
+    local calls=$(( quick ? 200 : 1000 )) json
+    json=$("$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" --json 2>"$root/nvml-cost.err")
+    "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" >"$root/nvml-cost.txt" 2>/dev/null
+    local fig; fig=$("$py" - "$json" <<'PY'
+import json, sys
+try:
+    r = json.loads(sys.argv[1])
+except ValueError:
+    print("")
+    sys.exit()
+ok = [c for c in r["calls"] if not c["error"]]
+top = sorted(ok, key=lambda c: -c["cpu_ns"] * c["per_sec"])[:4]
+parts = ["%s %.1f us x %.0f/s" % (c["query"].split()[0], c["cpu_ns"] / 1e3, c["per_sec"]) for c in top]
+print("%.3f %% of a core at %d ms|%s" % (r["total_core_pct"], r["interval_ms"], ", ".join(parts)))
+PY
+)
+    if [[ -n "$fig" ]]; then
+        row nvml-cost INFO "${fig%%|*}" "${fig#*|} (table: nvml-cost.txt in the scratch dir)"
+    else
+        row nvml-cost FAIL "-" "$(tail -n 2 "$root/nvml-cost.err" | plain)"
+    fi
 }
 check_launch_cost() {
     local secs=$(( quick ? 2 : 3 )) i d s direct=() shimmed=() args
@@ -367,6 +392,7 @@ solo_rate=$(offline_rate "$root/off-alone.out")
 want() { [[ -z $only || ",$only," == *",$1,"* ]]; }
 if start_monitor; then
     want monitor-cpu && check_monitor_cpu
+    want nvml-cost && check_nvml_cost
     want quota && check_quota
     want torch-quota && check_torch_quota
     want throttle && check_throttle

@@ -8,6 +8,7 @@ pub mod health;
 pub mod hostmem;
 pub mod ledger;
 pub mod monitor;
+pub mod nvmlcost;
 pub mod port;
 pub mod report;
 pub mod ring;

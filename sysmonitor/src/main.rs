@@ -48,6 +48,7 @@ EXAMPLES:
     sysmonitor run --gpu 0                      under systemd: xshare-sysmonitor@0.service
     sysmonitor status --gpu 0                   state, hold left, metrics, evictions
     sysmonitor check-config -c ./sysmonitor.json
+    sysmonitor nvml-cost --gpu 0                what each NVML query costs on this GPU, and in all
     kill -HUP $(pidof sysmonitor)               reload the config
 ";
 
@@ -76,6 +77,17 @@ enum Cmd {
     /// Put the GPU back into service (it goes through Init): ends an operator's `disable`, or
     /// else a critical XID's Disabled.
     Enable,
+    /// Time each NVML query the monitor makes on this GPU (CPU per call) and what they add up
+    /// to at the configured interval_ms: where the monitor's CPU goes on this driver. Safe
+    /// beside a running monitor (its own NVML handle; reads only).
+    NvmlCost {
+        /// Calls timed per query (GPM metrics, about 1 ms each on a real GPU: at most 100).
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        calls: u32,
+        /// The report as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn load(a: &ConfigArgs) -> Result<(Config, PathBuf, Vec<PathBuf>), String> {
@@ -126,6 +138,20 @@ fn main() -> ExitCode {
                     out(&report::status_table(&s, clock::unix_ms()))
                 }
             }),
+        Cmd::NvmlCost { calls, json } => sysmonitor::sampler::NvmlSource::open(cfg.gpu_index).and_then(|mut src| {
+            let pace = sysmonitor::nvmlcost::Pace {
+                interval_ms: cfg.interval_ms,
+                verify_every_ms: if cfg.verify.enabled { cfg.verify.every_ms } else { 0 },
+                aux_every: sysmonitor::sampler::AUX_EVERY,
+                xid_every_ms: sysmonitor::monitor::XID_EVERY_MS,
+            };
+            let r = sysmonitor::nvmlcost::measure(&mut src, cfg.gpu_index, calls, pace);
+            if json {
+                out(&format!("{}\n", serde_json::to_string_pretty(&r).unwrap_or_default()))
+            } else {
+                out(&sysmonitor::nvmlcost::table(&r))
+            }
+        }),
         Cmd::Disable => {
             let f = daemon::operator_file(&cfg);
             std::fs::write(&f, b"disabled by operator\n")

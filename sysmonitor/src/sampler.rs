@@ -149,6 +149,17 @@ impl Gpm {
             self.prev_ms = now_ms;
             return Ok(GpmRead::Priming);
         }
+        let (sm, gfx) = self.metrics()?;
+        if same_snapshot(sm, gfx, now_ms.saturating_sub(self.prev_ms)) {
+            return Ok(GpmRead::Same);
+        }
+        std::mem::swap(&mut self.prev, &mut self.cur);
+        self.prev_ms = now_ms;
+        Ok(GpmRead::New(sm))
+    }
+
+    /// (SM, graphics) utilization in % between the samples `prev` (older) and `cur`.
+    fn metrics(&mut self) -> Result<(f64, f64), String> {
         // Every field NVML reads is set here; it writes only `metrics[..numMetrics]`.
         let g = &mut *self.req;
         g.version = sys::NVML_GPM_METRICS_GET_VERSION;
@@ -170,13 +181,7 @@ impl Gpm {
                 g.metrics[0].nvmlReturn, g.metrics[1].nvmlReturn
             ));
         }
-        let (sm, gfx) = (g.metrics[0].value, g.metrics[1].value);
-        if same_snapshot(sm, gfx, now_ms.saturating_sub(self.prev_ms)) {
-            return Ok(GpmRead::Same);
-        }
-        std::mem::swap(&mut self.prev, &mut self.cur);
-        self.prev_ms = now_ms;
-        Ok(GpmRead::New(sm))
+        Ok((g.metrics[0].value, g.metrics[1].value))
     }
 }
 
@@ -221,7 +226,7 @@ pub struct NvmlSource {
 }
 
 /// Samples between two power/temperature reads.
-const AUX_EVERY: u64 = 10;
+pub const AUX_EVERY: u64 = 10;
 
 fn e(what: &str, err: NvmlError) -> String {
     format!("{what}: {err}")
@@ -333,6 +338,117 @@ impl NvmlSource {
             }
         }
         (util_rate, SmSource::UtilRates)
+    }
+}
+
+/// Each NVML query the sampler makes, once, for `sysmonitor nvml-cost` to time
+/// ([`crate::nvmlcost`]): the same calls with the same arguments, results dropped.
+impl NvmlSource {
+    /// Whether SM activity comes from GPM on this GPU.
+    pub fn has_gpm(&self) -> bool {
+        self.gpm.is_some()
+    }
+
+    /// `nvmlDeviceGetUtilizationRates`.
+    pub fn probe_util_rate(&mut self) -> Result<(), String> {
+        self.util_rate().map(drop)
+    }
+
+    /// `nvmlGpmSampleGet` into the sampler's newer buffer.
+    pub fn probe_gpm_sample(&mut self) -> Result<(), String> {
+        // SAFETY: live handle of the leaked Nvml.
+        let h = unsafe { self.dev.handle() };
+        let g = self.gpm.as_mut().ok_or("no GPM on this GPU")?;
+        // SAFETY: `cur` is an allocated GPM sample and `h` a live device.
+        match unsafe { g.lib.nvmlGpmSampleGet(h, g.cur) } {
+            sys::nvmlReturn_enum_NVML_SUCCESS => Ok(()),
+            r => Err(format!("nvmlGpmSampleGet returned {r}")),
+        }
+    }
+
+    /// `nvmlGpmMetricsGet` of SM and graphics utilization between the two buffers (both filled
+    /// first).
+    pub fn probe_gpm_metrics(&mut self) -> Result<(), String> {
+        if !self.gpm.as_ref().ok_or("no GPM on this GPU")?.primed {
+            self.probe_gpm_sample()?;
+            let g = self.gpm.as_mut().ok_or("no GPM on this GPU")?;
+            std::mem::swap(&mut g.prev, &mut g.cur);
+            g.primed = true;
+            self.probe_gpm_sample()?;
+        }
+        self.gpm
+            .as_mut()
+            .ok_or("no GPM on this GPU")?
+            .metrics()
+            .map(drop)
+    }
+
+    /// `nvmlDeviceGetSamples(GPU_UTILIZATION)` since the last read (the pre-Hopper SM source).
+    pub fn probe_util_samples(&mut self) -> Result<(), String> {
+        match self
+            .dev
+            .samples(Sampling::GpuUtilization, self.last_sample_ts)
+        {
+            Ok(v) => {
+                self.last_sample_ts = v
+                    .iter()
+                    .map(|s| s.timestamp)
+                    .fold(self.last_sample_ts, u64::max);
+                Ok(())
+            }
+            Err(NvmlError::NotFound) => Ok(()),
+            Err(x) => Err(e("utilization samples", x)),
+        }
+    }
+
+    /// `nvmlDeviceGetMemoryInfo`.
+    pub fn probe_memory(&mut self) -> Result<(), String> {
+        self.dev
+            .memory_info()
+            .map(drop)
+            .map_err(|x| e("memory info", x))
+    }
+
+    /// `nvmlDeviceGetClockInfo(SM)`.
+    pub fn probe_clock(&mut self) -> Result<(), String> {
+        self.dev
+            .clock_info(Clock::SM)
+            .map(drop)
+            .map_err(|x| e("SM clock", x))
+    }
+
+    /// `nvmlDeviceGetCurrentClocksThrottleReasons`.
+    pub fn probe_clock_reasons(&mut self) -> Result<(), String> {
+        self.dev
+            .current_throttle_reasons()
+            .map(drop)
+            .map_err(|x| e("clock reasons", x))
+    }
+
+    /// `nvmlDeviceGetPowerUsage`.
+    pub fn probe_power(&mut self) -> Result<(), String> {
+        self.dev.power_usage().map(drop).map_err(|x| e("power", x))
+    }
+
+    /// `nvmlDeviceGetTemperature(GPU)`.
+    pub fn probe_temperature(&mut self) -> Result<(), String> {
+        self.dev
+            .temperature(TemperatureSensor::Gpu)
+            .map(drop)
+            .map_err(|x| e("temperature", x))
+    }
+
+    /// `nvmlEventSetWait` with timeout 0 on the critical-XID event set (this process's own set:
+    /// the events it drops are still delivered to a running monitor's).
+    pub fn probe_xid_events(&mut self) -> Result<(), String> {
+        let set = self.events.as_ref().ok_or("no XID event set on this GPU")?;
+        while set.wait(0).is_ok() {}
+        Ok(())
+    }
+
+    /// `nvmlDeviceGetComputeRunningProcesses`.
+    pub fn probe_processes(&mut self) -> Result<(), String> {
+        self.processes().map(drop)
     }
 }
 

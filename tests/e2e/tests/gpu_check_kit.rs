@@ -49,6 +49,8 @@ fn the_check_kit_passes_on_the_emulated_t4_and_h100() {
         for check in ["quota", "throttle", "exit"] {
             assert_eq!(row(table, check)[1], "PASS", "{profile} {check}:\n{table}");
         }
+        // `sysmonitor nvml-cost` answers for every query (figures are not asserted).
+        assert_eq!(row(table, "nvml-cost")[1], "INFO", "{profile} nvml-cost:\n{table}");
         // The node check reports figures (latency ratios are not asserted on a shared box).
         assert!(matches!(row(table, "node")[1], "PASS" | "INFO"), "{profile} node:\n{table}");
         assert!(!table.contains(" FAIL "), "{profile}:\n{table}");

@@ -540,3 +540,39 @@ fn metrics_endpoint_serves_prometheus_text_on_a_unix_socket() {
     );
     assert!(body.contains("xshare_evictions_total{gpu=\"0\",reason=\"under_report\"} 0"));
 }
+
+/// `sysmonitor nvml-cost` times every NVML query the monitor makes, on the host's own NVML:
+/// GPM's on Hopper, utilization samples before it, each with a CPU cost and a rate, and their
+/// sum at the configured interval (figures are not asserted: a shared machine).
+#[test]
+fn nvml_cost_times_each_query_the_monitor_makes() {
+    for (profile, sm_queries) in [
+        ("h100", &["nvmlGpmSampleGet", "nvmlGpmMetricsGet"][..]),
+        ("t4", &["nvmlDeviceGetSamples"][..]),
+    ] {
+        let n = EmuHost::with_profile(profile);
+        n.require_nvml();
+        let cfg = n.path("cost.json");
+        std::fs::write(&cfg, r#"{ "interval_ms": 10 }"#).unwrap();
+        let out = n
+            .node_command(e2e::artifact("sysmonitor").to_str().unwrap())
+            .args(["nvml-cost", "--calls", "20", "--json", "-c"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{profile}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        let r: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(r["interval_ms"], 10);
+        let calls = r["calls"].as_array().unwrap();
+        let answered = |q: &str| {
+            calls.iter().any(|c| c["query"].as_str().unwrap().starts_with(q) && c["error"].is_null() && c["cpu_ns"].as_f64().unwrap() > 0.0)
+        };
+        for q in sm_queries.iter().chain(&["nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetClockInfo", "nvmlDeviceGetComputeRunningProcesses"]) {
+            assert!(answered(q), "{profile}: {q} not timed: {text}");
+        }
+        let mem = calls.iter().find(|c| c["query"] == "nvmlDeviceGetMemoryInfo").unwrap();
+        assert_eq!(mem["per_sec"], 100.0, "every 10 ms sample");
+        assert!(r["total_core_pct"].as_f64().unwrap() > 0.0, "{text}");
+    }
+}

@@ -1,0 +1,309 @@
+//! `sysmonitor nvml-cost`: what each NVML query the monitor makes costs on this GPU, and what
+//! they add up to at the configured sampling pace. The monitor's own CPU on a real GPU is mostly
+//! its NVML calls (an H200 with driver 580: 1.08 % of a core at 10 ms), and their cost differs
+//! by driver and GPU, so the breakdown is measured where the monitor runs, not assumed.
+
+use serde::Serialize;
+
+use crate::sampler::{NvmlSource, GPM_EVERY_MS};
+
+/// One NVML query as the monitor makes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallCost {
+    /// The NVML entry point(s) timed.
+    pub query: &'static str,
+    /// Calls timed.
+    pub calls: u32,
+    /// Thread CPU time per call, ns (user + system of the calling thread).
+    pub cpu_ns: f64,
+    /// Wall-clock time per call, ns.
+    pub wall_ns: f64,
+    /// How often the monitor makes it at the configured pace, per second.
+    pub per_sec: f64,
+    /// When the monitor makes it.
+    pub when: String,
+    /// The call failed (not offered by this GPU or driver): not counted in the total.
+    pub error: Option<String>,
+}
+
+impl CallCost {
+    /// Its share of one core at the monitor's pace, %.
+    pub fn core_pct(&self) -> f64 {
+        if self.error.is_some() {
+            return 0.0;
+        }
+        self.cpu_ns * self.per_sec / 1e7
+    }
+}
+
+/// The whole measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// GPU index.
+    pub gpu: u32,
+    /// Sampling interval the per-second figures assume, ms.
+    pub interval_ms: u64,
+    /// Every query, in the order of a sampling tick.
+    pub calls: Vec<CallCost>,
+    /// The NVML part of the monitor's CPU at `interval_ms`, % of one core.
+    pub total_core_pct: f64,
+}
+
+/// This thread's CPU time so far, ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a live out-pointer; the call has no other preconditions.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Times `f` over `calls` calls: (cpu ns, wall ns) per call, or the first error.
+pub fn time_calls(
+    calls: u32,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<(f64, f64), String> {
+    let n = calls.max(1);
+    f()?; // warm: the first call may load or allocate
+    let (c0, w0) = (thread_cpu_ns(), std::time::Instant::now());
+    for _ in 0..n {
+        f()?;
+    }
+    let cpu = thread_cpu_ns().saturating_sub(c0) as f64 / f64::from(n);
+    Ok((cpu, w0.elapsed().as_nanos() as f64 / f64::from(n)))
+}
+
+/// How often the monitor makes each query, from its settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// `interval_ms`.
+    pub interval_ms: u64,
+    /// `verify.every_ms` (the process list; 0 = verify off).
+    pub verify_every_ms: u64,
+    /// Samples between two power/temperature reads.
+    pub aux_every: u64,
+    /// XID reads, ms apart.
+    pub xid_every_ms: u64,
+}
+
+impl Pace {
+    fn per_sample(&self) -> f64 {
+        1000.0 / self.interval_ms.max(1) as f64
+    }
+    fn every(ms: u64) -> f64 {
+        if ms == 0 {
+            0.0
+        } else {
+            1000.0 / ms as f64
+        }
+    }
+}
+
+/// Measures every query on GPU `gpu` (`calls` each; GPM metrics, about a millisecond each on
+/// a real GPU, at most 100).
+pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report {
+    let per_sample = pace.per_sample();
+    let mut out = Vec::new();
+    let mut add = |query: &'static str,
+                   calls: u32,
+                   per_sec: f64,
+                   when: String,
+                   r: Result<(f64, f64), String>| {
+        let (cpu_ns, wall_ns, error) = match r {
+            Ok((c, w)) => (c, w, None),
+            Err(e) => (0.0, 0.0, Some(e)),
+        };
+        out.push(CallCost {
+            query,
+            calls,
+            cpu_ns,
+            wall_ns,
+            per_sec,
+            when,
+            error,
+        });
+    };
+    let each = format!("every sample ({} ms)", pace.interval_ms);
+    add(
+        "nvmlDeviceGetUtilizationRates",
+        calls,
+        per_sample,
+        each.clone(),
+        time_calls(calls, || src.probe_util_rate()),
+    );
+    let gpm = src.has_gpm();
+    if gpm {
+        let n = calls.min(100);
+        let when = format!("every {GPM_EVERY_MS} ms");
+        add(
+            "nvmlGpmSampleGet",
+            n,
+            Pace::every(GPM_EVERY_MS),
+            when.clone(),
+            time_calls(n, || src.probe_gpm_sample()),
+        );
+        add(
+            "nvmlGpmMetricsGet (SM, graphics util)",
+            n,
+            Pace::every(GPM_EVERY_MS),
+            when,
+            time_calls(n, || src.probe_gpm_metrics()),
+        );
+    } else {
+        add(
+            "nvmlDeviceGetSamples (GPU utilization)",
+            calls,
+            per_sample,
+            each.clone(),
+            time_calls(calls, || src.probe_util_samples()),
+        );
+    }
+    add(
+        "nvmlDeviceGetMemoryInfo",
+        calls,
+        per_sample,
+        each.clone(),
+        time_calls(calls, || src.probe_memory()),
+    );
+    add(
+        "nvmlDeviceGetClockInfo (SM)",
+        calls,
+        per_sample,
+        each.clone(),
+        time_calls(calls, || src.probe_clock()),
+    );
+    add(
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        calls,
+        per_sample,
+        "every sample while the SM clock is below its top (an idle GPU)".into(),
+        time_calls(calls, || src.probe_clock_reasons()),
+    );
+    let aux = per_sample / pace.aux_every.max(1) as f64;
+    let aux_when = format!("every {} samples", pace.aux_every);
+    add(
+        "nvmlDeviceGetPowerUsage",
+        calls,
+        aux,
+        aux_when.clone(),
+        time_calls(calls, || src.probe_power()),
+    );
+    add(
+        "nvmlDeviceGetTemperature",
+        calls,
+        aux,
+        aux_when,
+        time_calls(calls, || src.probe_temperature()),
+    );
+    add(
+        "nvmlEventSetWait (XID events, timeout 0)",
+        calls,
+        Pace::every(pace.xid_every_ms),
+        format!("every {} ms", pace.xid_every_ms),
+        time_calls(calls, || src.probe_xid_events()),
+    );
+    add(
+        "nvmlDeviceGetComputeRunningProcesses",
+        calls,
+        Pace::every(pace.verify_every_ms),
+        format!(
+            "every {} ms (verify), more while offline work is co-located",
+            pace.verify_every_ms
+        ),
+        time_calls(calls, || src.probe_processes()),
+    );
+    let total_core_pct = out.iter().map(CallCost::core_pct).sum();
+    Report {
+        gpu,
+        interval_ms: pace.interval_ms,
+        calls: out,
+        total_core_pct,
+    }
+}
+
+/// The report as a table.
+pub fn table(r: &Report) -> String {
+    let mut s = format!(
+        "NVML calls of the monitor on GPU {}: CPU per call (this thread), and at interval_ms = {} ms\n\n",
+        r.gpu, r.interval_ms
+    );
+    s += &format!(
+        "{:<44} {:>7} {:>12} {:>13} {:>9} {:>12}  {}\n",
+        "query", "calls", "cpu us/call", "wall us/call", "calls/s", "% of a core", "when"
+    );
+    for c in &r.calls {
+        match &c.error {
+            Some(e) => {
+                s += &format!(
+                    "{:<44} {:>7} {:>12} {:>13} {:>9.1} {:>12}  unavailable: {e}\n",
+                    c.query, c.calls, "-", "-", c.per_sec, "-"
+                )
+            }
+            None => {
+                s += &format!(
+                    "{:<44} {:>7} {:>12.2} {:>13.2} {:>9.1} {:>12.3}  {}\n",
+                    c.query,
+                    c.calls,
+                    c.cpu_ns / 1e3,
+                    c.wall_ns / 1e3,
+                    c.per_sec,
+                    c.core_pct(),
+                    c.when
+                )
+            }
+        }
+    }
+    s += &format!(
+        "\ntotal: {:.3} % of a core for NVML at {} ms (the monitor's own work and its wake-ups come on top)\n",
+        r.total_core_pct, r.interval_ms
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_s_share_is_its_cpu_times_its_rate() {
+        let c = CallCost {
+            query: "q",
+            calls: 1,
+            cpu_ns: 1_300_000.0,
+            wall_ns: 0.0,
+            per_sec: 2.0,
+            when: String::new(),
+            error: None,
+        };
+        // 1.3 ms twice a second: 0.26 % of a core (the H200's GPM metrics at 500 ms).
+        assert!((c.core_pct() - 0.26).abs() < 1e-9);
+        let failed = CallCost {
+            error: Some("not supported".into()),
+            ..c
+        };
+        assert_eq!(failed.core_pct(), 0.0);
+    }
+
+    #[test]
+    fn timing_counts_cpu_not_sleep_and_stops_at_an_error() {
+        let (cpu, wall) = time_calls(3, || {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            Ok(())
+        })
+        .unwrap();
+        assert!(wall >= 5e6, "wall {wall}");
+        assert!(cpu < wall, "sleeping is no CPU: {cpu} vs {wall}");
+        let mut n = 0;
+        let r = time_calls(10, || {
+            n += 1;
+            if n > 2 {
+                Err("gone".into())
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(r, Err("gone".to_string()));
+    }
+}
