@@ -315,6 +315,14 @@ check_throttle() {
         row throttle PASS "${ratio}x solo rate at target 0.5" "settled (after ${settle} s): alone $alone it/s, shimmed $shimmed it/s (${wr}x over all ${secs} s), not evicted"
     else
         row throttle FAIL "${ratio:-?}x solo rate at target 0.5" "settled (after ${settle} s): alone ${alone:-?} it/s, shimmed ${shimmed:-?} it/s (${wr}x over all ${secs} s), exit $st, eviction lines $evicted"
+        # What the throttle saw and did, for a failure on a machine that is gone afterwards (CI).
+        {
+            echo "gpu-check: throttle: the offline client's progress and the shim's log:"
+            sed 's/^/    /' "$root/off-shim.out"
+            grep -i 'xcuda' "$root/off-shim.err" | tail -n 20 | sed 's/^/    /'
+            echo "gpu-check: throttle: the monitor's last transitions:"
+            grep 'health transition' "$root/sysmonitor.log" | tail -n 8 | sed 's/^/    /'
+        } >&2
     fi
 }
 check_throttle_cap() {
