@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::sampler::{NvmlSource, GPM_EVERY_MS};
+use crate::sampler::{GpuSource, NvmlSource, GPM_EVERY_MS};
 
 /// One NVML query as the monitor makes it.
 #[derive(Debug, Clone, Serialize)]
@@ -131,7 +131,7 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
         calls,
         per_sample,
         each.clone(),
-        time_calls(calls, || src.probe_util_rate()),
+        time_calls(calls, || src.util_rate().map(drop)),
     );
     let gpm = src.has_gpm();
     if gpm {
@@ -165,21 +165,21 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
         calls,
         per_sample,
         each.clone(),
-        time_calls(calls, || src.probe_memory()),
+        time_calls(calls, || src.memory().map(drop)),
     );
     add(
         "nvmlDeviceGetClockInfo (SM)",
         calls,
         per_sample,
         each.clone(),
-        time_calls(calls, || src.probe_clock()),
+        time_calls(calls, || src.sm_clock().map(drop)),
     );
     add(
         "nvmlDeviceGetCurrentClocksThrottleReasons",
         calls,
         per_sample,
         "every sample while the SM clock is below its top (an idle GPU)".into(),
-        time_calls(calls, || src.probe_clock_reasons()),
+        time_calls(calls, || src.clock_reasons().map(drop)),
     );
     let aux = per_sample / pace.aux_every.max(1) as f64;
     let aux_when = format!("every {} samples", pace.aux_every);
@@ -188,21 +188,28 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
         calls,
         aux,
         aux_when.clone(),
-        time_calls(calls, || src.probe_power()),
+        time_calls(calls, || src.power().map(drop)),
     );
     add(
         "nvmlDeviceGetTemperature",
         calls,
         aux,
         aux_when,
-        time_calls(calls, || src.probe_temperature()),
+        time_calls(calls, || src.temperature().map(drop)),
     );
     add(
         "nvmlEventSetWait (XID events, timeout 0)",
         calls,
         Pace::every(pace.xid_every_ms),
         format!("every {} ms", pace.xid_every_ms),
-        time_calls(calls, || src.probe_xid_events()),
+        if src.has_xid_events() {
+            time_calls(calls, || {
+                src.xids();
+                Ok(())
+            })
+        } else {
+            Err("no XID event set on this GPU".into())
+        },
     );
     add(
         "nvmlDeviceGetComputeRunningProcesses",
@@ -212,7 +219,7 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
             "every {} ms (verify), more while offline work is co-located",
             pace.verify_every_ms
         ),
-        time_calls(calls, || src.probe_processes()),
+        time_calls(calls, || src.processes().map(drop)),
     );
     let total_core_pct = out.iter().map(CallCost::core_pct).sum();
     Report {

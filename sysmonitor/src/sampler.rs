@@ -266,8 +266,8 @@ impl NvmlSource {
         })
     }
 
-    /// GPU utilization via `nvmlDeviceGetUtilizationRates`.
-    fn util_rate(&self) -> Result<f64, String> {
+    /// GPU utilization via `nvmlDeviceGetUtilizationRates`, %.
+    pub fn util_rate(&self) -> Result<f64, String> {
         Ok(self
             .dev
             .utilization_rates()
@@ -341,17 +341,17 @@ impl NvmlSource {
     }
 }
 
-/// Each NVML query the sampler makes, once, for `sysmonitor nvml-cost` to time
-/// ([`crate::nvmlcost`]): the same calls with the same arguments, results dropped.
+/// The NVML queries a sample is made of, one each: what [`GpuSource::sample`] calls, and what
+/// `sysmonitor nvml-cost` times ([`crate::nvmlcost`]), so both measure the same calls.
 impl NvmlSource {
+    /// Whether the critical-XID event set could be registered on this GPU.
+    pub fn has_xid_events(&self) -> bool {
+        self.events.is_some()
+    }
+
     /// Whether SM activity comes from GPM on this GPU.
     pub fn has_gpm(&self) -> bool {
         self.gpm.is_some()
-    }
-
-    /// `nvmlDeviceGetUtilizationRates`.
-    pub fn probe_util_rate(&mut self) -> Result<(), String> {
-        self.util_rate().map(drop)
     }
 
     /// `nvmlGpmSampleGet` into the sampler's newer buffer.
@@ -383,83 +383,49 @@ impl NvmlSource {
             .map(drop)
     }
 
-    /// `nvmlDeviceGetSamples(GPU_UTILIZATION)` since the last read (the pre-Hopper SM source).
+    /// `nvmlDeviceGetSamples(GPU_UTILIZATION)` since the last read, as the sampler reads them
+    /// before Hopper.
     pub fn probe_util_samples(&mut self) -> Result<(), String> {
-        match self
-            .dev
-            .samples(Sampling::GpuUtilization, self.last_sample_ts)
-        {
-            Ok(v) => {
-                self.last_sample_ts = v
-                    .iter()
-                    .map(|s| s.timestamp)
-                    .fold(self.last_sample_ts, u64::max);
-                Ok(())
-            }
-            Err(NvmlError::NotFound) => Ok(()),
-            Err(x) => Err(e("utilization samples", x)),
-        }
-    }
-
-    /// `nvmlDeviceGetMemoryInfo`.
-    pub fn probe_memory(&mut self) -> Result<(), String> {
-        self.dev
-            .memory_info()
-            .map(drop)
-            .map_err(|x| e("memory info", x))
-    }
-
-    /// `nvmlDeviceGetClockInfo(SM)`.
-    pub fn probe_clock(&mut self) -> Result<(), String> {
-        self.dev
-            .clock_info(Clock::SM)
-            .map(drop)
-            .map_err(|x| e("SM clock", x))
-    }
-
-    /// `nvmlDeviceGetCurrentClocksThrottleReasons`.
-    pub fn probe_clock_reasons(&mut self) -> Result<(), String> {
-        self.dev
-            .current_throttle_reasons()
-            .map(drop)
-            .map_err(|x| e("clock reasons", x))
-    }
-
-    /// `nvmlDeviceGetPowerUsage`.
-    pub fn probe_power(&mut self) -> Result<(), String> {
-        self.dev.power_usage().map(drop).map_err(|x| e("power", x))
-    }
-
-    /// `nvmlDeviceGetTemperature(GPU)`.
-    pub fn probe_temperature(&mut self) -> Result<(), String> {
-        self.dev
-            .temperature(TemperatureSensor::Gpu)
-            .map(drop)
-            .map_err(|x| e("temperature", x))
-    }
-
-    /// `nvmlEventSetWait` with timeout 0 on the critical-XID event set (this process's own set:
-    /// the events it drops are still delivered to a running monitor's).
-    pub fn probe_xid_events(&mut self) -> Result<(), String> {
-        let set = self.events.as_ref().ok_or("no XID event set on this GPU")?;
-        while set.wait(0).is_ok() {}
+        self.sampled_sm(0.0);
         Ok(())
     }
 
-    /// `nvmlDeviceGetComputeRunningProcesses`.
-    pub fn probe_processes(&mut self) -> Result<(), String> {
-        self.processes().map(drop)
+    /// `nvmlDeviceGetMemoryInfo`: (used, total) bytes.
+    pub fn memory(&self) -> Result<(u64, u64), String> {
+        let m = self.dev.memory_info().map_err(|x| e("memory info", x))?;
+        Ok((m.used, m.total))
+    }
+
+    /// `nvmlDeviceGetClockInfo(SM)`, MHz.
+    pub fn sm_clock(&self) -> Result<u32, String> {
+        self.dev.clock_info(Clock::SM).map_err(|x| e("SM clock", x))
+    }
+
+    /// `nvmlDeviceGetCurrentClocksThrottleReasons`.
+    pub fn clock_reasons(&self) -> Result<ThrottleReasons, String> {
+        self.dev
+            .current_throttle_reasons()
+            .map_err(|x| e("clock reasons", x))
+    }
+
+    /// `nvmlDeviceGetPowerUsage`, milliwatts.
+    pub fn power(&self) -> Result<u32, String> {
+        self.dev.power_usage().map_err(|x| e("power", x))
+    }
+
+    /// `nvmlDeviceGetTemperature(GPU)`, degrees Celsius.
+    pub fn temperature(&self) -> Result<u32, String> {
+        self.dev
+            .temperature(TemperatureSensor::Gpu)
+            .map_err(|x| e("temperature", x))
     }
 }
 
 impl GpuSource for NvmlSource {
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
         let (util, sm, src) = self.util_and_sm(now_ms)?;
-        let mem = self.dev.memory_info().map_err(|x| e("memory info", x))?;
-        let clk = self
-            .dev
-            .clock_info(Clock::SM)
-            .map_err(|x| e("SM clock", x))?;
+        let (mem_used, mem_total) = self.memory()?;
+        let clk = self.sm_clock()?;
         let max = match self.max_clock {
             Some(m) => m,
             None => {
@@ -474,7 +440,7 @@ impl GpuSource for NvmlSource {
         // Below the top clock, ask the driver why (one more query, only then): idleness alone
         // is no sign of load. Unanswered, the low clock counts (the stricter reading).
         let clock_idle = clk < max
-            && self.dev.current_throttle_reasons().is_ok_and(|r| {
+            && self.clock_reasons().is_ok_and(|r| {
                 r.contains(ThrottleReasons::GPU_IDLE)
                     && !r.intersects(
                         ThrottleReasons::SW_POWER_CAP
@@ -485,10 +451,7 @@ impl GpuSource for NvmlSource {
                     )
             });
         if self.n.is_multiple_of(AUX_EVERY) {
-            self.aux = (
-                self.dev.power_usage().ok(),
-                self.dev.temperature(TemperatureSensor::Gpu).ok(),
-            );
+            self.aux = (self.power().ok(), self.temperature().ok());
         }
         self.n += 1;
         Ok(GpuSample {
@@ -499,8 +462,8 @@ impl GpuSource for NvmlSource {
             sm_clock_mhz: clk,
             sm_clock_max_mhz: max,
             clock_idle,
-            mem_used: mem.used,
-            mem_total: mem.total,
+            mem_used,
+            mem_total,
             power_mw: self.aux.0,
             temp_c: self.aux.1,
         })

@@ -403,7 +403,7 @@ impl Device {
                     start_time: cl.start_time,
                     used_memory: cl.mem_used,
                     contexts: cl.contexts,
-                    context_memory: (cl.ctx_base + u64::from(cl.contexts) * profile::context_local_bytes(h.sm_count, (h.cc_major, h.cc_minor))).min(cl.mem_used),
+                    context_memory: (cl.ctx_base + u64::from(cl.contexts) * local_bytes(h)).min(cl.mem_used),
                     mps_client: h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0,
                     uid: cl.uid,
                     active_thread_pct: physics::client_pct(&g, c),
@@ -842,7 +842,7 @@ impl Device {
     pub fn context_destroyed(&self, c: &Client) {
         let mut g = self.locked();
         if Self::slot_ok(&g, c) {
-            let local = profile::context_local_bytes(g.header.sm_count, (g.header.cc_major, g.header.cc_minor));
+            let local = local_bytes(&g.header);
             let cl = &mut g.clients[c.slot as usize];
             if cl.contexts == 0 {
                 return;
@@ -1149,11 +1149,16 @@ fn release_client(st: &mut State, c: usize, now: u64) {
     physics::compute_shares(st);
 }
 
+/// Device memory each context holds for local memory on the device with header `h`.
+fn local_bytes(h: &layout::Header) -> u64 {
+    profile::context_local_bytes(h.sm_count, (h.cc_major, h.cc_minor))
+}
+
 /// `(local, per-process)` device memory a new context of client `cl` takes on the device
 /// with header `h`: the per-process part only with its first context, and not under MPS
 /// (the server holds it).
 fn context_bytes(h: &layout::Header, cl: &layout::ClientSlot) -> (u64, u64) {
-    let local = profile::context_local_bytes(h.sm_count, (h.cc_major, h.cc_minor));
+    let local = local_bytes(h);
     let base = if cl.contexts == 0 && h.mps_enabled == 0 { profile::CONTEXT_BASE_BYTES } else { 0 };
     (local, base)
 }
