@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -100,6 +100,17 @@ pub struct Header {
     pub mps_default_pct: u32,
     /// Pid of the control daemon that started MPS (0 when stopped).
     pub mps_control_pid: u32,
+    /// GPM snapshot: the last refresh boundary (a multiple of `physics::GPM_REFRESH_NS`,
+    /// `CLOCK_MONOTONIC` ns) the model has crossed; the three fields after it hold the device's
+    /// counters at that instant. One snapshot for the whole device, whoever reads it, as the
+    /// driver refreshes the counters GPM samples copy on its own schedule.
+    pub gpm_at_ns: u64,
+    /// `busy_ns` at `gpm_at_ns`.
+    pub gpm_busy_ns: f64,
+    /// `sm_active_ns` at `gpm_at_ns`.
+    pub gpm_sm_active_ns: f64,
+    /// `sm_clock_mhz` at `gpm_at_ns`.
+    pub gpm_sm_clock_mhz: f64,
     /// Index in `ring` the next sample goes to.
     pub ring_head: u32,
     /// Samples held in `ring` (at most [`RING_LEN`]).

@@ -17,6 +17,7 @@ mod shm;
 pub use error::EmuError;
 pub use layout::Sample;
 pub use profile::Profile;
+pub use physics::GPM_REFRESH_NS;
 
 use layout::{kstate, State, MAX_CLIENTS, STATE_SIZE};
 use std::path::{Path, PathBuf};
@@ -291,6 +292,10 @@ pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
     h.idle_sm_clock_mhz = p.idle_sm_clock_mhz;
     h.sm_clock_mhz = f64::from(p.idle_sm_clock_mhz);
     h.mps_default_pct = 100;
+    // Nothing ran before the file existed: the snapshot of the period it was created in is
+    // all zero.
+    h.gpm_at_ns = now - now % physics::GPM_REFRESH_NS;
+    h.gpm_sm_clock_mhz = h.sm_clock_mhz;
 }
 
 /// What every lock holder does as it lets go of a state it may have changed: works out until
@@ -546,6 +551,71 @@ impl Device {
     /// [`Device::counters`] always under the lock.
     pub fn counters_locked(&self) -> Counters {
         Counters::of(&self.locked().header)
+    }
+
+    /// What a GPM sample copies now: the device's counters at the last refresh boundary
+    /// ([`physics::GPM_REFRESH_NS`]), the same for every process that asks within one period;
+    /// `timestamp_ns` is that boundary. Lock-free while the model runs on unchanged (the value
+    /// at a boundary not crossed yet under the lock is extrapolated to it, with the arithmetic
+    /// the next locked advance records it with); else under the lock.
+    pub fn gpm_counters(&self) -> Counters {
+        use layout::Header as H;
+        use std::mem::offset_of;
+        let now = now_ns();
+        let b = physics::gpm_boundary(now);
+        let quick = self.shm.optimistic(|v| {
+            if now > v.header_word(offset_of!(H, quiet_until_ns)) {
+                return None;
+            }
+            let memory_total = v.header_word(offset_of!(H, total_memory));
+            let memory_used = v.header_word(offset_of!(H, used_memory));
+            if v.header_word(offset_of!(H, gpm_at_ns)) == b {
+                return Some(Counters {
+                    timestamp_ns: b,
+                    memory_total,
+                    memory_used,
+                    sm_clock_mhz: v.header_f64(offset_of!(H, gpm_sm_clock_mhz)).round() as u32,
+                    busy_ns_total: v.header_f64(offset_of!(H, gpm_busy_ns)),
+                    sm_active_ns_total: v.header_f64(offset_of!(H, gpm_sm_active_ns)),
+                });
+            }
+            let last = v.header_word(offset_of!(H, last_ns));
+            if last > b {
+                return None;
+            }
+            let (_, busy_ns_total, sm_active_ns_total) = physics::extrapolated(
+                last,
+                v.header_f64(offset_of!(H, busy_ns)),
+                v.header_f64(offset_of!(H, sm_active_ns)),
+                v.header_f64(offset_of!(H, sm_in_use)),
+                v.header_u32(offset_of!(H, sm_count)),
+                b,
+            );
+            Some(Counters {
+                timestamp_ns: b,
+                memory_total,
+                memory_used,
+                sm_clock_mhz: v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32,
+                busy_ns_total,
+                sm_active_ns_total,
+            })
+        });
+        quick.unwrap_or_else(|| self.gpm_counters_locked())
+    }
+
+    /// [`Device::gpm_counters`] always under the lock (the model advanced to now, which records
+    /// the snapshot of every boundary it crosses).
+    pub fn gpm_counters_locked(&self) -> Counters {
+        let g = self.locked();
+        let h = &g.header;
+        Counters {
+            timestamp_ns: h.gpm_at_ns,
+            memory_total: h.total_memory,
+            memory_used: h.used_memory,
+            sm_clock_mhz: h.gpm_sm_clock_mhz.round() as u32,
+            busy_ns_total: h.gpm_busy_ns,
+            sm_active_ns_total: h.gpm_sm_active_ns,
+        }
     }
 
     /// `(total, used)` device memory now, as NVML's memory query reports it: live (the last

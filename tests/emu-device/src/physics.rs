@@ -16,6 +16,17 @@ use crate::layout::{kstate, Header, State, MAX_CLIENTS, RING_LEN};
 /// Minimum gap between two utilization samples.
 pub const SAMPLE_EVERY_NS: u64 = 5_000_000;
 
+/// The driver refreshes the counters a GPM sample copies about once a second, device-wide
+/// (seen on an H200, driver 580: at 10 ms sampling under full load 1 reading in ~100 gave
+/// 99.8 %, the rest 0). The model keeps the counters at the last multiple of this it crossed
+/// ([`Header::gpm_at_ns`]): every process sampling within one period copies that snapshot.
+pub const GPM_REFRESH_NS: u64 = 1_000_000_000;
+
+/// The last GPM refresh boundary at or before `t`.
+pub fn gpm_boundary(t: u64) -> u64 {
+    t - t % GPM_REFRESH_NS
+}
+
 /// SM clock (MHz) for a given occupancy (granted SMs / SMs) and demand ratio (wanted / SMs).
 pub fn clock_mhz(max_mhz: f64, occupancy: f64, demand_ratio: f64) -> f64 {
     let load_drop = 0.2 * ((occupancy - 0.5) / 0.5).clamp(0.0, 1.0);
@@ -130,6 +141,15 @@ pub fn advance(st: &mut State, now: u64) {
         let remaining = (now - t) as f64;
         let step = next_done.min(remaining).max(0.0);
         let step_ns = if step >= remaining { now - t } else { (step.ceil() as u64).min(now - t) };
+        // A GPM refresh within this step: the counters at that instant, with the arithmetic a
+        // reader that takes no lock extrapolates them with (`extrapolated`), so both agree.
+        let b = gpm_boundary(t + step_ns);
+        if b > t && b > st.header.gpm_at_ns {
+            let h = &mut st.header;
+            let g = if any_running { granted } else { 0.0 };
+            let (_, busy, sm) = extrapolated(t, h.busy_ns, h.sm_active_ns, g, h.sm_count, b);
+            (h.gpm_at_ns, h.gpm_busy_ns, h.gpm_sm_active_ns, h.gpm_sm_clock_mhz) = (b, busy, sm, h.sm_clock_mhz);
+        }
         if any_running && step_ns > 0 {
             let dt = step_ns as f64;
             if granted > 0.0 {

@@ -690,3 +690,59 @@ fn an_address_range_past_the_address_space_is_refused() {
     assert!(b >= a + (1 << 30) && b + (1 << 30) <= VA_LIMIT);
     std::fs::remove_file(&p).unwrap();
 }
+
+/// The GPM snapshot is the device's, not a reader's: two openings of one state file (two
+/// processes) read the same counters anywhere within one refresh period, whichever reads
+/// first and whether or not it takes the lock; the snapshot holds the counters at the period's
+/// boundary (not at the first read), so under a kernel on 66 of 132 SMs two boundaries apart
+/// by one period differ by exactly one period of busy time and half of it SM-active.
+#[test]
+fn the_gpm_snapshot_is_one_per_device_taken_at_the_refresh_boundary() {
+    let p = tmp("gpm-boundary");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    let other = Device::open(&p, &profile::H100).unwrap();
+    let c = d.attach().unwrap();
+    d.context_created(&c, None).unwrap();
+    // 66 of 132 SMs for about 4 s (1980 MHz once the clock is up).
+    d.launch(&c, Launch { blocks: 66, cycles_per_block: 8_000_000_000, after: 0 }).unwrap();
+    let period = GPM_REFRESH_NS;
+    // Reads that fall within one period (tried again if a busy machine delays one past it).
+    let a = (0..4)
+        .find_map(|_| {
+            while now_ns() % period > period / 10 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(150));
+            let a = other.gpm_counters();
+            std::thread::sleep(Duration::from_millis(200));
+            let live = d.counters();
+            let b = d.gpm_counters();
+            let locked = d.gpm_counters_locked();
+            if physics::gpm_boundary(live.timestamp_ns) != a.timestamp_ns || physics::gpm_boundary(now_ns()) != a.timestamp_ns {
+                return None;
+            }
+            assert_eq!(a, b, "two processes, one period: one snapshot");
+            assert_eq!(b, locked, "taken without the lock or under it: the same");
+            assert_eq!(a.timestamp_ns % period, 0, "dated at the boundary");
+            // Taken at the boundary, not at the first read 150 ms after it: the live counters
+            // are ahead by the time since the boundary (the kernel runs all along).
+            let ahead = live.busy_ns_total - a.busy_ns_total;
+            let expect = (live.timestamp_ns - a.timestamp_ns) as f64;
+            assert!((ahead - expect).abs() < 1.0, "ahead by {ahead} ns, {expect} ns since the boundary");
+            Some(a)
+        })
+        .expect("no two reads 200 ms apart within one period in 4 tries");
+    // A later period's snapshot, read first by the other opening this time.
+    while physics::gpm_boundary(now_ns()) == a.timestamp_ns {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let next = other.gpm_counters();
+    assert_eq!(next, d.gpm_counters_locked());
+    let span = (next.timestamp_ns - a.timestamp_ns) as f64;
+    assert!(span >= period as f64);
+    assert!((next.busy_ns_total - a.busy_ns_total - span).abs() < 1.0, "{a:?} {next:?}");
+    let sm = next.sm_active_ns_total - a.sm_active_ns_total;
+    assert!((sm - span / 2.0).abs() < 1.0, "66 of 132 SMs: {sm} ns over {span} ns");
+    d.detach(&c);
+    std::fs::remove_file(&p).unwrap();
+}

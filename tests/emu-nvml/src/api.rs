@@ -569,17 +569,10 @@ pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t
             if sh.facts[i].cc_major < 9 {
                 return Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
             }
-            // The snapshot of this refresh period (state::GPM_REFRESH_NS): the difference of two
-            // samples is the measurement, and within one period there is none.
-            let p = source::point(&sh.devices[i].counters());
-            let period = p.now_ns / state::GPM_REFRESH_NS;
-            let p = match sh.gpm_snapshot[i] {
-                Some((n, snap)) if n == period => snap,
-                _ => {
-                    sh.gpm_snapshot[i] = Some((period, p));
-                    p
-                }
-            };
+            // The device's snapshot of this refresh period (emu_device::GPM_REFRESH_NS), the
+            // same for every process: the difference of two samples is the measurement, and
+            // within one period there is none.
+            let p = source::point(&sh.devices[i].gpm_counters());
             crate::gpm::fill_in(sh, sample as usize, i as u32, p)
         })?
     })
@@ -734,7 +727,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// GPM counters refresh once a period ([`state::GPM_REFRESH_NS`]), as the driver's do (an
+    /// GPM counters refresh once a period ([`emu_device::GPM_REFRESH_NS`]), as the driver's do (an
     /// H200 with driver 580: at 10 ms sampling under full load 1 reading in ~100 gave 99.8 %,
     /// the rest 0): two samples within one period are the same snapshot, SM utilization 0
     /// between them; across a refresh the busy device reads busy.
@@ -742,13 +735,13 @@ mod tests {
     fn gpm_samples_within_one_refresh_period_are_the_same_snapshot() {
         let _one = serial();
         let dir = fresh_h100("gpmrefresh");
-        let period = state::GPM_REFRESH_NS;
+        let period = emu_device::GPM_REFRESH_NS;
         // SAFETY: every pointer passed points at a live local of the type written.
         unsafe {
             assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
             let mut dev: nvmlDevice_t = null_mut();
             assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
-            // Every SM busy for about 3 s.
+            // Every SM busy for about 3.8 s.
             let c = state::with_device(dev, |d| {
                 let c = d.attach().unwrap();
                 d.context_created(&c, None).unwrap();
@@ -770,6 +763,12 @@ mod tests {
                 assert_eq!(nvmlGpmMetricsGet(&mut *req), nvmlReturn_enum_NVML_SUCCESS);
                 req.metrics[0].value
             };
+            // The snapshot is the device's counters at the period's boundary: from the next
+            // one on, every snapshot is taken under load.
+            let launched = emu_device::now_ns() / period;
+            while emu_device::now_ns() / period == launched {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             // Two samples 20 ms apart in one period (tried again if a refresh fell between).
             let same = (0..5).find_map(|_| {
                 let t0 = emu_device::now_ns();

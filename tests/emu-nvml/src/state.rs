@@ -36,21 +36,13 @@ pub struct Shared {
     pub facts: Vec<Facts>,
     /// Per device: the last reading and when it was taken (see [`SNAPSHOT_REUSE`]).
     pub cache: Vec<Option<(Instant, Reading)>>,
-    /// Per device: the GPM counters of the current refresh period and its number (see
-    /// [`GPM_REFRESH_NS`]).
-    pub gpm_snapshot: Vec<Option<(u64, Point)>>,
 }
-
-/// The driver refreshes the counters a GPM sample copies about once a second: two samples
-/// within one period are the same snapshot, and metrics between them are 0 (seen on an H200,
-/// driver 580: at 10 ms sampling under full load 1 reading in ~100 gave 99.8 %, the rest 0).
-/// The emulator refreshes its snapshot at the first sample of each period.
-pub const GPM_REFRESH_NS: u64 = 1_000_000_000;
 
 /// How long one device reading answers further utilization-window queries (utilization rates,
 /// power, temperature): they share one model update, as a real driver answers them from
-/// counters it samples itself. Memory, the SM clock and GPM samples are read live each time
-/// (`emu_device::Device::counters`, lock-free while the model runs on unchanged); process
+/// counters it samples itself. Memory and the SM clock are read live each time
+/// (`emu_device::Device::counters`, lock-free while the model runs on unchanged), GPM samples
+/// copy the device's snapshot of the current refresh period (`Device::gpm_counters`); process
 /// lists and utilization samples are always read afresh.
 pub const SNAPSHOT_REUSE: Duration = Duration::from_micros(500);
 
@@ -76,7 +68,6 @@ pub fn init() -> NvmlResult<()> {
         }
         *g = Some(Shared {
             cache: devices.iter().map(|_| None).collect(),
-            gpm_snapshot: devices.iter().map(|_| None).collect(),
             facts: devices.iter().map(|d| Facts::of(&d.info())).collect(),
             devices,
             gpm: Vec::new(),
