@@ -40,6 +40,20 @@ pub fn needs_occupancy(cfg: &MachineConfig, m: &Metrics) -> bool {
     crate::health::worst_level(cfg, m).0 == Level::Overlimit
 }
 
+/// `comm` of NVIDIA's MPS server, `nvidia-cuda-mps-server` cut to the kernel's 15 characters
+/// (the emulated server names itself the same).
+pub const MPS_SERVER_COMM: &[u8] = b"nvidia-cuda-mps";
+
+/// Whether `pid` is an MPS server. NVML lists the server as a compute process (it holds the
+/// context its clients share, and its memory) beside its clients, which it lists too on Volta
+/// and later; it runs nothing of its own, so it is neither online nor offline work. Read from
+/// `/proc/<pid>/comm` (the monitor runs in the host's pid namespace, as NVML's pids are);
+/// unreadable, the process counts as online work (the stricter reading).
+pub fn is_mps_server(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/comm"))
+        .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == MPS_SERVER_COMM)
+}
+
 impl Occupancy {
     /// Marks a sample with this occupancy, for [`crate::health::judged`].
     pub fn mark(self, m: &mut Metrics) {
@@ -417,8 +431,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     /// Sorts the processes NVML lists on the GPU into registered offline processes of this
-    /// pid namespace (not being evicted) and the rest, counted as online. Any doubt (NVML
-    /// error, nobody listed) is `Unknown`: every metric is judged whole, eviction stays armed.
+    /// pid namespace (not being evicted) and the rest, counted as online; MPS servers
+    /// ([`is_mps_server`]) are neither. Any doubt (NVML error, nobody listed but servers) is
+    /// `Unknown`: every metric is judged whole, eviction stays armed.
     /// A ledger error gives no offline processes: every NVML process counts as online.
     #[inline(never)] // periodic or rare: kept out of `tick`'s frame and cache lines
     fn find_occupancy(&mut self, now_ms: u64) -> Occupancy {
@@ -435,8 +450,20 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 .iter()
                 .any(|o| o.signalable && o.pid == pid && o.evict_requested_ms.is_none())
         };
-        let n_off = nvml.iter().filter(|p| is_offline(p.pid)).count();
-        if n_off == nvml.len() {
+        let mut n_off = 0;
+        let mut n_other = 0;
+        for p in &nvml {
+            if is_offline(p.pid) {
+                n_off += 1;
+            } else if !is_mps_server(p.pid) {
+                n_other += 1;
+            }
+        }
+        if n_off == 0 && n_other == 0 {
+            // Only MPS servers: nobody runs work on the GPU that the monitor knows of.
+            return Occupancy::Unknown;
+        }
+        if n_other == 0 {
             Occupancy::OfflineOnly
         } else if n_off > 0 {
             Occupancy::Colocated {
@@ -819,6 +846,58 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// NVML lists the MPS server beside its clients (it holds their shared context): it is not
+    /// online work. An offline job alone under MPS whose load pulls the SM clock past Overlimit
+    /// is the throttle's to slow down, not evicted; beside a real online process it is.
+    #[test]
+    fn the_mps_server_is_no_online_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let server_bin = dir.path().join("nvidia-cuda-mps-server");
+        std::fs::copy("/bin/sleep", &server_bin).unwrap();
+        let mut server = std::process::Command::new(&server_bin).arg("30").spawn().unwrap();
+        let spid = server.id();
+        let t0 = std::time::Instant::now();
+        while !is_mps_server(spid) {
+            assert!(t0.elapsed().as_secs() < 10, "the server never showed its name");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!is_mps_server(std::process::id()));
+        let pm = |pid| ProcMem {
+            pid,
+            used_bytes: 1 << 20,
+        };
+        // Offline load at full utilization with the SM clock at 45 % of its top.
+        let slow = GpuSample {
+            sm_clock_mhz: 450,
+            ..gs(99.5)
+        };
+        let online = std::process::id();
+        for (procs, evicted) in [
+            (vec![pm(500), pm(spid)], false),
+            (vec![pm(500), pm(spid), pm(online)], true),
+            (vec![pm(spid)], true),
+        ] {
+            let gpu = Script {
+                next: vec![Ok(gs(10.0)), Ok(slow)],
+                procs: procs.clone(),
+                xids: vec![],
+            };
+            let ledger = MemLedger {
+                procs: vec![off(500)],
+                ..Default::default()
+            };
+            let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+            for t in 0..20 {
+                m.tick(t * 10);
+            }
+            let what = format!("procs {procs:?}");
+            assert_eq!(m.machine.state() == State::Overlimit, evicted, "{what}");
+            assert_eq!(m.ledger.marks.is_empty(), !evicted, "{what}");
+        }
+        server.kill().unwrap();
+        server.wait().unwrap();
     }
 
     /// The state file is rewritten when the change key moves (see `daemon`): it must stay put

@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -179,6 +179,9 @@ pub struct ClientSlot {
     /// holds back because another user's server is active; 0 = not queued. `uid` is the
     /// queued user.
     pub mps_wait: u64,
+    /// Non-zero for an MPS server process (the emulated `nvidia-cuda-mps-server`): it holds
+    /// the shared context its clients run in, and is no MPS client itself.
+    pub mps_server: u32,
 }
 
 /// One kernel launch.

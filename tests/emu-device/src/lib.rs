@@ -107,6 +107,9 @@ pub struct ProcessInfo {
     pub context_memory: u64,
     /// Attached to the running MPS server.
     pub mps_client: bool,
+    /// The process is an MPS server ([`Device::mps_server_context`]), holding its clients'
+    /// shared context.
+    pub mps_server: bool,
     /// Effective uid it connected to MPS with (0 when not an MPS client).
     pub uid: u32,
     /// Active-thread percentage in force (100 when not capped).
@@ -410,6 +413,7 @@ impl Device {
                     contexts: cl.contexts,
                     context_memory: (cl.ctx_base + u64::from(cl.contexts) * local_bytes(h)).min(cl.mem_used),
                     mps_client: h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0,
+                    mps_server: cl.mps_server != 0,
                     uid: cl.uid,
                     active_thread_pct: physics::client_pct(&g, c),
                     mps_queued: h.mps_enabled != 0 && cl.mps_wait != 0,
@@ -873,6 +877,35 @@ impl Device {
         cl.ctx_base += base;
         cl.mem_used += local + base;
         g.header.used_memory += local + base;
+        Ok(())
+    }
+
+    /// An MPS server process (the emulated `nvidia-cuda-mps-server`) created the context its
+    /// clients share: it holds a whole context's memory, the per-process part its clients do
+    /// not take ([`profile::CONTEXT_BASE_BYTES`]) and local memory, for as long as it runs, and
+    /// NVML lists it as a process, as on a real GPU (NVIDIA's MPS docs: the server "owns the
+    /// CUDA context on the GPU"). Refused with [`EmuError::OutOfMemory`] without that much
+    /// free. It is no MPS client: its death hangs nobody (its clients fail instead).
+    pub fn mps_server_context(&self, c: &Client) -> Result<(), EmuError> {
+        let mut g = self.locked();
+        if !Self::slot_ok(&g, c) {
+            return Err(EmuError::NoSuchClient(c.pid));
+        }
+        let h = g.header;
+        let cl = &mut g.clients[c.slot as usize];
+        let need = local_bytes(&h) + if cl.contexts == 0 { profile::CONTEXT_BASE_BYTES } else { 0 };
+        let free = h.total_memory.saturating_sub(h.used_memory);
+        if need > free {
+            return Err(EmuError::OutOfMemory { requested: need, free });
+        }
+        if cl.contexts == 0 {
+            cl.ctx_base = profile::CONTEXT_BASE_BYTES;
+        }
+        cl.mps_server = 1;
+        cl.mps_gen = 0;
+        cl.contexts += 1;
+        cl.mem_used += need;
+        g.header.used_memory += need;
         Ok(())
     }
 
