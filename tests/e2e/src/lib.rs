@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub mod client;
+pub mod nvml_sampler;
 
 
 pub use emu_device;

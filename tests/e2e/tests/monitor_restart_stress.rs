@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use e2e::nvml_sampler::NvmlSampler;
 use e2e::{lacks_root, monitor_state as state, EmuChild, EmuHost, Load, XorShift};
 use node_ledger::ledger::group_id_for;
 use serde_json::Value;
@@ -81,123 +82,6 @@ fn config() -> String {
 #[ignore = "helper-process entry point, run by the stress tool"]
 fn helper_entry() {
     e2e::helper_main();
-}
-
-// ---------------------------------------------------------------------------------------
-// NVML read outside the shim, by a process of its own (as in reclaim_dead_container.rs).
-
-const SAMPLER_LIB_ENV: &str = "RESTART_STRESS_NVML_LIB";
-/// One process's context on the host's GPU, in bytes: NVML counts it, the quota does not.
-const SAMPLER_CTX_ENV: &str = "RESTART_STRESS_NVML_CTX";
-
-/// What the live watched processes hold by NVML's process list, less one context each,
-/// sampled every ~2 ms.
-struct NvmlSampler {
-    child: EmuChild,
-}
-
-impl NvmlSampler {
-    fn start(host: &EmuHost) -> NvmlSampler {
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut c = host.command(exe.to_str().expect("utf-8 path"));
-        c.args([
-            "--exact",
-            "nvml_sampler_entry",
-            "--ignored",
-            "--nocapture",
-            "--quiet",
-            "--test-threads=1",
-        ])
-        .env(SAMPLER_LIB_ENV, host.require_nvml())
-        .env(SAMPLER_CTX_ENV, host.context_bytes().to_string());
-        let mut child = host.spawn(&mut c);
-        assert!(
-            child.wait_for_line("nvml-sampler ready", T).is_some(),
-            "NVML sampler did not start: {}\n{}",
-            child.stdout(),
-            child.stderr()
-        );
-        NvmlSampler { child }
-    }
-
-    fn watch(&mut self, pid: u32) {
-        self.child.send_line(&format!("pid {pid}"));
-    }
-
-    /// (samples, most held at once by live watched processes, bytes).
-    fn stop(mut self) -> (u64, u64) {
-        self.child.send_line("stop");
-        let line = self
-            .child
-            .wait_for_line("nvml-sampler done", T)
-            .unwrap_or_else(|| panic!("NVML sampler gave no figures: {}", self.child.stderr()));
-        self.child.finish(T);
-        let n = |k: &str| -> u64 {
-            e2e::field(&line, k)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no {k}= in {line:?}"))
-        };
-        (n("samples"), n("live_max"))
-    }
-}
-
-fn alive_pid(p: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z"))
-}
-
-/// Not a test: the body of the [`NvmlSampler`] process (returns at once otherwise).
-#[test]
-#[ignore = "helper-process entry point (the stress tool's NVML sampler)"]
-fn nvml_sampler_entry() {
-    use std::io::BufRead;
-    use std::sync::Mutex;
-    let Some(lib) = std::env::var_os(SAMPLER_LIB_ENV) else {
-        return;
-    };
-    let nvml = nvml_wrapper::Nvml::builder()
-        .lib_path(&lib)
-        .init()
-        .expect("nvmlInit against the emulator");
-    let dev = nvml.device_by_index(0).expect("device 0");
-    let ctx: u64 = std::env::var(SAMPLER_CTX_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{SAMPLER_CTX_ENV} must be a byte count"));
-    let pids = Arc::new(Mutex::new(Vec::<u32>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let (pids, stop) = (pids.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for line in std::io::stdin().lock().lines() {
-                let Ok(line) = line else { break };
-                match line.strip_prefix("pid ").map(str::parse::<u32>) {
-                    Some(Ok(p)) => pids.lock().unwrap().push(p),
-                    _ => break,
-                }
-            }
-            stop.store(true, Ordering::SeqCst);
-        });
-    }
-    println!("nvml-sampler ready");
-    let (mut samples, mut live_max) = (0u64, 0u64);
-    while !stop.load(Ordering::SeqCst) {
-        let watched = pids.lock().unwrap().clone();
-        let list = dev.running_compute_processes().expect("process list");
-        // Alive after the read, so alive during it (a killed process is listed until the
-        // emulator reaps it; the tool reaps what it kills at once).
-        let live: u64 = list
-            .iter()
-            .filter(|p| watched.contains(&p.pid) && alive_pid(p.pid))
-            .map(|p| match p.used_gpu_memory {
-                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b.saturating_sub(ctx),
-                _ => 0,
-            })
-            .sum();
-        samples += 1;
-        live_max = live_max.max(live);
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    println!("nvml-sampler done samples={samples} live_max={live_max}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -447,7 +331,7 @@ fn run_once(secs: u64, rng: &mut XorShift, f: &mut Figures) {
         "{first:#}"
     );
     let reader = StateReader::start(host.monitor_state_file());
-    let mut sampler = NvmlSampler::start(&host);
+    let mut sampler = NvmlSampler::start(&host, QUOTA);
     let group = ledger.group(group_id_for(GROUP), QUOTA).unwrap();
 
     let mut clients: Vec<Client> = Vec::new();
@@ -758,7 +642,8 @@ fn run_once(secs: u64, rng: &mut XorShift, f: &mut Figures) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (samples, live_max) = sampler.stop();
+    let nvml = sampler.stop();
+    let (samples, live_max) = (nvml.samples, nvml.live_max);
     f.nvml_samples += samples;
     f.nvml_live_max = f.nvml_live_max.max(live_max);
     assert!(

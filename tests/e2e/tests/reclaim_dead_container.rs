@@ -19,6 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use e2e::nvml_sampler::{NvmlFigures, NvmlSampler};
 use e2e::{lacks_root, EmuChild, EmuHost};
 use node_ledger::ledger::group_id_for;
 use shim_support::*;
@@ -69,182 +70,6 @@ fn in_container(host: &EmuHost, uid: u32, group: &str, args: &[&str]) -> EmuChil
         }
     }
     host.spawn(&mut c)
-}
-
-/// Names this test binary's role when a stress tool re-runs it as its NVML sampler (the value
-/// is the host's `libnvidia-ml.so.1`); see [`NvmlSampler`].
-const SAMPLER_LIB_ENV: &str = "RECLAIM_NVML_SAMPLER_LIB";
-/// The quota the NVML sampler counts samples over, in bytes.
-const SAMPLER_QUOTA_ENV: &str = "RECLAIM_NVML_SAMPLER_QUOTA";
-/// What one process's context holds on the host's GPU, in bytes: NVML counts it for the
-/// process, the quota does not (as `scripts/gpu-check.sh` measures a bare context first).
-const SAMPLER_CTX_ENV: &str = "RECLAIM_NVML_SAMPLER_CTX";
-
-/// NVML of one emulated host read as a monitoring tool outside the shim reads it: in a process
-/// of its own (this test binary re-run as [`nvml_sampler_entry`]) with the host's environment,
-/// never in the test process. The fake NVML, like the real one, serves the one host its
-/// process was started on (it opens the devices `GPUEMU_STATE` names at the first `nvmlInit`
-/// and keeps them while loaded), and `GPUEMU_STATE` is process-wide: two stress tools reading
-/// NVML in the test process at once both read the first one's GPU. The sampler reads NVML
-/// every ~2 ms until told to stop: what the processes it watches hold by the process list,
-/// and the device's used memory above what it was when the sampler started, both less what
-/// the listed processes' contexts hold (one context each; a process holding more counts as
-/// over).
-struct NvmlSampler {
-    child: EmuChild,
-}
-
-/// What an [`NvmlSampler`] saw.
-struct NvmlFigures {
-    samples: u64,
-    /// Most the watched processes held at once by NVML's process list.
-    procs_max: u64,
-    /// Most device memory used at once above the sampler's starting point.
-    used_max: u64,
-    /// Most the watched processes still alive held at once by NVML's process list (a killed
-    /// process is listed until the emulator reaps it, see the SIGKILL tool).
-    live_max: u64,
-    /// Samples with either figure over the quota.
-    over: u64,
-}
-
-impl NvmlSampler {
-    /// Starts the sampler on `host`, counting samples over `quota`; returns once it has read
-    /// the device's starting point.
-    fn start(host: &EmuHost, quota: u64) -> NvmlSampler {
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut c = host.command(exe.to_str().expect("utf-8 path"));
-        c.args([
-            "--exact",
-            "nvml_sampler_entry",
-            "--ignored",
-            "--nocapture",
-            // Terse: libtest starts no line of its own before the sampler's.
-            "--quiet",
-            "--test-threads=1",
-        ])
-        .env(SAMPLER_LIB_ENV, host.require_nvml())
-        .env(SAMPLER_QUOTA_ENV, quota.to_string())
-        .env(SAMPLER_CTX_ENV, host.context_bytes().to_string());
-        let mut child = host.spawn(&mut c);
-        assert!(
-            child.wait_for_line("nvml-sampler ready", T).is_some(),
-            "NVML sampler did not start: {}\n{}",
-            child.stdout(),
-            child.stderr()
-        );
-        NvmlSampler { child }
-    }
-
-    /// Counts process `pid` among the watched ones from now on.
-    fn watch(&mut self, pid: u32) {
-        self.child.send_line(&format!("pid {pid}"));
-    }
-
-    /// Stops the sampler and returns its figures.
-    fn stop(mut self) -> NvmlFigures {
-        self.child.send_line("stop");
-        let line = self.child.wait_for_line("nvml-sampler done", T);
-        let line = line.unwrap_or_else(|| {
-            panic!(
-                "NVML sampler gave no figures: {}\n{}",
-                self.child.stdout(),
-                self.child.stderr()
-            )
-        });
-        self.child.finish(T);
-        let n = |k: &str| -> u64 {
-            e2e::field(&line, k)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no {k}= in {line:?}"))
-        };
-        NvmlFigures {
-            samples: n("samples"),
-            procs_max: n("procs_max"),
-            used_max: n("used_max"),
-            live_max: n("live_max"),
-            over: n("over"),
-        }
-    }
-}
-
-/// Not a test: the body of the stress tools' [`NvmlSampler`] process (returns at once when
-/// not run as one). Reads `pid N` (watch N) and `stop` lines on stdin.
-#[test]
-#[ignore = "helper-process entry point (the stress tools' NVML sampler), run by them"]
-fn nvml_sampler_entry() {
-    use std::io::BufRead;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
-
-    let Some(lib) = std::env::var_os(SAMPLER_LIB_ENV) else {
-        return;
-    };
-    let quota: u64 = std::env::var(SAMPLER_QUOTA_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{SAMPLER_QUOTA_ENV} must be a byte count"));
-    let ctx: u64 = std::env::var(SAMPLER_CTX_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{SAMPLER_CTX_ENV} must be a byte count"));
-    let nvml = nvml_wrapper::Nvml::builder()
-        .lib_path(&lib)
-        .init()
-        .expect("nvmlInit against the emulator");
-    let dev = nvml.device_by_index(0).expect("device 0");
-    let base_used = dev.memory_info().expect("memory info").used;
-    let pids = Arc::new(Mutex::new(Vec::<u32>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let (pids, stop) = (pids.clone(), stop.clone());
-        std::thread::spawn(move || {
-            for line in std::io::stdin().lock().lines() {
-                let Ok(line) = line else { break };
-                match line.strip_prefix("pid ").map(str::parse::<u32>) {
-                    Some(Ok(p)) => pids.lock().unwrap().push(p),
-                    None if line == "stop" => break,
-                    _ => {
-                        // No figures then: the tool fails naming this line.
-                        eprintln!("nvml-sampler: unknown command {line:?}");
-                        std::process::exit(2);
-                    }
-                }
-            }
-            stop.store(true, Ordering::SeqCst);
-        });
-    }
-    println!("nvml-sampler ready base_used={base_used}");
-    let (mut samples, mut procs_max, mut used_max, mut live_max, mut over) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
-    while !stop.load(Ordering::SeqCst) {
-        let watched = pids.lock().unwrap().clone();
-        let list = dev.running_compute_processes().expect("process list");
-        let ours = held_by(&list, &watched, ctx, |_| true);
-        // Alive after the read, so alive during it (the tools reap what they kill at once).
-        let live = held_by(&list, &watched, ctx, |p| {
-            !std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .unwrap_or_else(|_| ") Z".into())
-                .contains(") Z")
-        });
-        let used = dev
-            .memory_info()
-            .expect("memory info")
-            .used
-            .saturating_sub(base_used)
-            .saturating_sub(ctx * list.len() as u64);
-        samples += 1;
-        procs_max = procs_max.max(ours);
-        used_max = used_max.max(used);
-        live_max = live_max.max(live);
-        if ours > quota || used > quota {
-            over += 1;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    println!(
-        "nvml-sampler done samples={samples} procs_max={procs_max} used_max={used_max} live_max={live_max} over={over}"
-    );
 }
 
 /// Kills a container started by [`in_container`]: SIGKILL to its init (the client), and the
@@ -528,23 +353,6 @@ fn user_client(host: &EmuHost, i: u32, steps: &[String]) -> EmuChild {
     let mut c = limited(host, "shim_client", QUOTA, "users");
     c.args(steps).uid(60_001 + i).gid(60_001 + i);
     host.spawn(&mut c)
-}
-
-/// What the processes `pids` that pass `keep` hold by NVML's process list `list` (as a
-/// monitoring tool sees), less `ctx` each for its context.
-fn held_by(
-    list: &[nvml_wrapper::struct_wrappers::device::ProcessInfo],
-    pids: &[u32],
-    ctx: u64,
-    keep: impl Fn(u32) -> bool,
-) -> u64 {
-    list.iter()
-        .filter(|p| pids.contains(&p.pid) && keep(p.pid))
-        .map(|p| match p.used_gpu_memory {
-            nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => b.saturating_sub(ctx),
-            _ => 0,
-        })
-        .sum()
 }
 
 /// A random shim_client script of about `secs` seconds: allocations of 1..64 MiB, frees and
