@@ -94,6 +94,14 @@ fn no_server_starts_without_room_for_its_context_and_its_client_fails() {
         dev.snapshot().processes.iter().all(|p| !p.mps_server),
         "a server holds a context it had no room for"
     );
+    // The daemon does not start a server for that client over and over.
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&control_log).unwrap_or_default();
+    assert_eq!(
+        log.matches("Starting new server").count(),
+        1,
+        "one failed start per client:\n{log}"
+    );
     a.send_line("go");
     a.finish(T);
     let spin = a.lines("spin=");

@@ -65,6 +65,10 @@ pub struct Daemon<D: DeviceLink> {
     default_pct: f64,
     default_pinned: BTreeMap<u32, u64>,
     servers: Vec<Server>,
+    /// Clients of a server that failed to start (exited with an error status, e.g. no room
+    /// for its context): never served again while they hold that connection (a real client's
+    /// connection fails; the daemon does not start a server for it over and over).
+    failed_clients: Vec<u32>,
 }
 
 /// The answer to one command.
@@ -95,6 +99,7 @@ impl<D: DeviceLink> Daemon<D> {
             default_pct: 100.0,
             default_pinned: BTreeMap::new(),
             servers: Vec::new(),
+            failed_clients: Vec::new(),
         }
     }
 
@@ -194,6 +199,10 @@ impl<D: DeviceLink> Daemon<D> {
                     "Server {} exited with status {status}",
                     s.child.id()
                 ));
+                // A server that could not start (an error exit, not a crash by a signal).
+                if status.code().is_some_and(|c| c != 0) {
+                    self.failed_clients.extend(&s.clients);
+                }
                 for c in s.clients {
                     if let Err(e) = self.device.terminate_client(c) {
                         self.log
@@ -217,8 +226,12 @@ impl<D: DeviceLink> Daemon<D> {
             s.clients
                 .retain(|c| clients.iter().any(|&(p, u)| p == *c && u == uid));
         }
+        self.failed_clients
+            .retain(|c| clients.iter().any(|&(p, _)| p == *c));
         for (pid, uid) in clients {
-            if self.servers.iter().any(|s| s.clients.contains(&pid)) {
+            if self.servers.iter().any(|s| s.clients.contains(&pid))
+                || self.failed_clients.contains(&pid)
+            {
                 continue;
             }
             let idx = match self.servers.iter().position(|s| s.uid == uid) {
