@@ -821,20 +821,7 @@ mod tests {
             (vec![pm(42)], gs(99.5), None, true),
             (vec![], gs(99.5), None, true),
         ] {
-            let gpu = Script {
-                next: vec![Ok(gs(10.0)), Ok(sample)],
-                procs: procs.clone(),
-                xids: vec![],
-            };
-            let ledger = MemLedger {
-                procs: vec![off(500)],
-                sm_cap_pct: cap,
-                ..Default::default()
-            };
-            let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
-            for t in 0..20 {
-                m.tick(t * 10);
-            }
+            let m = overloaded_beside(&procs, sample, cap);
             let what = format!("procs {procs:?} sample {sample:?} cap {cap:?}");
             assert_eq!(m.machine.state() == State::Overlimit, evicted, "{what}");
             assert_eq!(m.ledger.marks.is_empty(), !evicted, "{what}");
@@ -846,6 +833,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A monitor that saw one calm sample and then `sample` for 190 ms, with offline process
+    /// 500 registered, the offline SM cap `cap` published, and NVML listing `procs`.
+    fn overloaded_beside(
+        procs: &[ProcMem],
+        sample: GpuSample,
+        cap: Option<f64>,
+    ) -> Monitor<Script, MemLedger, Rec> {
+        let gpu = Script {
+            next: vec![Ok(gs(10.0)), Ok(sample)],
+            procs: procs.to_vec(),
+            xids: vec![],
+        };
+        let ledger = MemLedger {
+            procs: vec![off(500)],
+            sm_cap_pct: cap,
+            ..Default::default()
+        };
+        let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
+        for t in 0..20 {
+            m.tick(t * 10);
+        }
+        m
     }
 
     /// NVML lists the MPS server beside its clients (it holds their shared context): it is not
@@ -879,19 +890,7 @@ mod tests {
             (vec![pm(500), pm(spid), pm(online)], true),
             (vec![pm(spid)], true),
         ] {
-            let gpu = Script {
-                next: vec![Ok(gs(10.0)), Ok(slow)],
-                procs: procs.clone(),
-                xids: vec![],
-            };
-            let ledger = MemLedger {
-                procs: vec![off(500)],
-                ..Default::default()
-            };
-            let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
-            for t in 0..20 {
-                m.tick(t * 10);
-            }
+            let m = overloaded_beside(&procs, slow, None);
             let what = format!("procs {procs:?}");
             assert_eq!(m.machine.state() == State::Overlimit, evicted, "{what}");
             assert_eq!(m.ledger.marks.is_empty(), !evicted, "{what}");
