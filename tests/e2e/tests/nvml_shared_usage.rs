@@ -89,7 +89,10 @@ fn two_processes_see_each_other_and_load_through_nvml() {
         "GPU utilization under back-to-back kernels: {util}%"
     );
     // The driver refreshes GPM counters about once a second: two samples closer than that
-    // can be the same snapshot (0 %), as on a real H200; a longer gap spans a refresh.
+    // can be the same snapshot (0 %), as on a real H200; a longer gap spans a refresh. A
+    // snapshot is the counters at its refresh: the first sample is taken a whole period after
+    // the load is known to run, so that it is no snapshot of the idle GPU before.
+    std::thread::sleep(Duration::from_nanos(e2e::emu_device::GPM_REFRESH_NS));
     let busy = sm_util(&nvml, &dev, Duration::from_millis(1100));
     assert!(
         busy >= 80.0,
