@@ -137,7 +137,13 @@ pub fn render(s: &Snapshot) -> String {
             mib(p.used_memory),
             p.contexts,
             p.kernels,
-            if p.mps_client { "mps client, " } else { "" },
+            if p.mps_server {
+                "mps server (its clients' shared context), "
+            } else if p.mps_client {
+                "mps client, "
+            } else {
+                ""
+            },
             p.active_thread_pct
         );
     }
