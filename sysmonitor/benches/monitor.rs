@@ -261,11 +261,12 @@ fn cpu_use(interval_ms: u64, secs: f64, windows: usize) -> CpuUse {
 }
 
 /// The monitor's NVML calls and nothing else, every `interval_ms`: `NvmlSource::sample` (GPM
-/// or utilization samples, memory, SM clock, power and temperature every tenth) and the XID
-/// event poll.
+/// or utilization samples, memory, SM clock, power and temperature at the shipped paces) and
+/// the XID event poll.
 fn nvml_main(interval_ms: u64) {
     use sysmonitor::sampler::{GpuSource, NvmlSource};
-    let mut src = NvmlSource::open(0).expect("NVML on the emulator");
+    let pace = sysmonitor::config::NvmlPaceConfig::default();
+    let mut src = NvmlSource::open(0, &pace).expect("NVML on the emulator");
     let t0 = Instant::now();
     loop {
         let now = t0.elapsed().as_millis() as u64;

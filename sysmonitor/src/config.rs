@@ -83,6 +83,9 @@ pub struct Config {
     /// Checks of ledger-reported memory against NVML.
     #[serde(default)]
     pub verify: VerifyConfig,
+    /// How often the NVML queries not made at every sample are made.
+    #[serde(default)]
+    pub nvml: NvmlPaceConfig,
     /// Rotation of the GPU's eviction log (`<ledger_dir>/evict-log/gpu<N>.jsonl`, read by
     /// node-agent): size bound per file and rotated generations kept.
     #[serde(default)]
@@ -129,6 +132,62 @@ impl Default for HostMemoryConfig {
             meminfo_path: "/proc/meminfo".into(),
             psi_path: "/proc/pressure/memory".into(),
         }
+    }
+}
+
+/// How often the monitor makes the NVML queries it does not need at every sample: what costs
+/// much or changes slowly. `sysmonitor nvml-cost` shows what each query costs on this GPU and
+/// what these paces add up to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NvmlPaceConfig {
+    /// GPM SM activity (Hopper and later), read at most this often, ms. `nvmlGpmMetricsGet`
+    /// costs about 1.3 ms of CPU per read (H200, driver 580), and the driver refreshes the
+    /// counters it reads about once a second: a read more often than that mostly finds the
+    /// same snapshot; a read less often leaves the throttle on older SM activity. Within
+    /// [`MIN_GPM_EVERY_MS`]..=[`MAX_GPM_EVERY_MS`].
+    pub gpm_every_ms: u64,
+    /// Power draw and temperature (shown, not judged), ms. NVML's power reading is itself an
+    /// average over about a second on recent GPUs.
+    pub power_temp_every_ms: u64,
+    /// XID events (NVML's critical-XID event set, and `xid_log`), ms: a critical XID disables
+    /// the GPU at most this long after it is reported. At most [`MAX_XID_EVERY_MS`].
+    pub xid_every_ms: u64,
+}
+
+/// Shortest accepted `nvml.gpm_every_ms`.
+pub const MIN_GPM_EVERY_MS: u64 = 100;
+/// Longest accepted `nvml.gpm_every_ms`: beyond it, a GPU that stays busy could read as the
+/// same snapshot (see `sampler::GPM_SAME_SNAPSHOT_MS`).
+pub const MAX_GPM_EVERY_MS: u64 = 2_000;
+/// Longest accepted `nvml.xid_every_ms`.
+pub const MAX_XID_EVERY_MS: u64 = 1_000;
+/// Longest accepted `nvml.power_temp_every_ms`.
+pub const MAX_POWER_TEMP_EVERY_MS: u64 = 60_000;
+
+impl Default for NvmlPaceConfig {
+    fn default() -> Self {
+        NvmlPaceConfig {
+            gpm_every_ms: 500,
+            power_temp_every_ms: 100,
+            xid_every_ms: 50,
+        }
+    }
+}
+
+impl NvmlPaceConfig {
+    /// Range checks; returns `(field within the block, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for (f, v, lo, hi) in [
+            ("gpm_every_ms", self.gpm_every_ms, MIN_GPM_EVERY_MS, MAX_GPM_EVERY_MS),
+            ("power_temp_every_ms", self.power_temp_every_ms, 1, MAX_POWER_TEMP_EVERY_MS),
+            ("xid_every_ms", self.xid_every_ms, 1, MAX_XID_EVERY_MS),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err((f.into(), format!("must be within {lo}..={hi} ms, got {v}")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -263,6 +322,9 @@ impl Config {
         self.evict_log
             .validate()
             .map_err(|(f, m)| (format!("evict_log.{f}"), m))?;
+        self.nvml
+            .validate()
+            .map_err(|(f, m)| (format!("nvml.{f}"), m))?;
         if self.verify.strikes == 0 {
             return Err(("verify.strikes".into(), "must be >= 1".into()));
         }
@@ -368,6 +430,28 @@ mod tests {
         c.ledger_group = Some("0".into());
         assert_eq!(c.ledger_gid(), Ok(Some(0)));
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn nvml_paces_are_range_checked() {
+        let ok = Config::default();
+        assert_eq!(ok.nvml.gpm_every_ms, 500);
+        for (f, set) in [
+            ("nvml.gpm_every_ms", (|c: &mut Config| c.nvml.gpm_every_ms = 10) as fn(&mut Config)),
+            ("nvml.gpm_every_ms", |c| c.nvml.gpm_every_ms = 5_000),
+            ("nvml.power_temp_every_ms", |c| c.nvml.power_temp_every_ms = 0),
+            ("nvml.xid_every_ms", |c| c.nvml.xid_every_ms = 0),
+            ("nvml.xid_every_ms", |c| c.nvml.xid_every_ms = 60_000),
+        ] {
+            let mut c = ok.clone();
+            set(&mut c);
+            assert_eq!(c.validate().unwrap_err().0, f);
+        }
+        let c: Config =
+            serde_json::from_str(r#"{"nvml": {"gpm_every_ms": 1000, "xid_every_ms": 20}}"#).unwrap();
+        assert!(c.validate().is_ok());
+        assert_eq!((c.nvml.gpm_every_ms, c.nvml.power_temp_every_ms, c.nvml.xid_every_ms), (1000, 100, 20));
+        assert!(serde_json::from_str::<Config>(r#"{"nvml": {"gpm_ms": 1000}}"#).is_err(), "a misspelt key is refused");
     }
 
     #[test]

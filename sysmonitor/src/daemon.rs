@@ -13,7 +13,7 @@ use node_daemon::run::Service;
 use node_daemon::sdnotify::Notifier;
 use node_daemon::ConfigError;
 
-use crate::config::Config;
+use crate::config::{Config, NvmlPaceConfig};
 use crate::health::Input;
 use crate::ledger::{next_on_grid, LedgerAdapter};
 use crate::monitor::{ChangeKey, Monitor};
@@ -26,6 +26,8 @@ pub struct RetryingNvml {
     index: u32,
     inner: Option<NvmlSource>,
     next_try_ms: u64,
+    /// Paces the source is opened with (and handed on reload).
+    pace: NvmlPaceConfig,
 }
 
 impl RetryingNvml {
@@ -35,6 +37,7 @@ impl RetryingNvml {
             index,
             inner: None,
             next_try_ms: 0,
+            pace: NvmlPaceConfig::default(),
         }
     }
 }
@@ -50,7 +53,7 @@ impl RetryingNvml {
             return Err("NVML unavailable (retrying every second)".into());
         }
         self.next_try_ms = now_ms + 1000;
-        match NvmlSource::open(self.index) {
+        match NvmlSource::open(self.index, &self.pace) {
             Ok(s) => self.inner.insert(s).sample(now_ms),
             Err(e) => Err(format!("NVML unavailable: {e}")),
         }
@@ -69,6 +72,12 @@ impl GpuSource for RetryingNvml {
     }
     fn xids(&mut self) -> Vec<u64> {
         self.inner.as_mut().map(|s| s.xids()).unwrap_or_default()
+    }
+    fn set_pace(&mut self, pace: &NvmlPaceConfig) {
+        self.pace = pace.clone();
+        if let Some(s) = &mut self.inner {
+            s.set_pace(pace);
+        }
     }
 }
 
@@ -356,7 +365,7 @@ impl<G: GpuSource> Service for MonitorService<G> {
         applied.xid_log = cfg.xid_log.clone();
         applied.xid_log_match = cfg.xid_log_match.clone();
         self.cfg = applied;
-        self.mon.cfg = self.cfg.clone();
+        self.mon.reconfigure(self.cfg.clone());
         self.files = files;
         self.config_error = None;
         self.reloads += 1;

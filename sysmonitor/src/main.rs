@@ -138,13 +138,8 @@ fn main() -> ExitCode {
                     out(&report::status_table(&s, clock::unix_ms()))
                 }
             }),
-        Cmd::NvmlCost { calls, json } => sysmonitor::sampler::NvmlSource::open(cfg.gpu_index).and_then(|mut src| {
-            let pace = sysmonitor::nvmlcost::Pace {
-                interval_ms: cfg.interval_ms,
-                verify_every_ms: if cfg.verify.enabled { cfg.verify.every_ms } else { 0 },
-                aux_every: sysmonitor::sampler::AUX_EVERY,
-                xid_every_ms: sysmonitor::monitor::XID_EVERY_MS,
-            };
+        Cmd::NvmlCost { calls, json } => sysmonitor::sampler::NvmlSource::open(cfg.gpu_index, &cfg.nvml).and_then(|mut src| {
+            let pace = sysmonitor::nvmlcost::Pace::of(&cfg);
             let r = sysmonitor::nvmlcost::measure(&mut src, cfg.gpu_index, calls, pace);
             if json {
                 out(&format!("{}\n", serde_json::to_string_pretty(&r).unwrap_or_default()))

@@ -71,9 +71,6 @@ impl Occupancy {
 /// How often a Healthy <-> Unhealthy transition is logged at most, ms (see [`FlapLog`]).
 pub const FLAP_LOG_MS: u64 = 1000;
 
-/// XIDs (NVML's critical-XID events, the kernel log) are read at most this often: each read is
-/// a driver call or a syscall, a monitor samples every 10 ms, and 50 ms is nothing to an XID.
-pub const XID_EVERY_MS: u64 = 50;
 
 /// Rate limit for the log lines of Healthy <-> Unhealthy flapping: one line per
 /// [`FLAP_LOG_MS`], which reports how many transitions were left out since the last one.
@@ -178,12 +175,13 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     /// gets a full grace from now.
     pub fn resume(
         cfg: Config,
-        gpu: G,
+        mut gpu: G,
         mut ledger: L,
         sig: S,
         history: Vec<u64>,
         pending: &[PendingEviction],
     ) -> Self {
+        gpu.set_pace(&cfg.nvml);
         let mut evictor = Evictor::new(sig, cfg.gpu_index);
         let mut events = Vec::new();
         let now = node_daemon::clock::mono_ms();
@@ -245,6 +243,13 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
+    /// Puts a new configuration in force (a reload): the next tick judges by it, and the GPU
+    /// source reads at its `nvml` paces.
+    pub fn reconfigure(&mut self, cfg: Config) {
+        self.gpu.set_pace(&cfg.nvml);
+        self.cfg = cfg;
+    }
+
     /// Feeds an operator or external input (disable/enable) into the machine.
     pub fn input(&mut self, now_ms: u64, input: Input) {
         let step = self.machine.step(&self.cfg.machine, now_ms, input);
@@ -275,8 +280,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         let mut xids = Vec::new();
         if now_ms >= self.next_xid_ms {
             // XIDs are not a hot path: NVML's event set and the kernel log are read at most
-            // every XID_EVERY_MS, not at every sample (each read is a driver call or a syscall).
-            self.next_xid_ms = now_ms + XID_EVERY_MS;
+            // every `nvml.xid_every_ms` (50 ms), not at every sample (each read is a driver call
+            // or a syscall, a monitor samples every 10 ms, and 50 ms is nothing to an XID).
+            self.next_xid_ms = now_ms + self.cfg.nvml.xid_every_ms;
             xids = self.gpu.xids();
             if let Some(t) = &mut self.xid_log {
                 xids.extend(t.poll());
@@ -668,6 +674,8 @@ mod tests {
         next: Vec<Result<GpuSample, String>>,
         procs: Vec<ProcMem>,
         xids: Vec<u64>,
+        /// The paces the monitor handed over, last first.
+        paces: Vec<crate::config::NvmlPaceConfig>,
     }
     impl GpuSource for Script {
         fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
@@ -686,6 +694,9 @@ mod tests {
         }
         fn xids(&mut self) -> Vec<u64> {
             std::mem::take(&mut self.xids)
+        }
+        fn set_pace(&mut self, pace: &crate::config::NvmlPaceConfig) {
+            self.paces.insert(0, pace.clone());
         }
     }
 
@@ -739,7 +750,7 @@ mod tests {
 
     /// A monitor with offline process 500 registered and NVML listing nobody, fed `samples`.
     fn one_offline(samples: Vec<GpuSample>) -> Monitor<Script, MemLedger, Rec> {
-        let gpu = Script { next: samples.into_iter().map(Ok).collect(), procs: vec![], xids: vec![] };
+        let gpu = Script { next: samples.into_iter().map(Ok).collect(), procs: vec![], xids: vec![], paces: vec![] };
         let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
         Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![])
     }
@@ -846,6 +857,7 @@ mod tests {
             next: vec![Ok(gs(10.0)), Ok(sample)],
             procs: procs.to_vec(),
             xids: vec![],
+            paces: vec![],
         };
         let ledger = MemLedger {
             procs: vec![off(500)],
@@ -922,7 +934,7 @@ mod tests {
     fn the_registry_count_reuses_this_ticks_read_and_follows_the_next_one() {
         let mut c = cfg();
         c.verify.every_ms = 200;
-        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![] };
+        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![], paces: vec![] };
         let ledger = MemLedger { procs: vec![off(500)], ..Default::default() };
         let mut m = Monitor::new(c, gpu, ledger, Rec::default(), vec![]);
         let reads = |m: &Monitor<Script, MemLedger, Rec>| m.ledger.offline_reads;
@@ -947,7 +959,7 @@ mod tests {
         let mut c = cfg();
         c.interval_ms = 10;
         c.idle_interval_ms = 100;
-        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![] };
+        let gpu = Script { next: vec![Ok(gs(10.0))], procs: vec![], xids: vec![], paces: vec![] };
         let mut m = Monitor::new(c.clone(), gpu, MemLedger::default(), Rec::default(), vec![]);
         assert_eq!(m.sampling_ms(), 10, "before the first sample (Init) and registry read");
         m.tick(0);
@@ -968,7 +980,7 @@ mod tests {
         assert_eq!(m.sampling_ms(), 10, "not above interval_ms: always interval_ms");
 
         // Not Healthy (here Overlimit, with its eviction in flight): full pace.
-        let gpu = Script { next: vec![Ok(gs(10.0)), Ok(gs(99.5))], procs: vec![], xids: vec![] };
+        let gpu = Script { next: vec![Ok(gs(10.0)), Ok(gs(99.5))], procs: vec![], xids: vec![], paces: vec![] };
         let ledger = MemLedger { procs: vec![off(600)], ..Default::default() };
         let mut m = Monitor::new(c, gpu, ledger, Rec::default(), vec![]);
         m.tick(0);
@@ -996,6 +1008,7 @@ mod tests {
                 },
             ],
             xids: vec![],
+            paces: vec![],
         };
         let mut a = off(600);
         a.reported_bytes = 100 * mib;
@@ -1015,7 +1028,41 @@ mod tests {
         );
     }
 
-    /// XIDs are read at most every [`XID_EVERY_MS`]: a critical one waiting in NVML's event set
+    /// The `nvml` paces reach the GPU source at start and on reload, and the monitor reads
+    /// XIDs at its own: a critical XID waiting in NVML's event set is taken only once
+    /// `nvml.xid_every_ms` has passed since the last read.
+    #[test]
+    fn the_configured_nvml_paces_are_the_ones_used() {
+        let mut c = cfg();
+        c.nvml.xid_every_ms = 300;
+        c.nvml.gpm_every_ms = 1000;
+        let gpu = Script {
+            next: vec![Ok(gs(10.0))],
+            procs: vec![],
+            xids: vec![],
+            paces: vec![],
+        };
+        let ledger = MemLedger {
+            procs: vec![off(700)],
+            ..Default::default()
+        };
+        let mut m = Monitor::new(c.clone(), gpu, ledger, Rec::default(), vec![]);
+        assert_eq!(m.gpu.paces, vec![c.nvml.clone()], "handed over at start");
+        m.tick(0);
+        m.gpu.xids = vec![31];
+        m.tick(Config::default().nvml.xid_every_ms);
+        m.tick(299);
+        assert_eq!(m.machine.state(), State::Healthy, "not read before 300 ms");
+        m.tick(300);
+        assert_eq!(m.machine.state(), State::Disabled);
+        let mut reloaded = c.clone();
+        reloaded.nvml.gpm_every_ms = 2000;
+        m.reconfigure(reloaded.clone());
+        assert_eq!(m.gpu.paces[0], reloaded.nvml, "handed over on reload");
+        assert_eq!(m.cfg, reloaded);
+    }
+
+    /// XIDs are read at most every `nvml.xid_every_ms`: a critical one waiting in NVML's event set
     /// is taken at the first sample that far from the last read, not at every sample.
     #[test]
     fn critical_xid_disables_and_evicts_other_xids_do_not() {
@@ -1023,6 +1070,7 @@ mod tests {
             next: vec![Ok(gs(10.0))],
             procs: vec![],
             xids: vec![13],
+            paces: vec![],
         };
         let ledger = MemLedger {
             procs: vec![off(700)],
@@ -1039,7 +1087,7 @@ mod tests {
             "not read 10 ms after the last read"
         );
         assert_eq!(m.gpu.xids, vec![31]);
-        m.tick(XID_EVERY_MS);
+        m.tick(Config::default().nvml.xid_every_ms);
         assert_eq!(m.machine.state(), State::Disabled);
         assert_eq!(
             m.events,
@@ -1061,7 +1109,7 @@ mod tests {
             requested_mono_ms: 990,
         }];
         for (start_time, kill_at) in [(7, 1020), (8, 1030)] {
-            let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![] };
+            let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![], paces: vec![] };
             // The ledger keeps the request, not its time: it dates it when it is read.
             let p = OfflineProc { start_time, evict_requested_ms: Some(1000), ..off(800) };
             let ledger = MemLedger { procs: vec![p], ..Default::default() };
@@ -1086,6 +1134,7 @@ mod tests {
             next: vec![Ok(gs(99.5))],
             procs: vec![],
             xids: vec![],
+            paces: vec![],
         };
         let mut p = off(800);
         p.evict_requested_ms = Some(0);

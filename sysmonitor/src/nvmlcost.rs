@@ -5,7 +5,8 @@
 
 use serde::Serialize;
 
-use crate::sampler::{GpuSource, NvmlSource, GPM_EVERY_MS};
+use crate::config::Config;
+use crate::sampler::{GpuSource, NvmlSource};
 
 /// One NVML query as the monitor makes it.
 #[derive(Debug, Clone, Serialize)]
@@ -82,13 +83,26 @@ pub struct Pace {
     pub interval_ms: u64,
     /// `verify.every_ms` (the process list; 0 = verify off).
     pub verify_every_ms: u64,
-    /// Samples between two power/temperature reads.
-    pub aux_every: u64,
-    /// XID reads, ms apart.
+    /// `nvml.gpm_every_ms`.
+    pub gpm_every_ms: u64,
+    /// `nvml.power_temp_every_ms`.
+    pub power_temp_every_ms: u64,
+    /// `nvml.xid_every_ms`.
     pub xid_every_ms: u64,
 }
 
 impl Pace {
+    /// The paces a monitor running with `cfg` makes its queries at.
+    pub fn of(cfg: &Config) -> Pace {
+        Pace {
+            interval_ms: cfg.interval_ms,
+            verify_every_ms: if cfg.verify.enabled { cfg.verify.every_ms } else { 0 },
+            gpm_every_ms: cfg.nvml.gpm_every_ms,
+            power_temp_every_ms: cfg.nvml.power_temp_every_ms,
+            xid_every_ms: cfg.nvml.xid_every_ms,
+        }
+    }
+
     fn per_sample(&self) -> f64 {
         1000.0 / self.interval_ms.max(1) as f64
     }
@@ -136,18 +150,18 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
     let gpm = src.has_gpm();
     if gpm {
         let n = calls.min(100);
-        let when = format!("every {GPM_EVERY_MS} ms");
+        let when = format!("every {} ms", pace.gpm_every_ms);
         add(
             "nvmlGpmSampleGet",
             n,
-            Pace::every(GPM_EVERY_MS),
+            Pace::every(pace.gpm_every_ms),
             when.clone(),
             time_calls(n, || src.probe_gpm_sample()),
         );
         add(
             "nvmlGpmMetricsGet (SM, graphics util)",
             n,
-            Pace::every(GPM_EVERY_MS),
+            Pace::every(pace.gpm_every_ms),
             when,
             time_calls(n, || src.probe_gpm_metrics()),
         );
@@ -181,8 +195,9 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
         "every sample while the SM clock is below its top (an idle GPU)".into(),
         time_calls(calls, || src.clock_reasons().map(drop)),
     );
-    let aux = per_sample / pace.aux_every.max(1) as f64;
-    let aux_when = format!("every {} samples", pace.aux_every);
+    // At most once a sample.
+    let aux = Pace::every(pace.power_temp_every_ms.max(pace.interval_ms));
+    let aux_when = format!("every {} ms", pace.power_temp_every_ms.max(pace.interval_ms));
     add(
         "nvmlDeviceGetPowerUsage",
         calls,

@@ -7,6 +7,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 
+use crate::config::NvmlPaceConfig;
 use crate::health::Metrics;
 
 pub use node_ledger::sample::{GpuSample, SmSource};
@@ -53,6 +54,9 @@ pub trait GpuSource {
     fn processes(&mut self) -> Result<Vec<ProcMem>, String>;
     /// Critical XID codes seen since the last call (non-blocking).
     fn xids(&mut self) -> Vec<u64>;
+    /// Takes the paces of the queries not made at every sample (`nvml` in the config, on
+    /// start and reload); a source with no such queries ignores it.
+    fn set_pace(&mut self, _pace: &NvmlPaceConfig) {}
 }
 
 /// Two GPM sample buffers, swapped each reading.
@@ -63,7 +67,7 @@ struct Gpm {
     primed: bool,
     /// When `prev` was taken (monotonic ms).
     prev_ms: u64,
-    /// No GPM reading before this (monotonic ms): see [`GPM_EVERY_MS`].
+    /// No GPM reading before this (monotonic ms): see [`NvmlPaceConfig::gpm_every_ms`].
     next_ms: u64,
     /// Whether a GPM reading has given SM utilization yet.
     has_value: bool,
@@ -201,11 +205,6 @@ fn same_snapshot(sm: f64, gfx: f64, since_new_ms: u64) -> bool {
     sm == 0.0 && gfx == 0.0 && since_new_ms < GPM_SAME_SNAPSHOT_MS
 }
 
-/// GPM metrics are computed at most this often: `nvmlGpmMetricsGet` costs about 1.3 ms of CPU
-/// per call (H200, driver 580; `nvmlGpmSampleGet` 51 us, a utilization query 1.4 us), 13 % of
-/// a core at 10 ms sampling, and its counters change only about once a second anyway.
-pub const GPM_EVERY_MS: u64 = 500;
-
 /// All-zero GPM metrics within this long of the last new snapshot are the same snapshot read
 /// again, not an idle GPU (longer than the driver's refresh period seen, about 1-1.5 s).
 pub const GPM_SAME_SNAPSHOT_MS: u64 = 3000;
@@ -220,21 +219,23 @@ pub struct NvmlSource {
     events: Option<nvml_wrapper::EventSet<'static>>,
     /// Max SM clock never changes: read once.
     max_clock: Option<u32>,
-    /// Power and temperature are shown, not judged: refreshed every `AUX_EVERY` samples.
+    /// Power and temperature are shown, not judged: refreshed every
+    /// [`NvmlPaceConfig::power_temp_every_ms`].
     aux: (Option<u32>, Option<u32>),
-    n: u64,
+    /// No power/temperature read before this (monotonic ms).
+    next_aux_ms: u64,
+    /// Paces of the queries not made at every sample.
+    pace: NvmlPaceConfig,
 }
-
-/// Samples between two power/temperature reads.
-pub const AUX_EVERY: u64 = 10;
 
 fn e(what: &str, err: NvmlError) -> String {
     format!("{what}: {err}")
 }
 
 impl NvmlSource {
-    /// Initializes NVML and opens GPU `index`; NVML lives for the rest of the process.
-    pub fn open(index: u32) -> Result<NvmlSource, String> {
+    /// Initializes NVML and opens GPU `index`, to be read at `pace`; NVML lives for the rest
+    /// of the process.
+    pub fn open(index: u32, pace: &NvmlPaceConfig) -> Result<NvmlSource, String> {
         let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(|x| e("nvmlInit", x))?));
         let dev = nvml
             .device_by_index(index)
@@ -262,7 +263,8 @@ impl NvmlSource {
             events,
             max_clock: None,
             aux: (None, None),
-            n: 0,
+            next_aux_ms: 0,
+            pace: pace.clone(),
         })
     }
 
@@ -277,14 +279,14 @@ impl NvmlSource {
 
     /// (GPU utilization, SM activity, its source). GPU utilization is NVML's utilization rate
     /// at every sample. With GPM, SM activity is its SM utilization, read at most every
-    /// [`GPM_EVERY_MS`] and held between new snapshots (until the first one: the utilization
+    /// [`NvmlPaceConfig::gpm_every_ms`] and held between new snapshots (until the first one: the utilization
     /// rate, the busy fraction, never below the spatial figure); otherwise from utilization
     /// samples.
     fn util_and_sm(&mut self, now_ms: u64) -> Result<(f64, f64, SmSource), String> {
         let u = self.util_rate()?;
         if let Some(g) = &mut self.gpm {
             if now_ms >= g.next_ms {
-                g.next_ms = now_ms.saturating_add(GPM_EVERY_MS);
+                g.next_ms = now_ms.saturating_add(self.pace.gpm_every_ms);
                 // SAFETY: live handle of the leaked Nvml.
                 let h = unsafe { self.dev.handle() };
                 match g.read(h, now_ms) {
@@ -450,10 +452,10 @@ impl GpuSource for NvmlSource {
                             | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
                     )
             });
-        if self.n.is_multiple_of(AUX_EVERY) {
+        if now_ms >= self.next_aux_ms {
+            self.next_aux_ms = now_ms.saturating_add(self.pace.power_temp_every_ms);
             self.aux = (self.power().ok(), self.temperature().ok());
         }
-        self.n += 1;
         Ok(GpuSample {
             t_ms: now_ms,
             gpu_util: util,
@@ -483,6 +485,10 @@ impl GpuSource for NvmlSource {
                 },
             })
             .collect())
+    }
+
+    fn set_pace(&mut self, pace: &NvmlPaceConfig) {
+        self.pace = pace.clone();
     }
 
     fn xids(&mut self) -> Vec<u64> {

@@ -553,7 +553,11 @@ fn nvml_cost_times_each_query_the_monitor_makes() {
         let n = EmuHost::with_profile(profile);
         n.require_nvml();
         let cfg = n.path("cost.json");
-        std::fs::write(&cfg, r#"{ "interval_ms": 10 }"#).unwrap();
+        std::fs::write(
+            &cfg,
+            r#"{ "interval_ms": 10, "nvml": { "gpm_every_ms": 1000, "power_temp_every_ms": 250 } }"#,
+        )
+        .unwrap();
         let out = n
             .node_command(e2e::artifact("sysmonitor").to_str().unwrap())
             .args(["nvml-cost", "--calls", "20", "--json", "-c"])
@@ -571,8 +575,12 @@ fn nvml_cost_times_each_query_the_monitor_makes() {
         for q in sm_queries.iter().chain(&["nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetClockInfo", "nvmlDeviceGetComputeRunningProcesses"]) {
             assert!(answered(q), "{profile}: {q} not timed: {text}");
         }
-        let mem = calls.iter().find(|c| c["query"] == "nvmlDeviceGetMemoryInfo").unwrap();
-        assert_eq!(mem["per_sec"], 100.0, "every 10 ms sample");
+        let per_sec = |q: &str| calls.iter().find(|c| c["query"].as_str().unwrap().starts_with(q)).unwrap()["per_sec"].clone();
+        assert_eq!(per_sec("nvmlDeviceGetMemoryInfo"), 100.0, "every 10 ms sample");
+        assert_eq!(per_sec("nvmlDeviceGetPowerUsage"), 4.0, "nvml.power_temp_every_ms");
+        if profile == "h100" {
+            assert_eq!(per_sec("nvmlGpmMetricsGet"), 1.0, "nvml.gpm_every_ms");
+        }
         assert!(r["total_core_pct"].as_f64().unwrap() > 0.0, "{text}");
     }
 }
