@@ -37,6 +37,13 @@ pub enum EmuError {
     },
     /// Every client slot is taken.
     TooManyClients,
+    /// The MPS server has as many clients as the GPU's architecture allows
+    /// ([`crate::profile::mps_max_clients`]); the driver refuses the next one with
+    /// `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`.
+    MpsMaxClients {
+        /// The limit.
+        limit: u32,
+    },
     /// A bad argument (what and why).
     InvalidValue(String),
     /// No process with this pid holds the device.
@@ -68,7 +75,7 @@ impl EmuError {
                 CUresult::CUDA_ERROR_NO_DEVICE
             }
             EmuError::OutOfMemory { .. } => CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-            EmuError::TooManyClients => CUresult::CUDA_ERROR_MPS_MAX_CLIENTS_REACHED,
+            EmuError::TooManyClients | EmuError::MpsMaxClients { .. } => CUresult::CUDA_ERROR_MPS_MAX_CLIENTS_REACHED,
             EmuError::InvalidValue(_) | EmuError::NoSuchClient(_) => CUresult::CUDA_ERROR_INVALID_VALUE,
             EmuError::MpsServerNotReady => CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY,
             EmuError::MpsClientTerminated => CUresult::CUDA_ERROR_MPS_CLIENT_TERMINATED,
@@ -94,6 +101,9 @@ impl std::fmt::Display for EmuError {
                 write!(f, "out of device memory: requested {requested} bytes, {free} free")
             }
             EmuError::TooManyClients => write!(f, "too many processes on the emulated GPU"),
+            EmuError::MpsMaxClients { limit } => {
+                write!(f, "the MPS server already has {limit} clients, all this GPU's architecture allows")
+            }
             EmuError::InvalidValue(w) => write!(f, "invalid value: {w}"),
             EmuError::NoSuchClient(pid) => write!(f, "no process {pid} holds the emulated GPU"),
             EmuError::MpsServerNotReady => write!(f, "MPS server is not ready (a client died holding a context)"),

@@ -854,6 +854,12 @@ impl Device {
                     return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
                 }
             }
+            if !connected {
+                let limit = profile::mps_max_clients((h.cc_major, h.cc_minor));
+                if mps_connected(&g, me) >= limit {
+                    return Err(EmuError::MpsMaxClients { limit });
+                }
+            }
             let cl = &mut g.clients[me];
             cl.mps_wait = 0;
             // Real MPS: the driver connects to the control daemon, which hands the client to its
@@ -1329,6 +1335,21 @@ fn clear_dead(h: &mut layout::Header) {
     h.mps_dead_count = 0;
     h.mps_dead_overflow = 0;
     h.mps_dead = Default::default();
+}
+
+/// Clients connected to the running MPS server other than slot `me`: live ones holding a
+/// context, and dead ones still connected (their work hangs the server until terminated).
+fn mps_connected(st: &State, me: usize) -> u32 {
+    let h = &st.header;
+    let live = st
+        .clients
+        .iter()
+        .enumerate()
+        .filter(|&(i, cl)| {
+            i != me && cl.used != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0 && cl.contexts > 0 && cl.terminated == 0
+        })
+        .count() as u32;
+    live + (h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS) as u32
 }
 
 /// One user at a time (NVIDIA's nvidia-cuda-mps-control(1): a client of a user other than the

@@ -91,6 +91,18 @@ pub fn context_local_bytes(sm_count: u32, cc: (u32, u32)) -> u64 {
     u64::from(sm_count) * u64::from(max_threads_per_sm(cc)) * 1024
 }
 
+/// MPS clients one server takes at a time on a GPU of compute capability `cc`
+/// (nvidia-cuda-mps-control(1): 16 for SM 3.5 through 6.x, 48 from SM 7.0, Volta MPS); the
+/// driver refuses the next with `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`. Later NVIDIA documents
+/// mention more on newer parts; the emulator takes the documented 48, the stricter figure.
+pub fn mps_max_clients(cc: (u32, u32)) -> u32 {
+    if cc.0 >= 7 {
+        48
+    } else {
+        16
+    }
+}
+
 /// All profiles, for lookup and `--help` text.
 pub const ALL: [&Profile; 3] = [&T4, &A10, &H100];
 

@@ -746,3 +746,55 @@ fn the_gpm_snapshot_is_one_per_device_taken_at_the_refresh_boundary() {
     d.detach(&c);
     std::fs::remove_file(&p).unwrap();
 }
+
+/// One MPS server takes 48 clients on Volta and later (nvidia-cuda-mps-control(1)): the 49th
+/// context is refused with `CUDA_ERROR_MPS_MAX_CLIENTS_REACHED`, and once a client lets its
+/// context go the next one gets in. Without MPS no such limit applies.
+#[test]
+fn an_mps_server_takes_48_clients() {
+    let p = tmp("mps-max-clients");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    assert_eq!(profile::mps_max_clients((7, 5)), 48);
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let me = d.attach().unwrap();
+    let mut sleepers: Vec<std::process::Child> =
+        (0..48).map(|_| std::process::Command::new("sleep").arg("30").spawn().unwrap()).collect();
+    // Without MPS: 48 others with contexts, and this process still gets one.
+    for s in &sleepers {
+        fake_client(&d, s.id(), 1, false);
+    }
+    d.context_created(&me, None).unwrap();
+    d.context_destroyed(&me);
+    for s in &sleepers {
+        let mut g = d.shm.lock();
+        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].pid == s.id()).unwrap();
+        g.clients[c] = layout::ClientSlot::default();
+        g.header.used_memory -= 1 << 20;
+    }
+    d.mps_start(std::process::id());
+    for s in &sleepers {
+        fake_client(&d, s.id(), 1, true);
+        fake_uid(&d, s.id(), euid, 0);
+    }
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::MpsMaxClients { limit: 48 }), "{e}");
+    assert_eq!(e.to_curesult(), cuda_abi::CUresult::CUDA_ERROR_MPS_MAX_CLIENTS_REACHED);
+    assert_eq!(d.contexts(&me), 0);
+    // One client lets its context go: room for the next.
+    {
+        let mut g = d.shm.lock();
+        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].pid == sleepers[0].id()).unwrap();
+        g.clients[c].contexts = 0;
+    }
+    d.context_created(&me, None).unwrap();
+    assert_eq!(d.contexts(&me), 1);
+    d.context_destroyed(&me);
+    d.mps_quit();
+    for s in &mut sleepers {
+        s.kill().unwrap();
+        s.wait().unwrap();
+    }
+    d.detach(&me);
+    std::fs::remove_file(&p).unwrap();
+}
