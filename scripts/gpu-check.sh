@@ -21,6 +21,10 @@
 #               and throttle on, under budget), alternated: the shim's added cost per launch
 #   nvml-cost   `sysmonitor nvml-cost`: CPU per call of each NVML query the monitor makes on
 #               this GPU, and their sum at 10 ms (where monitor-cpu's time goes)
+#   mps-server  under MPS, with the server up: whether NVML lists nvidia-cuda-mps-server as a
+#               compute process, its memory, and whether its comm is the one the monitor
+#               recognises it by (listed but not recognised: the monitor would take it for
+#               online work)
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
 #        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
@@ -381,6 +385,33 @@ check_exit() {
     fi
 }
 
+# --- the MPS server as NVML lists it ------------------------------------------------------
+check_mps_server() {
+    local lines server others h
+    # An MPS client holding a context (1 MiB), so that its server runs while NVML is asked.
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/mps-hold.out" 2>&1 &
+    h=$!; pids+=($h)
+    for _ in $(seq 100); do grep -q holding "$root/mps-hold.out" 2>/dev/null && break; sleep 0.1; done
+    sleep 0.5
+    lines=$("$py" "$client" nvml-procs 0 2>"$root/nvml-procs.err")
+    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    echo "$lines" >"$root/nvml-procs.out"
+    server=$(echo "$lines" | "$py" -c 'import json,sys
+for o in map(json.loads, sys.stdin):
+    if o.get("comm") == "nvidia-cuda-mps":
+        print("pid %s, %s MiB" % (o["pid"], o["used_mib"]))
+        break')
+    others=$(echo "$lines" | "$py" -c 'import json,sys
+print(", ".join("%s %s %s MiB" % (o["pid"], o["comm"] or "?", o["used_mib"]) for o in map(json.loads, sys.stdin) if "pid" in o))')
+    if [[ -n "$server" ]]; then
+        row mps-server PASS "listed by NVML: $server" "comm nvidia-cuda-mps: the monitor counts it as neither online nor offline"
+    elif [[ -z "$lines" ]]; then
+        row mps-server FAIL "-" "NVML process list unreadable: $(tail -n 2 "$root/nvml-procs.err" | plain)"
+    else
+        row mps-server INFO "no MPS server in NVML's list" "listed: ${others:-none}"
+    fi
+}
+
 # --- node runtime ------------------------------------------------------------------------
 check_node() {
     local secs=$(( quick ? 3 : 8 )) alone beside off rate
@@ -423,10 +454,12 @@ if start_monitor; then
     want torch-quota && check_torch_quota
     want throttle && check_throttle
     if start_mps; then
+        want mps-server && check_mps_server
         want throttle-cap && check_throttle_cap
         want exit && check_exit
         want node && check_node
     else
+        row mps-server SKIP "-" "MPS control daemon did not start on this host"
         row throttle-cap SKIP "-" "needs MPS to enforce the cap"
         row exit SKIP "-" "MPS control daemon did not start on this host"
         want exit && check_exit

@@ -146,10 +146,42 @@ def nvml_used(index):
     nvml.nvmlShutdown()
 
 
+def nvml_procs(index):
+    """The compute processes NVML lists on GPU `index`, one line each: pid, memory, and the
+    process's `comm` (how the monitor tells the MPS server, `nvidia-cuda-mps`, from work)."""
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+
+    class ProcessInfo(ctypes.Structure):  # nvmlProcessInfo_t (v2, the _v3 query's element)
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                    ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+    if nvml.nvmlInit_v2() != 0:
+        raise RuntimeError("nvmlInit_v2 failed")
+    dev = ctypes.c_void_p()
+    if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(dev)) != 0:
+        raise RuntimeError("nvmlDeviceGetHandleByIndex_v2 failed")
+    n = ctypes.c_uint(64)
+    infos = (ProcessInfo * 64)()
+    r = nvml.nvmlDeviceGetComputeRunningProcesses_v3(dev, ctypes.byref(n), infos)
+    if r != 0:
+        raise RuntimeError(f"nvmlDeviceGetComputeRunningProcesses_v3 returned {r}")
+    for p in infos[:n.value]:
+        try:
+            with open(f"/proc/{p.pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            comm = ""
+        # NVML_VALUE_NOT_AVAILABLE (all ones) when the driver cannot say.
+        used = -1 if p.usedGpuMemory == 2**64 - 1 else p.usedGpuMemory // MIB
+        out(check="nvml-procs", pid=p.pid, used_mib=used, comm=comm)
+    out(check="nvml-procs", listed=n.value)
+    nvml.nvmlShutdown()
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
-                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | nvml-used INDEX")
+                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | nvml-used INDEX | nvml-procs INDEX")
     cmd, rest = argv[1], argv[2:]
     hold_flag = "--hold" in rest
     nums = [int(a) for a in rest if not a.startswith("--")]
@@ -161,6 +193,8 @@ def main(argv):
         torch_quota(nums[0], nums[1], hold_flag)
     elif cmd == "nvml-used":
         nvml_used(nums[0] if nums else 0)
+    elif cmd == "nvml-procs":
+        nvml_procs(nums[0] if nums else 0)
     else:
         sys.exit(f"unknown command {cmd}")
 
