@@ -205,6 +205,21 @@ fn same_snapshot(sm: f64, gfx: f64, since_new_ms: u64) -> bool {
     sm == 0.0 && gfx == 0.0 && since_new_ms < GPM_SAME_SNAPSHOT_MS
 }
 
+/// SM activity on a GPU with GPM: the held GPM reading once one has come (`has_value`), else
+/// the utilization rate `util_rate` (the busy fraction, never below the spatial figure),
+/// reported as what it is, a busy-time reading. Reported as GPM it would be judged as spatial:
+/// beside offline work, as the online workload's share of the SMs the offline cap leaves, and
+/// a busy fraction of 100 % there reads as an online workload on every SM. A monitor
+/// (re)started on a GPU where offline work runs beside an online service would then evict the
+/// offline work in its first second, before GPM's first snapshot.
+fn gpm_or_busy(has_value: bool, last_gpm: f64, util_rate: f64) -> (f64, SmSource) {
+    if has_value {
+        (last_gpm, SmSource::Gpm)
+    } else {
+        (util_rate, SmSource::UtilRates)
+    }
+}
+
 /// All-zero GPM metrics within this long of the last new snapshot are the same snapshot read
 /// again, not an idle GPU (longer than the driver's refresh period seen, about 1-1.5 s).
 pub const GPM_SAME_SNAPSHOT_MS: u64 = 3000;
@@ -279,9 +294,8 @@ impl NvmlSource {
 
     /// (GPU utilization, SM activity, its source). GPU utilization is NVML's utilization rate
     /// at every sample. With GPM, SM activity is its SM utilization, read at most every
-    /// [`NvmlPaceConfig::gpm_every_ms`] and held between new snapshots (until the first one: the utilization
-    /// rate, the busy fraction, never below the spatial figure); otherwise from utilization
-    /// samples.
+    /// [`NvmlPaceConfig::gpm_every_ms`] and held between new snapshots (until the first one:
+    /// the utilization rate, see [`gpm_or_busy`]); otherwise from utilization samples.
     fn util_and_sm(&mut self, now_ms: u64) -> Result<(f64, f64, SmSource), String> {
         let u = self.util_rate()?;
         if let Some(g) = &mut self.gpm {
@@ -302,7 +316,8 @@ impl NvmlSource {
                 }
             }
             if let Some(g) = &self.gpm {
-                return Ok((u, if g.has_value { self.last_sm } else { u }, SmSource::Gpm));
+                let (sm, src) = gpm_or_busy(g.has_value, self.last_sm, u);
+                return Ok((u, sm, src));
             }
         }
         let (sm, src) = self.sampled_sm(u);
@@ -517,6 +532,22 @@ mod tests {
         assert!(!same_snapshot(0.0, 0.0, GPM_SAME_SNAPSHOT_MS));
         assert!(!same_snapshot(99.8, 99.7, 10));
         assert!(!same_snapshot(0.0, 0.4, 10), "any change is a new snapshot");
+    }
+
+    /// Before GPM's first snapshot the utilization rate stands in, as a busy-time reading: a
+    /// monitor restarted beside co-located offline work must not judge a full busy fraction
+    /// as an online workload on every SM.
+    #[test]
+    fn before_the_first_gpm_snapshot_sm_activity_is_a_busy_time_reading() {
+        let (sm, src) = gpm_or_busy(false, 0.0, 100.0);
+        assert_eq!((sm, src), (100.0, SmSource::UtilRates));
+        let s = GpuSample {
+            sm_activity: sm,
+            sm_source: Some(src),
+            ..Default::default()
+        };
+        assert!(!s.metrics().sm_spatial, "judged as busy time, at most Unhealthy beside offline work");
+        assert_eq!(gpm_or_busy(true, 42.0, 100.0), (42.0, SmSource::Gpm));
     }
 
     #[test]

@@ -528,12 +528,16 @@ fn metrics_endpoint_serves_prometheus_text_on_a_unix_socket() {
             s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
             let mut r = String::new();
             s.read_to_string(&mut r).unwrap();
-            if r.contains("xshare_gpu_health_state{gpu=\"0\",state=\"healthy\"} 1") {
+            // SM activity is labelled with its source: the utilization rate until GPM's first
+            // snapshot (an idle GPU's zeros count once they have lasted GPM_SAME_SNAPSHOT_MS).
+            if r.contains("xshare_gpu_health_state{gpu=\"0\",state=\"healthy\"} 1")
+                && r.contains("source=\"gpm\"")
+            {
                 break r;
             }
             assert!(
                 std::time::Instant::now() < end,
-                "never healthy in metrics: {r}"
+                "never healthy with GPM's SM activity in metrics: {r}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }

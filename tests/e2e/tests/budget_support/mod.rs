@@ -141,8 +141,11 @@ pub fn percentage(host: &EmuHost, k: &EmuChild) -> u32 {
 }
 
 /// With the online load on, the monitor's first transition out of Healthy, which states the
-/// offline cap it judged with; then the load stops and the monitor is Healthy again.
+/// offline cap it judged with; then the load stops and the monitor is Healthy again. The load
+/// starts once the monitor reads GPM's SM activity: before GPM's first snapshot its figure is
+/// the utilization rate, a busy-time reading judged without the cap.
 pub fn cap_judged_with(host: &EmuHost) -> String {
+    host.wait_state(WAIT, "GPM's SM activity", |v| v["sample"]["sm_source"] == "gpm");
     let load = Load::start(host, 0.9, 5.0);
     let v = host.wait_state(WAIT, "unhealthy under online load", |v| {
         state(v) != "healthy"
