@@ -29,6 +29,18 @@ pub type EmuHost = Host;
 
 /// Generous bound for any single child.
 pub const T: Duration = Duration::from_secs(60);
+
+/// Polls `f` every 20 ms until it answers, panicking after `limit` with `what` it waited for.
+pub fn wait_until<V>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<V>) -> V {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 /// One MiB.
 pub const MIB: u64 = 1 << 20;
 

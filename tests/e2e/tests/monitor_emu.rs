@@ -300,15 +300,10 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     // running, then brings a new entry.
     let entries = first_entries as u32;
     let hold = 400 * 2u64.pow(entries - 1);
-    let deadline = std::time::Instant::now() + T;
-    let log = loop {
+    let log = e2e::wait_until("the restarted monitor to resume the hold", T, || {
         let l = n.log("mon.json");
-        if l.contains("resumed the Overlimit hold of an earlier monitor run") {
-            break l;
-        }
-        assert!(std::time::Instant::now() < deadline, "the restarted monitor resumed no hold:\n{l}");
-        std::thread::sleep(Duration::from_millis(5));
-    };
+        l.contains("resumed the Overlimit hold of an earlier monitor run").then_some(l)
+    });
     assert!(
         log.contains(&format!("resumed Overlimit history from the state file entries={first_entries}")),
         "Overlimit history resumed, the same stay counted once:\n{log}"

@@ -5,23 +5,12 @@
 //! whole context's memory while it runs and gives it back when MPS quits; without that much
 //! free it does not start, and its clients fail.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e::emu_device::{Profile, ProcessInfo};
-use e2e::EmuHost;
+use e2e::{wait_until, EmuHost};
 
 const T: Duration = Duration::from_secs(60);
-
-fn wait_until<V>(what: &str, mut f: impl FnMut() -> Option<V>) -> V {
-    let end = Instant::now() + T;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn server_pids(host: &EmuHost) -> Vec<u32> {
     host.mps_control(None, "get_server_list\n")
@@ -39,11 +28,11 @@ fn the_mps_server_holds_the_shared_context_until_mps_quits() {
 
     let mut a = host.client(&["ctx", "ready", "wait"]);
     assert!(a.wait_for_line("ready", T).is_some(), "{}", a.stderr());
-    let spid = wait_until("the server", || server_pids(&host).first().copied());
+    let spid = wait_until("the server", T, || server_pids(&host).first().copied());
     let listed = |pid: u32| -> Option<ProcessInfo> {
         dev.snapshot().processes.into_iter().find(|p| p.pid == pid)
     };
-    let server = wait_until("the server's context", || {
+    let server = wait_until("the server's context", T, || {
         listed(spid).filter(|p| p.contexts > 0)
     });
     assert!(server.mps_server && !server.mps_client, "{server:?}");
@@ -61,12 +50,12 @@ fn the_mps_server_holds_the_shared_context_until_mps_quits() {
     // The client is done; the server runs on, holding its context.
     a.send_line("go");
     a.finish(T);
-    wait_until("the client gone", || listed(a.pid()).is_none().then_some(()));
+    wait_until("the client gone", T, || listed(a.pid()).is_none().then_some(()));
     assert_eq!(dev.snapshot().memory_used, profile.context_bytes());
 
     // quit stops the server: its memory comes back.
     host.mps_control(None, "quit\n");
-    wait_until("the server's memory back", || {
+    wait_until("the server's memory back", T, || {
         (dev.snapshot().memory_used == 0 && listed(spid).is_none()).then_some(())
     });
 }
@@ -86,7 +75,7 @@ fn no_server_starts_without_room_for_its_context_and_its_client_fails() {
     let ready = a.wait_for_line("ready", T);
     assert!(ready.is_some(), "the client's own context fits: {}", a.stderr());
     let control_log = host.log_dir().join("control.log");
-    wait_until("the daemon to see its server fail", || {
+    wait_until("the daemon to see its server fail", T, || {
         let l = std::fs::read_to_string(&control_log).unwrap_or_default();
         l.contains("exited with status").then_some(())
     });

@@ -301,6 +301,30 @@ pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
     h.gpm_sm_clock_mhz = h.sm_clock_mhz;
 }
 
+/// The counters of the lock-free view `v` extrapolated to `t` (no earlier than its `last_ns`,
+/// no later than its `quiet_until_ns`: only the time integrals grow, at the planned rates),
+/// reading only the header fields they need.
+fn view_counters_at(v: &shm::View<'_>, t: u64) -> Counters {
+    use layout::Header as H;
+    use std::mem::offset_of;
+    let (timestamp_ns, busy_ns_total, sm_active_ns_total) = physics::extrapolated(
+        v.header_word(offset_of!(H, last_ns)),
+        v.header_f64(offset_of!(H, busy_ns)),
+        v.header_f64(offset_of!(H, sm_active_ns)),
+        v.header_f64(offset_of!(H, sm_in_use)),
+        v.header_u32(offset_of!(H, sm_count)),
+        t,
+    );
+    Counters {
+        timestamp_ns,
+        memory_total: v.header_word(offset_of!(H, total_memory)),
+        memory_used: v.header_word(offset_of!(H, used_memory)),
+        sm_clock_mhz: v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32,
+        busy_ns_total,
+        sm_active_ns_total,
+    }
+}
+
 /// What every lock holder does as it lets go of a state it may have changed: works out until
 /// when readers that take no lock may extrapolate it ([`layout::Header::quiet_until_ns`]): the
 /// next kernel start or finish, or the next scan for dead clients while any client is
@@ -485,22 +509,7 @@ impl Device {
             if now > v.header_word(offset_of!(H, quiet_until_ns)) {
                 return None;
             }
-            let (timestamp_ns, busy_ns_total, sm_active_ns_total) = physics::extrapolated(
-                v.header_word(offset_of!(H, last_ns)),
-                v.header_f64(offset_of!(H, busy_ns)),
-                v.header_f64(offset_of!(H, sm_active_ns)),
-                v.header_f64(offset_of!(H, sm_in_use)),
-                v.header_u32(offset_of!(H, sm_count)),
-                now,
-            );
-            Some(Counters {
-                timestamp_ns,
-                memory_total: v.header_word(offset_of!(H, total_memory)),
-                memory_used: v.header_word(offset_of!(H, used_memory)),
-                sm_clock_mhz: v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32,
-                busy_ns_total,
-                sm_active_ns_total,
-            })
+            Some(view_counters_at(v, now))
         });
         quick.unwrap_or_else(|| self.counters_locked())
     }
@@ -571,38 +580,20 @@ impl Device {
             if now > v.header_word(offset_of!(H, quiet_until_ns)) {
                 return None;
             }
-            let memory_total = v.header_word(offset_of!(H, total_memory));
-            let memory_used = v.header_word(offset_of!(H, used_memory));
             if v.header_word(offset_of!(H, gpm_at_ns)) == b {
                 return Some(Counters {
                     timestamp_ns: b,
-                    memory_total,
-                    memory_used,
+                    memory_total: v.header_word(offset_of!(H, total_memory)),
+                    memory_used: v.header_word(offset_of!(H, used_memory)),
                     sm_clock_mhz: v.header_f64(offset_of!(H, gpm_sm_clock_mhz)).round() as u32,
                     busy_ns_total: v.header_f64(offset_of!(H, gpm_busy_ns)),
                     sm_active_ns_total: v.header_f64(offset_of!(H, gpm_sm_active_ns)),
                 });
             }
-            let last = v.header_word(offset_of!(H, last_ns));
-            if last > b {
+            if v.header_word(offset_of!(H, last_ns)) > b {
                 return None;
             }
-            let (_, busy_ns_total, sm_active_ns_total) = physics::extrapolated(
-                last,
-                v.header_f64(offset_of!(H, busy_ns)),
-                v.header_f64(offset_of!(H, sm_active_ns)),
-                v.header_f64(offset_of!(H, sm_in_use)),
-                v.header_u32(offset_of!(H, sm_count)),
-                b,
-            );
-            Some(Counters {
-                timestamp_ns: b,
-                memory_total,
-                memory_used,
-                sm_clock_mhz: v.header_f64(offset_of!(H, sm_clock_mhz)).round() as u32,
-                busy_ns_total,
-                sm_active_ns_total,
-            })
+            Some(view_counters_at(v, b))
         });
         quick.unwrap_or_else(|| self.gpm_counters_locked())
     }

@@ -3,7 +3,7 @@
 //! `offline_budget_split.rs` and `offline_start_claims.rs`.
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use e2e::{artifact, monitor_state as state, EmuChild, EmuHost, Load};
 
@@ -52,16 +52,9 @@ pub const MONITOR: &str = r#"{
 }
 "#;
 
-/// Polls `f` every 20 ms until it answers, for at most [`WAIT`].
-pub fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// [`e2e::wait_until`] for at most [`WAIT`].
+pub fn wait_until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    e2e::wait_until(what, WAIT, f)
 }
 
 /// A node with the monitor Healthy and mps-manager publishing its 40 % budget.
