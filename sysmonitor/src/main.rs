@@ -49,6 +49,7 @@ EXAMPLES:
     sysmonitor status --gpu 0                   state, hold left, metrics, evictions
     sysmonitor check-config -c ./sysmonitor.json
     sysmonitor nvml-cost --gpu 0                what each NVML query costs on this GPU, and in all
+    sysmonitor nvml-cost --gpu 0 --gap-ms 10    the same, each call spaced as the monitor spaces them
     kill -HUP $(pidof sysmonitor)               reload the config
 ";
 
@@ -84,6 +85,10 @@ enum Cmd {
         /// Calls timed per query (GPM metrics, about 1 ms each on a real GPU: at most 100).
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         calls: u32,
+        /// Sleep this long before each timed call, as the monitor spaces its calls (a call
+        /// made every few ms finds cold caches; 0: back to back, the cost at its cheapest).
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
+        gap_ms: u64,
         /// The report as JSON, for scripts.
         #[arg(long)]
         json: bool,
@@ -138,9 +143,10 @@ fn main() -> ExitCode {
                     out(&report::status_table(&s, clock::unix_ms()))
                 }
             }),
-        Cmd::NvmlCost { calls, json } => sysmonitor::sampler::NvmlSource::open(cfg.gpu_index, &cfg.nvml).and_then(|mut src| {
+        Cmd::NvmlCost { calls, gap_ms, json } => sysmonitor::sampler::NvmlSource::open(cfg.gpu_index, &cfg.nvml).and_then(|mut src| {
             let pace = sysmonitor::nvmlcost::Pace::of(&cfg);
-            let r = sysmonitor::nvmlcost::measure(&mut src, cfg.gpu_index, calls, pace);
+            let gap = std::time::Duration::from_millis(gap_ms);
+            let r = sysmonitor::nvmlcost::measure(&mut src, cfg.gpu_index, calls, gap, pace);
             if json {
                 out(&format!("{}\n", serde_json::to_string_pretty(&r).unwrap_or_default()))
             } else {

@@ -48,6 +48,21 @@ pub struct Report {
     pub calls: Vec<CallCost>,
     /// The NVML part of the monitor's CPU at `interval_ms`, % of one core.
     pub total_core_pct: f64,
+    /// Sleep before each timed call, ms (0: back to back).
+    pub gap_ms: u64,
+    /// A whole sample as the monitor's tick makes it (`GpuSource::sample`, the XID poll and the
+    /// process list, each query at its pace), timed over `calls` (at most 500) ticks
+    /// `interval_ms` apart: CPU ns per tick.
+    /// The monitor's NVML cost as it pays it; `None` when a tick failed.
+    pub tick_cpu_ns: Option<f64>,
+}
+
+impl Report {
+    /// The whole ticks' share of one core at `interval_ms`, %.
+    pub fn tick_core_pct(&self) -> Option<f64> {
+        self.tick_cpu_ns
+            .map(|ns| ns * 1000.0 / self.interval_ms.max(1) as f64 / 1e7)
+    }
 }
 
 /// This thread's CPU time so far, ns.
@@ -61,19 +76,34 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Times `f` over `calls` calls: (cpu ns, wall ns) per call, or the first error.
+/// Times `f` over `calls` calls: (cpu ns, wall ns) per call, or the first error. With a `gap`,
+/// the thread sleeps that long before each call and only the calls are timed: a call made once
+/// every few milliseconds, as the monitor makes it, finds cold caches and may cost several
+/// times what it costs back to back.
 pub fn time_calls(
     calls: u32,
+    gap: std::time::Duration,
     mut f: impl FnMut() -> Result<(), String>,
 ) -> Result<(f64, f64), String> {
     let n = calls.max(1);
     f()?; // warm: the first call may load or allocate
-    let (c0, w0) = (thread_cpu_ns(), std::time::Instant::now());
-    for _ in 0..n {
-        f()?;
+    if gap.is_zero() {
+        let (c0, w0) = (thread_cpu_ns(), std::time::Instant::now());
+        for _ in 0..n {
+            f()?;
+        }
+        let cpu = thread_cpu_ns().saturating_sub(c0) as f64 / f64::from(n);
+        return Ok((cpu, w0.elapsed().as_nanos() as f64 / f64::from(n)));
     }
-    let cpu = thread_cpu_ns().saturating_sub(c0) as f64 / f64::from(n);
-    Ok((cpu, w0.elapsed().as_nanos() as f64 / f64::from(n)))
+    let (mut cpu, mut wall) = (0u64, 0u128);
+    for _ in 0..n {
+        std::thread::sleep(gap);
+        let (c0, w0) = (thread_cpu_ns(), std::time::Instant::now());
+        f()?;
+        cpu += thread_cpu_ns().saturating_sub(c0);
+        wall += w0.elapsed().as_nanos();
+    }
+    Ok((cpu as f64 / f64::from(n), wall as f64 / f64::from(n)))
 }
 
 /// How often the monitor makes each query, from its settings.
@@ -85,6 +115,8 @@ pub struct Pace {
     pub verify_every_ms: u64,
     /// `nvml.gpm_every_ms`.
     pub gpm_every_ms: u64,
+    /// `nvml.memory_every_ms`.
+    pub memory_every_ms: u64,
     /// `nvml.power_temp_every_ms`.
     pub power_temp_every_ms: u64,
     /// `nvml.xid_every_ms`.
@@ -98,6 +130,7 @@ impl Pace {
             interval_ms: cfg.interval_ms,
             verify_every_ms: if cfg.verify.enabled { cfg.verify.every_ms } else { 0 },
             gpm_every_ms: cfg.nvml.gpm_every_ms,
+            memory_every_ms: cfg.nvml.memory_every_ms,
             power_temp_every_ms: cfg.nvml.power_temp_every_ms,
             xid_every_ms: cfg.nvml.xid_every_ms,
         }
@@ -116,8 +149,15 @@ impl Pace {
 }
 
 /// Measures every query on GPU `gpu` (`calls` each; GPM metrics, about a millisecond each on
-/// a real GPU, at most 100).
-pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report {
+/// a real GPU, at most 100), each call after `gap` of sleep (zero: back to back), then
+/// `calls` (at most 500) whole sample ticks `interval_ms` apart.
+pub fn measure(
+    src: &mut NvmlSource,
+    gpu: u32,
+    calls: u32,
+    gap: std::time::Duration,
+    pace: Pace,
+) -> Report {
     let per_sample = pace.per_sample();
     let mut out = Vec::new();
     let mut add = |query: &'static str,
@@ -145,7 +185,7 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
         calls,
         per_sample,
         each.clone(),
-        time_calls(calls, || src.util_rate().map(drop)),
+        time_calls(calls, gap, || src.util_rate().map(drop)),
     );
     let gpm = src.has_gpm();
     if gpm {
@@ -156,14 +196,14 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
             n,
             Pace::every(pace.gpm_every_ms),
             when.clone(),
-            time_calls(n, || src.probe_gpm_sample()),
+            time_calls(n, gap, || src.probe_gpm_sample()),
         );
         add(
             "nvmlGpmMetricsGet (SM, graphics util)",
             n,
             Pace::every(pace.gpm_every_ms),
             when,
-            time_calls(n, || src.probe_gpm_metrics()),
+            time_calls(n, gap, || src.probe_gpm_metrics()),
         );
     } else {
         add(
@@ -171,29 +211,31 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
             calls,
             per_sample,
             each.clone(),
-            time_calls(calls, || src.probe_util_samples()),
+            time_calls(calls, gap, || src.probe_util_samples()),
         );
     }
+    // At most once a sample, as the paced queries below.
+    let mem_ms = pace.memory_every_ms.max(pace.interval_ms);
     add(
         "nvmlDeviceGetMemoryInfo",
         calls,
-        per_sample,
-        each.clone(),
-        time_calls(calls, || src.memory().map(drop)),
+        Pace::every(mem_ms),
+        format!("every {mem_ms} ms"),
+        time_calls(calls, gap, || src.memory().map(drop)),
     );
     add(
         "nvmlDeviceGetClockInfo (SM)",
         calls,
         per_sample,
         each.clone(),
-        time_calls(calls, || src.sm_clock().map(drop)),
+        time_calls(calls, gap, || src.sm_clock().map(drop)),
     );
     add(
         "nvmlDeviceGetCurrentClocksThrottleReasons",
         calls,
         per_sample,
         "every sample while the SM clock is below its top (an idle GPU)".into(),
-        time_calls(calls, || src.clock_reasons().map(drop)),
+        time_calls(calls, gap, || src.clock_reasons().map(drop)),
     );
     // At most once a sample.
     let aux = Pace::every(pace.power_temp_every_ms.max(pace.interval_ms));
@@ -203,14 +245,14 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
         calls,
         aux,
         aux_when.clone(),
-        time_calls(calls, || src.power().map(drop)),
+        time_calls(calls, gap, || src.power().map(drop)),
     );
     add(
         "nvmlDeviceGetTemperature",
         calls,
         aux,
         aux_when,
-        time_calls(calls, || src.temperature().map(drop)),
+        time_calls(calls, gap, || src.temperature().map(drop)),
     );
     add(
         "nvmlEventSetWait (XID events, timeout 0)",
@@ -218,7 +260,7 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
         Pace::every(pace.xid_every_ms),
         format!("every {} ms", pace.xid_every_ms),
         if src.has_xid_events() {
-            time_calls(calls, || {
+            time_calls(calls, gap, || {
                 src.xids();
                 Ok(())
             })
@@ -234,21 +276,46 @@ pub fn measure(src: &mut NvmlSource, gpu: u32, calls: u32, pace: Pace) -> Report
             "every {} ms (verify), more while offline work is co-located",
             pace.verify_every_ms
         ),
-        time_calls(calls, || src.processes().map(drop)),
+        time_calls(calls, gap, || src.processes().map(drop)),
     );
     let total_core_pct = out.iter().map(CallCost::core_pct).sum();
+    let t0 = std::time::Instant::now();
+    let tick = std::time::Duration::from_millis(pace.interval_ms.max(1));
+    let (mut next_xid, mut next_verify) = (0, 0);
+    let tick_cpu_ns = time_calls(calls.min(500), tick, || {
+        let now = t0.elapsed().as_millis() as u64;
+        src.sample(now)?;
+        if now >= next_xid {
+            next_xid = now + pace.xid_every_ms;
+            src.xids();
+        }
+        if pace.verify_every_ms > 0 && now >= next_verify {
+            next_verify = now + pace.verify_every_ms;
+            src.processes()?;
+        }
+        Ok(())
+    })
+    .ok()
+    .map(|(cpu, _)| cpu);
     Report {
         gpu,
         interval_ms: pace.interval_ms,
         calls: out,
         total_core_pct,
+        gap_ms: gap.as_millis() as u64,
+        tick_cpu_ns,
     }
 }
 
 /// The report as a table.
 pub fn table(r: &Report) -> String {
+    let how = if r.gap_ms == 0 {
+        "calls back to back".to_string()
+    } else {
+        format!("each call after {} ms of sleep, as the monitor spaces them", r.gap_ms)
+    };
     let mut s = format!(
-        "NVML calls of the monitor on GPU {}: CPU per call (this thread), and at interval_ms = {} ms\n\n",
+        "NVML calls of the monitor on GPU {}: CPU per call (this thread; {how}), and at interval_ms = {} ms\n\n",
         r.gpu, r.interval_ms
     );
     s += &format!(
@@ -281,6 +348,16 @@ pub fn table(r: &Report) -> String {
         "\ntotal: {:.3} % of a core for NVML at {} ms (the monitor's own work and its wake-ups come on top)\n",
         r.total_core_pct, r.interval_ms
     );
+    match (r.tick_cpu_ns, r.tick_core_pct()) {
+        (Some(ns), Some(pct)) => {
+            s += &format!(
+                "whole ticks: {:.2} us of CPU per sample tick {} ms apart = {pct:.3} % of a core (the queries as the monitor's tick makes them, each at its pace)\n",
+                ns / 1e3,
+                r.interval_ms
+            )
+        }
+        _ => s += "whole ticks: a sample failed\n",
+    }
     s
 }
 
@@ -299,7 +376,7 @@ mod tests {
             when: String::new(),
             error: None,
         };
-        // 1.3 ms twice a second: 0.26 % of a core (the H200's GPM metrics at 500 ms).
+        // 1.3 ms twice a second: 0.26 % of a core (GPM metrics at 500 ms).
         assert!((c.core_pct() - 0.26).abs() < 1e-9);
         let failed = CallCost {
             error: Some("not supported".into()),
@@ -309,8 +386,27 @@ mod tests {
     }
 
     #[test]
+    fn a_gap_is_slept_before_each_call_and_not_timed() {
+        let gap = std::time::Duration::from_millis(5);
+        let t0 = std::time::Instant::now();
+        let mut last: Option<std::time::Instant> = None;
+        let (_, wall) = time_calls(4, gap, || {
+            let now = std::time::Instant::now();
+            if let Some(l) = last {
+                assert!(now - l >= gap, "each call comes after the gap");
+            }
+            last = Some(now);
+            Ok(())
+        })
+        .unwrap();
+        // 5 calls (one warm-up), 4 timed after a sleep each: the sleeps are outside the figure.
+        let total = t0.elapsed().as_nanos() as f64;
+        assert!(4.0 * wall <= total - 4.0 * gap.as_nanos() as f64, "wall {wall} of {total}");
+    }
+
+    #[test]
     fn timing_counts_cpu_not_sleep_and_stops_at_an_error() {
-        let (cpu, wall) = time_calls(3, || {
+        let (cpu, wall) = time_calls(3, std::time::Duration::ZERO, || {
             std::thread::sleep(std::time::Duration::from_millis(5));
             Ok(())
         })
@@ -318,7 +414,7 @@ mod tests {
         assert!(wall >= 5e6, "wall {wall}");
         assert!(cpu < wall, "sleeping is no CPU: {cpu} vs {wall}");
         let mut n = 0;
-        let r = time_calls(10, || {
+        let r = time_calls(10, std::time::Duration::ZERO, || {
             n += 1;
             if n > 2 {
                 Err("gone".into())

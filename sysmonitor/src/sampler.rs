@@ -220,6 +220,37 @@ fn gpm_or_busy(has_value: bool, last_gpm: f64, util_rate: f64) -> (f64, SmSource
     }
 }
 
+/// A reading refreshed at most every `every_ms`, the last one served in between: the queries
+/// a sample carries that change slowly or cost much (spaced 10 ms apart, as the monitor makes
+/// them, an NVML query finds cold caches: 30-40 us for memory info on an H200).
+#[derive(Debug, Default)]
+struct Paced<T> {
+    last: Option<T>,
+    /// No new reading before this (monotonic ms).
+    next_ms: u64,
+}
+
+impl<T: Copy> Paced<T> {
+    /// The reading at `now_ms`: `read()` when none is held or the last is `every_ms` old, else
+    /// the last. A failed read is returned and arms nothing: the next call reads again.
+    fn get(
+        &mut self,
+        now_ms: u64,
+        every_ms: u64,
+        read: impl FnOnce() -> Result<T, String>,
+    ) -> Result<T, String> {
+        match self.last {
+            Some(v) if now_ms < self.next_ms => Ok(v),
+            _ => {
+                let v = read()?;
+                self.last = Some(v);
+                self.next_ms = now_ms.saturating_add(every_ms);
+                Ok(v)
+            }
+        }
+    }
+}
+
 /// All-zero GPM metrics within this long of the last new snapshot are the same snapshot read
 /// again, not an idle GPU (longer than the driver's refresh period seen, about 1-1.5 s).
 pub const GPM_SAME_SNAPSHOT_MS: u64 = 3000;
@@ -234,11 +265,11 @@ pub struct NvmlSource {
     events: Option<nvml_wrapper::EventSet<'static>>,
     /// Max SM clock never changes: read once.
     max_clock: Option<u32>,
+    /// Device memory (used, total), read every [`NvmlPaceConfig::memory_every_ms`].
+    mem: Paced<(u64, u64)>,
     /// Power and temperature are shown, not judged: refreshed every
     /// [`NvmlPaceConfig::power_temp_every_ms`].
-    aux: (Option<u32>, Option<u32>),
-    /// No power/temperature read before this (monotonic ms).
-    next_aux_ms: u64,
+    aux: Paced<(Option<u32>, Option<u32>)>,
     /// Paces of the queries not made at every sample.
     pace: NvmlPaceConfig,
 }
@@ -277,8 +308,8 @@ impl NvmlSource {
             samples_ok: true,
             events,
             max_clock: None,
-            aux: (None, None),
-            next_aux_ms: 0,
+            mem: Paced::default(),
+            aux: Paced::default(),
             pace: pace.clone(),
         })
     }
@@ -441,7 +472,13 @@ impl NvmlSource {
 impl GpuSource for NvmlSource {
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
         let (util, sm, src) = self.util_and_sm(now_ms)?;
-        let (mem_used, mem_total) = self.memory()?;
+        let (mem_used, mem_total) = {
+            let every = self.pace.memory_every_ms;
+            let mut mem = std::mem::take(&mut self.mem);
+            let r = mem.get(now_ms, every, || self.memory());
+            self.mem = mem;
+            r?
+        };
         let clk = self.sm_clock()?;
         let max = match self.max_clock {
             Some(m) => m,
@@ -467,10 +504,12 @@ impl GpuSource for NvmlSource {
                             | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
                     )
             });
-        if now_ms >= self.next_aux_ms {
-            self.next_aux_ms = now_ms.saturating_add(self.pace.power_temp_every_ms);
-            self.aux = (self.power().ok(), self.temperature().ok());
-        }
+        let every = self.pace.power_temp_every_ms;
+        let mut aux = std::mem::take(&mut self.aux);
+        let (power_mw, temp_c) = aux
+            .get(now_ms, every, || Ok((self.power().ok(), self.temperature().ok())))
+            .unwrap_or_default();
+        self.aux = aux;
         Ok(GpuSample {
             t_ms: now_ms,
             gpu_util: util,
@@ -481,8 +520,8 @@ impl GpuSource for NvmlSource {
             clock_idle,
             mem_used,
             mem_total,
-            power_mw: self.aux.0,
-            temp_c: self.aux.1,
+            power_mw,
+            temp_c,
         })
     }
 
@@ -522,6 +561,29 @@ impl GpuSource for NvmlSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paced_reading_is_taken_once_per_period_and_a_failure_arms_nothing() {
+        let mut p = Paced::<u64>::default();
+        let reads = std::cell::Cell::new(0);
+        let at = |p: &mut Paced<u64>, now: u64, ok: bool| {
+            p.get(now, 50, || {
+                reads.set(reads.get() + 1);
+                if ok {
+                    Ok(now)
+                } else {
+                    Err("gone".into())
+                }
+            })
+        };
+        assert_eq!(at(&mut p, 0, true), Ok(0), "the first sample reads");
+        assert_eq!(at(&mut p, 10, true), Ok(0), "served from the last reading");
+        assert_eq!(at(&mut p, 49, true), Ok(0));
+        assert_eq!(at(&mut p, 50, false), Err("gone".to_string()), "due: read, and failed");
+        assert_eq!(at(&mut p, 60, true), Ok(60), "a failure arms nothing: read again");
+        assert_eq!(at(&mut p, 100, true), Ok(60));
+        assert_eq!(reads.get(), 3);
+    }
 
     #[test]
     fn unchanged_gpm_counters_are_not_an_idle_gpu_until_they_stay_unchanged() {

@@ -563,7 +563,7 @@ fn nvml_cost_times_each_query_the_monitor_makes() {
         let cfg = n.path("cost.json");
         std::fs::write(
             &cfg,
-            r#"{ "interval_ms": 10, "nvml": { "gpm_every_ms": 1000, "power_temp_every_ms": 250 } }"#,
+            r#"{ "interval_ms": 10, "nvml": { "gpm_every_ms": 500, "memory_every_ms": 100, "power_temp_every_ms": 250 } }"#,
         )
         .unwrap();
         let out = n
@@ -584,11 +584,26 @@ fn nvml_cost_times_each_query_the_monitor_makes() {
             assert!(answered(q), "{profile}: {q} not timed: {text}");
         }
         let per_sec = |q: &str| calls.iter().find(|c| c["query"].as_str().unwrap().starts_with(q)).unwrap()["per_sec"].clone();
-        assert_eq!(per_sec("nvmlDeviceGetMemoryInfo"), 100.0, "every 10 ms sample");
+        assert_eq!(per_sec("nvmlDeviceGetUtilizationRates"), 100.0, "every 10 ms sample");
+        assert_eq!(per_sec("nvmlDeviceGetMemoryInfo"), 10.0, "nvml.memory_every_ms");
         assert_eq!(per_sec("nvmlDeviceGetPowerUsage"), 4.0, "nvml.power_temp_every_ms");
         if profile == "h100" {
-            assert_eq!(per_sec("nvmlGpmMetricsGet"), 1.0, "nvml.gpm_every_ms");
+            assert_eq!(per_sec("nvmlGpmMetricsGet"), 2.0, "nvml.gpm_every_ms");
         }
         assert!(r["total_core_pct"].as_f64().unwrap() > 0.0, "{text}");
+        assert_eq!(r["gap_ms"], 0, "back to back by default");
+        assert!(r["tick_cpu_ns"].as_f64().unwrap() > 0.0, "whole ticks timed: {text}");
+        // Spaced as the monitor spaces them: the same queries, each after a sleep.
+        let out = n
+            .node_command(e2e::artifact("sysmonitor").to_str().unwrap())
+            .args(["nvml-cost", "--calls", "3", "--gap-ms", "2", "--json", "-c"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{profile} spaced: {text}");
+        let r: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(r["gap_ms"], 2);
+        assert!(r["calls"].as_array().unwrap().iter().any(|c| c["error"].is_null() && c["calls"] == 3), "{text}");
     }
 }
