@@ -279,15 +279,18 @@ check_quota() {
 }
 
 check_torch_quota() {
-    local out quota
-    quota=$(( $("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib) ))
+    # Its own quota, a quarter of the GPU, judged against that (not the GPU's total).
+    local out quota total
+    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    quota=$(( ${total:-0} / 4 ))
+    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-torch\" }" >"$root/xcuda.json"
     out=$("${shim_env[@]}" "$py" "$client" torch-quota 128 1000000 2>"$root/torch.err")
     if [[ -n "$(jget skipped <<<"$out")" ]]; then
         row torch-quota SKIP "-" "$(jget skipped <<<"$out")"
         return
     fi
     local got; got=$(jget allocated_mib <<<"$out")
-    if [[ -n "$got" && $got -gt 0 && $got -le $quota ]]; then
+    if [[ -n "$got" && $quota -gt 0 && $got -gt 0 && $got -le $quota ]]; then
         row torch-quota PASS "$got MiB of $quota MiB quota" "torch $(jget torch <<<"$out"): $(jget error <<<"$out" | cut -c1-60)"
     else
         row torch-quota FAIL "${got:-?} MiB of $quota MiB quota" "$(tail -n 3 "$root/torch.err" | plain)"
