@@ -156,6 +156,12 @@ pub struct NvmlPaceConfig {
     /// seconds (`overlimit_sustain_ms`); the quota itself is the shim's, at every allocation.
     /// At most [`MAX_MEMORY_EVERY_MS`].
     pub memory_every_ms: u64,
+    /// Why the SM clock is below its top (`nvmlDeviceGetCurrentClocksThrottleReasons`: an idle
+    /// GPU's low clock is no sign of load), asked again at most this often while the clock
+    /// stays where it was, ms; a clock that moves is asked about at once. An idle GPU keeps
+    /// its clock low and still, so this is a query at every sample otherwise (8-16 us of CPU
+    /// spaced as the monitor makes it on an H200). At most [`MAX_CLOCK_REASONS_EVERY_MS`].
+    pub clock_reasons_every_ms: u64,
     /// Power draw and temperature (shown, not judged), ms. NVML's power reading is itself an
     /// average over about a second on recent GPUs.
     pub power_temp_every_ms: u64,
@@ -171,6 +177,8 @@ pub const MIN_GPM_EVERY_MS: u64 = 100;
 pub const MAX_GPM_EVERY_MS: u64 = 2_000;
 /// Longest accepted `nvml.memory_every_ms`.
 pub const MAX_MEMORY_EVERY_MS: u64 = 1_000;
+/// Longest accepted `nvml.clock_reasons_every_ms`.
+pub const MAX_CLOCK_REASONS_EVERY_MS: u64 = 1_000;
 /// Longest accepted `nvml.xid_every_ms`.
 pub const MAX_XID_EVERY_MS: u64 = 1_000;
 /// Longest accepted `nvml.power_temp_every_ms`.
@@ -181,6 +189,7 @@ impl Default for NvmlPaceConfig {
         NvmlPaceConfig {
             gpm_every_ms: 1000,
             memory_every_ms: 50,
+            clock_reasons_every_ms: 100,
             power_temp_every_ms: 100,
             xid_every_ms: 50,
         }
@@ -193,6 +202,7 @@ impl NvmlPaceConfig {
         for (f, v, lo, hi) in [
             ("gpm_every_ms", self.gpm_every_ms, MIN_GPM_EVERY_MS, MAX_GPM_EVERY_MS),
             ("memory_every_ms", self.memory_every_ms, 1, MAX_MEMORY_EVERY_MS),
+            ("clock_reasons_every_ms", self.clock_reasons_every_ms, 1, MAX_CLOCK_REASONS_EVERY_MS),
             ("power_temp_every_ms", self.power_temp_every_ms, 1, MAX_POWER_TEMP_EVERY_MS),
             ("xid_every_ms", self.xid_every_ms, 1, MAX_XID_EVERY_MS),
         ] {
@@ -454,6 +464,8 @@ mod tests {
             ("nvml.gpm_every_ms", |c| c.nvml.gpm_every_ms = 5_000),
             ("nvml.memory_every_ms", |c| c.nvml.memory_every_ms = 0),
             ("nvml.memory_every_ms", |c| c.nvml.memory_every_ms = 5_000),
+            ("nvml.clock_reasons_every_ms", |c| c.nvml.clock_reasons_every_ms = 0),
+            ("nvml.clock_reasons_every_ms", |c| c.nvml.clock_reasons_every_ms = 2_000),
             ("nvml.power_temp_every_ms", |c| c.nvml.power_temp_every_ms = 0),
             ("nvml.xid_every_ms", |c| c.nvml.xid_every_ms = 0),
             ("nvml.xid_every_ms", |c| c.nvml.xid_every_ms = 60_000),

@@ -117,6 +117,8 @@ pub struct Pace {
     pub gpm_every_ms: u64,
     /// `nvml.memory_every_ms`.
     pub memory_every_ms: u64,
+    /// `nvml.clock_reasons_every_ms`.
+    pub clock_reasons_every_ms: u64,
     /// `nvml.power_temp_every_ms`.
     pub power_temp_every_ms: u64,
     /// `nvml.xid_every_ms`.
@@ -131,6 +133,7 @@ impl Pace {
             verify_every_ms: if cfg.verify.enabled { cfg.verify.every_ms } else { 0 },
             gpm_every_ms: cfg.nvml.gpm_every_ms,
             memory_every_ms: cfg.nvml.memory_every_ms,
+            clock_reasons_every_ms: cfg.nvml.clock_reasons_every_ms,
             power_temp_every_ms: cfg.nvml.power_temp_every_ms,
             xid_every_ms: cfg.nvml.xid_every_ms,
         }
@@ -230,11 +233,12 @@ pub fn measure(
         each.clone(),
         time_calls(calls, gap, || src.sm_clock().map(drop)),
     );
+    let reasons_ms = pace.clock_reasons_every_ms.max(pace.interval_ms);
     add(
         "nvmlDeviceGetCurrentClocksThrottleReasons",
         calls,
-        per_sample,
-        "every sample while the SM clock is below its top (an idle GPU)".into(),
+        Pace::every(reasons_ms),
+        format!("every {reasons_ms} ms while the SM clock is below its top and still (an idle GPU), at once when it moves"),
         time_calls(calls, gap, || src.clock_reasons().map(drop)),
     );
     // At most once a sample.

@@ -223,14 +223,33 @@ fn gpm_or_busy(has_value: bool, last_gpm: f64, util_rate: f64) -> (f64, SmSource
 /// A reading refreshed at most every `every_ms`, the last one served in between: the queries
 /// a sample carries that change slowly or cost much (spaced 10 ms apart, as the monitor makes
 /// them, an NVML query finds cold caches: 30-40 us for memory info on an H200).
+/// With a key `K`, the reading holds only for the key it was taken at (a reading asked again
+/// at once when the key moves: see [`Paced::get_for`]).
 #[derive(Debug, Default)]
-struct Paced<T> {
+struct Paced<T, K = ()> {
     last: Option<T>,
     /// No new reading before this (monotonic ms).
     next_ms: u64,
+    /// What the last reading was taken at.
+    key: K,
 }
 
-impl<T: Copy> Paced<T> {
+impl<T: Copy, K: PartialEq> Paced<T, K> {
+    /// As [`Paced::get`], and read at once when `key` differs from the last reading's.
+    fn get_for(
+        &mut self,
+        key: K,
+        now_ms: u64,
+        every_ms: u64,
+        read: impl FnOnce() -> Result<T, String>,
+    ) -> Result<T, String> {
+        if self.key != key {
+            self.last = None;
+            self.key = key;
+        }
+        self.get(now_ms, every_ms, read)
+    }
+
     /// The reading at `now_ms`: `read()` when none is held or the last is `every_ms` old, else
     /// the last. A failed read is returned and arms nothing: the next call reads again.
     fn get(
@@ -267,6 +286,9 @@ pub struct NvmlSource {
     max_clock: Option<u32>,
     /// Device memory (used, total), read every [`NvmlPaceConfig::memory_every_ms`].
     mem: Paced<(u64, u64)>,
+    /// Whether the low SM clock is an idle GPU's, for the clock it was asked at: asked again
+    /// when the clock moves, else every [`NvmlPaceConfig::clock_reasons_every_ms`].
+    clock_idle: Paced<bool, u32>,
     /// Power and temperature are shown, not judged: refreshed every
     /// [`NvmlPaceConfig::power_temp_every_ms`].
     aux: Paced<(Option<u32>, Option<u32>)>,
@@ -309,6 +331,7 @@ impl NvmlSource {
             events,
             max_clock: None,
             mem: Paced::default(),
+            clock_idle: Paced::default(),
             aux: Paced::default(),
             pace: pace.clone(),
         })
@@ -492,18 +515,29 @@ impl GpuSource for NvmlSource {
             }
         };
         // Below the top clock, ask the driver why (one more query, only then): idleness alone
-        // is no sign of load. Unanswered, the low clock counts (the stricter reading).
-        let clock_idle = clk < max
-            && self.clock_reasons().is_ok_and(|r| {
-                r.contains(ThrottleReasons::GPU_IDLE)
-                    && !r.intersects(
-                        ThrottleReasons::SW_POWER_CAP
-                            | ThrottleReasons::HW_SLOWDOWN
-                            | ThrottleReasons::SW_THERMAL_SLOWDOWN
-                            | ThrottleReasons::HW_THERMAL_SLOWDOWN
-                            | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
-                    )
-            });
+        // is no sign of load. Unanswered, the low clock counts (the stricter reading). The
+        // answer holds while the clock stays where it was asked (a GPU leaving idleness moves
+        // its clock), for at most `clock_reasons_every_ms`.
+        let clock_idle = clk < max && {
+            let mut idle = std::mem::take(&mut self.clock_idle);
+            let every = self.pace.clock_reasons_every_ms;
+            let v = idle
+                .get_for(clk, now_ms, every, || {
+                    Ok(self.clock_reasons().is_ok_and(|r| {
+                        r.contains(ThrottleReasons::GPU_IDLE)
+                            && !r.intersects(
+                                ThrottleReasons::SW_POWER_CAP
+                                    | ThrottleReasons::HW_SLOWDOWN
+                                    | ThrottleReasons::SW_THERMAL_SLOWDOWN
+                                    | ThrottleReasons::HW_THERMAL_SLOWDOWN
+                                    | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+                            )
+                    }))
+                })
+                .unwrap_or(false);
+            self.clock_idle = idle;
+            v
+        };
         let every = self.pace.power_temp_every_ms;
         let mut aux = std::mem::take(&mut self.aux);
         let (power_mw, temp_c) = aux
@@ -583,6 +617,28 @@ mod tests {
         assert_eq!(at(&mut p, 60, true), Ok(60), "a failure arms nothing: read again");
         assert_eq!(at(&mut p, 100, true), Ok(60));
         assert_eq!(reads.get(), 3);
+    }
+
+    /// The clock-throttle reasons: an idle GPU's low, still clock is asked about once per
+    /// period; a clock that moves (a GPU leaving idleness) is asked about at once.
+    #[test]
+    fn a_keyed_reading_is_taken_again_at_once_when_its_key_moves() {
+        let mut p = Paced::<bool, u32>::default();
+        let reads = std::cell::Cell::new(0);
+        let mut at = |clk: u32, now: u64, idle: bool| {
+            p.get_for(clk, now, 100, || {
+                reads.set(reads.get() + 1);
+                Ok(idle)
+            })
+        };
+        assert_eq!(at(345, 0, true), Ok(true));
+        assert_eq!(at(345, 10, false), Ok(true), "same clock: the idle answer holds");
+        assert_eq!(at(345, 90, false), Ok(true));
+        assert_eq!(reads.get(), 1);
+        assert_eq!(at(1200, 95, false), Ok(false), "the clock moved: asked at once");
+        assert_eq!(at(345, 96, true), Ok(true), "and moved back: asked again");
+        assert_eq!(at(345, 196, false), Ok(false), "a period later: asked again");
+        assert_eq!(reads.get(), 4);
     }
 
     #[test]
