@@ -13,10 +13,13 @@
 #               GPU it must not be held for online pressure (a low SM clock on an idle GPU)
 #   exit        Python clients holding a context get Ctrl-C (KeyboardInterrupt) or SIGTERM under
 #               MPS while an online neighbour runs: the neighbour must never hang
-#   node        sysmonitor + mps-manager + online + offline under the shim: online p99 beside
-#               the offline job against alone, and the offline job's throughput
+#   node        MuxFlow's scenario under the node runtime (sysmonitor + mps-manager + the
+#               shim): an online client at 50 requests/s on 30 % of the SMs (node), then on
+#               the whole GPU (node-full), alone and beside the offline job: online p99 against
+#               alone and the offline throughput kept, with the issue's targets
 #   monitor-cpu the running sysmonitor's CPU at 10 ms sampling on this host's NVML, idle GPU
-#               (scheduler run time of all its threads, /proc/PID/task/*/schedstat)
+#               (scheduler run time of all its threads, /proc/PID/task/*/schedstat; min and
+#               median of 4 windows, beside a loop that only sleeps 10 ms: the host's floor)
 #   launch-cost launches/s of tiny kernels (1000 per sync) direct and under the shim (quota
 #               and throttle on, under budget), alternated: the shim's added cost per launch
 #   nvml-cost   `sysmonitor nvml-cost`: CPU per call of each NVML query the monitor makes on
@@ -46,7 +49,7 @@ while [[ $# -gt 0 ]]; do
         --bin-dir) bin_dir="${2:?}"; shift 2 ;;
         --quick) quick=1; shift ;;
         --only) only="${2:?--only needs a list of checks}"; shift 2 ;;
-        -h|--help) sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set -uo pipefail/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -156,20 +159,34 @@ run_ns() { # scheduler run time so far of all threads of pid $1, ns
 check_monitor_cpu() {
     # An offline process holding a context keeps the monitor at its full pace (it samples
     # every 100 ms while no offline work is registered on the GPU).
-    local secs=$(( quick ? 3 : 10 )) a b t0 t1 pct h
+    local secs=$(( quick ? 3 : 12 )) a b t0 t1 pct h
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" hold 64 >"$root/cpu-hold.out" 2>"$root/cpu-hold.err" &
     h=$!
     for _ in $(seq 50); do grep -q holding "$root/cpu-hold.out" 2>/dev/null && break; sleep 0.1; done
+    # Beside it, the wake-up floor of this host: a loop that only sleeps 10 ms at a time
+    # (Python's own per-wake-up cost included, a microsecond or two).
+    "$py" -c 'import time
+while True: time.sleep(0.01)' &
+    local fl=$! windows=$(( quick ? 1 : 4 )) w fa fb mons=() floors=()
+    pids+=($fl)
     sleep 1
     local before; before=$(thread_ns "$mon_pid")
-    a=$(run_ns "$mon_pid"); t0=$(date +%s%N)
-    sleep "$secs"
-    b=$(run_ns "$mon_pid"); t1=$(date +%s%N)
+    t0=$(date +%s%N); local T0=$t0
+    for w in $(seq "$windows"); do
+        a=$(run_ns "$mon_pid"); fa=$(run_ns "$fl"); t0=$(date +%s%N)
+        sleep $(( secs / windows ))
+        b=$(run_ns "$mon_pid"); fb=$(run_ns "$fl"); t1=$(date +%s%N)
+        mons+=("$(( (b - a) * 1000000 / (t1 - t0) ))"); floors+=("$(( (fb - fa) * 1000000 / (t1 - t0) ))")
+    done
     local after; after=$(thread_ns "$mon_pid")
+    kill -TERM $fl 2>/dev/null
     local alive=yes; kill -0 $h 2>/dev/null || alive="no (evicted?)"
     kill -TERM $h; wait $h 2>/dev/null
-    pct=$("$py" -c "print(f'{100*($b-$a)/($t1-$t0):.2f}')")
+    # Per window, in millionths of a core: the monitor's min / median, the floor's median.
+    local mm; mm=$("$py" -c "import statistics as s; m=[int(x)/1e4 for x in '${mons[*]}'.split()]; f=[int(x)/1e4 for x in '${floors[*]}'.split()]; print(f'{min(m):.2f} / {s.median(m):.2f}|{s.median(f):.2f}')")
+    pct=${mm%%|*}; local floor=${mm#*|}
+    t0=$T0
     # Per thread: where the time goes (sampler, XID events, metrics).
     local per; per=$("$py" -c '
 import sys
@@ -182,7 +199,7 @@ for k, v in a.items():
     d = (int(v) - int(b.get(k, 0))) / dt * 100
     out.append((d, name))
 print(", ".join(f"{n} {d:.2f} %" for d, n in sorted(out, reverse=True)[:4]))' "$before" "$after" "$(( t1 - t0 ))")
-    row monitor-cpu INFO "${pct} % of a core at 10 ms" "${secs} s, one offline process registered (still there: $alive), GPU idle; threads: $per"
+    row monitor-cpu INFO "${pct} % of a core at 10 ms" "min / median of $windows windows in ${secs} s; wake-up floor beside it (a loop sleeping 10 ms) ${floor} %; one offline process registered (still there: $alive), GPU idle; threads: $per"
 }
 check_nvml_cost() {
     # Twice: back to back (each query at its cheapest) and spaced 10 ms apart as the monitor
