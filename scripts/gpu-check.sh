@@ -17,6 +17,9 @@
 #               shim): an online client at 50 requests/s on 30 % of the SMs (node), then on
 #               the whole GPU (node-full), alone and beside the offline job: online p99 against
 #               alone and the offline throughput kept, with the issue's targets
+#   recovery    under MPS with mps-manager: an offline client SIGKILLed while its context and
+#               kernels live; the online neighbour's slowest request must stay within 1 s
+#               (MPS can hang a dead client's neighbours until mps-manager terminates it)
 #   monitor-cpu the running sysmonitor's CPU at 10 ms sampling on this host's NVML, idle GPU
 #               (scheduler run time of all its threads, /proc/PID/task/*/schedstat; min and
 #               median of 4 windows, beside a loop that only sleeps 10 ms: the host's floor)
@@ -453,13 +456,9 @@ print(", ".join("%s %s %s MiB" % (o["pid"], o["comm"] or "?", o["used_mib"]) for
 }
 
 # --- node runtime ------------------------------------------------------------------------
-check_node() {
-    # MuxFlow's scenario: an online client at 50 requests/s on about 30 % of the SMs, then on the
-    # whole GPU, alone and beside a back-to-back offline job under the node runtime. Issue 8's
-    # targets, printed as figures (the kit's online loop is a stand-in for a real service):
-    # 30 %: online p99 <= 1.10x alone with the offline job keeping >= 60 % of its solo rate;
-    # whole GPU: online p99 <= 1.3x alone.
-    local secs=$(( quick ? 3 : 8 )) frac alone beside off rate t0 t1 name fig ev
+start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks
+    [[ -n "${mgr_up:-}" ]] && return 0
+    mgr_up=1
     cat >"$root/mps-manager.json" <<EOF
 { "control_bin": "$(command -v nvidia-cuda-mps-control)", "pipe_dir": "$root/mps-pipe",
   "log_dir": "$root/mps-log", "ledger_dir": "$root/run", "monitor_state_file": "$root/run/state.json",
@@ -469,6 +468,15 @@ EOF
     "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >"$root/mps-manager.log" 2>&1 &
     pids+=($!)
     sleep 2
+}
+check_node() {
+    # MuxFlow's scenario: an online client at 50 requests/s on about 30 % of the SMs, then on the
+    # whole GPU, alone and beside a back-to-back offline job under the node runtime. Issue 8's
+    # targets, printed as figures (the kit's online loop is a stand-in for a real service):
+    # 30 %: online p99 <= 1.10x alone with the offline job keeping >= 60 % of its solo rate;
+    # whole GPU: online p99 <= 1.3x alone.
+    local secs=$(( quick ? 3 : 8 )) frac alone beside off rate t0 t1 name fig ev
+    start_mps_manager
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     for frac in 0.3 1.0; do
         name=node; [[ $frac == 1.0 ]] && name=node-full
@@ -510,6 +518,38 @@ PY
     done
 }
 
+check_recovery() {
+    # An offline client SIGKILLed while its kernels run and its MPS context lives: MPS may
+    # hang the other clients of its server until that client is terminated (mps-manager's
+    # targeted recovery). Issue 8's target: the online neighbour makes progress again within
+    # 1 s, read as the online client's slowest request over the run (a hang shows there whole).
+    local secs=$(( quick ? 4 : 8 )) on off max req ev
+    start_mps_manager
+    echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
+    "${as_user[@]}" "$bin_dir/online" --rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery.out" 2>&1 &
+    on=$!; pids+=($on)
+    "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration $(( secs + 10 )) --json --report-interval 0.5 >"$root/off-recovery.out" 2>&1 &
+    off=$!; pids+=($off)
+    # Killed once it has made progress (its context and kernels are live), mid-run.
+    for _ in $(seq 50); do grep -q '"t_s"' "$root/off-recovery.out" 2>/dev/null && break; sleep 0.1; done
+    sleep 1
+    kill -KILL $off 2>/dev/null
+    local st=0; timeout $(( secs + 30 )) tail --pid=$on -f /dev/null || st=1
+    max=$(jget max_ms <"$root/online-recovery.out")
+    req=$(jget requests <"$root/online-recovery.out")
+    ev=$(grep -c 'recovery done' "$root/mps-manager.log")
+    [[ $st != 0 ]] && kill -KILL $on 2>/dev/null
+    if [[ $st != 0 || -z "$max" ]]; then
+        row recovery FAIL "online hung" "no summary from the online client $(( secs + 30 )) s after an offline client was SIGKILLed under MPS; recoveries logged: $ev"
+    elif "$py" -c "import sys; sys.exit(0 if $max <= 1000 else 1)"; then
+        row recovery PASS "slowest online request ${max} ms" "offline client SIGKILLed holding its context under MPS: the neighbour went on within 1 s ($req requests); mps-manager recoveries: $ev"
+    elif "$py" -c "import sys; sys.exit(0 if $max <= 5000 else 1)"; then
+        row recovery INFO "slowest online request ${max} ms" "over the 1 s target after an offline client was SIGKILLed under MPS, yet it went on ($req requests); mps-manager recoveries: $ev"
+    else
+        row recovery FAIL "slowest online request ${max} ms" "the online neighbour stalled for seconds after an offline client was SIGKILLed under MPS ($req requests); mps-manager recoveries: $ev"
+    fi
+}
+
 echo "gpu-check on $label (binaries: $bin_dir)" >&2
 # The offline client's solo rate, before the monitor runs: an unregistered process loading the
 # GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
@@ -527,10 +567,12 @@ if start_monitor; then
         want throttle-cap && check_throttle_cap
         want exit && check_exit
         want node && check_node
+        want recovery && check_recovery
     else
         row mps-server SKIP "-" "MPS control daemon did not start on this host"
         row throttle-cap SKIP "-" "needs MPS to enforce the cap"
         row exit SKIP "-" "MPS control daemon did not start on this host"
+        row recovery SKIP "-" "MPS control daemon did not start on this host"
         want exit && check_exit
     fi
     # Last: an unshimmed launch loop is online load to the monitor, which may hold the GPU after it.

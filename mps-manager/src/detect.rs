@@ -31,8 +31,11 @@ pub enum Fault {
         /// The XID code.
         code: u64,
     },
-    /// A registered offline client died without unregistering (killed holding its context),
-    /// which hangs every other client of the MPS server until MPS is reset.
+    /// A client died holding its context (killed), which hangs every other client of its MPS
+    /// server until it is terminated: a registered offline process gone without unregistering,
+    /// or a pid an MPS server still lists whose process is gone (seen in two observations in a
+    /// row). The second is what the manager sees when the monitor reclaimed the dead process's
+    /// ledger registration first.
     ClientDied {
         /// Pid of the dead client.
         pid: u32,
@@ -72,6 +75,8 @@ pub struct Observation {
     pub xid: Option<u64>,
     /// Offline processes still registered in the ledger whose process is gone.
     pub dead_offline: Vec<u32>,
+    /// Clients an MPS server lists whose process is gone (no such pid, or a zombie).
+    pub dead_listed: Vec<u32>,
 }
 
 /// Detection thresholds.
@@ -100,6 +105,9 @@ pub struct Detector {
     last_launches: u64,
     stalled_since: Option<u64>,
     xid_reported: Option<u64>,
+    /// The last observation's [`Observation::dead_listed`]: a listing can lag a clean exit
+    /// by a moment, so a dead listed client is a fault only when seen twice in a row.
+    dead_listed: Vec<u32>,
 }
 
 impl Detector {
@@ -108,6 +116,12 @@ impl Detector {
         let xid = self.xid_reported;
         *self = Detector::default();
         self.xid_reported = xid;
+    }
+
+    /// Whether the last observation saw a dead client still listed that a second look will
+    /// confirm as [`Fault::ClientDied`] (worth looking again soon).
+    pub fn awaits_confirmation(&self) -> bool {
+        !self.dead_listed.is_empty()
     }
 
     /// Takes one observation at `now_ms`; returns the faults it reveals (each reported once).
@@ -124,6 +138,12 @@ impl Detector {
         for &pid in &o.dead_offline {
             f.push(Fault::ClientDied { pid });
         }
+        for &pid in &o.dead_listed {
+            if self.dead_listed.contains(&pid) && !o.dead_offline.contains(&pid) {
+                f.push(Fault::ClientDied { pid });
+            }
+        }
+        self.dead_listed = o.dead_listed.clone();
         if !o.daemon_alive {
             f.push(Fault::DaemonDead);
             return f;
@@ -300,6 +320,32 @@ mod tests {
             d.observe(&DetectConfig::default(), 0, &o),
             vec![Fault::ClientDied { pid: 77 }]
         );
+    }
+
+    /// The monitor may reclaim a killed offline process's registration before the manager
+    /// looks: the server still listing a dead pid is then the only trace of the hang.
+    #[test]
+    fn a_dead_client_an_mps_server_keeps_listing_is_a_fault_on_the_second_look() {
+        let mut d = Detector::default();
+        let c = DetectConfig::default();
+        let mut o = obs(&[(10, &[1, 77])]);
+        o.dead_listed = vec![77];
+        assert!(!d.awaits_confirmation());
+        assert!(d.observe(&c, 0, &o).is_empty(), "once: the listing may lag a clean exit");
+        assert!(d.awaits_confirmation(), "a second look is due soon");
+        assert_eq!(d.observe(&c, 100, &o), vec![Fault::ClientDied { pid: 77 }]);
+        o.dead_offline = vec![77];
+        assert_eq!(
+            d.observe(&c, 200, &o),
+            vec![Fault::ClientDied { pid: 77 }],
+            "named once when the ledger also has it"
+        );
+        let gone = obs(&[(10, &[1])]);
+        assert!(d.observe(&c, 300, &gone).is_empty());
+        assert!(!d.awaits_confirmation());
+        let mut back = obs(&[(10, &[1, 78])]);
+        back.dead_listed = vec![78];
+        assert!(d.observe(&c, 400, &back).is_empty(), "a new dead pid needs its own two looks");
     }
 
     #[test]

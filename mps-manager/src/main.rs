@@ -212,9 +212,16 @@ impl Service for ManagerService {
     fn tick(&mut self, now: u64, notifier: &Notifier) -> u64 {
         self.m.budget_tick();
         if now >= self.next_check {
-            self.next_check = now + self.m.cfg.check_every_ms;
             let faults = self.m.check(now);
             self.m.handle_faults(now, faults);
+            // A dead client still listed is confirmed at the next period, not a whole check
+            // interval later: the server's other clients hang meanwhile.
+            self.next_check = now
+                + if self.m.awaits_confirmation() {
+                    self.m.cfg.period_ms.min(self.m.cfg.check_every_ms)
+                } else {
+                    self.m.cfg.check_every_ms
+                };
             self.m.write_state(&self.state_file);
             notifier.notify("WATCHDOG=1");
         }

@@ -350,6 +350,16 @@ impl Manager {
             })
             .map(|p| p.pid)
             .collect();
+        // A client killed holding its context stays on its server's list, hanging the server's
+        // other clients, until it is terminated, whether or not its ledger registration is
+        // still there (the monitor reclaims a dead process's registration within a second).
+        o.dead_listed = o
+            .clients
+            .values()
+            .flatten()
+            .copied()
+            .filter(|&pid| node_ledger::procinfo::is_gone(pid))
+            .collect();
         o.offline_registered = offline.len();
         o.offline_launches = offline.iter().map(|p| p.launches).sum();
         o.sm_activity_pct = self
@@ -491,7 +501,16 @@ impl Manager {
                 if !pids.contains(pid) {
                     pids.push(*pid);
                 }
-                Some(self.terminate_offline(&pids, true, fault.kind()))
+                // A pid known only from a server's list that no server lists any more has left
+                // MPS (its connection closed): nothing of it hangs, no reset for it.
+                let registered: Vec<u32> = self.offline().iter().map(|p| p.pid).collect();
+                let listed = self.listed_clients();
+                pids.retain(|p| registered.contains(p) || listed.as_ref().is_none_or(|l| l.contains(p)));
+                if pids.is_empty() {
+                    Some(Ok(format!("client {pid} no longer listed on any MPS server: nothing to terminate")))
+                } else {
+                    Some(self.terminate_offline(&pids, true, fault.kind()))
+                }
             }
             Fault::ClientsStuck { .. } if !self.escalate_stuck => {
                 let pids: Vec<u32> = self.offline().iter().map(|p| p.pid).collect();
@@ -662,6 +681,21 @@ impl Manager {
         Ok(format!(
             "terminate_client {done:?} (listed at look {looks}); MPS not reset"
         ))
+    }
+
+    /// Whether a dead client still listed by MPS awaits its confirming second look (the
+    /// daemon then checks again after `period_ms`, not `check_every_ms`).
+    pub fn awaits_confirmation(&self) -> bool {
+        self.detector.awaits_confirmation()
+    }
+
+    /// Every client the MPS servers list now; `None` when MPS did not answer.
+    fn listed_clients(&mut self) -> Option<Vec<u32>> {
+        let mut out = Vec::new();
+        for srv in self.ctl.server_list().ok()? {
+            out.extend(self.ctl.client_list(srv).ok()?);
+        }
+        Some(out)
     }
 
     /// Records, in the state file, before the command is sent, that `pid` (listed on `server`)

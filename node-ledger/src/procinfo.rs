@@ -28,11 +28,20 @@ pub fn is_alive(pid: u32, start: u64) -> bool {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
-    let zombie = stat
-        .rfind(')')
+    !exited(&stat) && parse_start_time(&stat) == Some(start)
+}
+
+/// Whether a `/proc/<pid>/stat` line is that of a process that has exited (zombie or dead).
+fn exited(stat: &str) -> bool {
+    stat.rfind(')')
         .and_then(|i| stat[i + 1..].split_whitespace().next())
-        .is_some_and(|s| s == "Z" || s == "X");
-    !zombie && parse_start_time(&stat) == Some(start)
+        .is_some_and(|s| s == "Z" || s == "X")
+}
+
+/// Whether no live process has pid `pid` (none, or a zombie): for a pid known without its
+/// start time, such as one an MPS server lists.
+pub fn is_gone(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| exited(&stat))
 }
 
 #[cfg(test)]
@@ -54,5 +63,21 @@ mod tests {
         assert!(is_alive(pid, st));
         assert!(!is_alive(pid, st + 1));
         assert!(!is_alive(u32::MAX - 1, st));
+    }
+
+    #[test]
+    fn a_zombie_or_a_reaped_pid_is_gone_a_live_one_is_not() {
+        assert!(!is_gone(std::process::id()));
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        assert!(!is_gone(pid));
+        child.kill().unwrap();
+        // Killed, not yet waited for: a zombie.
+        while !fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| exited(&s)) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(is_gone(pid), "a zombie");
+        child.wait().unwrap();
+        assert!(is_gone(pid), "reaped");
     }
 }
