@@ -138,6 +138,20 @@ fn offline_on_mps(n: &EmuHost, ledger: &node_ledger::Ledger, mib: u64) -> EmuChi
     off
 }
 
+/// SIGKILLs `off` (it dies holding its MPS context, hanging the server) and waits for the
+/// manager's latest recovery to name it (a `client_died` fault); returns the manager state.
+fn kill_until_recovered(n: &EmuHost, off: &mut EmuChild) -> Value {
+    let op = off.pid();
+    off.signal(libc::SIGKILL);
+    let _ = off.wait_exit(T);
+    mstate(n, "the recovery of the killed client", |v| {
+        v["recoveries"]
+            .as_array()
+            .and_then(|r| r.last())
+            .is_some_and(|r| r["fault"]["client_died"]["pid"] == op)
+    })
+}
+
 /// SIGKILLs the offline client (it dies holding its MPS context, hanging the server) and
 /// waits for the `n`th recovery; returns the manager state and the recovery time.
 fn kill_offline_and_recover(n: &EmuHost, off: &mut EmuChild, nth: usize) -> (Value, Duration) {
@@ -212,6 +226,35 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
         errors <= 2,
         "one ERROR line per fault episode, got {errors}:\n{log}"
     );
+}
+
+/// A client killed holding its context with no ledger registration: what the manager sees
+/// when the monitor reclaimed the dead process's registration before the manager's check
+/// (sysmonitor reclaims within about a second; the kit's `recovery` check hung the online
+/// client for good that way), or when the dead client was an unregistered one. The server
+/// still lists it, and that listing is enough: it is terminated, MPS is not reset, the online
+/// client keeps its context and progresses.
+#[test]
+fn a_dead_client_its_server_still_lists_is_terminated_without_a_ledger_registration() {
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let load = Load::start(&n, 0.5, 2.0);
+    let dev = n.device();
+    let _quit = QuitOnPanic(n.device());
+    let mut off = n.spawn_helper("gpu-mem", "64");
+    let op = off.pid();
+    wait_until("the unregistered client on MPS", || {
+        dev.snapshot().processes.iter().any(|p| p.pid == op && p.mps_client)
+    });
+    mstate(&n, "both clients listed on their server", |v| v["clients"].as_u64() >= Some(2));
+    let generation = dev.snapshot().mps.generation;
+    let v = kill_until_recovered(&n, &mut off);
+    let r = v["recoveries"].as_array().unwrap().last().unwrap();
+    assert!(r["outcome"].as_str().unwrap().contains("terminate_client"), "{v:#}");
+    wait_until("MPS no longer hung", || !dev.snapshot().mps.poisoned);
+    online_kept_its_context(&load, &dev, generation, "terminating a dead listed client");
+    load.stop();
 }
 
 /// On a panic, quits MPS on the device so a hung online `Load` can be joined (no hanging test).
@@ -482,18 +525,10 @@ fn stress_sigkill_offline_online_time_to_progress() {
     let mut resets = 0;
     for i in 0..rounds {
         let mut off = offline_on_mps(&n, &ledger, 64);
-        let op = off.pid();
         let delay = Duration::from_micros(rand() % 40_000);
         std::thread::sleep(delay);
         let t0 = Instant::now();
-        off.signal(libc::SIGKILL);
-        let _ = off.wait_exit(T);
-        let v = mstate(&n, "recovery", |v| {
-            v["recoveries"]
-                .as_array()
-                .and_then(|r| r.last())
-                .is_some_and(|r| r["fault"]["client_died"]["pid"] == op)
-        });
+        let v = kill_until_recovered(&n, &mut off);
         let outcome = v["recoveries"].as_array().unwrap().last().unwrap()["outcome"]
             .as_str()
             .unwrap_or_default()
