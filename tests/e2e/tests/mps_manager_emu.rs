@@ -506,6 +506,10 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
 /// completed online kernel once MPS is no longer hung) as median / p99 / max, the rounds over
 /// 1 s and the full resets. Asserts only the mechanism: every fault recovered by
 /// `terminate_client`, no MPS reset, the online client never lost its context.
+/// `MPS_STRESS_MONITOR=1` runs sysmonitor beside the manager, as deployed, and the manager
+/// checks at its shipped pace (500 ms): the monitor reclaims a dead process's ledger
+/// registration, often before the manager looks, and the manager then finds the dead client
+/// on its server's list.
 /// `MPS_STRESS_N=200 cargo test -p e2e --test mps_manager_emu stress_sigkill -- --ignored --nocapture`
 #[test]
 #[ignore = "stress tool; run by hand"]
@@ -514,6 +518,13 @@ fn stress_sigkill_offline_online_time_to_progress() {
     let mut rng = e2e::XorShift(e2e::seed_from_env("MPS_STRESS_SEED"));
     let mut rand = move || rng.next_u64();
     let n = EmuHost::node();
+    let with_monitor = e2e::env_or("MPS_STRESS_MONITOR", 0u32) == 1;
+    let _monitor = with_monitor.then(|| n.start_monitor("mon.json", "{}"));
+    if with_monitor {
+        let shipped = manager_config().replace(r#""check_every_ms": 100"#, r#""check_every_ms": 500"#);
+        assert!(shipped.contains(r#""check_every_ms": 500"#), "{shipped}");
+        std::fs::write(n.path("mps.json"), shipped).unwrap();
+    }
     let _manager = start_manager(&n);
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64();
