@@ -504,8 +504,10 @@ impl Manager {
                 // A pid known only from a server's list that no server lists any more has left
                 // MPS (its connection closed): nothing of it hangs, no reset for it.
                 let registered: Vec<u32> = self.offline().iter().map(|p| p.pid).collect();
-                let listed = self.listed_clients();
-                pids.retain(|p| registered.contains(p) || listed.as_ref().is_none_or(|l| l.contains(p)));
+                if pids.iter().any(|p| !registered.contains(p)) {
+                    let listed = self.listed_clients();
+                    pids.retain(|p| registered.contains(p) || listed.as_ref().is_none_or(|l| l.contains(p)));
+                }
                 if pids.is_empty() {
                     Some(Ok(format!("client {pid} no longer listed on any MPS server: nothing to terminate")))
                 } else {

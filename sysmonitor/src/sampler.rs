@@ -463,8 +463,7 @@ impl NvmlSource {
 
     /// `nvmlDeviceGetMemoryInfo`: (used, total) bytes.
     pub fn memory(&self) -> Result<(u64, u64), String> {
-        let m = self.dev.memory_info().map_err(|x| e("memory info", x))?;
-        Ok((m.used, m.total))
+        memory_of(&self.dev)
     }
 
     /// `nvmlDeviceGetClockInfo(SM)`, MHz.
@@ -474,34 +473,61 @@ impl NvmlSource {
 
     /// `nvmlDeviceGetCurrentClocksThrottleReasons`.
     pub fn clock_reasons(&self) -> Result<ThrottleReasons, String> {
-        self.dev
-            .current_throttle_reasons()
-            .map_err(|x| e("clock reasons", x))
+        clock_reasons_of(&self.dev)
     }
 
     /// `nvmlDeviceGetPowerUsage`, milliwatts.
     pub fn power(&self) -> Result<u32, String> {
-        self.dev.power_usage().map_err(|x| e("power", x))
+        power_of(&self.dev)
     }
 
     /// `nvmlDeviceGetTemperature(GPU)`, degrees Celsius.
     pub fn temperature(&self) -> Result<u32, String> {
-        self.dev
-            .temperature(TemperatureSensor::Gpu)
-            .map_err(|x| e("temperature", x))
+        temperature_of(&self.dev)
     }
+}
+
+// The paced queries as functions of the device alone, so that a sample can refresh a
+// `Paced` field of the source while the query borrows only its device.
+
+fn memory_of(dev: &Device<'static>) -> Result<(u64, u64), String> {
+    let m = dev.memory_info().map_err(|x| e("memory info", x))?;
+    Ok((m.used, m.total))
+}
+
+fn clock_reasons_of(dev: &Device<'static>) -> Result<ThrottleReasons, String> {
+    dev.current_throttle_reasons()
+        .map_err(|x| e("clock reasons", x))
+}
+
+fn power_of(dev: &Device<'static>) -> Result<u32, String> {
+    dev.power_usage().map_err(|x| e("power", x))
+}
+
+fn temperature_of(dev: &Device<'static>) -> Result<u32, String> {
+    dev.temperature(TemperatureSensor::Gpu)
+        .map_err(|x| e("temperature", x))
+}
+
+/// Whether the driver's throttle reasons say the clock is low for idleness alone (no power cap
+/// or thermal/hardware slowdown beside it).
+fn idle_only(r: ThrottleReasons) -> bool {
+    r.contains(ThrottleReasons::GPU_IDLE)
+        && !r.intersects(
+            ThrottleReasons::SW_POWER_CAP
+                | ThrottleReasons::HW_SLOWDOWN
+                | ThrottleReasons::SW_THERMAL_SLOWDOWN
+                | ThrottleReasons::HW_THERMAL_SLOWDOWN
+                | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+        )
 }
 
 impl GpuSource for NvmlSource {
     fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
         let (util, sm, src) = self.util_and_sm(now_ms)?;
-        let (mem_used, mem_total) = {
-            let every = self.pace.memory_every_ms;
-            let mut mem = std::mem::take(&mut self.mem);
-            let r = mem.get(now_ms, every, || self.memory());
-            self.mem = mem;
-            r?
-        };
+        let dev = &self.dev;
+        let (mem_used, mem_total) =
+            self.mem.get(now_ms, self.pace.memory_every_ms, || memory_of(dev))?;
         let clk = self.sm_clock()?;
         let max = match self.max_clock {
             Some(m) => m,
@@ -518,32 +544,20 @@ impl GpuSource for NvmlSource {
         // is no sign of load. Unanswered, the low clock counts (the stricter reading). The
         // answer holds while the clock stays where it was asked (a GPU leaving idleness moves
         // its clock), for at most `clock_reasons_every_ms`.
-        let clock_idle = clk < max && {
-            let mut idle = std::mem::take(&mut self.clock_idle);
-            let every = self.pace.clock_reasons_every_ms;
-            let v = idle
-                .get_for(clk, now_ms, every, || {
-                    Ok(self.clock_reasons().is_ok_and(|r| {
-                        r.contains(ThrottleReasons::GPU_IDLE)
-                            && !r.intersects(
-                                ThrottleReasons::SW_POWER_CAP
-                                    | ThrottleReasons::HW_SLOWDOWN
-                                    | ThrottleReasons::SW_THERMAL_SLOWDOWN
-                                    | ThrottleReasons::HW_THERMAL_SLOWDOWN
-                                    | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
-                            )
-                    }))
+        let dev = &self.dev;
+        let clock_idle = clk < max
+            && self
+                .clock_idle
+                .get_for(clk, now_ms, self.pace.clock_reasons_every_ms, || {
+                    Ok(clock_reasons_of(dev).is_ok_and(idle_only))
                 })
                 .unwrap_or(false);
-            self.clock_idle = idle;
-            v
-        };
-        let every = self.pace.power_temp_every_ms;
-        let mut aux = std::mem::take(&mut self.aux);
-        let (power_mw, temp_c) = aux
-            .get(now_ms, every, || Ok((self.power().ok(), self.temperature().ok())))
+        let (power_mw, temp_c) = self
+            .aux
+            .get(now_ms, self.pace.power_temp_every_ms, || {
+                Ok((power_of(dev).ok(), temperature_of(dev).ok()))
+            })
             .unwrap_or_default();
-        self.aux = aux;
         Ok(GpuSample {
             t_ms: now_ms,
             gpu_util: util,
