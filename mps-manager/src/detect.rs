@@ -26,7 +26,8 @@ pub enum Fault {
         /// How long nothing has progressed, ms.
         for_ms: u64,
     },
-    /// The monitor reported a critical XID (e.g. 31, GPU memory page fault).
+    /// The monitor reported a critical XID (a fault of the GPU itself, e.g. 48, double-bit ECC;
+    /// not an application XID such as 31, which MPS handles by tearing down that client).
     Xid {
         /// The XID code.
         code: u64,

@@ -90,7 +90,8 @@ pub struct Config {
     /// node-agent): size bound per file and rotated generations kept.
     #[serde(default)]
     pub evict_log: node_ledger::evictlog::Rotation,
-    /// XID codes that disable the device.
+    /// XID codes that disable the device (default: the GPU's own faults, not the application
+    /// XIDs of [`APPLICATION_XIDS`]).
     #[serde(default = "d_xids")]
     pub xid_critical: Vec<u64>,
     /// Also read XIDs from this kernel log (`/dev/kmsg`, a syslog file) besides NVML events.
@@ -265,9 +266,21 @@ fn d_state_every() -> u64 {
     1000
 }
 fn d_xids() -> Vec<u64> {
-    // Page fault, GPU fallen off the bus, row-remap failures, uncontained ECC and similar.
-    vec![31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95]
+    // Faults of the GPU itself: double-bit ECC (48), internal micro-controller halt (61, 62),
+    // row remapping and page retirement (63, 64), NVLink (74), fallen off the bus (79), ECC
+    // rates and uncontained errors (92, 94, 95). Not the application XIDs (APPLICATION_XIDS).
+    vec![48, 61, 62, 63, 64, 74, 79, 92, 94, 95]
 }
+
+/// XIDs that report one process's own fault, not the GPU's (NVIDIA's XID catalog: "user
+/// application error"; NVIDIA's device plugin keeps a GPU healthy on them): graphics engine
+/// exception (13), GPU memory page fault (31), GPU stopped processing (43), preemptive cleanup
+/// (45), video processor exception (68). Under MPS the server itself tears down the faulting
+/// client; on an H200 (driver 580) an offline client SIGKILLed with kernels in flight was
+/// followed by XID 31 on its online neighbour. Disabling the GPU for them would let any job's
+/// bug, or one `kill -9`, stop offline sharing on the node until an operator re-enables it.
+/// Not in the default `xid_critical`; an operator may still list them.
+pub const APPLICATION_XIDS: [u64; 5] = [13, 31, 43, 45, 68];
 
 impl Default for Config {
     fn default() -> Self {

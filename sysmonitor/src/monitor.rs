@@ -292,6 +292,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             if self.cfg.xid_critical.contains(&x) {
                 tracing::error!(xid = x, gpu = self.cfg.gpu_index, "critical XID");
                 self.input(now_ms, Input::Xid(x));
+            } else if crate::config::APPLICATION_XIDS.contains(&x) {
+                tracing::warn!(
+                    xid = x,
+                    gpu = self.cfg.gpu_index,
+                    "application XID (one process's own fault; the GPU stays in service)"
+                );
             } else {
                 tracing::warn!(
                     xid = x,
@@ -1049,7 +1055,7 @@ mod tests {
         let mut m = Monitor::new(c.clone(), gpu, ledger, Rec::default(), vec![]);
         assert_eq!(m.gpu.paces, vec![c.nvml.clone()], "handed over at start");
         m.tick(0);
-        m.gpu.xids = vec![31];
+        m.gpu.xids = vec![48];
         m.tick(Config::default().nvml.xid_every_ms);
         m.tick(299);
         assert_eq!(m.machine.state(), State::Healthy, "not read before 300 ms");
@@ -1069,7 +1075,9 @@ mod tests {
         let gpu = Script {
             next: vec![Ok(gs(10.0))],
             procs: vec![],
-            xids: vec![13],
+            // Application XIDs (a process's own page fault, engine exception, cleanup after a
+            // kill): the GPU stays in service and nothing is evicted.
+            xids: vec![13, 31, 43, 45, 68],
             paces: vec![],
         };
         let ledger = MemLedger {
@@ -1079,14 +1087,14 @@ mod tests {
         let mut m = Monitor::new(cfg(), gpu, ledger, Rec::default(), vec![]);
         m.tick(0);
         assert_eq!(m.machine.state(), State::Healthy);
-        m.gpu.xids = vec![31];
+        m.gpu.xids = vec![79];
         m.tick(10);
         assert_eq!(
             m.machine.state(),
             State::Healthy,
             "not read 10 ms after the last read"
         );
-        assert_eq!(m.gpu.xids, vec![31]);
+        assert_eq!(m.gpu.xids, vec![79]);
         m.tick(Config::default().nvml.xid_every_ms);
         assert_eq!(m.machine.state(), State::Disabled);
         assert_eq!(

@@ -471,24 +471,33 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
         .append(true)
         .open(&klog)
         .unwrap();
-    writeln!(f, "NVRM: Xid (PCI:0000:02:00): 31, pid=1, another GPU").unwrap();
-    writeln!(f, "NVRM: Xid (PCI:0000:01:00): 13, pid=1, not critical").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    writeln!(f, "NVRM: Xid (PCI:0000:02:00): 79, pid=1, another GPU").unwrap();
+    // Application XIDs of this GPU: one process's page fault, engine exception, cleanup.
+    for x in [13, 31, 43, 45] {
+        writeln!(f, "NVRM: Xid (PCI:0000:01:00): {x}, pid=1, name=train, Ch 00000010").unwrap();
+    }
+    // Each XID the monitor takes is logged with its `xid=` field, critical or not.
+    n.wait_log(T, "the XIDs read", "mon.json", |l| l.matches("xid=").count() >= 4);
+    let seen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let v = n.wait_state(T, "a state after the XIDs", |v| {
+        v["updated_unix_ms"].as_u64().is_some_and(|t| t > seen + 50)
+    });
+    assert_eq!(state(&v), "healthy", "{v:#}");
     assert!(
         offline.alive(),
-        "other GPUs' and non-critical XIDs change nothing"
+        "other GPUs' and application XIDs change nothing"
     );
-    writeln!(
-        f,
-        "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=train, Ch 00000010"
-    )
-    .unwrap();
+    writeln!(f, "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', GPU has fallen off the bus.")
+        .unwrap();
     assert_eq!(
         offline.wait_exit(T).expect("not evicted"),
         Some(libc::SIGTERM)
     );
     let v = n.wait_state(T, "disabled by xid", |v| state(v) == "disabled");
-    assert_eq!(v["disabled_by"]["xid"], 31);
+    assert_eq!(v["disabled_by"]["xid"], 79);
     assert_eq!(v["evictions"]["disabled"], 1);
     let v = n.wait_state(T, "healthy after the quiet time", |v| state(v) == "healthy");
     assert_eq!(v["last_transition"][0], "init");

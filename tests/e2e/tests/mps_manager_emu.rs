@@ -416,12 +416,13 @@ fn without_the_manager_a_killed_offline_client_stalls_online() {
     drop(load);
 }
 
-#[test]
-fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
-    let n = EmuHost::node();
+/// A monitor (shipped XID defaults) reading `root()/kern.log`, the manager beside it, and an
+/// online and an offline client on MPS; returns the monitor, the manager, the kernel log, the
+/// daemon's pid, the clients.
+fn node_with_xid_log(n: &EmuHost) -> (EmuChild, EmuChild, std::path::PathBuf, u64, Load, EmuChild) {
     let klog = n.path("kern.log");
     std::fs::write(&klog, "").unwrap();
-    let _mon = n.start_monitor(
+    let mon = n.start_monitor(
         "mon.json",
         &format!(
             r#"{{"interval_ms": 10, "host_memory": {{"enabled": false}}, "xid_log": "{}",
@@ -432,24 +433,31 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
         ),
     );
     n.wait_state(T, "healthy", |v| v["state"] == "healthy");
-    let _manager = start_manager(&n);
-    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let manager = start_manager(n);
+    let v = mstate(n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64().unwrap();
-    let (load, mut off) = online_and_offline(&n);
+    let (load, off) = online_and_offline(n);
+    (mon, manager, klog, daemon, load, off)
+}
+
+fn kernel_log(klog: &std::path::Path, line: &str) {
     use std::io::Write;
-    writeln!(
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&klog)
-            .unwrap(),
-        "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=train"
-    )
-    .unwrap();
+    let mut f = std::fs::OpenOptions::new().append(true).open(klog).unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+#[test]
+fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
+    let n = EmuHost::node();
+    let (_mon, _manager, klog, daemon, load, mut off) = node_with_xid_log(&n);
+    // A fault of the GPU itself (double-bit ECC): the monitor disables the GPU, the manager
+    // starts a new MPS.
+    kernel_log(&klog, "NVRM: Xid (PCI:0000:01:00): 48, pid=1, An uncorrectable double bit error");
     // The monitor's own eviction of the (signal-unaware) helper may be seen first as an unclean
     // client death; the XID must still get its recovery.
     let xid_recoveries = |v: &Value| {
         v["recoveries"].as_array().map_or(0, |r| {
-            r.iter().filter(|x| x["fault"]["xid"]["code"] == 31).count()
+            r.iter().filter(|x| x["fault"]["xid"]["code"] == 48).count()
         })
     };
     mstate(&n, "xid recovery", |v| xid_recoveries(v) == 1);
@@ -472,6 +480,45 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
         v["updated_unix_ms"].as_u64() > last.map(|t| t + 500)
     });
     assert_eq!(xid_recoveries(&again), 1, "{again:#}");
+}
+
+/// An application XID (one process's page fault, as an H200 reported for an online client
+/// right after its offline neighbour was SIGKILLed under MPS; or an offline job's own bug) is
+/// the faulting process's: MPS tears that client down itself. With the shipped defaults the
+/// monitor keeps the GPU in service and the manager resets nothing: no eviction, no new MPS,
+/// the online client keeps its context.
+#[test]
+fn an_application_xid_disables_nothing_and_resets_nothing() {
+    let n = EmuHost::node();
+    let (_mon, _manager, klog, daemon, load, mut off) = node_with_xid_log(&n);
+    let dev = n.device();
+    let generation = dev.snapshot().mps.generation;
+    for x in [31, 43, 45] {
+        kernel_log(&klog, &format!("NVRM: Xid (PCI:0000:01:00): {x}, pid=1, name=train, Ch 00000010"));
+    }
+    // Each XID the monitor takes is logged with its `xid=` field, critical or not.
+    n.wait_log(T, "the XIDs read", "mon.json", |l| l.matches("xid=").count() >= 3);
+    // Past the moment the monitor read them: its state file and the manager's next looks.
+    let seen = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    n.wait_state(T, "a state after the XIDs", |v| {
+        v["updated_unix_ms"].as_u64().is_some_and(|t| t > seen + 100)
+    });
+    let v = mstate(&n, "the manager's looks after the XIDs", |v| {
+        v["updated_unix_ms"].as_u64().is_some_and(|t| t > seen + 500)
+    });
+    assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "MPS not restarted: {v:#}");
+    assert!(
+        v["recoveries"].as_array().is_none_or(|r| r.is_empty()),
+        "no recovery: {v:#}"
+    );
+    let s = n.wait_state(T, "state", |_| true);
+    assert_eq!(s["state"], "healthy", "{s:#}");
+    assert!(s["disabled_by"].is_null(), "{s:#}");
+    assert!(off.alive(), "the offline client is not evicted");
+    online_kept_its_context(&load, &dev, generation, "the application XIDs");
 }
 
 #[test]

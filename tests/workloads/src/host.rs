@@ -537,6 +537,29 @@ impl Host {
         std::fs::read_to_string(self.path(&format!("{name}.log"))).unwrap_or_default()
     }
 
+    /// Polls the log of the daemon started with config `name` until `pred` holds; panics after
+    /// `limit` with the log.
+    pub fn wait_log(
+        &self,
+        limit: Duration,
+        what: &str,
+        name: &str,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let end = Instant::now() + limit;
+        loop {
+            let l = self.log(name);
+            if pred(&l) {
+                return l;
+            }
+            assert!(
+                Instant::now() < end,
+                "timed out waiting for {what} in {name}.log:\n{l}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Polls the monitor's state file until `pred` holds (or panics after `limit`).
     pub fn wait_state(
         &self,
