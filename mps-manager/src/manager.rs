@@ -568,8 +568,9 @@ impl Manager {
     /// `terminate_client <server> <pid>` for each of `pids` that an MPS server lists (a dead
     /// client stays listed while its work hangs the server); live ones are also evicted and
     /// marked for restart. Err when MPS does not answer, or within [`LISTING_GRACE_MS`] none of
-    /// `pids` is listed (`all` false), or not every one of them is (`all` true: dead clients,
-    /// each of which hangs the server until terminated).
+    /// `pids` is terminated (`all` false: live clients of a stuck server), or one of them is
+    /// still listed at the last look (`all` true: dead clients, each of which hangs its server
+    /// while listed; one no server lists has left MPS).
     ///
     /// What MPS may legitimately show meanwhile is tolerated: a client not listed yet (its
     /// connection still being handed to its server), a server that went away between
@@ -600,9 +601,10 @@ impl Manager {
                 })
             })
             .collect();
+        let mut listed: Vec<u32> = Vec::new();
         loop {
             looks += 1;
-            let mut listed: Vec<u32> = Vec::new();
+            listed.clear();
             for srv in self.ctl.server_list()? {
                 let clients = match self.ctl.client_list(srv) {
                     Ok(c) => c,
@@ -669,20 +671,36 @@ impl Manager {
             .copied()
             .filter(|p| !done.iter().any(|&(_, d)| d == *p))
             .collect();
-        if done.is_empty() || (all && !missing.is_empty()) {
-            // Not listed on any server: whether its death left MPS hung cannot be known, so
-            // the last resort applies (a hung online client is worse than a reset).
+        // Dead clients (`all`): one no server lists at the last look has left MPS, its
+        // connection closed and dropped by its server (on an H200 the server logs "assuming
+        // client exit" the moment a SIGKILLed client dies, before the manager's first look):
+        // nothing of it is left to hang anything. A reset is the answer only for one still
+        // listed that `terminate_client` did not remove. Live clients to remove (`all` false,
+        // a stuck server): none terminated is a failure whatever the lists show.
+        let stuck: Vec<u32> = if all {
+            missing.iter().copied().filter(|p| listed.contains(p)).collect()
+        } else {
+            missing.clone()
+        };
+        if (all && !stuck.is_empty()) || (!all && done.is_empty()) {
             return Err(MpsError::Rejected {
                 command: "terminate_client".into(),
                 reply: format!(
-                    "clients {missing:?} not listed on any MPS server in {looks} looks over {LISTING_GRACE_MS} ms (terminated: {done:?}){}",
+                    "clients {stuck:?} still listed after {looks} looks over {LISTING_GRACE_MS} ms (terminated: {done:?}){}",
                     last_refusal.map_or(String::new(), |r| format!("; last refusal: {r}"))
                 ),
             });
         }
-        Ok(format!(
-            "terminate_client {done:?} (listed at look {looks}); MPS not reset"
-        ))
+        let gone = if missing.is_empty() {
+            String::new()
+        } else {
+            format!("; {missing:?} not listed on any MPS server in {looks} looks over {LISTING_GRACE_MS} ms: left MPS, nothing to terminate")
+        };
+        Ok(if done.is_empty() {
+            format!("no client to terminate{gone}; MPS not reset")
+        } else {
+            format!("terminate_client {done:?} (listed at look {looks}){gone}; MPS not reset")
+        })
     }
 
     /// Whether a dead client still listed by MPS awaits its confirming second look (the

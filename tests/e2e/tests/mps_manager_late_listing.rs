@@ -44,12 +44,11 @@ fn mstate(n: &EmuHost, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     n.wait_manager_state(Duration::from_secs(20), "mps.json", what, pred)
 }
 
-/// The dead offline client appears on its server's list only at the third look after its
-/// death (the manager's periodic check and the first look of the recovery both miss it).
-/// The recovery must terminate it there, with no `quit`. Before the bounded retry the first
-/// miss meant a full MPS reset (`quit`).
-#[test]
-fn a_dead_client_listed_late_is_terminated_not_reset() {
+/// The manager against the scripted control program, an offline `sleep` registered in the
+/// ledger and SIGKILLed; its server lists it from the `list_from`-th look after its death.
+/// Returns the manager's first recovery, the commands the control program got, the control
+/// daemon's pid file before and after, and the dead pid.
+fn kill_a_registered_client(list_from: u64) -> (Value, String, String, String, u32) {
     let n = EmuHost::node();
     let ctl = n.path("fake-mps-control");
     std::fs::write(&ctl, SCRIPT).unwrap();
@@ -77,7 +76,7 @@ fn a_dead_client_listed_late_is_terminated_not_reset() {
     let mut off = n.spawn_sh("exec sleep 600");
     let pid = off.pid();
     register(&ledger, pid, 64 << 20);
-    std::fs::write(pipe.join("list_from"), "3").unwrap();
+    std::fs::write(pipe.join("list_from"), list_from.to_string()).unwrap();
     off.signal(libc::SIGKILL);
     off.wait_exit(Duration::from_secs(10)).expect("killed");
     std::fs::write(pipe.join("dead"), format!("{pid}\n")).unwrap();
@@ -86,19 +85,44 @@ fn a_dead_client_listed_late_is_terminated_not_reset() {
         v["recoveries"].as_array().is_some_and(|r| !r.is_empty())
     });
     let commands = std::fs::read_to_string(pipe.join("commands.log")).unwrap();
-    let r = &v["recoveries"][0];
-    assert_eq!(r["fault"]["client_died"]["pid"], pid, "{v:#}");
+    let now = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap_or_default();
+    // SAFETY: the stand-in daemon is a `sleep` this test's script started.
+    unsafe { libc::kill(daemon.trim().parse::<i32>().unwrap(), libc::SIGKILL) };
+    (v["recoveries"][0].clone(), commands, daemon, now, pid)
+}
+
+/// The dead offline client appears on its server's list only at the third look after its
+/// death (the manager's periodic check and the first look of the recovery both miss it).
+/// The recovery must terminate it there, with no `quit`. Before the bounded retry the first
+/// miss meant a full MPS reset (`quit`).
+#[test]
+fn a_dead_client_listed_late_is_terminated_not_reset() {
+    let (r, commands, daemon, now, pid) = kill_a_registered_client(3);
+    assert_eq!(r["fault"]["client_died"]["pid"], pid, "{r:#}");
     assert!(
         r["outcome"].as_str().unwrap().contains("terminate_client"),
-        "{v:#}\n{commands}"
+        "{r:#}\n{commands}"
     );
     assert!(
         commands.contains(&format!("terminate_client 4242 {pid}")),
         "{commands}"
     );
     assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
-    let now = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
     assert_eq!(now, daemon, "same control daemon");
-    // SAFETY: the stand-in daemon is a `sleep` this test's script started.
-    unsafe { libc::kill(daemon.trim().parse::<i32>().unwrap(), libc::SIGKILL) };
+}
+
+/// A SIGKILLed offline client its server never lists: the server dropped it when its
+/// connection closed (an H200 logs "assuming client ... exit" at the moment of the kill,
+/// before the manager's first look). It has left MPS; nothing hangs on it, so no `quit`.
+/// Before, a registered dead client missing from every list for the whole grace meant a full
+/// MPS reset, which takes the online clients' contexts with it.
+#[test]
+fn a_dead_client_no_server_lists_has_left_mps_and_nothing_is_reset() {
+    let (r, commands, daemon, now, pid) = kill_a_registered_client(u64::from(u32::MAX));
+    assert_eq!(r["fault"]["client_died"]["pid"], pid, "{r:#}");
+    let outcome = r["outcome"].as_str().unwrap();
+    assert!(outcome.contains("left MPS"), "{r:#}\n{commands}");
+    assert!(!commands.contains("terminate_client"), "{commands}");
+    assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
+    assert_eq!(now, daemon, "same control daemon");
 }
