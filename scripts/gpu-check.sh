@@ -43,7 +43,8 @@
 # directory (logs of every process) for a look afterwards. GPU_CHECK_MONITOR_EXTRA adds keys to
 # the monitor's config (e.g. '"nvml": { "gpm_every_ms": 1000 }', to price a pace with
 # monitor-cpu and nvml-cost); GPU_CHECK_EXIT_RUNS sets the exit check's signals (default 20),
-# GPU_CHECK_RECOVERY_RUNS the recovery check's kills (default 1), GPU_CHECK_MPS_CLIENTS the most
+# GPU_CHECK_RECOVERY_RUNS the recovery check's kills (default 1; GPU_CHECK_RECOVERY_NO_SHIM=1 runs
+# its offline client without the shim), GPU_CHECK_MPS_CLIENTS the most
 # clients mps-clients starts (default 64).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -527,15 +528,28 @@ check_recovery() {
     # hang the other clients of its server until that client is terminated (mps-manager's
     # targeted recovery). Issue 8's target: the online neighbour makes progress again within
     # 1 s, read as the online client's slowest request over the run (a hang shows there whole).
-    # GPU_CHECK_RECOVERY_RUNS repeats it (default 1); the row gives the worst run.
+    # An online client that exits with a CUDA error instead was torn down by the MPS server's
+    # own handling of a fatal GPU error (its log says which client it blamed). The monitor's
+    # state is checked before each kill: a run on a GPU the monitor disabled proves nothing (its
+    # offline client is evicted). GPU_CHECK_RECOVERY_RUNS repeats it (default 1); the row gives
+    # the worst run.
     local secs=$(( quick ? 4 : 8 )) runs=${GPU_CHECK_RECOVERY_RUNS:-1} r on off max req ev st
-    local worst="" hung=0 total_req=0 all=()
+    local worst="" hung=0 died=0 disabled=0 total_req=0 all=() why=""
+    local slog="$root/mps-log/server.log" fatal0 fatal off_env=("${shim_env[@]}")
+    # GPU_CHECK_RECOVERY_NO_SHIM=1: the offline client without the shim (is a fault the shim's?)
+    [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && off_env=(env)
+    fatal0=$(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null)
     start_mps_manager
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     for r in $(seq "$runs"); do
+        if ! grep -q '"state": *"healthy"' "$root/run/state.json" 2>/dev/null; then
+            disabled=$(( disabled + 1 )); all+=("not-healthy")
+            why="monitor state before run $r: $(grep -o '"state": *"[a-z]*"' "$root/run/state.json" | head -1)"
+            sleep 2; continue
+        fi
         "${as_user[@]}" "$bin_dir/online" --rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
         on=$!; pids+=($on)
-        "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration $(( secs + 10 )) --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
+        "${as_user[@]}" "${off_env[@]}" "$bin_dir/offline" --duration $(( secs + 10 )) --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
         off=$!; pids+=($off)
         # Killed once it has made progress (its context and kernels are live), mid-run.
         for _ in $(seq 50); do grep -q '"t_s"' "$root/off-recovery-$r.out" 2>/dev/null && break; sleep 0.1; done
@@ -544,9 +558,13 @@ check_recovery() {
         st=0; timeout $(( secs + 30 )) tail --pid=$on -f /dev/null || st=1
         max=$(jget max_ms <"$root/online-recovery-$r.out")
         req=$(jget requests <"$root/online-recovery-$r.out")
-        if [[ $st != 0 || -z "$max" ]]; then
+        if [[ $st != 0 ]]; then
             kill -KILL $on 2>/dev/null
             hung=$(( hung + 1 )); all+=(hung)
+            continue
+        elif [[ -z "$max" ]]; then
+            died=$(( died + 1 )); all+=(died)
+            why="online: $(grep -m1 -i 'error' "$root/online-recovery-$r.out" | plain 100)"
             continue
         fi
         all+=("$max")
@@ -554,10 +572,16 @@ check_recovery() {
         if [[ -z "$worst" ]] || "$py" -c "import sys; sys.exit(0 if $max > $worst else 1)"; then worst=$max; fi
     done
     ev=$(grep -c 'recovery done' "$root/mps-manager.log")
+    fatal=$(( $(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null) - ${fatal0:-0} ))
     local what="$runs offline client(s) SIGKILLed holding a context under MPS"
-    local each="slowest request per run (ms): ${all[*]}; $total_req requests; mps-manager recoveries: $ev"
-    if [[ $hung != 0 || -z "$worst" ]]; then
+    [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && what="$what (without the shim)"
+    local each="slowest request per run (ms): ${all[*]}; $total_req requests; mps-manager recoveries: $ev; MPS server fatal GPU errors: $fatal${why:+; $why}"
+    if [[ $hung != 0 ]]; then
         row recovery FAIL "online hung in $hung of $runs" "$what: no summary from the online client $(( secs + 30 )) s later; $each"
+    elif [[ $died != 0 ]]; then
+        row recovery FAIL "online torn down in $died of $runs" "$what: the online client exited with a CUDA error (the MPS server's fatal-error teardown); $each"
+    elif [[ $disabled != 0 || -z "$worst" ]]; then
+        row recovery FAIL "$disabled of $runs not run" "$what: the monitor did not report the GPU healthy; $each"
     elif "$py" -c "import sys; sys.exit(0 if $worst <= 1000 else 1)"; then
         row recovery PASS "slowest online request ${worst} ms" "$what: the neighbour went on within 1 s; $each"
     elif "$py" -c "import sys; sys.exit(0 if $worst <= 5000 else 1)"; then

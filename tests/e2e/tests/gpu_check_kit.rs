@@ -63,6 +63,11 @@ fn the_check_kit_passes_on_the_emulated_t4_and_h100() {
         // reclaims the dead registration first): mps-manager still finds the dead client on
         // its server's list and terminates it; the online neighbour goes on (FAIL: it hung).
         assert!(matches!(row(table, "recovery")[1], "PASS" | "INFO"), "{profile} recovery:\n{table}");
+        // One MPS server takes 48 clients holding a context; the 49th is refused with
+        // CUDA_ERROR_MPS_MAX_CLIENTS_REACHED (808), as an H200 did (driver 580).
+        let clients = row(table, "mps-clients");
+        assert_eq!(clients[1], "PASS", "{profile} mps-clients:\n{table}");
+        assert!(table.contains("48 held, then refused") && table.contains("CUresult 808"), "{table}");
         assert!(!table.contains(" FAIL "), "{profile}:\n{table}");
     }
 }
