@@ -78,6 +78,8 @@ pub struct Observation {
     pub dead_offline: Vec<u32>,
     /// Clients an MPS server lists whose process is gone (no such pid, or a zombie).
     pub dead_listed: Vec<u32>,
+    /// Servers of the previous look whose process still runs (same pid and start time).
+    pub servers_alive: Vec<u32>,
 }
 
 /// Detection thresholds.
@@ -109,6 +111,8 @@ pub struct Detector {
     /// The last observation's [`Observation::dead_listed`]: a listing can lag a clean exit
     /// by a moment, so a dead listed client is a fault only when seen twice in a row.
     dead_listed: Vec<u32>,
+    /// Servers with clients missing from the last listing while their process still ran.
+    unlisted_alive: Vec<u32>,
 }
 
 impl Detector {
@@ -155,15 +159,30 @@ impl Detector {
             });
             return f;
         };
-        for (s, n) in &self.last_clients {
-            if *n > 0 && !servers.contains(s) {
-                f.push(Fault::ServerCrash { server: *s });
+        // A server with clients missing from the listing has crashed when its process is gone.
+        // One whose process still runs was missed by the listing: the real control daemon can
+        // accept a connection and close it unanswered while it finishes another command (seen on
+        // an H200 right after a `terminate_client`; the empty reply had meant a full reset).
+        // Missing twice in a row while alive, it counts as gone from MPS all the same.
+        let mut unlisted_alive = Vec::new();
+        let mut kept = BTreeMap::new();
+        for (&s, &n) in &self.last_clients {
+            if n == 0 || servers.contains(&s) {
+                continue;
+            }
+            if o.servers_alive.contains(&s) && !self.unlisted_alive.contains(&s) {
+                unlisted_alive.push(s);
+                kept.insert(s, n);
+            } else {
+                f.push(Fault::ServerCrash { server: s });
             }
         }
+        self.unlisted_alive = unlisted_alive;
         self.last_clients = servers
             .iter()
             .map(|s| (*s, o.clients.get(s).map_or(0, |c| c.len())))
             .collect();
+        self.last_clients.extend(kept);
 
         let connected: usize = o.clients.values().map(|c| c.len()).sum();
         let progressing =
@@ -284,6 +303,26 @@ mod tests {
         assert_eq!(
             d.observe(&c, 1, &obs(&[])),
             vec![Fault::ServerCrash { server: 10 }]
+        );
+    }
+
+    /// A listing that misses a server whose process still runs (the control daemon closed the
+    /// connection unanswered) is no crash; the server listed again, nothing happened. Missing
+    /// on two looks in a row, it is one.
+    #[test]
+    fn a_server_missing_from_one_listing_while_alive_is_no_crash() {
+        let mut d = Detector::default();
+        let c = DetectConfig::default();
+        assert!(d.observe(&c, 0, &obs(&[(10, &[1, 2])])).is_empty());
+        let mut missed = obs(&[]);
+        missed.servers_alive = vec![10];
+        assert!(d.observe(&c, 1, &missed).is_empty(), "alive: a missed listing");
+        assert!(d.observe(&c, 2, &obs(&[(10, &[1, 2])])).is_empty());
+        assert!(d.observe(&c, 3, &missed).is_empty());
+        assert_eq!(
+            d.observe(&c, 4, &missed),
+            vec![Fault::ServerCrash { server: 10 }],
+            "missing on the second look in a row"
         );
     }
 

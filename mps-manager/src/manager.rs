@@ -317,6 +317,13 @@ impl Manager {
             daemon_alive: self.ctl.daemon_pid().is_some(),
             ..Default::default()
         };
+        // The servers of the last look still running, before the listing replaces them.
+        o.servers_alive = self
+            .servers_seen
+            .iter()
+            .filter(|d| node_ledger::procinfo::is_alive(d.pid, d.start_time))
+            .map(|d| d.pid)
+            .collect();
         if o.daemon_alive {
             match self.ctl.server_list() {
                 Ok(s) => {
@@ -991,9 +998,11 @@ mod tests {
         assert!(m.offline().iter().all(|p| p.pid != pid), "registration reclaimed");
         assert!(m.state.terminating.is_empty() && m.inherited.is_empty());
 
-        // A dead client nobody was terminating and no server lists: still the unknown case.
+        // A dead client nobody was terminating and no server lists: it has left MPS (its
+        // server dropped it when its connection closed), nothing to terminate, no reset.
         let (pid2, _) = dead_client(&m);
-        assert!(m.terminate_offline(&[pid2], true, "client_died").is_err());
+        let out = m.terminate_offline(&[pid2], true, "client_died");
+        assert!(out.as_ref().is_ok_and(|o| o.contains("left MPS")), "{out:?}");
         // A state file of a manager without the field still reads.
         let old: ManagerState = serde_json::from_str(r#"{"gpu":0,"manager_pid":1,"daemon_pid":null,"servers":[],"clients":0,"gpu_health":null,"sm_activity_pct":0,"online_estimate_pct":0,"offline_budget_pct":null,"faults":{},"recoveries":[],"suppressed_recoveries":0,"restart_requested":[],"last_error":null,"updated_unix_ms":0}"#).unwrap();
         assert!(old.terminating.is_empty());

@@ -126,3 +126,86 @@ fn a_dead_client_no_server_lists_has_left_mps_and_nothing_is_reset() {
     assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
     assert_eq!(now, daemon, "same control daemon");
 }
+
+/// A control program whose one server is a real process (a `sleep`, pid in `$PIPE/server.pid`)
+/// listing itself as its client; `get_server_list` answers nothing once while `$PIPE/blank`
+/// exists (as the real control daemon did on an H200: a connection accepted and closed
+/// unanswered right after a `terminate_client`).
+const BLANK_SCRIPT: &str = r#"#!/bin/sh
+D="$CUDA_MPS_PIPE_DIRECTORY"
+if [ "$1" = "-d" ]; then
+  mkdir -p "$D"
+  sleep 600 </dev/null >/dev/null 2>&1 &
+  echo $! > "$D/nvidia-cuda-mps-control.pid"
+  sleep 600 </dev/null >/dev/null 2>&1 &
+  echo $! > "$D/server.pid"
+  exit 0
+fi
+read -r line
+echo "$line" >> "$D/commands.log"
+S=$(cat "$D/server.pid")
+case "$line" in
+  get_server_list)
+    if [ -f "$D/blank" ]; then rm -f "$D/blank"; touch "$D/blanked"; else echo "$S"; fi ;;
+  "get_client_list $S") echo "$S" ;;
+  "get_client_list "*) echo "Server not found" ;;
+  quit) kill "$(cat "$D/nvidia-cuda-mps-control.pid")"; rm -f "$D/nvidia-cuda-mps-control.pid" ;;
+esac
+exit 0
+"#;
+
+/// One listing without the server (whose process still runs, with a client) is a missed
+/// listing, not a crashed server: no recovery, no `quit`. Before, the empty reply read as
+/// "the server with clients vanished" and meant a full MPS reset, which on the H200 took the
+/// online client's context with it (CUDA_ERROR_MPS_RPC_FAILURE).
+#[test]
+fn a_listing_that_misses_a_live_server_is_no_crash() {
+    let n = EmuHost::node();
+    let ctl = n.path("fake-mps-control");
+    std::fs::write(&ctl, BLANK_SCRIPT).unwrap();
+    std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pipe = n.path("pipe");
+    std::fs::write(
+        n.path("mps.json"),
+        format!(
+            r#"{{"control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "command_timeout_ms": 2000,
+                "period_ms": 50, "check_every_ms": 100, "evict_grace_ms": 200,
+                "detect": {{ "stuck_after_ms": 0 }},
+                "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}}}"#,
+            ctl.display(),
+            pipe.display(),
+            n.path("mpslog").display()
+        ),
+    )
+    .unwrap();
+    let _manager = n.start_manager("mps.json", "");
+    mstate(&n, "the server with its client", |v| v["clients"].as_u64() >= Some(1));
+    let daemon = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
+    let server: i32 = std::fs::read_to_string(pipe.join("server.pid")).unwrap().trim().parse().unwrap();
+    std::fs::write(pipe.join("blank"), "").unwrap();
+    let t0 = std::time::Instant::now();
+    while !pipe.join("blanked").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the blank listing was never asked for");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let v = mstate(&n, "looks after the blank listing", |v| {
+        v["updated_unix_ms"].as_u64().is_some_and(|t| t > after + 300) && v["clients"].as_u64() >= Some(1)
+    });
+    let commands = std::fs::read_to_string(pipe.join("commands.log")).unwrap();
+    assert!(
+        v["recoveries"].as_array().is_none_or(|r| r.is_empty()),
+        "no recovery: {v:#}"
+    );
+    assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
+    let now = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap_or_default();
+    assert_eq!(now, daemon, "same control daemon");
+    // SAFETY: both are `sleep`s this test's script started.
+    unsafe {
+        libc::kill(daemon.trim().parse::<i32>().unwrap(), libc::SIGKILL);
+        libc::kill(server, libc::SIGKILL);
+    }
+}
