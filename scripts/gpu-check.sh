@@ -44,7 +44,8 @@
 # the monitor's config (e.g. '"nvml": { "gpm_every_ms": 1000 }', to price a pace with
 # monitor-cpu and nvml-cost); GPU_CHECK_EXIT_RUNS sets the exit check's signals (default 20),
 # GPU_CHECK_RECOVERY_RUNS the recovery check's kills (default 1; GPU_CHECK_RECOVERY_NO_SHIM=1 runs
-# its offline client without the shim), GPU_CHECK_MPS_CLIENTS the most
+# its offline client without the shim, GPU_CHECK_RECOVERY_TERMINATE_FIRST=1 has MPS
+# `terminate_client` it 0.3 s before the SIGKILL), GPU_CHECK_MPS_CLIENTS the most
 # clients mps-clients starts (default 64).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -554,6 +555,12 @@ check_recovery() {
         # Killed once it has made progress (its context and kernels are live), mid-run.
         for _ in $(seq 50); do grep -q '"t_s"' "$root/off-recovery-$r.out" 2>/dev/null && break; sleep 0.1; done
         sleep "1.$(( RANDOM % 10 ))"
+        if [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]]; then
+            # MPS's own way to end one client's GPU work (nvidia-cuda-mps-control(1)), then the kill.
+            local srv; srv=$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null | head -1)
+            echo "terminate_client $srv $off" | timeout 5 nvidia-cuda-mps-control >"$root/terminate-$r.out" 2>&1
+            sleep 0.3
+        fi
         kill -KILL $off 2>/dev/null
         st=0; timeout $(( secs + 30 )) tail --pid=$on -f /dev/null || st=1
         max=$(jget max_ms <"$root/online-recovery-$r.out")
@@ -575,6 +582,7 @@ check_recovery() {
     fatal=$(( $(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null) - ${fatal0:-0} ))
     local what="$runs offline client(s) SIGKILLed holding a context under MPS"
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && what="$what (without the shim)"
+    [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]] && what="$what (terminate_client first)"
     local each="slowest request per run (ms): ${all[*]}; $total_req requests; mps-manager recoveries: $ev; MPS server fatal GPU errors: $fatal${why:+; $why}"
     if [[ $hung != 0 ]]; then
         row recovery FAIL "online hung in $hung of $runs" "$what: no summary from the online client $(( secs + 30 )) s later; $each"
