@@ -44,19 +44,15 @@ fn mstate(n: &EmuHost, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     n.wait_manager_state(Duration::from_secs(20), "mps.json", what, pred)
 }
 
-/// The manager against the scripted control program, an offline `sleep` registered in the
-/// ledger and SIGKILLed; its server lists it from the `list_from`-th look after its death.
-/// Returns the manager's first recovery, the commands the control program got, the control
-/// daemon's pid file before and after, and the dead pid.
-fn kill_a_registered_client(list_from: u64) -> (Value, String, String, String, u32) {
-    let n = EmuHost::node();
+/// The manager (`mps.json`, a fast check) with `script` as its control program; returns the
+/// pipe directory the script keeps its files in, and the manager.
+fn start_with_script(n: &EmuHost, script: &str) -> (std::path::PathBuf, e2e::EmuChild) {
     let ctl = n.path("fake-mps-control");
-    std::fs::write(&ctl, SCRIPT).unwrap();
+    std::fs::write(&ctl, script).unwrap();
     std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o755)).unwrap();
     let pipe = n.path("pipe");
-    let cfg = n.path("mps.json");
     std::fs::write(
-        &cfg,
+        n.path("mps.json"),
         format!(
             r#"{{"control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "command_timeout_ms": 2000,
                 "period_ms": 50, "check_every_ms": 100, "evict_grace_ms": 200,
@@ -68,7 +64,17 @@ fn kill_a_registered_client(list_from: u64) -> (Value, String, String, String, u
         ),
     )
     .unwrap();
-    let _manager = n.start_manager("mps.json", "");
+    let manager = n.start_manager("mps.json", "");
+    (pipe, manager)
+}
+
+/// The manager against the scripted control program, an offline `sleep` registered in the
+/// ledger and SIGKILLed; its server lists it from the `list_from`-th look after its death.
+/// Returns the manager's first recovery, the commands the control program got, the control
+/// daemon's pid file before and after, and the dead pid.
+fn kill_a_registered_client(list_from: u64) -> (Value, String, String, String, u32) {
+    let n = EmuHost::node();
+    let (pipe, _manager) = start_with_script(&n, SCRIPT);
     mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
 
@@ -161,24 +167,7 @@ exit 0
 #[test]
 fn a_listing_that_misses_a_live_server_is_no_crash() {
     let n = EmuHost::node();
-    let ctl = n.path("fake-mps-control");
-    std::fs::write(&ctl, BLANK_SCRIPT).unwrap();
-    std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let pipe = n.path("pipe");
-    std::fs::write(
-        n.path("mps.json"),
-        format!(
-            r#"{{"control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "command_timeout_ms": 2000,
-                "period_ms": 50, "check_every_ms": 100, "evict_grace_ms": 200,
-                "detect": {{ "stuck_after_ms": 0 }},
-                "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}}}"#,
-            ctl.display(),
-            pipe.display(),
-            n.path("mpslog").display()
-        ),
-    )
-    .unwrap();
-    let _manager = n.start_manager("mps.json", "");
+    let (pipe, _manager) = start_with_script(&n, BLANK_SCRIPT);
     mstate(&n, "the server with its client", |v| v["clients"].as_u64() >= Some(1));
     let daemon = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
     let server: i32 = std::fs::read_to_string(pipe.join("server.pid")).unwrap().trim().parse().unwrap();
