@@ -50,6 +50,11 @@ pub struct Config {
     pub state_file: PathBuf,
     /// SIGTERM -> SIGKILL grace when recovery evicts offline clients, ms.
     pub evict_grace_ms: u64,
+    /// An offline process the monitor evicts and will SIGKILL within this many ms (it did not
+    /// exit on SIGTERM) first has its MPS work ended with `terminate_client`: on real MPS a
+    /// SIGKILL with kernels in flight can make the server tear down a neighbour. At least
+    /// `check_every_ms` (each check looks once); 0 turns it off.
+    pub terminate_before_kill_ms: u64,
     /// The one user (uid) every MPS client of this GPU runs as, the online service and the
     /// offline containers alike. MPS serves one user at a time (nvidia-cuda-mps-control(1)):
     /// a client of another user is queued until the running server's clients are all done,
@@ -82,6 +87,7 @@ impl Default for Config {
             monitor_state_file: PathBuf::new(),
             state_file: PathBuf::new(),
             evict_grace_ms: 5000,
+            terminate_before_kill_ms: 1500,
             client_uid: None,
             budget: BudgetConfig::default(),
             detect: DetectConfig::default(),
@@ -124,6 +130,17 @@ impl Config {
                     format!("must be within {min}..={max} ms, got {v}"),
                 ));
             }
+        }
+        if self.terminate_before_kill_ms != 0
+            && !(self.check_every_ms..=MAX_TIMEOUT_MS).contains(&self.terminate_before_kill_ms)
+        {
+            return Err((
+                "terminate_before_kill_ms".into(),
+                format!(
+                    "must be 0 (off) or within check_every_ms ({})..={MAX_TIMEOUT_MS} ms (a check looks once every check_every_ms; a shorter lead can miss the SIGKILL), got {}",
+                    self.check_every_ms, self.terminate_before_kill_ms
+                ),
+            ));
         }
         if !(1..=3600).contains(&self.recovery.max_per_hour) {
             return Err((
@@ -254,6 +271,12 @@ mod tests {
             (
                 "{\n  \"budget\": {\n    \"max_pct\": 101\n  }\n}\n",
                 "budget.max_pct",
+                3,
+            ),
+            // A lead shorter than the check period could miss the monitor's SIGKILL.
+            (
+                "{\n  \"check_every_ms\": 500,\n  \"terminate_before_kill_ms\": 400\n}\n",
+                "terminate_before_kill_ms",
                 3,
             ),
         ] {

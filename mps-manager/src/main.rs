@@ -22,7 +22,7 @@ CONFIG:
     `last_error`). A missing default file means built-in defaults.
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
-    evict_grace_ms, client_uid, budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
+    evict_grace_ms, terminate_before_kill_ms, client_uid, budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
     `mps-manager check-config` prints the effective config.
 

@@ -251,10 +251,15 @@ impl<S: Signaller> Evictor<S> {
         self.pending.len()
     }
 
-    /// The evictions in flight: the process, and the monotonic ms its request was made (for
-    /// the state file, from which a restarted monitor finishes their grace periods).
-    pub fn pending(&self) -> impl Iterator<Item = (&OfflineProc, u64)> + '_ {
-        self.pending.values().map(|p| (&p.proc_, p.requested_ms))
+    /// The evictions in flight: the process, the monotonic ms its request was made (for the
+    /// state file, from which a restarted monitor finishes their grace periods) and the one
+    /// at which it is SIGKILLed if it still runs (`None` when no SIGKILL will come: another pid
+    /// namespace, or already sent).
+    pub fn pending(&self) -> impl Iterator<Item = (&OfflineProc, u64, Option<u64>)> + '_ {
+        self.pending.values().map(|p| {
+            let kill = (p.proc_.signalable && !p.killed).then_some(p.kill_at_ms);
+            (&p.proc_, p.requested_ms, kill)
+        })
     }
 
     /// Whether an eviction of `p` (by pid + start time) is in flight.

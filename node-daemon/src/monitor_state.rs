@@ -113,6 +113,12 @@ pub struct PendingEviction {
     pub start_time: u64,
     /// Monotonic ms of the request (SIGTERM or ledger request): the grace runs from here.
     pub requested_mono_ms: u64,
+    /// Monotonic ms at which the monitor sends SIGKILL if the process still runs (absent in
+    /// files written before this field existed). mps-manager ends the process's MPS work
+    /// with `terminate_client` before then: a SIGKILL with kernels in flight can make the MPS
+    /// server tear down a neighbour (seen on an H200), `terminate_client` does not.
+    #[serde(default)]
+    pub kill_at_mono_ms: Option<u64>,
 }
 
 impl MonitorState {

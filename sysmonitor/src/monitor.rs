@@ -648,10 +648,11 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             evictions_pending: self
                 .evictor
                 .pending()
-                .map(|(p, t)| PendingEviction {
+                .map(|(p, t, kill)| PendingEviction {
                     pid: p.pid,
                     start_time: p.start_time,
                     requested_mono_ms: t,
+                    kill_at_mono_ms: kill.filter(|_| !self.cfg.evictor.dry_run),
                 })
                 .collect(),
         }
@@ -1115,6 +1116,7 @@ mod tests {
             pid: 800,
             start_time: 7,
             requested_mono_ms: 990,
+            kill_at_mono_ms: None,
         }];
         for (start_time, kill_at) in [(7, 1020), (8, 1030)] {
             let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![], paces: vec![] };
@@ -1124,13 +1126,20 @@ mod tests {
             let mut m = Monitor::resume(cfg(), gpu, ledger, Rec::default(), vec![], &pending);
             m.tick(kill_at - 1);
             assert!(m.evictor.signaller().0.is_empty(), "start time {start_time}");
+            let want = if start_time == 7 { 990 } else { 1000 };
+            // Before the SIGKILL the state file says when it comes (mps-manager terminates the
+            // process's MPS work first); once sent, it says none will.
+            let before = m.snapshot(kill_at - 1, &[], None, 0);
+            assert_eq!(
+                before.evictions_pending,
+                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want, kill_at_mono_ms: Some(kill_at) }],
+            );
             m.tick(kill_at);
             assert_eq!(m.evictor.signaller().0, vec![(800, libc::SIGKILL)], "start time {start_time}");
             let s = m.snapshot(kill_at, &[], None, 0);
-            let want = if start_time == 7 { 990 } else { 1000 };
             assert_eq!(
                 s.evictions_pending,
-                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want }],
+                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want, kill_at_mono_ms: None }],
                 "the state file dates the request for the next restart"
             );
         }

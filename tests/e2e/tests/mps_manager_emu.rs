@@ -521,6 +521,63 @@ fn an_application_xid_disables_nothing_and_resets_nothing() {
     online_kept_its_context(&load, &dev, generation, "the application XIDs");
 }
 
+/// An offline process that ignores the monitor's SIGTERM is SIGKILLed when the grace runs out.
+/// On real MPS a SIGKILL with kernels in flight can make the server tear down the online
+/// neighbour (an H200: 12 of 20 kills), and in the emulator the dead client hangs its server
+/// until terminated. mps-manager ends the process's MPS work with `terminate_client` before the
+/// SIGKILL (`terminate_before_kill_ms`, from the monitor's published SIGKILL time): the kill then
+/// leaves nothing to terminate. Without it (`terminate_before_kill_ms: 0`) nothing is
+/// terminated before the kill (the first wait times out) and the recovery has to terminate
+/// the dead client after its death.
+#[test]
+fn a_client_the_monitor_will_sigkill_is_terminated_in_mps_first() {
+    let n = EmuHost::node();
+    let _mon = n.start_monitor(
+        "mon.json",
+        r#"{"interval_ms": 10, "host_memory": {"enabled": false}, "evictor": {"grace_ms": 2000},
+            "machine": {"sm_activity": {"healthy": 5, "unhealthy": 10, "overlimit": 20},
+                        "overlimit_sustain_ms": 0,
+                        "gpu_util": {"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false},
+                        "sm_clock": {"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}"#,
+    );
+    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
+    let _manager = start_manager(&n);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = v["daemon_pid"].as_u64().unwrap();
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let mut off = n.spawn_helper("gpu-mem-stubborn", "256");
+    let dev = n.device();
+    let op = off.pid();
+    wait_until("the offline client on MPS", || {
+        dev.snapshot().processes.iter().any(|p| p.pid == op && p.mps_client)
+    });
+    register(&ledger, op, 256 << 20);
+    // The online load drives the GPU past Overlimit: the monitor evicts the offline client,
+    // which ignores SIGTERM.
+    let load = Load::start(&n, 0.5, 2.0);
+    let v = mstate(&n, "terminated before the SIGKILL", |v| v["terminated_before_kill"] == 1);
+    assert!(off.alive(), "terminated in MPS while still running: {v:#}");
+    assert!(off.wait_exit(T).is_some(), "SIGKILLed by the monitor after the grace");
+    n.wait_log(T, "the monitor's SIGKILL", "mon.json", |l| l.contains("SIGKILL"));
+    online_progresses(&load, "online kernels after the kill");
+    // Some looks after the kill: the dead client needed no termination, MPS no reset.
+    let after = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let v = mstate(&n, "looks after the kill", |v| {
+        v["updated_unix_ms"].as_u64().is_some_and(|t| t > after + 500)
+    });
+    assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "MPS not reset: {v:#}");
+    assert_eq!(load.failures.load(Ordering::Relaxed), 0, "the online client kept its context");
+    let terminated_after_death = v["recoveries"].as_array().map_or(0, |r| {
+        r.iter()
+            .filter(|x| x["outcome"].as_str().is_some_and(|o| o.contains(&format!("{op})]"))))
+            .count()
+    });
+    assert_eq!(terminated_after_death, 0, "nothing left to terminate after the kill: {v:#}");
+}
+
 #[test]
 fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     let n = EmuHost::node();

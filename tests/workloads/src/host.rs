@@ -884,7 +884,8 @@ pub const ENV_HELPER_ARG: &str = "NODE_TEST_ARG";
 
 /// Body of a helper process (when `NODE_TEST_HELPER` is set; returns at once otherwise):
 /// `gpu-mem` attaches to the emulated device, allocates `NODE_TEST_ARG` MiB and sleeps until
-/// killed.
+/// killed; `gpu-mem-stubborn` does the same ignoring SIGTERM (a job that does not stop when
+/// evicted, which only SIGKILL ends).
 pub fn helper_main() {
     let Ok(role) = std::env::var(ENV_HELPER) else {
         return;
@@ -894,7 +895,11 @@ pub fn helper_main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     match role.as_str() {
-        "gpu-mem" => {
+        "gpu-mem" | "gpu-mem-stubborn" => {
+            if role == "gpu-mem-stubborn" {
+                // SAFETY: SIG_IGN for SIGTERM, set before any other thread exists.
+                unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+            }
             let dev = Device::open_from_env().expect("open emulated device");
             let c = dev.attach().expect("attach");
             dev.context_created(&c, None).expect("context");
