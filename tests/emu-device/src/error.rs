@@ -52,6 +52,8 @@ pub enum EmuError {
     MpsServerNotReady,
     /// The MPS server this client was attached to is gone.
     MpsClientTerminated,
+    /// The MPS server tore this client down after a fatal GPU error (sticky, as on real MPS).
+    MpsFatalError,
     /// MPS serves one user at a time: the running server belongs to `server_uid` (or a client
     /// of another user queued first), so this client of `uid` is queued by the control daemon
     /// until that server's clients are done. The fake libcuda waits (real MPS blocks the
@@ -79,6 +81,7 @@ impl EmuError {
             EmuError::InvalidValue(_) | EmuError::NoSuchClient(_) => CUresult::CUDA_ERROR_INVALID_VALUE,
             EmuError::MpsServerNotReady => CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY,
             EmuError::MpsClientTerminated => CUresult::CUDA_ERROR_MPS_CLIENT_TERMINATED,
+            EmuError::MpsFatalError => CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
             EmuError::MpsUserQueued { .. } => CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED,
         }
     }
@@ -108,6 +111,7 @@ impl std::fmt::Display for EmuError {
             EmuError::NoSuchClient(pid) => write!(f, "no process {pid} holds the emulated GPU"),
             EmuError::MpsServerNotReady => write!(f, "MPS server is not ready (a client died holding a context)"),
             EmuError::MpsClientTerminated => write!(f, "the MPS server this client was attached to has gone"),
+            EmuError::MpsFatalError => write!(f, "the MPS server tore this client down after a fatal GPU error (a neighbour was killed with kernels in flight)"),
             EmuError::MpsUserQueued { server_uid, uid } => write!(
                 f,
                 "MPS serves one user at a time: the server of uid {server_uid} is active, so this client (uid {uid}) is queued until all its clients are done"

@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 9;
+pub const LAYOUT_VERSION: u32 = 10;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -100,6 +100,12 @@ pub struct Header {
     pub mps_default_pct: u32,
     /// Pid of the control daemon that started MPS (0 when stopped).
     pub mps_control_pid: u32,
+    /// Non-zero: a client that dies with kernels in flight makes its MPS server tear down the
+    /// server's other clients with a fatal GPU error instead of hanging them (what an H200,
+    /// driver 580, did in 12 of 20 kills; set at creation by `GPUEMU_MPS_KILL=teardown`).
+    pub mps_kill_teardown: u32,
+    /// Fatal GPU errors the MPS server handled by tearing clients down (`mps_kill_teardown`).
+    pub mps_fatal_errors: u32,
     /// GPM snapshot: the last refresh boundary (a multiple of `physics::GPM_REFRESH_NS`,
     /// `CLOCK_MONOTONIC` ns) the model has crossed; the three fields after it hold the device's
     /// counters at that instant. One snapshot for the whole device, whoever reads it, as the
@@ -169,7 +175,9 @@ pub struct ClientSlot {
     pub pct: u32,
     /// MPS server generation the client connected to (0 = not an MPS client).
     pub mps_gen: u64,
-    /// Set when the MPS server the client was attached to went away.
+    /// Set when the MPS server the client was attached to went away or terminated it (1), or
+    /// tore it down after a fatal GPU error (2: its calls then fail with
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`, the sticky error an H200 gave the torn-down client).
     pub terminated: u32,
     /// Effective uid the process connected to MPS with (its server is that user's).
     pub uid: u32,

@@ -27,6 +27,11 @@ use std::time::Duration;
 pub const ENV_STATE: &str = "GPUEMU_STATE";
 /// Environment variable choosing the profile of a new state file.
 pub const ENV_PROFILE: &str = "GPUEMU_PROFILE";
+/// Environment variable choosing, for a new state file, what an MPS client that dies with
+/// kernels in flight does to its server: `hang` (default: the server's other clients hang until
+/// `terminate_client`) or `teardown` (the server tears its other clients down with a fatal GPU
+/// error, as an H200 did in 12 of 20 kills; never a hang there).
+pub const ENV_MPS_KILL: &str = "GPUEMU_MPS_KILL";
 /// How often (at most) a process touching the state scans for dead clients.
 pub const REAP_EVERY_NS: u64 = 20_000_000;
 /// Window of [`Snapshot::gpu_util`] / [`Snapshot::sm_activity`].
@@ -90,6 +95,11 @@ pub struct MpsStatus {
     pub default_active_thread_pct: u32,
     /// Pid of the control daemon that started it.
     pub control_pid: u32,
+    /// A client dying with kernels in flight tears the server's other clients down (see
+    /// [`ENV_MPS_KILL`]) instead of hanging them.
+    pub kill_teardown: bool,
+    /// Fatal GPU errors handled by tearing clients down so far.
+    pub fatal_errors: u32,
 }
 
 /// One process holding the device.
@@ -279,6 +289,7 @@ pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
     h.uuid[8..].copy_from_slice(&(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
     h.uuid[6] = (h.uuid[6] & 0x0f) | 0x40;
     h.uuid[8] = (h.uuid[8] & 0x3f) | 0x80;
+    h.mps_kill_teardown = u32::from(std::env::var(ENV_MPS_KILL).is_ok_and(|v| v.trim() == "teardown"));
     h.total_memory = p.total_memory;
     h.sm_count = p.sm_count;
     h.max_sm_clock_mhz = p.max_sm_clock_mhz;
@@ -410,8 +421,9 @@ impl Device {
         let now = now_ns();
         physics::advance(&mut g, now);
         if now >= g.header.last_reap_ns + REAP_EVERY_NS {
+            let since = g.header.last_reap_ns;
             g.header.last_reap_ns = now;
-            reap_dead(&mut g, now);
+            reap_dead(&mut g, since, now);
         }
         g
     }
@@ -727,6 +739,13 @@ impl Device {
         mps_of(&g)
     }
 
+    /// What an MPS client dying with kernels in flight does from now on: tear the server's
+    /// other clients down (`true`, what an H200 did) or hang them until `terminate_client`
+    /// (`false`, the default). See [`ENV_MPS_KILL`].
+    pub fn set_mps_kill_teardown(&self, on: bool) {
+        self.locked().header.mps_kill_teardown = u32::from(on);
+    }
+
     /// `terminate_client`: ends all outstanding GPU work of one MPS client of the running
     /// server. A live client's later calls fail with `CUDA_ERROR_MPS_CLIENT_TERMINATED`; the
     /// server and its other clients carry on (NVIDIA MPS docs, "terminate_client", CUDA 11+).
@@ -823,7 +842,7 @@ impl Device {
         let cl = &mut g.clients[me];
         if cl.terminated != 0 {
             if cl.contexts > 0 {
-                return Err(EmuError::MpsClientTerminated);
+                return Err(if cl.terminated == 2 { EmuError::MpsFatalError } else { EmuError::MpsClientTerminated });
             }
             cl.terminated = 0;
             cl.mps_gen = 0;
@@ -1166,10 +1185,11 @@ fn gate_state(st: &State, c: &Client) -> Result<(), EmuError> {
     if s.used == 0 || s.pid != c.pid || s.start_time != c.start_time {
         return Err(EmuError::NoSuchClient(c.pid));
     }
-    if s.terminated != 0 {
-        return Err(EmuError::MpsClientTerminated);
+    match s.terminated {
+        0 => Ok(()),
+        2 => Err(EmuError::MpsFatalError),
+        _ => Err(EmuError::MpsClientTerminated),
     }
-    Ok(())
 }
 
 fn poisoned_for(st: &State, c: &Client) -> bool {
@@ -1263,19 +1283,49 @@ fn context_bytes(h: &layout::Header, cl: &layout::ClientSlot) -> (u64, u64) {
     (local, base)
 }
 
-/// Releases every client whose process is gone; one that died holding a context attached to
-/// the running MPS server poisons it.
-fn reap_dead(st: &mut State, now: u64) {
+/// Releases every client whose process is gone (it was alive at the last scan, `since`); one
+/// that died holding a context attached to the running MPS server poisons it, or in teardown
+/// mode, if it had a kernel in flight at any time since that scan (when it died is not known:
+/// the stricter reading), tears the server's other clients down.
+fn reap_dead(st: &mut State, since: u64, now: u64) {
     for c in 0..MAX_CLIENTS {
         let cl = st.clients[c];
         if cl.used == 0 || procinfo::alive(cl.pid, cl.start_time) {
             continue;
         }
-        let h = &mut st.header;
-        if cl.contexts > 0 && cl.terminated == 0 && h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0 {
-            push_dead(h, cl.pid, cl.uid);
+        let h = &st.header;
+        let on_server = cl.contexts > 0 && cl.terminated == 0 && h.mps_enabled != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0;
+        if on_server && h.mps_kill_teardown != 0 {
+            let in_flight = st.live().iter().any(|k| {
+                k.client == c as u32 && k.state != kstate::FREE && (k.state != kstate::DONE || k.end_ns >= since)
+            });
+            // The server drops the dead client at once (no hang); with its kernels still in
+            // flight, the fault tears every other client of the server down.
+            if in_flight {
+                tear_down_others(st, c, now);
+            }
+        } else if on_server {
+            push_dead(&mut st.header, cl.pid, cl.uid);
         }
         release_client(st, c, now);
+    }
+}
+
+/// The MPS server's handling of a fatal GPU error after client `dead` died with kernels in
+/// flight: every other live client of the server gets the sticky error and loses its work.
+fn tear_down_others(st: &mut State, dead: usize, now: u64) {
+    let generation = st.header.mps_generation;
+    let mut any = false;
+    for c in 0..MAX_CLIENTS {
+        let cl = st.clients[c];
+        if c != dead && cl.used != 0 && cl.mps_gen == generation && cl.contexts > 0 && cl.terminated == 0 {
+            st.clients[c].terminated = 2;
+            drop_kernels(st, c as u32, now);
+            any = true;
+        }
+    }
+    if any {
+        st.header.mps_fatal_errors = st.header.mps_fatal_errors.saturating_add(1);
     }
 }
 
@@ -1382,6 +1432,8 @@ fn mps_of(st: &State) -> MpsStatus {
         generation: h.mps_generation,
         default_active_thread_pct: h.mps_default_pct,
         control_pid: h.mps_control_pid,
+        kill_teardown: h.mps_kill_teardown != 0,
+        fatal_errors: h.mps_fatal_errors,
     }
 }
 

@@ -320,6 +320,53 @@ fn terminate_client_clears_the_hang_of_a_dead_client_and_spares_neighbours() {
     std::fs::remove_file(&p).unwrap();
 }
 
+/// `GPUEMU_MPS_KILL=teardown`: a client killed with kernels in flight does not hang its server
+/// (an H200 dropped such a client at once) but the fatal error tears the server's other
+/// clients down: their calls fail with CUDA_ERROR_ILLEGAL_ADDRESS. One killed with nothing in
+/// flight, or terminated first (`terminate_client`), harms nobody.
+#[test]
+fn in_teardown_mode_a_client_killed_mid_kernel_takes_its_neighbours_down() {
+    let p = tmp("teardown");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    d.set_mps_kill_teardown(true);
+    d.mps_start(1);
+    let me = d.attach().unwrap();
+    d.context_created(&me, None).unwrap();
+    let kill_with = |kernel: bool, terminate_first: bool| {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        fake_client(&d, child.id(), 1, true);
+        if kernel {
+            let slot = {
+                let g = d.shm.lock();
+                (0..MAX_CLIENTS).find(|&c| g.clients[c].pid == child.id()).unwrap() as u32
+            };
+            let start_time = procinfo::start_time(child.id()).unwrap();
+            let c = Client { slot, pid: child.id(), start_time };
+            // Seconds of work: still running when the process dies.
+            d.launch(&c, Launch { blocks: 40, cycles_per_block: 20_000_000_000, after: 0 }).unwrap();
+        }
+        if terminate_first {
+            d.mps_terminate_client(child.id()).unwrap();
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        wait_reaped(&d, child.id());
+    };
+    kill_with(false, false);
+    d.gate(&me).expect("nothing in flight: nobody harmed");
+    kill_with(true, true);
+    d.gate(&me).expect("terminated before the kill: nobody harmed");
+    assert_eq!(d.mps_status().fatal_errors, 0);
+    kill_with(true, false);
+    let st = d.mps_status();
+    assert!(!st.poisoned, "no hang: {st:?}");
+    assert_eq!(st.fatal_errors, 1, "{st:?}");
+    let e = d.gate(&me).unwrap_err();
+    assert!(matches!(e, EmuError::MpsFatalError), "{e}");
+    assert_eq!(e.to_curesult(), cuda_abi::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    std::fs::remove_file(&p).unwrap();
+}
+
 /// Every client that dies holding a context stays connected (listed with the uid it connected
 /// with) and keeps the server hung until each one is terminated: terminating the first of two
 /// dead clients is not enough.

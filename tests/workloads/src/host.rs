@@ -885,7 +885,8 @@ pub const ENV_HELPER_ARG: &str = "NODE_TEST_ARG";
 /// Body of a helper process (when `NODE_TEST_HELPER` is set; returns at once otherwise):
 /// `gpu-mem` attaches to the emulated device, allocates `NODE_TEST_ARG` MiB and sleeps until
 /// killed; `gpu-mem-stubborn` does the same ignoring SIGTERM (a job that does not stop when
-/// evicted, which only SIGKILL ends).
+/// evicted, which only SIGKILL ends), with kernels back to back (one always in flight, as a
+/// training job's).
 pub fn helper_main() {
     let Ok(role) = std::env::var(ENV_HELPER) else {
         return;
@@ -904,6 +905,16 @@ pub fn helper_main() {
             let c = dev.attach().expect("attach");
             dev.context_created(&c, None).expect("context");
             dev.alloc(&c, arg << 20, 512).expect("alloc");
+            if role == "gpu-mem-stubborn" {
+                // A few SMs for about half a second per kernel, back to back, until its MPS
+                // work is terminated (then it waits for the SIGKILL like a hung job).
+                let l = emu_device::Launch { blocks: 4, cycles_per_block: 500_000_000, after: 0 };
+                while let Ok(t) = dev.launch(&c, l) {
+                    if dev.wait(&c, t).is_err() {
+                        break;
+                    }
+                }
+            }
             loop {
                 std::thread::sleep(Duration::from_millis(50));
             }

@@ -120,11 +120,13 @@ pub fn render(s: &Snapshot) -> String {
     );
     let m = &s.mps;
     out += &format!(
-        "mps: {}{}, default active thread {}%, generation {}\n",
+        "mps: {}{}, default active thread {}%, generation {}, a kill mid-kernel {}{}\n",
         if m.enabled { "running" } else { "off" },
         if m.poisoned { format!(", POISONED by pid {}", m.culprit_pid.unwrap_or(0)) } else { String::new() },
         m.default_active_thread_pct,
         m.generation,
+        if m.kill_teardown { "tears the server's clients down" } else { "hangs the server" },
+        if m.fatal_errors > 0 { format!(" ({} fatal GPU errors)", m.fatal_errors) } else { String::new() },
     );
     out += "processes:\n";
     if s.processes.is_empty() {
