@@ -69,12 +69,32 @@ pub fn node_with_budget() -> (EmuHost, EmuChild, EmuChild) {
 
 /// Waits until mps-manager publishes (fresh) the 40 % budget it gives an idle GPU.
 pub fn budget_at_40(host: &EmuHost) {
-    wait_until("the budget at 40 %", || {
-        let m = ledger(host).read_manager()?;
-        (m.offline_sm_budget_permille == 400
-            && m.is_fresh(node_ledger::clock::now_ns(), 500_000_000))
-        .then_some(())
-    });
+    let end = std::time::Instant::now() + WAIT;
+    loop {
+        let m = ledger(host).read_manager();
+        if m.is_some_and(|m| {
+            m.offline_sm_budget_permille == 400 && m.is_fresh(node_ledger::clock::now_ns(), 500_000_000)
+        }) {
+            return;
+        }
+        if std::time::Instant::now() >= end {
+            // What the manager and the monitor saw, to tell a slow return from a stall.
+            let tail = |name: &str| {
+                let l = host.log(name);
+                let lines: Vec<&str> = l.lines().collect();
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            };
+            panic!(
+                "timed out waiting for the budget at 40 %: manager block {m:?} (now {} ns)\nmonitor state: {}\nmps-manager state: {}\nmonitor log:\n{}\nmanager log:\n{}",
+                node_ledger::clock::now_ns(),
+                std::fs::read_to_string(host.monitor_state_file()).unwrap_or_default(),
+                std::fs::read_to_string(host.path("run/gpu0/mps-manager.json")).unwrap_or_default(),
+                tail("mon.json"),
+                tail("mps.json"),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A shimmed client of container `group` (256 MiB quota, no user percentage) that prints the
