@@ -141,9 +141,19 @@ impl Allocator {
             cfg.unsafe_pct.clamp(cfg.min_pct.min(cfg.unsafe_pct), 100.0)
         };
         let target = (target * 10.0).round() / 10.0;
+        // A limit is always reached: a small step onto `max_pct` or `min_pct` is no churn, and
+        // skipping it would leave the budget short of its limit for good (39.5 % of a 40 % max
+        // after a load stopped between two readings, until the next real change).
+        let at_limit = [cfg.max_pct, cfg.min_pct].iter().any(|l| (target - l).abs() < 0.05);
         match self.applied {
             // Small moves wait for a real change, except a cut while the GPU is unsafe.
-            Some(a) if (safe || target >= a) && (target - a).abs() < cfg.min_step_pct => None,
+            Some(a)
+                if (safe || target >= a)
+                    && (target - a).abs() < cfg.min_step_pct
+                    && !(at_limit && (target - a).abs() >= 0.05) =>
+            {
+                None
+            }
             _ => {
                 self.applied = Some(target);
                 Some(target)
@@ -209,6 +219,25 @@ mod tests {
             "floored at min_pct"
         );
         assert_eq!(a.update(&cfg(), 0.0, true), Some(90.0), "capped at max_pct");
+    }
+
+    /// A step under `min_step_pct` that reaches a limit is applied: a load that stopped between
+    /// two readings (50.5 % online, then 0) left the budget at 39.5 % of a 40 % max for good
+    /// (seen in CI: the e2e waits for 40 % timed out).
+    #[test]
+    fn a_small_step_onto_a_limit_is_applied() {
+        let c = BudgetConfig { max_pct: 40.0, min_step_pct: 1.0, ..cfg() };
+        let mut a = Allocator::default();
+        assert_eq!(a.update(&c, 85.9, true), Some(10.0));
+        assert_eq!(a.update(&c, 50.5, true), Some(39.5));
+        assert_eq!(a.update(&c, 0.0, true), Some(40.0), "back at max_pct");
+        assert_eq!(a.update(&c, 0.0, true), None, "at the limit already: nothing to apply");
+        assert_eq!(a.update(&c, 50.3, true), None, "a small step off the limit still waits");
+        let mut b = Allocator::default();
+        assert_eq!(b.update(&c, 0.0, true), Some(40.0));
+        assert_eq!(b.update(&c, 79.5, true), Some(10.5));
+        assert_eq!(b.update(&c, 85.0, true), Some(10.0), "down to min_pct");
+        assert_eq!(b.update(&c, 90.0, true), None);
     }
 
     #[test]
