@@ -381,11 +381,13 @@ impl Manager {
             .ledger
             .read_monitor()
             .map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
-        o.xid = monitor_xid(&self.cfg.monitor_state_file);
+        // One read of the monitor's state file: its XID, and the evictions it will SIGKILL.
+        let mon = node_daemon::monitor_state::read(&self.cfg.monitor_state_file).ok();
+        o.xid = mon.as_ref().and_then(|m| m.disabling_xid());
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
         self.check_users(&o.clients);
-        self.terminate_before_kill(&o.clients);
+        self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending));
         self.detector.observe(&self.cfg.detect, now_ms, &o)
     }
 
@@ -397,16 +399,16 @@ impl Manager {
     /// (CUDA_ERROR_ILLEGAL_ADDRESS); with `terminate_client` 0.3 s before the SIGKILL, in none of 12.
     /// Only a process of this pid namespace, registered in the ledger with the same start
     /// time, alive, and listed by a server: the pid is never mistaken for another process.
-    fn terminate_before_kill(&mut self, clients: &BTreeMap<u32, Vec<u32>>) {
+    fn terminate_before_kill(
+        &mut self,
+        clients: &BTreeMap<u32, Vec<u32>>,
+        evictions: &[node_daemon::monitor_state::PendingEviction],
+    ) {
         let lead = self.cfg.terminate_before_kill_ms;
         if lead == 0 {
             return;
         }
-        let Ok(mon) = node_daemon::monitor_state::read(&self.cfg.monitor_state_file) else {
-            return;
-        };
-        let pending: Vec<(u32, u64, u64)> = mon
-            .evictions_pending
+        let pending: Vec<(u32, u64, u64)> = evictions
             .iter()
             .filter_map(|e| Some((e.pid, e.start_time, e.kill_at_mono_ms?)))
             .collect();
@@ -953,10 +955,6 @@ pub fn proc_euid(pid: u32) -> Option<u32> {
         .ok()
 }
 
-/// The critical XID the monitor reports, if it currently is Disabled by one.
-pub fn monitor_xid(path: &Path) -> Option<u64> {
-    node_daemon::monitor_state::disabling_xid(path)
-}
 
 /// The "offline SM budget" line. A reading that gave no online estimate (NaN, see
 /// `Allocator::online_estimate`) logs none: the field is left out rather than written as NaN.

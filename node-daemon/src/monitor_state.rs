@@ -179,9 +179,16 @@ pub fn read(path: &Path) -> Result<MonitorState, String> {
 /// The critical XID a state file reports, if the monitor currently holds the GPU Disabled by
 /// one (a missing or unreadable file reports none).
 pub fn disabling_xid(path: &Path) -> Option<u64> {
-    match read(path).ok()?.disabled_by? {
-        DisableCause::Xid(c) => Some(c),
-        _ => None,
+    read(path).ok()?.disabling_xid()
+}
+
+impl MonitorState {
+    /// The critical XID the GPU is Disabled by, if any.
+    pub fn disabling_xid(&self) -> Option<u64> {
+        match self.disabled_by? {
+            DisableCause::Xid(c) => Some(c),
+            _ => None,
+        }
     }
 }
 
