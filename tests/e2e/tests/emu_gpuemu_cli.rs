@@ -9,7 +9,7 @@ fn show_lists_processes_memory_and_mps_state() {
     let mut c = host.client(&["ctx", "alloc", "268435456", "ready", "hang"]);
     c.wait_for_line("ready", Duration::from_secs(30))
         .expect("ready");
-    host.device().mps_start(std::process::id());
+    host.start_mps();
     let out = host
         .command("gpuemu")
         .arg("show")

@@ -1,5 +1,6 @@
-//! MPS on the emulated GPU: active-thread percentages cap a client's SM share, and a client
-//! that dies holding a context hangs its neighbours until MPS is reset.
+//! MPS on the emulated GPU, through its control daemon: active-thread percentages cap a
+//! client's SM share, and a client that dies holding a context hangs its neighbours until MPS
+//! is reset.
 
 use e2e::{field, num, EmuHost};
 use std::time::Duration;
@@ -23,7 +24,6 @@ fn spin_ms(host: &EmuHost, pct_env: Option<&str>) -> f64 {
 #[test]
 fn active_thread_percentage_caps_a_client() {
     let host = EmuHost::new();
-    let dev = host.device();
     // MPS off: the percentage means nothing.
     let free = spin_ms(&host, None);
     let ignored = spin_ms(&host, Some("25"));
@@ -32,7 +32,7 @@ fn active_thread_percentage_caps_a_client() {
         "MPS off: {free} vs {ignored} ms"
     );
 
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let full = spin_ms(&host, None);
     assert!(
         (full / free - 1.0).abs() < 0.05,
@@ -47,8 +47,9 @@ fn active_thread_percentage_caps_a_client() {
         "25% cap: {full} -> {quarter} ms ({r:.2}x)"
     );
 
-    // Server default percentage applies to clients without their own.
-    dev.set_default_active_thread_pct(50).unwrap();
+    // The server's percentage applies to clients connecting later without their own.
+    let spid = host.mps_servers()[0];
+    host.mps_control(None, &format!("set_active_thread_percentage {spid} 50\n"));
     let half = spin_ms(&host, None);
     let r = half / full;
     eprintln!("mps: default 50% {half:.1} ms ({r:.2}x)");
@@ -65,8 +66,8 @@ fn active_thread_percentage_caps_a_client() {
 fn a_running_clients_percentage_never_changes() {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
-    dev.set_default_active_thread_pct(20).unwrap();
+    host.start_mps();
+    host.mps_control(None, "set_default_active_thread_percentage 20\n");
     let mut c = host.client(&["ctx", "ready", "wait", "spin", "40", CYCLES, "10"]);
     c.wait_for_line("ready", T).expect("ready");
     let pct_of = |pid: u32| {
@@ -78,7 +79,9 @@ fn a_running_clients_percentage_never_changes() {
             .active_thread_pct
     };
     assert_eq!(pct_of(c.pid()), 20, "fixed at connection");
-    dev.set_default_active_thread_pct(100).unwrap();
+    let spid = host.mps_servers()[0];
+    host.mps_control(None, &format!("set_active_thread_percentage {spid} 100\n"));
+    assert_eq!(dev.default_active_thread_pct(), 100, "later clients get 100");
     assert_eq!(pct_of(c.pid()), 20, "a running client keeps its limit");
     c.send_line("go");
     c.finish(T);
@@ -113,7 +116,7 @@ fn neighbour(host: &EmuHost) -> e2e::EmuChild {
 fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let mut victim = host.client(&["ctx", "spin", "40", "1000000", "1", "ready", "hang"]);
     victim.wait_for_line("ready", T).expect("victim ready");
     let mut b = neighbour(&host);
@@ -152,7 +155,7 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
     );
 
     // quit releases the neighbour, whose context died with the server.
-    dev.mps_quit();
+    host.quit_mps();
     let l = b
         .wait_for_line("spin=", T)
         .expect("neighbour released after quit");
@@ -164,7 +167,7 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
     b.finish(T);
 
     // A restarted server serves new clients normally.
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let mut fresh = host.client(&["ctx", "spin", "1", "1000", "1"]);
     fresh.finish(T);
     assert_eq!(field(&fresh.lines("spin=")[0], "spin"), Some("0"));
@@ -174,7 +177,7 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
 fn client_that_released_its_context_harms_no_one() {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let mut polite = host.client(&[
         "ctx", "spin", "40", "1000000", "1", "destroy", "ready", "hang",
     ]);
@@ -209,7 +212,7 @@ fn client_killed_without_mps_harms_no_one() {
 fn sigterm_with_default_action_poisons_but_normal_exit_does_not() {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     // exit() without destroying the context: the driver's exit handler releases it, like a real
     // driver's process teardown.
     let mut tidy = host.client(&["ctx", "alloc", "1048576", "exit"]);

@@ -41,7 +41,7 @@ fn signal_runs(
 ) -> (usize, Option<Outcome>) {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let py = python();
     let mut b = kernel_neighbour(&host, runs);
     let cfg = host.root().join("xcuda-pause.json");
@@ -98,7 +98,7 @@ fn signal_runs(
         }
         let s = dev.mps_status();
         if s.poisoned {
-            dev.mps_quit();
+            host.quit_mps();
             return (
                 i,
                 Some(Outcome::Poisoned(format!(
@@ -110,7 +110,7 @@ fn signal_runs(
         let start = Instant::now();
         while b.lines("spin=").len() < i + 1 {
             if start.elapsed() > Duration::from_secs(20) {
-                dev.mps_quit();
+                host.quit_mps();
                 return (
                     i,
                     Some(Outcome::NeighbourHung(format!(

@@ -55,7 +55,7 @@ fn training_victim(host: &EmuHost, shimmed: bool) -> EmuChild {
 fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let mut victim = training_victim(&host, shimmed);
     let mut b = neighbour(&host);
     victim.signal(sig);
@@ -69,7 +69,7 @@ fn neighbour_survives(shimmed: bool, sig: i32) -> (bool, String) {
     let ran = neighbour_runs_after_the_death(&dev, &mut b, shimmed);
     let status = format!("{:?} victim stderr: {}", dev.mps_status(), victim.stderr());
     if !ran {
-        dev.mps_quit();
+        host.quit_mps();
     }
     (ran, status)
 }
@@ -107,7 +107,7 @@ fn sigterm_without_the_shim_hangs_the_neighbour() {
 fn application_handler_still_checkpoints_and_nobody_hangs() {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let ckpt = host.root().join("ckpt.bin");
     let mut c = limited(&host, "offline", 1 << 30, "trainer");
     c.args([
@@ -162,7 +162,7 @@ fn application_handler_still_checkpoints_and_nobody_hangs() {
 fn python_ctrl_c(shimmed: bool) -> (bool, String) {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let py = python();
     assert!(
         py.exists(),
@@ -189,7 +189,7 @@ fn python_ctrl_c(shimmed: bool) -> (bool, String) {
         trainer.stderr()
     );
     if !ran {
-        dev.mps_quit();
+        host.quit_mps();
     }
     (ran, status)
 }
@@ -213,7 +213,7 @@ fn python_trainer_stopped_with_ctrl_c_hangs_nobody_with_the_shim() {
 fn sigterm_with_a_hung_mps_server_still_ends_the_process() {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let cfg = host.root().join("xcuda.json");
     std::fs::write(&cfg, r#"{"exit": {"release_timeout_ms": 300}}"#).unwrap();
     let mut c = limited(&host, "shim_client", 1 << 30, "hung");
@@ -250,7 +250,7 @@ fn sigterm_with_a_hung_mps_server_still_ends_the_process() {
         "{}",
         shimmed.stderr()
     );
-    dev.mps_quit();
+    host.quit_mps();
 }
 
 /// An application that exits on the first driver call failing after the signal helper's release

@@ -79,7 +79,7 @@ fn fork_child_keeps_normal_signal_behaviour_and_parent_accounting() {
 fn monitor_eviction_request_makes_the_process_leave_gracefully() {
     let host = EmuHost::new();
     let dev = host.device();
-    dev.mps_start(std::process::id());
+    host.start_mps();
     let mut victim = host.spawn(limited(&host, "shim_client", 64 * MIB, "evict").args(["ctx", "alloc", &(16 * MIB).to_string(), "ready", "hang"]));
     victim.wait_for_line("ready", T).expect("ready");
     let l = ledger(&host);

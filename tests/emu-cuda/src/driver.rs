@@ -303,24 +303,23 @@ pub fn init(flags: u32) -> R {
     Ok(())
 }
 
-/// Runs `look` until it is not [`EmuError::MpsUserQueued`]. MPS serves one user at a time:
-/// while another user's server is active the control daemon queues this client, and its
-/// connection blocks until that server's clients are done, as with real MPS; said once on
-/// stderr, since a silent hang is what the emulator's users would otherwise see.
-fn mps_wait_turn(mut look: impl FnMut() -> Result<(), EmuError>) -> R {
-    let mut said = false;
-    loop {
-        match look() {
-            Err(e @ EmuError::MpsUserQueued { .. }) => {
-                if !said {
-                    said = true;
-                    eprintln!("gpuemu libcuda: pid {}: {e}", std::process::id());
-                }
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            r => return r.map_err(dev_err),
+/// An MPS connection attempt as a real client makes it: blocks while the control daemon
+/// queues it or has not yet handed it to its server ([`emu_device::mps_wait`]); each kind of
+/// wait is said once on stderr (a silent hang is what the emulator's users would otherwise
+/// see), and so is a failed connection.
+fn mps_wait_turn(look: impl FnMut() -> Result<(), EmuError>) -> R {
+    let pid = std::process::id();
+    emu_device::mps_wait(emu_device::MPS_CONNECT_LIMIT, look, |e| {
+        if matches!(e, EmuError::MpsUserQueued { .. }) {
+            eprintln!("gpuemu libcuda: pid {pid}: {e}");
         }
-    }
+    })
+    .map_err(|e| {
+        if matches!(e, EmuError::MpsConnectionFailed(_)) {
+            eprintln!("gpuemu libcuda: pid {pid}: {e}");
+        }
+        dev_err(e)
+    })
 }
 
 impl Driver {

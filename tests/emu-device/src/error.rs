@@ -64,6 +64,17 @@ pub enum EmuError {
         /// Effective uid of the queued client.
         uid: u32,
     },
+    /// The client asked the control daemon for its user's server and the daemon has not yet
+    /// handed it to one that holds its context (a server is starting, or the daemon has not
+    /// looked yet). The fake libcuda waits, as a real client's connection blocks until the
+    /// daemon tells it its server is ready; the error is only what a single look answers.
+    MpsConnecting {
+        /// Pid of the control daemon the client waits for.
+        control_pid: u32,
+    },
+    /// The client's MPS connection failed: the control daemon could not start a server for it
+    /// (or is gone). `CUDA_ERROR_MPS_CONNECTION_FAILED`, for the process's life.
+    MpsConnectionFailed(String),
 }
 
 impl EmuError {
@@ -82,7 +93,9 @@ impl EmuError {
             EmuError::MpsServerNotReady => CUresult::CUDA_ERROR_MPS_SERVER_NOT_READY,
             EmuError::MpsClientTerminated => CUresult::CUDA_ERROR_MPS_CLIENT_TERMINATED,
             EmuError::MpsFatalError => CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
-            EmuError::MpsUserQueued { .. } => CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED,
+            EmuError::MpsUserQueued { .. } | EmuError::MpsConnecting { .. } | EmuError::MpsConnectionFailed(_) => {
+                CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED
+            }
         }
     }
 }
@@ -116,6 +129,11 @@ impl std::fmt::Display for EmuError {
                 f,
                 "MPS serves one user at a time: the server of uid {server_uid} is active, so this client (uid {uid}) is queued until all its clients are done"
             ),
+            EmuError::MpsConnecting { control_pid } => write!(
+                f,
+                "waiting for the MPS control daemon (pid {control_pid}) to hand this client to its user's server"
+            ),
+            EmuError::MpsConnectionFailed(why) => write!(f, "MPS connection failed: {why}"),
         }
     }
 }

@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 10;
+pub const LAYOUT_VERSION: u32 = 11;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -190,6 +190,27 @@ pub struct ClientSlot {
     /// Non-zero for an MPS server process (the emulated `nvidia-cuda-mps-server`): it holds
     /// the shared context its clients run in, and is no MPS client itself.
     pub mps_server: u32,
+    /// Where the process's MPS connection through the control daemon stands, one of
+    /// [`mps_conn`]: a client connects only to a server the daemon handed it to, once that
+    /// server holds its context (nvidia-cuda-mps-control(1)).
+    pub mps_conn: u32,
+    /// Pid of the MPS server the control daemon handed this client to (with
+    /// [`mps_conn::HANDED`]).
+    pub mps_server_pid: u32,
+}
+
+/// [`ClientSlot::mps_conn`] values.
+pub mod mps_conn {
+    /// No connection asked for (MPS off, or not yet initialised).
+    pub const NONE: u32 = 0;
+    /// The client asked the control daemon for its user's server and waits for it (`uid` is
+    /// the user).
+    pub const ASKED: u32 = 1;
+    /// The daemon handed the client to a running server (`mps_server_pid`).
+    pub const HANDED: u32 = 2;
+    /// The daemon could not serve the client (its server failed to start): the connection
+    /// failed, for the process's life, as a failed `cuInit` stays failed.
+    pub const REFUSED: u32 = 3;
 }
 
 /// One kernel launch.

@@ -19,7 +19,7 @@ pub use layout::Sample;
 pub use profile::Profile;
 pub use physics::GPM_REFRESH_NS;
 
-use layout::{kstate, State, MAX_CLIENTS, STATE_SIZE};
+use layout::{kstate, mps_conn, State, MAX_CLIENTS, STATE_SIZE};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -127,6 +127,11 @@ pub struct ProcessInfo {
     /// Its MPS connection is queued: another user's server is active (MPS serves one user at
     /// a time); `uid` is the queued user.
     pub mps_queued: bool,
+    /// The control daemon handed it to its user's server and it has not yet created its
+    /// context there: a client of that server all the same.
+    pub mps_handed: bool,
+    /// It asked the control daemon for its user's server and waits to be handed to one.
+    pub mps_asking: bool,
     /// Cumulative SM-weighted busy time of its kernels, in ns.
     pub sm_time_ns: f64,
     /// Its kernels currently queued or running.
@@ -453,6 +458,8 @@ impl Device {
                     uid: cl.uid,
                     active_thread_pct: physics::client_pct(&g, c),
                     mps_queued: h.mps_enabled != 0 && cl.mps_wait != 0,
+                    mps_handed: h.mps_enabled != 0 && handed_not_connected(h, cl),
+                    mps_asking: h.mps_enabled != 0 && cl.mps_conn == mps_conn::ASKED,
                     sm_time_ns: cl.sm_time_ns,
                     kernels: g
                         .live()
@@ -723,8 +730,13 @@ impl Device {
             let now = g.header.last_ns;
             for c in 0..MAX_CLIENTS {
                 let cl = g.clients[c];
-                // A queued connection waited for a server that is gone: it queues afresh.
+                // A queued connection waited for a server that is gone: it queues afresh; a
+                // connection asked for or handed over is to a daemon and server that are gone.
                 g.clients[c].mps_wait = 0;
+                if g.clients[c].mps_conn != mps_conn::REFUSED {
+                    g.clients[c].mps_conn = mps_conn::NONE;
+                    g.clients[c].mps_server_pid = 0;
+                }
                 if cl.used != 0 && cl.mps_gen == generation && cl.contexts > 0 {
                     g.clients[c].terminated = 1;
                     drop_kernels(&mut g, c as u32, now);
@@ -863,6 +875,8 @@ impl Device {
                     }
                     return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
                 }
+                g.clients[me].mps_wait = 0;
+                mps_connection(&mut g, me, euid)?;
             }
             if !connected {
                 let limit = profile::mps_max_clients((h.cc_major, h.cc_minor));
@@ -896,6 +910,14 @@ impl Device {
         Ok(())
     }
 
+    /// [`Device::context_created`] as a client's driver makes it: first waits, as a real MPS
+    /// client does, while its connection is queued or the control daemon has not yet handed it
+    /// to its server ([`mps_wait`], [`MPS_CONNECT_LIMIT`]). For in-process loads and helpers
+    /// that stand in for a CUDA program without the fake libcuda.
+    pub fn create_context(&self, c: &Client, env_pct: Option<u32>) -> Result<(), EmuError> {
+        mps_wait(MPS_CONNECT_LIMIT, || self.context_created(c, env_pct), |_| {})
+    }
+
     /// An MPS server process (the emulated `nvidia-cuda-mps-server`) created the context its
     /// clients share: it holds a whole context's memory, the per-process part its clients do
     /// not take ([`profile::CONTEXT_BASE_BYTES`]) and local memory, for as long as it runs, and
@@ -919,6 +941,8 @@ impl Device {
         }
         cl.mps_server = 1;
         cl.mps_gen = 0;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        cl.uid = unsafe { libc::geteuid() };
         cl.contexts += 1;
         cl.mem_used += need;
         g.header.used_memory += need;
@@ -953,7 +977,58 @@ impl Device {
             return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
         }
         g.clients[me].mps_wait = 0;
-        Ok(())
+        mps_connection(&mut g, me, euid)
+    }
+
+    /// The control daemon's view of connections: `(pid, uid)` of every client that asked for
+    /// its user's server and waits to be handed to one.
+    pub fn mps_requests(&self) -> Vec<(u32, u32)> {
+        let g = self.locked();
+        g.clients
+            .iter()
+            .filter(|c| c.used != 0 && c.mps_conn == mps_conn::ASKED)
+            .map(|c| (c.pid, c.uid))
+            .collect()
+    }
+
+    /// The control daemon hands the waiting client `client_pid` to the server process
+    /// `server_pid`: `Ok(true)` once done, `Ok(false)` while that server has not yet created
+    /// its context (it is starting: the client keeps waiting). Refused when the client is not
+    /// waiting, or the server serves another user (real MPS connects a client only to its own
+    /// user's server).
+    pub fn mps_hand_over(&self, client_pid: u32, server_pid: u32) -> Result<bool, EmuError> {
+        let mut g = self.locked();
+        let me = (0..MAX_CLIENTS)
+            .find(|&c| g.clients[c].used != 0 && g.clients[c].pid == client_pid && g.clients[c].mps_conn == mps_conn::ASKED)
+            .ok_or(EmuError::NoSuchClient(client_pid))?;
+        let uid = g.clients[me].uid;
+        if let Some(server) = g.clients.iter().find(|s| s.used != 0 && s.pid == server_pid && s.mps_server != 0) {
+            if server.uid != uid {
+                return Err(EmuError::InvalidValue(format!(
+                    "server {server_pid} runs as uid {}, client {client_pid} is uid {uid}: MPS connects a client to its own user's server",
+                    server.uid
+                )));
+            }
+        }
+        if !server_ready(&g, server_pid, uid) {
+            return Ok(false);
+        }
+        let cl = &mut g.clients[me];
+        cl.mps_conn = mps_conn::HANDED;
+        cl.mps_server_pid = server_pid;
+        Ok(true)
+    }
+
+    /// The control daemon could not serve the waiting client `client_pid` (its server failed
+    /// to start): the client's connection fails (`CUDA_ERROR_MPS_CONNECTION_FAILED`), for its
+    /// life. A client not waiting is left as it is.
+    pub fn mps_refuse(&self, client_pid: u32) {
+        let mut g = self.locked();
+        for c in g.clients.iter_mut() {
+            if c.used != 0 && c.pid == client_pid && c.mps_conn == mps_conn::ASKED {
+                c.mps_conn = mps_conn::REFUSED;
+            }
+        }
     }
 
     /// A context was destroyed (or the process released it at exit): its memory is given
@@ -1399,6 +1474,94 @@ fn mps_connected(st: &State, me: usize) -> u32 {
 /// waits while clients of another user are connected to the running server (live with a
 /// context, or dead and still connected), or while a client of another user was queued before
 /// it (first come, first served, so neither side starves the other).
+/// How long a client waits for the control daemon to hand it to a ready MPS server before its
+/// connection fails (a real client blocks; the bound turns a daemon that never answers, or a
+/// test that turned MPS on without one, into an error instead of a hang).
+pub const MPS_CONNECT_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs `look` (an MPS connection attempt: [`Device::mps_admit`] or
+/// [`Device::context_created`]) until it is neither [`EmuError::MpsUserQueued`] nor
+/// [`EmuError::MpsConnecting`], as a real client's connection blocks while the control daemon
+/// queues it behind another user's server and until the daemon tells it its server is ready
+/// (nvidia-cuda-mps-control(1)). `note` hears the first answer of each kind of wait (the fake
+/// libcuda says it on stderr). Waiting for a server longer than `limit` fails with
+/// [`EmuError::MpsConnectionFailed`].
+pub fn mps_wait<T>(
+    limit: Duration,
+    mut look: impl FnMut() -> Result<T, EmuError>,
+    mut note: impl FnMut(&EmuError),
+) -> Result<T, EmuError> {
+    let (mut said_queued, mut said_connecting) = (false, false);
+    let mut connecting_since: Option<std::time::Instant> = None;
+    loop {
+        match look() {
+            Err(e @ EmuError::MpsUserQueued { .. }) => {
+                if !std::mem::replace(&mut said_queued, true) {
+                    note(&e);
+                }
+                connecting_since = None;
+            }
+            Err(e @ EmuError::MpsConnecting { .. }) => {
+                if !std::mem::replace(&mut said_connecting, true) {
+                    note(&e);
+                }
+                let since = *connecting_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > limit {
+                    return Err(EmuError::MpsConnectionFailed(format!(
+                        "no MPS server after {} s ({e})",
+                        limit.as_secs()
+                    )));
+                }
+            }
+            r => return r,
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The live MPS server process `pid` holds its context and serves `uid`.
+fn server_ready(st: &State, pid: u32, uid: u32) -> bool {
+    pid != 0
+        && st
+            .clients
+            .iter()
+            .any(|s| s.used != 0 && s.pid == pid && s.mps_server != 0 && s.contexts > 0 && s.uid == uid)
+}
+
+/// Client `me`'s connection through the control daemon, as nvidia-cuda-mps-control(1) has it:
+/// the driver asks the daemon for its user's server; the daemon starts one if none runs and
+/// tells the client once it is ready; only then does the client connect. `Ok` once the daemon
+/// has handed the client to a ready server of its user; otherwise the request is (re)filed
+/// and [`EmuError::MpsConnecting`] says to look again. A refused connection, or a daemon
+/// that is gone, fails ([`EmuError::MpsConnectionFailed`]).
+fn mps_connection(st: &mut State, me: usize, euid: u32) -> Result<(), EmuError> {
+    let cl = st.clients[me];
+    match cl.mps_conn {
+        mps_conn::REFUSED => {
+            return Err(EmuError::MpsConnectionFailed(
+                "the control daemon could not start an MPS server for this client".into(),
+            ))
+        }
+        mps_conn::HANDED if cl.uid == euid && server_ready(st, cl.mps_server_pid, euid) => return Ok(()),
+        _ => {}
+    }
+    let control_pid = st.header.mps_control_pid;
+    if procinfo::start_time(control_pid).is_none() {
+        return Err(EmuError::MpsConnectionFailed(format!("the MPS control daemon (pid {control_pid}) is gone")));
+    }
+    let cl = &mut st.clients[me];
+    cl.mps_conn = mps_conn::ASKED;
+    cl.uid = euid;
+    cl.mps_server_pid = 0;
+    Err(EmuError::MpsConnecting { control_pid })
+}
+
+/// The daemon handed the client to its server and the client has not yet created its context
+/// there: a client of that server all the same (the daemon lists it; another user waits).
+fn handed_not_connected(h: &layout::Header, cl: &layout::ClientSlot) -> bool {
+    cl.mps_conn == mps_conn::HANDED && cl.mps_gen != h.mps_generation
+}
+
 fn mps_queue_ahead(st: &State, me: usize, uid: u32) -> Option<u32> {
     let h = &st.header;
     let dead = &h.mps_dead[..(h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS)];
@@ -1411,7 +1574,10 @@ fn mps_queue_ahead(st: &State, me: usize, uid: u32) -> Option<u32> {
         if i == me || cl.used == 0 || cl.uid == uid {
             continue;
         }
-        if cl.mps_gen == h.mps_generation && cl.mps_gen != 0 && cl.contexts > 0 && cl.terminated == 0 {
+        if (cl.mps_gen == h.mps_generation && cl.mps_gen != 0 && cl.contexts > 0 && cl.terminated == 0)
+            || cl.mps_conn == mps_conn::ASKED
+            || handed_not_connected(h, cl)
+        {
             return Some(cl.uid);
         }
         if cl.mps_wait != 0 && (mine == 0 || cl.mps_wait < mine) {

@@ -89,6 +89,52 @@ fn fake_client(d: &Device, pid: u32, contexts: u32, mps: bool) {
     g.header.used_memory += 1 << 20;
 }
 
+/// The calling test process's effective uid.
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// A stand-in MPS server (a `sleep` process) recorded on the device as a server of `uid`
+/// holding its context, as the emulated `nvidia-cuda-mps-server` does once started (its
+/// memory left out, so the tests' memory sums stay their clients').
+struct FakeServer(std::process::Child);
+
+impl FakeServer {
+    fn start(d: &Device, uid: u32) -> Self {
+        let child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        fake_client(d, child.id(), 1, false);
+        let mut g = d.shm.lock();
+        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == child.id()).unwrap();
+        g.clients[c].mps_server = 1;
+        g.clients[c].uid = uid;
+        g.clients[c].mem_used = 0;
+        g.header.used_memory -= 1 << 20;
+        FakeServer(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What the control daemon does for client `me`: its connection asks for its user's server
+/// (one look answers "connecting"), and the daemon hands it to `server`.
+fn serve(d: &Device, me: &Client, server: &FakeServer) {
+    let e = d.mps_admit(me).unwrap_err();
+    assert!(matches!(e, EmuError::MpsConnecting { .. }), "{e}");
+    assert_eq!(d.mps_requests(), vec![(me.pid(), euid())]);
+    assert!(d.mps_hand_over(me.pid(), server.pid()).unwrap(), "the server is ready");
+    assert!(d.mps_requests().is_empty());
+}
+
 fn wait_reaped(d: &Device, pid: u32) {
     for _ in 0..200 {
         if d.snapshot().processes.iter().all(|p| p.pid != pid) {
@@ -121,8 +167,11 @@ fn contexts_hold_device_memory() {
     assert_eq!(d.memory().1, 0, "one destroy too many gives back nothing more");
     // As an MPS client: the local memory alone.
     d.mps_start(1);
+    let srv = FakeServer::start(&d, euid());
+    serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
-    assert_eq!(d.compute_processes(), vec![(me.pid(), 264 << 20)], "an MPS client's 264 MiB");
+    let mine: Vec<_> = d.compute_processes().into_iter().filter(|p| p.0 != srv.pid()).collect();
+    assert_eq!(mine, vec![(me.pid(), 264 << 20)], "an MPS client's 264 MiB");
     d.context_destroyed(&me);
     d.mps_quit();
     // No room left for a context: refused, nothing charged.
@@ -142,6 +191,8 @@ fn dead_client_with_live_context_poisons_mps_until_quit() {
     let d = Device::open(&p, &profile::T4).unwrap();
     d.mps_start(1);
     let me = d.attach().unwrap();
+    let srv = FakeServer::start(&d, euid());
+    serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
     let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     fake_client(&d, child.id(), 1, true);
@@ -167,6 +218,8 @@ fn dead_client_with_live_context_poisons_mps_until_quit() {
     assert!(matches!(r, Err(EmuError::MpsClientTerminated)), "{r:?}");
     d.context_destroyed(&me);
     d.mps_start(1);
+    // A new daemon: the connection is asked for afresh.
+    serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
     d.gate(&me).unwrap();
     std::fs::remove_file(&p).unwrap();
@@ -201,6 +254,8 @@ fn mps_percentages_validate_and_apply() {
     assert!(d.set_default_active_thread_pct(101).is_err());
     d.set_default_active_thread_pct(50).unwrap();
     let me = d.attach().unwrap();
+    let srv = FakeServer::start(&d, euid());
+    serve(&d, &me, &srv);
     d.context_created(&me, Some(30)).unwrap();
     assert_eq!(d.snapshot().processes[0].active_thread_pct, 30);
     // Fixed at connection: a later default reaches only clients that connect afterwards, and
@@ -293,6 +348,8 @@ fn terminate_client_clears_the_hang_of_a_dead_client_and_spares_neighbours() {
     d.mps_start(1);
     let generation = d.mps_status().generation;
     let me = d.attach().unwrap();
+    let srv = FakeServer::start(&d, euid());
+    serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
     let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     fake_client(&d, child.id(), 1, true);
@@ -331,6 +388,8 @@ fn in_teardown_mode_a_client_killed_mid_kernel_takes_its_neighbours_down() {
     d.set_mps_kill_teardown(true);
     d.mps_start(1);
     let me = d.attach().unwrap();
+    let srv = FakeServer::start(&d, euid());
+    serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
     let kill_with = |kernel: bool, terminate_first: bool| {
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
@@ -376,9 +435,10 @@ fn each_dead_client_stays_connected_until_terminated() {
     let d = Device::open(&p, &profile::T4).unwrap();
     d.mps_start(1);
     let me = d.attach().unwrap();
+    let srv = FakeServer::start(&d, euid());
+    serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = euid();
     assert_eq!(d.snapshot().processes.iter().find(|p| p.pid == me.pid()).map(|p| p.uid), Some(uid), "uid recorded with the context");
     let mut a = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     let mut b = std::process::Command::new("sleep").arg("30").spawn().unwrap();
@@ -459,8 +519,10 @@ fn mps_serves_one_user_at_a_time() {
     let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid).unwrap();
     assert!(q.mps_queued && q.contexts == 0 && !q.mps_client, "{q:?}");
 
-    // Its clients are done: this user's turn.
+    // Its clients are done: this user's turn; the daemon hands this client to its server.
     d.context_destroyed(&Client { slot: slot_of(&d, a.id()), pid: a.id(), start_time: procinfo::start_time(a.id()).unwrap() });
+    let srv = FakeServer::start(&d, me_uid);
+    serve(&d, &me, &srv);
     d.mps_admit(&me).unwrap();
     d.context_created(&me, None).unwrap();
     let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid).unwrap();
@@ -830,6 +892,8 @@ fn an_mps_server_takes_48_clients() {
         fake_client(&d, s.id(), 1, true);
         fake_uid(&d, s.id(), euid, 0);
     }
+    let srv = FakeServer::start(&d, euid);
+    serve(&d, &me, &srv);
     let e = d.context_created(&me, None).unwrap_err();
     assert!(matches!(e, EmuError::MpsMaxClients { limit: 48 }), "{e}");
     assert_eq!(e.to_curesult(), cuda_abi::CUresult::CUDA_ERROR_MPS_MAX_CLIENTS_REACHED);
@@ -848,6 +912,71 @@ fn an_mps_server_takes_48_clients() {
         s.kill().unwrap();
         s.wait().unwrap();
     }
+    d.detach(&me);
+    std::fs::remove_file(&p).unwrap();
+}
+
+/// Real MPS connects a client only through the control daemon (nvidia-cuda-mps-control(1)):
+/// the client asks for its user's server and connects once the daemon tells it that server is
+/// ready. A client's context waits until the daemon hands it to a server of its own user that
+/// holds its context; a refused connection fails for the process's life
+/// (`CUDA_ERROR_MPS_CONNECTION_FAILED`), and so does asking a daemon that is gone.
+#[test]
+fn a_client_connects_only_once_the_daemon_hands_it_to_its_users_ready_server() {
+    let p = tmp("connect-order");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let me = d.attach().unwrap();
+    d.mps_start(std::process::id());
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::MpsConnecting { .. }), "no server yet: {e}");
+    assert_eq!(d.contexts(&me), 0);
+    assert_eq!(d.mps_requests(), vec![(me.pid(), euid())], "the daemon sees the request");
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid()).unwrap();
+    assert!(q.mps_asking && !q.mps_client && !q.mps_handed, "{q:?}");
+    // A server still starting (no context yet): the client keeps waiting.
+    let srv = FakeServer::start(&d, euid());
+    let srv_slot = slot_of(&d, srv.pid()) as usize;
+    d.shm.lock().clients[srv_slot].contexts = 0;
+    assert!(!d.mps_hand_over(me.pid(), srv.pid()).unwrap(), "not ready");
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsConnecting { .. })));
+    // Another user's server is never this client's.
+    let other = FakeServer::start(&d, euid().wrapping_add(1000));
+    let e = d.mps_hand_over(me.pid(), other.pid()).unwrap_err();
+    assert!(e.to_string().contains("own user's server"), "{e}");
+    // Ready: handed over, the client connects.
+    d.shm.lock().clients[srv_slot].contexts = 1;
+    assert!(d.mps_hand_over(me.pid(), srv.pid()).unwrap());
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid()).unwrap();
+    assert!(q.mps_handed && !q.mps_client, "handed, not yet connected: {q:?}");
+    d.context_created(&me, None).unwrap();
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid()).unwrap();
+    assert!(q.mps_client && !q.mps_handed, "{q:?}");
+    // Its contexts gone, the process stays connected to its server: no new request.
+    d.context_destroyed(&me);
+    d.context_created(&me, None).unwrap();
+    d.context_destroyed(&me);
+    assert!(d.mps_requests().is_empty());
+
+    // A daemon that is gone connects nobody.
+    d.mps_quit();
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    d.mps_start(dead_pid);
+    let e = d.mps_admit(&me).unwrap_err();
+    assert!(matches!(e, EmuError::MpsConnectionFailed(_)) && e.to_string().contains("gone"), "{e}");
+    d.mps_quit();
+
+    // Refused (its server could not start): the connection fails, and stays failed.
+    d.mps_start(std::process::id());
+    assert!(matches!(d.mps_admit(&me), Err(EmuError::MpsConnecting { .. })));
+    d.mps_refuse(me.pid());
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::MpsConnectionFailed(_)), "{e}");
+    assert_eq!(e.to_curesult(), cuda_abi::CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED);
+    assert!(matches!(d.mps_admit(&me), Err(EmuError::MpsConnectionFailed(_))), "sticky");
+    assert!(d.mps_requests().is_empty());
+    d.mps_quit();
     d.detach(&me);
     std::fs::remove_file(&p).unwrap();
 }

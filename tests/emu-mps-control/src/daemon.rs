@@ -41,6 +41,14 @@ pub trait DeviceLink {
     /// recorded by the device when its context was created, so a client is attributed to its
     /// server even when its process is already gone.
     fn clients(&mut self) -> Result<Vec<(u32, u32)>, String>;
+    /// Clients waiting to be handed to their user's server, as `(pid, uid)`: real MPS clients
+    /// ask the daemon for a server when CUDA initialises and connect only once it is ready.
+    fn requests(&mut self) -> Result<Vec<(u32, u32)>, String>;
+    /// Hands the waiting client to server `server`: `Ok(true)` when done, `Ok(false)` while
+    /// that server has not yet created its context (still starting).
+    fn hand_over(&mut self, client: u32, server: u32) -> Result<bool, String>;
+    /// The waiting client cannot be served (its server failed to start): its connection fails.
+    fn refuse(&mut self, client: u32);
     /// The percentage a client gets when it connects, fixed for its life (real MPS never
     /// changes a running client's limit): its server's.
     fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String>;
@@ -55,6 +63,10 @@ struct Server {
     pct: f64,
     pinned: BTreeMap<u32, u64>,
     clients: Vec<u32>,
+    /// Clients waiting for this server to be ready (the daemon's "pending list").
+    pending: Vec<u32>,
+    /// The server has created its context (a client was handed to it).
+    ready: bool,
 }
 
 /// The daemon's state.
@@ -170,26 +182,28 @@ impl<D: DeviceLink> Daemon<D> {
             "Starting new server {} for user {uid}",
             child.id()
         ));
-        self.log.line(&format!("NEW SERVER {}: Ready", child.id()));
         self.servers.push(Server {
             uid,
             child,
             pct: self.default_pct,
             pinned: self.default_pinned.clone(),
             clients: Vec::new(),
+            pending: Vec::new(),
+            ready: false,
         });
         self.sync_new_client_pct();
         Ok(self.servers.len() - 1)
     }
 
     /// Periodic work, and the first step of every command: reaps servers that died (their
-    /// clients are terminated on the device, as clients of a crashed server fail) and attaches
-    /// clients that appeared on the device.
+    /// clients are terminated on the device, as clients of a crashed server fail), serves the
+    /// clients waiting for a server, and lists on their servers the clients the device shows.
     ///
     /// Real MPS connects a client to its server before the client's context exists, so a
-    /// client holding a context is always on its server's list. Here the device is the record
-    /// (the client writes its uid with its context) and every command runs this first, so no
-    /// answer ever misses a client that holds, or died holding, a context.
+    /// client holding a context is always on its server's list: here a client connects only
+    /// once this daemon has handed it to a ready server ([`Daemon::serve_request`]), the device
+    /// is the record (with the uid the client asked with), and every command runs this first,
+    /// so no answer ever misses a client that holds, or died holding, a context.
     pub fn poll(&mut self) {
         let mut i = 0;
         while i < self.servers.len() {
@@ -199,9 +213,11 @@ impl<D: DeviceLink> Daemon<D> {
                     "Server {} exited with status {status}",
                     s.child.id()
                 ));
-                // A server that could not start (an error exit, not a crash by a signal).
+                // A server that could not start (an error exit, not a crash by a signal):
+                // the clients waiting for it are refused below, not given another server.
                 if status.code().is_some_and(|c| c != 0) {
                     self.failed_clients.extend(&s.clients);
+                    self.failed_clients.extend(&s.pending);
                 }
                 for c in s.clients {
                     if let Err(e) = self.device.terminate_client(c) {
@@ -214,9 +230,9 @@ impl<D: DeviceLink> Daemon<D> {
                 i += 1;
             }
         }
-        let clients = match self.device.clients() {
-            Ok(p) => p,
-            Err(e) => {
+        let (clients, requests) = match (self.device.clients(), self.device.requests()) {
+            (Ok(c), Ok(r)) => (c, r),
+            (Err(e), _) | (_, Err(e)) => {
                 self.log.line(&format!("Cannot read device clients: {e}"));
                 return;
             }
@@ -225,27 +241,25 @@ impl<D: DeviceLink> Daemon<D> {
             let uid = s.uid;
             s.clients
                 .retain(|c| clients.iter().any(|&(p, u)| p == *c && u == uid));
+            s.pending
+                .retain(|c| requests.iter().any(|&(p, u)| p == *c && u == uid));
         }
-        self.failed_clients
-            .retain(|c| clients.iter().any(|&(p, _)| p == *c));
+        self.failed_clients.retain(|c| {
+            clients.iter().chain(&requests).any(|&(p, _)| p == *c)
+        });
+        for (pid, uid) in requests {
+            self.serve_request(pid, uid);
+        }
+        // Clients the device shows on a server this daemon has not listed them on (a client
+        // that died holding a context is still its server's until terminated).
         for (pid, uid) in clients {
             if self.servers.iter().any(|s| s.clients.contains(&pid))
                 || self.failed_clients.contains(&pid)
             {
                 continue;
             }
-            let idx = match self.servers.iter().position(|s| s.uid == uid) {
-                Some(i) => i,
-                None => {
-                    self.log.line(&format!("NEW CLIENT {pid} from user {uid}: Server is not ready, push client to pending list"));
-                    match self.start_server(uid) {
-                        Ok(i) => i,
-                        Err(e) => {
-                            self.log.line(&e);
-                            continue;
-                        }
-                    }
-                }
+            let Some(idx) = self.servers.iter().position(|s| s.uid == uid) else {
+                continue;
             };
             let server = &mut self.servers[idx];
             server.clients.push(pid);
@@ -253,9 +267,65 @@ impl<D: DeviceLink> Daemon<D> {
             self.log.line(&format!(
                 "NEW CLIENT {pid} from user {uid}: Server {spid} already exists"
             ));
-            // The client's limit was fixed when it connected (the device's new-client
-            // percentage, kept equal to its server's, further constrained by its own
-            // variable): nothing to set, and a running client's limit cannot be changed.
+        }
+    }
+
+    /// One client waiting for its user's server (real MPS: the driver asks the daemon when
+    /// CUDA initialises): starts that server if none runs, and hands the client over once the
+    /// server holds its context; a client whose server failed to start is refused. The
+    /// client's limit is fixed when it then connects (the device's new-client percentage,
+    /// kept equal to its server's, further constrained by its own variable).
+    fn serve_request(&mut self, pid: u32, uid: u32) {
+        if self.failed_clients.contains(&pid) {
+            self.device.refuse(pid);
+            self.log.line(&format!(
+                "Client {pid} from user {uid}: its server failed to start, connection refused"
+            ));
+            return;
+        }
+        let idx = match self.servers.iter().position(|s| s.uid == uid) {
+            Some(i) => i,
+            None => {
+                self.log.line(&format!(
+                    "NEW CLIENT {pid} from user {uid}: Server is not ready, push client to pending list"
+                ));
+                match self.start_server(uid) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        self.log.line(&e);
+                        return;
+                    }
+                }
+            }
+        };
+        let spid = self.servers[idx].child.id();
+        match self.device.hand_over(pid, spid) {
+            Ok(true) => {
+                if !self.servers[idx].ready {
+                    self.servers[idx].ready = true;
+                    self.log.line(&format!("NEW SERVER {spid}: Ready"));
+                }
+                let server = &mut self.servers[idx];
+                server.pending.retain(|&c| c != pid);
+                if !server.clients.contains(&pid) {
+                    server.clients.push(pid);
+                }
+                self.log.line(&format!(
+                    "NEW CLIENT {pid} from user {uid}: Server {spid} is ready, client connects"
+                ));
+            }
+            Ok(false) => {
+                let server = &mut self.servers[idx];
+                if !server.pending.contains(&pid) {
+                    server.pending.push(pid);
+                }
+            }
+            Err(e) => {
+                self.device.refuse(pid);
+                self.log.line(&format!(
+                    "Client {pid} from user {uid}: cannot hand it to server {spid}: {e}"
+                ));
+            }
         }
     }
 
@@ -408,6 +478,12 @@ mod tests {
         clients: Vec<(u32, u32)>,
         new_pct: Vec<f64>,
         terminated: Vec<u32>,
+        /// Clients waiting for a server, `(pid, uid)`.
+        asking: Vec<(u32, u32)>,
+        /// Servers have their contexts (else hand-over answers "not yet").
+        server_ready: bool,
+        handed: Vec<u32>,
+        refused: Vec<u32>,
     }
 
     impl DeviceLink for &mut Recorder {
@@ -427,6 +503,25 @@ mod tests {
             self.new_pct.push(pct);
             Ok(())
         }
+        fn requests(&mut self) -> Result<Vec<(u32, u32)>, String> {
+            Ok(self.asking.clone())
+        }
+        fn hand_over(&mut self, client: u32, _server: u32) -> Result<bool, String> {
+            if !self.server_ready {
+                return Ok(false);
+            }
+            let Some(i) = self.asking.iter().position(|&(p, _)| p == client) else {
+                return Err(format!("client {client} is not waiting"));
+            };
+            let c = self.asking.remove(i);
+            self.clients.push(c);
+            self.handed.push(client);
+            Ok(true)
+        }
+        fn refuse(&mut self, client: u32) {
+            self.asking.retain(|&(p, _)| p != client);
+            self.refused.push(client);
+        }
     }
 
     fn sleeper() -> Vec<OsString> {
@@ -445,7 +540,7 @@ mod tests {
         // SAFETY: geteuid has no preconditions.
         let uid = unsafe { libc::geteuid() };
         let mut rec = Recorder {
-            clients: vec![(me, uid)],
+            asking: vec![(me, uid)],
             ..Default::default()
         };
         let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
@@ -454,7 +549,16 @@ mod tests {
             run(&mut d, "set_default_active_thread_percentage 40"),
             "40.0"
         );
+        // The client asks; its server starts but has no context yet: the client waits.
+        d.device.server_ready = false;
         d.poll();
+        let servers = run(&mut d, "get_server_list");
+        let spid: u32 = servers.trim().parse().expect("one server pid");
+        assert_eq!(run(&mut d, &format!("get_client_list {spid}")), "");
+        assert!(d.device.handed.is_empty(), "handed over before its server was ready");
+        d.device.server_ready = true;
+        d.poll();
+        assert_eq!(d.device.handed, vec![me]);
         let servers = run(&mut d, "get_server_list");
         let spid: u32 = servers.trim().parse().expect("one server pid");
         assert_eq!(
@@ -488,21 +592,23 @@ mod tests {
         drop(d);
         assert_eq!(rec.mps, vec![true, false]);
         assert_eq!(rec.terminated, vec![me]);
+        assert!(rec.refused.is_empty());
         // Not-yet-seen clients get: default 100, then 40, then the new server's 40, then 30.
         assert_eq!(rec.new_pct, vec![100.0, 40.0, 40.0, 30.0]);
     }
 
-    /// A client that died holding a context before the daemon ever saw it alive (its process
-    /// already reaped, so nothing about it can be read from /proc) is still listed on its
-    /// user's server, from the uid the device recorded, and can be terminated.
+    /// A client whose process is already gone (reaped, so nothing about it can be read from
+    /// /proc) is served and listed on its user's server from the uid the device recorded when
+    /// it asked, and can be terminated.
     #[test]
-    fn a_client_known_only_as_dead_is_listed_on_its_users_server() {
+    fn a_client_known_only_from_the_device_is_listed_on_its_users_server() {
         let mut child = Proc::new("true").spawn().unwrap();
         let gone = child.id();
         child.wait().unwrap();
         assert!(!std::path::Path::new(&format!("/proc/{gone}")).exists());
         let mut rec = Recorder {
-            clients: vec![(gone, 4242)],
+            asking: vec![(gone, 4242)],
+            server_ready: true,
             ..Default::default()
         };
         let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
@@ -518,6 +624,32 @@ mod tests {
         d.handle(Command::Quit { timeout_s: None });
         drop(d);
         assert_eq!(rec.terminated, vec![gone]);
+    }
+
+    /// A client waits for its server; a server that fails to start (an error exit) gets its
+    /// waiting client refused, and no second server is started for it.
+    #[test]
+    fn a_client_whose_server_fails_to_start_is_refused_once() {
+        let mut rec = Recorder {
+            asking: vec![(std::process::id(), 4242)],
+            ..Default::default()
+        };
+        let failing = ["sh", "-c", "exit 1", "server"].map(OsString::from).to_vec();
+        let mut d = Daemon::new(&mut rec, ControlLog::discard(), failing);
+        d.start().unwrap();
+        d.poll();
+        assert_eq!(d.servers.len(), 1, "a server starts for the waiting client");
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while d.device.refused.is_empty() {
+            assert!(std::time::Instant::now() < end, "the client was never refused");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            d.poll();
+        }
+        d.poll();
+        assert!(d.servers.is_empty(), "a second server for a refused client");
+        drop(d);
+        assert_eq!(rec.refused, vec![std::process::id()]);
+        assert!(rec.handed.is_empty());
     }
 
     #[test]

@@ -34,13 +34,25 @@ impl DeviceLink for EmuLink {
         let mut out: Vec<(u32, u32)> = snap
             .processes
             .iter()
-            .filter(|p| p.mps_client && p.contexts > 0)
+            .filter(|p| (p.mps_client && p.contexts > 0) || p.mps_handed)
             .map(|p| (p.pid, p.uid))
             .collect();
         // A client that died holding a context stays connected to its server (its work is
         // still there, hanging the server) until `terminate_client` or `quit`.
         out.extend(snap.mps.dead_clients.iter().copied());
         Ok(out)
+    }
+
+    fn requests(&mut self) -> Result<Vec<(u32, u32)>, String> {
+        Ok(self.dev.mps_requests())
+    }
+
+    fn hand_over(&mut self, client: u32, server: u32) -> Result<bool, String> {
+        self.dev.mps_hand_over(client, server).map_err(|e| e.to_string())
+    }
+
+    fn refuse(&mut self, client: u32) {
+        self.dev.mps_refuse(client);
     }
 
     fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {

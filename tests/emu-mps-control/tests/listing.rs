@@ -1,9 +1,11 @@
-//! The emulated control daemon as a real process: a client that dies holding its context is on
-//! its server's client list whatever the daemon was doing when it lived and died.
+//! The emulated control daemon as a real process: a client connects only through it, and a
+//! client that dies holding its context is on its server's client list whatever the daemon
+//! was doing when it died.
 //!
-//! Real MPS connects a client to its user's server (through the control daemon) before the
-//! client's CUDA context exists (nvidia-cuda-mps-control(1), DESCRIPTION), so a client that
-//! held a context is always listed by `get_client_list` until it is cleaned up or terminated.
+//! Real MPS connects a client to its user's server through the control daemon before the
+//! client's CUDA context exists (nvidia-cuda-mps-control(1), DESCRIPTION): a client waits
+//! while the daemon does not answer, and a client that held a context is always listed by
+//! `get_client_list` until it is cleaned up or terminated.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -15,7 +17,8 @@ use emu_device::Device;
 const HELPER: &str = "EMU_MPS_LISTING_HELPER";
 
 /// Not a test: body of the client process the test spawns (opens the device from the
-/// environment, creates a context, says `ready`, sleeps until killed).
+/// environment, creates a context once the daemon has handed it to its server, as the fake
+/// libcuda does, says `ready`, sleeps until killed).
 #[test]
 #[ignore = "helper-process entry point, run by the other tests"]
 fn helper_client() {
@@ -24,7 +27,7 @@ fn helper_client() {
     }
     let dev = Device::open_from_env().unwrap();
     let c = dev.attach().unwrap();
-    dev.context_created(&c, None).unwrap();
+    dev.create_context(&c, None).unwrap();
     println!("ready");
     std::io::stdout().flush().unwrap();
     loop {
@@ -85,6 +88,35 @@ fn signal(c: &Child, sig: i32) {
     assert_eq!(unsafe { libc::kill(c.id() as i32, sig) }, 0);
 }
 
+/// Starts a helper client; returns it and its stdout.
+fn spawn_helper(s: &Scratch) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_client",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HELPER, "1")
+        .envs(s.envs())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(c.stdout.take().unwrap());
+    (c, out)
+}
+
+/// Reads the helper's stdout until `ready`; panics if it ends first.
+fn wait_ready(out: &mut impl BufRead) {
+    let mut line = String::new();
+    while !line.contains("ready") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "helper exited before ready");
+    }
+}
+
 struct Daemon(Child);
 
 impl Drop for Daemon {
@@ -95,13 +127,13 @@ impl Drop for Daemon {
     }
 }
 
-/// The client creates its context and dies (SIGKILLed, reaped, its /proc entry gone) while the
-/// control daemon is stopped, so the daemon never saw it alive. Once the daemon runs again,
-/// the client is on its server's list and `terminate_client` clears the hang. Before the fix
-/// the daemon looked the uid up in /proc at its next 20 ms poll and skipped a client already
-/// gone: it was on no list and only `quit` could clear the hang.
+/// The client connects through the running daemon and creates its context; the daemon is
+/// then stopped, and the client dies (SIGKILLed, reaped, its /proc entry gone) meanwhile. A
+/// second client started while the daemon is stopped cannot connect (nobody hands it to a
+/// server) until the daemon runs again. Then the dead client is on its server's list and
+/// `terminate_client` clears the hang.
 #[test]
-fn client_that_died_before_the_daemon_saw_it_is_listed_and_terminable() {
+fn a_client_connects_only_through_the_daemon_and_one_that_died_meanwhile_is_listed() {
     let s = Scratch::new("listing");
     let daemon = Daemon(
         Command::new(env!("CARGO_BIN_EXE_emu-mps-control"))
@@ -121,30 +153,17 @@ fn client_that_died_before_the_daemon_saw_it_is_listed_and_terminable() {
     });
     assert_eq!(ctl(&s, "get_server_list"), "", "no client, no server yet");
 
+    let (mut client, mut out) = spawn_helper(&s);
+    wait_ready(&mut out);
     signal(&daemon.0, libc::SIGSTOP);
-    let mut client = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "helper_client",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(HELPER, "1")
-        .envs(s.envs())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut out = BufReader::new(client.stdout.take().unwrap());
-    while !line.contains("ready") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "helper exited before ready"
-        );
-    }
+    // A client arriving now waits: nobody hands it to a server while the daemon is stopped.
+    let (mut late, late_out) = spawn_helper(&s);
+    let late_ready = std::thread::spawn(move || {
+        let mut out = late_out;
+        wait_ready(&mut out);
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(!late_ready.is_finished(), "a client connected while the daemon was stopped");
     let pid = client.id();
     client.kill().unwrap();
     client.wait().unwrap();
@@ -154,6 +173,10 @@ fn client_that_died_before_the_daemon_saw_it_is_listed_and_terminable() {
     );
     wait_until("death noticed", || dev.mps_status().poisoned);
     signal(&daemon.0, libc::SIGCONT);
+    // The hung server refuses the late client (CUDA_ERROR_MPS_SERVER_NOT_READY): it exits.
+    let st = late.wait().unwrap();
+    assert!(!st.success(), "the late client cannot join a hung server");
+    assert!(late_ready.join().is_err(), "the late client never said ready");
 
     let servers = ctl(&s, "get_server_list");
     let server: u32 = servers

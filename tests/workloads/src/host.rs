@@ -422,6 +422,27 @@ impl Host {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Starts the host's MPS control daemon (`nvidia-cuda-mps-control -d`); returns once it
+    /// answers commands. Clients then connect through it, as on a real host: each waits until
+    /// the daemon has started its user's server and handed it over.
+    pub fn start_mps(&self) {
+        self.mps_control(Some("-d"), "");
+    }
+
+    /// `quit`: the daemon stops its servers (their clients lose their contexts) and exits;
+    /// MPS is off on the device until [`Host::start_mps`] again.
+    pub fn quit_mps(&self) {
+        self.mps_control(None, "quit\n");
+    }
+
+    /// Pids of the running MPS servers (`get_server_list`).
+    pub fn mps_servers(&self) -> Vec<u32> {
+        self.mps_control(None, "get_server_list\n")
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
     fn track(&self, pid: u32) {
         self.pids
             .lock()
@@ -821,7 +842,7 @@ impl Load {
         let th = std::thread::spawn(move || {
             let dev = Device::open(&state, p).expect("open emulated device");
             let c = dev.attach().expect("attach");
-            dev.context_created(&c, None).expect("context");
+            dev.create_context(&c, None).expect("context");
             let blocks = ((p.sm_count as f64) * sm_frac).max(1.0) as u64;
             let cycles = (p.max_sm_clock_mhz as f64 * 1000.0 * kernel_ms) as u64;
             while !s.load(Ordering::Relaxed) {
@@ -842,7 +863,7 @@ impl Load {
                     Err(_) => {
                         f.fetch_add(1, Ordering::Relaxed);
                         dev.context_destroyed(&c);
-                        let _ = dev.context_created(&c, None);
+                        let _ = dev.create_context(&c, None);
                         std::thread::sleep(Duration::from_millis(5));
                     }
                 }
@@ -903,7 +924,7 @@ pub fn helper_main() {
             }
             let dev = Device::open_from_env().expect("open emulated device");
             let c = dev.attach().expect("attach");
-            dev.context_created(&c, None).expect("context");
+            dev.create_context(&c, None).expect("context");
             dev.alloc(&c, arg << 20, 512).expect("alloc");
             if role == "gpu-mem-stubborn" {
                 // A few SMs for about half a second per kernel, back to back, until its MPS

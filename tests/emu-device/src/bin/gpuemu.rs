@@ -143,6 +143,12 @@ pub fn render(s: &Snapshot) -> String {
                 "mps server (its clients' shared context), "
             } else if p.mps_client {
                 "mps client, "
+            } else if p.mps_queued {
+                "mps: queued behind another user's server, "
+            } else if p.mps_asking {
+                "mps: waiting for the daemon to hand it to its server, "
+            } else if p.mps_handed {
+                "mps: handed to its server, no context yet, "
             } else {
                 ""
             },
