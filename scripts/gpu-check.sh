@@ -524,6 +524,41 @@ PY
     done
 }
 
+recovery_run() { # run $1 of the recovery check, the offline client started with env "${@:2}"
+    # Online at 30 % of the SMs beside an offline client that is SIGKILLed mid-run (once it has
+    # made progress: its context and kernels are live). Sets rec_outcome (ok, hung or died),
+    # rec_max and rec_req (the online client's slowest request in ms and its request count)
+    # and rec_why. Globals, not output: its processes must reach the cleanup list.
+    local r=$1 on off st; shift
+    rec_outcome="" rec_max="" rec_req="" rec_why=""
+    "${as_user[@]}" "$bin_dir/online" --rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
+    on=$!; pids+=($on)
+    "${as_user[@]}" "$@" "$bin_dir/offline" --duration $(( secs + 10 )) --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
+    off=$!; pids+=($off)
+    for _ in $(seq 50); do grep -q '"t_s"' "$root/off-recovery-$r.out" 2>/dev/null && break; sleep 0.1; done
+    sleep "1.$(( RANDOM % 10 ))"
+    if [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]]; then
+        # MPS's own way to end one client's GPU work (nvidia-cuda-mps-control(1)), then the kill.
+        local srv; srv=$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null | head -1)
+        echo "terminate_client $srv $off" | timeout 5 nvidia-cuda-mps-control >"$root/terminate-$r.out" 2>&1
+        sleep 0.3
+    fi
+    kill -KILL $off 2>/dev/null
+    wait "$off" 2>/dev/null # reaped here, so the shell reports no killed job
+    st=0; timeout $(( secs + 30 )) tail --pid=$on -f /dev/null || st=1
+    rec_max=$(jget max_ms <"$root/online-recovery-$r.out")
+    rec_req=$(jget requests <"$root/online-recovery-$r.out")
+    if [[ $st != 0 ]]; then
+        kill -KILL $on 2>/dev/null
+        rec_outcome=hung
+    elif [[ -z "$rec_max" ]]; then
+        rec_outcome=died
+        rec_why="online: $(grep -m1 -i 'error' "$root/online-recovery-$r.out" | plain 100)"
+    else
+        rec_outcome=ok
+    fi
+}
+
 check_recovery() {
     # An offline client SIGKILLed while its kernels run and its MPS context lives: MPS may
     # hang the other clients of its server until that client is terminated (mps-manager's
@@ -534,9 +569,10 @@ check_recovery() {
     # state is checked before each kill: a run on a GPU the monitor disabled proves nothing (its
     # offline client is evicted). GPU_CHECK_RECOVERY_RUNS repeats it (default 1); the row gives
     # the worst run.
-    local secs=$(( quick ? 4 : 8 )) runs=${GPU_CHECK_RECOVERY_RUNS:-1} r on off max req ev st
+    local secs=$(( quick ? 4 : 8 )) runs=${GPU_CHECK_RECOVERY_RUNS:-1} r ev
     local worst="" hung=0 died=0 disabled=0 total_req=0 all=() why=""
     local slog="$root/mps-log/server.log" fatal0 fatal off_env=("${shim_env[@]}")
+    local rec_outcome rec_max rec_req rec_why
     # GPU_CHECK_RECOVERY_NO_SHIM=1: the offline client without the shim (is a fault the shim's?)
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && off_env=(env)
     fatal0=$(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null)
@@ -548,35 +584,14 @@ check_recovery() {
             why="monitor state before run $r: $(grep -o '"state": *"[a-z]*"' "$root/run/state.json" | head -1)"
             sleep 2; continue
         fi
-        "${as_user[@]}" "$bin_dir/online" --rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
-        on=$!; pids+=($on)
-        "${as_user[@]}" "${off_env[@]}" "$bin_dir/offline" --duration $(( secs + 10 )) --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
-        off=$!; pids+=($off)
-        # Killed once it has made progress (its context and kernels are live), mid-run.
-        for _ in $(seq 50); do grep -q '"t_s"' "$root/off-recovery-$r.out" 2>/dev/null && break; sleep 0.1; done
-        sleep "1.$(( RANDOM % 10 ))"
-        if [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]]; then
-            # MPS's own way to end one client's GPU work (nvidia-cuda-mps-control(1)), then the kill.
-            local srv; srv=$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null | head -1)
-            echo "terminate_client $srv $off" | timeout 5 nvidia-cuda-mps-control >"$root/terminate-$r.out" 2>&1
-            sleep 0.3
-        fi
-        kill -KILL $off 2>/dev/null
-        st=0; timeout $(( secs + 30 )) tail --pid=$on -f /dev/null || st=1
-        max=$(jget max_ms <"$root/online-recovery-$r.out")
-        req=$(jget requests <"$root/online-recovery-$r.out")
-        if [[ $st != 0 ]]; then
-            kill -KILL $on 2>/dev/null
-            hung=$(( hung + 1 )); all+=(hung)
-            continue
-        elif [[ -z "$max" ]]; then
-            died=$(( died + 1 )); all+=(died)
-            why="online: $(grep -m1 -i 'error' "$root/online-recovery-$r.out" | plain 100)"
-            continue
-        fi
-        all+=("$max")
-        total_req=$(( total_req + ${req:-0} ))
-        if [[ -z "$worst" ]] || "$py" -c "import sys; sys.exit(0 if $max > $worst else 1)"; then worst=$max; fi
+        recovery_run "$r" "${off_env[@]}"
+        case $rec_outcome in
+            hung) hung=$(( hung + 1 )); all+=(hung); continue ;;
+            died) died=$(( died + 1 )); all+=(died); why=$rec_why; continue ;;
+        esac
+        all+=("$rec_max")
+        total_req=$(( total_req + ${rec_req:-0} ))
+        if [[ -z "$worst" ]] || "$py" -c "import sys; sys.exit(0 if $rec_max > $worst else 1)"; then worst=$rec_max; fi
     done
     ev=$(grep -c 'recovery done' "$root/mps-manager.log")
     fatal=$(( $(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null) - ${fatal0:-0} ))
