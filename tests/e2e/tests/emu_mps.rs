@@ -238,3 +238,37 @@ fn sigterm_with_default_action_poisons_but_normal_exit_does_not() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A client whose `CUDA_MPS_PIPE_DIRECTORY` holds no control daemon runs without MPS (real
+/// CUDA goes on without it when the connection attempt fails): it asks no daemon, gets no MPS
+/// limit, and the fake libcuda says so; the same client in the daemon's directory is capped.
+#[test]
+fn a_client_in_another_pipe_directory_runs_without_mps() {
+    let host = EmuHost::new();
+    let dev = host.device();
+    host.start_mps();
+    host.mps_control(None, "set_default_active_thread_percentage 25\n");
+    let capped = spin_ms(&host, None);
+    let elsewhere = host.root().join("no-daemon-here");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let mut c = host.client(&["ctx", "ready", "wait", "spin", "40", CYCLES, "10"]);
+    c.wait_for_line("ready", T).expect("ready");
+    let on = dev.snapshot().processes.into_iter().find(|p| p.pid == c.pid()).unwrap();
+    assert!(on.mps_client && !on.mps_outside, "{on:?}");
+    c.send_line("go");
+    c.finish(T);
+    let mut cmd = host.command("emu-client");
+    cmd.args(["ctx", "ready", "wait", "spin", "40", CYCLES, "10"])
+        .env("CUDA_MPS_PIPE_DIRECTORY", &elsewhere);
+    let mut out = host.spawn(&mut cmd);
+    out.wait_for_line("ready", T).expect("ready");
+    let p = dev.snapshot().processes.into_iter().find(|p| p.pid == out.pid()).unwrap();
+    assert!(p.mps_outside && !p.mps_client && p.active_thread_pct == 100, "{p:?}");
+    out.send_line("go");
+    out.finish(T);
+    let l = out.wait_for_line("spin=", T).expect("spin line");
+    assert_eq!(field(&l, "spin"), Some("0"), "{l}");
+    let free = num(&l, "emulated_ms");
+    assert!(free < capped * 0.5, "outside MPS, uncapped: {free} ms vs {capped} ms capped at 25 %");
+    assert!(out.stderr().contains("runs without MPS"), "{}", out.stderr());
+}

@@ -28,7 +28,7 @@ fn node_phase(profile: &str, cfg: &DemoConfig, machine: Option<&str>) -> PhaseRe
     require_node_built();
     let host = host(profile);
     let root = host.root().to_path_buf();
-    let phase = node_runtime_phase(&root, host.programs_dir()).expect("node phase");
+    let phase = node_runtime_phase(&host).expect("node phase");
     if let Some(m) = machine {
         let f = root.join("sysmonitor.json");
         let text = std::fs::read_to_string(&f).expect("monitor config");

@@ -299,6 +299,15 @@ pub fn init(flags: u32) -> R {
     // user's server is active.
     for g in &d.gpus {
         mps_wait_turn(|| g.dev.mps_admit(&g.client))?;
+        if g.dev.runs_outside_mps(&g.client) {
+            // Real CUDA says nothing; a client silently outside MPS is what the emulator's
+            // users would otherwise have to find out.
+            eprintln!(
+                "gpuemu libcuda: pid {}: no MPS control daemon at {}: this process runs without MPS",
+                std::process::id(),
+                emu_device::mps_pipe_dir_from_env().display()
+            );
+        }
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 11;
+pub const LAYOUT_VERSION: u32 = 12;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -106,6 +106,12 @@ pub struct Header {
     pub mps_kill_teardown: u32,
     /// Fatal GPU errors the MPS server handled by tearing clients down (`mps_kill_teardown`).
     pub mps_fatal_errors: u32,
+    /// Device and inode numbers of the running control daemon's socket
+    /// (`$CUDA_MPS_PIPE_DIRECTORY/control`; 0 when none): a client reaches the daemon only
+    /// through that file, whatever path it names it by (a container's bind mount).
+    pub mps_sock_dev: u64,
+    /// See `mps_sock_dev`.
+    pub mps_sock_ino: u64,
     /// GPM snapshot: the last refresh boundary (a multiple of `physics::GPM_REFRESH_NS`,
     /// `CLOCK_MONOTONIC` ns) the model has crossed; the three fields after it hold the device's
     /// counters at that instant. One snapshot for the whole device, whoever reads it, as the
@@ -211,6 +217,10 @@ pub mod mps_conn {
     /// The daemon could not serve the client (its server failed to start): the connection
     /// failed, for the process's life, as a failed `cuInit` stays failed.
     pub const REFUSED: u32 = 3;
+    /// The process found no control daemon at its `CUDA_MPS_PIPE_DIRECTORY`: it runs without
+    /// MPS, for its life ("If the connection attempt fails, the program continues to run as
+    /// it normally would without MPS", nvidia-cuda-mps-control(1)).
+    pub const OUTSIDE: u32 = 4;
 }
 
 /// One kernel launch.

@@ -132,6 +132,9 @@ pub struct ProcessInfo {
     pub mps_handed: bool,
     /// It asked the control daemon for its user's server and waits to be handed to one.
     pub mps_asking: bool,
+    /// MPS runs, but this process found no control daemon at its `CUDA_MPS_PIPE_DIRECTORY`:
+    /// it runs without MPS.
+    pub mps_outside: bool,
     /// Cumulative SM-weighted busy time of its kernels, in ns.
     pub sm_time_ns: f64,
     /// Its kernels currently queued or running.
@@ -278,6 +281,28 @@ pub struct Launch {
 /// An open emulated device.
 pub struct Device {
     shm: shm::Shm,
+    /// The `CUDA_MPS_PIPE_DIRECTORY` this handle's process connects through, when not its
+    /// environment's ([`Device::set_mps_pipe_dir`]).
+    mps_pipe: std::sync::Mutex<Option<PathBuf>>,
+}
+
+/// The MPS pipe directory a process connects through: `CUDA_MPS_PIPE_DIRECTORY`, else
+/// `/tmp/nvidia-mps` (NVIDIA's default); relative paths are taken from the working directory.
+pub fn mps_pipe_dir_from_env() -> PathBuf {
+    let p = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from);
+    if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+    }
+}
+
+/// Device and inode numbers of the file at `p` (following links), or `None`.
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }
 
 pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
@@ -411,7 +436,7 @@ impl Device {
 
     /// Opens (or creates with `profile`) the state file at `path`.
     pub fn open(path: &Path, profile: &Profile) -> Result<Device, EmuError> {
-        Ok(Device { shm: shm::Shm::open(path, profile, now_ns())? })
+        Ok(Device { shm: shm::Shm::open(path, profile, now_ns())?, mps_pipe: std::sync::Mutex::new(None) })
     }
 
     /// The state file.
@@ -460,6 +485,7 @@ impl Device {
                     mps_queued: h.mps_enabled != 0 && cl.mps_wait != 0,
                     mps_handed: h.mps_enabled != 0 && handed_not_connected(h, cl),
                     mps_asking: h.mps_enabled != 0 && cl.mps_conn == mps_conn::ASKED,
+                    mps_outside: h.mps_enabled != 0 && cl.mps_conn == mps_conn::OUTSIDE,
                     sm_time_ns: cl.sm_time_ns,
                     kernels: g
                         .live()
@@ -707,12 +733,16 @@ impl Device {
         mps_of(&self.locked())
     }
 
-    /// Starts the MPS server (idempotent while running); the default percentage resets to 100.
-    pub fn mps_start(&self, control_pid: u32) -> MpsStatus {
+    /// MPS is on: the control daemon `control_pid` listens on `control_socket`
+    /// (`$CUDA_MPS_PIPE_DIRECTORY/control`), through which alone clients reach it (idempotent
+    /// while running); the default percentage resets to 100.
+    pub fn mps_start(&self, control_pid: u32, control_socket: &Path) -> MpsStatus {
+        let sock = file_id(control_socket).unwrap_or((0, 0));
         let mut g = self.locked();
         if g.header.mps_enabled == 0 {
             let h = &mut g.header;
             h.mps_enabled = 1;
+            (h.mps_sock_dev, h.mps_sock_ino) = sock;
             clear_dead(h);
             h.mps_generation += 1;
             h.mps_default_pct = 100;
@@ -733,7 +763,7 @@ impl Device {
                 // A queued connection waited for a server that is gone: it queues afresh; a
                 // connection asked for or handed over is to a daemon and server that are gone.
                 g.clients[c].mps_wait = 0;
-                if g.clients[c].mps_conn != mps_conn::REFUSED {
+                if g.clients[c].mps_conn != mps_conn::REFUSED && g.clients[c].mps_conn != mps_conn::OUTSIDE {
                     g.clients[c].mps_conn = mps_conn::NONE;
                     g.clients[c].mps_server_pid = 0;
                 }
@@ -746,6 +776,7 @@ impl Device {
             h.mps_enabled = 0;
             clear_dead(h);
             h.mps_control_pid = 0;
+            (h.mps_sock_dev, h.mps_sock_ino) = (0, 0);
             physics::compute_shares(&mut g);
         }
         mps_of(&g)
@@ -829,6 +860,20 @@ impl Device {
         s.used != 0 && s.pid == c.pid && s.start_time == c.start_time
     }
 
+    /// This handle's process connects to MPS through `dir` instead of its environment's
+    /// `CUDA_MPS_PIPE_DIRECTORY` (an in-process stand-in for a client of another process's
+    /// environment).
+    pub fn set_mps_pipe_dir(&self, dir: &Path) {
+        *self.mps_pipe.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_path_buf());
+    }
+
+    /// The control socket this process would connect through, as device and inode numbers
+    /// (`None` when there is no such file).
+    fn my_control_socket(&self) -> Option<(u64, u64)> {
+        let dir = self.mps_pipe.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        file_id(&dir.unwrap_or_else(mps_pipe_dir_from_env).join("control"))
+    }
+
     /// A context was created: joins the running MPS server (refused while it is poisoned) and
     /// applies `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from the client's environment if given.
     ///
@@ -838,10 +883,12 @@ impl Device {
     /// memory and in the device's; without that much free the context is refused
     /// ([`EmuError::OutOfMemory`], `CUDA_ERROR_OUT_OF_MEMORY` from the driver).
     pub fn context_created(&self, c: &Client, env_pct: Option<u32>) -> Result<(), EmuError> {
+        let mine = self.my_control_socket();
         let mut g = self.locked();
         if !Self::slot_ok(&g, c) {
             return Err(EmuError::NoSuchClient(c.pid));
         }
+        let on_mps = reaches_mps(&mut g, c.slot as usize, mine);
         let h = g.header;
         let (local, base) = context_bytes(&h, &g.clients[c.slot as usize]);
         let free = h.total_memory.saturating_sub(h.used_memory);
@@ -859,7 +906,7 @@ impl Device {
             cl.terminated = 0;
             cl.mps_gen = 0;
         }
-        if h.mps_enabled != 0 {
+        if on_mps {
             if h.mps_poisoned != 0 {
                 return Err(EmuError::MpsServerNotReady);
             }
@@ -955,14 +1002,16 @@ impl Device {
     /// server (the caller looks again; the queue position is kept). Joining the server itself
     /// happens with the first context ([`Device::context_created`]), which looks again.
     pub fn mps_admit(&self, c: &Client) -> Result<(), EmuError> {
+        let mine = self.my_control_socket();
         let mut g = self.locked();
         if !Self::slot_ok(&g, c) {
             return Err(EmuError::NoSuchClient(c.pid));
         }
-        let h = g.header;
         let me = c.slot as usize;
+        let on_mps = reaches_mps(&mut g, me, mine);
+        let h = g.header;
         let cl = g.clients[me];
-        if h.mps_enabled == 0 || (cl.mps_gen == h.mps_generation && cl.contexts > 0) {
+        if !on_mps || (cl.mps_gen == h.mps_generation && cl.contexts > 0) {
             return Ok(());
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
@@ -1051,6 +1100,13 @@ impl Device {
             cl.mem_used -= back;
             g.header.used_memory = g.header.used_memory.saturating_sub(back);
         }
+    }
+
+    /// MPS runs but this client found no control daemon at its `CUDA_MPS_PIPE_DIRECTORY`: it
+    /// runs without MPS (see [`Device::mps_admit`]).
+    pub fn runs_outside_mps(&self, c: &Client) -> bool {
+        let g = self.locked();
+        Self::slot_ok(&g, c) && g.header.mps_enabled != 0 && g.clients[c.slot as usize].mps_conn == mps_conn::OUTSIDE
     }
 
     /// Live contexts this client holds according to the device.
@@ -1354,7 +1410,8 @@ fn local_bytes(h: &layout::Header) -> u64 {
 /// (the server holds it).
 fn context_bytes(h: &layout::Header, cl: &layout::ClientSlot) -> (u64, u64) {
     let local = local_bytes(h);
-    let base = if cl.contexts == 0 && h.mps_enabled == 0 { profile::CONTEXT_BASE_BYTES } else { 0 };
+    let on_mps = h.mps_enabled != 0 && cl.mps_conn != mps_conn::OUTSIDE;
+    let base = if cl.contexts == 0 && !on_mps { profile::CONTEXT_BASE_BYTES } else { 0 };
     (local, base)
 }
 
@@ -1554,6 +1611,31 @@ fn mps_connection(st: &mut State, me: usize, euid: u32) -> Result<(), EmuError> 
     cl.uid = euid;
     cl.mps_server_pid = 0;
     Err(EmuError::MpsConnecting { control_pid })
+}
+
+/// Whether client `me` is a client of the running MPS control daemon. Decided at its first
+/// look while MPS runs, and kept while the process lives, as real CUDA connects when it
+/// initialises: it is when the control socket at its `CUDA_MPS_PIPE_DIRECTORY` (`mine`, device
+/// and inode numbers) is the running daemon's; otherwise it runs without MPS
+/// ([`mps_conn::OUTSIDE`]), as nvidia-cuda-mps-control(1) says of a failed connection attempt.
+fn reaches_mps(st: &mut State, me: usize, mine: Option<(u64, u64)>) -> bool {
+    let h = st.header;
+    if h.mps_enabled == 0 {
+        return false;
+    }
+    let cl = &mut st.clients[me];
+    match cl.mps_conn {
+        mps_conn::OUTSIDE => false,
+        mps_conn::NONE => {
+            let connected = cl.mps_gen == h.mps_generation && cl.contexts > 0;
+            let reaches = h.mps_sock_ino != 0 && mine == Some((h.mps_sock_dev, h.mps_sock_ino));
+            if !connected && !reaches {
+                cl.mps_conn = mps_conn::OUTSIDE;
+            }
+            connected || reaches
+        }
+        _ => true,
+    }
 }
 
 /// The daemon handed the client to its server and the client has not yet created its context

@@ -89,6 +89,21 @@ fn fake_client(d: &Device, pid: u32, contexts: u32, mps: bool) {
     g.header.used_memory += 1 << 20;
 }
 
+/// Turns MPS on as the control daemon `control_pid` would: its control socket (a plain file
+/// here) in a pipe directory of this test's own, which this test process, the client, then
+/// connects through.
+fn mps_on(d: &Device, control_pid: u32) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("emu-device-pipe-{}-{}", std::process::id(), emu_device_seq()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("control");
+    if !sock.exists() {
+        std::fs::write(&sock, b"").unwrap();
+    }
+    d.set_mps_pipe_dir(&dir);
+    d.mps_start(control_pid, &sock);
+    dir
+}
+
 /// The calling test process's effective uid.
 fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -166,7 +181,7 @@ fn contexts_hold_device_memory() {
     d.context_destroyed(&me);
     assert_eq!(d.memory().1, 0, "one destroy too many gives back nothing more");
     // As an MPS client: the local memory alone.
-    d.mps_start(1);
+    mps_on(&d, 1);
     let srv = FakeServer::start(&d, euid());
     serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
@@ -189,7 +204,7 @@ fn contexts_hold_device_memory() {
 fn dead_client_with_live_context_poisons_mps_until_quit() {
     let p = tmp("poison");
     let d = Device::open(&p, &profile::T4).unwrap();
-    d.mps_start(1);
+    mps_on(&d, 1);
     let me = d.attach().unwrap();
     let srv = FakeServer::start(&d, euid());
     serve(&d, &me, &srv);
@@ -217,7 +232,7 @@ fn dead_client_with_live_context_poisons_mps_until_quit() {
     let r = h.join().unwrap();
     assert!(matches!(r, Err(EmuError::MpsClientTerminated)), "{r:?}");
     d.context_destroyed(&me);
-    d.mps_start(1);
+    mps_on(&d, 1);
     // A new daemon: the connection is asked for afresh.
     serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
@@ -229,7 +244,7 @@ fn dead_client_with_live_context_poisons_mps_until_quit() {
 fn dead_client_without_context_is_harmless() {
     let p = tmp("harmless");
     let d = Device::open(&p, &profile::T4).unwrap();
-    d.mps_start(1);
+    mps_on(&d, 1);
     let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     fake_client(&d, child.id(), 0, true);
     let mut child2 = std::process::Command::new("sleep").arg("30").spawn().unwrap();
@@ -249,7 +264,7 @@ fn mps_percentages_validate_and_apply() {
     let p = tmp("pct");
     let d = Device::open(&p, &profile::T4).unwrap();
     assert!(d.set_default_active_thread_pct(50).is_err(), "MPS off");
-    d.mps_start(1);
+    mps_on(&d, 1);
     assert!(d.set_default_active_thread_pct(0).is_err());
     assert!(d.set_default_active_thread_pct(101).is_err());
     d.set_default_active_thread_pct(50).unwrap();
@@ -345,7 +360,7 @@ fn emu_device_seq() -> u64 {
 fn terminate_client_clears_the_hang_of_a_dead_client_and_spares_neighbours() {
     let p = tmp("terminate");
     let d = Device::open(&p, &profile::T4).unwrap();
-    d.mps_start(1);
+    mps_on(&d, 1);
     let generation = d.mps_status().generation;
     let me = d.attach().unwrap();
     let srv = FakeServer::start(&d, euid());
@@ -386,7 +401,7 @@ fn in_teardown_mode_a_client_killed_mid_kernel_takes_its_neighbours_down() {
     let p = tmp("teardown");
     let d = Device::open(&p, &profile::T4).unwrap();
     d.set_mps_kill_teardown(true);
-    d.mps_start(1);
+    mps_on(&d, 1);
     let me = d.attach().unwrap();
     let srv = FakeServer::start(&d, euid());
     serve(&d, &me, &srv);
@@ -433,7 +448,7 @@ fn in_teardown_mode_a_client_killed_mid_kernel_takes_its_neighbours_down() {
 fn each_dead_client_stays_connected_until_terminated() {
     let p = tmp("dead-two");
     let d = Device::open(&p, &profile::T4).unwrap();
-    d.mps_start(1);
+    mps_on(&d, 1);
     let me = d.attach().unwrap();
     let srv = FakeServer::start(&d, euid());
     serve(&d, &me, &srv);
@@ -503,7 +518,7 @@ fn mps_serves_one_user_at_a_time() {
     d.context_created(&me, None).unwrap();
     d.context_destroyed(&me);
 
-    d.mps_start(1);
+    mps_on(&d, 1);
     {
         let mut g = d.shm.lock();
         let generation = g.header.mps_generation;
@@ -887,7 +902,7 @@ fn an_mps_server_takes_48_clients() {
         g.clients[c] = layout::ClientSlot::default();
         g.header.used_memory -= 1 << 20;
     }
-    d.mps_start(std::process::id());
+    mps_on(&d, std::process::id());
     for s in &sleepers {
         fake_client(&d, s.id(), 1, true);
         fake_uid(&d, s.id(), euid, 0);
@@ -926,7 +941,7 @@ fn a_client_connects_only_once_the_daemon_hands_it_to_its_users_ready_server() {
     let p = tmp("connect-order");
     let d = Device::open(&p, &profile::T4).unwrap();
     let me = d.attach().unwrap();
-    d.mps_start(std::process::id());
+    mps_on(&d, std::process::id());
     let e = d.context_created(&me, None).unwrap_err();
     assert!(matches!(e, EmuError::MpsConnecting { .. }), "no server yet: {e}");
     assert_eq!(d.contexts(&me), 0);
@@ -962,13 +977,13 @@ fn a_client_connects_only_once_the_daemon_hands_it_to_its_users_ready_server() {
     let mut dead = std::process::Command::new("true").spawn().unwrap();
     let dead_pid = dead.id();
     dead.wait().unwrap();
-    d.mps_start(dead_pid);
+    mps_on(&d, dead_pid);
     let e = d.mps_admit(&me).unwrap_err();
     assert!(matches!(e, EmuError::MpsConnectionFailed(_)) && e.to_string().contains("gone"), "{e}");
     d.mps_quit();
 
     // Refused (its server could not start): the connection fails, and stays failed.
-    d.mps_start(std::process::id());
+    mps_on(&d, std::process::id());
     assert!(matches!(d.mps_admit(&me), Err(EmuError::MpsConnecting { .. })));
     d.mps_refuse(me.pid());
     let e = d.context_created(&me, None).unwrap_err();
@@ -978,5 +993,54 @@ fn a_client_connects_only_once_the_daemon_hands_it_to_its_users_ready_server() {
     assert!(d.mps_requests().is_empty());
     d.mps_quit();
     d.detach(&me);
+    std::fs::remove_file(&p).unwrap();
+}
+
+/// A process reaches MPS only through the control socket in its `CUDA_MPS_PIPE_DIRECTORY`
+/// (nvidia-cuda-mps-control(1): "If the connection attempt fails, the program continues to
+/// run as it normally would without MPS"): one whose directory holds no daemon runs outside
+/// MPS for its life (a whole context of its own, no percentage, no request, no queue), even
+/// after MPS restarts; one that names the daemon's directory by another path (a container's
+/// bind mount, here a symlink) is its client.
+#[test]
+fn a_client_reaches_mps_only_through_the_daemons_socket() {
+    let p = tmp("pipe-dir");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let me = d.attach().unwrap();
+    let pipe = mps_on(&d, std::process::id());
+    d.set_default_active_thread_pct(20).unwrap();
+    // This process looks in an empty directory: no daemon there.
+    let elsewhere = std::env::temp_dir().join(format!("emu-device-nopipe-{}", std::process::id()));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    d.set_mps_pipe_dir(&elsewhere);
+    d.mps_admit(&me).expect("no daemon reached: CUDA goes on without MPS");
+    assert!(d.runs_outside_mps(&me));
+    assert!(d.mps_requests().is_empty(), "it asked no daemon");
+    d.context_created(&me, None).unwrap();
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid()).unwrap();
+    assert!(q.mps_outside && !q.mps_client && !q.mps_asking, "{q:?}");
+    assert_eq!(q.active_thread_pct, 100, "no MPS limit outside MPS");
+    assert_eq!(q.context_memory, profile::T4.context_bytes(), "a whole context of its own");
+    d.context_destroyed(&me);
+    // Decided for the process's life: the right directory later changes nothing.
+    d.set_mps_pipe_dir(&pipe);
+    d.context_created(&me, None).unwrap();
+    assert!(d.runs_outside_mps(&me));
+    d.context_destroyed(&me);
+    d.detach(&me);
+
+    // A new process naming the daemon's directory through a symlink reaches it.
+    let me = d.attach().unwrap();
+    let link = std::env::temp_dir().join(format!("emu-device-pipelink-{}", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&pipe, &link).unwrap();
+    d.set_mps_pipe_dir(&link);
+    assert!(matches!(d.mps_admit(&me), Err(EmuError::MpsConnecting { .. })), "asks the daemon");
+    assert!(!d.runs_outside_mps(&me));
+    d.mps_quit();
+    d.detach(&me);
+    let _ = std::fs::remove_file(&link);
+    let _ = std::fs::remove_dir_all(&elsewhere);
+    let _ = std::fs::remove_dir_all(&pipe);
     std::fs::remove_file(&p).unwrap();
 }

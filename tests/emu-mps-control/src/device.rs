@@ -8,13 +8,15 @@ use crate::daemon::DeviceLink;
 /// The emulated device named by the emulator's environment.
 pub struct EmuLink {
     dev: Device,
+    /// The daemon's control socket: clients reach MPS only through it.
+    sock: std::path::PathBuf,
 }
 
 impl EmuLink {
-    /// Opens the device state the environment names.
-    pub fn open() -> Result<Self, String> {
+    /// Opens the device state the environment names, for a daemon listening on `sock`.
+    pub fn open(sock: &std::path::Path) -> Result<Self, String> {
         Device::open_from_env()
-            .map(|dev| EmuLink { dev })
+            .map(|dev| EmuLink { dev, sock: sock.to_path_buf() })
             .map_err(|e| format!("emulated GPU: {e}"))
     }
 }
@@ -22,7 +24,7 @@ impl EmuLink {
 impl DeviceLink for EmuLink {
     fn set_mps(&mut self, on: bool) -> Result<(), String> {
         if on {
-            self.dev.mps_start(std::process::id());
+            self.dev.mps_start(std::process::id(), &self.sock);
         } else {
             self.dev.mps_quit();
         }

@@ -161,7 +161,7 @@ fn daemon_main(background: bool) -> Result<(), String> {
     if UnixStream::connect(&sock).is_ok() {
         return Err("An instance of this daemon is already running".into());
     }
-    let device = device::EmuLink::open()?;
+    let device = device::EmuLink::open(&sock)?;
     let log = log::ControlLog::open(&logs)
         .map_err(|e| format!("opening {}/control.log: {e}", logs.display()))?;
     let _ = std::fs::remove_file(&sock);

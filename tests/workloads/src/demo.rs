@@ -7,7 +7,7 @@
 //! shim). Adding the node-runtime phase means adding one value to the list.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -146,9 +146,11 @@ pub fn mps_static_phase(offline_pct: u32) -> Phase {
 
 /// The product: the MPS control daemon, `sysmonitor` (10 ms sampling) and `mps-manager` on the
 /// host, the offline client under the `libxcuda.so` shim (quota, throttle, graceful exit) with
-/// the shipped defaults. Config files are written under `dir` (the emulated host's scratch
-/// directory); the node services' binaries come from the host's binary directory.
-pub fn node_runtime_phase(dir: &Path, bin_dir: &Path) -> Result<Phase, String> {
+/// the shipped defaults. Config files are written under the emulated host's scratch directory;
+/// the node services' binaries come from the host's binary directory, and mps-manager's daemon
+/// listens in the host's MPS pipe directory, the one its clients connect through.
+pub fn node_runtime_phase(host: &Host) -> Result<Phase, String> {
+    let (dir, bin_dir) = (host.root(), host.programs_dir());
     let run = dir.join("xshare-run");
     let mon_state = run.join("gpu0/state.json");
     std::fs::create_dir_all(run.join("gpu0"))
@@ -172,8 +174,8 @@ pub fn node_runtime_phase(dir: &Path, bin_dir: &Path) -> Result<Phase, String> {
             r#"{{ "ledger_dir": "{run}", "pipe_dir": "{pipe}", "log_dir": "{log}",
   "monitor_state_file": "{state}", "state_file": "{run}/gpu0/mps-manager.json" }}"#,
             run = run.display(),
-            pipe = dir.join("mps-pipe").display(),
-            log = dir.join("mps-log").display(),
+            pipe = host.pipe_dir().display(),
+            log = host.log_dir().display(),
             state = mon_state.display()
         ),
     )?;

@@ -193,8 +193,10 @@ impl Host {
             state: root.join("gpu0.state"),
             lib_dir: root.join("lib"),
             tools_dir: root.join("bin"),
-            pipe_dir: root.join("mps-pipe"),
-            log_dir: root.join("mps-log"),
+            // Where mps-manager keeps GPU 0's MPS directories by default (`<ledger_dir>/gpu0/`,
+            // systemd/README.md): a client reaches the daemon only through its pipe directory.
+            pipe_dir: root.join("run/gpu0/mps-pipe"),
+            log_dir: root.join("run/gpu0/mps-log"),
             ledger_dir: root.join("run"),
             profile: profile.to_string(),
         };
@@ -828,19 +830,22 @@ pub struct Load {
 impl Load {
     /// Starts the load on the device of `host` with kernels of `kernel_ms` at full clock.
     pub fn start(host: &Host, sm_frac: f64, kernel_ms: f64) -> Load {
-        Load::on(host.state_path(), host.profile(), sm_frac, kernel_ms)
+        Load::on(host.state_path(), host.profile(), host.pipe_dir(), sm_frac, kernel_ms)
     }
 
-    /// Starts the load on the device state file `state` of profile `profile`.
-    pub fn on(state: &Path, profile: &str, sm_frac: f64, kernel_ms: f64) -> Load {
+    /// Starts the load on the device state file `state` of profile `profile`, reaching MPS
+    /// (when it runs) through the pipe directory `pipe`.
+    pub fn on(state: &Path, profile: &str, pipe: &Path, sm_frac: f64, kernel_ms: f64) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let kernels = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(AtomicU64::new(0));
         let (s, k, f) = (stop.clone(), kernels.clone(), failures.clone());
         let state = state.to_path_buf();
+        let pipe = pipe.to_path_buf();
         let p: &'static Profile = Profile::by_id(profile).unwrap_or(&emu_device::profile::H100);
         let th = std::thread::spawn(move || {
             let dev = Device::open(&state, p).expect("open emulated device");
+            dev.set_mps_pipe_dir(&pipe);
             let c = dev.attach().expect("attach");
             dev.create_context(&c, None).expect("context");
             let blocks = ((p.sm_count as f64) * sm_frac).max(1.0) as u64;

@@ -147,6 +147,8 @@ pub fn render(s: &Snapshot) -> String {
                 "mps: queued behind another user's server, "
             } else if p.mps_asking {
                 "mps: waiting for the daemon to hand it to its server, "
+            } else if p.mps_outside {
+                "outside MPS (no control daemon at its CUDA_MPS_PIPE_DIRECTORY), "
             } else if p.mps_handed {
                 "mps: handed to its server, no context yet, "
             } else {

@@ -117,12 +117,12 @@ fn run(argv: Vec<String>) -> Result<(), String> {
     if bench {
         phases.retain(|p| !(p.online && p.offline));
     }
-    if let (false, Some(root)) = (real, host.scratch()) {
+    if !real {
         if !bench {
             phases.push(mps_static_phase(mps_pct));
         }
         if !a_no_node {
-            phases.push(node_runtime_phase(root, host.programs_dir())?);
+            phases.push(node_runtime_phase(&host)?);
         }
     }
     for phase in phases {
