@@ -330,6 +330,16 @@ fn hung_control_daemon_is_detected_by_timeout_and_replaced() {
     // SAFETY: the frozen daemon was SIGKILLed by the recovery; make sure it is not left stopped.
     unsafe { libc::kill(daemon, libc::SIGKILL) };
     assert_ne!(v2["daemon_pid"].as_u64().unwrap() as i32, daemon);
+    // A client arriving now is served by the new daemon, on MPS.
+    let mut c = n.client(&["ctx", "ready", "wait", "spin", "1", "1000", "1"]);
+    c.wait_for_line("ready", T)
+        .unwrap_or_else(|| panic!("no context after the daemon was replaced: {}", c.stderr()));
+    let p = n.device().snapshot().processes.into_iter().find(|p| p.pid == c.pid());
+    assert!(p.as_ref().is_some_and(|p| p.mps_client), "{p:?}");
+    c.send_line("go");
+    c.finish(T);
+    let spin = c.lines("spin=");
+    assert!(spin[0].starts_with("spin=0 "), "{spin:?} {}", c.stderr());
 }
 
 #[test]

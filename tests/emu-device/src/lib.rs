@@ -735,10 +735,17 @@ impl Device {
 
     /// MPS is on: the control daemon `control_pid` listens on `control_socket`
     /// (`$CUDA_MPS_PIPE_DIRECTORY/control`), through which alone clients reach it (idempotent
-    /// while running); the default percentage resets to 100.
+    /// while that daemon runs; a daemon replacing one that died without `quit` starts afresh:
+    /// the dead one's clients lost their servers); the default percentage resets to 100.
     pub fn mps_start(&self, control_pid: u32, control_socket: &Path) -> MpsStatus {
         let sock = file_id(control_socket).unwrap_or((0, 0));
         let mut g = self.locked();
+        let prev = g.header.mps_control_pid;
+        if g.header.mps_enabled != 0 && prev != control_pid && procinfo::start_time(prev).is_none() {
+            // The daemon that turned MPS on died without `quit` (SIGKILLed, as mps-manager
+            // replaces a hung one): its servers went with it, and their clients lost them.
+            quit_mps(&mut g);
+        }
         if g.header.mps_enabled == 0 {
             let h = &mut g.header;
             h.mps_enabled = 1;
@@ -755,30 +762,7 @@ impl Device {
     /// (their calls fail with `CUDA_ERROR_MPS_CLIENT_TERMINATED`).
     pub fn mps_quit(&self) -> MpsStatus {
         let mut g = self.locked();
-        if g.header.mps_enabled != 0 {
-            let generation = g.header.mps_generation;
-            let now = g.header.last_ns;
-            for c in 0..MAX_CLIENTS {
-                let cl = g.clients[c];
-                // A queued connection waited for a server that is gone: it queues afresh; a
-                // connection asked for or handed over is to a daemon and server that are gone.
-                g.clients[c].mps_wait = 0;
-                if g.clients[c].mps_conn != mps_conn::REFUSED && g.clients[c].mps_conn != mps_conn::OUTSIDE {
-                    g.clients[c].mps_conn = mps_conn::NONE;
-                    g.clients[c].mps_server_pid = 0;
-                }
-                if cl.used != 0 && cl.mps_gen == generation && cl.contexts > 0 {
-                    g.clients[c].terminated = 1;
-                    drop_kernels(&mut g, c as u32, now);
-                }
-            }
-            let h = &mut g.header;
-            h.mps_enabled = 0;
-            clear_dead(h);
-            h.mps_control_pid = 0;
-            (h.mps_sock_dev, h.mps_sock_ino) = (0, 0);
-            physics::compute_shares(&mut g);
-        }
+        quit_mps(&mut g);
         mps_of(&g)
     }
 
@@ -1531,6 +1515,36 @@ fn mps_connected(st: &State, me: usize) -> u32 {
 /// waits while clients of another user are connected to the running server (live with a
 /// context, or dead and still connected), or while a client of another user was queued before
 /// it (first come, first served, so neither side starves the other).
+/// MPS stops (see [`Device::mps_quit`]): the running generation's clients lose their
+/// contexts, connections asked for or handed over are void, the hang of dead clients ends.
+fn quit_mps(g: &mut State) {
+    if g.header.mps_enabled == 0 {
+        return;
+    }
+    let generation = g.header.mps_generation;
+    let now = g.header.last_ns;
+    for c in 0..MAX_CLIENTS {
+        let cl = g.clients[c];
+        // A queued connection waited for a server that is gone: it queues afresh; a
+        // connection asked for or handed over is to a daemon and server that are gone.
+        g.clients[c].mps_wait = 0;
+        if cl.mps_conn != mps_conn::REFUSED && cl.mps_conn != mps_conn::OUTSIDE {
+            g.clients[c].mps_conn = mps_conn::NONE;
+            g.clients[c].mps_server_pid = 0;
+        }
+        if cl.used != 0 && cl.mps_gen == generation && cl.contexts > 0 {
+            g.clients[c].terminated = 1;
+            drop_kernels(g, c as u32, now);
+        }
+    }
+    let h = &mut g.header;
+    h.mps_enabled = 0;
+    clear_dead(h);
+    h.mps_control_pid = 0;
+    (h.mps_sock_dev, h.mps_sock_ino) = (0, 0);
+    physics::compute_shares(g);
+}
+
 /// How long a client waits for the control daemon to hand it to a ready MPS server before its
 /// connection fails (a real client blocks; the bound turns a daemon that never answers, or a
 /// test that turned MPS on without one, into an error instead of a hang).

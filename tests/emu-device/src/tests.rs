@@ -1044,3 +1044,36 @@ fn a_client_reaches_mps_only_through_the_daemons_socket() {
     let _ = std::fs::remove_dir_all(&pipe);
     std::fs::remove_file(&p).unwrap();
 }
+
+/// A control daemon replacing one that died without `quit` (mps-manager SIGKILLs a hung one)
+/// starts MPS afresh: the dead daemon's servers went with it, so its connected clients lose
+/// their contexts (CUDA_ERROR_MPS_CLIENT_TERMINATED) and new clients reach the new daemon's
+/// socket. A second start by the running daemon changes nothing.
+#[test]
+fn a_daemon_replacing_a_dead_one_starts_mps_afresh() {
+    let p = tmp("daemon-replaced");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let mut old = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    mps_on(&d, old.id());
+    let me = d.attach().unwrap();
+    let srv = FakeServer::start(&d, euid());
+    serve(&d, &me, &srv);
+    d.context_created(&me, None).unwrap();
+    let generation = d.mps_status().generation;
+    // The running daemon starting again: nothing changes.
+    mps_on(&d, std::process::id());
+    assert_eq!(d.mps_status().generation, generation, "a live daemon keeps MPS");
+    d.gate(&me).expect("still connected");
+    old.kill().unwrap();
+    old.wait().unwrap();
+    // Its replacement (another socket) starts afresh.
+    mps_on(&d, std::process::id());
+    let st = d.mps_status();
+    assert_eq!(st.generation, generation + 1, "{st:?}");
+    assert!(matches!(d.gate(&me), Err(EmuError::MpsClientTerminated)));
+    d.context_destroyed(&me);
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsConnecting { .. })), "asks the new daemon");
+    d.mps_quit();
+    d.detach(&me);
+    std::fs::remove_file(&p).unwrap();
+}
