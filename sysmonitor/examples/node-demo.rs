@@ -186,8 +186,8 @@ fn run() -> Result<(), String> {
   "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 60, "min_step_pct": 5, "smoothing": 0.5 }},
   "detect": {{ "stuck_after_ms": 0 }} }}"#,
             root.join("bin/nvidia-cuda-mps-control").display(),
-            root.join("mps-pipe").display(),
-            root.join("mps-log").display()
+            host.pipe_dir().display(),
+            host.log_dir().display()
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -300,6 +300,15 @@ fn run() -> Result<(), String> {
     }) && warm.elapsed() < Duration::from_secs(60)
     {
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // The node runtime shares the GPU through MPS: an offline client outside it (its
+    // CUDA_MPS_PIPE_DIRECTORY not the daemon's) would make every figure below meaningless.
+    if let Some(p) = host.device().snapshot().processes.iter().find(|p| p.mps_outside) {
+        return Err(format!(
+            "pid {} runs outside MPS: no control daemon in its CUDA_MPS_PIPE_DIRECTORY ({}); mps-manager's pipe_dir must be that directory",
+            p.pid,
+            host.pipe_dir().display()
+        ));
     }
     let (mut restarts, mut evicted_at, mut healthy_again_at, mut total_iters) =
         (0u32, None, None, 0u64);
