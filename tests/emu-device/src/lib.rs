@@ -867,12 +867,11 @@ impl Device {
     /// memory and in the device's; without that much free the context is refused
     /// ([`EmuError::OutOfMemory`], `CUDA_ERROR_OUT_OF_MEMORY` from the driver).
     pub fn context_created(&self, c: &Client, env_pct: Option<u32>) -> Result<(), EmuError> {
-        let mine = self.my_control_socket();
         let mut g = self.locked();
         if !Self::slot_ok(&g, c) {
             return Err(EmuError::NoSuchClient(c.pid));
         }
-        let on_mps = reaches_mps(&mut g, c.slot as usize, mine);
+        let on_mps = reaches_mps(&mut g, c.slot as usize, || self.my_control_socket());
         let h = g.header;
         let (local, base) = context_bytes(&h, &g.clients[c.slot as usize]);
         let free = h.total_memory.saturating_sub(h.used_memory);
@@ -897,19 +896,7 @@ impl Device {
             // A process already connected keeps its connection for further contexts.
             let connected = cl.mps_gen == h.mps_generation && cl.contexts > 0;
             if !connected {
-                if let Some(server_uid) = mps_queue_ahead(&g, me, euid) {
-                    if g.clients[me].mps_wait == 0 {
-                        g.header.ticket_counter += 1;
-                        let t = g.header.ticket_counter;
-                        g.clients[me].mps_wait = t;
-                        g.clients[me].uid = euid;
-                    }
-                    return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
-                }
-                g.clients[me].mps_wait = 0;
-                mps_connection(&mut g, me, euid)?;
-            }
-            if !connected {
+                mps_join(&mut g, me, euid)?;
                 let limit = profile::mps_max_clients((h.cc_major, h.cc_minor));
                 if mps_connected(&g, me) >= limit {
                     return Err(EmuError::MpsMaxClients { limit });
@@ -986,31 +973,19 @@ impl Device {
     /// server (the caller looks again; the queue position is kept). Joining the server itself
     /// happens with the first context ([`Device::context_created`]), which looks again.
     pub fn mps_admit(&self, c: &Client) -> Result<(), EmuError> {
-        let mine = self.my_control_socket();
         let mut g = self.locked();
         if !Self::slot_ok(&g, c) {
             return Err(EmuError::NoSuchClient(c.pid));
         }
         let me = c.slot as usize;
-        let on_mps = reaches_mps(&mut g, me, mine);
+        let on_mps = reaches_mps(&mut g, me, || self.my_control_socket());
         let h = g.header;
         let cl = g.clients[me];
         if !on_mps || (cl.mps_gen == h.mps_generation && cl.contexts > 0) {
             return Ok(());
         }
         // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        if let Some(server_uid) = mps_queue_ahead(&g, me, euid) {
-            if g.clients[me].mps_wait == 0 {
-                g.header.ticket_counter += 1;
-                let t = g.header.ticket_counter;
-                g.clients[me].mps_wait = t;
-                g.clients[me].uid = euid;
-            }
-            return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
-        }
-        g.clients[me].mps_wait = 0;
-        mps_connection(&mut g, me, euid)
+        mps_join(&mut g, me, unsafe { libc::geteuid() })
     }
 
     /// The control daemon's view of connections: `(pid, uid)` of every client that asked for
@@ -1630,9 +1605,10 @@ fn mps_connection(st: &mut State, me: usize, euid: u32) -> Result<(), EmuError> 
 /// Whether client `me` is a client of the running MPS control daemon. Decided at its first
 /// look while MPS runs, and kept while the process lives, as real CUDA connects when it
 /// initialises: it is when the control socket at its `CUDA_MPS_PIPE_DIRECTORY` (`mine`, device
-/// and inode numbers) is the running daemon's; otherwise it runs without MPS
-/// ([`mps_conn::OUTSIDE`]), as nvidia-cuda-mps-control(1) says of a failed connection attempt.
-fn reaches_mps(st: &mut State, me: usize, mine: Option<(u64, u64)>) -> bool {
+/// and inode numbers, looked up only when the question is open) is the running daemon's;
+/// otherwise it runs without MPS ([`mps_conn::OUTSIDE`]), as nvidia-cuda-mps-control(1) says
+/// of a failed connection attempt.
+fn reaches_mps(st: &mut State, me: usize, mine: impl FnOnce() -> Option<(u64, u64)>) -> bool {
     let h = st.header;
     if h.mps_enabled == 0 {
         return false;
@@ -1641,15 +1617,33 @@ fn reaches_mps(st: &mut State, me: usize, mine: Option<(u64, u64)>) -> bool {
     match cl.mps_conn {
         mps_conn::OUTSIDE => false,
         mps_conn::NONE => {
-            let connected = cl.mps_gen == h.mps_generation && cl.contexts > 0;
-            let reaches = h.mps_sock_ino != 0 && mine == Some((h.mps_sock_dev, h.mps_sock_ino));
-            if !connected && !reaches {
+            if cl.mps_gen == h.mps_generation && cl.contexts > 0 {
+                return true;
+            }
+            let reaches = h.mps_sock_ino != 0 && mine() == Some((h.mps_sock_dev, h.mps_sock_ino));
+            if !reaches {
                 cl.mps_conn = mps_conn::OUTSIDE;
             }
-            connected || reaches
+            reaches
         }
         _ => true,
     }
+}
+
+/// A not yet connected client `me` of uid `euid` joins MPS: queued (a ticket, kept) while
+/// another user's server is active ([`EmuError::MpsUserQueued`]), then connected through the
+/// control daemon ([`mps_connection`]).
+fn mps_join(g: &mut State, me: usize, euid: u32) -> Result<(), EmuError> {
+    if let Some(server_uid) = mps_queue_ahead(g, me, euid) {
+        if g.clients[me].mps_wait == 0 {
+            g.header.ticket_counter += 1;
+            g.clients[me].mps_wait = g.header.ticket_counter;
+            g.clients[me].uid = euid;
+        }
+        return Err(EmuError::MpsUserQueued { server_uid, uid: euid });
+    }
+    g.clients[me].mps_wait = 0;
+    mps_connection(g, me, euid)
 }
 
 /// The daemon handed the client to its server and the client has not yet created its context
