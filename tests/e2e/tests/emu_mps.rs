@@ -119,7 +119,11 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
     host.start_mps();
     let mut victim = host.client(&["ctx", "spin", "40", "1000000", "1", "ready", "hang"]);
     victim.wait_for_line("ready", T).expect("victim ready");
-    let mut b = neighbour(&host);
+    // The neighbour, after its first spin, waits again, then makes a new context and spins.
+    let mut b = host.client(&[
+        "ctx", "ready", "wait", "spin", "1", "1000", "1", "ready", "wait", "destroy", "ctx", "spin", "1", "1000", "1",
+    ]);
+    b.wait_for_line("ready", T).expect("neighbour ready");
 
     victim.kill9();
     // Death is noticed by whichever process next touches the device (within REAP_EVERY_NS).
@@ -164,10 +168,15 @@ fn client_killed_with_live_context_hangs_neighbour_until_mps_quit() {
         Some("810"),
         "CUDA_ERROR_MPS_CLIENT_TERMINATED: {l}"
     );
-    b.finish(T);
 
-    // A restarted server serves new clients normally.
+    // A restarted server serves new clients normally; the terminated neighbour stays
+    // terminated until it is relaunched (NVIDIA: "the process must be terminated and
+    // relaunched"), whatever contexts it destroys and creates.
     host.start_mps();
+    b.send_line("go");
+    b.finish(T);
+    assert_eq!(b.lines("ctx=")[1], "ctx=810", "{}", b.stdout());
+    assert_ne!(field(&b.lines("spin=")[1], "spin"), Some("0"), "{}", b.stdout());
     let mut fresh = host.client(&["ctx", "spin", "1", "1000", "1"]);
     fresh.finish(T);
     assert_eq!(field(&fresh.lines("spin=")[0], "spin"), Some("0"));

@@ -95,6 +95,9 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
     );
     online_progresses(&load, "online kernels after recovery");
     assert!(n.device().snapshot().mps.enabled);
+    // The server's death terminated the online client: real MPS serves it again only once it
+    // is relaunched (its supervisor's work), which the load did.
+    assert!(load.relaunches.load(Ordering::Relaxed) >= 1, "a full reset costs the online client a relaunch");
 }
 
 /// Waits until the online client (this process's [`Load`]) completes 20 more kernels.
@@ -122,6 +125,7 @@ fn online_kept_its_context(
         0,
         "the online client's context was never lost ({what})"
     );
+    assert_eq!(load.relaunches.load(Ordering::Relaxed), 0, "the online client was never relaunched ({what})");
 }
 
 /// A helper process holding `mib` MiB on MPS, registered in `ledger` as offline with them.
@@ -482,6 +486,7 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
             .contains("MPS reset")
     );
     online_progresses(&load, "online kernels after the reset");
+    assert!(load.relaunches.load(Ordering::Relaxed) >= 1, "a full reset costs the online client a relaunch");
     let again = mstate(&n, "one recovery per XID episode", |v| {
         let last = v["recoveries"]
             .as_array()

@@ -218,6 +218,10 @@ fn manager_sigtermed_with_quit_on_exit_quits_mps_and_the_next_one_starts_a_new_d
         load.failures.load(Ordering::Relaxed) >= 1,
         "the online client lost its context to the quit"
     );
+    assert!(
+        load.relaunches.load(Ordering::Relaxed) >= 1,
+        "and was served by the new MPS only once relaunched"
+    );
     load.stop();
 }
 

@@ -882,12 +882,12 @@ impl Device {
         let euid = unsafe { libc::geteuid() };
         let me = c.slot as usize;
         let cl = &mut g.clients[me];
+        // Real MPS: a client the server terminated (`terminate_client`, the server's exit, a
+        // fatal error) must be relaunched to use CUDA again ("the process must be terminated
+        // and relaunched", CUDA_ERROR_MPS_CLIENT_TERMINATED): destroying its contexts and
+        // creating new ones does not reconnect it.
         if cl.terminated != 0 {
-            if cl.contexts > 0 {
-                return Err(if cl.terminated == 2 { EmuError::MpsFatalError } else { EmuError::MpsClientTerminated });
-            }
-            cl.terminated = 0;
-            cl.mps_gen = 0;
+            return Err(if cl.terminated == 2 { EmuError::MpsFatalError } else { EmuError::MpsClientTerminated });
         }
         if on_mps {
             if h.mps_poisoned != 0 {

@@ -233,7 +233,11 @@ fn dead_client_with_live_context_poisons_mps_until_quit() {
     assert!(matches!(r, Err(EmuError::MpsClientTerminated)), "{r:?}");
     d.context_destroyed(&me);
     mps_on(&d, 1);
-    // A new daemon: the connection is asked for afresh.
+    // A terminated client stays terminated for its life, whatever it destroys or creates.
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsClientTerminated)));
+    // Relaunched (a new registration, as a new process gets), it asks the new daemon afresh.
+    d.detach(&me);
+    let me = d.attach().unwrap();
     serve(&d, &me, &srv);
     d.context_created(&me, None).unwrap();
     d.gate(&me).unwrap();
@@ -1072,7 +1076,10 @@ fn a_daemon_replacing_a_dead_one_starts_mps_afresh() {
     assert_eq!(st.generation, generation + 1, "{st:?}");
     assert!(matches!(d.gate(&me), Err(EmuError::MpsClientTerminated)));
     d.context_destroyed(&me);
-    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsConnecting { .. })), "asks the new daemon");
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsClientTerminated)), "terminated for life");
+    d.detach(&me);
+    let me = d.attach().unwrap();
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsConnecting { .. })), "relaunched, asks the new daemon");
     d.mps_quit();
     d.detach(&me);
     std::fs::remove_file(&p).unwrap();

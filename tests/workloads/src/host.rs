@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use emu_device::{Device, Launch, Profile};
+use emu_device::{Device, EmuError, Launch, Profile};
 
 /// State file variable of the emulator (`emu-device`).
 pub const ENV_STATE: &str = "GPUEMU_STATE";
@@ -816,14 +816,19 @@ pub fn register(ledger: &node_ledger::Ledger, pid: u32, bytes: u64) -> node_ledg
 }
 
 /// GPU load from this process through the emulated device: back-to-back kernels that fill
-/// `sm_frac` of the SMs, until stopped. Like a serving process, it makes a new context when
-/// an MPS fault loses its own.
+/// `sm_frac` of the SMs, until stopped. Like a serving process under a supervisor, it is
+/// relaunched (a new registration with the device, as a new process gets) when MPS terminates
+/// it (`CUDA_ERROR_MPS_CLIENT_TERMINATED` or a fatal error: real MPS lets such a process use
+/// CUDA again only after a relaunch), and makes a new context after any other failure.
 pub struct Load {
     stop: Arc<AtomicBool>,
     /// Kernels completed.
     pub kernels: Arc<AtomicU64>,
     /// Failed launches or waits (a lost context).
     pub failures: Arc<AtomicU64>,
+    /// Relaunches: the failures that terminated the client, which a real online service pays
+    /// for with a process restart.
+    pub relaunches: Arc<AtomicU64>,
     th: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -839,14 +844,15 @@ impl Load {
         let stop = Arc::new(AtomicBool::new(false));
         let kernels = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(AtomicU64::new(0));
-        let (s, k, f) = (stop.clone(), kernels.clone(), failures.clone());
+        let relaunches = Arc::new(AtomicU64::new(0));
+        let (s, k, f, r) = (stop.clone(), kernels.clone(), failures.clone(), relaunches.clone());
         let state = state.to_path_buf();
         let pipe = pipe.to_path_buf();
         let p: &'static Profile = Profile::by_id(profile).unwrap_or(&emu_device::profile::H100);
         let th = std::thread::spawn(move || {
             let dev = Device::open(&state, p).expect("open emulated device");
             dev.set_mps_pipe_dir(&pipe);
-            let c = dev.attach().expect("attach");
+            let mut c = dev.attach().expect("attach");
             dev.create_context(&c, None).expect("context");
             let blocks = ((p.sm_count as f64) * sm_frac).max(1.0) as u64;
             let cycles = (p.max_sm_clock_mhz as f64 * 1000.0 * kernel_ms) as u64;
@@ -865,9 +871,20 @@ impl Load {
                     Ok(_) => {
                         k.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(_) => {
+                    Err(e) => {
                         f.fetch_add(1, Ordering::Relaxed);
                         dev.context_destroyed(&c);
+                        if matches!(e, EmuError::MpsClientTerminated | EmuError::MpsFatalError | EmuError::NoSuchClient(_)) {
+                            r.fetch_add(1, Ordering::Relaxed);
+                            dev.detach(&c);
+                            match dev.attach() {
+                                Ok(n) => c = n,
+                                Err(_) => {
+                                    std::thread::sleep(Duration::from_millis(5));
+                                    continue;
+                                }
+                            }
+                        }
                         let _ = dev.create_context(&c, None);
                         std::thread::sleep(Duration::from_millis(5));
                     }
@@ -880,6 +897,7 @@ impl Load {
             stop,
             kernels,
             failures,
+            relaunches,
             th: Some(th),
         }
     }
