@@ -1603,17 +1603,23 @@ fn mps_connection(st: &mut State, me: usize, euid: u32) -> Result<(), EmuError> 
 }
 
 /// Whether client `me` is a client of the running MPS control daemon. Decided at its first
-/// look while MPS runs, and kept while the process lives, as real CUDA connects when it
-/// initialises: it is when the control socket at its `CUDA_MPS_PIPE_DIRECTORY` (`mine`, device
-/// and inode numbers, looked up only when the question is open) is the running daemon's;
-/// otherwise it runs without MPS ([`mps_conn::OUTSIDE`]), as nvidia-cuda-mps-control(1) says
-/// of a failed connection attempt.
+/// look (CUDA's initialisation, or its first context for an in-process client) and kept while
+/// the process lives, as real CUDA connects when it initialises: it is when the control socket
+/// at its `CUDA_MPS_PIPE_DIRECTORY` (`mine`, device and inode numbers, looked up only when the
+/// question is open) is the running daemon's; otherwise, or when no daemon runs then, it runs
+/// without MPS ([`mps_conn::OUTSIDE`]) for its life, even once MPS starts, as
+/// nvidia-cuda-mps-control(1) says of a failed connection attempt.
 fn reaches_mps(st: &mut State, me: usize, mine: impl FnOnce() -> Option<(u64, u64)>) -> bool {
     let h = st.header;
+    let cl = &mut st.clients[me];
     if h.mps_enabled == 0 {
+        // Never connected (a client of a server since gone is terminated instead): it looked
+        // for a control daemon and found none.
+        if cl.mps_conn == mps_conn::NONE && cl.mps_gen == 0 {
+            cl.mps_conn = mps_conn::OUTSIDE;
+        }
         return false;
     }
-    let cl = &mut st.clients[me];
     match cl.mps_conn {
         mps_conn::OUTSIDE => false,
         mps_conn::NONE => {

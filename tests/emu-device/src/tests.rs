@@ -180,7 +180,9 @@ fn contexts_hold_device_memory() {
     assert_eq!(d.memory().1, 0, "the last context gives back the per-process part too");
     d.context_destroyed(&me);
     assert_eq!(d.memory().1, 0, "one destroy too many gives back nothing more");
-    // As an MPS client: the local memory alone.
+    // As an MPS client (a process started once MPS runs): the local memory alone.
+    d.detach(&me);
+    let me = d.attach().unwrap();
     mps_on(&d, 1);
     let srv = FakeServer::start(&d, euid());
     serve(&d, &me, &srv);
@@ -522,6 +524,9 @@ fn mps_serves_one_user_at_a_time() {
     d.context_created(&me, None).unwrap();
     d.context_destroyed(&me);
 
+    // A process started once MPS runs.
+    d.detach(&me);
+    let me = d.attach().unwrap();
     mps_on(&d, 1);
     {
         let mut g = d.shm.lock();
@@ -906,6 +911,9 @@ fn an_mps_server_takes_48_clients() {
         g.clients[c] = layout::ClientSlot::default();
         g.header.used_memory -= 1 << 20;
     }
+    // A process started once MPS runs.
+    d.detach(&me);
+    let me = d.attach().unwrap();
     mps_on(&d, std::process::id());
     for s in &sleepers {
         fake_client(&d, s.id(), 1, true);
@@ -1080,6 +1088,50 @@ fn a_daemon_replacing_a_dead_one_starts_mps_afresh() {
     d.detach(&me);
     let me = d.attach().unwrap();
     assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsConnecting { .. })), "relaunched, asks the new daemon");
+    d.mps_quit();
+    d.detach(&me);
+    std::fs::remove_file(&p).unwrap();
+}
+
+/// CUDA looks for the MPS control daemon once, when it initialises: a process that found none
+/// runs without MPS for its life, even once MPS starts (nvidia-cuda-mps-control(1)), at cuInit
+/// and at its first context alike; the same process relaunched joins MPS.
+#[test]
+fn a_process_initialised_before_mps_started_runs_without_it_for_life() {
+    let p = tmp("before-mps");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let me = d.attach().unwrap();
+    d.mps_admit(&me).unwrap();
+    assert!(!d.runs_outside_mps(&me), "no MPS at all: nothing to say");
+    mps_on(&d, 1);
+    let srv = FakeServer::start(&d, euid());
+    d.mps_admit(&me).unwrap();
+    assert!(d.mps_requests().is_empty(), "it asks the new daemon for nothing");
+    d.context_created(&me, None).unwrap();
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid).unwrap();
+    assert!(!q.mps_client && q.mps_outside, "{q:?}");
+    d.context_destroyed(&me);
+    d.context_created(&me, None).unwrap();
+    assert!(d.runs_outside_mps(&me), "a new context changes nothing");
+    d.context_destroyed(&me);
+    // The first context of an in-process client decides as cuInit does.
+    d.detach(&me);
+    d.mps_quit();
+    let me = d.attach().unwrap();
+    d.context_created(&me, None).unwrap();
+    d.context_destroyed(&me);
+    mps_on(&d, 1);
+    d.context_created(&me, None).unwrap();
+    assert!(d.runs_outside_mps(&me));
+    d.context_destroyed(&me);
+    // Relaunched, it reaches MPS.
+    d.detach(&me);
+    let me = d.attach().unwrap();
+    serve(&d, &me, &srv);
+    d.context_created(&me, None).unwrap();
+    let q = d.snapshot().processes.into_iter().find(|p| p.pid == me.pid).unwrap();
+    assert!(q.mps_client && !q.mps_outside, "{q:?}");
+    d.context_destroyed(&me);
     d.mps_quit();
     d.detach(&me);
     std::fs::remove_file(&p).unwrap();
