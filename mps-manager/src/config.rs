@@ -7,6 +7,7 @@ use node_daemon::layered::{self, ConfigError};
 
 use crate::budget::BudgetConfig;
 use crate::detect::{DetectConfig, RateConfig};
+use crate::outside::OutsideAction;
 
 /// Default location of the base config file.
 pub const DEFAULT_PATH: &str = "/etc/xshare/mps-manager.json";
@@ -64,6 +65,16 @@ pub struct Config {
     /// clients get the GPU back. `null`: not enforced; a change of the server's user is
     /// logged as a warning.
     pub client_uid: Option<u32>,
+    /// What to do with an offline process doing GPU work outside MPS (it started before the
+    /// control daemon, or looked for it in another `CUDA_MPS_PIPE_DIRECTORY`: CUDA looks once,
+    /// when it initialises, and such a process runs without MPS for its life, time-sliced
+    /// against the online service, out of reach of the SM budget): `evict` (SIGTERM, restart
+    /// requested; restarted, it runs under MPS) or `report` (an ERROR line and
+    /// `outside_mps` in the state file).
+    pub outside_mps: OutsideAction,
+    /// How long an offline process must be seen launching kernels while no MPS server lists
+    /// it (over at least two checks) before [`Config::outside_mps`] applies, ms.
+    pub outside_mps_after_ms: u64,
     /// How the offline SM budget is computed.
     pub budget: BudgetConfig,
     /// Thresholds of MPS fault detection.
@@ -89,6 +100,8 @@ impl Default for Config {
             evict_grace_ms: 5000,
             terminate_before_kill_ms: 1500,
             client_uid: None,
+            outside_mps: OutsideAction::Evict,
+            outside_mps_after_ms: 2000,
             budget: BudgetConfig::default(),
             detect: DetectConfig::default(),
             recovery: RateConfig::default(),
@@ -111,6 +124,7 @@ impl Config {
             ("period_ms", self.period_ms, 1, MAX_PERIOD_MS),
             ("check_every_ms", self.check_every_ms, 1, MAX_PERIOD_MS),
             ("evict_grace_ms", self.evict_grace_ms, 0, MAX_TIMEOUT_MS),
+            ("outside_mps_after_ms", self.outside_mps_after_ms, 0, MAX_WINDOW_MS),
             (
                 "detect.stuck_after_ms",
                 self.detect.stuck_after_ms,

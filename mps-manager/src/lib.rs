@@ -6,6 +6,10 @@
 //! of a GPU must run as one uid. [`config::Config::client_uid`] names it; the manager then
 //! reports and evicts offline processes of any other uid ([`manager::Manager::check`]).
 //!
+//! An offline process doing GPU work outside MPS (it initialised CUDA before the control
+//! daemon ran: CUDA looks for it once) is out of reach of the SM budget: the manager finds it
+//! ([`outside`]) and evicts it for a restart under MPS, or reports it.
+//!
 //! The control daemon is only ever signalled as the pid + start time recorded when the
 //! manager started or detected it ([`control::DaemonId`]), through a pidfd.
 
@@ -14,3 +18,4 @@ pub mod config;
 pub mod control;
 pub mod detect;
 pub mod manager;
+pub mod outside;

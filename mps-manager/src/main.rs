@@ -22,7 +22,8 @@ CONFIG:
     `last_error`). A missing default file means built-in defaults.
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
-    evict_grace_ms, terminate_before_kill_ms, client_uid, budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
+    evict_grace_ms, terminate_before_kill_ms, client_uid, outside_mps, outside_mps_after_ms,
+    budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
     `mps-manager check-config` prints the effective config.
 
@@ -48,6 +49,15 @@ USERS:
     uid is then an error (log, state file last_error, user_breaches) and those offline processes
     are terminate_client'ed, SIGTERMed (SIGKILL after evict_grace_ms) and marked for restart.
     Unset: the server's user is reported (mps_server_uid) and a change warned.
+
+OUTSIDE MPS:
+    CUDA looks for the control daemon once, when it initialises: an offline process started
+    before MPS ran (or with another CUDA_MPS_PIPE_DIRECTORY) runs without MPS for its life,
+    time-sliced against the online service, out of reach of the SM budget. One whose kernel
+    launches advance (ledger) while no server lists it (matched by pid namespace, containers
+    included) for outside_mps_after_ms (2000) is an error (log, state file outside_mps) and,
+    with outside_mps evict (the default), SIGTERMed (SIGKILL after evict_grace_ms) and marked
+    for restart; report leaves it running. Start offline containers after mps-manager.
 
 RESTARTS:
     One manager per GPU: `run` takes a lock on <ledger_dir>/gpu<N>/mps-manager.lock; a second
@@ -172,6 +182,7 @@ fn status_text(s: &ManagerState) -> String {
         "restart requested",
         s.restart_requested.len()
     );
+    let _ = writeln!(o, "  {:<20} {}", "outside MPS", s.outside_mps);
     if let Some(e) = &s.last_error {
         let _ = writeln!(o, "  {:<20} {e}", "last error");
     }

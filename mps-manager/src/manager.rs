@@ -15,6 +15,7 @@ use crate::budget::Allocator;
 use crate::config::Config;
 use crate::control::{DaemonId, MpsControl, MpsError};
 use crate::detect::{Detector, Fault, Observation, RateLimiter};
+use crate::outside::{Candidate, Listed, Outside, OutsideAction};
 
 /// One recovery, for the state file and logs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,6 +97,9 @@ pub struct ManagerState {
     /// was about to SIGKILL them (`terminate_before_kill_ms`).
     #[serde(default)]
     pub terminated_before_kill: u64,
+    /// Offline processes found doing GPU work outside MPS (see the config's `outside_mps`).
+    #[serde(default)]
+    pub outside_mps: u64,
     /// Offline clients this manager is about to `terminate_client` (written to the state file
     /// before the command is sent, dropped once the recovery is done; those taken over from a
     /// previous manager stay until finished): a manager killed in the
@@ -135,8 +139,12 @@ pub struct Manager {
     servers_seen: Vec<DaemonId>,
     /// Servers already reported as running for the wrong user (reported once each).
     breach_reported: HashSet<u32>,
-    /// Offline processes of another user already evicted: (pid, start time) -> when (ms).
-    user_evicted: BTreeMap<(u32, u64), u64>,
+    /// Offline processes of this pid namespace the manager evicted outside a recovery (another
+    /// user's, or outside MPS): (pid, start time) -> when (ms); SIGKILLed once
+    /// `evict_grace_ms` is over, never evicted twice.
+    evicted: BTreeMap<(u32, u64), u64>,
+    /// Offline processes doing GPU work outside MPS, across looks.
+    outside: Outside,
     /// `terminating` of the previous manager's state file ([`Manager::adopt_previous`]):
     /// clients it was terminating when it died.
     inherited: Vec<Terminating>,
@@ -204,7 +212,8 @@ impl Manager {
             daemon: None,
             servers_seen: Vec::new(),
             breach_reported: HashSet::new(),
-            user_evicted: BTreeMap::new(),
+            evicted: BTreeMap::new(),
+            outside: Outside::default(),
             inherited: Vec::new(),
             terminated_before_kill: BTreeSet::new(),
         })
@@ -386,9 +395,115 @@ impl Manager {
         o.xid = mon.as_ref().and_then(|m| m.disabling_xid());
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
+        self.kill_after_grace();
         self.check_users(&o.clients);
         self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending));
-        self.detector.observe(&self.cfg.detect, now_ms, &o)
+        let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
+        // Every server's clients seen, and nothing wrong with MPS: a client missing from the
+        // lists is not one a fault took off them.
+        let complete = o.daemon_alive
+            && o.servers.as_ref().is_some_and(|s| s.iter().all(|srv| o.clients.contains_key(srv)));
+        if complete && faults.is_empty() && o.dead_listed.is_empty() {
+            self.check_outside(now_ms, &o.clients, &offline);
+        } else {
+            self.outside.interrupted();
+        }
+        faults
+    }
+
+    /// Offline processes the manager evicted outside a recovery that still run once
+    /// `evict_grace_ms` is over get SIGKILL (each checked by pid + start time).
+    fn kill_after_grace(&mut self) {
+        let now = mono_ms();
+        let grace = self.cfg.evict_grace_ms;
+        self.evicted.retain(|&(pid, st), at| {
+            if !node_ledger::procinfo::is_alive(pid, st) {
+                return false;
+            }
+            if now.saturating_sub(*at) >= grace {
+                tracing::warn!(pid, grace_ms = grace, "offline process evicted by the manager ignored SIGTERM: SIGKILL");
+                let _ = PidfdSignaller.signal(pid, st, libc::SIGKILL);
+            }
+            true
+        });
+    }
+
+    /// Finds offline processes doing GPU work outside MPS ([`crate::outside`]) and evicts them
+    /// for a restart under MPS, or reports them (`outside_mps`). Only processes the manager has
+    /// not evicted or terminated itself are judged; a listed client is matched to its ledger
+    /// registration by pid namespace and pid there, so containers are judged too.
+    fn check_outside(
+        &mut self,
+        now_ms: u64,
+        clients: &BTreeMap<u32, Vec<u32>>,
+        offline: &[node_ledger::ProcSnapshot],
+    ) {
+        let mut listed = Listed::default();
+        for &pid in clients.values().flatten() {
+            match node_daemon::procns::ns_pid(pid) {
+                Some(id) => {
+                    listed.known.insert(id);
+                }
+                None if node_ledger::procinfo::is_gone(pid) => {}
+                None => {
+                    // Unreadable (another user's, without CAP_SYS_PTRACE): its pid is the one
+                    // it has in this namespace at least.
+                    listed.unknown = true;
+                    listed.known.insert((self.own_ns, pid));
+                }
+            }
+        }
+        let handled = |p: &node_ledger::ProcSnapshot| {
+            self.state.restart_requested.iter().any(|r| r.pid == p.pid && r.start_time == p.start_time)
+                || self.evicted.contains_key(&(p.pid, p.start_time))
+                || self.terminated_before_kill.contains(&(p.pid, p.start_time))
+                || self.inherited_termination(p.pid, p.start_time)
+        };
+        let candidates: Vec<Candidate> = offline
+            .iter()
+            .filter(|p| !handled(p))
+            .map(|p| Candidate { slot: p.slot, pid_ns: p.pid_ns, pid: p.pid, start_time: p.start_time, launches: p.launches })
+            .collect();
+        let found = self.outside.look(now_ms, self.cfg.outside_mps_after_ms, self.own_ns, &listed, &candidates);
+        for c in found {
+            self.state.outside_mps += 1;
+            let evict = self.cfg.outside_mps == OutsideAction::Evict;
+            let line = format!(
+                "offline process {} (pid namespace {}) launches kernels on GPU {} but no MPS server lists it: it initialised CUDA before the MPS control daemon ran, or looked for it in another CUDA_MPS_PIPE_DIRECTORY than {} (CUDA looks once); outside MPS it time-slices the GPU with the online service and the offline SM budget does not reach it; {}",
+                c.pid,
+                c.pid_ns,
+                self.cfg.gpu_index,
+                self.cfg.pipe_dir.display(),
+                if evict {
+                    "evicted for a restart under MPS (start offline containers after mps-manager; outside_mps: report only reports)"
+                } else {
+                    "left running (outside_mps: report)"
+                }
+            );
+            tracing::error!(pid = c.pid, pid_ns = c.pid_ns, gpu = self.cfg.gpu_index, "{line}");
+            self.state.last_error = Some(line);
+            if !evict {
+                continue;
+            }
+            // Checked by pid + start time; the process's own shim acts on the request, whatever
+            // its pid namespace.
+            if !self.ledger.request_evict_of(c.slot, c.pid, c.start_time, libc::SIGTERM as u32) {
+                tracing::info!(pid = c.pid, slot = c.slot, "slot changed hands: no eviction request written");
+            }
+            if c.pid_ns == self.own_ns && PidfdSignaller.signal(c.pid, c.start_time, libc::SIGTERM).unwrap_or(false) {
+                self.evicted.insert((c.pid, c.start_time), mono_ms());
+            }
+            self.state.restart_requested.push(RestartRequest {
+                pid: c.pid,
+                start_time: c.start_time,
+                reason: "ran outside MPS".into(),
+                at_unix_ms: unix_ms(),
+            });
+        }
+        if self.state.restart_requested.len() > 200 {
+            let n = self.state.restart_requested.len() - 200;
+            self.state.restart_requested.drain(..n);
+        }
     }
 
     /// An offline process the monitor is evicting and will SIGKILL within
@@ -487,22 +602,11 @@ impl Manager {
             }
             culprits.extend(off);
         }
-        // Evicted earlier: SIGKILL once the grace is over, never evicted twice.
+        // Evicted earlier ([`Manager::kill_after_grace`]): never evicted twice.
         let now = mono_ms();
-        let grace = self.cfg.evict_grace_ms;
-        self.user_evicted.retain(|&(pid, st), at| {
-            if !node_ledger::procinfo::is_alive(pid, st) {
-                return false;
-            }
-            if now.saturating_sub(*at) >= grace {
-                tracing::warn!(pid, "offline client of another user ignored SIGTERM: SIGKILL");
-                let _ = PidfdSignaller.signal(pid, st, libc::SIGKILL);
-            }
-            true
-        });
-        culprits.retain(|c| !mine.iter().any(|p| p.pid == *c && self.user_evicted.contains_key(&(p.pid, p.start_time))));
+        culprits.retain(|c| !mine.iter().any(|p| p.pid == *c && self.evicted.contains_key(&(p.pid, p.start_time))));
         for p in &mine {
-            if self.user_evicted.contains_key(&(p.pid, p.start_time)) {
+            if self.evicted.contains_key(&(p.pid, p.start_time)) {
                 continue;
             }
             let Some(uid) = proc_euid(p.pid) else { continue };
@@ -521,7 +625,7 @@ impl Manager {
             self.state.last_error = Some(l);
         }
         for p in mine.iter().filter(|p| culprits.contains(&p.pid)) {
-            self.user_evicted.insert((p.pid, p.start_time), now);
+            self.evicted.insert((p.pid, p.start_time), now);
         }
         if !culprits.is_empty() {
             match self.terminate_offline(&culprits, false, "client of another user than client_uid") {

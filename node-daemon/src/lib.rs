@@ -12,6 +12,7 @@
 //! - [`evictor`]: pidfd signalling and the one evictor (every signal checked by pid + start time);
 //! - [`instance`]: the single-instance lock (a POSIX write lock; the error names the holder);
 //! - [`monitor_state`]: the monitor's state file, one writer and several readers;
+//! - [`procns`]: a host pid as the ledger knows the process (its pid namespace, its pid there);
 //! - [`run`]: the run/reload loop.
 
 pub mod cli;
@@ -20,6 +21,7 @@ pub mod evictor;
 pub mod instance;
 pub mod layered;
 pub mod monitor_state;
+pub mod procns;
 pub mod run;
 pub mod sdnotify;
 pub mod signals;

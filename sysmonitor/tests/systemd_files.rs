@@ -41,6 +41,7 @@ fn units_are_notify_with_watchdog_ordered_and_hardened() {
     }
     assert!(mps.contains("After=xshare-sysmonitor@%i.service"));
     assert!(mps.contains("Requires=xshare-sysmonitor@%i.service"));
+    assert!(mps.contains("Before=kubelet.service"), "pods start once MPS runs");
 }
 
 /// systemd itself parses both units without a complaint: no unknown or misplaced key, no bad
