@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 pub struct EvictorConfig {
     /// Time between SIGTERM and SIGKILL, ms.
     pub grace_ms: u64,
-    /// Run this command instead of signalling (argv; `{pid}`, `{reason}`, `{gpu}` substituted).
+    /// Run this command instead of signalling (argv; `{pid}` (the process's pid in the
+    /// daemon's namespace, or its ledger pid when that is not known), `{reason}`, `{gpu}`
+    /// substituted).
     pub command: Option<Vec<String>>,
     /// Only print what would be evicted.
     pub dry_run: bool,
@@ -36,9 +38,11 @@ pub struct OfflineProc {
     pub slot: usize,
     /// Process id (in the pid namespace it registered from).
     pub pid: u32,
-    /// False when the process registered from another pid namespace: its pid means nothing
-    /// here, so it is asked to exit through the ledger only, never signalled.
-    pub signalable: bool,
+    /// Its pid in this daemon's pid namespace, what NVML and `/proc` here name it: `pid` when
+    /// it registered from this namespace, else the one found for it
+    /// ([`crate::procns::HostPids`]). `None` while not found: it is then asked to exit through
+    /// the ledger only (its shim acts on the request), never signalled.
+    pub host_pid: Option<u32>,
     /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: u64,
     /// GPU memory the process says it holds, bytes.
@@ -257,7 +261,7 @@ impl<S: Signaller> Evictor<S> {
     /// namespace, or already sent).
     pub fn pending(&self) -> impl Iterator<Item = (&OfflineProc, u64, Option<u64>)> + '_ {
         self.pending.values().map(|p| {
-            let kill = (p.proc_.signalable && !p.killed).then_some(p.kill_at_ms);
+            let kill = (p.proc_.host_pid.is_some() && !p.killed).then_some(p.kill_at_ms);
             (&p.proc_, p.requested_ms, kill)
         })
     }
@@ -322,9 +326,10 @@ impl<S: Signaller> Evictor<S> {
         if self.pending.contains_key(&p.key()) || p.evict_requested_ms.is_some() {
             return false;
         }
-        if p.pid <= 1 || p.pid == std::process::id() {
+        if p.host_pid.is_some_and(|h| h <= 1 || h == std::process::id()) {
             tracing::error!(
                 pid = p.pid,
+                host_pid = p.host_pid,
                 "refusing to evict a system or own pid found in the ledger"
             );
             return false;
@@ -353,7 +358,7 @@ impl<S: Signaller> Evictor<S> {
         match &cfg.command {
             Some(argv) => {
                 let sub = |a: &String| {
-                    a.replace("{pid}", &p.pid.to_string())
+                    a.replace("{pid}", &p.host_pid.unwrap_or(p.pid).to_string())
                         .replace("{reason}", reason.as_str())
                         .replace("{gpu}", &self.gpu.to_string())
                 };
@@ -371,23 +376,25 @@ impl<S: Signaller> Evictor<S> {
                 tracing::warn!(pid = p.pid, start_time = p.start_time, reason = reason.as_str(), why, command = ?args, "evicting offline process (command)");
                 out.push(Event::Command { pid: p.pid, reason });
             }
-            None if !p.signalable => {
-                tracing::warn!(
-                    pid = p.pid,
-                    reason = reason.as_str(),
-                    why,
-                    "evicting offline process from another pid namespace (ledger request only)"
-                );
-                out.push(Event::Term { pid: p.pid, reason });
-            }
             None => {
-                match self.sig.signal(p.pid, p.start_time, libc::SIGTERM) {
+                let Some(host) = p.host_pid else {
+                    tracing::warn!(
+                        pid = p.pid,
+                        reason = reason.as_str(),
+                        why,
+                        "evicting offline process of another pid namespace not found from here (ledger request only)"
+                    );
+                    out.push(Event::Term { pid: p.pid, reason });
+                    return true;
+                };
+                match self.sig.signal(host, p.start_time, libc::SIGTERM) {
                     Ok(true) => {}
-                    Ok(false) => tracing::info!(pid = p.pid, "offline process already gone"),
-                    Err(err) => tracing::error!(pid = p.pid, error = %err, "SIGTERM failed"),
+                    Ok(false) => tracing::info!(pid = p.pid, host_pid = host, "offline process already gone"),
+                    Err(err) => tracing::error!(pid = p.pid, host_pid = host, error = %err, "SIGTERM failed"),
                 }
                 tracing::warn!(
                     pid = p.pid,
+                    host_pid = host,
                     start_time = p.start_time,
                     reason = reason.as_str(),
                     why,
@@ -406,10 +413,10 @@ impl<S: Signaller> Evictor<S> {
             .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
         let mut gone = Vec::new();
         for (k, p) in self.pending.iter_mut() {
-            if !p.proc_.signalable {
+            let Some(host) = p.proc_.host_pid else {
                 continue;
-            }
-            if !self.sig.alive(p.proc_.pid, p.proc_.start_time) {
+            };
+            if !self.sig.alive(host, p.proc_.start_time) {
                 gone.push(*k);
                 continue;
             }
@@ -417,7 +424,7 @@ impl<S: Signaller> Evictor<S> {
                 p.killed = true;
                 match self
                     .sig
-                    .signal(p.proc_.pid, p.proc_.start_time, libc::SIGKILL)
+                    .signal(host, p.proc_.start_time, libc::SIGKILL)
                 {
                     Ok(true) => {
                         self.kills += 1;
@@ -466,7 +473,7 @@ mod tests {
     fn p(pid: u32) -> OfflineProc {
         OfflineProc {
             slot: 0,
-            signalable: true,
+            host_pid: Some(pid),
             pid,
             start_time: 100 + pid as u64,
             reported_bytes: 0,
@@ -501,6 +508,24 @@ mod tests {
         ev.tick(&cfg(), 70, &mut out);
         assert_eq!(ev.in_flight(), 0);
         assert_eq!(out.last(), Some(&Event::Gone { pid: 10 }));
+    }
+
+    /// A container's process (its ledger pid 1, pid 4242 here) is signalled by the pid it has
+    /// here; one whose pid here is unknown is asked through the ledger only, never signalled
+    /// (its ledger pid would name another process here).
+    #[test]
+    fn another_namespaces_process_is_signalled_by_its_pid_here_or_not_at_all() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        let container = OfflineProc { host_pid: Some(4242), ..p(1) };
+        assert!(ev.evict(&cfg(), 0, &container, EvictReason::Overlimit, "x", &mut out), "pid 1 of its namespace");
+        ev.tick(&cfg(), 50, &mut out);
+        assert_eq!(ev.sig.sent, vec![(4242, libc::SIGTERM), (4242, libc::SIGKILL)]);
+        let unseen = OfflineProc { host_pid: None, ..p(7) };
+        assert!(ev.evict(&cfg(), 100, &unseen, EvictReason::Overlimit, "x", &mut out));
+        ev.tick(&cfg(), 200, &mut out);
+        assert_eq!(ev.sig.sent.len(), 2, "nothing sent to pid 7 here: {:?}", ev.sig.sent);
+        assert!(ev.pending().any(|(q, _, kill)| q.pid == 7 && kill.is_none()));
     }
 
     #[test]

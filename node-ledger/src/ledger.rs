@@ -750,14 +750,15 @@ impl Ledger {
                 format!("{group} out of range"),
             ));
         }
-        let start = procinfo::start_time(pid).ok_or_else(|| {
+        let proxy = pid != std::process::id();
+        let start = if proxy { procinfo::start_time(pid) } else { procinfo::own_start_time() };
+        let start = start.ok_or_else(|| {
             corrupt(
                 &self.path,
                 "pid",
                 format!("process {pid} has no /proc entry"),
             )
         })?;
-        let proxy = pid != std::process::id();
         let lock = self.new_description()?;
         let own_ns = procinfo::own_pid_ns();
         // Dead neighbours' quota back first (a newcomer may need it at once).

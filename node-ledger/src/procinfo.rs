@@ -8,6 +8,13 @@ pub fn start_time(pid: u32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
+/// This process's start time, from `/proc/self/stat`: right whatever pid namespace `/proc`
+/// was mounted for (in a pid namespace of its own under the host's `/proc`,
+/// `/proc/<getpid()>` would be another process).
+pub fn own_start_time() -> Option<u64> {
+    parse_start_time(&fs::read_to_string("/proc/self/stat").ok()?)
+}
+
 /// Parses field 22 (starttime) from a `/proc/<pid>/stat` line; the comm field may hold spaces and ')'.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
@@ -60,6 +67,7 @@ mod tests {
     fn own_process_is_alive_and_wrong_start_is_not() {
         let pid = std::process::id();
         let st = start_time(pid).expect("own stat");
+        assert_eq!(own_start_time(), Some(st));
         assert!(is_alive(pid, st));
         assert!(!is_alive(pid, st + 1));
         assert!(!is_alive(u32::MAX - 1, st));

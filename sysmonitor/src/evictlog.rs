@@ -92,7 +92,7 @@ mod tests {
         let p = OfflineProc {
             slot: h.slot,
             pid: snap.pid,
-            signalable: true,
+            host_pid: Some(snap.pid),
             start_time: snap.start_time,
             reported_bytes: 0,
             evict_requested_ms: None,

@@ -14,7 +14,8 @@ use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 pub struct LedgerAdapter {
     /// The ledger in use (replaced by a restored copy if the file is deleted while mapped).
     pub ledger: Ledger,
-    own_ns: u64,
+    /// Pids here of processes registered from other pid namespaces (containers).
+    host_pids: node_daemon::procns::HostPids,
     /// Set once the mapped header stops validating: the mapping is no longer read or written
     /// (a truncated file would fault), offline processes fail closed on their own check.
     damage: Option<String>,
@@ -101,7 +102,7 @@ impl LedgerAdapter {
     /// Wraps `ledger`; the first [`LedgerPort::reclaim`] scans at once.
     pub fn new(ledger: Ledger) -> Self {
         LedgerAdapter {
-            own_ns: node_ledger::procinfo::own_pid_ns(),
+            host_pids: node_daemon::procns::HostPids::default(),
             damage: None,
             previous: Vec::new(),
             reclaim_error_logged: false,
@@ -295,12 +296,17 @@ impl LedgerPort for LedgerAdapter {
             return Ok(Vec::new());
         }
         let slots = &self.ledger.layout().procs;
-        Ok(self
+        let procs: Vec<_> = self
             .ledger
             .procs()
             .into_iter()
             // A slot whose start time is still 0 is mid-registration: not yet a process to judge.
             .filter(|p| p.start_time != 0)
+            .collect();
+        let host_pids = &mut self.host_pids;
+        host_pids.retain(|r| procs.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
+        Ok(procs
+            .into_iter()
             .map(|p| {
                 let sig = slots
                     .get(p.slot)
@@ -308,7 +314,7 @@ impl LedgerPort for LedgerAdapter {
                 OfflineProc {
                     slot: p.slot,
                     pid: p.pid,
-                    signalable: p.pid_ns == self.own_ns,
+                    host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time)),
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
                     // The ledger keeps the request, not its time: a restarted monitor restarts
@@ -423,7 +429,7 @@ mod tests {
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0].pid, std::process::id());
         assert_eq!(procs[0].reported_bytes, 5 << 20);
-        assert!(procs[0].signalable && procs[0].evict_requested_ms.is_none());
+        assert!(procs[0].host_pid == Some(procs[0].pid) && procs[0].evict_requested_ms.is_none());
         a.mark_evicting(&procs[0], EvictReason::Overlimit, 0)
             .unwrap();
         assert_eq!(a.ledger.evict_signal(h), libc::SIGTERM as u32);

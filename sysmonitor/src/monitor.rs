@@ -460,7 +460,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         let is_offline = |pid: u32| {
             offline
                 .iter()
-                .any(|o| o.signalable && o.pid == pid && o.evict_requested_ms.is_none())
+                .any(|o| o.host_pid == Some(pid) && o.evict_requested_ms.is_none())
         };
         let mut n_off = 0;
         let mut n_other = 0;
@@ -747,7 +747,7 @@ mod tests {
     fn off(pid: u32) -> OfflineProc {
         OfflineProc {
             slot: 0,
-            signalable: true,
+            host_pid: Some(pid),
             pid,
             start_time: 7,
             reported_bytes: 0,

@@ -39,10 +39,14 @@ impl Verifier {
         let mut seen = Vec::with_capacity(offline.len());
         let mut liars = Vec::new();
         for p in offline {
+            // NVML names processes by their pid here: one whose pid here is not known (another
+            // pid namespace, not found) is not judged, never compared with whatever process
+            // has its ledger pid here.
+            let Some(host) = p.host_pid else { continue };
             seen.push(p.key());
             let used: u64 = nvml
                 .iter()
-                .filter(|m| m.pid == p.pid)
+                .filter(|m| m.pid == host)
                 .map(|m| m.used_bytes)
                 .sum();
             let s = self.strikes.entry(p.key()).or_default();
@@ -72,7 +76,7 @@ mod tests {
     fn p(pid: u32, reported: u64) -> OfflineProc {
         OfflineProc {
             slot: 0,
-            signalable: true,
+            host_pid: Some(pid),
             pid,
             start_time: 1,
             reported_bytes: reported,
@@ -105,6 +109,23 @@ mod tests {
         assert_eq!(l.len(), 1);
         assert_eq!(l[0].proc_.pid, 1);
         assert_eq!(l[0].nvml_bytes, 500 * MIB);
+    }
+
+    /// A container's process (ledger pid 1) is judged by what NVML shows for its pid here
+    /// (4242), never by a host process that has its ledger pid; one whose pid here is unknown
+    /// is not judged at all.
+    #[test]
+    fn processes_are_matched_to_nvml_by_their_pid_here() {
+        let cfg = VerifyConfig { tolerance_mib: 10, context_mib: 0, strikes: 1, ..Default::default() };
+        let nvml = [ProcMem { pid: 1, used_bytes: 900 * MIB }, ProcMem { pid: 4242, used_bytes: 500 * MIB }];
+        let mut v = Verifier::default();
+        let honest_host_pid_1 = OfflineProc { host_pid: Some(4243), ..p(1, 0) };
+        assert!(v.check(&cfg, &[honest_host_pid_1], &nvml).is_empty(), "not the host's pid 1");
+        let liar = OfflineProc { host_pid: Some(4242), ..p(1, 100 * MIB) };
+        let l = v.check(&cfg, &[liar], &nvml);
+        assert_eq!((l.len(), l[0].nvml_bytes), (1, 500 * MIB));
+        let unknown = OfflineProc { host_pid: None, ..p(1, 0) };
+        assert!(v.check(&cfg, &[unknown], &nvml).is_empty());
     }
 
     #[test]

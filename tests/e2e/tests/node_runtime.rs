@@ -194,11 +194,33 @@ fn shipped(extra: &str) -> String {
 
 const KERNEL_US: &str = "20000";
 
+/// Where a test's offline job runs.
+#[derive(Clone, Copy, PartialEq)]
+enum PidNs {
+    /// The test's own pid namespace.
+    Host,
+    /// A pid namespace of its own (`unshare --pid --fork`, the job its pid 1, as a container's
+    /// entrypoint is), the host's `/proc` still mounted: NVML names it by its host pid, its
+    /// shim registers pid 1 of its namespace.
+    Container,
+}
+
 fn full_grid_offline(node: &Node, throttled: bool) -> Proc {
+    full_grid_offline_in(node, throttled, PidNs::Host)
+}
+
+fn full_grid_offline_in(node: &Node, throttled: bool, ns: PidNs) -> Proc {
     // The shipped defaults: an empty config file (a named file that is missing fails closed).
     let cfg = node.run.join("xcuda-defaults.json");
     std::fs::write(&cfg, "{}").expect("write xcuda.json");
-    let mut c = node.host.command("offline");
+    let mut c = if ns == PidNs::Container {
+        // SIGTERM to unshare reaches the job as SIGTERM (--kill-child), as a container's stop.
+        let mut c = node.host.command("unshare");
+        c.args(["--pid", "--fork", "--kill-child=SIGTERM"]).arg(bin_dir().join("offline"));
+        c
+    } else {
+        node.host.command("offline")
+    };
     c.arg("--json")
         .args(["--blocks", "264", "--kernel-us", KERNEL_US, "--kernels", "4"])
         .args(["--report-interval", "0.2", "--state-mb", "4"])
@@ -277,9 +299,13 @@ fn t4_full_grid_load_is_published_as_high_sm_activity() {
 /// never evicted: the throttle is the fast loop, eviction the safety net for online demand.
 /// Before the fix the first overloaded sample entered Overlimit and SIGTERMed the job (0.35 s).
 fn offline_alone_is_throttled_not_evicted(profile: &str) {
+    offline_alone_in_ns_is_throttled_not_evicted(profile, PidNs::Host);
+}
+
+fn offline_alone_in_ns_is_throttled_not_evicted(profile: &str, ns: PidNs) {
     let node = Node::start_with(profile, &shipped(""));
     node.state("healthy", |v| st(v) == "healthy");
-    let mut off = full_grid_offline(&node, true);
+    let mut off = full_grid_offline_in(&node, true, ns);
     off.wait_line("iters_per_s", T);
     // Longer than the default overlimit_sustain_ms (3 s) plus the throttle's settling.
     let seen = watch(&node, Duration::from_secs(6));
@@ -306,10 +332,14 @@ fn offline_alone_is_throttled_not_evicted(profile: &str) {
     assert_eq!(v["kills"].as_u64().unwrap_or(0), 0, "{v:#}");
     let l = node_ledger::Ledger::open_existing(&node_ledger::config::ledger_path(&node.run, 0))
         .expect("ledger");
+    let own_ns = node_ledger::procinfo::own_pid_ns();
     let me = l
         .procs()
         .into_iter()
-        .find(|p| p.pid == off.child.id())
+        .find(|p| match ns {
+            PidNs::Host => p.pid == off.child.id(),
+            PidNs::Container => p.pid == 1 && p.pid_ns != own_ns,
+        })
         .expect("offline registered in the ledger");
     eprintln!(
         "{profile} offline alone: launches {} delayed {}",
@@ -319,6 +349,14 @@ fn offline_alone_is_throttled_not_evicted(profile: &str) {
         me.launches_delayed > 0,
         "the shim throttle must have acted: {me:?}"
     );
+    if ns == PidNs::Container {
+        // unshare ignores SIGTERM while it waits for its child: the job gets it itself.
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", off.child.id()))
+            .unwrap_or_default();
+        let job: i32 = kids.split_whitespace().next().and_then(|k| k.parse().ok()).expect("the job under unshare");
+        // SAFETY: signalling the job process this test started (unshare's only child).
+        unsafe { libc::kill(job, libc::SIGTERM) };
+    }
     let (status, lines) = off.stop(libc::SIGTERM, T);
     let fin = lines
         .iter()
@@ -336,4 +374,16 @@ fn offline_alone_on_t4_is_throttled_not_evicted() {
 #[test]
 fn offline_alone_on_h100_is_throttled_not_evicted() {
     offline_alone_is_throttled_not_evicted("h100");
+}
+
+/// The same job as a container runs it, in a pid namespace of its own: the monitor must know
+/// it for the offline job it is on NVML's list (by its host pid), or it takes it for an online
+/// workload driving the GPU past Overlimit and evicts it (what it did before it matched ledger
+/// registrations to NVML's pids by pid namespace). Root only (`unshare --pid`).
+#[test]
+fn offline_alone_in_its_own_pid_namespace_is_throttled_not_evicted() {
+    if e2e::lacks_root("unshare --pid for the offline job") {
+        return;
+    }
+    offline_alone_in_ns_is_throttled_not_evicted("h100", PidNs::Container);
 }

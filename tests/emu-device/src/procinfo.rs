@@ -35,8 +35,18 @@ pub fn alive(pid: u32, start: u64) -> bool {
     }
 }
 
-/// This process's (pid, start time).
+/// This process's (pid, start time), the pid as `/proc` names it (the first field of
+/// `/proc/self/stat`): a process in a pid namespace of its own (a container) is known to the
+/// real driver and NVML by its pid in the host's namespace, never by `getpid()`'s, and the
+/// emulated device records it so whenever the host's `/proc` is mounted (as for
+/// `unshare --pid --fork` without `--mount-proc`).
 pub fn me() -> (u32, u64) {
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        let pid = stat.split(' ').next().and_then(|p| p.parse().ok());
+        if let (Some(pid), Some(st)) = (pid, parse_stat(&stat)) {
+            return (pid, st);
+        }
+    }
     let pid = std::process::id();
     (pid, start_time(pid).unwrap_or(0))
 }
@@ -57,6 +67,7 @@ mod tests {
     #[test]
     fn me_is_alive() {
         let (pid, st) = me();
+        assert_eq!(pid, std::process::id(), "the test's own namespace");
         assert!(st > 0);
         assert!(alive(pid, st));
         assert!(!alive(pid, st + 1));
