@@ -33,7 +33,8 @@ pub struct Recovery {
 /// An offline process the manager evicted and wants its owner to restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RestartRequest {
-    /// Pid of the evicted process.
+    /// Pid of the evicted process in the manager's pid namespace (what MPS and `/proc` here
+    /// name it), or the pid of its own namespace when it was not found from here.
     pub pid: u32,
     /// Its start time (`/proc/<pid>/stat` field 22), so the pid is never taken for another.
     pub start_time: u64,
@@ -145,6 +146,8 @@ pub struct Manager {
     evicted: BTreeMap<(u32, u64), u64>,
     /// Offline processes doing GPU work outside MPS, across looks.
     outside: Outside,
+    /// Pids here of offline processes registered from other pid namespaces (containers).
+    host_pids: node_daemon::procns::HostPids,
     /// `terminating` of the previous manager's state file ([`Manager::adopt_previous`]):
     /// clients it was terminating when it died.
     inherited: Vec<Terminating>,
@@ -214,6 +217,7 @@ impl Manager {
             breach_reported: HashSet::new(),
             evicted: BTreeMap::new(),
             outside: Outside::default(),
+            host_pids: node_daemon::procns::HostPids::default(),
             inherited: Vec::new(),
             terminated_before_kill: BTreeSet::new(),
         })
@@ -281,12 +285,42 @@ impl Manager {
             .any(|t| t.pid == pid && t.start_time == start_time)
     }
 
-    fn offline(&self) -> Vec<node_ledger::ProcSnapshot> {
+    /// The registered offline processes as the ledger names them (pid and pid namespace of
+    /// their own).
+    fn registered(&self) -> Vec<node_ledger::ProcSnapshot> {
         self.ledger
             .procs()
             .into_iter()
             .filter(|p| p.start_time != 0)
             .collect()
+    }
+
+    /// The registered offline processes in this manager's terms: one of another pid namespace
+    /// (a container) whose pid here is found ([`node_daemon::procns::HostPids`]) carries that
+    /// pid and this namespace, so that it is matched to the pids MPS lists and signalled like
+    /// one of this namespace; one not found keeps its own (and is left to the ledger request).
+    /// The ledger's own pid of a slot: [`Manager::request_evict`].
+    fn offline(&mut self) -> Vec<node_ledger::ProcSnapshot> {
+        let raw = self.registered();
+        self.host_pids.retain(|r| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
+        raw.into_iter()
+            .map(|mut p| {
+                if let Some(h) = self.host_pids.get((p.pid_ns, p.pid, p.start_time)) {
+                    (p.pid, p.pid_ns) = (h, self.own_ns);
+                }
+                p
+            })
+            .collect()
+    }
+
+    /// Writes an eviction request into `p`'s slot (a process of [`Manager::offline`]): checked
+    /// by the ledger's own pid and start time of the slot, so it is taken back if the slot
+    /// changed hands meanwhile. The process's shim acts on it whatever its pid namespace.
+    fn request_evict(&self, p: &node_ledger::ProcSnapshot) {
+        let raw = self.registered().into_iter().find(|r| r.slot == p.slot && r.start_time == p.start_time);
+        if !raw.is_some_and(|r| self.ledger.request_evict_of(r.slot, r.pid, r.start_time, libc::SIGTERM as u32)) {
+            tracing::info!(pid = p.pid, slot = p.slot, "slot changed hands: no eviction request written");
+        }
     }
 
     /// Recomputes the offline SM budget, applies it to offline MPS clients and the ledger.
@@ -404,7 +438,7 @@ impl Manager {
         let complete = o.daemon_alive
             && o.servers.as_ref().is_some_and(|s| s.iter().all(|srv| o.clients.contains_key(srv)));
         if complete && faults.is_empty() && o.dead_listed.is_empty() {
-            self.check_outside(now_ms, &o.clients, &offline);
+            self.check_outside(now_ms, &o.clients);
         } else {
             self.outside.interrupted();
         }
@@ -432,12 +466,7 @@ impl Manager {
     /// for a restart under MPS, or reports them (`outside_mps`). Only processes the manager has
     /// not evicted or terminated itself are judged; a listed client is matched to its ledger
     /// registration by pid namespace and pid there, so containers are judged too.
-    fn check_outside(
-        &mut self,
-        now_ms: u64,
-        clients: &BTreeMap<u32, Vec<u32>>,
-        offline: &[node_ledger::ProcSnapshot],
-    ) {
+    fn check_outside(&mut self, now_ms: u64, clients: &BTreeMap<u32, Vec<u32>>) {
         let mut listed = Listed::default();
         for &pid in clients.values().flatten() {
             match node_daemon::procns::ns_pid(pid) {
@@ -453,16 +482,29 @@ impl Manager {
                 }
             }
         }
-        let handled = |p: &node_ledger::ProcSnapshot| {
-            self.state.restart_requested.iter().any(|r| r.pid == p.pid && r.start_time == p.start_time)
-                || self.evicted.contains_key(&(p.pid, p.start_time))
-                || self.terminated_before_kill.contains(&(p.pid, p.start_time))
-                || self.inherited_termination(p.pid, p.start_time)
+        // Judged as the ledger names them (listed clients are named so above); what the manager
+        // did to them is recorded by their pid here.
+        let raw = self.registered();
+        let here = self.offline();
+        let here_of = |r: &node_ledger::ProcSnapshot| {
+            here.iter().find(|p| p.slot == r.slot && p.start_time == r.start_time).map(|p| p.pid).unwrap_or(r.pid)
         };
-        let candidates: Vec<Candidate> = offline
+        let handled = |r: &node_ledger::ProcSnapshot| {
+            let pid = here_of(r);
+            self.state.restart_requested.iter().any(|q| q.pid == pid && q.start_time == r.start_time)
+                || self.evicted.contains_key(&(pid, r.start_time))
+                || self.terminated_before_kill.contains(&(r.pid, r.start_time))
+                || self.inherited_termination(pid, r.start_time)
+        };
+        let candidates: Vec<Candidate> = raw
             .iter()
-            .filter(|p| !handled(p))
-            .map(|p| Candidate { slot: p.slot, pid_ns: p.pid_ns, pid: p.pid, start_time: p.start_time, launches: p.launches })
+            .filter(|r| !handled(r))
+            .map(|r| Candidate { slot: r.slot, pid_ns: r.pid_ns, pid: r.pid, start_time: r.start_time, launches: r.launches })
+            .collect();
+        let host_of: BTreeMap<(usize, u64), u32> = here
+            .iter()
+            .filter(|p| p.pid_ns == self.own_ns)
+            .map(|p| ((p.slot, p.start_time), p.pid))
             .collect();
         let found = self.outside.look(now_ms, self.cfg.outside_mps_after_ms, self.own_ns, &listed, &candidates);
         for c in found {
@@ -490,11 +532,14 @@ impl Manager {
             if !self.ledger.request_evict_of(c.slot, c.pid, c.start_time, libc::SIGTERM as u32) {
                 tracing::info!(pid = c.pid, slot = c.slot, "slot changed hands: no eviction request written");
             }
-            if c.pid_ns == self.own_ns && PidfdSignaller.signal(c.pid, c.start_time, libc::SIGTERM).unwrap_or(false) {
-                self.evicted.insert((c.pid, c.start_time), mono_ms());
+            let host = host_of.get(&(c.slot, c.start_time)).copied();
+            if let Some(h) = host {
+                if PidfdSignaller.signal(h, c.start_time, libc::SIGTERM).unwrap_or(false) {
+                    self.evicted.insert((h, c.start_time), mono_ms());
+                }
             }
             self.state.restart_requested.push(RestartRequest {
-                pid: c.pid,
+                pid: host.unwrap_or(c.pid),
                 start_time: c.start_time,
                 reason: "ran outside MPS".into(),
                 at_unix_ms: unix_ms(),
@@ -530,21 +575,26 @@ impl Manager {
         self.terminated_before_kill
             .retain(|k| pending.iter().any(|&(p, st, _)| (p, st) == *k));
         let now = mono_ms();
+        // The monitor names processes as the ledger does; MPS and signals by their pid here.
+        let raw = self.registered();
         let offline = self.offline();
-        for (pid, st, kill_at) in pending {
-            if now.saturating_add(lead) < kill_at || self.terminated_before_kill.contains(&(pid, st)) {
+        for (ledger_pid, st, kill_at) in pending {
+            if now.saturating_add(lead) < kill_at || self.terminated_before_kill.contains(&(ledger_pid, st)) {
                 continue;
             }
-            let registered = offline
+            let here = raw
                 .iter()
-                .any(|p| p.pid == pid && p.start_time == st && p.pid_ns == self.own_ns);
-            if !registered || !node_ledger::procinfo::is_alive(pid, st) {
+                .find(|r| r.pid == ledger_pid && r.start_time == st)
+                .and_then(|r| offline.iter().find(|p| p.slot == r.slot && p.start_time == st))
+                .filter(|p| p.pid_ns == self.own_ns)
+                .map(|p| p.pid);
+            let Some(pid) = here.filter(|&h| node_ledger::procinfo::is_alive(h, st)) else {
                 continue;
-            }
+            };
             let Some((&srv, _)) = clients.iter().find(|(_, c)| c.contains(&pid)) else {
                 continue;
             };
-            self.terminated_before_kill.insert((pid, st));
+            self.terminated_before_kill.insert((ledger_pid, st));
             match self.ctl.command(&format!("terminate_client {srv} {pid}")) {
                 Ok(_) => {
                     self.state.terminated_before_kill += 1;
@@ -911,13 +961,7 @@ impl Manager {
         let offline = self.offline();
         let mut out = Vec::new();
         for p in &offline {
-            // Checked by pid + start time; taken back if the slot changed hands meanwhile.
-            if !self
-                .ledger
-                .request_evict_of(p.slot, p.pid, p.start_time, libc::SIGTERM as u32)
-            {
-                tracing::info!(pid = p.pid, slot = p.slot, "slot changed hands: no eviction request written");
-            }
+            self.request_evict(p);
             if p.pid_ns == self.own_ns
                 && sig
                     .signal(p.pid, p.start_time, libc::SIGTERM)
