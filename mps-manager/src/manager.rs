@@ -510,10 +510,12 @@ impl Manager {
         for c in found {
             self.state.outside_mps += 1;
             let evict = self.cfg.outside_mps == OutsideAction::Evict;
+            let host = host_of.get(&(c.slot, c.start_time)).copied();
             let line = format!(
-                "offline process {} (pid namespace {}) launches kernels on GPU {} but no MPS server lists it: it initialised CUDA before the MPS control daemon ran, or looked for it in another CUDA_MPS_PIPE_DIRECTORY than {} (CUDA looks once); outside MPS it time-slices the GPU with the online service and the offline SM budget does not reach it; {}",
+                "offline process {} (pid namespace {}; {}) launches kernels on GPU {} but no MPS server lists it: it initialised CUDA before the MPS control daemon ran, or looked for it in another CUDA_MPS_PIPE_DIRECTORY than {} (CUDA looks once); outside MPS it time-slices the GPU with the online service and the offline SM budget does not reach it; {}",
                 c.pid,
                 c.pid_ns,
+                host.map_or("not found from here".to_string(), |h| format!("pid {h} here")),
                 self.cfg.gpu_index,
                 self.cfg.pipe_dir.display(),
                 if evict {
@@ -522,7 +524,7 @@ impl Manager {
                     "left running (outside_mps: report)"
                 }
             );
-            tracing::error!(pid = c.pid, pid_ns = c.pid_ns, gpu = self.cfg.gpu_index, "{line}");
+            tracing::error!(pid = c.pid, pid_ns = c.pid_ns, host_pid = host, gpu = self.cfg.gpu_index, "{line}");
             self.state.last_error = Some(line);
             if !evict {
                 continue;
@@ -532,7 +534,6 @@ impl Manager {
             if !self.ledger.request_evict_of(c.slot, c.pid, c.start_time, libc::SIGTERM as u32) {
                 tracing::info!(pid = c.pid, slot = c.slot, "slot changed hands: no eviction request written");
             }
-            let host = host_of.get(&(c.slot, c.start_time)).copied();
             if let Some(h) = host {
                 if PidfdSignaller.signal(h, c.start_time, libc::SIGTERM).unwrap_or(false) {
                     self.evicted.insert((h, c.start_time), mono_ms());
@@ -557,8 +558,9 @@ impl Manager {
     /// (driver 580) a SIGKILL with kernels in flight was followed, in 12 of 20 kills, by a fatal
     /// GPU error the MPS server blamed on the online neighbour, which it tore down
     /// (CUDA_ERROR_ILLEGAL_ADDRESS); with `terminate_client` 0.3 s before the SIGKILL, in none of 12.
-    /// Only a process of this pid namespace, registered in the ledger with the same start
-    /// time, alive, and listed by a server: the pid is never mistaken for another process.
+    /// Only a process registered in the ledger with the same start time whose pid here is
+    /// known (its own, or found by its pid namespace), alive, and listed by a server under that
+    /// pid: the pid is never mistaken for another process.
     fn terminate_before_kill(
         &mut self,
         clients: &BTreeMap<u32, Vec<u32>>,

@@ -124,7 +124,9 @@ fn an_offline_job_started_before_mps_is_evicted_for_a_restart_under_mps() {
     let log = n.log("mps.json");
     let ledger_pid = if container { 1 } else { early_pid };
     assert!(
-        log.contains(&format!("offline process {ledger_pid} ")) && log.contains("no MPS server lists it"),
+        log.contains(&format!("offline process {ledger_pid} "))
+            && log.contains(&format!("pid {early_pid} here"))
+            && log.contains("no MPS server lists it"),
         "{log}"
     );
     // The job on MPS keeps running, and is never judged outside.
