@@ -407,6 +407,47 @@ fn operator_disable_evicts_and_enable_goes_back_through_init() {
     );
 }
 
+/// An offline job in a pid namespace of its own (a container: the job is its pid 1) that
+/// ignores SIGTERM: the operator's `disable` evicts it, and after the grace the monitor
+/// SIGKILLs it by its host pid, found from its namespace and pid there. Before, a process of
+/// another namespace got the ledger request only (its shim raises SIGTERM, ignored here) and
+/// no SIGKILL ever; and a ledger pid of 1 was refused outright. Root only (`unshare --pid`).
+#[test]
+fn a_container_job_ignoring_sigterm_is_sigkilled_by_its_host_pid_after_grace() {
+    if e2e::lacks_root("unshare --pid for the offline job") {
+        return;
+    }
+    let n = EmuHost::node();
+    let (_mon, ledger) = healthy(&n, &config(400, 500));
+    let empty = n.path("xcuda-empty.json");
+    std::fs::write(&empty, "{}").unwrap();
+    let mut c = n.command("unshare");
+    c.args(["--pid", "--fork", "sh", "-c"])
+        .arg("trap '' TERM; LD_PRELOAD=\"$JOB_SHIM\" exec \"$JOB_CLIENT\" ctx alloc 1048576 ready hang")
+        .env("JOB_SHIM", e2e::artifact("libxcuda.so"))
+        .env("JOB_CLIENT", e2e::artifact("shim_client"))
+        .env("XSHARE_LEDGER_DIR", n.ledger_dir())
+        .env("XCUDA_CONFIG", &empty)
+        .env("XCUDA_GROUP", "container-job");
+    let mut job = n.spawn(&mut c);
+    assert!(job.wait_for_line("ready", T).is_some(), "{}", job.stderr());
+    let own = node_ledger::procinfo::own_pid_ns();
+    let reg = ledger.procs().into_iter().find(|p| p.pid_ns != own).expect("registered from its namespace");
+    assert_eq!(reg.pid, 1, "the container's entrypoint");
+    let cfg = n.path("mon.json");
+    let out = n.node_command("sysmonitor").args(["disable", "--config"]).arg(&cfg).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // unshare exits once its child is gone: the job was killed.
+    assert!(job.wait_exit(T).is_some(), "the job outlived its grace: {}", job.stderr());
+    let v = n.wait_state(T, "the kill counted", |v| v["kills"].as_u64() >= Some(1));
+    assert_eq!(v["evictions"]["disabled"], 1, "{v:#}");
+    assert!(
+        n.log("mon.json").contains("grace period over: SIGKILL"),
+        "{}",
+        n.log("mon.json")
+    );
+}
+
 #[test]
 fn tells_systemd_ready_then_keeps_the_watchdog_fed() {
     let n = EmuHost::node();
