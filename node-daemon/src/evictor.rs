@@ -52,9 +52,12 @@ pub struct OfflineProc {
 }
 
 impl OfflineProc {
-    /// The identity evictions are keyed and checked by: pid + start time.
-    pub fn key(&self) -> (u32, u64) {
-        (self.pid, self.start_time)
+    /// The identity evictions are keyed by: ledger slot, pid and start time. The slot tells
+    /// apart processes of two pid namespaces that share a pid and a start time (two
+    /// containers' entrypoints, pid 1 each, started in the same clock tick); signals are
+    /// checked by pid + start time.
+    pub fn key(&self) -> (usize, u32, u64) {
+        (self.slot, self.pid, self.start_time)
     }
 }
 
@@ -215,7 +218,7 @@ pub enum Event {
 /// Tracks evictions in flight and counts them by reason.
 pub struct Evictor<S: Signaller> {
     sig: S,
-    pending: HashMap<(u32, u64), Pending>,
+    pending: HashMap<(usize, u32, u64), Pending>,
     counts: BTreeMap<EvictReason, u64>,
     kills: u64,
     commands: Vec<Child>,
@@ -446,7 +449,7 @@ impl<S: Signaller> Evictor<S> {
         }
         for k in gone {
             self.pending.remove(&k);
-            out.push(Event::Gone { pid: k.0 });
+            out.push(Event::Gone { pid: k.1 });
         }
     }
 }
@@ -526,6 +529,19 @@ mod tests {
         ev.tick(&cfg(), 200, &mut out);
         assert_eq!(ev.sig.sent.len(), 2, "nothing sent to pid 7 here: {:?}", ev.sig.sent);
         assert!(ev.pending().any(|(q, _, kill)| q.pid == 7 && kill.is_none()));
+    }
+
+    /// Two containers' entrypoints, each pid 1 of its namespace, started in the same clock
+    /// tick: two slots, two evictions.
+    #[test]
+    fn same_pid_and_start_time_in_two_slots_are_two_processes() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        let a = OfflineProc { slot: 3, host_pid: Some(5001), ..p(1) };
+        let b = OfflineProc { slot: 4, host_pid: Some(5002), ..p(1) };
+        assert!(ev.evict(&cfg(), 0, &a, EvictReason::Overlimit, "x", &mut out));
+        assert!(ev.evict(&cfg(), 0, &b, EvictReason::Overlimit, "x", &mut out), "not taken for the first");
+        assert_eq!(ev.sig.sent, vec![(5001, libc::SIGTERM), (5002, libc::SIGTERM)]);
     }
 
     #[test]

@@ -191,7 +191,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     let Some(asked) = p.evict_requested_ms else { continue };
                     let earlier = pending
                         .iter()
-                        .find(|e| (e.pid, e.start_time) == p.key())
+                        .find(|e| (e.pid, e.start_time) == (p.pid, p.start_time))
                         .map(|e| e.requested_mono_ms.min(asked));
                     p.evict_requested_ms = Some(earlier.unwrap_or(asked));
                     tracing::info!(

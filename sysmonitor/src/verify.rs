@@ -19,7 +19,7 @@ pub struct Liar {
 /// Strike counts per process identity.
 #[derive(Debug, Default)]
 pub struct Verifier {
-    strikes: HashMap<(u32, u64), u32>,
+    strikes: HashMap<(usize, u32, u64), u32>,
 }
 
 impl Verifier {
