@@ -140,8 +140,8 @@ pub struct Manager {
     servers_seen: Vec<DaemonId>,
     /// Servers already reported as running for the wrong user (reported once each).
     breach_reported: HashSet<u32>,
-    /// Offline processes of this pid namespace the manager evicted outside a recovery (another
-    /// user's, or outside MPS): (pid, start time) -> when (ms); SIGKILLed once
+    /// Offline processes the manager evicted outside a recovery (another user's, or outside
+    /// MPS), by their pid here: (pid, start time) -> when (ms); SIGKILLed once
     /// `evict_grace_ms` is over, never evicted twice.
     evicted: BTreeMap<(u32, u64), u64>,
     /// Offline processes doing GPU work outside MPS, across looks.
