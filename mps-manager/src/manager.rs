@@ -299,12 +299,20 @@ impl Manager {
     /// (a container) whose pid here is found ([`node_daemon::procns::HostPids`]) carries that
     /// pid and this namespace, so that it is matched to the pids MPS lists and signalled like
     /// one of this namespace; one not found keeps its own (and is left to the ledger request).
-    /// The ledger's own pid of a slot: [`Manager::request_evict`].
+    /// Eviction requests in the ledger are checked against the slot's own pid: see
+    /// [`Manager::request_evict`].
     fn offline(&mut self) -> Vec<node_ledger::ProcSnapshot> {
         let raw = self.registered();
+        self.in_my_terms(&raw)
+    }
+
+    /// [`Manager::offline`] of registrations already read (`raw`, [`Manager::registered`]):
+    /// the same processes in the same order.
+    fn in_my_terms(&mut self, raw: &[node_ledger::ProcSnapshot]) -> Vec<node_ledger::ProcSnapshot> {
         self.host_pids.retain(|r| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
-        raw.into_iter()
-            .map(|mut p| {
+        raw.iter()
+            .map(|p| {
+                let mut p = p.clone();
                 if let Some(h) = self.host_pids.get((p.pid_ns, p.pid, p.start_time)) {
                     (p.pid, p.pid_ns) = (h, self.own_ns);
                 }
@@ -313,13 +321,13 @@ impl Manager {
             .collect()
     }
 
-    /// Writes an eviction request into `p`'s slot (a process of [`Manager::offline`]): checked
-    /// by the ledger's own pid and start time of the slot, so it is taken back if the slot
-    /// changed hands meanwhile. The process's shim acts on it whatever its pid namespace.
-    fn request_evict(&self, p: &node_ledger::ProcSnapshot) {
-        let raw = self.registered().into_iter().find(|r| r.slot == p.slot && r.start_time == p.start_time);
-        if !raw.is_some_and(|r| self.ledger.request_evict_of(r.slot, r.pid, r.start_time, libc::SIGTERM as u32)) {
-            tracing::info!(pid = p.pid, slot = p.slot, "slot changed hands: no eviction request written");
+    /// Writes an eviction request into the slot of `r` (as the ledger names it,
+    /// [`Manager::registered`]): checked by the slot's pid and start time, so it is taken back
+    /// if the slot changed hands meanwhile. The process's shim acts on it whatever its pid
+    /// namespace.
+    fn request_evict(&self, r: &node_ledger::ProcSnapshot) {
+        if !self.ledger.request_evict_of(r.slot, r.pid, r.start_time, libc::SIGTERM as u32) {
+            tracing::info!(pid = r.pid, slot = r.slot, "slot changed hands: no eviction request written");
         }
     }
 
@@ -400,7 +408,9 @@ impl Manager {
                 }
             }
         }
-        let offline = self.offline();
+        // One read of the registrations for every judgement of this look.
+        let raw = self.registered();
+        let offline = self.in_my_terms(&raw);
         o.dead_offline = offline
             .iter()
             .filter(|p| {
@@ -430,15 +440,15 @@ impl Manager {
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
         self.kill_after_grace();
-        self.check_users(&o.clients);
-        self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending));
+        self.check_users(&o.clients, &offline);
+        self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending), &raw, &offline);
         let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
         // Every server's clients seen, and nothing wrong with MPS: a client missing from the
         // lists is not one a fault took off them.
         let complete = o.daemon_alive
             && o.servers.as_ref().is_some_and(|s| s.iter().all(|srv| o.clients.contains_key(srv)));
         if complete && faults.is_empty() && o.dead_listed.is_empty() {
-            self.check_outside(now_ms, &o.clients);
+            self.check_outside(now_ms, &o.clients, &raw, &offline);
         } else {
             self.outside.interrupted();
         }
@@ -466,7 +476,15 @@ impl Manager {
     /// for a restart under MPS, or reports them (`outside_mps`). Only processes the manager has
     /// not evicted or terminated itself are judged; a listed client is matched to its ledger
     /// registration by pid namespace and pid there, so containers are judged too.
-    fn check_outside(&mut self, now_ms: u64, clients: &BTreeMap<u32, Vec<u32>>) {
+    /// `raw` and `here`: the registrations as the ledger names them and in this manager's
+    /// terms ([`Manager::in_my_terms`]), in one order.
+    fn check_outside(
+        &mut self,
+        now_ms: u64,
+        clients: &BTreeMap<u32, Vec<u32>>,
+        raw: &[node_ledger::ProcSnapshot],
+        here: &[node_ledger::ProcSnapshot],
+    ) {
         let mut listed = Listed::default();
         for &pid in clients.values().flatten() {
             match node_daemon::procns::ns_pid(pid) {
@@ -484,13 +502,7 @@ impl Manager {
         }
         // Judged as the ledger names them (listed clients are named so above); what the manager
         // did to them is recorded by their pid here.
-        let raw = self.registered();
-        let here = self.offline();
-        let here_of = |r: &node_ledger::ProcSnapshot| {
-            here.iter().find(|p| p.slot == r.slot && p.start_time == r.start_time).map(|p| p.pid).unwrap_or(r.pid)
-        };
-        let handled = |r: &node_ledger::ProcSnapshot| {
-            let pid = here_of(r);
+        let handled = |r: &node_ledger::ProcSnapshot, pid: u32| {
             self.state.restart_requested.iter().any(|q| q.pid == pid && q.start_time == r.start_time)
                 || self.evicted.contains_key(&(pid, r.start_time))
                 || self.terminated_before_kill.contains(&(r.pid, r.start_time))
@@ -498,8 +510,9 @@ impl Manager {
         };
         let candidates: Vec<Candidate> = raw
             .iter()
-            .filter(|r| !handled(r))
-            .map(|r| Candidate { slot: r.slot, pid_ns: r.pid_ns, pid: r.pid, start_time: r.start_time, launches: r.launches })
+            .zip(here)
+            .filter(|(r, p)| !handled(r, p.pid))
+            .map(|(r, _)| Candidate { slot: r.slot, pid_ns: r.pid_ns, pid: r.pid, start_time: r.start_time, launches: r.launches })
             .collect();
         let host_of: BTreeMap<(usize, u64), u32> = here
             .iter()
@@ -565,6 +578,8 @@ impl Manager {
         &mut self,
         clients: &BTreeMap<u32, Vec<u32>>,
         evictions: &[node_daemon::monitor_state::PendingEviction],
+        raw: &[node_ledger::ProcSnapshot],
+        offline: &[node_ledger::ProcSnapshot],
     ) {
         let lead = self.cfg.terminate_before_kill_ms;
         if lead == 0 {
@@ -577,19 +592,18 @@ impl Manager {
         self.terminated_before_kill
             .retain(|k| pending.iter().any(|&(p, st, _)| (p, st) == *k));
         let now = mono_ms();
-        // The monitor names processes as the ledger does; MPS and signals by their pid here.
-        let raw = self.registered();
-        let offline = self.offline();
+        // The monitor names processes as the ledger does (`raw`); MPS and signals by their pid
+        // here (`offline`, in the same order).
         for (ledger_pid, st, kill_at) in pending {
             if now.saturating_add(lead) < kill_at || self.terminated_before_kill.contains(&(ledger_pid, st)) {
                 continue;
             }
             let here = raw
                 .iter()
-                .find(|r| r.pid == ledger_pid && r.start_time == st)
-                .and_then(|r| offline.iter().find(|p| p.slot == r.slot && p.start_time == st))
-                .filter(|p| p.pid_ns == self.own_ns)
-                .map(|p| p.pid);
+                .zip(offline)
+                .find(|(r, _)| r.pid == ledger_pid && r.start_time == st)
+                .filter(|(_, p)| p.pid_ns == self.own_ns)
+                .map(|(_, p)| p.pid);
             let Some(pid) = here.filter(|&h| node_ledger::procinfo::is_alive(h, st)) else {
                 continue;
             };
@@ -616,7 +630,7 @@ impl Manager {
     /// of another user (or a registered offline process of another user, which MPS queues and
     /// whose turn would come as soon as this user's clients are done) is reported loudly and
     /// its offline processes are terminated and evicted, restart requested.
-    fn check_users(&mut self, clients: &BTreeMap<u32, Vec<u32>>) {
+    fn check_users(&mut self, clients: &BTreeMap<u32, Vec<u32>>, offline: &[node_ledger::ProcSnapshot]) {
         let servers: Vec<(u32, u32)> = self
             .servers_seen
             .iter()
@@ -635,7 +649,6 @@ impl Manager {
             return;
         };
         self.state.mps_server_uid = now_uid.or(self.state.mps_server_uid);
-        let offline = self.offline();
         let mine: Vec<&node_ledger::ProcSnapshot> = offline
             .iter()
             .filter(|p| p.pid_ns == self.own_ns && node_ledger::procinfo::is_alive(p.pid, p.start_time))
@@ -960,10 +973,11 @@ impl Manager {
     /// record the requests in the ledger and in the restart list.
     fn evict_offline(&mut self, why: &str) -> Vec<u32> {
         let mut sig = PidfdSignaller;
-        let offline = self.offline();
+        let raw = self.registered();
+        let offline = self.in_my_terms(&raw);
         let mut out = Vec::new();
-        for p in &offline {
-            self.request_evict(p);
+        for (r, p) in raw.iter().zip(&offline) {
+            self.request_evict(r);
             if p.pid_ns == self.own_ns
                 && sig
                     .signal(p.pid, p.start_time, libc::SIGTERM)

@@ -44,8 +44,11 @@ pub fn find_host_pid(pid_ns: u64, pid: u32, start_time: u64) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let host: u32 = e.file_name().to_str()?.parse().ok()?;
         let ns = std::fs::metadata(format!("/proc/{host}/ns/pid")).ok()?.ino();
-        (ns == pid_ns && ns_pid(host)? == (pid_ns, pid) && node_ledger::procinfo::start_time(host)? == start_time)
-            .then_some(host)
+        if ns != pid_ns {
+            return None;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+        (innermost_pid(&status)? == pid && node_ledger::procinfo::start_time(host)? == start_time).then_some(host)
     })
 }
 
