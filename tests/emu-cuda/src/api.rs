@@ -288,7 +288,12 @@ export! {
     }
     fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) { put(bytes, driver::total_mem(dev)? as usize) }
     fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) {
-        let v = crate::attrs::attribute(&driver::gpu(dev)?.dev.info(), attrib).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let gpu = driver::gpu(dev)?;
+        if attrib == CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE {
+            // Live state (`nvidia-smi -c` changes it while processes run), not a profile fact.
+            return put(pi, gpu.dev.compute_mode() as c_int);
+        }
+        let v = crate::attrs::attribute(&gpu.dev.info(), attrib).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         put(pi, v)
     }
     fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) {

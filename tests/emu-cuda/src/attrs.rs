@@ -7,6 +7,7 @@ use emu_device::DeviceInfo;
 const LAST_KNOWN: u32 = 143;
 
 /// The attribute value, `None` for an id no driver knows (`CUDA_ERROR_INVALID_VALUE`).
+/// (`CU_DEVICE_ATTRIBUTE_COMPUTE_MODE` is live state: `cuDeviceGetAttribute` answers it from the device.)
 pub fn attribute(info: &DeviceInfo, a: A) -> Option<i32> {
     if let Some(v) = crate::extents::limit(a) {
         return i32::try_from(v).ok();
@@ -27,7 +28,6 @@ pub fn attribute(info: &DeviceInfo, a: A) -> Option<i32> {
         A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT => i64::from(info.sm_count),
         A::CU_DEVICE_ATTRIBUTE_INTEGRATED => 0,
         A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY => 1,
-        A::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE => 0,
         A::CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS => 1,
         A::CU_DEVICE_ATTRIBUTE_ECC_ENABLED => 1,
         A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID => i64::from(info.pci_bus),

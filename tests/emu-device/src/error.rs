@@ -75,6 +75,20 @@ pub enum EmuError {
     /// The client's MPS connection failed: the control daemon could not start a server for it
     /// (or is gone). `CUDA_ERROR_MPS_CONNECTION_FAILED`, for the process's life.
     MpsConnectionFailed(String),
+    /// The GPU is in EXCLUSIVE_PROCESS compute mode and process `holder` (a process outside
+    /// MPS, or an MPS server) holds its one context: `CUDA_ERROR_DEVICE_UNAVAILABLE` ("all
+    /// CUDA-capable devices are busy or unavailable").
+    DeviceUnavailable {
+        /// Pid of the process holding the device's context.
+        holder: u32,
+    },
+    /// The GPU is in PROHIBITED compute mode: no context can be created (`CUDA_ERROR_UNKNOWN`,
+    /// as cuda.h says of `cuCtxCreate` and `cuDevicePrimaryCtxRetain`).
+    ComputeProhibited,
+    /// A device setting only root may change (`NVML_ERROR_NO_PERMISSION`).
+    NoPermission(String),
+    /// A setting the device (or driver) does not support (`NVML_ERROR_NOT_SUPPORTED`).
+    NotSupported(String),
 }
 
 impl EmuError {
@@ -96,6 +110,10 @@ impl EmuError {
             EmuError::MpsUserQueued { .. } | EmuError::MpsConnecting { .. } | EmuError::MpsConnectionFailed(_) => {
                 CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED
             }
+            EmuError::DeviceUnavailable { .. } => CUresult::CUDA_ERROR_DEVICE_UNAVAILABLE,
+            EmuError::ComputeProhibited => CUresult::CUDA_ERROR_UNKNOWN,
+            EmuError::NoPermission(_) => CUresult::CUDA_ERROR_NOT_PERMITTED,
+            EmuError::NotSupported(_) => CUresult::CUDA_ERROR_NOT_SUPPORTED,
         }
     }
 }
@@ -134,6 +152,13 @@ impl std::fmt::Display for EmuError {
                 "waiting for the MPS control daemon (pid {control_pid}) to hand this client to its user's server"
             ),
             EmuError::MpsConnectionFailed(why) => write!(f, "MPS connection failed: {why}"),
+            EmuError::DeviceUnavailable { holder } => write!(
+                f,
+                "the GPU is in EXCLUSIVE_PROCESS compute mode and process {holder} holds its one context: device unavailable"
+            ),
+            EmuError::ComputeProhibited => write!(f, "the GPU is in PROHIBITED compute mode: no context can be created"),
+            EmuError::NoPermission(what) => write!(f, "{what}: requires root"),
+            EmuError::NotSupported(what) => write!(f, "{what}: not supported"),
         }
     }
 }

@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 12;
+pub const LAYOUT_VERSION: u32 = 13;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -106,6 +106,9 @@ pub struct Header {
     pub mps_kill_teardown: u32,
     /// Fatal GPU errors the MPS server handled by tearing clients down (`mps_kill_teardown`).
     pub mps_fatal_errors: u32,
+    /// The compute mode (`nvidia-smi -c`, `nvmlDeviceSetComputeMode`), one of
+    /// [`compute_mode`]: DEFAULT when the file is created, as a real GPU's after a reboot.
+    pub compute_mode: u32,
     /// Device and inode numbers of the running control daemon's socket
     /// (`$CUDA_MPS_PIPE_DIRECTORY/control`; 0 when none): a client reaches the daemon only
     /// through that file, whatever path it names it by (a container's bind mount).
@@ -221,6 +224,34 @@ pub mod mps_conn {
     /// MPS, for its life ("If the connection attempt fails, the program continues to run as
     /// it normally would without MPS", nvidia-cuda-mps-control(1)).
     pub const OUTSIDE: u32 = 4;
+}
+
+/// [`Header::compute_mode`] values: `nvmlComputeMode_t` and `CUcomputemode` (NVIDIA's `nvml.h`
+/// and `cuda.h` give both the same numbers).
+pub mod compute_mode {
+    /// Several contexts of several processes at once.
+    pub const DEFAULT: u32 = 0;
+    /// Compute-exclusive-thread: support removed from the driver (NVML refuses to set it).
+    pub const EXCLUSIVE_THREAD: u32 = 1;
+    /// No context can be created (`CUDA_ERROR_UNKNOWN`, cuda.h on `cuCtxCreate`).
+    pub const PROHIBITED: u32 = 2;
+    /// One context on the device, of one process, at a time ("only one CUDA context may be
+    /// created on the device across all processes", CUDA programming guide); a second is
+    /// refused with `CUDA_ERROR_DEVICE_UNAVAILABLE`. Under MPS the restriction applies to the
+    /// server, which holds the one context its clients share, not to the clients (NVIDIA's MPS
+    /// docs).
+    pub const EXCLUSIVE_PROCESS: u32 = 3;
+
+    /// The name `nvidia-smi -q` gives a mode.
+    pub fn name(mode: u32) -> &'static str {
+        match mode {
+            DEFAULT => "Default",
+            EXCLUSIVE_THREAD => "Exclusive_Thread",
+            PROHIBITED => "Prohibited",
+            EXCLUSIVE_PROCESS => "Exclusive_Process",
+            _ => "Unknown",
+        }
+    }
 }
 
 /// One kernel launch.

@@ -19,7 +19,7 @@ pub use layout::Sample;
 pub use profile::Profile;
 pub use physics::GPM_REFRESH_NS;
 
-use layout::{kstate, mps_conn, State, MAX_CLIENTS, STATE_SIZE};
+use layout::{compute_mode, kstate, mps_conn, State, MAX_CLIENTS, STATE_SIZE};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -174,6 +174,8 @@ pub struct Snapshot {
     pub processes: Vec<ProcessInfo>,
     /// MPS control-daemon state.
     pub mps: MpsStatus,
+    /// The compute mode, one of [`layout::compute_mode`].
+    pub compute_mode: u32,
 }
 
 impl Snapshot {
@@ -511,6 +513,7 @@ impl Device {
             running_kernels: g.live().iter().filter(|k| k.state == kstate::RUNNING).count() as u32,
             processes,
             mps: mps_of(&g),
+            compute_mode: h.compute_mode,
         }
     }
 
@@ -821,6 +824,31 @@ impl Device {
         self.locked().header.mps_default_pct
     }
 
+    /// The compute mode, one of [`layout::compute_mode`].
+    pub fn compute_mode(&self) -> u32 {
+        self.locked().header.compute_mode
+    }
+
+    /// Sets the compute mode as `nvmlDeviceSetComputeMode` (`nvidia-smi -c`) does: root only
+    /// ([`EmuError::NoPermission`]); EXCLUSIVE_THREAD is refused (its support was removed),
+    /// an unknown mode is invalid. It takes effect at once for the contexts created from then
+    /// on; contexts that exist stay.
+    pub fn set_compute_mode(&self, mode: u32) -> Result<(), EmuError> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(EmuError::NoPermission("setting the compute mode".into()));
+        }
+        match mode {
+            compute_mode::DEFAULT | compute_mode::PROHIBITED | compute_mode::EXCLUSIVE_PROCESS => {}
+            compute_mode::EXCLUSIVE_THREAD => {
+                return Err(EmuError::NotSupported("the EXCLUSIVE_THREAD compute mode".into()))
+            }
+            m => return Err(EmuError::InvalidValue(format!("compute mode {m}"))),
+        }
+        self.locked().header.compute_mode = mode;
+        Ok(())
+    }
+
     // ---- Client side (fake libcuda) ----
 
     /// Registers the calling process (idempotent).
@@ -872,6 +900,10 @@ impl Device {
             return Err(EmuError::NoSuchClient(c.pid));
         }
         let on_mps = reaches_mps(&mut g, c.slot as usize, || self.my_control_socket());
+        if !on_mps {
+            // A context of its own (outside MPS, or MPS off): the compute mode rules it.
+            compute_mode_allows(&g)?;
+        }
         let h = g.header;
         let (local, base) = context_bytes(&h, &g.clients[c.slot as usize]);
         let free = h.total_memory.saturating_sub(h.used_memory);
@@ -947,6 +979,10 @@ impl Device {
         if !Self::slot_ok(&g, c) {
             return Err(EmuError::NoSuchClient(c.pid));
         }
+        // The exclusive-mode restrictions apply to the server, not to its clients (NVIDIA's
+        // MPS docs): it cannot start while another process holds the device in
+        // EXCLUSIVE_PROCESS mode, nor at all in PROHIBITED mode.
+        compute_mode_allows(&g)?;
         let h = g.header;
         let cl = &mut g.clients[c.slot as usize];
         let need = local_bytes(&h) + if cl.contexts == 0 { profile::CONTEXT_BASE_BYTES } else { 0 };
@@ -1418,6 +1454,36 @@ fn tear_down_others(st: &mut State, dead: usize, now: u64) {
     if any {
         st.header.mps_fatal_errors = st.header.mps_fatal_errors.saturating_add(1);
     }
+}
+
+/// Whether a process may create a context of its own (outside MPS, or as an MPS server) under
+/// the device's compute mode: never in PROHIBITED mode; in EXCLUSIVE_PROCESS mode only while no
+/// process holds one ([`own_context_holder`]; the asking process included: one context on the
+/// device in all).
+fn compute_mode_allows(st: &State) -> Result<(), EmuError> {
+    match st.header.compute_mode {
+        compute_mode::PROHIBITED => Err(EmuError::ComputeProhibited),
+        compute_mode::EXCLUSIVE_PROCESS => match own_context_holder(st) {
+            Some(holder) => Err(EmuError::DeviceUnavailable { holder }),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// A live process holding a context of its own on the device: one outside MPS, or an MPS
+/// server (MPS clients run in their server's context). A dead holder's context went with it,
+/// whether or not its slot was reaped yet.
+fn own_context_holder(st: &State) -> Option<u32> {
+    st.clients
+        .iter()
+        .find(|c| {
+            c.used != 0
+                && c.contexts > 0
+                && (c.mps_server != 0 || c.mps_gen == 0)
+                && procinfo::alive(c.pid, c.start_time)
+        })
+        .map(|c| c.pid)
 }
 
 fn info_of(st: &State) -> DeviceInfo {

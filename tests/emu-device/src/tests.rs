@@ -1136,3 +1136,87 @@ fn a_process_initialised_before_mps_started_runs_without_it_for_life() {
     d.detach(&me);
     std::fs::remove_file(&p).unwrap();
 }
+
+/// The compute mode rules the contexts a process makes of its own (outside MPS, or as an MPS
+/// server), not MPS clients (NVIDIA's MPS docs: "Exclusive-mode restrictions are applied to
+/// the MPS server, not MPS clients"). DEFAULT: any number. EXCLUSIVE_PROCESS: one context on
+/// the device in all (CUDA programming guide), a second refused with
+/// CUDA_ERROR_DEVICE_UNAVAILABLE naming the holder, whoever asks (the holder itself included,
+/// an MPS server too); a dead holder's context went with it. PROHIBITED: none
+/// (CUDA_ERROR_UNKNOWN, cuda.h). Set as nvidia-smi sets it: root only, EXCLUSIVE_THREAD no more.
+#[test]
+fn compute_modes_rule_contexts_of_their_own_not_mps_clients() {
+    use cuda_abi::CUresult;
+    let p = tmp("compute-mode");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    assert_eq!(d.compute_mode(), compute_mode::DEFAULT, "a new GPU's, as after a reboot");
+    let force = |m: u32| d.shm.lock().header.compute_mode = m;
+    let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, other.id(), 1, false);
+    let me = d.attach().unwrap();
+
+    // DEFAULT: a context beside another process's.
+    d.context_created(&me, None).unwrap();
+    d.context_destroyed(&me);
+
+    // EXCLUSIVE_PROCESS: the other process holds the one context.
+    force(compute_mode::EXCLUSIVE_PROCESS);
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::DeviceUnavailable { holder } if holder == other.id()), "{e}");
+    assert_eq!(e.to_curesult(), CUresult::CUDA_ERROR_DEVICE_UNAVAILABLE);
+    assert_eq!(d.snapshot().processes.iter().find(|q| q.pid == me.pid).map(|q| q.contexts), Some(0), "refused: nothing held");
+    // Its context went with it, reaped or not.
+    other.kill().unwrap();
+    other.wait().unwrap();
+    d.context_created(&me, None).expect("the holder is dead");
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::DeviceUnavailable { holder } if holder == me.pid), "one context in all: {e}");
+    d.context_destroyed(&me);
+
+    // Under MPS the server holds the one context; its clients connect all the same (a process
+    // started once MPS runs: this one ran without it, for its life).
+    d.detach(&me);
+    let pipe = mps_on(&d, std::process::id());
+    let srv = FakeServer::start(&d, euid());
+    let me = d.attach().unwrap();
+    serve(&d, &me, &srv);
+    d.context_created(&me, None).expect("an MPS client is no exclusive holder");
+    d.context_created(&me, None).expect("nor is its second context");
+    d.context_destroyed(&me);
+    d.context_destroyed(&me);
+    d.detach(&me);
+    // A server cannot start while a process outside MPS holds the device.
+    let mut outside = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    drop(srv);
+    fake_client(&d, outside.id(), 1, false);
+    let server = d.attach().unwrap();
+    let e = d.mps_server_context(&server).unwrap_err();
+    assert!(matches!(e, EmuError::DeviceUnavailable { holder } if holder == outside.id()), "{e}");
+    outside.kill().unwrap();
+    outside.wait().unwrap();
+    d.mps_server_context(&server).expect("the device is free again");
+    d.context_destroyed(&server);
+
+    // PROHIBITED: no context of its own, no server; nothing is held.
+    force(compute_mode::PROHIBITED);
+    let e = d.mps_server_context(&server).unwrap_err();
+    assert!(matches!(e, EmuError::ComputeProhibited), "{e}");
+    d.mps_quit();
+    let e = d.context_created(&server, None).unwrap_err();
+    assert!(matches!(e, EmuError::ComputeProhibited), "{e}");
+    assert_eq!(e.to_curesult(), CUresult::CUDA_ERROR_UNKNOWN);
+    d.detach(&server);
+
+    // Setting it: nvidia-smi's rules.
+    if euid() == 0 {
+        d.set_compute_mode(compute_mode::EXCLUSIVE_PROCESS).unwrap();
+        assert_eq!(d.compute_mode(), compute_mode::EXCLUSIVE_PROCESS);
+        assert!(matches!(d.set_compute_mode(compute_mode::EXCLUSIVE_THREAD), Err(EmuError::NotSupported(_))));
+        assert!(matches!(d.set_compute_mode(9), Err(EmuError::InvalidValue(_))));
+        assert_eq!(d.compute_mode(), compute_mode::EXCLUSIVE_PROCESS, "refusals change nothing");
+    } else {
+        assert!(matches!(d.set_compute_mode(compute_mode::DEFAULT), Err(EmuError::NoPermission(_))));
+    }
+    let _ = std::fs::remove_dir_all(&pipe);
+    std::fs::remove_file(&p).unwrap();
+}

@@ -336,6 +336,37 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     entry(|| unsafe { put(clock_mhz, clock(device, ty, true)?) })
 }
 
+/// The compute mode the device is in (`nvidia-smi -q`'s "Compute Mode").
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
+    device: nvmlDevice_t,
+    mode: *mut nvmlComputeMode_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        let m = state::with_device(device, |d| d.compute_mode())?;
+        // SAFETY: caller passes a valid pointer.
+        unsafe { put(mode, m as nvmlComputeMode_t) }
+    })
+}
+
+/// Sets the compute mode, as `nvidia-smi -c` does: root only (NO_PERMISSION otherwise),
+/// EXCLUSIVE_THREAD is NOT_SUPPORTED (support removed), an unknown mode INVALID_ARGUMENT; new
+/// contexts obey it at once (`emu_device::Device::set_compute_mode`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceSetComputeMode(
+    device: nvmlDevice_t,
+    mode: nvmlComputeMode_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        state::with_device(device, |d| d.set_compute_mode(mode))?.map_err(|e| match e {
+            emu_device::EmuError::NoPermission(_) => nvmlReturn_enum_NVML_ERROR_NO_PERMISSION,
+            emu_device::EmuError::NotSupported(_) => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+            emu_device::EmuError::InvalidValue(_) => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+            _ => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+        })
+    })
+}
+
 /// Why the clocks are below their maximum (bit mask of `nvmlClocksEventReason*`): `GpuIdle`
 /// while no kernel runs, `SwPowerCap` while load holds the SM clock under its boost.
 #[no_mangle]
@@ -657,6 +688,60 @@ mod tests {
             state::with_device(dev, |d| d.detach(&c)).unwrap();
             let (used2, pids2) = query(dev);
             assert_eq!((used2, pids2), (used0, pids0), "and gone at once");
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The compute mode through NVML: DEFAULT on a new device; set by root (the tests' user
+    /// here; a non-root caller gets NO_PERMISSION, checked in a child process that drops to
+    /// nobody), read back, and the device's numbers are NVML's. EXCLUSIVE_THREAD is refused
+    /// as its support was removed; an unknown mode is an invalid argument.
+    #[test]
+    fn the_compute_mode_is_read_and_set_with_nvmls_numbers_and_rules() {
+        use emu_device::layout::compute_mode as cm;
+        assert_eq!(cm::DEFAULT, nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT);
+        assert_eq!(cm::EXCLUSIVE_THREAD, nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_THREAD);
+        assert_eq!(cm::PROHIBITED, nvmlComputeMode_enum_NVML_COMPUTEMODE_PROHIBITED);
+        assert_eq!(cm::EXCLUSIVE_PROCESS, nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS);
+        let _one = serial();
+        let dir = fresh_h100("compute-mode");
+        // SAFETY: every pointer passed points at a live local of the type written.
+        unsafe {
+            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+            let mut dev: nvmlDevice_t = std::ptr::null_mut();
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let get = |dev| {
+                let mut m: nvmlComputeMode_t = 99;
+                assert_eq!(nvmlDeviceGetComputeMode(dev, &mut m), nvmlReturn_enum_NVML_SUCCESS);
+                m
+            };
+            assert_eq!(get(dev), nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT);
+            assert_eq!(nvmlDeviceGetComputeMode(dev, null_mut()), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            if libc::geteuid() == 0 {
+                let set = nvmlDeviceSetComputeMode(dev, nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS);
+                assert_eq!(set, nvmlReturn_enum_NVML_SUCCESS);
+                assert_eq!(get(dev), nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS);
+                let thread = nvmlDeviceSetComputeMode(dev, nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_THREAD);
+                assert_eq!(thread, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+                assert_eq!(nvmlDeviceSetComputeMode(dev, 7), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+                assert_eq!(get(dev), nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, "refusals change nothing");
+                // A non-root process (a forked child as nobody) is refused.
+                let pid = libc::fork();
+                assert!(pid >= 0);
+                if pid == 0 {
+                    let ok = libc::setgid(65534) == 0 && libc::setuid(65534) == 0;
+                    let r = nvmlDeviceSetComputeMode(dev, nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT);
+                    libc::_exit(if ok && r == nvmlReturn_enum_NVML_ERROR_NO_PERMISSION { 0 } else { 1 });
+                }
+                let mut status = 0;
+                assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+                assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "nobody must get NO_PERMISSION");
+                assert_eq!(get(dev), nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS);
+            } else {
+                let r = nvmlDeviceSetComputeMode(dev, nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS);
+                assert_eq!(r, nvmlReturn_enum_NVML_ERROR_NO_PERMISSION);
+            }
             assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -1,5 +1,6 @@
 //! `gpuemu`: look at (or create) an emulated GPU's state file from the shell.
 
+use emu_device::layout::compute_mode;
 use emu_device::{Device, EmuError, Snapshot};
 use std::process::ExitCode;
 
@@ -9,6 +10,10 @@ USAGE:
     gpuemu show [--state PATH]        one-shot view: memory, SMs, clock, utilization, processes, MPS
     gpuemu watch [--state PATH] [MS]  the same every MS milliseconds (default 500) until Ctrl-C
     gpuemu profiles                   the GPU profiles a new state file can take
+    gpuemu compute-mode [--state PATH] [MODE]
+                                      the compute mode; with MODE (DEFAULT, EXCLUSIVE_PROCESS,
+                                      PROHIBITED or 0, 3, 2) sets it, as root only, like
+                                      `nvidia-smi -c MODE` (new contexts obey it at once)
 
 ENVIRONMENT:
     GPUEMU_STATE     state file of the emulated GPU (created on first use); --state overrides it
@@ -76,8 +81,37 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Some("compute-mode") => {
+            let wanted = match rest.get(1).map(|m| parse_mode(m)) {
+                None => None,
+                Some(Some(m)) => Some(m),
+                Some(None) => return usage("compute-mode takes DEFAULT, EXCLUSIVE_PROCESS, PROHIBITED (or 0, 3, 2)"),
+            };
+            let d = match open(state) {
+                Ok(d) => d,
+                Err(e) => return fail(&e),
+            };
+            if let Some(m) = wanted {
+                if let Err(e) = d.set_compute_mode(m) {
+                    return fail(&e);
+                }
+            }
+            println!("{}", compute_mode::name(d.compute_mode()));
+            ExitCode::SUCCESS
+        }
         Some(other) => usage(&format!("unknown command {other:?}")),
         None => usage("no command given"),
+    }
+}
+
+/// A compute mode as `nvidia-smi -c` takes it: a name (any case) or its number.
+fn parse_mode(m: &str) -> Option<u32> {
+    match m.to_ascii_uppercase().as_str() {
+        "DEFAULT" | "0" => Some(compute_mode::DEFAULT),
+        "EXCLUSIVE_THREAD" | "1" => Some(compute_mode::EXCLUSIVE_THREAD),
+        "PROHIBITED" | "2" => Some(compute_mode::PROHIBITED),
+        "EXCLUSIVE_PROCESS" | "3" => Some(compute_mode::EXCLUSIVE_PROCESS),
+        _ => None,
     }
 }
 
@@ -118,6 +152,7 @@ pub fn render(s: &Snapshot) -> String {
         s.sm_demand,
         s.running_kernels,
     );
+    out += &format!("compute mode: {}\n", compute_mode::name(s.compute_mode));
     let m = &s.mps;
     out += &format!(
         "mps: {}{}, default active thread {}%, generation {}, a kill mid-kernel {}{}\n",
