@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use node_daemon::layered::{self, ConfigError};
 
 use crate::budget::BudgetConfig;
+use crate::compute_mode::ComputeModePolicy;
 use crate::detect::{DetectConfig, RateConfig};
 use crate::outside::OutsideAction;
 
@@ -75,6 +76,13 @@ pub struct Config {
     /// How long an offline process must be seen launching kernels while no MPS server lists
     /// it (over at least two checks) before [`Config::outside_mps`] applies, ms.
     pub outside_mps_after_ms: u64,
+    /// The GPU's compute mode while the manager runs MPS: `exclusive_process` (the default,
+    /// as NVIDIA's MPS docs recommend; set through NVML, root only, before the control daemon
+    /// starts, kept while the manager runs, and the mode found put back when it quits MPS) lets
+    /// only the MPS server hold a context of its own, so a process that missed MPS is refused
+    /// a context (`CUDA_ERROR_DEVICE_UNAVAILABLE`) instead of running beside it; `leave`
+    /// never touches it (then `outside_mps` is what finds such processes).
+    pub compute_mode: ComputeModePolicy,
     /// How the offline SM budget is computed.
     pub budget: BudgetConfig,
     /// Thresholds of MPS fault detection.
@@ -102,6 +110,7 @@ impl Default for Config {
             client_uid: None,
             outside_mps: OutsideAction::Evict,
             outside_mps_after_ms: 2000,
+            compute_mode: ComputeModePolicy::ExclusiveProcess,
             budget: BudgetConfig::default(),
             detect: DetectConfig::default(),
             recovery: RateConfig::default(),

@@ -10,10 +10,15 @@
 //! daemon ran: CUDA looks for it once) is out of reach of the SM budget: the manager finds it
 //! ([`outside`]) and evicts it for a restart under MPS, or reports it.
 //!
+//! Processes outside MPS are first kept from the GPU altogether: the manager holds the GPU in
+//! the EXCLUSIVE_PROCESS compute mode ([`compute_mode`]), where only the MPS server may hold a
+//! context of its own.
+//!
 //! The control daemon is only ever signalled as the pid + start time recorded when the
 //! manager started or detected it ([`control::DaemonId`]), through a pidfd.
 
 pub mod budget;
+pub mod compute_mode;
 pub mod config;
 pub mod control;
 pub mod detect;

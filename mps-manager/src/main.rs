@@ -22,7 +22,8 @@ CONFIG:
     `last_error`). A missing default file means built-in defaults.
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
-    evict_grace_ms, terminate_before_kill_ms, client_uid, outside_mps, outside_mps_after_ms,
+    evict_grace_ms, terminate_before_kill_ms, client_uid, compute_mode, outside_mps,
+    outside_mps_after_ms,
     budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
     `mps-manager check-config` prints the effective config.
@@ -49,6 +50,16 @@ USERS:
     uid is then an error (log, state file last_error, user_breaches) and those offline processes
     are terminate_client'ed, SIGTERMed (SIGKILL after evict_grace_ms) and marked for restart.
     Unset: the server's user is reported (mps_server_uid) and a change warned.
+
+COMPUTE MODE:
+    compute_mode exclusive_process (the default, as NVIDIA's MPS docs recommend): before it
+    starts the control daemon the manager sets the GPU's compute mode to EXCLUSIVE_PROCESS
+    through NVML (root only; else it exits naming the fix), where only the MPS server holds a
+    context of its own: a process that misses MPS is refused a context
+    (CUDA_ERROR_DEVICE_UNAVAILABLE) instead of running beside it, and while such a process
+    holds the GPU no MPS server can start. A change while it runs (nvidia-smi -c 0) is set back
+    (ERROR line, state file compute_mode_restored). With quit_on_exit the mode it found is put
+    back once MPS has quit; otherwise the fence stays for the next manager. leave: untouched.
 
 OUTSIDE MPS:
     CUDA looks for the control daemon once, when it initialises: an offline process started
@@ -182,7 +193,28 @@ fn status_text(s: &ManagerState) -> String {
         "restart requested",
         s.restart_requested.len()
     );
+    let _ = writeln!(
+        o,
+        "  {:<20} {}{}{}",
+        "compute mode",
+        s.compute_mode.as_deref().unwrap_or("left as it is"),
+        s.compute_mode_found
+            .as_deref()
+            .map_or(String::new(), |f| format!(" (found {f}, put back when MPS quits)")),
+        if s.compute_mode_restored > 0 {
+            format!(", set back {} times", s.compute_mode_restored)
+        } else {
+            String::new()
+        }
+    );
     let _ = writeln!(o, "  {:<20} {}", "outside MPS", s.outside_mps);
+    if !s.outside_holders.is_empty() {
+        let _ = writeln!(
+            o,
+            "  {:<20} {:?} hold the GPU outside MPS: no MPS server can start",
+            "GPU held by", s.outside_holders
+        );
+    }
     if let Some(e) = &s.last_error {
         let _ = writeln!(o, "  {:<20} {e}", "last error");
     }
@@ -266,6 +298,10 @@ fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
     if let Some(d) = state_file.parent() {
         let _ = std::fs::create_dir_all(d);
     }
+    // The fence first: a process that misses MPS while the daemon starts must find the GPU
+    // exclusive already.
+    m.hold_compute_mode()
+        .map_err(|e| format!("cannot start MPS: {e}"))?;
     m.ensure_daemon()
         .map_err(|e| format!("cannot start MPS: {e}"))?;
     let notifier = Notifier::from_env();
@@ -306,6 +342,7 @@ mod tests {
             "SIGHUP",
             "SM BUDGET",
             "terminate_client",
+            "EXCLUSIVE_PROCESS",
             "mps-manager.lock",
             "EXAMPLES",
             "--gpu <N>",
@@ -322,9 +359,12 @@ mod tests {
             last_error: Some("config reload: x".into()),
             mps_server_uid: Some(1000),
             user_breaches: 2,
+            compute_mode: Some("exclusive_process".into()),
+            compute_mode_found: Some("default".into()),
             ..Default::default()
         };
         let t = status_text(&s);
+        assert!(t.contains("exclusive_process (found default, put back when MPS quits)"), "{t}");
         assert!(t.contains("uid 1000 (2 servers"), "{t}");
         assert!(t.starts_with("GPU 2"), "{t}");
         assert!(t.contains("40.0 %"), "{t}");

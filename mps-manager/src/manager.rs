@@ -12,6 +12,7 @@ use node_daemon::evictor::{PidfdSignaller, Signaller};
 use node_daemon::state_file::write_atomic;
 
 use crate::budget::Allocator;
+use crate::compute_mode::{self, ComputeModePolicy, Keeper};
 use crate::config::Config;
 use crate::control::{DaemonId, MpsControl, MpsError};
 use crate::detect::{Detector, Fault, Observation, RateLimiter};
@@ -108,6 +109,21 @@ pub struct ManagerState {
     /// no longer listed on any server, was terminated (not a reason for a full reset).
     #[serde(default)]
     pub terminating: Vec<Terminating>,
+    /// The GPU's compute mode at the last look (`exclusive_process`, `default`, ...; `None`
+    /// when the config's `compute_mode` is `leave`).
+    #[serde(default)]
+    pub compute_mode: Option<String>,
+    /// The mode this manager found before it set EXCLUSIVE_PROCESS, put back when it quits MPS.
+    #[serde(default)]
+    pub compute_mode_found: Option<String>,
+    /// Times the compute mode was found changed while the manager ran and set back.
+    #[serde(default)]
+    pub compute_mode_restored: u64,
+    /// Processes holding a context of their own on the GPU outside MPS (NVML lists them, no
+    /// MPS server lists them; two looks in a row), with `compute_mode` exclusive_process: no
+    /// MPS server can start while one runs.
+    #[serde(default)]
+    pub outside_holders: Vec<u32>,
     /// The last error talking to MPS.
     pub last_error: Option<String>,
     /// Wall-clock ms of this snapshot.
@@ -154,6 +170,13 @@ pub struct Manager {
     /// Evictions in flight whose client was already terminated before the monitor's SIGKILL
     /// (pid, start time); forgotten once the monitor no longer lists them.
     terminated_before_kill: BTreeSet<(u32, u64)>,
+    /// The GPU's compute mode, held to the config's `compute_mode`.
+    modes: Keeper,
+    /// The compute mode could not be held at the last check (logged once until it can).
+    mode_failing: bool,
+    /// Processes NVML lists on the GPU and no MPS server does, at the last look: (pid, start
+    /// time) -> looks in a row.
+    holders: BTreeMap<(u32, u64), u32>,
 }
 
 /// How long a targeted recovery looks for the clients it must terminate on the servers' lists
@@ -196,6 +219,7 @@ impl Manager {
         let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index)
             .map_err(|e| format!("ledger: {e}"))?;
         let ctl = control_for(&cfg);
+        let modes = Keeper::new(cfg.gpu_index);
         Ok(Manager {
             state: ManagerState {
                 gpu: cfg.gpu_index,
@@ -220,7 +244,108 @@ impl Manager {
             host_pids: node_daemon::procns::HostPids::default(),
             inherited: Vec::new(),
             terminated_before_kill: BTreeSet::new(),
+            modes,
+            mode_failing: false,
+            holders: BTreeMap::new(),
         })
+    }
+
+    /// Replaces how the GPU's compute mode is read and set (tests; NVML otherwise).
+    pub fn set_mode_keeper(&mut self, keeper: Keeper) {
+        self.modes = keeper;
+    }
+
+    /// Puts the GPU in the compute mode the config asks (EXCLUSIVE_PROCESS unless `leave`),
+    /// before the control daemon starts: `Err` when it cannot (the manager then does not
+    /// start MPS: a GPU without the fence is a looser limit than configured).
+    pub fn hold_compute_mode(&mut self) -> Result<(), String> {
+        let changed = self.modes.hold(self.cfg.compute_mode)?;
+        if let Some(from) = changed {
+            tracing::info!(
+                gpu = self.cfg.gpu_index,
+                from = compute_mode::name(from),
+                "GPU compute mode set to exclusive_process: only the MPS server holds a context of its own; a process outside MPS is refused one (CUDA_ERROR_DEVICE_UNAVAILABLE)"
+            );
+        }
+        self.note_modes();
+        Ok(())
+    }
+
+    /// At each check: the compute mode is still what the config asks, else set back (an
+    /// operator's `nvidia-smi -c`, another tool), loudly.
+    fn keep_compute_mode(&mut self) {
+        match self.modes.hold(self.cfg.compute_mode) {
+            Ok(Some(from)) => {
+                self.state.compute_mode_restored += 1;
+                tracing::error!(
+                    gpu = self.cfg.gpu_index,
+                    found = compute_mode::name(from),
+                    "the GPU's compute mode was changed while mps-manager runs (nvidia-smi -c?): set back to exclusive_process; set compute_mode = \"leave\" in the config to manage it yourself"
+                );
+                self.mode_failing = false;
+            }
+            Ok(None) => self.mode_failing = false,
+            Err(e) => {
+                if !self.mode_failing {
+                    tracing::error!(gpu = self.cfg.gpu_index, error = %e, "cannot hold the GPU's compute mode");
+                }
+                self.mode_failing = true;
+                self.state.last_error = Some(e);
+            }
+        }
+        self.note_modes();
+    }
+
+    /// With the GPU held EXCLUSIVE_PROCESS: the processes holding a context of their own
+    /// outside MPS (NVML lists them, no server lists them or is one; `clients`, a complete
+    /// look), each an ERROR line once it is seen on two looks in a row (a client connecting
+    /// between the two listings is on the next look's lists): no MPS server can start while it
+    /// runs, so every MPS client, the online service's included, is refused. An offline one is
+    /// also judged by `outside_mps`; any other (the online service started before MPS, or
+    /// with another `CUDA_MPS_PIPE_DIRECTORY`) is for its operator to restart.
+    fn check_holders(&mut self, clients: &BTreeMap<u32, Vec<u32>>, offline: &[node_ledger::ProcSnapshot]) {
+        let pids = match self.cfg.compute_mode {
+            ComputeModePolicy::ExclusiveProcess => self.modes.compute_pids(),
+            ComputeModePolicy::Leave => Some(Vec::new()),
+        };
+        let Some(pids) = pids else {
+            return;
+        };
+        let on_mps: BTreeSet<u32> = clients.keys().chain(clients.values().flatten()).copied().collect();
+        let mut seen = BTreeMap::new();
+        for pid in pids.into_iter().filter(|p| !on_mps.contains(p)) {
+            let Some(start_time) = node_ledger::procinfo::start_time(pid) else {
+                continue;
+            };
+            let looks = self.holders.get(&(pid, start_time)).map_or(1, |n| n + 1);
+            seen.insert((pid, start_time), looks);
+            if looks != 2 {
+                continue;
+            }
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let registered = offline.iter().any(|p| p.pid_ns == self.own_ns && p.pid == pid);
+            tracing::error!(
+                gpu = self.cfg.gpu_index,
+                pid,
+                comm = comm.trim(),
+                uid = proc_euid(pid),
+                offline = registered,
+                pipe_dir = %self.cfg.pipe_dir.display(),
+                "a process holds a context of its own on the GPU outside MPS: in exclusive_process mode no MPS server can start while it runs, and every MPS client is refused; {}",
+                if registered {
+                    "it is a registered offline process (outside_mps decides)"
+                } else {
+                    "restart it with CUDA_MPS_PIPE_DIRECTORY set to pipe_dir once MPS runs (the online service started before MPS?)"
+                }
+            );
+        }
+        self.holders = seen;
+        self.state.outside_holders = self.holders.iter().filter(|(_, &n)| n >= 2).map(|(&(pid, _), _)| pid).collect();
+    }
+
+    fn note_modes(&mut self) {
+        self.state.compute_mode = self.modes.last().map(|m| compute_mode::name(m).to_string());
+        self.state.compute_mode_found = self.modes.found().map(|m| compute_mode::name(m).to_string());
     }
 
     /// Starts the control daemon unless one already runs for this pipe directory; records it
@@ -372,6 +497,7 @@ impl Manager {
 
     /// Looks at MPS and the ledger; returns the faults seen.
     pub fn check(&mut self, now_ms: u64) -> Vec<Fault> {
+        self.keep_compute_mode();
         let mut o = Observation {
             daemon_alive: self.ctl.daemon_pid().is_some(),
             ..Default::default()
@@ -448,6 +574,7 @@ impl Manager {
         let complete = o.daemon_alive
             && o.servers.as_ref().is_some_and(|s| s.iter().all(|srv| o.clients.contains_key(srv)));
         if complete && faults.is_empty() && o.dead_listed.is_empty() {
+            self.check_holders(&o.clients, &offline);
             self.check_outside(now_ms, &o.clients, &raw, &offline);
         } else {
             self.outside.interrupted();
@@ -1078,14 +1205,30 @@ impl Manager {
         self.ensure_daemon()
     }
 
-    /// Stops MPS when configured to.
+    /// Stops MPS when configured to, and then puts back the compute mode found at start (only
+    /// once MPS is gone: a running MPS keeps the fence).
     pub fn shutdown(&mut self) {
-        if self.cfg.quit_on_exit && self.ctl.daemon_pid().is_some() {
+        if !self.cfg.quit_on_exit {
+            return;
+        }
+        if self.ctl.daemon_pid().is_some() {
             match self.ctl.quit() {
                 Ok(()) => tracing::info!("MPS control daemon stopped"),
-                Err(e) => tracing::warn!(error = %e, "MPS quit failed at shutdown"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "MPS quit failed at shutdown: the compute mode stays exclusive_process");
+                    return;
+                }
             }
         }
+        if self.cfg.compute_mode == ComputeModePolicy::Leave {
+            return;
+        }
+        match self.modes.restore() {
+            Ok(Some(m)) => tracing::info!(gpu = self.cfg.gpu_index, mode = compute_mode::name(m), "GPU compute mode put back"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot put the GPU's compute mode back"),
+        }
+        self.note_modes();
     }
 
     /// Writes the state file at `path` atomically, stamped with the current time.
@@ -1159,9 +1302,100 @@ mod tests {
             monitor_state_file: dir.join("state.json"),
             state_file: dir.join("mps-manager.json"),
             command_timeout_ms: 300,
+            // No NVML here; the compute-mode test gives its manager a fake GPU.
+            compute_mode: ComputeModePolicy::Leave,
             ..Config::default()
         };
         Manager::new(cfg).unwrap()
+    }
+
+    /// The compute mode is set before MPS starts, set back at a check when found changed
+    /// (counted, in the state file), and the mode found put back only once MPS has quit at
+    /// shutdown; a manager that leaves MPS running keeps the fence.
+    #[test]
+    fn the_compute_mode_is_held_while_mps_runs_and_put_back_after_quit() {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode;
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
+        let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
+        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        m.hold_compute_mode().unwrap();
+        assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess);
+        assert_eq!(m.state.compute_mode.as_deref(), Some("exclusive_process"));
+        assert_eq!(m.state.compute_mode_found.as_deref(), Some("default"));
+        m.ensure_daemon().unwrap();
+        *gpu.mode.lock().unwrap() = ComputeMode::Default;
+        m.check(0);
+        assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess, "set back at the check");
+        assert_eq!(m.state.compute_mode_restored, 1);
+        // Leaving MPS running (the default) leaves the fence.
+        m.shutdown();
+        assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess);
+        m.cfg.quit_on_exit = true;
+        m.shutdown();
+        assert_eq!(gpu.mode(), ComputeMode::Default, "MPS quit: the mode found is back");
+        assert_eq!(m.state.compute_mode_found, None);
+        if let Some(d) = m.recorded_daemon() {
+            kill(d.pid);
+        }
+    }
+
+    /// A process NVML lists on the GPU and no MPS server does is reported after two looks in
+    /// a row (not at the first: a client may connect between the listings), and forgotten
+    /// once gone; with compute_mode leave nothing is looked at.
+    #[test]
+    fn a_process_holding_the_gpu_outside_mps_is_reported_on_the_second_look() {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode;
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
+        let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::ExclusiveProcess);
+        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        m.hold_compute_mode().unwrap();
+        m.ensure_daemon().unwrap();
+        let mut holder = sleeper();
+        *gpu.pids.lock().unwrap() = vec![holder.id()];
+        m.check(0);
+        assert!(m.state.outside_holders.is_empty(), "one look is not enough");
+        m.check(500);
+        assert_eq!(m.state.outside_holders, vec![holder.id()]);
+        m.check(1000);
+        assert_eq!(m.state.outside_holders, vec![holder.id()], "still there");
+        let _ = holder.kill();
+        let _ = holder.wait();
+        m.check(1500);
+        assert!(m.state.outside_holders.is_empty(), "gone with it");
+        let mut again = sleeper();
+        *gpu.pids.lock().unwrap() = vec![again.id()];
+        m.cfg.compute_mode = ComputeModePolicy::Leave;
+        m.check(2000);
+        m.check(2500);
+        assert!(m.state.outside_holders.is_empty(), "leave: not looked at");
+        let _ = again.kill();
+        let _ = again.wait();
+        if let Some(d) = m.recorded_daemon() {
+            kill(d.pid);
+        }
+    }
+
+    /// A manager that cannot set the mode (not root) does not start: its error says how to
+    /// fix it, and the GPU is as it was.
+    #[test]
+    fn a_compute_mode_it_cannot_set_stops_the_manager_before_mps() {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode;
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
+        let mut gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
+        gpu.deny = true;
+        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        let e = m.hold_compute_mode().unwrap_err();
+        assert!(e.contains("nvidia-smi -i 0 -c EXCLUSIVE_PROCESS"), "{e}");
+        assert_eq!(gpu.mode(), ComputeMode::Default);
+        // At a check the failure is recorded for the operator, not fatal.
+        m.check(0);
+        assert!(m.state.last_error.as_deref().is_some_and(|l| l.contains("exclusive_process")), "{:?}", m.state.last_error);
     }
 
     /// The previous state file: none is a first start; a damaged one is an error naming the
