@@ -225,7 +225,7 @@ fn offline_killed_holding_its_context_is_terminated_alone_and_online_keeps_its_c
     online_kept_its_context(&load, &dev, generation, "the second recovery");
     std::thread::sleep(Duration::from_secs(1));
     let log = n.log("mps.json");
-    let errors = log.lines().filter(|l| l.contains("ERROR")).count();
+    let errors = log.lines().filter(|l| l.contains(" ERROR ")).count();
     assert!(
         errors <= 2,
         "one ERROR line per fault episode, got {errors}:\n{log}"

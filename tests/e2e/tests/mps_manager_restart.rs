@@ -370,7 +370,7 @@ fn manager_sigkilled_during_a_recovery_restarts_and_finishes_it_without_a_reset(
         let log = n.log("mps.json");
         let new_log = &log[log_before..];
         assert!(!log.contains("FULL MPS RESET"), "{what}:\n{log}");
-        let errors = new_log.lines().filter(|l| l.contains("ERROR")).count();
+        let errors = new_log.lines().filter(|l| l.contains(" ERROR ")).count();
         assert!(
             errors <= 1,
             "{what}: at most the fault the new manager took over, got {errors} ERROR lines:\n{new_log}"

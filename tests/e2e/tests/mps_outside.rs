@@ -1,7 +1,14 @@
 //! An offline job that initialised CUDA before MPS ran is outside MPS for its life (CUDA looks
 //! for the control daemon once): time-sliced against the online service, out of reach of the
-//! offline SM budget. mps-manager finds it from the ledger (its launches advance) and the
-//! servers' client lists (it is on none), and evicts it for a restart under MPS, or reports it.
+//! offline SM budget. Two layers keep such processes off the GPU:
+//!
+//! - the compute mode (`compute_mode`, default `exclusive_process`): mps-manager holds the GPU
+//!   in EXCLUSIVE_PROCESS, where only the MPS server holds a context of its own, so a process
+//!   that misses MPS once it runs gets no context at all; one that already held the GPU keeps
+//!   MPS from starting, and is reported (NVML lists it, no server does);
+//! - `outside_mps`: an offline process found launching kernels (ledger) while no server lists
+//!   it is evicted for a restart under MPS, or reported. The tests of this layer leave the
+//!   compute mode as it is (`compute_mode: leave`), as on a GPU whose operator manages it.
 //!
 //! The offline jobs are the `offline` workload under the shim, as uid 65534 when the test runs
 //! as root (as offline containers run), otherwise as the test's user; as root the evicting
@@ -10,6 +17,7 @@
 //! (pid 1 of each namespace) by namespace.
 
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use e2e::{artifact, is_root, EmuChild, EmuHost};
@@ -26,8 +34,27 @@ struct Job {
 }
 
 /// The `offline` workload under the shim, in quota group `job`, small kernels back to back; in
-/// a pid namespace of its own when `container` (root only).
+/// a pid namespace of its own when `container` (root only). Waits for its first progress
+/// report.
 fn offline_job(n: &EmuHost, job: &str, container: bool) -> Job {
+    let mut p = spawn_offline(n, job, container, None);
+    assert!(
+        p.wait_for_line("{\"client\":\"offline\",\"t_s\"", T).is_some(),
+        "offline job {job} never reported progress: {}",
+        p.stderr()
+    );
+    let pid = if container {
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", p.pid())).unwrap_or_default();
+        kids.split_whitespace().next().and_then(|k| k.parse().ok()).expect("the job under unshare")
+    } else {
+        p.pid()
+    };
+    Job { child: p, pid }
+}
+
+/// [`offline_job`] started, not waited for; `pipe_dir` replaces the host's
+/// `CUDA_MPS_PIPE_DIRECTORY` (a job that looks for MPS elsewhere).
+fn spawn_offline(n: &EmuHost, job: &str, container: bool, pipe_dir: Option<&Path>) -> EmuChild {
     let mut c = if container {
         let mut c = n.command("unshare");
         c.args(["--pid", "--fork", "--kill-child=SIGTERM", "--setuid", "65534", "--setgid", "65534"])
@@ -41,23 +68,14 @@ fn offline_job(n: &EmuHost, job: &str, container: bool) -> Job {
         .env("XSHARE_LEDGER_DIR", n.ledger_dir())
         .env("XCUDA_GROUP", job)
         .env("XCUDA_THROTTLE", "0");
+    if let Some(d) = pipe_dir {
+        c.env("CUDA_MPS_PIPE_DIRECTORY", d);
+    }
     if is_root() && !container {
         // std drops the supplementary groups when root switches uid.
         c.uid(NOBODY).gid(NOBODY);
     }
-    let mut p = n.spawn(&mut c);
-    assert!(
-        p.wait_for_line("{\"client\":\"offline\",\"t_s\"", T).is_some(),
-        "offline job {job} never reported progress: {}",
-        p.stderr()
-    );
-    let pid = if container {
-        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", p.pid())).unwrap_or_default();
-        kids.split_whitespace().next().and_then(|k| k.parse().ok()).expect("the job under unshare")
-    } else {
-        p.pid()
-    };
-    Job { child: p, pid }
+    n.spawn(&mut c)
 }
 
 /// An emulated node whose device, ledger and MPS directories every user may use; the manager
@@ -74,10 +92,13 @@ fn node() -> EmuHost {
     n
 }
 
-fn manager(n: &EmuHost, outside: &str) -> EmuChild {
-    let cfg = e2e::fast_manager_config(None).replacen(
+/// mps-manager with `outside_mps` = `outside`, `compute_mode` = `mode`, `quit_on_exit`.
+fn manager(n: &EmuHost, outside: &str, mode: &str) -> EmuChild {
+    let cfg = e2e::fast_manager_config(Some(true)).replacen(
         "{",
-        &format!("{{\n  \"outside_mps\": \"{outside}\",\n  \"outside_mps_after_ms\": 500,"),
+        &format!(
+            "{{\n  \"outside_mps\": \"{outside}\",\n  \"outside_mps_after_ms\": 500,\n  \"compute_mode\": \"{mode}\","
+        ),
         1,
     );
     let m = n.start_manager("mps.json", &cfg);
@@ -109,7 +130,7 @@ fn an_offline_job_started_before_mps_is_evicted_for_a_restart_under_mps() {
     let n = node();
     let container = is_root();
     let Job { child: mut early, pid: early_pid } = offline_job(&n, "early", container);
-    let _m = manager(&n, "evict");
+    let _m = manager(&n, "evict", "leave");
     let Job { child: mut late, pid: late_pid } = offline_job(&n, "late", container);
     assert_eq!(mps_client(&n, late_pid), Some(true), "started once MPS runs: an MPS client");
     assert_eq!(mps_client(&n, early_pid), Some(false), "started before MPS: outside it for life");
@@ -146,7 +167,7 @@ fn an_offline_job_started_before_mps_is_evicted_for_a_restart_under_mps() {
 fn with_outside_mps_report_the_job_is_reported_and_left_running() {
     let n = node();
     let Job { child: mut early, pid: early_pid } = offline_job(&n, "early", false);
-    let _m = manager(&n, "report");
+    let _m = manager(&n, "report", "leave");
     let v = n.wait_manager_state(T, "mps.json", "the early job found outside MPS", |v| {
         v["outside_mps"].as_u64() >= Some(1)
     });
@@ -161,3 +182,76 @@ fn with_outside_mps_report_the_job_is_reported_and_left_running() {
     assert_eq!(v["outside_mps"], 1, "reported once: {v:#}");
 }
 
+
+/// The device's compute mode.
+fn compute_mode(n: &EmuHost) -> u32 {
+    n.device().compute_mode()
+}
+
+/// With the shipped `compute_mode` (exclusive_process) the manager puts the GPU in
+/// EXCLUSIVE_PROCESS before MPS starts: a job on MPS runs, a job that looks for MPS in another
+/// pipe directory gets no context (CUDA_ERROR_DEVICE_UNAVAILABLE) instead of running beside MPS
+/// (with `leave` it runs: `emu_mps::a_client_in_another_pipe_directory_runs_without_mps`).
+/// With quit_on_exit the mode found (DEFAULT) is back once the manager has quit MPS.
+#[test]
+fn in_exclusive_process_mode_a_job_that_misses_mps_gets_no_context() {
+    use emu_device::layout::compute_mode as cm;
+    let n = node();
+    assert_eq!(compute_mode(&n), cm::DEFAULT);
+    let mut m = manager(&n, "evict", "exclusive_process");
+    assert_eq!(compute_mode(&n), cm::EXCLUSIVE_PROCESS, "set before the daemon started");
+    let v = n.wait_manager_state(T, "mps.json", "the mode in the state file", |v| v["compute_mode"].is_string());
+    assert_eq!((v["compute_mode"].as_str(), v["compute_mode_found"].as_str()), (Some("exclusive_process"), Some("default")), "{v:#}");
+    let on = offline_job(&n, "on-mps", false);
+    assert_eq!(mps_client(&n, on.pid), Some(true));
+    let elsewhere = n.path("another-pipe-dir");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    e2e::chmod(&elsewhere, 0o755);
+    let mut missed = spawn_offline(&n, "missed", false, Some(&elsewhere));
+    let status = missed.wait_timeout(T).expect("the job that missed MPS never stopped");
+    assert!(!status.success());
+    assert!(missed.stderr().contains("CUDA_ERROR_DEVICE_UNAVAILABLE"), "{}", missed.stderr());
+    let v = n.wait_manager_state(T, "mps.json", "a later look", |v| v["clients"].as_u64() >= Some(1));
+    assert_eq!(v["outside_mps"], 0, "nothing ran outside: {v:#}");
+    assert_eq!(v["outside_holders"], serde_json::json!([]), "{v:#}");
+    drop(on);
+    m.signal(libc::SIGTERM);
+    assert!(m.wait_exit(T).is_some(), "the manager never stopped");
+    assert_eq!(compute_mode(&n), cm::DEFAULT, "put back after quit: {}", n.log("mps.json"));
+}
+
+/// A process that held the GPU before MPS started (here the online workload, no offline job:
+/// not in the ledger) keeps any MPS server from starting in EXCLUSIVE_PROCESS mode: the manager
+/// reports it (ERROR line, state file `outside_holders`) and an MPS client is refused until
+/// it exits; then MPS serves the next client.
+#[test]
+fn in_exclusive_process_mode_a_process_that_held_the_gpu_first_is_reported() {
+    let n = node();
+    let mut early = n.spawn(n.command("online").args(["--json", "--rate", "20", "--duration", "60"]));
+    let dev = n.device();
+    let end = Instant::now() + T;
+    while !dev.snapshot().processes.iter().any(|p| p.pid == early.pid() && p.contexts > 0) {
+        assert!(Instant::now() < end, "the online workload never made its context: {}", early.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _m = manager(&n, "evict", "exclusive_process");
+    let v = n.wait_manager_state(T, "mps.json", "the holder reported", |v| {
+        v["outside_holders"].as_array().is_some_and(|h| !h.is_empty())
+    });
+    assert_eq!(v["outside_holders"], serde_json::json!([early.pid()]), "{v:#}");
+    let log = n.log("mps.json");
+    assert!(
+        log.contains(&format!("pid={}", early.pid())) && log.contains("restart it with CUDA_MPS_PIPE_DIRECTORY"),
+        "{log}"
+    );
+    let mut refused = spawn_offline(&n, "refused", false, None);
+    let status = refused.wait_timeout(T).expect("the refused job never stopped");
+    assert!(!status.success());
+    assert!(refused.stderr().contains("CUDA_ERROR_MPS_CONNECTION_FAILED"), "{}", refused.stderr());
+    assert!(early.wait_timeout(Duration::ZERO).is_none(), "the holder is not the manager's to stop");
+    early.signal(libc::SIGTERM);
+    assert!(early.wait_exit(T).is_some());
+    n.wait_manager_state(T, "mps.json", "the holder gone", |v| v["outside_holders"] == serde_json::json!([]));
+    let again = offline_job(&n, "after", false);
+    assert_eq!(mps_client(&n, again.pid), Some(true), "MPS serves once the GPU is free");
+}
