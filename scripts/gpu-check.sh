@@ -35,6 +35,10 @@
 #               compute process, its memory, and whether its comm is the one the monitor
 #               recognises it by (listed but not recognised: the monitor would take it for
 #               online work)
+#   fence       under MPS with mps-manager (compute_mode exclusive_process, its default): a
+#               process that misses MPS (another pipe directory) must get no context
+#               (CUDA_ERROR_DEVICE_UNAVAILABLE) while an MPS client holds the server up; the
+#               mode found is put back when the kit ends
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
 #        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
@@ -90,8 +94,14 @@ cleanup() {
     sleep 0.3
     for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
     [[ -n "${mps_up:-}" ]] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    # mps-manager puts the compute mode it found back when it quits MPS; if it was cut short,
+    # so does the kit (a real GPU's mode outlives the kit until reboot).
+    if [[ -n "${mode0:-}" ]] && [[ "$(gpu_mode)" != "$mode0" ]]; then
+        nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
+    fi
     if [[ -n "${GPU_CHECK_KEEP:-}" ]]; then echo "gpu-check: kept $root" >&2; else rm -rf "$root"; fi
 }
+gpu_mode() { nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | head -1; }
 trap cleanup EXIT
 mkdir -p "$root/run" "$root/mps-pipe" "$root/mps-log" "$root/bin" "$root/lib"
 chmod 1777 "$root/run" "$root/mps-pipe" "$root/mps-log"
@@ -107,6 +117,7 @@ if [[ $mode == emu ]]; then
     label="emulated $profile"
 else
     label="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0 2>/dev/null | head -1)"
+    mode0="$(gpu_mode)"
 fi
 export XSHARE_LEDGER_DIR="$root/run" CUDA_MPS_PIPE_DIRECTORY="$root/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$root/mps-log"
 # Offline processes run as this user when the kit runs as root (offline containers are not root).
@@ -461,6 +472,37 @@ print(", ".join("%s %s %s MiB" % (o["pid"], o["comm"] or "?", o["used_mib"]) for
     fi
 }
 
+# --- the compute-mode fence --------------------------------------------------------------
+check_fence() {
+    # mps-manager holds the GPU in EXCLUSIVE_PROCESS (compute_mode, its default) where only the
+    # MPS server holds a context of its own: a process that misses MPS (another pipe directory)
+    # must get no context (CUDA_ERROR_DEVICE_UNAVAILABLE, 46). An MPS client holds its server up.
+    local h r at mode found
+    if [[ $(id -u) != 0 ]]; then
+        row fence SKIP "-" "needs root: the compute mode is root's to set (mps-manager runs with compute_mode leave)"
+        return
+    fi
+    start_mps_manager
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/fence-hold.out" 2>&1 &
+    h=$!; pids+=($h)
+    for _ in $(seq 100); do grep -q holding "$root/fence-hold.out" 2>/dev/null && break; sleep 0.1; done
+    mkdir -p "$root/no-mps"; chmod 1777 "$root/no-mps"
+    local line; line=$("${as_user[@]}" env CUDA_MPS_PIPE_DIRECTORY="$root/no-mps" "$py" "$client" ctx 2>"$root/fence.err")
+    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
+    mode=$(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode)
+    found=$(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode_found)
+    [[ $found == None ]] && found="it so"
+    local how="compute mode ${mode:-?} (found ${found:-?}) held by mps-manager"
+    if [[ "$r" == 46 ]]; then
+        row fence PASS "outside MPS: CUDA_ERROR_DEVICE_UNAVAILABLE" "$how: only the MPS server holds a context of its own"
+    elif [[ "$r" == 0 ]]; then
+        row fence FAIL "a process outside MPS got a context" "$how; mps-manager: $(grep -i 'compute mode' "$root/mps-manager.log" | tail -n 1 | plain)"
+    else
+        row fence INFO "outside MPS: CUresult ${r:-?} at ${at:-?}" "$how; $(tail -n 1 "$root/fence.err" | plain)"
+    fi
+}
+
 # --- node runtime ------------------------------------------------------------------------
 start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks
     [[ -n "${mgr_up:-}" ]] && return 0
@@ -469,7 +511,7 @@ start_mps_manager() { # once: mps-manager owning MPS for the node and recovery c
 { "control_bin": "$(command -v nvidia-cuda-mps-control)", "pipe_dir": "$root/mps-pipe",
   "log_dir": "$root/mps-log", "ledger_dir": "$root/run", "monitor_state_file": "$root/run/state.json",
   "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid,
-  "quit_on_exit": true }
+  "quit_on_exit": true, "compute_mode": "$([[ $(id -u) == 0 ]] && echo exclusive_process || echo leave)" }
 EOF
     "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >"$root/mps-manager.log" 2>&1 &
     pids+=($!)
@@ -665,6 +707,7 @@ if start_monitor; then
     want throttle && check_throttle
     if start_mps; then
         want mps-server && check_mps_server
+        want fence && check_fence
         want throttle-cap && check_throttle_cap
         want exit && check_exit
         want node && check_node
@@ -672,6 +715,7 @@ if start_monitor; then
         want mps-clients && check_mps_clients
     else
         row mps-server SKIP "-" "MPS control daemon did not start on this host"
+        row fence SKIP "-" "needs MPS"
         row throttle-cap SKIP "-" "needs MPS to enforce the cap"
         row exit SKIP "-" "MPS control daemon did not start on this host"
         row recovery SKIP "-" "MPS control daemon did not start on this host"

@@ -104,6 +104,24 @@ def hold(mib):
     # No explicit release: the interpreter exits with the context live, as training scripts do.
 
 
+def ctx():
+    """Asks for a context and reports the driver's answer (0, or the refusing CUresult and
+    call), then lets it go: what a process gets under the GPU's compute mode."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    r = lib.cuInit(0)
+    at = "cuInit"
+    if r == 0:
+        dev, c = ctypes.c_int(), ctypes.c_void_p()
+        r = lib.cuDeviceGet(ctypes.byref(dev), 0)
+        at = "cuDeviceGet"
+        if r == 0:
+            r = lib.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev)
+            at = "cuDevicePrimaryCtxRetain"
+            if r == 0:
+                lib.cuDevicePrimaryCtxRelease_v2(dev)
+    out(check="ctx", result=r, at=at, pid=os.getpid())
+
+
 def torch_quota(chunk_mib, limit_mib, hold_after):
     try:
         import torch
@@ -181,7 +199,7 @@ def nvml_procs(index):
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
-                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | nvml-used INDEX | nvml-procs INDEX")
+                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | nvml-used INDEX | nvml-procs INDEX | ctx")
     cmd, rest = argv[1], argv[2:]
     hold_flag = "--hold" in rest
     nums = [int(a) for a in rest if not a.startswith("--")]
@@ -189,6 +207,8 @@ def main(argv):
         quota(nums[0], nums[1], hold_flag)
     elif cmd == "hold":
         hold(nums[0])
+    elif cmd == "ctx":
+        ctx()
     elif cmd == "torch-quota":
         torch_quota(nums[0], nums[1], hold_flag)
     elif cmd == "nvml-used":

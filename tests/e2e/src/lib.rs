@@ -20,7 +20,7 @@ pub mod nvml_sampler;
 
 pub use emu_device;
 pub use workloads::host::{
-    artifact, chmod, helper_main, is_root, lacks_root, monitor_state, register, target_dir,
+    artifact, chmod, helper_main, is_root, lacks_root, manager_compute_mode, monitor_state, register, target_dir,
     wait_json, EmuChild, Host, Load,
 };
 
@@ -149,12 +149,14 @@ pub fn fast_manager_config(quit_on_exit: Option<bool>) -> String {
   "period_ms": 50,
   "check_every_ms": 100,
   "evict_grace_ms": 500,{quit}
+  "compute_mode": "{mode}",
   "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 90, "min_step_pct": 5, "smoothing": 1.0, "unsafe_pct": 10 }},
   "detect": {{ "stuck_after_ms": 0 }},
   "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}
 }}
 "#,
-        artifact("emu-mps-control").display()
+        artifact("emu-mps-control").display(),
+        mode = manager_compute_mode()
     )
 }
 

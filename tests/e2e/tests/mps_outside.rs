@@ -92,16 +92,25 @@ fn node() -> EmuHost {
     n
 }
 
-/// mps-manager with `outside_mps` = `outside`, `compute_mode` = `mode`, `quit_on_exit`.
+/// mps-manager with `outside_mps` = `outside`, `compute_mode` = `mode`, `quit_on_exit`; not
+/// waited for.
+fn spawn_manager(n: &EmuHost, outside: &str, mode: &str) -> EmuChild {
+    let cfg = e2e::fast_manager_config(Some(true))
+        .replace(
+            &format!("\"compute_mode\": \"{}\"", e2e::manager_compute_mode()),
+            &format!("\"compute_mode\": \"{mode}\""),
+        )
+        .replacen(
+            "{",
+            &format!("{{\n  \"outside_mps\": \"{outside}\",\n  \"outside_mps_after_ms\": 500,"),
+            1,
+        );
+    n.start_manager("mps.json", &cfg)
+}
+
+/// [`spawn_manager`], once its control daemon runs.
 fn manager(n: &EmuHost, outside: &str, mode: &str) -> EmuChild {
-    let cfg = e2e::fast_manager_config(Some(true)).replacen(
-        "{",
-        &format!(
-            "{{\n  \"outside_mps\": \"{outside}\",\n  \"outside_mps_after_ms\": 500,\n  \"compute_mode\": \"{mode}\","
-        ),
-        1,
-    );
-    let m = n.start_manager("mps.json", &cfg);
+    let m = spawn_manager(n, outside, mode);
     n.wait_manager_state(T, "mps.json", "daemon started", |v| v["daemon_pid"].is_u64());
     m
 }
@@ -192,12 +201,23 @@ fn compute_mode(n: &EmuHost) -> u32 {
 /// EXCLUSIVE_PROCESS before MPS starts: a job on MPS runs, a job that looks for MPS in another
 /// pipe directory gets no context (CUDA_ERROR_DEVICE_UNAVAILABLE) instead of running beside MPS
 /// (with `leave` it runs: `emu_mps::a_client_in_another_pipe_directory_runs_without_mps`).
-/// With quit_on_exit the mode found (DEFAULT) is back once the manager has quit MPS.
+/// With quit_on_exit the mode found (DEFAULT) is back once the manager has quit MPS. Not root,
+/// the manager cannot set the mode (root only, as on a real GPU): it does not start MPS, and
+/// says how to fix it.
 #[test]
 fn in_exclusive_process_mode_a_job_that_misses_mps_gets_no_context() {
     use emu_device::layout::compute_mode as cm;
     let n = node();
     assert_eq!(compute_mode(&n), cm::DEFAULT);
+    if !is_root() {
+        let mut m = spawn_manager(&n, "evict", "exclusive_process");
+        assert!(m.wait_exit(T).is_some_and(|c| c != Some(0)), "a manager unable to set the mode must not run");
+        let log = n.log("mps.json");
+        assert!(log.contains("nvidia-smi -i 0 -c EXCLUSIVE_PROCESS"), "{log}");
+        assert_eq!(compute_mode(&n), cm::DEFAULT);
+        assert!(!n.device().mps_status().enabled, "no MPS without the fence");
+        return;
+    }
     let mut m = manager(&n, "evict", "exclusive_process");
     assert_eq!(compute_mode(&n), cm::EXCLUSIVE_PROCESS, "set before the daemon started");
     let v = n.wait_manager_state(T, "mps.json", "the mode in the state file", |v| v["compute_mode"].is_string());
@@ -226,6 +246,9 @@ fn in_exclusive_process_mode_a_job_that_misses_mps_gets_no_context() {
 /// it exits; then MPS serves the next client.
 #[test]
 fn in_exclusive_process_mode_a_process_that_held_the_gpu_first_is_reported() {
+    if e2e::lacks_root("set the GPU's compute mode") {
+        return;
+    }
     let n = node();
     let mut early = n.spawn(n.command("online").args(["--json", "--rate", "20", "--duration", "60"]));
     let dev = n.device();

@@ -172,7 +172,9 @@ pub fn node_runtime_phase(host: &Host) -> Result<Phase, String> {
         "mps-manager.json",
         format!(
             r#"{{ "ledger_dir": "{run}", "pipe_dir": "{pipe}", "log_dir": "{log}",
-  "monitor_state_file": "{state}", "state_file": "{run}/gpu0/mps-manager.json" }}"#,
+  "monitor_state_file": "{state}", "state_file": "{run}/gpu0/mps-manager.json",
+  "compute_mode": "{mode}" }}"#,
+            mode = crate::host::manager_compute_mode(),
             run = run.display(),
             pipe = host.pipe_dir().display(),
             log = host.log_dir().display(),

@@ -71,6 +71,18 @@ pub fn is_root() -> bool {
     unsafe { libc::getuid() == 0 }
 }
 
+/// The `compute_mode` an emulated host's mps-manager is configured with: `exclusive_process`,
+/// the product's default, when this runs as root (as the manager does on a node); `leave`
+/// otherwise: setting the compute mode is root only (`nvmlDeviceSetComputeMode`, the emulated
+/// one too), and a manager told to set it and unable to does not start.
+pub fn manager_compute_mode() -> &'static str {
+    if is_root() {
+        "exclusive_process"
+    } else {
+        "leave"
+    }
+}
+
 /// True, after saying the test is skipped (and that it needs root `to`, when given), when this
 /// process is not root: `if lacks_root("run a client as uid 65534") { return; }`.
 pub fn lacks_root(to: &str) -> bool {

@@ -26,11 +26,13 @@ pub fn manager_config() -> String {
   "command_timeout_ms": 2000,
   "period_ms": 50,
   "check_every_ms": 200,
+  "compute_mode": "{}",
   "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 40, "min_step_pct": 1, "smoothing": 1.0, "unsafe_pct": 10 }},
   "detect": {{ "stuck_after_ms": 0 }}
 }}
 "#,
-        artifact("emu-mps-control").display()
+        artifact("emu-mps-control").display(),
+        e2e::manager_compute_mode()
     )
 }
 
