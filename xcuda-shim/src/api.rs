@@ -63,11 +63,44 @@ macro_rules! forward_then {
                     if rc == CUresult::CUDA_SUCCESS {
                         $after;
                     }
+                    $(refused!($gated, rc);)?
                     rc
                 })
             }
         )*
     };
+}
+
+/// `[gated]` of `forward_then!` after the call: a context the driver refused as the device is
+/// unavailable is explained (see [`device_unavailable`]).
+macro_rules! refused {
+    (gated, $rc:expr) => {
+        if $rc == CUresult::CUDA_ERROR_DEVICE_UNAVAILABLE {
+            device_unavailable();
+        }
+    };
+}
+
+/// A context the driver refused with `CUDA_ERROR_DEVICE_UNAVAILABLE`: the GPU is in the
+/// EXCLUSIVE_PROCESS compute mode (mps-manager's default) and another process holds it (the
+/// MPS server, when MPS runs), so this process did not reach MPS. Said once per process, with
+/// the pipe directory it looked in (a refusal path: never taken by a process that runs).
+fn device_unavailable() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let pipe = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|_| "unset, so /tmp/nvidia-mps".into());
+    crate::state::logged(|| {
+        tracing::error!(
+            pipe_dir = %pipe,
+            "xcuda: the driver refused a context (CUDA_ERROR_DEVICE_UNAVAILABLE): the GPU is in the \
+             EXCLUSIVE_PROCESS compute mode and another process holds it (the MPS server, when \
+             mps-manager runs it); this process did not reach MPS: CUDA_MPS_PIPE_DIRECTORY must \
+             name the GPU's MPS pipe directory (xshare: <ledger_dir>/gpu<N>/mps-pipe, mounted into \
+             the container)"
+        )
+    });
 }
 
 /// `[gated]` of `forward_then!`: holds the creation gate to the end of the hook, or returns.

@@ -231,6 +231,12 @@ fn in_exclusive_process_mode_a_job_that_misses_mps_gets_no_context() {
     let status = missed.wait_timeout(T).expect("the job that missed MPS never stopped");
     assert!(!status.success());
     assert!(missed.stderr().contains("CUDA_ERROR_DEVICE_UNAVAILABLE"), "{}", missed.stderr());
+    // The shim says why, naming where the job looked for MPS.
+    assert!(
+        missed.stderr().contains("did not reach MPS") && missed.stderr().contains(&elsewhere.display().to_string()),
+        "{}",
+        missed.stderr()
+    );
     let v = n.wait_manager_state(T, "mps.json", "a later look", |v| v["clients"].as_u64() >= Some(1));
     assert_eq!(v["outside_mps"], 0, "nothing ran outside: {v:#}");
     assert_eq!(v["outside_holders"], serde_json::json!([]), "{v:#}");
