@@ -34,6 +34,13 @@ pub fn name(mode: ComputeMode) -> &'static str {
     }
 }
 
+/// The mode [`name`] names.
+pub fn from_name(n: &str) -> Option<ComputeMode> {
+    [ComputeMode::Default, ComputeMode::ExclusiveThread, ComputeMode::Prohibited, ComputeMode::ExclusiveProcess]
+        .into_iter()
+        .find(|&m| name(m) == n)
+}
+
 /// Reads and sets one GPU's compute mode (NVML on a host; a fake in unit tests).
 pub trait GpuModes {
     /// The mode now.
@@ -147,6 +154,13 @@ impl Keeper {
         self.found.get_or_insert(now);
         self.last = Some(ComputeMode::ExclusiveProcess);
         Ok(Some(now))
+    }
+
+    /// Takes over the mode a previous manager of this GPU found before it changed it (its state
+    /// file's `compute_mode_found`): that is the one to put back, not the EXCLUSIVE_PROCESS
+    /// this manager finds.
+    pub fn adopt_found(&mut self, found: ComputeMode) {
+        self.found = Some(found);
     }
 
     /// Pids of the processes holding a context on the GPU, when the keeper holds the mode
@@ -275,6 +289,14 @@ mod tests {
         }
         assert_eq!(k.found(), None, "nothing to put back");
         assert_eq!(gpu.mode(), ComputeMode::Default);
+    }
+
+    #[test]
+    fn names_read_back() {
+        for m in [ComputeMode::Default, ComputeMode::ExclusiveThread, ComputeMode::Prohibited, ComputeMode::ExclusiveProcess] {
+            assert_eq!(from_name(name(m)), Some(m));
+        }
+        assert_eq!(from_name("Default"), None);
     }
 
     #[test]

@@ -393,6 +393,11 @@ impl Manager {
         // Kept in this manager's state file too, until finished: killed again before it gets
         // to them, this manager passes them on.
         self.state.terminating = self.inherited.clone();
+        // The compute mode found before the first manager changed it is the one to put back.
+        if let Some(found) = prev.compute_mode_found.as_deref().and_then(compute_mode::from_name) {
+            self.modes.adopt_found(found);
+            self.note_modes();
+        }
     }
 
     /// The previous manager's state file at `path`, for [`Manager::adopt_previous`]: `Ok(None)`
@@ -1332,10 +1337,19 @@ mod tests {
         // Leaving MPS running (the default) leaves the fence.
         m.shutdown();
         assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess);
-        m.cfg.quit_on_exit = true;
-        m.shutdown();
+        // A restarted manager finds EXCLUSIVE_PROCESS, and takes over the mode its predecessor
+        // found from the state file.
+        let prev = m.state.clone();
+        let mut m2 = manager(dir.path());
+        m2.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
+        m2.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        m2.adopt_previous(&prev);
+        m2.hold_compute_mode().unwrap();
+        assert_eq!(m2.state.compute_mode_found.as_deref(), Some("default"));
+        m2.cfg.quit_on_exit = true;
+        m2.shutdown();
         assert_eq!(gpu.mode(), ComputeMode::Default, "MPS quit: the mode found is back");
-        assert_eq!(m.state.compute_mode_found, None);
+        assert_eq!(m2.state.compute_mode_found, None);
         if let Some(d) = m.recorded_daemon() {
             kill(d.pid);
         }
