@@ -483,6 +483,10 @@ check_fence() {
         return
     fi
     start_mps_manager
+    if [[ -n "${mode_refused:-}" ]]; then
+        row fence SKIP "-" "this host refused the compute mode: $mode_refused"
+        return
+    fi
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/fence-hold.out" 2>&1 &
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/fence-hold.out" 2>/dev/null && break; sleep 0.1; done
@@ -507,15 +511,25 @@ check_fence() {
 start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks
     [[ -n "${mgr_up:-}" ]] && return 0
     mgr_up=1
-    cat >"$root/mps-manager.json" <<EOF
+    local mode=exclusive_process m
+    [[ $(id -u) == 0 ]] || mode=leave
+    for _ in 1 2; do
+        cat >"$root/mps-manager.json" <<EOF
 { "control_bin": "$(command -v nvidia-cuda-mps-control)", "pipe_dir": "$root/mps-pipe",
   "log_dir": "$root/mps-log", "ledger_dir": "$root/run", "monitor_state_file": "$root/run/state.json",
   "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid,
-  "quit_on_exit": true, "compute_mode": "$([[ $(id -u) == 0 ]] && echo exclusive_process || echo leave)" }
+  "quit_on_exit": true, "compute_mode": "$mode" }
 EOF
-    "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >"$root/mps-manager.log" 2>&1 &
-    pids+=($!)
-    sleep 2
+        "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >>"$root/mps-manager.log" 2>&1 &
+        m=$!
+        sleep 2
+        kill -0 $m 2>/dev/null && { pids+=($m); return 0; }
+        # A host that refuses the compute mode (a sandbox without the permission): the other
+        # checks run with the mode left alone; the fence check says why it cannot run.
+        grep -q "compute mode" "$root/mps-manager.log" || return 0
+        mode_refused="$(grep "compute mode" "$root/mps-manager.log" | tail -n 1 | plain 240)"
+        mode=leave
+    done
 }
 check_node() {
     # MuxFlow's scenario: an online client at 50 requests/s on about 30 % of the SMs, then on the
