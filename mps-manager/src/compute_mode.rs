@@ -137,13 +137,15 @@ impl Keeper {
             return Ok(None);
         }
         gpu.set(ComputeMode::ExclusiveProcess).map_err(|e| {
-            let hint = if matches!(e, NvmlError::NoPermission) {
-                format!(
+            let hint = match e {
+                NvmlError::NoPermission => format!(
                     " (root only: run mps-manager as root, or set it beforehand with \
                      `nvidia-smi -i {index} -c EXCLUSIVE_PROCESS`)"
-                )
-            } else {
-                String::new()
+                ),
+                // nvml.h: "On MIG-enabled GPUs, compute mode would be set to DEFAULT and
+                // changing it is not supported."
+                NvmlError::NotSupported => " (a MIG-enabled GPU keeps the DEFAULT mode)".to_string(),
+                _ => String::new(),
             };
             format!(
                 "setting GPU {index}'s compute mode from {} to exclusive_process: {e}{hint}; \
