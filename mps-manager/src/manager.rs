@@ -274,7 +274,14 @@ impl Manager {
     /// At each check: the compute mode is still what the config asks, else set back (an
     /// operator's `nvidia-smi -c`, another tool), loudly.
     fn keep_compute_mode(&mut self) {
+        // Never held before (the config was `leave` at start and is `exclusive_process` since a
+        // reload): a first setting, not a change to undo.
+        let first = self.modes.last().is_none();
         match self.modes.hold(self.cfg.compute_mode) {
+            Ok(Some(from)) if first => {
+                tracing::info!(gpu = self.cfg.gpu_index, from = compute_mode::name(from), "GPU compute mode set to exclusive_process (config reloaded)");
+                self.mode_failing = false;
+            }
             Ok(Some(from)) => {
                 self.state.compute_mode_restored += 1;
                 tracing::error!(
@@ -1353,6 +1360,25 @@ mod tests {
         if let Some(d) = m.recorded_daemon() {
             kill(d.pid);
         }
+    }
+
+    /// A reload from `leave` to `exclusive_process` sets the mode at the next check, as a first
+    /// setting (not counted as a change undone).
+    #[test]
+    fn a_reload_to_exclusive_process_sets_the_mode_at_the_next_check() {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode;
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
+        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        m.hold_compute_mode().unwrap();
+        m.check(0);
+        assert_eq!((gpu.mode(), m.state.compute_mode.clone()), (ComputeMode::Default, None), "leave");
+        m.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
+        m.check(500);
+        assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess);
+        assert_eq!(m.state.compute_mode_restored, 0);
+        assert_eq!(m.state.compute_mode_found.as_deref(), Some("default"));
     }
 
     /// A process NVML lists on the GPU and no MPS server does is reported after two looks in
