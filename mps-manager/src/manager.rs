@@ -311,11 +311,12 @@ impl Manager {
     /// also judged by `outside_mps`; any other (the online service started before MPS, or
     /// with another `CUDA_MPS_PIPE_DIRECTORY`) is for its operator to restart.
     fn check_holders(&mut self, clients: &BTreeMap<u32, Vec<u32>>, offline: &[node_ledger::ProcSnapshot]) {
-        let pids = match self.cfg.compute_mode {
-            ComputeModePolicy::ExclusiveProcess => self.modes.compute_pids(),
-            ComputeModePolicy::Leave => Some(Vec::new()),
-        };
-        let Some(pids) = pids else {
+        if self.cfg.compute_mode == ComputeModePolicy::Leave {
+            self.holders.clear();
+            self.state.outside_holders.clear();
+            return;
+        }
+        let Some(pids) = self.modes.compute_pids() else {
             return;
         };
         let on_mps: BTreeSet<u32> = clients.keys().chain(clients.values().flatten()).copied().collect();
@@ -1321,6 +1322,14 @@ mod tests {
         Manager::new(cfg).unwrap()
     }
 
+    /// [`manager`] with `compute_mode` = `policy`, reading and setting the mode of `gpu`.
+    fn manager_on(dir: &Path, policy: ComputeModePolicy, gpu: &crate::compute_mode::testing::Fake) -> Manager {
+        let mut m = manager(dir);
+        m.cfg.compute_mode = policy;
+        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        m
+    }
+
     /// The compute mode is set before MPS starts, set back at a check when found changed
     /// (counted, in the state file), and the mode found put back only once MPS has quit at
     /// shutdown; a manager that leaves MPS running keeps the fence.
@@ -1328,10 +1337,8 @@ mod tests {
     fn the_compute_mode_is_held_while_mps_runs_and_put_back_after_quit() {
         use nvml_wrapper::enum_wrappers::device::ComputeMode;
         let dir = tempfile::tempdir().unwrap();
-        let mut m = manager(dir.path());
-        m.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
         let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
-        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        let mut m = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
         m.hold_compute_mode().unwrap();
         assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess);
         assert_eq!(m.state.compute_mode.as_deref(), Some("exclusive_process"));
@@ -1347,9 +1354,7 @@ mod tests {
         // A restarted manager finds EXCLUSIVE_PROCESS, and takes over the mode its predecessor
         // found from the state file.
         let prev = m.state.clone();
-        let mut m2 = manager(dir.path());
-        m2.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
-        m2.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        let mut m2 = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
         m2.adopt_previous(&prev);
         m2.hold_compute_mode().unwrap();
         assert_eq!(m2.state.compute_mode_found.as_deref(), Some("default"));
@@ -1368,9 +1373,8 @@ mod tests {
     fn a_reload_to_exclusive_process_sets_the_mode_at_the_next_check() {
         use nvml_wrapper::enum_wrappers::device::ComputeMode;
         let dir = tempfile::tempdir().unwrap();
-        let mut m = manager(dir.path());
         let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
-        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        let mut m = manager_on(dir.path(), ComputeModePolicy::Leave, &gpu);
         m.hold_compute_mode().unwrap();
         m.check(0);
         assert_eq!((gpu.mode(), m.state.compute_mode.clone()), (ComputeMode::Default, None), "leave");
@@ -1388,10 +1392,8 @@ mod tests {
     fn a_process_holding_the_gpu_outside_mps_is_reported_on_the_second_look() {
         use nvml_wrapper::enum_wrappers::device::ComputeMode;
         let dir = tempfile::tempdir().unwrap();
-        let mut m = manager(dir.path());
-        m.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
         let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::ExclusiveProcess);
-        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        let mut m = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
         m.hold_compute_mode().unwrap();
         m.ensure_daemon().unwrap();
         let mut holder = sleeper();
@@ -1425,11 +1427,9 @@ mod tests {
     fn a_compute_mode_it_cannot_set_stops_the_manager_before_mps() {
         use nvml_wrapper::enum_wrappers::device::ComputeMode;
         let dir = tempfile::tempdir().unwrap();
-        let mut m = manager(dir.path());
-        m.cfg.compute_mode = ComputeModePolicy::ExclusiveProcess;
         let mut gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
         gpu.deny = true;
-        m.set_mode_keeper(Keeper::over(Box::new(gpu.clone())));
+        let mut m = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
         let e = m.hold_compute_mode().unwrap_err();
         assert!(e.contains("nvidia-smi -i 0 -c EXCLUSIVE_PROCESS"), "{e}");
         assert_eq!(gpu.mode(), ComputeMode::Default);

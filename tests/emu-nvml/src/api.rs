@@ -646,6 +646,17 @@ mod tests {
         dir
     }
 
+    /// `nvmlInit_v2` and GPU 0's handle (both must succeed).
+    fn init_gpu0() -> nvmlDevice_t {
+        // SAFETY: the handle's out-pointer is a live local.
+        unsafe {
+            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+            let mut dev: nvmlDevice_t = std::ptr::null_mut();
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            dev
+        }
+    }
+
     /// Memory in use and the process list are live, as the driver reports them: an
     /// allocation and a new context show in the very next query, even one made right after
     /// another query (counters such as the SM clock may be answered from a reading up to
@@ -656,9 +667,7 @@ mod tests {
         let dir = fresh_h100("live");
         // SAFETY: every pointer passed points at a live local of the type written.
         unsafe {
-            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
-            let mut dev: nvmlDevice_t = std::ptr::null_mut();
-            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let dev = init_gpu0();
             let query = |dev| {
                 let mut m: nvmlMemory_t = std::mem::zeroed();
                 assert_eq!(nvmlDeviceGetMemoryInfo(dev, &mut m), nvmlReturn_enum_NVML_SUCCESS);
@@ -708,9 +717,7 @@ mod tests {
         let dir = fresh_h100("compute-mode");
         // SAFETY: every pointer passed points at a live local of the type written.
         unsafe {
-            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
-            let mut dev: nvmlDevice_t = std::ptr::null_mut();
-            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let dev = init_gpu0();
             let get = |dev| {
                 let mut m: nvmlComputeMode_t = 99;
                 assert_eq!(nvmlDeviceGetComputeMode(dev, &mut m), nvmlReturn_enum_NVML_SUCCESS);
@@ -758,9 +765,7 @@ mod tests {
         let dir = fresh_h100("quiet");
         // SAFETY: every pointer passed points at a live local of the type written.
         unsafe {
-            assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
-            let mut dev: nvmlDevice_t = std::ptr::null_mut();
-            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+            let dev = init_gpu0();
             let (mut a, mut b): (nvmlGpmSample_t, nvmlGpmSample_t) = (null_mut(), null_mut());
             assert_eq!(nvmlGpmSampleAlloc(&mut a), nvmlReturn_enum_NVML_SUCCESS);
             assert_eq!(nvmlGpmSampleAlloc(&mut b), nvmlReturn_enum_NVML_SUCCESS);
