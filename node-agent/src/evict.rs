@@ -23,8 +23,12 @@
 //! passed.
 //!
 //! Process -> pod: the ledger group (`XCUDA_GROUP = k8s-pod-<uid>`, set at Allocate) gives the
-//! pod UID from any pid namespace; a process outside such a group but in our pid namespace
-//! (hostPID) is mapped by its cgroup path (`.../pod<uid>/...`).
+//! pod UID from any pid namespace; a process outside such a group is mapped by its cgroup path
+//! (`.../pod<uid>/...`), read under its pid in the agent's pid namespace: the pid itself when
+//! the process shares it, else the one its pid namespace and pid there lead to
+//! (`node_daemon::procns`, as the daemons find a container's host pid). That needs an agent
+//! that sees the host's processes (a systemd unit, or `hostPID` with `CAP_SYS_PTRACE`); the
+//! shipped DaemonSet has neither and relies on the group alone.
 //!
 //! Answers: 201 evicted; 429 refused by a PodDisruptionBudget or API Priority and Fairness
 //! (Event once, retried after the server's `Retry-After` header, else its
@@ -208,6 +212,24 @@ pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
     None
 }
 
+/// The pod UID in the cgroup path of the live process that is `pid` in the pid namespace
+/// `pid_ns` and started at `start_time` (its ledger identity), read under its pid here
+/// (`host_pids`); `None` when it is gone, not visible from here, or in no pod's cgroup.
+pub fn pod_uid_of_process(
+    host_pids: &mut node_daemon::procns::HostPids,
+    pid_ns: u64,
+    pid: u32,
+    start_time: u64,
+) -> Option<String> {
+    let host = host_pids.get((pid_ns, pid, start_time))?;
+    // The pid here may have been reused since it was found: same start time, same process.
+    if !node_ledger::procinfo::is_alive(host, start_time) {
+        return None;
+    }
+    let text = std::fs::read_to_string(format!("/proc/{host}/cgroup")).ok()?;
+    pod_uid_from_cgroup(&text)
+}
+
 /// A pod, as far as eviction needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRef {
@@ -292,7 +314,8 @@ pub struct Evictor {
     pub counts: BTreeMap<Outcome, u64>,
     /// Requests whose pod could not be found (not a Kubernetes pod, or not ours).
     pub unmapped: u64,
-    own_pid_ns: u64,
+    /// Host pids of requested processes outside a pod group (cached, misses backed off).
+    host_pids: node_daemon::procns::HostPids,
     /// Per GPU, how far its eviction log is reported, or why it cannot be read (stalled).
     cursors: BTreeMap<u32, Result<LogCursor, String>>,
     /// Per GPU, where this tick's read of the log stopped.
@@ -326,7 +349,7 @@ impl Evictor {
             by_uid: HashMap::new(),
             counts: BTreeMap::new(),
             unmapped: 0,
-            own_pid_ns: node_ledger::procinfo::own_pid_ns(),
+            host_pids: node_daemon::procns::HostPids::default(),
             cursors: gpus_c
                 .iter()
                 .map(|&g| {
@@ -365,16 +388,12 @@ impl Evictor {
         Ok(())
     }
 
-    fn resolve(&self, r: &Requested) -> Option<PodRef> {
+    fn resolve(&mut self, r: &Requested) -> Option<PodRef> {
         if let Some(p) = self.groups.get(&r.group_id) {
             return Some(p.clone());
         }
-        if r.pid_ns == self.own_pid_ns && node_ledger::procinfo::is_alive(r.pid, r.start_time) {
-            let text = std::fs::read_to_string(format!("/proc/{}/cgroup", r.pid)).ok()?;
-            let uid = pod_uid_from_cgroup(&text)?;
-            return self.by_uid.get(&uid).cloned();
-        }
-        None
+        let uid = pod_uid_of_process(&mut self.host_pids, r.pid_ns, r.pid, r.start_time)?;
+        self.by_uid.get(&uid).cloned()
     }
 
     /// One pass: read the ledgers' requests, evict their pods. Returns the outcomes of this pass.
@@ -428,6 +447,8 @@ impl Evictor {
                 }
             }
         }
+        self.host_pids
+            .retain(|&(ns, pid, st)| reqs.iter().any(|r| (r.pid_ns, r.pid, r.start_time) == (ns, pid, st)));
         let mut seen = std::collections::HashSet::new();
         for r in &reqs {
             if r.group_id == 0 && r.log_end.is_some() {
