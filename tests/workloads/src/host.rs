@@ -482,6 +482,21 @@ impl Host {
                 .open(p)
                 .unwrap_or_else(|e| panic!("output file {}: {e}", p.display()))
         };
+        // As a shell starts a foreground job: SIGINT and SIGQUIT at their default action even
+        // when this process was started with them ignored (a background job of a
+        // non-interactive shell, `cmd &`, inherits SIG_IGN for both, and exec keeps an ignored
+        // signal ignored). The tests send SIGINT as a user's Ctrl-C; an inherited SIG_IGN
+        // would make Python keep it ignored and every such client look hung.
+        // SAFETY: the closure runs in the forked child before exec and only calls signal(2),
+        // which is async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(open(&out))
