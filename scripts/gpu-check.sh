@@ -513,12 +513,14 @@ start_mps_manager() { # once: mps-manager owning MPS for the node and recovery c
     mgr_up=1
     local mode=exclusive_process m
     [[ $(id -u) == 0 ]] || mode=leave
+    # The kit's clients run on the host, not in containers: the daemon keeps the host's
+    # /dev/shm (shm_dir "host"), where its servers keep the shared memory clients attach to.
     for _ in 1 2; do
         cat >"$root/mps-manager.json" <<EOF
 { "control_bin": "$(command -v nvidia-cuda-mps-control)", "pipe_dir": "$root/mps-pipe",
   "log_dir": "$root/mps-log", "ledger_dir": "$root/run", "monitor_state_file": "$root/run/state.json",
   "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid,
-  "quit_on_exit": true, "compute_mode": "$mode" }
+  "quit_on_exit": true, "compute_mode": "$mode", "shm_dir": "host" }
 EOF
         "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >>"$root/mps-manager.log" 2>&1 &
         m=$!

@@ -20,6 +20,9 @@ pub const MAX_PERIOD_MS: u64 = 3_600_000;
 /// Longest detection / rate-limit window, ms (1 day).
 pub const MAX_WINDOW_MS: u64 = 86_400_000;
 
+/// [`Config::shm_dir`] value that leaves the control daemon the host's `/dev/shm`.
+pub const SHM_HOST: &str = "host";
+
 /// Everything `mps-manager run` reads from its config files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -83,6 +86,16 @@ pub struct Config {
     /// a context (`CUDA_ERROR_DEVICE_UNAVAILABLE`) instead of running beside it; `leave`
     /// never touches it (then `outside_mps` is what finds such processes).
     pub compute_mode: ComputeModePolicy,
+    /// The directory the control daemon, and so every MPS server it starts, gets as its
+    /// `/dev/shm`, where a real MPS server keeps the shared memory its clients attach to: a
+    /// client must see the same directory at its own `/dev/shm` or its connection fails
+    /// (`CUDA_ERROR_MPS_CONNECTION_FAILED`). Containers get it mounted there (node-agent
+    /// `inject.mps_shm_dir`; NVIDIA's k8s device plugin does the same), so they share nothing
+    /// else of the host's `/dev/shm`. Empty means `/dev/shm/xshare-gpu<N>`; `host` gives the
+    /// daemon the host's own `/dev/shm` (MPS clients that run on the host, outside
+    /// containers). A directory needs root: the daemon is started in a mount namespace of its
+    /// own with the directory bound over `/dev/shm`.
+    pub shm_dir: PathBuf,
     /// How the offline SM budget is computed.
     pub budget: BudgetConfig,
     /// Thresholds of MPS fault detection.
@@ -111,6 +124,7 @@ impl Default for Config {
             outside_mps: OutsideAction::Evict,
             outside_mps_after_ms: 2000,
             compute_mode: ComputeModePolicy::ExclusiveProcess,
+            shm_dir: PathBuf::new(),
             budget: BudgetConfig::default(),
             detect: DetectConfig::default(),
             recovery: RateConfig::default(),
@@ -165,6 +179,15 @@ impl Config {
                 ),
             ));
         }
+        if !(self.shm_dir.as_os_str().is_empty() || self.shm_dir == Path::new(SHM_HOST) || self.shm_dir.is_absolute()) {
+            return Err((
+                "shm_dir".into(),
+                format!(
+                    "must be an absolute directory, \"{SHM_HOST}\" (the host's /dev/shm) or empty (/dev/shm/xshare-gpu<N>), got {:?}",
+                    self.shm_dir
+                ),
+            ));
+        }
         if !(1..=3600).contains(&self.recovery.max_per_hour) {
             return Err((
                 "recovery.max_per_hour".into(),
@@ -206,6 +229,15 @@ impl Config {
         fill(&mut self.log_dir, "mps-log");
         fill(&mut self.monitor_state_file, "state.json");
         fill(&mut self.state_file, "mps-manager.json");
+        if self.shm_dir.as_os_str().is_empty() {
+            self.shm_dir = PathBuf::from(format!("/dev/shm/xshare-gpu{}", self.gpu_index));
+        }
+    }
+
+    /// The directory the control daemon gets as its `/dev/shm` ([`Config::shm_dir`]); `None`
+    /// when it keeps the host's.
+    pub fn daemon_shm_dir(&self) -> Option<&Path> {
+        (self.shm_dir != Path::new(SHM_HOST) && !self.shm_dir.as_os_str().is_empty()).then_some(self.shm_dir.as_path())
     }
 
     /// This GPU's ledger file (`<ledger_dir>/gpu<N>/ledger`).
@@ -233,6 +265,21 @@ mod tests {
             c.monitor_state_file,
             PathBuf::from("/run/x/gpu3/state.json")
         );
+        assert_eq!(c.daemon_shm_dir(), Some(Path::new("/dev/shm/xshare-gpu3")), "the daemon's own /dev/shm by default");
+    }
+
+    #[test]
+    fn shm_dir_is_a_directory_or_host() {
+        let mut c = Config { shm_dir: "host".into(), ..Config::default() };
+        c.finalize(None);
+        assert!(c.validate().is_ok());
+        assert_eq!(c.daemon_shm_dir(), None, "the host's /dev/shm");
+        c.shm_dir = "/srv/mps-shm".into();
+        assert_eq!(c.daemon_shm_dir(), Some(Path::new("/srv/mps-shm")));
+        c.shm_dir = "mps-shm".into();
+        let (field, msg) = c.validate().unwrap_err();
+        assert_eq!(field, "shm_dir");
+        assert!(msg.contains("absolute") && msg.contains("\"host\""), "{msg}");
     }
 
     #[test]

@@ -91,6 +91,47 @@ pub struct MpsControl {
     pub visible_devices: String,
     /// Longest wait for one command's answer (a longer one is a daemon hang).
     pub timeout: Duration,
+    /// The directory the daemon gets as its `/dev/shm` (`None`: the host's), see
+    /// [`crate::config::Config::shm_dir`].
+    pub shm_dir: Option<PathBuf>,
+}
+
+/// Device and inode numbers of `p` (what tells two paths to one directory apart from two).
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Makes `dir` ready to be a `/dev/shm`: created, mode 1777 as `/dev/shm` is (the MPS server
+/// runs as its clients' user and creates its shared memory there).
+fn prepare_shm_dir(dir: &Path) -> Result<(), MpsError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| MpsError::Spawn(format!("shm_dir {}: {e}", dir.display())))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| MpsError::Spawn(format!("shm_dir {}: chmod 1777: {e}", dir.display())))
+}
+
+/// In the forked child, before exec: a mount namespace of its own, with `dir` bound over
+/// `/dev/shm`. Async-signal-safe: only the `unshare` and `mount` system calls, on strings
+/// made before the fork.
+fn private_dev_shm(dir: &std::ffi::CStr) -> std::io::Result<()> {
+    const DEV_SHM: &std::ffi::CStr = c"/dev/shm";
+    const ROOT: &std::ffi::CStr = c"/";
+    // SAFETY: plain system calls on NUL-terminated strings that live across them; they touch
+    // only the calling (child) process's namespaces.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Nothing done here may propagate back to the host's mounts.
+        if libc::mount(std::ptr::null(), ROOT.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::mount(dir.as_ptr(), DEV_SHM.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 impl MpsControl {
@@ -109,14 +150,32 @@ impl MpsControl {
                 .map_err(|e| MpsError::Spawn(format!("{}: {e}", d.display())))?;
         }
         let _ = std::fs::remove_file(self.pipe_dir.join(PID_FILE));
-        let mut child = self
-            .cmd()
+        let mut cmd = self.cmd();
+        if let Some(dir) = &self.shm_dir {
+            prepare_shm_dir(dir)?;
+            use std::os::unix::ffi::OsStrExt;
+            use std::os::unix::process::CommandExt;
+            let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+                .map_err(|_| MpsError::Spawn(format!("shm_dir {} has a NUL byte", dir.display())))?;
+            // SAFETY: the closure runs in the forked child before exec and makes system calls
+            // only (`private_dev_shm`), on a string allocated before the fork.
+            unsafe { cmd.pre_exec(move || private_dev_shm(&c)) };
+        }
+        let mut child = cmd
             .arg("-d")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| MpsError::Spawn(format!("{}: {e}", self.bin.display())))?;
+            .map_err(|e| match &self.shm_dir {
+                Some(d) if e.kind() == std::io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(libc::EPERM) => MpsError::Spawn(format!(
+                    "{}: giving the control daemon {} as its /dev/shm needs root (a mount namespace of its own): {e}; \
+                     shm_dir = \"host\" keeps the host's /dev/shm",
+                    self.bin.display(),
+                    d.display()
+                )),
+                _ => MpsError::Spawn(format!("{}: {e}", self.bin.display())),
+            })?;
         let deadline = Instant::now() + self.timeout;
         loop {
             if let Ok(Some(st)) = child.try_wait() {
@@ -153,6 +212,28 @@ impl MpsControl {
             command: "-d (pid file)".into(),
             after_ms: self.timeout.as_millis() as u64,
         })
+    }
+
+    /// Whether the control daemon `pid` sees [`MpsControl::shm_dir`] (or the host's `/dev/shm`
+    /// when none) as its `/dev/shm`, judged by device and inode numbers through
+    /// `/proc/<pid>/root` (its mount namespace): `Err` says what it sees instead. Its MPS
+    /// servers inherit its mounts, so its clients must be given that directory.
+    pub fn check_daemon_shm(&self, pid: u32) -> Result<(), String> {
+        let want_path = self.shm_dir.clone().unwrap_or_else(|| PathBuf::from("/dev/shm"));
+        let want = file_id(&want_path);
+        let theirs = file_id(&PathBuf::from(format!("/proc/{pid}/root/dev/shm")));
+        match (want, theirs) {
+            (Some(w), Some(t)) if w == t => Ok(()),
+            (_, None) => Err(format!("cannot look at the /dev/shm of MPS control daemon {pid} (/proc/{pid}/root)")),
+            _ => Err(format!(
+                "MPS control daemon {pid} does not see {} as its /dev/shm: MPS clients given {0} there \
+                 cannot attach to its servers' shared memory (CUDA_ERROR_MPS_CONNECTION_FAILED); it was \
+                 started with another shm_dir: restart MPS (`echo quit | nvidia-cuda-mps-control` with \
+                 CUDA_MPS_PIPE_DIRECTORY={}) once its clients allow",
+                want_path.display(),
+                self.pipe_dir.display()
+            )),
+        }
     }
 
     /// Pid of the running control daemon per its pid file, if that process is alive and is
@@ -302,7 +383,42 @@ mod tests {
             log_dir: dir.join("log"),
             visible_devices: "0".into(),
             timeout: Duration::from_millis(300),
+            shm_dir: None,
         }
+    }
+
+    /// With `shm_dir` the daemon runs in a mount namespace of its own with the directory over
+    /// `/dev/shm` (and the host's `/dev/shm` untouched); `check_daemon_shm` tells it from a
+    /// daemon that sees another. Root only (a mount namespace); said and skipped otherwise.
+    #[test]
+    fn the_daemon_gets_shm_dir_as_its_dev_shm_and_the_check_sees_it() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root for a mount namespace");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        // The stand-in daemon: says which /dev/shm it sees, then stays (as `-d` leaves one).
+        let mut c = script(
+            d.path(),
+            "stat -c '%d %i %a' /dev/shm > \"$CUDA_MPS_PIPE_DIRECTORY/seen\"\n\
+             sleep 30 </dev/null >/dev/null 2>&1 &\n\
+             echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"",
+        );
+        let shm = d.path().join("shm");
+        c.shm_dir = Some(shm.clone());
+        let pid = c.start_daemon().expect("daemon started");
+        let seen = std::fs::read_to_string(c.pipe_dir.join("seen")).unwrap();
+        let want = file_id(&shm).unwrap();
+        assert_eq!(seen.trim(), format!("{} {} 1777", want.0, want.1), "the directory, mode 1777, as its /dev/shm");
+        assert_eq!(c.check_daemon_shm(pid), Ok(()));
+        assert_ne!(file_id(Path::new("/dev/shm")), Some(want), "the host's /dev/shm untouched");
+        // A manager configured for the host's /dev/shm judges this daemon wrong, naming it.
+        let host = MpsControl { shm_dir: None, ..c.clone() };
+        let e = host.check_daemon_shm(pid).unwrap_err();
+        assert!(e.contains("does not see /dev/shm as its /dev/shm") && e.contains("restart MPS"), "{e}");
+        // SAFETY: kill(2) of the stand-in daemon this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
 
     #[test]

@@ -22,7 +22,7 @@ CONFIG:
     `last_error`). A missing default file means built-in defaults.
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
-    evict_grace_ms, terminate_before_kill_ms, client_uid, compute_mode, outside_mps,
+    evict_grace_ms, terminate_before_kill_ms, client_uid, compute_mode, shm_dir, outside_mps,
     outside_mps_after_ms,
     budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
@@ -50,6 +50,17 @@ USERS:
     uid is then an error (log, state file last_error, user_breaches) and those offline processes
     are terminate_client'ed, SIGTERMed (SIGKILL after evict_grace_ms) and marked for restart.
     Unset: the server's user is reported (mps_server_uid) and a change warned.
+
+SHARED MEMORY:
+    An MPS server keeps the shared memory its clients attach to in its /dev/shm: a client
+    that sees another /dev/shm (a container's own) fails to connect
+    (CUDA_ERROR_MPS_CONNECTION_FAILED). The manager starts the control daemon, and so its
+    servers, with shm_dir (default /dev/shm/xshare-gpu<N>, mode 1777) bound over /dev/shm in a
+    mount namespace of its own (root); MPS clients in containers get that directory mounted
+    at /dev/shm (node-agent does it for offline containers; the online service's pod mounts
+    it), and share nothing else of the host's /dev/shm. shm_dir \"host\": the daemon keeps the
+    host's /dev/shm (clients running on the host). Checked when the daemon is started or
+    adopted; state file shm_dir.
 
 COMPUTE MODE:
     compute_mode exclusive_process (the default, as NVIDIA's MPS docs recommend): before it
@@ -149,6 +160,12 @@ fn status_text(s: &ManagerState) -> String {
         o,
         "  {:<20} {:?} ({} clients)",
         "servers", s.servers, s.clients
+    );
+    let _ = writeln!(
+        o,
+        "  {:<20} {}",
+        "MPS /dev/shm",
+        s.shm_dir.as_deref().unwrap_or("not the configured shm_dir (see last error)")
     );
     let _ = writeln!(
         o,
@@ -361,9 +378,11 @@ mod tests {
             user_breaches: 2,
             compute_mode: Some("exclusive_process".into()),
             compute_mode_found: Some("default".into()),
+            shm_dir: Some("/dev/shm/xshare-gpu2".into()),
             ..Default::default()
         };
         let t = status_text(&s);
+        assert!(t.contains("MPS /dev/shm         /dev/shm/xshare-gpu2"), "{t}");
         assert!(t.contains("exclusive_process (found default, put back when MPS quits)"), "{t}");
         assert!(t.contains("uid 1000 (2 servers"), "{t}");
         assert!(t.starts_with("GPU 2"), "{t}");

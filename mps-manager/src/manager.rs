@@ -71,6 +71,11 @@ pub struct ManagerState {
     pub daemon_start_time: Option<u64>,
     /// Pids of the MPS servers at the last look.
     pub servers: Vec<u32>,
+    /// The directory the control daemon (and its servers) has as its `/dev/shm`, checked when
+    /// it was started or adopted: MPS clients must see it as theirs (containers get it mounted
+    /// at `/dev/shm`). `None` when it is not the configured `shm_dir` (`last_error` says).
+    #[serde(default)]
+    pub shm_dir: Option<String>,
     /// MPS clients connected at the last look, all servers together.
     pub clients: usize,
     /// The health state the monitor last published, if any.
@@ -193,6 +198,7 @@ pub fn control_for(cfg: &Config) -> MpsControl {
         log_dir: cfg.log_dir.clone(),
         visible_devices: cfg.gpu_index.to_string(),
         timeout: Duration::from_millis(cfg.command_timeout_ms),
+        shm_dir: cfg.daemon_shm_dir().map(Path::to_path_buf),
     }
 }
 
@@ -361,6 +367,13 @@ impl Manager {
     pub fn ensure_daemon(&mut self) -> Result<u32, MpsError> {
         if let Some(id) = self.ctl.daemon_identity() {
             self.remember_daemon(id);
+            // A daemon this manager did not start (a restart adopts the running one) may have
+            // another /dev/shm than configured: said loudly, and left running (stopping it
+            // would cut off the online service).
+            if let Err(e) = self.note_daemon_shm(id.pid) {
+                tracing::error!(pid = id.pid, error = %e, "the running MPS control daemon's /dev/shm is not shm_dir");
+                self.state.last_error = Some(e);
+            }
             return Ok(id.pid);
         }
         let pid = self.ctl.start_daemon()?;
@@ -370,10 +383,22 @@ impl Manager {
                 self.ctl.pipe_dir.join(crate::control::PID_FILE).display()
             )));
         };
-        tracing::info!(pid, start_time = id.start_time, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon started");
+        self.note_daemon_shm(pid).map_err(MpsError::Spawn)?;
+        tracing::info!(pid, start_time = id.start_time, pipe_dir = %self.ctl.pipe_dir.display(), shm_dir = self.state.shm_dir.as_deref().unwrap_or("?"), "MPS control daemon started");
         self.remember_daemon(id);
         self.alloc.reset_applied();
         Ok(pid)
+    }
+
+    /// Checks that control daemon `pid` sees the configured `shm_dir` as its `/dev/shm` and
+    /// records it in the state file (`shm_dir`: what MPS clients must be given as theirs), or
+    /// clears it and says why not.
+    fn note_daemon_shm(&mut self, pid: u32) -> Result<(), String> {
+        let r = self.ctl.check_daemon_shm(pid);
+        self.state.shm_dir = r.is_ok().then(|| {
+            self.ctl.shm_dir.as_deref().unwrap_or(Path::new("/dev/shm")).display().to_string()
+        });
+        r
     }
 
     fn remember_daemon(&mut self, id: DaemonId) {

@@ -287,6 +287,13 @@ pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, V
             read_only: false,
         });
     }
+    // The MPS server's /dev/shm as the container's: its clients attach to the shared memory
+    // it keeps there (a /dev/shm of the container's own cannot connect).
+    mounts.push(pb::Mount {
+        container_path: "/dev/shm".to_string(),
+        host_path: s(&cfg.mps_shm_host_dir(gpu)),
+        read_only: false,
+    });
     (env, mounts)
 }
 
@@ -493,8 +500,13 @@ mod tests {
         assert_eq!(r.envs["XCUDA_GROUP"], "k8s-pod-u1");
         assert_eq!(
             r.mounts.len(),
-            2,
-            "pipe dir inside the ledger mount: {:?}",
+            3,
+            "shim, ledger (the pipe dir inside it), the MPS server's /dev/shm: {:?}",
+            r.mounts
+        );
+        assert!(
+            r.mounts.iter().any(|m| m.container_path == "/dev/shm" && m.host_path == "/dev/shm/xshare-gpu1" && !m.read_only),
+            "mps-manager's default shm_dir of GPU 1 as the container's /dev/shm: {:?}",
             r.mounts
         );
         assert!(r.cdi_devices.is_empty());
@@ -505,6 +517,12 @@ mod tests {
             .mounts
             .iter()
             .any(|m| m.host_path == "/tmp/mps-1" && !m.read_only));
+        c.inject.mps_shm_dir = "host".into();
+        let r = container_response(&c, &plan);
+        assert!(r.mounts.iter().any(|m| m.container_path == "/dev/shm" && m.host_path == "/dev/shm"));
+        c.inject.mps_shm_dir = "/run/mps-shm-{gpu}".into();
+        let r = container_response(&c, &plan);
+        assert!(r.mounts.iter().any(|m| m.container_path == "/dev/shm" && m.host_path == "/run/mps-shm-1"));
         c.cdi.enabled = true;
         c.cdi.gpu_device_kind = Some("nvidia.com/gpu".into());
         let r = container_response(&c, &plan);
@@ -524,5 +542,10 @@ mod tests {
         assert!(env
             .iter()
             .any(|e| e == "LD_PRELOAD=/usr/local/lib/xshare/libxcuda.so"));
+        let mounts = spec["devices"][1]["containerEdits"]["mounts"].as_array().unwrap();
+        assert!(
+            mounts.iter().any(|m| m["containerPath"] == "/dev/shm" && m["hostPath"] == "/run/mps-shm-1"),
+            "the CDI spec mounts the MPS server's /dev/shm too: {mounts:?}"
+        );
     }
 }

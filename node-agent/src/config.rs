@@ -84,6 +84,13 @@ pub struct InjectConfig {
     /// Host MPS pipe directory; `{gpu}` is replaced by the index. Empty: mps-manager's default
     /// `<ledger_dir>/gpu<N>/mps-pipe` (inside the mounted ledger directory).
     pub mps_pipe_dir: String,
+    /// Host directory mounted at the container's `/dev/shm`: the one mps-manager gives the MPS
+    /// control daemon (and so its servers) as theirs (its `shm_dir`), where a server keeps the
+    /// shared memory its clients attach to; a client with a `/dev/shm` of its own cannot
+    /// connect (`CUDA_ERROR_MPS_CONNECTION_FAILED`). `{gpu}` is replaced by the index. Empty:
+    /// mps-manager's default `/dev/shm/xshare-gpu<N>`; `host`: the host's `/dev/shm` itself
+    /// (for a manager with `shm_dir` = `host`; the container then shares all of it).
+    pub mps_shm_dir: String,
 }
 
 /// CDI (Container Device Interface) mode: the static edits go into a CDI spec file and
@@ -184,6 +191,7 @@ impl Default for InjectConfig {
             shim_container_path: PathBuf::from("/usr/local/lib/xshare/libxcuda.so"),
             ledger_container_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
             mps_pipe_dir: String::new(),
+            mps_shm_dir: String::new(),
         }
     }
 }
@@ -330,6 +338,13 @@ impl AgentConfig {
         if !self.inject.mps_pipe_dir.is_empty() && !self.inject.mps_pipe_dir.starts_with('/') {
             return bad("inject.mps_pipe_dir", "must be an absolute path".into());
         }
+        let shm = &self.inject.mps_shm_dir;
+        if !(shm.is_empty() || shm == "host" || shm.starts_with('/')) {
+            return bad(
+                "inject.mps_shm_dir",
+                "must be an absolute path, \"host\" or empty (mps-manager's default /dev/shm/xshare-gpu<N>)".into(),
+            );
+        }
         if self.health.poll_ms == 0 || self.health.stale_after_ms == 0 {
             return bad(
                 "health.stale_after_ms",
@@ -369,6 +384,16 @@ impl AgentConfig {
     /// The GPU with host index `index`, if this agent serves it.
     pub fn gpu(&self, index: u32) -> Option<&GpuConfig> {
         self.gpus.iter().find(|g| g.index == index)
+    }
+
+    /// Host directory mounted at the `/dev/shm` of GPU `index`'s containers
+    /// ([`InjectConfig::mps_shm_dir`]).
+    pub fn mps_shm_host_dir(&self, index: u32) -> PathBuf {
+        match self.inject.mps_shm_dir.as_str() {
+            "" => PathBuf::from(format!("/dev/shm/xshare-gpu{index}")),
+            "host" => PathBuf::from("/dev/shm"),
+            t => PathBuf::from(t.replace("{gpu}", &index.to_string())),
+        }
     }
 
     /// Host MPS pipe directory of GPU `index`.

@@ -182,7 +182,7 @@ fn run() -> Result<(), String> {
     std::fs::write(
         &mps_cfg,
         format!(
-            r#"{{ "control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "period_ms": 100, "check_every_ms": 250, "quit_on_exit": true, "compute_mode": "{}",
+            r#"{{ "control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "period_ms": 100, "check_every_ms": 250, "quit_on_exit": true, "compute_mode": "{}", "shm_dir": "host",
   "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 60, "min_step_pct": 5, "smoothing": 0.5 }},
   "detect": {{ "stuck_after_ms": 0 }} }}"#,
             root.join("bin/nvidia-cuda-mps-control").display(),

@@ -71,14 +71,50 @@ macro_rules! forward_then {
     };
 }
 
-/// `[gated]` of `forward_then!` after the call: a context the driver refused as the device is
-/// unavailable is explained (see [`device_unavailable`]).
+/// `[gated]` / `[init]` of `forward_then!` after the call: a context the driver refused as the
+/// device is unavailable, or an MPS connection that failed, is explained (see
+/// [`device_unavailable`], [`mps_connection_failed`]).
 macro_rules! refused {
+    (init, $rc:expr) => {
+        if $rc == CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED {
+            mps_connection_failed();
+        }
+    };
     (gated, $rc:expr) => {
         if $rc == CUresult::CUDA_ERROR_DEVICE_UNAVAILABLE {
             device_unavailable();
+        } else if $rc == CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED {
+            mps_connection_failed();
         }
     };
+}
+
+/// A context refused with `CUDA_ERROR_MPS_CONNECTION_FAILED`: the process reached the MPS
+/// control daemon but could not connect to its server; in a container the usual cause is a
+/// `/dev/shm` that is not the server's (where it keeps the shared memory its clients attach
+/// to). Said once per process (a refusal path).
+fn mps_connection_failed() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    explain_once(&SAID, |pipe| {
+        tracing::error!(
+            pipe_dir = %pipe,
+            "xcuda: the driver could not connect this process to MPS (CUDA_ERROR_MPS_CONNECTION_FAILED): \
+             the MPS server keeps its clients' shared memory in its /dev/shm, and this process must \
+             see the same directory at /dev/shm (xshare: mps-manager's shm_dir, by default \
+             /dev/shm/xshare-gpu<N>, mounted at /dev/shm in the container; `mps-manager status` \
+             shows it); also check that the client runs as the MPS server's user"
+        )
+    });
+}
+
+/// Runs `say` (an explanation of a refusal, given this process's `CUDA_MPS_PIPE_DIRECTORY`)
+/// the first time `said` is found unset: once per process, on a refusal path only.
+fn explain_once(said: &std::sync::atomic::AtomicBool, say: impl FnOnce(&str)) {
+    if said.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let pipe = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|_| "unset, so /tmp/nvidia-mps".into());
+    crate::state::logged(|| say(&pipe));
 }
 
 /// A context the driver refused with `CUDA_ERROR_DEVICE_UNAVAILABLE`: the GPU is in the
@@ -87,11 +123,7 @@ macro_rules! refused {
 /// the pipe directory it looked in (a refusal path: never taken by a process that runs).
 fn device_unavailable() {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    let pipe = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|_| "unset, so /tmp/nvidia-mps".into());
-    crate::state::logged(|| {
+    explain_once(&SAID, |pipe| {
         tracing::error!(
             pipe_dir = %pipe,
             "xcuda: the driver refused a context (CUDA_ERROR_DEVICE_UNAVAILABLE): the GPU is in the \
@@ -105,6 +137,7 @@ fn device_unavailable() {
 
 /// `[gated]` of `forward_then!`: holds the creation gate to the end of the hook, or returns.
 macro_rules! creation_gate {
+    (init) => {};
     (gated) => {
         let Some(_gate) = crate::exit::CreationGate::enter() else { return CUresult::CUDA_ERROR_DEINITIALIZED };
     };
@@ -114,7 +147,9 @@ macro_rules! creation_gate {
 
 forward_then! {
     /// Hooked `cuInit`: initialises the driver, then this process's shim state (quota, throttle, controller).
-    fn cuInit(flags: c_uint): PFN_cuInit_v2000 => state();
+    /// `[init]`: an MPS connection that fails here (`CUDA_ERROR_MPS_CONNECTION_FAILED`) is
+    /// explained (see [`mps_connection_failed`]).
+    fn cuInit(flags: c_uint): PFN_cuInit_v2000 [init] => state();
 }
 
 /// Rewrites a successful `cuGetProcAddress*` answer (see [`proc_answer`]). `status` is the

@@ -137,6 +137,20 @@ pub fn num(line: &str, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("no numeric {key}= in {line:?}"))
 }
 
+/// An emulated node whose device, ledger and MPS directories every user may use (offline jobs
+/// run as uid 65534 when the tests run as root), with its ledger created as the node daemons
+/// create it; no daemon is started.
+pub fn node_for_all_users() -> EmuHost {
+    let n = EmuHost::node();
+    n.open_to_all_users();
+    for d in [n.ledger_dir().to_path_buf(), n.ledger_dir().join("gpu0")] {
+        std::fs::create_dir_all(&d).unwrap();
+        chmod(&d, 0o755);
+    }
+    node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).expect("ledger");
+    n
+}
+
 /// An mps-manager config for the emulated host: the emulated control program, fast periods
 /// and no rate limit on resets (tests make several faults in a few seconds); `quit_on_exit`
 /// as given, or the built-in default when `None`.
@@ -150,6 +164,7 @@ pub fn fast_manager_config(quit_on_exit: Option<bool>) -> String {
   "check_every_ms": 100,
   "evict_grace_ms": 500,{quit}
   "compute_mode": "{mode}",
+  "shm_dir": "host",
   "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 90, "min_step_pct": 5, "smoothing": 1.0, "unsafe_pct": 10 }},
   "detect": {{ "stuck_after_ms": 0 }},
   "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}

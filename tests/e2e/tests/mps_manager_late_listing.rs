@@ -56,7 +56,7 @@ fn start_with_script(n: &EmuHost, script: &str) -> (std::path::PathBuf, e2e::Emu
         format!(
             r#"{{"control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "command_timeout_ms": 2000,
                 "period_ms": 50, "check_every_ms": 100, "evict_grace_ms": 200,
-                "compute_mode": "{}",
+                "compute_mode": "{}", "shm_dir": "host",
                 "detect": {{ "stuck_after_ms": 0 }},
                 "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}}}"#,
             ctl.display(),

@@ -78,18 +78,8 @@ fn spawn_offline(n: &EmuHost, job: &str, container: bool, pipe_dir: Option<&Path
     n.spawn(&mut c)
 }
 
-/// An emulated node whose device, ledger and MPS directories every user may use; the manager
-/// is not started.
 fn node() -> EmuHost {
-    let n = EmuHost::node();
-    n.open_to_all_users();
-    for d in [n.ledger_dir().to_path_buf(), n.ledger_dir().join("gpu0")] {
-        std::fs::create_dir_all(&d).unwrap();
-        e2e::chmod(&d, 0o755);
-    }
-    // The ledger as the node daemons create it (mode for every offline user).
-    node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).expect("ledger");
-    n
+    e2e::node_for_all_users()
 }
 
 /// mps-manager with `outside_mps` = `outside`, `compute_mode` = `mode`, `quit_on_exit`; not

@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 13;
+pub const LAYOUT_VERSION: u32 = 14;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -206,6 +206,12 @@ pub struct ClientSlot {
     /// Pid of the MPS server the control daemon handed this client to (with
     /// [`mps_conn::HANDED`]).
     pub mps_server_pid: u32,
+    /// For an MPS server: the device and inode numbers of the `/dev/shm` it sees (its mount
+    /// namespace's), where a real server keeps the shared memory its clients attach to; 0 when
+    /// it has none.
+    pub shm_dev: u64,
+    /// See [`ClientSlot::shm_dev`].
+    pub shm_ino: u64,
 }
 
 /// [`ClientSlot::mps_conn`] values.

@@ -307,6 +307,14 @@ fn file_id(p: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }
 
+/// The `/dev/shm` this process sees (its mount namespace's), as device and inode numbers: a
+/// real MPS server keeps the shared memory its clients attach to there, so a client must see
+/// the same directory (a container gets the server's mounted at its `/dev/shm`, as NVIDIA's
+/// device plugin does, or shares the host's IPC and `/dev/shm`).
+pub fn dev_shm_id() -> Option<(u64, u64)> {
+    file_id(Path::new("/dev/shm"))
+}
+
 pub(crate) fn init_state(st: &mut State, p: &Profile, now: u64) {
     // SAFETY: State is plain integers/floats; all-zero is valid, then we fill the header.
     unsafe { std::ptr::write_bytes(st as *mut State, 0, 1) };
@@ -995,6 +1003,8 @@ impl Device {
         }
         cl.mps_server = 1;
         cl.mps_gen = 0;
+        // Where its clients' shared memory lives: the /dev/shm this server sees.
+        (cl.shm_dev, cl.shm_ino) = dev_shm_id().unwrap_or((0, 0));
         // SAFETY: geteuid has no preconditions and cannot fail.
         cl.uid = unsafe { libc::geteuid() };
         cl.contexts += 1;
@@ -1651,10 +1661,12 @@ fn mps_connection(st: &mut State, me: usize, euid: u32) -> Result<(), EmuError> 
     match cl.mps_conn {
         mps_conn::REFUSED => {
             return Err(EmuError::MpsConnectionFailed(
-                "the control daemon could not start an MPS server for this client".into(),
+                "this process's MPS connection failed (its server could not be started, or its shared memory not attached)".into(),
             ))
         }
-        mps_conn::HANDED if cl.uid == euid && server_ready(st, cl.mps_server_pid, euid) => return Ok(()),
+        mps_conn::HANDED if cl.uid == euid && server_ready(st, cl.mps_server_pid, euid) => {
+            return attach_shared_memory(st, me);
+        }
         _ => {}
     }
     let control_pid = st.header.mps_control_pid;
@@ -1666,6 +1678,30 @@ fn mps_connection(st: &mut State, me: usize, euid: u32) -> Result<(), EmuError> 
     cl.uid = euid;
     cl.mps_server_pid = 0;
     Err(EmuError::MpsConnecting { control_pid })
+}
+
+/// Client `me`, handed to its ready server, attaches to the shared memory the server keeps in
+/// its `/dev/shm`: it can only where its own `/dev/shm` is the same directory. Otherwise the
+/// connection fails (`CUDA_ERROR_MPS_CONNECTION_FAILED`) for the process's life, as real MPS
+/// fails a container given a `/dev/shm` of its own (NVIDIA's k8s device plugin mounts the MPS
+/// daemon's shm directory into every client container for that reason).
+fn attach_shared_memory(st: &mut State, me: usize) -> Result<(), EmuError> {
+    let spid = st.clients[me].mps_server_pid;
+    let Some(server) = st.clients.iter().find(|s| s.used != 0 && s.pid == spid && s.mps_server != 0) else {
+        return Ok(());
+    };
+    let theirs = (server.shm_dev, server.shm_ino);
+    let mine = dev_shm_id().unwrap_or((0, 0));
+    if theirs == mine {
+        return Ok(());
+    }
+    st.clients[me].mps_conn = mps_conn::REFUSED;
+    Err(EmuError::MpsConnectionFailed(format!(
+        "MPS server {spid} keeps its clients' shared memory in a /dev/shm this process does not see \
+         (server: device {} inode {}, here: device {} inode {}); give the client the server's \
+         /dev/shm (mps-manager's shm_dir mounted at /dev/shm)",
+        theirs.0, theirs.1, mine.0, mine.1
+    )))
 }
 
 /// Whether client `me` is a client of the running MPS control daemon. Decided at its first

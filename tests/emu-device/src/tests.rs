@@ -123,6 +123,8 @@ impl FakeServer {
         let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].used != 0 && g.clients[c].pid == child.id()).unwrap();
         g.clients[c].mps_server = 1;
         g.clients[c].uid = uid;
+        // It sees the same /dev/shm as the test (one mount namespace).
+        (g.clients[c].shm_dev, g.clients[c].shm_ino) = crate::dev_shm_id().unwrap_or((0, 0));
         g.clients[c].mem_used = 0;
         g.header.used_memory -= 1 << 20;
         FakeServer(child)
@@ -941,6 +943,36 @@ fn an_mps_server_takes_48_clients() {
     }
     d.detach(&me);
     std::fs::remove_file(&p).unwrap();
+}
+
+/// A real MPS client attaches to shared memory its server keeps in the server's `/dev/shm`: a
+/// client that sees another `/dev/shm` (a container given one of its own) cannot connect, and
+/// stays unconnected for its life (`CUDA_ERROR_MPS_CONNECTION_FAILED`). (Clients that see the
+/// server's `/dev/shm` connect: every other test's `FakeServer` shares the test's.)
+#[test]
+fn a_client_that_does_not_see_the_servers_dev_shm_cannot_connect() {
+    let p = tmp("shm-attach");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    let me = d.attach().unwrap();
+    mps_on(&d, std::process::id());
+    let srv = FakeServer::start(&d, euid());
+    // The server runs with another directory as its /dev/shm (mps-manager's mps_shm_dir).
+    let elsewhere = tmp("shm-attach-dir");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let id = crate::file_id(&elsewhere).unwrap();
+    let srv_slot = slot_of(&d, srv.pid()) as usize;
+    (d.shm.lock().clients[srv_slot].shm_dev, d.shm.lock().clients[srv_slot].shm_ino) = id;
+    serve(&d, &me, &srv);
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::MpsConnectionFailed(_)), "{e}");
+    assert!(e.to_string().contains("/dev/shm") && e.to_string().contains("mps_shm_dir"), "{e}");
+    assert_eq!(e.to_curesult(), cuda_abi::CUresult::CUDA_ERROR_MPS_CONNECTION_FAILED);
+    // For its life: the server's /dev/shm given back does not reconnect it.
+    (d.shm.lock().clients[srv_slot].shm_dev, d.shm.lock().clients[srv_slot].shm_ino) = crate::dev_shm_id().unwrap();
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsConnectionFailed(_))));
+    assert_eq!(d.contexts(&me), 0);
+    let _ = std::fs::remove_dir_all(&elsewhere);
+    let _ = std::fs::remove_file(&p);
 }
 
 /// Real MPS connects a client only through the control daemon (nvidia-cuda-mps-control(1)):

@@ -173,7 +173,7 @@ pub fn node_runtime_phase(host: &Host) -> Result<Phase, String> {
         format!(
             r#"{{ "ledger_dir": "{run}", "pipe_dir": "{pipe}", "log_dir": "{log}",
   "monitor_state_file": "{state}", "state_file": "{run}/gpu0/mps-manager.json",
-  "compute_mode": "{mode}" }}"#,
+  "compute_mode": "{mode}", "shm_dir": "host" }}"#,
             mode = crate::host::manager_compute_mode(),
             run = run.display(),
             pipe = host.pipe_dir().display(),

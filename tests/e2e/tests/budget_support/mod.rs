@@ -27,6 +27,7 @@ pub fn manager_config() -> String {
   "period_ms": 50,
   "check_every_ms": 200,
   "compute_mode": "{}",
+  "shm_dir": "host",
   "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 40, "min_step_pct": 1, "smoothing": 1.0, "unsafe_pct": 10 }},
   "detect": {{ "stuck_after_ms": 0 }}
 }}
