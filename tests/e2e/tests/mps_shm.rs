@@ -80,3 +80,51 @@ fn a_container_given_the_managers_shm_dir_connects_and_one_with_its_own_dev_shm_
     assert!(host_job.lines("{\"client\":\"offline\",\"t_s\"").is_empty(), "it ran: {err}");
     ctr.kill9();
 }
+
+/// A restarted manager adopts the running control daemon (MPS keeps serving the online
+/// service) and checks its `/dev/shm` again: the same `shm_dir`, recorded; a config changed to
+/// another `shm_dir` meanwhile, an error naming the fix, with the daemon left running and its
+/// clients connected.
+#[test]
+fn a_restarted_manager_checks_the_adopted_daemons_dev_shm() {
+    if !is_root() {
+        eprintln!("skipped: needs root (a mount namespace for the daemon and for the container)");
+        return;
+    }
+    let n = e2e::node_for_all_users();
+    let shm = n.path("mps-shm");
+    let cfg = |dir: &Path| {
+        e2e::fast_manager_config(Some(false)).replace("\"shm_dir\": \"host\"", &format!("\"shm_dir\": \"{}\"", dir.display()))
+    };
+    std::fs::write(n.path("mps.json"), cfg(&shm)).unwrap();
+    let mut m = n.start_manager("mps.json", "");
+    let v = n.wait_manager_state(T, "mps.json", "the daemon's /dev/shm checked", |v| v["shm_dir"].is_string());
+    let daemon = v["daemon_pid"].as_u64().expect("daemon pid");
+    let mut ctr = offline(&n, Some(&shm));
+    assert!(ctr.wait_for_line("{\"client\":\"offline\",\"t_s\"", T).is_some(), "{}", ctr.stderr());
+
+    // Restarted with the same config: the daemon adopted, its /dev/shm checked and recorded.
+    m.signal(libc::SIGTERM);
+    assert!(m.wait_timeout(T).is_some(), "the manager stops on SIGTERM");
+    let mut m = n.start_manager("mps.json", "");
+    let v = n.wait_manager_state(T, "mps.json", "adopted and checked", |v| v["manager_pid"] == m.pid() && v["daemon_pid"].is_u64());
+    assert_eq!((v["daemon_pid"].as_u64(), v["shm_dir"].as_str()), (Some(daemon), shm.to_str()), "{v:#}");
+
+    // Restarted with another shm_dir: the running daemon does not see it; said, left running.
+    m.signal(libc::SIGTERM);
+    assert!(m.wait_timeout(T).is_some());
+    std::fs::write(n.path("mps.json"), cfg(&n.path("other-shm"))).unwrap();
+    let m = n.start_manager("mps.json", "");
+    let v = n.wait_manager_state(T, "mps.json", "adopted, /dev/shm judged", |v| v["manager_pid"] == m.pid() && v["last_error"].is_string());
+    assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "the daemon left running: {v:#}");
+    assert!(v["shm_dir"].is_null(), "{v:#}");
+    let e = v["last_error"].as_str().unwrap();
+    assert!(e.contains("other-shm") && e.contains("restart MPS"), "{e}");
+    let progress = |c: &EmuChild| c.lines("{\"client\":\"offline\",\"t_s\"").len();
+    let (before, start) = (progress(&ctr), std::time::Instant::now());
+    while progress(&ctr) <= before {
+        assert!(start.elapsed() < T && ctr.alive(), "the container keeps running: {}", ctr.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ctr.kill9();
+}
