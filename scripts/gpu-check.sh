@@ -39,6 +39,10 @@
 #               process that misses MPS (another pipe directory) must get no context
 #               (CUDA_ERROR_DEVICE_UNAVAILABLE) while an MPS client holds the server up; the
 #               mode found is put back when the kit ends
+#   shm         under MPS: a client with a /dev/shm of its own (a container's default: a
+#               mount namespace with a fresh tmpfs there) beside a server that keeps the host's;
+#               the emulator refuses it (CUDA_ERROR_MPS_CONNECTION_FAILED, 805), and
+#               mps-manager's shm_dir and node-agent's /dev/shm mount rest on that (root)
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
 #        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
@@ -507,6 +511,34 @@ check_fence() {
     fi
 }
 
+# --- the MPS server's /dev/shm -------------------------------------------------------------
+check_shm() {
+    # An MPS server keeps the shared memory its clients attach to in its /dev/shm: a client
+    # with a /dev/shm of its own (every container's default) should fail to connect. The
+    # emulator refuses it with CUDA_ERROR_MPS_CONNECTION_FAILED (805); a context made here
+    # would mean real MPS needs no shared /dev/shm and the emulator is stricter than it.
+    local h line r at
+    if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null 2>&1; then
+        row shm SKIP "-" "needs root and unshare (a mount namespace with a /dev/shm of its own)"
+        return
+    fi
+    start_mps_manager
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/shm-hold.out" 2>&1 &
+    h=$!; pids+=($h)
+    for _ in $(seq 100); do grep -q holding "$root/shm-hold.out" 2>/dev/null && break; sleep 0.1; done
+    line=$(unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh \
+        "${as_user[@]}" env "$py" "$client" ctx 2>"$root/shm.err")
+    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
+    if [[ "$r" == 805 ]]; then
+        row shm PASS "own /dev/shm: CUresult 805 at ${at:-?}" "as the emulator has it: an MPS client must see its server's /dev/shm (mps-manager shm_dir, mounted into containers)"
+    elif [[ "$r" == 0 ]]; then
+        row shm INFO "own /dev/shm: context made" "MPS connected a client with a /dev/shm of its own: the emulator (805) is stricter than this host"
+    else
+        row shm INFO "own /dev/shm: CUresult ${r:-?} at ${at:-?}" "$(tail -n 1 "$root/shm.err" | plain)"
+    fi
+}
+
 # --- node runtime ------------------------------------------------------------------------
 start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks
     [[ -n "${mgr_up:-}" ]] && return 0
@@ -724,6 +756,7 @@ if start_monitor; then
     if start_mps; then
         want mps-server && check_mps_server
         want fence && check_fence
+        want shm && check_shm
         want throttle-cap && check_throttle_cap
         want exit && check_exit
         want node && check_node
@@ -732,6 +765,7 @@ if start_monitor; then
     else
         row mps-server SKIP "-" "MPS control daemon did not start on this host"
         row fence SKIP "-" "needs MPS"
+        row shm SKIP "-" "needs MPS"
         row throttle-cap SKIP "-" "needs MPS to enforce the cap"
         row exit SKIP "-" "MPS control daemon did not start on this host"
         row recovery SKIP "-" "MPS control daemon did not start on this host"
