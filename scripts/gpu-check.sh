@@ -625,7 +625,15 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
     on=$!; pids+=($on)
     "${as_user[@]}" "$@" "$bin_dir/offline" --duration $(( secs + 10 )) --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
     off=$!; pids+=($off)
-    for _ in $(seq 50); do grep -q '"t_s"' "$root/off-recovery-$r.out" 2>/dev/null && break; sleep 0.1; done
+    # Its first progress report: context made, kernels running (a loaded host may take a while;
+    # a client that never got that far is a run that proves nothing, not a pass).
+    for _ in $(seq 300); do grep -q '"t_s"' "$root/off-recovery-$r.out" 2>/dev/null && break; sleep 0.1; done
+    if ! grep -q '"t_s"' "$root/off-recovery-$r.out" 2>/dev/null; then
+        kill -KILL $off $on 2>/dev/null; wait "$off" "$on" 2>/dev/null
+        rec_outcome=notrun
+        rec_why="run $r: the offline client made no progress in 30 s ($(tail -n 1 "$root/off-recovery-$r.out" | plain 100))"
+        return
+    fi
     sleep "1.$(( RANDOM % 10 ))"
     if [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]]; then
         # MPS's own way to end one client's GPU work (nvidia-cuda-mps-control(1)), then the kill.
@@ -678,6 +686,7 @@ check_recovery() {
         case $rec_outcome in
             hung) hung=$(( hung + 1 )); all+=(hung); continue ;;
             died) died=$(( died + 1 )); all+=(died); why=$rec_why; continue ;;
+            notrun) disabled=$(( disabled + 1 )); all+=(not-run); why=$rec_why; continue ;;
         esac
         all+=("$rec_max")
         total_req=$(( total_req + ${rec_req:-0} ))
@@ -694,7 +703,7 @@ check_recovery() {
     elif [[ $died != 0 ]]; then
         row recovery FAIL "online torn down in $died of $runs" "$what: the online client exited with a CUDA error (the MPS server's fatal-error teardown); $each"
     elif [[ $disabled != 0 || -z "$worst" ]]; then
-        row recovery FAIL "$disabled of $runs not run" "$what: the monitor did not report the GPU healthy; $each"
+        row recovery FAIL "$disabled of $runs not run" "$what: the monitor did not report the GPU healthy, or the offline client never ran; $each"
     elif "$py" -c "import sys; sys.exit(0 if $worst <= 1000 else 1)"; then
         row recovery PASS "slowest online request ${worst} ms" "$what: the neighbour went on within 1 s; $each"
     elif "$py" -c "import sys; sys.exit(0 if $worst <= 5000 else 1)"; then
