@@ -74,6 +74,8 @@ pub struct ManagerState {
     /// The directory the control daemon (and its servers) has as its `/dev/shm`, checked when
     /// it was started or adopted: MPS clients must see it as theirs (containers get it mounted
     /// at `/dev/shm`). `None` when it is not the configured `shm_dir` (`last_error` says).
+    /// node-agent reads it at Allocate (`check_mps_shm`) and refuses a container whose
+    /// `/dev/shm` would differ: keep its name and meaning.
     #[serde(default)]
     pub shm_dir: Option<String>,
     /// MPS clients connected at the last look, all servers together.

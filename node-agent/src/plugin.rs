@@ -138,6 +138,14 @@ impl Plugin {
                 why,
             });
         }
+        if let Err(why) = allocate::check_mps_shm(&self.cfg, plan.gpu) {
+            return Err(AllocError::MpsShm {
+                ns: plan.namespace,
+                name: plan.name,
+                gpu: plan.gpu,
+                why,
+            });
+        }
         allocs.record(&plan.uid);
         tracing::info!(pod = %format!("{}/{}", plan.namespace, plan.name), gpu = plan.gpu,
             mps_percent = plan.mps_percent, quota = plan.memory_quota_bytes, devices = ?req.devices_ids, "allocated");

@@ -230,6 +230,10 @@ pub mod mps_conn {
     /// MPS, for its life ("If the connection attempt fails, the program continues to run as
     /// it normally would without MPS", nvidia-cuda-mps-control(1)).
     pub const OUTSIDE: u32 = 4;
+    /// The daemon handed the client to its server, but the client could not attach to the
+    /// shared memory the server keeps in its `/dev/shm` (it sees another one): the connection
+    /// failed, for the process's life, as [`REFUSED`].
+    pub const SHM_REFUSED: u32 = 5;
 }
 
 /// [`Header::compute_mode`] values: `nvmlComputeMode_t` and `CUcomputemode` (NVIDIA's `nvml.h`

@@ -1579,7 +1579,7 @@ fn quit_mps(g: &mut State) {
         // A queued connection waited for a server that is gone: it queues afresh; a
         // connection asked for or handed over is to a daemon and server that are gone.
         g.clients[c].mps_wait = 0;
-        if cl.mps_conn != mps_conn::REFUSED && cl.mps_conn != mps_conn::OUTSIDE {
+        if !matches!(cl.mps_conn, mps_conn::REFUSED | mps_conn::SHM_REFUSED | mps_conn::OUTSIDE) {
             g.clients[c].mps_conn = mps_conn::NONE;
             g.clients[c].mps_server_pid = 0;
         }
@@ -1661,7 +1661,12 @@ fn mps_connection(st: &mut State, me: usize, euid: u32) -> Result<(), EmuError> 
     match cl.mps_conn {
         mps_conn::REFUSED => {
             return Err(EmuError::MpsConnectionFailed(
-                "this process's MPS connection failed (its server could not be started, or its shared memory not attached)".into(),
+                "the control daemon could not start an MPS server for this client".into(),
+            ))
+        }
+        mps_conn::SHM_REFUSED => {
+            return Err(EmuError::MpsConnectionFailed(
+                "this process could not attach to its MPS server's shared memory (another /dev/shm)".into(),
             ))
         }
         mps_conn::HANDED if cl.uid == euid && server_ready(st, cl.mps_server_pid, euid) => {
@@ -1695,7 +1700,7 @@ fn attach_shared_memory(st: &mut State, me: usize) -> Result<(), EmuError> {
     if theirs == mine {
         return Ok(());
     }
-    st.clients[me].mps_conn = mps_conn::REFUSED;
+    st.clients[me].mps_conn = mps_conn::SHM_REFUSED;
     Err(EmuError::MpsConnectionFailed(format!(
         "MPS server {spid} keeps its clients' shared memory in a /dev/shm this process does not see \
          (server: device {} inode {}, here: device {} inode {}); give the client the server's \
