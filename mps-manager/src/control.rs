@@ -111,8 +111,8 @@ fn prepare_shm_dir(dir: &Path) -> Result<(), MpsError> {
         .map_err(|e| MpsError::Spawn(format!("shm_dir {}: chmod 1777: {e}", dir.display())))
 }
 
-/// In the forked child, before exec: a mount namespace of its own, with `dir` bound over
-/// `/dev/shm`. Async-signal-safe: only the `unshare` and `mount` system calls, on strings
+/// In the forked child, before exec: a mount namespace of its own (a slave of the host's),
+/// with `dir` bound over `/dev/shm`. Async-signal-safe: only the `unshare` and `mount` system calls, on strings
 /// made before the fork.
 fn private_dev_shm(dir: &std::ffi::CStr) -> std::io::Result<()> {
     const DEV_SHM: &std::ffi::CStr = c"/dev/shm";
@@ -123,8 +123,11 @@ fn private_dev_shm(dir: &std::ffi::CStr) -> std::io::Result<()> {
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // Nothing done here may propagate back to the host's mounts.
-        if libc::mount(std::ptr::null(), ROOT.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+        // Slave, not private: nothing done here propagates back to the host's mounts, while the
+        // host's unmounts (a pod's volumes torn down later) still reach this namespace, so the
+        // long-lived daemon never holds a copy of a mount the host has let go (a private copy
+        // would keep its filesystem busy).
+        if libc::mount(std::ptr::null(), ROOT.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_SLAVE, std::ptr::null()) != 0 {
             return Err(std::io::Error::last_os_error());
         }
         if libc::mount(dir.as_ptr(), DEV_SHM.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) != 0 {
