@@ -171,7 +171,8 @@ impl MpsControl {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| match &self.shm_dir {
-                Some(d) if e.kind() == std::io::ErrorKind::PermissionDenied || e.raw_os_error() == Some(libc::EPERM) => MpsError::Spawn(format!(
+                // EPERM from unshare/mount in the child.
+                Some(d) if e.kind() == std::io::ErrorKind::PermissionDenied => MpsError::Spawn(format!(
                     "{}: giving the control daemon {} as its /dev/shm needs root (a mount namespace of its own): {e}; \
                      shm_dir = \"host\" keeps the host's /dev/shm",
                     self.bin.display(),

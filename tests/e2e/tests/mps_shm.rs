@@ -45,17 +45,25 @@ fn offline(n: &EmuHost, shm: Option<&Path>) -> EmuChild {
     n.spawn(&mut c)
 }
 
-#[test]
-fn a_container_given_the_managers_shm_dir_connects_and_one_with_its_own_dev_shm_cannot() {
+/// The tests' manager config with `shm_dir` = `dir` and `quit_on_exit` as given.
+fn config(dir: &Path, quit_on_exit: bool) -> String {
+    e2e::fast_manager_config(Some(quit_on_exit)).replace("\"shm_dir\": \"host\"", &format!("\"shm_dir\": \"{}\"", dir.display()))
+}
+
+/// The node, as root (`None`, said, otherwise).
+fn root_node() -> Option<EmuHost> {
     if !is_root() {
         eprintln!("skipped: needs root (a mount namespace for the daemon and for the container)");
-        return;
+        return None;
     }
-    let n = e2e::node_for_all_users();
+    Some(e2e::node_for_all_users())
+}
+
+#[test]
+fn a_container_given_the_managers_shm_dir_connects_and_one_with_its_own_dev_shm_cannot() {
+    let Some(n) = root_node() else { return };
     let shm = n.path("mps-shm");
-    let cfg = e2e::fast_manager_config(Some(true))
-        .replace("\"shm_dir\": \"host\"", &format!("\"shm_dir\": \"{}\"", shm.display()));
-    let _m = n.start_manager("mps.json", &cfg);
+    let _m = n.start_manager("mps.json", &config(&shm, true));
     let v = n.wait_manager_state(T, "mps.json", "the daemon's /dev/shm checked", |v| v["shm_dir"].is_string());
     assert_eq!(v["shm_dir"].as_str(), Some(shm.to_str().unwrap()), "{v:#}");
 
@@ -87,16 +95,9 @@ fn a_container_given_the_managers_shm_dir_connects_and_one_with_its_own_dev_shm_
 /// clients connected.
 #[test]
 fn a_restarted_manager_checks_the_adopted_daemons_dev_shm() {
-    if !is_root() {
-        eprintln!("skipped: needs root (a mount namespace for the daemon and for the container)");
-        return;
-    }
-    let n = e2e::node_for_all_users();
+    let Some(n) = root_node() else { return };
     let shm = n.path("mps-shm");
-    let cfg = |dir: &Path| {
-        e2e::fast_manager_config(Some(false)).replace("\"shm_dir\": \"host\"", &format!("\"shm_dir\": \"{}\"", dir.display()))
-    };
-    std::fs::write(n.path("mps.json"), cfg(&shm)).unwrap();
+    std::fs::write(n.path("mps.json"), config(&shm, false)).unwrap();
     let mut m = n.start_manager("mps.json", "");
     let v = n.wait_manager_state(T, "mps.json", "the daemon's /dev/shm checked", |v| v["shm_dir"].is_string());
     let daemon = v["daemon_pid"].as_u64().expect("daemon pid");
@@ -113,7 +114,7 @@ fn a_restarted_manager_checks_the_adopted_daemons_dev_shm() {
     // Restarted with another shm_dir: the running daemon does not see it; said, left running.
     m.signal(libc::SIGTERM);
     assert!(m.wait_timeout(T).is_some());
-    std::fs::write(n.path("mps.json"), cfg(&n.path("other-shm"))).unwrap();
+    std::fs::write(n.path("mps.json"), config(&n.path("other-shm"), false)).unwrap();
     let m = n.start_manager("mps.json", "");
     let v = n.wait_manager_state(T, "mps.json", "adopted, /dev/shm judged", |v| v["manager_pid"] == m.pid() && v["last_error"].is_string());
     assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "the daemon left running: {v:#}");
