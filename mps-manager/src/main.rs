@@ -232,6 +232,9 @@ fn status_text(s: &ManagerState) -> String {
             "GPU held by", s.outside_holders
         );
     }
+    if let Some(e) = &s.monitor_state_error {
+        let _ = writeln!(o, "  {:<20} unreadable, no XID or pending eviction seen: {e}", "monitor state");
+    }
     if let Some(e) = &s.last_error {
         let _ = writeln!(o, "  {:<20} {e}", "last error");
     }
@@ -379,9 +382,11 @@ mod tests {
             compute_mode: Some("exclusive_process".into()),
             compute_mode_found: Some("default".into()),
             shm_dir: Some("/dev/shm/xshare-gpu2".into()),
+            monitor_state_error: Some("/run/xshare/gpu2/state.json: No such file".into()),
             ..Default::default()
         };
         let t = status_text(&s);
+        assert!(t.contains("monitor state        unreadable, no XID or pending eviction seen: /run/xshare/gpu2/state.json"), "{t}");
         assert!(t.contains("MPS /dev/shm         /dev/shm/xshare-gpu2"), "{t}");
         assert!(t.contains("exclusive_process (found default, put back when MPS quits)"), "{t}");
         assert!(t.contains("uid 1000 (2 servers"), "{t}");

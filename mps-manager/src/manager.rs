@@ -131,6 +131,10 @@ pub struct ManagerState {
     /// MPS server can start while one runs.
     #[serde(default)]
     pub outside_holders: Vec<u32>,
+    /// Why the monitor's state file (`monitor_state_file`) could not be read at the last look,
+    /// `None` when it could: while set, no disabling XID and no pending eviction is seen.
+    #[serde(default)]
+    pub monitor_state_error: Option<String>,
     /// The last error talking to MPS.
     pub last_error: Option<String>,
     /// Wall-clock ms of this snapshot.
@@ -601,7 +605,7 @@ impl Manager {
             .read_monitor()
             .map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
         // One read of the monitor's state file: its XID, and the evictions it will SIGKILL.
-        let mon = node_daemon::monitor_state::read(&self.cfg.monitor_state_file).ok();
+        let mon = self.read_monitor_state();
         o.xid = mon.as_ref().and_then(|m| m.disabling_xid());
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
@@ -620,6 +624,34 @@ impl Manager {
             self.outside.interrupted();
         }
         faults
+    }
+
+    /// The monitor's state file, read once per look. When it cannot be read (missing: no
+    /// monitor on this GPU, or its `state_file` is not this config's `monitor_state_file`;
+    /// damaged; written by an incompatible version) this manager sees neither an XID that
+    /// disabled the GPU nor the evictions the monitor is about to SIGKILL, so it cannot end
+    /// their MPS work first (`terminate_before_kill_ms`): said at WARN once per distinct
+    /// error, kept in the state file (`monitor_state_error`), and its end said at INFO.
+    fn read_monitor_state(&mut self) -> Option<node_daemon::monitor_state::MonitorState> {
+        let path = &self.cfg.monitor_state_file;
+        let (mon, err) = match node_daemon::monitor_state::read(path) {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(e)),
+        };
+        if err != self.state.monitor_state_error {
+            match &err {
+                Some(e) => tracing::warn!(
+                    file = %path.display(),
+                    error = %e,
+                    "cannot read the monitor's state file: no XID and no pending eviction seen \
+                     (the monitor's SIGKILLs are not preceded by terminate_client); check that \
+                     sysmonitor runs on this GPU and that its state_file is this monitor_state_file"
+                ),
+                None => tracing::info!(file = %path.display(), "the monitor's state file is readable again"),
+            }
+            self.state.monitor_state_error = err;
+        }
+        mon
     }
 
     /// Offline processes the manager evicted outside a recovery that still run once
@@ -1463,6 +1495,32 @@ mod tests {
         // At a check the failure is recorded for the operator, not fatal.
         m.check(0);
         assert!(m.state.last_error.as_deref().is_some_and(|l| l.contains("exclusive_process")), "{:?}", m.state.last_error);
+    }
+
+    /// A monitor state file the manager cannot read (none there, damaged, of another
+    /// version) is kept as `monitor_state_error` naming the file, and cleared once it reads
+    /// again: the manager never mistakes it for "no XID, nothing about to be SIGKILLed" silently.
+    #[test]
+    fn an_unreadable_monitor_state_file_is_reported_until_it_reads_again() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let p = m.cfg.monitor_state_file.clone();
+        m.check(0);
+        let e = m.state.monitor_state_error.clone().expect("a missing file is reported");
+        assert!(e.contains("state.json"), "{e}");
+        let good = node_daemon::monitor_state::MonitorState::example();
+        node_daemon::monitor_state::write(&p, &good).unwrap();
+        m.check(500);
+        assert_eq!(m.state.monitor_state_error, None, "readable again");
+        for bad in [&b"{\"gpu\": "[..], b"", b"\x00\x00\x00", b"{\"gpu\": 0}"] {
+            std::fs::write(&p, bad).unwrap();
+            m.check(1000);
+            let e = m.state.monitor_state_error.clone().expect("a damaged file is reported");
+            assert!(e.contains("state.json"), "{e}");
+        }
+        node_daemon::monitor_state::write(&p, &good).unwrap();
+        m.check(1500);
+        assert_eq!(m.state.monitor_state_error, None);
     }
 
     /// The previous state file: none is a first start; a damaged one is an error naming the
