@@ -113,13 +113,13 @@ pub enum AllocError {
 
 /// Whether the `/dev/shm` a container of GPU `gpu` is given ([`AgentConfig::mps_shm_host_dir`])
 /// is the one GPU `gpu`'s MPS control daemon has, as mps-manager publishes it in its state file
-/// (`<ledger_dir>/gpu<N>/mps-manager.json`, field `shm_dir`: the directory the daemon was
+/// ([`AgentConfig::mps_manager_state_path`], field `shm_dir`: the directory the daemon was
 /// checked to see as its `/dev/shm`, `null` when it does not see the configured one). A
 /// container with another `/dev/shm` reaches the daemon but cannot connect to its server
 /// (`CUDA_ERROR_MPS_CONNECTION_FAILED`): `Err` says what differs and the fix. No state file
 /// (no manager there yet, or one writing elsewhere) is not judged here.
 pub fn check_mps_shm(cfg: &AgentConfig, gpu: u32) -> Result<(), String> {
-    let path = cfg.ledger_dir.join(format!("gpu{gpu}")).join("mps-manager.json");
+    let path = cfg.mps_manager_state_path(gpu);
     let Ok(bytes) = std::fs::read(&path) else { return Ok(()) };
     let state: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| format!("mps-manager's state file {} is unreadable: {e}", path.display()))?;
@@ -546,6 +546,12 @@ mod tests {
         assert!(e.contains("does not see /x") && e.contains("restart MPS"), "{e}");
         std::fs::write(d.path().join("gpu1/mps-manager.json"), b"{\"gpu\": ").unwrap();
         assert!(check_mps_shm(&c, 1).unwrap_err().contains("unreadable"));
+        // A manager with its own `state_file`: the agent reads the one it is told to.
+        c.mps_manager_state_file = format!("{}/mgr{{gpu}}.json", d.path().display());
+        assert_eq!(check_mps_shm(&c, 1), Ok(()), "none there yet: not judged");
+        std::fs::write(d.path().join("mgr1.json"), serde_json::json!({"shm_dir": "/dev/shm/xshare-gpu1"}).to_string()).unwrap();
+        let e = check_mps_shm(&c, 1).unwrap_err();
+        assert!(e.contains("mgr1.json") && e.contains("would mount /dev/shm"), "{e}");
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct AgentConfig {
     pub heartbeat: HeartbeatConfig,
     /// `host:port` serving Prometheus text on `/metrics`; empty: off.
     pub metrics_listen: String,
+    /// mps-manager's state file of each GPU, read at Allocate for the `/dev/shm` its MPS daemon
+    /// has (`shm_dir`); `{gpu}` is replaced by the index. Empty: mps-manager's default
+    /// `<ledger_dir>/gpu<N>/mps-manager.json`. Set it alike when mps-manager's `state_file` is set.
+    pub mps_manager_state_file: String,
 }
 
 /// One GPU on this host.
@@ -168,6 +172,7 @@ impl Default for AgentConfig {
             eviction: EvictionConfig::default(),
             heartbeat: HeartbeatConfig::default(),
             metrics_listen: String::new(),
+            mps_manager_state_file: String::new(),
         }
     }
 }
@@ -338,6 +343,12 @@ impl AgentConfig {
         if !self.inject.mps_pipe_dir.is_empty() && !self.inject.mps_pipe_dir.starts_with('/') {
             return bad("inject.mps_pipe_dir", "must be an absolute path".into());
         }
+        if !(self.mps_manager_state_file.is_empty() || self.mps_manager_state_file.starts_with('/')) {
+            return bad(
+                "mps_manager_state_file",
+                "must be an absolute path or empty (mps-manager's default <ledger_dir>/gpu<N>/mps-manager.json)".into(),
+            );
+        }
         let shm = &self.inject.mps_shm_dir;
         if !(shm.is_empty() || shm == "host" || shm.starts_with('/')) {
             return bad(
@@ -393,6 +404,15 @@ impl AgentConfig {
             "" => PathBuf::from(format!("/dev/shm/xshare-gpu{index}")),
             "host" => PathBuf::from("/dev/shm"),
             t => PathBuf::from(t.replace("{gpu}", &index.to_string())),
+        }
+    }
+
+    /// mps-manager's state file of GPU `index` ([`AgentConfig::mps_manager_state_file`]).
+    pub fn mps_manager_state_path(&self, index: u32) -> PathBuf {
+        if self.mps_manager_state_file.is_empty() {
+            self.ledger_dir.join(format!("gpu{index}")).join("mps-manager.json")
+        } else {
+            PathBuf::from(self.mps_manager_state_file.replace("{gpu}", &index.to_string()))
         }
     }
 
@@ -458,5 +478,18 @@ mod tests {
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 0, "uuid": "GPU-b"}]}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert!(e.message.contains("twice"), "{e}");
+    }
+
+    /// mps-manager's state file: its default beside the GPU's ledger, or the template given.
+    #[test]
+    fn the_mps_manager_state_file_is_the_default_or_the_template() {
+        let c = AgentConfig::from_text(Path::new("a.json"), OK, |_| None).unwrap();
+        assert_eq!(c.mps_manager_state_path(3), PathBuf::from("/run/xshare/gpu3/mps-manager.json"));
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0}], "mps_manager_state_file": "/var/lib/x/gpu{gpu}.json"}"#;
+        let c = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap();
+        assert_eq!(c.mps_manager_state_path(3), PathBuf::from("/var/lib/x/gpu3.json"));
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0}], "mps_manager_state_file": "gpu{gpu}.json"}"#;
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("mps_manager_state_file"));
     }
 }
