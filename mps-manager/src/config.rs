@@ -33,7 +33,9 @@ pub struct Config {
     pub ledger_dir: PathBuf,
     /// The control program (searched in PATH when not absolute).
     pub control_bin: PathBuf,
-    /// `CUDA_MPS_PIPE_DIRECTORY`; empty means `<ledger_dir>/gpu<N>/mps-pipe`.
+    /// `CUDA_MPS_PIPE_DIRECTORY`; empty means `<ledger_dir>/gpu<N>/mps-pipe`. In this path and
+    /// the four below (`log_dir`, `monitor_state_file`, `state_file`, `shm_dir`) `{gpu}` is
+    /// replaced by the GPU index: one config serves every GPU's manager.
     pub pipe_dir: PathBuf,
     /// `CUDA_MPS_LOG_DIRECTORY`; empty means `<ledger_dir>/gpu<N>/mps-log`.
     pub log_dir: PathBuf,
@@ -51,7 +53,9 @@ pub struct Config {
     pub quit_on_exit: bool,
     /// The monitor's state file (for XID reports); empty means `<ledger_dir>/gpu<N>/state.json`.
     pub monitor_state_file: PathBuf,
-    /// This manager's state file; empty means `<ledger_dir>/gpu<N>/mps-manager.json`.
+    /// This manager's state file; empty means `<ledger_dir>/gpu<N>/mps-manager.json`. Each
+    /// GPU's manager needs its own (a second manager given one another GPU's manager writes is
+    /// refused at start): put `{gpu}` in a path set here.
     pub state_file: PathBuf,
     /// SIGTERM -> SIGKILL grace when recovery evicts offline clients, ms.
     pub evict_grace_ms: u64,
@@ -232,6 +236,9 @@ impl Config {
         if self.shm_dir.as_os_str().is_empty() {
             self.shm_dir = PathBuf::from(format!("/dev/shm/xshare-gpu{}", self.gpu_index));
         }
+        for p in [&mut self.pipe_dir, &mut self.log_dir, &mut self.monitor_state_file, &mut self.state_file, &mut self.shm_dir] {
+            node_daemon::cli::expand_gpu(p, self.gpu_index);
+        }
     }
 
     /// The directory the control daemon gets as its `/dev/shm` ([`Config::shm_dir`]); `None`
@@ -266,6 +273,21 @@ mod tests {
             PathBuf::from("/run/x/gpu3/state.json")
         );
         assert_eq!(c.daemon_shm_dir(), Some(Path::new("/dev/shm/xshare-gpu3")), "the daemon's own /dev/shm by default");
+        // One config for every GPU: `{gpu}` in the paths it sets.
+        let mut c = Config {
+            pipe_dir: "/srv/mps/{gpu}/pipe".into(),
+            log_dir: "/var/log/mps-{gpu}".into(),
+            monitor_state_file: "/var/lib/xshare/monitor-{gpu}.json".into(),
+            state_file: "/var/lib/xshare/manager-{gpu}.json".into(),
+            shm_dir: "/dev/shm/mps{gpu}".into(),
+            ..Config::default()
+        };
+        c.finalize(Some(2));
+        assert_eq!(
+            [c.pipe_dir, c.log_dir, c.monitor_state_file, c.state_file, c.shm_dir],
+            ["/srv/mps/2/pipe", "/var/log/mps-2", "/var/lib/xshare/monitor-2.json", "/var/lib/xshare/manager-2.json", "/dev/shm/mps2"]
+                .map(PathBuf::from)
+        );
     }
 
     #[test]

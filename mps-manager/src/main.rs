@@ -26,6 +26,8 @@ CONFIG:
     outside_mps_after_ms,
     budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
+    In pipe_dir, log_dir, monitor_state_file, state_file and shm_dir `{gpu}` is the GPU index:
+    one file serves every GPU's manager (a second manager on another's state_file is refused).
     `mps-manager check-config` prints the effective config.
 
 SM BUDGET:
@@ -302,6 +304,11 @@ fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
     // Before anything touches MPS: a second manager must not adopt (or reset) the daemon the
     // first one owns.
     let _instance = mps_manager::manager::lock_instance(&cfg)?;
+    let _state_owner = node_daemon::cli::lock_state_file(
+        &cfg.state_file,
+        mps_manager::manager::lock_file(&cfg).parent().unwrap_or(std::path::Path::new("")),
+        &format!("mps-manager for GPU {}", cfg.gpu_index),
+    )?;
     let mut m = Manager::new(cfg.clone())?;
     // What a previous manager (SIGKILLed, OOM-killed) left unfinished.
     match Manager::read_previous(&cfg.state_file) {

@@ -425,6 +425,16 @@ impl Manager {
     /// `terminate_client`: the recovery then finishes without the full reset a dead client
     /// missing from every server otherwise calls for.
     pub fn adopt_previous(&mut self, prev: &ManagerState) {
+        if prev.gpu != self.state.gpu {
+            tracing::error!(
+                file = %self.cfg.state_file.display(),
+                gpu = prev.gpu,
+                manager_pid = prev.manager_pid,
+                "the state file this manager resumes from is another GPU's manager's: nothing taken \
+                 over (each GPU's manager needs its own state_file: put {{gpu}} in it)"
+            );
+            return;
+        }
         if !prev.terminating.is_empty() {
             tracing::warn!(clients = ?prev.terminating, previous_manager = prev.manager_pid, "the previous manager was stopped while terminating these offline clients; finishing that recovery");
         }
@@ -634,7 +644,7 @@ impl Manager {
     /// error, kept in the state file (`monitor_state_error`), and its end said at INFO.
     fn read_monitor_state(&mut self) -> Option<node_daemon::monitor_state::MonitorState> {
         let path = &self.cfg.monitor_state_file;
-        let (mon, err) = match node_daemon::monitor_state::read(path) {
+        let (mon, err) = match node_daemon::monitor_state::read_for(path, self.cfg.gpu_index) {
             Ok(m) => (Some(m), None),
             Err(e) => (None, Some(e)),
         };
@@ -1518,9 +1528,32 @@ mod tests {
             let e = m.state.monitor_state_error.clone().expect("a damaged file is reported");
             assert!(e.contains("state.json"), "{e}");
         }
-        node_daemon::monitor_state::write(&p, &good).unwrap();
+        // Another GPU's monitor's file (a state_file path two GPUs share) is not this GPU's.
+        let other = node_daemon::monitor_state::MonitorState { gpu: 1, ..good.clone() };
+        node_daemon::monitor_state::write(&p, &other).unwrap();
         m.check(1500);
+        let e = m.state.monitor_state_error.clone().expect("another GPU's file is reported");
+        assert!(e.contains("GPU 1's monitor"), "{e}");
+        node_daemon::monitor_state::write(&p, &good).unwrap();
+        m.check(2000);
         assert_eq!(m.state.monitor_state_error, None);
+    }
+
+    /// A previous state file of another GPU's manager (a state_file path two GPUs share) is
+    /// not taken over: neither its terminations nor the compute mode it found.
+    #[test]
+    fn another_gpus_previous_state_is_not_taken_over() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let prev = ManagerState {
+            gpu: 1,
+            terminating: vec![Terminating { pid: 7, start_time: 9, server: 3 }],
+            ..ManagerState::default()
+        };
+        m.adopt_previous(&prev);
+        assert!(m.state.terminating.is_empty() && m.inherited.is_empty());
+        m.adopt_previous(&ManagerState { gpu: 0, ..prev });
+        assert_eq!(m.inherited.len(), 1, "this GPU's own is taken over");
     }
 
     /// The previous state file: none is a first start; a damaged one is an error naming the

@@ -105,6 +105,36 @@ pub fn apply_overrides(ledger_dir: &mut PathBuf, gpu_index: &mut u32, gpu: Optio
     }
 }
 
+/// `{gpu}` in a per-GPU path of a config (a state file, a directory) replaced by the GPU's
+/// index: one config file serves every GPU's instance (`xshare-sysmonitor@N`,
+/// `xshare-mps-manager@N` read the same file), and a path without it would be shared by all.
+pub fn expand_gpu(p: &mut PathBuf, gpu: u32) {
+    if let Some(t) = p.to_str().filter(|t| t.contains(GPU_PLACEHOLDER)) {
+        *p = PathBuf::from(t.replace(GPU_PLACEHOLDER, &gpu.to_string()));
+    }
+}
+
+/// What [`expand_gpu`] replaces.
+pub const GPU_PLACEHOLDER: &str = "{gpu}";
+
+/// Takes the lock that makes a daemon the one writer of a state file kept outside its GPU's
+/// directory (`state_file` set in the config; the default, inside that directory, is covered
+/// by the daemon's single-instance lock there): two GPUs' instances given one file (a path
+/// without `{gpu}` in a config they share) would overwrite each other's state, and every
+/// reader would act on the wrong GPU's. The second to start is refused, naming the holder.
+/// `None` when `state_file` is in `gpu_dir`.
+pub fn lock_state_file(state_file: &Path, gpu_dir: &Path, daemon: &str) -> Result<Option<std::fs::File>, String> {
+    if state_file.parent() == Some(gpu_dir) {
+        return Ok(None);
+    }
+    let lock = PathBuf::from(format!("{}.lock", state_file.display()));
+    let what = format!(
+        "{daemon} writing the state file {} (each GPU needs its own: put {GPU_PLACEHOLDER} in state_file)",
+        state_file.display()
+    );
+    crate::instance::lock(&lock, &what).map(Some)
+}
+
 /// Writes `text` to stdout. A closed reader (`status | head`) is not an error: the output is
 /// simply no longer wanted, so it ends quietly instead of panicking as `print!` would.
 pub fn out(text: &str) -> Result<(), String> {
@@ -133,6 +163,29 @@ pub fn init_logging() {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn gpu_in_a_path_is_the_index() {
+        let mut p = PathBuf::from("/var/lib/xshare/gpu{gpu}/state-{gpu}.json");
+        expand_gpu(&mut p, 3);
+        assert_eq!(p, PathBuf::from("/var/lib/xshare/gpu3/state-3.json"));
+        let mut p = PathBuf::from("/run/x/state.json");
+        expand_gpu(&mut p, 3);
+        assert_eq!(p, PathBuf::from("/run/x/state.json"));
+    }
+
+    /// A state file in the GPU's own directory needs no lock of its own; one elsewhere gets
+    /// `<file>.lock` (a second process is refused: `instance`'s test, and sysmonitor's
+    /// `tests/operations.rs` with two GPUs' monitors).
+    #[test]
+    fn a_state_file_outside_the_gpu_directory_is_locked_beside_itself() {
+        let d = tempfile::tempdir().unwrap();
+        let gdir = d.path().join("gpu0");
+        assert!(lock_state_file(&gdir.join("state.json"), &gdir, "m").unwrap().is_none());
+        let shared = d.path().join("shared/state.json");
+        let l = lock_state_file(&shared, &gdir, "m").unwrap();
+        assert!(l.is_some() && d.path().join("shared/state.json.lock").exists());
+    }
 
     #[derive(Parser)]
     struct Cli {

@@ -176,10 +176,26 @@ pub fn read(path: &Path) -> Result<MonitorState, String> {
     crate::state_file::read_json(path)
 }
 
-/// The critical XID a state file reports, if the monitor currently holds the GPU Disabled by
-/// one (a missing or unreadable file reports none).
-pub fn disabling_xid(path: &Path) -> Option<u64> {
-    read(path).ok()?.disabling_xid()
+/// [`read()`] of GPU `gpu`'s state file: a file another GPU's monitor wrote (a `state_file`
+/// path shared by two GPUs' configs) is an error naming both, never read as this GPU's.
+pub fn read_for(path: &Path, gpu: u32) -> Result<MonitorState, String> {
+    let s = read(path)?;
+    if s.gpu != gpu {
+        return Err(format!(
+            "{}: the state of GPU {}'s monitor (pid {}), not GPU {gpu}'s: every GPU's monitor \
+             needs its own state_file (put {{gpu}} in it)",
+            path.display(),
+            s.gpu,
+            s.monitor_pid
+        ));
+    }
+    Ok(s)
+}
+
+/// The critical XID GPU `gpu`'s state file reports, if the monitor currently holds the GPU
+/// Disabled by one (a missing or unreadable file, or another GPU's, reports none).
+pub fn disabling_xid(path: &Path, gpu: u32) -> Option<u64> {
+    read_for(path, gpu).ok()?.disabling_xid()
 }
 
 impl MonitorState {
@@ -195,6 +211,18 @@ impl MonitorState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A state file shared by two GPUs' monitors is read as neither's: the error names the
+    /// GPU and pid that wrote it and the fix.
+    #[test]
+    fn another_gpus_state_file_is_an_error_naming_its_writer() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        write(&p, &MonitorState { gpu: 1, monitor_pid: 77, ..MonitorState::example() }).unwrap();
+        assert_eq!(read_for(&p, 1).unwrap().gpu, 1);
+        let e = read_for(&p, 0).unwrap_err();
+        assert!(e.contains("GPU 1's monitor (pid 77), not GPU 0's") && e.contains("{gpu}"), "{e}");
+    }
 
     fn state(disabled_by: Option<DisableCause>) -> MonitorState {
         MonitorState {
@@ -217,9 +245,10 @@ mod tests {
         assert_eq!(v["updated_unix_ms"], 1000);
         assert_eq!(v["gpu"], 0);
         assert_eq!(v["admits_offline"], false);
-        assert_eq!(disabling_xid(&p), Some(79));
+        assert_eq!(disabling_xid(&p, 0), Some(79));
+        assert_eq!(disabling_xid(&p, 1), None, "GPU 0's file says nothing of GPU 1");
         write(&p, &state(Some(DisableCause::Operator))).unwrap();
-        assert_eq!(disabling_xid(&p), None);
-        assert_eq!(disabling_xid(&d.path().join("missing")), None);
+        assert_eq!(disabling_xid(&p, 0), None);
+        assert_eq!(disabling_xid(&d.path().join("missing"), 0), None);
     }
 }

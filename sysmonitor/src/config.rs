@@ -57,7 +57,9 @@ pub struct Config {
     #[serde(default)]
     pub ledger_group: Option<String>,
     /// JSON state file for the cluster component (rewritten atomically); empty means
-    /// `<ledger_dir>/gpu<N>/state.json`.
+    /// `<ledger_dir>/gpu<N>/state.json`. `{gpu}` is replaced by the GPU index: every GPU's
+    /// monitor needs its own file (a second monitor given one another GPU's monitor writes is
+    /// refused at start).
     #[serde(default)]
     pub state_file: PathBuf,
     /// Heartbeat of the state file, ms: it is rewritten in the tick anything its readers act
@@ -397,6 +399,7 @@ impl Config {
         if self.state_file.as_os_str().is_empty() {
             self.state_file = self.ledger_path().with_file_name("state.json");
         }
+        node_daemon::cli::expand_gpu(&mut self.state_file, self.gpu_index);
     }
 
     /// `ledger_mode` as permission bits (validated).

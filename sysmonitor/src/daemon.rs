@@ -26,6 +26,9 @@ pub struct RetryingNvml {
     index: u32,
     inner: Option<NvmlSource>,
     next_try_ms: u64,
+    /// Why the last try to open it failed: what samples fail with until the next try (the
+    /// same text, so the monitor's log of a run of failures sees one error, not two).
+    open_error: String,
     /// Paces the source is opened with (and handed on reload).
     pace: NvmlPaceConfig,
 }
@@ -37,6 +40,7 @@ impl RetryingNvml {
             index,
             inner: None,
             next_try_ms: 0,
+            open_error: String::new(),
             pace: NvmlPaceConfig::default(),
         }
     }
@@ -50,12 +54,15 @@ impl RetryingNvml {
     #[inline(never)]
     fn open_and_sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
         if now_ms < self.next_try_ms {
-            return Err("NVML unavailable (retrying every second)".into());
+            return Err(self.open_error.clone());
         }
         self.next_try_ms = now_ms + 1000;
         match NvmlSource::open(self.index, &self.pace) {
             Ok(s) => self.inner.insert(s).sample(now_ms),
-            Err(e) => Err(format!("NVML unavailable: {e}")),
+            Err(e) => {
+                self.open_error = format!("NVML unavailable (retried every second): {e}");
+                Err(self.open_error.clone())
+            }
         }
     }
 }
@@ -435,6 +442,11 @@ impl<G: GpuSource> Service for MonitorService<G> {
 /// `files` are the config files in force (base first); SIGHUP reloads from `base`.
 pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> {
     let _instance = lock_instance(&cfg)?;
+    let _state_owner = node_daemon::cli::lock_state_file(
+        &cfg.state_file,
+        lock_file(&cfg).parent().unwrap_or(Path::new("")),
+        &format!("sysmonitor for GPU {}", cfg.gpu_index),
+    )?;
     crate::evictlog::configure(&cfg.evict_log);
     node_daemon::signals::install_signal_handlers();
     let lpath = cfg.ledger_path();

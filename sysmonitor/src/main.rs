@@ -20,7 +20,7 @@ CONFIG:
 
     Main keys: interval_ms (>= 1), idle_interval_ms (100: the pace while no offline process is
     registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir ($XSHARE_LEDGER_DIR overrides),
-    state_file, metrics_listen (\"127.0.0.1:9400\" or \"unix:/run/xshare/m.sock\"),
+    state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (\"127.0.0.1:9400\" or \"unix:/run/xshare/m.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled},
     machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
     host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run},
@@ -134,7 +134,7 @@ fn main() -> ExitCode {
                 )
             })
         }
-        Cmd::Status { json } => monitor_state::read(&cfg.state_file)
+        Cmd::Status { json } => monitor_state::read_for(&cfg.state_file, cfg.gpu_index)
             .map_err(|e| format!("{e}\n(is `sysmonitor run` running for GPU {} with the same ledger_dir / $XSHARE_LEDGER_DIR?)", cfg.gpu_index))
             .and_then(|s| {
                 if json {
@@ -173,7 +173,7 @@ fn main() -> ExitCode {
                     cfg.gpu_index
                 )),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    match monitor_state::disabling_xid(&cfg.state_file) {
+                    match monitor_state::disabling_xid(&cfg.state_file, cfg.gpu_index) {
                         // Kept across monitor restarts: only an operator puts it back.
                         Some(xid) => {
                             let f = daemon::enable_file(&cfg);

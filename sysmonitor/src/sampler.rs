@@ -302,9 +302,21 @@ fn e(what: &str, err: NvmlError) -> String {
 
 impl NvmlSource {
     /// Initializes NVML and opens GPU `index`, to be read at `pace`; NVML lives for the rest
-    /// of the process.
+    /// of the process once the device opens. When it does not, NVML is shut down again, so a
+    /// caller retrying (the daemon, every second) holds nothing across tries and each try
+    /// enumerates the GPUs afresh (`nvmlInit` is reference-counted: only the first of several
+    /// live ones enumerates).
     pub fn open(index: u32, pace: &NvmlPaceConfig) -> Result<NvmlSource, String> {
-        let nvml: &'static Nvml = Box::leak(Box::new(Nvml::init().map_err(|x| e("nvmlInit", x))?));
+        let nvml = Nvml::init().map_err(|x| e("nvmlInit", x))?;
+        if let Err(x) = nvml.device_by_index(index) {
+            let seen = match nvml.device_count() {
+                Ok(0) => " (NVML sees no GPU)".to_string(),
+                Ok(n) => format!(" (NVML sees {n} GPU{}: indices 0 to {})", if n == 1 { "" } else { "s" }, n - 1),
+                Err(_) => String::new(),
+            };
+            return Err(format!("{}{seen}", e(&format!("device {index}"), x)));
+        }
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
         let dev = nvml
             .device_by_index(index)
             .map_err(|x| e(&format!("device {index}"), x))?;

@@ -128,6 +128,10 @@ fn second_run_for_the_same_gpu_exits_naming_the_holder_and_logs_are_plain_text()
         .read_to_string(&mut log)
         .unwrap();
     assert!(log.contains("sysmonitor running"), "{log}");
+    // No NVML here: every sample fails, with the same error. A run of failures is logged when
+    // it starts (and changes, and once a minute), not at every 20 ms sample.
+    let failed = log.matches("GPU sample failed").count();
+    assert!((1..=2).contains(&failed), "{failed} 'GPU sample failed' lines: {log}");
     assert!(
         !log.contains('\x1b'),
         "ANSI colour codes in a non-tty log: {log:?}"
@@ -146,6 +150,49 @@ fn second_run_for_the_same_gpu_exits_naming_the_holder_and_logs_are_plain_text()
         again.0.try_wait().unwrap().is_none(),
         "restart after the holder died"
     );
+}
+
+/// One config for two GPUs: a `state_file` without `{gpu}` would have both monitors overwrite
+/// one file (and mps-manager, node-agent and the matcher read the wrong GPU's state): the
+/// second monitor is refused, naming the holder and the fix; with `{gpu}` both run, each with
+/// its own file.
+#[test]
+fn two_gpus_monitors_never_share_a_state_file() {
+    let d = Dir::new();
+    let shared = d.0.path().join("var/state.json");
+    std::fs::write(
+        d.cfg(),
+        format!(r#"{{ "interval_ms": 20, "host_memory": {{ "enabled": false }}, "state_file": "{}" }}"#, shared.display()),
+    )
+    .unwrap();
+    let first = Running(d.cmd(&["run", "--gpu", "0"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    wait_for(&shared);
+    let second = output_within(d.cmd(&["run", "--gpu", "1"]), Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "second GPU's monitor on the same state file must fail: {err}");
+    assert!(err.contains(&format!("pid {}", first.0.id())) && err.contains("{gpu}"), "{err}");
+    // `status` of GPU 1 does not show GPU 0's state as its own.
+    let st = d.cmd(&["status", "--gpu", "1"]).output().unwrap();
+    let text = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success() && text.contains("GPU 0's monitor"), "{text}");
+    drop(first);
+
+    let tmpl = d.0.path().join("var/gpu{gpu}.json");
+    std::fs::write(
+        d.cfg(),
+        format!(r#"{{ "interval_ms": 20, "host_memory": {{ "enabled": false }}, "state_file": "{}" }}"#, tmpl.display()),
+    )
+    .unwrap();
+    let mut both: Vec<Running> = ["0", "1"]
+        .iter()
+        .map(|g| Running(d.cmd(&["run", "--gpu", g]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()))
+        .collect();
+    for g in 0..2 {
+        wait_for(&d.0.path().join(format!("var/gpu{g}.json")));
+    }
+    for r in &mut both {
+        assert!(r.0.try_wait().unwrap().is_none(), "each GPU's monitor keeps running");
+    }
 }
 
 #[test]
