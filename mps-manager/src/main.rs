@@ -134,7 +134,10 @@ fn main() -> ExitCode {
             serde_json::to_string_pretty(&cfg).unwrap_or_default()
         )),
         Cmd::Status => node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file)
-            .and_then(|s| out(&status_text(&s))),
+            .and_then(|s| {
+                let running = manager_running(s.manager_pid);
+                out(&status_text(&s, node_daemon::clock::unix_ms(), running))
+            }),
         Cmd::Run => run(cfg, loaded.base, loaded.files),
     };
     match r {
@@ -148,10 +151,28 @@ fn fail(msg: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn status_text(s: &ManagerState) -> String {
+/// Whether `pid` is a running mps-manager (as this process's pid namespace sees it).
+fn manager_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "mps-manager")
+}
+
+/// `mps-manager status`: the state file as of `now_unix_ms`; a file whose manager is gone says
+/// so first (what it shows is how that manager left things).
+fn status_text(s: &ManagerState, now_unix_ms: u64, running: bool) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
-    let _ = writeln!(o, "GPU {}  (manager pid {})", s.gpu, s.manager_pid);
+    let age = now_unix_ms.saturating_sub(s.updated_unix_ms);
+    if running {
+        let _ = writeln!(o, "GPU {}  (manager pid {}, updated {age} ms ago)", s.gpu, s.manager_pid);
+    } else {
+        let _ = writeln!(
+            o,
+            "GPU {}  (manager pid {} is not running: its state as it left it, {:.1} s ago)",
+            s.gpu,
+            s.manager_pid,
+            age as f64 / 1000.0
+        );
+    }
     let _ = writeln!(
         o,
         "  {:<20} {}",
@@ -392,7 +413,10 @@ mod tests {
             monitor_state_error: Some("/run/xshare/gpu2/state.json: No such file".into()),
             ..Default::default()
         };
-        let t = status_text(&s);
+        let t = status_text(&s, 1500, true);
+        assert!(t.starts_with("GPU 2  (manager pid 0, updated 1500 ms ago)"), "{t}");
+        let gone = status_text(&s, 61_000, false);
+        assert!(gone.starts_with("GPU 2  (manager pid 0 is not running: its state as it left it, 61.0 s ago)"), "{gone}");
         assert!(t.contains("monitor state        unreadable, no XID or pending eviction seen: /run/xshare/gpu2/state.json"), "{t}");
         assert!(t.contains("MPS /dev/shm         /dev/shm/xshare-gpu2"), "{t}");
         assert!(t.contains("exclusive_process (found default, put back when MPS quits)"), "{t}");

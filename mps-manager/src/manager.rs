@@ -1295,7 +1295,13 @@ impl Manager {
         }
         if self.ctl.daemon_pid().is_some() {
             match self.ctl.quit() {
-                Ok(()) => tracing::info!("MPS control daemon stopped"),
+                Ok(()) => {
+                    tracing::info!("MPS control daemon stopped");
+                    // What the state file says once this manager is gone.
+                    (self.state.daemon_pid, self.state.daemon_start_time) = (None, None);
+                    (self.state.servers, self.state.clients) = (Vec::new(), 0);
+                    self.daemon = None;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "MPS quit failed at shutdown: the compute mode stays exclusive_process");
                     return;

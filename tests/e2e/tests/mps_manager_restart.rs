@@ -209,6 +209,8 @@ fn manager_sigtermed_with_quit_on_exit_quits_mps_and_the_next_one_starts_a_new_d
     m1.signal(libc::SIGTERM);
     assert_eq!(m1.wait_exit(T), Some(None), "a clean exit");
     assert!(!dev.snapshot().mps.enabled, "MPS quit with its manager");
+    let left = mstate(&n, "the state the manager left", |v| v["manager_pid"] == m1.pid());
+    assert!(left["daemon_pid"].is_null() && left["clients"] == 0, "no daemon left to name: {left:#}");
     let m2 = start_manager(&n, true);
     let v = mstate_of(&n, m2.pid(), "a new daemon", |v| v["daemon_pid"].is_u64());
     assert_ne!(daemon_of(&v), daemon, "{v:#}");
