@@ -135,7 +135,7 @@ fn main() -> ExitCode {
         )),
         Cmd::Status => node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file)
             .and_then(|s| {
-                let running = manager_running(s.manager_pid);
+                let running = node_daemon::cli::daemon_running(s.manager_pid, "mps-manager");
                 out(&status_text(&s, node_daemon::clock::unix_ms(), running))
             }),
         Cmd::Run => run(cfg, loaded.base, loaded.files),
@@ -151,28 +151,14 @@ fn fail(msg: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Whether `pid` is a running mps-manager (as this process's pid namespace sees it).
-fn manager_running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "mps-manager")
-}
-
 /// `mps-manager status`: the state file as of `now_unix_ms`; a file whose manager is gone says
 /// so first (what it shows is how that manager left things).
 fn status_text(s: &ManagerState, now_unix_ms: u64, running: bool) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let age = now_unix_ms.saturating_sub(s.updated_unix_ms);
-    if running {
-        let _ = writeln!(o, "GPU {}  (manager pid {}, updated {age} ms ago)", s.gpu, s.manager_pid);
-    } else {
-        let _ = writeln!(
-            o,
-            "GPU {}  (manager pid {} is not running: its state as it left it, {:.1} s ago)",
-            s.gpu,
-            s.manager_pid,
-            age as f64 / 1000.0
-        );
-    }
+    let gpu = format!("GPU {}", s.gpu);
+    let _ = writeln!(o, "{}", node_daemon::cli::status_heading(&gpu, "manager", s.manager_pid, running, age));
     let _ = writeln!(
         o,
         "  {:<20} {}",

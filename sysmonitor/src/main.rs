@@ -140,7 +140,8 @@ fn main() -> ExitCode {
                 if json {
                     out(&format!("{}\n", serde_json::to_string_pretty(&s).unwrap_or_default()))
                 } else {
-                    out(&report::status_table(&s, clock::unix_ms()))
+                    let running = node_daemon::cli::daemon_running(s.monitor_pid, "sysmonitor");
+                    out(&report::status_table(&s, clock::unix_ms(), running))
                 }
             }),
         Cmd::NvmlCost { calls, gap_ms, json } => sysmonitor::sampler::NvmlSource::open(cfg.gpu_index, &cfg.nvml).and_then(|mut src| {

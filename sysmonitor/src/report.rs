@@ -178,17 +178,15 @@ pub fn prometheus(s: &MonitorState) -> String {
 }
 
 /// Human-readable table for `sysmonitor status`.
-pub fn status_table(s: &MonitorState, now_unix_ms: u64) -> String {
+/// `running`: whether the monitor that wrote `s` still runs (else the heading says so).
+pub fn status_table(s: &MonitorState, now_unix_ms: u64, running: bool) -> String {
     let mut o = String::new();
     let age = now_unix_ms.saturating_sub(s.updated_unix_ms);
     let row = |o: &mut String, k: &str, v: String| {
         let _ = writeln!(o, "  {k:<22} {v}");
     };
-    let _ = writeln!(
-        o,
-        "GPU {}  (monitor pid {}, updated {} ms ago)",
-        s.gpu, s.monitor_pid, age
-    );
+    let gpu = format!("GPU {}", s.gpu);
+    let _ = writeln!(o, "{}", node_daemon::cli::status_heading(&gpu, "monitor", s.monitor_pid, running, age));
     let mut st = s.state.as_str().to_uppercase();
     if let Some(d) = s.disabled_by {
         st.push_str(&format!(" by {d:?}"));
@@ -346,7 +344,7 @@ mod tests {
 
     #[test]
     fn status_table_shows_state_hold_and_config_error() {
-        let t = status_table(&snap(), 1100);
+        let t = status_table(&snap(), 1100, true);
         assert!(t.contains("OVERLIMIT"));
         assert!(t.contains("150 ms of 200 ms"));
         assert!(t.contains("CONFIG ERROR"));
@@ -356,7 +354,8 @@ mod tests {
             sampling_ms: 100,
             ..snap()
         };
-        let t = status_table(&idle, 1100);
+        let t = status_table(&idle, 1100, false);
+        assert!(t.contains("is not running: its state as it left it"), "{t}");
         assert!(
             t.contains("at 100 ms (idle: no offline work, 10 ms while there is)"),
             "{t}"
