@@ -44,16 +44,28 @@ fn kit_with(profile: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String
 /// `recovery` check reports the online client torn down (not hung, not passed); with
 /// `terminate_client` before the SIGKILL (`GPU_CHECK_RECOVERY_TERMINATE_FIRST=1`) it passes.
 /// The offline client runs without the shim (`GPU_CHECK_RECOVERY_NO_SHIM=1`): its kernels back
-/// to back, one is in flight whenever it is killed (a throttled one may be between kernels,
-/// and then the kill harms nobody, on the H200 as here).
+/// to back, one is in flight nearly whenever it is killed (a throttled one may be between
+/// kernels, and then the kill harms nobody, on the H200 as here). Nearly: on a loaded machine
+/// the client may sit descheduled between its sync and its next launch when the kill comes
+/// (seen once in CI, 2026-11-27: the online client went on, no teardown). Such a miss (a PASS
+/// row: nobody harmed) is tried again, three times at most; any other outcome is judged.
 #[test]
 fn the_recovery_check_tells_a_torn_down_online_client_and_terminate_first_prevents_it() {
     let teardown = ("GPUEMU_MPS_KILL", "teardown");
     let no_shim = ("GPU_CHECK_RECOVERY_NO_SHIM", "1");
-    let (ok, out) = kit_with("t4", &["--only", "recovery"], &[teardown, no_shim]);
+    let mut missed = Vec::new();
+    let (ok, out) = loop {
+        let (ok, out) = kit_with("t4", &["--only", "recovery"], &[teardown, no_shim]);
+        let table = out.split("GPU check kit on").nth(1).unwrap_or_else(|| panic!("no table in\n{out}"));
+        if ok && row(table, "recovery")[1] == "PASS" && missed.len() < 2 {
+            missed.push(out);
+            continue;
+        }
+        break (ok, out);
+    };
     let table = out.split("GPU check kit on").nth(1).unwrap_or_else(|| panic!("no table in\n{out}"));
     let r = row(table, "recovery");
-    assert!(!ok, "a FAIL row fails the kit:\n{out}");
+    assert!(!ok, "a FAIL row fails the kit (after {} runs that killed between kernels):\n{out}", missed.len());
     assert_eq!(r[1], "FAIL", "{table}");
     assert!(table.contains("online torn down in 1 of 1"), "{table}");
     assert!(table.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{table}");
