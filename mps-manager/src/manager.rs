@@ -8,6 +8,7 @@ use std::time::Duration;
 use node_ledger::{HealthState, Ledger};
 use serde::{Deserialize, Serialize};
 use node_daemon::clock::{mono_ms, unix_ms};
+use node_daemon::errlog::{ErrorRun, Say};
 use node_daemon::evictor::{PidfdSignaller, Signaller};
 use node_daemon::state_file::write_atomic;
 
@@ -188,6 +189,8 @@ pub struct Manager {
     /// Processes NVML lists on the GPU and no MPS server does, at the last look: (pid, start
     /// time) -> looks in a row.
     holders: BTreeMap<(u32, u64), u32>,
+    /// The log lines of a run of failed state-file writes.
+    state_write: ErrorRun,
 }
 
 /// How long a targeted recovery looks for the clients it must terminate on the servers' lists
@@ -259,6 +262,7 @@ impl Manager {
             modes,
             mode_failing: false,
             holders: BTreeMap::new(),
+            state_write: ErrorRun::default(),
         })
     }
 
@@ -1319,13 +1323,27 @@ impl Manager {
         self.note_modes();
     }
 
-    /// Writes the state file at `path` atomically, stamped with the current time.
+    /// Writes the state file at `path` atomically, stamped with the current time. A run of
+    /// failed writes (a read-only or full directory) is logged at its start, on a changed
+    /// error, once a minute and at its end ([`node_daemon::errlog`]), not at every check.
     pub fn write_state(&mut self, path: &Path) {
         self.state.updated_unix_ms = unix_ms();
-        if let Ok(mut v) = serde_json::to_vec_pretty(&self.state) {
-            v.push(b'\n');
-            if let Err(e) = write_atomic(path, &v) {
-                tracing::warn!(path = %path.display(), error = %e, "cannot write the state file");
+        let Ok(mut v) = serde_json::to_vec_pretty(&self.state) else { return };
+        v.push(b'\n');
+        let now = mono_ms();
+        match write_atomic(path, &v) {
+            Err(e) => {
+                if let Say::Failed { errors, for_ms } = self.state_write.failed(now, &e.to_string()) {
+                    tracing::warn!(
+                        path = %path.display(), error = %e, errors, for_ms,
+                        "cannot write the state file: node-agent and mps-manager status see the last one written"
+                    );
+                }
+            }
+            Ok(()) => {
+                if let Say::Recovered { errors, for_ms } = self.state_write.ok(now) {
+                    tracing::info!(path = %path.display(), errors, for_ms, "the state file is written again");
+                }
             }
         }
     }
@@ -1543,6 +1561,26 @@ mod tests {
         node_daemon::monitor_state::write(&p, &good).unwrap();
         m.check(2000);
         assert_eq!(m.state.monitor_state_error, None);
+    }
+
+    /// A state file that cannot be written (its directory is a file) is a run of failures the
+    /// manager keeps trying through, ended by the first write that works.
+    #[test]
+    fn a_state_file_that_cannot_be_written_is_retried_until_it_is() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let blocker = d.path().join("blocked");
+        std::fs::write(&blocker, "").unwrap();
+        let p = blocker.join("mps-manager.json");
+        for _ in 0..3 {
+            m.write_state(&p);
+        }
+        assert!(m.state_write.failing());
+        std::fs::remove_file(&blocker).unwrap();
+        std::fs::create_dir(&blocker).unwrap();
+        m.write_state(&p);
+        assert!(!m.state_write.failing());
+        assert!(Manager::read_previous(&p).unwrap().is_some());
     }
 
     /// A previous state file of another GPU's manager (a state_file path two GPUs share) is

@@ -9,6 +9,7 @@
 //!   shim reports config errors too);
 //! - [`state_file`]: atomic JSON state files;
 //! - [`clock`]: monotonic and wall-clock milliseconds, the boot id;
+//! - [`errlog`]: the log lines of an operation that keeps failing, rate-limited;
 //! - [`evictor`]: pidfd signalling and the one evictor (every signal checked by pid + start time);
 //! - [`instance`]: the single-instance lock (a POSIX write lock; the error names the holder);
 //! - [`monitor_state`]: the monitor's state file, one writer and several readers;
@@ -17,6 +18,7 @@
 
 pub mod cli;
 pub mod clock;
+pub mod errlog;
 pub mod evictor;
 pub mod instance;
 pub mod layered;

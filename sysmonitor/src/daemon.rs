@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use node_daemon::clock::{boot_id, mono_ms};
+use node_daemon::errlog::{ErrorRun, Say};
 use node_daemon::evictor::PidfdSignaller;
 use node_daemon::monitor_state;
 use node_daemon::run::Service;
@@ -248,6 +249,8 @@ struct MonitorService<G: GpuSource> {
     /// [`enable_file`].
     enable_path: PathBuf,
     start_ledger_error: Option<String>,
+    /// The log lines of a run of failed state-file writes (a read-only or full directory).
+    state_write: ErrorRun,
 }
 
 impl<G: GpuSource> MonitorService<G> {
@@ -277,6 +280,7 @@ impl<G: GpuSource> MonitorService<G> {
             pace: cfg_interval,
             operator_disabled: false,
             start_ledger_error,
+            state_write: ErrorRun::default(),
         }
     }
 
@@ -327,8 +331,21 @@ impl<G: GpuSource> MonitorService<G> {
     fn report(&mut self, now: u64, notifier: &Notifier) {
         let snap = self.snapshot(now);
         let cfg = &self.cfg;
-        if let Err(e) = monitor_state::write(&cfg.state_file, &snap) {
-            tracing::warn!(path = %cfg.state_file.display(), error = %e, "cannot write the state file");
+        match monitor_state::write(&cfg.state_file, &snap) {
+            Err(e) => {
+                if let Say::Failed { errors, for_ms } = self.state_write.failed(now, &e.to_string()) {
+                    tracing::warn!(
+                        path = %cfg.state_file.display(), error = %e, errors, for_ms,
+                        "cannot write the state file: its readers (mps-manager, sysmonitor status, \
+                         the matcher) see the last one written"
+                    );
+                }
+            }
+            Ok(()) => {
+                if let Say::Recovered { errors, for_ms } = self.state_write.ok(now) {
+                    tracing::info!(path = %cfg.state_file.display(), errors, for_ms, "the state file is written again");
+                }
+            }
         }
         if cfg.metrics_listen.is_some() {
             if let Ok(mut t) = self.metrics_text.lock() {
@@ -576,6 +593,27 @@ mod tests {
             Vec::new(),
         );
         MonitorService::new(cfg, &dir.join("mon.json"), Vec::new(), mon, None)
+    }
+
+    /// A state file that cannot be written (here its directory is a file) is a run of failures
+    /// the monitor keeps trying through, logged by [`ErrorRun`], and ends when a write works.
+    #[test]
+    fn a_state_file_that_cannot_be_written_is_retried_and_its_run_ends_with_a_write() {
+        let d = tempfile::tempdir().unwrap();
+        let mut svc = service(d.path(), Rc::new(Cell::new(10.0)), 100);
+        let n = Notifier::from_env();
+        let blocker = d.path().join("blocked");
+        std::fs::write(&blocker, "").unwrap();
+        svc.cfg.state_file = blocker.join("state.json");
+        for t in (0..=1000).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert!(svc.state_write.failing(), "every write failed");
+        std::fs::remove_file(&blocker).unwrap();
+        std::fs::create_dir(&blocker).unwrap();
+        svc.tick(1200, &n);
+        assert!(!svc.state_write.failing(), "the run ended with a write");
+        assert_eq!(monitor_state::read(&svc.cfg.state_file).unwrap().gpu, 0);
     }
 
     /// The state file is no longer rewritten every report period: quiet ticks leave it alone

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::config::Config;
 use node_daemon::clock::{boot_id, unix_ms};
+use node_daemon::errlog::{ErrorRun, Say};
 use node_daemon::evictor::{Event, Evictor, Signaller};
 use node_daemon::monitor_state::{MonitorState as Snapshot, PendingEviction};
 use crate::health::{Action, Input, Level, Machine, MachineConfig, Metrics, State, Transition};
@@ -93,64 +94,6 @@ impl FlapLog {
     }
 }
 
-/// How often a run of failing samples is logged again at most while its error stays the same,
-/// ms (see [`SampleErrorLog`]).
-pub const SAMPLE_ERROR_LOG_MS: u64 = 60_000;
-
-/// What to log about a sample, decided by [`SampleErrorLog`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum SampleLog {
-    /// Nothing.
-    Quiet,
-    /// A failure: the first of a run, one whose error differs from the last logged, or a
-    /// reminder every [`SAMPLE_ERROR_LOG_MS`]; with the failures of the run so far and how
-    /// long it has lasted, ms.
-    Failed { errors: u64, for_ms: u64 },
-    /// The first good sample after a run of `errors` failures that lasted `for_ms`.
-    Recovered { errors: u64, for_ms: u64 },
-}
-
-/// Rate limit for the log lines of failing samples: NVML gone (a driver reload, a GPU off the
-/// bus, a wrong `gpu_index`) fails every sample, at every `interval_ms`: one line when the run
-/// starts, one when its error changes, a reminder every [`SAMPLE_ERROR_LOG_MS`] and one when
-/// sampling works again, instead of a hundred lines a second into the journal.
-#[derive(Debug, Default)]
-struct SampleErrorLog {
-    /// The current run of failures: when it began, how many, the error last logged, when the
-    /// next reminder is due.
-    run: Option<(u64, u64, String, u64)>,
-}
-
-impl SampleErrorLog {
-    fn failed(&mut self, now_ms: u64, error: &str) -> SampleLog {
-        let reminder = now_ms.saturating_add(SAMPLE_ERROR_LOG_MS);
-        match &mut self.run {
-            None => {
-                self.run = Some((now_ms, 1, error.to_string(), reminder));
-                SampleLog::Failed { errors: 1, for_ms: 0 }
-            }
-            Some((since, n, logged, next)) => {
-                *n += 1;
-                if logged.as_str() == error && now_ms < *next {
-                    return SampleLog::Quiet;
-                }
-                if logged.as_str() != error {
-                    *logged = error.to_string();
-                }
-                *next = reminder;
-                SampleLog::Failed { errors: *n, for_ms: now_ms.saturating_sub(*since) }
-            }
-        }
-    }
-
-    fn ok(&mut self, now_ms: u64) -> SampleLog {
-        match self.run.take() {
-            None => SampleLog::Quiet,
-            Some((since, n, ..)) => SampleLog::Recovered { errors: n, for_ms: now_ms.saturating_sub(since) },
-        }
-    }
-}
-
 /// How long the monitor trusts what it found out about who is on the GPU, ms: a process
 /// that starts or stops changes the judgement at most this late (against a default
 /// `overlimit_sustain_ms` of 2000 ms); an eviction forgets it at once.
@@ -200,7 +143,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// State changes since start (the state file is rewritten in the tick one happens).
     pub transitions: u64,
     flap_log: FlapLog,
-    sample_log: SampleErrorLog,
+    /// The log lines of a run of failing samples (NVML gone fails every one).
+    sample_log: ErrorRun,
     /// Offline processes registered in the ledger at the last look.
     pub offline_registered: usize,
     /// Tick (monotonic ms) of the last successful look at the registry.
@@ -289,7 +233,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             last_transition: None,
             transitions: 0,
             flap_log: FlapLog::default(),
-            sample_log: SampleErrorLog::default(),
+            sample_log: ErrorRun::default(),
             offline_registered: 0,
             offline_read_ms: None,
             overlimit_entry_sample: None,
@@ -319,7 +263,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     #[cold]
     #[inline(never)]
     fn sample_recovered(&mut self, now_ms: u64) {
-        if let SampleLog::Recovered { errors, for_ms } = self.sample_log.ok(now_ms) {
+        if let Say::Recovered { errors, for_ms } = self.sample_log.ok(now_ms) {
             tracing::info!(gpu = self.cfg.gpu_index, errors, for_ms, "GPU sampling works again");
         }
     }
@@ -332,7 +276,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         let input = match self.gpu.sample(now_ms) {
             Ok(s) => {
                 self.samples += 1;
-                if self.sample_log.run.is_some() {
+                if self.sample_log.failing() {
                     self.sample_recovered(now_ms);
                 }
                 self.history.push(s);
@@ -344,7 +288,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             }
             Err(e) => {
                 self.sample_errors += 1;
-                if let SampleLog::Failed { errors, for_ms } = self.sample_log.failed(now_ms, &e) {
+                if let Say::Failed { errors, for_ms } = self.sample_log.failed(now_ms, &e) {
                     tracing::warn!(error = %e, gpu = self.cfg.gpu_index, errors, for_ms, "GPU sample failed");
                 }
                 Input::SampleError
@@ -744,35 +688,6 @@ mod tests {
         // The next one after a quiet spell is logged at once and reports what was left out.
         assert_eq!(f.admit(10_000), Some(49));
         assert_eq!(f.admit(10_001), None);
-    }
-
-    /// NVML failing at every 10 ms sample for 2.5 minutes: a line when the run starts, one when
-    /// its error changes, a reminder a minute, and one when sampling works again, each with
-    /// the failures so far; the next run starts afresh.
-    #[test]
-    fn a_run_of_failing_samples_is_logged_at_its_start_changes_each_minute_and_end() {
-        use super::SampleLog::{Failed, Quiet, Recovered};
-        let mut l = super::SampleErrorLog::default();
-        let mut lines = Vec::new();
-        for i in 0..15_000u64 {
-            let e = if i < 100 { "NVML unavailable: driver not loaded" } else { "NVML unavailable: GPU is lost" };
-            let out = l.failed(i * 10, e);
-            if out != Quiet {
-                lines.push((i * 10, out));
-            }
-        }
-        assert_eq!(
-            lines,
-            vec![
-                (0, Failed { errors: 1, for_ms: 0 }),
-                (1000, Failed { errors: 101, for_ms: 1000 }),
-                (61_000, Failed { errors: 6101, for_ms: 61_000 }),
-                (121_000, Failed { errors: 12_101, for_ms: 121_000 }),
-            ]
-        );
-        assert_eq!(l.ok(150_000), Recovered { errors: 15_000, for_ms: 150_000 });
-        assert_eq!(l.ok(150_010), Quiet);
-        assert_eq!(l.failed(150_020, "x"), Failed { errors: 1, for_ms: 0 });
     }
 
     use super::*;
