@@ -135,7 +135,8 @@ fn main() -> ExitCode {
         )),
         Cmd::Status => node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file)
             .and_then(|s| {
-                let running = node_daemon::cli::daemon_running(s.manager_pid, "mps-manager");
+                // The manager of this GPU runs while its single-instance lock is held.
+                let running = node_daemon::instance::held(&mps_manager::manager::lock_file(&cfg));
                 out(&status_text(&s, node_daemon::clock::unix_ms(), running))
             }),
         Cmd::Run => run(cfg, loaded.base, loaded.files),

@@ -135,13 +135,6 @@ pub fn lock_state_file(state_file: &Path, gpu_dir: &Path, daemon: &str) -> Resul
     crate::instance::lock(&lock, &what).map(Some)
 }
 
-/// Whether `pid` is a running `comm` (a daemon's process name, as `/proc/<pid>/comm` has it),
-/// as this process's pid namespace sees it: what a `status` command tells a state file whose
-/// writer is gone with.
-pub fn daemon_running(pid: u32, comm: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
-}
-
 /// The heading of a daemon's `status`: `what` (e.g. `GPU 0`) with the writer's pid and the
 /// state file's age, or, when that writer is not running, that what follows is how it left
 /// things.
@@ -187,8 +180,6 @@ mod tests {
 
     #[test]
     fn a_status_says_when_its_writer_is_gone() {
-        assert!(daemon_running(std::process::id(), &std::fs::read_to_string("/proc/self/comm").unwrap().trim_end().to_string()));
-        assert!(!daemon_running(std::process::id(), "no-such-daemon"));
         assert_eq!(status_heading("GPU 1", "monitor", 7, true, 250), "GPU 1  (monitor pid 7, updated 250 ms ago)");
         assert_eq!(
             status_heading("GPU 1", "monitor", 7, false, 61_000),

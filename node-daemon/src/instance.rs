@@ -51,6 +51,20 @@ pub fn lock(path: &Path, what: &str) -> Result<File, String> {
     ))
 }
 
+/// Whether another process holds the lock on `path` (a daemon of that GPU runs), as `F_GETLK`
+/// tells without taking it: what a `status` command says of a state file whose writer is gone.
+/// A missing or unreadable lock file is no holder. (The caller's own lock is not seen: POSIX
+/// locks never conflict with their owner.)
+pub fn held(path: &Path) -> bool {
+    let Ok(f) = File::open(path) else { return false };
+    // SAFETY: flock is plain data; an all-zero value is valid before the fields are set.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: valid open fd and a valid flock struct for the duration of the call.
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) == 0 && fl.l_type != libc::F_UNLCK as libc::c_short }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +109,7 @@ mod tests {
         // SAFETY: reading one byte from our pipe into a valid buffer.
         let n = unsafe { libc::read(fds[0], (&mut ok as *mut u8).cast(), 1) };
         assert_eq!((n, ok), (1, 1), "child took the lock");
+        assert!(held(&path), "the child's lock is seen");
         let e = lock(&path, "x for GPU 0").unwrap_err();
         // SAFETY: kill/waitpid on our own child.
         unsafe {
@@ -108,6 +123,8 @@ mod tests {
                 && e.contains("x.lock"),
             "{e}"
         );
+        assert!(!held(&path), "a killed holder holds nothing");
+        assert!(!held(&dir.path().join("missing.lock")));
         let again = lock(&path, "x for GPU 0").expect("lock free once its holder is killed");
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.trim(), std::process::id().to_string());

@@ -140,7 +140,8 @@ fn main() -> ExitCode {
                 if json {
                     out(&format!("{}\n", serde_json::to_string_pretty(&s).unwrap_or_default()))
                 } else {
-                    let running = node_daemon::cli::daemon_running(s.monitor_pid, "sysmonitor");
+                    // The monitor of this GPU runs while its single-instance lock is held.
+                    let running = node_daemon::instance::held(&daemon::lock_file(&cfg));
                     out(&report::status_table(&s, clock::unix_ms(), running))
                 }
             }),

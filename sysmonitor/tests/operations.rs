@@ -115,6 +115,9 @@ fn second_run_for_the_same_gpu_exits_naming_the_holder_and_logs_are_plain_text()
         first.0.id()
     );
     assert!(first.0.try_wait().unwrap().is_none(), "first keeps running");
+    let status = |d: &Dir| String::from_utf8_lossy(&d.cmd(&["status"]).output().unwrap().stdout).into_owned();
+    let s = status(&d);
+    assert!(s.contains(&format!("(monitor pid {}, updated", first.0.id())), "{s}");
 
     // SIGTERM the first and read its log: no ANSI escape when stderr is a pipe.
     // SAFETY: kill(2) on our own live child.
@@ -128,6 +131,9 @@ fn second_run_for_the_same_gpu_exits_naming_the_holder_and_logs_are_plain_text()
         .read_to_string(&mut log)
         .unwrap();
     assert!(log.contains("sysmonitor running"), "{log}");
+    let _ = first.0.wait();
+    let s = status(&d);
+    assert!(s.contains("is not running: its state as it left it"), "{s}");
     // No NVML here: every sample fails, with the same error. A run of failures is logged when
     // it starts (and changes, and once a minute), not at every 20 ms sample.
     let failed = log.matches("GPU sample failed").count();
