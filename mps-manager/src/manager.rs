@@ -8,9 +8,8 @@ use std::time::Duration;
 use node_ledger::{HealthState, Ledger};
 use serde::{Deserialize, Serialize};
 use node_daemon::clock::{mono_ms, unix_ms};
-use node_daemon::errlog::{ErrorRun, Say};
+use node_daemon::errlog::ErrorRun;
 use node_daemon::evictor::{PidfdSignaller, Signaller};
-use node_daemon::state_file::write_atomic;
 
 use crate::budget::Allocator;
 use crate::compute_mode::{self, ComputeModePolicy, Keeper};
@@ -1328,24 +1327,8 @@ impl Manager {
     /// error, once a minute and at its end ([`node_daemon::errlog`]), not at every check.
     pub fn write_state(&mut self, path: &Path) {
         self.state.updated_unix_ms = unix_ms();
-        let Ok(mut v) = serde_json::to_vec_pretty(&self.state) else { return };
-        v.push(b'\n');
-        let now = mono_ms();
-        match write_atomic(path, &v) {
-            Err(e) => {
-                if let Say::Failed { errors, for_ms } = self.state_write.failed(now, &e.to_string()) {
-                    tracing::warn!(
-                        path = %path.display(), error = %e, errors, for_ms,
-                        "cannot write the state file: node-agent and mps-manager status see the last one written"
-                    );
-                }
-            }
-            Ok(()) => {
-                if let Say::Recovered { errors, for_ms } = self.state_write.ok(now) {
-                    tracing::info!(path = %path.display(), errors, for_ms, "the state file is written again");
-                }
-            }
-        }
+        let written = node_daemon::state_file::write_json_pretty(path, &self.state);
+        node_daemon::state_file::log_write(&mut self.state_write, mono_ms(), path, written, "node-agent and mps-manager status");
     }
 
     /// Current budget published in the ledger (per-mille).

@@ -4,6 +4,8 @@
 use std::io::Write as _;
 use std::path::Path;
 
+use crate::errlog::{ErrorRun, Say};
+
 /// Writes `bytes` to `path` through a temp file beside it and a rename, so readers never see
 /// half a file (and a crash mid-write leaves the previous file in place).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -31,6 +33,28 @@ pub fn write_json_pretty<T: serde::Serialize>(path: &Path, value: &T) -> std::io
     let mut v = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
     v.push(b'\n');
     write_atomic(path, &v)
+}
+
+/// Logs the `result` of a daemon's periodic write of its state file at `path` through `run`
+/// ([`crate::errlog`]): a run of failed writes (a read-only or full directory) at its start,
+/// on a changed error, once a minute (WARN, naming `readers`, who then see the last file
+/// written) and at its end (INFO), not at every try.
+pub fn log_write(run: &mut ErrorRun, now_ms: u64, path: &Path, result: std::io::Result<()>, readers: &str) {
+    match result {
+        Err(e) => {
+            if let Say::Failed { errors, for_ms } = run.failed(now_ms, &e.to_string()) {
+                tracing::warn!(
+                    path = %path.display(), error = %e, errors, for_ms,
+                    "cannot write the state file: {readers} see the last one written"
+                );
+            }
+        }
+        Ok(()) => {
+            if let Say::Recovered { errors, for_ms } = run.ok(now_ms) {
+                tracing::info!(path = %path.display(), errors, for_ms, "the state file is written again");
+            }
+        }
+    }
 }
 
 /// Reads a JSON state file; the error names the file (and the line of a parse error).

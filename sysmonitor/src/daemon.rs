@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use node_daemon::clock::{boot_id, mono_ms};
-use node_daemon::errlog::{ErrorRun, Say};
+use node_daemon::errlog::ErrorRun;
 use node_daemon::evictor::PidfdSignaller;
 use node_daemon::monitor_state;
 use node_daemon::run::Service;
@@ -331,22 +331,13 @@ impl<G: GpuSource> MonitorService<G> {
     fn report(&mut self, now: u64, notifier: &Notifier) {
         let snap = self.snapshot(now);
         let cfg = &self.cfg;
-        match monitor_state::write(&cfg.state_file, &snap) {
-            Err(e) => {
-                if let Say::Failed { errors, for_ms } = self.state_write.failed(now, &e.to_string()) {
-                    tracing::warn!(
-                        path = %cfg.state_file.display(), error = %e, errors, for_ms,
-                        "cannot write the state file: its readers (mps-manager, sysmonitor status, \
-                         the matcher) see the last one written"
-                    );
-                }
-            }
-            Ok(()) => {
-                if let Say::Recovered { errors, for_ms } = self.state_write.ok(now) {
-                    tracing::info!(path = %cfg.state_file.display(), errors, for_ms, "the state file is written again");
-                }
-            }
-        }
+        node_daemon::state_file::log_write(
+            &mut self.state_write,
+            now,
+            &cfg.state_file,
+            monitor_state::write(&cfg.state_file, &snap),
+            "its readers (mps-manager, sysmonitor status, the matcher)",
+        );
         if cfg.metrics_listen.is_some() {
             if let Ok(mut t) = self.metrics_text.lock() {
                 *t = report::prometheus(&snap);
