@@ -45,7 +45,8 @@ pub enum GpuState {
     /// All metrics below their thresholds; offline work may be admitted.
     #[serde(alias = "healthy")]
     Healthy,
-    /// A metric past its Unhealthy threshold; no new offline work.
+    /// A metric past its Unhealthy threshold, or (node-agent) no MPS that could serve an
+    /// offline container now; no new offline work.
     #[serde(alias = "unhealthy")]
     Unhealthy,
     /// A metric past its Overlimit threshold; offline work is evicted.

@@ -63,7 +63,10 @@ pub struct ManagerState {
     pub gpu: u32,
     /// Pid of the writing manager.
     pub manager_pid: u32,
-    /// Pid of the MPS control daemon, once started or detected.
+    /// Pid of the MPS control daemon, once started or detected; `None` while none runs (and
+    /// after this manager quit it). node-agent reads it (`node_agent::mps`, with `gpu`,
+    /// `shm_dir`, `outside_holders`, `last_error` and `updated_unix_ms`): while it is `None`
+    /// the GPU's offline slots are Unhealthy. Keep those fields' names and meanings.
     pub daemon_pid: Option<u32>,
     /// Start time (`/proc/<pid>/stat` field 22) of `daemon_pid` when it was started or
     /// detected: the daemon is only ever signalled as this pid + start time.
@@ -74,8 +77,8 @@ pub struct ManagerState {
     /// The directory the control daemon (and its servers) has as its `/dev/shm`, checked when
     /// it was started or adopted: MPS clients must see it as theirs (containers get it mounted
     /// at `/dev/shm`). `None` when it is not the configured `shm_dir` (`last_error` says).
-    /// node-agent reads it at Allocate (`check_mps_shm`) and refuses a container whose
-    /// `/dev/shm` would differ: keep its name and meaning.
+    /// node-agent reads it (`node_agent::mps`): a GPU whose containers' `/dev/shm` would
+    /// differ has Unhealthy offline slots and refuses Allocate. Keep its name and meaning.
     #[serde(default)]
     pub shm_dir: Option<String>,
     /// MPS clients connected at the last look, all servers together.

@@ -93,53 +93,22 @@ pub enum AllocError {
         /// Its health verdict.
         why: String,
     },
-    /// The container would get another `/dev/shm` than the GPU's MPS server has: it could not
-    /// connect to MPS.
-    #[error("pod {ns}/{name}: GPU {gpu}'s MPS server could not serve it: {why}")]
-    MpsShm {
+    /// MPS on the plan's GPU could not serve the container now (no control daemon, or another
+    /// `/dev/shm` than its server has): it would get no context ([`crate::mps`]).
+    #[error("pod {ns}/{name}: GPU {gpu}'s MPS could not serve it: {why}")]
+    Mps {
         /// The pod's namespace.
         ns: String,
         /// The pod's name.
         name: String,
         /// The planned GPU index.
         gpu: u32,
-        /// What differs, and the fix.
+        /// Why not, and the fix.
         why: String,
     },
     /// Listing the node's pods failed.
     #[error("{0}")]
     Api(String),
-}
-
-/// Whether the `/dev/shm` a container of GPU `gpu` is given ([`AgentConfig::mps_shm_host_dir`])
-/// is the one GPU `gpu`'s MPS control daemon has, as mps-manager publishes it in its state file
-/// ([`AgentConfig::mps_manager_state_path`], field `shm_dir`: the directory the daemon was
-/// checked to see as its `/dev/shm`, `null` when it does not see the configured one). A
-/// container with another `/dev/shm` reaches the daemon but cannot connect to its server
-/// (`CUDA_ERROR_MPS_CONNECTION_FAILED`): `Err` says what differs and the fix. No state file
-/// (no manager there yet, or one writing elsewhere) is not judged here.
-pub fn check_mps_shm(cfg: &AgentConfig, gpu: u32) -> Result<(), String> {
-    let path = cfg.mps_manager_state_path(gpu);
-    let Ok(bytes) = std::fs::read(&path) else { return Ok(()) };
-    let state: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| format!("mps-manager's state file {} is unreadable: {e}", path.display()))?;
-    let ours = cfg.mps_shm_host_dir(gpu);
-    match state.get("shm_dir") {
-        // A manager from before `shm_dir` (its daemon keeps the host's /dev/shm).
-        None => Ok(()),
-        Some(serde_json::Value::String(theirs)) if Path::new(theirs) == ours => Ok(()),
-        Some(serde_json::Value::String(theirs)) => Err(format!(
-            "its daemon's /dev/shm is {theirs} (mps-manager shm_dir, {}), this agent would mount {} \
-             (inject.mps_shm_dir): set the two alike",
-            path.display(),
-            ours.display()
-        )),
-        Some(_) => Err(format!(
-            "its daemon does not see mps-manager's shm_dir as its /dev/shm ({}: {}); restart MPS",
-            path.display(),
-            state.get("last_error").and_then(|e| e.as_str()).unwrap_or("see mps-manager status")
-        )),
-    }
 }
 
 /// Reads the plan's annotations off `pod`; every one must be there and well formed.
@@ -522,36 +491,6 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("sm-percent"));
-    }
-
-    /// The `/dev/shm` a container is given is checked against the one mps-manager published
-    /// for its GPU's daemon (its state file's `shm_dir`, as the manager writes it).
-    #[test]
-    fn allocate_refuses_a_dev_shm_the_mps_daemon_does_not_have() {
-        let d = tempfile::tempdir().unwrap();
-        let mut c = cfg();
-        c.ledger_dir = d.path().to_path_buf();
-        assert_eq!(check_mps_shm(&c, 1), Ok(()), "no manager state: not judged");
-        std::fs::create_dir_all(d.path().join("gpu1")).unwrap();
-        let state = |v: serde_json::Value| std::fs::write(d.path().join("gpu1/mps-manager.json"), v.to_string()).unwrap();
-        state(serde_json::json!({"gpu": 1, "daemon_pid": 7, "shm_dir": "/dev/shm/xshare-gpu1"}));
-        assert_eq!(check_mps_shm(&c, 1), Ok(()), "the defaults agree");
-        c.inject.mps_shm_dir = "host".into();
-        let e = check_mps_shm(&c, 1).unwrap_err();
-        assert!(e.contains("/dev/shm/xshare-gpu1") && e.contains("would mount /dev/shm") && e.contains("inject.mps_shm_dir"), "{e}");
-        state(serde_json::json!({"gpu": 1, "shm_dir": "/dev/shm"}));
-        assert_eq!(check_mps_shm(&c, 1), Ok(()), "both the host's");
-        state(serde_json::json!({"gpu": 1, "shm_dir": null, "last_error": "MPS control daemon 7 does not see /x as its /dev/shm"}));
-        let e = check_mps_shm(&c, 1).unwrap_err();
-        assert!(e.contains("does not see /x") && e.contains("restart MPS"), "{e}");
-        std::fs::write(d.path().join("gpu1/mps-manager.json"), b"{\"gpu\": ").unwrap();
-        assert!(check_mps_shm(&c, 1).unwrap_err().contains("unreadable"));
-        // A manager with its own `state_file`: the agent reads the one it is told to.
-        c.mps_manager_state_file = format!("{}/mgr{{gpu}}.json", d.path().display());
-        assert_eq!(check_mps_shm(&c, 1), Ok(()), "none there yet: not judged");
-        std::fs::write(d.path().join("mgr1.json"), serde_json::json!({"shm_dir": "/dev/shm/xshare-gpu1"}).to_string()).unwrap();
-        let e = check_mps_shm(&c, 1).unwrap_err();
-        assert!(e.contains("mgr1.json") && e.contains("would mount /dev/shm"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use node_ledger::{HealthState, Ledger, MonitorSnapshot};
 pub struct GpuHealth {
     /// Host GPU index.
     pub index: u32,
-    /// The published state, when the block is readable, published and fresh.
+    /// The published state, when the block is readable, published and fresh (Unhealthy
+    /// instead of Healthy while MPS could not serve offline work: [`GpuHealth::mps_unavailable`]).
     pub state: Option<HealthState>,
     /// Why it is not Healthy (empty when Healthy).
     pub why: String,
@@ -24,6 +25,14 @@ pub struct GpuHealth {
 }
 
 impl GpuHealth {
+    /// Makes a Healthy GPU Unhealthy because its MPS could not serve an offline container
+    /// (`why`, from [`crate::mps::offline_ready`]): it admits no new offline work, as when the
+    /// monitor says Unhealthy.
+    pub fn mps_unavailable(&mut self, why: String) {
+        self.state = Some(HealthState::Unhealthy);
+        self.why = format!("MPS: {why}");
+    }
+
     /// Whether the GPU may take offline work now (a fresh, published Healthy verdict).
     pub fn healthy(&self) -> bool {
         self.state == Some(HealthState::Healthy)

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::config::AgentConfig;
 use crate::health::GpuHealth;
+use crate::unix_ms;
 
 /// The contract's state for a reading (no fresh verdict: `Init`).
 pub fn state_of(h: Option<&GpuHealth>) -> GpuState {
@@ -110,12 +111,6 @@ pub async fn publish(client: &Client, hb: &GpuHeartbeat) -> Result<(), String> {
         .await
         .map_err(|e| format!("patching Node {}: {e}", hb.node))?;
     Ok(())
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Publishes on every health update that makes it due (and at least each health poll checks).
@@ -241,5 +236,10 @@ mod tests {
             (g1.state, g1.sm_activity_permille, g1.memory_total_bytes),
             (GpuState::Init, 0, 0)
         );
+        // GPU 0's MPS cannot serve offline work: the cluster reads it as admitting none.
+        let mut h = h;
+        h.get_mut(&0).unwrap().mps_unavailable("no MPS control daemon runs".into());
+        let g0 = build(&cfg, &h, 1_700_000_000_000).gpu(0).unwrap().clone();
+        assert_eq!((g0.state, g0.sm_activity_permille), (GpuState::Unhealthy, 420));
     }
 }

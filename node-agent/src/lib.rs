@@ -1,7 +1,8 @@
 //! The per-GPU-host Kubernetes agent.
 //!
 //! - [`plugin`]: kubelet device plugin advertising offline GPU slots (`xshare.io/offline-gpu`),
-//!   Unhealthy while the GPU's monitor says it is not Healthy; Allocate injects the shim, the
+//!   Unhealthy while the GPU's monitor says it is not Healthy or its MPS could not serve an
+//!   offline container ([`mps`]); Allocate injects the shim, the
 //!   ledger and MPS pipe directories, the GPU and the plan's quota / SM share ([`allocate`]).
 //! - [`evict`]: offline processes the monitor asked to leave (ledger eviction requests) are
 //!   mapped to their pods and evicted through the Eviction API, with an Event.
@@ -18,6 +19,7 @@ pub mod health;
 pub mod heartbeat;
 pub mod kube;
 pub mod metrics;
+pub mod mps;
 pub mod plugin;
 #[cfg(feature = "test-support")]
 pub mod test_support;
@@ -26,4 +28,11 @@ pub mod test_support;
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
     tonic::include_proto!("v1beta1");
+}
+
+/// Wall-clock ms since the Unix epoch (0 before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

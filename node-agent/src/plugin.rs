@@ -138,8 +138,9 @@ impl Plugin {
                 why,
             });
         }
-        if let Err(why) = allocate::check_mps_shm(&self.cfg, plan.gpu) {
-            return Err(AllocError::MpsShm {
+        // Read again: the health above is up to `health.poll_ms` old.
+        if let Err(why) = crate::mps::offline_ready(&self.cfg, plan.gpu, crate::unix_ms(), self.cfg.health.stale_after_ms) {
+            return Err(AllocError::Mps {
                 ns: plan.namespace,
                 name: plan.name,
                 gpu: plan.gpu,
@@ -422,8 +423,9 @@ pub async fn register(kubelet: &Path, endpoint: &str, resource: &str) -> Result<
     Ok(())
 }
 
-/// Reads every GPU's health each `poll_ms` and publishes it and the device list (the latter
-/// only when a device's health changed, so ListAndWatch sends changes only).
+/// Reads every GPU's health each `poll_ms` (the monitor's verdict, made Unhealthy while MPS
+/// could not serve an offline container: [`crate::mps`]) and publishes it and the device list
+/// (the latter only when a device's health changed, so ListAndWatch sends changes only).
 pub async fn poll_health(
     cfg: Arc<AgentConfig>,
     health_tx: watch::Sender<BTreeMap<u32, GpuHealth>>,
@@ -433,7 +435,13 @@ pub async fn poll_health(
     let idx: Vec<u32> = cfg.gpus.iter().map(|g| g.index).collect();
     let stale = cfg.health.stale_after_ms.saturating_mul(1_000_000);
     loop {
-        let h = crate::health::read_all(&cfg.ledger_dir, &idx, node_ledger::clock::now_ns(), stale);
+        let mut h = crate::health::read_all(&cfg.ledger_dir, &idx, node_ledger::clock::now_ns(), stale);
+        let now_ms = crate::unix_ms();
+        for g in h.values_mut().filter(|g| g.healthy()) {
+            if let Err(why) = crate::mps::offline_ready(&cfg, g.index, now_ms, cfg.health.stale_after_ms) {
+                g.mps_unavailable(why);
+            }
+        }
         for g in h.values() {
             let was = health_tx.borrow().get(&g.index).map(|o| o.healthy());
             if was != Some(g.healthy()) {

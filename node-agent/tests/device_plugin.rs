@@ -188,6 +188,31 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
 
     publish(&l1, HealthState::Healthy);
     next_until(&mut law, |d| all(d, 1, "Healthy")).await;
+
+    // GPU 1's mps-manager says no MPS control daemon runs (a recovery held back by its rate
+    // limit): every offline container would get no context there. Its slots turn Unhealthy
+    // and Allocate refuses, naming why; the monitor's verdict is still Healthy.
+    let mgr_state = ledger_dir.join("gpu1/mps-manager.json");
+    let state = |daemon: Option<u32>| {
+        let v = serde_json::json!({"gpu": 1, "manager_pid": 9, "daemon_pid": daemon,
+            "shm_dir": "/dev/shm/xshare-gpu1", "outside_holders": [],
+            "last_error": daemon.is_none().then_some("recovery rate limit reached"),
+            "updated_unix_ms": node_agent::unix_ms()});
+        std::fs::write(&mgr_state, v.to_string()).unwrap();
+    };
+    state(None);
+    next_until(&mut law, |d| all(d, 1, "Unhealthy") && all(d, 0, "Healthy")).await;
+    let e = dp.allocate(alloc(&["gpu0-0"])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        e.message().contains("batch/train-0")
+            && e.message().contains("no MPS control daemon runs")
+            && e.message().contains("rate limit"),
+        "{}",
+        e.message()
+    );
+    state(Some(4321));
+    next_until(&mut law, |d| all(d, 1, "Healthy")).await;
     api.take();
     let r = dp.allocate(alloc(&["gpu0-0"])).await.unwrap().into_inner();
     assert_eq!(r.container_responses.len(), 1);

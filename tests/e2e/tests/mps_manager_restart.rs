@@ -206,11 +206,23 @@ fn manager_sigtermed_with_quit_on_exit_quits_mps_and_the_next_one_starts_a_new_d
     mstate_of(&n, m1.pid(), "online client listed", |v| {
         v["clients"].as_u64() >= Some(1)
     });
+    // node-agent reads this state file: the GPU's offline slots are ready while the daemon
+    // runs, and not once the manager has quit it (an offline container would get no context).
+    let agent = node_agent::config::AgentConfig {
+        ledger_dir: n.ledger_dir().to_path_buf(),
+        mps_manager_state_file: n.manager_state_file().display().to_string(),
+        inject: node_agent::config::InjectConfig { mps_shm_dir: "host".into(), ..Default::default() },
+        ..Default::default()
+    };
+    let ready = || node_agent::mps::offline_ready(&agent, 0, node_agent::unix_ms(), 5000);
+    assert_eq!(ready(), Ok(()), "the manager's daemon serves");
     m1.signal(libc::SIGTERM);
     assert_eq!(m1.wait_exit(T), Some(None), "a clean exit");
     assert!(!dev.snapshot().mps.enabled, "MPS quit with its manager");
     let left = mstate(&n, "the state the manager left", |v| v["manager_pid"] == m1.pid());
     assert!(left["daemon_pid"].is_null() && left["clients"] == 0, "no daemon left to name: {left:#}");
+    let e = ready().unwrap_err();
+    assert!(e.contains("no MPS control daemon"), "{e}");
     let m2 = start_manager(&n, true);
     let v = mstate_of(&n, m2.pid(), "a new daemon", |v| v["daemon_pid"].is_u64());
     assert_ne!(daemon_of(&v), daemon, "{v:#}");
