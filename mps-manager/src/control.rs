@@ -352,6 +352,13 @@ impl MpsControl {
             .map(|_| ())
     }
 
+    /// `shutdown_server <server> -f`: ends the server at once, and its clients' work with it
+    /// (NVIDIA's MPS docs: what a server that a faulty kernel keeps busy for ever needs); the
+    /// control daemon stays and starts a new server for the next client.
+    pub fn force_shutdown_server(&self, server: u32) -> Result<(), MpsError> {
+        self.command(&format!("shutdown_server {server} -f")).map(|_| ())
+    }
+
     /// `quit`: stops servers and the daemon (MPS reset).
     pub fn quit(&self) -> Result<(), MpsError> {
         self.command("quit").map(|_| ())

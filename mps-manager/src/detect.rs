@@ -55,6 +55,14 @@ impl Fault {
             Fault::ClientDied { .. } => "client_died",
         }
     }
+
+    /// Whether recovering from it needs a new control daemon (`quit`, and a kill where it does
+    /// not answer): the daemon itself is dead or hung, or the GPU reported a fault of its own.
+    /// Otherwise the daemon is sound and ending its servers (`shutdown_server -f`) recovers:
+    /// it keeps the pipe, so a client relaunched meanwhile reaches MPS, never the bare GPU.
+    pub fn needs_new_daemon(&self) -> bool {
+        matches!(self, Fault::DaemonDead | Fault::DaemonHang { .. } | Fault::Xid { .. })
+    }
 }
 
 /// One look at MPS and the ledger.

@@ -935,9 +935,11 @@ impl Manager {
     }
 
     /// Targeted recovery first: a dead or hung offline client is removed from its MPS server
-    /// with `terminate_client`, the server and the online clients keep their contexts. A full
-    /// MPS reset (every client loses its context) is the last resort, for faults of MPS itself
-    /// or when the targeted recovery failed; only full resets are rate-limited.
+    /// with `terminate_client`, the server and the online clients keep their contexts. When
+    /// that fails, or for a crashed server, the servers are ended and the control daemon kept
+    /// ([`Manager::restart_servers`]); a full MPS reset (a new control daemon) is the last
+    /// resort, for a dead or hung daemon, a GPU fault, or servers that would not end. Both cost
+    /// every client its context and both are rate-limited.
     fn recover(&mut self, now_ms: u64, fault: Fault) {
         let started = mono_ms();
         let targeted = match &fault {
@@ -997,11 +999,30 @@ impl Manager {
             }
             return;
         }
-        tracing::error!(fault = fault.kind(), reason = %why_full, "FULL MPS RESET: every MPS client, online included, loses its context");
+        let servers_only = !fault.needs_new_daemon() && self.ctl.daemon_pid().is_some();
+        if servers_only {
+            tracing::error!(fault = fault.kind(), reason = %why_full, "MPS SERVER RESTART: every MPS client, online included, loses its context; the control daemon stays");
+        } else {
+            tracing::error!(fault = fault.kind(), reason = %why_full, "FULL MPS RESET: every MPS client, online included, loses its context");
+        }
         let evicted = self.evict_offline(fault.kind());
-        let outcome = match self.reset_mps() {
-            Ok(pid) => format!("MPS reset ({why_full}); control daemon {pid} running"),
-            Err(e) => format!("MPS reset ({why_full}) failed: {e}"),
+        let restarted = if servers_only {
+            self.restart_servers().map_err(|e| {
+                tracing::error!(fault = fault.kind(), error = %e, "MPS servers not restarted: FULL MPS RESET");
+                e
+            })
+        } else {
+            Err(String::new())
+        };
+        let outcome = match restarted {
+            Ok(o) => format!("{o} ({why_full})"),
+            Err(e) => {
+                let why = if e.is_empty() { why_full.clone() } else { format!("{why_full}; servers not restarted: {e}") };
+                match self.reset_mps() {
+                    Ok(pid) => format!("MPS reset ({why}); control daemon {pid} running"),
+                    Err(e) => format!("MPS reset ({why}) failed: {e}"),
+                }
+            }
         };
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
         self.escalate_stuck = false;
@@ -1232,6 +1253,52 @@ impl Manager {
         out
     }
 
+    /// Ends every MPS server with `shutdown_server -f` and keeps the control daemon, which
+    /// starts a new server for the next client: every client loses its context as in a full
+    /// reset, but the daemon's pipe stays, so a client relaunched at once (an online service's
+    /// supervisor) reaches MPS again. With no daemon to reach, it would take a context of its
+    /// own on the bare GPU, and in EXCLUSIVE_PROCESS no MPS server could start until it exits.
+    /// `Err` (the caller then resets MPS whole) when the daemon does not answer, refuses, or a
+    /// server is still there `command_timeout_ms` after it was told.
+    fn restart_servers(&mut self) -> Result<String, String> {
+        let daemon = self.ctl.daemon_pid().ok_or_else(|| MpsError::NoDaemon.to_string())?;
+        let servers = self.ctl.server_list().map_err(|e| e.to_string())?;
+        // Each as pid + start time now: a recycled pid is never taken for a server still there.
+        let ids: Vec<(u32, Option<u64>)> =
+            servers.iter().map(|&p| (p, node_ledger::procinfo::start_time(p))).collect();
+        for &s in &servers {
+            match self.ctl.force_shutdown_server(s) {
+                Ok(()) => {}
+                // Gone between the listing and the command.
+                Err(MpsError::Rejected { reply, .. }) if reply.contains("not found") => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let deadline = mono_ms() + self.cfg.command_timeout_ms;
+        loop {
+            let listed = self.ctl.server_list().map_err(|e| e.to_string())?;
+            let left: Vec<u32> = ids
+                .iter()
+                .filter(|(p, st)| listed.contains(p) || st.is_some_and(|st| node_ledger::procinfo::is_alive(*p, st)))
+                .map(|(p, _)| *p)
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            if mono_ms() >= deadline {
+                return Err(format!(
+                    "MPS servers {left:?} still running {} ms after shutdown_server -f",
+                    self.cfg.command_timeout_ms
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.servers_seen.clear();
+        Ok(format!(
+            "MPS servers {servers:?} shut down (shutdown_server -f); control daemon {daemon} kept, a new server starts for the next client"
+        ))
+    }
+
     /// `quit`, or kill the daemon and its servers when it does not answer; then start afresh.
     ///
     /// The daemon is signalled only as the pid + start time recorded when it was started or
@@ -1377,12 +1444,19 @@ mod tests {
     /// and writes its pid file; every command is answered with nothing, so `quit` "succeeds"
     /// while the stand-in daemon stays (a daemon that does not stop).
     fn manager(dir: &Path) -> Manager {
+        manager_answering(dir, "cat >/dev/null\n")
+    }
+
+    /// As [`manager`], with `commands` (shell, the command line on its stdin) answering every
+    /// command but `-d`.
+    fn manager_answering(dir: &Path, commands: &str) -> Manager {
         let bin = dir.join("ctl.sh");
         std::fs::write(
             &bin,
-            "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  sleep 30 </dev/null >/dev/null 2>&1 &\n  \
-             echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"\n  exit 0\nfi\n\
-             cat >/dev/null\n",
+            format!(
+                "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  sleep 30 </dev/null >/dev/null 2>&1 &\n  \
+                 echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"\n  exit 0\nfi\n{commands}"
+            ),
         )
         .unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -1735,6 +1809,53 @@ mod tests {
         m.budget_tick();
         assert_eq!(m.published_budget_permille(), 220);
         m.ledger.unregister(h);
+    }
+
+    /// A server fault with a sound control daemon: its servers are ended with
+    /// `shutdown_server -f` and the daemon kept (a client relaunched meanwhile reaches MPS);
+    /// servers still there after it mean a full reset, a new daemon.
+    #[test]
+    fn a_server_fault_ends_the_servers_and_keeps_the_daemon_unless_they_stay() {
+        let d = tempfile::tempdir().unwrap();
+        // The stand-in lists one server (a sleep, pid in <pipe>/server.pid), and ends it (as
+        // its daemon, which reaps it, no longer lists it) on `shutdown_server <pid> -f` only
+        // while <pipe>/obey exists.
+        let mut m = manager_answering(
+            d.path(),
+            "p=\"$CUDA_MPS_PIPE_DIRECTORY\"; read cmd\ncase \"$cmd\" in\n\
+             get_server_list) cat \"$p/server.pid\" 2>/dev/null;;\n\
+             \"shutdown_server $(cat \"$p/server.pid\") -f\") [ -f \"$p/obey\" ] && kill -9 $(cat \"$p/server.pid\") && rm \"$p/server.pid\";;\n\
+             esac\nexit 0\n",
+        );
+        m.cfg.recovery.min_interval_ms = 0;
+        let daemon = m.ensure_daemon().unwrap();
+        let pipe = d.path().join("pipe");
+        let server = |pipe: &Path| {
+            let s = sleeper();
+            std::fs::write(pipe.join("server.pid"), format!("{}\n", s.id())).unwrap();
+            s
+        };
+        let mut s1 = server(&pipe);
+        std::fs::write(pipe.join("obey"), "").unwrap();
+        m.recover(mono_ms(), Fault::ServerCrash { server: 1 });
+        let r = m.state.recoveries.last().unwrap().outcome.clone();
+        assert!(r.contains("shutdown_server -f") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
+        assert!(s1.try_wait().unwrap().is_some(), "the server was ended");
+        assert_eq!(m.ctl.daemon_pid(), Some(daemon), "the daemon was kept");
+        // A server that does not end: the full reset replaces the daemon.
+        let mut s2 = server(&pipe);
+        std::fs::remove_file(pipe.join("obey")).unwrap();
+        m.escalate_stuck = true; // terminate_client did not help
+        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1 });
+        let r = m.state.recoveries.last().unwrap().outcome.clone();
+        assert!(r.contains("MPS reset") && r.contains("still running") && r.contains(&s2.id().to_string()), "{r}");
+        assert_ne!(m.ctl.daemon_pid(), Some(daemon), "a new daemon");
+        let _ = s2.kill();
+        let _ = s2.wait();
+        kill(daemon);
+        if let Some(p) = m.ctl.daemon_pid() {
+            kill(p);
+        }
     }
 
     #[test]

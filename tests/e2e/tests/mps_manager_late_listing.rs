@@ -115,7 +115,7 @@ fn a_dead_client_listed_late_is_terminated_not_reset() {
         commands.contains(&format!("terminate_client 4242 {pid}")),
         "{commands}"
     );
-    assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
+    assert!(!commands.contains("quit") && !commands.contains("shutdown_server"), "no MPS reset:\n{commands}");
     assert_eq!(now, daemon, "same control daemon");
 }
 
@@ -131,7 +131,7 @@ fn a_dead_client_no_server_lists_has_left_mps_and_nothing_is_reset() {
     let outcome = r["outcome"].as_str().unwrap();
     assert!(outcome.contains("left MPS"), "{r:#}\n{commands}");
     assert!(!commands.contains("terminate_client"), "{commands}");
-    assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
+    assert!(!commands.contains("quit") && !commands.contains("shutdown_server"), "no MPS reset:\n{commands}");
     assert_eq!(now, daemon, "same control daemon");
 }
 
@@ -191,7 +191,7 @@ fn a_listing_that_misses_a_live_server_is_no_crash() {
         v["recoveries"].as_array().is_none_or(|r| r.is_empty()),
         "no recovery: {v:#}"
     );
-    assert!(!commands.contains("quit"), "no MPS reset:\n{commands}");
+    assert!(!commands.contains("quit") && !commands.contains("shutdown_server"), "no MPS reset:\n{commands}");
     let now = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap_or_default();
     assert_eq!(now, daemon, "same control daemon");
     // SAFETY: both are `sleep`s this test's script started.

@@ -21,6 +21,11 @@
 //!   this daemon keeps equal to the server's), and nothing changes it afterwards. A client pid
 //!   is not a server: `set_/get_active_thread_percentage <client pid>` answer
 //!   `Server <pid> not found` and change nothing, as the real control daemon does;
+//! - `shutdown_server <pid>`: the server takes no new client and exits once its clients are
+//!   done (a client of its user waits for the next server); `-f`: it exits at once and its
+//!   clients' work is ended (`terminate_client` of each on the device, as the clients of a
+//!   server that dies fail), which ends a hang a dead client left. The daemon stays and starts
+//!   a new server for the next client;
 //! - `quit` stops the servers and the daemon; MPS state (percentages, a hang left by a client
 //!   that died holding a context) is reset on the device.
 
@@ -67,6 +72,8 @@ struct Server {
     pending: Vec<u32>,
     /// The server has created its context (a client was handed to it).
     ready: bool,
+    /// `shutdown_server` without `-f`: no new client; stopped once its clients are done.
+    draining: bool,
 }
 
 /// The daemon's state.
@@ -190,6 +197,7 @@ impl<D: DeviceLink> Daemon<D> {
             clients: Vec::new(),
             pending: Vec::new(),
             ready: false,
+            draining: false,
         });
         self.sync_new_client_pct();
         Ok(self.servers.len() - 1)
@@ -247,6 +255,15 @@ impl<D: DeviceLink> Daemon<D> {
         self.failed_clients.retain(|c| {
             clients.iter().chain(&requests).any(|&(p, _)| p == *c)
         });
+        while let Some(i) = self
+            .servers
+            .iter()
+            .position(|s| s.draining && s.clients.is_empty() && s.pending.is_empty())
+        {
+            let s = self.servers.remove(i);
+            self.stop_server(s, "shut down (shutdown_server), its clients done");
+            self.sync_new_client_pct();
+        }
         for (pid, uid) in requests {
             self.serve_request(pid, uid);
         }
@@ -284,6 +301,8 @@ impl<D: DeviceLink> Daemon<D> {
             return;
         }
         let idx = match self.servers.iter().position(|s| s.uid == uid) {
+            // Shutting down: the client waits for the next server of its user.
+            Some(i) if self.servers[i].draining => return,
             Some(i) => i,
             None => {
                 self.log.line(&format!(
@@ -412,6 +431,20 @@ impl<D: DeviceLink> Daemon<D> {
                 Some(_) => Reply::text(format!("Client {client} not found on server {server}")),
                 None => Reply::text(format!("Server {server} not found")),
             },
+            ShutdownServer { server, force } => match self.server_index(server) {
+                None => Reply::text(format!("Server {server} not found")),
+                Some(i) if force => {
+                    let s = self.servers.remove(i);
+                    self.force_stop(s);
+                    self.sync_new_client_pct();
+                    Reply::default()
+                }
+                Some(i) => {
+                    self.servers[i].draining = true;
+                    self.log.line(&format!("Server {server}: shutting down once its clients are done"));
+                    Reply::default()
+                }
+            },
             Quit { timeout_s } => {
                 self.shutdown(timeout_s.unwrap_or(0));
                 Reply {
@@ -436,6 +469,24 @@ impl<D: DeviceLink> Daemon<D> {
             "Server {} of user {} exited: {why}",
             s.child.id(),
             s.uid
+        ));
+    }
+
+    /// `shutdown_server -f`: kills the server at once and ends its clients' work on the device
+    /// (a client waiting for it waits for the next server).
+    fn force_stop(&mut self, mut s: Server) {
+        let _ = s.child.kill();
+        let _ = s.child.wait();
+        for &c in &s.clients {
+            if let Err(e) = self.device.terminate_client(c) {
+                self.log.line(&format!("Client {c} of the shut down server: {e}"));
+            }
+        }
+        self.log.line(&format!(
+            "Server {} of user {} shut down (forced), clients {:?} terminated",
+            s.child.id(),
+            s.uid,
+            s.clients
         ));
     }
 
@@ -595,6 +646,53 @@ mod tests {
         assert!(rec.refused.is_empty());
         // Not-yet-seen clients get: default 100, then 40, then the new server's 40, then 30.
         assert_eq!(rec.new_pct, vec![100.0, 40.0, 40.0, 30.0]);
+    }
+
+    /// `shutdown_server <pid>` drains (no new client: one of the same user waits; the server
+    /// exits once its clients are done) and `-f` ends the server and its clients' work at
+    /// once; the daemon stays and starts a new server for the next client. An unknown server
+    /// is answered `not found`, a stray argument with the usage.
+    #[test]
+    fn shutdown_server_drains_or_forces_and_the_daemon_serves_the_next_client() {
+        let (a, b, c) = (7001, 7002, 7003);
+        let mut rec = Recorder {
+            asking: vec![(a, 4242), (b, 4242)],
+            server_ready: true,
+            ..Default::default()
+        };
+        let mut d = Daemon::new(&mut rec, ControlLog::discard(), sleeper());
+        d.start().unwrap();
+        d.poll();
+        let s1: u32 = run(&mut d, "get_server_list").parse().expect("one server");
+        assert_eq!(run(&mut d, &format!("get_client_list {s1}")), format!("{a}\n{b}"));
+        let e = Command::parse(&format!("shutdown_server {s1} -x")).unwrap_err();
+        assert_eq!(e.to_string(), "Invalid arguments. Usage: shutdown_server <server PID> [-f]");
+        assert_eq!(run(&mut d, "shutdown_server 1 -f"), "Server 1 not found");
+        // Draining: a new client of its user waits; the server stays while it has clients.
+        assert_eq!(run(&mut d, &format!("shutdown_server {s1}")), "");
+        d.device.asking.push((c, 4242));
+        d.poll();
+        assert!(!d.device.handed.contains(&c), "a draining server took a new client");
+        assert_eq!(run(&mut d, "get_server_list"), s1.to_string());
+        // Its clients done: it exits, and the waiting client gets a new server.
+        d.device.clients.clear();
+        d.poll();
+        d.poll();
+        let s2: u32 = run(&mut d, "get_server_list").parse().expect("a new server");
+        assert_ne!(s2, s1);
+        assert!(d.device.handed.contains(&c));
+        assert!(d.device.terminated.is_empty(), "a drain ends no client's work");
+        // Forced: at once, its client's work ended; the daemon keeps running.
+        assert_eq!(run(&mut d, &format!("shutdown_server {s2} -f")), "");
+        assert_eq!(run(&mut d, "get_server_list"), "");
+        assert_eq!(d.device.terminated, vec![c]);
+        d.device.asking.push((a + 10, 4242));
+        d.poll();
+        let s3: u32 = run(&mut d, "get_server_list").parse().expect("a new server for the next client");
+        assert!(s3 != s1 && s3 != s2);
+        d.handle(Command::Quit { timeout_s: None });
+        drop(d);
+        assert_eq!(rec.mps, vec![true, false], "MPS stayed on through both shutdowns");
     }
 
     /// A client whose process is already gone (reaped, so nothing about it can be read from

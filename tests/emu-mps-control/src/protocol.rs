@@ -9,7 +9,7 @@
 //! `set_active_thread_percentage <server pid> <p>`, `get_active_thread_percentage <pid>`,
 //! `set_default_device_pinned_mem_limit <dev> <value>`, `get_default_device_pinned_mem_limit
 //! <dev>`, `set_device_pinned_mem_limit <pid> <dev> <value>`, `terminate_client <server pid>
-//! <client pid>`, `quit [-t <seconds>]`. The percentage setters echo the value as the real
+//! <client pid>`, `shutdown_server <server pid> [-f]`, `quit [-t <seconds>]`. The percentage setters echo the value as the real
 //! daemon does (`50.0`).
 
 use std::fmt;
@@ -78,6 +78,16 @@ pub enum Command {
         server: u32,
         /// Client pid.
         client: u32,
+    },
+    /// `shutdown_server <server pid> [-f]`: the server takes no new client and exits once its
+    /// clients are done; with `-f` at once, its clients' work ended (what NVIDIA's MPS docs
+    /// give for a server a faulty kernel keeps busy for ever). The control daemon stays, and
+    /// starts a new server for the next client.
+    ShutdownServer {
+        /// Server pid.
+        server: u32,
+        /// `-f`: forced, immediate.
+        force: bool,
     },
     /// `quit [-t <seconds>]`.
     Quit {
@@ -246,6 +256,14 @@ impl Command {
                     client: num(a(1), U)?,
                 }
             }
+            "shutdown_server" => {
+                const U: &str = "shutdown_server <server PID> [-f]";
+                match args {
+                    [pid] => ShutdownServer { server: num(Some(pid), U)?, force: false },
+                    [pid, "-f"] => ShutdownServer { server: num(Some(pid), U)?, force: true },
+                    _ => return Err(ParseError::Usage(U)),
+                }
+            }
             "quit" => {
                 const U: &str = "quit [-t <timeout in seconds>]";
                 match args {
@@ -273,6 +291,8 @@ mod tests {
             ("get_server_list", GetServerList),
             ("  start_server -uid 1000 ", StartServer { uid: 1000 }),
             ("get_client_list 42", GetClientList { server: 42 }),
+            ("shutdown_server 42", ShutdownServer { server: 42, force: false }),
+            ("shutdown_server 42 -f", ShutdownServer { server: 42, force: true }),
             (
                 "get_device_client_list",
                 GetDeviceClientList { server: None },
@@ -379,7 +399,7 @@ mod props {
         #[test]
         fn known_words_with_junk_args(cmd in prop::sample::select(vec![
             "start_server", "get_client_list", "set_active_thread_percentage", "quit",
-            "set_default_device_pinned_mem_limit", "terminate_client", "set_device_pinned_mem_limit",
+            "set_default_device_pinned_mem_limit", "terminate_client", "set_device_pinned_mem_limit", "shutdown_server",
         ]), args in prop::collection::vec("[-a-z0-9.]{0,12}", 0..4)) {
             let _ = Command::parse(&format!("{cmd} {}", args.join(" ")));
         }
