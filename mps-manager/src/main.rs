@@ -39,12 +39,14 @@ SM BUDGET:
 
 FAULTS -> RECOVERY:
     a dead or stuck offline client -> terminate_client on its MPS server (MPS and online clients
-    untouched), SIGTERM it, mark it for restart (state file restart_requested). A server with
-    clients vanished, or a failed targeted recovery -> server restart: SIGTERM/SIGKILL offline
-    clients, shutdown_server -f each server, the control daemon kept (a client relaunched at
-    once reaches MPS, not the bare GPU). Control daemon dead, command timeout (hang), a critical
-    XID from sysmonitor, or servers that outlive shutdown_server -f -> full reset: quit/kill MPS,
-    start it again. Both are rate-limited by recovery.{min_interval_ms,max_per_hour}.
+    untouched), SIGTERM it, mark it for restart (state file restart_requested). A failed
+    targeted recovery -> server restart: SIGTERM/SIGKILL offline clients, shutdown_server -f
+    each server, the control daemon kept (a client relaunched at once reaches MPS, not the bare
+    GPU); a server with clients vanished -> the same for that server only (gone already: the
+    offline clients are evicted, a new server a relaunched client got is left alone). Control
+    daemon dead, command timeout (hang), a critical XID from sysmonitor, or servers that
+    outlive shutdown_server -f -> full reset: quit/kill MPS, start it again. Both are
+    rate-limited by recovery.{min_interval_ms,max_per_hour}.
 
 USERS:
     MPS serves one user at a time: a client of another user than the running server's is

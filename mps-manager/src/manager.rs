@@ -936,8 +936,8 @@ impl Manager {
 
     /// Targeted recovery first: a dead or hung offline client is removed from its MPS server
     /// with `terminate_client`, the server and the online clients keep their contexts. When
-    /// that fails, or for a crashed server, the servers are ended and the control daemon kept
-    /// ([`Manager::restart_servers`]); a full MPS reset (a new control daemon) is the last
+    /// that fails the servers are ended and the control daemon kept (for a crashed server, that
+    /// one alone, gone already: [`Manager::restart_servers`]); a full MPS reset (a new control daemon) is the last
     /// resort, for a dead or hung daemon, a GPU fault, or servers that would not end. Both cost
     /// every client its context and both are rate-limited.
     fn recover(&mut self, now_ms: u64, fault: Fault) {
@@ -1006,8 +1006,14 @@ impl Manager {
             tracing::error!(fault = fault.kind(), reason = %why_full, "FULL MPS RESET: every MPS client, online included, loses its context");
         }
         let evicted = self.evict_offline(fault.kind());
+        // A crashed server is gone already, its clients with it: the other servers (a new one
+        // a relaunched online client may have got meanwhile) are left alone.
+        let only = match &fault {
+            Fault::ServerCrash { server } => Some(*server),
+            _ => None,
+        };
         let restarted = if servers_only {
-            self.restart_servers().map_err(|e| {
+            self.restart_servers(only).map_err(|e| {
                 tracing::error!(fault = fault.kind(), error = %e, "MPS servers not restarted: FULL MPS RESET");
                 e
             })
@@ -1260,9 +1266,19 @@ impl Manager {
     /// own on the bare GPU, and in EXCLUSIVE_PROCESS no MPS server could start until it exits.
     /// `Err` (the caller then resets MPS whole) when the daemon does not answer, refuses, or a
     /// server is still there `command_timeout_ms` after it was told.
-    fn restart_servers(&mut self) -> Result<String, String> {
+    ///
+    /// `only`: end that server alone (if still listed), not every one.
+    fn restart_servers(&mut self, only: Option<u32>) -> Result<String, String> {
         let daemon = self.ctl.daemon_pid().ok_or_else(|| MpsError::NoDaemon.to_string())?;
-        let servers = self.ctl.server_list().map_err(|e| e.to_string())?;
+        let mut servers = self.ctl.server_list().map_err(|e| e.to_string())?;
+        if let Some(s) = only {
+            servers.retain(|&p| p == s);
+            if servers.is_empty() {
+                return Ok(format!(
+                    "MPS server {s} gone; control daemon {daemon} kept, a new server starts for the next client"
+                ));
+            }
+        }
         // Each as pid + start time now: a recycled pid is never taken for a server still there.
         let ids: Vec<(u32, Option<u64>)> =
             servers.iter().map(|&p| (p, node_ledger::procinfo::start_time(p))).collect();
@@ -1837,7 +1853,14 @@ mod tests {
         };
         let mut s1 = server(&pipe);
         std::fs::write(pipe.join("obey"), "").unwrap();
+        // A crashed server is gone: the one a relaunched client got since is left alone.
         m.recover(mono_ms(), Fault::ServerCrash { server: 1 });
+        let r = m.state.recoveries.last().unwrap().outcome.clone();
+        assert!(r.contains("MPS server 1 gone") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
+        assert!(s1.try_wait().unwrap().is_none(), "another server was ended");
+        // Clients stuck after terminate_client: the servers are ended, the daemon kept.
+        m.escalate_stuck = true;
+        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1 });
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("shutdown_server -f") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
         assert!(s1.try_wait().unwrap().is_some(), "the server was ended");
@@ -1845,7 +1868,7 @@ mod tests {
         // A server that does not end: the full reset replaces the daemon.
         let mut s2 = server(&pipe);
         std::fs::remove_file(pipe.join("obey")).unwrap();
-        m.escalate_stuck = true; // terminate_client did not help
+        m.escalate_stuck = true;
         m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1 });
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("MPS reset") && r.contains("still running") && r.contains(&s2.id().to_string()), "{r}");

@@ -87,9 +87,9 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
             .any(|r| r["pid"] == off.pid() as u64),
         "offline marked for restart"
     );
-    // The control daemon is sound: its servers are ended (`shutdown_server -f`), not MPS.
+    // The control daemon is sound: it is kept (no `quit`), and the crashed server is gone.
     let outcome = v["recoveries"][0]["outcome"].as_str().unwrap_or_default();
-    assert!(outcome.contains("shutdown_server -f") && outcome.contains(&format!("control daemon {daemon} kept")), "{v:#}");
+    assert!(outcome.contains(&format!("MPS server {server} gone; control daemon {daemon} kept")), "{v:#}");
     assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "the control daemon was kept: {v:#}");
     online_progresses(&load, "online kernels after recovery");
     assert!(n.device().snapshot().mps.enabled);
@@ -105,6 +105,12 @@ fn mps_server_killed_under_load_is_recovered_and_online_continues() {
     // And offline work gets on MPS again.
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
     let _again = offline_on_mps(&n, &ledger, 64);
+    // One recovery: the servers it ended are no second crash.
+    let v = mstate(&n, "a check after the new offline client", |v| {
+        v["clients"].as_u64() >= Some(2)
+    });
+    assert_eq!(v["recoveries"].as_array().map(Vec::len), Some(1), "{v:#}");
+    assert_eq!(v["daemon_pid"].as_u64(), Some(daemon), "{v:#}");
 }
 
 /// Waits until the online client (this process's [`Load`]) completes 20 more kernels.
