@@ -3,14 +3,15 @@
 //!
 //! mps-manager holds the GPU in EXCLUSIVE_PROCESS and owns its MPS control daemon, so an
 //! offline process gets a context only through MPS: while no daemon runs (the manager restarts
-//! it, a recovery is rate-limited, a process outside MPS holds the GPU, or the manager quit MPS
-//! when it stopped) or while the daemon's `/dev/shm` is not the one containers are given, every
+//! it, a recovery is rate-limited, or the manager quit MPS when it stopped), while a process
+//! outside MPS holds the GPU in EXCLUSIVE_PROCESS (no server can start), or while the daemon's
+//! `/dev/shm` is not the one containers are given, every
 //! offline container admitted to the GPU would fail to create a context. The GPU's offline
 //! slots then read Unhealthy ([`crate::plugin::poll_health`]: the kubelet admits nothing, the
 //! heartbeat tells the cluster), and Allocate refuses.
 //!
 //! Fields read (mps-manager's `ManagerState`; keep their names and meanings): `gpu`,
-//! `daemon_pid`, `shm_dir`, `outside_holders`, `last_error`, `updated_unix_ms`. No state file
+//! `daemon_pid`, `shm_dir`, `outside_holders`, `compute_mode`, `last_error`, `updated_unix_ms`. No state file
 //! (no manager on that GPU yet, or none at all) is not judged: MPS is then the operator's.
 
 use std::path::Path;
@@ -48,6 +49,7 @@ pub fn offline_ready(
         ));
     }
     daemon_runs(&state, &path, now_unix_ms, stale_after_ms)?;
+    no_outside_holder(&state, &path)?;
     shm_matches(cfg, gpu, &state, &path)
 }
 
@@ -71,20 +73,28 @@ fn daemon_runs(state: &Value, path: &Path, now_unix_ms: u64, stale_after_ms: u64
             age_ms / 1000
         )
     };
+    if let Some(e) = state.get("last_error").and_then(Value::as_str) {
+        why.push_str(&format!("; its last error: {e}"));
+    }
+    Err(why)
+}
+
+/// Whether an MPS server can start: in EXCLUSIVE_PROCESS (`compute_mode`) a process holding a
+/// context of its own outside MPS (`outside_holders`, as the manager found them) keeps every
+/// server off the GPU until it exits, so every MPS client is refused.
+fn no_outside_holder(state: &Value, path: &Path) -> Result<(), String> {
     let holders: Vec<u64> = state
         .get("outside_holders")
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
-    if !holders.is_empty() {
-        why.push_str(&format!(
-            "; processes {holders:?} hold the GPU outside MPS, which keeps a server from starting until they exit"
-        ));
+    if holders.is_empty() || state.get("compute_mode").and_then(Value::as_str) != Some("exclusive_process") {
+        return Ok(());
     }
-    if let Some(e) = state.get("last_error").and_then(Value::as_str) {
-        why.push_str(&format!("; its last error: {e}"));
-    }
-    Err(why)
+    Err(format!(
+        "processes {holders:?} hold the GPU outside MPS, and in EXCLUSIVE_PROCESS no MPS server can start          until they exit (mps-manager, {}; restart them with the GPU's CUDA_MPS_PIPE_DIRECTORY)",
+        path.display()
+    ))
 }
 
 /// Whether the `/dev/shm` a container of GPU `gpu` is given ([`AgentConfig::mps_shm_host_dir`])
@@ -162,11 +172,6 @@ mod tests {
         write(d.path(), v.clone());
         let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
         assert!(e.contains("no MPS control daemon runs") && e.contains("mps-manager.json") && e.contains("rate limit"), "{e}");
-        // Held off by a process outside MPS.
-        v["outside_holders"] = json!([4242]);
-        write(d.path(), v.clone());
-        let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
-        assert!(e.contains("[4242]") && e.contains("outside MPS"), "{e}");
         // A manager that quit MPS when it stopped, 2 minutes ago.
         let mut v = running();
         v["daemon_pid"] = Value::Null;
@@ -174,6 +179,26 @@ mod tests {
         write(d.path(), v);
         let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
         assert!(e.contains("120 s ago") && e.contains("stopped"), "{e}");
+    }
+
+    /// A process holding the GPU outside MPS keeps every server off it in EXCLUSIVE_PROCESS;
+    /// in the default mode it shares the GPU beside MPS, which still serves.
+    #[test]
+    fn a_process_outside_mps_in_exclusive_process_mode_is_not_ready() {
+        let d = tempfile::tempdir().unwrap();
+        let c = cfg(d.path());
+        let mut v = running();
+        v["outside_holders"] = json!([4242]);
+        v["compute_mode"] = json!("exclusive_process");
+        write(d.path(), v.clone());
+        let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
+        assert!(e.contains("[4242]") && e.contains("EXCLUSIVE_PROCESS") && e.contains("mps-manager.json"), "{e}");
+        v["compute_mode"] = json!("default");
+        write(d.path(), v.clone());
+        assert_eq!(offline_ready(&c, 1, NOW, STALE), Ok(()));
+        v["compute_mode"] = Value::Null; // `leave`: not read
+        write(d.path(), v);
+        assert_eq!(offline_ready(&c, 1, NOW, STALE), Ok(()));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Test support (feature `test-support`): the kubelet's side of device-plugin registration,
-//! for this crate's tests and the end-to-end tests that run node-agent against a fake kubelet.
+//! for this crate's tests and the end-to-end tests that run node-agent against a fake kubelet;
+//! the agent's reading of a real mps-manager's state file.
 
 use std::path::Path;
 
@@ -39,4 +40,18 @@ pub fn serve_kubelet(dir: &Path, on_register: impl Fn(pb::RegisterRequest) + Sen
             .add_service(RegistrationServer::new(FakeKubelet(on_register)))
             .serve_with_incoming(UnixListenerStream::new(l)),
     );
+}
+
+/// Whether the agent would take offline work on GPU 0 as far as MPS goes
+/// ([`crate::mps::offline_ready`], 5 s staleness), reading the mps-manager state file
+/// `state_file`, its containers given the host's `/dev/shm` (the tests' managers run with
+/// `shm_dir: "host"`).
+pub fn mps_ready_gpu0(ledger_dir: &Path, state_file: &Path) -> Result<(), String> {
+    let cfg = crate::config::AgentConfig {
+        ledger_dir: ledger_dir.to_path_buf(),
+        mps_manager_state_file: state_file.display().to_string(),
+        inject: crate::config::InjectConfig { mps_shm_dir: "host".into(), ..Default::default() },
+        ..Default::default()
+    };
+    crate::mps::offline_ready(&cfg, 0, crate::unix_ms(), 5000)
 }

@@ -208,13 +208,7 @@ fn manager_sigtermed_with_quit_on_exit_quits_mps_and_the_next_one_starts_a_new_d
     });
     // node-agent reads this state file: the GPU's offline slots are ready while the daemon
     // runs, and not once the manager has quit it (an offline container would get no context).
-    let agent = node_agent::config::AgentConfig {
-        ledger_dir: n.ledger_dir().to_path_buf(),
-        mps_manager_state_file: n.manager_state_file().display().to_string(),
-        inject: node_agent::config::InjectConfig { mps_shm_dir: "host".into(), ..Default::default() },
-        ..Default::default()
-    };
-    let ready = || node_agent::mps::offline_ready(&agent, 0, node_agent::unix_ms(), 5000);
+    let ready = || node_agent::test_support::mps_ready_gpu0(n.ledger_dir(), &n.manager_state_file());
     assert_eq!(ready(), Ok(()), "the manager's daemon serves");
     m1.signal(libc::SIGTERM);
     assert_eq!(m1.wait_exit(T), Some(None), "a clean exit");

@@ -258,6 +258,10 @@ fn in_exclusive_process_mode_a_process_that_held_the_gpu_first_is_reported() {
         v["outside_holders"].as_array().is_some_and(|h| !h.is_empty())
     });
     assert_eq!(v["outside_holders"], serde_json::json!([early.pid()]), "{v:#}");
+    // node-agent reads it: the GPU takes no offline work (its slots Unhealthy) while held.
+    let ready = || node_agent::test_support::mps_ready_gpu0(n.ledger_dir(), &n.manager_state_file());
+    let e = ready().unwrap_err();
+    assert!(e.contains(&format!("[{}]", early.pid())) && e.contains("EXCLUSIVE_PROCESS"), "{e}");
     let log = n.log("mps.json");
     assert!(
         log.contains(&format!("pid={}", early.pid())) && log.contains("restart it with CUDA_MPS_PIPE_DIRECTORY"),
@@ -271,6 +275,7 @@ fn in_exclusive_process_mode_a_process_that_held_the_gpu_first_is_reported() {
     early.signal(libc::SIGTERM);
     assert!(early.wait_exit(T).is_some());
     n.wait_manager_state(T, "mps.json", "the holder gone", |v| v["outside_holders"] == serde_json::json!([]));
+    assert_eq!(ready(), Ok(()), "the GPU free again");
     let again = offline_job(&n, "after", false);
     assert_eq!(mps_client(&n, again.pid), Some(true), "MPS serves once the GPU is free");
 }
