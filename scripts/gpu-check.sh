@@ -20,6 +20,10 @@
 #   recovery    under MPS with mps-manager: an offline client SIGKILLed while its context and
 #               kernels live; the online neighbour's slowest request must stay within 1 s
 #               (MPS can hang a dead client's neighbours until mps-manager terminates it)
+#   server-restart what mps-manager's server restart relies on: `shutdown_server <pid> -f`
+#               ends the MPS server a client holds a context on, the control daemon stays,
+#               and the next client gets a new server (else the manager falls back to a full
+#               reset, whose window lets a relaunched client take the bare GPU)
 #   monitor-cpu the running sysmonitor's CPU at 10 ms sampling on this host's NVML, idle GPU
 #               (scheduler run time of all its threads, /proc/PID/task/*/schedstat; min and
 #               median of 4 windows, beside a loop that only sleeps 10 ms: the host's floor)
@@ -713,6 +717,44 @@ check_recovery() {
     fi
 }
 
+# --- an MPS server ended, its control daemon kept ------------------------------------------
+check_server_restart() {
+    local h b server new daemon reply gone_ms="" t0 i
+    local ctl=(nvidia-cuda-mps-control)
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/srv-a.out" 2>"$root/srv-a.err" &
+    h=$!; pids+=($h)
+    for _ in $(seq 100); do grep -q holding "$root/srv-a.out" 2>/dev/null && break; sleep 0.1; done
+    server=$(echo get_server_list | "${ctl[@]}" 2>/dev/null | head -n 1 | tr -dc '0-9')
+    daemon=$(tr -dc '0-9' <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+    if [[ -z "$server" || -z "$daemon" ]]; then
+        kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+        row server-restart FAIL "-" "no MPS server (${server:-none}) or control daemon (${daemon:-none}) to look at: $(tail -n 1 "$root/srv-a.err" | plain)"
+        return
+    fi
+    t0=$(date +%s%N)
+    reply=$(echo "shutdown_server $server -f" | "${ctl[@]}" 2>&1 | plain 120)
+    for i in $(seq 500); do
+        [[ -e /proc/$server ]] || { gone_ms=$(( ($(date +%s%N) - t0) / 1000000 )); break; }
+        sleep 0.01
+    done
+    kill -TERM $h 2>/dev/null; timeout 10 tail --pid=$h -f /dev/null; wait $h 2>/dev/null
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/srv-b.out" 2>"$root/srv-b.err" &
+    b=$!; pids+=($b)
+    for _ in $(seq 150); do grep -q holding "$root/srv-b.out" 2>/dev/null && break; kill -0 $b 2>/dev/null || break; sleep 0.1; done
+    new=$(echo get_server_list | "${ctl[@]}" 2>/dev/null | head -n 1 | tr -dc '0-9')
+    kill -TERM $b 2>/dev/null; timeout 10 tail --pid=$b -f /dev/null; wait $b 2>/dev/null
+    local what="shutdown_server $server -f${reply:+ (reply: $reply)}"
+    if [[ -z "$gone_ms" ]]; then
+        row server-restart FAIL "server $server still running 5 s later" "$what: mps-manager falls back to a full reset on this host"
+    elif [[ ! -e /proc/$daemon ]]; then
+        row server-restart FAIL "the control daemon exited with it" "$what: server gone in $gone_ms ms, daemon $daemon gone too"
+    elif ! grep -q holding "$root/srv-b.out" 2>/dev/null || [[ -z "$new" || "$new" == "$server" ]]; then
+        row server-restart FAIL "no new server for the next client" "$what: server gone in $gone_ms ms, daemon $daemon kept; next client: $(tail -n 1 "$root/srv-b.err" | plain) (servers: ${new:-none})"
+    else
+        row server-restart PASS "server ended in $gone_ms ms, daemon kept" "$what; the next client got server $new from daemon $daemon"
+    fi
+}
+
 # --- how many clients one MPS server takes -------------------------------------------------
 check_mps_clients() {
     # Clients holding a context are started one after another under MPS until one is refused
@@ -770,6 +812,7 @@ if start_monitor; then
         want exit && check_exit
         want node && check_node
         want recovery && check_recovery
+        want server-restart && check_server_restart
         want mps-clients && check_mps_clients
     else
         row mps-server SKIP "-" "MPS control daemon did not start on this host"
@@ -778,6 +821,7 @@ if start_monitor; then
         row throttle-cap SKIP "-" "needs MPS to enforce the cap"
         row exit SKIP "-" "MPS control daemon did not start on this host"
         row recovery SKIP "-" "MPS control daemon did not start on this host"
+        row server-restart SKIP "-" "MPS control daemon did not start on this host"
         row mps-clients SKIP "-" "MPS control daemon did not start on this host"
         want exit && check_exit
     fi
