@@ -288,7 +288,7 @@ impl Service for ManagerService {
 
     fn tick(&mut self, now: u64, notifier: &Notifier) -> u64 {
         self.m.budget_tick();
-        if now >= self.next_check {
+        if now >= self.next_check || self.m.daemon_died() {
             let faults = self.m.check(now);
             self.m.handle_faults(now, faults);
             // A dead client still listed is confirmed at the next period, not a whole check

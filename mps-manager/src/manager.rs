@@ -163,6 +163,8 @@ pub struct Manager {
     /// A targeted recovery of stuck clients did not help: the next one is a full reset.
     escalate_stuck: bool,
     own_ns: u64,
+    /// The last check saw the control daemon running ([`Manager::daemon_died`]).
+    daemon_seen_alive: bool,
     /// The control daemon this manager started or detected, as pid + start time.
     daemon: Option<DaemonId>,
     /// MPS servers as last listed by `get_server_list`, each as pid + start time read when
@@ -253,6 +255,7 @@ impl Manager {
             limited_logged: false,
             escalate_stuck: false,
             own_ns: node_ledger::procinfo::own_pid_ns(),
+            daemon_seen_alive: false,
             daemon: None,
             servers_seen: Vec::new(),
             breach_reported: HashSet::new(),
@@ -628,6 +631,7 @@ impl Manager {
         self.kill_after_grace();
         self.check_users(&o.clients, &offline);
         self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending), &raw, &offline);
+        self.daemon_seen_alive = o.daemon_alive;
         let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
         // Every server's clients seen, and nothing wrong with MPS: a client missing from the
         // lists is not one a fault took off them.
@@ -1184,6 +1188,14 @@ impl Manager {
         } else {
             format!("terminate_client {done:?} (listed at look {looks}){gone}; MPS not reset")
         })
+    }
+
+    /// Whether the control daemon the last check saw running has died since (its pid + start
+    /// time gone; one `/proc` read): worth a check now rather than at the next
+    /// `check_every_ms`, as while no daemon runs a client initialising CUDA finds no MPS and
+    /// takes the bare GPU. Once per death: the check that sees it dead clears it.
+    pub fn daemon_died(&self) -> bool {
+        self.daemon_seen_alive && self.daemon.is_some_and(|d| !node_ledger::procinfo::is_alive(d.pid, d.start_time))
     }
 
     /// Whether a dead client still listed by MPS awaits its confirming second look (the
@@ -1879,6 +1891,29 @@ mod tests {
         if let Some(p) = m.ctl.daemon_pid() {
             kill(p);
         }
+    }
+
+    /// A control daemon that dies between two checks is noticed at the next tick, once: the
+    /// check that sees it dead (and replaces it) clears the early call.
+    #[test]
+    fn a_dead_daemon_calls_for_a_check_once() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        assert!(!m.daemon_died(), "no daemon yet");
+        let first = m.ensure_daemon().unwrap();
+        assert!(!m.daemon_died(), "not seen running by a check yet");
+        let faults = m.check(mono_ms());
+        assert!(faults.is_empty(), "{faults:?}");
+        assert!(!m.daemon_died());
+        kill(first);
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !m.daemon_died() {
+            assert!(std::time::Instant::now() < end, "its death never called for a check");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let faults = m.check(mono_ms());
+        assert_eq!(faults, vec![Fault::DaemonDead]);
+        assert!(!m.daemon_died(), "once per death");
     }
 
     #[test]
