@@ -160,7 +160,7 @@ pub struct Manager {
     logged_faults: HashSet<String>,
     /// The rate limit was already logged in this episode.
     limited_logged: bool,
-    /// A targeted recovery of stuck clients did not help: the next one is a full reset.
+    /// A targeted recovery of stuck clients did not help: the next one ends the servers.
     escalate_stuck: bool,
     own_ns: u64,
     /// The last check saw the control daemon running ([`Manager::daemon_died`]).
@@ -940,10 +940,10 @@ impl Manager {
 
     /// Targeted recovery first: a dead or hung offline client is removed from its MPS server
     /// with `terminate_client`, the server and the online clients keep their contexts. When
-    /// that fails the servers are ended and the control daemon kept (for a crashed server, that
-    /// one alone, gone already: [`Manager::restart_servers`]); a full MPS reset (a new control daemon) is the last
-    /// resort, for a dead or hung daemon, a GPU fault, or servers that would not end. Both cost
-    /// every client its context and both are rate-limited.
+    /// that fails the servers are ended and the control daemon kept (for a crashed server,
+    /// that one alone, gone already: [`Manager::restart_servers`]); a full MPS reset (a new
+    /// control daemon) is the last resort, for a dead or hung daemon, a GPU fault, or servers
+    /// that would not end. Both cost every client its context and both are rate-limited.
     fn recover(&mut self, now_ms: u64, fault: Fault) {
         let started = mono_ms();
         let targeted = match &fault {
