@@ -51,7 +51,11 @@ pub fn read_gpu(ledger_dir: &Path, index: u32, now_ns: u64, stale_after_ns: u64)
     };
     let ledger = match Ledger::open_existing(&path) {
         Ok(l) => l,
-        Err(e) => return not(format!("ledger {}: {e}", path.display()), None),
+        // The error names the file.
+        Err(e) if !path.exists() => {
+            return not(format!("{e} (no monitor has created it: is sysmonitor running for GPU {index}?)"), None)
+        }
+        Err(e) => return not(e.to_string(), None),
     };
     let Some(snap) = ledger.read_monitor() else {
         return not(
@@ -99,6 +103,23 @@ pub fn read_gpu(ledger_dir: &Path, index: u32, now_ns: u64, stale_after_ns: u64)
         snapshot: Some(snap),
         budget_permille,
     }
+}
+
+/// Every served GPU's reading for its offline slots now: the monitor's verdict
+/// ([`read_all`]), made Unhealthy while the GPU's MPS could not serve an offline container
+/// ([`crate::mps::offline_ready`]). What ListAndWatch, the heartbeat, Allocate and
+/// `node-agent status` go by.
+pub fn read_offline(cfg: &crate::config::AgentConfig) -> BTreeMap<u32, GpuHealth> {
+    let idx: Vec<u32> = cfg.gpus.iter().map(|g| g.index).collect();
+    let stale = cfg.health.stale_after_ms.saturating_mul(1_000_000);
+    let mut h = read_all(&cfg.ledger_dir, &idx, node_ledger::clock::now_ns(), stale);
+    let now_ms = crate::unix_ms();
+    for g in h.values_mut().filter(|g| g.healthy()) {
+        if let Err(why) = crate::mps::offline_ready(cfg, g.index, now_ms, cfg.health.stale_after_ms) {
+            g.mps_unavailable(why);
+        }
+    }
+    h
 }
 
 /// All served GPUs, by index.

@@ -32,6 +32,18 @@ enum Cmd {
         #[arg(long, default_value = "/etc/xshare/node-agent.json")]
         config: PathBuf,
     },
+    /// Whether each GPU's offline slots take work now, and why not: the reading the running
+    /// agent advertises (the monitor's verdict from the ledger; MPS from mps-manager's state
+    /// file: a control daemon running, no process holding the GPU outside MPS in
+    /// EXCLUSIVE_PROCESS, the `/dev/shm` containers get). Reads files only: no API, no NVML.
+    #[command(after_help = "Example:\n    node-agent status --config /etc/xshare/node-agent.json\n\n\
+        GPU  offline slots  budget  why not\n\
+        0    Healthy        42 %\n\
+        1    Unhealthy      -       MPS: no MPS control daemon runs (mps-manager's state file ...)")]
+    Status {
+        #[arg(long, default_value = "/etc/xshare/node-agent.json")]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,7 +57,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let path = match &cli.cmd {
-        Cmd::Run { config } | Cmd::CdiSpec { config } => config.clone(),
+        Cmd::Run { config } | Cmd::CdiSpec { config } | Cmd::Status { config } => config.clone(),
     };
     let mut cfg = match AgentConfig::load(&path, |k| std::env::var(k).ok()) {
         Ok(c) => c,
@@ -54,12 +66,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Cmd::Status { .. } = cli.cmd {
+        // A closed stdout (`| head`) is not worth a panic.
+        let _ = write!(std::io::stdout(), "{}", status_table(&cfg));
+        return ExitCode::SUCCESS;
+    }
     let nvml = node_agent::gpus::NvmlLookup::init();
     if let Err(e) = node_agent::gpus::resolve(&mut cfg, |i| nvml.gpu(i)) {
         eprintln!("node-agent: {}: {e}", path.display());
         return ExitCode::from(2);
     }
     match cli.cmd {
+        // Answered above, before NVML.
+        Cmd::Status { .. } => ExitCode::SUCCESS,
         Cmd::CdiSpec { .. } => {
             let text = serde_json::to_string_pretty(&node_agent::allocate::cdi_spec(&cfg))
                 .unwrap_or_default();
@@ -88,6 +107,24 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `node-agent status`: one line per served GPU.
+fn status_table(cfg: &AgentConfig) -> String {
+    let mut out = format!(
+        "node-agent status: ledgers {}\n{:<4} {:<14} {:<7} {}\n",
+        cfg.ledger_dir.display(),
+        "GPU",
+        "offline slots",
+        "budget",
+        "why not"
+    );
+    for (i, h) in node_agent::health::read_offline(cfg) {
+        let budget = h.budget_permille.map_or("-".to_string(), |p| format!("{} %", p / 10));
+        let slots = if h.healthy() { plugin::HEALTHY } else { plugin::UNHEALTHY };
+        out.push_str(&format!("{i:<4} {slots:<14} {budget:<7} {}\n", h.why));
+    }
+    out
 }
 
 async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {

@@ -432,16 +432,8 @@ pub async fn poll_health(
     devices_tx: watch::Sender<Vec<pb::Device>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let idx: Vec<u32> = cfg.gpus.iter().map(|g| g.index).collect();
-    let stale = cfg.health.stale_after_ms.saturating_mul(1_000_000);
     loop {
-        let mut h = crate::health::read_all(&cfg.ledger_dir, &idx, node_ledger::clock::now_ns(), stale);
-        let now_ms = crate::unix_ms();
-        for g in h.values_mut().filter(|g| g.healthy()) {
-            if let Err(why) = crate::mps::offline_ready(&cfg, g.index, now_ms, cfg.health.stale_after_ms) {
-                g.mps_unavailable(why);
-            }
-        }
+        let h = crate::health::read_offline(&cfg);
         for g in h.values() {
             let was = health_tx.borrow().get(&g.index).map(|o| o.healthy());
             if was != Some(g.healthy()) {

@@ -148,3 +148,52 @@ fn the_shipped_example_config_is_valid() {
     assert_eq!(spec["kind"], "xshare.io/offline-gpu");
     assert_eq!(spec["devices"].as_array().unwrap().len(), 2);
 }
+
+/// `node-agent status` shows each GPU's offline slots as the running agent advertises them,
+/// and why not: here GPU 0 Healthy, GPU 1's monitor Healthy but its mps-manager running no
+/// control daemon, GPU 2 with no ledger. Files only (no API server, no NVML).
+#[test]
+fn status_says_which_gpus_take_offline_work_and_why_not() {
+    use node_ledger::{HealthState, Ledger, MonitorSample};
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    for gpu in [0, 1] {
+        let l = Ledger::open_or_create(&node_ledger::config::ledger_path(&run, gpu), gpu).unwrap();
+        l.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    std::fs::write(
+        run.join("gpu1/mps-manager.json"),
+        serde_json::json!({"gpu": 1, "daemon_pid": null, "last_error": "recovery rate limit reached", "updated_unix_ms": now}).to_string(),
+    )
+    .unwrap();
+    let cfg = tmp.path().join("agent.json");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({"node_name": "n", "ledger_dir": run,
+            "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}, {"index": 2, "uuid": "GPU-c"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent"))
+        .args(["status", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |gpu: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(gpu))
+            .unwrap_or_else(|| panic!("no GPU {gpu} line in\n{text}"))
+            .to_string()
+    };
+    assert!(line("0").split_whitespace().nth(1) == Some("Healthy"), "{text}");
+    let l1 = line("1");
+    assert!(
+        l1.split_whitespace().nth(1) == Some("Unhealthy") && l1.contains("no MPS control daemon runs") && l1.contains("rate limit"),
+        "{text}"
+    );
+    let l2 = line("2");
+    assert!(l2.split_whitespace().nth(1) == Some("Unhealthy") && l2.contains("ledger"), "{text}");
+}
