@@ -256,12 +256,19 @@ impl MpsControl {
     }
 
     /// The control daemon named by the pid file, as pid + start time (`/proc/<pid>/stat`
-    /// field 22), if that process is alive (not a zombie) and started before the pid file was
-    /// written: a process that started later holds a recycled pid and is not the daemon.
+    /// field 22), if that process is alive (not a zombie), is an MPS process by name
+    /// ([`DAEMON_COMM`]) and started before the pid file was written: a process that started
+    /// later holds a recycled pid and is not the daemon. The name check matters because the
+    /// pipe directory is mounted into offline containers: one running as root could write any
+    /// host pid into the pid file, and the manager, root, SIGKILLs the daemon it recorded when
+    /// a reset finds it not answering.
     pub fn daemon_identity(&self) -> Option<DaemonId> {
         let file = self.pipe_dir.join(PID_FILE);
         let s = std::fs::read_to_string(&file).ok()?;
         let pid: u32 = s.trim().parse().ok()?;
+        if !is_mps_process(pid) {
+            return None;
+        }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let zombie = stat
             .rfind(')')
@@ -370,11 +377,32 @@ impl MpsControl {
     }
 }
 
+/// `/proc/<pid>/comm` of NVIDIA's MPS processes: the control daemon (`nvidia-cuda-mps-control`)
+/// and its servers (`nvidia-cuda-mps-server`), cut to the kernel's 15 bytes.
+pub const DAEMON_COMM: &str = "nvidia-cuda-mps";
+
+/// Whether `pid` is an MPS process by name ([`DAEMON_COMM`]).
+pub fn is_mps_process(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end_matches('\n') == DAEMON_COMM)
+}
+
 /// Parses one pid per line, ignoring anything else.
 pub fn parse_pids(text: &str) -> Vec<u32> {
     text.lines()
         .filter_map(|l| l.split_whitespace().next()?.parse().ok())
         .collect()
+}
+
+/// A stand-in control daemon for tests: a script named `nvidia-cuda-mps-control` in `dir`, so
+/// its process is named as the real daemon's ([`DAEMON_COMM`]), that sleeps `$1` seconds
+/// (default 30). Returns its path.
+#[cfg(test)]
+pub(crate) fn mps_named_sleeper(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("nvidia-cuda-mps-control");
+    std::fs::write(&p, "#!/bin/sh\nsleep \"${1:-30}\"\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
 }
 
 #[cfg(test)]
@@ -410,11 +438,15 @@ mod tests {
         }
         let d = tempfile::tempdir().unwrap();
         // The stand-in daemon: says which /dev/shm it sees, then stays (as `-d` leaves one).
+        let daemon = mps_named_sleeper(d.path());
         let mut c = script(
             d.path(),
-            "stat -c '%d %i %a' /dev/shm > \"$CUDA_MPS_PIPE_DIRECTORY/seen\"\n\
-             sleep 30 </dev/null >/dev/null 2>&1 &\n\
-             echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"",
+            &format!(
+                "stat -c '%d %i %a' /dev/shm > \"$CUDA_MPS_PIPE_DIRECTORY/seen\"\n\
+                 '{}' </dev/null >/dev/null 2>&1 &\n\
+                 echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"",
+                daemon.display()
+            ),
         );
         let shm = d.path().join("shm");
         c.shm_dir = Some(shm.clone());
@@ -437,7 +469,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let c = script(d.path(), "true");
         std::fs::create_dir_all(&c.pipe_dir).unwrap();
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new(mps_named_sleeper(d.path())).spawn().unwrap();
         let file = c.pipe_dir.join(PID_FILE);
         std::fs::write(&file, format!("{}\n", child.id())).unwrap();
         let id = c.daemon_identity().expect("written after its process started");
@@ -459,6 +491,26 @@ mod tests {
         assert_eq!(c.pid_file_pid(), Some(child.id()));
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// The pid file names a live process, written after it started, that is no MPS process by
+    /// name (a root process in an offline container can write any host pid there): no daemon.
+    #[test]
+    fn a_pid_file_naming_a_process_not_named_as_mps_names_no_daemon() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "true");
+        std::fs::create_dir_all(&c.pipe_dir).unwrap();
+        let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        std::fs::write(c.pipe_dir.join(PID_FILE), format!("{}\n", other.id())).unwrap();
+        assert_eq!(c.daemon_identity(), None);
+        assert!(!is_mps_process(other.id()));
+        other.kill().unwrap();
+        other.wait().unwrap();
+        let mut mps = std::process::Command::new(mps_named_sleeper(d.path())).spawn().unwrap();
+        std::fs::write(c.pipe_dir.join(PID_FILE), format!("{}\n", mps.id())).unwrap();
+        assert_eq!(c.daemon_identity().map(|i| i.pid), Some(mps.id()));
+        mps.kill().unwrap();
+        mps.wait().unwrap();
     }
 
     #[test]

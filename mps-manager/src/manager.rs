@@ -1347,7 +1347,8 @@ impl Manager {
             }
             Err(e) => tracing::warn!(error = %e, "MPS quit failed; killing the control daemon"),
         }
-        if let Some(d) = recorded {
+        // Named as an MPS process when recorded ([`MpsControl::daemon_identity`]) and still so.
+        if let Some(d) = recorded.filter(|d| crate::control::is_mps_process(d.pid)) {
             match sig.signal(d.pid, d.start_time, libc::SIGKILL) {
                 Ok(true) => tracing::warn!(pid = d.pid, "MPS control daemon killed"),
                 Ok(false) => {}
@@ -1376,8 +1377,12 @@ impl Manager {
                 self.state.last_error = Some(msg);
             }
         }
-        // Servers as listed (pid + start time when listed); a recycled pid is never hit.
+        // Servers as listed (pid + start time when listed); a recycled pid is never hit, nor a
+        // process that is no MPS server by name (a listing from a socket someone replaced).
         for s in std::mem::take(&mut self.servers_seen) {
+            if !crate::control::is_mps_process(s.pid) {
+                continue;
+            }
             let _ = sig.signal(s.pid, s.start_time, libc::SIGKILL);
         }
         let _ = std::fs::remove_file(self.ctl.pipe_dir.join(crate::control::PID_FILE));
@@ -1468,7 +1473,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::process::{Child, Command};
 
-    /// A manager whose control program is a stand-in: `-d` starts a `sleep` as "the daemon"
+    /// A manager whose control program is a stand-in: `-d` starts a sleeper named as the real
+    /// daemon is ([`crate::control::mps_named_sleeper`]) as "the daemon"
     /// and writes its pid file; every command is answered with nothing, so `quit` "succeeds"
     /// while the stand-in daemon stays (a daemon that does not stop).
     fn manager(dir: &Path) -> Manager {
@@ -1479,11 +1485,13 @@ mod tests {
     /// command but `-d`.
     fn manager_answering(dir: &Path, commands: &str) -> Manager {
         let bin = dir.join("ctl.sh");
+        let daemon = crate::control::mps_named_sleeper(dir);
         std::fs::write(
             &bin,
             format!(
-                "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  sleep 30 </dev/null >/dev/null 2>&1 &\n  \
-                 echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"\n  exit 0\nfi\n{commands}"
+                "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  '{}' </dev/null >/dev/null 2>&1 &\n  \
+                 echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"\n  exit 0\nfi\n{commands}",
+                daemon.display()
             ),
         )
         .unwrap();
@@ -1891,6 +1899,29 @@ mod tests {
         if let Some(p) = m.ctl.daemon_pid() {
             kill(p);
         }
+    }
+
+    /// The pipe directory is mounted into offline containers: one running as root can write
+    /// any host pid into the daemon's pid file. A process not named as an MPS process is never
+    /// taken for the daemon, so never signalled: the manager starts its own daemon, and a reset
+    /// leaves the named process alone.
+    #[test]
+    fn a_pid_file_naming_a_process_that_is_no_mps_daemon_is_never_adopted_nor_signalled() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let mut bystander = sleeper();
+        std::fs::create_dir_all(d.path().join("pipe")).unwrap();
+        std::fs::write(d.path().join("pipe").join(crate::control::PID_FILE), format!("{}\n", bystander.id())).unwrap();
+        assert_eq!(m.ctl.daemon_identity(), None, "a `sleep` taken for the daemon");
+        let daemon = m.ensure_daemon().unwrap();
+        assert_ne!(daemon, bystander.id());
+        let second = m.reset_mps().unwrap();
+        assert_ne!(second, bystander.id());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(bystander.try_wait().unwrap().is_none(), "the bystander was signalled");
+        let _ = bystander.kill();
+        let _ = bystander.wait();
+        kill(second);
     }
 
     /// A control daemon that dies between two checks is noticed at the next tick, once: the

@@ -19,7 +19,9 @@ const SCRIPT: &str = r#"#!/bin/sh
 D="$CUDA_MPS_PIPE_DIRECTORY"
 if [ "$1" = "-d" ]; then
   mkdir -p "$D"
-  sleep 600 </dev/null >/dev/null 2>&1 &
+  # The stand-in daemon, named as the real one is (mps-manager checks the name).
+  printf '#!/bin/sh\nsleep 600\n' > "$D/nvidia-cuda-mps-control"; chmod +x "$D/nvidia-cuda-mps-control"
+  "$D/nvidia-cuda-mps-control" </dev/null >/dev/null 2>&1 &
   echo $! > "$D/nvidia-cuda-mps-control.pid"
   exit 0
 fi
@@ -143,7 +145,9 @@ const BLANK_SCRIPT: &str = r#"#!/bin/sh
 D="$CUDA_MPS_PIPE_DIRECTORY"
 if [ "$1" = "-d" ]; then
   mkdir -p "$D"
-  sleep 600 </dev/null >/dev/null 2>&1 &
+  # The stand-in daemon, named as the real one is (mps-manager checks the name).
+  printf '#!/bin/sh\nsleep 600\n' > "$D/nvidia-cuda-mps-control"; chmod +x "$D/nvidia-cuda-mps-control"
+  "$D/nvidia-cuda-mps-control" </dev/null >/dev/null 2>&1 &
   echo $! > "$D/nvidia-cuda-mps-control.pid"
   sleep 600 </dev/null >/dev/null 2>&1 &
   echo $! > "$D/server.pid"

@@ -176,6 +176,10 @@ fn daemon_main(background: bool) -> Result<(), String> {
     } else {
         None
     };
+    // Named as the real daemon's process is (`nvidia-cuda-mps-control`, cut to 15 bytes):
+    // mps-manager signals a pid its pid file names only when it is an MPS process.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"nvidia-cuda-mps".as_ptr()) };
     if let Err(e) = std::fs::write(pipe.join(PID_FILE), format!("{}\n", std::process::id())) {
         d.log().line(&format!("Cannot write pid file: {e}"));
         return Err(format!("writing pid file: {e}"));
