@@ -212,6 +212,19 @@ impl MpsControl {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        // A live daemon its pid file names, but not named as NVIDIA's: say that, not a timeout.
+        if let Some(pid) = self.pid_file_pid().filter(|&p| !is_mps_process(p)) {
+            if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+                return Err(MpsError::Spawn(format!(
+                    "control daemon {pid} (from {}) is named `{}`, not `{DAEMON_COMM}` as NVIDIA's MPS \
+                     processes are: not taken for the MPS control daemon (is control_bin {} \
+                     nvidia-cuda-mps-control?)",
+                    self.pipe_dir.join(PID_FILE).display(),
+                    comm.trim_end(),
+                    self.bin.display()
+                )));
+            }
+        }
         Err(MpsError::Timeout {
             command: "-d (pid file)".into(),
             after_ms: self.timeout.as_millis() as u64,

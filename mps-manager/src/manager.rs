@@ -1924,6 +1924,26 @@ mod tests {
         kill(second);
     }
 
+    /// A control program whose daemon is not named as NVIDIA's (a `control_bin` that is no
+    /// `nvidia-cuda-mps-control`): the error says so, not that it exited.
+    #[test]
+    fn a_started_daemon_not_named_as_mps_is_refused_saying_why() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        std::fs::write(
+            d.path().join("ctl.sh"),
+            "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  sleep 30 </dev/null >/dev/null 2>&1 &\n  \
+             echo $! > \"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid\"\nfi\n",
+        )
+        .unwrap();
+        let e = m.ensure_daemon().unwrap_err().to_string();
+        assert!(e.contains("is named `sleep`") && e.contains("nvidia-cuda-mps") && e.contains("ctl.sh"), "{e}");
+        if let Some(pid) = m.ctl.pid_file_pid() {
+            // SAFETY: kill(2) of the stand-in this test's control program started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+
     /// A control daemon that dies between two checks is noticed at the next tick, once: the
     /// check that sees it dead (and replaces it) clears the early call.
     #[test]
