@@ -418,6 +418,19 @@ pub(crate) fn mps_named_sleeper(dir: &Path) -> std::path::PathBuf {
     p
 }
 
+/// Starts [`mps_named_sleeper`] and waits (at most 5 s) until the kernel shows its name: a
+/// spawn can return before the child's exec has renamed it (`/proc/<pid>/comm` is set after
+/// the vfork parent is released).
+#[cfg(test)]
+pub(crate) fn spawn_mps_named(dir: &Path) -> std::process::Child {
+    let child = std::process::Command::new(mps_named_sleeper(dir)).spawn().unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while !is_mps_process(child.id()) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,7 +495,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let c = script(d.path(), "true");
         std::fs::create_dir_all(&c.pipe_dir).unwrap();
-        let mut child = std::process::Command::new(mps_named_sleeper(d.path())).spawn().unwrap();
+        let mut child = spawn_mps_named(d.path());
         let file = c.pipe_dir.join(PID_FILE);
         std::fs::write(&file, format!("{}\n", child.id())).unwrap();
         let id = c.daemon_identity().expect("written after its process started");
@@ -519,7 +532,7 @@ mod tests {
         assert!(!is_mps_process(other.id()));
         other.kill().unwrap();
         other.wait().unwrap();
-        let mut mps = std::process::Command::new(mps_named_sleeper(d.path())).spawn().unwrap();
+        let mut mps = spawn_mps_named(d.path());
         std::fs::write(c.pipe_dir.join(PID_FILE), format!("{}\n", mps.id())).unwrap();
         assert_eq!(c.daemon_identity().map(|i| i.pid), Some(mps.id()));
         mps.kill().unwrap();
