@@ -1016,18 +1016,17 @@ impl Manager {
             Fault::ServerCrash { server } => Some(*server),
             _ => None,
         };
-        let restarted = if servers_only {
-            self.restart_servers(only).map_err(|e| {
-                tracing::error!(fault = fault.kind(), error = %e, "MPS servers not restarted: FULL MPS RESET");
-                e
-            })
-        } else {
-            Err(String::new())
-        };
+        let restarted = servers_only.then(|| self.restart_servers(only));
         let outcome = match restarted {
-            Ok(o) => format!("{o} ({why_full})"),
-            Err(e) => {
-                let why = if e.is_empty() { why_full.clone() } else { format!("{why_full}; servers not restarted: {e}") };
+            Some(Ok(o)) => format!("{o} ({why_full})"),
+            not_restarted => {
+                let why = match not_restarted {
+                    Some(Err(e)) => {
+                        tracing::error!(fault = fault.kind(), error = %e, "MPS servers not restarted: FULL MPS RESET");
+                        format!("{why_full}; servers not restarted: {e}")
+                    }
+                    _ => why_full.clone(),
+                };
                 match self.reset_mps() {
                     Ok(pid) => format!("MPS reset ({why}); control daemon {pid} running"),
                     Err(e) => format!("MPS reset ({why}) failed: {e}"),

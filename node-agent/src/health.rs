@@ -113,7 +113,7 @@ pub fn read_offline(cfg: &crate::config::AgentConfig) -> BTreeMap<u32, GpuHealth
     let idx: Vec<u32> = cfg.gpus.iter().map(|g| g.index).collect();
     let stale = cfg.health.stale_after_ms.saturating_mul(1_000_000);
     let mut h = read_all(&cfg.ledger_dir, &idx, node_ledger::clock::now_ns(), stale);
-    let now_ms = crate::unix_ms();
+    let now_ms = node_daemon::clock::unix_ms();
     for g in h.values_mut().filter(|g| g.healthy()) {
         if let Err(why) = crate::mps::offline_ready(cfg, g.index, now_ms, cfg.health.stale_after_ms) {
             g.mps_unavailable(why);

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::config::AgentConfig;
 use crate::health::GpuHealth;
-use crate::unix_ms;
+use node_daemon::clock::unix_ms;
 
 /// The contract's state for a reading (no fresh verdict: `Init`).
 pub fn state_of(h: Option<&GpuHealth>) -> GpuState {

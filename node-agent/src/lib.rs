@@ -29,10 +29,3 @@ pub mod test_support;
 pub mod pb {
     tonic::include_proto!("v1beta1");
 }
-
-/// Wall-clock ms since the Unix epoch (0 before it).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}

@@ -139,7 +139,7 @@ impl Plugin {
             });
         }
         // Read again: the health above is up to `health.poll_ms` old.
-        if let Err(why) = crate::mps::offline_ready(&self.cfg, plan.gpu, crate::unix_ms(), self.cfg.health.stale_after_ms) {
+        if let Err(why) = crate::mps::offline_ready(&self.cfg, plan.gpu, node_daemon::clock::unix_ms(), self.cfg.health.stale_after_ms) {
             return Err(AllocError::Mps {
                 ns: plan.namespace,
                 name: plan.name,

@@ -53,5 +53,5 @@ pub fn mps_ready_gpu0(ledger_dir: &Path, state_file: &Path) -> Result<(), String
         inject: crate::config::InjectConfig { mps_shm_dir: "host".into(), ..Default::default() },
         ..Default::default()
     };
-    crate::mps::offline_ready(&cfg, 0, crate::unix_ms(), 5000)
+    crate::mps::offline_ready(&cfg, 0, node_daemon::clock::unix_ms(), 5000)
 }

@@ -161,7 +161,7 @@ fn status_says_which_gpus_take_offline_work_and_why_not() {
         let l = Ledger::open_or_create(&node_ledger::config::ledger_path(&run, gpu), gpu).unwrap();
         l.publish(&MonitorSample::default().with_health(HealthState::Healthy));
     }
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let now = node_daemon::clock::unix_ms();
     std::fs::write(
         run.join("gpu1/mps-manager.json"),
         serde_json::json!({"gpu": 1, "daemon_pid": null, "last_error": "recovery rate limit reached", "updated_unix_ms": now}).to_string(),

@@ -197,7 +197,7 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
         let v = serde_json::json!({"gpu": 1, "manager_pid": 9, "daemon_pid": daemon,
             "shm_dir": "/dev/shm/xshare-gpu1", "outside_holders": [],
             "last_error": daemon.is_none().then_some("recovery rate limit reached"),
-            "updated_unix_ms": node_agent::unix_ms()});
+            "updated_unix_ms": node_daemon::clock::unix_ms()});
         std::fs::write(&mgr_state, v.to_string()).unwrap();
     };
     state(None);
