@@ -197,6 +197,11 @@ pub struct Manager {
     state_write: ErrorRun,
 }
 
+/// The pid namespace [`Manager::offline`] gives a registration naming a process of this
+/// namespace that is not found holding the ledger open: no namespace's inode (inodes of
+/// `nsfs` never reach it), so no pid of this namespace ever matches it.
+pub const NOT_FOUND_NS: u64 = u64::MAX;
+
 /// How long a targeted recovery looks for the clients it must terminate on the servers' lists
 /// before it gives up and resets MPS. Well under the 1 s the online neighbour may wait.
 pub const LISTING_GRACE_MS: u64 = 500;
@@ -483,11 +488,13 @@ impl Manager {
             .collect()
     }
 
-    /// The registered offline processes in this manager's terms: one of another pid namespace
-    /// (a container) whose pid here is found ([`node_daemon::procns::HostPids`]) carries that
-    /// pid and this namespace, so that it is matched to the pids MPS lists and signalled like
-    /// one of this namespace; one not found keeps its own (and is left to the ledger request).
-    /// Eviction requests in the ledger are checked against the slot's own pid: see
+    /// The registered offline processes in this manager's terms: one whose pid here is found
+    /// ([`node_daemon::procns::HostPids`]: alive when first seen, and holding the ledger open)
+    /// carries that pid and this namespace, so that it is matched to the pids MPS lists and
+    /// signalled; one not found keeps its own pid and namespace, or [`NOT_FOUND_NS`] for a slot
+    /// naming this namespace (a slot any ledger client may have written, naming an online
+    /// client), and is left to the ledger request: never matched to an MPS client, never
+    /// signalled. Eviction requests in the ledger are checked against the slot's own pid: see
     /// [`Manager::request_evict`].
     fn offline(&mut self) -> Vec<node_ledger::ProcSnapshot> {
         let raw = self.registered();
@@ -501,8 +508,10 @@ impl Manager {
         raw.iter()
             .map(|p| {
                 let mut p = p.clone();
-                if let Some(h) = self.host_pids.get((p.pid_ns, p.pid, p.start_time)) {
-                    (p.pid, p.pid_ns) = (h, self.own_ns);
+                match self.host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file) {
+                    Some(h) => (p.pid, p.pid_ns) = (h, self.own_ns),
+                    None if p.pid_ns == self.own_ns => p.pid_ns = NOT_FOUND_NS,
+                    None => {}
                 }
                 p
             })
@@ -965,7 +974,8 @@ impl Manager {
                 }
                 // A pid known only from a server's list that no server lists any more has left
                 // MPS (its connection closed): nothing of it hangs, no reset for it.
-                let registered: Vec<u32> = self.offline().iter().map(|p| p.pid).collect();
+                let registered: Vec<u32> =
+                    self.offline().iter().filter(|p| p.pid_ns == self.own_ns).map(|p| p.pid).collect();
                 if pids.iter().any(|p| !registered.contains(p)) {
                     let listed = self.listed_clients();
                     pids.retain(|p| registered.contains(p) || listed.as_ref().is_none_or(|l| l.contains(p)));
@@ -977,7 +987,8 @@ impl Manager {
                 }
             }
             Fault::ClientsStuck { .. } if !self.escalate_stuck => {
-                let pids: Vec<u32> = self.offline().iter().map(|p| p.pid).collect();
+                let pids: Vec<u32> =
+                    self.offline().iter().filter(|p| p.pid_ns == self.own_ns).map(|p| p.pid).collect();
                 self.escalate_stuck = true;
                 Some(self.terminate_offline(&pids, false, fault.kind()))
             }
@@ -1073,8 +1084,12 @@ impl Manager {
         let mut done: Vec<(u32, u32)> = Vec::new();
         let mut looks = 0u32;
         let mut last_refusal = None;
-        let registered: BTreeMap<u32, u64> =
-            self.offline().iter().map(|p| (p.pid, p.start_time)).collect();
+        let registered: BTreeMap<u32, u64> = self
+            .offline()
+            .iter()
+            .filter(|p| p.pid_ns == self.own_ns)
+            .map(|p| (p.pid, p.start_time))
+            .collect();
         // Dead clients the previous manager was terminating when it was killed: done if no
         // server lists them (terminated then); listed, they are terminated again below.
         let inherited: Vec<u32> = pids

@@ -69,6 +69,11 @@ pub struct Requested {
     pub group_id: u64,
     /// Signal the monitor asked for.
     pub signal: u32,
+    /// The ledger file the process must hold open to be the one named
+    /// ([`node_ledger::ProcSnapshot::ledger_file`]; for a record of the eviction log, the
+    /// GPU's ledger of the moment): a process found by pid but holding none is not offline
+    /// work, whatever a slot says, and its pod is never looked up by its cgroup.
+    pub ledger_file: node_ledger::LedgerFile,
     /// For a record of the eviction log: where its line ends (the cursor past it).
     pub log_end: Option<Pos>,
 }
@@ -126,6 +131,8 @@ pub fn scan_log(
     from: Option<Pos>,
 ) -> Result<(Vec<Requested>, Pos), node_ledger::evictlog::LogError> {
     let batch = node_ledger::evictlog::read_from(ledger_dir, gpu, from, 1 << 20)?;
+    // No ledger, no file to hold: such a record maps to a pod by its group only.
+    let ledger_file = Ledger::open_existing(&ledger_path(ledger_dir, gpu)).map(|l| l.file_id()).unwrap_or_default();
     let reqs = batch
         .entries
         .into_iter()
@@ -138,6 +145,7 @@ pub fn scan_log(
                 group_id: r.group_id,
                 signal: r.signal,
                 log_end: Some(e.end),
+                ledger_file,
             },
             // A damaged line: nothing to evict, the cursor moves past it.
             None => {
@@ -156,6 +164,7 @@ pub fn scan_log(
                     group_id: 0,
                     signal: 0,
                     log_end: Some(e.end),
+                    ledger_file,
                 }
             }
         })
@@ -185,6 +194,7 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
                     group_id: p.group_id,
                     signal: sig,
                     log_end: None,
+                    ledger_file: p.ledger_file,
                 });
             }
         }
@@ -213,15 +223,15 @@ pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
 }
 
 /// The pod UID in the cgroup path of the live process that is `pid` in the pid namespace
-/// `pid_ns` and started at `start_time` (its ledger identity), read under its pid here
-/// (`host_pids`); `None` when it is gone, not visible from here, or in no pod's cgroup.
+/// `pid_ns` and started at `start_time` (its ledger identity) and holds `file` open, read
+/// under its pid here (`host_pids`); `None` when it is gone, not visible from here, holds no
+/// such file (no ledger client: not offline work), or in no pod's cgroup.
 pub fn pod_uid_of_process(
     host_pids: &mut node_daemon::procns::HostPids,
-    pid_ns: u64,
-    pid: u32,
-    start_time: u64,
+    (pid_ns, pid, start_time): (u64, u32, u64),
+    file: &node_ledger::LedgerFile,
 ) -> Option<String> {
-    let host = host_pids.get((pid_ns, pid, start_time))?;
+    let host = host_pids.get((pid_ns, pid, start_time), file)?;
     // The pid here may have been reused since it was found: same start time, same process.
     if !node_ledger::procinfo::is_alive(host, start_time) {
         return None;
@@ -392,7 +402,7 @@ impl Evictor {
         if let Some(p) = self.groups.get(&r.group_id) {
             return Some(p.clone());
         }
-        let uid = pod_uid_of_process(&mut self.host_pids, r.pid_ns, r.pid, r.start_time)?;
+        let uid = pod_uid_of_process(&mut self.host_pids, (r.pid_ns, r.pid, r.start_time), &r.ledger_file)?;
         self.by_uid.get(&uid).cloned()
     }
 

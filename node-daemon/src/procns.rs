@@ -6,7 +6,9 @@
 //! inode) and the last `NSpid:` entry of `/proc/<pid>/status` (the pid in that namespace)
 //! turn the second into the first (Linux 4.1+).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use node_ledger::LedgerFile;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
@@ -52,35 +54,80 @@ pub fn find_host_pid(pid_ns: u64, pid: u32, start_time: u64) -> Option<u32> {
     })
 }
 
+/// Whether process `pid` (in this process's pid namespace) holds `file` open: one of its fds
+/// names it (`stat` through `/proc/<pid>/fd/<n>`, so bind mounts do not matter; with
+/// `AT_STATX_DONT_SYNC`, so a hung network or FUSE file system among its fds cannot stall the
+/// caller), and for a deleted file that fd's link says so. `false` when its fds cannot be read
+/// (gone, or another user's process without `CAP_SYS_PTRACE`).
+pub fn holds_open(pid: u32, file: &LedgerFile) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        let path = e.path();
+        let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: statx(2) on a NUL-terminated path we own (absolute, so AT_FDCWD is not
+        // used), writing into a zeroed plain-data struct of the size libc declares.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_DONT_SYNC, libc::STATX_INO, &mut stx) };
+        if r != 0 || stx.stx_ino != file.ino || libc::makedev(stx.stx_dev_major, stx.stx_dev_minor) != file.dev {
+            return false;
+        }
+        !file.deleted || std::fs::read_link(&path).is_ok_and(|l| l.as_os_str().as_bytes().ends_with(b" (deleted)"))
+    })
+}
+
 /// A process as the ledger names it: pid namespace inode, pid there, start time.
 pub type Registered = (u64, u32, u64);
 
-/// Host pids of registered processes ([`find_host_pid`]), each found once and kept while it is
-/// asked for; one not found is looked for again after a back-off (1 s doubling to 64 s), so a
-/// process the daemon cannot see costs it a `/proc` walk a minute at most.
+/// Host pids of registered processes: [`find_host_pid`] (the pid itself in this namespace,
+/// with its start time checked), kept only for a process that holds its slot's ledger file
+/// open ([`holds_open`]). Any ledger client can write any slot, and a slot's pid and start
+/// time are all it says of its owner; a process that holds no ledger file (an online service)
+/// is nobody's offline process, whatever a slot says: without a host pid it is never
+/// signalled, never terminated on MPS and never counted as offline work. Each is found once
+/// and kept while it is asked for; one not found, or found not holding the file, is looked
+/// for again after a back-off (1 s doubling to 64 s), so a process the daemon cannot see
+/// costs it a `/proc` walk a minute at most.
 #[derive(Debug)]
 pub struct HostPids {
     own_ns: u64,
     found: HashMap<Registered, u32>,
     missed: HashMap<Registered, (Instant, Duration)>,
+    /// Registrations already reported as naming a process that holds no ledger file.
+    refused: HashSet<Registered>,
 }
 
 impl Default for HostPids {
     fn default() -> Self {
-        HostPids { own_ns: node_ledger::procinfo::own_pid_ns(), found: HashMap::new(), missed: HashMap::new() }
+        HostPids {
+            own_ns: node_ledger::procinfo::own_pid_ns(),
+            found: HashMap::new(),
+            missed: HashMap::new(),
+            refused: HashSet::new(),
+        }
     }
 }
 
 impl HostPids {
-    /// The host pid of `(pid_ns, pid, start_time)`: `pid` in this namespace (no lookup), else
-    /// the one found, `None` while it is not (see [`HostPids`]).
-    pub fn get(&mut self, r: Registered) -> Option<u32> {
+    /// The host pid of `(pid_ns, pid, start_time)`, whose slot's owner holds `file` open
+    /// ([`node_ledger::ProcSnapshot::ledger_file`]); `None` while no such process is found
+    /// (see [`HostPids`]). A pid of this namespace that no live process has is its own host
+    /// pid (a registered process that died before it was found); one a live process with
+    /// another start time has now is not (that process is someone else).
+    pub fn get(&mut self, r: Registered, file: &LedgerFile) -> Option<u32> {
         let (pid_ns, pid, start_time) = r;
-        if pid_ns == self.own_ns {
-            return Some(pid);
-        }
         if let Some(&h) = self.found.get(&r) {
             return Some(h);
+        }
+        if pid_ns == self.own_ns && node_ledger::procinfo::is_gone(pid) {
+            // Dead before it was ever seen here (or a slot naming a pid nobody has): no live
+            // process has this pid, so what is done to it reaches nobody else (MPS may still
+            // list a dead client by it). Not kept: the pid may be reused.
+            return Some(pid);
         }
         let now = Instant::now();
         if let Some(&(at, wait)) = self.missed.get(&r) {
@@ -88,13 +135,33 @@ impl HostPids {
                 return None;
             }
         }
-        match find_host_pid(pid_ns, pid, start_time) {
-            Some(h) => {
+        let host = if pid_ns == self.own_ns {
+            (node_ledger::procinfo::start_time(pid) == Some(start_time)).then_some(pid)
+        } else {
+            find_host_pid(pid_ns, pid, start_time)
+        };
+        match host {
+            Some(h) if holds_open(h, file) => {
                 self.missed.remove(&r);
                 self.found.insert(r, h);
                 Some(h)
             }
-            None => {
+            _ => {
+                if let Some(h) = host {
+                    if self.refused.insert(r) {
+                        let comm = std::fs::read_to_string(format!("/proc/{h}/comm")).unwrap_or_default();
+                        tracing::warn!(
+                            pid,
+                            pid_ns,
+                            host_pid = h,
+                            comm = comm.trim(),
+                            ledger_ino = file.ino,
+                            "a ledger slot names a process that holds no ledger file open: it is not \
+                             treated as offline work and is never signalled (a slot written by another \
+                             ledger client, or a process that closed its ledger files)"
+                        );
+                    }
+                }
                 let wait = self.missed.get(&r).map_or(Duration::from_secs(1), |&(_, w)| (w * 2).min(Duration::from_secs(64)));
                 self.missed.insert(r, (now, wait));
                 None
@@ -106,12 +173,14 @@ impl HostPids {
     pub fn retain(&mut self, keep: impl Fn(&Registered) -> bool) {
         self.found.retain(|r, _| keep(r));
         self.missed.retain(|r, _| keep(r));
+        self.refused.retain(|r| keep(r));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn innermost_pid_is_the_last_nspid_entry() {
@@ -127,8 +196,12 @@ mod tests {
     /// otherwise) is found from here by its namespace, its pid there and its start time.
     #[test]
     fn a_process_of_another_pid_namespace_is_found_by_its_namespace_and_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        // The sleep holds the file open (fd 9), as a ledger client does.
         let child = std::process::Command::new("unshare")
-            .args(["--pid", "--fork", "sleep", "30"])
+            .args(["--pid", "--fork", "sh", "-c", "exec sleep 30 9<>\"$0\""])
+            .arg(&path)
             .spawn();
         let Ok(mut child) = child else {
             eprintln!("no unshare: skipped");
@@ -151,6 +224,7 @@ mod tests {
             eprintln!("unshare --pid refused (not root?): skipped");
             return;
         };
+        assert!(wait_holding(host, &file), "the stand-in never held the file");
         let (ns, inner) = ns_pid(host).expect("readable");
         assert_eq!(inner, 1, "the first process of its namespace");
         assert_ne!(ns, node_ledger::procinfo::own_pid_ns());
@@ -158,8 +232,11 @@ mod tests {
         assert_eq!(find_host_pid(ns, 1, st), Some(host));
         assert_eq!(find_host_pid(ns, 1, st + 1), None, "another start time is another process");
         let mut h = HostPids::default();
-        assert_eq!(h.get((ns, 1, st)), Some(host));
-        assert_eq!(h.get((ns, 2, st)), None);
+        let other = LedgerFile { ino: file.ino + 1, ..file };
+        assert_eq!(h.get((ns, 1, st), &other), None, "it holds another file than the ledger");
+        let mut h = HostPids::default();
+        assert_eq!(h.get((ns, 1, st), &file), Some(host));
+        assert_eq!(h.get((ns, 2, st), &file), None);
         let _ = child.kill();
         let _ = child.wait();
     }
@@ -171,6 +248,72 @@ mod tests {
         assert_eq!(ns_pid(u32::MAX), None);
         let st = node_ledger::procinfo::start_time(me).unwrap();
         assert_eq!(find_host_pid(node_ledger::procinfo::own_pid_ns(), me, st), Some(me));
-        assert_eq!(HostPids::default().get((node_ledger::procinfo::own_pid_ns(), me, st)), Some(me));
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let ns = node_ledger::procinfo::own_pid_ns();
+        assert_eq!(HostPids::default().get((ns, me, st), &file), None, "not holding it yet");
+        let held = std::fs::File::open(&path).unwrap();
+        assert_eq!(HostPids::default().get((ns, me, st), &file), Some(me));
+        assert_eq!(HostPids::default().get((ns, me, st + 1), &file), None, "another start time");
+        drop(held);
+    }
+
+    /// A file to play the ledger: its path and identity.
+    fn ledger_file(dir: &tempfile::TempDir) -> (std::path::PathBuf, LedgerFile) {
+        let path = dir.path().join("ledger");
+        std::fs::write(&path, b"x").unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        (path, LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false })
+    }
+
+    /// Waits until `pid`'s fds name `file` (a spawned shell opens it before it execs).
+    fn wait_holding(pid: u32, file: &LedgerFile) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if holds_open(pid, file) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// A slot naming a live process of this namespace by its exact pid and start time (what a
+    /// ledger client can read of a neighbour it sees, and write into any slot) gets no host pid
+    /// while that process holds no ledger file: an online service is never anybody's offline
+    /// process. The same process holding the file is found.
+    #[test]
+    fn a_process_holding_no_ledger_file_is_nobodys_offline_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let mut online = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut offline = std::process::Command::new("sh")
+            .args(["-c", "exec sleep 30 9<>\"$0\""])
+            .arg(&path)
+            .spawn()
+            .unwrap();
+        let (on, off) = (online.id(), offline.id());
+        assert!(wait_holding(off, &file), "the offline stand-in never held the file");
+        let st_on = node_ledger::procinfo::start_time(on).unwrap();
+        let st_off = node_ledger::procinfo::start_time(off).unwrap();
+        let mut h = HostPids::default();
+        assert_eq!(h.get((ns, on, st_on), &file), None, "a forged slot naming the online process");
+        assert_eq!(h.get((ns, on, st_on), &file), None, "asked again within the back-off");
+        assert_eq!(h.get((ns, off, st_off), &file), Some(off));
+        assert!(!holds_open(on, &file));
+        assert_eq!(h.get((ns, on, st_on + 1), &file), None, "its pid under another start time");
+        // A dead registration of this namespace keeps its pid (MPS may list a dead client).
+        let _ = online.kill();
+        let _ = online.wait();
+        assert_eq!(h.get((ns, on, st_on), &file), Some(on), "dead and reaped: nobody has its pid");
+        // A deleted ledger is held only as deleted: the flag must match what the fd's link says.
+        assert!(!holds_open(off, &LedgerFile { deleted: true, ..file }), "not deleted yet");
+        std::fs::remove_file(&path).unwrap();
+        assert!(holds_open(off, &LedgerFile { deleted: true, ..file }));
+        for c in [&mut online, &mut offline] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }

@@ -150,6 +150,7 @@ mod tests {
             launches_delayed: 0,
             heartbeat_ns: 0,
             mps_pct,
+            ledger_file: Default::default(),
         }
     }
 

@@ -137,6 +137,25 @@ pub struct ProcSnapshot {
     pub heartbeat_ns: u64,
     /// MPS active-thread percentage the process started with (1..=100); 0 = none known.
     pub mps_pct: u32,
+    /// The ledger file a genuine owner holds open: this ledger, or for a slot carried over
+    /// from a deleted ledger ([`Ledger::restore_deleted`]) that file. Any ledger client can
+    /// write any slot, so a slot's pid alone names nobody reliably: the daemons act on the
+    /// process it names only if that process holds this file open
+    /// (`node_daemon::procns::HostPids`), which an online service never does.
+    pub ledger_file: LedgerFile,
+}
+
+/// A ledger file as a process holding it open shows it: `st_dev` and `st_ino` (what `stat`
+/// of `/proc/<pid>/fd/<n>` gives), and whether it has been deleted (its link then ends in
+/// ` (deleted)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LedgerFile {
+    /// `st_dev` of the file.
+    pub dev: u64,
+    /// `st_ino` of the file.
+    pub ino: u64,
+    /// Whether the file has been deleted (a slot restored from a deleted ledger).
+    pub deleted: bool,
 }
 
 /// A mapped ledger file. Hot-path operations are atomics on the mapping; registration and
@@ -1005,6 +1024,12 @@ impl Ledger {
             .any(|p| p.liveness.load(Acquire) == ino && owner_pid(p.owner.load(Acquire)) != 0)
     }
 
+    /// The mapped file, as a process holding it open shows it (never deleted: a ledger
+    /// handle names the file it mapped, whatever became of its path since).
+    pub fn file_id(&self) -> LedgerFile {
+        LedgerFile { dev: self.dev_ino.0, ino: self.dev_ino.1, deleted: false }
+    }
+
     /// Inode number of the mapped file.
     pub fn inode(&self) -> Result<u64, LedgerError> {
         use std::os::unix::fs::MetadataExt;
@@ -1040,6 +1065,12 @@ impl Ledger {
                     return None;
                 }
                 let group = p.group_slot.load(Relaxed) as usize;
+                let (dev, ino) = self.dev_ino;
+                let ledger_file = match p.liveness.load(Acquire) {
+                    LIVENESS_LOCK | LIVENESS_PROXY => LedgerFile { dev, ino, deleted: false },
+                    // The deleted ledger lay in this one's directory: same file system.
+                    ino => LedgerFile { dev, ino, deleted: true },
+                };
                 Some(ProcSnapshot {
                     slot,
                     pid,
@@ -1052,6 +1083,7 @@ impl Ledger {
                     heartbeat_ns: p.heartbeat_ns.load(Relaxed),
                     // A hostile file's out-of-range value reads as none known (fail closed).
                     mps_pct: Some(p.mps_pct.load(Relaxed)).filter(|v| *v <= 100).unwrap_or(0),
+                    ledger_file,
                 })
             })
             .collect()

@@ -29,7 +29,7 @@ pub(crate) static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub use config::{ConfigError, LedgerConfig};
 pub use health::HealthState;
 pub use jobs::OfflineJob;
-pub use ledger::{Ledger, LedgerError, ProcHandle, ProcSnapshot, ReserveError};
+pub use ledger::{Ledger, LedgerError, LedgerFile, ProcHandle, ProcSnapshot, ReserveError};
 pub use manager::ManagerSnapshot;
 pub use monitor::{MonitorSample, MonitorSnapshot};
 pub use sample::{GpuSample, SmSource};

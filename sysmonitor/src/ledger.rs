@@ -314,7 +314,7 @@ impl LedgerPort for LedgerAdapter {
                 OfflineProc {
                     slot: p.slot,
                     pid: p.pid,
-                    host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time)),
+                    host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file),
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
                     // The ledger keeps the request, not its time: a restarted monitor restarts

@@ -20,7 +20,7 @@ pub mod nvml_sampler;
 
 pub use emu_device;
 pub use workloads::host::{
-    artifact, chmod, helper_main, is_root, lacks_root, manager_compute_mode, monitor_state, register, target_dir,
+    artifact, chmod, forge_slot, helper_main, hold_ledger, is_root, lacks_root, manager_compute_mode, monitor_state, register, target_dir,
     wait_json, EmuChild, Host, Load,
 };
 

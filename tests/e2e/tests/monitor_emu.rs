@@ -40,9 +40,9 @@ fn healthy(n: &EmuHost, cfg: &str) -> (EmuChild, Ledger) {
     (mon, Ledger::open_existing(&n.ledger_path()).unwrap())
 }
 
-/// A `sleep` registered in `ledger` as an offline process.
+/// A `sleep` registered in `ledger` as an offline process (holding the ledger open).
 fn offline_sleeper(n: &EmuHost, ledger: &Ledger) -> EmuChild {
-    let c = n.spawn_sh("exec sleep 60");
+    let c = n.spawn_sh_offline("exec sleep 60");
     register(ledger, c.pid(), 0);
     c
 }
@@ -159,8 +159,8 @@ fn online_burst_overlimit_sigterms_offline_at_once_and_holds_before_healthy() {
 fn liar_is_evicted_honest_process_is_not() {
     let n = EmuHost::node();
     let (_mon, ledger) = healthy(&n, &config(400, 5000));
-    let mut liar = n.spawn_helper("gpu-mem", "2048");
-    let mut honest = n.spawn_helper("gpu-mem", "1024");
+    let mut liar = n.spawn_helper_offline("gpu-mem", "2048");
+    let mut honest = n.spawn_helper_offline("gpu-mem", "1024");
     let dev = n.device();
     let (lp, hp) = (liar.pid(), honest.pid());
     let deadline = std::time::Instant::now() + T;
@@ -199,6 +199,40 @@ fn liar_is_evicted_honest_process_is_not() {
         "{}",
         n.log("mon.json")
     );
+}
+
+/// Any process that can open the ledger can write any slot. A slot naming a process that
+/// holds no ledger open (an online GPU user, by its exact pid and start time: the strongest
+/// forgery, made under a lock the forger holds so no reclaim frees it) reporting none of the
+/// 2 GiB it holds is no offline process: it is not verified, not evicted, and the monitor says
+/// so. The control: a real offline process (holding the ledger) under-reporting beside it is
+/// evicted, so verification ran.
+#[test]
+fn a_slot_naming_a_process_that_holds_no_ledger_never_gets_it_signalled() {
+    let n = EmuHost::node();
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let mut online = n.spawn_helper("gpu-mem", "2048");
+    let mut liar = n.spawn_helper_offline("gpu-mem", "1024");
+    let dev = n.device();
+    let (on, lp) = (online.pid(), liar.pid());
+    e2e::wait_until("both helpers on the device", T, || {
+        let s = dev.snapshot();
+        (s.processes.iter().any(|p| p.pid == on) && s.processes.iter().any(|p| p.pid == lp)).then_some(())
+    });
+    let start = node_ledger::procinfo::start_time(on).unwrap();
+    let _forged = e2e::forge_slot(&ledger, on, start, 0);
+    register(&ledger, lp, 0);
+    let sig = liar.wait_exit(T).expect("the under-reporting offline process was not evicted");
+    assert_eq!(sig, Some(libc::SIGTERM));
+    n.wait_state(T, "under_report counted", |v| v["evictions"]["under_report"].as_u64() >= Some(1));
+    // Several more verification periods (50 ms each) in which the forged slot could be acted on.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(online.alive(), "the process a forged slot named was evicted:\n{}", n.log("mon.json"));
+    let v = n.wait_state(T, "a fresh state", |_| true);
+    assert_eq!(v["evictions"]["under_report"], 1, "{v:#}");
+    n.wait_log(T, "the forged slot reported", "mon.json", |l| {
+        l.contains("holds no ledger file open") && l.contains(&format!("host_pid={on}"))
+    });
 }
 
 #[test]
@@ -267,7 +301,7 @@ fn monitor_restarted_mid_eviction_signals_nothing_twice() {
     let (mut mon, ledger) = healthy(&n, &config(400, grace));
     let terms = n.path("terms");
     // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
-    let mut victim = n.spawn_sh(&format!(
+    let mut victim = n.spawn_sh_offline(&format!(
         "trap 'echo t >> {0}' TERM; : > {0}.ready; while :; do sleep 0.02; done",
         terms.display()
     ));

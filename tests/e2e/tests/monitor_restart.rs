@@ -53,7 +53,7 @@ fn state_of(n: &EmuHost, pid: u32, what: &str, pred: impl Fn(&Value) -> bool) ->
 /// A `sleep` registered in the monitor's ledger as an offline process.
 fn offline_sleeper(n: &EmuHost) -> EmuChild {
     let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
-    let c = n.spawn_sh("exec sleep 60");
+    let c = n.spawn_sh_offline("exec sleep 60");
     register(&ledger, c.pid(), 0);
     c
 }
@@ -204,7 +204,7 @@ fn restarts_within_the_grace_do_not_put_off_the_sigkill() {
     state_of(&n, mon.pid(), "healthy", |v| state(v) == "healthy");
     let terms = n.path("terms");
     // Counts every SIGTERM it gets and ignores it: only SIGKILL ends it.
-    let mut victim = n.spawn_sh(&format!(
+    let mut victim = n.spawn_sh_offline(&format!(
         "trap 'echo t >> {0}' TERM; : > {0}.ready; while :; do sleep 0.02; done",
         terms.display()
     ));
@@ -308,7 +308,7 @@ fn monitor_restarted_after_a_critical_xid_keeps_the_gpu_disabled_until_enabled()
         "the restarted monitor put a GPU with XID 79 back in service: {first:#}"
     );
     assert_eq!(first["disabled_by"]["xid"], 79, "{first:#}");
-    let c = n.spawn_sh("exec sleep 60");
+    let c = n.spawn_sh_offline("exec sleep 60");
     register(&ledger, c.pid(), 0);
     let mut c = c;
     assert_eq!(

@@ -43,7 +43,7 @@ fn wait_until(what: &str, f: impl Fn() -> bool) {
 fn online_and_offline(n: &EmuHost) -> (Load, EmuChild) {
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
     let load = Load::start(n, 0.5, 2.0);
-    let off = n.spawn_helper("gpu-mem", "256");
+    let off = n.spawn_helper_offline("gpu-mem", "256");
     let dev = n.device();
     let op = off.pid();
     wait_until("both clients on MPS", || {
@@ -143,7 +143,7 @@ fn online_kept_its_context(
 
 /// A helper process holding `mib` MiB on MPS, registered in `ledger` as offline with them.
 fn offline_on_mps(n: &EmuHost, ledger: &node_ledger::Ledger, mib: u64) -> EmuChild {
-    let off = n.spawn_helper("gpu-mem", &mib.to_string());
+    let off = n.spawn_helper_offline("gpu-mem", &mib.to_string());
     let (dev, pid) = (n.device(), off.pid());
     wait_until("offline client on MPS", || {
         dev.snapshot()
@@ -272,6 +272,45 @@ fn a_dead_client_its_server_still_lists_is_terminated_without_a_ledger_registrat
     wait_until("MPS no longer hung", || !dev.snapshot().mps.poisoned);
     online_kept_its_context(&load, &dev, generation, "terminating a dead listed client");
     load.stop();
+}
+
+/// Any process that can open the ledger can write any slot. One naming an online MPS client
+/// by its pid (NVML shows it to a container) with a start time that makes it look dead, kept
+/// alive under a lock its writer holds, must not get that client terminated when a real
+/// offline client dies and its recovery terminates the dead registered clients: the online
+/// client holds no ledger open, so no slot makes it offline work.
+#[test]
+fn a_slot_naming_the_online_client_as_dead_does_not_get_it_terminated() {
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let dev = n.device();
+    let _quit = QuitOnPanic(n.device());
+    let mut online = n.spawn_helper("gpu-mem", "64");
+    let on = online.pid();
+    wait_until("the online client on MPS", || {
+        dev.snapshot().processes.iter().any(|p| p.pid == on && p.mps_client)
+    });
+    let start = node_ledger::procinfo::start_time(on).unwrap();
+    let _forged = e2e::forge_slot(&ledger, on, start + 1, 0);
+    let mut off = offline_on_mps(&n, &ledger, 64);
+    mstate(&n, "both clients listed on their server", |v| v["clients"].as_u64() >= Some(2));
+    // Several checks (every 100 ms) in which the slot alone could pass for a dead client.
+    std::thread::sleep(Duration::from_millis(500));
+    let v = mstate(&n, "a fresh state", |_| true);
+    assert_eq!(v["recoveries"], serde_json::json!([]), "the forged slot alone made a recovery: {v:#}");
+    let v = kill_until_recovered(&n, &mut off);
+    let r = v["recoveries"].as_array().unwrap().last().unwrap();
+    let outcome = r["outcome"].as_str().unwrap();
+    assert!(outcome.contains("terminate_client"), "{v:#}");
+    assert!(!outcome.contains(&on.to_string()), "the online client was terminated: {v:#}");
+    wait_until("MPS no longer hung", || !dev.snapshot().mps.poisoned);
+    assert!(online.alive(), "the online client was signalled: {v:#}");
+    assert!(
+        dev.snapshot().processes.iter().any(|p| p.pid == on && p.mps_client),
+        "the online client lost its MPS context: {v:#}"
+    );
 }
 
 /// On a panic, quits MPS on the device so a hung online `Load` can be joined (no hanging test).
@@ -574,7 +613,7 @@ fn a_client_the_monitor_will_sigkill_is_terminated_in_mps_first() {
     let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let daemon = v["daemon_pid"].as_u64().unwrap();
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let mut off = n.spawn_helper("gpu-mem-stubborn", "256");
+    let mut off = n.spawn_helper_offline("gpu-mem-stubborn", "256");
     let op = off.pid();
     wait_until("the offline client on MPS", || {
         dev.snapshot().processes.iter().any(|p| p.pid == op && p.mps_client)
@@ -732,15 +771,13 @@ fn manager_with_roots_online_client(n: &EmuHost) -> (EmuChild, node_ledger::Ledg
     (manager, ledger, load)
 }
 
-/// `sleep 30` as uid/gid 65534 (needs root).
-fn sleep_as_nobody() -> std::process::Child {
+/// `sleep 30` as uid/gid 65534 (needs root), holding `n`'s ledger open as an offline process.
+fn sleep_as_nobody(n: &EmuHost) -> std::process::Child {
     use std::os::unix::process::CommandExt;
-    Command::new("sleep")
-        .arg("30")
-        .uid(65534)
-        .gid(65534)
-        .spawn()
-        .unwrap()
+    let mut c = Command::new("sleep");
+    c.arg("30").uid(65534).gid(65534);
+    e2e::hold_ledger(&mut c, &n.ledger_path());
+    c.spawn().unwrap()
 }
 
 /// One user per MPS GPU: with `client_uid` set, a registered offline process of another user
@@ -763,7 +800,7 @@ fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set()
     )
     .unwrap();
     let (_manager, ledger, load) = manager_with_roots_online_client(&n);
-    let mut nobody = sleep_as_nobody();
+    let mut nobody = sleep_as_nobody(&n);
     let pid = nobody.id();
     register(&ledger, pid, 0);
     let v = mstate(&n, "the other user's process evicted", |v| {
@@ -795,7 +832,7 @@ fn without_client_uid_another_users_process_is_left_alone() {
     }
     let n = EmuHost::node();
     let (_manager, ledger, load) = manager_with_roots_online_client(&n);
-    let mut nobody = sleep_as_nobody();
+    let mut nobody = sleep_as_nobody(&n);
     register(&ledger, nobody.id(), 0);
     std::thread::sleep(Duration::from_secs(1));
     assert!(

@@ -83,7 +83,7 @@ fn kill_a_registered_client(list_from: u64) -> (Value, String, String, String, u
     let daemon = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap();
 
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let mut off = n.spawn_sh("exec sleep 600");
+    let mut off = n.spawn_sh_offline("exec sleep 600");
     let pid = off.pid();
     register(&ledger, pid, 64 << 20);
     std::fs::write(pipe.join("list_from"), list_from.to_string()).unwrap();

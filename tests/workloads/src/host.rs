@@ -529,10 +529,32 @@ impl Host {
         self.spawn(&mut c)
     }
 
+    /// [`EmuHost::spawn_sh`] for a process to [`register`] as offline work: it holds GPU 0's
+    /// ledger open ([`hold_ledger`]), as a shimmed offline process does.
+    pub fn spawn_sh_offline(&self, script: &str) -> EmuChild {
+        let mut c = self.node_command("sh");
+        c.arg("-c").arg(script);
+        hold_ledger(&mut c, &self.ledger_path());
+        self.spawn(&mut c)
+    }
+
     /// Spawns the running test binary again as a helper process running `role` with `arg`
     /// (see [`helper_main`]; the test binary has an `#[ignore]`d `helper_entry` test calling
     /// it, a `harness = false` bench calls it first thing in `main`).
     pub fn spawn_helper(&self, role: &str, arg: &str) -> EmuChild {
+        let mut c = self.helper_command(role, arg);
+        self.spawn(&mut c)
+    }
+
+    /// [`EmuHost::spawn_helper`] for a process to [`register`] as offline work: it holds GPU
+    /// 0's ledger open ([`hold_ledger`]), as a shimmed offline process does.
+    pub fn spawn_helper_offline(&self, role: &str, arg: &str) -> EmuChild {
+        let mut c = self.helper_command(role, arg);
+        hold_ledger(&mut c, &self.ledger_path());
+        self.spawn(&mut c)
+    }
+
+    fn helper_command(&self, role: &str, arg: &str) -> Command {
         let mut c = self.node_command(
             std::env::current_exe()
                 .expect("current_exe")
@@ -548,7 +570,7 @@ impl Host {
         ])
         .env(ENV_HELPER, role)
         .env(ENV_HELPER_ARG, arg);
-        self.spawn(&mut c)
+        c
     }
 
     /// Starts node daemon `program` (`sysmonitor`, `mps-manager`) with `run --config <name>`,
@@ -829,8 +851,48 @@ impl Drop for EmuChild {
     }
 }
 
+/// Writes a slot as a hostile ledger client can: registers the calling process (which holds
+/// the slot's lock, so no reclaim frees the slot) and rewrites the slot to name `pid` with
+/// `start_time`, reporting `bytes`. Any process that can open the ledger can do this; the
+/// daemons must never act on such a slot against a process that holds no ledger open.
+pub fn forge_slot(ledger: &node_ledger::Ledger, pid: u32, start_time: u64, bytes: u64) -> node_ledger::ProcHandle {
+    use std::sync::atomic::Ordering::SeqCst;
+    let h = register(ledger, std::process::id(), bytes);
+    let slot = &ledger.layout().procs[h.slot];
+    let gen = node_ledger::layout::owner_gen(slot.owner.load(SeqCst));
+    slot.start_time.store(start_time, SeqCst);
+    slot.owner.store(node_ledger::layout::owner_word(gen, pid), SeqCst);
+    h
+}
+
+/// The fd under which [`hold_ledger`] gives a child the ledger.
+pub const HELD_LEDGER_FD: i32 = 200;
+
+/// Makes the process `cmd` starts hold the file `ledger` open (as fd [`HELD_LEDGER_FD`],
+/// inherited across exec), as a shimmed offline process holds its ledger: the daemons take a
+/// registration for offline work only when the process it names holds the ledger open
+/// (`node_daemon::procns::HostPids`), so a process [`register`]ed on its behalf must. Panics
+/// when the file cannot be opened (no ledger yet: start the monitor, or create it, first).
+pub fn hold_ledger(cmd: &mut Command, ledger: &Path) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let f = std::fs::File::open(ledger).unwrap_or_else(|e| panic!("open {} to hold it: {e}", ledger.display()));
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2(2), which
+    // is async-signal-safe; `f` (moved in) keeps the source fd open until the Command drops.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(f.as_raw_fd(), HELD_LEDGER_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Registers `pid` in `ledger` as an offline process (group `offline-test`, 64 GiB quota)
-/// reporting `bytes`.
+/// reporting `bytes`, on its behalf: the daemons take it for offline work only if `pid`
+/// holds the ledger open (spawn it with [`EmuHost::spawn_sh_offline`],
+/// [`EmuHost::spawn_helper_offline`] or [`hold_ledger`]).
 pub fn register(ledger: &node_ledger::Ledger, pid: u32, bytes: u64) -> node_ledger::ProcHandle {
     let g = ledger
         .group(node_ledger::ledger::group_id_for("offline-test"), 64 << 30)
