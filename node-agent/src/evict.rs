@@ -254,7 +254,20 @@ pub struct PodRef {
 }
 
 impl PodRef {
-    fn of(p: &Pod) -> Option<Self> {
+    /// `p` if it asks for `resource` (the device plugin's offline slots) in any container's
+    /// limits or requests: only such a pod is offline work this agent may evict. A ledger
+    /// group id or a process's cgroup naming any other pod (an online service's) maps to none.
+    fn of(p: &Pod, resource: &str) -> Option<Self> {
+        let spec = p.spec.as_ref()?;
+        let asks = spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
+            c.resources.as_ref().is_some_and(|r| {
+                r.limits.as_ref().is_some_and(|m| m.contains_key(resource))
+                    || r.requests.as_ref().is_some_and(|m| m.contains_key(resource))
+            })
+        });
+        if !asks {
+            return None;
+        }
         Some(PodRef {
             namespace: p.metadata.namespace.clone()?,
             name: p.metadata.name.clone()?,
@@ -317,7 +330,9 @@ pub struct Evictor {
     /// Pod UID -> final outcome.
     done: HashMap<String, Outcome>,
     retries: HashMap<String, Retry>,
-    /// Ledger group id -> pod, from the pods bound to this node.
+    /// The device plugin's resource: only pods asking for it are evicted ([`PodRef::of`]).
+    resource: String,
+    /// Ledger group id -> pod, from the offline pods bound to this node.
     groups: HashMap<u64, PodRef>,
     by_uid: HashMap<String, PodRef>,
     /// Attempts by outcome (Prometheus `xshare_node_agent_evictions_total{result}`).
@@ -337,19 +352,22 @@ pub struct Evictor {
 }
 
 impl Evictor {
-    /// A worker for the GPUs `gpus` of node `node`, reading `ledger_dir`; a refused or failed
+    /// A worker for the GPUs `gpus` of node `node`, reading `ledger_dir`, evicting only pods
+    /// that ask for `resource` (the device plugin's `resource_name`); a refused or failed
     /// eviction is retried after `retry_first`, doubling (unless the server says when).
     pub fn new(
         client: Client,
         node: &str,
         ledger_dir: &Path,
         gpus: Vec<u32>,
+        resource: &str,
         retry_first: Duration,
     ) -> Self {
         let gpus_c = gpus.clone();
         Self {
             client,
             node: node.to_string(),
+            resource: resource.to_string(),
             ledger_dir: ledger_dir.to_owned(),
             gpus,
             retry_first,
@@ -390,7 +408,7 @@ impl Evictor {
         let pods = crate::kube::pods_on_node(&self.client, &self.node, None).await?;
         self.groups.clear();
         self.by_uid.clear();
-        for p in pods.iter().filter_map(PodRef::of) {
+        for p in pods.iter().filter_map(|p| PodRef::of(p, &self.resource)) {
             self.groups
                 .insert(group_id_for(&group_name(&p.uid)), p.clone());
             self.by_uid.insert(p.uid.clone(), p);

@@ -178,6 +178,7 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             &cfg.node_name,
             &cfg.ledger_dir,
             gpus,
+            &cfg.device_plugin.resource_name,
             Duration::from_millis(cfg.eviction.retry_ms),
         );
         let mut s = stop_rx.clone();

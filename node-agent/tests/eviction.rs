@@ -75,7 +75,7 @@ async fn evictor(url: String, dir: &Path) -> Evictor {
     })
     .await
     .unwrap();
-    Evictor::new(client, "node-a", dir, vec![0], Duration::from_millis(200))
+    Evictor::new(client, "node-a", dir, vec![0], kube_contract::OFFLINE_GPU_RESOURCE, Duration::from_millis(200))
 }
 
 /// One tick of `ev`: the pods it settled, by name, and how.
@@ -523,4 +523,31 @@ async fn damaged_cursor_or_truncated_log_stalls_loudly_without_reposting() {
     let mut ev = evictor(api.url(), tmp.path()).await;
     assert_eq!(ev.tick().await.len(), 1);
     assert_eq!(evicted_names(&api), ["pdb"]);
+}
+
+/// A ledger request naming the quota group of a pod that asks for no offline slot (an online
+/// service's: any ledger client can write a slot with any group id) evicts nothing: only pods
+/// asking for the device plugin's resource are offline work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_a_pod_without_the_offline_resource_evicts_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = ledger_with_requests(tmp.path(), &["ok"]);
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
+        ("GET", "/api/v1/pods") => {
+            let mut p = running_pod("ok", UIDS[0].1);
+            p["spec"]["containers"][0]["resources"] = serde_json::json!({"limits": {"nvidia.com/gpu": "1"}});
+            (200, pod_list(vec![p]))
+        }
+        ("POST", "/api/v1/namespaces/batch/pods/ok/eviction") => (201, success()),
+        _ => events_or_not_found(r),
+    }))
+    .await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert!(outcomes(&mut ev).await.is_empty());
+    assert_eq!(ev.unmapped, 1);
+    assert_eq!(ev.outcome(UIDS[0].1), None);
+    assert!(
+        !api.take().iter().any(|r| r.method == "POST" && r.path.ends_with("/eviction")),
+        "an eviction was posted for a pod that asks for no offline slot"
+    );
 }

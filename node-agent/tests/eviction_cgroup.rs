@@ -147,7 +147,7 @@ async fn a_container_process_outside_a_pod_group_is_mapped_by_its_cgroup() {
     let client = node_agent::kube::client(&KubeConfig { api_url: api.url(), timeout_ms: 2000 })
         .await
         .unwrap();
-    let mut ev = Evictor::new(client, "node-a", tmp.path(), vec![0], Duration::from_millis(200));
+    let mut ev = Evictor::new(client, "node-a", tmp.path(), vec![0], kube_contract::OFFLINE_GPU_RESOURCE, Duration::from_millis(200));
     let got: Vec<_> = ev.tick().await.into_iter().map(|(p, o)| (p.name, p.uid, o)).collect();
     let _ = child.kill();
     let _ = child.wait();
