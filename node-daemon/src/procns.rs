@@ -123,17 +123,17 @@ impl HostPids {
         if let Some(&h) = self.found.get(&r) {
             return Some(h);
         }
-        if pid_ns == self.own_ns && node_ledger::procinfo::is_gone(pid) {
-            // Dead before it was ever seen here (or a slot naming a pid nobody has): no live
-            // process has this pid, so what is done to it reaches nobody else (MPS may still
-            // list a dead client by it). Not kept: the pid may be reused.
-            return Some(pid);
-        }
         let now = Instant::now();
         if let Some(&(at, wait)) = self.missed.get(&r) {
             if now < at + wait {
                 return None;
             }
+        }
+        if pid_ns == self.own_ns && node_ledger::procinfo::is_gone(pid) {
+            // Dead before it was ever seen here (or a slot naming a pid nobody has): no live
+            // process has this pid, so what is done to it reaches nobody else (MPS may still
+            // list a dead client by it). Not kept: the pid may be reused.
+            return Some(pid);
         }
         let host = if pid_ns == self.own_ns {
             (node_ledger::procinfo::start_time(pid) == Some(start_time)).then_some(pid)
@@ -303,10 +303,14 @@ mod tests {
         assert_eq!(h.get((ns, off, st_off), &file), Some(off));
         assert!(!holds_open(on, &file));
         assert_eq!(h.get((ns, on, st_on + 1), &file), None, "its pid under another start time");
-        // A dead registration of this namespace keeps its pid (MPS may list a dead client).
+        // A dead registration of this namespace keeps its pid (MPS may list a dead client);
+        // one refused before stays refused until its back-off ends.
         let _ = online.kill();
         let _ = online.wait();
-        assert_eq!(h.get((ns, on, st_on), &file), Some(on), "dead and reaped: nobody has its pid");
+        assert_eq!(h.get((ns, on, st_on), &file), None, "refused a moment ago: backed off");
+        let mut fresh = HostPids::default();
+        assert_eq!(fresh.get((ns, on, st_on), &file), Some(on), "dead and reaped: nobody has its pid");
+        assert_eq!(fresh.get((ns, on, st_on), &file), Some(on), "not kept, looked at again");
         // A deleted ledger is held only as deleted: the flag must match what the fd's link says.
         assert!(!holds_open(off, &LedgerFile { deleted: true, ..file }), "not deleted yet");
         std::fs::remove_file(&path).unwrap();
