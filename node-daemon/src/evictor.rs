@@ -40,8 +40,9 @@ pub struct OfflineProc {
     pub pid: u32,
     /// Its pid in this daemon's pid namespace, what NVML and `/proc` here name it: `pid` when
     /// it registered from this namespace, else the one found for it
-    /// ([`crate::procns::HostPids`]). `None` while not found: it is then asked to exit through
-    /// the ledger only (its shim acts on the request), never signalled.
+    /// ([`crate::procns::HostPids`]). `None` while not found, or found holding no ledger
+    /// open (a slot naming a process that is no ledger client): it is then asked to exit
+    /// through the ledger only (a shim acts on the request), never signalled.
     pub host_pid: Option<u32>,
     /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_time: u64,

@@ -13,7 +13,8 @@
 //! - [`evictor`]: pidfd signalling and the one evictor (every signal checked by pid + start time);
 //! - [`instance`]: the single-instance lock (a POSIX write lock; the error names the holder);
 //! - [`monitor_state`]: the monitor's state file, one writer and several readers;
-//! - [`procns`]: a host pid as the ledger knows the process (its pid namespace, its pid there);
+//! - [`procns`]: a host pid as the ledger knows the process (its pid namespace, its pid there),
+//!   only for a process that holds the ledger open;
 //! - [`run`]: the run/reload loop.
 
 pub mod cli;

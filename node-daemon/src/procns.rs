@@ -5,6 +5,10 @@
 //! pid in the host's namespace, where the daemons run. `/proc/<pid>/ns/pid` (the namespace's
 //! inode) and the last `NSpid:` entry of `/proc/<pid>/status` (the pid in that namespace)
 //! turn the second into the first (Linux 4.1+).
+//!
+//! Every offline process can write every slot of the ledger, so a slot's pid is a claim: the
+//! daemons take it only for a process that holds the ledger file open ([`holds_open`]), as
+//! every shimmed process does and no online service does.
 
 use std::collections::{HashMap, HashSet};
 
