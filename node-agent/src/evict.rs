@@ -132,7 +132,13 @@ pub fn scan_log(
 ) -> Result<(Vec<Requested>, Pos), node_ledger::evictlog::LogError> {
     let batch = node_ledger::evictlog::read_from(ledger_dir, gpu, from, 1 << 20)?;
     // No ledger, no file to hold: such a record maps to a pod by its group only.
-    let ledger_file = Ledger::open_existing(&ledger_path(ledger_dir, gpu)).map(|l| l.file_id()).unwrap_or_default();
+    let ledger_file = std::fs::metadata(ledger_path(ledger_dir, gpu)).map_or_else(
+        |_| node_ledger::LedgerFile::default(),
+        |m| {
+            use std::os::unix::fs::MetadataExt;
+            node_ledger::LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false }
+        },
+    );
     let reqs = batch
         .entries
         .into_iter()
