@@ -192,7 +192,7 @@ fn a_ledger_deleted_under_the_monitor_comes_back_with_its_usage() {
     let n = EmuHost::node();
     let mut m = n.start_monitor("mon.json", CONFIG);
     n.wait_state(T, "healthy", |v| state(v) == "healthy");
-    let holder = n.spawn_sh("exec sleep 60");
+    let holder = n.spawn_sh_offline("exec sleep 60");
     let l = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
     let h = e2e::register(&l, holder.pid(), 40 << 20);
     std::fs::remove_file(n.ledger_path()).unwrap();

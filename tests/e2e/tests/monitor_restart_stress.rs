@@ -202,9 +202,10 @@ fn stubborn(host: &EmuHost, uid: u32, mib: u64) -> EmuChild {
     host.spawn(&mut c)
 }
 
-/// A shell that appends a line to `file` per SIGTERM and otherwise ignores it.
+/// A shell that appends a line to `file` per SIGTERM and otherwise ignores it, holding the
+/// ledger open (it is registered as an offline process).
 fn counter(host: &EmuHost, file: &Path) -> EmuChild {
-    host.spawn_sh(&format!(
+    host.spawn_sh_offline(&format!(
         "trap 'echo t >> {0}' TERM; : > {0}.ready; while :; do sleep 0.02; done",
         file.display()
     ))

@@ -54,7 +54,7 @@ fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
 
 /// A helper process holding `mib` MiB on MPS, registered in `ledger` as offline with them.
 fn offline_on_mps(n: &EmuHost, ledger: &node_ledger::Ledger, mib: u64) -> EmuChild {
-    let off = n.spawn_helper("gpu-mem", &mib.to_string());
+    let off = n.spawn_helper_offline("gpu-mem", &mib.to_string());
     let (dev, pid) = (n.device(), off.pid());
     wait_until("offline client on MPS", T, || {
         dev.snapshot()
