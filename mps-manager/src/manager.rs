@@ -158,6 +158,11 @@ pub struct Manager {
     pub state: ManagerState,
     /// Faults logged in the current episode (logged once, counted every time).
     logged_faults: HashSet<String>,
+    /// Dead registrations (pid here, start time) already reported as a dead client: each is a
+    /// fault once. Its slot can outlive it (a forked child still holds the slot's lock), and
+    /// a registration is no evidence that a server still lists it: a listed dead client is
+    /// caught again by its server's list ([`crate::detect::Observation::dead_listed`]).
+    dead_reported: BTreeSet<(u32, u64)>,
     /// The rate limit was already logged in this episode.
     limited_logged: bool,
     /// A targeted recovery of stuck clients did not help: the next one ends the servers.
@@ -257,6 +262,7 @@ impl Manager {
             detector: Detector::default(),
             limiter: RateLimiter::default(),
             logged_faults: HashSet::new(),
+            dead_reported: BTreeSet::new(),
             limited_logged: false,
             escalate_stuck: false,
             own_ns: node_ledger::procinfo::own_pid_ns(),
@@ -609,13 +615,15 @@ impl Manager {
         // One read of the registrations for every judgement of this look.
         let raw = self.registered();
         let offline = self.in_my_terms(&raw);
-        o.dead_offline = offline
+        let dead: Vec<(u32, u64)> = offline
             .iter()
             .filter(|p| {
                 p.pid_ns == self.own_ns && !node_ledger::procinfo::is_alive(p.pid, p.start_time)
             })
-            .map(|p| p.pid)
+            .map(|p| (p.pid, p.start_time))
             .collect();
+        self.dead_reported.retain(|d| dead.contains(d));
+        o.dead_offline = dead.iter().filter(|d| self.dead_reported.insert(**d)).map(|d| d.0).collect();
         // A client killed holding its context stays on its server's list, hanging the server's
         // other clients, until it is terminated, whether or not its ledger registration is
         // still there (the monitor reclaims a dead process's registration within a second).

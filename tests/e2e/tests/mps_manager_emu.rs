@@ -843,3 +843,29 @@ fn without_client_uid_another_users_process_is_left_alone() {
     let _ = nobody.wait();
     load.stop();
 }
+
+
+/// A registration can outlive its process: a forked child (a data-loader worker) inherits the
+/// slot lock and holds the slot while the registered parent is dead (here the test process
+/// plays that child, holding a slot that names a dead pid). The dead client is a fault once:
+/// its recovery finds no server listing it ("left MPS"), and it is not recovered again at
+/// every check while the slot stays (before: a recovery, with its 500 ms of listing, every
+/// ~0.6 s, each with a WARN line).
+#[test]
+fn a_dead_registration_kept_by_its_slot_lock_is_one_fault_not_one_per_check() {
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let mut dead = Command::new("true").spawn().unwrap();
+    let pid = dead.id();
+    let start = node_ledger::procinfo::start_time(pid).unwrap_or(1);
+    dead.wait().unwrap();
+    let _kept = e2e::forge_slot(&ledger, pid, start, 0);
+    let v = mstate(&n, "the dead client's recovery", |v| v["recoveries"].as_array().is_some_and(|r| !r.is_empty()));
+    assert!(v["recoveries"][0]["outcome"].as_str().unwrap().contains("left MPS"), "{v:#}");
+    // Several checks (every 100 ms) and recoveries' worth of time with the slot still there.
+    std::thread::sleep(Duration::from_secs(2));
+    let v = mstate(&n, "a fresh state", |_| true);
+    assert_eq!(v["recoveries"].as_array().unwrap().len(), 1, "recovered again and again: {v:#}");
+}
