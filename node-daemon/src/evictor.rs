@@ -31,13 +31,19 @@ impl Default for EvictorConfig {
     }
 }
 
+/// [`OfflineProc::slot`] of offline work with no registration: a GPU process in an offline
+/// container's pid namespace that runs without the shim.
+pub const NO_SLOT: usize = usize::MAX;
+
 /// An offline process registered by the shim, identified by pid + start time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OfflineProc {
-    /// Registry slot in the ledger.
+    /// Registry slot in the ledger ([`NO_SLOT`]: none, evicted by its host pid only).
     pub slot: usize,
     /// Process id (in the pid namespace it registered from).
     pub pid: u32,
+    /// Inode of the pid namespace it registered from (0: unknown).
+    pub pid_ns: u64,
     /// Its pid in this daemon's pid namespace, what NVML and `/proc` here name it: `pid` when
     /// it registered from this namespace, else the one found for it
     /// ([`crate::procns::HostPids`]). `None` while not found, or found holding no ledger
@@ -476,6 +482,7 @@ mod tests {
 
     fn p(pid: u32) -> OfflineProc {
         OfflineProc {
+            pid_ns: 0,
             slot: 0,
             host_pid: Some(pid),
             pid,

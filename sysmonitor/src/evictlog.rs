@@ -92,6 +92,7 @@ mod tests {
         let p = OfflineProc {
             slot: h.slot,
             pid: snap.pid,
+            pid_ns: snap.pid_ns,
             host_pid: Some(snap.pid),
             start_time: snap.start_time,
             reported_bytes: 0,

@@ -314,6 +314,7 @@ impl LedgerPort for LedgerAdapter {
                 OfflineProc {
                     slot: p.slot,
                     pid: p.pid,
+                    pid_ns: p.pid_ns,
                     host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file),
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
@@ -331,7 +332,9 @@ impl LedgerPort for LedgerAdapter {
         reason: EvictReason,
         _now_ms: u64,
     ) -> Result<(), String> {
-        if !self.usable() {
+        // No slot to write a request into (work running without the shim), and no record for
+        // node-agent, which maps only ledger clients to pods: its host pid is signalled.
+        if !self.usable() || p.slot == node_daemon::evictor::NO_SLOT {
             return Ok(());
         }
         // Checked by pid + start time, and taken back if the slot changed hands meanwhile:

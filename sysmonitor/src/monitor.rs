@@ -45,6 +45,25 @@ pub fn needs_occupancy(cfg: &MachineConfig, m: &Metrics) -> bool {
 /// (the emulated server names itself the same).
 pub const MPS_SERVER_COMM: &[u8] = b"nvidia-cuda-mps";
 
+/// The ledger file at `path` and the damaged ones moved aside beside it (`<ledger>.damaged-*`,
+/// [`node_ledger::Ledger::open_or_recreate`]), whose shims still hold them: as a process holding
+/// one shows it.
+fn ledger_files(path: &std::path::Path) -> Vec<node_ledger::LedgerFile> {
+    use std::os::unix::fs::MetadataExt;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(|n| n == name || n.starts_with(&format!("{name}.damaged-"))))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| node_ledger::LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Whether `pid` is an MPS server. NVML lists the server as a compute process (it holds the
 /// context its clients share, and its memory) beside its clients, which it lists too on Volta
 /// and later; it runs nothing of its own, so it is neither online nor offline work. Read from
@@ -572,6 +591,31 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             );
             self.evict_one(now_ms, &l.proc_, EvictReason::UnderReport, &why);
         }
+        let own_ns = node_ledger::procinfo::own_pid_ns();
+        // Read only when a process in an offline container's namespace is found unregistered.
+        let (path, ledgers) = (self.cfg.ledger_path(), std::cell::OnceCell::new());
+        let unshimmed = self.verifier.check_unregistered(
+            &self.cfg.verify,
+            &offline,
+            &nvml,
+            own_ns,
+            node_daemon::procns::ns_pid,
+            node_ledger::procinfo::start_time,
+            |pid| ledgers.get_or_init(|| ledger_files(&path)).iter().any(|f| node_daemon::procns::holds_open(pid, f)),
+        );
+        for u in unshimmed {
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", u.proc_.pid)).unwrap_or_default();
+            let why = format!(
+                "GPU process {} ({}) holds {} MiB in the pid namespace of registered offline process {} \
+                 but has no registration: offline work running without the shim (no memory quota, no \
+                 launch throttle), which was judged as online load",
+                u.proc_.pid,
+                comm.trim(),
+                u.nvml_bytes >> 20,
+                u.neighbour
+            );
+            self.evict_one(now_ms, &u.proc_, EvictReason::UnderReport, &why);
+        }
     }
 
     fn publish(&mut self, now_ms: u64) {
@@ -691,6 +735,25 @@ mod tests {
     }
 
     use super::*;
+
+    /// The ledger and the damaged copies moved aside beside it, nothing else in the directory.
+    #[test]
+    fn ledger_files_are_the_ledger_and_its_damaged_copies() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        for f in ["ledger", "ledger.damaged-1795000000", "state.json", "ledger-other"] {
+            std::fs::write(d.path().join(f), b"x").unwrap();
+        }
+        let mut got: Vec<u64> = ledger_files(&d.path().join("ledger")).iter().map(|f| f.ino).collect();
+        got.sort_unstable();
+        let mut want: Vec<u64> = ["ledger", "ledger.damaged-1795000000"]
+            .iter()
+            .map(|f| std::fs::metadata(d.path().join(f)).unwrap().ino())
+            .collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert!(ledger_files(&d.path().join("nope/ledger")).is_empty());
+    }
     use crate::port::MemLedger;
     use crate::sampler::ProcMem;
 
@@ -766,6 +829,7 @@ mod tests {
             slot: 0,
             host_pid: Some(pid),
             pid,
+            pid_ns: 0,
             start_time: 7,
             reported_bytes: 0,
             evict_requested_ms: None,

@@ -1,7 +1,11 @@
 //! Trust but verify: compares what offline processes report in the ledger with NVML's
-//! per-process memory and flags those that under-report several checks in a row.
+//! per-process memory and flags those that under-report several checks in a row, and finds
+//! offline work that reports nothing at all: GPU processes in an offline container's pid
+//! namespace that run without the shim.
 
 use std::collections::HashMap;
+
+use node_daemon::evictor::NO_SLOT;
 
 use crate::config::VerifyConfig;
 use crate::port::OfflineProc;
@@ -20,6 +24,20 @@ pub struct Liar {
 #[derive(Debug, Default)]
 pub struct Verifier {
     strikes: HashMap<(usize, u32, u64), u32>,
+    /// Strikes of unregistered GPU processes in offline pid namespaces, by host pid and start
+    /// time.
+    unregistered: HashMap<(u32, u64), u32>,
+}
+
+/// A GPU process running offline work without the shim ([`Verifier::check_unregistered`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unshimmed {
+    /// The process, to evict by its host pid ([`NO_SLOT`], reporting nothing).
+    pub proc_: OfflineProc,
+    /// Host pid of the registered offline process whose pid namespace it shares.
+    pub neighbour: u32,
+    /// What NVML sees it use, bytes.
+    pub nvml_bytes: u64,
 }
 
 impl Verifier {
@@ -65,6 +83,78 @@ impl Verifier {
         self.strikes.retain(|k, _| seen.contains(k));
         liars
     }
+
+    /// GPU processes NVML lists (`nvml`) that are no registered offline process but share the
+    /// pid namespace of one: offline work in a container that runs without the shim (its
+    /// environment sanitised, a static CUDA runtime): no memory quota, no launch throttle, and
+    /// until now judged as online load. Returns those seen so `cfg.strikes` checks in a row.
+    /// A process is registered if its host pid is a registration's, or if a registration
+    /// names its pid namespace and its pid there (found or not from here); one that holds a
+    /// ledger file open (`holds_ledger`: one the monitor moved aside as damaged, whose
+    /// registrations it could not carry over) is a shim's, not judged. `own_ns` (the
+    /// monitor's pid namespace, the host's, where online services run too) is never taken for
+    /// an offline container's; `ns_pid_of` and `start_of` read a process's pid namespace with
+    /// its pid there ([`node_daemon::procns::ns_pid`]) and its start time (`None`: gone or
+    /// unreadable, not judged).
+    pub fn check_unregistered(
+        &mut self,
+        cfg: &VerifyConfig,
+        offline: &[OfflineProc],
+        nvml: &[ProcMem],
+        own_ns: u64,
+        ns_pid_of: impl Fn(u32) -> Option<(u64, u32)>,
+        start_of: impl Fn(u32) -> Option<u64>,
+        holds_ledger: impl Fn(u32) -> bool,
+    ) -> Vec<Unshimmed> {
+        let containers: Vec<(u64, u32)> = offline
+            .iter()
+            .filter_map(|p| {
+                let h = p.host_pid?;
+                let (ns, _) = ns_pid_of(h)?;
+                (ns != own_ns).then_some((ns, h))
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        if !containers.is_empty() {
+            let mut pids: Vec<u32> = nvml.iter().map(|m| m.pid).collect();
+            pids.sort_unstable();
+            pids.dedup();
+            for pid in pids {
+                if offline.iter().any(|p| p.host_pid == Some(pid)) {
+                    continue;
+                }
+                let Some((ns, ns_pid)) = ns_pid_of(pid) else { continue };
+                let Some(&(_, neighbour)) = containers.iter().find(|(n, _)| *n == ns) else {
+                    continue;
+                };
+                if offline.iter().any(|p| p.pid_ns == ns && p.pid == ns_pid) || holds_ledger(pid) {
+                    continue;
+                }
+                let Some(start_time) = start_of(pid) else { continue };
+                seen.push((pid, start_time));
+                let s = self.unregistered.entry((pid, start_time)).or_default();
+                *s += 1;
+                if *s >= cfg.strikes {
+                    out.push(Unshimmed {
+                        proc_: OfflineProc {
+                            slot: NO_SLOT,
+                            pid,
+                            pid_ns: own_ns,
+                            host_pid: Some(pid),
+                            start_time,
+                            reported_bytes: 0,
+                            evict_requested_ms: None,
+                        },
+                        neighbour,
+                        nvml_bytes: nvml.iter().filter(|m| m.pid == pid).map(|m| m.used_bytes).sum(),
+                    });
+                }
+            }
+        }
+        self.unregistered.retain(|k, _| seen.contains(k));
+        out
+    }
 }
 
 #[cfg(test)]
@@ -78,9 +168,59 @@ mod tests {
             slot: 0,
             host_pid: Some(pid),
             pid,
+            pid_ns: 0,
             start_time: 1,
             reported_bytes: reported,
             evict_requested_ms: None,
+        }
+    }
+
+    /// A GPU process in the pid namespace of a registered offline process (a container's),
+    /// with no registration of its own, is offline work without the shim: flagged after the
+    /// strikes, whatever memory it holds. One in the monitor's own namespace (the host's, where
+    /// online services run) or in a namespace no registered process is in is never flagged,
+    /// nor is an MPS client of the host, nor the registered process itself.
+    #[test]
+    fn a_gpu_process_in_an_offline_containers_namespace_without_a_registration_is_flagged() {
+        let cfg = VerifyConfig { strikes: 2, ..Default::default() };
+        let (own, container, other) = (1000, 2000, 3000);
+        // Host pids: 10 registered (container, its pid 1), 11 unshimmed (container, its pid 2),
+        // 12 online (host), 13 another container with no registration, 14 host offline
+        // (registered), 15 registered in the container (its pid 3) but not found from here.
+        let ns_of = |pid: u32| match pid {
+            10 => Some((container, 1)),
+            11 => Some((container, 2)),
+            15 => Some((container, 3)),
+            12 | 14 => Some((own, pid)),
+            13 => Some((other, 1)),
+            _ => None,
+        };
+        let in_container = |pid, host| OfflineProc { pid_ns: container, host_pid: host, ..p(pid, 0) };
+        let offline = [in_container(1, Some(10)), p(14, 0), in_container(3, None)];
+        let nvml: Vec<ProcMem> = [10, 11, 11, 12, 13, 14, 15]
+            .iter()
+            .map(|&pid| ProcMem { pid, used_bytes: MIB })
+            .collect();
+        let mut v = Verifier::default();
+        let start = |pid: u32| Some(u64::from(pid) * 100);
+        let none = |_| false;
+        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, none).is_empty(), "one strike");
+        let u = v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, none);
+        assert_eq!(u.len(), 1, "{u:?}");
+        assert_eq!((u[0].proc_.host_pid, u[0].proc_.slot, u[0].neighbour), (Some(11), NO_SLOT, 10));
+        assert_eq!((u[0].proc_.start_time, u[0].nvml_bytes), (1100, 2 * MIB));
+        // Gone from NVML's list, its strikes are forgotten.
+        assert!(v.check_unregistered(&cfg, &offline, &nvml[..1], own, ns_of, start, none).is_empty());
+        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, none).is_empty(), "strikes start over");
+        // Holding a ledger file (registered in one the monitor moved aside as damaged): a shim's.
+        let mut v = Verifier::default();
+        for _ in 0..3 {
+            assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, |p| p == 11).is_empty());
+        }
+        // A host-namespace registration alone makes no namespace an offline container's.
+        let mut v = Verifier::default();
+        for _ in 0..3 {
+            assert!(v.check_unregistered(&cfg, &offline[1..2], &nvml, own, ns_of, start, none).is_empty());
         }
     }
 

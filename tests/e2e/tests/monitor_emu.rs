@@ -235,6 +235,60 @@ fn a_slot_naming_a_process_that_holds_no_ledger_never_gets_it_signalled() {
     });
 }
 
+/// Offline work that escapes the shim (a launcher that sanitises its children's environment,
+/// a static CUDA runtime) has no registration: no memory quota, no launch throttle, and the
+/// monitor took it for online load, so an overload it caused evicted its registered
+/// neighbours and never it. A GPU process in the pid namespace of a registered offline
+/// process, with no registration of its own, is offline work without the shim: evicted
+/// (SIGTERM by its host pid, under_report), its registered neighbour left alone. Root only
+/// (`unshare --pid`: the container's pid namespace).
+#[test]
+fn a_gpu_process_in_an_offline_container_without_the_shim_is_evicted() {
+    if e2e::lacks_root("unshare --pid for the offline container") {
+        return;
+    }
+    let n = EmuHost::node();
+    let (_mon, _ledger) = healthy(&n, &config(400, 5000));
+    let helper = |role: &str, mib: u32| {
+        format!("NODE_TEST_HELPER={role} NODE_TEST_ARG={mib} \"$0\" --exact helper_entry --ignored --nocapture --test-threads=1 &")
+    };
+    let script = format!("{} {} wait", helper("gpu-mem-registered", 64), helper("gpu-mem", 128));
+    let mut c = n.node_command("unshare");
+    c.args(["--pid", "--fork", "--kill-child", "sh", "-c", &script])
+        .arg(std::env::current_exe().unwrap());
+    let container = n.spawn(&mut c);
+    let dev = n.device();
+    let children = |pid: u32| -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|k| k.parse().ok())
+            .collect()
+    };
+    let role_of = |pid: u32| {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        env.split(|&b| b == 0)
+            .find_map(|v| v.strip_prefix(b"NODE_TEST_HELPER=").map(|r| String::from_utf8_lossy(r).into_owned()))
+    };
+    let (registered, unshimmed) = e2e::wait_until("both helpers of the container on the device", T, || {
+        let sh = *children(container.pid()).first()?;
+        let kids = children(sh);
+        let find = |r: &str| kids.iter().copied().find(|&k| role_of(k).as_deref() == Some(r));
+        let (a, b) = (find("gpu-mem-registered")?, find("gpu-mem")?);
+        let on_device = |p: u32| dev.snapshot().processes.iter().any(|q| q.pid == p);
+        (on_device(a) && on_device(b)).then_some((a, b))
+    });
+    e2e::wait_until("the unshimmed process evicted", T, || node_ledger::procinfo::is_gone(unshimmed).then_some(()));
+    let v = n.wait_state(T, "the eviction counted", |v| v["evictions"]["under_report"].as_u64() >= Some(1));
+    assert_eq!(v["evictions"]["under_report"], 1, "{v:#}");
+    assert!(!node_ledger::procinfo::is_gone(registered), "the registered neighbour was evicted:\n{}", n.log("mon.json"));
+    let log = n.log("mon.json");
+    assert!(
+        log.contains("offline work running without the shim") && log.contains(&format!("host_pid={unshimmed}")),
+        "{log}"
+    );
+}
+
 #[test]
 fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     let n = EmuHost::node();

@@ -1019,7 +1019,8 @@ pub const ENV_HELPER_ARG: &str = "NODE_TEST_ARG";
 /// `gpu-mem` attaches to the emulated device, allocates `NODE_TEST_ARG` MiB and sleeps until
 /// killed; `gpu-mem-stubborn` does the same ignoring SIGTERM (a job that does not stop when
 /// evicted, which only SIGKILL ends), with kernels back to back (one always in flight, as a
-/// training job's).
+/// training job's); `gpu-mem-registered` registers itself in GPU 0's ledger first, reporting
+/// what it then allocates (a shimmed offline process, as far as the daemons can tell).
 pub fn helper_main() {
     let Ok(role) = std::env::var(ENV_HELPER) else {
         return;
@@ -1048,6 +1049,21 @@ pub fn helper_main() {
                     }
                 }
             }
+            loop {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        "gpu-mem-registered" => {
+            // As a shimmed process: registered (from its own pid namespace, holding the ledger
+            // open) before it makes a context, reporting what it allocates.
+            let dir = std::env::var_os(ENV_LEDGER_DIR).expect("XSHARE_LEDGER_DIR");
+            let ledger = node_ledger::Ledger::open_existing(&node_ledger::config::ledger_path(Path::new(&dir), 0))
+                .expect("the monitor's ledger");
+            let _h = register(&ledger, std::process::id(), arg << 20);
+            let dev = Device::open_from_env().expect("open emulated device");
+            let c = dev.attach().expect("attach");
+            dev.create_context(&c, None).expect("context");
+            dev.alloc(&c, arg << 20, 512).expect("alloc");
             loop {
                 std::thread::sleep(Duration::from_millis(50));
             }
