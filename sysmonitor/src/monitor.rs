@@ -599,7 +599,11 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             &offline,
             &nvml,
             own_ns,
-            node_daemon::procns::ns_pid,
+            |pid| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok().map(|m| m.ino())
+            },
+            |pid| node_daemon::procns::innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?),
             node_ledger::procinfo::start_time,
             |pid| ledgers.get_or_init(|| ledger_files(&path)).iter().any(|f| node_daemon::procns::holds_open(pid, f)),
         );

@@ -93,8 +93,9 @@ impl Verifier {
     /// ledger file open (`holds_ledger`: one the monitor moved aside as damaged, whose
     /// registrations it could not carry over) is a shim's, not judged. `own_ns` (the
     /// monitor's pid namespace, the host's, where online services run too) is never taken for
-    /// an offline container's; `ns_pid_of` and `start_of` read a process's pid namespace with
-    /// its pid there ([`node_daemon::procns::ns_pid`]) and its start time (`None`: gone or
+    /// an offline container's. `ns_of` reads a process's pid namespace (one `stat`, for every
+    /// process listed); `inner_pid_of`, its pid there, and `start_of`, its start time, are
+    /// read only for a process in an offline container's namespace (`None`: gone or
     /// unreadable, not judged).
     pub fn check_unregistered(
         &mut self,
@@ -102,7 +103,8 @@ impl Verifier {
         offline: &[OfflineProc],
         nvml: &[ProcMem],
         own_ns: u64,
-        ns_pid_of: impl Fn(u32) -> Option<(u64, u32)>,
+        ns_of: impl Fn(u32) -> Option<u64>,
+        inner_pid_of: impl Fn(u32) -> Option<u32>,
         start_of: impl Fn(u32) -> Option<u64>,
         holds_ledger: impl Fn(u32) -> bool,
     ) -> Vec<Unshimmed> {
@@ -110,7 +112,7 @@ impl Verifier {
             .iter()
             .filter_map(|p| {
                 let h = p.host_pid?;
-                let (ns, _) = ns_pid_of(h)?;
+                let ns = ns_of(h)?;
                 (ns != own_ns).then_some((ns, h))
             })
             .collect();
@@ -124,10 +126,11 @@ impl Verifier {
                 if offline.iter().any(|p| p.host_pid == Some(pid)) {
                     continue;
                 }
-                let Some((ns, ns_pid)) = ns_pid_of(pid) else { continue };
+                let Some(ns) = ns_of(pid) else { continue };
                 let Some(&(_, neighbour)) = containers.iter().find(|(n, _)| *n == ns) else {
                     continue;
                 };
+                let Some(ns_pid) = inner_pid_of(pid) else { continue };
                 if offline.iter().any(|p| p.pid_ns == ns && p.pid == ns_pid) || holds_ledger(pid) {
                     continue;
                 }
@@ -187,7 +190,7 @@ mod tests {
         // Host pids: 10 registered (container, its pid 1), 11 unshimmed (container, its pid 2),
         // 12 online (host), 13 another container with no registration, 14 host offline
         // (registered), 15 registered in the container (its pid 3) but not found from here.
-        let ns_of = |pid: u32| match pid {
+        let ns_pid = |pid: u32| match pid {
             10 => Some((container, 1)),
             11 => Some((container, 2)),
             15 => Some((container, 3)),
@@ -195,6 +198,7 @@ mod tests {
             13 => Some((other, 1)),
             _ => None,
         };
+        let (ns_of, inner) = (|pid| ns_pid(pid).map(|x| x.0), |pid| ns_pid(pid).map(|x| x.1));
         let in_container = |pid, host| OfflineProc { pid_ns: container, host_pid: host, ..p(pid, 0) };
         let offline = [in_container(1, Some(10)), p(14, 0), in_container(3, None)];
         let nvml: Vec<ProcMem> = [10, 11, 11, 12, 13, 14, 15]
@@ -204,23 +208,23 @@ mod tests {
         let mut v = Verifier::default();
         let start = |pid: u32| Some(u64::from(pid) * 100);
         let none = |_| false;
-        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, none).is_empty(), "one strike");
-        let u = v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, none);
+        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, none).is_empty(), "one strike");
+        let u = v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, none);
         assert_eq!(u.len(), 1, "{u:?}");
         assert_eq!((u[0].proc_.host_pid, u[0].proc_.slot, u[0].neighbour), (Some(11), NO_SLOT, 10));
         assert_eq!((u[0].proc_.start_time, u[0].nvml_bytes), (1100, 2 * MIB));
         // Gone from NVML's list, its strikes are forgotten.
-        assert!(v.check_unregistered(&cfg, &offline, &nvml[..1], own, ns_of, start, none).is_empty());
-        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, none).is_empty(), "strikes start over");
+        assert!(v.check_unregistered(&cfg, &offline, &nvml[..1], own, ns_of, inner, start, none).is_empty());
+        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, none).is_empty(), "strikes start over");
         // Holding a ledger file (registered in one the monitor moved aside as damaged): a shim's.
         let mut v = Verifier::default();
         for _ in 0..3 {
-            assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, start, |p| p == 11).is_empty());
+            assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, |p| p == 11).is_empty());
         }
         // A host-namespace registration alone makes no namespace an offline container's.
         let mut v = Verifier::default();
         for _ in 0..3 {
-            assert!(v.check_unregistered(&cfg, &offline[1..2], &nvml, own, ns_of, start, none).is_empty());
+            assert!(v.check_unregistered(&cfg, &offline[1..2], &nvml, own, ns_of, inner, start, none).is_empty());
         }
     }
 
