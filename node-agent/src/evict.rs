@@ -132,13 +132,7 @@ pub fn scan_log(
 ) -> Result<(Vec<Requested>, Pos), node_ledger::evictlog::LogError> {
     let batch = node_ledger::evictlog::read_from(ledger_dir, gpu, from, 1 << 20)?;
     // No ledger, no file to hold: such a record maps to a pod by its group only.
-    let ledger_file = std::fs::metadata(ledger_path(ledger_dir, gpu)).map_or_else(
-        |_| node_ledger::LedgerFile::default(),
-        |m| {
-            use std::os::unix::fs::MetadataExt;
-            node_ledger::LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false }
-        },
-    );
+    let ledger_file = node_ledger::LedgerFile::of_path(&ledger_path(ledger_dir, gpu)).unwrap_or_default();
     let reqs = batch
         .entries
         .into_iter()

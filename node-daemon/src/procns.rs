@@ -21,9 +21,14 @@ use std::time::{Duration, Instant};
 /// process is gone or its namespace cannot be read (another user's process, without
 /// `CAP_SYS_PTRACE`).
 pub fn ns_pid(pid: u32) -> Option<(u64, u32)> {
-    let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino();
+    let ns = pid_ns(pid)?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     Some((ns, innermost_pid(&status)?))
+}
+
+/// Inode of `pid`'s pid namespace (one `stat`); `None` when it is gone or unreadable.
+pub fn pid_ns(pid: u32) -> Option<u64> {
+    Some(std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino())
 }
 
 /// The last pid of the `NSpid:` line of a `/proc/<pid>/status` text: the pid in the
@@ -49,8 +54,7 @@ pub fn find_host_pid(pid_ns: u64, pid: u32, start_time: u64) -> Option<u32> {
     }
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let host: u32 = e.file_name().to_str()?.parse().ok()?;
-        let ns = std::fs::metadata(format!("/proc/{host}/ns/pid")).ok()?.ino();
-        if ns != pid_ns {
+        if self::pid_ns(host)? != pid_ns {
             return None;
         }
         let status = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
@@ -184,7 +188,6 @@ impl HostPids {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn innermost_pid_is_the_last_nspid_entry() {
@@ -266,8 +269,8 @@ mod tests {
     fn ledger_file(dir: &tempfile::TempDir) -> (std::path::PathBuf, LedgerFile) {
         let path = dir.path().join("ledger");
         std::fs::write(&path, b"x").unwrap();
-        let m = std::fs::metadata(&path).unwrap();
-        (path, LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false })
+        let file = LedgerFile::of_path(&path).unwrap();
+        (path, file)
     }
 
     /// Waits until `pid`'s fds name `file` (a spawned shell opens it before it execs).

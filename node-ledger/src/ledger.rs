@@ -158,6 +158,35 @@ pub struct LedgerFile {
     pub deleted: bool,
 }
 
+impl LedgerFile {
+    /// The file at `path` now (not deleted).
+    pub fn of_path(path: &Path) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        Ok(LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false })
+    }
+
+    /// The ledger file at `path` and the damaged ones [`Ledger::open_or_recreate`] moved aside
+    /// beside it (`<ledger>.damaged-*`), whose shims still hold them open.
+    pub fn with_damaged_copies(path: &Path) -> Vec<Self> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+            return Vec::new();
+        };
+        let aside = format!("{name}{DAMAGED_SUFFIX}");
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_str().is_some_and(|n| n == name || n.starts_with(&aside)))
+                    .filter_map(|e| Self::of_path(&e.path()).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// What [`Ledger::open_or_recreate`] appends to a damaged ledger's name (then the unix time).
+const DAMAGED_SUFFIX: &str = ".damaged-";
+
 /// A mapped ledger file. Hot-path operations are atomics on the mapping; registration and
 /// group creation take an advisory `flock` (never on a hot path).
 pub struct Ledger {
@@ -1117,10 +1146,10 @@ impl Ledger {
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let mut moved_to = PathBuf::from(format!("{}.damaged-{ts}", path.display()));
+        let mut moved_to = PathBuf::from(format!("{}{DAMAGED_SUFFIX}{ts}", path.display()));
         let mut n = 1;
         while moved_to.exists() {
-            moved_to = PathBuf::from(format!("{}.damaged-{ts}.{n}", path.display()));
+            moved_to = PathBuf::from(format!("{}{DAMAGED_SUFFIX}{ts}.{n}", path.display()));
             n += 1;
         }
         Self::create_fresh(path, gpu_index, Place::Replace { aside: &moved_to })?;
@@ -1366,6 +1395,25 @@ mod tests {
         assert_eq!(l.access().unwrap().0, DEFAULT_FILE_MODE);
         l.set_access(0o660, None).unwrap();
         assert_eq!(l.access().unwrap().0, 0o660);
+    }
+
+    /// The ledger and the damaged copies moved aside beside it, nothing else in the directory.
+    #[test]
+    fn ledger_files_are_the_ledger_and_its_damaged_copies() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        for f in ["ledger", "ledger.damaged-1795000000", "state.json", "ledger-other"] {
+            std::fs::write(d.path().join(f), b"x").unwrap();
+        }
+        let mut got: Vec<u64> = LedgerFile::with_damaged_copies(&d.path().join("ledger")).iter().map(|f| f.ino).collect();
+        got.sort_unstable();
+        let mut want: Vec<u64> = ["ledger", "ledger.damaged-1795000000"]
+            .iter()
+            .map(|f| std::fs::metadata(d.path().join(f)).unwrap().ino())
+            .collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert!(LedgerFile::with_damaged_copies(&d.path().join("nope/ledger")).is_empty());
     }
 
     #[test]

@@ -45,25 +45,6 @@ pub fn needs_occupancy(cfg: &MachineConfig, m: &Metrics) -> bool {
 /// (the emulated server names itself the same).
 pub const MPS_SERVER_COMM: &[u8] = b"nvidia-cuda-mps";
 
-/// The ledger file at `path` and the damaged ones moved aside beside it (`<ledger>.damaged-*`,
-/// [`node_ledger::Ledger::open_or_recreate`]), whose shims still hold them: as a process holding
-/// one shows it.
-fn ledger_files(path: &std::path::Path) -> Vec<node_ledger::LedgerFile> {
-    use std::os::unix::fs::MetadataExt;
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
-        return Vec::new();
-    };
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_str().is_some_and(|n| n == name || n.starts_with(&format!("{name}.damaged-"))))
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| node_ledger::LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Whether `pid` is an MPS server. NVML lists the server as a compute process (it holds the
 /// context its clients share, and its memory) beside its clients, which it lists too on Volta
 /// and later; it runs nothing of its own, so it is neither online nor offline work. Read from
@@ -599,13 +580,13 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             &offline,
             &nvml,
             own_ns,
-            |pid| {
-                use std::os::unix::fs::MetadataExt;
-                std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok().map(|m| m.ino())
-            },
+            node_daemon::procns::pid_ns,
             |pid| node_daemon::procns::innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?),
             node_ledger::procinfo::start_time,
-            |pid| ledgers.get_or_init(|| ledger_files(&path)).iter().any(|f| node_daemon::procns::holds_open(pid, f)),
+            |pid| {
+                let files = ledgers.get_or_init(|| node_ledger::LedgerFile::with_damaged_copies(&path));
+                files.iter().any(|f| node_daemon::procns::holds_open(pid, f))
+            },
         );
         for u in unshimmed {
             let comm = std::fs::read_to_string(format!("/proc/{}/comm", u.proc_.pid)).unwrap_or_default();
@@ -740,24 +721,6 @@ mod tests {
 
     use super::*;
 
-    /// The ledger and the damaged copies moved aside beside it, nothing else in the directory.
-    #[test]
-    fn ledger_files_are_the_ledger_and_its_damaged_copies() {
-        use std::os::unix::fs::MetadataExt;
-        let d = tempfile::tempdir().unwrap();
-        for f in ["ledger", "ledger.damaged-1795000000", "state.json", "ledger-other"] {
-            std::fs::write(d.path().join(f), b"x").unwrap();
-        }
-        let mut got: Vec<u64> = ledger_files(&d.path().join("ledger")).iter().map(|f| f.ino).collect();
-        got.sort_unstable();
-        let mut want: Vec<u64> = ["ledger", "ledger.damaged-1795000000"]
-            .iter()
-            .map(|f| std::fs::metadata(d.path().join(f)).unwrap().ino())
-            .collect();
-        want.sort_unstable();
-        assert_eq!(got, want);
-        assert!(ledger_files(&d.path().join("nope/ledger")).is_empty());
-    }
     use crate::port::MemLedger;
     use crate::sampler::ProcMem;
 
