@@ -202,26 +202,6 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
     out
 }
 
-/// Pod UID from a `/proc/<pid>/cgroup` text: cgroupfs (`/kubepods/burstable/pod<uid>/<ctr>`)
-/// and systemd (`kubepods-burstable-pod<uid_with_underscores>.slice`) drivers.
-pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
-    for line in text.lines() {
-        let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        for comp in path.split('/') {
-            let Some(i) = comp.rfind("pod") else { continue };
-            let rest = comp[i + 3..].trim_end_matches(".slice");
-            let uid = rest.replace('_', "-");
-            if uid.len() == 36
-                && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
-                && uid.matches('-').count() == 4
-            {
-                return Some(uid);
-            }
-        }
-    }
-    None
-}
-
 /// The pod UID in the cgroup path of the live process that is `pid` in the pid namespace
 /// `pid_ns` and started at `start_time` (its ledger identity) and holds `file` open, read
 /// under its pid here (`host_pids`); `None` when it is gone, not visible from here, holds no
@@ -236,8 +216,7 @@ pub fn pod_uid_of_process(
     if !node_ledger::procinfo::is_alive(host, start_time) {
         return None;
     }
-    let text = std::fs::read_to_string(format!("/proc/{host}/cgroup")).ok()?;
-    pod_uid_from_cgroup(&text)
+    node_daemon::offline_pods::pod_uid_of(host)
 }
 
 /// A pod, as far as eviction needs it.
@@ -791,25 +770,6 @@ pub fn event_for(pod: &PodRef, node: &str, reason: &str, message: &str) -> Event
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cgroup_paths_of_both_drivers() {
-        let sd = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/cri-containerd-abc.scope\n";
-        assert_eq!(
-            pod_uid_from_cgroup(sd).as_deref(),
-            Some("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b")
-        );
-        let fs = "12:memory:/kubepods/burstable/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/0123abcd\n";
-        assert_eq!(
-            pod_uid_from_cgroup(fs).as_deref(),
-            Some("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b")
-        );
-        assert_eq!(
-            pod_uid_from_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n"),
-            None
-        );
-        assert_eq!(pod_uid_from_cgroup("0::/kubepods/podnotauid/x\n"), None);
-    }
 
     #[test]
     fn retry_after_header_wins_over_the_body() {

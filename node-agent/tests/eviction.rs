@@ -388,6 +388,7 @@ fn log_rec(uid: &str, pid: u32) -> node_ledger::evictlog::EvictRecord {
         signal: 15,
         reason: "overlimit".into(),
         unix_ms: 1,
+        pod_uid: None,
     }
 }
 

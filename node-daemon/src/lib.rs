@@ -13,6 +13,8 @@
 //! - [`evictor`]: pidfd signalling and the one evictor (every signal checked by pid + start time);
 //! - [`instance`]: the single-instance lock (a POSIX write lock; the error names the holder);
 //! - [`monitor_state`]: the monitor's state file, one writer and several readers;
+//! - [`offline_pods`]: the offline pods on this node (node-agent writes, the monitors read) and
+//!   a process's pod from its cgroup;
 //! - [`procns`]: a host pid as the ledger knows the process (its pid namespace, its pid there),
 //!   only for a process that holds the ledger open;
 //! - [`run`]: the run/reload loop.
@@ -24,6 +26,7 @@ pub mod evictor;
 pub mod instance;
 pub mod layered;
 pub mod monitor_state;
+pub mod offline_pods;
 pub mod procns;
 pub mod run;
 pub mod sdnotify;

@@ -111,6 +111,10 @@ pub struct EvictRecord {
     pub reason: String,
     /// Wall-clock time of the request, ms since the epoch.
     pub unix_ms: u64,
+    /// The process's pod, when the monitor found it by the process's cgroup (work running
+    /// without the shim has no ledger group to map it by). Absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
 }
 
 /// The first line of every log file.
@@ -638,6 +642,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A record written before `pod_uid` existed still reads (as `None`); one without a pod is
+    /// written as before, one with a pod carries it.
+    #[test]
+    fn pod_uid_is_optional_both_ways() {
+        let old = r#"{"gpu":1,"pid":7,"start_time":9,"pid_ns":3,"group_id":0,"signal":15,"reason":"under_report","unix_ms":1}"#;
+        let r: EvictRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(r.pod_uid, None);
+        assert_eq!(serde_json::to_string(&r).unwrap(), old);
+        let with = EvictRecord { pod_uid: Some("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b".into()), ..r };
+        let text = serde_json::to_string(&with).unwrap();
+        assert!(text.ends_with(r#""pod_uid":"0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"}"#), "{text}");
+        assert_eq!(serde_json::from_str::<EvictRecord>(&text).unwrap(), with);
+    }
+
     fn rec(pid: u32) -> EvictRecord {
         EvictRecord {
             gpu: 1,
@@ -648,6 +666,7 @@ mod tests {
             signal: 15,
             reason: "overlimit".into(),
             unix_ms: 1,
+            pod_uid: None,
         }
     }
 

@@ -71,6 +71,7 @@ pub fn record(
         unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
+        pod_uid: None,
     };
     append_with(dir, &rec, &rotation())
         .map_err(|e| format!("appending to the eviction log in {}: {e}", dir.display()))

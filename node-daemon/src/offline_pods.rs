@@ -1,0 +1,338 @@
+//! The offline pods on this node, as node-agent lists them for the monitors
+//! (`<ledger_dir>/offline-pods.json`; node-agent is its only writer).
+//!
+//! A monitor sees GPU processes (NVML) and the ledger's registrations, but not which pod a
+//! process belongs to nor which pods are offline work: a container whose GPU work all runs
+//! without the shim registers nothing and would be judged as online load. node-agent knows the
+//! pods bound to this node that ask for the offline resource; it writes their UIDs here, and the
+//! monitor takes any unregistered GPU process whose cgroup names one of them
+//! ([`pod_uid_from_cgroup`]) for offline work without the shim.
+//!
+//! ```json
+//! { "xshare_offline_pods": 1, "node": "gpu-node-7", "unix_ms": 1763890000000,
+//!   "pods": [ { "uid": "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "namespace": "train", "name": "job-0" } ] }
+//! ```
+//!
+//! The file lies beside the `gpu<N>` directories, outside what an offline container mounts. It
+//! is written whole (temp file and rename). A reader refuses a damaged file, an unknown version,
+//! a malformed UID or one over [`MAX_BYTES`] with an error naming the file, and keeps the last
+//! good list ([`Watch`]): a damaged file never frees a pod from the check.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The file's name in the ledger directory.
+pub const FILE_NAME: &str = "offline-pods.json";
+/// The format written and read here (`xshare_offline_pods`).
+pub const VERSION: u32 = 1;
+/// Largest file read (a node holds at most a few hundred pods; 110 by default).
+pub const MAX_BYTES: u64 = 4 << 20;
+
+/// `<ledger_dir>/offline-pods.json`.
+pub fn path(ledger_dir: &Path) -> PathBuf {
+    ledger_dir.join(FILE_NAME)
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OfflinePods {
+    /// [`VERSION`].
+    pub xshare_offline_pods: u32,
+    /// The node the pods are bound to.
+    pub node: String,
+    /// When node-agent read the pod list, ms since the epoch.
+    pub unix_ms: u64,
+    /// The pods that ask for the offline resource and have not finished.
+    pub pods: Vec<OfflinePod>,
+}
+
+/// One offline pod.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OfflinePod {
+    /// `metadata.uid`, as the pod's cgroup path carries it.
+    pub uid: String,
+    /// `metadata.namespace` (for people reading the file and the logs).
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl OfflinePods {
+    /// The list for `node`, read at `unix_ms`, sorted by UID (so an unchanged list writes the
+    /// same bytes).
+    pub fn new(node: &str, unix_ms: u64, mut pods: Vec<OfflinePod>) -> Self {
+        pods.sort();
+        pods.dedup();
+        OfflinePods {
+            xshare_offline_pods: VERSION,
+            node: node.to_string(),
+            unix_ms,
+            pods,
+        }
+    }
+
+    /// The pods' UIDs.
+    pub fn uids(&self) -> BTreeSet<String> {
+        self.pods.iter().map(|p| p.uid.clone()).collect()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.xshare_offline_pods != VERSION {
+            return Err(format!(
+                "format version {} (this build reads {VERSION})",
+                self.xshare_offline_pods
+            ));
+        }
+        match self.pods.iter().find(|p| !is_pod_uid(&p.uid)) {
+            Some(p) => Err(format!(
+                "pod {}/{} has UID {:?}, which is not a pod UID",
+                p.namespace, p.name, p.uid
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writes `pods` to `path` whole (temp file and rename), readable by all (0644).
+pub fn write(path: &Path, pods: &OfflinePods) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut v = serde_json::to_vec(pods).map_err(std::io::Error::other)?;
+    v.push(b'\n');
+    crate::state_file::write_atomic(path, &v)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+/// The list at `path`: `Ok(None)` when there is no file (no node-agent has written one), an
+/// error naming the file when it is damaged, of another version, holds a malformed UID or is
+/// over [`MAX_BYTES`].
+pub fn read(path: &Path) -> Result<Option<OfflinePods>, String> {
+    use std::io::Read as _;
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut text = Vec::new();
+    f.take(MAX_BYTES + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_BYTES {
+        return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
+    }
+    let pods: OfflinePods = serde_json::from_slice(&text)
+        .map_err(|e| format!("{}:{}: {e}", path.display(), e.line()))?;
+    pods.check().map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Some(pods))
+}
+
+/// Whether `s` is written as a pod UID (`8-4-4-4-12` hex digits).
+pub fn is_pod_uid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Pod UID from a `/proc/<pid>/cgroup` text: the kubelet's cgroupfs driver
+/// (`/kubepods/burstable/pod<uid>/<container>`) and systemd driver
+/// (`kubepods-burstable-pod<uid_with_underscores>.slice`), cgroup v1 and v2 lines alike.
+pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        for comp in path.split('/') {
+            let Some(i) = comp.rfind("pod") else { continue };
+            let uid = comp[i + 3..].trim_end_matches(".slice").replace('_', "-");
+            if is_pod_uid(&uid) {
+                return Some(uid.to_ascii_lowercase());
+            }
+        }
+    }
+    None
+}
+
+/// The pod UID in the cgroup path of the process that is `pid` in this pid namespace (`None`:
+/// gone, unreadable, or in no pod's cgroup).
+pub fn pod_uid_of(pid: u32) -> Option<String> {
+    pod_uid_from_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)
+}
+
+/// What [`Watch::refresh`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A new list is in force.
+    Read {
+        /// Pods in it.
+        pods: usize,
+    },
+    /// The file went away: the last good list stays in force.
+    Gone,
+    /// The file cannot be used: the last good list stays in force.
+    Refused(String),
+}
+
+/// A reader that re-reads the file only when it changed (device, inode, size, mtime), and keeps
+/// the last good list when the file is damaged or removed.
+#[derive(Debug)]
+pub struct Watch {
+    path: PathBuf,
+    seen: Option<(u64, u64, u64, i64, i64)>,
+    uids: BTreeSet<String>,
+    read_once: bool,
+}
+
+impl Watch {
+    /// A watch of `path`; nothing read yet.
+    pub fn new(path: PathBuf) -> Self {
+        Watch {
+            path,
+            seen: None,
+            uids: BTreeSet::new(),
+            read_once: false,
+        }
+    }
+
+    /// The file watched.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The UIDs of the list in force (empty until a list was read).
+    pub fn uids(&self) -> &BTreeSet<String> {
+        &self.uids
+    }
+
+    /// Whether a list was ever read.
+    pub fn has_list(&self) -> bool {
+        self.read_once
+    }
+
+    /// One `stat` of the file; reads it when it changed. `None`: nothing changed.
+    pub fn refresh(&mut self) -> Option<Change> {
+        let key = match std::fs::metadata(&self.path) {
+            Ok(m) => Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                let key = Some((0, 0, 0, 0, i64::from(e.raw_os_error().unwrap_or(-1))));
+                if key == self.seen {
+                    return None;
+                }
+                self.seen = key;
+                return Some(Change::Refused(format!("{}: {e}", self.path.display())));
+            }
+        };
+        if key == self.seen {
+            return None;
+        }
+        self.seen = key;
+        if key.is_none() {
+            return self.read_once.then_some(Change::Gone);
+        }
+        match read(&self.path) {
+            Ok(Some(p)) => {
+                self.uids = p.uids();
+                self.read_once = true;
+                Some(Change::Read { pods: self.uids.len() })
+            }
+            // Removed between the stat and the read.
+            Ok(None) => {
+                self.seen = None;
+                self.read_once.then_some(Change::Gone)
+            }
+            Err(e) => Some(Change::Refused(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+    const B: &str = "11111111-2222-3333-4444-555555555555";
+
+    fn pod(uid: &str) -> OfflinePod {
+        OfflinePod {
+            uid: uid.into(),
+            namespace: "train".into(),
+            name: format!("job-{}", &uid[..4]),
+        }
+    }
+
+    #[test]
+    fn cgroup_paths_of_both_drivers_and_both_cgroup_versions() {
+        let sd = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/cri-containerd-abc.scope\n";
+        assert_eq!(pod_uid_from_cgroup(sd).as_deref(), Some(A));
+        let fs = "12:memory:/kubepods/burstable/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/0123abcd\n";
+        assert_eq!(pod_uid_from_cgroup(fs).as_deref(), Some(A));
+        let guaranteed = "0::/kubepods/pod0F1E2D3C-4B5A-6978-8A9B-0C1D2E3F4A5B/ctr\n";
+        assert_eq!(pod_uid_from_cgroup(guaranteed).as_deref(), Some(A));
+        assert_eq!(pod_uid_from_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n"), None);
+        assert_eq!(pod_uid_from_cgroup("0::/kubepods/podnotauid/x\n"), None);
+        assert_eq!(pod_uid_from_cgroup("0::/kubepods/pod0f1e2d3c4b5a69788a9b0c1d2e3f4a5b0000/x\n"), None);
+        assert_eq!(pod_uid_from_cgroup(""), None);
+    }
+
+    #[test]
+    fn written_lists_read_back_and_sort_the_same() {
+        let d = tempfile::tempdir().unwrap();
+        let p = path(d.path());
+        let a = OfflinePods::new("n", 5, vec![pod(B), pod(A), pod(A)]);
+        write(&p, &a).unwrap();
+        let back = read(&p).unwrap().unwrap();
+        assert_eq!(back, a);
+        assert_eq!(back.pods.len(), 2);
+        assert_eq!(back.uids().into_iter().collect::<Vec<_>>(), vec![A.to_string(), B.to_string()]);
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o644);
+        assert_eq!(read(&d.path().join("none")).unwrap(), None);
+    }
+
+    #[test]
+    fn damaged_other_version_bad_uid_and_oversized_files_are_refused_naming_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = path(d.path());
+        let good = serde_json::to_string(&OfflinePods::new("n", 1, vec![pod(A)])).unwrap();
+        let cases = [
+            ("{".to_string(), "EOF"),
+            (good.replace("\"xshare_offline_pods\":1", "\"xshare_offline_pods\":2"), "version 2"),
+            (good.replace(A, "../../etc"), "not a pod UID"),
+            (good.replace("\"pods\"", "\"extra\":1,\"pods\""), "unknown field"),
+            (" ".repeat(MAX_BYTES as usize + 1), "larger than"),
+        ];
+        for (text, want) in cases {
+            std::fs::write(&p, text).unwrap();
+            let e = read(&p).unwrap_err();
+            assert!(e.contains(FILE_NAME) && e.contains(want), "{e} (wanted {want})");
+        }
+    }
+
+    /// The watch re-reads a changed file only, and keeps the last good list in force when the
+    /// file is damaged or removed: a damaged list never frees a pod from the check.
+    #[test]
+    fn the_watch_keeps_the_last_good_list_through_damage_and_removal() {
+        let d = tempfile::tempdir().unwrap();
+        let p = path(d.path());
+        let mut w = Watch::new(p.clone());
+        assert_eq!(w.refresh(), None, "no file, nothing read: nothing to say");
+        assert!(!w.has_list());
+        write(&p, &OfflinePods::new("n", 1, vec![pod(A)])).unwrap();
+        assert_eq!(w.refresh(), Some(Change::Read { pods: 1 }));
+        assert_eq!(w.refresh(), None, "unchanged: not read again");
+        std::fs::write(&p, "{ damaged").unwrap();
+        assert!(matches!(w.refresh(), Some(Change::Refused(e)) if e.contains(FILE_NAME)));
+        assert!(w.uids().contains(A), "the last good list stays in force");
+        std::fs::remove_file(&p).unwrap();
+        assert_eq!(w.refresh(), Some(Change::Gone));
+        assert!(w.uids().contains(A));
+        write(&p, &OfflinePods::new("n", 2, vec![pod(B)])).unwrap();
+        assert_eq!(w.refresh(), Some(Change::Read { pods: 1 }));
+        assert_eq!(w.uids().iter().collect::<Vec<_>>(), vec![B]);
+        write(&p, &OfflinePods::new("n", 3, vec![])).unwrap();
+        assert_eq!(w.refresh(), Some(Change::Read { pods: 0 }));
+        assert!(w.uids().is_empty(), "an empty list read whole is in force");
+    }
+}
