@@ -181,6 +181,7 @@ pub struct Watch {
     path: PathBuf,
     seen: Option<(u64, u64, u64, i64, i64)>,
     uids: BTreeSet<String>,
+    pods: Vec<OfflinePod>,
     read_once: bool,
 }
 
@@ -191,6 +192,7 @@ impl Watch {
             path,
             seen: None,
             uids: BTreeSet::new(),
+            pods: Vec::new(),
             read_once: false,
         }
     }
@@ -203,6 +205,11 @@ impl Watch {
     /// The UIDs of the list in force (empty until a list was read).
     pub fn uids(&self) -> &BTreeSet<String> {
         &self.uids
+    }
+
+    /// The pod of UID `uid` in the list in force.
+    pub fn pod(&self, uid: &str) -> Option<&OfflinePod> {
+        self.pods.iter().find(|p| p.uid == uid)
     }
 
     /// Whether a list was ever read.
@@ -234,6 +241,7 @@ impl Watch {
         match read(&self.path) {
             Ok(Some(p)) => {
                 self.uids = p.uids();
+                self.pods = p.pods;
                 self.read_once = true;
                 Some(Change::Read { pods: self.uids.len() })
             }
@@ -321,6 +329,7 @@ mod tests {
         assert!(!w.has_list());
         write(&p, &OfflinePods::new("n", 1, vec![pod(A)])).unwrap();
         assert_eq!(w.refresh(), Some(Change::Read { pods: 1 }));
+        assert_eq!(w.pod(A).map(|p| p.namespace.as_str()), Some("train"));
         assert_eq!(w.refresh(), None, "unchanged: not read again");
         std::fs::write(&p, "{ damaged").unwrap();
         assert!(matches!(w.refresh(), Some(Change::Refused(e)) if e.contains(FILE_NAME)));

@@ -235,6 +235,12 @@ pub struct VerifyConfig {
     pub strikes: u32,
     /// How often to check, ms.
     pub every_ms: u64,
+    /// node-agent's list of the offline pods on this node (`node_daemon::offline_pods`): a GPU
+    /// process whose cgroup names one of them and that has no registration is offline work
+    /// without the shim, even when none of its pod's processes registered. Empty: the default
+    /// `<ledger_dir>/offline-pods.json`. With no such file, only containers with a registered
+    /// process are checked.
+    pub offline_pods_file: PathBuf,
 }
 
 impl Default for VerifyConfig {
@@ -245,6 +251,7 @@ impl Default for VerifyConfig {
             context_mib: 1024,
             strikes: 3,
             every_ms: 200,
+            offline_pods_file: PathBuf::new(),
         }
     }
 }
@@ -437,6 +444,16 @@ impl Config {
         }
         // SAFETY: non-null record from getgrnam, see above.
         Ok(Some(unsafe { (*gr).gr_gid }))
+    }
+
+    /// Where node-agent's offline pod list is read (`verify.offline_pods_file`, else its default
+    /// in the ledger directory).
+    pub fn offline_pods_path(&self) -> PathBuf {
+        if self.verify.offline_pods_file.as_os_str().is_empty() {
+            node_daemon::offline_pods::path(&self.ledger_dir)
+        } else {
+            self.verify.offline_pods_file.clone()
+        }
     }
 
     /// This GPU's ledger file.

@@ -30,6 +30,19 @@ pub fn rotation() -> Rotation {
     }
 }
 
+/// `<ledger_dir>` of the ledger at `path` (`<ledger_dir>/gpu<N>/ledger`).
+fn ledger_dir(path: &std::path::Path) -> Result<&std::path::Path, String> {
+    path.parent()
+        .and_then(|g| g.parent())
+        .ok_or_else(|| format!("ledger path {} has no ledger directory", path.display()))
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Appends the request for `p` (already written into its slot) to the log beside `ledger`'s
 /// GPU directory. A failure is returned for the caller to log; the local signal path does not
 /// depend on it.
@@ -39,17 +52,7 @@ pub fn record(
     reason: EvictReason,
     signal: u32,
 ) -> Result<(), String> {
-    // <ledger_dir>/gpu<N>/ledger
-    let dir = ledger
-        .path()
-        .parent()
-        .and_then(|g| g.parent())
-        .ok_or_else(|| {
-            format!(
-                "ledger path {} has no ledger directory",
-                ledger.path().display()
-            )
-        })?;
+    let dir = ledger_dir(ledger.path())?;
     let slot = ledger
         .procs()
         .into_iter()
@@ -68,10 +71,36 @@ pub fn record(
         group_id: slot.group_id,
         signal,
         reason: reason.as_str().to_string(),
-        unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
+        unix_ms: now_unix_ms(),
         pod_uid: None,
+    };
+    append_with(dir, &rec, &rotation())
+        .map_err(|e| format!("appending to the eviction log in {}: {e}", dir.display()))
+}
+
+/// Appends the eviction of `p`, a GPU process running offline work without the shim (no slot,
+/// no ledger group: its host pid in this monitor's pid namespace), to GPU `gpu`'s log beside
+/// the ledger at `ledger_path`, naming the pod its cgroup names (`pod_uid`), by which
+/// node-agent finds the pod to evict through the API.
+pub fn record_unshimmed(
+    ledger_path: &std::path::Path,
+    gpu: u32,
+    p: &OfflineProc,
+    reason: EvictReason,
+    signal: u32,
+    pod_uid: Option<&str>,
+) -> Result<(), String> {
+    let dir = ledger_dir(ledger_path)?;
+    let rec = EvictRecord {
+        gpu,
+        pid: p.pid,
+        start_time: p.start_time,
+        pid_ns: p.pid_ns,
+        group_id: 0,
+        signal,
+        reason: reason.as_str().to_string(),
+        unix_ms: now_unix_ms(),
+        pod_uid: pod_uid.map(str::to_string),
     };
     append_with(dir, &rec, &rotation())
         .map_err(|e| format!("appending to the eviction log in {}: {e}", dir.display()))

@@ -49,6 +49,8 @@ pub struct LedgerAdapter {
     full_checks: u64,
     /// This process's pid, published with every sample (a monitor never forks).
     pid: u32,
+    /// The GPU index the ledger was opened with (its header is not read once damaged).
+    gpu: u32,
 }
 
 /// How often the ledger file is `fstat`ed and its whole registry checked whatever its watch
@@ -102,6 +104,7 @@ impl LedgerAdapter {
     /// Wraps `ledger`; the first [`LedgerPort::reclaim`] scans at once.
     pub fn new(ledger: Ledger) -> Self {
         LedgerAdapter {
+            gpu: ledger.gpu_index(),
             host_pids: node_daemon::procns::HostPids::default(),
             damage: None,
             previous: Vec::new(),
@@ -350,6 +353,17 @@ impl LedgerPort for LedgerAdapter {
         }
         // The durable record node-agent reports from (the slot's request ends with the process).
         crate::evictlog::record(&self.ledger, p, reason, libc::SIGTERM as u32)
+    }
+
+    fn record_unshimmed(
+        &mut self,
+        p: &OfflineProc,
+        reason: EvictReason,
+        pod_uid: Option<&str>,
+    ) -> Result<(), String> {
+        // The log lies beside the GPU's directory, not in the mapping: written whatever the
+        // ledger's state.
+        crate::evictlog::record_unshimmed(self.ledger.path(), self.gpu, p, reason, libc::SIGTERM as u32, pod_uid)
     }
 
     fn reclaim(&mut self, now: u64) {

@@ -1,7 +1,7 @@
 //! One monitor tick: sample, step the health machine, evict, verify, publish. Generic over the
 //! GPU source, the ledger and the signaller so the whole loop runs in unit tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::config::Config;
 use node_daemon::clock::{boot_id, unix_ms};
@@ -14,7 +14,7 @@ use crate::ledger::next_on_grid;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 use crate::ring::Ring;
 use crate::sampler::{GpuSample, GpuSource, SampleMetrics};
-use crate::verify::Verifier;
+use crate::verify::{Found, ProcProbe, Verifier};
 
 /// Who is on the GPU, for judging an overloaded sample (see [`crate::health::judged`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -130,6 +130,13 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// The latest samples, `history_secs` of them.
     pub history: Ring<GpuSample>,
     verifier: Verifier,
+    /// node-agent's list of the offline pods on this node (`cfg.offline_pods_path()`).
+    offline_pods: node_daemon::offline_pods::Watch,
+    /// Whether the absence of that list was said (once).
+    offline_pods_absent_said: bool,
+    /// Host pid -> (pid namespace, pod its cgroup names), for the processes NVML listed at the
+    /// last verification (a container's processes never change cgroup).
+    pod_of_pid: HashMap<u32, (u64, Option<String>)>,
     pressure: PressureJudge,
     host: Option<HostMem>,
     next_host_ms: u64,
@@ -216,6 +223,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             .xid_log
             .as_deref()
             .map(|p| crate::xidlog::XidTail::open(p, cfg.xid_log_match.clone()));
+        let offline_pods = node_daemon::offline_pods::Watch::new(cfg.offline_pods_path());
         Monitor {
             history: Ring::new(cfg.history_len()),
             machine: Machine::with_history(history),
@@ -224,6 +232,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             gpu,
             ledger,
             verifier: Verifier::default(),
+            offline_pods,
+            offline_pods_absent_said: false,
+            pod_of_pid: HashMap::new(),
             pressure: PressureJudge::default(),
             host: None,
             next_host_ms: 0,
@@ -251,6 +262,10 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     /// source reads at its `nvml` paces.
     pub fn reconfigure(&mut self, cfg: Config) {
         self.gpu.set_pace(&cfg.nvml);
+        if cfg.offline_pods_path() != self.cfg.offline_pods_path() {
+            self.offline_pods = node_daemon::offline_pods::Watch::new(cfg.offline_pods_path());
+            self.offline_pods_absent_said = false;
+        }
         self.cfg = cfg;
     }
 
@@ -512,6 +527,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     }
 
     fn evict_one(&mut self, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str) {
+        self.evict_with(now_ms, p, reason, why, None);
+    }
+
+    /// [`Monitor::evict_one`]; a process with no slot (work without the shim) is recorded in
+    /// the eviction log with `pod_uid`, the pod its cgroup names.
+    fn evict_with(&mut self, now_ms: u64, p: &OfflineProc, reason: EvictReason, why: &str, pod_uid: Option<&str>) {
         // A process being evicted no longer counts as offline work on the GPU.
         self.occupancy_cache = None;
         let mut ev = std::mem::take(&mut self.events);
@@ -519,8 +540,13 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         // The request is recorded (ledger slot, eviction log) before the SIGTERM is sent, and
         // not at all in a dry run (the shim in the process acts on the slot's request).
         let record = || {
-            if let Err(e) = ledger.mark_evicting(p, reason, now_ms) {
-                tracing::error!(pid = p.pid, error = %e, "cannot record the eviction in the ledger");
+            let r = if p.slot == node_daemon::evictor::NO_SLOT {
+                ledger.record_unshimmed(p, reason, pod_uid)
+            } else {
+                ledger.mark_evicting(p, reason, now_ms)
+            };
+            if let Err(e) = r {
+                tracing::error!(pid = p.pid, error = %e, "cannot record the eviction");
             }
         };
         if self
@@ -551,10 +577,28 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
+    /// Takes in a changed offline pod list; says once that there is none.
+    fn refresh_offline_pods(&mut self) {
+        use node_daemon::offline_pods::Change;
+        let path = self.offline_pods.path().display().to_string();
+        match self.offline_pods.refresh() {
+            Some(Change::Read { pods }) => tracing::info!(path, pods, "offline pod list read (node-agent's): GPU processes in these pods must be registered"),
+            Some(Change::Gone) => tracing::warn!(path, pods = self.offline_pods.uids().len(), "the offline pod list was removed: the last one read stays in force"),
+            Some(Change::Refused(e)) => tracing::error!(error = %e, pods = self.offline_pods.uids().len(), "offline pod list refused: the last good one stays in force"),
+            None if !self.offline_pods.has_list() && !self.offline_pods_absent_said => {
+                self.offline_pods_absent_said = true;
+                tracing::info!(path, "no offline pod list (node-agent writes it): work without the shim is found only in containers with a registered process");
+            }
+            None => {}
+        }
+    }
+
     #[inline(never)] // periodic or rare: kept out of `tick`'s frame and cache lines
     fn verify(&mut self, now_ms: u64) {
+        self.refresh_offline_pods();
         let offline = self.offline(now_ms);
-        if offline.is_empty() {
+        if offline.is_empty() && self.offline_pods.uids().is_empty() {
+            self.pod_of_pid.clear();
             return;
         }
         let nvml = match self.gpu.processes() {
@@ -573,33 +617,46 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             self.evict_one(now_ms, &l.proc_, EvictReason::UnderReport, &why);
         }
         let own_ns = node_ledger::procinfo::own_pid_ns();
-        // Read only when a process in an offline container's namespace is found unregistered.
-        let (path, ledgers) = (self.cfg.ledger_path(), std::cell::OnceCell::new());
+        let path = self.cfg.ledger_path();
+        self.pod_of_pid.retain(|pid, _| nvml.iter().any(|m| m.pid == *pid));
+        let mut probe = ProcfsProbe {
+            ledger_path: &path,
+            ledgers: None,
+            ns: HashMap::new(),
+            pods: &mut self.pod_of_pid,
+        };
         let unshimmed = self.verifier.check_unregistered(
             &self.cfg.verify,
             &offline,
             &nvml,
             own_ns,
-            node_daemon::procns::pid_ns,
-            |pid| node_daemon::procns::innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?),
-            node_ledger::procinfo::start_time,
-            |pid| {
-                let files = ledgers.get_or_init(|| node_ledger::LedgerFile::with_damaged_copies(&path));
-                files.iter().any(|f| node_daemon::procns::holds_open(pid, f))
-            },
+            self.offline_pods.uids(),
+            &mut probe,
         );
         for u in unshimmed {
-            let comm = std::fs::read_to_string(format!("/proc/{}/comm", u.proc_.pid)).unwrap_or_default();
+            let pid = u.proc_.pid;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let (how, pod) = match &u.found {
+                Found::Neighbour(n) => (
+                    format!("in the pid namespace of registered offline process {n}"),
+                    node_daemon::offline_pods::pod_uid_of(pid),
+                ),
+                Found::Pod(uid) => (
+                    match self.offline_pods.pod(uid) {
+                        Some(p) => format!("in offline pod {}/{} (UID {uid})", p.namespace, p.name),
+                        None => format!("in offline pod {uid}"),
+                    },
+                    Some(uid.clone()),
+                ),
+            };
             let why = format!(
-                "GPU process {} ({}) holds {} MiB in the pid namespace of registered offline process {} \
-                 but has no registration: offline work running without the shim (no memory quota, no \
-                 launch throttle), which was judged as online load",
-                u.proc_.pid,
+                "GPU process {pid} ({}) holds {} MiB {how} but has no registration: offline work \
+                 running without the shim (no memory quota, no launch throttle), which was judged \
+                 as online load",
                 comm.trim(),
                 u.nvml_bytes >> 20,
-                u.neighbour
             );
-            self.evict_one(now_ms, &u.proc_, EvictReason::UnderReport, &why);
+            self.evict_with(now_ms, &u.proc_, EvictReason::UnderReport, &why, pod.as_deref());
         }
     }
 
@@ -702,6 +759,49 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 })
                 .collect(),
         }
+    }
+}
+
+/// The unshimmed-work check's reads of a process by its pid here, from `/proc`.
+struct ProcfsProbe<'a> {
+    ledger_path: &'a std::path::Path,
+    /// The ledger files (live and damaged copies), listed at the first need.
+    ledgers: Option<Vec<node_ledger::LedgerFile>>,
+    /// Pid namespaces read in this check.
+    ns: HashMap<u32, u64>,
+    /// Pods found by cgroup, kept across checks while NVML lists the process: (namespace, pod).
+    pods: &'a mut HashMap<u32, (u64, Option<String>)>,
+}
+
+impl ProcProbe for ProcfsProbe<'_> {
+    fn pid_ns(&mut self, pid: u32) -> Option<u64> {
+        let ns = node_daemon::procns::pid_ns(pid)?;
+        self.ns.insert(pid, ns);
+        Some(ns)
+    }
+    fn inner_pid(&mut self, pid: u32) -> Option<u32> {
+        node_daemon::procns::innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    }
+    fn start_time(&mut self, pid: u32) -> Option<u64> {
+        node_ledger::procinfo::start_time(pid)
+    }
+    fn holds_ledger(&mut self, pid: u32) -> bool {
+        let path = self.ledger_path;
+        let files = self.ledgers.get_or_insert_with(|| node_ledger::LedgerFile::with_damaged_copies(path));
+        files.iter().any(|f| node_daemon::procns::holds_open(pid, f))
+    }
+    fn pod_uid(&mut self, pid: u32) -> Option<String> {
+        // Read once per process: the same pid in the same pid namespace, listed by NVML at
+        // every check since (an exit drops it from the list and the cache), is the same process.
+        let ns = *self.ns.get(&pid)?;
+        if let Some((n, uid)) = self.pods.get(&pid) {
+            if *n == ns {
+                return uid.clone();
+            }
+        }
+        let uid = node_daemon::offline_pods::pod_uid_of(pid);
+        self.pods.insert(pid, (ns, uid.clone()));
+        uid
     }
 }
 

@@ -41,6 +41,16 @@ pub trait LedgerPort {
         reason: EvictReason,
         now_ms: u64,
     ) -> Result<(), String>;
+    /// Records the eviction of `p`, a GPU process running offline work without the shim (no
+    /// slot: `p.slot` is `NO_SLOT`), for node-agent, with the pod its cgroup names if any.
+    fn record_unshimmed(
+        &mut self,
+        _p: &OfflineProc,
+        _reason: EvictReason,
+        _pod_uid: Option<&str>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
     /// Publishes state and measurements for the shim and the MPS manager.
     fn publish(&mut self, p: &Published) -> Result<(), String>;
     /// Gives back the quota of registered processes that have died, in any pid namespace
@@ -76,6 +86,8 @@ pub struct MemLedger {
     pub sm_cap_pct: Option<f64>,
     /// Calls of [`LedgerPort::offline`] (reads of the registry).
     pub offline_reads: usize,
+    /// Evictions of work without the shim recorded: host pid and pod.
+    pub unshimmed: Vec<(u32, Option<String>)>,
 }
 
 impl LedgerPort for MemLedger {
@@ -95,6 +107,15 @@ impl LedgerPort for MemLedger {
                 q.evict_requested_ms = Some(now_ms);
             }
         }
+        Ok(())
+    }
+    fn record_unshimmed(
+        &mut self,
+        p: &OfflineProc,
+        _reason: EvictReason,
+        pod_uid: Option<&str>,
+    ) -> Result<(), String> {
+        self.unshimmed.push((p.pid, pod_uid.map(str::to_string)));
         Ok(())
     }
     fn publish(&mut self, p: &Published) -> Result<(), String> {

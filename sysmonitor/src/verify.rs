@@ -1,9 +1,10 @@
 //! Trust but verify: compares what offline processes report in the ledger with NVML's
 //! per-process memory and flags those that under-report several checks in a row, and finds
-//! offline work that reports nothing at all: GPU processes in an offline container's pid
-//! namespace that run without the shim.
+//! offline work that reports nothing at all: GPU processes that run without the shim in an
+//! offline container's pid namespace, or in an offline pod's cgroup (the pods node-agent lists,
+//! `node_daemon::offline_pods`) when none of the pod's processes registered.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use node_daemon::evictor::NO_SLOT;
 
@@ -34,10 +35,36 @@ pub struct Verifier {
 pub struct Unshimmed {
     /// The process, to evict by its host pid ([`NO_SLOT`], reporting nothing).
     pub proc_: OfflineProc,
-    /// Host pid of the registered offline process whose pid namespace it shares.
-    pub neighbour: u32,
+    /// How it was known for offline work.
+    pub found: Found,
     /// What NVML sees it use, bytes.
     pub nvml_bytes: u64,
+}
+
+/// How an unregistered GPU process was known for offline work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// It shares the pid namespace of this registered offline process (host pid).
+    Neighbour(u32),
+    /// Its cgroup names this offline pod (UID).
+    Pod(String),
+}
+
+/// What the unshimmed-work check reads of a GPU process by its pid here (the monitor: `/proc`;
+/// tests: a table). `None`: gone or unreadable, not judged.
+pub trait ProcProbe {
+    /// Its pid namespace (one `stat`; asked of every unregistered process listed).
+    fn pid_ns(&mut self, pid: u32) -> Option<u64>;
+    /// Its pid in its own pid namespace.
+    fn inner_pid(&mut self, pid: u32) -> Option<u32>;
+    /// Its start time (clock ticks since boot).
+    fn start_time(&mut self, pid: u32) -> Option<u64>;
+    /// Whether it holds a ledger file open (the live one, or one the monitor moved aside as
+    /// damaged, whose registrations it could not carry over): a shim's process.
+    fn holds_ledger(&mut self, pid: u32) -> bool;
+    /// The pod its cgroup names (asked only while node-agent lists offline pods, of a process
+    /// in no registered offline container's namespace).
+    fn pod_uid(&mut self, pid: u32) -> Option<String>;
 }
 
 impl Verifier {
@@ -84,41 +111,40 @@ impl Verifier {
         liars
     }
 
-    /// GPU processes NVML lists (`nvml`) that are no registered offline process but share the
-    /// pid namespace of one: offline work in a container that runs without the shim (its
-    /// environment sanitised, a static CUDA runtime): no memory quota, no launch throttle, and
-    /// until now judged as online load. Returns those seen so `cfg.strikes` checks in a row.
-    /// A process is registered if its host pid is a registration's, or if a registration
-    /// names its pid namespace and its pid there (found or not from here); one that holds a
-    /// ledger file open (`holds_ledger`: one the monitor moved aside as damaged, whose
-    /// registrations it could not carry over) is a shim's, not judged. `own_ns` (the
-    /// monitor's pid namespace, the host's, where online services run too) is never taken for
-    /// an offline container's. `ns_of` reads a process's pid namespace (one `stat`, for every
-    /// process listed); `inner_pid_of`, its pid there, and `start_of`, its start time, are
-    /// read only for a process in an offline container's namespace (`None`: gone or
-    /// unreadable, not judged).
+    /// GPU processes NVML lists (`nvml`) that are no registered offline process but are offline
+    /// work: they share the pid namespace of a registered offline process (a container's), or
+    /// their cgroup names one of `offline_pods` (node-agent's list; this finds a pod none of
+    /// whose processes registered, and a pod sharing the host's pid namespace). Such work runs
+    /// without the shim (its environment sanitised, a static CUDA runtime): no memory quota,
+    /// no launch throttle, and until now judged as online load. Returns those seen so
+    /// `cfg.strikes` checks in a row.
+    ///
+    /// A process is registered if its host pid is a registration's, or if a registration names
+    /// its pid namespace and its pid there (found or not from here); one that holds a ledger
+    /// file open is a shim's, not judged. `own_ns` (the monitor's pid namespace, the host's,
+    /// where online services run too) is never taken for an offline container's. The probe
+    /// reads every listed unregistered process's pid namespace, its cgroup only while
+    /// `offline_pods` is not empty, and the rest only for a process found offline.
     pub fn check_unregistered(
         &mut self,
         cfg: &VerifyConfig,
         offline: &[OfflineProc],
         nvml: &[ProcMem],
         own_ns: u64,
-        ns_of: impl Fn(u32) -> Option<u64>,
-        inner_pid_of: impl Fn(u32) -> Option<u32>,
-        start_of: impl Fn(u32) -> Option<u64>,
-        holds_ledger: impl Fn(u32) -> bool,
+        offline_pods: &BTreeSet<String>,
+        probe: &mut impl ProcProbe,
     ) -> Vec<Unshimmed> {
         let containers: Vec<(u64, u32)> = offline
             .iter()
             .filter_map(|p| {
                 let h = p.host_pid?;
-                let ns = ns_of(h)?;
+                let ns = probe.pid_ns(h)?;
                 (ns != own_ns).then_some((ns, h))
             })
             .collect();
         let mut seen = Vec::new();
         let mut out = Vec::new();
-        if !containers.is_empty() {
+        if !containers.is_empty() || !offline_pods.is_empty() {
             let mut pids: Vec<u32> = nvml.iter().map(|m| m.pid).collect();
             pids.sort_unstable();
             pids.dedup();
@@ -126,15 +152,21 @@ impl Verifier {
                 if offline.iter().any(|p| p.host_pid == Some(pid)) {
                     continue;
                 }
-                let Some(ns) = ns_of(pid) else { continue };
-                let Some(&(_, neighbour)) = containers.iter().find(|(n, _)| *n == ns) else {
-                    continue;
+                let Some(ns) = probe.pid_ns(pid) else { continue };
+                let found = match containers.iter().find(|(n, _)| *n == ns) {
+                    Some(&(_, neighbour)) => Found::Neighbour(neighbour),
+                    None if offline_pods.is_empty() => continue,
+                    None => match probe.pod_uid(pid) {
+                        Some(uid) if offline_pods.contains(&uid) => Found::Pod(uid),
+                        _ => continue,
+                    },
                 };
-                let Some(ns_pid) = inner_pid_of(pid) else { continue };
-                if offline.iter().any(|p| p.pid_ns == ns && p.pid == ns_pid) || holds_ledger(pid) {
+                let ns_pid = if ns == own_ns { Some(pid) } else { probe.inner_pid(pid) };
+                let Some(ns_pid) = ns_pid else { continue };
+                if offline.iter().any(|p| p.pid_ns == ns && p.pid == ns_pid) || probe.holds_ledger(pid) {
                     continue;
                 }
-                let Some(start_time) = start_of(pid) else { continue };
+                let Some(start_time) = probe.start_time(pid) else { continue };
                 seen.push((pid, start_time));
                 let s = self.unregistered.entry((pid, start_time)).or_default();
                 *s += 1;
@@ -149,7 +181,7 @@ impl Verifier {
                             reported_bytes: 0,
                             evict_requested_ms: None,
                         },
-                        neighbour,
+                        found,
                         nvml_bytes: nvml.iter().filter(|m| m.pid == pid).map(|m| m.used_bytes).sum(),
                     });
                 }
@@ -178,6 +210,50 @@ mod tests {
         }
     }
 
+    /// A probe over a table: host pid -> (pid namespace, pid there, pod UID), start time
+    /// `pid * 100`; `holding` hold a ledger file. Counts the cgroup reads.
+    struct Table {
+        procs: HashMap<u32, (u64, u32, Option<&'static str>)>,
+        holding: Vec<u32>,
+        cgroup_reads: Vec<u32>,
+    }
+
+    impl Table {
+        fn new(rows: &[(u32, u64, u32, Option<&'static str>)]) -> Self {
+            Table {
+                procs: rows.iter().map(|&(h, ns, inner, pod)| (h, (ns, inner, pod))).collect(),
+                holding: Vec::new(),
+                cgroup_reads: Vec::new(),
+            }
+        }
+    }
+
+    impl ProcProbe for Table {
+        fn pid_ns(&mut self, pid: u32) -> Option<u64> {
+            self.procs.get(&pid).map(|r| r.0)
+        }
+        fn inner_pid(&mut self, pid: u32) -> Option<u32> {
+            self.procs.get(&pid).map(|r| r.1)
+        }
+        fn start_time(&mut self, pid: u32) -> Option<u64> {
+            self.procs.contains_key(&pid).then_some(u64::from(pid) * 100)
+        }
+        fn holds_ledger(&mut self, pid: u32) -> bool {
+            self.holding.contains(&pid)
+        }
+        fn pod_uid(&mut self, pid: u32) -> Option<String> {
+            self.cgroup_reads.push(pid);
+            self.procs.get(&pid)?.2.map(str::to_string)
+        }
+    }
+
+    fn listed(pids: &[u32]) -> Vec<ProcMem> {
+        pids.iter().map(|&pid| ProcMem { pid, used_bytes: MIB }).collect()
+    }
+
+    const OFFLINE_POD: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+    const ONLINE_POD: &str = "11111111-2222-3333-4444-555555555555";
+
     /// A GPU process in the pid namespace of a registered offline process (a container's),
     /// with no registration of its own, is offline work without the shim: flagged after the
     /// strikes, whatever memory it holds. One in the monitor's own namespace (the host's, where
@@ -190,42 +266,86 @@ mod tests {
         // Host pids: 10 registered (container, its pid 1), 11 unshimmed (container, its pid 2),
         // 12 online (host), 13 another container with no registration, 14 host offline
         // (registered), 15 registered in the container (its pid 3) but not found from here.
-        let ns_pid = |pid: u32| match pid {
-            10 => Some((container, 1)),
-            11 => Some((container, 2)),
-            15 => Some((container, 3)),
-            12 | 14 => Some((own, pid)),
-            13 => Some((other, 1)),
-            _ => None,
-        };
-        let (ns_of, inner) = (|pid| ns_pid(pid).map(|x| x.0), |pid| ns_pid(pid).map(|x| x.1));
+        let mut t = Table::new(&[
+            (10, container, 1, None),
+            (11, container, 2, None),
+            (15, container, 3, None),
+            (12, own, 12, None),
+            (14, own, 14, None),
+            (13, other, 1, None),
+        ]);
         let in_container = |pid, host| OfflineProc { pid_ns: container, host_pid: host, ..p(pid, 0) };
         let offline = [in_container(1, Some(10)), p(14, 0), in_container(3, None)];
-        let nvml: Vec<ProcMem> = [10, 11, 11, 12, 13, 14, 15]
-            .iter()
-            .map(|&pid| ProcMem { pid, used_bytes: MIB })
-            .collect();
+        let nvml = listed(&[10, 11, 11, 12, 13, 14, 15]);
+        let no_pods = BTreeSet::new();
         let mut v = Verifier::default();
-        let start = |pid: u32| Some(u64::from(pid) * 100);
-        let none = |_| false;
-        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, none).is_empty(), "one strike");
-        let u = v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, none);
+        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty(), "one strike");
+        let u = v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t);
         assert_eq!(u.len(), 1, "{u:?}");
-        assert_eq!((u[0].proc_.host_pid, u[0].proc_.slot, u[0].neighbour), (Some(11), NO_SLOT, 10));
+        assert_eq!((u[0].proc_.host_pid, u[0].proc_.slot, &u[0].found), (Some(11), NO_SLOT, &Found::Neighbour(10)));
         assert_eq!((u[0].proc_.start_time, u[0].nvml_bytes), (1100, 2 * MIB));
         // Gone from NVML's list, its strikes are forgotten.
-        assert!(v.check_unregistered(&cfg, &offline, &nvml[..1], own, ns_of, inner, start, none).is_empty());
-        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, none).is_empty(), "strikes start over");
+        assert!(v.check_unregistered(&cfg, &offline, &nvml[..1], own, &no_pods, &mut t).is_empty());
+        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty(), "strikes start over");
+        assert!(t.cgroup_reads.is_empty(), "no offline pod listed: no cgroup read");
         // Holding a ledger file (registered in one the monitor moved aside as damaged): a shim's.
         let mut v = Verifier::default();
+        t.holding = vec![11];
         for _ in 0..3 {
-            assert!(v.check_unregistered(&cfg, &offline, &nvml, own, ns_of, inner, start, |p| p == 11).is_empty());
+            assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty());
         }
+        t.holding.clear();
         // A host-namespace registration alone makes no namespace an offline container's.
         let mut v = Verifier::default();
         for _ in 0..3 {
-            assert!(v.check_unregistered(&cfg, &offline[1..2], &nvml, own, ns_of, inner, start, none).is_empty());
+            assert!(v.check_unregistered(&cfg, &offline[1..2], &nvml, own, &no_pods, &mut t).is_empty());
         }
+    }
+
+    /// With node-agent's list of offline pods, a GPU process whose cgroup names one of them is
+    /// offline work even when no process of its pod registered (the whole container runs
+    /// without the shim), in a container's pid namespace or in the host's (`hostPID`). One in an
+    /// online pod, in no pod, registered (by host pid or by its namespace and pid there) or
+    /// holding a ledger file is never flagged.
+    #[test]
+    fn a_gpu_process_in_a_listed_offline_pod_is_flagged_with_no_registration_anywhere() {
+        let cfg = VerifyConfig { strikes: 2, ..Default::default() };
+        let (own, ctr_a, ctr_b, ctr_c) = (1000, 2000, 3000, 4000);
+        // 20: offline pod, own container, unshimmed. 21: offline pod with hostPID, unshimmed.
+        // 22: online pod. 23: host process in no pod. 24: offline pod, registered by its
+        // namespace and pid (host pid unknown to the ledger). 25: offline pod, holds a ledger.
+        let mut t = Table::new(&[
+            (20, ctr_a, 1, Some(OFFLINE_POD)),
+            (21, own, 21, Some(OFFLINE_POD)),
+            (22, ctr_b, 1, Some(ONLINE_POD)),
+            (23, own, 23, None),
+            (24, ctr_c, 7, Some(OFFLINE_POD)),
+            (25, ctr_c, 8, Some(OFFLINE_POD)),
+        ]);
+        t.holding = vec![25];
+        let registered_inside = OfflineProc { pid_ns: ctr_c, host_pid: None, ..p(7, 0) };
+        let offline = [registered_inside];
+        let nvml = listed(&[20, 21, 22, 23, 24, 25]);
+        let pods: BTreeSet<String> = [OFFLINE_POD.to_string()].into();
+        let mut v = Verifier::default();
+        assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &pods, &mut t).is_empty(), "one strike");
+        let mut u = v.check_unregistered(&cfg, &offline, &nvml, own, &pods, &mut t);
+        u.sort_by_key(|x| x.proc_.pid);
+        let got: Vec<(u32, u64, &Found)> = u.iter().map(|x| (x.proc_.pid, x.proc_.start_time, &x.found)).collect();
+        let pod = Found::Pod(OFFLINE_POD.to_string());
+        assert_eq!(got, vec![(20, 2000, &pod), (21, 2100, &pod)]);
+        assert!(u.iter().all(|x| x.proc_.slot == NO_SLOT && x.proc_.pid_ns == own));
+        // With no registration at all on the GPU the same holds.
+        let mut v = Verifier::default();
+        v.check_unregistered(&cfg, &[], &nvml, own, &pods, &mut t);
+        assert_eq!(v.check_unregistered(&cfg, &[], &nvml, own, &pods, &mut t).len(), 3, "20, 21 and 24");
+        // The list emptied (the pods finished): nothing is judged by cgroup, strikes forgotten.
+        let mut v = Verifier::default();
+        t.cgroup_reads.clear();
+        for _ in 0..3 {
+            assert!(v.check_unregistered(&cfg, &[], &nvml, own, &BTreeSet::new(), &mut t).is_empty());
+        }
+        assert!(t.cgroup_reads.is_empty());
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub mod nvml_sampler;
 pub use emu_device;
 pub use workloads::host::{
     artifact, chmod, forge_slot, helper_main, hold_ledger, is_root, lacks_root, manager_compute_mode, monitor_state, register, target_dir,
-    wait_json, EmuChild, Host, Load,
+    wait_json, EmuChild, Host, Load, PodCgroup,
 };
 
 /// The emulated host of the e2e tests: the same type as [`workloads::host::Host`].

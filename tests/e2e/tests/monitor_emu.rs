@@ -289,6 +289,67 @@ fn a_gpu_process_in_an_offline_container_without_the_shim_is_evicted() {
     );
 }
 
+/// A pod none of whose processes registered (all its GPU work runs without the shim) left the
+/// monitor nothing to see it by: its GPU process was taken for online load, kept its memory
+/// and drove evictions of others. With node-agent's list of the offline pods on the node
+/// (`<ledger_dir>/offline-pods.json`), a GPU process whose cgroup names a listed pod and that
+/// has no registration is evicted (SIGTERM by its host pid, under_report), and the eviction
+/// log names its pod, by which node-agent evicts the pod through the API. A GPU process of
+/// another pod (an online service's) is left alone, and nothing happens before the list is
+/// there. Root only (a real cgroup per pod).
+#[test]
+fn a_gpu_process_of_a_listed_offline_pod_with_no_registration_anywhere_is_evicted() {
+    if e2e::lacks_root("make a cgroup per pod") {
+        return;
+    }
+    const OFFLINE_POD: &str = "6d1c2b3a-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+    const ONLINE_POD: &str = "0a9b8c7d-6e5f-4d3c-8b2a-1f0e9d8c7b6a";
+    let off_cg = e2e::PodCgroup::create(OFFLINE_POD).expect("a cgroup for the offline pod");
+    let on_cg = e2e::PodCgroup::create(ONLINE_POD).expect("a cgroup for the online pod");
+    let n = EmuHost::node();
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let mut online = n.spawn_helper("gpu-mem", "96");
+    let mut rogue = n.spawn_helper("gpu-mem", "128");
+    on_cg.add(online.pid()).unwrap();
+    off_cg.add(rogue.pid()).unwrap();
+    let dev = n.device();
+    e2e::wait_until("both processes on the device", T, || {
+        let on_device = |p: u32| dev.snapshot().processes.iter().any(|q| q.pid == p);
+        (on_device(online.pid()) && on_device(rogue.pid())).then_some(())
+    });
+    assert!(ledger.procs().is_empty(), "no process registered: {:?}", ledger.procs());
+    // Ten verifications (50 ms, 2 strikes) with no list: nothing tells the rogue from online load.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(rogue.alive() && online.alive());
+    let v = n.wait_state(T, "a fresh state", |_| true);
+    assert_eq!(v["evictions"]["under_report"].as_u64().unwrap_or(0), 0, "{v:#}");
+
+    let pod = |uid: &str, name: &str| node_daemon::offline_pods::OfflinePod {
+        uid: uid.into(),
+        namespace: "train".into(),
+        name: name.into(),
+    };
+    let list = node_daemon::offline_pods::OfflinePods::new("node-1", 1, vec![pod(OFFLINE_POD, "job-0")]);
+    node_daemon::offline_pods::write(&node_daemon::offline_pods::path(n.ledger_dir()), &list).unwrap();
+    assert_eq!(rogue.wait_exit(T), Some(Some(libc::SIGTERM)), "the rogue ended by the monitor's SIGTERM");
+    let v = n.wait_state(T, "the eviction counted", |v| v["evictions"]["under_report"].as_u64() >= Some(1));
+    assert_eq!(v["evictions"]["under_report"], 1, "{v:#}");
+    assert!(online.alive(), "the online pod's process was evicted:\n{}", n.log("mon.json"));
+    let log = n.log("mon.json");
+    assert!(
+        log.contains("in offline pod train/job-0") && log.contains("offline work running without the shim"),
+        "{log}"
+    );
+    let batch = node_ledger::evictlog::read_from(n.ledger_dir(), 0, None, 1 << 20).unwrap();
+    let recs: Vec<_> = batch.entries.into_iter().filter_map(|e| e.record).collect();
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(
+        (recs[0].pid, recs[0].group_id, recs[0].pod_uid.as_deref(), recs[0].reason.as_str()),
+        (rogue.pid(), 0, Some(OFFLINE_POD), "under_report"),
+        "{recs:?}"
+    );
+}
+
 #[test]
 fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     let n = EmuHost::node();

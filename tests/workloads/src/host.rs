@@ -868,6 +868,72 @@ pub fn forge_slot(ledger: &node_ledger::Ledger, pid: u32, start_time: u64, bytes
 /// The fd under which [`hold_ledger`] gives a child the ledger.
 pub const HELD_LEDGER_FD: i32 = 200;
 
+/// A pod's cgroup as the kubelet's cgroupfs driver lays it out
+/// (`.../kubepods/besteffort/pod<uid>`), made under a directory of this test's own in a
+/// writable cgroup hierarchy (cgroup v2 where mounted, else v1's `pids`): a process moved in
+/// ([`PodCgroup::add`]) shows the pod in `/proc/<pid>/cgroup` as on a Kubernetes node, which is
+/// how the daemons tell a process's pod. Removed on drop, its processes moved back to the
+/// hierarchy's root first. Needs root.
+pub struct PodCgroup {
+    root: PathBuf,
+    base: PathBuf,
+    dir: PathBuf,
+}
+
+impl PodCgroup {
+    /// The cgroup of pod `uid`; an error says why none could be made.
+    pub fn create(uid: &str) -> Result<Self, String> {
+        let root = cgroup_root().ok_or("no cgroup v2 or v1 `pids` hierarchy mounted")?;
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = root.join(format!("xshare-test-{}-{n}", std::process::id()));
+        let dir = base.join("kubepods").join("besteffort").join(format!("pod{uid}"));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        Ok(PodCgroup { root, base, dir })
+    }
+
+    /// Moves process `pid` into the pod's cgroup.
+    pub fn add(&self, pid: u32) -> Result<(), String> {
+        let procs = self.dir.join("cgroup.procs");
+        std::fs::write(&procs, pid.to_string()).map_err(|e| format!("write {pid} to {}: {e}", procs.display()))
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        let left = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in left.split_whitespace() {
+            let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+        }
+        let mut d = self.dir.clone();
+        while d.starts_with(&self.base) {
+            let _ = std::fs::remove_dir(&d);
+            if !d.pop() {
+                break;
+            }
+        }
+    }
+}
+
+/// The mount point of the cgroup v2 hierarchy, else of v1's `pids` controller.
+fn cgroup_root() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mounts: Vec<(String, String, String)> = info
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let point = pre.split_whitespace().nth(4)?.to_string();
+            let mut post = post.split_whitespace();
+            let fstype = post.next()?.to_string();
+            let opts = post.nth(1).unwrap_or("").to_string();
+            Some((point, fstype, opts))
+        })
+        .collect();
+    let v2 = mounts.iter().find(|(_, t, _)| t == "cgroup2");
+    let v1 = mounts.iter().find(|(_, t, o)| t == "cgroup" && o.split(',').any(|x| x == "pids"));
+    v2.or(v1).map(|(p, _, _)| PathBuf::from(p))
+}
+
 /// Makes the process `cmd` starts hold the file `ledger` open (as fd [`HELD_LEDGER_FD`],
 /// inherited across exec), as a shimmed offline process holds its ledger: the daemons take a
 /// registration for offline work only when the process it names holds the ledger open
