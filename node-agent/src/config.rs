@@ -32,6 +32,8 @@ pub struct AgentConfig {
     pub kube: KubeConfig,
     /// The Eviction API worker.
     pub eviction: EvictionConfig,
+    /// The list of this node's offline pods written for the monitors.
+    pub offline_pods: OfflinePodsConfig,
     /// The Node heartbeat annotation.
     pub heartbeat: HeartbeatConfig,
     /// `host:port` serving Prometheus text on `/metrics`; empty: off.
@@ -146,6 +148,18 @@ pub struct EvictionConfig {
     pub retry_ms: u64,
 }
 
+/// The list of this node's offline pods (`<ledger_dir>/offline-pods.json`), by which the
+/// monitors find offline work that runs without the shim in a pod none of whose processes
+/// registered.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OfflinePodsConfig {
+    /// Whether the list is written (off: such pods are found only beside a registered process).
+    pub enabled: bool,
+    /// How often this node's pods are listed, ms (at least 1000: one list call a poll).
+    pub poll_ms: u64,
+}
+
 /// The GPU heartbeat published on this node's Node object.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -170,6 +184,7 @@ impl Default for AgentConfig {
             health: HealthConfig::default(),
             kube: KubeConfig::default(),
             eviction: EvictionConfig::default(),
+            offline_pods: OfflinePodsConfig::default(),
             heartbeat: HeartbeatConfig::default(),
             metrics_listen: String::new(),
             mps_manager_state_file: String::new(),
@@ -235,6 +250,15 @@ impl Default for EvictionConfig {
             enabled: true,
             poll_ms: 100,
             retry_ms: 2000,
+        }
+    }
+}
+
+impl Default for OfflinePodsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            poll_ms: 5000,
         }
     }
 }
@@ -368,6 +392,12 @@ impl AgentConfig {
                 "poll_ms and retry_ms must be positive".into(),
             );
         }
+        if self.offline_pods.poll_ms < 1000 {
+            return bad(
+                "offline_pods.poll_ms",
+                "must be at least 1000 (one list of this node's pods a poll)".into(),
+            );
+        }
         let min = kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS;
         if self.heartbeat.interval_ms < min {
             return bad(
@@ -447,6 +477,10 @@ mod tests {
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "heartbeat": {"interval_ms": 1000}}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("heartbeat.interval_ms"));
+        assert_eq!((c.offline_pods.enabled, c.offline_pods.poll_ms), (true, 5000));
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"poll_ms": 10}}"#;
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("offline_pods.poll_ms"));
         assert_eq!(
             c.mps_pipe_host_dir(0),
             PathBuf::from("/run/xshare/gpu0/mps-pipe")

@@ -23,7 +23,9 @@
 //! passed.
 //!
 //! Process -> pod: the ledger group (`XCUDA_GROUP = k8s-pod-<uid>`, set at Allocate) gives the
-//! pod UID from any pid namespace; a process outside such a group is mapped by its cgroup path
+//! pod UID from any pid namespace; a logged eviction of work that ran without the shim (no
+//! group) names the pod the monitor read in the process's cgroup (`pod_uid`, a pod of the list
+//! `crate::offline_pods` writes); any other process outside a group is mapped by its cgroup path
 //! (`.../pod<uid>/...`), read under its pid in the agent's pid namespace: the pid itself when
 //! the process shares it, else the one its pid namespace and pid there lead to
 //! (`node_daemon::procns`, as the daemons find a container's host pid). That needs an agent
@@ -65,8 +67,14 @@ pub struct Requested {
     pub start_time: u64,
     /// Pid-namespace inode of the process.
     pub pid_ns: u64,
-    /// Ledger quota group (maps the process to its pod).
+    /// Ledger quota group (maps the process to its pod); 0 for a damaged log line and for work
+    /// that ran without the shim.
     pub group_id: u64,
+    /// For a record of the eviction log: the pod the monitor found by the process's cgroup
+    /// (work that ran without the shim: no group).
+    pub pod_uid: Option<String>,
+    /// For a record of the eviction log: its line was damaged (nothing to evict, counted).
+    pub damaged: bool,
     /// Signal the monitor asked for.
     pub signal: u32,
     /// The ledger file the process must hold open to be the one named
@@ -76,6 +84,14 @@ pub struct Requested {
     pub ledger_file: node_ledger::LedgerFile,
     /// For a record of the eviction log: where its line ends (the cursor past it).
     pub log_end: Option<Pos>,
+}
+
+impl Requested {
+    /// A record of the eviction log that names no pod in any way: a damaged line, or work
+    /// without the shim in no pod's cgroup. Settled as read; nothing to post.
+    fn names_nothing(&self) -> bool {
+        self.log_end.is_some() && self.group_id == 0 && self.pod_uid.is_none()
+    }
 }
 
 /// How far this agent has reported GPU `gpu`'s eviction log (persisted as JSON).
@@ -146,6 +162,8 @@ pub fn scan_log(
                 signal: r.signal,
                 log_end: Some(e.end),
                 ledger_file,
+                pod_uid: r.pod_uid,
+                damaged: false,
             },
             // A damaged line: nothing to evict, the cursor moves past it.
             None => {
@@ -165,6 +183,8 @@ pub fn scan_log(
                     signal: 0,
                     log_end: Some(e.end),
                     ledger_file,
+                    pod_uid: None,
+                    damaged: true,
                 }
             }
         })
@@ -195,6 +215,8 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
                     signal: sig,
                     log_end: None,
                     ledger_file: p.ledger_file,
+                    pod_uid: None,
+                    damaged: false,
                 });
             }
         }
@@ -236,15 +258,8 @@ impl PodRef {
     /// `p` if it asks for `resource` (the device plugin's offline slots) in any container's
     /// limits or requests: only such a pod is offline work this agent may evict. A ledger
     /// group id or a process's cgroup naming any other pod (an online service's) maps to none.
-    fn of(p: &Pod, resource: &str) -> Option<Self> {
-        let spec = p.spec.as_ref()?;
-        let asks = spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                r.limits.as_ref().is_some_and(|m| m.contains_key(resource))
-                    || r.requests.as_ref().is_some_and(|m| m.contains_key(resource))
-            })
-        });
-        if !asks {
+    pub(crate) fn of(p: &Pod, resource: &str) -> Option<Self> {
+        if !asks_for(p, resource) {
             return None;
         }
         Some(PodRef {
@@ -254,6 +269,18 @@ impl PodRef {
             terminating: p.metadata.deletion_timestamp.is_some(),
         })
     }
+}
+
+/// Whether pod `p` asks for `resource` (the device plugin's offline slots) in any container's
+/// limits or requests, init containers included: offline work.
+pub fn asks_for(p: &Pod, resource: &str) -> bool {
+    let Some(spec) = p.spec.as_ref() else { return false };
+    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            r.limits.as_ref().is_some_and(|m| m.contains_key(resource))
+                || r.requests.as_ref().is_some_and(|m| m.contains_key(resource))
+        })
+    })
 }
 
 /// What happened to a pod's eviction.
@@ -399,6 +426,11 @@ impl Evictor {
         if let Some(p) = self.groups.get(&r.group_id) {
             return Some(p.clone());
         }
+        // Work without the shim, found by the monitor by its cgroup (the monitor sees the
+        // host's processes; this agent may not).
+        if let Some(uid) = &r.pod_uid {
+            return self.by_uid.get(uid).cloned();
+        }
         let uid = pod_uid_of_process(&mut self.host_pids, (r.pid_ns, r.pid, r.start_time), &r.ledger_file)?;
         self.by_uid.get(&uid).cloned()
     }
@@ -419,7 +451,7 @@ impl Evictor {
                 }
             };
             self.log_ends.insert(gpu, end);
-            for r in from_log.iter().filter(|r| r.group_id == 0) {
+            for r in from_log.iter().filter(|r| r.damaged) {
                 if let Some(end) = r.log_end {
                     if self.damaged_seen.insert((gpu, end)) {
                         self.log_damaged += 1;
@@ -429,22 +461,23 @@ impl Evictor {
             let c = &*cur;
             // Pods already finished with (before a restart too): their records are settled.
             from_log.retain(|r| {
-                r.group_id == 0
-                    || !c
-                        .done
-                        .iter()
-                        .any(|u| group_id_for(&group_name(u)) == r.group_id)
+                r.names_nothing()
+                    || !c.done.iter().any(|u| {
+                        (r.group_id != 0 && group_id_for(&group_name(u)) == r.group_id)
+                            || r.pod_uid.as_ref() == Some(u)
+                    })
             });
             reqs.extend(from_log);
         }
         let mut out = Vec::new();
-        if reqs.iter().all(|r| r.group_id == 0 && r.log_end.is_some()) {
+        if reqs.iter().all(Requested::names_nothing) {
             self.settle_logs(&reqs, false);
             return out;
         }
-        let unknown = reqs
-            .iter()
-            .any(|r| r.group_id != 0 && !self.groups.contains_key(&r.group_id));
+        let unknown = reqs.iter().any(|r| {
+            (r.group_id != 0 && !self.groups.contains_key(&r.group_id))
+                || (r.group_id == 0 && r.pod_uid.as_ref().is_some_and(|u| !self.by_uid.contains_key(u)))
+        });
         let mut listed = false;
         if unknown || self.groups.is_empty() {
             match self.refresh_pods().await {
@@ -458,7 +491,7 @@ impl Evictor {
             .retain(|&(ns, pid, st)| reqs.iter().any(|r| (r.pid_ns, r.pid, r.start_time) == (ns, pid, st)));
         let mut seen = std::collections::HashSet::new();
         for r in &reqs {
-            if r.group_id == 0 && r.log_end.is_some() {
+            if r.names_nothing() {
                 continue;
             }
             let Some(pod) = self.resolve(r) else {
@@ -503,11 +536,13 @@ impl Evictor {
             let mut c = before.clone();
             let mut blocked = false;
             for r in reqs.iter().filter(|r| r.gpu == gpu && r.log_end.is_some()) {
-                let pod = (r.group_id != 0)
-                    .then(|| self.groups.get(&r.group_id))
-                    .flatten();
+                let pod = if r.group_id != 0 {
+                    self.groups.get(&r.group_id)
+                } else {
+                    r.pod_uid.as_ref().and_then(|u| self.by_uid.get(u))
+                };
                 let settled = match pod {
-                    _ if r.group_id == 0 => true,
+                    _ if r.names_nothing() => true,
                     Some(p) => self.done.contains_key(&p.uid),
                     None => listed,
                 };

@@ -20,6 +20,7 @@ pub mod heartbeat;
 pub mod kube;
 pub mod metrics;
 pub mod mps;
+pub mod offline_pods;
 pub mod plugin;
 #[cfg(feature = "test-support")]
 pub mod test_support;

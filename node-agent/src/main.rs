@@ -197,14 +197,39 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             }
         }));
     }
+    let list_metrics = Arc::new(Mutex::new(String::new()));
+    if cfg.offline_pods.enabled {
+        let mut publisher = node_agent::offline_pods::Publisher::new(
+            client.clone(),
+            &cfg.node_name,
+            &cfg.device_plugin.resource_name,
+            &cfg.ledger_dir,
+        );
+        let mut s = stop_rx.clone();
+        let period = Duration::from_millis(cfg.offline_pods.poll_ms);
+        let m = list_metrics.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                publisher.tick().await;
+                if let Ok(mut g) = m.lock() {
+                    *g = publisher.metrics();
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {}
+                    _ = s.changed() => return,
+                }
+            }
+        }));
+    }
     if !cfg.metrics_listen.is_empty() {
         let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
             .await
             .map_err(|e| format!("metrics_listen {}: {e}", cfg.metrics_listen))?;
-        let (c, m) = (cfg.clone(), metrics.clone());
+        let (c, m, lm) = (cfg.clone(), metrics.clone(), list_metrics.clone());
         let render = Arc::new(move || {
             let mut o = node_agent::metrics::gpu_metrics(&c, &health_view.borrow());
             o.push_str(&m.lock().map(|g| g.clone()).unwrap_or_default());
+            o.push_str(&lm.lock().map(|g| g.clone()).unwrap_or_default());
             o
         });
         tasks.push(tokio::spawn(node_agent::metrics::serve(

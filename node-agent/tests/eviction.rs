@@ -552,3 +552,45 @@ async fn a_request_naming_a_pod_without_the_offline_resource_evicts_nothing() {
         "an eviction was posted for a pod that asks for no offline slot"
     );
 }
+
+/// Work that ran without the shim has no ledger group: the monitor found it by its cgroup and
+/// logged its pod's UID. That pod is evicted through the API, once, also after a restart of the
+/// agent; a logged pod that asks for no offline slot (an online service's) is not, and a record
+/// naming no pod at all is settled without a post.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unshimmed_process_logged_with_its_pod_evicts_that_pod_once() {
+    use node_ledger::evictlog::append;
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
+    let unshimmed = |uid: Option<&str>, pid: u32| node_ledger::evictlog::EvictRecord {
+        group_id: 0,
+        reason: "under_report".into(),
+        pod_uid: uid.map(str::to_string),
+        ..log_rec(UIDS[0].1, pid)
+    };
+    let online_uid = UIDS[1].1;
+    append(tmp.path(), &unshimmed(Some(UIDS[0].1), 100)).unwrap();
+    append(tmp.path(), &unshimmed(Some(online_uid), 101)).unwrap();
+    append(tmp.path(), &unshimmed(None, 102)).unwrap();
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
+        ("GET", "/api/v1/pods") => {
+            let mut online = running_pod("pdb", online_uid);
+            online["spec"]["containers"][0]["resources"] = serde_json::json!({"limits": {"nvidia.com/gpu": "1"}});
+            (200, pod_list(vec![running_pod("ok", UIDS[0].1), online]))
+        }
+        ("POST", p) if p.ends_with("/eviction") => (201, success()),
+        _ => events_or_not_found(r),
+    }))
+    .await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert_eq!(outcomes(&mut ev).await, [("ok".to_string(), Outcome::Evicted)]);
+    assert_eq!(evicted_names(&api), ["ok"]);
+    assert_eq!(ev.log_damaged, 0, "a record naming no pod is not a damaged line");
+    let len = std::fs::metadata(node_ledger::evictlog::log_path(tmp.path(), 0)).unwrap().len();
+    let cursor = node_agent::evict::load_cursor(tmp.path(), 0).unwrap();
+    assert_eq!(cursor.at.unwrap().offset, len, "every record settled: {cursor:?}");
+    drop(ev);
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert!(ev.tick().await.is_empty());
+    assert!(evicted_names(&api).is_empty(), "nothing posted again after a restart");
+}
