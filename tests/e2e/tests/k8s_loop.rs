@@ -171,6 +171,48 @@ fn heartbeat_state(cluster: &FakeCluster) -> Option<String> {
     hb["gpus"][0]["state"].as_str().map(String::from)
 }
 
+/// The kubelet's registration socket (served on `rt`), then `node-agent run` against `cluster`
+/// for GPU 0 of `host`, its config's top-level keys overridden by `extra`. Returns the agent and
+/// its registration with the kubelet.
+fn start_node_agent(host: &Host, rt: &tokio::runtime::Runtime, cluster: &FakeCluster, extra: Value) -> (Daemon, pb::RegisterRequest) {
+    let (root, run, bins) = (host.root().to_path_buf(), host.ledger_dir().to_path_buf(), bin_dir());
+    let dp = root.join("device-plugins");
+    std::fs::create_dir_all(&dp).unwrap();
+    let (reg_tx, reg_rx) = std::sync::mpsc::channel();
+    {
+        let _g = rt.enter();
+        node_agent::test_support::serve_kubelet(&dp, move |r| {
+            let _ = reg_tx.send(r);
+        });
+    }
+    let shim = bins.join("libxcuda.so");
+    let agent_cfg = root.join("node-agent.json");
+    let mut cfg = json!({
+        "node_name": NODE,
+        "ledger_dir": run,
+        // No UUID here: node-agent asks NVML (the emulator's libnvidia-ml).
+        "gpus": [{"index": 0}],
+        "device_plugin": {"dir": dp},
+        // No container here: the host paths are the paths the process sees.
+        "inject": {"shim_host_path": shim, "shim_container_path": shim, "ledger_container_dir": run},
+        "health": {"poll_ms": 50},
+        "kube": {"api_url": cluster.url()},
+        "eviction": {"poll_ms": 20, "retry_ms": 200},
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        cfg[k] = v.clone();
+    }
+    std::fs::write(&agent_cfg, cfg.to_string()).unwrap();
+    let mut c = Command::new(bins.join("node-agent"));
+    c.args(["run", "--config"])
+        .arg(&agent_cfg)
+        .envs(host.env().iter().map(|(k, v)| (k, v)))
+        .env("RUST_LOG", "info");
+    let agent = daemon("node-agent", c, &root.join("node-agent.log"));
+    let reg = reg_rx.recv_timeout(T).expect("node-agent never registered with the kubelet");
+    (agent, reg)
+}
+
 #[test]
 fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replanned() {
     for f in ["sysmonitor", "libxcuda.so", "node-agent", "cluster-matcher", "shim_client"] {
@@ -201,40 +243,8 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         .build()
         .unwrap();
     let dp = root.join("device-plugins");
-    std::fs::create_dir_all(&dp).unwrap();
-    let (reg_tx, reg_rx) = std::sync::mpsc::channel();
-    {
-        let _g = rt.enter();
-        node_agent::test_support::serve_kubelet(&dp, move |r| {
-            let _ = reg_tx.send(r);
-        });
-    }
     let shim = bins.join("libxcuda.so");
-    let agent_cfg = root.join("node-agent.json");
-    std::fs::write(
-        &agent_cfg,
-        json!({
-            "node_name": NODE,
-            "ledger_dir": run,
-            // No UUID here: node-agent asks NVML (the emulator's libnvidia-ml).
-            "gpus": [{"index": 0}],
-            "device_plugin": {"dir": dp},
-            // No container here: the host paths are the paths the process sees.
-            "inject": {"shim_host_path": shim, "shim_container_path": shim, "ledger_container_dir": run},
-            "health": {"poll_ms": 50},
-            "kube": {"api_url": cluster.url()},
-            "eviction": {"poll_ms": 20, "retry_ms": 200},
-        })
-        .to_string(),
-    )
-    .unwrap();
-    let mut c = Command::new(bins.join("node-agent"));
-    c.args(["run", "--config"])
-        .arg(&agent_cfg)
-        .envs(host.env().iter().map(|(k, v)| (k, v)))
-        .env("RUST_LOG", "info");
-    let _agent = daemon("node-agent", c, &root.join("node-agent.log"));
-    let reg = reg_rx.recv_timeout(T).expect("node-agent never registered with the kubelet");
+    let (_agent, reg) = start_node_agent(&host, &rt, &cluster, json!({}));
     assert_eq!(reg.resource_name, "xshare.io/offline-gpu");
 
     // Its heartbeat reaches the Node: GPU 0 Healthy, with NVML's UUID.
@@ -444,4 +454,77 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         .map(|r| PathBuf::from(&r.path))
         .collect();
     assert_eq!(posted, [PathBuf::from("/api/v1/namespaces/ml/pods/train-x7k2p/eviction")]);
+}
+
+/// An offline pod whose container runs its GPU work without the shim (a launcher that clears
+/// `LD_PRELOAD`, a static CUDA runtime) registers nothing in the ledger: the monitor took its
+/// process for the online service's load. node-agent lists the node's offline pods for the
+/// monitor (`offline-pods.json`), sysmonitor finds the process by its cgroup and SIGTERMs it,
+/// and node-agent posts the pod's Eviction (UID precondition) from the logged record, once.
+/// The online service's pod and process are left alone. Root only (a real pod cgroup).
+#[test]
+fn an_offline_pod_running_without_the_shim_is_found_by_its_cgroup_and_evicted_through_the_api() {
+    if e2e::lacks_root("make the pod's cgroup") {
+        return;
+    }
+    for f in ["sysmonitor", "node-agent"] {
+        assert!(bin_dir().join(f).exists(), "{} is not built", bin_dir().join(f).display());
+    }
+    let host = host("h100");
+    let run = host.ledger_dir().to_path_buf();
+    let cfg = node_monitor_config(HOLD_MS).replace(
+        r#""verify": { "enabled": false }"#,
+        r#""verify": { "every_ms": 50, "strikes": 2 }"#,
+    );
+    assert!(cfg.contains("\"strikes\": 2"), "{cfg}");
+    let _monitor = host.start_monitor("sysmonitor.json", &cfg);
+    eventually("sysmonitor Healthy", || (read_state(&run)["state"] == "healthy").then_some(()));
+
+    let cluster = FakeCluster::start();
+    cluster.add_node(node_object());
+    let online = cluster.add_pod(online_pod());
+    let mut job = job_pod();
+    job["spec"]["nodeName"] = NODE.into();
+    job["status"]["phase"] = "Running".into();
+    let pod = cluster.add_pod(job);
+    let uid = uid_of(&pod);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (_agent, _reg) = start_node_agent(&host, &rt, &cluster, json!({"offline_pods": {"poll_ms": 1000}}));
+    let listed = eventually("node-agent's offline pod list", || {
+        node_daemon::offline_pods::read(&node_daemon::offline_pods::path(&run)).ok().flatten()
+    });
+    let uids: Vec<&str> = listed.pods.iter().map(|p| p.uid.as_str()).collect();
+    assert_eq!(uids, [uid.as_str()], "only the offline pod, not {}", uid_of(&online));
+
+    // The pod's container and the online service's, each in its pod's cgroup; no shim in either.
+    let off_cg = e2e::PodCgroup::create(&uid).expect("the offline pod's cgroup");
+    let on_cg = e2e::PodCgroup::create(&uid_of(&online)).expect("the online pod's cgroup");
+    let container = |program: &str, args: &[&str]| {
+        let mut c = host.command(program);
+        c.args(args).env_remove("LD_PRELOAD");
+        Proc::spawn(c)
+    };
+    let mut svc = container("online", &["--json", "--rate", "20", "--duration", "60", "--kernels", "1", "--kernel-us", "200", "--blocks", "8"]);
+    on_cg.add(svc.child.id()).unwrap();
+    let mut off = container("offline", &["--json", "--blocks", "8", "--kernel-us", "2000", "--report-interval", "0.2", "--state-mb", "64"]);
+    off_cg.add(off.child.id()).unwrap();
+    off.wait_line("iters_per_s", T);
+
+    let (st, _) = off.stop(0, T);
+    use std::os::unix::process::ExitStatusExt as _;
+    assert!(st.success() || st.signal() == Some(libc::SIGTERM), "the unshimmed process ends on the monitor's SIGTERM: {st:?}");
+    let v = read_state(&run);
+    assert_eq!(v["evictions"]["under_report"], 1, "{v:#}");
+    assert_eq!(v["offline_registered"], 0, "nothing registered: {v:#}");
+    let evictions = eventually("the Eviction reaching the API server", || {
+        let e = cluster.evictions();
+        (!e.is_empty()).then_some(e)
+    });
+    let e: Eviction = serde_json::from_value(evictions[0].clone()).unwrap();
+    assert_eq!((e.metadata.namespace.as_deref(), e.metadata.name.as_deref()), (Some("ml"), Some("train-x7k2p")));
+    assert_eq!(e.delete_options.unwrap().preconditions.unwrap().uid.as_deref(), Some(uid.as_str()));
+    assert!(matches!(svc.child.try_wait(), Ok(None)), "the online service's process was evicted");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(cluster.evictions().len(), 1, "one Eviction, never again");
+    drop(svc);
 }
