@@ -72,10 +72,13 @@ pub struct MonitorBlock {
     pub mem_used_bytes: AtomicU64,
     /// Device memory total, bytes.
     pub mem_total_bytes: AtomicU64,
-    /// Memory quota for offline groups set by the monitor, bytes (0 = use the shim's config).
-    pub mem_quota_bytes: AtomicU64,
-    /// Bumped to ask every registered offline process to exit.
-    pub evict_all_epoch: AtomicU64,
+    /// Layout v5 read this word as a memory quota capping every offline group, and the next as
+    /// an epoch whose change made every registered offline process leave. Nothing wrote either
+    /// but a tenant could (any ledger client may write the file): one tenant shrank or evicted
+    /// every other. No longer read or written; kept so that v5 files stay valid (drop them at
+    /// the next layout version).
+    _unused_quota_bytes: AtomicU64,
+    _unused_evict_all_epoch: AtomicU64,
 }
 
 /// Fields only the MPS manager writes (dynamic SM allocation), guarded by their own seqlock.
@@ -239,6 +242,17 @@ pub const PROC_SLOT_LEN: u64 = std::mem::size_of::<ProcSlot>() as u64;
 /// Byte offset of the start-claims block: the claims lock's range starts here.
 pub fn claims_offset() -> u64 {
     std::mem::offset_of!(Layout, claims) as u64
+}
+
+/// Byte offsets in the file of the two monitor-block words layout v5 read and nothing wrote
+/// (the old offline quota cap and evict-all epoch): tests write them as a tenant could.
+#[cfg(test)]
+pub(crate) fn unused_monitor_words() -> [u64; 2] {
+    let m = std::mem::offset_of!(Layout, monitor);
+    [
+        (m + std::mem::offset_of!(MonitorBlock, _unused_quota_bytes)) as u64,
+        (m + std::mem::offset_of!(MonitorBlock, _unused_evict_all_epoch)) as u64,
+    ]
 }
 
 /// Length of the claims lock's range (the whole claims block).

@@ -26,8 +26,6 @@ pub struct MonitorSample {
     pub mem_used_bytes: u64,
     /// Device memory in total, bytes.
     pub mem_total_bytes: u64,
-    /// Memory quota set by the operator for offline work, bytes (0 = none).
-    pub mem_quota_bytes: u64,
 }
 
 /// A consistent copy of the monitor block.
@@ -110,7 +108,6 @@ impl Ledger {
         m.sm_count.store(s.sm_count, Relaxed);
         m.mem_used_bytes.store(s.mem_used_bytes, Relaxed);
         m.mem_total_bytes.store(s.mem_total_bytes, Relaxed);
-        m.mem_quota_bytes.store(s.mem_quota_bytes, Relaxed);
         m.publish_ns.store(publish_ns, Relaxed);
         m.seq.store(start + 1, Release);
     }
@@ -134,7 +131,6 @@ impl Ledger {
                     sm_count: m.sm_count.load(Relaxed),
                     mem_used_bytes: m.mem_used_bytes.load(Relaxed),
                     mem_total_bytes: m.mem_total_bytes.load(Relaxed),
-                    mem_quota_bytes: m.mem_quota_bytes.load(Relaxed),
                 },
                 publish_ns: m.publish_ns.load(Relaxed),
                 seq: s1,
@@ -152,16 +148,6 @@ impl Ledger {
     pub fn health(&self) -> HealthState {
         HealthState::from_u32(self.layout().monitor.health.load(Acquire))
             .unwrap_or(HealthState::Init)
-    }
-
-    /// Asks every registered offline process to exit (monitor eviction).
-    pub fn request_evict_all(&self) -> u64 {
-        self.layout().monitor.evict_all_epoch.fetch_add(1, AcqRel) + 1
-    }
-
-    /// Current eviction epoch; a change since start-up means "exit now".
-    pub fn evict_all_epoch(&self) -> u64 {
-        self.layout().monitor.evict_all_epoch.load(Acquire)
     }
 
     /// Asks the process `pid` that started at `start_time` (clock ticks, `/proc/<pid>/stat`

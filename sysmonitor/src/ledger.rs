@@ -386,8 +386,7 @@ impl LedgerPort for LedgerAdapter {
         if !self.usable() {
             return Ok(());
         }
-        let m = &self.ledger.layout().monitor;
-        // The memory quota belongs to the operator: carry it over (the SM budget is the manager's block).
+        // The SM budget is the manager's block.
         let prev = self.ledger.read_monitor();
         let s = MonitorSample {
             health: to_ledger(p.state.unwrap_or(State::Init)) as u32,
@@ -398,7 +397,6 @@ impl LedgerPort for LedgerAdapter {
             sm_count: prev.map_or(0, |x| x.sample.sm_count),
             mem_used_bytes: p.mem_used,
             mem_total_bytes: p.mem_total,
-            mem_quota_bytes: m.mem_quota_bytes.load(Acquire),
         };
         self.ledger.publish_as(&s, self.pid);
         Ok(())

@@ -393,7 +393,6 @@ struct Loop {
     pid: Pid,
     last_stale: Option<bool>,
     last_target: f64,
-    start_epoch: Option<u64>,
     reported: (u64, u64),
     /// This process's job's part of the offline SM budget (fraction of it, 0..=1), from the
     /// jobs registered on the GPU; refreshed with the housekeeping (see [`job_part`]).
@@ -420,7 +419,6 @@ fn controller(st: &'static State, cfg: &'static Config) {
             pid: Pid::new(tc),
             last_stale: None,
             last_target: tc.target_load,
-            start_epoch: g.quota.ledger().map(|(l, _)| l.evict_all_epoch()),
             reported: (0, 0),
             job_part: job_part(g),
         })
@@ -489,10 +487,11 @@ fn housekeeping(g: &Gpu, lp: &mut Loop) -> bool {
             tracing::info!(pid, bytes, "xcuda: reclaimed quota of a dead process");
         }
     }
+    // Only this process's own slot says it must leave: the monitor writes a request there
+    // (checked by pid and start time); no word of the file asks every process at once.
     let sig = l.evict_signal(h);
-    let evict_all = lp.start_epoch.is_some_and(|e| l.evict_all_epoch() != e);
-    if sig != 0 || evict_all {
-        let sig = if sig != 0 { sig as c_int } else { libc::SIGTERM };
+    if sig != 0 {
+        let sig = sig as c_int;
         tracing::warn!(sig, host_gpu = ?g.host_index, "xcuda: monitor asked this process to leave");
         // SAFETY: raising a signal at ourselves; the graceful-exit path handles it.
         unsafe { libc::kill(libc::getpid(), sig) };

@@ -299,3 +299,28 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
     }
     eprintln!("SUMMARY cycles={cycles} processes_died={died} monitor_died={monitor_died} cycles_over_quota={cycles_over} worst_over_quota_bytes={worst_over}");
 }
+
+/// Any ledger client may write the file. Layout v5 had two monitor-block words that every shim
+/// acted on and nothing but a tenant could write: a quota cap for every group and an evict-all
+/// epoch. A tenant writing them (a 1-byte cap, a bumped epoch) starved every other container's
+/// allocations and made every registered process on the GPU leave. Nothing reads them now: the
+/// holder stays, and allocates within its own container's quota.
+#[test]
+fn a_tenants_write_of_the_old_monitor_words_neither_evicts_nor_starves_another_container() {
+    use node_ledger::layout::{Layout, MonitorBlock};
+    let host = EmuHost::new();
+    let l = ledger(&host);
+    let mut a = holder(&host);
+    let words = std::mem::offset_of!(Layout, monitor) + std::mem::offset_of!(MonitorBlock, mem_total_bytes) + 8;
+    poke(&ledger_file(&host), words as u64, &1u64.to_le_bytes());
+    poke(&ledger_file(&host), words as u64 + 8, &7u64.to_le_bytes());
+    // Four of the shim's housekeeping ticks (250 ms), where it looked at the epoch.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(a.alive(), "the holder left: {}", a.stderr());
+    a.send_line("go");
+    let out = a.finish(T);
+    let lines: Vec<String> = out.lines().map(str::to_string).collect();
+    assert_eq!(rc_of(&lines, "alloc="), ["0", "0"], "its quota is its own: {out}\n{}", a.stderr());
+    assert!(!a.stderr().contains("asked this process to leave"), "{}", a.stderr());
+    drop(l);
+}
