@@ -14,7 +14,7 @@ use crate::ledger::next_on_grid;
 use crate::port::{EvictReason, LedgerPort, OfflineProc, Published};
 use crate::ring::Ring;
 use crate::sampler::{GpuSample, GpuSource, SampleMetrics};
-use crate::verify::{Found, ProcProbe, Verifier};
+use crate::verify::{Found, Held, ProcProbe, Verifier};
 
 /// Who is on the GPU, for judging an overloaded sample (see [`crate::health::judged`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -765,8 +765,8 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 /// The unshimmed-work check's reads of a process by its pid here, from `/proc`.
 struct ProcfsProbe<'a> {
     ledger_path: &'a std::path::Path,
-    /// The ledger files (live and damaged copies), listed at the first need.
-    ledgers: Option<Vec<node_ledger::LedgerFile>>,
+    /// The live ledger file and the damaged copies moved aside, listed at the first need.
+    ledgers: Option<(Option<node_ledger::LedgerFile>, Vec<node_ledger::LedgerFile>)>,
     /// Pid namespaces read in this check.
     ns: HashMap<u32, u64>,
     /// Pods found by cgroup, kept across checks while NVML lists the process: (namespace, pod).
@@ -785,10 +785,22 @@ impl ProcProbe for ProcfsProbe<'_> {
     fn start_time(&mut self, pid: u32) -> Option<u64> {
         node_ledger::procinfo::start_time(pid)
     }
-    fn holds_ledger(&mut self, pid: u32) -> bool {
+    fn ledger_held(&mut self, pid: u32) -> Option<Held> {
         let path = self.ledger_path;
-        let files = self.ledgers.get_or_insert_with(|| node_ledger::LedgerFile::with_damaged_copies(path));
-        files.iter().any(|f| node_daemon::procns::holds_open(pid, f))
+        let (live, aside) = self.ledgers.get_or_insert_with(|| {
+            let live = node_ledger::LedgerFile::of_path(path).ok();
+            let aside = node_ledger::LedgerFile::with_damaged_copies(path).into_iter().filter(|f| Some(*f) != live).collect();
+            (live, aside)
+        });
+        if live.is_some_and(|f| node_daemon::procns::holds_open(pid, &f)) {
+            return Some(Held::Live);
+        }
+        aside.iter().any(|f| node_daemon::procns::holds_open(pid, f)).then_some(Held::Aside)
+    }
+    fn parent(&mut self, pid: u32) -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
     }
     fn pod_uid(&mut self, pid: u32) -> Option<String> {
         // Read once per process: the same pid in the same pid namespace, listed by NVML at

@@ -50,6 +50,17 @@ pub enum Found {
     Pod(String),
 }
 
+/// A ledger file an unregistered GPU process holds open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// The GPU's live ledger: a shim's fork child holds it (inherited) until its first
+    /// reservation registers it, and so can anyone who opens the file.
+    Live,
+    /// One the monitor moved aside as damaged: a shim registered there, whose registration the
+    /// monitor could not carry over.
+    Aside,
+}
+
 /// What the unshimmed-work check reads of a GPU process by its pid here (the monitor: `/proc`;
 /// tests: a table). `None`: gone or unreadable, not judged.
 pub trait ProcProbe {
@@ -59,9 +70,10 @@ pub trait ProcProbe {
     fn inner_pid(&mut self, pid: u32) -> Option<u32>;
     /// Its start time (clock ticks since boot).
     fn start_time(&mut self, pid: u32) -> Option<u64>;
-    /// Whether it holds a ledger file open (the live one, or one the monitor moved aside as
-    /// damaged, whose registrations it could not carry over): a shim's process.
-    fn holds_ledger(&mut self, pid: u32) -> bool;
+    /// Which ledger file it holds open, if any.
+    fn ledger_held(&mut self, pid: u32) -> Option<Held>;
+    /// Its parent's pid here.
+    fn parent(&mut self, pid: u32) -> Option<u32>;
     /// The pod its cgroup names (asked only while node-agent lists offline pods, of a process
     /// in no registered offline container's namespace).
     fn pod_uid(&mut self, pid: u32) -> Option<String>;
@@ -120,8 +132,10 @@ impl Verifier {
     /// `cfg.strikes` checks in a row.
     ///
     /// A process is registered if its host pid is a registration's, or if a registration names
-    /// its pid namespace and its pid there (found or not from here); one that holds a ledger
-    /// file open is a shim's, not judged. `own_ns` (the monitor's pid namespace, the host's,
+    /// its pid namespace and its pid there (found or not from here). One that holds a damaged
+    /// ledger the monitor moved aside is a shim's, not judged; one that holds the live ledger
+    /// is a shim's only while its parent is a registered process (a fork child before its first
+    /// reservation): holding the file open is no pass, anyone in the container can open it. `own_ns` (the monitor's pid namespace, the host's,
     /// where online services run too) is never taken for an offline container's. The probe
     /// reads every listed unregistered process's pid namespace, its cgroup only while
     /// `offline_pods` is not empty, and the rest only for a process found offline.
@@ -163,8 +177,18 @@ impl Verifier {
                 };
                 let ns_pid = if ns == own_ns { Some(pid) } else { probe.inner_pid(pid) };
                 let Some(ns_pid) = ns_pid else { continue };
-                if offline.iter().any(|p| p.pid_ns == ns && p.pid == ns_pid) || probe.holds_ledger(pid) {
+                if offline.iter().any(|p| p.pid_ns == ns && p.pid == ns_pid) {
                     continue;
+                }
+                match probe.ledger_held(pid) {
+                    Some(Held::Aside) => continue,
+                    Some(Held::Live) => {
+                        let parent = probe.parent(pid);
+                        if parent.is_some_and(|pp| offline.iter().any(|p| p.host_pid == Some(pp))) {
+                            continue;
+                        }
+                    }
+                    None => {}
                 }
                 let Some(start_time) = probe.start_time(pid) else { continue };
                 seen.push((pid, start_time));
@@ -211,10 +235,12 @@ mod tests {
     }
 
     /// A probe over a table: host pid -> (pid namespace, pid there, pod UID), start time
-    /// `pid * 100`; `holding` hold a ledger file. Counts the cgroup reads.
+    /// `pid * 100`; `holding` hold a ledger file, `parents` have a parent. Counts the cgroup
+    /// reads.
     struct Table {
         procs: HashMap<u32, (u64, u32, Option<&'static str>)>,
-        holding: Vec<u32>,
+        holding: Vec<(u32, Held)>,
+        parents: Vec<(u32, u32)>,
         cgroup_reads: Vec<u32>,
     }
 
@@ -223,6 +249,7 @@ mod tests {
             Table {
                 procs: rows.iter().map(|&(h, ns, inner, pod)| (h, (ns, inner, pod))).collect(),
                 holding: Vec::new(),
+                parents: Vec::new(),
                 cgroup_reads: Vec::new(),
             }
         }
@@ -238,8 +265,11 @@ mod tests {
         fn start_time(&mut self, pid: u32) -> Option<u64> {
             self.procs.contains_key(&pid).then_some(u64::from(pid) * 100)
         }
-        fn holds_ledger(&mut self, pid: u32) -> bool {
-            self.holding.contains(&pid)
+        fn ledger_held(&mut self, pid: u32) -> Option<Held> {
+            self.holding.iter().find(|h| h.0 == pid).map(|h| h.1)
+        }
+        fn parent(&mut self, pid: u32) -> Option<u32> {
+            self.parents.iter().find(|p| p.0 == pid).map(|p| p.1)
         }
         fn pod_uid(&mut self, pid: u32) -> Option<String> {
             self.cgroup_reads.push(pid);
@@ -288,12 +318,24 @@ mod tests {
         assert!(v.check_unregistered(&cfg, &offline, &nvml[..1], own, &no_pods, &mut t).is_empty());
         assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty(), "strikes start over");
         assert!(t.cgroup_reads.is_empty(), "no offline pod listed: no cgroup read");
-        // Holding a ledger file (registered in one the monitor moved aside as damaged): a shim's.
+        // Holding a ledger the monitor moved aside as damaged (registered there): a shim's.
         let mut v = Verifier::default();
-        t.holding = vec![11];
+        t.holding = vec![(11, Held::Aside)];
         for _ in 0..3 {
             assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty());
         }
+        // Holding the live ledger: a shim's fork child if its parent is registered (10)...
+        t.holding = vec![(11, Held::Live)];
+        t.parents = vec![(11, 10)];
+        for _ in 0..3 {
+            assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty());
+        }
+        // ... else no pass: anyone in the container can open the file.
+        t.parents = vec![(11, 12)];
+        v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t);
+        let u = v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t);
+        assert_eq!(u.iter().map(|x| x.proc_.pid).collect::<Vec<_>>(), [11]);
+        t.parents.clear();
         t.holding.clear();
         // A host-namespace registration alone makes no namespace an offline container's.
         let mut v = Verifier::default();
@@ -322,7 +364,7 @@ mod tests {
             (24, ctr_c, 7, Some(OFFLINE_POD)),
             (25, ctr_c, 8, Some(OFFLINE_POD)),
         ]);
-        t.holding = vec![25];
+        t.holding = vec![(25, Held::Aside)];
         let registered_inside = OfflineProc { pid_ns: ctr_c, host_pid: None, ..p(7, 0) };
         let offline = [registered_inside];
         let nvml = listed(&[20, 21, 22, 23, 24, 25]);

@@ -294,9 +294,11 @@ fn a_gpu_process_in_an_offline_container_without_the_shim_is_evicted() {
 /// and drove evictions of others. With node-agent's list of the offline pods on the node
 /// (`<ledger_dir>/offline-pods.json`), a GPU process whose cgroup names a listed pod and that
 /// has no registration is evicted (SIGTERM by its host pid, under_report), and the eviction
-/// log names its pod, by which node-agent evicts the pod through the API. A GPU process of
-/// another pod (an online service's) is left alone, and nothing happens before the list is
-/// there. Root only (a real cgroup per pod).
+/// log names its pod, by which node-agent evicts the pod through the API. Holding the ledger
+/// file open (anyone in the container can open it) is no pass for a process whose parent is not
+/// a registered one: the rogue here holds it. A GPU process of another pod (an online
+/// service's) is left alone, and nothing happens before the list is there. Root only (a real
+/// cgroup per pod).
 #[test]
 fn a_gpu_process_of_a_listed_offline_pod_with_no_registration_anywhere_is_evicted() {
     if e2e::lacks_root("make a cgroup per pod") {
@@ -309,7 +311,7 @@ fn a_gpu_process_of_a_listed_offline_pod_with_no_registration_anywhere_is_evicte
     let n = EmuHost::node();
     let (_mon, ledger) = healthy(&n, &config(400, 5000));
     let mut online = n.spawn_helper("gpu-mem", "96");
-    let mut rogue = n.spawn_helper("gpu-mem", "128");
+    let mut rogue = n.spawn_helper_offline("gpu-mem", "128");
     on_cg.add(online.pid()).unwrap();
     off_cg.add(rogue.pid()).unwrap();
     let dev = n.device();
