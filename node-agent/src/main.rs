@@ -124,7 +124,22 @@ fn status_table(cfg: &AgentConfig) -> String {
         let slots = if h.healthy() { plugin::HEALTHY } else { plugin::UNHEALTHY };
         out.push_str(&format!("{i:<4} {slots:<14} {budget:<7} {}\n", h.why));
     }
+    out.push_str(&offline_pods_line(cfg));
     out
+}
+
+/// `node-agent status`'s line on the offline pod list the monitors read.
+fn offline_pods_line(cfg: &AgentConfig) -> String {
+    let path = node_daemon::offline_pods::path(&cfg.ledger_dir);
+    let off = if cfg.offline_pods.enabled { "" } else { " (offline_pods.enabled is false: not refreshed)" };
+    match node_daemon::offline_pods::read(&path) {
+        Ok(Some(l)) => {
+            let age_s = node_daemon::clock::unix_ms().saturating_sub(l.unix_ms) / 1000;
+            format!("offline pod list: {} pods, listed {age_s} s ago ({}){off}\n", l.pods.len(), path.display())
+        }
+        Ok(None) => format!("offline pod list: none written ({}){off}\n", path.display()),
+        Err(e) => format!("offline pod list: ERROR {e}{off}\n"),
+    }
 }
 
 async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {

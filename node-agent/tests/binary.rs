@@ -196,4 +196,14 @@ fn status_says_which_gpus_take_offline_work_and_why_not() {
     );
     let l2 = line("2");
     assert!(l2.split_whitespace().nth(1) == Some("Unhealthy") && l2.contains("ledger"), "{text}");
+    assert!(text.contains("offline pod list: none written"), "{text}");
+    let pods = node_daemon::offline_pods::OfflinePods::new(
+        "n",
+        now,
+        vec![node_daemon::offline_pods::OfflinePod { uid: "11111111-1111-4111-8111-111111111111".into(), namespace: "ml".into(), name: "train-0".into() }],
+    );
+    node_daemon::offline_pods::write(&node_daemon::offline_pods::path(&run), &pods).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["status", "--config"]).arg(&cfg).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("offline pod list: 1 pods, listed ") && text.contains("s ago (") && text.contains("offline-pods.json"), "{text}");
 }

@@ -102,6 +102,21 @@ pub struct MonitorState {
     /// (empty in files written before this field existed).
     #[serde(default)]
     pub evictions_pending: Vec<PendingEviction>,
+    /// node-agent's list of offline pods as the monitor judges by it (`None`: no list read and
+    /// none refused; absent in files written before this field existed).
+    #[serde(default)]
+    pub offline_pods: Option<OfflinePodsState>,
+}
+
+/// The offline pod list in force ([`MonitorState::offline_pods`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfflinePodsState {
+    /// The file read.
+    pub path: String,
+    /// Pods in the list in force (the last good one).
+    pub pods: usize,
+    /// Why the file's current content is not in force (damaged, removed), if it is not.
+    pub error: Option<String>,
 }
 
 /// One eviction in flight, as the state file records it ([`MonitorState::evictions_pending`]).
@@ -162,6 +177,7 @@ impl MonitorState {
             overlimit_eviction_lag_samples: None,
             ledger_error: None,
             evictions_pending: Vec::new(),
+            offline_pods: None,
         }
     }
 }

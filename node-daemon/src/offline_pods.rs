@@ -183,6 +183,7 @@ pub struct Watch {
     uids: BTreeSet<String>,
     pods: Vec<OfflinePod>,
     read_once: bool,
+    error: Option<String>,
 }
 
 impl Watch {
@@ -194,6 +195,7 @@ impl Watch {
             uids: BTreeSet::new(),
             pods: Vec::new(),
             read_once: false,
+            error: None,
         }
     }
 
@@ -212,6 +214,11 @@ impl Watch {
         self.pods.iter().find(|p| p.uid == uid)
     }
 
+    /// Why the file's current content is not in force (refused, removed), if it is not.
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
     /// Whether a list was ever read.
     pub fn has_list(&self) -> bool {
         self.read_once
@@ -228,7 +235,9 @@ impl Watch {
                     return None;
                 }
                 self.seen = key;
-                return Some(Change::Refused(format!("{}: {e}", self.path.display())));
+                let e = format!("{}: {e}", self.path.display());
+                self.error = Some(e.clone());
+                return Some(Change::Refused(e));
             }
         };
         if key == self.seen {
@@ -236,22 +245,35 @@ impl Watch {
         }
         self.seen = key;
         if key.is_none() {
-            return self.read_once.then_some(Change::Gone);
+            return self.gone();
         }
         match read(&self.path) {
             Ok(Some(p)) => {
                 self.uids = p.uids();
                 self.pods = p.pods;
                 self.read_once = true;
+                self.error = None;
                 Some(Change::Read { pods: self.uids.len() })
             }
             // Removed between the stat and the read.
             Ok(None) => {
                 self.seen = None;
-                self.read_once.then_some(Change::Gone)
+                self.gone()
             }
-            Err(e) => Some(Change::Refused(e)),
+            Err(e) => {
+                self.error = Some(e.clone());
+                Some(Change::Refused(e))
+            }
         }
+    }
+
+    fn gone(&mut self) -> Option<Change> {
+        if !self.read_once {
+            self.error = None;
+            return None;
+        }
+        self.error = Some(format!("{}: removed", self.path.display()));
+        Some(Change::Gone)
     }
 }
 
@@ -334,11 +356,14 @@ mod tests {
         std::fs::write(&p, "{ damaged").unwrap();
         assert!(matches!(w.refresh(), Some(Change::Refused(e)) if e.contains(FILE_NAME)));
         assert!(w.uids().contains(A), "the last good list stays in force");
+        assert!(w.error().is_some_and(|e| e.contains(FILE_NAME)));
         std::fs::remove_file(&p).unwrap();
         assert_eq!(w.refresh(), Some(Change::Gone));
         assert!(w.uids().contains(A));
+        assert!(w.error().is_some_and(|e| e.ends_with("removed")));
         write(&p, &OfflinePods::new("n", 2, vec![pod(B)])).unwrap();
         assert_eq!(w.refresh(), Some(Change::Read { pods: 1 }));
+        assert_eq!(w.error(), None);
         assert_eq!(w.uids().iter().collect::<Vec<_>>(), vec![B]);
         write(&p, &OfflinePods::new("n", 3, vec![])).unwrap();
         assert_eq!(w.refresh(), Some(Change::Read { pods: 0 }));

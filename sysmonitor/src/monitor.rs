@@ -748,6 +748,13 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             last_eviction_sample: self.last_eviction_sample,
             overlimit_eviction_lag_samples: self.overlimit_eviction_lag_samples,
             ledger_error: None,
+            offline_pods: (self.offline_pods.has_list() || self.offline_pods.error().is_some()).then(|| {
+                node_daemon::monitor_state::OfflinePodsState {
+                    path: self.offline_pods.path().display().to_string(),
+                    pods: self.offline_pods.uids().len(),
+                    error: self.offline_pods.error().map(str::to_string),
+                }
+            }),
             evictions_pending: self
                 .evictor
                 .pending()

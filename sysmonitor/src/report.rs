@@ -253,6 +253,17 @@ pub fn status_table(s: &MonitorState, now_unix_ms: u64, running: bool) -> String
         "offline registered",
         s.offline_registered.to_string(),
     );
+    row(
+        &mut o,
+        "offline pod list",
+        match &s.offline_pods {
+            None => "none read (node-agent writes it): work without the shim is found only beside a registered process".into(),
+            Some(p) => match &p.error {
+                None => format!("{} pods ({})", p.pods, p.path),
+                Some(e) => format!("ERROR {e}; the last good list ({} pods) in force", p.pods),
+            },
+        },
+    );
     let ev: Vec<String> = s
         .evictions
         .iter()
@@ -360,5 +371,22 @@ mod tests {
             t.contains("at 100 ms (idle: no offline work, 10 ms while there is)"),
             "{t}"
         );
+    }
+
+    /// The offline pod list the monitor judges by: none read, in force, or refused with the
+    /// last good one in force.
+    #[test]
+    fn status_table_shows_the_offline_pod_list() {
+        use node_daemon::monitor_state::OfflinePodsState;
+        let t = status_table(&snap(), 1100, true);
+        assert!(t.lines().any(|l| l.trim_start().starts_with("offline pod list") && l.contains("none read (node-agent writes it)")), "{t}");
+        let list = |error: Option<&str>| MonitorState {
+            offline_pods: Some(OfflinePodsState { path: "/run/xshare/offline-pods.json".into(), pods: 3, error: error.map(str::to_string) }),
+            ..snap()
+        };
+        let t = status_table(&list(None), 1100, true);
+        assert!(t.contains("3 pods (/run/xshare/offline-pods.json)"), "{t}");
+        let t = status_table(&list(Some("/run/xshare/offline-pods.json:1: EOF")), 1100, true);
+        assert!(t.contains("ERROR /run/xshare/offline-pods.json:1: EOF; the last good list (3 pods) in force"), "{t}");
     }
 }

@@ -325,6 +325,7 @@ fn a_gpu_process_of_a_listed_offline_pod_with_no_registration_anywhere_is_evicte
     assert!(rogue.alive() && online.alive());
     let v = n.wait_state(T, "a fresh state", |_| true);
     assert_eq!(v["evictions"]["under_report"].as_u64().unwrap_or(0), 0, "{v:#}");
+    assert_eq!(v["offline_pods"], Value::Null, "no list read: {v:#}");
 
     let pod = |uid: &str, name: &str| node_daemon::offline_pods::OfflinePod {
         uid: uid.into(),
@@ -336,6 +337,7 @@ fn a_gpu_process_of_a_listed_offline_pod_with_no_registration_anywhere_is_evicte
     assert_eq!(rogue.wait_exit(T), Some(Some(libc::SIGTERM)), "the rogue ended by the monitor's SIGTERM");
     let v = n.wait_state(T, "the eviction counted", |v| v["evictions"]["under_report"].as_u64() >= Some(1));
     assert_eq!(v["evictions"]["under_report"], 1, "{v:#}");
+    assert_eq!((&v["offline_pods"]["pods"], &v["offline_pods"]["error"]), (&1.into(), &Value::Null), "{v:#}");
     assert!(online.alive(), "the online pod's process was evicted:\n{}", n.log("mon.json"));
     let log = n.log("mon.json");
     assert!(
