@@ -5,12 +5,12 @@
 //! A container whose GPU work all runs without the shim registers nothing in the ledger, so
 //! the monitor cannot tell its processes from the online service's. This agent knows which pods
 //! ask for the offline resource; it lists them every `offline_pods.poll_ms` and writes their
-//! UIDs whenever the list changes (and at its first successful list). The monitor then takes
-//! an unregistered GPU process whose cgroup names one of them for offline work without the shim
-//! and evicts it; its eviction log record names the pod, which `crate::evict` evicts through
-//! the API. Pods that finished (`Succeeded`, `Failed`) are left out; pods being deleted stay in
-//! until they are gone (their processes still run). A failed list leaves the file as it was:
-//! the monitors keep judging by the last list written.
+//! UIDs whenever the list changes (at its first successful list, and when the file is gone).
+//! The monitor then takes an unregistered GPU process whose cgroup names one of them for
+//! offline work without the shim and evicts it; its eviction log record names the pod, which
+//! `crate::evict` evicts through the API. Pods that finished (`Succeeded`, `Failed`) are left
+//! out; pods being deleted stay in until they are gone (their processes still run). A failed
+//! list leaves the file as it was: the monitors keep judging by the last list written.
 
 use std::path::PathBuf;
 
@@ -82,7 +82,9 @@ impl Publisher {
             }
         };
         let list = OfflinePods::new(&self.node, unix_ms(), offline_pods(&pods, &self.resource));
-        if self.last.as_ref() == Some(&list.pods) {
+        // Unchanged and still there (one `stat`): nothing to write. A file removed meanwhile
+        // is written again.
+        if self.last.as_ref() == Some(&list.pods) && self.path.exists() {
             self.recovered();
             return false;
         }

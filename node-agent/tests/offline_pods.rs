@@ -26,9 +26,9 @@ fn pod(name: &str, uid: &str, phase: &str) -> serde_json::Value {
 
 /// The pods of node-a as the API server lists them at call `n` (0-based): an offline pod
 /// running, one being deleted, one finished, an online service (no offline resource); from
-/// call 2 on, a new offline pod too; call 3 fails (500).
+/// call 3 on, a new offline pod too; call 4 fails (500).
 fn pods_at(n: u32) -> (u16, serde_json::Value) {
-    if n == 3 {
+    if n == 4 {
         return (500, status(500, "InternalError", "etcd is down"));
     }
     let mut deleting = pod("deleting", DELETING, "Running");
@@ -37,7 +37,7 @@ fn pods_at(n: u32) -> (u16, serde_json::Value) {
     let mut online = pod("web", ONLINE, "Running");
     online["spec"]["containers"][0]["resources"] = serde_json::json!({"limits": {"nvidia.com/gpu": "1"}});
     let mut items = vec![pod("train", RUNNING, "Running"), deleting, pod("done", DONE, "Succeeded"), online];
-    if n >= 2 {
+    if n >= 3 {
         items.push(pod("later", LATER, "Pending"));
     }
     (200, pod_list(items))
@@ -67,13 +67,16 @@ async fn lists_the_unfinished_offline_pods_rewrites_on_change_and_keeps_the_list
 
     assert!(!p.tick().await, "unchanged: not written again");
     assert_eq!(std::fs::read(path(tmp.path())).unwrap(), written);
+    std::fs::remove_file(path(tmp.path())).unwrap();
+    assert!(p.tick().await, "removed: written again");
+    assert_eq!(uids(), [RUNNING, DELETING]);
 
     assert!(p.tick().await, "a new offline pod: written");
     assert_eq!(uids(), [RUNNING, DELETING, LATER]);
 
     assert!(!p.tick().await, "the list call failed");
     assert_eq!(uids(), [RUNNING, DELETING, LATER], "the last list stays in force");
-    assert_eq!((p.writes, p.errors), (2, 1));
+    assert_eq!((p.writes, p.errors), (3, 1));
     let m = p.metrics();
     assert!(m.contains("xshare_node_agent_offline_pods{node=\"node-a\"} 3"), "{m}");
     assert!(m.contains("xshare_node_agent_offline_pod_list_errors_total{node=\"node-a\"} 1"), "{m}");
