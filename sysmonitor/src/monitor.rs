@@ -130,13 +130,9 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     /// The latest samples, `history_secs` of them.
     pub history: Ring<GpuSample>,
     verifier: Verifier,
-    /// node-agent's list of the offline pods on this node (`cfg.offline_pods_path()`).
-    offline_pods: node_daemon::offline_pods::Watch,
-    /// Whether the absence of that list was said (once).
-    offline_pods_absent_said: bool,
-    /// Host pid -> (pid namespace, pod its cgroup names), for the processes NVML listed at the
-    /// last verification (a container's processes never change cgroup).
-    pod_of_pid: HashMap<u32, (u64, Option<String>)>,
+    /// The offline pod list and what was found by it (boxed: read at verification only, it
+    /// stays off the cache lines of the per-sample fields).
+    pods: Box<PodCheck>,
     pressure: PressureJudge,
     host: Option<HostMem>,
     next_host_ms: u64,
@@ -223,7 +219,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             .xid_log
             .as_deref()
             .map(|p| crate::xidlog::XidTail::open(p, cfg.xid_log_match.clone()));
-        let offline_pods = node_daemon::offline_pods::Watch::new(cfg.offline_pods_path());
+        let pods = Box::new(PodCheck::new(&cfg));
         Monitor {
             history: Ring::new(cfg.history_len()),
             machine: Machine::with_history(history),
@@ -232,9 +228,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             gpu,
             ledger,
             verifier: Verifier::default(),
-            offline_pods,
-            offline_pods_absent_said: false,
-            pod_of_pid: HashMap::new(),
+            pods,
             pressure: PressureJudge::default(),
             host: None,
             next_host_ms: 0,
@@ -263,8 +257,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
     pub fn reconfigure(&mut self, cfg: Config) {
         self.gpu.set_pace(&cfg.nvml);
         if cfg.offline_pods_path() != self.cfg.offline_pods_path() {
-            self.offline_pods = node_daemon::offline_pods::Watch::new(cfg.offline_pods_path());
-            self.offline_pods_absent_said = false;
+            *self.pods = PodCheck::new(&cfg);
         }
         self.cfg = cfg;
     }
@@ -577,17 +570,24 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
     }
 
-    /// Takes in a changed offline pod list; says once that there is none.
-    fn refresh_offline_pods(&mut self) {
+    /// Takes in a changed offline pod list (a look every [`POD_LIST_EVERY_MS`]); says once that
+    /// there is none.
+    fn refresh_offline_pods(&mut self, now_ms: u64) {
         use node_daemon::offline_pods::Change;
-        let path = self.offline_pods.path().display().to_string();
-        match self.offline_pods.refresh() {
-            Some(Change::Read { pods }) => tracing::info!(path, pods, "offline pod list read (node-agent's): GPU processes in these pods must be registered"),
-            Some(Change::Gone) => tracing::warn!(path, pods = self.offline_pods.uids().len(), "the offline pod list was removed: the last one read stays in force"),
-            Some(Change::Refused(e)) => tracing::error!(error = %e, pods = self.offline_pods.uids().len(), "offline pod list refused: the last good one stays in force"),
-            None if !self.offline_pods.has_list() && !self.offline_pods_absent_said => {
-                self.offline_pods_absent_said = true;
-                tracing::info!(path, "no offline pod list (node-agent writes it): work without the shim is found only in containers with a registered process");
+        if now_ms < self.pods.next_look_ms {
+            return;
+        }
+        self.pods.next_look_ms = now_ms.saturating_add(POD_LIST_EVERY_MS);
+        let w = &mut self.pods.watch;
+        let change = w.refresh();
+        let path = || w.path().display().to_string();
+        match change {
+            Some(Change::Read { pods }) => tracing::info!(path = path(), pods, "offline pod list read (node-agent's): GPU processes in these pods must be registered"),
+            Some(Change::Gone) => tracing::warn!(path = path(), pods = w.uids().len(), "the offline pod list was removed: the last one read stays in force"),
+            Some(Change::Refused(e)) => tracing::error!(error = %e, pods = w.uids().len(), "offline pod list refused: the last good one stays in force"),
+            None if !w.has_list() && !self.pods.absent_said => {
+                self.pods.absent_said = true;
+                tracing::info!(path = path(), "no offline pod list (node-agent writes it): work without the shim is found only in containers with a registered process");
             }
             None => {}
         }
@@ -595,10 +595,10 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
     #[inline(never)] // periodic or rare: kept out of `tick`'s frame and cache lines
     fn verify(&mut self, now_ms: u64) {
-        self.refresh_offline_pods();
+        self.refresh_offline_pods(now_ms);
         let offline = self.offline(now_ms);
-        if offline.is_empty() && self.offline_pods.uids().is_empty() {
-            self.pod_of_pid.clear();
+        if offline.is_empty() && self.pods.watch.uids().is_empty() {
+            self.pods.pod_of_pid.clear();
             return;
         }
         let nvml = match self.gpu.processes() {
@@ -618,19 +618,20 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         }
         let own_ns = node_ledger::procinfo::own_pid_ns();
         let path = self.cfg.ledger_path();
-        self.pod_of_pid.retain(|pid, _| nvml.iter().any(|m| m.pid == *pid));
+        let PodCheck { watch, pod_of_pid, .. } = &mut *self.pods;
+        pod_of_pid.retain(|pid, _| nvml.iter().any(|m| m.pid == *pid));
         let mut probe = ProcfsProbe {
             ledger_path: &path,
             ledgers: None,
             ns: HashMap::new(),
-            pods: &mut self.pod_of_pid,
+            pods: pod_of_pid,
         };
         let unshimmed = self.verifier.check_unregistered(
             &self.cfg.verify,
             &offline,
             &nvml,
             own_ns,
-            self.offline_pods.uids(),
+            watch.uids(),
             &mut probe,
         );
         for u in unshimmed {
@@ -642,7 +643,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     node_daemon::offline_pods::pod_uid_of(pid),
                 ),
                 Found::Pod(uid) => (
-                    match self.offline_pods.pod(uid) {
+                    match self.pods.watch.pod(uid) {
                         Some(p) => format!("in offline pod {}/{} (UID {uid})", p.namespace, p.name),
                         None => format!("in offline pod {uid}"),
                     },
@@ -748,11 +749,11 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             last_eviction_sample: self.last_eviction_sample,
             overlimit_eviction_lag_samples: self.overlimit_eviction_lag_samples,
             ledger_error: None,
-            offline_pods: (self.offline_pods.has_list() || self.offline_pods.error().is_some()).then(|| {
+            offline_pods: (self.pods.watch.has_list() || self.pods.watch.error().is_some()).then(|| {
                 node_daemon::monitor_state::OfflinePodsState {
-                    path: self.offline_pods.path().display().to_string(),
-                    pods: self.offline_pods.uids().len(),
-                    error: self.offline_pods.error().map(str::to_string),
+                    path: self.pods.watch.path().display().to_string(),
+                    pods: self.pods.watch.uids().len(),
+                    error: self.pods.watch.error().map(str::to_string),
                 }
             }),
             evictions_pending: self
@@ -765,6 +766,34 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     kill_at_mono_ms: kill.filter(|_| !self.cfg.evictor.dry_run),
                 })
                 .collect(),
+        }
+    }
+}
+
+/// How often the monitor looks at node-agent's offline pod list, ms (one `stat`; node-agent
+/// lists the pods every `offline_pods.poll_ms`, 5 s by default).
+pub const POD_LIST_EVERY_MS: u64 = 1000;
+
+/// node-agent's offline pod list as the monitor judges by it.
+struct PodCheck {
+    /// The list (`cfg.offline_pods_path()`).
+    watch: node_daemon::offline_pods::Watch,
+    /// Whether the absence of the list was said (once).
+    absent_said: bool,
+    /// Monotonic ms of the next look at the file ([`POD_LIST_EVERY_MS`]).
+    next_look_ms: u64,
+    /// Host pid -> (pid namespace, pod its cgroup names), for the processes NVML listed at the
+    /// last verification (a container's processes never change cgroup).
+    pod_of_pid: HashMap<u32, (u64, Option<String>)>,
+}
+
+impl PodCheck {
+    fn new(cfg: &Config) -> Self {
+        PodCheck {
+            watch: node_daemon::offline_pods::Watch::new(cfg.offline_pods_path()),
+            absent_said: false,
+            next_look_ms: 0,
+            pod_of_pid: HashMap::new(),
         }
     }
 }
