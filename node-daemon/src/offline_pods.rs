@@ -76,9 +76,9 @@ impl OfflinePods {
         }
     }
 
-    /// The pods' UIDs.
+    /// The pods' UIDs, lower-case (as [`pod_uid_from_cgroup`] gives them).
     pub fn uids(&self) -> BTreeSet<String> {
-        self.pods.iter().map(|p| p.uid.clone()).collect()
+        self.pods.iter().map(|p| p.uid.to_ascii_lowercase()).collect()
     }
 
     fn check(&self) -> Result<(), String> {
@@ -211,7 +211,7 @@ impl Watch {
 
     /// The pod of UID `uid` in the list in force.
     pub fn pod(&self, uid: &str) -> Option<&OfflinePod> {
-        self.pods.iter().find(|p| p.uid == uid)
+        self.pods.iter().find(|p| p.uid.eq_ignore_ascii_case(uid))
     }
 
     /// Why the file's current content is not in force (refused, removed), if it is not.
@@ -316,6 +316,8 @@ mod tests {
         assert_eq!(back, a);
         assert_eq!(back.pods.len(), 2);
         assert_eq!(back.uids().into_iter().collect::<Vec<_>>(), vec![A.to_string(), B.to_string()]);
+        let upper = OfflinePods::new("n", 5, vec![pod(&A.to_ascii_uppercase())]);
+        assert!(upper.uids().contains(A), "compared as the cgroup path gives it");
         use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o644);
         assert_eq!(read(&d.path().join("none")).unwrap(), None);
