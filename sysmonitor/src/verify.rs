@@ -135,8 +135,9 @@ impl Verifier {
     /// its pid namespace and its pid there (found or not from here). One that holds a damaged
     /// ledger the monitor moved aside is a shim's, not judged; one that holds the live ledger
     /// is a shim's only while its parent is a registered process (a fork child before its first
-    /// reservation): holding the file open is no pass, anyone in the container can open it. `own_ns` (the monitor's pid namespace, the host's,
-    /// where online services run too) is never taken for an offline container's. The probe
+    /// reservation): holding the file open is no pass, anyone in the container can open it.
+    /// `own_ns` (the monitor's pid namespace, the host's, where online services run too) is
+    /// never taken for an offline container's. The probe
     /// reads every listed unregistered process's pid namespace, its cgroup only while
     /// `offline_pods` is not empty, and the rest only for a process found offline.
     pub fn check_unregistered(
