@@ -142,6 +142,24 @@ fn offline_pods_line(cfg: &AgentConfig) -> String {
     }
 }
 
+/// Runs `step` every `period` until `stop` changes, keeping the Prometheus text it returns in
+/// `metrics` (served by the metrics listener).
+async fn every<F>(period: Duration, mut stop: watch::Receiver<bool>, metrics: Arc<Mutex<String>>, mut step: F)
+where
+    F: AsyncFnMut() -> String,
+{
+    loop {
+        let text = step().await;
+        if let Ok(mut g) = metrics.lock() {
+            *g = text;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
     if cfg.cdi.enabled {
         let p = node_agent::allocate::write_cdi_spec(&cfg).map_err(|e| {
@@ -196,21 +214,11 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             &cfg.device_plugin.resource_name,
             Duration::from_millis(cfg.eviction.retry_ms),
         );
-        let mut s = stop_rx.clone();
         let period = Duration::from_millis(cfg.eviction.poll_ms);
-        let m = metrics.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                ev.tick().await;
-                if let Ok(mut g) = m.lock() {
-                    *g = ev.metrics();
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(period) => {}
-                    _ = s.changed() => return,
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(every(period, stop_rx.clone(), metrics.clone(), async move || {
+            ev.tick().await;
+            ev.metrics()
+        })));
     }
     let list_metrics = Arc::new(Mutex::new(String::new()));
     if cfg.offline_pods.enabled {
@@ -220,21 +228,11 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             &cfg.device_plugin.resource_name,
             &cfg.ledger_dir,
         );
-        let mut s = stop_rx.clone();
         let period = Duration::from_millis(cfg.offline_pods.poll_ms);
-        let m = list_metrics.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                publisher.tick().await;
-                if let Ok(mut g) = m.lock() {
-                    *g = publisher.metrics();
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(period) => {}
-                    _ = s.changed() => return,
-                }
-            }
-        }));
+        tasks.push(tokio::spawn(every(period, stop_rx.clone(), list_metrics.clone(), async move || {
+            publisher.tick().await;
+            publisher.metrics()
+        })));
     }
     if !cfg.metrics_listen.is_empty() {
         let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)

@@ -81,7 +81,7 @@ impl Publisher {
                 return false;
             }
         };
-        let list = OfflinePods::new(&self.node, unix_ms(), offline_pods(&pods, &self.resource));
+        let list = OfflinePods::new(&self.node, node_daemon::clock::unix_ms(), offline_pods(&pods, &self.resource));
         // Unchanged and still there (one `stat`): nothing to write. A file removed meanwhile
         // is written again.
         if self.last.as_ref() == Some(&list.pods) && self.path.exists() {
@@ -127,10 +127,4 @@ impl Publisher {
             e = self.errors
         )
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

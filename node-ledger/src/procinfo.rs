@@ -22,6 +22,17 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
     after_comm.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Parent pid of `pid` (field 4 of `/proc/<pid>/stat`, in the reader's pid namespace), or
+/// `None` if the process does not exist.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    parse_parent_pid(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses field 4 (ppid) from a `/proc/<pid>/stat` line; the comm field may hold spaces and ')'.
+pub fn parse_parent_pid(stat: &str) -> Option<u32> {
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Inode of this process's pid namespace (0 if unreadable); pids are only comparable within one.
 pub fn own_pid_ns() -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -61,6 +72,10 @@ mod tests {
         assert_eq!(parse_start_time(line), Some(987654));
         assert_eq!(parse_start_time("garbage"), None);
         assert_eq!(parse_start_time("1 (x) S 1 2"), None);
+        assert_eq!(parse_parent_pid(line), Some(1));
+        assert_eq!(parse_parent_pid("7 (a) b) R 42 7 7"), Some(42));
+        assert_eq!(parse_parent_pid("garbage"), None);
+        assert_eq!(parent_pid(std::process::id()), Some(std::os::unix::process::parent_id()));
     }
 
     #[test]

@@ -37,12 +37,6 @@ fn ledger_dir(path: &std::path::Path) -> Result<&std::path::Path, String> {
         .ok_or_else(|| format!("ledger path {} has no ledger directory", path.display()))
 }
 
-fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Appends the request for `p` (already written into its slot) to the log beside `ledger`'s
 /// GPU directory. A failure is returned for the caller to log; the local signal path does not
 /// depend on it.
@@ -71,7 +65,7 @@ pub fn record(
         group_id: slot.group_id,
         signal,
         reason: reason.as_str().to_string(),
-        unix_ms: now_unix_ms(),
+        unix_ms: node_daemon::clock::unix_ms(),
         pod_uid: None,
     };
     append_with(dir, &rec, &rotation())
@@ -99,7 +93,7 @@ pub fn record_unshimmed(
         group_id: 0,
         signal,
         reason: reason.as_str().to_string(),
-        unix_ms: now_unix_ms(),
+        unix_ms: node_daemon::clock::unix_ms(),
         pod_uid: pod_uid.map(str::to_string),
     };
     append_with(dir, &rec, &rotation())

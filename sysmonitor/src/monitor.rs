@@ -834,9 +834,7 @@ impl ProcProbe for ProcfsProbe<'_> {
         aside.iter().any(|f| node_daemon::procns::holds_open(pid, f)).then_some(Held::Aside)
     }
     fn parent(&mut self, pid: u32) -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+        node_ledger::procinfo::parent_pid(pid)
     }
     fn pod_uid(&mut self, pid: u32) -> Option<String> {
         // Read once per process: the same pid in the same pid namespace, listed by NVML at
