@@ -251,6 +251,12 @@ impl Config {
     pub fn ledger_path(&self) -> PathBuf {
         node_ledger::config::ledger_path(&self.ledger_dir, self.gpu_index)
     }
+
+    /// This GPU's status file (`<ledger_dir>/status/gpu<N>`), where the manager publishes the
+    /// offline SM budget and reads the monitor's sample.
+    pub fn status_path(&self) -> PathBuf {
+        node_ledger::config::status_path(&self.ledger_dir, self.gpu_index)
+    }
 }
 
 #[cfg(test)]

@@ -151,6 +151,11 @@ pub struct Manager {
     /// The MPS control daemon client.
     pub ctl: MpsControl,
     ledger: Ledger,
+    /// The GPU's status file: the manager block is this manager's to write; the monitor block
+    /// is read here (reopened in place when found damaged or gone, see `status_check`).
+    status: node_ledger::StatusWriter,
+    /// Monotonic ms of the next `status_check`.
+    next_status_check_ms: u64,
     alloc: Allocator,
     detector: Detector,
     limiter: RateLimiter,
@@ -247,6 +252,7 @@ impl Manager {
     pub fn new(cfg: Config) -> Result<Manager, String> {
         let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index)
             .map_err(|e| format!("ledger: {e}"))?;
+        let status = node_ledger::Status::open_or_create(&cfg.status_path(), cfg.gpu_index).map_err(|e| e.to_string())?;
         let ctl = control_for(&cfg);
         let modes = Keeper::new(cfg.gpu_index);
         Ok(Manager {
@@ -258,6 +264,8 @@ impl Manager {
             cfg,
             ctl,
             ledger,
+            status,
+            next_status_check_ms: 0,
             alloc: Allocator::default(),
             detector: Detector::default(),
             limiter: RateLimiter::default(),
@@ -534,9 +542,29 @@ impl Manager {
         }
     }
 
-    /// Recomputes the offline SM budget, applies it to offline MPS clients and the ledger.
+    /// Once a second: the status file reopened (re-created in place) if it was damaged,
+    /// truncated or deleted, so the budget keeps reaching the shims and node-agent.
+    fn status_check(&mut self) {
+        let now = mono_ms();
+        if now < self.next_status_check_ms {
+            return;
+        }
+        self.next_status_check_ms = now + 1000;
+        match self.status.reopened_if_needed(self.cfg.gpu_index) {
+            Ok(Some(w)) => {
+                tracing::warn!(file = %w.path().display(), "status file was damaged or deleted: reopened");
+                self.status = w;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "cannot reopen the status file: the budget is published into the old one"),
+        }
+    }
+
+    /// Recomputes the offline SM budget, applies it to offline MPS clients and publishes it in
+    /// the status file.
     pub fn budget_tick(&mut self) {
-        let snap = self.ledger.read_monitor();
+        self.status_check();
+        let snap = self.status.read_monitor();
         let fresh = snap.is_some_and(|s| s.is_fresh(node_ledger::clock::now_ns(), 2_000_000_000));
         let health = snap.and_then(|s| s.health());
         let total = snap.map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
@@ -559,8 +587,7 @@ impl Manager {
             return;
         };
         self.state.offline_budget_pct = Some(pct);
-        self.ledger
-            .publish_sm_budget((pct * 10.0).round().clamp(0.0, 1000.0) as u32);
+        self.status.publish_sm_budget((pct * 10.0).round().clamp(0.0, 1000.0) as u32);
         if let Some(p) = changed {
             log_budget(p, online, total, safe);
         }
@@ -637,7 +664,7 @@ impl Manager {
         o.offline_registered = offline.len();
         o.offline_launches = offline.iter().map(|p| p.launches).sum();
         o.sm_activity_pct = self
-            .ledger
+            .status
             .read_monitor()
             .map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
         // One read of the monitor's state file: its XID, and the evictions it will SIGKILL.
@@ -1456,9 +1483,9 @@ impl Manager {
         node_daemon::state_file::log_write(&mut self.state_write, mono_ms(), path, written, "node-agent and mps-manager status");
     }
 
-    /// Current budget published in the ledger (per-mille).
+    /// Current budget published in the status file (per-mille).
     pub fn published_budget_permille(&self) -> u32 {
-        self.ledger
+        self.status
             .read_manager()
             .map_or(0, |m| m.offline_sm_budget_permille)
     }
@@ -1860,7 +1887,7 @@ mod tests {
         let mut m = manager(d.path());
         let g = m.ledger.group(7, 1 << 30).unwrap();
         let h = m.ledger.register_with_mps(std::process::id(), g, 10).unwrap();
-        m.ledger.publish(
+        node_ledger::Status::open_or_create(&m.cfg.status_path(), 0).unwrap().publish(
             &node_ledger::MonitorSample { sm_active_permille: 600, ..Default::default() }
                 .with_health(HealthState::Healthy),
         );

@@ -292,6 +292,15 @@ pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, V
             host_path: s(&ledger_host),
             read_only: false,
         },
+        // Read-only: the daemons' status files (health, the monitor's sample, the SM budget),
+        // which every offline process's throttle reads. Not inside the read-write mount: a
+        // tenant, root in its container or not, must never write its neighbours' throttle
+        // input (`node_ledger::status`).
+        pb::Mount {
+            container_path: s(&inj.ledger_container_dir.join(node_ledger::config::STATUS_DIR)),
+            host_path: s(&cfg.ledger_dir.join(node_ledger::config::STATUS_DIR)),
+            read_only: true,
+        },
     ];
     if !pipe_host.starts_with(&ledger_host) {
         mounts.push(pb::Mount {
@@ -513,8 +522,16 @@ mod tests {
         assert_eq!(r.envs["XCUDA_GROUP"], "k8s-pod-u1");
         assert_eq!(
             r.mounts.len(),
-            3,
-            "shim, ledger (the pipe dir inside it), the MPS server's /dev/shm: {:?}",
+            4,
+            "shim, ledger (the pipe dir inside it), status, the MPS server's /dev/shm: {:?}",
+            r.mounts
+        );
+        let status = r.mounts.iter().find(|m| m.container_path == "/run/xshare/status").expect("the status directory");
+        assert!(status.read_only && status.host_path == "/run/xshare/status", "{status:?}");
+        assert!(
+            r.mounts.iter().filter(|m| !m.read_only).all(|m| !Path::new(&m.container_path).starts_with("/run/xshare/status")
+                && !Path::new("/run/xshare/status").starts_with(&m.container_path)),
+            "no read-write mount covers the status files: {:?}",
             r.mounts
         );
         assert!(

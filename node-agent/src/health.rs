@@ -1,12 +1,13 @@
-//! Each GPU's health as the monitor publishes it in the node ledger (`<dir>/gpu<N>/ledger`,
-//! monitor block). The agent never creates a ledger: a GPU whose ledger is missing, damaged,
-//! never published or stale is not Healthy.
+//! Each GPU's health as the monitor publishes it in the GPU's status file
+//! (`<dir>/status/gpu<N>`, which only the daemons write), with the GPU's ledger
+//! (`<dir>/gpu<N>/ledger`) openable. The agent creates neither: a GPU whose ledger is missing
+//! or damaged, or whose status is missing, damaged, never published or stale, is not Healthy.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use node_ledger::config::ledger_path;
-use node_ledger::{HealthState, Ledger, MonitorSnapshot};
+use node_ledger::config::{ledger_path, status_path};
+use node_ledger::{HealthState, Ledger, MonitorSnapshot, Status};
 
 /// One GPU's reading.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,17 +50,26 @@ pub fn read_gpu(ledger_dir: &Path, index: u32, now_ns: u64, stale_after_ns: u64)
         snapshot,
         budget_permille: None,
     };
-    let ledger = match Ledger::open_existing(&path) {
-        Ok(l) => l,
+    // Offline processes register in the ledger: a GPU without a sound one takes no work.
+    match Ledger::open_existing(&path) {
+        Ok(_) => {}
         // The error names the file.
         Err(e) if !path.exists() => {
             return not(format!("{e} (no monitor has created it: is sysmonitor running for GPU {index}?)"), None)
         }
         Err(e) => return not(e.to_string(), None),
+    }
+    let spath = status_path(ledger_dir, index);
+    let status = match Status::open(&spath) {
+        Ok(s) => s,
+        Err(e) if !spath.exists() => {
+            return not(format!("{e} (no monitor has created it: is sysmonitor running for GPU {index}?)"), None)
+        }
+        Err(e) => return not(e.to_string(), None),
     };
-    let Some(snap) = ledger.read_monitor() else {
+    let Some(snap) = status.read_monitor() else {
         return not(
-            format!("ledger {}: monitor block busy", path.display()),
+            format!("status file {}: monitor block busy or header not valid", spath.display()),
             None,
         );
     };
@@ -91,7 +101,7 @@ pub fn read_gpu(ledger_dir: &Path, index: u32, now_ns: u64, stale_after_ns: u64)
     } else {
         format!("monitor says {state:?}")
     };
-    let budget_permille = ledger
+    let budget_permille = status
         .read_manager()
         .filter(|m| m.is_fresh(now_ns, stale_after_ns))
         .filter(|m| m.publish_ns <= now_ns.saturating_add(stale_after_ns))
@@ -146,7 +156,10 @@ mod tests {
         let stale = 1_000_000_000;
         let h = read_gpu(d.path(), 0, now_ns(), stale);
         assert!(!h.healthy() && h.why.contains("ledger"), "{h:?}");
-        let l = Ledger::open_or_create(&ledger_path(d.path(), 0), 0).unwrap();
+        let _ledger = Ledger::open_or_create(&ledger_path(d.path(), 0), 0).unwrap();
+        let h = read_gpu(d.path(), 0, now_ns(), stale);
+        assert!(!h.healthy() && h.why.contains("status file"), "{h:?}");
+        let l = Status::open_or_create(&status_path(d.path(), 0), 0).unwrap();
         assert!(read_gpu(d.path(), 0, now_ns(), stale)
             .why
             .contains("not published"));

@@ -17,7 +17,8 @@ async fn runs_registers_heartbeats_serves_metrics_and_stops_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
     let dp_dir = tmp.path().join("dp");
     std::fs::create_dir_all(&dp_dir).unwrap();
-    let l = Ledger::open_or_create(&ledger_path(&tmp.path().join("run"), 0), 0).unwrap();
+    let _ledger = Ledger::open_or_create(&ledger_path(&tmp.path().join("run"), 0), 0).unwrap();
+    let l = node_ledger::Status::open_or_create(&node_ledger::config::status_path(&tmp.path().join("run"), 0), 0).unwrap();
     l.publish(&MonitorSample::default().with_health(HealthState::Healthy));
     let mut kubelet = start_kubelet(&dp_dir);
     let api = FakeApi::start(Arc::new(|r: &Recorded| match r.method.as_str() {
@@ -158,7 +159,8 @@ fn status_says_which_gpus_take_offline_work_and_why_not() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     for gpu in [0, 1] {
-        let l = Ledger::open_or_create(&node_ledger::config::ledger_path(&run, gpu), gpu).unwrap();
+        Ledger::open_or_create(&node_ledger::config::ledger_path(&run, gpu), gpu).unwrap();
+        let l = node_ledger::Status::open_or_create(&node_ledger::config::status_path(&run, gpu), gpu).unwrap();
         l.publish(&MonitorSample::default().with_health(HealthState::Healthy));
     }
     let now = node_daemon::clock::unix_ms();

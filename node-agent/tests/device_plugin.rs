@@ -21,7 +21,15 @@ use node_ledger::{HealthState, Ledger, MonitorSample};
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
-fn publish(l: &Ledger, s: HealthState) {
+/// GPU `gpu`'s ledger under `dir`, and its status file for a test to publish in as the monitor.
+fn monitor_files(dir: &std::path::Path, gpu: u32) -> (Ledger, node_ledger::StatusWriter) {
+    (
+        Ledger::open_or_create(&ledger_path(dir, gpu), gpu).unwrap(),
+        node_ledger::Status::open_or_create(&node_ledger::config::status_path(dir, gpu), gpu).unwrap(),
+    )
+}
+
+fn publish(l: &node_ledger::StatusWriter, s: HealthState) {
     l.publish(&MonitorSample::default().with_health(s));
 }
 
@@ -60,8 +68,8 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
     let dp_dir = tmp.path().join("device-plugins");
     let ledger_dir = tmp.path().join("run-xshare");
     std::fs::create_dir_all(&dp_dir).unwrap();
-    let l0 = Ledger::open_or_create(&ledger_path(&ledger_dir, 0), 0).unwrap();
-    let l1 = Ledger::open_or_create(&ledger_path(&ledger_dir, 1), 1).unwrap();
+    let (_ledger0, l0) = monitor_files(&ledger_dir, 0);
+    let (_ledger1, l1) = monitor_files(&ledger_dir, 1);
     publish(&l0, HealthState::Healthy);
     publish(&l1, HealthState::Healthy);
 

@@ -47,7 +47,8 @@ async fn patches(api: &FakeApi, n: usize) -> Vec<Recorded> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_the_node_annotation_and_again_on_a_state_change() {
     let tmp = tempfile::tempdir().unwrap();
-    let l0 = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
+    let _l0 = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
+    let l0 = node_ledger::Status::open_or_create(&node_ledger::config::status_path(tmp.path(), 0), 0).unwrap();
     let sample = MonitorSample {
         sm_active_permille: 350,
         mem_used_bytes: 3 << 30,

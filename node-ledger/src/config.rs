@@ -41,6 +41,11 @@ impl LedgerConfig {
         ledger_path(&self.ledger_dir, self.gpu_index)
     }
 
+    /// Path of this GPU's status file ([`status_path`]).
+    pub fn status_path(&self) -> PathBuf {
+        status_path(&self.ledger_dir, self.gpu_index)
+    }
+
     /// Applies `XSHARE_LEDGER_DIR` / `XSHARE_GPU_INDEX` from `get` (normally `std::env::var`).
     pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         if let Some(d) = get(ENV_LEDGER_DIR).filter(|d| !d.is_empty()) {
@@ -114,6 +119,15 @@ pub fn parse_gpu_map(v: &str) -> Result<Vec<GpuMapEntry>, ConfigError> {
 pub fn ledger_path(dir: &Path, gpu_index: u32) -> PathBuf {
     dir.join(format!("gpu{gpu_index}")).join("ledger")
 }
+
+/// `<dir>/status/gpu<N>`: the daemons' published status of GPU N (`crate::status`), in a
+/// directory of its own that node-agent mounts read-only into offline containers.
+pub fn status_path(dir: &Path, gpu_index: u32) -> PathBuf {
+    dir.join(STATUS_DIR).join(format!("gpu{gpu_index}"))
+}
+
+/// The status files' directory under the ledger directory.
+pub const STATUS_DIR: &str = "status";
 
 /// A config problem, located: `file:line:column: field `x`: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]

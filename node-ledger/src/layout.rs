@@ -46,53 +46,15 @@ pub struct Header {
     pub init_state: AtomicU32,
 }
 
-/// Fields only the monitor writes, guarded by a sequence counter (odd = write in progress).
+/// Where layout v5 had the monitor's published sample and health (80 bytes) and mps-manager's
+/// offline SM budget (24 bytes). Every offline process may write the ledger, so a tenant could
+/// forge the throttle input of every other offline process and the health node-agent admits
+/// by: they are in the daemons' status file now (`crate::status`), which containers get
+/// read-only. Nothing reads or writes these bytes; they stay so that v5 files remain valid
+/// (drop them at the next layout version).
 #[repr(C)]
-pub struct MonitorBlock {
-    /// Seqlock counter; even when stable. Bumped twice per publish.
-    pub seq: AtomicU64,
-    /// CLOCK_MONOTONIC ns of the last publish (0 = never published).
-    pub publish_ns: AtomicU64,
-    /// Pid of the publishing monitor (its own pid namespace).
-    pub monitor_pid: AtomicU32,
-    /// `HealthState` as u32.
-    pub health: AtomicU32,
-    /// SM activity U_SM in per-mille (0..=1000).
-    pub sm_active_permille: AtomicU32,
-    /// GPU utilisation in per-mille.
-    pub gpu_util_permille: AtomicU32,
-    /// Current SM clock C_SM in MHz.
-    pub sm_clock_mhz: AtomicU32,
-    /// Highest SM clock C_H in MHz.
-    pub sm_clock_max_mhz: AtomicU32,
-    /// Number of SMs on the device.
-    pub sm_count: AtomicU32,
-    _pad: AtomicU32,
-    /// Device memory in use (all processes), bytes.
-    pub mem_used_bytes: AtomicU64,
-    /// Device memory total, bytes.
-    pub mem_total_bytes: AtomicU64,
-    /// Layout v5 read this word as a memory quota capping every offline group, and the next as
-    /// an epoch whose change made every registered offline process leave. Nothing wrote either
-    /// but a tenant could (any ledger client may write the file): one tenant shrank or evicted
-    /// every other. No longer read or written; kept so that v5 files stay valid (drop them at
-    /// the next layout version).
-    _unused_quota_bytes: AtomicU64,
-    _unused_evict_all_epoch: AtomicU64,
-}
-
-/// Fields only the MPS manager writes (dynamic SM allocation), guarded by their own seqlock.
-/// Reach them through `Ledger::publish_sm_budget` / `Ledger::read_manager`.
-#[repr(C)]
-pub struct ManagerBlock {
-    /// Seqlock counter; even when stable. Bumped twice per publish.
-    pub(crate) seq: AtomicU64,
-    /// CLOCK_MONOTONIC ns of the last publish (0 = never published).
-    pub(crate) publish_ns: AtomicU64,
-    /// Pid of the publishing manager (its own pid namespace).
-    pub(crate) manager_pid: AtomicU32,
-    /// SM share the offline side may use, per-mille (0..=1000).
-    pub(crate) offline_sm_budget_permille: AtomicU32,
+pub struct RetiredBlocks {
+    _words: [AtomicU64; 13],
 }
 
 /// One quota group (one container); claimed by CAS on `id` from 0.
@@ -186,9 +148,8 @@ pub struct ClaimsBlock {
 pub struct Layout {
     /// Identity and sizes, checked on open.
     pub header: Header,
-    /// The GPU monitor's published verdict and heartbeat.
-    pub monitor: MonitorBlock,
-    pub(crate) manager: ManagerBlock,
+    /// Layout v5's monitor and manager blocks, no longer used.
+    pub retired: RetiredBlocks,
     /// Quota groups (one per container or pod).
     pub groups: [GroupSlot; MAX_GROUPS],
     /// The process registry.
@@ -206,7 +167,8 @@ const _: () = assert!(HEADER_SIZE == 40);
 const _: () = assert!(std::mem::size_of::<ProcSlot>() == 80);
 const _: () = assert!(std::mem::size_of::<GroupSlot>() == 32);
 const _: () = assert!(std::mem::align_of::<Layout>() == 8);
-const _: () = assert!(std::mem::size_of::<ManagerBlock>() == 24);
+// The retired blocks keep every later field where layout v5 put it.
+const _: () = assert!(std::mem::offset_of!(Layout, groups) == HEADER_SIZE + 80 + 24);
 const _: () = assert!(std::mem::size_of::<ClaimSlot>() == 32);
 // The claims lock's range never meets a registry slot's lock range.
 const _: () = assert!(std::mem::offset_of!(Layout, claims) >= std::mem::offset_of!(Layout, procs) + MAX_PROCS * std::mem::size_of::<ProcSlot>());
@@ -244,15 +206,10 @@ pub fn claims_offset() -> u64 {
     std::mem::offset_of!(Layout, claims) as u64
 }
 
-/// Byte offsets in the file of the two monitor-block words layout v5 read and nothing wrote
-/// (the old offline quota cap and evict-all epoch): tests write them as a tenant could.
-#[cfg(test)]
-pub(crate) fn unused_monitor_words() -> [u64; 2] {
-    let m = std::mem::offset_of!(Layout, monitor);
-    [
-        (m + std::mem::offset_of!(MonitorBlock, _unused_quota_bytes)) as u64,
-        (m + std::mem::offset_of!(MonitorBlock, _unused_evict_all_epoch)) as u64,
-    ]
+/// Byte range in the file of [`RetiredBlocks`] (tests write it as a tenant could).
+pub fn retired_range() -> std::ops::Range<u64> {
+    let a = std::mem::offset_of!(Layout, retired) as u64;
+    a..a + std::mem::size_of::<RetiredBlocks>() as u64
 }
 
 /// Length of the claims lock's range (the whole claims block).

@@ -1351,7 +1351,6 @@ fn validate_registry(l: &Layout, path: &Path) -> Result<(), LedgerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::MonitorSample;
     use proptest::prelude::*;
     use std::io::{Seek, SeekFrom, Write};
     use std::sync::Arc;
@@ -1532,17 +1531,19 @@ mod tests {
         assert_eq!(l.group_used(g), 0, "never underflows");
     }
 
-    /// The monitor block's two words layout v5 read as a quota cap for every group and an
-    /// evict-all epoch were written by nothing but could be by any tenant: written now (as a
-    /// tenant writes the file), they change no group's quota and no reservation.
+    /// Layout v5's monitor block had two words read as a quota cap for every group and an
+    /// evict-all epoch, written by nothing but writable by any tenant, and its monitor and
+    /// manager blocks held what the daemons publish. Every byte of them written now (as a
+    /// tenant writes the file) changes no group's quota, no reservation and no header.
     #[test]
-    fn a_tenants_write_of_the_old_monitor_words_shrinks_no_quota() {
+    fn a_tenants_write_of_the_retired_blocks_shrinks_no_quota() {
         use std::os::unix::fs::FileExt as _;
         let (d, l) = fresh();
         let g = l.group(7, 1000).unwrap();
         let f = std::fs::OpenOptions::new().write(true).open(d.path().join("gpu0/ledger")).unwrap();
-        for (off, v) in crate::layout::unused_monitor_words().into_iter().zip([1u64, 99]) {
-            f.write_all_at(&v.to_le_bytes(), off).unwrap();
+        let r = crate::layout::retired_range();
+        for off in r.clone().step_by(8) {
+            f.write_all_at(&1u64.to_le_bytes(), off).unwrap();
         }
         assert_eq!(l.group_quota(g), 1000);
         assert!(l.try_reserve_group(g, 1000).is_ok());
@@ -1770,51 +1771,6 @@ mod tests {
     }
 
     #[test]
-    fn seqlock_readers_never_see_torn_samples() {
-        let (_d, l) = fresh();
-        let l = Arc::new(l);
-        let w = {
-            let l = l.clone();
-            std::thread::spawn(move || {
-                for k in 1..20_000u32 {
-                    let s = MonitorSample {
-                        health: k,
-                        sm_active_permille: k,
-                        sm_clock_mhz: k,
-                        mem_used_bytes: u64::from(k),
-                        ..Default::default()
-                    };
-                    l.publish(&s);
-                }
-            })
-        };
-        let mut seen = 0;
-        while !w.is_finished() {
-            if let Some(s) = l.read_monitor() {
-                let k = s.sample.health;
-                assert_eq!(s.sample.sm_active_permille, k);
-                assert_eq!(s.sample.sm_clock_mhz, k);
-                assert_eq!(s.sample.mem_used_bytes, u64::from(k));
-                seen += 1;
-            }
-        }
-        w.join().unwrap();
-        assert!(seen > 0);
-        let last = l.read_monitor().unwrap();
-        assert_eq!(last.sample.health, 19_999);
-        assert!(last.is_fresh(now_ns(), 1_000_000_000));
-        assert!(!last.is_fresh(now_ns() + 2_000_000_000, 1_000_000_000));
-    }
-
-    #[test]
-    fn never_published_is_not_fresh() {
-        let (_d, l) = fresh();
-        let s = l.read_monitor().unwrap();
-        assert!(!s.is_fresh(now_ns(), u64::MAX));
-        assert_eq!(l.health(), crate::HealthState::Init);
-    }
-
-    #[test]
     fn eviction_requests_and_counters() {
         let (_d, l) = fresh();
         let g = l.group(3, 100).unwrap();
@@ -1884,8 +1840,6 @@ mod tests {
             match Ledger::open_existing(&p) {
                 Ok(o) => {
                     let _ = o.procs();
-                    let _ = o.read_monitor();
-                    let _ = o.health();
                     let _ = o.reclaim_dead();
                     for g in 0..MAX_GROUPS { let _ = o.try_reserve_group(g, 1); o.release_group(g, 1); }
                     let now = now_ns();

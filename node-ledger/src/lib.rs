@@ -1,7 +1,9 @@
 //! What the node runtime shares between processes: config schema, the per-GPU ledger layout, the health-state enum.
 //!
 //! The ledger is one fixed-layout file per GPU, mapped `MAP_SHARED` by the shim (in every offline
-//! process), the monitor and the MPS manager. Every field is an atomic, so a hostile or torn file
+//! process), the monitor and the MPS manager; every offline process writes it. What the daemons
+//! publish (health, sample, SM budget) is in a status file per GPU that only they write
+//! ([`status`]). Every field is an atomic, so a hostile or torn file
 //! can only yield odd values, never undefined behaviour; the header is validated on open.
 
 pub mod claims;
@@ -17,6 +19,7 @@ pub mod monitor;
 pub mod procinfo;
 pub mod sample;
 pub mod sigbus;
+pub mod status;
 
 /// Unit tests that spawn a child take this lock around the spawn; the proptests that watch slot
 /// locks hold it for their whole run. Between fork and exec a child holds duplicates of every
@@ -33,3 +36,4 @@ pub use ledger::{Ledger, LedgerError, LedgerFile, ProcHandle, ProcSnapshot, Rese
 pub use manager::ManagerSnapshot;
 pub use monitor::{MonitorSample, MonitorSnapshot};
 pub use sample::{GpuSample, SmSource};
+pub use status::{Status, StatusReader, StatusWriter};

@@ -1,9 +1,8 @@
-//! The monitor-published block: one writer (the monitor) publishes samples under a sequence
-//! counter; any number of readers take consistent snapshots with plain atomic loads.
+//! What the monitor publishes in the status file (`crate::status`): its sample and health
+//! verdict; and the monitor's eviction requests in the ledger's process slots.
 
-use std::sync::atomic::{fence, Ordering::*};
+use std::sync::atomic::Ordering::*;
 
-use crate::clock::now_ns;
 use crate::health::HealthState;
 use crate::ledger::Ledger;
 
@@ -77,79 +76,6 @@ impl MonitorSample {
 }
 
 impl Ledger {
-    /// Publishes a sample stamped with the current time. Single writer: only one monitor per GPU.
-    pub fn publish(&self, s: &MonitorSample) {
-        self.publish_at(s, now_ns());
-    }
-
-    /// [`Ledger::publish`] by a caller that passes its own pid (the monitor, which publishes
-    /// at every sample: one `getpid(2)` fewer each time).
-    pub fn publish_as(&self, s: &MonitorSample, pid: u32) {
-        self.write_monitor(s, now_ns(), pid);
-    }
-
-    /// Publishes a sample with an explicit timestamp (tests use it to simulate a stale monitor).
-    pub fn publish_at(&self, s: &MonitorSample, publish_ns: u64) {
-        self.write_monitor(s, publish_ns, std::process::id());
-    }
-
-    fn write_monitor(&self, s: &MonitorSample, publish_ns: u64, pid: u32) {
-        let m = &self.layout().monitor;
-        let seq = m.seq.load(Relaxed);
-        let start = if seq & 1 == 0 { seq + 1 } else { seq + 2 };
-        m.seq.store(start, Relaxed);
-        fence(Release);
-        m.monitor_pid.store(pid, Relaxed);
-        m.health.store(s.health, Relaxed);
-        m.sm_active_permille.store(s.sm_active_permille, Relaxed);
-        m.gpu_util_permille.store(s.gpu_util_permille, Relaxed);
-        m.sm_clock_mhz.store(s.sm_clock_mhz, Relaxed);
-        m.sm_clock_max_mhz.store(s.sm_clock_max_mhz, Relaxed);
-        m.sm_count.store(s.sm_count, Relaxed);
-        m.mem_used_bytes.store(s.mem_used_bytes, Relaxed);
-        m.mem_total_bytes.store(s.mem_total_bytes, Relaxed);
-        m.publish_ns.store(publish_ns, Relaxed);
-        m.seq.store(start + 1, Release);
-    }
-
-    /// A consistent snapshot, or `None` if a writer kept the block busy (treat as stale).
-    pub fn read_monitor(&self) -> Option<MonitorSnapshot> {
-        let m = &self.layout().monitor;
-        for _ in 0..64 {
-            let s1 = m.seq.load(Acquire);
-            if s1 & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let snap = MonitorSnapshot {
-                sample: MonitorSample {
-                    health: m.health.load(Relaxed),
-                    sm_active_permille: m.sm_active_permille.load(Relaxed),
-                    gpu_util_permille: m.gpu_util_permille.load(Relaxed),
-                    sm_clock_mhz: m.sm_clock_mhz.load(Relaxed),
-                    sm_clock_max_mhz: m.sm_clock_max_mhz.load(Relaxed),
-                    sm_count: m.sm_count.load(Relaxed),
-                    mem_used_bytes: m.mem_used_bytes.load(Relaxed),
-                    mem_total_bytes: m.mem_total_bytes.load(Relaxed),
-                },
-                publish_ns: m.publish_ns.load(Relaxed),
-                seq: s1,
-                monitor_pid: m.monitor_pid.load(Relaxed),
-            };
-            fence(Acquire);
-            if m.seq.load(Relaxed) == s1 {
-                return Some(snap);
-            }
-        }
-        None
-    }
-
-    /// Health as last published (Init if never published or unreadable).
-    pub fn health(&self) -> HealthState {
-        HealthState::from_u32(self.layout().monitor.health.load(Acquire))
-            .unwrap_or(HealthState::Init)
-    }
-
     /// Asks the process `pid` that started at `start_time` (clock ticks, `/proc/<pid>/stat`
     /// field 22), registered in `slot`, to take `signal`: only if the slot still holds that
     /// process. Returns whether the request stands. A slot freed and claimed by a newcomer

@@ -461,6 +461,11 @@ impl Config {
         node_ledger::config::ledger_path(&self.ledger_dir, self.gpu_index)
     }
 
+    /// This GPU's status file (`<ledger_dir>/status/gpu<N>`), where the monitor publishes.
+    pub fn status_path(&self) -> PathBuf {
+        node_ledger::config::status_path(&self.ledger_dir, self.gpu_index)
+    }
+
     /// Number of samples the ring buffer keeps.
     pub fn history_len(&self) -> usize {
         (self.history_secs.saturating_mul(1000) / self.interval_ms.max(1)).clamp(16, 1_000_000)

@@ -485,7 +485,7 @@ pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> 
     let mut mon = Monitor::resume(
         cfg.clone(),
         gpu,
-        LedgerAdapter::new(ledger),
+        LedgerAdapter::new(ledger, cfg.status_path()),
         PidfdSignaller,
         resumed.history,
         &resumed.pending,
@@ -579,7 +579,7 @@ mod tests {
         let mon = Monitor::new(
             cfg.clone(),
             Dial(util),
-            LedgerAdapter::new(ledger),
+            LedgerAdapter::new(ledger, cfg.status_path()),
             PidfdSignaller,
             Vec::new(),
         );

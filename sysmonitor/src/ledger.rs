@@ -1,10 +1,11 @@
-//! `LedgerPort` over the shared `node-ledger` file: reads the offline registry, records
-//! eviction requests in the process slots, publishes the monitor block.
+//! `LedgerPort` over the shared `node-ledger` files: reads the offline registry, records
+//! eviction requests in the process slots (the ledger), publishes the monitor block (the
+//! status file, which only the daemons write).
 
 use std::sync::atomic::Ordering::Acquire;
 
 use node_ledger::layout::{owner_pid, LIVENESS_LOCK};
-use node_ledger::{HealthState, Ledger, MonitorSample};
+use node_ledger::{HealthState, Ledger, MonitorSample, Status, StatusWriter};
 
 use crate::filewatch::FileWatch;
 use crate::health::State;
@@ -51,7 +52,18 @@ pub struct LedgerAdapter {
     pid: u32,
     /// The GPU index the ledger was opened with (its header is not read once damaged).
     gpu: u32,
+    /// Where the monitor publishes (`<ledger_dir>/status/gpu<N>`): opened at the first publish,
+    /// re-checked every [`STATUS_CHECK_EVERY_MS`] (reopened in place when damaged or gone).
+    status_path: std::path::PathBuf,
+    status: Option<StatusWriter>,
+    /// Why the status file could not be opened at the last try (said once per distinct error).
+    status_error: Option<String>,
+    next_status_check_ms: u64,
 }
+
+/// How often the monitor checks that its status file is still the one at its path, with a
+/// valid header (a `stat`), and retries one it could not open.
+pub const STATUS_CHECK_EVERY_MS: u64 = 1000;
 
 /// How often the ledger file is `fstat`ed and its whole registry checked whatever its watch
 /// says (belt and braces for the file; the watch reports an unlink or truncation at the next
@@ -101,9 +113,14 @@ pub const RECLAIM_EVERY_MS: u64 = 50;
 pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 
 impl LedgerAdapter {
-    /// Wraps `ledger`; the first [`LedgerPort::reclaim`] scans at once.
-    pub fn new(ledger: Ledger) -> Self {
+    /// Wraps `ledger`, publishing into the status file at `status_path`; the first
+    /// [`LedgerPort::reclaim`] scans at once, the first publish opens the status file.
+    pub fn new(ledger: Ledger, status_path: std::path::PathBuf) -> Self {
         LedgerAdapter {
+            status_path,
+            status: None,
+            status_error: None,
+            next_status_check_ms: 0,
             gpu: ledger.gpu_index(),
             host_pids: node_daemon::procns::HostPids::default(),
             damage: None,
@@ -218,6 +235,47 @@ impl LedgerAdapter {
         self.damage.is_none()
     }
 
+    /// The status file, (re)opened when due ([`STATUS_CHECK_EVERY_MS`]); `None` while it
+    /// cannot be opened (said at ERROR once per distinct error: readers then see the monitor
+    /// as stale, and act on their strict stale behaviour).
+    fn status_at(&mut self, now_ms: u64) -> Option<&StatusWriter> {
+        if now_ms >= self.next_status_check_ms {
+            self.next_status_check_ms = now_ms.saturating_add(STATUS_CHECK_EVERY_MS);
+            let r = match &self.status {
+                Some(w) => w.reopened_if_needed(self.gpu),
+                None => Status::open_or_create(&self.status_path, self.gpu).map(Some),
+            };
+            match r {
+                Ok(Some(w)) => {
+                    if self.status.is_some() || self.status_error.is_some() {
+                        tracing::warn!(file = %self.status_path.display(), "status file reopened (it was damaged, deleted or not openable)");
+                    }
+                    self.status = Some(w);
+                    self.status_error = None;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let e = e.to_string();
+                    if self.status_error.as_ref() != Some(&e) {
+                        tracing::error!(error = %e, "cannot open the status file: health and samples are not published (node-agent admits nothing to this GPU, shims throttle as for a stale monitor)");
+                        self.status_error = Some(e);
+                    }
+                }
+            }
+        }
+        self.status.as_ref()
+    }
+
+    /// Why the status file could not be opened at the last try, if it could not.
+    pub fn status_error(&self) -> Option<&str> {
+        self.status_error.as_deref()
+    }
+
+    /// The status file as last opened (tests and reports).
+    pub fn status(&self) -> Option<&Status> {
+        self.status.as_deref()
+    }
+
     /// One dead-process reclaim pass (when [`LedgerPort::reclaim`] finds one due). Out of line
     /// so the per-tick part of `reclaim` keeps a small stack frame and few cache lines.
     #[inline(never)]
@@ -277,7 +335,7 @@ impl LedgerPort for LedgerAdapter {
         if !self.usable() {
             return None;
         }
-        let m = self.ledger.read_manager()?;
+        let m = self.status.as_ref()?.read_manager()?;
         let fresh = m.is_fresh(
             node_ledger::clock::now_ns(),
             crate::port::BUDGET_FRESH_MS * 1_000_000,
@@ -383,11 +441,14 @@ impl LedgerPort for LedgerAdapter {
     }
 
     fn publish(&mut self, p: &Published) -> Result<(), String> {
-        if !self.usable() {
-            return Ok(());
-        }
+        // Published whatever the ledger's state: the status file is not the ledger, and its
+        // readers (node-agent's admission, the shims' throttles) need the verdict most then.
+        let pid = self.pid;
+        let Some(status) = self.status_at(node_daemon::clock::mono_ms()) else {
+            return Ok(()); // said when the open failed
+        };
         // The SM budget is the manager's block.
-        let prev = self.ledger.read_monitor();
+        let prev = status.read_monitor();
         let s = MonitorSample {
             health: to_ledger(p.state.unwrap_or(State::Init)) as u32,
             sm_active_permille: permille(p.sm_activity),
@@ -398,7 +459,7 @@ impl LedgerPort for LedgerAdapter {
             mem_used_bytes: p.mem_used,
             mem_total_bytes: p.mem_total,
         };
-        self.ledger.publish_as(&s, self.pid);
+        status.publish_as(&s, pid);
         Ok(())
     }
 }
@@ -412,7 +473,7 @@ mod tests {
     fn fresh_adapter() -> (tempfile::TempDir, std::path::PathBuf, LedgerAdapter) {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("gpu0/ledger");
-        let a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+        let a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap(), node_ledger::config::status_path(d.path(), 0));
         (d, path, a)
     }
 
@@ -420,26 +481,26 @@ mod tests {
     fn publishes_and_keeps_the_budget_and_reads_registered_processes() {
         let d = tempfile::tempdir().unwrap();
         let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
-        l.publish_sm_budget(400);
+        let status = node_ledger::config::status_path(d.path(), 0);
+        let manager = Status::open_or_create(&status, 0).unwrap();
+        manager.publish_sm_budget(400);
         let g = l
             .group(node_ledger::ledger::group_id_for("c1"), 1 << 30)
             .unwrap();
         let h = l.register(std::process::id(), g).unwrap();
         l.try_reserve(h, 5 << 20).unwrap();
-        let mut a = LedgerAdapter::new(l);
+        let mut a = LedgerAdapter::new(l, status.clone());
         a.publish(&Published {
             state: Some(State::Overlimit),
             sm_activity: 97.25,
             ..Default::default()
         })
         .unwrap();
-        let snap = a.ledger.read_monitor().unwrap();
+        let reader = Status::open(&status).unwrap();
+        let snap = reader.read_monitor().unwrap();
         assert_eq!(snap.health(), Some(HealthState::Overlimit));
         assert_eq!(snap.sample.sm_active_permille, 973);
-        assert_eq!(
-            a.ledger.read_manager().unwrap().offline_sm_budget_permille,
-            400
-        );
+        assert_eq!(reader.read_manager().unwrap().offline_sm_budget_permille, 400, "the manager's block is kept");
         let procs = a.offline(0).unwrap();
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0].pid, std::process::id());
@@ -461,14 +522,16 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("gpu0/ledger");
         let l = Ledger::open_or_create(&path, 0).unwrap();
-        l.publish_sm_budget(400);
+        let status = node_ledger::config::status_path(d.path(), 0);
+        Status::open_or_create(&status, 0).unwrap().publish_sm_budget(400);
         let (g1, g2) = (l.group(1, 1 << 30).unwrap(), l.group(2, 1 << 30).unwrap());
         let me = std::process::id();
         let (p1, p2, p3) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
         let _h1 = p1.register_with_mps(me, g1, 25).unwrap();
         let _h1b = p3.register_with_mps(me, g1, 25).unwrap();
         let h2 = p2.register_with_mps(me, g2, 15).unwrap();
-        let mut a = LedgerAdapter::new(l);
+        let mut a = LedgerAdapter::new(l, status);
+        a.publish(&Published::default()).unwrap();
         assert_eq!(a.offline_sm_cap_pct(), Some(40.0), "25 (one job, two processes) + 15");
         a.ledger.request_evict(h2.slot, libc::SIGTERM as u32);
         assert_eq!(a.offline_sm_cap_pct(), Some(25.0), "the job being evicted no longer counts");
@@ -483,7 +546,7 @@ mod tests {
         let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
         let g = l.group(node_ledger::ledger::group_id_for("c1"), 1 << 30).unwrap();
         let h = l.register(std::process::id(), g).unwrap();
-        let mut a = LedgerAdapter::new(l);
+        let mut a = LedgerAdapter::new(l, node_ledger::config::status_path(d.path(), 0));
         let mut stale = a.offline(0).unwrap()[0];
         stale.start_time += 1;
         assert!(a.mark_evicting(&stale, EvictReason::Overlimit, 0).is_err());

@@ -12,7 +12,7 @@ use sysmonitor::port::LedgerPort;
 fn a_dead_process_is_reclaimed_on_its_close_and_quiet_ticks_do_not_scan() {
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("gpu0/ledger");
-    let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap());
+    let mut a = LedgerAdapter::new(Ledger::open_or_create(&path, 0).unwrap(), node_ledger::config::status_path(d.path(), 0));
     let g = a.ledger.group(7, 1 << 30).unwrap();
     // An offline "process": its own open ledger, its slot lock on its own description.
     let p = Ledger::open_existing(&path).unwrap();

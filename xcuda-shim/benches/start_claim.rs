@@ -36,6 +36,8 @@ fn main() {
     };
     let path = cfg.ledger().ledger_path();
     let l = Ledger::open_or_create(&path, 0).unwrap();
+    let spath = cfg.ledger().status_path();
+    let manager = node_ledger::Status::open_or_create(&spath, 0).unwrap();
     let holders: Vec<(Ledger, node_ledger::ProcHandle)> = (0..8u64)
         .map(|i| {
             let h = Ledger::open_existing(&path).unwrap();
@@ -54,8 +56,9 @@ fn main() {
     let stale_ns = cfg.throttle.stale_after_ms * 1_000_000;
     let before = || {
         let l = Ledger::open_existing(&path).unwrap();
+        let status = node_ledger::Status::open(&spath).unwrap();
         let now = now_ns();
-        let b = fresh_budget(&l, now, stale_ns).unwrap();
+        let b = fresh_budget(&status, now, stale_ns).unwrap();
         black_box(start_share(b, &l.offline_jobs(), group));
     };
     let with_claim = || {
@@ -65,9 +68,9 @@ fn main() {
     };
     let (mut b, mut c) = (f64::MAX, f64::MAX);
     for _ in 0..3 {
-        l.publish_sm_budget_at(400, now_ns());
+        manager.publish_sm_budget_at(400, now_ns());
         b = b.min(best_us(7, 2000, before));
-        l.publish_sm_budget_at(400, now_ns());
+        manager.publish_sm_budget_at(400, now_ns());
         c = c.min(best_us(7, 2000, with_claim));
     }
     println!(
@@ -104,7 +107,7 @@ fn main() {
     let out = d.path().join("strace.out");
     let empty = d.path().join("xcuda.json");
     std::fs::write(&empty, "{}").unwrap();
-    l.publish_sm_budget_at(400, now_ns());
+    manager.publish_sm_budget_at(400, now_ns());
     let ran = std::process::Command::new("strace")
         .args(["-f", "-o"])
         .arg(&out)

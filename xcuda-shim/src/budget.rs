@@ -44,7 +44,7 @@
 use std::time::Duration;
 
 pub use node_ledger::jobs::{job_share, start_share};
-use node_ledger::Ledger;
+use node_ledger::{Ledger, Status};
 
 /// The MPS client variable real MPS reads at client start.
 pub const MPS_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
@@ -65,11 +65,11 @@ pub const MIN_MPS_PERCENTAGE: u32 = 10;
 /// looser limit (MPS's default percentage), so an age of a few periods must not count.
 pub const BUDGET_STALE_NS: u64 = 2_000_000_000;
 
-/// The offline SM budget (the ledger's manager block, written by mps-manager) as a fraction
-/// of the SMs if it is fresh (published within `stale_ns`, at least [`BUDGET_STALE_NS`]),
-/// else `None`.
-pub fn fresh_budget(l: &Ledger, now_ns: u64, stale_ns: u64) -> Option<f64> {
-    let s = l.read_manager()?;
+/// The offline SM budget (the status file's manager block, written by mps-manager) as a
+/// fraction of the SMs if it is fresh (published within `stale_ns`, at least
+/// [`BUDGET_STALE_NS`]), else `None`.
+pub fn fresh_budget(status: &Status, now_ns: u64, stale_ns: u64) -> Option<f64> {
+    let s = status.read_manager()?;
     s.is_fresh(now_ns, stale_ns.max(BUDGET_STALE_NS))
         .then(|| f64::from(s.offline_sm_budget_permille.min(1000)) / 1000.0)
 }
@@ -128,8 +128,15 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
     let ttl_ns = cfg.budget.claim_ttl_ms.saturating_mul(1_000_000);
     let stale_ns = cfg.throttle.stale_after_ms.saturating_mul(1_000_000);
     let mut trouble: Option<String> = None;
-    let ledgers: Vec<Ledger> =
-        cfg.host_gpus().into_iter().filter_map(|i| Ledger::open_existing(&cfg.ledger_of(i).ledger_path()).ok()).collect();
+    // Each ledger with its GPU's status file (the budget), when that opens.
+    let (ledgers, statuses): (Vec<Ledger>, Vec<Option<Status>>) = cfg
+        .host_gpus()
+        .into_iter()
+        .filter_map(|i| {
+            let at = cfg.ledger_of(i);
+            Some((Ledger::open_existing(&at.ledger_path()).ok()?, Status::open(&at.status_path()).ok()))
+        })
+        .unzip();
     if ledgers.is_empty() {
         return StartPercentage { pct: user_pct, trouble: None };
     }
@@ -156,11 +163,11 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
         })
         .collect();
     let pct = user_pct.or_else(|| {
-        ledgers
+        statuses
             .iter()
             .zip(&locks)
-            .filter_map(|(l, lock)| {
-                let b = fresh_budget(l, now_ns, stale_ns)?;
+            .filter_map(|(status, lock)| {
+                let b = fresh_budget(status.as_ref()?, now_ns, stale_ns)?;
                 Some(match lock {
                     Some(lock) => start_share(b, &lock.start_jobs(now_ns, ttl_ns), group),
                     None => 0.0, // fail closed: the floor
@@ -327,12 +334,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let (a, b, c) = (cfg_in(d.path(), "job-a"), cfg_in(d.path(), "job-b"), cfg_in(d.path(), "job-c"));
         let l = Ledger::open_or_create(&a.ledger().ledger_path(), 0).unwrap();
+        let manager = Status::open_or_create(&a.ledger().status_path(), 0).unwrap();
         // In the past (a claim time in the future is read, and rewritten, as now).
         let now = node_ledger::clock::now_ns().saturating_sub(60_000_000_000);
         let wait = node_ledger::claims::CLAIM_LOCK_WAIT;
         assert_eq!(claim_start_percentage(&a, None, now, wait).pct, None, "no budget: nothing set or claimed");
         assert!(l.claims(now).is_empty());
-        l.publish_sm_budget_at(400, now);
+        manager.publish_sm_budget_at(400, now);
         let pa = claim_start_percentage(&a, None, now, wait);
         let pb = claim_start_percentage(&b, None, now, wait);
         assert_eq!((pa.pct, pb.pct), (Some(40), Some(MIN_MPS_PERCENTAGE)), "{pa:?} {pb:?}");
@@ -349,7 +357,7 @@ mod tests {
         assert!(l.claims(now + 1).iter().all(|c| c.group_id != node_ledger::ledger::group_id_for("job-c")), "unclaimed");
         // A user's percentage is claimed as it is.
         let later = now + 31_000_000_000;
-        l.publish_sm_budget_at(400, later);
+        manager.publish_sm_budget_at(400, later);
         assert_eq!(claim_start_percentage(&c, Some(35), later, wait).pct, Some(35));
         assert_eq!(claim_start_percentage(&b, None, later, wait).pct, Some(MIN_MPS_PERCENTAGE), "the claims of 31 s ago expired, job C's 35 % held");
     }
@@ -357,7 +365,7 @@ mod tests {
     #[test]
     fn budget_is_read_only_when_fresh() {
         let d = tempfile::tempdir().unwrap();
-        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
+        let l = Status::open_or_create(&node_ledger::config::status_path(d.path(), 0), 0).unwrap();
         assert_eq!(
             fresh_budget(&l, node_ledger::clock::now_ns(), 500_000_000),
             None

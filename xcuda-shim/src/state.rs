@@ -397,6 +397,9 @@ struct Loop {
     /// This process's job's part of the offline SM budget (fraction of it, 0..=1), from the
     /// jobs registered on the GPU; refreshed with the housekeeping (see [`job_part`]).
     job_part: f64,
+    /// The GPU's status file (the monitor's sample, the manager's budget), which the daemons
+    /// alone write; `None` for an unmapped device (no host index: no throttle input).
+    status: Option<node_ledger::StatusReader>,
 }
 
 /// This process's job's part of GPU `g`'s offline SM budget: [`crate::budget::job_share`] of
@@ -421,6 +424,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
             last_target: tc.target_load,
             reported: (0, 0),
             job_part: job_part(g),
+            status: g.host_index.map(|i| node_ledger::StatusReader::new(cfg.ledger_of(i).status_path())),
         })
         .collect();
     let mut last = Instant::now();
@@ -444,14 +448,18 @@ fn controller(st: &'static State, cfg: &'static Config) {
     }
 }
 
-/// One control step of GPU `g`'s throttle from its own ledger's monitor sample and budget.
+/// One control step of GPU `g`'s throttle from its own status file's monitor sample and budget.
 fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     if let Some(e) = g.quota.check_ledger() {
         tracing::error!(device = ord, "xcuda: {e}; refusing new device allocations (frees still work) until this process restarts on a sound ledger");
     }
-    let sample = g.quota.ledger().and_then(|(l, _)| {
-        let s = l.read_monitor()?;
-        s.is_fresh(node_ledger::clock::now_ns(), stale_ns).then(|| Sample {
+    let now_ns = node_ledger::clock::now_ns();
+    // A status file not there yet, or stale and perhaps replaced, is looked at again (at most
+    // once a second).
+    let status = lp.status.as_mut().and_then(|r| r.get(now_ns, lp.last_stale.unwrap_or(true)));
+    let sample = status.and_then(|st| {
+        let s = st.read_monitor()?;
+        s.is_fresh(now_ns, stale_ns).then(|| Sample {
             u_sm: f64::from(s.sample.sm_active_permille) / 1000.0,
             c_sm: f64::from(s.sample.sm_clock_mhz),
             c_h: f64::from(s.sample.sm_clock_max_mhz),
@@ -459,7 +467,7 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     });
     // The offline side's budget, of which this job has its part (the other jobs on the GPU
     // theirs): read here, on the periodic tick, never per launch.
-    let budget = g.quota.ledger().and_then(|(l, _)| crate::budget::fresh_budget(l, node_ledger::clock::now_ns(), stale_ns));
+    let budget = status.and_then(|st| crate::budget::fresh_budget(st, now_ns, stale_ns));
     let d = g.throttle.control_with_part(&mut lp.pid, sample, budget, lp.job_part, dt);
     g.throttle.refill(dt);
     if lp.last_stale != Some(d.stale) {

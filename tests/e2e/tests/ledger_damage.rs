@@ -307,13 +307,14 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
 /// holder stays, and allocates within its own container's quota.
 #[test]
 fn a_tenants_write_of_the_old_monitor_words_neither_evicts_nor_starves_another_container() {
-    use node_ledger::layout::{Layout, MonitorBlock};
     let host = EmuHost::new();
     let l = ledger(&host);
     let mut a = holder(&host);
-    let words = std::mem::offset_of!(Layout, monitor) + std::mem::offset_of!(MonitorBlock, mem_total_bytes) + 8;
-    poke(&ledger_file(&host), words as u64, &1u64.to_le_bytes());
-    poke(&ledger_file(&host), words as u64 + 8, &7u64.to_le_bytes());
+    // Every word of layout v5's monitor and manager blocks, the two old ones among them (the
+    // cap at byte 64 of the monitor block: 1 byte; the epoch after it: bumped).
+    for off in node_ledger::layout::retired_range().step_by(8) {
+        poke(&ledger_file(&host), off, &1u64.to_le_bytes());
+    }
     // Four of the shim's housekeeping ticks (250 ms), where it looked at the epoch.
     std::thread::sleep(Duration::from_millis(1000));
     assert!(a.alive(), "the holder left: {}", a.stderr());

@@ -347,7 +347,7 @@ fn monitor_restarted_after_a_critical_xid_keeps_the_gpu_disabled_until_enabled()
     );
 }
 
-/// The healths each monitor publishes in the ledger, read every 200 µs from another thread
+/// The healths each monitor publishes in the status file, read every 200 µs from another thread
 /// (a monitor publishes at every sample).
 struct Published {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -357,12 +357,15 @@ struct Published {
 impl Published {
     fn watch(n: &EmuHost) -> Published {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (s, path) = (stop.clone(), n.ledger_path());
+        let (s, path) = (stop.clone(), n.status_path());
         let th = std::thread::spawn(move || {
-            let l = node_ledger::Ledger::open_existing(&path).unwrap();
+            let mut l: Option<node_ledger::Status> = None;
             let mut seen: Vec<(u32, String)> = Vec::new();
             while !s.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some(m) = l.read_monitor() {
+                if l.is_none() {
+                    l = node_ledger::Status::open(&path).ok();
+                }
+                if let Some(m) = l.as_ref().and_then(|l| l.read_monitor()) {
                     let h = (
                         m.monitor_pid,
                         m.health().map_or("unknown".into(), |h| format!("{h:?}")),

@@ -414,9 +414,9 @@ fn offline_sm_budget_follows_online_activity() {
         v["offline_budget_pct"].as_f64() == Some(90.0)
     });
     assert_eq!(idle["gpu_health"], "healthy");
-    let ledger = node_ledger::Ledger::open_existing(&n.ledger_path()).unwrap();
+    let status = node_ledger::Status::open(&n.status_path()).unwrap();
     assert_eq!(
-        ledger.read_manager().unwrap().offline_sm_budget_permille,
+        status.read_manager().unwrap().offline_sm_budget_permille,
         900
     );
 

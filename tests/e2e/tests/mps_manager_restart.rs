@@ -136,7 +136,8 @@ fn restart_keeps_mps_and_clients(sig: i32) {
         "MPS not quit or reset by the stop"
     );
     // While no manager runs: a budget no manager would publish (1000 is above max_pct).
-    ledger.publish_sm_budget(1000);
+    let status = n.status_writer();
+    status.publish_sm_budget(1000);
 
     let m2 = start_manager(&n, false);
     let v = mstate_of(&n, m2.pid(), "the new manager's state", |v| {
@@ -149,7 +150,7 @@ fn restart_keeps_mps_and_clients(sig: i32) {
     );
     assert_eq!(v["recoveries"], serde_json::json!([]), "no recovery: {v:#}");
     wait_until("the budget published by the new manager", T, || {
-        ledger
+        status
             .read_manager()
             .is_some_and(|s| s.manager_pid == m2.pid() && s.offline_sm_budget_permille == permille)
     });

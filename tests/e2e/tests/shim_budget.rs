@@ -24,7 +24,7 @@ struct Publisher {
 
 impl Publisher {
     fn start(host: &EmuHost, permille: u32) -> Self {
-        let l = ledger(host);
+        let l = status(host);
         // Published before returning: a client started next must see this budget, not the
         // previous publisher's (still fresh) one.
         l.publish_sm_budget(permille);

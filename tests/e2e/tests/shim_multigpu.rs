@@ -57,6 +57,11 @@ impl TwoGpus {
         node_ledger::Ledger::open_or_create(&p, gpu).expect("ledger")
     }
 
+    fn status(&self, host: &EmuHost, gpu: u32) -> node_ledger::StatusWriter {
+        let p = node_ledger::config::status_path(&ledger_dir(host), gpu);
+        node_ledger::Status::open_or_create(&p, gpu).expect("status file")
+    }
+
     /// `shim_client` under the shim on the 2-GPU host, seeing `visible`.
     fn client(&self, host: &EmuHost, visible: &str, group: &str) -> Command {
         let mut c = limited(host, "shim_client", QUOTA, group);
@@ -162,10 +167,11 @@ fn each_gpu_is_throttled_by_its_own_load() {
     let g = two_gpus(&host);
     let info = host.device().info();
     let (l0, l1) = (Arc::new(g.ledger(&host, 0)), Arc::new(g.ledger(&host, 1)));
+    let (s0, s1) = (Arc::new(g.status(&host, 0)), Arc::new(g.status(&host, 1)));
     let pressure = Arc::new(AtomicBool::new(true));
     let stop = Arc::new(AtomicBool::new(false));
     let monitor = {
-        let (l0, l1, pressure, stop) = (l0.clone(), l1.clone(), pressure.clone(), stop.clone());
+        let (l0, l1, pressure, stop) = (s0.clone(), s1.clone(), pressure.clone(), stop.clone());
         let max = info.max_sm_clock_mhz;
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {

@@ -38,7 +38,7 @@ fn run(mps_pct: Option<&str>) -> [f64; 4] {
     let host = EmuHost::new();
     let dev = host.device();
     let info = dev.info();
-    let l = ledger(&host);
+    let l = status(&host);
     let clock_permille = Arc::new(AtomicU32::new(1000));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let monitor = {

@@ -53,7 +53,7 @@ fn run(throttled: bool, publish: bool) -> Run {
     let host = EmuHost::new();
     let dev = host.device();
     let info = dev.info();
-    let l = Arc::new(ledger(&host));
+    let l = Arc::new(status(&host));
     let cfg = host.root().join("xcuda.json");
     std::fs::write(
         &cfg,
@@ -103,7 +103,7 @@ fn run(throttled: bool, publish: bool) -> Run {
     let mut online = host.spawn(&mut on);
     let out = online.finish(T);
     let (t1, s1) = (Instant::now(), share_at(&dev));
-    let me = l.procs().into_iter().find(|p| p.pid == pid).expect("offline registered in the ledger");
+    let me = ledger(&host).procs().into_iter().find(|p| p.pid == pid).expect("offline registered in the ledger");
     offline.signal(libc::SIGTERM);
     let off_out = offline.finish(T);
     stop.store(true, Ordering::Relaxed);

@@ -327,6 +327,15 @@ impl Host {
     pub fn ledger_path(&self) -> PathBuf {
         node_ledger::config::ledger_path(self.ledger_dir(), 0)
     }
+    /// GPU 0's status file (what the monitor and mps-manager publish).
+    pub fn status_path(&self) -> PathBuf {
+        node_ledger::config::status_path(self.ledger_dir(), 0)
+    }
+    /// GPU 0's status file opened for writing, as the monitor and mps-manager open it: for a
+    /// test that publishes samples or a budget in their place.
+    pub fn status_writer(&self) -> node_ledger::StatusWriter {
+        node_ledger::Status::open_or_create(&self.status_path(), 0).expect("status file")
+    }
     /// The monitor's state file for GPU 0.
     pub fn monitor_state_file(&self) -> PathBuf {
         self.ledger_dir().join("gpu0").join("state.json")

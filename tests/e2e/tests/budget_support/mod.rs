@@ -74,7 +74,7 @@ pub fn node_with_budget() -> (EmuHost, EmuChild, EmuChild) {
 pub fn budget_at_40(host: &EmuHost) {
     let end = std::time::Instant::now() + WAIT;
     loop {
-        let m = ledger(host).read_manager();
+        let m = node_ledger::Status::open(&node_ledger::config::status_path(host.ledger_dir(), 0)).ok().and_then(|s| s.read_manager());
         if m.is_some_and(|m| {
             m.offline_sm_budget_permille == 400 && m.is_fresh(node_ledger::clock::now_ns(), 500_000_000)
         }) {

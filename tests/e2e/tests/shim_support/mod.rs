@@ -27,6 +27,12 @@ pub fn ledger(host: &EmuHost) -> node_ledger::Ledger {
         .expect("ledger")
 }
 
+/// Opens (creating if needed) GPU 0's status file of the host for writing: the test publishes
+/// there as the monitor or mps-manager would.
+pub fn status(host: &EmuHost) -> node_ledger::StatusWriter {
+    node_ledger::Status::open_or_create(&node_ledger::config::status_path(&ledger_dir(host), 0), 0).expect("status file")
+}
+
 /// A host whose device, libraries and ledger directory non-root users can reach, as
 /// /dev/nvidia* and the driver are on a GPU host, with the empty `xcuda.json` of [`limited`]
 /// readable by them.

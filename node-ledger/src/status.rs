@@ -1,0 +1,679 @@
+//! The daemons' published status of one GPU: the monitor's sample and health verdict, and
+//! mps-manager's offline SM budget, in a small mapped file of its own,
+//! `<ledger_dir>/status/gpu<N>` ([`crate::config::status_path`]).
+//!
+//! It is not in the ledger because every offline process may write the ledger (it registers
+//! and reserves there), and these values decide how hard every offline process is throttled
+//! and whether node-agent admits work to the GPU. The status file is the daemons' alone:
+//! created `0644` by root, in a directory of its own that node-agent mounts **read-only** into
+//! offline containers (beside the read-write `gpu<N>` directory), so a tenant, root in its
+//! container or not, can read it and never write it.
+//!
+//! Two blocks, one writer each: the monitor block (sysmonitor) and the manager block
+//! (mps-manager), each under its own sequence counter. Both writers open the file with
+//! [`Status::open_or_create`]; every reader (shim, node-agent, the other daemon) can use
+//! [`Status::open`], which maps the file read-only. The file is initialised in place, never
+//! replaced: a container's mount and every reader's mapping name its inode. A header that no
+//! longer validates reads as "never published" (stale: every reader's stale behaviour, which
+//! is the strict one), and a writer re-initialises it in place.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
+
+use memmap2::{Mmap, MmapMut};
+
+use crate::clock::now_ns;
+use crate::health::HealthState;
+use crate::manager::ManagerSnapshot;
+use crate::monitor::{MonitorSample, MonitorSnapshot};
+
+/// First 8 bytes of a status file: `XSHSTAT\0` little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHSTAT\0");
+/// Bumped on any change to the layout below.
+pub const VERSION: u32 = 1;
+/// `init_state` once the header is written.
+const INIT_READY: u32 = 0x5747_A7E5;
+/// Mode of the status file, set explicitly whatever the creator's umask: every offline
+/// process, of whatever user, reads it; only its owner (root, the daemons) writes it.
+pub const FILE_MODE: u32 = 0o644;
+/// Mode of the status directory (`<ledger_dir>/status`), set the same way.
+pub const DIR_MODE: u32 = 0o755;
+
+/// Checked at every read.
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    version: AtomicU32,
+    gpu_index: AtomicU32,
+    total_size: AtomicU64,
+    init_state: AtomicU32,
+    _pad: AtomicU32,
+}
+
+/// Written by the monitor only, under `seq` (odd = write in progress).
+#[repr(C)]
+struct MonitorBlock {
+    seq: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the last publish (0 = never published).
+    publish_ns: AtomicU64,
+    monitor_pid: AtomicU32,
+    /// `HealthState` as u32.
+    health: AtomicU32,
+    sm_active_permille: AtomicU32,
+    gpu_util_permille: AtomicU32,
+    sm_clock_mhz: AtomicU32,
+    sm_clock_max_mhz: AtomicU32,
+    sm_count: AtomicU32,
+    _pad: AtomicU32,
+    mem_used_bytes: AtomicU64,
+    mem_total_bytes: AtomicU64,
+}
+
+/// Written by mps-manager only, under its own `seq`.
+#[repr(C)]
+struct ManagerBlock {
+    seq: AtomicU64,
+    publish_ns: AtomicU64,
+    manager_pid: AtomicU32,
+    /// Per-mille, 0..=1000.
+    offline_sm_budget_permille: AtomicU32,
+}
+
+#[repr(C)]
+struct Layout {
+    header: Header,
+    monitor: MonitorBlock,
+    manager: ManagerBlock,
+}
+
+/// Size of a status file, bytes.
+pub const SIZE: usize = std::mem::size_of::<Layout>();
+const _: () = assert!(std::mem::size_of::<Header>() == 32);
+const _: () = assert!(SIZE == 32 + 64 + 24);
+
+/// Why a status file could not be opened; always names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// A system call failed.
+    #[error("status file {path}: {op}: {source}")]
+    Io {
+        /// The status file.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The content is not a (finished) status file of this version or GPU.
+    #[error("status file {path}: {detail}")]
+    Invalid {
+        /// The status file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+fn io_err(path: &Path, op: &'static str, source: io::Error) -> StatusError {
+    StatusError::Io { path: path.to_owned(), op, source }
+}
+
+enum Mapping {
+    Ro(Mmap),
+    Rw(MmapMut),
+}
+
+impl Mapping {
+    fn addr_len(&self) -> (usize, usize) {
+        match self {
+            Mapping::Ro(m) => (m.as_ptr() as usize, m.len()),
+            Mapping::Rw(m) => (m.as_ptr() as usize, m.len()),
+        }
+    }
+}
+
+/// A mapped status file, for reading. [`StatusWriter`] adds the two daemons' publishes.
+pub struct Status {
+    /// Declared first: unregistered before the mapping is unmapped.
+    fault_guard: crate::sigbus::Guard,
+    map: Mapping,
+    path: PathBuf,
+    /// (st_dev, st_ino) of the mapped file.
+    dev_ino: (u64, u64),
+}
+
+impl std::fmt::Debug for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Status").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+fn dev_ino(file: &File, path: &Path) -> Result<(u64, u64), StatusError> {
+    let m = file.metadata().map_err(|e| io_err(path, "stat", e))?;
+    Ok((m.dev(), m.ino()))
+}
+
+impl Status {
+    /// Maps the status file at `path` read-only (every reader: shim, node-agent, and each
+    /// daemon for the other's block). Refused while the file is missing, short or not yet
+    /// initialised by a daemon.
+    pub fn open(path: &Path) -> Result<Status, StatusError> {
+        let file = File::open(path).map_err(|e| io_err(path, "open", e))?;
+        let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
+        if len < SIZE as u64 {
+            return Err(StatusError::Invalid {
+                path: path.to_owned(),
+                detail: format!("{len} bytes, a status file has {SIZE} (not initialised by sysmonitor or mps-manager yet, or damaged)"),
+            });
+        }
+        // SAFETY: a shared read-only mapping of a file other processes write; it is only ever
+        // read through atomics (`layout`), so their writes are not a data race, and a
+        // truncation is caught by the SIGBUS guard registered below.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, "mmap", e))?;
+        let s = Status::new(Mapping::Ro(map), path, dev_ino(&file, path)?);
+        if let Err(detail) = s.header_check(None) {
+            return Err(StatusError::Invalid { path: path.to_owned(), detail });
+        }
+        Ok(s)
+    }
+
+    /// Opens the status file of GPU `gpu_index` at `path` for writing, creating it (and its
+    /// directory, mode [`DIR_MODE`]) if absent, mode [`FILE_MODE`] whatever the umask. A
+    /// missing, short or invalid header is (re)written in place under an exclusive `flock`
+    /// (the monitor and the manager may start together); the blocks of a valid file are kept.
+    /// A file of another GPU is refused (two GPUs' daemons configured onto one path).
+    pub fn open_or_create(path: &Path, gpu_index: u32) -> Result<StatusWriter, StatusError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| io_err(dir, "create directory", e))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE)).map_err(|e| io_err(dir, "chmod", e))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| io_err(path, "open", e))?;
+        // SAFETY: fchmod(2) on an fd owned by `file`.
+        if unsafe { libc::fchmod(file.as_raw_fd(), FILE_MODE as libc::mode_t) } != 0 {
+            return Err(io_err(path, "fchmod", io::Error::last_os_error()));
+        }
+        // SAFETY: flock(2) on an fd owned by `file`; released below or when `file` is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io_err(path, "flock", io::Error::last_os_error()));
+        }
+        let r = Self::init_locked(&file, path, gpu_index);
+        // SAFETY: as above.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        r
+    }
+
+    fn init_locked(file: &File, path: &Path, gpu_index: u32) -> Result<StatusWriter, StatusError> {
+        let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
+        if len < SIZE as u64 {
+            // Grows with zeros: blocks never published. Never shrinks a mapped file.
+            file.set_len(SIZE as u64).map_err(|e| io_err(path, "ftruncate", e))?;
+        }
+        // SAFETY: a shared mapping of a file other processes map; only ever accessed through
+        // atomics (`layout`), so concurrent access is not a data race; a truncation is caught
+        // by the SIGBUS guard registered below.
+        let map = unsafe { MmapMut::map_mut(file) }.map_err(|e| io_err(path, "mmap", e))?;
+        let s = Status::new(Mapping::Rw(map), path, dev_ino(file, path)?);
+        let h = &s.layout().header;
+        if h.magic.load(Acquire) == MAGIC && h.version.load(Acquire) == VERSION && h.init_state.load(Acquire) == INIT_READY {
+            let g = h.gpu_index.load(Acquire);
+            if g != gpu_index {
+                return Err(StatusError::Invalid {
+                    path: path.to_owned(),
+                    detail: format!("it is GPU {g}'s, not GPU {gpu_index}'s (each GPU needs its own status file)"),
+                });
+            }
+        }
+        if s.header_check(Some(gpu_index)).is_err() {
+            if h.magic.load(Relaxed) != 0 || len != 0 {
+                tracing::warn!(file = %path.display(), "status file not valid: rewritten in place (readers see nothing published until the next publish)");
+            }
+            init(s.layout(), gpu_index);
+        }
+        Ok(StatusWriter(s))
+    }
+
+    fn new(map: Mapping, path: &Path, dev_ino: (u64, u64)) -> Status {
+        let (addr, len) = map.addr_len();
+        assert!(len >= SIZE, "checked by the caller");
+        Status { fault_guard: crate::sigbus::Guard::register(addr, len), map, path: path.to_owned(), dev_ino }
+    }
+
+    fn layout(&self) -> &Layout {
+        let (addr, _) = self.map.addr_len();
+        // SAFETY: the mapping is page-aligned (>= align_of::<Layout>() = 8), at least SIZE
+        // bytes long (asserted in `new`), lives as long as the borrow, and `Layout` consists
+        // only of atomic integers, for which every bit pattern is valid. A read-only mapping
+        // is never stored to: only `StatusWriter`, whose mapping is read-write, stores.
+        unsafe { &*(addr as *const Layout) }
+    }
+
+    /// The file this handle maps.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `Err(what is wrong)` unless the header is a finished one of this version (and of GPU
+    /// `gpu`, when given). A truncated file reads as zeros here (SIGBUS guard).
+    fn header_check(&self, gpu: Option<u32>) -> Result<(), String> {
+        let h = &self.layout().header;
+        let (magic, version) = (h.magic.load(Acquire), h.version.load(Acquire));
+        if magic != MAGIC {
+            return Err(format!("magic {magic:#x}, expected {MAGIC:#x}"));
+        }
+        if version != VERSION {
+            return Err(format!("version {version}, this build reads {VERSION} (node runtime parts of different versions)"));
+        }
+        if h.init_state.load(Acquire) != INIT_READY || h.total_size.load(Acquire) != SIZE as u64 {
+            return Err("header not finished".into());
+        }
+        match gpu {
+            Some(g) if h.gpu_index.load(Acquire) != g => Err(format!("GPU {}, expected {g}", h.gpu_index.load(Acquire))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the header validates (three atomic loads).
+    pub fn header_ok(&self) -> bool {
+        !self.fault_guard.faulted() && self.header_check(None).is_ok()
+    }
+
+    /// Whether `path` still names the mapped file (a `stat`): `false` once it was deleted or
+    /// replaced. For the periodic checks of writers, and of readers that see only stale data.
+    pub fn is_at_path(&self) -> bool {
+        std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.dev_ino)
+    }
+
+    /// A consistent snapshot of the monitor block; `None` when the header does not validate
+    /// or a writer kept the block busy (treat both as stale).
+    pub fn read_monitor(&self) -> Option<MonitorSnapshot> {
+        if !self.header_ok() {
+            return None;
+        }
+        let m = &self.layout().monitor;
+        for _ in 0..64 {
+            let s1 = m.seq.load(Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let snap = MonitorSnapshot {
+                sample: MonitorSample {
+                    health: m.health.load(Relaxed),
+                    sm_active_permille: m.sm_active_permille.load(Relaxed),
+                    gpu_util_permille: m.gpu_util_permille.load(Relaxed),
+                    sm_clock_mhz: m.sm_clock_mhz.load(Relaxed),
+                    sm_clock_max_mhz: m.sm_clock_max_mhz.load(Relaxed),
+                    sm_count: m.sm_count.load(Relaxed),
+                    mem_used_bytes: m.mem_used_bytes.load(Relaxed),
+                    mem_total_bytes: m.mem_total_bytes.load(Relaxed),
+                },
+                publish_ns: m.publish_ns.load(Relaxed),
+                seq: s1,
+                monitor_pid: m.monitor_pid.load(Relaxed),
+            };
+            fence(Acquire);
+            if m.seq.load(Relaxed) == s1 {
+                return Some(snap);
+            }
+        }
+        None
+    }
+
+    /// Health as last published (Init if never published, unreadable or not valid).
+    pub fn health(&self) -> HealthState {
+        self.read_monitor().and_then(|s| s.health()).unwrap_or(HealthState::Init)
+    }
+
+    /// A consistent snapshot of the manager block; `None` as for [`Status::read_monitor`].
+    pub fn read_manager(&self) -> Option<ManagerSnapshot> {
+        if !self.header_ok() {
+            return None;
+        }
+        let m = &self.layout().manager;
+        for _ in 0..64 {
+            let s1 = m.seq.load(Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let snap = ManagerSnapshot {
+                offline_sm_budget_permille: m.offline_sm_budget_permille.load(Relaxed).min(1000),
+                publish_ns: m.publish_ns.load(Relaxed),
+                manager_pid: m.manager_pid.load(Relaxed),
+                seq: s1,
+            };
+            fence(Acquire);
+            if m.seq.load(Relaxed) == s1 {
+                return Some(snap);
+            }
+        }
+        None
+    }
+}
+
+fn init(l: &Layout, gpu_index: u32) {
+    let h = &l.header;
+    h.init_state.store(0, Release);
+    for w in [&l.monitor.seq, &l.monitor.publish_ns, &l.monitor.mem_used_bytes, &l.monitor.mem_total_bytes, &l.manager.seq, &l.manager.publish_ns] {
+        w.store(0, Relaxed);
+    }
+    let m = &l.monitor;
+    for w in [&m.monitor_pid, &m.health, &m.sm_active_permille, &m.gpu_util_permille, &m.sm_clock_mhz, &m.sm_clock_max_mhz, &m.sm_count, &l.manager.manager_pid, &l.manager.offline_sm_budget_permille] {
+        w.store(0, Relaxed);
+    }
+    h.version.store(VERSION, Relaxed);
+    h.gpu_index.store(gpu_index, Relaxed);
+    h.total_size.store(SIZE as u64, Relaxed);
+    h.magic.store(MAGIC, Relaxed);
+    h.init_state.store(INIT_READY, Release);
+}
+
+/// A status file opened for writing by one of its two writers: the monitor publishes the
+/// monitor block, mps-manager the manager block; neither writes the other's.
+pub struct StatusWriter(Status);
+
+impl std::ops::Deref for StatusWriter {
+    type Target = Status;
+    fn deref(&self) -> &Status {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for StatusWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Bumps `seq` to odd (write in progress) and returns the value that ends the write.
+fn begin(seq: &AtomicU64) -> u64 {
+    let s = seq.load(Relaxed);
+    let start = if s & 1 == 0 { s + 1 } else { s + 2 };
+    seq.store(start, Relaxed);
+    fence(Release);
+    start + 1
+}
+
+impl StatusWriter {
+    /// Publishes a monitor sample stamped with the current time. Only the monitor calls it.
+    pub fn publish(&self, s: &MonitorSample) {
+        self.write_monitor(s, now_ns(), std::process::id());
+    }
+
+    /// [`StatusWriter::publish`] by a caller that passes its own pid (the monitor, which
+    /// publishes at every sample: one `getpid(2)` fewer each time).
+    pub fn publish_as(&self, s: &MonitorSample, pid: u32) {
+        self.write_monitor(s, now_ns(), pid);
+    }
+
+    /// Publishes a sample with an explicit timestamp (tests simulate a stale monitor with it).
+    pub fn publish_at(&self, s: &MonitorSample, publish_ns: u64) {
+        self.write_monitor(s, publish_ns, std::process::id());
+    }
+
+    fn write_monitor(&self, s: &MonitorSample, publish_ns: u64, pid: u32) {
+        let m = &self.layout().monitor;
+        let end = begin(&m.seq);
+        m.monitor_pid.store(pid, Relaxed);
+        m.health.store(s.health, Relaxed);
+        m.sm_active_permille.store(s.sm_active_permille, Relaxed);
+        m.gpu_util_permille.store(s.gpu_util_permille, Relaxed);
+        m.sm_clock_mhz.store(s.sm_clock_mhz, Relaxed);
+        m.sm_clock_max_mhz.store(s.sm_clock_max_mhz, Relaxed);
+        m.sm_count.store(s.sm_count, Relaxed);
+        m.mem_used_bytes.store(s.mem_used_bytes, Relaxed);
+        m.mem_total_bytes.store(s.mem_total_bytes, Relaxed);
+        m.publish_ns.store(publish_ns, Relaxed);
+        m.seq.store(end, Release);
+    }
+
+    /// Publishes the offline SM budget (per-mille, clamped to 1000) stamped with the current
+    /// time. Only the MPS manager of this GPU calls it.
+    pub fn publish_sm_budget(&self, permille: u32) {
+        self.publish_sm_budget_at(permille, now_ns());
+    }
+
+    /// As [`StatusWriter::publish_sm_budget`] with an explicit timestamp (tests).
+    pub fn publish_sm_budget_at(&self, permille: u32, publish_ns: u64) {
+        let m = &self.layout().manager;
+        let end = begin(&m.seq);
+        m.manager_pid.store(std::process::id(), Relaxed);
+        m.offline_sm_budget_permille.store(permille.min(1000), Relaxed);
+        m.publish_ns.store(publish_ns, Relaxed);
+        m.seq.store(end, Release);
+    }
+
+    /// The file as the writers need it: `Ok(None)` while the mapping is sound and `path`
+    /// still names it; else the file reopened (re-created, or its header rewritten, in place)
+    /// for the caller to use from now on. A `stat`: call it about once a second, not per
+    /// publish.
+    pub fn reopened_if_needed(&self, gpu_index: u32) -> Result<Option<StatusWriter>, StatusError> {
+        if self.header_ok() && self.is_at_path() {
+            return Ok(None);
+        }
+        Status::open_or_create(&self.path, gpu_index).map(Some)
+    }
+}
+
+/// A reader's status file, opened when first there and reopened when it goes away: a shim may
+/// start before its GPU's daemons made the file, and a file deleted and re-created by a daemon
+/// is a new inode. Owned by the one thread that reads it (the shim's controller): reads cost
+/// atomic loads; a failed open, or a stale file, is looked at again at most every
+/// [`RETRY_NS`] (an `open` or a `stat`).
+#[derive(Debug)]
+pub struct StatusReader {
+    path: PathBuf,
+    status: Option<Status>,
+    next_look_ns: u64,
+}
+
+/// How often a [`StatusReader`] with no file, or a stale one, looks at the path again.
+pub const RETRY_NS: u64 = 1_000_000_000;
+
+impl StatusReader {
+    /// A reader of the status file at `path` (opened at the first [`StatusReader::get`]).
+    pub fn new(path: PathBuf) -> Self {
+        StatusReader { path, status: None, next_look_ns: 0 }
+    }
+
+    /// The file this reader reads.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The status file at `now_ns` if it can be read: opened now if it never was, or reopened
+    /// if `stale` (the caller found its data stale) and the path names another file than the
+    /// mapped one; each at most every [`RETRY_NS`].
+    pub fn get(&mut self, now_ns: u64, stale: bool) -> Option<&Status> {
+        if now_ns >= self.next_look_ns && (self.status.is_none() || stale) {
+            self.next_look_ns = now_ns.saturating_add(RETRY_NS);
+            if !self.status.as_ref().is_some_and(Status::is_at_path) {
+                if let Ok(s) = Status::open(&self.path) {
+                    self.status = Some(s);
+                }
+            }
+        }
+        self.status.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let p = crate::config::status_path(d.path(), 0);
+        (d, p)
+    }
+
+    #[test]
+    fn both_blocks_round_trip_with_one_writer_each() {
+        let (_d, p) = dir();
+        let w = Status::open_or_create(&p, 0).unwrap();
+        let r = Status::open(&p).unwrap();
+        let s = r.read_monitor().unwrap();
+        assert_eq!(s.publish_ns, 0, "never published");
+        assert!(!s.is_fresh(now_ns(), u64::MAX));
+        assert_eq!(r.health(), HealthState::Init);
+        w.publish(&MonitorSample { sm_active_permille: 973, ..Default::default() }.with_health(HealthState::Overlimit));
+        let s = r.read_monitor().unwrap();
+        assert_eq!((s.health(), s.sample.sm_active_permille, s.monitor_pid), (Some(HealthState::Overlimit), 973, std::process::id()));
+        assert!(s.is_fresh(now_ns(), 1_000_000_000));
+        let mgr = Status::open_or_create(&p, 0).unwrap();
+        mgr.publish_sm_budget(400);
+        assert_eq!(r.read_manager().unwrap().offline_sm_budget_permille, 400);
+        mgr.publish_sm_budget_at(5000, 1);
+        let m = r.read_manager().unwrap();
+        assert_eq!(m.offline_sm_budget_permille, 1000, "clamped");
+        assert!(!m.is_fresh(10_000_000_000, 1_000_000_000));
+        // The manager's publish leaves the monitor block alone, and a second writer's open
+        // keeps what was published.
+        assert_eq!(r.read_monitor().unwrap().sample.sm_active_permille, 973);
+    }
+
+    #[test]
+    fn the_file_is_world_readable_and_only_its_owner_writes_whatever_the_umask() {
+        let (_d, p) = dir();
+        // SAFETY: umask(2) only changes this process's file-creation mask.
+        let old = unsafe { libc::umask(0o077) };
+        let w = Status::open_or_create(&p, 0);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        drop(w.unwrap());
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777, FILE_MODE);
+        assert_eq!(std::fs::metadata(p.parent().unwrap()).unwrap().permissions().mode() & 0o7777, DIR_MODE);
+    }
+
+    #[test]
+    fn readers_refuse_a_missing_or_unfinished_file_and_a_writer_rewrites_a_damaged_one_in_place() {
+        let (_d, p) = dir();
+        assert!(matches!(Status::open(&p), Err(StatusError::Io { .. })));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"").unwrap();
+        let e = Status::open(&p).unwrap_err().to_string();
+        assert!(e.contains("status file") && e.contains("0 bytes"), "{e}");
+        let w = Status::open_or_create(&p, 0).unwrap();
+        let ino = std::fs::metadata(&p).unwrap().ino();
+        w.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        let r = Status::open(&p).unwrap();
+        assert_eq!(r.health(), HealthState::Healthy);
+        // Damaged header: every reader sees nothing published (stale), not the old values.
+        std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&p).unwrap(), &[0xff; 8], 0).unwrap();
+        assert!(r.read_monitor().is_none() && r.read_manager().is_none());
+        assert_eq!(r.health(), HealthState::Init);
+        assert!(Status::open(&p).unwrap_err().to_string().contains("magic"));
+        let w2 = w.reopened_if_needed(0).unwrap().expect("header rewritten");
+        assert_eq!(std::fs::metadata(&p).unwrap().ino(), ino, "in place: readers' mappings stay valid");
+        assert_eq!(r.read_monitor().unwrap().publish_ns, 0);
+        w2.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        assert_eq!(r.health(), HealthState::Healthy, "the old reader sees the new publish");
+        assert!(w2.reopened_if_needed(0).unwrap().is_none());
+    }
+
+    #[test]
+    fn another_gpus_file_is_refused_by_a_writer() {
+        let (_d, p) = dir();
+        drop(Status::open_or_create(&p, 3).unwrap());
+        let e = Status::open_or_create(&p, 0).unwrap_err().to_string();
+        assert!(e.contains("GPU 3"), "{e}");
+    }
+
+    #[test]
+    fn a_truncated_file_reads_as_never_published_and_kills_nobody() {
+        let (_d, p) = dir();
+        let w = Status::open_or_create(&p, 0).unwrap();
+        w.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        let r = Status::open(&p).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(0).unwrap();
+        assert!(r.read_monitor().is_none(), "SIGBUS caught, zeros read");
+        assert!(!w.header_ok());
+        let w2 = w.reopened_if_needed(0).unwrap().expect("re-initialised");
+        w2.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        assert_eq!(Status::open(&p).unwrap().health(), HealthState::Healthy);
+    }
+
+    #[test]
+    fn a_reader_opens_a_late_file_and_follows_a_recreated_one_when_stale() {
+        let (_d, p) = dir();
+        let mut r = StatusReader::new(p.clone());
+        assert!(r.get(1, true).is_none());
+        let w = Status::open_or_create(&p, 0).unwrap();
+        assert!(r.get(2, true).is_none(), "looked at again only after RETRY_NS");
+        w.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        assert_eq!(r.get(2 + RETRY_NS, true).expect("opened").health(), HealthState::Healthy);
+        std::fs::remove_file(&p).unwrap();
+        let w2 = Status::open_or_create(&p, 0).unwrap();
+        w2.publish(&MonitorSample::default().with_health(HealthState::Overlimit));
+        assert_eq!(r.get(3 + 2 * RETRY_NS, false).unwrap().health(), HealthState::Healthy, "fresh data: not looked at");
+        assert_eq!(r.get(4 + 3 * RETRY_NS, true).unwrap().health(), HealthState::Overlimit, "stale: the new file");
+    }
+
+    #[test]
+    fn seqlock_readers_never_see_torn_samples() {
+        let (_d, p) = dir();
+        let w = Status::open_or_create(&p, 0).unwrap();
+        let r = Status::open(&p).unwrap();
+        let writer = std::thread::spawn(move || {
+            for k in 1..20_000u32 {
+                w.publish(&MonitorSample { health: k, sm_active_permille: k, sm_clock_mhz: k, mem_used_bytes: u64::from(k), ..Default::default() });
+            }
+        });
+        let mut seen = 0;
+        while !writer.is_finished() {
+            if let Some(s) = r.read_monitor() {
+                let k = s.sample.health;
+                assert_eq!((s.sample.sm_active_permille, s.sample.sm_clock_mhz, s.sample.mem_used_bytes), (k, k, u64::from(k)));
+                seen += 1;
+            }
+        }
+        writer.join().unwrap();
+        assert!(seen > 0);
+        let last = r.read_monitor().unwrap();
+        assert_eq!(last.sample.health, 19_999);
+        assert!(last.is_fresh(now_ns(), 1_000_000_000));
+        assert!(!last.is_fresh(now_ns() + 2_000_000_000, 1_000_000_000));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Any file content either opens (then reads are in bounds and never panic) or is
+        /// refused with an error naming the file; a writer's open makes any of them valid.
+        #[test]
+        fn arbitrary_files_open_or_are_refused_by_name(
+            len in 0usize..SIZE + 64,
+            fill in proptest::prelude::any::<u8>(),
+            keep_header in proptest::prelude::any::<bool>(),
+        ) {
+            let (_d, p) = dir();
+            drop(Status::open_or_create(&p, 0).unwrap());
+            let good = std::fs::read(&p).unwrap();
+            let mut bytes = vec![fill; len];
+            if keep_header && len >= 32 {
+                bytes[..32].copy_from_slice(&good[..32]);
+            }
+            std::fs::write(&p, &bytes).unwrap();
+            match Status::open(&p) {
+                Ok(r) => {
+                    let _ = (r.read_monitor(), r.read_manager(), r.health());
+                }
+                Err(e) => proptest::prop_assert!(e.to_string().contains(&*p.to_string_lossy())),
+            }
+            let w = Status::open_or_create(&p, 0).unwrap();
+            w.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+            proptest::prop_assert_eq!(Status::open(&p).unwrap().health(), HealthState::Healthy);
+        }
+    }
+}
