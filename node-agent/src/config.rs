@@ -114,7 +114,7 @@ pub struct CdiConfig {
     pub gpu_device_kind: Option<String>,
 }
 
-/// How the GPUs' health is read from their ledgers' monitor blocks.
+/// How the GPUs' health is read from the monitor blocks of their status files.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {

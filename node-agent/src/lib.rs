@@ -8,7 +8,7 @@
 //!   mapped to their pods and evicted through the Eviction API, with an Event.
 //! - [`heartbeat`]: each GPU's state, load and offline budget on the Node annotation
 //!   `xshare.io/gpu-heartbeat` (format: `kube-contract`).
-//! - [`health`]: each GPU's health from the node ledger's monitor block.
+//! - [`health`]: each GPU's health from the monitor block of its status file.
 //! - [`gpus`]: each GPU's UUID and name from NVML.
 
 pub mod allocate;

@@ -66,8 +66,8 @@ pub struct Config {
     /// on changes (health, Disabled cause, hold, evictions, registered offline processes,
     /// config and ledger errors), and otherwise at least this often with the latest sample
     /// and counters, so a reader can tell a live monitor from a dead one. The metrics endpoint
-    /// is refreshed with it. (The shim, the MPS manager and node-agent read the ledger's
-    /// monitor block, published every sample.)
+    /// is refreshed with it. (The shim, the MPS manager and node-agent read the monitor block
+    /// of the status file, `<ledger_dir>/status/gpu<N>`, published every sample.)
     #[serde(default = "d_state_every")]
     pub state_file_every_ms: u64,
     /// Prometheus endpoint: `host:port`, or `unix:/path`; absent for none.

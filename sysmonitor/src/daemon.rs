@@ -396,8 +396,8 @@ impl<G: GpuSource> Service for MonitorService<G> {
 
     /// One sample, then the state file: rewritten in the tick anything readers act on changes
     /// ([`Monitor::change_key`], ledger damage, a reload), otherwise every
-    /// `state_file_every_ms` as a heartbeat. The ledger's monitor block, which the shim, the
-    /// MPS manager and node-agent read, is published at every tick by [`Monitor::tick`].
+    /// `state_file_every_ms` as a heartbeat. The status file's monitor block, which the shim,
+    /// the MPS manager and node-agent read, is published at every tick by [`Monitor::tick`].
     fn tick(&mut self, now: u64, notifier: &Notifier) -> u64 {
         let damaged = self.mon.ledger.check(now).is_some();
         self.mon.tick(now);

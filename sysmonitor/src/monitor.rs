@@ -121,7 +121,8 @@ pub struct Monitor<G: GpuSource, L: LedgerPort, S: Signaller> {
     pub cfg: Config,
     /// Where samples come from (NVML in production).
     pub gpu: G,
-    /// The per-GPU ledger: offline registry, eviction requests, the published monitor block.
+    /// The per-GPU ledger (offline registry, eviction requests) and the status file the monitor
+    /// block is published in.
     pub ledger: L,
     /// The five-state health machine.
     pub machine: Machine,

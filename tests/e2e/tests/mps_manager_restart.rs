@@ -102,8 +102,8 @@ impl Drop for QuitOnPanic {
 /// on MPS: the new manager adopts the running control daemon (same pid and start time in its
 /// state file, no `-d`, MPS generation unchanged, no quit, no reset), the online client keeps
 /// its context and progresses, the offline one keeps running on MPS, and the new manager
-/// publishes the budget in the ledger again (a sentinel written while no manager ran is
-/// replaced, the ledger names the new manager).
+/// publishes the budget in the status file again (a sentinel written while no manager ran is
+/// replaced, the status file names the new manager).
 fn restart_keeps_mps_and_clients(sig: i32) {
     let n = EmuHost::node();
     let mut m1 = start_manager(&n, false);
