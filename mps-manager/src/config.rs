@@ -51,9 +51,11 @@ pub struct Config {
     /// setup the manager tears down (a demo), or stop MPS yourself
     /// (`echo quit | nvidia-cuda-mps-control`).
     pub quit_on_exit: bool,
-    /// The monitor's state file (for XID reports); empty means `<ledger_dir>/gpu<N>/state.json`.
+    /// The monitor's state file (for XID reports); empty means
+    /// `<ledger_dir>/daemons/gpu<N>/state.json` (sysmonitor's default).
     pub monitor_state_file: PathBuf,
-    /// This manager's state file; empty means `<ledger_dir>/gpu<N>/mps-manager.json`. Each
+    /// This manager's state file; empty means `<ledger_dir>/daemons/gpu<N>/mps-manager.json`
+    /// (the daemon-only directory, never mounted into a container). Each
     /// GPU's manager needs its own (a second manager given one another GPU's manager writes is
     /// refused at start): put `{gpu}` in a path set here.
     pub state_file: PathBuf,
@@ -231,8 +233,12 @@ impl Config {
         };
         fill(&mut self.pipe_dir, "mps-pipe");
         fill(&mut self.log_dir, "mps-log");
-        fill(&mut self.monitor_state_file, "state.json");
-        fill(&mut self.state_file, "mps-manager.json");
+        let ddir = node_ledger::config::daemon_dir(&self.ledger_dir, self.gpu_index);
+        for (p, name) in [(&mut self.monitor_state_file, "state.json"), (&mut self.state_file, "mps-manager.json")] {
+            if p.as_os_str().is_empty() {
+                *p = ddir.join(name);
+            }
+        }
         if self.shm_dir.as_os_str().is_empty() {
             self.shm_dir = PathBuf::from(format!("/dev/shm/xshare-gpu{}", self.gpu_index));
         }
@@ -276,7 +282,7 @@ mod tests {
         assert_eq!(c.pipe_dir, PathBuf::from("/run/x/gpu3/mps-pipe"));
         assert_eq!(
             c.monitor_state_file,
-            PathBuf::from("/run/x/gpu3/state.json")
+            PathBuf::from("/run/x/daemons/gpu3/state.json")
         );
         assert_eq!(c.daemon_shm_dir(), Some(Path::new("/dev/shm/xshare-gpu3")), "the daemon's own /dev/shm by default");
         // One config for every GPU: `{gpu}` in the paths it sets.

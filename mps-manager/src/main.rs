@@ -88,7 +88,7 @@ OUTSIDE MPS:
     for restart; report leaves it running. Start offline containers after mps-manager.
 
 RESTARTS:
-    One manager per GPU: `run` takes a lock on <ledger_dir>/gpu<N>/mps-manager.lock; a second
+    One manager per GPU: `run` takes a lock on <ledger_dir>/daemons/gpu<N>/mps-manager.lock; a second
     one exits naming the holder's pid. A restarted manager adopts the running control daemon
     (pid file; nothing is reset) and finishes a recovery its predecessor was killed in (the
     state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,

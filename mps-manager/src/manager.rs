@@ -230,9 +230,10 @@ pub fn control_for(cfg: &Config) -> MpsControl {
     }
 }
 
-/// This GPU's single-instance lock file, beside its ledger (`<ledger_dir>/gpu<N>/mps-manager.lock`).
+/// This GPU's single-instance lock file, in its daemon-only directory
+/// (`<ledger_dir>/daemons/gpu<N>/mps-manager.lock`: out of containers' reach).
 pub fn lock_file(cfg: &Config) -> std::path::PathBuf {
-    cfg.ledger_path().with_file_name("mps-manager.lock")
+    node_ledger::config::daemon_dir(&cfg.ledger_dir, cfg.gpu_index).join("mps-manager.lock")
 }
 
 /// Takes the per-GPU single-instance lock ([`lock_file`], a POSIX write lock held for the life
@@ -1829,7 +1830,7 @@ mod tests {
             c.gpu_index = gpu;
             c
         };
-        assert_eq!(lock_file(&cfg(0)), cfg(0).ledger_path().with_file_name("mps-manager.lock"));
+        assert_eq!(lock_file(&cfg(0)), node_ledger::config::daemon_dir(&cfg(0).ledger_dir, 0).join("mps-manager.lock"));
         assert_ne!(lock_file(&cfg(0)), lock_file(&cfg(1)));
         let a = lock_instance(&cfg(0)).unwrap();
         let b = lock_instance(&cfg(1)).unwrap();

@@ -40,7 +40,7 @@ pub struct AgentConfig {
     pub metrics_listen: String,
     /// mps-manager's state file of each GPU, read at Allocate for the `/dev/shm` its MPS daemon
     /// has (`shm_dir`); `{gpu}` is replaced by the index. Empty: mps-manager's default
-    /// `<ledger_dir>/gpu<N>/mps-manager.json`. Set it alike when mps-manager's `state_file` is set.
+    /// `<ledger_dir>/daemons/gpu<N>/mps-manager.json`. Set it alike when mps-manager's `state_file` is set.
     pub mps_manager_state_file: String,
 }
 
@@ -370,7 +370,7 @@ impl AgentConfig {
         if !(self.mps_manager_state_file.is_empty() || self.mps_manager_state_file.starts_with('/')) {
             return bad(
                 "mps_manager_state_file",
-                "must be an absolute path or empty (mps-manager's default <ledger_dir>/gpu<N>/mps-manager.json)".into(),
+                "must be an absolute path or empty (mps-manager's default <ledger_dir>/daemons/gpu<N>/mps-manager.json)".into(),
             );
         }
         let shm = &self.inject.mps_shm_dir;
@@ -440,7 +440,7 @@ impl AgentConfig {
     /// mps-manager's state file of GPU `index` ([`AgentConfig::mps_manager_state_file`]).
     pub fn mps_manager_state_path(&self, index: u32) -> PathBuf {
         if self.mps_manager_state_file.is_empty() {
-            self.ledger_dir.join(format!("gpu{index}")).join("mps-manager.json")
+            node_ledger::config::daemon_dir(&self.ledger_dir, index).join("mps-manager.json")
         } else {
             PathBuf::from(self.mps_manager_state_file.replace("{gpu}", &index.to_string()))
         }
@@ -518,7 +518,7 @@ mod tests {
     #[test]
     fn the_mps_manager_state_file_is_the_default_or_the_template() {
         let c = AgentConfig::from_text(Path::new("a.json"), OK, |_| None).unwrap();
-        assert_eq!(c.mps_manager_state_path(3), PathBuf::from("/run/xshare/gpu3/mps-manager.json"));
+        assert_eq!(c.mps_manager_state_path(3), PathBuf::from("/run/xshare/daemons/gpu3/mps-manager.json"));
         let t = r#"{"node_name": "n", "gpus": [{"index": 0}], "mps_manager_state_file": "/var/lib/x/gpu{gpu}.json"}"#;
         let c = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap();
         assert_eq!(c.mps_manager_state_path(3), PathBuf::from("/var/lib/x/gpu3.json"));

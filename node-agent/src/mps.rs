@@ -138,8 +138,8 @@ mod tests {
     }
 
     fn write(dir: &Path, v: Value) {
-        std::fs::create_dir_all(dir.join("gpu1")).unwrap();
-        std::fs::write(dir.join("gpu1/mps-manager.json"), v.to_string()).unwrap();
+        std::fs::create_dir_all(dir.join("daemons/gpu1")).unwrap();
+        std::fs::write(dir.join("daemons/gpu1/mps-manager.json"), v.to_string()).unwrap();
     }
 
     /// A running manager's state: daemon up, the default `/dev/shm` of GPU 1, written now.
@@ -205,9 +205,9 @@ mod tests {
     fn a_damaged_or_foreign_state_file_is_not_ready() {
         let d = tempfile::tempdir().unwrap();
         let c = cfg(d.path());
-        std::fs::create_dir_all(d.path().join("gpu1")).unwrap();
+        std::fs::create_dir_all(d.path().join("daemons/gpu1")).unwrap();
         for bad in [&b"{\"gpu\": "[..], b"", b"\0\0\0", b"[1, 2]"] {
-            std::fs::write(d.path().join("gpu1/mps-manager.json"), bad).unwrap();
+            std::fs::write(d.path().join("daemons/gpu1/mps-manager.json"), bad).unwrap();
             let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
             assert!(e.contains("mps-manager.json") && (e.contains("unreadable") || e.contains("not a JSON object")), "{e}");
         }

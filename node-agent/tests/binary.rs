@@ -165,7 +165,10 @@ fn status_says_which_gpus_take_offline_work_and_why_not() {
     }
     let now = node_daemon::clock::unix_ms();
     std::fs::write(
-        run.join("gpu1/mps-manager.json"),
+        {
+            std::fs::create_dir_all(run.join("daemons/gpu1")).unwrap();
+            run.join("daemons/gpu1/mps-manager.json")
+        },
         serde_json::json!({"gpu": 1, "daemon_pid": null, "last_error": "recovery rate limit reached", "updated_unix_ms": now}).to_string(),
     )
     .unwrap();

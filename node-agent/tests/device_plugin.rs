@@ -200,7 +200,8 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
     // GPU 1's mps-manager says no MPS control daemon runs (a recovery held back by its rate
     // limit): every offline container would get no context there. Its slots turn Unhealthy
     // and Allocate refuses, naming why; the monitor's verdict is still Healthy.
-    let mgr_state = ledger_dir.join("gpu1/mps-manager.json");
+    let mgr_state = node_ledger::config::daemon_dir(&ledger_dir, 1).join("mps-manager.json");
+    std::fs::create_dir_all(mgr_state.parent().unwrap()).unwrap();
     let state = |daemon: Option<u32>| {
         let v = serde_json::json!({"gpu": 1, "manager_pid": 9, "daemon_pid": daemon,
             "shm_dir": "/dev/shm/xshare-gpu1", "outside_holders": [],

@@ -129,6 +129,18 @@ pub fn status_path(dir: &Path, gpu_index: u32) -> PathBuf {
 /// The status files' directory under the ledger directory.
 pub const STATUS_DIR: &str = "status";
 
+/// `<dir>/daemons/gpu<N>`: GPU N's daemon-only directory, never mounted into a container: the
+/// daemons' single-instance locks, the operator's requests (`disabled`, `enable`) and the
+/// daemons' JSON state files. In the `gpu<N>` directory, which offline containers get
+/// read-write, a tenant could hold a lock (a restarted monitor could not start), re-enable a
+/// GPU an XID disabled, or forge the state another daemon acts on.
+pub fn daemon_dir(dir: &Path, gpu_index: u32) -> PathBuf {
+    dir.join(DAEMON_DIR).join(format!("gpu{gpu_index}"))
+}
+
+/// The daemon-only directories' parent under the ledger directory ([`daemon_dir`]).
+pub const DAEMON_DIR: &str = "daemons";
+
 /// A config problem, located: `file:line:column: field `x`: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {

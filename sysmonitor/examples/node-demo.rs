@@ -205,8 +205,8 @@ fn run() -> Result<(), String> {
             .spawn()
             .map_err(|e| format!("{name}: {e}"))
     };
-    let mon_state = run.join("gpu0/state.json");
-    let mps_state = run.join("gpu0/mps-manager.json");
+    let mon_state = node_ledger::config::daemon_dir(&run, 0).join("state.json");
+    let mps_state = node_ledger::config::daemon_dir(&run, 0).join("mps-manager.json");
     guard.0.push(daemon("sysmonitor", &mon_cfg)?);
     wait_for("sysmonitor Healthy", Duration::from_secs(30), || {
         read_json(&mon_state)["state"] == "healthy"

@@ -57,7 +57,8 @@ pub struct Config {
     #[serde(default)]
     pub ledger_group: Option<String>,
     /// JSON state file for the cluster component (rewritten atomically); empty means
-    /// `<ledger_dir>/gpu<N>/state.json`. `{gpu}` is replaced by the GPU index: every GPU's
+    /// `<ledger_dir>/daemons/gpu<N>/state.json` (the daemon-only directory, never mounted into
+    /// a container). `{gpu}` is replaced by the GPU index: every GPU's
     /// monitor needs its own file (a second monitor given one another GPU's monitor writes is
     /// refused at start).
     #[serde(default)]
@@ -404,7 +405,7 @@ impl Config {
     pub fn finalize(&mut self, gpu: Option<u32>) {
         node_daemon::cli::apply_overrides(&mut self.ledger_dir, &mut self.gpu_index, gpu);
         if self.state_file.as_os_str().is_empty() {
-            self.state_file = self.ledger_path().with_file_name("state.json");
+            self.state_file = self.daemon_dir().join("state.json");
         }
         node_daemon::cli::expand_gpu(&mut self.state_file, self.gpu_index);
     }
@@ -459,6 +460,12 @@ impl Config {
     /// This GPU's ledger file.
     pub fn ledger_path(&self) -> PathBuf {
         node_ledger::config::ledger_path(&self.ledger_dir, self.gpu_index)
+    }
+
+    /// This GPU's daemon-only directory (`<ledger_dir>/daemons/gpu<N>`,
+    /// [`node_ledger::config::daemon_dir`]).
+    pub fn daemon_dir(&self) -> PathBuf {
+        node_ledger::config::daemon_dir(&self.ledger_dir, self.gpu_index)
     }
 
     /// This GPU's status file (`<ledger_dir>/status/gpu<N>`), where the monitor publishes.

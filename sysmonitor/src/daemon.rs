@@ -89,20 +89,38 @@ impl GpuSource for RetryingNvml {
     }
 }
 
-/// File whose presence means "an operator disabled this GPU".
+/// File whose presence means "an operator disabled this GPU" (in the daemon-only directory:
+/// no tenant creates or removes it).
 pub fn operator_file(cfg: &Config) -> PathBuf {
-    cfg.ledger_path().with_file_name("disabled")
+    cfg.daemon_dir().join("disabled")
+}
+
+/// At the first start of a monitor that keeps its files in the daemon-only directory (no lock
+/// file there yet), an operator's disable file left by an earlier version in the
+/// container-visible `gpu<N>` directory is moved there: a GPU disabled before an upgrade stays
+/// disabled. Never afterwards: from then on, a file there is nobody's request.
+pub fn adopt_legacy_operator_file(cfg: &Config) {
+    let legacy = cfg.ledger_path().with_file_name("disabled");
+    if lock_file(cfg).exists() || !legacy.exists() {
+        return;
+    }
+    let to = operator_file(cfg);
+    match std::fs::create_dir_all(cfg.daemon_dir()).and_then(|()| std::fs::rename(&legacy, &to)) {
+        Ok(()) => tracing::warn!(from = %legacy.display(), to = %to.display(), "the operator's disable file moved to the daemon-only directory (first start after an upgrade): the GPU stays disabled"),
+        Err(e) => tracing::error!(from = %legacy.display(), to = %to.display(), error = %e, "cannot move the operator's disable file: the GPU is not disabled; run `sysmonitor disable`"),
+    }
 }
 
 /// File whose presence asks the monitor to put a GPU Disabled by a critical XID back in
 /// service (`sysmonitor enable`; the monitor removes it when it has looked).
 pub fn enable_file(cfg: &Config) -> PathBuf {
-    cfg.ledger_path().with_file_name("enable")
+    cfg.daemon_dir().join("enable")
 }
 
-/// This GPU's single-instance lock file, beside its ledger.
+/// This GPU's single-instance lock file, in its daemon-only directory (a tenant holding a
+/// lock in the container-visible `gpu<N>` directory kept a restarted monitor from starting).
 pub fn lock_file(cfg: &Config) -> PathBuf {
-    cfg.ledger_path().with_file_name("sysmonitor.lock")
+    cfg.daemon_dir().join("sysmonitor.lock")
 }
 
 /// Takes the per-GPU single-instance lock (a POSIX write lock on [`lock_file`], held for the
@@ -449,6 +467,7 @@ impl<G: GpuSource> Service for MonitorService<G> {
 /// Runs the monitor until SIGTERM/SIGINT (the shared run/reload loop, [`node_daemon::run`]).
 /// `files` are the config files in force (base first); SIGHUP reloads from `base`.
 pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> {
+    adopt_legacy_operator_file(&cfg);
     let _instance = lock_instance(&cfg)?;
     let _state_owner = node_daemon::cli::lock_state_file(
         &cfg.state_file,
@@ -539,6 +558,26 @@ mod tests {
     use super::*;
     use crate::health::State;
 
+    /// An operator's disable file of an earlier version (in the container-visible `gpu<N>`
+    /// directory) is moved at the monitor's first start in the new layout, and only then.
+    #[test]
+    fn a_legacy_disable_file_is_adopted_once_and_never_again() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = Config { ledger_dir: d.path().to_owned(), ..Config::default() };
+        let legacy = cfg.ledger_path().with_file_name("disabled");
+        std::fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+        std::fs::write(&legacy, "").unwrap();
+        adopt_legacy_operator_file(&cfg);
+        assert!(operator_file(&cfg).exists() && !legacy.exists(), "a GPU disabled before the upgrade stays disabled");
+        assert!(operator_file(&cfg).starts_with(d.path().join("daemons/gpu0")));
+        let lock = lock_instance(&cfg).unwrap();
+        std::fs::remove_file(operator_file(&cfg)).unwrap();
+        std::fs::write(&legacy, "").unwrap();
+        adopt_legacy_operator_file(&cfg);
+        assert!(!operator_file(&cfg).exists(), "after the first start, a file there (a tenant's) is nobody's request");
+        drop(lock);
+    }
+
     /// Samples whose utilization the test sets.
     struct Dial(Rc<Cell<f64>>);
     impl GpuSource for Dial {
@@ -566,7 +605,7 @@ mod tests {
     fn service(dir: &Path, util: Rc<Cell<f64>>, heartbeat_ms: u64) -> MonitorService<Dial> {
         let mut cfg = Config {
             ledger_dir: dir.join("run"),
-            state_file: dir.join("run/gpu0/state.json"),
+            state_file: dir.join("run/daemons/gpu0/state.json"),
             state_file_every_ms: heartbeat_ms,
             ..Config::default()
         };
@@ -575,6 +614,7 @@ mod tests {
         cfg.machine.overlimit_sustain_ms = 0;
         cfg.machine.hold_base_ms = 200;
         cfg.machine.hold_max_ms = 200;
+        std::fs::create_dir_all(cfg.daemon_dir()).unwrap(); // as `run`'s instance lock makes it
         let ledger = node_ledger::Ledger::open_or_create(&cfg.ledger_path(), 0).unwrap();
         let mon = Monitor::new(
             cfg.clone(),

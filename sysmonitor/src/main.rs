@@ -38,9 +38,12 @@ STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -
     A restarted monitor resumes an Overlimit hold, the grace of evictions in flight and a
     critical XID's Disabled (until xid_disable_ms passes, or `enable` when it is 0).
 
-FILES: <ledger_dir>/gpu<N>/ledger (shared with the shim and mps-manager), state.json beside it
-    (what `status` reads), `disabled` beside it (operator switch), `enable` (an operator's
-    enable of an XID's Disabled, removed by the monitor), sysmonitor.lock (one monitor per GPU).
+FILES: <ledger_dir>/gpu<N>/ledger (shared with the shim and mps-manager; containers get
+    gpu<N>/ read-write), <ledger_dir>/status/gpu<N> (health and load for the shims, mps-manager
+    and node-agent; containers get status/ read-only). In <ledger_dir>/daemons/gpu<N>/, never
+    mounted into containers: state.json (what `status` reads), `disabled` (operator switch),
+    `enable` (an operator's enable of an XID's Disabled, removed by the monitor),
+    sysmonitor.lock (one monitor per GPU).
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 

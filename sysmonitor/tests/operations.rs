@@ -38,7 +38,7 @@ impl Dir {
         c
     }
     fn state_file(&self) -> PathBuf {
-        self.0.path().join("run/gpu0/state.json")
+        self.0.path().join("run/daemons/gpu0/state.json")
     }
 }
 

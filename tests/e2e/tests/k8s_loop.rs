@@ -158,7 +158,7 @@ fn schedule(ext: SocketAddr, pod: &Value) -> Value {
 }
 
 fn read_state(run: &Path) -> Value {
-    std::fs::read_to_string(run.join("gpu0/state.json"))
+    std::fs::read_to_string(node_ledger::config::daemon_dir(run, 0).join("state.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null)

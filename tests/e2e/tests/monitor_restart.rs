@@ -342,7 +342,7 @@ fn monitor_restarted_after_a_critical_xid_keeps_the_gpu_disabled_until_enabled()
     });
     assert_eq!(v["last_transition"][0], "init", "{v:#}");
     assert!(
-        !n.ledger_path().with_file_name("enable").exists(),
+        !node_ledger::config::daemon_dir(n.ledger_dir(), 0).join("enable").exists(),
         "the request is consumed"
     );
 }
@@ -400,7 +400,7 @@ fn monitor_restarted_on_an_operator_disabled_gpu_never_publishes_it_healthy() {
     let n = t4();
     let mut m1 = n.start_monitor("mon.json", &config(1000, 500));
     state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
-    std::fs::write(n.ledger_path().with_file_name("disabled"), "").unwrap();
+    std::fs::write(node_ledger::config::daemon_dir(n.ledger_dir(), 0).join("disabled"), "").unwrap();
     state_of(&n, m1.pid(), "disabled", |v| state(v) == "disabled");
     m1.signal(libc::SIGKILL);
     m1.wait_exit(T).expect("the monitor stopped");

@@ -234,7 +234,7 @@ fn full_grid_offline_in(node: &Node, throttled: bool, ns: PidNs) -> Proc {
 
 /// Every state file seen for `d`: (state, sm_activity, sm_source).
 fn watch(node: &Node, d: Duration) -> Vec<(String, f64, String)> {
-    let path = node.run.join("gpu0/state.json");
+    let path = node_ledger::config::daemon_dir(&node.run, 0).join("state.json");
     let end = Instant::now() + d;
     let mut seen = Vec::new();
     while Instant::now() < end {

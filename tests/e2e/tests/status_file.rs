@@ -111,3 +111,31 @@ fn a_root_tenant_cannot_write_the_status_files_through_the_mounts_node_agent_giv
     let s = Status::open(&n.status_path()).unwrap();
     assert_eq!(s.read_monitor().unwrap().sample, sample, "the published values are intact");
 }
+
+/// Offline containers get the `gpu<N>` directory read-write. The monitor's single-instance lock
+/// and the operator's `disabled` and `enable` files were there: a tenant could hold the lock
+/// (a restarted monitor refused to start: the GPU unmonitored), disable the GPU for every
+/// other tenant, or put a GPU an XID disabled back in service. They are in the daemon-only
+/// directory now (`<ledger_dir>/daemons/gpu<N>`, never mounted into containers): the same
+/// files written and locked in `gpu<N>` change nothing.
+#[test]
+fn files_a_tenant_writes_or_locks_in_its_gpu_directory_neither_disable_the_gpu_nor_stop_a_restart() {
+    let n = EmuHost::node();
+    let mut mon = n.start_monitor("mon.json", MONITOR);
+    n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let gdir = n.ledger_path().parent().unwrap().to_path_buf();
+    std::fs::write(gdir.join("disabled"), "a tenant\n").unwrap();
+    let _locks: Vec<_> = ["sysmonitor.lock", "mps-manager.lock"]
+        .iter()
+        .map(|f| node_daemon::instance::lock(&gdir.join(f), "a tenant").unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let v = n.wait_state(T, "a fresh state", |_| true);
+    assert_eq!(state(&v), "healthy", "a tenant's disable file is nobody's request: {v:#}");
+    mon.signal(libc::SIGTERM);
+    assert!(mon.wait_exit(T).is_some(), "the monitor stopped");
+    let restarted = n.start_monitor("mon.json", "");
+    wait_until("the restarted monitor publishing", T, || fresh_from(&n.status_path(), restarted.pid()));
+    let v = n.wait_state(T, "healthy after the restart", |v| state(v) == "healthy" && v["monitor_pid"].as_u64() == Some(u64::from(restarted.pid())));
+    assert_eq!(state(&v), "healthy");
+}

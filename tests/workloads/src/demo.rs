@@ -152,7 +152,8 @@ pub fn mps_static_phase(offline_pct: u32) -> Phase {
 pub fn node_runtime_phase(host: &Host) -> Result<Phase, String> {
     let (dir, bin_dir) = (host.root(), host.programs_dir());
     let run = dir.join("xshare-run");
-    let mon_state = run.join("gpu0/state.json");
+    let mon_state = node_ledger::config::daemon_dir(&run, 0).join("state.json");
+    let mps_state = node_ledger::config::daemon_dir(&run, 0).join("mps-manager.json");
     std::fs::create_dir_all(run.join("gpu0"))
         .map_err(|e| format!("creating {}: {e}", run.display()))?;
     let write = |name: &str, text: String| -> Result<String, String> {
@@ -172,13 +173,14 @@ pub fn node_runtime_phase(host: &Host) -> Result<Phase, String> {
         "mps-manager.json",
         format!(
             r#"{{ "ledger_dir": "{run}", "pipe_dir": "{pipe}", "log_dir": "{log}",
-  "monitor_state_file": "{state}", "state_file": "{run}/gpu0/mps-manager.json",
+  "monitor_state_file": "{state}", "state_file": "{mps_state}",
   "compute_mode": "{mode}", "shm_dir": "host" }}"#,
             mode = crate::host::manager_compute_mode(),
             run = run.display(),
             pipe = host.pipe_dir().display(),
             log = host.log_dir().display(),
-            state = mon_state.display()
+            state = mon_state.display(),
+            mps_state = mps_state.display()
         ),
     )?;
     let xcuda_cfg = write("xcuda.json", "{}".into())?;
@@ -206,7 +208,7 @@ pub fn node_runtime_phase(host: &Host) -> Result<Phase, String> {
                 "mps-manager",
                 "mps-manager",
                 mps_cfg,
-                Some((run.join("gpu0/mps-manager.json"), "offline_budget_pct".into())),
+                Some((mps_state, "offline_budget_pct".into())),
             ),
         ],
         teardown: vec![("nvidia-cuda-mps-control".into(), vec![], "quit\n".into())],

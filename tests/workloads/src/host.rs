@@ -338,11 +338,11 @@ impl Host {
     }
     /// The monitor's state file for GPU 0.
     pub fn monitor_state_file(&self) -> PathBuf {
-        self.ledger_dir().join("gpu0").join("state.json")
+        node_ledger::config::daemon_dir(self.ledger_dir(), 0).join("state.json")
     }
     /// The MPS manager's state file for GPU 0.
     pub fn manager_state_file(&self) -> PathBuf {
-        self.ledger_dir().join("gpu0").join("mps-manager.json")
+        node_ledger::config::daemon_dir(self.ledger_dir(), 0).join("mps-manager.json")
     }
     /// The environment children get (name, value).
     pub fn env(&self) -> &[(String, OsString)] {

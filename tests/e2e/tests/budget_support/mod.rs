@@ -91,7 +91,7 @@ pub fn budget_at_40(host: &EmuHost) {
                 "timed out waiting for the budget at 40 %: manager block {m:?} (now {} ns)\nmonitor state: {}\nmps-manager state: {}\nmonitor log:\n{}\nmanager log:\n{}",
                 node_ledger::clock::now_ns(),
                 std::fs::read_to_string(host.monitor_state_file()).unwrap_or_default(),
-                std::fs::read_to_string(host.path("run/gpu0/mps-manager.json")).unwrap_or_default(),
+                std::fs::read_to_string(host.manager_state_file()).unwrap_or_default(),
                 tail("mon.json"),
                 tail("mps.json"),
             );
