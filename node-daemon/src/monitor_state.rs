@@ -97,6 +97,10 @@ pub struct MonitorState {
     /// header no longer validates; offline processes refuse new allocations).
     #[serde(default)]
     pub ledger_error: Option<String>,
+    /// Why the monitor could not open its status file (`<ledger_dir>/status/gpu<N>`) at its
+    /// last try: nothing it judges reaches the shims or node-agent meanwhile.
+    #[serde(default)]
+    pub status_file_error: Option<String>,
     /// The evictions in flight (`evictions_in_flight` of them), with when each was requested:
     /// a restarted monitor finishes their grace periods rather than starting them again
     /// (empty in files written before this field existed).
@@ -176,6 +180,7 @@ impl MonitorState {
             last_eviction_sample: None,
             overlimit_eviction_lag_samples: None,
             ledger_error: None,
+            status_file_error: None,
             evictions_pending: Vec::new(),
             offline_pods: None,
         }

@@ -750,6 +750,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             last_eviction_sample: self.last_eviction_sample,
             overlimit_eviction_lag_samples: self.overlimit_eviction_lag_samples,
             ledger_error: None,
+            status_file_error: None,
             offline_pods: (self.pods.watch.has_list() || self.pods.watch.error().is_some()).then(|| {
                 node_daemon::monitor_state::OfflinePodsState {
                     path: self.pods.watch.path().display().to_string(),

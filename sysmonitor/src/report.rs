@@ -309,6 +309,12 @@ pub fn status_table(s: &MonitorState, now_unix_ms: u64, running: bool) -> String
             format!("{e} (previous config still in force)"),
         );
     }
+    if let Some(e) = &s.ledger_error {
+        row(&mut o, "LEDGER ERROR", e.clone());
+    }
+    if let Some(e) = &s.status_file_error {
+        row(&mut o, "STATUS FILE ERROR", format!("{e} (nothing published: node-agent admits no work, shims throttle as for a stale monitor)"));
+    }
     o
 }
 
@@ -359,6 +365,9 @@ mod tests {
         assert!(t.contains("OVERLIMIT"));
         assert!(t.contains("150 ms of 200 ms"));
         assert!(t.contains("CONFIG ERROR"));
+        assert!(!t.contains("STATUS FILE ERROR") && !t.contains("LEDGER ERROR"));
+        let broken = MonitorState { status_file_error: Some("status file /run/xshare/status/gpu0: open: Permission denied".into()), ..snap() };
+        assert!(status_table(&broken, 1100, true).lines().any(|l| l.contains("STATUS FILE ERROR") && l.contains("status/gpu0: open: Permission denied")), "{}", status_table(&broken, 1100, true));
         assert!(t.contains("source: gpm"));
         assert!(t.contains("10 / 0 at 10 ms"), "{t}");
         let idle = MonitorState {
