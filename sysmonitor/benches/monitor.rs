@@ -306,9 +306,15 @@ fn compare(dir: &str, secs: f64, windows: usize) {
         .unwrap_or_else(|e| panic!("host over {dir}: {e}"));
     let _ = other.device();
     let hosts = [&this, &other];
+    // The state file named explicitly: a build from before the daemon-only directory keeps it
+    // elsewhere by default, and both honour an explicit one.
     let mons: Vec<_> = hosts
         .iter()
-        .map(|n| n.start_monitor("mon.json", &config(10)))
+        .map(|n| {
+            let cfg = config(10);
+            let state = format!(r#"{{"state_file": "{}", "#, n.monitor_state_file().display());
+            n.start_monitor("mon.json", &cfg.replacen('{', &state, 1))
+        })
         .collect();
     for n in hosts {
         n.wait_state(Duration::from_secs(20), "healthy", |v| {

@@ -59,6 +59,9 @@ pub struct LedgerAdapter {
     /// Why the status file could not be opened at the last try (said once per distinct error).
     status_error: Option<String>,
     next_status_check_ms: u64,
+    /// The status file's SM count as found when it was opened (the monitor does not measure it;
+    /// kept rather than read back at every publish).
+    sm_count: u32,
 }
 
 /// How often the monitor checks that its status file is still the one at its path, with a
@@ -121,6 +124,7 @@ impl LedgerAdapter {
             status: None,
             status_error: None,
             next_status_check_ms: 0,
+            sm_count: 0,
             gpu: ledger.gpu_index(),
             host_pids: node_daemon::procns::HostPids::default(),
             damage: None,
@@ -250,6 +254,7 @@ impl LedgerAdapter {
                     if self.status.is_some() || self.status_error.is_some() {
                         tracing::warn!(file = %self.status_path.display(), "status file reopened (it was damaged, deleted or not openable)");
                     }
+                    self.sm_count = w.read_monitor().map_or(0, |m| m.sample.sm_count);
                     self.status = Some(w);
                     self.status_error = None;
                 }
@@ -443,19 +448,18 @@ impl LedgerPort for LedgerAdapter {
     fn publish(&mut self, p: &Published) -> Result<(), String> {
         // Published whatever the ledger's state: the status file is not the ledger, and its
         // readers (node-agent's admission, the shims' throttles) need the verdict most then.
-        let pid = self.pid;
-        let Some(status) = self.status_at(node_daemon::clock::mono_ms()) else {
+        if self.status_at(p.t_ms).is_none() {
             return Ok(()); // said when the open failed
-        };
-        // The SM budget is the manager's block.
-        let prev = status.read_monitor();
+        }
+        let (pid, sm_count) = (self.pid, self.sm_count);
+        let Some(status) = self.status.as_ref() else { return Ok(()) };
         let s = MonitorSample {
             health: to_ledger(p.state.unwrap_or(State::Init)) as u32,
             sm_active_permille: permille(p.sm_activity),
             gpu_util_permille: permille(p.gpu_util),
             sm_clock_mhz: p.sm_clock_mhz,
             sm_clock_max_mhz: p.sm_clock_max_mhz,
-            sm_count: prev.map_or(0, |x| x.sample.sm_count),
+            sm_count,
             mem_used_bytes: p.mem_used,
             mem_total_bytes: p.mem_total,
         };
