@@ -3,7 +3,7 @@
 //! workload runs the only protection is not launching offline kernels: a fresh monitor sample
 //! with the SM clock under 85 % of its top holds every launch of an offline process capped at
 //! <= half the SMs, until 500 ms after the last such sample. The test plays the monitor
-//! (publishes samples into the ledger) and watches the offline process's SM time on the
+//! (publishes samples into the status file) and watches the offline process's SM time on the
 //! emulated device. Mechanism only: no latency or ratio is asserted.
 
 mod shim_support;
