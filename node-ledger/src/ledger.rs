@@ -279,16 +279,30 @@ impl std::fmt::Debug for Ledger {
 /// Holds an exclusive `flock` on the ledger file until dropped.
 struct FileLock<'a>(&'a File);
 
+/// Longest wait for the ledger's group lock ([`Ledger::group`]): it is held for microseconds,
+/// and any ledger client (a hostile tenant too) can take it, so a holder that keeps it this
+/// long is refused rather than waited for (which would hang every new offline process of the
+/// GPU in its CUDA initialisation).
+pub const GROUP_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl<'a> FileLock<'a> {
     fn take(file: &'a File, path: &Path) -> Result<Self, LedgerError> {
+        let deadline = std::time::Instant::now() + GROUP_LOCK_WAIT;
         loop {
             // SAFETY: the fd is owned by `file`, open for the lifetime of the guard.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
                 return Ok(Self(file));
             }
             let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io_err(path, "flock", e));
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                io::ErrorKind::WouldBlock => {
+                    return Err(io_err(path, "flock (the group lock stayed held by another process for 2 s)", e));
+                }
+                _ => return Err(io_err(path, "flock", e)),
             }
         }
     }
@@ -1548,6 +1562,20 @@ mod tests {
         assert_eq!(l.group_quota(g), 1000);
         assert!(l.try_reserve_group(g, 1000).is_ok());
         assert!(l.check_header().is_ok());
+    }
+
+    /// Any ledger client can take the group lock; one that keeps it gets later registrations
+    /// refused with an error naming the file after [`GROUP_LOCK_WAIT`], not hung.
+    #[test]
+    fn a_group_lock_held_for_good_is_refused_not_waited_for() {
+        let (_d, l) = fresh();
+        let holder = File::open(l.path()).unwrap();
+        // SAFETY: flock(2) on an fd owned by `holder`.
+        assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let e = l.group(9, 100).unwrap_err().to_string();
+        assert!(e.contains("group lock stayed held") && e.contains(&*l.path().to_string_lossy()), "{e}");
+        drop(holder);
+        assert!(l.group(9, 100).is_ok());
     }
 
     #[test]

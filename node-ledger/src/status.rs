@@ -184,8 +184,8 @@ impl Status {
 
     /// Opens the status file of GPU `gpu_index` at `path` for writing, creating it (and its
     /// directory, mode [`DIR_MODE`]) if absent, mode [`FILE_MODE`] whatever the umask. A
-    /// missing, short or invalid header is (re)written in place under an exclusive `flock`
-    /// (the monitor and the manager may start together); the blocks of a valid file are kept.
+    /// missing, short or invalid header is (re)written in place (idempotently: the monitor and
+    /// the manager may start together); the blocks of a valid file are kept.
     /// A file of another GPU is refused (two GPUs' daemons configured onto one path).
     pub fn open_or_create(path: &Path, gpu_index: u32) -> Result<StatusWriter, StatusError> {
         if let Some(dir) = path.parent() {
@@ -204,17 +204,14 @@ impl Status {
         if unsafe { libc::fchmod(file.as_raw_fd(), FILE_MODE as libc::mode_t) } != 0 {
             return Err(io_err(path, "fchmod", io::Error::last_os_error()));
         }
-        // SAFETY: flock(2) on an fd owned by `file`; released below or when `file` is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io_err(path, "flock", io::Error::last_os_error()));
-        }
-        let r = Self::init_locked(&file, path, gpu_index);
-        // SAFETY: as above.
-        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
-        r
+        // No lock is taken: a reader (a tenant, through its read-only mount) may hold any
+        // `flock` on the file, and a writer must never wait on one. Two writers initialising
+        // together write the same header; at worst one zeroes the other's first publish,
+        // which its next publish (within a period) restores.
+        Self::init(&file, path, gpu_index)
     }
 
-    fn init_locked(file: &File, path: &Path, gpu_index: u32) -> Result<StatusWriter, StatusError> {
+    fn init(file: &File, path: &Path, gpu_index: u32) -> Result<StatusWriter, StatusError> {
         let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
         if len < SIZE as u64 {
             // Grows with zeros: blocks never published. Never shrinks a mapped file.
@@ -581,6 +578,21 @@ mod tests {
         w2.publish(&MonitorSample::default().with_health(HealthState::Healthy));
         assert_eq!(r.health(), HealthState::Healthy, "the old reader sees the new publish");
         assert!(w2.reopened_if_needed(0).unwrap().is_none());
+    }
+
+    /// A tenant can open the file read-only through its mount and hold a `flock` on it: a
+    /// writer (the monitor at its start) never waits on one.
+    #[test]
+    fn a_readers_flock_never_blocks_a_writer() {
+        let (_d, p) = dir();
+        drop(Status::open_or_create(&p, 0).unwrap());
+        let held = File::open(&p).unwrap();
+        // SAFETY: flock(2) on an fd owned by `held`.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(3).unwrap();
+        let w = Status::open_or_create(&p, 0).unwrap();
+        w.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        assert_eq!(Status::open(&p).unwrap().health(), HealthState::Healthy);
     }
 
     #[test]
