@@ -152,10 +152,8 @@ pub struct Manager {
     pub ctl: MpsControl,
     ledger: Ledger,
     /// The GPU's status file: the manager block is this manager's to write; the monitor block
-    /// is read here (reopened in place when found damaged or gone, see `status_check`).
-    status: node_ledger::StatusWriter,
-    /// Monotonic ms of the next `status_check`.
-    next_status_check_ms: u64,
+    /// is read here (reopened in place when found damaged or gone).
+    status: node_daemon::status::StatusKeeper,
     alloc: Allocator,
     detector: Detector,
     limiter: RateLimiter,
@@ -253,7 +251,14 @@ impl Manager {
     pub fn new(cfg: Config) -> Result<Manager, String> {
         let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index)
             .map_err(|e| format!("ledger: {e}"))?;
-        let status = node_ledger::Status::open_or_create(&cfg.status_path(), cfg.gpu_index).map_err(|e| e.to_string())?;
+        let mut status = node_daemon::status::StatusKeeper::new(
+            cfg.status_path(),
+            cfg.gpu_index,
+            "the offline SM budget is not published (shims start at MPS's default percentage)",
+        );
+        if status.get(mono_ms()).is_none() {
+            return Err(status.error().unwrap_or("status file: cannot open").to_string());
+        }
         let ctl = control_for(&cfg);
         let modes = Keeper::new(cfg.gpu_index);
         Ok(Manager {
@@ -266,7 +271,6 @@ impl Manager {
             ctl,
             ledger,
             status,
-            next_status_check_ms: 0,
             alloc: Allocator::default(),
             detector: Detector::default(),
             limiter: RateLimiter::default(),
@@ -543,29 +547,12 @@ impl Manager {
         }
     }
 
-    /// Once a second: the status file reopened (re-created in place) if it was damaged,
-    /// truncated or deleted, so the budget keeps reaching the shims and node-agent.
-    fn status_check(&mut self) {
-        let now = mono_ms();
-        if now < self.next_status_check_ms {
-            return;
-        }
-        self.next_status_check_ms = now + 1000;
-        match self.status.reopened_if_needed(self.cfg.gpu_index) {
-            Ok(Some(w)) => {
-                tracing::warn!(file = %w.path().display(), "status file was damaged or deleted: reopened");
-                self.status = w;
-            }
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "cannot reopen the status file: the budget is published into the old one"),
-        }
-    }
-
     /// Recomputes the offline SM budget, applies it to offline MPS clients and publishes it in
     /// the status file.
     pub fn budget_tick(&mut self) {
-        self.status_check();
-        let snap = self.status.read_monitor();
+        // Checked (reopened in place when damaged or gone) once a second.
+        self.status.get(mono_ms());
+        let snap = self.status.current().and_then(|s| s.read_monitor());
         let fresh = snap.is_some_and(|s| s.is_fresh(node_ledger::clock::now_ns(), 2_000_000_000));
         let health = snap.and_then(|s| s.health());
         let total = snap.map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
@@ -588,7 +575,9 @@ impl Manager {
             return;
         };
         self.state.offline_budget_pct = Some(pct);
-        self.status.publish_sm_budget((pct * 10.0).round().clamp(0.0, 1000.0) as u32);
+        if let Some(s) = self.status.current() {
+            s.publish_sm_budget((pct * 10.0).round().clamp(0.0, 1000.0) as u32);
+        }
         if let Some(p) = changed {
             log_budget(p, online, total, safe);
         }
@@ -666,7 +655,8 @@ impl Manager {
         o.offline_launches = offline.iter().map(|p| p.launches).sum();
         o.sm_activity_pct = self
             .status
-            .read_monitor()
+            .current()
+            .and_then(|s| s.read_monitor())
             .map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
         // One read of the monitor's state file: its XID, and the evictions it will SIGKILL.
         let mon = self.read_monitor_state();
@@ -1487,7 +1477,8 @@ impl Manager {
     /// Current budget published in the status file (per-mille).
     pub fn published_budget_permille(&self) -> u32 {
         self.status
-            .read_manager()
+            .current()
+            .and_then(|s| s.read_manager())
             .map_or(0, |m| m.offline_sm_budget_permille)
     }
 }

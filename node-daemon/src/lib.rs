@@ -32,5 +32,6 @@ pub mod run;
 pub mod sdnotify;
 pub mod signals;
 pub mod state_file;
+pub mod status;
 
 pub use node_ledger::ConfigError;

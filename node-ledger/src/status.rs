@@ -295,34 +295,41 @@ impl Status {
     /// A consistent snapshot of the monitor block; `None` when the header does not validate
     /// or a writer kept the block busy (treat both as stale).
     pub fn read_monitor(&self) -> Option<MonitorSnapshot> {
+        let m = &self.layout().monitor;
+        self.read_consistent(&m.seq, |seq| MonitorSnapshot {
+            sample: MonitorSample {
+                health: m.health.load(Relaxed),
+                sm_active_permille: m.sm_active_permille.load(Relaxed),
+                gpu_util_permille: m.gpu_util_permille.load(Relaxed),
+                sm_clock_mhz: m.sm_clock_mhz.load(Relaxed),
+                sm_clock_max_mhz: m.sm_clock_max_mhz.load(Relaxed),
+                sm_count: m.sm_count.load(Relaxed),
+                mem_used_bytes: m.mem_used_bytes.load(Relaxed),
+                mem_total_bytes: m.mem_total_bytes.load(Relaxed),
+            },
+            publish_ns: m.publish_ns.load(Relaxed),
+            seq,
+            monitor_pid: m.monitor_pid.load(Relaxed),
+        })
+    }
+
+    /// `read(seq)` taken under the block's sequence counter `seq` until it reads a stable, even
+    /// value around it (at most 64 tries); `None` when the header does not validate or a
+    /// writer kept the block busy.
+    fn read_consistent<T>(&self, seq: &AtomicU64, read: impl Fn(u64) -> T) -> Option<T> {
         if !self.header_ok() {
             return None;
         }
-        let m = &self.layout().monitor;
         for _ in 0..64 {
-            let s1 = m.seq.load(Acquire);
+            let s1 = seq.load(Acquire);
             if s1 & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let snap = MonitorSnapshot {
-                sample: MonitorSample {
-                    health: m.health.load(Relaxed),
-                    sm_active_permille: m.sm_active_permille.load(Relaxed),
-                    gpu_util_permille: m.gpu_util_permille.load(Relaxed),
-                    sm_clock_mhz: m.sm_clock_mhz.load(Relaxed),
-                    sm_clock_max_mhz: m.sm_clock_max_mhz.load(Relaxed),
-                    sm_count: m.sm_count.load(Relaxed),
-                    mem_used_bytes: m.mem_used_bytes.load(Relaxed),
-                    mem_total_bytes: m.mem_total_bytes.load(Relaxed),
-                },
-                publish_ns: m.publish_ns.load(Relaxed),
-                seq: s1,
-                monitor_pid: m.monitor_pid.load(Relaxed),
-            };
+            let v = read(s1);
             fence(Acquire);
-            if m.seq.load(Relaxed) == s1 {
-                return Some(snap);
+            if seq.load(Relaxed) == s1 {
+                return Some(v);
             }
         }
         None
@@ -335,28 +342,13 @@ impl Status {
 
     /// A consistent snapshot of the manager block; `None` as for [`Status::read_monitor`].
     pub fn read_manager(&self) -> Option<ManagerSnapshot> {
-        if !self.header_ok() {
-            return None;
-        }
         let m = &self.layout().manager;
-        for _ in 0..64 {
-            let s1 = m.seq.load(Acquire);
-            if s1 & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let snap = ManagerSnapshot {
-                offline_sm_budget_permille: m.offline_sm_budget_permille.load(Relaxed).min(1000),
-                publish_ns: m.publish_ns.load(Relaxed),
-                manager_pid: m.manager_pid.load(Relaxed),
-                seq: s1,
-            };
-            fence(Acquire);
-            if m.seq.load(Relaxed) == s1 {
-                return Some(snap);
-            }
-        }
-        None
+        self.read_consistent(&m.seq, |seq| ManagerSnapshot {
+            offline_sm_budget_permille: m.offline_sm_budget_permille.load(Relaxed).min(1000),
+            publish_ns: m.publish_ns.load(Relaxed),
+            manager_pid: m.manager_pid.load(Relaxed),
+            seq,
+        })
     }
 }
 
@@ -394,13 +386,15 @@ impl std::fmt::Debug for StatusWriter {
     }
 }
 
-/// Bumps `seq` to odd (write in progress) and returns the value that ends the write.
+/// Bumps `seq` to odd (write in progress) and returns the value that ends the write. Wraps:
+/// a file found with any counter (damaged, then kept because its header validated) never
+/// panics a writer.
 fn begin(seq: &AtomicU64) -> u64 {
     let s = seq.load(Relaxed);
-    let start = if s & 1 == 0 { s + 1 } else { s + 2 };
+    let start = s.wrapping_add(if s & 1 == 0 { 1 } else { 2 });
     seq.store(start, Relaxed);
     fence(Release);
-    start + 1
+    start.wrapping_add(1)
 }
 
 impl StatusWriter {
@@ -483,11 +477,6 @@ impl StatusReader {
     /// A reader of the status file at `path` (opened at the first [`StatusReader::get`]).
     pub fn new(path: PathBuf) -> Self {
         StatusReader { path, status: None, next_look_ns: 0 }
-    }
-
-    /// The file this reader reads.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// The status file at `now_ns` if it can be read: opened now if it never was, or reopened
@@ -593,6 +582,22 @@ mod tests {
         let w = Status::open_or_create(&p, 0).unwrap();
         w.publish(&MonitorSample::default().with_health(HealthState::Healthy));
         assert_eq!(Status::open(&p).unwrap().health(), HealthState::Healthy);
+    }
+
+    /// A valid header over blocks of all ones (the largest sequence counter): the writers'
+    /// publishes wrap it, never panic (found by the proptest below).
+    #[test]
+    fn a_sequence_counter_at_its_largest_wraps() {
+        let (_d, p) = dir();
+        drop(Status::open_or_create(&p, 0).unwrap());
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[32..].fill(0xff);
+        std::fs::write(&p, &bytes).unwrap();
+        let w = Status::open_or_create(&p, 0).unwrap();
+        w.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        w.publish_sm_budget(300);
+        assert_eq!(w.health(), HealthState::Healthy);
+        assert_eq!(w.read_manager().unwrap().offline_sm_budget_permille, 300);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Acquire;
 
 use node_ledger::layout::{owner_pid, LIVENESS_LOCK};
-use node_ledger::{HealthState, Ledger, MonitorSample, Status, StatusWriter};
+use node_ledger::{HealthState, Ledger, MonitorSample};
 
 use crate::filewatch::FileWatch;
 use crate::health::State;
@@ -52,21 +52,9 @@ pub struct LedgerAdapter {
     pid: u32,
     /// The GPU index the ledger was opened with (its header is not read once damaged).
     gpu: u32,
-    /// Where the monitor publishes (`<ledger_dir>/status/gpu<N>`): opened at the first publish,
-    /// re-checked every [`STATUS_CHECK_EVERY_MS`] (reopened in place when damaged or gone).
-    status_path: std::path::PathBuf,
-    status: Option<StatusWriter>,
-    /// Why the status file could not be opened at the last try (said once per distinct error).
-    status_error: Option<String>,
-    next_status_check_ms: u64,
-    /// The status file's SM count as found when it was opened (the monitor does not measure it;
-    /// kept rather than read back at every publish).
-    sm_count: u32,
+    /// Where the monitor publishes (`<ledger_dir>/status/gpu<N>`), kept usable.
+    status: node_daemon::status::StatusKeeper,
 }
-
-/// How often the monitor checks that its status file is still the one at its path, with a
-/// valid header (a `stat`), and retries one it could not open.
-pub const STATUS_CHECK_EVERY_MS: u64 = 1000;
 
 /// How often the ledger file is `fstat`ed and its whole registry checked whatever its watch
 /// says (belt and braces for the file; the watch reports an unlink or truncation at the next
@@ -120,11 +108,11 @@ impl LedgerAdapter {
     /// [`LedgerPort::reclaim`] scans at once, the first publish opens the status file.
     pub fn new(ledger: Ledger, status_path: std::path::PathBuf) -> Self {
         LedgerAdapter {
-            status_path,
-            status: None,
-            status_error: None,
-            next_status_check_ms: 0,
-            sm_count: 0,
+            status: node_daemon::status::StatusKeeper::new(
+                status_path,
+                ledger.gpu_index(),
+                "health and samples are not published (node-agent admits nothing to this GPU, shims throttle as for a stale monitor)",
+            ),
             gpu: ledger.gpu_index(),
             host_pids: node_daemon::procns::HostPids::default(),
             damage: None,
@@ -239,46 +227,9 @@ impl LedgerAdapter {
         self.damage.is_none()
     }
 
-    /// The status file, (re)opened when due ([`STATUS_CHECK_EVERY_MS`]); `None` while it
-    /// cannot be opened (said at ERROR once per distinct error: readers then see the monitor
-    /// as stale, and act on their strict stale behaviour).
-    fn status_at(&mut self, now_ms: u64) -> Option<&StatusWriter> {
-        if now_ms >= self.next_status_check_ms {
-            self.next_status_check_ms = now_ms.saturating_add(STATUS_CHECK_EVERY_MS);
-            let r = match &self.status {
-                Some(w) => w.reopened_if_needed(self.gpu),
-                None => Status::open_or_create(&self.status_path, self.gpu).map(Some),
-            };
-            match r {
-                Ok(Some(w)) => {
-                    if self.status.is_some() || self.status_error.is_some() {
-                        tracing::warn!(file = %self.status_path.display(), "status file reopened (it was damaged, deleted or not openable)");
-                    }
-                    self.sm_count = w.read_monitor().map_or(0, |m| m.sample.sm_count);
-                    self.status = Some(w);
-                    self.status_error = None;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    let e = e.to_string();
-                    if self.status_error.as_ref() != Some(&e) {
-                        tracing::error!(error = %e, "cannot open the status file: health and samples are not published (node-agent admits nothing to this GPU, shims throttle as for a stale monitor)");
-                        self.status_error = Some(e);
-                    }
-                }
-            }
-        }
-        self.status.as_ref()
-    }
-
     /// Why the status file could not be opened at the last try, if it could not.
     pub fn status_error(&self) -> Option<&str> {
-        self.status_error.as_deref()
-    }
-
-    /// The status file as last opened (tests and reports).
-    pub fn status(&self) -> Option<&Status> {
-        self.status.as_deref()
+        self.status.error()
     }
 
     /// One dead-process reclaim pass (when [`LedgerPort::reclaim`] finds one due). Out of line
@@ -340,7 +291,7 @@ impl LedgerPort for LedgerAdapter {
         if !self.usable() {
             return None;
         }
-        let m = self.status.as_ref()?.read_manager()?;
+        let m = self.status.current()?.read_manager()?;
         let fresh = m.is_fresh(
             node_ledger::clock::now_ns(),
             crate::port::BUDGET_FRESH_MS * 1_000_000,
@@ -448,18 +399,17 @@ impl LedgerPort for LedgerAdapter {
     fn publish(&mut self, p: &Published) -> Result<(), String> {
         // Published whatever the ledger's state: the status file is not the ledger, and its
         // readers (node-agent's admission, the shims' throttles) need the verdict most then.
-        if self.status_at(p.t_ms).is_none() {
+        let pid = self.pid;
+        let Some(status) = self.status.get(p.t_ms) else {
             return Ok(()); // said when the open failed
-        }
-        let (pid, sm_count) = (self.pid, self.sm_count);
-        let Some(status) = self.status.as_ref() else { return Ok(()) };
+        };
         let s = MonitorSample {
             health: to_ledger(p.state.unwrap_or(State::Init)) as u32,
             sm_active_permille: permille(p.sm_activity),
             gpu_util_permille: permille(p.gpu_util),
             sm_clock_mhz: p.sm_clock_mhz,
             sm_clock_max_mhz: p.sm_clock_max_mhz,
-            sm_count,
+            sm_count: 0, // not measured by the monitor: unknown
             mem_used_bytes: p.mem_used,
             mem_total_bytes: p.mem_total,
         };
@@ -471,6 +421,7 @@ impl LedgerPort for LedgerAdapter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use node_ledger::Status;
 
     /// A new ledger for GPU 0 in a temporary directory (kept alive by the returned handle),
     /// its path, and the monitor's adapter over it.

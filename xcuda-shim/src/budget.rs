@@ -128,13 +128,15 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
     let ttl_ns = cfg.budget.claim_ttl_ms.saturating_mul(1_000_000);
     let stale_ns = cfg.throttle.stale_after_ms.saturating_mul(1_000_000);
     let mut trouble: Option<String> = None;
-    // Each ledger with its GPU's status file (the budget), when that opens.
+    // Each ledger with its GPU's status file (the budget), when that opens; a user's own
+    // percentage needs no budget, and this runs in every process that loads the shim.
     let (ledgers, statuses): (Vec<Ledger>, Vec<Option<Status>>) = cfg
         .host_gpus()
         .into_iter()
         .filter_map(|i| {
             let at = cfg.ledger_of(i);
-            Some((Ledger::open_existing(&at.ledger_path()).ok()?, Status::open(&at.status_path()).ok()))
+            let status = user_pct.is_none().then(|| Status::open(&at.status_path()).ok()).flatten();
+            Some((Ledger::open_existing(&at.ledger_path()).ok()?, status))
         })
         .unzip();
     if ledgers.is_empty() {
