@@ -37,7 +37,10 @@ pub struct Config {
     /// the four below (`log_dir`, `monitor_state_file`, `state_file`, `shm_dir`) `{gpu}` is
     /// replaced by the GPU index: one config serves every GPU's manager.
     pub pipe_dir: PathBuf,
-    /// `CUDA_MPS_LOG_DIRECTORY`; empty means `<ledger_dir>/gpu<N>/mps-log`.
+    /// `CUDA_MPS_LOG_DIRECTORY`; empty means `<ledger_dir>/daemons/gpu<N>/mps-log`, beside the
+    /// daemons' other files, which no container gets. Not in `gpu<N>/`, which offline containers
+    /// get read-write: there a tenant could replace `control.log` with a symbolic link, and the
+    /// control daemon, root, would append to whatever file it names. MPS clients never use it.
     pub log_dir: PathBuf,
     /// Timeout of one control command, ms (a longer wait is a daemon hang).
     pub command_timeout_ms: u64,
@@ -232,8 +235,10 @@ impl Config {
             }
         };
         fill(&mut self.pipe_dir, "mps-pipe");
-        fill(&mut self.log_dir, "mps-log");
         let ddir = node_ledger::config::daemon_dir(&self.ledger_dir, self.gpu_index);
+        if self.log_dir.as_os_str().is_empty() {
+            self.log_dir = ddir.join("mps-log");
+        }
         for (p, name) in [(&mut self.monitor_state_file, "state.json"), (&mut self.state_file, "mps-manager.json")] {
             if p.as_os_str().is_empty() {
                 *p = ddir.join(name);
@@ -245,6 +250,30 @@ impl Config {
         for p in [&mut self.pipe_dir, &mut self.log_dir, &mut self.monitor_state_file, &mut self.state_file, &mut self.shm_dir] {
             node_daemon::cli::expand_gpu(p, self.gpu_index);
         }
+    }
+
+    /// Checks the paths [`Config::finalize`] made: `Err((field, why))` for a `log_dir` in the
+    /// GPU's ledger directory (`<ledger_dir>/gpu<N>`), which offline containers get read-write.
+    /// The control daemon and its servers run as root and append to `control.log` and
+    /// `server.log` there: a tenant that replaced one with a symbolic link would have them
+    /// write into any file of the host. Judged on the paths as written (no link is followed).
+    pub fn check_paths(&self) -> Result<(), (String, String)> {
+        let ledger = self.ledger_path();
+        let Some(tenant_dir) = ledger.parent() else { return Ok(()) };
+        if self.log_dir.starts_with(tenant_dir) {
+            return Err((
+                "log_dir".into(),
+                format!(
+                    "{} is inside {}, which offline containers get read-write: a tenant could replace \
+                     control.log with a symbolic link and the MPS control daemon (root) would append to the \
+                     file it names; leave log_dir empty (<ledger_dir>/daemons/gpu<N>/mps-log) or name a \
+                     directory no container gets",
+                    self.log_dir.display(),
+                    tenant_dir.display()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The directory the control daemon gets as its `/dev/shm` ([`Config::shm_dir`]); `None`
@@ -281,6 +310,12 @@ mod tests {
         c.finalize(Some(3));
         assert_eq!(c.pipe_dir, PathBuf::from("/run/x/gpu3/mps-pipe"));
         assert_eq!(
+            c.log_dir,
+            PathBuf::from("/run/x/daemons/gpu3/mps-log"),
+            "the root daemons' log files where no container reaches"
+        );
+        assert!(c.check_paths().is_ok());
+        assert_eq!(
             c.monitor_state_file,
             PathBuf::from("/run/x/daemons/gpu3/state.json")
         );
@@ -300,6 +335,23 @@ mod tests {
             ["/srv/mps/2/pipe", "/var/log/mps-2", "/var/lib/xshare/monitor-2.json", "/var/lib/xshare/manager-2.json", "/dev/shm/mps2"]
                 .map(PathBuf::from)
         );
+    }
+
+    #[test]
+    fn a_log_dir_offline_containers_can_write_is_refused() {
+        for dir in ["/run/x/gpu3/mps-log", "/run/x/gpu3", "/run/x/gpu{gpu}/logs/mps"] {
+            let mut c = Config { ledger_dir: "/run/x".into(), log_dir: dir.into(), ..Config::default() };
+            c.finalize(Some(3));
+            let (field, why) = c.check_paths().unwrap_err();
+            assert_eq!(field, "log_dir");
+            assert!(why.contains("/run/x/gpu3") && why.contains("symbolic link"), "{why}");
+        }
+        // Another GPU's directory, the daemon directory, elsewhere: fine.
+        for dir in ["/run/x/gpu30/mps-log", "/run/x/daemons/gpu3/mps-log", "/var/log/mps-{gpu}"] {
+            let mut c = Config { ledger_dir: "/run/x".into(), log_dir: dir.into(), ..Config::default() };
+            c.finalize(Some(3));
+            assert!(c.check_paths().is_ok(), "{dir}");
+        }
     }
 
     #[test]

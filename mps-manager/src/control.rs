@@ -96,6 +96,17 @@ pub struct MpsControl {
     pub shm_dir: Option<PathBuf>,
 }
 
+/// The value of `name` in the environment process `pid` started with (`/proc/<pid>/environ`;
+/// root reads any process's), if set.
+pub fn daemon_env(pid: u32, name: &str) -> Option<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let v = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(std::ffi::OsStr::from_bytes(v).to_os_string())
+    })
+}
+
 /// Device and inode numbers of `p` (what tells two paths to one directory apart from two).
 fn file_id(p: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -582,5 +593,26 @@ mod tests {
         assert_eq!(c.command("get_server_list"), Err(MpsError::NoDaemon));
         let c = script(d.path(), "echo 'Invalid command: x'");
         assert!(matches!(c.command("x"), Err(MpsError::Rejected { .. })));
+    }
+
+    #[test]
+    fn daemon_env_reads_the_environment_a_process_started_with() {
+        let mut child = Command::new("sleep")
+            .arg("5")
+            .env("CUDA_MPS_LOG_DIRECTORY", "/var/log/old mps")
+            .env("CUDA_MPS_LOG_DIRECTORY_X", "not this")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // `spawn` may return before the exec has replaced the environment /proc shows.
+        let end = Instant::now() + Duration::from_secs(5);
+        while daemon_env(pid, "CUDA_MPS_LOG_DIRECTORY").is_none() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(daemon_env(pid, "CUDA_MPS_LOG_DIRECTORY"), Some("/var/log/old mps".into()));
+        assert_eq!(daemon_env(pid, "CUDA_MPS_LOG_DIR"), None, "a prefix is not a name");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(daemon_env(u32::MAX, "PATH"), None, "no such process");
     }
 }

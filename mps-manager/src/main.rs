@@ -132,6 +132,9 @@ fn main() -> ExitCode {
     };
     let mut cfg = loaded.config;
     cfg.finalize(cli.cfg.gpu);
+    if let Err((field, why)) = cfg.check_paths() {
+        return fail(&format!("config error: field `{field}`: {why}"), 2);
+    }
     let r = match cli.cmd.unwrap_or(Cmd::Run) {
         Cmd::CheckConfig => out(&format!(
             "{}\n",

@@ -405,6 +405,9 @@ impl Manager {
     /// as pid + start time.
     pub fn ensure_daemon(&mut self) -> Result<u32, MpsError> {
         if let Some(id) = self.ctl.daemon_identity() {
+            if self.daemon != Some(id) {
+                self.note_adopted_log_dir(id.pid);
+            }
             self.remember_daemon(id);
             // A daemon this manager did not start (a restart adopts the running one) may have
             // another /dev/shm than configured: said loudly, and left running (stopping it
@@ -438,6 +441,34 @@ impl Manager {
             self.ctl.shm_dir.as_deref().unwrap_or(Path::new("/dev/shm")).display().to_string()
         });
         r
+    }
+
+    /// Says once, at adoption, when a control daemon this manager did not start logs elsewhere
+    /// than `log_dir` (an earlier version's default was `gpu<N>/mps-log`, which offline
+    /// containers can write): it keeps logging there until MPS is restarted.
+    fn note_adopted_log_dir(&self, pid: u32) {
+        let Some(theirs) = crate::control::daemon_env(pid, "CUDA_MPS_LOG_DIRECTORY") else {
+            return;
+        };
+        let theirs = std::path::PathBuf::from(theirs);
+        if theirs == self.cfg.log_dir {
+            return;
+        }
+        let tenant_dir = self.cfg.ledger_path().parent().map(Path::to_path_buf).unwrap_or_default();
+        let hazard = if theirs.starts_with(&tenant_dir) {
+            "; it is inside the GPU's directory, which offline containers get read-write: a tenant could \
+             redirect the root daemon's writes with a symbolic link: restart MPS once its clients allow \
+             (`echo quit | nvidia-cuda-mps-control` with CUDA_MPS_PIPE_DIRECTORY=pipe_dir; this manager \
+             starts the next one) and remove that directory"
+        } else {
+            ""
+        };
+        tracing::warn!(
+            pid,
+            daemon_log_dir = %theirs.display(),
+            log_dir = %self.cfg.log_dir.display(),
+            "the running MPS control daemon (started before this manager) logs elsewhere than log_dir until it is restarted{hazard}"
+        );
     }
 
     fn remember_daemon(&mut self, id: DaemonId) {

@@ -671,6 +671,65 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     mstate(&n, "good reload", |v| v["last_error"].is_null());
 }
 
+/// The GPU's ledger directory (`gpu<N>/`) is mounted read-write into every offline container.
+/// The MPS control daemon runs as root and appends to `control.log` in its log directory: were
+/// that directory in `gpu<N>/` (the default until now), a tenant's symbolic link there would
+/// have the daemon write into any file of the host. The default log directory is the daemons'
+/// own (`daemons/gpu<N>/mps-log`), and a log directory configured inside `gpu<N>/` is refused.
+#[test]
+fn a_tenants_link_in_its_gpu_directory_never_gets_the_control_daemon_writing_host_files() {
+    let n = EmuHost::node();
+    let gpu_dir = n.ledger_path().parent().unwrap().to_path_buf();
+    // What a tenant, root in its container, plants through its read-write mount.
+    let host_file = n.path("host-file");
+    std::fs::write(&host_file, "host data\n").unwrap();
+    let planted = gpu_dir.join("mps-log");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::os::unix::fs::symlink(&host_file, planted.join("control.log")).unwrap();
+    std::os::unix::fs::symlink(&host_file, planted.join("server.log")).unwrap();
+
+    let _m = start_manager(&n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let load = Load::start(&n, 0.3, 1.0);
+    online_progresses(&load, "online kernels on MPS");
+    assert_eq!(std::fs::read_to_string(&host_file).unwrap(), "host data\n", "the control daemon wrote through the tenant's link");
+    let log = n.log_dir().join("control.log");
+    assert!(log.starts_with(n.root().join("run/daemons/gpu0")), "{}", log.display());
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.is_empty(), "the daemon logs in {}, where no container reaches", log.display());
+    drop(load);
+
+    // An operator's log_dir inside gpu<N>/: refused at start, naming the field and the hazard.
+    let cfg = manager_config().replacen('{', &format!("{{\n  \"log_dir\": \"{}\",", planted.display()), 1);
+    let mut bad = n.start_manager("bad-mps.json", &cfg);
+    let status = bad.wait_timeout(T).expect("a manager with a tenant-writable log_dir exits");
+    assert_eq!(status.code(), Some(2), "{}", n.log("bad-mps.json"));
+    let l = n.log("bad-mps.json");
+    assert!(l.contains("log_dir") && l.contains("symbolic link"), "{l}");
+    assert_eq!(std::fs::read_to_string(&host_file).unwrap(), "host data\n");
+}
+
+/// A control daemon an earlier version started keeps its log directory (then `gpu<N>/mps-log`)
+/// until MPS restarts: the manager that adopts it says where it logs and why that matters.
+#[test]
+fn an_adopted_control_daemon_logging_in_the_gpu_directory_is_named() {
+    let n = EmuHost::node();
+    let old_logs = n.ledger_path().parent().unwrap().join("mps-log");
+    let bin = n.require_mps_control();
+    let st = n
+        .command(bin.to_str().unwrap())
+        .env("CUDA_MPS_LOG_DIRECTORY", &old_logs)
+        .arg("-d")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let _m = start_manager(&n);
+    mstate(&n, "daemon adopted", |v| v["daemon_pid"].is_u64());
+    let l = n.wait_log(T, "the adopted daemon's log directory", "mps.json", |l| l.contains("logs elsewhere than log_dir"));
+    assert!(l.contains(&old_logs.display().to_string()) && l.contains("read-write"), "{l}");
+    assert!(old_logs.join("control.log").exists(), "the earlier daemon logs where it was told");
+}
+
 /// Stress tool, not a timed test: SIGKILLs an offline MPS client holding its context N times
 /// (`MPS_STRESS_N`, default 20) beside an online client, each at a random moment (0-40 ms)
 /// after the client's context appeared on the device (so also before the control daemon or

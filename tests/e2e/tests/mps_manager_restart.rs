@@ -332,10 +332,7 @@ fn manager_sigkilled_during_a_recovery_restarts_and_finishes_it_without_a_reset(
                     mark.exists()
                 });
                 let line = format!("TerminateClient {{ server: {server}, client: {op} }}");
-                let control_log = n
-                    .ledger_path()
-                    .with_file_name("mps-log")
-                    .join("control.log");
+                let control_log = n.log_dir().join("control.log");
                 let l = std::fs::read_to_string(&control_log).unwrap_or_default();
                 assert!(l.contains(&line), "{line} not in the control log:\n{l}");
             }

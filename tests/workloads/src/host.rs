@@ -205,10 +205,11 @@ impl Host {
             state: root.join("gpu0.state"),
             lib_dir: root.join("lib"),
             tools_dir: root.join("bin"),
-            // Where mps-manager keeps GPU 0's MPS directories by default (`<ledger_dir>/gpu0/`,
-            // systemd/README.md): a client reaches the daemon only through its pipe directory.
+            // Where mps-manager keeps GPU 0's MPS directories by default (systemd/README.md):
+            // the pipe directory in `<ledger_dir>/gpu0/` (a client reaches the daemon only
+            // through it), the logs in `<ledger_dir>/daemons/gpu0/`, out of tenants' reach.
             pipe_dir: root.join("run/gpu0/mps-pipe"),
-            log_dir: root.join("run/gpu0/mps-log"),
+            log_dir: root.join("run/daemons/gpu0/mps-log"),
             ledger_dir: root.join("run"),
             profile: profile.to_string(),
         };
