@@ -7,27 +7,21 @@
 //! in a relist's contents whole (objects deleted while the watch was down disappear). A
 //! restart therefore loses nothing: the state is rebuilt from list + watch.
 //!
-//! Error handling on top of kube-runtime's watcher (which relists itself after a `410 Gone`
-//! ERROR event inside a watch stream):
-//! - `410 Gone` answered to the watch *request* itself (the resume version expired before
-//!   the watch started; kube-runtime would retry the same expired version forever): a fresh
-//!   watcher, which relists.
-//! - `429 Too Many Requests` (API Priority and Fairness) or 5xx with `retryAfterSeconds`: wait
-//!   that long before the next request (kube-runtime would retry at once).
-//! - Anything else: exponential backoff, reset by the next event.
+//! Errors are handled as `kube_contract::watch` says (relist on `410 Gone`, the server's
+//! Retry-After, else exponential backoff), in its loop, which the node agent's watch runs too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::Api;
 use kube_contract::heartbeat::{self, Freshness, GpuHeartbeat, GpuState};
 use kube_contract::pod::{self as contract, Role};
+use kube_contract::watch::Seen;
 
 use crate::kube_api::ApiSource;
 use crate::plan::{ClusterSpec, GpuHealth, GpuRef, NodeSpec, OfflineJob, OnlineWorkload, Workloads};
@@ -233,57 +227,6 @@ impl Drop for ClusterWatch {
     }
 }
 
-const MIN_BACKOFF: Duration = Duration::from_millis(200);
-
-/// What to do after a watch error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ErrorPlan {
-    /// Start a fresh watcher (relist) instead of resuming.
-    pub restart: bool,
-    /// Wait this long first.
-    pub delay: Duration,
-    /// The delay is the server's Retry-After.
-    pub server_asked: bool,
-}
-
-/// Decides how to go on after `e` (see the module docs); `backoff` is the current
-/// exponential delay.
-pub fn plan_after_error(e: &watcher::Error, backoff: Duration, max: Duration) -> ErrorPlan {
-    let status = match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(&**s),
-        watcher::Error::WatchError(s) => Some(&**s),
-        _ => None,
-    };
-    let code = status.map_or(0, |s| s.code);
-    let retry_after = status
-        .and_then(|s| s.details.as_ref())
-        .map(|d| d.retry_after_seconds)
-        .filter(|s| *s > 0)
-        .map(u64::from);
-    if code == 410 {
-        // Relist at once, as client-go's reflector does: the version is gone for good.
-        return ErrorPlan {
-            restart: true,
-            delay: Duration::ZERO,
-            server_asked: false,
-        };
-    }
-    match retry_after {
-        Some(s) => ErrorPlan {
-            restart: false,
-            delay: Duration::from_secs(s).min(max.max(MIN_BACKOFF)),
-            server_asked: true,
-        },
-        None => ErrorPlan {
-            restart: false,
-            delay: backoff.min(max),
-            server_asked: false,
-        },
-    }
-}
-
 async fn run_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
@@ -295,42 +238,30 @@ async fn run_watch<K>(
 ) where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        // A fresh watcher starts with a list; the writer swaps the listed objects in whole
-        // at InitDone.
-        let mut stream = std::pin::pin!(watcher(api.clone(), cfg.clone()));
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(event) => {
-                    backoff = MIN_BACKOFF;
-                    writer.apply_watcher_event(&event);
-                    match event {
-                        watcher::Event::Init => {
-                            stats.lists.fetch_add(1, Ordering::Relaxed);
-                        }
-                        watcher::Event::InitApply(_) => {}
-                        watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_) => on_change(),
-                    }
+    kube_contract::watch::run(api, cfg, what, max_backoff, |seen| match seen {
+        // A fresh watcher starts with a list; the writer swaps the listed objects in whole at
+        // InitDone.
+        Seen::Event(event) => {
+            writer.apply_watcher_event(event);
+            match event {
+                watcher::Event::Init => {
+                    stats.lists.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(e) => {
-                    stats.errors.fetch_add(1, Ordering::Relaxed);
-                    let p = plan_after_error(&e, backoff, max_backoff);
-                    tracing::warn!(watch = what, error = %e, restart = p.restart, delay_ms = p.delay.as_millis() as u64, "watch error");
-                    if p.server_asked {
-                        stats.retry_after_waits.fetch_add(1, Ordering::Relaxed);
-                    } else if !p.restart {
-                        backoff = (backoff * 2).min(max_backoff.max(MIN_BACKOFF));
-                    }
-                    tokio::time::sleep(p.delay).await;
-                    if p.restart {
-                        stats.gone_restarts.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                }
+                watcher::Event::InitApply(_) => {}
+                watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_) => on_change(),
             }
         }
-    }
+        Seen::Error(_, plan) => {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            if plan.server_asked {
+                stats.retry_after_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            if plan.restart {
+                stats.gone_restarts.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+    .await;
 }
 
 fn now_unix_ms() -> u64 {

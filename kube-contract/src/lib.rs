@@ -11,6 +11,8 @@
 //! - [`OFFLINE_GPU_RESOURCE`]: the extended resource the device plugin advertises.
 //! - [`heartbeat`]: the per-node GPU heartbeat, a Node annotation ([`heartbeat::ANNOTATION`])
 //!   holding [`heartbeat::GpuHeartbeat`] as JSON, with parse/validate and freshness checks.
+//! - [`watch`]: how either side watches the API server and goes on after an error (relist on
+//!   `410 Gone`, the server's Retry-After, exponential backoff), in one loop.
 //!
 //! # Why a Node annotation and not a CRD
 //!
@@ -48,6 +50,7 @@
 pub mod heartbeat;
 pub mod node;
 pub mod pod;
+pub mod watch;
 
 /// The extended resource the node agent's device plugin advertises: one unit per offline slot
 /// of a GPU (up to `max_offline_per_gpu` per GPU); slots of a GPU that is not Healthy are

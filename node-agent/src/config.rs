@@ -156,7 +156,8 @@ pub struct EvictionConfig {
 pub struct OfflinePodsConfig {
     /// Whether the list is written (off: such pods are found only beside a registered process).
     pub enabled: bool,
-    /// How often this node's pods are listed, ms (at least 1000: one list call a poll).
+    /// How often the written file is checked, ms (at least 1000), and written again if it was
+    /// removed. The pods themselves come from a watch of this node's pods, as they change.
     pub poll_ms: u64,
 }
 
@@ -395,7 +396,7 @@ impl AgentConfig {
         if self.offline_pods.poll_ms < 1000 {
             return bad(
                 "offline_pods.poll_ms",
-                "must be at least 1000 (one list of this node's pods a poll)".into(),
+                "must be at least 1000 (how often the offline pod file is checked; the pods come from a watch)".into(),
             );
         }
         let min = kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS;

@@ -9,7 +9,19 @@ use kube::{Api, Client, Config};
 use crate::config::KubeConfig;
 
 /// In-cluster service account (else kubeconfig), or `api_url` when set (tests, kubectl proxy).
+/// Every read waits at most `timeout_ms`.
 pub async fn client(cfg: &KubeConfig) -> Result<Client, String> {
+    build(cfg, Duration::from_millis(cfg.timeout_ms)).await
+}
+
+/// The same client for watches: a watch request stays open up to `watch_timeout_s` with no
+/// byte read while nothing changes (bookmarks aside), so reads may idle that long and 30 s more
+/// before the connection counts as dead.
+pub async fn watch_client(cfg: &KubeConfig, watch_timeout_s: u32) -> Result<Client, String> {
+    build(cfg, Duration::from_secs(u64::from(watch_timeout_s) + 30)).await
+}
+
+async fn build(cfg: &KubeConfig, read_timeout: Duration) -> Result<Client, String> {
     let mut config = if cfg.api_url.is_empty() {
         Config::infer()
             .await
@@ -22,7 +34,7 @@ pub async fn client(cfg: &KubeConfig) -> Result<Client, String> {
         Config::new(uri)
     };
     let t = Duration::from_millis(cfg.timeout_ms);
-    config.read_timeout = Some(t);
+    config.read_timeout = Some(read_timeout);
     config.connect_timeout = Some(t);
     config.write_timeout = Some(t);
     // Our loops retry themselves (eviction backoff, next heartbeat); a retry inside the client

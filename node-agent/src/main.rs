@@ -222,17 +222,20 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
     }
     let list_metrics = Arc::new(Mutex::new(String::new()));
     if cfg.offline_pods.enabled {
-        let mut publisher = node_agent::offline_pods::Publisher::new(
-            client.clone(),
+        let publisher = node_agent::offline_pods::Publisher::new(
             &cfg.node_name,
             &cfg.device_plugin.resource_name,
             &cfg.ledger_dir,
         );
-        let period = Duration::from_millis(cfg.offline_pods.poll_ms);
-        tasks.push(tokio::spawn(every(period, stop_rx.clone(), list_metrics.clone(), async move || {
-            publisher.tick().await;
-            publisher.metrics()
-        })));
+        let watch_client = node_agent::kube::watch_client(&cfg.kube, node_agent::offline_pods::WATCH_TIMEOUT_S).await?;
+        let check = Duration::from_millis(cfg.offline_pods.poll_ms);
+        tasks.push(tokio::spawn(node_agent::offline_pods::run(
+            watch_client,
+            publisher,
+            check,
+            stop_rx.clone(),
+            list_metrics.clone(),
+        )));
     }
     if !cfg.metrics_listen.is_empty() {
         let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)

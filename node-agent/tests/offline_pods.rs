@@ -1,15 +1,21 @@
 //! The offline pod list node-agent writes for the monitors (`<ledger_dir>/offline-pods.json`),
-//! against a loopback API server answering real-shaped JSON: which pods are in it, when it is
-//! rewritten, and that a failed list leaves the last one in force.
+//! kept by a watch of this node's pods against a loopback API server speaking the list/watch
+//! protocol: which pods are in it, that it follows a change at the change's event (not at a
+//! poll), that a failing watch leaves the last list in force and a gone version relists, and
+//! that a removed file is written again.
 
 mod common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use common::{pod_list, status, FakeApi, Recorded};
+use fake_kube::cluster::FakeCluster;
+use fake_kube::objects::{gone, list};
+use fake_kube::{fake_api, Answer};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::Event;
 use node_agent::config::KubeConfig;
-use node_agent::offline_pods::Publisher;
+use node_agent::offline_pods::{run, Publisher, WATCH_TIMEOUT_S};
 use node_daemon::offline_pods::{path, read};
 
 const RUNNING: &str = "11111111-1111-4111-8111-111111111111";
@@ -17,6 +23,9 @@ const DELETING: &str = "22222222-2222-4222-8222-222222222222";
 const DONE: &str = "33333333-3333-4333-8333-333333333333";
 const ONLINE: &str = "44444444-4444-4444-8444-444444444444";
 const LATER: &str = "55555555-5555-4555-8555-555555555555";
+const ELSEWHERE: &str = "66666666-6666-4666-8666-666666666666";
+
+const PODS: &str = "/api/v1/pods";
 
 fn pod(name: &str, uid: &str, phase: &str) -> serde_json::Value {
     let mut p = common::offline_pod(name, uid, "node-a", Some(0), "2026-01-01T00:00:00Z");
@@ -24,60 +33,136 @@ fn pod(name: &str, uid: &str, phase: &str) -> serde_json::Value {
     p
 }
 
-/// The pods of node-a as the API server lists them at call `n` (0-based): an offline pod
-/// running, one being deleted, one finished, an online service (no offline resource); from
-/// call 3 on, a new offline pod too; call 4 fails (500).
-fn pods_at(n: u32) -> (u16, serde_json::Value) {
-    if n == 4 {
-        return (500, status(500, "InternalError", "etcd is down"));
+fn online(uid: &str) -> serde_json::Value {
+    let mut p = pod("web", uid, "Running");
+    p["spec"]["containers"][0]["resources"] = serde_json::json!({"limits": {"nvidia.com/gpu": "1"}});
+    p
+}
+
+fn uids(dir: &std::path::Path) -> Vec<String> {
+    read(&path(dir))
+        .ok()
+        .flatten()
+        .map(|l| l.pods.into_iter().map(|p| p.uid).collect())
+        .unwrap_or_default()
+}
+
+/// Polls `cond` until it holds (a generous deadline, only against hanging forever).
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut deleting = pod("deleting", DELETING, "Running");
-    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:00Z".into();
-    deleting["metadata"]["deletionGracePeriodSeconds"] = 30.into();
-    let mut online = pod("web", ONLINE, "Running");
-    online["spec"]["containers"][0]["resources"] = serde_json::json!({"limits": {"nvidia.com/gpu": "1"}});
-    let mut items = vec![pod("train", RUNNING, "Running"), deleting, pod("done", DONE, "Succeeded"), online];
-    if n >= 3 {
-        items.push(pod("later", LATER, "Pending"));
-    }
-    (200, pod_list(items))
+}
+
+/// The publisher's watch against `url`, its file checked every `check`; returns the stop
+/// sender (dropping it stops nothing: send `true`) and the metrics text it keeps.
+async fn start(url: String, dir: &std::path::Path, check: Duration) -> (tokio::sync::watch::Sender<bool>, Arc<Mutex<String>>) {
+    let client = node_agent::kube::watch_client(&KubeConfig { api_url: url, timeout_ms: 2000 }, WATCH_TIMEOUT_S).await.unwrap();
+    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, dir);
+    assert_eq!(p.path(), path(dir));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let metrics = Arc::new(Mutex::new(String::new()));
+    tokio::spawn(run(client, p, check, rx, metrics.clone()));
+    (tx, metrics)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lists_the_unfinished_offline_pods_rewrites_on_change_and_keeps_the_list_through_a_failed_call() {
+async fn the_list_follows_this_nodes_pods_at_each_event_not_at_a_poll() {
     let tmp = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
-        ("GET", "/api/v1/pods") => pods_at(c.fetch_add(1, Ordering::SeqCst)),
-        _ => (404, status(404, "NotFound", "no such path")),
-    }))
-    .await;
-    let client = node_agent::kube::client(&KubeConfig { api_url: api.url(), timeout_ms: 2000 }).await.unwrap();
-    let mut p = Publisher::new(client, "node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path());
-    assert_eq!(p.path(), path(tmp.path()));
-    let uids = || -> Vec<String> { read(&path(tmp.path())).unwrap().unwrap().pods.into_iter().map(|p| p.uid).collect() };
+    let c = FakeCluster::start();
+    c.add_pod(pod("train", RUNNING, "Running"));
+    c.add_pod(pod("deleting", DELETING, "Running"));
+    c.add_pod(pod("done", DONE, "Succeeded"));
+    c.add_pod(online(ONLINE));
+    let mut other = pod("other", ELSEWHERE, "Running");
+    other["spec"]["nodeName"] = "node-b".into();
+    c.add_pod(other);
+    // Terminating: its processes still run until the kubelet reports them stopped.
+    c.delete_pod("batch", "deleting", Some(3600));
+    // Checked once an hour: every change below can reach the file only through the watch.
+    let (stop, metrics) = start(c.url(), tmp.path(), Duration::from_secs(3600)).await;
 
-    assert!(p.tick().await, "the first list is written");
-    assert_eq!(uids(), [RUNNING, DELETING], "offline pods not finished, a deleted one until it is gone");
-    let list = api.take();
-    assert_eq!(list.len(), 1);
-    assert!(list[0].query.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{}", list[0].query);
-    let written = std::fs::read(path(tmp.path())).unwrap();
+    eventually("the first list written", || uids(tmp.path()) == [RUNNING, DELETING]).await;
+    let w = c.api.watches(PODS);
+    assert!(!w.is_empty(), "a watch follows the list");
+    assert_eq!(w[0].query.get("fieldSelector").map(String::as_str), Some("spec.nodeName=node-a"), "{:?}", w[0].query);
 
-    assert!(!p.tick().await, "unchanged: not written again");
-    assert_eq!(std::fs::read(path(tmp.path())).unwrap(), written);
+    c.add_pod(pod("later", LATER, "Pending"));
+    eventually("a new offline pod at its ADDED event", || uids(tmp.path()) == [RUNNING, DELETING, LATER]).await;
+    c.set_pod_phase("batch", "later", "Succeeded");
+    eventually("a finished pod left out at its MODIFIED event", || uids(tmp.path()) == [RUNNING, DELETING]).await;
+    assert!(c.kubelet_confirm_stopped("batch", "deleting", DELETING));
+    eventually("a deleted pod left out at its DELETED event", || uids(tmp.path()) == [RUNNING]).await;
+    let m = metrics.lock().unwrap().clone();
+    assert!(m.contains("xshare_node_agent_offline_pods{node=\"node-a\"} 1"), "{m}");
+    assert!(m.contains("xshare_node_agent_offline_pod_lists_total{node=\"node-a\"} 1"), "one list, then events only: {m}");
+    assert_eq!(c.api.lists(PODS).len(), 1, "no list a poll");
+    let _ = stop.send(true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_watch_keeps_the_list_a_gone_version_relists_and_a_removed_file_is_written_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    // List at version 100: one offline pod. The watch from 100 fails twice (500), then the
+    // version is gone (410); the relist at 200 has a second pod, and its watch stays quiet.
+    let api = fake_api(|r, before| match (r.path.as_str(), r.is_watch()) {
+        (PODS, false) if before.iter().all(|b| b.is_watch()) => {
+            Answer::Json(200, list("PodList", "100", vec![pod("train", RUNNING, "Running")]), vec![])
+        }
+        (PODS, false) => Answer::Json(
+            200,
+            list("PodList", "200", vec![pod("train", RUNNING, "Running"), pod("later", LATER, "Running")]),
+            vec![],
+        ),
+        (PODS, true) if r.rv() == "100" && before.iter().filter(|b| b.is_watch()).count() < 2 => Answer::Json(
+            500,
+            fake_kube::objects::status(500, "InternalError", "etcdserver: request timed out", serde_json::json!({})),
+            vec![],
+        ),
+        (PODS, true) if r.rv() == "100" => Answer::Json(410, gone("100"), vec![]),
+        (PODS, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, fake_kube::objects::status(404, "NotFound", "no", serde_json::json!({})), vec![]),
+    });
+    let (stop, metrics) = start(api.url.clone(), tmp.path(), Duration::from_millis(100)).await;
+    eventually("the relisted pods", || uids(tmp.path()) == [RUNNING, LATER]).await;
+    assert_eq!(api.lists(PODS).len(), 2, "one list, one relist after the 410");
+    assert_eq!(api.watches(PODS).iter().filter(|r| r.rv() == "100").count(), 3, "two failed watches, one gone");
+    let m = metrics.lock().unwrap().clone();
+    assert!(m.contains("xshare_node_agent_offline_pod_list_errors_total{node=\"node-a\"} 3"), "{m}");
+    assert!(m.contains("xshare_node_agent_offline_pod_lists_total{node=\"node-a\"} 2"), "{m}");
+
     std::fs::remove_file(path(tmp.path())).unwrap();
-    assert!(p.tick().await, "removed: written again");
-    assert_eq!(uids(), [RUNNING, DELETING]);
+    eventually("the removed file written again at the next check", || uids(tmp.path()) == [RUNNING, LATER]).await;
+    let _ = stop.send(true);
+}
 
-    assert!(p.tick().await, "a new offline pod: written");
-    assert_eq!(uids(), [RUNNING, DELETING, LATER]);
+fn typed(v: serde_json::Value) -> Pod {
+    serde_json::from_value(v).unwrap()
+}
 
-    assert!(!p.tick().await, "the list call failed");
-    assert_eq!(uids(), [RUNNING, DELETING, LATER], "the last list stays in force");
-    assert_eq!((p.writes, p.errors), (3, 1));
-    let m = p.metrics();
-    assert!(m.contains("xshare_node_agent_offline_pods{node=\"node-a\"} 3"), "{m}");
-    assert!(m.contains("xshare_node_agent_offline_pod_list_errors_total{node=\"node-a\"} 1"), "{m}");
+#[test]
+fn nothing_is_written_before_the_first_list_completes_and_a_relist_replaces_the_set_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path());
+    assert!(!p.apply(&Event::Init));
+    assert!(!p.apply(&Event::InitApply(typed(pod("train", RUNNING, "Running")))));
+    assert!(!p.refresh(), "no list completed: nothing to write");
+    assert!(!path(tmp.path()).exists());
+    assert!(p.apply(&Event::InitDone));
+    assert_eq!(uids(tmp.path()), [RUNNING]);
+    assert!(!p.apply(&Event::Apply(typed(online(ONLINE)))), "an online pod changes nothing");
+    assert!(p.apply(&Event::Apply(typed(pod("later", LATER, "Pending")))));
+    assert_eq!(uids(tmp.path()), [RUNNING, LATER]);
+    // A relist (after the watch was down) that no longer has `train`: it leaves at InitDone,
+    // not before (the monitors keep the whole last list until the new one is complete).
+    assert!(!p.apply(&Event::Init));
+    assert!(!p.apply(&Event::InitApply(typed(pod("later", LATER, "Running")))));
+    assert_eq!(uids(tmp.path()), [RUNNING, LATER]);
+    assert!(p.apply(&Event::InitDone));
+    assert_eq!(uids(tmp.path()), [LATER]);
+    assert!(p.apply(&Event::Delete(typed(pod("later", LATER, "Running")))));
+    assert_eq!(uids(tmp.path()), Vec::<String>::new());
+    assert_eq!((p.writes, p.lists, p.errors), (4, 2, 0));
 }
