@@ -47,6 +47,9 @@
 #               mount namespace with a fresh tmpfs there) beside a server that keeps the host's;
 #               the emulator refuses it (CUDA_ERROR_MPS_CONNECTION_FAILED, 805), and
 #               mps-manager's shm_dir and node-agent's /dev/shm mount rest on that (root)
+#   pipe-ro     under MPS: a client whose pipe directory is a read-only bind mount (root): PASS
+#               means MPS clients need no write access there, and node-agent's
+#               inject.mps_pipe_read_only (a tenant cannot replace the control socket) can be on
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
 #        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
@@ -543,6 +546,34 @@ check_shm() {
     fi
 }
 
+# --- a read-only MPS pipe directory ------------------------------------------------------
+check_pipe_ro() {
+    # node-agent can mount the pipe directory read-only into offline containers
+    # (inject.mps_pipe_read_only), so that a tenant cannot unlink the control daemon's socket
+    # and bind its own. Connecting to a socket or opening a FIFO needs no write access to the
+    # mount; whether a real MPS client also creates something there is what this tells: a client
+    # in a mount namespace where the pipe directory is a read-only bind mount of itself.
+    local line r at before after
+    if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null 2>&1; then
+        row pipe-ro SKIP "-" "needs root and unshare (a mount namespace with the pipe directory read-only)"
+        return
+    fi
+    start_mps_manager
+    before=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
+    line=$(unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
+        "$root/mps-pipe" "${as_user[@]}" env "$py" "$client" ctx 2>"$root/pipe-ro.err")
+    after=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
+    r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
+    local fence="compute mode $(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode)"
+    if [[ "$r" == 0 && -z "${mode_refused:-}" ]]; then
+        row pipe-ro PASS "context through a read-only pipe dir" "$fence (no context outside MPS): an MPS client needs no write access there; inject.mps_pipe_read_only can be on. Entries: $before"
+    elif [[ "$r" == 0 ]]; then
+        row pipe-ro INFO "context made (fence not held)" "the compute mode was refused ($mode_refused): the context may be outside MPS. Entries: $before"
+    else
+        row pipe-ro FAIL "read-only pipe dir: CUresult ${r:-?} at ${at:-?}" "an MPS client needs to write in the pipe directory: keep inject.mps_pipe_read_only off; $(tail -n 1 "$root/pipe-ro.err" | plain). Entries before: $before; after: $after"
+    fi
+}
+
 # --- node runtime ------------------------------------------------------------------------
 start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks
     [[ -n "${mgr_up:-}" ]] && return 0
@@ -808,6 +839,7 @@ if start_monitor; then
         want mps-server && check_mps_server
         want fence && check_fence
         want shm && check_shm
+        want pipe-ro && check_pipe_ro
         want throttle-cap && check_throttle_cap
         want exit && check_exit
         want node && check_node
@@ -818,6 +850,7 @@ if start_monitor; then
         row mps-server SKIP "-" "MPS control daemon did not start on this host"
         row fence SKIP "-" "needs MPS"
         row shm SKIP "-" "needs MPS"
+        row pipe-ro SKIP "-" "needs MPS"
         row throttle-cap SKIP "-" "needs MPS to enforce the cap"
         row exit SKIP "-" "MPS control daemon did not start on this host"
         row recovery SKIP "-" "MPS control daemon did not start on this host"

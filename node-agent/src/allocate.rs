@@ -302,11 +302,14 @@ pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, V
             read_only: true,
         },
     ];
-    if !pipe_host.starts_with(&ledger_host) {
+    // A pipe directory outside the ledger directory needs a mount of its own; inside it, one
+    // only to make it read-only (`inject.mps_pipe_read_only`), after the ledger's (a runtime
+    // mounts parents first).
+    if !pipe_host.starts_with(&ledger_host) || inj.mps_pipe_read_only {
         mounts.push(pb::Mount {
             container_path: s(&pipe_ctr),
             host_path: s(&pipe_host),
-            read_only: false,
+            read_only: inj.mps_pipe_read_only,
         });
     }
     // The MPS server's /dev/shm as the container's: its clients attach to the shared memory
@@ -540,6 +543,15 @@ mod tests {
             r.mounts
         );
         assert!(r.cdi_devices.is_empty());
+        // The pipe directory read-only: a mount of its own over the read-write ledger
+        // directory's, after it (parents first).
+        c.inject.mps_pipe_read_only = true;
+        let r = container_response(&c, &plan);
+        let at = |p: &str| r.mounts.iter().position(|m| m.container_path == p);
+        let pipe = at("/run/xshare/gpu1/mps-pipe").expect("a mount of the pipe directory");
+        assert!(r.mounts[pipe].read_only && r.mounts[pipe].host_path == "/run/xshare/gpu1/mps-pipe", "{:?}", r.mounts);
+        assert!(at("/run/xshare/gpu1").is_some_and(|l| l < pipe), "the ledger directory first: {:?}", r.mounts);
+        c.inject.mps_pipe_read_only = false;
         c.inject.mps_pipe_dir = "/tmp/mps-{gpu}".into();
         let r = container_response(&c, &plan);
         assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/mps-1");

@@ -97,6 +97,16 @@ pub struct InjectConfig {
     /// mps-manager's default `/dev/shm/xshare-gpu<N>`; `host`: the host's `/dev/shm` itself
     /// (for a manager with `shm_dir` = `host`; the container then shares all of it).
     pub mps_shm_dir: String,
+    /// Mount the MPS pipe directory read-only (a mount of its own, over the read-write ledger
+    /// directory when it is inside it). Read-write, a tenant that is root in its container can
+    /// unlink the control daemon's `control` socket and bind one of its own there: every MPS
+    /// client started later on the GPU (a relaunched online service among them) and
+    /// mps-manager's own commands then reach the tenant's process instead of MPS. Connecting to
+    /// a socket or opening a FIFO needs no write access to the mount, so a client that only
+    /// connects works read-only; whether real MPS clients also create files there is not yet
+    /// known (the GPU check kit's `pipe-ro` check tells, as root, on an MPS host): off by
+    /// default until it is, as NVIDIA's own device plugin mounts it.
+    pub mps_pipe_read_only: bool,
 }
 
 /// CDI (Container Device Interface) mode: the static edits go into a CDI spec file and
@@ -213,6 +223,7 @@ impl Default for InjectConfig {
             ledger_container_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
             mps_pipe_dir: String::new(),
             mps_shm_dir: String::new(),
+            mps_pipe_read_only: false,
         }
     }
 }

@@ -103,10 +103,12 @@ fn the_check_kit_passes_on_the_emulated_t4_and_h100() {
         // MPS gets no context.
         // shm: a client with a /dev/shm of its own cannot connect to the MPS server (root; a
         // SKIP row otherwise, which the loop below would flag).
+        // pipe-ro: an MPS client whose pipe directory is a read-only bind mount still connects
+        // (root, like shm).
         // server-restart: `shutdown_server <pid> -f` ends the server (here mps-manager's,
         // which sees a server crash and keeps its daemon), the next client gets a new one.
         let checks: &[&str] = if e2e::is_root() {
-            &["quota", "throttle", "exit", "mps-server", "fence", "shm", "server-restart"]
+            &["quota", "throttle", "exit", "mps-server", "fence", "shm", "pipe-ro", "server-restart"]
         } else {
             &["quota", "throttle", "exit", "mps-server", "fence", "server-restart"]
         };
