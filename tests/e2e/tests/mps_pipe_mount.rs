@@ -25,16 +25,7 @@ fn tenant_script(n: &EmuHost, read_only_pipe: bool) -> String {
     cfg.inject.mps_pipe_read_only = read_only_pipe;
     let (env, mounts) = node_agent::allocate::static_edits(&cfg, 0);
     assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], n.pipe_dir().display().to_string());
-    let ledger_dir = n.ledger_dir().to_string_lossy().to_string();
-    let mut ours: Vec<_> = mounts.iter().filter(|m| m.container_path.starts_with(&ledger_dir)).collect();
-    ours.sort_by_key(|m| m.container_path.matches('/').count());
-    let mut script = String::from("set -u\n");
-    for m in &ours {
-        script += &format!("mount --bind '{0}' '{1}' || exit 90\n", m.host_path, m.container_path);
-        if m.read_only {
-            script += &format!("mount -o remount,bind,ro '{0}' || exit 91\n", m.container_path);
-        }
-    }
+    let mut script = e2e::allocate_mounts_script(mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)), n.ledger_dir());
     let pipe = n.pipe_dir().display().to_string();
     script += &format!(
         "cd '{pipe}' || exit 92\n\

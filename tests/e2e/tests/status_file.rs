@@ -76,19 +76,10 @@ fn a_root_tenant_cannot_write_the_status_files_through_the_mounts_node_agent_giv
     cfg.ledger_dir = n.ledger_dir().to_path_buf();
     cfg.inject.ledger_container_dir = n.ledger_dir().to_path_buf();
     let (_env, mounts) = node_agent::allocate::static_edits(&cfg, 0);
-    let ledger_dir = n.ledger_dir().to_string_lossy().to_string();
     // Containers see the ledger directory's mounts only (the shim's and /dev/shm are not
-    // under it); a runtime mounts parents before children.
-    let mut ours: Vec<_> = mounts.iter().filter(|m| m.container_path.starts_with(&ledger_dir)).collect();
-    ours.sort_by_key(|m| m.container_path.matches('/').count());
-    assert!(ours.iter().any(|m| m.read_only), "a read-only mount for the status files: {mounts:?}");
-    let mut script = String::from("set -u\n");
-    for m in &ours {
-        script += &format!("mount --bind '{0}' '{1}' || exit 90\n", m.host_path, m.container_path);
-        if m.read_only {
-            script += &format!("mount -o remount,bind,ro '{0}' || exit 91\n", m.container_path);
-        }
-    }
+    // under it).
+    assert!(mounts.iter().any(|m| m.read_only && m.container_path.starts_with(&*n.ledger_dir().to_string_lossy())), "a read-only mount for the status files: {mounts:?}");
+    let mut script = e2e::allocate_mounts_script(mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)), n.ledger_dir());
     let status = n.status_path().to_string_lossy().to_string();
     let ledger = n.ledger_path().to_string_lossy().to_string();
     script += &format!(
