@@ -543,8 +543,8 @@ impl Manager {
     /// carries that pid and this namespace, so that it is matched to the pids MPS lists and
     /// signalled; one not found keeps its own pid and namespace, or [`NOT_FOUND_NS`] for a slot
     /// naming this namespace (a slot any ledger client may have written, naming an online
-    /// client), and is left to the ledger request: never matched to an MPS client, never
-    /// signalled. Eviction requests in the ledger are checked against the slot's own pid: see
+    /// client), and is left to the request: never matched to an MPS client, never signalled.
+    /// Eviction requests are addressed to the slot's own pid namespace, pid and start time: see
     /// [`Manager::request_evict`].
     fn offline(&mut self) -> Vec<node_ledger::ProcSnapshot> {
         let raw = self.registered();
@@ -568,13 +568,18 @@ impl Manager {
             .collect()
     }
 
-    /// Writes an eviction request into the slot of `r` (as the ledger names it,
-    /// [`Manager::registered`]): checked by the slot's pid and start time, so it is taken back
-    /// if the slot changed hands meanwhile. The process's shim acts on it whatever its pid
-    /// namespace.
-    fn request_evict(&self, r: &node_ledger::ProcSnapshot) {
-        if !self.ledger.request_evict_of(r.slot, r.pid, r.start_time, libc::SIGTERM as u32) {
-            tracing::info!(pid = r.pid, slot = r.slot, "slot changed hands: no eviction request written");
+    /// Asks the process `r` names (as the ledger names it, [`Manager::registered`]) to leave:
+    /// a request addressed to its pid namespace, pid and start time in this manager's table of
+    /// the status file, which the process's shim acts on whatever its pid namespace, and which
+    /// no tenant can write (a slot's word could be written by any ledger client).
+    fn request_evict(&mut self, r: &node_ledger::ProcSnapshot) {
+        self.request_evict_id(node_ledger::ProcId::of(r));
+    }
+
+    fn request_evict_id(&mut self, id: node_ledger::ProcId) {
+        let written = self.status.get(mono_ms()).is_some_and(|w| w.request_evict(node_ledger::Requester::Manager, id, libc::SIGTERM as u32));
+        if !written {
+            tracing::warn!(pid = id.pid, pid_ns = id.pid_ns, "no eviction request written (status file not open, or its table full): the process is only signalled where it can be");
         }
     }
 
@@ -587,7 +592,13 @@ impl Manager {
         let fresh = snap.is_some_and(|s| s.is_fresh(node_ledger::clock::now_ns(), 2_000_000_000));
         let health = snap.and_then(|s| s.health());
         let total = snap.map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
-        let offline = self.offline();
+        let raw = self.registered();
+        // This manager's requests of processes no longer registered are withdrawn (the table
+        // has one entry per registrable process).
+        if let Some(w) = self.status.current() {
+            w.retain_evictions(node_ledger::Requester::Manager, |id| raw.iter().any(|p| node_ledger::ProcId::of(p) == id));
+        }
+        let offline = self.in_my_terms(&raw);
         let current = self.alloc.applied().unwrap_or(self.cfg.budget.max_pct);
         // The offline side holds at most its jobs' MPS percentages (each fixed at its start),
         // at most the budget; the budget alone when a job's percentage is unknown.
@@ -827,11 +838,9 @@ impl Manager {
             if !evict {
                 continue;
             }
-            // Checked by pid + start time; the process's own shim acts on the request, whatever
-            // its pid namespace.
-            if !self.ledger.request_evict_of(c.slot, c.pid, c.start_time, libc::SIGTERM as u32) {
-                tracing::info!(pid = c.pid, slot = c.slot, "slot changed hands: no eviction request written");
-            }
+            // Addressed by pid namespace, pid and start time; the process's own shim acts on the
+            // request, whatever its pid namespace.
+            self.request_evict_id(node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time });
             if let Some(h) = host {
                 if PidfdSignaller.signal(h, c.start_time, libc::SIGTERM).unwrap_or(false) {
                     self.evicted.insert((h, c.start_time), mono_ms());

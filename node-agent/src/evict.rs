@@ -1,13 +1,16 @@
 //! Eviction the cluster can see.
 //!
-//! sysmonitor decides and acts locally: it records the request in the process's ledger slot
-//! (`ProcSlot::evict_signal`, non-zero) and signals the process (SIGTERM, SIGKILL after the
-//! grace period). That local signal stays the emergency path. This worker makes the decision
+//! sysmonitor decides and acts locally: it records the request in its eviction table of the
+//! GPU's status file (`node_ledger::status`, addressed to the process's pid namespace, pid and
+//! start time; mps-manager has a table of its own there) and signals the process (SIGTERM,
+//! SIGKILL after the grace period). Only the daemons write the status file: a request in a
+//! ledger slot, as before, could be written by any offline container into any slot, and this
+//! agent posted the Eviction of every pod such a write named. That local signal stays the emergency path. This worker makes the decision
 //! visible to Kubernetes: it finds each requested process's pod and posts an `Eviction`
 //! (`policy/v1`, `deleteOptions.preconditions.uid`, so a pod re-created under the same name is
 //! never hit) and an Event, so the pod's controller re-creates it and the planner re-places it.
 //!
-//! Two sources of requests: the live slots (at once, while the process is registered) and the
+//! Two sources of requests: the live requests (at once, while the process is registered) and the
 //! monitor's durable per-GPU eviction log (`node_ledger::evictlog`), which outlives a process
 //! that exits on SIGTERM before our next scan. The log is read from a cursor this agent keeps
 //! in `<ledger_dir>/evict-log/gpu<N>.cursor` (its only writer): the place (log generation and
@@ -192,19 +195,26 @@ pub fn scan_log(
     Ok((reqs, batch.end))
 }
 
-/// The eviction requests in the ledgers of `gpus` (missing or damaged ledgers are skipped:
-/// the monitor's own path handles them).
+/// The daemons' eviction requests (the status files of `gpus`) of processes registered in the
+/// ledgers of `gpus` (a missing or damaged ledger or status file is skipped: the monitor's own
+/// path handles them). A process is taken as its registration names it: pid namespace, pid and
+/// start time, the address of the request.
 pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
     let mut out = Vec::new();
     for &gpu in gpus {
+        let Ok(status) = node_ledger::Status::open(&node_ledger::config::status_path(ledger_dir, gpu)) else {
+            continue;
+        };
+        let asked = status.evict_requests();
+        if asked.is_empty() {
+            continue;
+        }
         let Ok(l) = Ledger::open_existing(&ledger_path(ledger_dir, gpu)) else {
             continue;
         };
-        let slots = &l.layout().procs;
         for p in l.procs() {
-            let sig = slots.get(p.slot).map_or(0, |s| {
-                s.evict_signal.load(std::sync::atomic::Ordering::Acquire)
-            });
+            let id = node_ledger::ProcId::of(&p);
+            let sig = asked.iter().find(|(_, a, _)| *a == id).map_or(0, |(_, _, sig)| *sig);
             if sig != 0 && p.start_time != 0 {
                 out.push(Requested {
                     gpu,

@@ -51,16 +51,18 @@ fn success() -> serde_json::Value {
     serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 }
 
-/// Registers this test process once per pod group in GPU 0's ledger and asks each to leave,
-/// as sysmonitor's `mark_evicting` does (the process-slot eviction signal).
+/// Registers this test process once per pod group in GPU 0's ledger and asks it to leave, as
+/// sysmonitor's `mark_evicting` does (a request in the monitor's table of the GPU's status
+/// file, addressed to the process: every registration of it is asked).
 fn ledger_with_requests(dir: &Path, names: &[&str]) -> Ledger {
     let l = Ledger::open_or_create(&ledger_path(dir, 0), 0).unwrap();
     for (name, uid) in UIDS.iter().filter(|(n, _)| names.contains(n)) {
         let g = l.group(group_id_for(&group_name(uid)), 1 << 30).unwrap();
-        let h = l.register(std::process::id(), g).unwrap();
-        l.request_evict(h.slot, libc_sigterm());
+        l.register(std::process::id(), g).unwrap();
         let _ = name;
     }
+    let status = node_ledger::Status::open_or_create(&node_ledger::config::status_path(dir, 0), 0).unwrap();
+    assert!(status.request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::own().unwrap(), libc_sigterm()));
     l
 }
 
@@ -273,11 +275,8 @@ async fn unreachable_api_is_retried_and_leaves_the_ledger_request_alone() {
     assert_eq!(ev.unmapped, 1);
     assert_eq!(ev.outcome(UIDS[0].1), None);
     // The monitor's request (and so its local signal path) is untouched.
-    let slot = l.procs()[0].slot;
-    assert_eq!(
-        l.layout().procs[slot].evict_signal.load(Ordering::Acquire),
-        15
-    );
+    let st = node_ledger::Status::open(&node_ledger::config::status_path(tmp.path(), 0)).unwrap();
+    assert_eq!(st.evict_request(node_ledger::ProcId::of(&l.procs()[0])), 15);
 
     // API back (list works, eviction answers 500 once): Failed, retried later, then evicted.
     let fails = Arc::new(AtomicU32::new(1));

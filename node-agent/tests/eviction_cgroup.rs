@@ -29,7 +29,8 @@ const POD_UID: &str = "66666666-6666-4666-8666-666666666666";
 
 /// The registrant (run by the test below through this same test binary, pid 1 of its own pid
 /// namespace): registers itself under a group no pod has, is asked to leave as sysmonitor's
-/// `mark_evicting` asks (the slot's eviction signal), says so, and sleeps until killed.
+/// `mark_evicting` asks (a request in the status file addressed to it), says so, and sleeps
+/// until killed.
 #[test]
 fn child_registers_outside_any_pod_group_and_waits() {
     let Some(path) = std::env::var_os(CHILD_ENV) else {
@@ -37,8 +38,10 @@ fn child_registers_outside_any_pod_group_and_waits() {
     };
     let l = Ledger::open_existing(path.as_ref()).expect("child: open ledger");
     let g = l.group(group_id_for("set-by-hand"), 1 << 40).expect("child: group");
-    let h = l.register(std::process::id(), g).expect("child: register");
-    l.request_evict(h.slot, 15);
+    l.register(std::process::id(), g).expect("child: register");
+    let status_path = node_ledger::config::status_path(std::path::Path::new(&path).parent().and_then(|p| p.parent()).expect("child: ledger dir"), 0);
+    let status = node_ledger::Status::open_or_create(&status_path, 0).expect("child: status file");
+    assert!(status.request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::own().expect("child: own id"), 15));
     println!("ready pid={}", std::process::id());
     std::thread::sleep(Duration::from_secs(600));
 }

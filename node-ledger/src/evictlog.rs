@@ -1,7 +1,8 @@
 //! The durable record of the monitor's evictions, one append-only log per GPU:
 //! `<ledger_dir>/evict-log/gpu<N>.jsonl`, one JSON line per eviction request, rotated by size.
 //!
-//! The ledger slot's `evict_signal` lasts only while the process is registered: a process that
+//! A request in the status file's eviction tables lasts only while the process is registered
+//! (the daemons withdraw the requests of processes gone): a process that
 //! exits at once on SIGTERM takes it with it, and whoever reports evictions to the cluster
 //! (node-agent's Eviction API worker) would never learn of it. This log outlives the process
 //! and the reader's restarts.

@@ -97,8 +97,10 @@ pub struct ProcSlot {
     pub liveness: AtomicU64,
     /// Index of the owner's group slot.
     pub group_slot: AtomicU32,
-    /// Per-process eviction request (signal number, 0 = none); written by the monitor.
-    pub evict_signal: AtomicU32,
+    /// Unused since status-file layout 2 (was the per-process eviction request, which any
+    /// ledger client could write into any slot; the daemons' requests are in the status file
+    /// now, `crate::status`). Kept so that layout-5 files stay valid; nothing reads it.
+    pub retired_evict_signal: AtomicU32,
     /// Device memory this process has reserved, bytes.
     pub mem_bytes: AtomicU64,
     /// Kernel launches issued.

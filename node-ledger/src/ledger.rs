@@ -831,7 +831,6 @@ impl Ledger {
             p.start_time.store(0, Relaxed);
             p.pid_ns.store(own_ns, Relaxed);
             p.group_slot.store(group as u32, Relaxed);
-            p.evict_signal.store(0, Relaxed);
             p.mem_bytes.store(0, Relaxed);
             p.launches.store(0, Relaxed);
             p.launches_delayed.store(0, Relaxed);
@@ -987,14 +986,6 @@ impl Ledger {
         }
     }
 
-    /// Eviction signal the monitor asked this process to take (0 = none).
-    pub fn evict_signal(&self, h: ProcHandle) -> u32 {
-        self.layout()
-            .procs
-            .get(h.slot)
-            .map_or(0, |p| p.evict_signal.load(Relaxed))
-    }
-
     /// Gives back the usage of every registered process that has died, in any pid namespace
     /// (its slot lock is free; module doc, "Slot protocol"). Returns `(pid, bytes)` reclaimed
     /// (the pid as the dead process's namespace named it). A few `fcntl` calls per occupied
@@ -1083,7 +1074,6 @@ impl Ledger {
         let group = p.group_slot.load(Relaxed) as usize;
         self.release_group(group, bytes);
         p.start_time.store(0, Relaxed);
-        p.evict_signal.store(0, Relaxed);
         p.owner.store(owner_word(owner_gen(o), 0), Release);
         bytes
     }
@@ -1799,13 +1789,13 @@ mod tests {
     }
 
     #[test]
-    fn eviction_requests_and_counters() {
+    fn counters_and_the_identity_a_registration_is_addressed_by() {
         let (_d, l) = fresh();
         let g = l.group(3, 100).unwrap();
-        let h = l.register(std::process::id(), g).unwrap();
-        assert_eq!(l.evict_signal(h), 0);
-        l.request_evict(h.slot, 15);
-        assert_eq!(l.evict_signal(h), 15);
+        let me = std::process::id();
+        let h = l.register(me, g).unwrap();
+        let p = l.procs()[0].clone();
+        assert_eq!(crate::status::ProcId::own(), Some(crate::status::ProcId::of(&p)), "a process names itself as its registration does");
         l.count_launches(h, 10, 3);
         let before = l.procs()[0].heartbeat_ns;
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -1813,13 +1803,6 @@ mod tests {
         let p = &l.procs()[0];
         assert_eq!((p.launches, p.launches_delayed), (10, 3));
         assert!(p.heartbeat_ns > before);
-        l.unregister(h);
-        let h2 = l.register(std::process::id(), g).unwrap();
-        assert_eq!(
-            l.evict_signal(h2),
-            0,
-            "a reused slot starts without a stale request"
-        );
     }
 
     #[derive(Debug, Clone)]

@@ -1,10 +1,7 @@
 //! What the monitor publishes in the status file (`crate::status`): its sample and health
-//! verdict; and the monitor's eviction requests in the ledger's process slots.
-
-use std::sync::atomic::Ordering::*;
+//! verdict (its eviction requests are the status file's too: `crate::status::Requester`).
 
 use crate::health::HealthState;
-use crate::ledger::Ledger;
 
 /// What the monitor publishes each tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -72,71 +69,5 @@ impl MonitorSample {
     pub fn with_health(mut self, h: HealthState) -> Self {
         self.health = h as u32;
         self
-    }
-}
-
-impl Ledger {
-    /// Asks the process `pid` that started at `start_time` (clock ticks, `/proc/<pid>/stat`
-    /// field 22), registered in `slot`, to take `signal`: only if the slot still holds that
-    /// process. Returns whether the request stands. A slot freed and claimed by a newcomer
-    /// while the request was written gets it taken back, so a request never reaches another
-    /// process than the one it was meant for.
-    pub fn request_evict_of(&self, slot: usize, pid: u32, start_time: u64, signal: u32) -> bool {
-        use crate::layout::owner_pid;
-        let Some(p) = self.layout().procs.get(slot) else {
-            return false;
-        };
-        let owner = p.owner.load(Acquire);
-        if pid == 0 || owner_pid(owner) != pid || p.start_time.load(Acquire) != start_time {
-            return false;
-        }
-        p.evict_signal.store(signal, Release);
-        // A newcomer claims a slot by changing `owner` (the generation moves on every claim)
-        // before it clears `evict_signal`: if the owner is unchanged now, the request is ours.
-        if p.owner.load(Acquire) == owner {
-            return true;
-        }
-        let _ = p.evict_signal.compare_exchange(signal, 0, AcqRel, Relaxed);
-        false
-    }
-
-    /// Asks the process in registry `slot` to take `signal` (e.g. SIGTERM), whoever holds the
-    /// slot now; [`Ledger::request_evict_of`] checks pid + start time first.
-    pub fn request_evict(&self, slot: usize, signal: u32) {
-        if let Some(p) = self.layout().procs.get(slot) {
-            p.evict_signal.store(signal, Release);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_eviction_request_reaches_only_the_process_it_names() {
-        let d = tempfile::tempdir().unwrap();
-        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
-        let g = l.group(1, 1 << 30).unwrap();
-        let me = std::process::id();
-        let start = crate::procinfo::start_time(me).unwrap();
-        let h = l.register(me, g).unwrap();
-        assert!(!l.request_evict_of(h.slot, me, start + 1, 15), "another start time");
-        assert!(!l.request_evict_of(h.slot, me + 1, start, 15), "another pid");
-        assert!(!l.request_evict_of(usize::MAX, me, start, 15), "no such slot");
-        assert_eq!(l.evict_signal(h), 0);
-        assert!(l.request_evict_of(h.slot, me, start, 15));
-        assert_eq!(l.evict_signal(h), 15);
-        // The slot changes hands: a request for its old owner is refused.
-        l.unregister(h);
-        let mut child = { let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner()); std::process::Command::new("sleep").arg("30").spawn().unwrap() };
-        let h2 = l.register(child.id(), g).unwrap();
-        assert_eq!(h2.slot, h.slot, "the freed slot is reused");
-        assert!(!l.request_evict_of(h.slot, me, start, 15));
-        assert_eq!(l.evict_signal(h2), 0, "the newcomer got no request");
-        let child_start = crate::procinfo::start_time(child.id()).unwrap();
-        assert!(l.request_evict_of(h2.slot, child.id(), child_start, 15));
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }

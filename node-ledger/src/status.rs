@@ -10,7 +10,13 @@
 //! container or not, can read it and never write it.
 //!
 //! Two blocks, one writer each: the monitor block (sysmonitor) and the manager block
-//! (mps-manager), each under its own sequence counter. Both writers open the file with
+//! (mps-manager), each under its own sequence counter. And one eviction table per daemon
+//! ([`Requester`]): the offline processes it asked to leave, each named by its pid namespace,
+//! pid and start time as its ledger slot names it; a process's shim looks up its own identity
+//! there ([`Status::evict_request`]) and takes the signal. The requests were words of the
+//! ledger's process slots until layout 2 of this file: any offline container could write any
+//! slot's, and one write per slot made every other offline process on the GPU leave (and
+//! node-agent post the Eviction of its pod). Both writers open the file with
 //! [`Status::open_or_create`]; every reader (shim, node-agent, the other daemon) can use
 //! [`Status::open`], which maps the file read-only. The file is initialised in place, never
 //! replaced: a container's mount and every reader's mapping name its inode. A header that no
@@ -33,8 +39,8 @@ use crate::monitor::{MonitorSample, MonitorSnapshot};
 
 /// First 8 bytes of a status file: `XSHSTAT\0` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHSTAT\0");
-/// Bumped on any change to the layout below.
-pub const VERSION: u32 = 1;
+/// Bumped on any change to the layout below (2: the eviction tables).
+pub const VERSION: u32 = 2;
 /// `init_state` once the header is written.
 const INIT_READY: u32 = 0x5747_A7E5;
 /// Mode of the status file, set explicitly whatever the creator's umask: every offline
@@ -83,17 +89,96 @@ struct ManagerBlock {
     offline_sm_budget_permille: AtomicU32,
 }
 
+/// One eviction request. Written by its table's daemon only: `pid_signal` last (Release) when
+/// an entry is filled, first (to 0) when it is withdrawn; a reader takes an entry only if
+/// `pid_signal` reads the same around its reads of the other two words.
+#[repr(C)]
+struct EvictEntry {
+    /// `pid << 32 | signal`; 0 = free.
+    pid_signal: AtomicU64,
+    /// Pid-namespace inode of the process, as its ledger slot names it.
+    pid_ns: AtomicU64,
+    /// Start time (clock ticks since boot, `/proc/<pid>/stat` field 22).
+    start_time: AtomicU64,
+}
+
+/// Entries of one eviction table: one for every process a ledger can register.
+pub const EVICT_ENTRIES: usize = crate::layout::MAX_PROCS;
+
+/// One daemon's eviction requests.
+#[repr(C)]
+struct EvictTable {
+    entries: [EvictEntry; EVICT_ENTRIES],
+}
+
 #[repr(C)]
 struct Layout {
     header: Header,
     monitor: MonitorBlock,
     manager: ManagerBlock,
+    monitor_evictions: EvictTable,
+    manager_evictions: EvictTable,
 }
 
 /// Size of a status file, bytes.
 pub const SIZE: usize = std::mem::size_of::<Layout>();
 const _: () = assert!(std::mem::size_of::<Header>() == 32);
-const _: () = assert!(SIZE == 32 + 64 + 24);
+const _: () = assert!(SIZE == 32 + 64 + 24 + 2 * 24 * EVICT_ENTRIES);
+
+/// Which daemon's eviction table: each writes its own only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requester {
+    /// sysmonitor (overload, under-reported memory, host memory, a GPU fault, an operator's
+    /// disable).
+    Monitor,
+    /// mps-manager (an MPS fault's offline clients, a process outside MPS).
+    Manager,
+}
+
+/// A process as its ledger slot names it (`ProcSnapshot::pid_ns`, `pid`, `start_time`): what
+/// an eviction request is addressed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcId {
+    /// Pid-namespace inode.
+    pub pid_ns: u64,
+    /// Pid in that namespace.
+    pub pid: u32,
+    /// Start time, clock ticks since boot.
+    pub start_time: u64,
+}
+
+impl ProcId {
+    /// The identity of a registered process, as its ledger snapshot names it.
+    pub fn of(p: &crate::ProcSnapshot) -> ProcId {
+        ProcId { pid_ns: p.pid_ns, pid: p.pid, start_time: p.start_time }
+    }
+
+    /// The calling process as its own registration names it (`Ledger::register` with its own
+    /// pid), from `/proc/self`: what it looks itself up by in the eviction tables, never read
+    /// back from its slot, which any ledger client can write. Two reads of `/proc`: for
+    /// periodic use (a fork child gets its own).
+    pub fn own() -> Option<ProcId> {
+        Some(ProcId {
+            pid_ns: crate::procinfo::own_pid_ns(),
+            pid: std::process::id(),
+            start_time: crate::procinfo::own_start_time()?,
+        })
+    }
+}
+
+/// An entry's request, if it holds a consistent one.
+fn read_entry(e: &EvictEntry) -> Option<(ProcId, u32)> {
+    let ps = e.pid_signal.load(Acquire);
+    if ps == 0 {
+        return None;
+    }
+    let (pid_ns, start_time) = (e.pid_ns.load(Relaxed), e.start_time.load(Relaxed));
+    fence(Acquire);
+    if e.pid_signal.load(Relaxed) != ps {
+        return None;
+    }
+    Some((ProcId { pid_ns, pid: (ps >> 32) as u32, start_time }, ps as u32))
+}
 
 /// Why a status file could not be opened; always names the file.
 #[derive(Debug, thiserror::Error)]
@@ -350,6 +435,39 @@ impl Status {
             seq,
         })
     }
+
+    fn table(&self, by: Requester) -> &EvictTable {
+        match by {
+            Requester::Monitor => &self.layout().monitor_evictions,
+            Requester::Manager => &self.layout().manager_evictions,
+        }
+    }
+
+    /// The signal a daemon asked process `id` to take (the monitor's request first), 0 for
+    /// none or while the header does not validate. Scans both tables: [`EVICT_ENTRIES`] atomic
+    /// loads each, for the shim's periodic housekeeping.
+    pub fn evict_request(&self, id: ProcId) -> u32 {
+        if !self.header_ok() {
+            return 0;
+        }
+        [Requester::Monitor, Requester::Manager]
+            .into_iter()
+            .find_map(|by| self.table(by).entries.iter().filter_map(read_entry).find(|(p, _)| *p == id).map(|(_, sig)| sig))
+            .unwrap_or(0)
+    }
+
+    /// Every request in force, by whom (node-agent posts their pods' Evictions; the daemons
+    /// see what is pending). Empty while the header does not validate.
+    pub fn evict_requests(&self) -> Vec<(Requester, ProcId, u32)> {
+        if !self.header_ok() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for by in [Requester::Monitor, Requester::Manager] {
+            out.extend(self.table(by).entries.iter().filter_map(read_entry).map(|(p, sig)| (by, p, sig)));
+        }
+        out
+    }
 }
 
 fn init(l: &Layout, gpu_index: u32) {
@@ -362,6 +480,9 @@ fn init(l: &Layout, gpu_index: u32) {
     for w in [&m.monitor_pid, &m.health, &m.sm_active_permille, &m.gpu_util_permille, &m.sm_clock_mhz, &m.sm_clock_max_mhz, &m.sm_count, &l.manager.manager_pid, &l.manager.offline_sm_budget_permille] {
         w.store(0, Relaxed);
     }
+    for e in l.monitor_evictions.entries.iter().chain(&l.manager_evictions.entries) {
+        e.pid_signal.store(0, Relaxed);
+    }
     h.version.store(VERSION, Relaxed);
     h.gpu_index.store(gpu_index, Relaxed);
     h.total_size.store(SIZE as u64, Relaxed);
@@ -370,7 +491,8 @@ fn init(l: &Layout, gpu_index: u32) {
 }
 
 /// A status file opened for writing by one of its two writers: the monitor publishes the
-/// monitor block, mps-manager the manager block; neither writes the other's.
+/// monitor block and its eviction table, mps-manager the manager block and its own table;
+/// neither writes the other's.
 pub struct StatusWriter(Status);
 
 impl std::ops::Deref for StatusWriter {
@@ -444,6 +566,42 @@ impl StatusWriter {
         m.offline_sm_budget_permille.store(permille.min(1000), Relaxed);
         m.publish_ns.store(publish_ns, Relaxed);
         m.seq.store(end, Release);
+    }
+
+    /// Asks process `id` to take `signal` (non-zero), in `by`'s table: its entry is updated,
+    /// or a free one filled. `false` when the table is full (every entry holds a request of a
+    /// process still registered: more than [`EVICT_ENTRIES`]). Only `by`'s daemon calls it.
+    pub fn request_evict(&self, by: Requester, id: ProcId, signal: u32) -> bool {
+        if signal == 0 || id.pid == 0 {
+            return false;
+        }
+        let t = self.table(by);
+        let ps = (u64::from(id.pid) << 32) | u64::from(signal);
+        let mine = t.entries.iter().find(|e| read_entry(e).is_some_and(|(p, _)| p == id));
+        let Some(e) = mine.or_else(|| t.entries.iter().find(|e| e.pid_signal.load(Relaxed) == 0)) else {
+            return false;
+        };
+        if mine.is_none() {
+            e.pid_ns.store(id.pid_ns, Relaxed);
+            e.start_time.store(id.start_time, Relaxed);
+        }
+        e.pid_signal.store(ps, Release);
+        true
+    }
+
+    /// Withdraws `by`'s requests of the processes `keep` no longer wants asked (gone from the
+    /// ledger, or a request taken back); returns how many.
+    pub fn retain_evictions(&self, by: Requester, mut keep: impl FnMut(ProcId) -> bool) -> usize {
+        let mut n = 0;
+        for e in &self.table(by).entries {
+            if let Some((p, _)) = read_entry(e) {
+                if !keep(p) {
+                    e.pid_signal.store(0, Release);
+                    n += 1;
+                }
+            }
+        }
+        n
     }
 
     /// The file as the writers need it: `Ok(None)` while the mapping is sound and `path`
@@ -528,6 +686,51 @@ mod tests {
         // The manager's publish leaves the monitor block alone, and a second writer's open
         // keeps what was published.
         assert_eq!(r.read_monitor().unwrap().sample.sm_active_permille, 973);
+    }
+
+    #[test]
+    fn an_eviction_request_reaches_only_the_process_it_names_and_each_daemon_writes_its_own_table() {
+        let (d, p) = dir();
+        let mon = Status::open_or_create(&p, 0).unwrap();
+        let mgr = Status::open_or_create(&p, 0).unwrap();
+        let r = Status::open(&p).unwrap();
+        let l = crate::Ledger::open_or_create(&crate::config::ledger_path(d.path(), 0), 0).unwrap();
+        let g = l.group(1, 1 << 30).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        let me = ProcId::own().unwrap();
+        assert_eq!(r.evict_request(me), 0);
+        assert!(mon.request_evict(Requester::Monitor, me, 15));
+        assert_eq!(r.evict_request(me), 15);
+        for other in [
+            ProcId { start_time: me.start_time + 1, ..me },
+            ProcId { pid: me.pid + 1, ..me },
+            ProcId { pid_ns: me.pid_ns + 1, ..me },
+        ] {
+            assert_eq!(r.evict_request(other), 0, "{other:?}");
+        }
+        // The same process asked again (SIGKILL after the grace): one entry, the new signal.
+        assert!(mon.request_evict(Requester::Monitor, me, 9));
+        assert_eq!(r.evict_requests(), vec![(Requester::Monitor, me, 9)]);
+        // The manager's table is its own: withdrawing the monitor's leaves it.
+        let other = ProcId { pid: 4242, pid_ns: 7, start_time: 99 };
+        assert!(mgr.request_evict(Requester::Manager, other, 15));
+        assert_eq!(mon.retain_evictions(Requester::Monitor, |_| false), 1);
+        assert_eq!(r.evict_request(me), 0);
+        assert_eq!(r.evict_requests(), vec![(Requester::Manager, other, 15)]);
+        assert!(!mon.request_evict(Requester::Monitor, me, 0), "no signal is no request");
+        // A full table refuses, and a withdrawn entry is reused.
+        for pid in 1..=EVICT_ENTRIES as u32 {
+            assert!(mon.request_evict(Requester::Monitor, ProcId { pid, pid_ns: 1, start_time: 1 }, 15));
+        }
+        assert!(!mon.request_evict(Requester::Monitor, me, 15));
+        mon.retain_evictions(Requester::Monitor, |p| p.pid != 3);
+        assert!(mon.request_evict(Requester::Monitor, me, 15));
+        assert_eq!(r.evict_request(me), 15);
+        // A damaged header: no request reads (the writer rewrites it, empty).
+        std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&p).unwrap(), &[0; 8], 0).unwrap();
+        assert_eq!(r.evict_request(me), 0);
+        assert!(r.evict_requests().is_empty());
+        l.unregister(h);
     }
 
     #[test]

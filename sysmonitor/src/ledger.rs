@@ -1,11 +1,11 @@
-//! `LedgerPort` over the shared `node-ledger` files: reads the offline registry, records
-//! eviction requests in the process slots (the ledger), publishes the monitor block (the
-//! status file, which only the daemons write).
+//! `LedgerPort` over the shared `node-ledger` files: reads the offline registry (the ledger),
+//! publishes the monitor block and records its eviction requests (the status file, which only
+//! the daemons write).
 
 use std::sync::atomic::Ordering::Acquire;
 
 use node_ledger::layout::{owner_pid, LIVENESS_LOCK};
-use node_ledger::{HealthState, Ledger, MonitorSample};
+use node_ledger::{HealthState, Ledger, MonitorSample, ProcId, Requester};
 
 use crate::filewatch::FileWatch;
 use crate::health::State;
@@ -104,6 +104,12 @@ pub const RECLAIM_EVERY_MS: u64 = 50;
 pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 
 impl LedgerAdapter {
+    /// The processes either daemon has asked to leave (the status file's tables; none while
+    /// it is not open).
+    fn asked_to_leave(&self) -> std::collections::HashSet<ProcId> {
+        self.status.current().map_or_else(Default::default, |s| s.evict_requests().into_iter().map(|(_, id, _)| id).collect())
+    }
+
     /// Wraps `ledger`, publishing into the status file at `status_path`; the first
     /// [`LedgerPort::reclaim`] scans at once, the first publish opens the status file.
     pub fn new(ledger: Ledger, status_path: std::path::PathBuf) -> Self {
@@ -298,12 +304,12 @@ impl LedgerPort for LedgerAdapter {
         );
         let budget = fresh.then(|| f64::from(m.offline_sm_budget_permille) / 10.0);
         // Processes asked to leave count as online in the occupancy (fail closed): not here either.
-        let slots = &self.ledger.layout().procs;
+        let asked = self.asked_to_leave();
         let procs: Vec<_> = self
             .ledger
             .procs()
             .into_iter()
-            .filter(|p| slots.get(p.slot).is_some_and(|s| s.evict_signal.load(Acquire) == 0))
+            .filter(|p| !asked.contains(&ProcId::of(p)))
             .collect();
         offline_cap_pct(budget, &node_ledger::jobs::jobs_of(&procs))
     }
@@ -312,7 +318,6 @@ impl LedgerPort for LedgerAdapter {
         if !self.usable() {
             return Ok(Vec::new());
         }
-        let slots = &self.ledger.layout().procs;
         let procs: Vec<_> = self
             .ledger
             .procs()
@@ -320,14 +325,19 @@ impl LedgerPort for LedgerAdapter {
             // A slot whose start time is still 0 is mid-registration: not yet a process to judge.
             .filter(|p| p.start_time != 0)
             .collect();
+        // The monitor's requests of processes no longer registered are withdrawn (the table
+        // has one entry per registrable process). Opened here if no publish did yet: a
+        // restarted monitor must find the requests its predecessor made before it judges.
+        if let Some(w) = self.status.get(now) {
+            w.retain_evictions(Requester::Monitor, |id| procs.iter().any(|p| ProcId::of(p) == id));
+        }
+        let asked = self.asked_to_leave();
         let host_pids = &mut self.host_pids;
         host_pids.retain(|r| procs.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
         Ok(procs
             .into_iter()
             .map(|p| {
-                let sig = slots
-                    .get(p.slot)
-                    .map_or(0, |s| s.evict_signal.load(Acquire));
+                let asked = asked.contains(&ProcId::of(&p));
                 OfflineProc {
                     slot: p.slot,
                     pid: p.pid,
@@ -335,9 +345,10 @@ impl LedgerPort for LedgerAdapter {
                     host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file),
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
-                    // The ledger keeps the request, not its time: a restarted monitor restarts
-                    // the grace period from when it finds the request.
-                    evict_requested_ms: (sig != 0).then_some(now),
+                    // The status file keeps the request, not its time: a restarted monitor
+                    // restarts the grace period from when it finds the request. Either daemon's
+                    // request: a process mps-manager asked to leave is escalated alike.
+                    evict_requested_ms: asked.then_some(now),
                 }
             })
             .collect())
@@ -347,25 +358,31 @@ impl LedgerPort for LedgerAdapter {
         &mut self,
         p: &OfflineProc,
         reason: EvictReason,
-        _now_ms: u64,
+        now_ms: u64,
     ) -> Result<(), String> {
         // No slot to write a request into (work running without the shim), and no record for
         // node-agent, which maps only ledger clients to pods: its host pid is signalled.
         if !self.usable() || p.slot == node_daemon::evictor::NO_SLOT {
             return Ok(());
         }
-        // Checked by pid + start time, and taken back if the slot changed hands meanwhile:
-        // a request never reaches a newcomer that reused the slot.
-        if !self
-            .ledger
-            .request_evict_of(p.slot, p.pid, p.start_time, libc::SIGTERM as u32)
-        {
+        // Addressed to the process (pid namespace, pid, start time as its slot named it), in
+        // the status file: its shim takes it, and nothing another tenant writes can ask it.
+        // A newcomer that reused the slot is another process and gets nothing. Only a slot
+        // still naming the process is asked (a stale identity is a bug: said).
+        let id = ProcId { pid_ns: p.pid_ns, pid: p.pid, start_time: p.start_time };
+        if !self.ledger.procs().iter().any(|q| q.slot == p.slot && ProcId::of(q) == id) {
             return Err(format!(
                 "slot {} no longer holds pid {} (start time {}): no request written",
                 p.slot, p.pid, p.start_time
             ));
         }
-        // The durable record node-agent reports from (the slot's request ends with the process).
+        let Some(w) = self.status.get(now_ms) else {
+            return Err("no status file to write the request into (its error is logged): the process is only signalled".into());
+        };
+        if !w.request_evict(Requester::Monitor, id, libc::SIGTERM as u32) {
+            return Err(format!("the status file's eviction table is full: no request written for pid {}", p.pid));
+        }
+        // The durable record node-agent reports from (the request ends with the process).
         crate::evictlog::record(&self.ledger, p, reason, libc::SIGTERM as u32)
     }
 
@@ -463,7 +480,9 @@ mod tests {
         assert!(procs[0].host_pid == Some(procs[0].pid) && procs[0].evict_requested_ms.is_none());
         a.mark_evicting(&procs[0], EvictReason::Overlimit, 0)
             .unwrap();
-        assert_eq!(a.ledger.evict_signal(h), libc::SIGTERM as u32);
+        let me = node_ledger::ProcId::own().unwrap();
+        assert_eq!(reader.evict_request(me), libc::SIGTERM as u32, "asked in the status file");
+        let _ = h;
         assert!(
             a.offline(0).unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
@@ -484,17 +503,21 @@ mod tests {
         let (p1, p2, p3) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
         let _h1 = p1.register_with_mps(me, g1, 25).unwrap();
         let _h1b = p3.register_with_mps(me, g1, 25).unwrap();
-        let h2 = p2.register_with_mps(me, g2, 15).unwrap();
-        let mut a = LedgerAdapter::new(l, status);
+        // The second job is another process (requests name a process, not a slot).
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let _h2 = p2.register_with_mps(child.id(), g2, 15).unwrap();
+        let mut a = LedgerAdapter::new(l, status.clone());
         a.publish(&Published::default()).unwrap();
         assert_eq!(a.offline_sm_cap_pct(), Some(40.0), "25 (one job, two processes) + 15");
-        a.ledger.request_evict(h2.slot, libc::SIGTERM as u32);
+        let job2 = a.ledger.procs().into_iter().find(|p| p.pid == child.id()).unwrap();
+        Status::open_or_create(&status, 0).unwrap().request_evict(node_ledger::Requester::Manager, node_ledger::ProcId::of(&job2), libc::SIGTERM as u32);
         assert_eq!(a.offline_sm_cap_pct(), Some(25.0), "the job being evicted no longer counts");
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
-    /// Follow-up 1: the request is made by pid + start time through
-    /// `Ledger::request_evict_of`; a stale identity (the slot changed hands) is refused loudly
-    /// and the newcomer gets no request.
+    /// Follow-up 1: the request is addressed by pid namespace, pid and start time; a stale
+    /// identity (the slot changed hands) is refused loudly and nobody gets a request.
     #[test]
     fn an_eviction_for_a_process_that_left_its_slot_reaches_nobody() {
         let d = tempfile::tempdir().unwrap();
@@ -502,14 +525,16 @@ mod tests {
         let g = l.group(node_ledger::ledger::group_id_for("c1"), 1 << 30).unwrap();
         let h = l.register(std::process::id(), g).unwrap();
         let mut a = LedgerAdapter::new(l, node_ledger::config::status_path(d.path(), 0));
+        a.publish(&Published::default()).unwrap();
         let mut stale = a.offline(0).unwrap()[0];
         stale.start_time += 1;
         assert!(a.mark_evicting(&stale, EvictReason::Overlimit, 0).is_err());
-        assert_eq!(a.ledger.evict_signal(h), 0, "no request for another start time");
         let mut other = a.offline(0).unwrap()[0];
         other.pid += 1;
         assert!(a.mark_evicting(&other, EvictReason::Overlimit, 0).is_err());
-        assert_eq!(a.ledger.evict_signal(h), 0, "no request for another pid");
+        let r = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
+        assert!(r.evict_requests().is_empty(), "no request for another start time or pid");
+        let _ = h;
     }
 
     /// Issue 8 obs. 6: the monitor itself gives back a dead process's quota (before, only a

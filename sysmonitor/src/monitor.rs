@@ -532,7 +532,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
         let mut ev = std::mem::take(&mut self.events);
         let ledger = &mut self.ledger;
         // The request is recorded (ledger slot, eviction log) before the SIGTERM is sent, and
-        // not at all in a dry run (the shim in the process acts on the slot's request).
+        // not at all in a dry run (the shim in the process acts on the request).
         let record = || {
             let r = if p.slot == node_daemon::evictor::NO_SLOT {
                 ledger.record_unshimmed(p, reason, pod_uid)

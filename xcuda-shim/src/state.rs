@@ -400,6 +400,9 @@ struct Loop {
     /// The GPU's status file (the monitor's sample, the manager's budget), which the daemons
     /// alone write; `None` for an unmapped device (no host index: no throttle input).
     status: Option<node_ledger::StatusReader>,
+    /// This process as its registration names it ([`node_ledger::ProcId::own`]): what the
+    /// daemons' eviction requests are addressed to. Looked up again when the pid changes.
+    me: Option<node_ledger::ProcId>,
 }
 
 /// This process's job's part of GPU `g`'s offline SM budget: [`crate::budget::job_share`] of
@@ -425,6 +428,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
             reported: (0, 0),
             job_part: job_part(g),
             status: g.host_index.map(|i| node_ledger::StatusReader::new(cfg.ledger_of(i).status_path())),
+            me: None,
         })
         .collect();
     let mut last = Instant::now();
@@ -495,12 +499,21 @@ fn housekeeping(g: &Gpu, lp: &mut Loop) -> bool {
             tracing::info!(pid, bytes, "xcuda: reclaimed quota of a dead process");
         }
     }
-    // Only this process's own slot says it must leave: the monitor writes a request there
-    // (checked by pid and start time); no word of the file asks every process at once.
-    let sig = l.evict_signal(h);
+    // Only a daemon's request addressed to this process (its pid namespace, pid and start
+    // time as it registered them, kept here) says it must leave: in the status file, which
+    // the daemons alone write. Nothing in the ledger, which every offline container can
+    // write, asks a process to leave.
+    let pid = std::process::id();
+    if lp.me.is_none_or(|m| m.pid != pid) {
+        // At the first look, and in a fork child (its own pid and start time).
+        lp.me = node_ledger::ProcId::own();
+    }
+    let now_ns = node_ledger::clock::now_ns();
+    let status = lp.status.as_mut().and_then(|r| r.get(now_ns, false));
+    let sig = status.zip(lp.me).map_or(0, |(s, me)| s.evict_request(me));
     if sig != 0 {
         let sig = sig as c_int;
-        tracing::warn!(sig, host_gpu = ?g.host_index, "xcuda: monitor asked this process to leave");
+        tracing::warn!(sig, host_gpu = ?g.host_index, "xcuda: a node daemon asked this process to leave");
         // SAFETY: raising a signal at ourselves; the graceful-exit path handles it.
         unsafe { libc::kill(libc::getpid(), sig) };
         CONTROLLER_ALIVE.store(false, Release);

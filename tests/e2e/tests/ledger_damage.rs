@@ -325,3 +325,29 @@ fn a_tenants_write_of_the_old_monitor_words_neither_evicts_nor_starves_another_c
     assert!(!a.stderr().contains("asked this process to leave"), "{}", a.stderr());
     drop(l);
 }
+
+/// Eviction requests were a word of each process slot, which any offline container can write:
+/// a SIGTERM written into every slot made every shimmed process on the GPU leave, and node-agent
+/// post the Eviction of every pod it could map. Requests are in the status file now (the
+/// daemons' alone); the slot's word is unused.
+#[test]
+fn a_tenants_write_into_every_slots_old_request_word_evicts_nobody() {
+    let host = EmuHost::new();
+    let l = ledger(&host);
+    let mut a = holder(&host);
+    // What a tenant can do through its read-write mount: the old request word of every slot.
+    for p in &l.layout().procs {
+        p.retired_evict_signal.store(libc::SIGTERM as u32, std::sync::atomic::Ordering::Release);
+    }
+    assert!(l.procs().iter().any(|p| p.pid == a.pid()), "the holder is registered");
+    assert!(node_agent::evict::scan(host.ledger_dir(), &[0]).is_empty(), "node-agent finds no request to post");
+    // Four of the shim's housekeeping ticks (250 ms).
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(a.alive(), "the holder left: {}", a.stderr());
+    assert!(!a.stderr().contains("asked this process to leave"), "{}", a.stderr());
+    a.send_line("go");
+    let out = a.finish(T);
+    let lines: Vec<String> = out.lines().map(str::to_string).collect();
+    assert_eq!(rc_of(&lines, "alloc="), ["0", "0"], "{out}\n{}", a.stderr());
+    drop(l);
+}

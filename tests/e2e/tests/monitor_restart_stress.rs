@@ -225,12 +225,11 @@ fn worker_steps(rnd: &mut impl FnMut(u64) -> u64) -> Vec<String> {
     s
 }
 
-/// The eviction request in the ledger slot of `pid`, if it has one.
-fn evict_signal_of(l: &node_ledger::Ledger, pid: u32) -> Option<u32> {
+/// The eviction request a daemon addressed to the registered process `pid` (0: none), in the
+/// status file at `status`; `None` while `pid` is not registered.
+fn evict_signal_of(l: &node_ledger::Ledger, status: &Path, pid: u32) -> Option<u32> {
     l.procs().into_iter().find(|p| p.pid == pid).map(|p| {
-        l.layout().procs[p.slot]
-            .evict_signal
-            .load(Ordering::Acquire)
+        node_ledger::Status::open(status).map_or(0, |s| s.evict_request(node_ledger::ProcId::of(&p)))
     })
 }
 
@@ -546,7 +545,7 @@ fn run_once(secs: u64, rng: &mut XorShift, f: &mut Figures) {
             }
             if c.requested.is_none()
                 && c.child.alive()
-                && evict_signal_of(&ledger, c.child.pid()).is_some_and(|s| s != 0)
+                && evict_signal_of(&ledger, &host.status_path(), c.child.pid()).is_some_and(|s| s != 0)
             {
                 c.requested = Some(Instant::now());
             }
@@ -559,7 +558,7 @@ fn run_once(secs: u64, rng: &mut XorShift, f: &mut Figures) {
             let done = match c.killed_by_tool {
                 // Dead and reaped: its quota must come back (reclaim by the monitor, a shim).
                 Some(t) => {
-                    if evict_signal_of(&ledger, c.child.pid()).is_none() {
+                    if evict_signal_of(&ledger, &host.status_path(), c.child.pid()).is_none() {
                         f.reclaim_max = f.reclaim_max.max(t.elapsed());
                         true
                     } else {
