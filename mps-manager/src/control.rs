@@ -264,6 +264,14 @@ impl MpsControl {
         }
     }
 
+    /// Device and inode numbers of the control daemon's socket (`pipe_dir/control`), if a
+    /// socket is there.
+    pub fn control_socket_id(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let m = std::fs::symlink_metadata(self.pipe_dir.join("control")).ok()?;
+        m.file_type().is_socket().then(|| (m.dev(), m.ino()))
+    }
+
     /// Pid of the running control daemon per its pid file, if that process is alive and is
     /// the daemon that wrote the file (see [`MpsControl::daemon_identity`]).
     pub fn daemon_pid(&self) -> Option<u32> {

@@ -178,6 +178,9 @@ fn status_text(s: &ManagerState, now_unix_ms: u64, running: bool) -> String {
         "  {:<20} {:?} ({} clients)",
         "servers", s.servers, s.clients
     );
+    if let Some(r) = &s.control_socket_replaced {
+        let _ = writeln!(o, "  {:<20} REPLACED: {r}", "control socket");
+    }
     let _ = writeln!(
         o,
         "  {:<20} {}",

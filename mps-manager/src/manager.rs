@@ -138,6 +138,14 @@ pub struct ManagerState {
     /// `None` when it could: while set, no disabling XID and no pending eviction is seen.
     #[serde(default)]
     pub monitor_state_error: Option<String>,
+    /// Set while `pipe_dir/control` is no longer the socket the control daemon had when this
+    /// manager started or adopted it (removed, or another file in its place): new MPS clients
+    /// of the GPU, and this manager's own commands, no longer reach the daemon. The pipe
+    /// directory is in every offline container's mounts (read-write unless node-agent's
+    /// `inject.mps_pipe_read_only`), so a tenant can do it. node-agent reads it
+    /// (`node_agent::mps`): the GPU's offline slots are Unhealthy and Allocate is refused.
+    #[serde(default)]
+    pub control_socket_replaced: Option<String>,
     /// The last error talking to MPS.
     pub last_error: Option<String>,
     /// Wall-clock ms of this snapshot.
@@ -175,6 +183,8 @@ pub struct Manager {
     daemon_seen_alive: bool,
     /// The control daemon this manager started or detected, as pid + start time.
     daemon: Option<DaemonId>,
+    /// Device and inode numbers of `pipe_dir/control` when that daemon was started or adopted.
+    control_socket: Option<(u64, u64)>,
     /// MPS servers as last listed by `get_server_list`, each as pid + start time read when
     /// listed (what a reset kills when `quit` did not stop them).
     servers_seen: Vec<DaemonId>,
@@ -281,6 +291,7 @@ impl Manager {
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon_seen_alive: false,
             daemon: None,
+            control_socket: None,
             servers_seen: Vec::new(),
             breach_reported: HashSet::new(),
             evicted: BTreeMap::new(),
@@ -471,7 +482,50 @@ impl Manager {
         );
     }
 
+    /// Whether `pipe_dir/control` is still the socket the running daemon had when it was
+    /// started or adopted; else [`ManagerState::control_socket_replaced`] says why (ERROR once).
+    fn control_socket_sound(&mut self) -> bool {
+        let Some(had) = self.control_socket else {
+            self.control_socket = self.ctl.control_socket_id();
+            return true;
+        };
+        let now = self.ctl.control_socket_id();
+        if now == Some(had) {
+            if self.state.control_socket_replaced.take().is_some() {
+                tracing::info!(gpu = self.cfg.gpu_index, "the MPS control socket is the daemon's again");
+            }
+            return true;
+        }
+        if self.state.control_socket_replaced.is_some() {
+            return false;
+        }
+        // A socket that answers the daemon's commands is the daemon's (were it to bind its
+        // socket anew): taken as such, so that only a socket gone or silent is reported.
+        if now.is_some() && self.ctl.server_list().is_ok() {
+            tracing::info!(gpu = self.cfg.gpu_index, "the MPS control socket is a new one that answers: taken as the daemon's");
+            self.control_socket = now;
+            return true;
+        }
+        let sock = self.ctl.pipe_dir.join("control");
+        let what = if now.is_none() { "is gone" } else { "is another file than the daemon's" };
+        let line = format!(
+            "{} {what}: new MPS clients of GPU {} (and this manager's commands) no longer reach control daemon {}; the pipe directory is in every offline container's mounts (read-write unless node-agent's inject.mps_pipe_read_only); MPS is not judged nor reset meanwhile (a reset would end the online service's connection too) and offline work is not admitted: put the daemon's socket back, or restart the daemon once its clients allow (stop it, remove the file; this manager starts the next one)",
+            sock.display(),
+            self.cfg.gpu_index,
+            self.daemon.map_or(0, |d| d.pid)
+        );
+        tracing::error!(gpu = self.cfg.gpu_index, "{line}");
+        self.state.control_socket_replaced = Some(line);
+        false
+    }
+
     fn remember_daemon(&mut self, id: DaemonId) {
+        if self.daemon != Some(id) {
+            // The socket as this daemon has it now (an adopted one's as found: it cannot be
+            // told from a forged one that was already there).
+            self.control_socket = self.ctl.control_socket_id();
+            self.state.control_socket_replaced = None;
+        }
         self.daemon = Some(id);
         self.state.daemon_pid = Some(id.pid);
         self.state.daemon_start_time = Some(id.start_time);
@@ -639,6 +693,15 @@ impl Manager {
             daemon_alive: self.ctl.daemon_pid().is_some(),
             ..Default::default()
         };
+        // The daemon runs (its pid and start time) but its socket was moved away or replaced
+        // (the pipe directory is in offline containers' mounts): nothing can be asked of it,
+        // and nothing of MPS is judged. Taken for a dead daemon, as before, it got a full MPS
+        // reset, which ends every client's connection, the online service's too: a tenant's
+        // rename would have cut the online service off.
+        if o.daemon_alive && !self.control_socket_sound() {
+            self.kill_after_grace();
+            return Vec::new();
+        }
         // The servers of the last look still running, before the listing replaces them.
         o.servers_alive = self
             .servers_seen

@@ -49,6 +49,7 @@ pub fn offline_ready(
         ));
     }
     daemon_runs(&state, &path, now_unix_ms, stale_after_ms)?;
+    control_socket_sound(&state, &path)?;
     no_outside_holder(&state, &path)?;
     shm_matches(cfg, gpu, &state, &path)
 }
@@ -77,6 +78,16 @@ fn daemon_runs(state: &Value, path: &Path, now_unix_ms: u64, stale_after_ms: u64
         why.push_str(&format!("; its last error: {e}"));
     }
     Err(why)
+}
+
+/// Whether new MPS clients reach the daemon: mps-manager found its `pipe_dir/control` socket
+/// removed or replaced (`control_socket_replaced`; the pipe directory is in offline containers'
+/// mounts): a container admitted now would connect to whatever is there.
+fn control_socket_sound(state: &Value, path: &Path) -> Result<(), String> {
+    match state.get("control_socket_replaced").and_then(Value::as_str) {
+        Some(why) => Err(format!("the MPS control socket was replaced (mps-manager, {}): {why}", path.display())),
+        None => Ok(()),
+    }
 }
 
 /// Whether an MPS server can start: in EXCLUSIVE_PROCESS (`compute_mode`) a process holding a
@@ -179,6 +190,21 @@ mod tests {
         write(d.path(), v);
         let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
         assert!(e.contains("120 s ago") && e.contains("stopped"), "{e}");
+    }
+
+    /// A control socket mps-manager found replaced: new clients would reach whatever is there.
+    #[test]
+    fn a_replaced_control_socket_is_not_ready() {
+        let d = tempfile::tempdir().unwrap();
+        let c = cfg(d.path());
+        let mut v = running();
+        v["control_socket_replaced"] = json!("/run/xshare/gpu1/mps-pipe/control is gone: ...");
+        write(d.path(), v.clone());
+        let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
+        assert!(e.contains("control socket was replaced") && e.contains("is gone") && e.contains("mps-manager.json"), "{e}");
+        v["control_socket_replaced"] = Value::Null;
+        write(d.path(), v);
+        assert_eq!(offline_ready(&c, 1, NOW, STALE), Ok(()));
     }
 
     /// A process holding the GPU outside MPS keeps every server off it in EXCLUSIVE_PROCESS;

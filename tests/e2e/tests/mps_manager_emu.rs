@@ -730,6 +730,44 @@ fn an_adopted_control_daemon_logging_in_the_gpu_directory_is_named() {
     assert!(old_logs.join("control.log").exists(), "the earlier daemon logs where it was told");
 }
 
+/// The pipe directory is in every offline container's mounts: a tenant can move the control
+/// daemon's socket away (and bind one of its own). New MPS clients would no longer reach the
+/// daemon: the manager says so in its state file (node-agent then admits no offline work) and
+/// clears it when the daemon's socket is back.
+#[test]
+fn a_control_socket_moved_away_is_reported_and_the_report_clears_when_it_is_back() {
+    let n = EmuHost::node();
+    let _m = start_manager(&n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let load = Load::start(&n, 0.3, 1.0);
+    online_progresses(&load, "online kernels on MPS");
+    let sock = n.pipe_dir().join("control");
+    let aside = n.pipe_dir().join("control.tenant");
+    std::fs::rename(&sock, &aside).unwrap();
+    // A file of the tenant's in its place.
+    std::fs::write(&sock, "").unwrap();
+    let v = mstate(&n, "the replaced socket reported", |v| v["control_socket_replaced"].is_string());
+    let why = v["control_socket_replaced"].as_str().unwrap();
+    assert!((why.contains("another file") || why.contains("is gone")) && why.contains("inject.mps_pipe_read_only"), "{why}");
+    let cfg = node_agent::config::AgentConfig {
+        ledger_dir: n.ledger_dir().to_path_buf(),
+        mps_manager_state_file: n.manager_state_file().display().to_string(),
+        ..Default::default()
+    };
+    let now = node_daemon::clock::unix_ms();
+    let e = node_agent::mps::offline_ready(&cfg, 0, now, 60_000).unwrap_err();
+    assert!(e.contains("control socket was replaced"), "{e}");
+    // Meanwhile MPS is neither judged nor reset: the online client keeps its connection.
+    std::thread::sleep(Duration::from_millis(500));
+    let v = mstate(&n, "no recovery", |_| true);
+    assert!(v["recoveries"].as_array().is_none_or(|r| r.is_empty()), "a reset would end the online service's connection: {v:#}");
+    std::fs::remove_file(&sock).unwrap();
+    std::fs::rename(&aside, &sock).unwrap();
+    mstate(&n, "the report cleared", |v| v["control_socket_replaced"].is_null());
+    online_progresses(&load, "online kernels through the daemon's own socket");
+    assert_eq!(load.relaunches.load(Ordering::Relaxed), 0, "the online client never lost its connection");
+}
+
 /// Stress tool, not a timed test: SIGKILLs an offline MPS client holding its context N times
 /// (`MPS_STRESS_N`, default 20) beside an online client, each at a random moment (0-40 ms)
 /// after the client's context appeared on the device (so also before the control daemon or
