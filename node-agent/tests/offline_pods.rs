@@ -85,8 +85,9 @@ async fn the_list_follows_this_nodes_pods_at_each_event_not_at_a_poll() {
     let (stop, metrics) = start(c.url(), tmp.path(), Duration::from_secs(3600)).await;
 
     eventually("the first list written", || uids(tmp.path()) == [RUNNING, DELETING]).await;
+    // The file is written at the list's end, before the watch request goes out.
+    eventually("a watch after the list", || !c.api.watches(PODS).is_empty()).await;
     let w = c.api.watches(PODS);
-    assert!(!w.is_empty(), "a watch follows the list");
     assert_eq!(w[0].query.get("fieldSelector").map(String::as_str), Some("spec.nodeName=node-a"), "{:?}", w[0].query);
 
     c.add_pod(pod("later", LATER, "Pending"));
@@ -95,8 +96,9 @@ async fn the_list_follows_this_nodes_pods_at_each_event_not_at_a_poll() {
     eventually("a finished pod left out at its MODIFIED event", || uids(tmp.path()) == [RUNNING, DELETING]).await;
     assert!(c.kubelet_confirm_stopped("batch", "deleting", DELETING));
     eventually("a deleted pod left out at its DELETED event", || uids(tmp.path()) == [RUNNING]).await;
+    // The metrics text is rendered just after the file is written.
+    eventually("the metrics of the list in force", || metrics.lock().unwrap().contains("xshare_node_agent_offline_pods{node=\"node-a\"} 1")).await;
     let m = metrics.lock().unwrap().clone();
-    assert!(m.contains("xshare_node_agent_offline_pods{node=\"node-a\"} 1"), "{m}");
     assert!(m.contains("xshare_node_agent_offline_pod_lists_total{node=\"node-a\"} 1"), "one list, then events only: {m}");
     assert_eq!(c.api.lists(PODS).len(), 1, "no list a poll");
     let _ = stop.send(true);
