@@ -599,7 +599,7 @@ impl Manager {
     /// naming this namespace (a slot any ledger client may have written, naming an online
     /// client), and is left to the request: never matched to an MPS client, never signalled.
     /// Eviction requests are addressed to the slot's own pid namespace, pid and start time: see
-    /// [`Manager::request_evict`].
+    /// [`Manager::request_evict_id`].
     fn offline(&mut self) -> Vec<node_ledger::ProcSnapshot> {
         let raw = self.registered();
         self.in_my_terms(&raw)
@@ -622,16 +622,15 @@ impl Manager {
             .collect()
     }
 
-    /// Asks the process `r` names (as the ledger names it, [`Manager::registered`]) to leave:
+    /// Asks the process `id` names (as the ledger names it, [`Manager::registered`]) to leave:
     /// a request addressed to its pid namespace, pid and start time in this manager's table of
     /// the status file, which the process's shim acts on whatever its pid namespace, and which
-    /// no tenant can write (a slot's word could be written by any ledger client).
-    fn request_evict(&mut self, r: &node_ledger::ProcSnapshot) {
-        self.request_evict_id(node_ledger::ProcId::of(r));
-    }
-
-    fn request_evict_id(&mut self, id: node_ledger::ProcId) {
-        let written = self.status.get(mono_ms()).is_some_and(|w| w.request_evict(node_ledger::Requester::Manager, id, libc::SIGTERM as u32));
+    /// no tenant can write (a slot's word could be written by any ledger client). `host`: its
+    /// pid here, when found; the request names the pod its cgroup path names, which node-agent
+    /// evicts (never the group its slot claims, the process's own word).
+    fn request_evict_id(&mut self, id: node_ledger::ProcId, host: Option<u32>) {
+        let pod = host.and_then(|h| node_daemon::offline_pods::pod_of_live(h, id.start_time));
+        let written = self.status.get(mono_ms()).is_some_and(|w| w.request_evict(node_ledger::Requester::Manager, id, pod, libc::SIGTERM as u32));
         if !written {
             tracing::warn!(pid = id.pid, pid_ns = id.pid_ns, "no eviction request written (status file not open, or its table full): the process is only signalled where it can be");
         }
@@ -903,7 +902,7 @@ impl Manager {
             }
             // Addressed by pid namespace, pid and start time; the process's own shim acts on the
             // request, whatever its pid namespace.
-            self.request_evict_id(node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time });
+            self.request_evict_id(node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time }, host);
             if let Some(h) = host {
                 if PidfdSignaller.signal(h, c.start_time, libc::SIGTERM).unwrap_or(false) {
                     self.evicted.insert((h, c.start_time), mono_ms());
@@ -1374,7 +1373,7 @@ impl Manager {
         let offline = self.in_my_terms(&raw);
         let mut out = Vec::new();
         for (r, p) in raw.iter().zip(&offline) {
-            self.request_evict(r);
+            self.request_evict_id(node_ledger::ProcId::of(r), (p.pid_ns == self.own_ns).then_some(p.pid));
             if p.pid_ns == self.own_ns
                 && sig
                     .signal(p.pid, p.start_time, libc::SIGTERM)
@@ -1698,6 +1697,35 @@ mod tests {
         if let Some(d) = m.recorded_daemon() {
             kill(d.pid);
         }
+    }
+
+    /// MPS recovery asks every offline process to leave: the request names the pod its cgroup
+    /// path names (node-agent evicts that pod), not the neighbour pod whose group its slot
+    /// claims. A real process in a pod-shaped cgroup; needs root and a writable cgroup
+    /// hierarchy (says so and passes vacuously otherwise).
+    #[test]
+    fn a_recovery_request_names_the_pod_of_the_processs_cgroup_not_the_group_its_slot_claims() {
+        const TENANT: &str = "99999999-7777-4777-8777-777777777777";
+        let Some(cg) = node_daemon::offline_pods::test_support::PodCgroup::new(TENANT) else {
+            eprintln!("skipped: needs root and a writable cgroup hierarchy");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.evict_grace_ms = 0;
+        let path = node_ledger::config::ledger_path(&m.cfg.ledger_dir, 0);
+        let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
+        let mut child = cg.spawn_sleeper(&path);
+        let g = l.group(node_ledger::ledger::group_id_for("k8s-pod-88888888-8888-4888-8888-888888888888"), 1 << 30).unwrap();
+        let _h = l.register(child.id(), g).unwrap();
+        let start_time = node_ledger::procinfo::start_time(child.id());
+        m.evict_offline("test");
+        let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(reqs.len(), 1, "{reqs:?}");
+        assert_eq!((reqs[0].by, reqs[0].id.pid, Some(reqs[0].id.start_time)), (node_ledger::Requester::Manager, child.id(), start_time));
+        assert_eq!(reqs[0].pod, node_ledger::PodUid::parse(TENANT));
     }
 
     /// A reload from `leave` to `exclusive_process` sets the mode at the next check, as a first

@@ -25,10 +25,15 @@
 //! on. A damaged line is reported (error, `xshare_node_agent_eviction_log_damaged_total`) and
 //! passed.
 //!
-//! Process -> pod: the ledger group (`XCUDA_GROUP = k8s-pod-<uid>`, set at Allocate) gives the
-//! pod UID from any pid namespace; a logged eviction of work that ran without the shim (no
-//! group) names the pod the monitor read in the process's cgroup (`pod_uid`, a pod of the list
-//! `crate::offline_pods` writes); any other process outside a group is mapped by its cgroup path
+//! Process -> pod: first the pod the requesting daemon read in the process's cgroup path on the
+//! host (the status file's request names it, `node_ledger::PodUid`, and so does the monitor's
+//! log record, for work without the shim too): a ledger slot's group is the process's own word
+//! (any ledger client writes its own slot), and a slot claiming a neighbour pod's group, once
+//! taken as the pod, got that neighbour evicted; such a claim is now logged and counted
+//! (`xshare_node_agent_eviction_group_mismatch_total`) and never acted on. Without a daemon's
+//! pod (a process the daemon could not see, or in no pod's cgroup) the ledger group
+//! (`XCUDA_GROUP = k8s-pod-<uid>`, set at Allocate) gives the pod UID from any pid namespace;
+//! any other process outside a group is mapped by its cgroup path
 //! (`.../pod<uid>/...`), read under its pid in the agent's pid namespace: the pid itself when
 //! the process shares it, else the one its pid namespace and pid there lead to
 //! (`node_daemon::procns`, as the daemons find a container's host pid). That needs an agent
@@ -70,11 +75,11 @@ pub struct Requested {
     pub start_time: u64,
     /// Pid-namespace inode of the process.
     pub pid_ns: u64,
-    /// Ledger quota group (maps the process to its pod); 0 for a damaged log line and for work
-    /// that ran without the shim.
+    /// Ledger quota group (maps the process to its pod when no daemon found its pod); 0 for a
+    /// damaged log line and for work that ran without the shim.
     pub group_id: u64,
-    /// For a record of the eviction log: the pod the monitor found by the process's cgroup
-    /// (work that ran without the shim: no group).
+    /// The pod the requesting daemon found in the process's cgroup path (the status file's
+    /// request, or the eviction log's record): taken over `group_id`, which the process wrote.
     pub pod_uid: Option<String>,
     /// For a record of the eviction log: its line was damaged (nothing to evict, counted).
     pub damaged: bool,
@@ -214,7 +219,8 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
         };
         for p in l.procs() {
             let id = node_ledger::ProcId::of(&p);
-            let sig = asked.iter().find(|(_, a, _)| *a == id).map_or(0, |(_, _, sig)| *sig);
+            let Some(req) = asked.iter().find(|a| a.id == id) else { continue };
+            let sig = req.signal;
             if sig != 0 && p.start_time != 0 {
                 out.push(Requested {
                     gpu,
@@ -225,7 +231,7 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
                     signal: sig,
                     log_end: None,
                     ledger_file: p.ledger_file,
-                    pod_uid: None,
+                    pod_uid: req.pod.map(|u| u.to_string()),
                     damaged: false,
                 });
             }
@@ -355,6 +361,10 @@ pub struct Evictor {
     pub counts: BTreeMap<Outcome, u64>,
     /// Requests whose pod could not be found (not a Kubernetes pod, or not ours).
     pub unmapped: u64,
+    /// Processes whose slot claimed another pod's group than the pod a daemon found in their
+    /// cgroup (`xshare_node_agent_eviction_group_mismatch_total`): counted once each.
+    pub group_mismatch: u64,
+    mismatch_seen: std::collections::HashSet<(u64, u32, u64)>,
     /// Host pids of requested processes outside a pod group (cached, misses backed off).
     host_pids: node_daemon::procns::HostPids,
     /// Per GPU, how far its eviction log is reported, or why it cannot be read (stalled).
@@ -393,6 +403,8 @@ impl Evictor {
             by_uid: HashMap::new(),
             counts: BTreeMap::new(),
             unmapped: 0,
+            group_mismatch: 0,
+            mismatch_seen: Default::default(),
             host_pids: node_daemon::procns::HostPids::default(),
             cursors: gpus_c
                 .iter()
@@ -432,14 +444,36 @@ impl Evictor {
         Ok(())
     }
 
+    /// The pod of `r` as far as the pod list knows it, without reading any process: the pod a
+    /// daemon found in its cgroup, else its slot's group.
+    fn known_pod(&self, r: &Requested) -> Option<&PodRef> {
+        match &r.pod_uid {
+            Some(uid) => self.by_uid.get(uid),
+            None => self.groups.get(&r.group_id),
+        }
+    }
+
     fn resolve(&mut self, r: &Requested) -> Option<PodRef> {
+        // The pod a daemon found in the process's cgroup (it sees the host's processes; this
+        // agent may not) decides; the group its slot claims is its own word.
+        if let Some(uid) = &r.pod_uid {
+            if let Some(claimed) = self.groups.get(&r.group_id).filter(|c| &c.uid != uid) {
+                if self.mismatch_seen.insert((r.pid_ns, r.pid, r.start_time)) {
+                    self.group_mismatch += 1;
+                    tracing::warn!(
+                        gpu = r.gpu,
+                        pid = r.pid,
+                        pid_ns = r.pid_ns,
+                        cgroup_pod = %uid,
+                        claimed_pod = %format!("{}/{}", claimed.namespace, claimed.name),
+                        "an offline process's ledger slot claims another pod's group than the pod its cgroup names: the claim is ignored (only the cgroup's pod is evicted)"
+                    );
+                }
+            }
+            return self.by_uid.get(uid).cloned();
+        }
         if let Some(p) = self.groups.get(&r.group_id) {
             return Some(p.clone());
-        }
-        // Work without the shim, found by the monitor by its cgroup (the monitor sees the
-        // host's processes; this agent may not).
-        if let Some(uid) = &r.pod_uid {
-            return self.by_uid.get(uid).cloned();
         }
         let uid = pod_uid_of_process(&mut self.host_pids, (r.pid_ns, r.pid, r.start_time), &r.ledger_file)?;
         self.by_uid.get(&uid).cloned()
@@ -472,9 +506,9 @@ impl Evictor {
             // Pods already finished with (before a restart too): their records are settled.
             from_log.retain(|r| {
                 r.names_nothing()
-                    || !c.done.iter().any(|u| {
-                        (r.group_id != 0 && group_id_for(&group_name(u)) == r.group_id)
-                            || r.pod_uid.as_ref() == Some(u)
+                    || !c.done.iter().any(|u| match &r.pod_uid {
+                        Some(p) => p == u,
+                        None => r.group_id != 0 && group_id_for(&group_name(u)) == r.group_id,
                     })
             });
             reqs.extend(from_log);
@@ -484,10 +518,9 @@ impl Evictor {
             self.settle_logs(&reqs, false);
             return out;
         }
-        let unknown = reqs.iter().any(|r| {
-            (r.group_id != 0 && !self.groups.contains_key(&r.group_id))
-                || (r.group_id == 0 && r.pod_uid.as_ref().is_some_and(|u| !self.by_uid.contains_key(u)))
-        });
+        let unknown = reqs
+            .iter()
+            .any(|r| !r.names_nothing() && (r.pod_uid.is_some() || r.group_id != 0) && self.known_pod(r).is_none());
         let mut listed = false;
         if unknown || self.groups.is_empty() {
             match self.refresh_pods().await {
@@ -498,6 +531,8 @@ impl Evictor {
             }
         }
         self.host_pids
+            .retain(|&(ns, pid, st)| reqs.iter().any(|r| (r.pid_ns, r.pid, r.start_time) == (ns, pid, st)));
+        self.mismatch_seen
             .retain(|&(ns, pid, st)| reqs.iter().any(|r| (r.pid_ns, r.pid, r.start_time) == (ns, pid, st)));
         let mut seen = std::collections::HashSet::new();
         for r in &reqs {
@@ -546,11 +581,7 @@ impl Evictor {
             let mut c = before.clone();
             let mut blocked = false;
             for r in reqs.iter().filter(|r| r.gpu == gpu && r.log_end.is_some()) {
-                let pod = if r.group_id != 0 {
-                    self.groups.get(&r.group_id)
-                } else {
-                    r.pod_uid.as_ref().and_then(|u| self.by_uid.get(u))
-                };
+                let pod = self.known_pod(r);
                 let settled = match pod {
                     _ if r.names_nothing() => true,
                     Some(p) => self.done.contains_key(&p.uid),
@@ -687,6 +718,7 @@ impl Evictor {
         }
         o.push_str(&format!("# HELP xshare_node_agent_eviction_log_damaged_total Damaged eviction log lines skipped\n# TYPE xshare_node_agent_eviction_log_damaged_total counter\nxshare_node_agent_eviction_log_damaged_total{{node=\"{}\"}} {}\n", self.node, self.log_damaged));
         o.push_str(&format!("# HELP xshare_node_agent_eviction_unmapped_total Eviction requests with no pod found\n# TYPE xshare_node_agent_eviction_unmapped_total counter\nxshare_node_agent_eviction_unmapped_total{{node=\"{}\"}} {}\n", self.node, self.unmapped));
+        o.push_str(&format!("# HELP xshare_node_agent_eviction_group_mismatch_total Processes asked to leave whose ledger slot claimed another pod's group than the pod their cgroup names (the claim is ignored)\n# TYPE xshare_node_agent_eviction_group_mismatch_total counter\nxshare_node_agent_eviction_group_mismatch_total{{node=\"{}\"}} {}\n", self.node, self.group_mismatch));
         o
     }
 }

@@ -62,7 +62,7 @@ fn ledger_with_requests(dir: &Path, names: &[&str]) -> Ledger {
         let _ = name;
     }
     let status = node_ledger::Status::open_or_create(&node_ledger::config::status_path(dir, 0), 0).unwrap();
-    assert!(status.request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::own().unwrap(), libc_sigterm()));
+    assert!(status.request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::own().unwrap(), None, libc_sigterm()));
     l
 }
 
@@ -592,4 +592,46 @@ async fn an_unshimmed_process_logged_with_its_pod_evicts_that_pod_once() {
     let mut ev = evictor(api.url(), tmp.path()).await;
     assert!(ev.tick().await.is_empty());
     assert!(evicted_names(&api).is_empty(), "nothing posted again after a restart");
+}
+
+/// A tenant's process registers under its neighbour pod's ledger group (its slot is its own
+/// to write) and is asked to leave. The daemons name the pod its cgroup path names in the
+/// request (status file) and the log record; the agent evicts that pod, the tenant's own, and
+/// never the neighbour its slot claims, reporting the claim once (log and metric). Before, the
+/// slot's group decided: the neighbour was evicted and the tenant stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_claiming_a_neighbours_group_gets_only_its_own_pod_evicted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (tenant, neighbour) = (UIDS[0], UIDS[1]);
+    let l = Ledger::open_or_create(&ledger_path(tmp.path(), 0), 0).unwrap();
+    let g = l.group(group_id_for(&group_name(neighbour.1)), 1 << 30).unwrap();
+    l.register(std::process::id(), g).unwrap();
+    let me = node_ledger::ProcId::own().unwrap();
+    let cgroup_pod = node_ledger::PodUid::parse(tenant.1);
+    let status = node_ledger::Status::open_or_create(&node_ledger::config::status_path(tmp.path(), 0), 0).unwrap();
+    assert!(status.request_evict(node_ledger::Requester::Monitor, me, cgroup_pod, libc_sigterm()));
+    let rec = node_ledger::evictlog::EvictRecord {
+        pid: me.pid,
+        start_time: me.start_time,
+        pid_ns: me.pid_ns,
+        pod_uid: Some(tenant.1.to_string()),
+        ..log_rec(neighbour.1, me.pid)
+    };
+    node_ledger::evictlog::append(tmp.path(), &rec).unwrap();
+    let api = accepting_api(&["ok", "pdb"]).await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    let got = outcomes(&mut ev).await;
+    assert_eq!(got, [(tenant.0.to_string(), Outcome::Evicted)]);
+    assert_eq!(evicted_names(&api), [tenant.0], "the neighbour's pod is never posted");
+    assert_eq!(ev.group_mismatch, 1);
+    // The request stays until the process leaves: later ticks post nothing and count nothing.
+    assert!(outcomes(&mut ev).await.is_empty());
+    assert!(evicted_names(&api).is_empty());
+    assert_eq!(ev.group_mismatch, 1, "one claim, counted once");
+    assert_eq!(ev.outcome(neighbour.1), None);
+    assert!(
+        ev.metrics().contains("xshare_node_agent_eviction_group_mismatch_total{node=\"node-a\"} 1\n"),
+        "{}",
+        ev.metrics()
+    );
 }

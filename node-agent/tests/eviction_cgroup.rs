@@ -41,7 +41,7 @@ fn child_registers_outside_any_pod_group_and_waits() {
     l.register(std::process::id(), g).expect("child: register");
     let status_path = node_ledger::config::status_path(std::path::Path::new(&path).parent().and_then(|p| p.parent()).expect("child: ledger dir"), 0);
     let status = node_ledger::Status::open_or_create(&status_path, 0).expect("child: status file");
-    assert!(status.request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::own().expect("child: own id"), 15));
+    assert!(status.request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::own().expect("child: own id"), None, 15));
     println!("ready pid={}", std::process::id());
     std::thread::sleep(Duration::from_secs(600));
 }

@@ -130,11 +130,10 @@ pub fn read(path: &Path) -> Result<Option<OfflinePods>, String> {
     Ok(Some(pods))
 }
 
-/// Whether `s` is written as a pod UID (`8-4-4-4-12` hex digits).
+/// Whether `s` is written as a pod UID (`8-4-4-4-12` hex digits, not the nil UID):
+/// [`node_ledger::PodUid::parse`].
 pub fn is_pod_uid(s: &str) -> bool {
-    let groups: Vec<&str> = s.split('-').collect();
-    groups.len() == 5
-        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+    node_ledger::PodUid::parse(s).is_some()
 }
 
 /// Pod UID from a `/proc/<pid>/cgroup` text: the kubelet's cgroupfs driver
@@ -158,6 +157,18 @@ pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
 /// gone, unreadable, or in no pod's cgroup).
 pub fn pod_uid_of(pid: u32) -> Option<String> {
     pod_uid_from_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)
+}
+
+/// The pod in the cgroup path of the process that is `host_pid` here and started at
+/// `start_time` (clock ticks), for an eviction request: `None` when it is gone, its pid now
+/// names another process (checked after the read, so a pid reused meanwhile is not taken for
+/// it), or it is in no pod's cgroup.
+pub fn pod_of_live(host_pid: u32, start_time: u64) -> Option<node_ledger::PodUid> {
+    let uid = pod_uid_of(host_pid)?;
+    if !node_ledger::procinfo::is_alive(host_pid, start_time) {
+        return None;
+    }
+    node_ledger::PodUid::parse(&uid)
 }
 
 /// What [`Watch::refresh`] found.
@@ -370,5 +381,96 @@ mod tests {
         write(&p, &OfflinePods::new("n", 3, vec![])).unwrap();
         assert_eq!(w.refresh(), Some(Change::Read { pods: 0 }));
         assert!(w.uids().is_empty(), "an empty list read whole is in force");
+    }
+}
+
+/// Pod-shaped cgroups for tests that need a real process in a pod (the daemons read a process's
+/// pod from its cgroup path).
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support {
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    /// A cgroup laid out as the kubelet's cgroupfs driver lays out a container's
+    /// (`<tag>/besteffort/pod<uid>/<container>`), in the first hierarchy this process can make
+    /// groups in (cgroup v2 at `/sys/fs/cgroup`, the hybrid layout's `unified`, v1's `pids`).
+    /// Removed, leaf first, on drop (kill its processes first).
+    pub struct PodCgroup {
+        dirs: Vec<PathBuf>,
+    }
+
+    impl PodCgroup {
+        /// A new pod-shaped cgroup for pod `uid`; `None` when not root or no hierarchy is
+        /// writable (the caller says so and skips).
+        pub fn new(uid: &str) -> Option<PodCgroup> {
+            // SAFETY: getuid(2) has no preconditions.
+            if unsafe { libc::getuid() } != 0 {
+                return None;
+            }
+            let v2 = Path::new("/sys/fs/cgroup");
+            let root = [v2.to_path_buf(), v2.join("unified"), v2.join("pids")].into_iter().find(|c| {
+                c.join("cgroup.procs").exists() && {
+                    let probe = c.join(format!("xshare-probe-{}", std::process::id()));
+                    let ok = std::fs::create_dir(&probe).is_ok();
+                    let _ = std::fs::remove_dir(&probe);
+                    ok
+                }
+            })?;
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let tag = root.join(format!("xshare-test-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+            let pod = tag.join("besteffort").join(format!("pod{uid}"));
+            let dirs = vec![tag.clone(), tag.join("besteffort"), pod.clone(), pod.join("c0ffee")];
+            std::fs::create_dir_all(&dirs[3]).ok()?;
+            Some(PodCgroup { dirs })
+        }
+
+        /// The container's cgroup.
+        pub fn leaf(&self) -> &Path {
+            &self.dirs[3]
+        }
+
+        /// A `sleep 600` in the container's cgroup, holding `file` open (as its stdin: a ledger,
+        /// so the daemons' host-pid search finds it), returned once its cgroup path names the
+        /// pod.
+        pub fn spawn_sleeper(&self, file: &Path) -> Child {
+            let stdin = std::fs::File::open(file).expect("open the file the sleeper holds");
+            let mut child = Command::new("sh")
+                .arg("-c")
+                .arg(r#"echo $$ > "$1/cgroup.procs" && exec sleep 600"#)
+                .arg("sh")
+                .arg(self.leaf())
+                .stdin(Stdio::from(stdin))
+                .spawn()
+                .expect("spawn sh");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while super::pod_uid_of(child.id()).is_none() || !is_sleep(child.id()) {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("the sleeper did not join {}", self.leaf().display());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            child
+        }
+    }
+
+    fn is_sleep(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+    }
+
+    impl Drop for PodCgroup {
+        fn drop(&mut self) {
+            for d in self.dirs.iter().rev() {
+                // A group empties a moment after its last process is reaped.
+                for _ in 0..50 {
+                    if std::fs::remove_dir(d).is_ok() || !d.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
     }
 }

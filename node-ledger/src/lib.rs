@@ -36,4 +36,4 @@ pub use ledger::{Ledger, LedgerError, LedgerFile, ProcHandle, ProcSnapshot, Rese
 pub use manager::ManagerSnapshot;
 pub use monitor::{MonitorSample, MonitorSnapshot};
 pub use sample::{GpuSample, SmSource};
-pub use status::{ProcId, Requester, Status, StatusReader, StatusWriter};
+pub use status::{EvictRequest, PodUid, ProcId, Requester, Status, StatusReader, StatusWriter};

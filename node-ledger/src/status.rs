@@ -13,7 +13,9 @@
 //! (mps-manager), each under its own sequence counter. And one eviction table per daemon
 //! ([`Requester`]): the offline processes it asked to leave, each named by its pid namespace,
 //! pid and start time as its ledger slot names it; a process's shim looks up its own identity
-//! there ([`Status::evict_request`]) and takes the signal. The requests were words of the
+//! there ([`Status::evict_request`]) and takes the signal. Each request also names the pod the
+//! daemon found in the process's cgroup path ([`PodUid`]): node-agent evicts that pod, since
+//! the group a ledger slot names is the process's own word. The requests were words of the
 //! ledger's process slots until layout 2 of this file: any offline container could write any
 //! slot's, and one write per slot made every other offline process on the GPU leave (and
 //! node-agent post the Eviction of its pod). Both writers open the file with
@@ -39,8 +41,9 @@ use crate::monitor::{MonitorSample, MonitorSnapshot};
 
 /// First 8 bytes of a status file: `XSHSTAT\0` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHSTAT\0");
-/// Bumped on any change to the layout below (2: the eviction tables).
-pub const VERSION: u32 = 2;
+/// Bumped on any change to the layout below (2: the eviction tables; 3: the pod of each
+/// request).
+pub const VERSION: u32 = 3;
 /// `init_state` once the header is written.
 const INIT_READY: u32 = 0x5747_A7E5;
 /// Mode of the status file, set explicitly whatever the creator's umask: every offline
@@ -91,7 +94,7 @@ struct ManagerBlock {
 
 /// One eviction request. Written by its table's daemon only: `pid_signal` last (Release) when
 /// an entry is filled, first (to 0) when it is withdrawn; a reader takes an entry only if
-/// `pid_signal` reads the same around its reads of the other two words.
+/// `pid_signal` reads the same around its reads of the other words.
 #[repr(C)]
 struct EvictEntry {
     /// `pid << 32 | signal`; 0 = free.
@@ -100,6 +103,11 @@ struct EvictEntry {
     pid_ns: AtomicU64,
     /// Start time (clock ticks since boot, `/proc/<pid>/stat` field 22).
     start_time: AtomicU64,
+    /// The pod the requesting daemon found in the process's cgroup path ([`PodUid`], high and
+    /// low 64 bits; 0 and 0 = none found): node-agent evicts this pod, never the one the
+    /// process's ledger slot claims (any ledger client writes its own slot's group).
+    pod_hi: AtomicU64,
+    pod_lo: AtomicU64,
 }
 
 /// Entries of one eviction table: one for every process a ledger can register.
@@ -113,7 +121,7 @@ struct EvictTable {
 
 /// How many entries of each table hold a request, kept by each table's writer (recounted after
 /// an entry is filled or withdrawn): a reader skips a table at 0 with one load
-/// instead of its 96 cache lines (the monitor reads the tables at every sample, the shims at
+/// instead of its 160 cache lines (the monitor reads the tables at every sample, the shims at
 /// every housekeeping). Beside the manager block, in its cache line.
 #[repr(C)]
 struct EvictCounts {
@@ -134,7 +142,7 @@ struct Layout {
 /// Size of a status file, bytes.
 pub const SIZE: usize = std::mem::size_of::<Layout>();
 const _: () = assert!(std::mem::size_of::<Header>() == 32);
-const _: () = assert!(SIZE == 32 + 64 + 24 + 8 + 2 * 24 * EVICT_ENTRIES);
+const _: () = assert!(SIZE == 32 + 64 + 24 + 8 + 2 * 40 * EVICT_ENTRIES);
 
 /// Which daemon's eviction table: each writes its own only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,18 +185,77 @@ impl ProcId {
     }
 }
 
-/// An entry's request, if it holds a consistent one.
-fn read_entry(e: &EvictEntry) -> Option<(ProcId, u32)> {
+/// A Kubernetes pod UID (`8-4-4-4-12` hex digits, RFC 4122 text), as a daemon read it in a
+/// process's cgroup path. Kept as its 128 bits; the nil UID (all zeros) is not one (the
+/// API server never gives it) and stands for "none" in the file.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodUid(u128);
+
+impl PodUid {
+    /// `s` as a pod UID, either case; `None` unless it has the `8-4-4-4-12` hex digit shape, or
+    /// for the nil UID.
+    pub fn parse(s: &str) -> Option<PodUid> {
+        let groups: Vec<&str> = s.split('-').collect();
+        let shaped = groups.len() == 5
+            && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !shaped {
+            return None;
+        }
+        let v = u128::from_str_radix(&groups.concat(), 16).ok()?;
+        (v != 0).then_some(PodUid(v))
+    }
+
+    fn from_words(hi: u64, lo: u64) -> Option<PodUid> {
+        let v = (u128::from(hi) << 64) | u128::from(lo);
+        (v != 0).then_some(PodUid(v))
+    }
+
+    fn words(self) -> (u64, u64) {
+        ((self.0 >> 64) as u64, self.0 as u64)
+    }
+}
+
+impl std::fmt::Display for PodUid {
+    /// Lower case, as the API server writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = format!("{:032x}", self.0);
+        write!(f, "{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    }
+}
+
+impl std::fmt::Debug for PodUid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PodUid({self})")
+    }
+}
+
+/// One daemon's eviction request as read from the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictRequest {
+    /// Whose table it is in.
+    pub by: Requester,
+    /// The process asked.
+    pub id: ProcId,
+    /// The signal asked for (non-zero).
+    pub signal: u32,
+    /// The pod the requesting daemon found in the process's cgroup path; `None` when it found
+    /// none (a process in no pod's cgroup, or one it could not see).
+    pub pod: Option<PodUid>,
+}
+
+/// An entry's request, if it holds a consistent one: (process, signal, pod).
+fn read_entry(e: &EvictEntry) -> Option<(ProcId, u32, Option<PodUid>)> {
     let ps = e.pid_signal.load(Acquire);
     if ps == 0 {
         return None;
     }
     let (pid_ns, start_time) = (e.pid_ns.load(Relaxed), e.start_time.load(Relaxed));
+    let pod = PodUid::from_words(e.pod_hi.load(Relaxed), e.pod_lo.load(Relaxed));
     fence(Acquire);
     if e.pid_signal.load(Relaxed) != ps {
         return None;
     }
-    Some((ProcId { pid_ns, pid: (ps >> 32) as u32, start_time }, ps as u32))
+    Some((ProcId { pid_ns, pid: (ps >> 32) as u32, start_time }, ps as u32, pod))
 }
 
 /// Why a status file could not be opened; always names the file.
@@ -456,7 +523,7 @@ impl Status {
     }
 
     /// `by`'s requests in force (none read while its count is 0).
-    fn requests_of(&self, by: Requester) -> impl Iterator<Item = (ProcId, u32)> + '_ {
+    fn requests_of(&self, by: Requester) -> impl Iterator<Item = (ProcId, u32, Option<PodUid>)> + '_ {
         let (t, count) = self.table(by);
         let entries: &[EvictEntry] = if count.load(Acquire) == 0 { &[] } else { &t.entries };
         entries.iter().filter_map(read_entry)
@@ -471,19 +538,19 @@ impl Status {
         }
         [Requester::Monitor, Requester::Manager]
             .into_iter()
-            .find_map(|by| self.requests_of(by).find(|(p, _)| *p == id).map(|(_, sig)| sig))
+            .find_map(|by| self.requests_of(by).find(|(p, _, _)| *p == id).map(|(_, sig, _)| sig))
             .unwrap_or(0)
     }
 
     /// Every request in force, by whom (node-agent posts their pods' Evictions; the daemons
     /// see what is pending). Empty while the header does not validate.
-    pub fn evict_requests(&self) -> Vec<(Requester, ProcId, u32)> {
+    pub fn evict_requests(&self) -> Vec<EvictRequest> {
         if !self.header_ok() {
             return Vec::new();
         }
         let mut out = Vec::new();
         for by in [Requester::Monitor, Requester::Manager] {
-            out.extend(self.requests_of(by).map(|(p, sig)| (by, p, sig)));
+            out.extend(self.requests_of(by).map(|(id, signal, pod)| EvictRequest { by, id, signal, pod }));
         }
         out
     }
@@ -501,6 +568,8 @@ fn init(l: &Layout, gpu_index: u32) {
     }
     for e in l.monitor_evictions.entries.iter().chain(&l.manager_evictions.entries) {
         e.pid_signal.store(0, Relaxed);
+        e.pod_hi.store(0, Relaxed);
+        e.pod_lo.store(0, Relaxed);
     }
     l.evict_counts.monitor.store(0, Relaxed);
     l.evict_counts.manager.store(0, Relaxed);
@@ -589,22 +658,27 @@ impl StatusWriter {
         m.seq.store(end, Release);
     }
 
-    /// Asks process `id` to take `signal` (non-zero), in `by`'s table: its entry is updated,
-    /// or a free one filled. `false` when the table is full (every entry holds a request of a
-    /// process still registered: more than [`EVICT_ENTRIES`]). Only `by`'s daemon calls it.
-    pub fn request_evict(&self, by: Requester, id: ProcId, signal: u32) -> bool {
+    /// Asks process `id` to take `signal` (non-zero), in `by`'s table, naming `pod`, the pod the
+    /// daemon found in the process's cgroup path (node-agent evicts that pod): its entry is
+    /// updated (signal only: a process stays in its pod), or a free one filled. `false` when
+    /// the table is full (every entry holds a request of a process still registered: more than
+    /// [`EVICT_ENTRIES`]). Only `by`'s daemon calls it.
+    pub fn request_evict(&self, by: Requester, id: ProcId, pod: Option<PodUid>, signal: u32) -> bool {
         if signal == 0 || id.pid == 0 {
             return false;
         }
         let (t, count) = self.table(by);
         let ps = (u64::from(id.pid) << 32) | u64::from(signal);
-        let mine = t.entries.iter().find(|e| read_entry(e).is_some_and(|(p, _)| p == id));
+        let mine = t.entries.iter().find(|e| read_entry(e).is_some_and(|(p, _, _)| p == id));
         let Some(e) = mine.or_else(|| t.entries.iter().find(|e| e.pid_signal.load(Relaxed) == 0)) else {
             return false;
         };
         if mine.is_none() {
+            let (hi, lo) = pod.map_or((0, 0), PodUid::words);
             e.pid_ns.store(id.pid_ns, Relaxed);
             e.start_time.store(id.start_time, Relaxed);
+            e.pod_hi.store(hi, Relaxed);
+            e.pod_lo.store(lo, Relaxed);
         }
         e.pid_signal.store(ps, Release);
         // Recounted whole (requests are rare): a count left behind by a writer that died
@@ -623,7 +697,7 @@ impl StatusWriter {
         }
         let (mut n, mut left) = (0, 0);
         for e in &t.entries {
-            if let Some((p, _)) = read_entry(e) {
+            if let Some((p, _, _)) = read_entry(e) {
                 if keep(p) {
                     left += 1;
                 } else {
@@ -732,7 +806,8 @@ mod tests {
         let h = l.register(std::process::id(), g).unwrap();
         let me = ProcId::own().unwrap();
         assert_eq!(r.evict_request(me), 0);
-        assert!(mon.request_evict(Requester::Monitor, me, 15));
+        let pod = PodUid::parse("0F1E2D3C-4B5A-6978-8A9B-0C1D2E3F4A5B");
+        assert!(mon.request_evict(Requester::Monitor, me, pod, 15));
         assert_eq!(r.evict_request(me), 15);
         for other in [
             ProcId { start_time: me.start_time + 1, ..me },
@@ -742,28 +817,31 @@ mod tests {
             assert_eq!(r.evict_request(other), 0, "{other:?}");
         }
         // The same process asked again (SIGKILL after the grace): one entry, the new signal.
-        assert!(mon.request_evict(Requester::Monitor, me, 9));
-        assert_eq!(r.evict_requests(), vec![(Requester::Monitor, me, 9)]);
+        // The same process asked again (SIGKILL after the grace): one entry, the new signal,
+        // the pod it was first found in.
+        assert!(mon.request_evict(Requester::Monitor, me, None, 9));
+        assert_eq!(r.evict_requests(), vec![EvictRequest { by: Requester::Monitor, id: me, signal: 9, pod }]);
         // The manager's table is its own: withdrawing the monitor's leaves it.
         let other = ProcId { pid: 4242, pid_ns: 7, start_time: 99 };
-        assert!(mgr.request_evict(Requester::Manager, other, 15));
+        assert!(mgr.request_evict(Requester::Manager, other, None, 15));
         assert_eq!(mon.retain_evictions(Requester::Monitor, |_| false), 1);
         assert_eq!(r.evict_request(me), 0);
-        assert_eq!(r.evict_requests(), vec![(Requester::Manager, other, 15)]);
-        assert!(!mon.request_evict(Requester::Monitor, me, 0), "no signal is no request");
-        // A full table refuses, and a withdrawn entry is reused.
+        assert_eq!(r.evict_requests(), vec![EvictRequest { by: Requester::Manager, id: other, signal: 15, pod: None }]);
+        assert!(!mon.request_evict(Requester::Monitor, me, None, 0), "no signal is no request");
+        // A full table refuses, and a withdrawn entry is reused (its pod with it: none now).
         for pid in 1..=EVICT_ENTRIES as u32 {
-            assert!(mon.request_evict(Requester::Monitor, ProcId { pid, pid_ns: 1, start_time: 1 }, 15));
+            assert!(mon.request_evict(Requester::Monitor, ProcId { pid, pid_ns: 1, start_time: 1 }, pod, 15));
         }
-        assert!(!mon.request_evict(Requester::Monitor, me, 15));
+        assert!(!mon.request_evict(Requester::Monitor, me, None, 15));
         mon.retain_evictions(Requester::Monitor, |p| p.pid != 3);
-        assert!(mon.request_evict(Requester::Monitor, me, 15));
+        assert!(mon.request_evict(Requester::Monitor, me, None, 15));
         assert_eq!(r.evict_request(me), 15);
+        assert_eq!(r.evict_requests().iter().find(|q| q.id == me).unwrap().pod, None);
         // A count lost (a writer killed between an entry and its count): hidden until the
         // next request recounts.
         mon.layout().evict_counts.monitor.store(0, Relaxed);
         assert_eq!(r.evict_request(me), 0);
-        assert!(mon.request_evict(Requester::Monitor, me, 15));
+        assert!(mon.request_evict(Requester::Monitor, me, None, 15));
         assert_eq!(r.evict_request(me), 15);
         assert_eq!(mon.layout().evict_counts.monitor.load(Relaxed) as usize, EVICT_ENTRIES);
         // A damaged header: no request reads (the writer rewrites it, empty).
@@ -771,6 +849,28 @@ mod tests {
         assert_eq!(r.evict_request(me), 0);
         assert!(r.evict_requests().is_empty());
         l.unregister(h);
+    }
+
+    #[test]
+    fn pod_uids_parse_in_either_case_print_in_lower_case_and_refuse_other_shapes() {
+        let u = PodUid::parse("0F1E2D3C-4b5a-6978-8A9B-0c1d2e3f4a5b").unwrap();
+        assert_eq!(u.to_string(), "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b");
+        assert_eq!(PodUid::parse(&u.to_string()), Some(u));
+        let (hi, lo) = u.words();
+        assert_eq!(PodUid::from_words(hi, lo), Some(u));
+        assert_eq!(PodUid::parse("00000000-0000-0000-0000-000000000001").unwrap().to_string(), "00000000-0000-0000-0000-000000000001");
+        for bad in [
+            "",
+            "00000000-0000-0000-0000-000000000000",
+            "0f1e2d3c4b5a69788a9b0c1d2e3f4a5b",
+            "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5",
+            "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5bb",
+            "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5g",
+            "+f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b",
+            "0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b",
+        ] {
+            assert_eq!(PodUid::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -37,14 +37,16 @@ fn ledger_dir(path: &std::path::Path) -> Result<&std::path::Path, String> {
         .ok_or_else(|| format!("ledger path {} has no ledger directory", path.display()))
 }
 
-/// Appends the request for `p` (already written into its slot) to the log beside `ledger`'s
-/// GPU directory. A failure is returned for the caller to log; the local signal path does not
-/// depend on it.
+/// Appends the request for `p` (already written into the status file) to the log beside
+/// `ledger`'s GPU directory, naming `pod`, the pod its cgroup path names (node-agent evicts it
+/// rather than the one the slot's group claims). A failure is returned for the caller to log;
+/// the local signal path does not depend on it.
 pub fn record(
     ledger: &Ledger,
     p: &OfflineProc,
     reason: EvictReason,
     signal: u32,
+    pod: Option<node_ledger::PodUid>,
 ) -> Result<(), String> {
     let dir = ledger_dir(ledger.path())?;
     let slot = ledger
@@ -66,7 +68,7 @@ pub fn record(
         signal,
         reason: reason.as_str().to_string(),
         unix_ms: node_daemon::clock::unix_ms(),
-        pod_uid: None,
+        pod_uid: pod.map(|u| u.to_string()),
     };
     append_with(dir, &rec, &rotation())
         .map_err(|e| format!("appending to the eviction log in {}: {e}", dir.display()))
@@ -127,7 +129,7 @@ mod tests {
             keep: 100,
         });
         for _ in 0..20 {
-            record(&l, &p, EvictReason::Overlimit, 15).unwrap();
+            record(&l, &p, EvictReason::Overlimit, 15, None).unwrap();
         }
         configure(&Rotation::default());
         let gens = rotated_generations(d.path(), 2).unwrap();

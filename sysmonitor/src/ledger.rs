@@ -107,7 +107,7 @@ impl LedgerAdapter {
     /// The processes either daemon has asked to leave (the status file's tables; none while
     /// it is not open).
     fn asked_to_leave(&self) -> std::collections::HashSet<ProcId> {
-        self.status.current().map_or_else(Default::default, |s| s.evict_requests().into_iter().map(|(_, id, _)| id).collect())
+        self.status.current().map_or_else(Default::default, |s| s.evict_requests().into_iter().map(|r| r.id).collect())
     }
 
     /// Wraps `ledger`, publishing into the status file at `status_path`; the first
@@ -376,14 +376,18 @@ impl LedgerPort for LedgerAdapter {
                 p.slot, p.pid, p.start_time
             ));
         }
+        // The pod is the one its cgroup path names, read here on the host, never the group its
+        // slot claims: any ledger client writes its own slot, and node-agent evicts the pod
+        // named here (a slot claiming a neighbour's group got the neighbour evicted).
+        let pod = p.host_pid.and_then(|h| node_daemon::offline_pods::pod_of_live(h, p.start_time));
         let Some(w) = self.status.get(now_ms) else {
             return Err("no status file to write the request into (its error is logged): the process is only signalled".into());
         };
-        if !w.request_evict(Requester::Monitor, id, libc::SIGTERM as u32) {
+        if !w.request_evict(Requester::Monitor, id, pod, libc::SIGTERM as u32) {
             return Err(format!("the status file's eviction table is full: no request written for pid {}", p.pid));
         }
         // The durable record node-agent reports from (the request ends with the process).
-        crate::evictlog::record(&self.ledger, p, reason, libc::SIGTERM as u32)
+        crate::evictlog::record(&self.ledger, p, reason, libc::SIGTERM as u32, pod)
     }
 
     fn record_unshimmed(
@@ -510,10 +514,44 @@ mod tests {
         a.publish(&Published::default()).unwrap();
         assert_eq!(a.offline_sm_cap_pct(), Some(40.0), "25 (one job, two processes) + 15");
         let job2 = a.ledger.procs().into_iter().find(|p| p.pid == child.id()).unwrap();
-        Status::open_or_create(&status, 0).unwrap().request_evict(node_ledger::Requester::Manager, node_ledger::ProcId::of(&job2), libc::SIGTERM as u32);
+        Status::open_or_create(&status, 0).unwrap().request_evict(node_ledger::Requester::Manager, node_ledger::ProcId::of(&job2), None, libc::SIGTERM as u32);
         assert_eq!(a.offline_sm_cap_pct(), Some(25.0), "the job being evicted no longer counts");
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// A tenant's process registered under its neighbour pod's group (its slot is its own to
+    /// write) and evicted: the request in the status file and the log record name the pod its
+    /// cgroup path names, which node-agent evicts, not the neighbour its slot claims. A real
+    /// process in a pod-shaped cgroup; needs root and a writable cgroup hierarchy (says so and
+    /// passes vacuously otherwise).
+    #[test]
+    fn an_eviction_names_the_pod_of_the_processs_cgroup_not_the_group_its_slot_claims() {
+        const TENANT: &str = "77777777-7777-4777-8777-777777777777";
+        const NEIGHBOUR_GROUP: &str = "k8s-pod-88888888-8888-4888-8888-888888888888";
+        let Some(cg) = node_daemon::offline_pods::test_support::PodCgroup::new(TENANT) else {
+            eprintln!("skipped: needs root and a writable cgroup hierarchy");
+            return;
+        };
+        let (d, path, mut a) = fresh_adapter();
+        let mut child = cg.spawn_sleeper(&path);
+        let l = Ledger::open_existing(&path).unwrap();
+        let g = l.group(node_ledger::ledger::group_id_for(NEIGHBOUR_GROUP), 1 << 30).unwrap();
+        let _h = l.register(child.id(), g).unwrap();
+        a.publish(&Published::default()).unwrap();
+        let p = a.offline(0).unwrap().into_iter().find(|p| p.pid == child.id()).unwrap();
+        assert_eq!(p.host_pid, Some(child.id()));
+        let r = a.mark_evicting(&p, EvictReason::Overlimit, 0);
+        let reqs = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap().evict_requests();
+        let logged = node_ledger::evictlog::read_from(d.path(), 0, None, 1 << 20).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        r.unwrap();
+        assert_eq!(reqs.len(), 1);
+        assert_eq!(reqs[0].pod, node_ledger::PodUid::parse(TENANT), "the cgroup's pod, in the request");
+        let rec = logged.entries[0].record.as_ref().unwrap();
+        assert_eq!(rec.pod_uid.as_deref(), Some(TENANT), "and in the log record");
+        assert_eq!(rec.group_id, node_ledger::ledger::group_id_for(NEIGHBOUR_GROUP), "the slot's claim is kept beside it");
     }
 
     /// Follow-up 1: the request is addressed by pid namespace, pid and start time; a stale

@@ -85,7 +85,7 @@ fn monitor_eviction_request_makes_the_process_leave_gracefully() {
     let l = ledger(&host);
     let p = l.procs().into_iter().find(|p| p.pid == victim.pid()).expect("registered");
     // As the monitor asks: in its table of the status file, addressed to the process.
-    assert!(host.status_writer().request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::of(&p), libc::SIGTERM as u32));
+    assert!(host.status_writer().request_evict(node_ledger::Requester::Monitor, node_ledger::ProcId::of(&p), None, libc::SIGTERM as u32));
     let st = victim.wait_timeout(T).expect("evicted by the monitor's request");
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(libc::SIGTERM));
