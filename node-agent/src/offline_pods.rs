@@ -37,10 +37,20 @@ pub fn offline_pod(pod: &Pod, resource: &str) -> Option<OfflinePod> {
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
+    // The plan's memory, as Allocate gives it to the shim (a malformed or zero value: none;
+    // Allocate refuses such a pod).
+    let memory_quota_bytes = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(kube_contract::pod::ANN_MEMORY_QUOTA_BYTES))
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|q| *q > 0);
     Some(OfflinePod {
         uid: pod.metadata.uid.clone()?,
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
+        memory_quota_bytes,
     })
 }
 

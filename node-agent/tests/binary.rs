@@ -205,7 +205,7 @@ fn status_says_which_gpus_take_offline_work_and_why_not() {
     let pods = node_daemon::offline_pods::OfflinePods::new(
         "n",
         now,
-        vec![node_daemon::offline_pods::OfflinePod { uid: "11111111-1111-4111-8111-111111111111".into(), namespace: "ml".into(), name: "train-0".into() }],
+        vec![node_daemon::offline_pods::OfflinePod { uid: "11111111-1111-4111-8111-111111111111".into(), namespace: "ml".into(), name: "train-0".into(), memory_quota_bytes: None }],
     );
     node_daemon::offline_pods::write(&node_daemon::offline_pods::path(&run), &pods).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["status", "--config"]).arg(&cfg).output().unwrap();

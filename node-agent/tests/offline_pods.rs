@@ -85,6 +85,10 @@ async fn the_list_follows_this_nodes_pods_at_each_event_not_at_a_poll() {
     let (stop, metrics) = start(c.url(), tmp.path(), Duration::from_secs(3600)).await;
 
     eventually("the first list written", || uids(tmp.path()) == [RUNNING, DELETING]).await;
+    // Each pod with its plan's memory (the annotation Allocate gives the shim as its quota):
+    // the monitor holds the pod to it.
+    let plans: Vec<_> = read(&path(tmp.path())).unwrap().unwrap().pods.into_iter().map(|p| p.memory_quota_bytes).collect();
+    assert_eq!(plans, [Some(2 << 30), Some(2 << 30)]);
     // The file is written at the list's end, before the watch request goes out.
     eventually("a watch after the list", || !c.api.watches(PODS).is_empty()).await;
     let w = c.api.watches(PODS);

@@ -79,15 +79,19 @@ pub enum EvictReason {
     HostMemory,
     /// The process reported less GPU memory than NVML sees it use.
     UnderReport,
+    /// Its pod's processes hold more GPU memory, as NVML measures it, than the pod's plan gives
+    /// it (node-agent's offline pod list), whatever quota their environment or group claims.
+    OverQuota,
 }
 
 impl EvictReason {
     /// Every reason, in label order.
-    pub const ALL: [EvictReason; 4] = [
+    pub const ALL: [EvictReason; 5] = [
         EvictReason::Overlimit,
         EvictReason::Disabled,
         EvictReason::HostMemory,
         EvictReason::UnderReport,
+        EvictReason::OverQuota,
     ];
 
     /// The snake_case label.
@@ -97,6 +101,7 @@ impl EvictReason {
             EvictReason::Disabled => "disabled",
             EvictReason::HostMemory => "host_memory",
             EvictReason::UnderReport => "under_report",
+            EvictReason::OverQuota => "over_quota",
         }
     }
 

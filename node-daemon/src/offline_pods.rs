@@ -6,11 +6,15 @@
 //! without the shim registers nothing and would be judged as online load. node-agent knows the
 //! pods bound to this node that ask for the offline resource; it writes their UIDs here, and the
 //! monitor takes any unregistered GPU process whose cgroup names one of them
-//! ([`pod_uid_from_cgroup`]) for offline work without the shim.
+//! ([`pod_uid_from_cgroup`]) for offline work without the shim. Each pod carries the GPU memory
+//! its plan gives it (`memory_quota_bytes`, the `xshare.io/memory-quota-bytes` annotation the
+//! shim's quota comes from at Allocate): the monitor holds the pod's processes on its GPU to it
+//! as NVML measures them, whatever quota their environment or their ledger group claims.
 //!
 //! ```json
-//! { "xshare_offline_pods": 1, "node": "gpu-node-7", "unix_ms": 1763890000000,
-//!   "pods": [ { "uid": "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "namespace": "train", "name": "job-0" } ] }
+//! { "xshare_offline_pods": 2, "node": "gpu-node-7", "unix_ms": 1763890000000,
+//!   "pods": [ { "uid": "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "namespace": "train", "name": "job-0",
+//!               "memory_quota_bytes": 6442450944 } ] }
 //! ```
 //!
 //! The file lies beside the `gpu<N>` directories, outside what an offline container mounts. It
@@ -26,8 +30,9 @@ use serde::{Deserialize, Serialize};
 
 /// The file's name in the ledger directory.
 pub const FILE_NAME: &str = "offline-pods.json";
-/// The format written and read here (`xshare_offline_pods`).
-pub const VERSION: u32 = 1;
+/// The format written here (`xshare_offline_pods`; 2: a pod's `memory_quota_bytes`). Version 1
+/// files (no plans) are read too.
+pub const VERSION: u32 = 2;
 /// Largest file read (a node holds at most a few hundred pods; 110 by default).
 pub const MAX_BYTES: u64 = 4 << 20;
 
@@ -60,6 +65,10 @@ pub struct OfflinePod {
     pub namespace: String,
     /// `metadata.name`.
     pub name: String,
+    /// GPU memory the pod's plan gives it on a GPU (`xshare.io/memory-quota-bytes`); `None`:
+    /// not planned (not placed by the extender, or a version 1 file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_quota_bytes: Option<u64>,
 }
 
 impl OfflinePods {
@@ -82,7 +91,7 @@ impl OfflinePods {
     }
 
     fn check(&self) -> Result<(), String> {
-        if self.xshare_offline_pods != VERSION {
+        if !(1..=VERSION).contains(&self.xshare_offline_pods) {
             return Err(format!(
                 "format version {} (this build reads {VERSION})",
                 self.xshare_offline_pods
@@ -225,6 +234,17 @@ impl Watch {
         self.pods.iter().find(|p| p.uid.eq_ignore_ascii_case(uid))
     }
 
+    /// The GPU memory the plan of pod `uid` gives it, in the list in force.
+    pub fn plan(&self, uid: &str) -> Option<u64> {
+        self.pod(uid)?.memory_quota_bytes
+    }
+
+    /// Whether any pod of the list in force has a plan (else no process needs its pod read for
+    /// the plan check).
+    pub fn any_plan(&self) -> bool {
+        self.pods.iter().any(|p| p.memory_quota_bytes.is_some())
+    }
+
     /// Why the file's current content is not in force (refused, removed), if it is not.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
@@ -297,6 +317,7 @@ mod tests {
 
     fn pod(uid: &str) -> OfflinePod {
         OfflinePod {
+            memory_quota_bytes: None,
             uid: uid.into(),
             namespace: "train".into(),
             name: format!("job-{}", &uid[..4]),
@@ -334,6 +355,23 @@ mod tests {
         assert_eq!(read(&d.path().join("none")).unwrap(), None);
     }
 
+    /// A pod's planned memory travels with it; a version 1 file (written before plans) reads
+    /// with none.
+    #[test]
+    fn plans_round_trip_and_version_1_files_read_without_them() {
+        let d = tempfile::tempdir().unwrap();
+        let p = path(d.path());
+        let planned = OfflinePod { memory_quota_bytes: Some(6 << 30), ..pod(A) };
+        let list = OfflinePods::new("n", 1, vec![planned.clone(), pod(B)]);
+        write(&p, &list).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.contains("\"memory_quota_bytes\":6442450944") && text.matches("memory_quota_bytes").count() == 1, "{text}");
+        assert_eq!(read(&p).unwrap().unwrap().pods, vec![planned, pod(B)]);
+        let v1 = format!(r#"{{"xshare_offline_pods":1,"node":"n","unix_ms":1,"pods":[{{"uid":"{A}","namespace":"t","name":"j"}}]}}"#);
+        std::fs::write(&p, v1).unwrap();
+        assert_eq!(read(&p).unwrap().unwrap().pods[0].memory_quota_bytes, None);
+    }
+
     #[test]
     fn damaged_other_version_bad_uid_and_oversized_files_are_refused_naming_the_file() {
         let d = tempfile::tempdir().unwrap();
@@ -341,7 +379,8 @@ mod tests {
         let good = serde_json::to_string(&OfflinePods::new("n", 1, vec![pod(A)])).unwrap();
         let cases = [
             ("{".to_string(), "EOF"),
-            (good.replace("\"xshare_offline_pods\":1", "\"xshare_offline_pods\":2"), "version 2"),
+            (good.replace("\"xshare_offline_pods\":2", "\"xshare_offline_pods\":3"), "version 3"),
+            (good.replace("\"xshare_offline_pods\":2", "\"xshare_offline_pods\":0"), "version 0"),
             (good.replace(A, "../../etc"), "not a pod UID"),
             (good.replace("\"pods\"", "\"extra\":1,\"pods\""), "unknown field"),
             (" ".repeat(MAX_BYTES as usize + 1), "larger than"),
@@ -384,93 +423,3 @@ mod tests {
     }
 }
 
-/// Pod-shaped cgroups for tests that need a real process in a pod (the daemons read a process's
-/// pod from its cgroup path).
-#[cfg(any(test, feature = "test-support"))]
-pub mod test_support {
-    use std::path::{Path, PathBuf};
-    use std::process::{Child, Command, Stdio};
-    use std::time::{Duration, Instant};
-
-    /// A cgroup laid out as the kubelet's cgroupfs driver lays out a container's
-    /// (`<tag>/besteffort/pod<uid>/<container>`), in the first hierarchy this process can make
-    /// groups in (cgroup v2 at `/sys/fs/cgroup`, the hybrid layout's `unified`, v1's `pids`).
-    /// Removed, leaf first, on drop (kill its processes first).
-    pub struct PodCgroup {
-        dirs: Vec<PathBuf>,
-    }
-
-    impl PodCgroup {
-        /// A new pod-shaped cgroup for pod `uid`; `None` when not root or no hierarchy is
-        /// writable (the caller says so and skips).
-        pub fn new(uid: &str) -> Option<PodCgroup> {
-            // SAFETY: getuid(2) has no preconditions.
-            if unsafe { libc::getuid() } != 0 {
-                return None;
-            }
-            let v2 = Path::new("/sys/fs/cgroup");
-            let root = [v2.to_path_buf(), v2.join("unified"), v2.join("pids")].into_iter().find(|c| {
-                c.join("cgroup.procs").exists() && {
-                    let probe = c.join(format!("xshare-probe-{}", std::process::id()));
-                    let ok = std::fs::create_dir(&probe).is_ok();
-                    let _ = std::fs::remove_dir(&probe);
-                    ok
-                }
-            })?;
-            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-            let tag = root.join(format!("xshare-test-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
-            let pod = tag.join("besteffort").join(format!("pod{uid}"));
-            let dirs = vec![tag.clone(), tag.join("besteffort"), pod.clone(), pod.join("c0ffee")];
-            std::fs::create_dir_all(&dirs[3]).ok()?;
-            Some(PodCgroup { dirs })
-        }
-
-        /// The container's cgroup.
-        pub fn leaf(&self) -> &Path {
-            &self.dirs[3]
-        }
-
-        /// A `sleep 600` in the container's cgroup, holding `file` open (as its stdin: a ledger,
-        /// so the daemons' host-pid search finds it), returned once its cgroup path names the
-        /// pod.
-        pub fn spawn_sleeper(&self, file: &Path) -> Child {
-            let stdin = std::fs::File::open(file).expect("open the file the sleeper holds");
-            let mut child = Command::new("sh")
-                .arg("-c")
-                .arg(r#"echo $$ > "$1/cgroup.procs" && exec sleep 600"#)
-                .arg("sh")
-                .arg(self.leaf())
-                .stdin(Stdio::from(stdin))
-                .spawn()
-                .expect("spawn sh");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while super::pod_uid_of(child.id()).is_none() || !is_sleep(child.id()) {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("the sleeper did not join {}", self.leaf().display());
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            child
-        }
-    }
-
-    fn is_sleep(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
-    }
-
-    impl Drop for PodCgroup {
-        fn drop(&mut self) {
-            for d in self.dirs.iter().rev() {
-                // A group empties a moment after its last process is reaped.
-                for _ in 0..50 {
-                    if std::fs::remove_dir(d).is_ok() || !d.exists() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        }
-    }
-}

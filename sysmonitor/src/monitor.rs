@@ -635,6 +635,27 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             watch.uids(),
             &mut probe,
         );
+        let over_plan = if watch.any_plan() {
+            self.verifier.check_plans(&self.cfg.verify, &offline, &nvml, |uid| watch.plan(uid), &mut probe)
+        } else {
+            Vec::new()
+        };
+        for o in over_plan {
+            let pod = match self.pods.watch.pod(&o.pod) {
+                Some(p) => format!("{}/{} (UID {})", p.namespace, p.name, o.pod),
+                None => o.pod.clone(),
+            };
+            let why = format!(
+                "offline pod {pod} holds {} MiB on this GPU in {} process(es) as NVML measures them, over its plan of {} MiB ({} MiB with their contexts and the tolerance): its quota was set higher than planned (its environment, or a ledger group it shares), or it allocates outside the shim; each of its processes is evicted",
+                o.nvml_bytes >> 20,
+                o.procs.len(),
+                o.quota_bytes >> 20,
+                o.allowed_bytes >> 20,
+            );
+            for p in &o.procs {
+                self.evict_with(now_ms, p, EvictReason::OverQuota, &why, Some(&o.pod));
+            }
+        }
         for u in unshimmed {
             let pid = u.proc_.pid;
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();

@@ -2,7 +2,8 @@
 //! per-process memory and flags those that under-report several checks in a row, and finds
 //! offline work that reports nothing at all: GPU processes that run without the shim in an
 //! offline container's pid namespace, or in an offline pod's cgroup (the pods node-agent lists,
-//! `node_daemon::offline_pods`) when none of the pod's processes registered.
+//! `node_daemon::offline_pods`) when none of the pod's processes registered; and holds each
+//! planned offline pod to the GPU memory its plan gives it, as NVML measures its processes.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -28,6 +29,24 @@ pub struct Verifier {
     /// Strikes of unregistered GPU processes in offline pid namespaces, by host pid and start
     /// time.
     unregistered: HashMap<(u32, u64), u32>,
+    /// Strikes of offline pods over their plan, by pod UID.
+    over_plan: HashMap<String, u32>,
+}
+
+/// An offline pod whose registered processes on this GPU hold more GPU memory than its plan
+/// gives it ([`Verifier::check_plans`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverPlan {
+    /// The pod (UID, as its processes' cgroup paths name it).
+    pub pod: String,
+    /// What its plan gives it on a GPU, bytes.
+    pub quota_bytes: u64,
+    /// What NVML sees its processes here use together, bytes.
+    pub nvml_bytes: u64,
+    /// The most they may hold: the plan, each process's context, the tolerance.
+    pub allowed_bytes: u64,
+    /// Its registered processes here (each is evicted).
+    pub procs: Vec<OfflineProc>,
 }
 
 /// A GPU process running offline work without the shim ([`Verifier::check_unregistered`]).
@@ -121,6 +140,64 @@ impl Verifier {
         }
         self.strikes.retain(|k, _| seen.contains(k));
         liars
+    }
+
+    /// Holds each offline pod with a plan (`plan(uid)`: the bytes node-agent's list gives it) to
+    /// it: NVML's bytes for the pod's registered processes here together may exceed the plan by
+    /// `cfg.context_mib` a process (the contexts the shim's quota leaves out) and
+    /// `cfg.tolerance_mib` once; over that `cfg.strikes` checks in a row, the pod is returned.
+    /// A process's pod is the one its cgroup path names (`probe`: its pid namespace, then its
+    /// cgroup, which the probe reads once per process), never the ledger group its slot claims
+    /// nor the quota its environment gave the shim: both are the tenant's to write, so a pod
+    /// that set `XCUDA_QUOTA_BYTES` higher, or registered under another pod's group, still
+    /// holds only what it was planned. A process not found from here is not judged.
+    pub fn check_plans(
+        &mut self,
+        cfg: &VerifyConfig,
+        offline: &[OfflineProc],
+        nvml: &[ProcMem],
+        plan: impl Fn(&str) -> Option<u64>,
+        probe: &mut impl ProcProbe,
+    ) -> Vec<OverPlan> {
+        let mut pods: HashMap<String, (u64, Vec<OfflineProc>)> = HashMap::new();
+        for p in offline {
+            let Some(host) = p.host_pid else { continue };
+            if probe.pid_ns(host).is_none() {
+                continue;
+            }
+            let Some(uid) = probe.pod_uid(host) else { continue };
+            if plan(&uid).is_none() {
+                continue;
+            }
+            let used: u64 = nvml.iter().filter(|m| m.pid == host).map(|m| m.used_bytes).sum();
+            let e = pods.entry(uid).or_default();
+            e.0 = e.0.saturating_add(used);
+            e.1.push(*p);
+        }
+        let mut out = Vec::new();
+        for (uid, (used, procs)) in pods.iter() {
+            let quota = plan(uid).unwrap_or(u64::MAX);
+            let slack = cfg.context_mib.saturating_mul(procs.len() as u64).saturating_add(cfg.tolerance_mib);
+            let allowed = quota.saturating_add(slack.saturating_mul(1024 * 1024));
+            let s = self.over_plan.entry(uid.clone()).or_default();
+            if *used > allowed {
+                *s += 1;
+                if *s >= cfg.strikes {
+                    out.push(OverPlan {
+                        pod: uid.clone(),
+                        quota_bytes: quota,
+                        nvml_bytes: *used,
+                        allowed_bytes: allowed,
+                        procs: procs.clone(),
+                    });
+                }
+            } else {
+                *s = 0;
+            }
+        }
+        self.over_plan.retain(|k, _| pods.contains_key(k));
+        out.sort_by(|a, b| a.pod.cmp(&b.pod));
+        out
     }
 
     /// GPU processes NVML lists (`nvml`) that are no registered offline process but are offline
@@ -284,6 +361,50 @@ mod tests {
 
     const OFFLINE_POD: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
     const ONLINE_POD: &str = "11111111-2222-3333-4444-555555555555";
+
+    /// A pod's registered processes here are held together to its plan, by the pod their
+    /// cgroups name: a pod over `plan + context per process + tolerance` for the strikes is
+    /// flagged with all its processes; one within it, one with no plan and a process not found
+    /// from here are not; a process's own ledger group or quota plays no part (the
+    /// `OfflineProc` carries neither).
+    #[test]
+    fn a_pod_over_its_plan_is_flagged_with_its_processes_by_the_pod_their_cgroups_name() {
+        let cfg = VerifyConfig { strikes: 2, context_mib: 100, tolerance_mib: 10, ..Default::default() };
+        const SMALL: &str = "22222222-2222-4222-8222-222222222222";
+        const UNPLANNED: &str = "33333333-3333-4333-8333-333333333333";
+        // Host pids 10, 11: pod OFFLINE_POD (plan 1000 MiB); 12: SMALL (plan 1000 MiB); 13:
+        // UNPLANNED; 14: in no pod; 15: OFFLINE_POD, registered but not found from here.
+        let mut t = Table::new(&[
+            (10, 1, 10, Some(OFFLINE_POD)),
+            (11, 1, 11, Some(OFFLINE_POD)),
+            (12, 1, 12, Some(SMALL)),
+            (13, 1, 13, Some(UNPLANNED)),
+            (14, 1, 14, None),
+        ]);
+        let offline = [p(10, 0), p(11, 0), p(12, 0), p(13, 0), p(14, 0), OfflineProc { host_pid: None, ..p(15, 0) }];
+        let plan = |uid: &str| [OFFLINE_POD, SMALL].contains(&uid).then_some(1000 * MIB);
+        // OFFLINE_POD: 600 + 611 MiB = 1211 > 1000 + 2 x 100 + 10; SMALL: 1110 = its allowance.
+        let nvml = vec![
+            ProcMem { pid: 10, used_bytes: 600 * MIB },
+            ProcMem { pid: 11, used_bytes: 611 * MIB },
+            ProcMem { pid: 12, used_bytes: 1110 * MIB },
+            ProcMem { pid: 13, used_bytes: 50_000 * MIB },
+            ProcMem { pid: 14, used_bytes: 50_000 * MIB },
+            ProcMem { pid: 15, used_bytes: 50_000 * MIB },
+        ];
+        let mut v = Verifier::default();
+        assert!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t).is_empty(), "one strike");
+        let over = v.check_plans(&cfg, &offline, &nvml, plan, &mut t);
+        assert_eq!(over.len(), 1, "{over:?}");
+        assert_eq!((over[0].pod.as_str(), over[0].quota_bytes, over[0].nvml_bytes, over[0].allowed_bytes), (OFFLINE_POD, 1000 * MIB, 1211 * MIB, 1210 * MIB));
+        assert_eq!(over[0].procs.iter().map(|p| p.pid).collect::<Vec<_>>(), [10, 11]);
+        // Back within the plan: the strikes start over.
+        let within = vec![ProcMem { pid: 10, used_bytes: 600 * MIB }, ProcMem { pid: 11, used_bytes: 610 * MIB }];
+        assert!(v.check_plans(&cfg, &offline, &within, plan, &mut t).is_empty());
+        assert!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t).is_empty(), "strikes start over");
+        // A process not found from here is never looked up.
+        assert!(t.cgroup_reads.contains(&10) && !t.cgroup_reads.contains(&15));
+    }
 
     /// A GPU process in the pid namespace of a registered offline process (a container's),
     /// with no registration of its own, is offline work without the shim: flagged after the

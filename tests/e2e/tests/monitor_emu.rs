@@ -1,6 +1,8 @@
 //! The monitor as a real process against the GPU emulator (fake NVML over the emulated device):
 //! Overlimit eviction and hold, trust-but-verify, SIGHUP reload, restart without double eviction.
 
+mod shim_support;
+
 use std::time::Duration;
 
 use e2e::{monitor_state as state, register, EmuChild, EmuHost, Load};
@@ -331,6 +333,7 @@ fn a_gpu_process_of_a_listed_offline_pod_with_no_registration_anywhere_is_evicte
         uid: uid.into(),
         namespace: "train".into(),
         name: name.into(),
+        memory_quota_bytes: None,
     };
     let list = node_daemon::offline_pods::OfflinePods::new("node-1", 1, vec![pod(OFFLINE_POD, "job-0")]);
     node_daemon::offline_pods::write(&node_daemon::offline_pods::path(n.ledger_dir()), &list).unwrap();
@@ -809,4 +812,72 @@ fn nvml_cost_times_each_query_the_monitor_makes() {
         assert_eq!(r["gap_ms"], 2);
         assert!(r["calls"].as_array().unwrap().iter().any(|c| c["error"].is_null() && c["calls"] == 3), "{text}");
     }
+}
+
+fn planned_pod(uid: &str, name: &str, plan: u64) -> node_daemon::offline_pods::OfflinePod {
+    node_daemon::offline_pods::OfflinePod { uid: uid.into(), namespace: "train".into(), name: name.into(), memory_quota_bytes: Some(plan) }
+}
+
+/// The monitor holds each planned offline pod to the GPU memory its plan gives it, as NVML
+/// measures the pod's processes, whatever quota the shim was given.
+///
+/// The shim's quota comes from the container's environment (`XCUDA_QUOTA_BYTES`, which Allocate
+/// sets from the plan's `xshare.io/memory-quota-bytes`) and its group from `XCUDA_GROUP`: both
+/// are the tenant's to change. A pod that raised its own quota held as much as it liked, and
+/// reported it honestly, so the under-reporting check saw nothing wrong. node-agent's list of
+/// the offline pods (`<ledger_dir>/offline-pods.json`) now carries each pod's plan; the monitor
+/// sums NVML's figures for the registered processes whose cgroup names the pod and evicts them
+/// (`over_quota`) once they hold more than the plan (plus each process's context and the
+/// tolerance) for the strikes. Root only (a real cgroup per pod).
+#[test]
+fn a_pod_holding_more_than_its_plan_under_a_quota_it_raised_itself_is_evicted_and_its_neighbour_is_not() {
+    if e2e::lacks_root("make a cgroup per pod") {
+        return;
+    }
+    const GREEDY: &str = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d";
+    const FAIR: &str = "2b3c4d5e-6f7a-4b8c-9d0e-1f2a3b4c5d6e";
+    const MIB: u64 = e2e::MIB;
+    let greedy_cg = e2e::PodCgroup::create(GREEDY).expect("a cgroup for the greedy pod");
+    let fair_cg = e2e::PodCgroup::create(FAIR).expect("a cgroup for the fair pod");
+    let n = EmuHost::node();
+    // The emulated profile's context (NVML charges it to the process; the shim's quota leaves
+    // it out).
+    let context_mib = n.context_bytes().div_ceil(MIB);
+    let cfg = config(400, 5000).replace("\"tolerance_mib\": 16 }", &format!("\"tolerance_mib\": 16, \"context_mib\": {context_mib} }}"));
+    assert!(cfg.contains("context_mib"), "{cfg}");
+    let (_mon, _ledger) = healthy(&n, &cfg);
+    // Planned 64 MiB each. The greedy pod's container raised its own quota to 1 GiB and takes
+    // 160 MiB (reported as it is: no under-reporting); the fair one takes 48 MiB of its 64.
+    let start = |cg: &e2e::PodCgroup, quota: u64, group: String, bytes: u64| {
+        let mut c = shim_support::limited(&n, "shim_client", quota, &group);
+        c.args(["--hold", "ctx", "alloc", &bytes.to_string(), "ready", "sleep", "60000"]);
+        let mut child = n.spawn(&mut c);
+        child.wait_for_line("loaded", T).expect("the client loaded");
+        // In its pod's cgroup before its first driver call, as a container's process is.
+        cg.add(child.pid()).unwrap();
+        child.send_line("go");
+        child.wait_for_line("ready", T).expect("the client allocated");
+        child
+    };
+    let mut greedy = start(&greedy_cg, 1 << 30, format!("k8s-pod-{GREEDY}"), 160 * MIB);
+    let mut fair = start(&fair_cg, 64 * MIB, format!("k8s-pod-{FAIR}"), 48 * MIB);
+    // No plan known yet: ten verifications and nothing happens.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(greedy.alive() && fair.alive(), "{}\n{}\n{}\n{}\n{}", greedy.stdout(), greedy.stderr(), fair.stdout(), fair.stderr(), n.log("mon.json"));
+
+    let list = node_daemon::offline_pods::OfflinePods::new("node-1", 1, vec![planned_pod(GREEDY, "greedy-0", 64 * MIB), planned_pod(FAIR, "fair-0", 64 * MIB)]);
+    node_daemon::offline_pods::write(&node_daemon::offline_pods::path(n.ledger_dir()), &list).unwrap();
+    assert!(greedy.wait_timeout(T).is_some(), "the greedy pod's process was not evicted:\n{}", n.log("mon.json"));
+    let v = n.wait_state(T, "the eviction counted", |v| v["evictions"]["over_quota"].as_u64() >= Some(1));
+    assert_eq!(v["evictions"]["over_quota"], 1, "{v:#}");
+    assert_eq!(v["evictions"]["under_report"].as_u64().unwrap_or(0), 0, "it reported honestly: {v:#}");
+    // Another second of verifications: the fair pod stays.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(fair.alive(), "the fair pod's process was evicted:\n{}", n.log("mon.json"));
+    let log = n.log("mon.json");
+    assert!(log.contains("offline pod train/greedy-0") && log.contains("over its plan of 64 MiB"), "{log}");
+    // The eviction log names the greedy pod (node-agent evicts it through the API).
+    let logged = node_ledger::evictlog::read_from(n.ledger_dir(), 0, None, 1 << 20).unwrap();
+    let recs: Vec<_> = logged.entries.iter().filter_map(|e| e.record.as_ref()).collect();
+    assert!(!recs.is_empty() && recs.iter().all(|r| r.pod_uid.as_deref() == Some(GREEDY) && r.reason == "over_quota"), "{recs:?}");
 }
