@@ -143,7 +143,7 @@ impl Verifier {
     }
 
     /// Holds each offline pod with a plan (`plan(uid)`: the bytes node-agent's list gives it) to
-    /// it: NVML's bytes for the pod's registered processes here together may exceed the plan by
+    /// it: NVML's bytes for the pod's registered processes NVML lists here together may exceed the plan by
     /// `cfg.context_mib` a process (the contexts the shim's quota leaves out) and
     /// `cfg.tolerance_mib` once; over that `cfg.strikes` checks in a row, the pod is returned.
     /// A process's pod is the one its cgroup path names (`probe`: its pid namespace, then its
@@ -162,7 +162,9 @@ impl Verifier {
         let mut pods: HashMap<String, (u64, Vec<OfflineProc>)> = HashMap::new();
         for p in offline {
             let Some(host) = p.host_pid else { continue };
-            if probe.pid_ns(host).is_none() {
+            // Only processes NVML lists here hold memory (and a context) here: the others are
+            // neither summed nor looked up.
+            if !nvml.iter().any(|m| m.pid == host) || probe.pid_ns(host).is_none() {
                 continue;
             }
             let Some(uid) = probe.pod_uid(host) else { continue };
@@ -373,15 +375,17 @@ mod tests {
         const SMALL: &str = "22222222-2222-4222-8222-222222222222";
         const UNPLANNED: &str = "33333333-3333-4333-8333-333333333333";
         // Host pids 10, 11: pod OFFLINE_POD (plan 1000 MiB); 12: SMALL (plan 1000 MiB); 13:
-        // UNPLANNED; 14: in no pod; 15: OFFLINE_POD, registered but not found from here.
+        // UNPLANNED; 14: in no pod; 15: OFFLINE_POD, registered but not found from here; 16:
+        // OFFLINE_POD, registered, not on the GPU (no context: no allowance for one).
         let mut t = Table::new(&[
             (10, 1, 10, Some(OFFLINE_POD)),
             (11, 1, 11, Some(OFFLINE_POD)),
             (12, 1, 12, Some(SMALL)),
             (13, 1, 13, Some(UNPLANNED)),
             (14, 1, 14, None),
+            (16, 1, 16, Some(OFFLINE_POD)),
         ]);
-        let offline = [p(10, 0), p(11, 0), p(12, 0), p(13, 0), p(14, 0), OfflineProc { host_pid: None, ..p(15, 0) }];
+        let offline = [p(10, 0), p(11, 0), p(12, 0), p(13, 0), p(14, 0), OfflineProc { host_pid: None, ..p(15, 0) }, p(16, 0)];
         let plan = |uid: &str| [OFFLINE_POD, SMALL].contains(&uid).then_some(1000 * MIB);
         // OFFLINE_POD: 600 + 611 MiB = 1211 > 1000 + 2 x 100 + 10; SMALL: 1110 = its allowance.
         let nvml = vec![
@@ -402,8 +406,8 @@ mod tests {
         let within = vec![ProcMem { pid: 10, used_bytes: 600 * MIB }, ProcMem { pid: 11, used_bytes: 610 * MIB }];
         assert!(v.check_plans(&cfg, &offline, &within, plan, &mut t).is_empty());
         assert!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t).is_empty(), "strikes start over");
-        // A process not found from here is never looked up.
-        assert!(t.cgroup_reads.contains(&10) && !t.cgroup_reads.contains(&15));
+        // A process not found from here, or not on the GPU, is never looked up.
+        assert!(t.cgroup_reads.contains(&10) && !t.cgroup_reads.contains(&15) && !t.cgroup_reads.contains(&16));
     }
 
     /// A GPU process in the pid namespace of a registered offline process (a container's),
