@@ -24,7 +24,7 @@ pub use kube_contract::pod::{ANN_GPU, ANN_MEMORY_QUOTA_BYTES, ANN_SM_PERCENT};
 /// share the pod's planned quota. The eviction side maps a ledger group back to its pod by
 /// the same name.
 pub fn group_name(pod_uid: &str) -> String {
-    format!("k8s-pod-{pod_uid}")
+    node_ledger::ledger::pod_group_name(pod_uid)
 }
 
 /// The plan's decision for one pod, read from its annotations.

@@ -54,6 +54,9 @@ pub struct OfflineProc {
     pub start_time: u64,
     /// GPU memory the process says it holds, bytes.
     pub reported_bytes: u64,
+    /// The quota group its ledger slot names (the process's own word: its environment's
+    /// `XCUDA_GROUP`); 0 with no slot.
+    pub group_id: u64,
     /// Monotonic ms at which an eviction was requested, if one was (survives monitor restarts).
     pub evict_requested_ms: Option<u64>,
 }
@@ -82,16 +85,20 @@ pub enum EvictReason {
     /// Its pod's processes hold more GPU memory, as NVML measures it, than the pod's plan gives
     /// it (node-agent's offline pod list), whatever quota their environment or group claims.
     OverQuota,
+    /// A process of a planned pod registered under another quota group than its pod's (its
+    /// allocations were charged to another pod's quota).
+    ForeignGroup,
 }
 
 impl EvictReason {
     /// Every reason, in label order.
-    pub const ALL: [EvictReason; 5] = [
+    pub const ALL: [EvictReason; 6] = [
         EvictReason::Overlimit,
         EvictReason::Disabled,
         EvictReason::HostMemory,
         EvictReason::UnderReport,
         EvictReason::OverQuota,
+        EvictReason::ForeignGroup,
     ];
 
     /// The snake_case label.
@@ -102,6 +109,7 @@ impl EvictReason {
             EvictReason::HostMemory => "host_memory",
             EvictReason::UnderReport => "under_report",
             EvictReason::OverQuota => "over_quota",
+            EvictReason::ForeignGroup => "foreign_group",
         }
     }
 
@@ -493,6 +501,7 @@ mod tests {
             pid,
             start_time: 100 + pid as u64,
             reported_bytes: 0,
+            group_id: 0,
             evict_requested_ms: None,
         }
     }

@@ -344,6 +344,13 @@ fn set_mode(file: &File, path: &Path, mode: u32) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// The quota group of a Kubernetes pod's processes (`XCUDA_GROUP`, set by node-agent's
+/// Allocate): all containers of the pod share the pod's planned quota, and the daemons check a
+/// registration of a pod's process against it.
+pub fn pod_group_name(pod_uid: &str) -> String {
+    format!("k8s-pod-{pod_uid}")
+}
+
 /// Stable non-zero group id for a container name (FNV-1a 64).
 pub fn group_id_for(name: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -122,6 +122,7 @@ mod tests {
             host_pid: Some(snap.pid),
             start_time: snap.start_time,
             reported_bytes: 0,
+            group_id: 0,
             evict_requested_ms: None,
         };
         configure(&Rotation {

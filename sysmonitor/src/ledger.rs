@@ -345,6 +345,7 @@ impl LedgerPort for LedgerAdapter {
                     host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file),
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
+                    group_id: p.group_id,
                     // The status file keeps the request, not its time: a restarted monitor
                     // restarts the grace period from when it finds the request. Either daemon's
                     // request: a process mps-manager asked to leave is escalated alike.

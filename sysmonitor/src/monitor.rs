@@ -635,12 +635,23 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             watch.uids(),
             &mut probe,
         );
-        let over_plan = if watch.any_plan() {
+        let plans = if watch.any_plan() {
             self.verifier.check_plans(&self.cfg.verify, &offline, &nvml, |uid| watch.plan(uid), &mut probe)
         } else {
-            Vec::new()
+            Default::default()
         };
-        for o in over_plan {
+        for (p, uid) in plans.foreign {
+            let pod = match self.pods.watch.pod(&uid) {
+                Some(q) => format!("{}/{} (UID {uid})", q.namespace, q.name),
+                None => uid.clone(),
+            };
+            let why = format!(
+                "a process of offline pod {pod} registered under another quota group than its pod's ({}): its allocations were charged to another pod's quota (XCUDA_GROUP changed in the container)",
+                node_ledger::ledger::pod_group_name(&uid)
+            );
+            self.evict_with(now_ms, &p, EvictReason::ForeignGroup, &why, Some(&uid));
+        }
+        for o in plans.over {
             let pod = match self.pods.watch.pod(&o.pod) {
                 Some(p) => format!("{}/{} (UID {})", p.namespace, p.name, o.pod),
                 None => o.pod.clone(),
@@ -968,6 +979,7 @@ mod tests {
             pid_ns: 0,
             start_time: 7,
             reported_bytes: 0,
+            group_id: 0,
             evict_requested_ms: None,
         }
     }

@@ -33,6 +33,17 @@ pub struct Verifier {
     over_plan: HashMap<String, u32>,
 }
 
+/// What [`Verifier::check_plans`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanCheck {
+    /// Pods over their plan.
+    pub over: Vec<OverPlan>,
+    /// Processes of planned pods registered under another quota group than their pod's
+    /// (`node_ledger::ledger::pod_group_name`): their allocations were charged to another
+    /// pod's quota, which that pod then lacked. The pod (UID) their cgroup names with each.
+    pub foreign: Vec<(OfflineProc, String)>,
+}
+
 /// An offline pod whose registered processes on this GPU hold more GPU memory than its plan
 /// gives it ([`Verifier::check_plans`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,7 +161,9 @@ impl Verifier {
     /// cgroup, which the probe reads once per process), never the ledger group its slot claims
     /// nor the quota its environment gave the shim: both are the tenant's to write, so a pod
     /// that set `XCUDA_QUOTA_BYTES` higher, or registered under another pod's group, still
-    /// holds only what it was planned. A process not found from here is not judged.
+    /// holds only what it was planned. A process not found from here is not judged. A
+    /// planned pod's process registered under another group than its pod's is returned in
+    /// [`PlanCheck::foreign`] at once: the group is fixed at registration.
     pub fn check_plans(
         &mut self,
         cfg: &VerifyConfig,
@@ -158,7 +171,8 @@ impl Verifier {
         nvml: &[ProcMem],
         plan: impl Fn(&str) -> Option<u64>,
         probe: &mut impl ProcProbe,
-    ) -> Vec<OverPlan> {
+    ) -> PlanCheck {
+        let mut found = PlanCheck::default();
         let mut pods: HashMap<String, (u64, Vec<OfflineProc>)> = HashMap::new();
         for p in offline {
             let Some(host) = p.host_pid else { continue };
@@ -171,12 +185,15 @@ impl Verifier {
             if plan(&uid).is_none() {
                 continue;
             }
+            if p.group_id != node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(&uid)) {
+                found.foreign.push((*p, uid.clone()));
+            }
             let used: u64 = nvml.iter().filter(|m| m.pid == host).map(|m| m.used_bytes).sum();
             let e = pods.entry(uid).or_default();
             e.0 = e.0.saturating_add(used);
             e.1.push(*p);
         }
-        let mut out = Vec::new();
+        let out = &mut found.over;
         for (uid, (used, procs)) in pods.iter() {
             let quota = plan(uid).unwrap_or(u64::MAX);
             let slack = cfg.context_mib.saturating_mul(procs.len() as u64).saturating_add(cfg.tolerance_mib);
@@ -199,7 +216,7 @@ impl Verifier {
         }
         self.over_plan.retain(|k, _| pods.contains_key(k));
         out.sort_by(|a, b| a.pod.cmp(&b.pod));
-        out
+        found
     }
 
     /// GPU processes NVML lists (`nvml`) that are no registered offline process but are offline
@@ -283,6 +300,7 @@ impl Verifier {
                             host_pid: Some(pid),
                             start_time,
                             reported_bytes: 0,
+                            group_id: 0,
                             evict_requested_ms: None,
                         },
                         found,
@@ -310,6 +328,7 @@ mod tests {
             pid_ns: 0,
             start_time: 1,
             reported_bytes: reported,
+            group_id: 0,
             evict_requested_ms: None,
         }
     }
@@ -364,6 +383,11 @@ mod tests {
     const OFFLINE_POD: &str = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
     const ONLINE_POD: &str = "11111111-2222-3333-4444-555555555555";
 
+    /// `nvml`'s processes, each holding 1 MiB (everyone within any plan).
+    fn within_all(nvml: &[ProcMem]) -> Vec<ProcMem> {
+        nvml.iter().map(|m| ProcMem { pid: m.pid, used_bytes: MIB }).collect()
+    }
+
     /// A pod's registered processes here are held together to its plan, by the pod their
     /// cgroups name: a pod over `plan + context per process + tolerance` for the strikes is
     /// flagged with all its processes; one within it, one with no plan and a process not found
@@ -385,7 +409,16 @@ mod tests {
             (14, 1, 14, None),
             (16, 1, 16, Some(OFFLINE_POD)),
         ]);
-        let offline = [p(10, 0), p(11, 0), p(12, 0), p(13, 0), p(14, 0), OfflineProc { host_pid: None, ..p(15, 0) }, p(16, 0)];
+        let own = |pid, pod: &str| OfflineProc { group_id: node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(pod)), ..p(pid, 0) };
+        let offline = [
+            own(10, OFFLINE_POD),
+            own(11, OFFLINE_POD),
+            own(12, SMALL),
+            p(13, 0),
+            p(14, 0),
+            OfflineProc { host_pid: None, ..p(15, 0) },
+            own(16, OFFLINE_POD),
+        ];
         let plan = |uid: &str| [OFFLINE_POD, SMALL].contains(&uid).then_some(1000 * MIB);
         // OFFLINE_POD: 600 + 611 MiB = 1211 > 1000 + 2 x 100 + 10; SMALL: 1110 = its allowance.
         let nvml = vec![
@@ -397,15 +430,23 @@ mod tests {
             ProcMem { pid: 15, used_bytes: 50_000 * MIB },
         ];
         let mut v = Verifier::default();
-        assert!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t).is_empty(), "one strike");
-        let over = v.check_plans(&cfg, &offline, &nvml, plan, &mut t);
+        assert_eq!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t), PlanCheck::default(), "one strike");
+        let over = v.check_plans(&cfg, &offline, &nvml, plan, &mut t).over;
         assert_eq!(over.len(), 1, "{over:?}");
         assert_eq!((over[0].pod.as_str(), over[0].quota_bytes, over[0].nvml_bytes, over[0].allowed_bytes), (OFFLINE_POD, 1000 * MIB, 1211 * MIB, 1210 * MIB));
         assert_eq!(over[0].procs.iter().map(|p| p.pid).collect::<Vec<_>>(), [10, 11]);
         // Back within the plan: the strikes start over.
         let within = vec![ProcMem { pid: 10, used_bytes: 600 * MIB }, ProcMem { pid: 11, used_bytes: 610 * MIB }];
-        assert!(v.check_plans(&cfg, &offline, &within, plan, &mut t).is_empty());
-        assert!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t).is_empty(), "strikes start over");
+        assert!(v.check_plans(&cfg, &offline, &within, plan, &mut t).over.is_empty());
+        assert!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t).over.is_empty(), "strikes start over");
+        // A process of a planned pod registered under another group (SMALL's process under
+        // OFFLINE_POD's, within its plan) is found at once; one of an unplanned pod is not.
+        let mut borrowed = offline;
+        borrowed[2] = own(12, OFFLINE_POD);
+        borrowed[3] = own(13, OFFLINE_POD);
+        let found = Verifier::default().check_plans(&cfg, &borrowed, &within_all(&nvml), plan, &mut t);
+        assert_eq!(found.foreign.iter().map(|(q, pod)| (q.pid, pod.as_str())).collect::<Vec<_>>(), [(12, SMALL)]);
+        assert!(found.over.is_empty());
         // A process not found from here, or not on the GPU, is never looked up.
         assert!(t.cgroup_reads.contains(&10) && !t.cgroup_reads.contains(&15) && !t.cgroup_reads.contains(&16));
     }

@@ -828,15 +828,19 @@ fn planned_pod(uid: &str, name: &str, plan: u64) -> node_daemon::offline_pods::O
 /// the offline pods (`<ledger_dir>/offline-pods.json`) now carries each pod's plan; the monitor
 /// sums NVML's figures for the registered processes whose cgroup names the pod and evicts them
 /// (`over_quota`) once they hold more than the plan (plus each process's context and the
-/// tolerance) for the strikes. Root only (a real cgroup per pod).
+/// tolerance) for the strikes. A process that registered under another pod's group (its
+/// allocations charged to that pod's quota, which the other pod then lacks) is evicted as well
+/// (`foreign_group`), however little it holds. Root only (a real cgroup per pod).
 #[test]
-fn a_pod_holding_more_than_its_plan_under_a_quota_it_raised_itself_is_evicted_and_its_neighbour_is_not() {
+fn a_pod_over_its_plan_or_under_another_pods_group_is_evicted_and_its_neighbour_is_not() {
     if e2e::lacks_root("make a cgroup per pod") {
         return;
     }
     const GREEDY: &str = "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d";
     const FAIR: &str = "2b3c4d5e-6f7a-4b8c-9d0e-1f2a3b4c5d6e";
+    const BORROWER: &str = "3c4d5e6f-7a8b-4c9d-8e1f-2a3b4c5d6e7f";
     const MIB: u64 = e2e::MIB;
+    let borrower_cg = e2e::PodCgroup::create(BORROWER).expect("a cgroup for the borrowing pod");
     let greedy_cg = e2e::PodCgroup::create(GREEDY).expect("a cgroup for the greedy pod");
     let fair_cg = e2e::PodCgroup::create(FAIR).expect("a cgroup for the fair pod");
     let n = EmuHost::node();
@@ -861,23 +865,39 @@ fn a_pod_holding_more_than_its_plan_under_a_quota_it_raised_itself_is_evicted_an
     };
     let mut greedy = start(&greedy_cg, 1 << 30, format!("k8s-pod-{GREEDY}"), 160 * MIB);
     let mut fair = start(&fair_cg, 64 * MIB, format!("k8s-pod-{FAIR}"), 48 * MIB);
+    // The borrower holds 8 MiB (well within its plan) under the fair pod's group.
+    let mut borrower = start(&borrower_cg, 64 * MIB, format!("k8s-pod-{FAIR}"), 8 * MIB);
     // No plan known yet: ten verifications and nothing happens.
     std::thread::sleep(Duration::from_millis(500));
-    assert!(greedy.alive() && fair.alive(), "{}\n{}\n{}\n{}\n{}", greedy.stdout(), greedy.stderr(), fair.stdout(), fair.stderr(), n.log("mon.json"));
+    assert!(greedy.alive() && fair.alive() && borrower.alive(), "{}", n.log("mon.json"));
 
-    let list = node_daemon::offline_pods::OfflinePods::new("node-1", 1, vec![planned_pod(GREEDY, "greedy-0", 64 * MIB), planned_pod(FAIR, "fair-0", 64 * MIB)]);
+    let list = node_daemon::offline_pods::OfflinePods::new(
+        "node-1",
+        1,
+        vec![planned_pod(GREEDY, "greedy-0", 64 * MIB), planned_pod(FAIR, "fair-0", 64 * MIB), planned_pod(BORROWER, "borrower-0", 64 * MIB)],
+    );
     node_daemon::offline_pods::write(&node_daemon::offline_pods::path(n.ledger_dir()), &list).unwrap();
     assert!(greedy.wait_timeout(T).is_some(), "the greedy pod's process was not evicted:\n{}", n.log("mon.json"));
-    let v = n.wait_state(T, "the eviction counted", |v| v["evictions"]["over_quota"].as_u64() >= Some(1));
-    assert_eq!(v["evictions"]["over_quota"], 1, "{v:#}");
+    assert!(borrower.wait_timeout(T).is_some(), "the borrowing pod's process was not evicted:\n{}", n.log("mon.json"));
+    let v = n.wait_state(T, "the evictions counted", |v| {
+        v["evictions"]["over_quota"].as_u64() >= Some(1) && v["evictions"]["foreign_group"].as_u64() >= Some(1)
+    });
+    assert_eq!((&v["evictions"]["over_quota"], &v["evictions"]["foreign_group"]), (&1.into(), &1.into()), "{v:#}");
     assert_eq!(v["evictions"]["under_report"].as_u64().unwrap_or(0), 0, "it reported honestly: {v:#}");
     // Another second of verifications: the fair pod stays.
     std::thread::sleep(Duration::from_millis(1000));
     assert!(fair.alive(), "the fair pod's process was evicted:\n{}", n.log("mon.json"));
     let log = n.log("mon.json");
     assert!(log.contains("offline pod train/greedy-0") && log.contains("over its plan of 64 MiB"), "{log}");
-    // The eviction log names the greedy pod (node-agent evicts it through the API).
+    assert!(log.contains("offline pod train/borrower-0") && log.contains("registered under another quota group"), "{log}");
+    // The eviction log names each evicted process's own pod (node-agent evicts it through the
+    // API), never the fair pod whose group the borrower claimed.
     let logged = node_ledger::evictlog::read_from(n.ledger_dir(), 0, None, 1 << 20).unwrap();
-    let recs: Vec<_> = logged.entries.iter().filter_map(|e| e.record.as_ref()).collect();
-    assert!(!recs.is_empty() && recs.iter().all(|r| r.pod_uid.as_deref() == Some(GREEDY) && r.reason == "over_quota"), "{recs:?}");
+    let mut recs: Vec<_> = logged.entries.iter().filter_map(|e| e.record.as_ref()).map(|r| (r.pod_uid.clone().unwrap_or_default(), r.reason.clone())).collect();
+    recs.sort();
+    recs.dedup();
+    let want = [(GREEDY.to_string(), "over_quota".to_string()), (BORROWER.to_string(), "foreign_group".to_string())];
+    let mut want = want.to_vec();
+    want.sort();
+    assert_eq!(recs, want);
 }
