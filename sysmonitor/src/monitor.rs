@@ -609,14 +609,6 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 return;
             }
         };
-        for l in self.verifier.check(&self.cfg.verify, &offline, &nvml) {
-            let why = format!(
-                "reports {} MiB in the ledger but NVML sees {} MiB",
-                l.proc_.reported_bytes >> 20,
-                l.nvml_bytes >> 20
-            );
-            self.evict_one(now_ms, &l.proc_, EvictReason::UnderReport, &why);
-        }
         let own_ns = node_ledger::procinfo::own_pid_ns();
         let path = self.cfg.ledger_path();
         let PodCheck { watch, pod_of_pid, .. } = &mut *self.pods;
@@ -627,6 +619,11 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             ns: HashMap::new(),
             pods: pod_of_pid,
         };
+        let plans = if watch.any_plan() {
+            self.verifier.check_plans(&self.cfg.verify, &offline, &nvml, |uid| watch.plan(uid), &mut probe)
+        } else {
+            Default::default()
+        };
         let unshimmed = self.verifier.check_unregistered(
             &self.cfg.verify,
             &offline,
@@ -635,11 +632,18 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             watch.uids(),
             &mut probe,
         );
-        let plans = if watch.any_plan() {
-            self.verifier.check_plans(&self.cfg.verify, &offline, &nvml, |uid| watch.plan(uid), &mut probe)
-        } else {
-            Default::default()
-        };
+        // A planned pod's processes are judged together against its plan, by NVML's figures
+        // alone; their own reported memory is a ledger word any ledger client can write (a
+        // neighbour's write of a low figure got an honest process evicted as under-reporting).
+        let by_report: Vec<OfflineProc> = offline.iter().filter(|p| !plans.judged.contains(&p.key())).copied().collect();
+        for l in self.verifier.check(&self.cfg.verify, &by_report, &nvml) {
+            let why = format!(
+                "reports {} MiB in the ledger but NVML sees {} MiB",
+                l.proc_.reported_bytes >> 20,
+                l.nvml_bytes >> 20
+            );
+            self.evict_one(now_ms, &l.proc_, EvictReason::UnderReport, &why);
+        }
         for (p, uid) in plans.foreign {
             let pod = match self.pods.watch.pod(&uid) {
                 Some(q) => format!("{}/{} (UID {uid})", q.namespace, q.name),

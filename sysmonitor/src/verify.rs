@@ -42,6 +42,9 @@ pub struct PlanCheck {
     /// (`node_ledger::ledger::pod_group_name`): their allocations were charged to another
     /// pod's quota, which that pod then lacked. The pod (UID) their cgroup names with each.
     pub foreign: Vec<(OfflineProc, String)>,
+    /// The processes judged with their planned pod ([`OfflineProc::key`]): the per-process
+    /// check of reported memory ([`Verifier::check`]) leaves them to the plan.
+    pub judged: Vec<(usize, u32, u64)>,
 }
 
 /// An offline pod whose registered processes on this GPU hold more GPU memory than its plan
@@ -188,6 +191,7 @@ impl Verifier {
             if p.group_id != node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(&uid)) {
                 found.foreign.push((*p, uid.clone()));
             }
+            found.judged.push(p.key());
             let used: u64 = nvml.iter().filter(|m| m.pid == host).map(|m| m.used_bytes).sum();
             let e = pods.entry(uid).or_default();
             e.0 = e.0.saturating_add(used);
@@ -430,7 +434,11 @@ mod tests {
             ProcMem { pid: 15, used_bytes: 50_000 * MIB },
         ];
         let mut v = Verifier::default();
-        assert_eq!(v.check_plans(&cfg, &offline, &nvml, plan, &mut t), PlanCheck::default(), "one strike");
+        let first = v.check_plans(&cfg, &offline, &nvml, plan, &mut t);
+        assert!(first.over.is_empty() && first.foreign.is_empty(), "one strike");
+        let judged: Vec<u32> = first.judged.iter().map(|k| k.1).collect();
+        assert_eq!(judged.len(), 3, "{judged:?}");
+        assert!([10, 11, 12].iter().all(|p| judged.contains(p)), "the planned pods' processes on the GPU, left to the plan: {judged:?}");
         let over = v.check_plans(&cfg, &offline, &nvml, plan, &mut t).over;
         assert_eq!(over.len(), 1, "{over:?}");
         assert_eq!((over[0].pod.as_str(), over[0].quota_bytes, over[0].nvml_bytes, over[0].allowed_bytes), (OFFLINE_POD, 1000 * MIB, 1211 * MIB, 1210 * MIB));
