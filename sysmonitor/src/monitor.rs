@@ -650,7 +650,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 None => uid.clone(),
             };
             let why = format!(
-                "a process of offline pod {pod} registered under another quota group than its pod's ({}): its allocations were charged to another pod's quota (XCUDA_GROUP changed in the container)",
+                "a process of offline pod {pod} registered under another quota group than its pod's ({}): its allocations were charged to another pod's quota (XCUDA_GROUP changed in the container, or node-agent's Allocate took the container for another pending pod's: its environment then carries that pod's quota and MPS share too)",
                 node_ledger::ledger::pod_group_name(&uid)
             );
             self.evict_with(now_ms, &p, EvictReason::ForeignGroup, &why, Some(&uid));
