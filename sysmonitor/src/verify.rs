@@ -157,9 +157,10 @@ impl Verifier {
     }
 
     /// Holds each offline pod with a plan (`plan(uid)`: the bytes node-agent's list gives it) to
-    /// it: NVML's bytes for the pod's registered processes NVML lists here together may exceed the plan by
-    /// `cfg.context_mib` a process (the contexts the shim's quota leaves out) and
-    /// `cfg.tolerance_mib` once; over that `cfg.strikes` checks in a row, the pod is returned.
+    /// it: NVML's bytes for the pod's registered processes that NVML lists here may together
+    /// exceed the plan by `cfg.context_mib` a process (the contexts the shim's quota leaves
+    /// out) and `cfg.tolerance_mib` once; over that `cfg.strikes` checks in a row, the pod is
+    /// returned.
     /// A process's pod is the one its cgroup path names (`probe`: its pid namespace, then its
     /// cgroup, which the probe reads once per process), never the ledger group its slot claims
     /// nor the quota its environment gave the shim: both are the tenant's to write, so a pod
