@@ -242,6 +242,23 @@ pub struct VerifyConfig {
     /// `<ledger_dir>/offline-pods.json`. With no such file, only containers with a registered
     /// process are checked.
     pub offline_pods_file: PathBuf,
+    /// What becomes of a planned pod's process registered under another quota group than its
+    /// pod's (`k8s-pod-<uid>`): `evict` (`foreign_group`) or `report` (a WARN once per
+    /// process). Its allocations are charged to the other pod's quota; `report` is for a
+    /// cluster where node-agent's Allocate may take a container for another pending pod's
+    /// (two planned pods pending on a node at once), until that is ruled out.
+    pub foreign_group: ForeignGroupAction,
+}
+
+/// [`VerifyConfig::foreign_group`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForeignGroupAction {
+    /// Evict the process (`foreign_group`).
+    #[default]
+    Evict,
+    /// Log a WARN once per process, evict nothing.
+    Report,
 }
 
 impl Default for VerifyConfig {
@@ -253,6 +270,7 @@ impl Default for VerifyConfig {
             strikes: 3,
             every_ms: 200,
             offline_pods_file: PathBuf::new(),
+            foreign_group: ForeignGroupAction::Evict,
         }
     }
 }

@@ -644,6 +644,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             );
             self.evict_one(now_ms, &l.proc_, EvictReason::UnderReport, &why);
         }
+        self.pods.foreign_reported.retain(|k| offline.iter().any(|p| p.key() == *k));
         for (p, uid) in plans.foreign {
             let pod = match self.pods.watch.pod(&uid) {
                 Some(q) => format!("{}/{} (UID {uid})", q.namespace, q.name),
@@ -653,6 +654,12 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 "a process of offline pod {pod} registered under another quota group than its pod's ({}): its allocations were charged to another pod's quota (XCUDA_GROUP changed in the container, or node-agent's Allocate took the container for another pending pod's: its environment then carries that pod's quota and MPS share too)",
                 node_ledger::ledger::pod_group_name(&uid)
             );
+            if self.cfg.verify.foreign_group == crate::config::ForeignGroupAction::Report {
+                if self.pods.foreign_reported.insert(p.key()) {
+                    tracing::warn!(pid = p.pid, host_pid = p.host_pid, "{why}; left running (verify.foreign_group: report)");
+                }
+                continue;
+            }
             self.evict_with(now_ms, &p, EvictReason::ForeignGroup, &why, Some(&uid));
         }
         for o in plans.over {
@@ -823,6 +830,9 @@ struct PodCheck {
     /// Host pid -> (pid namespace, pod its cgroup names), for the processes NVML listed at the
     /// last verification (a container's processes never change cgroup).
     pod_of_pid: HashMap<u32, (u64, Option<String>)>,
+    /// Processes under a foreign group already reported (`verify.foreign_group: report`), while
+    /// registered.
+    foreign_reported: std::collections::HashSet<(usize, u32, u64)>,
 }
 
 impl PodCheck {
@@ -832,6 +842,7 @@ impl PodCheck {
             absent_said: false,
             next_look_ms: 0,
             pod_of_pid: HashMap::new(),
+            foreign_reported: Default::default(),
         }
     }
 }

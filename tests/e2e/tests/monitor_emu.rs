@@ -818,6 +818,29 @@ fn planned_pod(uid: &str, name: &str, plan: u64) -> node_daemon::offline_pods::O
     node_daemon::offline_pods::OfflinePod { uid: uid.into(), namespace: "train".into(), name: name.into(), memory_quota_bytes: Some(plan) }
 }
 
+/// A shimmed `shim_client` with quota `quota` in group `group`, moved into pod cgroup `cg`
+/// before its first driver call (as a container's process is born in its pod's), once it
+/// holds `bytes` allocated.
+fn client_in_pod(n: &EmuHost, cg: &e2e::PodCgroup, quota: u64, group: &str, bytes: u64) -> EmuChild {
+    let mut c = shim_support::limited(n, "shim_client", quota, group);
+    c.args(["--hold", "ctx", "alloc", &bytes.to_string(), "ready", "sleep", "60000"]);
+    let mut child = n.spawn(&mut c);
+    child.wait_for_line("loaded", T).expect("the client loaded");
+    cg.add(child.pid()).unwrap();
+    child.send_line("go");
+    child.wait_for_line("ready", T).expect("the client allocated");
+    child
+}
+
+/// The monitor's config of these tests, with the emulated profile's context (NVML charges it
+/// to the process; the shim's quota leaves it out) and `extra` verify settings.
+fn plan_config(n: &EmuHost, extra: &str) -> String {
+    let context_mib = n.context_bytes().div_ceil(e2e::MIB);
+    let cfg = config(400, 5000).replace("\"tolerance_mib\": 16 }", &format!("\"tolerance_mib\": 16, \"context_mib\": {context_mib}{extra} }}"));
+    assert!(cfg.contains("context_mib"), "{cfg}");
+    cfg
+}
+
 /// The monitor holds each planned offline pod to the GPU memory its plan gives it, as NVML
 /// measures the pod's processes, whatever quota the shim was given.
 ///
@@ -846,25 +869,10 @@ fn a_pod_over_its_plan_or_under_another_pods_group_is_evicted_and_its_neighbour_
     let greedy_cg = e2e::PodCgroup::create(GREEDY).expect("a cgroup for the greedy pod");
     let fair_cg = e2e::PodCgroup::create(FAIR).expect("a cgroup for the fair pod");
     let n = EmuHost::node();
-    // The emulated profile's context (NVML charges it to the process; the shim's quota leaves
-    // it out).
-    let context_mib = n.context_bytes().div_ceil(MIB);
-    let cfg = config(400, 5000).replace("\"tolerance_mib\": 16 }", &format!("\"tolerance_mib\": 16, \"context_mib\": {context_mib} }}"));
-    assert!(cfg.contains("context_mib"), "{cfg}");
-    let (_mon, ledger) = healthy(&n, &cfg);
+    let (_mon, ledger) = healthy(&n, &plan_config(&n, ""));
     // Planned 64 MiB each. The greedy pod's container raised its own quota to 1 GiB and takes
     // 160 MiB (reported as it is: no under-reporting); the fair one takes 48 MiB of its 64.
-    let start = |cg: &e2e::PodCgroup, quota: u64, group: String, bytes: u64| {
-        let mut c = shim_support::limited(&n, "shim_client", quota, &group);
-        c.args(["--hold", "ctx", "alloc", &bytes.to_string(), "ready", "sleep", "60000"]);
-        let mut child = n.spawn(&mut c);
-        child.wait_for_line("loaded", T).expect("the client loaded");
-        // In its pod's cgroup before its first driver call, as a container's process is.
-        cg.add(child.pid()).unwrap();
-        child.send_line("go");
-        child.wait_for_line("ready", T).expect("the client allocated");
-        child
-    };
+    let start = |cg: &e2e::PodCgroup, quota: u64, group: String, bytes: u64| client_in_pod(&n, cg, quota, &group, bytes);
     let mut greedy = start(&greedy_cg, 1 << 30, format!("k8s-pod-{GREEDY}"), 160 * MIB);
     let mut fair = start(&fair_cg, 64 * MIB, format!("k8s-pod-{FAIR}"), 48 * MIB);
     // The borrower holds 8 MiB (well within its plan) under the fair pod's group.
@@ -908,4 +916,34 @@ fn a_pod_over_its_plan_or_under_another_pods_group_is_evicted_and_its_neighbour_
     let mut want = want.to_vec();
     want.sort();
     assert_eq!(recs, want);
+}
+
+/// With `verify.foreign_group: report` (for a cluster where Allocate may mix up two pending
+/// pods), a planned pod's process under another pod's group is reported once (WARN) and left
+/// running. Root only (a real cgroup per pod).
+#[test]
+fn a_foreign_group_is_only_reported_when_so_configured() {
+    if e2e::lacks_root("make a cgroup per pod") {
+        return;
+    }
+    const BORROWER: &str = "4d5e6f7a-8b9c-4dae-9f0a-1b2c3d4e5f60";
+    const LENDER: &str = "5e6f7a8b-9cad-4ebf-8a1b-2c3d4e5f6071";
+    let cg = e2e::PodCgroup::create(BORROWER).expect("a cgroup for the borrowing pod");
+    let n = EmuHost::node();
+    let (_mon, _ledger) = healthy(&n, &plan_config(&n, ", \"foreign_group\": \"report\""));
+    let mut borrower = client_in_pod(&n, &cg, 64 * e2e::MIB, &format!("k8s-pod-{LENDER}"), 8 * e2e::MIB);
+    let list = node_daemon::offline_pods::OfflinePods::new(
+        "node-1",
+        1,
+        vec![planned_pod(BORROWER, "borrower-0", 64 * e2e::MIB), planned_pod(LENDER, "lender-0", 64 * e2e::MIB)],
+    );
+    node_daemon::offline_pods::write(&node_daemon::offline_pods::path(n.ledger_dir()), &list).unwrap();
+    n.wait_log(T, "the report", "mon.json", |l| l.contains("left running (verify.foreign_group: report)"));
+    // A second of verifications more: still running, reported once, evicted by nothing.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(borrower.alive(), "{}", n.log("mon.json"));
+    let log = n.log("mon.json");
+    assert_eq!(log.matches("left running (verify.foreign_group: report)").count(), 1, "{log}");
+    let v = n.wait_state(T, "a fresh state", |_| true);
+    assert_eq!(v["evictions"]["foreign_group"].as_u64().unwrap_or(0), 0, "{v:#}");
 }
