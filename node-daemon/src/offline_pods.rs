@@ -93,7 +93,7 @@ impl OfflinePods {
     fn check(&self) -> Result<(), String> {
         if !(1..=VERSION).contains(&self.xshare_offline_pods) {
             return Err(format!(
-                "format version {} (this build reads {VERSION})",
+                "format version {} (this build reads 1 to {VERSION})",
                 self.xshare_offline_pods
             ));
         }
