@@ -1706,23 +1706,13 @@ mod tests {
     #[test]
     fn a_recovery_request_names_the_pod_of_the_processs_cgroup_not_the_group_its_slot_claims() {
         const TENANT: &str = "99999999-7777-4777-8777-777777777777";
-        let cg = match workloads::host::PodCgroup::create(TENANT) {
-            Ok(cg) => cg,
-            Err(e) => {
-                eprintln!("skipped: needs root and a writable cgroup hierarchy ({e})");
-                return;
-            }
-        };
+        let Some(cg) = workloads::host::PodCgroup::create_or_skip(TENANT) else { return };
         let dir = tempfile::tempdir().unwrap();
         let mut m = manager(dir.path());
         m.cfg.evict_grace_ms = 0;
         let path = node_ledger::config::ledger_path(&m.cfg.ledger_dir, 0);
         let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
-        let mut cmd = std::process::Command::new("sleep");
-        cmd.arg("600");
-        workloads::host::hold_ledger(&mut cmd, &path);
-        let mut child = cmd.spawn().unwrap();
-        cg.add(child.id()).unwrap();
+        let mut child = cg.spawn_ledger_holder(&path);
         let g = l.group(node_ledger::ledger::group_id_for("k8s-pod-88888888-8888-4888-8888-888888888888"), 1 << 30).unwrap();
         let _h = l.register(child.id(), g).unwrap();
         let start_time = node_ledger::procinfo::start_time(child.id());

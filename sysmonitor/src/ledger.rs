@@ -530,15 +530,9 @@ mod tests {
     fn an_eviction_names_the_pod_of_the_processs_cgroup_not_the_group_its_slot_claims() {
         const TENANT: &str = "77777777-7777-4777-8777-777777777777";
         const NEIGHBOUR_GROUP: &str = "k8s-pod-88888888-8888-4888-8888-888888888888";
-        let cg = match workloads::host::PodCgroup::create(TENANT) {
-            Ok(cg) => cg,
-            Err(e) => {
-                eprintln!("skipped: needs root and a writable cgroup hierarchy ({e})");
-                return;
-            }
-        };
+        let Some(cg) = workloads::host::PodCgroup::create_or_skip(TENANT) else { return };
         let (d, path, mut a) = fresh_adapter();
-        let mut child = sleeper_in(&cg, &path);
+        let mut child = cg.spawn_ledger_holder(&path);
         let l = Ledger::open_existing(&path).unwrap();
         let g = l.group(node_ledger::ledger::group_id_for(NEIGHBOUR_GROUP), 1 << 30).unwrap();
         let _h = l.register(child.id(), g).unwrap();
@@ -556,19 +550,6 @@ mod tests {
         let rec = logged.entries[0].record.as_ref().unwrap();
         assert_eq!(rec.pod_uid.as_deref(), Some(TENANT), "and in the log record");
         assert_eq!(rec.group_id, node_ledger::ledger::group_id_for(NEIGHBOUR_GROUP), "the slot's claim is kept beside it");
-    }
-
-    /// A `sleep` holding the ledger at `ledger` (as a shimmed process does), moved into `cg`.
-    fn sleeper_in(cg: &workloads::host::PodCgroup, ledger: &std::path::Path) -> std::process::Child {
-        let mut cmd = std::process::Command::new("sleep");
-        cmd.arg("600");
-        workloads::host::hold_ledger(&mut cmd, ledger);
-        let mut child = cmd.spawn().unwrap();
-        if let Err(e) = cg.add(child.id()) {
-            let _ = child.kill();
-            panic!("{e}");
-        }
-        child
     }
 
     /// Follow-up 1: the request is addressed by pid namespace, pid and start time; a stale

@@ -907,6 +907,33 @@ impl PodCgroup {
         let procs = self.dir.join("cgroup.procs");
         std::fs::write(&procs, pid.to_string()).map_err(|e| format!("write {pid} to {}: {e}", procs.display()))
     }
+
+    /// [`PodCgroup::create`] for a test that needs one: `None` (the test says it skips, and
+    /// why) when none can be made (not root, no writable hierarchy).
+    pub fn create_or_skip(uid: &str) -> Option<Self> {
+        match Self::create(uid) {
+            Ok(cg) => Some(cg),
+            Err(e) => {
+                eprintln!("skipped: needs root and a writable cgroup hierarchy ({e})");
+                None
+            }
+        }
+    }
+
+    /// A `sleep 600` in the pod's cgroup holding the ledger at `ledger` open ([`hold_ledger`]),
+    /// as a shimmed offline process of the pod does: a process to [`register`] on its behalf.
+    pub fn spawn_ledger_holder(&self, ledger: &Path) -> std::process::Child {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600");
+        hold_ledger(&mut cmd, ledger);
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn sleep: {e}"));
+        if let Err(e) = self.add(child.id()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{e}");
+        }
+        child
+    }
 }
 
 impl Drop for PodCgroup {
