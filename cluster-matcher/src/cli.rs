@@ -235,6 +235,13 @@ pub struct ServeArgs {
     /// Deadline in ms for one API call (keep the bind under kube-scheduler's httpTimeout).
     #[arg(long, default_value_t = 2000)]
     pub api_timeout_ms: u64,
+    /// Seconds a node's bind lock holds: one offline pod per node at a time from bind to the
+    /// node agent's Allocate, which gives the lock back (so Allocate never guesses which
+    /// Pending pod a container is for). A lock older than this, or whose pod is gone, is taken
+    /// over. 0: no lock (needs no `patch` on nodes, but two pods bound to a node at once may
+    /// get each other's plan).
+    #[arg(long, default_value_t = kube_contract::bind_lock::DEFAULT_TTL.as_secs())]
+    pub bind_lock_ttl_s: u64,
     /// Deadline in ms for a request's headers and for its body (408 after it).
     #[arg(long, default_value_t = 10_000)]
     pub read_timeout_ms: u64,
@@ -410,7 +417,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 (None, Some(path)) => kube_api::ApiSource::Kubeconfig(path.clone()),
                 (None, None) => kube_api::ApiSource::Infer,
             };
-            let api = kube_api::KubeApi::connect(&source, std::time::Duration::from_millis(a.api_timeout_ms))?;
+            let api = kube_api::KubeApi::connect(&source, std::time::Duration::from_millis(a.api_timeout_ms))?
+                .with_bind_lock((a.bind_lock_ttl_s > 0).then(|| std::time::Duration::from_secs(a.bind_lock_ttl_s)));
             // Kept alive for the server's lifetime.
             let mut _watch = None;
             let ext = if a.watch {

@@ -1,5 +1,6 @@
-//! The extender's Kubernetes API client (kube-rs over k8s-openapi types): writes the plan's
-//! decision onto a pod and creates its `Binding` (`POST /api/v1/namespaces/{ns}/pods/{name}/binding`).
+//! The extender's Kubernetes API client (kube-rs over k8s-openapi types): takes the node's bind
+//! lock (`kube_contract::bind_lock`), writes the plan's decision onto a pod and creates its
+//! `Binding` (`POST /api/v1/namespaces/{ns}/pods/{name}/binding`).
 //!
 //! Calls run on a small tokio runtime this module owns, so the (async) HTTP server and
 //! plain threads can both use it.
@@ -8,10 +9,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Config};
+use kube_contract::bind_lock::{self, BindLock};
 
 // The annotation keys live in the shared contract (the node agent reads what we write).
 pub use kube_contract::pod::{ANN_COLOCATED_WITH, ANN_GPU, ANN_MEMORY_QUOTA_BYTES, ANN_PLAN_ROUND, ANN_SM_PERCENT};
@@ -78,6 +80,18 @@ pub enum ApiError {
         /// `Retry-After` seconds, when the server gave one.
         retry_after_s: Option<u32>,
     },
+    /// Another offline pod's bind holds the node until its Allocate (`kube_contract::bind_lock`).
+    #[error("node {node} is held by the bind of pod {holder} (taken {age_s} s ago, until its Allocate or {ttl_s} s): kube-scheduler retries this pod")]
+    Locked {
+        /// The node.
+        node: String,
+        /// `namespace/name` of the pod holding it.
+        holder: String,
+        /// Seconds since the lock was taken.
+        age_s: u64,
+        /// The lock's TTL, seconds.
+        ttl_s: u64,
+    },
     /// No answer (connection refused, timeout, TLS, bad body).
     #[error("{step}: {why}")]
     Transport {
@@ -106,7 +120,7 @@ impl ApiError {
     pub fn code(&self) -> Option<u16> {
         match self {
             ApiError::Status { code, .. } => Some(*code),
-            ApiError::Transport { .. } => None,
+            ApiError::Transport { .. } | ApiError::Locked { .. } => None,
         }
     }
 }
@@ -117,6 +131,7 @@ pub struct KubeApi {
     rt: Option<tokio::runtime::Runtime>,
     client: Client,
     timeout: Duration,
+    bind_lock_ttl: Option<Duration>,
 }
 
 impl std::fmt::Debug for KubeApi {
@@ -144,46 +159,132 @@ impl KubeApi {
         let client = rt
             .block_on(async { Client::try_from(config) })
             .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
-        Ok(Self { rt: Some(rt), client, timeout })
+        Ok(Self { rt: Some(rt), client, timeout, bind_lock_ttl: None })
+    }
+
+    /// Takes each node's bind lock before binding a pod there (`kube_contract::bind_lock`),
+    /// held for at most `ttl` unless the node agent's Allocate gives it back sooner; `None`:
+    /// no lock (Allocate then matches a container to the oldest Pending pod, which may be the
+    /// wrong one when two are Pending on a node at once).
+    pub fn with_bind_lock(mut self, ttl: Option<Duration>) -> Self {
+        self.bind_lock_ttl = ttl;
+        self
     }
 
     fn rt(&self) -> &tokio::runtime::Runtime {
         self.rt.as_ref().expect("runtime present until drop")
     }
 
-    /// Writes `placement` onto the pod (merge patch of its annotations, guarded by `uid`), then
-    /// creates its `Binding` to `placement.node` with the pod's UID as precondition.
+    /// Takes the node's bind lock (when configured, [`Self::with_bind_lock`]), writes
+    /// `placement` onto the pod (merge patch of its annotations, guarded by `uid`), then creates
+    /// its `Binding` to `placement.node` with the pod's UID as precondition. A failure after
+    /// the lock was taken gives it back.
     pub fn bind_pod(&self, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let lock_uid = if uid.is_empty() { format!("{namespace}/{name}") } else { uid.to_string() };
         let fut = async {
-            let mut meta = serde_json::json!({ "annotations": placement.annotations() });
-            if !uid.is_empty() {
-                // A merge patch carrying metadata.uid fails with 409 if the pod was replaced.
-                meta["uid"] = serde_json::Value::String(uid.to_string());
+            if let Some(ttl) = self.bind_lock_ttl {
+                let lock = BindLock {
+                    uid: lock_uid.clone(),
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    since_unix_ms: unix_ms(),
+                };
+                self.take_lock(&placement.node, &lock, ttl).await?;
             }
-            let patch = serde_json::json!({ "metadata": meta });
-            pods.patch(
-                name,
-                &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() },
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|e| ApiError::from_kube("writing the plan onto the pod", e))?;
-            let binding = binding_for(namespace, name, uid, &placement.node);
-            // The API server answers a created Binding with a `Status` (`status: Success`), not
-            // the Binding: any JSON body is success here.
-            let _: serde_json::Value = pods
-                .create_subresource("binding", name, &PostParams::default(), &binding)
-                .await
-                .map_err(|e| ApiError::from_kube("creating the Binding", e))?;
-            Ok(())
+            let r = self.patch_and_bind(&pods, namespace, name, uid, placement).await;
+            if r.is_err() && self.bind_lock_ttl.is_some() {
+                match bind_lock::release(&self.client, &placement.node, &lock_uid, FIELD_MANAGER).await {
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(node = %placement.node, pod = %format!("{namespace}/{name}"), error = %e,
+                        "could not give back the bind lock after a failed bind; it lapses after its TTL"),
+                }
+            }
+            r
         };
+        // Under kube-scheduler's extender httpTimeout: each call takes milliseconds when the
+        // API server is well; a lock taken before the deadline and not given back lapses.
         let timeout = self.timeout * 2;
         self.rt().block_on(async {
             tokio::time::timeout(timeout, fut).await.unwrap_or_else(|_| {
                 Err(ApiError::Transport { step: "binding", why: format!("no answer within {timeout:?}") })
             })
         })
+    }
+
+    /// Takes the bind lock of `node` for `lock`'s pod: refused ([`ApiError::Locked`]) while
+    /// another pod's lock is there, younger than `ttl`, and its pod still waits for Allocate
+    /// (exists with that UID, Pending, bound to no other node); else written with the read
+    /// `resourceVersion` as precondition, read again on `409 Conflict`.
+    async fn take_lock(&self, node: &str, lock: &BindLock, ttl: Duration) -> Result<(), ApiError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut conflict = None;
+        for _ in 0..bind_lock::WRITE_ATTEMPTS {
+            let n = nodes.get(node).await.map_err(|e| ApiError::from_kube("reading the node's bind lock", e))?;
+            match BindLock::of_node(&n) {
+                Some(Ok(held)) if held.uid != lock.uid => {
+                    let now = unix_ms();
+                    if !held.is_expired(now, ttl) && self.waits_for_allocate(&held, node).await? {
+                        return Err(ApiError::Locked {
+                            node: node.to_string(),
+                            holder: held.pod(),
+                            age_s: now.saturating_sub(held.since_unix_ms) / 1000,
+                            ttl_s: ttl.as_secs(),
+                        });
+                    }
+                    tracing::warn!(node, holder = %held.pod(), age_ms = now.saturating_sub(held.since_unix_ms),
+                        "taking over a stale bind lock (expired, or its pod no longer waits for Allocate)");
+                }
+                Some(Err(e)) => tracing::warn!(node, error = %e, "taking over a bind lock that does not parse"),
+                _ => {}
+            }
+            let rv = n.metadata.resource_version.clone().unwrap_or_default();
+            let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+            match nodes.patch(node, &pp, &Patch::Merge(&bind_lock::take_patch(lock, &rv))).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => conflict = Some(kube::Error::Api(s)),
+                Err(e) => return Err(ApiError::from_kube("taking the node's bind lock", e)),
+            }
+        }
+        Err(ApiError::from_kube("taking the node's bind lock", conflict.expect("every attempt ended in a conflict")))
+    }
+
+    /// Whether the pod holding a lock on `node` still waits for its Allocate: it exists with
+    /// the lock's UID, is Pending, and is bound to no other node.
+    async fn waits_for_allocate(&self, held: &BindLock, node: &str) -> Result<bool, ApiError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &held.namespace);
+        let Some(p) = pods.get_opt(&held.name).await.map_err(|e| ApiError::from_kube("reading the bind lock's pod", e))? else {
+            return Ok(false);
+        };
+        let uid_ok = p.metadata.uid.as_deref() == Some(held.uid.as_str())
+            || held.uid == format!("{}/{}", held.namespace, held.name);
+        let pending = p.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|ph| ph == "Pending");
+        let elsewhere = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| n != node);
+        Ok(uid_ok && pending && !elsewhere && p.metadata.deletion_timestamp.is_none())
+    }
+
+    async fn patch_and_bind(&self, pods: &Api<Pod>, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {
+        let mut meta = serde_json::json!({ "annotations": placement.annotations() });
+        if !uid.is_empty() {
+            // A merge patch carrying metadata.uid fails with 409 if the pod was replaced.
+            meta["uid"] = serde_json::Value::String(uid.to_string());
+        }
+        let patch = serde_json::json!({ "metadata": meta });
+        pods.patch(
+            name,
+            &PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() },
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| ApiError::from_kube("writing the plan onto the pod", e))?;
+        let binding = binding_for(namespace, name, uid, &placement.node);
+        // The API server answers a created Binding with a `Status` (`status: Success`), not
+        // the Binding: any JSON body is success here.
+        let _: serde_json::Value = pods
+            .create_subresource("binding", name, &PostParams::default(), &binding)
+            .await
+            .map_err(|e| ApiError::from_kube("creating the Binding", e))?;
+        Ok(())
     }
 }
 
@@ -195,6 +296,10 @@ impl Drop for KubeApi {
             rt.shutdown_background();
         }
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The client configuration `source` names.

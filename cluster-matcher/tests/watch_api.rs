@@ -629,6 +629,9 @@ fn serve_watch_learns_a_job_pod_created_later_then_binds_it() {
             Answer::Json(200, list("NodeList", "10", vec![node("gpu-a", "3", Some(hb))]), vec![])
         }
         ("GET", NODES, true) => Answer::Stream(vec![], true),
+        // The bind lock: the node read, then patched with the read resourceVersion.
+        ("GET", "/api/v1/nodes/gpu-a", false) => Answer::Json(200, node("gpu-a", "3", None), vec![]),
+        ("PATCH", "/api/v1/nodes/gpu-a", _) => Answer::Json(200, node("gpu-a", "4", None), vec![]),
         ("PATCH", "/api/v1/namespaces/ml/pods/train-k2", _) => Answer::Json(200, j.clone(), vec![]),
         ("POST", "/api/v1/namespaces/ml/pods/train-k2/binding", _) => {
             let b: k8s_openapi::api::core::v1::Binding = serde_json::from_slice(&r.body).unwrap();
@@ -679,6 +682,13 @@ fn serve_watch_learns_a_job_pod_created_later_then_binds_it() {
     assert_eq!(posted.len(), 1);
     let b: k8s_openapi::api::core::v1::Binding = serde_json::from_slice(&posted[0].body).unwrap();
     assert_eq!(b.target.name.as_deref(), Some("gpu-a"));
+    // The node's bind lock was taken first (serve's default), naming the pod.
+    let lock: Vec<Req> = api.reqs.lock().unwrap().iter().filter(|r| r.method == "PATCH" && r.path == "/api/v1/nodes/gpu-a").cloned().collect();
+    assert_eq!(lock.len(), 1);
+    let l = lock[0].json();
+    assert_eq!(l["metadata"]["resourceVersion"], "3");
+    let l = kube_contract::bind_lock::BindLock::parse(l["metadata"]["annotations"][kube_contract::bind_lock::ANNOTATION].as_str().unwrap()).unwrap();
+    assert_eq!((l.uid.as_str(), l.pod().as_str()), ("uid-train-k2", "ml/train-k2"));
     assert_eq!(b.metadata.uid.as_deref(), Some("uid-train-k2"));
     // The next round counts the job as running there before any watch event shows the bind.
     eventually("a round that keeps the bound job in place", || {

@@ -11,6 +11,9 @@
 //! - [`OFFLINE_GPU_RESOURCE`]: the extended resource the device plugin advertises.
 //! - [`heartbeat`]: the per-node GPU heartbeat, a Node annotation ([`heartbeat::ANNOTATION`])
 //!   holding [`heartbeat::GpuHeartbeat`] as JSON, with parse/validate and freshness checks.
+//! - [`bind_lock`]: the Node annotation that lets one offline pod at a time through from the
+//!   extender's bind to the device plugin's Allocate, so Allocate never has to guess which
+//!   Pending pod a container belongs to.
 //! - [`watch`]: how either side watches the API server and goes on after an error (relist on
 //!   `410 Gone`, the server's Retry-After, exponential backoff), in one loop.
 //!
@@ -47,6 +50,7 @@
 //! - **No schema validation by the API server.** The JSON is checked by
 //!   [`heartbeat::parse`] on the reading side: unknown `version` is an error, not a guess.
 
+pub mod bind_lock;
 pub mod heartbeat;
 pub mod node;
 pub mod pod;

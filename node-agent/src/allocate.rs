@@ -197,14 +197,17 @@ pub struct Allocations {
 
 impl Allocations {
     /// Picks the pod for a container asking for `count` slots among `pods` (the Pending pods
-    /// bound to `node`); oldest first (creation time, then namespace/name). [`Self::record`]
-    /// it once the container's response is built.
+    /// bound to `node`): the one the node's bind `lock` names when it is a candidate (the
+    /// extender lets one offline pod per node through to Allocate at a time), else the oldest
+    /// (creation time, then namespace/name). [`Self::record`] it once the container's
+    /// response is built.
     pub fn pick(
         &self,
         pods: &[Pod],
         node: &str,
         resource: &str,
         count: i64,
+        lock: Option<&kube_contract::bind_lock::BindLock>,
     ) -> Result<Pod, AllocError> {
         let mut cands: Vec<&Pod> = pods
             .iter()
@@ -234,12 +237,27 @@ impl Allocations {
             };
             key(a).cmp(&key(b))
         });
+        if let Some(l) = lock {
+            if let Some(p) = cands.iter().find(|p| p.metadata.uid.as_deref() == Some(l.uid.as_str())) {
+                return Ok((*p).clone());
+            }
+        }
+        if cands.len() > 1 {
+            tracing::warn!(node, candidates = cands.len(), lock = ?lock.map(|l| l.pod()),
+                "several Pending pods could own this container and the bind lock names none of them: taking the oldest (the monitor evicts a container given another pod's plan as foreign_group)");
+        }
         let pod = cands.first().ok_or_else(|| AllocError::NoPod {
             node: node.to_string(),
             count,
             resource: resource.to_string(),
         })?;
         Ok((*pod).clone())
+    }
+
+    /// Whether every container of `pod` asking for `resource` was allocated.
+    pub fn complete(&self, pod: &Pod, resource: &str) -> bool {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        self.done.get(uid).copied().unwrap_or(0) >= requesting_containers(pod, resource).len()
     }
 
     /// Records that one more container of pod `uid` was allocated.
@@ -453,13 +471,13 @@ mod tests {
         let mut a = Allocations::default();
         let r = "xshare.io/offline-gpu";
         let take = |a: &mut Allocations| {
-            let p = a.pick(&pods, "n1", r, 1)?;
+            let p = a.pick(&pods, "n1", r, 1, None)?;
             a.record(p.metadata.uid.as_deref().unwrap());
             Ok::<_, AllocError>(p.metadata.name.unwrap())
         };
         assert_eq!(take(&mut a).unwrap(), "old");
         assert_eq!(
-            a.pick(&pods, "n1", r, 1).unwrap().metadata.name.as_deref(),
+            a.pick(&pods, "n1", r, 1, None).unwrap().metadata.name.as_deref(),
             Some("old"),
             "not recorded: same pod"
         );
@@ -467,13 +485,45 @@ mod tests {
         assert_eq!(take(&mut a).unwrap(), "new");
         assert!(matches!(take(&mut a), Err(AllocError::NoPod { .. })));
         assert!(matches!(
-            Allocations::default().pick(&pods, "other", r, 1),
+            Allocations::default().pick(&pods, "other", r, 1, None),
             Err(AllocError::NoPod { .. })
         ));
         assert!(matches!(
-            Allocations::default().pick(&pods, "n1", r, 2),
+            Allocations::default().pick(&pods, "n1", r, 2, None),
             Err(AllocError::NoPod { .. })
         ));
+    }
+
+    /// Two planned pods Pending at once, the kubelet admitting the newer: the bind lock names
+    /// it, so its container gets its own plan, not the older pod's. Without a lock (or one
+    /// naming no candidate) the oldest is taken, as before.
+    #[test]
+    fn the_pod_the_bind_lock_names_is_taken_over_an_older_one() {
+        let pods = vec![
+            pod("old", "u1", "2026-01-01T00:00:00Z", Some("0"), &[1]),
+            pod("new", "u2", "2026-01-01T00:00:10Z", Some("1"), &[1, 1]),
+        ];
+        let r = "xshare.io/offline-gpu";
+        let lock = |uid: &str| kube_contract::bind_lock::BindLock {
+            uid: uid.into(),
+            namespace: "ml".into(),
+            name: "x".into(),
+            since_unix_ms: 1,
+        };
+        let mut a = Allocations::default();
+        let name = |p: Pod| p.metadata.name.unwrap();
+        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap()), "new");
+        assert_eq!(name(a.pick(&pods, "n1", r, 1, None).unwrap()), "old");
+        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("gone"))).unwrap()), "old");
+        // Complete once each container asking for the resource is allocated.
+        assert!(!a.complete(&pods[1], r));
+        a.record("u2");
+        assert!(!a.complete(&pods[1], r));
+        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap()), "new");
+        a.record("u2");
+        assert!(a.complete(&pods[1], r));
+        // All of its containers allocated: no longer a candidate, whatever the lock says.
+        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap()), "old");
     }
 
     #[test]

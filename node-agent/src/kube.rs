@@ -59,3 +59,18 @@ pub async fn pods_on_node(
         .await?
         .items)
 }
+
+/// The bind lock on `node` (`kube_contract::bind_lock`): the pod the extender let through to
+/// Allocate. `Ok(None)`: none there, or a value that does not parse (logged).
+pub async fn bind_lock(client: &Client, node: &str) -> Result<Option<kube_contract::bind_lock::BindLock>, kube::Error> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let n = nodes.get(node).await?;
+    Ok(match kube_contract::bind_lock::BindLock::of_node(&n) {
+        Some(Ok(l)) => Some(l),
+        Some(Err(e)) => {
+            tracing::warn!(node, error = %e, "ignoring a bind lock that does not parse");
+            None
+        }
+        None => None,
+    })
+}

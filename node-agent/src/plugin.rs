@@ -21,6 +21,7 @@ use tonic::transport::{Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
 
 use crate::allocate::{self, AllocError, Allocations};
+use kube_contract::bind_lock::BindLock;
 use crate::config::AgentConfig;
 use crate::health::GpuHealth;
 use crate::pb;
@@ -70,6 +71,35 @@ pub enum PodSource {
 }
 
 impl PodSource {
+    /// The pod the node's bind lock lets through (`kube_contract::bind_lock`). Unreadable
+    /// (no `get` on nodes, the API down): none, logged; Allocate then matches by age alone.
+    async fn bind_lock(&self, node: &str) -> Option<BindLock> {
+        match self {
+            PodSource::Api(c) => match crate::kube::bind_lock(c, node).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(node, error = %e, "cannot read the node's bind lock; matching the oldest Pending pod");
+                    None
+                }
+            },
+            PodSource::Fixed(..) => None,
+        }
+    }
+
+    /// Gives back the bind lock of pod `uid` (a task of its own: the kubelet's Allocate does
+    /// not wait on it). A failure is logged: the extender takes the lock over after its TTL.
+    fn give_back(&self, node: &str, uid: &str) {
+        let PodSource::Api(c) = self else { return };
+        let (c, node, uid) = (c.clone(), node.to_string(), uid.to_string());
+        tokio::spawn(async move {
+            match kube_contract::bind_lock::release(&c, &node, &uid, kube_contract::NODE_AGENT_FIELD_MANAGER).await {
+                Ok(true) => tracing::debug!(node, pod_uid = uid, "bind lock given back"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(node, pod_uid = uid, error = %e, "cannot give back the bind lock; the extender takes it over after its TTL"),
+            }
+        });
+    }
+
     async fn pending(&self, node: &str) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, String> {
         match self {
             PodSource::Api(c) => crate::kube::pods_on_node(c, node, Some("Pending"))
@@ -119,8 +149,28 @@ impl Plugin {
         let mut allocs = self.allocs.lock().await;
         let pods = self.pods.pending(node).await.map_err(AllocError::Api)?;
         allocs.retain(&pods.iter().filter_map(|p| p.metadata.uid.clone()).collect());
-        let pod = allocs.pick(&pods, node, &self.cfg.device_plugin.resource_name, count)?;
-        let plan = allocate::pod_plan(&pod)?;
+        let lock = self.pods.bind_lock(node).await;
+        let resource = &self.cfg.device_plugin.resource_name;
+        let pod = allocs.pick(&pods, node, resource, count, lock.as_ref())?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let locked = lock.as_ref().is_some_and(|l| l.uid == uid);
+        let r = self.admit(&mut allocs, &pod, req).await;
+        // The lock's pod is through once its last container is allocated; a failed Allocate
+        // fails its admission: either way the node is free for the next offline pod's bind.
+        if locked && (r.is_err() || allocs.complete(&pod, resource)) {
+            self.pods.give_back(node, &uid);
+        }
+        r
+    }
+
+    /// Checks the picked pod's plan against this node and builds its container's response.
+    async fn admit(
+        &self,
+        allocs: &mut Allocations,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        req: &pb::ContainerAllocateRequest,
+    ) -> Result<pb::ContainerAllocateResponse, AllocError> {
+        let plan = allocate::pod_plan(pod)?;
         if self.cfg.gpu(plan.gpu).is_none() {
             return Err(AllocError::UnknownGpu {
                 ns: plan.namespace,

@@ -8,10 +8,11 @@
 //! the kubelet (Register / ListAndWatch / Allocate over the device-plugin unix socket, then
 //! starting the container's process with exactly what Allocate returned).
 //!
-//! Steps, each asserted: an offline Job pod appears → filter/prioritize/bind → Binding posted
-//! and the plan's decision on the pod → Allocate injects the shim and the planned quota → the
-//! offline process runs under the shim on the emulated GPU and the quota holds → an online
-//! burst (the online service's own full-GPU demand) → Overlimit → sysmonitor evicts →
+//! Steps, each asserted: an offline Job pod appears → filter/prioritize/bind → the node's bind
+//! lock taken, Binding posted and the plan's decision on the pod → Allocate injects the shim
+//! and the planned quota and gives the lock back → the offline process runs under the shim on
+//! the emulated GPU and the quota holds → an online burst (the online service's own full-GPU
+//! demand) → Overlimit → sysmonitor evicts →
 //! node-agent posts the Eviction (policy/v1, UID precondition) once → the API server marks
 //! the pod Terminating (deletionTimestamp, its grace period) and the Job controller makes a
 //! new one at once → the extender replans and binds the new one while the old one is still
@@ -310,6 +311,14 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     // The plan's quota: at least the job's declared memory, within the GPU's (80 GiB).
     assert!((256 << 20..=80 << 30).contains(&quota), "{ann}");
     assert!(sm > 0.0 && sm <= 100.0, "{ann}");
+    // The bind took the node's bind lock for the pod: no other offline pod is bound here
+    // until its Allocate.
+    let lock = |c: &FakeCluster| {
+        c.node(NODE).unwrap()["metadata"]["annotations"][kube_contract::bind_lock::ANNOTATION]
+            .as_str()
+            .map(|v| kube_contract::bind_lock::BindLock::parse(v).unwrap())
+    };
+    assert_eq!(lock(&cluster).map(|l| l.uid), Some(uid_of(&pod)));
 
     // --- 2. The kubelet admits the pod: ListAndWatch, then Allocate one slot.
     let sock = dp.join("xshare-offline-gpu.sock");
@@ -338,6 +347,8 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     assert_eq!(env["CUDA_VISIBLE_DEVICES"], uuid);
     assert!(resp.mounts.iter().any(|m| m.host_path == shim.display().to_string() && m.read_only));
     assert!(resp.mounts.iter().any(|m| Path::new(&m.host_path) == run.join("gpu0") && !m.read_only));
+    // Its only container allocated, node-agent gave the lock back.
+    eventually("node-agent gives the bind lock back", || lock(&cluster).is_none().then_some(()));
     cluster.set_pod_phase("ml", "train-x7k2p", "Running");
 
     // --- 3. The container's process: exactly Allocate's env (the runtime's part: the emulator).

@@ -19,7 +19,7 @@ struct Server {
 }
 
 /// A stand-in for the Kubernetes API server on loopback, enough for the extender's bind: the
-/// annotation PATCH is answered with the pod, the `binding` subresource POST with 201 and the
+/// node's GET and PATCH (its bind lock) with the node, the annotation PATCH with the pod, the `binding` subresource POST with 201 and the
 /// Binding it was given (the shapes kube-apiserver answers with; the request shapes themselves
 /// are checked against k8s-openapi types in cluster-matcher's extender_bind_api tests).
 /// Requests the fake API server saw: `(method, path, body)`.
@@ -53,7 +53,12 @@ fn fake_api() -> (String, Seen) {
             let mut parts = head.split_whitespace();
             let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
             let body = String::from_utf8_lossy(&body).into_owned();
-            let (code, reply) = if method == "PATCH" {
+            // The node's bind lock: read, then written conditionally (always free here).
+            let (code, reply) = if path.starts_with("/api/v1/nodes/") {
+                let name = path.trim_start_matches("/api/v1/nodes/").split('?').next().unwrap_or("").to_string();
+                (200, json!({"kind": "Node", "apiVersion": "v1",
+                    "metadata": {"name": name, "resourceVersion": "1"}}).to_string())
+            } else if method == "PATCH" {
                 let name = path.rsplit('/').next().unwrap_or("").split('?').next().unwrap_or("").to_string();
                 (200, json!({"kind": "Pod", "apiVersion": "v1",
                     "metadata": {"name": name, "namespace": "default", "resourceVersion": "1"},

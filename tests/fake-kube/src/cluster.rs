@@ -625,6 +625,9 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
                     ));
                 }
             }
+            if let Some(a) = stale_version("pods", name, &pod, &patch) {
+                return a;
+            }
             let old = pod.clone();
             merge_patch(&mut pod, &patch);
             st.change(Kind::Pod, Some(old), Some(&mut pod));
@@ -638,8 +641,12 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
             let Some(mut node) = st.nodes.get(*name).cloned() else {
                 return not_found(&format!("nodes \"{name}\""));
             };
+            let patch = r.json();
+            if let Some(a) = stale_version("nodes", name, &node, &patch) {
+                return a;
+            }
             let old = node.clone();
-            merge_patch(&mut node, &r.json());
+            merge_patch(&mut node, &patch);
             st.change(Kind::Node, Some(old), Some(&mut node));
             st.nodes.insert(name.to_string(), node.clone());
             Answer::Json(200, typed(Kind::Node, node), vec![])
@@ -753,6 +760,18 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
     }
 }
 
+/// A `metadata.resourceVersion` in a patch is a precondition, as the API server applies it:
+/// the patched object keeps the given version, and the update is refused with `409 Conflict`
+/// when the stored object has another.
+fn stale_version(resource: &str, name: &str, obj: &Value, patch: &Value) -> Option<Answer> {
+    let want = patch["metadata"]["resourceVersion"].as_str()?;
+    (Some(want) != obj["metadata"]["resourceVersion"].as_str()).then(|| {
+        conflict(&format!(
+            "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+        ))
+    })
+}
+
 /// PATCH must be a JSON merge patch here (what both clients send).
 fn merge_only(r: &Req) -> Option<Answer> {
     let ct = r.headers.get("content-type").map_or("", String::as_str);
@@ -843,6 +862,38 @@ mod tests {
             headers: BTreeMap::new(),
             at: Instant::now(),
         }
+    }
+
+    fn merge(path: &str, body: Value) -> Req {
+        let mut r = req("PATCH", path, body, &[]);
+        r.headers.insert("content-type".into(), "application/merge-patch+json".into());
+        r
+    }
+
+    /// A patch carrying the resourceVersion that was read applies; one carrying an older
+    /// version is refused with 409 and changes nothing (optimistic concurrency).
+    #[test]
+    fn a_resource_version_in_a_patch_is_a_precondition() {
+        let c = FakeCluster::start();
+        c.add_node(json!({"metadata": {"name": "n1"}}));
+        let rv = c.node("n1").unwrap()["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+        let set = |v: &str, rv: &str| merge("/api/v1/nodes/n1", json!({"metadata": {"resourceVersion": rv, "annotations": {"k": v}}}));
+        let (code, n) = post(&c, set("a", &rv));
+        assert_eq!(code, 200);
+        assert_eq!(n["metadata"]["annotations"]["k"], "a");
+        assert_ne!(n["metadata"]["resourceVersion"].as_str(), Some(rv.as_str()), "a new version");
+        let (code, e) = post(&c, set("b", &rv));
+        assert_eq!(code, 409);
+        assert_eq!(e["reason"], "Conflict");
+        assert!(e["message"].as_str().unwrap().contains("the object has been modified"), "{e}");
+        assert_eq!(c.node("n1").unwrap()["metadata"]["annotations"]["k"], "a");
+        // Without a version the patch applies whatever changed (the heartbeat's).
+        let (code, _) = post(&c, merge("/api/v1/nodes/n1", json!({"metadata": {"annotations": {"k": "c"}}})));
+        assert_eq!(code, 200);
+        let p = c.add_pod(job_pod("train-a", None, None));
+        let stale = json!({"metadata": {"resourceVersion": "1", "annotations": {"k": "v"}}});
+        assert_ne!(p["metadata"]["resourceVersion"], "1");
+        assert_eq!(post(&c, merge("/api/v1/namespaces/ml/pods/train-a", stale)).0, 409);
     }
 
     fn eviction(name: &str, uid: &str) -> Value {

@@ -4,7 +4,8 @@
 //!   lists, watch streams, errors with headers), recording every request.
 //! - [`cluster::FakeCluster`]: a stateful API server on top of it: pods and nodes with
 //!   resourceVersions, list and watch (label/field selectors, replay from a resourceVersion,
-//!   ADDED/MODIFIED/DELETED as objects enter and leave a selector), JSON merge patches, the
+//!   ADDED/MODIFIED/DELETED as objects enter and leave a selector), JSON merge patches (a
+//!   `metadata.resourceVersion` in one is a precondition: `409 Conflict` when stale), the
 //!   `binding` and `eviction` subresources with their UID preconditions, Events, and a Job
 //!   controller that re-creates an evicted Job pod.
 //! - [`objects`]: real-shaped objects (lists, events, Status failures, Nodes, Job pods).

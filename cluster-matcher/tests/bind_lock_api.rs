@@ -1,0 +1,179 @@
+//! The extender's bind takes the node's bind lock (`kube_contract::bind_lock`) before it
+//! writes the plan and posts the Binding, against the stateful fake API server (fake-kube:
+//! Nodes and Pods with resourceVersions, merge patches whose `metadata.resourceVersion` is a
+//! precondition, the `binding` subresource with its UID precondition), and against a scripted
+//! one for the `409 Conflict` of a Node that changed between read and write.
+
+use std::time::Duration;
+
+use cluster_matcher::kube_api::{ApiError, ApiSource, KubeApi, PodPlacement};
+use fake_kube::cluster::FakeCluster;
+use fake_kube::{fake_api, Answer};
+use kube_contract::bind_lock::{self, BindLock, ANNOTATION};
+use serde_json::{json, Value};
+
+const NODE: &str = "gpu-b";
+const TTL: Duration = Duration::from_secs(120);
+
+fn placement() -> PodPlacement {
+    PodPlacement {
+        node: NODE.into(),
+        gpu: 1,
+        sm_percent: 30.0,
+        memory_quota_bytes: 4 << 30,
+        online: "svc".into(),
+        round: 7,
+    }
+}
+
+fn pending_pod(name: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "ml", "labels": {"xshare.io/role": "offline"}},
+           "spec": {"containers": [{"name": "main", "image": "train:1",
+                     "resources": {"limits": {"xshare.io/offline-gpu": "1"}}}]},
+           "status": {"phase": "Pending"}})
+}
+
+fn uid(c: &FakeCluster, name: &str) -> String {
+    c.pod("ml", name).unwrap()["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+fn lock_on(c: &FakeCluster) -> Option<BindLock> {
+    let n = c.node(NODE).unwrap();
+    n["metadata"]["annotations"][ANNOTATION].as_str().map(|v| BindLock::parse(v).unwrap())
+}
+
+fn bound_to(c: &FakeCluster, name: &str) -> Option<String> {
+    c.pod("ml", name).unwrap()["spec"]["nodeName"].as_str().map(str::to_string)
+}
+
+fn cluster(pods: &[&str]) -> (FakeCluster, KubeApi) {
+    let c = FakeCluster::start();
+    c.add_node(json!({"metadata": {"name": NODE, "annotations": {"xshare.io/gpu-heartbeat": "{}"}}}));
+    for p in pods {
+        c.add_pod(pending_pod(p));
+    }
+    let api = KubeApi::connect(&ApiSource::Url(c.url()), Duration::from_secs(5)).unwrap().with_bind_lock(Some(TTL));
+    (c, api)
+}
+
+fn bind(c: &FakeCluster, api: &KubeApi, name: &str) -> Result<(), ApiError> {
+    api.bind_pod("ml", name, &uid(c, name), &placement())
+}
+
+/// The node agent's side: gives the lock back after the pod's Allocate.
+fn give_back(c: &FakeCluster, pod_uid: &str) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = kube::Client::try_from(kube::Config::new(c.url().parse().unwrap())).unwrap();
+        bind_lock::release(&client, NODE, pod_uid, "xshare-node-agent").await.unwrap()
+    })
+}
+
+#[test]
+fn one_pod_per_node_is_bound_until_its_allocate_gives_the_lock_back() {
+    let (c, api) = cluster(&["a", "b"]);
+    bind(&c, &api, "a").unwrap();
+    assert_eq!(bound_to(&c, "a").as_deref(), Some(NODE));
+    let l = lock_on(&c).expect("a's bind holds the node");
+    assert_eq!((l.uid.as_str(), l.pod().as_str()), (uid(&c, "a").as_str(), "ml/a"));
+    // The heartbeat annotation is untouched by the lock's patch.
+    assert_eq!(c.node(NODE).unwrap()["metadata"]["annotations"]["xshare.io/gpu-heartbeat"], "{}");
+
+    // b waits: refused, nothing written onto it, not bound.
+    let e = bind(&c, &api, "b").unwrap_err();
+    assert!(matches!(&e, ApiError::Locked { holder, .. } if holder == "ml/a"), "{e}");
+    assert!(e.to_string().contains("kube-scheduler retries"), "{e}");
+    assert!(bound_to(&c, "b").is_none());
+    assert!(c.pod("ml", "b").unwrap()["metadata"]["annotations"].is_null(), "no plan written onto a pod not bound");
+    assert_eq!(c.bindings().len(), 1);
+
+    // a's bind retried by kube-scheduler (an answer lost): its own lock, taken again.
+    c.add_pod({
+        let mut p = c.pod("ml", "a").unwrap();
+        p["spec"]["nodeName"] = Value::Null;
+        p
+    });
+    bind(&c, &api, "a").unwrap();
+
+    // Another pod's give-back changes nothing; a's own frees the node.
+    assert!(!give_back(&c, &uid(&c, "b")));
+    assert!(lock_on(&c).is_some());
+    assert!(give_back(&c, &uid(&c, "a")));
+    assert!(lock_on(&c).is_none());
+    assert!(!give_back(&c, &uid(&c, "a")), "given back once");
+    bind(&c, &api, "b").unwrap();
+    assert_eq!(bound_to(&c, "b").as_deref(), Some(NODE));
+    assert_eq!(lock_on(&c).unwrap().pod(), "ml/b");
+}
+
+#[test]
+fn a_lock_whose_pod_no_longer_waits_for_allocate_or_that_expired_is_taken_over() {
+    let (c, api) = cluster(&["a", "b", "c", "d", "e"]);
+    // a was admitted (Running) but its give-back was lost.
+    bind(&c, &api, "a").unwrap();
+    c.set_pod_phase("ml", "a", "Running");
+    bind(&c, &api, "b").unwrap();
+    assert_eq!(lock_on(&c).unwrap().pod(), "ml/b");
+    // b was deleted before the kubelet admitted it.
+    c.delete_pod("ml", "b", Some(0));
+    assert!(c.pod("ml", "b").is_none());
+    bind(&c, &api, "c").unwrap();
+    assert_eq!(lock_on(&c).unwrap().pod(), "ml/c");
+    // c still Pending, but its lock is older than the TTL (the kubelet never came).
+    let old = BindLock { since_unix_ms: lock_on(&c).unwrap().since_unix_ms - TTL.as_millis() as u64 - 1000, ..lock_on(&c).unwrap() };
+    let mut n = c.node(NODE).unwrap();
+    n["metadata"]["annotations"][ANNOTATION] = old.encode().into();
+    c.add_node(n);
+    bind(&c, &api, "d").unwrap();
+    assert_eq!(lock_on(&c).unwrap().pod(), "ml/d");
+    // A value nothing of ours wrote is taken over too.
+    let mut n = c.node(NODE).unwrap();
+    n["metadata"]["annotations"][ANNOTATION] = "held".into();
+    c.add_node(n);
+    bind(&c, &api, "e").unwrap();
+    assert_eq!(lock_on(&c).unwrap().pod(), "ml/e");
+}
+
+#[test]
+fn a_bind_that_fails_after_taking_the_lock_gives_it_back() {
+    let (c, api) = cluster(&["a", "b"]);
+    // The pod was replaced since kube-scheduler read it: its UID precondition fails (409).
+    let e = api.bind_pod("ml", "a", "not-the-uid", &placement()).unwrap_err();
+    assert_eq!(e.code(), Some(409), "{e}");
+    assert!(lock_on(&c).is_none(), "given back");
+    bind(&c, &api, "b").unwrap();
+}
+
+#[test]
+fn a_node_changed_between_read_and_write_is_read_again() {
+    // The heartbeat lands between the extender's GET and its PATCH once: 409, then success.
+    let patches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let p2 = patches.clone();
+    let api = fake_api(move |r, _| {
+        let node = |rv: &str| json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE, "resourceVersion": rv}});
+        match (r.method.as_str(), r.path.as_str()) {
+            ("GET", "/api/v1/nodes/gpu-b") => Answer::Json(200, node("11"), vec![]),
+            ("PATCH", "/api/v1/nodes/gpu-b") => {
+                let body = r.json();
+                assert_eq!(body["metadata"]["resourceVersion"], "11", "conditional on what was read");
+                if p2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                    let msg = "Operation cannot be fulfilled on nodes \"gpu-b\": the object has been modified; please apply your changes to the latest version and try again";
+                    Answer::Json(409, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": msg, "reason": "Conflict", "details": {"name": NODE, "kind": "nodes"}, "code": 409}), vec![])
+                } else {
+                    Answer::Json(200, node("12"), vec![])
+                }
+            }
+            ("PATCH", p) if p.starts_with("/api/v1/namespaces/ml/pods/") => {
+                Answer::Json(200, json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "a", "namespace": "ml"}}), vec![])
+            }
+            ("POST", _) => Answer::Json(201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}), vec![]),
+            _ => Answer::Json(404, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404}), vec![]),
+        }
+    });
+    let k = KubeApi::connect(&ApiSource::Url(api.url.clone()), Duration::from_secs(5)).unwrap().with_bind_lock(Some(TTL));
+    k.bind_pod("ml", "a", "uid-a", &placement()).unwrap();
+    assert_eq!(patches.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let gets = api.reqs.lock().unwrap().iter().filter(|r| r.method == "GET").count();
+    assert_eq!(gets, 2, "read again after the conflict");
+}

@@ -1,0 +1,133 @@
+//! Allocate and the node's bind lock (`kube_contract::bind_lock`), against the stateful fake
+//! API server (fake-kube: Pods and Nodes with resourceVersions, merge patches whose
+//! `metadata.resourceVersion` is a precondition). Two planned offline pods are Pending on the
+//! node at once, the kubelet admitting the newer one: its container gets its own plan because
+//! the lock names it, and the lock is given back once its containers are allocated, or when
+//! its Allocate fails.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::offline_pod;
+use fake_kube::cluster::FakeCluster;
+use kube_contract::bind_lock::{BindLock, ANNOTATION};
+use node_agent::config::AgentConfig;
+use node_agent::pb;
+use node_agent::pb::device_plugin_server::DevicePlugin;
+use node_agent::plugin::{self, Plugin, PodSource};
+use node_ledger::{HealthState, MonitorSample};
+use tokio::sync::watch;
+
+const NODE: &str = "node-a";
+
+fn lock_on(c: &FakeCluster) -> Option<BindLock> {
+    c.node(NODE).unwrap()["metadata"]["annotations"][ANNOTATION].as_str().map(|v| BindLock::parse(v).unwrap())
+}
+
+fn hold(c: &FakeCluster, uid: &str, name: &str) {
+    let mut n = c.node(NODE).unwrap();
+    let l = BindLock { uid: uid.into(), namespace: "batch".into(), name: name.into(), since_unix_ms: node_daemon::clock::unix_ms() };
+    n["metadata"]["annotations"][ANNOTATION] = l.encode().into();
+    c.add_node(n);
+}
+
+async fn eventually(what: &str, f: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn alloc(id: &str) -> tonic::Request<pb::AllocateRequest> {
+    tonic::Request::new(pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.into()] }],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ledger_dir = tmp.path().join("run-xshare");
+    let (mut status, mut ledgers) = (Vec::new(), Vec::new());
+    for g in 0..2 {
+        ledgers.push(node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir, g), g).unwrap());
+        let s = node_ledger::Status::open_or_create(&node_ledger::config::status_path(&ledger_dir, g), g).unwrap();
+        s.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+        status.push(s);
+    }
+    let c = FakeCluster::start();
+    c.add_node(serde_json::json!({"metadata": {"name": NODE}}));
+    // The older pod's plan says GPU 0, the newer one's GPU 1; both bound here, both Pending.
+    c.add_pod(offline_pod("train-old", "uid-old", NODE, Some(0), "2026-01-01T00:00:00Z"));
+    let mut newer = offline_pod("train-new", "uid-new", NODE, Some(1), "2026-01-01T00:00:05Z");
+    newer["metadata"]["annotations"]["xshare.io/memory-quota-bytes"] = "1073741824".into();
+    c.add_pod(newer);
+
+    let cfg_text = serde_json::json!({
+        "node_name": NODE,
+        "ledger_dir": ledger_dir,
+        "gpus": [{"index": 0, "uuid": "GPU-00000000-aaaa"}, {"index": 1, "uuid": "GPU-11111111-bbbb"}],
+        "device_plugin": {"dir": tmp.path().join("dp"), "max_offline_per_gpu": 2},
+        "health": {"poll_ms": 50, "stale_after_ms": 60000},
+        "kube": {"api_url": c.url()},
+    })
+    .to_string();
+    let cfg = Arc::new(AgentConfig::from_text(Path::new("test.json"), &cfg_text, |_| None).unwrap());
+    let (health_tx, health_rx) = watch::channel(BTreeMap::new());
+    let (dev_tx, dev_rx) = watch::channel(Vec::new());
+    let (_stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(plugin::poll_health(cfg.clone(), health_tx, dev_tx, stop_rx));
+    let mut h = health_rx.clone();
+    tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.len() == 2 && m.values().all(|g| g.healthy())))
+        .await
+        .expect("both GPUs Healthy within 10 s")
+        .unwrap();
+    let client = node_agent::kube::client(&cfg.kube).await.unwrap();
+    let p = Plugin::new(cfg.clone(), health_rx, dev_rx, PodSource::Api(client));
+
+    // The extender let the newer pod through: its container is the newer pod's, not the oldest.
+    hold(&c, "uid-new", "train-new");
+    let r = p.allocate(alloc("gpu0-0")).await.unwrap().into_inner();
+    let env = &r.container_responses[0].envs;
+    assert_eq!(env["XCUDA_GROUP"], "k8s-pod-uid-new");
+    assert_eq!(env["XSHARE_GPU_INDEX"], "1");
+    assert_eq!(env["XCUDA_QUOTA_BYTES"], "1073741824");
+    // Its only container is allocated: the node is free for the next bind.
+    eventually("the lock given back", || lock_on(&c).is_none()).await;
+
+    // No lock (another binder, or the lock turned off): the oldest, as before.
+    let r = p.allocate(alloc("gpu0-1")).await.unwrap().into_inner();
+    assert_eq!(r.container_responses[0].envs["XCUDA_GROUP"], "k8s-pod-uid-old");
+
+    // A locked pod whose Allocate fails (its GPU not Healthy) gives the node back too: its
+    // admission fails, and the next pod must not wait for the TTL.
+    c.add_pod(offline_pod("train-3", "uid-3", NODE, Some(1), "2026-01-01T00:00:09Z"));
+    hold(&c, "uid-3", "train-3");
+    status[1].publish(&MonitorSample::default().with_health(HealthState::Overlimit));
+    // The plugin reads the same health channel.
+    tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.get(&1).is_some_and(|g| !g.healthy())))
+        .await
+        .expect("GPU 1 not Healthy within 10 s")
+        .unwrap();
+    let e = p.allocate(alloc("gpu1-0")).await.unwrap_err();
+    assert!(e.message().contains("batch/train-3") && e.message().contains("not Healthy"), "{}", e.message());
+    eventually("the lock given back after a failed Allocate", || lock_on(&c).is_none()).await;
+
+    // Another pod's lock is left alone by an Allocate that is not its pod's.
+    status[1].publish(&MonitorSample::default().with_health(HealthState::Healthy));
+    hold(&c, "uid-elsewhere", "train-elsewhere");
+    tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.get(&1).is_some_and(|g| g.healthy())))
+        .await
+        .expect("GPU 1 Healthy again within 10 s")
+        .unwrap();
+    let r = p.allocate(alloc("gpu1-1")).await.unwrap().into_inner();
+    assert_eq!(r.container_responses[0].envs["XCUDA_GROUP"], "k8s-pod-uid-3");
+    // A give-back would be spawned by the Allocate that just returned; give it time to land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(lock_on(&c).map(|l| l.uid), Some("uid-elsewhere".into()));
+}
