@@ -464,6 +464,13 @@ pub fn job_name(pod: &Pod) -> Option<String> {
         .or_else(|| m.name.clone())
 }
 
+impl Extender {
+    /// The API client binds go through, if one is configured.
+    pub fn api(&self) -> Option<&KubeApi> {
+        self.api.as_ref()
+    }
+}
+
 impl Watched {
     /// Offline pods seen evicted through the Eviction API since start.
     pub fn evictions_seen(&self) -> u64 {

@@ -132,6 +132,8 @@ pub struct KubeApi {
     client: Client,
     timeout: Duration,
     bind_lock_ttl: Option<Duration>,
+    lock_refusals: std::sync::atomic::AtomicU64,
+    lock_takeovers: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for KubeApi {
@@ -159,7 +161,14 @@ impl KubeApi {
         let client = rt
             .block_on(async { Client::try_from(config) })
             .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
-        Ok(Self { rt: Some(rt), client, timeout, bind_lock_ttl: None })
+        Ok(Self {
+            rt: Some(rt),
+            client,
+            timeout,
+            bind_lock_ttl: None,
+            lock_refusals: Default::default(),
+            lock_takeovers: Default::default(),
+        })
     }
 
     /// Takes each node's bind lock before binding a pod there (`kube_contract::bind_lock`),
@@ -173,6 +182,12 @@ impl KubeApi {
 
     fn rt(&self) -> &tokio::runtime::Runtime {
         self.rt.as_ref().expect("runtime present until drop")
+    }
+
+    /// Binds refused for a lock held, and locks taken over, since start.
+    pub fn bind_lock_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.lock_refusals.load(Relaxed), self.lock_takeovers.load(Relaxed))
     }
 
     /// Takes the node's bind lock (when configured, [`Self::with_bind_lock`]), writes
@@ -225,6 +240,7 @@ impl KubeApi {
                 Some(Ok(held)) if held.uid != lock.uid => {
                     let now = unix_ms();
                     if !held.is_expired(now, ttl) && self.waits_for_allocate(&held, node).await? {
+                        self.lock_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Err(ApiError::Locked {
                             node: node.to_string(),
                             holder: held.pod(),
@@ -234,8 +250,12 @@ impl KubeApi {
                     }
                     tracing::warn!(node, holder = %held.pod(), age_ms = now.saturating_sub(held.since_unix_ms),
                         "taking over a stale bind lock (expired, or its pod no longer waits for Allocate)");
+                    self.lock_takeovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                Some(Err(e)) => tracing::warn!(node, error = %e, "taking over a bind lock that does not parse"),
+                Some(Err(e)) => {
+                    tracing::warn!(node, error = %e, "taking over a bind lock that does not parse");
+                    self.lock_takeovers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 _ => {}
             }
             let rv = n.metadata.resource_version.clone().unwrap_or_default();

@@ -104,6 +104,7 @@ fn one_pod_per_node_is_bound_until_its_allocate_gives_the_lock_back() {
     bind(&c, &api, "b").unwrap();
     assert_eq!(bound_to(&c, "b").as_deref(), Some(NODE));
     assert_eq!(lock_on(&c).unwrap().pod(), "ml/b");
+    assert_eq!(api.bind_lock_counts(), (1, 0), "one refusal, no takeover");
 }
 
 #[test]
@@ -132,6 +133,7 @@ fn a_lock_whose_pod_no_longer_waits_for_allocate_or_that_expired_is_taken_over()
     c.add_node(n);
     bind(&c, &api, "e").unwrap();
     assert_eq!(lock_on(&c).unwrap().pod(), "ml/e");
+    assert_eq!(api.bind_lock_counts(), (0, 4), "four takeovers, no refusal");
 }
 
 #[test]

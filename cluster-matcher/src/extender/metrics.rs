@@ -39,6 +39,8 @@ pub const FAMILIES: &[&str] = &[
     "xshare_plan_waiting_jobs",
     "xshare_plan_breaks",
     "xshare_plan_skipped_gpus",
+    "xshare_extender_bind_lock_refusals_total",
+    "xshare_extender_bind_lock_takeovers_total",
     "xshare_gpu_health_state",
     "xshare_gpu_offline_sm_budget_ratio",
     "xshare_gpu_heartbeat_age_seconds",
@@ -134,6 +136,19 @@ pub fn render(ext: &Extender) -> String {
         "Online GPUs the latest plan keeps offline work off (health, rules).",
     );
     o.sample("xshare_plan_skipped_gpus", "", plan.skipped_gpus.len() as f64);
+    let (refusals, takeovers) = ext.api().map_or((0, 0), |a| a.bind_lock_counts());
+    o.family(
+        "xshare_extender_bind_lock_refusals_total",
+        "counter",
+        "Binds refused because another offline pod's bind held the node until its Allocate.",
+    );
+    o.sample("xshare_extender_bind_lock_refusals_total", "", refusals as f64);
+    o.family(
+        "xshare_extender_bind_lock_takeovers_total",
+        "counter",
+        "Node bind locks taken over: expired, unreadable, or whose pod no longer waits for Allocate.",
+    );
+    o.sample("xshare_extender_bind_lock_takeovers_total", "", takeovers as f64);
 
     let Some(w) = ext.watched_inputs() else { return o.0 };
     let cs = w.view.snapshot();
