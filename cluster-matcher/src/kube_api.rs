@@ -270,7 +270,10 @@ impl KubeApi {
     }
 
     /// Whether the pod holding a lock on `node` still waits for its Allocate: it exists with
-    /// the lock's UID, is Pending, and is bound to no other node.
+    /// the lock's UID, is Pending, is bound to no other node, and the kubelet has not started
+    /// it yet (`status.startTime`, which the kubelet sets when it first syncs an admitted pod:
+    /// admission, where Allocate runs, came before; an image pull may keep it Pending long
+    /// after).
     async fn waits_for_allocate(&self, held: &BindLock, node: &str) -> Result<bool, ApiError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &held.namespace);
         let Some(p) = pods.get_opt(&held.name).await.map_err(|e| ApiError::from_kube("reading the bind lock's pod", e))? else {
@@ -279,8 +282,9 @@ impl KubeApi {
         let uid_ok = p.metadata.uid.as_deref() == Some(held.uid.as_str())
             || held.uid == format!("{}/{}", held.namespace, held.name);
         let pending = p.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|ph| ph == "Pending");
+        let started = p.status.as_ref().is_some_and(|s| s.start_time.is_some());
         let elsewhere = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| n != node);
-        Ok(uid_ok && pending && !elsewhere && p.metadata.deletion_timestamp.is_none())
+        Ok(uid_ok && pending && !started && !elsewhere && p.metadata.deletion_timestamp.is_none())
     }
 
     async fn patch_and_bind(&self, pods: &Api<Pod>, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {

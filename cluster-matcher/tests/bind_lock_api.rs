@@ -115,9 +115,17 @@ fn a_lock_whose_pod_no_longer_waits_for_allocate_or_that_expired_is_taken_over()
     c.set_pod_phase("ml", "a", "Running");
     bind(&c, &api, "b").unwrap();
     assert_eq!(lock_on(&c).unwrap().pod(), "ml/b");
-    // b was deleted before the kubelet admitted it.
-    c.delete_pod("ml", "b", Some(0));
-    assert!(c.pod("ml", "b").is_none());
+    // b was admitted (the kubelet set its startTime; still Pending, pulling its image) and
+    // its give-back was lost.
+    let mut b = c.pod("ml", "b").unwrap();
+    b["status"]["startTime"] = "2026-11-28T10:00:00Z".into();
+    c.add_pod(b);
+    c.add_pod(pending_pod("b2"));
+    bind(&c, &api, "b2").unwrap();
+    assert_eq!(lock_on(&c).unwrap().pod(), "ml/b2");
+    // b2 deleted before the kubelet admitted it.
+    c.delete_pod("ml", "b2", Some(0));
+    assert!(c.pod("ml", "b2").is_none());
     bind(&c, &api, "c").unwrap();
     assert_eq!(lock_on(&c).unwrap().pod(), "ml/c");
     // c still Pending, but its lock is older than the TTL (the kubelet never came).
@@ -133,7 +141,7 @@ fn a_lock_whose_pod_no_longer_waits_for_allocate_or_that_expired_is_taken_over()
     c.add_node(n);
     bind(&c, &api, "e").unwrap();
     assert_eq!(lock_on(&c).unwrap().pod(), "ml/e");
-    assert_eq!(api.bind_lock_counts(), (0, 4), "four takeovers, no refusal");
+    assert_eq!(api.bind_lock_counts(), (0, 5), "five takeovers, no refusal");
 }
 
 #[test]

@@ -237,14 +237,20 @@ impl Allocations {
             };
             key(a).cmp(&key(b))
         });
-        if let Some(l) = lock {
-            if let Some(p) = cands.iter().find(|p| p.metadata.uid.as_deref() == Some(l.uid.as_str())) {
-                return Ok((*p).clone());
-            }
-        }
+        let locked = lock.and_then(|l| cands.iter().find(|p| p.metadata.uid.as_deref() == Some(l.uid.as_str())));
         if cands.len() > 1 {
-            tracing::warn!(node, candidates = cands.len(), lock = ?lock.map(|l| l.pod()),
-                "several Pending pods could own this container and the bind lock names none of them: taking the oldest (the monitor evicts a container given another pod's plan as foreign_group)");
+            // Pods bound past the lock (turned off, taken over after its TTL, or bound before
+            // an upgrade that brought it): the kubelet may be admitting any of them.
+            let names: Vec<String> = cands
+                .iter()
+                .map(|p| format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or("")))
+                .collect();
+            tracing::warn!(node, candidates = ?names, lock = ?lock.map(|l| l.pod()),
+                "several Pending pods could own this container: taking {} (the monitor evicts a container given another pod's plan as foreign_group)",
+                if locked.is_some() { "the one the bind lock names" } else { "the oldest" });
+        }
+        if let Some(p) = locked {
+            return Ok((*p).clone());
         }
         let pod = cands.first().ok_or_else(|| AllocError::NoPod {
             node: node.to_string(),
