@@ -189,6 +189,16 @@ pub fn requesting_containers(pod: &Pod, resource: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The pod [`Allocations::pick`] chose for a container.
+#[derive(Debug, Clone)]
+pub struct Picked {
+    /// The pod.
+    pub pod: Pod,
+    /// How many Pending pods could have owned the container (more than one: the choice went
+    /// by the bind lock, or by age where the lock named none of them).
+    pub candidates: usize,
+}
+
 /// Tracks which containers of which pods were allocated already (by pod UID).
 #[derive(Debug, Default)]
 pub struct Allocations {
@@ -208,7 +218,7 @@ impl Allocations {
         resource: &str,
         count: i64,
         lock: Option<&kube_contract::bind_lock::BindLock>,
-    ) -> Result<Pod, AllocError> {
+    ) -> Result<Picked, AllocError> {
         let mut cands: Vec<&Pod> = pods
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -249,15 +259,13 @@ impl Allocations {
                 "several Pending pods could own this container: taking {} (the monitor evicts a container given another pod's plan as foreign_group)",
                 if locked.is_some() { "the one the bind lock names" } else { "the oldest" });
         }
-        if let Some(p) = locked {
-            return Ok((*p).clone());
-        }
-        let pod = cands.first().ok_or_else(|| AllocError::NoPod {
+        let candidates = cands.len();
+        let pod = locked.or(cands.first()).ok_or_else(|| AllocError::NoPod {
             node: node.to_string(),
             count,
             resource: resource.to_string(),
         })?;
-        Ok((*pod).clone())
+        Ok(Picked { pod: (*pod).clone(), candidates })
     }
 
     /// Whether every container of `pod` asking for `resource` was allocated.
@@ -477,13 +485,13 @@ mod tests {
         let mut a = Allocations::default();
         let r = "xshare.io/offline-gpu";
         let take = |a: &mut Allocations| {
-            let p = a.pick(&pods, "n1", r, 1, None)?;
+            let p = a.pick(&pods, "n1", r, 1, None)?.pod;
             a.record(p.metadata.uid.as_deref().unwrap());
             Ok::<_, AllocError>(p.metadata.name.unwrap())
         };
         assert_eq!(take(&mut a).unwrap(), "old");
         assert_eq!(
-            a.pick(&pods, "n1", r, 1, None).unwrap().metadata.name.as_deref(),
+            a.pick(&pods, "n1", r, 1, None).unwrap().pod.metadata.name.as_deref(),
             Some("old"),
             "not recorded: same pod"
         );
@@ -517,8 +525,9 @@ mod tests {
             since_unix_ms: 1,
         };
         let mut a = Allocations::default();
-        let name = |p: Pod| p.metadata.name.unwrap();
+        let name = |p: Picked| p.pod.metadata.name.unwrap();
         assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap()), "new");
+        assert_eq!(a.pick(&pods, "n1", r, 1, None).unwrap().candidates, 2);
         assert_eq!(name(a.pick(&pods, "n1", r, 1, None).unwrap()), "old");
         assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("gone"))).unwrap()), "old");
         // Complete once each container asking for the resource is allocated.
@@ -529,7 +538,9 @@ mod tests {
         a.record("u2");
         assert!(a.complete(&pods[1], r));
         // All of its containers allocated: no longer a candidate, whatever the lock says.
-        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap()), "old");
+        let p = a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap();
+        assert_eq!(p.candidates, 1);
+        assert_eq!(name(p), "old");
     }
 
     #[test]

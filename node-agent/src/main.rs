@@ -196,6 +196,7 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
         dev_rx,
         PodSource::Api(client.clone()),
     ));
+    let plugin_view = p.clone();
     let c = cfg.clone();
     let s = stop_rx.clone();
     tasks.push(tokio::spawn(async move {
@@ -241,9 +242,10 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
         let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
             .await
             .map_err(|e| format!("metrics_listen {}: {e}", cfg.metrics_listen))?;
-        let (c, m, lm) = (cfg.clone(), metrics.clone(), list_metrics.clone());
+        let (c, m, lm, dp) = (cfg.clone(), metrics.clone(), list_metrics.clone(), plugin_view);
         let render = Arc::new(move || {
             let mut o = node_agent::metrics::gpu_metrics(&c, &health_view.borrow());
+            o.push_str(&dp.metrics());
             o.push_str(&m.lock().map(|g| g.clone()).unwrap_or_default());
             o.push_str(&lm.lock().map(|g| g.clone()).unwrap_or_default());
             o

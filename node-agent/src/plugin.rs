@@ -88,12 +88,15 @@ impl PodSource {
 
     /// Gives back the bind lock of pod `uid` (a task of its own: the kubelet's Allocate does
     /// not wait on it). A failure is logged: the extender takes the lock over after its TTL.
-    fn give_back(&self, node: &str, uid: &str) {
+    fn give_back(&self, node: &str, uid: &str, given: Arc<Counter>) {
         let PodSource::Api(c) = self else { return };
         let (c, node, uid) = (c.clone(), node.to_string(), uid.to_string());
         tokio::spawn(async move {
             match kube_contract::bind_lock::release(&c, &node, &uid, kube_contract::NODE_AGENT_FIELD_MANAGER).await {
-                Ok(true) => tracing::debug!(node, pod_uid = uid, "bind lock given back"),
+                Ok(true) => {
+                    given.inc();
+                    tracing::debug!(node, pod_uid = uid, "bind lock given back");
+                }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(node, pod_uid = uid, error = %e, "cannot give back the bind lock; the extender takes it over after its TTL"),
             }
@@ -113,6 +116,29 @@ impl PodSource {
     }
 }
 
+/// A counter for `/metrics`.
+#[derive(Debug, Default)]
+struct Counter(std::sync::atomic::AtomicU64);
+
+impl Counter {
+    fn inc(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Allocate's counters ([`Plugin::metrics`]).
+#[derive(Debug, Default)]
+struct AllocStats {
+    by_lock: Counter,
+    by_age: Counter,
+    ambiguous: Counter,
+    refused: Counter,
+    give_backs: Arc<Counter>,
+}
+
 /// The service state shared by every gRPC call.
 pub struct Plugin {
     cfg: Arc<AgentConfig>,
@@ -120,6 +146,7 @@ pub struct Plugin {
     devices: watch::Receiver<Vec<pb::Device>>,
     pods: PodSource,
     allocs: Mutex<Allocations>,
+    stats: AllocStats,
 }
 
 impl Plugin {
@@ -136,6 +163,7 @@ impl Plugin {
             devices,
             pods,
             allocs: Mutex::new(Allocations::default()),
+            stats: AllocStats::default(),
         }
     }
 
@@ -151,16 +179,51 @@ impl Plugin {
         allocs.retain(&pods.iter().filter_map(|p| p.metadata.uid.clone()).collect());
         let lock = self.pods.bind_lock(node).await;
         let resource = &self.cfg.device_plugin.resource_name;
-        let pod = allocs.pick(&pods, node, resource, count, lock.as_ref())?;
+        let picked = allocs.pick(&pods, node, resource, count, lock.as_ref());
+        let picked = picked.inspect_err(|_| self.stats.refused.inc())?;
+        let pod = picked.pod;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let locked = lock.as_ref().is_some_and(|l| l.uid == uid);
+        if locked { &self.stats.by_lock } else { &self.stats.by_age }.inc();
+        if picked.candidates > 1 {
+            self.stats.ambiguous.inc();
+        }
         let r = self.admit(&mut allocs, &pod, req).await;
+        if r.is_err() {
+            self.stats.refused.inc();
+        }
         // The lock's pod is through once its last container is allocated; a failed Allocate
         // fails its admission: either way the node is free for the next offline pod's bind.
         if locked && (r.is_err() || allocs.complete(&pod, resource)) {
-            self.pods.give_back(node, &uid);
+            self.pods.give_back(node, &uid, self.stats.give_backs.clone());
         }
         r
+    }
+
+    /// Allocate's counters, as Prometheus text (`xshare_node_agent_*`).
+    pub fn metrics(&self) -> String {
+        let s = &self.stats;
+        let node = &self.cfg.node_name;
+        format!(
+            "# HELP xshare_node_agent_allocate_matches_total Containers matched to a pod at Allocate, by how: the pod the node's bind lock names, or the oldest Pending pod\n\
+             # TYPE xshare_node_agent_allocate_matches_total counter\n\
+             xshare_node_agent_allocate_matches_total{{node=\"{node}\",by=\"bind_lock\"}} {}\n\
+             xshare_node_agent_allocate_matches_total{{node=\"{node}\",by=\"oldest\"}} {}\n\
+             # HELP xshare_node_agent_allocate_ambiguous_total Containers several Pending pods could own (pods bound past the bind lock)\n\
+             # TYPE xshare_node_agent_allocate_ambiguous_total counter\n\
+             xshare_node_agent_allocate_ambiguous_total{{node=\"{node}\"}} {}\n\
+             # HELP xshare_node_agent_allocate_refused_total Allocate calls refused (the pod's admission fails)\n\
+             # TYPE xshare_node_agent_allocate_refused_total counter\n\
+             xshare_node_agent_allocate_refused_total{{node=\"{node}\"}} {}\n\
+             # HELP xshare_node_agent_bind_lock_give_backs_total Bind locks given back after the locked pod's Allocate\n\
+             # TYPE xshare_node_agent_bind_lock_give_backs_total counter\n\
+             xshare_node_agent_bind_lock_give_backs_total{{node=\"{node}\"}} {}\n",
+            s.by_lock.get(),
+            s.by_age.get(),
+            s.ambiguous.get(),
+            s.refused.get(),
+            s.give_backs.get(),
+        )
     }
 
     /// Checks the picked pod's plan against this node and builds its container's response.

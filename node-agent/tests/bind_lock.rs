@@ -130,4 +130,17 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
     // A give-back would be spawned by the Allocate that just returned; give it time to land.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(lock_on(&c).map(|l| l.uid), Some("uid-elsewhere".into()));
+
+    // What the operator sees on /metrics: two containers matched by the lock (the first with
+    // two pods that could own it; train-3's refused), two by age, two give-backs.
+    let m = p.metrics();
+    for line in [
+        r#"xshare_node_agent_allocate_matches_total{node="node-a",by="bind_lock"} 2"#,
+        r#"xshare_node_agent_allocate_matches_total{node="node-a",by="oldest"} 2"#,
+        r#"xshare_node_agent_allocate_ambiguous_total{node="node-a"} 1"#,
+        r#"xshare_node_agent_allocate_refused_total{node="node-a"} 1"#,
+        r#"xshare_node_agent_bind_lock_give_backs_total{node="node-a"} 2"#,
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} not in\n{m}");
+    }
 }
