@@ -419,7 +419,14 @@ impl Extender {
             round: snap.round,
         };
         if let Err(e) = api.bind_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, &placement) {
-            return fail(format!("pod {}/{} not bound to {}: {e}", args.pod_namespace, args.pod_name, args.node));
+            let error = format!("pod {}/{} not bound to {}: {e}", args.pod_namespace, args.pod_name, args.node);
+            if let crate::kube_api::ApiError::Locked { holder, .. } = &e {
+                // Expected while another pod's admission is under way: kube-scheduler retries
+                // with backoff, and a WARN per retry would drown the real refusals.
+                tracing::info!(pod = %args.pod_name, ns = %args.pod_namespace, node = %args.node, %holder, "bind waits for the node's bind lock");
+                return ExtenderBindingResult { error };
+            }
+            return fail(error);
         }
         tracing::info!(pod = %args.pod_name, job = %job_name, node = %args.node, gpu = a.at.gpu, sm = a.sm_percent, quota_mib = a.memory_quota_mib, "bound");
         {

@@ -106,9 +106,14 @@ fn api_answering(binding: impl Fn(&Seen) -> Reply + Send + 'static) -> FakeApi {
 }
 
 fn extender_with(api: &FakeApi) -> Arc<Extender> {
+    extender_locking(api, None)
+}
+
+fn extender_locking(api: &FakeApi, bind_lock_ttl: Option<Duration>) -> Arc<Extender> {
     let cluster = ClusterSpec::load(&fixture("cluster.json")).unwrap();
     let workloads = Workloads::load(&fixture("workloads.json"), &cluster).unwrap();
-    let client = KubeApi::connect(&ApiSource::Url(api.url.clone()), Duration::from_secs(5)).unwrap();
+    let client =
+        KubeApi::connect(&ApiSource::Url(api.url.clone()), Duration::from_secs(5)).unwrap().with_bind_lock(bind_lock_ttl);
     let ext = Extender::new(cluster, workloads, plan_support::similarity_predictor(), None).with_api(client);
     let ext = Arc::new(ext);
     // kube-scheduler filters before it binds: the pod -> job mapping comes from there.
@@ -262,4 +267,26 @@ fn the_client_can_be_dropped_inside_an_async_context() {
     let api = KubeApi::connect(&ApiSource::Url("http://127.0.0.1:1".into()), Duration::from_secs(1)).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     rt.block_on(async move { drop(api) });
+}
+
+#[test]
+fn a_node_another_pods_bind_holds_is_answered_with_an_error_naming_it_and_nothing_is_written() {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let lock = kube_contract::bind_lock::BindLock { uid: "uid-other".into(), namespace: "ml".into(), name: "other".into(), since_unix_ms: since };
+    let api = fake_api(move |s| match (s.method.as_str(), s.url.split('?').next().unwrap()) {
+        ("GET", "/api/v1/nodes/gpu-b") => (200, json!({"kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": "gpu-b", "resourceVersion": "77", "annotations": {kube_contract::bind_lock::ANNOTATION: lock.encode()}}}), vec![]),
+        // The holder still waits for its Allocate: Pending, bound here, not started.
+        ("GET", "/api/v1/namespaces/ml/pods/other") => (200, json!({"kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": "other", "namespace": "ml", "uid": "uid-other", "resourceVersion": "70"},
+            "spec": {"nodeName": "gpu-b", "containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Pending"}}), vec![]),
+        _ => (500, status(500, "InternalError", "not expected here", json!({})), vec![]),
+    });
+    let ext = extender_locking(&api, Some(Duration::from_secs(120)));
+    let r = ext.bind(bind_args());
+    assert!(r.error.contains("held by the bind of pod ml/other") && r.error.contains("kube-scheduler retries"), "{}", r.error);
+    let seen = api.seen.lock().unwrap().clone();
+    assert!(seen.iter().all(|s| s.method == "GET"), "nothing written: {seen:?}");
+    assert!(ext.bindings().is_empty());
+    assert_eq!(ext.api().unwrap().bind_lock_counts(), (1, 0));
 }
