@@ -203,7 +203,7 @@ impl KubeApi {
                     uid: lock_uid.clone(),
                     namespace: namespace.to_string(),
                     name: name.to_string(),
-                    since_unix_ms: unix_ms(),
+                    since_unix_ms: crate::watch::now_unix_ms(),
                 };
                 self.take_lock(&placement.node, &lock, ttl).await?;
             }
@@ -238,7 +238,7 @@ impl KubeApi {
             let n = nodes.get(node).await.map_err(|e| ApiError::from_kube("reading the node's bind lock", e))?;
             match BindLock::of_node(&n) {
                 Some(Ok(held)) if held.uid != lock.uid => {
-                    let now = unix_ms();
+                    let now = crate::watch::now_unix_ms();
                     if !held.is_expired(now, ttl) && self.waits_for_allocate(&held, node).await? {
                         self.lock_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         return Err(ApiError::Locked {
@@ -320,10 +320,6 @@ impl Drop for KubeApi {
             rt.shutdown_background();
         }
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The client configuration `source` names.

@@ -264,7 +264,8 @@ async fn run_watch<K>(
     .await;
 }
 
-fn now_unix_ms() -> u64 {
+/// This host's wall clock, ms since the Unix epoch (0 before it).
+pub(crate) fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

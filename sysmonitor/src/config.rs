@@ -245,8 +245,9 @@ pub struct VerifyConfig {
     /// What becomes of a planned pod's process registered under another quota group than its
     /// pod's (`k8s-pod-<uid>`): `evict` (`foreign_group`) or `report` (a WARN once per
     /// process). Its allocations are charged to the other pod's quota; `report` is for a
-    /// cluster where node-agent's Allocate may take a container for another pending pod's
-    /// (two planned pods pending on a node at once), until that is ruled out.
+    /// cluster that runs the extender without its bind lock (`--bind-lock-ttl-s 0`), where
+    /// node-agent's Allocate may take a container for another pending pod's (two planned pods
+    /// pending on a node at once).
     pub foreign_group: ForeignGroupAction,
 }
 

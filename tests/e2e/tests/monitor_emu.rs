@@ -918,8 +918,8 @@ fn a_pod_over_its_plan_or_under_another_pods_group_is_evicted_and_its_neighbour_
     assert_eq!(recs, want);
 }
 
-/// With `verify.foreign_group: report` (for a cluster where Allocate may mix up two pending
-/// pods), a planned pod's process under another pod's group is reported once (WARN) and left
+/// With `verify.foreign_group: report` (for a cluster run without the bind lock, where
+/// Allocate may mix up two pending pods), a planned pod's process under another pod's group is reported once (WARN) and left
 /// running. Root only (a real cgroup per pod).
 #[test]
 fn a_foreign_group_is_only_reported_when_so_configured() {
