@@ -68,6 +68,24 @@ pub fn with_claims(
     out
 }
 
+/// The jobs of two views of one GPU together (the jobs of a process's own ledger and the
+/// monitor's table of every ledger): one job per group, with the larger process count and the
+/// larger percentage (unknown, read as uncapped, if either view has it so): the tighter reading
+/// wherever the views differ (one of them is older).
+pub fn merge(a: &[OfflineJob], b: &[OfflineJob]) -> Vec<OfflineJob> {
+    let mut out = a.to_vec();
+    for j in b {
+        match out.iter_mut().find(|o| o.group_id == j.group_id) {
+            Some(o) => {
+                o.procs = o.procs.max(j.procs);
+                o.mps_pct = o.mps_pct.zip(j.mps_pct).map(|(x, y)| x.max(y));
+            }
+            None => out.push(*j),
+        }
+    }
+    out
+}
+
 /// Weight of a job in the split: its MPS percentage, or the whole GPU (100) for a job with an
 /// uncapped process (it can take every SM).
 fn weight(j: &OfflineJob) -> f64 {
@@ -155,6 +173,19 @@ mod tests {
     }
 
     /// The running split: parts in proportion to the jobs' percentages, summing to the budget.
+    #[test]
+    fn merged_views_keep_every_job_once_at_its_tighter_reading() {
+        let a = [job(1, Some(20)), job(2, Some(30))];
+        let b = [job(2, Some(35)), job(3, None), job(1, None)];
+        let m = merge(&a, &b);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.iter().find(|j| j.group_id == 1).unwrap().mps_pct, None, "unknown in one view: uncapped");
+        assert_eq!(m.iter().find(|j| j.group_id == 2).unwrap().mps_pct, Some(35));
+        assert_eq!(m.iter().find(|j| j.group_id == 3).unwrap().mps_pct, None);
+        assert_eq!(merge(&a, &[]), a.to_vec());
+        assert_eq!(merge(&[], &a), a.to_vec());
+    }
+
     #[test]
     fn running_jobs_divide_the_budget_in_proportion_to_their_percentages() {
         let jobs = [job(1, Some(30)), job(2, Some(10))];

@@ -37,6 +37,36 @@ pub struct MonitorSnapshot {
     pub monitor_pid: u32,
 }
 
+/// A consistent copy of the status file's jobs table: the offline jobs the monitor counted in
+/// every ledger of the GPU (the GPU's own and each pod's), which no offline process sees whole.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct JobsSnapshot {
+    /// The jobs, as [`crate::jobs::jobs_of`] counts them.
+    pub jobs: Vec<crate::jobs::OfflineJob>,
+    /// Jobs that did not fit the table.
+    pub dropped: u32,
+    /// CLOCK_MONOTONIC ns of the publish (0 = never).
+    pub publish_ns: u64,
+}
+
+impl JobsSnapshot {
+    /// Whether the table was published within `max_age_ns` of `now_ns`.
+    pub fn is_fresh(&self, now_ns: u64, max_age_ns: u64) -> bool {
+        self.publish_ns != 0 && now_ns.saturating_sub(self.publish_ns) <= max_age_ns
+    }
+
+    /// The jobs to split a budget by: the table's, plus one uncapped job (group 0, which no
+    /// group has) standing for the jobs that did not fit: they hold an unknown share, read as
+    /// the tightest.
+    pub fn for_split(&self) -> Vec<crate::jobs::OfflineJob> {
+        let mut v = self.jobs.clone();
+        if self.dropped > 0 {
+            v.push(crate::jobs::OfflineJob { group_id: 0, procs: self.dropped, mps_pct: None });
+        }
+        v
+    }
+}
+
 impl MonitorSnapshot {
     /// Decoded health; an unknown stored value reads as `None`.
     pub fn health(&self) -> Option<HealthState> {

@@ -9,8 +9,10 @@
 //! offline containers (beside the read-write `gpu<N>` directory), so a tenant, root in its
 //! container or not, can read it and never write it.
 //!
-//! Two blocks, one writer each: the monitor block (sysmonitor) and the manager block
-//! (mps-manager), each under its own sequence counter. And one eviction table per daemon
+//! Three blocks, one writer each: the monitor block (sysmonitor), the manager block
+//! (mps-manager), and the jobs table (sysmonitor: the offline jobs it counted in every ledger
+//! of the GPU, which an offline process, seeing only its own pod's ledger, splits the SM
+//! budget by), each under its own sequence counter. And one eviction table per daemon
 //! ([`Requester`]): the offline processes it asked to leave, each named by its pid namespace,
 //! pid and start time as its ledger slot names it; a process's shim looks up its own identity
 //! there ([`Status::evict_request`]) and takes the signal. Each request also names the pod the
@@ -36,14 +38,15 @@ use memmap2::{Mmap, MmapMut};
 
 use crate::clock::now_ns;
 use crate::health::HealthState;
+use crate::jobs::OfflineJob;
 use crate::manager::ManagerSnapshot;
-use crate::monitor::{MonitorSample, MonitorSnapshot};
+use crate::monitor::{JobsSnapshot, MonitorSample, MonitorSnapshot};
 
 /// First 8 bytes of a status file: `XSHSTAT\0` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHSTAT\0");
 /// Bumped on any change to the layout below (2: the eviction tables; 3: the pod of each
-/// request).
-pub const VERSION: u32 = 3;
+/// request; 4: the jobs table, [`JobsSnapshot`]).
+pub const VERSION: u32 = 4;
 /// `init_state` once the header is written.
 const INIT_READY: u32 = 0x5747_A7E5;
 /// Mode of the status file, set explicitly whatever the creator's umask: every offline
@@ -129,6 +132,32 @@ struct EvictCounts {
     manager: AtomicU32,
 }
 
+/// Entries of the jobs table: one per quota group a ledger can hold.
+pub const JOB_ENTRIES: usize = crate::layout::MAX_GROUPS;
+
+/// One offline job as the monitor counted it.
+#[repr(C)]
+struct JobEntry {
+    group_id: AtomicU64,
+    procs: AtomicU32,
+    /// 1..=100; 0 = a process of the job started without one (uncapped).
+    mps_pct: AtomicU32,
+}
+
+/// The offline jobs registered on the GPU, in every ledger of the GPU, as the monitor last
+/// counted them ([`JobsSnapshot`]). Written by the monitor only, under its own `seq`.
+#[repr(C)]
+struct JobsBlock {
+    seq: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the last publish (0 = never).
+    publish_ns: AtomicU64,
+    /// Entries in use (the first `count`).
+    count: AtomicU32,
+    /// Jobs that did not fit ([`JOB_ENTRIES`]).
+    dropped: AtomicU32,
+    entries: [JobEntry; JOB_ENTRIES],
+}
+
 #[repr(C)]
 struct Layout {
     header: Header,
@@ -137,12 +166,13 @@ struct Layout {
     evict_counts: EvictCounts,
     monitor_evictions: EvictTable,
     manager_evictions: EvictTable,
+    jobs: JobsBlock,
 }
 
 /// Size of a status file, bytes.
 pub const SIZE: usize = std::mem::size_of::<Layout>();
 const _: () = assert!(std::mem::size_of::<Header>() == 32);
-const _: () = assert!(SIZE == 32 + 64 + 24 + 8 + 2 * 40 * EVICT_ENTRIES);
+const _: () = assert!(SIZE == 32 + 64 + 24 + 8 + 2 * 40 * EVICT_ENTRIES + 24 + 16 * JOB_ENTRIES);
 
 /// Which daemon's eviction table: each writes its own only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -514,6 +544,29 @@ impl Status {
         })
     }
 
+    /// A consistent snapshot of the jobs table; `None` as for [`Status::read_monitor`].
+    pub fn read_jobs(&self) -> Option<JobsSnapshot> {
+        let b = &self.layout().jobs;
+        self.read_consistent(&b.seq, |_| {
+            let n = (b.count.load(Relaxed) as usize).min(JOB_ENTRIES);
+            JobsSnapshot {
+                jobs: b.entries[..n]
+                    .iter()
+                    .map(|e| {
+                        let pct = e.mps_pct.load(Relaxed);
+                        OfflineJob {
+                            group_id: e.group_id.load(Relaxed),
+                            procs: e.procs.load(Relaxed),
+                            mps_pct: (1..=100).contains(&pct).then_some(pct),
+                        }
+                    })
+                    .collect(),
+                dropped: b.dropped.load(Relaxed),
+                publish_ns: b.publish_ns.load(Relaxed),
+            }
+        })
+    }
+
     fn table(&self, by: Requester) -> (&EvictTable, &AtomicU32) {
         let l = self.layout();
         match by {
@@ -573,6 +626,11 @@ fn init(l: &Layout, gpu_index: u32) {
     }
     l.evict_counts.monitor.store(0, Relaxed);
     l.evict_counts.manager.store(0, Relaxed);
+    for w in [&l.jobs.seq, &l.jobs.publish_ns] {
+        w.store(0, Relaxed);
+    }
+    l.jobs.count.store(0, Relaxed);
+    l.jobs.dropped.store(0, Relaxed);
     h.version.store(VERSION, Relaxed);
     h.gpu_index.store(gpu_index, Relaxed);
     h.total_size.store(SIZE as u64, Relaxed);
@@ -640,6 +698,28 @@ impl StatusWriter {
         m.mem_total_bytes.store(s.mem_total_bytes, Relaxed);
         m.publish_ns.store(publish_ns, Relaxed);
         m.seq.store(end, Release);
+    }
+
+    /// Publishes the offline jobs registered on the GPU (every ledger of it), stamped with the
+    /// current time. Only the monitor calls it, at every sample.
+    pub fn publish_jobs(&self, jobs: &[OfflineJob]) {
+        self.publish_jobs_at(jobs, now_ns());
+    }
+
+    /// As [`StatusWriter::publish_jobs`] with an explicit timestamp (tests).
+    pub fn publish_jobs_at(&self, jobs: &[OfflineJob], publish_ns: u64) {
+        let b = &self.layout().jobs;
+        let end = begin(&b.seq);
+        let n = jobs.len().min(JOB_ENTRIES);
+        for (e, j) in b.entries.iter().zip(&jobs[..n]) {
+            e.group_id.store(j.group_id, Relaxed);
+            e.procs.store(j.procs, Relaxed);
+            e.mps_pct.store(j.mps_pct.unwrap_or(0), Relaxed);
+        }
+        b.count.store(n as u32, Relaxed);
+        b.dropped.store((jobs.len() - n) as u32, Relaxed);
+        b.publish_ns.store(publish_ns, Relaxed);
+        b.seq.store(end, Release);
     }
 
     /// Publishes the offline SM budget (per-mille, clamped to 1000) stamped with the current
@@ -793,6 +873,37 @@ mod tests {
         // The manager's publish leaves the monitor block alone, and a second writer's open
         // keeps what was published.
         assert_eq!(r.read_monitor().unwrap().sample.sm_active_permille, 973);
+    }
+
+    #[test]
+    fn the_jobs_table_round_trips_and_jobs_that_do_not_fit_read_as_one_uncapped_job() {
+        let (_d, p) = dir();
+        let w = Status::open_or_create(&p, 0).unwrap();
+        let r = Status::open(&p).unwrap();
+        let never = r.read_jobs().unwrap();
+        assert!(never.jobs.is_empty() && !never.is_fresh(now_ns(), u64::MAX), "never published: {never:?}");
+        let jobs = [
+            OfflineJob { group_id: 7, procs: 2, mps_pct: Some(20) },
+            OfflineJob { group_id: 9, procs: 1, mps_pct: None },
+        ];
+        w.publish_jobs(&jobs);
+        let got = r.read_jobs().unwrap();
+        assert_eq!(got.jobs, jobs.to_vec());
+        assert!(got.is_fresh(now_ns(), 1_000_000_000));
+        assert_eq!(got.for_split(), jobs.to_vec(), "all fitted: nothing added");
+        // Fewer jobs later: the table shrinks (no job of the earlier publish lingers).
+        w.publish_jobs(&jobs[..1]);
+        assert_eq!(r.read_jobs().unwrap().jobs, jobs[..1].to_vec());
+        // More jobs than entries: the rest stand as one uncapped job, the tightest reading.
+        let many: Vec<_> = (1..=JOB_ENTRIES as u64 + 3).map(|g| OfflineJob { group_id: g, procs: 1, mps_pct: Some(1) }).collect();
+        w.publish_jobs(&many);
+        let got = r.read_jobs().unwrap();
+        assert_eq!((got.jobs.len(), got.dropped), (JOB_ENTRIES, 3));
+        let split = got.for_split();
+        assert_eq!(split.last(), Some(&OfflineJob { group_id: 0, procs: 3, mps_pct: None }));
+        assert_eq!(crate::jobs::start_share(0.4, &split, 1_000), 0.0, "a newcomer gets the floor");
+        // The other blocks are untouched by it.
+        assert_eq!(r.read_monitor().unwrap().publish_ns, 0);
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct LedgerAdapter {
     full_check_every_ms: u64,
     /// Full checks (with an `fstat`) run so far.
     full_checks: u64,
+    /// Monotonic ms of the next publish of the jobs table (on the grid of [`JOBS_EVERY_MS`]).
+    next_jobs_ms: u64,
     /// This process's pid, published with every sample (a monitor never forks).
     pid: u32,
     /// The GPU index the ledger was opened with (its header is not read once damaged).
@@ -103,6 +105,11 @@ pub const RECLAIM_EVERY_MS: u64 = 50;
 /// Longest time between two reclaim scans whatever the watch says.
 pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 
+/// How often the jobs table is published in the status file (the offline jobs registered in
+/// the ledger; an offline process, which sees only its own pod's ledger, splits the SM budget
+/// by it). On the grid of the other registry reads; its readers count it stale after seconds.
+pub const JOBS_EVERY_MS: u64 = 100;
+
 impl LedgerAdapter {
     /// The processes either daemon has asked to leave (the status file's tables; none while
     /// it is not open).
@@ -137,6 +144,7 @@ impl LedgerAdapter {
             next_full_check_ms: 0,
             full_check_every_ms: FULL_CHECK_EVERY_MS,
             full_checks: 0,
+            next_jobs_ms: 0,
             pid: std::process::id(),
             ledger,
         }
@@ -436,6 +444,15 @@ impl LedgerPort for LedgerAdapter {
             mem_total_bytes: p.mem_total,
         };
         status.publish_as(&s, pid);
+        // The jobs, while the registry can be read: a damaged ledger's table goes stale, and
+        // every reader then fails closed (a starting job takes the floor).
+        if p.t_ms >= self.next_jobs_ms && self.usable() {
+            self.next_jobs_ms = next_on_grid(p.t_ms, JOBS_EVERY_MS);
+            let jobs = node_ledger::jobs::jobs_of(&self.ledger.procs());
+            if let Some(status) = self.status.current() {
+                status.publish_jobs(&jobs);
+            }
+        }
         Ok(())
     }
 }
@@ -478,6 +495,12 @@ mod tests {
         assert_eq!(snap.health(), Some(HealthState::Overlimit));
         assert_eq!(snap.sample.sm_active_permille, 973);
         assert_eq!(reader.read_manager().unwrap().offline_sm_budget_permille, 400, "the manager's block is kept");
+        let jobs = reader.read_jobs().unwrap();
+        assert!(jobs.publish_ns != 0, "the jobs table is published with the first sample");
+        assert_eq!(
+            jobs.jobs,
+            vec![node_ledger::OfflineJob { group_id: node_ledger::ledger::group_id_for("c1"), procs: 1, mps_pct: None }]
+        );
         let procs = a.offline(0).unwrap();
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0].pid, std::process::id());

@@ -37,6 +37,12 @@
 //! the monitor's judgement read registered slots alone (see [`node_ledger::jobs::with_claims`]).
 //! A percentage the user set is claimed too (the next job must leave room for it).
 //!
+//! The jobs of other pods are not in a process's ledger (each pod has its own): both splits take
+//! them from the monitor's jobs table in the status file ([`fresh_jobs`]), merged with the
+//! process's own ledger ([`node_ledger::jobs::merge`]). Without a fresh table a starting process
+//! takes the floor; the running split then reads its own ledger alone (the monitor is down: its
+//! throttle has no load reading either, and node-agent admits no new work).
+//!
 //! Cost at library load (every process of an offline container pays it): beside the ledger's
 //! open and map that reading the budget already needed, two `fcntl` (lock, unlock) and one
 //! `stat` (the claimer's pid namespace, for reports); see `benches/start_claim.rs`.
@@ -72,6 +78,15 @@ pub fn fresh_budget(status: &Status, now_ns: u64, stale_ns: u64) -> Option<f64> 
     let s = status.read_manager()?;
     s.is_fresh(now_ns, stale_ns.max(BUDGET_STALE_NS))
         .then(|| f64::from(s.offline_sm_budget_permille.min(1000)) / 1000.0)
+}
+
+/// The offline jobs on the GPU as the monitor last counted them in every ledger of the GPU
+/// (the status file's jobs table, [`node_ledger::JobsSnapshot::for_split`]), if published
+/// within `stale_ns` (at least [`BUDGET_STALE_NS`]); else `None`. A process sees only its own
+/// pod's ledger: the other pods' jobs reach it through this table alone.
+pub fn fresh_jobs(status: &Status, now_ns: u64, stale_ns: u64) -> Option<Vec<node_ledger::OfflineJob>> {
+    let t = status.read_jobs()?;
+    t.is_fresh(now_ns, stale_ns.max(BUDGET_STALE_NS)).then(|| t.for_split())
 }
 
 /// MPS active-thread percentage for a budget of `permille`: rounded up, at least
@@ -169,10 +184,15 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
             .iter()
             .zip(&locks)
             .filter_map(|(status, lock)| {
-                let b = fresh_budget(status.as_ref()?, now_ns, stale_ns)?;
-                Some(match lock {
-                    Some(lock) => start_share(b, &lock.start_jobs(now_ns, ttl_ns), group),
-                    None => 0.0, // fail closed: the floor
+                let status = status.as_ref()?;
+                let b = fresh_budget(status, now_ns, stale_ns)?;
+                // The jobs of this ledger and its claims, with the monitor's table of every
+                // ledger of the GPU; without a fresh table the other pods' jobs are unknown:
+                // fail closed, the floor.
+                let others = fresh_jobs(status, now_ns, stale_ns);
+                Some(match (lock, others) {
+                    (Some(lock), Some(table)) => start_share(b, &node_ledger::jobs::merge(&lock.start_jobs(now_ns, ttl_ns), &table), group),
+                    _ => 0.0,
                 })
             })
             .reduce(f64::min)
@@ -343,6 +363,7 @@ mod tests {
         assert_eq!(claim_start_percentage(&a, None, now, wait).pct, None, "no budget: nothing set or claimed");
         assert!(l.claims(now).is_empty());
         manager.publish_sm_budget_at(400, now);
+        manager.publish_jobs_at(&[], now); // as the monitor does: no job registered anywhere
         let pa = claim_start_percentage(&a, None, now, wait);
         let pb = claim_start_percentage(&b, None, now, wait);
         assert_eq!((pa.pct, pb.pct), (Some(40), Some(MIN_MPS_PERCENTAGE)), "{pa:?} {pb:?}");
@@ -360,8 +381,35 @@ mod tests {
         // A user's percentage is claimed as it is.
         let later = now + 31_000_000_000;
         manager.publish_sm_budget_at(400, later);
+        manager.publish_jobs_at(&[], later);
         assert_eq!(claim_start_percentage(&c, Some(35), later, wait).pct, Some(35));
         assert_eq!(claim_start_percentage(&b, None, later, wait).pct, Some(MIN_MPS_PERCENTAGE), "the claims of 31 s ago expired, job C's 35 % held");
+    }
+
+    /// A pod's ledger shows its own jobs only: the other pods' jobs reach a starting process
+    /// through the monitor's jobs table, and without a fresh table it takes the floor.
+    #[test]
+    fn other_pods_jobs_reach_the_start_share_through_the_monitors_table_and_none_means_the_floor() {
+        let d = tempfile::tempdir().unwrap();
+        let a = cfg_in(d.path(), "job-a");
+        let _own = Ledger::open_or_create(&a.ledger().ledger_path(), 0).unwrap();
+        let daemons = Status::open_or_create(&a.ledger().status_path(), 0).unwrap();
+        let now = node_ledger::clock::now_ns().saturating_sub(60_000_000_000);
+        let wait = node_ledger::claims::CLAIM_LOCK_WAIT;
+        daemons.publish_sm_budget_at(400, now);
+        let got = claim_start_percentage(&a, None, now, wait);
+        assert_eq!(got.pct, Some(MIN_MPS_PERCENTAGE), "no jobs table: other pods unknown, the floor: {got:?}");
+        // Claims live 30 s: each step below starts after the last one's claim expired.
+        let t1 = now + 31_000_000_000;
+        let other = node_ledger::OfflineJob { group_id: node_ledger::ledger::group_id_for("pod-x"), procs: 2, mps_pct: Some(25) };
+        daemons.publish_sm_budget_at(400, t1);
+        daemons.publish_jobs_at(&[other], t1);
+        let b = cfg_in(d.path(), "job-b");
+        assert_eq!(claim_start_percentage(&b, None, t1, wait).pct, Some(15), "what pod X's 25 % leaves of 40 %");
+        let t2 = t1 + 31_000_000_000;
+        daemons.publish_sm_budget_at(400, t2);
+        let c = cfg_in(d.path(), "job-c");
+        assert_eq!(claim_start_percentage(&c, None, t2, wait).pct, Some(MIN_MPS_PERCENTAGE), "a stale table: the floor");
     }
 
     #[test]

@@ -406,12 +406,19 @@ struct Loop {
 }
 
 /// This process's job's part of GPU `g`'s offline SM budget: [`crate::budget::job_share`] of
-/// a budget of 1 over the jobs registered in its ledger. 1 without a ledger.
-fn job_part(g: &Gpu) -> f64 {
+/// a budget of 1 over the jobs on the GPU: those registered in its own ledger together with the
+/// monitor's table of every ledger of the GPU (a pod's ledger shows its own jobs only), when
+/// that table is fresh (within `stale_ns`, see [`crate::budget::fresh_jobs`]). 1 without a
+/// ledger.
+fn job_part(g: &Gpu, status: Option<&node_ledger::Status>, now_ns: u64, stale_ns: u64) -> f64 {
     let Some((l, h)) = g.quota.ledger() else { return 1.0 };
     let own = g.throttle.own_cap().map(|f| (f * 100.0).round() as u32);
     let group = h.map_or(0, |h| l.group_id(h.group));
-    crate::budget::job_share(1.0, &l.offline_jobs(), group, own).clamp(0.0, 1.0)
+    let mut jobs = l.offline_jobs();
+    if let Some(table) = status.and_then(|s| crate::budget::fresh_jobs(s, now_ns, stale_ns)) {
+        jobs = node_ledger::jobs::merge(&jobs, &table);
+    }
+    crate::budget::job_share(1.0, &jobs, group, own).clamp(0.0, 1.0)
 }
 
 fn controller(st: &'static State, cfg: &'static Config) {
@@ -426,7 +433,8 @@ fn controller(st: &'static State, cfg: &'static Config) {
             last_stale: None,
             last_target: tc.target_load,
             reported: (0, 0),
-            job_part: job_part(g),
+            // Its own ledger's view until the first housekeeping adds the monitor's table.
+            job_part: job_part(g, None, 0, stale_ns),
             status: g.host_index.map(|i| node_ledger::StatusReader::new(cfg.ledger_of(i).status_path())),
             me: None,
         })
@@ -445,7 +453,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
         for (ord, (g, lp)) in st.gpus.iter().zip(loops.iter_mut()).enumerate() {
             tick(ord, g, lp, stale_ns, dt);
             crate::graphmem::tick(st, g, ord as CUdevice);
-            if house && !housekeeping(g, lp) {
+            if house && !housekeeping(g, lp, stale_ns) {
                 return;
             }
         }
@@ -487,8 +495,10 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
 
 /// Heartbeat, launch counts, dead-neighbour reclaim and eviction requests in GPU `g`'s ledger;
 /// `false` once the process has been asked to leave (the controller stops).
-fn housekeeping(g: &Gpu, lp: &mut Loop) -> bool {
-    lp.job_part = job_part(g);
+fn housekeeping(g: &Gpu, lp: &mut Loop, stale_ns: u64) -> bool {
+    let now_ns = node_ledger::clock::now_ns();
+    let status = lp.status.as_mut().and_then(|r| r.get(now_ns, false));
+    lp.job_part = job_part(g, status, now_ns, stale_ns);
     let Some((l, Some(h))) = g.quota.ledger() else { return true };
     l.heartbeat(h);
     let (n, d) = (g.throttle.launches.load(Relaxed), g.throttle.delayed.load(Relaxed));

@@ -16,7 +16,8 @@ use shim_support::*;
 const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 
 /// Publishes `permille` as the offline SM budget (the manager block, as mps-manager does)
-/// every 20 ms until dropped.
+/// and an empty jobs table (as sysmonitor does while no offline job is registered) every
+/// 20 ms until dropped.
 struct Publisher {
     stop: Arc<AtomicBool>,
     h: Option<std::thread::JoinHandle<()>>,
@@ -28,11 +29,13 @@ impl Publisher {
         // Published before returning: a client started next must see this budget, not the
         // previous publisher's (still fresh) one.
         l.publish_sm_budget(permille);
+        l.publish_jobs(&[]);
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let h = std::thread::spawn(move || {
             while !s2.load(Ordering::Relaxed) {
                 l.publish_sm_budget(permille);
+                l.publish_jobs(&[]);
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
