@@ -152,6 +152,9 @@ pub struct ManagerState {
     pub updated_unix_ms: u64,
 }
 
+/// How often the pods directory is read for pod ledgers, ms.
+pub const POD_SCAN_EVERY_MS: u64 = 250;
+
 /// One GPU's MPS manager: the SM budget loop, fault detection and rate-limited recovery.
 pub struct Manager {
     /// The configuration in force.
@@ -159,6 +162,10 @@ pub struct Manager {
     /// The MPS control daemon client.
     pub ctl: MpsControl,
     ledger: Ledger,
+    /// The GPU's pod ledgers (`node_ledger::pods`), read beside its own ledger.
+    pods: node_ledger::pods::PodLedgers,
+    /// Monotonic ms of the next scan of the pods directory.
+    next_pod_scan_ms: u64,
     /// The GPU's status file: the manager block is this manager's to write; the monitor block
     /// is read here (reopened in place when found damaged or gone).
     status: node_daemon::status::StatusKeeper,
@@ -259,6 +266,7 @@ pub fn lock_instance(cfg: &Config) -> Result<std::fs::File, String> {
 impl Manager {
     /// Opens (or creates) the GPU's ledger and sets up the control client; starts nothing.
     pub fn new(cfg: Config) -> Result<Manager, String> {
+        let pods = node_ledger::pods::PodLedgers::new(&cfg.ledger_dir, cfg.gpu_index);
         let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index)
             .map_err(|e| format!("ledger: {e}"))?;
         let mut status = node_daemon::status::StatusKeeper::new(
@@ -279,6 +287,8 @@ impl Manager {
             },
             cfg,
             ctl,
+            pods,
+            next_pod_scan_ms: 0,
             ledger,
             status,
             alloc: Allocator::default(),
@@ -582,14 +592,38 @@ impl Manager {
             .any(|t| t.pid == pid && t.start_time == start_time)
     }
 
-    /// The registered offline processes as the ledger names them (pid and pid namespace of
-    /// their own).
+    /// The registered offline processes as their ledgers name them (pid and pid namespace of
+    /// their own): the GPU's ledger and each pod's.
     fn registered(&self) -> Vec<node_ledger::ProcSnapshot> {
+        let pods = self.pods.iter().flat_map(|p| p.ledger.procs());
         self.ledger
             .procs()
             .into_iter()
+            .chain(pods)
             .filter(|p| p.start_time != 0)
             .collect()
+    }
+
+    /// Reads the pods directory (pod ledgers come and go with pods), at most every
+    /// [`POD_SCAN_EVERY_MS`].
+    fn scan_pods(&mut self, now_ms: u64) {
+        if now_ms < self.next_pod_scan_ms {
+            return;
+        }
+        self.next_pod_scan_ms = now_ms + POD_SCAN_EVERY_MS;
+        for c in self.pods.scan() {
+            if let node_ledger::pods::PodChange::Refused(pod, path, error) = c {
+                tracing::warn!(%pod, file = %path.display(), %error, "pod ledger refused: its processes are not read from it");
+            }
+        }
+    }
+
+    /// Gives back the usage of dead processes in every ledger of the GPU.
+    fn reclaim_all(&self) {
+        let _ = self.ledger.reclaim_dead();
+        for p in self.pods.iter() {
+            let _ = p.ledger.reclaim_dead();
+        }
     }
 
     /// The registered offline processes in this manager's terms: one whose pid here is found
@@ -641,6 +675,7 @@ impl Manager {
     pub fn budget_tick(&mut self) {
         // Checked (reopened in place when damaged or gone) once a second.
         self.status.get(mono_ms());
+        self.scan_pods(mono_ms());
         let snap = self.status.current().and_then(|s| s.read_monitor());
         let fresh = snap.is_some_and(|s| s.is_fresh(node_ledger::clock::now_ns(), 2_000_000_000));
         let health = snap.and_then(|s| s.health());
@@ -1285,7 +1320,7 @@ impl Manager {
                 at_unix_ms: unix_ms(),
             });
         }
-        let _ = self.ledger.reclaim_dead();
+        self.reclaim_all();
         // Reclaimed: no fault names them again; the journal has served (what the previous
         // manager left and is still registered stays).
         let still: Vec<(u32, u64)> = self.offline().iter().map(|p| (p.pid, p.start_time)).collect();
@@ -1405,7 +1440,7 @@ impl Manager {
                 let _ = sig.signal(p.pid, p.start_time, libc::SIGKILL);
             }
         }
-        let _ = self.ledger.reclaim_dead();
+        self.reclaim_all();
         if self.state.restart_requested.len() > 200 {
             let n = self.state.restart_requested.len() - 200;
             self.state.restart_requested.drain(..n);

@@ -35,11 +35,16 @@ impl Default for EvictorConfig {
 /// container's pid namespace that runs without the shim.
 pub const NO_SLOT: usize = usize::MAX;
 
+/// [`OfflineProc::key`]: (ledger, slot, pid, start time).
+pub type ProcKey = (Option<node_ledger::PodUid>, usize, u32, u64);
+
 /// An offline process registered by the shim, identified by pid + start time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OfflineProc {
-    /// Registry slot in the ledger ([`NO_SLOT`]: none, evicted by its host pid only).
+    /// Registry slot in its ledger ([`NO_SLOT`]: none, evicted by its host pid only).
     pub slot: usize,
+    /// Its ledger: the pod ledger of this pod (`node_ledger::pods`), `None` for the GPU's own.
+    pub pod_ledger: Option<node_ledger::PodUid>,
     /// Process id (in the pid namespace it registered from).
     pub pid: u32,
     /// Inode of the pid namespace it registered from (0: unknown).
@@ -62,12 +67,12 @@ pub struct OfflineProc {
 }
 
 impl OfflineProc {
-    /// The identity evictions are keyed by: ledger slot, pid and start time. The slot tells
-    /// apart processes of two pid namespaces that share a pid and a start time (two
-    /// containers' entrypoints, pid 1 each, started in the same clock tick); signals are
-    /// checked by pid + start time.
-    pub fn key(&self) -> (usize, u32, u64) {
-        (self.slot, self.pid, self.start_time)
+    /// The identity evictions are keyed by: ledger, slot, pid and start time. The ledger and
+    /// slot tell apart processes of two pid namespaces that share a pid and a start time (two
+    /// containers' entrypoints, pid 1 each, started in the same clock tick, each in slot 0 of
+    /// its pod's ledger); signals are checked by pid + start time.
+    pub fn key(&self) -> ProcKey {
+        (self.pod_ledger, self.slot, self.pid, self.start_time)
     }
 }
 
@@ -238,7 +243,7 @@ pub enum Event {
 /// Tracks evictions in flight and counts them by reason.
 pub struct Evictor<S: Signaller> {
     sig: S,
-    pending: HashMap<(usize, u32, u64), Pending>,
+    pending: HashMap<ProcKey, Pending>,
     counts: BTreeMap<EvictReason, u64>,
     kills: u64,
     commands: Vec<Child>,
@@ -469,7 +474,7 @@ impl<S: Signaller> Evictor<S> {
         }
         for k in gone {
             self.pending.remove(&k);
-            out.push(Event::Gone { pid: k.1 });
+            out.push(Event::Gone { pid: k.2 });
         }
     }
 }
@@ -497,6 +502,7 @@ mod tests {
         OfflineProc {
             pid_ns: 0,
             slot: 0,
+            pod_ledger: None,
             host_pid: Some(pid),
             pid,
             start_time: 100 + pid as u64,

@@ -16,6 +16,7 @@ pub mod layout;
 pub mod ledger;
 pub mod manager;
 pub mod monitor;
+pub mod pods;
 pub mod procinfo;
 pub mod sample;
 pub mod sigbus;

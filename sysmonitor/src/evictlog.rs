@@ -37,18 +37,20 @@ fn ledger_dir(path: &std::path::Path) -> Result<&std::path::Path, String> {
         .ok_or_else(|| format!("ledger path {} has no ledger directory", path.display()))
 }
 
-/// Appends the request for `p` (already written into the status file) to the log beside
-/// `ledger`'s GPU directory, naming `pod`, the pod its cgroup path names (node-agent evicts it
+/// Appends the request for `p` (already written into the status file), registered in `ledger`
+/// (the GPU's or a pod's), to the log beside the GPU's directory (of its own ledger at
+/// `gpu_ledger_path`), naming `pod`, the pod its cgroup path names (node-agent evicts it
 /// rather than the one the slot's group claims). A failure is returned for the caller to log;
 /// the local signal path does not depend on it.
 pub fn record(
+    gpu_ledger_path: &std::path::Path,
     ledger: &Ledger,
     p: &OfflineProc,
     reason: EvictReason,
     signal: u32,
     pod: Option<node_ledger::PodUid>,
 ) -> Result<(), String> {
-    let dir = ledger_dir(ledger.path())?;
+    let dir = ledger_dir(gpu_ledger_path)?;
     let slot = ledger
         .procs()
         .into_iter()
@@ -117,6 +119,7 @@ mod tests {
         let snap = l.procs().into_iter().find(|s| s.slot == h.slot).unwrap();
         let p = OfflineProc {
             slot: h.slot,
+            pod_ledger: None,
             pid: snap.pid,
             pid_ns: snap.pid_ns,
             host_pid: Some(snap.pid),
@@ -130,7 +133,7 @@ mod tests {
             keep: 100,
         });
         for _ in 0..20 {
-            record(&l, &p, EvictReason::Overlimit, 15, None).unwrap();
+            record(l.path(), &l, &p, EvictReason::Overlimit, 15, None).unwrap();
         }
         configure(&Rotation::default());
         let gens = rotated_generations(d.path(), 2).unwrap();

@@ -5,7 +5,8 @@
 use std::sync::atomic::Ordering::Acquire;
 
 use node_ledger::layout::{owner_pid, LIVENESS_LOCK};
-use node_ledger::{HealthState, Ledger, MonitorSample, ProcId, Requester};
+use node_ledger::pods::{PodChange, PodLedgers};
+use node_ledger::{HealthState, Ledger, MonitorSample, PodUid, ProcId, ProcSnapshot, Requester};
 
 use crate::filewatch::FileWatch;
 use crate::health::State;
@@ -50,6 +51,10 @@ pub struct LedgerAdapter {
     full_checks: u64,
     /// Monotonic ms of the next publish of the jobs table (on the grid of [`JOBS_EVERY_MS`]).
     next_jobs_ms: u64,
+    /// The pod ledgers of this GPU (`node_ledger::pods`), read beside the GPU's own ledger.
+    pods: PodLedgers,
+    /// Monotonic ms of the next scan of the pods directory and reclaim in the pod ledgers.
+    next_pod_scan_ms: u64,
     /// This process's pid, published with every sample (a monitor never forks).
     pid: u32,
     /// The GPU index the ledger was opened with (its header is not read once damaged).
@@ -110,11 +115,69 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 /// by it). On the grid of the other registry reads; its readers count it stale after seconds.
 pub const JOBS_EVERY_MS: u64 = 100;
 
+/// How often the pods directory is read (pod ledgers come and go with pods) and the pod
+/// ledgers' dead processes reclaimed: a dead container's memory is back within this.
+pub const POD_SCAN_EVERY_MS: u64 = 250;
+
 impl LedgerAdapter {
     /// The processes either daemon has asked to leave (the status file's tables; none while
     /// it is not open).
     fn asked_to_leave(&self) -> std::collections::HashSet<ProcId> {
         self.status.current().map_or_else(Default::default, |s| s.evict_requests().into_iter().map(|r| r.id).collect())
+    }
+
+    /// Every registered process of the GPU with the pod ledger it is in (`None`: the GPU's own
+    /// ledger, read only while usable).
+    fn all_procs(&self) -> Vec<(Option<PodUid>, ProcSnapshot)> {
+        let mut v: Vec<_> = if self.usable() { self.ledger.procs().into_iter().map(|p| (None, p)).collect() } else { Vec::new() };
+        for pl in self.pods.iter() {
+            v.extend(pl.ledger.procs().into_iter().map(|p| (Some(pl.pod), p)));
+        }
+        v
+    }
+
+    /// The ledger a process is registered in ([`OfflineProc::pod_ledger`]), if readable.
+    fn ledger_of(&self, pod: Option<PodUid>) -> Option<&Ledger> {
+        match pod {
+            None => self.usable().then_some(&self.ledger),
+            Some(u) => self.pods.get(u),
+        }
+    }
+
+    /// The pod ledgers open now (for the state file and tests).
+    pub fn pod_ledgers(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Reads the pods directory and reclaims the pod ledgers' dead processes, every
+    /// [`POD_SCAN_EVERY_MS`].
+    fn scan_pods(&mut self, now: u64) {
+        if now < self.next_pod_scan_ms {
+            return;
+        }
+        self.next_pod_scan_ms = next_on_grid(now, POD_SCAN_EVERY_MS);
+        for c in self.pods.scan() {
+            match c {
+                PodChange::Opened(pod, path) => tracing::info!(%pod, file = %path.display(), "pod ledger opened"),
+                PodChange::Closed(pod, path) => tracing::info!(%pod, file = %path.display(), "pod ledger closed (gone or replaced)"),
+                PodChange::Refused(pod, path, error) => tracing::error!(
+                    %pod,
+                    file = %path.display(),
+                    %error,
+                    "pod ledger refused: its processes are not read from it (their memory is still checked through NVML)"
+                ),
+            }
+        }
+        for pl in self.pods.iter() {
+            match pl.ledger.reclaim_dead() {
+                Ok(v) => {
+                    for (pid, bytes) in v {
+                        tracing::info!(pod = %pl.pod, pid, bytes, "reclaimed the quota of a dead process");
+                    }
+                }
+                Err(e) => tracing::warn!(pod = %pl.pod, error = %e, "reclaim in a pod ledger failed"),
+            }
+        }
     }
 
     /// Wraps `ledger`, publishing into the status file at `status_path`; the first
@@ -145,6 +208,12 @@ impl LedgerAdapter {
             full_check_every_ms: FULL_CHECK_EVERY_MS,
             full_checks: 0,
             next_jobs_ms: 0,
+            // `<ledger_dir>/gpu<N>/ledger`: the pods directory is `<ledger_dir>/pods`.
+            pods: PodLedgers::new(
+                ledger.path().parent().and_then(std::path::Path::parent).unwrap_or(std::path::Path::new("/")),
+                ledger.gpu_index(),
+            ),
+            next_pod_scan_ms: 0,
             pid: std::process::id(),
             ledger,
         }
@@ -314,40 +383,38 @@ impl LedgerPort for LedgerAdapter {
         // Processes asked to leave count as online in the occupancy (fail closed): not here either.
         let asked = self.asked_to_leave();
         let procs: Vec<_> = self
-            .ledger
-            .procs()
+            .all_procs()
             .into_iter()
+            .map(|(_, p)| p)
             .filter(|p| !asked.contains(&ProcId::of(p)))
             .collect();
         offline_cap_pct(budget, &node_ledger::jobs::jobs_of(&procs))
     }
 
     fn offline(&mut self, now: u64) -> Result<Vec<OfflineProc>, String> {
-        if !self.usable() {
-            return Ok(Vec::new());
-        }
+        self.scan_pods(now);
         let procs: Vec<_> = self
-            .ledger
-            .procs()
+            .all_procs()
             .into_iter()
             // A slot whose start time is still 0 is mid-registration: not yet a process to judge.
-            .filter(|p| p.start_time != 0)
+            .filter(|(_, p)| p.start_time != 0)
             .collect();
         // The monitor's requests of processes no longer registered are withdrawn (the table
         // has one entry per registrable process). Opened here if no publish did yet: a
         // restarted monitor must find the requests its predecessor made before it judges.
         if let Some(w) = self.status.get(now) {
-            w.retain_evictions(Requester::Monitor, |id| procs.iter().any(|p| ProcId::of(p) == id));
+            w.retain_evictions(Requester::Monitor, |id| procs.iter().any(|(_, p)| ProcId::of(p) == id));
         }
         let asked = self.asked_to_leave();
         let host_pids = &mut self.host_pids;
-        host_pids.retain(|r| procs.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
+        host_pids.retain(|r| procs.iter().any(|(_, p)| (p.pid_ns, p.pid, p.start_time) == *r));
         Ok(procs
             .into_iter()
-            .map(|p| {
+            .map(|(pod, p)| {
                 let asked = asked.contains(&ProcId::of(&p));
                 OfflineProc {
                     slot: p.slot,
+                    pod_ledger: pod,
                     pid: p.pid,
                     pid_ns: p.pid_ns,
                     host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file),
@@ -371,15 +438,18 @@ impl LedgerPort for LedgerAdapter {
     ) -> Result<(), String> {
         // No slot to write a request into (work running without the shim), and no record for
         // node-agent, which maps only ledger clients to pods: its host pid is signalled.
-        if !self.usable() || p.slot == node_daemon::evictor::NO_SLOT {
+        if p.slot == node_daemon::evictor::NO_SLOT {
             return Ok(());
         }
+        let Some(ledger) = self.ledger_of(p.pod_ledger) else {
+            return Ok(()); // its ledger is damaged or gone: the process is signalled only
+        };
         // Addressed to the process (pid namespace, pid, start time as its slot named it), in
         // the status file: its shim takes it, and nothing another tenant writes can ask it.
         // A newcomer that reused the slot is another process and gets nothing. Only a slot
         // still naming the process is asked (a stale identity is a bug: said).
         let id = ProcId { pid_ns: p.pid_ns, pid: p.pid, start_time: p.start_time };
-        if !self.ledger.procs().iter().any(|q| q.slot == p.slot && ProcId::of(q) == id) {
+        if !ledger.procs().iter().any(|q| q.slot == p.slot && ProcId::of(q) == id) {
             return Err(format!(
                 "slot {} no longer holds pid {} (start time {}): no request written",
                 p.slot, p.pid, p.start_time
@@ -388,7 +458,9 @@ impl LedgerPort for LedgerAdapter {
         // The pod is the one its cgroup path names, read here on the host, never the group its
         // slot claims: any ledger client writes its own slot, and node-agent evicts the pod
         // named here (a slot claiming a neighbour's group got the neighbour evicted).
-        let pod = p.host_pid.and_then(|h| node_daemon::offline_pods::pod_of_live(h, p.start_time));
+        // A process of a pod ledger belongs to that pod whatever its cgroup reads (node-agent
+        // mounts the file into that pod's containers only): the fallback when none is read.
+        let pod = p.host_pid.and_then(|h| node_daemon::offline_pods::pod_of_live(h, p.start_time)).or(p.pod_ledger);
         let Some(w) = self.status.get(now_ms) else {
             return Err("no status file to write the request into (its error is logged): the process is only signalled".into());
         };
@@ -396,7 +468,8 @@ impl LedgerPort for LedgerAdapter {
             return Err(format!("the status file's eviction table is full: no request written for pid {}", p.pid));
         }
         // The durable record node-agent reports from (the request ends with the process).
-        crate::evictlog::record(&self.ledger, p, reason, libc::SIGTERM as u32, pod)
+        let ledger = self.ledger_of(p.pod_ledger).expect("looked up above");
+        crate::evictlog::record(self.ledger.path(), ledger, p, reason, libc::SIGTERM as u32, pod)
     }
 
     fn record_unshimmed(
@@ -411,6 +484,7 @@ impl LedgerPort for LedgerAdapter {
     }
 
     fn reclaim(&mut self, now: u64) {
+        self.scan_pods(now);
         if !self.usable() {
             return;
         }
@@ -448,7 +522,8 @@ impl LedgerPort for LedgerAdapter {
         // every reader then fails closed (a starting job takes the floor).
         if p.t_ms >= self.next_jobs_ms && self.usable() {
             self.next_jobs_ms = next_on_grid(p.t_ms, JOBS_EVERY_MS);
-            let jobs = node_ledger::jobs::jobs_of(&self.ledger.procs());
+            let procs: Vec<_> = self.all_procs().into_iter().map(|(_, p)| p).collect();
+            let jobs = node_ledger::jobs::jobs_of(&procs);
             if let Some(status) = self.status.current() {
                 status.publish_jobs(&jobs);
             }
@@ -515,6 +590,39 @@ mod tests {
             a.offline(0).unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
+    }
+
+    /// A pod's ledger (`node_ledger::pods`) is read beside the GPU's own: its processes are
+    /// judged, counted in the jobs table and asked to leave (naming the ledger's pod when their
+    /// cgroup names none), and a pod ledger whose directory went is closed.
+    #[test]
+    fn pod_ledgers_are_read_beside_the_gpus_own() {
+        let (d, _path, mut a) = fresh_adapter();
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555555").unwrap();
+        let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
+        let group = node_ledger::ledger::group_id_for("pod-x");
+        let g = pl.group(group, 1 << 30).unwrap();
+        let h = pl.register(std::process::id(), g).unwrap();
+        pl.try_reserve(h, 3 << 20).unwrap();
+        let procs = a.offline(0).unwrap();
+        assert_eq!(a.pod_ledgers(), 1);
+        assert_eq!(procs.len(), 1, "{procs:?}");
+        assert_eq!((procs[0].pod_ledger, procs[0].reported_bytes, procs[0].group_id), (Some(pod), 3 << 20, group));
+        a.publish(&Published { t_ms: 0, ..Default::default() }).unwrap();
+        let reader = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
+        assert_eq!(reader.read_jobs().unwrap().jobs.iter().map(|j| j.group_id).collect::<Vec<_>>(), [group]);
+        a.mark_evicting(&procs[0], EvictReason::Overlimit, 0).unwrap();
+        let reqs = reader.evict_requests();
+        assert_eq!(reqs.len(), 1);
+        assert_eq!(reqs[0].id, node_ledger::ProcId::own().unwrap());
+        if node_daemon::offline_pods::pod_of_live(std::process::id(), reqs[0].id.start_time).is_none() {
+            assert_eq!(reqs[0].pod, Some(pod), "no pod in the cgroup path: the ledger's pod");
+        }
+        // The pod left: its directory is removed, the ledger closed at the next scan.
+        pl.unregister(h);
+        std::fs::remove_dir_all(node_ledger::pods::pod_dir(d.path(), pod)).unwrap();
+        assert!(a.offline(POD_SCAN_EVERY_MS).unwrap().is_empty());
+        assert_eq!(a.pod_ledgers(), 0);
     }
 
     /// The adapter reads the jobs' recorded percentages from the slots (a process being

@@ -832,7 +832,7 @@ struct PodCheck {
     pod_of_pid: HashMap<u32, (u64, Option<String>)>,
     /// Processes under a foreign group already reported (`verify.foreign_group: report`), while
     /// registered.
-    foreign_reported: std::collections::HashSet<(usize, u32, u64)>,
+    foreign_reported: std::collections::HashSet<node_daemon::evictor::ProcKey>,
 }
 
 impl PodCheck {
@@ -989,6 +989,7 @@ mod tests {
     fn off(pid: u32) -> OfflineProc {
         OfflineProc {
             slot: 0,
+            pod_ledger: None,
             host_pid: Some(pid),
             pid,
             pid_ns: 0,

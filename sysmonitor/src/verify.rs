@@ -25,7 +25,7 @@ pub struct Liar {
 /// Strike counts per process identity.
 #[derive(Debug, Default)]
 pub struct Verifier {
-    strikes: HashMap<(usize, u32, u64), u32>,
+    strikes: HashMap<node_daemon::evictor::ProcKey, u32>,
     /// Strikes of unregistered GPU processes in offline pid namespaces, by host pid and start
     /// time.
     unregistered: HashMap<(u32, u64), u32>,
@@ -44,7 +44,7 @@ pub struct PlanCheck {
     pub foreign: Vec<(OfflineProc, String)>,
     /// The processes judged with their planned pod ([`OfflineProc::key`]): the per-process
     /// check of reported memory ([`Verifier::check`]) leaves them to the plan.
-    pub judged: Vec<(usize, u32, u64)>,
+    pub judged: Vec<node_daemon::evictor::ProcKey>,
 }
 
 /// An offline pod whose registered processes on this GPU hold more GPU memory than its plan
@@ -189,7 +189,13 @@ impl Verifier {
             if plan(&uid).is_none() {
                 continue;
             }
-            if p.group_id != node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(&uid)) {
+            // In a pod ledger, the ledger names the pod (node-agent mounts it into that pod
+            // alone; the group inside is the pod's own affair); in the GPU's ledger, the group.
+            let foreign = match p.pod_ledger {
+                Some(ledger_pod) => node_ledger::PodUid::parse(&uid) != Some(ledger_pod),
+                None => p.group_id != node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(&uid)),
+            };
+            if foreign {
                 found.foreign.push((*p, uid.clone()));
             }
             found.judged.push(p.key());
@@ -300,6 +306,7 @@ impl Verifier {
                     out.push(Unshimmed {
                         proc_: OfflineProc {
                             slot: NO_SLOT,
+                            pod_ledger: None,
                             pid,
                             pid_ns: own_ns,
                             host_pid: Some(pid),
@@ -328,6 +335,7 @@ mod tests {
     fn p(pid: u32, reported: u64) -> OfflineProc {
         OfflineProc {
             slot: 0,
+            pod_ledger: None,
             host_pid: Some(pid),
             pid,
             pid_ns: 0,
@@ -437,7 +445,7 @@ mod tests {
         let mut v = Verifier::default();
         let first = v.check_plans(&cfg, &offline, &nvml, plan, &mut t);
         assert!(first.over.is_empty() && first.foreign.is_empty(), "one strike");
-        let judged: Vec<u32> = first.judged.iter().map(|k| k.1).collect();
+        let judged: Vec<u32> = first.judged.iter().map(|k| k.2).collect();
         assert_eq!(judged.len(), 3, "{judged:?}");
         assert!([10, 11, 12].iter().all(|p| judged.contains(p)), "the planned pods' processes on the GPU, left to the plan: {judged:?}");
         let over = v.check_plans(&cfg, &offline, &nvml, plan, &mut t).over;
@@ -456,6 +464,16 @@ mod tests {
         let found = Verifier::default().check_plans(&cfg, &borrowed, &within_all(&nvml), plan, &mut t);
         assert_eq!(found.foreign.iter().map(|(q, pod)| (q.pid, pod.as_str())).collect::<Vec<_>>(), [(12, SMALL)]);
         assert!(found.over.is_empty());
+        // In a pod ledger the ledger names the pod, whatever group its processes wrote: SMALL's
+        // process in SMALL's ledger is its own (any group), one in OFFLINE_POD's ledger is not.
+        let small = node_ledger::PodUid::parse(SMALL).unwrap();
+        let offline_pod = node_ledger::PodUid::parse(OFFLINE_POD).unwrap();
+        let mut in_ledgers = borrowed;
+        in_ledgers[2] = OfflineProc { pod_ledger: Some(small), ..own(12, OFFLINE_POD) };
+        in_ledgers[0] = OfflineProc { pod_ledger: Some(small), ..own(10, OFFLINE_POD) };
+        in_ledgers[1] = OfflineProc { pod_ledger: Some(offline_pod), ..p(11, 0) };
+        let found = Verifier::default().check_plans(&cfg, &in_ledgers, &within_all(&nvml), plan, &mut t);
+        assert_eq!(found.foreign.iter().map(|(q, pod)| (q.pid, pod.as_str())).collect::<Vec<_>>(), [(10, OFFLINE_POD)]);
         // A process not found from here, or not on the GPU, is never looked up.
         assert!(t.cgroup_reads.contains(&10) && !t.cgroup_reads.contains(&15) && !t.cgroup_reads.contains(&16));
     }
