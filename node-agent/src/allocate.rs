@@ -106,6 +106,18 @@ pub enum AllocError {
         /// Why not, and the fix.
         why: String,
     },
+    /// The pod's ledger on its planned GPU could not be made (`node_ledger::pods`).
+    #[error("pod {ns}/{name}: no ledger for GPU {gpu}: {why}")]
+    PodLedger {
+        /// The pod's namespace.
+        ns: String,
+        /// The pod's name.
+        name: String,
+        /// The planned GPU index.
+        gpu: u32,
+        /// What failed.
+        why: String,
+    },
     /// Listing the node's pods failed.
     #[error("{0}")]
     Api(String),
@@ -285,14 +297,16 @@ impl Allocations {
     }
 }
 
-/// Env and mounts common to every container on GPU `gpu` (also the CDI spec's edits).
+/// Env and mounts common to every container on GPU `gpu` (also the CDI spec's edits). With
+/// `inject.pod_ledgers` (the default) no ledger is among them: each pod gets its own
+/// ([`pod_ledger_mount`]); without, the GPU's ledger directory, shared by every offline pod.
 pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, Vec<pb::Mount>) {
     let inj = &cfg.inject;
     let uuid = cfg.gpu(gpu).map(|g| g.uuid.clone()).unwrap_or_default();
     let ledger_host = cfg.ledger_dir.join(format!("gpu{gpu}"));
     let ledger_ctr = inj.ledger_container_dir.join(format!("gpu{gpu}"));
     let pipe_host = cfg.mps_pipe_host_dir(gpu);
-    // A pipe directory inside the ledger directory is seen through the ledger mount.
+    // A pipe directory inside the ledger directory is where the container sees that directory.
     let pipe_ctr = match pipe_host.strip_prefix(&ledger_host) {
         Ok(rel) => ledger_ctr.join(rel),
         Err(_) => pipe_host.clone(),
@@ -312,32 +326,32 @@ pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, V
         ("NVIDIA_VISIBLE_DEVICES".to_string(), uuid.clone()),
         ("CUDA_VISIBLE_DEVICES".to_string(), uuid),
     ]);
-    let mut mounts = vec![
-        pb::Mount {
-            container_path: s(&inj.shim_container_path),
-            host_path: s(&inj.shim_host_path),
-            read_only: true,
-        },
-        // Read-write: the shim registers its process and reserves memory in the ledger.
-        pb::Mount {
+    let mut mounts = vec![pb::Mount {
+        container_path: s(&inj.shim_container_path),
+        host_path: s(&inj.shim_host_path),
+        read_only: true,
+    }];
+    if !inj.pod_ledgers {
+        // Read-write: the shim registers its process and reserves memory in the ledger, which
+        // every offline pod of the GPU shares.
+        mounts.push(pb::Mount {
             container_path: s(&ledger_ctr),
             host_path: s(&ledger_host),
             read_only: false,
-        },
-        // Read-only: the daemons' status files (health, the monitor's sample, the SM budget),
-        // which every offline process's throttle reads. Not inside the read-write mount: a
-        // tenant, root in its container or not, must never write its neighbours' throttle
-        // input (`node_ledger::status`).
-        pb::Mount {
-            container_path: s(&inj.ledger_container_dir.join(node_ledger::config::STATUS_DIR)),
-            host_path: s(&cfg.ledger_dir.join(node_ledger::config::STATUS_DIR)),
-            read_only: true,
-        },
-    ];
-    // A pipe directory outside the ledger directory needs a mount of its own; inside it, one
-    // only to make it read-only (`inject.mps_pipe_read_only`), after the ledger's (a runtime
-    // mounts parents first).
-    if !pipe_host.starts_with(&ledger_host) || inj.mps_pipe_read_only {
+        });
+    }
+    // Read-only: the daemons' status files (health, the monitor's sample and jobs, the SM
+    // budget), which every offline process's throttle reads. Not inside a read-write mount: a
+    // tenant, root in its container or not, must never write its neighbours' throttle input
+    // (`node_ledger::status`).
+    mounts.push(pb::Mount {
+        container_path: s(&inj.ledger_container_dir.join(node_ledger::config::STATUS_DIR)),
+        host_path: s(&cfg.ledger_dir.join(node_ledger::config::STATUS_DIR)),
+        read_only: true,
+    });
+    // The pipe directory: a mount of its own unless the shared ledger directory's mount shows
+    // it read-write as configured (a runtime mounts parents first).
+    if inj.pod_ledgers || !pipe_host.starts_with(&ledger_host) || inj.mps_pipe_read_only {
         mounts.push(pb::Mount {
             container_path: s(&pipe_ctr),
             host_path: s(&pipe_host),
@@ -352,6 +366,31 @@ pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, V
         read_only: false,
     });
     (env, mounts)
+}
+
+/// Mode of a pod ledger, set explicitly whatever the umask: the pod's processes, of whatever
+/// user, write it; it is mounted into that pod's containers alone.
+pub const POD_LEDGER_MODE: u32 = 0o666;
+
+/// Creates (or opens, for the pod's next container) pod `pod`'s ledger of GPU `gpu`
+/// (`node_ledger::pods`), mode [`POD_LEDGER_MODE`]; returns its host path.
+pub fn create_pod_ledger(cfg: &AgentConfig, gpu: u32, pod: node_ledger::PodUid) -> Result<std::path::PathBuf, String> {
+    let path = node_ledger::pods::pod_ledger_path(&cfg.ledger_dir, pod, gpu);
+    let l = node_ledger::Ledger::open_or_create(&path, gpu).map_err(|e| e.to_string())?;
+    l.set_access(POD_LEDGER_MODE, None).map_err(|e| e.to_string())?;
+    Ok(path)
+}
+
+/// The mount of pod `pod`'s ledger of GPU `gpu` (host: [`create_pod_ledger`]'s path) where the
+/// shim looks for its GPU's ledger (`<inject.ledger_container_dir>/gpu<N>/ledger`), read-write.
+/// The file alone, never its directory: a tenant can write it but neither unlink nor replace it
+/// (a mount point is busy), so it cannot hand its next processes a fresh, empty ledger.
+pub fn pod_ledger_mount(cfg: &AgentConfig, gpu: u32, pod: node_ledger::PodUid) -> pb::Mount {
+    pb::Mount {
+        container_path: node_ledger::config::ledger_path(&cfg.inject.ledger_container_dir, gpu).display().to_string(),
+        host_path: node_ledger::pods::pod_ledger_path(&cfg.ledger_dir, pod, gpu).display().to_string(),
+        read_only: false,
+    }
 }
 
 /// Env that depends on the pod's plan.
@@ -375,8 +414,11 @@ pub fn cdi_device_name(cfg: &AgentConfig, gpu: u32) -> String {
 }
 
 /// The container's response: in CDI mode the static edits come from the CDI spec (named
-/// devices) and only the plan's env is returned; otherwise everything inline.
-pub fn container_response(cfg: &AgentConfig, plan: &PodPlan) -> pb::ContainerAllocateResponse {
+/// devices) and only the plan's env is returned; otherwise everything inline. With
+/// `inject.pod_ledgers`, the pod's ledger of its GPU is created here and mounted inline in
+/// either mode (a CDI spec is the same for every pod). Fails only when that ledger cannot be
+/// made: the container is then refused rather than given a shared one.
+pub fn container_response(cfg: &AgentConfig, plan: &PodPlan) -> Result<pb::ContainerAllocateResponse, AllocError> {
     let mut envs: HashMap<String, String> = plan_env(plan).into_iter().collect();
     let mut resp = pb::ContainerAllocateResponse::default();
     if cfg.cdi.enabled {
@@ -393,8 +435,16 @@ pub fn container_response(cfg: &AgentConfig, plan: &PodPlan) -> pb::ContainerAll
         envs.extend(env);
         resp.mounts = mounts;
     }
+    if cfg.inject.pod_ledgers {
+        let err = |why: String| AllocError::PodLedger { ns: plan.namespace.clone(), name: plan.name.clone(), gpu: plan.gpu, why };
+        let uid = node_ledger::PodUid::parse(&plan.uid).ok_or_else(|| err(format!("the pod's UID `{}` is not a UID", plan.uid)))?;
+        create_pod_ledger(cfg, plan.gpu, uid).map_err(err)?;
+        // After the status and pipe mounts: a runtime mounts parents first, and the ledger
+        // lies beside the pipe directory, under no other mount.
+        resp.mounts.push(pod_ledger_mount(cfg, plan.gpu, uid));
+    }
     resp.envs = envs;
-    resp
+    Ok(resp)
 }
 
 /// The CDI spec (JSON, CDI 0.6.0) for every served GPU: kind `<resource_name>`, device
@@ -575,6 +625,8 @@ mod tests {
     #[test]
     fn response_inline_and_cdi() {
         let mut c = cfg();
+        // The GPU's shared ledger directory (pod ledgers: the next test).
+        c.inject.pod_ledgers = false;
         let plan = PodPlan {
             namespace: "ml".into(),
             name: "a".into(),
@@ -583,7 +635,7 @@ mod tests {
             mps_percent: 36,
             memory_quota_bytes: 5,
         };
-        let r = container_response(&c, &plan);
+        let r = container_response(&c, &plan).unwrap();
         assert_eq!(r.envs["CUDA_VISIBLE_DEVICES"], "GPU-b");
         assert_eq!(
             r.envs["CUDA_MPS_PIPE_DIRECTORY"],
@@ -613,28 +665,28 @@ mod tests {
         // The pipe directory read-only: a mount of its own over the read-write ledger
         // directory's, after it (parents first).
         c.inject.mps_pipe_read_only = true;
-        let r = container_response(&c, &plan);
+        let r = container_response(&c, &plan).unwrap();
         let at = |p: &str| r.mounts.iter().position(|m| m.container_path == p);
         let pipe = at("/run/xshare/gpu1/mps-pipe").expect("a mount of the pipe directory");
         assert!(r.mounts[pipe].read_only && r.mounts[pipe].host_path == "/run/xshare/gpu1/mps-pipe", "{:?}", r.mounts);
         assert!(at("/run/xshare/gpu1").is_some_and(|l| l < pipe), "the ledger directory first: {:?}", r.mounts);
         c.inject.mps_pipe_read_only = false;
         c.inject.mps_pipe_dir = "/tmp/mps-{gpu}".into();
-        let r = container_response(&c, &plan);
+        let r = container_response(&c, &plan).unwrap();
         assert_eq!(r.envs["CUDA_MPS_PIPE_DIRECTORY"], "/tmp/mps-1");
         assert!(r
             .mounts
             .iter()
             .any(|m| m.host_path == "/tmp/mps-1" && !m.read_only));
         c.inject.mps_shm_dir = "host".into();
-        let r = container_response(&c, &plan);
+        let r = container_response(&c, &plan).unwrap();
         assert!(r.mounts.iter().any(|m| m.container_path == "/dev/shm" && m.host_path == "/dev/shm"));
         c.inject.mps_shm_dir = "/run/mps-shm-{gpu}".into();
-        let r = container_response(&c, &plan);
+        let r = container_response(&c, &plan).unwrap();
         assert!(r.mounts.iter().any(|m| m.container_path == "/dev/shm" && m.host_path == "/run/mps-shm-1"));
         c.cdi.enabled = true;
         c.cdi.gpu_device_kind = Some("nvidia.com/gpu".into());
-        let r = container_response(&c, &plan);
+        let r = container_response(&c, &plan).unwrap();
         let names: Vec<_> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
             names,
@@ -656,5 +708,40 @@ mod tests {
             mounts.iter().any(|m| m["containerPath"] == "/dev/shm" && m["hostPath"] == "/run/mps-shm-1"),
             "the CDI spec mounts the MPS server's /dev/shm too: {mounts:?}"
         );
+    }
+
+    /// With pod ledgers (the default) Allocate makes the pod's own ledger of its GPU and mounts
+    /// that file alone where the shim looks for the GPU's ledger, in inline and CDI mode; the
+    /// GPU's shared ledger directory is mounted nowhere; a pod whose UID is not one is refused.
+    #[test]
+    fn each_pod_gets_a_ledger_of_its_own_and_no_shared_one() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = cfg();
+        c.ledger_dir = d.path().to_owned();
+        let uid = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
+        let plan = PodPlan { namespace: "ml".into(), name: "a".into(), uid: uid.into(), gpu: 1, mps_percent: 36, memory_quota_bytes: 5 };
+        let pod = node_ledger::PodUid::parse(uid).unwrap();
+        let host = node_ledger::pods::pod_ledger_path(d.path(), pod, 1);
+        for cdi in [false, true] {
+            c.cdi.enabled = cdi;
+            let r = container_response(&c, &plan).unwrap();
+            let m = r.mounts.iter().find(|m| m.container_path == "/run/xshare/gpu1/ledger").expect("the ledger file's mount");
+            assert!(!m.read_only && Path::new(&m.host_path) == host, "{m:?}");
+            assert!(r.mounts.last() == Some(m), "after the pipe directory's mount: {:?}", r.mounts);
+            let gpu_dir = d.path().join("gpu1");
+            assert!(!r.mounts.iter().any(|m| Path::new(&m.host_path) == gpu_dir), "{:?}", r.mounts);
+            let l = node_ledger::Ledger::open_existing(&host).unwrap();
+            assert_eq!((l.gpu_index(), l.access().unwrap().0), (1, POD_LEDGER_MODE));
+        }
+        c.cdi.enabled = false;
+        let r = container_response(&c, &plan).unwrap();
+        let pipe = r.mounts.iter().find(|m| m.container_path == "/run/xshare/gpu1/mps-pipe").expect("the pipe directory, a mount of its own");
+        assert!(!pipe.read_only, "read-write unless configured: {pipe:?}");
+        let spec = cdi_spec(&c);
+        let mounts = spec["devices"][1]["containerEdits"]["mounts"].as_array().unwrap();
+        assert!(!mounts.iter().any(|m| m["hostPath"].as_str().is_some_and(|h| h.ends_with("/gpu1"))), "no shared ledger in the CDI spec: {mounts:?}");
+        let bad = PodPlan { uid: "u1".into(), ..plan };
+        let e = container_response(&c, &bad).unwrap_err().to_string();
+        assert!(e.contains("ml/a") && e.contains("not a UID"), "{e}");
     }
 }

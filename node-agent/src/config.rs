@@ -84,8 +84,9 @@ pub struct InjectConfig {
     pub shim_host_path: PathBuf,
     /// Where the container sees it (LD_PRELOAD).
     pub shim_container_path: PathBuf,
-    /// Where the container sees the ledger directory (`XSHARE_LEDGER_DIR`); its `gpu<N>`
-    /// directory is mounted there, and nothing of the other GPUs.
+    /// Where the container sees the ledger directory (`XSHARE_LEDGER_DIR`): its pod's ledger
+    /// of the GPU as `gpu<N>/ledger` (`pod_ledgers`), the pipe directory, the status files;
+    /// nothing of the other GPUs or pods.
     pub ledger_container_dir: PathBuf,
     /// Host MPS pipe directory; `{gpu}` is replaced by the index. Empty: mps-manager's default
     /// `<ledger_dir>/gpu<N>/mps-pipe` (inside the mounted ledger directory).
@@ -107,6 +108,13 @@ pub struct InjectConfig {
     /// known (the GPU check kit's `pipe-ro` check tells, as root, on an MPS host): off by
     /// default until it is, as NVIDIA's own device plugin mounts it.
     pub mps_pipe_read_only: bool,
+    /// Give each offline pod a ledger of its own (`node_ledger::pods`: created at Allocate,
+    /// its file alone mounted at `<ledger_container_dir>/gpu<N>/ledger`, removed once the pod
+    /// is gone), instead of mounting the GPU's ledger directory, which every offline pod of the
+    /// GPU then shares read-write: any of them could raise a neighbour's usage (its
+    /// allocations refused) or write a neighbour's group into its slot. On by default; off
+    /// only for daemons older than pod ledgers (they would not see the pods' processes).
+    pub pod_ledgers: bool,
 }
 
 /// CDI (Container Device Interface) mode: the static edits go into a CDI spec file and
@@ -224,6 +232,7 @@ impl Default for InjectConfig {
             mps_pipe_dir: String::new(),
             mps_shm_dir: String::new(),
             mps_pipe_read_only: false,
+            pod_ledgers: true,
         }
     }
 }

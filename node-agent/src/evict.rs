@@ -201,8 +201,8 @@ pub fn scan_log(
 }
 
 /// The daemons' eviction requests (the status files of `gpus`) of processes registered in the
-/// ledgers of `gpus` (a missing or damaged ledger or status file is skipped: the monitor's own
-/// path handles them). A process is taken as its registration names it: pid namespace, pid and
+/// ledgers of `gpus`, the GPU's own and each pod's (a missing or damaged ledger or status file
+/// is skipped: the monitor's own path handles them). A process is taken as its registration names it: pid namespace, pid and
 /// start time, the address of the request.
 pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
     let mut out = Vec::new();
@@ -214,10 +214,16 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
         if asked.is_empty() {
             continue;
         }
-        let Ok(l) = Ledger::open_existing(&ledger_path(ledger_dir, gpu)) else {
-            continue;
-        };
-        for p in l.procs() {
+        // The GPU's ledger and each pod's (`node_ledger::pods`): opened only while a request
+        // is in force.
+        let mut pods = node_ledger::pods::PodLedgers::new(ledger_dir, gpu);
+        pods.scan();
+        let own = Ledger::open_existing(&ledger_path(ledger_dir, gpu)).ok();
+        let procs = own
+            .iter()
+            .flat_map(|l| l.procs().into_iter().map(|p| (None, p)))
+            .chain(pods.iter().flat_map(|pl| pl.ledger.procs().into_iter().map(|p| (Some(pl.pod), p))));
+        for (ledger_pod, p) in procs {
             let id = node_ledger::ProcId::of(&p);
             let Some(req) = asked.iter().find(|a| a.id == id) else { continue };
             let sig = req.signal;
@@ -231,7 +237,9 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
                     signal: sig,
                     log_end: None,
                     ledger_file: p.ledger_file,
-                    pod_uid: req.pod.map(|u| u.to_string()),
+                    // The pod the daemon read in the process's cgroup, else the pod whose
+                    // ledger it is in (mounted into that pod alone).
+                    pod_uid: req.pod.or(ledger_pod).map(|u| u.to_string()),
                     damaged: false,
                 });
             }

@@ -97,7 +97,57 @@ pub struct Publisher {
     pub errors: u64,
     /// Lists the watch made (the first and every relist).
     pub lists: u64,
+    /// Pod ledger directories removed (their pods gone from the node).
+    pub pod_ledgers_removed: u64,
+    ledger_dir: PathBuf,
     errors_logged: bool,
+}
+
+/// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
+/// node's list before it is removed: Allocate makes it as the kubelet admits the pod, which may
+/// be before this watch has seen the pod bound here.
+pub const POD_LEDGER_GRACE: Duration = Duration::from_secs(300);
+
+/// Removes the ledger directories of pods not in `keep` (this node's offline pods) under
+/// `ledger_dir`, once older than `grace` and only when no process is registered in any of
+/// their ledgers (the dead ones are reclaimed first): a pod's containers are gone before the API
+/// server forgets the pod, so a live registration means a process outside Kubernetes'
+/// knowledge, which keeps its ledger. Returns the pods whose directory was removed.
+pub fn remove_gone_pod_ledgers(
+    ledger_dir: &std::path::Path,
+    keep: &dyn Fn(node_ledger::PodUid) -> bool,
+    grace: Duration,
+) -> Vec<node_ledger::PodUid> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(node_ledger::pods::pods_dir(ledger_dir)) else { return removed };
+    for e in entries.flatten() {
+        let Some(pod) = e.file_name().to_str().and_then(node_ledger::PodUid::parse) else { continue };
+        if keep(pod) {
+            continue;
+        }
+        let young = e.metadata().ok().and_then(|m| m.modified().ok()).is_some_and(|t| t.elapsed().map_or(true, |age| age < grace));
+        if young {
+            continue;
+        }
+        let dir = e.path();
+        let busy = std::fs::read_dir(&dir).into_iter().flatten().flatten().any(|g| {
+            let Ok(l) = node_ledger::Ledger::open_existing(&g.path().join("ledger")) else { return false };
+            let _ = l.reclaim_dead();
+            !l.procs().is_empty()
+        });
+        if busy {
+            tracing::warn!(%pod, dir = %dir.display(), "the pod is gone from this node but a process is still registered in its ledger: kept");
+            continue;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                tracing::info!(%pod, dir = %dir.display(), "removed the ledgers of a pod gone from this node");
+                removed.push(pod);
+            }
+            Err(err) => tracing::warn!(%pod, dir = %dir.display(), error = %err, "cannot remove the ledgers of a pod gone from this node"),
+        }
+    }
+    removed
 }
 
 impl Publisher {
@@ -114,6 +164,8 @@ impl Publisher {
             writes: 0,
             errors: 0,
             lists: 0,
+            pod_ledgers_removed: 0,
+            ledger_dir: ledger_dir.to_owned(),
             errors_logged: false,
         }
     }
@@ -168,6 +220,13 @@ impl Publisher {
     /// The periodic check: writes the list again if the file was removed (one `stat`); nothing
     /// before the first list.
     pub fn refresh(&mut self) -> bool {
+        if self.synced {
+            // The pods of a complete list only: a pod missed while the watch was down would
+            // lose its ledger under its running processes (they keep it: checked there too).
+            let pods = &self.pods;
+            let keep = |p: node_ledger::PodUid| pods.keys().any(|u| node_ledger::PodUid::parse(u) == Some(p));
+            self.pod_ledgers_removed += remove_gone_pod_ledgers(&self.ledger_dir, &keep, POD_LEDGER_GRACE).len() as u64;
+        }
         self.synced && self.publish()
     }
 
@@ -215,10 +274,14 @@ impl Publisher {
              xshare_node_agent_offline_pod_list_errors_total{{node=\"{n}\"}} {e}\n\
              # HELP xshare_node_agent_offline_pod_lists_total Lists of this node's pods the watch made (the first and every relist)\n\
              # TYPE xshare_node_agent_offline_pod_lists_total counter\n\
-             xshare_node_agent_offline_pod_lists_total{{node=\"{n}\"}} {l}\n",
+             xshare_node_agent_offline_pod_lists_total{{node=\"{n}\"}} {l}\n\
+             # HELP xshare_node_agent_pod_ledgers_removed_total Pod ledger directories removed after their pods left the node\n\
+             # TYPE xshare_node_agent_pod_ledgers_removed_total counter\n\
+             xshare_node_agent_pod_ledgers_removed_total{{node=\"{n}\"}} {r}\n",
             n = self.node,
             e = self.errors,
-            l = self.lists
+            l = self.lists,
+            r = self.pod_ledgers_removed
         )
     }
 }
@@ -271,5 +334,35 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
         _ = watch => {}
         _ = checks => {}
         _ = stop.changed() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uid(n: u8) -> node_ledger::PodUid {
+        node_ledger::PodUid::parse(&format!("{n:08x}-0000-4000-8000-000000000000")).unwrap()
+    }
+
+    /// A pod's ledgers go once the pod left the node's list and the grace passed, never while
+    /// a process is registered in them; a pod in the list keeps them.
+    #[test]
+    fn gone_pods_ledgers_are_removed_after_the_grace_unless_a_process_is_registered() {
+        let d = tempfile::tempdir().unwrap();
+        let (kept, gone, busy) = (uid(1), uid(2), uid(3));
+        for (p, g) in [(kept, 0), (gone, 0), (gone, 1), (busy, 0)] {
+            node_ledger::Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), p, g), g).unwrap();
+        }
+        let l = node_ledger::Ledger::open_existing(&node_ledger::pods::pod_ledger_path(d.path(), busy, 0)).unwrap();
+        let h = l.register(std::process::id(), l.group(7, 1 << 20).unwrap()).unwrap();
+        let keep = |p: node_ledger::PodUid| p == kept;
+        assert!(remove_gone_pod_ledgers(d.path(), &keep, Duration::from_secs(3600)).is_empty(), "within the grace");
+        assert_eq!(remove_gone_pod_ledgers(d.path(), &keep, Duration::ZERO), [gone]);
+        assert!(!node_ledger::pods::pod_dir(d.path(), gone).exists());
+        assert!(node_ledger::pods::pod_dir(d.path(), kept).exists() && node_ledger::pods::pod_dir(d.path(), busy).exists());
+        // The registered process leaves: its pod's ledgers go at the next pass.
+        l.unregister(h);
+        assert_eq!(remove_gone_pod_ledgers(d.path(), &keep, Duration::ZERO), [busy]);
     }
 }

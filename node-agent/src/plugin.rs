@@ -260,10 +260,11 @@ impl Plugin {
                 why,
             });
         }
+        let resp = allocate::container_response(&self.cfg, &plan)?;
         allocs.record(&plan.uid);
         tracing::info!(pod = %format!("{}/{}", plan.namespace, plan.name), gpu = plan.gpu,
             mps_percent = plan.mps_percent, quota = plan.memory_quota_bytes, devices = ?req.devices_ids, "allocated");
-        Ok(allocate::container_response(&self.cfg, &plan))
+        Ok(resp)
     }
 }
 

@@ -63,8 +63,8 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
     let c = FakeCluster::start();
     c.add_node(serde_json::json!({"metadata": {"name": NODE}}));
     // The older pod's plan says GPU 0, the newer one's GPU 1; both bound here, both Pending.
-    c.add_pod(offline_pod("train-old", "uid-old", NODE, Some(0), "2026-01-01T00:00:00Z"));
-    let mut newer = offline_pod("train-new", "uid-new", NODE, Some(1), "2026-01-01T00:00:05Z");
+    c.add_pod(offline_pod("train-old", "0000000a-0000-4000-8000-00000000000a", NODE, Some(0), "2026-01-01T00:00:00Z"));
+    let mut newer = offline_pod("train-new", "0000000b-0000-4000-8000-00000000000b", NODE, Some(1), "2026-01-01T00:00:05Z");
     newer["metadata"]["annotations"]["xshare.io/memory-quota-bytes"] = "1073741824".into();
     c.add_pod(newer);
 
@@ -91,10 +91,10 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
     let p = Plugin::new(cfg.clone(), health_rx, dev_rx, PodSource::Api(client));
 
     // The extender let the newer pod through: its container is the newer pod's, not the oldest.
-    hold(&c, "uid-new", "train-new");
+    hold(&c, "0000000b-0000-4000-8000-00000000000b", "train-new");
     let r = p.allocate(alloc("gpu0-0")).await.unwrap().into_inner();
     let env = &r.container_responses[0].envs;
-    assert_eq!(env["XCUDA_GROUP"], "k8s-pod-uid-new");
+    assert_eq!(env["XCUDA_GROUP"], "k8s-pod-0000000b-0000-4000-8000-00000000000b");
     assert_eq!(env["XSHARE_GPU_INDEX"], "1");
     assert_eq!(env["XCUDA_QUOTA_BYTES"], "1073741824");
     // Its only container is allocated: the node is free for the next bind.
@@ -102,12 +102,12 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
 
     // No lock (another binder, or the lock turned off): the oldest, as before.
     let r = p.allocate(alloc("gpu0-1")).await.unwrap().into_inner();
-    assert_eq!(r.container_responses[0].envs["XCUDA_GROUP"], "k8s-pod-uid-old");
+    assert_eq!(r.container_responses[0].envs["XCUDA_GROUP"], "k8s-pod-0000000a-0000-4000-8000-00000000000a");
 
     // A locked pod whose Allocate fails (its GPU not Healthy) gives the node back too: its
     // admission fails, and the next pod must not wait for the TTL.
-    c.add_pod(offline_pod("train-3", "uid-3", NODE, Some(1), "2026-01-01T00:00:09Z"));
-    hold(&c, "uid-3", "train-3");
+    c.add_pod(offline_pod("train-3", "0000000c-0000-4000-8000-00000000000c", NODE, Some(1), "2026-01-01T00:00:09Z"));
+    hold(&c, "0000000c-0000-4000-8000-00000000000c", "train-3");
     status[1].publish(&MonitorSample::default().with_health(HealthState::Overlimit));
     // The plugin reads the same health channel.
     tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.get(&1).is_some_and(|g| !g.healthy())))
@@ -120,16 +120,16 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
 
     // Another pod's lock is left alone by an Allocate that is not its pod's.
     status[1].publish(&MonitorSample::default().with_health(HealthState::Healthy));
-    hold(&c, "uid-elsewhere", "train-elsewhere");
+    hold(&c, "0000000d-0000-4000-8000-00000000000d", "train-elsewhere");
     tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.get(&1).is_some_and(|g| g.healthy())))
         .await
         .expect("GPU 1 Healthy again within 10 s")
         .unwrap();
     let r = p.allocate(alloc("gpu1-1")).await.unwrap().into_inner();
-    assert_eq!(r.container_responses[0].envs["XCUDA_GROUP"], "k8s-pod-uid-3");
+    assert_eq!(r.container_responses[0].envs["XCUDA_GROUP"], "k8s-pod-0000000c-0000-4000-8000-00000000000c");
     // A give-back would be spawned by the Allocate that just returned; give it time to land.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(lock_on(&c).map(|l| l.uid), Some("uid-elsewhere".into()));
+    assert_eq!(lock_on(&c).map(|l| l.uid), Some("0000000d-0000-4000-8000-00000000000d".into()));
 
     // What the operator sees on /metrics: two containers matched by the lock (the first with
     // two pods that could own it; train-3's refused), two by age, two give-backs.

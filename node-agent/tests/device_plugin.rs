@@ -76,10 +76,10 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
     let api = FakeApi::start(Arc::new(|r: &Recorded| {
         if r.method == "GET" && r.path == "/api/v1/pods" {
             let pods = vec![
-                offline_pod("unplanned", "uid-x", "node-a", None, "2026-01-01T00:00:00Z"),
+                offline_pod("unplanned", "0000000e-0000-4000-8000-00000000000e", "node-a", None, "2026-01-01T00:00:00Z"),
                 offline_pod(
                     "train-0",
-                    "uid-1",
+                    "00000001-0000-4000-8000-000000000001",
                     "node-a",
                     Some(1),
                     "2026-01-01T00:00:05Z",
@@ -245,15 +245,18 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
     );
     assert_eq!(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("40"));
     assert_eq!(env("XCUDA_QUOTA_BYTES"), Some("2147483648"));
-    assert_eq!(env("XCUDA_GROUP"), Some("k8s-pod-uid-1"));
+    assert_eq!(env("XCUDA_GROUP"), Some("k8s-pod-00000001-0000-4000-8000-000000000001"));
     let mounts: Vec<_> = c
         .mounts
         .iter()
         .map(|m| (m.host_path.clone(), m.container_path.clone(), m.read_only))
         .collect();
-    let host_ledger = ledger_dir.join("gpu1").display().to_string();
+    // The pod's own ledger of GPU 1, made by Allocate, mounted alone where the shim looks.
+    let pod = node_ledger::PodUid::parse("00000001-0000-4000-8000-000000000001").unwrap();
+    let host_ledger = node_ledger::pods::pod_ledger_path(&ledger_dir, pod, 1);
+    assert!(node_ledger::Ledger::open_existing(&host_ledger).is_ok());
     assert!(
-        mounts.contains(&(host_ledger, "/run/xshare/gpu1".into(), false)),
+        mounts.contains(&(host_ledger.display().to_string(), "/run/xshare/gpu1/ledger".into(), false)),
         "{mounts:?}"
     );
     assert!(

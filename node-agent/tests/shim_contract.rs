@@ -1,7 +1,8 @@
 //! What Allocate injects is what the shim reads: the container's environment, given to the
 //! shim's own parser (xcuda-shim's `Config::apply_env`), yields the plan's memory quota, the
-//! pod's quota group (the one the eviction side maps back to the pod), the planned GPU's
-//! ledger inside the mounted directory, and an MPS percentage the shim keeps as set.
+//! pod's quota group (the one the eviction side maps back to the pod), the pod's own ledger of
+//! the planned GPU (or, with `inject.pod_ledgers` off, the GPU's, inside the mounted
+//! directory), and an MPS percentage the shim keeps as set.
 //! A misspelt variable would leave the shim on its default quota (40 % of the GPU), silently.
 
 use std::path::{Path, PathBuf};
@@ -10,11 +11,14 @@ use node_agent::allocate::{container_response, group_name, PodPlan};
 use node_agent::config::AgentConfig;
 use node_ledger::ledger::group_id_for;
 
-fn check(cdi: bool) {
+fn check(cdi: bool, pod_ledgers: bool) {
+    let d = tempfile::tempdir().unwrap();
     let text = serde_json::json!({
         "node_name": "n1",
+        "ledger_dir": d.path(),
         "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 3, "uuid": "GPU-d"}],
         "cdi": {"enabled": cdi},
+        "inject": {"ledger_container_dir": "/run/xshare", "pod_ledgers": pod_ledgers},
     })
     .to_string();
     let cfg = AgentConfig::from_text(Path::new("c.json"), &text, |_| None).unwrap();
@@ -26,7 +30,7 @@ fn check(cdi: bool) {
         mps_percent: 35,
         memory_quota_bytes: 3 << 30,
     };
-    let resp = container_response(&cfg, &plan);
+    let resp = container_response(&cfg, &plan).unwrap();
     let mut env = resp.envs.clone();
     let mut mounts: Vec<(String, String)> = resp
         .mounts
@@ -74,17 +78,27 @@ fn check(cdi: bool) {
         group_id_for(&group_name(&plan.uid))
     );
     assert_eq!(shim.gpu_index, 3);
-    // The shim's ledger path lies inside a mounted directory, which is the host's GPU 3 one.
+    // The shim's ledger path is a mounted file (the pod's own ledger, made by Allocate), or lies
+    // inside a mounted directory (the GPU's, shared).
     let ledger = shim.ledger().ledger_path();
     assert_eq!(ledger, PathBuf::from("/run/xshare/gpu3/ledger"));
     let (host, ctr) = mounts
         .iter()
-        .find(|(_, c)| ledger.starts_with(c))
+        .filter(|(_, c)| ledger.starts_with(c))
+        .max_by_key(|(_, c)| c.len())
         .expect("ledger not under any mount");
-    assert_eq!(
-        Path::new(host).join(ledger.strip_prefix(ctr).unwrap()),
-        node_ledger::config::ledger_path(&cfg.ledger_dir, 3)
-    );
+    let rel = ledger.strip_prefix(ctr).unwrap();
+    let host = if rel.as_os_str().is_empty() { PathBuf::from(host) } else { Path::new(host).join(rel) };
+    if pod_ledgers {
+        let uid = node_ledger::PodUid::parse(&plan.uid).unwrap();
+        assert_eq!(host, node_ledger::pods::pod_ledger_path(&cfg.ledger_dir, uid, 3));
+        let l = node_ledger::Ledger::open_existing(&host).expect("Allocate made the pod's ledger");
+        assert_eq!(l.gpu_index(), 3);
+        assert_eq!(l.access().unwrap().0, 0o666, "writable by the pod's processes of any user");
+        assert!(!mounts.iter().any(|(h, _)| Path::new(h) == cfg.ledger_dir.join("gpu3")), "the GPU's shared ledger directory is not mounted: {mounts:?}");
+    } else {
+        assert_eq!(host, node_ledger::config::ledger_path(&cfg.ledger_dir, 3));
+    }
     // The shim library LD_PRELOAD names is mounted.
     assert!(mounts.iter().any(|(_, c)| *c == env["LD_PRELOAD"]));
     // The plan's MPS percentage is the user's to the shim: it does not replace it by the budget.
@@ -94,10 +108,12 @@ fn check(cdi: bool) {
 
 #[test]
 fn inline_env_is_what_the_shim_reads() {
-    check(false);
+    check(false, true);
+    check(false, false);
 }
 
 #[test]
 fn cdi_edits_plus_env_are_what_the_shim_reads() {
-    check(true);
+    check(true, true);
+    check(true, false);
 }

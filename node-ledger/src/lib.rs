@@ -1,7 +1,8 @@
 //! What the node runtime shares between processes: config schema, the per-GPU ledger layout, the health-state enum.
 //!
-//! The ledger is one fixed-layout file per GPU, mapped `MAP_SHARED` by the shim (in every offline
-//! process), the monitor and the MPS manager; every offline process writes it. What the daemons
+//! A ledger is a fixed-layout file, mapped `MAP_SHARED` by the shim (in every offline process), the
+//! monitor and the MPS manager; every offline process writes the one it registers in: its pod's
+//! own ledger of the GPU under Kubernetes ([`pods`]), else the GPU's. What the daemons
 //! publish (health, sample, SM budget) is in a status file per GPU that only they write
 //! ([`status`]). Every field is an atomic, so a hostile or torn file
 //! can only yield odd values, never undefined behaviour; the header is validated on open.

@@ -55,15 +55,23 @@ impl JobsSnapshot {
         self.publish_ns != 0 && now_ns.saturating_sub(self.publish_ns) <= max_age_ns
     }
 
-    /// The jobs to split a budget by: the table's, plus one uncapped job (group 0, which no
+    /// The jobs a *starting* process leaves room for: the table's (registered jobs, and jobs
+    /// known by a fresh start claim alone, `procs` 0), plus one uncapped job (group 0, which no
     /// group has) standing for the jobs that did not fit: they hold an unknown share, read as
     /// the tightest.
-    pub fn for_split(&self) -> Vec<crate::jobs::OfflineJob> {
+    pub fn for_start(&self) -> Vec<crate::jobs::OfflineJob> {
         let mut v = self.jobs.clone();
         if self.dropped > 0 {
             v.push(crate::jobs::OfflineJob { group_id: 0, procs: self.dropped, mps_pct: None });
         }
         v
+    }
+
+    /// The jobs a *running* split divides the budget between: [`JobsSnapshot::for_start`]
+    /// less the jobs known by a start claim alone (a claim says a process will start, not that
+    /// any SM is in use: `crate::claims`, point 4).
+    pub fn for_running(&self) -> Vec<crate::jobs::OfflineJob> {
+        self.for_start().into_iter().filter(|j| j.procs > 0).collect()
     }
 }
 
@@ -99,5 +107,21 @@ impl MonitorSample {
     pub fn with_health(mut self, h: HealthState) -> Self {
         self.health = h as u32;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::OfflineJob;
+
+    #[test]
+    fn a_running_split_leaves_out_jobs_known_by_their_claim_alone() {
+        let registered = OfflineJob { group_id: 1, procs: 2, mps_pct: Some(20) };
+        let claimed = OfflineJob { group_id: 2, procs: 0, mps_pct: Some(15) };
+        let t = JobsSnapshot { jobs: vec![registered, claimed], dropped: 1, publish_ns: 1 };
+        let overflow = OfflineJob { group_id: 0, procs: 1, mps_pct: None };
+        assert_eq!(t.for_start(), [registered, claimed, overflow]);
+        assert_eq!(t.for_running(), [registered, overflow]);
     }
 }

@@ -6,7 +6,7 @@
 //! and reserves there), and these values decide how hard every offline process is throttled
 //! and whether node-agent admits work to the GPU. The status file is the daemons' alone:
 //! created `0644` by root, in a directory of its own that node-agent mounts **read-only** into
-//! offline containers (beside the read-write `gpu<N>` directory), so a tenant, root in its
+//! offline containers (beside their read-write pod ledger), so a tenant, root in its
 //! container or not, can read it and never write it.
 //!
 //! Three blocks, one writer each: the monitor block (sysmonitor), the manager block
@@ -890,7 +890,7 @@ mod tests {
         let got = r.read_jobs().unwrap();
         assert_eq!(got.jobs, jobs.to_vec());
         assert!(got.is_fresh(now_ns(), 1_000_000_000));
-        assert_eq!(got.for_split(), jobs.to_vec(), "all fitted: nothing added");
+        assert_eq!(got.for_start(), jobs.to_vec(), "all fitted: nothing added");
         // Fewer jobs later: the table shrinks (no job of the earlier publish lingers).
         w.publish_jobs(&jobs[..1]);
         assert_eq!(r.read_jobs().unwrap().jobs, jobs[..1].to_vec());
@@ -899,7 +899,7 @@ mod tests {
         w.publish_jobs(&many);
         let got = r.read_jobs().unwrap();
         assert_eq!((got.jobs.len(), got.dropped), (JOB_ENTRIES, 3));
-        let split = got.for_split();
+        let split = got.for_start();
         assert_eq!(split.last(), Some(&OfflineJob { group_id: 0, procs: 3, mps_pct: None }));
         assert_eq!(crate::jobs::start_share(0.4, &split, 1_000), 0.0, "a newcomer gets the floor");
         // The other blocks are untouched by it.

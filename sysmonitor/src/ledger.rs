@@ -523,7 +523,14 @@ impl LedgerPort for LedgerAdapter {
         if p.t_ms >= self.next_jobs_ms && self.usable() {
             self.next_jobs_ms = next_on_grid(p.t_ms, JOBS_EVERY_MS);
             let procs: Vec<_> = self.all_procs().into_iter().map(|(_, p)| p).collect();
-            let jobs = node_ledger::jobs::jobs_of(&procs);
+            // With the fresh start claims of every ledger (a pod's claims are in its own
+            // ledger, which no other pod sees): a process starting in another pod leaves room
+            // for them; the running splits leave them out (`JobsSnapshot::for_running`).
+            let now_ns = node_ledger::clock::now_ns();
+            let own = self.usable().then_some(&self.ledger);
+            let claims: Vec<_> = own.into_iter().chain(self.pods.iter().map(|p| &p.ledger)).flat_map(|l| l.claims(now_ns)).collect();
+            let ttl_ns = node_ledger::claims::DEFAULT_CLAIM_TTL_MS * 1_000_000;
+            let jobs = node_ledger::jobs::with_claims(&node_ledger::jobs::jobs_of(&procs), &claims, now_ns, ttl_ns);
             if let Some(status) = self.status.current() {
                 status.publish_jobs(&jobs);
             }
@@ -608,9 +615,23 @@ mod tests {
         assert_eq!(a.pod_ledgers(), 1);
         assert_eq!(procs.len(), 1, "{procs:?}");
         assert_eq!((procs[0].pod_ledger, procs[0].reported_bytes, procs[0].group_id), (Some(pod), 3 << 20, group));
+        // A process of another job starting in the pod claimed its percentage (not registered
+        // yet): the table lists that job with no process, for other pods' starting processes.
+        let starting = node_ledger::ledger::group_id_for("pod-x-next-job");
+        let lock = pl.lock_claims(std::time::Duration::from_millis(100)).unwrap().unwrap();
+        assert!(lock.record(starting, 15, 4242, 1, node_ledger::clock::now_ns(), 30_000_000_000));
+        drop(lock);
         a.publish(&Published { t_ms: 0, ..Default::default() }).unwrap();
         let reader = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
-        assert_eq!(reader.read_jobs().unwrap().jobs.iter().map(|j| j.group_id).collect::<Vec<_>>(), [group]);
+        let table = reader.read_jobs().unwrap();
+        assert_eq!(
+            table.jobs,
+            [
+                node_ledger::OfflineJob { group_id: group, procs: 1, mps_pct: None },
+                node_ledger::OfflineJob { group_id: starting, procs: 0, mps_pct: Some(15) }
+            ]
+        );
+        assert_eq!(table.for_running().len(), 1, "a claim is no running job");
         a.mark_evicting(&procs[0], EvictReason::Overlimit, 0).unwrap();
         let reqs = reader.evict_requests();
         assert_eq!(reqs.len(), 1);

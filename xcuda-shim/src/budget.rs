@@ -81,12 +81,15 @@ pub fn fresh_budget(status: &Status, now_ns: u64, stale_ns: u64) -> Option<f64> 
 }
 
 /// The offline jobs on the GPU as the monitor last counted them in every ledger of the GPU
-/// (the status file's jobs table, [`node_ledger::JobsSnapshot::for_split`]), if published
-/// within `stale_ns` (at least [`BUDGET_STALE_NS`]); else `None`. A process sees only its own
-/// pod's ledger: the other pods' jobs reach it through this table alone.
-pub fn fresh_jobs(status: &Status, now_ns: u64, stale_ns: u64) -> Option<Vec<node_ledger::OfflineJob>> {
+/// (the status file's jobs table), if published within `stale_ns` (at least
+/// [`BUDGET_STALE_NS`]); else `None`. `starting`: for a starting process's share, with the jobs
+/// known by a fresh start claim alone ([`node_ledger::JobsSnapshot::for_start`]); else for the
+/// running split, registered jobs only ([`node_ledger::JobsSnapshot::for_running`]). A process
+/// sees only its own pod's ledger: the other pods' jobs reach it through this table alone.
+pub fn fresh_jobs(status: &Status, now_ns: u64, stale_ns: u64, starting: bool) -> Option<Vec<node_ledger::OfflineJob>> {
     let t = status.read_jobs()?;
-    t.is_fresh(now_ns, stale_ns.max(BUDGET_STALE_NS)).then(|| t.for_split())
+    t.is_fresh(now_ns, stale_ns.max(BUDGET_STALE_NS))
+        .then(|| if starting { t.for_start() } else { t.for_running() })
 }
 
 /// MPS active-thread percentage for a budget of `permille`: rounded up, at least
@@ -189,7 +192,7 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
                 // The jobs of this ledger and its claims, with the monitor's table of every
                 // ledger of the GPU; without a fresh table the other pods' jobs are unknown:
                 // fail closed, the floor.
-                let others = fresh_jobs(status, now_ns, stale_ns);
+                let others = fresh_jobs(status, now_ns, stale_ns, true);
                 Some(match (lock, others) {
                     (Some(lock), Some(table)) => start_share(b, &node_ledger::jobs::merge(&lock.start_jobs(now_ns, ttl_ns), &table), group),
                     _ => 0.0,

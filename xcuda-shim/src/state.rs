@@ -415,7 +415,7 @@ fn job_part(g: &Gpu, status: Option<&node_ledger::Status>, now_ns: u64, stale_ns
     let own = g.throttle.own_cap().map(|f| (f * 100.0).round() as u32);
     let group = h.map_or(0, |h| l.group_id(h.group));
     let mut jobs = l.offline_jobs();
-    if let Some(table) = status.and_then(|s| crate::budget::fresh_jobs(s, now_ns, stale_ns)) {
+    if let Some(table) = status.and_then(|s| crate::budget::fresh_jobs(s, now_ns, stale_ns, false)) {
         jobs = node_ledger::jobs::merge(&jobs, &table);
     }
     crate::budget::job_share(1.0, &jobs, group, own).clamp(0.0, 1.0)

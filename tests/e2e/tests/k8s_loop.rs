@@ -346,15 +346,33 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     assert_eq!(env["XSHARE_LEDGER_DIR"], run.display().to_string());
     assert_eq!(env["CUDA_VISIBLE_DEVICES"], uuid);
     assert!(resp.mounts.iter().any(|m| m.host_path == shim.display().to_string() && m.read_only));
-    assert!(resp.mounts.iter().any(|m| Path::new(&m.host_path) == run.join("gpu0") && !m.read_only));
+    // The pod's own ledger of GPU 0, made by Allocate and mounted alone where the shim looks;
+    // the GPU's shared ledger directory is mounted nowhere.
+    let pod_uid = node_ledger::PodUid::parse(&uid_of(&pod)).unwrap();
+    let pod_ledger = node_ledger::pods::pod_ledger_path(&run, pod_uid, 0);
+    assert!(resp.mounts.iter().any(|m| Path::new(&m.host_path) == pod_ledger && Path::new(&m.container_path) == run.join("gpu0/ledger") && !m.read_only), "{:?}", resp.mounts);
+    assert!(!resp.mounts.iter().any(|m| Path::new(&m.host_path) == run.join("gpu0")), "{:?}", resp.mounts);
     // Its only container allocated, node-agent gave the lock back.
     eventually("node-agent gives the bind lock back", || lock(&cluster).is_none().then_some(()));
     cluster.set_pod_phase("ml", "train-x7k2p", "Running");
 
-    // --- 3. The container's process: exactly Allocate's env (the runtime's part: the emulator).
+    // --- 3. The container's process: exactly Allocate's env, and (as root) its mounts, made as
+    // a runtime makes them in a mount namespace of its own (container paths are host paths
+    // here): the pod's ledger file over the GPU's. The runtime's part: the emulator.
+    let mounted = !e2e::lacks_root("make mount namespaces: the container sees the GPU's ledger, not its pod's");
+    let mounts_script = e2e::allocate_mounts_script(resp.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)), &run);
     let container = |program: &str| {
-        let mut c = host.command(program);
-        for (k, v) in env {
+        let mut c = if mounted {
+            // The shim is preloaded into the container's program only, after the mounts.
+            let prog = host.command(program).get_program().to_owned();
+            let mut c = host.command("unshare");
+            let script = format!("{mounts_script}export LD_PRELOAD='{}'\nexec \"$@\"\n", env["LD_PRELOAD"]);
+            c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"]).arg(prog);
+            c
+        } else {
+            host.command(program)
+        };
+        for (k, v) in env.iter().filter(|(k, _)| !mounted || k.as_str() != "LD_PRELOAD") {
             c.env(k, v);
         }
         c
@@ -368,6 +386,12 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     eventually("the offline process registered in the ledger", || {
         (read_state(&run)["offline_registered"] == 1).then_some(())
     });
+    if mounted {
+        // In its pod's ledger, and nothing in the GPU's, which no offline pod writes.
+        let procs = node_ledger::Ledger::open_existing(&pod_ledger).unwrap().procs();
+        assert_eq!(procs.len(), 1, "{procs:?}");
+        assert!(node_ledger::Ledger::open_existing(&run.join("gpu0/ledger")).unwrap().procs().is_empty());
+    }
     // The quota the plan chose holds: a second process of the pod cannot take it all again.
     let probe = |bytes: u64| -> String {
         let mut c = container("shim_client");

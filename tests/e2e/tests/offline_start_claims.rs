@@ -75,8 +75,13 @@ fn jobs_loading_together_split_the_budget_through_their_start_claims() {
     leave(&mut b);
     wait_until("both jobs gone", || ledger(&host).procs().is_empty().then_some(()));
 
-    // A container's shell loads the shim, claims the budget, and never calls CUDA.
+    // A container's shell loads the shim, claims the budget, and never calls CUDA (once the
+    // monitor's jobs table, published every 100 ms, no longer lists the jobs that left).
     budget_at_40(&host);
+    wait_until("the monitor's jobs table without the jobs that left", || {
+        let s = node_ledger::Status::open(&node_ledger::config::status_path(host.ledger_dir(), 0)).ok()?;
+        s.read_jobs().is_some_and(|t| t.jobs.is_empty()).then_some(())
+    });
     let mut sh = limited(&host, "sh", 256 * MIB, "job-shell");
     sh.env_remove(VAR).args(["-c", &format!("echo env=${VAR}")]);
     let out = run(&host, &mut sh);
