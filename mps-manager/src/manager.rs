@@ -635,6 +635,7 @@ impl Manager {
     /// Eviction requests are addressed to the slot's own pid namespace, pid and start time: see
     /// [`Manager::request_evict_id`].
     fn offline(&mut self) -> Vec<node_ledger::ProcSnapshot> {
+        self.scan_pods(mono_ms());
         let raw = self.registered();
         self.in_my_terms(&raw)
     }
@@ -663,7 +664,11 @@ impl Manager {
     /// pid here, when found; the request names the pod its cgroup path names, which node-agent
     /// evicts (never the group its slot claims, the process's own word).
     fn request_evict_id(&mut self, id: node_ledger::ProcId, host: Option<u32>) {
-        let pod = host.and_then(|h| node_daemon::offline_pods::pod_of_live(h, id.start_time));
+        // The pod its cgroup names, else the pod whose ledger it is registered in (mounted into
+        // that pod alone). Requests are rare: the pod ledgers' slots are read for each.
+        let pod = host.and_then(|h| node_daemon::offline_pods::pod_of_live(h, id.start_time)).or_else(|| {
+            self.pods.iter().find(|pl| pl.ledger.procs().iter().any(|p| node_ledger::ProcId::of(p) == id)).map(|pl| pl.pod)
+        });
         let written = self.status.get(mono_ms()).is_some_and(|w| w.request_evict(node_ledger::Requester::Manager, id, pod, libc::SIGTERM as u32));
         if !written {
             tracing::warn!(pid = id.pid, pid_ns = id.pid_ns, "no eviction request written (status file not open, or its table full): the process is only signalled where it can be");
@@ -1404,6 +1409,7 @@ impl Manager {
     /// record the requests in the ledger and in the restart list.
     fn evict_offline(&mut self, why: &str) -> Vec<u32> {
         let mut sig = PidfdSignaller;
+        self.scan_pods(mono_ms());
         let raw = self.registered();
         let offline = self.in_my_terms(&raw);
         let mut out = Vec::new();
@@ -1758,6 +1764,35 @@ mod tests {
         assert_eq!(reqs.len(), 1, "{reqs:?}");
         assert_eq!((reqs[0].by, reqs[0].id.pid, Some(reqs[0].id.start_time)), (node_ledger::Requester::Manager, child.id(), start_time));
         assert_eq!(reqs[0].pod, node_ledger::PodUid::parse(TENANT));
+    }
+
+    /// A process registered in a pod's ledger (`node_ledger::pods`) is one of the manager's
+    /// offline processes: MPS recovery asks it to leave, naming the pod whose ledger it is in
+    /// when its cgroup names none.
+    #[test]
+    fn a_process_in_a_pods_ledger_is_asked_to_leave_naming_its_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.evict_grace_ms = 0;
+        let pod = node_ledger::PodUid::parse("66666666-6666-4666-8666-666666666666").unwrap();
+        let path = node_ledger::pods::pod_ledger_path(&m.cfg.ledger_dir, pod, 0);
+        let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("30");
+        workloads::host::hold_ledger(&mut cmd, &path);
+        let mut child = cmd.spawn().unwrap();
+        let g = l.group(node_ledger::ledger::group_id_for("x"), 1 << 30).unwrap();
+        let _h = l.register(child.id(), g).unwrap();
+        let signalled = m.evict_offline("test");
+        let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(signalled, [child.id()], "signalled here");
+        assert_eq!(reqs.len(), 1, "{reqs:?}");
+        assert_eq!((reqs[0].by, reqs[0].id.pid), (node_ledger::Requester::Manager, child.id()));
+        if node_daemon::offline_pods::pod_uid_of(std::process::id()).is_none() {
+            assert_eq!(reqs[0].pod, Some(pod), "no pod in the cgroup path: the ledger's pod");
+        }
     }
 
     /// A reload from `leave` to `exclusive_process` sets the mode at the next check, as a first
