@@ -110,6 +110,9 @@ pub struct MonitorState {
     /// none refused; absent in files written before this field existed).
     #[serde(default)]
     pub offline_pods: Option<OfflinePodsState>,
+    /// Pod ledgers (`node_ledger::pods`) the monitor reads beside the GPU's own.
+    #[serde(default)]
+    pub pod_ledgers: usize,
 }
 
 /// The offline pod list in force ([`MonitorState::offline_pods`]).
@@ -183,6 +186,7 @@ impl MonitorState {
             status_file_error: None,
             evictions_pending: Vec::new(),
             offline_pods: None,
+            pod_ledgers: 0,
         }
     }
 }

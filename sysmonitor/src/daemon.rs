@@ -314,6 +314,7 @@ impl<G: GpuSource> MonitorService<G> {
             .map(str::to_owned)
             .or_else(|| self.start_ledger_error.clone());
         snap.status_file_error = self.mon.ledger.status_error().map(str::to_owned);
+        snap.pod_ledgers = self.mon.ledger.pod_ledgers();
         snap
     }
 

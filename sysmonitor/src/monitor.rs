@@ -801,6 +801,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     error: self.pods.watch.error().map(str::to_string),
                 }
             }),
+            pod_ledgers: 0, // the ledger adapter's: set by the daemon
             evictions_pending: self
                 .evictor
                 .pending()

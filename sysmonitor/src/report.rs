@@ -251,7 +251,7 @@ pub fn status_table(s: &MonitorState, now_unix_ms: u64, running: bool) -> String
     row(
         &mut o,
         "offline registered",
-        s.offline_registered.to_string(),
+        format!("{} (in the GPU's ledger and {} pod ledgers)", s.offline_registered, s.pod_ledgers),
     );
     row(
         &mut o,
