@@ -468,7 +468,9 @@ impl LedgerPort for LedgerAdapter {
             return Err(format!("the status file's eviction table is full: no request written for pid {}", p.pid));
         }
         // The durable record node-agent reports from (the request ends with the process).
-        let ledger = self.ledger_of(p.pod_ledger).expect("looked up above");
+        let Some(ledger) = self.ledger_of(p.pod_ledger) else {
+            return Err("its ledger went while the request was written: no log record".into());
+        };
         crate::evictlog::record(self.ledger.path(), ledger, p, reason, libc::SIGTERM as u32, pod)
     }
 

@@ -5,7 +5,8 @@
 //! makes every neighbour's group look full, and the neighbour's next allocation is refused. With
 //! a ledger per pod, mounted alone into that pod's containers, the same write lands in the
 //! tenant's own file, and the neighbour allocates on. The containers are made as node-agent's
-//! Allocate describes them (its mounts, in a mount namespace of their own). Needs root.
+//! Allocate describes them (its mounts, in a mount namespace of their own); the tenant is root in
+//! its container, the neighbour's processes run as uid 65534. Needs root.
 
 mod shim_support;
 
@@ -26,12 +27,16 @@ fn uid(s: &str) -> PodUid {
 
 /// `program args` of a shimmed client of group `group` (quota `quota`), run as a container
 /// with Allocate's `mounts` (container paths are host paths here): the mounts are made first,
-/// in a mount namespace of its own, then the shim is preloaded into `program` alone.
+/// in a mount namespace of its own, then `program` runs as uid/gid 65534 with the shim
+/// preloaded into it alone.
 fn in_container(host: &EmuHost, mounts: &[(String, String, bool)], program: &str, quota: u64, group: &str, args: &[&str]) -> Command {
     let base = limited(host, program, quota, group);
     let prog = base.get_program().to_owned();
     let script = e2e::allocate_mounts_script(mounts.iter().map(|(h, c, ro)| (h.as_str(), c.as_str(), *ro)), host.ledger_dir());
-    let script = format!("{script}export LD_PRELOAD='{}'\nexec \"$@\"\n", shim().display());
+    let script = format!(
+        "{script}exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups env LD_PRELOAD='{}' \"$@\"\n",
+        shim().display()
+    );
     let mut c = host.command("unshare");
     c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"]).arg(prog).args(args);
     for (k, v) in base.get_envs() {
@@ -65,7 +70,7 @@ fn ledger_mounts(cfg: &AgentConfig, pod: PodUid, shared: bool) -> Vec<(String, S
 /// the header; then pod B asks for 128 MiB more. Returns that allocation's result (`0`:
 /// granted) and B's holder's output.
 fn neighbours(shared: bool) -> String {
-    let host = EmuHost::new();
+    let host = host_for_users();
     let mut cfg = AgentConfig { ledger_dir: host.ledger_dir().to_path_buf(), ..Default::default() };
     cfg.inject.ledger_container_dir = host.ledger_dir().to_path_buf();
     // The GPU's own ledger (the monitor makes it): where the shim looks, and a pod's file is
@@ -77,6 +82,9 @@ fn neighbours(shared: bool) -> String {
     let group = |p: PodUid| node_ledger::ledger::pod_group_name(&p.to_string());
     let mut holder = host.spawn(&mut in_container(&host, &mb, "shim_client", 256 * MIB, &group(b), &["ctx", "alloc", &(64 * MIB).to_string(), "ready", "wait", "exit"]));
     holder.wait_for_line("ready", T).unwrap_or_else(|| panic!("pod B's holder never got its memory:\n{}", holder.stderr()));
+    // The same process all along (unshare, sh, setpriv and env each exec the next): uid 65534.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", holder.pid())).unwrap();
+    assert!(status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65534")), "{status}");
     // Pod A's tenant: 0xff over everything after the header of the ledger it sees.
     let seen = gpu_ledger.display().to_string();
     let header = node_ledger::layout::HEADER_SIZE;
