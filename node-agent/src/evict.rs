@@ -202,8 +202,8 @@ pub fn scan_log(
 
 /// The daemons' eviction requests (the status files of `gpus`) of processes registered in the
 /// ledgers of `gpus`, the GPU's own and each pod's (a missing or damaged ledger or status file
-/// is skipped: the monitor's own path handles them). A process is taken as its registration names it: pid namespace, pid and
-/// start time, the address of the request.
+/// is skipped: the monitor's own path handles them). A process is taken as its registration
+/// names it: pid namespace, pid and start time, the address of the request.
 pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
     let mut out = Vec::new();
     for &gpu in gpus {
