@@ -910,18 +910,21 @@ impl Manager {
             .iter()
             .zip(here)
             .filter(|(r, p)| !handled(r, p.pid))
-            .map(|(r, _)| Candidate { slot: r.slot, pid_ns: r.pid_ns, pid: r.pid, start_time: r.start_time, launches: r.launches })
+            .map(|(r, _)| Candidate { pid_ns: r.pid_ns, pid: r.pid, start_time: r.start_time, launches: r.launches })
             .collect();
-        let host_of: BTreeMap<(usize, u64), u32> = here
+        // Keyed by the process's identity as its ledger names it (what a candidate carries):
+        // slot numbers repeat across the pod ledgers.
+        let host_of: BTreeMap<node_ledger::ProcId, u32> = raw
             .iter()
-            .filter(|p| p.pid_ns == self.own_ns)
-            .map(|p| ((p.slot, p.start_time), p.pid))
+            .zip(here)
+            .filter(|(_, p)| p.pid_ns == self.own_ns)
+            .map(|(r, p)| (node_ledger::ProcId::of(r), p.pid))
             .collect();
         let found = self.outside.look(now_ms, self.cfg.outside_mps_after_ms, self.own_ns, &listed, &candidates);
         for c in found {
             self.state.outside_mps += 1;
             let evict = self.cfg.outside_mps == OutsideAction::Evict;
-            let host = host_of.get(&(c.slot, c.start_time)).copied();
+            let host = host_of.get(&node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time }).copied();
             let line = format!(
                 "offline process {} (pid namespace {}; {}) launches kernels on GPU {} but no MPS server lists it: it initialised CUDA before the MPS control daemon ran, or looked for it in another CUDA_MPS_PIPE_DIRECTORY than {} (CUDA looks once); outside MPS it time-slices the GPU with the online service and the offline SM budget does not reach it; {}",
                 c.pid,
@@ -1793,6 +1796,47 @@ mod tests {
         if node_daemon::offline_pods::pod_uid_of(std::process::id()).is_none() {
             assert_eq!(reqs[0].pod, Some(pod), "no pod in the cgroup path: the ledger's pod");
         }
+    }
+
+    /// Every pod ledger numbers its slots from 0: a process found outside MPS in one pod's
+    /// ledger (in a container's pid namespace, its pid here unknown) is never taken for another
+    /// ledger's process of this namespace in the same slot with the same start time, which an
+    /// MPS server lists: that one is left alone, and the request names the process found.
+    #[test]
+    fn a_process_outside_mps_is_never_taken_for_another_ledgers_in_the_same_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.outside_mps = OutsideAction::Evict;
+        m.cfg.outside_mps_after_ms = 0;
+        let mut listed = sleeper();
+        let st = node_ledger::procinfo::start_time(listed.id()).unwrap();
+        let snap = |pid: u32, pid_ns: u64, launches: u64| node_ledger::ProcSnapshot {
+            slot: 0,
+            pid,
+            start_time: st,
+            pid_ns,
+            group_id: 1,
+            mem_bytes: 0,
+            launches,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            mps_pct: 0,
+            ledger_file: Default::default(),
+        };
+        let container_ns = m.own_ns ^ 1;
+        let clients = BTreeMap::from([(1, vec![listed.id()])]);
+        for (t, launches) in [(0, 10), (500, 20)] {
+            let raw = [snap(7, container_ns, launches), snap(listed.id(), m.own_ns, launches)];
+            m.check_outside(t, &clients, &raw, &raw);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let alive = listed.try_wait().unwrap().is_none();
+        let _ = listed.kill();
+        let _ = listed.wait();
+        assert_eq!(m.state.outside_mps, 1, "the container's process, found on the second look");
+        assert!(alive, "the listed process of the other ledger was signalled");
+        let r = m.state.restart_requested.last().expect("a restart requested");
+        assert_eq!((r.pid, r.start_time), (7, st), "named as its ledger names it (its pid here is unknown)");
     }
 
     /// A reload from `leave` to `exclusive_process` sets the mode at the next check, as a first

@@ -30,8 +30,6 @@ pub enum OutsideAction {
 /// A registered offline process, as the ledger shows it, judged by [`Outside::look`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Candidate {
-    /// Ledger slot.
-    pub slot: usize,
     /// Inode of the pid namespace it registered from.
     pub pid_ns: u64,
     /// Its pid there.
@@ -128,7 +126,7 @@ mod tests {
     const CONTAINER: u64 = 4026532999;
 
     fn cand(pid_ns: u64, pid: u32, launches: u64) -> Candidate {
-        Candidate { slot: pid as usize, pid_ns, pid, start_time: 1000 + pid as u64, launches }
+        Candidate { pid_ns, pid, start_time: 1000 + pid as u64, launches }
     }
 
     fn listed(ids: &[(u64, u32)], unknown: bool) -> Listed {
