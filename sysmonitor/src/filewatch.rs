@@ -76,7 +76,14 @@ impl FileWatch {
     /// Watches the inode now at `path`, which must be `inode` (the file the caller has open;
     /// otherwise the watch would be on another file, and this fails).
     pub fn new(path: &Path, inode: u64) -> Result<FileWatch, String> {
-        use std::os::unix::ffi::OsStrExt;
+        let w = FileWatch::empty()?;
+        w.add(path, inode)?;
+        Ok(w)
+    }
+
+    /// A watch of no file yet: files are added with [`FileWatch::add`] (one inotify instance
+    /// for many files: instances are limited per user, watches far less).
+    pub fn empty() -> Result<FileWatch, String> {
         if !install() {
             return Err("SIGIO already has a handler in this process".into());
         }
@@ -87,21 +94,6 @@ impl FileWatch {
         }
         // SAFETY: `raw` is a fresh descriptor nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| format!("{}: NUL in path", path.display()))?;
-        // SAFETY: valid fd and NUL-terminated path for the duration of the call.
-        if unsafe { libc::inotify_add_watch(raw, c.as_ptr(), MASK) } < 0 {
-            return Err(format!(
-                "inotify_add_watch {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            ));
-        }
-        // The watch is on whatever `path` named when it was added: make sure that is our file.
-        let now = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if std::os::unix::fs::MetadataExt::ino(&now) != inode {
-            return Err(format!("{} was replaced while being watched", path.display()));
-        }
         // SAFETY: fcntl(2) on our own descriptor with plain integer arguments.
         unsafe {
             if libc::fcntl(raw, libc::F_SETOWN, libc::getpid()) != 0 {
@@ -112,10 +104,38 @@ impl FileWatch {
                 return Err(format!("O_ASYNC: {}", std::io::Error::last_os_error()));
             }
         }
-        Ok(FileWatch {
-            fd,
-            seen: EVENTS.load(Acquire),
-        })
+        Ok(FileWatch { fd, seen: EVENTS.load(Acquire) })
+    }
+
+    /// Adds the inode now at `path`, which must be `inode`, to this watch. Returns its watch
+    /// descriptor, for [`FileWatch::remove`].
+    pub fn add(&self, path: &Path, inode: u64) -> Result<i32, String> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| format!("{}: NUL in path", path.display()))?;
+        // SAFETY: valid fd and NUL-terminated path for the duration of the call.
+        let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), MASK) };
+        if wd < 0 {
+            return Err(format!(
+                "inotify_add_watch {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        // The watch is on whatever `path` named when it was added: make sure that is our file.
+        let now = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if std::os::unix::fs::MetadataExt::ino(&now) != inode {
+            self.remove(wd);
+            return Err(format!("{} was replaced while being watched", path.display()));
+        }
+        Ok(wd)
+    }
+
+    /// Stops watching the file [`FileWatch::add`] gave `wd` for (nothing if that watch is
+    /// gone already: the kernel drops it with its inode).
+    pub fn remove(&self, wd: i32) {
+        // SAFETY: inotify_rm_watch(2) on our own descriptor; a stale `wd` only fails (EINVAL).
+        unsafe { libc::inotify_rm_watch(self.fd.as_raw_fd(), wd) };
     }
 
     /// Whether the watched file (or, rarely, another watched one) may have changed since the
@@ -179,5 +199,38 @@ mod tests {
         assert!(wait_changed(&mut w), "chmod");
         std::fs::remove_file(&p).unwrap();
         assert!(wait_changed(&mut w), "unlink");
+    }
+
+    /// One watch of several files: a change to any is reported; a removed file's no longer.
+    #[test]
+    fn one_watch_reports_each_of_its_files_until_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let files: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|n| {
+                let p = d.path().join(n);
+                let f = std::fs::File::create(&p).unwrap();
+                let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
+                (p, f, ino)
+            })
+            .collect();
+        let mut w = FileWatch::empty().unwrap();
+        assert!(w.add(&files[0].0, files[0].2 + 1).is_err(), "another inode is refused");
+        let wds: Vec<i32> = files.iter().map(|(p, _, ino)| w.add(p, *ino).unwrap()).collect();
+        let _ = w.changed();
+        files[1].1.set_len(10).unwrap();
+        assert!(wait_changed(&mut w), "b");
+        files[0].1.set_len(10).unwrap();
+        assert!(wait_changed(&mut w), "a");
+        w.remove(wds[0]);
+        // The process-wide counter may move with another test's file: the queue is what says
+        // (emptied of the removal's own IN_IGNORED first).
+        w.drain();
+        let mut buf = [0u8; 4096];
+        files[0].1.set_len(20).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // SAFETY: reading into a local buffer from the watch's own descriptor.
+        let n = unsafe { libc::read(w.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert!(n <= 0, "a removed file's change is queued ({n} bytes)");
     }
 }

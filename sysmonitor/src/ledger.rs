@@ -53,8 +53,18 @@ pub struct LedgerAdapter {
     next_jobs_ms: u64,
     /// The pod ledgers of this GPU (`node_ledger::pods`), read beside the GPU's own ledger.
     pods: PodLedgers,
-    /// Monotonic ms of the next scan of the pods directory and reclaim in the pod ledgers.
+    /// Monotonic ms of the next scan of the pods directory.
     next_pod_scan_ms: u64,
+    /// One watch of every open pod ledger (`None` where it cannot be set up): a registered
+    /// process's death is reported as it happens, as for the GPU's ledger ([`RECLAIM_EVERY_MS`]).
+    pod_watch: Option<FileWatch>,
+    /// The watch descriptor of each pod ledger in [`Self::pod_watch`].
+    pod_wds: std::collections::BTreeMap<PodUid, i32>,
+    /// Ticks left in which the pod ledgers' dead processes are reclaimed because a watch
+    /// reported a change.
+    pod_reclaim_due: u8,
+    /// Monotonic ms of the next reclaim in the pod ledgers whatever their watches say.
+    next_pod_reclaim_ms: u64,
     /// This process's pid, published with every sample (a monitor never forks).
     pid: u32,
     /// The GPU index the ledger was opened with (its header is not read once damaged).
@@ -115,8 +125,10 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 /// by it). On the grid of the other registry reads; its readers count it stale after seconds.
 pub const JOBS_EVERY_MS: u64 = 100;
 
-/// How often the pods directory is read (pod ledgers come and go with pods) and the pod
-/// ledgers' dead processes reclaimed: a dead container's memory is back within this.
+/// How often the pods directory is read (pod ledgers come and go with pods), and the longest
+/// time between two reclaims of the pod ledgers' dead processes whatever their watches say
+/// (a dead container's memory is back within this, and usually at the next tick: each open
+/// pod ledger is watched as the GPU's own is).
 pub const POD_SCAN_EVERY_MS: u64 = 250;
 
 impl LedgerAdapter {
@@ -149,8 +161,8 @@ impl LedgerAdapter {
         self.pods.len()
     }
 
-    /// Reads the pods directory and reclaims the pod ledgers' dead processes, every
-    /// [`POD_SCAN_EVERY_MS`].
+    /// Reads the pods directory every [`POD_SCAN_EVERY_MS`], watching each pod ledger it
+    /// opens.
     fn scan_pods(&mut self, now: u64) {
         if now < self.next_pod_scan_ms {
             return;
@@ -158,16 +170,63 @@ impl LedgerAdapter {
         self.next_pod_scan_ms = next_on_grid(now, POD_SCAN_EVERY_MS);
         for c in self.pods.scan() {
             match c {
-                PodChange::Opened(pod, path) => tracing::info!(%pod, file = %path.display(), "pod ledger opened"),
-                PodChange::Closed(pod, path) => tracing::info!(%pod, file = %path.display(), "pod ledger closed (gone or replaced)"),
-                PodChange::Refused(pod, path, error) => tracing::error!(
-                    %pod,
-                    file = %path.display(),
-                    %error,
-                    "pod ledger refused: its processes are not read from it (their memory is still checked through NVML)"
-                ),
+                PodChange::Opened(pod, path) => {
+                    tracing::info!(%pod, file = %path.display(), "pod ledger opened");
+                    if let Err(e) = self.watch_pod(pod, &path) {
+                        tracing::warn!(%pod, file = %path.display(), error = %e, "no inotify watch on the pod ledger: its dead processes are reclaimed every {POD_SCAN_EVERY_MS} ms");
+                    }
+                    // Its processes may have died before the watch was set up.
+                    self.pod_reclaim_due = self.pod_reclaim_due.max(1);
+                }
+                PodChange::Closed(pod, path) => {
+                    self.unwatch_pod(pod);
+                    tracing::info!(%pod, file = %path.display(), "pod ledger closed (gone or replaced)");
+                }
+                PodChange::Refused(pod, path, error) => {
+                    self.unwatch_pod(pod);
+                    tracing::error!(
+                        %pod,
+                        file = %path.display(),
+                        %error,
+                        "pod ledger refused: its processes are not read from it (their memory is still checked through NVML)"
+                    );
+                }
             }
         }
+    }
+
+    /// Adds pod `pod`'s ledger, just opened at `path`, to the pod ledgers' watch (made with the
+    /// first).
+    fn watch_pod(&mut self, pod: PodUid, path: &std::path::Path) -> Result<(), String> {
+        let ino = self.pods.get(pod).ok_or("not open")?.inode().map_err(|e| e.to_string())?;
+        if self.pod_watch.is_none() {
+            self.pod_watch = Some(FileWatch::empty()?);
+        }
+        let wd = self.pod_watch.as_ref().map_or(Err("no watch".to_string()), |w| w.add(path, ino))?;
+        self.pod_wds.insert(pod, wd);
+        Ok(())
+    }
+
+    fn unwatch_pod(&mut self, pod: PodUid) {
+        if let (Some(wd), Some(w)) = (self.pod_wds.remove(&pod), &self.pod_watch) {
+            w.remove(wd);
+        }
+    }
+
+    /// Reclaims the pod ledgers' dead processes: at this tick and the next when a pod
+    /// ledger's watch reported a change (the close of a dying process's description is
+    /// reported a moment before the kernel releases its slot lock), and every
+    /// [`POD_SCAN_EVERY_MS`] whatever the watches say. Per tick otherwise: one atomic load.
+    fn reclaim_pods(&mut self, now: u64) {
+        if self.pod_watch.as_mut().is_some_and(|w| w.changed()) {
+            self.pod_reclaim_due = 2;
+        }
+        let due = self.pod_reclaim_due > 0 || now >= self.next_pod_reclaim_ms;
+        self.pod_reclaim_due = self.pod_reclaim_due.saturating_sub(1);
+        if !due {
+            return;
+        }
+        self.next_pod_reclaim_ms = next_on_grid(now, POD_SCAN_EVERY_MS);
         for pl in self.pods.iter() {
             match pl.ledger.reclaim_dead() {
                 Ok(v) => {
@@ -214,6 +273,10 @@ impl LedgerAdapter {
                 ledger.gpu_index(),
             ),
             next_pod_scan_ms: 0,
+            pod_watch: None,
+            pod_wds: Default::default(),
+            pod_reclaim_due: 0,
+            next_pod_reclaim_ms: 0,
             pid: std::process::id(),
             ledger,
         }
@@ -487,6 +550,7 @@ impl LedgerPort for LedgerAdapter {
 
     fn reclaim(&mut self, now: u64) {
         self.scan_pods(now);
+        self.reclaim_pods(now);
         if !self.usable() {
             return;
         }
@@ -646,6 +710,40 @@ mod tests {
         std::fs::remove_dir_all(node_ledger::pods::pod_dir(d.path(), pod)).unwrap();
         assert!(a.offline(POD_SCAN_EVERY_MS).unwrap().is_empty());
         assert_eq!(a.pod_ledgers(), 0);
+    }
+
+    /// A process of a pod ledger that dies (here: its description of the file closed, which
+    /// releases its slot lock as a death does) has its quota given back at the next tick, not
+    /// at the next scan of the pods directory: each open pod ledger is watched.
+    #[test]
+    fn a_dead_process_of_a_pod_ledger_is_reclaimed_at_the_next_tick() {
+        let (d, _path, mut a) = fresh_adapter();
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555556").unwrap();
+        let pod_path = node_ledger::pods::pod_ledger_path(d.path(), pod, 0);
+        let pl = Ledger::open_or_create(&pod_path, 0).unwrap();
+        let g = pl.group(node_ledger::ledger::group_id_for("pod-y"), 1 << 30).unwrap();
+        a.reclaim(0);
+        assert_eq!(a.pod_ledgers(), 1);
+        assert_eq!(a.pod_wds.len(), 1, "watched");
+        // The process's own description of the file.
+        let own = Ledger::open_existing(&pod_path).unwrap();
+        let h = own.register(std::process::id(), g).unwrap();
+        own.try_reserve(h, 5 << 20).unwrap();
+        a.reclaim(1);
+        assert_eq!(pl.group_used(g), 5 << 20, "alive: kept");
+        drop(own);
+        // Well before the next scan (250 ms): only the watch makes a reclaim due now.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while pl.group_used(g) != 0 && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            a.reclaim(2);
+        }
+        assert_eq!(pl.group_used(g), 0, "the dead process's quota is still held");
+        assert!(pl.procs().is_empty());
+        // Closed with the pod's directory: no longer watched.
+        std::fs::remove_dir_all(node_ledger::pods::pod_dir(d.path(), pod)).unwrap();
+        a.reclaim(POD_SCAN_EVERY_MS);
+        assert_eq!((a.pod_ledgers(), a.pod_wds.len()), (0, 0));
     }
 
     /// The adapter reads the jobs' recorded percentages from the slots (a process being
