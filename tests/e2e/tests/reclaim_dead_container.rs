@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use e2e::nvml_sampler::{NvmlFigures, NvmlSampler};
 use e2e::{lacks_root, EmuChild, EmuHost};
+use node_agent::allocate::{create_pod_ledger, pod_ledger_mount};
+use node_agent::config::AgentConfig;
 use node_ledger::ledger::group_id_for;
+use node_ledger::PodUid;
 use shim_support::*;
 
 const QUOTA: u64 = 256 * MIB;
@@ -72,6 +75,33 @@ fn in_container(host: &EmuHost, uid: u32, group: &str, args: &[&str]) -> EmuChil
     host.spawn(&mut c)
 }
 
+/// [`in_container`] for pod `pod` as node-agent's Allocate makes it (`inject.pod_ledgers`, the
+/// default): the pod's own ledger, made as Allocate makes it, mounted alone where the shim looks
+/// for GPU 0's ledger, in a mount namespace of the container's own; the shim is preloaded into
+/// the client alone (not into `unshare`, `sh` or `setpriv`, which run before the mount). Returns
+/// the container and the pod's ledger as the host sees it.
+fn in_pod_container(host: &EmuHost, pod: PodUid, uid: u32, group: &str, args: &[&str]) -> (EmuChild, node_ledger::Ledger) {
+    let mut cfg = AgentConfig { ledger_dir: host.ledger_dir().to_path_buf(), ..Default::default() };
+    cfg.inject.ledger_container_dir = host.ledger_dir().to_path_buf();
+    let path = create_pod_ledger(&cfg, 0, pod).expect("the pod's ledger");
+    let m = pod_ledger_mount(&cfg, 0, pod);
+    let script = e2e::allocate_mounts_script([(m.host_path.as_str(), m.container_path.as_str(), m.read_only)], host.ledger_dir());
+    let script = format!(
+        "{script}exec setpriv --reuid={uid} --regid={uid} --clear-groups env LD_PRELOAD='{}' \"$@\"\n",
+        shim().display()
+    );
+    let inner = limited(host, "shim_client", QUOTA, group);
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "-m", "--propagation", "private", "sh", "-c", &script, "sh"]).arg(inner.get_program()).args(args);
+    c.env_clear();
+    for (k, v) in inner.get_envs() {
+        if let (Some(v), false) = (v, k == "LD_PRELOAD") {
+            c.env(k, v);
+        }
+    }
+    (host.spawn(&mut c), node_ledger::Ledger::open_existing(&path).expect("the pod's ledger"))
+}
+
 /// Kills a container started by [`in_container`]: SIGKILL to its init (the client), and the
 /// kernel takes the namespace down. Returns when `unshare` has seen it die.
 fn kill_container(c: &mut EmuChild) {
@@ -90,6 +120,19 @@ fn kill_container(c: &mut EmuChild) {
     assert_eq!(unsafe { libc::kill(init[0], libc::SIGKILL) }, 0);
     c.wait_timeout(T)
         .expect("unshare exits once its child is gone");
+}
+
+/// Kills container `c` ([`kill_container`]) while another one starts ([`another_container`]),
+/// then waits (up to `T`) until group `g` of `l` holds nothing.
+fn kill_and_wait_given_back(c: &mut EmuChild, l: &node_ledger::Ledger, g: usize) {
+    kill_container(c);
+    let mut other = another_container();
+    let end = Instant::now() + T;
+    while l.group_used(g) != 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = other.kill();
+    let _ = other.wait();
 }
 
 /// Another container starting (a new pid namespace: it may get the dead one's inode number).
@@ -135,15 +178,8 @@ fn a_dead_containers_quota_is_given_back_by_the_monitor_whatever_its_namespace()
         "ran in its own pid namespace"
     );
 
-    kill_container(&mut c);
-    let mut other = another_container();
     // No shimmed process is left: only the monitor can give the quota back.
-    let end = Instant::now() + T;
-    while l.group_used(g) != 0 && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = other.kill();
-    let _ = other.wait();
+    kill_and_wait_given_back(&mut c, &l, g);
     assert_eq!(
         l.group_used(g),
         0,
@@ -158,6 +194,36 @@ fn a_dead_containers_quota_is_given_back_by_the_monitor_whatever_its_namespace()
         "{}",
         mon.stderr()
     );
+}
+
+/// With a ledger per pod the dead container's registration is in its pod's ledger, which no
+/// process of another pod opens: the monitor reads the pods directory and gives the quota back
+/// there too (without that, nobody would until node-agent removes the pod's ledgers).
+#[test]
+fn a_dead_pods_quota_is_given_back_by_the_monitor_in_the_pods_own_ledger() {
+    if lacks_root("unshare, mount the pod's ledger and run offline processes as uid 65534") {
+        return;
+    }
+    let host = host_for_users();
+    let (mut mon, gpu_ledger) = start_monitor(&host);
+    let pod = PodUid::parse("0000000d-0000-4000-8000-00000000000d").unwrap();
+    let held = QUOTA * 3 / 4;
+    let (mut c, l) = in_pod_container(&host, pod, NOBODY, "ctr", &["ctx", "alloc", &held.to_string(), "ready", "hang"]);
+    assert!(c.wait_for_line("ready", T).is_some(), "{}", c.stderr());
+    assert_eq!(c.lines("alloc=")[0], format!("alloc=0 bytes={held}"), "{}\n{}", c.stdout(), c.stderr());
+    let g = l.find_group(group_id_for("ctr")).expect("the container's group is in its pod's ledger");
+    assert_eq!(l.group_used(g), held);
+    assert!(gpu_ledger.procs().is_empty(), "registered in the GPU's ledger: {:?}", gpu_ledger.procs());
+    let p = l.procs().into_iter().find(|p| p.mem_bytes == held).expect("registered in the pod's ledger");
+    assert_ne!(p.pid_ns, node_ledger::procinfo::own_pid_ns(), "ran in its own pid namespace");
+
+    kill_and_wait_given_back(&mut c, &l, g);
+    assert_eq!(l.group_used(g), 0, "the dead container's quota never given back in its pod's ledger: {}", mon.stderr());
+    assert!(l.procs().is_empty(), "{:?}", l.procs());
+    mon.signal(libc::SIGTERM);
+    mon.wait_timeout(T);
+    let said = mon.stderr();
+    assert!(said.lines().any(|x| x.contains("reclaimed the quota of a dead process") && x.contains(&pod.to_string())), "{said}");
 }
 
 /// The stress tools' NVML samplers are independent: two hosts sampled at once, each sampler
@@ -198,7 +264,8 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Stress (`cargo test -p e2e --test reclaim_dead_container stress_reclaim -- --ignored
-/// --nocapture`, `RECLAIM_STRESS_CYCLES`, default 100): containers (own pid namespace, as one
+/// --nocapture`, `RECLAIM_STRESS_CYCLES`, default 100; `RECLAIM_STRESS_POD_LEDGER=1`: each
+/// container in its pod's own ledger, [`in_pod_container`]): containers (own pid namespace, as one
 /// of several non-root users) allocate and are SIGKILLed with their namespace while new
 /// namespaces start; prints how long until the monitor gave each one's quota back, measured
 /// from the moment `unshare` saw its child die.
@@ -209,21 +276,26 @@ fn stress_reclaim_of_killed_containers() {
         return;
     }
     let cycles: usize = e2e::env_or("RECLAIM_STRESS_CYCLES", 100);
+    let pod_ledger = e2e::env_or("RECLAIM_STRESS_POD_LEDGER", 0u8) == 1;
     let host = host_for_users();
-    let (mut mon, l) = start_monitor(&host);
-    let g = l.group(group_id_for("ctr"), QUOTA).unwrap();
+    let (mut mon, gpu_ledger) = start_monitor(&host);
+    let pod = PodUid::parse("0000000e-0000-4000-8000-00000000000e").unwrap();
+    let mut l = gpu_ledger;
     let mut took_ms = Vec::new();
     let mut others = Vec::new();
     for i in 0..cycles {
         let uid = 60_001 + (i % 8) as u32;
         let bytes = ((1 + i % 16) as u64 * 8 * MIB).to_string();
-        let mut c = in_container(
-            &host,
-            uid,
-            "ctr",
-            &["ctx", "alloc", &bytes, "ready", "hang"],
-        );
+        let args = ["ctx", "alloc", &bytes, "ready", "hang"];
+        let mut c = if pod_ledger {
+            let (c, pl) = in_pod_container(&host, pod, uid, "ctr", &args);
+            l = pl;
+            c
+        } else {
+            in_container(&host, uid, "ctr", &args)
+        };
         assert!(c.wait_for_line("ready", T).is_some(), "{}", c.stderr());
+        let g = l.find_group(group_id_for("ctr")).expect("the container's group");
         assert!(l.group_used(g) > 0, "{}", c.stderr());
         kill_container(&mut c);
         let t0 = Instant::now();
@@ -254,7 +326,8 @@ fn stress_reclaim_of_killed_containers() {
         percentile(&mut took_ms, 0.99),
     );
     eprintln!(
-        "reclaim of {cycles} SIGKILLed containers (monitor interval 10 ms): p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms, over 1 s: {over_1s}"
+        "reclaim of {cycles} SIGKILLed containers ({}; monitor interval 10 ms): p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms, over 1 s: {over_1s}",
+        if pod_ledger { "a pod ledger" } else { "the GPU's ledger" }
     );
     mon.signal(libc::SIGTERM);
     mon.wait_timeout(T);
