@@ -233,6 +233,11 @@ impl ClaimsLock<'_> {
     /// larger percentage while the entry is fresh); else a free, expired (older than `ttl_ns`)
     /// or redundant (its group registered) entry is filled. `false`: every entry holds a fresh
     /// claim of another unregistered group (the caller's share already counted them all).
+    /// A claim that others did not count yet (a new entry, a larger percentage, an entry that
+    /// was no longer fresh) is announced ([`Ledger::announce`]): the monitor copies it into its
+    /// jobs table, which the starting processes of other pods read, at its next tick rather
+    /// than at the table's next period. A mere refresh (the same fresh percentage, as every
+    /// `sh` or `pip` of a running job records) is not.
     pub fn record(
         &self,
         group_id: u64,
@@ -255,6 +260,9 @@ impl ClaimsLock<'_> {
             e.pid.store(pid, Relaxed);
             e.pid_ns.store(pid_ns, Relaxed);
             e.claim_ns.store(now_ns, Release);
+            if !c.is_fresh(now_ns, ttl_ns) || c.mps_pct != Some(pct) {
+                self.ledger.announce();
+            }
             return true;
         }
         let registered: Vec<u64> = self
@@ -282,6 +290,7 @@ impl ClaimsLock<'_> {
         e.pid_ns.store(pid_ns, Relaxed);
         e.claim_ns.store(now_ns, Relaxed);
         e.group_id.store(group_id, Release);
+        self.ledger.announce();
         true
     }
 }
@@ -313,6 +322,40 @@ mod tests {
         let pct = pct_of(start_share(budget, &lock.start_jobs(now, TTL), group));
         assert!(lock.record(group, pct, 1, 0, now, TTL));
         pct
+    }
+
+    /// A claim others have not counted is announced (the file's times move, which the
+    /// daemons' inotify watches report); a refresh of the same fresh claim is not.
+    #[test]
+    fn a_new_claim_is_announced_and_a_refresh_is_not() {
+        use std::os::unix::fs::MetadataExt;
+        let (_d, l) = fresh();
+        let ctime = |l: &Ledger| {
+            let m = std::fs::metadata(l.path()).unwrap();
+            (m.ctime(), m.ctime_nsec())
+        };
+        let record = |group, pct, now| {
+            let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
+            assert!(lock.record(group, pct, 1, 0, now, TTL));
+        };
+        let settle = || std::thread::sleep(Duration::from_millis(20));
+        let now = crate::clock::now_ns();
+        let t0 = ctime(&l);
+        settle();
+        record(1, 20, now);
+        let t1 = ctime(&l);
+        assert_ne!(t1, t0, "a new entry");
+        settle();
+        record(1, 20, now + 1);
+        assert_eq!(ctime(&l), t1, "the same claim refreshed");
+        record(1, 10, now + 2);
+        assert_eq!(ctime(&l), t1, "a smaller percentage: the entry keeps the larger");
+        record(1, 30, now + 3);
+        let t2 = ctime(&l);
+        assert_ne!(t2, t1, "a larger percentage");
+        settle();
+        record(1, 30, now + 3 + TTL);
+        assert_ne!(ctime(&l), t2, "a claim no longer fresh, made again");
     }
 
     /// Two jobs starting one after the other, neither registered yet: the second sees the

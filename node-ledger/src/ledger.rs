@@ -1069,6 +1069,15 @@ impl Ledger {
         Ok(self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?.ino())
     }
 
+    /// Tells the daemons' watches of the file (inotify, `IN_ATTRIB`) that something they
+    /// publish from it changed, by setting the file's times to now (`futimens`): stores
+    /// through the mapping raise no event. Best effort: without it (a read-only mount, no
+    /// write permission) the daemons see the change at their next periodic read.
+    pub fn announce(&self) {
+        // SAFETY: futimens(2) on this handle's own open descriptor; a null `times` means now.
+        unsafe { libc::futimens(self.file.as_raw_fd(), std::ptr::null()) };
+    }
+
     /// Whether registry slot `slot`'s lock is held by some description other than this
     /// handle's (its owner is alive, or someone is registering or reclaiming there).
     pub fn slot_locked(&self, slot: usize) -> Result<bool, LedgerError> {

@@ -123,6 +123,8 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 /// How often the jobs table is published in the status file (the offline jobs registered in
 /// the ledger; an offline process, which sees only its own pod's ledger, splits the SM budget
 /// by it). On the grid of the other registry reads; its readers count it stale after seconds.
+/// Also at the tick after a ledger's watch reports a change: a new start claim is announced
+/// that way (`node_ledger::claims`), and reaches other pods within a tick or two.
 pub const JOBS_EVERY_MS: u64 = 100;
 
 /// How often the pods directory is read (pod ledgers come and go with pods), and the longest
@@ -213,6 +215,13 @@ impl LedgerAdapter {
         }
     }
 
+    /// Makes the jobs table due at this tick's publish: a watch reported a change to a ledger
+    /// (a process that started, claimed a start percentage or died), which the other pods'
+    /// starting processes should see before the table's next period.
+    fn jobs_due(&mut self) {
+        self.next_jobs_ms = 0;
+    }
+
     /// Reclaims the pod ledgers' dead processes: at this tick and the next when a pod
     /// ledger's watch reported a change (the close of a dying process's description is
     /// reported a moment before the kernel releases its slot lock), and every
@@ -220,6 +229,7 @@ impl LedgerAdapter {
     fn reclaim_pods(&mut self, now: u64) {
         if self.pod_watch.as_mut().is_some_and(|w| w.changed()) {
             self.pod_reclaim_due = 2;
+            self.jobs_due();
         }
         let due = self.pod_reclaim_due > 0 || now >= self.next_pod_reclaim_ms;
         self.pod_reclaim_due = self.pod_reclaim_due.saturating_sub(1);
@@ -558,6 +568,7 @@ impl LedgerPort for LedgerAdapter {
         if self.reclaim_seen != self.file_events {
             self.reclaim_seen = self.file_events;
             self.reclaim_due = 2;
+            self.jobs_due();
         }
         let due = self.reclaim_due > 0 || now >= self.next_reclaim_ms;
         self.reclaim_due = self.reclaim_due.saturating_sub(1);
@@ -744,6 +755,38 @@ mod tests {
         std::fs::remove_dir_all(node_ledger::pods::pod_dir(d.path(), pod)).unwrap();
         a.reclaim(POD_SCAN_EVERY_MS);
         assert_eq!((a.pod_ledgers(), a.pod_wds.len()), (0, 0));
+    }
+
+    /// A start claim recorded in a pod ledger is in the jobs table at the next tick's publish,
+    /// not only at the table's next period (100 ms): the claim is announced and the pod
+    /// ledger is watched.
+    #[test]
+    fn a_start_claim_in_a_pod_ledger_is_published_at_the_next_tick() {
+        let (d, _path, mut a) = fresh_adapter();
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555557").unwrap();
+        let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
+        a.reclaim(0);
+        a.publish(&Published { t_ms: 0, ..Default::default() }).unwrap();
+        let reader = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
+        assert!(reader.read_jobs().unwrap().jobs.is_empty());
+        let group = node_ledger::ledger::group_id_for("pod-z");
+        let lock = pl.lock_claims(std::time::Duration::from_millis(100)).unwrap().unwrap();
+        assert!(lock.record(group, 20, 4242, 1, node_ledger::clock::now_ns(), 30_000_000_000));
+        drop(lock);
+        // Ticks well before the table's period: only the announcement makes it due.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut t = 1;
+        let seen = loop {
+            a.reclaim(t);
+            a.publish(&Published { t_ms: t, ..Default::default() }).unwrap();
+            let jobs = reader.read_jobs().unwrap().jobs;
+            if !jobs.is_empty() || std::time::Instant::now() > end {
+                break jobs;
+            }
+            t = (t + 1).min(JOBS_EVERY_MS - 1);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        assert_eq!(seen, [node_ledger::OfflineJob { group_id: group, procs: 0, mps_pct: Some(20) }]);
     }
 
     /// The adapter reads the jobs' recorded percentages from the slots (a process being
