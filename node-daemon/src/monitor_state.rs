@@ -113,6 +113,11 @@ pub struct MonitorState {
     /// Pod ledgers (`node_ledger::pods`) the monitor reads beside the GPU's own.
     #[serde(default)]
     pub pod_ledgers: usize,
+    /// Pod ledgers the monitor refuses as they are now (damaged, another GPU's), by pod UID,
+    /// with why: their processes are not read from them (their memory is still checked
+    /// through NVML).
+    #[serde(default)]
+    pub pod_ledgers_refused: BTreeMap<String, String>,
 }
 
 /// The offline pod list in force ([`MonitorState::offline_pods`]).
@@ -187,6 +192,7 @@ impl MonitorState {
             evictions_pending: Vec::new(),
             offline_pods: None,
             pod_ledgers: 0,
+            pod_ledgers_refused: BTreeMap::new(),
         }
     }
 }

@@ -182,6 +182,11 @@ impl PodLedgers {
         self.open.get(&pod).map(|p| &p.ledger)
     }
 
+    /// The pod ledgers refused as they are now (damaged, another GPU's), by pod, with why.
+    pub fn refused(&self) -> impl Iterator<Item = (PodUid, &str)> {
+        self.refused.iter().map(|(p, (_, e))| (*p, e.as_str()))
+    }
+
     /// How many pod ledgers are open.
     pub fn len(&self) -> usize {
         self.open.len()

@@ -315,6 +315,7 @@ impl<G: GpuSource> MonitorService<G> {
             .or_else(|| self.start_ledger_error.clone());
         snap.status_file_error = self.mon.ledger.status_error().map(str::to_owned);
         snap.pod_ledgers = self.mon.ledger.pod_ledgers();
+        snap.pod_ledgers_refused = self.mon.ledger.refused_pod_ledgers();
         snap
     }
 

@@ -163,6 +163,11 @@ impl LedgerAdapter {
         self.pods.len()
     }
 
+    /// The pod ledgers refused as they are now, by pod UID, with why (for the state file).
+    pub fn refused_pod_ledgers(&self) -> std::collections::BTreeMap<String, String> {
+        self.pods.refused().map(|(p, e)| (p.to_string(), e.to_string())).collect()
+    }
+
     /// Reads the pods directory every [`POD_SCAN_EVERY_MS`], watching each pod ledger it
     /// opens.
     fn scan_pods(&mut self, now: u64) {
@@ -721,6 +726,17 @@ mod tests {
         std::fs::remove_dir_all(node_ledger::pods::pod_dir(d.path(), pod)).unwrap();
         assert!(a.offline(POD_SCAN_EVERY_MS).unwrap().is_empty());
         assert_eq!(a.pod_ledgers(), 0);
+        // A damaged pod ledger is refused, and said in the state file until it goes.
+        let bad = PodUid::parse("11111111-2222-4333-8444-55555555555f").unwrap();
+        let bad_path = node_ledger::pods::pod_ledger_path(d.path(), bad, 0);
+        std::fs::create_dir_all(bad_path.parent().unwrap()).unwrap();
+        std::fs::write(&bad_path, vec![0xffu8; 4096]).unwrap();
+        a.offline(2 * POD_SCAN_EVERY_MS).unwrap();
+        let refused = a.refused_pod_ledgers();
+        assert_eq!(refused.keys().collect::<Vec<_>>(), [&bad.to_string()], "{refused:?}");
+        std::fs::remove_dir_all(node_ledger::pods::pod_dir(d.path(), bad)).unwrap();
+        a.offline(3 * POD_SCAN_EVERY_MS).unwrap();
+        assert!(a.refused_pod_ledgers().is_empty());
     }
 
     /// A process of a pod ledger that dies (here: its description of the file closed, which

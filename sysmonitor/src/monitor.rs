@@ -802,6 +802,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 }
             }),
             pod_ledgers: 0, // the ledger adapter's: set by the daemon
+            pod_ledgers_refused: Default::default(),
             evictions_pending: self
                 .evictor
                 .pending()

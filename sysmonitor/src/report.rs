@@ -117,6 +117,21 @@ pub fn prometheus(s: &MonitorState) -> String {
         &ev,
     );
     metric(
+        "xshare_offline_processes",
+        "Offline processes registered in this GPU's ledgers (its own and the pod ledgers)",
+        "gauge",
+        &[(String::new(), s.offline_registered as f64)],
+    );
+    metric(
+        "xshare_pod_ledgers",
+        "Pod ledgers of this GPU: open (read) and refused (damaged or another GPU's: their processes are not read)",
+        "gauge",
+        &[
+            (",state=\"open\"".to_string(), s.pod_ledgers as f64),
+            (",state=\"refused\"".to_string(), s.pod_ledgers_refused.len() as f64),
+        ],
+    );
+    metric(
         "xshare_eviction_kills_total",
         "Evictions that needed SIGKILL after the grace period",
         "counter",
@@ -253,6 +268,9 @@ pub fn status_table(s: &MonitorState, now_unix_ms: u64, running: bool) -> String
         "offline registered",
         format!("{} (in the GPU's ledger and {} pod ledgers)", s.offline_registered, s.pod_ledgers),
     );
+    for (pod, why) in &s.pod_ledgers_refused {
+        row(&mut o, "pod ledger REFUSED", format!("pod {pod}: {why} (its processes are not read from it)"));
+    }
     row(
         &mut o,
         "offline pod list",
@@ -357,6 +375,18 @@ mod tests {
             let v = line.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "bad sample line {line}");
         }
+        let pods = MonitorState {
+            offline_registered: 3,
+            pod_ledgers: 2,
+            pod_ledgers_refused: [("0000000a-0000-4000-8000-00000000000a".to_string(), "bad magic".to_string())].into(),
+            ..snap()
+        };
+        let t = prometheus(&pods);
+        assert!(t.contains("xshare_offline_processes{gpu=\"0\"} 3\n"), "{t}");
+        assert!(t.contains("xshare_pod_ledgers{gpu=\"0\",state=\"open\"} 2\n"), "{t}");
+        assert!(t.contains("xshare_pod_ledgers{gpu=\"0\",state=\"refused\"} 1\n"), "{t}");
+        let t = status_table(&pods, 1100, true);
+        assert!(t.lines().any(|l| l.contains("pod ledger REFUSED") && l.contains("pod 0000000a-0000-4000-8000-00000000000a: bad magic")), "{t}");
     }
 
     #[test]
