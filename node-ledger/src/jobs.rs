@@ -86,6 +86,31 @@ pub fn merge(a: &[OfflineJob], b: &[OfflineJob]) -> Vec<OfflineJob> {
     out
 }
 
+/// A pod's jobs (those of its own ledger, `node_ledger::pods`, with their start claims:
+/// [`with_claims`]) as the one job the pod is to every other pod, under the pod's own group id
+/// `pod_group` (`group_id_for(pod_group_name(uid))`, the `XCUDA_GROUP` node-agent gives its
+/// containers): its registered processes counted together, at the sum of their jobs'
+/// percentages, at most 100 (unknown if any is); while it has no registered process, its
+/// fresh claims the same way (a job of `procs` 0). `None` when it has neither.
+///
+/// What a pod writes into its own ledger thus weighs, in the other pods' splits, at most as
+/// one job holding the whole GPU: groups made up by a tenant (any number of them, each at
+/// 100 %) would otherwise divide everyone else's part of the budget further with each one.
+/// A pod with registered processes is judged by them alone: its claims say nothing more
+/// (every process of a planned pod starts at the plan's percentage).
+pub fn pod_job(pod_group: u64, jobs: &[OfflineJob]) -> Option<OfflineJob> {
+    let running: Vec<&OfflineJob> = jobs.iter().filter(|j| j.procs > 0).collect();
+    let counted: Vec<&OfflineJob> = if running.is_empty() { jobs.iter().collect() } else { running };
+    if counted.is_empty() {
+        return None;
+    }
+    let pct = counted
+        .iter()
+        .try_fold(0u32, |sum, j| j.mps_pct.map(|p| sum.saturating_add(p)))
+        .map(|p| p.min(100));
+    Some(OfflineJob { group_id: pod_group, procs: counted.iter().map(|j| j.procs).sum(), mps_pct: pct })
+}
+
 /// Weight of a job in the split: its MPS percentage, or the whole GPU (100) for a job with an
 /// uncapped process (it can take every SM).
 fn weight(j: &OfflineJob) -> f64 {
@@ -173,6 +198,32 @@ mod tests {
     }
 
     /// The running split: parts in proportion to the jobs' percentages, summing to the budget.
+    /// A pod is one job to the others: its registered jobs summed (at most 100), its claims
+    /// only while nothing of it is registered.
+    #[test]
+    fn a_pod_weighs_as_one_job_at_most_the_whole_gpu() {
+        let pod = 77;
+        assert_eq!(pod_job(pod, &[]), None);
+        let one = OfflineJob { group_id: pod, procs: 2, mps_pct: Some(20) };
+        assert_eq!(pod_job(pod, &[one]), Some(one), "a planned pod: as it is");
+        // A tenant's made-up groups, each at 100 %, and one uncapped.
+        let made_up: Vec<_> = (1..=50).map(|g| OfflineJob { group_id: g, procs: 1, mps_pct: Some(100) }).collect();
+        assert_eq!(pod_job(pod, &made_up), Some(OfflineJob { group_id: pod, procs: 50, mps_pct: Some(100) }));
+        let mut uncapped = made_up.clone();
+        uncapped.push(OfflineJob { group_id: 99, procs: 1, mps_pct: None });
+        assert_eq!(pod_job(pod, &uncapped).unwrap().mps_pct, None);
+        let two = [OfflineJob { group_id: 1, procs: 1, mps_pct: Some(20) }, OfflineJob { group_id: 2, procs: 3, mps_pct: Some(15) }];
+        assert_eq!(pod_job(pod, &two), Some(OfflineJob { group_id: pod, procs: 4, mps_pct: Some(35) }));
+        // Claims count only while nothing is registered.
+        let claim = OfflineJob { group_id: 5, procs: 0, mps_pct: Some(60) };
+        assert_eq!(pod_job(pod, &[one, claim]), Some(one));
+        assert_eq!(pod_job(pod, &[claim]), Some(OfflineJob { group_id: pod, procs: 0, mps_pct: Some(60) }));
+        // Beside another pod of 20 %: a share of the budget by the split, whatever the tenant made up.
+        let other = OfflineJob { group_id: 1000, procs: 1, mps_pct: Some(20) };
+        let share = job_share(0.6, &[other, pod_job(pod, &uncapped).unwrap()], 1000, None);
+        assert!((share - 0.6 * 20.0 / 120.0).abs() < 1e-9, "{share}");
+    }
+
     #[test]
     fn merged_views_keep_every_job_once_at_its_tighter_reading() {
         let a = [job(1, Some(20)), job(2, Some(30))];

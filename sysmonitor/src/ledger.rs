@@ -604,15 +604,22 @@ impl LedgerPort for LedgerAdapter {
         // every reader then fails closed (a starting job takes the floor).
         if p.t_ms >= self.next_jobs_ms && self.usable() {
             self.next_jobs_ms = next_on_grid(p.t_ms, JOBS_EVERY_MS);
-            let procs: Vec<_> = self.all_procs().into_iter().map(|(_, p)| p).collect();
             // With the fresh start claims of every ledger (a pod's claims are in its own
             // ledger, which no other pod sees): a process starting in another pod leaves room
             // for them; the running splits leave them out (`JobsSnapshot::for_running`).
+            use node_ledger::jobs::{jobs_of, merge, pod_job, with_claims};
             let now_ns = node_ledger::clock::now_ns();
-            let own = self.usable().then_some(&self.ledger);
-            let claims: Vec<_> = own.into_iter().chain(self.pods.iter().map(|p| &p.ledger)).flat_map(|l| l.claims(now_ns)).collect();
             let ttl_ns = node_ledger::claims::DEFAULT_CLAIM_TTL_MS * 1_000_000;
-            let jobs = node_ledger::jobs::with_claims(&node_ledger::jobs::jobs_of(&procs), &claims, now_ns, ttl_ns);
+            let of = |l: &Ledger| with_claims(&jobs_of(&l.procs()), &l.claims(now_ns), now_ns, ttl_ns);
+            // The GPU's own ledger (offline work outside Kubernetes): a job per group. Each
+            // pod ledger: the pod as one job, whatever groups its tenant made up in it.
+            let mut jobs = of(&self.ledger);
+            for pl in self.pods.iter() {
+                let group = node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(&pl.pod.to_string()));
+                if let Some(j) = pod_job(group, &of(&pl.ledger)) {
+                    jobs = merge(&jobs, &[j]);
+                }
+            }
             if let Some(status) = self.status.current() {
                 status.publish_jobs(&jobs);
             }
@@ -689,7 +696,8 @@ mod tests {
         let (d, _path, mut a) = fresh_adapter();
         let pod = PodUid::parse("11111111-2222-4333-8444-555555555555").unwrap();
         let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
-        let group = node_ledger::ledger::group_id_for("pod-x");
+        // The pod's own group, as node-agent names it in the containers' XCUDA_GROUP.
+        let group = node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(&pod.to_string()));
         let g = pl.group(group, 1 << 30).unwrap();
         let h = pl.register(std::process::id(), g).unwrap();
         pl.try_reserve(h, 3 << 20).unwrap();
@@ -697,23 +705,28 @@ mod tests {
         assert_eq!(a.pod_ledgers(), 1);
         assert_eq!(procs.len(), 1, "{procs:?}");
         assert_eq!((procs[0].pod_ledger, procs[0].reported_bytes, procs[0].group_id), (Some(pod), 3 << 20, group));
-        // A process of another job starting in the pod claimed its percentage (not registered
-        // yet): the table lists that job with no process, for other pods' starting processes.
+        // A process of another group starting in the pod claimed its percentage, and the
+        // tenant registered made-up groups at 100 % each: to the other pods, the pod is one
+        // job still, at most the whole GPU (here uncapped: its first process has no
+        // percentage).
         let starting = node_ledger::ledger::group_id_for("pod-x-next-job");
         let lock = pl.lock_claims(std::time::Duration::from_millis(100)).unwrap().unwrap();
         assert!(lock.record(starting, 15, 4242, 1, node_ledger::clock::now_ns(), 30_000_000_000));
         drop(lock);
+        let made_up: Vec<_> = (0..4)
+            .map(|i| {
+                let g = pl.group(node_ledger::ledger::group_id_for(&format!("made-up-{i}")), 1 << 30).unwrap();
+                pl.register_with_mps(std::process::id(), g, 100).unwrap()
+            })
+            .collect();
         a.publish(&Published { t_ms: 0, ..Default::default() }).unwrap();
         let reader = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
         let table = reader.read_jobs().unwrap();
-        assert_eq!(
-            table.jobs,
-            [
-                node_ledger::OfflineJob { group_id: group, procs: 1, mps_pct: None },
-                node_ledger::OfflineJob { group_id: starting, procs: 0, mps_pct: Some(15) }
-            ]
-        );
-        assert_eq!(table.for_running().len(), 1, "a claim is no running job");
+        assert_eq!(table.jobs, [node_ledger::OfflineJob { group_id: group, procs: 5, mps_pct: None }]);
+        assert_eq!(table.for_running().len(), 1);
+        for m in made_up {
+            pl.unregister(m);
+        }
         a.mark_evicting(&procs[0], EvictReason::Overlimit, 0).unwrap();
         let reqs = reader.evict_requests();
         assert_eq!(reqs.len(), 1);
@@ -802,7 +815,8 @@ mod tests {
             t = (t + 1).min(JOBS_EVERY_MS - 1);
             std::thread::sleep(std::time::Duration::from_millis(1));
         };
-        assert_eq!(seen, [node_ledger::OfflineJob { group_id: group, procs: 0, mps_pct: Some(20) }]);
+        let pod_group = node_ledger::ledger::group_id_for(&node_ledger::ledger::pod_group_name(&pod.to_string()));
+        assert_eq!(seen, [node_ledger::OfflineJob { group_id: pod_group, procs: 0, mps_pct: Some(20) }], "the pod's claim, as the pod's job");
     }
 
     /// The adapter reads the jobs' recorded percentages from the slots (a process being
