@@ -226,6 +226,37 @@ fn a_dead_pods_quota_is_given_back_by_the_monitor_in_the_pods_own_ledger() {
     assert!(said.lines().any(|x| x.contains("reclaimed the quota of a dead process") && x.contains(&pod.to_string())), "{said}");
 }
 
+/// A pod's container that dies while the monitor is down (SIGKILLed, as a crash or an OOM kill
+/// takes it): the restarted monitor finds the pod's ledger, and the dead container's quota in
+/// it, as it starts.
+#[test]
+fn a_pod_container_dead_while_the_monitor_was_down_is_given_back_when_it_restarts() {
+    if lacks_root("unshare, mount the pod's ledger and run offline processes as uid 65534") {
+        return;
+    }
+    let host = host_for_users();
+    let (mut mon, _gpu_ledger) = start_monitor(&host);
+    let pod = PodUid::parse("0000000f-0000-4000-8000-00000000000f").unwrap();
+    let held = QUOTA / 2;
+    let (mut c, l) = in_pod_container(&host, pod, NOBODY, "ctr", &["ctx", "alloc", &held.to_string(), "ready", "hang"]);
+    assert!(c.wait_for_line("ready", T).is_some(), "{}", c.stderr());
+    let g = l.find_group(group_id_for("ctr")).expect("the container's group is in its pod's ledger");
+    assert_eq!(l.group_used(g), held);
+    mon.signal(libc::SIGKILL);
+    mon.wait_timeout(T);
+    kill_container(&mut c);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(l.group_used(g), held, "nobody gave it back while the monitor was down");
+    let (mut again, _) = start_monitor(&host);
+    let end = Instant::now() + T;
+    while l.group_used(g) != 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(l.group_used(g), 0, "the restarted monitor never gave the dead container's quota back: {}", again.stderr());
+    again.signal(libc::SIGTERM);
+    again.wait_timeout(T);
+}
+
 /// The stress tools' NVML samplers are independent: two hosts sampled at once, each sampler
 /// sees its own GPU only (read in the test process, both would read the first host's GPU).
 #[test]
