@@ -38,9 +38,12 @@ STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -
     A restarted monitor resumes an Overlimit hold, the grace of evictions in flight and a
     critical XID's Disabled (until xid_disable_ms passes, or `enable` when it is 0).
 
-FILES: <ledger_dir>/gpu<N>/ledger (shared with the shim and mps-manager; containers get
-    gpu<N>/ read-write), <ledger_dir>/status/gpu<N> (health and load for the shims, mps-manager
-    and node-agent; containers get status/ read-only). In <ledger_dir>/daemons/gpu<N>/, never
+FILES: <ledger_dir>/pods/<pod uid>/gpu<N>/ledger (one per offline pod, made by node-agent's
+    Allocate and mounted into that pod alone, where the shim looks for gpu<N>/ledger; read with
+    the GPU's own ledger, a damaged one refused and named in `status`), <ledger_dir>/gpu<N>/ledger
+    (the GPU's own, for offline work outside Kubernetes; shared with the shim and mps-manager),
+    <ledger_dir>/status/gpu<N> (health, load and the offline jobs of every ledger, for the
+    shims, mps-manager and node-agent; containers get status/ read-only). In <ledger_dir>/daemons/gpu<N>/, never
     mounted into containers: state.json (what `status` reads), `disabled` (operator switch),
     `enable` (an operator's enable of an XID's Disabled, removed by the monitor),
     sysmonitor.lock (one monitor per GPU).
