@@ -43,10 +43,10 @@ FILES: <ledger_dir>/pods/<pod uid>/gpu<N>/ledger (one per offline pod, made by n
     the GPU's own ledger, a damaged one refused and named in `status`), <ledger_dir>/gpu<N>/ledger
     (the GPU's own, for offline work outside Kubernetes; shared with the shim and mps-manager),
     <ledger_dir>/status/gpu<N> (health, load and the offline jobs of every ledger, for the
-    shims, mps-manager and node-agent; containers get status/ read-only). In <ledger_dir>/daemons/gpu<N>/, never
-    mounted into containers: state.json (what `status` reads), `disabled` (operator switch),
-    `enable` (an operator's enable of an XID's Disabled, removed by the monitor),
-    sysmonitor.lock (one monitor per GPU).
+    shims, mps-manager and node-agent; containers get status/ read-only).
+    In <ledger_dir>/daemons/gpu<N>/, never mounted into containers: state.json (what `status`
+    reads), `disabled` (operator switch), `enable` (an operator's enable of an XID's Disabled,
+    removed by the monitor), sysmonitor.lock (one monitor per GPU).
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
