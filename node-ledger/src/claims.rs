@@ -324,38 +324,52 @@ mod tests {
         pct
     }
 
-    /// A claim others have not counted is announced (the file's times move, which the
-    /// daemons' inotify watches report); a refresh of the same fresh claim is not.
+    /// A claim others have not counted is announced (an `IN_ATTRIB` event on the file, what
+    /// the daemons' inotify watches report; stores through the mapping raise none); a refresh
+    /// of the same fresh claim is not.
     #[test]
     fn a_new_claim_is_announced_and_a_refresh_is_not() {
-        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::ffi::OsStrExt;
         let (_d, l) = fresh();
-        let ctime = |l: &Ledger| {
-            let m = std::fs::metadata(l.path()).unwrap();
-            (m.ctime(), m.ctime_nsec())
+        // SAFETY: plain syscalls on a descriptor this test owns and closes.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0);
+        let path = std::ffi::CString::new(l.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid descriptor and NUL-terminated path.
+        assert!(unsafe { libc::inotify_add_watch(fd, path.as_ptr(), libc::IN_ATTRIB) } >= 0);
+        // The events queued since the last call (queued inside the syscall that caused them).
+        let events = || {
+            let mut buf = [0u8; 4096];
+            let mut n = 0;
+            // SAFETY: reading into a local buffer of the length passed.
+            loop {
+                let got = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                if got <= 0 {
+                    return n;
+                }
+                n += got as usize / std::mem::size_of::<libc::inotify_event>();
+            }
         };
         let record = |group, pct, now| {
             let lock = l.lock_claims(CLAIM_LOCK_WAIT).unwrap().unwrap();
             assert!(lock.record(group, pct, 1, 0, now, TTL));
         };
-        let settle = || std::thread::sleep(Duration::from_millis(20));
         let now = crate::clock::now_ns();
-        let t0 = ctime(&l);
-        settle();
+        events();
         record(1, 20, now);
-        let t1 = ctime(&l);
-        assert_ne!(t1, t0, "a new entry");
-        settle();
+        assert_eq!(events(), 1, "a new entry");
         record(1, 20, now + 1);
-        assert_eq!(ctime(&l), t1, "the same claim refreshed");
+        assert_eq!(events(), 0, "the same claim refreshed");
         record(1, 10, now + 2);
-        assert_eq!(ctime(&l), t1, "a smaller percentage: the entry keeps the larger");
+        assert_eq!(events(), 0, "a smaller percentage: the entry keeps the larger");
         record(1, 30, now + 3);
-        let t2 = ctime(&l);
-        assert_ne!(t2, t1, "a larger percentage");
-        settle();
+        assert_eq!(events(), 1, "a larger percentage");
         record(1, 30, now + 3 + TTL);
-        assert_ne!(ctime(&l), t2, "a claim no longer fresh, made again");
+        assert_eq!(events(), 1, "a claim no longer fresh, made again");
+        record(2, 30, now + 4 + TTL);
+        assert_eq!(events(), 1, "another group's new entry");
+        // SAFETY: closing the descriptor opened above.
+        unsafe { libc::close(fd) };
     }
 
     /// Two jobs starting one after the other, neither registered yet: the second sees the
