@@ -206,10 +206,11 @@ impl LedgerAdapter {
     /// first).
     fn watch_pod(&mut self, pod: PodUid, path: &std::path::Path) -> Result<(), String> {
         let ino = self.pods.get(pod).ok_or("not open")?.inode().map_err(|e| e.to_string())?;
-        if self.pod_watch.is_none() {
-            self.pod_watch = Some(FileWatch::empty()?);
-        }
-        let wd = self.pod_watch.as_ref().map_or(Err("no watch".to_string()), |w| w.add(path, ino))?;
+        let w = match self.pod_watch {
+            Some(ref w) => w,
+            None => self.pod_watch.insert(FileWatch::empty()?),
+        };
+        let wd = w.add(path, ino)?;
         self.pod_wds.insert(pod, wd);
         Ok(())
     }

@@ -14,36 +14,17 @@ mod shim_support;
 
 use budget_support::*;
 use e2e::{EmuChild, EmuHost};
-use node_agent::allocate::{create_pod_ledger, pod_ledger_mount};
-use node_agent::config::AgentConfig;
 use node_ledger::ledger::{group_id_for, pod_group_name};
 use node_ledger::PodUid;
 use shim_support::*;
 
 /// A shimmed client of pod `pod` as [`offline_client`] makes it (held before its first driver
-/// call until a line on stdin), in a container with the pod's ledger mounted where the shim
-/// looks for GPU 0's; the shim is preloaded into the client alone. Returns it and the pod's
-/// ledger as the host sees it.
+/// call until a line on stdin), in a container of the pod ([`in_pod`]). Returns it and the
+/// pod's ledger as the host sees it.
 fn pod_client(host: &EmuHost, pod: PodUid) -> (EmuChild, node_ledger::Ledger) {
-    let mut cfg = AgentConfig { ledger_dir: host.ledger_dir().to_path_buf(), ..Default::default() };
-    cfg.inject.ledger_container_dir = host.ledger_dir().to_path_buf();
-    let path = create_pod_ledger(&cfg, 0, pod).expect("the pod's ledger");
-    let m = pod_ledger_mount(&cfg, 0, pod);
-    let script = e2e::allocate_mounts_script([(m.host_path.as_str(), m.container_path.as_str(), m.read_only)], host.ledger_dir());
-    let script = format!("{script}exec env LD_PRELOAD='{}' \"$@\"\n", shim().display());
-    let group = pod_group_name(&pod.to_string());
-    let inner = limited(host, "shim_client", 256 * MIB, &group);
-    let mut c = host.command("unshare");
-    c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"])
-        .arg(inner.get_program())
-        .args(["--hold", "env", VAR, "ctx", "ready", "wait"]);
-    for (k, v) in inner.get_envs() {
-        match v {
-            Some(v) if k != "LD_PRELOAD" && k != VAR => c.env(k, v),
-            _ => c.env_remove(k),
-        };
-    }
-    c.env_remove(VAR);
+    let mut inner = limited(host, "shim_client", 256 * MIB, &pod_group_name(&pod.to_string()));
+    inner.env_remove(VAR).args(["--hold", "env", VAR, "ctx", "ready", "wait"]);
+    let (mut c, path) = in_pod(host, pod, None, false, &inner);
     (host.spawn(&mut c), node_ledger::Ledger::open_existing(&path).expect("the pod's ledger"))
 }
 

@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 
 use e2e::nvml_sampler::{NvmlFigures, NvmlSampler};
 use e2e::{lacks_root, EmuChild, EmuHost};
-use node_agent::allocate::{create_pod_ledger, pod_ledger_mount};
-use node_agent::config::AgentConfig;
 use node_ledger::ledger::group_id_for;
 use node_ledger::PodUid;
 use shim_support::*;
@@ -76,29 +74,11 @@ fn in_container(host: &EmuHost, uid: u32, group: &str, args: &[&str]) -> EmuChil
 }
 
 /// [`in_container`] for pod `pod` as node-agent's Allocate makes it (`inject.pod_ledgers`, the
-/// default): the pod's own ledger, made as Allocate makes it, mounted alone where the shim looks
-/// for GPU 0's ledger, in a mount namespace of the container's own; the shim is preloaded into
-/// the client alone (not into `unshare`, `sh` or `setpriv`, which run before the mount). Returns
-/// the container and the pod's ledger as the host sees it.
+/// default; [`in_pod`]). Returns the container and the pod's ledger as the host sees it.
 fn in_pod_container(host: &EmuHost, pod: PodUid, uid: u32, group: &str, args: &[&str]) -> (EmuChild, node_ledger::Ledger) {
-    let mut cfg = AgentConfig { ledger_dir: host.ledger_dir().to_path_buf(), ..Default::default() };
-    cfg.inject.ledger_container_dir = host.ledger_dir().to_path_buf();
-    let path = create_pod_ledger(&cfg, 0, pod).expect("the pod's ledger");
-    let m = pod_ledger_mount(&cfg, 0, pod);
-    let script = e2e::allocate_mounts_script([(m.host_path.as_str(), m.container_path.as_str(), m.read_only)], host.ledger_dir());
-    let script = format!(
-        "{script}exec setpriv --reuid={uid} --regid={uid} --clear-groups env LD_PRELOAD='{}' \"$@\"\n",
-        shim().display()
-    );
-    let inner = limited(host, "shim_client", QUOTA, group);
-    let mut c = Command::new("unshare");
-    c.args(["--pid", "--fork", "-m", "--propagation", "private", "sh", "-c", &script, "sh"]).arg(inner.get_program()).args(args);
-    c.env_clear();
-    for (k, v) in inner.get_envs() {
-        if let (Some(v), false) = (v, k == "LD_PRELOAD") {
-            c.env(k, v);
-        }
-    }
+    let mut inner = limited(host, "shim_client", QUOTA, group);
+    inner.args(args);
+    let (mut c, path) = in_pod(host, pod, Some(uid), true, &inner);
     (host.spawn(&mut c), node_ledger::Ledger::open_existing(&path).expect("the pod's ledger"))
 }
 

@@ -135,3 +135,31 @@ pub fn run(host: &EmuHost, cmd: &mut Command) -> Vec<String> {
     );
     out.lines().map(str::to_string).collect()
 }
+
+/// `inner` (a [`limited`] command) run as a container of offline pod `pod` on GPU 0, as
+/// node-agent's Allocate describes it: the pod's own ledger, made as Allocate makes it, mounted
+/// alone where the shim looks for GPU 0's ledger, in a mount namespace of the container's own
+/// (and, with `own_pid_ns`, a pid namespace whose init is the client); the client runs as `uid`
+/// when given, and the shim is preloaded into it alone (not into `unshare`, `sh` or `setpriv`,
+/// which run before the mount). Returns the command and the pod ledger's host path. Needs root.
+pub fn in_pod(host: &EmuHost, pod: node_ledger::PodUid, uid: Option<u32>, own_pid_ns: bool, inner: &Command) -> (Command, PathBuf) {
+    let mut cfg = node_agent::config::AgentConfig { ledger_dir: host.ledger_dir().to_path_buf(), ..Default::default() };
+    cfg.inject.ledger_container_dir = host.ledger_dir().to_path_buf();
+    let path = node_agent::allocate::create_pod_ledger(&cfg, 0, pod).expect("the pod's ledger");
+    let m = node_agent::allocate::pod_ledger_mount(&cfg, 0, pod);
+    let script = e2e::allocate_mounts_script([(m.host_path.as_str(), m.container_path.as_str(), m.read_only)], host.ledger_dir());
+    let user = uid.map_or(String::new(), |u| format!("setpriv --reuid={u} --regid={u} --clear-groups "));
+    let script = format!("{script}exec {user}env LD_PRELOAD='{}' \"$@\"\n", shim().display());
+    let mut c = Command::new("unshare");
+    if own_pid_ns {
+        c.args(["--pid", "--fork"]);
+    }
+    c.args(["-m", "--propagation", "private", "sh", "-c", &script, "sh"]).arg(inner.get_program()).args(inner.get_args());
+    c.env_clear();
+    for (k, v) in inner.get_envs() {
+        if let (Some(v), false) = (v, k == "LD_PRELOAD") {
+            c.env(k, v);
+        }
+    }
+    (c, path)
+}
