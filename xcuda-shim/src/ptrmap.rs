@@ -6,6 +6,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 const EMPTY: u64 = 0;
 const TOMB: u64 = 1;
+/// A slot claimed by one thread that is storing (insert) or taking (remove) its value: occupied
+/// but matching no key. An insert publishes its key only after its value, and a remove owns the
+/// value from the moment it turns the key into BUSY until it stores TOMB, so nobody ever reads a
+/// value that belongs to another key (a tombstone's stale bytes, or a half-made entry).
+const BUSY: u64 = 2;
 
 /// What an entry holds besides its key: bytes and owner side by side (one cache line per
 /// insert for both). Keys stay in an array of their own: probing reads only keys, and a compact
@@ -33,9 +38,9 @@ pub struct PtrMap {
 }
 
 fn stored(key: u64) -> Option<u64> {
-    // Shift keys by 2 so that 0 and 1 stay free for EMPTY/TOMB; the two keys that would wrap
-    // onto them cannot be tracked (callers treat that like a full table).
-    key.checked_add(2)
+    // Shift keys by 3 so that 0, 1 and 2 stay free for EMPTY/TOMB/BUSY; the three keys that
+    // would wrap onto them cannot be tracked (callers treat that like a full table).
+    key.checked_add(3)
 }
 
 fn zeroed(n: usize) -> (Box<[AtomicU64]>, Box<[Entry]>) {
@@ -63,27 +68,44 @@ impl PtrMap {
     /// Like [`PtrMap::insert`], recording `owner` (a context handle) for [`PtrMap::remove_owned_by`].
     pub fn insert_owned(&self, key: u64, bytes: u64, owner: u64) -> bool {
         let Some(k) = stored(key) else { return false };
+        let Some(i) = self.claim(k) else { return false };
+        self.publish(i, k, bytes, owner);
+        true
+    }
+
+    /// First half of an insert: turns a free slot on `k`'s probe chain into BUSY (no lookup
+    /// matches it yet) and returns it; `None` if the table is full.
+    #[inline]
+    fn claim(&self, k: u64) -> Option<usize> {
         let mut i = self.start(k);
         for d in 0..=self.mask {
             let key = &self.keys[i];
             let cur = key.load(Acquire);
-            if cur != EMPTY && cur != TOMB {
-                i = (i + 1) & self.mask;
-                continue;
-            }
-            // Announced before the key can be seen: a lookup that may find it looks this far.
-            if d > self.max_probe.load(Relaxed) {
-                self.max_probe.fetch_max(d, AcqRel);
-            }
-            if key.compare_exchange(cur, k, AcqRel, Relaxed).is_ok() {
-                let e = &self.entries[i];
-                e.owner.store(owner, Release);
-                e.val.store(bytes, Release);
-                return true;
+            if cur == EMPTY || cur == TOMB {
+                // Announced before the key can be seen: a lookup that may find it looks this far.
+                if d > self.max_probe.load(Relaxed) {
+                    self.max_probe.fetch_max(d, AcqRel);
+                }
+                // Acquire: the previous holder's last reads of this entry happen before our stores.
+                if key.compare_exchange(cur, BUSY, Acquire, Relaxed).is_ok() {
+                    return Some(i);
+                }
             }
             i = (i + 1) & self.mask;
         }
-        false
+        None
+    }
+
+    /// Second half of an insert: the value, then (Release) the key. Whoever sees the key sees
+    /// the value stored for it. The driver may hand a freed pointer out again before the thread
+    /// that freed it untracks it; that untrack then meets either this half-made entry (BUSY,
+    /// skipped) or the finished one, never a tombstone's old bytes under the new key.
+    #[inline]
+    fn publish(&self, i: usize, k: u64, bytes: u64, owner: u64) {
+        let e = &self.entries[i];
+        e.owner.store(owner, Relaxed);
+        e.val.store(bytes, Relaxed);
+        self.keys[i].store(k, Release);
     }
 
     /// The slot holding `key` and its stored form, if live: probes no further than any insert
@@ -103,11 +125,31 @@ impl PtrMap {
     }
 
     /// Removes `key`, returning the bytes counted for it; `None` for an unknown key.
+    ///
+    /// A key may briefly be live twice (freed by one thread, handed out by the driver to
+    /// another and tracked again before the first untracks it): each remove takes one of the
+    /// entries, and one that loses a slot to a concurrent remove looks on along the chain (as
+    /// far as the bound reaches now: the other key's entry may lie beyond it when we started).
     pub fn remove(&self, key: u64) -> Option<u64> {
-        let (i, k) = self.find(key)?;
-        // The value was stored before the key became visible to us; whoever wins the key owns it.
-        let bytes = self.entries[i].val.load(Acquire);
-        self.keys[i].compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok().then_some(bytes)
+        let k = stored(key)?;
+        let mut i = self.start(k);
+        let mut d = 0;
+        while d <= self.max_probe.load(Acquire).min(self.mask) {
+            d += 1;
+            let slot = &self.keys[i];
+            match slot.load(Acquire) {
+                EMPTY => return None,
+                // Winning k -> BUSY makes the entry ours alone (no insert claims a BUSY slot);
+                // Acquire pairs with the publishing Release, so the value is the one stored for k.
+                cur if cur == k && slot.compare_exchange(k, BUSY, Acquire, Relaxed).is_ok() => {
+                    let bytes = self.entries[i].val.load(Relaxed);
+                    slot.store(TOMB, Release);
+                    return Some(bytes);
+                }
+                _ => i = (i + 1) & self.mask,
+            }
+        }
+        None
     }
 
     /// Bytes recorded for `key`, if live.
@@ -129,14 +171,22 @@ impl PtrMap {
         }
         for (key, e) in self.keys.iter().zip(self.entries.iter()) {
             let k = key.load(Acquire);
-            if k == EMPTY || k == TOMB || e.owner.load(Acquire) != owner {
+            if k == EMPTY || k == TOMB || k == BUSY || e.owner.load(Relaxed) != owner {
                 continue;
             }
-            let b = e.val.load(Acquire);
-            if key.compare_exchange(k, TOMB, AcqRel, Relaxed).is_ok() {
-                n += 1;
-                bytes = bytes.saturating_add(b);
+            if key.compare_exchange(k, BUSY, Acquire, Relaxed).is_err() {
+                continue;
             }
+            // The entry is ours now; the slot may have been freed and refilled for another
+            // owner between the check and the claim: then it goes back as it was.
+            if e.owner.load(Relaxed) != owner {
+                key.store(k, Release);
+                continue;
+            }
+            let b = e.val.load(Relaxed);
+            key.store(TOMB, Release);
+            n += 1;
+            bytes = bytes.saturating_add(b);
         }
         (n, bytes)
     }
@@ -156,8 +206,8 @@ impl PtrMap {
             .iter()
             .zip(self.entries.iter())
             .filter_map(|(key, e)| match key.load(Acquire) {
-                EMPTY | TOMB => None,
-                k => Some((k - 2, e.val.load(Acquire))),
+                EMPTY | TOMB | BUSY => None,
+                k => Some((k - 3, e.val.load(Acquire))),
             })
             .collect()
     }
@@ -209,7 +259,7 @@ mod tests {
         assert_eq!(m.max_probe(), 0, "one live key at a time never needed a second slot");
         assert_eq!(m.remove(0xdead_0000), None);
         // A cluster: keys with one start slot go to consecutive slots.
-        let keys: Vec<u64> = (0..1u64 << 24).map(|j| 0x1000 + (j << 8)).filter(|k| m.start(k + 2) == m.start(0x1002)).take(3).collect();
+        let keys: Vec<u64> = (0..1u64 << 24).map(|j| 0x1000 + (j << 8)).filter(|k| m.start(k + 3) == m.start(0x1003)).take(3).collect();
         assert_eq!(keys.len(), 3);
         for (n, k) in keys.iter().enumerate() {
             assert!(m.insert(*k, n as u64));
@@ -244,6 +294,57 @@ mod tests {
         for h in hs {
             h.join().unwrap();
         }
+        assert!(m.entries().is_empty());
+    }
+
+    /// The interleaving the quota once lost bytes in: thread A frees P (driver first), the
+    /// driver hands P to thread B, whose track lands in an earlier tombstone on P's chain; A's
+    /// untrack runs between B's claim and B's store. A must get its own bytes (it once got the
+    /// tombstone's stale ones under B's key, and B's entry was orphaned).
+    #[test]
+    fn untrack_during_a_retrack_of_the_same_key_gets_its_own_bytes() {
+        let m = PtrMap::new(64);
+        let keys: Vec<u64> = (0..1u64 << 24).map(|j| 0x1000 + (j << 8)).filter(|k| m.start(k + 3) == m.start(0x1003)).take(2).collect();
+        let (x, p) = (keys[0], keys[1]);
+        assert!(m.insert(x, 999), "x at the start slot");
+        assert!(m.insert(p, 10), "A's P one slot on");
+        assert_eq!(m.remove(x), Some(999), "a tombstone holding 999 before A's P");
+        let k = stored(p).unwrap();
+        let slot = m.claim(k).expect("B claims the tombstone");
+        assert_eq!(slot, m.start(k));
+        assert_eq!(m.remove(p), Some(10), "A's untrack, mid-insert of B");
+        m.publish(slot, k, 20, 0);
+        assert_eq!(m.remove(p), Some(20), "B's untrack");
+        assert_eq!(m.remove(p), None);
+        assert!(m.entries().is_empty());
+    }
+
+    /// Threads track and untrack a few shared keys at once, as when the driver hands a pointer
+    /// that one thread just freed to another before the first untracks it. Every value is a
+    /// function of its key, so each untrack must get exactly that value (the entries of one key
+    /// may be taken in either order, but never a tombstone's bytes or nothing).
+    #[test]
+    fn concurrent_reused_keys_give_back_their_own_bytes() {
+        let m = Arc::new(PtrMap::new(64));
+        let val = |k: u64| k * 7 + 1;
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    let mut bad = 0u64;
+                    for r in 0..100_000u64 {
+                        let k = 0x1000 + ((r.wrapping_mul(2_654_435_761) ^ t) % 6) * 0x100;
+                        assert!(m.insert(k, val(k)));
+                        if m.remove(k) != Some(val(k)) {
+                            bad += 1;
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        let bad: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(bad, 0, "untracks that got another key's bytes or nothing");
         assert!(m.entries().is_empty());
     }
 
