@@ -202,6 +202,10 @@ struct Pending {
     requested_ms: u64,
     kill_at_ms: u64,
     killed: bool,
+    /// Started in a dry run: logged only, no request recorded, nothing sent. Never escalated
+    /// to SIGKILL; dropped once the dry run ends ([`Evictor::tick`]), so that an eviction
+    /// still called for then starts as every eviction does, with SIGTERM.
+    dry: bool,
 }
 
 /// One eviction event, for logs and tests.
@@ -315,6 +319,7 @@ impl<S: Signaller> Evictor<S> {
                         requested_ms: t,
                         kill_at_ms: t.saturating_add(cfg.grace_ms),
                         killed: false,
+                        dry: false,
                     },
                 );
                 out.push(Event::Resumed { pid: p.pid });
@@ -369,8 +374,9 @@ impl<S: Signaller> Evictor<S> {
                 proc_: *p,
                 reason,
                 requested_ms: now_ms,
-                kill_at_ms: now_ms + cfg.grace_ms,
+                kill_at_ms: now_ms.saturating_add(cfg.grace_ms),
                 killed: false,
+                dry: cfg.dry_run,
             },
         );
         if cfg.dry_run {
@@ -435,10 +441,73 @@ impl<S: Signaller> Evictor<S> {
         true
     }
 
+    /// Brings the evictions in flight up to date with the registrations of the moment
+    /// (`procs`: every registered offline process, as the last read of the ledgers gave them).
+    ///
+    /// - An eviction of a process no pid here was known for ([`OfflineProc::host_pid`]
+    ///   `None`: asked through its ledger only) is over once its registration is gone: it
+    ///   left, or it died and its slot was reclaimed. [`Evictor::tick`] cannot see that (it
+    ///   has no pid to look at), and an entry left behind would count in flight for ever.
+    /// - One whose pid here has been found since is signalled now (SIGTERM, unless in a dry
+    ///   run or by the operator's command), its grace counted from now: without it the
+    ///   process could only ever be asked through its ledger.
+    pub fn retain_registered(&mut self, cfg: &EvictorConfig, now_ms: u64, procs: &[OfflineProc], out: &mut Vec<Event>) {
+        let mut gone = Vec::new();
+        for (k, p) in self.pending.iter_mut() {
+            if p.proc_.host_pid.is_some() {
+                continue;
+            }
+            let Some(now) = procs.iter().find(|q| q.key() == *k) else {
+                gone.push(*k);
+                continue;
+            };
+            let Some(host) = now.host_pid else { continue };
+            p.proc_.host_pid = Some(host);
+            if p.dry || cfg.dry_run || cfg.command.is_some() {
+                continue;
+            }
+            p.kill_at_ms = now_ms.saturating_add(cfg.grace_ms);
+            match self.sig.signal(host, p.proc_.start_time, libc::SIGTERM) {
+                Ok(true) => {}
+                Ok(false) => tracing::info!(pid = p.proc_.pid, host_pid = host, "offline process already gone"),
+                Err(err) => tracing::error!(pid = p.proc_.pid, host_pid = host, error = %err, "SIGTERM failed"),
+            }
+            tracing::warn!(
+                pid = p.proc_.pid,
+                host_pid = host,
+                start_time = p.proc_.start_time,
+                reason = p.reason.as_str(),
+                grace_ms = cfg.grace_ms,
+                "evicting offline process (SIGTERM): its pid here is found now (it was asked through its ledger only)"
+            );
+            out.push(Event::Term { pid: p.proc_.pid, reason: p.reason });
+        }
+        for k in gone {
+            self.pending.remove(&k);
+            out.push(Event::Gone { pid: k.2 });
+        }
+    }
+
     /// Escalates to SIGKILL past the grace period and forgets processes that are gone.
+    ///
+    /// Evictions a dry run only logged are dropped once the dry run is over (a reload with
+    /// `dry_run: false`): their processes were never asked to leave, and the SIGKILL their
+    /// grace would call for would be the first and only signal they get (under MPS a SIGKILL
+    /// can hang the online neighbours' contexts). One still called for is started anew, with
+    /// SIGTERM, by the next judgement that calls for it.
     pub fn tick(&mut self, cfg: &EvictorConfig, now_ms: u64, out: &mut Vec<Event>) {
         self.commands
             .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        if !cfg.dry_run {
+            let before = self.pending.len();
+            self.pending.retain(|_, p| !p.dry);
+            if self.pending.len() < before {
+                tracing::info!(
+                    dropped = before - self.pending.len(),
+                    "dry run over: evictions it only logged are dropped; one still called for starts with SIGTERM"
+                );
+            }
+        }
         let mut gone = Vec::new();
         for (k, p) in self.pending.iter_mut() {
             let Some(host) = p.proc_.host_pid else {
@@ -570,6 +639,51 @@ mod tests {
         assert!(ev.evict(&cfg(), 0, &a, EvictReason::Overlimit, "x", &mut out));
         assert!(ev.evict(&cfg(), 0, &b, EvictReason::Overlimit, "x", &mut out), "not taken for the first");
         assert_eq!(ev.sig.sent, vec![(5001, libc::SIGTERM), (5002, libc::SIGTERM)]);
+    }
+
+    /// A dry run's eviction was never signalled: when the dry run ends (a reload) it is
+    /// dropped, not SIGKILLed at the end of a grace no SIGTERM began; one still called for
+    /// then starts with SIGTERM.
+    #[test]
+    fn an_eviction_a_dry_run_only_logged_is_never_killed_once_the_dry_run_ends() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        let dry = EvictorConfig { dry_run: true, ..cfg() };
+        assert!(ev.evict(&dry, 0, &p(20), EvictReason::Overlimit, "x", &mut out));
+        ev.tick(&dry, 100, &mut out);
+        assert!(ev.sig.sent.is_empty(), "a dry run sends nothing");
+        ev.tick(&cfg(), 200, &mut out);
+        assert!(ev.sig.sent.is_empty(), "no SIGKILL without a SIGTERM: {:?}", ev.sig.sent);
+        assert_eq!(ev.in_flight(), 0, "the dry run's eviction is dropped");
+        assert!(ev.evict(&cfg(), 300, &p(20), EvictReason::Overlimit, "x", &mut out), "started anew");
+        ev.tick(&cfg(), 360, &mut out);
+        assert_eq!(ev.sig.sent, vec![(20, libc::SIGTERM), (20, libc::SIGKILL)]);
+    }
+
+    /// An eviction asked through the ledger only (no pid here) is over when its registration
+    /// is gone, and one whose pid here is found later is signalled then.
+    #[test]
+    fn an_eviction_without_a_pid_here_ends_with_its_registration_or_is_signalled_once_found() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        let unseen = OfflineProc { host_pid: None, ..p(7) };
+        assert!(ev.evict(&cfg(), 0, &unseen, EvictReason::Overlimit, "x", &mut out));
+        ev.retain_registered(&cfg(), 10, &[unseen], &mut out);
+        ev.tick(&cfg(), 100, &mut out);
+        assert_eq!(ev.in_flight(), 1, "still registered: still in flight");
+        ev.retain_registered(&cfg(), 110, &[], &mut out);
+        assert_eq!(ev.in_flight(), 0, "its registration is gone: over");
+        assert_eq!(out.last(), Some(&Event::Gone { pid: 7 }));
+        assert!(ev.sig.sent.is_empty());
+
+        let later = OfflineProc { host_pid: None, ..p(8) };
+        assert!(ev.evict(&cfg(), 200, &later, EvictReason::Overlimit, "x", &mut out));
+        ev.retain_registered(&cfg(), 300, &[OfflineProc { host_pid: Some(4343), ..later }], &mut out);
+        assert_eq!(ev.sig.sent, vec![(4343, libc::SIGTERM)], "signalled once found");
+        ev.tick(&cfg(), 349, &mut out);
+        assert_eq!(ev.sig.sent.len(), 1, "its grace runs from when it was signalled");
+        ev.tick(&cfg(), 350, &mut out);
+        assert_eq!(ev.sig.sent, vec![(4343, libc::SIGTERM), (4343, libc::SIGKILL)]);
     }
 
     #[test]

@@ -443,6 +443,11 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 self.ledger_error_logged = false;
                 self.offline_registered = v.len();
                 self.offline_read_ms = Some(now_ms);
+                if self.evictor.in_flight() > 0 {
+                    let mut ev = std::mem::take(&mut self.events);
+                    self.evictor.retain_registered(&self.cfg.evictor, now_ms, &v, &mut ev);
+                    self.events = ev;
+                }
                 v
             }
             Err(e) => {
@@ -1022,6 +1027,42 @@ mod tests {
         assert_eq!(m.evictor.counts()[&EvictReason::Overlimit], 1);
         assert!(m.ledger.marks.is_empty(), "{:?}", m.ledger.marks);
         assert!(m.evictor.signaller().0.is_empty());
+    }
+
+    /// The operator's first run is a dry run; reloaded with `dry_run: false` once the GPU is
+    /// back in service, the monitor SIGKILLs nobody: the dry run's evictions sent nothing.
+    #[test]
+    fn leaving_a_dry_run_sigkills_nobody_it_only_logged() {
+        let mut m = one_offline(vec![gs(10.0), gs(99.5), gs(10.0), gs(10.0), gs(10.0)]);
+        m.cfg.evictor.dry_run = true;
+        for t in [0, 10, 20] {
+            m.tick(t);
+        }
+        assert_eq!(m.evictor.counts()[&EvictReason::Overlimit], 1, "would evict");
+        let mut c = m.cfg.clone();
+        c.evictor.dry_run = false;
+        m.reconfigure(c);
+        for t in [200, 300, 2000] {
+            m.tick(t);
+        }
+        assert_eq!(m.machine.state(), State::Healthy, "back in service");
+        assert!(m.evictor.signaller().0.is_empty(), "{:?}", m.evictor.signaller().0);
+        assert_eq!(m.evictor.in_flight(), 0);
+    }
+
+    /// A process asked through its ledger only (no pid here) is no eviction in flight once
+    /// its registration is gone: the monitor goes back to the idle pace.
+    #[test]
+    fn an_eviction_asked_through_the_ledger_only_ends_with_the_registration() {
+        let mut m = one_offline(vec![gs(10.0), gs(99.5), gs(10.0)]);
+        m.ledger.procs[0].host_pid = None;
+        m.tick(0);
+        m.tick(10);
+        assert_eq!(m.evictor.in_flight(), 1);
+        assert!(m.evictor.signaller().0.is_empty(), "no pid here: nothing sent");
+        m.ledger.procs.clear();
+        m.refresh_offline(20);
+        assert_eq!(m.evictor.in_flight(), 0, "the registration is gone: the eviction is over");
     }
 
     #[test]
