@@ -448,6 +448,13 @@ pub struct Machine {
     disabled_at_ms: u64,
     nvml_errors: u32,
     good_samples: u32,
+    /// Disabled (NVML errors, an XID, the operator) while Overlimit: the hold that stay
+    /// called for is not over, and Disabled is left only once all metrics have also stayed
+    /// under Overlimit for that hold (the paper's edges: Disabled -> Init -> Healthy). Without
+    /// it a burst of three sampling errors (30 ms) would end a hold of up to an hour and admit
+    /// offline work at once.
+    #[serde(default)]
+    hold_interrupted: bool,
 }
 
 impl Default for Machine {
@@ -469,6 +476,7 @@ impl Machine {
             disabled_at_ms: 0,
             nvml_errors: 0,
             good_samples: 0,
+            hold_interrupted: false,
         }
     }
 
@@ -598,12 +606,28 @@ impl Machine {
             if !recovered {
                 return;
             }
-            let why = match self.disabled_by {
+            // The Overlimit hold Disabled interrupted: calm for that long first (the hold runs
+            // again from the first calm sample once Disabled's own cause is over).
+            if self.hold_interrupted {
+                if worst_level(cfg, m).0 == Level::Overlimit {
+                    self.calm_since_ms = None;
+                    return;
+                }
+                let since = *self.calm_since_ms.get_or_insert(now_ms);
+                if now_ms.saturating_sub(since) < self.hold_ms {
+                    return;
+                }
+            }
+            let mut why = match self.disabled_by {
                 Some(DisableCause::Xid(c)) => {
                     format!("XID {c} quiet for {} ms", cfg.xid_disable_ms)
                 }
                 _ => format!("{} good samples after NVML errors", self.good_samples),
             };
+            if std::mem::take(&mut self.hold_interrupted) {
+                why.push_str(&format!(", then calm for the {} ms Overlimit hold it interrupted", self.hold_ms));
+                self.calm_since_ms = None;
+            }
             self.reset_to_init(&why, out);
             // Init waits for the next sample, so recovery is visible as its own step.
             return;
@@ -706,6 +730,9 @@ impl Machine {
 
     fn disable(&mut self, now_ms: u64, cause: DisableCause, why: String, out: &mut Step) {
         let was_disabled = self.state == State::Disabled;
+        if self.state == State::Overlimit {
+            self.hold_interrupted = true;
+        }
         self.disabled_by = Some(cause);
         self.disabled_at_ms = now_ms;
         self.calm_since_ms = None;

@@ -757,3 +757,54 @@ fn online_share_takes_the_offline_cap_off_and_fails_closed() {
     assert_eq!(online_share(95.0, 100.0), 50.0);
     assert!(online_share(f64::NAN, 42.0).is_nan());
 }
+
+/// A burst of NVML errors during an Overlimit hold disables the GPU; once sampling works
+/// again the GPU stays Disabled until it has been calm for the hold: offline work is not
+/// admitted before the hold is over.
+#[test]
+fn an_nvml_error_burst_does_not_end_an_overlimit_hold() {
+    let mut rows = vec![
+        (0, s(OVER), State::Overlimit),
+        (1, Input::SampleError, State::Overlimit),
+        (2, Input::SampleError, State::Disabled),
+        (3, s(CALM), State::Disabled),
+    ];
+    // Two good samples end the NVML cause at t=4; the hold (100 ms) runs from there.
+    for t in (4..104).step_by(10) {
+        rows.push((t, s(CALM), State::Disabled));
+    }
+    // An overlimit sample in the hold starts it again.
+    rows.push((104, s(OVER), State::Disabled));
+    rows.push((110, s(CALM), State::Disabled));
+    rows.push((209, s(CALM), State::Disabled));
+    rows.push((210, s(CALM), State::Init));
+    rows.push((211, s(CALM), State::Healthy));
+    run(&rows);
+}
+
+/// An XID that disables the GPU in an Overlimit hold: the hold still applies once the XID's
+/// quiet time is over.
+#[test]
+fn an_xid_in_an_overlimit_hold_leaves_the_hold_to_run() {
+    run(&[
+        (0, s(OVER), State::Overlimit),
+        (10, Input::Xid(79), State::Disabled),
+        (510, s(CALM), State::Disabled),
+        (609, s(CALM), State::Disabled),
+        (610, s(CALM), State::Init),
+        (611, s(CALM), State::Healthy),
+    ]);
+}
+
+/// Disabled from Healthy (no hold running) recovers as before.
+#[test]
+fn nvml_errors_outside_a_hold_recover_after_the_good_samples() {
+    run(&[
+        (0, s(CALM), State::Healthy),
+        (1, Input::SampleError, State::Healthy),
+        (2, Input::SampleError, State::Disabled),
+        (3, s(CALM), State::Disabled),
+        (4, s(CALM), State::Init),
+        (5, s(CALM), State::Healthy),
+    ]);
+}
