@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 /// Pid file the control daemon writes into its pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 
+/// The pipe directory of an MPS process started without `CUDA_MPS_PIPE_DIRECTORY` (NVIDIA's
+/// default).
+pub const DEFAULT_PIPE_DIR: &str = "/tmp/nvidia-mps";
+
 /// Seconds a process may appear to have started after its pid file was written before it is
 /// taken for a recycled pid: `btime` in `/proc/stat` has 1 s resolution and moves with clock
 /// adjustments.
@@ -223,6 +227,18 @@ impl MpsControl {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        // A live MPS process its pid file names that was started for another pipe directory
+        // (a control program that does not pass CUDA_MPS_PIPE_DIRECTORY on): say that.
+        if let Some(pid) = self.pid_file_pid().filter(|&p| is_mps_process(p) && !self.serves_pipe_dir(p)) {
+            return Err(MpsError::Spawn(format!(
+                "control daemon {pid} (from {}) was started with CUDA_MPS_PIPE_DIRECTORY={} (unset: {DEFAULT_PIPE_DIR}), \
+                 not this pipe_dir: not taken for its MPS control daemon (does control_bin {} pass the \
+                 environment on?)",
+                self.pipe_dir.join(PID_FILE).display(),
+                daemon_env(pid, "CUDA_MPS_PIPE_DIRECTORY").map_or("(unset)".into(), |v| v.to_string_lossy().into_owned()),
+                self.bin.display()
+            )));
+        }
         // A live daemon its pid file names, but not named as NVIDIA's: say that, not a timeout.
         if let Some(pid) = self.pid_file_pid().filter(|&p| !is_mps_process(p)) {
             if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
@@ -289,16 +305,17 @@ impl MpsControl {
 
     /// The control daemon named by the pid file, as pid + start time (`/proc/<pid>/stat`
     /// field 22), if that process is alive (not a zombie), is an MPS process by name
-    /// ([`DAEMON_COMM`]) and started before the pid file was written: a process that started
-    /// later holds a recycled pid and is not the daemon. The name check matters because the
+    /// ([`DAEMON_COMM`]), was started for this pipe directory ([`MpsControl::serves_pipe_dir`])
+    /// and started before the pid file was written: a process that started later holds a
+    /// recycled pid and is not the daemon. The name and directory checks matter because the
     /// pipe directory is mounted into offline containers: one running as root could write any
-    /// host pid into the pid file, and the manager, root, SIGKILLs the daemon it recorded when
-    /// a reset finds it not answering.
+    /// host pid into the pid file (another GPU's control daemon, an MPS server), and the
+    /// manager, root, SIGKILLs the daemon it recorded when a reset finds it not answering.
     pub fn daemon_identity(&self) -> Option<DaemonId> {
         let file = self.pipe_dir.join(PID_FILE);
         let s = std::fs::read_to_string(&file).ok()?;
         let pid: u32 = s.trim().parse().ok()?;
-        if !is_mps_process(pid) {
+        if !is_mps_process(pid) || !self.serves_pipe_dir(pid) {
             return None;
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -319,6 +336,27 @@ impl MpsControl {
             }
         }
         Some(DaemonId { pid, start_time })
+    }
+
+    /// Whether process `pid` was started for this pipe directory: its start environment's
+    /// `CUDA_MPS_PIPE_DIRECTORY` (unset: NVIDIA's default [`DEFAULT_PIPE_DIR`]; relative: from
+    /// its working directory) is [`MpsControl::pipe_dir`], judged by device and inode numbers
+    /// when both paths can be looked at, else by the paths themselves. Each GPU's daemon has
+    /// its own pipe directory, so another GPU's daemon is never taken for this one's.
+    pub fn serves_pipe_dir(&self, pid: u32) -> bool {
+        let theirs = daemon_env(pid, "CUDA_MPS_PIPE_DIRECTORY").map_or_else(|| PathBuf::from(DEFAULT_PIPE_DIR), PathBuf::from);
+        let theirs = if theirs.is_absolute() {
+            theirs
+        } else {
+            match std::fs::read_link(format!("/proc/{pid}/cwd")) {
+                Ok(cwd) => cwd.join(theirs),
+                Err(_) => return false,
+            }
+        };
+        match (file_id(&theirs), file_id(&self.pipe_dir)) {
+            (Some(a), Some(b)) => a == b,
+            _ => theirs == self.pipe_dir,
+        }
     }
 
     /// Sends one command line; returns the reply text (trimmed).
@@ -437,12 +475,18 @@ pub(crate) fn mps_named_sleeper(dir: &Path) -> std::path::PathBuf {
     p
 }
 
-/// Starts [`mps_named_sleeper`] and waits (at most 5 s) until the kernel shows its name: a
-/// spawn can return before the child's exec has renamed it (`/proc/<pid>/comm` is set after
-/// the vfork parent is released).
+/// Starts [`mps_named_sleeper`] with `CUDA_MPS_PIPE_DIRECTORY` set to `pipe_dir` (unset when
+/// `None`), as a daemon of that pipe directory is, and waits (at most 5 s) until the kernel
+/// shows its name: a spawn can return before the child's exec has renamed it
+/// (`/proc/<pid>/comm` is set after the vfork parent is released).
 #[cfg(test)]
-pub(crate) fn spawn_mps_named(dir: &Path) -> std::process::Child {
-    let child = std::process::Command::new(mps_named_sleeper(dir)).spawn().unwrap();
+pub(crate) fn spawn_mps_named(dir: &Path, pipe_dir: Option<&Path>) -> std::process::Child {
+    let mut cmd = std::process::Command::new(mps_named_sleeper(dir));
+    match pipe_dir {
+        Some(p) => cmd.env("CUDA_MPS_PIPE_DIRECTORY", p),
+        None => cmd.env_remove("CUDA_MPS_PIPE_DIRECTORY"),
+    };
+    let child = cmd.spawn().unwrap();
     let end = Instant::now() + Duration::from_secs(5);
     while !is_mps_process(child.id()) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(1));
@@ -514,7 +558,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let c = script(d.path(), "true");
         std::fs::create_dir_all(&c.pipe_dir).unwrap();
-        let mut child = spawn_mps_named(d.path());
+        let mut child = spawn_mps_named(d.path(), Some(&c.pipe_dir));
         let file = c.pipe_dir.join(PID_FILE);
         std::fs::write(&file, format!("{}\n", child.id())).unwrap();
         let id = c.daemon_identity().expect("written after its process started");
@@ -551,9 +595,36 @@ mod tests {
         assert!(!is_mps_process(other.id()));
         other.kill().unwrap();
         other.wait().unwrap();
-        let mut mps = spawn_mps_named(d.path());
+        let mut mps = spawn_mps_named(d.path(), Some(&c.pipe_dir));
         std::fs::write(c.pipe_dir.join(PID_FILE), format!("{}\n", mps.id())).unwrap();
         assert_eq!(c.daemon_identity().map(|i| i.pid), Some(mps.id()));
+        mps.kill().unwrap();
+        mps.wait().unwrap();
+    }
+
+    /// The pid file names a live MPS process started for another pipe directory (another
+    /// GPU's control daemon, one started with NVIDIA's default, a tenant's pick): not this
+    /// pipe directory's daemon. The same directory reached by another path is.
+    #[test]
+    fn a_pid_file_naming_an_mps_process_of_another_pipe_dir_names_no_daemon() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "true");
+        std::fs::create_dir_all(&c.pipe_dir).unwrap();
+        let other = d.path().join("gpu1-pipe");
+        std::fs::create_dir_all(&other).unwrap();
+        for env in [Some(other.as_path()), None] {
+            let mut mps = spawn_mps_named(d.path(), env);
+            std::fs::write(c.pipe_dir.join(PID_FILE), format!("{}\n", mps.id())).unwrap();
+            assert!(is_mps_process(mps.id()));
+            assert_eq!(c.daemon_identity(), None, "a daemon of {env:?} taken for this pipe dir's");
+            mps.kill().unwrap();
+            mps.wait().unwrap();
+        }
+        let alias = d.path().join("alias");
+        std::os::unix::fs::symlink(&c.pipe_dir, &alias).unwrap();
+        let mut mps = spawn_mps_named(d.path(), Some(&alias));
+        std::fs::write(c.pipe_dir.join(PID_FILE), format!("{}\n", mps.id())).unwrap();
+        assert_eq!(c.daemon_identity().map(|i| i.pid), Some(mps.id()), "the same directory by another path");
         mps.kill().unwrap();
         mps.wait().unwrap();
     }

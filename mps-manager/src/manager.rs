@@ -188,8 +188,11 @@ pub struct Manager {
     own_ns: u64,
     /// The last check saw the control daemon running ([`Manager::daemon_died`]).
     daemon_seen_alive: bool,
-    /// The control daemon this manager started or detected, as pid + start time.
+    /// The control daemon this manager started or detected, as pid + start time: what its
+    /// liveness is judged by ([`Manager::live_daemon`]), never the pid file alone.
     daemon: Option<DaemonId>,
+    /// The pid file no longer names the recorded live daemon (warned once until it does again).
+    pid_file_astray: bool,
     /// Device and inode numbers of `pipe_dir/control` when that daemon was started or adopted.
     control_socket: Option<(u64, u64)>,
     /// MPS servers as last listed by `get_server_list`, each as pid + start time read when
@@ -301,6 +304,7 @@ impl Manager {
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon_seen_alive: false,
             daemon: None,
+            pid_file_astray: false,
             control_socket: None,
             servers_seen: Vec::new(),
             breach_reported: HashSet::new(),
@@ -422,21 +426,10 @@ impl Manager {
         self.state.compute_mode_found = self.modes.found().map(|m| compute_mode::name(m).to_string());
     }
 
-    /// Starts the control daemon unless one already runs for this pipe directory; records it
-    /// as pid + start time.
+    /// Starts the control daemon unless one already runs for this pipe directory
+    /// ([`Manager::live_daemon`]); records it as pid + start time.
     pub fn ensure_daemon(&mut self) -> Result<u32, MpsError> {
-        if let Some(id) = self.ctl.daemon_identity() {
-            if self.daemon != Some(id) {
-                self.note_adopted_log_dir(id.pid);
-            }
-            self.remember_daemon(id);
-            // A daemon this manager did not start (a restart adopts the running one) may have
-            // another /dev/shm than configured: said loudly, and left running (stopping it
-            // would cut off the online service).
-            if let Err(e) = self.note_daemon_shm(id.pid) {
-                tracing::error!(pid = id.pid, error = %e, "the running MPS control daemon's /dev/shm is not shm_dir");
-                self.state.last_error = Some(e);
-            }
+        if let Some(id) = self.live_daemon() {
             return Ok(id.pid);
         }
         let pid = self.ctl.start_daemon()?;
@@ -527,6 +520,76 @@ impl Manager {
         tracing::error!(gpu = self.cfg.gpu_index, "{line}");
         self.state.control_socket_replaced = Some(line);
         false
+    }
+
+    /// The running control daemon of this pipe directory, as pid + start time: the one this
+    /// manager recorded while that process lives (whatever the pid file says: the pipe
+    /// directory is in offline containers' mounts, read-write unless node-agent's
+    /// `inject.mps_pipe_read_only`, so a tenant can remove or rewrite the file, and a daemon
+    /// judged dead by it would get a full MPS reset, which ends every client's context, the
+    /// online service's too). Only when none is recorded, or the recorded one is gone, is the
+    /// pid file looked at ([`MpsControl::daemon_identity`]): a daemon found there (an
+    /// operator restarted MPS by hand, or one ran before this manager) is adopted.
+    fn live_daemon(&mut self) -> Option<DaemonId> {
+        let recorded = self.daemon.filter(|d| {
+            node_ledger::procinfo::is_alive(d.pid, d.start_time) && crate::control::is_mps_process(d.pid)
+        });
+        if let Some(d) = recorded {
+            self.note_pid_file(d);
+            return Some(d);
+        }
+        let id = self.ctl.daemon_identity()?;
+        if self.daemon != Some(id) {
+            self.adopt_daemon(id);
+        }
+        Some(id)
+    }
+
+    /// Adopts control daemon `id` found through the pid file: a daemon this manager did not
+    /// start (a restart adopts the running one, an operator may restart MPS by hand) may log
+    /// elsewhere and have another /dev/shm than configured: said loudly, and left running
+    /// (stopping it would cut off the online service).
+    fn adopt_daemon(&mut self, id: DaemonId) {
+        if let Some(gone) = self.daemon {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pid = id.pid,
+                start_time = id.start_time,
+                recorded_pid = gone.pid,
+                pipe_dir = %self.ctl.pipe_dir.display(),
+                "the MPS control daemon this manager recorded is gone and the pid file names another one running for this pipe directory (MPS restarted by hand?): adopted"
+            );
+        }
+        self.note_adopted_log_dir(id.pid);
+        self.remember_daemon(id);
+        if let Err(e) = self.note_daemon_shm(id.pid) {
+            tracing::error!(pid = id.pid, error = %e, "the running MPS control daemon's /dev/shm is not shm_dir");
+            self.state.last_error = Some(e);
+        }
+    }
+
+    /// Warns once when the pid file no longer names the recorded live daemon `d` (removed or
+    /// rewritten, by a tenant or by hand), and says when it does again. The file is not acted
+    /// on: the daemon is judged, and signalled, as recorded.
+    fn note_pid_file(&mut self, d: DaemonId) {
+        let named = self.ctl.pid_file_pid();
+        if named == Some(d.pid) {
+            if std::mem::take(&mut self.pid_file_astray) {
+                tracing::info!(gpu = self.cfg.gpu_index, pid = d.pid, "the MPS pid file names the control daemon again");
+            }
+            return;
+        }
+        if !self.pid_file_astray {
+            self.pid_file_astray = true;
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pid = d.pid,
+                start_time = d.start_time,
+                pid_file = %self.ctl.pipe_dir.join(crate::control::PID_FILE).display(),
+                names = ?named,
+                "the MPS pid file no longer names the control daemon this manager runs (removed or rewritten; the pipe directory is in offline containers' mounts): the daemon is judged by its recorded pid and start time, the file is ignored"
+            );
+        }
     }
 
     fn remember_daemon(&mut self, id: DaemonId) {
@@ -729,7 +792,7 @@ impl Manager {
     pub fn check(&mut self, now_ms: u64) -> Vec<Fault> {
         self.keep_compute_mode();
         let mut o = Observation {
-            daemon_alive: self.ctl.daemon_pid().is_some(),
+            daemon_alive: self.live_daemon().is_some(),
             ..Default::default()
         };
         // The daemon runs (its pid and start time) but its socket was moved away or replaced
@@ -1185,7 +1248,7 @@ impl Manager {
             }
             return;
         }
-        let servers_only = !fault.needs_new_daemon() && self.ctl.daemon_pid().is_some();
+        let servers_only = !fault.needs_new_daemon() && self.live_daemon().is_some();
         if servers_only {
             tracing::error!(fault = fault.kind(), reason = %why_full, "MPS SERVER RESTART: every MPS client, online included, loses its context; the control daemon stays");
         } else {
@@ -1467,7 +1530,7 @@ impl Manager {
     ///
     /// `only`: end that server alone (if still listed), not every one.
     fn restart_servers(&mut self, only: Option<u32>) -> Result<String, String> {
-        let daemon = self.ctl.daemon_pid().ok_or_else(|| MpsError::NoDaemon.to_string())?;
+        let daemon = self.live_daemon().map(|d| d.pid).ok_or_else(|| MpsError::NoDaemon.to_string())?;
         let mut servers = self.ctl.server_list().map_err(|e| e.to_string())?;
         if let Some(s) = only {
             servers.retain(|&p| p == s);
@@ -1585,7 +1648,7 @@ impl Manager {
         if !self.cfg.quit_on_exit {
             return;
         }
-        if self.ctl.daemon_pid().is_some() {
+        if self.live_daemon().is_some() {
             match self.ctl.quit() {
                 Ok(()) => {
                     tracing::info!("MPS control daemon stopped");
@@ -2072,9 +2135,8 @@ mod tests {
         drop((a, b));
     }
 
-    /// Fails with the estimate logged as it is: `online_estimate_pct=NaN`.
-    #[test]
-    fn a_budget_without_an_online_estimate_logs_none() {
+    /// What `f` logs (this thread), as text.
+    fn logs_of<R>(f: impl FnOnce() -> R) -> (R, String) {
         #[derive(Clone, Default)]
         struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
         impl std::io::Write for Buf {
@@ -2089,11 +2151,18 @@ mod tests {
         let buf = Buf::default();
         let w = buf.clone();
         let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(move || w.clone()).finish();
-        tracing::subscriber::with_default(sub, || {
+        let r = tracing::subscriber::with_default(sub, f);
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        (r, text)
+    }
+
+    /// Fails with the estimate logged as it is: `online_estimate_pct=NaN`.
+    #[test]
+    fn a_budget_without_an_online_estimate_logs_none() {
+        let ((), text) = logs_of(|| {
             log_budget(40.0, f64::NAN, 100.0, true);
             log_budget(35.0, 12.5, 50.0, true);
         });
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
         assert!(lines[0].contains("budget_pct=40") && !lines[0].contains("online_estimate_pct"), "{text}");
@@ -2184,27 +2253,84 @@ mod tests {
         }
     }
 
+    /// The pipe directory is in offline containers' mounts: a root tenant can remove the pid
+    /// file or write junk into it. The daemon the manager recorded still runs, so no check
+    /// sees it dead (that was a full MPS reset, every client's context lost); the file's
+    /// change is warned once, and its return said.
+    #[test]
+    fn a_removed_or_rewritten_pid_file_is_no_dead_daemon() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_answering(d.path(), "cat >/dev/null\n");
+        let daemon = m.ensure_daemon().unwrap();
+        assert!(m.check(mono_ms()).is_empty());
+        let file = d.path().join("pipe").join(crate::control::PID_FILE);
+        let mut bystander = sleeper();
+        for junk in [None, Some("garbage\n".to_string()), Some(format!("{}\n", bystander.id()))] {
+            match &junk {
+                None => std::fs::remove_file(&file).unwrap(),
+                Some(j) => std::fs::write(&file, j).unwrap(),
+            }
+            let (faults, text) = logs_of(|| [m.check(mono_ms()), m.check(mono_ms())].concat());
+            assert!(faults.is_empty(), "pid file {junk:?}: {faults:?}");
+            assert_eq!(m.recorded_daemon().map(|d| d.pid), Some(daemon));
+            assert_eq!(m.state.daemon_pid, Some(daemon));
+            assert!(!m.daemon_died());
+            let warned = text.matches("no longer names the control daemon").count();
+            assert_eq!(warned, usize::from(junk.is_none()), "warned once, not at every check: {text}");
+        }
+        std::fs::write(&file, format!("{daemon}\n")).unwrap();
+        let (faults, text) = logs_of(|| m.check(mono_ms()));
+        assert!(faults.is_empty() && text.contains("names the control daemon again"), "{faults:?} {text}");
+        let _ = bystander.kill();
+        let _ = bystander.wait();
+        kill(daemon);
+    }
+
     /// The pipe directory is mounted into offline containers: one running as root can write
-    /// any host pid into the daemon's pid file. A process not named as an MPS process is never
+    /// any host pid into the daemon's pid file. A process not named as an MPS process, or an
+    /// MPS process started for another pipe directory (another GPU's control daemon), is never
     /// taken for the daemon, so never signalled: the manager starts its own daemon, and a reset
     /// leaves the named process alone.
     #[test]
-    fn a_pid_file_naming_a_process_that_is_no_mps_daemon_is_never_adopted_nor_signalled() {
+    fn a_pid_file_naming_no_daemon_of_this_pipe_dir_is_never_adopted_nor_signalled() {
+        let d = tempfile::tempdir().unwrap();
+        let other_pipe = d.path().join("gpu1-pipe");
+        std::fs::create_dir_all(&other_pipe).unwrap();
+        let bystanders = [sleeper(), crate::control::spawn_mps_named(&other_pipe, Some(&other_pipe))];
+        for mut bystander in bystanders {
+            let mut m = manager(d.path());
+            std::fs::create_dir_all(d.path().join("pipe")).unwrap();
+            std::fs::write(d.path().join("pipe").join(crate::control::PID_FILE), format!("{}\n", bystander.id())).unwrap();
+            assert_eq!(m.ctl.daemon_identity(), None, "pid {} taken for the daemon", bystander.id());
+            let daemon = m.ensure_daemon().unwrap();
+            assert_ne!(daemon, bystander.id());
+            let second = m.reset_mps().unwrap();
+            assert_ne!(second, bystander.id());
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(bystander.try_wait().unwrap().is_none(), "the bystander was signalled");
+            let _ = bystander.kill();
+            let _ = bystander.wait();
+            kill(daemon);
+            kill(second);
+        }
+    }
+
+    /// The recorded daemon is gone and an operator started another for this pipe directory by
+    /// hand: the check adopts it (no fault), and it is what the manager records.
+    #[test]
+    fn a_daemon_restarted_by_hand_is_adopted() {
         let d = tempfile::tempdir().unwrap();
         let mut m = manager(d.path());
-        let mut bystander = sleeper();
-        std::fs::create_dir_all(d.path().join("pipe")).unwrap();
-        std::fs::write(d.path().join("pipe").join(crate::control::PID_FILE), format!("{}\n", bystander.id())).unwrap();
-        assert_eq!(m.ctl.daemon_identity(), None, "a `sleep` taken for the daemon");
-        let daemon = m.ensure_daemon().unwrap();
-        assert_ne!(daemon, bystander.id());
-        let second = m.reset_mps().unwrap();
-        assert_ne!(second, bystander.id());
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(bystander.try_wait().unwrap().is_none(), "the bystander was signalled");
-        let _ = bystander.kill();
-        let _ = bystander.wait();
-        kill(second);
+        let first = m.ensure_daemon().unwrap();
+        assert!(m.check(mono_ms()).is_empty());
+        kill(first);
+        let by_hand = m.ctl.start_daemon().unwrap();
+        let (faults, text) = logs_of(|| m.check(mono_ms()));
+        assert!(faults.is_empty(), "{faults:?}");
+        assert!(text.contains("adopted"), "{text}");
+        assert_eq!(m.recorded_daemon().map(|d| d.pid), Some(by_hand));
+        assert_eq!(m.state.daemon_pid, Some(by_hand));
+        kill(by_hand);
     }
 
     /// A control program whose daemon is not named as NVIDIA's (a `control_bin` that is no
