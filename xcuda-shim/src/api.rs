@@ -647,7 +647,7 @@ forward_then! {
     fn cuDeviceGraphMemTrim(dev: CUdevice): PFN_cuDeviceGraphMemTrim_v11040 => {
         let st = state();
         if usize::try_from(dev).is_ok_and(|d| d < st.gpus.len()) {
-            crate::graphmem::settle(st.gpu(dev), dev);
+            crate::graphmem::settle(st.gpu(dev), dev, 0);
         }
     };
 }

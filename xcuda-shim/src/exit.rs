@@ -769,7 +769,11 @@ fn on_fork_child_inner() {
             st.contexts.clear();
             st.quotas().for_each(|q| q.after_fork_child());
             // The child has no driver state: no graph pool either.
-            st.gpus.iter().for_each(|g| g.graph_counted.store(0, Relaxed));
+            st.gpus.iter().for_each(|g| {
+                g.graph_counted.store(0, Relaxed);
+                g.graph_inflight.store(0, Relaxed);
+                g.graph_over.store(false, Relaxed);
+            });
         }
         // The helper's pipe is the parent's: nothing in the child may wake the parent's helper.
         for fd in [PIPE_WR.swap(-1, AcqRel), PIPE_RD.swap(-1, AcqRel)] {

@@ -15,11 +15,12 @@
 //! Launches of graphs without memory nodes pay one atomic load and one map lookup per GPU; only
 //! launches of execs with memory nodes query the driver.
 
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 use cuda_abi::{CUdevice, CUgraphMem_attribute, CUresult};
 
 use crate::ptrmap::PtrMap;
+use crate::quota::Quota;
 use crate::state::{call_real, Gpu, State};
 
 /// Ordinal bits of a map key (handles are pointers, below 2^48).
@@ -131,7 +132,7 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
         if !g.quota.try_reserve(need) {
             for (o, g) in st.gpus.iter().enumerate().take(ord + 1) {
                 if gm.footprint(exec, o) > 0 {
-                    settle(g, o as CUdevice);
+                    settle(g, o as CUdevice, 1);
                     g.graph_inflight.fetch_sub(1, AcqRel);
                 }
             }
@@ -152,28 +153,66 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
     Ok(())
 }
 
-/// Settles GPU `g`'s (ordinal `dev`) graph-pool count to what the driver reserves.
-pub fn settle(g: &Gpu, dev: CUdevice) {
-    let Some(actual) = attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) else { return };
-    let counted = g.graph_counted.load(Relaxed);
-    if actual > counted {
-        let more = actual - counted;
-        if !g.quota.try_reserve(more) {
-            crate::state::logged(|| tracing::error!(device = dev, more, "xcuda: the driver's graph memory pool grew past the group's quota (an exec the shim could not size): counted as far as the quota allows"));
-            return;
+/// Settles GPU `g`'s (ordinal `dev`) graph-pool count to what the driver reserves. `own`: the
+/// launches with memory nodes the caller itself has in flight on `g` (its reservation is not
+/// yet mapped). While any other launch is in flight the count is not lowered: that launch's
+/// reservation is still above what the pool holds, and its own settle lowers it later.
+pub fn settle(g: &Gpu, dev: CUdevice, own: u32) {
+    let shrink = g.graph_inflight.load(Acquire) <= own;
+    settle_to(&g.quota, &g.graph_counted, &g.graph_over, dev, shrink, || {
+        attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+    });
+}
+
+/// [`settle`] on its parts, with the pool's size from `actual`. Settles may run at once (a
+/// trim, the controller tick, launches on several threads): each applies its difference with
+/// one compare-and-swap on `counted`, and one that loses asks again, so a difference is given
+/// back or reserved once. Growth past the quota is counted as far as the quota allows (the
+/// group sees itself at its limit: its next allocation is refused) and logged once until the
+/// count catches up. Returns whether it logged that now.
+fn settle_to(quota: &Quota, counted: &AtomicU64, over: &AtomicBool, dev: CUdevice, shrink: bool, mut actual: impl FnMut() -> Option<u64>) -> bool {
+    // Each lost swap means another settle or a launch moved the count: bounded, it is redone
+    // on the next tick at the latest.
+    for _ in 0..8 {
+        let c = counted.load(Acquire);
+        let Some(a) = actual() else { return false };
+        if a > c {
+            let more = a - c;
+            let got = quota.reserve_up_to(more);
+            if counted.compare_exchange(c, c + got, AcqRel, Acquire).is_err() {
+                quota.release(got);
+                continue;
+            }
+            if got == more {
+                over.store(false, Relaxed);
+                return false;
+            }
+            if over.swap(true, Relaxed) {
+                return false;
+            }
+            crate::state::logged(|| tracing::error!(device = dev, pool = a, counted = c + got, quota_used = quota.used(), quota = quota.limit(), "xcuda: the driver's graph memory pool grew past the group's quota (an exec the shim could not size): counted as far as the quota allows; the group is at its limit"));
+            return true;
         }
-        g.graph_counted.fetch_add(more, Relaxed);
-    } else if actual < counted {
-        g.quota.release(counted - actual);
-        g.graph_counted.fetch_sub(counted - actual, Relaxed);
+        if a < c {
+            if !shrink {
+                return false;
+            }
+            if counted.compare_exchange(c, a, AcqRel, Acquire).is_err() {
+                continue;
+            }
+            quota.release(c - a);
+        }
+        over.store(false, Relaxed);
+        return false;
     }
+    false
 }
 
 /// After launching `exec` (successful or not): settles the GPUs its memory nodes use.
 pub fn after_launch(st: &State, exec: u64) {
     for (ord, g) in st.gpus.iter().enumerate() {
         if st.graph_mem.footprint(exec, ord) > 0 {
-            settle(g, ord as CUdevice);
+            settle(g, ord as CUdevice, 1);
             g.graph_inflight.fetch_sub(1, AcqRel);
         }
     }
@@ -183,7 +222,7 @@ pub fn after_launch(st: &State, exec: u64) {
 /// reservation and its own settle.
 pub fn tick(st: &State, g: &Gpu, dev: CUdevice) {
     if st.graph_mem.seen() && g.graph_inflight.load(Acquire) == 0 {
-        settle(g, dev);
+        settle(g, dev, 0);
     }
 }
 
@@ -195,6 +234,63 @@ pub fn counted(st: &State) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A settle that runs while another is between reading the count and changing it (a trim
+    /// against the controller tick, two launching threads): the pool's shrink is given back
+    /// once. Both gave it back before: the count wrapped toward 2^64 and the quota's use went to
+    /// zero (a later give-back would have freed the whole group's quota).
+    #[test]
+    fn concurrent_settles_give_a_shrink_back_once() {
+        let (q, counted, over) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false));
+        assert!(q.try_reserve(10 * MIB), "a plain allocation beside the pool");
+        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(80 * MIB)));
+        assert_eq!((counted.load(Relaxed), q.used()), (80 * MIB, 90 * MIB));
+        let mut first = true;
+        settle_to(&q, &counted, &over, 0, true, || {
+            if std::mem::take(&mut first) {
+                // The other settle, between this one's read of the count and its change.
+                settle_to(&q, &counted, &over, 0, true, || Some(30 * MIB));
+            }
+            Some(30 * MIB)
+        });
+        assert_eq!(counted.load(Relaxed), 30 * MIB, "pool counted once");
+        assert_eq!(q.used(), 40 * MIB, "the plain allocation and the pool, 50 MiB given back once");
+    }
+
+    /// While another launch is between its reservation and its settle, a settle does not lower
+    /// the count (that launch's reservation is not mapped yet); growth is still counted.
+    #[test]
+    fn no_shrink_while_another_launch_is_in_flight() {
+        let (q, counted, over) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false));
+        settle_to(&q, &counted, &over, 0, true, || Some(60 * MIB));
+        settle_to(&q, &counted, &over, 0, false, || Some(20 * MIB));
+        assert_eq!((counted.load(Relaxed), q.used()), (60 * MIB, 60 * MIB));
+        settle_to(&q, &counted, &over, 0, false, || Some(70 * MIB));
+        assert_eq!((counted.load(Relaxed), q.used()), (70 * MIB, 70 * MIB));
+    }
+
+    /// The pool grew past the quota (memory the driver already mapped): it is counted up to the
+    /// limit, so the group's next allocation is refused, and said once per episode, not every
+    /// tick. Before: nothing was counted and the error came every tick.
+    #[test]
+    fn growth_past_the_quota_is_counted_to_the_limit_and_said_once() {
+        let (q, counted, over) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false));
+        assert!(q.try_reserve(70 * MIB));
+        assert!(settle_to(&q, &counted, &over, 0, true, || Some(50 * MIB)), "said the first time");
+        assert_eq!((counted.load(Relaxed), q.used()), (30 * MIB, 100 * MIB), "counted as far as the quota allows");
+        assert!(!q.try_reserve(1), "the group is at its limit");
+        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(50 * MIB)), "not again on the next tick");
+        assert_eq!((counted.load(Relaxed), q.used()), (30 * MIB, 100 * MIB));
+        q.release(20 * MIB);
+        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(50 * MIB)), "room again: the rest is counted");
+        assert_eq!((counted.load(Relaxed), q.used()), (50 * MIB, 100 * MIB));
+        assert!(!over.load(Relaxed), "episode over");
+        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(10 * MIB)));
+        assert!(settle_to(&q, &counted, &over, 0, true, || Some(200 * MIB)), "a new episode is said again");
+        assert_eq!((counted.load(Relaxed), q.used()), (50 * MIB, 100 * MIB), "50 MiB beside 10 counted, 40 more fit");
+    }
 
     #[test]
     fn footprints_follow_graphs_into_execs_per_device() {

@@ -225,6 +225,23 @@ impl Quota {
         }
     }
 
+    /// Reserves `bytes`, or as much of them as the quota has room for (off the hot path: memory
+    /// the driver already holds, counted as far as the quota allows so that the group sees
+    /// itself at its limit). Returns the bytes reserved.
+    pub fn reserve_up_to(&self, bytes: u64) -> u64 {
+        // A few tries: each lost one means a neighbour took or gave back room in between.
+        for _ in 0..8 {
+            let room = self.limit().saturating_sub(self.used()).min(bytes);
+            if room == 0 {
+                return 0;
+            }
+            if self.try_reserve(room) {
+                return room;
+            }
+        }
+        0
+    }
+
     /// Gives back `bytes` reserved earlier.
     #[inline]
     pub fn release(&self, bytes: u64) {

@@ -36,6 +36,9 @@ pub struct Gpu {
     pub graph_counted: std::sync::atomic::AtomicU64,
     /// Launches with memory nodes between their reservation and their settle.
     pub graph_inflight: std::sync::atomic::AtomicU32,
+    /// The pool grew past what the quota allows and is counted only up to it (logged once per
+    /// such episode; cleared when the count catches up with the pool).
+    pub graph_over: std::sync::atomic::AtomicBool,
 }
 
 /// Everything the hooks use.
@@ -295,6 +298,7 @@ fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
         uuid: f.uuid.clone(),
         graph_counted: Default::default(),
         graph_inflight: Default::default(),
+        graph_over: Default::default(),
     }
 }
 
@@ -315,6 +319,7 @@ fn build() -> State {
         uuid: String::new(),
         graph_counted: Default::default(),
         graph_inflight: Default::default(),
+        graph_over: Default::default(),
     };
     let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default() };
     crate::exit::install_process_hooks(cfg);
