@@ -11,6 +11,13 @@ use node_daemon::layered::{self, ConfigError};
 /// Default location of the base config file.
 pub const DEFAULT_PATH: &str = "/etc/xshare/sysmonitor.json";
 
+/// Longest accepted period of the daemon's periodic work (`state_file_every_ms`,
+/// `host_memory.check_every_ms`, `host_memory.psi_sustain_ms`, `verify.every_ms`): 1 hour.
+pub const MAX_PERIOD_MS: u64 = 3_600_000;
+/// Longest accepted Overlimit hold (`machine.hold_base_ms`, `machine.hold_max_ms`): 1 day.
+pub const MAX_HOLD_MS: u64 = 86_400_000;
+/// Longest accepted `machine.overlimit_window_ms` and `machine.xid_disable_ms`: 7 days.
+pub const MAX_WINDOW_MS: u64 = 7 * 86_400_000;
 /// Longest accepted `evictor.grace_ms` (SIGTERM to SIGKILL): 10 minutes.
 pub const MAX_GRACE_MS: u64 = 600_000;
 /// Longest accepted `history_secs`: one day.
@@ -363,17 +370,45 @@ impl Config {
         self.machine
             .validate()
             .map_err(|(f, m)| (format!("machine.{f}"), m))?;
+        // Periods and durations the daemon adds to a clock: bounded, so that none overflows
+        // (a panic in a debug build, a state file rewritten at every tick in a release one)
+        // and none silently means "never".
+        for (f, v, max) in [
+            ("state_file_every_ms", self.state_file_every_ms, MAX_PERIOD_MS),
+            ("machine.hold_base_ms", self.machine.hold_base_ms, MAX_HOLD_MS),
+            ("machine.hold_max_ms", self.machine.hold_max_ms, MAX_HOLD_MS),
+            ("machine.overlimit_window_ms", self.machine.overlimit_window_ms, MAX_WINDOW_MS),
+            ("machine.xid_disable_ms", self.machine.xid_disable_ms, MAX_WINDOW_MS),
+            ("host_memory.check_every_ms", self.host_memory.check_every_ms, MAX_PERIOD_MS),
+            ("host_memory.psi_sustain_ms", self.host_memory.psi_sustain_ms, MAX_PERIOD_MS),
+            ("verify.every_ms", self.verify.every_ms, MAX_PERIOD_MS),
+        ] {
+            if v > max {
+                return Err((f.into(), format!("must be <= {max} ms, got {v}")));
+            }
+        }
         let h = &self.host_memory;
-        if !(0.0..=100.0).contains(&h.min_available_pct) {
+        // 100 % would evict every offline process at every check (MemAvailable is always
+        // below MemTotal); 0 never evicts by this measure.
+        if !(0.0..100.0).contains(&h.min_available_pct) {
             return Err((
                 "host_memory.min_available_pct".into(),
-                "must be within 0..=100".into(),
+                format!(
+                    "must be within 0 (off) ..< 100 (100 would evict all offline work at every check), got {}",
+                    h.min_available_pct
+                ),
             ));
         }
-        if !(0.0..=100.0).contains(&h.psi_some_avg10_pct) {
+        // PSI's `some avg10` is >= 0 on every host: a 0 threshold would evict every offline
+        // process after `psi_sustain_ms`, an idle host's included.
+        if !(h.psi_some_avg10_pct > 0.0 && h.psi_some_avg10_pct <= 100.0) {
             return Err((
                 "host_memory.psi_some_avg10_pct".into(),
-                "must be within 0..=100".into(),
+                format!(
+                    "must be within 0 <.. 100 (0 would evict all offline work on an idle host; \
+                     `host_memory.enabled: false` turns the host-memory checks off), got {}",
+                    h.psi_some_avg10_pct
+                ),
             ));
         }
         if let Some(c) = &self.evictor.command {
@@ -637,6 +672,41 @@ mod tests {
         assert!(e.to_string().contains("sysmonitor.json"), "{e}");
         assert!(load_text(r#"{"evictor": {"grace_ms": 600000}}"#).is_ok());
         assert!(load_text(r#"{"evictor": {"grace_ms": 600001}}"#).is_err());
+    }
+
+    /// Periods and holds the daemon adds to its clock: u64::MAX passed `check-config` and
+    /// `state_file_every_ms` then panicked the daemon at its first tick (debug build).
+    #[test]
+    fn periods_and_holds_are_bounded_naming_the_field() {
+        for (path, field) in [
+            ("\"state_file_every_ms\": V", "state_file_every_ms"),
+            ("\"machine\": {\"hold_max_ms\": V}", "machine.hold_max_ms"),
+            ("\"machine\": {\"hold_base_ms\": V, \"hold_max_ms\": V}", "machine.hold_base_ms"),
+            ("\"machine\": {\"overlimit_window_ms\": V}", "machine.overlimit_window_ms"),
+            ("\"machine\": {\"xid_disable_ms\": V}", "machine.xid_disable_ms"),
+            ("\"host_memory\": {\"check_every_ms\": V}", "host_memory.check_every_ms"),
+            ("\"host_memory\": {\"psi_sustain_ms\": V}", "host_memory.psi_sustain_ms"),
+            ("\"verify\": {\"every_ms\": V}", "verify.every_ms"),
+        ] {
+            let text = format!("{{\n{}}}", path.replace('V', "18446744073709551615"));
+            let e = load_text(&text).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(field), "{e}");
+            assert_eq!(e.line, Some(2), "{e}");
+        }
+        assert!(load_text(r#"{"state_file_every_ms": 3600000}"#).is_ok());
+    }
+
+    /// Host-memory thresholds that would evict every offline process at every check.
+    #[test]
+    fn host_memory_thresholds_that_always_evict_are_errors() {
+        for (text, field) in [
+            (r#"{"host_memory": {"psi_some_avg10_pct": 0}}"#, "host_memory.psi_some_avg10_pct"),
+            (r#"{"host_memory": {"min_available_pct": 100}}"#, "host_memory.min_available_pct"),
+        ] {
+            let e = load_text(text).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(field), "{e}");
+        }
+        assert!(load_text(r#"{"host_memory": {"psi_some_avg10_pct": 100, "min_available_pct": 0}}"#).is_ok());
     }
 
     #[test]

@@ -431,7 +431,7 @@ impl<G: GpuSource> Service for MonitorService<G> {
         }
         let key = (self.mon.change_key(), damaged);
         if now >= self.next_heartbeat || self.written != Some(key) {
-            self.next_heartbeat = now + self.cfg.state_file_every_ms;
+            self.next_heartbeat = now.saturating_add(self.cfg.state_file_every_ms);
             self.written = Some(key);
             self.report(now, notifier);
         }
