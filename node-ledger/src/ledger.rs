@@ -437,6 +437,15 @@ impl Ledger {
         };
         let map = map(&file, path)?;
         let fault_guard = crate::sigbus::Guard::register(map.as_ptr() as usize, map.len());
+        if !fault_guard.protected() {
+            // Unprotected, a truncation of this file (any of its writers can truncate it)
+            // would kill this process with SIGBUS: refused instead, loudly, by the caller.
+            return Err(io_err(
+                path,
+                "map",
+                io::Error::other("every SIGBUS guard slot of this process is taken (too many ledgers mapped at once)"),
+            ));
+        }
         validate(layout_of(&map), path, gpu)?;
         Ok(Self {
             fault_guard,

@@ -10,8 +10,12 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::Once;
 
-/// Ledger mappings one process may have registered at once.
-const SLOTS: usize = 64;
+/// Ledger mappings one process may have registered at once. A daemon maps, per GPU, the
+/// GPU's ledger, the status file and one ledger per pod (pods gone within the grace
+/// included): 64 was reachable on one GPU. A mapping that finds no slot is refused by its
+/// opener ([`Guard::protected`]), never mapped unprotected: a tenant's truncation of its own
+/// ledger would then kill the root daemon that reads it.
+const SLOTS: usize = 1024;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicUsize = AtomicUsize::new(0);
@@ -110,7 +114,7 @@ pub struct Guard(Option<usize>);
 
 impl Guard {
     /// Registers `[start, start+len)` (installing the handler on first use). With every slot
-    /// taken the mapping is simply not protected (a truncation then kills as before).
+    /// taken the mapping is not protected ([`Guard::protected`] false): the caller refuses it.
     pub fn register(start: usize, len: usize) -> Guard {
         install();
         for i in 0..SLOTS {
@@ -121,6 +125,11 @@ impl Guard {
             }
         }
         Guard(None)
+    }
+
+    /// Whether the mapping is registered with the handler (a slot was free).
+    pub fn protected(&self) -> bool {
+        self.0.is_some()
     }
 
     /// Whether a truncation was caught on this mapping (it now reads zeros).
