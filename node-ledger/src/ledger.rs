@@ -509,7 +509,8 @@ impl Ledger {
     /// exists keeps its quota unless the caller's is lower (the tighter configuration wins:
     /// a process never holds the group to a looser limit than its own), or the group is empty
     /// (no bytes held, no process slot naming it): then it takes the caller's quota, so a
-    /// container restarted with a new quota gets it, lower or higher.
+    /// container restarted with a new quota gets it, lower or higher. With every slot taken,
+    /// an unused group's slot is taken over (no registration, no bytes, no fresh start claim).
     pub fn group(&self, id: u64, quota_bytes: u64) -> Result<usize, LedgerError> {
         let id = id.max(1);
         let _lock = FileLock::take(&self.file, &self.path)?;
@@ -529,14 +530,43 @@ impl Ledger {
             }
             return Ok(i);
         }
-        for (i, g) in groups.iter().enumerate() {
-            if g.id.load(Acquire) == 0 {
-                g.quota_bytes.store(quota_bytes, Relaxed);
-                g.used_bytes.store(0, Relaxed);
-                g.refusals.store(0, Relaxed);
-                g.id.store(id, Release);
-                return Ok(i);
-            }
+        let take = |i: usize| {
+            let g = &groups[i];
+            g.quota_bytes.store(quota_bytes, Relaxed);
+            g.used_bytes.store(0, Relaxed);
+            g.refusals.store(0, Relaxed);
+            g.id.store(id, Release);
+            Ok(i)
+        };
+        if let Some(i) = groups.iter().position(|g| g.id.load(Acquire) == 0) {
+            return take(i);
+        }
+        // The table is full of groups, most of them long gone: a group is never freed when
+        // its last process leaves (a container restarting must find its quota), so without
+        // this a GPU's ledger refused every new group after 64 since it was made. An unused
+        // group's slot is taken over: no registration names it (a dead one's slot not yet
+        // reclaimed still does: those are reclaimed first), it holds no bytes and no fresh
+        // start claim names it (a process starting in it holds one until it registers).
+        // A process that looked the group up and registers after the takeover finds another
+        // group's id in the slot and refuses every allocation (fail closed; `xcuda-shim`
+        // checks the id at each reservation).
+        let recyclable = |i: usize| {
+            let g = &groups[i];
+            let gid = g.id.load(Acquire);
+            let now = crate::clock::now_ns();
+            let ttl = crate::claims::DEFAULT_CLAIM_TTL_MS * 1_000_000;
+            g.used_bytes.load(Acquire) == 0
+                && !l.procs.iter().any(|p| {
+                    owner_pid(p.owner.load(Acquire)) != 0 && p.group_slot.load(Relaxed) as usize == i
+                })
+                && !self.claims(now).iter().any(|c| c.group_id == gid && c.is_fresh(now, ttl))
+        };
+        if let Some(i) = (0..MAX_GROUPS).find(|&i| recyclable(i)) {
+            return take(i);
+        }
+        self.reclaim_dead()?;
+        if let Some(i) = (0..MAX_GROUPS).find(|&i| recyclable(i)) {
+            return take(i);
         }
         Err(LedgerError::Full {
             path: self.path.clone(),
@@ -1630,6 +1660,48 @@ mod tests {
         assert_eq!(l.reclaim_dead().unwrap(), vec![(child.id(), 4096)]);
         assert_eq!(l.group_used(g), 0);
         assert!(l.procs().is_empty());
+    }
+
+    /// A GPU's ledger outlives many containers: after 64 groups since it was made, a new one
+    /// takes over an unused group's slot, never one that a process, a byte or a start claim
+    /// still holds.
+    #[test]
+    fn a_full_group_table_takes_over_an_unused_group_never_a_held_one() {
+        let d = tempfile::tempdir().unwrap();
+        let l = Ledger::open_or_create(&d.path().join("gpu0/ledger"), 0).unwrap();
+        let me = std::process::id();
+        // Held: a registered process (group 1), bytes without a process (group 2), a fresh
+        // start claim (group 3).
+        let held = l.register(me, l.group(1, 1 << 30).unwrap()).unwrap();
+        let g2 = l.group(2, 1 << 30).unwrap();
+        l.try_reserve_group(g2, 4096).unwrap();
+        let g3 = l.group(3, 1 << 30).unwrap();
+        let now = crate::clock::now_ns();
+        {
+            let lock = l.lock_claims(std::time::Duration::from_secs(1)).unwrap().unwrap();
+            assert!(lock.record(3, 20, me, 0, now, crate::claims::DEFAULT_CLAIM_TTL_MS * 1_000_000));
+        }
+        // 200 containers in turn, each allocating and leaving.
+        for c in 100..300u64 {
+            let g = l.group(c, 1 << 20).unwrap_or_else(|e| panic!("container {c}: {e}"));
+            let h = l.register(me, g).unwrap();
+            l.try_reserve(h, 1 << 10).unwrap();
+            l.release(h, 1 << 10);
+            l.unregister(h);
+        }
+        assert_eq!(l.group_id(held.group), 1, "a registered process's group kept");
+        assert_eq!((l.group_id(g2), l.group_used(g2)), (2, 4096), "a group holding bytes kept");
+        assert_eq!(l.group_id(g3), 3, "a group with a fresh start claim kept");
+        // With every group held, the table is full, and says so.
+        let hs: Vec<_> = (1000..1000 + MAX_GROUPS as u64)
+            .filter_map(|c| {
+                let g = l.group(c, 1 << 20).ok()?;
+                l.register(me, g).ok()
+            })
+            .collect();
+        assert_eq!(hs.len(), MAX_GROUPS - 3);
+        let e = l.group(5000, 1 << 20).unwrap_err();
+        assert!(matches!(e, LedgerError::Full { .. }), "{e}");
     }
 
     #[test]
