@@ -183,8 +183,10 @@ pub struct Manager {
     dead_reported: BTreeSet<(u32, u64)>,
     /// The rate limit was already logged in this episode.
     limited_logged: bool,
-    /// A targeted recovery of stuck clients did not help: the next one ends the servers.
-    escalate_stuck: bool,
+    /// Until when (monotonic ms) a `ClientsStuck` ends the servers instead of the targeted
+    /// step: set by a targeted recovery of stuck clients ([`stuck_episode_ms`] on, or for good
+    /// when it failed), cleared by a full recovery.
+    escalate_stuck_until: Option<u64>,
     own_ns: u64,
     /// The last check saw the control daemon running ([`Manager::daemon_died`]).
     daemon_seen_alive: bool,
@@ -235,6 +237,15 @@ pub const NOT_FOUND_NS: u64 = u64::MAX;
 pub const LISTING_GRACE_MS: u64 = 500;
 /// Pause between two looks.
 pub const LISTING_RETRY_MS: u64 = 25;
+
+/// How long after a targeted recovery of stuck clients a new `ClientsStuck` counts as the
+/// same episode (the targeted step did not help: the servers are ended): the detector fires
+/// again no sooner than `detect.stuck_after_ms` after it plus up to one check period, so twice
+/// that plus a check period leaves room for one look that saw a blip of progress. Later, it is
+/// a new episode, met with the targeted step again.
+pub fn stuck_episode_ms(cfg: &Config) -> u64 {
+    cfg.detect.stuck_after_ms.saturating_mul(2).saturating_add(cfg.check_every_ms)
+}
 
 /// Builds the control client for a config.
 pub fn control_for(cfg: &Config) -> MpsControl {
@@ -300,7 +311,7 @@ impl Manager {
             logged_faults: HashSet::new(),
             dead_reported: BTreeSet::new(),
             limited_logged: false,
-            escalate_stuck: false,
+            escalate_stuck_until: None,
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon_seen_alive: false,
             daemon: None,
@@ -1183,7 +1194,7 @@ impl Manager {
 
     /// Targeted recovery first: a dead or hung offline client is removed from its MPS server
     /// with `terminate_client`, the server and the online clients keep their contexts. When
-    /// that fails the servers are ended and the control daemon kept (for a crashed server,
+    /// that fails (or clients are stuck again within [`stuck_episode_ms`] of it) the servers are ended and the control daemon kept (for a crashed server,
     /// that one alone, gone already: [`Manager::restart_servers`]); a full MPS reset (a new
     /// control daemon) is the last resort, for a dead or hung daemon, a GPU fault, or servers
     /// that would not end. Both cost every client its context and both are rate-limited.
@@ -1220,11 +1231,17 @@ impl Manager {
                     Some(self.terminate_offline(&pids, true, fault.kind()))
                 }
             }
-            Fault::ClientsStuck { .. } if !self.escalate_stuck => {
+            Fault::ClientsStuck { .. } if !self.escalate_stuck_until.is_some_and(|t| now_ms <= t) => {
                 let pids: Vec<u32> =
                     self.offline().iter().filter(|p| p.pid_ns == self.own_ns).map(|p| p.pid).collect();
-                self.escalate_stuck = true;
-                Some(self.terminate_offline(&pids, false, fault.kind()))
+                // Armed before the command (a journal write happens meanwhile): a failure leaves
+                // it armed until a full recovery runs, a success for this episode only.
+                self.escalate_stuck_until = Some(u64::MAX);
+                let r = self.terminate_offline(&pids, false, fault.kind());
+                if r.is_ok() {
+                    self.escalate_stuck_until = Some(now_ms.saturating_add(stuck_episode_ms(&self.cfg)));
+                }
+                Some(r)
             }
             _ => None,
         };
@@ -1279,7 +1296,7 @@ impl Manager {
             }
         };
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
-        self.escalate_stuck = false;
+        self.escalate_stuck_until = None;
         self.record(fault, evicted, outcome);
         self.detector.reset();
     }
@@ -2231,7 +2248,7 @@ mod tests {
         assert!(r.contains("MPS server 1 gone") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
         assert!(s1.try_wait().unwrap().is_none(), "another server was ended");
         // Clients stuck after terminate_client: the servers are ended, the daemon kept.
-        m.escalate_stuck = true;
+        m.escalate_stuck_until = Some(u64::MAX);
         m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1 });
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("shutdown_server -f") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
@@ -2240,7 +2257,7 @@ mod tests {
         // A server that does not end: the full reset replaces the daemon.
         let mut s2 = server(&pipe);
         std::fs::remove_file(pipe.join("obey")).unwrap();
-        m.escalate_stuck = true;
+        m.escalate_stuck_until = Some(u64::MAX);
         m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1 });
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("MPS reset") && r.contains("still running") && r.contains(&s2.id().to_string()), "{r}");
@@ -2284,6 +2301,57 @@ mod tests {
         let _ = bystander.kill();
         let _ = bystander.wait();
         kill(daemon);
+    }
+
+    /// A targeted recovery of stuck clients that worked ends its episode: a `ClientsStuck`
+    /// long after it (days, in production) is a new episode, met with the targeted step
+    /// again; one within [`stuck_episode_ms`] means the targeted step did not help, and the
+    /// servers are ended. Before, the first targeted recovery armed the escalation for good.
+    #[test]
+    fn stuck_clients_escalate_only_within_the_episode_of_a_targeted_recovery() {
+        let d = tempfile::tempdir().unwrap();
+        // One server (4242) listing the pids in <pipe>/clients; terminate_client answers.
+        let mut m = manager_answering(
+            d.path(),
+            "p=\"$CUDA_MPS_PIPE_DIRECTORY\"; read cmd\ncase \"$cmd\" in\n\
+             get_server_list) [ -s \"$p/clients\" ] && echo 4242;;\n\
+             \"get_client_list 4242\") cat \"$p/clients\";;\n\
+             esac\nexit 0\n",
+        );
+        m.cfg.recovery.min_interval_ms = 0;
+        m.cfg.evict_grace_ms = 100;
+        let daemon = m.ensure_daemon().unwrap();
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let mut children = Vec::new();
+        let mut stuck_at = |m: &mut Manager, now: u64| {
+            // An offline client found from here: it holds the ledger open.
+            let mut cmd = Command::new("sleep");
+            cmd.arg("30");
+            workloads::host::hold_ledger(&mut cmd, &m.cfg.ledger_path());
+            let c = cmd.spawn().unwrap();
+            m.ledger.register(c.id(), g).unwrap();
+            std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n", c.id())).unwrap();
+            children.push(c);
+            m.recover(now, Fault::ClientsStuck { for_ms: 1 });
+            m.state.recoveries.last().unwrap().outcome.clone()
+        };
+        let episode = stuck_episode_ms(&m.cfg);
+        let t0 = mono_ms();
+        let r = stuck_at(&mut m, t0);
+        assert!(r.contains("terminate_client") && r.contains("MPS not reset"), "{r}");
+        let later = t0 + 10 * episode + 1;
+        let r = stuck_at(&mut m, later);
+        assert!(r.contains("terminate_client") && r.contains("MPS not reset"), "a new episode escalated: {r}");
+        let r = stuck_at(&mut m, later + episode);
+        assert!(!r.contains("MPS not reset"), "within the episode, not escalated: {r}");
+        for mut c in children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        kill(daemon);
+        if let Some(p) = m.recorded_daemon() {
+            kill(p.pid);
+        }
     }
 
     /// The pipe directory is mounted into offline containers: one running as root can write
