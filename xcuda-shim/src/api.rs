@@ -424,12 +424,78 @@ freeing! {
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream): PFN_cuMemFreeAsync_v11020 => DevicePtr(dptr);
     /// Hooked `cuMemFreeAsync_ptsz`: the bytes counted for the pointer go back to the quota.
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream): PFN_cuMemFreeAsync_v11020_ptsz => DevicePtr(dptr);
-    /// Hooked `cuMemRelease`: gives a VMM allocation's bytes back.
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle): PFN_cuMemRelease_v10020 => Vmm(handle);
     /// Hooked `cuArrayDestroy`: gives the array's bytes back.
     fn cuArrayDestroy(h: CUarray): PFN_cuArrayDestroy_v2000 => Array(h as u64);
     /// Hooked `cuMipmappedArrayDestroy`: gives the mipmapped array's bytes back.
     fn cuMipmappedArrayDestroy(h: CUmipmappedArray): PFN_cuMipmappedArrayDestroy_v5000 => Array(h as u64);
+}
+
+// ---- VMM mappings ----------------------------------------------------------------------------
+// The driver frees a cuMemCreate allocation when its handle is released AND no mapping holds it
+// (NVIDIA's own idiom releases the handle right after cuMemMap): its bytes stay counted until
+// the last of the two. A mapping made before the shim saw its handle is not ours to count.
+
+/// Hooked `cuMemRelease`: the handle's bytes go back now, or at its last `cuMemUnmap`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    guard(|| {
+        let release = real!(cuMemRelease: PFN_cuMemRelease_v10020);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { release(handle) };
+        if rc == CUresult::CUDA_SUCCESS {
+            state().vmm_release(handle);
+        }
+        rc
+    })
+}
+
+/// Hooked `cuMemMap`: the mapping keeps its handle's bytes counted until it is unmapped.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult {
+    guard(|| {
+        let (map, unmap) = (real!(cuMemMap: PFN_cuMemMap_v10020), real!(cuMemUnmap: PFN_cuMemUnmap_v10020));
+        // Counted before the driver maps, so that a release on another thread meanwhile keeps
+        // the bytes counted.
+        let q = state().vmm_map_begin(handle);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { map(ptr, size, offset, handle, flags) };
+        let Some(q) = q else { return rc };
+        if rc != CUresult::CUDA_SUCCESS {
+            q.vmm_unmapped(handle);
+            return rc;
+        }
+        if q.vmm_mapped(ptr, size as u64, handle) {
+            return rc;
+        }
+        crate::state::logged(|| tracing::error!(ptr, size, handle, "xcuda: VMM mapping table full; undoing the mapping"));
+        // SAFETY: undoing the mapping the driver has just made for us.
+        unsafe { unmap(ptr, size) };
+        q.vmm_unmapped(handle);
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY
+    })
+}
+
+/// Hooked `cuMemUnmap`: each handle whose last mapping this was, and which is released, gives
+/// its bytes back.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(|| {
+        let unmap = real!(cuMemUnmap: PFN_cuMemUnmap_v10020);
+        let st = state();
+        // Taken out before the driver unmaps: once it has, another thread may map the range
+        // again, and its record must not be mistaken for ours.
+        let taken = st.vmm_unmap_take(ptr, size as u64);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { unmap(ptr, size) };
+        for (q, at, len, h) in taken {
+            if rc == CUresult::CUDA_SUCCESS {
+                q.vmm_unmapped(h);
+            } else {
+                q.vmm_unmap_undo(at, len, h);
+            }
+        }
+        rc
+    })
 }
 
 // ---- memory view -----------------------------------------------------------------------------

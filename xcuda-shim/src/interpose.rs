@@ -42,7 +42,7 @@ hooked_symbols! {
         cuMemFree, cuMemFree_v2,
         cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
         cuMemFreeAsync, cuMemFreeAsync_ptsz,
-        cuMemCreate, cuMemRelease,
+        cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap,
         cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
         cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
@@ -250,6 +250,8 @@ mod tests {
             assert_eq!(proc_address_override(b"cuMemAllocAsync", v, 2), ours(Sym::cuMemAllocAsync_ptsz));
             assert_eq!(proc_address_override(b"cuMemAllocFromPoolAsync", v, 0), ours(Sym::cuMemAllocFromPoolAsync));
             assert_eq!(proc_address_override(b"cuMemCreate", v, 0), ours(Sym::cuMemCreate));
+            assert_eq!(proc_address_override(b"cuMemMap", v, 0), ours(Sym::cuMemMap));
+            assert_eq!(proc_address_override(b"cuMemUnmap", v, 0), ours(Sym::cuMemUnmap));
             assert_eq!(proc_address_override(b"cuLaunchKernelEx", v, 2), ours(Sym::cuLaunchKernelEx_ptsz));
             assert_eq!(proc_address_override(b"cuDevicePrimaryCtxReset", v, 0), ours(Sym::cuDevicePrimaryCtxReset_v2));
             // CUDA 12.0 gave the name to cuGraphInstantiateWithFlags.

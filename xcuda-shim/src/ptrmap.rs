@@ -130,7 +130,14 @@ impl PtrMap {
     /// another and tracked again before the first untracks it): each remove takes one of the
     /// entries, and one that loses a slot to a concurrent remove looks on along the chain (as
     /// far as the bound reaches now: the other key's entry may lie beyond it when we started).
+    #[inline]
     pub fn remove(&self, key: u64) -> Option<u64> {
+        self.remove_where(key, |_| true).map(|(bytes, _)| bytes)
+    }
+
+    /// Removes an entry for `key` whose owner word `keep` accepts, returning (bytes, owner).
+    #[inline]
+    pub fn remove_where(&self, key: u64, keep: impl Fn(u64) -> bool) -> Option<(u64, u64)> {
         let k = stored(key)?;
         let mut i = self.start(k);
         let mut d = 0;
@@ -141,13 +148,52 @@ impl PtrMap {
                 EMPTY => return None,
                 // Winning k -> BUSY makes the entry ours alone (no insert claims a BUSY slot);
                 // Acquire pairs with the publishing Release, so the value is the one stored for k.
-                cur if cur == k && slot.compare_exchange(k, BUSY, Acquire, Relaxed).is_ok() => {
-                    let bytes = self.entries[i].val.load(Relaxed);
-                    slot.store(TOMB, Release);
-                    return Some(bytes);
+                cur if cur == k
+                    && keep(self.entries[i].owner.load(Acquire))
+                    && slot.compare_exchange(k, BUSY, Acquire, Relaxed).is_ok() =>
+                {
+                    let e = &self.entries[i];
+                    let (bytes, owner) = (e.val.load(Relaxed), e.owner.load(Acquire));
+                    if !keep(owner) {
+                        // Changed between the look and the claim: not this one after all.
+                        slot.store(k, Release);
+                    } else {
+                        slot.store(TOMB, Release);
+                        return Some((bytes, owner));
+                    }
                 }
-                _ => i = (i + 1) & self.mask,
+                _ => {}
             }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    /// Changes the owner word of a live entry for `key` from `w` to `f(w)`, for the first entry
+    /// whose word `f` accepts (`Some`), in one compare-and-swap; returns (old, new) words, or
+    /// `None` if no entry for `key` accepted. The word of an entry changes only through here,
+    /// so a caller may keep a small state machine in it (the VMM handles' map count).
+    pub fn update_owner(&self, key: u64, f: impl Fn(u64) -> Option<u64>) -> Option<(u64, u64)> {
+        let k = stored(key)?;
+        let mut i = self.start(k);
+        let mut d = 0;
+        while d <= self.max_probe.load(Acquire).min(self.mask) {
+            d += 1;
+            match self.keys[i].load(Acquire) {
+                EMPTY => return None,
+                cur if cur == k => {
+                    let w = &self.entries[i].owner;
+                    let mut old = w.load(Acquire);
+                    while let Some(new) = f(old) {
+                        match w.compare_exchange_weak(old, new, AcqRel, Acquire) {
+                            Ok(_) => return Some((old, new)),
+                            Err(now) => old = now,
+                        }
+                    }
+                }
+                _ => {}
+            }
+            i = (i + 1) & self.mask;
         }
         None
     }

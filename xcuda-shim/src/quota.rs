@@ -41,7 +41,11 @@ pub enum Backend {
 pub struct Quota {
     backend: Backend,
     dptrs: PtrMap,
+    /// cuMemCreate handles: bytes, and in the owner word the handle's state ([`VMM_RELEASED`],
+    /// mappings in units of [`VMM_MAP`]): counted until released and no longer mapped.
     vmm: PtrMap,
+    /// cuMemMap mappings: address -> (size, handle), to find the handle at cuMemUnmap.
+    vmm_maps: PtrMap,
     arrays: PtrMap,
     last_reclaim_ns: AtomicU64,
     /// After fork: group slot + 1 to register the child in lazily (0 = nothing pending).
@@ -67,6 +71,11 @@ pub struct Quota {
 fn no_owner() -> u64 {
     0
 }
+
+/// A VMM handle's state word: `cuMemRelease` has returned for it.
+const VMM_RELEASED: u64 = 1;
+/// A VMM handle's state word: one mapping (made, or being made).
+const VMM_MAP: u64 = 2;
 
 const NO_HANDLE: u64 = u64::MAX;
 
@@ -95,7 +104,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -284,7 +293,8 @@ impl Quota {
     /// Records an allocation that the driver just made; `false` if it could not be tracked.
     #[inline]
     pub fn track(&self, kind: Kind, key: u64, bytes: u64) -> bool {
-        // cuMemCreate handles belong to the device, not to a context: they outlive it.
+        // cuMemCreate handles belong to the device, not to a context: they outlive it. Their
+        // owner word is their state instead (0: not released, not mapped).
         let owner = if kind == Kind::Vmm { 0 } else { (self.owner_source)() };
         self.map(kind).insert_owned(key, bytes, owner)
     }
@@ -310,6 +320,55 @@ impl Quota {
         Some(bytes)
     }
 
+    /// A mapping of VMM handle `h` is about to be made (`cuMemMap`): counted before the driver
+    /// maps it, so that a `cuMemRelease` racing on another thread cannot give the bytes back
+    /// under it. `false`: not a handle of this quota (or one already released and unmapped,
+    /// which the driver refuses).
+    pub fn vmm_map_begin(&self, h: u64) -> bool {
+        self.vmm.update_owner(h, |w| (w != VMM_RELEASED).then_some(w + VMM_MAP)).is_some()
+    }
+
+    /// A mapping of `h` made through [`Quota::vmm_map_begin`] is recorded at `addr` (the driver
+    /// made it); `false` if the table is full (the caller undoes the mapping).
+    pub fn vmm_mapped(&self, addr: u64, size: u64, h: u64) -> bool {
+        self.vmm_maps.insert_owned(addr, size, h)
+    }
+
+    /// A mapping of `h` is gone (unmapped, or the driver refused to make it): when it was the
+    /// last one and the handle is released, its bytes go back. Returns the bytes given back.
+    pub fn vmm_unmapped(&self, h: u64) -> Option<u64> {
+        let (_, now) = self.vmm.update_owner(h, |w| (w >= VMM_MAP).then(|| w - VMM_MAP))?;
+        (now == VMM_RELEASED).then(|| self.vmm_done(h)).flatten()
+    }
+
+    /// The recorded mapping at `addr`, taken out: (size, handle).
+    pub fn vmm_unmap_take(&self, addr: u64) -> Option<(u64, u64)> {
+        self.vmm_maps.remove_where(addr, |_| true)
+    }
+
+    /// Puts back a mapping taken by [`Quota::vmm_unmap_take`] (the driver refused the unmap).
+    pub fn vmm_unmap_undo(&self, addr: u64, size: u64, h: u64) {
+        if !self.vmm_maps.insert_owned(addr, size, h) {
+            // Cannot happen (the slot it left is free); if it did, the handle stays counted.
+            crate::state::logged(|| tracing::warn!(addr, h, "xcuda: VMM mapping table full; the handle stays counted until exit"));
+        }
+    }
+
+    /// `cuMemRelease(h)` returned: the bytes go back now if `h` is not mapped, else at its last
+    /// unmap (the driver keeps the memory alive as long as a mapping holds it). `None`: not a
+    /// handle of this quota; `Some(0)`: still mapped.
+    pub fn vmm_release(&self, h: u64) -> Option<u64> {
+        let (_, now) = self.vmm.update_owner(h, |w| (w & VMM_RELEASED == 0).then_some(w | VMM_RELEASED))?;
+        Some(if now == VMM_RELEASED { self.vmm_done(h).unwrap_or(0) } else { 0 })
+    }
+
+    /// `h` is released and unmapped: forgotten, its bytes given back.
+    fn vmm_done(&self, h: u64) -> Option<u64> {
+        let (bytes, _) = self.vmm.remove_where(h, |w| w == VMM_RELEASED)?;
+        self.release(bytes);
+        Some(bytes)
+    }
+
     /// Bytes counted for a live allocation.
     pub fn tracked(&self, kind: Kind, key: u64) -> Option<u64> {
         self.map(kind).get(key)
@@ -317,7 +376,7 @@ impl Quota {
 
     /// Leaves the ledger, giving back everything still counted (exit / contexts destroyed).
     pub fn retire(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.arrays] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays] {
             m.clear();
         }
         match &self.backend {
@@ -337,7 +396,7 @@ impl Quota {
     /// memory behind the driver's inherited fds, the parent's usage stays counted until the
     /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.arrays] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays] {
             m.clear();
         }
         match &self.backend {
@@ -418,6 +477,34 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::sync::Arc;
+
+    /// A cuMemCreate handle stays counted until it is released and no mapping holds it, in
+    /// whichever order the two happen, and a mapping being made keeps it counted through a
+    /// release on another thread (the driver refusing the mapping then gives the bytes back).
+    #[test]
+    fn vmm_bytes_go_back_at_the_last_of_release_and_unmap() {
+        let q = Quota::local(100);
+        let created = |h: u64| assert!(q.try_reserve(40) && q.track(Kind::Vmm, h, 40));
+        created(0xa);
+        assert!(q.vmm_map_begin(0xa) && q.vmm_mapped(0x7000, 40, 0xa));
+        assert_eq!(q.vmm_release(0xa), Some(0), "released while mapped: still counted");
+        assert_eq!(q.used(), 40);
+        assert!(!q.vmm_map_begin(0xb), "not a handle of ours");
+        assert_eq!(q.vmm_unmap_take(0x7000), Some((40, 0xa)));
+        assert_eq!(q.vmm_unmapped(0xa), Some(40), "the last unmap gives it back");
+        assert_eq!((q.used(), q.tracked(Kind::Vmm, 0xa)), (0, None));
+        created(0xa);
+        assert!(q.vmm_map_begin(0xa) && q.vmm_mapped(0x7000, 40, 0xa));
+        assert_eq!(q.vmm_unmap_take(0x7000), Some((40, 0xa)));
+        assert_eq!(q.vmm_unmapped(0xa), None, "unmapped, not released: still counted");
+        assert_eq!(q.vmm_release(0xa), Some(40));
+        created(0xc);
+        assert!(q.vmm_map_begin(0xc), "a mapping on its way");
+        assert_eq!(q.vmm_release(0xc), Some(0), "a release meanwhile keeps the bytes counted");
+        assert_eq!(q.used(), 40);
+        assert_eq!(q.vmm_unmapped(0xc), Some(40), "the driver refused the mapping");
+        assert_eq!(q.used(), 0);
+    }
 
     #[test]
     fn local_quota_refuses_and_returns_exactly() {

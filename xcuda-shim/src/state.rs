@@ -92,6 +92,33 @@ impl State {
         self.quotas().find_map(|q| q.untrack(kind, key))
     }
 
+    /// Before `cuMemMap` of VMM handle `h`: the quota that counts `h`, with the mapping counted
+    /// ahead ([`Quota::vmm_map_begin`]); `None` if no quota counts it.
+    pub fn vmm_map_begin(&self, h: u64) -> Option<&Quota> {
+        self.quotas().find(|q| q.vmm_map_begin(h))
+    }
+
+    /// Before `cuMemUnmap(addr, size)`: takes out the recorded mappings the range covers (they
+    /// lie end to end from `addr`), each with the quota that counts its handle.
+    pub fn vmm_unmap_take(&self, addr: u64, size: u64) -> Vec<(&Quota, u64, u64, u64)> {
+        let (mut at, end) = (addr, addr.saturating_add(size));
+        let mut taken = Vec::new();
+        while at < end {
+            let Some((q, (len, h))) = self.quotas().find_map(|q| q.vmm_unmap_take(at).map(|m| (q, m))) else { break };
+            taken.push((q, at, len, h));
+            if len == 0 {
+                break;
+            }
+            at = at.saturating_add(len);
+        }
+        taken
+    }
+
+    /// `cuMemRelease(h)` returned: see [`Quota::vmm_release`].
+    pub fn vmm_release(&self, h: u64) -> Option<u64> {
+        self.quotas().find_map(|q| q.vmm_release(h))
+    }
+
     /// Context `ctx` is gone: gives back what it held, on every GPU (it held memory on one).
     pub fn release_context(&self, ctx: u64) -> u64 {
         self.quotas().map(|q| q.release_context(ctx)).sum()
