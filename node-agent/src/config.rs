@@ -89,7 +89,9 @@ pub struct InjectConfig {
     /// nothing of the other GPUs or pods.
     pub ledger_container_dir: PathBuf,
     /// Host MPS pipe directory; `{gpu}` is replaced by the index. Empty: mps-manager's default
-    /// `<ledger_dir>/gpu<N>/mps-pipe` (inside the mounted ledger directory).
+    /// `<ledger_dir>/gpu<N>/mps-pipe` (inside the mounted ledger directory). Every offline
+    /// container of the GPU gets it mounted, so `/`, `ledger_dir` or a directory above it, and
+    /// a directory inside `ledger_dir` other than one of its own below `gpu<N>/`, are refused.
     pub mps_pipe_dir: String,
     /// Host directory mounted at the container's `/dev/shm`: the one mps-manager gives the MPS
     /// control daemon (and so its servers) as theirs (its `shm_dir`), where a server keeps the
@@ -388,6 +390,13 @@ impl AgentConfig {
         if !self.inject.mps_pipe_dir.is_empty() && !self.inject.mps_pipe_dir.starts_with('/') {
             return bad("inject.mps_pipe_dir", "must be an absolute path".into());
         }
+        if !self.inject.mps_pipe_dir.is_empty() {
+            for g in &self.gpus {
+                if let Some(why) = self.pipe_dir_exposes_ledgers(g.index) {
+                    return bad("inject.mps_pipe_dir", why);
+                }
+            }
+        }
         if !(self.mps_manager_state_file.is_empty() || self.mps_manager_state_file.starts_with('/')) {
             return bad(
                 "mps_manager_state_file",
@@ -467,6 +476,48 @@ impl AgentConfig {
         }
     }
 
+    /// Why GPU `index`'s MPS pipe directory ([`AgentConfig::mps_pipe_host_dir`]), which every
+    /// offline container of the GPU gets mounted (read-write unless
+    /// `inject.mps_pipe_read_only`), would show them more than MPS's pipes: `/`, `ledger_dir`
+    /// or a directory above it (every GPU's ledger, status files, the daemons' files), or a
+    /// directory inside `ledger_dir` other than one below this GPU's own `gpu<N>/` that holds
+    /// no ledger (`gpu<N>` itself holds the GPU's shared ledger; `status`, `daemons`, `pods`
+    /// and other GPUs' directories are not the container's to write). `..` is refused: the
+    /// paths are compared as written. `None` when it is fine (the default,
+    /// `<ledger_dir>/gpu<N>/mps-pipe`, is).
+    fn pipe_dir_exposes_ledgers(&self, index: u32) -> Option<String> {
+        use std::path::Component;
+        let pipe = self.mps_pipe_host_dir(index);
+        let shown = pipe.display();
+        if pipe.components().any(|c| c == Component::ParentDir) {
+            return Some(format!("`{shown}` (GPU {index}) must not contain `..`"));
+        }
+        if pipe.parent().is_none() {
+            return Some(format!("`{shown}` (GPU {index}) is `/`: every offline container would get the whole host read-write"));
+        }
+        if self.ledger_dir.starts_with(&pipe) {
+            return Some(format!(
+                "`{shown}` (GPU {index}) is ledger_dir {} or contains it: every offline container would get every \
+                 GPU's ledger, status files and the daemons' files mounted",
+                self.ledger_dir.display()
+            ));
+        }
+        let gpu_dir = self.ledger_dir.join(format!("gpu{index}"));
+        let ledger = node_ledger::config::ledger_path(&self.ledger_dir, index);
+        let own = pipe.starts_with(&gpu_dir) && pipe != gpu_dir && !pipe.starts_with(&ledger);
+        if pipe.starts_with(&self.ledger_dir) && !own {
+            return Some(format!(
+                "`{shown}` (GPU {index}) is inside ledger_dir {} but not a directory of its own below {} \
+                 (status files, the daemons' files, pod ledgers, other GPUs' ledgers and this GPU's shared \
+                 ledger are not offline containers' to mount): leave it empty (<ledger_dir>/gpu<N>/mps-pipe) \
+                 or name a directory outside ledger_dir",
+                self.ledger_dir.display(),
+                gpu_dir.display()
+            ));
+        }
+        None
+    }
+
     /// Host MPS pipe directory of GPU `index`.
     pub fn mps_pipe_host_dir(&self, index: u32) -> PathBuf {
         if self.inject.mps_pipe_dir.is_empty() {
@@ -533,6 +584,44 @@ mod tests {
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 0, "uuid": "GPU-b"}]}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert!(e.message.contains("twice"), "{e}");
+    }
+
+    /// The MPS pipe directory is mounted into every offline container of its GPU: one that
+    /// is `/`, the ledger directory or above it, or inside it but not a directory of its own
+    /// below `gpu<N>/`, would mount ledgers, status files or the daemons' files; refused,
+    /// naming the field and its line. Directories of their own stay accepted.
+    #[test]
+    fn an_mps_pipe_dir_exposing_the_ledger_tree_is_refused() {
+        let cfg = |pipe: &str| {
+            let t = format!(
+                "{{\"node_name\": \"n\", \"ledger_dir\": \"/run/xshare\",\n \"gpus\": [{{\"index\": 0}}, {{\"index\": 1}}],\n \"inject\": {{\"mps_pipe_dir\": \"{pipe}\"}}}}"
+            );
+            AgentConfig::from_text(Path::new("a.json"), &t, |_| None)
+        };
+        for bad in [
+            "/",
+            "/run",
+            "/run/xshare",
+            "/run/xshare/",
+            "/run/xshare/gpu{gpu}",
+            "/run/xshare/gpu{gpu}/ledger",
+            "/run/xshare/gpu0/mps-pipe",
+            "/run/xshare/gpu{gpu}/../status",
+            "/run/xshare/daemons",
+            "/run/xshare/daemons/gpu{gpu}/pipe",
+            "/run/xshare/status",
+            "/run/xshare/pods",
+            "/run/xshare/mps-{gpu}",
+        ] {
+            let e = cfg(bad).expect_err(bad);
+            assert_eq!(e.field.as_deref(), Some("inject.mps_pipe_dir"), "{bad}: {e}");
+            assert_eq!(e.line, Some(3), "{bad}: {e}");
+            assert!(e.to_string().contains("a.json"), "{e}");
+        }
+        for good in ["/run/xshare/gpu{gpu}/mps-pipe", "/run/xshare/gpu{gpu}/mps/pipe", "/srv/mps/gpu{gpu}", "/run/xshare-mps/{gpu}"] {
+            let c = cfg(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+            assert_eq!(c.mps_pipe_host_dir(1), PathBuf::from(good.replace("{gpu}", "1")));
+        }
     }
 
     /// mps-manager's state file: its default beside the GPU's ledger, or the template given.
