@@ -63,7 +63,8 @@ pub struct ManagerState {
     pub gpu: u32,
     /// Pid of the writing manager.
     pub manager_pid: u32,
-    /// Pid of the MPS control daemon, once started or detected; `None` while none runs (and
+    /// Pid of the MPS control daemon, once started or detected; `None` while none runs (from
+    /// the first check that finds it gone, even while the rate limit holds its reset back, and
     /// after this manager quit it). node-agent reads it (`node_agent::mps`, with `gpu`,
     /// `shm_dir`, `outside_holders`, `last_error` and `updated_unix_ms`): while it is `None`
     /// the GPU's offline slots are Unhealthy. Keep those fields' names and meanings.
@@ -540,7 +541,8 @@ impl Manager {
     /// judged dead by it would get a full MPS reset, which ends every client's context, the
     /// online service's too). Only when none is recorded, or the recorded one is gone, is the
     /// pid file looked at ([`MpsControl::daemon_identity`]): a daemon found there (an
-    /// operator restarted MPS by hand, or one ran before this manager) is adopted.
+    /// operator restarted MPS by hand, or one ran before this manager) is adopted. With none,
+    /// the state's `daemon_pid` and `daemon_start_time` are cleared.
     fn live_daemon(&mut self) -> Option<DaemonId> {
         let recorded = self.daemon.filter(|d| {
             node_ledger::procinfo::is_alive(d.pid, d.start_time) && crate::control::is_mps_process(d.pid)
@@ -549,7 +551,17 @@ impl Manager {
             self.note_pid_file(d);
             return Some(d);
         }
-        let id = self.ctl.daemon_identity()?;
+        let Some(id) = self.ctl.daemon_identity() else {
+            // Unpublished at once, whatever becomes of the recovery (the rate limit may hold
+            // the reset back for long): node-agent reads `daemon_pid` and admits no offline
+            // container to a GPU without a daemon. Published again when one is started or
+            // found ([`Manager::remember_daemon`]).
+            if let Some(pid) = self.state.daemon_pid.take() {
+                tracing::warn!(gpu = self.cfg.gpu_index, pid, "the MPS control daemon is gone: no longer published in the state file (node-agent admits no offline work to the GPU until one runs)");
+            }
+            self.state.daemon_start_time = None;
+            return None;
+        };
         if self.daemon != Some(id) {
             self.adopt_daemon(id);
         }
@@ -2419,6 +2431,43 @@ mod tests {
             // SAFETY: kill(2) of the stand-in this test's control program started.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
+    }
+
+    /// The control daemon dies while the recovery rate limit holds its reset back: the state
+    /// file stops naming it at the first check that sees it dead (node-agent then makes the
+    /// GPU's offline slots Unhealthy and refuses Allocate, `node_agent::mps`), not only once a
+    /// reset ran. Before, `daemon_pid` kept naming the dead daemon and containers admitted
+    /// meanwhile found no MPS.
+    #[test]
+    fn a_dead_daemon_is_unpublished_at_once_even_when_its_reset_is_rate_limited() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        m.cfg.recovery.min_interval_ms = 3_600_000;
+        m.ensure_daemon().unwrap();
+        let t0 = mono_ms();
+        // One recovery uses up the limiter (and starts a new daemon).
+        m.recover(t0, Fault::DaemonHang { command: "get_server_list".into() });
+        let daemon = m.recorded_daemon().unwrap();
+        assert_eq!(m.state.daemon_pid, Some(daemon.pid));
+        kill(daemon.pid);
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while node_ledger::procinfo::is_alive(daemon.pid, daemon.start_time) {
+            assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let faults = m.check(t0 + 1);
+        assert_eq!(faults, vec![Fault::DaemonDead]);
+        m.handle_faults(t0 + 1, faults);
+        assert_eq!(m.state.suppressed_recoveries, 1, "the reset is held back");
+        let path = m.cfg.state_file.clone();
+        m.write_state(&path);
+        let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert!(written["daemon_pid"].is_null() && written["daemon_start_time"].is_null(), "{written}");
+        // A daemon found again (restarted by hand) is published again.
+        let again = m.ctl.start_daemon().unwrap();
+        assert!(m.check(t0 + 2).is_empty());
+        assert_eq!(m.state.daemon_pid, Some(again));
+        kill(again);
     }
 
     /// A control daemon that dies between two checks is noticed at the next tick, once: the

@@ -3,7 +3,8 @@
 //!
 //! mps-manager holds the GPU in EXCLUSIVE_PROCESS and owns its MPS control daemon, so an
 //! offline process gets a context only through MPS: while no daemon runs (the manager restarts
-//! it, a recovery is rate-limited, or the manager quit MPS when it stopped), while a process
+//! it, a recovery is rate-limited, or the manager quit MPS when it stopped; the manager clears
+//! `daemon_pid` at the first check that finds its daemon gone), while a process
 //! outside MPS holds the GPU in EXCLUSIVE_PROCESS (no server can start), or while the daemon's
 //! `/dev/shm` is not the one containers are given, every
 //! offline container admitted to the GPU would fail to create a context. The GPU's offline
