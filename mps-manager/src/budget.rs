@@ -28,7 +28,8 @@ pub struct BudgetConfig {
     pub min_step_pct: f64,
     /// Weight of the newest measurement in the moving average of online activity (0..=1].
     pub smoothing: f64,
-    /// Budget while the GPU is not Healthy/Unhealthy (Overlimit, Disabled, Init, no monitor).
+    /// Budget while the GPU is not Healthy/Unhealthy (Overlimit, Disabled, Init, no monitor);
+    /// at most `max_pct` (an unsafe GPU never gets more than a safe one).
     pub unsafe_pct: f64,
 }
 
@@ -76,6 +77,17 @@ impl BudgetConfig {
             return Err((
                 "budget.min_pct".into(),
                 format!("must be <= max_pct ({})", self.max_pct),
+            ));
+        }
+        // The state that calls for less offline work must never publish more than the safe cap.
+        if self.unsafe_pct > self.max_pct {
+            return Err((
+                "budget.unsafe_pct".into(),
+                format!(
+                    "must be <= max_pct ({}): it is the budget while the GPU is Overlimit, Disabled or \
+                     unknown, which must never exceed the cap of a safe GPU, got {}",
+                    self.max_pct, self.unsafe_pct
+                ),
             ));
         }
         if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
@@ -311,6 +323,17 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.validate().unwrap_err().0, "budget.max_pct");
+        // An unsafe GPU's budget above the safe cap: Overlimit would RAISE the offline budget.
+        let c = BudgetConfig {
+            unsafe_pct: 50.0,
+            max_pct: 42.0,
+            ..Default::default()
+        };
+        let (field, why) = c.validate().unwrap_err();
+        assert_eq!(field, "budget.unsafe_pct");
+        assert!(why.contains("max_pct (42)") && why.contains("got 50"), "{why}");
+        let c = BudgetConfig { unsafe_pct: 42.0, ..Default::default() };
+        assert!(c.validate().is_ok(), "equal to the cap is fine");
     }
 
     proptest! {

@@ -188,6 +188,24 @@ impl Config {
                 ),
             ));
         }
+        if self.control_bin.as_os_str().is_empty() {
+            return Err((
+                "control_bin".into(),
+                "must name the MPS control program (nvidia-cuda-mps-control, searched in PATH, or an absolute path), got an empty path".into(),
+            ));
+        }
+        // Relative, they would be resolved against whatever directory the manager was started
+        // in (systemd: `/`), and the daemon, its clients and node-agent would not agree on them.
+        for (f, p) in [
+            ("pipe_dir", &self.pipe_dir),
+            ("log_dir", &self.log_dir),
+            ("monitor_state_file", &self.monitor_state_file),
+            ("state_file", &self.state_file),
+        ] {
+            if !(p.as_os_str().is_empty() || p.is_absolute()) {
+                return Err((f.into(), format!("must be an absolute path or empty (the default below ledger_dir), got {p:?}")));
+            }
+        }
         if !(self.shm_dir.as_os_str().is_empty() || self.shm_dir == Path::new(SHM_HOST) || self.shm_dir.is_absolute()) {
             return Err((
                 "shm_dir".into(),
@@ -435,6 +453,17 @@ mod tests {
                 "terminate_before_kill_ms",
                 3,
             ),
+            // A config error must never loosen a limit: Overlimit would raise the budget.
+            (
+                "{\n  \"budget\": {\n    \"max_pct\": 42,\n    \"unsafe_pct\": 60\n  }\n}\n",
+                "budget.unsafe_pct",
+                4,
+            ),
+            ("{\n  \"control_bin\": \"\"\n}\n", "control_bin", 2),
+            ("{\n  \"period_ms\": 100,\n  \"pipe_dir\": \"mps-pipe\"\n}\n", "pipe_dir", 3),
+            ("{\n  \"log_dir\": \"./log\"\n}\n", "log_dir", 2),
+            ("{\n  \"state_file\": \"mps-{gpu}.json\"\n}\n", "state_file", 2),
+            ("{\n  \"monitor_state_file\": \"state.json\"\n}\n", "monitor_state_file", 2),
         ] {
             let e = load_text(text);
             assert_eq!(e.field.as_deref(), Some(field), "{text}: {e}");
