@@ -733,7 +733,7 @@ impl Manager {
         raw.iter()
             .map(|p| {
                 let mut p = p.clone();
-                match self.host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file) {
+                match self.host_pids.of(&p) {
                     Some(h) => (p.pid, p.pid_ns) = (h, self.own_ns),
                     None if p.pid_ns == self.own_ns => p.pid_ns = NOT_FOUND_NS,
                     None => {}
@@ -1850,7 +1850,8 @@ mod tests {
         let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
         let mut child = cg.spawn_ledger_holder(&path);
         let g = l.group(node_ledger::ledger::group_id_for("k8s-pod-88888888-8888-4888-8888-888888888888"), 1 << 30).unwrap();
-        let _h = l.register(child.id(), g).unwrap();
+        let h = l.register(child.id(), g).unwrap();
+        assert!(workloads::host::hold_slot_lock(child.id(), h.slot), "the stand-in holds its slot's lock");
         let start_time = node_ledger::procinfo::start_time(child.id());
         m.evict_offline("test");
         let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
@@ -1877,7 +1878,8 @@ mod tests {
         workloads::host::hold_ledger(&mut cmd, &path);
         let mut child = cmd.spawn().unwrap();
         let g = l.group(node_ledger::ledger::group_id_for("x"), 1 << 30).unwrap();
-        let _h = l.register(child.id(), g).unwrap();
+        let h = l.register(child.id(), g).unwrap();
+        assert!(workloads::host::hold_slot_lock(child.id(), h.slot), "the stand-in holds its slot's lock");
         let signalled = m.evict_offline("test");
         let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
         let _ = child.kill();
@@ -1914,6 +1916,7 @@ mod tests {
             heartbeat_ns: 0,
             mps_pct: 0,
             ledger_file: Default::default(),
+            owner_lock: (0, 0),
         };
         let container_ns = m.own_ns ^ 1;
         let clients = BTreeMap::from([(1, vec![listed.id()])]);
@@ -2336,12 +2339,13 @@ mod tests {
         let g = m.ledger.group(7, 1 << 30).unwrap();
         let mut children = Vec::new();
         let mut stuck_at = |m: &mut Manager, now: u64| {
-            // An offline client found from here: it holds the ledger open.
+            // An offline client found from here: it holds its slot's lock in the ledger.
             let mut cmd = Command::new("sleep");
             cmd.arg("30");
             workloads::host::hold_ledger(&mut cmd, &m.cfg.ledger_path());
             let c = cmd.spawn().unwrap();
-            m.ledger.register(c.id(), g).unwrap();
+            let h = m.ledger.register(c.id(), g).unwrap();
+            assert!(workloads::host::hold_slot_lock(c.id(), h.slot));
             std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n", c.id())).unwrap();
             children.push(c);
             m.recover(now, Fault::ClientsStuck { for_ms: 1 });

@@ -249,15 +249,16 @@ pub fn scan(ledger_dir: &Path, gpus: &[u32]) -> Vec<Requested> {
 }
 
 /// The pod UID in the cgroup path of the live process that is `pid` in the pid namespace
-/// `pid_ns` and started at `start_time` (its ledger identity) and holds `file` open, read
-/// under its pid here (`host_pids`); `None` when it is gone, not visible from here, holds no
-/// such file (no ledger client: not offline work), or in no pod's cgroup.
+/// `pid_ns` and started at `start_time` (its ledger identity) and holds a slot's lock in
+/// `file`, read under its pid here (`host_pids`); `None` when it is gone, not visible from
+/// here, holds no such lock (no registered ledger client: not offline work), or in no pod's
+/// cgroup. Any slot's lock: a record of the eviction log names no slot.
 pub fn pod_uid_of_process(
     host_pids: &mut node_daemon::procns::HostPids,
     (pid_ns, pid, start_time): (u64, u32, u64),
     file: &node_ledger::LedgerFile,
 ) -> Option<String> {
-    let host = host_pids.get((pid_ns, pid, start_time), file)?;
+    let host = host_pids.get((pid_ns, pid, start_time), file, node_ledger::layout::registry_lock_range())?;
     // The pid here may have been reused since it was found: same start time, same process.
     if !node_ledger::procinfo::is_alive(host, start_time) {
         return None;

@@ -7,8 +7,9 @@
 //! turn the second into the first (Linux 4.1+).
 //!
 //! Every offline process can write every slot of the ledger, so a slot's pid is a claim: the
-//! daemons take it only for a process that holds the ledger file open ([`holds_open`]), as
-//! every shimmed process does and no online service does.
+//! daemons take it only for a process that holds that slot's lock in the ledger file
+//! ([`holds_lock`]), as every shimmed process does for its own slot, and no online service or
+//! daemon does.
 
 use std::collections::{HashMap, HashSet};
 
@@ -68,35 +69,86 @@ pub fn find_host_pid(pid_ns: u64, pid: u32, start_time: u64) -> Option<u32> {
 /// caller), and for a deleted file that fd's link says so. `false` when its fds cannot be read
 /// (gone, or another user's process without `CAP_SYS_PTRACE`).
 pub fn holds_open(pid: u32, file: &LedgerFile) -> bool {
-    use std::os::unix::ffi::OsStrExt;
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    dir.flatten().any(|e| names_file(&e.path(), file))
+}
+
+/// Whether process `pid` holds an `F_OFD_SETLK` write lock on `file` within the byte range
+/// `lock` = `(start, len)` (its ledger slot's: [`node_ledger::ProcSnapshot::owner_lock`]), on
+/// one of its fds that names `file` as [`holds_open`] judges it. Read from
+/// `/proc/<pid>/fdinfo/<n>`, whose `lock:` lines list the locks held through that open file
+/// description. What only a slot's owner has: every ledger client can write a slot naming any
+/// process, and the daemons hold every ledger open themselves, but nobody can make another
+/// process hold a lock.
+pub fn holds_lock(pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
     };
     dir.flatten().any(|e| {
-        let path = e.path();
-        let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-            return false;
-        };
-        // SAFETY: statx(2) on a NUL-terminated path we own (absolute, so AT_FDCWD is not
-        // used), writing into a zeroed plain-data struct of the size libc declares.
-        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-        let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_DONT_SYNC, libc::STATX_INO, &mut stx) };
-        if r != 0 || stx.stx_ino != file.ino || libc::makedev(stx.stx_dev_major, stx.stx_dev_minor) != file.dev {
+        if !names_file(&e.path(), file) {
             return false;
         }
-        !file.deleted || std::fs::read_link(&path).is_ok_and(|l| l.as_os_str().as_bytes().ends_with(b" (deleted)"))
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy()));
+        info.is_ok_and(|t| t.lines().any(|l| ofd_lock_within(l, file, lock)))
     })
+}
+
+/// Whether one `lock:` line of an fdinfo file is an OFD write lock on `file` within `lock`:
+/// `lock:\t1: OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 4099` (device major:minor in
+/// hex, inode, first and last byte; `EOF` for a lock to the end).
+fn ofd_lock_within(line: &str, file: &LedgerFile, lock: (u64, u64)) -> bool {
+    let Some(rest) = line.strip_prefix("lock:") else {
+        return false;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // A blocked waiter's line has `->` after the number: not a lock held.
+    if f.len() < 8 || f[1] != "OFDLCK" || f[3] != "WRITE" {
+        return false;
+    }
+    let mut id = f[5].split(':');
+    let (Some(maj), Some(min), Some(ino)) = (id.next(), id.next(), id.next()) else {
+        return false;
+    };
+    let (Ok(maj), Ok(min), Ok(ino)) = (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16), ino.parse::<u64>()) else {
+        return false;
+    };
+    let (Ok(first), Ok(last)) = (f[6].parse::<u64>(), f[7].parse::<u64>()) else {
+        return false;
+    };
+    libc::makedev(maj, min) == file.dev
+        && ino == file.ino
+        && first >= lock.0
+        && last < lock.0.saturating_add(lock.1)
+}
+
+/// Whether the fd at `/proc/<pid>/fd/<n>` names `file` (see [`holds_open`]).
+fn names_file(path: &std::path::Path, file: &LedgerFile) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statx(2) on a NUL-terminated path we own (absolute, so AT_FDCWD is not
+    // used), writing into a zeroed plain-data struct of the size libc declares.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_STATX_DONT_SYNC, libc::STATX_INO, &mut stx) };
+    if r != 0 || stx.stx_ino != file.ino || libc::makedev(stx.stx_dev_major, stx.stx_dev_minor) != file.dev {
+        return false;
+    }
+    !file.deleted || std::fs::read_link(path).is_ok_and(|l| l.as_os_str().as_bytes().ends_with(b" (deleted)"))
 }
 
 /// A process as the ledger names it: pid namespace inode, pid there, start time.
 pub type Registered = (u64, u32, u64);
 
 /// Host pids of registered processes: [`find_host_pid`] (the pid itself in this namespace,
-/// with its start time checked), kept only for a process that holds its slot's ledger file
-/// open ([`holds_open`]). Any ledger client can write any slot, and a slot's pid and start
-/// time are all it says of its owner; a process that holds no ledger file (an online service)
-/// is nobody's offline process, whatever a slot says: without a host pid it is never
-/// signalled, never terminated on MPS and never counted as offline work. Each is found once
+/// with its start time checked), kept only for a process that holds its slot's lock in its
+/// ledger file ([`holds_lock`]). Any ledger client can write any slot, and a slot's pid and
+/// start time are all it says of its owner; a process that holds no such lock (an online
+/// service, or a daemon, which holds every ledger open but no slot's lock) is nobody's
+/// offline process, whatever a slot says: without a host pid it is never signalled, never
+/// terminated on MPS and never counted as offline work. Each is found once
 /// and kept while it is asked for; one not found, or found not holding the file, is looked
 /// for again after a back-off (1 s doubling to 64 s), so a process the daemon cannot see
 /// costs it a `/proc` walk a minute at most.
@@ -121,12 +173,19 @@ impl Default for HostPids {
 }
 
 impl HostPids {
-    /// The host pid of `(pid_ns, pid, start_time)`, whose slot's owner holds `file` open
-    /// ([`node_ledger::ProcSnapshot::ledger_file`]); `None` while no such process is found
+    /// The host pid of the process registration `p` names, if that process holds its slot's
+    /// lock ([`node_ledger::ProcSnapshot::owner_lock`] in
+    /// [`node_ledger::ProcSnapshot::ledger_file`]); `None` while no such process is found
     /// (see [`HostPids`]). A pid of this namespace that no live process has is its own host
     /// pid (a registered process that died before it was found); one a live process with
     /// another start time has now is not (that process is someone else).
-    pub fn get(&mut self, r: Registered, file: &LedgerFile) -> Option<u32> {
+    pub fn of(&mut self, p: &node_ledger::ProcSnapshot) -> Option<u32> {
+        self.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file, p.owner_lock)
+    }
+
+    /// [`HostPids::of`] for the registration `r` whose owner holds a lock within `lock` =
+    /// `(start, len)` of `file`.
+    pub fn get(&mut self, r: Registered, file: &LedgerFile, lock: (u64, u64)) -> Option<u32> {
         let (pid_ns, pid, start_time) = r;
         if let Some(&h) = self.found.get(&r) {
             return Some(h);
@@ -149,7 +208,7 @@ impl HostPids {
             find_host_pid(pid_ns, pid, start_time)
         };
         match host {
-            Some(h) if holds_open(h, file) => {
+            Some(h) if holds_lock(h, file, lock) => {
                 self.missed.remove(&r);
                 self.found.insert(r, h);
                 Some(h)
@@ -164,7 +223,7 @@ impl HostPids {
                             host_pid = h,
                             comm = comm.trim(),
                             ledger_ino = file.ino,
-                            "a ledger slot names a process that holds no ledger file open: it is not \
+                            "a ledger slot names a process that holds no lock on that slot: it is not \
                              treated as offline work and is never signalled (a slot written by another \
                              ledger client, or a process that closed its ledger files)"
                         );
@@ -205,11 +264,10 @@ mod tests {
     fn a_process_of_another_pid_namespace_is_found_by_its_namespace_and_pid() {
         let dir = tempfile::tempdir().unwrap();
         let (path, file) = ledger_file(&dir);
-        // The sleep holds the file open (fd 9), as a ledger client does.
-        let child = std::process::Command::new("unshare")
-            .args(["--pid", "--fork", "sh", "-c", "exec sleep 30 9<>\"$0\""])
-            .arg(&path)
-            .spawn();
+        // The sleep holds the file open (fd 9) with a slot's lock, as a ledger client does.
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--pid", "--fork", "sh", "-c", "exec sleep 30"]);
+        let child = with_slot_lock(cmd, &path, SLOT).spawn();
         let Ok(mut child) = child else {
             eprintln!("no unshare: skipped");
             return;
@@ -240,10 +298,10 @@ mod tests {
         assert_eq!(find_host_pid(ns, 1, st + 1), None, "another start time is another process");
         let mut h = HostPids::default();
         let other = LedgerFile { ino: file.ino + 1, ..file };
-        assert_eq!(h.get((ns, 1, st), &other), None, "it holds another file than the ledger");
+        assert_eq!(h.get((ns, 1, st), &other, SLOT), None, "it holds another file than the ledger");
         let mut h = HostPids::default();
-        assert_eq!(h.get((ns, 1, st), &file), Some(host));
-        assert_eq!(h.get((ns, 2, st), &file), None);
+        assert_eq!(h.get((ns, 1, st), &file, SLOT), Some(host));
+        assert_eq!(h.get((ns, 2, st), &file, SLOT), None);
         let _ = child.kill();
         let _ = child.wait();
     }
@@ -258,11 +316,49 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (path, file) = ledger_file(&dir);
         let ns = node_ledger::procinfo::own_pid_ns();
-        assert_eq!(HostPids::default().get((ns, me, st), &file), None, "not holding it yet");
-        let held = std::fs::File::open(&path).unwrap();
-        assert_eq!(HostPids::default().get((ns, me, st), &file), Some(me));
-        assert_eq!(HostPids::default().get((ns, me, st + 1), &file), None, "another start time");
+        assert_eq!(HostPids::default().get((ns, me, st), &file, SLOT), None, "not holding it yet");
+        let held = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        assert_eq!(HostPids::default().get((ns, me, st), &file, SLOT), None, "open, but no slot's lock");
+        lock(&held, SLOT);
+        assert_eq!(HostPids::default().get((ns, me, st), &file, SLOT), Some(me));
+        assert_eq!(HostPids::default().get((ns, me, st + 1), &file, SLOT), None, "another start time");
         drop(held);
+    }
+
+    /// A slot's lock range in the stand-in ledger (any bytes will do: the check is by range).
+    const SLOT: (u64, u64) = (4096, 64);
+
+    /// Takes an OFD write lock on `range` of `f`'s open file description.
+    fn lock(f: &std::fs::File, range: (u64, u64)) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `flock` is plain integers; all-zero is valid (l_pid must be 0 for OFD locks).
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = range.0 as libc::off_t;
+        fl.l_len = range.1 as libc::off_t;
+        // SAFETY: fcntl(2) on an open fd we own, with a valid `struct flock`.
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) }, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// `cmd` made to start holding `path` as fd 9 with a write lock on `range`, as a ledger
+    /// client holds its slot.
+    fn with_slot_lock(mut cmd: std::process::Command, path: &std::path::Path, range: (u64, u64)) -> std::process::Command {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+        lock(&f, range);
+        // SAFETY: the closure runs in the forked child before exec and only calls dup2(2),
+        // async-signal-safe; `f` (moved in) keeps the description open until the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(f.as_raw_fd(), 9) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
     }
 
     /// A file to play the ledger: its path and identity.
@@ -295,29 +391,28 @@ mod tests {
         let (path, file) = ledger_file(&dir);
         let ns = node_ledger::procinfo::own_pid_ns();
         let mut online = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let mut offline = std::process::Command::new("sh")
-            .args(["-c", "exec sleep 30 9<>\"$0\""])
-            .arg(&path)
-            .spawn()
-            .unwrap();
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        let mut offline = with_slot_lock(sleep, &path, SLOT).spawn().unwrap();
         let (on, off) = (online.id(), offline.id());
         assert!(wait_holding(off, &file), "the offline stand-in never held the file");
         let st_on = node_ledger::procinfo::start_time(on).unwrap();
         let st_off = node_ledger::procinfo::start_time(off).unwrap();
         let mut h = HostPids::default();
-        assert_eq!(h.get((ns, on, st_on), &file), None, "a forged slot naming the online process");
-        assert_eq!(h.get((ns, on, st_on), &file), None, "asked again within the back-off");
-        assert_eq!(h.get((ns, off, st_off), &file), Some(off));
+        assert_eq!(h.get((ns, on, st_on), &file, SLOT), None, "a forged slot naming the online process");
+        assert_eq!(h.get((ns, on, st_on), &file, SLOT), None, "asked again within the back-off");
+        assert_eq!(h.get((ns, off, st_off), &file, (SLOT.0 + SLOT.1, 64)), None, "its lock is on another slot");
+        let mut h = HostPids::default();
+        assert_eq!(h.get((ns, off, st_off), &file, SLOT), Some(off));
         assert!(!holds_open(on, &file));
-        assert_eq!(h.get((ns, on, st_on + 1), &file), None, "its pid under another start time");
+        assert_eq!(h.get((ns, on, st_on + 1), &file, SLOT), None, "its pid under another start time");
         // A dead registration of this namespace keeps its pid (MPS may list a dead client);
         // one refused before stays refused until its back-off ends.
         let _ = online.kill();
         let _ = online.wait();
-        assert_eq!(h.get((ns, on, st_on), &file), None, "refused a moment ago: backed off");
         let mut fresh = HostPids::default();
-        assert_eq!(fresh.get((ns, on, st_on), &file), Some(on), "dead and reaped: nobody has its pid");
-        assert_eq!(fresh.get((ns, on, st_on), &file), Some(on), "not kept, looked at again");
+        assert_eq!(fresh.get((ns, on, st_on), &file, SLOT), Some(on), "dead and reaped: nobody has its pid");
+        assert_eq!(fresh.get((ns, on, st_on), &file, SLOT), Some(on), "not kept, looked at again");
         // A deleted ledger is held only as deleted: the flag must match what the fd's link says.
         assert!(!holds_open(off, &LedgerFile { deleted: true, ..file }), "not deleted yet");
         std::fs::remove_file(&path).unwrap();
@@ -326,5 +421,41 @@ mod tests {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// A daemon holds every ledger open (mps-manager maps the GPU's and every pod's): a slot
+    /// another ledger client wrote naming it gets no host pid, so the monitor never signals
+    /// it. Only a process holding that slot's lock is the slot's owner.
+    #[test]
+    fn a_process_holding_the_ledger_open_without_the_slots_lock_is_nobodys_offline_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let mut daemon = std::process::Command::new("sh")
+            .args(["-c", "exec sleep 30 9<>\"$0\""])
+            .arg(&path)
+            .spawn()
+            .unwrap();
+        let d = daemon.id();
+        assert!(wait_holding(d, &file));
+        let st = node_ledger::procinfo::start_time(d).unwrap();
+        assert_eq!(HostPids::default().get((ns, d, st), &file, SLOT), None, "holds it open, no slot's lock");
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    }
+
+    #[test]
+    fn fdinfo_lock_lines_are_read_by_device_inode_and_range() {
+        let file = LedgerFile { dev: libc::makedev(0xfe, 0), ino: 10010904, deleted: false };
+        let l = "lock:\t1: OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 4099";
+        assert!(ofd_lock_within(l, &file, (4096, 64)));
+        assert!(!ofd_lock_within(l, &file, (4100, 64)), "before the range");
+        assert!(!ofd_lock_within(l, &file, (4000, 99)), "past the range's end");
+        assert!(!ofd_lock_within(l, &LedgerFile { ino: 1, ..file }, (4096, 64)), "another file");
+        assert!(!ofd_lock_within(&l.replace("WRITE", "READ "), &file, (4096, 64)));
+        assert!(!ofd_lock_within(&l.replace("OFDLCK", "POSIX "), &file, (4096, 64)), "a process-owned lock");
+        assert!(!ofd_lock_within("lock:\t1: -> OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 4099", &file, (4096, 64)), "a waiter");
+        assert!(!ofd_lock_within("lock:\t1: OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 EOF", &file, (4096, 64)), "to the end");
+        assert!(!ofd_lock_within("pos:\t0", &file, (4096, 64)));
     }
 }

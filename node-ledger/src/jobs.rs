@@ -194,6 +194,7 @@ mod tests {
             heartbeat_ns: 0,
             mps_pct,
             ledger_file: Default::default(),
+            owner_lock: (0, 0),
         }
     }
 

@@ -203,6 +203,12 @@ pub fn proc_slot_offset(slot: usize) -> u64 {
 /// Length of a registry slot's lock range.
 pub const PROC_SLOT_LEN: u64 = std::mem::size_of::<ProcSlot>() as u64;
 
+/// `(start, len)` of the whole registry: the range within which every slot's lock lies (what
+/// a registered process of the ledger, whichever its slot, holds a lock in).
+pub fn registry_lock_range() -> (u64, u64) {
+    (proc_slot_offset(0), PROC_SLOT_LEN * MAX_PROCS as u64)
+}
+
 /// Byte offset of the start-claims block: the claims lock's range starts here.
 pub fn claims_offset() -> u64 {
     std::mem::offset_of!(Layout, claims) as u64

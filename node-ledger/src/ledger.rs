@@ -143,6 +143,14 @@ pub struct ProcSnapshot {
     /// process it names only if that process holds this file open
     /// (`node_daemon::procns::HostPids`), which an online service never does.
     pub ledger_file: LedgerFile,
+    /// The byte range `(start, len)` of `ledger_file` within which a genuine owner holds an
+    /// `F_OFD_SETLK` write lock: its slot's own range; for a slot carried over from a deleted
+    /// ledger, that file's whole registry (the slot it had there is not recorded). The daemons
+    /// signal the process a slot names only if it holds such a lock (`/proc/<pid>/fdinfo`):
+    /// holding the file open is not enough, as the daemons themselves hold every ledger open,
+    /// and a slot written by another ledger client naming a daemon would otherwise have the
+    /// other daemon signal it.
+    pub owner_lock: (u64, u64),
 }
 
 /// A ledger file as a process holding it open shows it: `st_dev` and `st_ino` (what `stat`
@@ -1163,6 +1171,11 @@ impl Ledger {
                     heartbeat_ns: p.heartbeat_ns.load(Relaxed),
                     // A hostile file's out-of-range value reads as none known (fail closed).
                     mps_pct: Some(p.mps_pct.load(Relaxed)).filter(|v| *v <= 100).unwrap_or(0),
+                    owner_lock: if ledger_file.deleted {
+                        crate::layout::registry_lock_range()
+                    } else {
+                        (crate::layout::proc_slot_offset(slot), crate::layout::PROC_SLOT_LEN)
+                    },
                     ledger_file,
                 })
             })

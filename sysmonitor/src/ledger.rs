@@ -496,7 +496,7 @@ impl LedgerPort for LedgerAdapter {
                     pod_ledger: pod,
                     pid: p.pid,
                     pid_ns: p.pid_ns,
-                    host_pid: host_pids.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file),
+                    host_pid: host_pids.of(&p),
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
                     group_id: p.group_id,
@@ -847,6 +847,27 @@ mod tests {
         let _ = child.wait();
     }
 
+    /// A slot another ledger client wrote naming a daemon (mps-manager holds the GPU's
+    /// ledger and every pod's open, and its pid and start time can be read or guessed): the
+    /// monitor finds no host pid for it, so no eviction ever signals the daemon. The same
+    /// process given the slot's lock, as a shimmed process holds its own, is found.
+    #[test]
+    fn a_forged_slot_naming_a_daemon_that_holds_the_ledger_open_gets_it_no_signal() {
+        let (_d, path, mut a) = fresh_adapter();
+        let mut daemon = workloads::host::spawn_holding(&path);
+        let l = Ledger::open_existing(&path).unwrap();
+        let g = l.group(node_ledger::ledger::group_id_for("forger"), 1 << 30).unwrap();
+        let h = l.register(daemon.id(), g).unwrap();
+        let p = a.offline(0).unwrap().into_iter().find(|p| p.pid == daemon.id()).unwrap();
+        assert_eq!(p.host_pid, None, "a process holding the ledger open but no slot's lock is nobody's offline work");
+        let mut fresh = LedgerAdapter::new(Ledger::open_existing(&path).unwrap(), node_ledger::config::status_path(_d.path(), 0));
+        assert!(workloads::host::hold_slot_lock(daemon.id(), h.slot));
+        let p = fresh.offline(0).unwrap().into_iter().find(|p| p.pid == daemon.id()).unwrap();
+        assert_eq!(p.host_pid, Some(daemon.id()), "with its slot's lock it is the slot's owner");
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    }
+
     /// A tenant's process registered under its neighbour pod's group (its slot is its own to
     /// write) and evicted: the request in the status file and the log record name the pod its
     /// cgroup path names, which node-agent evicts, not the neighbour its slot claims. A real
@@ -861,7 +882,8 @@ mod tests {
         let mut child = cg.spawn_ledger_holder(&path);
         let l = Ledger::open_existing(&path).unwrap();
         let g = l.group(node_ledger::ledger::group_id_for(NEIGHBOUR_GROUP), 1 << 30).unwrap();
-        let _h = l.register(child.id(), g).unwrap();
+        let h = l.register(child.id(), g).unwrap();
+        assert!(workloads::host::hold_slot_lock(child.id(), h.slot));
         a.publish(&Published::default()).unwrap();
         let p = a.offline(0).unwrap().into_iter().find(|p| p.pid == child.id()).unwrap();
         assert_eq!(p.host_pid, Some(child.id()));

@@ -923,10 +923,7 @@ impl PodCgroup {
     /// A `sleep 600` in the pod's cgroup holding the ledger at `ledger` open ([`hold_ledger`]),
     /// as a shimmed offline process of the pod does: a process to [`register`] on its behalf.
     pub fn spawn_ledger_holder(&self, ledger: &Path) -> std::process::Child {
-        let mut cmd = Command::new("sleep");
-        cmd.arg("600");
-        hold_ledger(&mut cmd, ledger);
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn sleep: {e}"));
+        let mut child = spawn_holding(ledger);
         if let Err(e) = self.add(child.id()) {
             let _ = child.kill();
             let _ = child.wait();
@@ -973,13 +970,15 @@ fn cgroup_root() -> Option<PathBuf> {
 
 /// Makes the process `cmd` starts hold the file `ledger` open (as fd [`HELD_LEDGER_FD`],
 /// inherited across exec), as a shimmed offline process holds its ledger: the daemons take a
-/// registration for offline work only when the process it names holds the ledger open
-/// (`node_daemon::procns::HostPids`), so a process [`register`]ed on its behalf must. Panics
+/// registration for offline work only when the process it names holds its slot's lock in the
+/// ledger (`node_daemon::procns::HostPids`), so a process [`register`]ed on its behalf must
+/// hold the file for [`register`] to give it that lock ([`hold_slot_lock`]). Panics
 /// when the file cannot be opened (no ledger yet: start the monitor, or create it, first).
 pub fn hold_ledger(cmd: &mut Command, ledger: &Path) {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
-    let f = std::fs::File::open(ledger).unwrap_or_else(|e| panic!("open {} to hold it: {e}", ledger.display()));
+    // Read-write, as the shim opens it: a write lock needs a description open for writing.
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(ledger).unwrap_or_else(|e| panic!("open {} to hold it: {e}", ledger.display()));
     // SAFETY: the closure runs in the forked child before exec and only calls dup2(2), which
     // is async-signal-safe; `f` (moved in) keeps the source fd open until the Command drops.
     unsafe {
@@ -992,19 +991,62 @@ pub fn hold_ledger(cmd: &mut Command, ledger: &Path) {
     }
 }
 
+/// A `sleep 600` holding the file `ledger` open ([`hold_ledger`]) and no lock in it, as a
+/// daemon holds every ledger of its GPU.
+pub fn spawn_holding(ledger: &Path) -> std::process::Child {
+    let mut cmd = Command::new("sleep");
+    cmd.arg("600");
+    hold_ledger(&mut cmd, ledger);
+    cmd.spawn().unwrap_or_else(|e| panic!("spawn sleep: {e}"))
+}
+
 /// Registers `pid` in `ledger` as an offline process (group `offline-test`, 64 GiB quota)
 /// reporting `bytes`, on its behalf: the daemons take it for offline work only if `pid`
-/// holds the ledger open (spawn it with [`EmuHost::spawn_sh_offline`],
-/// [`EmuHost::spawn_helper_offline`] or [`hold_ledger`]).
+/// holds its slot's lock, which it gets here ([`hold_slot_lock`]) when it holds the ledger
+/// open (spawn it with [`EmuHost::spawn_sh_offline`], [`EmuHost::spawn_helper_offline`] or
+/// [`hold_ledger`]).
 pub fn register(ledger: &node_ledger::Ledger, pid: u32, bytes: u64) -> node_ledger::ProcHandle {
     let g = ledger
         .group(node_ledger::ledger::group_id_for("offline-test"), 64 << 30)
         .expect("ledger group");
     let h = ledger.register(pid, g).expect("ledger register");
+    hold_slot_lock(pid, h.slot);
     if bytes > 0 {
         ledger.try_reserve(h, bytes).expect("ledger reserve");
     }
     h
+}
+
+/// Makes process `pid`, which holds its ledger open as fd [`HELD_LEDGER_FD`] ([`hold_ledger`]),
+/// hold registry slot `slot`'s lock, as a shimmed process holds its own slot's: the lock is
+/// taken on that process's own open file description, reached with `pidfd_getfd(2)` (root,
+/// or the process's parent under the default ptrace scope). Whether it now holds it (`false`:
+/// it holds no ledger as that fd, or the lock is someone else's).
+pub fn hold_slot_lock(pid: u32, slot: usize) -> bool {
+    // SAFETY: pidfd_open(2) with no flags; the result is checked before use.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) } as i32;
+    if pidfd < 0 {
+        return false;
+    }
+    // SAFETY: pidfd_getfd(2) on the pidfd just opened, for a target fd number, no flags.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, HELD_LEDGER_FD, 0) } as i32;
+    // SAFETY: closing the pidfd we own.
+    unsafe { libc::close(pidfd) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `flock` is plain integers; all-zero is valid (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = node_ledger::layout::proc_slot_offset(slot) as libc::off_t;
+    fl.l_len = node_ledger::layout::PROC_SLOT_LEN as libc::off_t;
+    // SAFETY: fcntl(2) on the fd we own (a duplicate of the process's: the same description,
+    // so the lock is the process's and outlives this fd), with a valid `struct flock`.
+    let ok = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) } == 0;
+    // SAFETY: closing our duplicate; the description (and its lock) stays with the process.
+    unsafe { libc::close(fd) };
+    ok
 }
 
 /// GPU load from this process through the emulated device: back-to-back kernels that fill
