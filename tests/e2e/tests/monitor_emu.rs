@@ -233,7 +233,7 @@ fn a_slot_naming_a_process_that_holds_no_ledger_never_gets_it_signalled() {
     let v = n.wait_state(T, "a fresh state", |_| true);
     assert_eq!(v["evictions"]["under_report"], 1, "{v:#}");
     n.wait_log(T, "the forged slot reported", "mon.json", |l| {
-        l.contains("holds no ledger file open") && l.contains(&format!("host_pid={on}"))
+        l.contains("holds no lock on that slot") && l.contains(&format!("host_pid={on}"))
     });
 }
 
