@@ -265,6 +265,9 @@ fn status_text(s: &ManagerState, now_unix_ms: u64, running: bool) -> String {
 struct ManagerService {
     m: Manager,
     base: PathBuf,
+    /// Started on built-in defaults (no config file at the default path): a reload with
+    /// still no file keeps them, as a start would, rather than failing every SIGHUP.
+    on_defaults: bool,
     state_file: PathBuf,
     next_check: u64,
 }
@@ -273,6 +276,9 @@ impl Service for ManagerService {
     type Config = (Config, Vec<PathBuf>);
 
     fn load(&mut self) -> Result<Self::Config, ConfigError> {
+        if self.on_defaults && !self.base.exists() {
+            return Ok((Config::default(), Vec::new()));
+        }
         Config::load(&self.base)
     }
 
@@ -317,7 +323,7 @@ impl Service for ManagerService {
     }
 }
 
-fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
+fn run(cfg: Config, base: PathBuf, files: Vec<PathBuf>) -> Result<(), String> {
     node_daemon::signals::install_signal_handlers();
     // Before anything touches MPS: a second manager must not adopt (or reset) the daemon the
     // first one owns.
@@ -355,6 +361,7 @@ fn run(cfg: Config, base: PathBuf, _files: Vec<PathBuf>) -> Result<(), String> {
     let mut svc = ManagerService {
         m,
         base,
+        on_defaults: files.is_empty(),
         state_file,
         next_check: 0,
     };

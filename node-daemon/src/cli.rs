@@ -59,7 +59,8 @@ impl ConfigArgs {
         match self
             .config
             .clone()
-            .or_else(|| std::env::var_os(env_var).map(PathBuf::from))
+            // An empty variable (`VAR=` in a unit file) names no file: as if unset.
+            .or_else(|| std::env::var_os(env_var).filter(|v| !v.is_empty()).map(PathBuf::from))
         {
             Some(p) => (p, true),
             None => (PathBuf::from(default), false),
@@ -177,6 +178,19 @@ pub fn init_logging() {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// `XSHARE_SYSMONITOR_CONFIG=` (empty, as a unit file's `Environment=` can leave it) named
+    /// a config file called "" and the daemon refused to start: empty means unset.
+    #[test]
+    fn an_empty_config_variable_names_no_file() {
+        let a = ConfigArgs { config: None, gpu: None };
+        let var = "XSHARE_TEST_EMPTY_CONFIG_VAR";
+        std::env::set_var(var, "");
+        assert_eq!(a.base(var, "/etc/xshare/x.json"), (PathBuf::from("/etc/xshare/x.json"), false));
+        std::env::set_var(var, "/tmp/x.json");
+        assert_eq!(a.base(var, "/etc/xshare/x.json"), (PathBuf::from("/tmp/x.json"), true));
+        std::env::remove_var(var);
+    }
 
     #[test]
     fn a_status_says_when_its_writer_is_gone() {

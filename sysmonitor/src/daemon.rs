@@ -376,21 +376,42 @@ impl<G: GpuSource> MonitorService<G> {
     }
 }
 
+/// The settings read only at start that differ between the config in force and a reloaded
+/// one (both finalized): what a reload keeps and warns about.
+fn start_only_changes(cfg: &Config, new: &Config) -> Vec<&'static str> {
+    [
+        ("gpu_index", new.gpu_index != cfg.gpu_index),
+        ("ledger_dir", new.ledger_dir != cfg.ledger_dir),
+        ("state_file", new.state_file != cfg.state_file),
+        ("xid_log", new.xid_log != cfg.xid_log || new.xid_log_match != cfg.xid_log_match),
+        ("metrics_listen", new.metrics_listen != cfg.metrics_listen),
+        ("history_secs", new.history_secs != cfg.history_secs),
+    ]
+    .into_iter()
+    .filter_map(|(f, changed)| changed.then_some(f))
+    .collect()
+}
+
 impl<G: GpuSource> Service for MonitorService<G> {
     type Config = (Config, Vec<PathBuf>);
 
     fn load(&mut self) -> Result<Self::Config, ConfigError> {
+        // Started on built-in defaults (no config file at the default path): a reload with
+        // still no file keeps them, as a start would, rather than failing every SIGHUP.
+        if self.files.is_empty() && !self.base.exists() {
+            return Ok((Config::default(), Vec::new()));
+        }
         Config::load(&self.base)
     }
 
-    fn apply(&mut self, (new, files): Self::Config) {
+    fn apply(&mut self, (mut new, files): Self::Config) {
         let cfg = &self.cfg;
-        if new.gpu_index != cfg.gpu_index
-            || new.ledger_dir != cfg.ledger_dir
-            || new.state_file != cfg.state_file
-            || new.xid_log != cfg.xid_log
-        {
-            tracing::warn!("gpu_index, ledger_dir, state_file and xid_log changes need a restart; keeping the old ones");
+        // As at start (`--gpu`, `$XSHARE_LEDGER_DIR`, the derived state file), so that only
+        // a real change of a start-only setting is reported.
+        new.finalize(Some(cfg.gpu_index));
+        let restart_only = start_only_changes(cfg, &new);
+        if !restart_only.is_empty() {
+            tracing::warn!(fields = ?restart_only, "these settings take effect at the next start; the running monitor keeps the old ones");
         }
         let mut applied = new;
         crate::evictlog::configure(&applied.evict_log);
@@ -400,6 +421,7 @@ impl<G: GpuSource> Service for MonitorService<G> {
         applied.metrics_listen = cfg.metrics_listen.clone();
         applied.xid_log = cfg.xid_log.clone();
         applied.xid_log_match = cfg.xid_log_match.clone();
+        applied.history_secs = cfg.history_secs;
         self.cfg = applied;
         self.mon.reconfigure(self.cfg.clone());
         self.files = files;
@@ -627,6 +649,29 @@ mod tests {
             Vec::new(),
         );
         MonitorService::new(cfg, &dir.join("mon.json"), Vec::new(), mon, None)
+    }
+
+    /// A monitor started with `--gpu 1` on built-in defaults (no config file): a SIGHUP
+    /// keeps the defaults (it failed, every time), and an unchanged config reloaded reports
+    /// no start-only setting as changed (the unfinalized reload differed in `gpu_index` and
+    /// `state_file`, and warned at every SIGHUP).
+    #[test]
+    fn a_reload_of_an_unchanged_config_changes_nothing_and_defaults_reload_as_defaults() {
+        let d = tempfile::tempdir().unwrap();
+        let mut svc = service(d.path(), Rc::new(Cell::new(10.0)), 100);
+        let (loaded, files) = svc.load().expect("no config file: the defaults, as at start");
+        assert!(files.is_empty());
+        let mut started = Config { ledger_dir: d.path().to_owned(), ..Config::default() };
+        started.finalize(Some(1));
+        let mut reloaded = loaded;
+        reloaded.ledger_dir = d.path().to_owned();
+        reloaded.finalize(Some(started.gpu_index));
+        assert_eq!(start_only_changes(&started, &reloaded), Vec::<&str>::new());
+        reloaded.history_secs += 1;
+        assert_eq!(start_only_changes(&started, &reloaded), ["history_secs"]);
+        // A config file that was in force and is gone is an error: the last good one stays.
+        svc.files = vec![d.path().join("mon.json")];
+        assert!(svc.load().is_err());
     }
 
     /// A state file that cannot be written (here its directory is a file) is a run of failures
