@@ -315,7 +315,7 @@ impl MpsControl {
         let file = self.pipe_dir.join(PID_FILE);
         let s = std::fs::read_to_string(&file).ok()?;
         let pid: u32 = s.trim().parse().ok()?;
-        if !is_mps_process(pid) || !self.serves_pipe_dir(pid) {
+        if !is_mps_process(pid) || !self.serves_pipe_dir(pid) || self.is_server_of_this_pipe_dir(pid) {
             return None;
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -336,6 +336,20 @@ impl MpsControl {
             }
         }
         Some(DaemonId { pid, start_time })
+    }
+
+    /// Whether process `pid` is one of this pipe directory's MPS servers rather than its
+    /// control daemon: its parent is an MPS process of this pipe directory (the daemon starts
+    /// its servers; a daemon started with `-d` has left its starter). Servers carry the
+    /// daemon's name and environment, so a server's pid written into the pid file (the pipe
+    /// directory is in offline containers' mounts) would otherwise be taken for the daemon,
+    /// and a later reset would kill it as such.
+    fn is_server_of_this_pipe_dir(&self, pid: u32) -> bool {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return false;
+        };
+        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse::<u32>().ok());
+        ppid.is_some_and(|pp| pp > 1 && is_mps_process(pp) && self.serves_pipe_dir(pp))
     }
 
     /// Whether process `pid` was started for this pipe directory: its start environment's
@@ -627,6 +641,42 @@ mod tests {
         assert_eq!(c.daemon_identity().map(|i| i.pid), Some(mps.id()), "the same directory by another path");
         mps.kill().unwrap();
         mps.wait().unwrap();
+    }
+
+    /// A server of this pipe directory (named and started as the daemon is, its child) in the
+    /// pid file is no daemon: adopted, a reset would kill it as the daemon.
+    #[test]
+    fn a_pid_file_naming_one_of_this_pipe_dirs_servers_names_no_daemon() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "true");
+        std::fs::create_dir_all(&c.pipe_dir).unwrap();
+        let srv_dir = d.path().join("srv");
+        std::fs::create_dir_all(&srv_dir).unwrap();
+        let server = mps_named_sleeper(&srv_dir);
+        let dmn_dir = d.path().join("dmn");
+        std::fs::create_dir_all(&dmn_dir).unwrap();
+        let daemon = dmn_dir.join("nvidia-cuda-mps-control");
+        std::fs::write(&daemon, format!("#!/bin/sh
+\"{}\" 30 &\nsleep 30\n", server.display())).unwrap();
+        std::fs::set_permissions(&daemon, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut dmn = std::process::Command::new(&daemon).env("CUDA_MPS_PIPE_DIRECTORY", &c.pipe_dir).spawn().unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        let srv = loop {
+            let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", dmn.id())).unwrap_or_default();
+            let found = kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()).find(|&k| is_mps_process(k));
+            if let Some(k) = found {
+                break k;
+            }
+            assert!(Instant::now() < end, "the stand-in server never started");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        std::fs::write(c.pipe_dir.join(PID_FILE), format!("{srv}\n")).unwrap();
+        assert_eq!(c.daemon_identity(), None, "a server taken for the daemon");
+        std::fs::write(c.pipe_dir.join(PID_FILE), format!("{}\n", dmn.id())).unwrap();
+        assert_eq!(c.daemon_identity().map(|i| i.pid), Some(dmn.id()));
+        let _ = std::process::Command::new("kill").arg(srv.to_string()).status();
+        dmn.kill().unwrap();
+        dmn.wait().unwrap();
     }
 
     #[test]
