@@ -147,6 +147,14 @@ pub struct ManagerState {
     /// (`node_agent::mps`): the GPU's offline slots are Unhealthy and Allocate is refused.
     #[serde(default)]
     pub control_socket_replaced: Option<String>,
+    /// The control daemon runs but did not answer this manager's last look
+    /// (`get_server_list` timed out: a hang, in which new MPS clients hang as well): what and
+    /// since when. Cleared when it answers again, or when another daemon takes its place.
+    /// While it is set node-agent (`node_agent::mps`) makes the GPU's offline slots Unhealthy
+    /// and refuses Allocate: with the reset that a hang calls for rate-limited, `daemon_pid`
+    /// alone kept admitting containers to a daemon that served none.
+    #[serde(default)]
+    pub daemon_not_answering: Option<String>,
     /// The last error talking to MPS.
     pub last_error: Option<String>,
     /// Wall-clock ms of this snapshot.
@@ -622,6 +630,9 @@ impl Manager {
             self.control_socket = self.ctl.control_socket_id();
             self.state.control_socket_replaced = None;
         }
+        if self.daemon != Some(id) {
+            self.state.daemon_not_answering = None;
+        }
         self.daemon = Some(id);
         self.state.daemon_pid = Some(id.pid);
         self.state.daemon_start_time = Some(id.start_time);
@@ -850,8 +861,20 @@ impl Manager {
                         }
                     }
                     o.servers = Some(s);
+                    if self.state.daemon_not_answering.take().is_some() {
+                        tracing::info!(gpu = self.cfg.gpu_index, "the MPS control daemon answers again");
+                    }
                 }
-                Err(MpsError::Timeout { .. }) => o.servers = None,
+                Err(e @ MpsError::Timeout { .. }) => {
+                    o.servers = None;
+                    if self.state.daemon_not_answering.is_none() {
+                        let since = unix_ms();
+                        self.state.daemon_not_answering = Some(format!(
+                            "MPS control daemon {}: {e} (since unix ms {since}): new MPS clients would hang too",
+                            self.daemon.map_or(0, |d| d.pid)
+                        ));
+                    }
+                }
                 Err(MpsError::NoDaemon) => o.daemon_alive = false,
                 Err(e) => {
                     self.state.last_error = Some(e.to_string());
@@ -2510,6 +2533,23 @@ mod tests {
         assert_ne!(second, first);
         assert!(m.state.last_error.is_none(), "{:?}", m.state.last_error);
         kill(second);
+    }
+
+    /// A daemon that runs but does not answer (a hang) is published as such at the first look
+    /// that times out, whatever the rate limit does with its reset: node-agent then admits no
+    /// container to the GPU.
+    #[test]
+    fn a_daemon_that_does_not_answer_is_published_as_such() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_answering(d.path(), "sleep 5\n");
+        let daemon = m.ensure_daemon().unwrap();
+        let _ = m.check(mono_ms());
+        m.write_state(&m.cfg.state_file.clone());
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m.cfg.state_file).unwrap()).unwrap();
+        assert_eq!(v["daemon_pid"], daemon, "it runs");
+        let why = v["daemon_not_answering"].as_str().expect("published as not answering");
+        assert!(why.contains(&daemon.to_string()) && why.contains("get_server_list"), "{why}");
+        kill(daemon);
     }
 
     /// The daemon the manager recorded died and its pid now belongs to an unrelated process

@@ -12,7 +12,7 @@
 //! heartbeat tells the cluster), and Allocate refuses.
 //!
 //! Fields read (mps-manager's `ManagerState`; keep their names and meanings): `gpu`,
-//! `daemon_pid`, `shm_dir`, `outside_holders`, `compute_mode`, `last_error`, `updated_unix_ms`. No state file
+//! `daemon_pid`, `daemon_not_answering`, `shm_dir`, `outside_holders`, `compute_mode`, `last_error`, `updated_unix_ms`. No state file
 //! (no manager on that GPU yet, or none at all) is not judged: MPS is then the operator's.
 
 use std::path::Path;
@@ -50,6 +50,7 @@ pub fn offline_ready(
         ));
     }
     daemon_runs(&state, &path, now_unix_ms, stale_after_ms)?;
+    daemon_answers(&state, &path)?;
     control_socket_sound(&state, &path)?;
     no_outside_holder(&state, &path)?;
     shm_matches(cfg, gpu, &state, &path)
@@ -79,6 +80,15 @@ fn daemon_runs(state: &Value, path: &Path, now_unix_ms: u64, stale_after_ms: u64
         why.push_str(&format!("; its last error: {e}"));
     }
     Err(why)
+}
+
+/// Whether the daemon answered mps-manager's last look (`daemon_not_answering`: a hang, in
+/// which a container admitted now would hang at its first CUDA call).
+fn daemon_answers(state: &Value, path: &Path) -> Result<(), String> {
+    match state.get("daemon_not_answering").and_then(Value::as_str) {
+        Some(why) => Err(format!("the MPS control daemon does not answer (mps-manager, {}): {why}", path.display())),
+        None => Ok(()),
+    }
 }
 
 /// Whether new MPS clients reach the daemon: mps-manager found its `pipe_dir/control` socket
@@ -191,6 +201,22 @@ mod tests {
         write(d.path(), v);
         let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
         assert!(e.contains("120 s ago") && e.contains("stopped"), "{e}");
+    }
+
+    /// A daemon that runs but does not answer (a hang whose reset is rate-limited): a
+    /// container admitted now would hang at its first CUDA call.
+    #[test]
+    fn a_daemon_that_does_not_answer_is_not_ready() {
+        let d = tempfile::tempdir().unwrap();
+        let c = cfg(d.path());
+        let mut v = running();
+        v["daemon_not_answering"] = json!("MPS control daemon 4242: MPS control did not answer `get_server_list` within 2000 ms");
+        write(d.path(), v.clone());
+        let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
+        assert!(e.contains("does not answer") && e.contains("4242") && e.contains("mps-manager.json"), "{e}");
+        v["daemon_not_answering"] = Value::Null;
+        write(d.path(), v);
+        assert!(offline_ready(&c, 1, NOW, STALE).is_ok());
     }
 
     /// A control socket mps-manager found replaced: new clients would reach whatever is there.
