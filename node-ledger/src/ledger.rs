@@ -556,8 +556,8 @@ impl Ledger {
         // reclaimed still does: those are reclaimed first), it holds no bytes and no fresh
         // start claim names it (a process starting in it holds one until it registers).
         // A process that looked the group up and registers after the takeover finds another
-        // group's id in the slot and refuses every allocation (fail closed; `xcuda-shim`
-        // checks the id at each reservation).
+        // group's id in its slot: `xcuda-shim` checks the slot's group once registered, and
+        // looks it up again (a second takeover is a zero quota: fail closed).
         let recyclable = |i: usize| {
             let g = &groups[i];
             let gid = g.id.load(Acquire);
