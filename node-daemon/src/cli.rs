@@ -77,6 +77,20 @@ impl ConfigArgs {
     ) -> Result<Loaded<C>, ConfigError> {
         let (base, explicit) = self.base(env_var, default);
         if !explicit && !base.exists() {
+            // Overrides with no base to merge into were ignored (built-in defaults ran, an
+            // operator's tighter thresholds silently not): refused, saying what to do.
+            if let Some(first) = crate::layered::override_files(&base).into_iter().next() {
+                return Err(ConfigError {
+                    file: first,
+                    line: None,
+                    column: None,
+                    field: None,
+                    message: format!(
+                        "an override file with no base config: create {} (`{{}}` takes the built-in defaults) for the overrides beside it to apply",
+                        base.display()
+                    ),
+                });
+            }
             tracing::warn!(path = %base.display(), "no config file; using built-in defaults");
             return Ok(Loaded {
                 config: C::default(),
@@ -178,6 +192,24 @@ pub fn init_logging() {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// Override files beside a missing default base were ignored: now an error naming them.
+    #[test]
+    fn overrides_without_the_default_base_are_an_error_not_ignored() {
+        let d = tempfile::tempdir().unwrap();
+        let base = d.path().join("x.json");
+        let a = ConfigArgs { config: None, gpu: None };
+        let var = "XSHARE_TEST_UNSET_CONFIG_VAR";
+        let load = |p: &Path| -> Result<(u32, Vec<PathBuf>), ConfigError> { Ok((7, vec![p.to_path_buf()])) };
+        let l = a.load(var, base.to_str().unwrap(), load).unwrap();
+        assert_eq!(l.config, 0, "no base, no overrides: the defaults");
+        std::fs::create_dir(d.path().join("x.d")).unwrap();
+        std::fs::write(d.path().join("x.d/50-tight.json"), "{}").unwrap();
+        let e = a.load(var, base.to_str().unwrap(), load).err().expect("overrides with no base");
+        assert!(e.to_string().contains("50-tight.json") && e.to_string().contains("x.json"), "{e}");
+        std::fs::write(&base, "{}").unwrap();
+        assert_eq!(a.load(var, base.to_str().unwrap(), load).unwrap().config, 7);
+    }
 
     /// `XSHARE_SYSMONITOR_CONFIG=` (empty, as a unit file's `Environment=` can leave it) named
     /// a config file called "" and the daemon refused to start: empty means unset.
