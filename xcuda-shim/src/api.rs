@@ -302,7 +302,7 @@ macro_rules! alloc_async {
         pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, $($pool: CUmemoryPool,)? stream: CUstream) -> CUresult {
             guard(|| {
                 let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
-                counted(&state().current().quota, Kind::DevicePtr, bytesize as u64,
+                counted(&state().current().quota, Kind::StreamOrdered, bytesize as u64,
                     // SAFETY: forwarding the caller's arguments.
                     || unsafe { alloc(dptr, bytesize, $($pool,)? stream) }, || out!(dptr),
                     // SAFETY: undoing our own allocation on the same stream.

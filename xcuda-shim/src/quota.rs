@@ -11,8 +11,13 @@ use crate::ptrmap::PtrMap;
 /// What an allocation key names; each kind has its own map (keys of different kinds may collide).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// Device pointer from cuMemAlloc*/Pitch/Managed/Async.
+    /// Device pointer from cuMemAlloc*/Pitch/Managed.
     DevicePtr,
+    /// Device pointer from cuMemAllocAsync/cuMemAllocFromPoolAsync: in the same table as
+    /// [`Kind::DevicePtr`] (either free gives it back), but owned by no context: it belongs to
+    /// its pool and outlives the context it was made in (`cuCtxDestroy` "will not destroy
+    /// memory allocations by cuMemCreate(), cuMemAllocAsync() and cuMemAllocFromPoolAsync()").
+    StreamOrdered,
     /// cuMemCreate handle.
     Vmm,
     /// CUarray / CUmipmappedArray handle.
@@ -129,7 +134,7 @@ impl Quota {
 
     fn map(&self, k: Kind) -> &PtrMap {
         match k {
-            Kind::DevicePtr => &self.dptrs,
+            Kind::DevicePtr | Kind::StreamOrdered => &self.dptrs,
             Kind::Vmm => &self.vmm,
             Kind::Array => &self.arrays,
         }
@@ -295,7 +300,9 @@ impl Quota {
     pub fn track(&self, kind: Kind, key: u64, bytes: u64) -> bool {
         // cuMemCreate handles belong to the device, not to a context: they outlive it. Their
         // owner word is their state instead (0: not released, not mapped).
-        let owner = if kind == Kind::Vmm { 0 } else { (self.owner_source)() };
+        // Stream-ordered allocations belong to their pool: no owner, so a context's end
+        // (`release_context`) never gives back bytes the driver still holds.
+        let owner = if matches!(kind, Kind::Vmm | Kind::StreamOrdered) { 0 } else { (self.owner_source)() };
         self.map(kind).insert_owned(key, bytes, owner)
     }
 

@@ -65,6 +65,27 @@ fn primary_reset_returns_its_memory_to_the_quota() {
     assert_eq!(rc_of(&l, "reset="), vec!["0"]);
 }
 
+/// Stream-ordered allocations belong to their pool, not to the context they were made in:
+/// the driver keeps them when the context is destroyed (`cuCtxDestroy` "will not destroy
+/// memory allocations by cuMemCreate(), cuMemAllocAsync() and cuMemAllocFromPoolAsync()"), so
+/// the quota keeps counting them. The shim gave them back with the context's own: a second
+/// full quota then fit beside memory still held.
+#[test]
+fn a_destroyed_context_keeps_its_stream_ordered_memory_counted() {
+    let host = EmuHost::new();
+    let (three_q, q) = ((Q * 3 / 4).to_string(), Q.to_string());
+    let mut c = limited(&host, "shim_client", Q, "async-destroy");
+    c.args(["ctx", "async", &three_q, "destroy", "ctx", "alloc", &q, "alloc", "1048576"]);
+    let lines = run(&host, &mut c);
+    assert_eq!(rc_of(&lines, "async="), ["0"], "{lines:?}");
+    assert_eq!(rc_of(&lines, "destroy="), ["0"], "{lines:?}");
+    assert_eq!(
+        rc_of(&lines, "alloc="),
+        ["2", "0"],
+        "the stream-ordered 3/4 of the quota is still held after the destroy: a full quota is refused, a small one fits: {lines:?}"
+    );
+}
+
 /// Measured in the ledger while the process lives on: the group's usage is back at 0.
 #[test]
 fn group_usage_is_zero_after_the_destroy_while_the_process_lives() {

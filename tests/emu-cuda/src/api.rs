@@ -864,7 +864,7 @@ unsafe fn add_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNo
 }
 
 /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`) and their `_ptsz`: committed at once
-/// (the emulator's pools hold no memory back).
+/// (the emulator's pools hold no memory back), owned by no context (they outlive it).
 ///
 /// # Safety
 /// `dptr` null or writable.
@@ -877,7 +877,7 @@ unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUme
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: checked non-null out-pointer.
-    unsafe { put(dptr, driver::mem_alloc(bytesize as u64)?) }
+    unsafe { put(dptr, driver::mem_alloc_async(bytesize as u64)?) }
 }
 
 /// `cuMemAllocHost_v2` / `cuMemHostAlloc`: `bytesize` bytes of host memory (plain `malloc`: the

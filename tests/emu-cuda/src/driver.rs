@@ -1285,6 +1285,21 @@ pub fn total_mem(dev: i32) -> R<u64> {
 
 /// Commits `size` bytes in the current context and returns the device address.
 pub fn mem_alloc(size: u64) -> R<u64> {
+    mem_alloc_in(size, true)
+}
+
+/// A stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) on the current
+/// context's device: it belongs to the device's pool, not to the context, and outlives it
+/// (`cuCtxDestroy`: "will not destroy memory allocations by cuMemCreate(), cuMemAllocAsync()
+/// and cuMemAllocFromPoolAsync()"); freed by a free or at process exit.
+pub fn mem_alloc_async(size: u64) -> R<u64> {
+    mem_alloc_in(size, false)
+}
+
+/// Context of an allocation that belongs to no context (stream-ordered).
+const NO_CTX: u64 = 0;
+
+fn mem_alloc_in(size: u64, ctx_owned: bool) -> R<u64> {
     let ctx = current()?;
     if size == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -1294,6 +1309,7 @@ pub fn mem_alloc(size: u64) -> R<u64> {
     d.gate_on(ord)?;
     let gp = d.gpu(ord);
     let addr = gp.dev.alloc(&gp.client, size, 512).map_err(dev_err)? | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
+    let ctx = if ctx_owned { ctx } else { NO_CTX };
     d.lock().allocs.insert(addr, Alloc { size, ctx, ord });
     Ok(addr)
 }
