@@ -1552,10 +1552,16 @@ pub fn vmm_address_free(addr: u64, size: u64) -> R {
     }
 }
 
-/// `cuMemMap` a handle into a reserved range.
+/// `cuMemMap` a handle into a reserved range. "Both ptr, size, and offset must be a multiple of
+/// the value given via cuMemGetAllocationGranularity with the
+/// CU_MEM_ALLOC_GRANULARITY_MINIMUM flag" (CUDA driver API, cuMemMap): anything else is
+/// `CUDA_ERROR_INVALID_VALUE`.
 pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
     let mut g = drv()?.lock();
-    let in_res = g.reservations.range(..=addr).next_back().is_some_and(|(b, s)| addr + size <= b + s);
+    if [addr, size, offset].iter().any(|v| !v.is_multiple_of(GRANULARITY)) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let in_res = g.reservations.range(..=addr).next_back().is_some_and(|(b, s)| addr.checked_add(size).is_some_and(|e| e <= b + s));
     let p = g.phys.get(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > p.size) || p.released {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -1570,12 +1576,18 @@ pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
     Ok(())
 }
 
-/// `cuMemUnmap` every mapping in the range.
+/// `cuMemUnmap` every mapping in the range. "The range must be the entire contiguous address
+/// range that was mapped to. In other words, cuMemUnmap cannot unmap a sub-range of an
+/// address range mapped by cuMemCreate / cuMemMap" (CUDA driver API): a range that starts or
+/// ends inside a mapping, or holds none, is `CUDA_ERROR_INVALID_VALUE` and unmaps nothing.
 pub fn vmm_unmap(addr: u64, size: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
-    let keys: Vec<u64> = g.mappings.range(addr..addr.saturating_add(size)).map(|(k, _)| *k).collect();
-    if keys.is_empty() {
+    let end = addr.checked_add(size).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let keys: Vec<u64> = g.mappings.range(addr..end).map(|(k, _)| *k).collect();
+    let starts_inside = g.mappings.range(..addr).next_back().is_some_and(|(b, m)| b + m.size > addr);
+    let ends_inside = keys.last().is_some_and(|k| k + g.mappings[k].size > end);
+    if keys.is_empty() || starts_inside || ends_inside {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     for k in keys {
