@@ -86,6 +86,21 @@ fn a_destroyed_context_keeps_its_stream_ordered_memory_counted() {
     );
 }
 
+/// A reset does not release the primary context: retained twice around a reset and released
+/// once, it is still there (the driver needs every retain released; the emulator forgot the
+/// retains at the reset, so a shim's exit-time releases could look complete there and not on
+/// a GPU).
+#[test]
+fn a_reset_primary_context_stays_retained_until_every_retain_is_released() {
+    let host = EmuHost::new();
+    let mut c = limited(&host, "shim_client", Q, "reset-retains");
+    c.args(["primary", "reset", "primary", "release", "alloc", "1048576"]);
+    let lines = run(&host, &mut c);
+    assert_eq!(rc_of(&lines, "reset="), ["0"], "{lines:?}");
+    assert_eq!(rc_of(&lines, "release="), ["0"], "{lines:?}");
+    assert_eq!(rc_of(&lines, "alloc="), ["0"], "one retain left: the context lives: {lines:?}");
+}
+
 /// Measured in the ledger while the process lives on: the group's usage is back at 0.
 #[test]
 fn group_usage_is_zero_after_the_destroy_while_the_process_lives() {

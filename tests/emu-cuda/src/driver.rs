@@ -576,27 +576,36 @@ pub fn primary_retain(dev: i32) -> R<u64> {
     Ok(h)
 }
 
-/// `cuDevicePrimaryCtxRelease`: destroys it when the last reference goes.
+/// `cuDevicePrimaryCtxRelease`: destroys it when the last reference goes. A release after a
+/// reset (the context already destroyed, its retains still counted) only drops a retain.
 pub fn primary_release(dev: i32) -> R {
     check_device(dev)?;
     let d = drv()?;
     let mut g = d.lock();
     let p = g.primary.entry(dev as usize).or_default();
-    let Some(h) = p.ctx else { return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT) };
-    p.refs = p.refs.saturating_sub(1);
     if p.refs == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    p.refs -= 1;
+    if let (0, Some(h)) = (p.refs, p.ctx) {
         destroy_ctx(d, &mut g, h);
     }
     Ok(())
 }
 
-/// `cuDevicePrimaryCtxReset`: destroys it whatever the count.
+/// `cuDevicePrimaryCtxReset`: destroys its allocations and state whatever the count, but
+/// "Resetting the primary context does not release it, an application that has retained the
+/// primary context should explicitly release its usage" (CUDA driver API): the retains stay
+/// counted, and the next retain makes it anew.
 pub fn primary_reset(dev: i32) -> R {
     check_device(dev)?;
     let d = drv()?;
     let mut g = d.lock();
-    if let Some(h) = g.primary.get(&(dev as usize)).and_then(|p| p.ctx) {
+    if let Some((h, refs)) = g.primary.get(&(dev as usize)).and_then(|p| Some((p.ctx?, p.refs))) {
         destroy_ctx(d, &mut g, h);
+        if let Some(p) = g.primary.get_mut(&(dev as usize)) {
+            p.refs = refs;
+        }
     }
     Ok(())
 }
