@@ -629,8 +629,6 @@ impl Manager {
             // told from a forged one that was already there).
             self.control_socket = self.ctl.control_socket_id();
             self.state.control_socket_replaced = None;
-        }
-        if self.daemon != Some(id) {
             self.state.daemon_not_answering = None;
         }
         self.daemon = Some(id);
@@ -1229,8 +1227,9 @@ impl Manager {
 
     /// Targeted recovery first: a dead or hung offline client is removed from its MPS server
     /// with `terminate_client`, the server and the online clients keep their contexts. When
-    /// that fails (or clients are stuck again within [`stuck_episode_ms`] of it) the servers are ended and the control daemon kept (for a crashed server,
-    /// that one alone, gone already: [`Manager::restart_servers`]); a full MPS reset (a new
+    /// that fails (or clients are stuck again within [`stuck_episode_ms`] of it) the servers
+    /// are ended and the control daemon kept (for a crashed server, that one alone, gone
+    /// already: [`Manager::restart_servers`]); a full MPS reset (a new
     /// control daemon) is the last resort, for a dead or hung daemon, a GPU fault, or servers
     /// that would not end. Both cost every client its context and both are rate-limited.
     fn recover(&mut self, now_ms: u64, fault: Fault) {
