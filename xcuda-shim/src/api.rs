@@ -440,10 +440,13 @@ freeing! {
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     guard(|| {
         let release = real!(cuMemRelease: PFN_cuMemRelease_v10020);
+        // Marked before the driver releases: once it has, it may give the same handle value to
+        // another thread's cuMemCreate, whose record must not be taken for this one.
+        let marked = state().vmm_release_begin(handle);
         // SAFETY: forwarding the caller's argument.
         let rc = unsafe { release(handle) };
-        if rc == CUresult::CUDA_SUCCESS {
-            state().vmm_release(handle);
+        if let Some((q, now)) = marked {
+            q.vmm_release_end(handle, rc == CUresult::CUDA_SUCCESS, now);
         }
         rc
     })

@@ -46,30 +46,42 @@ pub fn counted(
 
 /// Runs the driver's `free`; on success gives back what was counted for `key` to the GPU that
 /// counted it (unknown keys were never counted and pass through untouched).
+///
+/// The record is taken out of the table *before* the driver frees, and its bytes given back
+/// only after: once the driver has freed the pointer it may hand it to another thread's
+/// allocation at once, whose record must never be taken for this one's (it would give back
+/// the other allocation's bytes while the driver holds them). A free the driver refuses puts
+/// the record back.
 #[inline]
 pub fn freed<C: Untrack + ?Sized>(c: &C, kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    let taken = c.take(kind, key);
     let rc = free();
-    if rc == CUresult::CUDA_SUCCESS {
-        c.untrack(kind, key);
+    if let Some((q, bytes, owner)) = taken {
+        if rc == CUresult::CUDA_SUCCESS {
+            q.release(bytes);
+        } else {
+            q.put_back(kind, key, bytes, owner);
+        }
     }
     rc
 }
 
-/// Where a freed allocation's bytes go back: one quota, or the process's state (every GPU's).
+/// Where a freed allocation's record is: one quota, or the process's state (every GPU's).
 pub trait Untrack {
-    /// Forgets the allocation `key` of `kind` and gives its bytes back; `None` if unknown.
-    fn untrack(&self, kind: Kind, key: u64) -> Option<u64>;
+    /// Takes the record of allocation `key` of `kind` out of its table, its bytes still
+    /// counted: the quota that counts them, the bytes and the owner word; `None` if unknown.
+    fn take(&self, kind: Kind, key: u64) -> Option<(&Quota, u64, u64)>;
 }
 
 impl Untrack for Quota {
-    fn untrack(&self, kind: Kind, key: u64) -> Option<u64> {
-        Quota::untrack(self, kind, key)
+    fn take(&self, kind: Kind, key: u64) -> Option<(&Quota, u64, u64)> {
+        Quota::take(self, kind, key).map(|(b, o)| (self, b, o))
     }
 }
 
 impl Untrack for crate::state::State {
-    fn untrack(&self, kind: Kind, key: u64) -> Option<u64> {
-        crate::state::State::untrack(self, kind, key)
+    fn take(&self, kind: Kind, key: u64) -> Option<(&Quota, u64, u64)> {
+        self.quotas().find_map(|q| q.take(kind, key).map(|(b, o)| (q, b, o)))
     }
 }
 
@@ -133,6 +145,49 @@ mod tests {
         let odd = CUresult(12345);
         assert_eq!(counted(&q, Kind::DevicePtr, 10, || odd, || 1, |_| {}), odd);
         assert_eq!(q.used(), 0);
+    }
+
+    /// The driver frees a pointer and hands it at once to another thread's allocation, whose
+    /// record lands in a tombstone ahead of the freed one on the same probe chain: the free
+    /// gives back its own bytes, never the new allocation's (which it did when it took the
+    /// record out after the driver's free: the quota then counted 2 MiB while 1 GiB was held).
+    #[test]
+    fn a_pointer_reallocated_during_its_free_keeps_the_new_allocations_bytes_counted() {
+        const MIB: u64 = 1 << 20;
+        let q = Quota::local(4 << 30);
+        // 0x1001 and 0x1000 share a probe chain; 0x1001 leaves a tombstone ahead of 0x1000.
+        assert!(q.track(Kind::DevicePtr, 0x1001, 1) && q.try_reserve(1));
+        assert_eq!(counted(&q, Kind::DevicePtr, 2 * MIB, || CUresult::CUDA_SUCCESS, || 0x1000, |_| {}), CUresult::CUDA_SUCCESS);
+        assert_eq!(q.untrack(Kind::DevicePtr, 0x1001), Some(1));
+        let rc = freed(&q, Kind::DevicePtr, 0x1000, || {
+            // Inside the driver's free: another thread gets the same pointer for 1 GiB.
+            assert_eq!(counted(&q, Kind::DevicePtr, 1 << 30, || CUresult::CUDA_SUCCESS, || 0x1000, |_| {}), CUresult::CUDA_SUCCESS);
+            CUresult::CUDA_SUCCESS
+        });
+        assert_eq!(rc, CUresult::CUDA_SUCCESS);
+        assert_eq!(q.used(), 1 << 30, "the new allocation is counted, the freed one is not");
+        assert_eq!(q.tracked(Kind::DevicePtr, 0x1000), Some(1 << 30));
+    }
+
+    /// The same for a VMM handle: the driver releases it and a `cuMemCreate` on another thread
+    /// gets the same handle value before the release's bookkeeping runs.
+    #[test]
+    fn a_vmm_handle_recreated_during_its_release_keeps_the_new_handles_bytes_counted() {
+        const MIB: u64 = 1 << 20;
+        let q = Quota::local(4 << 30);
+        assert!(q.track(Kind::Vmm, 0x1001, 1) && q.try_reserve(1));
+        assert!(q.try_reserve(2 * MIB) && q.track(Kind::Vmm, 0x1000, 2 * MIB));
+        assert_eq!(q.untrack(Kind::Vmm, 0x1001), Some(1));
+        let now = q.vmm_release_begin(0x1000).expect("ours");
+        // The driver's release, then another thread's cuMemCreate of 1 GiB gets 0x1000 again.
+        assert!(q.try_reserve(1 << 30) && q.track(Kind::Vmm, 0x1000, 1 << 30));
+        q.vmm_release_end(0x1000, true, now);
+        assert_eq!(q.used(), 1 << 30, "the new handle is counted, the released one is not");
+        assert_eq!(q.tracked(Kind::Vmm, 0x1000), Some(1 << 30));
+        // A release the driver refuses leaves the handle counted and releasable.
+        let now = q.vmm_release_begin(0x1000).expect("ours");
+        q.vmm_release_end(0x1000, false, now);
+        assert!(q.vmm_release_begin(0x1000).is_some(), "the mark was taken off");
     }
 
     #[test]

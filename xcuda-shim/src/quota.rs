@@ -319,6 +319,22 @@ impl Quota {
         total
     }
 
+    /// Takes allocation `key`'s record out of its table, its bytes still counted: (bytes,
+    /// owner word); `None` if unknown. See [`crate::memory::freed`].
+    #[inline]
+    pub fn take(&self, kind: Kind, key: u64) -> Option<(u64, u64)> {
+        self.map(kind).remove_where(key, |_| true)
+    }
+
+    /// Puts back a record [`Quota::take`] took (the driver refused the free). With no room
+    /// (cannot happen: its slot was freed, but another insert may have taken it) the bytes
+    /// stay counted for the process's life: an over-count, never an under-count.
+    pub fn put_back(&self, kind: Kind, key: u64, bytes: u64, owner: u64) {
+        if !self.map(kind).insert_owned(key, bytes, owner) {
+            crate::state::logged(|| tracing::warn!(key, bytes, "xcuda: allocation table full; a refused free's bytes stay counted until exit"));
+        }
+    }
+
     /// Forgets an allocation and gives its bytes back; `None` if unknown (not ours to count).
     #[inline]
     pub fn untrack(&self, kind: Kind, key: u64) -> Option<u64> {
@@ -348,6 +364,11 @@ impl Quota {
         (now == VMM_RELEASED).then(|| self.vmm_done(h)).flatten()
     }
 
+    /// Start addresses of the recorded VMM mappings.
+    pub fn vmm_mapping_starts(&self) -> Vec<u64> {
+        self.vmm_maps.entries().into_iter().map(|(addr, _)| addr).collect()
+    }
+
     /// The recorded mapping at `addr`, taken out: (size, handle).
     pub fn vmm_unmap_take(&self, addr: u64) -> Option<(u64, u64)> {
         self.vmm_maps.remove_where(addr, |_| true)
@@ -365,8 +386,27 @@ impl Quota {
     /// unmap (the driver keeps the memory alive as long as a mapping holds it). `None`: not a
     /// handle of this quota; `Some(0)`: still mapped.
     pub fn vmm_release(&self, h: u64) -> Option<u64> {
-        let (_, now) = self.vmm.update_owner(h, |w| (w & VMM_RELEASED == 0).then_some(w | VMM_RELEASED))?;
-        Some(if now == VMM_RELEASED { self.vmm_done(h).unwrap_or(0) } else { 0 })
+        let now = self.vmm_release_begin(h)?;
+        Some(self.vmm_release_end(h, true, now))
+    }
+
+    /// Before the driver's `cuMemRelease(h)`: marks `h` released (returns its word now), so
+    /// that once the driver has released it, and may hand the same handle value to another
+    /// `cuMemCreate` at once, the new record is never taken for this one. `None`: not a
+    /// handle of this quota, or released already.
+    pub fn vmm_release_begin(&self, h: u64) -> Option<u64> {
+        self.vmm.update_owner(h, |w| (w & VMM_RELEASED == 0).then_some(w | VMM_RELEASED)).map(|(_, now)| now)
+    }
+
+    /// After the driver's `cuMemRelease(h)` (`ok`: it released), `now` the word
+    /// [`Quota::vmm_release_begin`] left: unmapped, its bytes go back now (the bytes given
+    /// back are returned); still mapped, at its last unmap. Refused, the mark is taken off.
+    pub fn vmm_release_end(&self, h: u64, ok: bool, now: u64) -> u64 {
+        if !ok {
+            let _ = self.vmm.update_owner(h, |w| (w & VMM_RELEASED != 0).then_some(w & !VMM_RELEASED));
+            return 0;
+        }
+        if now == VMM_RELEASED { self.vmm_done(h).unwrap_or(0) } else { 0 }
     }
 
     /// `h` is released and unmapped: forgotten, its bytes given back.

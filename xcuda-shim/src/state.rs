@@ -36,6 +36,10 @@ pub struct Gpu {
     pub graph_counted: std::sync::atomic::AtomicU64,
     /// Launches with memory nodes between their reservation and their settle.
     pub graph_inflight: std::sync::atomic::AtomicU32,
+    /// Held while a launch counts itself in flight and reserves against `graph_counted`, and
+    /// while a settle decides to lower it ([`crate::graphmem`]): a lowering never slips between
+    /// a launch's read of the count and its reservation.
+    pub graph_lock: std::sync::atomic::AtomicBool,
     /// The pool grew past what the quota allows and is counted only up to it (logged once per
     /// such episode; cleared when the count catches up with the pool).
     pub graph_over: std::sync::atomic::AtomicBool,
@@ -98,25 +102,28 @@ impl State {
         self.quotas().find(|q| q.vmm_map_begin(h))
     }
 
-    /// Before `cuMemUnmap(addr, size)`: takes out the recorded mappings the range covers (they
-    /// lie end to end from `addr`), each with the quota that counts its handle.
+    /// Before `cuMemUnmap(addr, size)`: takes out the recorded mappings the range covers, each
+    /// with the quota that counts its handle. Every recorded mapping that starts in the range,
+    /// not only those end to end from `addr`: a mapping the shim does not know (made before it
+    /// saw its handle) may lie among them, and the known ones after it must not stay counted
+    /// (not a hot path: the mapping table is scanned).
     pub fn vmm_unmap_take(&self, addr: u64, size: u64) -> Vec<(&Quota, u64, u64, u64)> {
-        let (mut at, end) = (addr, addr.saturating_add(size));
+        let end = addr.saturating_add(size);
         let mut taken = Vec::new();
-        while at < end {
-            let Some((q, (len, h))) = self.quotas().find_map(|q| q.vmm_unmap_take(at).map(|m| (q, m))) else { break };
-            taken.push((q, at, len, h));
-            if len == 0 {
-                break;
+        for q in self.quotas() {
+            for at in q.vmm_mapping_starts().into_iter().filter(|a| (addr..end).contains(a)) {
+                if let Some((len, h)) = q.vmm_unmap_take(at) {
+                    taken.push((q, at, len, h));
+                }
             }
-            at = at.saturating_add(len);
         }
         taken
     }
 
-    /// `cuMemRelease(h)` returned: see [`Quota::vmm_release`].
-    pub fn vmm_release(&self, h: u64) -> Option<u64> {
-        self.quotas().find_map(|q| q.vmm_release(h))
+    /// Before `cuMemRelease(h)`: the quota that counts `h`, with `h` marked released
+    /// ([`Quota::vmm_release_begin`]) and its word; `None` if no quota counts it.
+    pub fn vmm_release_begin(&self, h: u64) -> Option<(&Quota, u64)> {
+        self.quotas().find_map(|q| q.vmm_release_begin(h).map(|now| (q, now)))
     }
 
     /// Context `ctx` is gone: gives back what it held, on every GPU (it held memory on one).
@@ -325,6 +332,7 @@ fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
         uuid: f.uuid.clone(),
         graph_counted: Default::default(),
         graph_inflight: Default::default(),
+        graph_lock: Default::default(),
         graph_over: Default::default(),
     }
 }
@@ -346,6 +354,7 @@ fn build() -> State {
         uuid: String::new(),
         graph_counted: Default::default(),
         graph_inflight: Default::default(),
+        graph_lock: Default::default(),
         graph_over: Default::default(),
     };
     let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default() };
