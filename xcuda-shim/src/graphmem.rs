@@ -113,12 +113,18 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
         if fp == 0 {
             continue;
         }
-        g.graph_inflight.fetch_add(1, AcqRel);
         let dev = ord as CUdevice;
-        let (used, reserved) = match (
+        let attrs = (
             attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
             attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
-        ) {
+        );
+        // In flight and reserved under the GPU's graph lock: a settle lowers the count only
+        // under it, seeing no other launch in flight, so it cannot lower the count this
+        // launch reads between that read and its reservation (the launch would then map its
+        // memory uncounted). The lock covers a few atomics only (the driver calls are above).
+        lock(&g.graph_lock);
+        g.graph_inflight.fetch_add(1, AcqRel);
+        let (used, reserved) = match attrs {
             (Some(u), Some(r)) => (u, r),
             // The driver cannot say: assume nothing in the pool is reusable.
             _ => (g.graph_counted.load(Relaxed), g.graph_counted.load(Relaxed)),
@@ -126,10 +132,12 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
         let after = reserved.max(used.saturating_add(fp));
         let counted = g.graph_counted.load(Relaxed);
         let need = after.saturating_sub(counted);
-        if need == 0 {
-            continue;
+        let reserved_ok = need == 0 || g.quota.try_reserve(need);
+        if reserved_ok && need > 0 {
+            g.graph_counted.fetch_add(need, Relaxed);
         }
-        if !g.quota.try_reserve(need) {
+        g.graph_lock.store(false, Release);
+        if !reserved_ok {
             for (o, g) in st.gpus.iter().enumerate().take(ord + 1) {
                 if gm.footprint(exec, o) > 0 {
                     settle(g, o as CUdevice, 1);
@@ -148,9 +156,21 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
             });
             return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         }
-        g.graph_counted.fetch_add(need, Relaxed);
     }
     Ok(())
+}
+
+/// Takes a GPU's graph lock (held for a few atomics at a time: spins, then yields).
+fn lock(l: &AtomicBool) {
+    let mut spins = 0u32;
+    while l.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// Settles GPU `g`'s (ordinal `dev`) graph-pool count to what the driver reserves. `own`: the
@@ -158,19 +178,34 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
 /// yet mapped). While any other launch is in flight the count is not lowered: that launch's
 /// reservation is still above what the pool holds, and its own settle lowers it later.
 pub fn settle(g: &Gpu, dev: CUdevice, own: u32) {
-    let shrink = g.graph_inflight.load(Acquire) <= own;
-    settle_to(&g.quota, &g.graph_counted, &g.graph_over, dev, shrink, || {
+    settle_guarded(&g.quota, &g.graph_counted, &g.graph_over, dev, &g.graph_lock, || g.graph_inflight.load(Acquire) <= own, || {
         attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
     });
+}
+
+/// [`settle_guarded`] with a lock of its own and `shrink` decided up front (unit tests).
+#[cfg(test)]
+fn settle_to(quota: &Quota, counted: &AtomicU64, over: &AtomicBool, dev: CUdevice, shrink: bool, actual: impl FnMut() -> Option<u64>) -> bool {
+    settle_guarded(quota, counted, over, dev, &AtomicBool::new(false), || shrink, actual)
 }
 
 /// [`settle`] on its parts, with the pool's size from `actual`. Settles may run at once (a
 /// trim, the controller tick, launches on several threads): each applies its difference with
 /// one compare-and-swap on `counted`, and one that loses asks again, so a difference is given
-/// back or reserved once. Growth past the quota is counted as far as the quota allows (the
-/// group sees itself at its limit: its next allocation is refused) and logged once until the
-/// count catches up. Returns whether it logged that now.
-fn settle_to(quota: &Quota, counted: &AtomicU64, over: &AtomicBool, dev: CUdevice, shrink: bool, mut actual: impl FnMut() -> Option<u64>) -> bool {
+/// back or reserved once. A lowering happens only under `lock` and only if `may_shrink` says
+/// so there (no other launch in flight); with the lock busy it is left to the next settle.
+/// Growth past the quota is counted as far as the quota allows (the group sees itself at its
+/// limit: its next allocation is refused) and logged once until the count catches up.
+/// Returns whether it logged that now.
+fn settle_guarded(
+    quota: &Quota,
+    counted: &AtomicU64,
+    over: &AtomicBool,
+    dev: CUdevice,
+    lock: &AtomicBool,
+    may_shrink: impl Fn() -> bool,
+    mut actual: impl FnMut() -> Option<u64>,
+) -> bool {
     // Each lost swap means another settle or a launch moved the count: bounded, it is redone
     // on the next tick at the latest.
     for _ in 0..8 {
@@ -194,10 +229,16 @@ fn settle_to(quota: &Quota, counted: &AtomicU64, over: &AtomicBool, dev: CUdevic
             return true;
         }
         if a < c {
+            if lock.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+                return false;
+            }
+            let shrink = may_shrink();
+            let lowered = shrink && counted.compare_exchange(c, a, AcqRel, Acquire).is_ok();
+            lock.store(false, Release);
             if !shrink {
                 return false;
             }
-            if counted.compare_exchange(c, a, AcqRel, Acquire).is_err() {
+            if !lowered {
                 continue;
             }
             quota.release(c - a);
@@ -257,6 +298,26 @@ mod tests {
         });
         assert_eq!(counted.load(Relaxed), 30 * MIB, "pool counted once");
         assert_eq!(q.used(), 40 * MIB, "the plain allocation and the pool, 50 MiB given back once");
+    }
+
+    /// A launch that counts itself in flight after a settle read the pool (a trim emptied it)
+    /// but before the settle lowers the count: the settle sees it in flight under the lock and
+    /// leaves the count, which the launch's reservation was read against. Before, the settle
+    /// had decided to lower up front: the launch reserved nothing against the stale count, the
+    /// count went to 0, and the launch's memory was mapped uncounted (a neighbour took the
+    /// quota it freed).
+    #[test]
+    fn a_launch_counted_in_flight_during_a_settle_keeps_the_count() {
+        let (q, counted, over, lock) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false), AtomicBool::new(false));
+        let inflight = std::sync::atomic::AtomicU32::new(0);
+        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(80 * MIB)));
+        settle_guarded(&q, &counted, &over, 0, &lock, || inflight.load(Acquire) == 0, || {
+            // A trim emptied the pool; a launch then counts itself in flight and finds the
+            // count (80) covers its 60 MiB: it reserves nothing.
+            inflight.fetch_add(1, AcqRel);
+            Some(0)
+        });
+        assert_eq!((counted.load(Relaxed), q.used()), (80 * MIB, 80 * MIB), "not lowered under the launch");
     }
 
     /// While another launch is between its reservation and its settle, a settle does not lower
