@@ -331,14 +331,7 @@ mod tests {
     /// Takes an OFD write lock on `range` of `f`'s open file description.
     fn lock(f: &std::fs::File, range: (u64, u64)) {
         use std::os::fd::AsRawFd;
-        // SAFETY: `flock` is plain integers; all-zero is valid (l_pid must be 0 for OFD locks).
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = range.0 as libc::off_t;
-        fl.l_len = range.1 as libc::off_t;
-        // SAFETY: fcntl(2) on an open fd we own, with a valid `struct flock`.
-        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) }, 0, "{}", std::io::Error::last_os_error());
+        assert!(node_ledger::ledger::range_lock(f.as_raw_fd(), range.0, range.1, libc::F_WRLCK).unwrap());
     }
 
     /// `cmd` made to start holding `path` as fd 9 with a write lock on `range`, as a ledger

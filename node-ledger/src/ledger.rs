@@ -244,7 +244,9 @@ fn slot_lock(fd: RawFd, slot: usize, ty: libc::c_int) -> io::Result<bool> {
 
 /// Takes (`F_WRLCK`) or releases (`F_UNLCK`) an OFD lock on bytes `start..start + len` of the
 /// file behind `fd`, without blocking. `Ok(false)`: another description holds some of them.
-pub(crate) fn range_lock(fd: RawFd, start: u64, len: u64, ty: libc::c_int) -> io::Result<bool> {
+/// Public for tools and tests that hold a slot's lock on a process's behalf (a slot's owner is
+/// the process holding its lock: `node_daemon::procns::holds_lock`).
+pub fn range_lock(fd: RawFd, start: u64, len: u64, ty: libc::c_int) -> io::Result<bool> {
     // SAFETY: `flock` is plain integers; all-zero is a valid value (l_pid must be 0 for OFD locks).
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = ty as libc::c_short;

@@ -1035,15 +1035,15 @@ pub fn hold_slot_lock(pid: u32, slot: usize) -> bool {
     if fd < 0 {
         return false;
     }
-    // SAFETY: `flock` is plain integers; all-zero is valid (l_pid must be 0 for OFD locks).
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = node_ledger::layout::proc_slot_offset(slot) as libc::off_t;
-    fl.l_len = node_ledger::layout::PROC_SLOT_LEN as libc::off_t;
-    // SAFETY: fcntl(2) on the fd we own (a duplicate of the process's: the same description,
-    // so the lock is the process's and outlives this fd), with a valid `struct flock`.
-    let ok = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &fl) } == 0;
+    // On our duplicate of the process's fd: the same description, so the lock is the
+    // process's and outlives this fd.
+    let ok = node_ledger::ledger::range_lock(
+        fd,
+        node_ledger::layout::proc_slot_offset(slot),
+        node_ledger::layout::PROC_SLOT_LEN,
+        libc::F_WRLCK,
+    )
+    .unwrap_or(false);
     // SAFETY: closing our duplicate; the description (and its lock) stays with the process.
     unsafe { libc::close(fd) };
     ok
