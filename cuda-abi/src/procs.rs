@@ -166,6 +166,8 @@ proc_table! {
     PFN_cuCtxGetDevice_v2000 = cuCtxGetDevice @ 2000 Plain => cuCtxGetDevice(device: *mut CUdevice);
     PFN_cuCtxGetDevice_v13000 = cuCtxGetDevice @ 13000 Plain => cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext);
     PFN_cuCtxGetFlags_v7000 = cuCtxGetFlags @ 7000 Plain => cuCtxGetFlags(flags: *mut c_uint);
+    PFN_cuCtxSetLimit_v3010 = cuCtxSetLimit @ 3010 Plain => cuCtxSetLimit(limit: CUlimit, value: usize);
+    PFN_cuCtxGetLimit_v3010 = cuCtxGetLimit @ 3010 Plain => cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit);
     PFN_cuCtxSynchronize_v2000 = cuCtxSynchronize @ 2000 Plain => cuCtxSynchronize();
     PFN_cuCtxSynchronize_v13000 = cuCtxSynchronize @ 13000 Plain => cuCtxSynchronize_v2(ctx: CUcontext);
     PFN_cuCtxGetApiVersion_v3020 = cuCtxGetApiVersion @ 3020 Plain => cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint);

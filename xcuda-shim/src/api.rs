@@ -847,6 +847,17 @@ fn primary_reset(dev: CUdevice) {
     st.gpu(dev).quota.release_context(st.contexts.primary_handle(dev));
 }
 
+/// Hooked `cuCtxSetLimit`: the device memory a raised stack, malloc heap or printf FIFO holds
+/// is counted against the quota (see [`crate::limits`]).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult {
+    guard(|| {
+        let set = real!(cuCtxSetLimit: PFN_cuCtxSetLimit_v3010);
+        // SAFETY: forwarding the caller's arguments.
+        crate::limits::set_limit(limit, value, || unsafe { set(limit, value) })
+    })
+}
+
 forward_then! {
     /// Hooked `cuCtxCreate_v2`: the context is tracked for release before the process dies.
     fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v3020 [gated]

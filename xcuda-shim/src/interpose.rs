@@ -54,13 +54,14 @@ hooked_symbols! {
         cuGraphAddMemAllocNode, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
         cuGraphExecDestroy, cuGraphDestroy,
         cuDeviceGraphMemTrim,
+        cuCtxSetLimit,
         cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphUpload, cuGraphUpload_ptsz,
     ],
     internal: [
         cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
         cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
-        cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute,
+        cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute, cuCtxGetLimit,
     ],
 }
 

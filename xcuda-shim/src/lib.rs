@@ -3,7 +3,7 @@
 //! Modules, one job each: `api` (the exported C surface), `interpose` (which symbols we own,
 //! `dlsym` and `cuGetProcAddress` rewriting), `real` (finding the real functions), `quota` +
 //! `ptrmap` + `memory` (device-memory accounting), `nvml` (NVML memory view), `throttle` (eq. 1-2 + PID + token bucket),
-//! `graphmem` (graph memory nodes),
+//! `graphmem` (graph memory nodes), `limits` (context limits that hold device memory),
 //! `exit` (signals, exit, fork, context release), `budget` (the dynamic SM budget: MPS percentage
 //! at start, throttle target while running), `config`, `state` (the process's instance).
 
@@ -13,6 +13,7 @@ pub mod config;
 pub mod exit;
 pub mod graphmem;
 pub mod interpose;
+pub mod limits;
 pub mod memory;
 pub mod nvml;
 pub mod ptrmap;

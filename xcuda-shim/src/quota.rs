@@ -22,6 +22,8 @@ pub enum Kind {
     Vmm,
     /// CUarray / CUmipmappedArray handle.
     Array,
+    /// A `cuCtxSetLimit` limit of a context (`crate::limits`): owned by that context.
+    CtxLimit,
 }
 
 /// Where reservations are counted.
@@ -52,6 +54,8 @@ pub struct Quota {
     /// cuMemMap mappings: address -> (size, handle), to find the handle at cuMemUnmap.
     vmm_maps: PtrMap,
     arrays: PtrMap,
+    /// Bytes the `cuCtxSetLimit` limits of each context hold (`crate::limits`).
+    limits: PtrMap,
     last_reclaim_ns: AtomicU64,
     /// After fork: group slot + 1 to register the child in lazily (0 = nothing pending).
     fork_group: AtomicU64,
@@ -109,7 +113,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -137,6 +141,7 @@ impl Quota {
             Kind::DevicePtr | Kind::StreamOrdered => &self.dptrs,
             Kind::Vmm => &self.vmm,
             Kind::Array => &self.arrays,
+            Kind::CtxLimit => &self.limits,
         }
     }
 
@@ -310,7 +315,7 @@ impl Quota {
     /// driver freed every allocation made in it, so give their bytes back. Returns the bytes.
     pub fn release_context(&self, ctx: u64) -> u64 {
         let mut total = 0u64;
-        for m in [&self.dptrs, &self.arrays] {
+        for m in [&self.dptrs, &self.arrays, &self.limits] {
             total = total.saturating_add(m.remove_owned_by(ctx).1);
         }
         if total > 0 {
@@ -332,6 +337,16 @@ impl Quota {
     pub fn put_back(&self, kind: Kind, key: u64, bytes: u64, owner: u64) {
         if !self.map(kind).insert_owned(key, bytes, owner) {
             crate::state::logged(|| tracing::warn!(key, bytes, "xcuda: allocation table full; a refused free's bytes stay counted until exit"));
+        }
+    }
+
+    /// Records `bytes` (already reserved) for context limit `key` of context `ctx`, replacing
+    /// its record (`crate::limits`); none for 0. With no room in the table the bytes stay
+    /// counted for the process's life: an over-count, never an under-count.
+    pub fn set_ctx_limit(&self, key: u64, bytes: u64, ctx: u64) {
+        self.limits.remove(key);
+        if bytes > 0 && !self.limits.insert_owned(key, bytes, ctx) {
+            crate::state::logged(|| tracing::warn!(key, bytes, "xcuda: context limit table full; this limit's bytes stay counted until exit"));
         }
     }
 
@@ -423,7 +438,7 @@ impl Quota {
 
     /// Leaves the ledger, giving back everything still counted (exit / contexts destroyed).
     pub fn retire(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays, &self.limits] {
             m.clear();
         }
         match &self.backend {
@@ -443,7 +458,7 @@ impl Quota {
     /// memory behind the driver's inherited fds, the parent's usage stays counted until the
     /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays, &self.limits] {
             m.clear();
         }
         match &self.backend {

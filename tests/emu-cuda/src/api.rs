@@ -377,6 +377,8 @@ export! {
         put(device, ord as CUdevice)
     }
     fn cuCtxGetFlags(flags: *mut c_uint) { put(flags, driver::ctx_flags()?) }
+    fn cuCtxSetLimit(limit: CUlimit, value: usize) { driver::ctx_set_limit(limit.0, value as u64) }
+    fn cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit) { put(pvalue, driver::ctx_get_limit(limit.0)? as usize) }
     fn cuCtxSynchronize() { driver::ctx_sync() }
     fn cuCtxSynchronize_v2(ctx: CUcontext) { driver::ctx_sync_of(h(ctx)) }
     fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut c_uint) { put(version, driver::ctx_api_version(h(ctx))?) }

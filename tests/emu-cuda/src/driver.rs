@@ -88,6 +88,51 @@ struct Ctx {
     primary: bool,
     default_last: u64,
     pending: Vec<u64>,
+    /// `cuCtxSetLimit` values and the device memory they hold beyond a new context's.
+    limits: CtxLimits,
+}
+
+/// The `cuCtxSetLimit` limits the emulator models, and the device memory raising them
+/// committed beyond what a new context holds (its 1 KiB stack per resident thread is part of
+/// the context's own memory; the default heap and printf FIFO are within its per-process part).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtxLimits {
+    /// `CU_LIMIT_STACK_SIZE`, bytes per thread.
+    pub stack: u64,
+    /// `CU_LIMIT_PRINTF_FIFO_SIZE`, bytes.
+    pub printf_fifo: u64,
+    /// `CU_LIMIT_MALLOC_HEAP_SIZE`, bytes.
+    pub malloc_heap: u64,
+    /// Device memory committed for the limits above their defaults.
+    pub committed: u64,
+}
+
+/// A new context's per-thread stack (CUDA C Programming Guide: 1 KiB), printf FIFO (1 MiB)
+/// and device malloc heap (8 MiB).
+pub const DEFAULT_STACK: u64 = 1024;
+/// See [`DEFAULT_STACK`].
+pub const DEFAULT_PRINTF_FIFO: u64 = 1 << 20;
+/// See [`DEFAULT_STACK`].
+pub const DEFAULT_MALLOC_HEAP: u64 = 8 << 20;
+/// Local memory a thread may have: 512 KiB on every compute capability since 2.0 (CUDA C
+/// Programming Guide, "Technical Specifications per Compute Capability"). A larger stack is
+/// refused here (a real driver may clamp it instead: the stricter answer).
+pub const MAX_STACK: u64 = 512 << 10;
+
+impl Default for CtxLimits {
+    fn default() -> Self {
+        Self { stack: DEFAULT_STACK, printf_fifo: DEFAULT_PRINTF_FIFO, malloc_heap: DEFAULT_MALLOC_HEAP, committed: 0 }
+    }
+}
+
+impl CtxLimits {
+    /// Device memory these limits hold beyond a new context's, with `threads` resident
+    /// threads on the device (the driver reserves the stack for every one of them).
+    pub fn extra_bytes(&self, threads: u64) -> u64 {
+        self.stack.saturating_sub(DEFAULT_STACK).saturating_mul(threads)
+            .saturating_add(self.printf_fifo.saturating_sub(DEFAULT_PRINTF_FIFO))
+            .saturating_add(self.malloc_heap.saturating_sub(DEFAULT_MALLOC_HEAP))
+    }
 }
 
 struct Stream {
@@ -454,6 +499,7 @@ fn destroy_ctx(d: &Driver, g: &mut Inner, ctx: u64) {
     let Some(c) = g.ctxs.remove(&ctx) else { return };
     let freed: Vec<(u64, u64)> = g.allocs.iter().filter(|(_, a)| a.ctx == ctx).map(|(k, a)| (*k, a.size)).collect();
     let gp = d.gpu(c.ord);
+    gp.dev.free(&gp.client, c.limits.committed);
     for (addr, size) in freed {
         g.allocs.remove(&addr);
         g.mem.discard(addr, size);
@@ -534,6 +580,84 @@ pub fn ctx_get_current() -> R<u64> {
 pub fn ctx_flags() -> R<u32> {
     let c = current()?;
     Ok(drv()?.lock().ctxs.get(&c).map_or(0, |c| c.flags))
+}
+
+/// Threads device `ord` holds resident (SMs x threads per SM): the stack is reserved for each.
+fn resident_threads(d: &Driver, ord: usize) -> u64 {
+    let info = d.gpu(ord).dev.info();
+    u64::from(info.sm_count) * u64::from(emu_device::profile::max_threads_per_sm(info.compute_capability))
+}
+
+/// `cuCtxSetLimit` on the current context. As cuda.h documents it:
+/// - `CU_LIMIT_STACK_SIZE` "will take effect immediately": the driver reserves the stack for
+///   every resident thread, so raising it commits `(stack - 1 KiB) x threads` of device memory
+///   (refused with `CUDA_ERROR_OUT_OF_MEMORY` when it does not fit, the limit unchanged);
+/// - `CU_LIMIT_PRINTF_FIFO_SIZE` and `CU_LIMIT_MALLOC_HEAP_SIZE` commit their size beyond the
+///   default at once (the stricter reading: a real driver may map the heap at the first launch
+///   that uses it, and refuses a change after such a launch, which the emulator cannot see);
+/// - `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` "is only applicable to devices of compute capability
+///   < 9.0" (`CUDA_ERROR_UNSUPPORTED_LIMIT` from 9.0 on); it and
+///   `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` "require the driver to reserve large amounts of
+///   device memory", an amount NVIDIA does not state: the emulator does not model them and
+///   refuses them (`CUDA_ERROR_NOT_SUPPORTED`), as it does the L2 hints;
+/// - `CU_LIMIT_SHMEM_SIZE` and `CU_LIMIT_CIG_ENABLED` "can only be queried, cannot be set"
+///   (`CUDA_ERROR_INVALID_VALUE`).
+pub fn ctx_set_limit(limit: u32, value: u64) -> R {
+    use cuda_abi::CUlimit as L;
+    let d = drv()?;
+    let ctx = current()?;
+    let ord = ctx_ord(ctx)?;
+    let cc = d.gpu(ord).dev.info().compute_capability;
+    let mut g = d.lock();
+    let old = g.ctxs.get(&ctx).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?.limits;
+    let mut new = old;
+    match limit {
+        x if x == L::CU_LIMIT_STACK_SIZE.0 => {
+            if value > MAX_STACK {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            new.stack = value;
+        }
+        x if x == L::CU_LIMIT_PRINTF_FIFO_SIZE.0 => new.printf_fifo = value,
+        x if x == L::CU_LIMIT_MALLOC_HEAP_SIZE.0 => new.malloc_heap = value,
+        x if x == L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH.0 && cc.0 >= 9 => return Err(CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT),
+        x if x == L::CU_LIMIT_SHMEM_SIZE.0 || x == L::CU_LIMIT_CIG_ENABLED.0 => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+        x if x < L::CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED.0 + 1 => return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
+        _ => return Err(CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT),
+    }
+    let want = new.extra_bytes(resident_threads(d, ord));
+    let gp = d.gpu(ord);
+    if want > old.committed {
+        gp.dev.commit(&gp.client, want - old.committed).map_err(dev_err)?;
+    } else {
+        gp.dev.free(&gp.client, old.committed - want);
+    }
+    new.committed = want;
+    if let Some(c) = g.ctxs.get_mut(&ctx) {
+        c.limits = new;
+    }
+    Ok(())
+}
+
+/// `cuCtxGetLimit` of the current context (the limits [`ctx_set_limit`] models, the
+/// device-runtime defaults "two levels of grids" and "2048 launches", `CU_LIMIT_CIG_ENABLED` 0:
+/// no emulated context is a CIG context; the others `CUDA_ERROR_UNSUPPORTED_LIMIT`).
+pub fn ctx_get_limit(limit: u32) -> R<u64> {
+    use cuda_abi::CUlimit as L;
+    let d = drv()?;
+    let ctx = current()?;
+    let ord = ctx_ord(ctx)?;
+    let cc = d.gpu(ord).dev.info().compute_capability;
+    let l = d.lock().ctxs.get(&ctx).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?.limits;
+    Ok(match limit {
+        x if x == L::CU_LIMIT_STACK_SIZE.0 => l.stack,
+        x if x == L::CU_LIMIT_PRINTF_FIFO_SIZE.0 => l.printf_fifo,
+        x if x == L::CU_LIMIT_MALLOC_HEAP_SIZE.0 => l.malloc_heap,
+        x if x == L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH.0 && cc.0 < 9 => 2,
+        x if x == L::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT.0 => 2048,
+        x if x == L::CU_LIMIT_CIG_ENABLED.0 => 0,
+        _ => return Err(CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT),
+    })
 }
 
 /// `cuCtxGetApiVersion` (3020 for every context).

@@ -57,6 +57,8 @@ exports! {
     cuCtxGetDevice: PFN_cuCtxGetDevice_v2000,
     cuCtxGetDevice_v2: PFN_cuCtxGetDevice_v13000,
     cuCtxGetFlags: PFN_cuCtxGetFlags_v7000,
+    cuCtxSetLimit: PFN_cuCtxSetLimit_v3010,
+    cuCtxGetLimit: PFN_cuCtxGetLimit_v3010,
     cuCtxSynchronize: PFN_cuCtxSynchronize_v2000,
     cuCtxSynchronize_v2: PFN_cuCtxSynchronize_v13000,
     cuCtxGetApiVersion: PFN_cuCtxGetApiVersion_v3020,

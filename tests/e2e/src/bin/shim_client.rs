@@ -10,7 +10,8 @@
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
 //! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `wait` | `sleep MS` | `hang` | `churn N` (alloc + free N bytes until a call fails, then exit 2) | `destroy` | `release` (primary context of device 0) |
-//! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
+//! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `setlimit LIMIT VALUE` / `getlimit LIMIT`
+//! (cuCtxSetLimit / cuCtxGetLimit, LIMIT as its CUlimit number) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
 
 use cuda_abi::*;
@@ -316,6 +317,8 @@ fn main() {
     let graph_trim = get!(cu, "cuDeviceGraphMemTrim", PFN_cuDeviceGraphMemTrim_v11040, 11040);
     let graph_attr = get!(cu, "cuDeviceGetGraphMemAttribute", PFN_cuDeviceGetGraphMemAttribute_v11040, 11040);
     let graph_exec_destroy = get!(cu, "cuGraphExecDestroy", PFN_cuGraphExecDestroy_v10000, 10000);
+    let set_limit = get!(cu, "cuCtxSetLimit", PFN_cuCtxSetLimit_v3010, 3010);
+    let get_limit = get!(cu, "cuCtxGetLimit", PFN_cuCtxGetLimit_v3010, 3010);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -427,6 +430,18 @@ fn main() {
                     ));
                 }
                 "graphtrim" => out(format!("graphtrim={}", graph_trim(0).0)),
+                "setlimit" => {
+                    let (l, v) = (CUlimit(num(1, i) as u32), num(2, i));
+                    i += 2;
+                    out(format!("setlimit={}", set_limit(l, v).0));
+                }
+                "getlimit" => {
+                    let l = CUlimit(num(1, i) as u32);
+                    i += 1;
+                    let mut v = 0usize;
+                    let r = get_limit(&mut v, l);
+                    out(format!("getlimit={} value={v}", r.0));
+                }
                 "devices" => {
                     let mut n: c_int = 0;
                     let r = device_count(&mut n);
