@@ -215,6 +215,7 @@ proc_table! {
     PFN_cuMemAddressFree_v10020 = cuMemAddressFree @ 10020 Plain => cuMemAddressFree(ptr: CUdeviceptr, size: usize);
     PFN_cuMemCreate_v10020 = cuMemCreate @ 10020 Plain => cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64);
     PFN_cuMemRelease_v10020 = cuMemRelease @ 10020 Plain => cuMemRelease(handle: CUmemGenericAllocationHandle);
+    PFN_cuMemRetainAllocationHandle_v11000 = cuMemRetainAllocationHandle @ 11000 Plain => cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void);
     PFN_cuMemMap_v10020 = cuMemMap @ 10020 Plain => cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64);
     PFN_cuMemUnmap_v10020 = cuMemUnmap @ 10020 Plain => cuMemUnmap(ptr: CUdeviceptr, size: usize);
     PFN_cuMemSetAccess_v10020 = cuMemSetAccess @ 10020 Plain => cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize);

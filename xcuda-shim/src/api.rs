@@ -445,8 +445,46 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         let marked = state().vmm_release_begin(handle);
         // SAFETY: forwarding the caller's argument.
         let rc = unsafe { release(handle) };
-        if let Some((q, now)) = marked {
-            q.vmm_release_end(handle, rc == CUresult::CUDA_SUCCESS, now);
+        if let Some((q, mark)) = marked {
+            q.vmm_release_end(handle, rc == CUresult::CUDA_SUCCESS, mark);
+        }
+        rc
+    })
+}
+
+/// Unmaps and retains of VMM handles, one at a time (neither is a hot path): a retain the
+/// driver grants holds memory only while its address is mapped, so with an unmap between the
+/// driver's answer and the shim's count, the handle's bytes could be given back (released,
+/// unmapped, no retain seen) while the retained handle keeps the memory.
+static VMM_UNMAP_RETAIN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Hooked `cuMemRetainAllocationHandle`: the handle's bytes stay counted until this reference
+/// is released too (cuda.h: "The returned handle must be released with corresponding number of
+/// calls to cuMemRelease").
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult {
+    guard(|| {
+        let retain = real!(cuMemRetainAllocationHandle: PFN_cuMemRetainAllocationHandle_v11000);
+        let st = state();
+        let _one = VMM_UNMAP_RETAIN.lock().unwrap_or_else(|e| e.into_inner());
+        // Counted before the driver answers: a release on another thread meanwhile must not
+        // give the bytes back (the driver's reference may already exist).
+        let pre = st.vmm_handle_at(addr as u64).filter(|&(q, h)| q.vmm_retain(h));
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { retain(handle, addr) };
+        let got = (rc == CUresult::CUDA_SUCCESS && !handle.is_null()).then(|| out!(handle));
+        match (pre, got) {
+            (Some((_, h)), Some(g)) if g == h => {}
+            (pre, got) => {
+                // Refused, or (never seen) another handle than the mapping's record: the guess
+                // is taken back and the driver's answer counted where it is known.
+                if let Some((q, h)) = pre {
+                    q.vmm_retain_undo(h);
+                }
+                if let Some(g) = got {
+                    st.quotas().any(|q| q.vmm_retain(g));
+                }
+            }
         }
         rc
     })
@@ -471,9 +509,16 @@ pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, 
             return rc;
         }
         crate::state::logged(|| tracing::error!(ptr, size, handle, "xcuda: VMM mapping table full; undoing the mapping"));
+        let _one = VMM_UNMAP_RETAIN.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: undoing the mapping the driver has just made for us.
-        unsafe { unmap(ptr, size) };
-        q.vmm_unmapped(handle);
+        let undone = unsafe { unmap(ptr, size) };
+        if undone == CUresult::CUDA_SUCCESS {
+            q.vmm_unmapped(handle);
+        } else {
+            // Still mapped: the handle's bytes stay counted (for the process's life: the
+            // mapping is in no table, so no unmap will find it).
+            crate::state::logged(|| tracing::error!(ptr, size, handle, rc = undone.0, "xcuda: undoing a mapping failed; its handle's bytes stay counted until exit"));
+        }
         CUresult::CUDA_ERROR_OUT_OF_MEMORY
     })
 }
@@ -485,6 +530,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard(|| {
         let unmap = real!(cuMemUnmap: PFN_cuMemUnmap_v10020);
         let st = state();
+        let _one = VMM_UNMAP_RETAIN.lock().unwrap_or_else(|e| e.into_inner());
         // Taken out before the driver unmaps: once it has, another thread may map the range
         // again, and its record must not be mistaken for ours.
         let taken = st.vmm_unmap_take(ptr, size as u64);

@@ -42,7 +42,7 @@ hooked_symbols! {
         cuMemFree, cuMemFree_v2,
         cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
         cuMemFreeAsync, cuMemFreeAsync_ptsz,
-        cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap,
+        cuMemCreate, cuMemRelease, cuMemRetainAllocationHandle, cuMemMap, cuMemUnmap,
         cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
         cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,

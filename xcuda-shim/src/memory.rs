@@ -178,15 +178,15 @@ mod tests {
         assert!(q.track(Kind::Vmm, 0x1001, 1) && q.try_reserve(1));
         assert!(q.try_reserve(2 * MIB) && q.track(Kind::Vmm, 0x1000, 2 * MIB));
         assert_eq!(q.untrack(Kind::Vmm, 0x1001), Some(1));
-        let now = q.vmm_release_begin(0x1000).expect("ours");
+        let mark = q.vmm_release_begin(0x1000).expect("ours");
         // The driver's release, then another thread's cuMemCreate of 1 GiB gets 0x1000 again.
         assert!(q.try_reserve(1 << 30) && q.track(Kind::Vmm, 0x1000, 1 << 30));
-        q.vmm_release_end(0x1000, true, now);
+        q.vmm_release_end(0x1000, true, mark);
         assert_eq!(q.used(), 1 << 30, "the new handle is counted, the released one is not");
         assert_eq!(q.tracked(Kind::Vmm, 0x1000), Some(1 << 30));
         // A release the driver refuses leaves the handle counted and releasable.
-        let now = q.vmm_release_begin(0x1000).expect("ours");
-        q.vmm_release_end(0x1000, false, now);
+        let mark = q.vmm_release_begin(0x1000).expect("ours");
+        q.vmm_release_end(0x1000, false, mark);
         assert!(q.vmm_release_begin(0x1000).is_some(), "the mark was taken off");
     }
 

@@ -203,6 +203,11 @@ impl PtrMap {
         self.find(key).map(|(i, _)| self.entries[i].val.load(Acquire))
     }
 
+    /// (bytes, owner word) recorded for `key`, if live.
+    pub fn get_owned(&self, key: u64) -> Option<(u64, u64)> {
+        self.find(key).map(|(i, _)| (self.entries[i].val.load(Acquire), self.entries[i].owner.load(Acquire)))
+    }
+
     /// The largest distance from its start slot at which a key was ever placed (tests, bench).
     pub fn max_probe(&self) -> usize {
         self.max_probe.load(Relaxed)

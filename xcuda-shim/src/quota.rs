@@ -49,7 +49,8 @@ pub struct Quota {
     backend: Backend,
     dptrs: PtrMap,
     /// cuMemCreate handles: bytes, and in the owner word the handle's state ([`VMM_RELEASED`],
-    /// mappings in units of [`VMM_MAP`]): counted until released and no longer mapped.
+    /// mappings in units of [`VMM_MAP`], `cuMemRetainAllocationHandle` references in units of
+    /// [`VMM_RETAIN`]): counted until released as often as retained and no longer mapped.
     vmm: PtrMap,
     /// cuMemMap mappings: address -> (size, handle), to find the handle at cuMemUnmap.
     vmm_maps: PtrMap,
@@ -85,6 +86,18 @@ fn no_owner() -> u64 {
 const VMM_RELEASED: u64 = 1;
 /// A VMM handle's state word: one mapping (made, or being made).
 const VMM_MAP: u64 = 2;
+/// A VMM handle's state word: one reference taken by `cuMemRetainAllocationHandle` (the driver
+/// keeps the memory until each is released too).
+const VMM_RETAIN: u64 = 1 << 32;
+
+/// What [`Quota::vmm_release_begin`] marked, for [`Quota::vmm_release_end`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReleaseMark {
+    /// The handle's state word after the mark.
+    now: u64,
+    /// The release took one `cuMemRetainAllocationHandle` reference (not the handle's own).
+    retained: bool,
+}
 
 const NO_HANDLE: u64 = u64::MAX;
 
@@ -384,6 +397,12 @@ impl Quota {
         self.vmm_maps.entries().into_iter().map(|(addr, _)| addr).collect()
     }
 
+    /// The handle of the recorded mapping that holds `addr` (any address in it).
+    pub fn vmm_handle_at(&self, addr: u64) -> Option<u64> {
+        let (start, _) = self.vmm_maps.entries().into_iter().find(|&(start, size)| start <= addr && addr - start < size)?;
+        self.vmm_maps.get_owned(start).map(|(_, h)| h)
+    }
+
     /// The recorded mapping at `addr`, taken out: (size, handle).
     pub fn vmm_unmap_take(&self, addr: u64) -> Option<(u64, u64)> {
         self.vmm_maps.remove_where(addr, |_| true)
@@ -401,27 +420,55 @@ impl Quota {
     /// unmap (the driver keeps the memory alive as long as a mapping holds it). `None`: not a
     /// handle of this quota; `Some(0)`: still mapped.
     pub fn vmm_release(&self, h: u64) -> Option<u64> {
-        let now = self.vmm_release_begin(h)?;
-        Some(self.vmm_release_end(h, true, now))
+        let mark = self.vmm_release_begin(h)?;
+        Some(self.vmm_release_end(h, true, mark))
     }
 
-    /// Before the driver's `cuMemRelease(h)`: marks `h` released (returns its word now), so
-    /// that once the driver has released it, and may hand the same handle value to another
-    /// `cuMemCreate` at once, the new record is never taken for this one. `None`: not a
-    /// handle of this quota, or released already.
-    pub fn vmm_release_begin(&self, h: u64) -> Option<u64> {
-        self.vmm.update_owner(h, |w| (w & VMM_RELEASED == 0).then_some(w | VMM_RELEASED)).map(|(_, now)| now)
+    /// Before the driver's `cuMemRetainAllocationHandle` answers with `h` (a handle of this
+    /// quota mapped where the caller asked): one reference more, so that the bytes stay
+    /// counted until it is released too. `false`: not a handle of this quota.
+    pub fn vmm_retain(&self, h: u64) -> bool {
+        self.vmm.update_owner(h, |w| Some(w + VMM_RETAIN)).is_some()
+    }
+
+    /// The driver refused the retain [`Quota::vmm_retain`] counted: taken off again (the bytes
+    /// go back if that was all that held them).
+    pub fn vmm_retain_undo(&self, h: u64) {
+        if let Some((_, now)) = self.vmm.update_owner(h, |w| (w >= VMM_RETAIN).then(|| w - VMM_RETAIN)) {
+            if now == VMM_RELEASED {
+                self.vmm_done(h);
+            }
+        }
+    }
+
+    /// Before the driver's `cuMemRelease(h)`: takes one retained reference off `h`, or with
+    /// none marks it released, so that once the driver has released it, and may hand the same
+    /// handle value to another `cuMemCreate` at once, the new record is never taken for this
+    /// one. `None`: not a handle of this quota, or released already as often as retained.
+    pub fn vmm_release_begin(&self, h: u64) -> Option<ReleaseMark> {
+        let (old, now) = self.vmm.update_owner(h, |w| {
+            if w >= VMM_RETAIN {
+                Some(w - VMM_RETAIN)
+            } else {
+                (w & VMM_RELEASED == 0).then_some(w | VMM_RELEASED)
+            }
+        })?;
+        Some(ReleaseMark { now, retained: old >= VMM_RETAIN })
     }
 
     /// After the driver's `cuMemRelease(h)` (`ok`: it released), `now` the word
     /// [`Quota::vmm_release_begin`] left: unmapped, its bytes go back now (the bytes given
     /// back are returned); still mapped, at its last unmap. Refused, the mark is taken off.
-    pub fn vmm_release_end(&self, h: u64, ok: bool, now: u64) -> u64 {
+    pub fn vmm_release_end(&self, h: u64, ok: bool, mark: ReleaseMark) -> u64 {
         if !ok {
-            let _ = self.vmm.update_owner(h, |w| (w & VMM_RELEASED != 0).then_some(w & !VMM_RELEASED));
+            let _ = if mark.retained {
+                self.vmm.update_owner(h, |w| Some(w + VMM_RETAIN))
+            } else {
+                self.vmm.update_owner(h, |w| (w & VMM_RELEASED != 0).then_some(w & !VMM_RELEASED))
+            };
             return 0;
         }
-        if now == VMM_RELEASED { self.vmm_done(h).unwrap_or(0) } else { 0 }
+        if mark.now == VMM_RELEASED { self.vmm_done(h).unwrap_or(0) } else { 0 }
     }
 
     /// `h` is released and unmapped: forgotten, its bytes given back.
@@ -539,6 +586,45 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::sync::Arc;
+
+    /// `cuMemRetainAllocationHandle` takes a reference the driver keeps the memory for: the
+    /// bytes stay counted until the handle is released once more than it was retained and no
+    /// mapping holds it. NVIDIA's idiom (create, map, release at once), then a retain, an
+    /// unmap, and a map of the retained handle: without the retain counted, the unmap gave the
+    /// bytes back while the driver still held them, and the new mapping went uncounted.
+    #[test]
+    fn a_retained_vmm_handle_stays_counted_until_each_reference_is_released() {
+        let q = Quota::local(100);
+        assert!(q.try_reserve(40) && q.track(Kind::Vmm, 0xa, 40));
+        assert!(q.vmm_map_begin(0xa) && q.vmm_mapped(0x7000, 40, 0xa));
+        assert_eq!(q.vmm_release(0xa), Some(0), "released while mapped");
+        assert_eq!(q.vmm_handle_at(0x7000 + 39), Some(0xa), "any address in the mapping names its handle");
+        assert_eq!(q.vmm_handle_at(0x7000 + 40), None);
+        assert!(q.vmm_retain(0xa));
+        assert_eq!(q.vmm_unmap_take(0x7000), Some((40, 0xa)));
+        assert_eq!(q.vmm_unmapped(0xa), None, "unmapped, but a retained reference holds it");
+        assert_eq!(q.used(), 40);
+        assert!(q.vmm_map_begin(0xa) && q.vmm_mapped(0x9000, 40, 0xa), "the retained handle maps again");
+        let mark = q.vmm_release_begin(0xa).expect("the retained reference");
+        assert_eq!(q.vmm_release_end(0xa, false, mark), 0, "the driver refused that release");
+        assert_eq!(q.vmm_release(0xa), Some(0), "the retained reference, still mapped");
+        assert_eq!(q.vmm_release(0xa), None, "released as often as retained: nothing left to release");
+        assert_eq!(q.vmm_unmap_take(0x9000), Some((40, 0xa)));
+        assert_eq!(q.vmm_unmapped(0xa), Some(40), "the last unmap gives it back");
+        assert_eq!((q.used(), q.tracked(Kind::Vmm, 0xa)), (0, None));
+        // A retain the driver refused is taken back; the bytes go if it was all that held them.
+        assert!(q.try_reserve(40) && q.track(Kind::Vmm, 0xb, 40));
+        assert_eq!(q.vmm_release(0xb), Some(40), "unmapped: released at once");
+        assert!(!q.vmm_retain(0xb), "a handle no longer counted");
+        assert!(q.try_reserve(40) && q.track(Kind::Vmm, 0xc, 40));
+        assert!(q.vmm_map_begin(0xc) && q.vmm_mapped(0x7000, 40, 0xc));
+        assert_eq!(q.vmm_release(0xc), Some(0));
+        assert!(q.vmm_retain(0xc));
+        assert_eq!(q.vmm_unmap_take(0x7000), Some((40, 0xc)));
+        assert_eq!(q.vmm_unmapped(0xc), None);
+        q.vmm_retain_undo(0xc);
+        assert_eq!((q.used(), q.tracked(Kind::Vmm, 0xc)), (0, None), "the refused retain held it alone");
+    }
 
     /// A cuMemCreate handle stays counted until it is released and no mapping holds it, in
     /// whichever order the two happen, and a mapping being made keeps it counted through a

@@ -122,8 +122,14 @@ impl State {
 
     /// Before `cuMemRelease(h)`: the quota that counts `h`, with `h` marked released
     /// ([`Quota::vmm_release_begin`]) and its word; `None` if no quota counts it.
-    pub fn vmm_release_begin(&self, h: u64) -> Option<(&Quota, u64)> {
-        self.quotas().find_map(|q| q.vmm_release_begin(h).map(|now| (q, now)))
+    pub fn vmm_release_begin(&self, h: u64) -> Option<(&Quota, crate::quota::ReleaseMark)> {
+        self.quotas().find_map(|q| q.vmm_release_begin(h).map(|m| (q, m)))
+    }
+
+    /// The handle of the recorded mapping that holds `addr` (any address in it), with the
+    /// quota that counts it (not a hot path: the mapping tables are scanned).
+    pub fn vmm_handle_at(&self, addr: u64) -> Option<(&Quota, u64)> {
+        self.quotas().find_map(|q| q.vmm_handle_at(addr).map(|h| (q, h)))
     }
 
     /// Context `ctx` is gone: gives back what it held, on every GPU (it held memory on one).

@@ -557,6 +557,9 @@ export! {
         put(handle, driver::vmm_create(size as u64, on_device, pr.location.id)?)
     }
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) { driver::vmm_release(handle) }
+    fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {
+        put(handle, driver::vmm_retain(addr as u64)?)
+    }
     fn cuMemMap(p: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) {
         if flags != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);

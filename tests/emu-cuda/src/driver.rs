@@ -155,7 +155,9 @@ struct Alloc {
 struct Phys {
     ord: usize,
     size: u64,
-    released: bool,
+    /// References to the handle: its `cuMemCreate` and each `cuMemRetainAllocationHandle`,
+    /// less each `cuMemRelease`.
+    refs: u32,
     maps: u32,
 }
 
@@ -1628,13 +1630,13 @@ pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
     gp.dev.commit(&gp.client, size).map_err(dev_err)?;
     let mut g = d.lock();
     let h = g.handle();
-    g.phys.insert(h, Phys { ord, size, released: false, maps: 0 });
+    g.phys.insert(h, Phys { ord, size, refs: 1, maps: 0 });
     Ok(h)
 }
 
 fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
     if let Some(p) = g.phys.get(&h) {
-        if p.released && p.maps == 0 {
+        if p.refs == 0 && p.maps == 0 {
             let (ord, size) = (p.ord, p.size);
             g.phys.remove(&h);
             let gp = d.gpu(ord);
@@ -1643,16 +1645,35 @@ fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
     }
 }
 
-/// `cuMemRelease`: memory goes back once it is also unmapped.
+/// `cuMemRelease`: one reference fewer; memory goes back once none is left and it is also
+/// unmapped.
 pub fn vmm_release(h: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
     match g.phys.get_mut(&h) {
-        Some(p) if !p.released => p.released = true,
+        Some(p) if p.refs > 0 => p.refs -= 1,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     }
     maybe_drop_phys(d, &mut g, h);
     Ok(())
+}
+
+/// `cuMemRetainAllocationHandle`: the handle of the mapping that holds `addr` (any address in
+/// it), one reference more. cuda.h: "The handle is guaranteed to be the same handle value used
+/// to map the memory. If the address requested is not mapped, the function will fail. The
+/// returned handle must be released with corresponding number of calls to cuMemRelease."
+pub fn vmm_retain(addr: u64) -> R<u64> {
+    let mut g = drv()?.lock();
+    let h = g
+        .mappings
+        .range(..=addr)
+        .next_back()
+        .filter(|(b, m)| addr < *b + m.size)
+        .map(|(_, m)| m.handle)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let p = g.phys.get_mut(&h).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    p.refs += 1;
+    Ok(h)
 }
 
 /// `cuMemAddressReserve`: a fresh virtual range, nothing committed.
@@ -1696,7 +1717,7 @@ pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
     }
     let in_res = g.reservations.range(..=addr).next_back().is_some_and(|(b, s)| addr.checked_add(size).is_some_and(|e| e <= b + s));
     let p = g.phys.get(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-    if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > p.size) || p.released {
+    if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > p.size) || p.refs == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     if g.mappings.range(..addr + size).next_back().is_some_and(|(b, m)| b + m.size > addr) {

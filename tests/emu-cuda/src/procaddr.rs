@@ -100,6 +100,7 @@ exports! {
     cuMemAddressFree: PFN_cuMemAddressFree_v10020,
     cuMemCreate: PFN_cuMemCreate_v10020,
     cuMemRelease: PFN_cuMemRelease_v10020,
+    cuMemRetainAllocationHandle: PFN_cuMemRetainAllocationHandle_v11000,
     cuMemMap: PFN_cuMemMap_v10020,
     cuMemUnmap: PFN_cuMemUnmap_v10020,
     cuMemSetAccess: PFN_cuMemSetAccess_v10020,
