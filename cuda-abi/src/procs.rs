@@ -206,7 +206,9 @@ proc_table! {
     PFN_cuMemcpyDtoHAsync_v7000_ptsz = cuMemcpyDtoHAsync @ 7000 Ptsz => cuMemcpyDtoHAsync_v2_ptsz(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
     PFN_cuMemsetD8_v3020 = cuMemsetD8 @ 3020 Plain => cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize);
     PFN_cuMemsetD8_v7000_ptds = cuMemsetD8 @ 7000 Ptds => cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize);
+    PFN_cuArrayCreate_v2000 = cuArrayCreate @ 2000 Plain => cuArrayCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR_v1);
     PFN_cuArrayCreate_v3020 = cuArrayCreate @ 3020 Plain => cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR);
+    PFN_cuArray3DCreate_v2000 = cuArray3DCreate @ 2000 Plain => cuArray3DCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR_v1);
     PFN_cuArray3DCreate_v3020 = cuArray3DCreate @ 3020 Plain => cuArray3DCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR);
     PFN_cuArrayDestroy_v2000 = cuArrayDestroy @ 2000 Plain => cuArrayDestroy(hArray: CUarray);
     PFN_cuMipmappedArrayCreate_v5000 = cuMipmappedArrayCreate @ 5000 Plain => cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: c_uint);

@@ -468,6 +468,30 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
 /// `CUDA_ARRAY3D_DESCRIPTOR_v2`.
 pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR;
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1`: the CUDA 2.0 ABI of `cuArrayCreate` (32-bit sizes), still
+/// exported by the driver as the unversioned symbol and answered by `cuGetProcAddress` for a
+/// `cudaVersion` below 3020.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`: the CUDA 2.0 ABI of `cuArray3DCreate` (32-bit sizes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Depth: c_uint,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
 /// `CUmemPoolProps` (`CUmemPoolProps_v1`).
 #[repr(C)]
 #[derive(Clone, Copy)]

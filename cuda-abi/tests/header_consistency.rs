@@ -74,6 +74,13 @@ fn struct_layouts() -> Vec<Layout> {
             "Width" => Width, "Height" => Height, "Depth" => Depth, "Format" => Format,
             "NumChannels" => NumChannels, "Flags" => Flags,
         ]),
+        layout!("CUDA_ARRAY_DESCRIPTOR_v1", CUDA_ARRAY_DESCRIPTOR_v1, [
+            "Width" => Width, "Height" => Height, "Format" => Format, "NumChannels" => NumChannels,
+        ]),
+        layout!("CUDA_ARRAY3D_DESCRIPTOR_v1", CUDA_ARRAY3D_DESCRIPTOR_v1, [
+            "Width" => Width, "Height" => Height, "Depth" => Depth, "Format" => Format,
+            "NumChannels" => NumChannels, "Flags" => Flags,
+        ]),
         layout!("CUDA_MEM_ALLOC_NODE_PARAMS", CUDA_MEM_ALLOC_NODE_PARAMS, [
             "poolProps" => poolProps, "accessDescs" => accessDescs, "accessDescCount" => accessDescCount,
             "bytesize" => bytesize, "dptr" => dptr,

@@ -389,6 +389,12 @@ array_create! {
     /// Hooked `cuArray3DCreate_v2`: the array's size counted against the quota.
     fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR): PFN_cuArray3DCreate_v3020, cuArrayDestroy: PFN_cuArrayDestroy_v2000
         => |d| array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels);
+    /// Hooked `cuArrayCreate` (the CUDA 2.0 ABI, 32-bit sizes): counted as `cuArrayCreate_v2`.
+    fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1): PFN_cuArrayCreate_v2000, cuArrayDestroy: PFN_cuArrayDestroy_v2000
+        => |d| array_bytes(d.Width as usize, d.Height as usize, 0, d.Format, d.NumChannels);
+    /// Hooked `cuArray3DCreate` (the CUDA 2.0 ABI, 32-bit sizes): counted as `cuArray3DCreate_v2`.
+    fn cuArray3DCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1): PFN_cuArray3DCreate_v2000, cuArrayDestroy: PFN_cuArrayDestroy_v2000
+        => |d| array_bytes(d.Width as usize, d.Height as usize, d.Depth as usize, d.Format, d.NumChannels);
     /// Hooked `cuMipmappedArrayCreate`: every level's size counted against the quota.
     fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint): PFN_cuMipmappedArrayCreate_v5000, cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy_v5000
         => |d| mipmapped_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, d.Flags, levels);

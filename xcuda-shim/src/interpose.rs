@@ -43,7 +43,7 @@ hooked_symbols! {
         cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
         cuMemFreeAsync, cuMemFreeAsync_ptsz,
         cuMemCreate, cuMemRelease, cuMemRetainAllocationHandle, cuMemMap, cuMemUnmap,
-        cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
+        cuArrayCreate, cuArray3DCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
         cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
         cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,

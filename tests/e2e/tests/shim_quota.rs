@@ -50,6 +50,16 @@ fn paths() -> Vec<(&'static str, Vec<String>, Vec<String>)> {
             one("array3d", &[4096, 256, 8]),
         ),
         (
+            "arrayv1",
+            one("arrayv1", &[4096, 2560]),
+            one("arrayv1", &[4096, 1920]),
+        ),
+        (
+            "array3dv1",
+            one("array3dv1", &[4096, 256, 10]),
+            one("array3dv1", &[4096, 256, 8]),
+        ),
+        (
             "mipmap",
             one("mipmap", &[4096, 2048, 4]),
             one("mipmap", &[4096, 2048, 4]),

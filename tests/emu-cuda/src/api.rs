@@ -509,6 +509,36 @@ export! {
         let bytes = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels)?;
         put(pHandle, ptr(driver::array_create(bytes)?))
     }
+    // The CUDA 2.0 ABI (32-bit sizes): the same arrays.
+    fn cuArrayCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR_v1) {
+        if pAllocateArray.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let d = *pAllocateArray;
+        let v2 = CUDA_ARRAY_DESCRIPTOR { Width: d.Width as usize, Height: d.Height as usize, Format: d.Format, NumChannels: d.NumChannels };
+        match cuArrayCreate_v2(pHandle, &v2) {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    }
+    fn cuArray3DCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR_v1) {
+        if pAllocateArray.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let d = *pAllocateArray;
+        let v2 = CUDA_ARRAY3D_DESCRIPTOR {
+            Width: d.Width as usize,
+            Height: d.Height as usize,
+            Depth: d.Depth as usize,
+            Format: d.Format,
+            NumChannels: d.NumChannels,
+            Flags: d.Flags,
+        };
+        match cuArray3DCreate_v2(pHandle, &v2) {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    }
     fn cuArrayDestroy(hArray: CUarray) { driver::array_destroy(h(hArray)) }
     fn cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: c_uint) {
         if pHandle.is_null() || pMipmappedArrayDesc.is_null() || numMipmapLevels == 0 {

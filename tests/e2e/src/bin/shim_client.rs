@@ -5,7 +5,7 @@
 //! stdin before anything else (the shim's library constructor has run, no driver call yet).
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
-//! `vmm N` | `vmmon DEV N` | `array W H` | `array3d W H D` | `mipmap W H LEVELS` | `mipmaplayered W H LAYERS LEVELS` | `free` (last) | `freeall` |
+//! `vmm N` | `vmmon DEV N` | `array W H` | `array3d W H D` | `arrayv1 W H` / `array3dv1 W H D` (the CUDA 2.0 ABI) | `mipmap W H LEVELS` | `mipmaplayered W H LAYERS LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
 //! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
@@ -257,6 +257,9 @@ fn main() {
     let mem_release = get!(cu, "cuMemRelease", PFN_cuMemRelease_v10020, 10020);
     let array_create = get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020);
     let array3d_create = get!(cu, "cuArray3DCreate", PFN_cuArray3DCreate_v3020, 3020);
+    // The CUDA 2.0 ABI (32-bit sizes): the unversioned symbols, or cudaVersion 2000.
+    let array_create_v1 = get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v2000, 2000);
+    let array3d_create_v1 = get!(cu, "cuArray3DCreate", PFN_cuArray3DCreate_v2000, 2000);
     let array_destroy = get!(cu, "cuArrayDestroy", PFN_cuArrayDestroy_v2000, 2000);
     let mip_create = get!(
         cu,
@@ -550,6 +553,32 @@ fn main() {
                     let (w, h, layers, levels) = (num(1, i), num(2, i), num(3, i), num(4, i));
                     i += 4;
                     let r = mipmapped(&mut held, w, h, layers, CUDA_ARRAY3D_LAYERED, levels);
+                    out(format!("{step}={}", r.0));
+                }
+                // `array`/`array3d` through the CUDA 2.0 ABI.
+                "arrayv1" | "array3dv1" => {
+                    let (w, h) = (num(1, i) as c_uint, num(2, i) as c_uint);
+                    let mut a: CUarray = std::ptr::null_mut();
+                    let r = if step == "arrayv1" {
+                        i += 2;
+                        let desc = CUDA_ARRAY_DESCRIPTOR_v1 { Width: w, Height: h, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1 };
+                        array_create_v1(&mut a, &desc)
+                    } else {
+                        let d = num(3, i) as c_uint;
+                        i += 3;
+                        let desc = CUDA_ARRAY3D_DESCRIPTOR_v1 {
+                            Width: w,
+                            Height: h,
+                            Depth: d,
+                            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
+                            NumChannels: 1,
+                            Flags: 0,
+                        };
+                        array3d_create_v1(&mut a, &desc)
+                    };
+                    if r.is_success() {
+                        held.push(Held::Array(a));
+                    }
                     out(format!("{step}={}", r.0));
                 }
                 "array" | "array3d" | "mipmap" => {
