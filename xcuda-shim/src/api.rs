@@ -462,7 +462,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
 /// driver grants holds memory only while its address is mapped, so with an unmap between the
 /// driver's answer and the shim's count, the handle's bytes could be given back (released,
 /// unmapped, no retain seen) while the retained handle keeps the memory.
-static VMM_UNMAP_RETAIN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub static VMM_UNMAP_RETAIN: crate::spin::SpinLock = crate::spin::SpinLock::new();
 
 /// Hooked `cuMemRetainAllocationHandle`: the handle's bytes stay counted until this reference
 /// is released too (cuda.h: "The returned handle must be released with corresponding number of
@@ -472,7 +472,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAl
     guard(|| {
         let retain = real!(cuMemRetainAllocationHandle: PFN_cuMemRetainAllocationHandle_v11000);
         let st = state();
-        let _one = VMM_UNMAP_RETAIN.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = VMM_UNMAP_RETAIN.lock();
         // Counted before the driver answers: a release on another thread meanwhile must not
         // give the bytes back (the driver's reference may already exist).
         let pre = st.vmm_handle_at(addr as u64).filter(|&(q, h)| q.vmm_retain(h));
@@ -515,7 +515,7 @@ pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, 
             return rc;
         }
         crate::state::logged(|| tracing::error!(ptr, size, handle, "xcuda: VMM mapping table full; undoing the mapping"));
-        let _one = VMM_UNMAP_RETAIN.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = VMM_UNMAP_RETAIN.lock();
         // SAFETY: undoing the mapping the driver has just made for us.
         let undone = unsafe { unmap(ptr, size) };
         if undone == CUresult::CUDA_SUCCESS {
@@ -536,7 +536,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard(|| {
         let unmap = real!(cuMemUnmap: PFN_cuMemUnmap_v10020);
         let st = state();
-        let _one = VMM_UNMAP_RETAIN.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = VMM_UNMAP_RETAIN.lock();
         // Taken out before the driver unmaps: once it has, another thread may map the range
         // again, and its record must not be mistaken for ours.
         let taken = st.vmm_unmap_take(ptr, size as u64);

@@ -765,6 +765,9 @@ fn on_fork_child_inner() {
         DYING_OF.store(0, SeqCst);
         // Only the forking thread survives: no creation is in progress in the child.
         CREATING.store(0, SeqCst);
+        // Nor does any holder of the shim's locks.
+        crate::api::VMM_UNMAP_RETAIN.reset_after_fork();
+        crate::limits::CHANGES.reset_after_fork();
         if let Some(st) = state::get() {
             st.contexts.clear();
             st.quotas().for_each(|q| q.after_fork_child());

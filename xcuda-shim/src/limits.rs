@@ -19,11 +19,10 @@
 //!   not there (fail closed), and logged once. Lowering them passes through.
 //! - The L2 hints hold no device memory: passed through.
 
-use std::sync::Mutex;
-
 use cuda_abi::{CUdevice, CUdevice_attribute, CUlimit, CUresult};
 
 use crate::quota::{Kind, Quota};
+use crate::spin::SpinLock;
 use crate::state::{call_real, logged, state};
 
 /// A new context's stack per thread, printf FIFO and malloc heap (CUDA C Programming Guide).
@@ -36,7 +35,7 @@ const LIMIT_SHIFT: u32 = 56;
 
 /// Serialises limit changes (rare calls) so that two threads changing one context's limit
 /// cannot both read the old record.
-static CHANGES: Mutex<()> = Mutex::new(());
+pub static CHANGES: SpinLock = SpinLock::new();
 
 /// How a limit's value becomes device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +103,7 @@ pub fn set_limit(limit: CUlimit, value: usize, real: impl FnOnce() -> CUresult) 
         return real();
     }
     let q = &state().gpu(dev).quota;
-    let _one = CHANGES.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = CHANGES.lock();
     match sizing(limit, dev) {
         Sizing::Free => real(),
         Sizing::Unsized => match current_limit(limit) {
