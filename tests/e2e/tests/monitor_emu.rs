@@ -657,21 +657,51 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
             klog.display()
         ),
     );
-    let cfg = cfg.replace(
-        r#""hold_max_ms": 60000"#,
-        r#""hold_max_ms": 60000, "xid_disable_ms": 500"#,
-    );
-    let (_mon, ledger) = healthy(&n, &cfg);
-    let mut offline = offline_sleeper(&n, &ledger);
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .append(true)
         .open(&klog)
         .unwrap();
-    writeln!(f, "NVRM: Xid (PCI:0000:02:00): 79, pid=1, another GPU").unwrap();
-    // Application XIDs of this GPU: one process's page fault, engine exception, cleanup.
+    xids_disable_and_evict_until_quiet(&n, &cfg, |code, this_gpu| {
+        if !this_gpu {
+            writeln!(f, "NVRM: Xid (PCI:0000:02:00): {code}, pid=1, another GPU").unwrap();
+        } else if code == 79 {
+            writeln!(f, "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', GPU has fallen off the bus.").unwrap();
+        } else {
+            writeln!(f, "NVRM: Xid (PCI:0000:01:00): {code}, pid=1, name=train, Ch 00000010").unwrap();
+        }
+    });
+}
+
+/// The same through NVML's event set (`nvmlEventTypeXidCriticalError`), the monitor's default
+/// XID source: the emulated driver reports each XID as `gpuemu xid` names it.
+#[test]
+fn critical_xid_from_an_nvml_event_set_disables_and_evicts_until_quiet() {
+    let n = EmuHost::node();
+    let cfg = config(400, 5000);
+    xids_disable_and_evict_until_quiet(&n, &cfg, |code, this_gpu| {
+        if this_gpu {
+            let out = n.command("gpuemu").args(["xid", &code.to_string(), "1"]).output().unwrap();
+            assert!(out.status.success(), "gpuemu xid: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    });
+    assert!(n.log("mon.json").contains("xid_events=true"), "the NVML event set was registered: {}", n.log("mon.json"));
+}
+
+/// With monitor config `cfg` (its XID source), `report(code, this_gpu)` reporting XIDs: another
+/// GPU's XID and the application XIDs (one process's page fault, engine exception, cleanup)
+/// change nothing; XID 79 disables the GPU, evicts the offline process, and the GPU comes back
+/// after `xid_disable_ms` of quiet.
+fn xids_disable_and_evict_until_quiet(n: &EmuHost, cfg: &str, mut report: impl FnMut(u64, bool)) {
+    let cfg = cfg.replace(
+        r#""hold_max_ms": 60000"#,
+        r#""hold_max_ms": 60000, "xid_disable_ms": 500"#,
+    );
+    let (_mon, ledger) = healthy(n, &cfg);
+    let mut offline = offline_sleeper(n, &ledger);
+    report(79, false);
     for x in [13, 31, 43, 45] {
-        writeln!(f, "NVRM: Xid (PCI:0000:01:00): {x}, pid=1, name=train, Ch 00000010").unwrap();
+        report(x, true);
     }
     // Each XID the monitor takes is logged with its `xid=` field, critical or not.
     n.wait_log(T, "the XIDs read", "mon.json", |l| l.matches("xid=").count() >= 4);
@@ -687,8 +717,7 @@ fn critical_xid_in_the_kernel_log_disables_and_evicts_until_quiet() {
         offline.alive(),
         "other GPUs' and application XIDs change nothing"
     );
-    writeln!(f, "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', GPU has fallen off the bus.")
-        .unwrap();
+    report(79, true);
     assert_eq!(
         offline.wait_exit(T).expect("not evicted"),
         Some(libc::SIGTERM)

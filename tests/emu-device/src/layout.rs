@@ -6,7 +6,7 @@
 /// `"GPUEMU"` + layout generation; a file that does not start with it is rejected.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUEMU\x00\x01");
 /// Bumped whenever a field moves.
-pub const LAYOUT_VERSION: u32 = 14;
+pub const LAYOUT_VERSION: u32 = 15;
 /// Processes that can hold the device at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Kernels queued or running (or finished but not yet collected) at once.
@@ -15,6 +15,9 @@ pub const MAX_KERNELS: usize = 1024;
 pub const RING_LEN: usize = 512;
 /// MPS clients that died holding a context, remembered until `terminate_client` or `quit`.
 pub const MAX_DEAD_MPS: usize = 16;
+/// XID events a device keeps for NVML event sets to read (older ones are lost to a reader
+/// that falls this far behind, as a real event set's queue is bounded too).
+pub const XID_RING: usize = 32;
 
 /// Kernel slot states.
 pub mod kstate {
@@ -149,6 +152,26 @@ pub struct Header {
     /// (`physics::quiet_until`); readers that take no lock extrapolate up to it, and take the
     /// lock after it.
     pub quiet_until_ns: u64,
+    /// XID events reported since the file was created (the next one is entry
+    /// `xid_count % XID_RING` of `xids`).
+    pub xid_count: u64,
+    /// The last [`XID_RING`] XID events, for NVML event sets (`nvmlEventTypeXidCriticalError`).
+    pub xids: [XidEvent; XID_RING],
+}
+
+/// One XID event: what the driver logs as `NVRM: Xid (PCI:...): <code>, pid=<pid>, ...` and
+/// NVML event sets deliver as `nvmlEventTypeXidCriticalError` with the code as its data.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct XidEvent {
+    /// The XID code.
+    pub code: u64,
+    /// The process it names (0: none).
+    pub pid: u32,
+    /// Reserved (layout padding).
+    pub _pad: u32,
+    /// When it was reported (`CLOCK_MONOTONIC` ns).
+    pub t_ns: u64,
 }
 
 /// An MPS client that died holding a context.

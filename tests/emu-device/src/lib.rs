@@ -837,6 +837,33 @@ impl Device {
         self.locked().header.compute_mode
     }
 
+    /// Reports XID `code` naming process `pid` (0: none), as the driver does on a GPU error:
+    /// NVML event sets registered for `nvmlEventTypeXidCriticalError` deliver it. Root only
+    /// ([`EmuError::NoPermission`]): on a real host XIDs come from the kernel driver, never
+    /// from a tenant (for tests and `gpuemu xid`).
+    pub fn report_xid(&self, code: u64, pid: u32) -> Result<(), EmuError> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(EmuError::NoPermission("reporting an XID".into()));
+        }
+        push_xid(&mut self.locked().header, code, pid, now_ns());
+        Ok(())
+    }
+
+    /// XID events reported since `after` of them were (`after`: a count this returned before,
+    /// or 0): the count now and the events still held, oldest first (older ones are lost).
+    pub fn xids_after(&self, after: u64) -> (u64, Vec<layout::XidEvent>) {
+        let g = self.locked();
+        let n = g.header.xid_count;
+        let from = after.max(n.saturating_sub(layout::XID_RING as u64));
+        (n, (from..n).map(|i| g.header.xids[(i % layout::XID_RING as u64) as usize]).collect())
+    }
+
+    /// XID events reported since the file was created.
+    pub fn xid_count(&self) -> u64 {
+        self.locked().header.xid_count
+    }
+
     /// Sets the compute mode as `nvmlDeviceSetComputeMode` (`nvidia-smi -c`) does: root only
     /// ([`EmuError::NoPermission`]); EXCLUSIVE_THREAD is refused (its support was removed),
     /// an unknown mode is invalid. It takes effect at once for the contexts created from then
@@ -1448,6 +1475,10 @@ fn reap_dead(st: &mut State, since: u64, now: u64) {
     }
 }
 
+/// XID 31, "GPU memory page fault" (an MMU fault): what NVML reported on the H200 for each
+/// client the MPS server tore down after a client died with kernels in flight.
+pub const XID_MMU_FAULT: u64 = 31;
+
 /// The MPS server's handling of a fatal GPU error after client `dead` died with kernels in
 /// flight: every other live client of the server gets the sticky error and loses its work.
 fn tear_down_others(st: &mut State, dead: usize, now: u64) {
@@ -1458,6 +1489,9 @@ fn tear_down_others(st: &mut State, dead: usize, now: u64) {
         if c != dead && cl.used != 0 && cl.mps_gen == generation && cl.contexts > 0 && cl.terminated == 0 {
             st.clients[c].terminated = 2;
             drop_kernels(st, c as u32, now);
+            // What the H200 reported with the server's "encountered a fatal GPU error": XID 31
+            // (an MMU fault) naming the torn-down client.
+            push_xid(&mut st.header, XID_MMU_FAULT, cl.pid, now);
             any = true;
         }
     }
@@ -1515,6 +1549,13 @@ fn info_of(st: &State) -> DeviceInfo {
 
 /// Remembers a client that died holding a context: it stays connected to its server, which
 /// hangs, until `terminate_client` or `quit`.
+/// Records XID `code` of process `pid` in the device's XID ring.
+fn push_xid(h: &mut layout::Header, code: u64, pid: u32, now: u64) {
+    let at = (h.xid_count % layout::XID_RING as u64) as usize;
+    h.xids[at] = layout::XidEvent { code, pid, _pad: 0, t_ns: now };
+    h.xid_count += 1;
+}
+
 fn push_dead(h: &mut layout::Header, pid: u32, uid: u32) {
     let n = (h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS);
     if n < layout::MAX_DEAD_MPS {

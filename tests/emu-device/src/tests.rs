@@ -439,10 +439,14 @@ fn in_teardown_mode_a_client_killed_mid_kernel_takes_its_neighbours_down() {
     kill_with(true, true);
     d.gate(&me).expect("terminated before the kill: nobody harmed");
     assert_eq!(d.mps_status().fatal_errors, 0);
+    assert_eq!(d.xid_count(), 0, "nobody harmed: no XID");
     kill_with(true, false);
     let st = d.mps_status();
     assert!(!st.poisoned, "no hang: {st:?}");
     assert_eq!(st.fatal_errors, 1, "{st:?}");
+    let (n, xids) = d.xids_after(0);
+    assert_eq!(n, 1);
+    assert_eq!((xids[0].code, xids[0].pid), (31, me.pid), "XID 31 naming the torn-down client, as on the H200");
     let e = d.gate(&me).unwrap_err();
     assert!(matches!(e, EmuError::MpsFatalError), "{e}");
     assert_eq!(e.to_curesult(), cuda_abi::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
@@ -1251,5 +1255,33 @@ fn compute_modes_rule_contexts_of_their_own_not_mps_clients() {
         assert!(matches!(d.set_compute_mode(compute_mode::DEFAULT), Err(EmuError::NoPermission(_))));
     }
     let _ = std::fs::remove_dir_all(&pipe);
+    std::fs::remove_file(&p).unwrap();
+}
+
+/// XIDs reach NVML event sets through the device's ring: a reader sees the ones after its
+/// count, in order; one that falls more than the ring behind loses the oldest. Only root
+/// reports one (the kernel driver does on a real host).
+#[test]
+fn xids_are_kept_in_order_and_a_reader_far_behind_loses_the_oldest() {
+    let p = tmp("xids");
+    let d = Device::open(&p, &profile::H100).unwrap();
+    if euid() != 0 {
+        assert!(matches!(d.report_xid(79, 0), Err(EmuError::NoPermission(_))));
+        return;
+    }
+    d.report_xid(79, 0).unwrap();
+    d.report_xid(43, 1234).unwrap();
+    let (n, v) = d.xids_after(0);
+    assert_eq!(n, 2);
+    assert_eq!(v.iter().map(|x| (x.code, x.pid)).collect::<Vec<_>>(), [(79, 0), (43, 1234)]);
+    assert_eq!(d.xids_after(1).1.len(), 1, "only the ones after the reader's count");
+    assert!(d.xids_after(2).1.is_empty());
+    for i in 0..(layout::XID_RING as u64 + 5) {
+        d.report_xid(1000 + i, 0).unwrap();
+    }
+    let (n, v) = d.xids_after(2);
+    assert_eq!(n, 2 + layout::XID_RING as u64 + 5);
+    assert_eq!(v.len(), layout::XID_RING, "the ring holds the newest");
+    assert_eq!(v[0].code, 1005, "the oldest five are lost to a reader that far behind");
     std::fs::remove_file(&p).unwrap();
 }

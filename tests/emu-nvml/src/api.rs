@@ -624,6 +624,45 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(request: *mut nvmlGpmMetricsGet_t) ->
     })
 }
 
+// ---- XID event sets (see `events`) ----
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(set, crate::events::create()?) })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    entry(|| crate::events::free(set))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(device: nvmlDevice_t, types: *mut c_ulonglong) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe {
+        state::index(device)?;
+        put(types, crate::events::SUPPORTED)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceRegisterEvents(device: nvmlDevice_t, types: c_ulonglong, set: nvmlEventSet_t) -> nvmlReturn_t {
+    entry(|| crate::events::register(device, types, set))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(set: nvmlEventSet_t, data: *mut nvmlEventData_t, timeoutms: c_uint) -> nvmlReturn_t {
+    // SAFETY: caller passes a valid pointer.
+    entry(|| unsafe { put(data, crate::events::wait(set, timeoutms)?) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait(set: nvmlEventSet_t, data: *mut nvmlEventData_t, timeoutms: c_uint) -> nvmlReturn_t {
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { nvmlEventSetWait_v2(set, data, timeoutms) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -655,6 +694,53 @@ mod tests {
             assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
             dev
         }
+    }
+
+    /// An XID event set delivers the XIDs reported after its registration, one per wait, in
+    /// order; waits time out when there is none; other event types are not supported; a freed
+    /// or bogus set is refused.
+    #[test]
+    fn an_xid_event_set_delivers_what_the_device_reports_after_registration() {
+        let _one = serial();
+        let dir = fresh_h100("xid");
+        // SAFETY: every pointer passed points at a live local of the type written.
+        unsafe {
+            let dev = init_gpu0();
+            let report = |code| state::with_device(dev, |d| d.report_xid(code, 0)).unwrap();
+            if libc::geteuid() != 0 {
+                assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+                return;
+            }
+            report(48).unwrap();
+            let mut set: nvmlEventSet_t = null_mut();
+            assert_eq!(nvmlEventSetCreate(&mut set), nvmlReturn_enum_NVML_SUCCESS);
+            let mut types: c_ulonglong = 0;
+            assert_eq!(nvmlDeviceGetSupportedEventTypes(dev, &mut types), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(types, nvmlEventTypeXidCriticalError as c_ulonglong);
+            assert_eq!(
+                nvmlDeviceRegisterEvents(dev, nvmlEventTypeAll as c_ulonglong, set),
+                nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+            );
+            assert_eq!(
+                nvmlDeviceRegisterEvents(dev, nvmlEventTypeXidCriticalError as c_ulonglong, set),
+                nvmlReturn_enum_NVML_SUCCESS
+            );
+            let mut e: nvmlEventData_t = std::mem::zeroed();
+            assert_eq!(nvmlEventSetWait_v2(set, &mut e, 0), nvmlReturn_enum_NVML_ERROR_TIMEOUT, "the XID before registration is not delivered");
+            report(79).unwrap();
+            report(43).unwrap();
+            for code in [79, 43] {
+                assert_eq!(nvmlEventSetWait_v2(set, &mut e, 1000), nvmlReturn_enum_NVML_SUCCESS);
+                assert_eq!((e.device, e.eventType, e.eventData), (dev, nvmlEventTypeXidCriticalError as c_ulonglong, code));
+                assert_eq!((e.gpuInstanceId, e.computeInstanceId), (NO_MIG, NO_MIG));
+            }
+            assert_eq!(nvmlEventSetWait_v2(set, &mut e, 5), nvmlReturn_enum_NVML_ERROR_TIMEOUT);
+            assert_eq!(nvmlEventSetFree(set), nvmlReturn_enum_NVML_SUCCESS);
+            assert_eq!(nvmlEventSetFree(set), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlEventSetWait_v2(set, &mut e, 0), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+            assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_SUCCESS);
+        }
+        std::fs::remove_dir_all(dir).ok();
     }
 
     /// Memory in use and the process list are live, as the driver reports them: an

@@ -14,6 +14,10 @@ USAGE:
                                       the compute mode; with MODE (DEFAULT, EXCLUSIVE_PROCESS,
                                       PROHIBITED or 0, 3, 2) sets it, as root only, like
                                       `nvidia-smi -c MODE` (new contexts obey it at once)
+    gpuemu xid [--state PATH] CODE [PID]
+                                      reports XID CODE (naming PID) as the driver would, as root
+                                      only: NVML event sets for nvmlEventTypeXidCriticalError
+                                      deliver it (the kernel log is not written)
 
 ENVIRONMENT:
     GPUEMU_STATE     state file of the emulated GPU (created on first use); --state overrides it
@@ -98,6 +102,28 @@ fn main() -> ExitCode {
             }
             println!("{}", compute_mode::name(d.compute_mode()));
             ExitCode::SUCCESS
+        }
+        Some("xid") => {
+            let code = match rest.get(1).map(|c| c.parse::<u64>()) {
+                Some(Ok(c)) => c,
+                _ => return usage("xid takes a code (and optionally the pid it names)"),
+            };
+            let pid = match rest.get(2).map(|p| p.parse::<u32>()) {
+                None => 0,
+                Some(Ok(p)) => p,
+                Some(Err(_)) => return usage("xid: the pid must be a number"),
+            };
+            let d = match open(state) {
+                Ok(d) => d,
+                Err(e) => return fail(&e),
+            };
+            match d.report_xid(code, pid) {
+                Ok(()) => {
+                    println!("xid {code} reported ({} since the state file was made)", d.xid_count());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
         }
         Some(other) => usage(&format!("unknown command {other:?}")),
         None => usage("no command given"),
