@@ -42,6 +42,7 @@ hooked_symbols! {
         cuMemFree, cuMemFree_v2,
         cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
         cuMemFreeAsync, cuMemFreeAsync_ptsz,
+        cuMemPoolCreate, cuMemPoolDestroy, cuMemPoolTrimTo,
         cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap,
         cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
         cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
@@ -61,6 +62,7 @@ hooked_symbols! {
         cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
         cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute,
+        cuMemPoolGetAttribute, cuDeviceGetMemPool, cuDeviceGetDefaultMemPool,
     ],
 }
 
