@@ -230,6 +230,12 @@ proc_table! {
     PFN_cuMemPoolDestroy_v11020 = cuMemPoolDestroy @ 11020 Plain => cuMemPoolDestroy(pool: CUmemoryPool);
     PFN_cuMemAllocFromPoolAsync_v11020 = cuMemAllocFromPoolAsync @ 11020 Plain => cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream);
     PFN_cuMemAllocFromPoolAsync_v11020_ptsz = cuMemAllocFromPoolAsync @ 11020 Ptsz => cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream);
+    PFN_cuMemPoolTrimTo_v11020 = cuMemPoolTrimTo @ 11020 Plain => cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize);
+    PFN_cuMemPoolSetAttribute_v11020 = cuMemPoolSetAttribute @ 11020 Plain => cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
+    PFN_cuMemPoolGetAttribute_v11020 = cuMemPoolGetAttribute @ 11020 Plain => cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
+    PFN_cuDeviceSetMemPool_v11020 = cuDeviceSetMemPool @ 11020 Plain => cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool);
+    PFN_cuDeviceGetMemPool_v11020 = cuDeviceGetMemPool @ 11020 Plain => cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
+    PFN_cuDeviceGetDefaultMemPool_v11020 = cuDeviceGetDefaultMemPool @ 11020 Plain => cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice);
     PFN_cuPointerGetAttribute_v4000 = cuPointerGetAttribute @ 4000 Plain => cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
     PFN_cuStreamCreate_v2000 = cuStreamCreate @ 2000 Plain => cuStreamCreate(phStream: *mut CUstream, Flags: c_uint);
     PFN_cuStreamWaitEvent_v3020 = cuStreamWaitEvent @ 3020 Plain => cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint);

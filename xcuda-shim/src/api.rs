@@ -293,20 +293,27 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usi
     })
 }
 
-/// Stream-ordered allocations (`pool` for `cuMemAllocFromPoolAsync`): reserved in the quota
-/// first, an allocation over it undone on the same stream.
+/// Stream-ordered allocations (`pool` for `cuMemAllocFromPoolAsync`): counted as what their
+/// pool reserves, on the pool's GPU (see `streampool`): the size reserved in the quota first,
+/// an allocation that cannot be recorded undone on the same stream. A pool the driver cannot
+/// name (or a full pool table) falls back to counting the allocation itself until its free.
 macro_rules! alloc_async {
     ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty $(, $pool:ident)?) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
+        #[doc = concat!("Hooked `", stringify!($name), "`: its pool's growth reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, $($pool: CUmemoryPool,)? stream: CUstream) -> CUresult {
             guard(|| {
                 let (alloc, free) = (real!($name: $pfn), real!($free: $free_pfn));
-                counted(&state().current().quota, Kind::StreamOrdered, bytesize as u64,
-                    // SAFETY: forwarding the caller's arguments.
-                    || unsafe { alloc(dptr, bytesize, $($pool,)? stream) }, || out!(dptr),
-                    // SAFETY: undoing our own allocation on the same stream.
-                    |k| { unsafe { free(k, stream) }; })
+                let st = state();
+                let explicit: Option<CUmemoryPool> = None $(.or(Some($pool)))?;
+                // SAFETY: forwarding the caller's arguments.
+                let call = || unsafe { alloc(dptr, bytesize, $($pool,)? stream) };
+                // SAFETY: undoing our own allocation on the same stream.
+                let undo = |k| { unsafe { free(k, stream) }; };
+                match crate::streampool::pool_for(st, explicit) {
+                    Some(slot) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
+                    None => counted(&st.current().quota, Kind::StreamOrdered, bytesize as u64, call, || out!(dptr), undo),
+                }
             })
         }
     };
@@ -413,8 +420,14 @@ macro_rules! freeing {
             pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
                 guard(|| {
                     let free = real!($name: $pfn);
+                    let st = state();
                     // SAFETY: forwarding the caller's arguments.
-                    freed(state(), Kind::$kind, $key, || unsafe { free($($a),*) })
+                    let free = || freed(st, Kind::$kind, $key, || unsafe { free($($a),*) });
+                    if Kind::$kind == Kind::DevicePtr {
+                        crate::streampool::freeing(st, $key, free)
+                    } else {
+                        free()
+                    }
                 })
             }
         )*
@@ -422,18 +435,56 @@ macro_rules! freeing {
 }
 
 freeing! {
-    /// Hooked `cuMemFree_v2`: the bytes counted for the pointer go back to the quota that counted them.
+    /// Hooked `cuMemFree_v2`: the bytes counted for the pointer go back to the quota that counted
+    /// them (a stream-ordered allocation's stay counted while its pool keeps them).
     fn cuMemFree_v2(dptr: CUdeviceptr): PFN_cuMemFree_v3020 => DevicePtr(dptr);
     /// Hooked `cuMemFree` (32-bit ABI): like `cuMemFree_v2`.
     fn cuMemFree(dptr: CUdeviceptr_v1): PFN_cuMemFree_v2000 => DevicePtr(u64::from(dptr));
-    /// Hooked `cuMemFreeAsync`: the bytes counted for the pointer go back to the quota.
+    /// Hooked `cuMemFreeAsync`: like `cuMemFree_v2` (a stream-ordered allocation goes back to
+    /// its pool, which keeps it counted until it releases it).
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream): PFN_cuMemFreeAsync_v11020 => DevicePtr(dptr);
-    /// Hooked `cuMemFreeAsync_ptsz`: the bytes counted for the pointer go back to the quota.
+    /// Hooked `cuMemFreeAsync_ptsz`: like `cuMemFreeAsync`.
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream): PFN_cuMemFreeAsync_v11020_ptsz => DevicePtr(dptr);
     /// Hooked `cuArrayDestroy`: gives the array's bytes back.
     fn cuArrayDestroy(h: CUarray): PFN_cuArrayDestroy_v2000 => Array(h as u64);
     /// Hooked `cuMipmappedArrayDestroy`: gives the mipmapped array's bytes back.
     fn cuMipmappedArrayDestroy(h: CUmipmappedArray): PFN_cuMipmappedArrayDestroy_v5000 => Array(h as u64);
+}
+
+// ---- stream-ordered pools (see streampool) ---------------------------------------------------
+
+/// Hooked `cuMemPoolCreate`: the pool is counted on the device its properties name (a
+/// host-located pool, new in CUDA 13.0, on the current device: stricter than needed).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult {
+    guard(|| {
+        let create = real!(cuMemPoolCreate: PFN_cuMemPoolCreate_v11020);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { create(pool, props) };
+        if rc == CUresult::CUDA_SUCCESS {
+            let st = state();
+            // SAFETY: the driver accepted these properties (non-null, valid per its contract).
+            let on = (!props.is_null()).then(|| unsafe { (*props).location }).filter(|l| l.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
+            let ord = on.map_or_else(|| st.current_ordinal(), |l| usize::try_from(l.id).unwrap_or(usize::MAX));
+            crate::streampool::created(st, out!(pool), ord);
+        }
+        rc
+    })
+}
+
+/// Hooked `cuMemPoolDestroy`: the pool's count settled (kept while its allocations live).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuMemPoolDestroy: PFN_cuMemPoolDestroy_v11020);
+        // SAFETY: forwarding the caller's argument.
+        crate::streampool::destroying(state(), pool, || unsafe { destroy(pool) })
+    })
+}
+
+forward_then! {
+    /// Hooked `cuMemPoolTrimTo`: the pools' count settled to what the driver still reserves.
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize): PFN_cuMemPoolTrimTo_v11020 => crate::streampool::trimmed(state(), pool);
 }
 
 // ---- VMM mappings ----------------------------------------------------------------------------

@@ -771,12 +771,12 @@ fn on_fork_child_inner() {
         if let Some(st) = state::get() {
             st.contexts.clear();
             st.quotas().for_each(|q| q.after_fork_child());
-            // The child has no driver state: no graph pool either.
+            // The child has no driver state: no graph pool or stream-ordered pool either.
             st.gpus.iter().for_each(|g| {
-                g.graph_counted.store(0, Relaxed);
-                g.graph_inflight.store(0, Relaxed);
-                g.graph_over.store(false, Relaxed);
+                g.graph.reset();
+                g.stream_pools.reset();
             });
+            st.stream_pools.after_fork_child();
         }
         // The helper's pipe is the parent's: nothing in the child may wake the parent's helper.
         for fd in [PIPE_WR.swap(-1, AcqRel), PIPE_RD.swap(-1, AcqRel)] {

@@ -15,12 +15,11 @@
 //! Launches of graphs without memory nodes pay one atomic load and one map lookup per GPU; only
 //! launches of execs with memory nodes query the driver.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, Ordering::*};
 
 use cuda_abi::{CUdevice, CUgraphMem_attribute, CUresult};
 
 use crate::ptrmap::PtrMap;
-use crate::quota::Quota;
 use crate::state::{call_real, Gpu, State};
 
 /// Ordinal bits of a map key (handles are pointers, below 2^48).
@@ -118,30 +117,25 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
             attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
             attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
         );
-        // In flight and reserved under the GPU's graph lock: a settle lowers the count only
-        // under it, seeing no other launch in flight, so it cannot lower the count this
-        // launch reads between that read and its reservation (the launch would then map its
-        // memory uncounted). The lock covers a few atomics only (the driver calls are above).
-        lock(&g.graph_lock);
-        g.graph_inflight.fetch_add(1, AcqRel);
-        let (used, reserved) = match attrs {
-            (Some(u), Some(r)) => (u, r),
-            // The driver cannot say: assume nothing in the pool is reusable.
-            _ => (g.graph_counted.load(Relaxed), g.graph_counted.load(Relaxed)),
-        };
-        let after = reserved.max(used.saturating_add(fp));
-        let counted = g.graph_counted.load(Relaxed);
-        let need = after.saturating_sub(counted);
-        let reserved_ok = need == 0 || g.quota.try_reserve(need);
-        if reserved_ok && need > 0 {
-            g.graph_counted.fetch_add(need, Relaxed);
-        }
-        g.graph_lock.store(false, Release);
+        // In flight and reserved under the count's lock (`PoolCount::begin`): a settle lowers
+        // the count only under it, seeing no other launch in flight, so it cannot lower the
+        // count this launch reads between that read and its reservation (the launch would then
+        // map its memory uncounted). The driver calls are above, outside the lock.
+        let mut need = 0;
+        let reserved_ok = g.graph.begin(&g.quota, |counted| {
+            let (used, reserved) = match attrs {
+                (Some(u), Some(r)) => (u, r),
+                // The driver cannot say: assume nothing in the pool is reusable.
+                _ => (counted, counted),
+            };
+            need = reserved.max(used.saturating_add(fp)).saturating_sub(counted);
+            need
+        });
         if !reserved_ok {
             for (o, g) in st.gpus.iter().enumerate().take(ord + 1) {
                 if gm.footprint(exec, o) > 0 {
                     settle(g, o as CUdevice, 1);
-                    g.graph_inflight.fetch_sub(1, AcqRel);
+                    g.graph.end();
                 }
             }
             crate::state::logged(|| {
@@ -160,93 +154,11 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
     Ok(())
 }
 
-/// Takes a GPU's graph lock (held for a few atomics at a time: spins, then yields).
-fn lock(l: &AtomicBool) {
-    let mut spins = 0u32;
-    while l.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
-        spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
 /// Settles GPU `g`'s (ordinal `dev`) graph-pool count to what the driver reserves. `own`: the
-/// launches with memory nodes the caller itself has in flight on `g` (its reservation is not
-/// yet mapped). While any other launch is in flight the count is not lowered: that launch's
-/// reservation is still above what the pool holds, and its own settle lowers it later.
+/// launches with memory nodes the caller itself has in flight on `g` (see
+/// [`crate::poolcount::PoolCount::settle`]).
 pub fn settle(g: &Gpu, dev: CUdevice, own: u32) {
-    settle_guarded(&g.quota, &g.graph_counted, &g.graph_over, dev, &g.graph_lock, || g.graph_inflight.load(Acquire) <= own, || {
-        attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
-    });
-}
-
-/// [`settle_guarded`] with a lock of its own and `shrink` decided up front (unit tests).
-#[cfg(test)]
-fn settle_to(quota: &Quota, counted: &AtomicU64, over: &AtomicBool, dev: CUdevice, shrink: bool, actual: impl FnMut() -> Option<u64>) -> bool {
-    settle_guarded(quota, counted, over, dev, &AtomicBool::new(false), || shrink, actual)
-}
-
-/// [`settle`] on its parts, with the pool's size from `actual`. Settles may run at once (a
-/// trim, the controller tick, launches on several threads): each applies its difference with
-/// one compare-and-swap on `counted`, and one that loses asks again, so a difference is given
-/// back or reserved once. A lowering happens only under `lock` and only if `may_shrink` says
-/// so there (no other launch in flight); with the lock busy it is left to the next settle.
-/// Growth past the quota is counted as far as the quota allows (the group sees itself at its
-/// limit: its next allocation is refused) and logged once until the count catches up.
-/// Returns whether it logged that now.
-fn settle_guarded(
-    quota: &Quota,
-    counted: &AtomicU64,
-    over: &AtomicBool,
-    dev: CUdevice,
-    lock: &AtomicBool,
-    may_shrink: impl Fn() -> bool,
-    mut actual: impl FnMut() -> Option<u64>,
-) -> bool {
-    // Each lost swap means another settle or a launch moved the count: bounded, it is redone
-    // on the next tick at the latest.
-    for _ in 0..8 {
-        let c = counted.load(Acquire);
-        let Some(a) = actual() else { return false };
-        if a > c {
-            let more = a - c;
-            let got = quota.reserve_up_to(more);
-            if counted.compare_exchange(c, c + got, AcqRel, Acquire).is_err() {
-                quota.release(got);
-                continue;
-            }
-            if got == more {
-                over.store(false, Relaxed);
-                return false;
-            }
-            if over.swap(true, Relaxed) {
-                return false;
-            }
-            crate::state::logged(|| tracing::error!(device = dev, pool = a, counted = c + got, quota_used = quota.used(), quota = quota.limit(), "xcuda: the driver's graph memory pool grew past the group's quota (an exec the shim could not size): counted as far as the quota allows; the group is at its limit"));
-            return true;
-        }
-        if a < c {
-            if lock.compare_exchange(false, true, Acquire, Relaxed).is_err() {
-                return false;
-            }
-            let shrink = may_shrink();
-            let lowered = shrink && counted.compare_exchange(c, a, AcqRel, Acquire).is_ok();
-            lock.store(false, Release);
-            if !shrink {
-                return false;
-            }
-            if !lowered {
-                continue;
-            }
-            quota.release(c - a);
-        }
-        over.store(false, Relaxed);
-        return false;
-    }
-    false
+    g.graph.settle(&g.quota, dev, own, || attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT));
 }
 
 /// After launching `exec` (successful or not): settles the GPUs its memory nodes use.
@@ -254,7 +166,7 @@ pub fn after_launch(st: &State, exec: u64) {
     for (ord, g) in st.gpus.iter().enumerate() {
         if st.graph_mem.footprint(exec, ord) > 0 {
             settle(g, ord as CUdevice, 1);
-            g.graph_inflight.fetch_sub(1, AcqRel);
+            g.graph.end();
         }
     }
 }
@@ -262,96 +174,19 @@ pub fn after_launch(st: &State, exec: u64) {
 /// Controller tick: settles GPU `g` unless a launch with memory nodes is between its
 /// reservation and its own settle.
 pub fn tick(st: &State, g: &Gpu, dev: CUdevice) {
-    if st.graph_mem.seen() && g.graph_inflight.load(Acquire) == 0 {
-        settle(g, dev, 0);
+    if st.graph_mem.seen() {
+        g.graph.tick(&g.quota, dev, || attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT));
     }
 }
 
 /// Bytes counted for graph pools, over every GPU (for tests and logs).
 pub fn counted(st: &State) -> u64 {
-    st.gpus.iter().map(|g| g.graph_counted.load(Relaxed)).sum()
+    st.gpus.iter().map(|g| g.graph.counted()).sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    /// A settle that runs while another is between reading the count and changing it (a trim
-    /// against the controller tick, two launching threads): the pool's shrink is given back
-    /// once. Both gave it back before: the count wrapped toward 2^64 and the quota's use went to
-    /// zero (a later give-back would have freed the whole group's quota).
-    #[test]
-    fn concurrent_settles_give_a_shrink_back_once() {
-        let (q, counted, over) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false));
-        assert!(q.try_reserve(10 * MIB), "a plain allocation beside the pool");
-        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(80 * MIB)));
-        assert_eq!((counted.load(Relaxed), q.used()), (80 * MIB, 90 * MIB));
-        let mut first = true;
-        settle_to(&q, &counted, &over, 0, true, || {
-            if std::mem::take(&mut first) {
-                // The other settle, between this one's read of the count and its change.
-                settle_to(&q, &counted, &over, 0, true, || Some(30 * MIB));
-            }
-            Some(30 * MIB)
-        });
-        assert_eq!(counted.load(Relaxed), 30 * MIB, "pool counted once");
-        assert_eq!(q.used(), 40 * MIB, "the plain allocation and the pool, 50 MiB given back once");
-    }
-
-    /// A launch that counts itself in flight after a settle read the pool (a trim emptied it)
-    /// but before the settle lowers the count: the settle sees it in flight under the lock and
-    /// leaves the count, which the launch's reservation was read against. Before, the settle
-    /// had decided to lower up front: the launch reserved nothing against the stale count, the
-    /// count went to 0, and the launch's memory was mapped uncounted (a neighbour took the
-    /// quota it freed).
-    #[test]
-    fn a_launch_counted_in_flight_during_a_settle_keeps_the_count() {
-        let (q, counted, over, lock) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false), AtomicBool::new(false));
-        let inflight = std::sync::atomic::AtomicU32::new(0);
-        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(80 * MIB)));
-        settle_guarded(&q, &counted, &over, 0, &lock, || inflight.load(Acquire) == 0, || {
-            // A trim emptied the pool; a launch then counts itself in flight and finds the
-            // count (80) covers its 60 MiB: it reserves nothing.
-            inflight.fetch_add(1, AcqRel);
-            Some(0)
-        });
-        assert_eq!((counted.load(Relaxed), q.used()), (80 * MIB, 80 * MIB), "not lowered under the launch");
-    }
-
-    /// While another launch is between its reservation and its settle, a settle does not lower
-    /// the count (that launch's reservation is not mapped yet); growth is still counted.
-    #[test]
-    fn no_shrink_while_another_launch_is_in_flight() {
-        let (q, counted, over) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false));
-        settle_to(&q, &counted, &over, 0, true, || Some(60 * MIB));
-        settle_to(&q, &counted, &over, 0, false, || Some(20 * MIB));
-        assert_eq!((counted.load(Relaxed), q.used()), (60 * MIB, 60 * MIB));
-        settle_to(&q, &counted, &over, 0, false, || Some(70 * MIB));
-        assert_eq!((counted.load(Relaxed), q.used()), (70 * MIB, 70 * MIB));
-    }
-
-    /// The pool grew past the quota (memory the driver already mapped): it is counted up to the
-    /// limit, so the group's next allocation is refused, and said once per episode, not every
-    /// tick. Before: nothing was counted and the error came every tick.
-    #[test]
-    fn growth_past_the_quota_is_counted_to_the_limit_and_said_once() {
-        let (q, counted, over) = (Quota::local(100 * MIB), AtomicU64::new(0), AtomicBool::new(false));
-        assert!(q.try_reserve(70 * MIB));
-        assert!(settle_to(&q, &counted, &over, 0, true, || Some(50 * MIB)), "said the first time");
-        assert_eq!((counted.load(Relaxed), q.used()), (30 * MIB, 100 * MIB), "counted as far as the quota allows");
-        assert!(!q.try_reserve(1), "the group is at its limit");
-        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(50 * MIB)), "not again on the next tick");
-        assert_eq!((counted.load(Relaxed), q.used()), (30 * MIB, 100 * MIB));
-        q.release(20 * MIB);
-        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(50 * MIB)), "room again: the rest is counted");
-        assert_eq!((counted.load(Relaxed), q.used()), (50 * MIB, 100 * MIB));
-        assert!(!over.load(Relaxed), "episode over");
-        assert!(!settle_to(&q, &counted, &over, 0, true, || Some(10 * MIB)));
-        assert!(settle_to(&q, &counted, &over, 0, true, || Some(200 * MIB)), "a new episode is said again");
-        assert_eq!((counted.load(Relaxed), q.used()), (50 * MIB, 100 * MIB), "50 MiB beside 10 counted, 40 more fit");
-    }
 
     #[test]
     fn footprints_follow_graphs_into_execs_per_device() {

@@ -42,6 +42,7 @@ hooked_symbols! {
         cuMemFree, cuMemFree_v2,
         cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
         cuMemFreeAsync, cuMemFreeAsync_ptsz,
+        cuMemPoolCreate, cuMemPoolDestroy, cuMemPoolTrimTo,
         cuMemCreate, cuMemRelease, cuMemRetainAllocationHandle, cuMemMap, cuMemUnmap,
         cuArrayCreate, cuArray3DCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
         cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
@@ -62,6 +63,7 @@ hooked_symbols! {
         cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
         cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute, cuCtxGetLimit,
+        cuMemPoolGetAttribute, cuDeviceGetMemPool, cuDeviceGetDefaultMemPool,
     ],
 }
 

@@ -17,6 +17,7 @@ use node_ledger::{ledger::group_id_for, Ledger};
 
 use crate::config::Config;
 use crate::exit::Contexts;
+use crate::poolcount::PoolCount;
 use crate::quota::Quota;
 use crate::throttle::{Pid, Sample, Throttle};
 
@@ -32,17 +33,25 @@ pub struct Gpu {
     pub host_index: Option<u32>,
     /// The driver's UUID of this device (`GPU-...`; empty if unknown).
     pub uuid: String,
-    /// Bytes of this device's graph memory pool counted in the quota ([`crate::graphmem`]).
-    pub graph_counted: std::sync::atomic::AtomicU64,
-    /// Launches with memory nodes between their reservation and their settle.
-    pub graph_inflight: std::sync::atomic::AtomicU32,
-    /// Held while a launch counts itself in flight and reserves against `graph_counted`, and
-    /// while a settle decides to lower it ([`crate::graphmem`]): a lowering never slips between
-    /// a launch's read of the count and its reservation.
-    pub graph_lock: std::sync::atomic::AtomicBool,
-    /// The pool grew past what the quota allows and is counted only up to it (logged once per
-    /// such episode; cleared when the count catches up with the pool).
-    pub graph_over: std::sync::atomic::AtomicBool,
+    /// This device's graph memory pool as counted in the quota ([`crate::graphmem`]).
+    pub graph: PoolCount,
+    /// This device's stream-ordered memory pools as counted in the quota
+    /// ([`crate::streampool`]).
+    pub stream_pools: PoolCount,
+}
+
+impl Gpu {
+    fn new(quota: Quota, throttle: Throttle, device_total: u64, host_index: Option<u32>, uuid: String) -> Self {
+        Self {
+            quota,
+            throttle,
+            device_total,
+            host_index,
+            uuid,
+            graph: PoolCount::new("graph memory pool (an exec the shim could not size)"),
+            stream_pools: PoolCount::new("stream-ordered memory pools (a pool grew beyond an allocation's size)"),
+        }
+    }
 }
 
 /// Everything the hooks use.
@@ -55,6 +64,8 @@ pub struct State {
     unmapped: Gpu,
     /// Graph memory nodes' sizes per graph and exec.
     pub graph_mem: crate::graphmem::GraphMem,
+    /// The stream-ordered pools this process allocated from, and its allocations' pools.
+    pub stream_pools: crate::streampool::StreamPools,
 }
 
 impl State {
@@ -73,10 +84,20 @@ impl State {
         if self.gpus.len() == 1 {
             return &self.gpus[0];
         }
+        self.gpu(self.current_ordinal() as CUdevice)
+    }
+
+    /// The ordinal of the calling thread's current context's device (0 with one GPU, without
+    /// asking the driver; 0 without a current context).
+    #[inline]
+    pub fn current_ordinal(&self) -> usize {
+        if self.gpus.len() == 1 {
+            return 0;
+        }
         let mut dev: CUdevice = 0;
         match call_real!(cuCtxGetDevice: cuda_abi::PFN_cuCtxGetDevice_v2000, &mut dev) {
-            cuda_abi::CUresult::CUDA_SUCCESS => self.gpu(dev),
-            _ => &self.gpus[0],
+            cuda_abi::CUresult::CUDA_SUCCESS => usize::try_from(dev).unwrap_or(usize::MAX),
+            _ => 0,
         }
     }
 
@@ -330,17 +351,7 @@ fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
     let quota = quota.owned_by(crate::exit::current_context);
     quota.set_test_check_pause_ms(cfg.memory.test_ledger_check_pause_ms);
     tracing::info!(device = ord, uuid = %f.uuid, host_gpu = ?host.as_ref().ok(), quota_bytes = quota.limit(), device_bytes = f.total, sms = f.sms, group = %cfg.group, "xcuda active");
-    Gpu {
-        quota,
-        throttle: Throttle::new(&cfg.throttle, f.sms),
-        device_total: f.total,
-        host_index: host.ok(),
-        uuid: f.uuid.clone(),
-        graph_counted: Default::default(),
-        graph_inflight: Default::default(),
-        graph_lock: Default::default(),
-        graph_over: Default::default(),
-    }
+    Gpu::new(quota, Throttle::new(&cfg.throttle, f.sms), f.total, host.ok(), f.uuid.clone())
 }
 
 fn build() -> State {
@@ -352,18 +363,8 @@ fn build() -> State {
     }
     let n = facts.len();
     let gpus: Box<[Gpu]> = facts.iter().enumerate().map(|(ord, f)| build_gpu(cfg, ord, n, f)).collect();
-    let unmapped = Gpu {
-        quota: Quota::local(0),
-        throttle: Throttle::new(&cfg.clone().fail_closed().throttle, 1),
-        device_total: 0,
-        host_index: None,
-        uuid: String::new(),
-        graph_counted: Default::default(),
-        graph_inflight: Default::default(),
-        graph_lock: Default::default(),
-        graph_over: Default::default(),
-    };
-    let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default() };
+    let unmapped = Gpu::new(Quota::local(0), Throttle::new(&cfg.clone().fail_closed().throttle, 1), 0, None, String::new());
+    let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default(), stream_pools: Default::default() };
     crate::exit::install_process_hooks(cfg);
     start_controller_when_ready();
     st
@@ -514,6 +515,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
         for (ord, (g, lp)) in st.gpus.iter().zip(loops.iter_mut()).enumerate() {
             tick(ord, g, lp, stale_ns, dt);
             crate::graphmem::tick(st, g, ord as CUdevice);
+            crate::streampool::tick(st, g, ord as CUdevice);
             if house && !housekeeping(g, lp, stale_ns) {
                 return;
             }

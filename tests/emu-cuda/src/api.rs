@@ -3,6 +3,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use crate::driver::{self, LaunchReq, R};
+use crate::pools as emu_pools;
 use cuda_abi::*;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_float, c_int, c_uchar, c_uint, c_void};
@@ -630,6 +631,22 @@ export! {
         put(pool, ptr(driver::pool_create(pr.allocType.0, on_device, pr.location.id)?))
     }
     fn cuMemPoolDestroy(pool: CUmemoryPool) { driver::pool_destroy(h(pool)) }
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) { driver::pool_trim_to(h(pool), minBytesToKeep as u64) }
+    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) {
+        let v = driver::pool_attribute(h(pool), attr.0)?;
+        // "(value type = int)" for the reuse attributes, cuuint64_t for the others.
+        if emu_pools::attr::is_int(attr.0) { put(value.cast::<c_int>(), v as c_int) } else { put(value.cast::<cuuint64_t>(), v) }
+    }
+    fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) {
+        if value.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let v = if emu_pools::attr::is_int(attr.0) { *value.cast::<c_int>() as u64 } else { *value.cast::<cuuint64_t>() };
+        driver::pool_set_attribute(h(pool), attr.0, v)
+    }
+    fn cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) { put(pool_out, ptr(driver::device_default_pool(dev)?)) }
+    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) { put(pool, ptr(driver::device_pool(dev)?)) }
+    fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) { driver::device_set_pool(dev, h(pool)) }
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
         alloc_async(dptr, bytesize, Some(pool), hStream)
     }
@@ -898,21 +915,18 @@ unsafe fn add_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNo
     unsafe { put(out, ptr(driver::graph_add_kernel(h(graph), node)?)) }
 }
 
-/// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`) and their `_ptsz`: committed at once
-/// (the emulator's pools hold no memory back), owned by no context (they outlive it).
+/// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`) and their `_ptsz`: from the pool
+/// (`driver::mem_alloc_async`), owned by no context (they outlive it).
 ///
 /// # Safety
 /// `dptr` null or writable.
 unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUmemoryPool>, stream: CUstream) -> R {
-    if let Some(p) = pool {
-        driver::pool_check(h(p))?;
-    }
     driver::check_stream(h(stream))?;
     if dptr.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: checked non-null out-pointer.
-    unsafe { put(dptr, driver::mem_alloc_async(bytesize as u64)?) }
+    unsafe { put(dptr, driver::mem_alloc_async(bytesize as u64, pool.map(h))?) }
 }
 
 /// `cuMemAllocHost_v2` / `cuMemHostAlloc`: `bytesize` bytes of host memory (plain `malloc`: the

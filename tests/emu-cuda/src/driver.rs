@@ -150,6 +150,8 @@ struct Alloc {
     size: u64,
     ctx: u64,
     ord: usize,
+    /// The memory pool of a stream-ordered allocation (its bytes go back there when freed).
+    pool: Option<u64>,
 }
 
 struct Phys {
@@ -181,7 +183,8 @@ struct Inner {
     reservations: BTreeMap<u64, u64>,
     mappings: BTreeMap<u64, Mapping>,
     arrays: HashMap<u64, (usize, u64)>,
-    pools: HashSet<u64>,
+    /// Stream-ordered memory pools ([`crate::pools`]).
+    pools: crate::pools::Pools,
     graphs: HashMap<u64, Vec<GraphNode>>,
     execs: HashMap<u64, Vec<GraphNode>>,
     /// Memory nodes of each graph (and of each instantiation: exec -> (graph, nodes)).
@@ -950,9 +953,17 @@ fn last_on_stream(h: u64) -> R<(&'static Driver, u64)> {
 
 /// `cuStreamSynchronize`: waits for the stream's last kernel (emulated completion).
 pub fn stream_sync(h: u64) -> R {
+    let d = stream_wait(h)?;
+    pools_after_sync(d);
+    Ok(())
+}
+
+/// Waits for the stream's last kernel, without what a synchronize call does besides (an async
+/// copy's wait is no `cuStreamSynchronize`: pools keep their reserve).
+fn stream_wait(h: u64) -> R<&'static Driver> {
     let (d, last) = last_on_stream(h)?;
     wait_ticket(d, last)?;
-    Ok(())
+    Ok(d)
 }
 
 /// `CUDA_SUCCESS` if the stream is idle, `CUDA_ERROR_NOT_READY` otherwise.
@@ -972,6 +983,14 @@ pub fn ctx_sync() -> R {
 
 /// `cuCtxSynchronize_v2` (CUDA 13.0): waits for everything queued in `ctx` (0: the current one).
 pub fn ctx_sync_of(ctx: u64) -> R {
+    ctx_wait(ctx)?;
+    pools_after_sync(drv()?);
+    Ok(())
+}
+
+/// Waits for everything queued in `ctx` (0: the current one), without what a synchronize call
+/// does besides (a synchronous copy's wait: pools keep their reserve).
+fn ctx_wait(ctx: u64) -> R {
     let d = drv()?;
     let ctx = if ctx == 0 { current()? } else { ctx };
     if !d.lock().ctxs.contains_key(&ctx) {
@@ -1055,6 +1074,7 @@ fn event_time(d: &Driver, ev: u64, block: bool) -> R<Option<u64>> {
 pub fn event_sync(ev: u64) -> R {
     let d = drv()?;
     event_time(d, ev, true)?;
+    pools_after_sync(d);
     Ok(())
 }
 
@@ -1423,12 +1443,41 @@ pub fn mem_alloc(size: u64) -> R<u64> {
     mem_alloc_in(size, true)
 }
 
-/// A stream-ordered allocation (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) on the current
-/// context's device: it belongs to the device's pool, not to the context, and outlives it
-/// (`cuCtxDestroy`: "will not destroy memory allocations by cuMemCreate(), cuMemAllocAsync()
-/// and cuMemAllocFromPoolAsync()"); freed by a free or at process exit.
-pub fn mem_alloc_async(size: u64) -> R<u64> {
-    mem_alloc_in(size, false)
+/// A stream-ordered allocation: from `pool` (`cuMemAllocFromPoolAsync`: "The allocation comes
+/// from the specified memory pool", which "may be from a device different than that of the
+/// specified hStream"), else from the current pool of the current context's device
+/// (`cuMemAllocAsync`: "The allocation comes from the memory pool current to the stream's
+/// device"; the stream is checked to be the current context's). The pool's unused reserve is
+/// reused when it covers the size, else the pool grows by the shortfall, committed on the
+/// pool's device (`CUDA_ERROR_OUT_OF_MEMORY` when the device is full). The allocation belongs
+/// to its pool, not to the context, and outlives it (`cuCtxDestroy`: "will not destroy memory
+/// allocations by cuMemCreate(), cuMemAllocAsync() and cuMemAllocFromPoolAsync()"); a free
+/// returns it to the pool.
+pub fn mem_alloc_async(size: u64, pool: Option<u64>) -> R<u64> {
+    let ctx = current()?;
+    if size == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let d = drv()?;
+    let cur = ctx_ord(ctx)?;
+    let mut g = d.lock();
+    let pool = match pool {
+        Some(p) => p,
+        None => {
+            let fresh = g.handle();
+            g.pools.current_of(cur, || fresh)
+        }
+    };
+    let (ord, grow) = g.pools.growth(pool, size)?;
+    d.gate_on(ord)?;
+    let gp = d.gpu(ord);
+    let addr = gp.dev.reserve_address(size, 512).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)? | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
+    if grow > 0 {
+        gp.dev.commit(&gp.client, grow).map_err(dev_err)?;
+    }
+    g.pools.allocated(pool, size, grow);
+    g.allocs.insert(addr, Alloc { size, ctx: NO_CTX, ord, pool: Some(pool) });
+    Ok(addr)
 }
 
 /// Context of an allocation that belongs to no context (stream-ordered).
@@ -1445,8 +1494,23 @@ fn mem_alloc_in(size: u64, ctx_owned: bool) -> R<u64> {
     let gp = d.gpu(ord);
     let addr = gp.dev.alloc(&gp.client, size, 512).map_err(dev_err)? | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
     let ctx = if ctx_owned { ctx } else { NO_CTX };
-    d.lock().allocs.insert(addr, Alloc { size, ctx, ord });
+    d.lock().allocs.insert(addr, Alloc { size, ctx, ord, pool: None });
     Ok(addr)
+}
+
+/// Gives device memory pools released back to the devices.
+fn give_back(d: &Driver, released: impl IntoIterator<Item = crate::pools::Release>) {
+    for (ord, bytes) in released {
+        let gp = d.gpu(ord);
+        gp.dev.free(&gp.client, bytes);
+    }
+}
+
+/// After a stream, event or context synchronisation: every pool releases its reserve above
+/// max(used, release threshold) (see [`crate::pools::Pools::release_at_sync`]).
+fn pools_after_sync(d: &Driver) {
+    let released = d.lock().pools.release_at_sync();
+    give_back(d, released);
 }
 
 /// `cuMemAllocPitch`: rows padded to 512 bytes; (address, pitch).
@@ -1471,6 +1535,14 @@ pub fn mem_free(addr: u64) -> R {
     }
     let a = g.allocs.remove(&addr).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     g.mem.discard(addr, a.size);
+    if let Some(pool) = a.pool {
+        // Back into its pool, which keeps the memory reserved (a destroyed pool's last free
+        // releases it).
+        let released = g.pools.freed(pool, a.size);
+        drop(g);
+        give_back(d, released);
+        return Ok(());
+    }
     let gp = d.gpu(a.ord);
     gp.dev.free(&gp.client, a.size);
     Ok(())
@@ -1521,7 +1593,7 @@ pub fn check_device_range(addr: u64, len: u64) -> R {
 /// was synchronised already).
 fn on_memory(sync: bool, ranges: &[(u64, u64)], op: impl FnOnce(&mut Inner)) -> R {
     let d = drv()?;
-    if sync { ctx_sync()? } else { d.gate()? }
+    if sync { ctx_wait(0)? } else { d.gate()? }
     let mut g = d.lock();
     for &(addr, len) in ranges {
         check_range(&g, addr, len)?;
@@ -1552,10 +1624,10 @@ pub fn memset_d8(dst: u64, v: u8, n: u64) -> R {
 
 /// Synchronises `stream` before an async copy (copies themselves are instantaneous).
 pub fn sync_for_async(stream: u64) -> R {
-    stream_sync(stream)
+    stream_wait(stream).map(|_| ())
 }
 
-/// `cuMemPoolCreate` (allocations from it are committed at once).
+/// `cuMemPoolCreate`: an empty pool backed by `device`'s memory.
 pub fn pool_create(alloc_type: u32, location_is_device: bool, device: i32) -> R<u64> {
     current()?;
     // PINNED on this device; MANAGED pools are new in CUDA 13.0; host-located pools (13.0) are
@@ -1566,19 +1638,57 @@ pub fn pool_create(alloc_type: u32, location_is_device: bool, device: i32) -> R<
     }
     let mut g = drv()?.lock();
     let h = g.handle();
-    g.pools.insert(h);
+    g.pools.create(h, device as usize);
     Ok(h)
 }
 
-/// `cuMemPoolDestroy`.
+/// `cuMemPoolDestroy` (see [`crate::pools::Pools::destroy`]).
 pub fn pool_destroy(p: u64) -> R {
-    let mut g = drv()?.lock();
-    if g.pools.remove(&p) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+    let d = drv()?;
+    let released = d.lock().pools.destroy(p)?;
+    give_back(d, released);
+    Ok(())
 }
 
-/// `CUDA_ERROR_INVALID_VALUE` for an unknown pool.
-pub fn pool_check(p: u64) -> R {
-    if drv()?.lock().pools.contains(&p) { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
+/// `cuMemPoolTrimTo` (see [`crate::pools::Pools::trim_to`]).
+pub fn pool_trim_to(p: u64, keep: u64) -> R {
+    let d = drv()?;
+    let released = d.lock().pools.trim_to(p, keep)?;
+    give_back(d, released);
+    Ok(())
+}
+
+/// `cuMemPoolGetAttribute`: an `int` attribute's value as `u64`.
+pub fn pool_attribute(p: u64, attr: u32) -> R<u64> {
+    drv()?.lock().pools.get_attribute(p, attr)
+}
+
+/// `cuMemPoolSetAttribute` (an `int` attribute's value as `u64`).
+pub fn pool_set_attribute(p: u64, attr: u32, value: u64) -> R {
+    drv()?.lock().pools.set_attribute(p, attr, value)
+}
+
+/// `cuDeviceGetDefaultMemPool`: "The default mempool of a device contains device memory from
+/// that device."
+pub fn device_default_pool(dev: i32) -> R<u64> {
+    check_device(dev)?;
+    let mut g = drv()?.lock();
+    let fresh = g.handle();
+    Ok(g.pools.default_of(dev as usize, || fresh))
+}
+
+/// `cuDeviceGetMemPool`: the pool `cuMemAllocAsync` allocates from on `dev`.
+pub fn device_pool(dev: i32) -> R<u64> {
+    check_device(dev)?;
+    let mut g = drv()?.lock();
+    let fresh = g.handle();
+    Ok(g.pools.current_of(dev as usize, || fresh))
+}
+
+/// `cuDeviceSetMemPool`: "The memory pool must be local to the specified device."
+pub fn device_set_pool(dev: i32, p: u64) -> R {
+    check_device(dev).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    drv()?.lock().pools.set_current(dev as usize, p)
 }
 
 /// Validates a stream handle in the current context.

@@ -4,6 +4,7 @@
 //! * `api` — the exported C entry points (thin; panics caught).
 //! * `driver` — process-local driver state: contexts, modules, streams, events, allocations.
 //! * `procaddr` — `cuGetProcAddress(_v2)` answers from the shared proc table.
+//! * `pools` — stream-ordered memory pools (reserve kept after frees, release threshold, trim).
 //! * `ptx`, `memstore`, `attrs` — PTX entry parsing, device memory contents, device attributes.
 //! * `extents` — the array extents cuda.h allows and the device limits behind them.
 //!
@@ -15,5 +16,6 @@ pub mod attrs;
 pub mod driver;
 pub mod extents;
 pub mod memstore;
+pub mod pools;
 pub mod procaddr;
 pub mod ptx;

@@ -13,6 +13,11 @@
 //! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `setlimit LIMIT VALUE` / `getlimit LIMIT`
 //! (cuCtxSetLimit / cuCtxGetLimit, LIMIT as its CUlimit number) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
+//! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
+//! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
+//! created on device DEV, N bytes allocated from it) | `poolattr` (device 0's current pool's
+//! reserved and used bytes); `free` of an async allocation is cuMemFreeAsync + cuCtxSynchronize,
+//! `freeasync` cuMemFreeAsync alone; `sync` (cuCtxSynchronize).
 
 use cuda_abi::*;
 use e2e::client::{
@@ -253,6 +258,31 @@ fn main() {
         PFN_cuMemAllocFromPoolAsync_v11020,
         11020
     );
+    let pool_current = get!(cu, "cuDeviceGetMemPool", PFN_cuDeviceGetMemPool_v11020, 11020);
+    let pool_set_attr = get!(cu, "cuMemPoolSetAttribute", PFN_cuMemPoolSetAttribute_v11020, 11020);
+    let pool_get_attr = get!(cu, "cuMemPoolGetAttribute", PFN_cuMemPoolGetAttribute_v11020, 11020);
+    let pool_trim = get!(cu, "cuMemPoolTrimTo", PFN_cuMemPoolTrimTo_v11020, 11020);
+    // A pinned pool on device ordinal `dev`: the driver's answer and the pool.
+    let new_pool = |dev: c_int| {
+        // SAFETY: CUmemPoolProps is plain data; all zeroes is its documented default.
+        let mut props: CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = CUmemLocationType(1);
+        props.location.id = dev;
+        let mut on: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the driver's entry point, live locals for its properties and out-pointer.
+        (unsafe { pool_create(&mut on, &props) }, on)
+    };
+    // Device 0's current pool (its default one unless set).
+    let current_pool = || {
+        let mut p: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the driver's entry point, an out-pointer to a local.
+        let r = unsafe { pool_current(&mut p, 0) };
+        if !r.is_success() {
+            die(&format!("cuDeviceGetMemPool {r}"));
+        }
+        p
+    };
     let mem_create = get!(cu, "cuMemCreate", PFN_cuMemCreate_v10020, 10020);
     let mem_release = get!(cu, "cuMemRelease", PFN_cuMemRelease_v10020, 10020);
     let array_create = get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020);
@@ -445,6 +475,40 @@ fn main() {
                     let r = get_limit(&mut v, l);
                     out(format!("getlimit={} value={v}", r.0));
                 }
+                "poolthreshold" => {
+                    let mut v: u64 = match args.get(i + 1).map(String::as_str) {
+                        Some("max") => u64::MAX,
+                        _ => num(1, i) as u64,
+                    };
+                    i += 1;
+                    let r = pool_set_attr(current_pool(), CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut v as *mut u64).cast());
+                    out(format!("poolthreshold={}", r.0));
+                }
+                "pooltrim" => {
+                    let keep = num(1, i);
+                    i += 1;
+                    out(format!("pooltrim={}", pool_trim(current_pool(), keep).0));
+                }
+                "poolattr" => {
+                    let (mut reserved, mut used) = (0u64, 0u64);
+                    let p = current_pool();
+                    let r1 = pool_get_attr(p, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast());
+                    let r2 = pool_get_attr(p, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast());
+                    out(format!("poolattr={} reserved={reserved} used={used}", if r1.is_success() { r2.0 } else { r1.0 }));
+                }
+                "poolon" => {
+                    let (dev, n) = (num(1, i), num(2, i));
+                    i += 2;
+                    let (mut r, on) = new_pool(dev as c_int);
+                    let mut p: CUdeviceptr = 0;
+                    if r.is_success() {
+                        r = pool_alloc(&mut p, n, on, stream);
+                    }
+                    if r.is_success() {
+                        held.push(Held::Async(p));
+                    }
+                    out(format!("poolon={} dev={dev} bytes={n}", r.0));
+                }
                 "devices" => {
                     let mut n: c_int = 0;
                     let r = device_count(&mut n);
@@ -503,11 +567,8 @@ fn main() {
                         "async" => alloc_async(&mut p, n, stream),
                         "pool" => {
                             if pool.is_null() {
-                                let mut props: CUmemPoolProps = std::mem::zeroed();
-                                props.allocType =
-                                    CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-                                props.location.type_ = CUmemLocationType(1);
-                                let r = pool_create(&mut pool, &props);
+                                let r;
+                                (r, pool) = new_pool(0);
                                 if !r.is_success() {
                                     die(&format!("cuMemPoolCreate {r}"));
                                 }
@@ -626,6 +687,16 @@ fn main() {
                         .map_or(CUresult::CUDA_ERROR_INVALID_VALUE, free_one);
                     out(format!("free={}", r.0));
                 }
+                // The last held allocation freed with cuMemFreeAsync alone (no synchronize).
+                "freeasync" => {
+                    let r = match held.pop() {
+                        Some(Held::Async(p)) => free_async(p, stream),
+                        Some(h) => free_one(h),
+                        None => CUresult::CUDA_ERROR_INVALID_VALUE,
+                    };
+                    out(format!("freeasync={}", r.0));
+                }
+                "sync" => out(format!("sync={}", sync().0)),
                 "freeall" => {
                     let mut worst = 0;
                     while let Some(h) = held.pop() {

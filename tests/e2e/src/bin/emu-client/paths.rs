@@ -220,8 +220,15 @@ pub unsafe fn free(cu: &Cuda, h: Held) -> CUresult {
         let null_stream: CUstream = std::ptr::null_mut();
         match h {
             Held::Plain(p) => get!(cu, "cuMemFree", PFN_cuMemFree_v3020, 3020)(p),
+            // Back into the device's pool, which keeps it until the next synchronisation (release
+            // threshold 0 by default): the free path is the free and a synchronise.
             Held::Async(p) => {
-                get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020)(p, null_stream)
+                let r = get!(cu, "cuMemFreeAsync", PFN_cuMemFreeAsync_v11020, 11020)(p, null_stream);
+                if r.is_success() {
+                    get!(cu, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000, 2000)()
+                } else {
+                    r
+                }
             }
             Held::Pool(p, pool) => {
                 let r =

@@ -1,0 +1,280 @@
+//! The quota's count of memory a driver pool keeps across calls: the graph memory pool
+//! ([`crate::graphmem`]) and the stream-ordered pools ([`crate::streampool`]) of one GPU. The
+//! driver maps or reserves that memory inside calls the shim only brackets (a graph launch, a
+//! `cuMemAllocAsync`) and keeps it after the application let go of it, so the shim counts what
+//! the driver says the pools reserve:
+//!
+//! - before such a call, [`PoolCount::begin`] counts the caller in flight and reserves the
+//!   growth the call may cause in the quota, under the count's lock (a refusal fails the call
+//!   with `CUDA_ERROR_OUT_OF_MEMORY` before the driver is asked);
+//! - after it, and whenever the pools may have shrunk (a trim, the controller tick),
+//!   [`PoolCount::settle`] moves the count to what the driver reports.
+//!
+//! Settles may run at once (a trim, the controller tick, calls on several threads): each
+//! applies its difference with one compare-and-swap on the count, and one that loses asks
+//! again, so a difference is given back or reserved once. A settle lowers the count only under
+//! the lock and only when no other call is between its reservation and its own settle (that
+//! call's reservation is not in the pools yet): a lowering never slips between a call's read of
+//! the count and its reservation.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+
+use cuda_abi::CUdevice;
+
+use crate::quota::Quota;
+
+/// One GPU's count of one kind of driver pool in the quota.
+#[derive(Debug)]
+pub struct PoolCount {
+    /// Bytes counted in the quota for the pools.
+    counted: AtomicU64,
+    /// Calls between their reservation ([`PoolCount::begin`]) and their settle.
+    inflight: AtomicU32,
+    /// Held while a call counts itself in flight and reserves against `counted`, and while a
+    /// settle decides to lower it (a few atomics; never across a driver call).
+    lock: AtomicBool,
+    /// The pools grew past what the quota allows and are counted only up to it (logged once
+    /// per such episode; cleared when the count catches up with the pools).
+    over: AtomicBool,
+    /// What grew past the quota, for the log line of such an episode.
+    what: &'static str,
+}
+
+impl PoolCount {
+    /// Nothing counted; `what` names the pools in the log line of a growth past the quota.
+    pub const fn new(what: &'static str) -> Self {
+        Self { counted: AtomicU64::new(0), inflight: AtomicU32::new(0), lock: AtomicBool::new(false), over: AtomicBool::new(false), what }
+    }
+
+    /// Bytes counted now.
+    pub fn counted(&self) -> u64 {
+        self.counted.load(Relaxed)
+    }
+
+    /// Calls in flight now.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Acquire)
+    }
+
+    /// Before a call that may grow the pools: counts the caller in flight and reserves
+    /// `need(counted)` bytes in `quota` (the count as this call sees it under the lock).
+    /// Returns whether the quota held them (nothing reserved if not). Either way the caller is
+    /// in flight until its [`PoolCount::end`], after its own settle.
+    pub fn begin(&self, quota: &Quota, need: impl FnOnce(u64) -> u64) -> bool {
+        lock(&self.lock);
+        self.inflight.fetch_add(1, AcqRel);
+        let need = need(self.counted.load(Relaxed));
+        let ok = need == 0 || quota.try_reserve(need);
+        if ok && need > 0 {
+            self.counted.fetch_add(need, Relaxed);
+        }
+        self.lock.store(false, Release);
+        ok
+    }
+
+    /// The caller of [`PoolCount::begin`] has settled: no longer in flight.
+    pub fn end(&self) {
+        self.inflight.fetch_sub(1, AcqRel);
+    }
+
+    /// Settles the count to `actual()` (the driver's figure; `None`: it cannot say, and the
+    /// count stays). `own`: the calls the caller itself has in flight (their reservations
+    /// are in `actual` by now, or never will be). While any other call is in flight the count
+    /// is not lowered: that call's reservation is still above what the pools hold, and its own
+    /// settle lowers it later. Growth past the quota is counted as far as the quota allows (the
+    /// group sees itself at its limit: its next allocation is refused) and logged once until
+    /// the count catches up. Returns whether it logged that now.
+    pub fn settle(&self, quota: &Quota, dev: CUdevice, own: u32, actual: impl FnMut() -> Option<u64>) -> bool {
+        self.settle_guarded(quota, dev, || self.inflight.load(Acquire) <= own, actual)
+    }
+
+    /// Controller tick: settles unless a call is between its reservation and its own settle.
+    pub fn tick(&self, quota: &Quota, dev: CUdevice, actual: impl FnMut() -> Option<u64>) {
+        if self.inflight() == 0 {
+            self.settle(quota, dev, 0, actual);
+        }
+    }
+
+    /// In a fork child (no driver state, only the forking thread): nothing counted, nothing in
+    /// flight (the child's quota starts empty too).
+    pub fn reset(&self) {
+        self.counted.store(0, Relaxed);
+        self.inflight.store(0, Relaxed);
+        self.lock.store(false, Relaxed);
+        self.over.store(false, Relaxed);
+    }
+
+    /// [`PoolCount::settle`] with the lowering decided by `may_shrink`, asked under the lock.
+    fn settle_guarded(&self, quota: &Quota, dev: CUdevice, may_shrink: impl Fn() -> bool, mut actual: impl FnMut() -> Option<u64>) -> bool {
+        let (counted, over) = (&self.counted, &self.over);
+        // Each lost swap means another settle or a call moved the count: bounded, it is redone
+        // on the next tick at the latest.
+        for _ in 0..8 {
+            let c = counted.load(Acquire);
+            let Some(a) = actual() else { return false };
+            if a > c {
+                let more = a - c;
+                let got = quota.reserve_up_to(more);
+                if counted.compare_exchange(c, c + got, AcqRel, Acquire).is_err() {
+                    quota.release(got);
+                    continue;
+                }
+                if got == more {
+                    over.store(false, Relaxed);
+                    return false;
+                }
+                if over.swap(true, Relaxed) {
+                    return false;
+                }
+                crate::state::logged(|| tracing::error!(device = dev, pool = a, counted = c + got, quota_used = quota.used(), quota = quota.limit(), "xcuda: the driver's {} grew past the group's quota: counted as far as the quota allows; the group is at its limit", self.what));
+                return true;
+            }
+            if a < c {
+                if self.lock.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+                    return false;
+                }
+                let shrink = may_shrink();
+                let lowered = shrink && counted.compare_exchange(c, a, AcqRel, Acquire).is_ok();
+                self.lock.store(false, Release);
+                if !shrink {
+                    return false;
+                }
+                if !lowered {
+                    continue;
+                }
+                quota.release(c - a);
+            }
+            over.store(false, Relaxed);
+            return false;
+        }
+        false
+    }
+}
+
+/// Takes a count's lock (held for a few atomics at a time: spins, then yields).
+fn lock(l: &AtomicBool) {
+    let mut spins = 0u32;
+    while l.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A settle whose lowering is decided up front (`shrink`: no other call in flight).
+    fn settle_to(p: &PoolCount, q: &Quota, shrink: bool, actual: impl FnMut() -> Option<u64>) -> bool {
+        p.settle_guarded(q, 0, || shrink, actual)
+    }
+
+    fn parts() -> (Quota, PoolCount) {
+        (Quota::local(100 * MIB), PoolCount::new("test pool"))
+    }
+
+    /// A settle that runs while another is between reading the count and changing it (a trim
+    /// against the controller tick, two launching threads): the pool's shrink is given back
+    /// once. Both gave it back before: the count wrapped toward 2^64 and the quota's use went to
+    /// zero (a later give-back would have freed the whole group's quota).
+    #[test]
+    fn concurrent_settles_give_a_shrink_back_once() {
+        let (q, p) = parts();
+        assert!(q.try_reserve(10 * MIB), "a plain allocation beside the pool");
+        assert!(!settle_to(&p, &q, true, || Some(80 * MIB)));
+        assert_eq!((p.counted(), q.used()), (80 * MIB, 90 * MIB));
+        let mut first = true;
+        settle_to(&p, &q, true, || {
+            if std::mem::take(&mut first) {
+                // The other settle, between this one's read of the count and its change.
+                settle_to(&p, &q, true, || Some(30 * MIB));
+            }
+            Some(30 * MIB)
+        });
+        assert_eq!(p.counted(), 30 * MIB, "pool counted once");
+        assert_eq!(q.used(), 40 * MIB, "the plain allocation and the pool, 50 MiB given back once");
+    }
+
+    /// A call that counts itself in flight after a settle read the pool (a trim emptied it)
+    /// but before the settle lowers the count: the settle sees it in flight under the lock and
+    /// leaves the count, which the call's reservation was read against. Before, the settle
+    /// had decided to lower up front: the call reserved nothing against the stale count, the
+    /// count went to 0, and the call's memory was mapped uncounted (a neighbour took the
+    /// quota it freed).
+    #[test]
+    fn a_call_counted_in_flight_during_a_settle_keeps_the_count() {
+        let (q, p) = parts();
+        assert!(!settle_to(&p, &q, true, || Some(80 * MIB)));
+        p.settle(&q, 0, 0, || {
+            // A trim emptied the pool; a launch then counts itself in flight and finds the
+            // count (80) covers its 60 MiB: it reserves nothing.
+            assert!(p.begin(&q, |c| (60 * MIB).saturating_sub(c)));
+            Some(0)
+        });
+        assert_eq!((p.counted(), q.used()), (80 * MIB, 80 * MIB), "not lowered under the call");
+        p.settle(&q, 0, 1, || Some(60 * MIB));
+        p.end();
+        assert_eq!((p.counted(), q.used()), (60 * MIB, 60 * MIB), "the call's own settle lowers it");
+    }
+
+    /// While another call is between its reservation and its settle, a settle does not lower
+    /// the count (that call's reservation is not in the pool yet); growth is still counted.
+    #[test]
+    fn no_shrink_while_another_call_is_in_flight() {
+        let (q, p) = parts();
+        settle_to(&p, &q, true, || Some(60 * MIB));
+        settle_to(&p, &q, false, || Some(20 * MIB));
+        assert_eq!((p.counted(), q.used()), (60 * MIB, 60 * MIB));
+        settle_to(&p, &q, false, || Some(70 * MIB));
+        assert_eq!((p.counted(), q.used()), (70 * MIB, 70 * MIB));
+        assert!(p.begin(&q, |_| 10 * MIB));
+        p.tick(&q, 0, || Some(0));
+        assert_eq!((p.counted(), q.used()), (80 * MIB, 80 * MIB), "the tick leaves a count with a call in flight");
+        p.end();
+        p.tick(&q, 0, || Some(0));
+        assert_eq!((p.counted(), q.used()), (0, 0));
+    }
+
+    /// A reservation the quota refuses reserves nothing and still counts the caller in flight
+    /// (it settles and ends like any other).
+    #[test]
+    fn a_refused_reservation_reserves_nothing() {
+        let (q, p) = parts();
+        assert!(p.begin(&q, |_| 70 * MIB));
+        assert!(!p.begin(&q, |_| 40 * MIB), "70 + 40 > 100");
+        assert_eq!((p.counted(), q.used(), p.inflight()), (70 * MIB, 70 * MIB, 2));
+        p.settle(&q, 0, 2, || None);
+        assert_eq!((p.counted(), q.used()), (70 * MIB, 70 * MIB), "the driver cannot say: the count stays (fail closed)");
+        p.end();
+        p.end();
+        p.settle(&q, 0, 0, || Some(0));
+        assert_eq!((p.counted(), q.used()), (0, 0));
+    }
+
+    /// The pool grew past the quota (memory the driver already holds): it is counted up to the
+    /// limit, so the group's next allocation is refused, and said once per episode, not every
+    /// tick. Before: nothing was counted and the error came every tick.
+    #[test]
+    fn growth_past_the_quota_is_counted_to_the_limit_and_said_once() {
+        let (q, p) = parts();
+        assert!(q.try_reserve(70 * MIB));
+        assert!(settle_to(&p, &q, true, || Some(50 * MIB)), "said the first time");
+        assert_eq!((p.counted(), q.used()), (30 * MIB, 100 * MIB), "counted as far as the quota allows");
+        assert!(!q.try_reserve(1), "the group is at its limit");
+        assert!(!settle_to(&p, &q, true, || Some(50 * MIB)), "not again on the next tick");
+        assert_eq!((p.counted(), q.used()), (30 * MIB, 100 * MIB));
+        q.release(20 * MIB);
+        assert!(!settle_to(&p, &q, true, || Some(50 * MIB)), "room again: the rest is counted");
+        assert_eq!((p.counted(), q.used()), (50 * MIB, 100 * MIB));
+        assert!(!p.over.load(Relaxed), "episode over");
+        assert!(!settle_to(&p, &q, true, || Some(10 * MIB)));
+        assert!(settle_to(&p, &q, true, || Some(200 * MIB)), "a new episode is said again");
+        assert_eq!((p.counted(), q.used()), (50 * MIB, 100 * MIB), "50 MiB beside 10 counted, 40 more fit");
+    }
+}
