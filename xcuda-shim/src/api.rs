@@ -310,9 +310,13 @@ macro_rules! alloc_async {
                 let call = || unsafe { alloc(dptr, bytesize, $($pool,)? stream) };
                 // SAFETY: undoing our own allocation on the same stream.
                 let undo = |k| { unsafe { free(k, stream) }; };
+                use crate::streampool::NoSlot;
                 match crate::streampool::pool_for(st, explicit) {
-                    Some(slot) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
-                    None => counted(&st.current().quota, Kind::StreamOrdered, bytesize as u64, call, || out!(dptr), undo),
+                    Ok(slot) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
+                    // The driver refuses it (nothing allocated); its own answer is passed on.
+                    Err(NoSlot::NullPool) => call(),
+                    Err(NoSlot::Unknown) => counted(&st.current().quota, Kind::StreamOrdered, bytesize as u64, call, || out!(dptr), undo),
+                    Err(NoSlot::TableFull) => CUresult::CUDA_ERROR_OUT_OF_MEMORY,
                 }
             })
         }

@@ -125,7 +125,7 @@ impl StreamPools {
         if got.is_none() {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Relaxed) {
-                crate::state::logged(|| tracing::error!(pool = handle, "xcuda: stream-ordered pool table full ({MAX_POOLS} pools): allocations from further pools are counted per allocation (what such a pool keeps after a free is not counted)"));
+                crate::state::logged(|| tracing::error!(pool = handle, "xcuda: stream-ordered pool table full ({MAX_POOLS} pools): allocations from further pools are refused (CUDA_ERROR_OUT_OF_MEMORY); what such a pool keeps could not be counted"));
             }
         }
         got
@@ -240,29 +240,40 @@ fn device_of(st: &State, pool: u64) -> usize {
     st.current_ordinal()
 }
 
+/// Why an allocation has no pool slot ([`pool_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoSlot {
+    /// `cuMemAllocFromPoolAsync` of a null pool: the driver refuses it.
+    NullPool,
+    /// The driver cannot say which pool is current (its allocation fails as well).
+    Unknown,
+    /// The pool table is full: what the pool keeps could not be counted, so the allocation is
+    /// refused (fail closed: counted per allocation, a pool's kept memory would escape).
+    TableFull,
+}
+
 /// The slot of the pool an allocation comes from: `explicit` (`cuMemAllocFromPoolAsync`), else
-/// the current pool of the current context's device. `None`: the driver cannot say which
-/// pool, or the table is full (the caller counts the allocation on its own).
-pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>) -> Option<usize> {
+/// the current pool of the current context's device.
+pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>) -> Result<usize, NoSlot> {
     let (handle, ord) = match explicit {
-        Some(p) if p.is_null() => return None,
+        Some(p) if p.is_null() => return Err(NoSlot::NullPool),
         Some(p) => (p as u64, None),
         None => {
             let dev = st.current_ordinal();
             let mut p: CUmemoryPool = std::ptr::null_mut();
             let rc = call_real!(cuDeviceGetMemPool: cuda_abi::PFN_cuDeviceGetMemPool_v11020, &mut p, dev as CUdevice);
             if rc != CUresult::CUDA_SUCCESS || p.is_null() {
-                return None;
+                return Err(NoSlot::Unknown);
             }
             (p as u64, Some(dev))
         }
     };
     let sp = &st.stream_pools;
     if let Some(i) = sp.find(handle) {
-        return Some(i);
+        return Ok(i);
     }
     let ord = ord.unwrap_or_else(|| device_of(st, handle));
-    sp.register(handle, ord)
+    sp.register(handle, ord).ok_or(NoSlot::TableFull)
 }
 
 /// A stream-ordered allocation of `bytes` from the pool of slot `i`: its size reserved in the

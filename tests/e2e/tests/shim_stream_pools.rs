@@ -155,6 +155,25 @@ fn an_allocation_from_a_pool_of_device_1_counts_on_gpu_1() {
     k.finish(T);
 }
 
+/// The shim tracks 64 pools per process: an allocation from a 65th is refused, never counted
+/// per allocation (what that pool kept after a free would escape the quota: a tenant could make
+/// 64 small pools, then keep its whole quota in a 65th and allocate it again).
+#[test]
+fn an_allocation_from_a_pool_past_the_shims_table_is_refused() {
+    let host = EmuHost::new();
+    let mut steps = vec!["ctx".to_string()];
+    for _ in 0..65 {
+        steps.extend(["poolon".into(), "0".into(), MIB.to_string()]);
+    }
+    let mut c = limited(&host, "shim_client", QUOTA * 4, "pool-table");
+    c.args(&steps);
+    let out = run(&host, &mut c);
+    let rcs = rc_of(&out, "poolon=");
+    assert_eq!(rcs.len(), 65, "{out:?}");
+    assert!(rcs[..64].iter().all(|r| r == "0"), "64 pools fit: {rcs:?}");
+    assert_eq!(rcs[64], "2", "the 65th pool's allocation: CUDA_ERROR_OUT_OF_MEMORY: {out:?}");
+}
+
 /// NVML's text of a UUID: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 fn uuid_text(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
