@@ -758,20 +758,12 @@ macro_rules! launch_graph {
                 let launch = real!($name: $pfn);
                 let st = state();
                 // Graph memory is mapped at launch: counted (or refused) first.
-                let graph_mem = st.graph_mem.seen();
-                if graph_mem {
-                    if let Err(rc) = crate::graphmem::before_launch(st, exec as u64) {
-                        return rc;
-                    }
-                }
-                let t = &st.current().throttle;
-                t.acquire(t.graph_cost());
-                // SAFETY: forwarding the caller's arguments.
-                let rc = unsafe { launch(exec, stream) };
-                if graph_mem {
-                    crate::graphmem::after_launch(st, exec as u64);
-                }
-                rc
+                crate::graphmem::mapping(st, exec as u64, || {
+                    let t = &st.current().throttle;
+                    t.acquire(t.graph_cost());
+                    // SAFETY: forwarding the caller's arguments.
+                    unsafe { launch(exec, stream) }
+                })
             })
         }
     };
@@ -780,35 +772,87 @@ macro_rules! launch_graph {
 // ---- graph memory nodes (see graphmem) -------------------------------------------------------
 
 /// After a successful instantiation: the exec (`*exec`) inherits `graph`'s memory-node bytes,
-/// counted (or refused) when it is launched or uploaded.
-fn instantiated(graph: CUgraph, exec: *mut CUgraphExec) {
+/// counted (or refused) when it is launched or uploaded. With no room to record them (its
+/// launches would go unreserved) the exec is destroyed and the call fails with
+/// `CUDA_ERROR_OUT_OF_MEMORY` (fail closed).
+fn instantiated(graph: CUgraph, exec: *mut CUgraphExec) -> CUresult {
     let st = state();
-    st.graph_mem.instantiated(graph as u64, out!(exec) as u64, st.gpus.len());
+    let e: CUgraphExec = out!(exec);
+    if st.graph_mem.instantiated(graph as u64, e as u64, st.gpus.len()) {
+        return CUresult::CUDA_SUCCESS;
+    }
+    let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
+    // SAFETY: the exec this call created, never handed out; `exec` is the caller's out-pointer
+    // the driver just wrote through.
+    unsafe {
+        destroy(e);
+        *exec = std::ptr::null_mut();
+    }
+    CUresult::CUDA_ERROR_OUT_OF_MEMORY
+}
+
+/// Instantiation hooks: the driver's call, then [`instantiated`] (`=> graph, exec` names them).
+macro_rules! instantiate {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($a:ident : $t:ty),* $(,)?) : $pfn:ty => $graph:ident, $exec:ident;
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+                guard(|| {
+                    let real_fn = real!($name: $pfn);
+                    // SAFETY: forwarding the caller's arguments.
+                    let rc = unsafe { real_fn($($a),*) };
+                    if rc == CUresult::CUDA_SUCCESS { instantiated($graph, $exec) } else { rc }
+                })
+            }
+        )*
+    };
+}
+
+instantiate! {
+    /// Hooked `cuGraphInstantiateWithFlags` (also `cuGraphInstantiate` from CUDA 12.0 on): the
+    /// exec inherits its graph's memory-node bytes.
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64): PFN_cuGraphInstantiateWithFlags_v11040 => graph, exec;
+    /// Hooked `cuGraphInstantiate` (CUDA 10.0's 5-argument ABI): counted like `cuGraphInstantiateWithFlags`.
+    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v10000 => graph, exec;
+    /// Hooked `cuGraphInstantiate_v2` (CUDA 11.0, the same 5 arguments): counted like `cuGraphInstantiateWithFlags`.
+    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v11000 => graph, exec;
+}
+
+/// Hooked `cuGraphAddMemAllocNode`: the node's bytes recorded for the graph (counted at
+/// launch) before the driver adds it; with no room to record them, refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY` and never added (its launches would go unreserved).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    guard(|| {
+        let add = real!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode_v11040);
+        // SAFETY: null or the caller's parameter block (the driver refuses null itself).
+        let sized = (!params.is_null()).then(|| unsafe { ((*params).poolProps.location.id.max(0) as usize, (*params).bytesize as u64) });
+        let gm = &state().graph_mem;
+        if let Some((ord, bytes)) = sized {
+            if !gm.node_added(graph as u64, ord, bytes) {
+                return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { add(node, graph, deps, ndeps, params) };
+        if let (Some((ord, bytes)), false) = (sized, rc == CUresult::CUDA_SUCCESS) {
+            gm.node_not_added(graph as u64, ord, bytes);
+        }
+        rc
+    })
 }
 
 forward_then! {
-    /// Hooked `cuGraphAddMemAllocNode`: records the node's bytes for the graph (counted at launch).
-    fn cuGraphAddMemAllocNode(
-        node: *mut CUgraphNode,
-        graph: CUgraph,
-        deps: *const CUgraphNode,
-        ndeps: usize,
-        params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
-    ): PFN_cuGraphAddMemAllocNode_v11040 => if !params.is_null() {
-        // SAFETY: the driver accepted these parameters (non-null, valid per its contract).
-        let p = unsafe { &*params };
-        state().graph_mem.node_added(graph as u64, p.poolProps.location.id.max(0) as usize, p.bytesize as u64);
-    };
-    /// Hooked `cuGraphInstantiateWithFlags` (also `cuGraphInstantiate` from CUDA 12.0 on): the
-    /// exec inherits its graph's memory-node bytes.
-    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64): PFN_cuGraphInstantiateWithFlags_v11040
-        => instantiated(graph, exec);
-    /// Hooked `cuGraphInstantiate` (CUDA 10.0's 5-argument ABI): counted like `cuGraphInstantiateWithFlags`.
-    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v10000
-        => instantiated(graph, exec);
-    /// Hooked `cuGraphInstantiate_v2` (CUDA 11.0, the same 5 arguments): counted like `cuGraphInstantiateWithFlags`.
-    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v11000
-        => instantiated(graph, exec);
     /// Hooked `cuGraphExecDestroy`: forgets the exec's memory-node bytes.
     fn cuGraphExecDestroy(exec: CUgraphExec): PFN_cuGraphExecDestroy_v10000 => {
         let st = state();
@@ -848,7 +892,7 @@ macro_rules! instantiate_with_params {
                     // SAFETY: forwarding the caller's arguments.
                     let rc = unsafe { inst(exec, graph, params) };
                     if rc == CUresult::CUDA_SUCCESS {
-                        instantiated(graph, exec);
+                        return instantiated(graph, exec);
                     }
                     return rc;
                 }
@@ -863,7 +907,12 @@ macro_rules! instantiate_with_params {
                 if rc != CUresult::CUDA_SUCCESS {
                     return rc;
                 }
-                instantiated(graph, exec);
+                let rc = instantiated(graph, exec);
+                if rc != CUresult::CUDA_SUCCESS {
+                    caller.hErrNode_out = std::ptr::null_mut();
+                    caller.result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR;
+                    return rc;
+                }
                 let (st, e): (_, CUgraphExec) = (state(), out!(exec));
                 // SAFETY: the exec just instantiated and the caller's upload stream.
                 let rc = unsafe { counted_upload(st, e, p.hUploadStream, upload) };
@@ -894,18 +943,8 @@ instantiate_with_params!(
 /// # Safety
 /// `upload` is the real driver's `cuGraphUpload[_ptsz]`; `exec` and `stream` are the caller's.
 unsafe fn counted_upload(st: &crate::state::State, exec: CUgraphExec, stream: CUstream, upload: PFN_cuGraphUpload_v11010) -> CUresult {
-    let graph_mem = st.graph_mem.seen();
-    if graph_mem {
-        if let Err(rc) = crate::graphmem::before_launch(st, exec as u64) {
-            return rc;
-        }
-    }
     // SAFETY: forwarding the caller's arguments to the real function.
-    let rc = unsafe { upload(exec, stream) };
-    if graph_mem {
-        crate::graphmem::after_launch(st, exec as u64);
-    }
-    rc
+    crate::graphmem::mapping(st, exec as u64, || unsafe { upload(exec, stream) })
 }
 
 macro_rules! upload_graph {

@@ -54,26 +54,52 @@ impl GraphMem {
         self.seen.load(Relaxed)
     }
 
-    /// A `bytes` alloc node was added to `graph` on ordinal `ord`.
-    pub fn node_added(&self, graph: u64, ord: usize, bytes: u64) {
+    /// A `bytes` alloc node is being added to `graph` on ordinal `ord` (recorded before the
+    /// driver adds it, so that a node the shim cannot record is never made: `false`, the table
+    /// is full, said once; [`GraphMem::node_not_added`] takes it back if the driver refuses).
+    pub fn node_added(&self, graph: u64, ord: usize, bytes: u64) -> bool {
         self.seen.store(true, Relaxed);
         let k = key(graph, ord);
         let prev = self.graphs.remove(k).unwrap_or(0);
-        if !self.graphs.insert(k, prev.saturating_add(bytes)) {
-            crate::state::logged(|| tracing::error!("xcuda: graph memory table full: graph {graph:#x} is counted at launch only, after the driver mapped it"));
+        if self.graphs.insert(k, prev.saturating_add(bytes)) {
+            return true;
+        }
+        // Its slot was just freed: the old figure goes back (or, if even that fails, the graph
+        // is sized without its earlier nodes: its launches are settled after the fact).
+        if prev > 0 {
+            self.graphs.insert(k, prev);
+        }
+        table_full("graph");
+        false
+    }
+
+    /// The driver refused the node [`GraphMem::node_added`] recorded: its bytes come off.
+    pub fn node_not_added(&self, graph: u64, ord: usize, bytes: u64) {
+        let k = key(graph, ord);
+        if let Some(prev) = self.graphs.remove(k) {
+            let left = prev.saturating_sub(bytes);
+            if left > 0 {
+                self.graphs.insert(k, left);
+            }
         }
     }
 
     /// `exec` was instantiated from `graph`: it needs the graph's alloc bytes per device. From
     /// now on graph launches are settled against the driver's pool (a captured graph may hold
-    /// memory nodes the shim never saw added).
-    pub fn instantiated(&self, graph: u64, exec: u64, devices: usize) {
+    /// memory nodes the shim never saw added). `false`: the exec table is full (said once), so
+    /// its launches would go unreserved; the caller destroys the exec.
+    pub fn instantiated(&self, graph: u64, exec: u64, devices: usize) -> bool {
         self.seen.store(true, Relaxed);
         for ord in 0..devices {
             if let Some(b) = self.graphs.get(key(graph, ord)) {
-                self.execs.insert(key(exec, ord), b);
+                if !self.execs.insert(key(exec, ord), b) {
+                    self.exec_destroyed(exec, devices);
+                    table_full("exec");
+                    return false;
+                }
             }
         }
+        true
     }
 
     /// `exec` was destroyed (its pool memory stays reserved by the driver until trimmed).
@@ -96,6 +122,21 @@ impl GraphMem {
     }
 }
 
+/// Logs, once per process, that the `what` table of graph memory is full.
+fn table_full(what: &'static str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        crate::state::logged(|| tracing::error!(table = what, "xcuda: graph memory table full: graphs with memory nodes past it are refused (CUDA_ERROR_OUT_OF_MEMORY)"));
+    }
+}
+
+/// The GPUs a launch with memory nodes counted itself in flight on ([`before_launch`]), for
+/// [`after_launch`] to end exactly those (an exec destroyed meanwhile has no footprint left
+/// to find them by).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use]
+pub struct InFlight(u64);
+
 /// The driver's graph-memory attribute `attr` of ordinal `dev` (`None` if it cannot say).
 fn attribute(dev: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
     let mut v: u64 = 0;
@@ -104,10 +145,17 @@ fn attribute(dev: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
 }
 
 /// Before launching `exec`: reserves in each GPU's quota the pool growth the launch may cause;
-/// `Err(CUDA_ERROR_OUT_OF_MEMORY)` (nothing reserved) if a quota refuses.
-pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
-    let gm = &st.graph_mem;
-    for (ord, g) in st.gpus.iter().enumerate() {
+/// `Err(CUDA_ERROR_OUT_OF_MEMORY)` (nothing reserved) if a quota refuses. The GPUs it counted
+/// itself in flight on go to [`after_launch`].
+fn before_launch(st: &State, exec: u64) -> Result<InFlight, CUresult> {
+    before_launch_on(&st.graph_mem, &st.gpus, exec)
+}
+
+/// [`before_launch`] with `gm`'s footprints on `gpus`.
+fn before_launch_on(gm: &GraphMem, gpus: &[Gpu], exec: u64) -> Result<InFlight, CUresult> {
+    let mut on = InFlight(0);
+    // The shim has at most 64 GPUs (`crate::exit::MAX_DEVICES`): one bit each.
+    for (ord, g) in gpus.iter().enumerate().take(64) {
         let fp = gm.footprint(exec, ord);
         if fp == 0 {
             continue;
@@ -131,13 +179,9 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
             need = reserved.max(used.saturating_add(fp)).saturating_sub(counted);
             need
         });
+        on.0 |= 1 << ord;
         if !reserved_ok {
-            for (o, g) in st.gpus.iter().enumerate().take(ord + 1) {
-                if gm.footprint(exec, o) > 0 {
-                    settle(g, o as CUdevice, 1);
-                    g.graph.end();
-                }
-            }
+            after_launch_on(gpus, on);
             crate::state::logged(|| {
                 tracing::error!(
                     device = ord,
@@ -151,7 +195,24 @@ pub fn before_launch(st: &State, exec: u64) -> Result<(), CUresult> {
             return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         }
     }
-    Ok(())
+    Ok(on)
+}
+
+/// A call that maps `exec`'s graph memory (a launch, an upload): its growth reserved first
+/// (refused: `CUDA_ERROR_OUT_OF_MEMORY`, `call` never made), the count settled after. A
+/// process that never made a memory node or an exec pays one atomic load.
+#[inline]
+pub fn mapping(st: &State, exec: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    if !st.graph_mem.seen() {
+        return call();
+    }
+    let on = match before_launch(st, exec) {
+        Ok(on) => on,
+        Err(rc) => return rc,
+    };
+    let rc = call();
+    after_launch(st, on);
+    rc
 }
 
 /// Settles GPU `g`'s (ordinal `dev`) graph-pool count to what the driver reserves. `own`: the
@@ -161,10 +222,15 @@ pub fn settle(g: &Gpu, dev: CUdevice, own: u32) {
     g.graph.settle(&g.quota, dev, own, || attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT));
 }
 
-/// After launching `exec` (successful or not): settles the GPUs its memory nodes use.
-pub fn after_launch(st: &State, exec: u64) {
-    for (ord, g) in st.gpus.iter().enumerate() {
-        if st.graph_mem.footprint(exec, ord) > 0 {
+/// After a launch (successful or not) that [`before_launch`] counted in flight on the GPUs
+/// `on`: settles each of them and ends its in-flight count.
+fn after_launch(st: &State, on: InFlight) {
+    after_launch_on(&st.gpus, on);
+}
+
+fn after_launch_on(gpus: &[Gpu], on: InFlight) {
+    for (ord, g) in gpus.iter().enumerate().take(64) {
+        if on.0 & (1 << ord) != 0 {
             settle(g, ord as CUdevice, 1);
             g.graph.end();
         }
@@ -207,5 +273,51 @@ mod tests {
         gm.graph_destroyed(0x1000, 2);
         gm.instantiated(0x1000, 0x2000, 2);
         assert_eq!(gm.footprint(0x2000, 0), 0);
+    }
+
+    /// A launch ends its in-flight count on exactly the GPUs it began on, even when its exec is
+    /// destroyed meanwhile (another thread): found again by its footprint, which is gone then,
+    /// the count stayed up for good and no settle ever lowered that GPU's count again.
+    #[test]
+    fn a_launch_ends_in_flight_where_it_began_even_if_its_exec_is_destroyed_meanwhile() {
+        let gm = GraphMem::new();
+        let gpus = [Gpu::for_test(1 << 30), Gpu::for_test(1 << 30)];
+        assert!(gm.node_added(0x1000, 1, 64 << 20));
+        assert!(gm.instantiated(0x1000, 0x2000, 2));
+        let on = before_launch_on(&gm, &gpus, 0x2000).expect("fits");
+        assert_eq!((gpus[0].graph.inflight(), gpus[1].graph.inflight()), (0, 1));
+        assert_eq!(gpus[1].quota.used(), 64 << 20, "the launch's growth reserved on GPU 1");
+        gm.exec_destroyed(0x2000, 2);
+        after_launch_on(&gpus, on);
+        assert_eq!((gpus[0].graph.inflight(), gpus[1].graph.inflight()), (0, 0));
+    }
+
+    /// With no room to record a memory node or an exec's footprint, the shim refuses (the
+    /// caller fails the call), never lets a graph launch unreserved; a node the driver refused
+    /// is taken off its graph again.
+    #[test]
+    fn full_tables_refuse_never_launch_unreserved() {
+        let gm = GraphMem { seen: AtomicBool::new(false), graphs: PtrMap::new(16), execs: PtrMap::new(16) };
+        assert!(gm.node_added(0x1000, 0, 10));
+        assert!(gm.node_added(0x1000, 0, 5));
+        gm.node_not_added(0x1000, 0, 5);
+        assert!(gm.instantiated(0x1000, 0x2000, 1));
+        assert_eq!(gm.footprint(0x2000, 0), 10, "the refused node is not in the footprint");
+        let mut refused = 0;
+        for g in 0..64u64 {
+            if !gm.node_added(0x10_0000 + g * 0x100, 0, 1) {
+                refused += 1;
+            }
+        }
+        assert!(refused > 0, "a 16-entry table refuses some of 64 graphs");
+        assert_eq!(gm.footprint(0x2000, 0), 10);
+        let mut refused = 0;
+        for e in 0..64u64 {
+            if !gm.instantiated(0x1000, 0x20_0000 + e * 0x100, 1) {
+                refused += 1;
+                assert_eq!(gm.footprint(0x20_0000 + e * 0x100, 0), 0, "nothing half-recorded");
+            }
+        }
+        assert!(refused > 0, "a 16-entry exec table refuses some of 64 execs");
     }
 }

@@ -41,6 +41,12 @@ pub struct Gpu {
 }
 
 impl Gpu {
+    /// A GPU with a process-local quota of `limit` bytes and the default throttle (unit tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(limit: u64) -> Self {
+        Self::new(Quota::local(limit), Throttle::new(&crate::config::ThrottleConfig::default(), 1), 0, Some(0), String::new())
+    }
+
     fn new(quota: Quota, throttle: Throttle, device_total: u64, host_index: Option<u32>, uuid: String) -> Self {
         Self {
             quota,
