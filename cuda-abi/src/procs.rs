@@ -242,6 +242,16 @@ proc_table! {
     PFN_cuStreamWaitEvent_v7000_ptsz = cuStreamWaitEvent @ 7000 Ptsz => cuStreamWaitEvent_ptsz(hStream: CUstream, hEvent: CUevent, Flags: c_uint);
     PFN_cuStreamQuery_v2000 = cuStreamQuery @ 2000 Plain => cuStreamQuery(hStream: CUstream);
     PFN_cuStreamQuery_v7000_ptsz = cuStreamQuery @ 7000 Ptsz => cuStreamQuery_ptsz(hStream: CUstream);
+    PFN_cuStreamBeginCapture_v10010 = cuStreamBeginCapture @ 10010 Plain => cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode);
+    PFN_cuStreamBeginCapture_v10010_ptsz = cuStreamBeginCapture @ 10010 Ptsz => cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode);
+    PFN_cuStreamEndCapture_v10000 = cuStreamEndCapture @ 10000 Plain => cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph);
+    PFN_cuStreamEndCapture_v10000_ptsz = cuStreamEndCapture @ 10000 Ptsz => cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph);
+    PFN_cuStreamIsCapturing_v10000 = cuStreamIsCapturing @ 10000 Plain => cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
+    PFN_cuStreamIsCapturing_v10000_ptsz = cuStreamIsCapturing @ 10000 Ptsz => cuStreamIsCapturing_ptsz(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
+    PFN_cuStreamGetCaptureInfo_v11030 = cuStreamGetCaptureInfo @ 11030 Plain => cuStreamGetCaptureInfo_v2(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize);
+    PFN_cuStreamGetCaptureInfo_v11030_ptsz = cuStreamGetCaptureInfo @ 11030 Ptsz => cuStreamGetCaptureInfo_v2_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize);
+    PFN_cuStreamGetCaptureInfo_v12030 = cuStreamGetCaptureInfo @ 12030 Plain => cuStreamGetCaptureInfo_v3(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize);
+    PFN_cuStreamGetCaptureInfo_v12030_ptsz = cuStreamGetCaptureInfo @ 12030 Ptsz => cuStreamGetCaptureInfo_v3_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize);
     PFN_cuStreamSynchronize_v2000 = cuStreamSynchronize @ 2000 Plain => cuStreamSynchronize(hStream: CUstream);
     PFN_cuStreamSynchronize_v7000_ptsz = cuStreamSynchronize @ 7000 Ptsz => cuStreamSynchronize_ptsz(hStream: CUstream);
     PFN_cuStreamDestroy_v2000 = cuStreamDestroy @ 2000 Plain => cuStreamDestroy(hStream: CUstream);

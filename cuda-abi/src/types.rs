@@ -236,6 +236,16 @@ c_enums! {
         CU_LIMIT_CIG_ENABLED = 8,
         CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED = 9,
     }
+    CUstreamCaptureStatus {
+        CU_STREAM_CAPTURE_STATUS_NONE = 0,
+        CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+    }
+    CUstreamCaptureMode {
+        CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+        CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+        CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+    }
     CUmemPool_attribute {
         CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
         CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
@@ -477,6 +487,16 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
 }
 /// `CUDA_ARRAY3D_DESCRIPTOR_v2`.
 pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR;
+
+/// `CUgraphEdgeData` (CUDA 12.3): the ports and type of a graph edge.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUgraphEdgeData {
+    pub from_port: u8,
+    pub to_port: u8,
+    pub type_: u8,
+    pub reserved: [u8; 5],
+}
 
 /// `CUDA_ARRAY_DESCRIPTOR_v1`: the CUDA 2.0 ABI of `cuArrayCreate` (32-bit sizes), still
 /// exported by the driver as the unversioned symbol and answered by `cuGetProcAddress` for a

@@ -74,6 +74,9 @@ fn struct_layouts() -> Vec<Layout> {
             "Width" => Width, "Height" => Height, "Depth" => Depth, "Format" => Format,
             "NumChannels" => NumChannels, "Flags" => Flags,
         ]),
+        layout!("CUgraphEdgeData", CUgraphEdgeData, [
+            "from_port" => from_port, "to_port" => to_port, "type" => type_, "reserved" => reserved,
+        ]),
         layout!("CUDA_ARRAY_DESCRIPTOR_v1", CUDA_ARRAY_DESCRIPTOR_v1, [
             "Width" => Width, "Height" => Height, "Format" => Format, "NumChannels" => NumChannels,
         ]),

@@ -311,6 +311,15 @@ macro_rules! alloc_async {
                 // SAFETY: undoing our own allocation on the same stream.
                 let undo = |k| { unsafe { free(k, stream) }; };
                 use crate::streampool::NoSlot;
+                // Inside a stream capture nothing is allocated: the driver adds a memory node
+                // to the capture's graph, whose launches are counted like any graph's.
+                if let Some(graph) = crate::graphmem::capture_graph(stream) {
+                    let ord = match explicit {
+                        Some(p) if !p.is_null() => crate::streampool::pool_device(st, p as u64),
+                        _ => st.current_ordinal(),
+                    };
+                    return crate::graphmem::captured_alloc(st, graph, ord, bytesize as u64, call);
+                }
                 match crate::streampool::pool_for(st, explicit) {
                     Ok(slot) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
                     // The driver refuses it (nothing allocated); its own answer is passed on.

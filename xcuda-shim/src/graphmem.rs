@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
-use cuda_abi::{CUdevice, CUgraphMem_attribute, CUresult};
+use cuda_abi::{CUdevice, CUgraph, CUgraphMem_attribute, CUresult, CUstream, CUstreamCaptureStatus};
 
 use crate::ptrmap::PtrMap;
 use crate::state::{call_real, Gpu, State};
@@ -120,6 +120,39 @@ impl GraphMem {
     pub fn footprint(&self, exec: u64, ord: usize) -> u64 {
         self.execs.get(key(exec, ord)).unwrap_or(0)
     }
+}
+
+/// The graph stream `stream` is capturing into (`cuStreamGetCaptureInfo_v2`), if it is
+/// capturing (an invalidated capture, or a driver that cannot say: `None`, the allocation
+/// counted as an allocation).
+pub fn capture_graph(stream: CUstream) -> Option<u64> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: CUgraph = std::ptr::null_mut();
+    let rc = call_real!(
+        cuStreamGetCaptureInfo_v2: cuda_abi::PFN_cuStreamGetCaptureInfo_v11030,
+        stream,
+        &mut status,
+        std::ptr::null_mut(),
+        &mut graph,
+        std::ptr::null_mut(),
+        std::ptr::null_mut()
+    );
+    (rc == CUresult::CUDA_SUCCESS && status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE && !graph.is_null()).then_some(graph as u64)
+}
+
+/// A stream-ordered allocation of `bytes` on ordinal `ord` captured into `graph`: the driver
+/// adds a memory node (`alloc`), no memory now; the node's bytes join the graph's footprint
+/// (recorded first: no room, refused with `CUDA_ERROR_OUT_OF_MEMORY`), reserved at each launch
+/// of its execs. Before, such nodes were sized only after their launch had mapped them.
+pub fn captured_alloc(st: &State, graph: u64, ord: usize, bytes: u64, alloc: impl FnOnce() -> CUresult) -> CUresult {
+    if !st.graph_mem.node_added(graph, ord, bytes) {
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = alloc();
+    if rc != CUresult::CUDA_SUCCESS {
+        st.graph_mem.node_not_added(graph, ord, bytes);
+    }
+    rc
 }
 
 /// Logs, once per process, that the `what` table of graph memory is full.

@@ -63,7 +63,7 @@ hooked_symbols! {
         cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
         cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute, cuCtxGetLimit,
-        cuMemPoolGetAttribute, cuDeviceGetMemPool, cuDeviceGetDefaultMemPool,
+        cuMemPoolGetAttribute, cuDeviceGetMemPool, cuDeviceGetDefaultMemPool, cuStreamGetCaptureInfo_v2,
     ],
 }
 

@@ -222,6 +222,14 @@ fn settle_ord(st: &State, dev: usize) {
     }
 }
 
+/// The device whose memory backs `pool`: its slot's, else as [`device_of`] finds it.
+pub fn pool_device(st: &State, pool: u64) -> usize {
+    match st.stream_pools.find(pool) {
+        Some(i) => st.stream_pools.ord(i),
+        None => device_of(st, pool),
+    }
+}
+
 /// The device whose memory backs `pool`, a pool the shim did not see created: the device whose
 /// current or default pool it is, else the current context's (a few driver calls, once per
 /// pool).

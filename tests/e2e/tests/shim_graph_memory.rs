@@ -208,3 +208,54 @@ fn the_emulator_answers_the_legacy_name_by_version() {
         assert_ne!(field_of(&out, "graphlegacy", "log"), "0", "driver {driver}: {out:?}");
     }
 }
+
+/// A graph from stream capture, as PyTorch's CUDA graphs with the `cudaMallocAsync` backend make
+/// them: the captured `cuMemAllocAsync` is a memory node the shim never saw added with
+/// `cuGraphAddMemAllocNode`. Its bytes are recorded for the capture's graph at the captured
+/// allocation (`cuStreamGetCaptureInfo`: nothing is allocated then, nothing counted), so the
+/// launch is sized and refused before anything is mapped. Here a 30 MiB graph is captured, then
+/// 40 MiB allocated, then the graph launched under the 64 MiB quota. Before: the launch mapped
+/// the 30 MiB past the quota (70 MiB held) and the settle counted it afterwards, as far as the
+/// quota allowed.
+#[test]
+fn a_captured_graph_launch_over_quota_is_refused_before_anything_is_mapped() {
+    let host = EmuHost::new();
+    let (thirty, forty) = ((30 * MIB).to_string(), (40 * MIB).to_string());
+    let (k, out, msg) = ready(&host, "shim_client", "cap1", &["ctx", "capturemem", &thirty, "1", "1", &forty, "ready", "wait"]);
+    assert_eq!(field_of(&out, "capturemem", "alloc"), "0", "the captured allocation maps nothing: {msg}");
+    assert_eq!(field_of(&out, "capturemem", "end"), "0", "{msg}");
+    assert_eq!(field_of(&out, "capturemem", "pre"), "0", "the capture counted nothing: 40 MiB fit: {msg}");
+    assert_eq!(field_of(&out, "capturemem", "launches"), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(field_of(&out, "capturemem", "pool_reserved"), "0", "{msg}");
+    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
+    assert!(k.stderr().contains("graph launch refused"), "said loudly: {msg}");
+    done(k);
+}
+
+/// Within the quota a captured graph launches, its pool counted once (as a built graph's), and
+/// a plain allocation the pool leaves no room for is refused while the pool keeps its memory.
+#[test]
+fn a_captured_graph_is_counted_at_launch_like_a_built_one() {
+    let host = EmuHost::new();
+    let forty = (40 * MIB).to_string();
+    let (k, out, msg) = ready(&host, "shim_client", "cap2", &["ctx", "capturemem", &forty, "1", "2", "0", "alloc", &forty, "ready", "wait"]);
+    assert_eq!(field_of(&out, "capturemem", "launches"), "0,0", "{msg}");
+    assert_eq!(field_of(&out, "capturemem", "pool_reserved"), (40 * MIB).to_string(), "{msg}");
+    assert_eq!(rc_of(&out, "alloc="), ["2"], "the graph pool holds 40 of the 64 MiB: {msg}");
+    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: the graph pool alone: {msg}");
+    done(k);
+}
+
+/// The emulator captures as the driver does: a synchronize of a capturing stream, or a
+/// synchronous allocation during a global-mode capture, is refused and invalidates the capture
+/// (`cuStreamEndCapture`: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+#[test]
+fn the_emulator_invalidates_a_capture_a_prohibited_call_breaks() {
+    let host = EmuHost::new();
+    let mut c = unlimited(&host, "shim_client");
+    c.args(["ctx", "capturebreak"]);
+    let out = run(&host, &mut c);
+    assert_eq!(field_of(&out, "capturebreak", "alloc"), "900", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: {out:?}");
+    assert_eq!(field_of(&out, "capturebreak", "end"), "901", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: {out:?}");
+    assert_eq!(field_of(&out, "capturebreak", "graph_null"), "1", "{out:?}");
+}

@@ -614,11 +614,19 @@ export! {
     }
     fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) {
         driver::check_stream(h(hStream))?;
-        driver::mem_free(dptr)
+        match driver::capturing_into(h(hStream))? {
+            // Captured: a free node of the capture's graph.
+            Some(graph) => driver::graph_add_mem_free(graph, dptr).map(|_| ()),
+            None => driver::mem_free(dptr),
+        }
     }
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) {
         driver::check_stream(h(hStream))?;
-        driver::mem_free(dptr)
+        match driver::capturing_into(h(hStream))? {
+            // Captured: a free node of the capture's graph.
+            Some(graph) => driver::graph_add_mem_free(graph, dptr).map(|_| ()),
+            None => driver::mem_free(dptr),
+        }
     }
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
@@ -681,6 +689,28 @@ export! {
     fn cuStreamSynchronize(hStream: CUstream) { driver::stream_sync(h(hStream)) }
     fn cuStreamSynchronize_ptsz(hStream: CUstream) { driver::stream_sync(h(hStream)) }
     fn cuStreamDestroy(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
+    fn cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(hStream), mode.0) }
+    fn cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(hStream), mode.0) }
+    fn cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph) { end_capture(hStream, phGraph) }
+    fn cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph) { end_capture(hStream, phGraph) }
+    fn cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) {
+        put(captureStatus, CUstreamCaptureStatus(driver::capture_info(h(hStream))?.0))
+    }
+    fn cuStreamIsCapturing_ptsz(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) {
+        put(captureStatus, CUstreamCaptureStatus(driver::capture_info(h(hStream))?.0))
+    }
+    fn cuStreamGetCaptureInfo_v2(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize) {
+        capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, std::ptr::null_mut(), numDependencies_out)
+    }
+    fn cuStreamGetCaptureInfo_v2_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize) {
+        capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, std::ptr::null_mut(), numDependencies_out)
+    }
+    fn cuStreamGetCaptureInfo_v3(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) {
+        capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out)
+    }
+    fn cuStreamGetCaptureInfo_v3_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) {
+        capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out)
+    }
     fn cuStreamDestroy_v2(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
     fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) {
         if phEvent.is_null() {
@@ -915,6 +945,65 @@ unsafe fn add_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNo
     unsafe { put(out, ptr(driver::graph_add_kernel(h(graph), node)?)) }
 }
 
+/// `cuStreamEndCapture[_ptsz]`: the captured graph (null when the capture failed).
+///
+/// # Safety
+/// `out` null or writable.
+unsafe fn end_capture(stream: CUstream, out: *mut CUgraph) -> R {
+    if out.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    match driver::capture_end(h(stream)) {
+        // SAFETY: checked non-null out-pointer.
+        Ok(g) => unsafe { put(out, ptr(g)) },
+        Err(e) => {
+            // SAFETY: checked non-null out-pointer.
+            unsafe { *out = std::ptr::null_mut() };
+            Err(e)
+        }
+    }
+}
+
+/// `cuStreamGetCaptureInfo_v2/_v3[_ptsz]`: status, id and graph of a capture; the emulator
+/// tracks no dependencies (none are reported: 0 of them, null arrays).
+///
+/// # Safety
+/// Each out-pointer null (not asked for) or writable.
+unsafe fn capture_info(
+    stream: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut cuuint64_t,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const CUgraphEdgeData,
+    n: *mut usize,
+) -> R {
+    if status.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let (st, cid, g) = driver::capture_info(h(stream))?;
+    // SAFETY: each pointer checked non-null before its write; the caller's out-parameters.
+    unsafe {
+        *status = CUstreamCaptureStatus(st);
+        if !id.is_null() {
+            *id = cid;
+        }
+        if !graph.is_null() {
+            *graph = ptr(g);
+        }
+        if !deps.is_null() {
+            *deps = std::ptr::null();
+        }
+        if !edges.is_null() {
+            *edges = std::ptr::null();
+        }
+        if !n.is_null() {
+            *n = 0;
+        }
+    }
+    Ok(())
+}
+
 /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`) and their `_ptsz`: from the pool
 /// (`driver::mem_alloc_async`), owned by no context (they outlive it).
 ///
@@ -924,6 +1013,17 @@ unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUme
     driver::check_stream(h(stream))?;
     if dptr.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some(graph) = driver::capturing_into(h(stream))? {
+        // Captured: a memory allocation node of the capture's graph (its address fixed now,
+        // its memory mapped from the device's graph pool at launch), nothing allocated.
+        if bytesize == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let ord = driver::async_alloc_ord(pool.map(h))?;
+        let (_, addr) = driver::graph_add_mem_alloc(graph, bytesize as u64, ord as i32)?;
+        // SAFETY: checked non-null out-pointer.
+        return unsafe { put(dptr, addr) };
     }
     // SAFETY: checked non-null out-pointer.
     unsafe { put(dptr, driver::mem_alloc_async(bytesize as u64, pool.map(h))?) }

@@ -138,6 +138,20 @@ impl CtxLimits {
 struct Stream {
     ctx: u64,
     last: u64,
+    /// The capture in progress on this stream (`cuStreamBeginCapture`), if any.
+    capture: Option<Capture>,
+}
+
+/// A stream capture in progress: the graph its work is recorded into instead of run.
+#[derive(Clone, Copy, Debug)]
+struct Capture {
+    graph: u64,
+    /// `CUstreamCaptureMode` (0 global, 1 thread-local, 2 relaxed).
+    mode: u32,
+    /// The thread that began it (thread-local mode restricts that thread only).
+    thread: std::thread::ThreadId,
+    /// A prohibited call invalidated it: `cuStreamEndCapture` fails.
+    invalidated: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -809,7 +823,7 @@ pub fn stream_create(_flags: u32) -> R<u64> {
     let d = drv()?;
     let mut g = d.lock();
     let h = g.handle();
-    g.streams.insert(h, Stream { ctx, last: 0 });
+    g.streams.insert(h, Stream { ctx, last: 0, capture: None });
     Ok(h)
 }
 
@@ -892,6 +906,12 @@ pub fn launch(req: LaunchReq) -> R {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
         let s = stream_ref(&g, ctx, req.stream)?;
+        if let Some(c) = capture_of(&g, req.stream) {
+            // Captured, not run: a kernel node of the capture's graph.
+            drop(g);
+            let node = GraphNode { f: req.f, grid: req.grid, block: req.block, shared_mem: req.shared_mem, cycles: req.cycles };
+            return graph_add_kernel(c.graph, node).map(|_| ());
+        }
         (s, last_of(&g, s))
     };
     let l = Launch { blocks, cycles_per_block: req.cycles.unwrap_or(DEFAULT_CYCLES), after };
@@ -951,8 +971,11 @@ fn last_on_stream(h: u64) -> R<(&'static Driver, u64)> {
     Ok((d, last_of(&g, s)))
 }
 
-/// `cuStreamSynchronize`: waits for the stream's last kernel (emulated completion).
+/// `cuStreamSynchronize`: waits for the stream's last kernel (emulated completion). On a
+/// capturing stream it is prohibited ("potentially unsafe"): refused, and the capture is
+/// invalidated.
 pub fn stream_sync(h: u64) -> R {
+    capture_forbids(Forbid::OnStream(h))?;
     let d = stream_wait(h)?;
     pools_after_sync(d);
     Ok(())
@@ -983,6 +1006,7 @@ pub fn ctx_sync() -> R {
 
 /// `cuCtxSynchronize_v2` (CUDA 13.0): waits for everything queued in `ctx` (0: the current one).
 pub fn ctx_sync_of(ctx: u64) -> R {
+    capture_forbids(Forbid::Everything)?;
     ctx_wait(ctx)?;
     pools_after_sync(drv()?);
     Ok(())
@@ -1009,6 +1033,126 @@ fn ctx_wait(ctx: u64) -> R {
     let mut g = d.lock();
     collect_pending(d, &mut g, ctx);
     Ok(())
+}
+
+// ---- stream capture ----
+
+/// The capture in progress on stream `h`, if any (the default streams never capture).
+fn capture_of(g: &Inner, h: u64) -> Option<Capture> {
+    g.streams.get(&h).and_then(|s| s.capture)
+}
+
+/// What a call may collide with: the captures [`capture_forbids`] checks.
+#[derive(Clone, Copy)]
+enum Forbid {
+    /// A call on this stream (a synchronize, a copy the emulator does not capture).
+    OnStream(u64),
+    /// A "potentially unsafe API call" (a synchronous allocation): prohibited by captures in
+    /// global mode (any thread) and thread-local mode (the capturing thread).
+    Unsafe,
+    /// A synchronize of every stream (`cuCtxSynchronize`): it would wait on the capturing ones.
+    Everything,
+}
+
+/// Refuses a call a capture prohibits, invalidating the captures it breaks (cuda.h,
+/// `cuStreamBeginCapture`: in global mode "potentially unsafe API calls" are prohibited in every
+/// thread, in thread-local mode in the capturing thread, in relaxed mode never; a synchronize
+/// of a capturing stream is never legal). `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+fn capture_forbids(call: Forbid) -> R {
+    let d = drv()?;
+    let me = std::thread::current().id();
+    let mut g = d.lock();
+    let mut refused = false;
+    for (h, s) in g.streams.iter_mut() {
+        let Some(c) = s.capture.as_mut() else { continue };
+        let hit = match call {
+            Forbid::OnStream(x) => x == *h,
+            Forbid::Unsafe => c.mode == 0 || (c.mode == 1 && c.thread == me),
+            Forbid::Everything => true,
+        };
+        if hit {
+            c.invalidated = true;
+            refused = true;
+        }
+    }
+    if refused { Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) } else { Ok(()) }
+}
+
+/// `cuStreamBeginCapture_v2`: work queued on stream `h` is recorded into a new graph from now
+/// on. The legacy and per-thread default streams are refused (cuda.h: capture "may not be
+/// initiated ... on the legacy stream"; the emulator refuses the per-thread one too, stricter),
+/// as is a stream already capturing.
+pub fn capture_begin(h: u64, mode: u32) -> R {
+    let ctx = current()?;
+    if mode > 2 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+        return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let graph = graph_create()?;
+    let d = drv()?;
+    let mut g = d.lock();
+    let s = match g.streams.get_mut(&h) {
+        Some(s) if s.ctx == ctx => s,
+        _ => {
+            g.graphs.remove(&graph);
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+    };
+    if s.capture.is_some() {
+        g.graphs.remove(&graph);
+        return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
+    }
+    s.capture = Some(Capture { graph, mode, thread: std::thread::current().id(), invalidated: false });
+    Ok(())
+}
+
+/// `cuStreamEndCapture`: the graph of the capture on `h` (the caller owns it). A capture a
+/// prohibited call invalidated ends with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, its graph
+/// gone; a stream not capturing is `CUDA_ERROR_ILLEGAL_STATE`.
+pub fn capture_end(h: u64) -> R<u64> {
+    let ctx = current()?;
+    let d = drv()?;
+    let mut g = d.lock();
+    let c = match g.streams.get_mut(&h) {
+        Some(s) if s.ctx == ctx => s.capture.take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?,
+        _ => return Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+    };
+    if c.invalidated {
+        drop(g);
+        let _ = graph_destroy(c.graph);
+        return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    Ok(c.graph)
+}
+
+/// `cuStreamIsCapturing` / `cuStreamGetCaptureInfo_v2`: (status, capture id, graph) of stream
+/// `h` (status `CU_STREAM_CAPTURE_STATUS_NONE` 0, `ACTIVE` 1, `INVALIDATED` 2; id and graph 0
+/// when none). The capture id is its graph's handle (unique while it runs).
+pub fn capture_info(h: u64) -> R<(u32, u64, u64)> {
+    let ctx = current()?;
+    let g = drv()?.lock();
+    stream_ref(&g, ctx, h)?;
+    Ok(match capture_of(&g, h) {
+        None => (0, 0, 0),
+        Some(c) if c.invalidated => (2, c.graph, c.graph),
+        Some(c) => (1, c.graph, c.graph),
+    })
+}
+
+/// The graph stream `h` is capturing into, if it is (work on it is recorded, not run).
+pub fn capturing_into(h: u64) -> R<Option<u64>> {
+    Ok(capture_of(&drv()?.lock(), h).map(|c| c.graph))
+}
+
+/// The device ordinal a stream-ordered allocation from `pool` (or the current context's
+/// current pool) uses: the pool's device, else the current context's.
+pub fn async_alloc_ord(pool: Option<u64>) -> R<usize> {
+    match pool {
+        Some(p) => drv()?.lock().pools.ord_of(p),
+        None => current_ord(),
+    }
 }
 
 /// `cuEventCreate`.
@@ -1485,6 +1629,11 @@ const NO_CTX: u64 = 0;
 
 fn mem_alloc_in(size: u64, ctx_owned: bool) -> R<u64> {
     let ctx = current()?;
+    if ctx_owned {
+        // A synchronous allocation is a "potentially unsafe API" during a capture in global
+        // mode (any thread) or thread-local mode (the capturing thread).
+        capture_forbids(Forbid::Unsafe)?;
+    }
     if size == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -1622,8 +1771,11 @@ pub fn memset_d8(dst: u64, v: u8, n: u64) -> R {
     on_memory(true, &[(dst, n)], |g| g.mem.fill(dst, n, v))
 }
 
-/// Synchronises `stream` before an async copy (copies themselves are instantaneous).
+/// Synchronises `stream` before an async copy (copies themselves are instantaneous). A copy
+/// on a capturing stream is not captured by the emulator: refused
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), the capture invalidated (stricter than a driver).
 pub fn sync_for_async(stream: u64) -> R {
+    capture_forbids(Forbid::OnStream(stream))?;
     stream_wait(stream).map(|_| ())
 }
 

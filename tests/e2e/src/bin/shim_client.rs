@@ -13,6 +13,8 @@
 //! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `setlimit LIMIT VALUE` / `getlimit LIMIT`
 //! (cuCtxSetLimit / cuCtxGetLimit, LIMIT as its CUlimit number) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
+//! `capturemem BYTES FREE COUNT PRE` (a cuMemAllocAsync captured from a stream into a graph,
+//! PRE bytes then allocated with cuMemAlloc, the graph launched COUNT times).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
 //! created on device DEV, N bytes allocated from it) | `poolattr` (device 0's current pool's
@@ -352,6 +354,10 @@ fn main() {
     let graph_exec_destroy = get!(cu, "cuGraphExecDestroy", PFN_cuGraphExecDestroy_v10000, 10000);
     let set_limit = get!(cu, "cuCtxSetLimit", PFN_cuCtxSetLimit_v3010, 3010);
     let get_limit = get!(cu, "cuCtxGetLimit", PFN_cuCtxGetLimit_v3010, 3010);
+    let stream_create = get!(cu, "cuStreamCreate", PFN_cuStreamCreate_v2000, 2000);
+    let stream_sync = get!(cu, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, 2000);
+    let capture_begin = get!(cu, "cuStreamBeginCapture", PFN_cuStreamBeginCapture_v10010, 10010);
+    let capture_end = get!(cu, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000, 10000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -461,6 +467,74 @@ fn main() {
                         rcs.first().cloned().unwrap_or_else(|| r.0.to_string()),
                         rcs.join(",")
                     ));
+                }
+                // Stream capture, as PyTorch's CUDA graphs with `cudaMallocAsync` make them: on
+                // a stream of its own, BYTES allocated with cuMemAllocAsync (freed in the graph
+                // when FREE is 1), captured in global mode; the graph instantiated, PRE bytes
+                // allocated with cuMemAlloc (0: none), and the graph launched COUNT times. Prints the alloc's, the capture's and each launch's result and the
+                // driver's graph pool figures.
+                "capturemem" => {
+                    let (bytes, free_in_graph, count, pre) = (num(1, i), num(2, i) == 1, num(3, i), num(4, i));
+                    i += 4;
+                    let mut s: CUstream = std::ptr::null_mut();
+                    let mut r = stream_create(&mut s, 1);
+                    if r.is_success() {
+                        r = capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+                    }
+                    let mut p: CUdeviceptr = 0;
+                    let alloc_rc = if r.is_success() { alloc_async(&mut p, bytes, s) } else { r };
+                    if alloc_rc.is_success() && free_in_graph {
+                        free_async(p, s);
+                    }
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let end_rc = if r.is_success() { capture_end(s, &mut g) } else { r };
+                    let mut exec: CUgraphExec = std::ptr::null_mut();
+                    let mut r = if end_rc.is_success() && alloc_rc.is_success() { graph_instantiate(&mut exec, g, 0) } else { alloc_rc };
+                    // PRE bytes allocated between the capture and the launches (0: none).
+                    let mut pre_rc = CUresult::CUDA_SUCCESS;
+                    if pre > 0 {
+                        let mut q: CUdeviceptr = 0;
+                        pre_rc = mem_alloc(&mut q, pre);
+                        if pre_rc.is_success() {
+                            held.push(Held::Dev(q));
+                        }
+                    }
+                    let mut rcs = Vec::new();
+                    for _ in 0..count {
+                        if r.is_success() || !rcs.is_empty() {
+                            r = graph_launch(exec, s);
+                            rcs.push(r.0.to_string());
+                            let _ = stream_sync(s);
+                        }
+                    }
+                    if !exec.is_null() {
+                        graph_exec_destroy(exec);
+                    }
+                    if !free_in_graph && p != 0 && !rcs.is_empty() {
+                        held.push(Held::Dev(p));
+                    }
+                    let (mut used, mut reserved) = (0u64, 0u64);
+                    graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast());
+                    graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast());
+                    out(format!(
+                        "capturemem={} alloc={} pre={} end={} launches={} pool_used={used} pool_reserved={reserved}",
+                        rcs.first().cloned().unwrap_or_else(|| r.0.to_string()),
+                        alloc_rc.0,
+                        pre_rc.0,
+                        end_rc.0,
+                        rcs.join(",")
+                    ));
+                }
+                // A global-mode capture broken by a synchronous cuMemAlloc (prohibited then).
+                "capturebreak" => {
+                    let mut s: CUstream = std::ptr::null_mut();
+                    let _ = stream_create(&mut s, 1);
+                    let b = capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+                    let mut p: CUdeviceptr = 0;
+                    let a = mem_alloc(&mut p, 1 << 20);
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let e = capture_end(s, &mut g);
+                    out(format!("capturebreak={} alloc={} end={} graph_null={}", b.0, a.0, e.0, u8::from(g.is_null())));
                 }
                 "graphtrim" => out(format!("graphtrim={}", graph_trim(0).0)),
                 "setlimit" => {
