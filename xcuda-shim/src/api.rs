@@ -900,8 +900,13 @@ macro_rules! instantiate_with_params {
                 if !wants_upload {
                     // SAFETY: forwarding the caller's arguments.
                     let rc = unsafe { inst(exec, graph, params) };
-                    if rc == CUresult::CUDA_SUCCESS {
-                        return instantiated(graph, exec);
+                    if rc != CUresult::CUDA_SUCCESS {
+                        return rc;
+                    }
+                    let rc = instantiated(graph, exec);
+                    if rc != CUresult::CUDA_SUCCESS && !params.is_null() {
+                        // SAFETY: the caller's parameter block (non-null: checked).
+                        unsafe { (*params).result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR };
                     }
                     return rc;
                 }
