@@ -293,6 +293,10 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usi
     })
 }
 
+/// `CU_STREAM_PER_THREAD` (cuda.h: `((CUstream)0x2)`): the per-thread default stream named
+/// explicitly.
+const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
+
 /// Stream-ordered allocations (`pool` for `cuMemAllocFromPoolAsync`): counted as what their
 /// pool reserves, on the pool's GPU (see `streampool`): the size reserved in the quota first,
 /// an allocation that cannot be recorded undone on the same stream. A pool the driver cannot
@@ -313,7 +317,11 @@ macro_rules! alloc_async {
                 use crate::streampool::NoSlot;
                 // Inside a stream capture nothing is allocated: the driver adds a memory node
                 // to the capture's graph, whose launches are counted like any graph's.
-                if let Some(graph) = crate::graphmem::capture_graph(stream) {
+                // A `_ptsz` entry's null stream is the per-thread default stream (which may be
+                // capturing), not the legacy one the plain query would name.
+                let per_thread = stringify!($name).ends_with("_ptsz") && stream.is_null();
+                let capturing = if per_thread { CU_STREAM_PER_THREAD } else { stream };
+                if let Some(graph) = crate::graphmem::capture_graph(capturing) {
                     let ord = match explicit {
                         Some(p) if !p.is_null() => crate::streampool::pool_device(st, p as u64),
                         _ => st.current_ordinal(),

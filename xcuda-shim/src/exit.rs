@@ -769,6 +769,9 @@ fn on_fork_child_inner() {
         crate::api::VMM_UNMAP_RETAIN.reset_after_fork();
         crate::limits::CHANGES.reset_after_fork();
         if let Some(st) = state::get() {
+            st.graph_mem.update.reset_after_fork();
+        }
+        if let Some(st) = state::get() {
             st.contexts.clear();
             st.quotas().for_each(|q| q.after_fork_child());
             // The child has no driver state: no graph pool or stream-ordered pool either.

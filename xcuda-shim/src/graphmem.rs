@@ -34,6 +34,9 @@ pub struct GraphMem {
     seen: AtomicBool,
     graphs: PtrMap,
     execs: PtrMap,
+    /// Held while a graph's bytes are read and written back (two threads adding captured
+    /// nodes to one graph must not both read the old figure; freed in a fork child).
+    pub update: crate::spin::SpinLock,
 }
 
 impl Default for GraphMem {
@@ -45,7 +48,7 @@ impl Default for GraphMem {
 impl GraphMem {
     /// Empty maps (room for 1024 graph/device and exec/device pairs each).
     pub fn new() -> Self {
-        Self { seen: AtomicBool::new(false), graphs: PtrMap::new(1024), execs: PtrMap::new(1024) }
+        Self { seen: AtomicBool::new(false), graphs: PtrMap::new(1024), execs: PtrMap::new(1024), update: crate::spin::SpinLock::new() }
     }
 
     /// Whether this process ever added a memory allocation node or instantiated a graph.
@@ -59,6 +62,7 @@ impl GraphMem {
     /// is full, said once; [`GraphMem::node_not_added`] takes it back if the driver refuses).
     pub fn node_added(&self, graph: u64, ord: usize, bytes: u64) -> bool {
         self.seen.store(true, Relaxed);
+        let _one = self.update.lock();
         let k = key(graph, ord);
         let prev = self.graphs.remove(k).unwrap_or(0);
         if self.graphs.insert(k, prev.saturating_add(bytes)) {
@@ -75,6 +79,7 @@ impl GraphMem {
 
     /// The driver refused the node [`GraphMem::node_added`] recorded: its bytes come off.
     pub fn node_not_added(&self, graph: u64, ord: usize, bytes: u64) {
+        let _one = self.update.lock();
         let k = key(graph, ord);
         if let Some(prev) = self.graphs.remove(k) {
             let left = prev.saturating_sub(bytes);
@@ -325,12 +330,32 @@ mod tests {
         assert_eq!((gpus[0].graph.inflight(), gpus[1].graph.inflight()), (0, 0));
     }
 
+    /// Threads whose streams joined one capture add nodes to one graph at once: every node's
+    /// bytes are in the footprint (a read-modify-write without the lock loses some).
+    #[test]
+    fn concurrent_nodes_of_one_graph_are_all_counted() {
+        let gm = std::sync::Arc::new(GraphMem::new());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let gm = gm.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..5_000 {
+                        assert!(gm.node_added(0x1000, 0, 1));
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert!(gm.instantiated(0x1000, 0x2000, 1));
+        assert_eq!(gm.footprint(0x2000, 0), 20_000);
+    }
+
     /// With no room to record a memory node or an exec's footprint, the shim refuses (the
     /// caller fails the call), never lets a graph launch unreserved; a node the driver refused
     /// is taken off its graph again.
     #[test]
     fn full_tables_refuse_never_launch_unreserved() {
-        let gm = GraphMem { seen: AtomicBool::new(false), graphs: PtrMap::new(16), execs: PtrMap::new(16) };
+        let gm = GraphMem { seen: AtomicBool::new(false), graphs: PtrMap::new(16), execs: PtrMap::new(16), update: crate::spin::SpinLock::new() };
         assert!(gm.node_added(0x1000, 0, 10));
         assert!(gm.node_added(0x1000, 0, 5));
         gm.node_not_added(0x1000, 0, 5);

@@ -30,6 +30,10 @@ pub struct PoolCount {
     counted: AtomicU64,
     /// Calls between their reservation ([`PoolCount::begin`]) and their settle.
     inflight: AtomicU32,
+    /// Bumped by every [`PoolCount::begin`] and [`PoolCount::end`]: a settle lowers the count
+    /// only if none happened since it asked the driver (a whole call that began and ended in
+    /// between, leaving the count where it was, may have grown the pools past that answer).
+    epoch: AtomicU64,
     /// Held while a call counts itself in flight and reserves against `counted`, and while a
     /// settle decides to lower it (a few atomics; never across a driver call).
     lock: AtomicBool,
@@ -43,7 +47,7 @@ pub struct PoolCount {
 impl PoolCount {
     /// Nothing counted; `what` names the pools in the log line of a growth past the quota.
     pub const fn new(what: &'static str) -> Self {
-        Self { counted: AtomicU64::new(0), inflight: AtomicU32::new(0), lock: AtomicBool::new(false), over: AtomicBool::new(false), what }
+        Self { counted: AtomicU64::new(0), inflight: AtomicU32::new(0), epoch: AtomicU64::new(0), lock: AtomicBool::new(false), over: AtomicBool::new(false), what }
     }
 
     /// Bytes counted now.
@@ -63,6 +67,7 @@ impl PoolCount {
     pub fn begin(&self, quota: &Quota, need: impl FnOnce(u64) -> u64) -> bool {
         lock(&self.lock);
         self.inflight.fetch_add(1, AcqRel);
+        self.epoch.fetch_add(1, AcqRel);
         let need = need(self.counted.load(Relaxed));
         let ok = need == 0 || quota.try_reserve(need);
         if ok && need > 0 {
@@ -74,6 +79,7 @@ impl PoolCount {
 
     /// The caller of [`PoolCount::begin`] has settled: no longer in flight.
     pub fn end(&self) {
+        self.epoch.fetch_add(1, AcqRel);
         self.inflight.fetch_sub(1, AcqRel);
     }
 
@@ -100,6 +106,7 @@ impl PoolCount {
     pub fn reset(&self) {
         self.counted.store(0, Relaxed);
         self.inflight.store(0, Relaxed);
+        self.epoch.store(0, Relaxed);
         self.lock.store(false, Relaxed);
         self.over.store(false, Relaxed);
     }
@@ -110,6 +117,7 @@ impl PoolCount {
         // Each lost swap means another settle or a call moved the count: bounded, it is redone
         // on the next tick at the latest.
         for _ in 0..8 {
+            let e = self.epoch.load(Acquire);
             let c = counted.load(Acquire);
             let Some(a) = actual() else { return false };
             if a > c {
@@ -134,7 +142,10 @@ impl PoolCount {
                     return false;
                 }
                 let shrink = may_shrink();
-                let lowered = shrink && counted.compare_exchange(c, a, AcqRel, Acquire).is_ok();
+                // A call that began or ended since the driver was asked may have grown the pools
+                // past `a` and left the count as it was: that answer is stale, ask again.
+                let fresh = self.epoch.load(Acquire) == e;
+                let lowered = shrink && fresh && counted.compare_exchange(c, a, AcqRel, Acquire).is_ok();
                 self.lock.store(false, Release);
                 if !shrink {
                     return false;
@@ -221,6 +232,35 @@ mod tests {
         p.settle(&q, 0, 1, || Some(60 * MIB));
         p.end();
         assert_eq!((p.counted(), q.used()), (60 * MIB, 60 * MIB), "the call's own settle lowers it");
+    }
+
+    /// A whole call (reservation, driver call, settle, end) between a settle's question to the
+    /// driver and its lowering, leaving the count where it was: the settle's answer predates
+    /// the call's growth, so it must not lower the count. Review finding: a trim's settle read
+    /// an emptied pool, a launch then reserved nothing (the count covered it), mapped 80 MiB,
+    /// settled to an unchanged count and ended; the trim's compare-and-swap then gave back
+    /// 80 MiB the pool held.
+    #[test]
+    fn a_whole_call_between_a_settles_question_and_its_lowering_keeps_the_count() {
+        let (q, p) = parts();
+        assert!(!settle_to(&p, &q, true, || Some(80 * MIB)));
+        let mut asked = 0;
+        p.settle(&q, 0, 0, || {
+            asked += 1;
+            if asked == 1 {
+                // The trim emptied the pool: the answer is 0. Then, before the settle takes its
+                // lock, a launch runs through: it finds the count covers it, maps 80 MiB and
+                // settles to 80 (no change), and ends.
+                assert!(p.begin(&q, |c| (80 * MIB).saturating_sub(c)));
+                p.settle(&q, 0, 1, || Some(80 * MIB));
+                p.end();
+                Some(0)
+            } else {
+                Some(80 * MIB)
+            }
+        });
+        assert_eq!((p.counted(), q.used()), (80 * MIB, 80 * MIB), "the stale answer lowered nothing; asked again: {asked}");
+        assert_eq!(asked, 2);
     }
 
     /// While another call is between its reservation and its settle, a settle does not lower
