@@ -42,8 +42,27 @@ macro_rules! out {
     }};
 }
 
+/// What a hook's bookkeeping after a successful call answers: nothing (the driver's result
+/// stands) or a result of its own (the bookkeeping undid the call and refuses it).
+trait Then {
+    fn then(self, rc: CUresult) -> CUresult;
+}
+
+impl Then for () {
+    fn then(self, rc: CUresult) -> CUresult {
+        rc
+    }
+}
+
+impl Then for CUresult {
+    fn then(self, _: CUresult) -> CUresult {
+        self
+    }
+}
+
 /// Hooks that call the real function with the caller's arguments and, when it returns
-/// `CUDA_SUCCESS`, do the shim's bookkeeping (`$after`, the arguments in scope). `[gated]`: the
+/// `CUDA_SUCCESS`, do the shim's bookkeeping (`$after`, the arguments in scope; a `CUresult`
+/// it evaluates to replaces the driver's, see [`Then`]). `[gated]`: the
 /// call creates a context, refused with `CUDA_ERROR_DEINITIALIZED` once a release has started
 /// (signal or exit), since a context created then would outlive it.
 macro_rules! forward_then {
@@ -61,7 +80,7 @@ macro_rules! forward_then {
                     // SAFETY: forwarding the caller's arguments.
                     let rc = unsafe { real_fn($($a),*) };
                     if rc == CUresult::CUDA_SUCCESS {
-                        $after;
+                        return Then::then($after, rc);
                     }
                     $(refused!($gated, rc);)?
                     rc
@@ -149,7 +168,7 @@ forward_then! {
     /// Hooked `cuInit`: initialises the driver, then this process's shim state (quota, throttle, controller).
     /// `[init]`: an MPS connection that fails here (`CUDA_ERROR_MPS_CONNECTION_FAILED`) is
     /// explained (see [`mps_connection_failed`]).
-    fn cuInit(flags: c_uint): PFN_cuInit_v2000 [init] => state();
+    fn cuInit(flags: c_uint): PFN_cuInit_v2000 [init] => { state(); };
 }
 
 /// Rewrites a successful `cuGetProcAddress*` answer (see [`proc_answer`]). `status` is the
@@ -321,7 +340,7 @@ macro_rules! alloc_async {
                 // capturing), not the legacy one the plain query would name.
                 let per_thread = stringify!($name).ends_with("_ptsz") && stream.is_null();
                 let capturing = if per_thread { CU_STREAM_PER_THREAD } else { stream };
-                if let Some(graph) = crate::graphmem::capture_graph(capturing) {
+                if let Some(graph) = crate::graphmem::capture_graph(capturing as u64) {
                     let ord = match explicit {
                         Some(p) if !p.is_null() => crate::streampool::pool_device(st, p as u64),
                         _ => st.current_ordinal(),
@@ -808,35 +827,14 @@ fn instantiated(graph: CUgraph, exec: *mut CUgraphExec) -> CUresult {
     CUresult::CUDA_ERROR_OUT_OF_MEMORY
 }
 
-/// Instantiation hooks: the driver's call, then [`instantiated`] (`=> graph, exec` names them).
-macro_rules! instantiate {
-    ($(
-        $(#[$doc:meta])*
-        fn $name:ident($($a:ident : $t:ty),* $(,)?) : $pfn:ty => $graph:ident, $exec:ident;
-    )*) => {
-        $(
-            $(#[$doc])*
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-                guard(|| {
-                    let real_fn = real!($name: $pfn);
-                    // SAFETY: forwarding the caller's arguments.
-                    let rc = unsafe { real_fn($($a),*) };
-                    if rc == CUresult::CUDA_SUCCESS { instantiated($graph, $exec) } else { rc }
-                })
-            }
-        )*
-    };
-}
-
-instantiate! {
+forward_then! {
     /// Hooked `cuGraphInstantiateWithFlags` (also `cuGraphInstantiate` from CUDA 12.0 on): the
     /// exec inherits its graph's memory-node bytes.
-    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64): PFN_cuGraphInstantiateWithFlags_v11040 => graph, exec;
+    fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64): PFN_cuGraphInstantiateWithFlags_v11040 => instantiated(graph, exec);
     /// Hooked `cuGraphInstantiate` (CUDA 10.0's 5-argument ABI): counted like `cuGraphInstantiateWithFlags`.
-    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v10000 => graph, exec;
+    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v10000 => instantiated(graph, exec);
     /// Hooked `cuGraphInstantiate_v2` (CUDA 11.0, the same 5 arguments): counted like `cuGraphInstantiateWithFlags`.
-    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v11000 => graph, exec;
+    fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v11000 => instantiated(graph, exec);
 }
 
 /// Hooked `cuGraphAddMemAllocNode`: the node's bytes recorded for the graph (counted at

@@ -127,10 +127,11 @@ impl GraphMem {
     }
 }
 
-/// The graph stream `stream` is capturing into (`cuStreamGetCaptureInfo_v2`), if it is
+/// The graph stream `stream` (a `CUstream`'s value, only passed to the driver) is capturing into (`cuStreamGetCaptureInfo_v2`), if it is
 /// capturing (an invalidated capture, or a driver that cannot say: `None`, the allocation
 /// counted as an allocation).
-pub fn capture_graph(stream: CUstream) -> Option<u64> {
+pub fn capture_graph(stream: u64) -> Option<u64> {
+    let stream = stream as CUstream;
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut graph: CUgraph = std::ptr::null_mut();
     let rc = call_real!(

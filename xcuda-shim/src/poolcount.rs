@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use cuda_abi::CUdevice;
 
 use crate::quota::Quota;
+use crate::spin::SpinLock;
 
 /// One GPU's count of one kind of driver pool in the quota.
 #[derive(Debug)]
@@ -36,7 +37,7 @@ pub struct PoolCount {
     epoch: AtomicU64,
     /// Held while a call counts itself in flight and reserves against `counted`, and while a
     /// settle decides to lower it (a few atomics; never across a driver call).
-    lock: AtomicBool,
+    lock: SpinLock,
     /// The pools grew past what the quota allows and are counted only up to it (logged once
     /// per such episode; cleared when the count catches up with the pools).
     over: AtomicBool,
@@ -47,7 +48,7 @@ pub struct PoolCount {
 impl PoolCount {
     /// Nothing counted; `what` names the pools in the log line of a growth past the quota.
     pub const fn new(what: &'static str) -> Self {
-        Self { counted: AtomicU64::new(0), inflight: AtomicU32::new(0), epoch: AtomicU64::new(0), lock: AtomicBool::new(false), over: AtomicBool::new(false), what }
+        Self { counted: AtomicU64::new(0), inflight: AtomicU32::new(0), epoch: AtomicU64::new(0), lock: SpinLock::new(), over: AtomicBool::new(false), what }
     }
 
     /// Bytes counted now.
@@ -65,7 +66,7 @@ impl PoolCount {
     /// Returns whether the quota held them (nothing reserved if not). Either way the caller is
     /// in flight until its [`PoolCount::end`], after its own settle.
     pub fn begin(&self, quota: &Quota, need: impl FnOnce(u64) -> u64) -> bool {
-        lock(&self.lock);
+        let _one = self.lock.lock();
         self.inflight.fetch_add(1, AcqRel);
         self.epoch.fetch_add(1, AcqRel);
         let need = need(self.counted.load(Relaxed));
@@ -73,7 +74,6 @@ impl PoolCount {
         if ok && need > 0 {
             self.counted.fetch_add(need, Relaxed);
         }
-        self.lock.store(false, Release);
         ok
     }
 
@@ -107,7 +107,7 @@ impl PoolCount {
         self.counted.store(0, Relaxed);
         self.inflight.store(0, Relaxed);
         self.epoch.store(0, Relaxed);
-        self.lock.store(false, Relaxed);
+        self.lock.reset_after_fork();
         self.over.store(false, Relaxed);
     }
 
@@ -138,15 +138,13 @@ impl PoolCount {
                 return true;
             }
             if a < c {
-                if self.lock.compare_exchange(false, true, Acquire, Relaxed).is_err() {
-                    return false;
-                }
+                let Some(held) = self.lock.try_lock() else { return false };
                 let shrink = may_shrink();
                 // A call that began or ended since the driver was asked may have grown the pools
                 // past `a` and left the count as it was: that answer is stale, ask again.
                 let fresh = self.epoch.load(Acquire) == e;
                 let lowered = shrink && fresh && counted.compare_exchange(c, a, AcqRel, Acquire).is_ok();
-                self.lock.store(false, Release);
+                drop(held);
                 if !shrink {
                     return false;
                 }
@@ -159,19 +157,6 @@ impl PoolCount {
             return false;
         }
         false
-    }
-}
-
-/// Takes a count's lock (held for a few atomics at a time: spins, then yields).
-fn lock(l: &AtomicBool) {
-    let mut spins = 0u32;
-    while l.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
-        spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
     }
 }
 

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
 /// A spin-then-yield lock (held for a few driver calls at most; never in a signal handler).
+#[derive(Debug)]
 pub struct SpinLock(AtomicBool);
 
 /// Held [`SpinLock`]; unlocks when dropped.
@@ -28,6 +29,11 @@ impl SpinLock {
             }
         }
         SpinGuard(&self.0)
+    }
+
+    /// Takes the lock if it is free, without waiting.
+    pub fn try_lock(&self) -> Option<SpinGuard<'_>> {
+        self.0.compare_exchange(false, true, Acquire, Relaxed).is_ok().then_some(SpinGuard(&self.0))
     }
 
     /// In a fork child (async-signal-safe: one store): whoever held it is not there.

@@ -61,7 +61,7 @@ pub struct StreamPools {
     seen: AtomicBool,
     slots: Box<[Slot]>,
     /// Held while a slot changes state (a few atomics; never across a driver call).
-    lock: AtomicBool,
+    lock: crate::spin::SpinLock,
     /// Live allocation pointer -> its pool's slot.
     ptrs: PtrMap,
 }
@@ -82,7 +82,7 @@ fn reserved_of(pool: u64) -> Option<u64> {
 impl StreamPools {
     /// An empty table.
     pub fn new() -> Self {
-        Self { seen: AtomicBool::new(false), slots: (0..MAX_POOLS).map(|_| Slot::default()).collect(), lock: AtomicBool::new(false), ptrs: PtrMap::new(1 << 16) }
+        Self { seen: AtomicBool::new(false), slots: (0..MAX_POOLS).map(|_| Slot::default()).collect(), lock: crate::spin::SpinLock::new(), ptrs: PtrMap::new(1 << 16) }
     }
 
     /// Whether the process ever allocated from a counted pool (or created one).
@@ -97,12 +97,8 @@ impl StreamPools {
     }
 
     fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
-        while self.lock.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
-            std::hint::spin_loop();
-        }
-        let r = f();
-        self.lock.store(false, Release);
-        r
+        let _one = self.lock.lock();
+        f()
     }
 
     /// The slot of live pool `handle`, registered on ordinal `ord` if new; `None` if the table
@@ -201,7 +197,7 @@ impl StreamPools {
 
     /// In a fork child (only the forking thread): no pools, no allocations.
     pub fn after_fork_child(&self) {
-        self.lock.store(false, Relaxed);
+        self.lock.reset_after_fork();
         for s in self.slots.iter() {
             s.state.store(FREE, Relaxed);
         }
