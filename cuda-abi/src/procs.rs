@@ -238,6 +238,12 @@ proc_table! {
     PFN_cuDeviceGetDefaultMemPool_v11020 = cuDeviceGetDefaultMemPool @ 11020 Plain => cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice);
     PFN_cuPointerGetAttribute_v4000 = cuPointerGetAttribute @ 4000 Plain => cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
     PFN_cuStreamCreate_v2000 = cuStreamCreate @ 2000 Plain => cuStreamCreate(phStream: *mut CUstream, Flags: c_uint);
+    PFN_cuStreamGetCtx_v9020 = cuStreamGetCtx @ 9020 Plain => cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext);
+    PFN_cuStreamGetCtx_v9020_ptsz = cuStreamGetCtx @ 9020 Ptsz => cuStreamGetCtx_ptsz(hStream: CUstream, pctx: *mut CUcontext);
+    PFN_cuStreamGetCtx_v12050 = cuStreamGetCtx @ 12050 Plain => cuStreamGetCtx_v2(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx);
+    PFN_cuStreamGetCtx_v12050_ptsz = cuStreamGetCtx @ 12050 Ptsz => cuStreamGetCtx_v2_ptsz(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx);
+    PFN_cuStreamGetDevice_v12080 = cuStreamGetDevice @ 12080 Plain => cuStreamGetDevice(hStream: CUstream, device: *mut CUdevice);
+    PFN_cuStreamGetDevice_v12080_ptsz = cuStreamGetDevice @ 12080 Ptsz => cuStreamGetDevice_ptsz(hStream: CUstream, device: *mut CUdevice);
     PFN_cuStreamWaitEvent_v3020 = cuStreamWaitEvent @ 3020 Plain => cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint);
     PFN_cuStreamWaitEvent_v7000_ptsz = cuStreamWaitEvent @ 7000 Ptsz => cuStreamWaitEvent_ptsz(hStream: CUstream, hEvent: CUevent, Flags: c_uint);
     PFN_cuStreamQuery_v2000 = cuStreamQuery @ 2000 Plain => cuStreamQuery(hStream: CUstream);

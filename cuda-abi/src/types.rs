@@ -51,6 +51,7 @@ opaque_handles! {
     CUgraph => CUgraph_st,
     CUgraphNode => CUgraphNode_st,
     CUkernel => CUkern_st,
+    CUgreenCtx => CUgreenCtx_st,
 }
 
 /// Scalar typedefs and their sizes, for the header test.

@@ -317,9 +317,10 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usi
 const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
 
 /// Stream-ordered allocations (`pool` for `cuMemAllocFromPoolAsync`): counted as what their
-/// pool reserves, on the pool's GPU (see `streampool`): the size reserved in the quota first,
-/// an allocation that cannot be recorded undone on the same stream. A pool the driver cannot
-/// name (or a full pool table) falls back to counting the allocation itself until its free.
+/// pool reserves, on the pool's GPU (see `streampool`; without a pool named, the current pool of
+/// the stream's device): the size reserved in the quota first, an allocation that cannot be
+/// recorded undone on the same stream. A pool the driver cannot name falls back to counting the
+/// allocation itself until its free; a full pool table refuses the allocation.
 macro_rules! alloc_async {
     ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty $(, $pool:ident)?) => {
         #[doc = concat!("Hooked `", stringify!($name), "`: its pool's growth reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
@@ -340,18 +341,28 @@ macro_rules! alloc_async {
                 // capturing), not the legacy one the plain query would name.
                 let per_thread = stringify!($name).ends_with("_ptsz") && stream.is_null();
                 let capturing = if per_thread { CU_STREAM_PER_THREAD } else { stream };
+                // Without a pool named, the memory comes from the stream's device, which may
+                // be another GPU than the current context's.
+                let stream_dev = match explicit {
+                    Some(_) => 0,
+                    None => match st.stream_ordinal(capturing as u64) {
+                        Ok(d) => d,
+                        Err(rc) => return rc,
+                    },
+                };
                 if let Some(graph) = crate::graphmem::capture_graph(capturing as u64) {
                     let ord = match explicit {
                         Some(p) if !p.is_null() => crate::streampool::pool_device(st, p as u64),
-                        _ => st.current_ordinal(),
+                        Some(_) => st.current_ordinal(),
+                        None => stream_dev,
                     };
                     return crate::graphmem::captured_alloc(st, graph, ord, bytesize as u64, call);
                 }
-                match crate::streampool::pool_for(st, explicit) {
+                match crate::streampool::pool_for(st, explicit, stream_dev) {
                     Ok(slot) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
                     // The driver refuses it (nothing allocated); its own answer is passed on.
                     Err(NoSlot::NullPool) => call(),
-                    Err(NoSlot::Unknown) => counted(&st.current().quota, Kind::StreamOrdered, bytesize as u64, call, || out!(dptr), undo),
+                    Err(NoSlot::Unknown) => counted(&st.gpu(stream_dev as CUdevice).quota, Kind::StreamOrdered, bytesize as u64, call, || out!(dptr), undo),
                     Err(NoSlot::TableFull) => CUresult::CUDA_ERROR_OUT_OF_MEMORY,
                 }
             })

@@ -107,6 +107,52 @@ impl State {
         }
     }
 
+    /// The ordinal of the device `stream` (a `CUstream`'s value) belongs to: a stream-ordered allocation without a pool
+    /// named comes from "the memory pool current to the stream's device" (cuda.h,
+    /// `cuMemAllocAsync`), and the stream may be another context's than the current one. One
+    /// GPU: 0, without asking. The default-stream handles (null, `CU_STREAM_LEGACY`,
+    /// `CU_STREAM_PER_THREAD`): the current context's device. Else `cuStreamGetDevice` (CUDA
+    /// 12.8), or on an older driver the stream's context (`cuStreamGetCtx`) made current for a
+    /// moment to ask its device. `Err`: the driver's refusal (an invalid stream), passed on to
+    /// the caller without allocating: never counted on a guessed device.
+    pub fn stream_ordinal(&self, stream: u64) -> Result<usize, cuda_abi::CUresult> {
+        use cuda_abi::CUresult as R;
+        if self.gpus.len() == 1 {
+            return Ok(0);
+        }
+        if stream <= 2 {
+            return Ok(self.current_ordinal());
+        }
+        let ordinal = |dev: CUdevice| usize::try_from(dev).map_err(|_| R::CUDA_ERROR_INVALID_DEVICE);
+        // Only passed to the driver, which checks it.
+        let stream = stream as cuda_abi::CUstream;
+        let mut dev: CUdevice = 0;
+        if !crate::real::driver(crate::interpose::Sym::cuStreamGetDevice).is_null() {
+            return match call_real!(cuStreamGetDevice: cuda_abi::PFN_cuStreamGetDevice_v12080, stream, &mut dev) {
+                R::CUDA_SUCCESS => ordinal(dev),
+                rc => Err(rc),
+            };
+        }
+        device_via_context(
+            || {
+                let mut ctx: cuda_abi::CUcontext = std::ptr::null_mut();
+                let rc = call_real!(cuStreamGetCtx: cuda_abi::PFN_cuStreamGetCtx_v9020, stream, &mut ctx);
+                (rc == R::CUDA_SUCCESS).then_some(ctx).ok_or(rc)
+            },
+            |ctx| call_real!(cuCtxPushCurrent_v2: cuda_abi::PFN_cuCtxPushCurrent_v4000, ctx),
+            || {
+                let mut dev: CUdevice = 0;
+                let rc = call_real!(cuCtxGetDevice: cuda_abi::PFN_cuCtxGetDevice_v2000, &mut dev);
+                (rc == R::CUDA_SUCCESS).then_some(dev).ok_or(rc)
+            },
+            || {
+                let mut popped: cuda_abi::CUcontext = std::ptr::null_mut();
+                let _ = call_real!(cuCtxPopCurrent_v2: cuda_abi::PFN_cuCtxPopCurrent_v4000, &mut popped);
+            },
+        )
+        .and_then(ordinal)
+    }
+
     /// Every GPU's quota.
     pub fn quotas(&self) -> impl Iterator<Item = &Quota> {
         self.gpus.iter().map(|g| &g.quota)
@@ -246,6 +292,25 @@ macro_rules! call_real {
     }};
 }
 pub(crate) use call_real;
+
+/// The device of a stream's context on a driver without `cuStreamGetDevice`: the context
+/// (`get_ctx`) is pushed, its device asked, and popped again whatever the answer (the caller's
+/// current context is never left changed). The first refusal is the result.
+fn device_via_context(
+    get_ctx: impl FnOnce() -> Result<cuda_abi::CUcontext, cuda_abi::CUresult>,
+    push: impl FnOnce(cuda_abi::CUcontext) -> cuda_abi::CUresult,
+    get_device: impl FnOnce() -> Result<CUdevice, cuda_abi::CUresult>,
+    pop: impl FnOnce(),
+) -> Result<CUdevice, cuda_abi::CUresult> {
+    let ctx = get_ctx()?;
+    match push(ctx) {
+        cuda_abi::CUresult::CUDA_SUCCESS => {}
+        rc => return Err(rc),
+    }
+    let dev = get_device();
+    pop();
+    dev
+}
 
 /// What the driver says about one ordinal.
 struct Facts {
@@ -610,6 +675,34 @@ mod tests {
         let mut c = Config::default();
         assert!(c.apply_env(&|k| (k == "XSHARE_GPUS").then(|| gpus.to_string())).is_empty());
         c
+    }
+
+    /// Before CUDA 12.8 (no `cuStreamGetDevice`) a stream's device is its context's: pushed,
+    /// asked, popped, and popped even when the device query fails; a stream the driver cannot
+    /// name is refused with the driver's answer, nothing pushed.
+    #[test]
+    fn a_streams_device_through_its_context_always_pops_what_it_pushed() {
+        use cuda_abi::CUresult as R;
+        use std::cell::Cell;
+        let other = 0x51 as cuda_abi::CUcontext;
+        let depth = Cell::new(0i32);
+        let push = |c: cuda_abi::CUcontext| {
+            assert_eq!(c, other, "the stream's own context is pushed");
+            depth.set(depth.get() + 1);
+            R::CUDA_SUCCESS
+        };
+        let pop = || depth.set(depth.get() - 1);
+        assert_eq!(device_via_context(|| Ok(other), push, || Ok(1), pop), Ok(1));
+        assert_eq!(depth.get(), 0);
+        assert_eq!(device_via_context(|| Ok(other), push, || Err(R::CUDA_ERROR_INVALID_CONTEXT), pop), Err(R::CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(depth.get(), 0, "popped after a failed device query");
+        let pushed = Cell::new(false);
+        assert_eq!(
+            device_via_context(|| Err(R::CUDA_ERROR_INVALID_HANDLE), |_| { pushed.set(true); R::CUDA_SUCCESS }, || Ok(0), || unreachable!()),
+            Err(R::CUDA_ERROR_INVALID_HANDLE)
+        );
+        assert!(!pushed.get(), "an unknown stream: nothing pushed");
+        assert_eq!(device_via_context(|| Ok(other), |_| R::CUDA_ERROR_INVALID_CONTEXT, || unreachable!(), || unreachable!()), Err(R::CUDA_ERROR_INVALID_CONTEXT));
     }
 
     const U0: &str = "GPU-00000000-0000-4000-8000-000000000000";

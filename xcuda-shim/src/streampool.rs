@@ -8,7 +8,8 @@
 //! process allocated from on that GPU, in the GPU's [`crate::poolcount::PoolCount`]:
 //!
 //! - the pool of an allocation is the explicit one (`cuMemAllocFromPoolAsync`), else the
-//!   current pool of the current context's device (`cuDeviceGetMemPool`); a pool counts on the
+//!   current pool of the stream's device (`cuDeviceGetMemPool`; the stream may be another
+//!   context's than the current one, on another GPU); a pool counts on the
 //!   device whose memory backs it (its `cuMemPoolCreate` location, or the device whose default
 //!   or current pool it is), not on the current context's;
 //! - before an allocation its whole size is reserved (the pool may have to grow by that much;
@@ -257,13 +258,14 @@ pub enum NoSlot {
 }
 
 /// The slot of the pool an allocation comes from: `explicit` (`cuMemAllocFromPoolAsync`), else
-/// the current pool of the current context's device.
-pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>) -> Result<usize, NoSlot> {
+/// the current pool of `stream_dev`, the ordinal of the stream's device
+/// ([`State::stream_ordinal`]; "the memory pool current to the stream's device").
+pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>, stream_dev: usize) -> Result<usize, NoSlot> {
     let (handle, ord) = match explicit {
         Some(p) if p.is_null() => return Err(NoSlot::NullPool),
         Some(p) => (p as u64, None),
         None => {
-            let dev = st.current_ordinal();
+            let dev = stream_dev;
             let mut p: CUmemoryPool = std::ptr::null_mut();
             let rc = call_real!(cuDeviceGetMemPool: cuda_abi::PFN_cuDeviceGetMemPool_v11020, &mut p, dev as CUdevice);
             if rc != CUresult::CUDA_SUCCESS || p.is_null() {

@@ -122,6 +122,27 @@ fn with_the_default_threshold_freed_memory_is_given_back_after_a_synchronize() {
     k.finish(T);
 }
 
+/// Two emulated T4s open to every user, a ledger for each, and a shimmed client (64 MiB quota
+/// per GPU, group `group`) as uid 65534 seeing both with device 0's context current, running
+/// `steps` then `ready`, `wait`: the running client, both devices and both ledgers.
+fn on_two_gpus(host: &EmuHost, group: &str, steps: &[&str]) -> (e2e::EmuChild, [e2e::emu_device::Device; 2], [node_ledger::Ledger; 2]) {
+    let states = [host.state_path().to_path_buf(), host.root().join("gpu1.state")];
+    let devs = states.clone().map(|p| e2e::emu_device::Device::open(&p, &e2e::emu_device::profile::T4).expect("open emulated GPU"));
+    e2e::chmod(&states[1], 0o666);
+    let uuids = devs.each_ref().map(|d| uuid_text(&d.info().uuid));
+    let ledgers = [0, 1].map(|gpu| node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir(host), gpu), gpu).expect("ledger"));
+    let mut c = limited(host, "shim_client", QUOTA, group);
+    c.env("GPUEMU_STATE", format!("{}:{}", states[0].display(), states[1].display()))
+        .env("CUDA_VISIBLE_DEVICES", "0,1")
+        .env("XSHARE_GPUS", format!("0={},1={}", uuids[0], uuids[1]))
+        .uid(NOBODY)
+        .gid(NOBODY);
+    c.args(["ctxon", "0"]).args(steps).args(["ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    (k, devs, ledgers)
+}
+
 /// A pool created on device 1 holds device 1's memory: an allocation from it, made with the
 /// current context on device 0, is counted in GPU 1's quota (its ledger), not GPU 0's; GPU 0's
 /// quota stays whole for a plain allocation there. Old shim: counted on device 0, so the
@@ -129,19 +150,12 @@ fn with_the_default_threshold_freed_memory_is_given_back_after_a_synchronize() {
 /// nothing.
 #[test]
 fn an_allocation_from_a_pool_of_device_1_counts_on_gpu_1() {
-    let host = EmuHost::new();
-    let states = [host.state_path().to_path_buf(), host.root().join("gpu1.state")];
-    let devs = states.clone().map(|p| e2e::emu_device::Device::open(&p, &e2e::emu_device::profile::T4).expect("open emulated GPU"));
-    let uuids = devs.each_ref().map(|d| uuid_text(&d.info().uuid));
-    let ledgers = [0, 1].map(|gpu| node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir(&host), gpu), gpu).expect("ledger"));
+    if e2e::lacks_root("run the offline client as uid 65534") {
+        return;
+    }
+    let host = host_for_users();
     let forty = (40 * MIB).to_string();
-    let mut c = limited(&host, "shim_client", QUOTA, "pool-dev1");
-    c.env("GPUEMU_STATE", format!("{}:{}", states[0].display(), states[1].display()))
-        .env("CUDA_VISIBLE_DEVICES", "0,1")
-        .env("XSHARE_GPUS", format!("0={},1={}", uuids[0], uuids[1]));
-    c.args(["ctxon", "0", "poolon", "1", &forty, "alloc", &forty, "ready", "wait"]);
-    let mut k = host.spawn(&mut c);
-    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    let (mut k, devs, ledgers) = on_two_gpus(&host, "pool-dev1", &["poolon", "1", &forty, "alloc", &forty]);
     let pid = k.pid();
     let msg = format!("{}\n{}", k.stdout(), k.stderr());
     let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
@@ -151,6 +165,33 @@ fn an_allocation_from_a_pool_of_device_1_counts_on_gpu_1() {
     assert_eq!(rc_of(&out, "alloc="), ["0"], "GPU 0's quota is whole: {msg}");
     assert_eq!(counted_in(&ledgers[0], pid), 40 * MIB, "GPU 0 counts only its plain allocation: {msg}");
     assert_eq!(held_on(&devs[0], pid), 40 * MIB, "{msg}");
+    k.send_line("go");
+    k.finish(T);
+}
+
+/// cuMemAllocAsync takes its memory from "the memory pool current to the stream's device"
+/// (cuda.h), and the stream may belong to a context of another GPU than the current one. The
+/// client, as uid 65534 with device 0's context current, allocates 40 MiB twice on a stream of
+/// device 1: the first is counted in GPU 1's quota (its ledger; NVML-side, GPU 1 holds it), the
+/// second is refused (40 + 40 > 64), and GPU 0's quota stays whole for a plain 40 MiB there.
+/// Old shim: both went into device 0's current pool slot, whose pool never grew, so neither was
+/// counted anywhere: GPU 1 held 80 MiB against its 64 MiB quota.
+#[test]
+fn an_allocation_on_a_stream_of_device_1_counts_on_gpu_1() {
+    if e2e::lacks_root("run the offline client as uid 65534") {
+        return;
+    }
+    let host = host_for_users();
+    let forty = (40 * MIB).to_string();
+    let (mut k, devs, ledgers) = on_two_gpus(&host, "stream-dev1", &["asyncon", "1", &forty, "asyncon", "1", &forty, "alloc", &forty]);
+    let pid = k.pid();
+    let msg = format!("{}\n{}", k.stdout(), k.stderr());
+    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
+    assert_eq!(rc_of(&out, "asyncon="), ["0", "2"], "the second 40 MiB on GPU 1 is over its quota: CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(held_on(&devs[1], pid), 40 * MIB, "outside the shim: GPU 1 holds the first allocation only: {msg}");
+    assert_eq!(counted_in(&ledgers[1], pid), 40 * MIB, "counted in GPU 1's ledger: {msg}");
+    assert_eq!(rc_of(&out, "alloc="), ["0"], "GPU 0's quota is whole: {msg}");
+    assert_eq!(counted_in(&ledgers[0], pid), 40 * MIB, "GPU 0 counts only its plain allocation: {msg}");
     k.send_line("go");
     k.finish(T);
 }

@@ -676,6 +676,12 @@ export! {
         }
         put(phStream, ptr(driver::stream_create(Flags)?))
     }
+    fn cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext) { put(pctx, ptr(driver::stream_ctx(h(hStream))?)) }
+    fn cuStreamGetCtx_ptsz(hStream: CUstream, pctx: *mut CUcontext) { put(pctx, ptr(driver::stream_ctx(h(hStream))?)) }
+    fn cuStreamGetCtx_v2(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) { stream_ctx_v2(hStream, pCtx, pGreenCtx) }
+    fn cuStreamGetCtx_v2_ptsz(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) { stream_ctx_v2(hStream, pCtx, pGreenCtx) }
+    fn cuStreamGetDevice(hStream: CUstream, device: *mut CUdevice) { put(device, driver::stream_ord(h(hStream))? as CUdevice) }
+    fn cuStreamGetDevice_ptsz(hStream: CUstream, device: *mut CUdevice) { put(device, driver::stream_ord(h(hStream))? as CUdevice) }
     fn cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint) {
         let _ = Flags;
         driver::stream_wait_event(h(hStream), h(hEvent))
@@ -1010,7 +1016,9 @@ unsafe fn capture_info(
 /// # Safety
 /// `dptr` null or writable.
 unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUmemoryPool>, stream: CUstream) -> R {
-    driver::check_stream(h(stream))?;
+    // A stream of any context: the stream names the device whose current pool is used.
+    driver::current()?;
+    driver::stream_ctx(h(stream))?;
     if dptr.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -1020,13 +1028,32 @@ unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUme
         if bytesize == 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let ord = driver::async_alloc_ord(pool.map(h))?;
+        let ord = driver::async_alloc_ord(pool.map(h), h(stream))?;
         let (_, addr) = driver::graph_add_mem_alloc(graph, bytesize as u64, ord as i32)?;
         // SAFETY: checked non-null out-pointer.
         return unsafe { put(dptr, addr) };
     }
     // SAFETY: checked non-null out-pointer.
-    unsafe { put(dptr, driver::mem_alloc_async(bytesize as u64, pool.map(h))?) }
+    unsafe { put(dptr, driver::mem_alloc_async(bytesize as u64, pool.map(h), h(stream))?) }
+}
+
+/// `cuStreamGetCtx_v2[_ptsz]`: the emulator has no green contexts, so a stream's context is
+/// always a regular one, returned in `*pCtx` "and NULL in `pGreenCtx`" (cuda.h). Either
+/// out-pointer null is refused (stricter than cuda.h says).
+///
+/// # Safety
+/// `ctx` and `green` null or writable.
+unsafe fn stream_ctx_v2(stream: CUstream, ctx: *mut CUcontext, green: *mut CUgreenCtx) -> R {
+    if ctx.is_null() || green.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let c = driver::stream_ctx(h(stream))?;
+    // SAFETY: both checked non-null; the caller's out-parameters.
+    unsafe {
+        *ctx = ptr(c);
+        *green = std::ptr::null_mut();
+    }
+    Ok(())
 }
 
 /// `cuMemAllocHost_v2` / `cuMemHostAlloc`: `bytesize` bytes of host memory (plain `malloc`: the

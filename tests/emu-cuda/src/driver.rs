@@ -827,6 +827,26 @@ pub fn stream_create(_flags: u32) -> R<u64> {
     Ok(h)
 }
 
+/// The context a stream belongs to (`cuStreamGetCtx`, `cuStreamGetDevice`, and the calls that
+/// name a stream of any context): a created stream's own context, whichever is current; the
+/// default-stream handles (null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) name the current
+/// context's. A destroyed stream, or one of a destroyed context, is an invalid handle.
+pub fn stream_ctx(h: u64) -> R<u64> {
+    if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+        return current();
+    }
+    let g = drv()?.lock();
+    match g.streams.get(&h) {
+        Some(s) if g.ctxs.contains_key(&s.ctx) => Ok(s.ctx),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+/// The device ordinal of stream `h` ([`stream_ctx`]'s context's device).
+pub fn stream_ord(h: u64) -> R<usize> {
+    ctx_ord(stream_ctx(h)?)
+}
+
 /// `cuStreamDestroy` (queued work still completes).
 pub fn stream_destroy(h: u64) -> R {
     let d = drv()?;
@@ -1146,12 +1166,13 @@ pub fn capturing_into(h: u64) -> R<Option<u64>> {
     Ok(capture_of(&drv()?.lock(), h).map(|c| c.graph))
 }
 
-/// The device ordinal a stream-ordered allocation from `pool` (or the current context's
-/// current pool) uses: the pool's device, else the current context's.
-pub fn async_alloc_ord(pool: Option<u64>) -> R<usize> {
+/// The device ordinal a stream-ordered allocation on `stream` from `pool` uses: the pool's
+/// device, else the stream's ("the allocation comes from the memory pool current to the
+/// stream's device", cuda.h, `cuMemAllocAsync`).
+pub fn async_alloc_ord(pool: Option<u64>, stream: u64) -> R<usize> {
     match pool {
         Some(p) => drv()?.lock().pools.ord_of(p),
-        None => current_ord(),
+        None => stream_ord(stream),
     }
 }
 
@@ -1589,21 +1610,24 @@ pub fn mem_alloc(size: u64) -> R<u64> {
 
 /// A stream-ordered allocation: from `pool` (`cuMemAllocFromPoolAsync`: "The allocation comes
 /// from the specified memory pool", which "may be from a device different than that of the
-/// specified hStream"), else from the current pool of the current context's device
-/// (`cuMemAllocAsync`: "The allocation comes from the memory pool current to the stream's
-/// device"; the stream is checked to be the current context's). The pool's unused reserve is
+/// specified hStream"), else from the current pool of the stream's device (`cuMemAllocAsync`:
+/// "The allocation comes from the memory pool current to the stream's device"; the stream may
+/// be another context's, as the CUDA programming guide allows for a stream-ordered copy but
+/// not for a kernel launch). The pool's unused reserve is
 /// reused when it covers the size, else the pool grows by the shortfall, committed on the
 /// pool's device (`CUDA_ERROR_OUT_OF_MEMORY` when the device is full). The allocation belongs
 /// to its pool, not to the context, and outlives it (`cuCtxDestroy`: "will not destroy memory
 /// allocations by cuMemCreate(), cuMemAllocAsync() and cuMemAllocFromPoolAsync()"); a free
 /// returns it to the pool.
-pub fn mem_alloc_async(size: u64, pool: Option<u64>) -> R<u64> {
-    let ctx = current()?;
+pub fn mem_alloc_async(size: u64, pool: Option<u64>, stream: u64) -> R<u64> {
+    current()?;
     if size == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let d = drv()?;
-    let cur = ctx_ord(ctx)?;
+    // Without a pool named, the current pool of the stream's device, which need not be the
+    // current context's.
+    let cur = stream_ord(stream)?;
     let mut g = d.lock();
     let pool = match pool {
         Some(p) => p,

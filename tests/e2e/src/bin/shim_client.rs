@@ -17,7 +17,8 @@
 //! PRE bytes then allocated with cuMemAlloc, the graph launched COUNT times).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
-//! created on device DEV, N bytes allocated from it) | `poolattr` (device 0's current pool's
+//! created on device DEV, N bytes allocated from it) | `asyncon DEV N` (cuMemAllocAsync of N bytes on a
+//! stream of a context on device DEV, the current context unchanged) | `poolattr` (device 0's current pool's
 //! reserved and used bytes); `free` of an async allocation is cuMemFreeAsync + cuCtxSynchronize,
 //! `freeasync` cuMemFreeAsync alone; `sync` (cuCtxSynchronize).
 
@@ -569,6 +570,28 @@ fn main() {
                     let r1 = pool_get_attr(p, CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast());
                     let r2 = pool_get_attr(p, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast());
                     out(format!("poolattr={} reserved={reserved} used={used}", if r1.is_success() { r2.0 } else { r1.0 }));
+                }
+                // A stream created in a context of device DEV (the current context put back
+                // at once), N bytes allocated on it with cuMemAllocAsync: from the current
+                // pool of the stream's device, not the current context's.
+                "asyncon" => {
+                    let (dev, n) = (num(1, i), num(2, i));
+                    i += 2;
+                    let mut other: CUcontext = std::ptr::null_mut();
+                    let mut r = ctx_create(&mut other, 0, dev as CUdevice);
+                    let mut s: CUstream = std::ptr::null_mut();
+                    if r.is_success() {
+                        r = stream_create(&mut s, 1);
+                    }
+                    let back = set_current(ctx);
+                    let mut p: CUdeviceptr = 0;
+                    if r.is_success() && back.is_success() {
+                        r = alloc_async(&mut p, n, s);
+                    }
+                    if r.is_success() {
+                        held.push(Held::Async(p));
+                    }
+                    out(format!("asyncon={} dev={dev} bytes={n}", if back.is_success() { r.0 } else { back.0 }));
                 }
                 "poolon" => {
                     let (dev, n) = (num(1, i), num(2, i));
