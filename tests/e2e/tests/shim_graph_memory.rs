@@ -232,6 +232,25 @@ fn a_captured_graph_launch_over_quota_is_refused_before_anything_is_mapped() {
     done(k);
 }
 
+/// The same on the per-thread default stream, as a program built with per-thread default
+/// streams captures it (every entry resolved with `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`:
+/// `cuStreamBeginCapture_v2_ptsz` and `cuMemAllocAsync_ptsz` on the null stream). The shim must
+/// ask the capture query about `CU_STREAM_PER_THREAD`: asked about the null stream (the legacy
+/// one, never capturing) it took the captured allocation for a pool allocation that never
+/// grew its pool, recorded nothing for the graph, and the launch mapped 30 MiB past the quota.
+#[test]
+fn a_graph_captured_on_the_per_thread_stream_is_sized_before_its_launch() {
+    let host = EmuHost::new();
+    let (thirty, forty) = ((30 * MIB).to_string(), (40 * MIB).to_string());
+    let (k, out, msg) = ready(&host, "shim_client", "cap-pt", &["--resolve", "gpa2", "ctx", "capturememnull", &thirty, "1", "1", &forty, "ready", "wait"]);
+    assert_eq!(field_of(&out, "capturemem", "alloc"), "0", "captured on the per-thread stream: {msg}");
+    assert_eq!(field_of(&out, "capturemem", "end"), "0", "{msg}");
+    assert_eq!(field_of(&out, "capturemem", "pre"), "0", "{msg}");
+    assert_eq!(field_of(&out, "capturemem", "launches"), "2", "CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(held_by(&host, k.pid()), 40 * MIB, "outside the shim: only the plain allocation: {msg}");
+    done(k);
+}
+
 /// Within the quota a captured graph launches, its pool counted once (as a built graph's), and
 /// a plain allocation the pool leaves no room for is refused while the pool keeps its memory.
 #[test]

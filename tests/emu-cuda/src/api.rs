@@ -16,6 +16,15 @@ fn entry(f: impl FnOnce() -> R) -> CUresult {
     }
 }
 
+/// The stream a `_ptsz` entry names: its null stream is the calling thread's per-thread default
+/// stream (`CU_STREAM_PER_THREAD`), not the legacy one the plain entry's null stream is.
+fn pts(s: CUstream) -> CUstream {
+    if s.is_null() { CU_STREAM_PER_THREAD_HANDLE as CUstream } else { s }
+}
+
+/// `CU_STREAM_PER_THREAD` (cuda.h: `((CUstream)0x2)`).
+const CU_STREAM_PER_THREAD_HANDLE: usize = 0x2;
+
 /// Writes an out-parameter after a null check.
 ///
 /// # Safety
@@ -142,7 +151,8 @@ unsafe fn launch_common(
     driver::launch(LaunchReq { f: h(f), grid, block, shared_mem, stream: h(stream), cycles, cooperative })
 }
 
-unsafe fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> R {
+/// `per_thread`: the `_ptsz` entry (its null stream is the per-thread default stream).
+unsafe fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void, per_thread: bool) -> R {
     if config.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -165,7 +175,7 @@ unsafe fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, params: *mut *
             [c.gridDimX, c.gridDimY, c.gridDimZ],
             [c.blockDimX, c.blockDimY, c.blockDimZ],
             c.sharedMemBytes,
-            c.hStream,
+            if per_thread { pts(c.hStream) } else { c.hStream },
             params,
             extra,
             cooperative,
@@ -487,9 +497,9 @@ export! {
     fn cuMemcpyDtoD_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) { driver::memcpy_dtod(dstDevice, srcDevice, ByteCount as u64) }
     fn cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) { driver::memcpy_dtod(dstDevice, srcDevice, ByteCount as u64) }
     fn cuMemcpyHtoDAsync_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream) { htod(dstDevice, srcHost, ByteCount, Some(h(hStream))) }
-    fn cuMemcpyHtoDAsync_v2_ptsz(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream) { htod(dstDevice, srcHost, ByteCount, Some(h(hStream))) }
+    fn cuMemcpyHtoDAsync_v2_ptsz(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream) { htod(dstDevice, srcHost, ByteCount, Some(h(pts(hStream)))) }
     fn cuMemcpyDtoHAsync_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) { dtoh(dstHost, srcDevice, ByteCount, Some(h(hStream))) }
-    fn cuMemcpyDtoHAsync_v2_ptsz(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) { dtoh(dstHost, srcDevice, ByteCount, Some(h(hStream))) }
+    fn cuMemcpyDtoHAsync_v2_ptsz(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) { dtoh(dstHost, srcDevice, ByteCount, Some(h(pts(hStream)))) }
     fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) { driver::memset_d8(dstDevice, uc, N as u64) }
     fn cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) { driver::memset_d8(dstDevice, uc, N as u64) }
     fn cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) {
@@ -621,15 +631,15 @@ export! {
         }
     }
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
-        match driver::capturing_into(h(hStream))? {
+        driver::check_stream(h(pts(hStream)))?;
+        match driver::capturing_into(h(pts(hStream)))? {
             // Captured: a free node of the capture's graph.
             Some(graph) => driver::graph_add_mem_free(graph, dptr).map(|_| ()),
             None => driver::mem_free(dptr),
         }
     }
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, hStream) }
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) { alloc_async(dptr, bytesize, None, pts(hStream)) }
     fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) {
         if pool.is_null() || poolProps.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -659,7 +669,7 @@ export! {
         alloc_async(dptr, bytesize, Some(pool), hStream)
     }
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) {
-        alloc_async(dptr, bytesize, Some(pool), hStream)
+        alloc_async(dptr, bytesize, Some(pool), pts(hStream))
     }
     fn cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, p: CUdeviceptr) {
         let ctx = driver::pointer_owner(p)?;
@@ -677,45 +687,45 @@ export! {
         put(phStream, ptr(driver::stream_create(Flags)?))
     }
     fn cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext) { put(pctx, ptr(driver::stream_ctx(h(hStream))?)) }
-    fn cuStreamGetCtx_ptsz(hStream: CUstream, pctx: *mut CUcontext) { put(pctx, ptr(driver::stream_ctx(h(hStream))?)) }
+    fn cuStreamGetCtx_ptsz(hStream: CUstream, pctx: *mut CUcontext) { put(pctx, ptr(driver::stream_ctx(h(pts(hStream)))?)) }
     fn cuStreamGetCtx_v2(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) { stream_ctx_v2(hStream, pCtx, pGreenCtx) }
-    fn cuStreamGetCtx_v2_ptsz(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) { stream_ctx_v2(hStream, pCtx, pGreenCtx) }
+    fn cuStreamGetCtx_v2_ptsz(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) { stream_ctx_v2(pts(hStream), pCtx, pGreenCtx) }
     fn cuStreamGetDevice(hStream: CUstream, device: *mut CUdevice) { put(device, driver::stream_ord(h(hStream))? as CUdevice) }
-    fn cuStreamGetDevice_ptsz(hStream: CUstream, device: *mut CUdevice) { put(device, driver::stream_ord(h(hStream))? as CUdevice) }
+    fn cuStreamGetDevice_ptsz(hStream: CUstream, device: *mut CUdevice) { put(device, driver::stream_ord(h(pts(hStream)))? as CUdevice) }
     fn cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: c_uint) {
         let _ = Flags;
         driver::stream_wait_event(h(hStream), h(hEvent))
     }
     fn cuStreamWaitEvent_ptsz(hStream: CUstream, hEvent: CUevent, Flags: c_uint) {
         let _ = Flags;
-        driver::stream_wait_event(h(hStream), h(hEvent))
+        driver::stream_wait_event(h(pts(hStream)), h(hEvent))
     }
     fn cuStreamQuery(hStream: CUstream) { driver::stream_query(h(hStream)) }
-    fn cuStreamQuery_ptsz(hStream: CUstream) { driver::stream_query(h(hStream)) }
+    fn cuStreamQuery_ptsz(hStream: CUstream) { driver::stream_query(h(pts(hStream))) }
     fn cuStreamSynchronize(hStream: CUstream) { driver::stream_sync(h(hStream)) }
-    fn cuStreamSynchronize_ptsz(hStream: CUstream) { driver::stream_sync(h(hStream)) }
+    fn cuStreamSynchronize_ptsz(hStream: CUstream) { driver::stream_sync(h(pts(hStream))) }
     fn cuStreamDestroy(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
     fn cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(hStream), mode.0) }
-    fn cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(hStream), mode.0) }
+    fn cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(pts(hStream)), mode.0) }
     fn cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph) { end_capture(hStream, phGraph) }
-    fn cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph) { end_capture(hStream, phGraph) }
+    fn cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph) { end_capture(pts(hStream), phGraph) }
     fn cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) {
         put(captureStatus, CUstreamCaptureStatus(driver::capture_info(h(hStream))?.0))
     }
     fn cuStreamIsCapturing_ptsz(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) {
-        put(captureStatus, CUstreamCaptureStatus(driver::capture_info(h(hStream))?.0))
+        put(captureStatus, CUstreamCaptureStatus(driver::capture_info(h(pts(hStream)))?.0))
     }
     fn cuStreamGetCaptureInfo_v2(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize) {
         capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, std::ptr::null_mut(), numDependencies_out)
     }
     fn cuStreamGetCaptureInfo_v2_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize) {
-        capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, std::ptr::null_mut(), numDependencies_out)
+        capture_info(pts(hStream), captureStatus_out, id_out, graph_out, dependencies_out, std::ptr::null_mut(), numDependencies_out)
     }
     fn cuStreamGetCaptureInfo_v3(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) {
         capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out)
     }
     fn cuStreamGetCaptureInfo_v3_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) {
-        capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out)
+        capture_info(pts(hStream), captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out)
     }
     fn cuStreamDestroy_v2(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
     fn cuEventCreate(phEvent: *mut CUevent, Flags: c_uint) {
@@ -725,7 +735,7 @@ export! {
         put(phEvent, ptr(driver::event_create(Flags)?))
     }
     fn cuEventRecord(hEvent: CUevent, hStream: CUstream) { driver::event_record(h(hEvent), h(hStream)) }
-    fn cuEventRecord_ptsz(hEvent: CUevent, hStream: CUstream) { driver::event_record(h(hEvent), h(hStream)) }
+    fn cuEventRecord_ptsz(hEvent: CUevent, hStream: CUstream) { driver::event_record(h(hEvent), h(pts(hStream))) }
     fn cuEventQuery(hEvent: CUevent) { driver::event_query(h(hEvent)) }
     fn cuEventSynchronize(hEvent: CUevent) { driver::event_sync(h(hEvent)) }
     fn cuEventDestroy(hEvent: CUevent) { driver::event_destroy(h(hEvent)) }
@@ -740,19 +750,19 @@ export! {
         launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, extra, false)
     }
     fn cuLaunchKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, extra, false)
+        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, pts(hStream), kernelParams, extra, false)
     }
     fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_ex(config, f, kernelParams, extra)
+        launch_ex(config, f, kernelParams, extra, false)
     }
     fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_ex(config, f, kernelParams, extra)
+        launch_ex(config, f, kernelParams, extra, true)
     }
     fn cuLaunchCooperativeKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) {
         launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, std::ptr::null_mut(), true)
     }
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) {
-        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, hStream, kernelParams, std::ptr::null_mut(), true)
+        launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, pts(hStream), kernelParams, std::ptr::null_mut(), true)
     }
     fn cuGraphCreate(phGraph: *mut CUgraph, flags: c_uint) {
         if phGraph.is_null() || flags != 0 {
@@ -789,7 +799,7 @@ export! {
         driver::graph_upload(h(hGraphExec))
     }
     fn cuGraphUpload_ptsz(hGraphExec: CUgraphExec, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
+        driver::check_stream(h(pts(hStream)))?;
         driver::graph_upload(h(hGraphExec))
     }
     fn cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
@@ -838,8 +848,8 @@ export! {
         driver::graph_launch(h(hGraphExec), h(hStream))
     }
     fn cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
-        driver::graph_launch(h(hGraphExec), h(hStream))
+        driver::check_stream(h(pts(hStream)))?;
+        driver::graph_launch(h(hGraphExec), h(pts(hStream)))
     }
     fn cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid) {
         let _ = pExportTableId;

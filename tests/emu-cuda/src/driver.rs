@@ -213,6 +213,8 @@ struct Inner {
     /// (ordinal, size); freed with cuMemFree/cuMemFreeAsync back into the pool.
     graph_live: BTreeMap<u64, (usize, u64)>,
     mem: MemStore,
+    /// Captures on per-thread default streams: (thread, context) -> its capture.
+    pt_captures: HashMap<(std::thread::ThreadId, u64), Capture>,
 }
 
 /// A graph memory node.
@@ -1057,9 +1059,22 @@ fn ctx_wait(ctx: u64) -> R {
 
 // ---- stream capture ----
 
-/// The capture in progress on stream `h`, if any (the default streams never capture).
+/// The calling thread's per-thread default stream in its current context, when `h` names it
+/// (`CU_STREAM_PER_THREAD`; the API layer passes a `_ptsz` entry's null stream as that).
+fn per_thread_key(h: u64) -> Option<(std::thread::ThreadId, u64)> {
+    if h != CU_STREAM_PER_THREAD {
+        return None;
+    }
+    current_raw().map(|c| (std::thread::current().id(), c))
+}
+
+/// The capture in progress on stream `h`, if any (the legacy default stream never captures;
+/// the per-thread one can).
 fn capture_of(g: &Inner, h: u64) -> Option<Capture> {
-    g.streams.get(&h).and_then(|s| s.capture)
+    match per_thread_key(h) {
+        Some(k) => g.pt_captures.get(&k).copied(),
+        None => g.streams.get(&h).and_then(|s| s.capture),
+    }
 }
 
 /// What a call may collide with: the captures [`capture_forbids`] checks.
@@ -1081,16 +1096,26 @@ enum Forbid {
 fn capture_forbids(call: Forbid) -> R {
     let d = drv()?;
     let me = std::thread::current().id();
+    let on_pt = match call {
+        Forbid::OnStream(x) => per_thread_key(x),
+        _ => None,
+    };
     let mut g = d.lock();
     let mut refused = false;
+    let hits = |c: &Capture, on_this: bool| match call {
+        Forbid::OnStream(_) => on_this,
+        Forbid::Unsafe => c.mode == 0 || (c.mode == 1 && c.thread == me),
+        Forbid::Everything => true,
+    };
     for (h, s) in g.streams.iter_mut() {
         let Some(c) = s.capture.as_mut() else { continue };
-        let hit = match call {
-            Forbid::OnStream(x) => x == *h,
-            Forbid::Unsafe => c.mode == 0 || (c.mode == 1 && c.thread == me),
-            Forbid::Everything => true,
-        };
-        if hit {
+        if hits(c, matches!(call, Forbid::OnStream(x) if x == *h)) {
+            c.invalidated = true;
+            refused = true;
+        }
+    }
+    for (k, c) in g.pt_captures.iter_mut() {
+        if hits(c, on_pt == Some(*k)) {
             c.invalidated = true;
             refused = true;
         }
@@ -1099,20 +1124,30 @@ fn capture_forbids(call: Forbid) -> R {
 }
 
 /// `cuStreamBeginCapture_v2`: work queued on stream `h` is recorded into a new graph from now
-/// on. The legacy and per-thread default streams are refused (cuda.h: capture "may not be
-/// initiated ... on the legacy stream"; the emulator refuses the per-thread one too, stricter),
-/// as is a stream already capturing.
+/// on. The legacy default stream is refused (cuda.h: "Capture may not be initiated if `stream`
+/// is CU_STREAM_LEGACY"; the null stream of a plain entry is the legacy one), as is a stream
+/// already capturing. The per-thread default stream (`CU_STREAM_PER_THREAD`, or a `_ptsz`
+/// entry's null stream) captures, one capture per thread and context.
 pub fn capture_begin(h: u64, mode: u32) -> R {
     let ctx = current()?;
     if mode > 2 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+    if h == 0 || h == CU_STREAM_LEGACY {
         return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
+    let me = std::thread::current().id();
     let graph = graph_create()?;
     let d = drv()?;
     let mut g = d.lock();
+    if h == CU_STREAM_PER_THREAD {
+        if g.pt_captures.contains_key(&(me, ctx)) {
+            g.graphs.remove(&graph);
+            return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
+        }
+        g.pt_captures.insert((me, ctx), Capture { graph, mode, thread: me, invalidated: false });
+        return Ok(());
+    }
     let s = match g.streams.get_mut(&h) {
         Some(s) if s.ctx == ctx => s,
         _ => {
@@ -1124,7 +1159,7 @@ pub fn capture_begin(h: u64, mode: u32) -> R {
         g.graphs.remove(&graph);
         return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
     }
-    s.capture = Some(Capture { graph, mode, thread: std::thread::current().id(), invalidated: false });
+    s.capture = Some(Capture { graph, mode, thread: me, invalidated: false });
     Ok(())
 }
 
@@ -1135,9 +1170,13 @@ pub fn capture_end(h: u64) -> R<u64> {
     let ctx = current()?;
     let d = drv()?;
     let mut g = d.lock();
-    let c = match g.streams.get_mut(&h) {
-        Some(s) if s.ctx == ctx => s.capture.take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?,
-        _ => return Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+    let c = if h == CU_STREAM_PER_THREAD {
+        g.pt_captures.remove(&(std::thread::current().id(), ctx)).ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?
+    } else {
+        match g.streams.get_mut(&h) {
+            Some(s) if s.ctx == ctx => s.capture.take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?,
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
+        }
     };
     if c.invalidated {
         drop(g);

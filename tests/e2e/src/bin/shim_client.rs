@@ -14,7 +14,8 @@
 //! (cuCtxSetLimit / cuCtxGetLimit, LIMIT as its CUlimit number) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
 //! `capturemem BYTES FREE COUNT PRE` (a cuMemAllocAsync captured from a stream into a graph,
-//! PRE bytes then allocated with cuMemAlloc, the graph launched COUNT times).
+//! PRE bytes then allocated with cuMemAlloc, the graph launched COUNT times; `capturememnull` the
+//! same on the null stream: the per-thread default stream under `--resolve gpa2`).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
 //! created on device DEV, N bytes allocated from it) | `asyncon DEV N` (cuMemAllocAsync of N bytes on a
@@ -474,11 +475,13 @@ fn main() {
                 // when FREE is 1), captured in global mode; the graph instantiated, PRE bytes
                 // allocated with cuMemAlloc (0: none), and the graph launched COUNT times. Prints the alloc's, the capture's and each launch's result and the
                 // driver's graph pool figures.
-                "capturemem" => {
+                // `capturememnull`: the same on the null stream (with `--resolve gpa2`, whose
+                // `_ptsz` entries make it the per-thread default stream, which may capture).
+                "capturemem" | "capturememnull" => {
                     let (bytes, free_in_graph, count, pre) = (num(1, i), num(2, i) == 1, num(3, i), num(4, i));
                     i += 4;
                     let mut s: CUstream = std::ptr::null_mut();
-                    let mut r = stream_create(&mut s, 1);
+                    let mut r = if step == "capturememnull" { CUresult::CUDA_SUCCESS } else { stream_create(&mut s, 1) };
                     if r.is_success() {
                         r = capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
                     }
