@@ -322,7 +322,7 @@ const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
 /// recorded undone on the same stream. A pool the driver cannot name falls back to counting the
 /// allocation itself until its free; a full pool table refuses the allocation.
 macro_rules! alloc_async {
-    ($name:ident, $free:ident, $pfn:ty, $free_pfn:ty $(, $pool:ident)?) => {
+    ($name:ident, $free:ident, $from_pool:ident, $pfn:ty, $free_pfn:ty, $from_pool_pfn:ty $(, $pool:ident)?) => {
         #[doc = concat!("Hooked `", stringify!($name), "`: its pool's growth reserved in the quota first, refused with `CUDA_ERROR_OUT_OF_MEMORY` over it.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytesize: usize, $($pool: CUmemoryPool,)? stream: CUstream) -> CUresult {
@@ -359,7 +359,16 @@ macro_rules! alloc_async {
                     return crate::graphmem::captured_alloc(st, graph, ord, bytesize as u64, call);
                 }
                 match crate::streampool::pool_for(st, explicit, stream_dev) {
-                    Ok(slot) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
+                    // The current pool is asked for by name: the memory comes from the pool
+                    // counted, even if another thread makes another pool current (or swaps the
+                    // stream) between the shim's question and the driver's allocation.
+                    Ok((slot, pool)) if explicit.is_none() => {
+                        let from_pool = real!($from_pool: $from_pool_pfn);
+                        // SAFETY: the caller's arguments, with the pool the driver named current.
+                        let named = || unsafe { from_pool(dptr, bytesize, pool, stream) };
+                        crate::streampool::counted_alloc(st, slot, bytesize as u64, named, || out!(dptr), undo)
+                    }
+                    Ok((slot, _)) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
                     // The driver refuses it (nothing allocated); its own answer is passed on.
                     Err(NoSlot::NullPool) => call(),
                     Err(NoSlot::Unknown) => counted(&st.gpu(stream_dev as CUdevice).quota, Kind::StreamOrdered, bytesize as u64, call, || out!(dptr), undo),
@@ -369,14 +378,23 @@ macro_rules! alloc_async {
         }
     };
 }
-alloc_async!(cuMemAllocAsync, cuMemFreeAsync, PFN_cuMemAllocAsync_v11020, PFN_cuMemFreeAsync_v11020);
-alloc_async!(cuMemAllocAsync_ptsz, cuMemFreeAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
-alloc_async!(cuMemAllocFromPoolAsync, cuMemFreeAsync, PFN_cuMemAllocFromPoolAsync_v11020, PFN_cuMemFreeAsync_v11020, pool);
+alloc_async!(cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync, PFN_cuMemAllocAsync_v11020, PFN_cuMemFreeAsync_v11020, PFN_cuMemAllocFromPoolAsync_v11020);
+alloc_async!(
+    cuMemAllocAsync_ptsz,
+    cuMemFreeAsync_ptsz,
+    cuMemAllocFromPoolAsync_ptsz,
+    PFN_cuMemAllocAsync_v11020_ptsz,
+    PFN_cuMemFreeAsync_v11020_ptsz,
+    PFN_cuMemAllocFromPoolAsync_v11020_ptsz
+);
+alloc_async!(cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020, PFN_cuMemFreeAsync_v11020, PFN_cuMemAllocFromPoolAsync_v11020, pool);
 alloc_async!(
     cuMemAllocFromPoolAsync_ptsz,
     cuMemFreeAsync_ptsz,
+    cuMemAllocFromPoolAsync_ptsz,
     PFN_cuMemAllocFromPoolAsync_v11020_ptsz,
     PFN_cuMemFreeAsync_v11020_ptsz,
+    PFN_cuMemAllocFromPoolAsync_v11020_ptsz,
     pool
 );
 

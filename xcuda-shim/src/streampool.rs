@@ -259,8 +259,9 @@ pub enum NoSlot {
 
 /// The slot of the pool an allocation comes from: `explicit` (`cuMemAllocFromPoolAsync`), else
 /// the current pool of `stream_dev`, the ordinal of the stream's device
-/// ([`State::stream_ordinal`]; "the memory pool current to the stream's device").
-pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>, stream_dev: usize) -> Result<usize, NoSlot> {
+/// ([`State::stream_ordinal`]; "the memory pool current to the stream's device"), with the
+/// pool's handle.
+pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>, stream_dev: usize) -> Result<(usize, CUmemoryPool), NoSlot> {
     let (handle, ord) = match explicit {
         Some(p) if p.is_null() => return Err(NoSlot::NullPool),
         Some(p) => (p as u64, None),
@@ -276,10 +277,10 @@ pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>, stream_dev: usize) -
     };
     let sp = &st.stream_pools;
     if let Some(i) = sp.find(handle) {
-        return Ok(i);
+        return Ok((i, handle as CUmemoryPool));
     }
     let ord = ord.unwrap_or_else(|| device_of(st, handle));
-    sp.register(handle, ord).ok_or(NoSlot::TableFull)
+    sp.register(handle, ord).map(|i| (i, handle as CUmemoryPool)).ok_or(NoSlot::TableFull)
 }
 
 /// A stream-ordered allocation of `bytes` from the pool of slot `i`: its size reserved in the

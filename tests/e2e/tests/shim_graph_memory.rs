@@ -278,3 +278,24 @@ fn the_emulator_invalidates_a_capture_a_prohibited_call_breaks() {
     assert_eq!(field_of(&out, "capturebreak", "end"), "901", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: {out:?}");
     assert_eq!(field_of(&out, "capturebreak", "graph_null"), "1", "{out:?}");
 }
+
+/// The per-thread default stream captures (only the legacy stream may not), and while it does
+/// the legacy stream is unusable: its capture query answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+/// (cuda.h, `cuStreamIsCapturing`: "When a blocking stream is capturing, the legacy stream is
+/// in an unusable state until the blocking stream capture is terminated"). A context destroyed
+/// mid-capture takes the capture with it: a synchronous allocation in a new context is then no
+/// "potentially unsafe" call under a global-mode capture (before, every later cuMemAlloc of
+/// the process was refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
+#[test]
+fn the_emulator_captures_the_per_thread_stream_until_its_context_ends() {
+    let host = EmuHost::new();
+    let mut c = unlimited(&host, "shim_client");
+    c.args(["ctx", "capturept", "destroy", "ctx", "alloc", "1048576"]);
+    let out = run(&host, &mut c);
+    assert_eq!(field_of(&out, "capturept", "capturept"), "0", "{out:?}");
+    assert_eq!(field_of(&out, "capturept", "legacy"), "906", "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: {out:?}");
+    assert_eq!(field_of(&out, "capturept", "pt"), "0", "{out:?}");
+    assert_eq!(field_of(&out, "capturept", "pt_status"), "1", "CU_STREAM_CAPTURE_STATUS_ACTIVE: {out:?}");
+    assert_eq!(rc_of(&out, "destroy="), ["0"], "{out:?}");
+    assert_eq!(rc_of(&out, "alloc="), ["0"], "the capture ended with its context: {out:?}");
+}

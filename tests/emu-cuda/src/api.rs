@@ -491,17 +491,17 @@ export! {
         Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
     }
     fn cuMemcpyHtoD_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize) { htod(dstDevice, srcHost, ByteCount, None) }
-    fn cuMemcpyHtoD_v2_ptds(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize) { htod(dstDevice, srcHost, ByteCount, None) }
+    fn cuMemcpyHtoD_v2_ptds(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize) { driver::sync_call_on(CU_STREAM_PER_THREAD_HANDLE as u64)?; htod(dstDevice, srcHost, ByteCount, None) }
     fn cuMemcpyDtoH_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize) { dtoh(dstHost, srcDevice, ByteCount, None) }
-    fn cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize) { dtoh(dstHost, srcDevice, ByteCount, None) }
+    fn cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize) { driver::sync_call_on(CU_STREAM_PER_THREAD_HANDLE as u64)?; dtoh(dstHost, srcDevice, ByteCount, None) }
     fn cuMemcpyDtoD_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) { driver::memcpy_dtod(dstDevice, srcDevice, ByteCount as u64) }
-    fn cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) { driver::memcpy_dtod(dstDevice, srcDevice, ByteCount as u64) }
+    fn cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) { driver::sync_call_on(CU_STREAM_PER_THREAD_HANDLE as u64)?; driver::memcpy_dtod(dstDevice, srcDevice, ByteCount as u64) }
     fn cuMemcpyHtoDAsync_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream) { htod(dstDevice, srcHost, ByteCount, Some(h(hStream))) }
     fn cuMemcpyHtoDAsync_v2_ptsz(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream) { htod(dstDevice, srcHost, ByteCount, Some(h(pts(hStream)))) }
     fn cuMemcpyDtoHAsync_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) { dtoh(dstHost, srcDevice, ByteCount, Some(h(hStream))) }
     fn cuMemcpyDtoHAsync_v2_ptsz(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) { dtoh(dstHost, srcDevice, ByteCount, Some(h(pts(hStream)))) }
     fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) { driver::memset_d8(dstDevice, uc, N as u64) }
-    fn cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) { driver::memset_d8(dstDevice, uc, N as u64) }
+    fn cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) { driver::sync_call_on(CU_STREAM_PER_THREAD_HANDLE as u64)?; driver::memset_d8(dstDevice, uc, N as u64) }
     fn cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) {
         if pHandle.is_null() || pAllocateArray.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -623,7 +623,9 @@ export! {
         put(granularity, driver::GRANULARITY as usize)
     }
     fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) {
-        driver::check_stream(h(hStream))?;
+        // Any context's stream, as for the allocation.
+        driver::current()?;
+        driver::check_stream_ordered(h(hStream))?;
         match driver::capturing_into(h(hStream))? {
             // Captured: a free node of the capture's graph.
             Some(graph) => driver::graph_add_mem_free(graph, dptr).map(|_| ()),
@@ -631,7 +633,9 @@ export! {
         }
     }
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) {
-        driver::check_stream(h(pts(hStream)))?;
+        // Any context's stream, as for the allocation.
+        driver::current()?;
+        driver::check_stream_ordered(h(pts(hStream)))?;
         match driver::capturing_into(h(pts(hStream)))? {
             // Captured: a free node of the capture's graph.
             Some(graph) => driver::graph_add_mem_free(graph, dptr).map(|_| ()),
@@ -1028,7 +1032,7 @@ unsafe fn capture_info(
 unsafe fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, pool: Option<CUmemoryPool>, stream: CUstream) -> R {
     // A stream of any context: the stream names the device whose current pool is used.
     driver::current()?;
-    driver::stream_ctx(h(stream))?;
+    driver::check_stream_ordered(h(stream))?;
     if dptr.is_null() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }

@@ -53,6 +53,8 @@ pub const SPIN: &str = "spin";
 
 const CU_STREAM_LEGACY: u64 = 1;
 const CU_STREAM_PER_THREAD: u64 = 2;
+/// `CUstream_flags`: `CU_STREAM_NON_BLOCKING`.
+const CU_STREAM_NON_BLOCKING: u32 = 1;
 
 /// One GPU this process sees: the emulated device and our registration on it.
 pub struct Gpu {
@@ -137,6 +139,9 @@ impl CtxLimits {
 
 struct Stream {
     ctx: u64,
+    /// Created without `CU_STREAM_NON_BLOCKING`: synchronises with the legacy default stream
+    /// (so its capture makes the legacy stream unusable).
+    blocking: bool,
     last: u64,
     /// The capture in progress on this stream (`cuStreamBeginCapture`), if any.
     capture: Option<Capture>,
@@ -526,6 +531,20 @@ fn destroy_ctx(d: &Driver, g: &mut Inner, ctx: u64) {
         g.mem.discard(addr, size);
         gp.dev.free(&gp.client, size);
     }
+    // Captures in progress on the context's streams (its per-thread default streams included)
+    // end with it, their graphs with them.
+    let dead: Vec<u64> = g
+        .streams
+        .values()
+        .filter(|s| s.ctx == ctx)
+        .filter_map(|s| s.capture.map(|c| c.graph))
+        .chain(g.pt_captures.iter().filter(|((_, c), _)| *c == ctx).map(|(_, cap)| cap.graph))
+        .collect();
+    g.pt_captures.retain(|(_, c), _| *c != ctx);
+    for graph in dead {
+        g.graphs.remove(&graph);
+        g.graph_mem.remove(&graph);
+    }
     g.streams.retain(|_, s| s.ctx != ctx);
     let mods: Vec<u64> = g.modules.iter().filter(|(_, m)| m.0 == ctx).map(|(k, _)| *k).collect();
     for m in mods {
@@ -786,15 +805,49 @@ enum StreamRef {
 }
 
 fn stream_ref(g: &Inner, ctx: u64, h: u64) -> R<StreamRef> {
-    if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+    if h == 0 || h == CU_STREAM_LEGACY {
+        legacy_usable(g, ctx)?;
+        return Ok(StreamRef::Default(ctx));
+    }
+    if h == CU_STREAM_PER_THREAD {
         return Ok(StreamRef::Default(ctx));
     }
     // A stream belongs to the context it was created in: another context's stream is an
-    // invalid handle there, as on a real driver.
+    // invalid handle for a kernel launch, a synchronize or a query there (the CUDA programming
+    // guide: "A kernel launch will fail if it is issued to a stream that is not associated to
+    // the current device"); stream-ordered allocations and frees take any context's stream
+    // ([`stream_ctx`]).
     match g.streams.get(&h) {
         Some(s) if s.ctx == ctx => Ok(StreamRef::Stream(h)),
         _ => Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
     }
+}
+
+/// The legacy default stream of context `ctx` is unusable while a blocking stream of it
+/// captures, the per-thread default stream included, until that capture ends (cuda.h,
+/// `cuStreamIsCapturing`: "When a blocking stream is capturing, the legacy stream is in an
+/// unusable state until the blocking stream capture is terminated"):
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`.
+fn legacy_usable(g: &Inner, ctx: u64) -> R {
+    let blocked = g.streams.values().any(|s| s.ctx == ctx && s.blocking && s.capture.is_some())
+        || g.pt_captures.keys().any(|(_, c)| *c == ctx);
+    if blocked { Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) } else { Ok(()) }
+}
+
+/// A stream a stream-ordered allocation or free may name: any context's ([`stream_ctx`]), the
+/// legacy default stream only while it is usable ([`legacy_usable`]).
+pub fn check_stream_ordered(h: u64) -> R {
+    let ctx = stream_ctx(h)?;
+    if h == 0 || h == CU_STREAM_LEGACY {
+        legacy_usable(&drv()?.lock(), ctx)?;
+    }
+    Ok(())
+}
+
+/// A synchronous call on stream `h` (a `_ptds` copy or memset on the per-thread default
+/// stream): refused, and the capture invalidated, while `h` captures.
+pub fn sync_call_on(h: u64) -> R {
+    capture_forbids(Forbid::OnStream(h))
 }
 
 fn last_of(g: &Inner, s: StreamRef) -> u64 {
@@ -820,12 +873,12 @@ fn set_last(g: &mut Inner, s: StreamRef, t: u64) {
 }
 
 /// `cuStreamCreate` in the current context.
-pub fn stream_create(_flags: u32) -> R<u64> {
+pub fn stream_create(flags: u32) -> R<u64> {
     let ctx = current()?;
     let d = drv()?;
     let mut g = d.lock();
     let h = g.handle();
-    g.streams.insert(h, Stream { ctx, last: 0, capture: None });
+    g.streams.insert(h, Stream { ctx, blocking: flags & CU_STREAM_NON_BLOCKING == 0, last: 0, capture: None });
     Ok(h)
 }
 

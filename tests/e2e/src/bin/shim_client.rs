@@ -15,7 +15,9 @@
 //! forget the held allocations (the driver frees a dead context's memory).
 //! `capturemem BYTES FREE COUNT PRE` (a cuMemAllocAsync captured from a stream into a graph,
 //! PRE bytes then allocated with cuMemAlloc, the graph launched COUNT times; `capturememnull` the
-//! same on the null stream: the per-thread default stream under `--resolve gpa2`).
+//! same on the null stream: the per-thread default stream under `--resolve gpa2`). `capturept` (a
+//! global-mode capture begun on CU_STREAM_PER_THREAD and left running; capture queries on the
+//! legacy and per-thread streams).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
 //! created on device DEV, N bytes allocated from it) | `asyncon DEV N` (cuMemAllocAsync of N bytes on a
@@ -360,6 +362,7 @@ fn main() {
     let stream_sync = get!(cu, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, 2000);
     let capture_begin = get!(cu, "cuStreamBeginCapture", PFN_cuStreamBeginCapture_v10010, 10010);
     let capture_end = get!(cu, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000, 10000);
+    let is_capturing = get!(cu, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000, 10000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -539,6 +542,19 @@ fn main() {
                     let mut g: CUgraph = std::ptr::null_mut();
                     let e = capture_end(s, &mut g);
                     out(format!("capturebreak={} alloc={} end={} graph_null={}", b.0, a.0, e.0, u8::from(g.is_null())));
+                }
+                // A global-mode capture begun on the per-thread default stream
+                // (CU_STREAM_PER_THREAD) and left running; prints the begin's result, the
+                // capture query's on the legacy stream and on the per-thread one, and the
+                // per-thread stream's status.
+                "capturept" => {
+                    let (pt, legacy) = (0x2 as CUstream, 0x1 as CUstream);
+                    let b = capture_begin(pt, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+                    let mut st = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+                    let q = is_capturing(legacy, &mut st);
+                    let mut pst = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+                    let p = is_capturing(pt, &mut pst);
+                    out(format!("capturept={} legacy={} pt={} pt_status={}", b.0, q.0, p.0, pst.0));
                 }
                 "graphtrim" => out(format!("graphtrim={}", graph_trim(0).0)),
                 "setlimit" => {
