@@ -196,6 +196,36 @@ fn an_allocation_on_a_stream_of_device_1_counts_on_gpu_1() {
     k.finish(T);
 }
 
+/// The pool a cuMemAllocAsync takes its memory from is the one the shim counted, even when
+/// another thread makes another pool current between the shim's look at the current pool and
+/// the driver's allocation: the emulator injects exactly that race (`GPUEMU_INJECT=pool-swap`:
+/// a fresh pool made current just before each allocation). The client, as uid 65534, allocates
+/// 40 MiB twice under a 64 MiB quota: the second is refused, and the device holds 40 MiB.
+/// Before, the shim counted the pool it had looked at (which never grew) and let the driver
+/// take the memory from the current one: both succeeded, 80 MiB held, nothing counted.
+#[test]
+fn a_pool_made_current_during_the_call_is_not_the_one_allocated_from() {
+    if e2e::lacks_root("run the offline client as uid 65534") {
+        return;
+    }
+    let host = host_for_users();
+    let l = ledger(&host);
+    let forty = (40 * MIB).to_string();
+    let mut c = limited(&host, "shim_client", QUOTA, "pool-swap");
+    c.env("GPUEMU_INJECT", "pool-swap").uid(NOBODY).gid(NOBODY);
+    c.args(["ctx", "async", &forty, "async", &forty, "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    let pid = k.pid();
+    let msg = format!("{}\n{}", k.stdout(), k.stderr());
+    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
+    assert_eq!(rc_of(&out, "async="), ["0", "2"], "the second 40 MiB is over the quota: CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(held_on(&host.device(), pid), 40 * MIB, "outside the shim: {msg}");
+    assert_eq!(counted_in(&l, pid), 40 * MIB, "{msg}");
+    k.send_line("go");
+    k.finish(T);
+}
+
 /// The shim tracks 64 pools per process: an allocation from a 65th is refused, never counted
 /// per allocation (what that pool kept after a free would escape the quota: a tenant could make
 /// 64 small pools, then keep its whole quota in a 65th and allocate it again).

@@ -1720,6 +1720,11 @@ pub fn mem_alloc_async(size: u64, pool: Option<u64>, stream: u64) -> R<u64> {
     // Without a pool named, the current pool of the stream's device, which need not be the
     // current context's.
     let cur = stream_ord(stream)?;
+    if pool.is_none() && inject_pool_swap() {
+        // Another thread of the application made a new pool current just before this call.
+        let fresh = pool_create(1, true, cur as i32)?;
+        device_set_pool(cur as i32, fresh)?;
+    }
     let mut g = d.lock();
     let pool = match pool {
         Some(p) => p,
@@ -1738,6 +1743,16 @@ pub fn mem_alloc_async(size: u64, pool: Option<u64>, stream: u64) -> R<u64> {
     g.pools.allocated(pool, size, grow);
     g.allocs.insert(addr, Alloc { size, ctx: NO_CTX, ord, pool: Some(pool) });
     Ok(addr)
+}
+
+/// Fault injection for tests (`GPUEMU_INJECT=pool-swap`, read once): every `cuMemAllocAsync`
+/// finds a new pool made current on the stream's device just before it allocates, as if
+/// another thread of the application had called `cuMemPoolCreate` and `cuDeviceSetMemPool`
+/// between an interposer's look at the current pool and the driver's allocation (a race a
+/// test cannot otherwise time). Any other value of `GPUEMU_INJECT` is ignored.
+fn inject_pool_swap() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GPUEMU_INJECT").is_ok_and(|v| v.split(',').any(|x| x.trim() == "pool-swap")))
 }
 
 /// Context of an allocation that belongs to no context (stream-ordered).
