@@ -107,9 +107,9 @@ impl State {
         }
     }
 
-    /// The ordinal of the device `stream` (a `CUstream`'s value) belongs to: a stream-ordered allocation without a pool
-    /// named comes from "the memory pool current to the stream's device" (cuda.h,
-    /// `cuMemAllocAsync`), and the stream may be another context's than the current one. One
+    /// The ordinal of the device `stream` (a `CUstream`'s value) belongs to: a stream-ordered
+    /// allocation without a pool named comes from "the memory pool current to the stream's
+    /// device" (cuda.h, `cuMemAllocAsync`), and the stream may be another context's. One
     /// GPU: 0, without asking. The default-stream handles (null, `CU_STREAM_LEGACY`,
     /// `CU_STREAM_PER_THREAD`): the current context's device. Else `cuStreamGetDevice` (CUDA
     /// 12.8), or on an older driver the stream's context (`cuStreamGetCtx`) made current for a
