@@ -6,6 +6,10 @@
 #               OUTSIDE the shim through NVML, must not exceed the quota
 #   torch-quota the host's PyTorch allocates under the shim until it is refused (skipped when
 #               torch is absent, as on the emulator)
+#   pool-keep   a stream-ordered pool that keeps freed memory (release threshold UINT64_MAX, as
+#               PyTorch's cudaMallocAsync backend sets it): 60 % of the quota allocated with
+#               cuMemAllocAsync, freed and synchronised stays in the pool (the driver's figure),
+#               so cuMemAlloc of 60 % more is refused; after cuMemPoolTrimTo(pool, 0) it fits
 #   throttle    the offline client alone, without and with the shim (monitor running): the shim
 #               must slow it toward its target load (its rate once settled, after 4 of 10 s),
 #               and the monitor must not evict it for using an idle GPU
@@ -323,6 +327,36 @@ check_quota() {
         row quota PASS "$used MiB held / $quota MiB quota" "2 processes as $who; NVML outside the shim; ctx ${ctx} MiB each"
     else
         row quota FAIL "$used MiB held / $quota MiB quota" "2 processes as $who; shim says $held MiB; $(tail -n 3 "$root/q1.err" | plain)"
+    fi
+}
+
+check_pool_keep() {
+    # A pool that keeps freed memory (release threshold UINT64_MAX, PyTorch's cudaMallocAsync
+    # backend): 60 % of the quota allocated with cuMemAllocAsync and freed stays in the pool, so
+    # cuMemAlloc of 60 % more must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2); after
+    # cuMemPoolTrimTo(pool, 0) it fits. NVML, outside the shim, is read while the process holds.
+    local total quota chunk base o a used
+    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    quota=$(( ${total:-0} / 4 )); chunk=$(( quota * 6 / 10 ))
+    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-pool\" }" >"$root/xcuda.json"
+    base=$(nvml_used)
+    "${as_user[@]}" "${shim_env[@]}" "$py" "$client" pool-keep "$chunk" --hold >"$root/pool.out" 2>"$root/pool.err" &
+    a=$!
+    for _ in $(seq 100); do [[ -s "$root/pool.out" ]] && break; sleep 0.1; done
+    used=$(( $(nvml_used) - base ))
+    kill -TERM $a; wait $a 2>/dev/null
+    o=$(cat "$root/pool.out")
+    local kept kept_rc trim_rc
+    kept=$(jget kept_mib <<<"$o"); kept_rc=$(jget alloc_while_kept <<<"$o"); trim_rc=$(jget alloc_after_trim <<<"$o")
+    local detail="pool kept ${kept:-?} MiB after free+sync (driver's figure); cuMemAlloc then: ${kept_rc:-?}; after trim: ${trim_rc:-?}; NVML ${used} MiB incl. context"
+    if [[ -z $o || $(jget async_alloc <<<"$o") != 0 ]]; then
+        row pool-keep FAIL "-" "cuMemAllocAsync: $(jget async_alloc <<<"$o") $(tail -n 2 "$root/pool.err" | plain)"
+    elif [[ ${kept:-0} -lt $chunk ]]; then
+        row pool-keep INFO "$chunk MiB chunk" "the driver did not keep the freed memory: $detail"
+    elif [[ $kept_rc == 2 && $trim_rc == 0 ]]; then
+        row pool-keep PASS "$chunk MiB kept, more refused" "$detail"
+    else
+        row pool-keep FAIL "$chunk MiB kept" "$detail"
     fi
 }
 
@@ -834,6 +868,7 @@ if start_monitor; then
     want nvml-cost && check_nvml_cost
     want quota && check_quota
     want torch-quota && check_torch_quota
+    want pool-keep && check_pool_keep
     want throttle && check_throttle
     if start_mps; then
         want mps-server && check_mps_server

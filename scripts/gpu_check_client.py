@@ -122,6 +122,44 @@ def ctx():
     out(check="ctx", result=r, at=at, pid=os.getpid())
 
 
+def pool_keep(chunk_mib, hold_after):
+    """A stream-ordered pool that keeps freed memory, as PyTorch's cudaMallocAsync backend sets
+    it up: the current pool's release threshold raised to UINT64_MAX, CHUNK allocated with
+    cuMemAllocAsync, freed with cuMemFreeAsync, synchronised. The pool still reserves it (the
+    driver's figure is reported); a plain cuMemAlloc of CHUNK more must then be refused under a
+    quota that holds fewer than two chunks, and succeed after cuMemPoolTrimTo(pool, 0)."""
+    cu = Cuda()
+    u64 = ctypes.c_uint64
+    pool = ctypes.c_void_p()
+    cu.check("cuDeviceGetMemPool", ctypes.byref(pool), cu.dev)
+    # CUmemPool_attribute: RELEASE_THRESHOLD 4, RESERVED_MEM_CURRENT 5 (cuda.h).
+    cu.check("cuMemPoolSetAttribute", pool, 4, ctypes.byref(u64(2**64 - 1)))
+
+    def reserved():
+        v = u64()
+        cu.check("cuMemPoolGetAttribute", pool, 5, ctypes.byref(v))
+        return v.value // MIB
+
+    ptr = u64()
+    r_async = cu.call("cuMemAllocAsync", ctypes.byref(ptr), ctypes.c_size_t(chunk_mib * MIB), None)
+    if r_async == 0:
+        cu.check("cuMemFreeAsync", ptr, None)
+    cu.check("cuStreamSynchronize", None)
+    kept = reserved()
+    held, r_kept = cu.alloc(chunk_mib * MIB)
+    cu.check("cuMemPoolTrimTo", pool, ctypes.c_size_t(0))
+    trimmed = reserved()
+    p2, r_trimmed = (None, 0) if held else cu.alloc(chunk_mib * MIB)
+    out(check="pool-keep", chunk_mib=chunk_mib, async_alloc=r_async, kept_mib=kept,
+        alloc_while_kept=r_kept, trimmed_mib=trimmed, alloc_after_trim=r_trimmed, pid=os.getpid())
+    if hold_after:
+        wait_for_stop()
+    for p in (held, p2):
+        if p:
+            cu.free(p)
+    cu.release()
+
+
 def torch_quota(chunk_mib, limit_mib, hold_after):
     try:
         import torch
@@ -199,7 +237,8 @@ def nvml_procs(index):
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
-                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | nvml-used INDEX | nvml-procs INDEX | ctx")
+                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | pool-keep CHUNK_MIB [--hold] | nvml-used INDEX | "
+                 "nvml-procs INDEX | ctx")
     cmd, rest = argv[1], argv[2:]
     hold_flag = "--hold" in rest
     nums = [int(a) for a in rest if not a.startswith("--")]
@@ -211,6 +250,8 @@ def main(argv):
         ctx()
     elif cmd == "torch-quota":
         torch_quota(nums[0], nums[1], hold_flag)
+    elif cmd == "pool-keep":
+        pool_keep(nums[0], hold_flag)
     elif cmd == "nvml-used":
         nvml_used(nums[0] if nums else 0)
     elif cmd == "nvml-procs":
