@@ -10,6 +10,9 @@
 #               PyTorch's cudaMallocAsync backend sets it): 60 % of the quota allocated with
 #               cuMemAllocAsync, freed and synchronised stays in the pool (the driver's figure),
 #               so cuMemAlloc of 60 % more is refused; after cuMemPoolTrimTo(pool, 0) it fits
+#   stack-limit cuCtxSetLimit(CU_LIMIT_STACK_SIZE) raised to about half the quota (stack for
+#               every resident thread): NVML must see no more than the shim counts; a raise to
+#               about twice the quota is refused
 #   throttle    the offline client alone, without and with the shim (monitor running): the shim
 #               must slow it toward its target load (its rate once settled, after 4 of 10 s),
 #               and the monitor must not evict it for using an idle GPU
@@ -357,6 +360,33 @@ check_pool_keep() {
         row pool-keep PASS "$chunk MiB kept, more refused" "$detail"
     else
         row pool-keep FAIL "$chunk MiB kept" "$detail"
+    fi
+}
+
+check_stack_limit() {
+    # cuCtxSetLimit(CU_LIMIT_STACK_SIZE) reserves the stack for every resident thread: a raise
+    # to about half the quota must succeed and NVML (outside the shim) must see no more than the
+    # shim counts for it (else a raise escapes the quota on this driver); a raise to about twice
+    # the quota must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2).
+    local total quota o
+    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    quota=$(( ${total:-0} / 4 ))
+    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-stack\" }" >"$root/xcuda.json"
+    o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" stack-limit "$quota" 2>"$root/stack.err")
+    local half over counted before after
+    half=$(jget set_half <<<"$o"); over=$(jget set_over <<<"$o"); counted=$(jget counted_mib <<<"$o")
+    before=$(jget nvml_before_mib <<<"$o"); after=$(jget nvml_after_mib <<<"$o")
+    local detail="stack $(jget stack_bytes <<<"$o") B x $(jget resident_threads <<<"$o") threads: shim counts ${counted:-?} MiB, NVML +$(( ${after:-0} - ${before:-0} )) MiB; 2x quota: ${over:-?}"
+    if [[ -z $o || $half != 0 ]]; then
+        row stack-limit FAIL "-" "cuCtxSetLimit to half the quota: ${half:-?} $(tail -n 2 "$root/stack.err" | plain)"
+    elif [[ $over != 2 ]]; then
+        row stack-limit FAIL "${counted} MiB counted" "a raise past the quota was not refused: $detail"
+    elif [[ $before == None || $after == None || -z $before || -z $after ]]; then
+        row stack-limit INFO "${counted} MiB counted" "NVML gives no per-process figure here; $detail"
+    elif (( after - before <= counted + 64 )); then
+        row stack-limit PASS "${counted} MiB counted" "$detail"
+    else
+        row stack-limit FAIL "${counted} MiB counted" "the driver reserved more than the shim counts: $detail"
     fi
 }
 
@@ -869,6 +899,7 @@ if start_monitor; then
     want quota && check_quota
     want torch-quota && check_torch_quota
     want pool-keep && check_pool_keep
+    want stack-limit && check_stack_limit
     want throttle && check_throttle
     if start_mps; then
         want mps-server && check_mps_server

@@ -160,6 +160,39 @@ def pool_keep(chunk_mib, hold_after):
     cu.release()
 
 
+def own_nvml_mib():
+    """Device memory NVML attributes to this process on GPU 0 (MiB), or None if it cannot say."""
+    try:
+        mine = [used for pid, used in compute_processes(0) if pid == os.getpid()]
+    except RuntimeError:
+        return None
+    return mine[0] // MIB if mine and mine[0] != 2**64 - 1 else None
+
+
+def stack_limit(quota_mib):
+    """cuCtxSetLimit(CU_LIMIT_STACK_SIZE): the driver reserves the stack for every resident
+    thread. A raise sized to about half the quota (the shim's count: bytes above the 1 KiB
+    default x SMs x resident threads per SM) is made and NVML's figure for this process read
+    before and after; then a raise to about twice the quota, which the shim must refuse."""
+    cu = Cuda()
+    sms, threads, v = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
+    cu.check("cuDeviceGetAttribute", ctypes.byref(sms), 16, cu.dev)
+    cu.check("cuDeviceGetAttribute", ctypes.byref(threads), 39, cu.dev)
+    resident = sms.value * threads.value
+    per = max(1, quota_mib * MIB // 2 // resident // 1024) * 1024
+    before = own_nvml_mib()
+    r_half = cu.call("cuCtxSetLimit", 0, ctypes.c_size_t(1024 + per))
+    cu.check("cuCtxGetLimit", ctypes.byref(v), 0)
+    got = v.value
+    after = own_nvml_mib()
+    r_over = cu.call("cuCtxSetLimit", 0, ctypes.c_size_t(1024 + 4 * per))
+    r_back = cu.call("cuCtxSetLimit", 0, ctypes.c_size_t(1024))
+    out(check="stack-limit", resident_threads=resident, stack_bytes=got, set_half=r_half,
+        counted_mib=(got - 1024) * resident // MIB, nvml_before_mib=before, nvml_after_mib=after,
+        set_over=r_over, set_back=r_back, pid=os.getpid())
+    cu.release()
+
+
 def torch_quota(chunk_mib, limit_mib, hold_after):
     try:
         import torch
@@ -202,9 +235,9 @@ def nvml_used(index):
     nvml.nvmlShutdown()
 
 
-def nvml_procs(index):
-    """The compute processes NVML lists on GPU `index`, one line each: pid, memory, and the
-    process's `comm` (how the monitor tells the MPS server, `nvidia-cuda-mps`, from work)."""
+def compute_processes(index):
+    """(pid, used bytes) of each compute process NVML lists on GPU `index` (used is all ones,
+    NVML_VALUE_NOT_AVAILABLE, when the driver cannot say)."""
     nvml = ctypes.CDLL("libnvidia-ml.so.1")
 
     class ProcessInfo(ctypes.Structure):  # nvmlProcessInfo_t (v2, the _v3 query's element)
@@ -213,31 +246,40 @@ def nvml_procs(index):
 
     if nvml.nvmlInit_v2() != 0:
         raise RuntimeError("nvmlInit_v2 failed")
-    dev = ctypes.c_void_p()
-    if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(dev)) != 0:
-        raise RuntimeError("nvmlDeviceGetHandleByIndex_v2 failed")
-    n = ctypes.c_uint(64)
-    infos = (ProcessInfo * 64)()
-    r = nvml.nvmlDeviceGetComputeRunningProcesses_v3(dev, ctypes.byref(n), infos)
-    if r != 0:
-        raise RuntimeError(f"nvmlDeviceGetComputeRunningProcesses_v3 returned {r}")
-    for p in infos[:n.value]:
+    try:
+        dev = ctypes.c_void_p()
+        if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(dev)) != 0:
+            raise RuntimeError("nvmlDeviceGetHandleByIndex_v2 failed")
+        n = ctypes.c_uint(64)
+        infos = (ProcessInfo * 64)()
+        r = nvml.nvmlDeviceGetComputeRunningProcesses_v3(dev, ctypes.byref(n), infos)
+        if r != 0:
+            raise RuntimeError(f"nvmlDeviceGetComputeRunningProcesses_v3 returned {r}")
+        return [(p.pid, p.usedGpuMemory) for p in infos[:n.value]]
+    finally:
+        nvml.nvmlShutdown()
+
+
+def nvml_procs(index):
+    """The compute processes NVML lists on GPU `index`, one line each: pid, memory, and the
+    process's `comm` (how the monitor tells the MPS server, `nvidia-cuda-mps`, from work)."""
+    procs = compute_processes(index)
+    for pid, used_bytes in procs:
         try:
-            with open(f"/proc/{p.pid}/comm") as f:
+            with open(f"/proc/{pid}/comm") as f:
                 comm = f.read().strip()
         except OSError:
             comm = ""
         # NVML_VALUE_NOT_AVAILABLE (all ones) when the driver cannot say.
-        used = -1 if p.usedGpuMemory == 2**64 - 1 else p.usedGpuMemory // MIB
-        out(check="nvml-procs", pid=p.pid, used_mib=used, comm=comm)
-    out(check="nvml-procs", listed=n.value)
-    nvml.nvmlShutdown()
+        used = -1 if used_bytes == 2**64 - 1 else used_bytes // MIB
+        out(check="nvml-procs", pid=pid, used_mib=used, comm=comm)
+    out(check="nvml-procs", listed=len(procs))
 
 
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
-                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | pool-keep CHUNK_MIB [--hold] | nvml-used INDEX | "
+                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | pool-keep CHUNK_MIB [--hold] | stack-limit QUOTA_MIB | nvml-used INDEX | "
                  "nvml-procs INDEX | ctx")
     cmd, rest = argv[1], argv[2:]
     hold_flag = "--hold" in rest
@@ -252,6 +294,8 @@ def main(argv):
         torch_quota(nums[0], nums[1], hold_flag)
     elif cmd == "pool-keep":
         pool_keep(nums[0], hold_flag)
+    elif cmd == "stack-limit":
+        stack_limit(nums[0])
     elif cmd == "nvml-used":
         nvml_used(nums[0] if nums else 0)
     elif cmd == "nvml-procs":

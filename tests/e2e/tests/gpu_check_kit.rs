@@ -109,10 +109,12 @@ fn the_check_kit_passes_on_the_emulated_t4_and_h100() {
         // which sees a server crash and keeps its daemon), the next client gets a new one.
         // pool-keep: a pool that keeps 60 % of the quota after a free leaves no room for
         // cuMemAlloc of 60 % more, until it is trimmed.
+        // stack-limit: a stack raise NVML sees as no more than the shim counts, and one past
+        // the quota refused.
         let checks: &[&str] = if e2e::is_root() {
-            &["quota", "pool-keep", "throttle", "exit", "mps-server", "fence", "shm", "pipe-ro", "server-restart"]
+            &["quota", "pool-keep", "stack-limit", "throttle", "exit", "mps-server", "fence", "shm", "pipe-ro", "server-restart"]
         } else {
-            &["quota", "pool-keep", "throttle", "exit", "mps-server", "fence", "server-restart"]
+            &["quota", "pool-keep", "stack-limit", "throttle", "exit", "mps-server", "fence", "server-restart"]
         };
         for &check in checks {
             assert_eq!(row(table, check)[1], "PASS", "{profile} {check}:\n{table}");
