@@ -13,6 +13,9 @@
 #   stack-limit cuCtxSetLimit(CU_LIMIT_STACK_SIZE) raised to about half the quota (stack for
 #               every resident thread): NVML must see no more than the shim counts; a raise to
 #               about twice the quota is refused
+#   capture-mem a graph captured from a stream (cuMemAllocAsync of 60 % of the quota as its
+#               memory node, nothing allocated then), 60 % more allocated with cuMemAlloc: the
+#               graph's launch is refused before anything is mapped
 #   throttle    the offline client alone, without and with the shim (monitor running): the shim
 #               must slow it toward its target load (its rate once settled, after 4 of 10 s),
 #               and the monitor must not evict it for using an idle GPU
@@ -387,6 +390,28 @@ check_stack_limit() {
         row stack-limit PASS "${counted} MiB counted" "$detail"
     else
         row stack-limit FAIL "${counted} MiB counted" "the driver reserved more than the shim counts: $detail"
+    fi
+}
+
+check_capture_mem() {
+    # A captured graph (PyTorch's CUDA graphs with cudaMallocAsync): a 60 %-of-quota memory node
+    # captured from cuMemAllocAsync (nothing allocated then), 60 % more allocated with cuMemAlloc,
+    # then the graph launched: the launch must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2) before
+    # anything is mapped. This is what rests on the driver's cuStreamGetCaptureInfo.
+    local total quota chunk o
+    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    quota=$(( ${total:-0} / 4 )); chunk=$(( quota * 6 / 10 ))
+    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-capture\" }" >"$root/xcuda.json"
+    o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" capture-mem "$chunk" 2>"$root/capture.err")
+    local node plain launch
+    node=$(jget node <<<"$o"); plain=$(jget plain_alloc <<<"$o"); launch=$(jget launch <<<"$o")
+    local detail="captured node: ${node:-?}, end $(jget end <<<"$o"), instantiate $(jget instantiate <<<"$o"); cuMemAlloc: ${plain:-?}; launch: ${launch:-?}"
+    if [[ -z $o || $node != 0 || $plain != 0 ]]; then
+        row capture-mem FAIL "-" "$detail $(tail -n 2 "$root/capture.err" | plain)"
+    elif [[ $launch == 2 ]]; then
+        row capture-mem PASS "${chunk} MiB graph refused" "$detail"
+    else
+        row capture-mem FAIL "${chunk} MiB graph launched" "a captured graph launched past the quota: $detail"
     fi
 }
 
@@ -900,6 +925,7 @@ if start_monitor; then
     want torch-quota && check_torch_quota
     want pool-keep && check_pool_keep
     want stack-limit && check_stack_limit
+    want capture-mem && check_capture_mem
     want throttle && check_throttle
     if start_mps; then
         want mps-server && check_mps_server

@@ -193,6 +193,33 @@ def stack_limit(quota_mib):
     cu.release()
 
 
+def capture_mem(chunk_mib):
+    """A CUDA graph from stream capture, as PyTorch's CUDA graphs with the cudaMallocAsync
+    backend make them: CHUNK allocated with cuMemAllocAsync on a capturing stream (a memory node
+    of the graph, nothing allocated now) and freed in the graph, the graph instantiated, CHUNK
+    allocated with cuMemAlloc, then the graph launched. Under a quota that holds fewer than two
+    chunks the launch must be refused before anything is mapped."""
+    cu = Cuda()
+    stream, graph, exe = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    cu.check("cuStreamCreate", ctypes.byref(stream), 1)  # CU_STREAM_NON_BLOCKING
+    cu.check("cuStreamBeginCapture_v2", stream, 0)  # CU_STREAM_CAPTURE_MODE_GLOBAL
+    ptr = ctypes.c_uint64()
+    r_node = cu.call("cuMemAllocAsync", ctypes.byref(ptr), ctypes.c_size_t(chunk_mib * MIB), stream)
+    if r_node == 0:
+        cu.check("cuMemFreeAsync", ptr, stream)
+    r_end = cu.call("cuStreamEndCapture", stream, ctypes.byref(graph))
+    r_inst = cu.call("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(0)) \
+        if r_end == 0 and r_node == 0 else -1
+    held, r_plain = cu.alloc(chunk_mib * MIB)
+    r_launch = cu.call("cuGraphLaunch", exe, stream) if r_inst == 0 else -1
+    r_sync = cu.call("cuStreamSynchronize", stream)
+    out(check="capture-mem", chunk_mib=chunk_mib, node=r_node, end=r_end, instantiate=r_inst,
+        plain_alloc=r_plain, launch=r_launch, sync=r_sync, pid=os.getpid())
+    if held:
+        cu.free(held)
+    cu.release()
+
+
 def torch_quota(chunk_mib, limit_mib, hold_after):
     try:
         import torch
@@ -279,7 +306,8 @@ def nvml_procs(index):
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
-                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | pool-keep CHUNK_MIB [--hold] | stack-limit QUOTA_MIB | nvml-used INDEX | "
+                 "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | pool-keep CHUNK_MIB [--hold] | stack-limit QUOTA_MIB | capture-mem CHUNK_MIB | "
+                 "nvml-used INDEX | "
                  "nvml-procs INDEX | ctx")
     cmd, rest = argv[1], argv[2:]
     hold_flag = "--hold" in rest
@@ -296,6 +324,8 @@ def main(argv):
         pool_keep(nums[0], hold_flag)
     elif cmd == "stack-limit":
         stack_limit(nums[0])
+    elif cmd == "capture-mem":
+        capture_mem(nums[0])
     elif cmd == "nvml-used":
         nvml_used(nums[0] if nums else 0)
     elif cmd == "nvml-procs":

@@ -110,11 +110,11 @@ fn the_check_kit_passes_on_the_emulated_t4_and_h100() {
         // pool-keep: a pool that keeps 60 % of the quota after a free leaves no room for
         // cuMemAlloc of 60 % more, until it is trimmed.
         // stack-limit: a stack raise NVML sees as no more than the shim counts, and one past
-        // the quota refused.
+        // the quota refused. capture-mem: a captured graph's launch past the quota refused.
         let checks: &[&str] = if e2e::is_root() {
-            &["quota", "pool-keep", "stack-limit", "throttle", "exit", "mps-server", "fence", "shm", "pipe-ro", "server-restart"]
+            &["quota", "pool-keep", "stack-limit", "capture-mem", "throttle", "exit", "mps-server", "fence", "shm", "pipe-ro", "server-restart"]
         } else {
-            &["quota", "pool-keep", "stack-limit", "throttle", "exit", "mps-server", "fence", "server-restart"]
+            &["quota", "pool-keep", "stack-limit", "capture-mem", "throttle", "exit", "mps-server", "fence", "server-restart"]
         };
         for &check in checks {
             assert_eq!(row(table, check)[1], "PASS", "{profile} {check}:\n{table}");
