@@ -336,15 +336,21 @@ check_quota() {
     fi
 }
 
+quarter_quota() { # the shim's config for quota group $1: a quarter of the GPU; prints its MiB
+    local total quota
+    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    quota=$(( ${total:-0} / 4 ))
+    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"$1\" }" >"$root/xcuda.json"
+    echo "$quota"
+}
+
 check_pool_keep() {
     # A pool that keeps freed memory (release threshold UINT64_MAX, PyTorch's cudaMallocAsync
     # backend): 60 % of the quota allocated with cuMemAllocAsync and freed stays in the pool, so
     # cuMemAlloc of 60 % more must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2); after
     # cuMemPoolTrimTo(pool, 0) it fits. NVML, outside the shim, is read while the process holds.
-    local total quota chunk base o a used
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
-    quota=$(( ${total:-0} / 4 )); chunk=$(( quota * 6 / 10 ))
-    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-pool\" }" >"$root/xcuda.json"
+    local quota chunk base o a used
+    quota=$(quarter_quota gpu-check-pool); chunk=$(( quota * 6 / 10 ))
     base=$(nvml_used)
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" pool-keep "$chunk" --hold >"$root/pool.out" 2>"$root/pool.err" &
     a=$!
@@ -371,10 +377,8 @@ check_stack_limit() {
     # to about half the quota must succeed and NVML (outside the shim) must see no more than the
     # shim counts for it (else a raise escapes the quota on this driver); a raise to about twice
     # the quota must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2).
-    local total quota o
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
-    quota=$(( ${total:-0} / 4 ))
-    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-stack\" }" >"$root/xcuda.json"
+    local quota o
+    quota=$(quarter_quota gpu-check-stack)
     o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" stack-limit "$quota" 2>"$root/stack.err")
     local half over counted before after
     half=$(jget set_half <<<"$o"); over=$(jget set_over <<<"$o"); counted=$(jget counted_mib <<<"$o")
@@ -398,10 +402,8 @@ check_capture_mem() {
     # captured from cuMemAllocAsync (nothing allocated then), 60 % more allocated with cuMemAlloc,
     # then the graph launched: the launch must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2) before
     # anything is mapped. This is what rests on the driver's cuStreamGetCaptureInfo.
-    local total quota chunk o
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
-    quota=$(( ${total:-0} / 4 )); chunk=$(( quota * 6 / 10 ))
-    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-capture\" }" >"$root/xcuda.json"
+    local quota chunk o
+    quota=$(quarter_quota gpu-check-capture); chunk=$(( quota * 6 / 10 ))
     o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" capture-mem "$chunk" 2>"$root/capture.err")
     local node plain launch
     node=$(jget node <<<"$o"); plain=$(jget plain_alloc <<<"$o"); launch=$(jget launch <<<"$o")
@@ -417,10 +419,8 @@ check_capture_mem() {
 
 check_torch_quota() {
     # Its own quota, a quarter of the GPU, judged against that (not the GPU's total).
-    local out quota total
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
-    quota=$(( ${total:-0} / 4 ))
-    echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check-torch\" }" >"$root/xcuda.json"
+    local out quota
+    quota=$(quarter_quota gpu-check-torch)
     out=$("${shim_env[@]}" "$py" "$client" torch-quota 128 1000000 2>"$root/torch.err")
     if [[ -n "$(jget skipped <<<"$out")" ]]; then
         row torch-quota SKIP "-" "$(jget skipped <<<"$out")"
