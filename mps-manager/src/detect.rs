@@ -21,10 +21,15 @@ pub enum Fault {
         /// Pid of the server that disappeared.
         server: u32,
     },
-    /// Clients are connected but nothing progresses: no launches, no SM activity.
+    /// Clients are connected but nothing progresses (no launches, no SM activity) while an
+    /// offline process has waited for the GPU all along (a synchronizing call entered and none
+    /// returned). An idle client, one that calls nothing, is not stuck.
     ClientsStuck {
         /// How long nothing has progressed, ms.
         for_ms: u64,
+        /// The offline processes that waited all that time (pids as the manager sees them).
+        #[serde(default)]
+        pids: Vec<u32>,
     },
     /// The monitor reported a critical XID (a fault of the GPU itself, e.g. 48, double-bit ECC;
     /// not an application XID such as 31, which MPS handles by tearing down that client).
@@ -76,6 +81,9 @@ pub struct Observation {
     pub clients: BTreeMap<u32, Vec<u32>>,
     /// Sum of kernel launches of registered offline processes.
     pub offline_launches: u64,
+    /// Registered offline processes with a thread in a synchronizing driver call (more entered
+    /// than returned, `node_ledger::ProcSnapshot::syncs`).
+    pub offline_waiting: Vec<Waiting>,
     /// Offline processes registered in the ledger.
     pub offline_registered: usize,
     /// Total SM activity published by the monitor, percent.
@@ -88,6 +96,17 @@ pub struct Observation {
     pub dead_listed: Vec<u32>,
     /// Servers of the previous look whose process still runs (same pid and start time).
     pub servers_alive: Vec<u32>,
+}
+
+/// An offline process waiting for the GPU, as one observation saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// Its pid, as the manager sees it.
+    pub pid: u32,
+    /// Its start time (with the pid, the process).
+    pub start_time: u64,
+    /// Its synchronizing calls returned so far: unchanged between observations, none returned.
+    pub ended: u64,
 }
 
 /// Detection thresholds.
@@ -115,6 +134,9 @@ pub struct Detector {
     last_clients: BTreeMap<u32, usize>,
     last_launches: u64,
     stalled_since: Option<u64>,
+    /// Offline processes waiting for the GPU: (pid, start time) → (syncs returned, waiting
+    /// with none returned since when, ms).
+    waiting: BTreeMap<(u32, u64), (u64, u64)>,
     xid_reported: Option<u64>,
     /// The last observation's [`Observation::dead_listed`]: a listing can lag a clean exit
     /// by a moment, so a dead listed client is a fault only when seen twice in a row.
@@ -196,11 +218,30 @@ impl Detector {
         let progressing =
             o.offline_launches != self.last_launches || o.sm_activity_pct >= cfg.idle_sm_pct;
         self.last_launches = o.offline_launches;
+        // Each waiting process since when it has waited with none of its calls returning.
+        self.waiting = o
+            .offline_waiting
+            .iter()
+            .map(|w| {
+                let since = match self.waiting.get(&(w.pid, w.start_time)) {
+                    Some(&(ended, since)) if ended == w.ended => since,
+                    _ => now_ms,
+                };
+                ((w.pid, w.start_time), (w.ended, since))
+            })
+            .collect();
         if cfg.stuck_after_ms > 0 && connected > 0 && o.offline_registered > 0 && !progressing {
             let since = *self.stalled_since.get_or_insert(now_ms);
-            if now_ms - since >= cfg.stuck_after_ms {
+            let hung: Vec<u32> = self
+                .waiting
+                .iter()
+                .filter(|(_, &(_, w))| now_ms.saturating_sub(w) >= cfg.stuck_after_ms)
+                .map(|(&(pid, _), _)| pid)
+                .collect();
+            if now_ms.saturating_sub(since) >= cfg.stuck_after_ms && !hung.is_empty() {
                 f.push(Fault::ClientsStuck {
                     for_ms: now_ms - since,
+                    pids: hung,
                 });
                 self.stalled_since = None;
             }
@@ -344,19 +385,53 @@ mod tests {
         let mut o = obs(&[(10, &[1])]);
         o.sm_activity_pct = 0.0;
         o.offline_launches = 5;
+        o.offline_waiting = vec![Waiting { pid: 1, start_time: 9, ended: 3 }];
         assert!(d.observe(&c, 0, &o).is_empty());
         assert!(d.observe(&c, 50, &o).is_empty());
         o.offline_launches = 6; // progress resets the timer
         assert!(d.observe(&c, 60, &o).is_empty());
         assert!(d.observe(&c, 100, &o).is_empty());
         assert!(d.observe(&c, 160, &o).is_empty());
-        assert!(matches!(
-            d.observe(&c, 200, &o)[..],
-            [Fault::ClientsStuck { .. }]
-        ));
+        assert_eq!(
+            d.observe(&c, 200, &o),
+            vec![Fault::ClientsStuck { for_ms: 100, pids: vec![1] }]
+        );
         let mut busy = o.clone();
         busy.sm_activity_pct = 40.0;
         assert!(d.observe(&c, 400, &busy).is_empty());
+    }
+
+    /// An offline job that calls nothing on the GPU (a checkpoint being written, a quiet night)
+    /// is idle, not stuck: with no synchronizing call waiting, nothing is a fault however long
+    /// the GPU is idle. Before, 10 s of that terminated the job, and its relaunch idling as well
+    /// ended the MPS servers, the online client's context with them.
+    #[test]
+    fn an_idle_client_is_not_stuck_only_one_waiting_with_nothing_returning() {
+        let mut d = Detector::default();
+        let c = DetectConfig {
+            stuck_after_ms: 100,
+            idle_sm_pct: 1.0,
+        };
+        let mut o = obs(&[(10, &[1, 2])]);
+        o.sm_activity_pct = 0.0;
+        o.offline_launches = 5;
+        for t in (0..=1000).step_by(50) {
+            assert!(d.observe(&c, t, &o).is_empty(), "idle at {t} ms");
+        }
+        // Syncs that keep returning are progress of a kind: nobody has waited all along.
+        for (i, t) in (1050..=1500).step_by(50).enumerate() {
+            o.offline_waiting = vec![Waiting { pid: 2, start_time: 9, ended: i as u64 }];
+            assert!(d.observe(&c, t, &o).is_empty(), "returning at {t} ms");
+        }
+        // Process 2's call now waits with none returning: stuck once it has for 100 ms.
+        assert!(d.observe(&c, 1550, &o).is_empty());
+        assert_eq!(
+            d.observe(&c, 1600, &o),
+            vec![Fault::ClientsStuck { for_ms: 1550, pids: vec![2] }]
+        );
+        // Another process (same pid, another start time) starts its wait afresh.
+        o.offline_waiting[0].start_time = 10;
+        assert!(d.observe(&c, 1650, &o).is_empty());
     }
 
     #[test]

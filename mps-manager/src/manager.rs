@@ -904,6 +904,11 @@ impl Manager {
             .collect();
         o.offline_registered = offline.len();
         o.offline_launches = offline.iter().map(|p| p.launches).sum();
+        o.offline_waiting = offline
+            .iter()
+            .filter(|p| p.syncs.0 > p.syncs.1)
+            .map(|p| crate::detect::Waiting { pid: p.pid, start_time: p.start_time, ended: p.syncs.1 })
+            .collect();
         o.sm_activity_pct = self
             .status
             .current()
@@ -1265,9 +1270,14 @@ impl Manager {
                     Some(self.terminate_offline(&pids, true, fault.kind()))
                 }
             }
-            Fault::ClientsStuck { .. } if !self.escalate_stuck_until.is_some_and(|t| now_ms <= t) => {
-                let pids: Vec<u32> =
-                    self.offline().iter().filter(|p| p.pid_ns == self.own_ns).map(|p| p.pid).collect();
+            Fault::ClientsStuck { pids: hung, .. } if self.escalate_stuck_until.is_none_or(|t| now_ms > t) => {
+                // The processes that waited all along: an idle neighbour is left alone.
+                let pids: Vec<u32> = self
+                    .offline()
+                    .iter()
+                    .filter(|p| p.pid_ns == self.own_ns && hung.contains(&p.pid))
+                    .map(|p| p.pid)
+                    .collect();
                 // Armed before the command (a journal write happens meanwhile): a failure leaves
                 // it armed until a full recovery runs, a success for this episode only.
                 self.escalate_stuck_until = Some(u64::MAX);
@@ -1936,6 +1946,7 @@ mod tests {
             launches,
             launches_delayed: 0,
             heartbeat_ns: 0,
+            syncs: (0, 0),
             mps_pct: 0,
             ledger_file: Default::default(),
             owner_lock: (0, 0),
@@ -2286,7 +2297,7 @@ mod tests {
         assert!(s1.try_wait().unwrap().is_none(), "another server was ended");
         // Clients stuck after terminate_client: the servers are ended, the daemon kept.
         m.escalate_stuck_until = Some(u64::MAX);
-        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1 });
+        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1, pids: Vec::new() });
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("shutdown_server -f") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
         assert!(s1.try_wait().unwrap().is_some(), "the server was ended");
@@ -2295,7 +2306,7 @@ mod tests {
         let mut s2 = server(&pipe);
         std::fs::remove_file(pipe.join("obey")).unwrap();
         m.escalate_stuck_until = Some(u64::MAX);
-        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1 });
+        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1, pids: Vec::new() });
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("MPS reset") && r.contains("still running") && r.contains(&s2.id().to_string()), "{r}");
         assert_ne!(m.ctl.daemon_pid(), Some(daemon), "a new daemon");
@@ -2369,8 +2380,9 @@ mod tests {
             let h = m.ledger.register(c.id(), g).unwrap();
             assert!(workloads::host::hold_slot_lock(c.id(), h.slot));
             std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n", c.id())).unwrap();
+            let pid = c.id();
             children.push(c);
-            m.recover(now, Fault::ClientsStuck { for_ms: 1 });
+            m.recover(now, Fault::ClientsStuck { for_ms: 1, pids: vec![pid] });
             m.state.recoveries.last().unwrap().outcome.clone()
         };
         let episode = stuck_episode_ms(&m.cfg);

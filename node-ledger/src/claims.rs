@@ -657,7 +657,8 @@ mod tests {
         std::fs::write(&p, &v4).unwrap();
         let e = Ledger::open_existing(&p).unwrap_err().to_string();
         assert!(
-            e.contains("layout_version") && e.contains("found 4, this build reads 5"),
+            e.contains("layout_version")
+                && e.contains(&format!("found 4, this build reads {}", crate::layout::LAYOUT_VERSION)),
             "{e}"
         );
         let (l, moved) = Ledger::open_or_recreate(&p, 0).unwrap();

@@ -192,6 +192,7 @@ mod tests {
             launches: 0,
             launches_delayed: 0,
             heartbeat_ns: 0,
+            syncs: (0, 0),
             mps_pct,
             ledger_file: Default::default(),
             owner_lock: (0, 0),

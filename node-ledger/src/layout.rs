@@ -10,9 +10,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHLEDG\0");
 /// Bumped on any change to the structs below (v3: a slot's liveness is its lock, see
 /// `ProcSlot`; `liveness` added, the monitor block's unused `_reserved` words dropped; v4:
 /// `ProcSlot::mps_pct`, the MPS active-thread percentage each offline process started with;
-/// v5: the start-claims block, [`ClaimsBlock`]). A process built for another version refuses
+/// v5: the start-claims block, [`ClaimsBlock`]; v6: `ProcSlot::syncs_begun` / `syncs_ended`,
+/// whether an offline process waits on the GPU). A process built for another version refuses
 /// the file (`layout_version` error).
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 /// Process registry slots per GPU.
 pub const MAX_PROCS: usize = 256;
 /// Quota groups (containers) per GPU.
@@ -115,6 +116,14 @@ pub struct ProcSlot {
     /// registers, before its `owner` word is published, and never changed afterwards.
     pub mps_pct: AtomicU32,
     _pad: AtomicU32,
+    /// Synchronizing driver calls (`cuCtxSynchronize`, `cuStreamSynchronize`,
+    /// `cuEventSynchronize`) the owner has entered on this GPU, and those that have returned:
+    /// while `syncs_begun > syncs_ended` a thread of the owner waits for the GPU. Written by the
+    /// owner alone (its controller publishes its counts; zeroed at registration); mps-manager
+    /// tells a hung client (waiting, nothing returning, the GPU idle) from an idle one by them.
+    pub syncs_begun: AtomicU64,
+    /// See [`ProcSlot::syncs_begun`].
+    pub syncs_ended: AtomicU64,
 }
 
 /// One start claim: the MPS percentage an offline job (quota group) took at library load, before
@@ -166,7 +175,7 @@ pub const LAYOUT_SIZE: usize = std::mem::size_of::<Layout>();
 pub const HEADER_SIZE: usize = std::mem::size_of::<Header>();
 
 const _: () = assert!(HEADER_SIZE == 40);
-const _: () = assert!(std::mem::size_of::<ProcSlot>() == 80);
+const _: () = assert!(std::mem::size_of::<ProcSlot>() == 96);
 const _: () = assert!(std::mem::size_of::<GroupSlot>() == 32);
 const _: () = assert!(std::mem::align_of::<Layout>() == 8);
 // The retired blocks keep every later field where layout v5 put it.

@@ -135,6 +135,9 @@ pub struct ProcSnapshot {
     pub launches_delayed: u64,
     /// CLOCK_MONOTONIC ns of the last heartbeat.
     pub heartbeat_ns: u64,
+    /// Synchronizing driver calls entered and returned, as the owner last published them
+    /// (`ProcSlot::syncs_begun`): more entered than returned = a thread waits for the GPU.
+    pub syncs: (u64, u64),
     /// MPS active-thread percentage the process started with (1..=100); 0 = none known.
     pub mps_pct: u32,
     /// The ledger file a genuine owner holds open: this ledger, or for a slot carried over
@@ -890,6 +893,8 @@ impl Ledger {
             p.mem_bytes.store(0, Relaxed);
             p.launches.store(0, Relaxed);
             p.launches_delayed.store(0, Relaxed);
+            p.syncs_begun.store(0, Relaxed);
+            p.syncs_ended.store(0, Relaxed);
             p.heartbeat_ns.store(now_ns(), Relaxed);
             p.mps_pct.store(mps_pct, Relaxed);
             p.liveness.store(if proxy { LIVENESS_PROXY } else { LIVENESS_LOCK }, Relaxed);
@@ -1042,6 +1047,16 @@ impl Ledger {
         }
     }
 
+    /// Publishes a registered process's synchronizing calls on this GPU, entered and returned
+    /// (totals since it registered: [`ProcSnapshot::syncs`]; a reader that sees more returned
+    /// than entered, a publication half read, reads none waiting).
+    pub fn set_syncs(&self, h: ProcHandle, begun: u64, ended: u64) {
+        if let Some(p) = self.layout().procs.get(h.slot) {
+            p.syncs_ended.store(ended, Relaxed);
+            p.syncs_begun.store(begun, Release);
+        }
+    }
+
     /// Gives back the usage of every registered process that has died, in any pid namespace
     /// (its slot lock is free; module doc, "Slot protocol"). Returns `(pid, bytes)` reclaimed
     /// (the pid as the dead process's namespace named it). A few `fcntl` calls per occupied
@@ -1171,6 +1186,7 @@ impl Ledger {
                     launches: p.launches.load(Relaxed),
                     launches_delayed: p.launches_delayed.load(Relaxed),
                     heartbeat_ns: p.heartbeat_ns.load(Relaxed),
+                    syncs: (p.syncs_begun.load(Relaxed), p.syncs_ended.load(Relaxed)),
                     // A hostile file's out-of-range value reads as none known (fail closed).
                     mps_pct: Some(p.mps_pct.load(Relaxed)).filter(|v| *v <= 100).unwrap_or(0),
                     owner_lock: if ledger_file.deleted {
@@ -1912,9 +1928,15 @@ mod tests {
         let before = l.procs()[0].heartbeat_ns;
         std::thread::sleep(std::time::Duration::from_millis(2));
         l.heartbeat(h);
+        l.set_syncs(h, 7, 6);
         let p = &l.procs()[0];
         assert_eq!((p.launches, p.launches_delayed), (10, 3));
+        assert_eq!(p.syncs, (7, 6), "one thread waits for the GPU");
         assert!(p.heartbeat_ns > before);
+        // The next owner of the slot starts with no syncs of its predecessor's.
+        l.unregister(h);
+        l.register(me, g).unwrap();
+        assert_eq!(l.procs()[0].syncs, (0, 0));
     }
 
     #[derive(Debug, Clone)]

@@ -761,6 +761,76 @@ macro_rules! nvml_memory_info {
 nvml_memory_info!(nvmlDeviceGetMemoryInfo, real_v1, nvml_wrapper_sys::bindings::nvmlMemory_t);
 nvml_memory_info!(nvmlDeviceGetMemoryInfo_v2, real_v2, nvml_wrapper_sys::bindings::nvmlMemory_v2_t);
 
+// ---- synchronizing calls ---------------------------------------------------------------------
+// Counted on the GPU they wait for (`crate::state::Syncs`): a client whose thread has waited for
+// long with nothing returning while the GPU is idle is hung, one that calls nothing is idle.
+
+/// Runs the synchronizing call `call`, counted on GPU `ord` (uncounted before the shim's state
+/// exists: no context then, nothing to wait for).
+fn synced(ord: impl FnOnce(&crate::state::State) -> usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    match crate::state::get() {
+        Some(st) => st.gpu(CUdevice::try_from(ord(st)).unwrap_or(-1)).syncs.around(call),
+        None => call(),
+    }
+}
+
+/// Hooked `cuCtxSynchronize`: waits for the current context's work, counted on its GPU.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    guard(|| {
+        let f = real!(cuCtxSynchronize: PFN_cuCtxSynchronize_v2000);
+        // SAFETY: the real function, which takes no arguments.
+        synced(|st| st.current_ordinal(), || unsafe { f() })
+    })
+}
+
+/// Hooked `cuCtxSynchronize_v2` (CUDA 13.0): waits for `ctx`'s work, counted on its GPU.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    guard(|| {
+        let f = real!(cuCtxSynchronize_v2: PFN_cuCtxSynchronize_v13000);
+        // SAFETY: forwarding the caller's argument.
+        synced(|st| st.ctx_ordinal(ctx), || unsafe { f(ctx) })
+    })
+}
+
+/// The GPU a stream synchronize waits for: the stream's (the current context's when the driver
+/// cannot say; the call itself is never refused for it).
+fn stream_gpu(st: &crate::state::State, stream: CUstream) -> usize {
+    st.stream_ordinal(stream as u64).unwrap_or_else(|_| st.current_ordinal())
+}
+
+/// Hooked `cuStreamSynchronize`: counted on the stream's GPU.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
+    guard(|| {
+        let f = real!(cuStreamSynchronize: PFN_cuStreamSynchronize_v2000);
+        // SAFETY: forwarding the caller's argument.
+        synced(|st| stream_gpu(st, stream), || unsafe { f(stream) })
+    })
+}
+
+/// Hooked `cuStreamSynchronize_ptsz`: counted on the stream's GPU.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult {
+    guard(|| {
+        let f = real!(cuStreamSynchronize_ptsz: PFN_cuStreamSynchronize_v7000_ptsz);
+        // SAFETY: forwarding the caller's argument.
+        synced(|st| stream_gpu(st, stream), || unsafe { f(stream) })
+    })
+}
+
+/// Hooked `cuEventSynchronize`: counted on the current context's GPU (an event does not name
+/// its device; it is almost always recorded there).
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
+    guard(|| {
+        let f = real!(cuEventSynchronize: PFN_cuEventSynchronize_v2000);
+        // SAFETY: forwarding the caller's argument.
+        synced(|st| st.current_ordinal(), || unsafe { f(event) })
+    })
+}
+
 // ---- launches --------------------------------------------------------------------------------
 
 #[inline(always)]

@@ -778,6 +778,7 @@ fn on_fork_child_inner() {
             st.gpus.iter().for_each(|g| {
                 g.graph.reset();
                 g.stream_pools.reset();
+                g.syncs.after_fork_child();
             });
             st.stream_pools.after_fork_child();
         }

@@ -57,9 +57,10 @@ hooked_symbols! {
         cuDeviceGraphMemTrim,
         cuCtxSetLimit,
         cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphUpload, cuGraphUpload_ptsz,
+        cuCtxSynchronize, cuCtxSynchronize_v2, cuStreamSynchronize, cuStreamSynchronize_ptsz, cuEventSynchronize,
     ],
     internal: [
-        cuCtxSynchronize, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
+        cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuCtxGetCurrent,
         cuDevicePrimaryCtxGetState,
         cuDeviceGet, cuDeviceGetAttribute,
         cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute, cuCtxGetLimit,
@@ -239,7 +240,10 @@ mod tests {
         assert_eq!(proc_address_override(b"cuGetProcAddress", 11030, 0), ours(Sym::cuGetProcAddress));
         assert_eq!(proc_address_override(b"cuMemcpyHtoD", 12000, 2), None, "unhooked passes through");
         assert_eq!(proc_address_override(b"cuGetExportTable", 12000, 0), None);
-        assert_eq!(proc_address_override(b"cuCtxSynchronize", 12000, 0), None, "internal-only");
+        assert_eq!(proc_address_override(b"cuCtxSynchronize", 12000, 0), ours(Sym::cuCtxSynchronize));
+        assert_eq!(proc_address_override(b"cuStreamSynchronize", 12000, 2), ours(Sym::cuStreamSynchronize_ptsz));
+        assert_eq!(proc_address_override(b"cuEventSynchronize", 12000, 0), ours(Sym::cuEventSynchronize));
+        assert_eq!(proc_address_override(b"cuCtxGetDevice", 12000, 0), None, "internal-only");
         assert_eq!(proc_address_override(b"cuNoSuch", 12000, 0), None);
         assert_eq!(proc_address_override(b"cuLaunchKernelEx", 11000, 0), None);
     }
@@ -264,8 +268,8 @@ mod tests {
         // The 5-argument ABIs of older callers.
         assert_eq!(proc_address_override(b"cuGraphInstantiate", 10000, 0), ours(Sym::cuGraphInstantiate));
         assert_eq!(proc_address_override(b"cuGraphInstantiate", 11080, 2), ours(Sym::cuGraphInstantiate_v2));
-        // CUDA 13.0's new ABI of an API we only call ourselves: the driver's pointer.
-        assert_eq!(proc_address_override(b"cuCtxSynchronize", 13000, 0), None);
+        // CUDA 13.0's new ABI of cuCtxSynchronize (a context argument).
+        assert_eq!(proc_address_override(b"cuCtxSynchronize", 13000, 0), ours(Sym::cuCtxSynchronize_v2));
     }
 
     #[test]
@@ -281,7 +285,7 @@ mod tests {
         assert_eq!(proc_answer(b"cuMemAlloc", 14000, 0, std::ptr::null_mut(), |_| std::ptr::null_mut()), ProcAnswer::Unknown);
         // Not hooked: the driver's pointer at any version.
         assert_eq!(proc_answer(b"cuMemcpyHtoD", 14000, 0, other, real_of), ProcAnswer::Driver);
-        assert_eq!(proc_answer(b"cuCtxSynchronize", 14000, 0, other, real_of), ProcAnswer::Driver);
+        assert_eq!(proc_answer(b"cuCtxGetDevice", 14000, 0, other, real_of), ProcAnswer::Driver);
     }
 
     #[test]

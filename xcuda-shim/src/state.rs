@@ -38,6 +38,39 @@ pub struct Gpu {
     /// This device's stream-ordered memory pools as counted in the quota
     /// ([`crate::streampool`]).
     pub stream_pools: PoolCount,
+    /// Synchronizing calls on this device, entered and returned: published to its ledger by
+    /// the controller, for mps-manager to tell a client waiting on a hung GPU from an idle one.
+    pub syncs: Syncs,
+}
+
+/// Synchronizing driver calls of this process on one GPU (`cuCtxSynchronize`,
+/// `cuStreamSynchronize`, `cuEventSynchronize`): entered and returned, so that while more have
+/// been entered than returned a thread waits for the GPU (`node_ledger::layout::ProcSlot`'s
+/// `syncs_begun`).
+#[derive(Default)]
+pub struct Syncs {
+    /// Calls entered.
+    pub begun: std::sync::atomic::AtomicU64,
+    /// Calls returned.
+    pub ended: std::sync::atomic::AtomicU64,
+}
+
+impl Syncs {
+    /// Runs the synchronizing call `call`, counted. Two relaxed increments around a call that
+    /// waits for the GPU.
+    #[inline]
+    pub fn around(&self, call: impl FnOnce() -> cuda_abi::CUresult) -> cuda_abi::CUresult {
+        self.begun.fetch_add(1, Relaxed);
+        let rc = call();
+        self.ended.fetch_add(1, Relaxed);
+        rc
+    }
+
+    /// In a fork child: the forking thread alone survived, so no call of the parent's other
+    /// threads is in progress here.
+    pub fn after_fork_child(&self) {
+        self.ended.store(self.begun.load(Relaxed), Relaxed);
+    }
 }
 
 impl Gpu {
@@ -56,6 +89,7 @@ impl Gpu {
             uuid,
             graph: PoolCount::new("graph memory pool (an exec the shim could not size)"),
             stream_pools: PoolCount::new("stream-ordered memory pools (a pool grew beyond an allocation's size)"),
+            syncs: Syncs::default(),
         }
     }
 }
@@ -140,17 +174,28 @@ impl State {
                 (rc == R::CUDA_SUCCESS).then_some(ctx).ok_or(rc)
             },
             |ctx| call_real!(cuCtxPushCurrent_v2: cuda_abi::PFN_cuCtxPushCurrent_v4000, ctx),
-            || {
-                let mut dev: CUdevice = 0;
-                let rc = call_real!(cuCtxGetDevice: cuda_abi::PFN_cuCtxGetDevice_v2000, &mut dev);
-                (rc == R::CUDA_SUCCESS).then_some(dev).ok_or(rc)
-            },
-            || {
-                let mut popped: cuda_abi::CUcontext = std::ptr::null_mut();
-                let _ = call_real!(cuCtxPopCurrent_v2: cuda_abi::PFN_cuCtxPopCurrent_v4000, &mut popped);
-            },
+            current_device,
+            pop_current,
         )
         .and_then(ordinal)
+    }
+
+    /// The ordinal of context `ctx`'s device (null: the calling thread's current context). One
+    /// GPU: 0, without asking; several: the context pushed for a moment and its device asked
+    /// (0 if the driver cannot say).
+    pub fn ctx_ordinal(&self, ctx: cuda_abi::CUcontext) -> usize {
+        if self.gpus.len() == 1 || ctx.is_null() {
+            return self.current_ordinal();
+        }
+        device_via_context(
+            || Ok(ctx),
+            |ctx| call_real!(cuCtxPushCurrent_v2: cuda_abi::PFN_cuCtxPushCurrent_v4000, ctx),
+            current_device,
+            pop_current,
+        )
+        .ok()
+        .and_then(|d| usize::try_from(d).ok())
+        .unwrap_or(0)
     }
 
     /// Every GPU's quota.
@@ -310,6 +355,21 @@ fn device_via_context(
     let dev = get_device();
     pop();
     dev
+}
+
+/// The device of the calling thread's current context, as the driver says.
+fn current_device() -> Result<CUdevice, cuda_abi::CUresult> {
+    let mut dev: CUdevice = 0;
+    match call_real!(cuCtxGetDevice: cuda_abi::PFN_cuCtxGetDevice_v2000, &mut dev) {
+        cuda_abi::CUresult::CUDA_SUCCESS => Ok(dev),
+        rc => Err(rc),
+    }
+}
+
+/// Pops the context [`device_via_context`] pushed.
+fn pop_current() {
+    let mut popped: cuda_abi::CUcontext = std::ptr::null_mut();
+    let _ = call_real!(cuCtxPopCurrent_v2: cuda_abi::PFN_cuCtxPopCurrent_v4000, &mut popped);
 }
 
 /// What the driver says about one ordinal.
@@ -638,6 +698,9 @@ fn housekeeping(g: &Gpu, lp: &mut Loop, stale_ns: u64) -> bool {
     let (n, d) = (g.throttle.launches.load(Relaxed), g.throttle.delayed.load(Relaxed));
     l.count_launches(h, n - lp.reported.0, d - lp.reported.1);
     lp.reported = (n, d);
+    // Ended read first: never more returned than entered in what is published.
+    let ended = g.syncs.ended.load(Relaxed);
+    l.set_syncs(h, g.syncs.begun.load(Relaxed), ended);
     if let Ok(v) = l.reclaim_dead() {
         for (pid, bytes) in v {
             tracing::info!(pid, bytes, "xcuda: reclaimed quota of a dead process");

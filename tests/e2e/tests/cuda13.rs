@@ -178,12 +178,15 @@ fn cuda_13_callers_get_the_shims_entry_points() {
         "cuLaunchKernelEx",
         "cuLaunchCooperativeKernel",
         "cuGraphLaunch",
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
     ];
     let mut steps: Vec<&str> = Vec::new();
     for n in &names {
         steps.extend(["gpa", n]);
     }
-    steps.extend(["gpa", "cuCtxSynchronize"]);
+    steps.extend(["gpa", "cuStreamQuery"]);
     let l = lines(
         &host,
         as_13(limited(&host, exe.to_str().unwrap(), QUOTA, "c13gpa")).args(&steps),
@@ -195,7 +198,7 @@ fn cuda_13_callers_get_the_shims_entry_points() {
             "{n} at CUDA 13000 must be the shim's: {g}"
         );
     }
-    let g = gpa_line(&l, "cuCtxSynchronize");
+    let g = gpa_line(&l, "cuStreamQuery");
     assert!(
         e2e::field(g, "lib").unwrap().starts_with("libcuda"),
         "not hooked: the driver's own: {g}"
@@ -203,6 +206,12 @@ fn cuda_13_callers_get_the_shims_entry_points() {
     assert_eq!(
         e2e::field(gpa_line(&l, "cuCtxCreate"), "sym"),
         Some("cuCtxCreate_v4"),
+        "{l:?}"
+    );
+    // CUDA 13.0's cuCtxSynchronize takes a context.
+    assert_eq!(
+        e2e::field(gpa_line(&l, "cuCtxSynchronize"), "sym"),
+        Some("cuCtxSynchronize_v2"),
         "{l:?}"
     );
 
