@@ -456,7 +456,15 @@ impl Ledger {
                 io::Error::other("every SIGBUS guard slot of this process is taken (too many ledgers mapped at once)"),
             ));
         }
-        validate(layout_of(&map), path, gpu)?;
+        let valid = validate(layout_of(&map), path, gpu);
+        if fault_guard.faulted() {
+            return Err(corrupt(
+                path,
+                "total_size",
+                "file shrank while being opened (its mapped end read as zeros)".into(),
+            ));
+        }
+        valid?;
         Ok(Self {
             fault_guard,
             map,
@@ -1286,17 +1294,21 @@ fn saturating_sub(a: &AtomicU64, bytes: u64) {
     }
 }
 
+/// Maps exactly [`LAYOUT_SIZE`] bytes of `file`, whatever its length is now: a length checked
+/// before mapping proves nothing (any ledger client, a tenant too, can truncate the file in
+/// between), and a part past the end of the file reads as zeros once the caller's SIGBUS
+/// guard is registered, which the header check then refuses.
 fn map(file: &File, path: &Path) -> Result<MmapMut, LedgerError> {
     // SAFETY: the mapping is shared with other processes by design; we only ever access it
     // through atomics (see `layout_of`), so concurrent external writes are not a data race.
-    unsafe { MmapMut::map_mut(file) }.map_err(|e| io_err(path, "mmap", e))
+    unsafe { memmap2::MmapOptions::new().len(LAYOUT_SIZE).map_mut(file) }.map_err(|e| io_err(path, "mmap", e))
 }
 
 fn layout_of(map: &MmapMut) -> &Layout {
-    assert!(map.len() >= LAYOUT_SIZE);
-    // SAFETY: the mapping is page-aligned (>= align_of::<Layout>() = 8), at least LAYOUT_SIZE
-    // bytes long (checked above), lives as long as the borrow, and `Layout` consists only of
-    // atomic integers, for which every bit pattern is valid and shared mutation is sound.
+    debug_assert_eq!(map.len(), LAYOUT_SIZE, "`map` maps exactly the layout");
+    // SAFETY: the mapping is page-aligned (>= align_of::<Layout>() = 8), LAYOUT_SIZE bytes
+    // long (every mapping comes from `map`), lives as long as the borrow, and `Layout` consists
+    // only of atomic integers, for which every bit pattern is valid and shared mutation is sound.
     unsafe { &*(map.as_ptr() as *const Layout) }
 }
 
@@ -1479,6 +1491,17 @@ mod tests {
         want.sort_unstable();
         assert_eq!(got, want);
         assert!(LedgerFile::with_damaged_copies(&d.path().join("nope/ledger")).is_empty());
+    }
+
+    #[test]
+    fn an_open_racing_a_truncation_fails_and_never_panics() {
+        let (_d, l) = fresh();
+        let path = l.path().to_owned();
+        drop(l);
+        let panicked = crate::panic_opening_while_shrinking(&path, LAYOUT_SIZE as u64, 3000, || {
+            let _ = Ledger::open_existing(&path);
+        });
+        assert_eq!(panicked, None, "a daemon scanning a tenant's ledger would have died");
     }
 
     #[test]
