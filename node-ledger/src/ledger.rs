@@ -29,7 +29,9 @@
 //!    free anyway). A reclaimer dying between swap and subtract leaves the group over-counted
 //!    (conservative), never under-counted.
 //! 5. **Unregister** (the owner, holding the lock): give back, mark free, then close the
-//!    description (releasing the lock).
+//!    description (releasing the lock). An owner whose description no longer holds the lock
+//!    (the application closed its fd, or put another file there) gives back nothing and
+//!    closes nothing: its slot may already be reclaimed and someone else's.
 //!
 //! Pids play no part in liveness, so a pid or pid-namespace inode reused by another container
 //! cannot keep a dead process's usage locked, nor free a live one's. Two exceptions, marked in
@@ -991,10 +993,18 @@ impl Ledger {
         if fd < 0 && !proxy {
             return;
         }
-        if fd >= 0 || (0..100).any(|_| self.slot_lock_self(h.slot) || {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            false
-        }) {
+        // Only under our own lock (slot protocol, step 1). A lock lost meanwhile (the
+        // application closed or replaced its fd) let a reclaimer give the slot's usage back and
+        // a newcomer take the slot: what it holds now is not ours to give back.
+        let held = if fd >= 0 {
+            self.desc_holds_slot(fd, h.slot)
+        } else {
+            (0..100).any(|_| self.slot_lock_self(h.slot) || {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                false
+            })
+        };
+        if held {
             let o = p.owner.load(Acquire);
             if owner_pid(o) != 0 {
                 self.give_back(p, o);
@@ -1003,14 +1013,16 @@ impl Ledger {
                 let _ = slot_lock(self.file.as_raw_fd(), h.slot, libc::F_UNLCK);
             }
         }
-        if fd >= 0 && fd_names(fd, self.dev_ino) {
-            // SAFETY: swapped out of the table above (closed exactly once) and still ours.
+        if fd >= 0 && held {
+            // SAFETY: swapped out of the table above (closed exactly once) and still our
+            // description (it holds the lock), not a number the application reused.
             unsafe { libc::close(fd) };
         }
     }
 
-    /// Whether this handle still holds registration `h`'s slot lock (its fd is open and names
-    /// this ledger's file). Always true for a registration made on behalf of another process.
+    /// Whether this handle still holds registration `h`'s slot lock (its fd is open, names
+    /// this ledger's file and its description holds the lock). Always true for a registration
+    /// made on behalf of another process.
     pub fn holds_slot_lock(&self, h: ProcHandle) -> bool {
         let Some(p) = self.layout().procs.get(h.slot) else {
             return false;
@@ -1019,7 +1031,18 @@ impl Ledger {
             return true;
         }
         let fd = self.slot_locks[h.slot].load(Acquire);
-        fd >= 0 && fd_names(fd, self.dev_ino)
+        fd >= 0 && self.desc_holds_slot(fd, h.slot)
+    }
+
+    /// Whether the description behind `fd` holds registry slot `slot`'s lock: `fd` names this
+    /// ledger's file, no description but `fd`'s holds the lock (asked through `fd`), and one
+    /// other than this handle's own does (asked through it). An fd the application closed, or
+    /// reused for another file or for another description of this one, fails. Two `fcntl`
+    /// calls and an `fstat`: never on a hot path.
+    fn desc_holds_slot(&self, fd: RawFd, slot: usize) -> bool {
+        fd_names(fd, self.dev_ino)
+            && slot_lock_held(fd, slot).is_ok_and(|other| !other)
+            && slot_lock_held(self.file.as_raw_fd(), slot).unwrap_or(false)
     }
 
     /// The fd holding registration `h`'s slot lock (tests that play an application closing it).
@@ -1502,6 +1525,40 @@ mod tests {
             let _ = Ledger::open_existing(&path);
         });
         assert_eq!(panicked, None, "a daemon scanning a tenant's ledger would have died");
+    }
+
+    /// Review: the application closed this process's slot-lock fd; another process of the
+    /// group reclaimed the slot (lock free), took it and reserved 700. This process's exit
+    /// (unregister) gave back the newcomer's slot and bytes: the group showed 0 while 700 were
+    /// held, and admitted another 1000 past its quota of 1000.
+    #[test]
+    fn unregister_after_losing_the_slot_lock_leaves_the_newcomer_alone() {
+        // No child may hold a copy of our slot-lock fd while we lose it.
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, a) = fresh();
+        let g = a.group(5, 1000).unwrap();
+        let ha = a.register(std::process::id(), g).unwrap();
+        a.try_reserve(ha, 300).unwrap();
+        assert!(a.holds_slot_lock(ha));
+        // The application dup2s another description of the ledger file over our slot-lock fd
+        // (closing ours: the lock goes): the number is open, names the file, holds no lock.
+        let n = a.slot_lock_fd(ha).unwrap();
+        let other = File::open(a.path()).unwrap();
+        // SAFETY: dup2 onto our own slot-lock fd, as a careless application would.
+        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), n) }, n);
+        assert!(!a.holds_slot_lock(ha));
+        let b = Ledger::open_existing(a.path()).unwrap();
+        let hb = b.register(std::process::id(), g).unwrap();
+        assert_eq!((hb.slot, b.group_used(g)), (ha.slot, 0), "the slot was reclaimed and taken");
+        b.try_reserve(hb, 700).unwrap();
+        a.unregister(ha);
+        assert_eq!(b.group_used(g), 700, "B's bytes stay counted");
+        // SAFETY: the application's own fd, which unregister left open.
+        assert_eq!(unsafe { libc::close(n) }, 0, "not closed by unregister: not ours");
+        b.check_registration(hb, std::process::id(), 5).unwrap();
+        let c = Ledger::open_existing(a.path()).unwrap();
+        let hc = c.register(std::process::id(), g).unwrap();
+        assert!(c.try_reserve(hc, 1000).is_err(), "the group stays within its quota");
     }
 
     #[test]
