@@ -837,6 +837,19 @@ impl Ledger {
         Ok(())
     }
 
+    /// Counts `bytes` that registered process `h` already holds (device memory the driver gave
+    /// it), past the group's quota if need be: the group then refuses reservations until frees
+    /// bring it back under. For a process that registers again after losing its slot lock
+    /// (the shim's `Quota::check_ledger`), never for new allocations.
+    pub fn count_held(&self, h: ProcHandle, bytes: u64) {
+        if let Some(g) = self.layout().groups.get(h.group) {
+            let _ = g.used_bytes.fetch_update(AcqRel, Relaxed, |v| Some(v.saturating_add(bytes)));
+        }
+        if let Some(p) = self.layout().procs.get(h.slot) {
+            p.mem_bytes.fetch_add(bytes, Relaxed);
+        }
+    }
+
     /// Releases for a registered process: its slot first, then the group, so a crash between
     /// the two can only leave the group over-counted (conservative), never under-counted.
     pub fn release(&self, h: ProcHandle, bytes: u64) {
