@@ -20,7 +20,9 @@
 //!    previous owner is gone (its lock is free): give back its leftover usage (step 4), write
 //!    the new owner, keep the lock.
 //! 3. **Reclaim** (the monitor every tick, shims on refusal and in their housekeeping, any
-//!    newcomer): for each occupied slot, try its lock on the reclaimer's own description.
+//!    newcomer): for each occupied slot, try its lock on a description of this reclaim pass
+//!    alone (OFD locks do not exclude one another on one description, which threads and fork
+//!    children share: two passes on it could both "hold" a slot).
 //!    Granted = the owner is dead: give back its usage (step 4), mark the slot free, release
 //!    the lock. Refused = alive (or someone else is on it): skip.
 //! 4. **Give back** (only under the lock): `mem_bytes.swap(0)`, then subtract exactly that
@@ -502,8 +504,8 @@ impl Ledger {
         &self.path
     }
 
-    /// This handle's own open file description (the monitor's reclaims and the claims lock
-    /// are taken on it).
+    /// This handle's own open file description (the claims lock is taken on it; reclaims
+    /// take their slot locks on descriptions of their own).
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
@@ -894,8 +896,9 @@ impl Ledger {
         })?;
         let lock = self.new_description()?;
         let own_ns = procinfo::own_pid_ns();
-        // Dead neighbours' quota back first (a newcomer may need it at once).
-        self.reclaim_dead()?;
+        // Dead neighbours' quota back first (a newcomer may need it at once), on the new
+        // registration's own description (never on one a fork child shares with its parent).
+        self.reclaim_on(&lock)?;
         for (i, p) in self.layout().procs.iter().enumerate() {
             if !self.take_slot_lock(&lock, i, p)? {
                 continue;
@@ -1090,13 +1093,28 @@ impl Ledger {
     /// (its slot lock is free; module doc, "Slot protocol"). Returns `(pid, bytes)` reclaimed
     /// (the pid as the dead process's namespace named it). A few `fcntl` calls per occupied
     /// slot: for the monitor's tick and shims' slow paths, never an allocation's hot path.
+    ///
+    /// Each pass takes the slot locks on a description opened for it: OFD locks do not exclude
+    /// one another on one description, which this handle's threads (a shim's controller and
+    /// its application threads refused a reservation) and a fork child share. Two passes on one
+    /// description could both "hold" a dead slot's lock, the first one's unlock release the
+    /// second's, and the second, stalled, then give back and free a newcomer's slot.
     pub fn reclaim_dead(&self) -> Result<Vec<(u32, u64)>, LedgerError> {
+        if !self.layout().procs.iter().any(|p| owner_pid(p.owner.load(Acquire)) != 0) {
+            return Ok(Vec::new());
+        }
+        self.reclaim_on(&self.new_description()?)
+    }
+
+    /// [`Ledger::reclaim_dead`] with the slot locks taken on `desc`, a description of this
+    /// pass alone.
+    fn reclaim_on(&self, desc: &File) -> Result<Vec<(u32, u64)>, LedgerError> {
         let mut out = Vec::new();
         for (i, p) in self.layout().procs.iter().enumerate() {
             if owner_pid(p.owner.load(Acquire)) == 0 {
                 continue;
             }
-            if !self.take_slot_lock(&self.file, i, p)? {
+            if !self.take_slot_lock(desc, i, p)? {
                 continue;
             }
             let o = p.owner.load(Acquire);
@@ -1105,7 +1123,7 @@ impl Ledger {
                 tracing::info!(ledger = %self.path.display(), pid = owner_pid(o), bytes, "reclaimed dead process");
                 out.push((owner_pid(o), bytes));
             }
-            let _ = slot_lock(self.file.as_raw_fd(), i, libc::F_UNLCK);
+            let _ = slot_lock(desc.as_raw_fd(), i, libc::F_UNLCK);
         }
         Ok(out)
     }
@@ -1572,6 +1590,30 @@ mod tests {
         let c = Ledger::open_existing(a.path()).unwrap();
         let hc = c.register(std::process::id(), g).unwrap();
         assert!(c.try_reserve(hc, 1000).is_err(), "the group stays within its quota");
+    }
+
+    /// Review: a reclaim pass took its slot locks on the handle's own description, which the
+    /// shim's threads (controller, refused reservations) and a fork child share; OFD locks do
+    /// not exclude one another on one description, so a second pass "took" a dead slot's lock
+    /// another pass held, and stalled, could give back and free a newcomer's slot. Here the
+    /// first pass is played by a lock on that shared description: the second must leave the
+    /// slot alone.
+    #[test]
+    fn a_reclaim_never_takes_a_slot_another_pass_on_the_shared_description_holds() {
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, l) = fresh();
+        let g = l.group(5, 1000).unwrap();
+        let dead = Ledger::open_existing(l.path()).unwrap();
+        let h = dead.register(std::process::id(), g).unwrap();
+        dead.try_reserve(h, 300).unwrap();
+        drop(dead); // its slot lock goes: a dead registration
+        let (start, len) = (proc_slot_offset(h.slot), PROC_SLOT_LEN);
+        assert!(range_lock(l.raw_fd(), start, len, libc::F_WRLCK).unwrap(), "the first pass holds the slot");
+        assert_eq!(l.reclaim_dead().unwrap(), vec![], "a second pass leaves it to the first");
+        assert_eq!(l.group_used(g), 300);
+        assert!(range_lock(l.raw_fd(), start, len, libc::F_UNLCK).unwrap());
+        assert_eq!(l.reclaim_dead().unwrap(), vec![(std::process::id(), 300)]);
+        assert_eq!(l.group_used(g), 0);
     }
 
     #[test]
