@@ -64,6 +64,8 @@ pub struct Quota {
     last_reclaim_ns: AtomicU64,
     /// After fork: group slot + 1 to register the child in lazily (0 = nothing pending).
     fork_group: AtomicU64,
+    /// After fork: the group's quota at the fork, for a child that finds the group gone.
+    fork_quota: AtomicU64,
     /// The calling thread's current context (owner of a new allocation; 0 = unknown).
     owner_source: fn() -> u64,
     /// Set (for good) once the ledger is found damaged: new reservations are refused and the
@@ -130,7 +132,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -522,7 +524,7 @@ impl Quota {
 
     /// In a fork child (no locks, no allocation): the parent's allocations and registration
     /// are not ours; the child registers on its first reservation (with a slot lock of its
-    /// own). The parent's slot lock is inherited with its fd and left open: like the device
+    /// own), in its group looked up again by id ([`register_in_group`]). The parent's slot lock is inherited with its fd and left open: like the device
     /// memory behind the driver's inherited fds, the parent's usage stays counted until the
     /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
@@ -530,8 +532,9 @@ impl Quota {
             m.clear();
         }
         match &self.backend {
-            Backend::Ledger { handle, held, .. } => {
+            Backend::Ledger { ledger, handle, held } => {
                 if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
+                    self.fork_quota.store(ledger.group_quota(h.group), Relaxed);
                     self.fork_group.store(h.group as u64 + 1, Release);
                 }
                 held.store(0, Relaxed);
@@ -580,7 +583,12 @@ impl Quota {
         if g == 0 {
             return false;
         }
-        match ledger.register_with_mps(std::process::id(), (g - 1) as usize, self.mps_pct) {
+        // The parent's group slot (g - 1) may hold another group by now: the parent left, its
+        // group was unused and another container took the slot over. Looked up again by id, as
+        // at start (created again with the quota it had at the fork if it is gone): never
+        // another group's quota, and no registration that the checks would take for damage.
+        let quota = self.fork_quota.load(Relaxed);
+        match register_in_group(ledger, self.group_id, quota, self.mps_pct) {
             Ok(h) => {
                 handle.store(pack(h), Release);
                 true
@@ -591,6 +599,23 @@ impl Quota {
             }
         }
     }
+}
+
+/// Registers this process in group `id` of `ledger`, found or created with `quota` bytes
+/// ([`Ledger::group`]: the tighter quota wins), recording MPS percentage `mps_pct`. A full group
+/// table lets a newcomer take over an unused group's slot: one taken over between the lookup
+/// and the registration names another group then, whose quota this process must never use:
+/// looked up and registered once more; another group's again, an error.
+pub fn register_in_group(ledger: &Ledger, id: u64, quota: u64, mps_pct: u32) -> Result<ProcHandle, String> {
+    for _ in 0..2 {
+        let group = ledger.group(id, quota).map_err(|e| e.to_string())?;
+        let h = ledger.register_with_mps(std::process::id(), group, mps_pct).map_err(|e| e.to_string())?;
+        if ledger.group_id(h.group) == id {
+            return Ok(h);
+        }
+        ledger.unregister(h);
+    }
+    Err(format!("group {id:#x} of {} was taken over by another group twice while registering", ledger.path().display()))
 }
 
 /// Why [`Quota::register_again`] found no slot of this process's group.
@@ -791,6 +816,17 @@ mod tests {
         assert_eq!(live.used(), 400);
     }
 
+    /// A quota of group 5 (1000 bytes) registered in a fresh ledger: (its directory, the
+    /// ledger's path, the group slot, the registration, the quota).
+    fn registered() -> (tempfile::TempDir, std::path::PathBuf, usize, ProcHandle, Quota) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("gpu0/ledger");
+        let l = Ledger::open_or_create(&p, 0).unwrap();
+        let g = l.group(5, 1000).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        (d, p, g, h, Quota::with_ledger(l, h))
+    }
+
     /// Review: the application closed the shim's slot-lock fd; the lock went, a newcomer of
     /// the group reclaimed the slot (giving back this process's 300 it still holds) and took
     /// it. This process stopped counting (its frees and its exit too), and the group admitted
@@ -798,12 +834,7 @@ mod tests {
     /// quota if it must (then refusing until frees bring the group back under).
     #[test]
     fn a_lost_slot_lock_registers_again_and_counts_what_this_process_holds() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("gpu0/ledger");
-        let l = Ledger::open_or_create(&p, 0).unwrap();
-        let g = l.group(5, 1000).unwrap();
-        let h = l.register(std::process::id(), g).unwrap();
-        let q = Quota::with_ledger(l, h);
+        let (_d, p, g, h, q) = registered();
         assert!(q.try_reserve(200) && q.try_reserve(150));
         q.release(50);
         assert!(q.check_ledger().is_none());
@@ -838,6 +869,30 @@ mod tests {
         b.check_registration(hb, std::process::id(), 5).unwrap();
         c.check_registration(hc, std::process::id(), 5).unwrap();
         assert!(Ledger::open_existing(&p).unwrap().check_header().is_ok(), "the ledger is not marked damaged for it");
+    }
+
+    /// Review: a fork child registered into its parent's group slot without looking at whose
+    /// it is now: the parent had left, its unused group's slot was taken over by another
+    /// container, and the child counted in that container's group; the next check took it for
+    /// an overwritten ledger and marked the ledger damaged (every later client refused).
+    #[test]
+    fn a_fork_child_registers_in_its_own_group_not_a_takeover_of_its_slot() {
+        let (_d, p, g, h, q) = registered();
+        assert!(q.try_reserve(100));
+        q.after_fork_child();
+        // The parent leaves; another container takes its unused group's slot over.
+        let other = Ledger::open_existing(&p).unwrap();
+        q.ledger().unwrap().0.unregister(h);
+        other.layout().groups[g].quota_bytes.store(10, Relaxed);
+        other.layout().groups[g].id.store(77, Release);
+        assert!(q.try_reserve(50), "registered in its own group, found again");
+        assert_eq!(q.check_ledger(), None, "no damage");
+        let (l, now) = q.ledger().unwrap();
+        let now = now.unwrap();
+        assert!(now.group != g && l.group_id(now.group) == 5);
+        assert_eq!((l.group_used(now.group), l.group_quota(now.group)), (50, 1000), "the quota it had at the fork");
+        assert_eq!(other.group_used(g), 0, "nothing counted in the other container's group");
+        assert!(Ledger::open_existing(&p).unwrap().check_header().is_ok(), "the ledger is not marked damaged");
     }
 
     /// The race fixed in 94cde23, made deterministic: the controller's registration check has
