@@ -20,7 +20,9 @@
 //!    previous owner is gone (its lock is free): give back its leftover usage (step 4), write
 //!    the new owner, keep the lock.
 //! 3. **Reclaim** (the monitor every tick, shims on refusal and in their housekeeping, any
-//!    newcomer): for each occupied slot, try its lock on the reclaimer's own description.
+//!    newcomer): for each occupied slot, try its lock on a description of this reclaim pass
+//!    alone (OFD locks do not exclude one another on one description, which threads and fork
+//!    children share: two passes on it could both "hold" a slot).
 //!    Granted = the owner is dead: give back its usage (step 4), mark the slot free, release
 //!    the lock. Refused = alive (or someone else is on it): skip.
 //! 4. **Give back** (only under the lock): `mem_bytes.swap(0)`, then subtract exactly that
@@ -29,7 +31,9 @@
 //!    free anyway). A reclaimer dying between swap and subtract leaves the group over-counted
 //!    (conservative), never under-counted.
 //! 5. **Unregister** (the owner, holding the lock): give back, mark free, then close the
-//!    description (releasing the lock).
+//!    description (releasing the lock). An owner whose description no longer holds the lock
+//!    (the application closed its fd, or put another file there) gives back nothing and
+//!    closes nothing: its slot may already be reclaimed and someone else's.
 //!
 //! Pids play no part in liveness, so a pid or pid-namespace inode reused by another container
 //! cannot keep a dead process's usage locked, nor free a live one's. Two exceptions, marked in
@@ -459,7 +463,15 @@ impl Ledger {
                 io::Error::other("every SIGBUS guard slot of this process is taken (too many ledgers mapped at once)"),
             ));
         }
-        validate(layout_of(&map), path, gpu)?;
+        let valid = validate(layout_of(&map), path, gpu);
+        if fault_guard.faulted() {
+            return Err(corrupt(
+                path,
+                "total_size",
+                "file shrank while being opened (its mapped end read as zeros)".into(),
+            ));
+        }
+        valid?;
         Ok(Self {
             fault_guard,
             map,
@@ -495,8 +507,8 @@ impl Ledger {
         &self.path
     }
 
-    /// This handle's own open file description (the monitor's reclaims and the claims lock
-    /// are taken on it).
+    /// This handle's own open file description (the claims lock is taken on it; reclaims
+    /// take their slot locks on descriptions of their own).
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
@@ -830,6 +842,19 @@ impl Ledger {
         Ok(())
     }
 
+    /// Counts `bytes` that registered process `h` already holds (device memory the driver gave
+    /// it), past the group's quota if need be: the group then refuses reservations until frees
+    /// bring it back under. For a process that registers again after losing its slot lock
+    /// (the shim's `Quota::check_ledger`), never for new allocations.
+    pub fn count_held(&self, h: ProcHandle, bytes: u64) {
+        if let Some(g) = self.layout().groups.get(h.group) {
+            let _ = g.used_bytes.fetch_update(AcqRel, Relaxed, |v| Some(v.saturating_add(bytes)));
+        }
+        if let Some(p) = self.layout().procs.get(h.slot) {
+            p.mem_bytes.fetch_add(bytes, Relaxed);
+        }
+    }
+
     /// Releases for a registered process: its slot first, then the group, so a crash between
     /// the two can only leave the group over-counted (conservative), never under-counted.
     pub fn release(&self, h: ProcHandle, bytes: u64) {
@@ -874,8 +899,9 @@ impl Ledger {
         })?;
         let lock = self.new_description()?;
         let own_ns = procinfo::own_pid_ns();
-        // Dead neighbours' quota back first (a newcomer may need it at once).
-        self.reclaim_dead()?;
+        // Dead neighbours' quota back first (a newcomer may need it at once), on the new
+        // registration's own description (never on one a fork child shares with its parent).
+        self.reclaim_on(&lock)?;
         for (i, p) in self.layout().procs.iter().enumerate() {
             if !self.take_slot_lock(&lock, i, p)? {
                 continue;
@@ -988,10 +1014,18 @@ impl Ledger {
         if fd < 0 && !proxy {
             return;
         }
-        if fd >= 0 || (0..100).any(|_| self.slot_lock_self(h.slot) || {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            false
-        }) {
+        // Only under our own lock (slot protocol, step 1). A lock lost meanwhile (the
+        // application closed or replaced its fd) let a reclaimer give the slot's usage back and
+        // a newcomer take the slot: what it holds now is not ours to give back.
+        let held = if fd >= 0 {
+            self.desc_holds_slot(fd, h.slot)
+        } else {
+            (0..100).any(|_| self.slot_lock_self(h.slot) || {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                false
+            })
+        };
+        if held {
             let o = p.owner.load(Acquire);
             if owner_pid(o) != 0 {
                 self.give_back(p, o);
@@ -1000,14 +1034,16 @@ impl Ledger {
                 let _ = slot_lock(self.file.as_raw_fd(), h.slot, libc::F_UNLCK);
             }
         }
-        if fd >= 0 && fd_names(fd, self.dev_ino) {
-            // SAFETY: swapped out of the table above (closed exactly once) and still ours.
+        if fd >= 0 && held {
+            // SAFETY: swapped out of the table above (closed exactly once) and still our
+            // description (it holds the lock), not a number the application reused.
             unsafe { libc::close(fd) };
         }
     }
 
-    /// Whether this handle still holds registration `h`'s slot lock (its fd is open and names
-    /// this ledger's file). Always true for a registration made on behalf of another process.
+    /// Whether this handle still holds registration `h`'s slot lock (its fd is open, names
+    /// this ledger's file and its description holds the lock). Always true for a registration
+    /// made on behalf of another process.
     pub fn holds_slot_lock(&self, h: ProcHandle) -> bool {
         let Some(p) = self.layout().procs.get(h.slot) else {
             return false;
@@ -1016,7 +1052,18 @@ impl Ledger {
             return true;
         }
         let fd = self.slot_locks[h.slot].load(Acquire);
-        fd >= 0 && fd_names(fd, self.dev_ino)
+        fd >= 0 && self.desc_holds_slot(fd, h.slot)
+    }
+
+    /// Whether the description behind `fd` holds registry slot `slot`'s lock: `fd` names this
+    /// ledger's file, no description but `fd`'s holds the lock (asked through `fd`), and one
+    /// other than this handle's own does (asked through it). An fd the application closed, or
+    /// reused for another file or for another description of this one, fails. Two `fcntl`
+    /// calls and an `fstat`: never on a hot path.
+    fn desc_holds_slot(&self, fd: RawFd, slot: usize) -> bool {
+        fd_names(fd, self.dev_ino)
+            && slot_lock_held(fd, slot).is_ok_and(|other| !other)
+            && slot_lock_held(self.file.as_raw_fd(), slot).unwrap_or(false)
     }
 
     /// The fd holding registration `h`'s slot lock (tests that play an application closing it).
@@ -1061,13 +1108,28 @@ impl Ledger {
     /// (its slot lock is free; module doc, "Slot protocol"). Returns `(pid, bytes)` reclaimed
     /// (the pid as the dead process's namespace named it). A few `fcntl` calls per occupied
     /// slot: for the monitor's tick and shims' slow paths, never an allocation's hot path.
+    ///
+    /// Each pass takes the slot locks on a description opened for it: OFD locks do not exclude
+    /// one another on one description, which this handle's threads (a shim's controller and
+    /// its application threads refused a reservation) and a fork child share. Two passes on one
+    /// description could both "hold" a dead slot's lock, the first one's unlock release the
+    /// second's, and the second, stalled, then give back and free a newcomer's slot.
     pub fn reclaim_dead(&self) -> Result<Vec<(u32, u64)>, LedgerError> {
+        if !self.layout().procs.iter().any(|p| owner_pid(p.owner.load(Acquire)) != 0) {
+            return Ok(Vec::new());
+        }
+        self.reclaim_on(&self.new_description()?)
+    }
+
+    /// [`Ledger::reclaim_dead`] with the slot locks taken on `desc`, a description of this
+    /// pass alone.
+    fn reclaim_on(&self, desc: &File) -> Result<Vec<(u32, u64)>, LedgerError> {
         let mut out = Vec::new();
         for (i, p) in self.layout().procs.iter().enumerate() {
             if owner_pid(p.owner.load(Acquire)) == 0 {
                 continue;
             }
-            if !self.take_slot_lock(&self.file, i, p)? {
+            if !self.take_slot_lock(desc, i, p)? {
                 continue;
             }
             let o = p.owner.load(Acquire);
@@ -1076,7 +1138,7 @@ impl Ledger {
                 tracing::info!(ledger = %self.path.display(), pid = owner_pid(o), bytes, "reclaimed dead process");
                 out.push((owner_pid(o), bytes));
             }
-            let _ = slot_lock(self.file.as_raw_fd(), i, libc::F_UNLCK);
+            let _ = slot_lock(desc.as_raw_fd(), i, libc::F_UNLCK);
         }
         Ok(out)
     }
@@ -1302,17 +1364,21 @@ fn saturating_sub(a: &AtomicU64, bytes: u64) {
     }
 }
 
+/// Maps exactly [`LAYOUT_SIZE`] bytes of `file`, whatever its length is now: a length checked
+/// before mapping proves nothing (any ledger client, a tenant too, can truncate the file in
+/// between), and a part past the end of the file reads as zeros once the caller's SIGBUS
+/// guard is registered, which the header check then refuses.
 fn map(file: &File, path: &Path) -> Result<MmapMut, LedgerError> {
     // SAFETY: the mapping is shared with other processes by design; we only ever access it
     // through atomics (see `layout_of`), so concurrent external writes are not a data race.
-    unsafe { MmapMut::map_mut(file) }.map_err(|e| io_err(path, "mmap", e))
+    unsafe { memmap2::MmapOptions::new().len(LAYOUT_SIZE).map_mut(file) }.map_err(|e| io_err(path, "mmap", e))
 }
 
 fn layout_of(map: &MmapMut) -> &Layout {
-    assert!(map.len() >= LAYOUT_SIZE);
-    // SAFETY: the mapping is page-aligned (>= align_of::<Layout>() = 8), at least LAYOUT_SIZE
-    // bytes long (checked above), lives as long as the borrow, and `Layout` consists only of
-    // atomic integers, for which every bit pattern is valid and shared mutation is sound.
+    debug_assert_eq!(map.len(), LAYOUT_SIZE, "`map` maps exactly the layout");
+    // SAFETY: the mapping is page-aligned (>= align_of::<Layout>() = 8), LAYOUT_SIZE bytes
+    // long (every mapping comes from `map`), lives as long as the borrow, and `Layout` consists
+    // only of atomic integers, for which every bit pattern is valid and shared mutation is sound.
     unsafe { &*(map.as_ptr() as *const Layout) }
 }
 
@@ -1495,6 +1561,75 @@ mod tests {
         want.sort_unstable();
         assert_eq!(got, want);
         assert!(LedgerFile::with_damaged_copies(&d.path().join("nope/ledger")).is_empty());
+    }
+
+    #[test]
+    fn an_open_racing_a_truncation_fails_and_never_panics() {
+        let (_d, l) = fresh();
+        let path = l.path().to_owned();
+        drop(l);
+        let panicked = crate::panic_opening_while_shrinking(&path, LAYOUT_SIZE as u64, 3000, || {
+            let _ = Ledger::open_existing(&path);
+        });
+        assert_eq!(panicked, None, "a daemon scanning a tenant's ledger would have died");
+    }
+
+    /// Review: the application closed this process's slot-lock fd; another process of the
+    /// group reclaimed the slot (lock free), took it and reserved 700. This process's exit
+    /// (unregister) gave back the newcomer's slot and bytes: the group showed 0 while 700 were
+    /// held, and admitted another 1000 past its quota of 1000.
+    #[test]
+    fn unregister_after_losing_the_slot_lock_leaves_the_newcomer_alone() {
+        // No child may hold a copy of our slot-lock fd while we lose it.
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, a) = fresh();
+        let g = a.group(5, 1000).unwrap();
+        let ha = a.register(std::process::id(), g).unwrap();
+        a.try_reserve(ha, 300).unwrap();
+        assert!(a.holds_slot_lock(ha));
+        // The application dup2s another description of the ledger file over our slot-lock fd
+        // (closing ours: the lock goes): the number is open, names the file, holds no lock.
+        let n = a.slot_lock_fd(ha).unwrap();
+        let other = File::open(a.path()).unwrap();
+        // SAFETY: dup2 onto our own slot-lock fd, as a careless application would.
+        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), n) }, n);
+        assert!(!a.holds_slot_lock(ha));
+        let b = Ledger::open_existing(a.path()).unwrap();
+        let hb = b.register(std::process::id(), g).unwrap();
+        assert_eq!((hb.slot, b.group_used(g)), (ha.slot, 0), "the slot was reclaimed and taken");
+        b.try_reserve(hb, 700).unwrap();
+        a.unregister(ha);
+        assert_eq!(b.group_used(g), 700, "B's bytes stay counted");
+        // SAFETY: the application's own fd, which unregister left open.
+        assert_eq!(unsafe { libc::close(n) }, 0, "not closed by unregister: not ours");
+        b.check_registration(hb, std::process::id(), 5).unwrap();
+        let c = Ledger::open_existing(a.path()).unwrap();
+        let hc = c.register(std::process::id(), g).unwrap();
+        assert!(c.try_reserve(hc, 1000).is_err(), "the group stays within its quota");
+    }
+
+    /// Review: a reclaim pass took its slot locks on the handle's own description, which the
+    /// shim's threads (controller, refused reservations) and a fork child share; OFD locks do
+    /// not exclude one another on one description, so a second pass "took" a dead slot's lock
+    /// another pass held, and stalled, could give back and free a newcomer's slot. Here the
+    /// first pass is played by a lock on that shared description: the second must leave the
+    /// slot alone.
+    #[test]
+    fn a_reclaim_never_takes_a_slot_another_pass_on_the_shared_description_holds() {
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, l) = fresh();
+        let g = l.group(5, 1000).unwrap();
+        let dead = Ledger::open_existing(l.path()).unwrap();
+        let h = dead.register(std::process::id(), g).unwrap();
+        dead.try_reserve(h, 300).unwrap();
+        drop(dead); // its slot lock goes: a dead registration
+        let (start, len) = (proc_slot_offset(h.slot), PROC_SLOT_LEN);
+        assert!(range_lock(l.raw_fd(), start, len, libc::F_WRLCK).unwrap(), "the first pass holds the slot");
+        assert_eq!(l.reclaim_dead().unwrap(), vec![], "a second pass leaves it to the first");
+        assert_eq!(l.group_used(g), 300);
+        assert!(range_lock(l.raw_fd(), start, len, libc::F_UNLCK).unwrap());
+        assert_eq!(l.reclaim_dead().unwrap(), vec![(std::process::id(), 300)]);
+        assert_eq!(l.group_used(g), 0);
     }
 
     #[test]

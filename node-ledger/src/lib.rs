@@ -31,6 +31,28 @@ pub mod status;
 #[cfg(test)]
 pub(crate) static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Runs `open` `tries` times while another thread keeps truncating the file at `path` to 100
+/// bytes and growing it back to `full` (a tenant racing a daemon's open of a file it can
+/// write); returns the panic message of the first `open` that panicked, if any. An open may
+/// fail, never panic.
+#[cfg(test)]
+pub(crate) fn panic_opening_while_shrinking(path: &std::path::Path, full: u64, tries: usize, open: impl Fn()) -> Option<String> {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (f, stop) = (std::fs::OpenOptions::new().write(true).open(path).unwrap(), &stop);
+        s.spawn(move || {
+            while !stop.load(Relaxed) {
+                f.set_len(100).unwrap();
+                f.set_len(full).unwrap();
+            }
+        });
+        let panicked = (0..tries).find_map(|_| std::panic::catch_unwind(std::panic::AssertUnwindSafe(&open)).err());
+        stop.store(true, Relaxed);
+        panicked.map(|p| p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
+    })
+}
+
 pub use config::{ConfigError, LedgerConfig};
 pub use health::HealthState;
 pub use jobs::OfflineJob;

@@ -34,7 +34,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 
-use memmap2::{Mmap, MmapMut};
+use memmap2::{Mmap, MmapMut, MmapOptions};
 
 use crate::clock::now_ns;
 use crate::health::HealthState;
@@ -366,8 +366,9 @@ impl Status {
         }
         // SAFETY: a shared read-only mapping of a file other processes write; it is only ever
         // read through atomics (`layout`), so their writes are not a data race, and a
-        // truncation is caught by the SIGBUS guard registered below.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, "mmap", e))?;
+        // truncation is caught by the SIGBUS guard registered below. Exactly SIZE bytes are
+        // mapped: the file may have shrunk since its length was checked above.
+        let map = unsafe { MmapOptions::new().len(SIZE).map(&file) }.map_err(|e| io_err(path, "mmap", e))?;
         let s = Status::new(Mapping::Ro(map), path, dev_ino(&file, path)?);
         if let Err(detail) = s.header_check(None) {
             return Err(StatusError::Invalid { path: path.to_owned(), detail });
@@ -413,7 +414,7 @@ impl Status {
         // SAFETY: a shared mapping of a file other processes map; only ever accessed through
         // atomics (`layout`), so concurrent access is not a data race; a truncation is caught
         // by the SIGBUS guard registered below.
-        let map = unsafe { MmapMut::map_mut(file) }.map_err(|e| io_err(path, "mmap", e))?;
+        let map = unsafe { MmapOptions::new().len(SIZE).map_mut(file) }.map_err(|e| io_err(path, "mmap", e))?;
         let s = Status::new(Mapping::Rw(map), path, dev_ino(file, path)?);
         let h = &s.layout().header;
         if h.magic.load(Acquire) == MAGIC && h.version.load(Acquire) == VERSION && h.init_state.load(Acquire) == INIT_READY {
@@ -436,14 +437,14 @@ impl Status {
 
     fn new(map: Mapping, path: &Path, dev_ino: (u64, u64)) -> Status {
         let (addr, len) = map.addr_len();
-        assert!(len >= SIZE, "checked by the caller");
+        debug_assert_eq!(len, SIZE, "mapped with exactly SIZE bytes, whatever the file's length");
         Status { fault_guard: crate::sigbus::Guard::register(addr, len), map, path: path.to_owned(), dev_ino }
     }
 
     fn layout(&self) -> &Layout {
         let (addr, _) = self.map.addr_len();
         // SAFETY: the mapping is page-aligned (>= align_of::<Layout>() = 8), at least SIZE
-        // bytes long (asserted in `new`), lives as long as the borrow, and `Layout` consists
+        // bytes long (mapped with that length, whatever the file's), lives as long as the borrow, and `Layout` consists
         // only of atomic integers, for which every bit pattern is valid. A read-only mapping
         // is never stored to: only `StatusWriter`, whose mapping is read-write, stores.
         unsafe { &*(addr as *const Layout) }
@@ -1074,6 +1075,17 @@ mod tests {
         let w2 = w.reopened_if_needed(0).unwrap().expect("re-initialised");
         w2.publish(&MonitorSample::default().with_health(HealthState::Healthy));
         assert_eq!(Status::open(&p).unwrap().health(), HealthState::Healthy);
+    }
+
+    #[test]
+    fn an_open_racing_a_truncation_fails_and_never_panics() {
+        let (_d, p) = dir();
+        drop(Status::open_or_create(&p, 0).unwrap());
+        let panicked = crate::panic_opening_while_shrinking(&p, SIZE as u64, 3000, || {
+            let _ = Status::open(&p);
+            let _ = Status::open_or_create(&p, 0);
+        });
+        assert_eq!(panicked, None);
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub enum Backend {
         ledger: Ledger,
         /// This process's registration (group << 32 | slot; `u64::MAX` once retired).
         handle: AtomicU64,
+        /// Bytes this process holds in the ledger (what its slot's `mem_bytes` says while it
+        /// holds the slot's lock): what it counts again in a new slot after losing the lock
+        /// ([`Quota::check_ledger`]), when a reclaimer may have given the old slot's back.
+        held: AtomicU64,
     },
     /// No ledger: this process alone, same limit.
     Local {
@@ -60,6 +64,8 @@ pub struct Quota {
     last_reclaim_ns: AtomicU64,
     /// After fork: group slot + 1 to register the child in lazily (0 = nothing pending).
     fork_group: AtomicU64,
+    /// After fork: the group's quota at the fork, for a child that finds the group gone.
+    fork_quota: AtomicU64,
     /// The calling thread's current context (owner of a new allocation; 0 = unknown).
     owner_source: fn() -> u64,
     /// Set (for good) once the ledger is found damaged: new reservations are refused and the
@@ -114,7 +120,7 @@ impl Quota {
     pub fn with_ledger(ledger: Ledger, handle: ProcHandle) -> Self {
         let group_id = ledger.group_id(handle.group);
         let mps_pct = ledger.layout().procs.get(handle.slot).map_or(0, |p| p.mps_pct.load(Relaxed));
-        let mut q = Self::new(Backend::Ledger { ledger, handle: AtomicU64::new(pack(handle)) });
+        let mut q = Self::new(Backend::Ledger { ledger, handle: AtomicU64::new(pack(handle)), held: AtomicU64::new(0) });
         q.group_id = group_id;
         q.mps_pct = mps_pct;
         q
@@ -126,7 +132,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -167,9 +173,11 @@ impl Quota {
     /// validates, this process still owns its registry slot and its group slot still holds its
     /// group. Returns the damage the first time it is found; from then on new reservations are
     /// refused. A body overwritten under a valid header is marked in the header, so that no
-    /// newcomer re-creates the group with a fresh 0 usage and the monitor reports it.
+    /// newcomer re-creates the group with a fresh 0 usage and the monitor reports it. A slot
+    /// lock this process lost is no damage: it registers again ([`Quota::register_again`]),
+    /// and only if that fails is it returned and are reservations refused.
     pub fn check_ledger(&self) -> Option<String> {
-        let Backend::Ledger { ledger, handle } = &self.backend else { return None };
+        let Backend::Ledger { ledger, handle, held } = &self.backend else { return None };
         if self.damaged.load(Acquire) {
             return None;
         }
@@ -193,9 +201,15 @@ impl Quota {
                     // stress marked a sound ledger damaged this way after ~400 signalled
                     // clients; `a_check_racing_our_own_exit_release_is_not_damage`).
                     Err(_) if handle.load(Acquire) != raw => return None,
-                    // Our own slot lock is gone (the application closed its fd): this
-                    // process stops counting, the ledger itself is sound.
-                    Err(e @ node_ledger::LedgerError::Corrupt { field: "slot_lock", .. }) => e,
+                    // Our own slot lock is gone (the application closed its fd): the ledger
+                    // itself is sound, and what this process holds is counted again in a new
+                    // slot; only if that cannot be done does it refuse from now on.
+                    Err(node_ledger::LedgerError::Corrupt { field: "slot_lock", .. }) => {
+                        match self.register_again(ledger, handle, held, raw, h) {
+                            Ok(()) => return None,
+                            Err(e) => e,
+                        }
+                    }
                     Err(e) => {
                         ledger.mark_damaged();
                         e
@@ -211,7 +225,7 @@ impl Quota {
     pub fn ledger(&self) -> Option<(&Ledger, Option<ProcHandle>)> {
         match &self.backend {
             Backend::Ledger { .. } if self.damaged.load(Relaxed) => None,
-            Backend::Ledger { ledger, handle } => Some((ledger, unpack(handle.load(Relaxed)))),
+            Backend::Ledger { ledger, handle, .. } => Some((ledger, unpack(handle.load(Relaxed)))),
             Backend::Local { .. } => None,
         }
     }
@@ -221,7 +235,7 @@ impl Quota {
     pub fn try_reserve(&self, bytes: u64) -> bool {
         match &self.backend {
             Backend::Ledger { .. } if self.damaged.load(Relaxed) => false,
-            Backend::Ledger { ledger, handle } => match unpack(handle.load(Relaxed)) {
+            Backend::Ledger { ledger, handle, held } => match unpack(handle.load(Relaxed)) {
                 Some(h) => {
                     // Damage the controller has not seen yet (random bytes, an overwritten
                     // group): atomics only; the controller names it within a tick.
@@ -229,6 +243,7 @@ impl Quota {
                         return false;
                     }
                     if ledger.try_reserve(h, bytes).is_ok() {
+                        held.fetch_add(bytes, Relaxed);
                         return true;
                     }
                     // Dead neighbours may still hold quota: reclaim (at most every 100 ms), retry.
@@ -240,7 +255,11 @@ impl Quota {
                         return false;
                     }
                     let reclaimed = crate::state::logged(|| ledger.reclaim_dead()).map(|v| !v.is_empty()).unwrap_or(false);
-                    reclaimed && ledger.try_reserve(h, bytes).is_ok()
+                    let ok = reclaimed && ledger.try_reserve(h, bytes).is_ok();
+                    if ok {
+                        held.fetch_add(bytes, Relaxed);
+                    }
+                    ok
                 }
                 None => self.register_after_fork(ledger, handle) && self.try_reserve(bytes),
             },
@@ -280,7 +299,10 @@ impl Quota {
         match &self.backend {
             // A damaged ledger's counters mean nothing any more: the free succeeds, uncounted.
             Backend::Ledger { .. } if self.damaged.load(Relaxed) => {}
-            Backend::Ledger { ledger, handle } => {
+            Backend::Ledger { ledger, handle, held } => {
+                // `held` first: a free while [`Quota::register_again`] moves the registration
+                // (no handle) leaves the new slot over-counted by it (conservative).
+                let _ = held.fetch_update(AcqRel, Relaxed, |v| Some(v.saturating_sub(bytes)));
                 if let Some(h) = unpack(handle.load(Relaxed)) {
                     ledger.release(h, bytes);
                 }
@@ -295,7 +317,7 @@ impl Quota {
     pub fn used(&self) -> u64 {
         match &self.backend {
             Backend::Ledger { .. } if self.damaged.load(Relaxed) => 0,
-            Backend::Ledger { ledger, handle } => {
+            Backend::Ledger { ledger, handle, .. } => {
                 unpack(handle.load(Relaxed)).map_or(0, |h| ledger.group_used(h.group))
             }
             Backend::Local { used, .. } => used.load(Relaxed),
@@ -306,7 +328,7 @@ impl Quota {
     pub fn limit(&self) -> u64 {
         match &self.backend {
             Backend::Ledger { .. } if self.damaged.load(Relaxed) => 0,
-            Backend::Ledger { ledger, handle } => {
+            Backend::Ledger { ledger, handle, .. } => {
                 unpack(handle.load(Relaxed)).map_or(0, |h| ledger.group_quota(h.group))
             }
             Backend::Local { limit, .. } => *limit,
@@ -490,10 +512,11 @@ impl Quota {
         }
         match &self.backend {
             Backend::Ledger { .. } if self.damaged.load(Relaxed) => {}
-            Backend::Ledger { ledger, handle } => {
+            Backend::Ledger { ledger, handle, held } => {
                 if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
                     ledger.unregister(h);
                 }
+                held.store(0, Relaxed);
             }
             Backend::Local { used, .. } => used.store(0, Relaxed),
         }
@@ -501,7 +524,7 @@ impl Quota {
 
     /// In a fork child (no locks, no allocation): the parent's allocations and registration
     /// are not ours; the child registers on its first reservation (with a slot lock of its
-    /// own). The parent's slot lock is inherited with its fd and left open: like the device
+    /// own), in its group looked up again by id ([`register_in_group`]). The parent's slot lock is inherited with its fd and left open: like the device
     /// memory behind the driver's inherited fds, the parent's usage stays counted until the
     /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
@@ -509,13 +532,49 @@ impl Quota {
             m.clear();
         }
         match &self.backend {
-            Backend::Ledger { handle, .. } => {
+            Backend::Ledger { ledger, handle, held } => {
                 if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
+                    self.fork_quota.store(ledger.group_quota(h.group), Relaxed);
                     self.fork_group.store(h.group as u64 + 1, Release);
                 }
+                held.store(0, Relaxed);
             }
             Backend::Local { used, .. } => used.store(0, Relaxed),
         }
+    }
+
+    /// This process lost registration `lost`'s slot lock (the application closed or replaced
+    /// its fd), `raw` its packed handle: a reclaimer may have given the slot's usage back, and
+    /// a newcomer taken the slot, while this process still holds the memory. Fails closed: a
+    /// new registration in this process's group (looked up again by id, never created), which
+    /// counts everything this process holds ([`Backend::Ledger::held`]), past the quota if need
+    /// be (the group then refuses until frees bring it back under). Meanwhile (no handle)
+    /// reservations are refused and frees leave the new slot over-counted. `Err`: no new
+    /// registration could be made; the caller refuses from now on.
+    #[cold]
+    fn register_again(&self, ledger: &Ledger, handle: &AtomicU64, held: &AtomicU64, raw: u64, lost: ProcHandle) -> Result<(), node_ledger::LedgerError> {
+        if handle.compare_exchange(raw, NO_HANDLE, AcqRel, Acquire).is_err() {
+            return Ok(()); // retired (exit) meanwhile
+        }
+        // Forgets the lost lock's fd (gives back nothing: the slot is no longer ours).
+        ledger.unregister(lost);
+        let group = if ledger.group_id(lost.group) == self.group_id { Some(lost.group) } else { ledger.find_group(self.group_id) };
+        let h = match group.map(|g| ledger.register_with_mps(std::process::id(), g, self.mps_pct)) {
+            Some(Ok(h)) if ledger.group_id(h.group) == self.group_id => h,
+            Some(Ok(h)) => {
+                ledger.unregister(h);
+                return Err(corrupt_group(ledger, self.group_id));
+            }
+            Some(Err(e)) => return Err(e),
+            None => return Err(corrupt_group(ledger, self.group_id)),
+        };
+        let bytes = held.load(Acquire);
+        if ledger.try_reserve(h, bytes).is_err() {
+            ledger.count_held(h, bytes);
+        }
+        handle.store(pack(h), Release);
+        crate::state::logged(|| tracing::warn!(lost = lost.slot, slot = h.slot, bytes, "xcuda: this process's ledger slot lock was gone (its fd closed by the application?): registered again, its memory counted in the new slot"));
+        Ok(())
     }
 
     #[cold]
@@ -524,7 +583,12 @@ impl Quota {
         if g == 0 {
             return false;
         }
-        match ledger.register_with_mps(std::process::id(), (g - 1) as usize, self.mps_pct) {
+        // The parent's group slot (g - 1) may hold another group by now: the parent left, its
+        // group was unused and another container took the slot over. Looked up again by id, as
+        // at start (created again with the quota it had at the fork if it is gone): never
+        // another group's quota, and no registration that the checks would take for damage.
+        let quota = self.fork_quota.load(Relaxed);
+        match register_in_group(ledger, self.group_id, quota, self.mps_pct) {
             Ok(h) => {
                 handle.store(pack(h), Release);
                 true
@@ -534,6 +598,32 @@ impl Quota {
                 false
             }
         }
+    }
+}
+
+/// Registers this process in group `id` of `ledger`, found or created with `quota` bytes
+/// ([`Ledger::group`]: the tighter quota wins), recording MPS percentage `mps_pct`. A full group
+/// table lets a newcomer take over an unused group's slot: one taken over between the lookup
+/// and the registration names another group then, whose quota this process must never use:
+/// looked up and registered once more; another group's again, an error.
+pub fn register_in_group(ledger: &Ledger, id: u64, quota: u64, mps_pct: u32) -> Result<ProcHandle, String> {
+    for _ in 0..2 {
+        let group = ledger.group(id, quota).map_err(|e| e.to_string())?;
+        let h = ledger.register_with_mps(std::process::id(), group, mps_pct).map_err(|e| e.to_string())?;
+        if ledger.group_id(h.group) == id {
+            return Ok(h);
+        }
+        ledger.unregister(h);
+    }
+    Err(format!("group {id:#x} of {} was taken over by another group twice while registering", ledger.path().display()))
+}
+
+/// Why [`Quota::register_again`] found no slot of this process's group.
+fn corrupt_group(ledger: &Ledger, id: u64) -> node_ledger::LedgerError {
+    node_ledger::LedgerError::Corrupt {
+        path: ledger.path().to_owned(),
+        field: "groups.id",
+        detail: format!("this process's group {id:#x} is gone (taken over): its memory can no longer be counted there"),
     }
 }
 
@@ -726,23 +816,83 @@ mod tests {
         assert_eq!(live.used(), 400);
     }
 
-    #[test]
-    fn a_closed_slot_lock_stops_this_process_only() {
+    /// A quota of group 5 (1000 bytes) registered in a fresh ledger: (its directory, the
+    /// ledger's path, the group slot, the registration, the quota).
+    fn registered() -> (tempfile::TempDir, std::path::PathBuf, usize, ProcHandle, Quota) {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("gpu0/ledger");
         let l = Ledger::open_or_create(&p, 0).unwrap();
-        let h = l.register(std::process::id(), l.group(5, 1000).unwrap()).unwrap();
-        let q = Quota::with_ledger(l, h);
-        assert!(q.try_reserve(100));
+        let g = l.group(5, 1000).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        (d, p, g, h, Quota::with_ledger(l, h))
+    }
+
+    /// Review: the application closed the shim's slot-lock fd; the lock went, a newcomer of
+    /// the group reclaimed the slot (giving back this process's 300 it still holds) and took
+    /// it. This process stopped counting (its frees and its exit too), and the group admitted
+    /// 1000 more while 300 were held. It now registers again and counts what it holds, past the
+    /// quota if it must (then refusing until frees bring the group back under).
+    #[test]
+    fn a_lost_slot_lock_registers_again_and_counts_what_this_process_holds() {
+        let (_d, p, g, h, q) = registered();
+        assert!(q.try_reserve(200) && q.try_reserve(150));
+        q.release(50);
         assert!(q.check_ledger().is_none());
         let fd = q.ledger().unwrap().0.slot_lock_fd(h).unwrap();
         // SAFETY: closing the fd as a careless application would.
         unsafe { libc::close(fd) };
-        let e = q.check_ledger().expect("the lost lock is reported");
-        assert!(e.contains("slot_lock"), "{e}");
-        assert!(!q.try_reserve(1), "no new reservations once the registration cannot be trusted");
+        let b = Ledger::open_existing(&p).unwrap();
+        let hb = b.register(std::process::id(), g).unwrap();
+        assert_eq!((hb.slot, b.group_used(g)), (h.slot, 0), "reclaimed and taken: our 300 given back");
+        b.try_reserve(hb, 600).unwrap();
+        assert_eq!(q.check_ledger(), None, "registered again, not refusing");
+        assert!(!q.ledger_damaged());
+        let (l, now) = q.ledger().unwrap();
+        let now = now.expect("a new registration");
+        assert!(now.slot != h.slot && l.holds_slot_lock(now));
+        assert_eq!(b.group_used(g), 900, "our 300 counted again beside B's 600");
+        assert!(!q.try_reserve(101) && q.try_reserve(100));
+        q.release(400);
+        assert_eq!(b.group_used(g), 600);
+        // Not fitting any more (C takes the room meanwhile): counted past the quota, refusing.
+        assert!(q.try_reserve(400));
+        // SAFETY: as above.
+        unsafe { libc::close(q.ledger().unwrap().0.slot_lock_fd(now).unwrap()) };
+        let c = Ledger::open_existing(&p).unwrap();
+        let hc = c.register(std::process::id(), g).unwrap();
+        c.try_reserve(hc, 400).unwrap();
+        assert_eq!(q.check_ledger(), None);
+        assert_eq!(b.group_used(g), 1400, "all held memory counted");
+        assert!(!q.try_reserve(1) && c.try_reserve(hc, 1).is_err(), "the group refuses until back under");
+        q.retire();
+        assert_eq!(b.group_used(g), 1000, "our exit gives back ours only");
+        b.check_registration(hb, std::process::id(), 5).unwrap();
+        c.check_registration(hc, std::process::id(), 5).unwrap();
+        assert!(Ledger::open_existing(&p).unwrap().check_header().is_ok(), "the ledger is not marked damaged for it");
+    }
+
+    /// Review: a fork child registered into its parent's group slot without looking at whose
+    /// it is now: the parent had left, its unused group's slot was taken over by another
+    /// container, and the child counted in that container's group; the next check took it for
+    /// an overwritten ledger and marked the ledger damaged (every later client refused).
+    #[test]
+    fn a_fork_child_registers_in_its_own_group_not_a_takeover_of_its_slot() {
+        let (_d, p, g, h, q) = registered();
+        assert!(q.try_reserve(100));
+        q.after_fork_child();
+        // The parent leaves; another container takes its unused group's slot over.
         let other = Ledger::open_existing(&p).unwrap();
-        assert!(other.check_header().is_ok(), "the ledger is not marked damaged for it");
+        q.ledger().unwrap().0.unregister(h);
+        other.layout().groups[g].quota_bytes.store(10, Relaxed);
+        other.layout().groups[g].id.store(77, Release);
+        assert!(q.try_reserve(50), "registered in its own group, found again");
+        assert_eq!(q.check_ledger(), None, "no damage");
+        let (l, now) = q.ledger().unwrap();
+        let now = now.unwrap();
+        assert!(now.group != g && l.group_id(now.group) == 5);
+        assert_eq!((l.group_used(now.group), l.group_quota(now.group)), (50, 1000), "the quota it had at the fork");
+        assert_eq!(other.group_used(g), 0, "nothing counted in the other container's group");
+        assert!(Ledger::open_existing(&p).unwrap().check_header().is_ok(), "the ledger is not marked damaged");
     }
 
     /// The race fixed in 94cde23, made deterministic: the controller's registration check has

@@ -525,30 +525,15 @@ fn start_controller_when_ready() {
 fn open_ledger(cfg: &Config, host_index: u32, limit: u64) -> Result<Quota, String> {
     let path = cfg.ledger_of(host_index).ledger_path();
     let ledger = Ledger::open_or_create(&path, host_index).map_err(|e| e.to_string())?;
-    let id = group_id_for(&cfg.group);
-    let group = ledger.group(id, limit).map_err(|e| e.to_string())?;
-    let have = ledger.group_quota(group);
+    // The MPS percentage this process started with (fixed by MPS for its life), in its own
+    // slot: the other offline jobs' shares and the monitor's judgement read it there.
+    let pct = crate::budget::own_mps_pct(&|k| std::env::var(k).ok()).unwrap_or(0);
+    let h = crate::quota::register_in_group(&ledger, group_id_for(&cfg.group), limit, pct)?;
+    let have = ledger.group_quota(h.group);
     if have != limit {
         // The ledger never lets a member loosen a group (node_ledger::Ledger::group): `have` is
         // the tighter of this configuration and the group's live members', or the monitor's cap.
         tracing::info!(group = %cfg.group, have, configured = limit, "group quota differs from this process's configuration: the tighter one applies");
-    }
-    // The MPS percentage this process started with (fixed by MPS for its life), in its own
-    // slot: the other offline jobs' shares and the monitor's judgement read it there.
-    let pct = crate::budget::own_mps_pct(&|k| std::env::var(k).ok()).unwrap_or(0);
-    let mut h = ledger.register_with_mps(std::process::id(), group, pct).map_err(|e| e.to_string())?;
-    // A full group table lets a newcomer take over an unused group's slot
-    // (`node_ledger::Ledger::group`): one taken over between the lookup and this registration
-    // names another group now, whose quota this process must never use. Looked up and
-    // registered once more; another group's again, an error (the caller's zero quota).
-    if ledger.group_id(h.group) != id {
-        ledger.unregister(h);
-        let group = ledger.group(id, limit).map_err(|e| e.to_string())?;
-        h = ledger.register_with_mps(std::process::id(), group, pct).map_err(|e| e.to_string())?;
-        if ledger.group_id(h.group) != id {
-            ledger.unregister(h);
-            return Err(format!("group {} of {} was taken over by another group twice while registering", cfg.group, path.display()));
-        }
     }
     Ok(Quota::with_ledger(ledger, h))
 }
