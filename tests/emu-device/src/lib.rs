@@ -964,10 +964,13 @@ impl Device {
             let connected = cl.mps_gen == h.mps_generation && cl.contexts > 0;
             if !connected {
                 mps_join(&mut g, me, euid)?;
-                let limit = profile::mps_max_clients((h.cc_major, h.cc_minor));
-                if mps_connected(&g, me) >= limit {
-                    return Err(EmuError::MpsMaxClients { limit });
-                }
+            }
+            // NVIDIA's MPS docs count client CUDA *contexts* per device (48 on Volta and
+            // later, which may belong to fewer processes): a further context of a process
+            // already connected counts too (the stricter reading of the man page's "clients").
+            let limit = profile::mps_max_clients((h.cc_major, h.cc_minor));
+            if mps_contexts(&g) >= limit {
+                return Err(EmuError::MpsMaxClients { limit });
             }
             let cl = &mut g.clients[me];
             cl.mps_wait = 0;
@@ -1586,19 +1589,20 @@ fn clear_dead(h: &mut layout::Header) {
     h.mps_dead = Default::default();
 }
 
-/// Clients connected to the running MPS server other than slot `me`: live ones holding a
-/// context, and dead ones still connected (their work hangs the server until terminated).
-fn mps_connected(st: &State, me: usize) -> u32 {
+/// Client contexts on the running MPS server: those of live connected clients (slot `me`'s
+/// included when it is connected already), and one for each client that died holding its
+/// context (still its server's until terminated).
+fn mps_contexts(st: &State) -> u32 {
     let h = &st.header;
-    let live = st
+    let live: u32 = st
         .clients
         .iter()
-        .enumerate()
-        .filter(|&(i, cl)| {
-            i != me && cl.used != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0 && cl.contexts > 0 && cl.terminated == 0
+        .filter(|cl| {
+            cl.used != 0 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0 && cl.contexts > 0 && cl.terminated == 0
         })
-        .count() as u32;
-    live + (h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS) as u32
+        .map(|cl| cl.contexts)
+        .fold(0, u32::saturating_add);
+    live.saturating_add((h.mps_dead_count as usize).min(layout::MAX_DEAD_MPS) as u32)
 }
 
 /// One user at a time (NVIDIA's nvidia-cuda-mps-control(1): a client of a user other than the

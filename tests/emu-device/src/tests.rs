@@ -949,6 +949,42 @@ fn an_mps_server_takes_48_clients() {
     std::fs::remove_file(&p).unwrap();
 }
 
+/// The limit is on client CUDA *contexts* per device (NVIDIA's MPS docs), not processes: with
+/// 47 contexts of other clients on the server, this process gets one context (the 48th) and
+/// its second is refused; 48 contexts of one other process leave no room either. Before, a
+/// process already connected skipped the check and could open any number of contexts.
+#[test]
+fn the_mps_client_limit_counts_contexts_not_processes() {
+    let p = tmp("mps-max-contexts");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let me = d.attach().unwrap();
+    mps_on(&d, std::process::id());
+    let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, other.id(), 47, true);
+    fake_uid(&d, other.id(), euid, 0);
+    let srv = FakeServer::start(&d, euid);
+    serve(&d, &me, &srv);
+    d.context_created(&me, None).unwrap();
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::MpsMaxClients { limit: 48 }), "{e}");
+    assert_eq!(d.contexts(&me), 1);
+    d.context_destroyed(&me);
+    // One process holding all 48.
+    {
+        let mut g = d.shm.lock();
+        let c = (0..MAX_CLIENTS).find(|&c| g.clients[c].pid == other.id()).unwrap();
+        g.clients[c].contexts = 48;
+    }
+    assert!(matches!(d.context_created(&me, None), Err(EmuError::MpsMaxClients { limit: 48 })));
+    d.mps_quit();
+    other.kill().unwrap();
+    other.wait().unwrap();
+    d.detach(&me);
+    std::fs::remove_file(&p).unwrap();
+}
+
 /// A real MPS client attaches to shared memory its server keeps in the server's `/dev/shm`: a
 /// client that sees another `/dev/shm` (a container given one of its own) cannot connect, and
 /// stays unconnected for its life (`CUDA_ERROR_MPS_CONNECTION_FAILED`). (Clients that see the
