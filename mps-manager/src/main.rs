@@ -90,8 +90,8 @@ OUTSIDE MPS:
 RESTARTS:
     One manager per GPU: `run` takes a lock on <ledger_dir>/daemons/gpu<N>/mps-manager.lock; a second
     one exits naming the holder's pid. A restarted manager adopts the running control daemon
-    (pid file; nothing is reset) and finishes a recovery its predecessor was killed in (the
-    state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,
+    (pid file; missing or stale, the process holding the control socket; nothing is reset)
+    and finishes a recovery its predecessor was killed in (the state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,
     online included, loses its context. It is false by default: restarts keep MPS running.
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
