@@ -23,6 +23,14 @@ pub const MAX_WINDOW_MS: u64 = 86_400_000;
 /// [`Config::shm_dir`] value that leaves the control daemon the host's `/dev/shm`.
 pub const SHM_HOST: &str = "host";
 
+/// Directories [`Config::shm_dir`] may never name (a typo would have the manager, root, make
+/// one world-writable): `/` and the usual system directories.
+pub const SYSTEM_DIRS: &[&str] = &[
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
+    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib",
+    "/usr/local", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/run", "/var/tmp",
+];
+
 /// Everything `mps-manager run` reads from its config files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -103,7 +111,9 @@ pub struct Config {
     /// else of the host's `/dev/shm`. Empty means `/dev/shm/xshare-gpu<N>`; `host` gives the
     /// daemon the host's own `/dev/shm` (MPS clients that run on the host, outside
     /// containers). A directory needs root: the daemon is started in a mount namespace of its
-    /// own with the directory bound over `/dev/shm`.
+    /// own with the directory bound over `/dev/shm`. The manager creates it (root, mode 1777);
+    /// one that exists must already be so and is never changed, and `/` or a system directory
+    /// ([`SYSTEM_DIRS`]) is refused.
     pub shm_dir: PathBuf,
     /// How the offline SM budget is computed.
     pub budget: BudgetConfig,
@@ -214,6 +224,15 @@ impl Config {
                     self.shm_dir
                 ),
             ));
+        }
+        if let Some(sys) = SYSTEM_DIRS.iter().find(|d| self.shm_dir == Path::new(d)) {
+            return Err((
+                "shm_dir".into(),
+                format!("must not be the system directory {sys}: the manager makes shm_dir a world-writable (1777) directory; name one of its own, e.g. /dev/shm/xshare-gpu{{gpu}}"),
+            ));
+        }
+        if self.shm_dir.components().any(|c| c == std::path::Component::ParentDir) {
+            return Err(("shm_dir".into(), format!("must not contain `..`, got {:?}", self.shm_dir)));
         }
         if !(1..=3600).contains(&self.recovery.max_per_hour) {
             return Err((
@@ -384,6 +403,17 @@ mod tests {
         let (field, msg) = c.validate().unwrap_err();
         assert_eq!(field, "shm_dir");
         assert!(msg.contains("absolute") && msg.contains("\"host\""), "{msg}");
+        // `/` or a system directory would be made world-writable: refused, however written.
+        for sys in ["/", "/var/lib", "/var/lib/", "/etc", "/usr//local", "/tmp"] {
+            c.shm_dir = sys.into();
+            let (field, msg) = c.validate().unwrap_err();
+            assert_eq!(field, "shm_dir", "{sys}");
+            assert!(msg.contains("system directory"), "{sys}: {msg}");
+        }
+        c.shm_dir = "/dev/shm/../../etc".into();
+        assert_eq!(c.validate().unwrap_err().0, "shm_dir");
+        c.shm_dir = "/var/lib/xshare/shm-{gpu}".into();
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -117,13 +117,52 @@ fn file_id(p: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// Makes `dir` ready to be a `/dev/shm`: created, mode 1777 as `/dev/shm` is (the MPS server
-/// runs as its clients' user and creates its shared memory there).
+/// Makes `dir` ready to be a `/dev/shm`: mode 1777, owned by root (the manager), as `/dev/shm`
+/// is (the MPS server runs as its clients' user and creates its shared memory there). A
+/// directory that is not there is created so (its parents as `create_dir_all` makes them); one
+/// that is there is taken only when it is already such a directory, never changed: the manager,
+/// root, would otherwise make whatever directory `shm_dir` names (a typo: `/`, `/var/lib`)
+/// world-writable. A symbolic link or another kind of file is refused.
 fn prepare_shm_dir(dir: &Path) -> Result<(), MpsError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).map_err(|e| MpsError::Spawn(format!("shm_dir {}: {e}", dir.display())))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
-        .map_err(|e| MpsError::Spawn(format!("shm_dir {}: chmod 1777: {e}", dir.display())))
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    let err = |why: String| MpsError::Spawn(format!("shm_dir {}: {why}", dir.display()));
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            // Set through the directory just made (no link followed): mode 1777 as /dev/shm's.
+            let f = std::fs::File::options()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                .open(dir)
+                .map_err(|e| err(e.to_string()))?;
+            return f
+                .set_permissions(std::fs::Permissions::from_mode(0o1777))
+                .map_err(|e| err(format!("chmod 1777: {e}")));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(e.to_string())),
+    }
+    let m = std::fs::symlink_metadata(dir).map_err(|e| err(e.to_string()))?;
+    let mode = m.mode() & 0o7777;
+    // SAFETY: geteuid has no preconditions.
+    let owner = unsafe { libc::geteuid() };
+    if !m.file_type().is_dir() || m.uid() != owner || mode != 0o1777 {
+        let what = if m.file_type().is_symlink() {
+            "a symbolic link".to_string()
+        } else if !m.file_type().is_dir() {
+            "not a directory".to_string()
+        } else {
+            format!("a directory of uid {} with mode {mode:o}", m.uid())
+        };
+        return Err(err(format!(
+            "is {what}: an existing shm_dir must be a root-owned directory of mode 1777 (as /dev/shm \
+             is); it is never changed into one (a typo could make a system directory world-writable): \
+             name a directory that does not exist yet (the manager creates it) or fix this one"
+        )));
+    }
+    Ok(())
 }
 
 /// In the forked child, before exec: a mount namespace of its own (a slave of the host's),
@@ -826,6 +865,46 @@ mod tests {
             p.kill().unwrap();
             p.wait().unwrap();
         }
+    }
+
+    /// A missing shm_dir is created root-owned with mode 1777; an existing one is taken only
+    /// as such, and never chmodded: a directory of another mode or owner, a file and a link
+    /// are refused, and left as they were.
+    #[test]
+    fn shm_dir_is_created_1777_and_an_existing_directory_is_never_changed() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (a root-owned directory)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        let new = d.path().join("a/b/shm");
+        prepare_shm_dir(&new).unwrap();
+        assert_eq!((mode(&new), std::fs::metadata(&new).unwrap().uid()), (0o1777, 0));
+        prepare_shm_dir(&new).expect("a root-owned 1777 directory is taken as it is");
+        let sys = d.path().join("var-lib");
+        std::fs::create_dir(&sys).unwrap();
+        std::fs::set_permissions(&sys, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = prepare_shm_dir(&sys).unwrap_err().to_string();
+        assert!(e.contains("mode 755") && e.contains("never changed"), "{e}");
+        assert_eq!(mode(&sys), 0o755, "left as it was");
+        let theirs = d.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+        let e = prepare_shm_dir(&theirs).unwrap_err().to_string();
+        assert!(e.contains("uid 65534"), "{e}");
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&sys, &link).unwrap();
+        let e = prepare_shm_dir(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(mode(&sys), 0o755, "not through the link either");
+        let file = d.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let e = prepare_shm_dir(&file).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
     }
 
     #[test]

@@ -66,7 +66,8 @@ SHARED MEMORY:
     at /dev/shm (node-agent does it for offline containers; the online service's pod mounts
     it), and share nothing else of the host's /dev/shm. shm_dir \"host\": the daemon keeps the
     host's /dev/shm (clients running on the host). Checked when the daemon is started or
-    adopted; state file shm_dir.
+    adopted; state file shm_dir. A missing shm_dir is created (root, 1777); an existing one must
+    already be a root-owned 1777 directory (never chmodded), and / or a system directory is refused.
 
 COMPUTE MODE:
     compute_mode exclusive_process (the default, as NVIDIA's MPS docs recommend): before it
