@@ -89,11 +89,13 @@ OUTSIDE MPS:
     for restart; report leaves it running. Start offline containers after mps-manager.
 
 RESTARTS:
-    One manager per GPU: `run` takes a lock on <ledger_dir>/daemons/gpu<N>/mps-manager.lock; a second
-    one exits naming the holder's pid. A restarted manager adopts the running control daemon
-    (pid file; missing or stale, the process holding the control socket; nothing is reset)
-    and finishes a recovery its predecessor was killed in (the state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,
-    online included, loses its context. It is false by default: restarts keep MPS running.
+    One manager per GPU: `run` takes a lock on <ledger_dir>/daemons/gpu<N>/mps-manager.lock; a
+    second one exits naming the holder's pid. Likewise one manager per pipe_dir: a manager whose
+    pipe_dir another GPU's manager uses exits naming that GPU. A restarted manager adopts the
+    running control daemon (pid file; missing or stale, the process holding the control socket;
+    nothing is reset) and finishes a recovery its predecessor was killed in (the state file's
+    `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client, online included,
+    loses its context. It is false by default: restarts keep MPS running.
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
@@ -329,6 +331,7 @@ fn run(cfg: Config, base: PathBuf, files: Vec<PathBuf>) -> Result<(), String> {
     // Before anything touches MPS: a second manager must not adopt (or reset) the daemon the
     // first one owns.
     let _instance = mps_manager::manager::lock_instance(&cfg)?;
+    let _pipe_owner = mps_manager::manager::lock_pipe_dir(&cfg)?;
     let _state_owner = node_daemon::cli::lock_state_file(
         &cfg.state_file,
         mps_manager::manager::lock_file(&cfg).parent().unwrap_or(std::path::Path::new("")),
