@@ -23,6 +23,14 @@ pub const MAX_WINDOW_MS: u64 = 86_400_000;
 /// [`Config::shm_dir`] value that leaves the control daemon the host's `/dev/shm`.
 pub const SHM_HOST: &str = "host";
 
+/// Directories [`Config::shm_dir`] may never name (a typo would have the manager, root, make
+/// one world-writable): `/` and the usual system directories.
+pub const SYSTEM_DIRS: &[&str] = &[
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
+    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib",
+    "/usr/local", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/run", "/var/tmp",
+];
+
 /// Everything `mps-manager run` reads from its config files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -103,7 +111,9 @@ pub struct Config {
     /// else of the host's `/dev/shm`. Empty means `/dev/shm/xshare-gpu<N>`; `host` gives the
     /// daemon the host's own `/dev/shm` (MPS clients that run on the host, outside
     /// containers). A directory needs root: the daemon is started in a mount namespace of its
-    /// own with the directory bound over `/dev/shm`.
+    /// own with the directory bound over `/dev/shm`. The manager creates it (root, mode 1777);
+    /// one that exists must already be so and is never changed, and `/` or a system directory
+    /// ([`SYSTEM_DIRS`]) is refused.
     pub shm_dir: PathBuf,
     /// How the offline SM budget is computed.
     pub budget: BudgetConfig,
@@ -215,6 +225,15 @@ impl Config {
                 ),
             ));
         }
+        if let Some(sys) = SYSTEM_DIRS.iter().find(|d| self.shm_dir == Path::new(d)) {
+            return Err((
+                "shm_dir".into(),
+                format!("must not be the system directory {sys}: the manager makes shm_dir a world-writable (1777) directory; name one of its own, e.g. /dev/shm/xshare-gpu{{gpu}}"),
+            ));
+        }
+        if self.shm_dir.components().any(|c| c == std::path::Component::ParentDir) {
+            return Err(("shm_dir".into(), format!("must not contain `..`, got {:?}", self.shm_dir)));
+        }
         if !(1..=3600).contains(&self.recovery.max_per_hour) {
             return Err((
                 "recovery.max_per_hour".into(),
@@ -292,6 +311,33 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The settings read only at start that differ in `new` (a reloaded config, finalized as
+    /// this one was): the directories and program of the running control daemon and this
+    /// manager's files. A reload keeps them ([`Config::keep_start_only`]) and reports them.
+    pub fn start_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        [
+            ("ledger_dir", new.ledger_dir != self.ledger_dir),
+            ("control_bin", new.control_bin != self.control_bin),
+            ("pipe_dir", new.pipe_dir != self.pipe_dir),
+            ("log_dir", new.log_dir != self.log_dir),
+            ("state_file", new.state_file != self.state_file),
+            ("shm_dir", new.shm_dir != self.shm_dir),
+        ]
+        .into_iter()
+        .filter_map(|(f, changed)| changed.then_some(f))
+        .collect()
+    }
+
+    /// Puts this config's start-only settings ([`Config::start_only_changes`]) into `new`.
+    pub fn keep_start_only(&self, new: &mut Config) {
+        new.ledger_dir = self.ledger_dir.clone();
+        new.control_bin = self.control_bin.clone();
+        new.pipe_dir = self.pipe_dir.clone();
+        new.log_dir = self.log_dir.clone();
+        new.state_file = self.state_file.clone();
+        new.shm_dir = self.shm_dir.clone();
     }
 
     /// The directory the control daemon gets as its `/dev/shm` ([`Config::shm_dir`]); `None`
@@ -384,6 +430,17 @@ mod tests {
         let (field, msg) = c.validate().unwrap_err();
         assert_eq!(field, "shm_dir");
         assert!(msg.contains("absolute") && msg.contains("\"host\""), "{msg}");
+        // `/` or a system directory would be made world-writable: refused, however written.
+        for sys in ["/", "/var/lib", "/var/lib/", "/etc", "/usr//local", "/tmp"] {
+            c.shm_dir = sys.into();
+            let (field, msg) = c.validate().unwrap_err();
+            assert_eq!(field, "shm_dir", "{sys}");
+            assert!(msg.contains("system directory"), "{sys}: {msg}");
+        }
+        c.shm_dir = "/dev/shm/../../etc".into();
+        assert_eq!(c.validate().unwrap_err().0, "shm_dir");
+        c.shm_dir = "/var/lib/xshare/shm-{gpu}".into();
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -117,13 +117,52 @@ fn file_id(p: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// Makes `dir` ready to be a `/dev/shm`: created, mode 1777 as `/dev/shm` is (the MPS server
-/// runs as its clients' user and creates its shared memory there).
+/// Makes `dir` ready to be a `/dev/shm`: mode 1777, owned by root (the manager), as `/dev/shm`
+/// is (the MPS server runs as its clients' user and creates its shared memory there). A
+/// directory that is not there is created so (its parents as `create_dir_all` makes them); one
+/// that is there is taken only when it is already such a directory, never changed: the manager,
+/// root, would otherwise make whatever directory `shm_dir` names (a typo: `/`, `/var/lib`)
+/// world-writable. A symbolic link or another kind of file is refused.
 fn prepare_shm_dir(dir: &Path) -> Result<(), MpsError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).map_err(|e| MpsError::Spawn(format!("shm_dir {}: {e}", dir.display())))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
-        .map_err(|e| MpsError::Spawn(format!("shm_dir {}: chmod 1777: {e}", dir.display())))
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    let err = |why: String| MpsError::Spawn(format!("shm_dir {}: {why}", dir.display()));
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            // Set through the directory just made (no link followed): mode 1777 as /dev/shm's.
+            let f = std::fs::File::options()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                .open(dir)
+                .map_err(|e| err(e.to_string()))?;
+            return f
+                .set_permissions(std::fs::Permissions::from_mode(0o1777))
+                .map_err(|e| err(format!("chmod 1777: {e}")));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(e.to_string())),
+    }
+    let m = std::fs::symlink_metadata(dir).map_err(|e| err(e.to_string()))?;
+    let mode = m.mode() & 0o7777;
+    // SAFETY: geteuid has no preconditions.
+    let owner = unsafe { libc::geteuid() };
+    if !m.file_type().is_dir() || m.uid() != owner || mode != 0o1777 {
+        let what = if m.file_type().is_symlink() {
+            "a symbolic link".to_string()
+        } else if !m.file_type().is_dir() {
+            "not a directory".to_string()
+        } else {
+            format!("a directory of uid {} with mode {mode:o}", m.uid())
+        };
+        return Err(err(format!(
+            "is {what}: an existing shm_dir must be a root-owned directory of mode 1777 (as /dev/shm \
+             is); it is never changed into one (a typo could make a system directory world-writable): \
+             name a directory that does not exist yet (the manager creates it) or fix this one"
+        )));
+    }
+    Ok(())
 }
 
 /// In the forked child, before exec: a mount namespace of its own (a slave of the host's),
@@ -166,6 +205,24 @@ impl MpsControl {
         for d in [&self.pipe_dir, &self.log_dir] {
             std::fs::create_dir_all(d)
                 .map_err(|e| MpsError::Spawn(format!("{}: {e}", d.display())))?;
+        }
+        // A daemon that answers on the control socket is never started over (`-d` refuses, and
+        // the manager would exit at every start) nor has its pid file removed: it is found
+        // without the file ([`MpsControl::daemon_identity`]) or refused naming why.
+        if self.control_socket_answers() {
+            return self.daemon_identity().map(|d| d.pid).ok_or_else(|| {
+                MpsError::Spawn(format!(
+                    "a control daemon answers on {} but none of this pipe directory's MPS processes \
+                     could be told to be it (pid file {} names {}; no live {DAEMON_COMM} process of \
+                     this pid namespace started for this pipe directory holds the socket): not \
+                     adopted, not started again; stop it (`echo quit | nvidia-cuda-mps-control` with \
+                     CUDA_MPS_PIPE_DIRECTORY={}) once its clients allow",
+                    self.pipe_dir.join("control").display(),
+                    self.pipe_dir.join(PID_FILE).display(),
+                    self.pid_file_pid().map_or("no process".into(), |p| format!("pid {p}")),
+                    self.pipe_dir.display()
+                ))
+            });
         }
         let _ = std::fs::remove_file(self.pipe_dir.join(PID_FILE));
         let mut cmd = self.cmd();
@@ -303,18 +360,23 @@ impl MpsControl {
             .ok()
     }
 
-    /// The control daemon named by the pid file, as pid + start time (`/proc/<pid>/stat`
-    /// field 22), if that process is alive (not a zombie), is an MPS process by name
-    /// ([`DAEMON_COMM`]), was started for this pipe directory ([`MpsControl::serves_pipe_dir`])
-    /// and started before the pid file was written: a process that started later holds a
-    /// recycled pid and is not the daemon. The name and directory checks matter because the
-    /// pipe directory is mounted into offline containers: one running as root could write any
-    /// host pid into the pid file (another GPU's control daemon, an MPS server), and the
-    /// manager, root, SIGKILLs the daemon it recorded when a reset finds it not answering.
+    /// The control daemon of this pipe directory, as pid + start time: the one the pid file
+    /// names ([`MpsControl::pid_file_daemon`]), else, the file missing or not naming it (the pipe
+    /// directory is in offline containers' mounts, so a tenant can remove it; a clock stepped
+    /// forward makes it look older than its daemon), the one that holds the listening control
+    /// socket ([`MpsControl::socket_daemon`]).
     pub fn daemon_identity(&self) -> Option<DaemonId> {
-        let file = self.pipe_dir.join(PID_FILE);
-        let s = std::fs::read_to_string(&file).ok()?;
-        let pid: u32 = s.trim().parse().ok()?;
+        self.pid_file_daemon().or_else(|| self.socket_daemon())
+    }
+
+    /// Process `pid` as this pipe directory's control daemon (pid + start time, `/proc/<pid>/stat`
+    /// field 22), if it is alive (not a zombie), is an MPS process by name ([`DAEMON_COMM`]),
+    /// was started for this pipe directory ([`MpsControl::serves_pipe_dir`]) and is not one of
+    /// its servers. The name and directory checks matter because the pipe directory is mounted
+    /// into offline containers: one running as root could write any host pid into the pid file
+    /// (another GPU's control daemon, an MPS server), and the manager, root, SIGKILLs the
+    /// daemon it recorded when a reset finds it not answering.
+    fn daemon_of_this_pipe_dir(&self, pid: u32) -> Option<DaemonId> {
         if !is_mps_process(pid) || !self.serves_pipe_dir(pid) || self.is_server_of_this_pipe_dir(pid) {
             return None;
         }
@@ -326,8 +388,19 @@ impl MpsControl {
             return None;
         }
         let start_time = node_ledger::procinfo::parse_start_time(&stat)?;
+        Some(DaemonId { pid, start_time })
+    }
+
+    /// The control daemon named by the pid file ([`MpsControl::daemon_of_this_pipe_dir`]), if
+    /// it started before the file was written: a process that started later holds a recycled
+    /// pid and is not the daemon.
+    pub fn pid_file_daemon(&self) -> Option<DaemonId> {
+        let file = self.pipe_dir.join(PID_FILE);
+        let s = std::fs::read_to_string(&file).ok()?;
+        let pid: u32 = s.trim().parse().ok()?;
+        let id = self.daemon_of_this_pipe_dir(pid)?;
         let written = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
-        if let (Some(written), Some(started)) = (written, started_unix(start_time)) {
+        if let (Some(written), Some(started)) = (written, started_unix(id.start_time)) {
             let written = written
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
@@ -335,7 +408,40 @@ impl MpsControl {
                 return None;
             }
         }
-        Some(DaemonId { pid, start_time })
+        Some(id)
+    }
+
+    /// The control daemon found without the pid file: the one process that holds a
+    /// listening socket bound at `pipe_dir/control` (a socket file is there; `/proc/net/unix`
+    /// lists the listeners by the path they were bound at), lives in the manager's pid namespace (a
+    /// container's process, a tenant's socket put in the daemon's place, is never taken) and
+    /// is this pipe directory's daemon by name, environment and parent
+    /// ([`MpsControl::daemon_of_this_pipe_dir`]). `None` when no process, or more than one,
+    /// qualifies: a daemon is never guessed.
+    pub fn socket_daemon(&self) -> Option<DaemonId> {
+        let inodes = listening_socket_inodes(self.control_socket_id()?);
+        if inodes.is_empty() {
+            return None;
+        }
+        let own_ns = node_ledger::procinfo::own_pid_ns();
+        let mut found = None;
+        for pid in std::fs::read_dir("/proc").ok()?.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()) {
+            if !is_mps_process(pid) || pid_ns(pid) != Some(own_ns) || !holds_socket(pid, &inodes) {
+                continue;
+            }
+            let Some(id) = self.daemon_of_this_pipe_dir(pid) else { continue };
+            if found.replace(id).is_some() {
+                return None;
+            }
+        }
+        // Still the process looked at (its pid not reused meanwhile).
+        found.filter(|d| node_ledger::procinfo::is_alive(d.pid, d.start_time))
+    }
+
+    /// Whether something accepts connections on the control socket (`pipe_dir/control`), as
+    /// a control daemon running there does.
+    pub fn control_socket_answers(&self) -> bool {
+        std::os::unix::net::UnixStream::connect(self.pipe_dir.join("control")).is_ok()
     }
 
     /// Whether process `pid` is one of this pipe directory's MPS servers rather than its
@@ -464,6 +570,48 @@ impl MpsControl {
 /// `/proc/<pid>/comm` of NVIDIA's MPS processes: the control daemon (`nvidia-cuda-mps-control`)
 /// and its servers (`nvidia-cuda-mps-server`), cut to the kernel's 15 bytes.
 pub const DAEMON_COMM: &str = "nvidia-cuda-mps";
+
+/// The sockfs inodes of the listening unix sockets bound at a path that now names the socket
+/// file with device and inode numbers `sock` (`/proc/net/unix`: `Num RefCount Protocol Flags Type St Inode Path`; a
+/// listening socket has flag `__SO_ACCEPTCON`, 0x10000). Only absolute paths are looked at.
+fn listening_socket_inodes(sock: (u64, u64)) -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt;
+    const ACCEPTCON: u32 = 0x10000;
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut rest = line;
+            let mut fields = [""; 7];
+            for f in &mut fields {
+                rest = rest.trim_start();
+                let end = rest.find(' ').unwrap_or(rest.len());
+                (*f, rest) = rest.split_at(end);
+            }
+            let path = rest.strip_prefix(' ').filter(|p| p.starts_with('/'))?;
+            let listening = u32::from_str_radix(fields[3], 16).is_ok_and(|f| f & ACCEPTCON != 0);
+            let m = std::fs::symlink_metadata(path).ok()?;
+            (listening && (m.dev(), m.ino()) == sock).then(|| fields[6].parse().ok())?
+        })
+        .collect()
+}
+
+/// Whether process `pid` has one of the sockets `inodes` open (`/proc/<pid>/fd`).
+fn holds_socket(pid: u32, inodes: &[u64]) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).ok().and_then(|l| {
+            l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok()
+        }).is_some_and(|i| inodes.contains(&i))
+    })
+}
+
+/// The pid namespace of process `pid` (inode of `/proc/<pid>/ns/pid`).
+fn pid_ns(pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok().map(|m| m.ino())
+}
 
 /// Whether `pid` is an MPS process by name ([`DAEMON_COMM`]).
 pub fn is_mps_process(pid: u32) -> bool {
@@ -677,6 +825,86 @@ mod tests {
         let _ = std::process::Command::new("kill").arg(srv.to_string()).status();
         dmn.kill().unwrap();
         dmn.wait().unwrap();
+    }
+
+    /// Without a pid file the daemon is the one MPS process of this pipe directory that holds
+    /// the listening control socket: one that does not hold it (a server, a tenant's process
+    /// named as MPS) is never found, nor anything once the socket file is gone.
+    #[test]
+    fn without_a_pid_file_the_daemon_is_the_holder_of_the_control_socket() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "true");
+        std::fs::create_dir_all(&c.pipe_dir).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(c.pipe_dir.join("control")).unwrap();
+        assert!(c.control_socket_answers());
+        let mut bystander = spawn_mps_named(d.path(), Some(&c.pipe_dir));
+        assert_eq!(c.socket_daemon(), None, "an MPS process of this pipe dir not holding the socket");
+        let fd = listener.as_raw_fd();
+        let mut cmd = Command::new(mps_named_sleeper(d.path()));
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", &c.pipe_dir);
+        // SAFETY: fcntl(2) on a descriptor the child inherits, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::fcntl(fd, libc::F_SETFD, 0);
+                Ok(())
+            })
+        };
+        let mut holder = cmd.spawn().unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while c.socket_daemon().is_none() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(c.socket_daemon().map(|i| i.pid), Some(holder.id()));
+        assert_eq!(c.daemon_identity().map(|i| i.pid), Some(holder.id()), "no pid file: found by the socket");
+        // No socket file: nothing to find.
+        std::fs::remove_file(c.pipe_dir.join("control")).unwrap();
+        assert_eq!(c.socket_daemon(), None);
+        for p in [&mut bystander, &mut holder] {
+            p.kill().unwrap();
+            p.wait().unwrap();
+        }
+    }
+
+    /// A missing shm_dir is created root-owned with mode 1777; an existing one is taken only
+    /// as such, and never chmodded: a directory of another mode or owner, a file and a link
+    /// are refused, and left as they were.
+    #[test]
+    fn shm_dir_is_created_1777_and_an_existing_directory_is_never_changed() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (a root-owned directory)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        let new = d.path().join("a/b/shm");
+        prepare_shm_dir(&new).unwrap();
+        assert_eq!((mode(&new), std::fs::metadata(&new).unwrap().uid()), (0o1777, 0));
+        prepare_shm_dir(&new).expect("a root-owned 1777 directory is taken as it is");
+        let sys = d.path().join("var-lib");
+        std::fs::create_dir(&sys).unwrap();
+        std::fs::set_permissions(&sys, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = prepare_shm_dir(&sys).unwrap_err().to_string();
+        assert!(e.contains("mode 755") && e.contains("never changed"), "{e}");
+        assert_eq!(mode(&sys), 0o755, "left as it was");
+        let theirs = d.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+        let e = prepare_shm_dir(&theirs).unwrap_err().to_string();
+        assert!(e.contains("uid 65534"), "{e}");
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&sys, &link).unwrap();
+        let e = prepare_shm_dir(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(mode(&sys), 0o755, "not through the link either");
+        let file = d.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let e = prepare_shm_dir(&file).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
     }
 
     #[test]

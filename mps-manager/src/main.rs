@@ -19,7 +19,9 @@ CONFIG:
     FILE defaults to $XSHARE_MPS_MANAGER_CONFIG, else /etc/xshare/mps-manager.json, plus
     <stem>.d/*.json overrides merged in name order. Errors name file, line and field; SIGHUP
     reloads and keeps the previous config when the new one is broken (log, state file
-    `last_error`). A missing default file means built-in defaults.
+    `last_error`). A missing default file means built-in defaults. ledger_dir, control_bin,
+    pipe_dir, log_dir, state_file and shm_dir take effect at the next start: a reload keeps them
+    and says so (WARN, state file `last_error`).
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
     evict_grace_ms, terminate_before_kill_ms, client_uid, compute_mode, shm_dir, outside_mps,
@@ -66,7 +68,8 @@ SHARED MEMORY:
     at /dev/shm (node-agent does it for offline containers; the online service's pod mounts
     it), and share nothing else of the host's /dev/shm. shm_dir \"host\": the daemon keeps the
     host's /dev/shm (clients running on the host). Checked when the daemon is started or
-    adopted; state file shm_dir.
+    adopted; state file shm_dir. A missing shm_dir is created (root, 1777); an existing one must
+    already be a root-owned 1777 directory (never chmodded), and / or a system directory is refused.
 
 COMPUTE MODE:
     compute_mode exclusive_process (the default, as NVIDIA's MPS docs recommend): before it
@@ -88,11 +91,13 @@ OUTSIDE MPS:
     for restart; report leaves it running. Start offline containers after mps-manager.
 
 RESTARTS:
-    One manager per GPU: `run` takes a lock on <ledger_dir>/daemons/gpu<N>/mps-manager.lock; a second
-    one exits naming the holder's pid. A restarted manager adopts the running control daemon
-    (pid file; nothing is reset) and finishes a recovery its predecessor was killed in (the
-    state file's `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client,
-    online included, loses its context. It is false by default: restarts keep MPS running.
+    One manager per GPU: `run` takes a lock on <ledger_dir>/daemons/gpu<N>/mps-manager.lock; a
+    second one exits naming the holder's pid. Likewise one manager per pipe_dir: a manager whose
+    pipe_dir another GPU's manager uses exits naming that GPU. A restarted manager adopts the
+    running control daemon (pid file; missing or stale, the process holding the control socket;
+    nothing is reset) and finishes a recovery its predecessor was killed in (the state file's
+    `terminating`). quit_on_exit true makes SIGTERM quit MPS: every client, online included,
+    loses its context. It is false by default: restarts keep MPS running.
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
@@ -284,14 +289,23 @@ impl Service for ManagerService {
 
     fn apply(&mut self, (mut new, _): Self::Config) {
         let cfg = &self.m.cfg;
+        // As at start (`--gpu`, `$XSHARE_LEDGER_DIR`, derived paths), so that only a real
+        // change of a start-only setting is reported.
         new.finalize(Some(cfg.gpu_index));
-        new.ledger_dir = cfg.ledger_dir.clone();
-        new.pipe_dir = cfg.pipe_dir.clone();
-        new.log_dir = cfg.log_dir.clone();
-        new.state_file = cfg.state_file.clone();
+        let start_only = cfg.start_only_changes(&new);
+        cfg.keep_start_only(&mut new);
         self.m.ctl.timeout = Duration::from_millis(new.command_timeout_ms);
         self.m.cfg = new;
         self.m.state.last_error = None;
+        if !start_only.is_empty() {
+            let msg = format!(
+                "config reload: {} take effect at the next start (the running control daemon keeps \
+                 them); the running manager keeps the old ones",
+                start_only.join(", ")
+            );
+            tracing::warn!(fields = ?start_only, "{msg}");
+            self.m.state.last_error = Some(msg);
+        }
     }
 
     fn reload_failed(&mut self, error: &ConfigError) {
@@ -328,6 +342,7 @@ fn run(cfg: Config, base: PathBuf, files: Vec<PathBuf>) -> Result<(), String> {
     // Before anything touches MPS: a second manager must not adopt (or reset) the daemon the
     // first one owns.
     let _instance = mps_manager::manager::lock_instance(&cfg)?;
+    let _pipe_owner = mps_manager::manager::lock_pipe_dir(&cfg)?;
     let _state_owner = node_daemon::cli::lock_state_file(
         &cfg.state_file,
         mps_manager::manager::lock_file(&cfg).parent().unwrap_or(std::path::Path::new("")),
@@ -401,6 +416,29 @@ mod tests {
         ] {
             assert!(h.contains(want), "--help lacks {want}:\n{h}");
         }
+    }
+
+    /// A SIGHUP with a changed shm_dir or control_bin keeps them (the running daemon was
+    /// started with them) and says so; the rest of the config is applied.
+    #[test]
+    fn a_reload_keeps_and_reports_start_only_changes() {
+        let d = tempfile::tempdir().unwrap();
+        let base = d.path().join("mps.json");
+        let write = |extra: &str| {
+            std::fs::write(&base, format!("{{ \"ledger_dir\": \"{}\", \"compute_mode\": \"leave\"{extra} }}", d.path().join("run").display())).unwrap()
+        };
+        write("");
+        let (mut cfg, files) = Config::load(&base).unwrap();
+        cfg.finalize(None);
+        let mut svc = ManagerService { m: Manager::new(cfg.clone()).unwrap(), base: base.clone(), on_defaults: files.is_empty(), state_file: cfg.state_file.clone(), next_check: 0 };
+        assert_eq!(node_daemon::run::reload(&mut svc), node_daemon::run::Reload::Applied);
+        assert_eq!(svc.m.state.last_error, None, "an unchanged config reports nothing");
+        write(", \"shm_dir\": \"/dev/shm/elsewhere\", \"control_bin\": \"/opt/other-mps-control\", \"command_timeout_ms\": 1234");
+        node_daemon::run::reload(&mut svc);
+        let e = svc.m.state.last_error.clone().unwrap_or_default();
+        assert!(e.contains("control_bin, shm_dir") && e.contains("next start"), "{e}");
+        assert_eq!((&svc.m.cfg.shm_dir, &svc.m.cfg.control_bin), (&cfg.shm_dir, &cfg.control_bin), "kept");
+        assert_eq!(svc.m.ctl.timeout, Duration::from_millis(1234), "the rest applied");
     }
 
     #[test]

@@ -286,6 +286,44 @@ pub fn lock_instance(cfg: &Config) -> Result<std::fs::File, String> {
     )
 }
 
+/// Takes the pipe directory's single-manager lock: a POSIX write lock, held for the life of the
+/// returned file, on `<ledger_dir>/daemons/mps-pipe-<dev>-<ino>.lock`, named by the device and
+/// inode numbers of `pipe_dir` (created first), so that every path to one directory is one
+/// lock. Two GPUs' managers given one `pipe_dir` (a config without `{gpu}`) would share one
+/// control daemon, serving one GPU, each taking it for its own; the second gets an error
+/// naming the directory and both GPUs.
+pub fn lock_pipe_dir(cfg: &Config) -> Result<std::fs::File, String> {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let dir = &cfg.pipe_dir;
+    std::fs::create_dir_all(dir).map_err(|e| format!("pipe_dir {}: {e}", dir.display()))?;
+    let canon = std::fs::canonicalize(dir).map_err(|e| format!("pipe_dir {}: {e}", dir.display()))?;
+    let m = std::fs::metadata(&canon).map_err(|e| format!("pipe_dir {}: {e}", canon.display()))?;
+    let daemons = cfg.ledger_dir.join(node_ledger::config::DAEMON_DIR);
+    let path = daemons.join(format!("mps-pipe-{}-{}.lock", m.dev(), m.ino()));
+    match node_daemon::instance::lock(&path, &format!("mps-manager on pipe_dir {}", canon.display())) {
+        Ok(mut f) => {
+            // After the holder's pid (written by the lock): whose it is, for the next one's error.
+            let _ = writeln!(f, "gpu {}", cfg.gpu_index);
+            Ok(f)
+        }
+        Err(e) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let gpu = holder
+                .lines()
+                .find_map(|l| l.strip_prefix("gpu "))
+                .map_or("another GPU".to_string(), |g| format!("GPU {}", g.trim()));
+            Err(format!(
+                "pipe_dir {} of GPU {} is already the pipe directory of the mps-manager for {gpu}: \
+                 two GPUs cannot share one MPS control daemon; give each GPU its own pipe_dir (put \
+                 {{gpu}} in it) ({e})",
+                canon.display(),
+                cfg.gpu_index
+            ))
+        }
+    }
+}
+
 impl Manager {
     /// Opens (or creates) the GPU's ledger and sets up the control client; starts nothing.
     pub fn new(cfg: Config) -> Result<Manager, String> {

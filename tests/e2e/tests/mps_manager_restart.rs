@@ -450,3 +450,67 @@ fn a_second_manager_for_the_same_gpu_is_refused_naming_the_running_one() {
     });
     assert_eq!(daemon_of(&v), daemon, "the daemon adopted: {v:#}");
 }
+
+/// The pipe directory is in offline containers' mounts: a tenant can remove the control
+/// daemon's pid file, and a clock stepped forward after MPS started makes the file look older
+/// than its daemon. Either way a restarted manager must find the running daemon (the one
+/// holding the control socket) and adopt it: `-d` would refuse ("already running") and the
+/// manager would exit at every start, leaving the online service on an unmanaged daemon.
+#[test]
+fn a_restarted_manager_adopts_the_daemon_whose_pid_file_was_removed_or_looks_too_old() {
+    let n = EmuHost::node();
+    let mut m = start_manager(&n, false);
+    let v = mstate_of(&n, m.pid(), "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = daemon_of(&v);
+    let generation = n.device().snapshot().mps.generation;
+    let pid_file = n.pipe_dir().join("nvidia-cuda-mps-control.pid");
+    for damage in ["removed", "older than its daemon"] {
+        m.signal(libc::SIGKILL);
+        let _ = m.wait_exit(T);
+        if damage == "removed" {
+            std::fs::remove_file(&pid_file).unwrap();
+        } else {
+            std::fs::write(&pid_file, format!("{}\n", daemon.0)).unwrap();
+            let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+            std::fs::File::options().write(true).open(&pid_file).unwrap().set_modified(old).unwrap();
+        }
+        m = start_manager(&n, false);
+        let v = mstate_of(&n, m.pid(), &format!("pid file {damage}: the new manager's daemon"), |v| {
+            v["daemon_pid"].is_u64()
+        });
+        assert_eq!(daemon_of(&v), daemon, "pid file {damage}: the running daemon adopted: {v:#}");
+        assert!(m.alive(), "pid file {damage}: the manager runs:\n{}", n.log("mps.json"));
+        assert_eq!(n.device().snapshot().mps.generation, generation, "pid file {damage}: MPS not restarted");
+    }
+    assert_eq!(log_count(&n, "MPS control daemon started"), 1, "{}", n.log("mps.json"));
+}
+
+/// Two GPUs configured with one `pipe_dir` (a config without `{gpu}`) would share one control
+/// daemon, serving one GPU, each manager taking it for its own: the second manager (GPU 1, on
+/// GPU 0's pipe directory) exits with an error naming the directory and both GPUs, and the
+/// first keeps its daemon.
+#[test]
+fn a_manager_for_another_gpu_on_the_same_pipe_dir_is_refused() {
+    let n = EmuHost::node();
+    let mut m1 = start_manager(&n, false);
+    let v = mstate_of(&n, m1.pid(), "daemon started", |v| v["daemon_pid"].is_u64());
+    let daemon = daemon_of(&v);
+    let same_pipe = manager_config(false).replacen(
+        '{',
+        &format!("{{\n  \"gpu_index\": 1,\n  \"pipe_dir\": \"{}\",", n.pipe_dir().display()),
+        1,
+    );
+    let mut m2 = n.start_manager("mps-gpu1.json", &same_pipe);
+    let st = m2.wait_timeout(T);
+    let log2 = n.log("mps-gpu1.json");
+    assert_eq!(st.and_then(|s| s.code()), Some(1), "GPU 1's manager runs on GPU 0's pipe_dir:\n{log2}");
+    assert!(
+        log2.contains(&format!("pipe_dir {} of GPU 1", n.pipe_dir().display()))
+            && log2.contains("mps-manager for GPU 0")
+            && log2.contains(&format!("pid {}", m1.pid())),
+        "{log2}"
+    );
+    assert!(m1.alive());
+    let v = mstate_of(&n, m1.pid(), "the first manager still writes", |_| true);
+    assert_eq!(daemon_of(&v), daemon);
+}
