@@ -23,7 +23,9 @@ CONFIG:
     state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (\"127.0.0.1:9400\" or \"unix:/run/xshare/m.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled},
     machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
-    host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run},
+    host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run}
+    (command: argv with {pid} (pid here, checked by its start time; never run without one),
+    {start_time}, {reason}, {gpu}),
     verify.{tolerance_mib,context_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
     kernel log besides NVML events), xid_log_match (\"PCI:0000:3b:00\": only this GPU's lines).
     `sysmonitor check-config` prints the effective config.
