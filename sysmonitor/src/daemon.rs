@@ -482,6 +482,14 @@ impl<G: GpuSource> Service for MonitorService<G> {
         self.next_tick
     }
 
+    /// Only once ready (the first state file written): between ticks further apart than the
+    /// watchdog allows ([`node_daemon::run::run`]).
+    fn keep_alive(&mut self, _now: u64, notifier: &Notifier) {
+        if self.ready {
+            notifier.notify("WATCHDOG=1");
+        }
+    }
+
     fn stop(&mut self) {
         let snap = self.snapshot(mono_ms());
         let _ = monitor_state::write(&self.cfg.state_file, &snap);
