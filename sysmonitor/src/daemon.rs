@@ -133,8 +133,32 @@ pub fn lock_instance(cfg: &Config) -> Result<std::fs::File, String> {
     )
 }
 
+/// Makes way for a unix socket at `path`: removes a socket file no one listens on any more (a
+/// monitor that died leaves its socket behind), never one a live process listens on (another
+/// GPU's monitor given the same path) or a file that is no socket. The lock on `<path>.lock`,
+/// returned to be held as long as the socket is served, keeps two monitors that start at once
+/// from each removing the other's socket.
+fn claim_socket_path(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    let held = node_daemon::instance::lock(Path::new(&lock), &format!("monitor serving metrics on {}", path.display()))?;
+    let shared = "each GPU's monitor needs its own socket (`{gpu}` in the path)";
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(held),
+        Err(e) => return Err(e.to_string()),
+        Ok(m) if !m.file_type().is_socket() => return Err("exists and is not a socket; not removed".into()),
+        Ok(_) => {}
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(format!("another process listens on this socket; not removed ({shared})"));
+    }
+    std::fs::remove_file(path).map_err(|e| format!("stale socket not removed: {e}"))?;
+    Ok(held)
+}
+
 /// Serves the latest Prometheus text over HTTP on TCP or a unix socket, one request at a time.
-fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> {
+fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> Result<(), String> {
     fn serve(mut s: impl Read + Write, text: &Mutex<String>) {
         let mut buf = [0u8; 1024];
         let _ = s.read(&mut buf);
@@ -146,19 +170,22 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
             body
         );
     }
-    if let Some(path) = listen.strip_prefix("unix:") {
-        let _ = std::fs::remove_file(path);
-        let l = std::os::unix::net::UnixListener::bind(path)?;
+    let spawned = if let Some(path) = listen.strip_prefix("unix:") {
+        let held = claim_socket_path(Path::new(path))?;
+        let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| e.to_string())?;
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
+                let _held = held;
                 for s in l.incoming().flatten() {
                     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                     serve(s, &text);
                 }
-            })?;
+            })
     } else {
-        let l = std::net::TcpListener::bind(listen)?;
+        let l = std::net::TcpListener::bind(listen).map_err(|e| {
+            format!("{e} (each GPU's monitor needs its own port: `host:PORT+{{gpu}}` is PORT plus the GPU index)")
+        })?;
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
@@ -166,9 +193,9 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
                     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                     serve(s, &text);
                 }
-            })?;
-    }
-    Ok(())
+            })
+    };
+    spawned.map(drop).map_err(|e| e.to_string())
 }
 
 /// What a restarted monitor takes over from the state file of its earlier run (same boot, same
@@ -593,6 +620,25 @@ mod tests {
 
     /// An operator's disable file of an earlier version (in the container-visible `gpu<N>`
     /// directory) is moved at the monitor's first start in the new layout, and only then.
+    /// A second monitor given the socket path a live one serves is refused and leaves that
+    /// socket alone; a socket no one listens on any more is replaced.
+    #[test]
+    fn a_metrics_socket_a_live_monitor_serves_is_never_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("metrics.sock");
+        let listen = format!("unix:{}", path.display());
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists(), "a dead monitor's socket");
+        spawn_metrics(&listen, Arc::new(Mutex::new("first".into()))).expect("a stale socket is replaced");
+        let e = spawn_metrics(&listen, Arc::new(Mutex::new("second".into()))).unwrap_err();
+        assert!(e.contains("listens"), "{e}");
+        let mut s = std::os::unix::net::UnixStream::connect(&path).expect("the first monitor's socket is still there");
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(body.ends_with("first"), "{body}");
+    }
+
     #[test]
     fn a_legacy_disable_file_is_adopted_once_and_never_again() {
         let d = tempfile::tempdir().unwrap();
