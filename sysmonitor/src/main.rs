@@ -49,7 +49,8 @@ FILES: <ledger_dir>/pods/<pod uid>/gpu<N>/ledger (one per offline pod, made by n
     shims, mps-manager and node-agent; containers get status/ read-only).
     In <ledger_dir>/daemons/gpu<N>/, never mounted into containers: state.json (what `status`
     reads), `disabled` (operator switch), `enable` (an operator's enable of an XID's Disabled,
-    removed by the monitor), sysmonitor.lock (one monitor per GPU).
+    removed by the monitor), sysmonitor.lock (one monitor per GPU), state.json.lock (one writer
+    per state file, wherever it is).
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
