@@ -251,6 +251,9 @@ fn resume(cfg: &Config) -> Resume {
                 (crate::health::State::Disabled, Some(monitor_state::DisableCause::Xid(c))) => {
                     Some((c, s.disabled_since_mono_ms.unwrap_or(s.updated_mono_ms)))
                 }
+                // The XID an operator's Disabled hid: Disabled by it from the start (the
+                // operator's file, looked at next, puts the operator's Disabled over it again).
+                (crate::health::State::Disabled, Some(monitor_state::DisableCause::Operator)) => s.xid_under_operator,
                 _ => None,
             };
             Resume {
@@ -368,6 +371,14 @@ impl<G: GpuSource> MonitorService<G> {
                     Input::OperatorEnable
                 },
             );
+            if let (false, Some(monitor_state::DisableCause::Xid(xid))) = (disabled_now, self.mon.machine.disabled_by()) {
+                tracing::error!(
+                    gpu = self.cfg.gpu_index,
+                    xid,
+                    "operator enabled the GPU, but it stays Disabled for the critical XID reported \
+                     before or during the operator's disable (`sysmonitor enable` again ends that)"
+                );
+            }
         }
         self.mon.refresh_offline(now);
         if self.ready && notifier.watchdog_usec.is_some() {
@@ -875,6 +886,15 @@ mod tests {
         svc.tick(200, &n);
         assert_eq!(svc.mon.machine.state(), State::Disabled);
         assert_eq!(resume(&svc.cfg).xid, None, "the operator's switch is its file");
+        // A critical XID under the operator's Disabled is kept in the state file: a restart
+        // resumes it, and the operator's enable leaves the GPU Disabled by it.
+        svc.mon.input(205, Input::Xid(48));
+        svc.tick(210, &n);
+        assert_eq!(resume(&svc.cfg).xid, Some((48, 205)));
+        std::fs::remove_file(&svc.operator_path).unwrap();
+        svc.tick(300, &n);
+        assert_eq!(svc.mon.machine.disabled_by(), Some(monitor_state::DisableCause::Xid(48)));
+        assert_eq!(resume(&svc.cfg).xid, Some((48, 205)));
     }
 
     /// The operator's disable file is looked at every `HOUSEKEEPING_MS` whatever the heartbeat.

@@ -39,7 +39,9 @@ STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -
     overlimit -> unhealthy after a hold of hold_base_ms * hold_factor^(entries in window - 1);
     disabled on NVML errors, critical XIDs or operator. Offline work is admitted only when healthy.
     A restarted monitor resumes an Overlimit hold, the grace of evictions in flight and a
-    critical XID's Disabled (until xid_disable_ms passes, or `enable` when it is 0).
+    critical XID's Disabled (until xid_disable_ms passes, or `enable` when it is 0). A critical
+    XID reported before or during an operator's disable is kept (state file
+    `xid_under_operator`): the operator's `enable` leaves the GPU Disabled by it.
 
 FILES: <ledger_dir>/pods/<pod uid>/gpu<N>/ledger (one per offline pod, made by node-agent's
     Allocate and mounted into that pod alone, where the shim looks for gpu<N>/ledger; read with
@@ -86,7 +88,8 @@ enum Cmd {
     /// Take the GPU out of service: Disabled at the next report, offline work evicted.
     Disable,
     /// Put the GPU back into service (it goes through Init): ends an operator's `disable`, or
-    /// else a critical XID's Disabled.
+    /// else a critical XID's Disabled. A critical XID reported before or during the operator's
+    /// disable outlasts it: the GPU stays Disabled by the XID until a second `enable`.
     Enable,
     /// Time each NVML query the monitor makes on this GPU (CPU per call) and what they add up
     /// to at the configured interval_ms: where the monitor's CPU goes on this driver. Safe
@@ -180,10 +183,14 @@ fn main() -> ExitCode {
         Cmd::Enable => {
             let f = daemon::operator_file(&cfg);
             match std::fs::remove_file(&f) {
-                Ok(()) => out(&format!(
-                    "GPU {} re-enabled; it goes through Init\n",
-                    cfg.gpu_index
-                )),
+                Ok(()) => match monitor_state::read_for(&cfg.state_file, cfg.gpu_index).ok().and_then(|s| s.xid_under_operator) {
+                    Some((xid, _)) => out(&format!(
+                        "GPU {}: the operator's disable is over, but the GPU stays Disabled by XID {xid}, \
+                         reported before or during it; run `sysmonitor enable` again to end that\n",
+                        cfg.gpu_index
+                    )),
+                    None => out(&format!("GPU {} re-enabled; it goes through Init\n", cfg.gpu_index)),
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     match monitor_state::disabling_xid(&cfg.state_file, cfg.gpu_index) {
                         // Kept across monitor restarts: only an operator puts it back.
