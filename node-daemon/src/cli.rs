@@ -76,21 +76,7 @@ impl ConfigArgs {
         load: impl Fn(&Path) -> Result<(C, Vec<PathBuf>), ConfigError>,
     ) -> Result<Loaded<C>, ConfigError> {
         let (base, explicit) = self.base(env_var, default);
-        if !explicit && !base.exists() {
-            // Overrides with no base to merge into were ignored (built-in defaults ran, an
-            // operator's tighter thresholds silently not): refused, saying what to do.
-            if let Some(first) = crate::layered::override_files(&base).into_iter().next() {
-                return Err(ConfigError {
-                    file: first,
-                    line: None,
-                    column: None,
-                    field: None,
-                    message: format!(
-                        "an override file with no base config: create {} (`{{}}` takes the built-in defaults) for the overrides beside it to apply",
-                        base.display()
-                    ),
-                });
-            }
+        if !explicit && defaults_without_base(&base)? {
             tracing::warn!(path = %base.display(), "no config file; using built-in defaults");
             return Ok(Loaded {
                 config: C::default(),
@@ -104,6 +90,30 @@ impl ConfigArgs {
             base,
             files,
         })
+    }
+}
+
+/// Whether the built-in defaults apply because there is no base config at `base`: `Ok(false)`
+/// when it exists, `Ok(true)` when it does not and no override file lies beside it, and an
+/// error naming the first override file when one does (overrides with no base to merge into
+/// were ignored: built-in defaults ran, an operator's tighter thresholds silently not). At
+/// start ([`ConfigArgs::load`]) and at every reload alike.
+pub fn defaults_without_base(base: &Path) -> Result<bool, ConfigError> {
+    if base.exists() {
+        return Ok(false);
+    }
+    match crate::layered::override_files(base).into_iter().next() {
+        None => Ok(true),
+        Some(first) => Err(ConfigError {
+            file: first,
+            line: None,
+            column: None,
+            field: None,
+            message: format!(
+                "an override file with no base config: create {} (`{{}}` takes the built-in defaults) for the overrides beside it to apply",
+                base.display()
+            ),
+        }),
     }
 }
 

@@ -424,6 +424,8 @@ fn start_only_changes(cfg: &Config, new: &Config) -> Vec<&'static str> {
         ("xid_log", new.xid_log != cfg.xid_log || new.xid_log_match != cfg.xid_log_match),
         ("metrics_listen", new.metrics_listen != cfg.metrics_listen),
         ("history_secs", new.history_secs != cfg.history_secs),
+        ("ledger_mode", new.ledger_mode != cfg.ledger_mode),
+        ("ledger_group", new.ledger_group != cfg.ledger_group),
     ]
     .into_iter()
     .filter_map(|(f, changed)| changed.then_some(f))
@@ -435,8 +437,9 @@ impl<G: GpuSource> Service for MonitorService<G> {
 
     fn load(&mut self) -> Result<Self::Config, ConfigError> {
         // Started on built-in defaults (no config file at the default path): a reload with
-        // still no file keeps them, as a start would, rather than failing every SIGHUP.
-        if self.files.is_empty() && !self.base.exists() {
+        // still no file keeps them, as a start would, rather than failing every SIGHUP; one
+        // with override files added beside the missing base is refused, as a start would.
+        if self.files.is_empty() && node_daemon::cli::defaults_without_base(&self.base)? {
             return Ok((Config::default(), Vec::new()));
         }
         Config::load(&self.base)
@@ -460,6 +463,8 @@ impl<G: GpuSource> Service for MonitorService<G> {
         applied.xid_log = cfg.xid_log.clone();
         applied.xid_log_match = cfg.xid_log_match.clone();
         applied.history_secs = cfg.history_secs;
+        applied.ledger_mode = cfg.ledger_mode.clone();
+        applied.ledger_group = cfg.ledger_group.clone();
         self.cfg = applied;
         self.mon.reconfigure(self.cfg.clone());
         self.files = files;
@@ -737,6 +742,22 @@ mod tests {
         // A config file that was in force and is gone is an error: the last good one stays.
         svc.files = vec![d.path().join("mon.json")];
         assert!(svc.load().is_err());
+    }
+
+    /// A reload says what it does not do: override files added beside a missing base are an
+    /// error (a start refuses them; the reload kept the defaults and said "config reloaded"),
+    /// and the ledger's mode and group, set only at start, are reported as start-only.
+    #[test]
+    fn a_reload_refuses_overrides_without_a_base_and_reports_ledger_access_changes() {
+        let d = tempfile::tempdir().unwrap();
+        let mut svc = service(d.path(), Rc::new(Cell::new(10.0)), 100);
+        std::fs::create_dir(d.path().join("mon.d")).unwrap();
+        std::fs::write(d.path().join("mon.d/50-tight.json"), r#"{"interval_ms": 5}"#).unwrap();
+        let e = svc.load().expect_err("an override with no base");
+        assert!(e.to_string().contains("50-tight.json"), "{e}");
+        let cfg = svc.cfg.clone();
+        let changed = Config { ledger_mode: "0660".into(), ledger_group: Some("video".into()), ..cfg.clone() };
+        assert_eq!(start_only_changes(&cfg, &changed), ["ledger_mode", "ledger_group"]);
     }
 
     /// A state file that cannot be written (here its directory is a file) is a run of failures
