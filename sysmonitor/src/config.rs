@@ -686,9 +686,26 @@ mod tests {
             assert!(e.message.contains("0..=100"), "{e}");
         }
         assert!(load_text(
-            r#"{"machine": {"sm_activity": {"healthy": 0, "unhealthy": 50, "overlimit": 100}}}"#
+            r#"{"machine": {"sm_activity": {"healthy": 0, "unhealthy": 50, "overlimit": 99.9}}}"#
         )
         .is_ok());
+    }
+
+    /// Overlimit is entered strictly past its threshold: 100 for an "above" metric (0 for a
+    /// "below" one) can never be passed and switched the protection off. Refused, naming the
+    /// metric and `overlimit`; a metric that is not judged may keep any value.
+    #[test]
+    fn an_overlimit_threshold_no_reading_can_pass_is_refused() {
+        for (metric, t) in [
+            ("sm_activity", r#"{"healthy": 0, "unhealthy": 50, "overlimit": 100}"#),
+            ("sm_clock", r#"{"healthy": 85, "unhealthy": 75, "overlimit": 0, "direction": "below"}"#),
+        ] {
+            let e = load_text(&format!("{{\n\"machine\": {{\n \"{metric}\": {t}\n}}}}")).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(&*format!("machine.{metric}")), "{e}");
+            assert!(e.message.contains("overlimit = ") && e.message.contains("never"), "{e}");
+            let off = t.replace('}', r#", "enabled": false}"#);
+            assert!(load_text(&format!(r#"{{"machine": {{"{metric}": {off}}}}}"#)).is_ok(), "{off}");
+        }
     }
 
     #[test]

@@ -188,6 +188,24 @@ impl Threshold {
                 ));
             }
         }
+        // Overlimit is entered only strictly past its threshold: at the end of the range
+        // (100 above, 0 below) no reading ever passes it, which switches the protection off.
+        let unreachable = match self.direction {
+            Direction::Above => self.overlimit >= 100.0,
+            Direction::Below => self.overlimit <= 0.0,
+        };
+        if self.enabled && unreachable {
+            return Err(format!(
+                "overlimit = {} can never be passed (Overlimit needs a reading strictly {} it, and a \
+                 percentage never is): that switches the protection off; use a value inside 0..100, \
+                 or `enabled: false` to stop judging this metric",
+                self.overlimit,
+                match self.direction {
+                    Direction::Above => "above",
+                    Direction::Below => "below",
+                }
+            ));
+        }
         if !ok {
             return Err(match self.direction {
                 Direction::Above => format!(
