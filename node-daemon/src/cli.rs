@@ -76,21 +76,7 @@ impl ConfigArgs {
         load: impl Fn(&Path) -> Result<(C, Vec<PathBuf>), ConfigError>,
     ) -> Result<Loaded<C>, ConfigError> {
         let (base, explicit) = self.base(env_var, default);
-        if !explicit && !base.exists() {
-            // Overrides with no base to merge into were ignored (built-in defaults ran, an
-            // operator's tighter thresholds silently not): refused, saying what to do.
-            if let Some(first) = crate::layered::override_files(&base).into_iter().next() {
-                return Err(ConfigError {
-                    file: first,
-                    line: None,
-                    column: None,
-                    field: None,
-                    message: format!(
-                        "an override file with no base config: create {} (`{{}}` takes the built-in defaults) for the overrides beside it to apply",
-                        base.display()
-                    ),
-                });
-            }
+        if !explicit && defaults_without_base(&base)? {
             tracing::warn!(path = %base.display(), "no config file; using built-in defaults");
             return Ok(Loaded {
                 config: C::default(),
@@ -104,6 +90,30 @@ impl ConfigArgs {
             base,
             files,
         })
+    }
+}
+
+/// Whether the built-in defaults apply because there is no base config at `base`: `Ok(false)`
+/// when it exists, `Ok(true)` when it does not and no override file lies beside it, and an
+/// error naming the first override file when one does (overrides with no base to merge into
+/// were ignored: built-in defaults ran, an operator's tighter thresholds silently not). At
+/// start ([`ConfigArgs::load`]) and at every reload alike.
+pub fn defaults_without_base(base: &Path) -> Result<bool, ConfigError> {
+    if base.exists() {
+        return Ok(false);
+    }
+    match crate::layered::override_files(base).into_iter().next() {
+        None => Ok(true),
+        Some(first) => Err(ConfigError {
+            file: first,
+            line: None,
+            column: None,
+            field: None,
+            message: format!(
+                "an override file with no base config: create {} (`{{}}` takes the built-in defaults) for the overrides beside it to apply",
+                base.display()
+            ),
+        }),
     }
 }
 
@@ -132,22 +142,37 @@ pub fn expand_gpu(p: &mut PathBuf, gpu: u32) {
 /// What [`expand_gpu`] replaces.
 pub const GPU_PLACEHOLDER: &str = "{gpu}";
 
-/// Takes the lock that makes a daemon the one writer of a state file kept outside its GPU's
-/// directory (`state_file` set in the config; the default, inside that directory, is covered
-/// by the daemon's single-instance lock there): two GPUs' instances given one file (a path
-/// without `{gpu}` in a config they share) would overwrite each other's state, and every
-/// reader would act on the wrong GPU's. The second to start is refused, naming the holder.
-/// `None` when `state_file` is in `gpu_dir`.
-pub fn lock_state_file(state_file: &Path, gpu_dir: &Path, daemon: &str) -> Result<Option<std::fs::File>, String> {
-    if state_file.parent() == Some(gpu_dir) {
-        return Ok(None);
+/// Takes the lock that makes a daemon the one writer of its state file, `<file>.lock`
+/// beside it, wherever the file is (the default, in the GPU's directory, included): two GPUs'
+/// instances given one file (a path without `{gpu}` in a config they share, or another GPU's
+/// default path written out, as `check-config` prints it) would overwrite each other's state,
+/// and every reader would act on the wrong GPU's. The second to start is refused, naming the
+/// holder. A state file in another GPU's directory (a sibling of `gpu_dir` named `gpu<N>`) is
+/// refused outright, so that the daemon of the GPU that owns that directory is never the one
+/// kept from starting.
+pub fn lock_state_file(state_file: &Path, gpu_dir: &Path, daemon: &str) -> Result<std::fs::File, String> {
+    let dir = state_file.parent();
+    let theirs = dir.filter(|d| {
+        *d != gpu_dir
+            && d.parent().is_some_and(|p| Some(p) == gpu_dir.parent())
+            && d.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix("gpu").is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            })
+    });
+    if let Some(d) = theirs {
+        return Err(format!(
+            "{daemon}: state file {} lies in another GPU's directory {}; refusing to write it (each GPU \
+             needs its own: put {GPU_PLACEHOLDER} in state_file, or leave it unset)",
+            state_file.display(),
+            d.display()
+        ));
     }
     let lock = PathBuf::from(format!("{}.lock", state_file.display()));
     let what = format!(
         "{daemon} writing the state file {} (each GPU needs its own: put {GPU_PLACEHOLDER} in state_file)",
         state_file.display()
     );
-    crate::instance::lock(&lock, &what).map(Some)
+    crate::instance::lock(&lock, &what)
 }
 
 /// The heading of a daemon's `status`: `what` (e.g. `GPU 0`) with the writer's pid and the
@@ -243,17 +268,40 @@ mod tests {
         assert_eq!(p, PathBuf::from("/run/x/state.json"));
     }
 
-    /// A state file in the GPU's own directory needs no lock of its own; one elsewhere gets
-    /// `<file>.lock` (a second process is refused: `instance`'s test, and sysmonitor's
-    /// `tests/operations.rs` with two GPUs' monitors).
+    /// Every state file is locked beside itself (`<file>.lock`), the default in the GPU's
+    /// own directory included: GPU 0 given its default path and GPU 1 given that same path
+    /// written out (`check-config` prints it so) took no lock and `state.json.lock`, and both
+    /// wrote one file. A state file in another GPU's directory is refused outright.
     #[test]
-    fn a_state_file_outside_the_gpu_directory_is_locked_beside_itself() {
+    fn two_gpus_never_both_lock_one_state_file() {
+        if let Ok(args) = std::env::var("XSHARE_TEST_LOCK_AS") {
+            // The other process of this test: another GPU's daemon, given a state file and its
+            // own GPU directory.
+            let (file, dir) = args.split_once('\n').unwrap();
+            std::process::exit(if lock_state_file(Path::new(file), Path::new(dir), "d").is_ok() { 0 } else { 3 });
+        }
         let d = tempfile::tempdir().unwrap();
-        let gdir = d.path().join("gpu0");
-        assert!(lock_state_file(&gdir.join("state.json"), &gdir, "m").unwrap().is_none());
+        let (gpu0, gpu1) = (d.path().join("daemons/gpu0"), d.path().join("daemons/gpu1"));
+        let file = gpu0.join("state.json");
+        // POSIX locks never conflict within one process: the other daemon is another process.
+        let other = |file: &Path, dir: &Path| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "cli::tests::two_gpus_never_both_lock_one_state_file", "--test-threads=1"])
+                .env("XSHARE_TEST_LOCK_AS", format!("{}\n{}", file.display(), dir.display()))
+                .output()
+                .unwrap()
+                .status
+                .code()
+        };
+        let _held = lock_state_file(&file, &gpu0, "d").unwrap();
+        assert!(gpu0.join("state.json.lock").exists(), "the default path is locked too");
+        assert_eq!(other(&file, &d.path().join("elsewhere/gpu1")), Some(3), "both locked {}", file.display());
+        let e = lock_state_file(&file, &gpu1, "d").unwrap_err();
+        assert!(e.contains("another GPU's directory"), "{e}");
         let shared = d.path().join("shared/state.json");
-        let l = lock_state_file(&shared, &gdir, "m").unwrap();
-        assert!(l.is_some() && d.path().join("shared/state.json.lock").exists());
+        let _shared = lock_state_file(&shared, &gpu1, "d").unwrap();
+        assert_eq!(other(&shared, &gpu0), Some(3), "both locked {}", shared.display());
+        assert_eq!(other(&d.path().join("shared/other.json"), &gpu0), Some(0), "the child takes a free lock");
     }
 
     #[derive(Parser)]

@@ -14,8 +14,11 @@ pub struct EvictorConfig {
     /// Time between SIGTERM and SIGKILL, ms.
     pub grace_ms: u64,
     /// Run this command instead of signalling (argv; `{pid}` (the process's pid in the
-    /// daemon's namespace, or its ledger pid when that is not known), `{reason}`, `{gpu}`
-    /// substituted).
+    /// daemon's namespace), `{start_time}` (its start time, clock ticks since boot, as
+    /// `/proc/<pid>/stat` field 22 gives it), `{reason}`, `{gpu}` substituted). It runs only
+    /// for a process whose pid here is known and checked against its start time at that
+    /// moment; one without (another pid namespace not found from here, or gone) is asked
+    /// through its ledger only, and the command runs once its pid here is found.
     pub command: Option<Vec<String>>,
     /// Only print what would be evicted.
     pub dry_run: bool,
@@ -391,24 +394,11 @@ impl<S: Signaller> Evictor<S> {
         record();
         match &cfg.command {
             Some(argv) => {
-                let sub = |a: &String| {
-                    a.replace("{pid}", &p.host_pid.unwrap_or(p.pid).to_string())
-                        .replace("{reason}", reason.as_str())
-                        .replace("{gpu}", &self.gpu.to_string())
-                };
-                let args: Vec<String> = argv.iter().map(sub).collect();
-                match Command::new(&args[0])
-                    .args(&args[1..])
-                    .stdin(Stdio::null())
-                    .spawn()
-                {
-                    Ok(c) => self.commands.push(c),
-                    Err(err) => {
-                        tracing::error!(pid = p.pid, command = %args[0], error = %err, "eviction command failed to start; SIGKILL follows after grace")
-                    }
+                if self.run_command(argv, p, reason, why) {
+                    out.push(Event::Command { pid: p.pid, reason });
+                } else {
+                    out.push(Event::Term { pid: p.pid, reason });
                 }
-                tracing::warn!(pid = p.pid, start_time = p.start_time, reason = reason.as_str(), why, command = ?args, "evicting offline process (command)");
-                out.push(Event::Command { pid: p.pid, reason });
             }
             None => {
                 let Some(host) = p.host_pid else {
@@ -441,6 +431,42 @@ impl<S: Signaller> Evictor<S> {
         true
     }
 
+    /// Runs the operator's eviction command for `p`, only with a verified pid here: its host
+    /// pid, still the process that started at its start time. A ledger pid never reaches the
+    /// command (any ledger client can write a slot, and a pid of another namespace names
+    /// another process here), nor a pid whose process is gone (it may be reused). Returns
+    /// whether the command was started.
+    fn run_command(&mut self, argv: &[String], p: &OfflineProc, reason: EvictReason, why: &str) -> bool {
+        let Some(host) = p.host_pid.filter(|&h| h > 1 && h != std::process::id() && self.sig.alive(h, p.start_time)) else {
+            tracing::warn!(
+                pid = p.pid,
+                host_pid = p.host_pid,
+                start_time = p.start_time,
+                reason = reason.as_str(),
+                why,
+                "eviction command NOT run: no pid here verified by its start time for this process \
+                 (another pid namespace not found from here, or gone); asked through its ledger only, \
+                 the command runs once its pid here is found"
+            );
+            return false;
+        };
+        let sub = |a: &String| {
+            a.replace("{pid}", &host.to_string())
+                .replace("{start_time}", &p.start_time.to_string())
+                .replace("{reason}", reason.as_str())
+                .replace("{gpu}", &self.gpu.to_string())
+        };
+        let args: Vec<String> = argv.iter().map(sub).collect();
+        match Command::new(&args[0]).args(&args[1..]).stdin(Stdio::null()).spawn() {
+            Ok(c) => self.commands.push(c),
+            Err(err) => {
+                tracing::error!(pid = p.pid, command = %args[0], error = %err, "eviction command failed to start; SIGKILL follows after grace")
+            }
+        }
+        tracing::warn!(pid = p.pid, host_pid = host, start_time = p.start_time, reason = reason.as_str(), why, command = ?args, "evicting offline process (command)");
+        true
+    }
+
     /// Brings the evictions in flight up to date with the registrations of the moment
     /// (`procs`: every registered offline process, as the last read of the ledgers gave them).
     ///
@@ -448,11 +474,12 @@ impl<S: Signaller> Evictor<S> {
     ///   `None`: asked through its ledger only) is over once its registration is gone: it
     ///   left, or it died and its slot was reclaimed. [`Evictor::tick`] cannot see that (it
     ///   has no pid to look at), and an entry left behind would count in flight for ever.
-    /// - One whose pid here has been found since is signalled now (SIGTERM, unless in a dry
-    ///   run or by the operator's command), its grace counted from now: without it the
-    ///   process could only ever be asked through its ledger.
+    /// - One whose pid here has been found since is signalled now (SIGTERM, or the operator's
+    ///   command, with that pid; nothing in a dry run), its grace counted from now: without it
+    ///   the process could only ever be asked through its ledger.
     pub fn retain_registered(&mut self, cfg: &EvictorConfig, now_ms: u64, procs: &[OfflineProc], out: &mut Vec<Event>) {
         let mut gone = Vec::new();
+        let mut commands = Vec::new();
         for (k, p) in self.pending.iter_mut() {
             if p.proc_.host_pid.is_some() {
                 continue;
@@ -463,10 +490,14 @@ impl<S: Signaller> Evictor<S> {
             };
             let Some(host) = now.host_pid else { continue };
             p.proc_.host_pid = Some(host);
-            if p.dry || cfg.dry_run || cfg.command.is_some() {
+            if p.dry || cfg.dry_run {
                 continue;
             }
             p.kill_at_ms = now_ms.saturating_add(cfg.grace_ms);
+            if let Some(argv) = &cfg.command {
+                commands.push((*k, argv.clone()));
+                continue;
+            }
             match self.sig.signal(host, p.proc_.start_time, libc::SIGTERM) {
                 Ok(true) => {}
                 Ok(false) => tracing::info!(pid = p.proc_.pid, host_pid = host, "offline process already gone"),
@@ -481,6 +512,12 @@ impl<S: Signaller> Evictor<S> {
                 "evicting offline process (SIGTERM): its pid here is found now (it was asked through its ledger only)"
             );
             out.push(Event::Term { pid: p.proc_.pid, reason: p.reason });
+        }
+        for (k, argv) in commands {
+            let (p, reason) = (self.pending[&k].proc_, self.pending[&k].reason);
+            if self.run_command(&argv, &p, reason, "its pid here is found now (it was asked through its ledger only)") {
+                out.push(Event::Command { pid: p.pid, reason });
+            }
         }
         for k in gone {
             self.pending.remove(&k);
@@ -834,7 +871,7 @@ mod tests {
             command: Some(vec![
                 "sh".into(),
                 "-c".into(),
-                format!("echo {{pid}} {{reason}} {{gpu}} > {}", marker.display()),
+                format!("echo {{pid}} {{start_time}} {{reason}} {{gpu}} > {}", marker.display()),
             ]),
             ..cfg()
         };
@@ -849,8 +886,41 @@ mod tests {
         }
         assert_eq!(
             std::fs::read_to_string(&marker).unwrap(),
-            "15 under_report 3\n"
+            "15 115 under_report 3\n"
         );
+        assert!(ev.sig.sent.is_empty());
+    }
+
+    /// The eviction command never gets a pid that is not verified here: a ledger pid (any
+    /// ledger client can write a slot; pid 1 of a container is init here), or a pid whose
+    /// process no longer has the registered start time. Once the pid here is found, the
+    /// command runs with it.
+    #[test]
+    fn the_eviction_command_never_gets_an_unverified_pid() {
+        let d = tempfile::tempdir().unwrap();
+        let marker = d.path().join("m");
+        let c = EvictorConfig {
+            command: Some(vec!["sh".into(), "-c".into(), format!("echo {{pid}} >> {}", marker.display())]),
+            ..cfg()
+        };
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        let unseen = OfflineProc { host_pid: None, ..p(1) };
+        assert!(ev.evict(&c, 0, &unseen, EvictReason::Overlimit, "x", &mut out), "asked through its ledger");
+        ev.sig.dead.push(21);
+        assert!(ev.evict(&c, 0, &p(21), EvictReason::Overlimit, "x", &mut out));
+        for ch in &mut ev.commands {
+            ch.wait().unwrap();
+        }
+        assert!(!marker.exists(), "command ran with {:?}", std::fs::read_to_string(&marker));
+        assert!(ev.commands.is_empty());
+        assert_eq!(out, vec![Event::Term { pid: 1, reason: EvictReason::Overlimit }, Event::Term { pid: 21, reason: EvictReason::Overlimit }]);
+
+        ev.retain_registered(&c, 10, &[OfflineProc { host_pid: Some(4242), ..unseen }], &mut out);
+        for ch in &mut ev.commands {
+            ch.wait().unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "4242\n", "run with its pid here once found");
         assert!(ev.sig.sent.is_empty());
     }
 }

@@ -47,8 +47,10 @@ pub fn load_with_overrides<T: DeserializeOwned>(
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// Reads a whole config file, refusing one over [`MAX_FILE_BYTES`] before reading it whole
-/// (the size is checked up front and the read is bounded, so a growing or endless file such
-/// as a FIFO or `/dev/zero` is refused too).
+/// (the size is checked up front and the read is bounded) and anything but a regular file (a
+/// FIFO, a device such as `/dev/zero`, a directory; a symlink to a regular file is fine). The
+/// file is opened non-blocking: opening a FIFO with no writer would otherwise hang
+/// `check-config` and the daemon's reload for good.
 pub fn read_bounded(p: &Path) -> Result<String, ConfigError> {
     use std::io::Read;
     let err = |message: String| ConfigError {
@@ -63,8 +65,20 @@ pub fn read_bounded(p: &Path) -> Result<String, ConfigError> {
             "larger than {MAX_FILE_BYTES} bytes; refusing to read it"
         ))
     };
-    let f = std::fs::File::open(p).map_err(|e| err(format!("cannot read: {e}")))?;
-    if f.metadata().is_ok_and(|m| m.len() > MAX_FILE_BYTES) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(p)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    let m = f.metadata().map_err(|e| err(format!("cannot read: {e}")))?;
+    if !m.is_file() {
+        return Err(err(format!(
+            "not a regular file ({:?}); refusing to read it",
+            m.file_type()
+        )));
+    }
+    if m.len() > MAX_FILE_BYTES {
         return Err(too_big());
     }
     let mut text = String::new();
@@ -294,9 +308,9 @@ mod tests {
         let e = load::<serde_json::Value>(std::slice::from_ref(&p), |_| Ok(())).unwrap_err();
         assert_eq!(e.file, p);
         assert!(e.message.contains("larger than"), "{e}");
-        // An endless file is refused as well, without reading it all.
+        // An endless device is refused as well, without reading it.
         let e = load::<serde_json::Value>(&["/dev/zero".into()], |_| Ok(())).unwrap_err();
-        assert!(e.message.contains("larger than"), "{e}");
+        assert!(e.message.contains("not a regular file"), "{e}");
         // Just under the limit is fine.
         let ok = format!(
             "{{\"pad\": \"{}\"}}",
@@ -304,6 +318,27 @@ mod tests {
         );
         let p = write(d.path(), "ok.json", &ok);
         assert!(load::<serde_json::Value>(&[p], |_| Ok(())).is_ok());
+    }
+
+    /// A FIFO (here with no writer, so a blocking open would never return) is refused at
+    /// once, as base or override, naming it: it hung `check-config` and a reload.
+    #[test]
+    fn a_fifo_config_file_is_refused_not_waited_on() {
+        let d = tempfile::tempdir().unwrap();
+        let base = write(d.path(), "sysmonitor.json", "{}");
+        std::fs::create_dir(d.path().join("sysmonitor.d")).unwrap();
+        let fifo = d.path().join("sysmonitor.d/50-fifo.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b = base.clone();
+        // On a thread: without the fix the open blocks for good, and the test fails on the
+        // channel instead of hanging.
+        std::thread::spawn(move || tx.send(load_with_overrides::<serde_json::Value>(&b, |_| Ok(())).map(|_| ())));
+        let e = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the load returns").unwrap_err();
+        assert_eq!(e.file, fifo);
+        assert!(e.message.contains("not a regular file"), "{e}");
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct MonitorState {
     /// XID's Disabled from then on; absent in files written before this field existed).
     #[serde(default)]
     pub disabled_since_mono_ms: Option<u64>,
+    /// A critical XID (code, monotonic ms seen) reported before or during an operator's
+    /// Disabled: the GPU stays Disabled by it once the operator enables it (a restarted
+    /// monitor keeps it; absent in files written before this field existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_under_operator: Option<(u64, u64)>,
     /// Wall-clock ms of this snapshot.
     pub updated_unix_ms: u64,
     /// Monotonic ms of this snapshot.
@@ -161,6 +166,7 @@ impl MonitorState {
             admits_offline: false,
             disabled_by: Some(DisableCause::Xid(79)),
             disabled_since_mono_ms: Some(4),
+            xid_under_operator: None,
             updated_unix_ms: 1000,
             updated_mono_ms: 5,
             interval_ms: 10,

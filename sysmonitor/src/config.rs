@@ -78,7 +78,10 @@ pub struct Config {
     /// of the status file, `<ledger_dir>/status/gpu<N>`, published every sample.)
     #[serde(default = "d_state_every")]
     pub state_file_every_ms: u64,
-    /// Prometheus endpoint: `host:port`, or `unix:/path`; absent for none.
+    /// Prometheus endpoint: `host:port`, or `unix:/path`; absent for none. Every GPU's
+    /// monitor needs its own: `{gpu}` is replaced by the GPU index (`unix:/run/xshare/metrics-{gpu}.sock`),
+    /// and a port written `PORT+{gpu}` is PORT plus the index (`127.0.0.1:9400+{gpu}`: 9400
+    /// for GPU 0, 9401 for GPU 1). [`metrics_address`] resolves it.
     #[serde(default)]
     pub metrics_listen: Option<String>,
     /// Thresholds and timing of the health machine.
@@ -324,6 +327,29 @@ impl Default for Config {
     }
 }
 
+/// `metrics_listen` for GPU `gpu`: `{gpu}` replaced by the index and a TCP port written
+/// `PORT+N` summed (`127.0.0.1:9400+{gpu}` is `127.0.0.1:9401` for GPU 1); `unix:/path` or
+/// `host:port` out, or why not.
+pub fn metrics_address(listen: &str, gpu: u32) -> Result<String, String> {
+    let l = listen.replace(node_daemon::cli::GPU_PLACEHOLDER, &gpu.to_string());
+    if l.starts_with("unix:") {
+        return Ok(l);
+    }
+    let bad = || format!("`{listen}` is neither host:port (host:PORT+{{gpu}} for a port per GPU) nor unix:/path");
+    let (host, port) = l.rsplit_once(':').ok_or_else(bad)?;
+    let port = match port.split_once('+') {
+        Some((a, b)) => {
+            let (a, b) = (a.parse::<u16>().map_err(|_| bad())?, b.parse::<u16>().map_err(|_| bad())?);
+            a.checked_add(b)
+                .ok_or_else(|| format!("`{listen}`: port {a}+{b} for GPU {gpu} is past 65535"))?
+        }
+        None => port.parse::<u16>().map_err(|_| bad())?,
+    };
+    let a = format!("{host}:{port}");
+    a.parse::<std::net::SocketAddr>().map_err(|_| bad())?;
+    Ok(a)
+}
+
 impl Config {
     /// Semantic checks; returns `(dotted field, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
@@ -440,12 +466,7 @@ impl Config {
             }
         }
         if let Some(l) = &self.metrics_listen {
-            if !l.starts_with("unix:") && l.parse::<std::net::SocketAddr>().is_err() {
-                return Err((
-                    "metrics_listen".into(),
-                    format!("`{l}` is neither host:port nor unix:/path"),
-                ));
-            }
+            metrics_address(l, self.gpu_index).map_err(|m| ("metrics_listen".into(), m))?;
         }
         Ok(())
     }
@@ -462,6 +483,12 @@ impl Config {
             self.state_file = self.daemon_dir().join("state.json");
         }
         node_daemon::cli::expand_gpu(&mut self.state_file, self.gpu_index);
+        if let Some(l) = &mut self.metrics_listen {
+            // Left as written when it does not resolve: the bind at start names the error.
+            if let Ok(a) = metrics_address(l, self.gpu_index) {
+                *l = a;
+            }
+        }
     }
 
     /// `ledger_mode` as permission bits (validated).
@@ -659,9 +686,26 @@ mod tests {
             assert!(e.message.contains("0..=100"), "{e}");
         }
         assert!(load_text(
-            r#"{"machine": {"sm_activity": {"healthy": 0, "unhealthy": 50, "overlimit": 100}}}"#
+            r#"{"machine": {"sm_activity": {"healthy": 0, "unhealthy": 50, "overlimit": 99.9}}}"#
         )
         .is_ok());
+    }
+
+    /// Overlimit is entered strictly past its threshold: 100 for an "above" metric (0 for a
+    /// "below" one) can never be passed and switched the protection off. Refused, naming the
+    /// metric and `overlimit`; a metric that is not judged may keep any value.
+    #[test]
+    fn an_overlimit_threshold_no_reading_can_pass_is_refused() {
+        for (metric, t) in [
+            ("sm_activity", r#"{"healthy": 0, "unhealthy": 50, "overlimit": 100}"#),
+            ("sm_clock", r#"{"healthy": 85, "unhealthy": 75, "overlimit": 0, "direction": "below"}"#),
+        ] {
+            let e = load_text(&format!("{{\n\"machine\": {{\n \"{metric}\": {t}\n}}}}")).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(&*format!("machine.{metric}")), "{e}");
+            assert!(e.message.contains("overlimit = ") && e.message.contains("never"), "{e}");
+            let off = t.replace('}', r#", "enabled": false}"#);
+            assert!(load_text(&format!(r#"{{"machine": {{"{metric}": {off}}}}}"#)).is_ok(), "{off}");
+        }
     }
 
     #[test]
@@ -707,6 +751,29 @@ mod tests {
             assert_eq!(e.field.as_deref(), Some(field), "{e}");
         }
         assert!(load_text(r#"{"host_memory": {"psi_some_avg10_pct": 100, "min_available_pct": 0}}"#).is_ok());
+    }
+
+    /// Every GPU's monitor reads the same file: `{gpu}` and `PORT+{gpu}` give each its own
+    /// metrics address.
+    #[test]
+    fn one_metrics_listen_gives_each_gpu_its_own_address() {
+        for (listen, gpu0, gpu1) in [
+            ("127.0.0.1:9400+{gpu}", "127.0.0.1:9400", "127.0.0.1:9401"),
+            ("[::1]:9400+{gpu}", "[::1]:9400", "[::1]:9401"),
+            ("unix:/run/xshare/metrics-{gpu}.sock", "unix:/run/xshare/metrics-0.sock", "unix:/run/xshare/metrics-1.sock"),
+        ] {
+            let c = load_text(&format!(r#"{{"metrics_listen": "{listen}"}}"#)).unwrap();
+            let at = |gpu| {
+                let mut c = c.clone();
+                c.finalize(Some(gpu));
+                c.metrics_listen.unwrap()
+            };
+            assert_eq!((at(0).as_str(), at(1).as_str()), (gpu0, gpu1), "{listen}");
+        }
+        for bad in ["127.0.0.1:9400+x", "127.0.0.1:65535+1", "nonsense", "127.0.0.1:{gpu}x"] {
+            let e = load_text(&format!(r#"{{"gpu_index": 1, "metrics_listen": "{bad}"}}"#)).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("metrics_listen"), "{bad}: {e}");
+        }
     }
 
     #[test]

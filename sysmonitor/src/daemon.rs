@@ -133,8 +133,32 @@ pub fn lock_instance(cfg: &Config) -> Result<std::fs::File, String> {
     )
 }
 
+/// Makes way for a unix socket at `path`: removes a socket file no one listens on any more (a
+/// monitor that died leaves its socket behind), never one a live process listens on (another
+/// GPU's monitor given the same path) or a file that is no socket. The lock on `<path>.lock`,
+/// returned to be held as long as the socket is served, keeps two monitors that start at once
+/// from each removing the other's socket.
+fn claim_socket_path(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    let held = node_daemon::instance::lock(Path::new(&lock), &format!("monitor serving metrics on {}", path.display()))?;
+    let shared = "each GPU's monitor needs its own socket (`{gpu}` in the path)";
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(held),
+        Err(e) => return Err(e.to_string()),
+        Ok(m) if !m.file_type().is_socket() => return Err("exists and is not a socket; not removed".into()),
+        Ok(_) => {}
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(format!("another process listens on this socket; not removed ({shared})"));
+    }
+    std::fs::remove_file(path).map_err(|e| format!("stale socket not removed: {e}"))?;
+    Ok(held)
+}
+
 /// Serves the latest Prometheus text over HTTP on TCP or a unix socket, one request at a time.
-fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> {
+fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> Result<(), String> {
     fn serve(mut s: impl Read + Write, text: &Mutex<String>) {
         let mut buf = [0u8; 1024];
         let _ = s.read(&mut buf);
@@ -146,19 +170,22 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
             body
         );
     }
-    if let Some(path) = listen.strip_prefix("unix:") {
-        let _ = std::fs::remove_file(path);
-        let l = std::os::unix::net::UnixListener::bind(path)?;
+    let spawned = if let Some(path) = listen.strip_prefix("unix:") {
+        let held = claim_socket_path(Path::new(path))?;
+        let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| e.to_string())?;
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
+                let _held = held;
                 for s in l.incoming().flatten() {
                     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                     serve(s, &text);
                 }
-            })?;
+            })
     } else {
-        let l = std::net::TcpListener::bind(listen)?;
+        let l = std::net::TcpListener::bind(listen).map_err(|e| {
+            format!("{e} (each GPU's monitor needs its own port: `host:PORT+{{gpu}}` is PORT plus the GPU index)")
+        })?;
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
@@ -166,9 +193,9 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> std::io::Result<()> 
                     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                     serve(s, &text);
                 }
-            })?;
-    }
-    Ok(())
+            })
+    };
+    spawned.map(drop).map_err(|e| e.to_string())
 }
 
 /// What a restarted monitor takes over from the state file of its earlier run (same boot, same
@@ -224,6 +251,9 @@ fn resume(cfg: &Config) -> Resume {
                 (crate::health::State::Disabled, Some(monitor_state::DisableCause::Xid(c))) => {
                     Some((c, s.disabled_since_mono_ms.unwrap_or(s.updated_mono_ms)))
                 }
+                // The XID an operator's Disabled hid: Disabled by it from the start (the
+                // operator's file, looked at next, puts the operator's Disabled over it again).
+                (crate::health::State::Disabled, Some(monitor_state::DisableCause::Operator)) => s.xid_under_operator,
                 _ => None,
             };
             Resume {
@@ -341,6 +371,14 @@ impl<G: GpuSource> MonitorService<G> {
                     Input::OperatorEnable
                 },
             );
+            if let (false, Some(monitor_state::DisableCause::Xid(xid))) = (disabled_now, self.mon.machine.disabled_by()) {
+                tracing::error!(
+                    gpu = self.cfg.gpu_index,
+                    xid,
+                    "operator enabled the GPU, but it stays Disabled for the critical XID reported \
+                     before or during the operator's disable (`sysmonitor enable` again ends that)"
+                );
+            }
         }
         self.mon.refresh_offline(now);
         if self.ready && notifier.watchdog_usec.is_some() {
@@ -386,6 +424,8 @@ fn start_only_changes(cfg: &Config, new: &Config) -> Vec<&'static str> {
         ("xid_log", new.xid_log != cfg.xid_log || new.xid_log_match != cfg.xid_log_match),
         ("metrics_listen", new.metrics_listen != cfg.metrics_listen),
         ("history_secs", new.history_secs != cfg.history_secs),
+        ("ledger_mode", new.ledger_mode != cfg.ledger_mode),
+        ("ledger_group", new.ledger_group != cfg.ledger_group),
     ]
     .into_iter()
     .filter_map(|(f, changed)| changed.then_some(f))
@@ -397,8 +437,9 @@ impl<G: GpuSource> Service for MonitorService<G> {
 
     fn load(&mut self) -> Result<Self::Config, ConfigError> {
         // Started on built-in defaults (no config file at the default path): a reload with
-        // still no file keeps them, as a start would, rather than failing every SIGHUP.
-        if self.files.is_empty() && !self.base.exists() {
+        // still no file keeps them, as a start would, rather than failing every SIGHUP; one
+        // with override files added beside the missing base is refused, as a start would.
+        if self.files.is_empty() && node_daemon::cli::defaults_without_base(&self.base)? {
             return Ok((Config::default(), Vec::new()));
         }
         Config::load(&self.base)
@@ -422,6 +463,8 @@ impl<G: GpuSource> Service for MonitorService<G> {
         applied.xid_log = cfg.xid_log.clone();
         applied.xid_log_match = cfg.xid_log_match.clone();
         applied.history_secs = cfg.history_secs;
+        applied.ledger_mode = cfg.ledger_mode.clone();
+        applied.ledger_group = cfg.ledger_group.clone();
         self.cfg = applied;
         self.mon.reconfigure(self.cfg.clone());
         self.files = files;
@@ -480,6 +523,14 @@ impl<G: GpuSource> Service for MonitorService<G> {
             self.next_tick = after;
         }
         self.next_tick
+    }
+
+    /// Only once ready (the first state file written): between ticks further apart than the
+    /// watchdog allows ([`node_daemon::run::run`]).
+    fn keep_alive(&mut self, _now: u64, notifier: &Notifier) {
+        if self.ready {
+            notifier.notify("WATCHDOG=1");
+        }
     }
 
     fn stop(&mut self) {
@@ -585,6 +636,25 @@ mod tests {
 
     /// An operator's disable file of an earlier version (in the container-visible `gpu<N>`
     /// directory) is moved at the monitor's first start in the new layout, and only then.
+    /// A second monitor given the socket path a live one serves is refused and leaves that
+    /// socket alone; a socket no one listens on any more is replaced.
+    #[test]
+    fn a_metrics_socket_a_live_monitor_serves_is_never_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("metrics.sock");
+        let listen = format!("unix:{}", path.display());
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists(), "a dead monitor's socket");
+        spawn_metrics(&listen, Arc::new(Mutex::new("first".into()))).expect("a stale socket is replaced");
+        let e = spawn_metrics(&listen, Arc::new(Mutex::new("second".into()))).unwrap_err();
+        assert!(e.contains("listens"), "{e}");
+        let mut s = std::os::unix::net::UnixStream::connect(&path).expect("the first monitor's socket is still there");
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(body.ends_with("first"), "{body}");
+    }
+
     #[test]
     fn a_legacy_disable_file_is_adopted_once_and_never_again() {
         let d = tempfile::tempdir().unwrap();
@@ -672,6 +742,22 @@ mod tests {
         // A config file that was in force and is gone is an error: the last good one stays.
         svc.files = vec![d.path().join("mon.json")];
         assert!(svc.load().is_err());
+    }
+
+    /// A reload says what it does not do: override files added beside a missing base are an
+    /// error (a start refuses them; the reload kept the defaults and said "config reloaded"),
+    /// and the ledger's mode and group, set only at start, are reported as start-only.
+    #[test]
+    fn a_reload_refuses_overrides_without_a_base_and_reports_ledger_access_changes() {
+        let d = tempfile::tempdir().unwrap();
+        let mut svc = service(d.path(), Rc::new(Cell::new(10.0)), 100);
+        std::fs::create_dir(d.path().join("mon.d")).unwrap();
+        std::fs::write(d.path().join("mon.d/50-tight.json"), r#"{"interval_ms": 5}"#).unwrap();
+        let e = svc.load().expect_err("an override with no base");
+        assert!(e.to_string().contains("50-tight.json"), "{e}");
+        let cfg = svc.cfg.clone();
+        let changed = Config { ledger_mode: "0660".into(), ledger_group: Some("video".into()), ..cfg.clone() };
+        assert_eq!(start_only_changes(&cfg, &changed), ["ledger_mode", "ledger_group"]);
     }
 
     /// A state file that cannot be written (here its directory is a file) is a run of failures
@@ -821,6 +907,15 @@ mod tests {
         svc.tick(200, &n);
         assert_eq!(svc.mon.machine.state(), State::Disabled);
         assert_eq!(resume(&svc.cfg).xid, None, "the operator's switch is its file");
+        // A critical XID under the operator's Disabled is kept in the state file: a restart
+        // resumes it, and the operator's enable leaves the GPU Disabled by it.
+        svc.mon.input(205, Input::Xid(48));
+        svc.tick(210, &n);
+        assert_eq!(resume(&svc.cfg).xid, Some((48, 205)));
+        std::fs::remove_file(&svc.operator_path).unwrap();
+        svc.tick(300, &n);
+        assert_eq!(svc.mon.machine.disabled_by(), Some(monitor_state::DisableCause::Xid(48)));
+        assert_eq!(resume(&svc.cfg).xid, Some((48, 205)));
     }
 
     /// The operator's disable file is looked at every `HOUSEKEEPING_MS` whatever the heartbeat.

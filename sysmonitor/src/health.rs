@@ -188,6 +188,24 @@ impl Threshold {
                 ));
             }
         }
+        // Overlimit is entered only strictly past its threshold: at the end of the range
+        // (100 above, 0 below) no reading ever passes it, which switches the protection off.
+        let unreachable = match self.direction {
+            Direction::Above => self.overlimit >= 100.0,
+            Direction::Below => self.overlimit <= 0.0,
+        };
+        if self.enabled && unreachable {
+            return Err(format!(
+                "overlimit = {} can never be passed (Overlimit needs a reading strictly {} it, and a \
+                 percentage never is): that switches the protection off; use a value inside 0..100, \
+                 or `enabled: false` to stop judging this metric",
+                self.overlimit,
+                match self.direction {
+                    Direction::Above => "above",
+                    Direction::Below => "below",
+                }
+            ));
+        }
         if !ok {
             return Err(match self.direction {
                 Direction::Above => format!(
@@ -455,6 +473,11 @@ pub struct Machine {
     /// offline work at once.
     #[serde(default)]
     hold_interrupted: bool,
+    /// A critical XID (code, monotonic ms seen) that came while, or before, an operator held
+    /// the GPU Disabled: the operator's enable leaves the GPU Disabled by it, and only a
+    /// second enable (or `xid_disable_ms`) ends that, as for any critical XID.
+    #[serde(default)]
+    xid_under_operator: Option<(u64, u64)>,
 }
 
 impl Default for Machine {
@@ -477,6 +500,7 @@ impl Machine {
             nvml_errors: 0,
             good_samples: 0,
             hold_interrupted: false,
+            xid_under_operator: None,
         }
     }
 
@@ -513,6 +537,12 @@ impl Machine {
         self.calm_since_ms = None;
         self.over_since_ms = None;
         self.good_samples = 0;
+    }
+
+    /// The critical XID (code, monotonic ms seen) an operator's Disabled hides: what the GPU
+    /// stays Disabled by once the operator enables it.
+    pub fn xid_under_operator(&self) -> Option<(u64, u64)> {
+        self.xid_under_operator
     }
 
     /// Since when (monotonic ms) the machine is Disabled, while it is.
@@ -555,19 +585,25 @@ impl Machine {
         let mut out = Step::default();
         self.prune(cfg, now_ms);
         match input {
-            Input::OperatorDisable => self.disable(
-                now_ms,
-                DisableCause::Operator,
-                "operator disabled the GPU".into(),
-                &mut out,
-            ),
-            Input::OperatorEnable => {
-                if self.state == State::Disabled {
-                    self.reset_to_init("operator enabled the GPU", &mut out);
+            Input::OperatorDisable => {
+                if let (State::Disabled, Some(DisableCause::Xid(code))) = (self.state, self.disabled_by) {
+                    self.xid_under_operator = Some((code, self.disabled_at_ms));
                 }
+                self.disable(now_ms, DisableCause::Operator, "operator disabled the GPU".into(), &mut out)
             }
+            Input::OperatorEnable => match self.xid_under_operator.take() {
+                Some((code, at)) if self.state == State::Disabled => {
+                    // Still Disabled (no transition), now by the XID, from when it came.
+                    self.disabled_by = Some(DisableCause::Xid(code));
+                    self.disabled_at_ms = at;
+                }
+                _ if self.state == State::Disabled => self.reset_to_init("operator enabled the GPU", &mut out),
+                _ => {}
+            },
             Input::Xid(code) => {
-                if self.disabled_by != Some(DisableCause::Operator) {
+                if self.disabled_by == Some(DisableCause::Operator) {
+                    self.xid_under_operator = Some((code, now_ms));
+                } else {
                     self.disable(
                         now_ms,
                         DisableCause::Xid(code),

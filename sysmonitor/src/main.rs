@@ -20,10 +20,15 @@ CONFIG:
 
     Main keys: interval_ms (>= 1), idle_interval_ms (100: the pace while no offline process is
     registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir ($XSHARE_LEDGER_DIR overrides),
-    state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (\"127.0.0.1:9400\" or \"unix:/run/xshare/m.sock\"),
-    machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled},
+    state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (one per GPU: \"127.0.0.1:9400+{gpu}\" is port 9400 plus
+    the GPU index, or \"unix:/run/xshare/metrics-{gpu}.sock\"),
+    machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled}
+    (percentages; Overlimit is strictly past `overlimit`, so it must be below 100, above 0 for
+    direction \"below\"),
     machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
-    host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run},
+    host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run}
+    (command: argv with {pid} (pid here, checked by its start time; never run without one),
+    {start_time}, {reason}, {gpu}),
     verify.{tolerance_mib,context_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
     kernel log besides NVML events), xid_log_match (\"PCI:0000:3b:00\": only this GPU's lines).
     `sysmonitor check-config` prints the effective config.
@@ -36,7 +41,9 @@ STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -
     overlimit -> unhealthy after a hold of hold_base_ms * hold_factor^(entries in window - 1);
     disabled on NVML errors, critical XIDs or operator. Offline work is admitted only when healthy.
     A restarted monitor resumes an Overlimit hold, the grace of evictions in flight and a
-    critical XID's Disabled (until xid_disable_ms passes, or `enable` when it is 0).
+    critical XID's Disabled (until xid_disable_ms passes, or `enable` when it is 0). A critical
+    XID reported before or during an operator's disable is kept (state file
+    `xid_under_operator`): the operator's `enable` leaves the GPU Disabled by it.
 
 FILES: <ledger_dir>/pods/<pod uid>/gpu<N>/ledger (one per offline pod, made by node-agent's
     Allocate and mounted into that pod alone, where the shim looks for gpu<N>/ledger; read with
@@ -46,7 +53,8 @@ FILES: <ledger_dir>/pods/<pod uid>/gpu<N>/ledger (one per offline pod, made by n
     shims, mps-manager and node-agent; containers get status/ read-only).
     In <ledger_dir>/daemons/gpu<N>/, never mounted into containers: state.json (what `status`
     reads), `disabled` (operator switch), `enable` (an operator's enable of an XID's Disabled,
-    removed by the monitor), sysmonitor.lock (one monitor per GPU).
+    removed by the monitor), sysmonitor.lock (one monitor per GPU), state.json.lock (one writer
+    per state file, wherever it is).
 
 LOGS: RUST_LOG=debug|info|warn (default info), to stderr.
 
@@ -82,7 +90,8 @@ enum Cmd {
     /// Take the GPU out of service: Disabled at the next report, offline work evicted.
     Disable,
     /// Put the GPU back into service (it goes through Init): ends an operator's `disable`, or
-    /// else a critical XID's Disabled.
+    /// else a critical XID's Disabled. A critical XID reported before or during the operator's
+    /// disable outlasts it: the GPU stays Disabled by the XID until a second `enable`.
     Enable,
     /// Time each NVML query the monitor makes on this GPU (CPU per call) and what they add up
     /// to at the configured interval_ms: where the monitor's CPU goes on this driver. Safe
@@ -176,10 +185,14 @@ fn main() -> ExitCode {
         Cmd::Enable => {
             let f = daemon::operator_file(&cfg);
             match std::fs::remove_file(&f) {
-                Ok(()) => out(&format!(
-                    "GPU {} re-enabled; it goes through Init\n",
-                    cfg.gpu_index
-                )),
+                Ok(()) => match monitor_state::read_for(&cfg.state_file, cfg.gpu_index).ok().and_then(|s| s.xid_under_operator) {
+                    Some((xid, _)) => out(&format!(
+                        "GPU {}: the operator's disable is over, but the GPU stays Disabled by XID {xid}, \
+                         reported before or during it; run `sysmonitor enable` again to end that\n",
+                        cfg.gpu_index
+                    )),
+                    None => out(&format!("GPU {} re-enabled; it goes through Init\n", cfg.gpu_index)),
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     match monitor_state::disabling_xid(&cfg.state_file, cfg.gpu_index) {
                         // Kept across monitor restarts: only an operator puts it back.

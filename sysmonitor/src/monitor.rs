@@ -771,6 +771,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             admits_offline: self.machine.state().admits_offline(),
             disabled_by: self.machine.disabled_by(),
             disabled_since_mono_ms: self.machine.disabled_since_ms(),
+            xid_under_operator: self.machine.xid_under_operator(),
             updated_unix_ms: unix_ms(),
             updated_mono_ms: now_ms,
             interval_ms: self.cfg.interval_ms,

@@ -20,6 +20,13 @@ fn example_config_with_overrides_loads() {
         "override applied over the base"
     );
     assert!(cfg.evictor.command.is_some());
+    // Every GPU's monitor reads this file: each needs its own metrics port.
+    let port = |gpu| {
+        let mut c = cfg.clone();
+        c.finalize(Some(gpu));
+        c.metrics_listen.unwrap()
+    };
+    assert_ne!(port(0), port(1));
 }
 
 #[test]

@@ -357,9 +357,40 @@ fn operator_disable_is_not_undone_by_good_samples_or_xid_timeouts() {
         (3, s(CALM), State::Disabled),
         (4, Input::Xid(31), State::Disabled),
         (10_000, s(CALM), State::Disabled),
-        (10_001, Input::OperatorEnable, State::Init),
-        (10_002, s(CALM), State::Healthy),
+        // The XID seen meanwhile holds it until its own quiet time (long over) has passed.
+        (10_001, Input::OperatorEnable, State::Disabled),
+        (10_002, s(CALM), State::Init),
+        (10_003, s(CALM), State::Healthy),
     ]);
+}
+
+/// A critical XID under an operator's Disabled, or before it, is not forgotten: the operator's
+/// enable leaves the GPU Disabled by the XID (with `xid_disable_ms: 0`, until a second enable,
+/// as `sysmonitor enable --help` says), never Init -> Healthy with a double-bit ECC error on it.
+#[test]
+fn an_xid_before_or_during_an_operator_disable_outlasts_the_operators_enable() {
+    let c = MachineConfig { xid_disable_ms: 0, ..cfg() };
+    for inputs in [
+        [Input::OperatorDisable, Input::Xid(48), Input::OperatorEnable],
+        [Input::Xid(48), Input::OperatorDisable, Input::OperatorEnable],
+    ] {
+        let mut m = Machine::new();
+        m.step(&c, 0, s(CALM));
+        for (t, i) in (1..).zip(inputs) {
+            m.step(&c, t, i);
+        }
+        assert_eq!((m.state(), m.disabled_by()), (State::Disabled, Some(DisableCause::Xid(48))), "{inputs:?}");
+        assert_eq!(m.xid_under_operator(), None);
+        m.step(&c, 1_000_000, s(CALM));
+        assert_eq!(m.state(), State::Disabled, "{inputs:?}: no quiet time ends it");
+        m.step(&c, 1_000_001, Input::OperatorEnable);
+        assert_eq!(m.state(), State::Init, "{inputs:?}: the second enable ends it");
+    }
+    // Kept with the machine's state (a restarted monitor reads it from the state file).
+    let mut m = Machine::new();
+    m.step(&c, 1, Input::OperatorDisable);
+    m.step(&c, 2, Input::Xid(48));
+    assert_eq!(m.xid_under_operator(), Some((48, 2)));
 }
 
 #[test]
