@@ -216,6 +216,13 @@ pub struct Ledger {
     slot_locks: Box<[AtomicI32]>,
     /// (st_dev, st_ino) of the mapped file, to recognise our slot-lock fds.
     dev_ino: (u64, u64),
+    /// The description this process's reclaim passes take slot locks on (opened at the first
+    /// pass, with the pid that opened it: a fork child opens its own), and the one pass at a
+    /// time in this process: OFD locks do not exclude holders of one description from each
+    /// other. Kept open, not opened per pass: closing a writable description is an
+    /// `IN_CLOSE_WRITE` on the ledger, which the monitor's reclaim watch takes for a process
+    /// that left (a pass per pass, for ever).
+    reclaim_desc: std::sync::Mutex<Option<(u32, File)>>,
 }
 
 impl Drop for Ledger {
@@ -479,6 +486,7 @@ impl Ledger {
             path: path.to_owned(),
             slot_locks: (0..MAX_PROCS).map(|_| AtomicI32::new(-1)).collect(),
             dev_ino,
+            reclaim_desc: std::sync::Mutex::new(None),
         })
     }
 
@@ -1118,7 +1126,19 @@ impl Ledger {
         if !self.layout().procs.iter().any(|p| owner_pid(p.owner.load(Acquire)) != 0) {
             return Ok(Vec::new());
         }
-        self.reclaim_on(&self.new_description()?)
+        // One pass at a time: a pass running on another thread (or a lock held by a thread
+        // that forked, in a fork child) reclaims what there is; this one is skipped.
+        let mut desc = match self.reclaim_desc.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(Vec::new()),
+        };
+        let pid = std::process::id();
+        let desc = match &mut *desc {
+            Some((p, f)) if *p == pid => f,
+            slot => &slot.insert((pid, self.new_description()?)).1,
+        };
+        self.reclaim_on(desc)
     }
 
     /// [`Ledger::reclaim_dead`] with the slot locks taken on `desc`, a description of this
