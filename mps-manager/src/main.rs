@@ -281,7 +281,9 @@ impl Service for ManagerService {
     type Config = (Config, Vec<PathBuf>);
 
     fn load(&mut self) -> Result<Self::Config, ConfigError> {
-        if self.on_defaults && !self.base.exists() {
+        // With still no file, a reload keeps the defaults; override files added beside the
+        // missing base are refused, as a start refuses them (not silently ignored).
+        if self.on_defaults && node_daemon::cli::defaults_without_base(&self.base)? {
             return Ok((Config::default(), Vec::new()));
         }
         Config::load(&self.base)
@@ -439,6 +441,26 @@ mod tests {
         assert!(e.contains("control_bin, shm_dir") && e.contains("next start"), "{e}");
         assert_eq!((&svc.m.cfg.shm_dir, &svc.m.cfg.control_bin), (&cfg.shm_dir, &cfg.control_bin), "kept");
         assert_eq!(svc.m.ctl.timeout, Duration::from_millis(1234), "the rest applied");
+    }
+
+    /// Started on built-in defaults (no config file), a reload after an override file was
+    /// added beside the missing base is refused naming it, as a start refuses that layout;
+    /// before, the reload kept the defaults and said it applied.
+    #[test]
+    fn a_reload_refuses_overrides_added_without_a_base() {
+        let d = tempfile::tempdir().unwrap();
+        let base = d.path().join("mps.json");
+        let mut cfg = Config { ledger_dir: d.path().join("run"), compute_mode: mps_manager::compute_mode::ComputeModePolicy::Leave, ..Config::default() };
+        cfg.finalize(None);
+        let mut svc = ManagerService { m: Manager::new(cfg.clone()).unwrap(), base: base.clone(), on_defaults: true, state_file: cfg.state_file.clone(), next_check: 0 };
+        assert_eq!(node_daemon::run::reload(&mut svc), node_daemon::run::Reload::Applied, "no file at all: the defaults");
+        std::fs::create_dir_all(d.path().join("mps.d")).unwrap();
+        let over = d.path().join("mps.d/50-tight.json");
+        std::fs::write(&over, "{ \"check_every_ms\": 500 }").unwrap();
+        match node_daemon::run::reload(&mut svc) {
+            node_daemon::run::Reload::Kept(e) => assert_eq!(e.file, over, "{e}"),
+            r => panic!("the override was ignored: {r:?}"),
+        }
     }
 
     #[test]
