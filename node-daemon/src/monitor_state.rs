@@ -45,6 +45,12 @@ pub struct MonitorState {
     /// monitor keeps it; absent in files written before this field existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid_under_operator: Option<(u64, u64)>,
+    /// Disabled (NVML errors, a critical XID) while an Overlimit hold of `hold_ms` had not run
+    /// out: offline work is admitted again only once the metrics have stayed calm for that hold
+    /// after Disabled's own cause is over, in this run or a restarted one (absent in files
+    /// written before this field existed: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold_interrupted: bool,
     /// Wall-clock ms of this snapshot.
     pub updated_unix_ms: u64,
     /// Monotonic ms of this snapshot.
@@ -167,6 +173,7 @@ impl MonitorState {
             disabled_by: Some(DisableCause::Xid(79)),
             disabled_since_mono_ms: Some(4),
             xid_under_operator: None,
+            hold_interrupted: false,
             updated_unix_ms: 1000,
             updated_mono_ms: 5,
             interval_ms: 10,

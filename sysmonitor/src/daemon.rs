@@ -212,6 +212,9 @@ struct Resume {
     /// The earlier run held the GPU Disabled for a critical XID: the code, and since when
     /// (monotonic ms; the file's time when it does not say).
     xid: Option<(u64, u64)>,
+    /// The earlier run went Disabled (XID, NVML errors) in the middle of an Overlimit hold:
+    /// that hold is still to be served.
+    interrupted_hold: bool,
 }
 
 /// Reads what [`Resume`] holds from `cfg.state_file`. A restart (the OOM killer, the watchdog,
@@ -240,13 +243,18 @@ fn resume(cfg: &Config) -> Resume {
                 entries = s.overlimit_entries_mono_ms.len(),
                 "resumed Overlimit history from the state file"
             );
-            let overlimit = (s.state == crate::health::State::Overlimit).then(|| {
+            // Disabled in the middle of an Overlimit hold: by an XID, resumed Disabled and the
+            // hold served after it; by NVML errors (a restart starts afresh from Init), the
+            // hold resumed as Overlimit from the first calm sample: never admitted at once.
+            let interrupted_hold = s.state == crate::health::State::Disabled && s.hold_interrupted;
+            let nvml_interrupted = interrupted_hold && s.disabled_by == Some(monitor_state::DisableCause::Nvml);
+            let overlimit = if nvml_interrupted { Some(None) } else { (s.state == crate::health::State::Overlimit).then(|| {
                 // The hold had run for `hold_ms - remaining` at the last write.
                 s.hold_remaining_ms.map(|r| {
                     s.updated_mono_ms
                         .saturating_sub(s.hold_ms.saturating_sub(r))
                 })
-            });
+            }) };
             let xid = match (s.state, s.disabled_by) {
                 (crate::health::State::Disabled, Some(monitor_state::DisableCause::Xid(c))) => {
                     Some((c, s.disabled_since_mono_ms.unwrap_or(s.updated_mono_ms)))
@@ -261,6 +269,7 @@ fn resume(cfg: &Config) -> Resume {
                 overlimit,
                 pending: s.evictions_pending,
                 xid,
+                interrupted_hold: interrupted_hold && xid.is_some(),
             }
         }
         Ok(_) => Resume::default(),
@@ -596,6 +605,9 @@ pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> 
     }
     if let Some((code, since)) = resumed.xid {
         mon.machine.resume_xid_disabled(code, since);
+        if resumed.interrupted_hold {
+            mon.machine.resume_interrupted_hold(&cfg.machine);
+        }
         tracing::warn!(
             gpu = cfg.gpu_index,
             xid = code,
@@ -678,6 +690,9 @@ mod tests {
     impl GpuSource for Dial {
         fn sample(&mut self, now_ms: u64) -> Result<GpuSample, String> {
             let u = self.0.get();
+            if u < 0.0 {
+                return Err("NVML error (dialled)".into());
+            }
             Ok(GpuSample {
                 t_ms: now_ms,
                 gpu_util: u,
@@ -880,6 +895,41 @@ mod tests {
         }
         assert_eq!(svc.mon.machine.state(), State::Healthy);
         assert_eq!(resume(&svc.cfg).overlimit, None);
+    }
+
+    /// NVML errors in the middle of an Overlimit hold (Disabled), then a restart (the watchdog
+    /// killing a monitor stuck in a hung NVML call is the likely one): the restarted monitor
+    /// serves the hold before it admits offline work. Before, the hold's interruption was not in
+    /// the state file, and the new run went Init -> Healthy at its first good sample.
+    #[test]
+    fn a_restart_serves_an_overlimit_hold_that_nvml_errors_interrupted() {
+        let d = tempfile::tempdir().unwrap();
+        let util = Rc::new(Cell::new(10.0));
+        let mut svc = service(d.path(), util.clone(), 10);
+        let n = Notifier::from_env();
+        for t in (0..=500).step_by(10) {
+            svc.tick(t, &n);
+        }
+        util.set(99.5);
+        svc.tick(510, &n);
+        assert_eq!(svc.mon.machine.state(), State::Overlimit);
+        util.set(-1.0);
+        for t in (520..=600).step_by(10) {
+            svc.tick(t, &n);
+        }
+        assert_eq!(svc.mon.machine.disabled_by(), Some(crate::health::DisableCause::Nvml));
+        let r = resume(&svc.cfg);
+        assert_eq!((r.history.clone(), r.overlimit), (vec![510], Some(None)), "the hold is still to be served");
+        // The restarted run's machine: calm samples admit offline work only after the hold.
+        let mut m = crate::health::Machine::with_history(r.history);
+        m.resume_overlimit(&svc.cfg.machine, None);
+        let calm = crate::health::Metrics { gpu_util: 10.0, sm_activity: 10.0, sm_clock_pct: 100.0, mem_used_pct: 1.0, ..Default::default() };
+        for t in (610..=800).step_by(10) {
+            m.step(&svc.cfg.machine, t, crate::health::Input::Sample(calm));
+            assert_eq!(m.state(), State::Overlimit, "admitted at {t} ms, before the 200 ms hold");
+        }
+        m.step(&svc.cfg.machine, 820, crate::health::Input::Sample(calm));
+        assert_ne!(m.state(), State::Overlimit, "the hold is over");
     }
 
     /// A critical XID's Disabled is resumed with its time; an `enable` request ends it (and is

@@ -539,6 +539,24 @@ impl Machine {
         self.good_samples = 0;
     }
 
+    /// Disabled while an Overlimit hold had not run out: that hold is served (calm for
+    /// `hold_ms` from the first calm sample) once Disabled's own cause is over.
+    pub fn hold_interrupted(&self) -> bool {
+        self.state == State::Disabled && self.hold_interrupted
+    }
+
+    /// Takes over an Overlimit hold an earlier run of the monitor had not finished when its GPU
+    /// went Disabled (its state file's `hold_interrupted`): the machine, Disabled as resumed
+    /// ([`Machine::resume_xid_disabled`]), leaves Disabled only after the metrics have been calm
+    /// for the hold its Overlimit entries give, as the earlier run would have.
+    pub fn resume_interrupted_hold(&mut self, cfg: &MachineConfig) {
+        if self.state == State::Disabled {
+            self.hold_interrupted = true;
+            self.hold_ms = cfg.hold_ms(self.overlimit_entries.len().max(1));
+            self.calm_since_ms = None;
+        }
+    }
+
     /// The critical XID (code, monotonic ms seen) an operator's Disabled hides: what the GPU
     /// stays Disabled by once the operator enables it.
     pub fn xid_under_operator(&self) -> Option<(u64, u64)> {

@@ -772,6 +772,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             disabled_by: self.machine.disabled_by(),
             disabled_since_mono_ms: self.machine.disabled_since_ms(),
             xid_under_operator: self.machine.xid_under_operator(),
+            hold_interrupted: self.machine.hold_interrupted(),
             updated_unix_ms: unix_ms(),
             updated_mono_ms: now_ms,
             interval_ms: self.cfg.interval_ms,

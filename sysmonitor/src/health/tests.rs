@@ -839,3 +839,23 @@ fn nvml_errors_outside_a_hold_recover_after_the_good_samples() {
         (5, s(CALM), State::Healthy),
     ]);
 }
+
+/// An XID in the middle of an Overlimit hold, then a restart: resumed Disabled by the XID
+/// with the hold still to serve, the machine leaves Disabled only after the XID's quiet
+/// time and then the metrics calm for the hold, as the earlier run would have.
+#[test]
+fn a_resumed_xid_disabled_machine_serves_the_hold_it_interrupted() {
+    let cfg = MachineConfig { xid_disable_ms: 100, hold_base_ms: 300, hold_max_ms: 300, ..MachineConfig::default() };
+    let calm = Metrics { gpu_util: 10.0, sm_activity: 10.0, sm_clock_pct: 100.0, mem_used_pct: 1.0, ..Default::default() };
+    let mut m = Machine::with_history(vec![0]);
+    m.resume_xid_disabled(48, 0);
+    m.resume_interrupted_hold(&cfg);
+    for t in (10..=390).step_by(10) {
+        m.step(&cfg, t, Input::Sample(calm));
+        assert_eq!(m.state(), State::Disabled, "left Disabled at {t} ms, inside the hold");
+    }
+    for t in (400..=420).step_by(10) {
+        m.step(&cfg, t, Input::Sample(calm));
+    }
+    assert_ne!(m.state(), State::Disabled, "quiet and calm for the hold: back in service");
+}
