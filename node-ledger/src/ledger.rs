@@ -864,12 +864,17 @@ impl Ledger {
     }
 
     /// Releases for a registered process: its slot first, then the group, so a crash between
-    /// the two can only leave the group over-counted (conservative), never under-counted.
+    /// the two can only leave the group over-counted (conservative), never under-counted. The
+    /// group gets back only what the slot still counted: a slot a reclaimer emptied (its owner
+    /// lost its slot lock, and the reclaim gave its bytes back to the group already) has
+    /// nothing more to give, and a free then must not take other processes' usage off the
+    /// group (the shim moves to a new slot at its next check).
     pub fn release(&self, h: ProcHandle, bytes: u64) {
-        if let Some(p) = self.layout().procs.get(h.slot) {
-            saturating_sub(&p.mem_bytes, bytes);
-        }
-        self.release_group(h.group, bytes);
+        let taken = match self.layout().procs.get(h.slot) {
+            Some(p) => saturating_sub(&p.mem_bytes, bytes),
+            None => bytes,
+        };
+        self.release_group(h.group, taken);
     }
 
     /// Registers process `pid` (as this pid namespace names it) in group slot `group`.
@@ -1377,11 +1382,14 @@ enum Place<'a> {
 
 /// Subtracts without ever leaving the counter wrapped: one locked op when the books are right,
 /// a correcting add when they are not (a corrupt or foreign writer).
-fn saturating_sub(a: &AtomicU64, bytes: u64) {
+/// Takes `bytes` off `a`, stopping at 0; returns what was taken (`min(bytes, a)`).
+fn saturating_sub(a: &AtomicU64, bytes: u64) -> u64 {
     let prev = a.fetch_sub(bytes, AcqRel);
     if prev < bytes {
         a.fetch_add(bytes - prev, AcqRel);
+        return prev;
     }
+    bytes
 }
 
 /// Maps exactly [`LAYOUT_SIZE`] bytes of `file`, whatever its length is now: a length checked
@@ -1626,6 +1634,37 @@ mod tests {
         let c = Ledger::open_existing(a.path()).unwrap();
         let hc = c.register(std::process::id(), g).unwrap();
         assert!(c.try_reserve(hc, 1000).is_err(), "the group stays within its quota");
+    }
+
+    /// Review: a free made after the slot lock was lost and the slot reclaimed (before the
+    /// shim's next check moves it to a new slot) took its bytes off the group again, eating
+    /// the usage of the group's other processes (group 300 held by B read 0, so 1000 more
+    /// fitted under a quota of 1000).
+    #[test]
+    fn a_free_on_a_reclaimed_slot_gives_the_group_nothing_more() {
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, a) = fresh();
+        let g = a.group(5, 1000).unwrap();
+        let b = Ledger::open_existing(a.path()).unwrap();
+        let hb = b.register(std::process::id(), g).unwrap();
+        b.try_reserve(hb, 300).unwrap();
+        let ha = a.register(std::process::id(), g).unwrap();
+        a.try_reserve(ha, 600).unwrap();
+        // A's slot-lock fd is replaced (the lock goes), and a reclaimer gives its 600 back.
+        let n = a.slot_lock_fd(ha).unwrap();
+        let other = File::open(a.path()).unwrap();
+        // SAFETY: dup2 onto A's own slot-lock fd, as a careless application would.
+        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), n) }, n);
+        let r = Ledger::open_existing(a.path()).unwrap();
+        assert_eq!(r.reclaim_dead().unwrap(), vec![(std::process::id(), 600)]);
+        assert_eq!(r.group_used(g), 300);
+        // A frees 500 of what it holds before it notices.
+        a.release(ha, 500);
+        assert_eq!(r.group_used(g), 300, "B's 300 stay counted");
+        b.release(hb, 300);
+        assert_eq!(r.group_used(g), 0);
+        // SAFETY: the application's own fd.
+        unsafe { libc::close(n) };
     }
 
     /// Review: a reclaim pass took its slot locks on the handle's own description, which the
