@@ -692,20 +692,23 @@ mod tests {
     }
 
     /// Overlimit is entered strictly past its threshold: 100 for an "above" metric (0 for a
-    /// "below" one) can never be passed and switched the protection off. Refused, naming the
-    /// metric and `overlimit`; a metric that is not judged may keep any value.
+    /// "below" one) can never be passed, so that metric never evicts. Accepted (the previous
+    /// build ran such files; refusing them crash-looped the monitor at upgrade), with a
+    /// warning naming the field; a metric that is not judged says nothing.
     #[test]
-    fn an_overlimit_threshold_no_reading_can_pass_is_refused() {
+    fn an_overlimit_threshold_no_reading_can_pass_is_accepted_with_a_warning() {
         for (metric, t) in [
             ("sm_activity", r#"{"healthy": 0, "unhealthy": 50, "overlimit": 100}"#),
             ("sm_clock", r#"{"healthy": 85, "unhealthy": 75, "overlimit": 0, "direction": "below"}"#),
         ] {
-            let e = load_text(&format!("{{\n\"machine\": {{\n \"{metric}\": {t}\n}}}}")).unwrap_err();
-            assert_eq!(e.field.as_deref(), Some(&*format!("machine.{metric}")), "{e}");
-            assert!(e.message.contains("overlimit = ") && e.message.contains("never"), "{e}");
+            let c = load_text(&format!("{{\n\"machine\": {{\n \"{metric}\": {t}\n}}}}")).unwrap();
+            let w = c.machine.never_overlimit();
+            assert!(w.len() == 1 && w[0].starts_with(&format!("machine.{metric}.overlimit = ")) && w[0].contains("never evicts"), "{w:?}");
             let off = t.replace('}', r#", "enabled": false}"#);
-            assert!(load_text(&format!(r#"{{"machine": {{"{metric}": {off}}}}}"#)).is_ok(), "{off}");
+            let c = load_text(&format!(r#"{{"machine": {{"{metric}": {off}}}}}"#)).unwrap();
+            assert!(c.machine.never_overlimit().is_empty(), "{off}");
         }
+        assert!(Config::default().machine.never_overlimit().is_empty(), "the shipped thresholds all evict");
     }
 
     #[test]

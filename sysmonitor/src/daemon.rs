@@ -482,6 +482,9 @@ impl<G: GpuSource> Service for MonitorService<G> {
         self.next_housekeeping = 0;
         self.written = None;
         tracing::info!(files = ?self.files, "config in force");
+        for w in self.cfg.machine.never_overlimit() {
+            tracing::warn!("{w}");
+        }
     }
 
     fn reload_failed(&mut self, error: &ConfigError) {

@@ -164,6 +164,19 @@ pub enum Level {
 }
 
 impl Threshold {
+    /// Whether no reading can ever pass `overlimit` (Overlimit is strictly past it: 100 for an
+    /// "above" metric, 0 for a "below" one) while the metric is judged: it then makes the GPU
+    /// Unhealthy at most, never Overlimit, so it never evicts. Accepted (an operator may mean
+    /// it, and refusing a file the previous build ran would crash-loop the monitor at upgrade),
+    /// and said: [`MachineConfig::never_overlimit`].
+    pub fn never_overlimit(&self) -> bool {
+        self.enabled
+            && match self.direction {
+                Direction::Above => self.overlimit >= 100.0,
+                Direction::Below => self.overlimit <= 0.0,
+            }
+    }
+
     /// Checks the ordering healthy < unhealthy < overlimit (reversed for `Below`).
     pub fn validate(&self) -> Result<(), String> {
         let ok = match self.direction {
@@ -187,24 +200,6 @@ impl Threshold {
                     "{name} = {v} is a percentage: must be within 0..=100"
                 ));
             }
-        }
-        // Overlimit is entered only strictly past its threshold: at the end of the range
-        // (100 above, 0 below) no reading ever passes it, which switches the protection off.
-        let unreachable = match self.direction {
-            Direction::Above => self.overlimit >= 100.0,
-            Direction::Below => self.overlimit <= 0.0,
-        };
-        if self.enabled && unreachable {
-            return Err(format!(
-                "overlimit = {} can never be passed (Overlimit needs a reading strictly {} it, and a \
-                 percentage never is): that switches the protection off; use a value inside 0..100, \
-                 or `enabled: false` to stop judging this metric",
-                self.overlimit,
-                match self.direction {
-                    Direction::Above => "above",
-                    Direction::Below => "below",
-                }
-            ));
         }
         if !ok {
             return Err(match self.direction {
@@ -307,6 +302,24 @@ fn default_recover() -> u32 {
 }
 
 impl MachineConfig {
+    /// The judged metrics whose `overlimit` no reading can pass ([`Threshold::never_overlimit`]),
+    /// each as a warning naming its field: logged at start and reload, printed by check-config.
+    pub fn never_overlimit(&self) -> Vec<String> {
+        MetricKind::ALL
+            .into_iter()
+            .filter(|&k| self.threshold(k).never_overlimit())
+            .map(|k| {
+                format!(
+                    "machine.{}.overlimit = {} can never be passed (Overlimit is strictly past it): {} makes the GPU \
+                     Unhealthy at most and never evicts offline work; if that is not meant, use a value inside 0..100",
+                    k.as_str(),
+                    self.threshold(k).overlimit,
+                    k.as_str()
+                )
+            })
+            .collect()
+    }
+
     /// The thresholds of metric `k`.
     pub fn threshold(&self, k: MetricKind) -> &Threshold {
         match k {

@@ -23,8 +23,8 @@ CONFIG:
     state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (one per GPU: \"127.0.0.1:9400+{gpu}\" is port 9400 plus
     the GPU index, or \"unix:/run/xshare/metrics-{gpu}.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled}
-    (percentages; Overlimit is strictly past `overlimit`, so it must be below 100, above 0 for
-    direction \"below\"),
+    (percentages; Overlimit is strictly past `overlimit`: at 100 (0 for direction \"below\") the
+    metric never causes Overlimit, said as a warning),
     machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
     host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run}
     (command: argv with {pid} (pid here, checked by its start time; never run without one),
@@ -139,6 +139,9 @@ fn main() -> ExitCode {
                 serde_json::to_string_pretty(&cfg).unwrap_or_default()
             ))
             .map(|()| {
+                for w in cfg.machine.never_overlimit() {
+                    eprintln!("warning: {w}");
+                }
                 eprintln!(
                     "config ok: {}",
                     files
