@@ -626,9 +626,16 @@ pub fn run(cfg: Config, base: &Path, files: Vec<PathBuf>) -> Result<(), String> 
     }
     let mut svc = MonitorService::new(cfg, base, files, mon, start_ledger_error);
     svc.operator_disabled = operator_disabled;
-    if let Some(l) = &svc.cfg.metrics_listen {
-        spawn_metrics(l, svc.metrics_text.clone())
-            .map_err(|e| format!("metrics_listen `{l}`: {e}"))?;
+    // Metrics are an operator's convenience, the monitor the GPU's protection: an endpoint that
+    // cannot be served (an address another GPU's monitor holds, one config for every GPU) is
+    // an ERROR and the monitor runs without it, never a start refused (a crash loop under
+    // `Restart=always`, the GPU unmonitored).
+    if let Some(l) = svc.cfg.metrics_listen.clone() {
+        if let Err(e) = spawn_metrics(&l, svc.metrics_text.clone()) {
+            let msg = format!("metrics_listen `{l}`: {e}; the monitor runs without its metrics endpoint");
+            tracing::error!(gpu = svc.cfg.gpu_index, "{msg}");
+            svc.config_error = Some(msg);
+        }
     }
     tracing::info!(
         gpu = svc.cfg.gpu_index,

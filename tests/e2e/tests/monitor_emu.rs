@@ -784,6 +784,26 @@ fn metrics_endpoint_serves_prometheus_text_on_a_unix_socket() {
     assert!(body.contains("xshare_evictions_total{gpu=\"0\",reason=\"under_report\"} 0"));
 }
 
+/// A metrics endpoint that cannot be served (here a unix socket another live listener holds,
+/// as when every GPU's monitor reads one config naming one path) leaves the monitor running and
+/// protecting its GPU, the failure named in its state file; before, the start was refused, a
+/// crash loop under `Restart=always` with the GPU unmonitored.
+#[test]
+fn a_metrics_endpoint_it_cannot_serve_never_stops_the_monitor() {
+    let n = EmuHost::node();
+    let sock = n.path("metrics.sock");
+    let _other = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let cfg = config(400, 5000).replace(
+        r#""interval_ms": 10,"#,
+        &format!(r#""interval_ms": 10, "metrics_listen": "unix:{}","#, sock.display()),
+    );
+    let _mon = n.start_monitor("mon.json", &cfg);
+    let v = n.wait_state(T, "healthy", |v| state(v) == "healthy");
+    let e = v["config_error"].as_str().unwrap_or_default();
+    assert!(e.contains("metrics_listen") && e.contains("without its metrics endpoint"), "{v}");
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok(), "the other listener's socket is left alone");
+}
+
 /// `sysmonitor nvml-cost` times every NVML query the monitor makes, on the host's own NVML:
 /// GPM's on Hopper, utilization samples before it, each with a CPU cost and a rate, and their
 /// sum at the configured interval (figures are not asserted: a shared machine).
