@@ -765,11 +765,12 @@ nvml_memory_info!(nvmlDeviceGetMemoryInfo_v2, real_v2, nvml_wrapper_sys::binding
 // Counted on the GPU they wait for (`crate::state::Syncs`): a client whose thread has waited for
 // long with nothing returning while the GPU is idle is hung, one that calls nothing is idle.
 
-/// Runs the synchronizing call `call`, counted on GPU `ord` (uncounted before the shim's state
-/// exists: no context then, nothing to wait for).
-fn synced(ord: impl FnOnce(&crate::state::State) -> usize, call: impl FnOnce() -> CUresult) -> CUresult {
-    match crate::state::get() {
-        Some(st) => st.gpu(CUdevice::try_from(ord(st)).unwrap_or(-1)).syncs.around(call),
+/// Runs the synchronizing call `call`, counted on GPU `ord` (uncounted when the GPU is not
+/// known, and before the shim's state exists: no context then, nothing to wait for). Never on
+/// a guessed GPU: a wait counted on an idle GPU's ledger would look like a hang there.
+fn synced(ord: impl FnOnce(&crate::state::State) -> Option<usize>, call: impl FnOnce() -> CUresult) -> CUresult {
+    match crate::state::get().and_then(|st| Some(st.gpu(CUdevice::try_from(ord(st)?).ok()?))) {
+        Some(g) => g.syncs.around(call),
         None => call(),
     }
 }
@@ -780,7 +781,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     guard(|| {
         let f = real!(cuCtxSynchronize: PFN_cuCtxSynchronize_v2000);
         // SAFETY: the real function, which takes no arguments.
-        synced(|st| st.current_ordinal(), || unsafe { f() })
+        synced(|st| st.known_current_ordinal(), || unsafe { f() })
     })
 }
 
@@ -794,10 +795,13 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     })
 }
 
-/// The GPU a stream synchronize waits for: the stream's (the current context's when the driver
-/// cannot say; the call itself is never refused for it).
-fn stream_gpu(st: &crate::state::State, stream: CUstream) -> usize {
-    st.stream_ordinal(stream as u64).unwrap_or_else(|_| st.current_ordinal())
+/// The GPU a stream synchronize waits for: the stream's (none when the driver cannot say; the
+/// call itself is never refused for it).
+fn stream_gpu(st: &crate::state::State, stream: CUstream) -> Option<usize> {
+    if stream as u64 <= 2 {
+        return st.known_current_ordinal();
+    }
+    st.stream_ordinal(stream as u64).ok()
 }
 
 /// Hooked `cuStreamSynchronize`: counted on the stream's GPU.
@@ -821,13 +825,13 @@ pub unsafe extern "C" fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult 
 }
 
 /// Hooked `cuEventSynchronize`: counted on the current context's GPU (an event does not name
-/// its device; it is almost always recorded there).
+/// its device; it is almost always recorded there), uncounted without a current context.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
     guard(|| {
         let f = real!(cuEventSynchronize: PFN_cuEventSynchronize_v2000);
         // SAFETY: forwarding the caller's argument.
-        synced(|st| st.current_ordinal(), || unsafe { f(event) })
+        synced(|st| st.known_current_ordinal(), || unsafe { f(event) })
     })
 }
 

@@ -180,12 +180,21 @@ impl State {
         .and_then(ordinal)
     }
 
-    /// The ordinal of context `ctx`'s device (null: the calling thread's current context). One
-    /// GPU: 0, without asking; several: the context pushed for a moment and its device asked
-    /// (0 if the driver cannot say).
-    pub fn ctx_ordinal(&self, ctx: cuda_abi::CUcontext) -> usize {
+    /// The ordinal of the calling thread's current context's device, if it has one (one GPU:
+    /// 0, without asking).
+    pub fn known_current_ordinal(&self) -> Option<usize> {
+        if self.gpus.len() == 1 {
+            return Some(0);
+        }
+        current_device().ok().and_then(|d| usize::try_from(d).ok())
+    }
+
+    /// The ordinal of context `ctx`'s device (null: the calling thread's current context), if
+    /// the driver says. One GPU: 0, without asking; several: the context pushed for a moment
+    /// and its device asked.
+    pub fn ctx_ordinal(&self, ctx: cuda_abi::CUcontext) -> Option<usize> {
         if self.gpus.len() == 1 || ctx.is_null() {
-            return self.current_ordinal();
+            return self.known_current_ordinal();
         }
         device_via_context(
             || Ok(ctx),
@@ -195,7 +204,6 @@ impl State {
         )
         .ok()
         .and_then(|d| usize::try_from(d).ok())
-        .unwrap_or(0)
     }
 
     /// Every GPU's quota.
