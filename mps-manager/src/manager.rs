@@ -1698,7 +1698,22 @@ impl Manager {
         // Named as an MPS process when recorded ([`MpsControl::daemon_identity`]) and still so.
         if let Some(d) = recorded.filter(|d| crate::control::is_mps_process(d.pid)) {
             match sig.signal(d.pid, d.start_time, libc::SIGKILL) {
-                Ok(true) => tracing::warn!(pid = d.pid, "MPS control daemon killed"),
+                Ok(true) => {
+                    tracing::warn!(pid = d.pid, "MPS control daemon killed");
+                    // Gone before a new one is looked for: a daemon still dying holds its control
+                    // socket (a connection there succeeds into its backlog) and would be found
+                    // and adopted as the new one, a recovery that recovered nothing.
+                    let deadline = mono_ms() + self.cfg.command_timeout_ms;
+                    while ours_alive(&mut sig) && mono_ms() < deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    if ours_alive(&mut sig) {
+                        return Err(MpsError::Spawn(format!(
+                            "control daemon {} still running {} ms after SIGKILL: not starting or adopting another meanwhile",
+                            d.pid, self.cfg.command_timeout_ms
+                        )));
+                    }
+                }
                 Ok(false) => {}
                 Err(e) => {
                     tracing::error!(pid = d.pid, error = %e, "cannot kill the MPS control daemon");
