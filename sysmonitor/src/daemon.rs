@@ -362,13 +362,6 @@ impl<G: GpuSource> MonitorService<G> {
     /// registered offline processes (a scan of its slots), every [`HOUSEKEEPING_MS`] rather
     /// than every (possibly 1 ms) tick; and the systemd watchdog keep-alive.
     fn housekeeping(&mut self, now: u64, notifier: &Notifier) {
-        if self.enable_path.exists() {
-            // `sysmonitor enable` of a GPU Disabled by an XID (no operator file to remove).
-            let _ = std::fs::remove_file(&self.enable_path);
-            if self.mon.machine.state() == crate::health::State::Disabled && !self.operator_disabled {
-                self.mon.input(now, Input::OperatorEnable);
-            }
-        }
         let disabled_now = self.operator_path.exists();
         if disabled_now != self.operator_disabled {
             self.operator_disabled = disabled_now;
@@ -387,6 +380,15 @@ impl<G: GpuSource> MonitorService<G> {
                     "operator enabled the GPU, but it stays Disabled for the critical XID reported \
                      before or during the operator's disable (`sysmonitor enable` again ends that)"
                 );
+            }
+        }
+        if self.enable_path.exists() {
+            // `sysmonitor enable` of a GPU Disabled by an XID (no operator file to remove);
+            // after the operator file's removal, so that two `enable`s run back to back (the
+            // operator's disable, then the XID it hid) both count.
+            let _ = std::fs::remove_file(&self.enable_path);
+            if self.mon.machine.state() == crate::health::State::Disabled && !self.operator_disabled {
+                self.mon.input(now, Input::OperatorEnable);
             }
         }
         self.mon.refresh_offline(now);
@@ -905,6 +907,31 @@ mod tests {
         }
         assert_eq!(svc.mon.machine.state(), State::Healthy);
         assert_eq!(resume(&svc.cfg).overlimit, None);
+    }
+
+    /// `sysmonitor enable` twice in a row on a GPU an operator disabled while an XID came: the
+    /// first ends the operator's disable, the second the XID's, both before the monitor's next
+    /// look. Before, the look took the enable request first (still operator-disabled, so it was
+    /// dropped), then the operator's enable left the GPU Disabled by the XID.
+    #[test]
+    fn two_enables_before_one_look_end_both_disables() {
+        let d = tempfile::tempdir().unwrap();
+        let util = Rc::new(Cell::new(10.0));
+        let mut svc = service(d.path(), util, 10);
+        let n = Notifier::from_env();
+        for t in (0..=200).step_by(10) {
+            svc.tick(t, &n);
+        }
+        std::fs::write(&svc.operator_path, "").unwrap();
+        svc.tick(300, &n);
+        assert_eq!(svc.mon.machine.disabled_by(), Some(crate::health::DisableCause::Operator));
+        svc.mon.input(310, Input::Xid(48));
+        svc.tick(320, &n);
+        // The two `enable`s: the operator file removed, then the enable request written.
+        std::fs::remove_file(&svc.operator_path).unwrap();
+        std::fs::write(&svc.enable_path, "enabled by operator\n").unwrap();
+        svc.tick(500, &n);
+        assert_ne!(svc.mon.machine.state(), State::Disabled, "{:?}", svc.mon.machine.disabled_by());
     }
 
     /// NVML errors in the middle of an Overlimit hold (Disabled), then a restart (the watchdog

@@ -197,7 +197,10 @@ fn main() -> ExitCode {
                     None => out(&format!("GPU {} re-enabled; it goes through Init\n", cfg.gpu_index)),
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    match monitor_state::disabling_xid(&cfg.state_file, cfg.gpu_index) {
+                    // Disabled by an XID, or (an `enable` right after the one that ended the
+                    // operator's disable, before the monitor looked) by the XID that disable hid.
+                    let hidden = || monitor_state::read_for(&cfg.state_file, cfg.gpu_index).ok().and_then(|s| s.xid_under_operator).map(|x| x.0);
+                    match monitor_state::disabling_xid(&cfg.state_file, cfg.gpu_index).or_else(hidden) {
                         // Kept across monitor restarts: only an operator puts it back.
                         Some(xid) => {
                             let f = daemon::enable_file(&cfg);
