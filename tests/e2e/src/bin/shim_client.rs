@@ -9,7 +9,7 @@
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
 //! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
-//! `wait` | `sleep MS` | `hang` | `churn N` (alloc + free N bytes until a call fails, then exit 2) | `destroy` | `release` (primary context of device 0) |
+//! `wait` | `sleep MS` | `hang` | `closeledgerlocks` (close every fd holding a lock on the ledger file) | `churn N` (alloc + free N bytes until a call fails, then exit 2) | `destroy` | `release` (primary context of device 0) |
 //! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `setlimit LIMIT VALUE` / `getlimit LIMIT`
 //! (cuCtxSetLimit / cuCtxGetLimit, LIMIT as its CUlimit number) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
 //! forget the held allocations (the driver frees a dead context's memory).
@@ -1011,6 +1011,22 @@ fn main() {
                     out(format!("forksig={how} sigaction={rc}"));
                 }
                 "ready" => out("ready".into()),
+                // What a careless application does to the shim's slot lock (a dup2 over its fd,
+                // a close by number): close every descriptor naming a file called `ledger` that
+                // holds a lock (its fdinfo lists one; the mapping's own descriptor holds none);
+                // prints how many.
+                "closeledgerlocks" => {
+                    let mut n = 0;
+                    for e in std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten() {
+                        let Ok(fd) = e.file_name().to_string_lossy().parse::<c_int>() else { continue };
+                        let names_ledger = std::fs::read_link(e.path()).is_ok_and(|t| t.file_name().is_some_and(|f| f == "ledger"));
+                        let locks = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).is_ok_and(|i| i.contains("lock:"));
+                        if names_ledger && locks && libc::close(fd) == 0 {
+                            n += 1;
+                        }
+                    }
+                    out(format!("closeledgerlocks={n}"));
+                }
                 "env" => {
                     let name = args.get(i + 1).cloned().unwrap_or_else(|| die("env needs a variable name"));
                     i += 1;
