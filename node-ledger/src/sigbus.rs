@@ -1,11 +1,14 @@
 //! Truncation of a mapped ledger must not kill the process with SIGBUS: a process-wide SIGBUS
 //! handler (installed once, when the first ledger is mapped) maps anonymous zero pages over a
 //! faulting ledger mapping and flags it damaged; the access then retries on zeros, the header
-//! no longer validates and every user fails closed. Faults elsewhere go to the previous
-//! handler, or kill the process as SIGBUS always did.
+//! no longer validates and every user fails closed. A SIGBUS a process sends (no fault address)
+//! while a ledger mapping is past its file's end is taken as that mapping's fault passed on by
+//! a handler installed after ours (CPython's faulthandler re-raises it), and repaired alike.
+//! Faults elsewhere go to the previous handler, or kill the process as SIGBUS always did.
 //!
 //! The handler allocates nothing and takes no lock: registered ranges live in fixed static
-//! arrays of atomics, and it calls mmap(2) and sigaction(2) only (async-signal-safe syscalls).
+//! arrays of atomics, and it calls mmap(2), sigaction(2), getpid(2) and process_vm_readv(2)
+//! only (async-signal-safe syscalls).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::Once;
@@ -43,10 +46,22 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     } else {
         (unsafe { (*info).si_addr() }) as usize
     };
+    // SAFETY: as above.
+    let sent = !info.is_null() && unsafe { (*info).si_code } <= 0;
+    let mut repaired = false;
     for i in 0..SLOTS {
         let start = START[i].load(Acquire);
         let len = LEN[i].load(Acquire);
-        if start == 0 || len == 0 || addr < start || addr - start >= len {
+        if start == 0 || len == 0 {
+            continue;
+        }
+        // A fault in this mapping; or, for a SIGBUS sent by a process (no fault address), a
+        // mapping whose file no longer covers it. That is how a chained fatal-error handler
+        // installed after ours passes the fault on: CPython's faulthandler (PYTHONFAULTHANDLER,
+        // pytest, torchrun's workers) restores the previous handler, ours, and `raise`s the
+        // signal, which carries no address; without this the retried access then died.
+        let hit = if sent { !readable(start + len - 1) } else { addr >= start && addr - start < len };
+        if !hit {
             continue;
         }
         // SAFETY: [start, start+len) is a live ledger mapping of this process (registered
@@ -64,8 +79,15 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         };
         if p != libc::MAP_FAILED {
             FAULTED[i].store(true, Release);
-            return; // the faulting access retries on zeros
+            if !sent {
+                return; // the faulting access retries on zeros
+            }
+            repaired = true;
         }
+    }
+    if repaired {
+        // The sender's fault was in a ledger mapping that reads zeros now: it retries there.
+        return;
     }
     // Not ours: the previous handler, or the default action (death by SIGBUS, as before).
     // SAFETY: PREV is only read here, after `install` wrote it.
@@ -91,6 +113,19 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         dfl.sa_sigaction = libc::SIG_DFL;
         libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
     }
+}
+
+/// Whether this process can read the byte at `addr` without a fault: `process_vm_readv` on
+/// itself, which answers EFAULT where an access would fault (a page past the end of a
+/// truncated file) instead of raising SIGBUS. A raw syscall: async-signal-safe.
+fn readable(addr: usize) -> bool {
+    let mut byte = 0u8;
+    let local = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 1 };
+    // SAFETY: reads one byte of this process's own memory into `byte`; a bad address is an
+    // error return, never a fault.
+    let n = unsafe { libc::syscall(libc::SYS_process_vm_readv, libc::getpid(), &local, 1usize, &remote, 1usize, 0usize) };
+    n == 1
 }
 
 fn install() {

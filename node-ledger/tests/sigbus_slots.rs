@@ -33,7 +33,7 @@ fn many_pod_ledgers_are_each_protected_and_one_past_the_guards_is_refused() {
         held.push(g);
     }
     let p = d.path().join("pods/last/gpu0/ledger");
-    let e = Ledger::open_or_create(&p, 0).err().expect("an unprotected mapping is refused");
+    let e = Ledger::open_or_create(&p, 0).expect_err("an unprotected mapping is refused");
     assert!(e.to_string().contains("SIGBUS guard"), "{e}");
     drop(held);
     assert!(Ledger::open_or_create(&p, 0).is_ok(), "with a slot free again it opens");
