@@ -313,31 +313,21 @@ impl Config {
         Ok(())
     }
 
-    /// The settings read only at start that differ in `new` (a reloaded config, finalized as
-    /// this one was): the directories and program of the running control daemon and this
-    /// manager's files. A reload keeps them ([`Config::keep_start_only`]) and reports them.
-    pub fn start_only_changes(&self, new: &Config) -> Vec<&'static str> {
-        [
-            ("ledger_dir", new.ledger_dir != self.ledger_dir),
-            ("control_bin", new.control_bin != self.control_bin),
-            ("pipe_dir", new.pipe_dir != self.pipe_dir),
-            ("log_dir", new.log_dir != self.log_dir),
-            ("state_file", new.state_file != self.state_file),
-            ("shm_dir", new.shm_dir != self.shm_dir),
-        ]
-        .into_iter()
-        .filter_map(|(f, changed)| changed.then_some(f))
-        .collect()
-    }
-
-    /// Puts this config's start-only settings ([`Config::start_only_changes`]) into `new`.
-    pub fn keep_start_only(&self, new: &mut Config) {
-        new.ledger_dir = self.ledger_dir.clone();
-        new.control_bin = self.control_bin.clone();
-        new.pipe_dir = self.pipe_dir.clone();
-        new.log_dir = self.log_dir.clone();
-        new.state_file = self.state_file.clone();
-        new.shm_dir = self.shm_dir.clone();
+    /// Puts this config's settings read only at start into `new` (a reloaded config, finalized
+    /// as this one was): the directories and program of the running control daemon and this
+    /// manager's files. Returns those `new` had changed, for the reload to report.
+    pub fn keep_start_only(&self, new: &mut Config) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        macro_rules! keep {
+            ($($field:ident),*) => {$(
+                if new.$field != self.$field {
+                    changed.push(stringify!($field));
+                    new.$field = self.$field.clone();
+                }
+            )*};
+        }
+        keep!(ledger_dir, control_bin, pipe_dir, log_dir, state_file, shm_dir);
+        changed
     }
 
     /// The directory the control daemon gets as its `/dev/shm` ([`Config::shm_dir`]); `None`

@@ -294,8 +294,7 @@ impl Service for ManagerService {
         // As at start (`--gpu`, `$XSHARE_LEDGER_DIR`, derived paths), so that only a real
         // change of a start-only setting is reported.
         new.finalize(Some(cfg.gpu_index));
-        let start_only = cfg.start_only_changes(&new);
-        cfg.keep_start_only(&mut new);
+        let start_only = cfg.keep_start_only(&mut new);
         self.m.ctl.timeout = Duration::from_millis(new.command_timeout_ms);
         self.m.cfg = new;
         self.m.state.last_error = None;

@@ -1617,10 +1617,7 @@ mod tests {
         assert!(a.holds_slot_lock(ha));
         // The application dup2s another description of the ledger file over our slot-lock fd
         // (closing ours: the lock goes): the number is open, names the file, holds no lock.
-        let n = a.slot_lock_fd(ha).unwrap();
-        let other = File::open(a.path()).unwrap();
-        // SAFETY: dup2 onto our own slot-lock fd, as a careless application would.
-        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), n) }, n);
+        let n = lose_slot_lock(&a, ha);
         assert!(!a.holds_slot_lock(ha));
         let b = Ledger::open_existing(a.path()).unwrap();
         let hb = b.register(std::process::id(), g).unwrap();
@@ -1634,6 +1631,19 @@ mod tests {
         let c = Ledger::open_existing(a.path()).unwrap();
         let hc = c.register(std::process::id(), g).unwrap();
         assert!(c.try_reserve(hc, 1000).is_err(), "the group stays within its quota");
+    }
+
+    /// What a careless application does to registration `h`'s slot lock: dup2s another
+    /// description of the ledger file over its fd, which closes ours (the lock goes) and leaves
+    /// the number open, naming the file, holding no lock. Returns that number (the
+    /// application's to close).
+    fn lose_slot_lock(l: &Ledger, h: ProcHandle) -> i32 {
+        let n = l.slot_lock_fd(h).unwrap();
+        let other = File::open(l.path()).unwrap();
+        // SAFETY: dup2 onto the registration's own slot-lock fd; `other` is closed on return,
+        // `n` stays open on the same file.
+        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), n) }, n);
+        n
     }
 
     /// Review: a free made after the slot lock was lost and the slot reclaimed (before the
@@ -1651,10 +1661,7 @@ mod tests {
         let ha = a.register(std::process::id(), g).unwrap();
         a.try_reserve(ha, 600).unwrap();
         // A's slot-lock fd is replaced (the lock goes), and a reclaimer gives its 600 back.
-        let n = a.slot_lock_fd(ha).unwrap();
-        let other = File::open(a.path()).unwrap();
-        // SAFETY: dup2 onto A's own slot-lock fd, as a careless application would.
-        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), n) }, n);
+        let n = lose_slot_lock(&a, ha);
         let r = Ledger::open_existing(a.path()).unwrap();
         assert_eq!(r.reclaim_dead().unwrap(), vec![(std::process::id(), 600)]);
         assert_eq!(r.group_used(g), 300);

@@ -748,6 +748,16 @@ mod tests {
         MonitorService::new(cfg, &dir.join("mon.json"), Vec::new(), mon, None)
     }
 
+    /// [`service`], ticked every 10 ms from 0 to `until_ms` (healthy by then at a calm dial).
+    fn running(dir: &Path, util: Rc<Cell<f64>>, until_ms: u64) -> (MonitorService<Dial>, Notifier) {
+        let mut svc = service(dir, util, 10);
+        let n = Notifier::from_env();
+        for t in (0..=until_ms).step_by(10) {
+            svc.tick(t, &n);
+        }
+        (svc, n)
+    }
+
     /// A monitor started with `--gpu 1` on built-in defaults (no config file): a SIGHUP
     /// keeps the defaults (it failed, every time), and an unchanged config reloaded reports
     /// no start-only setting as changed (the unfinalized reload differed in `gpu_index` and
@@ -883,11 +893,7 @@ mod tests {
     fn a_restart_resumes_the_overlimit_stay_from_the_state_file() {
         let d = tempfile::tempdir().unwrap();
         let util = Rc::new(Cell::new(10.0));
-        let mut svc = service(d.path(), util.clone(), 10);
-        let n = Notifier::from_env();
-        for t in (0..=500).step_by(10) {
-            svc.tick(t, &n);
-        }
+        let (mut svc, n) = running(d.path(), util.clone(), 500);
         assert_eq!(resume(&svc.cfg), Resume::default());
         util.set(99.5);
         svc.tick(510, &n);
@@ -917,11 +923,7 @@ mod tests {
     fn two_enables_before_one_look_end_both_disables() {
         let d = tempfile::tempdir().unwrap();
         let util = Rc::new(Cell::new(10.0));
-        let mut svc = service(d.path(), util, 10);
-        let n = Notifier::from_env();
-        for t in (0..=200).step_by(10) {
-            svc.tick(t, &n);
-        }
+        let (mut svc, n) = running(d.path(), util, 200);
         std::fs::write(&svc.operator_path, "").unwrap();
         svc.tick(300, &n);
         assert_eq!(svc.mon.machine.disabled_by(), Some(crate::health::DisableCause::Operator));
@@ -942,11 +944,7 @@ mod tests {
     fn a_restart_serves_an_overlimit_hold_that_nvml_errors_interrupted() {
         let d = tempfile::tempdir().unwrap();
         let util = Rc::new(Cell::new(10.0));
-        let mut svc = service(d.path(), util.clone(), 10);
-        let n = Notifier::from_env();
-        for t in (0..=500).step_by(10) {
-            svc.tick(t, &n);
-        }
+        let (mut svc, n) = running(d.path(), util.clone(), 500);
         util.set(99.5);
         svc.tick(510, &n);
         assert_eq!(svc.mon.machine.state(), State::Overlimit);

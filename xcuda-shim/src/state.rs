@@ -134,11 +134,7 @@ impl State {
         if self.gpus.len() == 1 {
             return 0;
         }
-        let mut dev: CUdevice = 0;
-        match call_real!(cuCtxGetDevice: cuda_abi::PFN_cuCtxGetDevice_v2000, &mut dev) {
-            cuda_abi::CUresult::CUDA_SUCCESS => usize::try_from(dev).unwrap_or(usize::MAX),
-            _ => 0,
-        }
+        current_device().map_or(0, |dev| usize::try_from(dev).unwrap_or(usize::MAX))
     }
 
     /// The ordinal of the device `stream` (a `CUstream`'s value) belongs to: a stream-ordered

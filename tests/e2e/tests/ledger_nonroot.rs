@@ -7,18 +7,11 @@
 
 mod shim_support;
 
-use std::os::unix::process::CommandExt;
-use std::process::Command;
-
 use e2e::lacks_root;
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
 
-fn as_nobody(c: &mut Command) -> &mut Command {
-    // std drops the supplementary groups when root switches uid.
-    c.uid(NOBODY).gid(NOBODY)
-}
 
 #[test]
 fn non_root_processes_of_one_container_share_the_monitors_ledger() {

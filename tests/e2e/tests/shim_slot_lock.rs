@@ -10,17 +10,11 @@
 
 mod shim_support;
 
-use std::os::unix::process::CommandExt;
-use std::process::Command;
-
 use e2e::{lacks_root, T};
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
 
-fn as_nobody(c: &mut Command) -> &mut Command {
-    c.uid(NOBODY).gid(NOBODY)
-}
 
 #[test]
 fn memory_held_after_the_application_closes_the_ledger_stays_counted() {

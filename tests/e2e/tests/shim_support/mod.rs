@@ -33,6 +33,13 @@ pub fn status(host: &EmuHost) -> node_ledger::StatusWriter {
     node_ledger::Status::open_or_create(&node_ledger::config::status_path(&ledger_dir(host), 0), 0).expect("status file")
 }
 
+/// `c` run as uid/gid 65534 ([`NOBODY`]), as offline containers run (std drops the
+/// supplementary groups when root switches uid).
+pub fn as_nobody(c: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    c.uid(NOBODY).gid(NOBODY)
+}
+
 /// A host whose device, libraries and ledger directory non-root users can reach, as
 /// /dev/nvidia* and the driver are on a GPU host, with the empty `xcuda.json` of [`limited`]
 /// readable by them.
