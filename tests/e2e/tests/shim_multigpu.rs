@@ -231,3 +231,51 @@ fn each_gpu_is_throttled_by_its_own_load() {
     k.send_line("go");
     k.finish(T);
 }
+
+/// A synchronizing call is counted on the GPU it waits for, and never on a guessed one: an
+/// event wait from a thread with no current context (the driver names no GPU for it) is left
+/// uncounted. Before bd788e7 it was counted on GPU 0 (the ordinal taken when cuCtxGetDevice
+/// fails): a wait on GPU 1's work showed as a client waiting on idle GPU 0, which mps-manager
+/// takes for a hung MPS there. A cuCtxSynchronize on GPU 1's context afterwards is counted on
+/// GPU 1: the counters are published at all.
+#[test]
+fn a_wait_whose_gpu_the_driver_does_not_name_is_counted_on_no_gpu() {
+    let host = EmuHost::new();
+    let g = two_gpus(&host);
+    let (l0, l1) = (g.ledger(&host, 0), g.ledger(&host, 1));
+    let mut c = g.client(&host, "0,1", "ev");
+    // About two seconds of GPU 1's work (80 blocks of 1.5e9 cycles on a 40-SM T4), waited for
+    // from a new thread.
+    c.args(["ctxon", "0", "ctxon", "1", "eventwaitnoctx", "80", "1500000000", "sync", "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    let msg = |k: &e2e::EmuChild| format!("{}\n{}", k.stdout(), k.stderr());
+    k.wait_for_line("eventwaiting", T).unwrap_or_else(|| panic!("no wait: {}", msg(&k)));
+    let pid = k.pid();
+    let slot = |l: &node_ledger::Ledger| l.procs().into_iter().find(|p| p.pid == pid);
+    // Two heartbeats of GPU 0's slot while the wait lasts: the counters were published twice
+    // since it began.
+    let first = slot(&l0).unwrap_or_else(|| panic!("registered in GPU 0's ledger: {}", msg(&k))).heartbeat_ns;
+    let mut beats = 0;
+    let mut last = first;
+    let deadline = std::time::Instant::now() + T;
+    while beats < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        let p = slot(&l0).expect("GPU 0's slot");
+        assert_eq!(p.syncs, (0, 0), "nothing counted on GPU 0 for a wait it was never asked about: {p:?}: {}", msg(&k));
+        if p.heartbeat_ns != last {
+            (beats, last) = (beats + 1, p.heartbeat_ns);
+        }
+    }
+    assert!(k.lines("eventwait=").is_empty(), "the wait outlasted two heartbeats (longer kernel needed): {}", msg(&k));
+    assert_eq!(slot(&l1).map(|p| p.syncs), Some((0, 0)), "nor on GPU 1: the driver named no GPU: {}", msg(&k));
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}", msg(&k)));
+    assert_eq!(rcs(&k.lines("eventwait="), "eventwait"), ["0"], "{}", msg(&k));
+    let deadline = std::time::Instant::now() + T;
+    while slot(&l1).is_none_or(|p| p.syncs != (1, 1)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(slot(&l1).map(|p| p.syncs), Some((1, 1)), "cuCtxSynchronize on GPU 1's context counted there: {}", msg(&k));
+    assert_eq!(slot(&l0).map(|p| p.syncs), Some((0, 0)), "{}", msg(&k));
+    k.send_line("go");
+    k.finish(T);
+}

@@ -9,6 +9,7 @@
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
 //! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
+//! `eventwaitnoctx BLOCKS CYCLES` (see the step) |
 //! `wait` | `sleep MS` | `hang` | `closeledgerlocks` (close every fd holding a lock on the ledger file) | `churn N` (alloc + free N bytes until a call fails, then exit 2) | `destroy` | `release` (primary context of device 0) |
 //! `reset` (cuDevicePrimaryCtxReset_v2 on device 0) | `setlimit LIMIT VALUE` / `getlimit LIMIT`
 //! (cuCtxSetLimit / cuCtxGetLimit, LIMIT as its CUlimit number) | `env NAME` (prints `env=VALUE`) | `exit`. `destroy`, `release` and `reset`
@@ -363,6 +364,9 @@ fn main() {
     let capture_begin = get!(cu, "cuStreamBeginCapture", PFN_cuStreamBeginCapture_v10010, 10010);
     let capture_end = get!(cu, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000, 10000);
     let is_capturing = get!(cu, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000, 10000);
+    let event_create = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
+    let event_record = get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
+    let event_sync = get!(cu, "cuEventSynchronize", PFN_cuEventSynchronize_v2000, 2000);
 
     // SAFETY (all calls below): functions resolved above with their PFN types; arguments are
     // locals or values the driver returned.
@@ -912,6 +916,35 @@ fn main() {
                         r.0,
                         wall.elapsed().as_secs_f64() * 1e3
                     ));
+                }
+                // A spin kernel (BLOCKS x CYCLES) on the current context's stream, an event
+                // recorded after it, and cuEventSynchronize of that event from a new thread,
+                // which has no current context: prints `eventwaiting` before the wait and
+                // `eventwait=RC` once it returned.
+                "eventwaitnoctx" => {
+                    let (blocks, mut cycles) = (num(1, i) as c_uint, num(2, i) as u64);
+                    i += 2;
+                    if spin_fn.is_null() {
+                        spin_fn = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
+                    }
+                    let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
+                    let r = launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut());
+                    if !r.is_success() {
+                        die(&format!("launch {r}"));
+                    }
+                    let mut ev: CUevent = std::ptr::null_mut();
+                    let r = event_create(&mut ev, 0);
+                    let r = if r.is_success() { event_record(ev, stream) } else { r };
+                    if !r.is_success() {
+                        die(&format!("event {r}"));
+                    }
+                    let ev = ev as usize;
+                    // The driver's entry point (inside the steps' unsafe block), with the event
+                    // created above, which outlives the thread (joined here).
+                    let waiter = std::thread::spawn(move || event_sync(ev as CUevent));
+                    out("eventwaiting".to_string());
+                    let r = waiter.join().unwrap_or_else(|_| die("the waiting thread panicked"));
+                    out(format!("eventwait={}", r.0));
                 }
                 "where" => {
                     let name = args
