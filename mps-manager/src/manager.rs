@@ -1007,6 +1007,7 @@ impl Manager {
     /// `evict_grace_ms` is over get SIGKILL (each checked by pid + start time).
     fn kill_after_grace(&mut self) {
         let now = mono_ms();
+        self.adopt_own_requests(now);
         let grace = self.cfg.evict_grace_ms;
         self.evicted.retain(|&(pid, st), at| {
             if !node_ledger::procinfo::is_alive(pid, st) {
@@ -1018,6 +1019,35 @@ impl Manager {
             }
             true
         });
+    }
+
+    /// Takes on the escalation of this manager's requests in the status file that it is not
+    /// escalating (an earlier manager run made them and was stopped within their grace): the
+    /// grace starts again from `now`, so that a process ignoring SIGTERM is SIGKILLed whatever
+    /// restarts came in between. Only a process found here ([`Manager::in_my_terms`]), by pid +
+    /// start time; the registrations are read only while a request of this manager is in force.
+    fn adopt_own_requests(&mut self, now: u64) {
+        let mine: Vec<node_ledger::ProcId> = self.status.current().map_or_else(Vec::new, |s| {
+            s.evict_requests().into_iter().filter(|r| r.by == node_ledger::Requester::Manager).map(|r| r.id).collect()
+        });
+        if mine.is_empty() {
+            return;
+        }
+        let raw = self.registered();
+        let here = self.in_my_terms(&raw);
+        for (r, p) in raw.iter().zip(&here) {
+            if p.pid_ns != self.own_ns || !mine.contains(&node_ledger::ProcId::of(r)) {
+                continue;
+            }
+            if let std::collections::btree_map::Entry::Vacant(e) = self.evicted.entry((p.pid, p.start_time)) {
+                tracing::warn!(
+                    pid = p.pid,
+                    grace_ms = self.cfg.evict_grace_ms,
+                    "offline process asked to leave by an earlier run of this manager: SIGKILL if it still runs after the grace"
+                );
+                e.insert(now);
+            }
+        }
     }
 
     /// Finds offline processes doing GPU work outside MPS ([`crate::outside`]) and evicts them
@@ -1975,6 +2005,51 @@ mod tests {
         if node_daemon::offline_pods::pod_uid_of(std::process::id()).is_none() {
             assert_eq!(reqs[0].pod, Some(pod), "no pod in the cgroup path: the ledger's pod");
         }
+    }
+
+    /// A process this manager asked to leave that ignores SIGTERM is SIGKILLed after the grace
+    /// even when the manager that asked was stopped within it: the next one takes on the
+    /// escalation of its requests in the status file (before, nothing did while the monitor
+    /// ran on: the request stayed and the process with it).
+    #[test]
+    fn a_request_of_an_earlier_manager_run_is_escalated_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = node_ledger::config::ledger_path(&dir.path().join("ledger"), 0);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "trap '' TERM; exec sleep 30"]);
+        workloads::host::hold_ledger(&mut cmd, &path);
+        let mut child = cmd.spawn().unwrap();
+        let g = l.group(node_ledger::ledger::group_id_for("x"), 1 << 30).unwrap();
+        let h = l.register(child.id(), g).unwrap();
+        assert!(workloads::host::hold_slot_lock(child.id(), h.slot), "the stand-in holds its slot's lock");
+        let id = node_ledger::ProcId::of(&l.procs().into_iter().find(|p| p.pid == child.id()).unwrap());
+        {
+            // The earlier run: its request written, SIGTERM sent (ignored), then it stops.
+            let mut first = manager(dir.path());
+            first.request_evict_id(id, Some(child.id()));
+            first.budget_tick();
+        }
+        let alive = |c: &mut Child| c.try_wait().unwrap().is_none();
+        assert!(alive(&mut child));
+        let mut m = manager(dir.path());
+        m.cfg.evict_grace_ms = 200;
+        m.budget_tick();
+        m.kill_after_grace();
+        assert!(alive(&mut child), "a full grace from when the request is found");
+        std::thread::sleep(Duration::from_millis(250));
+        m.kill_after_grace();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive(&mut child) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let killed = !alive(&mut child);
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        assert!(killed, "SIGKILLed after the grace");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
     }
 
     /// Every pod ledger numbers its slots from 0: a process found outside MPS in one pod's
