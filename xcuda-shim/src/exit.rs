@@ -334,6 +334,12 @@ static PIPE_WR: AtomicI32 = AtomicI32::new(-1);
 static PIPE_RD: AtomicI32 = AtomicI32::new(-1);
 static APP_ACTIONS: ActionsLock = ActionsLock::new();
 static PROCESS_HOOKS: Once = Once::new();
+/// The signal whose application action the helper has put in the kernel for a moment, to run
+/// the application's handler ([`handle_signal`]); 0 = none. Written under `APP_ACTIONS`. An
+/// action the application sets for it meanwhile (its handler's `signal(sig, SIG_DFL)` before
+/// re-raising, the glibc manual's idiom) is recorded and the shim's handler put back at once,
+/// so the re-raised signal comes back through the shim and is handled with the new action.
+static FORWARDING: AtomicI32 = AtomicI32::new(0);
 
 /// The application's actions for SIGS behind a small lock of our own (not a std `Mutex`): the
 /// fork hooks take it in the prepare handler and release it in the parent and child handlers,
@@ -341,8 +347,9 @@ static PROCESS_HOOKS: Once = Once::new();
 /// and, when another thread held it at the moment of fork, left the shim's handler in the
 /// child with no helper thread behind it: every SIGINT/SIGTERM to the child was lost, and its
 /// byte on the shared pipe woke the *parent's* helper instead.) Never taken in a signal
-/// handler. Holders: `install_signal_handlers`, `app_sigaction`, `handle_signal` (copy only)
-/// and a fork between its prepare and parent/child hooks.
+/// handler. Holders: `install_signal_handlers`, `app_sigaction`, `handle_signal` (a copy, and
+/// each swap of the kernel's action around its raise, never the raise itself) and a fork
+/// between its prepare and parent/child hooks.
 ///
 /// Every holder blocks all signals on its own thread *before* taking the lock and restores its
 /// mask only *after* releasing it ([`ActionsLock::acquire`] / [`ActionsLock::release`], and
@@ -430,6 +437,40 @@ fn restore_signals(saved: SavedMask) {
     }
 }
 
+/// Blocks every asynchronous signal on the calling thread (all but the synchronous fault
+/// signals, which must still reach their handlers: the ledger's SIGBUS repair runs on whichever
+/// thread touched a truncated mapping); returns its previous mask.
+fn block_async_signals() -> SavedMask {
+    // SAFETY: sigset operations on a local set; pthread_sigmask changes the calling thread's
+    // mask only and writes the old one to a local.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for s in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(&mut set, s);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        SavedMask((libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) == 0).then_some(old))
+    }
+}
+
+/// Starts one of the shim's own threads with every asynchronous signal blocked from its first
+/// instruction (the mask is inherited from the spawning thread, blocked around the spawn), so
+/// that the kernel never picks a shim thread for a process-directed signal: SIGINT/SIGTERM an
+/// application blocks everywhere and reads through `signalfd` or `sigwait` stays its own, and
+/// no application handler runs on a shim thread. (The exit helper used to unblock SIGINT and
+/// SIGTERM, and the controller inherited whatever mask its spawner had: a SIGTERM for an
+/// event-loop server was taken by the shim, which released its contexts and killed it.)
+pub(crate) fn spawn_shim_thread<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    let saved = block_async_signals();
+    let r = std::thread::Builder::new().name(name.into()).spawn(f);
+    restore_signals(saved);
+    r
+}
+
 /// Exclusive access to the application's actions; releases the lock and restores the thread's
 /// signal mask when dropped (also when unwinding, so a panic cannot leave it held or leave the
 /// thread's signals blocked).
@@ -504,18 +545,10 @@ fn install_signal_handlers(install_pause_ms: u64) -> std::io::Result<()> {
     PIPE_WR.store(fds[1], Release);
     PIPE_RD.store(fds[0], Release);
     let rd = fds[0];
-    std::thread::Builder::new().name("xcuda-exit".into()).spawn(move || exit_helper(rd))?;
+    spawn_shim_thread("xcuda-exit", move || exit_helper(rd))?;
     let mut apps = APP_ACTIONS.lock();
     INSTALLING.store(true, Release);
-    // SAFETY: a zeroed sigaction is plain data; we fill in a handler that is async-signal-safe
-    // (on_signal_handler: atomics and write(2), errno preserved) and block nothing extra.
-    let ours = unsafe {
-        let mut a: libc::sigaction = std::mem::zeroed();
-        a.sa_sigaction = on_signal_handler as extern "C" fn(c_int) as libc::sighandler_t;
-        a.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut a.sa_mask);
-        a
-    };
+    let ours = our_action();
     for (i, sig) in SIGS.into_iter().enumerate() {
         test_install_pause(install_pause_ms, sig);
         // One sigaction(2) swaps the application's action for ours and returns it: at every
@@ -539,6 +572,19 @@ fn install_signal_handlers(install_pause_ms: u64) -> std::io::Result<()> {
     INSTALLING.store(false, Release);
     INSTALLED.store(true, Release);
     Ok(())
+}
+
+/// The shim's action for SIGS: [`on_signal_handler`], restarting interrupted calls.
+fn our_action() -> libc::sigaction {
+    // SAFETY: a zeroed sigaction is plain data; we fill in a handler that is async-signal-safe
+    // (on_signal_handler: atomics and write(2), errno preserved) and block nothing extra.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = on_signal_handler as extern "C" fn(c_int) as libc::sighandler_t;
+        a.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut a.sa_mask);
+        a
+    }
 }
 
 /// The kernel-level handler for SIGS: [`on_signal`] with the interrupted code's errno kept.
@@ -577,7 +623,7 @@ fn on_signal(sig: c_int) {
 fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
     let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new().name("xcuda-release".into()).spawn(move || {
+    let spawned = spawn_shim_thread("xcuda-release", move || {
         let _log = state::log_on_this_thread();
         let _ = tx.send(f());
     });
@@ -594,16 +640,9 @@ fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + '
 
 fn exit_helper(rd: c_int) {
     let _log = state::log_on_this_thread();
-    // Signals may be blocked in the thread that spawned us; raise() below must be delivered here.
-    // SAFETY: sigset operations on a local set, then pthread_sigmask for this thread only.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in SIGS {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-    }
+    // Asynchronous signals stay blocked here (spawn_shim_thread): the kernel delivers SIGINT and
+    // SIGTERM to a thread of the application's that takes them, or leaves them pending for its
+    // signalfd or sigwait; the raises below unblock their one signal around the raise.
     loop {
         let mut b = 0u8;
         // SAFETY: reading one byte into b from our own pipe.
@@ -620,8 +659,6 @@ fn exit_helper(rd: c_int) {
 
 fn handle_signal(sig: c_int) {
     let Some(i) = sig_index(sig) else { return };
-    let app = APP_ACTIONS.lock()[i];
-    let handler = app.map_or(libc::SIG_DFL, |a| a.sa_sigaction);
     let st = state::get();
     tracing::warn!(sig, "xcuda: signal received; launches frozen");
     if let Some(st) = st {
@@ -631,14 +668,24 @@ fn handle_signal(sig: c_int) {
             with_deadline("synchronise contexts", move || st.contexts.synchronize_all());
         }
     }
-    if handler == libc::SIG_IGN {
+    let unfreeze = || {
         if let Some(st) = st {
             st.throttles().for_each(|t| t.unfreeze());
         }
+    };
+    let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
+    // The application's action as it is now (it may have changed while we synchronised), and,
+    // for a handler, put in the kernel under the same lock: an action set meanwhile is seen.
+    let apps = APP_ACTIONS.lock();
+    let app = apps[i];
+    let handler = app.map_or(libc::SIG_DFL, |a| a.sa_sigaction);
+    if handler == libc::SIG_IGN {
+        drop(apps);
+        unfreeze();
         return;
     }
-    let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
     if handler == libc::SIG_DFL {
+        drop(apps);
         // Recorded before the release: an exit that starts once the application sees errors
         // from its released contexts must end the process by this signal too (die_of).
         DYING_OF.store(sig, SeqCst);
@@ -653,19 +700,38 @@ fn handle_signal(sig: c_int) {
         die_of(sig, real_sigaction);
         return;
     }
-    // The application's own handler: run it on this thread with the kernel action swapped in,
-    // then put ours back. Work was synchronised; contexts are released when the process exits.
-    // SAFETY: app is the application's sigaction as it gave it to us; raise delivers to this
-    // thread before returning, so the swap brackets exactly this delivery.
+    // The application's own handler: run on this thread with its action swapped into the
+    // kernel for one raise, then ours put back. Work was synchronised; contexts are released
+    // when the process exits.
+    FORWARDING.store(sig, SeqCst);
+    // SAFETY: zeroed sigactions are plain data; `app` is the application's sigaction as it gave
+    // it to us; the out-pointer is a local.
+    let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
+    unsafe { real_sigaction(sig, app.as_ref().unwrap_or(&ours), &mut ours) };
+    drop(apps);
+    // SAFETY: a local set with `sig`; pthread_sigmask changes this thread's mask only, and
+    // raise delivers to this thread (unblocked just for it) before it returns.
     unsafe {
-        let mut ours: libc::sigaction = std::mem::zeroed();
-        real_sigaction(sig, app.as_ref().unwrap(), &mut ours);
+        let mut one: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut one);
+        libc::sigaddset(&mut one, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
         libc::raise(sig);
-        real_sigaction(sig, &ours, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_BLOCK, &one, std::ptr::null_mut());
     }
-    if let Some(st) = st {
-        st.throttles().for_each(|t| t.unfreeze());
+    let mut apps = APP_ACTIONS.lock();
+    // SAFETY: as above; `ours` is what the kernel held before the swap.
+    let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+    unsafe { real_sigaction(sig, &ours, &mut now) };
+    FORWARDING.store(0, SeqCst);
+    // Still the application's action in the kernel, as the delivery left it: a one-shot action
+    // (SA_RESETHAND, sysv_signal) is reset to SIG_DFL by the delivery, and is SIG_DFL for the
+    // application from now on. (An action the application set meanwhile put ours back: kept.)
+    if now.sa_sigaction != ours.sa_sigaction {
+        apps[i] = Some(now);
     }
+    drop(apps);
+    unfreeze();
 }
 
 /// The fatal signal whose default action the signal helper is carrying out (0 = none).
@@ -834,6 +900,14 @@ pub unsafe fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut l
         let prev = apps[i];
         if new.is_some() {
             apps[i] = new;
+            if FORWARDING.load(SeqCst) == sig {
+                // The helper has the application's old action in the kernel for a raise: the
+                // new one is honoured through the shim (see FORWARDING), never left unseen.
+                if let Some(real) = crate::real::sigaction_fn() {
+                    // SAFETY: our own action, a local; no out-pointer.
+                    unsafe { real(sig, &our_action(), std::ptr::null_mut()) };
+                }
+            }
         }
         prev
     };

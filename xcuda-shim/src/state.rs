@@ -510,7 +510,7 @@ fn start_controller_when_ready() {
     if CONTROLLER_ALIVE.swap(true, AcqRel) {
         return;
     }
-    let spawned = std::thread::Builder::new().name("xcuda-ctl".into()).spawn(|| {
+    let spawned = crate::exit::spawn_shim_thread("xcuda-ctl", || {
         let _log = log_on_this_thread();
         let st = loop {
             if let Some(st) = get() {
@@ -518,7 +518,7 @@ fn start_controller_when_ready() {
             }
             std::thread::sleep(Duration::from_millis(1));
         };
-        controller(st, config());
+        run_controller(st);
     });
     if let Err(e) = spawned {
         CONTROLLER_ALIVE.store(false, Release);
@@ -553,15 +553,23 @@ pub fn ensure_controller() {
     if CONTROLLER_ALIVE.swap(true, AcqRel) {
         return;
     }
-    let spawned = std::thread::Builder::new()
-        .name("xcuda-ctl".into())
-        .spawn(move || {
-            let _log = log_on_this_thread();
-            controller(st, config())
-        });
+    let spawned = crate::exit::spawn_shim_thread("xcuda-ctl", move || {
+        let _log = log_on_this_thread();
+        run_controller(st);
+    });
     if let Err(e) = spawned {
         CONTROLLER_ALIVE.store(false, Release);
         tracing::error!("xcuda: cannot start controller thread: {e}; waiters refill at the fallback rate");
+    }
+}
+
+/// The controller thread's body: a panic in it is caught, logged and ends the thread as
+/// "not running", so that launches waiting for a refill refill themselves at the fallback rate
+/// instead of waiting for a controller that is gone.
+fn run_controller(st: &'static State) {
+    if std::panic::catch_unwind(|| controller(st, config())).is_err() {
+        CONTROLLER_ALIVE.store(false, Release);
+        tracing::error!("xcuda: the throttle's controller thread panicked; waiters refill at the fallback rate");
     }
 }
 
@@ -585,6 +593,16 @@ struct Loop {
     /// This process as its registration names it ([`node_ledger::ProcId::own`]): what the
     /// daemons' eviction requests are addressed to. Looked up again when the pid changes.
     me: Option<node_ledger::ProcId>,
+}
+
+/// What counter `now` advanced since `reported`, which moves up to it. The launch counter is a
+/// plain load + store on the hot path (no locked read-modify-write), so under launches from
+/// several threads it can step back: that reads as nothing new (never an underflow, which
+/// panicked the controller in debug builds and wrapped the ledger's count in release ones).
+fn since(now: u64, reported: &mut u64) -> u64 {
+    let d = now.saturating_sub(*reported);
+    *reported = (*reported).max(now);
+    d
 }
 
 /// This process's job's part of GPU `g`'s offline SM budget: [`crate::budget::job_share`] of
@@ -685,8 +703,7 @@ fn housekeeping(g: &Gpu, lp: &mut Loop, stale_ns: u64) -> bool {
     let Some((l, Some(h))) = g.quota.ledger() else { return true };
     l.heartbeat(h);
     let (n, d) = (g.throttle.launches.load(Relaxed), g.throttle.delayed.load(Relaxed));
-    l.count_launches(h, n - lp.reported.0, d - lp.reported.1);
-    lp.reported = (n, d);
+    l.count_launches(h, since(n, &mut lp.reported.0), since(d, &mut lp.reported.1));
     // Ended read first: never more returned than entered in what is published.
     let ended = g.syncs.ended.load(Relaxed);
     l.set_syncs(h, g.syncs.begun.load(Relaxed), ended);
@@ -727,6 +744,20 @@ mod tests {
         let mut c = Config::default();
         assert!(c.apply_env(&|k| (k == "XSHARE_GPUS").then(|| gpus.to_string())).is_empty());
         c
+    }
+
+    /// A launch counter that stepped back (a lost update between two launching threads) reads
+    /// as nothing new, and what it counts afterwards is counted from the highest value seen:
+    /// never an underflow (a panic of the controller thread in debug builds).
+    #[test]
+    fn a_counter_that_steps_back_counts_nothing_new() {
+        let mut reported = 0;
+        assert_eq!(since(10, &mut reported), 10);
+        assert_eq!(since(6, &mut reported), 0, "stepped back");
+        assert_eq!(reported, 10);
+        assert_eq!(since(9, &mut reported), 0);
+        assert_eq!(since(13, &mut reported), 3);
+        assert_eq!(since(u64::MAX, &mut reported), u64::MAX - 13);
     }
 
     /// Before CUDA 12.8 (no `cuStreamGetDevice`) a stream's device is its context's: pushed,

@@ -15,7 +15,6 @@ mod shim_support;
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use e2e::{field, EmuChild, EmuHost};
@@ -124,20 +123,7 @@ int main(void) {
 
 /// Builds the client into the host's directory (readable and runnable by every user).
 fn client(host: &EmuHost) -> PathBuf {
-    let src = host.root().join("sigaction_nested.c");
-    let bin = host.root().join("sigaction_nested");
-    std::fs::write(&src, CLIENT_C).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let res = Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-pthread"])
-        .arg(&src)
-        .args(["-ldl", "-o"])
-        .arg(&bin)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
-    assert!(res.status.success(), "building the client:\n{}", String::from_utf8_lossy(&res.stderr));
-    e2e::chmod(&bin, 0o755);
-    bin
+    build_c(host, "sigaction_nested", CLIENT_C, &["-pthread"])
 }
 
 /// Polls `c` (up to `limit`) until `ok(c)`; false if it ended or the time ran out first.

@@ -170,3 +170,24 @@ pub fn in_pod(host: &EmuHost, pod: node_ledger::PodUid, uid: Option<u32>, own_pi
     }
     (c, path)
 }
+
+/// Builds the C program `source` as `<host root>/<name>` with `cc` (`$CC`), `-std=gnu11 -Wall
+/// -Werror` plus `flags`, linked with `-ldl` (clients reach the driver through `dlopen`, as the
+/// CUDA runtime does); runnable by every user.
+pub fn build_c(host: &EmuHost, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let src = host.root().join(format!("{name}.c"));
+    let bin = host.root().join(name);
+    std::fs::write(&src, source).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let res = Command::new(&cc)
+        .args(["-std=gnu11", "-Wall", "-Werror"])
+        .args(flags)
+        .arg(&src)
+        .args(["-ldl", "-o"])
+        .arg(&bin)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(res.status.success(), "building {name}:\n{}", String::from_utf8_lossy(&res.stderr));
+    e2e::chmod(&bin, 0o755);
+    bin
+}
