@@ -151,6 +151,7 @@ c_enums! {
         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
         CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
         CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+        CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH = 96,
         CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
         CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
     }
@@ -386,6 +387,25 @@ pub struct CUlaunchConfig {
     pub attrs: *mut CUlaunchAttribute,
     pub numAttrs: c_uint,
 }
+
+/// `CUDA_LAUNCH_PARAMS_v1` (= `CUDA_LAUNCH_PARAMS`): one device's launch of
+/// `cuLaunchCooperativeKernelMultiDevice` (CUDA 9.0).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_LAUNCH_PARAMS_v1 {
+    pub function: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut c_void,
+}
+/// `CUDA_LAUNCH_PARAMS`.
+pub type CUDA_LAUNCH_PARAMS = CUDA_LAUNCH_PARAMS_v1;
 
 /// The graph kernel-node parameter structs: CUDA 10.0's fields, then those a later ABI added.
 macro_rules! kernel_node_params {

@@ -53,6 +53,11 @@ fn struct_layouts() -> Vec<Layout> {
             "blockDimX" => blockDimX, "blockDimY" => blockDimY, "blockDimZ" => blockDimZ,
             "sharedMemBytes" => sharedMemBytes, "hStream" => hStream, "attrs" => attrs, "numAttrs" => numAttrs,
         ]),
+        layout!("CUDA_LAUNCH_PARAMS_v1", CUDA_LAUNCH_PARAMS_v1, [
+            "function" => function, "gridDimX" => gridDimX, "gridDimY" => gridDimY, "gridDimZ" => gridDimZ,
+            "blockDimX" => blockDimX, "blockDimY" => blockDimY, "blockDimZ" => blockDimZ,
+            "sharedMemBytes" => sharedMemBytes, "hStream" => hStream, "kernelParams" => kernelParams,
+        ]),
         layout!("CUmemLocation", CUmemLocation, ["type" => type_, "id" => id]),
         layout!("CUDA_KERNEL_NODE_PARAMS_v1", CUDA_KERNEL_NODE_PARAMS_v1, [
             "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,

@@ -888,6 +888,75 @@ macro_rules! launch_ex {
 launch_ex!(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060);
 launch_ex!(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz);
 
+/// Blocks of a `grid_width` x `grid_height` grid of the CUDA 2.0 API (`int`s: a negative one,
+/// which the driver refuses, costs the minimum).
+#[inline(always)]
+fn grid_blocks(width: c_int, height: c_int) -> u64 {
+    u64::try_from(width).unwrap_or(0).saturating_mul(u64::try_from(height).unwrap_or(0))
+}
+
+/// Hooked `cuLaunch` (CUDA 2.0 execution control, deprecated but exported): a 1 x 1 grid, its
+/// one block taken from the launch throttle first.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunch(f: CUfunction) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunch: PFN_cuLaunch_v2000);
+        let t = &state().current().throttle;
+        t.acquire(t.kernel_cost(1));
+        // SAFETY: forwarding the caller's argument.
+        unsafe { launch(f) }
+    })
+}
+
+/// Hooked `cuLaunchGrid` (CUDA 2.0): `grid_width * grid_height` blocks taken from the throttle first.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunchGrid: PFN_cuLaunchGrid_v2000);
+        let t = &state().current().throttle;
+        t.acquire(t.kernel_cost(grid_blocks(grid_width, grid_height)));
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { launch(f, grid_width, grid_height) }
+    })
+}
+
+/// Hooked `cuLaunchGridAsync` (CUDA 2.0): costed like `cuLaunchGrid`.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunchGridAsync: PFN_cuLaunchGridAsync_v2000);
+        let t = &state().current().throttle;
+        t.acquire(t.kernel_cost(grid_blocks(grid_width, grid_height)));
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { launch(f, grid_width, grid_height, stream) }
+    })
+}
+
+/// Hooked `cuLaunchCooperativeKernelMultiDevice` (CUDA 9.0, deprecated but exported): each
+/// entry's grid taken from the throttle of its stream's GPU (the current one when the driver
+/// cannot name it; it then refuses the launch anyway) before the driver launches any. At most
+/// one entry per visible GPU is read: the driver refuses more ("no two kernels can be launched
+/// on the same device").
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS_v1, n: c_uint, flags: c_uint) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunchCooperativeKernelMultiDevice: PFN_cuLaunchCooperativeKernelMultiDevice_v9000);
+        if !list.is_null() {
+            let st = state();
+            let read = (n as usize).min(st.gpus.len().max(1));
+            // SAFETY: the caller's array of `n` >= `read` entries (the driver reads them too).
+            let entries = unsafe { std::slice::from_raw_parts(list, read) };
+            for e in entries {
+                let ord = st.stream_ordinal(e.hStream as u64).unwrap_or_else(|_| st.current_ordinal());
+                let t = &st.gpu(CUdevice::try_from(ord).unwrap_or(CUdevice::MAX)).throttle;
+                t.acquire(t.kernel_cost(blocks(e.gridDimX, e.gridDimY, e.gridDimZ)));
+            }
+        }
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { launch(list, n, flags) }
+    })
+}
+
 macro_rules! launch_graph {
     ($name:ident, $pfn:ty) => {
         #[doc = concat!("Hooked `", stringify!($name), "`: graph memory reserved (or refused) and the throttle taken first.")]
