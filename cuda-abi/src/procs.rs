@@ -304,6 +304,10 @@ proc_table! {
     PFN_cuGraphLaunch_v10000 = cuGraphLaunch @ 10000 Plain => cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGraphLaunch_v10000_ptsz = cuGraphLaunch @ 10000 Ptsz => cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGraphAddMemAllocNode_v11040 = cuGraphAddMemAllocNode @ 11040 Plain => cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+    PFN_cuGraphAddNode_v12020 = cuGraphAddNode @ 12020 Plain => cuGraphAddNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUgraphNodeParams);
+    PFN_cuGraphAddNode_v12030 = cuGraphAddNode @ 12030 Plain => cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams);
+    PFN_cuGraphNodeSetParams_v12020 = cuGraphNodeSetParams @ 12020 Plain => cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
+    PFN_cuGraphExecNodeSetParams_v12020 = cuGraphExecNodeSetParams @ 12020 Plain => cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
     PFN_cuGraphAddMemFreeNode_v11040 = cuGraphAddMemFreeNode @ 11040 Plain => cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr);
     PFN_cuDeviceGraphMemTrim_v11040 = cuDeviceGraphMemTrim @ 11040 Plain => cuDeviceGraphMemTrim(device: CUdevice);
     PFN_cuDeviceGetGraphMemAttribute_v11040 = cuDeviceGetGraphMemAttribute @ 11040 Plain => cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);

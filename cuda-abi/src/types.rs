@@ -220,6 +220,11 @@ c_enums! {
     CUjit_option {
         CU_JIT_MAX_REGISTERS = 0,
     }
+    CUgraphNodeType {
+        CU_GRAPH_NODE_TYPE_KERNEL = 0,
+        CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+        CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+    }
     CUgraphMem_attribute {
         CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
         CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
@@ -508,6 +513,31 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
 }
 /// `CUDA_ARRAY3D_DESCRIPTOR_v2`.
 pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR;
+
+/// The type-specific part of [`CUgraphNodeParams`] (cuda.h's anonymous union; the members the
+/// shim and the emulator read).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUgraphNodeParamsUnion {
+    pub reserved1: [i64; 29],
+    /// `CUDA_KERNEL_NODE_PARAMS_v3` (the layout of [`CUDA_KERNEL_NODE_PARAMS`]).
+    pub kernel: CUDA_KERNEL_NODE_PARAMS,
+    /// `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (the layout of [`CUDA_MEM_ALLOC_NODE_PARAMS`]).
+    pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS,
+    /// `CUDA_MEM_FREE_NODE_PARAMS`: the address to free.
+    pub free: CUdeviceptr,
+}
+
+/// `CUgraphNodeParams` (CUDA 12.2): a tagged union of every node type's parameters
+/// (`cuGraphAddNode`, `cuGraphNodeSetParams`, `cuGraphExecNodeSetParams`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUgraphNodeParams {
+    pub type_: CUgraphNodeType,
+    pub reserved0: [c_int; 3],
+    pub u: CUgraphNodeParamsUnion,
+    pub reserved2: i64,
+}
 
 /// `CUgraphEdgeData` (CUDA 12.3): the ports and type of a graph edge.
 #[repr(C)]

@@ -1022,20 +1022,68 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
 ) -> CUresult {
     guard(|| {
         let add = real!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode_v11040);
-        // SAFETY: null or the caller's parameter block (the driver refuses null itself).
-        let sized = (!params.is_null()).then(|| unsafe { ((*params).poolProps.location.id.max(0) as usize, (*params).bytesize as u64) });
-        let gm = &state().graph_mem;
-        if let Some((ord, bytes)) = sized {
-            if !gm.node_added(graph as u64, ord, bytes) {
-                return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-            }
-        }
         // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { add(node, graph, deps, ndeps, params) };
-        if let (Some((ord, bytes)), false) = (sized, rc == CUresult::CUDA_SUCCESS) {
-            gm.node_not_added(graph as u64, ord, bytes);
+        mem_node_added(graph, params, || unsafe { add(node, graph, deps, ndeps, params) })
+    })
+}
+
+/// A memory allocation node of `params` added to `graph` by `add` (the real driver's call):
+/// its bytes recorded for the graph first; with no room to record them, refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY` and never added; forgotten again when the driver refuses it.
+fn mem_node_added(graph: CUgraph, params: *const CUDA_MEM_ALLOC_NODE_PARAMS, add: impl FnOnce() -> CUresult) -> CUresult {
+    // SAFETY: null or the caller's parameter block (the driver refuses null itself).
+    let sized = (!params.is_null()).then(|| unsafe { ((*params).poolProps.location.id.max(0) as usize, (*params).bytesize as u64) });
+    let gm = &state().graph_mem;
+    if let Some((ord, bytes)) = sized {
+        if !gm.node_added(graph as u64, ord, bytes) {
+            return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         }
-        rc
+    }
+    let rc = add();
+    if let (Some((ord, bytes)), false) = (sized, rc == CUresult::CUDA_SUCCESS) {
+        gm.node_not_added(graph as u64, ord, bytes);
+    }
+    rc
+}
+
+/// `cuGraphAddNode[_v2]` (CUDA 12.2/12.3): a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node is recorded
+/// like `cuGraphAddMemAllocNode`'s (`nodeParams->alloc`); every other type passes through.
+/// (Its parameters cannot change afterwards: cuda.h, `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`:
+/// "not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC".)
+fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl FnOnce() -> CUresult) -> CUresult {
+    // SAFETY: null or the caller's parameter block, whose tag says which union member it holds.
+    let alloc = (!params.is_null() && unsafe { (*params).type_ } == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        .then(|| unsafe { std::ptr::addr_of!((*params).u.alloc) });
+    match alloc {
+        Some(p) => mem_node_added(graph, p, add),
+        None => add(),
+    }
+}
+
+/// Hooked `cuGraphAddNode` (CUDA 12.2): see [`generic_node_added`].
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUgraphNodeParams) -> CUresult {
+    guard(|| {
+        let add = real!(cuGraphAddNode: PFN_cuGraphAddNode_v12020);
+        // SAFETY: forwarding the caller's arguments.
+        generic_node_added(graph, params, || unsafe { add(node, graph, deps, ndeps, params) })
+    })
+}
+
+/// Hooked `cuGraphAddNode_v2` (CUDA 12.3, edge data; `cuGraphAddNode` in 13.0): see [`generic_node_added`].
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const CUgraphEdgeData,
+    ndeps: usize,
+    params: *mut CUgraphNodeParams,
+) -> CUresult {
+    guard(|| {
+        let add = real!(cuGraphAddNode_v2: PFN_cuGraphAddNode_v12030);
+        // SAFETY: forwarding the caller's arguments.
+        generic_node_added(graph, params, || unsafe { add(node, graph, deps, edges, ndeps, params) })
     })
 }
 

@@ -53,7 +53,7 @@ hooked_symbols! {
         cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
         cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
-        cuGraphAddMemAllocNode, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
+        cuGraphAddMemAllocNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
         cuGraphExecDestroy, cuGraphDestroy,
         cuDeviceGraphMemTrim,
         cuCtxSetLimit,
@@ -338,7 +338,9 @@ mod tests {
                     || n.starts_with("cuGraphLaunch")
                     || n.starts_with("cuGraphUpload")
                     || n.starts_with("cuGraphInstantiate")
-                    || n.starts_with("cuGraphAddMemAllocNode"))
+                    || n.starts_with("cuGraphAddMemAllocNode")
+                    // Any node type, memory allocation nodes included (CUDA 12.2).
+                    || n.starts_with("cuGraphAddNode"))
         };
         let mut missing = Vec::new();
         let mut checked = 0;

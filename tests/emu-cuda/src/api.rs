@@ -946,24 +946,28 @@ export! {
         driver::graph_upload(h(hGraphExec))
     }
     fn cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
-        if nodeParams.is_null() || phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        mem_alloc_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    fn cuGraphAddNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) {
+        generic_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    fn cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) {
+        // The emulator runs nodes in the order added: only default (all-zero) edges.
+        if !dependencyData.is_null() && numDependencies > 0 {
+            let edges = std::slice::from_raw_parts(dependencyData, numDependencies);
+            if edges.iter().any(|e| e.from_port != 0 || e.to_port != 0 || e.type_ != 0 || e.reserved != [0; 5]) {
+                return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+            }
         }
-        let p = *nodeParams;
-        let pp = &p.poolProps;
-        // cuda.h: pinned memory on a device, handleTypes must be CU_MEM_HANDLE_TYPE_NONE (no
-        // IPC), at most one access descriptor per GPU.
-        if pp.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
-            || pp.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
-            || pp.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
-            || p.accessDescCount > driver::device_count()?
-            || (p.accessDescCount > 0 && p.accessDescs.is_null())
-        {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let (node, addr) = driver::graph_add_mem_alloc(h(hGraph), p.bytesize as u64, pp.location.id)?;
-        (*nodeParams).dptr = addr;
-        put(phGraphNode, ptr(node))
+        generic_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    fn cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) {
+        let _ = hNode;
+        set_node_params(nodeParams)
+    }
+    fn cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) {
+        let _ = (hGraphExec, hNode);
+        set_node_params(nodeParams)
     }
     fn cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr) {
         if phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
@@ -1092,6 +1096,84 @@ unsafe fn graph_node(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], share
         None
     };
     Ok(driver::GraphNode { f: h(f), grid, block, shared_mem, cycles })
+}
+
+/// `cuGraphAddMemAllocNode` (and a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node of `cuGraphAddNode`):
+/// the node's fixed address written to `params->dptr`.
+///
+/// # Safety
+/// `out` null or writable; `deps` valid for `n` handles when `n > 0`; `params` null or the
+/// caller's parameter block.
+unsafe fn mem_alloc_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> R {
+    if params.is_null() || out.is_null() || (n > 0 && deps.is_null()) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, the caller's parameter block.
+    let p = unsafe { *params };
+    let pp = &p.poolProps;
+    // cuda.h: pinned memory on a device, handleTypes must be CU_MEM_HANDLE_TYPE_NONE (no
+    // IPC), at most one access descriptor per GPU.
+    if pp.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+        || pp.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        || pp.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+        || p.accessDescCount > driver::device_count()?
+        || (p.accessDescCount > 0 && p.accessDescs.is_null())
+    {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let (node, addr) = driver::graph_add_mem_alloc(h(graph), p.bytesize as u64, pp.location.id)?;
+    // SAFETY: the caller's parameter block (non-null) and out-pointer (checked).
+    unsafe {
+        (*params).dptr = addr;
+        put(out, ptr(node))
+    }
+}
+
+/// `cuGraphAddNode[_v2]`: the tagged union's node, added as its own `cuGraphAdd*Node` adds it
+/// (kernel, memory allocation, memory free); reserved bytes must be zero
+/// (`CUDA_ERROR_INVALID_VALUE`); other node types are not emulated (`CUDA_ERROR_NOT_SUPPORTED`).
+///
+/// # Safety
+/// As [`mem_alloc_node`], `params` the caller's `CUgraphNodeParams`.
+unsafe fn generic_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut CUgraphNodeParams) -> R {
+    if params.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, the caller's parameter block; the tag names the union member read.
+    unsafe {
+        let p = &mut *params;
+        if p.reserved0 != [0; 3] || p.reserved2 != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        match p.type_ {
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
+                let k = std::ptr::addr_of!(p.u.kernel);
+                add_node(out, graph, deps, n, kernel_node!(k))
+            }
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => mem_alloc_node(out, graph, deps, n, std::ptr::addr_of_mut!(p.u.alloc)),
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => {
+                if out.is_null() || (n > 0 && deps.is_null()) {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                put(out, ptr(driver::graph_add_mem_free(h(graph), p.u.free)?))
+            }
+            _ => Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
+        }
+    }
+}
+
+/// `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`: "not supported for node types
+/// CU_GRAPH_NODE_TYPE_MEM_ALLOC and CU_GRAPH_NODE_TYPE_MEM_FREE" (cuda.h), so a memory node's
+/// size never changes after it was added; the emulator changes no other node either
+/// (`CUDA_ERROR_NOT_SUPPORTED`, stricter than a driver).
+///
+/// # Safety
+/// `params` null or the caller's parameter block.
+unsafe fn set_node_params(params: *mut CUgraphNodeParams) -> R {
+    if params.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
 }
 
 /// # Safety

@@ -361,6 +361,7 @@ fn main() {
     );
     let graph_launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
     let graph_add_alloc = get!(cu, "cuGraphAddMemAllocNode", PFN_cuGraphAddMemAllocNode_v11040, 11040);
+    let graph_add_node = get!(cu, "cuGraphAddNode", PFN_cuGraphAddNode_v12030, 12030);
     let graph_add_free = get!(cu, "cuGraphAddMemFreeNode", PFN_cuGraphAddMemFreeNode_v11040, 11040);
     let graph_trim = get!(cu, "cuDeviceGraphMemTrim", PFN_cuDeviceGraphMemTrim_v11040, 11040);
     let graph_attr = get!(cu, "cuDeviceGetGraphMemAttribute", PFN_cuDeviceGetGraphMemAttribute_v11040, 11040);
@@ -426,7 +427,9 @@ fn main() {
                 // fourth argument, FLAGS, and instantiates with cuGraphInstantiateWithParams
                 // (FLAGS 2 = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, into the client's stream) and
                 // prints `inst=` (its result) and `result_out=`.
-                "graphmem" | "graphmemp" => {
+                // `graphmemnode BYTES FREE COUNT`: `graphmem` with the alloc node added by the
+                // generic cuGraphAddNode (CUDA 12.3 ABI, CU_GRAPH_NODE_TYPE_MEM_ALLOC).
+                "graphmem" | "graphmemp" | "graphmemnode" => {
                     let (bytes, free_in_graph, count) = (num(1, i), num(2, i) == 1, num(3, i));
                     let with_params = step == "graphmemp";
                     let flags = if with_params { num(4, i) as u64 } else { 0 };
@@ -438,7 +441,13 @@ fn main() {
                     p.poolProps.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
                     p.bytesize = bytes;
                     let mut node: CUgraphNode = std::ptr::null_mut();
-                    if r.is_success() {
+                    if r.is_success() && step == "graphmemnode" {
+                        let mut np: CUgraphNodeParams = std::mem::zeroed();
+                        np.type_ = CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+                        np.u.alloc = p;
+                        r = graph_add_node(&mut node, g, std::ptr::null(), std::ptr::null(), 0, &mut np);
+                        p.dptr = np.u.alloc.dptr;
+                    } else if r.is_success() {
                         r = graph_add_alloc(&mut node, g, std::ptr::null(), 0, &mut p);
                     }
                     let node_rc = r.0;
