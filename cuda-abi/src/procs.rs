@@ -277,6 +277,18 @@ proc_table! {
     PFN_cuLaunchKernelEx_v11060_ptsz = cuLaunchKernelEx @ 11060 Ptsz => cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
     PFN_cuLaunchCooperativeKernel_v9000 = cuLaunchCooperativeKernel @ 9000 Plain => cuLaunchCooperativeKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void);
     PFN_cuLaunchCooperativeKernel_v9000_ptsz = cuLaunchCooperativeKernel @ 9000 Ptsz => cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void);
+    PFN_cuLaunchCooperativeKernelMultiDevice_v9000 = cuLaunchCooperativeKernelMultiDevice @ 9000 Plain => cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut CUDA_LAUNCH_PARAMS_v1, numDevices: c_uint, flags: c_uint);
+    // The execution-control API of CUDA 2.0 (deprecated, still declared and exported in 13.0):
+    // block shape and parameters set on the function, then launched.
+    PFN_cuFuncSetBlockShape_v2000 = cuFuncSetBlockShape @ 2000 Plain => cuFuncSetBlockShape(hfunc: CUfunction, x: c_int, y: c_int, z: c_int);
+    PFN_cuFuncSetSharedSize_v2000 = cuFuncSetSharedSize @ 2000 Plain => cuFuncSetSharedSize(hfunc: CUfunction, bytes: c_uint);
+    PFN_cuParamSetSize_v2000 = cuParamSetSize @ 2000 Plain => cuParamSetSize(hfunc: CUfunction, numbytes: c_uint);
+    PFN_cuParamSeti_v2000 = cuParamSeti @ 2000 Plain => cuParamSeti(hfunc: CUfunction, offset: c_int, value: c_uint);
+    PFN_cuParamSetf_v2000 = cuParamSetf @ 2000 Plain => cuParamSetf(hfunc: CUfunction, offset: c_int, value: c_float);
+    PFN_cuParamSetv_v2000 = cuParamSetv @ 2000 Plain => cuParamSetv(hfunc: CUfunction, offset: c_int, ptr: *mut c_void, numbytes: c_uint);
+    PFN_cuLaunch_v2000 = cuLaunch @ 2000 Plain => cuLaunch(f: CUfunction);
+    PFN_cuLaunchGrid_v2000 = cuLaunchGrid @ 2000 Plain => cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int);
+    PFN_cuLaunchGridAsync_v2000 = cuLaunchGridAsync @ 2000 Plain => cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, hStream: CUstream);
     PFN_cuGraphCreate_v10000 = cuGraphCreate @ 10000 Plain => cuGraphCreate(phGraph: *mut CUgraph, flags: c_uint);
     PFN_cuGraphAddKernelNode_v10000 = cuGraphAddKernelNode @ 10000 Plain => cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
     PFN_cuGraphAddKernelNode_v12000 = cuGraphAddKernelNode @ 12000 Plain => cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
@@ -292,6 +304,10 @@ proc_table! {
     PFN_cuGraphLaunch_v10000 = cuGraphLaunch @ 10000 Plain => cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGraphLaunch_v10000_ptsz = cuGraphLaunch @ 10000 Ptsz => cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
     PFN_cuGraphAddMemAllocNode_v11040 = cuGraphAddMemAllocNode @ 11040 Plain => cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+    PFN_cuGraphAddNode_v12020 = cuGraphAddNode @ 12020 Plain => cuGraphAddNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUgraphNodeParams);
+    PFN_cuGraphAddNode_v12030 = cuGraphAddNode @ 12030 Plain => cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams);
+    PFN_cuGraphNodeSetParams_v12020 = cuGraphNodeSetParams @ 12020 Plain => cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
+    PFN_cuGraphExecNodeSetParams_v12020 = cuGraphExecNodeSetParams @ 12020 Plain => cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
     PFN_cuGraphAddMemFreeNode_v11040 = cuGraphAddMemFreeNode @ 11040 Plain => cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr);
     PFN_cuDeviceGraphMemTrim_v11040 = cuDeviceGraphMemTrim @ 11040 Plain => cuDeviceGraphMemTrim(device: CUdevice);
     PFN_cuDeviceGetGraphMemAttribute_v11040 = cuDeviceGetGraphMemAttribute @ 11040 Plain => cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);

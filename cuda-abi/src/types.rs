@@ -151,6 +151,7 @@ c_enums! {
         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
         CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
         CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+        CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH = 96,
         CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
         CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
     }
@@ -218,6 +219,11 @@ c_enums! {
     }
     CUjit_option {
         CU_JIT_MAX_REGISTERS = 0,
+    }
+    CUgraphNodeType {
+        CU_GRAPH_NODE_TYPE_KERNEL = 0,
+        CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+        CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
     }
     CUgraphMem_attribute {
         CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
@@ -387,6 +393,25 @@ pub struct CUlaunchConfig {
     pub numAttrs: c_uint,
 }
 
+/// `CUDA_LAUNCH_PARAMS_v1` (= `CUDA_LAUNCH_PARAMS`): one device's launch of
+/// `cuLaunchCooperativeKernelMultiDevice` (CUDA 9.0).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_LAUNCH_PARAMS_v1 {
+    pub function: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut c_void,
+}
+/// `CUDA_LAUNCH_PARAMS`.
+pub type CUDA_LAUNCH_PARAMS = CUDA_LAUNCH_PARAMS_v1;
+
 /// The graph kernel-node parameter structs: CUDA 10.0's fields, then those a later ABI added.
 macro_rules! kernel_node_params {
     ($($(#[$doc:meta])* $name:ident { $($more:ident : $t:ty),* $(,)? })*) => {
@@ -488,6 +513,31 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
 }
 /// `CUDA_ARRAY3D_DESCRIPTOR_v2`.
 pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR;
+
+/// The type-specific part of [`CUgraphNodeParams`] (cuda.h's anonymous union; the members the
+/// shim and the emulator read).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUgraphNodeParamsUnion {
+    pub reserved1: [i64; 29],
+    /// `CUDA_KERNEL_NODE_PARAMS_v3` (the layout of [`CUDA_KERNEL_NODE_PARAMS`]).
+    pub kernel: CUDA_KERNEL_NODE_PARAMS,
+    /// `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (the layout of [`CUDA_MEM_ALLOC_NODE_PARAMS`]).
+    pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS,
+    /// `CUDA_MEM_FREE_NODE_PARAMS`: the address to free.
+    pub free: CUdeviceptr,
+}
+
+/// `CUgraphNodeParams` (CUDA 12.2): a tagged union of every node type's parameters
+/// (`cuGraphAddNode`, `cuGraphNodeSetParams`, `cuGraphExecNodeSetParams`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUgraphNodeParams {
+    pub type_: CUgraphNodeType,
+    pub reserved0: [c_int; 3],
+    pub u: CUgraphNodeParamsUnion,
+    pub reserved2: i64,
+}
 
 /// `CUgraphEdgeData` (CUDA 12.3): the ports and type of a graph edge.
 #[repr(C)]

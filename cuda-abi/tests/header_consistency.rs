@@ -53,6 +53,23 @@ fn struct_layouts() -> Vec<Layout> {
             "blockDimX" => blockDimX, "blockDimY" => blockDimY, "blockDimZ" => blockDimZ,
             "sharedMemBytes" => sharedMemBytes, "hStream" => hStream, "attrs" => attrs, "numAttrs" => numAttrs,
         ]),
+        layout!("CUDA_LAUNCH_PARAMS_v1", CUDA_LAUNCH_PARAMS_v1, [
+            "function" => function, "gridDimX" => gridDimX, "gridDimY" => gridDimY, "gridDimZ" => gridDimZ,
+            "blockDimX" => blockDimX, "blockDimY" => blockDimY, "blockDimZ" => blockDimZ,
+            "sharedMemBytes" => sharedMemBytes, "hStream" => hStream, "kernelParams" => kernelParams,
+        ]),
+        layout!("CUgraphNodeParams", CUgraphNodeParams, [
+            "type" => type_, "reserved0" => reserved0, "kernel" => u, "alloc" => u, "free" => u, "reserved2" => reserved2,
+        ]),
+        layout!("CUDA_KERNEL_NODE_PARAMS_v3", CUDA_KERNEL_NODE_PARAMS, [
+            "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,
+            "kernelParams" => kernelParams, "extra" => extra, "kern" => kern, "ctx" => ctx,
+        ]),
+        layout!("CUDA_MEM_ALLOC_NODE_PARAMS_v2", CUDA_MEM_ALLOC_NODE_PARAMS, [
+            "poolProps" => poolProps, "accessDescs" => accessDescs, "accessDescCount" => accessDescCount,
+            "bytesize" => bytesize, "dptr" => dptr,
+        ]),
+        layout!("CUDA_MEM_FREE_NODE_PARAMS", CUdeviceptr, []),
         layout!("CUmemLocation", CUmemLocation, ["type" => type_, "id" => id]),
         layout!("CUDA_KERNEL_NODE_PARAMS_v1", CUDA_KERNEL_NODE_PARAMS_v1, [
             "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,

@@ -888,6 +888,75 @@ macro_rules! launch_ex {
 launch_ex!(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060);
 launch_ex!(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz);
 
+/// Blocks of a `grid_width` x `grid_height` grid of the CUDA 2.0 API (`int`s: a negative one,
+/// which the driver refuses, costs the minimum).
+#[inline(always)]
+fn grid_blocks(width: c_int, height: c_int) -> u64 {
+    u64::try_from(width).unwrap_or(0).saturating_mul(u64::try_from(height).unwrap_or(0))
+}
+
+/// Hooked `cuLaunch` (CUDA 2.0 execution control, deprecated but exported): a 1 x 1 grid, its
+/// one block taken from the launch throttle first.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunch(f: CUfunction) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunch: PFN_cuLaunch_v2000);
+        let t = &state().current().throttle;
+        t.acquire(t.kernel_cost(1));
+        // SAFETY: forwarding the caller's argument.
+        unsafe { launch(f) }
+    })
+}
+
+/// Hooked `cuLaunchGrid` (CUDA 2.0): `grid_width * grid_height` blocks taken from the throttle first.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunchGrid: PFN_cuLaunchGrid_v2000);
+        let t = &state().current().throttle;
+        t.acquire(t.kernel_cost(grid_blocks(grid_width, grid_height)));
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { launch(f, grid_width, grid_height) }
+    })
+}
+
+/// Hooked `cuLaunchGridAsync` (CUDA 2.0): costed like `cuLaunchGrid`.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunchGridAsync: PFN_cuLaunchGridAsync_v2000);
+        let t = &state().current().throttle;
+        t.acquire(t.kernel_cost(grid_blocks(grid_width, grid_height)));
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { launch(f, grid_width, grid_height, stream) }
+    })
+}
+
+/// Hooked `cuLaunchCooperativeKernelMultiDevice` (CUDA 9.0, deprecated but exported): each
+/// entry's grid taken from the throttle of its stream's GPU (the current one when the driver
+/// cannot name it; it then refuses the launch anyway) before the driver launches any. At most
+/// one entry per visible GPU is read: the driver refuses more ("no two kernels can be launched
+/// on the same device").
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS_v1, n: c_uint, flags: c_uint) -> CUresult {
+    guard(|| {
+        let launch = real!(cuLaunchCooperativeKernelMultiDevice: PFN_cuLaunchCooperativeKernelMultiDevice_v9000);
+        if !list.is_null() {
+            let st = state();
+            let read = (n as usize).min(st.gpus.len().max(1));
+            // SAFETY: the caller's array of `n` >= `read` entries (the driver reads them too).
+            let entries = unsafe { std::slice::from_raw_parts(list, read) };
+            for e in entries {
+                let ord = st.stream_ordinal(e.hStream as u64).unwrap_or_else(|_| st.current_ordinal());
+                let t = &st.gpu(CUdevice::try_from(ord).unwrap_or(CUdevice::MAX)).throttle;
+                t.acquire(t.kernel_cost(blocks(e.gridDimX, e.gridDimY, e.gridDimZ)));
+            }
+        }
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { launch(list, n, flags) }
+    })
+}
+
 macro_rules! launch_graph {
     ($name:ident, $pfn:ty) => {
         #[doc = concat!("Hooked `", stringify!($name), "`: graph memory reserved (or refused) and the throttle taken first.")]
@@ -953,20 +1022,68 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
 ) -> CUresult {
     guard(|| {
         let add = real!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode_v11040);
-        // SAFETY: null or the caller's parameter block (the driver refuses null itself).
-        let sized = (!params.is_null()).then(|| unsafe { ((*params).poolProps.location.id.max(0) as usize, (*params).bytesize as u64) });
-        let gm = &state().graph_mem;
-        if let Some((ord, bytes)) = sized {
-            if !gm.node_added(graph as u64, ord, bytes) {
-                return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-            }
-        }
         // SAFETY: forwarding the caller's arguments.
-        let rc = unsafe { add(node, graph, deps, ndeps, params) };
-        if let (Some((ord, bytes)), false) = (sized, rc == CUresult::CUDA_SUCCESS) {
-            gm.node_not_added(graph as u64, ord, bytes);
+        mem_node_added(graph, params, || unsafe { add(node, graph, deps, ndeps, params) })
+    })
+}
+
+/// A memory allocation node of `params` added to `graph` by `add` (the real driver's call):
+/// its bytes recorded for the graph first; with no room to record them, refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY` and never added; forgotten again when the driver refuses it.
+fn mem_node_added(graph: CUgraph, params: *const CUDA_MEM_ALLOC_NODE_PARAMS, add: impl FnOnce() -> CUresult) -> CUresult {
+    // SAFETY: null or the caller's parameter block (the driver refuses null itself).
+    let sized = (!params.is_null()).then(|| unsafe { ((*params).poolProps.location.id.max(0) as usize, (*params).bytesize as u64) });
+    let gm = &state().graph_mem;
+    if let Some((ord, bytes)) = sized {
+        if !gm.node_added(graph as u64, ord, bytes) {
+            return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         }
-        rc
+    }
+    let rc = add();
+    if let (Some((ord, bytes)), false) = (sized, rc == CUresult::CUDA_SUCCESS) {
+        gm.node_not_added(graph as u64, ord, bytes);
+    }
+    rc
+}
+
+/// `cuGraphAddNode[_v2]` (CUDA 12.2/12.3): a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node is recorded
+/// like `cuGraphAddMemAllocNode`'s (`nodeParams->alloc`); every other type passes through.
+/// (Its parameters cannot change afterwards: cuda.h, `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`:
+/// "not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC".)
+fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl FnOnce() -> CUresult) -> CUresult {
+    // SAFETY: null or the caller's parameter block, whose tag says which union member it holds.
+    let alloc = (!params.is_null() && unsafe { (*params).type_ } == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        .then(|| unsafe { std::ptr::addr_of!((*params).u.alloc) });
+    match alloc {
+        Some(p) => mem_node_added(graph, p, add),
+        None => add(),
+    }
+}
+
+/// Hooked `cuGraphAddNode` (CUDA 12.2): see [`generic_node_added`].
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUgraphNodeParams) -> CUresult {
+    guard(|| {
+        let add = real!(cuGraphAddNode: PFN_cuGraphAddNode_v12020);
+        // SAFETY: forwarding the caller's arguments.
+        generic_node_added(graph, params, || unsafe { add(node, graph, deps, ndeps, params) })
+    })
+}
+
+/// Hooked `cuGraphAddNode_v2` (CUDA 12.3, edge data; `cuGraphAddNode` in 13.0): see [`generic_node_added`].
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const CUgraphEdgeData,
+    ndeps: usize,
+    params: *mut CUgraphNodeParams,
+) -> CUresult {
+    guard(|| {
+        let add = real!(cuGraphAddNode_v2: PFN_cuGraphAddNode_v12030);
+        // SAFETY: forwarding the caller's arguments.
+        generic_node_added(graph, params, || unsafe { add(node, graph, deps, edges, ndeps, params) })
     })
 }
 

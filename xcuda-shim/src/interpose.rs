@@ -49,10 +49,11 @@ hooked_symbols! {
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
         cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
         cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
+        cuLaunch, cuLaunchGrid, cuLaunchGridAsync, cuLaunchCooperativeKernelMultiDevice,
         cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
         cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
-        cuGraphAddMemAllocNode, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
+        cuGraphAddMemAllocNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
         cuGraphExecDestroy, cuGraphDestroy,
         cuDeviceGraphMemTrim,
         cuCtxSetLimit,
@@ -286,6 +287,91 @@ mod tests {
         // Not hooked: the driver's pointer at any version.
         assert_eq!(proc_answer(b"cuMemcpyHtoD", 14000, 0, other, real_of), ProcAnswer::Driver);
         assert_eq!(proc_answer(b"cuCtxGetDevice", 14000, 0, other, real_of), ProcAnswer::Driver);
+    }
+
+    /// NVIDIA's `cuda.h` of each checked header set (as cuda-abi's header test finds them:
+    /// `$CUDA_HEADERS_DIR` / `$CUDA13_HEADERS_DIR`, default `<repo>/.cuda-headers[-13]`) with the
+    /// `CUDA_VERSION` it declares.
+    fn cuda_headers() -> Vec<(String, i32)> {
+        [("CUDA_HEADERS_DIR", ".cuda-headers", 12090), ("CUDA13_HEADERS_DIR", ".cuda-headers-13", 13000)]
+            .into_iter()
+            .map(|(var, default, version)| {
+                let dir = std::env::var_os(var).map_or_else(
+                    || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(default),
+                    std::path::PathBuf::from,
+                );
+                let text = std::fs::read_to_string(dir.join("cuda.h"))
+                    .unwrap_or_else(|e| panic!("{}/cuda.h: {e} (run scripts/setup-test-env.sh)", dir.display()));
+                assert!(text.contains(&format!("#define CUDA_VERSION {version}")), "{} is not CUDA {version}", dir.display());
+                (text, version)
+            })
+            .collect()
+    }
+
+    /// Every function `cuda.h` declares (`CUresult CUDAAPI name(`, deprecated ones included).
+    fn declared_functions(cuda_h: &str) -> std::collections::BTreeSet<&str> {
+        cuda_h
+            .match_indices("CUresult CUDAAPI ")
+            .filter_map(|(i, m)| {
+                let rest = &cuda_h[i + m.len()..];
+                let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
+                rest[end..].starts_with('(').then(|| &rest[..end])
+            })
+            .collect()
+    }
+
+    /// Driven by NVIDIA's headers, not by the table: every launch (`cuLaunch*`, graph launch
+    /// and upload, instantiation) and device allocation (`cuMemAlloc*`, graph memory nodes)
+    /// entry point `cuda.h` declares, deprecated ones included, is in cuda-abi's table and
+    /// hooked, for each ABI a caller can reach: `cuGetProcAddress` at that header's version with
+    /// either default-stream flavour, and every older ABI the table has (an exported symbol a
+    /// `-lcuda` binary or `dlsym` reaches). A name missing from the table fails here, not only a
+    /// row missing from the hooked list.
+    #[test]
+    fn every_launch_and_alloc_entry_cuda_h_declares_is_hooked() {
+        // Not a kernel launch: cuLaunchHostFunc runs a host function in stream order (no SM work).
+        let not_gpu_work = ["cuLaunchHostFunc", "cuMemAllocHost"];
+        let must = |n: &str| {
+            !not_gpu_work.contains(&n)
+                && (n.starts_with("cuLaunch")
+                    || n.starts_with("cuMemAlloc")
+                    || n.starts_with("cuGraphLaunch")
+                    || n.starts_with("cuGraphUpload")
+                    || n.starts_with("cuGraphInstantiate")
+                    || n.starts_with("cuGraphAddMemAllocNode")
+                    // Any node type, memory allocation nodes included (CUDA 12.2).
+                    || n.starts_with("cuGraphAddNode"))
+        };
+        let mut missing = Vec::new();
+        let mut checked = 0;
+        for (text, version) in cuda_headers() {
+            let names: Vec<&str> = declared_functions(&text).into_iter().filter(|n| must(n)).collect();
+            assert!(names.contains(&"cuLaunchKernel") && names.contains(&"cuMemAlloc"), "CUDA {version}: cuda.h parsed: {names:?}");
+            for name in names {
+                checked += 1;
+                let mut rows: Vec<&cuda_abi::ProcEntry> = Vec::new();
+                for flags in [0, 2] {
+                    match resolve(name, version, flags) {
+                        Resolution::Found(e) => rows.push(e),
+                        // A versioned symbol cuda.h declares under its own name (`cuGraphInstantiate_v2`).
+                        _ => match cuda_abi::entry_for_symbol(name) {
+                            Some(e) => rows.push(e),
+                            None => missing.push(format!("CUDA {version}: {name} (flags {flags}) not in cuda-abi's table")),
+                        },
+                    }
+                }
+                rows.extend(PROC_TABLE.iter().filter(|e| e.name == name));
+                for e in rows {
+                    if hook_for_symbol(e.symbol.as_bytes()).is_none() {
+                        missing.push(format!("CUDA {version}: {name}: {} ({}) not hooked", e.symbol, e.pfn));
+                    }
+                }
+            }
+        }
+        assert!(checked > 20, "only {checked} names checked");
+        missing.sort();
+        missing.dedup();
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 
     #[test]

@@ -76,6 +76,31 @@ fn a_graph_launch_over_quota_is_refused_before_anything_is_mapped() {
     done(k);
 }
 
+/// A memory allocation node added with the generic `cuGraphAddNode` (CUDA 12.2/12.3,
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`) is counted like one of `cuGraphAddMemAllocNode`: 40 MiB +
+/// 30 MiB > 64 MiB, so the launch is refused and nothing is mapped (the device, read outside
+/// the shim, never holds more than the quota); within the quota the pool is counted in the
+/// ledger. Before cuGraphAddNode was hooked the exec's footprint was 0: the launch mapped the
+/// 30 MiB past the quota (launches=0).
+#[test]
+fn a_memory_node_added_with_cu_graph_add_node_is_counted() {
+    let host = EmuHost::new();
+    let mib = |n: u64| (n * MIB).to_string();
+    let (k, out, msg) = refused_at_launch(&host, "shim_client", "gn1", &["graphmemnode", &mib(30), "1", "1"], "graphmemnode", "launches");
+    assert_eq!(field_of(&out, "graphmemnode", "node"), "0", "the node itself is added: {msg}");
+    assert!(held_by(&host, k.pid()) <= QUOTA, "{msg}");
+    done(k);
+
+    let l = ledger(&host);
+    let (k, out, msg) = ready(&host, "shim_client", "gn2", &["ctx", "graphmemnode", &mib(30), "1", "2", "ready", "wait"]);
+    assert_eq!(field_of(&out, "graphmemnode", "launches"), "0,0", "{msg}");
+    assert_eq!(field_of(&out, "graphmemnode", "pool_reserved"), mib(30), "{msg}");
+    let counted = l.procs().into_iter().find(|p| p.pid == k.pid()).map_or(0, |p| p.mem_bytes);
+    assert_eq!(counted, 30 * MIB, "the node's pool counted in the ledger: {msg}");
+    assert_eq!(held_by(&host, k.pid()), 30 * MIB, "outside the shim: {msg}");
+    done(k);
+}
+
 /// The pool is counted once however often the graph runs (the driver reuses it), keeps counting
 /// after the launches (the driver keeps it), and is given back by cuDeviceGraphMemTrim.
 #[test]

@@ -170,7 +170,18 @@ fn every_launch_path_is_throttled() {
     let sms = host.device().info().sm_count.to_string();
     // 12 one-wave kernels, or 3 graph launches (8 waves each by default), against a 4-wave
     // bucket refilled at 5 waves/s (no monitor data).
-    for (step, count) in [("launch", 12), ("launchex", 12), ("launchcoop", 12), ("launchgraph", 3)] {
+    // The deprecated entry points too (CUDA 2.0's cuLaunchGrid of 1 x BLOCKS and
+    // cuLaunchGridAsync of BLOCKS x 1, CUDA 9.0's multi-device cooperative launch with one
+    // entry): before they were hooked, they reached the driver unthrottled (0 delayed).
+    for (step, count) in [
+        ("launch", 12),
+        ("launchex", 12),
+        ("launchcoop", 12),
+        ("launchgraph", 3),
+        ("launchgrid", 12),
+        ("launchgridasync", 12),
+        ("launchmulti", 12),
+    ] {
         for throttled in [true, false] {
             let group = format!("{step}-{throttled}");
             let mut c = limited(&host, "shim_client", 1 << 30, &group);
@@ -190,5 +201,87 @@ fn every_launch_path_is_throttled() {
             k.send_line("go");
             k.finish(T);
         }
+    }
+}
+
+/// `cuLaunch` (CUDA 2.0, deprecated, still exported: one block) is held while the published
+/// monitor sample says online pressure (SM clock at half its top, SMs busy, for a process
+/// capped at 40 % of the SMs) and goes once it ends; the ledger counts its launches as
+/// delayed. Two one-block launches are far below the bucket's burst: only the hold makes them
+/// wait. Before cuLaunch was hooked they went straight to the driver (never held, 0 counted).
+#[test]
+fn a_cuda_2_0_launch_is_held_by_online_pressure() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _one = serial();
+    let host = EmuHost::new();
+    let info = host.device().info();
+    let l = Arc::new(status(&host));
+    let pressure = Arc::new(AtomicBool::new(true));
+    let stop = Arc::new(AtomicBool::new(false));
+    let monitor = {
+        let (l, pressure, stop) = (l.clone(), pressure.clone(), stop.clone());
+        let max = info.max_sm_clock_mhz;
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let busy = pressure.load(Ordering::Relaxed);
+                l.publish(&MonitorSample {
+                    health: node_ledger::HealthState::Healthy as u32,
+                    sm_active_permille: if busy { 1000 } else { 0 },
+                    sm_clock_mhz: if busy { max / 2 } else { max },
+                    sm_clock_max_mhz: max,
+                    sm_count: info.sm_count,
+                    ..Default::default()
+                });
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let mut c = limited(&host, "shim_client", 1 << 30, "legacy");
+    c.env("XCUDA_THROTTLE", "1").env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40");
+    c.args(["ctx", "sleep", "300", "launchlegacy", "1", "1000", "2", "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    let msg = |k: &e2e::EmuChild| format!("{}\n{}", k.stdout(), k.stderr());
+    k.wait_for_line("ctx=", T).unwrap_or_else(|| panic!("{}", msg(&k)));
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(k.lines("launchlegacy=").is_empty(), "cuLaunch held while online pressure lasts: {}", msg(&k));
+    pressure.store(false, Ordering::Relaxed);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("released once the pressure ends: {}", msg(&k)));
+    assert_eq!(k.lines("launchlegacy=").first().and_then(|l| e2e::field(l, "launchlegacy")), Some("0"), "{}", msg(&k));
+    let pid = k.pid();
+    let deadline = Instant::now() + T;
+    let me = loop {
+        // The housekeeping tick (250 ms) reports the launch counters to the ledger.
+        let me = ledger(&host).procs().into_iter().find(|p| p.pid == pid);
+        if me.as_ref().is_some_and(|p| p.launches >= 2) || Instant::now() > deadline {
+            break me.unwrap_or_else(|| panic!("registered: {}", msg(&k)));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(me.launches >= 2 && me.launches_delayed > 0, "cuLaunch counted and delayed: {me:?}: {}", msg(&k));
+    stop.store(true, Ordering::Relaxed);
+    monitor.join().unwrap();
+    k.send_line("go");
+    k.finish(T);
+}
+
+/// The emulated driver keeps CUDA 2.0's execution-control rules (cuda.h, `cuLaunchGrid`: the
+/// block shape and parameters "must be set ... prior to calling this function", and a
+/// `cuLaunchKernel` "invalidates" them), with and without the shim (which passes the driver's
+/// answers on): CUDA_ERROR_INVALID_VALUE (1) without a block shape, after a cuLaunchKernel and
+/// for a negative grid; success once set.
+#[test]
+fn cuda_2_0_launches_need_their_block_shape_and_parameters() {
+    let host = EmuHost::new();
+    for shimmed in [false, true] {
+        let mut c = if shimmed { limited(&host, "shim_client", 1 << 30, "legacychecks") } else { unlimited(&host, "shim_client") };
+        c.args(["ctx", "legacychecks", "1000", "ready", "wait"]);
+        let mut k = host.spawn(&mut c);
+        k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+        let line = k.lines("legacychecks").first().cloned().unwrap_or_else(|| panic!("{}", k.stderr()));
+        for (key, rc) in [("noshape", "1"), ("grid", "0"), ("afterkernel", "1"), ("negative", "1")] {
+            assert_eq!(e2e::field(&line, key), Some(rc), "shim {shimmed}: {key}: {line}");
+        }
+        k.send_line("go");
+        k.finish(T);
     }
 }

@@ -148,7 +148,96 @@ unsafe fn launch_common(
         }
         None
     };
-    driver::launch(LaunchReq { f: h(f), grid, block, shared_mem, stream: h(stream), cycles, cooperative })
+    driver::launch(LaunchReq { f: h(f), grid, block, shared_mem, stream: h(stream), cycles, cooperative })?;
+    driver::legacy_forget(h(f));
+    Ok(())
+}
+
+/// `cuLaunch` / `cuLaunchGrid` / `cuLaunchGridAsync` (CUDA 2.0's execution control): a
+/// `width` x `height` grid of the block shape, shared size and parameters set on `f` before.
+/// Refused (`CUDA_ERROR_INVALID_VALUE`) without a block shape, with a grid dimension below 1,
+/// or when the function takes parameters and no parameter size was set (or a `spin` kernel's
+/// is shorter than its `u64`).
+fn legacy_launch(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> R {
+    let (Ok(w), Ok(hgt)) = (c_uint::try_from(width), c_uint::try_from(height)) else {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    };
+    let st = driver::legacy_state(h(f))?;
+    let block = st.block.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let info = driver::func_info(h(f))?;
+    let size = st.param_size.unwrap_or(0);
+    if info.params > 0 && st.param_size.is_none() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let cycles = if info.is_spin && info.params == 1 {
+        let b = st.params.get(..8).filter(|_| size >= 8).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        Some(u64::from_ne_bytes(b.try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?))
+    } else {
+        None
+    };
+    driver::launch(LaunchReq { f: h(f), grid: [w, hgt, 1], block, shared_mem: st.shared_mem, stream: h(stream), cycles, cooperative: false })
+}
+
+/// `cuParamSet{i,f,v}`: `bytes` at `offset` of `f`'s parameter block (within
+/// [`driver::LEGACY_PARAM_MAX`]).
+fn legacy_param(f: CUfunction, offset: c_int, bytes: &[u8]) -> R {
+    let off = usize::try_from(offset).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let end = off.checked_add(bytes.len()).filter(|e| *e <= driver::LEGACY_PARAM_MAX).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    driver::legacy_update(h(f), |st| {
+        if st.params.len() < end {
+            st.params.resize(end, 0);
+        }
+        st.params[off..end].copy_from_slice(bytes);
+        Ok(())
+    })
+}
+
+/// `CUDA_COOPERATIVE_LAUNCH_MULTI_DEVICE_NO_PRE_LAUNCH_SYNC | ..._NO_POST_LAUNCH_SYNC` (cuda.h).
+const MULTI_DEVICE_FLAGS: c_uint = 0x01 | 0x02;
+
+/// `cuLaunchCooperativeKernelMultiDevice`: one cooperative launch per entry, each in its
+/// stream's context. Checked before anything is launched, as cuda.h documents: known flags, at
+/// least one entry and no more than devices, streams created by the application (not the
+/// NULL / legacy / per-thread handles), no two entries on one device, the same grid, block and
+/// shared size everywhere, the same kernel code, each function of its stream's context.
+///
+/// # Safety
+/// `list` null or valid for `n` entries.
+unsafe fn launch_multi_device(list: *mut CUDA_LAUNCH_PARAMS_v1, n: c_uint, flags: c_uint) -> R {
+    if list.is_null() || n == 0 || flags & !MULTI_DEVICE_FLAGS != 0 || n as usize > driver::device_count()? {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's array of `n` entries (checked non-null).
+    let entries = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    let first = entries[0];
+    let dims = |e: &CUDA_LAUNCH_PARAMS_v1| (e.gridDimX, e.gridDimY, e.gridDimZ, e.blockDimX, e.blockDimY, e.blockDimZ, e.sharedMemBytes);
+    let code = |f: CUfunction| driver::func_info(h(f)).map(|i| (i.is_spin, i.params));
+    let mut plan = Vec::with_capacity(entries.len());
+    let mut ords = std::collections::HashSet::new();
+    for e in entries {
+        let s = h(e.hStream);
+        if s == 0 || s == 1 || s == CU_STREAM_PER_THREAD_HANDLE as u64 || dims(e) != dims(&first) || code(e.function)? != code(first.function)? {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let ctx = driver::stream_ctx(s)?;
+        if driver::func_ctx(h(e.function))? != ctx {
+            return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        if !ords.insert(driver::ctx_ord(ctx)?) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        plan.push((ctx, *e));
+    }
+    for (ctx, e) in plan {
+        driver::ctx_push(ctx)?;
+        let grid = [e.gridDimX, e.gridDimY, e.gridDimZ];
+        let block = [e.blockDimX, e.blockDimY, e.blockDimZ];
+        // SAFETY: the entry's kernel parameters, under the caller's contract.
+        let r = unsafe { launch_common(e.function, grid, block, e.sharedMemBytes, e.hStream, e.kernelParams, std::ptr::null_mut(), true) };
+        driver::ctx_pop()?;
+        r?;
+    }
+    Ok(())
 }
 
 /// `per_thread`: the `_ptsz` entry (its null stream is the per-thread default stream).
@@ -768,6 +857,56 @@ export! {
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) {
         launch_common(f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], sharedMemBytes, pts(hStream), kernelParams, std::ptr::null_mut(), true)
     }
+    fn cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut CUDA_LAUNCH_PARAMS_v1, numDevices: c_uint, flags: c_uint) {
+        launch_multi_device(launchParamsList, numDevices, flags)
+    }
+    fn cuFuncSetBlockShape(hfunc: CUfunction, x: c_int, y: c_int, z: c_int) {
+        let (Ok(x), Ok(y), Ok(z)) = (c_uint::try_from(x), c_uint::try_from(y), c_uint::try_from(z)) else {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        };
+        if x == 0 || y == 0 || z == 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::legacy_update(h(hfunc), |st| {
+            st.block = Some([x, y, z]);
+            Ok(())
+        })
+    }
+    fn cuFuncSetSharedSize(hfunc: CUfunction, bytes: c_uint) {
+        driver::legacy_update(h(hfunc), |st| {
+            st.shared_mem = bytes;
+            Ok(())
+        })
+    }
+    fn cuParamSetSize(hfunc: CUfunction, numbytes: c_uint) {
+        if numbytes as usize > driver::LEGACY_PARAM_MAX {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::legacy_update(h(hfunc), |st| {
+            st.param_size = Some(numbytes as usize);
+            Ok(())
+        })
+    }
+    fn cuParamSeti(hfunc: CUfunction, offset: c_int, value: c_uint) {
+        legacy_param(hfunc, offset, &value.to_ne_bytes())
+    }
+    fn cuParamSetf(hfunc: CUfunction, offset: c_int, value: c_float) {
+        legacy_param(hfunc, offset, &value.to_ne_bytes())
+    }
+    fn cuParamSetv(hfunc: CUfunction, offset: c_int, ptr: *mut c_void, numbytes: c_uint) {
+        if numbytes == 0 {
+            return legacy_param(hfunc, offset, &[]);
+        }
+        if ptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        legacy_param(hfunc, offset, std::slice::from_raw_parts(ptr.cast::<u8>(), numbytes as usize))
+    }
+    fn cuLaunch(f: CUfunction) { legacy_launch(f, 1, 1, std::ptr::null_mut()) }
+    fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) { legacy_launch(f, grid_width, grid_height, std::ptr::null_mut()) }
+    fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, hStream: CUstream) {
+        legacy_launch(f, grid_width, grid_height, hStream)
+    }
     fn cuGraphCreate(phGraph: *mut CUgraph, flags: c_uint) {
         if phGraph.is_null() || flags != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -807,24 +946,28 @@ export! {
         driver::graph_upload(h(hGraphExec))
     }
     fn cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) {
-        if nodeParams.is_null() || phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        mem_alloc_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    fn cuGraphAddNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) {
+        generic_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    fn cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) {
+        // The emulator runs nodes in the order added: only default (all-zero) edges.
+        if !dependencyData.is_null() && numDependencies > 0 {
+            let edges = std::slice::from_raw_parts(dependencyData, numDependencies);
+            if edges.iter().any(|e| e.from_port != 0 || e.to_port != 0 || e.type_ != 0 || e.reserved != [0; 5]) {
+                return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+            }
         }
-        let p = *nodeParams;
-        let pp = &p.poolProps;
-        // cuda.h: pinned memory on a device, handleTypes must be CU_MEM_HANDLE_TYPE_NONE (no
-        // IPC), at most one access descriptor per GPU.
-        if pp.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
-            || pp.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
-            || pp.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
-            || p.accessDescCount > driver::device_count()?
-            || (p.accessDescCount > 0 && p.accessDescs.is_null())
-        {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let (node, addr) = driver::graph_add_mem_alloc(h(hGraph), p.bytesize as u64, pp.location.id)?;
-        (*nodeParams).dptr = addr;
-        put(phGraphNode, ptr(node))
+        generic_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+    }
+    fn cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) {
+        let _ = hNode;
+        set_node_params(nodeParams)
+    }
+    fn cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) {
+        let _ = (hGraphExec, hNode);
+        set_node_params(nodeParams)
     }
     fn cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr) {
         if phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
@@ -953,6 +1096,84 @@ unsafe fn graph_node(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], share
         None
     };
     Ok(driver::GraphNode { f: h(f), grid, block, shared_mem, cycles })
+}
+
+/// `cuGraphAddMemAllocNode` (and a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node of `cuGraphAddNode`):
+/// the node's fixed address written to `params->dptr`.
+///
+/// # Safety
+/// `out` null or writable; `deps` valid for `n` handles when `n > 0`; `params` null or the
+/// caller's parameter block.
+unsafe fn mem_alloc_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> R {
+    if params.is_null() || out.is_null() || (n > 0 && deps.is_null()) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, the caller's parameter block.
+    let p = unsafe { *params };
+    let pp = &p.poolProps;
+    // cuda.h: pinned memory on a device, handleTypes must be CU_MEM_HANDLE_TYPE_NONE (no
+    // IPC), at most one access descriptor per GPU.
+    if pp.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+        || pp.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        || pp.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+        || p.accessDescCount > driver::device_count()?
+        || (p.accessDescCount > 0 && p.accessDescs.is_null())
+    {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let (node, addr) = driver::graph_add_mem_alloc(h(graph), p.bytesize as u64, pp.location.id)?;
+    // SAFETY: the caller's parameter block (non-null) and out-pointer (checked).
+    unsafe {
+        (*params).dptr = addr;
+        put(out, ptr(node))
+    }
+}
+
+/// `cuGraphAddNode[_v2]`: the tagged union's node, added as its own `cuGraphAdd*Node` adds it
+/// (kernel, memory allocation, memory free); reserved bytes must be zero
+/// (`CUDA_ERROR_INVALID_VALUE`); other node types are not emulated (`CUDA_ERROR_NOT_SUPPORTED`).
+///
+/// # Safety
+/// As [`mem_alloc_node`], `params` the caller's `CUgraphNodeParams`.
+unsafe fn generic_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut CUgraphNodeParams) -> R {
+    if params.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, the caller's parameter block; the tag names the union member read.
+    unsafe {
+        let p = &mut *params;
+        if p.reserved0 != [0; 3] || p.reserved2 != 0 {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        match p.type_ {
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
+                let k = std::ptr::addr_of!(p.u.kernel);
+                add_node(out, graph, deps, n, kernel_node!(k))
+            }
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => mem_alloc_node(out, graph, deps, n, std::ptr::addr_of_mut!(p.u.alloc)),
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => {
+                if out.is_null() || (n > 0 && deps.is_null()) {
+                    return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+                }
+                put(out, ptr(driver::graph_add_mem_free(h(graph), p.u.free)?))
+            }
+            _ => Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
+        }
+    }
+}
+
+/// `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`: "not supported for node types
+/// CU_GRAPH_NODE_TYPE_MEM_ALLOC and CU_GRAPH_NODE_TYPE_MEM_FREE" (cuda.h), so a memory node's
+/// size never changes after it was added; the emulator changes no other node either
+/// (`CUDA_ERROR_NOT_SUPPORTED`, stricter than a driver).
+///
+/// # Safety
+/// `params` null or the caller's parameter block.
+unsafe fn set_node_params(params: *mut CUgraphNodeParams) -> R {
+    if params.is_null() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Err(CUresult::CUDA_ERROR_NOT_SUPPORTED)
 }
 
 /// # Safety

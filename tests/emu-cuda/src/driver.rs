@@ -195,6 +195,9 @@ struct Inner {
     primary: HashMap<usize, Primary>,
     modules: HashMap<u64, (u64, Vec<ptx::Entry>)>,
     funcs: HashMap<u64, (u64, ptx::Entry)>,
+    /// Per function: what the execution-control API of CUDA 2.0 set on it
+    /// (`cuFuncSetBlockShape`, `cuFuncSetSharedSize`, `cuParamSet*`), read by `cuLaunch*Grid*`.
+    legacy: HashMap<u64, LegacyLaunch>,
     streams: HashMap<u64, Stream>,
     events: HashMap<u64, Option<Mark>>,
     allocs: BTreeMap<u64, Alloc>,
@@ -935,6 +938,62 @@ pub fn func_attribute(f: u64, attrib: u32) -> R<i32> {
         _ if attrib <= 10 => 0,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
     })
+}
+
+/// Largest parameter block of the CUDA 2.0 execution-control API (`cuParamSetSize`), bytes:
+/// the 4 KiB kernel-parameter limit (stricter than drivers that take more).
+pub const LEGACY_PARAM_MAX: usize = 4096;
+
+/// A function's launch state set through the CUDA 2.0 execution-control API.
+#[derive(Clone, Default)]
+pub struct LegacyLaunch {
+    /// `cuFuncSetBlockShape` (none: a `cuLaunch*` is refused, cuda.h: "must be set ... prior").
+    pub block: Option<[u32; 3]>,
+    /// `cuFuncSetSharedSize`.
+    pub shared_mem: u32,
+    /// `cuParamSetSize` (none: never set).
+    pub param_size: Option<usize>,
+    /// Bytes written by `cuParamSet{i,f,v}`, at their offsets.
+    pub params: Vec<u8>,
+}
+
+/// Changes function `f`'s CUDA 2.0 launch state (`cuFuncSetBlockShape`, `cuParamSet*`): the
+/// function must exist (`CUDA_ERROR_INVALID_HANDLE`) and a context be current.
+pub fn legacy_update(f: u64, change: impl FnOnce(&mut LegacyLaunch) -> R) -> R {
+    current()?;
+    let mut g = drv()?.lock();
+    if !g.funcs.contains_key(&f) {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let mut state = g.legacy.get(&f).cloned().unwrap_or_default();
+    change(&mut state)?;
+    g.legacy.insert(f, state);
+    Ok(())
+}
+
+/// Function `f`'s CUDA 2.0 launch state (default when nothing was set).
+pub fn legacy_state(f: u64) -> R<LegacyLaunch> {
+    let g = drv()?.lock();
+    if !g.funcs.contains_key(&f) {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    Ok(g.legacy.get(&f).cloned().unwrap_or_default())
+}
+
+/// A launch through `cuLaunchKernel` (and the later APIs) "invalidates the function's block
+/// shape, dynamic shared memory size, and parameter information" (cuda.h, `cuLaunch`): a
+/// `cuLaunch*` after it without setting them again is refused (the driver's behaviour is
+/// undefined).
+pub fn legacy_forget(f: u64) {
+    if let Ok(d) = drv() {
+        d.lock().legacy.remove(&f);
+    }
+}
+
+/// The context function `f` belongs to (its module's).
+pub fn func_ctx(f: u64) -> R<u64> {
+    let g = drv()?.lock();
+    g.funcs.get(&f).and_then(|(m, _)| g.modules.get(m)).map(|(c, _)| *c).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// A validated launch request.

@@ -6,7 +6,7 @@
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `vmmon DEV N` | `array W H` | `array3d W H D` | `arrayv1 W H` / `array3dv1 W H D` (the CUDA 2.0 ABI) | `mipmap W H LEVELS` | `mipmaplayered W H LAYERS LEVELS` | `free` (last) | `freeall` |
-//! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph BLOCKS CYCLES COUNT` | `where NAME VERSION` | `next SYMBOL`
+//! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph|launchlegacy|launchgrid|launchgridasync|launchmulti BLOCKS CYCLES COUNT` | `legacychecks CYCLES` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
 //! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `eventwaitnoctx BLOCKS CYCLES` (see the step) |
@@ -338,6 +338,14 @@ fn main() {
         PFN_cuLaunchCooperativeKernel_v9000,
         9000
     );
+    // CUDA 2.0's execution control (deprecated, still exported) and the multi-device launch.
+    let func_block_shape = get!(cu, "cuFuncSetBlockShape", PFN_cuFuncSetBlockShape_v2000, 2000);
+    let param_set_size = get!(cu, "cuParamSetSize", PFN_cuParamSetSize_v2000, 2000);
+    let param_setv = get!(cu, "cuParamSetv", PFN_cuParamSetv_v2000, 2000);
+    let launch_legacy = get!(cu, "cuLaunch", PFN_cuLaunch_v2000, 2000);
+    let launch_grid = get!(cu, "cuLaunchGrid", PFN_cuLaunchGrid_v2000, 2000);
+    let launch_grid_async = get!(cu, "cuLaunchGridAsync", PFN_cuLaunchGridAsync_v2000, 2000);
+    let launch_multi = get!(cu, "cuLaunchCooperativeKernelMultiDevice", PFN_cuLaunchCooperativeKernelMultiDevice_v9000, 9000);
     let graph_create = get!(cu, "cuGraphCreate", PFN_cuGraphCreate_v10000, 10000);
     let graph_add_kernel = get!(
         cu,
@@ -353,6 +361,7 @@ fn main() {
     );
     let graph_launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
     let graph_add_alloc = get!(cu, "cuGraphAddMemAllocNode", PFN_cuGraphAddMemAllocNode_v11040, 11040);
+    let graph_add_node = get!(cu, "cuGraphAddNode", PFN_cuGraphAddNode_v12030, 12030);
     let graph_add_free = get!(cu, "cuGraphAddMemFreeNode", PFN_cuGraphAddMemFreeNode_v11040, 11040);
     let graph_trim = get!(cu, "cuDeviceGraphMemTrim", PFN_cuDeviceGraphMemTrim_v11040, 11040);
     let graph_attr = get!(cu, "cuDeviceGetGraphMemAttribute", PFN_cuDeviceGetGraphMemAttribute_v11040, 11040);
@@ -418,7 +427,9 @@ fn main() {
                 // fourth argument, FLAGS, and instantiates with cuGraphInstantiateWithParams
                 // (FLAGS 2 = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, into the client's stream) and
                 // prints `inst=` (its result) and `result_out=`.
-                "graphmem" | "graphmemp" => {
+                // `graphmemnode BYTES FREE COUNT`: `graphmem` with the alloc node added by the
+                // generic cuGraphAddNode (CUDA 12.3 ABI, CU_GRAPH_NODE_TYPE_MEM_ALLOC).
+                "graphmem" | "graphmemp" | "graphmemnode" => {
                     let (bytes, free_in_graph, count) = (num(1, i), num(2, i) == 1, num(3, i));
                     let with_params = step == "graphmemp";
                     let flags = if with_params { num(4, i) as u64 } else { 0 };
@@ -430,7 +441,13 @@ fn main() {
                     p.poolProps.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
                     p.bytesize = bytes;
                     let mut node: CUgraphNode = std::ptr::null_mut();
-                    if r.is_success() {
+                    if r.is_success() && step == "graphmemnode" {
+                        let mut np: CUgraphNodeParams = std::mem::zeroed();
+                        np.type_ = CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+                        np.u.alloc = p;
+                        r = graph_add_node(&mut node, g, std::ptr::null(), std::ptr::null(), 0, &mut np);
+                        p.dptr = np.u.alloc.dptr;
+                    } else if r.is_success() {
                         r = graph_add_alloc(&mut node, g, std::ptr::null(), 0, &mut p);
                     }
                     let node_rc = r.0;
@@ -837,7 +854,33 @@ fn main() {
                     let r = total_mem(&mut t, 0);
                     out(format!("totalmem={} total={t}", r.0));
                 }
-                "launch" | "launchex" | "launchcoop" | "launchgraph" => {
+                // CUDA 2.0's execution control on a freshly loaded `spin` (8-byte parameter
+                // CYCLES): `legacychecks CYCLES` prints `noshape=` (cuLaunchGrid before any
+                // cuFuncSetBlockShape), `grid=` (once shape and parameters are set),
+                // `afterkernel=` (cuLaunchGrid again after a cuLaunchKernel of the function,
+                // which invalidates them) and `negative=` (a grid width of -1).
+                "legacychecks" => {
+                    let mut cycles = num(1, i) as u64;
+                    i += 1;
+                    let f = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
+                    let set_params = |cycles: &mut u64| {
+                        let r = param_setv(f, 0, (cycles as *mut u64).cast(), 8);
+                        if r.is_success() { param_set_size(f, 8) } else { r }
+                    };
+                    let r = set_params(&mut cycles);
+                    let noshape = if r.is_success() { launch_grid(f, 1, 1) } else { r };
+                    let r = func_block_shape(f, 32, 1, 1);
+                    let grid = if r.is_success() { launch_grid(f, 1, 1) } else { r };
+                    let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
+                    let r = launch(f, 1, 1, 1, 32, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut());
+                    let afterkernel = if r.is_success() { launch_grid(f, 1, 1) } else { r };
+                    let r = set_params(&mut cycles);
+                    let r = if r.is_success() { func_block_shape(f, 32, 1, 1) } else { r };
+                    let negative = if r.is_success() { launch_grid(f, -1, 1) } else { r };
+                    let _ = sync();
+                    out(format!("legacychecks noshape={} grid={} afterkernel={} negative={}", noshape.0, grid.0, afterkernel.0, negative.0));
+                }
+                "launch" | "launchex" | "launchcoop" | "launchgraph" | "launchlegacy" | "launchgrid" | "launchgridasync" | "launchmulti" => {
                     let (blocks, mut cycles, count) =
                         (num(1, i) as c_uint, num(2, i) as u64, num(3, i));
                     i += 3;
@@ -869,9 +912,49 @@ fn main() {
                             die(&format!("graph build {r}"));
                         }
                     }
+                    // The CUDA 2.0 steps: block shape and parameter set on the function first
+                    // (`launchlegacy`: cuLaunch, one block; `launchgrid`: cuLaunchGrid of 1 x
+                    // BLOCKS; `launchgridasync`: cuLaunchGridAsync of BLOCKS x 1 on a stream of
+                    // its own). `launchmulti`: cuLaunchCooperativeKernelMultiDevice, one entry
+                    // (BLOCKS blocks) on a stream of its own of the current context.
+                    let mut own: CUstream = std::ptr::null_mut();
+                    if matches!(step.as_str(), "launchlegacy" | "launchgrid" | "launchgridasync") {
+                        r = func_block_shape(spin_fn, 32, 1, 1);
+                        if r.is_success() {
+                            r = param_setv(spin_fn, 0, (&mut cycles as *mut u64).cast(), 8);
+                        }
+                        if r.is_success() {
+                            r = param_set_size(spin_fn, 8);
+                        }
+                        if !r.is_success() {
+                            die(&format!("legacy set-up {r}"));
+                        }
+                    }
+                    if matches!(step.as_str(), "launchgridasync" | "launchmulti") {
+                        r = stream_create(&mut own, 0);
+                        if !r.is_success() {
+                            die(&format!("cuStreamCreate {r}"));
+                        }
+                    }
+                    let mut multi = CUDA_LAUNCH_PARAMS_v1 {
+                        function: spin_fn,
+                        gridDimX: blocks,
+                        gridDimY: 1,
+                        gridDimZ: 1,
+                        blockDimX: 32,
+                        blockDimY: 1,
+                        blockDimZ: 1,
+                        sharedMemBytes: 0,
+                        hStream: own,
+                        kernelParams: params.as_mut_ptr(),
+                    };
                     for _ in 0..count {
                         r = match step.as_str() {
                             "launchgraph" => graph_launch(exec, stream),
+                            "launchlegacy" => launch_legacy(spin_fn),
+                            "launchgrid" => launch_grid(spin_fn, 1, blocks as c_int),
+                            "launchgridasync" => launch_grid_async(spin_fn, blocks as c_int, 1, own),
+                            "launchmulti" => launch_multi(&mut multi, 1, 0),
                             "launch" => launch(
                                 spin_fn,
                                 blocks,
@@ -907,6 +990,9 @@ fn main() {
                         if !r.is_success() {
                             break;
                         }
+                    }
+                    if r.is_success() && !own.is_null() {
+                        r = stream_sync(own);
                     }
                     if r.is_success() {
                         r = sync();
