@@ -76,7 +76,7 @@ pub fn check(w: usize, h: usize, d: usize, flags: u32, mipmapped: bool) -> Resul
             return bad;
         }
         if layered {
-            if d % 6 != 0 {
+            if !d.is_multiple_of(6) {
                 return bad;
             }
             (
