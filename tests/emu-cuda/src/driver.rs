@@ -3,10 +3,11 @@
 
 use crate::memstore::MemStore;
 use crate::ptx;
-use cuda_abi::{CUgraphInstantiateResult, CUgraphInstantiate_flags, CUresult};
+use cuda_abi::{CUgraphInstantiateResult, CUgraphInstantiate_flags, CUmemAllocationHandleType, CUresult};
 use emu_device::{Client, Device, EmuError, KernelStatus, Launch};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::raw::c_int;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Result of a driver operation.
@@ -173,13 +174,29 @@ struct Alloc {
     pool: Option<u64>,
 }
 
+/// A VMM handle (`cuMemCreate`, or `cuMemImportFromShareableHandle`): its physical
+/// allocation lives on while it is referenced or mapped.
 struct Phys {
-    ord: usize,
-    size: u64,
-    /// References to the handle: its `cuMemCreate` and each `cuMemRetainAllocationHandle`,
-    /// less each `cuMemRelease`.
+    /// The physical allocation ([`Inner::vmm_allocs`]) it names.
+    alloc: u64,
+    /// References to the handle: its `cuMemCreate` (or import) and each
+    /// `cuMemRetainAllocationHandle`, less each `cuMemRelease`.
     refs: u32,
     maps: u32,
+}
+
+/// The physical memory of a `cuMemCreate`, named by one handle or more (imports). cuda.h
+/// (`cuMemExportToShareableHandle`): "Once all shareable handles are closed and the allocation
+/// is released, the allocated memory referenced will be released back to the OS".
+struct VmmAlloc {
+    ord: usize,
+    size: u64,
+    /// `CUmemAllocationProp::requestedHandleTypes` of its `cuMemCreate`.
+    types: u32,
+    /// Live handle records ([`Phys`]) naming it.
+    handles: u32,
+    /// (st_dev, st_ino) of each memfd exported for it: it lives while one is open in this process.
+    exported: Vec<(u64, u64)>,
 }
 
 struct Mapping {
@@ -199,6 +216,7 @@ struct Inner {
     events: HashMap<u64, Option<Mark>>,
     allocs: BTreeMap<u64, Alloc>,
     phys: HashMap<u64, Phys>,
+    vmm_allocs: HashMap<u64, VmmAlloc>,
     reservations: BTreeMap<u64, u64>,
     mappings: BTreeMap<u64, Mapping>,
     arrays: HashMap<u64, (usize, u64)>,
@@ -2010,10 +2028,14 @@ pub fn array_destroy(h: u64) -> R {
 // ---- virtual memory management ----
 
 /// `cuMemCreate`: commits physical memory (size a multiple of the granularity).
-pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
+pub fn vmm_create(size: u64, location_is_device: bool, device: i32, types: u32) -> R<u64> {
     current()?;
     if size == 0 || !size.is_multiple_of(GRANULARITY) || !location_is_device || check_device(device).is_err() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // Only the POSIX file descriptor is a shareable handle type on the emulated (Linux) GPU.
+    if types & !VMM_POSIX_FD != 0 {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     // The physical memory lives on the GPU the properties name, not the current context's.
     let ord = device as usize;
@@ -2023,19 +2045,136 @@ pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
     gp.dev.commit(&gp.client, size).map_err(dev_err)?;
     let mut g = d.lock();
     let h = g.handle();
-    g.phys.insert(h, Phys { ord, size, refs: 1, maps: 0 });
+    g.vmm_allocs.insert(h, VmmAlloc { ord, size, types, handles: 1, exported: Vec::new() });
+    g.phys.insert(h, Phys { alloc: h, refs: 1, maps: 0 });
     Ok(h)
 }
 
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const VMM_POSIX_FD: u32 = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+
+/// What an exported memfd holds: this magic, the exporting pid, the allocation's id.
+const VMM_FD_MAGIC: &[u8; 8] = b"EMUVMM01";
+
+/// Handle `h` is gone once unreferenced and unmapped; its allocation once no handle and no
+/// exported descriptor holds it.
 fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
     if let Some(p) = g.phys.get(&h) {
         if p.refs == 0 && p.maps == 0 {
-            let (ord, size) = (p.ord, p.size);
+            let alloc = p.alloc;
             g.phys.remove(&h);
-            let gp = d.gpu(ord);
-            gp.dev.free(&gp.client, size);
+            if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
+                a.handles -= 1;
+            }
+            maybe_drop_alloc(d, g, alloc);
         }
     }
+}
+
+fn maybe_drop_alloc(d: &Driver, g: &mut Inner, alloc: u64) {
+    let Some(a) = g.vmm_allocs.get(&alloc) else { return };
+    if a.handles > 0 || (!a.exported.is_empty() && files_open(&a.exported)) {
+        return;
+    }
+    let (ord, size) = (a.ord, a.size);
+    g.vmm_allocs.remove(&alloc);
+    let gp = d.gpu(ord);
+    gp.dev.free(&gp.client, size);
+}
+
+/// Allocations held only by exported descriptors: freed once the process has closed them all
+/// (checked at each VMM call: the emulator sees no `close`).
+fn sweep_exported(d: &Driver, g: &mut Inner) {
+    let held: Vec<u64> = g.vmm_allocs.iter().filter(|(_, a)| a.handles == 0).map(|(k, _)| *k).collect();
+    for alloc in held {
+        maybe_drop_alloc(d, g, alloc);
+    }
+}
+
+/// (st_dev, st_ino) of open descriptor `fd`.
+fn file_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into the zeroed stat we pass.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Whether one of this process's open descriptors is one of `files`.
+fn files_open(files: &[(u64, u64)]) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return true };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<c_int>().ok()).any(|fd| file_id(fd).is_some_and(|id| files.contains(&id)))
+}
+
+/// `cuMemExportToShareableHandle` to a POSIX file descriptor (a memfd naming the allocation).
+/// Only for a handle whose `cuMemCreate` asked for that type in `requestedHandleTypes`
+/// ("Device supports exporting memory to a posix file descriptor with
+/// ::cuMemExportToShareableHandle, if requested via ::cuMemCreate").
+pub fn vmm_export(h: u64, handle_type: u32, flags: u64) -> R<c_int> {
+    let d = drv()?;
+    let mut g = d.lock();
+    sweep_exported(d, &mut g);
+    let p = g.phys.get(&h).filter(|p| p.refs > 0).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let alloc = p.alloc;
+    if flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if handle_type != VMM_POSIX_FD {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let a = g.vmm_allocs.get(&alloc).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if a.types & VMM_POSIX_FD == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: a fresh memfd; the name is NUL-terminated.
+    let fd = unsafe { libc::memfd_create(c"emu-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+    let id = (fd >= 0).then(|| file_id(fd)).flatten().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let mut body = VMM_FD_MAGIC.to_vec();
+    body.extend_from_slice(&std::process::id().to_le_bytes());
+    body.extend_from_slice(&alloc.to_le_bytes());
+    // SAFETY: writing our buffer to our memfd.
+    if unsafe { libc::write(fd, body.as_ptr().cast(), body.len()) } != body.len() as isize {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
+        a.exported.push(id);
+    }
+    Ok(fd)
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX file descriptor: a new handle of the allocation
+/// the descriptor names (one more holder of its memory). A descriptor exported by another
+/// process is refused with `CUDA_ERROR_NOT_SUPPORTED` ("If the current process cannot support
+/// the memory described by this shareable handle"): each process's emulated driver keeps its
+/// own VMM tables.
+pub fn vmm_import(fd: c_int, handle_type: u32) -> R<u64> {
+    let d = drv()?;
+    let mut g = d.lock();
+    sweep_exported(d, &mut g);
+    if handle_type != VMM_POSIX_FD {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let id = file_id(fd).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let Some(alloc) = g.vmm_allocs.iter().find(|(_, a)| a.exported.contains(&id)).map(|(k, _)| *k) else {
+        let mut magic = [0u8; 8];
+        // SAFETY: reading into our buffer.
+        let n = unsafe { libc::pread(fd, magic.as_mut_ptr().cast(), magic.len(), 0) };
+        return Err(if n == 8 && &magic == VMM_FD_MAGIC { CUresult::CUDA_ERROR_NOT_SUPPORTED } else { CUresult::CUDA_ERROR_INVALID_VALUE });
+    };
+    let h = g.handle();
+    if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
+        a.handles += 1;
+    }
+    g.phys.insert(h, Phys { alloc, refs: 1, maps: 0 });
+    Ok(h)
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`: (requestedHandleTypes, device ordinal).
+pub fn vmm_properties(h: u64) -> R<(u32, i32)> {
+    let g = drv()?.lock();
+    let p = g.phys.get(&h).filter(|p| p.refs > 0).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let a = g.vmm_allocs.get(&p.alloc).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    Ok((a.types, a.ord as i32))
 }
 
 /// `cuMemRelease`: one reference fewer; memory goes back once none is left and it is also
@@ -2043,6 +2182,7 @@ fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
 pub fn vmm_release(h: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
+    sweep_exported(d, &mut g);
     match g.phys.get_mut(&h) {
         Some(p) if p.refs > 0 => p.refs -= 1,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
@@ -2104,13 +2244,16 @@ pub fn vmm_address_free(addr: u64, size: u64) -> R {
 /// CU_MEM_ALLOC_GRANULARITY_MINIMUM flag" (CUDA driver API, cuMemMap): anything else is
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
-    let mut g = drv()?.lock();
+    let d = drv()?;
+    let mut g = d.lock();
+    sweep_exported(d, &mut g);
     if [addr, size, offset].iter().any(|v| !v.is_multiple_of(GRANULARITY)) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let in_res = g.reservations.range(..=addr).next_back().is_some_and(|(b, s)| addr.checked_add(size).is_some_and(|e| e <= b + s));
     let p = g.phys.get(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-    if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > p.size) || p.refs == 0 {
+    let alloc_size = g.vmm_allocs.get(&p.alloc).map_or(0, |a| a.size);
+    if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > alloc_size) || p.refs == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     if g.mappings.range(..addr + size).next_back().is_some_and(|(b, m)| b + m.size > addr) {
@@ -2130,6 +2273,7 @@ pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
 pub fn vmm_unmap(addr: u64, size: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
+    sweep_exported(d, &mut g);
     let end = addr.checked_add(size).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let keys: Vec<u64> = g.mappings.range(addr..end).map(|(k, _)| *k).collect();
     let starts_inside = g.mappings.range(..addr).next_back().is_some_and(|(b, m)| b + m.size > addr);

@@ -1,0 +1,60 @@
+//! VMM memory shared through a POSIX file descriptor (cuMemExportToShareableHandle /
+//! cuMemImportFromShareableHandle), on the emulated driver: the `vmmshare` loops of
+//! `shim_client` run without the shim.
+
+mod shim_support;
+
+use e2e::{EmuChild, EmuHost};
+use shim_support::*;
+
+const N: u64 = 16 * MIB;
+const ROUNDS: usize = 8;
+
+/// Runs `vmmshare N ROUNDS mode` in `c` (a `shim_client` command), holds it at `ready`, and
+/// returns each round's result and the device memory NVML lists for the process then (its
+/// context's own memory taken off).
+fn share_loop(host: &EmuHost, c: &mut std::process::Command, n: u64, mode: &str) -> (Vec<String>, u64) {
+    let mut p: EmuChild = host.spawn(c.args(["ctx", "vmmshare", &n.to_string(), &ROUNDS.to_string(), mode, "ready", "wait"]));
+    assert!(p.wait_for_line("ready", T).is_some(), "{}\n{}", p.stdout(), p.stderr());
+    assert!(p.stderr().lines().all(|l| !l.contains("ERROR")), "{}", p.stderr());
+    let pid = p.pid();
+    let used = host.device().compute_processes().into_iter().find(|&(q, _)| q == pid).map_or(0, |(_, b)| b);
+    let rounds = p.lines("vmmshare=");
+    p.send_line("go");
+    p.finish(T);
+    (rounds, used.saturating_sub(host.context_bytes()))
+}
+
+fn rc_at(rounds: &[String]) -> Vec<(String, String)> {
+    rounds.iter().map(|l| (e2e::field(l, "vmmshare").unwrap_or("?").to_string(), e2e::field(l, "at").unwrap_or("?").to_string())).collect()
+}
+
+/// The single-process loop as the hostile review wrote it, as `nobody`: refused once the
+/// quota is reached, and the process never holds more than the quota on the GPU. Each round
+/// counts twice (the exported handle until exit, the imported handle's mapping while mapped:
+/// An exported handle released unmapped: the open fd keeps the memory ("Once all shareable
+/// handles are closed and the allocation is released, the allocated memory referenced will be
+/// The mapping of a handle the shim did not create is counted for its size while mapped,
+/// and refused with CUDA_ERROR_OUT_OF_MEMORY, nothing left mapped, past the quota: with the
+/// Control runs without the shim: the emulated driver keeps shared memory for every holder
+/// (an imported handle's mapping, an open exported fd), so the loops go past the quota.
+#[test]
+fn the_emulated_driver_keeps_shared_memory_while_a_handle_or_fd_holds_it() {
+    let host = EmuHost::new();
+    for mode in ["import", "fd", "keep"] {
+        let (rounds, used) = share_loop(&host, &mut unlimited(&host, "shim_client"), N, mode);
+        assert!(rc_at(&rounds).iter().all(|(rc, _)| rc == "0"), "{mode}: {rounds:?}");
+        assert_eq!(used, ROUNDS as u64 * N, "{mode}: every round's memory is held");
+        assert_eq!(host.device().snapshot().memory_allocated(), 0, "{mode}: all given back at exit");
+    }
+}
+
+/// The emulated driver, like a real one, exports only a handle created with the fd type in
+/// `requestedHandleTypes`.
+#[test]
+fn export_needs_the_handle_type_requested_at_create() {
+    let host = EmuHost::new();
+    let (rounds, used) = share_loop(&host, &mut unlimited(&host, "shim_client"), N, "plain");
+    assert!(rc_at(&rounds).iter().all(|(rc, at)| rc == "1" && at == "export"), "CUDA_ERROR_INVALID_VALUE: {rounds:?}");
+    assert_eq!(used, 0, "each refused round released its handle");
+}
