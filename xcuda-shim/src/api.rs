@@ -578,6 +578,27 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     })
 }
 
+/// Hooked `cuMemExportToShareableHandle`: an exported handle's bytes stay counted after its
+/// release until the process exits. The driver keeps the memory while the shareable handle
+/// (cuda.h: "Once all shareable handles are closed and the allocation is released, the
+/// allocated memory referenced will be released") or an import of it lives, in this process or
+/// in another one the fd was passed to, none of which the shim sees.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: CUmemAllocationHandleType, flags: u64) -> CUresult {
+    guard(|| {
+        let export = real!(cuMemExportToShareableHandle: PFN_cuMemExportToShareableHandle_v10020);
+        let marked = state().vmm_export_begin(handle);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { export(shareable, handle, handle_type, flags) };
+        if rc != CUresult::CUDA_SUCCESS {
+            if let Some((q, false)) = marked {
+                q.vmm_export_undo(handle);
+            }
+        }
+        rc
+    })
+}
+
 /// Unmaps and retains of VMM handles, one at a time (neither is a hot path): a retain the
 /// driver grants holds memory only while its address is mapped, so with an unmap between the
 /// driver's answer and the shim's count, the handle's bytes could be given back (released,

@@ -44,6 +44,7 @@ hooked_symbols! {
         cuMemFreeAsync, cuMemFreeAsync_ptsz,
         cuMemPoolCreate, cuMemPoolDestroy, cuMemPoolTrimTo,
         cuMemCreate, cuMemRelease, cuMemRetainAllocationHandle, cuMemMap, cuMemUnmap,
+        cuMemExportToShareableHandle,
         cuArrayCreate, cuArray3DCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
         cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,

@@ -248,6 +248,12 @@ impl State {
         self.quotas().find_map(|q| q.vmm_release_begin(h).map(|m| (q, m)))
     }
 
+    /// Before `cuMemExportToShareableHandle(h)`: the quota that counts `h`, with `h` marked
+    /// exported, and whether it was already ([`Quota::vmm_export_begin`]).
+    pub fn vmm_export_begin(&self, h: u64) -> Option<(&Quota, bool)> {
+        self.quotas().find_map(|q| q.vmm_export_begin(h).map(|was| (q, was)))
+    }
+
     /// The handle of the recorded mapping that holds `addr` (any address in it), with the
     /// quota that counts it (not a hot path: the mapping tables are scanned).
     pub fn vmm_handle_at(&self, addr: u64) -> Option<(&Quota, u64)> {

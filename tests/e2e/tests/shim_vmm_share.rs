@@ -1,12 +1,17 @@
 //! VMM memory shared through a POSIX file descriptor (cuMemExportToShareableHandle /
-//! cuMemImportFromShareableHandle), on the emulated driver: the `vmmshare` loops of
-//! `shim_client` run without the shim.
+//! cuMemImportFromShareableHandle) stays in the quota. The hostile loop of one process:
+//! cuMemCreate (counted) -> export -> import -> cuMemRelease of the created handle (the shim
+//! gave its bytes back: nothing mapped it) -> cuMemMap of the imported one (a handle the shim
+//! did not know: uncounted). The driver keeps the memory for the imported handle, and for an
+//! open exported fd alone, so repeating it filled the GPU with the ledger at 0. The control
+//! runs without the shim (`the_emulated_driver_keeps_...`) go past the quota.
 
 mod shim_support;
 
 use e2e::{EmuChild, EmuHost};
 use shim_support::*;
 
+const QUOTA: u64 = 64 * MIB;
 const N: u64 = 16 * MIB;
 const ROUNDS: usize = 8;
 
@@ -25,6 +30,17 @@ fn share_loop(host: &EmuHost, c: &mut std::process::Command, n: u64, mode: &str)
     (rounds, used.saturating_sub(host.context_bytes()))
 }
 
+/// A host whose ledger non-root processes can use (made as the monitor makes it: a root
+/// service with UMask=0022).
+fn users_host() -> EmuHost {
+    let host = host_for_users();
+    // SAFETY: umask(2) only changes this test process's file-creation mask (every test here
+    // sets the same).
+    unsafe { libc::umask(0o022) };
+    ledger(&host);
+    host
+}
+
 fn rc_at(rounds: &[String]) -> Vec<(String, String)> {
     rounds.iter().map(|l| (e2e::field(l, "vmmshare").unwrap_or("?").to_string(), e2e::field(l, "at").unwrap_or("?").to_string())).collect()
 }
@@ -36,6 +52,20 @@ fn rc_at(rounds: &[String]) -> Vec<(String, String)> {
 /// handles are closed and the allocation is released, the allocated memory referenced will be
 /// The mapping of a handle the shim did not create is counted for its size while mapped,
 /// and refused with CUDA_ERROR_OUT_OF_MEMORY, nothing left mapped, past the quota: with the
+/// An exported handle released unmapped, as `nobody`: the open fd keeps the memory ("Once all
+/// shareable handles are closed and the allocation is released, the allocated memory
+/// referenced will be released"), so its bytes stay counted (until exit: the shim cannot see
+/// the fd's copies). Without that, every round's create fitted and the GPU filled.
+#[test]
+fn an_exported_handle_stays_counted_after_its_release() {
+    let host = users_host();
+    let (rounds, used) = share_loop(&host, as_nobody(&mut limited(&host, "shim_client", QUOTA, "fd")), N, "fd");
+    let got = rc_at(&rounds);
+    assert!(got[..4].iter().all(|(rc, _)| rc == "0"), "four rounds fit: {rounds:?}");
+    assert!(got[4..].iter().all(|(rc, at)| rc == "2" && at == "create"), "then cuMemCreate is refused: {rounds:?}");
+    assert_eq!(used, 4 * N, "{rounds:?}");
+}
+
 /// Control runs without the shim: the emulated driver keeps shared memory for every holder
 /// (an imported handle's mapping, an open exported fd), so the loops go past the quota.
 #[test]
