@@ -16,18 +16,30 @@ const N: u64 = 16 * MIB;
 const ROUNDS: usize = 8;
 
 /// Runs `vmmshare N ROUNDS mode` in `c` (a `shim_client` command), holds it at `ready`, and
-/// returns each round's result and the device memory NVML lists for the process then (its
-/// context's own memory taken off).
-fn share_loop(host: &EmuHost, c: &mut std::process::Command, n: u64, mode: &str) -> (Vec<String>, u64) {
+/// returns each round's result and the device memory NVML lists for the process (its
+/// context's own memory taken off): the first reading at most `expect`, or the last one after
+/// [`T`]. The emulated driver frees an allocation whose exported fds were all closed from a
+/// watcher thread, a moment after the close, so a reading may be higher than it will be, never
+/// lower: the first reading is already a bound, later ones only wait for the watcher.
+fn share_loop(host: &EmuHost, c: &mut std::process::Command, n: u64, mode: &str, expect: u64) -> (Vec<String>, u64) {
     let mut p: EmuChild = host.spawn(c.args(["ctx", "vmmshare", &n.to_string(), &ROUNDS.to_string(), mode, "ready", "wait"]));
     assert!(p.wait_for_line("ready", T).is_some(), "{}\n{}", p.stdout(), p.stderr());
     assert!(p.stderr().lines().all(|l| !l.contains("ERROR")), "{}", p.stderr());
     let pid = p.pid();
-    let used = host.device().compute_processes().into_iter().find(|&(q, _)| q == pid).map_or(0, |(_, b)| b);
+    let dev = host.device();
+    let deadline = std::time::Instant::now() + T;
+    let used = loop {
+        let b = dev.compute_processes().into_iter().find(|&(q, _)| q == pid).map_or(0, |(_, b)| b);
+        let used = b.saturating_sub(host.context_bytes());
+        if used <= expect || std::time::Instant::now() > deadline {
+            break used;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
     let rounds = p.lines("vmmshare=");
     p.send_line("go");
     p.finish(T);
-    (rounds, used.saturating_sub(host.context_bytes()))
+    (rounds, used)
 }
 
 /// A host whose ledger non-root processes can use (made as the monitor makes it: a root
@@ -48,6 +60,11 @@ fn rc_at(rounds: &[String]) -> Vec<(String, String)> {
 /// The single-process loop as the hostile review wrote it, as `nobody`: refused once the
 /// quota is reached, and the process never holds more than the quota on the GPU. Each round
 /// counts twice (the exported handle until exit, the imported handle's mapping while mapped:
+/// The single-process loop as the hostile review wrote it, as `nobody`: refused once the
+/// quota is reached, and the process never holds more than the quota on the GPU. Each round
+/// counts twice (the exported handle until exit, the imported handle's mapping while mapped:
+/// The mapping of a handle the shim did not create is counted for its size while mapped,
+/// and refused with CUDA_ERROR_OUT_OF_MEMORY, nothing left mapped, past the quota: with the
 /// An exported handle released unmapped: the open fd keeps the memory ("Once all shareable
 /// handles are closed and the allocation is released, the allocated memory referenced will be
 /// The mapping of a handle the shim did not create is counted for its size while mapped,
@@ -59,7 +76,7 @@ fn rc_at(rounds: &[String]) -> Vec<(String, String)> {
 #[test]
 fn an_exported_handle_stays_counted_after_its_release() {
     let host = users_host();
-    let (rounds, used) = share_loop(&host, as_nobody(&mut limited(&host, "shim_client", QUOTA, "fd")), N, "fd");
+    let (rounds, used) = share_loop(&host, as_nobody(&mut limited(&host, "shim_client", QUOTA, "fd")), N, "fd", 4 * N);
     let got = rc_at(&rounds);
     assert!(got[..4].iter().all(|(rc, _)| rc == "0"), "four rounds fit: {rounds:?}");
     assert!(got[4..].iter().all(|(rc, at)| rc == "2" && at == "create"), "then cuMemCreate is refused: {rounds:?}");
@@ -72,11 +89,21 @@ fn an_exported_handle_stays_counted_after_its_release() {
 fn the_emulated_driver_keeps_shared_memory_while_a_handle_or_fd_holds_it() {
     let host = EmuHost::new();
     for mode in ["import", "fd", "keep"] {
-        let (rounds, used) = share_loop(&host, &mut unlimited(&host, "shim_client"), N, mode);
+        let (rounds, used) = share_loop(&host, &mut unlimited(&host, "shim_client"), N, mode, ROUNDS as u64 * N);
         assert!(rc_at(&rounds).iter().all(|(rc, _)| rc == "0"), "{mode}: {rounds:?}");
         assert_eq!(used, ROUNDS as u64 * N, "{mode}: every round's memory is held");
         assert_eq!(host.device().snapshot().memory_allocated(), 0, "{mode}: all given back at exit");
     }
+}
+
+/// An exported allocation released unmapped goes once its last fd is closed (no driver call
+/// after the close), as a real driver frees it then.
+#[test]
+fn the_emulated_driver_frees_shared_memory_at_the_last_close() {
+    let host = EmuHost::new();
+    let (rounds, used) = share_loop(&host, &mut unlimited(&host, "shim_client"), N, "close", 0);
+    assert!(rc_at(&rounds).iter().all(|(rc, _)| rc == "0"), "{rounds:?}");
+    assert_eq!(used, 0, "released and its fd closed: nothing held");
 }
 
 /// The emulated driver, like a real one, exports only a handle created with the fd type in
@@ -84,7 +111,7 @@ fn the_emulated_driver_keeps_shared_memory_while_a_handle_or_fd_holds_it() {
 #[test]
 fn export_needs_the_handle_type_requested_at_create() {
     let host = EmuHost::new();
-    let (rounds, used) = share_loop(&host, &mut unlimited(&host, "shim_client"), N, "plain");
+    let (rounds, used) = share_loop(&host, &mut unlimited(&host, "shim_client"), N, "plain", 0);
     assert!(rc_at(&rounds).iter().all(|(rc, at)| rc == "1" && at == "export"), "CUDA_ERROR_INVALID_VALUE: {rounds:?}");
     assert_eq!(used, 0, "each refused round released its handle");
 }

@@ -195,8 +195,10 @@ struct VmmAlloc {
     types: u32,
     /// Live handle records ([`Phys`]) naming it.
     handles: u32,
-    /// (st_dev, st_ino) of each memfd exported for it: it lives while one is open in this process.
-    exported: Vec<(u64, u64)>,
+    /// Each exported socket pair whose caller's end is still open (in any process:
+    /// [`watch_exported`]): the emulator's end, and (st_dev, st_ino) of the caller's. It lives
+    /// while one is.
+    exported: Vec<(c_int, (u64, u64))>,
 }
 
 struct Mapping {
@@ -2053,9 +2055,6 @@ pub fn vmm_create(size: u64, location_is_device: bool, device: i32, types: u32) 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 const VMM_POSIX_FD: u32 = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
 
-/// What an exported memfd holds: this magic, the exporting pid, the allocation's id.
-const VMM_FD_MAGIC: &[u8; 8] = b"EMUVMM01";
-
 /// Handle `h` is gone once unreferenced and unmapped; its allocation once no handle and no
 /// exported descriptor holds it.
 fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
@@ -2073,22 +2072,13 @@ fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
 
 fn maybe_drop_alloc(d: &Driver, g: &mut Inner, alloc: u64) {
     let Some(a) = g.vmm_allocs.get(&alloc) else { return };
-    if a.handles > 0 || (!a.exported.is_empty() && files_open(&a.exported)) {
+    if a.handles > 0 || !a.exported.is_empty() {
         return;
     }
     let (ord, size) = (a.ord, a.size);
     g.vmm_allocs.remove(&alloc);
     let gp = d.gpu(ord);
     gp.dev.free(&gp.client, size);
-}
-
-/// Allocations held only by exported descriptors: freed once the process has closed them all
-/// (checked at each VMM call: the emulator sees no `close`).
-fn sweep_exported(d: &Driver, g: &mut Inner) {
-    let held: Vec<u64> = g.vmm_allocs.iter().filter(|(_, a)| a.handles == 0).map(|(k, _)| *k).collect();
-    for alloc in held {
-        maybe_drop_alloc(d, g, alloc);
-    }
 }
 
 /// (st_dev, st_ino) of open descriptor `fd`.
@@ -2098,20 +2088,46 @@ fn file_id(fd: c_int) -> Option<(u64, u64)> {
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
-/// Whether one of this process's open descriptors is one of `files`.
-fn files_open(files: &[(u64, u64)]) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return true };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<c_int>().ok()).any(|fd| file_id(fd).is_some_and(|id| files.contains(&id)))
+/// The emulator's ends of the exported socket pairs: (its end, the caller's end's id).
+static EXPORTED_PEERS: Mutex<Vec<(c_int, (u64, u64))>> = Mutex::new(Vec::new());
+
+/// Watches the emulator's ends of the exported socket pairs: once every copy of the caller's
+/// end is closed (in this process or any it was passed to) its peer hangs up, and the
+/// allocation goes if nothing else holds it, as a real driver frees it when "all shareable
+/// handles are closed and the allocation is released".
+fn watch_exported() {
+    loop {
+        let peers: Vec<(c_int, (u64, u64))> = EXPORTED_PEERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut fds: Vec<libc::pollfd> = peers.iter().map(|&(fd, _)| libc::pollfd { fd, events: 0, revents: 0 }).collect();
+        // SAFETY: polling our own descriptors; 50 ms, then new exports are picked up.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        let hung: Vec<(c_int, (u64, u64))> = peers.into_iter().zip(&fds).filter(|(_, p)| p.revents & libc::POLLHUP != 0).map(|(x, _)| x).collect();
+        if hung.is_empty() {
+            continue;
+        }
+        EXPORTED_PEERS.lock().unwrap_or_else(|e| e.into_inner()).retain(|x| !hung.contains(x));
+        let Ok(d) = drv() else { return };
+        let mut g = d.lock();
+        for (fd, id) in hung {
+            // SAFETY: our own end, no longer watched.
+            unsafe { libc::close(fd) };
+            let Some(alloc) = g.vmm_allocs.iter_mut().find(|(_, a)| a.exported.contains(&(fd, id))).map(|(k, a)| {
+                a.exported.retain(|x| *x != (fd, id));
+                *k
+            }) else { continue };
+            maybe_drop_alloc(d, &mut g, alloc);
+        }
+    }
 }
 
-/// `cuMemExportToShareableHandle` to a POSIX file descriptor (a memfd naming the allocation).
+/// `cuMemExportToShareableHandle` to a POSIX file descriptor: one end of a socket pair whose
+/// other end the emulator keeps and watches ([`watch_exported`]).
 /// Only for a handle whose `cuMemCreate` asked for that type in `requestedHandleTypes`
 /// ("Device supports exporting memory to a posix file descriptor with
 /// ::cuMemExportToShareableHandle, if requested via ::cuMemCreate").
 pub fn vmm_export(h: u64, handle_type: u32, flags: u64) -> R<c_int> {
     let d = drv()?;
     let mut g = d.lock();
-    sweep_exported(d, &mut g);
     let p = g.phys.get(&h).filter(|p| p.refs > 0).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let alloc = p.alloc;
     if flags != 0 {
@@ -2124,20 +2140,24 @@ pub fn vmm_export(h: u64, handle_type: u32, flags: u64) -> R<c_int> {
     if a.types & VMM_POSIX_FD == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: a fresh memfd; the name is NUL-terminated.
-    let fd = unsafe { libc::memfd_create(c"emu-vmm".as_ptr(), libc::MFD_CLOEXEC) };
-    let id = (fd >= 0).then(|| file_id(fd)).flatten().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-    let mut body = VMM_FD_MAGIC.to_vec();
-    body.extend_from_slice(&std::process::id().to_le_bytes());
-    body.extend_from_slice(&alloc.to_le_bytes());
-    // SAFETY: writing our buffer to our memfd.
-    if unsafe { libc::write(fd, body.as_ptr().cast(), body.len()) } != body.len() as isize {
-        // SAFETY: our own descriptor.
-        unsafe { libc::close(fd) };
+    let mut pair: [c_int; 2] = [-1; 2];
+    // SAFETY: socketpair writes two descriptors into our array.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) } != 0 {
         return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
+    let [fd, peer] = pair;
+    let Some(id) = file_id(fd) else {
+        // SAFETY: our own descriptors.
+        unsafe { (libc::close(fd), libc::close(peer)) };
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    EXPORTED_PEERS.lock().unwrap_or_else(|e| e.into_inner()).push((peer, id));
+    static WATCHER: std::sync::Once = std::sync::Once::new();
+    WATCHER.call_once(|| {
+        std::thread::Builder::new().name("emu-vmm-export".into()).spawn(watch_exported).expect("spawn the export watcher");
+    });
     if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
-        a.exported.push(id);
+        a.exported.push((peer, id));
     }
     Ok(fd)
 }
@@ -2150,16 +2170,15 @@ pub fn vmm_export(h: u64, handle_type: u32, flags: u64) -> R<c_int> {
 pub fn vmm_import(fd: c_int, handle_type: u32) -> R<u64> {
     let d = drv()?;
     let mut g = d.lock();
-    sweep_exported(d, &mut g);
     if handle_type != VMM_POSIX_FD {
         return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     let id = file_id(fd).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let Some(alloc) = g.vmm_allocs.iter().find(|(_, a)| a.exported.contains(&id)).map(|(k, _)| *k) else {
-        let mut magic = [0u8; 8];
-        // SAFETY: reading into our buffer.
-        let n = unsafe { libc::pread(fd, magic.as_mut_ptr().cast(), magic.len(), 0) };
-        return Err(if n == 8 && &magic == VMM_FD_MAGIC { CUresult::CUDA_ERROR_NOT_SUPPORTED } else { CUresult::CUDA_ERROR_INVALID_VALUE });
+    let Some(alloc) = g.vmm_allocs.iter().find(|(_, a)| a.exported.iter().any(|&(_, x)| x == id)).map(|(k, _)| *k) else {
+        // SAFETY: fstat writes into the zeroed stat we pass.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let socket = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK;
+        return Err(if socket { CUresult::CUDA_ERROR_NOT_SUPPORTED } else { CUresult::CUDA_ERROR_INVALID_VALUE });
     };
     let h = g.handle();
     if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
@@ -2182,7 +2201,6 @@ pub fn vmm_properties(h: u64) -> R<(u32, i32)> {
 pub fn vmm_release(h: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
-    sweep_exported(d, &mut g);
     match g.phys.get_mut(&h) {
         Some(p) if p.refs > 0 => p.refs -= 1,
         _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
@@ -2246,7 +2264,6 @@ pub fn vmm_address_free(addr: u64, size: u64) -> R {
 pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
-    sweep_exported(d, &mut g);
     if [addr, size, offset].iter().any(|v| !v.is_multiple_of(GRANULARITY)) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
@@ -2273,7 +2290,6 @@ pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
 pub fn vmm_unmap(addr: u64, size: u64) -> R {
     let d = drv()?;
     let mut g = d.lock();
-    sweep_exported(d, &mut g);
     let end = addr.checked_add(size).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let keys: Vec<u64> = g.mappings.range(addr..end).map(|(k, _)| *k).collect();
     let starts_inside = g.mappings.range(..addr).next_back().is_some_and(|(b, m)| b + m.size > addr);

@@ -686,12 +686,12 @@ fn main() {
                 // (cuMemImportFromShareableHandle of the fd, cuMemRelease of the created
                 // handle, cuMemMap of the imported one into a new range, the fd closed), `keep`
                 // (the same, the created handle kept), `fd` (cuMemRelease of the created handle,
-                // the fd kept open, nothing mapped), `plain` (as `import`, created without the
+                // the fd kept open, nothing mapped), `close` (as `fd`, the fd closed), `plain` (as `import`, created without the
                 // fd handle type, which the driver refuses to export). What is made stays until exit; a failed
                 // round undoes its own. Prints `vmmshare=RC at=STAGE i=ROUND` per round.
                 "vmmshare" => {
                     let (n, count) = (num(1, i), num(2, i));
-                    let mode = args.get(i + 3).cloned().unwrap_or_else(|| die("vmmshare N COUNT import|keep|fd|plain"));
+                    let mode = args.get(i + 3).cloned().unwrap_or_else(|| die("vmmshare N COUNT import|keep|fd|close|plain"));
                     i += 3;
                     let mut prop: CUmemAllocationProp = std::mem::zeroed();
                     prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -708,7 +708,7 @@ fn main() {
                             stage = "export";
                             r = mem_export((&mut fd as *mut c_int).cast(), h1, CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
                         }
-                        if r.is_success() && mode != "fd" {
+                        if r.is_success() && !matches!(mode.as_str(), "fd" | "close") {
                             stage = "import";
                             r = mem_import(&mut h2, fd as usize as *mut c_void, CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
                             if r.is_success() {
