@@ -66,7 +66,7 @@ hooked_symbols! {
         cuDeviceGet, cuDeviceGetAttribute,
         cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute, cuCtxGetLimit,
         cuMemPoolGetAttribute, cuDeviceGetMemPool, cuDeviceGetDefaultMemPool, cuStreamGetCaptureInfo_v2,
-        cuStreamGetDevice, cuStreamGetCtx,
+        cuStreamGetDevice, cuStreamGetCtx, cuMemGetAllocationPropertiesFromHandle,
     ],
 }
 

@@ -20,6 +20,9 @@ pub enum Kind {
     StreamOrdered,
     /// cuMemCreate handle.
     Vmm,
+    /// A `cuMemMap` mapping (by address) of a handle this process's shim did not create (an
+    /// import, `cuMemImportFromShareableHandle`): its size counted while mapped.
+    VmmImportMap,
     /// CUarray / CUmipmappedArray handle.
     Array,
     /// A `cuCtxSetLimit` limit of a context (`crate::limits`): owned by that context.
@@ -58,6 +61,8 @@ pub struct Quota {
     vmm: PtrMap,
     /// cuMemMap mappings: address -> (size, handle), to find the handle at cuMemUnmap.
     vmm_maps: PtrMap,
+    /// cuMemMap mappings of handles not in `vmm` ([`Kind::VmmImportMap`]): address -> size.
+    import_maps: PtrMap,
     arrays: PtrMap,
     /// Bytes the `cuCtxSetLimit` limits of each context hold (`crate::limits`).
     limits: PtrMap,
@@ -142,7 +147,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -169,6 +174,7 @@ impl Quota {
         match k {
             Kind::DevicePtr | Kind::StreamOrdered => &self.dptrs,
             Kind::Vmm => &self.vmm,
+            Kind::VmmImportMap => &self.import_maps,
             Kind::Array => &self.arrays,
             Kind::CtxLimit => &self.limits,
         }
@@ -352,7 +358,7 @@ impl Quota {
         // owner word is their state instead (0: not released, not mapped).
         // Stream-ordered allocations belong to their pool: no owner, so a context's end
         // (`release_context`) never gives back bytes the driver still holds.
-        let owner = if matches!(kind, Kind::Vmm | Kind::StreamOrdered) { 0 } else { (self.owner_source)() };
+        let owner = if matches!(kind, Kind::Vmm | Kind::VmmImportMap | Kind::StreamOrdered) { 0 } else { (self.owner_source)() };
         self.map(kind).insert_owned(key, bytes, owner)
     }
 
@@ -427,6 +433,11 @@ impl Quota {
     /// Start addresses of the recorded VMM mappings.
     pub fn vmm_mapping_starts(&self) -> Vec<u64> {
         self.vmm_maps.entries().into_iter().map(|(addr, _)| addr).collect()
+    }
+
+    /// Start addresses of the recorded mappings of handles this process did not create.
+    pub fn import_mapping_starts(&self) -> Vec<u64> {
+        self.import_maps.entries().into_iter().map(|(addr, _)| addr).collect()
     }
 
     /// The handle of the recorded mapping that holds `addr` (any address in it).
@@ -537,7 +548,7 @@ impl Quota {
 
     /// Leaves the ledger, giving back everything still counted (exit / contexts destroyed).
     pub fn retire(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays, &self.limits] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.import_maps, &self.arrays, &self.limits] {
             m.clear();
         }
         match &self.backend {
@@ -558,7 +569,7 @@ impl Quota {
     /// memory behind the driver's inherited fds, the parent's usage stays counted until the
     /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays, &self.limits] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.import_maps, &self.arrays, &self.limits] {
             m.clear();
         }
         match &self.backend {

@@ -63,8 +63,33 @@ fn rc_at(rounds: &[String]) -> Vec<(String, String)> {
 /// The single-process loop as the hostile review wrote it, as `nobody`: refused once the
 /// quota is reached, and the process never holds more than the quota on the GPU. Each round
 /// counts twice (the exported handle until exit, the imported handle's mapping while mapped:
+/// the documented over-count), so two rounds of a quarter of the quota fit.
+#[test]
+fn an_export_import_loop_is_refused_at_the_quota() {
+    let host = users_host();
+    let (rounds, used) = share_loop(&host, as_nobody(&mut limited(&host, "shim_client", QUOTA, "share")), N, "import", 2 * N);
+    let got = rc_at(&rounds);
+    assert_eq!(got.len(), ROUNDS, "{rounds:?}");
+    assert!(got[..2].iter().all(|(rc, _)| rc == "0"), "two rounds fit: {rounds:?}");
+    assert!(got[2..].iter().all(|(rc, _)| rc == "2"), "then CUDA_ERROR_OUT_OF_MEMORY: {rounds:?}");
+    assert!(used <= QUOTA, "the process holds {used} B on the GPU, quota {QUOTA}: {rounds:?}");
+    assert_eq!(used, 2 * N, "{rounds:?}");
+}
+
 /// The mapping of a handle the shim did not create is counted for its size while mapped,
 /// and refused with CUDA_ERROR_OUT_OF_MEMORY, nothing left mapped, past the quota: with the
+/// created handle kept, a round of 20 MiB counts 40, so the second round's map is refused.
+#[test]
+fn a_mapping_of_an_imported_handle_is_counted_and_refused_past_the_quota() {
+    let host = users_host();
+    let (rounds, used) = share_loop(&host, as_nobody(&mut limited(&host, "shim_client", QUOTA, "keep")), 20 * MIB, "keep", 20 * MIB);
+    let got = rc_at(&rounds);
+    assert_eq!(got[0], ("0".into(), "map".into()), "{rounds:?}");
+    assert_eq!(got[1], ("2".into(), "map".into()), "the import's mapping is past the quota: {rounds:?}");
+    assert!(got[2..].iter().all(|(rc, at)| rc == "2" && at == "create"), "{rounds:?}");
+    assert_eq!(used, 20 * MIB, "the refused round left nothing on the GPU: {rounds:?}");
+}
+
 /// An exported handle released unmapped: the open fd keeps the memory ("Once all shareable
 /// handles are closed and the allocation is released, the allocated memory referenced will be
 /// The mapping of a handle the shim did not create is counted for its size while mapped,
