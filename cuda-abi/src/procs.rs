@@ -218,6 +218,9 @@ proc_table! {
     PFN_cuMemCreate_v10020 = cuMemCreate @ 10020 Plain => cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64);
     PFN_cuMemRelease_v10020 = cuMemRelease @ 10020 Plain => cuMemRelease(handle: CUmemGenericAllocationHandle);
     PFN_cuMemRetainAllocationHandle_v11000 = cuMemRetainAllocationHandle @ 11000 Plain => cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void);
+    PFN_cuMemExportToShareableHandle_v10020 = cuMemExportToShareableHandle @ 10020 Plain => cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64);
+    PFN_cuMemImportFromShareableHandle_v10020 = cuMemImportFromShareableHandle @ 10020 Plain => cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType);
+    PFN_cuMemGetAllocationPropertiesFromHandle_v10020 = cuMemGetAllocationPropertiesFromHandle @ 10020 Plain => cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle);
     PFN_cuMemMap_v10020 = cuMemMap @ 10020 Plain => cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64);
     PFN_cuMemUnmap_v10020 = cuMemUnmap @ 10020 Plain => cuMemUnmap(ptr: CUdeviceptr, size: usize);
     PFN_cuMemSetAccess_v10020 = cuMemSetAccess @ 10020 Plain => cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize);

@@ -559,7 +559,8 @@ forward_then! {
 // ---- VMM mappings ----------------------------------------------------------------------------
 // The driver frees a cuMemCreate allocation when its handle is released AND no mapping holds it
 // (NVIDIA's own idiom releases the handle right after cuMemMap): its bytes stay counted until
-// the last of the two. A mapping made before the shim saw its handle is not ours to count.
+// the last of the two. A mapping of a handle the shim did not create (an import) is counted
+// for its size while mapped (`map_import`).
 
 /// Hooked `cuMemRelease`: the handle's bytes go back now, or at its last `cuMemUnmap`.
 #[no_mangle]
@@ -573,6 +574,27 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         let rc = unsafe { release(handle) };
         if let Some((q, mark)) = marked {
             q.vmm_release_end(handle, rc == CUresult::CUDA_SUCCESS, mark);
+        }
+        rc
+    })
+}
+
+/// Hooked `cuMemExportToShareableHandle`: an exported handle's bytes stay counted after its
+/// release until the process exits. The driver keeps the memory while the shareable handle
+/// (cuda.h: "Once all shareable handles are closed and the allocation is released, the
+/// allocated memory referenced will be released") or an import of it lives, in this process or
+/// in another one the fd was passed to, none of which the shim sees.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: CUmemAllocationHandleType, flags: u64) -> CUresult {
+    guard(|| {
+        let export = real!(cuMemExportToShareableHandle: PFN_cuMemExportToShareableHandle_v10020);
+        let marked = state().vmm_export_begin(handle);
+        // SAFETY: forwarding the caller's arguments.
+        let rc = unsafe { export(shareable, handle, handle_type, flags) };
+        if rc != CUresult::CUDA_SUCCESS {
+            if let Some((q, false)) = marked {
+                q.vmm_export_undo(handle);
+            }
         }
         rc
     })
@@ -623,10 +645,11 @@ pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, 
         let (map, unmap) = (real!(cuMemMap: PFN_cuMemMap_v10020), real!(cuMemUnmap: PFN_cuMemUnmap_v10020));
         // Counted before the driver maps, so that a release on another thread meanwhile keeps
         // the bytes counted.
-        let q = state().vmm_map_begin(handle);
+        let Some(q) = state().vmm_map_begin(handle) else {
+            return map_import(ptr, size, offset, handle, flags);
+        };
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { map(ptr, size, offset, handle, flags) };
-        let Some(q) = q else { return rc };
         if rc != CUresult::CUDA_SUCCESS {
             q.vmm_unmapped(handle);
             return rc;
@@ -649,6 +672,49 @@ pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, 
     })
 }
 
+/// `cuMemMap` of a handle the shim did not create: imported (`cuMemImportFromShareableHandle`,
+/// perhaps from another process, which may have released its own handle: the driver keeps
+/// the memory for the import) or otherwise unknown. Its size is counted while mapped, on the
+/// GPU the memory lives on (`cuMemGetAllocationPropertiesFromHandle`; a device this process
+/// cannot see has no quota: refused), given back at its `cuMemUnmap`. Over the quota:
+/// `CUDA_ERROR_OUT_OF_MEMORY`, nothing mapped. An exporter and an importer of one group
+/// count the same memory twice (README, limits).
+fn map_import(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult {
+    let (map, unmap) = (real!(cuMemMap: PFN_cuMemMap_v10020), real!(cuMemUnmap: PFN_cuMemUnmap_v10020));
+    let props = real!(cuMemGetAllocationPropertiesFromHandle: PFN_cuMemGetAllocationPropertiesFromHandle_v10020);
+    let st = state();
+    // SAFETY: all-zero is a valid CUmemAllocationProp (integers, a null pointer).
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: a local out-parameter and the caller's handle.
+    let known = unsafe { props(&mut prop, handle) } == CUresult::CUDA_SUCCESS;
+    // Unknown location (the driver will refuse such a handle anyway) or on the host: counted on
+    // the current GPU (stricter than needed, as host-located cuMemCreate memory is).
+    let gpu = if known && prop.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE { st.gpu(prop.location.id) } else { st.current() };
+    let q = &gpu.quota;
+    let bytes = size as u64;
+    // SAFETY: forwarding the caller's arguments.
+    let rc = crate::memory::reserved(q, bytes, || unsafe { map(ptr, size, offset, handle, flags) });
+    if rc != CUresult::CUDA_SUCCESS {
+        if rc == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            crate::state::logged(|| tracing::warn!(ptr, size, handle, "xcuda: mapping of an imported VMM handle refused: over the quota"));
+        }
+        return rc;
+    }
+    if q.track(Kind::VmmImportMap, ptr, bytes) {
+        return rc;
+    }
+    crate::state::logged(|| tracing::error!(ptr, size, handle, "xcuda: VMM mapping table full; undoing the mapping"));
+    let _one = VMM_UNMAP_RETAIN.lock();
+    // SAFETY: undoing the mapping the driver has just made for us.
+    let undone = unsafe { unmap(ptr, size) };
+    if undone == CUresult::CUDA_SUCCESS {
+        q.release(bytes);
+    } else {
+        crate::state::logged(|| tracing::error!(ptr, size, handle, rc = undone.0, "xcuda: undoing a mapping failed; its bytes stay counted until exit"));
+    }
+    CUresult::CUDA_ERROR_OUT_OF_MEMORY
+}
+
 /// Hooked `cuMemUnmap`: each handle whose last mapping this was, and which is released, gives
 /// its bytes back.
 #[no_mangle]
@@ -660,8 +726,16 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         // Taken out before the driver unmaps: once it has, another thread may map the range
         // again, and its record must not be mistaken for ours.
         let taken = st.vmm_unmap_take(ptr, size as u64);
+        let imports = st.import_unmap_take(ptr, size as u64);
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { unmap(ptr, size) };
+        for (q, at, bytes) in imports {
+            if rc == CUresult::CUDA_SUCCESS {
+                q.release(bytes);
+            } else {
+                q.put_back(Kind::VmmImportMap, at, bytes, 0);
+            }
+        }
         for (q, at, len, h) in taken {
             if rc == CUresult::CUDA_SUCCESS {
                 q.vmm_unmapped(h);

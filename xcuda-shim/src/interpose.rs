@@ -44,6 +44,7 @@ hooked_symbols! {
         cuMemFreeAsync, cuMemFreeAsync_ptsz,
         cuMemPoolCreate, cuMemPoolDestroy, cuMemPoolTrimTo,
         cuMemCreate, cuMemRelease, cuMemRetainAllocationHandle, cuMemMap, cuMemUnmap,
+        cuMemExportToShareableHandle,
         cuArrayCreate, cuArray3DCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy,
         cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
         cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
@@ -66,7 +67,7 @@ hooked_symbols! {
         cuDeviceGet, cuDeviceGetAttribute,
         cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute, cuCtxGetLimit,
         cuMemPoolGetAttribute, cuDeviceGetMemPool, cuDeviceGetDefaultMemPool, cuStreamGetCaptureInfo_v2,
-        cuStreamGetDevice, cuStreamGetCtx,
+        cuStreamGetDevice, cuStreamGetCtx, cuMemGetAllocationPropertiesFromHandle,
     ],
 }
 

@@ -8,7 +8,7 @@ use crate::quota::{Kind, Quota};
 /// Reserves `bytes`, then runs the driver's `alloc`: `CUDA_ERROR_OUT_OF_MEMORY` (nothing
 /// called) over the quota; the reservation given back if the driver fails.
 #[inline(always)]
-fn reserved(q: &Quota, bytes: u64, alloc: impl FnOnce() -> CUresult) -> CUresult {
+pub fn reserved(q: &Quota, bytes: u64, alloc: impl FnOnce() -> CUresult) -> CUresult {
     // Refused: the GPU's stream-ordered pool count may lag behind pools that released memory
     // since (a synchronisation): settled, then asked once more.
     let ok = q.try_reserve(bytes) || (crate::streampool::settled_after_refusal(q) && q.try_reserve(bytes));

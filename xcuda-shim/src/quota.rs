@@ -20,6 +20,9 @@ pub enum Kind {
     StreamOrdered,
     /// cuMemCreate handle.
     Vmm,
+    /// A `cuMemMap` mapping (by address) of a handle this process's shim did not create (an
+    /// import, `cuMemImportFromShareableHandle`): its size counted while mapped.
+    VmmImportMap,
     /// CUarray / CUmipmappedArray handle.
     Array,
     /// A `cuCtxSetLimit` limit of a context (`crate::limits`): owned by that context.
@@ -58,6 +61,8 @@ pub struct Quota {
     vmm: PtrMap,
     /// cuMemMap mappings: address -> (size, handle), to find the handle at cuMemUnmap.
     vmm_maps: PtrMap,
+    /// cuMemMap mappings of handles not in `vmm` ([`Kind::VmmImportMap`]): address -> size.
+    import_maps: PtrMap,
     arrays: PtrMap,
     /// Bytes the `cuCtxSetLimit` limits of each context hold (`crate::limits`).
     limits: PtrMap,
@@ -95,6 +100,16 @@ const VMM_MAP: u64 = 2;
 /// A VMM handle's state word: one reference taken by `cuMemRetainAllocationHandle` (the driver
 /// keeps the memory until each is released too).
 const VMM_RETAIN: u64 = 1 << 32;
+/// A VMM handle's state word: exported (`cuMemExportToShareableHandle`). The driver keeps the
+/// memory while a shareable handle (an fd, its copies in other processes) or an import of it
+/// lives, which the shim cannot see: released and unmapped, its record goes but its bytes stay
+/// counted until the process leaves the ledger.
+const VMM_EXPORTED: u64 = 1 << 31;
+
+/// A handle's state word without its [`VMM_EXPORTED`] mark.
+fn bare(w: u64) -> u64 {
+    w & !VMM_EXPORTED
+}
 
 /// What [`Quota::vmm_release_begin`] marked, for [`Quota::vmm_release_end`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,7 +147,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -159,6 +174,7 @@ impl Quota {
         match k {
             Kind::DevicePtr | Kind::StreamOrdered => &self.dptrs,
             Kind::Vmm => &self.vmm,
+            Kind::VmmImportMap => &self.import_maps,
             Kind::Array => &self.arrays,
             Kind::CtxLimit => &self.limits,
         }
@@ -342,7 +358,7 @@ impl Quota {
         // owner word is their state instead (0: not released, not mapped).
         // Stream-ordered allocations belong to their pool: no owner, so a context's end
         // (`release_context`) never gives back bytes the driver still holds.
-        let owner = if matches!(kind, Kind::Vmm | Kind::StreamOrdered) { 0 } else { (self.owner_source)() };
+        let owner = if matches!(kind, Kind::Vmm | Kind::VmmImportMap | Kind::StreamOrdered) { 0 } else { (self.owner_source)() };
         self.map(kind).insert_owned(key, bytes, owner)
     }
 
@@ -398,7 +414,7 @@ impl Quota {
     /// under it. `false`: not a handle of this quota (or one already released and unmapped,
     /// which the driver refuses).
     pub fn vmm_map_begin(&self, h: u64) -> bool {
-        self.vmm.update_owner(h, |w| (w != VMM_RELEASED).then_some(w + VMM_MAP)).is_some()
+        self.vmm.update_owner(h, |w| (bare(w) != VMM_RELEASED).then_some(w + VMM_MAP)).is_some()
     }
 
     /// A mapping of `h` made through [`Quota::vmm_map_begin`] is recorded at `addr` (the driver
@@ -410,13 +426,18 @@ impl Quota {
     /// A mapping of `h` is gone (unmapped, or the driver refused to make it): when it was the
     /// last one and the handle is released, its bytes go back. Returns the bytes given back.
     pub fn vmm_unmapped(&self, h: u64) -> Option<u64> {
-        let (_, now) = self.vmm.update_owner(h, |w| (w >= VMM_MAP).then(|| w - VMM_MAP))?;
-        (now == VMM_RELEASED).then(|| self.vmm_done(h)).flatten()
+        let (_, now) = self.vmm.update_owner(h, |w| (bare(w) >= VMM_MAP).then(|| w - VMM_MAP))?;
+        (bare(now) == VMM_RELEASED).then(|| self.vmm_done(h)).flatten()
     }
 
     /// Start addresses of the recorded VMM mappings.
     pub fn vmm_mapping_starts(&self) -> Vec<u64> {
         self.vmm_maps.entries().into_iter().map(|(addr, _)| addr).collect()
+    }
+
+    /// Start addresses of the recorded mappings of handles this process did not create.
+    pub fn import_mapping_starts(&self) -> Vec<u64> {
+        self.import_maps.entries().into_iter().map(|(addr, _)| addr).collect()
     }
 
     /// The handle of the recorded mapping that holds `addr` (any address in it).
@@ -457,7 +478,7 @@ impl Quota {
     /// go back if that was all that held them).
     pub fn vmm_retain_undo(&self, h: u64) {
         if let Some((_, now)) = self.vmm.update_owner(h, |w| (w >= VMM_RETAIN).then(|| w - VMM_RETAIN)) {
-            if now == VMM_RELEASED {
+            if bare(now) == VMM_RELEASED {
                 self.vmm_done(h);
             }
         }
@@ -490,12 +511,32 @@ impl Quota {
             };
             return 0;
         }
-        if mark.now == VMM_RELEASED { self.vmm_done(h).unwrap_or(0) } else { 0 }
+        if bare(mark.now) == VMM_RELEASED { self.vmm_done(h).unwrap_or(0) } else { 0 }
     }
 
-    /// `h` is released and unmapped: forgotten, its bytes given back.
+    /// Before the driver's `cuMemExportToShareableHandle(h)`: `h` marked exported (before, so
+    /// that a release on another thread meanwhile keeps its bytes counted). `None`: not a
+    /// handle of this quota; `Some(true)`: it was marked already.
+    pub fn vmm_export_begin(&self, h: u64) -> Option<bool> {
+        let (old, _) = self.vmm.update_owner(h, |w| Some(w | VMM_EXPORTED))?;
+        Some(old & VMM_EXPORTED != 0)
+    }
+
+    /// The driver refused the export [`Quota::vmm_export_begin`] marked (it was not marked
+    /// before): the mark taken off. If the handle was released and unmapped meanwhile, its
+    /// bytes stay counted until exit (an over-count, never an under-count).
+    pub fn vmm_export_undo(&self, h: u64) {
+        let _ = self.vmm.update_owner(h, |w| Some(w & !VMM_EXPORTED));
+    }
+
+    /// `h` is released and unmapped: forgotten, its bytes given back; an exported handle's
+    /// stay counted until exit (returns 0 given back).
     fn vmm_done(&self, h: u64) -> Option<u64> {
-        let (bytes, _) = self.vmm.remove_where(h, |w| w == VMM_RELEASED)?;
+        let (bytes, w) = self.vmm.remove_where(h, |w| bare(w) == VMM_RELEASED)?;
+        if w & VMM_EXPORTED != 0 {
+            crate::state::logged(|| tracing::info!(h, bytes, "xcuda: an exported VMM allocation was released; its bytes stay counted until exit (its shareable handle may keep the memory)"));
+            return Some(0);
+        }
         self.release(bytes);
         Some(bytes)
     }
@@ -507,7 +548,7 @@ impl Quota {
 
     /// Leaves the ledger, giving back everything still counted (exit / contexts destroyed).
     pub fn retire(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays, &self.limits] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.import_maps, &self.arrays, &self.limits] {
             m.clear();
         }
         match &self.backend {
@@ -528,7 +569,7 @@ impl Quota {
     /// memory behind the driver's inherited fds, the parent's usage stays counted until the
     /// parent and such children are all gone.
     pub fn after_fork_child(&self) {
-        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.arrays, &self.limits] {
+        for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.import_maps, &self.arrays, &self.limits] {
             m.clear();
         }
         match &self.backend {
@@ -676,6 +717,36 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::sync::Arc;
+
+    /// An exported handle (cuMemExportToShareableHandle) released unmapped: the driver keeps
+    /// its memory while the fd or an import lives, so its bytes stay counted (until exit), and
+    /// its record goes, so that the driver's reuse of the handle value is counted afresh.
+    /// Without the mark, the release gave the bytes back, and create + export + release (+
+    /// import + map) could be repeated without limit.
+    #[test]
+    fn an_exported_vmm_handle_stays_counted_after_its_release() {
+        let q = Quota::local(100);
+        assert!(q.try_reserve(40) && q.track(Kind::Vmm, 0xa, 40));
+        assert_eq!(q.vmm_export_begin(0xa), Some(false));
+        assert_eq!(q.vmm_export_begin(0xa), Some(true), "exported twice");
+        assert_eq!(q.vmm_release(0xa), Some(0), "exported: nothing given back");
+        assert_eq!((q.used(), q.tracked(Kind::Vmm, 0xa)), (40, None), "counted, the record gone");
+        assert!(q.try_reserve(40) && q.track(Kind::Vmm, 0xa, 40), "the handle value reused by the driver");
+        assert_eq!(q.vmm_release(0xa), Some(40), "not exported: given back");
+        // Mapped when released: kept at the last unmap too; a refused export takes its mark off.
+        assert!(q.try_reserve(20) && q.track(Kind::Vmm, 0xb, 20));
+        assert_eq!(q.vmm_export_begin(0xb), Some(false));
+        assert!(q.vmm_map_begin(0xb) && q.vmm_mapped(0x7000, 20, 0xb));
+        assert_eq!(q.vmm_release(0xb), Some(0));
+        assert_eq!(q.vmm_unmap_take(0x7000), Some((20, 0xb)));
+        assert_eq!(q.vmm_unmapped(0xb), Some(0), "unmapped: the record goes, the bytes stay");
+        assert_eq!(q.used(), 60);
+        assert!(q.try_reserve(10) && q.track(Kind::Vmm, 0xc, 10));
+        assert_eq!(q.vmm_export_begin(0xc), Some(false));
+        q.vmm_export_undo(0xc);
+        assert_eq!(q.vmm_release(0xc), Some(10), "the driver refused the export: given back");
+        assert_eq!(q.vmm_export_begin(0xd), None, "not a handle of this quota");
+    }
 
     /// `cuMemRetainAllocationHandle` takes a reference the driver keeps the memory for: the
     /// bytes stay counted until the handle is released once more than it was retained and no

@@ -242,10 +242,32 @@ impl State {
         taken
     }
 
+    /// Before `cuMemUnmap(addr, size)`: takes out the recorded mappings of imported handles
+    /// ([`crate::quota::Kind::VmmImportMap`]) that start in the range, each with its quota:
+    /// (quota, address, bytes counted).
+    pub fn import_unmap_take(&self, addr: u64, size: u64) -> Vec<(&Quota, u64, u64)> {
+        let end = addr.saturating_add(size);
+        let mut taken = Vec::new();
+        for q in self.quotas() {
+            for at in q.import_mapping_starts().into_iter().filter(|a| (addr..end).contains(a)) {
+                if let Some((bytes, _)) = q.take(crate::quota::Kind::VmmImportMap, at) {
+                    taken.push((q, at, bytes));
+                }
+            }
+        }
+        taken
+    }
+
     /// Before `cuMemRelease(h)`: the quota that counts `h`, with `h` marked released
     /// ([`Quota::vmm_release_begin`]) and its word; `None` if no quota counts it.
     pub fn vmm_release_begin(&self, h: u64) -> Option<(&Quota, crate::quota::ReleaseMark)> {
         self.quotas().find_map(|q| q.vmm_release_begin(h).map(|m| (q, m)))
+    }
+
+    /// Before `cuMemExportToShareableHandle(h)`: the quota that counts `h`, with `h` marked
+    /// exported, and whether it was already ([`Quota::vmm_export_begin`]).
+    pub fn vmm_export_begin(&self, h: u64) -> Option<(&Quota, bool)> {
+        self.quotas().find_map(|q| q.vmm_export_begin(h).map(|was| (q, was)))
     }
 
     /// The handle of the recorded mapping that holds `addr` (any address in it), with the

@@ -684,7 +684,36 @@ export! {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let on_device = pr.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        put(handle, driver::vmm_create(size as u64, on_device, pr.location.id)?)
+        put(handle, driver::vmm_create(size as u64, on_device, pr.location.id, pr.requestedHandleTypes.0)?)
+    }
+    fn cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) {
+        if shareableHandle.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // A POSIX file descriptor is an `int` (cuda.h: "(int)").
+        put(shareableHandle.cast::<c_int>(), driver::vmm_export(handle, handleType.0, flags)?)
+    }
+    fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType) {
+        if handle.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // The descriptor is passed as the pointer's value (NVIDIA's samples:
+        // `(void *)(uintptr_t)fd`).
+        let fd = c_int::try_from(osHandle as usize).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        put(handle, driver::vmm_import(fd, shHandleType.0)?)
+    }
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) {
+        if prop.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (types, ord) = driver::vmm_properties(handle)?;
+        put(prop, CUmemAllocationProp {
+            type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: CUmemAllocationHandleType(types),
+            location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ord },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: CUmemAllocationPropAllocFlags::default(),
+        })
     }
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) { driver::vmm_release(handle) }
     fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) {

@@ -3,10 +3,11 @@
 
 use crate::memstore::MemStore;
 use crate::ptx;
-use cuda_abi::{CUgraphInstantiateResult, CUgraphInstantiate_flags, CUresult};
+use cuda_abi::{CUgraphInstantiateResult, CUgraphInstantiate_flags, CUmemAllocationHandleType, CUresult};
 use emu_device::{Client, Device, EmuError, KernelStatus, Launch};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::raw::c_int;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Result of a driver operation.
@@ -173,13 +174,31 @@ struct Alloc {
     pool: Option<u64>,
 }
 
+/// A VMM handle (`cuMemCreate`, or `cuMemImportFromShareableHandle`): its physical
+/// allocation lives on while it is referenced or mapped.
 struct Phys {
-    ord: usize,
-    size: u64,
-    /// References to the handle: its `cuMemCreate` and each `cuMemRetainAllocationHandle`,
-    /// less each `cuMemRelease`.
+    /// The physical allocation ([`Inner::vmm_allocs`]) it names.
+    alloc: u64,
+    /// References to the handle: its `cuMemCreate` (or import) and each
+    /// `cuMemRetainAllocationHandle`, less each `cuMemRelease`.
     refs: u32,
     maps: u32,
+}
+
+/// The physical memory of a `cuMemCreate`, named by one handle or more (imports). cuda.h
+/// (`cuMemExportToShareableHandle`): "Once all shareable handles are closed and the allocation
+/// is released, the allocated memory referenced will be released back to the OS".
+struct VmmAlloc {
+    ord: usize,
+    size: u64,
+    /// `CUmemAllocationProp::requestedHandleTypes` of its `cuMemCreate`.
+    types: u32,
+    /// Live handle records ([`Phys`]) naming it.
+    handles: u32,
+    /// Each exported socket pair whose caller's end is still open (in any process:
+    /// [`watch_exported`]): the emulator's end, and (st_dev, st_ino) of the caller's. It lives
+    /// while one is.
+    exported: Vec<(c_int, (u64, u64))>,
 }
 
 struct Mapping {
@@ -202,6 +221,7 @@ struct Inner {
     events: HashMap<u64, Option<Mark>>,
     allocs: BTreeMap<u64, Alloc>,
     phys: HashMap<u64, Phys>,
+    vmm_allocs: HashMap<u64, VmmAlloc>,
     reservations: BTreeMap<u64, u64>,
     mappings: BTreeMap<u64, Mapping>,
     arrays: HashMap<u64, (usize, u64)>,
@@ -2069,10 +2089,14 @@ pub fn array_destroy(h: u64) -> R {
 // ---- virtual memory management ----
 
 /// `cuMemCreate`: commits physical memory (size a multiple of the granularity).
-pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
+pub fn vmm_create(size: u64, location_is_device: bool, device: i32, types: u32) -> R<u64> {
     current()?;
     if size == 0 || !size.is_multiple_of(GRANULARITY) || !location_is_device || check_device(device).is_err() {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    // Only the POSIX file descriptor is a shareable handle type on the emulated (Linux) GPU.
+    if types & !VMM_POSIX_FD != 0 {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     // The physical memory lives on the GPU the properties name, not the current context's.
     let ord = device as usize;
@@ -2082,19 +2106,153 @@ pub fn vmm_create(size: u64, location_is_device: bool, device: i32) -> R<u64> {
     gp.dev.commit(&gp.client, size).map_err(dev_err)?;
     let mut g = d.lock();
     let h = g.handle();
-    g.phys.insert(h, Phys { ord, size, refs: 1, maps: 0 });
+    g.vmm_allocs.insert(h, VmmAlloc { ord, size, types, handles: 1, exported: Vec::new() });
+    g.phys.insert(h, Phys { alloc: h, refs: 1, maps: 0 });
     Ok(h)
 }
 
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const VMM_POSIX_FD: u32 = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+
+/// Handle `h` is gone once unreferenced and unmapped; its allocation once no handle and no
+/// exported descriptor holds it.
 fn maybe_drop_phys(d: &Driver, g: &mut Inner, h: u64) {
     if let Some(p) = g.phys.get(&h) {
         if p.refs == 0 && p.maps == 0 {
-            let (ord, size) = (p.ord, p.size);
+            let alloc = p.alloc;
             g.phys.remove(&h);
-            let gp = d.gpu(ord);
-            gp.dev.free(&gp.client, size);
+            if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
+                a.handles -= 1;
+            }
+            maybe_drop_alloc(d, g, alloc);
         }
     }
+}
+
+fn maybe_drop_alloc(d: &Driver, g: &mut Inner, alloc: u64) {
+    let Some(a) = g.vmm_allocs.get(&alloc) else { return };
+    if a.handles > 0 || !a.exported.is_empty() {
+        return;
+    }
+    let (ord, size) = (a.ord, a.size);
+    g.vmm_allocs.remove(&alloc);
+    let gp = d.gpu(ord);
+    gp.dev.free(&gp.client, size);
+}
+
+/// (st_dev, st_ino) of open descriptor `fd`.
+fn file_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into the zeroed stat we pass.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// The emulator's ends of the exported socket pairs: (its end, the caller's end's id).
+static EXPORTED_PEERS: Mutex<Vec<(c_int, (u64, u64))>> = Mutex::new(Vec::new());
+
+/// Watches the emulator's ends of the exported socket pairs: once every copy of the caller's
+/// end is closed (in this process or any it was passed to) its peer hangs up, and the
+/// allocation goes if nothing else holds it, as a real driver frees it when "all shareable
+/// handles are closed and the allocation is released".
+fn watch_exported() {
+    loop {
+        let peers: Vec<(c_int, (u64, u64))> = EXPORTED_PEERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut fds: Vec<libc::pollfd> = peers.iter().map(|&(fd, _)| libc::pollfd { fd, events: 0, revents: 0 }).collect();
+        // SAFETY: polling our own descriptors; 50 ms, then new exports are picked up.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        let hung: Vec<(c_int, (u64, u64))> = peers.into_iter().zip(&fds).filter(|(_, p)| p.revents & libc::POLLHUP != 0).map(|(x, _)| x).collect();
+        if hung.is_empty() {
+            continue;
+        }
+        EXPORTED_PEERS.lock().unwrap_or_else(|e| e.into_inner()).retain(|x| !hung.contains(x));
+        let Ok(d) = drv() else { return };
+        let mut g = d.lock();
+        for (fd, id) in hung {
+            // SAFETY: our own end, no longer watched.
+            unsafe { libc::close(fd) };
+            let Some(alloc) = g.vmm_allocs.iter_mut().find(|(_, a)| a.exported.contains(&(fd, id))).map(|(k, a)| {
+                a.exported.retain(|x| *x != (fd, id));
+                *k
+            }) else { continue };
+            maybe_drop_alloc(d, &mut g, alloc);
+        }
+    }
+}
+
+/// `cuMemExportToShareableHandle` to a POSIX file descriptor: one end of a socket pair whose
+/// other end the emulator keeps and watches ([`watch_exported`]).
+/// Only for a handle whose `cuMemCreate` asked for that type in `requestedHandleTypes`
+/// ("Device supports exporting memory to a posix file descriptor with
+/// ::cuMemExportToShareableHandle, if requested via ::cuMemCreate").
+pub fn vmm_export(h: u64, handle_type: u32, flags: u64) -> R<c_int> {
+    let d = drv()?;
+    let mut g = d.lock();
+    let p = g.phys.get(&h).filter(|p| p.refs > 0).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let alloc = p.alloc;
+    if flags != 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    if handle_type != VMM_POSIX_FD {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let a = g.vmm_allocs.get(&alloc).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if a.types & VMM_POSIX_FD == 0 {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut pair: [c_int; 2] = [-1; 2];
+    // SAFETY: socketpair writes two descriptors into our array.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) } != 0 {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let [fd, peer] = pair;
+    let Some(id) = file_id(fd) else {
+        // SAFETY: our own descriptors.
+        unsafe { (libc::close(fd), libc::close(peer)) };
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    EXPORTED_PEERS.lock().unwrap_or_else(|e| e.into_inner()).push((peer, id));
+    static WATCHER: std::sync::Once = std::sync::Once::new();
+    WATCHER.call_once(|| {
+        std::thread::Builder::new().name("emu-vmm-export".into()).spawn(watch_exported).expect("spawn the export watcher");
+    });
+    if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
+        a.exported.push((peer, id));
+    }
+    Ok(fd)
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX file descriptor: a new handle of the allocation
+/// the descriptor names (one more holder of its memory). A descriptor exported by another
+/// process is refused with `CUDA_ERROR_NOT_SUPPORTED` ("If the current process cannot support
+/// the memory described by this shareable handle"): each process's emulated driver keeps its
+/// own VMM tables.
+pub fn vmm_import(fd: c_int, handle_type: u32) -> R<u64> {
+    let d = drv()?;
+    let mut g = d.lock();
+    if handle_type != VMM_POSIX_FD {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let id = file_id(fd).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let Some(alloc) = g.vmm_allocs.iter().find(|(_, a)| a.exported.iter().any(|&(_, x)| x == id)).map(|(k, _)| *k) else {
+        // SAFETY: fstat writes into the zeroed stat we pass.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let socket = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK;
+        return Err(if socket { CUresult::CUDA_ERROR_NOT_SUPPORTED } else { CUresult::CUDA_ERROR_INVALID_VALUE });
+    };
+    let h = g.handle();
+    if let Some(a) = g.vmm_allocs.get_mut(&alloc) {
+        a.handles += 1;
+    }
+    g.phys.insert(h, Phys { alloc, refs: 1, maps: 0 });
+    Ok(h)
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`: (requestedHandleTypes, device ordinal).
+pub fn vmm_properties(h: u64) -> R<(u32, i32)> {
+    let g = drv()?.lock();
+    let p = g.phys.get(&h).filter(|p| p.refs > 0).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let a = g.vmm_allocs.get(&p.alloc).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    Ok((a.types, a.ord as i32))
 }
 
 /// `cuMemRelease`: one reference fewer; memory goes back once none is left and it is also
@@ -2163,13 +2321,15 @@ pub fn vmm_address_free(addr: u64, size: u64) -> R {
 /// CU_MEM_ALLOC_GRANULARITY_MINIMUM flag" (CUDA driver API, cuMemMap): anything else is
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub fn vmm_map(addr: u64, size: u64, offset: u64, h: u64) -> R {
-    let mut g = drv()?.lock();
+    let d = drv()?;
+    let mut g = d.lock();
     if [addr, size, offset].iter().any(|v| !v.is_multiple_of(GRANULARITY)) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let in_res = g.reservations.range(..=addr).next_back().is_some_and(|(b, s)| addr.checked_add(size).is_some_and(|e| e <= b + s));
     let p = g.phys.get(&h).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-    if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > p.size) || p.refs == 0 {
+    let alloc_size = g.vmm_allocs.get(&p.alloc).map_or(0, |a| a.size);
+    if !in_res || size == 0 || offset.checked_add(size).is_none_or(|e| e > alloc_size) || p.refs == 0 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     if g.mappings.range(..addr + size).next_back().is_some_and(|(b, m)| b + m.size > addr) {

@@ -292,6 +292,10 @@ fn main() {
     };
     let mem_create = get!(cu, "cuMemCreate", PFN_cuMemCreate_v10020, 10020);
     let mem_release = get!(cu, "cuMemRelease", PFN_cuMemRelease_v10020, 10020);
+    let addr_reserve = get!(cu, "cuMemAddressReserve", PFN_cuMemAddressReserve_v10020, 10020);
+    let mem_map = get!(cu, "cuMemMap", PFN_cuMemMap_v10020, 10020);
+    let mem_export = get!(cu, "cuMemExportToShareableHandle", PFN_cuMemExportToShareableHandle_v10020, 10020);
+    let mem_import = get!(cu, "cuMemImportFromShareableHandle", PFN_cuMemImportFromShareableHandle_v10020, 10020);
     let array_create = get!(cu, "cuArrayCreate", PFN_cuArrayCreate_v3020, 3020);
     let array3d_create = get!(cu, "cuArray3DCreate", PFN_cuArray3DCreate_v3020, 3020);
     // The CUDA 2.0 ABI (32-bit sizes): the unversioned symbols, or cudaVersion 2000.
@@ -693,6 +697,62 @@ fn main() {
                         held.push(Held::Vmm(h));
                     }
                     out(format!("{step}={} dev={dev}", r.0));
+                }
+                // `vmmshare N COUNT MODE`: COUNT times, cuMemCreate of N bytes exportable to a
+                // POSIX fd, cuMemExportToShareableHandle to an fd, then by MODE: `import`
+                // (cuMemImportFromShareableHandle of the fd, cuMemRelease of the created
+                // handle, cuMemMap of the imported one into a new range, the fd closed), `keep`
+                // (the same, the created handle kept), `fd` (cuMemRelease of the created handle,
+                // the fd kept open, nothing mapped), `close` (as `fd`, the fd closed), `plain` (as `import`, created without the
+                // fd handle type, which the driver refuses to export). What is made stays until exit; a failed
+                // round undoes its own. Prints `vmmshare=RC at=STAGE i=ROUND` per round.
+                "vmmshare" => {
+                    let (n, count) = (num(1, i), num(2, i));
+                    let mode = args.get(i + 3).cloned().unwrap_or_else(|| die("vmmshare N COUNT import|keep|fd|close|plain"));
+                    i += 3;
+                    let mut prop: CUmemAllocationProp = std::mem::zeroed();
+                    prop.type_ = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                    if mode != "plain" {
+                        prop.requestedHandleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+                    }
+                    prop.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                    for round in 0..count {
+                        let (mut h1, mut h2, mut fd, mut va): (CUmemGenericAllocationHandle, CUmemGenericAllocationHandle, c_int, CUdeviceptr) = (0, 0, -1, 0);
+                        let mut stage = "create";
+                        let mut r = mem_create(&mut h1, n, &prop, 0);
+                        let created = r.is_success();
+                        if r.is_success() {
+                            stage = "export";
+                            r = mem_export((&mut fd as *mut c_int).cast(), h1, CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                        }
+                        if r.is_success() && !matches!(mode.as_str(), "fd" | "close") {
+                            stage = "import";
+                            r = mem_import(&mut h2, fd as usize as *mut c_void, CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                            if r.is_success() {
+                                stage = "reserve";
+                                r = addr_reserve(&mut va, n, 0, 0, 0);
+                            }
+                            if r.is_success() {
+                                stage = "map";
+                                r = mem_map(va, n, 0, h2, 0);
+                            }
+                        }
+                        // The created handle goes (`import`, `fd`) or stays (`keep`, until exit).
+                        if created && (mode != "keep" || !r.is_success()) {
+                            let rel = mem_release(h1);
+                            if r.is_success() && !rel.is_success() {
+                                (stage, r) = ("release", rel);
+                            }
+                        }
+                        if h2 != 0 {
+                            // Mapped, the mapping holds the memory; otherwise this round is undone.
+                            mem_release(h2);
+                        }
+                        if fd >= 0 && (mode != "fd" || !r.is_success()) {
+                            libc::close(fd);
+                        }
+                        out(format!("vmmshare={} at={stage} i={round}", r.0));
+                    }
                 }
                 "alloc" | "managed" | "async" | "pool" | "vmm" => {
                     let n = num(1, i);
