@@ -599,6 +599,7 @@ impl LedgerPort for LedgerAdapter {
             sm_count: 0, // not measured by the monitor: unknown
             mem_used_bytes: p.mem_used,
             mem_total_bytes: p.mem_total,
+            throttle_floor: Default::default(),
         };
         status.publish_as(&s, pid);
         // The jobs, while the registry can be read: a damaged ledger's table goes stale, and
