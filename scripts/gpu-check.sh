@@ -171,9 +171,13 @@ print(v if "v" in dir() else "")' "$1"; }
 nvml_used() { "$py" "$client" nvml-used 0 2>/dev/null | jget used_mib; }
 
 start_monitor() {
+    # The operator's throttle floor (`offline_throttle`) loosened so far that launch-cost's
+    # rates out of reach stay out of reach; every other check runs the shim's shipped
+    # settings, which the default floor equals, and none turns its throttle off.
     cat >"$root/sysmonitor.json" <<EOF
 { "interval_ms": 10, "ledger_dir": "$root/run", "state_file": "$root/run/state.json",
-  "metrics_listen": null, "evictor": { "grace_ms": 2000 }${GPU_CHECK_MONITOR_EXTRA:+, $GPU_CHECK_MONITOR_EXTRA} }
+  "metrics_listen": null, "evictor": { "grace_ms": 2000 },
+  "offline_throttle": { "max_target_load": 1.0, "max_rate": 1e15, "max_fallback_rate": 1e15 }${GPU_CHECK_MONITOR_EXTRA:+, $GPU_CHECK_MONITOR_EXTRA} }
 EOF
     "$bin_dir/sysmonitor" run --config "$root/sysmonitor.json" >"$root/sysmonitor.log" 2>&1 &
     pids+=($!); mon_pid=$!

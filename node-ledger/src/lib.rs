@@ -58,6 +58,6 @@ pub use health::HealthState;
 pub use jobs::OfflineJob;
 pub use ledger::{Ledger, LedgerError, LedgerFile, ProcHandle, ProcSnapshot, ReserveError};
 pub use manager::ManagerSnapshot;
-pub use monitor::{JobsSnapshot, MonitorSample, MonitorSnapshot};
+pub use monitor::{JobsSnapshot, MonitorSample, MonitorSnapshot, ThrottleFloor};
 pub use sample::{GpuSample, SmSource};
 pub use status::{EvictRequest, PodUid, ProcId, Requester, Status, StatusReader, StatusWriter};

@@ -4,7 +4,7 @@
 use crate::health::HealthState;
 
 /// What the monitor publishes each tick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct MonitorSample {
     /// Health state as [`HealthState`]'s discriminant (see [`MonitorSample::with_health`]).
     pub health: u32,
@@ -22,10 +22,61 @@ pub struct MonitorSample {
     pub mem_used_bytes: u64,
     /// Device memory in total, bytes.
     pub mem_total_bytes: u64,
+    /// The operator's floor for the offline processes' launch throttles on this GPU
+    /// (sysmonitor's `offline_throttle`), published with every sample. The default is no
+    /// floor at all (what a publisher that does not set it, a test harness, means).
+    pub throttle_floor: ThrottleFloor,
+}
+
+/// The operator's floor for offline launch throttles: how loose a shim's throttle may be,
+/// whatever the process's own configuration (`XCUDA_THROTTLE`, `XCUDA_TARGET_LOAD`,
+/// `XCUDA_FALLBACK_RATE`, a file of its own in `XCUDA_CONFIG`): a process may tighten its
+/// throttle, never loosen it past this. A limit of 0 (or anything not a positive, finite
+/// number) is no limit on that field; [`ThrottleFloor::default`] is no floor.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ThrottleFloor {
+    /// The throttle may not be turned off.
+    pub required: bool,
+    /// Highest load target (U_GPU) a throttle may aim at.
+    pub max_target_load: f64,
+    /// Highest launch rate, SM-waves per second.
+    pub max_rate: f64,
+    /// Highest rate while monitor data are missing or stale, SM-waves per second.
+    pub max_fallback_rate: f64,
+}
+
+impl ThrottleFloor {
+    /// `v` as a limit: `None` unless positive and finite (0 = no limit).
+    fn limit(v: f64) -> Option<f64> {
+        (v > 0.0 && v.is_finite()).then_some(v)
+    }
+
+    /// The highest load target, if limited.
+    pub fn target_load_limit(&self) -> Option<f64> {
+        Self::limit(self.max_target_load)
+    }
+
+    /// The highest launch rate, if limited.
+    pub fn rate_limit(&self) -> Option<f64> {
+        Self::limit(self.max_rate)
+    }
+
+    /// The highest fallback rate, if limited.
+    pub fn fallback_rate_limit(&self) -> Option<f64> {
+        Self::limit(self.max_fallback_rate)
+    }
+
+    /// Whether this floor limits nothing.
+    pub fn is_none(&self) -> bool {
+        !self.required
+            && self.target_load_limit().is_none()
+            && self.rate_limit().is_none()
+            && self.fallback_rate_limit().is_none()
+    }
 }
 
 /// A consistent copy of the monitor block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MonitorSnapshot {
     /// The published values.
     pub sample: MonitorSample,

@@ -40,13 +40,14 @@ use crate::clock::now_ns;
 use crate::health::HealthState;
 use crate::jobs::OfflineJob;
 use crate::manager::ManagerSnapshot;
-use crate::monitor::{JobsSnapshot, MonitorSample, MonitorSnapshot};
+use crate::monitor::{JobsSnapshot, MonitorSample, MonitorSnapshot, ThrottleFloor};
 
 /// First 8 bytes of a status file: `XSHSTAT\0` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHSTAT\0");
 /// Bumped on any change to the layout below (2: the eviction tables; 3: the pod of each
-/// request; 4: the jobs table, [`JobsSnapshot`]).
-pub const VERSION: u32 = 4;
+/// request; 4: the jobs table, [`JobsSnapshot`]; 5: the operator's throttle floor in the
+/// monitor block, [`ThrottleFloor`]).
+pub const VERSION: u32 = 5;
 /// `init_state` once the header is written.
 const INIT_READY: u32 = 0x5747_A7E5;
 /// Mode of the status file, set explicitly whatever the creator's umask: every offline
@@ -80,9 +81,14 @@ struct MonitorBlock {
     sm_clock_mhz: AtomicU32,
     sm_clock_max_mhz: AtomicU32,
     sm_count: AtomicU32,
-    _pad: AtomicU32,
+    /// [`ThrottleFloor::required`]: 1 = a shim may not turn its throttle off.
+    floor_required: AtomicU32,
     mem_used_bytes: AtomicU64,
     mem_total_bytes: AtomicU64,
+    /// [`ThrottleFloor`]'s limits, each an `f64`'s bits (0 = no limit).
+    floor_max_target_load: AtomicU64,
+    floor_max_rate: AtomicU64,
+    floor_max_fallback_rate: AtomicU64,
 }
 
 /// Written by mps-manager only, under its own `seq`.
@@ -172,7 +178,7 @@ struct Layout {
 /// Size of a status file, bytes.
 pub const SIZE: usize = std::mem::size_of::<Layout>();
 const _: () = assert!(std::mem::size_of::<Header>() == 32);
-const _: () = assert!(SIZE == 32 + 64 + 24 + 8 + 2 * 40 * EVICT_ENTRIES + 24 + 16 * JOB_ENTRIES);
+const _: () = assert!(SIZE == 32 + 88 + 24 + 8 + 2 * 40 * EVICT_ENTRIES + 24 + 16 * JOB_ENTRIES);
 
 /// Which daemon's eviction table: each writes its own only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -500,6 +506,12 @@ impl Status {
                 sm_count: m.sm_count.load(Relaxed),
                 mem_used_bytes: m.mem_used_bytes.load(Relaxed),
                 mem_total_bytes: m.mem_total_bytes.load(Relaxed),
+                throttle_floor: ThrottleFloor {
+                    required: m.floor_required.load(Relaxed) != 0,
+                    max_target_load: f64::from_bits(m.floor_max_target_load.load(Relaxed)),
+                    max_rate: f64::from_bits(m.floor_max_rate.load(Relaxed)),
+                    max_fallback_rate: f64::from_bits(m.floor_max_fallback_rate.load(Relaxed)),
+                },
             },
             publish_ns: m.publish_ns.load(Relaxed),
             seq,
@@ -613,11 +625,11 @@ impl Status {
 fn init(l: &Layout, gpu_index: u32) {
     let h = &l.header;
     h.init_state.store(0, Release);
-    for w in [&l.monitor.seq, &l.monitor.publish_ns, &l.monitor.mem_used_bytes, &l.monitor.mem_total_bytes, &l.manager.seq, &l.manager.publish_ns] {
+    let m = &l.monitor;
+    for w in [&m.seq, &m.publish_ns, &m.mem_used_bytes, &m.mem_total_bytes, &m.floor_max_target_load, &m.floor_max_rate, &m.floor_max_fallback_rate, &l.manager.seq, &l.manager.publish_ns] {
         w.store(0, Relaxed);
     }
-    let m = &l.monitor;
-    for w in [&m.monitor_pid, &m.health, &m.sm_active_permille, &m.gpu_util_permille, &m.sm_clock_mhz, &m.sm_clock_max_mhz, &m.sm_count, &l.manager.manager_pid, &l.manager.offline_sm_budget_permille] {
+    for w in [&m.monitor_pid, &m.health, &m.sm_active_permille, &m.gpu_util_permille, &m.sm_clock_mhz, &m.sm_clock_max_mhz, &m.sm_count, &m.floor_required, &l.manager.manager_pid, &l.manager.offline_sm_budget_permille] {
         w.store(0, Relaxed);
     }
     for e in l.monitor_evictions.entries.iter().chain(&l.manager_evictions.entries) {
@@ -697,6 +709,11 @@ impl StatusWriter {
         m.sm_count.store(s.sm_count, Relaxed);
         m.mem_used_bytes.store(s.mem_used_bytes, Relaxed);
         m.mem_total_bytes.store(s.mem_total_bytes, Relaxed);
+        let f = &s.throttle_floor;
+        m.floor_required.store(u32::from(f.required), Relaxed);
+        m.floor_max_target_load.store(f.max_target_load.to_bits(), Relaxed);
+        m.floor_max_rate.store(f.max_rate.to_bits(), Relaxed);
+        m.floor_max_fallback_rate.store(f.max_fallback_rate.to_bits(), Relaxed);
         m.publish_ns.store(publish_ns, Relaxed);
         m.seq.store(end, Release);
     }
@@ -874,6 +891,30 @@ mod tests {
         // The manager's publish leaves the monitor block alone, and a second writer's open
         // keeps what was published.
         assert_eq!(r.read_monitor().unwrap().sample.sm_active_permille, 973);
+    }
+
+    /// The operator's throttle floor travels with the sample, under its sequence counter; a
+    /// sample published without one (a test harness's `..Default::default()`) reads as no
+    /// floor, and limits that are not positive finite numbers read as no limit.
+    #[test]
+    fn the_throttle_floor_round_trips_with_the_sample_and_default_means_none() {
+        let (_d, p) = dir();
+        let w = Status::open_or_create(&p, 0).unwrap();
+        let r = Status::open(&p).unwrap();
+        assert!(r.read_monitor().unwrap().sample.throttle_floor.is_none(), "never published: no floor");
+        let floor = ThrottleFloor { required: true, max_target_load: 0.8, max_rate: 100_000.0, max_fallback_rate: 50.0 };
+        w.publish(&MonitorSample { sm_clock_mhz: 1400, throttle_floor: floor, ..Default::default() });
+        let s = r.read_monitor().unwrap();
+        assert_eq!((s.sample.throttle_floor, s.sample.sm_clock_mhz), (floor, 1400));
+        let f = s.sample.throttle_floor;
+        assert_eq!((f.target_load_limit(), f.rate_limit(), f.fallback_rate_limit()), (Some(0.8), Some(100_000.0), Some(50.0)));
+        assert!(!f.is_none());
+        w.publish(&MonitorSample { sm_clock_mhz: 1500, ..Default::default() });
+        let s = r.read_monitor().unwrap();
+        assert!(s.sample.throttle_floor.is_none(), "a sample without a floor: {s:?}");
+        let odd = ThrottleFloor { required: false, max_target_load: f64::NAN, max_rate: -1.0, max_fallback_rate: f64::INFINITY };
+        w.publish(&MonitorSample { throttle_floor: odd, ..Default::default() });
+        assert!(r.read_monitor().unwrap().sample.throttle_floor.is_none(), "nonsense limits limit nothing");
     }
 
     #[test]

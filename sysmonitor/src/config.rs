@@ -113,6 +113,76 @@ pub struct Config {
     /// Only log lines containing this text count (e.g. `PCI:0000:3b:00` for this GPU).
     #[serde(default)]
     pub xid_log_match: Option<String>,
+    /// The operator's floor for the launch throttles of the offline processes on this GPU,
+    /// published in the status file with every sample (a reload changes what is published).
+    #[serde(default)]
+    pub offline_throttle: OfflineThrottleConfig,
+}
+
+/// The operator's floor for offline launch throttles ([`node_ledger::ThrottleFloor`]): an
+/// offline process controls its own environment and so its shim's configuration
+/// (`XCUDA_THROTTLE`, `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`, a file of its own in
+/// `XCUDA_CONFIG`); every shim on the GPU holds its throttle to this floor, which only the
+/// daemons can write: a process may tighten its throttle, never loosen it past the floor. The
+/// defaults are the shim's shipped settings (`xshare_control::ThrottleConfig::default`), so a
+/// shim left at its defaults is unchanged. A shim keeps the tightest floor it has seen for its
+/// life: a reload that loosens the floor applies to processes started after it; one that
+/// tightens it applies to running ones within a controller period.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OfflineThrottleConfig {
+    /// A shim may not turn its throttle off (`XCUDA_THROTTLE=0`, `throttle.enabled: false`).
+    pub required: bool,
+    /// Highest load target (U_GPU, the shim's `throttle.target_load`) a shim may aim at.
+    pub max_target_load: f64,
+    /// Highest launch rate (the shim's `throttle.max_rate`), SM-waves per second.
+    pub max_rate: f64,
+    /// Highest rate while monitor data are missing or stale (the shim's
+    /// `throttle.fallback_rate`), SM-waves per second.
+    pub max_fallback_rate: f64,
+}
+
+impl Default for OfflineThrottleConfig {
+    fn default() -> Self {
+        let d = xshare_control::ThrottleConfig::default();
+        OfflineThrottleConfig {
+            required: true,
+            max_target_load: d.target_load,
+            max_rate: d.max_rate,
+            max_fallback_rate: d.fallback_rate,
+        }
+    }
+}
+
+impl OfflineThrottleConfig {
+    /// Range checks, as the shim checks its own `throttle` settings (its shipped `min_rate`
+    /// standing for the lowest rate); returns `(field within the block, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let min_rate = xshare_control::ThrottleConfig::default().min_rate;
+        if !(self.max_target_load > 0.0 && self.max_target_load.is_finite()) {
+            return Err(("max_target_load".into(), format!("must be a positive number, got {}", self.max_target_load)));
+        }
+        if !(self.max_rate >= min_rate && self.max_rate.is_finite()) {
+            return Err(("max_rate".into(), format!("must be finite and >= {min_rate} (the shim's min_rate), got {}", self.max_rate)));
+        }
+        if !(self.max_fallback_rate >= min_rate && self.max_fallback_rate <= self.max_rate) {
+            return Err((
+                "max_fallback_rate".into(),
+                format!("must lie within [{min_rate}, max_rate = {}], got {}", self.max_rate, self.max_fallback_rate),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the status file carries.
+    pub fn floor(&self) -> node_ledger::ThrottleFloor {
+        node_ledger::ThrottleFloor {
+            required: self.required,
+            max_target_load: self.max_target_load,
+            max_rate: self.max_rate,
+            max_fallback_rate: self.max_fallback_rate,
+        }
+    }
 }
 
 /// Host memory pressure: evict offline work when memory runs short or reclaim stays busy.
@@ -451,6 +521,9 @@ impl Config {
         self.nvml
             .validate()
             .map_err(|(f, m)| (format!("nvml.{f}"), m))?;
+        self.offline_throttle
+            .validate()
+            .map_err(|(f, m)| (format!("offline_throttle.{f}"), m))?;
         if self.verify.strikes == 0 {
             return Err(("verify.strikes".into(), "must be >= 1".into()));
         }
@@ -802,6 +875,36 @@ mod tests {
             ..Config::default()
         };
         assert!(c.validate().is_ok(), "0: always interval_ms");
+    }
+
+    /// The operator's throttle floor: the shim's shipped settings by default, `required` on;
+    /// values out of the shim's own ranges are refused naming file, line and field.
+    #[test]
+    fn the_offline_throttle_floor_defaults_to_the_shims_settings_and_is_range_checked() {
+        let c = load_text("{}").unwrap();
+        let d = xshare_control::ThrottleConfig::default();
+        let f = c.offline_throttle.floor();
+        assert!(f.required);
+        assert_eq!((f.max_target_load, f.max_rate, f.max_fallback_rate), (d.target_load, d.max_rate, d.fallback_rate));
+        let c = load_text(r#"{"offline_throttle": {"required": false, "max_target_load": 0.5}}"#).unwrap();
+        assert!(!c.offline_throttle.required);
+        assert_eq!((c.offline_throttle.max_target_load, c.offline_throttle.max_rate), (0.5, d.max_rate));
+        for (bad, field) in [
+            (r#""max_target_load": 0"#, "offline_throttle.max_target_load"),
+            (r#""max_target_load": -1"#, "offline_throttle.max_target_load"),
+            (r#""max_target_load": 1e400"#, ""),
+            (r#""max_rate": 1"#, "offline_throttle.max_rate"),
+            (r#""max_fallback_rate": 1"#, "offline_throttle.max_fallback_rate"),
+            (r#""max_rate": 100, "max_fallback_rate": 200"#, "offline_throttle.max_fallback_rate"),
+            (r#""requird": true"#, ""),
+        ] {
+            let e = load_text(&format!("{{\n\"offline_throttle\": {{\n {bad}\n}}}}")).unwrap_err();
+            if !field.is_empty() {
+                assert_eq!(e.field.as_deref(), Some(field), "{bad}: {e}");
+            }
+            assert_eq!(e.line, Some(3), "{bad}: {e}");
+            assert!(e.to_string().contains("sysmonitor.json"), "{e}");
+        }
     }
 
     #[test]

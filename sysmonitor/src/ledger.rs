@@ -599,6 +599,7 @@ impl LedgerPort for LedgerAdapter {
             sm_count: 0, // not measured by the monitor: unknown
             mem_used_bytes: p.mem_used,
             mem_total_bytes: p.mem_total,
+            throttle_floor: p.throttle_floor,
         };
         status.publish_as(&s, pid);
         // The jobs, while the registry can be read: a damaged ledger's table goes stale, and
@@ -656,9 +657,11 @@ mod tests {
         let h = l.register(std::process::id(), g).unwrap();
         l.try_reserve(h, 5 << 20).unwrap();
         let mut a = LedgerAdapter::new(l, status.clone());
+        let floor = crate::config::OfflineThrottleConfig::default().floor();
         a.publish(&Published {
             state: Some(State::Overlimit),
             sm_activity: 97.25,
+            throttle_floor: floor,
             ..Default::default()
         })
         .unwrap();
@@ -666,6 +669,7 @@ mod tests {
         let snap = reader.read_monitor().unwrap();
         assert_eq!(snap.health(), Some(HealthState::Overlimit));
         assert_eq!(snap.sample.sm_active_permille, 973);
+        assert_eq!(snap.sample.throttle_floor, floor, "the operator's throttle floor, in the status file");
         assert_eq!(reader.read_manager().unwrap().offline_sm_budget_permille, 400, "the manager's block is kept");
         let jobs = reader.read_jobs().unwrap();
         assert!(jobs.publish_ns != 0, "the jobs table is published with the first sample");

@@ -723,6 +723,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             mem_used: s.mem_used,
             mem_total: s.mem_total,
             t_ms: now_ms,
+            throttle_floor: self.cfg.offline_throttle.floor(),
         };
         if let Err(e) = self.ledger.publish(&p) {
             if !self.ledger_error_logged {
@@ -1065,6 +1066,25 @@ mod tests {
         m.ledger.procs.clear();
         m.refresh_offline(20);
         assert_eq!(m.evictor.in_flight(), 0, "the registration is gone: the eviction is over");
+    }
+
+    /// Every sample carries the operator's throttle floor (`offline_throttle`), the one in
+    /// force: a reload's at the next sample. Fails without it in `publish` (no floor: every
+    /// offline process's own throttle configuration rules).
+    #[test]
+    fn every_sample_publishes_the_throttle_floor_in_force() {
+        let mut m = one_offline(vec![gs(10.0), gs(10.0)]);
+        m.tick(0);
+        let f = m.ledger.published.last().unwrap().throttle_floor;
+        assert_eq!(f, crate::config::OfflineThrottleConfig::default().floor());
+        assert!(f.required && f.max_target_load > 0.0, "{f:?}");
+        let mut cfg = m.cfg.clone();
+        cfg.offline_throttle.required = false;
+        cfg.offline_throttle.max_target_load = 0.5;
+        m.reconfigure(cfg);
+        m.tick(10);
+        let f = m.ledger.published.last().unwrap().throttle_floor;
+        assert!(!f.required && f.max_target_load == 0.5, "a reload's floor at the next sample: {f:?}");
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct Published {
     pub mem_total: u64,
     /// Monotonic ms of the sample.
     pub t_ms: u64,
+    /// The operator's floor for the offline throttles (`offline_throttle`).
+    pub throttle_floor: node_ledger::ThrottleFloor,
 }
 
 /// The monitor's view of the ledger.

@@ -20,6 +20,7 @@ fn example_config_with_overrides_loads() {
         "override applied over the base"
     );
     assert!(cfg.evictor.command.is_some());
+    assert_eq!(cfg.offline_throttle, Default::default(), "the example shows the floor's defaults");
     // Every GPU's monitor reads this file: each needs its own metrics port.
     let port = |gpu| {
         let mut c = cfg.clone();

@@ -11,6 +11,10 @@
 //! see [`node_ledger::config::ENV_GPUS`]), `XCUDA_REAL_LIBCUDA` (path of the real driver),
 //! `XCUDA_REAL_LIBNVML` (path of the real NVML),
 //! `XCUDA_LOG` (`error`..`trace`, default `warn`).
+//!
+//! The environment and the file are the process's own (an offline tenant's): the throttle
+//! settings here are held to the operator's floor in the GPU's status file at run time
+//! (`node_ledger::ThrottleFloor`, applied by the controller in [`crate::state`]).
 
 use std::path::{Path, PathBuf};
 

@@ -508,7 +508,11 @@ fn build_gpu(cfg: &Config, ord: usize, n: usize, f: &Facts) -> Gpu {
     let quota = quota.owned_by(crate::exit::current_context);
     quota.set_test_check_pause_ms(cfg.memory.test_ledger_check_pause_ms);
     tracing::info!(device = ord, uuid = %f.uuid, host_gpu = ?host.as_ref().ok(), quota_bytes = quota.limit(), device_bytes = f.total, sms = f.sms, group = %cfg.group, "xcuda active");
-    Gpu::new(quota, Throttle::new(&cfg.throttle, f.sms), f.total, host.ok(), f.uuid.clone())
+    let throttle = Throttle::new(&cfg.throttle, f.sms);
+    if let Ok(h) = host {
+        floor_at_start(cfg, ord, h, &throttle);
+    }
+    Gpu::new(quota, throttle, f.total, host.ok(), f.uuid.clone())
 }
 
 fn build() -> State {
@@ -646,7 +650,7 @@ fn job_part(g: &Gpu, status: Option<&node_ledger::Status>, now_ns: u64, stale_ns
 fn controller(st: &'static State, cfg: &'static Config) {
     let tc = &cfg.throttle;
     let period = Duration::from_millis(tc.period_ms);
-    let stale_ns = tc.stale_after_ms * 1_000_000;
+    let stale_ns = tc.stale_after_ms.saturating_mul(1_000_000);
     let mut loops: Vec<Loop> = st
         .gpus
         .iter()
@@ -692,13 +696,15 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     // A status file not there yet, or stale and perhaps replaced, is looked at again (at most
     // once a second).
     let status = lp.status.as_mut().and_then(|r| r.get(now_ns, lp.last_stale.unwrap_or(true)));
-    let sample = status.and_then(|st| {
-        let s = st.read_monitor()?;
-        s.is_fresh(now_ns, stale_ns).then(|| Sample {
-            u_sm: f64::from(s.sample.sm_active_permille) / 1000.0,
-            c_sm: f64::from(s.sample.sm_clock_mhz),
-            c_h: f64::from(s.sample.sm_clock_max_mhz),
-        })
+    let snap = status.and_then(|st| st.read_monitor());
+    // The operator's floor first: this tick's decision is made within it.
+    if let Some(f) = snap.and_then(|s| floor_in(&s, now_ns, stale_ns)) {
+        hold_to_floor(ord, &g.throttle, &f);
+    }
+    let sample = snap.filter(|s| s.is_fresh(now_ns, stale_ns)).map(|s| Sample {
+        u_sm: f64::from(s.sample.sm_active_permille) / 1000.0,
+        c_sm: f64::from(s.sample.sm_clock_mhz),
+        c_h: f64::from(s.sample.sm_clock_max_mhz),
     });
     // The offline side's budget, of which this job has its part (the other jobs on the GPU
     // theirs): read here, on the periodic tick, never per launch.
@@ -713,6 +719,65 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     if (target - lp.last_target).abs() > 1e-3 {
         tracing::info!(device = ord, target, budget = ?budget, job_part = lp.job_part, rate = d.rate, "xcuda throttle target changed");
         lp.last_target = target;
+    }
+}
+
+/// The operator's floor for offline throttles in monitor snapshot `s`, if `s` is fresh: as
+/// fresh as the throttle wants its samples (`stale_ns`, the process's own
+/// `throttle.stale_after_ms`), or as the shipped setting wants them, whichever is looser, so
+/// that a process cannot hide the floor by calling every sample stale. `None` without one.
+fn floor_in(s: &node_ledger::MonitorSnapshot, now_ns: u64, stale_ns: u64) -> Option<node_ledger::ThrottleFloor> {
+    let shipped_ns = crate::config::ThrottleConfig::default().stale_after_ms * 1_000_000;
+    let f = s.sample.throttle_floor;
+    (s.is_fresh(now_ns, stale_ns.max(shipped_ns)) && !f.is_none()).then_some(f)
+}
+
+/// Whether a floor has overridden this process's own throttle configuration yet (said once,
+/// at WARN; later tightenings at INFO).
+static FLOOR_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Holds `throttle` (of device `ord`) to the operator's floor `f`: a process may tighten its
+/// throttle, never loosen it past the floor, whatever its own configuration says
+/// (`XCUDA_THROTTLE`, `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`, `XCUDA_CONFIG`). What was
+/// tightened stays so ([`xshare_control::Throttle::tighten`]), also once the monitor goes
+/// quiet. Says so when the floor overrides the process's own settings.
+fn hold_to_floor(ord: usize, throttle: &Throttle, f: &node_ledger::ThrottleFloor) {
+    let own = throttle.config();
+    let t = throttle.tighten(f.required, f.target_load_limit(), f.rate_limit(), f.fallback_rate_limit());
+    if !t.any() {
+        return;
+    }
+    let what = if t.turned_on {
+        "xcuda: throttle turned on by the operator's floor (XCUDA_THROTTLE=0 / throttle.enabled: false ignored)"
+    } else {
+        "xcuda: throttle held to the operator's floor (this process's looser XCUDA_TARGET_LOAD / XCUDA_FALLBACK_RATE / XCUDA_CONFIG settings ignored)"
+    };
+    let (target_load, max_rate, fallback_rate) = (throttle.target_load(), throttle.max_rate(), throttle.fallback_rate());
+    if FLOOR_SAID.swap(true, Relaxed) {
+        tracing::info!(device = ord, turned_on = t.turned_on, target_load, max_rate, fallback_rate, "{what}");
+    } else {
+        tracing::warn!(
+            device = ord,
+            turned_on = t.turned_on,
+            target_load,
+            own_target_load = own.target_load,
+            max_rate,
+            own_max_rate = own.max_rate,
+            fallback_rate,
+            own_fallback_rate = own.fallback_rate,
+            "{what}"
+        );
+    }
+}
+
+/// Holds a new throttle of host GPU `host` to the floor in its status file, if one is
+/// published and fresh, before the process's first launch (the controller's first tick comes
+/// a period later).
+fn floor_at_start(cfg: &Config, ord: usize, host: u32, throttle: &Throttle) {
+    let Ok(st) = node_ledger::Status::open(&cfg.ledger_of(host).status_path()) else { return };
+    let stale_ns = cfg.throttle.stale_after_ms.saturating_mul(1_000_000);
+    if let Some(f) = st.read_monitor().and_then(|s| floor_in(&s, node_ledger::clock::now_ns(), stale_ns)) {
+        hold_to_floor(ord, throttle, &f);
     }
 }
 
@@ -848,6 +913,30 @@ mod tests {
         b[0] = 0xab;
         b[15] = 0x01;
         assert_eq!(uuid_text(&b), "GPU-ab000000-0000-0000-0000-000000000001");
+    }
+
+    /// The floor is taken from a snapshot fresh by the shipped rule even when the process
+    /// calls every sample stale (its own `stale_after_ms`: the tenant's to set), never from a
+    /// stale one or a sample without one; held to it, a throttle the process turned off is on.
+    /// Fails with the process's own freshness rule alone (first assertion).
+    #[test]
+    fn a_process_cannot_hide_the_floor_by_calling_every_sample_stale() {
+        let floor = node_ledger::ThrottleFloor { required: true, max_target_load: 0.8, max_rate: 1e5, max_fallback_rate: 50.0 };
+        let now = 100_000_000_000;
+        let snap = |age_ns: u64, f| node_ledger::MonitorSnapshot {
+            sample: node_ledger::MonitorSample { throttle_floor: f, ..Default::default() },
+            publish_ns: now - age_ns,
+            seq: 2,
+            monitor_pid: 1,
+        };
+        assert_eq!(floor_in(&snap(10_000_000, floor), now, 1_000_000), Some(floor), "own stale_after_ms 1");
+        assert_eq!(floor_in(&snap(10_000_000_000, floor), now, 500_000_000), None, "a stale snapshot");
+        assert_eq!(floor_in(&snap(0, Default::default()), now, 500_000_000), None, "no floor published");
+        let own = crate::config::ThrottleConfig { enabled: false, ..Default::default() };
+        let t = Throttle::new(&own, 10);
+        assert!(!t.enabled());
+        hold_to_floor(0, &t, &floor);
+        assert!(t.enabled(), "turned on by the floor");
     }
 
     #[test]

@@ -63,6 +63,19 @@ impl Pid {
         u(self.integral).clamp(self.lo_log2, self.hi_log2).exp2()
     }
 
+    /// Lowers the highest rate to `max_rate` and the rate it starts from to `base_rate` where
+    /// they are above (an operator's floor, [`crate::Throttle::tighten`]), and the lowest rate
+    /// to both; never raises any.
+    pub fn cap(&mut self, max_rate: f64, base_rate: f64) {
+        if max_rate > 0.0 {
+            self.hi_log2 = self.hi_log2.min(max_rate.log2());
+        }
+        if base_rate > 0.0 {
+            self.base_log2 = self.base_log2.min(base_rate.log2());
+        }
+        self.lo_log2 = self.lo_log2.min(self.hi_log2).min(self.base_log2);
+    }
+
     /// Forgets history (monitor came back after being stale).
     pub fn reset(&mut self) {
         self.integral = 0.0;

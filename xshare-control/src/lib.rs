@@ -33,4 +33,4 @@ mod throttle;
 
 pub use config::ThrottleConfig;
 pub use law::{clock_factor, gpu_load, Pid, Sample};
-pub use throttle::{Decision, Throttle, HOLD_MAX_OWN_SHARE, MPS_ENFORCED_TARGET};
+pub use throttle::{Decision, Throttle, Tightened, HOLD_MAX_OWN_SHARE, MPS_ENFORCED_TARGET};

@@ -23,7 +23,14 @@ fn q16_per_block(sm_count: u32) -> u64 {
 /// controller ([`Throttle::control_with_budget`] then [`Throttle::refill`] each period).
 #[derive(Debug)]
 pub struct Throttle {
-    enabled: bool,
+    /// Whether launches are throttled: the configuration's, turned on for good by an
+    /// operator's floor ([`Throttle::tighten`]). Read with one relaxed load per launch.
+    enabled: AtomicBool,
+    /// The load target, highest rate and fallback rate in force, `f64` bits: the
+    /// configuration's, lowered for good by an operator's floor ([`Throttle::tighten`]).
+    target_load: AtomicU64,
+    max_rate: AtomicU64,
+    fallback_rate: AtomicU64,
     tokens: AtomicI64,
     rate_milli: AtomicU64,
     /// Load target of the last tick, milli (configured, or lowered by a fresh SM budget).
@@ -42,6 +49,38 @@ pub struct Throttle {
     pub delayed: AtomicU64,
     /// Launches issued (approximate under concurrent launches from several threads).
     pub launches: AtomicU64,
+}
+
+/// What [`Throttle::tighten`] changed: each field is set only where the floor made this
+/// throttle tighter than it was (for the one log line saying the floor overrode the process's
+/// own configuration).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tightened {
+    /// The throttle was off and is now on.
+    pub turned_on: bool,
+    /// The load target, lowered to this.
+    pub target_load: Option<f64>,
+    /// The highest rate, lowered to this.
+    pub max_rate: Option<f64>,
+    /// The fallback rate, lowered to this.
+    pub fallback_rate: Option<f64>,
+}
+
+impl Tightened {
+    /// Whether anything changed.
+    pub fn any(&self) -> bool {
+        self.turned_on || self.target_load.is_some() || self.max_rate.is_some() || self.fallback_rate.is_some()
+    }
+}
+
+/// Lowers the `f64` in `slot` to `limit` if it is above; the new value if it was.
+fn lower(slot: &AtomicU64, limit: Option<f64>) -> Option<f64> {
+    let limit = limit.filter(|l| *l > 0.0 && l.is_finite())?;
+    let now = f64::from_bits(slot.load(Relaxed));
+    (limit < now).then(|| {
+        slot.store(limit.to_bits(), Relaxed);
+        limit
+    })
 }
 
 /// What the controller decided on one tick (for logs and tests).
@@ -63,7 +102,10 @@ impl Throttle {
     pub fn new(cfg: &ThrottleConfig, sm_count: u32) -> Self {
         let burst = (cfg.burst * MILLI) as i64;
         Self {
-            enabled: cfg.enabled,
+            enabled: AtomicBool::new(cfg.enabled),
+            target_load: AtomicU64::new(cfg.target_load.to_bits()),
+            max_rate: AtomicU64::new(cfg.max_rate.to_bits()),
+            fallback_rate: AtomicU64::new(cfg.fallback_rate.to_bits()),
             tokens: AtomicI64::new(burst),
             rate_milli: AtomicU64::new((cfg.fallback_rate * MILLI) as u64),
             target_milli: AtomicU64::new((cfg.target_load * MILLI) as u64),
@@ -79,9 +121,53 @@ impl Throttle {
         }
     }
 
-    /// The settings this throttle was built with.
+    /// The settings this throttle was built with (before any floor: [`Throttle::tighten`]).
     pub fn config(&self) -> &ThrottleConfig {
         &self.cfg
+    }
+
+    /// Holds this throttle to an operator's floor: turned on if `required`, its load target,
+    /// highest rate and fallback rate lowered to the limits given (`None`, or anything not a
+    /// positive finite number: no limit). Never loosens: what was tightened stays so for the
+    /// throttle's life, whatever floor comes later (or none, a monitor gone quiet). Returns
+    /// what changed. Called by the controller, never on the launch path.
+    pub fn tighten(
+        &self,
+        required: bool,
+        max_target_load: Option<f64>,
+        max_rate: Option<f64>,
+        max_fallback_rate: Option<f64>,
+    ) -> Tightened {
+        let turned_on = required && !self.enabled.swap(true, Relaxed);
+        let max_rate = lower(&self.max_rate, max_rate);
+        // The fallback rate stays within the highest rate.
+        let fallback_cap = max_fallback_rate.into_iter().chain(Some(self.max_rate())).reduce(f64::min);
+        Tightened {
+            turned_on,
+            target_load: lower(&self.target_load, max_target_load),
+            max_rate,
+            fallback_rate: lower(&self.fallback_rate, fallback_cap),
+        }
+    }
+
+    /// Whether launches are throttled (the configuration's, or turned on by a floor).
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Relaxed)
+    }
+
+    /// The load target in force before any SM budget: the configuration's, or a floor's lower one.
+    pub fn target_load(&self) -> f64 {
+        f64::from_bits(self.target_load.load(Relaxed))
+    }
+
+    /// The highest rate in force, SM-waves per second.
+    pub fn max_rate(&self) -> f64 {
+        f64::from_bits(self.max_rate.load(Relaxed))
+    }
+
+    /// The fallback rate in force, SM-waves per second.
+    pub fn fallback_rate(&self) -> f64 {
+        f64::from_bits(self.fallback_rate.load(Relaxed))
     }
 
     /// Cost of a kernel of `blocks` thread blocks, in milli-waves (a wave = one block per SM).
@@ -106,7 +192,7 @@ impl Throttle {
         // threads may lose an increment.
         self.launches
             .store(self.launches.load(Relaxed).wrapping_add(1), Relaxed);
-        if !self.enabled && !self.frozen.load(Relaxed) {
+        if !self.enabled.load(Relaxed) && !self.frozen.load(Relaxed) {
             return true;
         }
         // Freezing parks the bucket far below zero, so one RMW also answers "frozen?".
@@ -122,7 +208,7 @@ impl Throttle {
     /// still in debt (and the throttle enabled).
     pub fn must_wait(&self) -> bool {
         let frozen = self.frozen.load(Acquire);
-        frozen || (self.enabled && self.tokens.load(Acquire) < 0)
+        frozen || (self.enabled.load(Relaxed) && self.tokens.load(Acquire) < 0)
     }
 
     /// Refills for `dt` seconds at the current rate (controller), capped at the burst.
@@ -218,7 +304,7 @@ impl Throttle {
     /// measures is the GPU's, so every job aiming at the budget holds all of them to it
     /// (aiming at a part would hold the whole GPU to that part).
     pub fn target_for_part(&self, budget: Option<f64>, part: f64) -> f64 {
-        let t = self.cfg.target_load;
+        let t = self.target_load();
         let part = if part.is_finite() { part.clamp(0.0, 1.0) } else { 0.0 };
         match budget {
             Some(b) if b.is_finite() && self.own_cap().is_some_and(|cap| b * part + 1e-9 >= cap) => {
@@ -282,6 +368,12 @@ impl Throttle {
         dt: f64,
     ) -> Decision {
         let c = &self.cfg;
+        // The configuration's, or an operator's floor's where tighter.
+        let (max_rate, fallback_rate, configured_target) = (self.max_rate(), self.fallback_rate(), self.target_load());
+        // A lowest rate above the fallback rate in force (a process's own `min_rate`) would
+        // lift a floor's fallback rate: it is held to that.
+        let min_rate = c.min_rate.min(fallback_rate).min(max_rate);
+        pid.cap(max_rate, fallback_rate);
         let target = self.target_for_part(budget, part);
         let open_loop_target = match budget {
             Some(b) if b.is_finite() && target < MPS_ENFORCED_TARGET => {
@@ -312,19 +404,19 @@ impl Throttle {
         let (rate, load) = match sample {
             None => {
                 pid.reset();
-                let scale = if c.target_load > 0.0 {
-                    (open_loop_target / c.target_load).min(1.0)
+                let scale = if configured_target > 0.0 {
+                    (open_loop_target / configured_target).min(1.0)
                 } else {
                     1.0
                 };
-                (c.fallback_rate * scale, None)
+                (fallback_rate * scale, None)
             }
             Some(s) => {
                 let load = self.load_of(&s);
                 (pid.step(target - load, dt), Some(load))
             }
         };
-        let rate = rate.clamp(c.min_rate, c.max_rate);
+        let rate = rate.clamp(min_rate, max_rate);
         self.rate_milli.store((rate * MILLI) as u64, Relaxed);
         Decision {
             rate,
@@ -515,6 +607,45 @@ mod tests {
         t.refill(1.0);
         assert_eq!(t.tokens(), 2000, "capped at burst");
         assert!(!t.must_wait());
+    }
+
+    /// An operator's floor holds a process that turned its throttle off or loosened it: the
+    /// throttle is turned on (launches past the burst wait, counted in `delayed`), the load
+    /// target, highest and fallback rates are lowered to the floor's, and nothing a later
+    /// floor says (looser, or none) loosens them again. Fails without `tighten`: the disabled
+    /// throttle lets every launch through and the stale rate is the process's own 1e6.
+    #[test]
+    fn a_floor_turns_a_throttle_on_lowers_its_limits_and_never_loosens() {
+        let own = ThrottleConfig { enabled: false, target_load: 5.0, max_rate: 1e9, fallback_rate: 1e6, min_rate: 1e6, ..cfg() };
+        let t = Throttle::new(&own, 10);
+        let mut pid = Pid::new(&own);
+        for _ in 0..10 {
+            assert!(t.take(1 << 20), "its own configuration: never held");
+        }
+        let d = t.tighten(true, Some(0.8), Some(1e5), Some(50.0));
+        assert_eq!(d, Tightened { turned_on: true, target_load: Some(0.8), max_rate: Some(1e5), fallback_rate: Some(50.0) });
+        assert!(t.enabled() && d.any());
+        let stale = t.control(&mut pid, None, 0.01);
+        assert_eq!(stale.rate, 50.0, "the floor's fallback rate, not the process's 1e6");
+        assert_eq!(t.target_for(None), 0.8);
+        let idle = Sample { u_sm: 0.0, c_sm: 1500.0, c_h: 1500.0 };
+        for _ in 0..500 {
+            let r = t.control(&mut pid, Some(idle), 0.01).rate;
+            assert!(r <= 1e5, "never above the floor's highest rate: {r}");
+        }
+        t.refill(0.0);
+        let delayed = t.delayed.load(Relaxed);
+        while t.take(1000) {}
+        assert_eq!(t.delayed.load(Relaxed), delayed + 1, "turned on: a launch past the bucket waits");
+        // A looser floor, or none (a stale or stopped monitor): nothing loosens.
+        assert_eq!(t.tighten(false, Some(1.0), Some(1e6), Some(100.0)), Tightened::default());
+        assert_eq!(t.tighten(false, None, None, None), Tightened::default());
+        assert!(t.enabled());
+        assert_eq!((t.target_load(), t.max_rate(), t.fallback_rate()), (0.8, 1e5, 50.0));
+        assert_eq!(t.control(&mut pid, None, 0.01).rate, 50.0);
+        // A tighter one still tightens; nonsense limits limit nothing.
+        assert_eq!(t.tighten(false, Some(0.5), None, None).target_load, Some(0.5));
+        assert_eq!(t.tighten(true, Some(f64::NAN), Some(-1.0), Some(0.0)), Tightened::default());
     }
 
     #[test]
