@@ -118,56 +118,80 @@ pub enum AllocError {
         /// What failed.
         why: String,
     },
+    /// The plan frozen for the pod when this agent first saw it (`crate::plans`) is not a
+    /// complete one: plan annotations added or changed later are not followed.
+    #[error("pod {ns}/{name}: the plan frozen when this node first saw it is incomplete ({why}); plan annotations added or changed since are not followed")]
+    Unplanned {
+        /// The pod's namespace.
+        ns: String,
+        /// The pod's name.
+        name: String,
+        /// Which part was missing.
+        why: String,
+    },
+    /// The pod's plan could not be recorded (`crate::plans`): refused rather than allocated
+    /// with a plan the agent could not keep.
+    #[error("pod {ns}/{name}: cannot record its plan: {why}")]
+    PlanRecord {
+        /// The pod's namespace.
+        ns: String,
+        /// The pod's name.
+        name: String,
+        /// What failed (names the file).
+        why: String,
+    },
     /// Listing the node's pods failed.
     #[error("{0}")]
     Api(String),
+}
+
+/// A plan annotation's value as Allocate and the offline pod list both read it: trimmed.
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.annotations.as_ref()?.get(key).map(|v| v.trim())
+}
+
+/// `xshare.io/gpu`'s value as a GPU index.
+pub fn parse_gpu(v: &str) -> Option<u32> {
+    v.trim().parse::<u32>().ok()
+}
+
+/// `xshare.io/sm-percent`'s value as the MPS active-thread percentage (in (0, 100], rounded
+/// up to 1..=100).
+pub fn parse_sm_percent(v: &str) -> Option<u32> {
+    let sm = v.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0)?;
+    Some((sm.ceil() as u32).clamp(1, 100))
+}
+
+/// `xshare.io/memory-quota-bytes`'s value as a positive byte count.
+pub fn parse_memory_quota(v: &str) -> Option<u64> {
+    v.trim().parse::<u64>().ok().filter(|q| *q > 0)
 }
 
 /// Reads the plan's annotations off `pod`; every one must be there and well formed.
 pub fn pod_plan(pod: &Pod) -> Result<PodPlan, AllocError> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let ann = pod.metadata.annotations.clone().unwrap_or_default();
     let bad = |key: &'static str, why: String| AllocError::BadAnnotation {
         ns: ns.clone(),
         name: name.clone(),
         key,
         why,
     };
-    let get = |key: &'static str| {
-        ann.get(key)
-            .map(|v| v.trim().to_string())
-            .ok_or_else(|| bad(key, "is missing".into()))
-    };
+    let get = |key: &'static str| annotation(pod, key).ok_or_else(|| bad(key, "is missing".into()));
     let gpu_s = get(ANN_GPU)?;
-    let gpu = gpu_s
-        .parse::<u32>()
-        .map_err(|_| bad(ANN_GPU, format!("`{gpu_s}` is not a GPU index")))?;
+    let gpu = parse_gpu(gpu_s).ok_or_else(|| bad(ANN_GPU, format!("`{gpu_s}` is not a GPU index")))?;
     let sm_s = get(ANN_SM_PERCENT)?;
-    let sm = sm_s
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0);
-    let sm = sm.ok_or_else(|| {
-        bad(
-            ANN_SM_PERCENT,
-            format!("`{sm_s}` is not a percentage in (0, 100]"),
-        )
-    })?;
+    let mps_percent = parse_sm_percent(sm_s)
+        .ok_or_else(|| bad(ANN_SM_PERCENT, format!("`{sm_s}` is not a percentage in (0, 100]")))?;
     let q_s = get(ANN_MEMORY_QUOTA_BYTES)?;
-    let memory_quota_bytes = q_s.parse::<u64>().ok().filter(|q| *q > 0);
-    let memory_quota_bytes = memory_quota_bytes.ok_or_else(|| {
-        bad(
-            ANN_MEMORY_QUOTA_BYTES,
-            format!("`{q_s}` is not a positive byte count"),
-        )
-    })?;
+    let memory_quota_bytes = parse_memory_quota(q_s)
+        .ok_or_else(|| bad(ANN_MEMORY_QUOTA_BYTES, format!("`{q_s}` is not a positive byte count")))?;
     Ok(PodPlan {
         namespace: ns.clone(),
         name: name.clone(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         gpu,
-        mps_percent: (sm.ceil() as u32).clamp(1, 100),
+        mps_percent,
         memory_quota_bytes,
     })
 }

@@ -147,6 +147,7 @@ pub struct Plugin {
     pods: PodSource,
     allocs: Mutex<Allocations>,
     stats: AllocStats,
+    plans: Arc<crate::plans::PlanStore>,
 }
 
 impl Plugin {
@@ -158,13 +159,21 @@ impl Plugin {
         pods: PodSource,
     ) -> Self {
         Self {
-            cfg,
             health,
             devices,
             pods,
             allocs: Mutex::new(Allocations::default()),
             stats: AllocStats::default(),
+            plans: Arc::new(crate::plans::PlanStore::open(&cfg.ledger_dir)),
+            cfg,
         }
+    }
+
+    /// The same plugin keeping its frozen plans in `plans` (the store the offline pod list
+    /// reads, `crate::plans`).
+    pub fn with_plans(mut self, plans: Arc<crate::plans::PlanStore>) -> Self {
+        self.plans = plans;
+        self
     }
 
     async fn allocate_one(
@@ -233,7 +242,8 @@ impl Plugin {
         pod: &k8s_openapi::api::core::v1::Pod,
         req: &pb::ContainerAllocateRequest,
     ) -> Result<pb::ContainerAllocateResponse, AllocError> {
-        let plan = allocate::pod_plan(pod)?;
+        // The plan frozen for the pod (at its first sight or now), never later annotations.
+        let plan = self.plans.for_allocate(pod)?;
         if self.cfg.gpu(plan.gpu).is_none() {
             return Err(AllocError::UnknownGpu {
                 ns: plan.namespace,
