@@ -78,7 +78,7 @@ impl PodSource {
             PodSource::Api(c) => match crate::kube::bind_lock(c, node).await {
                 Ok(l) => l,
                 Err(e) => {
-                    tracing::warn!(node, error = %e, "cannot read the node's bind lock; matching the oldest Pending pod");
+                    tracing::warn!(node, error = %e, "cannot read the node's bind lock; matching without it");
                     None
                 }
             },
@@ -189,14 +189,18 @@ impl Plugin {
         let lock = self.pods.bind_lock(node).await;
         let resource = &self.cfg.device_plugin.resource_name;
         let picked = allocs.pick(&pods, node, resource, count, lock.as_ref());
-        let picked = picked.inspect_err(|_| self.stats.refused.inc())?;
+        // Ambiguous: the lock stays (its pod may not be the one refused; the extender takes
+        // it over once that pod is no longer Pending, or after its TTL).
+        let picked = picked.inspect_err(|e| {
+            self.stats.refused.inc();
+            if matches!(e, AllocError::Ambiguous { .. }) {
+                self.stats.ambiguous.inc();
+            }
+        })?;
         let pod = picked.pod;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let locked = lock.as_ref().is_some_and(|l| l.uid == uid);
         if locked { &self.stats.by_lock } else { &self.stats.by_age }.inc();
-        if picked.candidates > 1 {
-            self.stats.ambiguous.inc();
-        }
         let r = self.admit(&mut allocs, &pod, req).await;
         if r.is_err() {
             self.stats.refused.inc();
@@ -214,11 +218,11 @@ impl Plugin {
         let s = &self.stats;
         let node = &self.cfg.node_name;
         format!(
-            "# HELP xshare_node_agent_allocate_matches_total Containers matched to a pod at Allocate, by how: the pod the node's bind lock names, or the oldest Pending pod\n\
+            "# HELP xshare_node_agent_allocate_matches_total Containers matched to a pod at Allocate: the one candidate the node's bind lock names, or one it does not name\n\
              # TYPE xshare_node_agent_allocate_matches_total counter\n\
              xshare_node_agent_allocate_matches_total{{node=\"{node}\",by=\"bind_lock\"}} {}\n\
              xshare_node_agent_allocate_matches_total{{node=\"{node}\",by=\"oldest\"}} {}\n\
-             # HELP xshare_node_agent_allocate_ambiguous_total Containers several Pending pods could own (pods bound past the bind lock)\n\
+             # HELP xshare_node_agent_allocate_ambiguous_total Containers several Pending pods could own, refused (pods bound past the bind lock or with spec.nodeName)\n\
              # TYPE xshare_node_agent_allocate_ambiguous_total counter\n\
              xshare_node_agent_allocate_ambiguous_total{{node=\"{node}\"}} {}\n\
              # HELP xshare_node_agent_allocate_refused_total Allocate calls refused (the pod's admission fails)\n\
