@@ -42,6 +42,11 @@ pub struct AgentConfig {
     /// has (`shm_dir`); `{gpu}` is replaced by the index. Empty: mps-manager's default
     /// `<ledger_dir>/daemons/gpu<N>/mps-manager.json`. Set it alike when mps-manager's `state_file` is set.
     pub mps_manager_state_file: String,
+    /// Let `node-agent run` start on the config's `gpus[].uuid` when NVML cannot be loaded
+    /// (they are then not checked against the GPUs at their indices, and a wrong one gives
+    /// containers another GPU). Off: NVML unavailable with UUIDs configured stops `run` (exit
+    /// 2) with an error naming the fix (the DaemonSet's `runtimeClassName: nvidia`).
+    pub allow_unverified_uuids: bool,
 }
 
 /// One GPU on this host.
@@ -51,8 +56,8 @@ pub struct GpuConfig {
     /// Host GPU index (the ledger's `gpu<N>` and the plan's `xshare.io/gpu`).
     pub index: u32,
     /// `GPU-...` UUID: what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get. Taken from NVML
-    /// at start-up (`crate::gpus`); one given here must match NVML's, and stands in only where
-    /// NVML cannot be loaded.
+    /// at start-up (`crate::gpus`); one given here must match NVML's, and stands in where NVML
+    /// cannot be loaded only for `cdi-spec`, or for `run` with `allow_unverified_uuids`.
     #[serde(default)]
     pub uuid: String,
     /// Product name for the heartbeat (`nvidia-smi --query-gpu=name`), optional.
@@ -212,6 +217,7 @@ impl Default for AgentConfig {
             heartbeat: HeartbeatConfig::default(),
             metrics_listen: String::new(),
             mps_manager_state_file: String::new(),
+            allow_unverified_uuids: false,
         }
     }
 }
