@@ -4,8 +4,8 @@
 //! The kubelet tells a device plugin only device IDs, never the pod. Like HAMi, the scheduler
 //! side writes its decision onto the pod (cluster-matcher's bind: `xshare.io/gpu`,
 //! `xshare.io/sm-percent`, `xshare.io/memory-quota-bytes`) and the plugin finds the pod: the
-//! oldest Pending pod bound to this node that carries the decision and still has a container
-//! asking for this many slots that was not allocated yet. The GPU is the plan's (annotation),
+//! one Pending pod bound to this node that still has a container asking for this many slots
+//! that was not allocated yet (more than one: refused, [`Allocations::pick`]). The GPU is the plan's (annotation),
 //! not the slot the kubelet picked: slots are a count per node, health is checked on the
 //! planned GPU at Allocate.
 
@@ -47,8 +47,8 @@ pub struct PodPlan {
 /// Why no pod could be matched or its plan read; the kubelet fails the pod's admission with it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AllocError {
-    /// No Pending pod bound here, with the plan's decision, has a container left to allocate.
-    #[error("no Pending pod on node {node} with the `{ANN_GPU}` decision has an unallocated container asking for {count} {resource}")]
+    /// No Pending pod bound here has a container left to allocate.
+    #[error("no Pending pod on node {node} has an unallocated container asking for {count} {resource}")]
     NoPod {
         /// This node.
         node: String,
@@ -56,6 +56,15 @@ pub enum AllocError {
         count: i64,
         /// The extended resource.
         resource: String,
+    },
+    /// More than one Pending pod bound here could own the container: the kubelet may be
+    /// admitting any of them, so none is given another's plan.
+    #[error("node {node}: several Pending pods could own this container ({pods}): refused, as no pod may get another's plan, quota group or ledger (the pod being admitted fails; a pod bound past the extender's bind lock, or created with spec.nodeName, is one of them)")]
+    Ambiguous {
+        /// This node.
+        node: String,
+        /// The candidates, `namespace/name`.
+        pods: String,
     },
     /// A placement annotation is missing or malformed.
     #[error("pod {ns}/{name}: annotation `{key}` {why}")]
@@ -118,56 +127,80 @@ pub enum AllocError {
         /// What failed.
         why: String,
     },
+    /// The plan frozen for the pod when this agent first saw it (`crate::plans`) is not a
+    /// complete one: plan annotations added or changed later are not followed.
+    #[error("pod {ns}/{name}: the plan frozen when this node first saw it is incomplete ({why}); plan annotations added or changed since are not followed")]
+    Unplanned {
+        /// The pod's namespace.
+        ns: String,
+        /// The pod's name.
+        name: String,
+        /// Which part was missing.
+        why: String,
+    },
+    /// The pod's plan could not be recorded (`crate::plans`): refused rather than allocated
+    /// with a plan the agent could not keep.
+    #[error("pod {ns}/{name}: cannot record its plan: {why}")]
+    PlanRecord {
+        /// The pod's namespace.
+        ns: String,
+        /// The pod's name.
+        name: String,
+        /// What failed (names the file).
+        why: String,
+    },
     /// Listing the node's pods failed.
     #[error("{0}")]
     Api(String),
+}
+
+/// A plan annotation's value as Allocate and the offline pod list both read it: trimmed.
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.annotations.as_ref()?.get(key).map(|v| v.trim())
+}
+
+/// `xshare.io/gpu`'s value as a GPU index.
+pub fn parse_gpu(v: &str) -> Option<u32> {
+    v.trim().parse::<u32>().ok()
+}
+
+/// `xshare.io/sm-percent`'s value as the MPS active-thread percentage (in (0, 100], rounded
+/// up to 1..=100).
+pub fn parse_sm_percent(v: &str) -> Option<u32> {
+    let sm = v.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0)?;
+    Some((sm.ceil() as u32).clamp(1, 100))
+}
+
+/// `xshare.io/memory-quota-bytes`'s value as a positive byte count.
+pub fn parse_memory_quota(v: &str) -> Option<u64> {
+    v.trim().parse::<u64>().ok().filter(|q| *q > 0)
 }
 
 /// Reads the plan's annotations off `pod`; every one must be there and well formed.
 pub fn pod_plan(pod: &Pod) -> Result<PodPlan, AllocError> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let ann = pod.metadata.annotations.clone().unwrap_or_default();
     let bad = |key: &'static str, why: String| AllocError::BadAnnotation {
         ns: ns.clone(),
         name: name.clone(),
         key,
         why,
     };
-    let get = |key: &'static str| {
-        ann.get(key)
-            .map(|v| v.trim().to_string())
-            .ok_or_else(|| bad(key, "is missing".into()))
-    };
+    let get = |key: &'static str| annotation(pod, key).ok_or_else(|| bad(key, "is missing".into()));
     let gpu_s = get(ANN_GPU)?;
-    let gpu = gpu_s
-        .parse::<u32>()
-        .map_err(|_| bad(ANN_GPU, format!("`{gpu_s}` is not a GPU index")))?;
+    let gpu = parse_gpu(gpu_s).ok_or_else(|| bad(ANN_GPU, format!("`{gpu_s}` is not a GPU index")))?;
     let sm_s = get(ANN_SM_PERCENT)?;
-    let sm = sm_s
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 100.0);
-    let sm = sm.ok_or_else(|| {
-        bad(
-            ANN_SM_PERCENT,
-            format!("`{sm_s}` is not a percentage in (0, 100]"),
-        )
-    })?;
+    let mps_percent = parse_sm_percent(sm_s)
+        .ok_or_else(|| bad(ANN_SM_PERCENT, format!("`{sm_s}` is not a percentage in (0, 100]")))?;
     let q_s = get(ANN_MEMORY_QUOTA_BYTES)?;
-    let memory_quota_bytes = q_s.parse::<u64>().ok().filter(|q| *q > 0);
-    let memory_quota_bytes = memory_quota_bytes.ok_or_else(|| {
-        bad(
-            ANN_MEMORY_QUOTA_BYTES,
-            format!("`{q_s}` is not a positive byte count"),
-        )
-    })?;
+    let memory_quota_bytes = parse_memory_quota(q_s)
+        .ok_or_else(|| bad(ANN_MEMORY_QUOTA_BYTES, format!("`{q_s}` is not a positive byte count")))?;
     Ok(PodPlan {
         namespace: ns.clone(),
         name: name.clone(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         gpu,
-        mps_percent: (sm.ceil() as u32).clamp(1, 100),
+        mps_percent,
         memory_quota_bytes,
     })
 }
@@ -206,8 +239,7 @@ pub fn requesting_containers(pod: &Pod, resource: &str) -> Vec<(String, i64)> {
 pub struct Picked {
     /// The pod.
     pub pod: Pod,
-    /// How many Pending pods could have owned the container (more than one: the choice went
-    /// by the bind lock, or by age where the lock named none of them).
+    /// How many Pending pods could have owned the container (one: more are refused).
     pub candidates: usize,
 }
 
@@ -219,10 +251,15 @@ pub struct Allocations {
 
 impl Allocations {
     /// Picks the pod for a container asking for `count` slots among `pods` (the Pending pods
-    /// bound to `node`): the one the node's bind `lock` names when it is a candidate (the
-    /// extender lets one offline pod per node through to Allocate at a time), else the oldest
-    /// (creation time, then namespace/name). [`Self::record`] it once the container's
-    /// response is built.
+    /// bound to `node`). Every such pod asking for `resource` with a container left to
+    /// allocate is a candidate, planned or not: the kubelet tells a plugin no pod, so when more
+    /// than one could be the pod being admitted the container is refused
+    /// ([`AllocError::Ambiguous`]) rather than given one pod's plan, quota group and ledger
+    /// for another's; the bind `lock` only names the pod the extender let through, not the one
+    /// the kubelet admits. A pod whose containers the kubelet already reports on
+    /// (`status.containerStatuses`, `initContainerStatuses`) was admitted, every container
+    /// allocated: no candidate (also across an agent restart, which forgets the record).
+    /// [`Self::record`] the pick once the container's response is built.
     pub fn pick(
         &self,
         pods: &[Pod],
@@ -231,16 +268,17 @@ impl Allocations {
         count: i64,
         lock: Option<&kube_contract::bind_lock::BindLock>,
     ) -> Result<Picked, AllocError> {
-        let mut cands: Vec<&Pod> = pods
+        let admitted = |p: &Pod| {
+            p.status.as_ref().is_some_and(|s| {
+                s.container_statuses.as_ref().is_some_and(|c| !c.is_empty())
+                    || s.init_container_statuses.as_ref().is_some_and(|c| !c.is_empty())
+            })
+        };
+        let cands: Vec<&Pod> = pods
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .filter(|p| {
-                p.metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(ANN_GPU))
-            })
+            .filter(|p| !admitted(p))
             .filter(|p| {
                 let uid = p.metadata.uid.clone().unwrap_or_default();
                 let done = self.done.get(&uid).copied().unwrap_or(0);
@@ -249,35 +287,25 @@ impl Allocations {
                     .is_some_and(|(_, n)| *n == count)
             })
             .collect();
-        cands.sort_by(|a, b| {
-            let key = |p: &Pod| {
-                (
-                    p.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                    p.metadata.namespace.clone(),
-                    p.metadata.name.clone(),
-                )
-            };
-            key(a).cmp(&key(b))
-        });
-        let locked = lock.and_then(|l| cands.iter().find(|p| p.metadata.uid.as_deref() == Some(l.uid.as_str())));
         if cands.len() > 1 {
-            // Pods bound past the lock (turned off, taken over after its TTL, or bound before
-            // an upgrade that brought it): the kubelet may be admitting any of them.
-            let names: Vec<String> = cands
+            // Pods bound past the lock (turned off, taken over after its TTL, bound before an
+            // upgrade that brought it), or bound by someone else than the extender: the kubelet
+            // may be admitting any of them.
+            let mut names: Vec<String> = cands
                 .iter()
                 .map(|p| format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or(""), p.metadata.name.as_deref().unwrap_or("")))
                 .collect();
+            names.sort();
             tracing::warn!(node, candidates = ?names, lock = ?lock.map(|l| l.pod()),
-                "several Pending pods could own this container: taking {} (the monitor evicts a container given another pod's plan as foreign_group)",
-                if locked.is_some() { "the one the bind lock names" } else { "the oldest" });
+                "several Pending pods could own this container: refused (no pod's plan, quota group or ledger is handed to another)");
+            return Err(AllocError::Ambiguous { node: node.to_string(), pods: names.join(", ") });
         }
-        let candidates = cands.len();
-        let pod = locked.or(cands.first()).ok_or_else(|| AllocError::NoPod {
+        let pod = cands.first().ok_or_else(|| AllocError::NoPod {
             node: node.to_string(),
             count,
             resource: resource.to_string(),
         })?;
-        Ok(Picked { pod: (*pod).clone(), candidates })
+        Ok(Picked { pod: (*pod).clone(), candidates: cands.len() })
     }
 
     /// Whether every container of `pod` asking for `resource` was allocated.
@@ -526,11 +554,10 @@ mod tests {
     }
 
     #[test]
-    fn picks_oldest_annotated_pod_and_each_container_once() {
+    fn picks_the_one_pending_pod_and_each_container_once() {
         let pods = vec![
-            pod("new", "u2", "2026-01-01T00:00:10Z", Some("1"), &[1]),
             pod("old", "u1", "2026-01-01T00:00:00Z", Some("0"), &[1, 1]),
-            pod("noplan", "u0", "2025-01-01T00:00:00Z", None, &[1]),
+            pod("other", "u3", "2025-01-01T00:00:00Z", Some("1"), &[2]),
         ];
         let mut a = Allocations::default();
         let r = "xshare.io/offline-gpu";
@@ -545,28 +572,30 @@ mod tests {
             Some("old"),
             "not recorded: same pod"
         );
+        assert!(!a.complete(&pods[0], r));
         assert_eq!(take(&mut a).unwrap(), "old");
-        assert_eq!(take(&mut a).unwrap(), "new");
+        assert!(a.complete(&pods[0], r));
         assert!(matches!(take(&mut a), Err(AllocError::NoPod { .. })));
         assert!(matches!(
             Allocations::default().pick(&pods, "other", r, 1, None),
             Err(AllocError::NoPod { .. })
         ));
-        assert!(matches!(
-            Allocations::default().pick(&pods, "n1", r, 2, None),
-            Err(AllocError::NoPod { .. })
-        ));
+        assert_eq!(
+            Allocations::default().pick(&pods, "n1", r, 2, None).unwrap().pod.metadata.name.as_deref(),
+            Some("other"),
+            "the one pod asking for 2"
+        );
     }
 
-    /// Two planned pods Pending at once, the kubelet admitting the newer: the bind lock names
-    /// it, so its container gets its own plan, not the older pod's. Without a lock (or one
-    /// naming no candidate) the oldest is taken, as before.
+    /// A pod bound here asking for the resource, with no plan of its own (bound by someone
+    /// else than the extender, or `spec.nodeName` at creation), Pending beside the pod the
+    /// bind lock names: the kubelet may be admitting either, so the container is refused
+    /// whatever the lock says, and nobody gets the locked pod's plan. Once the other pod is
+    /// gone (its admission failed) the locked pod's container is its own. A pod the kubelet
+    /// reports containers of was admitted: no candidate. Fails without the change: the
+    /// unplanned pod was no candidate, so its container got the locked pod's plan.
     #[test]
-    fn the_pod_the_bind_lock_names_is_taken_over_an_older_one() {
-        let pods = vec![
-            pod("old", "u1", "2026-01-01T00:00:00Z", Some("0"), &[1]),
-            pod("new", "u2", "2026-01-01T00:00:10Z", Some("1"), &[1, 1]),
-        ];
+    fn several_pending_pods_that_could_own_a_container_refuse_it_whatever_the_lock() {
         let r = "xshare.io/offline-gpu";
         let lock = |uid: &str| kube_contract::bind_lock::BindLock {
             uid: uid.into(),
@@ -574,23 +603,30 @@ mod tests {
             name: "x".into(),
             since_unix_ms: 1,
         };
-        let mut a = Allocations::default();
-        let name = |p: Picked| p.pod.metadata.name.unwrap();
-        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap()), "new");
-        assert_eq!(a.pick(&pods, "n1", r, 1, None).unwrap().candidates, 2);
-        assert_eq!(name(a.pick(&pods, "n1", r, 1, None).unwrap()), "old");
-        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("gone"))).unwrap()), "old");
-        // Complete once each container asking for the resource is allocated.
-        assert!(!a.complete(&pods[1], r));
-        a.record("u2");
-        assert!(!a.complete(&pods[1], r));
-        assert_eq!(name(a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap()), "new");
-        a.record("u2");
-        assert!(a.complete(&pods[1], r));
-        // All of its containers allocated: no longer a candidate, whatever the lock says.
-        let p = a.pick(&pods, "n1", r, 1, Some(&lock("u2"))).unwrap();
-        assert_eq!(p.candidates, 1);
-        assert_eq!(name(p), "old");
+        let victim = pod("victim", "u1", "2026-01-01T00:00:05Z", Some("0"), &[1]);
+        let intruder = pod("intruder", "u2", "2026-01-01T00:00:00Z", None, &[1]);
+        let a = Allocations::default();
+        for l in [Some(lock("u1")), Some(lock("u2")), None] {
+            let e = a.pick(&[victim.clone(), intruder.clone()], "n1", r, 1, l.as_ref()).unwrap_err();
+            assert!(matches!(e, AllocError::Ambiguous { .. }), "{e}");
+            assert!(e.to_string().contains("ml/intruder, ml/victim"), "{e}");
+        }
+        // Two planned pods alike (bound past the lock).
+        let other = pod("other", "u3", "2026-01-01T00:00:09Z", Some("1"), &[1]);
+        assert!(matches!(a.pick(&[victim.clone(), other], "n1", r, 1, Some(&lock("u1"))), Err(AllocError::Ambiguous { .. })));
+        // The intruder's admission failed (no longer Pending): the victim's own.
+        let p = a.pick(std::slice::from_ref(&victim), "n1", r, 1, Some(&lock("u1"))).unwrap();
+        assert_eq!((p.pod.metadata.name.as_deref(), p.candidates), (Some("victim"), 1));
+        // A pod the kubelet already reports containers of is no candidate.
+        let mut admitted = intruder.clone();
+        admitted.status.as_mut().unwrap().container_statuses =
+            Some(vec![serde_json::from_value(serde_json::json!({"name": "c0", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}}})).unwrap()]);
+        let p = a.pick(&[victim.clone(), admitted], "n1", r, 1, None).unwrap();
+        assert_eq!(p.pod.metadata.name.as_deref(), Some("victim"));
+        // An unplanned pod alone is picked, and its plan check refuses it (pod_plan).
+        let p = a.pick(std::slice::from_ref(&intruder), "n1", r, 1, None).unwrap();
+        assert!(matches!(pod_plan(&p.pod), Err(AllocError::BadAnnotation { .. })));
     }
 
     #[test]

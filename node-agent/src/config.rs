@@ -42,6 +42,11 @@ pub struct AgentConfig {
     /// has (`shm_dir`); `{gpu}` is replaced by the index. Empty: mps-manager's default
     /// `<ledger_dir>/daemons/gpu<N>/mps-manager.json`. Set it alike when mps-manager's `state_file` is set.
     pub mps_manager_state_file: String,
+    /// Let `node-agent run` start on the config's `gpus[].uuid` when NVML cannot be loaded
+    /// (they are then not checked against the GPUs at their indices, and a wrong one gives
+    /// containers another GPU). Off: NVML unavailable with UUIDs configured stops `run` (exit
+    /// 2) with an error naming the fix (the DaemonSet's `runtimeClassName: nvidia`).
+    pub allow_unverified_uuids: bool,
 }
 
 /// One GPU on this host.
@@ -51,8 +56,8 @@ pub struct GpuConfig {
     /// Host GPU index (the ledger's `gpu<N>` and the plan's `xshare.io/gpu`).
     pub index: u32,
     /// `GPU-...` UUID: what NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES get. Taken from NVML
-    /// at start-up (`crate::gpus`); one given here must match NVML's, and stands in only where
-    /// NVML cannot be loaded.
+    /// at start-up (`crate::gpus`); one given here must match NVML's, and stands in where NVML
+    /// cannot be loaded only for `cdi-spec`, or for `run` with `allow_unverified_uuids`.
     #[serde(default)]
     pub uuid: String,
     /// Product name for the heartbeat (`nvidia-smi --query-gpu=name`), optional.
@@ -98,7 +103,10 @@ pub struct InjectConfig {
     /// shared memory its clients attach to; a client with a `/dev/shm` of its own cannot
     /// connect (`CUDA_ERROR_MPS_CONNECTION_FAILED`). `{gpu}` is replaced by the index. Empty:
     /// mps-manager's default `/dev/shm/xshare-gpu<N>`; `host`: the host's `/dev/shm` itself
-    /// (for a manager with `shm_dir` = `host`; the container then shares all of it).
+    /// (for a manager with `shm_dir` = `host`; the container then shares all of it). Mounted
+    /// read-write into every offline container of the GPU, so `/`, `..`, `ledger_dir` (or above
+    /// or inside it), the kubelet's, CDI's and the shim's directories and system directories
+    /// (outside `/dev/shm`) are refused.
     pub mps_shm_dir: String,
     /// Mount the MPS pipe directory read-only (a mount of its own, over the read-write ledger
     /// directory when it is inside it). Read-write, a tenant that is root in its container can
@@ -209,6 +217,7 @@ impl Default for AgentConfig {
             heartbeat: HeartbeatConfig::default(),
             metrics_listen: String::new(),
             mps_manager_state_file: String::new(),
+            allow_unverified_uuids: false,
         }
     }
 }
@@ -410,6 +419,11 @@ impl AgentConfig {
                 "must be an absolute path, \"host\" or empty (mps-manager's default /dev/shm/xshare-gpu<N>)".into(),
             );
         }
+        for g in &self.gpus {
+            if let Some(why) = self.shm_dir_exposes_host(g.index) {
+                return bad("inject.mps_shm_dir", why);
+            }
+        }
         if self.health.poll_ms == 0 || self.health.stale_after_ms == 0 {
             return bad(
                 "health.stale_after_ms",
@@ -518,6 +532,64 @@ impl AgentConfig {
         None
     }
 
+    /// Why GPU `index`'s MPS shm directory ([`AgentConfig::mps_shm_host_dir`]), which every
+    /// offline container of the GPU gets mounted read-write at `/dev/shm`, would give them
+    /// more than MPS's shared memory: `/`; a path with `..` (compared as written); `ledger_dir`,
+    /// a directory above it or inside it (ledgers, status files, the daemons' and this agent's
+    /// files); the kubelet's directory (`/var/lib/kubelet`, `device_plugin.dir`), the CDI spec
+    /// directory or the shim's directory, or one above or inside them; a system directory or
+    /// one above or inside it (`/etc`, `/usr`, `/var/lib`, `/run/containerd`, ...), where
+    /// `/dev` admits only `/dev/shm` and below (the default `/dev/shm/xshare-gpu<N>`, `host`).
+    /// `None` when it is fine.
+    fn shm_dir_exposes_host(&self, index: u32) -> Option<String> {
+        use std::path::Component;
+        let shm = self.mps_shm_host_dir(index);
+        let shown = shm.display();
+        if shm.components().any(|c| c == Component::ParentDir) {
+            return Some(format!("`{shown}` (GPU {index}) must not contain `..`"));
+        }
+        if shm.parent().is_none() {
+            return Some(format!("`{shown}` (GPU {index}) is `/`: every offline container would get the whole host read-write"));
+        }
+        let near = |p: &Path| shm.starts_with(p) || p.starts_with(&shm);
+        if near(&self.ledger_dir) {
+            return Some(format!(
+                "`{shown}` (GPU {index}) is ledger_dir {}, above or inside it: every offline container would get \
+                 ledgers, status files or the daemons' files read-write; leave it empty (/dev/shm/xshare-gpu<N>) \
+                 or name mps-manager's shm_dir outside ledger_dir",
+                self.ledger_dir.display()
+            ));
+        }
+        let shim_dir = self.inject.shim_host_path.parent().unwrap_or(Path::new("/"));
+        for (what, p) in [
+            ("the kubelet's directory", Path::new("/var/lib/kubelet")),
+            ("device_plugin.dir", self.device_plugin.dir.as_path()),
+            ("cdi.spec_dir", self.cdi.spec_dir.as_path()),
+            ("the shim's directory (inject.shim_host_path)", shim_dir),
+        ] {
+            if near(p) {
+                return Some(format!(
+                    "`{shown}` (GPU {index}) is {what} {}, above or inside it: every offline container would get it read-write",
+                    p.display()
+                ));
+            }
+        }
+        if shm.starts_with("/dev/shm") {
+            return None;
+        }
+        const SYSTEM: [&str; 23] = [
+            "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/sbin", "/sys",
+            "/usr", "/var/lib", "/var/log", "/var/run", "/run/containerd", "/run/crio", "/run/docker", "/run/systemd", "/run/dbus", "/run/udev",
+        ];
+        SYSTEM.iter().map(Path::new).find(|p| near(p)).map(|p| {
+            format!(
+                "`{shown}` (GPU {index}) is the system directory {}, above or inside it: every offline container would \
+                 get it read-write at /dev/shm; name a directory of its own (mps-manager's shm_dir, default /dev/shm/xshare-gpu<N>)",
+                p.display()
+            )
+        })
+    }
+
     /// Host MPS pipe directory of GPU `index`.
     pub fn mps_pipe_host_dir(&self, index: u32) -> PathBuf {
         if self.inject.mps_pipe_dir.is_empty() {
@@ -621,6 +693,51 @@ mod tests {
         for good in ["/run/xshare/gpu{gpu}/mps-pipe", "/run/xshare/gpu{gpu}/mps/pipe", "/srv/mps/gpu{gpu}", "/run/xshare-mps/{gpu}"] {
             let c = cfg(good).unwrap_or_else(|e| panic!("{good}: {e}"));
             assert_eq!(c.mps_pipe_host_dir(1), PathBuf::from(good.replace("{gpu}", "1")));
+        }
+    }
+
+    /// The MPS shm directory is mounted read-write at every offline container's `/dev/shm`:
+    /// `/`, `..`, the ledger directory (or above or inside it), the kubelet's, CDI's and the
+    /// shim's directories and system directories are refused, naming the field and its line;
+    /// `/dev/shm` and directories of their own stay accepted. Fails without the check: all
+    /// were accepted.
+    #[test]
+    fn an_mps_shm_dir_exposing_the_host_is_refused() {
+        let cfg = |shm: &str| {
+            let t = format!(
+                "{{\"node_name\": \"n\", \"ledger_dir\": \"/run/xshare\",\n \"gpus\": [{{\"index\": 0}}, {{\"index\": 1}}],\n \"inject\": {{\"mps_shm_dir\": \"{shm}\"}}}}"
+            );
+            AgentConfig::from_text(Path::new("a.json"), &t, |_| None)
+        };
+        for bad in [
+            "/",
+            "/run",
+            "/run/xshare",
+            "/run/xshare/status",
+            "/run/xshare/gpu{gpu}",
+            "/run/xshare/node-agent",
+            "/var/lib/kubelet",
+            "/var/lib/kubelet/pods",
+            "/var/lib",
+            "/var",
+            "/var/run/cdi",
+            "/usr/local/lib/xshare",
+            "/etc",
+            "/etc/cron.d",
+            "/dev",
+            "/dev/mem-{gpu}",
+            "/dev/shm/../../etc",
+            "/run/containerd",
+            "/home/x",
+            "/proc",
+        ] {
+            let e = cfg(bad).expect_err(bad);
+            assert_eq!(e.field.as_deref(), Some("inject.mps_shm_dir"), "{bad}: {e}");
+            assert_eq!(e.line, Some(3), "{bad}: {e}");
+        }
+        for good in ["", "host", "/dev/shm", "/dev/shm/xshare-gpu{gpu}", "/run/mps-shm-{gpu}", "/srv/mps/shm{gpu}"] {
+            let c = cfg(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+            assert!(c.mps_shm_host_dir(1).starts_with("/"), "{good}");
         }
     }
 

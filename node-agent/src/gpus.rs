@@ -2,9 +2,11 @@
 //! `nvmlDeviceGetName`): what `NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` get at Allocate,
 //! the heartbeat and the metrics carry. A UUID typed into the config cannot override NVML: when
 //! NVML answers, a config UUID that differs is an error (the config names another GPU than the
-//! one at that index: a container would get the wrong device). Only where NVML cannot be
-//! loaded (no driver: e.g. `node-agent cdi-spec` run off the node) does a config UUID stand in,
-//! with a warning.
+//! one at that index: a container would get the wrong device). Where NVML cannot be loaded a
+//! config UUID stands in, with a warning, only when the caller allows unchecked UUIDs
+//! (`node-agent cdi-spec` run off the node, or `run` with `allow_unverified_uuids`); `run`
+//! otherwise stops, naming the fix: a DaemonSet without NVML would hand out UUIDs nobody
+//! checked.
 
 use crate::config::AgentConfig;
 
@@ -41,11 +43,16 @@ impl NvmlLookup {
     }
 }
 
+/// What `run` says when NVML is unavailable and the config's UUIDs would go unchecked.
+pub const NVML_FIX: &str = "give the agent NVML (deploy/node-agent.yaml: runtimeClassName: nvidia, env NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES=utility) or set \"allow_unverified_uuids\": true to run on the config's UUIDs unchecked";
+
 /// Fills every GPU's `uuid` (and an empty `model`) from `lookup`; see the module docs for the
-/// rules. Errors name the GPU and say what to fix.
+/// rules. `unchecked_ok`: a config UUID may stand in where NVML cannot tell (else an error).
+/// Errors name the GPU and say what to fix.
 pub fn resolve(
     cfg: &mut AgentConfig,
     lookup: impl Fn(u32) -> Result<NvmlGpu, String>,
+    unchecked_ok: bool,
 ) -> Result<(), String> {
     for g in &mut cfg.gpus {
         match lookup(g.index) {
@@ -67,8 +74,14 @@ pub fn resolve(
                     g.model = n.name;
                 }
             }
-            Err(e) if !g.uuid.is_empty() => {
+            Err(e) if !g.uuid.is_empty() && unchecked_ok => {
                 tracing::warn!(gpu = g.index, uuid = %g.uuid, error = %e, "NVML unavailable: using the config's UUID unchecked");
+            }
+            Err(e) if !g.uuid.is_empty() => {
+                return Err(format!(
+                    "GPU {}: NVML is unavailable ({e}), so gpus[index={}].uuid `{}` cannot be checked against the GPU at that index (a wrong one gives containers another GPU): {NVML_FIX}",
+                    g.index, g.index, g.uuid
+                ))
             }
             Err(e) => {
                 return Err(format!(
@@ -99,21 +112,24 @@ mod tests {
             })
         };
         let mut c = cfg(r#"{"node_name": "n", "gpus": [{"index": 0}, {"index": 1, "uuid": "GPU-11", "model": "mine"}]}"#);
-        resolve(&mut c, nvml).unwrap();
+        resolve(&mut c, nvml, false).unwrap();
         assert_eq!(c.gpus[0].uuid, "GPU-00");
         assert_eq!(c.gpus[0].model, "NVIDIA H100");
         assert_eq!(c.gpus[1].model, "mine");
         // A config UUID that NVML contradicts is refused, naming both.
         let mut c = cfg(r#"{"node_name": "n", "gpus": [{"index": 1, "uuid": "GPU-zz"}]}"#);
-        let e = resolve(&mut c, nvml).unwrap_err();
+        let e = resolve(&mut c, nvml, true).unwrap_err();
         assert!(e.contains("GPU-zz") && e.contains("GPU-11"), "{e}");
-        // No NVML: the config's UUID stands in; none at all is an error.
+        // No NVML: the config's UUID stands in where allowed, else an error naming the fix;
+        // none at all is an error.
         let none = |_| Err("NVML: library not found".to_string());
         let mut c = cfg(r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}]}"#);
-        resolve(&mut c, none).unwrap();
+        resolve(&mut c, none, true).unwrap();
         assert_eq!(c.gpus[0].uuid, "GPU-a");
+        let e = resolve(&mut c, none, false).unwrap_err();
+        assert!(e.contains("GPU-a") && e.contains("runtimeClassName: nvidia") && e.contains("allow_unverified_uuids"), "{e}");
         let mut c = cfg(r#"{"node_name": "n", "gpus": [{"index": 0}]}"#);
-        let e = resolve(&mut c, none).unwrap_err();
+        let e = resolve(&mut c, none, true).unwrap_err();
         assert!(e.contains("no UUID") && e.contains("library not found"), "{e}");
     }
 }

@@ -10,6 +10,8 @@
 //!   `xshare.io/gpu-heartbeat` (format: `kube-contract`).
 //! - [`health`]: each GPU's health from the monitor block of its status file.
 //! - [`gpus`]: each GPU's UUID and name from NVML.
+//! - [`plans`]: each offline pod's plan, frozen per pod UID at first sight (what Allocate gives
+//!   and the monitors enforce); later annotation changes are counted, not followed.
 
 pub mod allocate;
 pub mod config;
@@ -21,6 +23,7 @@ pub mod kube;
 pub mod metrics;
 pub mod mps;
 pub mod offline_pods;
+pub mod plans;
 pub mod plugin;
 #[cfg(feature = "test-support")]
 pub mod test_support;

@@ -72,7 +72,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let nvml = node_agent::gpus::NvmlLookup::init();
-    if let Err(e) = node_agent::gpus::resolve(&mut cfg, |i| nvml.gpu(i)) {
+    // `cdi-spec` may run off the node (no driver); `run` hands the UUIDs to containers.
+    let unchecked_ok = matches!(cli.cmd, Cmd::CdiSpec { .. }) || cfg.allow_unverified_uuids;
+    if let Err(e) = node_agent::gpus::resolve(&mut cfg, |i| nvml.gpu(i), unchecked_ok) {
         eprintln!("node-agent: {}: {e}", path.display());
         return ExitCode::from(2);
     }
@@ -190,12 +192,11 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             stop_rx.clone(),
         )));
     }
-    let p = Arc::new(Plugin::new(
-        cfg.clone(),
-        health_rx,
-        dev_rx,
-        PodSource::Api(client.clone()),
-    ));
+    // One store of frozen plans for Allocate and the offline pod list (`node_agent::plans`).
+    let plans = Arc::new(node_agent::plans::PlanStore::open(&cfg.ledger_dir));
+    let p = Arc::new(
+        Plugin::new(cfg.clone(), health_rx, dev_rx, PodSource::Api(client.clone())).with_plans(plans.clone()),
+    );
     let plugin_view = p.clone();
     let c = cfg.clone();
     let s = stop_rx.clone();
@@ -227,7 +228,8 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             &cfg.node_name,
             &cfg.device_plugin.resource_name,
             &cfg.ledger_dir,
-        );
+        )
+        .with_plans(plans.clone());
         let watch_client = node_agent::kube::watch_client(&cfg.kube, node_agent::offline_pods::WATCH_TIMEOUT_S).await?;
         let check = Duration::from_millis(cfg.offline_pods.poll_ms);
         tasks.push(tokio::spawn(node_agent::offline_pods::run(
@@ -242,10 +244,11 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
         let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
             .await
             .map_err(|e| format!("metrics_listen {}: {e}", cfg.metrics_listen))?;
-        let (c, m, lm, dp) = (cfg.clone(), metrics.clone(), list_metrics.clone(), plugin_view);
+        let (c, m, lm, dp, pl) = (cfg.clone(), metrics.clone(), list_metrics.clone(), plugin_view, plans.clone());
         let render = Arc::new(move || {
             let mut o = node_agent::metrics::gpu_metrics(&c, &health_view.borrow());
             o.push_str(&dp.metrics());
+            o.push_str(&pl.metrics(&c.node_name));
             o.push_str(&m.lock().map(|g| g.clone()).unwrap_or_default());
             o.push_str(&lm.lock().map(|g| g.clone()).unwrap_or_default());
             o

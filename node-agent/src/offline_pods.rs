@@ -28,7 +28,8 @@ use kube_contract::watch::Seen;
 use node_daemon::offline_pods::{OfflinePod, OfflinePods};
 use tokio::sync::watch as signal;
 
-/// `pod` as an offline pod of the list, if it asks for `resource` and has not finished.
+/// `pod` as an offline pod of the list, if it asks for `resource` and has not finished, with
+/// the plan memory its annotation gives now (the publisher replaces it with the frozen plan's).
 pub fn offline_pod(pod: &Pod, resource: &str) -> Option<OfflinePod> {
     if !crate::evict::asks_for(pod, resource) {
         return None;
@@ -37,15 +38,11 @@ pub fn offline_pod(pod: &Pod, resource: &str) -> Option<OfflinePod> {
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
-    // The plan's memory, as Allocate gives it to the shim (a malformed or zero value: none;
-    // Allocate refuses such a pod).
-    let memory_quota_bytes = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(kube_contract::pod::ANN_MEMORY_QUOTA_BYTES))
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|q| *q > 0);
+    // The plan's memory as the annotation says now, read as Allocate reads it (a malformed or
+    // zero value: none; Allocate refuses such a pod). The list itself publishes the frozen plan
+    // instead ([`Publisher`], `crate::plans`).
+    let memory_quota_bytes =
+        crate::allocate::annotation(pod, kube_contract::pod::ANN_MEMORY_QUOTA_BYTES).and_then(crate::allocate::parse_memory_quota);
     Some(OfflinePod {
         uid: pod.metadata.uid.clone()?,
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -62,12 +59,14 @@ pub fn offline_pods(pods: &[Pod], resource: &str) -> Vec<OfflinePod> {
 /// Offline pods by UID.
 type ByUid = BTreeMap<String, OfflinePod>;
 
-/// Puts `pod` in `set` if it is an offline pod now, takes it out if it is not (finished, or
-/// its resources changed).
-fn note(set: &mut ByUid, pod: &Pod, resource: &str) {
+/// Puts `pod` in `set` if it is an offline pod now, with its frozen plan's memory (frozen now
+/// at first sight: `crate::plans`), takes it out if it is not (finished, or its resources
+/// changed).
+fn note(set: &mut ByUid, pod: &Pod, resource: &str, plans: &crate::plans::PlanStore) {
     let Some(uid) = pod.metadata.uid.as_deref() else { return };
     match offline_pod(pod, resource) {
-        Some(p) => {
+        Some(mut p) => {
+            p.memory_quota_bytes = plans.memory_quota_bytes(pod);
             set.insert(uid.to_string(), p);
         }
         None => {
@@ -101,6 +100,10 @@ pub struct Publisher {
     pub pod_ledgers_removed: u64,
     ledger_dir: PathBuf,
     errors_logged: bool,
+    /// The frozen plans the list publishes (`crate::plans`).
+    plans: Arc<crate::plans::PlanStore>,
+    /// Frozen plans removed (their pods gone from the node).
+    pub plans_removed: u64,
 }
 
 /// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
@@ -167,7 +170,15 @@ impl Publisher {
             pod_ledgers_removed: 0,
             ledger_dir: ledger_dir.to_owned(),
             errors_logged: false,
+            plans: Arc::new(crate::plans::PlanStore::open(ledger_dir)),
+            plans_removed: 0,
         }
+    }
+
+    /// The same publisher reading and freezing plans in `plans` (the store Allocate uses).
+    pub fn with_plans(mut self, plans: Arc<crate::plans::PlanStore>) -> Self {
+        self.plans = plans;
+        self
     }
 
     /// The file written.
@@ -187,7 +198,7 @@ impl Publisher {
             }
             watcher::Event::InitApply(p) => {
                 if let Some(l) = &mut self.listing {
-                    note(l, p, &self.resource);
+                    note(l, p, &self.resource, &self.plans);
                 }
                 false
             }
@@ -199,7 +210,7 @@ impl Publisher {
                 self.publish()
             }
             watcher::Event::Apply(p) => {
-                note(&mut self.pods, p, &self.resource);
+                note(&mut self.pods, p, &self.resource, &self.plans);
                 self.synced && self.publish()
             }
             watcher::Event::Delete(p) => {
@@ -226,6 +237,9 @@ impl Publisher {
             let pods = &self.pods;
             let keep = |p: node_ledger::PodUid| pods.keys().any(|u| node_ledger::PodUid::parse(u) == Some(p));
             self.pod_ledgers_removed += remove_gone_pod_ledgers(&self.ledger_dir, &keep, POD_LEDGER_GRACE).len() as u64;
+            // The same for the frozen plans (a pod may be allocated before the watch saw it).
+            let keep_plan = |u: &str| node_ledger::PodUid::parse(u).map_or(pods.contains_key(u), keep);
+            self.plans_removed += self.plans.forget_gone(&keep_plan, POD_LEDGER_GRACE) as u64;
         }
         self.synced && self.publish()
     }
@@ -340,6 +354,17 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The list reads the memory annotation as Allocate does: trimmed (it was not).
+    #[test]
+    fn the_memory_annotation_is_read_trimmed_as_allocate_reads_it() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ml", "uid": "u1", "annotations": {kube_contract::pod::ANN_MEMORY_QUOTA_BYTES: " 1024\n"}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"xshare.io/offline-gpu": "1"}}}]},
+        }))
+        .unwrap();
+        assert_eq!(offline_pod(&pod, "xshare.io/offline-gpu").unwrap().memory_quota_bytes, Some(1024));
+    }
 
     fn uid(n: u8) -> node_ledger::PodUid {
         node_ledger::PodUid::parse(&format!("{n:08x}-0000-4000-8000-000000000000")).unwrap()

@@ -78,7 +78,7 @@ impl PodSource {
             PodSource::Api(c) => match crate::kube::bind_lock(c, node).await {
                 Ok(l) => l,
                 Err(e) => {
-                    tracing::warn!(node, error = %e, "cannot read the node's bind lock; matching the oldest Pending pod");
+                    tracing::warn!(node, error = %e, "cannot read the node's bind lock; matching without it");
                     None
                 }
             },
@@ -147,6 +147,7 @@ pub struct Plugin {
     pods: PodSource,
     allocs: Mutex<Allocations>,
     stats: AllocStats,
+    plans: Arc<crate::plans::PlanStore>,
 }
 
 impl Plugin {
@@ -158,13 +159,21 @@ impl Plugin {
         pods: PodSource,
     ) -> Self {
         Self {
-            cfg,
             health,
             devices,
             pods,
             allocs: Mutex::new(Allocations::default()),
             stats: AllocStats::default(),
+            plans: Arc::new(crate::plans::PlanStore::open(&cfg.ledger_dir)),
+            cfg,
         }
+    }
+
+    /// The same plugin keeping its frozen plans in `plans` (the store the offline pod list
+    /// reads, `crate::plans`).
+    pub fn with_plans(mut self, plans: Arc<crate::plans::PlanStore>) -> Self {
+        self.plans = plans;
+        self
     }
 
     async fn allocate_one(
@@ -180,14 +189,18 @@ impl Plugin {
         let lock = self.pods.bind_lock(node).await;
         let resource = &self.cfg.device_plugin.resource_name;
         let picked = allocs.pick(&pods, node, resource, count, lock.as_ref());
-        let picked = picked.inspect_err(|_| self.stats.refused.inc())?;
+        // Ambiguous: the lock stays (its pod may not be the one refused; the extender takes
+        // it over once that pod is no longer Pending, or after its TTL).
+        let picked = picked.inspect_err(|e| {
+            self.stats.refused.inc();
+            if matches!(e, AllocError::Ambiguous { .. }) {
+                self.stats.ambiguous.inc();
+            }
+        })?;
         let pod = picked.pod;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let locked = lock.as_ref().is_some_and(|l| l.uid == uid);
         if locked { &self.stats.by_lock } else { &self.stats.by_age }.inc();
-        if picked.candidates > 1 {
-            self.stats.ambiguous.inc();
-        }
         let r = self.admit(&mut allocs, &pod, req).await;
         if r.is_err() {
             self.stats.refused.inc();
@@ -205,11 +218,11 @@ impl Plugin {
         let s = &self.stats;
         let node = &self.cfg.node_name;
         format!(
-            "# HELP xshare_node_agent_allocate_matches_total Containers matched to a pod at Allocate, by how: the pod the node's bind lock names, or the oldest Pending pod\n\
+            "# HELP xshare_node_agent_allocate_matches_total Containers matched to a pod at Allocate: the one candidate the node's bind lock names, or one it does not name\n\
              # TYPE xshare_node_agent_allocate_matches_total counter\n\
              xshare_node_agent_allocate_matches_total{{node=\"{node}\",by=\"bind_lock\"}} {}\n\
              xshare_node_agent_allocate_matches_total{{node=\"{node}\",by=\"oldest\"}} {}\n\
-             # HELP xshare_node_agent_allocate_ambiguous_total Containers several Pending pods could own (pods bound past the bind lock)\n\
+             # HELP xshare_node_agent_allocate_ambiguous_total Containers several Pending pods could own, refused (pods bound past the bind lock or with spec.nodeName)\n\
              # TYPE xshare_node_agent_allocate_ambiguous_total counter\n\
              xshare_node_agent_allocate_ambiguous_total{{node=\"{node}\"}} {}\n\
              # HELP xshare_node_agent_allocate_refused_total Allocate calls refused (the pod's admission fails)\n\
@@ -233,7 +246,8 @@ impl Plugin {
         pod: &k8s_openapi::api::core::v1::Pod,
         req: &pb::ContainerAllocateRequest,
     ) -> Result<pb::ContainerAllocateResponse, AllocError> {
-        let plan = allocate::pod_plan(pod)?;
+        // The plan frozen for the pod (at its first sight or now), never later annotations.
+        let plan = self.plans.for_allocate(pod)?;
         if self.cfg.gpu(plan.gpu).is_none() {
             return Err(AllocError::UnknownGpu {
                 ns: plan.namespace,

@@ -40,6 +40,8 @@ async fn runs_registers_heartbeats_serves_metrics_and_stops_on_sigterm() {
         serde_json::json!({
             "ledger_dir": tmp.path().join("run"),
             "gpus": [{"index": 0, "uuid": "GPU-0"}],
+            // No NVML here: the config's UUID stands in, as the operator allowed.
+            "allow_unverified_uuids": true,
             "device_plugin": {"dir": dp_dir},
             "health": {"poll_ms": 100},
             "kube": {"api_url": api.url()},
@@ -127,6 +129,67 @@ fn bad_config_exits_2_naming_the_field() {
         err.contains("agent.json:2") && err.contains("gpus"),
         "{err}"
     );
+}
+
+/// `run` without NVML (a DaemonSet without the NVIDIA runtime) and with UUIDs in the config:
+/// nothing could check that they are the GPUs at their indices, and containers would get them
+/// as NVIDIA_VISIBLE_DEVICES: exit 2, naming the GPU, the UUID and both fixes, before any API
+/// call. `cdi-spec` (may run off the node) still takes them. Fails without the check: `run`
+/// started on the unchecked UUID with a warning. Needs a host without libnvidia-ml (the
+/// build hosts; the e2e tests give NVML through their emulated host only).
+#[test]
+fn run_without_nvml_and_with_configured_uuids_exits_2_naming_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("agent.json");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({
+            "node_name": "n",
+            "ledger_dir": tmp.path().join("run"),
+            "gpus": [{"index": 0, "uuid": "GPU-5f2c0a11-7d0e-4a3b-9c55-0123456789ab"}],
+            "device_plugin": {"dir": tmp.path().join("dp")},
+            // Nothing listens there: an agent that got past the check would not exit 2.
+            "kube": {"api_url": "http://127.0.0.1:9", "timeout_ms": 200},
+        })
+        .to_string(),
+    )
+    .unwrap();
+    if node_agent::gpus::NvmlLookup::init().gpu(0).is_ok() {
+        eprintln!("NVML answers on this host: the check is not reached; nothing to test");
+        return;
+    }
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // An agent past the check runs until stopped: a bound on the wait, not a timing.
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "still running or another exit: {err}");
+    assert!(
+        err.contains("NVML is unavailable")
+            && err.contains("GPU-5f2c0a11-7d0e-4a3b-9c55-0123456789ab")
+            && err.contains("runtimeClassName: nvidia")
+            && err.contains("allow_unverified_uuids"),
+        "{err}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["cdi-spec", "--config"]).arg(&cfg).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! Allocate and the node's bind lock (`kube_contract::bind_lock`), against the stateful fake
 //! API server (fake-kube: Pods and Nodes with resourceVersions, merge patches whose
-//! `metadata.resourceVersion` is a precondition). Two planned offline pods are Pending on the
-//! node at once, the kubelet admitting the newer one: its container gets its own plan because
-//! the lock names it, and the lock is given back once its containers are allocated, or when
-//! its Allocate fails.
+//! `metadata.resourceVersion` is a precondition). Two offline pods Pending on the node at once
+//! (planned or not) refuse the container whatever the lock names: none gets another's plan;
+//! the pod the lock names gets its own once it is the only one, and the lock is given back
+//! once its containers are allocated, or when its Allocate fails.
 
 mod common;
 
@@ -90,8 +90,16 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
     let client = node_agent::kube::client(&cfg.kube).await.unwrap();
     let p = Plugin::new(cfg.clone(), health_rx, dev_rx, PodSource::Api(client));
 
-    // The extender let the newer pod through: its container is the newer pod's, not the oldest.
+    // The extender let the newer pod through, but the older one is Pending here too (bound
+    // past the lock): the kubelet may be admitting either, so the container is refused, and
+    // the lock stays with the newer pod.
     hold(&c, "0000000b-0000-4000-8000-00000000000b", "train-new");
+    let e = p.allocate(alloc("gpu0-0")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("batch/train-new") && e.message().contains("batch/train-old"), "{}", e.message());
+    // The refused admission was the older pod's: it failed. The newer pod's container is its own.
+    c.set_pod_phase("batch", "train-old", "Failed");
+    assert_eq!(lock_on(&c).map(|l| l.uid), Some("0000000b-0000-4000-8000-00000000000b".into()), "not given back on an ambiguous refusal");
     let r = p.allocate(alloc("gpu0-0")).await.unwrap().into_inner();
     let env = &r.container_responses[0].envs;
     assert_eq!(env["XCUDA_GROUP"], "k8s-pod-0000000b-0000-4000-8000-00000000000b");
@@ -99,10 +107,6 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
     assert_eq!(env["XCUDA_QUOTA_BYTES"], "1073741824");
     // Its only container is allocated: the node is free for the next bind.
     eventually("the lock given back", || lock_on(&c).is_none()).await;
-
-    // No lock (another binder, or the lock turned off): the oldest, as before.
-    let r = p.allocate(alloc("gpu0-1")).await.unwrap().into_inner();
-    assert_eq!(r.container_responses[0].envs["XCUDA_GROUP"], "k8s-pod-0000000a-0000-4000-8000-00000000000a");
 
     // A locked pod whose Allocate fails (its GPU not Healthy) gives the node back too: its
     // admission fails, and the next pod must not wait for the TTL.
@@ -131,16 +135,79 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(lock_on(&c).map(|l| l.uid), Some("0000000d-0000-4000-8000-00000000000d".into()));
 
-    // What the operator sees on /metrics: two containers matched by the lock (the first with
-    // two pods that could own it; train-3's refused), two by age, two give-backs.
+    // What the operator sees on /metrics: one container refused with two pods that could own
+    // it, two matched by the lock (train-3's then refused), one not by the lock, two give-backs.
     let m = p.metrics();
     for line in [
         r#"xshare_node_agent_allocate_matches_total{node="node-a",by="bind_lock"} 2"#,
-        r#"xshare_node_agent_allocate_matches_total{node="node-a",by="oldest"} 2"#,
+        r#"xshare_node_agent_allocate_matches_total{node="node-a",by="oldest"} 1"#,
         r#"xshare_node_agent_allocate_ambiguous_total{node="node-a"} 1"#,
-        r#"xshare_node_agent_allocate_refused_total{node="node-a"} 1"#,
+        r#"xshare_node_agent_allocate_refused_total{node="node-a"} 2"#,
         r#"xshare_node_agent_bind_lock_give_backs_total{node="node-a"} 2"#,
     ] {
         assert!(m.lines().any(|l| l == line), "{line} not in\n{m}");
     }
+}
+
+/// The extender's lock names the victim, Pending; another pod asking for the offline resource
+/// with no plan of its own (bound without the extender: default scheduler or `spec.nodeName`)
+/// is Pending too, and the kubelet admits it first. Its Allocate is refused and gets nothing of
+/// the victim's (no plan, no quota group, no pod ledger made), the lock stays; once its
+/// admission failed, the victim's Allocate succeeds with its own plan. Fails without the
+/// change: the intruder got `XCUDA_GROUP=k8s-pod-<victim>` and the victim's ledger, the lock
+/// was given back, and the victim's Allocate found no pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unplanned_pod_admitted_first_gets_nothing_of_the_locked_pods() {
+    const VICTIM: &str = "0000000a-0000-4000-8000-00000000000a";
+    const INTRUDER: &str = "0000000b-0000-4000-8000-00000000000b";
+    let tmp = tempfile::tempdir().unwrap();
+    let ledger_dir = tmp.path().join("run-xshare");
+    let _ledger = node_ledger::Ledger::open_or_create(&node_ledger::config::ledger_path(&ledger_dir, 0), 0).unwrap();
+    let status = node_ledger::Status::open_or_create(&node_ledger::config::status_path(&ledger_dir, 0), 0).unwrap();
+    status.publish(&MonitorSample::default().with_health(HealthState::Healthy));
+    let c = FakeCluster::start();
+    c.add_node(serde_json::json!({"metadata": {"name": NODE}}));
+    c.add_pod(offline_pod("victim", VICTIM, NODE, Some(0), "2026-01-01T00:00:05Z"));
+    let mut intruder = offline_pod("intruder", INTRUDER, NODE, None, "2026-01-01T00:00:00Z");
+    intruder["spec"]["schedulerName"] = "default-scheduler".into();
+    c.add_pod(intruder);
+    hold(&c, VICTIM, "victim");
+    let cfg_text = serde_json::json!({
+        "node_name": NODE,
+        "ledger_dir": ledger_dir,
+        "gpus": [{"index": 0, "uuid": "GPU-00000000-aaaa"}],
+        "device_plugin": {"dir": tmp.path().join("dp"), "max_offline_per_gpu": 4},
+        "health": {"poll_ms": 50, "stale_after_ms": 60000},
+        "kube": {"api_url": c.url()},
+    })
+    .to_string();
+    let cfg = Arc::new(AgentConfig::from_text(Path::new("test.json"), &cfg_text, |_| None).unwrap());
+    let (health_tx, health_rx) = watch::channel(BTreeMap::new());
+    let (dev_tx, dev_rx) = watch::channel(Vec::new());
+    let (_stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(plugin::poll_health(cfg.clone(), health_tx, dev_tx, stop_rx));
+    let mut h = health_rx.clone();
+    tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.len() == 1 && m.values().all(|g| g.healthy())))
+        .await
+        .expect("GPU 0 Healthy within 10 s")
+        .unwrap();
+    let client = node_agent::kube::client(&cfg.kube).await.unwrap();
+    let p = Plugin::new(cfg.clone(), health_rx, dev_rx, PodSource::Api(client));
+
+    // The kubelet admits the intruder first.
+    let e = p.allocate(alloc("gpu0-0")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("batch/intruder") && e.message().contains("batch/victim"), "{}", e.message());
+    let victim_ledgers = node_ledger::pods::pod_dir(&ledger_dir, node_ledger::PodUid::parse(VICTIM).unwrap());
+    assert!(!victim_ledgers.exists(), "no ledger made for the victim by another pod's Allocate");
+    assert_eq!(lock_on(&c).map(|l| l.uid), Some(VICTIM.into()), "the lock stays with the victim");
+    // Its admission failed; the victim's container is the victim's.
+    c.set_pod_phase("batch", "intruder", "Failed");
+    let r = p.allocate(alloc("gpu0-1")).await.unwrap().into_inner();
+    let env = &r.container_responses[0].envs;
+    assert_eq!(env["XCUDA_GROUP"], format!("k8s-pod-{VICTIM}"));
+    assert_eq!(env["XCUDA_QUOTA_BYTES"], "2147483648");
+    assert!(victim_ledgers.exists());
+    eventually("the lock given back after the victim's Allocate", || lock_on(&c).is_none()).await;
+    assert!(p.metrics().lines().any(|l| l == r#"xshare_node_agent_allocate_ambiguous_total{node="node-a"} 1"#), "{}", p.metrics());
 }

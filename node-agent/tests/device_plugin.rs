@@ -62,6 +62,13 @@ fn all(d: &BTreeMap<String, String>, gpu: u32, health: &str) -> bool {
     !v.is_empty() && v.iter().all(|(_, h)| *h == health)
 }
 
+/// `pod` as the kubelet reports it once admitted: its container waiting to be created.
+fn admitted(mut pod: serde_json::Value) -> serde_json::Value {
+    pod["status"]["containerStatuses"] = serde_json::json!([{"name": "main", "image": "trainer:1", "imageID": "",
+        "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]);
+    pod
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_reports_health_and_allocates_the_planned_pod() {
     let tmp = tempfile::tempdir().unwrap();
@@ -76,7 +83,9 @@ async fn registers_reports_health_and_allocates_the_planned_pod() {
     let api = FakeApi::start(Arc::new(|r: &Recorded| {
         if r.method == "GET" && r.path == "/api/v1/pods" {
             let pods = vec![
-                offline_pod("unplanned", "0000000e-0000-4000-8000-00000000000e", "node-a", None, "2026-01-01T00:00:00Z"),
+                // Unplanned, but the kubelet already reports its container: admitted, so no
+                // candidate for the container being admitted now.
+                admitted(offline_pod("unplanned", "0000000e-0000-4000-8000-00000000000e", "node-a", None, "2026-01-01T00:00:00Z")),
                 offline_pod(
                     "train-0",
                     "00000001-0000-4000-8000-000000000001",

@@ -172,3 +172,65 @@ fn nothing_is_written_before_the_first_list_completes_and_a_relist_replaces_the_
     assert_eq!(uids(tmp.path()), Vec::<String>::new());
     assert_eq!((p.writes, p.lists, p.errors), (4, 2, 0));
 }
+
+fn quotas(dir: &std::path::Path) -> Vec<Option<u64>> {
+    read(&path(dir)).ok().flatten().map(|l| l.pods.into_iter().map(|p| p.memory_quota_bytes).collect()).unwrap_or_default()
+}
+
+/// A tenant that may patch its own pods (`kubectl annotate --overwrite`) raises its running
+/// pod's `xshare.io/memory-quota-bytes`, then removes it: the list the monitor enforces keeps
+/// the plan frozen at the pod's first sight, the changes are counted, and an agent restarted
+/// afterwards (a new publisher over the same directory) still publishes the frozen plan, not
+/// the annotation it reads then. Fails without the frozen plans: the list follows the
+/// annotation (85899345920, then no plan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_rewriting_its_plan_annotation_does_not_change_the_list() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = FakeCluster::start();
+    c.add_pod(pod("train", RUNNING, "Running"));
+    let (stop, _metrics) = start(c.url(), tmp.path(), Duration::from_secs(3600)).await;
+    eventually("the first list", || quotas(tmp.path()) == [Some(2 << 30)]).await;
+    let plans = node_agent::plans::PlanStore::open(tmp.path());
+
+    let mut raised = c.pod("batch", "train").unwrap();
+    raised["metadata"]["annotations"]["xshare.io/memory-quota-bytes"] = "85899345920".into();
+    c.add_pod(raised);
+    // A second pod's event after it: the file is rewritten, so the raise has been applied.
+    c.add_pod(pod("later", LATER, "Running"));
+    eventually("the second pod listed", || uids(tmp.path()) == [RUNNING, LATER]).await;
+    assert_eq!(quotas(tmp.path()), [Some(2 << 30), Some(2 << 30)], "the frozen plan, not the raised annotation");
+
+    let mut removed = c.pod("batch", "train").unwrap();
+    removed["metadata"]["annotations"].as_object_mut().unwrap().remove("xshare.io/memory-quota-bytes");
+    c.add_pod(removed);
+    c.set_pod_phase("batch", "later", "Succeeded");
+    eventually("the finished pod left", || uids(tmp.path()) == [RUNNING]).await;
+    assert_eq!(quotas(tmp.path()), [Some(2 << 30)], "still planned without its annotation");
+    assert_eq!(plans.get(RUNNING).and_then(|p| p.memory_quota_bytes), Some(2 << 30), "the record on disk");
+    let _ = stop.send(true);
+
+    // A restarted agent reads the record, not the annotation (now missing).
+    std::fs::remove_file(path(tmp.path())).unwrap();
+    let (stop, _metrics) = start(c.url(), tmp.path(), Duration::from_secs(3600)).await;
+    eventually("the list after a restart", || uids(tmp.path()) == [RUNNING]).await;
+    assert_eq!(quotas(tmp.path()), [Some(2 << 30)]);
+    let _ = stop.send(true);
+}
+
+/// The publisher counts each ignored change on the store it was given; its metrics text says so.
+#[test]
+fn ignored_plan_changes_are_counted_on_the_shared_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plans = Arc::new(node_agent::plans::PlanStore::open(tmp.path()));
+    let mut p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path()).with_plans(plans.clone());
+    assert!(!p.apply(&Event::Init));
+    assert!(!p.apply(&Event::InitApply(typed(pod("train", RUNNING, "Running")))));
+    assert!(p.apply(&Event::InitDone));
+    let mut raised = pod("train", RUNNING, "Running");
+    raised["metadata"]["annotations"]["xshare.io/memory-quota-bytes"] = " 85899345920 ".into();
+    raised["metadata"]["annotations"]["xshare.io/sm-percent"] = "100".into();
+    assert!(!p.apply(&Event::Apply(typed(raised))), "nothing to write: the plan is unchanged");
+    assert_eq!(quotas(tmp.path()), [Some(2 << 30)]);
+    assert_eq!(plans.ignored_changes(), 2, "memory and SM share");
+    assert!(plans.metrics("node-a").contains("xshare_node_agent_plan_annotation_changes_ignored_total{node=\"node-a\"} 2"));
+}

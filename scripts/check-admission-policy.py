@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Compiles and evaluates deploy/admission-policy.yaml's CEL on sample pods, without an API server.
+
+Needs PyYAML and cel-python (`pip install pyyaml cel-python`); Kubernetes' own CEL environment
+(types from the OpenAPI schema, its extension libraries) is only approximated: a real cluster
+must still check the policy (`kubectl apply --dry-run=server -f deploy/admission-policy.yaml`).
+Usage: scripts/check-admission-policy.py [deploy/admission-policy.yaml]; exit 1 on a wrong verdict.
+"""
+import yaml, celpy, sys
+from celpy import celtypes
+path=sys.argv[1] if len(sys.argv) > 1 else 'deploy/admission-policy.yaml'
+docs=list(yaml.safe_load_all(open(path)))
+env=celpy.Environment()
+spec=docs[0]['spec']
+# Kubernetes CEL has the strings extension (list.join); cel-python does not.
+JOIN={"join": lambda l, sep: celtypes.StringType(str(sep).join(str(x) for x in l))}
+def ev(expr, act): return env.program(env.compile(expr), functions=JOIN).evaluate(act)
+def run(op, obj, old, user="alice"):
+    act={"object":celpy.json_to_cel(obj),"oldObject":celpy.json_to_cel(old),"request":celpy.json_to_cel({"operation":op,"userInfo":{"username":user}})}
+    if not all(ev(m['expression'], act) for m in spec['matchConditions']): return "skipped"
+    v={}
+    for var in spec['variables']:
+        act["variables"]=celtypes.MapType({celtypes.StringType(k):x for k,x in v.items()})
+        v[var['name']]=ev(var['expression'], act)
+    act["variables"]=celtypes.MapType({celtypes.StringType(k):x for k,x in v.items()})
+    out=[]
+    for x in spec['validations']:
+        r=ev(x['expression'], act); out.append(bool(r))
+        if not r and 'messageExpression' in x: print("   msg:", ev(x['messageExpression'], act))
+    return out
+pod=lambda ann,node=None,sched="xshare-scheduler": {"metadata":{"annotations":ann} if ann is not None else {}, "spec":dict({"schedulerName":sched,"containers":[{"name":"c","resources":{"limits":{"xshare.io/offline-gpu":"1"}}}]}, **({"nodeName":node} if node else {}))}
+plan={"xshare.io/gpu":"0","xshare.io/sm-percent":"40","xshare.io/memory-quota-bytes":"2147483648"}
+cases=[("create plain", run("CREATE", pod({"a":"b"}), None), [True]*3),
+("create preset plan", run("CREATE", pod(plan), None), [False,True,True]),
+("create nodeName", run("CREATE", pod(None,"n1"), None), [True,True,False]),
+("create default sched", run("CREATE", pod(None,None,"default-scheduler"), None), [True,False,True]),
+("update same", run("UPDATE", pod(plan), pod(plan)), [True]*3),
+("update raised", run("UPDATE", pod(dict(plan, **{"xshare.io/memory-quota-bytes":"85899345920"})), pod(plan)), [False,True,True]),
+("update removed", run("UPDATE", pod({k:v for k,v in plan.items() if k!="xshare.io/memory-quota-bytes"}), pod(plan)), [False,True,True]),
+("update added", run("UPDATE", pod(plan), pod({"a":"b"})), [False,True,True]),
+("update no ann", run("UPDATE", pod(None), pod(None)), [True]*3),
+("online create with gpu", run("CREATE", {"metadata":{"annotations":{"xshare.io/gpu":"1"}},"spec":{"containers":[{"name":"c"}]}}, None), [True]*3),
+("online create with quota", run("CREATE", {"metadata":{"annotations":{"xshare.io/memory-quota-bytes":"1"}},"spec":{"containers":[{"name":"c"}]}}, None), [False,True,True]),
+("init container asks", run("CREATE", {"metadata":{"annotations":{"xshare.io/gpu":"1"}},"spec":{"schedulerName":"xshare-scheduler","initContainers":[{"name":"i","resources":{"requests":{"xshare.io/offline-gpu":"1"}}}],"containers":[{"name":"c"}]}}, None), [False,True,True]),
+("extender update", run("UPDATE", pod(plan), pod({}), user="system:serviceaccount:kube-system:xshare-extender"), "skipped"),
+]
+bad=0
+for name, got, want in cases:
+    print(("ok  " if got==want else "BAD "), name, got); bad += got!=want
+sys.exit(1 if bad else 0)
