@@ -110,7 +110,14 @@ root="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
 chmod 755 "$root"
 pids=()
 cleanup() {
-    local p
+    local st=$? p
+    if [[ -n "${rows+x}" && -z "${table_printed:-}" ]]; then
+        # Stopped before the end (a shell error in a check, a signal): the rows so far, and a
+        # FAIL row naming where it stopped, so that no run ends without a table.
+        row "${current:-kit}" FAIL "the kit stopped here (exit $st)" "${stopped_by:-a shell error in this check (see the lines above)}; later checks not run"
+        print_table
+        st=1
+    fi
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
     sleep 0.3
     for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
@@ -121,6 +128,7 @@ cleanup() {
         nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
     fi
     if [[ -n "${GPU_CHECK_KEEP:-}" ]]; then echo "gpu-check: kept $root" >&2; else rm -rf "$root"; fi
+    exit "$st"
 }
 gpu_mode() { nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | head -1; }
 trap cleanup EXIT
@@ -155,6 +163,15 @@ shim_env=(env LD_PRELOAD="$bin_dir/libxcuda.so" XCUDA_CONFIG="$root/xcuda.json")
 
 rows=()
 failed=0
+current="" table_printed=""
+print_table() {
+    table_printed=1
+    echo
+    echo "GPU check kit on $label"
+    printf '%-12s %-5s %-34s %s\n' check result figure detail
+    printf '%s\n' "------------------------------------------------------------------------------------------------"
+    printf '%s\n' "${rows[@]}"
+}
 plain() { sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ' | cut -c1-"${1:-200}"; }
 row() { # check result figure detail
     rows+=("$(printf '%-12s %-5s %-34s %s' "$1" "$2" "$3" "$4")")
@@ -168,7 +185,13 @@ for line in sys.stdin:
     except ValueError: continue
     if k in o: v=o[k]
 print(v if "v" in dir() else "")' "$1"; }
-nvml_used() { "$py" "$client" nvml-used 0 2>/dev/null | jget used_mib; }
+nvml_used() { "$py" "$client" nvml-used 0 2>>"$root/nvml-used.err" | jget used_mib; }
+isnum() { [[ ${1:-} =~ ^-?[0-9]+$ ]]; } # an integer a row may do arithmetic with
+bad_figures() { # names of the variables among "$@" that hold no integer, with their values
+    local v out=""
+    for v in "$@"; do isnum "${!v:-}" || out+=" $v=${!v:-empty}"; done
+    echo "${out# }"
+}
 
 start_monitor() {
     cat >"$root/sysmonitor.json" <<EOF
@@ -305,14 +328,18 @@ PY
 
 # --- quota -------------------------------------------------------------------------------
 check_quota() {
-    local total quota base ctx a b used held
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    local total quota base ctx with_ctx a b used now held1 held2 held bad
+    total=$("$py" "$client" quota 1 0 2>"$root/total.err" | jget reported_total_mib)
+    if ! isnum "$total"; then
+        row quota FAIL "-" "the GPU's memory size unreadable (${total:-no answer}): $(tail -n 2 "$root/total.err" | plain)"
+        return
+    fi
     quota=$(( total / 4 ))
     echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check\" }" >"$root/xcuda.json"
     base=$(nvml_used)
     # The context alone (real drivers hold a few hundred MiB per context outside any quota).
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 0 --hold >"$root/ctx.out" 2>"$root/ctx.err" &
-    a=$!; sleep 2; ctx=$(( $(nvml_used) - base )); kill -TERM $a; wait $a 2>/dev/null
+    a=$!; sleep 2; with_ctx=$(nvml_used); kill -TERM $a; wait $a 2>/dev/null
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q1.out" 2>"$root/q1.err" &
     a=$!
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q2.out" 2>"$root/q2.err" &
@@ -321,9 +348,15 @@ check_quota() {
     local gone=""
     kill -0 $a 2>/dev/null || gone+=" first"
     kill -0 $b 2>/dev/null || gone+=" second"
-    used=$(( $(nvml_used) - base - 2 * ctx ))
-    held=$(( $(jget allocated_mib <"$root/q1.out") + $(jget allocated_mib <"$root/q2.out") ))
+    now=$(nvml_used)
+    held1=$(jget allocated_mib <"$root/q1.out"); held2=$(jget allocated_mib <"$root/q2.out")
     kill -TERM $a $b; wait $a $b 2>/dev/null
+    bad=$(bad_figures base with_ctx now held1 held2)
+    if [[ -z $gone && -n $bad ]]; then
+        row quota FAIL "-" "unreadable figures (NVML, or the clients' reports): $bad; $(tail -n 2 "$root/nvml-used.err" "$root/q1.err" 2>/dev/null | plain)"
+        return
+    fi
+    [[ -z $bad ]] && { ctx=$(( with_ctx - base )); used=$(( now - base - 2 * ctx )); held=$(( held1 + held2 )); }
     # Whoever the processes ran as: uid 65534 through setpriv, else the kit's own user.
     local who="uid $(id -u)"; [[ ${#as_user[@]} -gt 0 ]] && who="uid 65534"
     [[ $who == "uid 0" ]] && who="root"
@@ -339,7 +372,8 @@ check_quota() {
 quarter_quota() { # the shim's config for quota group $1: a quarter of the GPU; prints its MiB
     local total quota
     total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
-    quota=$(( ${total:-0} / 4 ))
+    isnum "$total" || total=0 # a quota of 0 MiB: the caller's row says the size was unreadable
+    quota=$(( total / 4 ))
     echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"$1\" }" >"$root/xcuda.json"
     echo "$quota"
 }
@@ -351,11 +385,13 @@ check_pool_keep() {
     # cuMemPoolTrimTo(pool, 0) it fits. NVML, outside the shim, is read while the process holds.
     local quota chunk base o a used
     quota=$(quarter_quota gpu-check-pool); chunk=$(( quota * 6 / 10 ))
+    if (( quota <= 0 )); then row pool-keep FAIL "-" "the GPU's memory size unreadable"; return; fi
     base=$(nvml_used)
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" pool-keep "$chunk" --hold >"$root/pool.out" 2>"$root/pool.err" &
     a=$!
     for _ in $(seq 100); do [[ -s "$root/pool.out" ]] && break; sleep 0.1; done
-    used=$(( $(nvml_used) - base ))
+    used=$(nvml_used)
+    if isnum "$used" && isnum "$base"; then used=$(( used - base )); else used="unreadable (${base:-?} before, ${used:-?} while held)"; fi
     kill -TERM $a; wait $a 2>/dev/null
     o=$(cat "$root/pool.out")
     local kept kept_rc trim_rc
@@ -363,7 +399,9 @@ check_pool_keep() {
     local detail="pool kept ${kept:-?} MiB after free+sync (driver's figure); cuMemAlloc then: ${kept_rc:-?}; after trim: ${trim_rc:-?}; NVML ${used} MiB incl. context"
     if [[ -z $o || $(jget async_alloc <<<"$o") != 0 ]]; then
         row pool-keep FAIL "-" "cuMemAllocAsync: $(jget async_alloc <<<"$o") $(tail -n 2 "$root/pool.err" | plain)"
-    elif [[ ${kept:-0} -lt $chunk ]]; then
+    elif [[ -n $(bad_figures kept) ]]; then
+        row pool-keep FAIL "-" "the pool's reserved size unreadable: $detail"
+    elif (( kept < chunk )); then
         row pool-keep INFO "$chunk MiB chunk" "the driver did not keep the freed memory: $detail"
     elif [[ $kept_rc == 2 && $trim_rc == 0 ]]; then
         row pool-keep PASS "$chunk MiB kept, more refused" "$detail"
@@ -379,18 +417,22 @@ check_stack_limit() {
     # the quota must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2).
     local quota o
     quota=$(quarter_quota gpu-check-stack)
+    if (( quota <= 0 )); then row stack-limit FAIL "-" "the GPU's memory size unreadable"; return; fi
     o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" stack-limit "$quota" 2>"$root/stack.err")
     local half over counted before after
     half=$(jget set_half <<<"$o"); over=$(jget set_over <<<"$o"); counted=$(jget counted_mib <<<"$o")
     before=$(jget nvml_before_mib <<<"$o"); after=$(jget nvml_after_mib <<<"$o")
-    local detail="stack $(jget stack_bytes <<<"$o") B x $(jget resident_threads <<<"$o") threads: shim counts ${counted:-?} MiB, NVML +$(( ${after:-0} - ${before:-0} )) MiB; 2x quota: ${over:-?}"
+    local moved="?"; isnum "$before" && isnum "$after" && moved=$(( after - before ))
+    local detail="stack $(jget stack_bytes <<<"$o") B x $(jget resident_threads <<<"$o") threads: shim counts ${counted:-?} MiB, NVML +$moved MiB (before ${before:-?}, after ${after:-?}); 2x quota: ${over:-?}"
     if [[ -z $o || $half != 0 ]]; then
         row stack-limit FAIL "-" "cuCtxSetLimit to half the quota: ${half:-?} $(tail -n 2 "$root/stack.err" | plain)"
     elif [[ $over != 2 ]]; then
         row stack-limit FAIL "${counted} MiB counted" "a raise past the quota was not refused: $detail"
-    elif [[ $before == None || $after == None || -z $before || -z $after ]]; then
+    elif ! isnum "$counted"; then
+        row stack-limit FAIL "-" "the client reported no counted size: $detail"
+    elif [[ $moved == "?" ]]; then
         row stack-limit INFO "${counted} MiB counted" "NVML gives no per-process figure here; $detail"
-    elif (( after - before <= counted + 64 )); then
+    elif (( moved <= counted + 64 )); then
         row stack-limit PASS "${counted} MiB counted" "$detail"
     else
         row stack-limit FAIL "${counted} MiB counted" "the driver reserved more than the shim counts: $detail"
@@ -404,6 +446,7 @@ check_capture_mem() {
     # anything is mapped. This is what rests on the driver's cuStreamGetCaptureInfo.
     local quota chunk o
     quota=$(quarter_quota gpu-check-capture); chunk=$(( quota * 6 / 10 ))
+    if (( quota <= 0 )); then row capture-mem FAIL "-" "the GPU's memory size unreadable"; return; fi
     o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" capture-mem "$chunk" 2>"$root/capture.err")
     local node plain launch
     node=$(jget node <<<"$o"); plain=$(jget plain_alloc <<<"$o"); launch=$(jget launch <<<"$o")
@@ -427,7 +470,7 @@ check_torch_quota() {
         return
     fi
     local got; got=$(jget allocated_mib <<<"$out")
-    if [[ -n "$got" && $quota -gt 0 && $got -gt 0 && $got -le $quota ]]; then
+    if isnum "$got" && (( quota > 0 && got > 0 && got <= quota )); then
         row torch-quota PASS "$got MiB of $quota MiB quota" "torch $(jget torch <<<"$out"): $(jget error <<<"$out" | cut -c1-60)"
     else
         row torch-quota FAIL "${got:-?} MiB of $quota MiB quota" "$(tail -n 3 "$root/torch.err" | plain)"
@@ -813,7 +856,7 @@ check_recovery() {
             notrun) disabled=$(( disabled + 1 )); all+=(not-run); why=$rec_why; continue ;;
         esac
         all+=("$rec_max")
-        total_req=$(( total_req + ${rec_req:-0} ))
+        isnum "$rec_req" && total_req=$(( total_req + rec_req ))
         if [[ -z "$worst" ]] || "$py" -c "import sys; sys.exit(0 if $rec_max > $worst else 1)"; then worst=$rec_max; fi
     done
     ev=$(grep -c 'recovery done' "$root/mps-manager.log")
@@ -917,7 +960,7 @@ echo "gpu-check on $label (binaries: $bin_dir)" >&2
 # GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
 "$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
 solo_rate=$(offline_rate "$root/off-alone.out")
-want() { [[ -z $only || ",$only," == *",$1,"* ]]; }
+want() { [[ -z $only || ",$only," == *",$1,"* ]] || return 1; current=$1; }
 if start_monitor; then
     want monitor-cpu && check_monitor_cpu
     want nvml-cost && check_nvml_cost
@@ -956,9 +999,5 @@ else
     row monitor FAIL "-" "sysmonitor did not reach Healthy: $(tail -n 3 "$root/sysmonitor.log" | plain 300)"
 fi
 
-echo
-echo "GPU check kit on $label"
-printf '%-12s %-5s %-34s %s\n' check result figure detail
-printf '%s\n' "------------------------------------------------------------------------------------------------"
-printf '%s\n' "${rows[@]}"
+print_table
 exit "$failed"
