@@ -62,6 +62,16 @@
 #               inject.mps_pipe_read_only (a tenant cannot replace the control socket) can be on
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
 #        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
+#        [--deadline SECS]   (no check starts SECS seconds after the kit did: SKIP rows, "not
+#                            reached"; size it to leave the longest check, ~60 s, and cleanup)
+#        [--reset-gpu]       (real GPU: quit any MPS control daemon and set the compute mode
+#                            DEFAULT before starting; without it the kit stops when it finds
+#                            either, except what an earlier kit run that did not finish left,
+#                            which it always resets)
+# Every client and MPS control command the kit waits for runs under `timeout`: a check that
+# hangs is a FAIL row naming the timeout. SIGTERM/SIGINT (an outer `timeout`) ends the check
+# in progress, prints the table so far and cleans up (MPS quit, compute mode put back): give it
+# 30 s (`timeout -k 30 ...`). On a real GPU the compute mode found after cleanup is printed.
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
 # --bin-dir (default target/release, else target/debug; built with cargo when missing and
 # cargo is there). Exit status: 0 when no check failed. GPU_CHECK_KEEP=1 keeps the scratch
@@ -75,7 +85,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 top="$(dirname "$here")"
-mode="" profile="t4" bin_dir="" quick=0 only=
+mode="" profile="t4" bin_dir="" quick=0 only="" deadline=0 reset_gpu=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --emulated) mode=emu; profile="${2:?--emulated needs a profile}"; shift 2 ;;
@@ -83,6 +93,9 @@ while [[ $# -gt 0 ]]; do
         --bin-dir) bin_dir="${2:?}"; shift 2 ;;
         --quick) quick=1; shift ;;
         --only) only="${2:?--only needs a list of checks}"; shift 2 ;;
+        --deadline) deadline="${2:?--deadline needs seconds}"; shift 2
+            [[ $deadline =~ ^[0-9]+$ ]] || { echo "gpu-check: --deadline takes whole seconds" >&2; exit 2; } ;;
+        --reset-gpu) reset_gpu=1; shift ;;
         -h|--help) sed -n '2,/^set -uo pipefail/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -91,6 +104,84 @@ if [[ -z "$mode" ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then mode=real; else mode=emu; fi
 fi
 py="${PYTHON:-python3}"
+# A foreground command with a time limit: TERM past $1 seconds, KILL 5 s later (exit status 124
+# or 137). --foreground keeps it in the kit's process group, so that a TERM sent to the whole
+# group (an outer `timeout`) reaches it at once and the kit's own trap runs.
+tmo() { local s=$1; shift; timeout --foreground -k 5 "$s" "$@"; }
+timed_out() { [[ ${1:-} == 124 || ${1:-} == 137 ]]; }
+mpsctl() { tmo 15 nvidia-cuda-mps-control "$@"; } # reads its command on stdin
+gpu_mode() { tmo 20 nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | head -1; }
+stop_pids() { # TERM, up to 10 s in all for them to end, then KILL; each reaped
+    local p end=$(( SECONDS + 10 ))
+    [[ $# -gt 0 ]] || return 0
+    kill -TERM "$@" 2>/dev/null
+    for p in "$@"; do
+        while kill -0 "$p" 2>/dev/null && (( SECONDS < end )); do sleep 0.1; done
+    done
+    kill -KILL "$@" 2>/dev/null
+    for p in "$@"; do wait "$p" 2>/dev/null; done
+    return 0
+}
+wait_pid() { # up to $2 s for pid $1 to end; 1 if it still runs
+    local end=$(( SECONDS + $2 ))
+    while kill -0 "$1" 2>/dev/null; do (( SECONDS < end )) || return 1; sleep 0.1; done
+}
+mps_daemons() { # "pid pipe-dir" of each MPS control daemon on this host (its environment says
+    # the pipe directory, /tmp/nvidia-mps when unset; readable as root)
+    local p a d
+    for p in /proc/[0-9]*; do
+        a=$(tr '\0' '\n' <"$p/cmdline" 2>/dev/null) || continue
+        [[ $(head -n 1 <<<"$a") == *nvidia-cuda-mps-control ]] && grep -qx -- '-d' <<<"$a" || continue
+        d=$(tr '\0' '\n' <"$p/environ" 2>/dev/null | sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' | head -n 1)
+        echo "${p#/proc/} ${d:-/tmp/nvidia-mps}"
+    done
+}
+stale_kit_dirs() { # scratch directories of kit runs that ended without their cleanup
+    local s
+    for s in "${TMPDIR:-/tmp}"/gpu-check.* /tmp/gpu-check.*; do
+        [[ -d $s/mps-pipe ]] || continue
+        [[ -r $s/kit.pid ]] && kill -0 "$(cat "$s/kit.pid" 2>/dev/null)" 2>/dev/null && continue
+        echo "$s"
+    done | sort -u
+}
+reset_gpu_state() { # a real GPU, before the kit starts anything: what an earlier run left
+    local pid dir m stale others=() found=""
+    stale=$(stale_kit_dirs)
+    while read -r pid dir; do
+        [[ -n $pid ]] || continue
+        if grep -qxF "${dir%/mps-pipe}" <<<"$stale" || (( reset_gpu )); then
+            echo "gpu-check: RESET: quitting MPS control daemon $pid (pipe dir $dir)$(grep -qxF "${dir%/mps-pipe}" <<<"$stale" && echo ", left by a kit run that did not finish")" >&2
+            echo quit | CUDA_MPS_PIPE_DIRECTORY="$dir" mpsctl >/dev/null 2>&1
+            if ! wait_pid "$pid" 10; then
+                echo "gpu-check: RESET: daemon $pid did not quit in 10 s: SIGKILL" >&2
+                kill -KILL "$pid" 2>/dev/null; sleep 1
+            fi
+        else
+            others+=("pid $pid, pipe dir $dir")
+        fi
+    done < <(mps_daemons)
+    if (( ${#others[@]} )); then
+        echo "gpu-check: an MPS control daemon runs on this host (${others[*]}): the kit would start its own beside it; quit it first (echo quit | CUDA_MPS_PIPE_DIRECTORY=DIR nvidia-cuda-mps-control), or pass --reset-gpu" >&2
+        exit 2
+    fi
+    m=$(gpu_mode)
+    [[ -z $m || $m == Default ]] && return 0
+    # The mode an unfinished kit run's mps-manager found before it set EXCLUSIVE_PROCESS.
+    for dir in $stale; do
+        tr -d '\n' <"$dir/run/mps-manager.json" 2>/dev/null | grep -q '"compute_mode": *"exclusive_process"' && found=$dir
+    done
+    if [[ -n $found ]] || (( reset_gpu )); then
+        echo "gpu-check: RESET: GPU 0's compute mode $m set to DEFAULT${found:+ (left by the kit run in $found)}" >&2
+        tmo 20 nvidia-smi -i 0 -c DEFAULT >/dev/null 2>&1
+        m=$(gpu_mode)
+        [[ $m == Default ]] && return 0
+        echo "gpu-check: the compute mode is still ${m:-unreadable}: stopping" >&2
+        exit 2
+    fi
+    echo "gpu-check: GPU 0's compute mode is $m, not Default: processes outside MPS (quota, throttle) would get no context. Set it (nvidia-smi -i 0 -c DEFAULT), or pass --reset-gpu" >&2
+    exit 2
+}
+[[ $mode == real ]] && reset_gpu_state
 need=(libxcuda.so sysmonitor mps-manager online offline)
 [[ $mode == emu ]] && need+=(libcuda.so libnvidia_ml.so emu-mps-control)
 have_all() { local d="$1" f; for f in "${need[@]}"; do [[ -e "$d/$f" ]] || return 1; done; }
@@ -118,20 +209,31 @@ cleanup() {
         print_table
         st=1
     fi
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    sleep 0.3
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-    [[ -n "${mps_up:-}" ]] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    # mps-manager quits MPS and puts the compute mode back on SIGTERM: up to 10 s for all.
+    stop_pids "${pids[@]}"
+    if [[ -n "${mps_up:-}" ]]; then
+        local d; d=$(tr -dc '0-9' <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+        echo quit | mpsctl >/dev/null 2>&1
+        if [[ -n $d ]] && ! wait_pid "$d" 10; then
+            echo "gpu-check: the MPS control daemon $d did not quit in 10 s: SIGKILL" >&2
+            kill -KILL "$d" 2>/dev/null
+        fi
+    fi
     # mps-manager puts the compute mode it found back when it quits MPS; if it was cut short,
     # so does the kit (a real GPU's mode outlives the kit until reboot).
     if [[ -n "${mode0:-}" ]] && [[ "$(gpu_mode)" != "$mode0" ]]; then
-        nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
+        tmo 20 nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
+    fi
+    if [[ $mode == real ]]; then
+        echo "gpu-check: after cleanup: compute mode $(gpu_mode) (found ${mode0:-?}); MPS control daemons: $(mps_daemons | tr '\n' ';' | sed 's/;$//')" >&2
     fi
     if [[ -n "${GPU_CHECK_KEEP:-}" ]]; then echo "gpu-check: kept $root" >&2; else rm -rf "$root"; fi
     exit "$st"
 }
-gpu_mode() { nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | head -1; }
 trap cleanup EXIT
+trap 'stopped_by="stopped by SIGTERM"; exit 143' TERM
+trap 'stopped_by="stopped by SIGINT"; exit 130' INT
+echo $$ >"$root/kit.pid"
 mkdir -p "$root/run" "$root/mps-pipe" "$root/mps-log" "$root/bin" "$root/lib"
 chmod 1777 "$root/run" "$root/mps-pipe" "$root/mps-log"
 cp "$here/gpu_check_client.py" "$root/client.py"
@@ -185,7 +287,7 @@ for line in sys.stdin:
     except ValueError: continue
     if k in o: v=o[k]
 print(v if "v" in dir() else "")' "$1"; }
-nvml_used() { "$py" "$client" nvml-used 0 2>>"$root/nvml-used.err" | jget used_mib; }
+nvml_used() { tmo 30 "$py" "$client" nvml-used 0 2>>"$root/nvml-used.err" | jget used_mib; }
 isnum() { [[ ${1:-} =~ ^-?[0-9]+$ ]]; } # an integer a row may do arithmetic with
 bad_figures() { # names of the variables among "$@" that hold no integer, with their values
     local v out=""
@@ -246,7 +348,7 @@ while True: time.sleep(0.01)' &
     local after; after=$(thread_ns "$mon_pid")
     kill -TERM $fl 2>/dev/null
     local alive=yes; kill -0 $h 2>/dev/null || alive="no (evicted?)"
-    kill -TERM $h; wait $h 2>/dev/null
+    stop_pids $h
     # Per window, in millionths of a core: the monitor's min / median, the floor's median.
     local mm; mm=$("$py" -c "import statistics as s; m=[int(x)/1e4 for x in '${mons[*]}'.split()]; f=[int(x)/1e4 for x in '${floors[*]}'.split()]; print(f'{min(m):.2f} / {s.median(m):.2f}|{s.median(f):.2f}')")
     pct=${mm%%|*}; local floor=${mm#*|}
@@ -269,10 +371,10 @@ check_nvml_cost() {
     # Twice: back to back (each query at its cheapest) and spaced 10 ms apart as the monitor
     # makes them (cold caches), with whole sample ticks timed the monitor's way at the end.
     local calls=$(( quick ? 200 : 1000 )) spaced=$(( quick ? 30 : 200 )) json sjson
-    json=$("$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" --json 2>"$root/nvml-cost.err")
-    sjson=$("$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 --json 2>>"$root/nvml-cost.err")
-    "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" >"$root/nvml-cost.txt" 2>/dev/null
-    "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 >"$root/nvml-cost-spaced.txt" 2>/dev/null
+    json=$(tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" --json 2>"$root/nvml-cost.err")
+    sjson=$(tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 --json 2>>"$root/nvml-cost.err")
+    tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" >"$root/nvml-cost.txt" 2>/dev/null
+    tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 >"$root/nvml-cost-spaced.txt" 2>/dev/null
     local fig; fig=$("$py" - "$json" "$sjson" <<'PY'
 import json, sys
 try:
@@ -293,7 +395,7 @@ PY
     if [[ -n "$fig" ]]; then
         row nvml-cost INFO "${fig%%|*}" "${fig#*|} (tables: nvml-cost.txt, nvml-cost-spaced.txt in the scratch dir)"
     else
-        row nvml-cost FAIL "-" "$(tail -n 2 "$root/nvml-cost.err" | plain)"
+        row nvml-cost FAIL "-" "no figures (a run past 120 s is stopped): $(tail -n 2 "$root/nvml-cost.err" | plain)"
     fi
 }
 check_launch_cost() {
@@ -303,8 +405,8 @@ check_launch_cost() {
     # seconds): what is left is the hot path itself, quota and token-bucket accounting.
     echo '{ "group": "gpu-check", "throttle": { "target_load": 1.0, "max_rate": 1e15, "fallback_rate": 1e15, "burst": 1e12 } }' >"$root/xcuda.json"
     for i in 1 2 3; do
-        d=$("${as_user[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
-        s=$("${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
+        d=$(tmo $(( secs + 60 )) "${as_user[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
+        s=$(tmo $(( secs + 60 )) "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
         direct+=("${d:-0}"); shimmed+=("${s:-0}")
     done
     local fig; fig=$("$py" - "${direct[*]}" "${shimmed[*]}" <<'PY'
@@ -322,14 +424,14 @@ PY
         local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
         row launch-cost INFO "${fig%%|*}" "${fig#*|}; $how"
     else
-        row launch-cost FAIL "-" "a launch loop gave no rate (direct: ${direct[*]}; shimmed: ${shimmed[*]})"
+        row launch-cost FAIL "-" "a launch loop gave no rate (each run stopped past $(( secs + 60 )) s; direct: ${direct[*]}; shimmed: ${shimmed[*]})"
     fi
 }
 
 # --- quota -------------------------------------------------------------------------------
 check_quota() {
     local total quota base ctx with_ctx a b used now held1 held2 held bad
-    total=$("$py" "$client" quota 1 0 2>"$root/total.err" | jget reported_total_mib)
+    total=$(tmo 60 "$py" "$client" quota 1 0 2>"$root/total.err" | jget reported_total_mib)
     if ! isnum "$total"; then
         row quota FAIL "-" "the GPU's memory size unreadable (${total:-no answer}): $(tail -n 2 "$root/total.err" | plain)"
         return
@@ -339,7 +441,7 @@ check_quota() {
     base=$(nvml_used)
     # The context alone (real drivers hold a few hundred MiB per context outside any quota).
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 0 --hold >"$root/ctx.out" 2>"$root/ctx.err" &
-    a=$!; sleep 2; with_ctx=$(nvml_used); kill -TERM $a; wait $a 2>/dev/null
+    a=$!; sleep 2; with_ctx=$(nvml_used); stop_pids $a
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q1.out" 2>"$root/q1.err" &
     a=$!
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q2.out" 2>"$root/q2.err" &
@@ -350,7 +452,7 @@ check_quota() {
     kill -0 $b 2>/dev/null || gone+=" second"
     now=$(nvml_used)
     held1=$(jget allocated_mib <"$root/q1.out"); held2=$(jget allocated_mib <"$root/q2.out")
-    kill -TERM $a $b; wait $a $b 2>/dev/null
+    stop_pids $a $b
     bad=$(bad_figures base with_ctx now held1 held2)
     if [[ -z $gone && -n $bad ]]; then
         row quota FAIL "-" "unreadable figures (NVML, or the clients' reports): $bad; $(tail -n 2 "$root/nvml-used.err" "$root/q1.err" 2>/dev/null | plain)"
@@ -371,7 +473,7 @@ check_quota() {
 
 quarter_quota() { # the shim's config for quota group $1: a quarter of the GPU; prints its MiB
     local total quota
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    total=$(tmo 60 "$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
     isnum "$total" || total=0 # a quota of 0 MiB: the caller's row says the size was unreadable
     quota=$(( total / 4 ))
     echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"$1\" }" >"$root/xcuda.json"
@@ -391,12 +493,12 @@ check_pool_keep() {
     a=$!
     for _ in $(seq 100); do [[ -s "$root/pool.out" ]] && break; sleep 0.1; done
     used=$(nvml_used)
-    if isnum "$used" && isnum "$base"; then used=$(( used - base )); else used="unreadable (${base:-?} before, ${used:-?} while held)"; fi
-    kill -TERM $a; wait $a 2>/dev/null
+    if isnum "$used" && isnum "$base"; then used="$(( used - base )) MiB incl. context"; else used="unreadable (${base:-?} before, ${used:-?} while held)"; fi
+    stop_pids $a
     o=$(cat "$root/pool.out")
     local kept kept_rc trim_rc
     kept=$(jget kept_mib <<<"$o"); kept_rc=$(jget alloc_while_kept <<<"$o"); trim_rc=$(jget alloc_after_trim <<<"$o")
-    local detail="pool kept ${kept:-?} MiB after free+sync (driver's figure); cuMemAlloc then: ${kept_rc:-?}; after trim: ${trim_rc:-?}; NVML ${used} MiB incl. context"
+    local detail="pool kept ${kept:-?} MiB after free+sync (driver's figure); cuMemAlloc then: ${kept_rc:-?}; after trim: ${trim_rc:-?}; NVML ${used}"
     if [[ -z $o || $(jget async_alloc <<<"$o") != 0 ]]; then
         row pool-keep FAIL "-" "cuMemAllocAsync: $(jget async_alloc <<<"$o") $(tail -n 2 "$root/pool.err" | plain)"
     elif [[ -n $(bad_figures kept) ]]; then
@@ -418,7 +520,9 @@ check_stack_limit() {
     local quota o
     quota=$(quarter_quota gpu-check-stack)
     if (( quota <= 0 )); then row stack-limit FAIL "-" "the GPU's memory size unreadable"; return; fi
-    o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" stack-limit "$quota" 2>"$root/stack.err")
+    o=$(tmo 120 "${as_user[@]}" "${shim_env[@]}" "$py" "$client" stack-limit "$quota" 2>"$root/stack.err")
+    local rc=$?
+    if timed_out $rc; then row stack-limit FAIL "timed out" "the client did not finish in 120 s: $(tail -n 2 "$root/stack.err" | plain)"; return; fi
     local half over counted before after
     half=$(jget set_half <<<"$o"); over=$(jget set_over <<<"$o"); counted=$(jget counted_mib <<<"$o")
     before=$(jget nvml_before_mib <<<"$o"); after=$(jget nvml_after_mib <<<"$o")
@@ -447,7 +551,9 @@ check_capture_mem() {
     local quota chunk o
     quota=$(quarter_quota gpu-check-capture); chunk=$(( quota * 6 / 10 ))
     if (( quota <= 0 )); then row capture-mem FAIL "-" "the GPU's memory size unreadable"; return; fi
-    o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" capture-mem "$chunk" 2>"$root/capture.err")
+    o=$(tmo 120 "${as_user[@]}" "${shim_env[@]}" "$py" "$client" capture-mem "$chunk" 2>"$root/capture.err")
+    local rc=$?
+    if timed_out $rc; then row capture-mem FAIL "timed out" "the client did not finish in 120 s: $(tail -n 2 "$root/capture.err" | plain)"; return; fi
     local node plain launch
     node=$(jget node <<<"$o"); plain=$(jget plain_alloc <<<"$o"); launch=$(jget launch <<<"$o")
     local detail="captured node: ${node:-?}, end $(jget end <<<"$o"), instantiate $(jget instantiate <<<"$o"); cuMemAlloc: ${plain:-?}; launch: ${launch:-?}"
@@ -464,7 +570,9 @@ check_torch_quota() {
     # Its own quota, a quarter of the GPU, judged against that (not the GPU's total).
     local out quota
     quota=$(quarter_quota gpu-check-torch)
-    out=$("${shim_env[@]}" "$py" "$client" torch-quota 128 1000000 2>"$root/torch.err")
+    out=$(tmo 300 "${shim_env[@]}" "$py" "$client" torch-quota 128 1000000 2>"$root/torch.err")
+    local rc=$?
+    if timed_out $rc; then row torch-quota FAIL "timed out" "PyTorch's client did not finish in 300 s: $(tail -n 2 "$root/torch.err" | plain)"; return; fi
     if [[ -n "$(jget skipped <<<"$out")" ]]; then
         row torch-quota SKIP "-" "$(jget skipped <<<"$out")"
         return
@@ -511,8 +619,8 @@ check_throttle() {
     # rate judged is the settled one (after 4 s), the whole run's is shown beside it.
     local secs=10 settle=4 alone="$solo_rate" shimmed whole st evicted
     echo '{ "group": "gpu-check", "throttle": { "target_load": 0.5 } }' >"$root/xcuda.json"
-    "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration "$secs" --json --report-interval 1 >"$root/off-shim.out" 2>"$root/off-shim.err"
-    st=$?
+    tmo $(( secs + 60 )) "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration "$secs" --json --report-interval 1 >"$root/off-shim.out" 2>"$root/off-shim.err"
+    st=$?; timed_out $st && st="$st (timed out at $(( secs + 60 )) s)"
     whole=$(offline_rate "$root/off-shim.out")
     shimmed=$(window_rate "$root/off-shim.out" "$settle")
     evicted=$(grep -c -i 'evict' "$root/sysmonitor.log")
@@ -538,8 +646,8 @@ check_throttle_cap() {
     # The job as deployed beside an online service: an MPS cap of 40 % in its environment (MPS
     # enforces it) arms the online-pressure hold (a low SM clock). Alone on an idle GPU, whose
     # clock may idle low, it must still run: nothing online is there to protect.
-    "${as_user[@]}" "${shim_env[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40 "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-cap.out" 2>"$root/off-cap.err"
-    st=$?
+    tmo $(( secs + 60 )) "${as_user[@]}" "${shim_env[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40 "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-cap.out" 2>"$root/off-cap.err"
+    st=$?; timed_out $st && st="$st (timed out at $(( secs + 60 )) s)"
     capped=$(offline_rate "$root/off-cap.out")
     ratio=$("$py" -c "a,b='$alone','$capped'; print(f'{float(b)/float(a):.2f}' if a and b else '')")
     if [[ -n "$ratio" && $st == 0 ]] && "$py" -c "import sys; sys.exit(0 if $ratio >= 0.2 else 1)"; then
@@ -563,13 +671,14 @@ check_exit() {
     online=$!; pids+=($online)
     sleep 1
     for i in $(seq "$n"); do
+        past_deadline && { n=$(( i - 1 )); break; } # cut short: the row counts those sent
         sig=INT; (( i % 2 == 0 )) && sig=TERM
         "${as_user[@]}" "${shim_env[@]}" "$py" "$client" hold 64 >"$root/hold.out" 2>"$root/hold.err" &
         local h=$!
         for _ in $(seq 50); do grep -q holding "$root/hold.out" 2>/dev/null && break; sleep 0.1; done
         sleep "0.$(( RANDOM % 5 ))"
         kill -"$sig" $h
-        st=0; timeout 20 tail --pid=$h -f /dev/null || st=1
+        st=0; wait_pid $h 20 || { st=1; kill -KILL $h 2>/dev/null; }
         wait $h 2>/dev/null; local rc=$?
         # 0: the client's own exit; 130/143: the default action of SIGINT/SIGTERM re-raised
         # by the shim after it released the context.
@@ -577,7 +686,7 @@ check_exit() {
         [[ $st != 0 ]] && bad=$((bad + 1))
     done
     # The neighbour must still complete requests: ask it for a summary and see requests keep coming.
-    kill -INT $online; timeout 30 tail --pid=$online -f /dev/null || hung=1
+    kill -INT $online; wait_pid $online 30 || { hung=1; kill -KILL $online 2>/dev/null; }
     local done_req; done_req=$(jget requests <"$root/online-exit.out")
     [[ -z "$done_req" || "$done_req" == 0 ]] && hung=1
     local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
@@ -596,8 +705,8 @@ check_mps_server() {
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/mps-hold.out" 2>/dev/null && break; sleep 0.1; done
     sleep 0.5
-    lines=$("$py" "$client" nvml-procs 0 2>"$root/nvml-procs.err")
-    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    lines=$(tmo 30 "$py" "$client" nvml-procs 0 2>"$root/nvml-procs.err")
+    stop_pids $h
     echo "$lines" >"$root/nvml-procs.out"
     server=$(echo "$lines" | "$py" -c 'import json,sys
 for o in map(json.loads, sys.stdin):
@@ -634,8 +743,9 @@ check_fence() {
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/fence-hold.out" 2>/dev/null && break; sleep 0.1; done
     mkdir -p "$root/no-mps"; chmod 1777 "$root/no-mps"
-    local line; line=$("${as_user[@]}" env CUDA_MPS_PIPE_DIRECTORY="$root/no-mps" "$py" "$client" ctx 2>"$root/fence.err")
-    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    local line rc; line=$(tmo 60 "${as_user[@]}" env CUDA_MPS_PIPE_DIRECTORY="$root/no-mps" "$py" "$client" ctx 2>"$root/fence.err"); rc=$?
+    stop_pids $h
+    if timed_out $rc; then row fence FAIL "timed out" "a process outside MPS neither got a context nor was refused in 60 s: $(tail -n 1 "$root/fence.err" | plain)"; return; fi
     r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
     mode=$(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode)
     found=$(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode_found)
@@ -665,9 +775,11 @@ check_shm() {
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/shm-hold.out" 2>&1 &
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/shm-hold.out" 2>/dev/null && break; sleep 0.1; done
-    line=$(unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh \
+    line=$(tmo 60 unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh \
         "${as_user[@]}" env "$py" "$client" ctx 2>"$root/shm.err")
-    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    local rc=$?
+    stop_pids $h
+    if timed_out $rc; then row shm FAIL "timed out" "a client with its own /dev/shm neither connected nor was refused in 60 s: $(tail -n 1 "$root/shm.err" | plain)"; return; fi
     r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
     if [[ "$r" == 805 ]]; then
         row shm PASS "own /dev/shm: CUresult 805 at ${at:-?}" "as the emulator has it: an MPS client must see its server's /dev/shm (mps-manager shm_dir, mounted into containers)"
@@ -692,7 +804,7 @@ check_pipe_ro() {
     fi
     start_mps_manager
     before=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
-    line=$(unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
+    line=$(tmo 60 unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
         "$root/mps-pipe" "${as_user[@]}" env "$py" "$client" ctx 2>"$root/pipe-ro.err")
     after=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
     r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
@@ -744,14 +856,14 @@ check_node() {
     for frac in 0.3 1.0; do
         name=node; [[ $frac == 1.0 ]] && name=node-full
         local online_args=(--rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction "$frac" --json)
-        alone=$("${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+        alone=$(tmo $(( secs + 60 )) "${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
         "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration $(( secs + 4 )) --json --report-interval 0.5 >"$root/off-$name.out" 2>&1 &
         off=$!
         sleep 2
         t0=$(date +%s%N)
-        beside=$("${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+        beside=$(tmo $(( secs + 60 )) "${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
         t1=$(date +%s%N)
-        wait $off
+        wait_pid $off 60 || kill -KILL $off 2>/dev/null; wait $off 2>/dev/null
         # The offline job's rate while the online client ran (its progress from 2 s on, for as
         # long as the online run lasted).
         rate=$(window_rate "$root/off-$name.out" 2 "$("$py" -c "print(2 + ($t1 - $t0) / 1e9)")")
@@ -776,7 +888,7 @@ PY
         if [[ -n "$fig" ]]; then
             row "$name" INFO "${fig%%|*}" "online on ${frac} of the SMs at 50/s: p99 alone ${alone} ms, beside ${beside} ms; offline ${rate:-?} it/s (solo ${solo_rate:-?}); target ${fig#*|}; monitor eviction lines: $ev"
         else
-            row "$name" FAIL "-" "online client gave no summary; see sysmonitor/mps-manager logs"
+            row "$name" FAIL "-" "online client gave no summary (each run stopped past $(( secs + 60 )) s); see sysmonitor/mps-manager logs"
         fi
     done
 }
@@ -804,13 +916,13 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
     sleep "1.$(( RANDOM % 10 ))"
     if [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]]; then
         # MPS's own way to end one client's GPU work (nvidia-cuda-mps-control(1)), then the kill.
-        local srv; srv=$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null | head -1)
-        echo "terminate_client $srv $off" | timeout 5 nvidia-cuda-mps-control >"$root/terminate-$r.out" 2>&1
+        local srv; srv=$(echo get_server_list | mpsctl 2>/dev/null | head -1)
+        echo "terminate_client $srv $off" | tmo 5 nvidia-cuda-mps-control >"$root/terminate-$r.out" 2>&1
         sleep 0.3
     fi
     kill -KILL $off 2>/dev/null
     wait "$off" 2>/dev/null # reaped here, so the shell reports no killed job
-    st=0; timeout $(( secs + 30 )) tail --pid=$on -f /dev/null || st=1
+    st=0; wait_pid $on $(( secs + 30 )) || st=1
     rec_max=$(jget max_ms <"$root/online-recovery-$r.out")
     rec_req=$(jget requests <"$root/online-recovery-$r.out")
     if [[ $st != 0 ]]; then
@@ -844,6 +956,7 @@ check_recovery() {
     start_mps_manager
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     for r in $(seq "$runs"); do
+        past_deadline && { runs=$(( r - 1 )); break; } # cut short: the row counts the runs made
         if ! grep -q '"state": *"healthy"' "$root/run/state.json" 2>/dev/null; then
             disabled=$(( disabled + 1 )); all+=("not-healthy")
             why="monitor state before run $r: $(grep -o '"state": *"[a-z]*"' "$root/run/state.json" | head -1)"
@@ -883,14 +996,14 @@ check_recovery() {
 # --- an MPS server ended, its control daemon kept ------------------------------------------
 check_server_restart() {
     local h b server new daemon reply gone_ms="" t0 i
-    local ctl=(nvidia-cuda-mps-control)
+    local ctl=(tmo 15 nvidia-cuda-mps-control)
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/srv-a.out" 2>"$root/srv-a.err" &
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/srv-a.out" 2>/dev/null && break; sleep 0.1; done
     server=$(echo get_server_list | "${ctl[@]}" 2>/dev/null | head -n 1 | tr -dc '0-9')
     daemon=$(tr -dc '0-9' <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
     if [[ -z "$server" || -z "$daemon" ]]; then
-        kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+        stop_pids $h
         row server-restart FAIL "-" "no MPS server (${server:-none}) or control daemon (${daemon:-none}) to look at: $(tail -n 1 "$root/srv-a.err" | plain)"
         return
     fi
@@ -900,12 +1013,12 @@ check_server_restart() {
         [[ -e /proc/$server ]] || { gone_ms=$(( ($(date +%s%N) - t0) / 1000000 )); break; }
         sleep 0.01
     done
-    kill -TERM $h 2>/dev/null; timeout 10 tail --pid=$h -f /dev/null; wait $h 2>/dev/null
+    stop_pids $h
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/srv-b.out" 2>"$root/srv-b.err" &
     b=$!; pids+=($b)
     for _ in $(seq 150); do grep -q holding "$root/srv-b.out" 2>/dev/null && break; kill -0 $b 2>/dev/null || break; sleep 0.1; done
     new=$(echo get_server_list | "${ctl[@]}" 2>/dev/null | head -n 1 | tr -dc '0-9')
-    kill -TERM $b 2>/dev/null; timeout 10 tail --pid=$b -f /dev/null; wait $b 2>/dev/null
+    stop_pids $b
     local what="shutdown_server $server -f${reply:+ (reply: $reply)}"
     if [[ -z "$gone_ms" ]]; then
         row server-restart FAIL "server $server still running 5 s later" "$what: mps-manager falls back to a full reset on this host"
@@ -941,8 +1054,7 @@ check_mps_clients() {
             *) blocked=$i; break ;;
         esac
     done
-    for h in "${hs[@]}"; do kill -TERM $h 2>/dev/null; done
-    for h in "${hs[@]}"; do timeout 10 tail --pid=$h -f /dev/null; wait $h 2>/dev/null; done
+    stop_pids "${hs[@]}" # 10 s for all of them, then SIGKILL
     local what="clients holding a context at once under one MPS server"
     if (( blocked )); then
         row mps-clients INFO "$held held; client $blocked waited 15 s" "$what: the next one neither got a context nor was refused"
@@ -958,9 +1070,17 @@ check_mps_clients() {
 echo "gpu-check on $label (binaries: $bin_dir)" >&2
 # The offline client's solo rate, before the monitor runs: an unregistered process loading the
 # GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
-"$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
+tmo 120 "$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
 solo_rate=$(offline_rate "$root/off-alone.out")
-want() { [[ -z $only || ",$only," == *",$1,"* ]] || return 1; current=$1; }
+past_deadline() { (( deadline > 0 && SECONDS >= deadline )); }
+want() { # whether check $1 runs: picked (--only) and, with --deadline, still in time
+    [[ -z $only || ",$only," == *",$1,"* ]] || return 1
+    if past_deadline; then
+        row "$1" SKIP "-" "not reached: the --deadline of $deadline s had passed"
+        return 1
+    fi
+    current=$1
+}
 if start_monitor; then
     want monitor-cpu && check_monitor_cpu
     want nvml-cost && check_nvml_cost
