@@ -61,7 +61,8 @@
 #               means MPS clients need no write access there, and node-agent's
 #               inject.mps_pipe_read_only (a tenant cannot replace the control socket) can be on
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
-#        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
+#        [--only CHECK,CHECK...]   (runs only those checks, names checked; the monitor starts,
+#                            MPS only when one of them needs it)
 #        [--deadline SECS]   (no check starts SECS seconds after the kit did: SKIP rows, "not
 #                            reached"; size it to leave the longest check, ~60 s, and cleanup)
 #        [--reset-gpu]       (real GPU: quit any MPS control daemon and set the compute mode
@@ -100,6 +101,16 @@ while [[ $# -gt 0 ]]; do
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+all_checks=(monitor-cpu nvml-cost quota torch-quota pool-keep stack-limit capture-mem throttle mps-server
+    throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients launch-cost)
+mps_checks=(mps-server throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients)
+if [[ -n $only ]]; then
+    for c in ${only//,/ }; do
+        [[ " ${all_checks[*]} " == *" $c "* ]] && continue
+        echo "gpu-check: --only: no check named '$c'; the checks: ${all_checks[*]}" >&2
+        exit 2
+    done
+fi
 if [[ -z "$mode" ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then mode=real; else mode=emu; fi
 fi
@@ -212,7 +223,7 @@ cleanup() {
     # mps-manager quits MPS and puts the compute mode back on SIGTERM: up to 10 s for all.
     stop_pids "${pids[@]}"
     if [[ -n "${mps_up:-}" ]]; then
-        local d; d=$(tr -dc '0-9' <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+        local d; d=$(tr -dc '0-9' 2>/dev/null <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")
         echo quit | mpsctl >/dev/null 2>&1
         if [[ -n $d ]] && ! wait_pid "$d" 10; then
             echo "gpu-check: the MPS control daemon $d did not quit in 10 s: SIGKILL" >&2
@@ -422,7 +433,7 @@ PY
 )
     if [[ -n "$fig" ]]; then
         local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
-        row launch-cost INFO "${fig%%|*}" "${fig#*|}; $how"
+        row launch-cost INFO "${fig%%|*}" "${fig#*|}; $how$(mgr_note)"
     else
         row launch-cost FAIL "-" "a launch loop gave no rate (each run stopped past $(( secs + 60 )) s; direct: ${direct[*]}; shimmed: ${shimmed[*]})"
     fi
@@ -658,11 +669,39 @@ check_throttle_cap() {
 }
 
 # --- exit under MPS ----------------------------------------------------------------------
-start_mps() {
-    nvidia-cuda-mps-control -d >/dev/null 2>&1 || return 1
+mps_servers() { echo get_server_list | mpsctl 2>/dev/null | tr -dc '0-9\n' | grep . | tr '\n' ' ' | sed 's/ $//'; }
+mps_logs() { # the tails of MPS's own logs, for a row that says MPS failed
+    echo "control log: $(tail -n 2 "$root/mps-log/control.log" 2>/dev/null | plain 200); server log: $(tail -n 2 "$root/mps-log/server.log" 2>/dev/null | plain 200)"
+}
+start_mps() { # the control daemon, confirmed serving; else 1 and mps_why says why
+    mps_why=""
+    if ! mpsctl -d </dev/null >"$root/mps-start.out" 2>&1; then
+        mps_why="nvidia-cuda-mps-control -d failed: $(tail -n 2 "$root/mps-start.out" | plain 200)"
+        return 1
+    fi
     mps_up=1
-    # A first client starts the server; MPS refuses clients when it cannot start one.
-    "${as_user[@]}" env "$py" "$client" quota 1 0 >"$root/mps-first.out" 2>&1
+    # A first client starts the server (MPS refuses clients when it cannot start one); it
+    # holds a context while the daemon is asked for its servers.
+    local h got="" servers c
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/mps-first.out" 2>"$root/mps-first.err" &
+    h=$!; pids+=($h)
+    for _ in $(seq 600); do
+        grep -q holding "$root/mps-first.out" 2>/dev/null && { got=held; break; }
+        kill -0 $h 2>/dev/null || { got=exited; break; }
+        sleep 0.1
+    done
+    servers=$(mps_servers)
+    stop_pids $h
+    if [[ $got != held || -z $servers ]]; then
+        case $got in
+            held) c="got a context" ;;
+            exited) c="exited without a context" ;;
+            *) c="neither got a context nor exited in 60 s" ;;
+        esac
+        mps_why="MPS is not serving: the first client $c, servers listed: ${servers:-none}; client: $(tail -n 2 "$root/mps-first.err" | plain 200); $(mps_logs)"
+        echo "gpu-check: $mps_why" >&2
+        return 1
+    fi
 }
 check_exit() {
     local n=$(( quick ? 4 : ${GPU_CHECK_EXIT_RUNS:-20} )) i sig hung=0 bad=0 online st
@@ -734,7 +773,7 @@ check_fence() {
         row fence SKIP "-" "needs root: the compute mode is root's to set (mps-manager runs with compute_mode leave)"
         return
     fi
-    start_mps_manager
+    need_manager fence || return
     if [[ -n "${mode_refused:-}" ]]; then
         row fence SKIP "-" "this host refused the compute mode: $mode_refused"
         return
@@ -771,7 +810,7 @@ check_shm() {
         row shm SKIP "-" "needs root and unshare (a mount namespace with a /dev/shm of its own)"
         return
     fi
-    start_mps_manager
+    need_manager shm || return
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/shm-hold.out" 2>&1 &
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/shm-hold.out" 2>/dev/null && break; sleep 0.1; done
@@ -782,9 +821,9 @@ check_shm() {
     if timed_out $rc; then row shm FAIL "timed out" "a client with its own /dev/shm neither connected nor was refused in 60 s: $(tail -n 1 "$root/shm.err" | plain)"; return; fi
     r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
     if [[ "$r" == 805 ]]; then
-        row shm PASS "own /dev/shm: CUresult 805 at ${at:-?}" "as the emulator has it: an MPS client must see its server's /dev/shm (mps-manager shm_dir, mounted into containers)"
+        row shm PASS "own /dev/shm: CUresult 805 at ${at:-?}" "as the emulator has it: an MPS client must see its server's /dev/shm (mps-manager shm_dir, mounted into containers)$(mgr_note)"
     elif [[ "$r" == 0 ]]; then
-        row shm INFO "own /dev/shm: context made" "MPS connected a client with a /dev/shm of its own: the emulator (805) is stricter than this host"
+        row shm INFO "own /dev/shm: context made" "MPS connected a client with a /dev/shm of its own: the emulator (805) is stricter than this host$(mgr_note)"
     else
         row shm INFO "own /dev/shm: CUresult ${r:-?} at ${at:-?}" "$(tail -n 1 "$root/shm.err" | plain)"
     fi
@@ -802,7 +841,7 @@ check_pipe_ro() {
         row pipe-ro SKIP "-" "needs root and unshare (a mount namespace with the pipe directory read-only)"
         return
     fi
-    start_mps_manager
+    need_manager pipe-ro || return
     before=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
     line=$(tmo 60 unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
         "$root/mps-pipe" "${as_user[@]}" env "$py" "$client" ctx 2>"$root/pipe-ro.err")
@@ -819,10 +858,14 @@ check_pipe_ro() {
 }
 
 # --- node runtime ------------------------------------------------------------------------
-start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks
+start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks; 1 when
+    # it did not start (mgr_failed says why, with its log's tail)
     [[ -n "${mgr_up:-}" ]] && return 0
-    mgr_up=1
-    local mode=exclusive_process m
+    [[ -n "${mgr_failed:-}" ]] && return 1
+    local mode=exclusive_process m i size new
+    # mps-manager's own refusal of the mode (mps-manager/src/main.rs, compute_mode.rs); not its
+    # INFO line "GPU compute mode set to exclusive_process".
+    local refused="cannot start MPS: ((setting|reading) GPU [0-9]+'s compute mode|compute_mode = \"exclusive_process\" needs NVML)"
     [[ $(id -u) == 0 ]] || mode=leave
     # The kit's clients run on the host, not in containers: the daemon keeps the host's
     # /dev/shm (shm_dir "host"), where its servers keep the shared memory clients attach to.
@@ -833,16 +876,62 @@ start_mps_manager() { # once: mps-manager owning MPS for the node and recovery c
   "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid,
   "quit_on_exit": true, "compute_mode": "$mode", "shm_dir": "host" }
 EOF
+        size=$(stat -c %s "$root/mps-manager.log" 2>/dev/null || echo 0)
         "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >>"$root/mps-manager.log" 2>&1 &
         m=$!
-        sleep 2
-        kill -0 $m 2>/dev/null && { pids+=($m); return 0; }
-        # A host that refuses the compute mode (a sandbox without the permission): the other
-        # checks run with the mode left alone; the fence check says why it cannot run.
-        grep -q "compute mode" "$root/mps-manager.log" || return 0
-        mode_refused="$(grep "compute mode" "$root/mps-manager.log" | tail -n 1 | plain 240)"
-        mode=leave
+        # Up once its state file names it with a control daemon (the mode held, MPS adopted or
+        # started); at most 15 s.
+        for i in $(seq 150); do
+            kill -0 $m 2>/dev/null || break
+            [[ $(tr -d '\n' 2>/dev/null <"$root/run/mps-manager.json" | jget manager_pid) == "$m" ]] &&
+                isnum "$(tr -d '\n' 2>/dev/null <"$root/run/mps-manager.json" | jget daemon_pid)" && break
+            sleep 0.1
+        done
+        if kill -0 $m 2>/dev/null; then
+            pids+=($m); mgr_pid=$m; mgr_up=1
+            return 0
+        fi
+        wait $m 2>/dev/null
+        new=$(tail -c +$(( size + 1 )) "$root/mps-manager.log" 2>/dev/null)
+        if grep -qE "$refused" <<<"$new" && [[ $mode != leave ]]; then
+            # A host that refuses the compute mode (a sandbox without the permission): the
+            # other checks run with the mode left alone; the fence check says why it cannot run.
+            mode_refused="$(grep -E "$refused" <<<"$new" | tail -n 1 | plain 240)"
+            mode=leave
+            continue
+        fi
+        mgr_failed="mps-manager exited at its start: $(tail -n 3 <<<"$new" | plain 300)"
+        echo "gpu-check: $mgr_failed" >&2
+        return 1
     done
+}
+need_manager() { # start_mps_manager for check $1, else its FAIL row (the manager's log tail)
+    start_mps_manager && return 0
+    row "$1" FAIL "mps-manager did not start" "$mgr_failed"
+    return 1
+}
+stop_mps_manager() { # SIGTERM: it quits MPS and puts the compute mode back (quit_on_exit);
+    # then MPS alone again for the checks that need no manager
+    [[ -n "${mgr_up:-}" ]] || return 0
+    local d
+    stop_pids "$mgr_pid"
+    mgr_up=""
+    d=$(tr -dc '0-9' 2>/dev/null <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")
+    if [[ -n $d ]] && kill -0 "$d" 2>/dev/null; then
+        echo quit | mpsctl >/dev/null 2>&1
+        wait_pid "$d" 10 || { echo "gpu-check: MPS control daemon $d did not quit in 10 s: SIGKILL" >&2; kill -KILL "$d" 2>/dev/null; }
+    fi
+    mps_up=""
+    if [[ -n "${mode0:-}" ]] && [[ "$(gpu_mode)" != "$mode0" ]]; then
+        echo "gpu-check: mps-manager left the compute mode $(gpu_mode): setting $mode0 back" >&2
+        tmo 20 nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
+    fi
+    start_mps
+}
+mgr_note() { # for rows run while mps-manager runs: whether it still does, and its recoveries
+    [[ -n "${mgr_up:-}" ]] || return 0
+    local alive="running"; kill -0 "$mgr_pid" 2>/dev/null || alive="EXITED ($(tail -n 1 "$root/mps-manager.log" | plain 160))"
+    echo "; mps-manager $alive, recoveries so far: $(grep -c 'recovery done' "$root/mps-manager.log")"
 }
 check_node() {
     # MuxFlow's scenario: an online client at 50 requests/s on about 30 % of the SMs, then on the
@@ -851,7 +940,7 @@ check_node() {
     # 30 %: online p99 <= 1.10x alone with the offline job keeping >= 60 % of its solo rate;
     # whole GPU: online p99 <= 1.3x alone.
     local secs=$(( quick ? 3 : 8 )) frac alone beside off rate t0 t1 name fig ev
-    start_mps_manager
+    need_manager node || return
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     for frac in 0.3 1.0; do
         name=node; [[ $frac == 1.0 ]] && name=node-full
@@ -886,7 +975,7 @@ PY
 )
         ev=$(grep -c -i 'evict' "$root/sysmonitor.log")
         if [[ -n "$fig" ]]; then
-            row "$name" INFO "${fig%%|*}" "online on ${frac} of the SMs at 50/s: p99 alone ${alone} ms, beside ${beside} ms; offline ${rate:-?} it/s (solo ${solo_rate:-?}); target ${fig#*|}; monitor eviction lines: $ev"
+            row "$name" INFO "${fig%%|*}" "online on ${frac} of the SMs at 50/s: p99 alone ${alone} ms, beside ${beside} ms; offline ${rate:-?} it/s (solo ${solo_rate:-?}); target ${fig#*|}; monitor eviction lines: $ev$(mgr_note)"
         else
             row "$name" FAIL "-" "online client gave no summary (each run stopped past $(( secs + 60 )) s); see sysmonitor/mps-manager logs"
         fi
@@ -953,7 +1042,7 @@ check_recovery() {
     # GPU_CHECK_RECOVERY_NO_SHIM=1: the offline client without the shim (is a fault the shim's?)
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && off_env=(env)
     fatal0=$(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null)
-    start_mps_manager
+    need_manager recovery || return
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     for r in $(seq "$runs"); do
         past_deadline && { runs=$(( r - 1 )); break; } # cut short: the row counts the runs made
@@ -1001,7 +1090,7 @@ check_server_restart() {
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/srv-a.out" 2>/dev/null && break; sleep 0.1; done
     server=$(echo get_server_list | "${ctl[@]}" 2>/dev/null | head -n 1 | tr -dc '0-9')
-    daemon=$(tr -dc '0-9' <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+    daemon=$(tr -dc '0-9' 2>/dev/null <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")
     if [[ -z "$server" || -z "$daemon" ]]; then
         stop_pids $h
         row server-restart FAIL "-" "no MPS server (${server:-none}) or control daemon (${daemon:-none}) to look at: $(tail -n 1 "$root/srv-a.err" | plain)"
@@ -1068,19 +1157,27 @@ check_mps_clients() {
 }
 
 echo "gpu-check on $label (binaries: $bin_dir)" >&2
-# The offline client's solo rate, before the monitor runs: an unregistered process loading the
-# GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
-tmo 120 "$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
-solo_rate=$(offline_rate "$root/off-alone.out")
 past_deadline() { (( deadline > 0 && SECONDS >= deadline )); }
+picked() { # whether --only names one of "$@" (every check without --only)
+    local c
+    [[ -z $only ]] && return 0
+    for c in "$@"; do [[ ",$only," == *",$c,"* ]] && return 0; done
+    return 1
+}
 want() { # whether check $1 runs: picked (--only) and, with --deadline, still in time
-    [[ -z $only || ",$only," == *",$1,"* ]] || return 1
+    picked "$1" || return 1
     if past_deadline; then
         row "$1" SKIP "-" "not reached: the --deadline of $deadline s had passed"
         return 1
     fi
     current=$1
 }
+if picked throttle throttle-cap node; then
+    # The offline client's solo rate, before the monitor runs: an unregistered process loading
+    # the GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
+    tmo 120 "$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
+fi
+solo_rate=$(offline_rate "$root/off-alone.out" 2>/dev/null)
 if start_monitor; then
     want monitor-cpu && check_monitor_cpu
     want nvml-cost && check_nvml_cost
@@ -1090,28 +1187,35 @@ if start_monitor; then
     want stack-limit && check_stack_limit
     want capture-mem && check_capture_mem
     want throttle && check_throttle
-    if start_mps; then
+    if ! picked "${mps_checks[@]}"; then
+        : # no check picked needs MPS: none started
+    elif start_mps; then
+        # MPS alone, no mps-manager: a row measures the same in a whole run and in an --only.
         want mps-server && check_mps_server
+        want throttle-cap && check_throttle_cap
+        want exit && check_exit
+        # Under mps-manager (root: compute mode EXCLUSIVE_PROCESS), started by the first of these.
         want fence && check_fence
         want shm && check_shm
         want pipe-ro && check_pipe_ro
-        want throttle-cap && check_throttle_cap
-        want exit && check_exit
         want node && check_node
         want recovery && check_recovery
-        want server-restart && check_server_restart
-        want mps-clients && check_mps_clients
+        # MPS alone again: mps-manager would take server-restart's deliberate server shutdown
+        # for a crash (a recovery, perhaps a full reset), and the row would blame MPS for it.
+        if picked server-restart mps-clients && [[ -n "${mgr_up:-}" ]] && ! past_deadline; then
+            stop_mps_manager || echo "gpu-check: MPS did not serve again after mps-manager stopped: $mps_why" >&2
+        fi
+        if [[ -n "${mps_up:-}" && -z "$mps_why" ]]; then
+            want server-restart && check_server_restart
+            want mps-clients && check_mps_clients
+        else
+            for c in server-restart mps-clients; do picked $c && row $c SKIP "-" "MPS not serving after mps-manager stopped: $mps_why"; done
+        fi
     else
-        row mps-server SKIP "-" "MPS control daemon did not start on this host"
-        row fence SKIP "-" "needs MPS"
-        row shm SKIP "-" "needs MPS"
-        row pipe-ro SKIP "-" "needs MPS"
-        row throttle-cap SKIP "-" "needs MPS to enforce the cap"
-        row exit SKIP "-" "MPS control daemon did not start on this host"
-        row recovery SKIP "-" "MPS control daemon did not start on this host"
-        row server-restart SKIP "-" "MPS control daemon did not start on this host"
-        row mps-clients SKIP "-" "MPS control daemon did not start on this host"
-        want exit && check_exit
+        for c in "${mps_checks[@]}"; do
+            [[ $c == exit ]] || ! picked "$c" || row "$c" SKIP "-" "$mps_why"
+        done
+        want exit && check_exit # without MPS: its row says so
     fi
     # Last: an unshimmed launch loop is online load to the monitor, which may hold the GPU after it.
     want launch-cost && check_launch_cost
