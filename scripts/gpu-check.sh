@@ -133,6 +133,16 @@ stop_pids() { # TERM, up to 10 s in all for them to end, then KILL; each reaped
     for p in "$@"; do wait "$p" 2>/dev/null; done
     return 0
 }
+wait_line() { # up to $3 s for file $1 to hold a line matching $2 (grep -E) while pid $4 runs;
+    # 0 once it does, 1 otherwise (the process exited first, or the time ran out)
+    local end=$(( SECONDS + $3 ))
+    while (( SECONDS < end )); do
+        grep -qE "$2" "$1" 2>/dev/null && return 0
+        kill -0 "$4" 2>/dev/null || { grep -qE "$2" "$1" 2>/dev/null; return; }
+        sleep 0.1
+    done
+    return 1
+}
 wait_pid() { # up to $2 s for pid $1 to end; 1 if it still runs
     local end=$(( SECONDS + $2 ))
     while kill -0 "$1" 2>/dev/null; do (( SECONDS < end )) || return 1; sleep 0.1; done
@@ -495,16 +505,22 @@ check_pool_keep() {
     # A pool that keeps freed memory (release threshold UINT64_MAX, PyTorch's cudaMallocAsync
     # backend): 60 % of the quota allocated with cuMemAllocAsync and freed stays in the pool, so
     # cuMemAlloc of 60 % more must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2); after
-    # cuMemPoolTrimTo(pool, 0) it fits. NVML, outside the shim, is read while the process holds.
+    # cuMemPoolTrimTo(pool, 0) it fits. NVML, outside the shim, is read while the pool keeps the
+    # chunk (the client waits for SIGUSR1 before its trim).
     local quota chunk base o a used
     quota=$(quarter_quota gpu-check-pool); chunk=$(( quota * 6 / 10 ))
     if (( quota <= 0 )); then row pool-keep FAIL "-" "the GPU's memory size unreadable"; return; fi
     base=$(nvml_used)
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" pool-keep "$chunk" --hold >"$root/pool.out" 2>"$root/pool.err" &
     a=$!
-    for _ in $(seq 100); do [[ -s "$root/pool.out" ]] && break; sleep 0.1; done
-    used=$(nvml_used)
-    if isnum "$used" && isnum "$base"; then used="$(( used - base )) MiB incl. context"; else used="unreadable (${base:-?} before, ${used:-?} while held)"; fi
+    if wait_line "$root/pool.out" '"phase": "kept"' 60 $a; then
+        used=$(nvml_used)
+        if isnum "$used" && isnum "$base"; then used="$(( used - base )) MiB incl. context, read while the pool kept the chunk"; else used="unreadable (${base:-?} before, ${used:-?} while kept)"; fi
+        kill -USR1 $a 2>/dev/null
+        wait_line "$root/pool.out" '"trimmed_mib"' 60 $a
+    else
+        used="not read: the client printed nothing in 60 s"; kill -0 $a 2>/dev/null || used="not read: the client exited first"
+    fi
     stop_pids $a
     o=$(cat "$root/pool.out")
     local kept kept_rc trim_rc
@@ -547,6 +563,8 @@ check_stack_limit() {
         row stack-limit FAIL "-" "the client reported no counted size: $detail"
     elif [[ $moved == "?" ]]; then
         row stack-limit INFO "${counted} MiB counted" "NVML gives no per-process figure here; $detail"
+    elif (( moved * 2 < counted )); then
+        row stack-limit INFO "${counted} MiB counted" "NVML moved less than half of it: the driver did not reserve the stack when it was raised, so nothing is measured; $detail"
     elif (( moved <= counted + 64 )); then
         row stack-limit PASS "${counted} MiB counted" "$detail"
     else
@@ -570,6 +588,10 @@ check_capture_mem() {
     local detail="captured node: ${node:-?}, end $(jget end <<<"$o"), instantiate $(jget instantiate <<<"$o"); cuMemAlloc: ${plain:-?}; launch: ${launch:-?}"
     if [[ -z $o || $node != 0 || $plain != 0 ]]; then
         row capture-mem FAIL "-" "$detail $(tail -n 2 "$root/capture.err" | plain)"
+    elif [[ $launch == -1 && $(jget end <<<"$o") != 0 ]]; then
+        row capture-mem FAIL "capture failed" "cuStreamEndCapture returned $(jget end <<<"$o"): no graph to launch; $detail $(tail -n 2 "$root/capture.err" | plain)"
+    elif [[ $launch == -1 ]]; then
+        row capture-mem FAIL "instantiate failed" "cuGraphInstantiateWithFlags returned $(jget instantiate <<<"$o"): no graph to launch; $detail $(tail -n 2 "$root/capture.err" | plain)"
     elif [[ $launch == 2 ]]; then
         row capture-mem PASS "${chunk} MiB graph refused" "$detail"
     else
@@ -780,7 +802,17 @@ check_fence() {
     fi
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/fence-hold.out" 2>&1 &
     h=$!; pids+=($h)
-    for _ in $(seq 100); do grep -q holding "$root/fence-hold.out" 2>/dev/null && break; sleep 0.1; done
+    if ! wait_line "$root/fence-hold.out" holding 60 $h; then
+        stop_pids $h
+        row fence FAIL "no MPS client to hold the server" "an MPS client got no context under mps-manager in 60 s: $(tail -n 2 "$root/fence-hold.out" | plain 200); $(mps_logs)$(mgr_note)"
+        return
+    fi
+    mode=$(tr -d '\n' 2>/dev/null <"$root/run/mps-manager.json" | jget compute_mode)
+    if [[ $mode != exclusive_process ]]; then
+        stop_pids $h
+        row fence FAIL "compute mode ${mode:-unknown}" "mps-manager's state file does not say exclusive_process: the fence is not held, nothing to look at$(mgr_note)"
+        return
+    fi
     mkdir -p "$root/no-mps"; chmod 1777 "$root/no-mps"
     local line rc; line=$(tmo 60 "${as_user[@]}" env CUDA_MPS_PIPE_DIRECTORY="$root/no-mps" "$py" "$client" ctx 2>"$root/fence.err"); rc=$?
     stop_pids $h
@@ -791,11 +823,11 @@ check_fence() {
     [[ $found == None ]] && found="it so"
     local how="compute mode ${mode:-?} (found ${found:-?}) held by mps-manager"
     if [[ "$r" == 46 ]]; then
-        row fence PASS "outside MPS: CUDA_ERROR_DEVICE_UNAVAILABLE" "$how: only the MPS server holds a context of its own"
+        row fence PASS "outside MPS: CUDA_ERROR_DEVICE_UNAVAILABLE" "$how: only the MPS server holds a context of its own$(mgr_note)"
     elif [[ "$r" == 0 ]]; then
-        row fence FAIL "a process outside MPS got a context" "$how; mps-manager: $(grep -i 'compute mode' "$root/mps-manager.log" | tail -n 1 | plain)"
+        row fence FAIL "a process outside MPS got a context" "$how; mps-manager: $(grep -i 'compute mode' "$root/mps-manager.log" | tail -n 1 | plain)$(mgr_note)"
     else
-        row fence INFO "outside MPS: CUresult ${r:-?} at ${at:-?}" "$how; $(tail -n 1 "$root/fence.err" | plain)"
+        row fence INFO "outside MPS: CUresult ${r:-?} at ${at:-?}" "$how; $(tail -n 1 "$root/fence.err" | plain)$(mgr_note)"
     fi
 }
 
@@ -836,24 +868,53 @@ check_pipe_ro() {
     # and bind its own. Connecting to a socket or opening a FIFO needs no write access to the
     # mount; whether a real MPS client also creates something there is what this tells: a client
     # in a mount namespace where the pipe directory is a read-only bind mount of itself.
-    local line r at before after
+    # A client holds the server up meanwhile, and the probe holds its context until MPS has been
+    # asked for its clients: a context made outside MPS (the fence not held) is no PASS.
+    local line r at before after h p pid srv servers clients="" listed=""
     if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null 2>&1; then
         row pipe-ro SKIP "-" "needs root and unshare (a mount namespace with the pipe directory read-only)"
         return
     fi
     need_manager pipe-ro || return
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/pipe-ro-hold.out" 2>&1 &
+    h=$!; pids+=($h)
+    if ! wait_line "$root/pipe-ro-hold.out" holding 60 $h; then
+        stop_pids $h
+        row pipe-ro FAIL "no MPS client to hold the server" "an MPS client got no context in 60 s: $(tail -n 2 "$root/pipe-ro-hold.out" | plain 200); $(mps_logs)$(mgr_note)"
+        return
+    fi
     before=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
-    line=$(tmo 60 unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
-        "$root/mps-pipe" "${as_user[@]}" env "$py" "$client" ctx 2>"$root/pipe-ro.err")
+    unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
+        "$root/mps-pipe" "${as_user[@]}" env "$py" "$client" ctx --hold >"$root/pipe-ro.out" 2>"$root/pipe-ro.err" &
+    p=$!; pids+=($p)
+    if ! wait_line "$root/pipe-ro.out" '"result"' 60 $p; then
+        local why="exited without an answer"; kill -0 $p 2>/dev/null && why="neither got a context nor was refused in 60 s"
+        stop_pids $p $h
+        row pipe-ro FAIL "read-only pipe dir: no answer" "the client through a read-only pipe dir $why: $(tail -n 2 "$root/pipe-ro.err" | plain)$(mgr_note)"
+        return
+    fi
+    line=$(cat "$root/pipe-ro.out")
+    r=$(jget result <<<"$line"); at=$(jget at <<<"$line"); pid=$(jget pid <<<"$line")
+    if [[ $r == 0 ]]; then
+        servers=$(mps_servers)
+        for srv in $servers; do
+            clients+="$(echo "get_client_list $srv" | mpsctl 2>/dev/null | tr -dc '0-9\n' | tr '\n' ' ')"
+        done
+        [[ " $clients " == *" $pid "* ]] && listed=1
+    fi
     after=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
-    r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
+    stop_pids $p $h
     local fence="compute mode $(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode)"
-    if [[ "$r" == 0 && -z "${mode_refused:-}" ]]; then
-        row pipe-ro PASS "context through a read-only pipe dir" "$fence (no context outside MPS): an MPS client needs no write access there; inject.mps_pipe_read_only can be on. Entries: $before"
+    clients="${clients% }"
+    local seen="the probe (pid $pid) on MPS server(s) ${servers:-none}, clients: ${clients:-none}"
+    if [[ "$r" == 0 && -n $listed && -z "${mode_refused:-}" ]]; then
+        row pipe-ro PASS "context through a read-only pipe dir" "$fence; $seen: an MPS client needs no write access there; inject.mps_pipe_read_only can be on. Entries: $before$(mgr_note)"
+    elif [[ "$r" == 0 && -z $listed ]]; then
+        row pipe-ro INFO "context made outside MPS" "$fence; $seen: the probe is no MPS server's client, so the read-only pipe dir is not what it went through. Entries: $before$(mgr_note)"
     elif [[ "$r" == 0 ]]; then
-        row pipe-ro INFO "context made (fence not held)" "the compute mode was refused ($mode_refused): the context may be outside MPS. Entries: $before"
+        row pipe-ro INFO "context made (fence not held)" "the compute mode was refused ($mode_refused); $seen. Entries: $before$(mgr_note)"
     else
-        row pipe-ro FAIL "read-only pipe dir: CUresult ${r:-?} at ${at:-?}" "an MPS client needs to write in the pipe directory: keep inject.mps_pipe_read_only off; $(tail -n 1 "$root/pipe-ro.err" | plain). Entries before: $before; after: $after"
+        row pipe-ro FAIL "read-only pipe dir: CUresult ${r:-?} at ${at:-?}" "an MPS client needs to write in the pipe directory: keep inject.mps_pipe_read_only off; $(tail -n 1 "$root/pipe-ro.err" | plain). Entries before: $before; after: $after$(mgr_note)"
     fi
 }
 
