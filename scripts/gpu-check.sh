@@ -65,6 +65,8 @@
 #                            MPS only when one of them needs it)
 #        [--deadline SECS]   (no check starts SECS seconds after the kit did: SKIP rows, "not
 #                            reached"; size it to leave the longest check, ~60 s, and cleanup)
+#        [--allow-debug]     (real GPU: run on debug builds; their timing rows are not a
+#                            release's, and the table says so)
 #        [--reset-gpu]       (real GPU: quit any MPS control daemon and set the compute mode
 #                            DEFAULT before starting; without it the kit stops when it finds
 #                            either, except what an earlier kit run that did not finish left,
@@ -74,8 +76,10 @@
 # in progress, prints the table so far and cleans up (MPS quit, compute mode put back): give it
 # 30 s (`timeout -k 30 ...`). On a real GPU the compute mode found after cleanup is printed.
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
-# --bin-dir (default target/release, else target/debug; built with cargo when missing and
-# cargo is there). Exit status: 0 when no check failed. GPU_CHECK_KEEP=1 keeps the scratch
+# --bin-dir (default .gc/bin as scripts/gpu-check-pack.sh writes it, target/release, else
+# target/debug; built with cargo when missing and cargo is there). Debug builds are refused on a
+# real GPU without --allow-debug. When the kit runs as root its offline processes run as uid
+# 65534: binaries that user cannot read are copied into the scratch directory (mode 755). Exit status: 0 when no check failed. GPU_CHECK_KEEP=1 keeps the scratch
 # directory (logs of every process) for a look afterwards. GPU_CHECK_MONITOR_EXTRA adds keys to
 # the monitor's config (e.g. '"nvml": { "gpm_every_ms": 1000 }', to price a pace with
 # monitor-cpu and nvml-cost); GPU_CHECK_EXIT_RUNS sets the exit check's signals (default 20),
@@ -86,7 +90,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 top="$(dirname "$here")"
-mode="" profile="t4" bin_dir="" quick=0 only="" deadline=0 reset_gpu=0
+mode="" profile="t4" bin_dir="" quick=0 only="" deadline=0 reset_gpu=0 allow_debug=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --emulated) mode=emu; profile="${2:?--emulated needs a profile}"; shift 2 ;;
@@ -97,6 +101,7 @@ while [[ $# -gt 0 ]]; do
         --deadline) deadline="${2:?--deadline needs seconds}"; shift 2
             [[ $deadline =~ ^[0-9]+$ ]] || { echo "gpu-check: --deadline takes whole seconds" >&2; exit 2; } ;;
         --reset-gpu) reset_gpu=1; shift ;;
+        --allow-debug) allow_debug=1; shift ;;
         -h|--help) sed -n '2,/^set -uo pipefail/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -207,7 +212,7 @@ need=(libxcuda.so sysmonitor mps-manager online offline)
 [[ $mode == emu ]] && need+=(libcuda.so libnvidia_ml.so emu-mps-control)
 have_all() { local d="$1" f; for f in "${need[@]}"; do [[ -e "$d/$f" ]] || return 1; done; }
 if [[ -z "$bin_dir" ]]; then
-    for d in "$top/target/release" "$top/target/debug"; do have_all "$d" && { bin_dir="$d"; break; }; done
+    for d in "$top/.gc/bin" "$top/target/release" "$top/target/debug"; do have_all "$d" && { bin_dir="$d"; break; }; done
 fi
 if [[ -z "$bin_dir" ]]; then
     command -v cargo >/dev/null 2>&1 || { echo "gpu-check: no built binaries and no cargo; pass --bin-dir" >&2; exit 2; }
@@ -217,6 +222,39 @@ if [[ -z "$bin_dir" ]]; then
 fi
 have_all "$bin_dir" || { echo "gpu-check: $bin_dir lacks one of: ${need[*]}" >&2; exit 2; }
 bin_dir="$(cd "$bin_dir" && pwd)"
+# Release or debug: PROFILE (scripts/gpu-check-pack.sh writes it), else the directory's name.
+if [[ -r $bin_dir/PROFILE ]]; then bin_prof=$(head -n 1 "$bin_dir/PROFILE")
+elif [[ $bin_dir == */debug ]]; then bin_prof=debug
+elif [[ $bin_dir == */release ]]; then bin_prof=release
+else bin_prof=unknown
+fi
+if [[ $bin_prof == debug && $mode == real ]] && (( ! allow_debug )); then
+    echo "gpu-check: $bin_dir holds debug builds: the timing rows (throttle, node, recovery, monitor-cpu, nvml-cost, launch-cost) would measure debug code. Build release binaries (scripts/gpu-check-pack.sh packs them), or pass --allow-debug" >&2
+    exit 2
+fi
+bin_note="$bin_prof build"
+[[ $bin_prof == debug ]] && bin_note="DEBUG build: timing figures (throttle, node, recovery, monitor-cpu, nvml-cost, launch-cost) are not a release's"
+[[ $bin_prof == unknown ]] && bin_note="build profile unknown (no PROFILE file)"
+# Offline processes run as this user when the kit runs as root (offline containers are not root).
+# Under MPS the online client runs as that user too: MPS serves one user at a time (a client
+# of another user is queued until the running server's clients are done), so a node runs its
+# online service and offline containers as one uid (README, "One user per MPS GPU").
+as_user=()
+mps_uid=$(id -u)
+if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null 2>&1; then
+    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    mps_uid=65534
+fi
+unreadable() { # those of "$@" (paths) that the kit's offline user cannot read, or run
+    local f out=""
+    for f in "$@"; do
+        case $f in
+            *.so|*.py) "${as_user[@]}" test -r "$f" || out+=" $f" ;;
+            *) "${as_user[@]}" test -r "$f" -a -x "$f" || out+=" $f" ;;
+        esac
+    done
+    echo "${out# }"
+}
 
 root="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
 chmod 755 "$root"
@@ -258,7 +296,25 @@ echo $$ >"$root/kit.pid"
 mkdir -p "$root/run" "$root/mps-pipe" "$root/mps-log" "$root/bin" "$root/lib"
 chmod 1777 "$root/run" "$root/mps-pipe" "$root/mps-log"
 cp "$here/gpu_check_client.py" "$root/client.py"
+chmod 644 "$root/client.py"
 client="$root/client.py"
+if (( ${#as_user[@]} )); then
+    # A preloaded library its user cannot read is skipped by the loader with a mere warning:
+    # "shimmed" rows would run unshimmed. Copies in the scratch directory (755) then, or stop.
+    bad=$(unreadable "${need[@]/#/$bin_dir/}")
+    if [[ -n $bad ]]; then
+        echo "gpu-check: uid 65534 cannot read (or run) $bad: using copies in $root/bin-copy" >&2
+        mkdir -p "$root/bin-copy"
+        for f in "${need[@]}"; do cp -L "$bin_dir/$f" "$root/bin-copy/$f"; chmod 755 "$root/bin-copy/$f"; done
+        chmod 755 "$root/bin-copy"
+        bin_dir="$root/bin-copy"
+    fi
+    bad=$(unreadable "${need[@]/#/$bin_dir/}" "$client")
+    if [[ -n $bad ]]; then
+        echo "gpu-check: uid 65534 cannot read $bad (is ${TMPDIR:-/tmp} open to all?): shimmed rows would run unshimmed; stopping" >&2
+        exit 2
+    fi
+fi
 if [[ $mode == emu ]]; then
     ln -s "$bin_dir/libcuda.so" "$root/lib/libcuda.so.1"
     ln -s "$bin_dir/libnvidia_ml.so" "$root/lib/libnvidia-ml.so.1"
@@ -272,16 +328,6 @@ else
     mode0="$(gpu_mode)"
 fi
 export XSHARE_LEDGER_DIR="$root/run" CUDA_MPS_PIPE_DIRECTORY="$root/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$root/mps-log"
-# Offline processes run as this user when the kit runs as root (offline containers are not root).
-# Under MPS the online client runs as that user too: MPS serves one user at a time (a client
-# of another user is queued until the running server's clients are done), so a node runs its
-# online service and offline containers as one uid (README, "One user per MPS GPU").
-as_user=()
-mps_uid=$(id -u)
-if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null 2>&1; then
-    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-    mps_uid=65534
-fi
 shim_env=(env LD_PRELOAD="$bin_dir/libxcuda.so" XCUDA_CONFIG="$root/xcuda.json")
 
 rows=()
@@ -291,15 +337,16 @@ print_table() {
     table_printed=1
     echo
     echo "GPU check kit on $label"
-    printf '%-12s %-5s %-34s %s\n' check result figure detail
+    echo "binaries: $bin_dir ($bin_note)"
+    printf '%-14s %-5s %-34s %s\n' check result figure detail
     printf '%s\n' "------------------------------------------------------------------------------------------------"
     printf '%s\n' "${rows[@]}"
 }
 plain() { sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ' | cut -c1-"${1:-200}"; }
 row() { # check result figure detail
-    rows+=("$(printf '%-12s %-5s %-34s %s' "$1" "$2" "$3" "$4")")
+    rows+=("$(printf '%-14s %-5s %-34s %s' "$1" "$2" "$3" "$4")")
     [[ $2 == FAIL ]] && failed=1
-    printf 'gpu-check: %-12s %-5s %s %s\n' "$1" "$2" "$3" "$4" >&2
+    printf 'gpu-check: %-14s %-5s %s %s\n' "$1" "$2" "$3" "$4" >&2
 }
 jget() { "$py" -c 'import json,sys
 k=sys.argv[1]
@@ -1217,7 +1264,7 @@ check_mps_clients() {
     fi
 }
 
-echo "gpu-check on $label (binaries: $bin_dir)" >&2
+echo "gpu-check on $label (binaries: $bin_dir, $bin_note)" >&2
 past_deadline() { (( deadline > 0 && SECONDS >= deadline )); }
 picked() { # whether --only names one of "$@" (every check without --only)
     local c
