@@ -156,9 +156,9 @@ mps_daemons() { # "pid pipe-dir" of each MPS control daemon on this host (its en
     # the pipe directory, /tmp/nvidia-mps when unset; readable as root)
     local p a d
     for p in /proc/[0-9]*; do
-        a=$(tr '\0' '\n' <"$p/cmdline" 2>/dev/null) || continue
+        a=$(tr '\0' '\n' 2>/dev/null <"$p/cmdline") || continue
         [[ $(head -n 1 <<<"$a") == *nvidia-cuda-mps-control ]] && grep -qx -- '-d' <<<"$a" || continue
-        d=$(tr '\0' '\n' <"$p/environ" 2>/dev/null | sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' | head -n 1)
+        d=$(tr '\0' '\n' 2>/dev/null <"$p/environ" | sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' | head -n 1)
         echo "${p#/proc/} ${d:-/tmp/nvidia-mps}"
     done
 }
@@ -798,6 +798,7 @@ check_exit() {
     local done_req; done_req=$(jget requests <"$root/online-exit.out")
     [[ -z "$done_req" || "$done_req" == 0 ]] && hung=1
     local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
+    [[ -n "${mps_why:-}" ]] && how="MPS not confirmed serving (see the SKIP rows)"
     if [[ $hung == 0 && $bad == 0 ]]; then
         row exit PASS "$n Ctrl-C/SIGTERM, 0 hung neighbours" "$how; online completed ${done_req} requests"
     else
@@ -1286,6 +1287,7 @@ if picked throttle throttle-cap node; then
     tmo 120 "$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
 fi
 solo_rate=$(offline_rate "$root/off-alone.out" 2>/dev/null)
+current=monitor # what a FAIL row names if the kit stops between checks
 if start_monitor; then
     want monitor-cpu && check_monitor_cpu
     want nvml-cost && check_nvml_cost
@@ -1297,7 +1299,7 @@ if start_monitor; then
     want throttle && check_throttle
     if ! picked "${mps_checks[@]}"; then
         : # no check picked needs MPS: none started
-    elif start_mps; then
+    elif current=mps-start; start_mps; then
         # MPS alone, no mps-manager: a row measures the same in a whole run and in an --only.
         want mps-server && check_mps_server
         want throttle-cap && check_throttle_cap
@@ -1311,6 +1313,7 @@ if start_monitor; then
         # MPS alone again: mps-manager would take server-restart's deliberate server shutdown
         # for a crash (a recovery, perhaps a full reset), and the row would blame MPS for it.
         if picked server-restart mps-clients && [[ -n "${mgr_up:-}" ]] && ! past_deadline; then
+            current=mps-restart
             stop_mps_manager || echo "gpu-check: MPS did not serve again after mps-manager stopped: $mps_why" >&2
         fi
         if [[ -n "${mps_up:-}" && -z "$mps_why" ]]; then
