@@ -61,10 +61,25 @@
 #               means MPS clients need no write access there, and node-agent's
 #               inject.mps_pipe_read_only (a tenant cannot replace the control socket) can be on
 # Usage: scripts/gpu-check.sh [--emulated t4|a10|h100 | --real] [--bin-dir DIR] [--quick]
-#        [--only CHECK,CHECK...]   (runs only those checks; the monitor and MPS still start)
+#        [--only CHECK,CHECK...]   (runs only those checks, names checked; the monitor starts,
+#                            MPS only when one of them needs it)
+#        [--deadline SECS]   (no check starts SECS seconds after the kit did: SKIP rows, "not
+#                            reached"; size it to leave the longest check, ~60 s, and cleanup)
+#        [--allow-debug]     (real GPU: run on debug builds; their timing rows are not a
+#                            release's, and the table says so)
+#        [--reset-gpu]       (real GPU: quit any MPS control daemon and set the compute mode
+#                            DEFAULT before starting; without it the kit stops when it finds
+#                            either, except what an earlier kit run that did not finish left,
+#                            which it always resets)
+# Every client and MPS control command the kit waits for runs under `timeout`: a check that
+# hangs is a FAIL row naming the timeout. SIGTERM/SIGINT (an outer `timeout`) ends the check
+# in progress, prints the table so far and cleans up (MPS quit, compute mode put back): give it
+# 30 s (`timeout -k 30 ...`). On a real GPU the compute mode found after cleanup is printed.
 # Default: --real when `nvidia-smi -L` lists a GPU, else --emulated t4. Binaries come from
-# --bin-dir (default target/release, else target/debug; built with cargo when missing and
-# cargo is there). Exit status: 0 when no check failed. GPU_CHECK_KEEP=1 keeps the scratch
+# --bin-dir (default .gc/bin as scripts/gpu-check-pack.sh writes it, target/release, else
+# target/debug; built with cargo when missing and cargo is there). Debug builds are refused on a
+# real GPU without --allow-debug. When the kit runs as root its offline processes run as uid
+# 65534: binaries that user cannot read are copied into the scratch directory (mode 755). Exit status: 0 when no check failed. GPU_CHECK_KEEP=1 keeps the scratch
 # directory (logs of every process) for a look afterwards. GPU_CHECK_MONITOR_EXTRA adds keys to
 # the monitor's config (e.g. '"nvml": { "gpm_every_ms": 1000 }', to price a pace with
 # monitor-cpu and nvml-cost); GPU_CHECK_EXIT_RUNS sets the exit check's signals (default 20),
@@ -75,7 +90,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 top="$(dirname "$here")"
-mode="" profile="t4" bin_dir="" quick=0 only=
+mode="" profile="t4" bin_dir="" quick=0 only="" deadline=0 reset_gpu=0 allow_debug=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --emulated) mode=emu; profile="${2:?--emulated needs a profile}"; shift 2 ;;
@@ -83,19 +98,121 @@ while [[ $# -gt 0 ]]; do
         --bin-dir) bin_dir="${2:?}"; shift 2 ;;
         --quick) quick=1; shift ;;
         --only) only="${2:?--only needs a list of checks}"; shift 2 ;;
+        --deadline) deadline="${2:?--deadline needs seconds}"; shift 2
+            [[ $deadline =~ ^[0-9]+$ ]] || { echo "gpu-check: --deadline takes whole seconds" >&2; exit 2; } ;;
+        --reset-gpu) reset_gpu=1; shift ;;
+        --allow-debug) allow_debug=1; shift ;;
         -h|--help) sed -n '2,/^set -uo pipefail/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+all_checks=(monitor-cpu nvml-cost quota torch-quota pool-keep stack-limit capture-mem throttle mps-server
+    throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients launch-cost)
+mps_checks=(mps-server throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients)
+if [[ -n $only ]]; then
+    for c in ${only//,/ }; do
+        [[ " ${all_checks[*]} " == *" $c "* ]] && continue
+        echo "gpu-check: --only: no check named '$c'; the checks: ${all_checks[*]}" >&2
+        exit 2
+    done
+fi
 if [[ -z "$mode" ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then mode=real; else mode=emu; fi
 fi
 py="${PYTHON:-python3}"
+# A foreground command with a time limit: TERM past $1 seconds, KILL 5 s later (exit status 124
+# or 137). --foreground keeps it in the kit's process group, so that a TERM sent to the whole
+# group (an outer `timeout`) reaches it at once and the kit's own trap runs.
+tmo() { local s=$1; shift; timeout --foreground -k 5 "$s" "$@"; }
+timed_out() { [[ ${1:-} == 124 || ${1:-} == 137 ]]; }
+mpsctl() { tmo 15 nvidia-cuda-mps-control "$@"; } # reads its command on stdin
+gpu_mode() { tmo 20 nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | head -1; }
+stop_pids() { # TERM, up to 10 s in all for them to end, then KILL; each reaped
+    local p end=$(( SECONDS + 10 ))
+    [[ $# -gt 0 ]] || return 0
+    kill -TERM "$@" 2>/dev/null
+    for p in "$@"; do
+        while kill -0 "$p" 2>/dev/null && (( SECONDS < end )); do sleep 0.1; done
+    done
+    kill -KILL "$@" 2>/dev/null
+    for p in "$@"; do wait "$p" 2>/dev/null; done
+    return 0
+}
+wait_line() { # up to $3 s for file $1 to hold a line matching $2 (grep -E) while pid $4 runs;
+    # 0 once it does, 1 otherwise (the process exited first, or the time ran out)
+    local end=$(( SECONDS + $3 ))
+    while (( SECONDS < end )); do
+        grep -qE "$2" "$1" 2>/dev/null && return 0
+        kill -0 "$4" 2>/dev/null || { grep -qE "$2" "$1" 2>/dev/null; return; }
+        sleep 0.1
+    done
+    return 1
+}
+wait_pid() { # up to $2 s for pid $1 to end; 1 if it still runs
+    local end=$(( SECONDS + $2 ))
+    while kill -0 "$1" 2>/dev/null; do (( SECONDS < end )) || return 1; sleep 0.1; done
+}
+mps_daemons() { # "pid pipe-dir" of each MPS control daemon on this host (its environment says
+    # the pipe directory, /tmp/nvidia-mps when unset; readable as root)
+    local p a d
+    for p in /proc/[0-9]*; do
+        a=$(tr '\0' '\n' 2>/dev/null <"$p/cmdline") || continue
+        [[ $(head -n 1 <<<"$a") == *nvidia-cuda-mps-control ]] && grep -qx -- '-d' <<<"$a" || continue
+        d=$(tr '\0' '\n' 2>/dev/null <"$p/environ" | sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' | head -n 1)
+        echo "${p#/proc/} ${d:-/tmp/nvidia-mps}"
+    done
+}
+stale_kit_dirs() { # scratch directories of kit runs that ended without their cleanup
+    local s
+    for s in "${TMPDIR:-/tmp}"/gpu-check.* /tmp/gpu-check.*; do
+        [[ -d $s/mps-pipe ]] || continue
+        [[ -r $s/kit.pid ]] && kill -0 "$(cat "$s/kit.pid" 2>/dev/null)" 2>/dev/null && continue
+        echo "$s"
+    done | sort -u
+}
+reset_gpu_state() { # a real GPU, before the kit starts anything: what an earlier run left
+    local pid dir m stale others=() found=""
+    stale=$(stale_kit_dirs)
+    while read -r pid dir; do
+        [[ -n $pid ]] || continue
+        if grep -qxF "${dir%/mps-pipe}" <<<"$stale" || (( reset_gpu )); then
+            echo "gpu-check: RESET: quitting MPS control daemon $pid (pipe dir $dir)$(grep -qxF "${dir%/mps-pipe}" <<<"$stale" && echo ", left by a kit run that did not finish")" >&2
+            echo quit | CUDA_MPS_PIPE_DIRECTORY="$dir" mpsctl >/dev/null 2>&1
+            if ! wait_pid "$pid" 10; then
+                echo "gpu-check: RESET: daemon $pid did not quit in 10 s: SIGKILL" >&2
+                kill -KILL "$pid" 2>/dev/null; sleep 1
+            fi
+        else
+            others+=("pid $pid, pipe dir $dir")
+        fi
+    done < <(mps_daemons)
+    if (( ${#others[@]} )); then
+        echo "gpu-check: an MPS control daemon runs on this host (${others[*]}): the kit would start its own beside it; quit it first (echo quit | CUDA_MPS_PIPE_DIRECTORY=DIR nvidia-cuda-mps-control), or pass --reset-gpu" >&2
+        exit 2
+    fi
+    m=$(gpu_mode)
+    [[ -z $m || $m == Default ]] && return 0
+    # The mode an unfinished kit run's mps-manager found before it set EXCLUSIVE_PROCESS.
+    for dir in $stale; do
+        tr -d '\n' <"$dir/run/mps-manager.json" 2>/dev/null | grep -q '"compute_mode": *"exclusive_process"' && found=$dir
+    done
+    if [[ -n $found ]] || (( reset_gpu )); then
+        echo "gpu-check: RESET: GPU 0's compute mode $m set to DEFAULT${found:+ (left by the kit run in $found)}" >&2
+        tmo 20 nvidia-smi -i 0 -c DEFAULT >/dev/null 2>&1
+        m=$(gpu_mode)
+        [[ $m == Default ]] && return 0
+        echo "gpu-check: the compute mode is still ${m:-unreadable}: stopping" >&2
+        exit 2
+    fi
+    echo "gpu-check: GPU 0's compute mode is $m, not Default: processes outside MPS (quota, throttle) would get no context. Set it (nvidia-smi -i 0 -c DEFAULT), or pass --reset-gpu" >&2
+    exit 2
+}
+[[ $mode == real ]] && reset_gpu_state
 need=(libxcuda.so sysmonitor mps-manager online offline)
 [[ $mode == emu ]] && need+=(libcuda.so libnvidia_ml.so emu-mps-control)
 have_all() { local d="$1" f; for f in "${need[@]}"; do [[ -e "$d/$f" ]] || return 1; done; }
 if [[ -z "$bin_dir" ]]; then
-    for d in "$top/target/release" "$top/target/debug"; do have_all "$d" && { bin_dir="$d"; break; }; done
+    for d in "$top/.gc/bin" "$top/target/release" "$top/target/debug"; do have_all "$d" && { bin_dir="$d"; break; }; done
 fi
 if [[ -z "$bin_dir" ]]; then
     command -v cargo >/dev/null 2>&1 || { echo "gpu-check: no built binaries and no cargo; pass --bin-dir" >&2; exit 2; }
@@ -105,29 +222,99 @@ if [[ -z "$bin_dir" ]]; then
 fi
 have_all "$bin_dir" || { echo "gpu-check: $bin_dir lacks one of: ${need[*]}" >&2; exit 2; }
 bin_dir="$(cd "$bin_dir" && pwd)"
+# Release or debug: PROFILE (scripts/gpu-check-pack.sh writes it), else the directory's name.
+if [[ -r $bin_dir/PROFILE ]]; then bin_prof=$(head -n 1 "$bin_dir/PROFILE")
+elif [[ $bin_dir == */debug ]]; then bin_prof=debug
+elif [[ $bin_dir == */release ]]; then bin_prof=release
+else bin_prof=unknown
+fi
+if [[ $bin_prof == debug && $mode == real ]] && (( ! allow_debug )); then
+    echo "gpu-check: $bin_dir holds debug builds: the timing rows (throttle, node, recovery, monitor-cpu, nvml-cost, launch-cost) would measure debug code. Build release binaries (scripts/gpu-check-pack.sh packs them), or pass --allow-debug" >&2
+    exit 2
+fi
+bin_note="$bin_prof build"
+[[ $bin_prof == debug ]] && bin_note="DEBUG build: timing figures (throttle, node, recovery, monitor-cpu, nvml-cost, launch-cost) are not a release's"
+[[ $bin_prof == unknown ]] && bin_note="build profile unknown (no PROFILE file)"
+# Offline processes run as this user when the kit runs as root (offline containers are not root).
+# Under MPS the online client runs as that user too: MPS serves one user at a time (a client
+# of another user is queued until the running server's clients are done), so a node runs its
+# online service and offline containers as one uid (README, "One user per MPS GPU").
+as_user=()
+mps_uid=$(id -u)
+if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null 2>&1; then
+    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    mps_uid=65534
+fi
+unreadable() { # those of "$@" (paths) that the kit's offline user cannot read, or run
+    local f out=""
+    for f in "$@"; do
+        case $f in
+            *.so|*.py) "${as_user[@]}" test -r "$f" || out+=" $f" ;;
+            *) "${as_user[@]}" test -r "$f" -a -x "$f" || out+=" $f" ;;
+        esac
+    done
+    echo "${out# }"
+}
 
 root="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
 chmod 755 "$root"
 pids=()
 cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    sleep 0.3
-    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-    [[ -n "${mps_up:-}" ]] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    local st=$? p
+    if [[ -n "${rows+x}" && -z "${table_printed:-}" ]]; then
+        # Stopped before the end (a shell error in a check, a signal): the rows so far, and a
+        # FAIL row naming where it stopped, so that no run ends without a table.
+        row "${current:-kit}" FAIL "the kit stopped here (exit $st)" "${stopped_by:-a shell error in this check (see the lines above)}; later checks not run"
+        print_table
+        st=1
+    fi
+    # mps-manager quits MPS and puts the compute mode back on SIGTERM: up to 10 s for all.
+    stop_pids "${pids[@]}"
+    if [[ -n "${mps_up:-}" ]]; then
+        local d; d=$(tr -dc '0-9' 2>/dev/null <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")
+        echo quit | mpsctl >/dev/null 2>&1
+        if [[ -n $d ]] && ! wait_pid "$d" 10; then
+            echo "gpu-check: the MPS control daemon $d did not quit in 10 s: SIGKILL" >&2
+            kill -KILL "$d" 2>/dev/null
+        fi
+    fi
     # mps-manager puts the compute mode it found back when it quits MPS; if it was cut short,
     # so does the kit (a real GPU's mode outlives the kit until reboot).
     if [[ -n "${mode0:-}" ]] && [[ "$(gpu_mode)" != "$mode0" ]]; then
-        nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
+        tmo 20 nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
+    fi
+    if [[ $mode == real ]]; then
+        echo "gpu-check: after cleanup: compute mode $(gpu_mode) (found ${mode0:-?}); MPS control daemons: $(mps_daemons | tr '\n' ';' | sed 's/;$//')" >&2
     fi
     if [[ -n "${GPU_CHECK_KEEP:-}" ]]; then echo "gpu-check: kept $root" >&2; else rm -rf "$root"; fi
+    exit "$st"
 }
-gpu_mode() { nvidia-smi --query-gpu=compute_mode --format=csv,noheader -i 0 2>/dev/null | head -1; }
 trap cleanup EXIT
+trap 'stopped_by="stopped by SIGTERM"; exit 143' TERM
+trap 'stopped_by="stopped by SIGINT"; exit 130' INT
+echo $$ >"$root/kit.pid"
 mkdir -p "$root/run" "$root/mps-pipe" "$root/mps-log" "$root/bin" "$root/lib"
 chmod 1777 "$root/run" "$root/mps-pipe" "$root/mps-log"
 cp "$here/gpu_check_client.py" "$root/client.py"
+chmod 644 "$root/client.py"
 client="$root/client.py"
+if (( ${#as_user[@]} )); then
+    # A preloaded library its user cannot read is skipped by the loader with a mere warning:
+    # "shimmed" rows would run unshimmed. Copies in the scratch directory (755) then, or stop.
+    bad=$(unreadable "${need[@]/#/$bin_dir/}")
+    if [[ -n $bad ]]; then
+        echo "gpu-check: uid 65534 cannot read (or run) $bad: using copies in $root/bin-copy" >&2
+        mkdir -p "$root/bin-copy"
+        for f in "${need[@]}"; do cp -L "$bin_dir/$f" "$root/bin-copy/$f"; chmod 755 "$root/bin-copy/$f"; done
+        chmod 755 "$root/bin-copy"
+        bin_dir="$root/bin-copy"
+    fi
+    bad=$(unreadable "${need[@]/#/$bin_dir/}" "$client")
+    if [[ -n $bad ]]; then
+        echo "gpu-check: uid 65534 cannot read $bad (is ${TMPDIR:-/tmp} open to all?): shimmed rows would run unshimmed; stopping" >&2
+        exit 2
+    fi
+fi
 if [[ $mode == emu ]]; then
     ln -s "$bin_dir/libcuda.so" "$root/lib/libcuda.so.1"
     ln -s "$bin_dir/libnvidia_ml.so" "$root/lib/libnvidia-ml.so.1"
@@ -141,25 +328,25 @@ else
     mode0="$(gpu_mode)"
 fi
 export XSHARE_LEDGER_DIR="$root/run" CUDA_MPS_PIPE_DIRECTORY="$root/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$root/mps-log"
-# Offline processes run as this user when the kit runs as root (offline containers are not root).
-# Under MPS the online client runs as that user too: MPS serves one user at a time (a client
-# of another user is queued until the running server's clients are done), so a node runs its
-# online service and offline containers as one uid (README, "One user per MPS GPU").
-as_user=()
-mps_uid=$(id -u)
-if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null 2>&1; then
-    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-    mps_uid=65534
-fi
 shim_env=(env LD_PRELOAD="$bin_dir/libxcuda.so" XCUDA_CONFIG="$root/xcuda.json")
 
 rows=()
 failed=0
+current="" table_printed=""
+print_table() {
+    table_printed=1
+    echo
+    echo "GPU check kit on $label"
+    echo "binaries: $bin_dir ($bin_note)"
+    printf '%-14s %-5s %-34s %s\n' check result figure detail
+    printf '%s\n' "------------------------------------------------------------------------------------------------"
+    printf '%s\n' "${rows[@]}"
+}
 plain() { sed 's/\x1b\[[0-9;]*m//g' | tr '\n' ' ' | cut -c1-"${1:-200}"; }
 row() { # check result figure detail
-    rows+=("$(printf '%-12s %-5s %-34s %s' "$1" "$2" "$3" "$4")")
+    rows+=("$(printf '%-14s %-5s %-34s %s' "$1" "$2" "$3" "$4")")
     [[ $2 == FAIL ]] && failed=1
-    printf 'gpu-check: %-12s %-5s %s %s\n' "$1" "$2" "$3" "$4" >&2
+    printf 'gpu-check: %-14s %-5s %s %s\n' "$1" "$2" "$3" "$4" >&2
 }
 jget() { "$py" -c 'import json,sys
 k=sys.argv[1]
@@ -168,7 +355,13 @@ for line in sys.stdin:
     except ValueError: continue
     if k in o: v=o[k]
 print(v if "v" in dir() else "")' "$1"; }
-nvml_used() { "$py" "$client" nvml-used 0 2>/dev/null | jget used_mib; }
+nvml_used() { tmo 30 "$py" "$client" nvml-used 0 2>>"$root/nvml-used.err" | jget used_mib; }
+isnum() { [[ ${1:-} =~ ^-?[0-9]+$ ]]; } # an integer a row may do arithmetic with
+bad_figures() { # names of the variables among "$@" that hold no integer, with their values
+    local v out=""
+    for v in "$@"; do isnum "${!v:-}" || out+=" $v=${!v:-empty}"; done
+    echo "${out# }"
+}
 
 start_monitor() {
     # The operator's throttle floor (`offline_throttle`) loosened so far that launch-cost's
@@ -227,7 +420,7 @@ while True: time.sleep(0.01)' &
     local after; after=$(thread_ns "$mon_pid")
     kill -TERM $fl 2>/dev/null
     local alive=yes; kill -0 $h 2>/dev/null || alive="no (evicted?)"
-    kill -TERM $h; wait $h 2>/dev/null
+    stop_pids $h
     # Per window, in millionths of a core: the monitor's min / median, the floor's median.
     local mm; mm=$("$py" -c "import statistics as s; m=[int(x)/1e4 for x in '${mons[*]}'.split()]; f=[int(x)/1e4 for x in '${floors[*]}'.split()]; print(f'{min(m):.2f} / {s.median(m):.2f}|{s.median(f):.2f}')")
     pct=${mm%%|*}; local floor=${mm#*|}
@@ -250,10 +443,10 @@ check_nvml_cost() {
     # Twice: back to back (each query at its cheapest) and spaced 10 ms apart as the monitor
     # makes them (cold caches), with whole sample ticks timed the monitor's way at the end.
     local calls=$(( quick ? 200 : 1000 )) spaced=$(( quick ? 30 : 200 )) json sjson
-    json=$("$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" --json 2>"$root/nvml-cost.err")
-    sjson=$("$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 --json 2>>"$root/nvml-cost.err")
-    "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" >"$root/nvml-cost.txt" 2>/dev/null
-    "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 >"$root/nvml-cost-spaced.txt" 2>/dev/null
+    json=$(tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" --json 2>"$root/nvml-cost.err")
+    sjson=$(tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 --json 2>>"$root/nvml-cost.err")
+    tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$calls" >"$root/nvml-cost.txt" 2>/dev/null
+    tmo 120 "$bin_dir/sysmonitor" nvml-cost --config "$root/sysmonitor.json" --calls "$spaced" --gap-ms 10 >"$root/nvml-cost-spaced.txt" 2>/dev/null
     local fig; fig=$("$py" - "$json" "$sjson" <<'PY'
 import json, sys
 try:
@@ -274,7 +467,7 @@ PY
     if [[ -n "$fig" ]]; then
         row nvml-cost INFO "${fig%%|*}" "${fig#*|} (tables: nvml-cost.txt, nvml-cost-spaced.txt in the scratch dir)"
     else
-        row nvml-cost FAIL "-" "$(tail -n 2 "$root/nvml-cost.err" | plain)"
+        row nvml-cost FAIL "-" "no figures (a run past 120 s is stopped): $(tail -n 2 "$root/nvml-cost.err" | plain)"
     fi
 }
 check_launch_cost() {
@@ -284,8 +477,8 @@ check_launch_cost() {
     # seconds): what is left is the hot path itself, quota and token-bucket accounting.
     echo '{ "group": "gpu-check", "throttle": { "target_load": 1.0, "max_rate": 1e15, "fallback_rate": 1e15, "burst": 1e12 } }' >"$root/xcuda.json"
     for i in 1 2 3; do
-        d=$("${as_user[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
-        s=$("${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
+        d=$(tmo $(( secs + 60 )) "${as_user[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
+        s=$(tmo $(( secs + 60 )) "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" "${args[@]}" 2>/dev/null | jget iters_per_s)
         direct+=("${d:-0}"); shimmed+=("${s:-0}")
     done
     local fig; fig=$("$py" - "${direct[*]}" "${shimmed[*]}" <<'PY'
@@ -301,22 +494,26 @@ PY
 )
     if [[ -n "$fig" ]]; then
         local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
-        row launch-cost INFO "${fig%%|*}" "${fig#*|}; $how"
+        row launch-cost INFO "${fig%%|*}" "${fig#*|}; $how$(mgr_note)"
     else
-        row launch-cost FAIL "-" "a launch loop gave no rate (direct: ${direct[*]}; shimmed: ${shimmed[*]})"
+        row launch-cost FAIL "-" "a launch loop gave no rate (each run stopped past $(( secs + 60 )) s; direct: ${direct[*]}; shimmed: ${shimmed[*]})"
     fi
 }
 
 # --- quota -------------------------------------------------------------------------------
 check_quota() {
-    local total quota base ctx a b used held
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    local total quota base ctx with_ctx a b used now held1 held2 held bad
+    total=$(tmo 60 "$py" "$client" quota 1 0 2>"$root/total.err" | jget reported_total_mib)
+    if ! isnum "$total"; then
+        row quota FAIL "-" "the GPU's memory size unreadable (${total:-no answer}): $(tail -n 2 "$root/total.err" | plain)"
+        return
+    fi
     quota=$(( total / 4 ))
     echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"gpu-check\" }" >"$root/xcuda.json"
     base=$(nvml_used)
     # The context alone (real drivers hold a few hundred MiB per context outside any quota).
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 0 --hold >"$root/ctx.out" 2>"$root/ctx.err" &
-    a=$!; sleep 2; ctx=$(( $(nvml_used) - base )); kill -TERM $a; wait $a 2>/dev/null
+    a=$!; sleep 2; with_ctx=$(nvml_used); stop_pids $a
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q1.out" 2>"$root/q1.err" &
     a=$!
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" quota 64 "$total" --hold >"$root/q2.out" 2>"$root/q2.err" &
@@ -325,9 +522,15 @@ check_quota() {
     local gone=""
     kill -0 $a 2>/dev/null || gone+=" first"
     kill -0 $b 2>/dev/null || gone+=" second"
-    used=$(( $(nvml_used) - base - 2 * ctx ))
-    held=$(( $(jget allocated_mib <"$root/q1.out") + $(jget allocated_mib <"$root/q2.out") ))
-    kill -TERM $a $b; wait $a $b 2>/dev/null
+    now=$(nvml_used)
+    held1=$(jget allocated_mib <"$root/q1.out"); held2=$(jget allocated_mib <"$root/q2.out")
+    stop_pids $a $b
+    bad=$(bad_figures base with_ctx now held1 held2)
+    if [[ -z $gone && -n $bad ]]; then
+        row quota FAIL "-" "unreadable figures (NVML, or the clients' reports): $bad; $(tail -n 2 "$root/nvml-used.err" "$root/q1.err" 2>/dev/null | plain)"
+        return
+    fi
+    [[ -z $bad ]] && { ctx=$(( with_ctx - base )); used=$(( now - base - 2 * ctx )); held=$(( held1 + held2 )); }
     # Whoever the processes ran as: uid 65534 through setpriv, else the kit's own user.
     local who="uid $(id -u)"; [[ ${#as_user[@]} -gt 0 ]] && who="uid 65534"
     [[ $who == "uid 0" ]] && who="root"
@@ -342,8 +545,9 @@ check_quota() {
 
 quarter_quota() { # the shim's config for quota group $1: a quarter of the GPU; prints its MiB
     local total quota
-    total=$("$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
-    quota=$(( ${total:-0} / 4 ))
+    total=$(tmo 60 "$py" "$client" quota 1 0 2>/dev/null | jget reported_total_mib)
+    isnum "$total" || total=0 # a quota of 0 MiB: the caller's row says the size was unreadable
+    quota=$(( total / 4 ))
     echo "{ \"memory\": { \"quota_bytes\": $(( quota << 20 )) }, \"group\": \"$1\" }" >"$root/xcuda.json"
     echo "$quota"
 }
@@ -352,22 +556,32 @@ check_pool_keep() {
     # A pool that keeps freed memory (release threshold UINT64_MAX, PyTorch's cudaMallocAsync
     # backend): 60 % of the quota allocated with cuMemAllocAsync and freed stays in the pool, so
     # cuMemAlloc of 60 % more must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2); after
-    # cuMemPoolTrimTo(pool, 0) it fits. NVML, outside the shim, is read while the process holds.
+    # cuMemPoolTrimTo(pool, 0) it fits. NVML, outside the shim, is read while the pool keeps the
+    # chunk (the client waits for SIGUSR1 before its trim).
     local quota chunk base o a used
     quota=$(quarter_quota gpu-check-pool); chunk=$(( quota * 6 / 10 ))
+    if (( quota <= 0 )); then row pool-keep FAIL "-" "the GPU's memory size unreadable"; return; fi
     base=$(nvml_used)
     "${as_user[@]}" "${shim_env[@]}" "$py" "$client" pool-keep "$chunk" --hold >"$root/pool.out" 2>"$root/pool.err" &
     a=$!
-    for _ in $(seq 100); do [[ -s "$root/pool.out" ]] && break; sleep 0.1; done
-    used=$(( $(nvml_used) - base ))
-    kill -TERM $a; wait $a 2>/dev/null
+    if wait_line "$root/pool.out" '"phase": "kept"' 60 $a; then
+        used=$(nvml_used)
+        if isnum "$used" && isnum "$base"; then used="$(( used - base )) MiB incl. context, read while the pool kept the chunk"; else used="unreadable (${base:-?} before, ${used:-?} while kept)"; fi
+        kill -USR1 $a 2>/dev/null
+        wait_line "$root/pool.out" '"trimmed_mib"' 60 $a
+    else
+        used="not read: the client printed nothing in 60 s"; kill -0 $a 2>/dev/null || used="not read: the client exited first"
+    fi
+    stop_pids $a
     o=$(cat "$root/pool.out")
     local kept kept_rc trim_rc
     kept=$(jget kept_mib <<<"$o"); kept_rc=$(jget alloc_while_kept <<<"$o"); trim_rc=$(jget alloc_after_trim <<<"$o")
-    local detail="pool kept ${kept:-?} MiB after free+sync (driver's figure); cuMemAlloc then: ${kept_rc:-?}; after trim: ${trim_rc:-?}; NVML ${used} MiB incl. context"
+    local detail="pool kept ${kept:-?} MiB after free+sync (driver's figure); cuMemAlloc then: ${kept_rc:-?}; after trim: ${trim_rc:-?}; NVML ${used}"
     if [[ -z $o || $(jget async_alloc <<<"$o") != 0 ]]; then
         row pool-keep FAIL "-" "cuMemAllocAsync: $(jget async_alloc <<<"$o") $(tail -n 2 "$root/pool.err" | plain)"
-    elif [[ ${kept:-0} -lt $chunk ]]; then
+    elif [[ -n $(bad_figures kept) ]]; then
+        row pool-keep FAIL "-" "the pool's reserved size unreadable: $detail"
+    elif (( kept < chunk )); then
         row pool-keep INFO "$chunk MiB chunk" "the driver did not keep the freed memory: $detail"
     elif [[ $kept_rc == 2 && $trim_rc == 0 ]]; then
         row pool-keep PASS "$chunk MiB kept, more refused" "$detail"
@@ -383,18 +597,26 @@ check_stack_limit() {
     # the quota must be refused (CUDA_ERROR_OUT_OF_MEMORY, 2).
     local quota o
     quota=$(quarter_quota gpu-check-stack)
-    o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" stack-limit "$quota" 2>"$root/stack.err")
+    if (( quota <= 0 )); then row stack-limit FAIL "-" "the GPU's memory size unreadable"; return; fi
+    o=$(tmo 120 "${as_user[@]}" "${shim_env[@]}" "$py" "$client" stack-limit "$quota" 2>"$root/stack.err")
+    local rc=$?
+    if timed_out $rc; then row stack-limit FAIL "timed out" "the client did not finish in 120 s: $(tail -n 2 "$root/stack.err" | plain)"; return; fi
     local half over counted before after
     half=$(jget set_half <<<"$o"); over=$(jget set_over <<<"$o"); counted=$(jget counted_mib <<<"$o")
     before=$(jget nvml_before_mib <<<"$o"); after=$(jget nvml_after_mib <<<"$o")
-    local detail="stack $(jget stack_bytes <<<"$o") B x $(jget resident_threads <<<"$o") threads: shim counts ${counted:-?} MiB, NVML +$(( ${after:-0} - ${before:-0} )) MiB; 2x quota: ${over:-?}"
+    local moved="?"; isnum "$before" && isnum "$after" && moved=$(( after - before ))
+    local detail="stack $(jget stack_bytes <<<"$o") B x $(jget resident_threads <<<"$o") threads: shim counts ${counted:-?} MiB, NVML +$moved MiB (before ${before:-?}, after ${after:-?}); 2x quota: ${over:-?}"
     if [[ -z $o || $half != 0 ]]; then
         row stack-limit FAIL "-" "cuCtxSetLimit to half the quota: ${half:-?} $(tail -n 2 "$root/stack.err" | plain)"
     elif [[ $over != 2 ]]; then
         row stack-limit FAIL "${counted} MiB counted" "a raise past the quota was not refused: $detail"
-    elif [[ $before == None || $after == None || -z $before || -z $after ]]; then
+    elif ! isnum "$counted"; then
+        row stack-limit FAIL "-" "the client reported no counted size: $detail"
+    elif [[ $moved == "?" ]]; then
         row stack-limit INFO "${counted} MiB counted" "NVML gives no per-process figure here; $detail"
-    elif (( after - before <= counted + 64 )); then
+    elif (( moved * 2 < counted )); then
+        row stack-limit INFO "${counted} MiB counted" "NVML moved less than half of it: the driver did not reserve the stack when it was raised, so nothing is measured; $detail"
+    elif (( moved <= counted + 64 )); then
         row stack-limit PASS "${counted} MiB counted" "$detail"
     else
         row stack-limit FAIL "${counted} MiB counted" "the driver reserved more than the shim counts: $detail"
@@ -408,12 +630,19 @@ check_capture_mem() {
     # anything is mapped. This is what rests on the driver's cuStreamGetCaptureInfo.
     local quota chunk o
     quota=$(quarter_quota gpu-check-capture); chunk=$(( quota * 6 / 10 ))
-    o=$("${as_user[@]}" "${shim_env[@]}" "$py" "$client" capture-mem "$chunk" 2>"$root/capture.err")
+    if (( quota <= 0 )); then row capture-mem FAIL "-" "the GPU's memory size unreadable"; return; fi
+    o=$(tmo 120 "${as_user[@]}" "${shim_env[@]}" "$py" "$client" capture-mem "$chunk" 2>"$root/capture.err")
+    local rc=$?
+    if timed_out $rc; then row capture-mem FAIL "timed out" "the client did not finish in 120 s: $(tail -n 2 "$root/capture.err" | plain)"; return; fi
     local node plain launch
     node=$(jget node <<<"$o"); plain=$(jget plain_alloc <<<"$o"); launch=$(jget launch <<<"$o")
     local detail="captured node: ${node:-?}, end $(jget end <<<"$o"), instantiate $(jget instantiate <<<"$o"); cuMemAlloc: ${plain:-?}; launch: ${launch:-?}"
     if [[ -z $o || $node != 0 || $plain != 0 ]]; then
         row capture-mem FAIL "-" "$detail $(tail -n 2 "$root/capture.err" | plain)"
+    elif [[ $launch == -1 && $(jget end <<<"$o") != 0 ]]; then
+        row capture-mem FAIL "capture failed" "cuStreamEndCapture returned $(jget end <<<"$o"): no graph to launch; $detail $(tail -n 2 "$root/capture.err" | plain)"
+    elif [[ $launch == -1 ]]; then
+        row capture-mem FAIL "instantiate failed" "cuGraphInstantiateWithFlags returned $(jget instantiate <<<"$o"): no graph to launch; $detail $(tail -n 2 "$root/capture.err" | plain)"
     elif [[ $launch == 2 ]]; then
         row capture-mem PASS "${chunk} MiB graph refused" "$detail"
     else
@@ -425,13 +654,15 @@ check_torch_quota() {
     # Its own quota, a quarter of the GPU, judged against that (not the GPU's total).
     local out quota
     quota=$(quarter_quota gpu-check-torch)
-    out=$("${shim_env[@]}" "$py" "$client" torch-quota 128 1000000 2>"$root/torch.err")
+    out=$(tmo 300 "${shim_env[@]}" "$py" "$client" torch-quota 128 1000000 2>"$root/torch.err")
+    local rc=$?
+    if timed_out $rc; then row torch-quota FAIL "timed out" "PyTorch's client did not finish in 300 s: $(tail -n 2 "$root/torch.err" | plain)"; return; fi
     if [[ -n "$(jget skipped <<<"$out")" ]]; then
         row torch-quota SKIP "-" "$(jget skipped <<<"$out")"
         return
     fi
     local got; got=$(jget allocated_mib <<<"$out")
-    if [[ -n "$got" && $quota -gt 0 && $got -gt 0 && $got -le $quota ]]; then
+    if isnum "$got" && (( quota > 0 && got > 0 && got <= quota )); then
         row torch-quota PASS "$got MiB of $quota MiB quota" "torch $(jget torch <<<"$out"): $(jget error <<<"$out" | cut -c1-60)"
     else
         row torch-quota FAIL "${got:-?} MiB of $quota MiB quota" "$(tail -n 3 "$root/torch.err" | plain)"
@@ -472,8 +703,8 @@ check_throttle() {
     # rate judged is the settled one (after 4 s), the whole run's is shown beside it.
     local secs=10 settle=4 alone="$solo_rate" shimmed whole st evicted
     echo '{ "group": "gpu-check", "throttle": { "target_load": 0.5 } }' >"$root/xcuda.json"
-    "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration "$secs" --json --report-interval 1 >"$root/off-shim.out" 2>"$root/off-shim.err"
-    st=$?
+    tmo $(( secs + 60 )) "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration "$secs" --json --report-interval 1 >"$root/off-shim.out" 2>"$root/off-shim.err"
+    st=$?; timed_out $st && st="$st (timed out at $(( secs + 60 )) s)"
     whole=$(offline_rate "$root/off-shim.out")
     shimmed=$(window_rate "$root/off-shim.out" "$settle")
     evicted=$(grep -c -i 'evict' "$root/sysmonitor.log")
@@ -499,8 +730,8 @@ check_throttle_cap() {
     # The job as deployed beside an online service: an MPS cap of 40 % in its environment (MPS
     # enforces it) arms the online-pressure hold (a low SM clock). Alone on an idle GPU, whose
     # clock may idle low, it must still run: nothing online is there to protect.
-    "${as_user[@]}" "${shim_env[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40 "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-cap.out" 2>"$root/off-cap.err"
-    st=$?
+    tmo $(( secs + 60 )) "${as_user[@]}" "${shim_env[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40 "$bin_dir/offline" --duration "$secs" --json --report-interval 0 >"$root/off-cap.out" 2>"$root/off-cap.err"
+    st=$?; timed_out $st && st="$st (timed out at $(( secs + 60 )) s)"
     capped=$(offline_rate "$root/off-cap.out")
     ratio=$("$py" -c "a,b='$alone','$capped'; print(f'{float(b)/float(a):.2f}' if a and b else '')")
     if [[ -n "$ratio" && $st == 0 ]] && "$py" -c "import sys; sys.exit(0 if $ratio >= 0.2 else 1)"; then
@@ -511,11 +742,39 @@ check_throttle_cap() {
 }
 
 # --- exit under MPS ----------------------------------------------------------------------
-start_mps() {
-    nvidia-cuda-mps-control -d >/dev/null 2>&1 || return 1
+mps_servers() { echo get_server_list | mpsctl 2>/dev/null | tr -dc '0-9\n' | grep . | tr '\n' ' ' | sed 's/ $//'; }
+mps_logs() { # the tails of MPS's own logs, for a row that says MPS failed
+    echo "control log: $(tail -n 2 "$root/mps-log/control.log" 2>/dev/null | plain 200); server log: $(tail -n 2 "$root/mps-log/server.log" 2>/dev/null | plain 200)"
+}
+start_mps() { # the control daemon, confirmed serving; else 1 and mps_why says why
+    mps_why=""
+    if ! mpsctl -d </dev/null >"$root/mps-start.out" 2>&1; then
+        mps_why="nvidia-cuda-mps-control -d failed: $(tail -n 2 "$root/mps-start.out" | plain 200)"
+        return 1
+    fi
     mps_up=1
-    # A first client starts the server; MPS refuses clients when it cannot start one.
-    "${as_user[@]}" env "$py" "$client" quota 1 0 >"$root/mps-first.out" 2>&1
+    # A first client starts the server (MPS refuses clients when it cannot start one); it
+    # holds a context while the daemon is asked for its servers.
+    local h got="" servers c
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/mps-first.out" 2>"$root/mps-first.err" &
+    h=$!; pids+=($h)
+    for _ in $(seq 600); do
+        grep -q holding "$root/mps-first.out" 2>/dev/null && { got=held; break; }
+        kill -0 $h 2>/dev/null || { got=exited; break; }
+        sleep 0.1
+    done
+    servers=$(mps_servers)
+    stop_pids $h
+    if [[ $got != held || -z $servers ]]; then
+        case $got in
+            held) c="got a context" ;;
+            exited) c="exited without a context" ;;
+            *) c="neither got a context nor exited in 60 s" ;;
+        esac
+        mps_why="MPS is not serving: the first client $c, servers listed: ${servers:-none}; client: $(tail -n 2 "$root/mps-first.err" | plain 200); $(mps_logs)"
+        echo "gpu-check: $mps_why" >&2
+        return 1
+    fi
 }
 check_exit() {
     local n=$(( quick ? 4 : ${GPU_CHECK_EXIT_RUNS:-20} )) i sig hung=0 bad=0 online st
@@ -524,13 +783,14 @@ check_exit() {
     online=$!; pids+=($online)
     sleep 1
     for i in $(seq "$n"); do
+        past_deadline && { n=$(( i - 1 )); break; } # cut short: the row counts those sent
         sig=INT; (( i % 2 == 0 )) && sig=TERM
         "${as_user[@]}" "${shim_env[@]}" "$py" "$client" hold 64 >"$root/hold.out" 2>"$root/hold.err" &
         local h=$!
         for _ in $(seq 50); do grep -q holding "$root/hold.out" 2>/dev/null && break; sleep 0.1; done
         sleep "0.$(( RANDOM % 5 ))"
         kill -"$sig" $h
-        st=0; timeout 20 tail --pid=$h -f /dev/null || st=1
+        st=0; wait_pid $h 20 || { st=1; kill -KILL $h 2>/dev/null; }
         wait $h 2>/dev/null; local rc=$?
         # 0: the client's own exit; 130/143: the default action of SIGINT/SIGTERM re-raised
         # by the shim after it released the context.
@@ -538,10 +798,11 @@ check_exit() {
         [[ $st != 0 ]] && bad=$((bad + 1))
     done
     # The neighbour must still complete requests: ask it for a summary and see requests keep coming.
-    kill -INT $online; timeout 30 tail --pid=$online -f /dev/null || hung=1
+    kill -INT $online; wait_pid $online 30 || { hung=1; kill -KILL $online 2>/dev/null; }
     local done_req; done_req=$(jget requests <"$root/online-exit.out")
     [[ -z "$done_req" || "$done_req" == 0 ]] && hung=1
     local how="no MPS"; [[ -n "${mps_up:-}" ]] && how="under MPS"
+    [[ -n "${mps_why:-}" ]] && how="MPS not confirmed serving (see the SKIP rows)"
     if [[ $hung == 0 && $bad == 0 ]]; then
         row exit PASS "$n Ctrl-C/SIGTERM, 0 hung neighbours" "$how; online completed ${done_req} requests"
     else
@@ -557,8 +818,8 @@ check_mps_server() {
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/mps-hold.out" 2>/dev/null && break; sleep 0.1; done
     sleep 0.5
-    lines=$("$py" "$client" nvml-procs 0 2>"$root/nvml-procs.err")
-    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    lines=$(tmo 30 "$py" "$client" nvml-procs 0 2>"$root/nvml-procs.err")
+    stop_pids $h
     echo "$lines" >"$root/nvml-procs.out"
     server=$(echo "$lines" | "$py" -c 'import json,sys
 for o in map(json.loads, sys.stdin):
@@ -586,28 +847,39 @@ check_fence() {
         row fence SKIP "-" "needs root: the compute mode is root's to set (mps-manager runs with compute_mode leave)"
         return
     fi
-    start_mps_manager
+    need_manager fence || return
     if [[ -n "${mode_refused:-}" ]]; then
         row fence SKIP "-" "this host refused the compute mode: $mode_refused"
         return
     fi
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/fence-hold.out" 2>&1 &
     h=$!; pids+=($h)
-    for _ in $(seq 100); do grep -q holding "$root/fence-hold.out" 2>/dev/null && break; sleep 0.1; done
+    if ! wait_line "$root/fence-hold.out" holding 60 $h; then
+        stop_pids $h
+        row fence FAIL "no MPS client to hold the server" "an MPS client got no context under mps-manager in 60 s: $(tail -n 2 "$root/fence-hold.out" | plain 200); $(mps_logs)$(mgr_note)"
+        return
+    fi
+    mode=$(tr -d '\n' 2>/dev/null <"$root/run/mps-manager.json" | jget compute_mode)
+    if [[ $mode != exclusive_process ]]; then
+        stop_pids $h
+        row fence FAIL "compute mode ${mode:-unknown}" "mps-manager's state file does not say exclusive_process: the fence is not held, nothing to look at$(mgr_note)"
+        return
+    fi
     mkdir -p "$root/no-mps"; chmod 1777 "$root/no-mps"
-    local line; line=$("${as_user[@]}" env CUDA_MPS_PIPE_DIRECTORY="$root/no-mps" "$py" "$client" ctx 2>"$root/fence.err")
-    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    local line rc; line=$(tmo 60 "${as_user[@]}" env CUDA_MPS_PIPE_DIRECTORY="$root/no-mps" "$py" "$client" ctx 2>"$root/fence.err"); rc=$?
+    stop_pids $h
+    if timed_out $rc; then row fence FAIL "timed out" "a process outside MPS neither got a context nor was refused in 60 s: $(tail -n 1 "$root/fence.err" | plain)"; return; fi
     r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
     mode=$(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode)
     found=$(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode_found)
     [[ $found == None ]] && found="it so"
     local how="compute mode ${mode:-?} (found ${found:-?}) held by mps-manager"
     if [[ "$r" == 46 ]]; then
-        row fence PASS "outside MPS: CUDA_ERROR_DEVICE_UNAVAILABLE" "$how: only the MPS server holds a context of its own"
+        row fence PASS "outside MPS: CUDA_ERROR_DEVICE_UNAVAILABLE" "$how: only the MPS server holds a context of its own$(mgr_note)"
     elif [[ "$r" == 0 ]]; then
-        row fence FAIL "a process outside MPS got a context" "$how; mps-manager: $(grep -i 'compute mode' "$root/mps-manager.log" | tail -n 1 | plain)"
+        row fence FAIL "a process outside MPS got a context" "$how; mps-manager: $(grep -i 'compute mode' "$root/mps-manager.log" | tail -n 1 | plain)$(mgr_note)"
     else
-        row fence INFO "outside MPS: CUresult ${r:-?} at ${at:-?}" "$how; $(tail -n 1 "$root/fence.err" | plain)"
+        row fence INFO "outside MPS: CUresult ${r:-?} at ${at:-?}" "$how; $(tail -n 1 "$root/fence.err" | plain)$(mgr_note)"
     fi
 }
 
@@ -622,18 +894,20 @@ check_shm() {
         row shm SKIP "-" "needs root and unshare (a mount namespace with a /dev/shm of its own)"
         return
     fi
-    start_mps_manager
+    need_manager shm || return
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/shm-hold.out" 2>&1 &
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/shm-hold.out" 2>/dev/null && break; sleep 0.1; done
-    line=$(unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh \
+    line=$(tmo 60 unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh \
         "${as_user[@]}" env "$py" "$client" ctx 2>"$root/shm.err")
-    kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+    local rc=$?
+    stop_pids $h
+    if timed_out $rc; then row shm FAIL "timed out" "a client with its own /dev/shm neither connected nor was refused in 60 s: $(tail -n 1 "$root/shm.err" | plain)"; return; fi
     r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
     if [[ "$r" == 805 ]]; then
-        row shm PASS "own /dev/shm: CUresult 805 at ${at:-?}" "as the emulator has it: an MPS client must see its server's /dev/shm (mps-manager shm_dir, mounted into containers)"
+        row shm PASS "own /dev/shm: CUresult 805 at ${at:-?}" "as the emulator has it: an MPS client must see its server's /dev/shm (mps-manager shm_dir, mounted into containers)$(mgr_note)"
     elif [[ "$r" == 0 ]]; then
-        row shm INFO "own /dev/shm: context made" "MPS connected a client with a /dev/shm of its own: the emulator (805) is stricter than this host"
+        row shm INFO "own /dev/shm: context made" "MPS connected a client with a /dev/shm of its own: the emulator (805) is stricter than this host$(mgr_note)"
     else
         row shm INFO "own /dev/shm: CUresult ${r:-?} at ${at:-?}" "$(tail -n 1 "$root/shm.err" | plain)"
     fi
@@ -646,32 +920,65 @@ check_pipe_ro() {
     # and bind its own. Connecting to a socket or opening a FIFO needs no write access to the
     # mount; whether a real MPS client also creates something there is what this tells: a client
     # in a mount namespace where the pipe directory is a read-only bind mount of itself.
-    local line r at before after
+    # A client holds the server up meanwhile, and the probe holds its context until MPS has been
+    # asked for its clients: a context made outside MPS (the fence not held) is no PASS.
+    local line r at before after h p pid srv servers clients="" listed=""
     if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null 2>&1; then
         row pipe-ro SKIP "-" "needs root and unshare (a mount namespace with the pipe directory read-only)"
         return
     fi
-    start_mps_manager
+    need_manager pipe-ro || return
+    "${as_user[@]}" env "$py" "$client" hold 1 >"$root/pipe-ro-hold.out" 2>&1 &
+    h=$!; pids+=($h)
+    if ! wait_line "$root/pipe-ro-hold.out" holding 60 $h; then
+        stop_pids $h
+        row pipe-ro FAIL "no MPS client to hold the server" "an MPS client got no context in 60 s: $(tail -n 2 "$root/pipe-ro-hold.out" | plain 200); $(mps_logs)$(mgr_note)"
+        return
+    fi
     before=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
-    line=$(unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
-        "$root/mps-pipe" "${as_user[@]}" env "$py" "$client" ctx 2>"$root/pipe-ro.err")
+    unshare --mount --propagation private sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"' \
+        "$root/mps-pipe" "${as_user[@]}" env "$py" "$client" ctx --hold >"$root/pipe-ro.out" 2>"$root/pipe-ro.err" &
+    p=$!; pids+=($p)
+    if ! wait_line "$root/pipe-ro.out" '"result"' 60 $p; then
+        local why="exited without an answer"; kill -0 $p 2>/dev/null && why="neither got a context nor was refused in 60 s"
+        stop_pids $p $h
+        row pipe-ro FAIL "read-only pipe dir: no answer" "the client through a read-only pipe dir $why: $(tail -n 2 "$root/pipe-ro.err" | plain)$(mgr_note)"
+        return
+    fi
+    line=$(cat "$root/pipe-ro.out")
+    r=$(jget result <<<"$line"); at=$(jget at <<<"$line"); pid=$(jget pid <<<"$line")
+    if [[ $r == 0 ]]; then
+        servers=$(mps_servers)
+        for srv in $servers; do
+            clients+="$(echo "get_client_list $srv" | mpsctl 2>/dev/null | tr -dc '0-9\n' | tr '\n' ' ')"
+        done
+        [[ " $clients " == *" $pid "* ]] && listed=1
+    fi
     after=$(ls -A "$root/mps-pipe" | tr '\n' ' ')
-    r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
+    stop_pids $p $h
     local fence="compute mode $(tr -d '\n' <"$root/run/mps-manager.json" | jget compute_mode)"
-    if [[ "$r" == 0 && -z "${mode_refused:-}" ]]; then
-        row pipe-ro PASS "context through a read-only pipe dir" "$fence (no context outside MPS): an MPS client needs no write access there; inject.mps_pipe_read_only can be on. Entries: $before"
+    clients="${clients% }"
+    local seen="the probe (pid $pid) on MPS server(s) ${servers:-none}, clients: ${clients:-none}"
+    if [[ "$r" == 0 && -n $listed && -z "${mode_refused:-}" ]]; then
+        row pipe-ro PASS "context through a read-only pipe dir" "$fence; $seen: an MPS client needs no write access there; inject.mps_pipe_read_only can be on. Entries: $before$(mgr_note)"
+    elif [[ "$r" == 0 && -z $listed ]]; then
+        row pipe-ro INFO "context made outside MPS" "$fence; $seen: the probe is no MPS server's client, so the read-only pipe dir is not what it went through. Entries: $before$(mgr_note)"
     elif [[ "$r" == 0 ]]; then
-        row pipe-ro INFO "context made (fence not held)" "the compute mode was refused ($mode_refused): the context may be outside MPS. Entries: $before"
+        row pipe-ro INFO "context made (fence not held)" "the compute mode was refused ($mode_refused); $seen. Entries: $before$(mgr_note)"
     else
-        row pipe-ro FAIL "read-only pipe dir: CUresult ${r:-?} at ${at:-?}" "an MPS client needs to write in the pipe directory: keep inject.mps_pipe_read_only off; $(tail -n 1 "$root/pipe-ro.err" | plain). Entries before: $before; after: $after"
+        row pipe-ro FAIL "read-only pipe dir: CUresult ${r:-?} at ${at:-?}" "an MPS client needs to write in the pipe directory: keep inject.mps_pipe_read_only off; $(tail -n 1 "$root/pipe-ro.err" | plain). Entries before: $before; after: $after$(mgr_note)"
     fi
 }
 
 # --- node runtime ------------------------------------------------------------------------
-start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks
+start_mps_manager() { # once: mps-manager owning MPS for the node and recovery checks; 1 when
+    # it did not start (mgr_failed says why, with its log's tail)
     [[ -n "${mgr_up:-}" ]] && return 0
-    mgr_up=1
-    local mode=exclusive_process m
+    [[ -n "${mgr_failed:-}" ]] && return 1
+    local mode=exclusive_process m i size new
+    # mps-manager's own refusal of the mode (mps-manager/src/main.rs, compute_mode.rs); not its
+    # INFO line "GPU compute mode set to exclusive_process".
+    local refused="cannot start MPS: ((setting|reading) GPU [0-9]+'s compute mode|compute_mode = \"exclusive_process\" needs NVML)"
     [[ $(id -u) == 0 ]] || mode=leave
     # The kit's clients run on the host, not in containers: the daemon keeps the host's
     # /dev/shm (shm_dir "host"), where its servers keep the shared memory clients attach to.
@@ -682,16 +989,62 @@ start_mps_manager() { # once: mps-manager owning MPS for the node and recovery c
   "state_file": "$root/run/mps-manager.json", "period_ms": 100, "client_uid": $mps_uid,
   "quit_on_exit": true, "compute_mode": "$mode", "shm_dir": "host" }
 EOF
+        size=$(stat -c %s "$root/mps-manager.log" 2>/dev/null || echo 0)
         "$bin_dir/mps-manager" run --config "$root/mps-manager.json" >>"$root/mps-manager.log" 2>&1 &
         m=$!
-        sleep 2
-        kill -0 $m 2>/dev/null && { pids+=($m); return 0; }
-        # A host that refuses the compute mode (a sandbox without the permission): the other
-        # checks run with the mode left alone; the fence check says why it cannot run.
-        grep -q "compute mode" "$root/mps-manager.log" || return 0
-        mode_refused="$(grep "compute mode" "$root/mps-manager.log" | tail -n 1 | plain 240)"
-        mode=leave
+        # Up once its state file names it with a control daemon (the mode held, MPS adopted or
+        # started); at most 15 s.
+        for i in $(seq 150); do
+            kill -0 $m 2>/dev/null || break
+            [[ $(tr -d '\n' 2>/dev/null <"$root/run/mps-manager.json" | jget manager_pid) == "$m" ]] &&
+                isnum "$(tr -d '\n' 2>/dev/null <"$root/run/mps-manager.json" | jget daemon_pid)" && break
+            sleep 0.1
+        done
+        if kill -0 $m 2>/dev/null; then
+            pids+=($m); mgr_pid=$m; mgr_up=1
+            return 0
+        fi
+        wait $m 2>/dev/null
+        new=$(tail -c +$(( size + 1 )) "$root/mps-manager.log" 2>/dev/null)
+        if grep -qE "$refused" <<<"$new" && [[ $mode != leave ]]; then
+            # A host that refuses the compute mode (a sandbox without the permission): the
+            # other checks run with the mode left alone; the fence check says why it cannot run.
+            mode_refused="$(grep -E "$refused" <<<"$new" | tail -n 1 | plain 240)"
+            mode=leave
+            continue
+        fi
+        mgr_failed="mps-manager exited at its start: $(tail -n 3 <<<"$new" | plain 300)"
+        echo "gpu-check: $mgr_failed" >&2
+        return 1
     done
+}
+need_manager() { # start_mps_manager for check $1, else its FAIL row (the manager's log tail)
+    start_mps_manager && return 0
+    row "$1" FAIL "mps-manager did not start" "$mgr_failed"
+    return 1
+}
+stop_mps_manager() { # SIGTERM: it quits MPS and puts the compute mode back (quit_on_exit);
+    # then MPS alone again for the checks that need no manager
+    [[ -n "${mgr_up:-}" ]] || return 0
+    local d
+    stop_pids "$mgr_pid"
+    mgr_up=""
+    d=$(tr -dc '0-9' 2>/dev/null <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")
+    if [[ -n $d ]] && kill -0 "$d" 2>/dev/null; then
+        echo quit | mpsctl >/dev/null 2>&1
+        wait_pid "$d" 10 || { echo "gpu-check: MPS control daemon $d did not quit in 10 s: SIGKILL" >&2; kill -KILL "$d" 2>/dev/null; }
+    fi
+    mps_up=""
+    if [[ -n "${mode0:-}" ]] && [[ "$(gpu_mode)" != "$mode0" ]]; then
+        echo "gpu-check: mps-manager left the compute mode $(gpu_mode): setting $mode0 back" >&2
+        tmo 20 nvidia-smi -i 0 -c "$(echo "$mode0" | tr '[:lower:]' '[:upper:]')" >/dev/null 2>&1
+    fi
+    start_mps
+}
+mgr_note() { # for rows run while mps-manager runs: whether it still does, and its recoveries
+    [[ -n "${mgr_up:-}" ]] || return 0
+    local alive="running"; kill -0 "$mgr_pid" 2>/dev/null || alive="EXITED ($(tail -n 1 "$root/mps-manager.log" | plain 160))"
+    echo "; mps-manager $alive, recoveries so far: $(grep -c 'recovery done' "$root/mps-manager.log")"
 }
 check_node() {
     # MuxFlow's scenario: an online client at 50 requests/s on about 30 % of the SMs, then on the
@@ -700,19 +1053,19 @@ check_node() {
     # 30 %: online p99 <= 1.10x alone with the offline job keeping >= 60 % of its solo rate;
     # whole GPU: online p99 <= 1.3x alone.
     local secs=$(( quick ? 3 : 8 )) frac alone beside off rate t0 t1 name fig ev
-    start_mps_manager
+    need_manager node || return
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     for frac in 0.3 1.0; do
         name=node; [[ $frac == 1.0 ]] && name=node-full
         local online_args=(--rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction "$frac" --json)
-        alone=$("${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+        alone=$(tmo $(( secs + 60 )) "${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
         "${as_user[@]}" "${shim_env[@]}" "$bin_dir/offline" --duration $(( secs + 4 )) --json --report-interval 0.5 >"$root/off-$name.out" 2>&1 &
         off=$!
         sleep 2
         t0=$(date +%s%N)
-        beside=$("${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
+        beside=$(tmo $(( secs + 60 )) "${as_user[@]}" "$bin_dir/online" "${online_args[@]}" 2>/dev/null | jget p99_ms)
         t1=$(date +%s%N)
-        wait $off
+        wait_pid $off 60 || kill -KILL $off 2>/dev/null; wait $off 2>/dev/null
         # The offline job's rate while the online client ran (its progress from 2 s on, for as
         # long as the online run lasted).
         rate=$(window_rate "$root/off-$name.out" 2 "$("$py" -c "print(2 + ($t1 - $t0) / 1e9)")")
@@ -735,9 +1088,9 @@ PY
 )
         ev=$(grep -c -i 'evict' "$root/sysmonitor.log")
         if [[ -n "$fig" ]]; then
-            row "$name" INFO "${fig%%|*}" "online on ${frac} of the SMs at 50/s: p99 alone ${alone} ms, beside ${beside} ms; offline ${rate:-?} it/s (solo ${solo_rate:-?}); target ${fig#*|}; monitor eviction lines: $ev"
+            row "$name" INFO "${fig%%|*}" "online on ${frac} of the SMs at 50/s: p99 alone ${alone} ms, beside ${beside} ms; offline ${rate:-?} it/s (solo ${solo_rate:-?}); target ${fig#*|}; monitor eviction lines: $ev$(mgr_note)"
         else
-            row "$name" FAIL "-" "online client gave no summary; see sysmonitor/mps-manager logs"
+            row "$name" FAIL "-" "online client gave no summary (each run stopped past $(( secs + 60 )) s); see sysmonitor/mps-manager logs"
         fi
     done
 }
@@ -765,13 +1118,13 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
     sleep "1.$(( RANDOM % 10 ))"
     if [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]]; then
         # MPS's own way to end one client's GPU work (nvidia-cuda-mps-control(1)), then the kill.
-        local srv; srv=$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null | head -1)
-        echo "terminate_client $srv $off" | timeout 5 nvidia-cuda-mps-control >"$root/terminate-$r.out" 2>&1
+        local srv; srv=$(echo get_server_list | mpsctl 2>/dev/null | head -1)
+        echo "terminate_client $srv $off" | tmo 5 nvidia-cuda-mps-control >"$root/terminate-$r.out" 2>&1
         sleep 0.3
     fi
     kill -KILL $off 2>/dev/null
     wait "$off" 2>/dev/null # reaped here, so the shell reports no killed job
-    st=0; timeout $(( secs + 30 )) tail --pid=$on -f /dev/null || st=1
+    st=0; wait_pid $on $(( secs + 30 )) || st=1
     rec_max=$(jget max_ms <"$root/online-recovery-$r.out")
     rec_req=$(jget requests <"$root/online-recovery-$r.out")
     if [[ $st != 0 ]]; then
@@ -802,9 +1155,10 @@ check_recovery() {
     # GPU_CHECK_RECOVERY_NO_SHIM=1: the offline client without the shim (is a fault the shim's?)
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && off_env=(env)
     fatal0=$(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null)
-    start_mps_manager
+    need_manager recovery || return
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
     for r in $(seq "$runs"); do
+        past_deadline && { runs=$(( r - 1 )); break; } # cut short: the row counts the runs made
         if ! grep -q '"state": *"healthy"' "$root/run/state.json" 2>/dev/null; then
             disabled=$(( disabled + 1 )); all+=("not-healthy")
             why="monitor state before run $r: $(grep -o '"state": *"[a-z]*"' "$root/run/state.json" | head -1)"
@@ -817,7 +1171,7 @@ check_recovery() {
             notrun) disabled=$(( disabled + 1 )); all+=(not-run); why=$rec_why; continue ;;
         esac
         all+=("$rec_max")
-        total_req=$(( total_req + ${rec_req:-0} ))
+        isnum "$rec_req" && total_req=$(( total_req + rec_req ))
         if [[ -z "$worst" ]] || "$py" -c "import sys; sys.exit(0 if $rec_max > $worst else 1)"; then worst=$rec_max; fi
     done
     ev=$(grep -c 'recovery done' "$root/mps-manager.log")
@@ -844,14 +1198,14 @@ check_recovery() {
 # --- an MPS server ended, its control daemon kept ------------------------------------------
 check_server_restart() {
     local h b server new daemon reply gone_ms="" t0 i
-    local ctl=(nvidia-cuda-mps-control)
+    local ctl=(tmo 15 nvidia-cuda-mps-control)
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/srv-a.out" 2>"$root/srv-a.err" &
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/srv-a.out" 2>/dev/null && break; sleep 0.1; done
     server=$(echo get_server_list | "${ctl[@]}" 2>/dev/null | head -n 1 | tr -dc '0-9')
-    daemon=$(tr -dc '0-9' <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null)
+    daemon=$(tr -dc '0-9' 2>/dev/null <"$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")
     if [[ -z "$server" || -z "$daemon" ]]; then
-        kill -TERM $h 2>/dev/null; wait $h 2>/dev/null
+        stop_pids $h
         row server-restart FAIL "-" "no MPS server (${server:-none}) or control daemon (${daemon:-none}) to look at: $(tail -n 1 "$root/srv-a.err" | plain)"
         return
     fi
@@ -861,12 +1215,12 @@ check_server_restart() {
         [[ -e /proc/$server ]] || { gone_ms=$(( ($(date +%s%N) - t0) / 1000000 )); break; }
         sleep 0.01
     done
-    kill -TERM $h 2>/dev/null; timeout 10 tail --pid=$h -f /dev/null; wait $h 2>/dev/null
+    stop_pids $h
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/srv-b.out" 2>"$root/srv-b.err" &
     b=$!; pids+=($b)
     for _ in $(seq 150); do grep -q holding "$root/srv-b.out" 2>/dev/null && break; kill -0 $b 2>/dev/null || break; sleep 0.1; done
     new=$(echo get_server_list | "${ctl[@]}" 2>/dev/null | head -n 1 | tr -dc '0-9')
-    kill -TERM $b 2>/dev/null; timeout 10 tail --pid=$b -f /dev/null; wait $b 2>/dev/null
+    stop_pids $b
     local what="shutdown_server $server -f${reply:+ (reply: $reply)}"
     if [[ -z "$gone_ms" ]]; then
         row server-restart FAIL "server $server still running 5 s later" "$what: mps-manager falls back to a full reset on this host"
@@ -902,8 +1256,7 @@ check_mps_clients() {
             *) blocked=$i; break ;;
         esac
     done
-    for h in "${hs[@]}"; do kill -TERM $h 2>/dev/null; done
-    for h in "${hs[@]}"; do timeout 10 tail --pid=$h -f /dev/null; wait $h 2>/dev/null; done
+    stop_pids "${hs[@]}" # 10 s for all of them, then SIGKILL
     local what="clients holding a context at once under one MPS server"
     if (( blocked )); then
         row mps-clients INFO "$held held; client $blocked waited 15 s" "$what: the next one neither got a context nor was refused"
@@ -916,12 +1269,29 @@ check_mps_clients() {
     fi
 }
 
-echo "gpu-check on $label (binaries: $bin_dir)" >&2
-# The offline client's solo rate, before the monitor runs: an unregistered process loading the
-# GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
-"$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
-solo_rate=$(offline_rate "$root/off-alone.out")
-want() { [[ -z $only || ",$only," == *",$1,"* ]]; }
+echo "gpu-check on $label (binaries: $bin_dir, $bin_note)" >&2
+past_deadline() { (( deadline > 0 && SECONDS >= deadline )); }
+picked() { # whether --only names one of "$@" (every check without --only)
+    local c
+    [[ -z $only ]] && return 0
+    for c in "$@"; do [[ ",$only," == *",$c,"* ]] && return 0; done
+    return 1
+}
+want() { # whether check $1 runs: picked (--only) and, with --deadline, still in time
+    picked "$1" || return 1
+    if past_deadline; then
+        row "$1" SKIP "-" "not reached: the --deadline of $deadline s had passed"
+        return 1
+    fi
+    current=$1
+}
+if picked throttle throttle-cap node; then
+    # The offline client's solo rate, before the monitor runs: an unregistered process loading
+    # the GPU is online demand to the monitor (it would drive it to Overlimit and hold it there).
+    tmo 120 "$bin_dir/offline" --duration $(( quick ? 3 : 6 )) --json --report-interval 0 >"$root/off-alone.out" 2>&1
+fi
+solo_rate=$(offline_rate "$root/off-alone.out" 2>/dev/null)
+current=monitor # what a FAIL row names if the kit stops between checks
 if start_monitor; then
     want monitor-cpu && check_monitor_cpu
     want nvml-cost && check_nvml_cost
@@ -931,28 +1301,36 @@ if start_monitor; then
     want stack-limit && check_stack_limit
     want capture-mem && check_capture_mem
     want throttle && check_throttle
-    if start_mps; then
+    if ! picked "${mps_checks[@]}"; then
+        : # no check picked needs MPS: none started
+    elif current=mps-start; start_mps; then
+        # MPS alone, no mps-manager: a row measures the same in a whole run and in an --only.
         want mps-server && check_mps_server
+        want throttle-cap && check_throttle_cap
+        want exit && check_exit
+        # Under mps-manager (root: compute mode EXCLUSIVE_PROCESS), started by the first of these.
         want fence && check_fence
         want shm && check_shm
         want pipe-ro && check_pipe_ro
-        want throttle-cap && check_throttle_cap
-        want exit && check_exit
         want node && check_node
         want recovery && check_recovery
-        want server-restart && check_server_restart
-        want mps-clients && check_mps_clients
+        # MPS alone again: mps-manager would take server-restart's deliberate server shutdown
+        # for a crash (a recovery, perhaps a full reset), and the row would blame MPS for it.
+        if picked server-restart mps-clients && [[ -n "${mgr_up:-}" ]] && ! past_deadline; then
+            current=mps-restart
+            stop_mps_manager || echo "gpu-check: MPS did not serve again after mps-manager stopped: $mps_why" >&2
+        fi
+        if [[ -n "${mps_up:-}" && -z "$mps_why" ]]; then
+            want server-restart && check_server_restart
+            want mps-clients && check_mps_clients
+        else
+            for c in server-restart mps-clients; do picked $c && row $c SKIP "-" "MPS not serving after mps-manager stopped: $mps_why"; done
+        fi
     else
-        row mps-server SKIP "-" "MPS control daemon did not start on this host"
-        row fence SKIP "-" "needs MPS"
-        row shm SKIP "-" "needs MPS"
-        row pipe-ro SKIP "-" "needs MPS"
-        row throttle-cap SKIP "-" "needs MPS to enforce the cap"
-        row exit SKIP "-" "MPS control daemon did not start on this host"
-        row recovery SKIP "-" "MPS control daemon did not start on this host"
-        row server-restart SKIP "-" "MPS control daemon did not start on this host"
-        row mps-clients SKIP "-" "MPS control daemon did not start on this host"
-        want exit && check_exit
+        for c in "${mps_checks[@]}"; do
+            [[ $c == exit ]] || ! picked "$c" || row "$c" SKIP "-" "$mps_why"
+        done
+        want exit && check_exit # without MPS: its row says so
     fi
     # Last: an unshimmed launch loop is online load to the monitor, which may hold the GPU after it.
     want launch-cost && check_launch_cost
@@ -960,9 +1338,5 @@ else
     row monitor FAIL "-" "sysmonitor did not reach Healthy: $(tail -n 3 "$root/sysmonitor.log" | plain 300)"
 fi
 
-echo
-echo "GPU check kit on $label"
-printf '%-12s %-5s %-34s %s\n' check result figure detail
-printf '%s\n' "------------------------------------------------------------------------------------------------"
-printf '%s\n' "${rows[@]}"
+print_table
 exit "$failed"

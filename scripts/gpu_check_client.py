@@ -104,9 +104,10 @@ def hold(mib):
     # No explicit release: the interpreter exits with the context live, as training scripts do.
 
 
-def ctx():
+def ctx(hold_after=False):
     """Asks for a context and reports the driver's answer (0, or the refusing CUresult and
-    call), then lets it go: what a process gets under the GPU's compute mode."""
+    call), then lets it go: what a process gets under the GPU's compute mode. With --hold, a
+    context made is kept until SIGTERM/SIGINT (so that MPS lists the client meanwhile)."""
     lib = ctypes.CDLL("libcuda.so.1")
     r = lib.cuInit(0)
     at = "cuInit"
@@ -117,9 +118,17 @@ def ctx():
         if r == 0:
             r = lib.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev)
             at = "cuDevicePrimaryCtxRetain"
-            if r == 0:
-                lib.cuDevicePrimaryCtxRelease_v2(dev)
+            if r == 0 and hold_after:
+                # A context is made lazily by some drivers: make it current and use it.
+                lib.cuCtxSetCurrent(c)
+                free, total = ctypes.c_size_t(), ctypes.c_size_t()
+                lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
     out(check="ctx", result=r, at=at, pid=os.getpid())
+    if r == 0:
+        if hold_after:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            wait_for_stop()
+        lib.cuDevicePrimaryCtxRelease_v2(dev)
 
 
 def pool_keep(chunk_mib, hold_after):
@@ -127,7 +136,11 @@ def pool_keep(chunk_mib, hold_after):
     it up: the current pool's release threshold raised to UINT64_MAX, CHUNK allocated with
     cuMemAllocAsync, freed with cuMemFreeAsync, synchronised. The pool still reserves it (the
     driver's figure is reported); a plain cuMemAlloc of CHUNK more must then be refused under a
-    quota that holds fewer than two chunks, and succeed after cuMemPoolTrimTo(pool, 0)."""
+    quota that holds fewer than two chunks, and succeed after cuMemPoolTrimTo(pool, 0).
+    With --hold, a first line (phase "kept") is printed while the pool keeps the chunk, and the
+    trim waits for SIGUSR1 (at most 300 s): the kit reads NVML in between."""
+    if hold_after:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     cu = Cuda()
     u64 = ctypes.c_uint64
     pool = ctypes.c_void_p()
@@ -147,6 +160,10 @@ def pool_keep(chunk_mib, hold_after):
     cu.check("cuStreamSynchronize", None)
     kept = reserved()
     held, r_kept = cu.alloc(chunk_mib * MIB)
+    if hold_after:
+        out(check="pool-keep", phase="kept", chunk_mib=chunk_mib, async_alloc=r_async,
+            kept_mib=kept, alloc_while_kept=r_kept, pid=os.getpid())
+        signal.sigtimedwait({signal.SIGUSR1}, 300)
     cu.check("cuMemPoolTrimTo", pool, ctypes.c_size_t(0))
     trimmed = reserved()
     p2, r_trimmed = (None, 0) if held else cu.alloc(chunk_mib * MIB)
@@ -308,7 +325,7 @@ def main(argv):
         sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
                  "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | pool-keep CHUNK_MIB [--hold] | stack-limit QUOTA_MIB | capture-mem CHUNK_MIB | "
                  "nvml-used INDEX | "
-                 "nvml-procs INDEX | ctx")
+                 "nvml-procs INDEX | ctx [--hold]")
     cmd, rest = argv[1], argv[2:]
     hold_flag = "--hold" in rest
     nums = [int(a) for a in rest if not a.startswith("--")]
@@ -317,7 +334,7 @@ def main(argv):
     elif cmd == "hold":
         hold(nums[0])
     elif cmd == "ctx":
-        ctx()
+        ctx(hold_flag)
     elif cmd == "torch-quota":
         torch_quota(nums[0], nums[1], hold_flag)
     elif cmd == "pool-keep":

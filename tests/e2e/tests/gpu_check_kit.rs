@@ -79,6 +79,16 @@ fn the_recovery_check_tells_a_torn_down_online_client_and_terminate_first_preven
     assert_eq!(row(table, "recovery")[1], "PASS", "{table}");
 }
 
+/// A misspelled `--only` name stops the kit before it starts anything (it used to print an
+/// empty table and exit 0), naming the checks there are.
+#[test]
+fn the_kit_refuses_an_unknown_check_name() {
+    let (ok, out) = kit_with("t4", &["--only", "quota,server-restrat"], &[]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("no check named 'server-restrat'"), "{out}");
+    assert!(out.contains("server-restart") && !out.contains("GPU check kit on"), "{out}");
+}
+
 /// The table row of `check`, split in words.
 fn row<'a>(table: &'a str, check: &str) -> Vec<&'a str> {
     table
