@@ -69,6 +69,7 @@ pub struct Extender {
 #[derive(Debug, Clone)]
 struct Placing {
     pod: String,
+    job: String,
     at: GpuRef,
     since: Instant,
 }
@@ -368,8 +369,8 @@ impl Extender {
         let names = args.node_names();
         let decision = self.decide(&args.pod);
         let mut out = ExtenderFilterResult::default();
-        // What bind would refuse below the plan (the GPU is already full), refused here
-        // already so kube-scheduler waits instead of binding.
+        // What bind would refuse below the plan (the job already has a live pod, the GPU is
+        // already full), refused here already so kube-scheduler waits instead of binding.
         let below = match (&decision, &self.watched) {
             (PodDecision::Placed(at), Some(_)) => crate::watch::offline_job_key(&args.pod).and_then(|job| {
                 let (uid, key) = pod_id(&args.pod);
@@ -491,7 +492,7 @@ impl Extender {
             }
             placing.insert(
                 uid_key.clone(),
-                Placing { pod: pod_key.clone(), at: a.at.clone(), since: Instant::now() },
+                Placing { pod: pod_key.clone(), job: job_name.clone(), at: a.at.clone(), since: Instant::now() },
             );
         }
         if let Err(e) = api.bind_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, &placement) {
@@ -520,15 +521,17 @@ impl Extender {
         ExtenderBindingResult::default()
     }
 
-    /// Refuses a bind of pod `pod_key` (UID `uid_key`) to `at` when `at` already holds
-    /// `max_offline_per_gpu` live offline pods, as the watch and the binds in flight show
-    /// them. `Err((0, why))`: GPU full. Drops `placing` entries the watch now shows.
+    /// Refuses a bind of pod `pod_key` (UID `uid_key`) of `job` to `at` when another live
+    /// pod of the job is bound or being bound (the plan gives a job one GPU slot: a Job's
+    /// pods run one at a time), or when `at` already holds `max_offline_per_gpu` live
+    /// offline pods, as the watch and the binds in flight show them. `Err((0 | 1, why))`:
+    /// GPU full, or the job has a pod. Drops `placing` entries the watch now shows.
     fn guard(
         &self,
         placing: &mut BTreeMap<String, Placing>,
         uid_key: &str,
         pod_key: &str,
-        _job: &str,
+        job: &str,
         at: &GpuRef,
     ) -> Result<(), (usize, String)> {
         let pods = self.watched.as_ref().map(|w| w.view.pods()).unwrap_or_default();
@@ -548,6 +551,12 @@ impl Extender {
                 continue;
             }
             let Some(g) = pod_gpu(p) else { continue };
+            if crate::watch::offline_job_key(p).as_deref() == Some(job) {
+                return Err((1, format!(
+                    "job {job} already runs pod {key} on {}/{}: the plan gives a job one GPU slot, so a Job's pods (parallelism > 1) run one at a time",
+                    g.node, g.gpu
+                )));
+            }
             if &g == at {
                 on_gpu.push(key);
             }
@@ -555,6 +564,12 @@ impl Extender {
         for (uid, pl) in placing.iter() {
             if this(uid, &pl.pod) {
                 continue;
+            }
+            if pl.job == job {
+                return Err((1, format!(
+                    "job {job} already has pod {} being bound to {}/{}: the plan gives a job one GPU slot, so a Job's pods (parallelism > 1) run one at a time",
+                    pl.pod, pl.at.node, pl.at.gpu
+                )));
             }
             if &pl.at == at && !on_gpu.contains(&pl.pod) {
                 on_gpu.push(pl.pod.clone());

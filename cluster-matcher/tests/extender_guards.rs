@@ -1,7 +1,7 @@
 //! What the extender's plan and bind do about what already runs, against the stateful fake
-//! API server: a running job is never moved (nothing would move it), and a bind never puts
-//! one pod too many on a GPU the watch (or a bind in flight) shows taken, whatever the plan
-//! it read says.
+//! API server: a running job is never moved (nothing would move it), and a bind never puts a
+//! second live pod of a job, or one pod too many, on a GPU the watch (or a bind in flight)
+//! shows taken, whatever the plan it read says.
 
 mod plan_support;
 
@@ -138,4 +138,41 @@ fn a_bind_to_a_gpu_the_watch_shows_full_is_refused() {
     eventually("z gone", || v.pod("ml", "z-1").is_none());
     assert_eq!(bind(&c, &ext, "a-x", "n1"), "");
     assert_eq!(node_of(&c, "a-x"), "n1");
+}
+
+/// A Job with parallelism 2: the plan gives the job one GPU slot, so its second pod waits
+/// while the first runs (here on a GPU with room for two offline pods, so only the job's
+/// own rule stops it).
+#[test]
+fn a_second_pod_of_a_running_job_is_not_stacked_on_its_gpu() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-0", "1", "n1", 0));
+    c.add_pod(running("train", "p1", "n1", 0));
+    c.add_pod(job_pod("ml", "train", "p2", "1", 4000));
+    let (_w, ext) = ext_on(&c, 2, 3);
+    assert_eq!(ext.decide(&pod(&c, "ml", "train-p2")), PodDecision::Placed(at("n1", 0)));
+    let f = filter(&c, &ext, "train-p2", &["n1"]);
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    assert!(f.failed_and_unresolvable_nodes["n1"].contains("already runs pod ml/train-p1"), "{f:?}");
+    let e = bind(&c, &ext, "train-p2", "n1");
+    assert!(e.contains("job ml/train already runs pod ml/train-p1 on n1/0"), "{e}");
+    assert!(node_of(&c, "train-p2").is_null(), "not bound");
+    assert!(metrics::render(&ext).contains("xshare_extender_bind_refusals_total{reason=\"job_has_pod\"} 1"));
+}
+
+/// Two pods of one job Pending at once: the first bind wins; the second is refused, whether
+/// the watch shows the first bound yet or only the bind made through this extender does.
+#[test]
+fn two_pending_pods_of_one_job_are_not_both_bound() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-0", "1", "n1", 0));
+    c.add_pod(job_pod("ml", "train", "p1", "1", 4000));
+    c.add_pod(job_pod("ml", "train", "p2", "1", 4000));
+    let (_w, ext) = ext_on(&c, 2, 3);
+    assert_eq!(bind(&c, &ext, "train-p1", "n1"), "");
+    let e = bind(&c, &ext, "train-p2", "n1");
+    assert!(e.contains("job ml/train already") && e.contains("ml/train-p1"), "{e}");
+    assert!(node_of(&c, "train-p2").is_null(), "not bound");
 }
