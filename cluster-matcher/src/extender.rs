@@ -389,11 +389,12 @@ impl Extender {
         for n in &names {
             match keep(n) {
                 Ok(()) => passed.push(n.clone()),
-                Err(why) if matches!(decision, PodDecision::Waiting(_)) || below.is_some() => {
-                    out.failed_and_unresolvable_nodes.insert(n.clone(), why);
-                }
+                // Every refusal here is the plan's (or what runs), which no preemption on
+                // that node changes: reported unresolvable, so kube-scheduler's
+                // DefaultPreemption never evicts victims there for nothing (`FailedNodes`
+                // would make the node a preemption candidate).
                 Err(why) => {
-                    out.failed_nodes.insert(n.clone(), why);
+                    out.failed_and_unresolvable_nodes.insert(n.clone(), why);
                 }
             }
         }
