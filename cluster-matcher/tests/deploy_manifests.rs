@@ -37,3 +37,14 @@ fn the_scheduler_can_renew_the_lease_its_config_names() {
     );
     assert!(rbac.contains("name: system:kube-scheduler"));
 }
+
+/// One extender at a time: two overlapping in a rolling update would each keep their own
+/// record of binds in flight and could bind two pods onto one GPU.
+#[test]
+fn the_extender_is_replaced_never_overlapped() {
+    let d = read("extender.yaml");
+    let deployment = d.split("\n---").find(|x| x.contains("kind: Deployment")).expect("the Deployment");
+    assert_eq!(value_of(deployment, "replicas:"), Some("1"));
+    let strategy = deployment.split("strategy:").nth(1).expect("a strategy");
+    assert_eq!(value_of(strategy, "type:"), Some("Recreate"), "{strategy}");
+}
