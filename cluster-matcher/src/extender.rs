@@ -57,6 +57,45 @@ pub struct Extender {
     latest: Mutex<Arc<Snapshot>>,
     api: Option<KubeApi>,
     watched: Option<Watched>,
+    /// Offline pods per GPU (`max_offline_per_gpu`; unlimited without a cluster).
+    per_gpu: usize,
+    /// Binds in flight and binds made that the watch has not shown bound yet.
+    placing: Mutex<BTreeMap<String, Placing>>,
+    /// Binds refused by the guards below the plan: (GPU full, job has a pod).
+    guard_refusals: [std::sync::atomic::AtomicU64; 2],
+}
+
+/// A pod being bound (or bound, not yet seen so by the watch), keyed by UID.
+#[derive(Debug, Clone)]
+struct Placing {
+    pod: String,
+    job: String,
+    at: GpuRef,
+    since: Instant,
+}
+
+/// How long a bind made is still counted when the watch does not show its pod bound.
+const PLACING_KEPT: Duration = Duration::from_secs(120);
+
+/// Whether an offline pod still runs or is about to: not ended, not Terminating.
+fn live_offline(p: &Pod) -> bool {
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    !matches!(phase, "Succeeded" | "Failed")
+        && p.metadata.deletion_timestamp.is_none()
+        && kube_contract::pod::role(p.metadata.labels.as_ref()) == Some(kube_contract::pod::Role::Offline)
+}
+
+fn pod_id(p: &Pod) -> (String, String) {
+    let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+    let key = format!("{ns}/{}", p.metadata.name.as_deref().unwrap_or(""));
+    (p.metadata.uid.clone().unwrap_or_else(|| key.clone()), key)
+}
+
+/// The GPU a bound pod was given (its node and `ANN_GPU`), if any.
+fn pod_gpu(p: &Pod) -> Option<GpuRef> {
+    let node = p.spec.as_ref()?.node_name.clone().filter(|n| !n.is_empty())?;
+    let gpu = p.metadata.annotations.as_ref()?.get(crate::kube_api::ANN_GPU)?.parse().ok()?;
+    Some(GpuRef { node, gpu })
 }
 
 /// Inputs learned from the API server's watches instead of `workloads.json`.
@@ -105,15 +144,22 @@ impl Extender {
         cells: Option<plan::with_cells::CellsState>,
     ) -> Self {
         let period = Duration::from_secs(cluster.round_period_s.max(1));
+        let per_gpu = cluster.max_offline_per_gpu.max(1);
         // The cells' state carries from round to round (one round at a time: the planner thread).
         let cells = cells.map(Mutex::new);
-        // The last round's pairs warm-start the next round (see `plan::Planner`).
-        let warm = Mutex::new(plan::Planner::default());
+        // The last round's pairs warm-start the next round (see `plan::Planner`). Nothing here
+        // moves a running job (binds only), so rounds keep each one where it runs.
+        let warm = Mutex::new(plan::Planner::default().keeping_running());
         let planner: Planner = Box::new(move |w: &Workloads, round: u64| {
             let mut cells = cells.as_ref().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
+            if let Some(st) = cells.as_deref_mut() {
+                st.keep_running = true;
+            }
             relock(&warm).run_round(&cluster, w, &predictor, cells.as_deref_mut(), round)
         });
-        Self::with_planner(workloads, period, planner)
+        let mut ext = Self::with_planner(workloads, period, planner);
+        ext.per_gpu = per_gpu;
+        ext
     }
 
     /// Builds the extender around any planner (tests, replays); computes the first plan.
@@ -129,6 +175,9 @@ impl Extender {
             latest: Mutex::new(Arc::new(Snapshot { plan, round: 0, plan_seconds })),
             api: None,
             watched: None,
+            per_gpu: usize::MAX,
+            placing: Mutex::default(),
+            guard_refusals: Default::default(),
         }
     }
 
@@ -146,7 +195,8 @@ impl Extender {
         let bound: Arc<Mutex<BTreeMap<String, GpuRef>>> = Arc::default();
         let evicted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let cells = cells.map(Mutex::new);
-        let warm = Mutex::new(plan::Planner::default());
+        // Nothing here moves a running job (binds only): rounds keep each one where it runs.
+        let warm = Mutex::new(plan::Planner::default().keeping_running());
         let (b, v, bd, ev) = (base.clone(), view.clone(), bound.clone(), evicted.clone());
         let planner: Planner = Box::new(move |_: &Workloads, round: u64| {
             let snap = v.snapshot();
@@ -180,6 +230,7 @@ impl Extender {
             let mut cells = cells.as_ref().map(|c| relock(c));
             match cells.as_deref_mut() {
                 Some(st) => {
+                    st.keep_running = true;
                     let plan = plan::with_cells::plan_round_with_cells(&cluster, &workloads, &predictor, &health, round, st);
                     if let Some(p) = &cluster.cells_state {
                         if let Err(e) = st.save(p) {
@@ -192,6 +243,7 @@ impl Extender {
             }
         });
         let mut ext = Self::with_planner(Workloads::default(), period, planner);
+        ext.per_gpu = base.max_offline_per_gpu.max(1);
         ext.watched = Some(Watched { view, base, bound, evicted });
         ext
     }
@@ -317,8 +369,18 @@ impl Extender {
         let names = args.node_names();
         let decision = self.decide(&args.pod);
         let mut out = ExtenderFilterResult::default();
+        // What bind would refuse below the plan (the job already has a live pod, the GPU is
+        // already full), refused here already so kube-scheduler waits instead of binding.
+        let below = match (&decision, &self.watched) {
+            (PodDecision::Placed(at), Some(_)) => crate::watch::offline_job_key(&args.pod).and_then(|job| {
+                let (uid, key) = pod_id(&args.pod);
+                self.guard(&mut relock(&self.placing), &uid, &key, &job, at).err().map(|(_, why)| why)
+            }),
+            _ => None,
+        };
         let keep = |n: &str| match &decision {
             PodDecision::NotOurs => Ok(()),
+            PodDecision::Placed(_) if below.is_some() => Err(below.clone().unwrap_or_default()),
             PodDecision::Placed(at) if at.node == n => Ok(()),
             PodDecision::Placed(at) => Err(format!("plan places this offline job on {}/{}", at.node, at.gpu)),
             PodDecision::Waiting(job) => Err(format!("no Healthy GPU pairing for `{job}` this round")),
@@ -327,11 +389,12 @@ impl Extender {
         for n in &names {
             match keep(n) {
                 Ok(()) => passed.push(n.clone()),
-                Err(why) if matches!(decision, PodDecision::Waiting(_)) => {
-                    out.failed_and_unresolvable_nodes.insert(n.clone(), why);
-                }
+                // Every refusal here is the plan's (or what runs), which no preemption on
+                // that node changes: reported unresolvable, so kube-scheduler's
+                // DefaultPreemption never evicts victims there for nothing (`FailedNodes`
+                // would make the node a preemption candidate).
                 Err(why) => {
-                    out.failed_nodes.insert(n.clone(), why);
+                    out.failed_and_unresolvable_nodes.insert(n.clone(), why);
                 }
             }
         }
@@ -418,7 +481,23 @@ impl Extender {
             online: a.online.clone(),
             round: snap.round,
         };
+        // Below the plan, against what runs (the watch) and the binds in flight: the plan may
+        // be older than a bind that just landed, or than a pod the watch now shows.
+        let pod_key = format!("{}/{}", args.pod_namespace, args.pod_name);
+        let uid_key = if args.pod_uid.is_empty() { pod_key.clone() } else { args.pod_uid.clone() };
+        {
+            let mut placing = relock(&self.placing);
+            if let Err((why, error)) = self.guard(&mut placing, &uid_key, &pod_key, &job_name, &a.at) {
+                self.guard_refusals[why].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return fail(error);
+            }
+            placing.insert(
+                uid_key.clone(),
+                Placing { pod: pod_key.clone(), job: job_name.clone(), at: a.at.clone(), since: Instant::now() },
+            );
+        }
         if let Err(e) = api.bind_pod(&args.pod_namespace, &args.pod_name, &args.pod_uid, &placement) {
+            relock(&self.placing).remove(&uid_key);
             let error = format!("pod {}/{} not bound to {}: {e}", args.pod_namespace, args.pod_name, args.node);
             if let crate::kube_api::ApiError::Locked { holder, .. } = &e {
                 // Expected while another pod's admission is under way: kube-scheduler retries
@@ -441,6 +520,75 @@ impl Extender {
         }
         self.wake.notify_all();
         ExtenderBindingResult::default()
+    }
+
+    /// Refuses a bind of pod `pod_key` (UID `uid_key`) of `job` to `at` when another live
+    /// pod of the job is bound or being bound (the plan gives a job one GPU slot: a Job's
+    /// pods run one at a time), or when `at` already holds `max_offline_per_gpu` live
+    /// offline pods, as the watch and the binds in flight show them. `Err((0 | 1, why))`:
+    /// GPU full, or the job has a pod. Drops `placing` entries the watch now shows.
+    fn guard(
+        &self,
+        placing: &mut BTreeMap<String, Placing>,
+        uid_key: &str,
+        pod_key: &str,
+        job: &str,
+        at: &GpuRef,
+    ) -> Result<(), (usize, String)> {
+        let pods = self.watched.as_ref().map(|w| w.view.pods()).unwrap_or_default();
+        let mut seen: BTreeMap<String, &Pod> = BTreeMap::new();
+        for p in &pods {
+            seen.insert(pod_id(p).0, p);
+        }
+        placing.retain(|uid, pl| {
+            let shown = seen.get(uid).is_some_and(|p| !live_offline(p) || pod_gpu(p).is_some());
+            !shown && pl.since.elapsed() < PLACING_KEPT
+        });
+        let this = |uid: &str, key: &str| uid == uid_key || key == pod_key;
+        let mut on_gpu = Vec::new();
+        for p in pods.iter().filter(|p| live_offline(p)) {
+            let (uid, key) = pod_id(p);
+            if this(&uid, &key) {
+                continue;
+            }
+            let Some(g) = pod_gpu(p) else { continue };
+            if crate::watch::offline_job_key(p).as_deref() == Some(job) {
+                return Err((1, format!(
+                    "job {job} already runs pod {key} on {}/{}: the plan gives a job one GPU slot, so a Job's pods (parallelism > 1) run one at a time",
+                    g.node, g.gpu
+                )));
+            }
+            if &g == at {
+                on_gpu.push(key);
+            }
+        }
+        for (uid, pl) in placing.iter() {
+            if this(uid, &pl.pod) {
+                continue;
+            }
+            if pl.job == job {
+                return Err((1, format!(
+                    "job {job} already has pod {} being bound to {}/{}: the plan gives a job one GPU slot, so a Job's pods (parallelism > 1) run one at a time",
+                    pl.pod, pl.at.node, pl.at.gpu
+                )));
+            }
+            if &pl.at == at && !on_gpu.contains(&pl.pod) {
+                on_gpu.push(pl.pod.clone());
+            }
+        }
+        if on_gpu.len() >= self.per_gpu {
+            return Err((0, format!(
+                "GPU {}/{} already holds {} live offline pod(s) ({}), max_offline_per_gpu = {}: the plan is behind what runs; kube-scheduler retries after the next round",
+                at.node, at.gpu, on_gpu.len(), on_gpu.join(", "), self.per_gpu
+            )));
+        }
+        Ok(())
+    }
+
+    /// Binds refused below the plan since start: (GPU already full, job already has a pod).
+    pub fn guard_refusal_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.guard_refusals[0].load(Relaxed), self.guard_refusals[1].load(Relaxed))
     }
 
     /// Jobs recorded as running, by job name.

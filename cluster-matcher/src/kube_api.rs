@@ -193,7 +193,9 @@ impl KubeApi {
     /// Takes the node's bind lock (when configured, [`Self::with_bind_lock`]), writes
     /// `placement` onto the pod (merge patch of its annotations, guarded by `uid`), then creates
     /// its `Binding` to `placement.node` with the pod's UID as precondition. A failure after
-    /// the lock was taken gives it back.
+    /// the lock was taken gives it back, unless the pod reads back bound to that node (a
+    /// retried bind answered `409 already assigned`, or an answer lost after the Binding
+    /// was made): that is the bind done, and the pod keeps the lock until its Allocate.
     pub fn bind_pod(&self, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let lock_uid = if uid.is_empty() { format!("{namespace}/{name}") } else { uid.to_string() };
@@ -207,7 +209,29 @@ impl KubeApi {
                 };
                 self.take_lock(&placement.node, &lock, ttl).await?;
             }
-            let r = self.patch_and_bind(&pods, namespace, name, uid, placement).await;
+            let mut r = self.patch_and_bind(&pods, namespace, name, uid, placement).await;
+            if let Err(e) = &r {
+                // A retried bind of a pod whose Binding already landed (kube-scheduler
+                // re-queues an extender-bound pod its informer has not yet seen bound) gets
+                // `409 ... already assigned`; an answer lost after the Binding was made looks
+                // like any failure. Either way the pod is bound here and still needs the
+                // node's lock until its Allocate: keep it, and report the bind as done.
+                match self.bound_to(&pods, name, uid, &placement.node).await {
+                    Ok(true) => {
+                        tracing::info!(node = %placement.node, pod = %format!("{namespace}/{name}"), error = %e,
+                            "pod already bound to this node (a retried bind): bind done, the bind lock kept");
+                        r = Ok(());
+                    }
+                    Ok(false) => {}
+                    Err(ge) => {
+                        // Unknown whether the pod is bound here: giving the lock back could
+                        // let a second pod in before this one's Allocate; it lapses after its TTL.
+                        tracing::warn!(node = %placement.node, pod = %format!("{namespace}/{name}"), error = %e, read_error = %ge,
+                            "bind failed and the pod could not be read back; the bind lock is kept until its TTL");
+                        return r;
+                    }
+                }
+            }
             if r.is_err() && self.bind_lock_ttl.is_some() {
                 match bind_lock::release(&self.client, &placement.node, &lock_uid, FIELD_MANAGER).await {
                     Ok(_) => {}
@@ -285,6 +309,15 @@ impl KubeApi {
         let started = p.status.as_ref().is_some_and(|s| s.start_time.is_some());
         let elsewhere = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| n != node);
         Ok(uid_ok && pending && !started && !elsewhere && p.metadata.deletion_timestamp.is_none())
+    }
+
+    /// Whether pod `name` (with `uid`, when given) is bound to `node`.
+    async fn bound_to(&self, pods: &Api<Pod>, name: &str, uid: &str, node: &str) -> Result<bool, ApiError> {
+        let Some(p) = pods.get_opt(name).await.map_err(|e| ApiError::from_kube("reading the pod back", e))? else {
+            return Ok(false);
+        };
+        let uid_ok = uid.is_empty() || p.metadata.uid.as_deref() == Some(uid);
+        Ok(uid_ok && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
     }
 
     async fn patch_and_bind(&self, pods: &Api<Pod>, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {

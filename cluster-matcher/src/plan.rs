@@ -172,13 +172,26 @@ pub enum SolverChoice {
 pub struct Planner {
     /// Which solver the rounds use.
     pub solver: SolverChoice,
+    /// Keep each running job on its GPU while that GPU stays Healthy and open to offline
+    /// work (see [`Planner::keeping_running`]).
+    pub keep_running: bool,
     last: Vec<(GpuRef, String)>,
 }
 
 impl Planner {
     /// A planner with no previous round (the first round starts cold).
     pub fn new(solver: SolverChoice) -> Self {
-        Planner { solver, last: Vec::new() }
+        Planner { solver, keep_running: false, last: Vec::new() }
+    }
+
+    /// Rounds that never move a running job: a job whose `current` GPU is Healthy and open
+    /// to offline work stays there and takes one of its slots and its memory; one on a
+    /// Healthy GPU closed to offline work this round is matched nowhere else. For callers
+    /// with nothing that carries a move out (the scheduler extender binds pods, it evicts
+    /// none): a planned move would hand the job's GPU to another job while it still runs.
+    pub fn keeping_running(mut self) -> Self {
+        self.keep_running = true;
+        self
     }
 
     /// [`plan_round`], warm-started from this planner's previous round (the class solver
@@ -203,6 +216,7 @@ impl Planner {
             cluster.max_offline_per_gpu,
             self.solver,
             Some(&self.last),
+            self.keep_running,
         );
         self.last = plan.assignments.iter().map(|a| (a.at.clone(), a.offline.clone())).collect();
         plan
@@ -217,6 +231,16 @@ struct Candidate<'a> {
     sm_percent: f64,
     memory_free_mib: u64,
     quota_cap_mib: u64,
+    /// Running jobs kept on this GPU (`keep_running`), and their memory.
+    held: usize,
+    held_mib: u64,
+}
+
+impl Candidate<'_> {
+    /// Memory a newly matched job may take: the free memory less the kept jobs'.
+    fn free_for_new(&self) -> u64 {
+        self.memory_free_mib.saturating_sub(self.held_mib)
+    }
 }
 
 /// Why a pair may not be matched, or `None` when it may.
@@ -224,7 +248,7 @@ fn forbidden(cluster: &ClusterSpec, c: &Candidate, job: &OfflineJob) -> Option<&
     if !job.gpu_types.is_empty() && !job.gpu_types.iter().any(|t| t == &c.node.gpu_type) {
         return Some("GPU type not allowed");
     }
-    if job.memory_mib > c.memory_free_mib.min(c.quota_cap_mib) {
+    if job.memory_mib > c.free_for_new().min(c.quota_cap_mib) {
         return Some("memory will not fit");
     }
     if let Some(rule) = cluster.tenants.get(&c.online.tenant) {
@@ -287,10 +311,12 @@ fn classify<'a>(
     candidates: &'a [Candidate<'a>],
     jobs: &'a [OfflineJob],
     refused: &BTreeSet<(String, GpuRef)>,
+    full: &[bool],
+    frozen: &[bool],
 ) -> Classes {
     let refused_jobs: HashSet<&str> = refused.iter().map(|(j, _)| j.as_str()).collect();
     let refused_gpus: HashSet<&GpuRef> = refused.iter().map(|(_, g)| g).collect();
-    let cap = |c: &Candidate| c.memory_free_mib.min(c.quota_cap_mib);
+    let cap = |c: &Candidate| c.free_for_new().min(c.quota_cap_mib);
     let mut job_mems: Vec<u64> = jobs.iter().map(|j| j.memory_mib).collect();
     job_mems.sort_unstable();
     job_mems.dedup();
@@ -308,6 +334,10 @@ fn classify<'a>(
         .iter()
         .enumerate()
         .map(|(i, c)| {
+            // GPUs kept full by running jobs share one class that matches nothing.
+            if full[i] {
+                return (u32::MAX, None, 0, None, u32::MAX, 0, usize::MAX - 1);
+            }
             let own = if refused_gpus.contains(&c.at) { i } else { usize::MAX };
             (
                 intern(&mut strings, &c.node.gpu_type),
@@ -327,6 +357,10 @@ fn classify<'a>(
         .iter()
         .enumerate()
         .map(|(i, j)| {
+            // Jobs kept where they run share one class that matches nothing.
+            if frozen[i] {
+                return (None, u32::MAX, Vec::new(), 0, usize::MAX - 1);
+            }
             let own = if refused_jobs.contains(j.name.as_str()) { i } else { usize::MAX };
             (
                 profiles.id(j.profile.as_ref()),
@@ -342,7 +376,7 @@ fn classify<'a>(
     let (job_class, job_members) = group(job_keys.into_iter());
     let gpu_min_free = gpu_members
         .iter()
-        .map(|m| m.iter().map(|&i| candidates[i as usize].memory_free_mib).min().unwrap_or(0))
+        .map(|m| m.iter().map(|&i| candidates[i as usize].free_for_new()).min().unwrap_or(0))
         .collect();
     let job_max_mem = job_members.iter().map(|m| m.iter().map(|&j| jobs[j as usize].memory_mib).max().unwrap_or(0)).collect();
     Classes { gpu_class, job_class, gpu_members, job_members, gpu_min_free, job_max_mem }
@@ -383,12 +417,14 @@ pub fn plan_round(
         cluster.max_offline_per_gpu,
         SolverChoice::Auto,
         None,
+        false,
     )
 }
 
 /// The round itself; `excluded` gives a reason to keep a GPU out of matching (or `None`);
 /// `refused` forbids single `(job, GPU)` pairs; `last` is the previous round's pairs (warm
-/// start; `None`: the jobs' `current`).
+/// start; `None`: the jobs' `current`); `keep_running`: see [`Planner::keeping_running`]
+/// (a job whose pair with its current GPU is in `refused` is not kept there).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_core(
     cluster: &ClusterSpec,
@@ -401,6 +437,7 @@ pub(crate) fn plan_core(
     per_gpu: usize,
     solver: SolverChoice,
     last: Option<&[(GpuRef, String)]>,
+    keep_running: bool,
 ) -> Plan {
     let t0 = Instant::now();
     let mut plan = Plan {
@@ -455,12 +492,39 @@ pub(crate) fn plan_core(
             .saturating_sub(online.memory_mib)
             .saturating_sub(cluster.memory_headroom_mib);
         let quota_cap_mib = (node.gpu_memory_mib as f64 * cluster.max_offline_memory_fraction) as u64;
-        candidates.push(Candidate { at: at.clone(), node, online, sm_percent, memory_free_mib, quota_cap_mib });
+        candidates.push(Candidate { at: at.clone(), node, online, sm_percent, memory_free_mib, quota_cap_mib, held: 0, held_mib: 0 });
     }
+
+    let k = per_gpu.max(1);
+    // Running jobs kept where they run (`keep_running`): on a candidate GPU they take a slot
+    // and their memory there and match nothing else; on a Healthy GPU closed to offline work
+    // this round they match nothing (nothing would move them, so a new GPU would be wasted).
+    let mut pinned: Vec<Option<usize>> = vec![None; workloads.offline.len()];
+    let mut frozen = vec![false; workloads.offline.len()];
+    if keep_running {
+        let at_index: HashMap<GpuRef, usize> = candidates.iter().enumerate().map(|(i, c)| (c.at.clone(), i)).collect();
+        for (j, job) in workloads.offline.iter().enumerate() {
+            let Some(cur) = &job.current else { continue };
+            if !refused.is_empty() && refused.contains(&(job.name.clone(), cur.clone())) {
+                continue;
+            }
+            match at_index.get(cur) {
+                Some(&gi) if candidates[gi].held < k => {
+                    candidates[gi].held += 1;
+                    candidates[gi].held_mib += job.memory_mib;
+                    pinned[j] = Some(gi);
+                    frozen[j] = true;
+                }
+                Some(_) => {}
+                None => frozen[j] = gpu_state.get(cur).is_some_and(|s| s.is_healthy()),
+            }
+        }
+    }
+    let full: Vec<bool> = candidates.iter().map(|c| c.held >= k).collect();
 
     plan.stats.candidate_gpus = candidates.len();
     plan.stats.offline_jobs = workloads.offline.len();
-    let cl = classify(cluster, predictor, &candidates, &workloads.offline, refused);
+    let cl = classify(cluster, predictor, &candidates, &workloads.offline, refused, &full, &frozen);
     let (nr, nc) = (cl.gpu_members.len(), cl.job_members.len());
     plan.stats.gpu_classes = nr;
     plan.stats.job_classes = nc;
@@ -475,16 +539,24 @@ pub(crate) fn plan_core(
         cl.job_members.iter().map(|m| ids.id(workloads.offline[m[0] as usize].profile.as_ref())).collect();
     for g in 0..nr {
         let c = &candidates[cl.gpu_members[g][0] as usize];
+        let gsize = cl.gpu_members[g].len();
+        if full[cl.gpu_members[g][0] as usize] {
+            plan.stats.forbidden_pairs += gsize * workloads.offline.len();
+            continue;
+        }
         let on_id = ids.id(c.online.profile.as_ref());
         let model_type = c.node.model_type();
         let next_id = model_ids.len();
         let model_id = *model_ids.entry(model_type.clone()).or_insert(next_id);
         // A model that ignores the SM input gives one prediction per profile pair.
         let sm_key = sm_key(predictor, c);
-        let gsize = cl.gpu_members[g].len();
         for j in 0..nc {
             let job = &workloads.offline[cl.job_members[j][0] as usize];
             let jsize = cl.job_members[j].len();
+            if frozen[cl.job_members[j][0] as usize] {
+                plan.stats.forbidden_pairs += gsize * jsize;
+                continue;
+            }
             let refused_pair = !refused.is_empty() && refused.contains(&(job.name.clone(), c.at.clone()));
             if forbidden(cluster, c, job).is_some() || refused_pair {
                 plan.stats.forbidden_pairs += gsize * jsize;
@@ -510,18 +582,32 @@ pub(crate) fn plan_core(
     for m in &missing_models {
         tracing::warn!(gpu_type = %m, weight = cluster.unprofiled_weight, "no predictor model for GPU type; using the unprofiled weight");
     }
+    // The kept pairs' own weights (their classes match nothing, so they were not computed).
+    let mut kept_w: HashMap<usize, f64> = HashMap::new();
+    for (j, gi) in pinned.iter().enumerate().filter_map(|(j, g)| g.map(|g| (j, g))) {
+        let (c, job) = (&candidates[gi], &workloads.offline[j]);
+        let model_type = c.node.model_type();
+        let next_id = model_ids.len();
+        let model_id = *model_ids.entry(model_type.clone()).or_insert(next_id);
+        let w = match (ids.id(c.online.profile.as_ref()), ids.id(job.profile.as_ref()), &c.online.profile, &job.profile) {
+            (Some(a), Some(b), Some(on), Some(off)) => *cache.entry((model_id, b, a, sm_key(predictor, c))).or_insert_with(|| {
+                predictor.predict(&model_type, off, on, c.sm_percent).ok().flatten().unwrap_or(cluster.unprofiled_weight)
+            }),
+            _ => cluster.unprofiled_weight,
+        };
+        kept_w.insert(j, w);
+    }
     plan.stats.distinct_predictions = cache.len();
     plan.stats.weights_ms = t0.elapsed().as_secs_f64() * 1e3;
     let weight_of = |gi: usize, j: usize| class_w[cl.gpu_class[gi] as usize * nc + cl.job_class[j] as usize];
 
     let t1 = Instant::now();
-    let k = per_gpu.max(1);
     // The offline allocation policy (crate::policy) may reshape the weights; the class solver
     // then cannot be used (reshaped weights differ within a class).
     let job_at: HashMap<&GpuRef, usize> = candidates.iter().enumerate().map(|(i, c)| (&c.at, i)).collect();
     let slots: Vec<crate::policy::Slot> = candidates
         .iter()
-        .map(|c| crate::policy::Slot { gpu_type: &c.node.gpu_type, sm_percent: c.sm_percent, memory_mib: c.memory_free_mib.min(c.quota_cap_mib) })
+        .map(|c| crate::policy::Slot { gpu_type: &c.node.gpu_type, sm_percent: c.sm_percent, memory_mib: c.free_for_new().min(c.quota_cap_mib) })
         .collect();
     let current_of = |j: usize| workloads.offline[j].current.as_ref().and_then(|at| job_at.get(at).copied());
     let shaped = crate::policy::shape(cluster.policy, &slots, &workloads.offline, k, &weight_of, &current_of);
@@ -533,7 +619,10 @@ pub(crate) fn plan_core(
             let most = (0..nc).filter(|&j| class_w[g * nc + j] > 0.0).map(|j| cl.job_max_mem[j]).max().unwrap_or(0);
             (k as u64).saturating_mul(most) <= cl.gpu_min_free[g]
         });
+    // A GPU partly held by running jobs has fewer slots than its class's `k`.
+    let partly_held = candidates.iter().any(|c| c.held > 0 && c.held < k);
     let use_classes = memory_never_binds
+        && !partly_held
         && shaped.is_none()
         && match solver {
             SolverChoice::Classes => true,
@@ -554,6 +643,9 @@ pub(crate) fn plan_core(
         let mut seed: HashMap<(u32, u32), u64> = HashMap::new();
         let mut add = |at: &GpuRef, name: &str| {
             if let (Some(&gi), Some(&j)) = (gpu_index.get(at), job_index.get(name)) {
+                if full[gi] || frozen[j] {
+                    return;
+                }
                 *seed.entry((cl.gpu_class[gi], cl.job_class[j])).or_default() += 1;
             }
         };
@@ -608,12 +700,19 @@ pub(crate) fn plan_core(
             }
         };
         let group_fits = |gi: usize, jobs: &[usize]| {
-            jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum::<u64>() <= candidates[gi].memory_free_mib
+            let c = &candidates[gi];
+            jobs.len() + c.held <= k
+                && jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum::<u64>() <= c.free_for_new()
         };
         plan.stats.solver = "pairwise".into();
         solve::assign(&weights, per_gpu, group_fits)
     };
     plan.stats.matching_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let mut chosen = chosen;
+    chosen.resize(candidates.len(), Vec::new());
+    for (j, gi) in pinned.iter().enumerate().filter_map(|(j, g)| g.map(|g| (j, g))) {
+        chosen[gi].push(j);
+    }
 
     let mut placed: HashMap<usize, usize> = HashMap::new();
     for (gi, jobs) in chosen.into_iter().enumerate() {
@@ -623,7 +722,7 @@ pub(crate) fn plan_core(
         let spare = room.saturating_sub(need) / jobs.len().max(1) as u64;
         for &j in &jobs {
             let job = &workloads.offline[j];
-            let w = weight_of(gi, j);
+            let w = kept_w.get(&j).copied().unwrap_or_else(|| weight_of(gi, j));
             placed.insert(j, gi);
             plan.total_predicted += w;
             plan.assignments.push(Assignment {

@@ -122,6 +122,11 @@ impl WatchView {
             && matches!(self.nodes.wait_until_ready().now_or_never(), Some(Ok(())))
     }
 
+    /// Every watched pod now, in no particular order.
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.state()
+    }
+
     /// The pod `namespace/name`, if watched.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
         self.pods.get(&reflector::ObjectRef::new(name).within(namespace))

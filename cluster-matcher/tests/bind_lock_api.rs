@@ -154,6 +154,31 @@ fn a_bind_that_fails_after_taking_the_lock_gives_it_back() {
     bind(&c, &api, "b").unwrap();
 }
 
+/// kube-scheduler retries the bind of a pod whose Binding already landed (it re-queues an
+/// extender-bound pod its informer has not seen bound yet): the Binding answers `409 ...
+/// already assigned` for this very pod on this very node. That is the bind done: the pod
+/// still needs the node's lock until its Allocate, so the lock stays and a second pod waits.
+#[test]
+fn a_retried_bind_of_a_pod_already_bound_here_keeps_the_lock() {
+    let (c, api) = cluster(&["a", "b"]);
+    bind(&c, &api, "a").unwrap();
+    assert_eq!(bound_to(&c, "a").as_deref(), Some(NODE));
+    bind(&c, &api, "a").expect("a retried bind of a pod bound to this node is success");
+    assert_eq!(c.bindings().len(), 1, "one Binding made");
+    assert_eq!(lock_on(&c).expect("a keeps the node until its Allocate").pod(), "ml/a");
+    let e = bind(&c, &api, "b").unwrap_err();
+    assert!(matches!(&e, ApiError::Locked { holder, .. } if holder == "ml/a"), "{e}");
+    assert!(bound_to(&c, "b").is_none());
+    // Bound to another node: still a failure, and this node's lock given back.
+    let mut b = c.pod("ml", "b").unwrap();
+    b["spec"]["nodeName"] = "other".into();
+    c.add_pod(b);
+    assert!(give_back(&c, &uid(&c, "a")));
+    let e = bind(&c, &api, "b").unwrap_err();
+    assert_eq!(e.code(), Some(409), "{e}");
+    assert!(lock_on(&c).is_none(), "given back");
+}
+
 #[test]
 fn a_node_changed_between_read_and_write_is_read_again() {
     // The heartbeat lands between the extender's GET and its PATCH once: 409, then success.

@@ -195,3 +195,44 @@ fn input_errors_name_file_line_and_field() {
     assert_eq!(ClusterSpec::load(&p).unwrap().state_dir.unwrap(), dir.join("state"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `Planner::keeping_running` (the extender's rounds: nothing there carries a move out):
+/// a running job stays on its Healthy GPU and takes a slot and its memory there; a
+/// round free to move jobs moves it to give its GPU to a job that fits only there.
+#[test]
+fn rounds_keeping_running_jobs_never_move_them() {
+    use cluster_matcher::plan::{Planner, SolverChoice};
+    let mut c = cluster(&[("n1", "V100", 1, 32000), ("n2", "T4", 1, 32000)]);
+    let mut a = offline("a", 4000, 4.0);
+    a.current = Some(GpuRef { node: "n1".into(), gpu: 0 });
+    let mut b = offline("b", 4000, 4.0);
+    b.gpu_types = vec!["V100".into()];
+    let w = Workloads {
+        online: vec![online("s1", "n1", 0, 8000, 30.0, 5.0), online("s2", "n2", 0, 8000, 30.0, 5.0)],
+        offline: vec![a, b.clone()],
+    };
+    let n1 = GpuRef { node: "n1".into(), gpu: 0 };
+    for solver in [SolverChoice::Pairwise, SolverChoice::Classes] {
+        let moved = Planner::new(solver).plan_round(&c, &w, &similarity_predictor(), &healthy, 1);
+        assert!(moved.assignments.iter().any(|x| x.offline == "b" && x.at == n1), "{moved:?}");
+        let kept = Planner::new(solver).keeping_running().plan_round(&c, &w, &similarity_predictor(), &healthy, 1);
+        let a = kept.assignments.iter().find(|x| x.offline == "a").expect("a kept");
+        assert!(a.kept && a.at == n1 && a.predicted_normalized > 0.0, "{kept:?}");
+        assert!(kept.breaks.is_empty() && kept.unplaced == vec!["b".to_string()], "{kept:?}");
+    }
+    // Two jobs per GPU: a keeps one slot and its memory; of b and c (each fitting only on
+    // n1, 20000 MiB free beside the online service and a's 4000), one is placed beside it.
+    c.max_offline_per_gpu = 2;
+    let mut c2 = b.clone();
+    c2.name = "c".into();
+    let mut w2 = w.clone();
+    w2.offline[1].memory_mib = 12000;
+    c2.memory_mib = 12000;
+    w2.offline.push(c2);
+    let kept = Planner::new(SolverChoice::Auto).keeping_running().plan_round(&c, &w2, &similarity_predictor(), &healthy, 1);
+    let on_n1: Vec<&str> = kept.assignments.iter().filter(|x| x.at == n1).map(|x| x.offline.as_str()).collect();
+    assert_eq!(on_n1.len(), 2, "{kept:?}");
+    assert!(on_n1.contains(&"a"), "{kept:?}");
+    let used: u64 = kept.assignments.iter().filter(|x| x.at == n1).map(|x| x.memory_quota_mib).sum();
+    assert!(used <= 24000, "{kept:?}");
+}

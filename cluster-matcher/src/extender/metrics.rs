@@ -41,6 +41,7 @@ pub const FAMILIES: &[&str] = &[
     "xshare_plan_skipped_gpus",
     "xshare_extender_bind_lock_refusals_total",
     "xshare_extender_bind_lock_takeovers_total",
+    "xshare_extender_bind_refusals_total",
     "xshare_gpu_health_state",
     "xshare_gpu_offline_sm_budget_ratio",
     "xshare_gpu_heartbeat_age_seconds",
@@ -149,6 +150,14 @@ pub fn render(ext: &Extender) -> String {
         "Node bind locks taken over: expired, unreadable, or whose pod no longer waits for Allocate.",
     );
     o.sample("xshare_extender_bind_lock_takeovers_total", "", takeovers as f64);
+    let (gpu_full, job_has_pod) = ext.guard_refusal_counts();
+    o.family(
+        "xshare_extender_bind_refusals_total",
+        "counter",
+        "Binds refused below the plan: the GPU already holds max_offline_per_gpu live offline pods, or the job already has a live bound pod.",
+    );
+    o.sample("xshare_extender_bind_refusals_total", &labels(&[("reason", "gpu_full")]), gpu_full as f64);
+    o.sample("xshare_extender_bind_refusals_total", &labels(&[("reason", "job_has_pod")]), job_has_pod as f64);
 
     let Some(w) = ext.watched_inputs() else { return o.0 };
     let cs = w.view.snapshot();

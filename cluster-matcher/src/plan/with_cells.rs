@@ -66,6 +66,8 @@ pub struct CellsState {
     pub downgraded: BTreeMap<String, HeldDowngraded>,
     /// Offline job name -> its colocated cell.
     pub offline: BTreeMap<String, HeldOffline>,
+    /// Rounds never move a running job (see [`super::Planner::keeping_running`]); not saved.
+    pub keep_running: bool,
 }
 
 /// Format name of the cells state file.
@@ -133,6 +135,7 @@ impl CellsState {
             online: BTreeMap::new(),
             downgraded: BTreeMap::new(),
             offline: BTreeMap::new(),
+            keep_running: false,
         }
     }
 
@@ -558,6 +561,7 @@ pub fn plan_round_with_cells(
             per_gpu,
             super::SolverChoice::Auto,
             None,
+            state.keep_running,
         );
         let mut taken: Vec<(String, HeldOffline)> = Vec::new();
         let mut refused = Vec::new();

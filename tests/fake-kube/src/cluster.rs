@@ -660,6 +660,10 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
             if b["target"]["kind"] != "Node" || target.is_empty() {
                 return bad("Binding.target must name a Node");
             }
+            // The API server's BindingREST.Create and assignPod, in their order.
+            if b["metadata"]["name"].as_str() != Some(name) {
+                return bad("name in URL does not match name in Binding object");
+            }
             let key = (ns.to_string(), name.to_string());
             let Some(mut pod) = st.pods.get(&key).cloned() else {
                 return not_found(&format!("pods \"{name}\""));
@@ -672,7 +676,12 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
                     ));
                 }
             }
-            if let Some(n) = pod["spec"]["nodeName"].as_str() {
+            if !pod["metadata"]["deletionTimestamp"].is_null() {
+                return conflict(&format!(
+                    "Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} is being deleted, cannot be assigned to a host"
+                ));
+            }
+            if let Some(n) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
                 return conflict(&format!(
                     "Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} is already assigned to node \"{n}\""
                 ));
@@ -900,6 +909,37 @@ mod tests {
         json!({"apiVersion": "policy/v1", "kind": "Eviction",
                "metadata": {"name": name, "namespace": "ml"},
                "deleteOptions": {"preconditions": {"uid": uid}}})
+    }
+
+    fn binding(name: &str, node: &str) -> Req {
+        req("POST", &format!("/api/v1/namespaces/ml/pods/{}/binding", "train-a"), json!({"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": "ml"}, "target": {"apiVersion": "v1", "kind": "Node", "name": node}}), &[])
+    }
+
+    /// The Binding is refused as the API server refuses it: a name other than the URL's
+    /// (400), a Terminating pod (409 "being deleted"), a pod already assigned (409); a
+    /// `nodeName` of "" is no assignment.
+    #[test]
+    fn a_binding_is_refused_as_the_api_server_refuses_it() {
+        let c = FakeCluster::start();
+        let mut p = job_pod("train-a", None, None);
+        p["spec"]["nodeName"] = "".into();
+        p["metadata"]["deletionTimestamp"] = "2026-11-28T10:00:00Z".into();
+        c.add_pod(p.clone());
+        let (code, e) = post(&c, binding("train-b", "n1"));
+        assert_eq!(code, 400, "{e}");
+        assert!(e["message"].as_str().unwrap().contains("name in URL does not match"), "{e}");
+        let (code, e) = post(&c, binding("train-a", "n1"));
+        assert_eq!(code, 409, "{e}");
+        assert!(e["message"].as_str().unwrap().contains("pod train-a is being deleted, cannot be assigned to a host"), "{e}");
+        p["metadata"]["deletionTimestamp"] = Value::Null;
+        c.add_pod(p);
+        assert_eq!(post(&c, binding("train-a", "n1")).0, 201, "nodeName \"\" is unassigned");
+        assert_eq!(c.pod("ml", "train-a").unwrap()["spec"]["nodeName"], "n1");
+        let (code, e) = post(&c, binding("train-a", "n2"));
+        assert_eq!(code, 409, "{e}");
+        assert!(e["message"].as_str().unwrap().contains("already assigned to node \"n1\""), "{e}");
+        assert_eq!(c.bindings().len(), 1);
     }
 
     fn job_pod(name: &str, node: Option<&str>, grace: Option<u64>) -> Value {

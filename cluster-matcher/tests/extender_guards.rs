@@ -1,0 +1,178 @@
+//! What the extender's plan and bind do about what already runs, against the stateful fake
+//! API server: a running job is never moved (nothing would move it), and a bind never puts a
+//! second live pod of a job, or one pod too many, on a GPU the watch (or a bind in flight)
+//! shows taken, whatever the plan it read says.
+
+mod plan_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster_matcher::extender::{metrics, Extender, ExtenderArgs, ExtenderBindingArgs, PodDecision};
+use cluster_matcher::kube_api::{ApiSource, KubeApi};
+use cluster_matcher::plan::{ClusterSpec, GpuRef};
+use cluster_matcher::watch::{ClusterWatch, WatchSettings};
+use fake_kube::cluster::FakeCluster;
+use fake_kube::objects::*;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
+
+fn open_cluster(per_gpu: usize) -> ClusterSpec {
+    serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 1.0, "max_offline_per_gpu": per_gpu, "nodes": []}))
+    .unwrap()
+}
+
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The extender on `c`'s watches (no bind lock), its first plan made from what they list.
+fn ext_on(c: &FakeCluster, per_gpu: usize, pods: usize) -> (ClusterWatch, Arc<Extender>) {
+    let w = ClusterWatch::start(&ApiSource::Url(c.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
+    assert!(w.wait_synced(Duration::from_secs(30)));
+    let v = w.view();
+    eventually("pods listed", || v.snapshot().pods.len() == pods);
+    let api = KubeApi::connect(&ApiSource::Url(c.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
+    let ext = Extender::watched(open_cluster(per_gpu), plan_support::similarity_predictor(), None, w.view());
+    (w, Arc::new(ext.with_api(api)))
+}
+
+fn pod(c: &FakeCluster, ns: &str, name: &str) -> Pod {
+    serde_json::from_value(c.pod(ns, name).unwrap()).unwrap()
+}
+
+fn filter(c: &FakeCluster, ext: &Extender, name: &str, nodes: &[&str]) -> cluster_matcher::extender::ExtenderFilterResult {
+    ext.filter(ExtenderArgs {
+        pod: pod(c, "ml", name),
+        nodes: None,
+        node_names: Some(nodes.iter().map(|s| s.to_string()).collect()),
+    })
+}
+
+fn bind(c: &FakeCluster, ext: &Extender, name: &str, node: &str) -> String {
+    let uid = c.pod("ml", name).unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
+    ext.bind(ExtenderBindingArgs { pod_name: name.into(), pod_namespace: "ml".into(), pod_uid: uid, node: node.into() })
+        .error
+}
+
+fn node_of(c: &FakeCluster, name: &str) -> Value {
+    c.pod("ml", name).unwrap()["spec"]["nodeName"].clone()
+}
+
+/// A pod of `job` already bound to `node`/`gpu` and running.
+fn running(job: &str, suffix: &str, node: &str, gpu: u32) -> Value {
+    let mut p = job_pod("ml", job, suffix, "1", 4000);
+    p["spec"]["nodeName"] = node.into();
+    p["metadata"]["annotations"]["xshare.io/gpu"] = gpu.to_string().into();
+    p["status"]["phase"] = "Running".into();
+    p
+}
+
+fn at(node: &str, gpu: u32) -> GpuRef {
+    GpuRef { node: node.into(), gpu }
+}
+
+/// Job `a` runs on n1/0; job `b` may only run on n1's GPU type. A round free to move jobs
+/// moves `a` to n2/0 and gives n1/0 to `b`, but nothing moves `a`: n1/0 would hold two
+/// offline pods. The extender's rounds keep `a` where it runs, and `b` waits.
+#[test]
+fn a_running_job_keeps_its_gpu_and_no_new_job_is_given_it() {
+    let now = now_ms();
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now, &["Healthy"]))));
+    let mut n2 = node("n2", "1", Some(heartbeat_json("n2", now, &["Healthy"])));
+    n2["metadata"]["labels"]["xshare.io/gpu-type"] = "T4".into();
+    c.add_node(n2);
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    c.add_pod(online_pod("prod", "svc-2", "1", "n2", 0));
+    c.add_pod(running("a", "x", "n1", 0));
+    let mut b = job_pod("ml", "b", "y", "1", 4000);
+    b["metadata"]["annotations"]["xshare.io/gpu-types"] = "V100M32".into();
+    c.add_pod(b);
+    let (_w, ext) = ext_on(&c, 1, 4);
+    let _pl = ext.spawn_planner();
+    ext.replan();
+    eventually("replanned", || ext.snapshot().round >= 1);
+    let plan = ext.plan();
+    let a = plan.assignments.iter().find(|x| x.offline == "ml/a").expect("a placed");
+    assert_eq!((&a.at, a.kept), (&at("n1", 0), true), "{plan:?}");
+    assert!(plan.breaks.is_empty(), "{plan:?}");
+    assert!(plan.unplaced.contains(&"ml/b".to_string()), "{plan:?}");
+    assert_eq!(ext.decide(&pod(&c, "ml", "b-y")), PodDecision::Waiting("ml/b".into()));
+    let f = filter(&c, &ext, "b-y", &["n1", "n2"]);
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    assert!(!bind(&c, &ext, "b-y", "n1").is_empty());
+    assert!(node_of(&c, "b-y").is_null());
+}
+
+/// The plan the bind reads may be behind what runs (a pod bound before the round saw it,
+/// or by another extender): a bind onto a GPU the watch shows holding
+/// `max_offline_per_gpu` live offline pods is refused, whatever the plan says.
+#[test]
+fn a_bind_to_a_gpu_the_watch_shows_full_is_refused() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let (w, ext) = ext_on(&c, 1, 2);
+    // The first plan (no planner running: it stays) places a on n1/0.
+    assert_eq!(ext.decide(&pod(&c, "ml", "a-x")), PodDecision::Placed(at("n1", 0)));
+    // Then a pod of another job appears on n1/0.
+    c.add_pod(running("z", "1", "n1", 0));
+    let v = w.view();
+    eventually("z seen", || v.pod("ml", "z-1").is_some());
+    let f = filter(&c, &ext, "a-x", &["n1"]);
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    assert!(f.failed_and_unresolvable_nodes["n1"].contains("ml/z-1"), "{f:?}");
+    let e = bind(&c, &ext, "a-x", "n1");
+    assert!(e.contains("GPU n1/0 already holds 1 live offline pod(s) (ml/z-1)"), "{e}");
+    assert!(node_of(&c, "a-x").is_null(), "not bound");
+    assert!(metrics::render(&ext).contains("xshare_extender_bind_refusals_total{reason=\"gpu_full\"} 1"));
+    // Once z is gone, a is bound.
+    c.delete_pod("ml", "z-1", Some(0));
+    eventually("z gone", || v.pod("ml", "z-1").is_none());
+    assert_eq!(bind(&c, &ext, "a-x", "n1"), "");
+    assert_eq!(node_of(&c, "a-x"), "n1");
+}
+
+/// A Job with parallelism 2: the plan gives the job one GPU slot, so its second pod waits
+/// while the first runs (here on a GPU with room for two offline pods, so only the job's
+/// own rule stops it).
+#[test]
+fn a_second_pod_of_a_running_job_is_not_stacked_on_its_gpu() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-0", "1", "n1", 0));
+    c.add_pod(running("train", "p1", "n1", 0));
+    c.add_pod(job_pod("ml", "train", "p2", "1", 4000));
+    let (_w, ext) = ext_on(&c, 2, 3);
+    assert_eq!(ext.decide(&pod(&c, "ml", "train-p2")), PodDecision::Placed(at("n1", 0)));
+    let f = filter(&c, &ext, "train-p2", &["n1"]);
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    assert!(f.failed_and_unresolvable_nodes["n1"].contains("already runs pod ml/train-p1"), "{f:?}");
+    let e = bind(&c, &ext, "train-p2", "n1");
+    assert!(e.contains("job ml/train already runs pod ml/train-p1 on n1/0"), "{e}");
+    assert!(node_of(&c, "train-p2").is_null(), "not bound");
+    assert!(metrics::render(&ext).contains("xshare_extender_bind_refusals_total{reason=\"job_has_pod\"} 1"));
+}
+
+/// Two pods of one job Pending at once: the first bind wins; the second is refused, whether
+/// the watch shows the first bound yet or only the bind made through this extender does.
+#[test]
+fn two_pending_pods_of_one_job_are_not_both_bound() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-0", "1", "n1", 0));
+    c.add_pod(job_pod("ml", "train", "p1", "1", 4000));
+    c.add_pod(job_pod("ml", "train", "p2", "1", 4000));
+    let (_w, ext) = ext_on(&c, 2, 3);
+    assert_eq!(bind(&c, &ext, "train-p1", "n1"), "");
+    let e = bind(&c, &ext, "train-p2", "n1");
+    assert!(e.contains("job ml/train already") && e.contains("ml/train-p1"), "{e}");
+    assert!(node_of(&c, "train-p2").is_null(), "not bound");
+}
