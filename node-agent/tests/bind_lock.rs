@@ -43,6 +43,38 @@ async fn eventually(what: &str, f: impl Fn() -> bool) {
     }
 }
 
+/// node-agent's device plugin on `NODE` with `gpus` GPUs (their status files under
+/// `ledger_dir` already published Healthy), `max_offline` per GPU, reading pods from `c`: once
+/// every GPU is Healthy to it. With the plugin: its health view, and the sender that keeps its
+/// health poll running (dropped, the poll stops).
+async fn plugin_on(c: &FakeCluster, tmp: &Path, ledger_dir: &Path, gpus: u32, max_offline: u32) -> (Plugin, HealthView, watch::Sender<bool>) {
+    let uuids = ["GPU-00000000-aaaa", "GPU-11111111-bbbb"];
+    let cfg_text = serde_json::json!({
+        "node_name": NODE,
+        "ledger_dir": ledger_dir,
+        "gpus": (0..gpus).map(|g| serde_json::json!({"index": g, "uuid": uuids[g as usize]})).collect::<Vec<_>>(),
+        "device_plugin": {"dir": tmp.join("dp"), "max_offline_per_gpu": max_offline},
+        "health": {"poll_ms": 50, "stale_after_ms": 60000},
+        "kube": {"api_url": c.url()},
+    })
+    .to_string();
+    let cfg = Arc::new(AgentConfig::from_text(Path::new("test.json"), &cfg_text, |_| None).unwrap());
+    let (health_tx, health_rx) = watch::channel(BTreeMap::new());
+    let (dev_tx, dev_rx) = watch::channel(Vec::new());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(plugin::poll_health(cfg.clone(), health_tx, dev_tx, stop_rx));
+    let mut h = health_rx.clone();
+    tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.len() == gpus as usize && m.values().all(|g| g.healthy())))
+        .await
+        .expect("every GPU Healthy within 10 s")
+        .unwrap();
+    let client = node_agent::kube::client(&cfg.kube).await.unwrap();
+    (Plugin::new(cfg, health_rx, dev_rx, PodSource::Api(client)), h, stop_tx)
+}
+
+/// node-agent's view of its GPUs' health.
+type HealthView = watch::Receiver<BTreeMap<u32, node_agent::health::GpuHealth>>;
+
 fn alloc(id: &str) -> tonic::Request<pb::AllocateRequest> {
     tonic::Request::new(pb::AllocateRequest {
         container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.into()] }],
@@ -68,27 +100,7 @@ async fn the_locked_pod_gets_its_own_plan_and_the_lock_is_given_back() {
     newer["metadata"]["annotations"]["xshare.io/memory-quota-bytes"] = "1073741824".into();
     c.add_pod(newer);
 
-    let cfg_text = serde_json::json!({
-        "node_name": NODE,
-        "ledger_dir": ledger_dir,
-        "gpus": [{"index": 0, "uuid": "GPU-00000000-aaaa"}, {"index": 1, "uuid": "GPU-11111111-bbbb"}],
-        "device_plugin": {"dir": tmp.path().join("dp"), "max_offline_per_gpu": 2},
-        "health": {"poll_ms": 50, "stale_after_ms": 60000},
-        "kube": {"api_url": c.url()},
-    })
-    .to_string();
-    let cfg = Arc::new(AgentConfig::from_text(Path::new("test.json"), &cfg_text, |_| None).unwrap());
-    let (health_tx, health_rx) = watch::channel(BTreeMap::new());
-    let (dev_tx, dev_rx) = watch::channel(Vec::new());
-    let (_stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(plugin::poll_health(cfg.clone(), health_tx, dev_tx, stop_rx));
-    let mut h = health_rx.clone();
-    tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.len() == 2 && m.values().all(|g| g.healthy())))
-        .await
-        .expect("both GPUs Healthy within 10 s")
-        .unwrap();
-    let client = node_agent::kube::client(&cfg.kube).await.unwrap();
-    let p = Plugin::new(cfg.clone(), health_rx, dev_rx, PodSource::Api(client));
+    let (p, mut h, _stop) = plugin_on(&c, tmp.path(), &ledger_dir, 2, 2).await;
 
     // The extender let the newer pod through, but the older one is Pending here too (bound
     // past the lock): the kubelet may be admitting either, so the container is refused, and
@@ -172,27 +184,7 @@ async fn an_unplanned_pod_admitted_first_gets_nothing_of_the_locked_pods() {
     intruder["spec"]["schedulerName"] = "default-scheduler".into();
     c.add_pod(intruder);
     hold(&c, VICTIM, "victim");
-    let cfg_text = serde_json::json!({
-        "node_name": NODE,
-        "ledger_dir": ledger_dir,
-        "gpus": [{"index": 0, "uuid": "GPU-00000000-aaaa"}],
-        "device_plugin": {"dir": tmp.path().join("dp"), "max_offline_per_gpu": 4},
-        "health": {"poll_ms": 50, "stale_after_ms": 60000},
-        "kube": {"api_url": c.url()},
-    })
-    .to_string();
-    let cfg = Arc::new(AgentConfig::from_text(Path::new("test.json"), &cfg_text, |_| None).unwrap());
-    let (health_tx, health_rx) = watch::channel(BTreeMap::new());
-    let (dev_tx, dev_rx) = watch::channel(Vec::new());
-    let (_stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(plugin::poll_health(cfg.clone(), health_tx, dev_tx, stop_rx));
-    let mut h = health_rx.clone();
-    tokio::time::timeout(Duration::from_secs(10), h.wait_for(|m| m.len() == 1 && m.values().all(|g| g.healthy())))
-        .await
-        .expect("GPU 0 Healthy within 10 s")
-        .unwrap();
-    let client = node_agent::kube::client(&cfg.kube).await.unwrap();
-    let p = Plugin::new(cfg.clone(), health_rx, dev_rx, PodSource::Api(client));
+    let (p, _h, _stop) = plugin_on(&c, tmp.path(), &ledger_dir, 1, 4).await;
 
     // The kubelet admits the intruder first.
     let e = p.allocate(alloc("gpu0-0")).await.unwrap_err();
