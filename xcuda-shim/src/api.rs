@@ -657,19 +657,32 @@ pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, 
         if q.vmm_mapped(ptr, size as u64, handle) {
             return rc;
         }
-        crate::state::logged(|| tracing::error!(ptr, size, handle, "xcuda: VMM mapping table full; undoing the mapping"));
-        let _one = VMM_UNMAP_RETAIN.lock();
-        // SAFETY: undoing the mapping the driver has just made for us.
-        let undone = unsafe { unmap(ptr, size) };
-        if undone == CUresult::CUDA_SUCCESS {
+        undo_untracked_map(unmap, ptr, size, handle, || {
             q.vmm_unmapped(handle);
-        } else {
-            // Still mapped: the handle's bytes stay counted (for the process's life: the
-            // mapping is in no table, so no unmap will find it).
-            crate::state::logged(|| tracing::error!(ptr, size, handle, rc = undone.0, "xcuda: undoing a mapping failed; its handle's bytes stay counted until exit"));
-        }
-        CUresult::CUDA_ERROR_OUT_OF_MEMORY
+        })
     })
+}
+
+/// A mapping the driver made that the shim has no room to record: undone (and `give_back`
+/// run), `CUDA_ERROR_OUT_OF_MEMORY` either way. If the undo fails it stays mapped and its bytes
+/// stay counted for the process's life (the mapping is in no table, so no unmap will find it).
+fn undo_untracked_map(
+    unmap: PFN_cuMemUnmap_v10020,
+    ptr: CUdeviceptr,
+    size: usize,
+    handle: CUmemGenericAllocationHandle,
+    give_back: impl FnOnce(),
+) -> CUresult {
+    crate::state::logged(|| tracing::error!(ptr, size, handle, "xcuda: VMM mapping table full; undoing the mapping"));
+    let _one = VMM_UNMAP_RETAIN.lock();
+    // SAFETY: undoing the mapping the driver has just made for us.
+    let undone = unsafe { unmap(ptr, size) };
+    if undone == CUresult::CUDA_SUCCESS {
+        give_back();
+    } else {
+        crate::state::logged(|| tracing::error!(ptr, size, handle, rc = undone.0, "xcuda: undoing a mapping failed; its bytes stay counted until exit"));
+    }
+    CUresult::CUDA_ERROR_OUT_OF_MEMORY
 }
 
 /// `cuMemMap` of a handle the shim did not create: imported (`cuMemImportFromShareableHandle`,
@@ -703,16 +716,9 @@ fn map_import(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGeneric
     if q.track(Kind::VmmImportMap, ptr, bytes) {
         return rc;
     }
-    crate::state::logged(|| tracing::error!(ptr, size, handle, "xcuda: VMM mapping table full; undoing the mapping"));
-    let _one = VMM_UNMAP_RETAIN.lock();
-    // SAFETY: undoing the mapping the driver has just made for us.
-    let undone = unsafe { unmap(ptr, size) };
-    if undone == CUresult::CUDA_SUCCESS {
+    undo_untracked_map(unmap, ptr, size, handle, || {
         q.release(bytes);
-    } else {
-        crate::state::logged(|| tracing::error!(ptr, size, handle, rc = undone.0, "xcuda: undoing a mapping failed; its bytes stay counted until exit"));
-    }
-    CUresult::CUDA_ERROR_OUT_OF_MEMORY
+    })
 }
 
 /// Hooked `cuMemUnmap`: each handle whose last mapping this was, and which is released, gives
