@@ -35,7 +35,8 @@ pub struct MonitorSample {
 /// number) is no limit on that field; [`ThrottleFloor::default`] is no floor.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ThrottleFloor {
-    /// The throttle may not be turned off.
+    /// The throttle may not be turned off, and its control law (bucket depth, online-pressure
+    /// hold, clock weights, gains, period, staleness) may not be looser than the shipped one.
     pub required: bool,
     /// Highest load target (U_GPU) a throttle may aim at.
     pub max_target_load: f64,

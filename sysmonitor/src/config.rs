@@ -131,7 +131,9 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OfflineThrottleConfig {
-    /// A shim may not turn its throttle off (`XCUDA_THROTTLE=0`, `throttle.enabled: false`).
+    /// A shim may not turn its throttle off (`XCUDA_THROTTLE=0`, `throttle.enabled: false`),
+    /// nor loosen its control law past the shipped one (its bucket depth, online-pressure
+    /// hold, clock weights, gains, period and staleness: `xshare_control::ThrottleConfig::law_within`).
     pub required: bool,
     /// Highest load target (U_GPU, the shim's `throttle.target_load`) a shim may aim at.
     pub max_target_load: f64,

@@ -647,9 +647,14 @@ fn job_part(g: &Gpu, status: Option<&node_ledger::Status>, now_ns: u64, stale_ns
     crate::budget::job_share(1.0, &jobs, group, own).clamp(0.0, 1.0)
 }
 
+/// Monitor data older than this are stale for GPU `g`'s throttle, ns: its control law's
+/// (the process's own `throttle.stale_after_ms`, or a floor's held law's, [`Throttle::law`]).
+fn stale_ns_of(g: &Gpu) -> u64 {
+    g.throttle.law().stale_after_ms.saturating_mul(1_000_000)
+}
+
 fn controller(st: &'static State, cfg: &'static Config) {
     let tc = &cfg.throttle;
-    let period = Duration::from_millis(tc.period_ms);
     let stale_ns = tc.stale_after_ms.saturating_mul(1_000_000);
     let mut loops: Vec<Loop> = st
         .gpus
@@ -668,7 +673,9 @@ fn controller(st: &'static State, cfg: &'static Config) {
     let mut last = Instant::now();
     let mut last_house = Instant::now();
     while CONTROLLER_ALIVE.load(Acquire) {
-        std::thread::sleep(period);
+        // The quickest law of the GPUs' (an operator's floor may hold one to a shorter period).
+        let period_ms = st.gpus.iter().map(|g| g.throttle.law().period_ms).min().unwrap_or(tc.period_ms);
+        std::thread::sleep(Duration::from_millis(period_ms.max(1)));
         let now = Instant::now();
         let dt = now.duration_since(last).as_secs_f64();
         last = now;
@@ -677,10 +684,10 @@ fn controller(st: &'static State, cfg: &'static Config) {
             last_house = now;
         }
         for (ord, (g, lp)) in st.gpus.iter().zip(loops.iter_mut()).enumerate() {
-            tick(ord, g, lp, stale_ns, dt);
+            tick(ord, g, lp, dt);
             crate::graphmem::tick(st, g, ord as CUdevice);
             crate::streampool::tick(st, g, ord as CUdevice);
-            if house && !housekeeping(g, lp, stale_ns) {
+            if house && !housekeeping(g, lp, stale_ns_of(g)) {
                 return;
             }
         }
@@ -688,7 +695,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
 }
 
 /// One control step of GPU `g`'s throttle from its own status file's monitor sample and budget.
-fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
+fn tick(ord: usize, g: &Gpu, lp: &mut Loop, dt: f64) {
     if let Some(e) = g.quota.check_ledger() {
         tracing::error!(device = ord, "xcuda: {e}; refusing new device allocations (frees still work) until this process restarts on a sound ledger");
     }
@@ -697,10 +704,12 @@ fn tick(ord: usize, g: &Gpu, lp: &mut Loop, stale_ns: u64, dt: f64) {
     // once a second).
     let status = lp.status.as_mut().and_then(|r| r.get(now_ns, lp.last_stale.unwrap_or(true)));
     let snap = status.and_then(|st| st.read_monitor());
-    // The operator's floor first: this tick's decision is made within it.
-    if let Some(f) = snap.and_then(|s| floor_in(&s, now_ns, stale_ns)) {
+    // The operator's floor first: this tick's decision is made within it (and, a floor
+    // requiring a throttle holding the control law, with the law's staleness).
+    if let Some(f) = snap.and_then(|s| floor_in(&s, now_ns, stale_ns_of(g))) {
         hold_to_floor(ord, &g.throttle, &f);
     }
+    let stale_ns = stale_ns_of(g);
     let sample = snap.filter(|s| s.is_fresh(now_ns, stale_ns)).map(|s| Sample {
         u_sm: f64::from(s.sample.sm_active_permille) / 1000.0,
         c_sm: f64::from(s.sample.sm_clock_mhz),
@@ -738,8 +747,8 @@ static FLOOR_SAID: AtomicBool = AtomicBool::new(false);
 
 /// Holds `throttle` (of device `ord`) to the operator's floor `f`: a process may tighten its
 /// throttle, never loosen it past the floor, whatever its own configuration says
-/// (`XCUDA_THROTTLE`, `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`, `XCUDA_CONFIG`). What was
-/// tightened stays so ([`xshare_control::Throttle::tighten`]), also once the monitor goes
+/// (`XCUDA_THROTTLE`, `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`, `XCUDA_CONFIG`), its control
+/// law held to the shipped one when the floor requires a throttle. What was tightened stays so ([`xshare_control::Throttle::tighten`]), also once the monitor goes
 /// quiet. Says so when the floor overrides the process's own settings.
 fn hold_to_floor(ord: usize, throttle: &Throttle, f: &node_ledger::ThrottleFloor) {
     let own = throttle.config();
@@ -749,16 +758,20 @@ fn hold_to_floor(ord: usize, throttle: &Throttle, f: &node_ledger::ThrottleFloor
     }
     let what = if t.turned_on {
         "xcuda: throttle turned on by the operator's floor (XCUDA_THROTTLE=0 / throttle.enabled: false ignored)"
+    } else if t.law {
+        "xcuda: throttle's control law held to the shipped one by the operator's floor (this process's looser XCUDA_CONFIG throttle settings ignored: bucket depth, online-pressure hold, clock weights, gains, period, staleness)"
     } else {
         "xcuda: throttle held to the operator's floor (this process's looser XCUDA_TARGET_LOAD / XCUDA_FALLBACK_RATE / XCUDA_CONFIG settings ignored)"
     };
+    let law_held = t.law;
     let (target_load, max_rate, fallback_rate) = (throttle.target_load(), throttle.max_rate(), throttle.fallback_rate());
     if FLOOR_SAID.swap(true, Relaxed) {
-        tracing::info!(device = ord, turned_on = t.turned_on, target_load, max_rate, fallback_rate, "{what}");
+        tracing::info!(device = ord, turned_on = t.turned_on, law_held, target_load, max_rate, fallback_rate, "{what}");
     } else {
         tracing::warn!(
             device = ord,
             turned_on = t.turned_on,
+            law_held,
             target_load,
             own_target_load = own.target_load,
             max_rate,

@@ -72,3 +72,95 @@ impl Default for ThrottleConfig {
         }
     }
 }
+
+impl ThrottleConfig {
+    /// This configuration's control law held to `bound`'s (an operator's floor requiring a
+    /// throttle holds a process's law to the shipped one, [`crate::Throttle::tighten`]): each
+    /// parameter stays this configuration's where that is at least as tight as `bound`'s, else
+    /// it is `bound`'s. Tighter means: a higher load read from the same sample (a larger a_L and
+    /// T_SM, a smaller a_H), an earlier and longer online-pressure hold (a larger
+    /// `hold_below_clock` and `hold_ms`), a shallower bucket (`burst`), a dearer graph launch
+    /// (`graph_launch_waves`), a lower lowest rate (`min_rate`), a quicker controller
+    /// (`period_ms`) and samples called stale sooner (`stale_after_ms`). The PID gains have no
+    /// such order (a gain of 0 freezes the rate where it is), so they are `bound`'s. The switch,
+    /// load target and rates are the floor's own limits, not the law's, and are left as they are;
+    /// so is `c_h_mhz`, which the throttle holds at use, against the monitor's highest clock.
+    pub fn law_within(&self, bound: &ThrottleConfig) -> ThrottleConfig {
+        ThrottleConfig {
+            a_l: self.a_l.max(bound.a_l),
+            a_h: self.a_h.min(bound.a_h),
+            t_sm_mhz: self.t_sm_mhz.max(bound.t_sm_mhz),
+            kp: bound.kp,
+            ki: bound.ki,
+            kd: bound.kd,
+            period_ms: self.period_ms.min(bound.period_ms),
+            stale_after_ms: self.stale_after_ms.min(bound.stale_after_ms),
+            min_rate: self.min_rate.min(bound.min_rate),
+            burst: self.burst.min(bound.burst),
+            graph_launch_waves: self.graph_launch_waves.max(bound.graph_launch_waves),
+            hold_below_clock: self.hold_below_clock.max(bound.hold_below_clock),
+            hold_ms: self.hold_ms.max(bound.hold_ms),
+            ..self.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every law parameter a process can loosen comes back to the bound's, every tighter one is
+    /// kept, and a law within its bound is unchanged (idempotent, and the shipped law within
+    /// itself is itself).
+    #[test]
+    fn a_law_within_a_bound_keeps_what_is_tighter_and_takes_the_bound_for_the_rest() {
+        let b = ThrottleConfig::default();
+        assert_eq!(b.law_within(&b), b);
+        let loose = ThrottleConfig {
+            enabled: false,
+            target_load: 3.0,
+            a_l: 0.0,
+            a_h: 1.0,
+            t_sm_mhz: 100.0,
+            c_h_mhz: 100.0,
+            kp: 0.0,
+            ki: 0.0,
+            kd: 9.0,
+            period_ms: 10_000,
+            stale_after_ms: 1 << 40,
+            fallback_rate: 1e9,
+            min_rate: 1e9,
+            max_rate: 1e9,
+            burst: 1e12,
+            graph_launch_waves: 0.0,
+            hold_below_clock: 0.0,
+            hold_ms: 0,
+        };
+        let held = loose.law_within(&b);
+        let expect = ThrottleConfig {
+            enabled: false,
+            target_load: 3.0,
+            c_h_mhz: 100.0,
+            fallback_rate: 1e9,
+            max_rate: 1e9,
+            ..b.clone()
+        };
+        assert_eq!(held, expect, "every loosened law parameter held to the bound's; the floor's own limits untouched");
+        let tight = ThrottleConfig {
+            a_l: 4.0,
+            a_h: 0.1,
+            t_sm_mhz: 1400.0,
+            kp: 0.9,
+            period_ms: 5,
+            stale_after_ms: 100,
+            min_rate: 1.0,
+            burst: 2.0,
+            graph_launch_waves: 16.0,
+            hold_below_clock: 0.95,
+            hold_ms: 900,
+            ..b.clone()
+        };
+        assert_eq!(tight.law_within(&b), ThrottleConfig { kp: b.kp, ..tight.clone() }, "tighter kept, gains the bound's");
+        assert_eq!(held.law_within(&b), held, "idempotent");
+    }
+}

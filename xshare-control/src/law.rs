@@ -76,6 +76,12 @@ impl Pid {
         self.lo_log2 = self.lo_log2.min(self.hi_log2).min(self.base_log2);
     }
 
+    /// Takes `law`'s gains (a throttle whose law an operator's floor holds,
+    /// [`crate::Throttle::law`]); the state is kept.
+    pub fn hold_gains(&mut self, law: &ThrottleConfig) {
+        (self.kp, self.ki, self.kd) = (law.kp, law.ki, law.kd);
+    }
+
     /// Forgets history (monitor came back after being stale).
     pub fn reset(&mut self) {
         self.integral = 0.0;

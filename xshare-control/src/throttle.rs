@@ -42,9 +42,17 @@ pub struct Throttle {
     own_share_milli: AtomicU64,
     /// Online-pressure hold left, µs (0 = not held).
     hold_left_us: AtomicU64,
-    graph_cost: i64,
-    burst: i64,
+    /// Cost of a graph launch and bucket depth, milli-waves: the law's
+    /// ([`Throttle::law`]); the launch path reads them with one relaxed load.
+    graph_cost: AtomicI64,
+    burst: AtomicI64,
+    /// The configuration this throttle was built with (the process's own).
     cfg: ThrottleConfig,
+    /// `cfg`'s control law held to the shipped one ([`ThrottleConfig::law_within`]), in force
+    /// once `law_held` is set (an operator's floor requiring a throttle, [`Throttle::tighten`]),
+    /// for the throttle's life.
+    held_law: ThrottleConfig,
+    law_held: AtomicBool,
     /// Launches that had to wait.
     pub delayed: AtomicU64,
     /// Launches issued (approximate under concurrent launches from several threads).
@@ -64,12 +72,15 @@ pub struct Tightened {
     pub max_rate: Option<f64>,
     /// The fallback rate, lowered to this.
     pub fallback_rate: Option<f64>,
+    /// The control law was looser than the shipped one and is now held to it
+    /// ([`ThrottleConfig::law_within`]).
+    pub law: bool,
 }
 
 impl Tightened {
     /// Whether anything changed.
     pub fn any(&self) -> bool {
-        self.turned_on || self.target_load.is_some() || self.max_rate.is_some() || self.fallback_rate.is_some()
+        self.turned_on || self.target_load.is_some() || self.max_rate.is_some() || self.fallback_rate.is_some() || self.law
     }
 }
 
@@ -113,9 +124,11 @@ impl Throttle {
             milli_per_block_q16: AtomicU64::new(q16_per_block(sm_count)),
             own_share_milli: AtomicU64::new(0),
             hold_left_us: AtomicU64::new(0),
-            graph_cost: (cfg.graph_launch_waves * MILLI) as i64,
-            burst,
+            graph_cost: AtomicI64::new((cfg.graph_launch_waves * MILLI) as i64),
+            burst: AtomicI64::new(burst),
             cfg: cfg.clone(),
+            held_law: cfg.law_within(&ThrottleConfig::default()),
+            law_held: AtomicBool::new(false),
             delayed: AtomicU64::new(0),
             launches: AtomicU64::new(0),
         }
@@ -126,11 +139,32 @@ impl Throttle {
         &self.cfg
     }
 
+    /// The control law in force: the configuration's, or, once an operator's floor required
+    /// a throttle ([`Throttle::tighten`]), the configuration's held to the shipped law
+    /// ([`ThrottleConfig::law_within`]). Its switch, load target and rates are not the ones in
+    /// force ([`Throttle::enabled`], [`Throttle::target_load`], [`Throttle::max_rate`],
+    /// [`Throttle::fallback_rate`]). The controller reads its period and staleness here.
+    pub fn law(&self) -> &ThrottleConfig {
+        if self.law_held.load(Relaxed) {
+            &self.held_law
+        } else {
+            &self.cfg
+        }
+    }
+
+    /// Whether the control law is held to the shipped one ([`Throttle::law`]).
+    pub fn law_held(&self) -> bool {
+        self.law_held.load(Relaxed)
+    }
+
     /// Holds this throttle to an operator's floor: turned on if `required`, its load target,
     /// highest rate and fallback rate lowered to the limits given (`None`, or anything not a
-    /// positive finite number: no limit). Never loosens: what was tightened stays so for the
-    /// throttle's life, whatever floor comes later (or none, a monitor gone quiet). Returns
-    /// what changed. Called by the controller, never on the launch path.
+    /// positive finite number: no limit), and, if `required`, its control law held to the
+    /// shipped one ([`Throttle::law`]; a process that may not turn its throttle off may not
+    /// take it apart either: a bucket a million waves deep, a hold that never holds, gains of
+    /// 0). Never loosens: what was tightened stays so for the throttle's life, whatever floor
+    /// comes later (or none, a monitor gone quiet). Returns what changed. Called by the
+    /// controller, never on the launch path.
     pub fn tighten(
         &self,
         required: bool,
@@ -139,6 +173,16 @@ impl Throttle {
         max_fallback_rate: Option<f64>,
     ) -> Tightened {
         let turned_on = required && !self.enabled.swap(true, Relaxed);
+        let law = required && !self.law_held.swap(true, Relaxed) && self.held_law != self.cfg;
+        if law {
+            let h = &self.held_law;
+            let burst = (h.burst * MILLI) as i64;
+            self.burst.fetch_min(burst, Relaxed);
+            self.graph_cost.fetch_max((h.graph_launch_waves * MILLI) as i64, Relaxed);
+            // A bucket filled to the process's own depth is emptied to the law's at once
+            // (a frozen bucket, far below, stays so).
+            self.tokens.fetch_min(burst, AcqRel);
+        }
         let max_rate = lower(&self.max_rate, max_rate);
         // The fallback rate stays within the highest rate.
         let fallback_cap = max_fallback_rate.into_iter().chain(Some(self.max_rate())).reduce(f64::min);
@@ -147,6 +191,7 @@ impl Throttle {
             target_load: lower(&self.target_load, max_target_load),
             max_rate,
             fallback_rate: lower(&self.fallback_rate, fallback_cap),
+            law,
         }
     }
 
@@ -179,7 +224,7 @@ impl Throttle {
 
     /// Cost of a graph launch, milli-waves.
     pub fn graph_cost(&self) -> i64 {
-        self.graph_cost
+        self.graph_cost.load(Relaxed)
     }
 
     /// Takes `cost` milli-waves for one launch (counted in [`Throttle::launches`]). Under
@@ -217,7 +262,7 @@ impl Throttle {
             return;
         }
         let add = (self.rate_milli.load(Relaxed) as f64 * dt) as i64;
-        let burst = self.burst;
+        let burst = self.burst.load(Relaxed);
         let _ = self.tokens.fetch_update(AcqRel, Acquire, |t| {
             Some((t.saturating_add(add)).min(burst))
         });
@@ -236,7 +281,7 @@ impl Throttle {
 
     /// Lets launches go again.
     pub fn unfreeze(&self) {
-        self.tokens.store(self.burst, Release);
+        self.tokens.store(self.burst.load(Relaxed), Release);
         self.frozen.store(false, Release);
     }
 
@@ -322,8 +367,8 @@ impl Throttle {
     /// slows it (MPS does not preempt). A process with a larger (or unknown) cap could be the
     /// cause itself, so it is left to the PID.
     pub fn pressure(&self, s: &Sample) -> bool {
-        let c = &self.cfg;
-        let c_h = if c.c_h_mhz > 0.0 { c.c_h_mhz } else { s.c_h };
+        let c = self.law();
+        let c_h = self.highest_clock(s);
         c.hold_below_clock > 0.0
             && c_h > 0.0
             && s.c_sm < c.hold_below_clock * c_h
@@ -367,7 +412,10 @@ impl Throttle {
         part: f64,
         dt: f64,
     ) -> Decision {
-        let c = &self.cfg;
+        let c = self.law();
+        if self.law_held() {
+            pid.hold_gains(c);
+        }
         // The configuration's, or an operator's floor's where tighter.
         let (max_rate, fallback_rate, configured_target) = (self.max_rate(), self.fallback_rate(), self.target_load());
         // A lowest rate above the fallback rate in force (a process's own `min_rate`) would
@@ -428,9 +476,20 @@ impl Throttle {
 
     /// Eq. 1-2 on a sample: U_GPU = U_SM * a_C.
     pub fn load_of(&self, s: &Sample) -> f64 {
-        let c = &self.cfg;
-        let c_h = if c.c_h_mhz > 0.0 { c.c_h_mhz } else { s.c_h };
+        let c = self.law();
+        let c_h = self.highest_clock(s);
         gpu_load(s.u_sm, clock_factor(s.c_sm, c.t_sm_mhz, c_h, c.a_l, c.a_h))
+    }
+
+    /// C_H for sample `s`: the configured `c_h_mhz`, else the monitor's highest clock; with the
+    /// law held, never below the monitor's (a lower C_H reads a lower load and holds later).
+    fn highest_clock(&self, s: &Sample) -> f64 {
+        let own = self.law().c_h_mhz;
+        match (own > 0.0, self.law_held()) {
+            (true, true) => own.max(s.c_h),
+            (true, false) => own,
+            (false, _) => s.c_h,
+        }
     }
 
     /// The load target of the last controller tick (for logs and tests).
@@ -623,7 +682,10 @@ mod tests {
             assert!(t.take(1 << 20), "its own configuration: never held");
         }
         let d = t.tighten(true, Some(0.8), Some(1e5), Some(50.0));
-        assert_eq!(d, Tightened { turned_on: true, target_load: Some(0.8), max_rate: Some(1e5), fallback_rate: Some(50.0) });
+        assert_eq!(
+            d,
+            Tightened { turned_on: true, target_load: Some(0.8), max_rate: Some(1e5), fallback_rate: Some(50.0), law: true }
+        );
         assert!(t.enabled() && d.any());
         let stale = t.control(&mut pid, None, 0.01);
         assert_eq!(stale.rate, 50.0, "the floor's fallback rate, not the process's 1e6");
@@ -646,6 +708,61 @@ mod tests {
         // A tighter one still tightens; nonsense limits limit nothing.
         assert_eq!(t.tighten(false, Some(0.5), None, None).target_load, Some(0.5));
         assert_eq!(t.tighten(true, Some(f64::NAN), Some(-1.0), Some(0.0)), Tightened::default());
+    }
+
+    /// A floor requiring a throttle holds the process's control law to the shipped one: a
+    /// bucket a million waves deep is emptied to the shipped depth at once, a hold turned off
+    /// (`hold_below_clock: 0`) and a C_H set low hold again for online pressure, gains of 0
+    /// (a rate frozen at the start) move again, and a graph launch costs the shipped waves.
+    /// Without the law held, the same throttle lets a million waves through and never holds.
+    #[test]
+    fn a_required_floor_holds_the_control_law_to_the_shipped_one() {
+        let shipped = ThrottleConfig::default();
+        let own = ThrottleConfig {
+            burst: 1e6,
+            hold_below_clock: 0.0,
+            c_h_mhz: 100.0,
+            kp: 0.0,
+            ki: 0.0,
+            graph_launch_waves: 0.001,
+            ..shipped.clone()
+        };
+        let pressure = Sample { u_sm: 0.3, c_sm: 1000.0, c_h: 1500.0 };
+        let busy = Sample { u_sm: 1.0, c_sm: 1300.0, c_h: 1500.0 };
+        let (loose, held) = (Throttle::new(&own, 10), Throttle::new(&own, 10));
+        loose.set_own_share(0.4);
+        held.set_own_share(0.4);
+        // A floor that does not require a throttle leaves the law alone.
+        assert!(!loose.tighten(false, None, None, None).law);
+        assert_eq!(loose.tokens(), 1_000_000_000, "the process's own bucket");
+        assert!(!loose.pressure(&pressure), "its own law never holds");
+        let t = held.tighten(true, None, None, None);
+        assert!(t.law && t.any() && held.law_held());
+        assert_eq!(held.tokens(), (shipped.burst * MILLI) as i64, "emptied to the shipped depth");
+        assert_eq!(held.graph_cost(), (shipped.graph_launch_waves * MILLI) as i64);
+        assert!(held.pressure(&pressure), "held for online pressure again");
+        let mut pid = Pid::new(&own);
+        assert!(held.control(&mut pid, Some(pressure), 0.01).held);
+        // Past the hold, a GPU over target brings the rate down: the shipped gains act.
+        let mut pid = Pid::new(&own);
+        let fresh = Throttle::new(&own, 10);
+        fresh.tighten(true, None, None, None);
+        let first = fresh.control(&mut pid, Some(busy), 0.01).rate;
+        let mut last = first;
+        for _ in 0..50 {
+            last = fresh.control(&mut pid, Some(busy), 0.01).rate;
+        }
+        assert!(last < first, "the shipped gains move the rate: {first} -> {last}");
+        let mut frozen_pid = Pid::new(&own);
+        let first = loose.control(&mut frozen_pid, Some(busy), 0.01).rate;
+        for _ in 0..50 {
+            assert_eq!(loose.control(&mut frozen_pid, Some(busy), 0.01).rate, first, "gains of 0: the rate never moves");
+        }
+        // Held for good: a later floor without the requirement changes nothing.
+        assert!(!held.tighten(false, None, None, None).any() && held.law_held());
+        // A law already within the shipped one is held, and says nothing changed.
+        let fine = Throttle::new(&shipped, 10);
+        assert!(!fine.tighten(true, None, None, None).any() && fine.law_held());
     }
 
     #[test]
