@@ -101,9 +101,12 @@ fn check(cdi: bool, pod_ledgers: bool) {
     }
     // The shim library LD_PRELOAD names is mounted.
     assert!(mounts.iter().any(|(_, c)| *c == env["LD_PRELOAD"]));
-    // The plan's MPS percentage is the user's to the shim: it does not replace it by the budget.
+    // The plan's MPS percentage is the user's to the shim: kept while within the process's
+    // start share (35 % decided under a 90 % budget), lowered to the share only above it.
     assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "35");
-    assert_eq!(xcuda::budget::mps_env_value(&get, Some(0.9)), None);
+    assert_eq!(xcuda::budget::user_mps_value(&get).as_deref(), Some("35"));
+    assert_eq!(xcuda::budget::mps_env_value(&get, Some(35)), None);
+    assert_eq!(xcuda::budget::mps_env_value(&get, Some(20)), Some("20".into()));
 }
 
 #[test]

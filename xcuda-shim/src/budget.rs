@@ -1,8 +1,9 @@
 //! The dynamic SM budget (MuxFlow's dynamic SM allocation) as it reaches an offline process.
 //! Real MPS fixes a client's active-thread percentage when the client starts, and
 //! `set_active_thread_percentage` never changes a running client, so the budget arrives two ways:
-//! at start, the library constructor sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from it (unless
-//! the user set it), so MPS itself caps the new client; while running, the throttle's
+//! at start, the library constructor sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from it (a value
+//! the user set is kept only where it asks for no more, see below), so MPS itself caps the new
+//! client; while running, the throttle's
 //! controller reads it on each periodic tick (never per launch) and lowers its load target.
 //! Stale or absent budget: the configured static target; never looser than configured.
 //!
@@ -35,7 +36,14 @@
 //! be had within [`node_ledger::claims::CLAIM_LOCK_WAIT`] gives the floor (never the whole
 //! budget), said once in the log. Claims count for start shares only: the running split and
 //! the monitor's judgement read registered slots alone (see [`node_ledger::jobs::with_claims`]).
-//! A percentage the user set is claimed too (the next job must leave room for it).
+//! A percentage the user set (node-agent's plan, or the tenant's own) is kept where it is at
+//! most the process's start share: a job may take less than its share, never more. Above the
+//! share, or not a percentage MPS would apply (`0`, `150`, `abc`), it is replaced by the share
+//! and said once at WARN: the manager sets no daemon-wide cap (the online service's clients run
+//! on the same servers), so the client's own variable is the only cap MPS applies to it, and
+//! NVIDIA's MPS documentation has that variable only further constrain a limit the control
+//! daemon set. Without a fresh budget the user's value is left as it is. What the process
+//! starts with is claimed (the next job must leave room for it).
 //!
 //! The jobs of other pods are not in a process's ledger (each pod has its own): both splits take
 //! them from the monitor's jobs table in the status file ([`fresh_jobs`]), merged with the
@@ -98,16 +106,22 @@ pub fn mps_percentage(permille: u32) -> u32 {
     permille.div_ceil(10).clamp(MIN_MPS_PERCENTAGE, 100)
 }
 
-/// The value to give [`MPS_ENV`] at process start, if any: `None` when the user set it (and
-/// not the shim in a parent process) or there is no fresh budget.
-pub fn mps_env_value(get: &dyn Fn(&str) -> Option<String>, budget: Option<f64>) -> Option<String> {
-    if let Some(v) = get(MPS_ENV) {
-        if get(MPS_ENV_MARK).as_deref() != Some(v.as_str()) {
-            return None;
-        }
+/// The value [`MPS_ENV`] holds that the user set (node-agent's plan, or the tenant), not a
+/// shim in a parent process (which marks its own with [`MPS_ENV_MARK`]), if any.
+pub fn user_mps_value(get: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    get(MPS_ENV).filter(|v| get(MPS_ENV_MARK).as_deref() != Some(v.as_str()))
+}
+
+/// The value to give [`MPS_ENV`] at process start for a decided percentage `pct`
+/// ([`claim_start_percentage`]), if it must change: `None` when nothing was decided (no fresh
+/// budget: MPS's default, or the user's value as it is) or the user's own value already asks
+/// for exactly `pct` (kept as written, a fraction included).
+pub fn mps_env_value(get: &dyn Fn(&str) -> Option<String>, pct: Option<u32>) -> Option<String> {
+    let pct = pct?;
+    if user_mps_value(get).is_some() && own_mps_pct(get) == Some(pct) {
+        return None;
     }
-    let b = budget?;
-    Some(mps_percentage((b * 1000.0).round() as u32).to_string())
+    Some(pct.to_string())
 }
 
 /// This process's own SM cap as MPS applies it: [`MPS_ENV`] (the user's or the one the
@@ -136,10 +150,10 @@ pub struct StartPercentage {
 }
 
 /// Decides the MPS percentage a process of `cfg`'s group starts with at `now_ns` and claims it
-/// on every host GPU ledger of `cfg` that opens ([`node_ledger::claims`]); `user_pct` is the
-/// percentage the user set (claimed as it is), else the process takes its start share of each
-/// ledger's fresh budget, the strictest of them (MPS applies one percentage to all of a
-/// client's devices). A ledger whose claims lock is not had within `lock_wait` counts as
+/// on every host GPU ledger of `cfg` that opens ([`node_ledger::claims`]): its start share of
+/// each ledger's fresh budget, the strictest of them (MPS applies one percentage to all of a
+/// client's devices), or `user_pct`, the percentage the user set, where that is lower (a job
+/// may take less than its share, never more); the user's alone without a fresh budget. A ledger whose claims lock is not had within `lock_wait` counts as
 /// leaving the floor. Never panics; every error is a line in `trouble`.
 pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>, now_ns: u64, lock_wait: Duration) -> StartPercentage {
     let group = node_ledger::ledger::group_id_for(&cfg.group);
@@ -153,7 +167,7 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
         .into_iter()
         .filter_map(|i| {
             let at = cfg.ledger_of(i);
-            let status = user_pct.is_none().then(|| Status::open(&at.status_path()).ok()).flatten();
+            let status = Status::open(&at.status_path()).ok();
             Some((Ledger::open_existing(&at.ledger_path()).ok()?, status))
         })
         .unzip();
@@ -182,7 +196,7 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
             }
         })
         .collect();
-    let pct = user_pct.or_else(|| {
+    let share = {
         statuses
             .iter()
             .zip(&locks)
@@ -200,7 +214,11 @@ pub fn claim_start_percentage(cfg: &crate::config::Config, user_pct: Option<u32>
             })
             .reduce(f64::min)
             .map(|share| mps_percentage((share * 1000.0).round() as u32))
-    });
+    };
+    let pct = match (user_pct, share) {
+        (Some(u), Some(s)) => Some(u.min(s)),
+        (u, s) => u.or(s),
+    };
     if let Some(p) = pct {
         for (l, lock) in ledgers.iter().zip(&locks) {
             if let Some(lock) = lock {
@@ -231,27 +249,31 @@ static ON_LOAD: extern "C" fn() = on_load;
 
 fn set_mps_percentage_from_budget() {
     let get = |k: &str| std::env::var(k).ok();
-    let user_set = get(MPS_ENV).is_some() && get(MPS_ENV_MARK) != get(MPS_ENV);
-    let user_pct = if user_set {
-        match own_mps_pct(&get) {
-            Some(p) => Some(p),
-            None => return, // the user's value, not a percentage MPS would apply: nothing to claim
-        }
-    } else {
-        None
-    };
+    let user_value = user_mps_value(&get);
+    // A user's value that is not a percentage MPS would apply counts as none: the share.
+    let user_pct = user_value.as_ref().and(own_mps_pct(&get));
     // Loaded here without caching: the process's config is loaded (and its errors reported)
     // on the first driver call, after the application may have set its environment.
     let (cfg, _) = crate::config::Config::load(&get);
     let decided = claim_start_percentage(&cfg, user_pct, node_ledger::clock::now_ns(), node_ledger::claims::CLAIM_LOCK_WAIT);
-    if let Some(t) = &decided.trouble {
+    let v = mps_env_value(&get, decided.pct);
+    let overridden = v.as_ref().and(user_value.as_ref());
+    if decided.trouble.is_some() || overridden.is_some() {
         let d = crate::state::our_dispatch(&cfg.log);
-        tracing::dispatcher::with_default(&d, || tracing::warn!("xcuda: {t}"));
+        tracing::dispatcher::with_default(&d, || {
+            if let Some(t) = &decided.trouble {
+                tracing::warn!("xcuda: {t}");
+            }
+            if let (Some(user), Some(pct)) = (overridden, decided.pct) {
+                tracing::warn!(
+                    user_value = %user,
+                    pct,
+                    "xcuda: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE above this job's share of the offline SM budget, or not a percentage MPS applies: starting at the share"
+                );
+            }
+        });
     }
-    if user_set {
-        return;
-    }
-    let Some(v) = mps_env_value(&get, decided.pct.map(|p| f64::from(p) / 100.0)) else {
+    let Some(v) = v else {
         return;
     };
     let (Ok(k), Ok(val), Ok(mark)) = (
@@ -282,26 +304,18 @@ mod tests {
     }
 
     #[test]
-    fn env_value_respects_the_user_and_needs_a_fresh_budget() {
+    fn env_value_keeps_a_user_value_asking_for_what_was_decided_and_needs_a_decision() {
         let none = |_: &str| None;
-        assert_eq!(mps_env_value(&none, Some(0.25)), Some("25".into()));
-        assert_eq!(
-            mps_env_value(&none, None),
-            None,
-            "stale or absent: leave MPS's default"
-        );
-        let user = |k: &str| (k == MPS_ENV).then(|| "70".to_string());
-        assert_eq!(
-            mps_env_value(&user, Some(0.25)),
-            None,
-            "the user's value is kept"
-        );
+        assert_eq!(mps_env_value(&none, Some(25)), Some("25".into()));
+        assert_eq!(mps_env_value(&none, None), None, "nothing decided (no fresh budget): leave MPS's default");
+        let user = |v: &'static str| move |k: &str| (k == MPS_ENV).then(|| v.to_string());
+        assert_eq!(user_mps_value(&user("70")).as_deref(), Some("70"));
+        assert_eq!(mps_env_value(&user("70"), Some(25)), Some("25".into()), "above the share: the share");
+        assert_eq!(mps_env_value(&user("12.5"), Some(13)), None, "the user's own (lower) value, kept as written");
+        assert_eq!(mps_env_value(&user("70"), None), None, "no budget: the user's value as it is");
         let ours = |k: &str| (k == MPS_ENV || k == MPS_ENV_MARK).then(|| "70".to_string());
-        assert_eq!(
-            mps_env_value(&ours, Some(0.25)),
-            Some("25".into()),
-            "a parent shim's value is recomputed"
-        );
+        assert_eq!(user_mps_value(&ours), None, "a parent shim's value is not the user's");
+        assert_eq!(mps_env_value(&ours, Some(25)), Some("25".into()), "a parent shim's value is recomputed");
     }
 
     #[test]
@@ -381,12 +395,23 @@ mod tests {
         assert!(pc.trouble.as_deref().is_some_and(|t| t.contains("start-claims lock") && t.contains(&*l.path().to_string_lossy())), "{pc:?}");
         drop(held);
         assert!(l.claims(now + 1).iter().all(|c| c.group_id != node_ledger::ledger::group_id_for("job-c")), "unclaimed");
-        // A user's percentage is claimed as it is.
+        // A user's percentage within the share is claimed as it is.
         let later = now + 31_000_000_000;
         manager.publish_sm_budget_at(400, later);
         manager.publish_jobs_at(&[], later);
         assert_eq!(claim_start_percentage(&c, Some(35), later, wait).pct, Some(35));
         assert_eq!(claim_start_percentage(&b, None, later, wait).pct, Some(MIN_MPS_PERCENTAGE), "the claims of 31 s ago expired, job C's 35 % held");
+        // One above it (a tenant's 100 %) is held to the share: before, it was claimed as it
+        // was, and every job after it took the floor.
+        let later = later + 31_000_000_000;
+        manager.publish_sm_budget_at(400, later);
+        manager.publish_jobs_at(&[], later);
+        let e = cfg_in(d.path(), "job-e");
+        assert_eq!(claim_start_percentage(&e, Some(100), later, wait).pct, Some(40), "the whole budget at most");
+        assert_eq!(claim_start_percentage(&b, None, later, wait).pct, Some(MIN_MPS_PERCENTAGE), "job E holds its 40 %, not 100 %");
+        let l_claims = l.claims(later);
+        let e_claim = l_claims.iter().find(|c| c.group_id == node_ledger::ledger::group_id_for("job-e"));
+        assert_eq!(e_claim.and_then(|c| c.mps_pct), Some(40), "claimed at the share: {l_claims:?}");
     }
 
     /// A pod's ledger shows its own jobs only: the other pods' jobs reach a starting process

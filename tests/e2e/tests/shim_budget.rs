@@ -1,7 +1,7 @@
 //! Observation 10 (shim side, issue 8): the dynamic SM budget reaches offline processes.
 //! Real MPS fixes a client's active-thread percentage at client start, so (1) the shim's
-//! library constructor sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from a fresh budget unless the
-//! user set it, and (2) a running process follows the budget through its throttle's target
+//! library constructor sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` from a fresh budget (a value the
+//! user set is kept where it asks for no more), and (2) a running process follows the budget through its throttle's target
 //! (read on the controller's periodic tick), back to the configured target when it goes stale.
 
 mod shim_support;
@@ -67,21 +67,25 @@ fn env_seen(host: &EmuHost, user: Option<&str>) -> String {
         .to_string()
 }
 
+/// The constructor sets the percentage from a fresh budget; a value the user set is kept where
+/// it asks for no more than the share, and held to the share where it asks for more or is not a
+/// percentage MPS applies (before: any user value was kept, and a tenant's 100 % ran on every
+/// SM the online service had).
 #[test]
-fn constructor_sets_the_mps_percentage_from_a_fresh_budget_and_keeps_the_users() {
+fn constructor_sets_the_mps_percentage_from_a_fresh_budget_and_holds_the_users_to_it() {
     let host = EmuHost::new();
     assert_eq!(
         env_seen(&host, None),
         "",
         "no budget published: MPS's own default"
     );
+    assert_eq!(env_seen(&host, Some("70")), "70", "no budget: the user's value as it is");
     let _p = Publisher::start(&host, 301);
     assert_eq!(env_seen(&host, None), "31", "rounded up from 30.1 %");
-    assert_eq!(
-        env_seen(&host, Some("70")),
-        "70",
-        "the user's value is left alone"
-    );
+    assert_eq!(env_seen(&host, Some("20.5")), "20.5", "the user's lower value is kept as written");
+    for user in ["70", "100", "150", "0", "abc"] {
+        assert_eq!(env_seen(&host, Some(user)), "31", "the user's {user:?}: held to the share");
+    }
     drop(_p);
     let _p = Publisher::start(&host, 20);
     assert_eq!(env_seen(&host, None), "10", "never below the sane minimum");
