@@ -1385,3 +1385,48 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
         None => libc::SIG_ERR,
     }
 }
+
+/// One of libc's older `signal`-shaped entry points: the application's SIGINT/SIGTERM action
+/// recorded behind the shim's handler by `ours`, anything else forwarded to libc's own. glibc's
+/// versions call its internal `sigaction`, which our export never sees: without these, an
+/// application setting its handler through them replaced the shim's in the kernel, and its
+/// contexts were no longer released before a signal ended it.
+fn old_signal(
+    which: crate::real::OldSignal,
+    ours: fn(c_int, libc::sighandler_t) -> Option<libc::sighandler_t>,
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    if let Some(old) = catch_unwind(|| ours(sig, handler)).unwrap_or(None) {
+        return old;
+    }
+    match crate::real::old_signal_fn(which) {
+        // SAFETY: forwarding the caller's arguments to libc's function of the same type.
+        Some(real) => unsafe { real(sig, handler) },
+        None => libc::SIG_ERR,
+    }
+}
+
+/// Exported `bsd_signal`: as our `signal`.
+#[no_mangle]
+pub extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    old_signal(crate::real::OldSignal::Bsd, crate::exit::app_signal, sig, handler)
+}
+
+/// Exported `sysv_signal`: a one-shot action, kept behind the shim's handler.
+#[no_mangle]
+pub extern "C" fn sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    old_signal(crate::real::OldSignal::Sysv, crate::exit::app_sysv_signal, sig, handler)
+}
+
+/// Exported `__sysv_signal`: what `signal` is in a strict-standards build (`-std=c11`).
+#[no_mangle]
+pub extern "C" fn __sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    old_signal(crate::real::OldSignal::SysvInternal, crate::exit::app_sysv_signal, sig, handler)
+}
+
+/// Exported `sigset` (System V): the application's action kept behind the shim's handler.
+#[no_mangle]
+pub extern "C" fn sigset(sig: c_int, disp: libc::sighandler_t) -> libc::sighandler_t {
+    old_signal(crate::real::OldSignal::Sigset, crate::exit::app_sigset, sig, disp)
+}

@@ -918,16 +918,87 @@ pub unsafe fn app_sigaction(sig: c_int, act: *const libc::sigaction, old: *mut l
     Some(0)
 }
 
-/// Logic of our exported `signal` (same recording as [`app_sigaction`]).
+/// Logic of our exported `signal` and `bsd_signal` (same recording as [`app_sigaction`]).
 pub fn app_signal(sig: c_int, handler: libc::sighandler_t) -> Option<libc::sighandler_t> {
-    // SAFETY: a zeroed sigaction is a valid value; we fill the handler like glibc's signal().
+    app_signal_with(sig, handler, libc::SA_RESTART)
+}
+
+/// Logic of our exported `sysv_signal` and `__sysv_signal` (what `signal` is in a
+/// strict-standards build): a one-shot action, not masked while its handler runs, as glibc's.
+pub fn app_sysv_signal(sig: c_int, handler: libc::sighandler_t) -> Option<libc::sighandler_t> {
+    app_signal_with(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER)
+}
+
+/// glibc's `SIG_HOLD` (`<signal.h>`: `((__sighandler_t) 2)`), `sigset`'s "block it" disposition.
+pub const SIG_HOLD: libc::sighandler_t = 2;
+
+/// `sig` and `handler` as glibc's `signal` family checks them (`SIG_ERR`, or a signal out of
+/// range: `EINVAL`); `Some(SIG_ERR)` with errno set when refused.
+fn refused(handler: libc::sighandler_t) -> Option<libc::sighandler_t> {
+    (handler == libc::SIG_ERR).then(|| {
+        // SAFETY: errno is thread-local and always writable.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        libc::SIG_ERR
+    })
+}
+
+/// The `signal` family over [`app_sigaction`]: `handler` with `flags` and an empty mask, the
+/// previous handler returned. `None` for a signal the shim does not keep (the caller forwards).
+fn app_signal_with(sig: c_int, handler: libc::sighandler_t, flags: c_int) -> Option<libc::sighandler_t> {
+    if !INSTALLED.load(Acquire) || INSTALLING.load(Acquire) {
+        return None;
+    }
+    sig_index(sig)?;
+    if let Some(e) = refused(handler) {
+        return Some(e);
+    }
+    // SAFETY: a zeroed sigaction is a valid value (empty mask); we fill the handler and flags
+    // like glibc's signal family.
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
     act.sa_sigaction = handler;
-    act.sa_flags = libc::SA_RESTART;
+    act.sa_flags = flags;
     // SAFETY: as above.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: both pointers are to locals.
     unsafe { app_sigaction(sig, &act, &mut old) }.map(|_| old.sa_sigaction)
+}
+
+/// Logic of our exported `sigset` (System V), as glibc's: `SIG_HOLD` blocks `sig` in the
+/// calling thread and leaves its action; any other disposition becomes its action (no flags,
+/// an empty mask) and unblocks it. Returns `SIG_HOLD` if `sig` was blocked before, else the
+/// previous action's handler. The mask is the kernel's (the shim keeps none); the action is
+/// recorded behind the shim's handler as [`app_sigaction`] records it.
+pub fn app_sigset(sig: c_int, disp: libc::sighandler_t) -> Option<libc::sighandler_t> {
+    if !INSTALLED.load(Acquire) || INSTALLING.load(Acquire) {
+        return None;
+    }
+    sig_index(sig)?;
+    if let Some(e) = refused(disp) {
+        return Some(e);
+    }
+    // SAFETY: sigset operations on locals; pthread_sigmask changes this thread's mask only.
+    let was_blocked = |how: c_int| unsafe {
+        let (mut one, mut before): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigemptyset(&mut one);
+        libc::sigaddset(&mut one, sig);
+        libc::pthread_sigmask(how, &one, &mut before);
+        libc::sigismember(&before, sig) == 1
+    };
+    // SAFETY: a zeroed sigaction is a valid value.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    if disp == SIG_HOLD {
+        if was_blocked(libc::SIG_BLOCK) {
+            return Some(SIG_HOLD);
+        }
+        // SAFETY: a null new action only reads; the out-pointer is a local.
+        return unsafe { app_sigaction(sig, std::ptr::null(), &mut old) }.map(|_| old.sa_sigaction);
+    }
+    // SAFETY: as above.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = disp;
+    // SAFETY: both pointers are to locals.
+    unsafe { app_sigaction(sig, &act, &mut old) }?;
+    Some(if was_blocked(libc::SIG_UNBLOCK) { SIG_HOLD } else { old.sa_sigaction })
 }
 
 #[cfg(test)]

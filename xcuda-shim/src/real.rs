@@ -1,4 +1,4 @@
-//! The real functions: glibc's `dlsym`/`sigaction`/`signal` (found without going through our own
+//! The real functions: glibc's `dlsym`/`sigaction`/`signal` and the older `signal`-shaped ones (found without going through our own
 //! exports) and the real driver's entry points, each resolved once from the real `libcuda.so.1`.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -72,6 +72,34 @@ pub fn sigaction_fn() -> Option<SigactionFn> {
 pub fn signal_fn() -> Option<SignalFn> {
     let p = cached(&REAL_SIGNAL, c"signal");
     // SAFETY: non-null p is libc's signal, whose C type is SignalFn.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, SignalFn>(p) })
+}
+
+/// libc's other `signal`-shaped entry points, each resolved once.
+#[derive(Debug, Clone, Copy)]
+pub enum OldSignal {
+    /// `bsd_signal` (XPG: `signal`'s BSD semantics).
+    Bsd,
+    /// `sysv_signal`: a one-shot handler, not masked while it runs.
+    Sysv,
+    /// `__sysv_signal`: what `signal` is redirected to in a strict-standards build (`-std=c11`).
+    SysvInternal,
+    /// `sigset` (System V; also `SIG_HOLD`).
+    Sigset,
+}
+
+static REAL_OLD_SIGNAL: [AtomicPtr<c_void>; 4] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 4];
+
+/// libc's `which`.
+pub fn old_signal_fn(which: OldSignal) -> Option<SignalFn> {
+    let name = match which {
+        OldSignal::Bsd => c"bsd_signal",
+        OldSignal::Sysv => c"sysv_signal",
+        OldSignal::SysvInternal => c"__sysv_signal",
+        OldSignal::Sigset => c"sigset",
+    };
+    let p = cached(&REAL_OLD_SIGNAL[which as usize], name);
+    // SAFETY: non-null p is libc's function of that name, whose C type is SignalFn.
     (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, SignalFn>(p) })
 }
 

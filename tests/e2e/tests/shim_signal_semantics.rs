@@ -132,10 +132,33 @@ int main(void) {
 }
 "#;
 
+/// A SIGTERM handler set through one of glibc's older entry points (`sysv_signal`,
+/// `__sysv_signal` — what `signal` is in a strict-standards build — or `sigset`, chosen by
+/// `SET`) once CUDA is up, i.e. after the shim's handler is in: prints `handler` per call and
+/// carries on. glibc's versions call its internal `sigaction`, past the shim's export.
+const OLD_SIGNAL_C: &str = r#"
+static void on_term(int s) { (void)s; write(1, "handler\n", 8); }
+int main(void) {
+    cuda_up();
+    if (SET(SIGTERM, on_term) == SIG_ERR) { printf("fatal=set\n"); return 2; }
+    printf("ready\n");
+    fflush(stdout);
+    for (int i = 0; i < 30; i++) sleep(1);
+    printf("survived\n");
+    return 0;
+}
+"#;
+
 /// The client under the shim (as uid 65534 when root), with a ledger it can use, once `ready`.
 fn start(host: &EmuHost, name: &str, main: &str) -> EmuChild {
+    start_with(host, name, main, &[])
+}
+
+/// [`start`], the client built with `flags` besides.
+fn start_with(host: &EmuHost, name: &str, main: &str, flags: &[&str]) -> EmuChild {
     let _ledger = ledger(host);
-    let bin = build_c(host, name, &format!("{CUDA_PRELUDE}{main}"), &["-Wno-unused-result"]);
+    let flags: Vec<&str> = ["-Wno-unused-result"].iter().chain(flags).copied().collect();
+    let bin = build_c(host, name, &format!("{CUDA_PRELUDE}{main}"), &flags);
     let mut c = limited(host, bin.to_str().unwrap(), 64 * MIB, name);
     if e2e::is_root() {
         c.uid(NOBODY).gid(NOBODY);
@@ -206,4 +229,42 @@ fn a_one_shot_handler_runs_once_and_the_second_signal_takes_the_default_action()
     assert_eq!(st.signal(), Some(libc::SIGINT), "the second SIGINT must take the default action: {st:?}\nstdout:\n{out}\nstderr:\n{err}");
     assert_eq!(out.matches("handler").count(), 1, "{out}");
     assert!(err.contains("contexts released; taking the default action"), "{err}");
+}
+
+/// A SIGTERM handler set through `sysv_signal`, `__sysv_signal` or `sigset` after the shim's is
+/// in stays behind the shim's: the shim sees the first SIGTERM (launches frozen, work
+/// synchronised) and runs the application's handler, which carries on. `sysv_signal`'s action is
+/// one-shot, so the second SIGTERM takes the default action, and the shim releases the contexts
+/// before it does. Fails without the shim's exports of these (glibc's go past its `sigaction`):
+/// the application's handler replaces the shim's in the kernel, the shim never sees a signal,
+/// and the second SIGTERM kills a process whose contexts were never released.
+#[test]
+fn handlers_set_through_the_older_signal_calls_stay_behind_the_shims() {
+    let host = host_for_users();
+    for (name, set, one_shot) in [("sysv", "sysv_signal", true), ("sysv_internal", "__sysv_signal", true), ("sigset", "sigset", false)] {
+        let define = format!("-DSET={set}");
+        let mut k = start_with(&host, name, OLD_SIGNAL_C, &["-Wno-deprecated-declarations", &define]);
+        k.signal(libc::SIGTERM);
+        if k.wait_for_line("handler", T).is_none() {
+            panic!("{set}: the application's handler never ran:\n{}\n{}", k.stdout(), k.stderr());
+        }
+        let err = k.stderr();
+        assert!(err.contains("signal received; launches frozen"), "{set}: the shim never saw the SIGTERM:\n{err}");
+        if one_shot {
+            k.signal(libc::SIGTERM);
+            let st = ended(&mut k, set);
+            let (out, err) = (k.stdout(), k.stderr());
+            assert_eq!(st.signal(), Some(libc::SIGTERM), "{set}: the second SIGTERM takes the default action: {st:?}\n{out}\n{err}");
+            assert_eq!(out.matches("handler").count(), 1, "{set}: {out}");
+            assert!(err.contains("contexts released; taking the default action"), "{set}: released before dying:\n{err}");
+        } else {
+            k.signal(libc::SIGTERM);
+            let deadline = std::time::Instant::now() + T;
+            while k.lines("handler").len() < 2 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert_eq!(k.lines("handler").len(), 2, "{set}: a persistent handler runs again:\n{}\n{}", k.stdout(), k.stderr());
+            k.kill9();
+        }
+    }
 }
