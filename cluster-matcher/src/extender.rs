@@ -112,8 +112,10 @@ pub struct Watched {
 
 struct Inputs {
     workloads: Workloads,
-    /// `namespace/name` of pods seen in filter or prioritize calls, to the job they run.
-    pod_jobs: BTreeMap<String, String>,
+    /// `namespace/name` of pods seen in filter or prioritize calls, to the job they run and the
+    /// plan round of the latest call; an entry goes when a round's plan no longer knows its job,
+    /// or the watch no longer shows its pod ([`Extender::forget_gone_pods`]).
+    pod_jobs: BTreeMap<String, (String, u64)>,
     /// Inputs changed since the latest plan was started.
     dirty: bool,
     stop: bool,
@@ -296,6 +298,7 @@ impl Extender {
                         Ok(plan) => {
                             *relock(&ext.latest) = Arc::new(Snapshot { plan, round, plan_seconds });
                             tracing::debug!(round, "plan swapped in");
+                            ext.forget_gone_pods();
                         }
                         // The last good plan stays; the next round tries again.
                         Err(_) => tracing::error!(round, "planning round panicked; keeping the previous plan"),
@@ -303,6 +306,40 @@ impl Extender {
                 }
             })
             .expect("spawn planner thread")
+    }
+
+    /// Forgets the pods seen in filter and prioritize calls whose job the latest plan no longer
+    /// knows (a job that ended or left the watched pods), and, on watched inputs, those the
+    /// watch no longer shows that were last asked about two rounds or more ago (a job's pod
+    /// deleted and replaced under another name; the wait leaves a pod just created, not yet in
+    /// the watch, between its filter and its bind). Without it the map grew by every pod name
+    /// the extender ever saw, for the life of the process.
+    fn forget_gone_pods(&self) {
+        let snap = self.snapshot();
+        let mut i = relock(&self.inputs);
+        let gone_from_watch = |pod: &str, seen: u64| {
+            let Some(w) = &self.watched else { return false };
+            let (ns, name) = pod.split_once('/').unwrap_or(("default", pod));
+            seen + 2 <= snap.round && w.view.pod(ns, name).is_none()
+        };
+        let gone: Vec<String> = i
+            .pod_jobs
+            .iter()
+            .filter(|(pod, (job, seen))| !self.knows_job(&i, &snap, job) || gone_from_watch(pod, *seen))
+            .map(|(pod, _)| pod.clone())
+            .collect();
+        for pod in &gone {
+            i.pod_jobs.remove(pod);
+        }
+        if !gone.is_empty() {
+            tracing::debug!(forgotten = gone.len(), kept = i.pod_jobs.len(), "pods of jobs the plan no longer knows forgotten");
+        }
+    }
+
+    /// How many pods seen in filter and prioritize calls the extender remembers (their jobs,
+    /// for bind).
+    pub fn pods_remembered(&self) -> usize {
+        relock(&self.inputs).pod_jobs.len()
     }
 
     /// Asks the background planner to stop.
@@ -344,7 +381,7 @@ impl Extender {
             }
             if let Some(name) = &pod.metadata.name {
                 let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-                i.pod_jobs.insert(format!("{ns}/{name}"), job.clone());
+                i.pod_jobs.insert(format!("{ns}/{name}"), (job.clone(), snap.round));
             }
         }
         match snap.plan.assignments.iter().find(|a| a.offline == job) {
@@ -447,7 +484,7 @@ impl Extender {
         let snap = self.snapshot();
         let job_name = {
             let i = relock(&self.inputs);
-            let seen = i.pod_jobs.get(&format!("{}/{}", args.pod_namespace, args.pod_name)).cloned();
+            let seen = i.pod_jobs.get(&format!("{}/{}", args.pod_namespace, args.pod_name)).map(|(job, _)| job.clone());
             let job = match (&self.watched, seen) {
                 (_, Some(job)) => job,
                 (Some(w), None) => w

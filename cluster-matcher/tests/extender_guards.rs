@@ -176,3 +176,32 @@ fn two_pending_pods_of_one_job_are_not_both_bound() {
     assert!(e.contains("job ml/train already") && e.contains("ml/train-p1"), "{e}");
     assert!(node_of(&c, "train-p2").is_null(), "not bound");
 }
+
+/// The pods seen in filter calls are remembered (bind reads their job) only while they are
+/// there: a job's pod deleted (and replaced by its Job under another name) is forgotten once
+/// the watch no longer shows it and two rounds have passed since it was last asked about; the
+/// replacement, asked about, is remembered. Fails without that: the map kept every pod name
+/// the extender ever saw.
+#[test]
+fn pods_the_watch_no_longer_shows_are_forgotten() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    c.add_pod(job_pod("ml", "b", "y", "1", 4000));
+    let (w, ext) = ext_on(&c, 1, 2);
+    let _pl = ext.spawn_planner();
+    assert_ne!(ext.decide(&pod(&c, "ml", "b-y")), PodDecision::NotOurs);
+    assert_eq!(ext.pods_remembered(), 1);
+    c.delete_pod("ml", "b-y", Some(0));
+    let v = w.view();
+    eventually("pod gone from the watch", || v.pod("ml", "b-y").is_none());
+    for _ in 0..2 {
+        let round = ext.snapshot().round;
+        ext.replan();
+        eventually("replanned", || ext.snapshot().round > round);
+    }
+    eventually("forgotten", || ext.pods_remembered() == 0);
+    let replacement = v.snapshot().pods.into_iter().find(|p| p.metadata.namespace.as_deref() == Some("ml")).expect("the Job's new pod");
+    assert_ne!(ext.decide(&replacement), PodDecision::NotOurs);
+    assert_eq!(ext.pods_remembered(), 1);
+}
