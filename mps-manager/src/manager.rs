@@ -98,6 +98,11 @@ pub struct ManagerState {
     pub recoveries: Vec<Recovery>,
     /// Recoveries the rate limit held back.
     pub suppressed_recoveries: u64,
+    /// Control daemons started in place of a dead one while the rate limit held the recovery
+    /// back: with no MPS server left running there is no client to lose, and while no daemon
+    /// runs a process initialising CUDA takes the bare GPU ([`Manager::restart_dead_daemon`]).
+    #[serde(default)]
+    pub daemons_started_past_limit: u64,
     /// Offline processes evicted for their owners to restart.
     pub restart_requested: Vec<RestartRequest>,
     /// Effective uid of the running MPS server (the user MPS serves now).
@@ -1317,7 +1322,9 @@ impl Manager {
     /// already: [`Manager::restart_servers`]); stuck clients none of which an MPS server lists
     /// ([`Manager::stuck_on_mps`]) get nothing, neither step. A full MPS reset (a new
     /// control daemon) is the last resort, for a dead or hung daemon, a GPU fault, or servers
-    /// that would not end. Both cost every client its context and both are rate-limited.
+    /// that would not end. Both cost every client its context and both are rate-limited; a
+    /// dead daemon with no server left is replaced past the limit
+    /// ([`Manager::restart_dead_daemon`]: that ends nothing).
     fn recover(&mut self, now_ms: u64, fault: Fault) {
         let started = mono_ms();
         let targeted = match &fault {
@@ -1396,6 +1403,9 @@ impl Manager {
             None => format!("{} needs a new MPS", fault.kind()),
         };
         if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
+            if fault == Fault::DaemonDead && self.restart_dead_daemon(&why) {
+                return;
+            }
             self.state.suppressed_recoveries += 1;
             if !self.limited_logged {
                 self.limited_logged = true;
@@ -1437,6 +1447,39 @@ impl Manager {
         self.escalate_stuck_until = None;
         self.record(fault, evicted, outcome);
         self.detector.reset();
+    }
+
+    /// While the rate limit holds a [`Fault::DaemonDead`] recovery back: starts a new control
+    /// daemon when none runs and no MPS server of the last look still runs. Starting one ends
+    /// nothing, and with no server left there is no client to lose. Without a daemon, a process
+    /// that initialises CUDA (an online service relaunched by its supervisor) gets a context of
+    /// its own on the bare GPU, and in EXCLUSIVE_PROCESS mode that context keeps every MPS
+    /// server off the GPU until the process exits. Before, no daemon ran until the limit allowed
+    /// the reset, up to an hour later. What still needs the limit is left to it: `quit`, kills and
+    /// `shutdown_server` of live processes, and offline evictions. Returns `false` (nothing
+    /// done) while a daemon or such a server runs.
+    fn restart_dead_daemon(&mut self, limited: &str) -> bool {
+        let server_left = self.servers_seen.iter().any(|s| node_ledger::procinfo::is_alive(s.pid, s.start_time));
+        if server_left || self.live_daemon().is_some() {
+            return false;
+        }
+        self.state.daemons_started_past_limit += 1;
+        match self.ensure_daemon() {
+            Ok(pid) => tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pid,
+                rate_limit = %limited,
+                started_past_limit = self.state.daemons_started_past_limit,
+                "MPS control daemon dead and no MPS server left: a new one started although recoveries are rate-limited (no client to lose; without a daemon a process initialising CUDA takes the bare GPU)"
+            ),
+            Err(e) => {
+                tracing::error!(gpu = self.cfg.gpu_index, error = %e, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon dead: starting a new one failed");
+                self.state.last_error = Some(format!("starting a new MPS control daemon in {}: {e}", self.ctl.pipe_dir.display()));
+            }
+        }
+        self.servers_seen.clear();
+        self.detector.reset();
+        true
     }
 
     fn record(&mut self, fault: Fault, evicted: Vec<u32>, outcome: String) {
@@ -2729,13 +2772,15 @@ mod tests {
         }
     }
 
-    /// The control daemon dies while the recovery rate limit holds its reset back: the state
-    /// file stops naming it at the first check that sees it dead (node-agent then makes the
-    /// GPU's offline slots Unhealthy and refuses Allocate, `node_agent::mps`), not only once a
-    /// reset ran. Before, `daemon_pid` kept naming the dead daemon and containers admitted
-    /// meanwhile found no MPS.
+    /// The control daemon dies while the recovery rate limit holds resets back. The state file
+    /// stops naming it at the first check that sees it dead (node-agent then makes the GPU's
+    /// offline slots Unhealthy and refuses Allocate, `node_agent::mps`). With no MPS server
+    /// left, a new daemon is started at once whatever the limit: it ends nothing. Before, none
+    /// ran until the limit allowed the reset (up to an hour), and meanwhile a process
+    /// initialising CUDA took the bare GPU. A dead daemon beside a server that still runs
+    /// stays rate-limited, and that server is not touched.
     #[test]
-    fn a_dead_daemon_is_unpublished_at_once_even_when_its_reset_is_rate_limited() {
+    fn a_dead_daemon_is_unpublished_at_once_and_started_again_past_the_rate_limit() {
         let d = tempfile::tempdir().unwrap();
         let mut m = manager(d.path());
         m.cfg.recovery.min_interval_ms = 3_600_000;
@@ -2743,27 +2788,47 @@ mod tests {
         let t0 = mono_ms();
         // One recovery uses up the limiter (and starts a new daemon).
         m.recover(t0, Fault::DaemonHang { command: "get_server_list".into() });
-        let daemon = m.recorded_daemon().unwrap();
-        assert_eq!(m.state.daemon_pid, Some(daemon.pid));
-        kill(daemon.pid);
-        let end = std::time::Instant::now() + Duration::from_secs(5);
-        while node_ledger::procinfo::is_alive(daemon.pid, daemon.start_time) {
-            assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let faults = m.check(t0 + 1);
-        assert_eq!(faults, vec![Fault::DaemonDead]);
-        m.handle_faults(t0 + 1, faults);
-        assert_eq!(m.state.suppressed_recoveries, 1, "the reset is held back");
-        let path = m.cfg.state_file.clone();
-        m.write_state(&path);
-        let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert!(written["daemon_pid"].is_null() && written["daemon_start_time"].is_null(), "{written}");
+        let dead_and_checked = |m: &mut Manager, now: u64| {
+            let daemon = m.recorded_daemon().unwrap();
+            assert_eq!(m.state.daemon_pid, Some(daemon.pid));
+            kill(daemon.pid);
+            let end = std::time::Instant::now() + Duration::from_secs(5);
+            while node_ledger::procinfo::is_alive(daemon.pid, daemon.start_time) {
+                assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let faults = m.check(now);
+            assert_eq!(faults, vec![Fault::DaemonDead]);
+            let path = m.cfg.state_file.clone();
+            m.write_state(&path);
+            let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            assert!(written["daemon_pid"].is_null() && written["daemon_start_time"].is_null(), "{written}");
+            m.handle_faults(now, faults);
+            daemon
+        };
+        let first = dead_and_checked(&mut m, t0 + 1);
+        let again = m.recorded_daemon().expect("a new daemon started past the rate limit");
+        assert_ne!(again.pid, first.pid);
+        assert!(node_ledger::procinfo::is_alive(again.pid, again.start_time));
+        assert_eq!(m.state.daemon_pid, Some(again.pid), "published again");
+        assert_eq!((m.state.daemons_started_past_limit, m.state.suppressed_recoveries), (1, 0));
+        // A server of the last look still runs: its clients would be lost to a reset, which
+        // stays rate-limited; the server is left alone.
+        let mut server = sleeper();
+        let st = node_ledger::procinfo::start_time(server.id()).unwrap();
+        m.servers_seen = vec![DaemonId { pid: server.id(), start_time: st }];
+        dead_and_checked(&mut m, t0 + 2);
+        let left_alone = server.try_wait().unwrap().is_none();
+        let _ = server.kill();
+        let _ = server.wait();
+        assert_eq!(m.state.daemon_pid, None, "no daemon started beside a live server");
+        assert_eq!((m.state.daemons_started_past_limit, m.state.suppressed_recoveries), (1, 1));
+        assert!(left_alone, "the server was signalled");
         // A daemon found again (restarted by hand) is published again.
-        let again = m.ctl.start_daemon().unwrap();
-        assert!(m.check(t0 + 2).is_empty());
-        assert_eq!(m.state.daemon_pid, Some(again));
-        kill(again);
+        let by_hand = m.ctl.start_daemon().unwrap();
+        assert!(m.check(t0 + 3).is_empty());
+        assert_eq!(m.state.daemon_pid, Some(by_hand));
+        kill(by_hand);
     }
 
     /// A control daemon that dies between two checks is noticed at the next tick, once: the
