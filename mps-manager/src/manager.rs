@@ -849,6 +849,15 @@ impl Manager {
             self.state.online_estimate_pct = online;
         }
         let changed = self.alloc.update(&self.cfg.budget, online, safe);
+        let hold = self.cfg.budget.saturated_hold_readings;
+        if hold > 0 && self.alloc.saturated_run() == hold.saturating_add(1) {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                readings = hold,
+                sm_activity_pct = total,
+                "SM activity has read saturated beside offline work for budget.saturated_hold_readings readings in a row (no estimate of the online share): the offline budget decays toward min_pct until a reading says more"
+            );
+        }
         let Some(pct) = self.alloc.applied() else {
             return;
         };
