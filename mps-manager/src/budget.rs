@@ -31,6 +31,14 @@ pub struct BudgetConfig {
     /// Budget while the GPU is not Healthy/Unhealthy (Overlimit, Disabled, Init, no monitor);
     /// at most `max_pct` (an unsafe GPU never gets more than a safe one).
     pub unsafe_pct: f64,
+    /// How many saturated readings in a row (total SM activity at least [`SATURATED_PCT`]
+    /// beside offline work, which says nothing of the online share) keep the last online
+    /// estimate. Each one after that counts as an online workload on every SM, so the budget
+    /// decays toward `min_pct` at the `smoothing` rate (fail closed) until a reading says
+    /// more. 0 keeps the last estimate for as long as the GPU reads saturated. That suits a
+    /// GPU whose SM activity is a busy fraction (before Hopper), where a back-to-back offline
+    /// job fills the reading on its own, at the online service's risk.
+    pub saturated_hold_readings: u32,
 }
 
 impl Default for BudgetConfig {
@@ -42,6 +50,7 @@ impl Default for BudgetConfig {
             min_step_pct: 5.0,
             smoothing: 0.5,
             unsafe_pct: 10.0,
+            saturated_hold_readings: DEFAULT_SATURATED_HOLD_READINGS,
         }
     }
 }
@@ -104,11 +113,16 @@ impl BudgetConfig {
 /// ([`Allocator::online_estimate`]).
 pub const SATURATED_PCT: f64 = 99.0;
 
+/// Default [`BudgetConfig::saturated_hold_readings`]: 3 s at the default `period_ms` (100).
+pub const DEFAULT_SATURATED_HOLD_READINGS: u32 = 30;
+
 /// Running state of the allocator.
 #[derive(Debug, Clone, Default)]
 pub struct Allocator {
     online_avg: Option<f64>,
     applied: Option<f64>,
+    /// Readings without an estimate (saturated) in a row.
+    saturated_run: u32,
 }
 
 impl Allocator {
@@ -138,14 +152,25 @@ impl Allocator {
     /// Feeds one measurement; returns `Some(new budget)` when it should be applied.
     /// `safe` is false when the GPU does not admit more offline work (Overlimit, Disabled...).
     /// A non-finite `online_sm_pct` is no measurement: the previous average stands (none yet:
-    /// no online activity seen).
+    /// no online activity seen) for [`BudgetConfig::saturated_hold_readings`] in a row; after
+    /// that each counts as 100 % online, so the budget decays toward `min_pct`. Before, a GPU
+    /// reading saturated kept the last estimate (3 % online: the budget at its maximum) for
+    /// as long as it did, whatever the online workload became meanwhile.
     pub fn update(&mut self, cfg: &BudgetConfig, online_sm_pct: f64, safe: bool) -> Option<f64> {
+        let reading = if online_sm_pct.is_finite() {
+            self.saturated_run = 0;
+            Some(online_sm_pct.clamp(0.0, 100.0))
+        } else {
+            self.saturated_run = self.saturated_run.saturating_add(1);
+            let hold = cfg.saturated_hold_readings;
+            (hold > 0 && self.saturated_run > hold).then_some(100.0)
+        };
         let target = if safe {
-            let avg = match (self.online_avg, online_sm_pct.is_finite()) {
-                (Some(a), false) => a,
-                (None, false) => 0.0,
-                (Some(a), true) => a + cfg.smoothing * (online_sm_pct.clamp(0.0, 100.0) - a),
-                (None, true) => online_sm_pct.clamp(0.0, 100.0),
+            let avg = match (self.online_avg, reading) {
+                (Some(a), None) => a,
+                (None, None) => 0.0,
+                (Some(a), Some(r)) => a + cfg.smoothing * (r - a),
+                (None, Some(r)) => r,
             };
             self.online_avg = Some(avg);
             (100.0 - avg - cfg.headroom_pct).clamp(cfg.min_pct, cfg.max_pct)
@@ -171,6 +196,11 @@ impl Allocator {
                 Some(target)
             }
         }
+    }
+
+    /// Readings in a row that gave no estimate (saturated), the last one included.
+    pub fn saturated_run(&self) -> u32 {
+        self.saturated_run
     }
 
     /// The budget last applied, percent (`None` before the first one or after a reset).
@@ -296,6 +326,47 @@ mod tests {
         let mut b = Allocator::default();
         assert_eq!(b.update(&c, est, true), Some(42.0), "no average yet: none seen");
         assert_eq!(b.update(&c, 60.0, true), Some(12.0));
+    }
+
+    /// Saturated readings that go on keep the last estimate only for
+    /// `saturated_hold_readings`, then the budget decays toward `min_pct` (fail closed: the
+    /// online workload may have grown meanwhile). Before, 50 saturated readings after a 3 %
+    /// one left the budget at its 42 % maximum. A real reading moves it back; 0 keeps the
+    /// estimate for good.
+    #[test]
+    fn saturated_readings_that_go_on_let_the_budget_decay_to_min_pct() {
+        let c = BudgetConfig::default();
+        let est = Allocator::online_estimate(100.0, true, 42.0);
+        let mut a = Allocator::default();
+        assert_eq!(a.update(&c, 3.0, true), Some(42.0));
+        for _ in 0..c.saturated_hold_readings {
+            a.update(&c, est, true);
+        }
+        assert_eq!(a.applied(), Some(42.0), "held while the run is short");
+        for _ in c.saturated_hold_readings..50 {
+            a.update(&c, est, true);
+        }
+        assert_eq!(a.applied(), Some(c.min_pct), "50 saturated readings: down to min_pct");
+        // A real reading (3 % again) moves it back up, at the smoothing rate.
+        for _ in 0..20 {
+            a.update(&c, 3.0, true);
+        }
+        assert_eq!(a.applied(), Some(42.0));
+        // No reading before the run: max_pct at first, then down all the same.
+        let mut b = Allocator::default();
+        assert_eq!(b.update(&c, est, true), Some(42.0));
+        for _ in 0..50 {
+            b.update(&c, est, true);
+        }
+        assert_eq!(b.applied(), Some(c.min_pct));
+        // 0: the estimate is kept however long the GPU reads saturated.
+        let keep = BudgetConfig { saturated_hold_readings: 0, ..BudgetConfig::default() };
+        let mut k = Allocator::default();
+        k.update(&keep, 3.0, true);
+        for _ in 0..1000 {
+            k.update(&keep, est, true);
+        }
+        assert_eq!(k.applied(), Some(42.0));
     }
 
     #[test]

@@ -15,6 +15,11 @@ pub const DEFAULT_PATH: &str = "/etc/xshare/mps-manager.json";
 
 /// Longest command timeout / eviction grace, ms (10 min).
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Shortest [`Config::command_timeout_ms`], ms. Every control command runs the control program,
+/// which connects to the daemon; a timeout under that round trip (tens to hundreds of ms on a
+/// loaded host) would make every look a `daemon_hang` and every check a full MPS reset, the
+/// online service's context with it. The shipped default is 2000.
+pub const MIN_COMMAND_TIMEOUT_MS: u64 = 1000;
 /// Longest loop period, ms (1 h).
 pub const MAX_PERIOD_MS: u64 = 3_600_000;
 /// Longest detection / rate-limit window, ms (1 day).
@@ -50,7 +55,8 @@ pub struct Config {
     /// get read-write: there a tenant could replace `control.log` with a symbolic link, and the
     /// control daemon, root, would append to whatever file it names. MPS clients never use it.
     pub log_dir: PathBuf,
-    /// Timeout of one control command, ms (a longer wait is a daemon hang).
+    /// Timeout of one control command, ms (a longer wait is a daemon hang); at least
+    /// [`MIN_COMMAND_TIMEOUT_MS`].
     pub command_timeout_ms: u64,
     /// How often the SM budget is recomputed, ms.
     pub period_ms: u64,
@@ -160,7 +166,7 @@ impl Config {
             (
                 "command_timeout_ms",
                 self.command_timeout_ms,
-                1,
+                MIN_COMMAND_TIMEOUT_MS,
                 MAX_TIMEOUT_MS,
             ),
             ("period_ms", self.period_ms, 1, MAX_PERIOD_MS),
@@ -181,9 +187,14 @@ impl Config {
             ),
         ] {
             if !(min..=max).contains(&v) {
+                let why = if f == "command_timeout_ms" && v < min {
+                    " (a shorter wait than the control program's round trip would make every look a daemon hang, and each a full MPS reset)"
+                } else {
+                    ""
+                };
                 return Err((
                     f.into(),
-                    format!("must be within {min}..={max} ms, got {v}"),
+                    format!("must be within {min}..={max} ms, got {v}{why}"),
                 ));
             }
         }
@@ -469,6 +480,8 @@ mod tests {
                 "command_timeout_ms",
                 3,
             ),
+            // Under the control program's round trip: every look a daemon hang, a reset.
+            ("{\n  \"command_timeout_ms\": 1\n}\n", "command_timeout_ms", 2),
             (
                 "{\n  \"detect\": {\n    \"idle_sm_pct\": 250\n  }\n}\n",
                 "detect.idle_sm_pct",
@@ -516,6 +529,20 @@ mod tests {
             assert_eq!(e.field.as_deref(), Some(field), "{text}: {e}");
             assert_eq!(e.line, Some(line), "{text}: {e}");
         }
+    }
+
+    /// A command timeout under the control program's round trip turned every look into a
+    /// `daemon_hang` and a full MPS reset: refused under [`MIN_COMMAND_TIMEOUT_MS`], saying why.
+    #[test]
+    fn a_command_timeout_under_the_floor_is_refused() {
+        for v in [1, MIN_COMMAND_TIMEOUT_MS - 1] {
+            let c = Config { command_timeout_ms: v, ..Config::default() };
+            let (field, why) = c.validate().unwrap_err();
+            assert_eq!(field, "command_timeout_ms");
+            assert!(why.contains(&format!("got {v}")) && why.contains("daemon hang"), "{why}");
+        }
+        let c = Config { command_timeout_ms: MIN_COMMAND_TIMEOUT_MS, ..Config::default() };
+        assert!(c.validate().is_ok());
     }
 
     #[test]

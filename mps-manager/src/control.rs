@@ -371,13 +371,19 @@ impl MpsControl {
 
     /// Process `pid` as this pipe directory's control daemon (pid + start time, `/proc/<pid>/stat`
     /// field 22), if it is alive (not a zombie), is an MPS process by name ([`DAEMON_COMM`]),
-    /// was started for this pipe directory ([`MpsControl::serves_pipe_dir`]) and is not one of
-    /// its servers. The name and directory checks matter because the pipe directory is mounted
-    /// into offline containers: one running as root could write any host pid into the pid file
-    /// (another GPU's control daemon, an MPS server), and the manager, root, SIGKILLs the
-    /// daemon it recorded when a reset finds it not answering.
+    /// lives in the manager's pid namespace (the daemon the manager starts does; a container's
+    /// process never is it), was started for this pipe directory
+    /// ([`MpsControl::serves_pipe_dir`]) and is not one of its servers. These checks matter
+    /// because the pipe directory is mounted into offline containers: one running as root could
+    /// write any host pid into the pid file (another GPU's control daemon, an MPS server, a
+    /// process of its own named and started as the daemon is), and the manager, root, SIGKILLs
+    /// the daemon it recorded when a reset finds it not answering.
     fn daemon_of_this_pipe_dir(&self, pid: u32) -> Option<DaemonId> {
-        if !is_mps_process(pid) || !self.serves_pipe_dir(pid) || self.is_server_of_this_pipe_dir(pid) {
+        if !is_mps_process(pid)
+            || pid_ns(pid) != Some(node_ledger::procinfo::own_pid_ns())
+            || !self.serves_pipe_dir(pid)
+            || self.is_server_of_this_pipe_dir(pid)
+        {
             return None;
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -413,10 +419,9 @@ impl MpsControl {
 
     /// The control daemon found without the pid file: the one process that holds a
     /// listening socket bound at `pipe_dir/control` (a socket file is there; `/proc/net/unix`
-    /// lists the listeners by the path they were bound at), lives in the manager's pid namespace (a
-    /// container's process, a tenant's socket put in the daemon's place, is never taken) and
-    /// is this pipe directory's daemon by name, environment and parent
-    /// ([`MpsControl::daemon_of_this_pipe_dir`]). `None` when no process, or more than one,
+    /// lists the listeners by the path they were bound at) and is this pipe directory's daemon
+    /// by name, pid namespace (a container's process, a tenant's socket put in the daemon's
+    /// place, is never taken), environment and parent ([`MpsControl::daemon_of_this_pipe_dir`]). `None` when no process, or more than one,
     /// qualifies: a daemon is never guessed.
     pub fn socket_daemon(&self) -> Option<DaemonId> {
         let inodes = listening_socket_inodes(self.control_socket_id()?);
@@ -789,6 +794,55 @@ mod tests {
         assert_eq!(c.daemon_identity().map(|i| i.pid), Some(mps.id()), "the same directory by another path");
         mps.kill().unwrap();
         mps.wait().unwrap();
+    }
+
+    /// A process of another pid namespace (a container's), named and started as this pipe
+    /// directory's daemon is and written into the pid file after it started, is no daemon: the
+    /// socket path already refused it, the pid file adopted it. Runs the decoy under
+    /// `unshare --pid --fork` (root, else a user namespace: `-Urpf`); says so and passes
+    /// vacuously where neither works.
+    #[test]
+    fn a_pid_file_naming_a_process_of_another_pid_namespace_names_no_daemon() {
+        let d = tempfile::tempdir().unwrap();
+        let c = script(d.path(), "true");
+        std::fs::create_dir_all(&c.pipe_dir).unwrap();
+        let sleeper = mps_named_sleeper(d.path());
+        let own = node_ledger::procinfo::own_pid_ns();
+        let decoy = [&["--pid", "--fork"][..], &["-Urpf"][..]].into_iter().find_map(|flags| {
+            let mut unshare = Command::new("unshare")
+                .args(flags)
+                .arg(&sleeper)
+                .env("CUDA_MPS_PIPE_DIRECTORY", &c.pipe_dir)
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            let end = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < end && unshare.try_wait().ok()?.is_none() {
+                let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id())).unwrap_or_default();
+                if let Some(k) = kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()).find(|&k| is_mps_process(k)) {
+                    return Some((unshare, k));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = unshare.kill();
+            let _ = unshare.wait();
+            None
+        });
+        let Some((mut unshare, pid)) = decoy else {
+            eprintln!("skipped: `unshare --pid --fork` and `unshare -Urpf` cannot make a pid namespace here");
+            return;
+        };
+        std::fs::write(c.pipe_dir.join(PID_FILE), format!("{pid}\n")).unwrap();
+        // All the daemon's marks but its namespace.
+        let marks = (is_mps_process(pid), c.serves_pipe_dir(pid), c.is_server_of_this_pipe_dir(pid), pid_ns(pid) == Some(own));
+        let found = c.daemon_identity();
+        // SAFETY: kill(2) of the decoy this test started (its namespace's init: the
+        // namespace goes with it).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        let _ = unshare.kill();
+        let _ = unshare.wait();
+        assert_eq!(marks, (true, true, false, false), "the decoy is not what this test needs");
+        assert_eq!(found, None, "a process of another pid namespace taken for the daemon");
     }
 
     /// A server of this pipe directory (named and started as the daemon is, its child) in the

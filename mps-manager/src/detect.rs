@@ -82,7 +82,8 @@ pub struct Observation {
     /// Sum of kernel launches of registered offline processes.
     pub offline_launches: u64,
     /// Registered offline processes with a thread in a synchronizing driver call (more entered
-    /// than returned, `node_ledger::ProcSnapshot::syncs`).
+    /// than returned, `node_ledger::ProcSnapshot::syncs`), found here and listed by an MPS
+    /// server as its client (a slot's counts are its writer's word: no other process's count).
     pub offline_waiting: Vec<Waiting>,
     /// Offline processes registered in the ledger.
     pub offline_registered: usize,

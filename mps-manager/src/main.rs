@@ -221,10 +221,11 @@ fn status_text(s: &ManagerState, now_unix_ms: u64, running: bool) -> String {
     let _ = writeln!(o, "  {:<20} {:?}", "faults", s.faults);
     let _ = writeln!(
         o,
-        "  {:<20} {} ({} suppressed by rate limit)",
+        "  {:<20} {} ({} suppressed by rate limit; {} dead daemons replaced past it)",
         "recoveries",
         s.recoveries.len(),
-        s.suppressed_recoveries
+        s.suppressed_recoveries,
+        s.daemons_started_past_limit
     );
     for r in s.recoveries.iter().rev().take(5) {
         let _ = writeln!(o, "    {:?}: {} (evicted {:?})", r.fault, r.outcome, r.evicted);

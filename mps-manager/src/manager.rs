@@ -98,6 +98,11 @@ pub struct ManagerState {
     pub recoveries: Vec<Recovery>,
     /// Recoveries the rate limit held back.
     pub suppressed_recoveries: u64,
+    /// Control daemons started in place of a dead one while the rate limit held the recovery
+    /// back: with no MPS server left running there is no client to lose, and while no daemon
+    /// runs a process initialising CUDA takes the bare GPU ([`Manager::restart_dead_daemon`]).
+    #[serde(default)]
+    pub daemons_started_past_limit: u64,
     /// Offline processes evicted for their owners to restart.
     pub restart_requested: Vec<RestartRequest>,
     /// Effective uid of the running MPS server (the user MPS serves now).
@@ -192,9 +197,13 @@ pub struct Manager {
     dead_reported: BTreeSet<(u32, u64)>,
     /// The rate limit was already logged in this episode.
     limited_logged: bool,
+    /// A `ClientsStuck` naming no process an MPS server lists was already logged in this
+    /// episode ([`Manager::stuck_on_mps`]).
+    stuck_unlisted_logged: bool,
     /// Until when (monotonic ms) a `ClientsStuck` ends the servers instead of the targeted
     /// step: set by a targeted recovery of stuck clients ([`stuck_episode_ms`] on, or for good
-    /// when it failed), cleared by a full recovery.
+    /// when it failed), cleared by a full recovery. Never for a fault naming no process an MPS
+    /// server lists ([`Manager::stuck_on_mps`]): that one ends nothing.
     escalate_stuck_until: Option<u64>,
     own_ns: u64,
     /// The last check saw the control daemon running ([`Manager::daemon_died`]).
@@ -358,6 +367,7 @@ impl Manager {
             logged_faults: HashSet::new(),
             dead_reported: BTreeSet::new(),
             limited_logged: false,
+            stuck_unlisted_logged: false,
             escalate_stuck_until: None,
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon_seen_alive: false,
@@ -839,6 +849,15 @@ impl Manager {
             self.state.online_estimate_pct = online;
         }
         let changed = self.alloc.update(&self.cfg.budget, online, safe);
+        let hold = self.cfg.budget.saturated_hold_readings;
+        if hold > 0 && self.alloc.saturated_run() == hold.saturating_add(1) {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                readings = hold,
+                sm_activity_pct = total,
+                "SM activity has read saturated beside offline work for budget.saturated_hold_readings readings in a row (no estimate of the online share): the offline budget decays toward min_pct until a reading says more"
+            );
+        }
         let Some(pct) = self.alloc.applied() else {
             return;
         };
@@ -942,9 +961,15 @@ impl Manager {
             .collect();
         o.offline_registered = offline.len();
         o.offline_launches = offline.iter().map(|p| p.launches).sum();
+        // A slot's sync counts are its writer's word (pod ledgers are tenant-writable): waiting
+        // counts only for a process found here and listed by a server as its client. Before, a
+        // slot of another namespace (or naming a process no server lists) with one sync begun
+        // made a quiet GPU "stuck", and the recovery, with nothing it could terminate, ended
+        // every MPS server, the online service's context with them.
+        let listed: BTreeSet<u32> = o.clients.values().flatten().copied().collect();
         o.offline_waiting = offline
             .iter()
-            .filter(|p| p.syncs.0 > p.syncs.1)
+            .filter(|p| p.syncs.0 > p.syncs.1 && p.pid_ns == self.own_ns && listed.contains(&p.pid))
             .map(|p| crate::detect::Waiting { pid: p.pid, start_time: p.start_time, ended: p.syncs.1 })
             .collect();
         o.sm_activity_pct = self
@@ -1292,6 +1317,7 @@ impl Manager {
         self.logged_faults = keys;
         if faults.is_empty() {
             self.limited_logged = false;
+            self.stuck_unlisted_logged = false;
         }
         if let Some(f) = faults.into_iter().next() {
             self.recover(now_ms, f);
@@ -1302,9 +1328,12 @@ impl Manager {
     /// with `terminate_client`, the server and the online clients keep their contexts. When
     /// that fails (or clients are stuck again within [`stuck_episode_ms`] of it) the servers
     /// are ended and the control daemon kept (for a crashed server, that one alone, gone
-    /// already: [`Manager::restart_servers`]); a full MPS reset (a new
+    /// already: [`Manager::restart_servers`]); stuck clients none of which an MPS server lists
+    /// ([`Manager::stuck_on_mps`]) get nothing, neither step. A full MPS reset (a new
     /// control daemon) is the last resort, for a dead or hung daemon, a GPU fault, or servers
-    /// that would not end. Both cost every client its context and both are rate-limited.
+    /// that would not end. Both cost every client its context and both are rate-limited; a
+    /// dead daemon with no server left is replaced past the limit
+    /// ([`Manager::restart_dead_daemon`]: that ends nothing).
     fn recover(&mut self, now_ms: u64, fault: Fault) {
         let started = mono_ms();
         let targeted = match &fault {
@@ -1338,22 +1367,35 @@ impl Manager {
                     Some(self.terminate_offline(&pids, true, fault.kind()))
                 }
             }
-            Fault::ClientsStuck { pids: hung, .. } if self.escalate_stuck_until.is_none_or(|t| now_ms > t) => {
+            Fault::ClientsStuck { pids: hung, for_ms } => {
                 // The processes that waited all along: an idle neighbour is left alone.
-                let pids: Vec<u32> = self
-                    .offline()
-                    .iter()
-                    .filter(|p| p.pid_ns == self.own_ns && hung.contains(&p.pid))
-                    .map(|p| p.pid)
-                    .collect();
-                // Armed before the command (a journal write happens meanwhile): a failure leaves
-                // it armed until a full recovery runs, a success for this episode only.
-                self.escalate_stuck_until = Some(u64::MAX);
-                let r = self.terminate_offline(&pids, false, fault.kind());
-                if r.is_ok() {
-                    self.escalate_stuck_until = Some(now_ms.saturating_add(stuck_episode_ms(&self.cfg)));
+                let pids = self.stuck_on_mps(hung);
+                if pids.is_empty() {
+                    // Nothing MPS serves waited: no client to terminate, and nothing that ending
+                    // the servers would help (it would cost the online service its context).
+                    if !std::mem::replace(&mut self.stuck_unlisted_logged, true) {
+                        tracing::warn!(
+                            gpu = self.cfg.gpu_index,
+                            pids = ?hung,
+                            for_ms = *for_ms,
+                            "clients_stuck names no offline process found here that an MPS server lists (gone, another pid namespace's, or not an MPS client): nothing terminated, MPS servers left running"
+                        );
+                    }
+                    return;
                 }
-                Some(r)
+                if self.escalate_stuck_until.is_some_and(|t| now_ms <= t) {
+                    // Stuck again within the episode: the targeted step did not help.
+                    None
+                } else {
+                    // Armed before the command (a journal write happens meanwhile): a failure
+                    // leaves it armed until a full recovery runs, a success for this episode only.
+                    self.escalate_stuck_until = Some(u64::MAX);
+                    let r = self.terminate_offline(&pids, false, fault.kind());
+                    if r.is_ok() {
+                        self.escalate_stuck_until = Some(now_ms.saturating_add(stuck_episode_ms(&self.cfg)));
+                    }
+                    Some(r)
+                }
             }
             _ => None,
         };
@@ -1370,6 +1412,9 @@ impl Manager {
             None => format!("{} needs a new MPS", fault.kind()),
         };
         if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
+            if fault == Fault::DaemonDead && self.restart_dead_daemon(&why) {
+                return;
+            }
             self.state.suppressed_recoveries += 1;
             if !self.limited_logged {
                 self.limited_logged = true;
@@ -1411,6 +1456,39 @@ impl Manager {
         self.escalate_stuck_until = None;
         self.record(fault, evicted, outcome);
         self.detector.reset();
+    }
+
+    /// While the rate limit holds a [`Fault::DaemonDead`] recovery back: starts a new control
+    /// daemon when none runs and no MPS server of the last look still runs. Starting one ends
+    /// nothing, and with no server left there is no client to lose. Without a daemon, a process
+    /// that initialises CUDA (an online service relaunched by its supervisor) gets a context of
+    /// its own on the bare GPU, and in EXCLUSIVE_PROCESS mode that context keeps every MPS
+    /// server off the GPU until the process exits. Before, no daemon ran until the limit allowed
+    /// the reset, up to an hour later. What still needs the limit is left to it: `quit`, kills and
+    /// `shutdown_server` of live processes, and offline evictions. Returns `false` (nothing
+    /// done) while a daemon or such a server runs.
+    fn restart_dead_daemon(&mut self, limited: &str) -> bool {
+        let server_left = self.servers_seen.iter().any(|s| node_ledger::procinfo::is_alive(s.pid, s.start_time));
+        if server_left || self.live_daemon().is_some() {
+            return false;
+        }
+        self.state.daemons_started_past_limit += 1;
+        match self.ensure_daemon() {
+            Ok(pid) => tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pid,
+                rate_limit = %limited,
+                started_past_limit = self.state.daemons_started_past_limit,
+                "MPS control daemon dead and no MPS server left: a new one started although recoveries are rate-limited (no client to lose; without a daemon a process initialising CUDA takes the bare GPU)"
+            ),
+            Err(e) => {
+                tracing::error!(gpu = self.cfg.gpu_index, error = %e, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon dead: starting a new one failed");
+                self.state.last_error = Some(format!("starting a new MPS control daemon in {}: {e}", self.ctl.pipe_dir.display()));
+            }
+        }
+        self.servers_seen.clear();
+        self.detector.reset();
+        true
     }
 
     fn record(&mut self, fault: Fault, evicted: Vec<u32>, outcome: String) {
@@ -1588,6 +1666,24 @@ impl Manager {
             out.extend(self.ctl.client_list(srv).ok()?);
         }
         Some(out)
+    }
+
+    /// Of the pids a [`Fault::ClientsStuck`] names, those of registered offline processes
+    /// found here (pid in this namespace known) that an MPS server lists now: what a stuck
+    /// recovery may terminate, and the only processes whose waiting may escalate it to ending
+    /// the servers. All of them found here when MPS does not answer (the listing cannot tell;
+    /// a daemon that does not answer is a fault of its own).
+    fn stuck_on_mps(&mut self, hung: &[u32]) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .offline()
+            .iter()
+            .filter(|p| p.pid_ns == self.own_ns && hung.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        if let Some(listed) = self.listed_clients() {
+            pids.retain(|p| listed.contains(p));
+        }
+        pids
     }
 
     /// Records, in the state file, before the command is sent, that `pid` (listed on `server`)
@@ -1903,6 +1999,20 @@ mod tests {
             ..Config::default()
         };
         Manager::new(cfg).unwrap()
+    }
+
+    /// [`manager_answering`] with one MPS server, 4242 (no process), listing the pids in
+    /// `<pipe>/clients` (`terminate_client` answers) until `shutdown_server 4242 -f` ends it
+    /// (`<pipe>/down`).
+    fn manager_with_a_server(dir: &Path) -> Manager {
+        manager_answering(
+            dir,
+            "p=\"$CUDA_MPS_PIPE_DIRECTORY\"; read cmd\ncase \"$cmd\" in\n\
+             get_server_list) [ -f \"$p/down\" ] || echo 4242;;\n\
+             \"get_client_list 4242\") cat \"$p/clients\" 2>/dev/null;;\n\
+             \"shutdown_server 4242 -f\") touch \"$p/down\";;\n\
+             esac\nexit 0\n",
+        )
     }
 
     /// [`manager`] with `compute_mode` = `policy`, reading and setting the mode of `gpu`.
@@ -2367,6 +2477,19 @@ mod tests {
         Command::new("sleep").arg("30").spawn().unwrap()
     }
 
+    /// A registered offline process of this namespace that the manager finds here: a sleeper
+    /// holding the GPU's ledger open and its slot's lock; with its registration.
+    fn offline_client(m: &Manager) -> (Child, node_ledger::ProcHandle) {
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        workloads::host::hold_ledger(&mut cmd, &m.cfg.ledger_path());
+        let c = cmd.spawn().unwrap();
+        let h = m.ledger.register(c.id(), g).unwrap();
+        assert!(workloads::host::hold_slot_lock(c.id(), h.slot), "the stand-in holds its slot's lock");
+        (c, h)
+    }
+
     fn kill(pid: u32) {
         if let Some(st) = node_ledger::procinfo::start_time(pid) {
             let _ = PidfdSignaller.signal(pid, st, libc::SIGKILL);
@@ -2398,17 +2521,19 @@ mod tests {
     #[test]
     fn a_server_fault_ends_the_servers_and_keeps_the_daemon_unless_they_stay() {
         let d = tempfile::tempdir().unwrap();
-        // The stand-in lists one server (a sleep, pid in <pipe>/server.pid), and ends it (as
-        // its daemon, which reaps it, no longer lists it) on `shutdown_server <pid> -f` only
-        // while <pipe>/obey exists.
+        // The stand-in lists one server (a sleep, pid in <pipe>/server.pid) with the clients in
+        // <pipe>/clients, and ends it (as its daemon, which reaps it, no longer lists it) on
+        // `shutdown_server <pid> -f` only while <pipe>/obey exists.
         let mut m = manager_answering(
             d.path(),
             "p=\"$CUDA_MPS_PIPE_DIRECTORY\"; read cmd\ncase \"$cmd\" in\n\
              get_server_list) cat \"$p/server.pid\" 2>/dev/null;;\n\
+             \"get_client_list $(cat \"$p/server.pid\")\") cat \"$p/clients\" 2>/dev/null;;\n\
              \"shutdown_server $(cat \"$p/server.pid\") -f\") [ -f \"$p/obey\" ] && kill -9 $(cat \"$p/server.pid\") && rm \"$p/server.pid\";;\n\
              esac\nexit 0\n",
         );
         m.cfg.recovery.min_interval_ms = 0;
+        m.cfg.evict_grace_ms = 100;
         let daemon = m.ensure_daemon().unwrap();
         let pipe = d.path().join("pipe");
         let server = |pipe: &Path| {
@@ -2423,23 +2548,31 @@ mod tests {
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("MPS server 1 gone") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
         assert!(s1.try_wait().unwrap().is_none(), "another server was ended");
-        // Clients stuck after terminate_client: the servers are ended, the daemon kept.
-        m.escalate_stuck_until = Some(u64::MAX);
-        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1, pids: Vec::new() });
+        // Clients stuck after terminate_client (a client the server lists waits again): the
+        // servers are ended, the daemon kept.
+        let stuck = |m: &mut Manager| {
+            let (c, _) = offline_client(m);
+            std::fs::write(pipe.join("clients"), format!("{}\n", c.id())).unwrap();
+            m.escalate_stuck_until = Some(u64::MAX);
+            m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1, pids: vec![c.id()] });
+            c
+        };
+        let c1 = stuck(&mut m);
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("shutdown_server -f") && r.contains(&format!("control daemon {daemon} kept")), "{r}");
         assert!(s1.try_wait().unwrap().is_some(), "the server was ended");
         assert_eq!(m.ctl.daemon_pid(), Some(daemon), "the daemon was kept");
         // A server that does not end: the full reset replaces the daemon.
-        let mut s2 = server(&pipe);
+        let s2 = server(&pipe);
         std::fs::remove_file(pipe.join("obey")).unwrap();
-        m.escalate_stuck_until = Some(u64::MAX);
-        m.recover(mono_ms(), Fault::ClientsStuck { for_ms: 1, pids: Vec::new() });
+        let c2 = stuck(&mut m);
         let r = m.state.recoveries.last().unwrap().outcome.clone();
         assert!(r.contains("MPS reset") && r.contains("still running") && r.contains(&s2.id().to_string()), "{r}");
         assert_ne!(m.ctl.daemon_pid(), Some(daemon), "a new daemon");
-        let _ = s2.kill();
-        let _ = s2.wait();
+        for mut c in [s2, c1, c2] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         kill(daemon);
         if let Some(p) = m.ctl.daemon_pid() {
             kill(p);
@@ -2486,27 +2619,13 @@ mod tests {
     #[test]
     fn stuck_clients_escalate_only_within_the_episode_of_a_targeted_recovery() {
         let d = tempfile::tempdir().unwrap();
-        // One server (4242) listing the pids in <pipe>/clients; terminate_client answers.
-        let mut m = manager_answering(
-            d.path(),
-            "p=\"$CUDA_MPS_PIPE_DIRECTORY\"; read cmd\ncase \"$cmd\" in\n\
-             get_server_list) [ -s \"$p/clients\" ] && echo 4242;;\n\
-             \"get_client_list 4242\") cat \"$p/clients\";;\n\
-             esac\nexit 0\n",
-        );
+        let mut m = manager_with_a_server(d.path());
         m.cfg.recovery.min_interval_ms = 0;
         m.cfg.evict_grace_ms = 100;
         let daemon = m.ensure_daemon().unwrap();
-        let g = m.ledger.group(7, 1 << 30).unwrap();
         let mut children = Vec::new();
         let mut stuck_at = |m: &mut Manager, now: u64| {
-            // An offline client found from here: it holds its slot's lock in the ledger.
-            let mut cmd = Command::new("sleep");
-            cmd.arg("30");
-            workloads::host::hold_ledger(&mut cmd, &m.cfg.ledger_path());
-            let c = cmd.spawn().unwrap();
-            let h = m.ledger.register(c.id(), g).unwrap();
-            assert!(workloads::host::hold_slot_lock(c.id(), h.slot));
+            let (c, _) = offline_client(m);
             std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n", c.id())).unwrap();
             let pid = c.id();
             children.push(c);
@@ -2529,6 +2648,69 @@ mod tests {
         kill(daemon);
         if let Some(p) = m.recorded_daemon() {
             kill(p.pid);
+        }
+    }
+
+    /// A slot's sync counts are its writer's word (pod ledgers are tenant-writable): one sync
+    /// begun and none returned in the slot of a process of another pid namespace (its pid here
+    /// unknown), or of a process found here that no MPS server lists, on a quiet GPU with the
+    /// online client connected, is no stuck client. Before, the check called it
+    /// `clients_stuck`, the recovery found nothing to terminate and ended every MPS server
+    /// (`shutdown_server -f`), the online service's context with them.
+    #[test]
+    fn a_waiting_slot_mps_does_not_list_never_ends_the_servers() {
+        use std::sync::atomic::Ordering::Relaxed;
+        for foreign in [true, false] {
+            let d = tempfile::tempdir().unwrap();
+            let mut m = manager_with_a_server(d.path());
+            m.cfg.evict_grace_ms = 100;
+            let daemon = m.ensure_daemon().unwrap();
+            let pipe = d.path().join("pipe");
+            let online = sleeper();
+            std::fs::write(pipe.join("clients"), format!("{}\n", online.id())).unwrap();
+            let (unlisted, h) = if foreign {
+                // This test process's slot, rewritten to name another pid namespace.
+                let g = m.ledger.group(7, 1 << 30).unwrap();
+                let h = m.ledger.register(std::process::id(), g).unwrap();
+                m.ledger.layout().procs[h.slot].pid_ns.store(m.own_ns ^ 1, Relaxed);
+                (None, h)
+            } else {
+                let (c, h) = offline_client(&m);
+                (Some(c), h)
+            };
+            m.ledger.set_syncs(h, 1, 0);
+            let t0 = mono_ms();
+            let mut faults = m.check(t0);
+            let later = t0 + m.cfg.detect.stuck_after_ms + 1;
+            faults.extend(m.check(later));
+            m.handle_faults(later, faults.clone());
+            // Nor is such a fault, within the episode of a targeted stuck recovery (which ends
+            // the servers at once), a reason to end them.
+            let named = unlisted.as_ref().map_or(std::process::id(), |c| c.id());
+            m.escalate_stuck_until = Some(u64::MAX);
+            m.recover(later, Fault::ClientsStuck { for_ms: 1, pids: vec![named] });
+            let restarted = m
+                .state
+                .recoveries
+                .iter()
+                .find(|r| r.outcome.contains("shutdown_server") || r.outcome.contains("MPS reset"))
+                .cloned();
+            let server_up = !pipe.join("down").exists();
+            if foreign {
+                m.ledger.unregister(h);
+            }
+            for mut c in [Some(online), unlisted].into_iter().flatten() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            kill(daemon);
+            if let Some(p) = m.recorded_daemon() {
+                kill(p.pid);
+            }
+            let case = if foreign { "another pid namespace's slot" } else { "a process no server lists" };
+            assert_eq!(restarted, None, "{case}: the servers were ended ({faults:?})");
+            assert!(server_up, "{case}: the server was shut down");
+            assert!(faults.is_empty(), "{case}: {faults:?}");
         }
     }
 
@@ -2599,13 +2781,15 @@ mod tests {
         }
     }
 
-    /// The control daemon dies while the recovery rate limit holds its reset back: the state
-    /// file stops naming it at the first check that sees it dead (node-agent then makes the
-    /// GPU's offline slots Unhealthy and refuses Allocate, `node_agent::mps`), not only once a
-    /// reset ran. Before, `daemon_pid` kept naming the dead daemon and containers admitted
-    /// meanwhile found no MPS.
+    /// The control daemon dies while the recovery rate limit holds resets back. The state file
+    /// stops naming it at the first check that sees it dead (node-agent then makes the GPU's
+    /// offline slots Unhealthy and refuses Allocate, `node_agent::mps`). With no MPS server
+    /// left, a new daemon is started at once whatever the limit: it ends nothing. Before, none
+    /// ran until the limit allowed the reset (up to an hour), and meanwhile a process
+    /// initialising CUDA took the bare GPU. A dead daemon beside a server that still runs
+    /// stays rate-limited, and that server is not touched.
     #[test]
-    fn a_dead_daemon_is_unpublished_at_once_even_when_its_reset_is_rate_limited() {
+    fn a_dead_daemon_is_unpublished_at_once_and_started_again_past_the_rate_limit() {
         let d = tempfile::tempdir().unwrap();
         let mut m = manager(d.path());
         m.cfg.recovery.min_interval_ms = 3_600_000;
@@ -2613,27 +2797,47 @@ mod tests {
         let t0 = mono_ms();
         // One recovery uses up the limiter (and starts a new daemon).
         m.recover(t0, Fault::DaemonHang { command: "get_server_list".into() });
-        let daemon = m.recorded_daemon().unwrap();
-        assert_eq!(m.state.daemon_pid, Some(daemon.pid));
-        kill(daemon.pid);
-        let end = std::time::Instant::now() + Duration::from_secs(5);
-        while node_ledger::procinfo::is_alive(daemon.pid, daemon.start_time) {
-            assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let faults = m.check(t0 + 1);
-        assert_eq!(faults, vec![Fault::DaemonDead]);
-        m.handle_faults(t0 + 1, faults);
-        assert_eq!(m.state.suppressed_recoveries, 1, "the reset is held back");
-        let path = m.cfg.state_file.clone();
-        m.write_state(&path);
-        let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert!(written["daemon_pid"].is_null() && written["daemon_start_time"].is_null(), "{written}");
+        let dead_and_checked = |m: &mut Manager, now: u64| {
+            let daemon = m.recorded_daemon().unwrap();
+            assert_eq!(m.state.daemon_pid, Some(daemon.pid));
+            kill(daemon.pid);
+            let end = std::time::Instant::now() + Duration::from_secs(5);
+            while node_ledger::procinfo::is_alive(daemon.pid, daemon.start_time) {
+                assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let faults = m.check(now);
+            assert_eq!(faults, vec![Fault::DaemonDead]);
+            let path = m.cfg.state_file.clone();
+            m.write_state(&path);
+            let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            assert!(written["daemon_pid"].is_null() && written["daemon_start_time"].is_null(), "{written}");
+            m.handle_faults(now, faults);
+            daemon
+        };
+        let first = dead_and_checked(&mut m, t0 + 1);
+        let again = m.recorded_daemon().expect("a new daemon started past the rate limit");
+        assert_ne!(again.pid, first.pid);
+        assert!(node_ledger::procinfo::is_alive(again.pid, again.start_time));
+        assert_eq!(m.state.daemon_pid, Some(again.pid), "published again");
+        assert_eq!((m.state.daemons_started_past_limit, m.state.suppressed_recoveries), (1, 0));
+        // A server of the last look still runs: its clients would be lost to a reset, which
+        // stays rate-limited; the server is left alone.
+        let mut server = sleeper();
+        let st = node_ledger::procinfo::start_time(server.id()).unwrap();
+        m.servers_seen = vec![DaemonId { pid: server.id(), start_time: st }];
+        dead_and_checked(&mut m, t0 + 2);
+        let left_alone = server.try_wait().unwrap().is_none();
+        let _ = server.kill();
+        let _ = server.wait();
+        assert_eq!(m.state.daemon_pid, None, "no daemon started beside a live server");
+        assert_eq!((m.state.daemons_started_past_limit, m.state.suppressed_recoveries), (1, 1));
+        assert!(left_alone, "the server was signalled");
         // A daemon found again (restarted by hand) is published again.
-        let again = m.ctl.start_daemon().unwrap();
-        assert!(m.check(t0 + 2).is_empty());
-        assert_eq!(m.state.daemon_pid, Some(again));
-        kill(again);
+        let by_hand = m.ctl.start_daemon().unwrap();
+        assert!(m.check(t0 + 3).is_empty());
+        assert_eq!(m.state.daemon_pid, Some(by_hand));
+        kill(by_hand);
     }
 
     /// A control daemon that dies between two checks is noticed at the next tick, once: the
