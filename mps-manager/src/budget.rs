@@ -35,9 +35,11 @@ pub struct BudgetConfig {
     /// beside offline work, which says nothing of the online share) keep the last online
     /// estimate. Each one after that counts as an online workload on every SM, so the budget
     /// decays toward `min_pct` at the `smoothing` rate (fail closed) until a reading says
-    /// more. 0 keeps the last estimate for as long as the GPU reads saturated. That suits a
-    /// GPU whose SM activity is a busy fraction (before Hopper), where a back-to-back offline
-    /// job fills the reading on its own, at the online service's risk.
+    /// more. 0 (the default) keeps the last estimate for as long as the GPU reads saturated:
+    /// before Hopper SM activity is a busy fraction, which a back-to-back offline job fills on
+    /// its own, and a decay would hold every such job at `min_pct` while it works. Set it (30:
+    /// 3 s at `period_ms` 100) on Hopper and later, where SM activity is spatial (GPM) and an
+    /// offline job held to its MPS percentage cannot fill it alone.
     pub saturated_hold_readings: u32,
 }
 
@@ -113,8 +115,9 @@ impl BudgetConfig {
 /// ([`Allocator::online_estimate`]).
 pub const SATURATED_PCT: f64 = 99.0;
 
-/// Default [`BudgetConfig::saturated_hold_readings`]: 3 s at the default `period_ms` (100).
-pub const DEFAULT_SATURATED_HOLD_READINGS: u32 = 30;
+/// Default [`BudgetConfig::saturated_hold_readings`]: keep the estimate (the manager does not
+/// know whether the GPU's SM activity is spatial; see the field).
+pub const DEFAULT_SATURATED_HOLD_READINGS: u32 = 0;
 
 /// Running state of the allocator.
 #[derive(Debug, Clone, Default)]
@@ -335,7 +338,7 @@ mod tests {
     /// estimate for good.
     #[test]
     fn saturated_readings_that_go_on_let_the_budget_decay_to_min_pct() {
-        let c = BudgetConfig::default();
+        let c = BudgetConfig { saturated_hold_readings: 30, ..BudgetConfig::default() };
         let est = Allocator::online_estimate(100.0, true, 42.0);
         let mut a = Allocator::default();
         assert_eq!(a.update(&c, 3.0, true), Some(42.0));
@@ -360,7 +363,8 @@ mod tests {
         }
         assert_eq!(b.applied(), Some(c.min_pct));
         // 0: the estimate is kept however long the GPU reads saturated.
-        let keep = BudgetConfig { saturated_hold_readings: 0, ..BudgetConfig::default() };
+        let keep = BudgetConfig::default();
+        assert_eq!(keep.saturated_hold_readings, 0, "the default keeps it");
         let mut k = Allocator::default();
         k.update(&keep, 3.0, true);
         for _ in 0..1000 {
