@@ -874,9 +874,6 @@ impl ProcProbe for ProcfsProbe<'_> {
         self.ns.insert(pid, ns);
         Some(ns)
     }
-    fn inner_pid(&mut self, pid: u32) -> Option<u32> {
-        node_daemon::procns::innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
-    }
     fn start_time(&mut self, pid: u32) -> Option<u64> {
         node_ledger::procinfo::start_time(pid)
     }
