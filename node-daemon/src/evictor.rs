@@ -330,6 +330,26 @@ impl<S: Signaller> Evictor<S> {
         }
     }
 
+    /// Takes on, while running, the eviction requests in the status file that no eviction in
+    /// flight here stands for (`procs` with [`OfflineProc::evict_requested_ms`] set: mps-manager
+    /// asked them to leave, or a request outlived the eviction that made it): as
+    /// [`Evictor::adopt`] does at start-up, with the grace counted from the request's time,
+    /// which is when it was first seen, and no second SIGTERM. Without it a process that
+    /// ignored the manager's SIGTERM was never SIGKILLed once the manager was gone: every
+    /// later eviction refuses a process that has a request. A process whose pid here is known
+    /// and no longer alive is left alone (its registration is about to go). Returns the
+    /// processes taken on.
+    pub fn adopt_requests(&mut self, cfg: &EvictorConfig, procs: &[OfflineProc], out: &mut Vec<Event>) -> Vec<OfflineProc> {
+        let new: Vec<OfflineProc> = procs
+            .iter()
+            .filter(|p| p.evict_requested_ms.is_some() && !self.pending.contains_key(&p.key()))
+            .filter(|p| p.host_pid.is_none_or(|h| self.sig.alive(h, p.start_time)))
+            .copied()
+            .collect();
+        self.adopt(cfg, &new, out);
+        new
+    }
+
     /// Starts evicting `p` unless an eviction is already in flight. Returns true if started.
     pub fn evict(
         &mut self,

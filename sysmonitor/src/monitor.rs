@@ -448,6 +448,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     self.evictor.retain_registered(&self.cfg.evictor, now_ms, &v, &mut ev);
                     self.events = ev;
                 }
+                if v.iter().any(|p| p.evict_requested_ms.is_some()) {
+                    self.adopt_requests(&v);
+                }
                 v
             }
             Err(e) => {
@@ -458,6 +461,27 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 Vec::new()
             }
         }
+    }
+
+    /// Escalates the eviction requests in the status file that no eviction in flight here
+    /// stands for (mps-manager's, whose SIGTERM a process may ignore after the manager is
+    /// gone): SIGKILL after the grace, counted from when the request is first seen.
+    #[cold]
+    #[inline(never)]
+    fn adopt_requests(&mut self, procs: &[OfflineProc]) {
+        let mut ev = std::mem::take(&mut self.events);
+        for p in self.evictor.adopt_requests(&self.cfg.evictor, procs, &mut ev) {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pid = p.pid,
+                host_pid = p.host_pid,
+                start_time = p.start_time,
+                grace_ms = self.cfg.evictor.grace_ms,
+                "eviction request in the status file (mps-manager's, or one no eviction here stands for) \
+                 taken on: SIGKILL after the grace if the process stays"
+            );
+        }
+        self.events = ev;
     }
 
     /// Who is on the GPU, remembered for [`OCCUPANCY_TTL_MS`] (it is asked at every
@@ -1048,6 +1072,29 @@ mod tests {
         assert_eq!(m.machine.state(), State::Healthy, "back in service");
         assert!(m.evictor.signaller().0.is_empty(), "{:?}", m.evictor.signaller().0);
         assert_eq!(m.evictor.in_flight(), 0);
+    }
+
+    /// A process mps-manager asked to leave after this monitor started (a request in the
+    /// status file that no eviction here stands for), which ignores the manager's SIGTERM, is
+    /// SIGKILLed by the running monitor once the grace from when the request was first seen is
+    /// over: the manager may be gone. Before, only a monitor starting up took such requests
+    /// on, and every eviction refused a process with a request: nothing was ever sent to it.
+    #[test]
+    fn a_running_monitor_escalates_a_request_mps_manager_made() {
+        let mut m = one_offline(vec![gs(10.0), gs(10.0), gs(99.5), gs(99.5), gs(99.5), gs(99.5), gs(99.5)]);
+        m.tick(0);
+        assert_eq!(m.evictor.in_flight(), 0);
+        // The manager's request appears (the adapter reports it with the time it reads it).
+        m.ledger.procs[0].evict_requested_ms = Some(10);
+        for t in [10, 20, 30] {
+            m.tick(t);
+        }
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert!(m.evictor.signaller().0.is_empty(), "no second SIGTERM: the manager sent one");
+        for t in [45, 60] {
+            m.tick(t);
+        }
+        assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "grace 30 ms from 10 is over");
     }
 
     /// A process asked through its ledger only (no pid here) is no eviction in flight once
