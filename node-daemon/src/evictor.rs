@@ -545,6 +545,26 @@ impl<S: Signaller> Evictor<S> {
         }
     }
 
+    /// Waits for the eviction commands that have exited (no syscall while none runs). Call it
+    /// at every tick, evictions in flight or not: a command may outlive the eviction it ran
+    /// for, and one not waited for stays a zombie. Returns how many still run.
+    pub fn reap_commands(&mut self) -> usize {
+        if !self.commands.is_empty() {
+            self.commands.retain_mut(|c| match c.try_wait() {
+                Ok(Some(status)) => {
+                    tracing::info!(command_pid = c.id(), %status, "eviction command exited");
+                    false
+                }
+                Ok(None) => true,
+                Err(e) => {
+                    tracing::warn!(command_pid = c.id(), error = %e, "cannot wait for an eviction command; trying again at the next tick");
+                    true
+                }
+            });
+        }
+        self.commands.len()
+    }
+
     /// Escalates to SIGKILL past the grace period and forgets processes that are gone.
     ///
     /// Evictions a dry run only logged are dropped once the dry run is over (a reload with
@@ -553,8 +573,7 @@ impl<S: Signaller> Evictor<S> {
     /// can hang the online neighbours' contexts). One still called for is started anew, with
     /// SIGTERM, by the next judgement that calls for it.
     pub fn tick(&mut self, cfg: &EvictorConfig, now_ms: u64, out: &mut Vec<Event>) {
-        self.commands
-            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        self.reap_commands();
         if !cfg.dry_run {
             let before = self.pending.len();
             self.pending.retain(|_, p| !p.dry);

@@ -361,6 +361,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             let mut ev = std::mem::take(&mut self.events);
             self.evictor.tick(&self.cfg.evictor, now_ms, &mut ev);
             self.events = ev;
+        } else {
+            // An eviction command may outlive its eviction: waited for all the same.
+            self.evictor.reap_commands();
         }
         self.publish(now_ms);
     }
@@ -980,15 +983,17 @@ mod tests {
         }
     }
 
+    /// Records the signals sent; every process is alive but those in `.1` (a test may add one
+    /// through [`Evictor::signaller`]).
     #[derive(Default)]
-    struct Rec(Vec<(u32, i32)>);
+    struct Rec(Vec<(u32, i32)>, std::cell::RefCell<Vec<u32>>);
     impl Signaller for Rec {
         fn signal(&mut self, pid: u32, _s: u64, sig: i32) -> Result<bool, String> {
             self.0.push((pid, sig));
-            Ok(true)
+            Ok(!self.1.borrow().contains(&pid))
         }
-        fn alive(&mut self, _pid: u32, _s: u64) -> bool {
-            true
+        fn alive(&mut self, pid: u32, _s: u64) -> bool {
+            !self.1.borrow().contains(&pid)
         }
     }
 
@@ -1095,6 +1100,41 @@ mod tests {
             m.tick(t);
         }
         assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "grace 30 ms from 10 is over");
+    }
+
+    /// The operator's eviction command is waited for once it exits, even when the eviction it
+    /// ran for ended before it (its process left at once): before, the command's children were
+    /// reaped only while an eviction was in flight, and lingered as zombies until the next one.
+    #[test]
+    fn an_eviction_command_outliving_its_eviction_is_reaped() {
+        let d = tempfile::tempdir().unwrap();
+        let pid_file = d.path().join("pid");
+        let mut m = one_offline(vec![gs(10.0), gs(99.5), gs(10.0), gs(10.0), gs(10.0), gs(10.0)]);
+        let script = format!("echo $$ > {}.tmp && mv {0}.tmp {0} && sleep 0.05", pid_file.display());
+        m.cfg.evictor.command = Some(vec!["sh".into(), "-c".into(), script]);
+        m.tick(0);
+        m.tick(10);
+        assert!(m.events.iter().any(|e| matches!(e, Event::Command { pid: 500, .. })), "{:?}", m.events);
+        // The process leaves at once: its eviction is over while the command still runs.
+        m.evictor.signaller().1.borrow_mut().push(500);
+        m.tick(20);
+        assert_eq!(m.evictor.in_flight(), 0);
+        // Wait (bounded) for the command to have exited: a zombie until it is waited for.
+        let state = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.chars().next()));
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let pid = loop {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+                let pid = pid.trim().to_string();
+                if matches!(state(&pid), None | Some(Some('Z'))) {
+                    break pid;
+                }
+            }
+            assert!(std::time::Instant::now() < end, "the command never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        m.tick(30);
+        m.tick(40);
+        assert_eq!(state(&pid), None, "the command's process {pid} is still there (a zombie): state {:?}", state(&pid));
     }
 
     /// A process asked through its ledger only (no pid here) is no eviction in flight once
