@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(l.config, 0, "no base, no overrides: the defaults");
         std::fs::create_dir(d.path().join("x.d")).unwrap();
         std::fs::write(d.path().join("x.d/50-tight.json"), "{}").unwrap();
-        let e = a.load(var, base.to_str().unwrap(), load).err().expect("overrides with no base");
+        let e = a.load(var, base.to_str().unwrap(), load).expect_err("overrides with no base");
         assert!(e.to_string().contains("50-tight.json") && e.to_string().contains("x.json"), "{e}");
         std::fs::write(&base, "{}").unwrap();
         assert_eq!(a.load(var, base.to_str().unwrap(), load).unwrap().config, 7);

@@ -330,6 +330,26 @@ impl<S: Signaller> Evictor<S> {
         }
     }
 
+    /// Takes on, while running, the eviction requests in the status file that no eviction in
+    /// flight here stands for (`procs` with [`OfflineProc::evict_requested_ms`] set: mps-manager
+    /// asked them to leave, or a request outlived the eviction that made it): as
+    /// [`Evictor::adopt`] does at start-up, with the grace counted from the request's time,
+    /// which is when it was first seen, and no second SIGTERM. Without it a process that
+    /// ignored the manager's SIGTERM was never SIGKILLed once the manager was gone: every
+    /// later eviction refuses a process that has a request. A process whose pid here is known
+    /// and no longer alive is left alone (its registration is about to go). Returns the
+    /// processes taken on.
+    pub fn adopt_requests(&mut self, cfg: &EvictorConfig, procs: &[OfflineProc], out: &mut Vec<Event>) -> Vec<OfflineProc> {
+        let new: Vec<OfflineProc> = procs
+            .iter()
+            .filter(|p| p.evict_requested_ms.is_some() && !self.pending.contains_key(&p.key()))
+            .filter(|p| p.host_pid.is_none_or(|h| self.sig.alive(h, p.start_time)))
+            .copied()
+            .collect();
+        self.adopt(cfg, &new, out);
+        new
+    }
+
     /// Starts evicting `p` unless an eviction is already in flight. Returns true if started.
     pub fn evict(
         &mut self,
@@ -525,6 +545,26 @@ impl<S: Signaller> Evictor<S> {
         }
     }
 
+    /// Waits for the eviction commands that have exited (no syscall while none runs). Call it
+    /// at every tick, evictions in flight or not: a command may outlive the eviction it ran
+    /// for, and one not waited for stays a zombie. Returns how many still run.
+    pub fn reap_commands(&mut self) -> usize {
+        if !self.commands.is_empty() {
+            self.commands.retain_mut(|c| match c.try_wait() {
+                Ok(Some(status)) => {
+                    tracing::info!(command_pid = c.id(), %status, "eviction command exited");
+                    false
+                }
+                Ok(None) => true,
+                Err(e) => {
+                    tracing::warn!(command_pid = c.id(), error = %e, "cannot wait for an eviction command; trying again at the next tick");
+                    true
+                }
+            });
+        }
+        self.commands.len()
+    }
+
     /// Escalates to SIGKILL past the grace period and forgets processes that are gone.
     ///
     /// Evictions a dry run only logged are dropped once the dry run is over (a reload with
@@ -533,8 +573,7 @@ impl<S: Signaller> Evictor<S> {
     /// can hang the online neighbours' contexts). One still called for is started anew, with
     /// SIGTERM, by the next judgement that calls for it.
     pub fn tick(&mut self, cfg: &EvictorConfig, now_ms: u64, out: &mut Vec<Event>) {
-        self.commands
-            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        self.reap_commands();
         if !cfg.dry_run {
             let before = self.pending.len();
             self.pending.retain(|_, p| !p.dry);

@@ -110,7 +110,8 @@ pub struct Config {
     /// Also read XIDs from this kernel log (`/dev/kmsg`, a syslog file) besides NVML events.
     #[serde(default)]
     pub xid_log: Option<PathBuf>,
-    /// Only log lines containing this text count (e.g. `PCI:0000:3b:00` for this GPU).
+    /// Only XID lines naming this GPU count: its PCI address as the driver writes it between
+    /// the parentheses (`PCI:0000:3b:00`, or `0000:3b:00`), compared whole.
     #[serde(default)]
     pub xid_log_match: Option<String>,
     /// The operator's floor for the launch throttles of the offline processes on this GPU,
@@ -543,6 +544,16 @@ impl Config {
         if let Some(l) = &self.metrics_listen {
             metrics_address(l, self.gpu_index).map_err(|m| ("metrics_listen".into(), m))?;
         }
+        if let Some(m) = &self.xid_log_match {
+            if !crate::xidlog::valid_match(m) {
+                // A text that names no address would match no XID line: the GPU's faults
+                // would go unseen.
+                return Err((
+                    "xid_log_match".into(),
+                    format!("`{m}` is not a GPU's PCI address as the driver's XID lines name it (e.g. PCI:0000:3b:00)"),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -851,6 +862,19 @@ mod tests {
         for bad in ["127.0.0.1:9400+x", "127.0.0.1:65535+1", "nonsense", "127.0.0.1:{gpu}x"] {
             let e = load_text(&format!(r#"{{"gpu_index": 1, "metrics_listen": "{bad}"}}"#)).unwrap_err();
             assert_eq!(e.field.as_deref(), Some("metrics_listen"), "{bad}: {e}");
+        }
+    }
+
+    /// `xid_log_match` is compared whole with the GPU an XID line names: a text that is no
+    /// such address would match nothing, and the GPU's faults would go unseen.
+    #[test]
+    fn xid_log_match_must_be_a_pci_address() {
+        for good in ["PCI:0000:3b:00", "0000:3B:00"] {
+            assert!(load_text(&format!(r#"{{"xid_log_match": "{good}"}}"#)).is_ok(), "{good}");
+        }
+        for bad in ["3b:00", "00000000:3B:00.0", "NVRM", ""] {
+            let e = load_text(&format!(r#"{{"xid_log_match": "{bad}"}}"#)).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("xid_log_match"), "{bad}: {e}");
         }
     }
 

@@ -127,6 +127,15 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 /// that way (`node_ledger::claims`), and reaches other pods within a tick or two.
 pub const JOBS_EVERY_MS: u64 = 100;
 
+/// Entries of the monitor's eviction table (`node_ledger::status::EVICT_ENTRIES`, one table for
+/// the GPU's ledger and every pod ledger) that a request for a process no pid here was found
+/// for may not take: only processes found holding their slot's lock get them. Such a slot is
+/// one no visible process owns (the monitor sees every process and may read their locks), which
+/// any ledger client can write by the hundred: without the reserve, one pod's forged slots
+/// filled the table at an Overlimit, and the real processes of every other ledger got no
+/// request and no eviction-log record.
+pub const EVICT_RESERVED_FOR_FOUND: usize = node_ledger::status::EVICT_ENTRIES / 4;
+
 /// How often the pods directory is read (pod ledgers come and go with pods), and the longest
 /// time between two reclaims of the pod ledgers' dead processes whatever their watches say
 /// (a dead container's memory is back within this, and usually at the next tick: each open
@@ -543,6 +552,17 @@ impl LedgerPort for LedgerAdapter {
         let Some(w) = self.status.get(now_ms) else {
             return Err("no status file to write the request into (its error is logged): the process is only signalled".into());
         };
+        if p.host_pid.is_none() {
+            let mine: Vec<ProcId> = w.evict_requests().into_iter().filter(|r| r.by == Requester::Monitor).map(|r| r.id).collect();
+            let free = node_ledger::status::EVICT_ENTRIES.saturating_sub(mine.len());
+            if !mine.contains(&id) && free <= EVICT_RESERVED_FOR_FOUND {
+                return Err(format!(
+                    "no request written for pid {} (pid namespace {}, slot {}, pod ledger {:?}): no process here holds its \
+                     slot's lock, and the {free} free entries of the eviction table are kept for processes found",
+                    p.pid, p.pid_ns, p.slot, p.pod_ledger
+                ));
+            }
+        }
         if !w.request_evict(Requester::Monitor, id, pod, libc::SIGTERM as u32) {
             return Err(format!("the status file's eviction table is full: no request written for pid {}", p.pid));
         }
@@ -691,6 +711,49 @@ mod tests {
             a.offline(0).unwrap()[0].evict_requested_ms.is_some(),
             "the request survives in the ledger"
         );
+    }
+
+    /// Slots no process here owns (registered on behalf of live processes that hold no lock,
+    /// as any ledger client can write them) filling a pod ledger take at most the eviction
+    /// table's entries but [`EVICT_RESERVED_FOR_FOUND`]: a real process of another ledger
+    /// asked after all of them still gets its request and its eviction-log record. Before, the
+    /// 256 slots filled the table.
+    #[test]
+    fn slots_nobody_owns_cannot_fill_the_eviction_table() {
+        let (d, _path, mut a) = fresh_adapter();
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555555").unwrap();
+        let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
+        let g = pl.group(7, 1 << 30).unwrap();
+        struct Kill(Vec<std::process::Child>);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                for c in &mut self.0 {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+        }
+        let mut named = Kill(Vec::new());
+        for _ in 0..node_ledger::layout::MAX_PROCS {
+            let c = std::process::Command::new("sleep").arg("600").spawn().unwrap();
+            pl.register(c.id(), g).unwrap();
+            named.0.push(c);
+        }
+        // The real process: this one, in the GPU's own ledger, holding its slot's lock.
+        let mine = a.ledger.group(8, 1 << 30).unwrap();
+        let _h = a.ledger.register(std::process::id(), mine).unwrap();
+        let procs = a.offline(0).unwrap();
+        let (forged, real): (Vec<&OfflineProc>, Vec<&OfflineProc>) = procs.iter().partition(|p| p.pod_ledger == Some(pod));
+        assert_eq!((forged.len(), real.len()), (node_ledger::layout::MAX_PROCS, 1));
+        assert!(forged.iter().all(|p| p.host_pid.is_none()), "nobody holds their locks");
+        let written = forged.iter().filter(|p| a.mark_evicting(p, EvictReason::Overlimit, 0).is_ok()).count();
+        assert_eq!(written, node_ledger::status::EVICT_ENTRIES - EVICT_RESERVED_FOR_FOUND);
+        a.mark_evicting(real[0], EvictReason::Overlimit, 0).unwrap();
+        let reader = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
+        let me = node_ledger::ProcId::own().unwrap();
+        assert_eq!(reader.evict_request(me), libc::SIGTERM as u32, "the real process is asked");
+        let log = std::fs::read_to_string(d.path().join("evict-log/gpu0.jsonl")).unwrap();
+        assert!(log.contains(&format!("\"pid\":{}", std::process::id())), "{log}");
     }
 
     /// A pod's ledger (`node_ledger::pods`) is read beside the GPU's own: its processes are

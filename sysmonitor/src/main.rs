@@ -30,7 +30,8 @@ CONFIG:
     (command: argv with {pid} (pid here, checked by its start time; never run without one),
     {start_time}, {reason}, {gpu}),
     verify.{tolerance_mib,context_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
-    kernel log besides NVML events), xid_log_match (\"PCI:0000:3b:00\": only this GPU's lines).
+    kernel log besides NVML events; only /dev/kmsg's kernel records cannot be forged by a user),
+    xid_log_match (\"PCI:0000:3b:00\": only XIDs naming this GPU's address).
     `sysmonitor check-config` prints the effective config.
 
 STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -> healthy | overlimit;

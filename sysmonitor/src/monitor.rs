@@ -361,6 +361,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
             let mut ev = std::mem::take(&mut self.events);
             self.evictor.tick(&self.cfg.evictor, now_ms, &mut ev);
             self.events = ev;
+        } else {
+            // An eviction command may outlive its eviction: waited for all the same.
+            self.evictor.reap_commands();
         }
         self.publish(now_ms);
     }
@@ -448,6 +451,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     self.evictor.retain_registered(&self.cfg.evictor, now_ms, &v, &mut ev);
                     self.events = ev;
                 }
+                if v.iter().any(|p| p.evict_requested_ms.is_some()) {
+                    self.adopt_requests(&v);
+                }
                 v
             }
             Err(e) => {
@@ -458,6 +464,27 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 Vec::new()
             }
         }
+    }
+
+    /// Escalates the eviction requests in the status file that no eviction in flight here
+    /// stands for (mps-manager's, whose SIGTERM a process may ignore after the manager is
+    /// gone): SIGKILL after the grace, counted from when the request is first seen.
+    #[cold]
+    #[inline(never)]
+    fn adopt_requests(&mut self, procs: &[OfflineProc]) {
+        let mut ev = std::mem::take(&mut self.events);
+        for p in self.evictor.adopt_requests(&self.cfg.evictor, procs, &mut ev) {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pid = p.pid,
+                host_pid = p.host_pid,
+                start_time = p.start_time,
+                grace_ms = self.cfg.evictor.grace_ms,
+                "eviction request in the status file (mps-manager's, or one no eviction here stands for) \
+                 taken on: SIGKILL after the grace if the process stays"
+            );
+        }
+        self.events = ev;
     }
 
     /// Who is on the GPU, remembered for [`OCCUPANCY_TTL_MS`] (it is asked at every
@@ -874,9 +901,6 @@ impl ProcProbe for ProcfsProbe<'_> {
         self.ns.insert(pid, ns);
         Some(ns)
     }
-    fn inner_pid(&mut self, pid: u32) -> Option<u32> {
-        node_daemon::procns::innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
-    }
     fn start_time(&mut self, pid: u32) -> Option<u64> {
         node_ledger::procinfo::start_time(pid)
     }
@@ -959,15 +983,17 @@ mod tests {
         }
     }
 
+    /// Records the signals sent; every process is alive but those in `.1` (a test may add one
+    /// through [`Evictor::signaller`]).
     #[derive(Default)]
-    struct Rec(Vec<(u32, i32)>);
+    struct Rec(Vec<(u32, i32)>, std::cell::RefCell<Vec<u32>>);
     impl Signaller for Rec {
         fn signal(&mut self, pid: u32, _s: u64, sig: i32) -> Result<bool, String> {
             self.0.push((pid, sig));
-            Ok(true)
+            Ok(!self.1.borrow().contains(&pid))
         }
-        fn alive(&mut self, _pid: u32, _s: u64) -> bool {
-            true
+        fn alive(&mut self, pid: u32, _s: u64) -> bool {
+            !self.1.borrow().contains(&pid)
         }
     }
 
@@ -1051,6 +1077,64 @@ mod tests {
         assert_eq!(m.machine.state(), State::Healthy, "back in service");
         assert!(m.evictor.signaller().0.is_empty(), "{:?}", m.evictor.signaller().0);
         assert_eq!(m.evictor.in_flight(), 0);
+    }
+
+    /// A process mps-manager asked to leave after this monitor started (a request in the
+    /// status file that no eviction here stands for), which ignores the manager's SIGTERM, is
+    /// SIGKILLed by the running monitor once the grace from when the request was first seen is
+    /// over: the manager may be gone. Before, only a monitor starting up took such requests
+    /// on, and every eviction refused a process with a request: nothing was ever sent to it.
+    #[test]
+    fn a_running_monitor_escalates_a_request_mps_manager_made() {
+        let mut m = one_offline(vec![gs(10.0), gs(10.0), gs(99.5), gs(99.5), gs(99.5), gs(99.5), gs(99.5)]);
+        m.tick(0);
+        assert_eq!(m.evictor.in_flight(), 0);
+        // The manager's request appears (the adapter reports it with the time it reads it).
+        m.ledger.procs[0].evict_requested_ms = Some(10);
+        for t in [10, 20, 30] {
+            m.tick(t);
+        }
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert!(m.evictor.signaller().0.is_empty(), "no second SIGTERM: the manager sent one");
+        for t in [45, 60] {
+            m.tick(t);
+        }
+        assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "grace 30 ms from 10 is over");
+    }
+
+    /// The operator's eviction command is waited for once it exits, even when the eviction it
+    /// ran for ended before it (its process left at once): before, the command's children were
+    /// reaped only while an eviction was in flight, and lingered as zombies until the next one.
+    #[test]
+    fn an_eviction_command_outliving_its_eviction_is_reaped() {
+        let d = tempfile::tempdir().unwrap();
+        let pid_file = d.path().join("pid");
+        let mut m = one_offline(vec![gs(10.0), gs(99.5), gs(10.0), gs(10.0), gs(10.0), gs(10.0)]);
+        let script = format!("echo $$ > {}.tmp && mv {0}.tmp {0} && sleep 0.05", pid_file.display());
+        m.cfg.evictor.command = Some(vec!["sh".into(), "-c".into(), script]);
+        m.tick(0);
+        m.tick(10);
+        assert!(m.events.iter().any(|e| matches!(e, Event::Command { pid: 500, .. })), "{:?}", m.events);
+        // The process leaves at once: its eviction is over while the command still runs.
+        m.evictor.signaller().1.borrow_mut().push(500);
+        m.tick(20);
+        assert_eq!(m.evictor.in_flight(), 0);
+        // Wait (bounded) for the command to have exited: a zombie until it is waited for.
+        let state = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.chars().next()));
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let pid = loop {
+            if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+                let pid = pid.trim().to_string();
+                if matches!(state(&pid), None | Some(Some('Z'))) {
+                    break pid;
+                }
+            }
+            assert!(std::time::Instant::now() < end, "the command never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        m.tick(30);
+        m.tick(40);
+        assert_eq!(state(&pid), None, "the command's process {pid} is still there (a zombie): state {:?}", state(&pid));
     }
 
     /// A process asked through its ledger only (no pid here) is no eviction in flight once

@@ -99,8 +99,6 @@ pub enum Held {
 pub trait ProcProbe {
     /// Its pid namespace (one `stat`; asked of every unregistered process listed).
     fn pid_ns(&mut self, pid: u32) -> Option<u64>;
-    /// Its pid in its own pid namespace.
-    fn inner_pid(&mut self, pid: u32) -> Option<u32>;
     /// Its start time (clock ticks since boot).
     fn start_time(&mut self, pid: u32) -> Option<u64>;
     /// Which ledger file it holds open, if any.
@@ -238,8 +236,13 @@ impl Verifier {
     /// no launch throttle, and until now judged as online load. Returns those seen so
     /// `cfg.strikes` checks in a row.
     ///
-    /// A process is registered if its host pid is a registration's, or if a registration names
-    /// its pid namespace and its pid there (found or not from here). One that holds a damaged
+    /// A process is registered only if a registration's owner is that very process: the
+    /// registration's host pid is the process's (found only for the holder of the slot's lock,
+    /// `node_daemon::procns::HostPids`) and its start time is the process's. A slot that merely
+    /// names the process's pid namespace and pid there, with no lock held (a proxy
+    /// registration, which only tools and tests make, or one any ledger client wrote), is no
+    /// pass: every ledger client can write any slot and read its neighbours' start times, but
+    /// none can make another process hold a lock. One that holds a damaged
     /// ledger the monitor moved aside is a shim's, not judged; one that holds the live ledger
     /// is a shim's only while its parent is a registered process (a fork child before its first
     /// reservation): holding the file open is no pass, anyone in the container can open it.
@@ -271,8 +274,15 @@ impl Verifier {
             pids.sort_unstable();
             pids.dedup();
             for pid in pids {
+                // Read only of a process some registration resolved to (an online process
+                // costs one `stat`), and once.
+                let mut start = None;
                 if offline.iter().any(|p| p.host_pid == Some(pid)) {
-                    continue;
+                    start = probe.start_time(pid);
+                    let Some(st) = start else { continue };
+                    if offline.iter().any(|p| p.host_pid == Some(pid) && p.start_time == st) {
+                        continue;
+                    }
                 }
                 let Some(ns) = probe.pid_ns(pid) else { continue };
                 let found = match containers.iter().find(|(n, _)| *n == ns) {
@@ -283,11 +293,6 @@ impl Verifier {
                         _ => continue,
                     },
                 };
-                let ns_pid = if ns == own_ns { Some(pid) } else { probe.inner_pid(pid) };
-                let Some(ns_pid) = ns_pid else { continue };
-                if offline.iter().any(|p| p.pid_ns == ns && p.pid == ns_pid) {
-                    continue;
-                }
                 match probe.ledger_held(pid) {
                     Some(Held::Aside) => continue,
                     Some(Held::Live) => {
@@ -298,7 +303,7 @@ impl Verifier {
                     }
                     None => {}
                 }
-                let Some(start_time) = probe.start_time(pid) else { continue };
+                let Some(start_time) = start.or_else(|| probe.start_time(pid)) else { continue };
                 seen.push((pid, start_time));
                 let s = self.unregistered.entry((pid, start_time)).or_default();
                 *s += 1;
@@ -371,9 +376,6 @@ mod tests {
         fn pid_ns(&mut self, pid: u32) -> Option<u64> {
             self.procs.get(&pid).map(|r| r.0)
         }
-        fn inner_pid(&mut self, pid: u32) -> Option<u32> {
-            self.procs.get(&pid).map(|r| r.1)
-        }
         fn start_time(&mut self, pid: u32) -> Option<u64> {
             self.procs.contains_key(&pid).then_some(u64::from(pid) * 100)
         }
@@ -387,6 +389,12 @@ mod tests {
             self.cgroup_reads.push(pid);
             self.procs.get(&pid)?.2.map(str::to_string)
         }
+    }
+
+    /// A registration resolved to its owner: host pid `pid` (the slot lock's holder), with the
+    /// start time [`Table`] gives that process.
+    fn held(pid: u32) -> OfflineProc {
+        OfflineProc { start_time: u64::from(pid) * 100, ..p(pid, 0) }
     }
 
     fn listed(pids: &[u32]) -> Vec<ProcMem> {
@@ -482,14 +490,17 @@ mod tests {
     /// with no registration of its own, is offline work without the shim: flagged after the
     /// strikes, whatever memory it holds. One in the monitor's own namespace (the host's, where
     /// online services run) or in a namespace no registered process is in is never flagged,
-    /// nor is an MPS client of the host, nor the registered process itself.
+    /// nor is an MPS client of the host, nor the registered process itself. A slot that names
+    /// a process's namespace and pid there but resolved to no host pid (no lock holder), or to
+    /// its host pid with another start time (a pid since reused), is not its registration.
     #[test]
     fn a_gpu_process_in_an_offline_containers_namespace_without_a_registration_is_flagged() {
         let cfg = VerifyConfig { strikes: 2, ..Default::default() };
         let (own, container, other) = (1000, 2000, 3000);
         // Host pids: 10 registered (container, its pid 1), 11 unshimmed (container, its pid 2),
         // 12 online (host), 13 another container with no registration, 14 host offline
-        // (registered), 15 registered in the container (its pid 3) but not found from here.
+        // (registered), 15 named by a slot in the container (its pid 3) that resolved to no
+        // host pid (a proxy slot, or one any ledger client wrote): unshimmed too.
         let mut t = Table::new(&[
             (10, container, 1, None),
             (11, container, 2, None),
@@ -498,20 +509,37 @@ mod tests {
             (14, own, 14, None),
             (13, other, 1, None),
         ]);
-        let in_container = |pid, host| OfflineProc { pid_ns: container, host_pid: host, ..p(pid, 0) };
-        let offline = [in_container(1, Some(10)), p(14, 0), in_container(3, None)];
+        // Resolved to `host` with its start time; unresolved, 15's start time (a slot can say
+        // anything).
+        let in_container = |pid, host: Option<u32>| OfflineProc {
+            pid_ns: container,
+            host_pid: host,
+            start_time: host.map_or(1500, |h| u64::from(h) * 100),
+            ..p(pid, 0)
+        };
+        let offline = [in_container(1, Some(10)), held(14), in_container(3, None)];
         let nvml = listed(&[10, 11, 11, 12, 13, 14, 15]);
         let no_pods = BTreeSet::new();
         let mut v = Verifier::default();
         assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty(), "one strike");
         let u = v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t);
-        assert_eq!(u.len(), 1, "{u:?}");
+        assert_eq!(u.len(), 2, "{u:?}");
         assert_eq!((u[0].proc_.host_pid, u[0].proc_.slot, &u[0].found), (Some(11), NO_SLOT, &Found::Neighbour(10)));
         assert_eq!((u[0].proc_.start_time, u[0].nvml_bytes), (1100, 2 * MIB));
+        assert_eq!((u[1].proc_.host_pid, u[1].proc_.start_time), (Some(15), 1500), "a slot with its start time but no lock holder");
         // Gone from NVML's list, its strikes are forgotten.
         assert!(v.check_unregistered(&cfg, &offline, &nvml[..1], own, &no_pods, &mut t).is_empty());
         assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &no_pods, &mut t).is_empty(), "strikes start over");
+        // A registration resolved to host pid 10 with another start time is an earlier
+        // process's (the pid since reused): it excuses nothing.
+        let reused = [OfflineProc { start_time: 999, ..offline[0] }, in_container(2, Some(11))];
+        let mut v = Verifier::default();
+        v.check_unregistered(&cfg, &reused, &nvml, own, &no_pods, &mut t);
+        let u = v.check_unregistered(&cfg, &reused, &nvml, own, &no_pods, &mut t);
+        assert_eq!(u.iter().map(|x| x.proc_.pid).collect::<Vec<_>>(), [10, 15]);
         assert!(t.cgroup_reads.is_empty(), "no offline pod listed: no cgroup read");
+        // 15 gone from the GPU from here on.
+        let nvml = listed(&[10, 11, 11, 12, 13, 14]);
         // Holding a ledger the monitor moved aside as damaged (registered there): a shim's.
         let mut v = Verifier::default();
         t.holding = vec![(11, Held::Aside)];
@@ -541,15 +569,19 @@ mod tests {
     /// With node-agent's list of offline pods, a GPU process whose cgroup names one of them is
     /// offline work even when no process of its pod registered (the whole container runs
     /// without the shim), in a container's pid namespace or in the host's (`hostPID`). One in an
-    /// online pod, in no pod, registered (by host pid or by its namespace and pid there) or
-    /// holding a ledger file is never flagged.
+    /// online pod, in no pod, registered (a registration resolved to its host pid, with its
+    /// start time) or holding a damaged ledger is never flagged. A slot that names its
+    /// namespace and pid there, even with its start time, but resolved to no host pid (no
+    /// process holds that slot's lock: a proxy slot, or one any ledger client wrote) is no
+    /// registration: before, such a slot exempted unshimmed work from this check.
     #[test]
     fn a_gpu_process_in_a_listed_offline_pod_is_flagged_with_no_registration_anywhere() {
         let cfg = VerifyConfig { strikes: 2, ..Default::default() };
         let (own, ctr_a, ctr_b, ctr_c) = (1000, 2000, 3000, 4000);
         // 20: offline pod, own container, unshimmed. 21: offline pod with hostPID, unshimmed.
-        // 22: online pod. 23: host process in no pod. 24: offline pod, registered by its
-        // namespace and pid (host pid unknown to the ledger). 25: offline pod, holds a ledger.
+        // 22: online pod. 23: host process in no pod. 24: offline pod, named by a slot by its
+        // namespace, pid and start time that no process holds the lock of (no host pid).
+        // 25: offline pod, holds a damaged ledger. 26: offline pod, registered (host pid found).
         let mut t = Table::new(&[
             (20, ctr_a, 1, Some(OFFLINE_POD)),
             (21, own, 21, Some(OFFLINE_POD)),
@@ -557,11 +589,13 @@ mod tests {
             (23, own, 23, None),
             (24, ctr_c, 7, Some(OFFLINE_POD)),
             (25, ctr_c, 8, Some(OFFLINE_POD)),
+            (26, ctr_c, 9, Some(OFFLINE_POD)),
         ]);
         t.holding = vec![(25, Held::Aside)];
-        let registered_inside = OfflineProc { pid_ns: ctr_c, host_pid: None, ..p(7, 0) };
-        let offline = [registered_inside];
-        let nvml = listed(&[20, 21, 22, 23, 24, 25]);
+        let unlocked_slot = OfflineProc { pid_ns: ctr_c, host_pid: None, start_time: 2400, ..p(7, 0) };
+        let registered = OfflineProc { pid_ns: ctr_c, pid: 9, ..held(26) };
+        let offline = [unlocked_slot, registered];
+        let nvml = listed(&[20, 21, 22, 23, 24, 25, 26]);
         let pods: BTreeSet<String> = [OFFLINE_POD.to_string()].into();
         let mut v = Verifier::default();
         assert!(v.check_unregistered(&cfg, &offline, &nvml, own, &pods, &mut t).is_empty(), "one strike");
@@ -569,12 +603,12 @@ mod tests {
         u.sort_by_key(|x| x.proc_.pid);
         let got: Vec<(u32, u64, &Found)> = u.iter().map(|x| (x.proc_.pid, x.proc_.start_time, &x.found)).collect();
         let pod = Found::Pod(OFFLINE_POD.to_string());
-        assert_eq!(got, vec![(20, 2000, &pod), (21, 2100, &pod)]);
+        assert_eq!(got, vec![(20, 2000, &pod), (21, 2100, &pod), (24, 2400, &Found::Neighbour(26))]);
         assert!(u.iter().all(|x| x.proc_.slot == NO_SLOT && x.proc_.pid_ns == own));
-        // With no registration at all on the GPU the same holds.
+        // With no registration at all on the GPU the same holds, and 26 is unshimmed too.
         let mut v = Verifier::default();
         v.check_unregistered(&cfg, &[], &nvml, own, &pods, &mut t);
-        assert_eq!(v.check_unregistered(&cfg, &[], &nvml, own, &pods, &mut t).len(), 3, "20, 21 and 24");
+        assert_eq!(v.check_unregistered(&cfg, &[], &nvml, own, &pods, &mut t).len(), 4, "20, 21, 24 and 26");
         // The list emptied (the pods finished): nothing is judged by cgroup, strikes forgotten.
         let mut v = Verifier::default();
         t.cgroup_reads.clear();

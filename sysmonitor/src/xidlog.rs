@@ -1,8 +1,19 @@
 //! XID events from a kernel log (`/dev/kmsg` or a log file), for hosts or drivers where NVML
 //! event sets are unavailable: lines like `NVRM: Xid (PCI:0000:3b:00): 31, pid=..., ...`.
+//!
+//! Anyone can put text into a kernel log: the kernel's own `segfault at ... in <file>` message
+//! names a file the crashing process chose, and a process may write to `/dev/kmsg` or log to
+//! syslog under any tag. So a line counts only when the driver's text opens its message, not
+//! anywhere in it, and the GPU named between the parentheses is compared whole with
+//! `xid_log_match`. `/dev/kmsg` (a character device) is read as kernel records
+//! (`prio,seq,ts,flags;message`) and only kernel-facility records count (facility 0; the kernel
+//! gives what user space writes there facility 1 or more): it is the one source no
+//! unprivileged process can forge. A plain log file (syslog's `kern.log`, a `journalctl -k`
+//! export, `dmesg` output) has no facility to check: its lines must have the shape of a kernel
+//! line, but a process that logs to syslog with the tag `kernel` can still write one.
 
 use std::io::{Read, Seek};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,6 +30,8 @@ pub struct XidTail {
     /// `(st_dev, st_ino)` of the open file, and whether it is a regular file (a device such as
     /// `/dev/kmsg` is never rotated or truncated).
     id: Option<(u64, u64, bool)>,
+    /// Whether the open file is a character device (`/dev/kmsg`): its lines are kernel records.
+    kmsg: bool,
     matcher: Option<String>,
     partial: String,
     checked: Instant,
@@ -28,13 +41,15 @@ pub struct XidTail {
 }
 
 impl XidTail {
-    /// Starts at the current end of `path`; `matcher`, when set, must appear in a line (e.g.
-    /// `PCI:0000:3b:00` to keep only this GPU's events).
+    /// Starts at the current end of `path`; `matcher`, when set, is the GPU's PCI address an
+    /// XID line must name (e.g. `PCI:0000:3b:00` to keep only this GPU's events; see
+    /// [`pci_matches`]).
     pub fn open(path: &Path, matcher: Option<String>) -> XidTail {
         let mut t = XidTail {
             path: path.to_path_buf(),
             file: None,
             id: None,
+            kmsg: false,
             matcher,
             partial: String::new(),
             checked: Instant::now(),
@@ -57,7 +72,11 @@ impl XidTail {
                 if at_end {
                     let _ = f.seek(std::io::SeekFrom::End(0));
                 }
-                self.id = f.metadata().ok().map(|m| (m.dev(), m.ino(), m.file_type().is_file()));
+                let meta = f.metadata().ok();
+                self.id = meta
+                    .as_ref()
+                    .map(|m| (m.dev(), m.ino(), m.file_type().is_file()));
+                self.kmsg = meta.is_some_and(|m| m.file_type().is_char_device());
                 self.file = Some(f);
                 self.partial.clear();
                 if std::mem::take(&mut self.missing_said) {
@@ -91,10 +110,19 @@ impl XidTail {
         }
         let complete = text.rfind('\n').map_or(0, |i| i + 1);
         self.partial = text[complete..].to_string();
+        let (kmsg, matcher) = (self.kmsg, self.matcher.as_deref());
         text[..complete]
             .lines()
-            .filter(|l| self.matcher.as_deref().is_none_or(|m| l.contains(m)))
-            .filter_map(parse_xid_line)
+            .filter_map(|l| {
+                let xid = if kmsg {
+                    parse_kmsg_record(l)
+                } else {
+                    parse_log_line(l)
+                }?;
+                matcher
+                    .is_none_or(|m| pci_matches(xid.pci, m))
+                    .then_some(xid.code)
+            })
             .collect()
     }
 
@@ -120,7 +148,9 @@ impl XidTail {
     /// missing one) is opened from its beginning, a regular file shorter than the position
     /// (truncated in place) is read again from its beginning. Returns whether to read again.
     fn follow(&mut self) -> bool {
-        let now = std::fs::metadata(&self.path).ok().map(|m| (m.dev(), m.ino(), m.len()));
+        let now = std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| (m.dev(), m.ino(), m.len()));
         match (now, self.id) {
             // Gone (between a rename and the new file): the old file is read to its end.
             (None, _) => {
@@ -135,7 +165,9 @@ impl XidTail {
                 true
             }
             (Some((_, _, len)), Some((_, _, true))) => {
-                let Some(f) = &mut self.file else { return false };
+                let Some(f) = &mut self.file else {
+                    return false;
+                };
                 let truncated = f.stream_position().is_ok_and(|pos| len < pos);
                 if truncated {
                     tracing::info!(path = %self.path.display(), "XID log truncated; reading it from its beginning");
@@ -152,19 +184,91 @@ impl XidTail {
     }
 }
 
-/// The XID code of an `NVRM: Xid (...): <code>, ...` line.
-pub fn parse_xid_line(line: &str) -> Option<u64> {
-    let rest = &line[line.find("NVRM: Xid")? + "NVRM: Xid".len()..];
-    let after = match rest.find("):") {
-        Some(i) => &rest[i + 2..],
-        None => rest.trim_start().strip_prefix(':')?,
-    };
-    after
-        .trim_start()
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
+/// The driver's text that opens an XID message.
+const XID_PREFIX: &str = "NVRM: Xid (";
+
+/// One XID the driver reported: the GPU between the parentheses and the code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Xid<'a> {
+    /// The GPU as the driver names it, e.g. `PCI:0000:3b:00`.
+    pub pci: &'a str,
+    /// The XID code.
+    pub code: u64,
+}
+
+/// The XID of a `/dev/kmsg` record (`prio,seq,ts,flags[,...];message`): only a kernel-facility
+/// record (prio below 8; the kernel gives records user space writes facility 1 or more) whose
+/// message is the driver's (see [`parse_xid_message`]).
+pub fn parse_kmsg_record(record: &str) -> Option<Xid<'_>> {
+    let (header, message) = record.split_once(';')?;
+    let prio: u32 = header.split(',').next()?.parse().ok()?;
+    if prio >= 8 {
+        return None;
+    }
+    parse_xid_message(message)
+}
+
+/// The XID of a plain kernel-log line: the driver's message alone (as the tests and
+/// `dmesg --notime` write it), after a `[  12.345678] ` timestamp (`dmesg`), or after a syslog
+/// or journal header that ends in `kernel: ` with no `: ` before it (`Nov 27 10:00:00 host
+/// kernel: ...`; a user process's own tag, `app[7]: kernel: ...`, does not pass).
+pub fn parse_log_line(line: &str) -> Option<Xid<'_>> {
+    let mut rest = line;
+    if !rest.starts_with(XID_PREFIX) && !rest.starts_with('[') {
+        let (header, message) = rest.split_once("kernel: ")?;
+        if header.contains(": ") || !(header.is_empty() || header.ends_with(' ')) {
+            return None;
+        }
+        rest = message;
+    }
+    if let Some(stamped) = rest.strip_prefix('[') {
+        rest = stamped.split_once("] ")?.1;
+    }
+    parse_xid_message(rest)
+}
+
+/// The XID of a driver message, which must open with `NVRM: Xid (<gpu>): <code>` (anything
+/// else, the same text further into a message included, is not the driver's XID report).
+pub fn parse_xid_message(message: &str) -> Option<Xid<'_>> {
+    let rest = message.strip_prefix(XID_PREFIX)?;
+    let (pci, after) = rest.split_once("): ")?;
+    if pci.is_empty()
+        || !pci
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '.')
+    {
+        return None;
+    }
+    let digits = after.split(|c: char| !c.is_ascii_digit()).next()?;
+    Some(Xid {
+        pci,
+        code: digits.parse().ok()?,
+    })
+}
+
+/// Whether the driver's GPU name `pci` (`PCI:0000:3b:00`, or `0000:3b:00` from older drivers)
+/// is the address `matcher` (`xid_log_match`, written either way): compared whole, the letters'
+/// case aside.
+pub fn pci_matches(pci: &str, matcher: &str) -> bool {
+    bare_pci(pci).eq_ignore_ascii_case(bare_pci(matcher))
+}
+
+/// A GPU's address without its `PCI:` tag.
+fn bare_pci(s: &str) -> &str {
+    s.strip_prefix("PCI:")
+        .or_else(|| s.strip_prefix("pci:"))
+        .unwrap_or(s)
+}
+
+/// Whether `matcher` is a PCI address as the driver names a GPU in an XID line:
+/// `[PCI:]DDDD:BB:DD` in hex (`PCI:0000:3b:00`), for `xid_log_match`.
+pub fn valid_match(matcher: &str) -> bool {
+    let parts: Vec<&str> = bare_pci(matcher).split(':').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .zip([4, 2, 2])
+            .all(|(p, n)| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -174,20 +278,96 @@ mod tests {
 
     #[test]
     fn parses_driver_lines() {
+        let code = |l| parse_log_line(l).map(|x| x.code);
         assert_eq!(
-            parse_xid_line(
+            parse_log_line(
                 "[ 12.3] NVRM: Xid (PCI:0000:3b:00): 31, pid=77, name=python, Ch 00000010"
             ),
-            Some(31)
+            Some(Xid {
+                pci: "PCI:0000:3b:00",
+                code: 31
+            })
         );
         assert_eq!(
-            parse_xid_line(
-                "6,1234,5678,-;NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus."
-            ),
+            code("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus."),
             Some(79)
         );
-        assert_eq!(parse_xid_line("NVRM: GPU at PCI:0000:01:00: GPU-abc"), None);
-        assert_eq!(parse_xid_line("NVRM: Xid (PCI:0000:01:00): garbage"), None);
+        assert_eq!(
+            code("Nov 27 10:00:00 host kernel: [ 12.3] NVRM: Xid (PCI:0000:01:00): 48, pid=1"),
+            Some(48)
+        );
+        assert_eq!(
+            code("2026-11-27T10:00:00.1+00:00 host kernel: NVRM: Xid (PCI:0000:01:00): 64, x"),
+            Some(64)
+        );
+        assert_eq!(
+            parse_kmsg_record(
+                "4,1234,5678,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
+            ),
+            Some(Xid {
+                pci: "PCI:0000:3b:00",
+                code: 79
+            })
+        );
+        assert_eq!(code("NVRM: GPU at PCI:0000:01:00: GPU-abc"), None);
+        assert_eq!(code("NVRM: Xid (PCI:0000:01:00): garbage"), None);
+        assert!(pci_matches("PCI:0000:3B:00", "0000:3b:00"));
+        assert!(pci_matches("0000:3b:00", "PCI:0000:3b:00"));
+        assert!(!pci_matches("PCI:0000:3b:00", "3b:00"));
+        assert!(!pci_matches("PCI:0000:3b:00x", "PCI:0000:3b:00"));
+        assert!(valid_match("PCI:0000:3b:00") && valid_match("0000:3B:00"));
+        assert!(!valid_match("3b:00") && !valid_match("00000000:3B:00.0") && !valid_match(""));
+    }
+
+    /// A user chooses the file name the kernel's segfault message prints, and may write to
+    /// `/dev/kmsg` (facility 1 or more) or log to syslog under a tag of its own: none of it is a
+    /// driver XID. Before, any line containing `NVRM: Xid` and the match text counted, and a
+    /// crashing process in a file named `NVRM: Xid (PCI:0000:3b:00): 79, forged` disabled the
+    /// GPU.
+    #[test]
+    fn forged_xid_lines_are_not_xids() {
+        let segv = "seg[13821]: segfault at 0 ip 0000 sp 0000 error 14 in \
+                    NVRM: Xid (PCI:0000:3b:00): 79, forged[55d0+1000]";
+        assert_eq!(parse_log_line(segv), None);
+        assert_eq!(parse_kmsg_record(&format!("6,901,5678,-;{segv}")), None);
+        assert_eq!(
+            parse_log_line(&format!("Nov 27 10:00:00 host kernel: [ 9.1] {segv}")),
+            None
+        );
+        let named = "seg[1]: segfault at 0 in kernel: NVRM: Xid (PCI:0000:3b:00): 79[55d0+1000]";
+        assert_eq!(parse_log_line(named), None);
+        // Written to /dev/kmsg by user space: facility 1 (prio 8..15) or more.
+        let user =
+            "12,902,5679,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
+        assert_eq!(parse_kmsg_record(user), None);
+        assert_eq!(
+            parse_kmsg_record("NVRM: Xid (PCI:0000:3b:00): 79, no record header"),
+            None
+        );
+        assert_eq!(
+            parse_log_line("Nov 27 10:00:00 host app[7]: kernel: NVRM: Xid (PCI:0000:3b:00): 79"),
+            None
+        );
+        assert_eq!(
+            parse_log_line("Nov 27 10:00:00 host xkernel: NVRM: Xid (PCI:0000:3b:00): 79"),
+            None
+        );
+        // The match names the GPU between the parentheses, whole.
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("kern.log");
+        std::fs::write(&p, "").unwrap();
+        let mut t = XidTail::open(&p, Some("PCI:0000:3b:00".into()));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        writeln!(f, "{segv}\nNVRM: Xid (PCI:0000:3b:001): 79, another\nNVRM: Xid (PCI:0000:3b:00): 48, real").unwrap();
+        assert_eq!(t.poll(), vec![48]);
+        // Read as /dev/kmsg records (what a character device gets): user records do not count.
+        t.kmsg = true;
+        writeln!(
+            f,
+            "{user}\n6,903,5680,-;{segv}\n3,904,5681,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=2"
+        )
+        .unwrap();
+        assert_eq!(t.poll(), vec![79]);
     }
 
     #[test]
@@ -212,7 +392,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("kern.log");
         let append = |line: &str| {
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&p).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .unwrap();
             writeln!(f, "{line}").unwrap();
         };
         append("NVRM: Xid (PCI:0000:01:00): 13, old");
@@ -227,7 +411,12 @@ mod tests {
         append("NVRM: Xid (PCI:0000:01:00): 79, next");
         assert_eq!(t.poll(), vec![79]);
         // Truncated in place, then written again.
-        std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(0).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
         append("NVRM: Xid (PCI:0000:01:00): 62, after truncation");
         assert_eq!(t.poll(), vec![62]);
         // Missing at start, created later.
