@@ -122,12 +122,14 @@ pub struct ReleaseMark {
 
 const NO_HANDLE: u64 = u64::MAX;
 
+/// A registration in one word: its owner generation, group slot and registry slot (below
+/// 2^16 each: `node_ledger::layout::MAX_GROUPS`, `MAX_PROCS`), so it is loaded and swapped at once.
 fn pack(h: ProcHandle) -> u64 {
-    ((h.group as u64) << 32) | h.slot as u64
+    (u64::from(h.gen) << 32) | ((h.group as u64 & 0xffff) << 16) | (h.slot as u64 & 0xffff)
 }
 
 fn unpack(v: u64) -> Option<ProcHandle> {
-    (v != NO_HANDLE).then_some(ProcHandle { slot: (v & 0xffff_ffff) as usize, group: (v >> 32) as usize })
+    (v != NO_HANDLE).then_some(ProcHandle { slot: (v & 0xffff) as usize, group: ((v >> 16) & 0xffff) as usize, gen: (v >> 32) as u32 })
 }
 
 impl Quota {
@@ -940,6 +942,31 @@ mod tests {
         b.check_registration(hb, std::process::id(), 5).unwrap();
         c.check_registration(hc, std::process::id(), 5).unwrap();
         assert!(Ledger::open_existing(&p).unwrap().check_header().is_ok(), "the ledger is not marked damaged for it");
+    }
+
+    /// Review: between losing its slot lock (the application closed the fd) and its next check,
+    /// a reservation landed on the stale slot after a reclaim had freed it: the group and the
+    /// free slot counted it, the new registration counted it again with the rest this process
+    /// holds, and nobody gave the free slot's copy back: the group stayed over-counted by it for
+    /// good (100 after this process had left). The stale slot now refuses it (fail closed until
+    /// the check registers again).
+    #[test]
+    fn a_reservation_on_a_reclaimed_slot_is_refused_not_counted_twice() {
+        let (_d, p, g, h, q) = registered();
+        assert!(q.try_reserve(300));
+        let fd = q.ledger().unwrap().0.slot_lock_fd(h).unwrap();
+        // SAFETY: closing the fd as a careless application would.
+        unsafe { libc::close(fd) };
+        let r = Ledger::open_existing(&p).unwrap();
+        assert_eq!(r.reclaim_dead().unwrap(), vec![(std::process::id(), 300)], "the slot reclaimed");
+        assert_eq!(r.group_used(g), 0);
+        assert!(!q.try_reserve(100), "the slot is no longer this process's");
+        assert_eq!(r.group_used(g), 0, "nothing counted on the free slot");
+        assert_eq!(q.check_ledger(), None, "registered again");
+        assert_eq!(r.group_used(g), 300, "what this process holds, once");
+        assert!(q.try_reserve(100));
+        q.retire();
+        assert_eq!(r.group_used(g), 0, "nothing left counted after this process left");
     }
 
     /// Review: a fork child registered into its parent's group slot without looking at whose
