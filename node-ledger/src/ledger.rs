@@ -1163,8 +1163,12 @@ impl Ledger {
     /// its application threads refused a reservation) and a fork child share. Two passes on one
     /// description could both "hold" a dead slot's lock, the first one's unlock release the
     /// second's, and the second, stalled, then give back and free a newcomer's slot.
+    ///
+    /// A pass also sets the usage of each group no registration names back to what its slots
+    /// count ([`Ledger::reconcile_idle_groups`]).
     pub fn reclaim_dead(&self) -> Result<Vec<(u32, u64)>, LedgerError> {
         if !self.layout().procs.iter().any(|p| owner_pid(p.owner.load(Acquire)) != 0) {
+            self.reconcile_idle_groups();
             return Ok(Vec::new());
         }
         // One pass at a time: a pass running on another thread (or a lock held by a thread
@@ -1179,7 +1183,56 @@ impl Ledger {
             Some((p, f)) if *p == pid => f,
             slot => &slot.insert((pid, self.new_description()?)).1,
         };
-        self.reclaim_on(desc)
+        let out = self.reclaim_on(desc)?;
+        self.reconcile_idle_groups();
+        Ok(out)
+    }
+
+    /// Sets the usage of every group that no registration names (no occupied slot, none being
+    /// published) back to what its slots count (free slots count nothing, but for a stale
+    /// reservation that landed on one after its reclaim, which the slot's next owner gives
+    /// back). Usage with nobody behind it is left by a process killed between its group's
+    /// reservation and its slot's, or a reclaimer killed between a slot's swap and the group's
+    /// subtraction: it counted for the group's whole life (a pod's quota shrunk by it, an
+    /// unused group never taken over). Returns `(group id, bytes dropped)`, each logged.
+    ///
+    /// No lock: each group's usage is read before the slots are looked at, and set with one
+    /// compare-and-swap from that reading. A registration published after the look reserves
+    /// after it, so its reservation (or any other change) fails the swap, and the group is left
+    /// for the next pass.
+    pub fn reconcile_idle_groups(&self) -> Vec<(u64, u64)> {
+        const _: () = assert!(MAX_GROUPS <= 64, "one bit per group");
+        let l = self.layout();
+        let used: [u64; MAX_GROUPS] = std::array::from_fn(|i| l.groups[i].used_bytes.load(Acquire));
+        if used.iter().all(|&u| u == 0) {
+            return Vec::new();
+        }
+        let (mut members, mut left) = (0u64, [0u64; MAX_GROUPS]);
+        for p in l.procs.iter() {
+            let occupied = owner_pid(p.owner.load(Acquire)) != 0;
+            let g = p.group_slot.load(Relaxed) as usize;
+            if g >= MAX_GROUPS {
+                continue;
+            }
+            if occupied {
+                members |= 1 << g;
+            } else {
+                left[g] = left[g].saturating_add(p.mem_bytes.load(Acquire));
+            }
+        }
+        let mut out = Vec::new();
+        for (i, g) in l.groups.iter().enumerate() {
+            let (u, want) = (used[i], left[i]);
+            if members & (1 << i) != 0 || u <= want || g.id.load(Acquire) == 0 {
+                continue;
+            }
+            if g.used_bytes.compare_exchange(u, want, AcqRel, Relaxed).is_ok() {
+                let id = g.id.load(Acquire);
+                tracing::warn!(ledger = %self.path.display(), group = id, bytes = u - want, "a group no process is registered in still counted usage: set back to what its slots count");
+                out.push((id, u - want));
+            }
+        }
+        out
     }
 
     /// [`Ledger::reclaim_dead`] with the slot locks taken on `desc`, a description of this
@@ -1758,6 +1811,34 @@ mod tests {
         l.unregister(h2);
     }
 
+    /// Review: a group's usage was never checked against its slots: a process killed between
+    /// its group's reservation and its slot's, or a reclaimer killed between a slot's swap and
+    /// the group's subtraction, left it counted for the group's life (here 700 of a quota of
+    /// 1000 with nobody registered: a 400 reservation refused for good). One reclaim pass sets
+    /// a group nobody is registered in back to what its slots count, and leaves a group with a
+    /// member alone.
+    #[test]
+    fn a_reclaim_sets_an_idle_groups_leftover_usage_back() {
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, l) = fresh();
+        let (idle, busy) = (l.group(5, 1000).unwrap(), l.group(6, 1000).unwrap());
+        let h = l.register(std::process::id(), busy).unwrap();
+        l.try_reserve(h, 100).unwrap();
+        // Usage nobody holds: a reservation whose slot add never came, in each group.
+        l.try_reserve_group(idle, 700).unwrap();
+        l.try_reserve_group(busy, 50).unwrap();
+        assert_eq!(l.reclaim_dead().unwrap(), vec![], "nobody died");
+        assert_eq!(l.group_used(idle), 0, "set back to what its slots count");
+        assert_eq!(l.group_used(busy), 150, "a group with a member is left alone (conservative)");
+        let m = l.register(std::process::id(), idle).unwrap();
+        l.try_reserve(m, 400).unwrap();
+        l.unregister(m);
+        l.unregister(h);
+        assert_eq!(l.reconcile_idle_groups(), vec![(6, 50)], "said, and only once the group is idle");
+        assert_eq!((l.group_used(idle), l.group_used(busy)), (0, 0));
+        assert_eq!(l.reconcile_idle_groups(), vec![], "nothing more to do");
+    }
+
     /// Review: a reclaim pass took its slot locks on the handle's own description, which the
     /// shim's threads (controller, refused reservations) and a fork child share; OFD locks do
     /// not exclude one another on one description, so a second pass "took" a dead slot's lock
@@ -1980,7 +2061,8 @@ mod tests {
 
     /// A GPU's ledger outlives many containers: after 64 groups since it was made, a new one
     /// takes over an unused group's slot, never one that a process, a byte or a start claim
-    /// still holds.
+    /// still holds. Bytes no process holds are set back by the reclaim a full table runs
+    /// ([`Ledger::reconcile_idle_groups`]): that group is then taken over too.
     #[test]
     fn a_full_group_table_takes_over_an_unused_group_never_a_held_one() {
         let d = tempfile::tempdir().unwrap();
@@ -2015,7 +2097,8 @@ mod tests {
                 l.register(me, g).ok()
             })
             .collect();
-        assert_eq!(hs.len(), MAX_GROUPS - 3);
+        assert_eq!(hs.len(), MAX_GROUPS - 2, "all but the registered process's and the start claim's");
+        assert_ne!(l.group_id(g2), 2, "the bytes nobody held were set back, and the group taken over");
         let e = l.group(5000, 1 << 20).unwrap_err();
         assert!(matches!(e, LedgerError::Full { .. }), "{e}");
     }
