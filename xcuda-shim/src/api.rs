@@ -1127,17 +1127,32 @@ fn mem_node_added(graph: CUgraph, params: *const CUDA_MEM_ALLOC_NODE_PARAMS, add
 }
 
 /// `cuGraphAddNode[_v2]` (CUDA 12.2/12.3): a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node is recorded
-/// like `cuGraphAddMemAllocNode`'s (`nodeParams->alloc`); every other type passes through.
-/// (Its parameters cannot change afterwards: cuda.h, `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`:
-/// "not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC".)
+/// like `cuGraphAddMemAllocNode`'s (`nodeParams->alloc`); a `CU_GRAPH_NODE_TYPE_GRAPH` node
+/// that moves its child graph in (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, the only way a child
+/// may hold memory nodes: cuda.h, `CUDA_CHILD_GRAPH_NODE_PARAMS`) brings the child's recorded
+/// bytes to the parent ([`crate::graphmem::child_moved`]); every other node passes through.
+/// (A memory node's parameters cannot change afterwards: cuda.h, `cuGraphNodeSetParams` /
+/// `cuGraphExecNodeSetParams`: "not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC";
+/// `cuGraphAddChildGraphNode` clones, and refuses a child with memory nodes.)
 fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl FnOnce() -> CUresult) -> CUresult {
-    // SAFETY: null or the caller's parameter block, whose tag says which union member it holds.
-    let alloc = (!params.is_null() && unsafe { (*params).type_ } == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC)
-        .then(|| unsafe { std::ptr::addr_of!((*params).u.alloc) });
-    match alloc {
-        Some(p) => mem_node_added(graph, p, add),
-        None => add(),
+    if params.is_null() {
+        return add();
     }
+    // SAFETY: the caller's parameter block, whose tag says which union member it holds.
+    let ty = unsafe { (*params).type_ };
+    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+        // SAFETY: as above: the tag says `alloc`.
+        return mem_node_added(graph, unsafe { std::ptr::addr_of!((*params).u.alloc) }, add);
+    }
+    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
+        // SAFETY: as above: the tag says `graph`.
+        let child = unsafe { (*params).u.graph };
+        if child.ownership == CUgraphChildGraphNodeOwnership::CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE && !child.graph.is_null() {
+            let st = state();
+            return crate::graphmem::child_moved(&st.graph_mem, graph as u64, child.graph as u64, st.gpus.len(), add);
+        }
+    }
+    add()
 }
 
 /// Hooked `cuGraphAddNode` (CUDA 12.2): see [`generic_node_added`].

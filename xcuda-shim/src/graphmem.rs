@@ -89,6 +89,43 @@ impl GraphMem {
         }
     }
 
+    /// `child` is being moved into `parent` (a child graph node added with
+    /// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, the only way a child graph may hold memory
+    /// nodes): its alloc bytes on each of `devices` ordinals join `parent`'s, recorded before the
+    /// driver adds the node. `false`: no room to record them (said once), nothing changed; the
+    /// caller refuses the node (the parent's launches would map the child's memory unreserved).
+    pub fn child_moving(&self, parent: u64, child: u64, devices: usize) -> bool {
+        for ord in 0..devices {
+            let b = self.graphs.get(key(child, ord)).unwrap_or(0);
+            if b > 0 && !self.node_added(parent, ord, b) {
+                self.parent_takes_back(parent, child, ord);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The driver answered the move [`GraphMem::child_moving`] recorded: on success the child's
+    /// records go (it belongs to `parent` now, which counts its bytes, and no memory node may be
+    /// added to it any more: cuda.h); on failure `parent` gives its bytes back.
+    pub fn child_moved(&self, parent: u64, child: u64, devices: usize, moved: bool) {
+        if moved {
+            self.graph_destroyed(child, devices);
+        } else {
+            self.parent_takes_back(parent, child, devices);
+        }
+    }
+
+    /// `parent` gives back the bytes of `child` on its ordinals below `devices`.
+    fn parent_takes_back(&self, parent: u64, child: u64, devices: usize) {
+        for ord in 0..devices {
+            let b = self.graphs.get(key(child, ord)).unwrap_or(0);
+            if b > 0 {
+                self.node_not_added(parent, ord, b);
+            }
+        }
+    }
+
     /// `exec` was instantiated from `graph`: it needs the graph's alloc bytes per device. From
     /// now on graph launches are settled against the driver's pool (a captured graph may hold
     /// memory nodes the shim never saw added). `false`: the exec table is full (said once), so
@@ -158,6 +195,21 @@ pub fn captured_alloc(st: &State, graph: u64, ord: usize, bytes: u64, alloc: imp
     if rc != CUresult::CUDA_SUCCESS {
         st.graph_mem.node_not_added(graph, ord, bytes);
     }
+    rc
+}
+
+/// A child graph node moving `child` into `graph` (`cuGraphAddNode`, ownership
+/// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`), added by `add` (the driver's call): the child's
+/// memory-node bytes join the parent's first (no room: refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, never added), and stay the parent's if the driver moves it.
+/// Before, the parent's execs had no footprint of the child's nodes: their launches mapped its
+/// memory unreserved (settled only afterwards).
+pub fn child_moved(gm: &GraphMem, graph: u64, child: u64, devices: usize, add: impl FnOnce() -> CUresult) -> CUresult {
+    if !gm.child_moving(graph, child, devices) {
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = add();
+    gm.child_moved(graph, child, devices, rc == CUresult::CUDA_SUCCESS);
     rc
 }
 
@@ -447,6 +499,32 @@ mod tests {
         assert_eq!(asked.get(), FRESH_TRIES);
         assert_eq!(gpus[0].quota.used(), 64 * MIB, "its footprint, not the stale reserved 100 MiB");
         after_launch_on(&gpus, on);
+    }
+
+    /// Review finding: a child graph with memory nodes moved into a parent (`cuGraphAddNode`,
+    /// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`) took them out of the count: only memory nodes
+    /// were recorded, so the parent's exec had no footprint and its launches mapped the child's
+    /// memory unreserved. The child's bytes now move with it (nested children too), and stay
+    /// where they were when the driver refuses the move.
+    #[test]
+    fn a_child_graph_moved_into_a_parent_brings_its_memory_nodes() {
+        let gm = GraphMem::new();
+        assert!(gm.node_added(0x1000, 0, 64 * MIB), "the child's memory node");
+        assert!(gm.node_added(0x1000, 1, 8 * MIB));
+        assert!(gm.node_added(0x2000, 0, 4 * MIB), "one of the parent's own");
+        let refused = child_moved(&gm, 0x2000, 0x1000, 2, || CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(refused, CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert!(gm.instantiated(0x2000, 0x2100, 2));
+        assert_eq!((gm.footprint(0x2100, 0), gm.footprint(0x2100, 1)), (4 * MIB, 0), "a refused move moves nothing");
+        assert_eq!(child_moved(&gm, 0x2000, 0x1000, 2, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        assert!(gm.instantiated(0x2000, 0x2200, 2));
+        assert_eq!((gm.footprint(0x2200, 0), gm.footprint(0x2200, 1)), (68 * MIB, 8 * MIB), "the parent's exec maps the child's nodes too");
+        assert!(gm.instantiated(0x1000, 0x1100, 2));
+        assert_eq!(gm.footprint(0x1100, 0), 0, "the child's record went with it (its handle may be reused)");
+        // The parent moved on into a grandparent: everything with it.
+        assert_eq!(child_moved(&gm, 0x3000, 0x2000, 2, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        assert!(gm.instantiated(0x3000, 0x3100, 2));
+        assert_eq!((gm.footprint(0x3100, 0), gm.footprint(0x3100, 1)), (68 * MIB, 8 * MIB));
     }
 
     /// Threads whose streams joined one capture add nodes to one graph at once: every node's
