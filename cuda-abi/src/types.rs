@@ -223,8 +223,13 @@ c_enums! {
     }
     CUgraphNodeType {
         CU_GRAPH_NODE_TYPE_KERNEL = 0,
+        CU_GRAPH_NODE_TYPE_GRAPH = 4,
         CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
         CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+    }
+    CUgraphChildGraphNodeOwnership {
+        CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0,
+        CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE = 1,
     }
     CUgraphMem_attribute {
         CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
@@ -527,6 +532,18 @@ pub union CUgraphNodeParamsUnion {
     pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS,
     /// `CUDA_MEM_FREE_NODE_PARAMS`: the address to free.
     pub free: CUdeviceptr,
+    /// `CUDA_CHILD_GRAPH_NODE_PARAMS`: a child graph node.
+    pub graph: CUDA_CHILD_GRAPH_NODE_PARAMS,
+}
+
+/// `CUDA_CHILD_GRAPH_NODE_PARAMS` (CUDA 12.2; `ownership` since 12.9, zero before: a clone):
+/// the child graph of a `CU_GRAPH_NODE_TYPE_GRAPH` node, cloned into the parent or moved there
+/// (only a moved child may hold memory nodes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_CHILD_GRAPH_NODE_PARAMS {
+    pub graph: CUgraph,
+    pub ownership: CUgraphChildGraphNodeOwnership,
 }
 
 /// `CUgraphNodeParams` (CUDA 12.2): a tagged union of every node type's parameters

@@ -59,8 +59,9 @@ fn struct_layouts() -> Vec<Layout> {
             "sharedMemBytes" => sharedMemBytes, "hStream" => hStream, "kernelParams" => kernelParams,
         ]),
         layout!("CUgraphNodeParams", CUgraphNodeParams, [
-            "type" => type_, "reserved0" => reserved0, "kernel" => u, "alloc" => u, "free" => u, "reserved2" => reserved2,
+            "type" => type_, "reserved0" => reserved0, "kernel" => u, "alloc" => u, "free" => u, "graph" => u, "reserved2" => reserved2,
         ]),
+        layout!("CUDA_CHILD_GRAPH_NODE_PARAMS", CUDA_CHILD_GRAPH_NODE_PARAMS, ["graph" => graph, "ownership" => ownership]),
         layout!("CUDA_KERNEL_NODE_PARAMS_v3", CUDA_KERNEL_NODE_PARAMS, [
             "func" => func, "gridDimX" => gridDimX, "blockDimZ" => blockDimZ, "sharedMemBytes" => sharedMemBytes,
             "kernelParams" => kernelParams, "extra" => extra, "kern" => kern, "ctx" => ctx,

@@ -33,7 +33,9 @@
 //! 5. **Unregister** (the owner, holding the lock): give back, mark free, then close the
 //!    description (releasing the lock). An owner whose description no longer holds the lock
 //!    (the application closed its fd, or put another file there) gives back nothing and
-//!    closes nothing: its slot may already be reclaimed and someone else's.
+//!    closes nothing: its slot may already be reclaimed and someone else's. Until it notices
+//!    and registers again, its reservations are refused and its frees count nowhere once the
+//!    slot's owner word is no longer its own ([`Ledger::owns_slot`]).
 //!
 //! Pids play no part in liveness, so a pid or pid-namespace inode reused by another container
 //! cannot keep a dead process's usage locked, nor free a live one's. Two exceptions, marked in
@@ -116,6 +118,10 @@ pub struct ProcHandle {
     pub slot: usize,
     /// Group slot index.
     pub group: usize,
+    /// Generation of the slot's owner word this registration wrote: the slot is still this
+    /// registration's while its owner word holds this generation and a pid (a reclaim frees
+    /// it, pid 0; a newcomer's registration bumps the generation).
+    pub gen: u32,
 }
 
 /// A point-in-time copy of one registry slot.
@@ -841,8 +847,24 @@ impl Ledger {
         }
     }
 
+    /// Whether registry slot `h.slot` is still registration `h`'s: its owner word holds `h`'s
+    /// generation and a pid (one load). A slot reclaimed after its owner lost its slot lock (the
+    /// application closed the fd) is free, or a newcomer's: not `h`'s any more.
+    pub fn owns_slot(&self, h: ProcHandle) -> bool {
+        self.layout().procs.get(h.slot).is_some_and(|p| {
+            let o = p.owner.load(Acquire);
+            owner_pid(o) != 0 && owner_gen(o) == h.gen
+        })
+    }
+
     /// Reserves for a registered process: group first (the atomic step), then its own slot.
+    /// Refused, nothing counted, if the slot is no longer `h`'s ([`Ledger::owns_slot`]): the
+    /// bytes would land in a free slot nobody gives back, or in a newcomer's (another group's
+    /// usage then); the caller registers again.
     pub fn try_reserve(&self, h: ProcHandle, bytes: u64) -> Result<(), ReserveError> {
+        if !self.owns_slot(h) {
+            return Err(ReserveError { requested: bytes, used: self.group_used(h.group), quota: self.group_quota(h.group) });
+        }
         self.try_reserve_group(h.group, bytes)?;
         if let Some(p) = self.layout().procs.get(h.slot) {
             p.mem_bytes.fetch_add(bytes, Relaxed);
@@ -868,8 +890,13 @@ impl Ledger {
     /// group gets back only what the slot still counted: a slot a reclaimer emptied (its owner
     /// lost its slot lock, and the reclaim gave its bytes back to the group already) has
     /// nothing more to give, and a free then must not take other processes' usage off the
-    /// group (the shim moves to a new slot at its next check).
+    /// group (the shim moves to a new slot at its next check). A slot no longer `h`'s
+    /// ([`Ledger::owns_slot`]: reclaimed, perhaps taken by a newcomer) gives nothing: its
+    /// reclaim gave `h`'s usage back already, and what it counts now is someone else's.
     pub fn release(&self, h: ProcHandle, bytes: u64) {
+        if !self.owns_slot(h) {
+            return;
+        }
         let taken = match self.layout().procs.get(h.slot) {
             Some(p) => saturating_sub(&p.mem_bytes, bytes),
             None => bytes,
@@ -924,6 +951,15 @@ impl Ledger {
             if owner_pid(o) != 0 {
                 let bytes = self.give_back(p, o);
                 tracing::info!(ledger = %self.path.display(), pid = owner_pid(o), bytes, "reclaimed a dead process's slot");
+            } else {
+                // A free slot counts nothing, unless a reservation of an owner that had lost it
+                // landed there after its reclaim: that goes back to its group now (zeroed
+                // below, it stayed in the group for good).
+                let left = p.mem_bytes.swap(0, AcqRel);
+                if left > 0 {
+                    self.release_group(p.group_slot.load(Relaxed) as usize, left);
+                    tracing::warn!(ledger = %self.path.display(), slot = i, bytes = left, "gave back bytes a free slot still counted");
+                }
             }
             let o = p.owner.load(Acquire);
             p.start_time.store(0, Relaxed);
@@ -947,7 +983,7 @@ impl Ledger {
                 // from now on (published above, so one of the two is always there).
                 let _ = self.withdraw_claim(self.group_id(group), pid, own_ns, crate::claims::WITHDRAW_WAIT);
             }
-            return Ok(ProcHandle { slot: i, group });
+            return Ok(ProcHandle { slot: i, group, gen: owner_gen(o).wrapping_add(1) });
         }
         Err(LedgerError::Full {
             path: self.path.clone(),
@@ -1127,8 +1163,12 @@ impl Ledger {
     /// its application threads refused a reservation) and a fork child share. Two passes on one
     /// description could both "hold" a dead slot's lock, the first one's unlock release the
     /// second's, and the second, stalled, then give back and free a newcomer's slot.
+    ///
+    /// A pass also sets the usage of each group no registration names back to what its slots
+    /// count ([`Ledger::reconcile_idle_groups`]).
     pub fn reclaim_dead(&self) -> Result<Vec<(u32, u64)>, LedgerError> {
         if !self.layout().procs.iter().any(|p| owner_pid(p.owner.load(Acquire)) != 0) {
+            self.reconcile_idle_groups();
             return Ok(Vec::new());
         }
         // One pass at a time: a pass running on another thread (or a lock held by a thread
@@ -1143,7 +1183,56 @@ impl Ledger {
             Some((p, f)) if *p == pid => f,
             slot => &slot.insert((pid, self.new_description()?)).1,
         };
-        self.reclaim_on(desc)
+        let out = self.reclaim_on(desc)?;
+        self.reconcile_idle_groups();
+        Ok(out)
+    }
+
+    /// Sets the usage of every group that no registration names (no occupied slot, none being
+    /// published) back to what its slots count (free slots count nothing, but for a stale
+    /// reservation that landed on one after its reclaim, which the slot's next owner gives
+    /// back). Usage with nobody behind it is left by a process killed between its group's
+    /// reservation and its slot's, or a reclaimer killed between a slot's swap and the group's
+    /// subtraction: it counted for the group's whole life (a pod's quota shrunk by it, an
+    /// unused group never taken over). Returns `(group id, bytes dropped)`, each logged.
+    ///
+    /// No lock: each group's usage is read before the slots are looked at, and set with one
+    /// compare-and-swap from that reading. A registration published after the look reserves
+    /// after it, so its reservation (or any other change) fails the swap, and the group is left
+    /// for the next pass.
+    pub fn reconcile_idle_groups(&self) -> Vec<(u64, u64)> {
+        const _: () = assert!(MAX_GROUPS <= 64, "one bit per group");
+        let l = self.layout();
+        let used: [u64; MAX_GROUPS] = std::array::from_fn(|i| l.groups[i].used_bytes.load(Acquire));
+        if used.iter().all(|&u| u == 0) {
+            return Vec::new();
+        }
+        let (mut members, mut left) = (0u64, [0u64; MAX_GROUPS]);
+        for p in l.procs.iter() {
+            let occupied = owner_pid(p.owner.load(Acquire)) != 0;
+            let g = p.group_slot.load(Relaxed) as usize;
+            if g >= MAX_GROUPS {
+                continue;
+            }
+            if occupied {
+                members |= 1 << g;
+            } else {
+                left[g] = left[g].saturating_add(p.mem_bytes.load(Acquire));
+            }
+        }
+        let mut out = Vec::new();
+        for (i, g) in l.groups.iter().enumerate() {
+            let (u, want) = (used[i], left[i]);
+            if members & (1 << i) != 0 || u <= want || g.id.load(Acquire) == 0 {
+                continue;
+            }
+            if g.used_bytes.compare_exchange(u, want, AcqRel, Relaxed).is_ok() {
+                let id = g.id.load(Acquire);
+                tracing::warn!(ledger = %self.path.display(), group = id, bytes = u - want, "a group no process is registered in still counted usage: set back to what its slots count");
+                out.push((id, u - want));
+            }
+        }
+        out
     }
 
     /// [`Ledger::reclaim_dead`] with the slot locks taken on `desc`, a description of this
@@ -1674,6 +1763,82 @@ mod tests {
         unsafe { libc::close(n) };
     }
 
+    /// Review: after the slot lock was lost, the slot reclaimed and taken by a newcomer of
+    /// another group, a reservation and a free of the old owner landed on the newcomer's slot:
+    /// its 200 went into the newcomer's count (given back to the newcomer's group when it
+    /// leaves: that group under-counted) and its free took the newcomer's bytes off. A slot
+    /// no longer the handle's now takes neither.
+    #[test]
+    fn a_stale_handle_neither_reserves_nor_frees_on_a_newcomers_slot() {
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, a) = fresh();
+        let (ga, gb) = (a.group(5, 1000).unwrap(), a.group(6, 1000).unwrap());
+        let ha = a.register(std::process::id(), ga).unwrap();
+        a.try_reserve(ha, 300).unwrap();
+        assert!(a.owns_slot(ha));
+        let n = lose_slot_lock(&a, ha);
+        let b = Ledger::open_existing(a.path()).unwrap();
+        let hb = b.register(std::process::id(), gb).unwrap();
+        assert_eq!((hb.slot, b.group_used(ga)), (ha.slot, 0), "reclaimed and taken by group 6");
+        b.try_reserve(hb, 400).unwrap();
+        assert!(!a.owns_slot(ha) && b.owns_slot(hb));
+        assert!(a.try_reserve(ha, 200).is_err(), "not A's slot any more");
+        a.release(ha, 100);
+        assert_eq!((b.group_used(ga), b.group_used(gb)), (0, 400));
+        b.unregister(hb);
+        assert_eq!(b.group_used(gb), 0, "group 6 got back exactly its own 400");
+        // SAFETY: the application's own fd.
+        unsafe { libc::close(n) };
+    }
+
+    /// A free slot that still counts bytes (a stale owner's reservation landed there after its
+    /// reclaim, in the instant between its check of the owner and its adds) gives them back to
+    /// its group when a newcomer takes it; before, the newcomer zeroed them and the group kept
+    /// them for good.
+    #[test]
+    fn a_newcomer_gives_back_what_a_free_slot_still_counts() {
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, l) = fresh();
+        let g = l.group(5, 1000).unwrap();
+        let h = l.register(std::process::id(), g).unwrap();
+        l.unregister(h);
+        // The stale reservation's two adds, after the slot was freed.
+        l.try_reserve_group(g, 250).unwrap();
+        l.layout().procs[h.slot].mem_bytes.store(250, Relaxed);
+        let h2 = l.register(std::process::id(), g).unwrap();
+        assert_eq!(h2.slot, h.slot);
+        assert_eq!(l.group_used(g), 0, "the free slot's 250 went back to the group");
+        l.unregister(h2);
+    }
+
+    /// Review: a group's usage was never checked against its slots: a process killed between
+    /// its group's reservation and its slot's, or a reclaimer killed between a slot's swap and
+    /// the group's subtraction, left it counted for the group's life (here 700 of a quota of
+    /// 1000 with nobody registered: a 400 reservation refused for good). One reclaim pass sets
+    /// a group nobody is registered in back to what its slots count, and leaves a group with a
+    /// member alone.
+    #[test]
+    fn a_reclaim_sets_an_idle_groups_leftover_usage_back() {
+        let _spawn = crate::SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (_d, l) = fresh();
+        let (idle, busy) = (l.group(5, 1000).unwrap(), l.group(6, 1000).unwrap());
+        let h = l.register(std::process::id(), busy).unwrap();
+        l.try_reserve(h, 100).unwrap();
+        // Usage nobody holds: a reservation whose slot add never came, in each group.
+        l.try_reserve_group(idle, 700).unwrap();
+        l.try_reserve_group(busy, 50).unwrap();
+        assert_eq!(l.reclaim_dead().unwrap(), vec![], "nobody died");
+        assert_eq!(l.group_used(idle), 0, "set back to what its slots count");
+        assert_eq!(l.group_used(busy), 150, "a group with a member is left alone (conservative)");
+        let m = l.register(std::process::id(), idle).unwrap();
+        l.try_reserve(m, 400).unwrap();
+        l.unregister(m);
+        l.unregister(h);
+        assert_eq!(l.reconcile_idle_groups(), vec![(6, 50)], "said, and only once the group is idle");
+        assert_eq!((l.group_used(idle), l.group_used(busy)), (0, 0));
+        assert_eq!(l.reconcile_idle_groups(), vec![], "nothing more to do");
+    }
+
     /// Review: a reclaim pass took its slot locks on the handle's own description, which the
     /// shim's threads (controller, refused reservations) and a fork child share; OFD locks do
     /// not exclude one another on one description, so a second pass "took" a dead slot's lock
@@ -1896,7 +2061,8 @@ mod tests {
 
     /// A GPU's ledger outlives many containers: after 64 groups since it was made, a new one
     /// takes over an unused group's slot, never one that a process, a byte or a start claim
-    /// still holds.
+    /// still holds. Bytes no process holds are set back by the reclaim a full table runs
+    /// ([`Ledger::reconcile_idle_groups`]): that group is then taken over too.
     #[test]
     fn a_full_group_table_takes_over_an_unused_group_never_a_held_one() {
         let d = tempfile::tempdir().unwrap();
@@ -1931,7 +2097,8 @@ mod tests {
                 l.register(me, g).ok()
             })
             .collect();
-        assert_eq!(hs.len(), MAX_GROUPS - 3);
+        assert_eq!(hs.len(), MAX_GROUPS - 2, "all but the registered process's and the start claim's");
+        assert_ne!(l.group_id(g2), 2, "the bytes nobody held were set back, and the group taken over");
         let e = l.group(5000, 1 << 20).unwrap_err();
         assert!(matches!(e, LedgerError::Full { .. }), "{e}");
     }

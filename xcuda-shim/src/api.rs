@@ -1127,17 +1127,32 @@ fn mem_node_added(graph: CUgraph, params: *const CUDA_MEM_ALLOC_NODE_PARAMS, add
 }
 
 /// `cuGraphAddNode[_v2]` (CUDA 12.2/12.3): a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node is recorded
-/// like `cuGraphAddMemAllocNode`'s (`nodeParams->alloc`); every other type passes through.
-/// (Its parameters cannot change afterwards: cuda.h, `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`:
-/// "not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC".)
+/// like `cuGraphAddMemAllocNode`'s (`nodeParams->alloc`); a `CU_GRAPH_NODE_TYPE_GRAPH` node
+/// that moves its child graph in (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, the only way a child
+/// may hold memory nodes: cuda.h, `CUDA_CHILD_GRAPH_NODE_PARAMS`) brings the child's recorded
+/// bytes to the parent ([`crate::graphmem::child_moved`]); every other node passes through.
+/// (A memory node's parameters cannot change afterwards: cuda.h, `cuGraphNodeSetParams` /
+/// `cuGraphExecNodeSetParams`: "not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC";
+/// `cuGraphAddChildGraphNode` clones, and refuses a child with memory nodes.)
 fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl FnOnce() -> CUresult) -> CUresult {
-    // SAFETY: null or the caller's parameter block, whose tag says which union member it holds.
-    let alloc = (!params.is_null() && unsafe { (*params).type_ } == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC)
-        .then(|| unsafe { std::ptr::addr_of!((*params).u.alloc) });
-    match alloc {
-        Some(p) => mem_node_added(graph, p, add),
-        None => add(),
+    if params.is_null() {
+        return add();
     }
+    // SAFETY: the caller's parameter block, whose tag says which union member it holds.
+    let ty = unsafe { (*params).type_ };
+    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+        // SAFETY: as above: the tag says `alloc`.
+        return mem_node_added(graph, unsafe { std::ptr::addr_of!((*params).u.alloc) }, add);
+    }
+    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
+        // SAFETY: as above: the tag says `graph`.
+        let child = unsafe { (*params).u.graph };
+        if child.ownership == CUgraphChildGraphNodeOwnership::CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE && !child.graph.is_null() {
+            let st = state();
+            return crate::graphmem::child_moved(&st.graph_mem, graph as u64, child.graph as u64, st.gpus.len(), add);
+        }
+    }
+    add()
 }
 
 /// Hooked `cuGraphAddNode` (CUDA 12.2): see [`generic_node_added`].
@@ -1288,29 +1303,80 @@ launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
 
 // ---- contexts (tracked so they can be released before the process dies) ---------------------
 
-/// After a successful `cuCtxDestroy*`: the driver freed every allocation of the context, so
-/// their bytes go back.
-fn context_destroyed(ctx: CUcontext) {
+/// A teardown of context `ctx` by `call` (the driver's): its records are set aside on every
+/// GPU before the call ([`crate::quota::Quota::context_teardown_begin`]), their bytes given
+/// back if `gone` says the driver freed its allocations, put back otherwise. Giving back by
+/// handle after the call took the allocations of a context another thread created meanwhile
+/// under the same handle value. Returns the driver's answer.
+fn context_teardown(ctx: u64, call: impl FnOnce() -> CUresult, gone: impl FnOnce(CUresult) -> bool) -> CUresult {
     let st = state();
-    st.contexts.destroyed(ctx);
-    st.release_context(ctx as u64);
+    st.quotas().for_each(|q| q.context_teardown_begin(ctx));
+    let rc = call();
+    let gone = gone(rc);
+    st.quotas().for_each(|q| {
+        q.context_teardown_end(ctx, gone);
+    });
+    rc
 }
 
-/// After a successful primary-context release on `dev`: if that was the last retain, the
-/// driver destroyed the context and its allocations; give their bytes back.
-fn primary_released(dev: CUdevice) {
-    let st = state();
-    st.contexts.released(dev);
-    if !crate::exit::primary_active(dev) {
-        st.gpu(dev).quota.release_context(st.contexts.primary_handle(dev));
-    }
+/// `cuCtxDestroy*`: on success the driver freed every allocation of the context.
+fn context_destroy(ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
+    context_teardown(ctx as u64, call, |rc| {
+        let ok = rc == CUresult::CUDA_SUCCESS;
+        if ok {
+            state().contexts.destroyed(ctx);
+        }
+        ok
+    })
 }
 
-/// After a successful primary-context reset on `dev`: the reset destroyed every allocation of
-/// the primary context; give their bytes back.
-fn primary_reset(dev: CUdevice) {
+/// A primary-context release on `dev`: if it was the last retain, the driver destroyed the
+/// context and its allocations.
+fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let st = state();
-    st.gpu(dev).quota.release_context(st.contexts.primary_handle(dev));
+    context_teardown(st.contexts.primary_handle(dev), call, |rc| {
+        let ok = rc == CUresult::CUDA_SUCCESS;
+        if ok {
+            st.contexts.released(dev);
+        }
+        ok && !crate::exit::primary_active(dev)
+    })
+}
+
+/// A primary-context reset on `dev`: on success every allocation of the primary context is gone.
+fn primary_reset(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+    context_teardown(state().contexts.primary_handle(dev), call, |rc| rc == CUresult::CUDA_SUCCESS)
+}
+
+/// Hooked context teardowns (`cuCtxDestroy*`, `cuDevicePrimaryCtxRelease*`,
+/// `cuDevicePrimaryCtxReset*`): see [`context_teardown`].
+macro_rules! teardown {
+    ($($(#[$doc:meta])* fn $name:ident($a:ident: $t:ty): $pfn:ty => $how:ident;)*) => {$(
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($a: $t) -> CUresult {
+            guard(|| {
+                let real_fn = real!($name: $pfn);
+                // SAFETY: forwarding the caller's argument.
+                $how($a, || unsafe { real_fn($a) })
+            })
+        }
+    )*};
+}
+
+teardown! {
+    /// Hooked `cuCtxDestroy`: the destroyed context's allocations are given back.
+    fn cuCtxDestroy(ctx: CUcontext): PFN_cuCtxDestroy_v2000 => context_destroy;
+    /// Hooked `cuCtxDestroy_v2`: the destroyed context's allocations are given back.
+    fn cuCtxDestroy_v2(ctx: CUcontext): PFN_cuCtxDestroy_v4000 => context_destroy;
+    /// Hooked `cuDevicePrimaryCtxRelease`: the last release gives the primary context's allocations back.
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice): PFN_cuDevicePrimaryCtxRelease_v7000 => primary_release;
+    /// Hooked `cuDevicePrimaryCtxRelease_v2`: the last release gives the primary context's allocations back.
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice): PFN_cuDevicePrimaryCtxRelease_v11000 => primary_release;
+    /// Hooked `cuDevicePrimaryCtxReset`: the reset primary context's allocations are given back.
+    fn cuDevicePrimaryCtxReset(dev: CUdevice): PFN_cuDevicePrimaryCtxReset_v7000 => primary_reset;
+    /// Hooked `cuDevicePrimaryCtxReset_v2`: the reset primary context's allocations are given back.
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice): PFN_cuDevicePrimaryCtxReset_v11000 => primary_reset;
 }
 
 /// Hooked `cuCtxSetLimit`: the device memory a raised stack, malloc heap or printf FIFO holds
@@ -1337,18 +1403,6 @@ forward_then! {
     /// Hooked `cuDevicePrimaryCtxRetain`: the primary context is tracked for release before exit.
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice): PFN_cuDevicePrimaryCtxRetain_v7000 [gated]
         => state().contexts.retained(dev, out!(pctx));
-    /// Hooked `cuCtxDestroy`: the destroyed context's allocations are given back.
-    fn cuCtxDestroy(ctx: CUcontext): PFN_cuCtxDestroy_v2000 => context_destroyed(ctx);
-    /// Hooked `cuCtxDestroy_v2`: the destroyed context's allocations are given back.
-    fn cuCtxDestroy_v2(ctx: CUcontext): PFN_cuCtxDestroy_v4000 => context_destroyed(ctx);
-    /// Hooked `cuDevicePrimaryCtxRelease`: the last release gives the primary context's allocations back.
-    fn cuDevicePrimaryCtxRelease(dev: CUdevice): PFN_cuDevicePrimaryCtxRelease_v7000 => primary_released(dev);
-    /// Hooked `cuDevicePrimaryCtxRelease_v2`: the last release gives the primary context's allocations back.
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice): PFN_cuDevicePrimaryCtxRelease_v11000 => primary_released(dev);
-    /// Hooked `cuDevicePrimaryCtxReset`: the reset primary context's allocations are given back.
-    fn cuDevicePrimaryCtxReset(dev: CUdevice): PFN_cuDevicePrimaryCtxReset_v7000 => primary_reset(dev);
-    /// Hooked `cuDevicePrimaryCtxReset_v2`: the reset primary context's allocations are given back.
-    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice): PFN_cuDevicePrimaryCtxReset_v11000 => primary_reset(dev);
 }
 
 // ---- signals (the application's SIGINT/SIGTERM actions are kept behind ours) ----------------

@@ -71,6 +71,10 @@ pub struct MemoryConfig {
     /// long between its slot-lock and owner halves (0 = never), so an exit release racing with
     /// it always lands inside.
     pub test_ledger_check_pause_ms: u64,
+    /// Fault injection for tests only: pause a graph launch with memory nodes this long after
+    /// it read the driver's graph-pool figures, before it reserves its growth (0 = never), so
+    /// launches on several threads all read the pool before any of them reserves.
+    pub test_graph_launch_pause_ms: u64,
 }
 
 /// Launch-throttle settings (MuxFlow eq. 1-2 + PID): defined beside the control law.
@@ -140,7 +144,7 @@ impl Default for Config {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { quota_fraction: 0.4, quota_bytes: None, test_ledger_check_pause_ms: 0 }
+        Self { quota_fraction: 0.4, quota_bytes: None, test_ledger_check_pause_ms: 0, test_graph_launch_pause_ms: 0 }
     }
 }
 

@@ -89,6 +89,43 @@ impl GraphMem {
         }
     }
 
+    /// `child` is being moved into `parent` (a child graph node added with
+    /// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, the only way a child graph may hold memory
+    /// nodes): its alloc bytes on each of `devices` ordinals join `parent`'s, recorded before the
+    /// driver adds the node. `false`: no room to record them (said once), nothing changed; the
+    /// caller refuses the node (the parent's launches would map the child's memory unreserved).
+    pub fn child_moving(&self, parent: u64, child: u64, devices: usize) -> bool {
+        for ord in 0..devices {
+            let b = self.graphs.get(key(child, ord)).unwrap_or(0);
+            if b > 0 && !self.node_added(parent, ord, b) {
+                self.parent_takes_back(parent, child, ord);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The driver answered the move [`GraphMem::child_moving`] recorded: on success the child's
+    /// records go (it belongs to `parent` now, which counts its bytes, and no memory node may be
+    /// added to it any more: cuda.h); on failure `parent` gives its bytes back.
+    pub fn child_moved(&self, parent: u64, child: u64, devices: usize, moved: bool) {
+        if moved {
+            self.graph_destroyed(child, devices);
+        } else {
+            self.parent_takes_back(parent, child, devices);
+        }
+    }
+
+    /// `parent` gives back the bytes of `child` on its ordinals below `devices`.
+    fn parent_takes_back(&self, parent: u64, child: u64, devices: usize) {
+        for ord in 0..devices {
+            let b = self.graphs.get(key(child, ord)).unwrap_or(0);
+            if b > 0 {
+                self.node_not_added(parent, ord, b);
+            }
+        }
+    }
+
     /// `exec` was instantiated from `graph`: it needs the graph's alloc bytes per device. From
     /// now on graph launches are settled against the driver's pool (a captured graph may hold
     /// memory nodes the shim never saw added). `false`: the exec table is full (said once), so
@@ -161,6 +198,21 @@ pub fn captured_alloc(st: &State, graph: u64, ord: usize, bytes: u64, alloc: imp
     rc
 }
 
+/// A child graph node moving `child` into `graph` (`cuGraphAddNode`, ownership
+/// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`), added by `add` (the driver's call): the child's
+/// memory-node bytes join the parent's first (no room: refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, never added), and stay the parent's if the driver moves it.
+/// Before, the parent's execs had no footprint of the child's nodes: their launches mapped its
+/// memory unreserved (settled only afterwards).
+pub fn child_moved(gm: &GraphMem, graph: u64, child: u64, devices: usize, add: impl FnOnce() -> CUresult) -> CUresult {
+    if !gm.child_moving(graph, child, devices) {
+        return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = add();
+    gm.child_moved(graph, child, devices, rc == CUresult::CUDA_SUCCESS);
+    rc
+}
+
 /// Logs, once per process, that the `what` table of graph memory is full.
 fn table_full(what: &'static str) {
     static SAID: AtomicBool = AtomicBool::new(false);
@@ -169,12 +221,23 @@ fn table_full(what: &'static str) {
     }
 }
 
-/// The GPUs a launch with memory nodes counted itself in flight on ([`before_launch`]), for
-/// [`after_launch`] to end exactly those (an exec destroyed meanwhile has no footprint left
-/// to find them by).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The GPUs a launch with memory nodes counted itself in flight on ([`before_launch`]), with
+/// its footprint on each, for [`after_launch`] to end exactly those (an exec destroyed meanwhile
+/// has no footprint left to find them by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
-pub struct InFlight(u64);
+pub struct InFlight {
+    /// One bit per ordinal.
+    on: u64,
+    /// The footprint pending on each ordinal of `on`.
+    fp: [u64; 64],
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        Self { on: 0, fp: [0; 64] }
+    }
+}
 
 /// The driver's graph-memory attribute `attr` of ordinal `dev` (`None` if it cannot say).
 fn attribute(dev: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
@@ -183,16 +246,39 @@ fn attribute(dev: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
     (rc == CUresult::CUDA_SUCCESS).then_some(v)
 }
 
+/// The pool's `(used, reserved)` bytes on ordinal `dev`, as the driver reports them.
+fn pool_figures(dev: CUdevice) -> (Option<u64>, Option<u64>) {
+    (attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT))
+}
+
+/// How often a launch asks the driver again for figures another launch made stale before it
+/// sizes its growth without them (as if nothing in the pool were reusable).
+const FRESH_TRIES: usize = 4;
+
 /// Before launching `exec`: reserves in each GPU's quota the pool growth the launch may cause;
 /// `Err(CUDA_ERROR_OUT_OF_MEMORY)` (nothing reserved) if a quota refuses. The GPUs it counted
 /// itself in flight on go to [`after_launch`].
 fn before_launch(st: &State, exec: u64) -> Result<InFlight, CUresult> {
-    before_launch_on(&st.graph_mem, &st.gpus, exec)
+    let pause_ms = crate::state::config().memory.test_graph_launch_pause_ms;
+    before_launch_on(&st.graph_mem, &st.gpus, exec, &|dev| {
+        let figures = pool_figures(dev);
+        if pause_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+        }
+        figures
+    })
 }
 
-/// [`before_launch`] with `gm`'s footprints on `gpus`.
-fn before_launch_on(gm: &GraphMem, gpus: &[Gpu], exec: u64) -> Result<InFlight, CUresult> {
-    let mut on = InFlight(0);
+/// [`before_launch`] with `gm`'s footprints on `gpus`, the pool's figures from `figures`.
+///
+/// The growth is `max(reserved, used + fp + pending) - counted`: `pending` are the footprints of
+/// the other launches in flight, which may not be in the figures yet (two launches that read
+/// an empty pool at once each reserved only what the count lacked: the second nothing, and
+/// both mapped). Figures read before another launch began or ended (it may have mapped and
+/// settled since) are asked for again, [`FRESH_TRIES`] times, then the launch sizes its growth
+/// as if the pool held nothing reusable (fail closed).
+fn before_launch_on(gm: &GraphMem, gpus: &[Gpu], exec: u64, figures: &dyn Fn(CUdevice) -> (Option<u64>, Option<u64>)) -> Result<InFlight, CUresult> {
+    let mut on = InFlight::default();
     // The shim has at most 64 GPUs (`crate::exit::MAX_DEVICES`): one bit each.
     for (ord, g) in gpus.iter().enumerate().take(64) {
         let fp = gm.footprint(exec, ord);
@@ -200,25 +286,32 @@ fn before_launch_on(gm: &GraphMem, gpus: &[Gpu], exec: u64) -> Result<InFlight, 
             continue;
         }
         let dev = ord as CUdevice;
-        let attrs = (
-            attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
-            attribute(dev, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
-        );
-        // In flight and reserved under the count's lock (`PoolCount::begin`): a settle lowers
-        // the count only under it, seeing no other launch in flight, so it cannot lower the
-        // count this launch reads between that read and its reservation (the launch would then
-        // map its memory uncounted). The driver calls are above, outside the lock.
+        // In flight and reserved under the count's lock (`PoolCount::begin_mapping`): a settle
+        // lowers the count only under it, seeing no other launch in flight, so it cannot lower
+        // the count this launch reads between that read and its reservation (the launch would
+        // then map its memory uncounted). The driver calls are outside the lock.
         let mut need = 0;
-        let reserved_ok = g.graph.begin(&g.quota, |counted| {
+        let mut sized = |counted: u64, pending: u64, attrs: (Option<u64>, Option<u64>)| {
             let (used, reserved) = match attrs {
                 (Some(u), Some(r)) => (u, r),
                 // The driver cannot say: assume nothing in the pool is reusable.
                 _ => (counted, counted),
             };
-            need = reserved.max(used.saturating_add(fp)).saturating_sub(counted);
+            need = reserved.max(used.saturating_add(fp).saturating_add(pending)).saturating_sub(counted);
             need
-        });
-        on.0 |= 1 << ord;
+        };
+        let mut reserved_ok = None;
+        for _ in 0..FRESH_TRIES {
+            let seen = g.graph.epoch();
+            let attrs = figures(dev);
+            reserved_ok = g.graph.begin_mapping(&g.quota, fp, Some(seen), |c, p| sized(c, p, attrs));
+            if reserved_ok.is_some() {
+                break;
+            }
+        }
+        let reserved_ok = reserved_ok.or_else(|| g.graph.begin_mapping(&g.quota, fp, None, |c, p| sized(c, p, (None, None)))) == Some(true);
+        on.on |= 1 << ord;
+        on.fp[ord] = fp;
         if !reserved_ok {
             after_launch_on(gpus, on);
             crate::state::logged(|| {
@@ -269,9 +362,9 @@ fn after_launch(st: &State, on: InFlight) {
 
 fn after_launch_on(gpus: &[Gpu], on: InFlight) {
     for (ord, g) in gpus.iter().enumerate().take(64) {
-        if on.0 & (1 << ord) != 0 {
+        if on.on & (1 << ord) != 0 {
             settle(g, ord as CUdevice, 1);
-            g.graph.end();
+            g.graph.end_mapping(on.fp[ord]);
         }
     }
 }
@@ -323,12 +416,115 @@ mod tests {
         let gpus = [Gpu::for_test(1 << 30), Gpu::for_test(1 << 30)];
         assert!(gm.node_added(0x1000, 1, 64 << 20));
         assert!(gm.instantiated(0x1000, 0x2000, 2));
-        let on = before_launch_on(&gm, &gpus, 0x2000).expect("fits");
+        let on = before_launch_on(&gm, &gpus, 0x2000, &pool_figures).expect("fits");
         assert_eq!((gpus[0].graph.inflight(), gpus[1].graph.inflight()), (0, 1));
         assert_eq!(gpus[1].quota.used(), 64 << 20, "the launch's growth reserved on GPU 1");
         gm.exec_destroyed(0x2000, 2);
         after_launch_on(&gpus, on);
         assert_eq!((gpus[0].graph.inflight(), gpus[1].graph.inflight()), (0, 0));
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// One GPU with a 100 MiB quota and two execs (0x2000, 0x3000) of 64 MiB memory nodes each.
+    fn two_execs() -> (GraphMem, [Gpu; 1]) {
+        let gm = GraphMem::new();
+        for (graph, exec) in [(0x1000, 0x2000), (0x1100, 0x3000)] {
+            assert!(gm.node_added(graph, 0, 64 * MIB));
+            assert!(gm.instantiated(graph, exec, 1));
+        }
+        (gm, [Gpu::for_test(100 * MIB)])
+    }
+
+    /// Review finding: two launches of different execs read the empty pool at once; the first
+    /// reserved its 64 MiB, and the second, finding the count covered `used + fp` of the figures
+    /// it had read, reserved nothing, and both mapped (128 MiB under a 100 MiB quota). The
+    /// first launch's footprint, in flight and not yet in the driver's figures, now counts
+    /// against the second: refused.
+    #[test]
+    fn a_launch_in_flight_counts_against_one_that_read_the_pool_before_it_mapped() {
+        let (gm, gpus) = two_execs();
+        let first = std::cell::Cell::new(None);
+        // The pool stays empty in the driver's figures: the first launch has reserved and not
+        // yet mapped.
+        let second = before_launch_on(&gm, &gpus, 0x3000, &|_| {
+            if first.get().is_none() {
+                first.set(Some(before_launch_on(&gm, &gpus, 0x2000, &|_| (Some(0), Some(0))).expect("the first fits")));
+            }
+            (Some(0), Some(0))
+        });
+        assert_eq!(second, Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "64 + 64 MiB > 100 MiB");
+        assert_eq!((gpus[0].quota.used(), gpus[0].graph.inflight()), (64 * MIB, 1), "only the first reserved");
+        after_launch_on(&gpus, first.get().unwrap());
+        assert_eq!(gpus[0].graph.inflight(), 0);
+    }
+
+    /// A whole launch (reservation, mapping, settle, end) between another launch's read of the
+    /// pool and its reservation: the figures it read predate that mapping, which the count now
+    /// holds, so they are asked for again (they showed the pool empty and the count covering
+    /// its need: it reserved nothing).
+    #[test]
+    fn figures_older_than_another_launch_are_asked_for_again() {
+        let (gm, gpus) = two_execs();
+        let asked = std::cell::Cell::new(0);
+        let second = before_launch_on(&gm, &gpus, 0x3000, &|_| {
+            asked.set(asked.get() + 1);
+            if asked.get() == 1 {
+                let on = before_launch_on(&gm, &gpus, 0x2000, &|_| (Some(0), Some(0))).expect("the first fits");
+                after_launch_on(&gpus, on);
+                (Some(0), Some(0))
+            } else {
+                (Some(64 * MIB), Some(64 * MIB))
+            }
+        });
+        assert_eq!(second, Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "asked {} times", asked.get());
+        assert_eq!(asked.get(), 2, "the stale figures were asked for again");
+        assert_eq!((gpus[0].quota.used(), gpus[0].graph.inflight()), (64 * MIB, 0));
+    }
+
+    /// Figures made stale at every try: the launch sizes its growth as if nothing in the pool
+    /// were reusable (its footprint and every pending one), never from stale figures.
+    #[test]
+    fn figures_stale_at_every_try_size_the_launch_without_them() {
+        let (gm, gpus) = two_execs();
+        let asked = std::cell::Cell::new(0);
+        let on = before_launch_on(&gm, &gpus, 0x3000, &|_| {
+            asked.set(asked.get() + 1);
+            // A launch without footprint elsewhere bumps the epoch each time.
+            assert!(gpus[0].graph.begin(&gpus[0].quota, |_| 0));
+            gpus[0].graph.end();
+            (Some(0), Some(100 * MIB))
+        })
+        .expect("64 MiB fits");
+        assert_eq!(asked.get(), FRESH_TRIES);
+        assert_eq!(gpus[0].quota.used(), 64 * MIB, "its footprint, not the stale reserved 100 MiB");
+        after_launch_on(&gpus, on);
+    }
+
+    /// Review finding: a child graph with memory nodes moved into a parent (`cuGraphAddNode`,
+    /// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`) took them out of the count: only memory nodes
+    /// were recorded, so the parent's exec had no footprint and its launches mapped the child's
+    /// memory unreserved. The child's bytes now move with it (nested children too), and stay
+    /// where they were when the driver refuses the move.
+    #[test]
+    fn a_child_graph_moved_into_a_parent_brings_its_memory_nodes() {
+        let gm = GraphMem::new();
+        assert!(gm.node_added(0x1000, 0, 64 * MIB), "the child's memory node");
+        assert!(gm.node_added(0x1000, 1, 8 * MIB));
+        assert!(gm.node_added(0x2000, 0, 4 * MIB), "one of the parent's own");
+        let refused = child_moved(&gm, 0x2000, 0x1000, 2, || CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(refused, CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert!(gm.instantiated(0x2000, 0x2100, 2));
+        assert_eq!((gm.footprint(0x2100, 0), gm.footprint(0x2100, 1)), (4 * MIB, 0), "a refused move moves nothing");
+        assert_eq!(child_moved(&gm, 0x2000, 0x1000, 2, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        assert!(gm.instantiated(0x2000, 0x2200, 2));
+        assert_eq!((gm.footprint(0x2200, 0), gm.footprint(0x2200, 1)), (68 * MIB, 8 * MIB), "the parent's exec maps the child's nodes too");
+        assert!(gm.instantiated(0x1000, 0x1100, 2));
+        assert_eq!(gm.footprint(0x1100, 0), 0, "the child's record went with it (its handle may be reused)");
+        // The parent moved on into a grandparent: everything with it.
+        assert_eq!(child_moved(&gm, 0x3000, 0x2000, 2, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        assert!(gm.instantiated(0x3000, 0x3100, 2));
+        assert_eq!((gm.footprint(0x3100, 0), gm.footprint(0x3100, 1)), (68 * MIB, 8 * MIB));
     }
 
     /// Threads whose streams joined one capture add nodes to one graph at once: every node's

@@ -16,6 +16,11 @@
 //! the lock and only when no other call is between its reservation and its own settle (that
 //! call's reservation is not in the pools yet): a lowering never slips between a call's read of
 //! the count and its reservation.
+//!
+//! A call that sizes its growth from the driver's figures ([`PoolCount::begin_mapping`], a
+//! graph launch) reads them before it takes the lock, so other calls may map memory the figures
+//! do not show: the footprints of the calls in flight are added to its need (`pending`), and
+//! figures older than another call's begin or end are asked for again.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
@@ -35,6 +40,9 @@ pub struct PoolCount {
     /// only if none happened since it asked the driver (a whole call that began and ended in
     /// between, leaving the count where it was, may have grown the pools past that answer).
     epoch: AtomicU64,
+    /// Bytes the calls in flight through [`PoolCount::begin_mapping`] may map, summed: memory
+    /// the driver's figures may not show yet (changed under `lock`).
+    pending: AtomicU64,
     /// Held while a call counts itself in flight and reserves against `counted`, and while a
     /// settle decides to lower it (a few atomics; never across a driver call).
     lock: SpinLock,
@@ -48,7 +56,15 @@ pub struct PoolCount {
 impl PoolCount {
     /// Nothing counted; `what` names the pools in the log line of a growth past the quota.
     pub const fn new(what: &'static str) -> Self {
-        Self { counted: AtomicU64::new(0), inflight: AtomicU32::new(0), epoch: AtomicU64::new(0), lock: SpinLock::new(), over: AtomicBool::new(false), what }
+        Self {
+            counted: AtomicU64::new(0),
+            inflight: AtomicU32::new(0),
+            epoch: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+            lock: SpinLock::new(),
+            over: AtomicBool::new(false),
+            what,
+        }
     }
 
     /// Bytes counted now.
@@ -66,20 +82,51 @@ impl PoolCount {
     /// Returns whether the quota held them (nothing reserved if not). Either way the caller is
     /// in flight until its [`PoolCount::end`], after its own settle.
     pub fn begin(&self, quota: &Quota, need: impl FnOnce(u64) -> u64) -> bool {
-        let _one = self.lock.lock();
-        self.inflight.fetch_add(1, AcqRel);
-        self.epoch.fetch_add(1, AcqRel);
-        let need = need(self.counted.load(Relaxed));
-        let ok = need == 0 || quota.try_reserve(need);
-        if ok && need > 0 {
-            self.counted.fetch_add(need, Relaxed);
-        }
-        ok
+        self.begin_mapping(quota, 0, None, |counted, _| need(counted)) == Some(true)
     }
 
     /// The caller of [`PoolCount::begin`] has settled: no longer in flight.
     pub fn end(&self) {
         self.epoch.fetch_add(1, AcqRel);
+        self.inflight.fetch_sub(1, AcqRel);
+    }
+
+    /// The count's epoch, to take before asking the driver for the figures a
+    /// [`PoolCount::begin_mapping`] sizes its need from.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Acquire)
+    }
+
+    /// Before a call that maps up to `fp` bytes into the pools, its need sized from the driver's
+    /// figures read after the epoch `seen` was taken. Under the lock: if a call began or ended
+    /// since `seen` (it may have mapped memory, and settled it into the count, after those
+    /// figures), nothing happens and `None` says to ask the driver again; `seen` `None` skips
+    /// that check (the caller sizes without figures). Otherwise as [`PoolCount::begin`], with
+    /// `need(counted, pending)` (`pending`: the footprints of the other calls in flight through
+    /// here, which the figures may not show) and this call's `fp` pending until its
+    /// [`PoolCount::end_mapping`]. `Some(false)`: the quota refused (nothing reserved).
+    pub fn begin_mapping(&self, quota: &Quota, fp: u64, seen: Option<u64>, need: impl FnOnce(u64, u64) -> u64) -> Option<bool> {
+        let _one = self.lock.lock();
+        if seen.is_some_and(|e| e != self.epoch.load(Acquire)) {
+            return None;
+        }
+        self.inflight.fetch_add(1, AcqRel);
+        self.epoch.fetch_add(1, AcqRel);
+        let need = need(self.counted.load(Relaxed), self.pending.load(Relaxed));
+        self.pending.fetch_add(fp, Relaxed);
+        let ok = need == 0 || quota.try_reserve(need);
+        if ok && need > 0 {
+            self.counted.fetch_add(need, Relaxed);
+        }
+        Some(ok)
+    }
+
+    /// The caller of [`PoolCount::begin_mapping`] (footprint `fp`) has settled: its footprint
+    /// is no longer pending and it is no longer in flight.
+    pub fn end_mapping(&self, fp: u64) {
+        let _one = self.lock.lock();
+        self.epoch.fetch_add(1, AcqRel);
+        self.pending.fetch_sub(fp, Relaxed);
         self.inflight.fetch_sub(1, AcqRel);
     }
 
@@ -107,6 +154,7 @@ impl PoolCount {
         self.counted.store(0, Relaxed);
         self.inflight.store(0, Relaxed);
         self.epoch.store(0, Relaxed);
+        self.pending.store(0, Relaxed);
         self.lock.reset_after_fork();
         self.over.store(false, Relaxed);
     }

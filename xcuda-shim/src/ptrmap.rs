@@ -242,6 +242,17 @@ impl PtrMap {
         (n, bytes)
     }
 
+    /// Changes the owner word of every entry owned by `from` (non-zero) to `to`; returns how
+    /// many. O(capacity), off the hot path (a context's teardown). One compare-and-swap per
+    /// entry on its owner word alone: an entry inserted meanwhile for `from` (its slot being
+    /// published) is changed too, one for another owner never.
+    pub fn relabel_owner(&self, from: u64, to: u64) -> usize {
+        if from == 0 {
+            return 0;
+        }
+        self.entries.iter().filter(|e| e.owner.compare_exchange(from, to, AcqRel, Relaxed).is_ok()).count()
+    }
+
     /// Empties the map (fork child: the parent's allocations are not ours).
     pub fn clear(&self) {
         for (key, e) in self.keys.iter().zip(self.entries.iter()) {

@@ -122,12 +122,21 @@ pub struct ReleaseMark {
 
 const NO_HANDLE: u64 = u64::MAX;
 
+/// The owner word of the records of context `ctx` set aside during its teardown
+/// ([`Quota::context_teardown_begin`]): a context handle is a user-space pointer, below 2^63,
+/// so no live context owns it.
+fn context_marked(ctx: u64) -> u64 {
+    ctx | 1 << 63
+}
+
+/// A registration in one word: its owner generation, group slot and registry slot (below
+/// 2^16 each: `node_ledger::layout::MAX_GROUPS`, `MAX_PROCS`), so it is loaded and swapped at once.
 fn pack(h: ProcHandle) -> u64 {
-    ((h.group as u64) << 32) | h.slot as u64
+    (u64::from(h.gen) << 32) | ((h.group as u64 & 0xffff) << 16) | (h.slot as u64 & 0xffff)
 }
 
 fn unpack(v: u64) -> Option<ProcHandle> {
-    (v != NO_HANDLE).then_some(ProcHandle { slot: (v & 0xffff_ffff) as usize, group: (v >> 32) as usize })
+    (v != NO_HANDLE).then_some(ProcHandle { slot: (v & 0xffff) as usize, group: ((v >> 16) & 0xffff) as usize, gen: (v >> 32) as u32 })
 }
 
 impl Quota {
@@ -373,6 +382,30 @@ impl Quota {
             self.release(total);
         }
         total
+    }
+
+    /// Before the driver tears context `ctx` down (destroy, reset, a primary context's
+    /// release): the records of what it holds are set aside (their owner word marked, see
+    /// [`context_marked`]), so that the allocations of another context the driver hands the
+    /// same handle value to once `ctx` is gone are never taken for `ctx`'s. Ended by
+    /// [`Quota::context_teardown_end`].
+    pub fn context_teardown_begin(&self, ctx: u64) {
+        for m in [&self.dptrs, &self.arrays, &self.limits] {
+            m.relabel_owner(ctx, context_marked(ctx));
+        }
+    }
+
+    /// The driver answered the teardown [`Quota::context_teardown_begin`] began: `gone`, the
+    /// records set aside are removed and their bytes given back (returned); otherwise they are
+    /// `ctx`'s again (0).
+    pub fn context_teardown_end(&self, ctx: u64, gone: bool) -> u64 {
+        if gone {
+            return self.release_context(context_marked(ctx));
+        }
+        for m in [&self.dptrs, &self.arrays, &self.limits] {
+            m.relabel_owner(context_marked(ctx), ctx);
+        }
+        0
     }
 
     /// Takes allocation `key`'s record out of its table, its bytes still counted: (bytes,
@@ -846,16 +879,26 @@ mod tests {
         assert_eq!(b.limit(), 1000);
     }
 
-    #[test]
-    fn destroyed_context_gives_back_its_allocations_only() {
-        thread_local!(static CUR: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
-        fn cur() -> u64 {
-            CUR.with(|c| c.get())
-        }
+    thread_local!(static CUR: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+
+    /// This test thread's current context, as a quota's owner source.
+    fn cur() -> u64 {
+        CUR.with(|c| c.get())
+    }
+
+    /// A 1000-byte local quota that records each allocation's owner as [`cur`], holding 600
+    /// bytes of device memory (0x1000) and a 100-byte array made in context 0xc1.
+    fn two_in_context_c1() -> Quota {
         let q = Quota::local(1000).owned_by(cur);
         CUR.with(|c| c.set(0xc1));
         assert!(q.try_reserve(600) && q.track(Kind::DevicePtr, 0x1000, 600));
-        assert!(q.try_reserve(100) && q.track(Kind::Array, 0x1000, 100));
+        assert!(q.try_reserve(100) && q.track(Kind::Array, 0x1100, 100));
+        q
+    }
+
+    #[test]
+    fn destroyed_context_gives_back_its_allocations_only() {
+        let q = two_in_context_c1();
         assert!(q.try_reserve(50) && q.track(Kind::Vmm, 0x1000, 50));
         CUR.with(|c| c.set(0xc2));
         assert!(q.try_reserve(200) && q.track(Kind::DevicePtr, 0x2000, 200));
@@ -865,6 +908,27 @@ mod tests {
         assert_eq!(q.untrack(Kind::DevicePtr, 0x1000), None, "a free after the destroy is not counted twice");
         assert_eq!(q.release_context(0xc1), 0);
         assert!(q.try_reserve(750));
+    }
+
+    /// Review finding: a context's teardown gave its bytes back by handle after the driver
+    /// call; a context another thread created meanwhile under the same handle value (the
+    /// driver reuses them) lost its new allocation's bytes with it. The records are set aside
+    /// before the call now: a new allocation under the reused handle stays counted, and a
+    /// refused teardown puts them back.
+    #[test]
+    fn a_context_handle_reused_during_a_teardown_keeps_its_new_allocations() {
+        let q = two_in_context_c1();
+        q.context_teardown_begin(0xc1);
+        assert_eq!(q.context_teardown_end(0xc1, false), 0, "the driver refused: nothing given back");
+        assert_eq!(q.used(), 700);
+        q.context_teardown_begin(0xc1);
+        // The driver destroyed 0xc1; another thread's new context got the same handle and
+        // allocated before this thread gives the old one's bytes back.
+        assert!(q.try_reserve(200) && q.track(Kind::DevicePtr, 0x2000, 200));
+        assert_eq!(q.context_teardown_end(0xc1, true), 700);
+        assert_eq!(q.used(), 200, "the new context's allocation stays counted");
+        assert_eq!(q.untrack(Kind::DevicePtr, 0x2000), Some(200));
+        assert_eq!(q.used(), 0);
     }
 
     /// Issue 8 obs. 6: a neighbour of the group that died holding quota (here: its ledger
@@ -940,6 +1004,31 @@ mod tests {
         b.check_registration(hb, std::process::id(), 5).unwrap();
         c.check_registration(hc, std::process::id(), 5).unwrap();
         assert!(Ledger::open_existing(&p).unwrap().check_header().is_ok(), "the ledger is not marked damaged for it");
+    }
+
+    /// Review: between losing its slot lock (the application closed the fd) and its next check,
+    /// a reservation landed on the stale slot after a reclaim had freed it: the group and the
+    /// free slot counted it, the new registration counted it again with the rest this process
+    /// holds, and nobody gave the free slot's copy back: the group stayed over-counted by it for
+    /// good (100 after this process had left). The stale slot now refuses it (fail closed until
+    /// the check registers again).
+    #[test]
+    fn a_reservation_on_a_reclaimed_slot_is_refused_not_counted_twice() {
+        let (_d, p, g, h, q) = registered();
+        assert!(q.try_reserve(300));
+        let fd = q.ledger().unwrap().0.slot_lock_fd(h).unwrap();
+        // SAFETY: closing the fd as a careless application would.
+        unsafe { libc::close(fd) };
+        let r = Ledger::open_existing(&p).unwrap();
+        assert_eq!(r.reclaim_dead().unwrap(), vec![(std::process::id(), 300)], "the slot reclaimed");
+        assert_eq!(r.group_used(g), 0);
+        assert!(!q.try_reserve(100), "the slot is no longer this process's");
+        assert_eq!(r.group_used(g), 0, "nothing counted on the free slot");
+        assert_eq!(q.check_ledger(), None, "registered again");
+        assert_eq!(r.group_used(g), 300, "what this process holds, once");
+        assert!(q.try_reserve(100));
+        q.retire();
+        assert_eq!(r.group_used(g), 0, "nothing left counted after this process left");
     }
 
     /// Review: a fork child registered into its parent's group slot without looking at whose

@@ -324,3 +324,34 @@ fn the_emulator_captures_the_per_thread_stream_until_its_context_ends() {
     assert_eq!(rc_of(&out, "destroy="), ["0"], "{out:?}");
     assert_eq!(rc_of(&out, "alloc="), ["0"], "the capture ended with its context: {out:?}");
 }
+
+/// Review finding: launches of different execs on several threads at once each read the empty
+/// pool from the driver before any of them reserved; the first reserved its 64 MiB and the
+/// others, finding the count covered what their figures asked for, reserved nothing, so all of
+/// them mapped (192 MiB under a 100 MiB quota, outside the shim). The launches in flight now
+/// count against each other: one fits, the others are refused with CUDA_ERROR_OUT_OF_MEMORY.
+/// `memory.test_graph_launch_pause_ms` holds each launch between its read of the pool and its
+/// reservation, so all of them read the pool before any reserves.
+#[test]
+fn graph_launches_on_several_threads_at_once_stay_within_the_quota() {
+    let host = EmuHost::new();
+    let l = ledger(&host);
+    let quota = 100 * MIB;
+    let cfg = host.root().join("xcuda-graph-launch-pause.json");
+    std::fs::write(&cfg, r#"{"memory": {"test_graph_launch_pause_ms": 300}}"#).unwrap();
+    let mut c = limited(&host, "shim_client", quota, "gt1");
+    c.env("XCUDA_CONFIG", &cfg).args(["ctx", "graphmemthreads", "3", &(64 * MIB).to_string(), "ready", "wait"]);
+    let mut k = host.spawn(&mut c);
+    k.wait_for_line("ready", T).unwrap_or_else(|| panic!("{}\n{}", k.stdout(), k.stderr()));
+    let out: Vec<String> = k.stdout().lines().map(str::to_string).collect();
+    let msg = format!("{out:?}\n{}", k.stderr());
+    let held = held_by(&host, k.pid());
+    assert!(held <= quota, "outside the shim the process holds {} MiB of graph memory under a 100 MiB quota: {msg}", held / MIB);
+    let mut launches: Vec<String> = field_of(&out, "graphmemthreads", "launches").split(',').map(str::to_string).collect();
+    launches.sort();
+    assert_eq!(launches, ["0", "2", "2"], "one fits, the others CUDA_ERROR_OUT_OF_MEMORY: {msg}");
+    assert_eq!(field_of(&out, "graphmemthreads", "pool_reserved"), (64 * MIB).to_string(), "{msg}");
+    let counted = l.procs().into_iter().find(|p| p.pid == k.pid()).map_or(0, |p| p.mem_bytes);
+    assert_eq!(counted, 64 * MIB, "the pool counted in the ledger: {msg}");
+    done(k);
+}

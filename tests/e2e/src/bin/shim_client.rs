@@ -23,7 +23,8 @@
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
 //! created on device DEV, N bytes allocated from it) | `asyncon DEV N` (cuMemAllocAsync of N bytes on a
 //! stream of a context on device DEV, the current context unchanged) | `poolattr` (device 0's current pool's
-//! reserved and used bytes); `free` of an async allocation is cuMemFreeAsync + cuCtxSynchronize,
+//! reserved and used bytes); `graphmemthreads N BYTES` (N threads launching graphs of their own
+//! with a BYTES memory node at once); `free` of an async allocation is cuMemFreeAsync + cuCtxSynchronize,
 //! `freeasync` cuMemFreeAsync alone; `sync` (cuCtxSynchronize).
 
 use cuda_abi::*;
@@ -497,6 +498,63 @@ fn main() {
                         rcs.first().cloned().unwrap_or_else(|| r.0.to_string()),
                         rcs.join(",")
                     ));
+                }
+                // `graphmemthreads N BYTES`: N threads, each with a graph of its own holding one
+                // BYTES alloc node on device 0 (not freed in the graph: held after), instantiated
+                // and launched on a stream of its own, all launches at once (a barrier). Prints
+                // each launch's result (thread order) and the driver's pool figures.
+                "graphmemthreads" => {
+                    let (n, bytes) = (num(1, i), num(2, i));
+                    i += 2;
+                    let barrier = &std::sync::Barrier::new(n);
+                    let c = ctx as usize;
+                    let results: Vec<(CUresult, CUdeviceptr)> = std::thread::scope(|sc| {
+                        let threads: Vec<_> = (0..n)
+                            .map(|_| {
+                                sc.spawn(move || {
+                                    // (Inside the unsafe block above; every pointer is a local of this thread.)
+                                    {
+                                        let mut r = set_current(c as CUcontext);
+                                        let mut g: CUgraph = std::ptr::null_mut();
+                                        if r.is_success() {
+                                            r = graph_create(&mut g, 0);
+                                        }
+                                        let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+                                        p.poolProps.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+                                        p.poolProps.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                                        p.bytesize = bytes;
+                                        let mut node: CUgraphNode = std::ptr::null_mut();
+                                        if r.is_success() {
+                                            r = graph_add_alloc(&mut node, g, std::ptr::null(), 0, &mut p);
+                                        }
+                                        let mut exec: CUgraphExec = std::ptr::null_mut();
+                                        if r.is_success() {
+                                            r = graph_instantiate(&mut exec, g, 0);
+                                        }
+                                        let mut s: CUstream = std::ptr::null_mut();
+                                        if r.is_success() {
+                                            r = stream_create(&mut s, 1);
+                                        }
+                                        barrier.wait();
+                                        if r.is_success() {
+                                            r = graph_launch(exec, s);
+                                        }
+                                        if r.is_success() {
+                                            let _ = stream_sync(s);
+                                        }
+                                        (r, if r.is_success() { p.dptr } else { 0 })
+                                    }
+                                })
+                            })
+                            .collect();
+                        threads.into_iter().map(|t| t.join().expect("launch thread")).collect()
+                    });
+                    held.extend(results.iter().filter(|(_, p)| *p != 0).map(|(_, p)| Held::Dev(*p)));
+                    let (mut used, mut reserved) = (0u64, 0u64);
+                    graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, (&mut used as *mut u64).cast());
+                    graph_attr(0, CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast());
+                    let rcs: Vec<String> = results.iter().map(|(r, _)| r.0.to_string()).collect();
+                    out(format!("graphmemthreads={} launches={} pool_used={used} pool_reserved={reserved}", rcs.len(), rcs.join(",")));
                 }
                 // Stream capture, as PyTorch's CUDA graphs with `cudaMallocAsync` make them: on
                 // a stream of its own, BYTES allocated with cuMemAllocAsync (freed in the graph
