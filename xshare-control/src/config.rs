@@ -80,9 +80,11 @@ impl ThrottleConfig {
     /// it is `bound`'s. Tighter means: a higher load read from the same sample (a larger a_L and
     /// T_SM, a smaller a_H), an earlier and longer online-pressure hold (a larger
     /// `hold_below_clock` and `hold_ms`), a shallower bucket (`burst`), a dearer graph launch
-    /// (`graph_launch_waves`), a lower lowest rate (`min_rate`), a quicker controller
-    /// (`period_ms`) and samples called stale sooner (`stale_after_ms`). The PID gains have no
-    /// such order (a gain of 0 freezes the rate where it is), so they are `bound`'s. The switch,
+    /// (`graph_launch_waves`), a lower lowest rate (`min_rate`) and a quicker controller
+    /// (`period_ms`). The PID gains and the staleness have no such order, so they are
+    /// `bound`'s: a gain of 0 freezes the rate where it is, and a `stale_after_ms` shorter than
+    /// the monitor's sampling calls every sample stale, which stops the online-pressure hold
+    /// and the PID and leaves the open-loop fallback rate (longer keeps using old samples). The switch,
     /// load target and rates are the floor's own limits, not the law's, and are left as they are;
     /// so is `c_h_mhz`, which the throttle holds at use, against the monitor's highest clock.
     pub fn law_within(&self, bound: &ThrottleConfig) -> ThrottleConfig {
@@ -94,7 +96,7 @@ impl ThrottleConfig {
             ki: bound.ki,
             kd: bound.kd,
             period_ms: self.period_ms.min(bound.period_ms),
-            stale_after_ms: self.stale_after_ms.min(bound.stale_after_ms),
+            stale_after_ms: bound.stale_after_ms,
             min_rate: self.min_rate.min(bound.min_rate),
             burst: self.burst.min(bound.burst),
             graph_launch_waves: self.graph_launch_waves.max(bound.graph_launch_waves),
@@ -160,7 +162,13 @@ mod tests {
             hold_ms: 900,
             ..b.clone()
         };
-        assert_eq!(tight.law_within(&b), ThrottleConfig { kp: b.kp, ..tight.clone() }, "tighter kept, gains the bound's");
+        assert_eq!(
+            tight.law_within(&b),
+            ThrottleConfig { kp: b.kp, stale_after_ms: b.stale_after_ms, ..tight.clone() },
+            "tighter kept; the gains and the staleness the bound's"
+        );
         assert_eq!(held.law_within(&b), held, "idempotent");
+        let blind = ThrottleConfig { stale_after_ms: 1, ..b.clone() };
+        assert_eq!(blind.law_within(&b).stale_after_ms, b.stale_after_ms, "every sample stale is no tighter: the bound's");
     }
 }

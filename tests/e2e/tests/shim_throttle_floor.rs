@@ -158,16 +158,18 @@ fn a_floor_published_after_the_process_started_holds_it_from_the_next_tick() {
 
 /// A floor requiring a throttle also holds the process's control law to the shipped one: a
 /// tenant that leaves its throttle on but takes it apart in its own `XCUDA_CONFIG` (a bucket a
-/// million waves deep, the online-pressure hold turned off) is held beside online pressure all
-/// the same, and its log says the law was held. Fails without the law held
-/// (`Throttle::tighten` leaving the law alone): the launches run from the deep bucket, none
-/// delayed.
+/// million waves deep, the online-pressure hold turned off; or every monitor sample called
+/// stale, `stale_after_ms: 1`, which skips the hold and the PID) is held beside online pressure
+/// all the same, and its log says the law was held. Fails without the law held
+/// (`Throttle::tighten` leaving the law alone, or keeping a shorter staleness): the launches
+/// run from the deep bucket, or at the open-loop rate, none delayed.
 #[test]
 fn a_required_floor_holds_a_control_law_the_tenant_loosened() {
     let floor = ThrottleFloor { required: true, ..Default::default() };
-    let own = r#"{ "throttle": { "burst": 1000000, "hold_below_clock": 0 } }"#;
-    let s = throttle_off_beside_pressure(floor, Duration::from_millis(1200), Some(own), "2", false);
-    assert_eq!(s.launches, 2, "{}", s.stderr);
-    assert!(s.launches_delayed > 0, "held by the shipped law's online-pressure hold: {}", s.stderr);
-    assert!(s.stderr.lines().any(|l| l.contains("operator's floor") && l.contains("law_held=true")), "{}", s.stderr);
+    for own in [r#"{ "throttle": { "burst": 1000000, "hold_below_clock": 0 } }"#, r#"{ "throttle": { "stale_after_ms": 1, "fallback_rate": 100000 } }"#] {
+        let s = throttle_off_beside_pressure(floor, Duration::from_millis(1200), Some(own), "2", false);
+        assert_eq!(s.launches, 2, "{own}: {}", s.stderr);
+        assert!(s.launches_delayed > 0, "{own}: held by the shipped law's online-pressure hold: {}", s.stderr);
+        assert!(s.stderr.lines().any(|l| l.contains("operator's floor") && l.contains("law_held=true")), "{own}: {}", s.stderr);
+    }
 }
