@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 
 use cuda_abi::{CUdevice, CUgraph, CUgraphMem_attribute, CUresult, CUstream, CUstreamCaptureStatus};
 
+use crate::poolcount::Pending;
 use crate::ptrmap::PtrMap;
 use crate::state::{call_real, Gpu, State};
 
@@ -231,11 +232,13 @@ pub struct InFlight {
     on: u64,
     /// The footprint pending on each ordinal of `on`.
     fp: [u64; 64],
+    /// Where it is pending on each ordinal of `on`.
+    at: [Pending; 64],
 }
 
 impl Default for InFlight {
     fn default() -> Self {
-        Self { on: 0, fp: [0; 64] }
+        Self { on: 0, fp: [0; 64], at: [Pending::ALONE; 64] }
     }
 }
 
@@ -272,9 +275,14 @@ fn before_launch(st: &State, exec: u64) -> Result<InFlight, CUresult> {
 /// [`before_launch`] with `gm`'s footprints on `gpus`, the pool's figures from `figures`.
 ///
 /// The growth is `max(reserved, used + fp + pending) - counted`: `pending` are the footprints of
-/// the other launches in flight, which may not be in the figures yet (two launches that read
-/// an empty pool at once each reserved only what the count lacked: the second nothing, and
-/// both mapped). Figures read before another launch began or ended (it may have mapped and
+/// the other execs with launches in flight, which may not be in the figures yet (two launches
+/// that read an empty pool at once each reserved only what the count lacked: the second
+/// nothing, and both mapped); not the launching exec's own (its launches are ordered behind
+/// one another and map the same memory: a second launch of an exec maps nothing new). The
+/// growth is at most `fp` beyond the count and what the pool holds uncounted
+/// (`reserved - counted`): the count already covers what the launches in flight may map (each
+/// reserved it), and a pending launch that has mapped is in `used` too, so `used + pending`
+/// counts it twice. Figures read before another launch began or ended (it may have mapped and
 /// settled since) are asked for again, [`FRESH_TRIES`] times, then the launch sizes its growth
 /// as if the pool held nothing reusable (fail closed).
 fn before_launch_on(gm: &GraphMem, gpus: &[Gpu], exec: u64, figures: &dyn Fn(CUdevice) -> (Option<u64>, Option<u64>)) -> Result<InFlight, CUresult> {
@@ -297,21 +305,28 @@ fn before_launch_on(gm: &GraphMem, gpus: &[Gpu], exec: u64, figures: &dyn Fn(CUd
                 // The driver cannot say: assume nothing in the pool is reusable.
                 _ => (counted, counted),
             };
-            need = reserved.max(used.saturating_add(fp).saturating_add(pending)).saturating_sub(counted);
+            let bound = reserved.max(used.saturating_add(fp).saturating_add(pending)).saturating_sub(counted);
+            need = bound.min(fp.saturating_add(reserved.saturating_sub(counted)));
             need
         };
-        let mut reserved_ok = None;
+        let mut begun = None;
         for _ in 0..FRESH_TRIES {
             let seen = g.graph.epoch();
             let attrs = figures(dev);
-            reserved_ok = g.graph.begin_mapping(&g.quota, fp, Some(seen), |c, p| sized(c, p, attrs));
-            if reserved_ok.is_some() {
+            begun = g.graph.begin_mapping(&g.quota, exec, fp, Some(seen), |c, p| sized(c, p, attrs));
+            if begun.is_some() {
                 break;
             }
         }
-        let reserved_ok = reserved_ok.or_else(|| g.graph.begin_mapping(&g.quota, fp, None, |c, p| sized(c, p, (None, None)))) == Some(true);
+        let begun = begun.or_else(|| g.graph.begin_mapping(&g.quota, exec, fp, None, |c, p| sized(c, p, (None, None))));
+        // `None` cannot come back without `seen`; were it to, the launch is refused, not in flight.
+        let Some((reserved_ok, at)) = begun else {
+            after_launch_on(gpus, on);
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        };
         on.on |= 1 << ord;
         on.fp[ord] = fp;
+        on.at[ord] = at;
         if !reserved_ok {
             after_launch_on(gpus, on);
             crate::state::logged(|| {
@@ -364,7 +379,7 @@ fn after_launch_on(gpus: &[Gpu], on: InFlight) {
     for (ord, g) in gpus.iter().enumerate().take(64) {
         if on.on & (1 << ord) != 0 {
             settle(g, ord as CUdevice, 1);
-            g.graph.end_mapping(on.fp[ord]);
+            g.graph.end_mapping(on.fp[ord], on.at[ord]);
         }
     }
 }
@@ -499,6 +514,55 @@ mod tests {
         assert_eq!(asked.get(), FRESH_TRIES);
         assert_eq!(gpus[0].quota.used(), 64 * MIB, "its footprint, not the stale reserved 100 MiB");
         after_launch_on(&gpus, on);
+    }
+
+    /// Review finding: the pending footprints of launches in flight were added to every
+    /// launch's need, its own exec's too. One 64 MiB exec already launched once (counted and
+    /// reserved 64 MiB), launched from two threads at once under a 100 MiB quota: the second
+    /// needed `max(64, 0 + 64 + 64) - 64 = 64` and was refused, though its launch is ordered
+    /// behind the first's and maps nothing new. Both fit now, and nothing more is reserved.
+    #[test]
+    fn one_exec_launched_from_two_threads_at_once_within_the_quota_both_fit() {
+        let (gm, gpus) = two_execs();
+        let once = before_launch_on(&gm, &gpus, 0x2000, &|_| (Some(0), Some(0))).expect("the first launch fits");
+        after_launch_on(&gpus, once);
+        assert_eq!(gpus[0].quota.used(), 64 * MIB);
+        // The pool keeps its 64 MiB, unused between launches.
+        let figures = |_| (Some(0), Some(64 * MIB));
+        let first = before_launch_on(&gm, &gpus, 0x2000, &figures).expect("the first thread's launch fits");
+        let second = before_launch_on(&gm, &gpus, 0x2000, &figures);
+        assert!(second.is_ok(), "the second thread's launch of the same exec was refused");
+        assert_eq!((gpus[0].quota.used(), gpus[0].graph.inflight()), (64 * MIB, 2), "nothing more reserved");
+        after_launch_on(&gpus, first);
+        after_launch_on(&gpus, second.unwrap());
+        assert_eq!(gpus[0].graph.inflight(), 0);
+        // Another exec still counts that exec's launches in flight (once, not per launch).
+        let a = before_launch_on(&gm, &gpus, 0x2000, &figures).expect("fits");
+        let b = before_launch_on(&gm, &gpus, 0x2000, &figures).expect("fits");
+        let other = before_launch_on(&gm, &gpus, 0x3000, &figures);
+        assert_eq!(other, Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "64 MiB in flight + 64 MiB > 100 MiB");
+        assert_eq!(gpus[0].quota.used(), 64 * MIB);
+        after_launch_on(&gpus, a);
+        after_launch_on(&gpus, b);
+    }
+
+    /// Review finding: a launch in flight that has already mapped is in the driver's `used`,
+    /// and its pending footprint was added on top: a 64 MiB exec mapped (used = reserved =
+    /// counted = 64 MiB) and a 32 MiB exec launched beside it under a 100 MiB quota needed
+    /// `max(64, 64 + 32 + 64) - 64 = 96` MiB and was refused, though the pool can grow by its
+    /// 32 MiB at most. A launch never reserves more than its footprint beyond the count (plus
+    /// what the pool holds uncounted).
+    #[test]
+    fn a_launch_in_flight_that_mapped_is_not_counted_twice() {
+        let (gm, gpus) = two_execs();
+        assert!(gm.node_added(0x1200, 0, 32 * MIB));
+        assert!(gm.instantiated(0x1200, 0x4000, 1));
+        let mapped = before_launch_on(&gm, &gpus, 0x2000, &|_| (Some(0), Some(0))).expect("fits");
+        let beside = before_launch_on(&gm, &gpus, 0x4000, &|_| (Some(64 * MIB), Some(64 * MIB)));
+        assert!(beside.is_ok(), "64 + 32 MiB fit in 100 MiB");
+        assert_eq!(gpus[0].quota.used(), 96 * MIB);
+        after_launch_on(&gpus, mapped);
+        after_launch_on(&gpus, beside.unwrap());
     }
 
     /// Review finding: a child graph with memory nodes moved into a parent (`cuGraphAddNode`,

@@ -19,10 +19,43 @@
 //!
 //! A call that sizes its growth from the driver's figures ([`PoolCount::begin_mapping`], a
 //! graph launch) reads them before it takes the lock, so other calls may map memory the figures
-//! do not show: the footprints of the calls in flight are added to its need (`pending`), and
-//! figures older than another call's begin or end are asked for again.
+//! do not show: the footprints of the calls in flight are added to its need (`pending`, each
+//! exec's once however many of its launches are in flight, and never the caller's own exec's:
+//! an exec's launches are ordered one behind the other and map the same memory), and figures
+//! older than another call's begin or end are asked for again.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+
+/// How many execs' pending footprints one [`PoolCount`] tells apart; launches past them are
+/// pending on their own (their footprints added to every other call's need: fail closed).
+const PENDING_EXECS: usize = 32;
+
+/// Where a call's footprint is pending ([`PoolCount::begin_mapping`]), for its
+/// [`PoolCount::end_mapping`]: an exec's slot, or on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending(u8);
+
+impl Pending {
+    /// Pending on its own (no exec slot: none named, or every slot taken).
+    pub const ALONE: Pending = Pending(u8::MAX);
+}
+
+/// The launches in flight of one exec (changed only under the [`PoolCount`]'s lock).
+#[derive(Debug)]
+struct PendingExec {
+    /// The exec's handle (0: the slot is free).
+    exec: AtomicU64,
+    /// Its launches in flight.
+    launches: AtomicU32,
+    /// Its footprint, in `pending` once while any of its launches is in flight.
+    fp: AtomicU64,
+}
+
+impl PendingExec {
+    const fn new() -> Self {
+        Self { exec: AtomicU64::new(0), launches: AtomicU32::new(0), fp: AtomicU64::new(0) }
+    }
+}
 
 use cuda_abi::CUdevice;
 
@@ -40,9 +73,12 @@ pub struct PoolCount {
     /// only if none happened since it asked the driver (a whole call that began and ended in
     /// between, leaving the count where it was, may have grown the pools past that answer).
     epoch: AtomicU64,
-    /// Bytes the calls in flight through [`PoolCount::begin_mapping`] may map, summed: memory
-    /// the driver's figures may not show yet (changed under `lock`).
+    /// Bytes the calls in flight through [`PoolCount::begin_mapping`] may map, summed (an
+    /// exec's footprint once however many of its launches are in flight): memory the driver's
+    /// figures may not show yet (changed under `lock`).
     pending: AtomicU64,
+    /// The execs whose launches are in flight, for `pending` (changed under `lock`).
+    execs: [PendingExec; PENDING_EXECS],
     /// Held while a call counts itself in flight and reserves against `counted`, and while a
     /// settle decides to lower it (a few atomics; never across a driver call).
     lock: SpinLock,
@@ -61,6 +97,7 @@ impl PoolCount {
             inflight: AtomicU32::new(0),
             epoch: AtomicU64::new(0),
             pending: AtomicU64::new(0),
+            execs: [const { PendingExec::new() }; PENDING_EXECS],
             lock: SpinLock::new(),
             over: AtomicBool::new(false),
             what,
@@ -82,7 +119,7 @@ impl PoolCount {
     /// Returns whether the quota held them (nothing reserved if not). Either way the caller is
     /// in flight until its [`PoolCount::end`], after its own settle.
     pub fn begin(&self, quota: &Quota, need: impl FnOnce(u64) -> u64) -> bool {
-        self.begin_mapping(quota, 0, None, |counted, _| need(counted)) == Some(true)
+        self.begin_mapping(quota, 0, 0, None, |counted, _| need(counted)).map(|(ok, _)| ok) == Some(true)
     }
 
     /// The caller of [`PoolCount::begin`] has settled: no longer in flight.
@@ -97,36 +134,87 @@ impl PoolCount {
         self.epoch.load(Acquire)
     }
 
-    /// Before a call that maps up to `fp` bytes into the pools, its need sized from the driver's
-    /// figures read after the epoch `seen` was taken. Under the lock: if a call began or ended
-    /// since `seen` (it may have mapped memory, and settled it into the count, after those
-    /// figures), nothing happens and `None` says to ask the driver again; `seen` `None` skips
-    /// that check (the caller sizes without figures). Otherwise as [`PoolCount::begin`], with
-    /// `need(counted, pending)` (`pending`: the footprints of the other calls in flight through
-    /// here, which the figures may not show) and this call's `fp` pending until its
-    /// [`PoolCount::end_mapping`]. `Some(false)`: the quota refused (nothing reserved).
-    pub fn begin_mapping(&self, quota: &Quota, fp: u64, seen: Option<u64>, need: impl FnOnce(u64, u64) -> u64) -> Option<bool> {
+    /// Before a call that maps up to `fp` bytes into the pools for `exec` (a graph exec's
+    /// handle; 0: none), its need sized from the driver's figures read after the epoch `seen`
+    /// was taken. Under the lock: if a call began or ended since `seen` (it may have mapped
+    /// memory, and settled it into the count, after those figures), nothing happens and `None`
+    /// says to ask the driver again; `seen` `None` skips that check (the caller sizes without
+    /// figures). Otherwise as [`PoolCount::begin`], with `need(counted, pending)` (`pending`:
+    /// the footprints of the other execs with calls in flight through here, which the figures
+    /// may not show; not `exec`'s own, whose launches are ordered behind one another and map
+    /// the same memory) and this call's `fp` pending until its [`PoolCount::end_mapping`],
+    /// given where it is pending. `Some((false, _))`: the quota refused (nothing reserved).
+    pub fn begin_mapping(&self, quota: &Quota, exec: u64, fp: u64, seen: Option<u64>, need: impl FnOnce(u64, u64) -> u64) -> Option<(bool, Pending)> {
         let _one = self.lock.lock();
         if seen.is_some_and(|e| e != self.epoch.load(Acquire)) {
             return None;
         }
         self.inflight.fetch_add(1, AcqRel);
         self.epoch.fetch_add(1, AcqRel);
-        let need = need(self.counted.load(Relaxed), self.pending.load(Relaxed));
-        self.pending.fetch_add(fp, Relaxed);
+        let pending = self.pending.load(Relaxed);
+        let (others, at) = match self.slot_of(exec, fp) {
+            Some(i) => {
+                let s = &self.execs[i];
+                let own = s.fp.load(Relaxed);
+                s.launches.fetch_add(1, Relaxed);
+                // A reused handle with a bigger footprint: the bigger one stays pending.
+                if fp > own {
+                    s.fp.store(fp, Relaxed);
+                    self.pending.fetch_add(fp - own, Relaxed);
+                }
+                (pending.saturating_sub(own), Pending(i as u8))
+            }
+            None => (pending, self.new_slot(exec, fp)),
+        };
+        let need = need(self.counted.load(Relaxed), others);
         let ok = need == 0 || quota.try_reserve(need);
         if ok && need > 0 {
             self.counted.fetch_add(need, Relaxed);
         }
-        Some(ok)
+        Some((ok, at))
     }
 
-    /// The caller of [`PoolCount::begin_mapping`] (footprint `fp`) has settled: its footprint
-    /// is no longer pending and it is no longer in flight.
-    pub fn end_mapping(&self, fp: u64) {
+    /// The slot with `exec`'s launches in flight, if any (under the lock).
+    fn slot_of(&self, exec: u64, fp: u64) -> Option<usize> {
+        if exec == 0 || fp == 0 {
+            return None;
+        }
+        self.execs.iter().position(|s| s.exec.load(Relaxed) == exec)
+    }
+
+    /// Makes `fp` pending for `exec`'s first launch in flight (under the lock): in a free slot,
+    /// or on its own if none is free or no exec is named.
+    fn new_slot(&self, exec: u64, fp: u64) -> Pending {
+        self.pending.fetch_add(fp, Relaxed);
+        if exec == 0 || fp == 0 {
+            return Pending::ALONE;
+        }
+        let Some(i) = self.execs.iter().position(|s| s.exec.load(Relaxed) == 0) else { return Pending::ALONE };
+        let s = &self.execs[i];
+        s.exec.store(exec, Relaxed);
+        s.launches.store(1, Relaxed);
+        s.fp.store(fp, Relaxed);
+        Pending(i as u8)
+    }
+
+    /// The caller of [`PoolCount::begin_mapping`] (footprint `fp`, pending `at`) has settled:
+    /// its footprint is no longer pending (its exec's stays while another of its launches is in
+    /// flight) and it is no longer in flight.
+    pub fn end_mapping(&self, fp: u64, at: Pending) {
         let _one = self.lock.lock();
         self.epoch.fetch_add(1, AcqRel);
-        self.pending.fetch_sub(fp, Relaxed);
+        match self.execs.get(at.0 as usize) {
+            Some(s) => {
+                if s.launches.fetch_sub(1, Relaxed) == 1 {
+                    self.pending.fetch_sub(s.fp.load(Relaxed), Relaxed);
+                    s.exec.store(0, Relaxed);
+                    s.fp.store(0, Relaxed);
+                }
+            }
+            None => {
+                self.pending.fetch_sub(fp, Relaxed);
+            }
+        }
         self.inflight.fetch_sub(1, AcqRel);
     }
 
@@ -155,6 +243,11 @@ impl PoolCount {
         self.inflight.store(0, Relaxed);
         self.epoch.store(0, Relaxed);
         self.pending.store(0, Relaxed);
+        for s in &self.execs {
+            s.exec.store(0, Relaxed);
+            s.launches.store(0, Relaxed);
+            s.fp.store(0, Relaxed);
+        }
         self.lock.reset_after_fork();
         self.over.store(false, Relaxed);
     }
@@ -328,6 +421,42 @@ mod tests {
         p.end();
         p.settle(&q, 0, 0, || Some(0));
         assert_eq!((p.counted(), q.used()), (0, 0));
+    }
+
+    /// An exec's footprint is pending once however many of its launches are in flight, never
+    /// against its own launches; past the slots, launches are pending on their own (counted
+    /// against every other call), and everything ends back at nothing pending.
+    #[test]
+    fn pending_footprints_are_kept_per_exec() {
+        let (q, p) = parts();
+        let seen = |p: &PoolCount, exec: u64, fp: u64| {
+            let mut others = None;
+            let (ok, at) = p.begin_mapping(&q, exec, fp, None, |_, o| {
+                others = Some(o);
+                0
+            })
+            .expect("no epoch to check");
+            assert!(ok);
+            (others.unwrap(), at)
+        };
+        let (o1, a1) = seen(&p, 0x2000, 64);
+        let (o2, a2) = seen(&p, 0x2000, 64);
+        assert_eq!((o1, o2), (0, 0), "an exec's own launches are not pending against it");
+        let (o3, a3) = seen(&p, 0x3000, 8);
+        assert_eq!(o3, 64, "the other exec's footprint once, not per launch");
+        let mut ends = vec![(64, a1), (64, a2), (8, a3)];
+        for e in 0..PENDING_EXECS as u64 {
+            let (o, at) = seen(&p, 0x10_0000 + e, 1);
+            assert_eq!(o, 72 + e);
+            ends.push((1, at));
+        }
+        assert_eq!(ends.last().unwrap().1, Pending::ALONE, "no slot left: pending on its own");
+        assert_eq!(p.pending.load(Relaxed), 72 + PENDING_EXECS as u64);
+        for (fp, at) in ends {
+            p.end_mapping(fp, at);
+        }
+        assert_eq!((p.pending.load(Relaxed), p.inflight()), (0, 0));
+        assert!(p.execs.iter().all(|s| s.exec.load(Relaxed) == 0), "every slot free again");
     }
 
     /// The pool grew past the quota (memory the driver already holds): it is counted up to the

@@ -1,7 +1,7 @@
 //! Device-memory quota: one-step check-and-reserve (in the shared ledger when available, else
 //! process-local), exact give-back on free through per-kind allocation maps, and array sizes.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 use cuda_abi::{array_format_bytes, CUarray_format};
 use node_ledger::{Ledger, ProcHandle};
@@ -87,6 +87,31 @@ pub struct Quota {
     test_check_pause_ms: AtomicU64,
     /// How many times [`Quota::check_ledger`] entered that pause (tests wait on it).
     test_check_pauses: AtomicU64,
+    /// The context teardowns in progress (changed under `teardown_lock`).
+    teardowns: [Teardown; TEARDOWNS],
+    /// Held while a teardown begins or ends (off the hot path; freed in a fork child).
+    teardown_lock: crate::spin::SpinLock,
+}
+
+/// How many contexts' concurrent teardowns one [`Quota`] tells apart; past them a teardown
+/// ends on its own, as if alone.
+const TEARDOWNS: usize = 16;
+
+/// The teardowns in progress of one context (concurrent primary-context releases, say).
+#[derive(Debug)]
+struct Teardown {
+    /// The context (0: the slot is free).
+    ctx: AtomicU64,
+    /// Its teardowns begun and not ended.
+    running: AtomicU32,
+    /// One of them destroyed the context.
+    gone: AtomicBool,
+}
+
+impl Teardown {
+    const fn new() -> Self {
+        Self { ctx: AtomicU64::new(0), running: AtomicU32::new(0), gone: AtomicBool::new(false) }
+    }
 }
 
 fn no_owner() -> u64 {
@@ -156,7 +181,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0), teardowns: [const { Teardown::new() }; TEARDOWNS], teardown_lock: crate::spin::SpinLock::new() }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -388,17 +413,45 @@ impl Quota {
     /// release): the records of what it holds are set aside (their owner word marked, see
     /// [`context_marked`]), so that the allocations of another context the driver hands the
     /// same handle value to once `ctx` is gone are never taken for `ctx`'s. Ended by
-    /// [`Quota::context_teardown_end`].
+    /// [`Quota::context_teardown_end`]; concurrent teardowns of one context (two threads
+    /// releasing its primary context) are counted, and only the last to end ends them.
     pub fn context_teardown_begin(&self, ctx: u64) {
+        let _one = self.teardown_lock.lock();
+        if ctx != 0 {
+            if let Some(t) = self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == ctx).or_else(|| self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == 0)) {
+                if t.ctx.load(Relaxed) == 0 {
+                    t.ctx.store(ctx, Relaxed);
+                    t.gone.store(false, Relaxed);
+                }
+                t.running.fetch_add(1, Relaxed);
+            }
+        }
         for m in [&self.dptrs, &self.arrays, &self.limits] {
             m.relabel_owner(ctx, context_marked(ctx));
         }
     }
 
-    /// The driver answered the teardown [`Quota::context_teardown_begin`] began: `gone`, the
-    /// records set aside are removed and their bytes given back (returned); otherwise they are
-    /// `ctx`'s again (0).
+    /// The driver answered a teardown [`Quota::context_teardown_begin`] began: `gone`, it
+    /// destroyed the context. The last of the context's teardowns in progress to end removes
+    /// the records set aside and gives their bytes back (returned) if any of them destroyed it,
+    /// or makes them `ctx`'s again (0); the others only say what they found (0). Before, a
+    /// teardown that left the context (not the last primary release) put back the records of a
+    /// concurrent one that destroyed it, whose bytes then stayed counted for good.
     pub fn context_teardown_end(&self, ctx: u64, gone: bool) -> u64 {
+        let _one = self.teardown_lock.lock();
+        let mut gone = gone;
+        if ctx != 0 {
+            if let Some(t) = self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == ctx) {
+                if t.running.fetch_sub(1, Relaxed) > 1 {
+                    if gone {
+                        t.gone.store(true, Relaxed);
+                    }
+                    return 0;
+                }
+                gone |= t.gone.swap(false, Relaxed);
+                t.ctx.store(0, Relaxed);
+            }
+        }
         if gone {
             return self.release_context(context_marked(ctx));
         }
@@ -605,6 +658,12 @@ impl Quota {
         for m in [&self.dptrs, &self.vmm, &self.vmm_maps, &self.import_maps, &self.arrays, &self.limits] {
             m.clear();
         }
+        for t in &self.teardowns {
+            t.ctx.store(0, Relaxed);
+            t.running.store(0, Relaxed);
+            t.gone.store(false, Relaxed);
+        }
+        self.teardown_lock.reset_after_fork();
         match &self.backend {
             Backend::Ledger { ledger, handle, held } => {
                 if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
@@ -929,6 +988,33 @@ mod tests {
         assert_eq!(q.used(), 200, "the new context's allocation stays counted");
         assert_eq!(q.untrack(Kind::DevicePtr, 0x2000), Some(200));
         assert_eq!(q.used(), 0);
+    }
+
+    /// Review finding: two threads released the same primary context at once, one not the
+    /// last retain (the driver keeps the context) and one the last (the driver destroys it).
+    /// Both set its records aside; the first ended first and put them all back, so the last
+    /// found nothing set aside and the destroyed context's bytes stayed counted for the
+    /// process's life. Only the last of concurrent teardowns ends them now, giving the bytes
+    /// back if any of them destroyed the context; in either order.
+    #[test]
+    fn concurrent_teardowns_of_one_context_give_its_bytes_back_if_any_destroyed_it() {
+        for destroyer_ends_first in [false, true] {
+            let q = two_in_context_c1();
+            q.context_teardown_begin(0xc1);
+            q.context_teardown_begin(0xc1);
+            let (first, last) = if destroyer_ends_first { (true, false) } else { (false, true) };
+            q.context_teardown_end(0xc1, first);
+            q.context_teardown_end(0xc1, last);
+            assert_eq!(q.used(), 0, "destroyer ended first: {destroyer_ends_first}");
+            assert_eq!(q.untrack(Kind::DevicePtr, 0x1000), None);
+        }
+        // Neither destroyed it: everything is the context's again.
+        let q = two_in_context_c1();
+        q.context_teardown_begin(0xc1);
+        q.context_teardown_begin(0xc1);
+        q.context_teardown_end(0xc1, false);
+        q.context_teardown_end(0xc1, false);
+        assert_eq!(q.release_context(0xc1), 700, "still recorded as the context's");
     }
 
     /// Issue 8 obs. 6: a neighbour of the group that died holding quota (here: its ledger
