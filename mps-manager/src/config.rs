@@ -171,7 +171,9 @@ impl Config {
             ),
             ("period_ms", self.period_ms, 1, MAX_PERIOD_MS),
             ("check_every_ms", self.check_every_ms, 1, MAX_PERIOD_MS),
-            ("evict_grace_ms", self.evict_grace_ms, 0, MAX_TIMEOUT_MS),
+            // Bounded by the constant sysmonitor's backstop waits for (a request of ours it adopts
+            // is escalated no sooner than this): raising one without the other makes it kill early.
+            ("evict_grace_ms", self.evict_grace_ms, 0, node_ledger::MANAGER_MAX_EVICT_GRACE_MS),
             ("outside_mps_after_ms", self.outside_mps_after_ms, 0, MAX_WINDOW_MS),
             (
                 "detect.stuck_after_ms",

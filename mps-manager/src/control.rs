@@ -443,6 +443,20 @@ impl MpsControl {
         found.filter(|d| node_ledger::procinfo::is_alive(d.pid, d.start_time))
     }
 
+    /// The live MPS processes of this pipe directory (control daemon or server, orphaned ones
+    /// included): named as MPS processes are ([`DAEMON_COMM`]), in the manager's pid namespace,
+    /// started for this pipe directory ([`MpsControl::serves_pipe_dir`]), not zombies. Read
+    /// from `/proc` now, not from an earlier listing: a server started since is found too.
+    pub fn live_mps_processes(&self) -> Vec<u32> {
+        let own_ns = node_ledger::procinfo::own_pid_ns();
+        let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| is_mps_process(pid) && pid_ns(pid) == Some(own_ns) && self.serves_pipe_dir(pid))
+            .filter(|&pid| node_ledger::procinfo::start_time(pid).is_some_and(|st| node_ledger::procinfo::is_alive(pid, st)))
+            .collect()
+    }
+
     /// Whether something accepts connections on the control socket (`pipe_dir/control`), as
     /// a control daemon running there does.
     pub fn control_socket_answers(&self) -> bool {

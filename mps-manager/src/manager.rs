@@ -169,6 +169,45 @@ pub struct ManagerState {
 /// How often the pods directory is read for pod ledgers, ms.
 pub const POD_SCAN_EVERY_MS: u64 = 250;
 
+/// The wait before a second control daemon is started past the recovery rate limit
+/// ([`Manager::restart_dead_daemon`]); each further start doubles it up to
+/// [`PAST_LIMIT_BACKOFF_MAX_MS`].
+pub const PAST_LIMIT_BACKOFF_FIRST_MS: u64 = 1_000;
+/// The longest wait between two control daemons started past the rate limit.
+pub const PAST_LIMIT_BACKOFF_MAX_MS: u64 = 60_000;
+/// A daemon started past the rate limit that lived this long resets the wait to
+/// [`PAST_LIMIT_BACKOFF_FIRST_MS`]: it did not die right after starting.
+pub const PAST_LIMIT_STABLE_MS: u64 = 300_000;
+
+/// Backoff of control daemons started past the recovery rate limit (a daemon that dies right
+/// after it starts is not started again at every check).
+#[derive(Debug, Default, Clone, Copy)]
+struct PastLimitBackoff {
+    /// When the last one was started (monotonic ms), if one was.
+    last_start_ms: Option<u64>,
+    /// The wait after it before the next may start, ms.
+    wait_ms: u64,
+}
+
+impl PastLimitBackoff {
+    /// How long a start at `now_ms` must still wait (0: it may start now).
+    fn wait_left(&self, now_ms: u64) -> u64 {
+        self.last_start_ms.map_or(0, |t| t.saturating_add(self.wait_ms).saturating_sub(now_ms))
+    }
+
+    /// Records a start at `now_ms`: the wait doubles, or starts again from the first after a
+    /// daemon that lived [`PAST_LIMIT_STABLE_MS`].
+    fn started(&mut self, now_ms: u64) {
+        let stable = self.last_start_ms.is_none_or(|t| now_ms.saturating_sub(t) >= PAST_LIMIT_STABLE_MS);
+        self.wait_ms = if stable {
+            PAST_LIMIT_BACKOFF_FIRST_MS
+        } else {
+            self.wait_ms.saturating_mul(2).clamp(PAST_LIMIT_BACKOFF_FIRST_MS, PAST_LIMIT_BACKOFF_MAX_MS)
+        };
+        self.last_start_ms = Some(now_ms);
+    }
+}
+
 /// One GPU's MPS manager: the SM budget loop, fault detection and rate-limited recovery.
 pub struct Manager {
     /// The configuration in force.
@@ -218,6 +257,8 @@ pub struct Manager {
     /// MPS servers as last listed by `get_server_list`, each as pid + start time read when
     /// listed (what a reset kills when `quit` did not stop them).
     servers_seen: Vec<DaemonId>,
+    /// Control daemons started past the rate limit ([`Manager::restart_dead_daemon`]).
+    past_limit: PastLimitBackoff,
     /// Servers already reported as running for the wrong user (reported once each).
     breach_reported: HashSet<u32>,
     /// Offline processes the manager evicted outside a recovery (another user's, or outside
@@ -375,6 +416,7 @@ impl Manager {
             pid_file_astray: false,
             control_socket: None,
             servers_seen: Vec::new(),
+            past_limit: PastLimitBackoff::default(),
             breach_reported: HashSet::new(),
             evicted: BTreeMap::new(),
             outside: Outside::default(),
@@ -1412,7 +1454,7 @@ impl Manager {
             None => format!("{} needs a new MPS", fault.kind()),
         };
         if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
-            if fault == Fault::DaemonDead && self.restart_dead_daemon(&why) {
+            if fault == Fault::DaemonDead && self.restart_dead_daemon(now_ms, &why) {
                 return;
             }
             self.state.suppressed_recoveries += 1;
@@ -1466,12 +1508,36 @@ impl Manager {
     /// server off the GPU until the process exits. Before, no daemon ran until the limit allowed
     /// the reset, up to an hour later. What still needs the limit is left to it: `quit`, kills and
     /// `shutdown_server` of live processes, and offline evictions. Returns `false` (nothing
-    /// done) while a daemon or such a server runs.
-    fn restart_dead_daemon(&mut self, limited: &str) -> bool {
+    /// done) while a daemon or such a server runs, or while the backoff holds.
+    ///
+    /// Servers are looked for in `/proc` now as well ([`MpsControl::live_mps_processes`]): the
+    /// last listing can miss one started since, and a second daemon beside an orphaned server
+    /// is what this must never make. Starts back off ([`PastLimitBackoff`]: 1 s doubling to
+    /// 60 s, reset once a daemon lived 5 min): a daemon that dies right after it starts was
+    /// started again at every check, for ever.
+    ///
+    /// [`MpsControl::live_mps_processes`]: crate::control::MpsControl::live_mps_processes
+    fn restart_dead_daemon(&mut self, now_ms: u64, limited: &str) -> bool {
         let server_left = self.servers_seen.iter().any(|s| node_ledger::procinfo::is_alive(s.pid, s.start_time));
         if server_left || self.live_daemon().is_some() {
             return false;
         }
+        let wait_left = self.past_limit.wait_left(now_ms);
+        if wait_left > 0 {
+            tracing::debug!(gpu = self.cfg.gpu_index, wait_left_ms = wait_left, "MPS control daemon dead: the next start past the rate limit waits (backoff)");
+            return false;
+        }
+        let live = self.ctl.live_mps_processes();
+        if !live.is_empty() {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pids = ?live,
+                pipe_dir = %self.ctl.pipe_dir.display(),
+                "MPS control daemon dead but MPS processes of its pipe directory still run (an orphaned server?): no new daemon beside them while recoveries are rate-limited"
+            );
+            return false;
+        }
+        self.past_limit.started(now_ms);
         self.state.daemons_started_past_limit += 1;
         match self.ensure_daemon() {
             Ok(pid) => tracing::warn!(
@@ -1479,10 +1545,11 @@ impl Manager {
                 pid,
                 rate_limit = %limited,
                 started_past_limit = self.state.daemons_started_past_limit,
+                next_start_after_ms = self.past_limit.wait_ms,
                 "MPS control daemon dead and no MPS server left: a new one started although recoveries are rate-limited (no client to lose; without a daemon a process initialising CUDA takes the bare GPU)"
             ),
             Err(e) => {
-                tracing::error!(gpu = self.cfg.gpu_index, error = %e, pipe_dir = %self.ctl.pipe_dir.display(), "MPS control daemon dead: starting a new one failed");
+                tracing::error!(gpu = self.cfg.gpu_index, error = %e, pipe_dir = %self.ctl.pipe_dir.display(), next_start_after_ms = self.past_limit.wait_ms, "MPS control daemon dead: starting a new one failed");
                 self.state.last_error = Some(format!("starting a new MPS control daemon in {}: {e}", self.ctl.pipe_dir.display()));
             }
         }
@@ -2838,6 +2905,64 @@ mod tests {
         assert!(m.check(t0 + 3).is_empty());
         assert_eq!(m.state.daemon_pid, Some(by_hand));
         kill(by_hand);
+    }
+
+    /// A control daemon that dies right after it starts, while the recovery rate limit holds:
+    /// ten checks (and their fault handling) at the same moment start one daemon past the
+    /// limit, not ten; the next waits for the backoff (1 s, then doubling). Before, each check
+    /// started one, for ever. And an MPS server of this pipe directory the last listing never
+    /// named (started since, orphaned by the dead daemon) keeps a new daemon from starting.
+    #[test]
+    fn daemons_dying_at_once_are_started_past_the_limit_with_backoff_and_never_beside_a_server() {
+        let d = tempfile::tempdir().unwrap();
+        let starts = d.path().join("starts");
+        let mut m = manager_answering(d.path(), "cat >/dev/null
+");
+        // The stand-in daemon exits at once; each start is counted.
+        std::fs::write(
+            &m.cfg.control_bin,
+            format!("#!/bin/sh
+if [ \"$1\" = -d ]; then
+  echo x >> '{}'
+  exit 0
+fi
+cat >/dev/null
+", starts.display()),
+        )
+        .unwrap();
+        let count = || std::fs::read_to_string(&starts).map_or(0, |s| s.lines().count());
+        m.cfg.recovery.min_interval_ms = 3_600_000;
+        let t0 = mono_ms();
+        m.recover(t0, Fault::DaemonHang { command: "get_server_list".into() });
+        let before = count();
+        let checks = |m: &mut Manager, now: u64| {
+            for _ in 0..10 {
+                let faults = m.check(now);
+                m.handle_faults(now, faults);
+            }
+        };
+        checks(&mut m, t0 + 1);
+        assert_eq!((count() - before, m.state.daemons_started_past_limit), (1, 1), "one start past the limit, not one per check");
+        checks(&mut m, t0 + 1 + PAST_LIMIT_BACKOFF_FIRST_MS - 1);
+        assert_eq!(count() - before, 1, "the backoff holds");
+        checks(&mut m, t0 + 1 + PAST_LIMIT_BACKOFF_FIRST_MS);
+        assert_eq!(count() - before, 2, "started again once the backoff is over");
+        checks(&mut m, t0 + 1 + 3 * PAST_LIMIT_BACKOFF_FIRST_MS - 1);
+        assert_eq!(count() - before, 2, "the wait doubled");
+        // An orphaned server of this pipe directory, which no listing named.
+        std::fs::create_dir_all(d.path().join("srv")).unwrap();
+        let mut server = crate::control::spawn_mps_named(&d.path().join("srv"), Some(&m.cfg.pipe_dir));
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !m.ctl.live_mps_processes().contains(&server.id()) {
+            assert!(std::time::Instant::now() < end, "the stand-in server is never seen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        checks(&mut m, t0 + 1 + PAST_LIMIT_BACKOFF_MAX_MS * 10);
+        let _ = server.kill();
+        let _ = server.wait();
+        assert_eq!(count() - before, 2, "no daemon started beside a live server");
+        checks(&mut m, t0 + 1 + PAST_LIMIT_BACKOFF_MAX_MS * 11);
+        assert_eq!(count() - before, 3, "the server gone, started again");
     }
 
     /// A control daemon that dies between two checks is noticed at the next tick, once: the

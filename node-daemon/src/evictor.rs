@@ -67,9 +67,25 @@ pub struct OfflineProc {
     pub group_id: u64,
     /// Monotonic ms at which an eviction was requested, if one was (survives monitor restarts).
     pub evict_requested_ms: Option<u64>,
+    /// The request in [`OfflineProc::evict_requested_ms`] is mps-manager's alone (this monitor
+    /// made none): the manager escalates it itself after its own grace, so it is adopted with
+    /// a grace of at least [`node_ledger::MANAGER_MAX_EVICT_GRACE_MS`] (a backstop for a dead
+    /// manager, never quicker than a live one).
+    pub evict_by_manager: bool,
 }
 
 impl OfflineProc {
+    /// The grace an adopted request of this process gets before SIGKILL: the monitor's own
+    /// (`cfg.grace_ms`), or for a request that is mps-manager's alone at least
+    /// [`node_ledger::MANAGER_MAX_EVICT_GRACE_MS`], the longest the manager may give.
+    pub fn adopted_grace_ms(&self, cfg: &EvictorConfig) -> u64 {
+        if self.evict_by_manager {
+            cfg.grace_ms.max(node_ledger::MANAGER_MAX_EVICT_GRACE_MS)
+        } else {
+            cfg.grace_ms
+        }
+    }
+
     /// The identity evictions are keyed by: ledger, slot, pid and start time. The ledger and
     /// slot tell apart processes of two pid namespaces that share a pid and a start time (two
     /// containers' entrypoints, pid 1 each, started in the same clock tick, each in slot 0 of
@@ -308,6 +324,8 @@ impl<S: Signaller> Evictor<S> {
 
     /// Adopts eviction requests recorded in the ledger by an earlier run: their grace period
     /// continues from the recorded time and no second SIGTERM is sent.
+    /// A request that is mps-manager's alone ([`OfflineProc::evict_by_manager`]) gets
+    /// [`OfflineProc::adopted_grace_ms`].
     pub fn adopt(&mut self, cfg: &EvictorConfig, procs: &[OfflineProc], out: &mut Vec<Event>) {
         for p in procs {
             if let Some(t) = p.evict_requested_ms {
@@ -320,7 +338,7 @@ impl<S: Signaller> Evictor<S> {
                         proc_: *p,
                         reason: EvictReason::Overlimit,
                         requested_ms: t,
-                        kill_at_ms: t.saturating_add(cfg.grace_ms),
+                        kill_at_ms: t.saturating_add(p.adopted_grace_ms(cfg)),
                         killed: false,
                         dry: false,
                     },
@@ -654,6 +672,7 @@ mod tests {
             reported_bytes: 0,
             group_id: 0,
             evict_requested_ms: None,
+            evict_by_manager: false,
         }
     }
 

@@ -180,6 +180,12 @@ pub const SIZE: usize = std::mem::size_of::<Layout>();
 const _: () = assert!(std::mem::size_of::<Header>() == 32);
 const _: () = assert!(SIZE == 32 + 88 + 24 + 8 + 2 * 40 * EVICT_ENTRIES + 24 + 16 * JOB_ENTRIES);
 
+/// The longest grace mps-manager may give a process it asked to leave before its SIGKILL
+/// (its `evict_grace_ms` is refused above this). sysmonitor escalates a request of the
+/// manager's it did not make no sooner than this after first seeing it: a backstop for a
+/// manager that died, never quicker than the manager.
+pub const MANAGER_MAX_EVICT_GRACE_MS: u64 = 600_000;
+
 /// Which daemon's eviction table: each writes its own only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Requester {

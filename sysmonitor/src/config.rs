@@ -550,7 +550,10 @@ impl Config {
                 // would go unseen.
                 return Err((
                     "xid_log_match".into(),
-                    format!("`{m}` is not a GPU's PCI address as the driver's XID lines name it (e.g. PCI:0000:3b:00)"),
+                    format!(
+                        "`{m}` is not a GPU's PCI bus address ([PCI:]domain:bus:device[.function] in hex, \
+                         e.g. PCI:0000:3b:00 as the driver's XID lines write it, or 00000000:3B:00.0 as nvidia-smi does)"
+                    ),
                 ));
             }
         }
@@ -865,16 +868,20 @@ mod tests {
         }
     }
 
-    /// `xid_log_match` is compared whole with the GPU an XID line names: a text that is no
-    /// such address would match nothing, and the GPU's faults would go unseen.
+    /// `xid_log_match` is compared with the GPU an XID line names: a text that is no bus
+    /// address would match nothing, and the GPU's faults would go unseen. NVML's and
+    /// `nvidia-smi`'s form (8-digit domain, function, upper case), which operators copy, is a
+    /// bus address: refusing it left the monitor unable to start after an upgrade.
     #[test]
     fn xid_log_match_must_be_a_pci_address() {
-        for good in ["PCI:0000:3b:00", "0000:3B:00"] {
+        for good in ["PCI:0000:3b:00", "0000:3B:00", "00000000:3B:00.0", "PCI:00000000:3b:00.0", "pci:0000:3b:00"] {
             assert!(load_text(&format!(r#"{{"xid_log_match": "{good}"}}"#)).is_ok(), "{good}");
         }
-        for bad in ["3b:00", "00000000:3B:00.0", "NVRM", ""] {
-            let e = load_text(&format!(r#"{{"xid_log_match": "{bad}"}}"#)).unwrap_err();
+        for bad in ["3b:00", "GPU-8f6c", "NVRM", ""] {
+            let e = load_text(&format!("{{\n\"xid_log_match\": \"{bad}\"}}")).unwrap_err();
             assert_eq!(e.field.as_deref(), Some("xid_log_match"), "{bad}: {e}");
+            assert_eq!(e.line, Some(2), "{bad}: {e}");
+            assert!(e.to_string().contains("00000000:3B:00.0"), "an example: {e}");
         }
     }
 

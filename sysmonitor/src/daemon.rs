@@ -176,6 +176,7 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> Result<(), String> {
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
+                crate::filewatch::block_sigio_in_this_thread();
                 let _held = held;
                 for s in l.incoming().flatten() {
                     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
@@ -189,6 +190,7 @@ fn spawn_metrics(listen: &str, text: Arc<Mutex<String>>) -> Result<(), String> {
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
+                crate::filewatch::block_sigio_in_this_thread();
                 for s in l.incoming().flatten() {
                     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                     serve(s, &text);

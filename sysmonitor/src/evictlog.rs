@@ -127,6 +127,7 @@ mod tests {
             reported_bytes: 0,
             group_id: 0,
             evict_requested_ms: None,
+            evict_by_manager: false,
         };
         configure(&Rotation {
             max_bytes: 500,

@@ -15,6 +15,10 @@
 //! took a monitor from 0.6 % to 48 % of a core. While events keep coming every look reports a
 //! change; the caller's work per look is bounded by its own.
 //!
+//! The handler disarms before it counts, so a look on another thread that re-arms a watch
+//! between the two cannot be left armed but deaf (see `HANDLER_STEPS`); threads that never
+//! look block `SIGIO` ([`block_sigio_in_this_thread`]).
+//!
 //! The counter is process-wide: an event on any watched file makes every [`FileWatch`] look at
 //! its own queue once (one `read`; a watch whose queue is empty reports no change).
 //! Where the watch cannot be set up (`SIGIO` already handled by someone else, inotify limits
@@ -41,17 +45,50 @@ const MAX_WATCHES: usize = 8;
 extern "C" fn on_sigio(_sig: libc::c_int) {
     // Atomics and fcntl(2) only: async-signal-safe, allocates nothing, takes no lock.
     IN_HANDLER.fetch_add(1, SeqCst);
-    EVENTS.fetch_add(1, SeqCst);
+    for step in HANDLER_STEPS {
+        step();
+    }
+    IN_HANDLER.fetch_sub(1, SeqCst);
+}
+
+/// What the handler does, in order (a seam: the tests run a watch's re-arming between the
+/// steps, as a look on another thread than the handler's can). Disarm first, count second:
+/// counted first, a look that ran in between (seeing the count, reading the queue empty,
+/// arming) had its `O_ASYNC` taken off by the late disarm with nothing left to tell it so,
+/// and the watch was deaf (armed, count seen) until another watch's signal. Counted last,
+/// every arm before the disarm is followed by a count it has not seen, so the next look reads.
+const HANDLER_STEPS: [fn(); 2] = [disarm_all, count_event];
+
+/// Takes `O_ASYNC` off every watch: no more signals until a look finds its queue empty and
+/// arms it again.
+fn disarm_all() {
     for w in &WATCH_FDS {
         let fd = w.load(SeqCst);
         if fd >= 0 {
-            // No more signals from this watch until a look finds its queue empty and arms it.
             // SAFETY: fcntl(2) on a descriptor a live watch owns (Drop waits for handlers
             // before closing it); F_SETFL changes only the status flags.
             unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
         }
     }
-    IN_HANDLER.fetch_sub(1, SeqCst);
+}
+
+/// Tells every watch to look at its queue (see [`HANDLER_STEPS`] for why it comes last).
+fn count_event() {
+    EVENTS.fetch_add(1, SeqCst);
+}
+
+/// Blocks `SIGIO` in the calling thread, so that the watches' signals are taken by the thread
+/// that looks (the main loop), where the handler cannot run between a look's steps. For
+/// threads a daemon spawns beside its loop (the metrics server); [`HANDLER_STEPS`] keeps the
+/// watches right wherever the signal lands, this keeps it off threads that never look.
+pub fn block_sigio_in_this_thread() {
+    // SAFETY: sigset and pthread_sigmask(3) on local, initialised sets.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGIO);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// Installs the `SIGIO` handler unless another one is in place (then `false`: a handler we do
@@ -147,7 +184,8 @@ impl FileWatch {
         Ok(w)
     }
 
-    /// Turns `O_ASYNC` on: the next event raises a signal.
+    /// Turns `O_ASYNC` on: the next event raises a signal. The count is taken before: a
+    /// handler that disarms after it also counts after it (see [`HANDLER_STEPS`]).
     fn arm(&mut self) -> Result<(), String> {
         self.seen = EVENTS.load(SeqCst);
         // SAFETY: fcntl(2) on our own descriptor; F_SETFL changes only the status flags.
@@ -312,5 +350,43 @@ mod tests {
         // SAFETY: reading into a local buffer from the watch's own descriptor.
         let n = unsafe { libc::read(w.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         assert!(n <= 0, "a removed file's change is queued ({n} bytes)");
+    }
+
+    /// Whether `w` can miss an event: armed, with the count it saw, but `O_ASYNC` off (no
+    /// signal will come and no look will read).
+    fn deaf(w: &FileWatch) -> bool {
+        // SAFETY: F_GETFL on the watch's own descriptor.
+        let flags = unsafe { libc::fcntl(w.fd.as_raw_fd(), libc::F_GETFL) };
+        w.armed && EVENTS.load(SeqCst) == w.seen && flags & libc::O_ASYNC == 0
+    }
+
+    /// The handler may run on another thread than the look: a look that re-arms the watch
+    /// between any two of the handler's steps leaves it able to hear the next event. Before,
+    /// the handler counted before it disarmed, and a re-arm in between was undone by the late
+    /// disarm: the watch stayed deaf until another watch's signal.
+    #[test]
+    fn a_rearm_between_the_handlers_steps_leaves_the_watch_hearing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        let f = std::fs::File::create(&p).unwrap();
+        let ino = std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
+        let mut w = FileWatch::new(&p, ino).unwrap();
+        for split in 0..=HANDLER_STEPS.len() {
+            w.drain();
+            w.arm().unwrap();
+            // A signal whose handler runs the first `split` steps, then a look on the main
+            // thread re-arms (the queue is empty), then the handler finishes.
+            for step in &HANDLER_STEPS[..split] {
+                step();
+            }
+            w.drain();
+            w.arm().unwrap();
+            for step in &HANDLER_STEPS[split..] {
+                step();
+            }
+            assert!(!deaf(&w), "re-armed after {split} of the handler's steps: deaf");
+            f.set_len(split as u64 + 1).unwrap();
+            assert!(wait_changed(&mut w), "re-armed after {split} of the handler's steps: change unseen");
+        }
     }
 }

@@ -149,6 +149,17 @@ impl LedgerAdapter {
         self.status.current().map_or_else(Default::default, |s| s.evict_requests().into_iter().map(|r| r.id).collect())
     }
 
+    /// The processes either daemon has asked to leave, each with whether the request is
+    /// mps-manager's alone (the monitor made none for it).
+    fn asked_by(&self) -> std::collections::HashMap<ProcId, bool> {
+        let mut m = std::collections::HashMap::new();
+        for r in self.status.current().map(|s| s.evict_requests()).unwrap_or_default() {
+            let manager_only = m.entry(r.id).or_insert(true);
+            *manager_only &= r.by == Requester::Manager;
+        }
+        m
+    }
+
     /// Every registered process of the GPU with the pod ledger it is in (`None`: the GPU's own
     /// ledger, read only while usable).
     fn all_procs(&self) -> Vec<(Option<PodUid>, ProcSnapshot)> {
@@ -493,13 +504,13 @@ impl LedgerPort for LedgerAdapter {
         if let Some(w) = self.status.get(now) {
             w.retain_evictions(Requester::Monitor, |id| procs.iter().any(|(_, p)| ProcId::of(p) == id));
         }
-        let asked = self.asked_to_leave();
+        let asked = self.asked_by();
         let host_pids = &mut self.host_pids;
         host_pids.retain(|r| procs.iter().any(|(_, p)| (p.pid_ns, p.pid, p.start_time) == *r));
         Ok(procs
             .into_iter()
             .map(|(pod, p)| {
-                let asked = asked.contains(&ProcId::of(&p));
+                let manager_only = asked.get(&ProcId::of(&p)).copied();
                 OfflineProc {
                     slot: p.slot,
                     pod_ledger: pod,
@@ -512,7 +523,10 @@ impl LedgerPort for LedgerAdapter {
                     // The status file keeps the request, not its time: a restarted monitor
                     // restarts the grace period from when it finds the request. Either daemon's
                     // request: a process mps-manager asked to leave is escalated alike.
-                    evict_requested_ms: asked.then_some(now),
+                    evict_requested_ms: manager_only.map(|_| now),
+                    // mps-manager escalates its own requests after its own grace: adopted
+                    // here as a backstop only (`OfflineProc::adopted_grace_ms`).
+                    evict_by_manager: manager_only.unwrap_or(false),
                 }
             })
             .collect())
@@ -910,6 +924,12 @@ mod tests {
         let job2 = a.ledger.procs().into_iter().find(|p| p.pid == child.id()).unwrap();
         Status::open_or_create(&status, 0).unwrap().request_evict(node_ledger::Requester::Manager, node_ledger::ProcId::of(&job2), None, libc::SIGTERM as u32);
         assert_eq!(a.offline_sm_cap_pct(), Some(25.0), "the job being evicted no longer counts");
+        let of_job2 = |a: &mut LedgerAdapter| a.offline(0).unwrap().into_iter().find(|p| p.pid == child.id()).unwrap();
+        let o = of_job2(&mut a);
+        assert!(o.evict_requested_ms.is_some() && o.evict_by_manager, "the manager's request alone");
+        Status::open_or_create(&status, 0).unwrap().request_evict(Requester::Monitor, node_ledger::ProcId::of(&job2), None, libc::SIGTERM as u32);
+        let o = of_job2(&mut a);
+        assert!(o.evict_requested_ms.is_some() && !o.evict_by_manager, "the monitor's too: its own grace");
         let _ = child.kill();
         let _ = child.wait();
     }

@@ -31,7 +31,7 @@ CONFIG:
     {start_time}, {reason}, {gpu}),
     verify.{tolerance_mib,context_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
     kernel log besides NVML events; only /dev/kmsg's kernel records cannot be forged by a user),
-    xid_log_match (\"PCI:0000:3b:00\": only XIDs naming this GPU's address).
+    xid_log_match (\"PCI:0000:3b:00\" or nvidia-smi's \"00000000:3B:00.0\": only XIDs naming this GPU's address).
     `sysmonitor check-config` prints the effective config.
 
 STATES (MuxFlow): init -> healthy; healthy -> unhealthy | overlimit; unhealthy -> healthy | overlimit;

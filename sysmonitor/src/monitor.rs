@@ -207,7 +207,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                         requested_ms_ago = earlier.map(|t| now.saturating_sub(t)),
                         grace_left_ms = earlier
                             .unwrap_or(now)
-                            .saturating_add(cfg.evictor.grace_ms)
+                            .saturating_add(p.adopted_grace_ms(&cfg.evictor))
                             .saturating_sub(now),
                         "resumed eviction recorded by an earlier monitor run"
                     );
@@ -468,7 +468,9 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
 
     /// Escalates the eviction requests in the status file that no eviction in flight here
     /// stands for (mps-manager's, whose SIGTERM a process may ignore after the manager is
-    /// gone): SIGKILL after the grace, counted from when the request is first seen.
+    /// gone): SIGKILL after the grace, counted from when the request is first seen (for a
+    /// request that is the manager's alone, the longest grace the manager may give: it
+    /// escalates its own; this is the backstop for a manager that died).
     #[cold]
     #[inline(never)]
     fn adopt_requests(&mut self, procs: &[OfflineProc]) {
@@ -479,7 +481,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 pid = p.pid,
                 host_pid = p.host_pid,
                 start_time = p.start_time,
-                grace_ms = self.cfg.evictor.grace_ms,
+                grace_ms = p.adopted_grace_ms(&self.cfg.evictor),
                 "eviction request in the status file (mps-manager's, or one no eviction here stands for) \
                  taken on: SIGKILL after the grace if the process stays"
             );
@@ -1033,6 +1035,7 @@ mod tests {
             reported_bytes: 0,
             group_id: 0,
             evict_requested_ms: None,
+            evict_by_manager: false,
         }
     }
 
@@ -1084,22 +1087,30 @@ mod tests {
     /// SIGKILLed by the running monitor once the grace from when the request was first seen is
     /// over: the manager may be gone. Before, only a monitor starting up took such requests
     /// on, and every eviction refused a process with a request: nothing was ever sent to it.
+    /// The grace is the longest mps-manager may give, not the monitor's own (default 10 s): the
+    /// manager escalates its requests itself, after its `evict_grace_ms` (up to 10 min), and a
+    /// job it gave minutes to checkpoint was SIGKILLed by the monitor after 10 s.
     #[test]
-    fn a_running_monitor_escalates_a_request_mps_manager_made() {
+    fn a_running_monitor_escalates_a_request_mps_manager_made_after_the_managers_longest_grace() {
         let mut m = one_offline(vec![gs(10.0), gs(10.0), gs(99.5), gs(99.5), gs(99.5), gs(99.5), gs(99.5)]);
+        m.cfg.evictor.grace_ms = node_daemon::evictor::EvictorConfig::default().grace_ms;
         m.tick(0);
         assert_eq!(m.evictor.in_flight(), 0);
         // The manager's request appears (the adapter reports it with the time it reads it).
         m.ledger.procs[0].evict_requested_ms = Some(10);
+        m.ledger.procs[0].evict_by_manager = true;
         for t in [10, 20, 30] {
             m.tick(t);
         }
         assert_eq!(m.machine.state(), State::Overlimit);
         assert!(m.evictor.signaller().0.is_empty(), "no second SIGTERM: the manager sent one");
-        for t in [45, 60] {
+        let long = node_ledger::MANAGER_MAX_EVICT_GRACE_MS;
+        for t in [10 + m.cfg.evictor.grace_ms, 10 + 2 * m.cfg.evictor.grace_ms, 10 + long - 1] {
             m.tick(t);
         }
-        assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "grace 30 ms from 10 is over");
+        assert!(m.evictor.signaller().0.is_empty(), "not at the monitor's grace: the manager's may be longer");
+        m.tick(10 + long);
+        assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "the manager's longest grace from 10 is over");
     }
 
     /// The operator's eviction command is waited for once it exits, even when the eviction it

@@ -319,6 +319,7 @@ impl Verifier {
                             reported_bytes: 0,
                             group_id: 0,
                             evict_requested_ms: None,
+                            evict_by_manager: false,
                         },
                         found,
                         nvml_bytes: nvml.iter().filter(|m| m.pid == pid).map(|m| m.used_bytes).sum(),
@@ -348,6 +349,7 @@ mod tests {
             reported_bytes: reported,
             group_id: 0,
             evict_requested_ms: None,
+            evict_by_manager: false,
         }
     }
 

@@ -211,9 +211,23 @@ pub fn parse_kmsg_record(record: &str) -> Option<Xid<'_>> {
 /// The XID of a plain kernel-log line: the driver's message alone (as the tests and
 /// `dmesg --notime` write it), after a `[  12.345678] ` timestamp (`dmesg`), or after a syslog
 /// or journal header that ends in `kernel: ` with no `: ` before it (`Nov 27 10:00:00 host
-/// kernel: ...`; a user process's own tag, `app[7]: kernel: ...`, does not pass).
+/// kernel: ...`; a user process's own tag, `app[7]: kernel: ...`, does not pass). A line
+/// may open with the `<N>` priority `/proc/kmsg` and `dmesg --raw` give each record
+/// (`<4>NVRM: Xid ...`, `<4>[  12.3] NVRM: Xid ...`): only a kernel-facility one (N below 8;
+/// what user space writes to `/dev/kmsg` has facility 1 or more) passes.
 pub fn parse_log_line(line: &str) -> Option<Xid<'_>> {
     let mut rest = line;
+    if let Some(tagged) = rest.strip_prefix('<') {
+        let (prio, message) = tagged.split_once('>')?;
+        if prio.is_empty() || !prio.chars().all(|c| c.is_ascii_digit()) || prio.parse::<u32>().map_or(true, |p| p >= 8) {
+            return None;
+        }
+        rest = message;
+        if let Some(stamped) = rest.strip_prefix('[') {
+            rest = stamped.split_once("] ")?.1;
+        }
+        return parse_xid_message(rest);
+    }
     if !rest.starts_with(XID_PREFIX) && !rest.starts_with('[') {
         let (header, message) = rest.split_once("kernel: ")?;
         if header.contains(": ") || !(header.is_empty() || header.ends_with(' ')) {
@@ -247,28 +261,56 @@ pub fn parse_xid_message(message: &str) -> Option<Xid<'_>> {
 }
 
 /// Whether the driver's GPU name `pci` (`PCI:0000:3b:00`, or `0000:3b:00` from older drivers)
-/// is the address `matcher` (`xid_log_match`, written either way): compared whole, the letters'
-/// case aside.
+/// is the address `matcher` (`xid_log_match`, in any form [`parse_pci`] takes, e.g. NVML's
+/// `00000000:3B:00.0`): domain, bus and device compared as numbers; the function, which the
+/// driver's line does not name, is not compared. A name that is no such address is compared
+/// whole, the letters' case aside.
 pub fn pci_matches(pci: &str, matcher: &str) -> bool {
-    bare_pci(pci).eq_ignore_ascii_case(bare_pci(matcher))
+    match (parse_pci(pci), parse_pci(matcher)) {
+        (Some(a), Some(b)) => a.0 == b.0,
+        _ => bare_pci(pci).eq_ignore_ascii_case(bare_pci(matcher)),
+    }
 }
 
-/// A GPU's address without its `PCI:` tag.
+/// A GPU's address without its `PCI:` tag (any case).
 fn bare_pci(s: &str) -> &str {
-    s.strip_prefix("PCI:")
-        .or_else(|| s.strip_prefix("pci:"))
-        .unwrap_or(s)
+    match s.get(..4) {
+        Some(tag) if tag.eq_ignore_ascii_case("PCI:") => &s[4..],
+        _ => s,
+    }
 }
 
-/// Whether `matcher` is a PCI address as the driver names a GPU in an XID line:
-/// `[PCI:]DDDD:BB:DD` in hex (`PCI:0000:3b:00`), for `xid_log_match`.
+/// A PCI bus address, hex, any case: an optional `PCI:` tag, a domain of 4 to 8 digits (the
+/// driver's XID lines write 4, `nvidia-smi` and NVML 8), 2 of bus, 2 of device, and an optional
+/// `.F` function (`PCI:0000:3b:00`, `00000000:3B:00.0`). Returns ((domain, bus, device),
+/// function); `None` for anything else.
+pub fn parse_pci(s: &str) -> Option<((u32, u8, u8), Option<u8>)> {
+    let rest = bare_pci(s);
+    let (addr, func) = match rest.split_once('.') {
+        Some((a, f)) => (a, Some(f)),
+        None => (rest, None),
+    };
+    let hex = |t: &str, lens: std::ops::RangeInclusive<usize>| {
+        (lens.contains(&t.len()) && t.chars().all(|c| c.is_ascii_hexdigit())).then(|| u32::from_str_radix(t, 16).ok()).flatten()
+    };
+    let mut parts = addr.split(':');
+    let (d, b, v) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let func = match func {
+        Some(f) => Some(u8::try_from(hex(f, 1..=1)?).ok().filter(|&f| f < 8)?),
+        None => None,
+    };
+    let bus = u8::try_from(hex(b, 2..=2)?).ok()?;
+    let dev = u8::try_from(hex(v, 2..=2)?).ok().filter(|&v| v < 32)?;
+    Some(((hex(d, 4..=8)?, bus, dev), func))
+}
+
+/// Whether `matcher` is a PCI address, for `xid_log_match`: the driver's form in XID lines
+/// (`PCI:0000:3b:00`) or NVML's / `nvidia-smi`'s (`00000000:3B:00.0`); see [`parse_pci`].
 pub fn valid_match(matcher: &str) -> bool {
-    let parts: Vec<&str> = bare_pci(matcher).split(':').collect();
-    parts.len() == 3
-        && parts
-            .iter()
-            .zip([4, 2, 2])
-            .all(|(p, n)| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit()))
+    parse_pci(matcher).is_some()
 }
 
 #[cfg(test)]
@@ -316,7 +358,8 @@ mod tests {
         assert!(!pci_matches("PCI:0000:3b:00", "3b:00"));
         assert!(!pci_matches("PCI:0000:3b:00x", "PCI:0000:3b:00"));
         assert!(valid_match("PCI:0000:3b:00") && valid_match("0000:3B:00"));
-        assert!(!valid_match("3b:00") && !valid_match("00000000:3B:00.0") && !valid_match(""));
+        assert!(!pci_matches("PCI:0000:3b:00", "0000:3c:00"));
+        assert!(!valid_match("3b:00") && !valid_match(""));
     }
 
     /// A user chooses the file name the kernel's segfault message prints, and may write to
@@ -426,5 +469,46 @@ mod tests {
         assert!(late.poll().is_empty());
         std::fs::write(&q, "NVRM: Xid (PCI:0000:01:00): 64, once there\n").unwrap();
         assert_eq!(late.poll(), vec![64]);
+    }
+
+    /// `xid_log_match` as operators copy it from `nvidia-smi` / NVML (8-digit domain, function,
+    /// upper case) matches the driver's real XID line, which writes a 4-digit domain and no
+    /// function; before, such a match was refused at load and the monitor did not start.
+    #[test]
+    fn nvml_bus_ids_match_the_drivers_lines() {
+        let line = "[ 12.3] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.";
+        let xid = parse_log_line(line).unwrap();
+        for m in ["00000000:3B:00.0", "PCI:00000000:3b:00.0", "pci:0000:3B:00", "0000:3b:00.0", "PCI:0000:3b:00"] {
+            assert!(valid_match(m), "{m}");
+            assert!(pci_matches(xid.pci, m), "{m}");
+        }
+        for m in ["00000000:3C:00.0", "00000001:3B:00.0", "0000:3b:01"] {
+            assert!(valid_match(m) && !pci_matches(xid.pci, m), "{m}");
+        }
+        for bad in ["3b:00", "3B:00.0", "000:3b:00", "000000000:3b:00", "0000:3b:00.8", "0000:3b:00.", "0000:3b:20",
+            "0000:3b:0", "0000:3b:00:0", "GPU-abc", "NVRM", "", "PCI:", "0000:3g:00"] {
+            assert!(!valid_match(bad), "{bad}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("kern.log");
+        std::fs::write(&p, "").unwrap();
+        let mut t = XidTail::open(&p, Some("00000000:3B:00.0".into()));
+        std::fs::write(&p, format!("{line}\nNVRM: Xid (PCI:0000:3c:00): 48, other gpu\n")).unwrap();
+        assert_eq!(t.poll(), vec![79]);
+    }
+
+    /// `/proc/kmsg` and `dmesg --raw` open each record with its `<N>` priority: a kernel one
+    /// (N below 8) is read, one user space wrote (facility 1 or more: N of 8 or more) is not.
+    #[test]
+    fn kernel_priority_prefixes_are_read_and_user_ones_refused() {
+        let code = |l: &str| parse_log_line(l).map(|x| x.code);
+        assert_eq!(code("<4>NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."), Some(79));
+        assert_eq!(code("<0>[   12.345678] NVRM: Xid (PCI:0000:3b:00): 48, x"), Some(48));
+        assert_eq!(code("<7>NVRM: Xid (PCI:0000:3b:00): 13, x"), Some(13));
+        for bad in ["<8>NVRM: Xid (PCI:0000:3b:00): 79, x", "<12>NVRM: Xid (PCI:0000:3b:00): 79, x", "<14>[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79",
+            "<>NVRM: Xid (PCI:0000:3b:00): 79", "<x>NVRM: Xid (PCI:0000:3b:00): 79", "<4>app: NVRM: Xid (PCI:0000:3b:00): 79",
+            "<4 NVRM: Xid (PCI:0000:3b:00): 79"] {
+            assert_eq!(code(bad), None, "{bad}");
+        }
     }
 }
