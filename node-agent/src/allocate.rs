@@ -661,8 +661,10 @@ mod tests {
     #[test]
     fn response_inline_and_cdi() {
         let mut c = cfg();
-        // The GPU's shared ledger directory (pod ledgers: the next test).
+        // The GPU's shared ledger directory (pod ledgers: the next test), its pipe directory
+        // read-write as NVIDIA's device plugin mounts it (read-only, the default: below).
         c.inject.pod_ledgers = false;
+        c.inject.mps_pipe_read_only = false;
         let plan = PodPlan {
             namespace: "ml".into(),
             name: "a".into(),
@@ -748,7 +750,8 @@ mod tests {
 
     /// With pod ledgers (the default) Allocate makes the pod's own ledger of its GPU and mounts
     /// that file alone where the shim looks for the GPU's ledger, in inline and CDI mode; the
-    /// GPU's shared ledger directory is mounted nowhere; a pod whose UID is not one is refused.
+    /// GPU's shared ledger directory is mounted nowhere, the pipe directory read-only; a pod
+    /// whose UID is not one is refused.
     #[test]
     fn each_pod_gets_a_ledger_of_its_own_and_no_shared_one() {
         let d = tempfile::tempdir().unwrap();
@@ -772,7 +775,7 @@ mod tests {
         c.cdi.enabled = false;
         let r = container_response(&c, &plan).unwrap();
         let pipe = r.mounts.iter().find(|m| m.container_path == "/run/xshare/gpu1/mps-pipe").expect("the pipe directory, a mount of its own");
-        assert!(!pipe.read_only, "read-write unless configured: {pipe:?}");
+        assert!(pipe.read_only, "read-only by default (a root tenant cannot replace the control socket): {pipe:?}");
         let spec = cdi_spec(&c);
         let mounts = spec["devices"][1]["containerEdits"]["mounts"].as_array().unwrap();
         assert!(!mounts.iter().any(|m| m["hostPath"].as_str().is_some_and(|h| h.ends_with("/gpu1"))), "no shared ledger in the CDI spec: {mounts:?}");

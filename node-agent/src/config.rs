@@ -113,10 +113,12 @@ pub struct InjectConfig {
     /// unlink the control daemon's `control` socket and bind one of its own there: every MPS
     /// client started later on the GPU (a relaunched online service among them) and
     /// mps-manager's own commands then reach the tenant's process instead of MPS. Connecting to
-    /// a socket or opening a FIFO needs no write access to the mount, so a client that only
-    /// connects works read-only; whether real MPS clients also create files there is not yet
-    /// known (the GPU check kit's `pipe-ro` check tells, as root, on an MPS host): off by
-    /// default until it is, as NVIDIA's own device plugin mounts it.
+    /// a socket or opening a FIFO needs no write access to the mount, and real MPS clients need
+    /// nothing more: on an H200 (driver 580, 2026-11-29) the GPU check kit's `pipe-ro` check
+    /// had a client as uid 65534 get its context from the MPS server through a read-only bind
+    /// mount of the pipe directory. On by default; off mounts it read-write, as NVIDIA's own
+    /// device plugin does (for a driver whose clients are seen to need it: run the kit's
+    /// `pipe-ro` check there).
     pub mps_pipe_read_only: bool,
     /// Give each offline pod a ledger of its own (`node_ledger::pods`: created at Allocate,
     /// its file alone mounted at `<ledger_container_dir>/gpu<N>/ledger`, removed once the pod
@@ -242,7 +244,7 @@ impl Default for InjectConfig {
             ledger_container_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
             mps_pipe_dir: String::new(),
             mps_shm_dir: String::new(),
-            mps_pipe_read_only: false,
+            mps_pipe_read_only: true,
             pod_ledgers: true,
         }
     }

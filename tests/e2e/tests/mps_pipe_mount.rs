@@ -1,5 +1,5 @@
 //! The MPS pipe directory as node-agent's Allocate gives it to an offline container. Read-write
-//! (NVIDIA's device plugin's way, and the default until real MPS is seen to work without), a
+//! (NVIDIA's device plugin's way; `inject.mps_pipe_read_only: false`, no longer the default), a
 //! tenant that is root in its container can unlink the control daemon's `control` socket and
 //! put one of its own there: later MPS clients of the GPU and mps-manager's commands would reach
 //! the tenant's process. With `inject.mps_pipe_read_only` it cannot, and its own MPS clients
