@@ -743,6 +743,10 @@ check_throttle_cap() {
 
 # --- exit under MPS ----------------------------------------------------------------------
 mps_servers() { echo get_server_list | mpsctl 2>/dev/null | tr -dc '0-9\n' | grep . | tr '\n' ' ' | sed 's/ $//'; }
+mps_clients() { # the pids of the clients of MPS servers "$@", one line
+    local srv
+    for srv in "$@"; do echo "get_client_list $srv" | mpsctl 2>/dev/null; done | tr -dc '0-9\n' | grep . | tr '\n' ' ' | sed 's/ $//'
+}
 mps_logs() { # the tails of MPS's own logs, for a row that says MPS failed
     echo "control log: $(tail -n 2 "$root/mps-log/control.log" 2>/dev/null | plain 200); server log: $(tail -n 2 "$root/mps-log/server.log" 2>/dev/null | plain 200)"
 }
@@ -888,8 +892,9 @@ check_shm() {
     # An MPS server keeps the shared memory its clients attach to in its /dev/shm: a client
     # with a /dev/shm of its own (every container's default) should fail to connect. The
     # emulator refuses it with CUDA_ERROR_MPS_CONNECTION_FAILED (805); a context made here
-    # would mean real MPS needs no shared /dev/shm and the emulator is stricter than it.
-    local h line r at
+    # (the probe listed as the server's client, its work done) would mean this host's MPS needs
+    # no shared /dev/shm and the emulator is stricter than it.
+    local h p line r at work pid servers clients="" listed=""
     if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null 2>&1; then
         row shm SKIP "-" "needs root and unshare (a mount namespace with a /dev/shm of its own)"
         return
@@ -898,16 +903,28 @@ check_shm() {
     "${as_user[@]}" env "$py" "$client" hold 1 >"$root/shm-hold.out" 2>&1 &
     h=$!; pids+=($h)
     for _ in $(seq 100); do grep -q holding "$root/shm-hold.out" 2>/dev/null && break; sleep 0.1; done
-    line=$(tmo 60 unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh \
-        "${as_user[@]}" env "$py" "$client" ctx 2>"$root/shm.err")
-    local rc=$?
-    stop_pids $h
-    if timed_out $rc; then row shm FAIL "timed out" "a client with its own /dev/shm neither connected nor was refused in 60 s: $(tail -n 1 "$root/shm.err" | plain)"; return; fi
-    r=$(echo "$line" | jget result); at=$(echo "$line" | jget at)
+    unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh \
+        "${as_user[@]}" env "$py" "$client" ctx --hold >"$root/shm.out" 2>"$root/shm.err" &
+    p=$!; pids+=($p)
+    if ! wait_line "$root/shm.out" '"result"' 60 $p; then
+        local why="exited without an answer"; kill -0 $p 2>/dev/null && why="neither connected nor was refused in 60 s"
+        stop_pids $p $h
+        row shm FAIL "own /dev/shm: no answer" "a client with its own /dev/shm $why: $(tail -n 1 "$root/shm.err" | plain)"
+        return
+    fi
+    line=$(cat "$root/shm.out")
+    r=$(jget result <<<"$line"); at=$(jget at <<<"$line"); work=$(jget work <<<"$line"); pid=$(jget pid <<<"$line")
+    if [[ $r == 0 ]]; then
+        servers=$(mps_servers); clients=$(mps_clients $servers)
+        [[ " $clients " == *" $pid "* ]] && listed=1
+    fi
+    stop_pids $p $h
     if [[ "$r" == 805 ]]; then
         row shm PASS "own /dev/shm: CUresult 805 at ${at:-?}" "as the emulator has it: an MPS client must see its server's /dev/shm (mps-manager shm_dir, mounted into containers)$(mgr_note)"
+    elif [[ "$r" == 0 && -n $listed ]]; then
+        row shm INFO "own /dev/shm: MPS client, work ${work:-?}" "MPS served a client with a /dev/shm of its own (pid $pid listed by server(s) ${servers:-none}; 1 MiB set and synchronised: CUresult ${work:-?}): the emulator (805) is stricter than this host$(mgr_note)"
     elif [[ "$r" == 0 ]]; then
-        row shm INFO "own /dev/shm: context made" "MPS connected a client with a /dev/shm of its own: the emulator (805) is stricter than this host$(mgr_note)"
+        row shm INFO "own /dev/shm: context made outside MPS" "the probe (pid $pid) is no MPS server's client (server(s) ${servers:-none}, clients: ${clients:-none}): not what this check asks$(mgr_note)"
     else
         row shm INFO "own /dev/shm: CUresult ${r:-?} at ${at:-?}" "$(tail -n 1 "$root/shm.err" | plain)"
     fi
@@ -922,7 +939,7 @@ check_pipe_ro() {
     # in a mount namespace where the pipe directory is a read-only bind mount of itself.
     # A client holds the server up meanwhile, and the probe holds its context until MPS has been
     # asked for its clients: a context made outside MPS (the fence not held) is no PASS.
-    local line r at before after h p pid srv servers clients="" listed=""
+    local line r at before after h p pid servers clients="" listed=""
     if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null 2>&1; then
         row pipe-ro SKIP "-" "needs root and unshare (a mount namespace with the pipe directory read-only)"
         return
@@ -948,10 +965,7 @@ check_pipe_ro() {
     line=$(cat "$root/pipe-ro.out")
     r=$(jget result <<<"$line"); at=$(jget at <<<"$line"); pid=$(jget pid <<<"$line")
     if [[ $r == 0 ]]; then
-        servers=$(mps_servers)
-        for srv in $servers; do
-            clients+="$(echo "get_client_list $srv" | mpsctl 2>/dev/null | tr -dc '0-9\n' | tr '\n' ' ')"
-        done
+        servers=$(mps_servers); clients=$(mps_clients $servers)
         [[ " $clients " == *" $pid "* ]] && listed=1
     fi
     after=$(ls -A "$root/mps-pipe" | tr '\n' ' ')

@@ -107,10 +107,12 @@ def hold(mib):
 def ctx(hold_after=False):
     """Asks for a context and reports the driver's answer (0, or the refusing CUresult and
     call), then lets it go: what a process gets under the GPU's compute mode. With --hold, a
-    context made is kept until SIGTERM/SIGINT (so that MPS lists the client meanwhile)."""
+    context made does work on the GPU (1 MiB allocated, set and synchronised: `work` is the
+    first refusal, 0 when all went through) and is kept until SIGTERM/SIGINT (so that MPS lists
+    the client meanwhile)."""
     lib = ctypes.CDLL("libcuda.so.1")
     r = lib.cuInit(0)
-    at = "cuInit"
+    at, work = "cuInit", None
     if r == 0:
         dev, c = ctypes.c_int(), ctypes.c_void_p()
         r = lib.cuDeviceGet(ctypes.byref(dev), 0)
@@ -123,7 +125,12 @@ def ctx(hold_after=False):
                 lib.cuCtxSetCurrent(c)
                 free, total = ctypes.c_size_t(), ctypes.c_size_t()
                 lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
-    out(check="ctx", result=r, at=at, pid=os.getpid())
+                p = ctypes.c_uint64()
+                work = lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(MIB))
+                if work == 0:
+                    work = lib.cuMemsetD8_v2(p, ctypes.c_ubyte(7), ctypes.c_size_t(MIB)) or lib.cuCtxSynchronize()
+                    lib.cuMemFree_v2(p)
+    out(check="ctx", result=r, at=at, pid=os.getpid(), **({} if work is None else {"work": work}))
     if r == 0:
         if hold_after:
             signal.signal(signal.SIGINT, signal.default_int_handler)
