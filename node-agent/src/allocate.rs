@@ -387,7 +387,8 @@ pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, V
         });
     }
     // The MPS server's /dev/shm as the container's: its clients attach to the shared memory
-    // it keeps there (a /dev/shm of the container's own cannot connect).
+    // it keeps there, as NVIDIA's device plugin shares the MPS daemon's (the emulator refuses a
+    // client with a /dev/shm of its own; an H200's MPS with driver 580 served one: kit `shm`).
     mounts.push(pb::Mount {
         container_path: "/dev/shm".to_string(),
         host_path: s(&cfg.mps_shm_host_dir(gpu)),
