@@ -11,9 +11,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"XSHLEDG\0");
 /// `ProcSlot`; `liveness` added, the monitor block's unused `_reserved` words dropped; v4:
 /// `ProcSlot::mps_pct`, the MPS active-thread percentage each offline process started with;
 /// v5: the start-claims block, [`ClaimsBlock`]; v6: `ProcSlot::syncs_begun` / `syncs_ended`,
-/// whether an offline process waits on the GPU). A process built for another version refuses
-/// the file (`layout_version` error).
-pub const LAYOUT_VERSION: u32 = 6;
+/// whether an offline process waits on the GPU; v7: the top bit of `GroupSlot::used_bytes` is
+/// the claim mark of the idle-group reconciliation, [`USED_CLAIMED`], which every other writer
+/// of the word clears). A process built for another version refuses the file
+/// (`layout_version` error).
+pub const LAYOUT_VERSION: u32 = 7;
 /// Process registry slots per GPU.
 pub const MAX_PROCS: usize = 256;
 /// Quota groups (containers) per GPU.
@@ -51,8 +53,9 @@ pub struct Header {
 /// offline SM budget (24 bytes). Every offline process may write the ledger, so a tenant could
 /// forge the throttle input of every other offline process and the health node-agent admits
 /// by: they are in the daemons' status file now (`crate::status`), which containers get
-/// read-only. Nothing reads or writes these bytes; they stay so that v5 files remain valid
-/// (drop them at the next layout version).
+/// read-only. Nothing reads or writes these bytes; they stay so that every later field keeps
+/// the offset v5 gave it (drop them at a layout version that moves fields anyway; v6 and v7
+/// did not).
 #[repr(C)]
 pub struct RetiredBlocks {
     _words: [AtomicU64; 13],
@@ -65,7 +68,11 @@ pub struct GroupSlot {
     pub id: AtomicU64,
     /// Quota in bytes.
     pub quota_bytes: AtomicU64,
-    /// Bytes reserved by the group's processes; changed only by CAS/fetch ops.
+    /// Bytes reserved by the group's processes (bits 0..63, [`USED_BYTES`]), and the claim
+    /// mark of an idle-group reconciliation in progress (bit 63, [`USED_CLAIMED`]); changed
+    /// only by atomic read-modify-write operations, and every one but a reconciler's claim
+    /// writes the mark clear (protocol: `ledger.rs`, "Idle-group reconciliation"). Read the
+    /// usage through `Ledger::group_used`, never the raw word.
     pub used_bytes: AtomicU64,
     /// Reservations refused for lack of quota.
     pub refusals: AtomicU64,
@@ -184,6 +191,12 @@ const _: () = assert!(std::mem::size_of::<ClaimSlot>() == 32);
 // The claims lock's range never meets a registry slot's lock range.
 const _: () = assert!(std::mem::offset_of!(Layout, claims) >= std::mem::offset_of!(Layout, procs) + MAX_PROCS * std::mem::size_of::<ProcSlot>());
 
+/// [`GroupSlot::used_bytes`]: the claim mark, set only by a reconciler holding the group's
+/// lock ([`group_slot_offset`]) and cleared by every other write of the word.
+pub const USED_CLAIMED: u64 = 1 << 63;
+/// [`GroupSlot::used_bytes`]: the bytes; a reservation never takes them past this.
+pub const USED_BYTES: u64 = !USED_CLAIMED;
+
 /// Pid field of an `owner` word.
 pub fn owner_pid(owner: u64) -> u32 {
     owner as u32
@@ -208,6 +221,20 @@ pub const LIVENESS_PROXY: u64 = u64::MAX;
 pub fn proc_slot_offset(slot: usize) -> u64 {
     (std::mem::offset_of!(Layout, procs) + slot * std::mem::size_of::<ProcSlot>()) as u64
 }
+
+/// Byte offset of group slot `group` in the file: the range of the lock a reconciler holds
+/// while it may set the group's usage back ([`GROUP_SLOT_LEN`] bytes, before every registry
+/// slot's range).
+pub fn group_slot_offset(group: usize) -> u64 {
+    (std::mem::offset_of!(Layout, groups) + group * std::mem::size_of::<GroupSlot>()) as u64
+}
+
+/// Length of a group slot's lock range.
+pub const GROUP_SLOT_LEN: u64 = std::mem::size_of::<GroupSlot>() as u64;
+
+// A reconciler's group lock never meets a registry slot's lock range (what the daemons take
+// for an owner's) nor the claims lock's.
+const _: () = assert!(std::mem::offset_of!(Layout, groups) + MAX_GROUPS * std::mem::size_of::<GroupSlot>() <= std::mem::offset_of!(Layout, procs));
 
 /// Length of a registry slot's lock range.
 pub const PROC_SLOT_LEN: u64 = std::mem::size_of::<ProcSlot>() as u64;

@@ -117,9 +117,11 @@ fn poke(path: &Path, offset: u64, bytes: &[u8]) {
 
 #[test]
 fn a_running_monitor_reports_a_damaged_header_once_and_keeps_running() {
+    // A version this build never reads (7 was "wrong" until it became the current one).
+    let other_version = (node_ledger::layout::LAYOUT_VERSION + 1).to_le_bytes();
     for (what, offset, bytes) in [
         ("wrong magic", 0u64, &b"NOTLEDGR"[..]),
-        ("wrong version", 8, &[7u8, 0, 0, 0][..]),
+        ("wrong version", 8, &other_version[..]),
     ] {
         let n = EmuHost::node();
         let mut m = n.start_monitor("mon.json", CONFIG);
