@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use e2e::{EmuChild, EmuHost};
-use node_ledger::layout::{HEADER_SIZE, LAYOUT_SIZE};
+use node_ledger::layout::{HEADER_SIZE, LAYOUT_SIZE, LAYOUT_VERSION};
 use shim_support::*;
 
 const QUOTA: u64 = 64 * MIB;
@@ -83,7 +83,7 @@ fn damage_then_check(damage: impl FnOnce(&Path), field: &str) {
 #[test]
 fn a_header_overwritten_under_a_running_process_stops_its_allocations() {
     damage_then_check(|p| poke(p, 0, b"NOTLEDGR"), "magic");
-    damage_then_check(|p| poke(p, 8, &[9, 0, 0, 0]), "layout_version");
+    damage_then_check(|p| poke(p, 8, &(LAYOUT_VERSION + 2).to_le_bytes()), "layout_version");
 }
 
 #[test]
@@ -241,7 +241,7 @@ fn stress_damaged_ledger_under_monitor_and_processes() {
                 HEADER_SIZE as u64,
                 &vec![0u8; LAYOUT_SIZE - HEADER_SIZE],
             ),
-            "wrong-version" => poke(&lp, 8, &[9, 0, 0, 0]),
+            "wrong-version" => poke(&lp, 8, &(LAYOUT_VERSION + 2).to_le_bytes()),
             "random" => poke(
                 &lp,
                 0,
