@@ -3003,6 +3003,207 @@ cat >/dev/null
         kill(second);
     }
 
+    /// A child of this test traced by a thread of its own with `PTRACE_O_TRACEEXIT`, so that,
+    /// SIGKILLed, it stops at its exit (`PTRACE_EVENT_EXIT`): the signal taken and its exit
+    /// begun, yet not a zombie (`/proc` shows it in state `t`) and its descriptors still open.
+    /// That is what a control daemon still dying is to the manager (one in an uninterruptible
+    /// driver call when killed, or freeing its memory): alive by pid + start time, and holding
+    /// its listening control socket, where a connection still succeeds into the backlog. It is
+    /// held there `hold` after the stop (`None`: until [`Traced::finish`] or a drop), then
+    /// goes on dying.
+    struct Traced {
+        child: Child,
+        release: Option<std::sync::mpsc::Sender<()>>,
+        /// Told when the child stops at its exit.
+        stopped: std::sync::mpsc::Receiver<()>,
+        /// Whether the child was held at its exit, and whether the tracer reaped it.
+        tracer: Option<std::thread::JoinHandle<(bool, bool)>>,
+    }
+
+    impl Traced {
+        /// `Err` says why this process cannot trace its child (ptrace refused: a seccomp
+        /// profile, Yama).
+        fn seize(mut child: Child, hold: Option<Duration>) -> Result<Traced, String> {
+            use std::sync::mpsc::{channel, TryRecvError};
+            let pid = child.id() as libc::pid_t;
+            let (seized_tx, seized) = channel();
+            let (release, released) = channel::<()>();
+            let (stopped_tx, stopped) = channel();
+            // Only the tracing thread may resume or detach its tracee: all of it runs there.
+            let tracer = std::thread::spawn(move || {
+                // SAFETY: ptrace(2) on a child of this process; `data` carries the options.
+                let r = unsafe {
+                    libc::ptrace(libc::PTRACE_SEIZE, pid, std::ptr::null_mut::<libc::c_void>(), libc::PTRACE_O_TRACEEXIT as libc::c_ulong)
+                };
+                let _ = seized_tx.send((r == 0).then_some(()).ok_or_else(|| std::io::Error::last_os_error().to_string()));
+                if r != 0 {
+                    return (false, false);
+                }
+                let mut held: Option<std::time::Instant> = None;
+                loop {
+                    let mut st = 0;
+                    // SAFETY: waitpid(2) on the traced child, without blocking.
+                    let w = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG | libc::__WALL) };
+                    if w == pid && libc::WIFSTOPPED(st) {
+                        if st >> 8 == libc::SIGTRAP | (libc::PTRACE_EVENT_EXIT << 8) {
+                            held = Some(std::time::Instant::now());
+                            let _ = stopped_tx.send(());
+                        } else {
+                            // Any other stop (a signal on its way): the signal is passed on.
+                            // SAFETY: ptrace(2) on the tracee, stopped.
+                            unsafe {
+                                libc::ptrace(libc::PTRACE_CONT, pid, std::ptr::null_mut::<libc::c_void>(), libc::WSTOPSIG(st) as libc::c_ulong)
+                            };
+                        }
+                    } else if w != 0 {
+                        // Exited (reaped here), or no longer a child to wait for.
+                        return (held.is_some(), w == pid);
+                    }
+                    let told = !matches!(released.try_recv(), Err(TryRecvError::Empty));
+                    let over = held.zip(hold).is_some_and(|(at, hold)| at.elapsed() >= hold);
+                    if told || over {
+                        if held.is_some() {
+                            // SAFETY: ptrace(2) on the tracee, stopped at its exit: it goes on.
+                            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, std::ptr::null_mut::<libc::c_void>(), 0 as libc::c_ulong) };
+                        }
+                        // A tracee still running is detached as this thread ends.
+                        return (held.is_some(), false);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            match seized.recv() {
+                Ok(Ok(())) => Ok(Traced { child, release: Some(release), stopped, tracer: Some(tracer) }),
+                r => {
+                    let _ = tracer.join();
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    Err(r.map_or_else(|e| e.to_string(), |r| r.unwrap_err()))
+                }
+            }
+        }
+
+        /// Releases the child (if held), kills and reaps it; whether it was held at its exit.
+        fn finish(mut self) -> bool {
+            self.end()
+        }
+
+        fn end(&mut self) -> bool {
+            let Some(tracer) = self.tracer.take() else { return false };
+            drop(self.release.take());
+            let (held, reaped) = tracer.join().unwrap_or((false, false));
+            if !reaped {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+            held
+        }
+    }
+
+    impl Drop for Traced {
+        fn drop(&mut self) {
+            self.end();
+        }
+    }
+
+    /// A stand-in control daemon of `m`'s pipe directory (named as NVIDIA's, started for that
+    /// directory), the only holder of the listening control socket, adopted through the pid
+    /// file as the daemon `m` runs, and traced ([`Traced`], with `hold`). `None` (said why)
+    /// where this process cannot trace its children, or a SIGKILLed tracee does not stop at
+    /// its exit.
+    fn dying_daemon(m: &mut Manager, dir: &Path, hold: Option<Duration>) -> Option<(Traced, DaemonId)> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        // Whether a SIGKILLed tracee stops at its exit here, on a bystander.
+        let probe = Traced::seize(sleeper(), None).and_then(|t| {
+            // SAFETY: kill(2) of the sleeper this test started, not reaped yet.
+            unsafe { libc::kill(t.child.id() as i32, libc::SIGKILL) };
+            let stopped = t.stopped.recv_timeout(Duration::from_secs(5)).is_ok();
+            (t.finish() && stopped).then_some(()).ok_or_else(|| "a SIGKILLed tracee does not stop at PTRACE_EVENT_EXIT".to_string())
+        });
+        if let Err(e) = probe {
+            eprintln!("skipped: no control daemon still dying can be made here: {e}");
+            return None;
+        }
+        let pipe = m.cfg.pipe_dir.clone();
+        std::fs::create_dir_all(&pipe).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
+        let fd = listener.as_raw_fd();
+        // The socket as its descriptor 3, which its sleep does not get (the socket is the
+        // daemon's alone: gone with it).
+        let bin = dir.join("dying");
+        std::fs::create_dir_all(&bin).unwrap();
+        let bin = bin.join("nvidia-cuda-mps-control");
+        std::fs::write(&bin, "#!/bin/sh\nsleep 30 3<&-\n").unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut cmd = Command::new(&bin);
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", &pipe);
+        // SAFETY: dup2(2) and fcntl(2) on a descriptor of the child, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if fd == 3 {
+                    libc::fcntl(fd, libc::F_SETFD, 0);
+                } else {
+                    libc::dup2(fd, 3);
+                }
+                Ok(())
+            })
+        };
+        let child = cmd.spawn().unwrap();
+        drop(listener);
+        let pid = child.id();
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while !crate::control::is_mps_process(pid) {
+            assert!(std::time::Instant::now() < end, "the stand-in daemon never started");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::fs::write(pipe.join(crate::control::PID_FILE), format!("{pid}\n")).unwrap();
+        assert_eq!(m.ensure_daemon().unwrap(), pid, "the stand-in is the daemon the manager runs");
+        let id = m.recorded_daemon().unwrap();
+        let traced = Traced::seize(child, hold).unwrap();
+        assert_eq!(m.ctl.socket_daemon(), Some(id), "the stand-in is found by the socket, as a daemon without pid file is");
+        Some((traced, id))
+    }
+
+    /// A control daemon that does not answer is killed by the reset; one still dying then
+    /// (SIGKILL taken, not gone yet) holds its control socket, where the adoption without a
+    /// pid file ([`MpsControl::socket_daemon`]; the reset removes the file) finds it. Before
+    /// 0058ef6 the reset, 50 ms after the SIGKILL, adopted it as the new daemon: a recovery
+    /// that recovered nothing, and the next one rate-limited. The reset waits for it to be
+    /// gone (`command_timeout_ms` at most) and then starts another; still there, it fails
+    /// rather than adopt it.
+    #[test]
+    fn a_killed_daemon_still_dying_is_waited_for_and_never_adopted() {
+        let refusing = "read cmd; echo \"Error: $cmd: no answer\"\n";
+        // Dying past command_timeout_ms: the reset fails, adopting nothing.
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_answering(d.path(), refusing);
+        let Some((traced, dying)) = dying_daemon(&mut m, d.path(), None) else { return };
+        let r = m.reset_mps();
+        let alive = node_ledger::procinfo::is_alive(dying.pid, dying.start_time);
+        assert!(traced.finish(), "the stand-in was not held at its exit: nothing was modelled");
+        assert!(alive, "the stand-in died before the reset ended: nothing was modelled");
+        if let Ok(pid) = r {
+            kill(pid);
+        }
+        assert_ne!(r.as_ref().ok(), Some(&dying.pid), "the killed daemon, still dying, was adopted as the new one");
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("still running") && e.contains(&dying.pid.to_string()), "{e}");
+        // Dying for a while, within command_timeout_ms: waited for, then another started.
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_answering(d.path(), refusing);
+        m.cfg.command_timeout_ms = 30_000;
+        let Some((traced, dying)) = dying_daemon(&mut m, d.path(), Some(Duration::from_millis(300))) else { return };
+        let r = m.reset_mps();
+        let gone = !node_ledger::procinfo::is_alive(dying.pid, dying.start_time);
+        assert!(traced.finish(), "the stand-in was not held at its exit: nothing was modelled");
+        let new = r.expect("a new daemon once the killed one is gone");
+        kill(new);
+        assert_ne!(new, dying.pid, "the killed daemon, still dying, was adopted as the new one");
+        assert!(gone, "the reset ended before the killed daemon was gone");
+        assert_eq!(m.recorded_daemon().map(|d| d.pid), Some(new));
+    }
+
     /// A daemon that runs but does not answer (a hang) is published as such at the first look
     /// that times out, whatever the rate limit does with its reset: node-agent then admits no
     /// container to the GPU.

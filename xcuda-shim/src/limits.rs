@@ -129,6 +129,9 @@ fn set_sized(
     real: impl FnOnce() -> CUresult,
     set: impl FnOnce() -> Option<u64>,
 ) -> CUresult {
+    // Begun before the driver's call, as an allocation is (`crate::quota::Flight`): a
+    // teardown of `ctx` waits for its record, or it for the teardown.
+    let flight = q.flight_in(ctx);
     let k = key(ctx, limit);
     let have = q.tracked(Kind::CtxLimit, k).unwrap_or(0);
     let want = bytes(value, default, per);
@@ -155,7 +158,7 @@ fn set_sized(
         q.release(counted - set);
         set
     };
-    q.set_ctx_limit(k, counted, ctx);
+    q.set_ctx_limit(&flight, k, counted);
     rc
 }
 
@@ -221,5 +224,40 @@ mod tests {
         assert_eq!(rc, CUresult::CUDA_SUCCESS, "the driver went past what fit");
         assert_eq!(q.used(), 64 << 20, "counted up to the quota: the group is at its limit");
         assert_eq!(q.tracked(Kind::CtxLimit, key(ctx, stack)), Some(64 << 20));
+    }
+
+    /// A limit another thread sets in a context while its teardown is in progress (its
+    /// records set aside) waits for the teardown's end: the driver destroyed the context, so
+    /// the set fails and nothing stays counted. Before, the limit was recorded under the
+    /// context after the set-aside and its bytes stayed counted for the process's life.
+    #[test]
+    fn a_limit_set_during_its_contexts_teardown_is_not_left_counted() {
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        use std::sync::Arc;
+        let q = Arc::new(Quota::local(100 << 20));
+        let (ctx, heap) = (0x7f00_0000_1000u64, CUlimit::CU_LIMIT_MALLOC_HEAP_SIZE);
+        q.context_teardown_begin(ctx);
+        let (live, done) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(false)));
+        let set = std::thread::spawn({
+            let (q, live, done) = (q.clone(), live.clone(), done.clone());
+            move || {
+                let driver = || if live.load(SeqCst) { CUresult::CUDA_SUCCESS } else { CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED };
+                let rc = set_sized(&q, ctx, heap, 40 << 20, (DEFAULT_MALLOC_HEAP, 1), driver, || Some(40 << 20));
+                done.store(true, SeqCst);
+                rc
+            }
+        });
+        // Set (and recorded), or waiting for the teardown's end; a minute is a hang.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done.load(SeqCst) && q.teardown_waits() == 0 {
+            assert!(std::time::Instant::now() < end, "neither set nor waiting for the teardown");
+            std::thread::yield_now();
+        }
+        // The driver destroys the context.
+        live.store(false, SeqCst);
+        q.context_teardown_end(ctx, true);
+        let rc = set.join().unwrap();
+        assert_eq!(q.used(), 0, "a limit set during its context's teardown stayed counted after the driver freed it");
+        assert_eq!(rc, CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
     }
 }

@@ -33,12 +33,15 @@ pub fn counted(
     key: impl FnOnce() -> u64,
     undo: impl FnOnce(u64),
 ) -> CUresult {
+    // Begun before the driver's call: a teardown of its context waits for its record, or it
+    // for the teardown (`crate::quota::Flight`).
+    let flight = q.flight(kind);
     let rc = reserved(q, bytes, alloc);
     if rc != CUresult::CUDA_SUCCESS {
         return rc;
     }
     let k = key();
-    if q.track(kind, k, bytes) {
+    if q.track_in(&flight, kind, k, bytes) {
         return rc;
     }
     crate::state::logged(|| tracing::error!(key = k, bytes, "xcuda: allocation table full; undoing allocation"));
@@ -97,6 +100,7 @@ pub fn pitched(
     result: impl FnOnce() -> (u64, u64),
     undo: impl FnOnce(u64),
 ) -> CUresult {
+    let flight = q.flight(Kind::DevicePtr);
     let rc = reserved(q, estimate, alloc);
     if rc != CUresult::CUDA_SUCCESS {
         return rc;
@@ -110,7 +114,7 @@ pub fn pitched(
     if actual < estimate {
         q.release(estimate - actual);
     }
-    if !q.track(Kind::DevicePtr, key, actual) {
+    if !q.track_in(&flight, Kind::DevicePtr, key, actual) {
         undo(key);
         q.release(actual);
         return CUresult::CUDA_ERROR_OUT_OF_MEMORY;

@@ -29,6 +29,15 @@ pub enum Kind {
     CtxLimit,
 }
 
+impl Kind {
+    /// Whether a record of this kind is owned by the context it was made in (given back when
+    /// that context ends, [`Quota::release_context`]).
+    #[inline]
+    fn context_owned(self) -> bool {
+        matches!(self, Kind::DevicePtr | Kind::Array | Kind::CtxLimit)
+    }
+}
+
 /// Where reservations are counted.
 pub enum Backend {
     /// The per-GPU ledger: the quota is shared by every process of the group.
@@ -91,6 +100,46 @@ pub struct Quota {
     teardowns: [Teardown; TEARDOWNS],
     /// Held while a teardown begins or ends (off the hot path; freed in a fork child).
     teardown_lock: crate::spin::SpinLock,
+    /// Allocations of context-owned kinds on their way ([`Flight`]: from before the driver's
+    /// call to their record), counted in the phase [`Quota::flight_phase`] said when they
+    /// began.
+    flights: [AtomicU32; 2],
+    /// Which of `flights` a new allocation counts in; flipped by a teardown that waits for
+    /// the other's to end ([`Quota::drain_flights`]), so that allocations beginning meanwhile
+    /// never keep it waiting.
+    flight_phase: AtomicU32,
+    /// How many of `teardowns` are in progress: 0, an allocation's only look at them.
+    tearing: AtomicU32,
+    /// How many times an allocation waited for its context's teardown to end, or a teardown
+    /// for allocations on their way (tests wait on it).
+    teardown_waits: AtomicU64,
+}
+
+/// An allocation on its way, from before the driver's call until its record is made (or it
+/// failed), and the owner its record takes ([`Quota::flight`], [`Quota::track_in`]). A
+/// teardown of the context waits for those begun before it ([`Quota::context_teardown_begin`]),
+/// whose records it then sets aside with the others: their memory was allocated before the
+/// driver's teardown, which frees it. One of that context begun during the teardown waits
+/// for its end, so that its driver's call comes after the driver's answer (it fails if the
+/// context was destroyed, and is counted under the context otherwise: a release that was
+/// not the last, a primary context retained again). Before, an allocation another thread
+/// made between the records being set aside and the driver's call was recorded under the
+/// context and stayed counted after the driver freed it.
+#[must_use]
+pub struct Flight<'a> {
+    /// The phase count it is counted in (`None`: a kind no context owns, not counted).
+    count: Option<&'a AtomicU32>,
+    /// The context its record is owned by (0: none).
+    owner: u64,
+}
+
+impl Drop for Flight<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(c) = self.count {
+            c.fetch_sub(1, Release);
+        }
+    }
 }
 
 /// How many contexts' concurrent teardowns one [`Quota`] tells apart; past them a teardown
@@ -181,7 +230,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0), teardowns: [const { Teardown::new() }; TEARDOWNS], teardown_lock: crate::spin::SpinLock::new() }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0), teardowns: [const { Teardown::new() }; TEARDOWNS], teardown_lock: crate::spin::SpinLock::new(), flights: [AtomicU32::new(0), AtomicU32::new(0)], flight_phase: AtomicU32::new(0), tearing: AtomicU32::new(0), teardown_waits: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -385,7 +434,94 @@ impl Quota {
         }
     }
 
+    /// Begins an allocation of `kind` by the calling thread, before the driver is asked: see
+    /// [`Flight`]. Its record is made with [`Quota::track_in`] while it lives. For a kind a
+    /// context owns, it waits first while the current context is being torn down.
+    #[inline]
+    pub fn flight(&self, kind: Kind) -> Flight<'_> {
+        if !kind.context_owned() {
+            return Flight { count: None, owner: 0 };
+        }
+        self.flight_in((self.owner_source)())
+    }
+
+    /// [`Quota::flight`] of an allocation owned by context `ctx` (a context limit).
+    #[inline]
+    pub fn flight_in(&self, ctx: u64) -> Flight<'_> {
+        loop {
+            let count = &self.flights[(self.flight_phase.load(SeqCst) & 1) as usize];
+            // Counted before the look at the teardowns (both SeqCst, as their side's are): a
+            // teardown either sees this allocation on its way, or is seen by it.
+            count.fetch_add(1, SeqCst);
+            if self.tearing.load(SeqCst) == 0 || !self.tearing_down(ctx) {
+                return Flight { count: Some(count), owner: ctx };
+            }
+            count.fetch_sub(1, Release);
+            self.await_teardown(ctx);
+        }
+    }
+
+    /// Whether a teardown of context `ctx` is in progress.
+    fn tearing_down(&self, ctx: u64) -> bool {
+        ctx != 0 && self.teardowns.iter().any(|t| t.ctx.load(SeqCst) == ctx)
+    }
+
+    /// Waits, counting no allocation on its way, until no teardown of `ctx` is in progress.
+    #[cold]
+    #[inline(never)]
+    fn await_teardown(&self, ctx: u64) {
+        self.teardown_waits.fetch_add(1, Relaxed);
+        let mut spins = 0u32;
+        while self.tearing_down(ctx) {
+            spins = spins.saturating_add(1);
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A teardown (under `teardown_lock`) waits until the allocations on their way when it
+    /// began have made their records (or failed): those that began later count in the other
+    /// phase, which it does not wait for.
+    #[cold]
+    fn drain_flights(&self) {
+        let old = &self.flights[(self.flight_phase.fetch_xor(1, SeqCst) & 1) as usize];
+        if old.load(SeqCst) == 0 {
+            return;
+        }
+        self.teardown_waits.fetch_add(1, Relaxed);
+        let mut spins = 0u32;
+        while old.load(SeqCst) != 0 {
+            spins = spins.saturating_add(1);
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// How many times an allocation waited for its context's teardown, or a teardown for
+    /// allocations on their way (see [`Flight`]).
+    pub fn teardown_waits(&self) -> u64 {
+        self.teardown_waits.load(Relaxed)
+    }
+
+    /// Records allocation `key` of `bytes`, which the driver just made during `flight`
+    /// (begun for `kind` before the driver's call), under the flight's owner; `false` if it
+    /// could not be tracked.
+    #[inline]
+    pub fn track_in(&self, flight: &Flight<'_>, kind: Kind, key: u64, bytes: u64) -> bool {
+        let owner = if kind.context_owned() { flight.owner } else { 0 };
+        self.map(kind).insert_owned(key, bytes, owner)
+    }
+
     /// Records an allocation that the driver just made; `false` if it could not be tracked.
+    /// Its owner is read now, without a [`Flight`]: for kinds no context owns, and tests; an
+    /// allocation a context owns is begun with [`Quota::flight`] and recorded with
+    /// [`Quota::track_in`].
     #[inline]
     pub fn track(&self, kind: Kind, key: u64, bytes: u64) -> bool {
         // cuMemCreate handles belong to the device, not to a context: they outlive it. Their
@@ -415,15 +551,29 @@ impl Quota {
     /// same handle value to once `ctx` is gone are never taken for `ctx`'s. Ended by
     /// [`Quota::context_teardown_end`]; concurrent teardowns of one context (two threads
     /// releasing its primary context) are counted, and only the last to end ends them.
+    ///
+    /// The first teardown of `ctx` in progress makes the context's new allocations wait for
+    /// its end, and waits for those on their way before setting records aside ([`Flight`]).
     pub fn context_teardown_begin(&self, ctx: u64) {
         let _one = self.teardown_lock.lock();
         if ctx != 0 {
-            if let Some(t) = self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == ctx).or_else(|| self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == 0)) {
-                if t.ctx.load(Relaxed) == 0 {
-                    t.ctx.store(ctx, Relaxed);
-                    t.gone.store(false, Relaxed);
+            let first = match self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == ctx).or_else(|| self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == 0)) {
+                Some(t) => {
+                    let first = t.ctx.load(Relaxed) == 0;
+                    if first {
+                        t.gone.store(false, Relaxed);
+                        t.ctx.store(ctx, SeqCst);
+                        self.tearing.fetch_add(1, SeqCst);
+                    }
+                    t.running.fetch_add(1, Relaxed);
+                    first
                 }
-                t.running.fetch_add(1, Relaxed);
+                // Past TEARDOWNS contexts at once: allocations begun meanwhile are not held
+                // back (their bytes may stay counted), those on their way are waited for.
+                None => true,
+            };
+            if first {
+                self.drain_flights();
             }
         }
         for m in [&self.dptrs, &self.arrays, &self.limits] {
@@ -440,6 +590,7 @@ impl Quota {
     pub fn context_teardown_end(&self, ctx: u64, gone: bool) -> u64 {
         let _one = self.teardown_lock.lock();
         let mut gone = gone;
+        let mut ended = None;
         if ctx != 0 {
             if let Some(t) = self.teardowns.iter().find(|t| t.ctx.load(Relaxed) == ctx) {
                 if t.running.fetch_sub(1, Relaxed) > 1 {
@@ -449,16 +600,24 @@ impl Quota {
                     return 0;
                 }
                 gone |= t.gone.swap(false, Relaxed);
-                t.ctx.store(0, Relaxed);
+                ended = Some(t);
             }
         }
-        if gone {
-            return self.release_context(context_marked(ctx));
+        let given = if gone {
+            self.release_context(context_marked(ctx))
+        } else {
+            for m in [&self.dptrs, &self.arrays, &self.limits] {
+                m.relabel_owner(context_marked(ctx), ctx);
+            }
+            0
+        };
+        // The context's allocations waiting for this end go on (after the driver's answer,
+        // and after the records set aside went).
+        if let Some(t) = ended {
+            t.ctx.store(0, SeqCst);
+            self.tearing.fetch_sub(1, SeqCst);
         }
-        for m in [&self.dptrs, &self.arrays, &self.limits] {
-            m.relabel_owner(context_marked(ctx), ctx);
-        }
-        0
+        given
     }
 
     /// Takes allocation `key`'s record out of its table, its bytes still counted: (bytes,
@@ -470,19 +629,23 @@ impl Quota {
 
     /// Puts back a record [`Quota::take`] took (the driver refused the free). With no room
     /// (cannot happen: its slot was freed, but another insert may have taken it) the bytes
-    /// stay counted for the process's life: an over-count, never an under-count.
+    /// stay counted for the process's life: an over-count, never an under-count. The record
+    /// of a context whose teardown is in progress goes back set aside with the others (it was
+    /// made before the teardown began: see [`Flight`]).
     pub fn put_back(&self, kind: Kind, key: u64, bytes: u64, owner: u64) {
+        let owner = if kind.context_owned() && self.tearing.load(SeqCst) != 0 && self.tearing_down(owner) { context_marked(owner) } else { owner };
         if !self.map(kind).insert_owned(key, bytes, owner) {
             crate::state::logged(|| tracing::warn!(key, bytes, "xcuda: allocation table full; a refused free's bytes stay counted until exit"));
         }
     }
 
-    /// Records `bytes` (already reserved) for context limit `key` of context `ctx`, replacing
-    /// its record (`crate::limits`); none for 0. With no room in the table the bytes stay
-    /// counted for the process's life: an over-count, never an under-count.
-    pub fn set_ctx_limit(&self, key: u64, bytes: u64, ctx: u64) {
+    /// Records `bytes` (already reserved) for context limit `key` of the context `flight` (from
+    /// [`Quota::flight_in`], begun before the driver's call) is owned by, replacing its record
+    /// (`crate::limits`); none for 0. With no room in the table the bytes stay counted for the
+    /// process's life: an over-count, never an under-count.
+    pub fn set_ctx_limit(&self, flight: &Flight<'_>, key: u64, bytes: u64) {
         self.limits.remove(key);
-        if bytes > 0 && !self.limits.insert_owned(key, bytes, ctx) {
+        if bytes > 0 && !self.limits.insert_owned(key, bytes, flight.owner) {
             crate::state::logged(|| tracing::warn!(key, bytes, "xcuda: context limit table full; this limit's bytes stay counted until exit"));
         }
     }
@@ -664,6 +827,10 @@ impl Quota {
             t.gone.store(false, Relaxed);
         }
         self.teardown_lock.reset_after_fork();
+        for c in &self.flights {
+            c.store(0, Relaxed);
+        }
+        self.tearing.store(0, Relaxed);
         match &self.backend {
             Backend::Ledger { ledger, handle, held } => {
                 if let Some(h) = unpack(handle.swap(NO_HANDLE, AcqRel)) {
@@ -1015,6 +1182,114 @@ mod tests {
         q.context_teardown_end(0xc1, false);
         q.context_teardown_end(0xc1, false);
         assert_eq!(q.release_context(0xc1), 700, "still recorded as the context's");
+    }
+
+    /// Waits until `done`, or until `q` counted a wait for a teardown ([`Quota::teardown_waits`]):
+    /// where another thread's call stands, whichever way it goes. Panics past a minute (a
+    /// hang, not a measure).
+    fn until_done_or_waiting(q: &Quota, done: &AtomicBool) {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done.load(SeqCst) && q.teardown_waits() == 0 {
+            assert!(std::time::Instant::now() < end, "neither done nor waiting for a teardown");
+            std::thread::yield_now();
+        }
+    }
+
+    /// README, left open by session 12's review: an allocation another thread made in a
+    /// context while its teardown was in progress (after its records were set aside) was
+    /// recorded under the context and stayed counted once the driver had freed it, for the
+    /// process's life. An allocation on its way when the teardown begins is now waited for,
+    /// and set aside with the rest; one begun during the teardown waits for its end, when the
+    /// driver has answered: destroyed, its call fails; kept (a primary context's release that
+    /// was not the last), it is counted under the context. The driver here: context 0xc1
+    /// allocates while `live`, else answers CUDA_ERROR_CONTEXT_IS_DESTROYED.
+    #[test]
+    fn allocations_made_in_a_context_during_its_teardown_are_not_left_counted() {
+        use crate::memory::counted;
+        use cuda_abi::CUresult;
+        let destroyed = CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        for gone in [true, false] {
+            // In the driver's allocation when the teardown begins; recorded after.
+            let q = Arc::new(two_in_context_c1());
+            let live = Arc::new(AtomicBool::new(true));
+            let (in_call_tx, in_call) = std::sync::mpsc::channel();
+            let (go, go_rx) = std::sync::mpsc::channel::<()>();
+            let alloc = std::thread::spawn({
+                let (q, live) = (q.clone(), live.clone());
+                move || {
+                    CUR.with(|c| c.set(0xc1));
+                    let driver = || {
+                        in_call_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        if live.load(SeqCst) { CUresult::CUDA_SUCCESS } else { destroyed }
+                    };
+                    counted(&q, Kind::DevicePtr, 200, driver, || 0x2000, |_| {})
+                }
+            });
+            in_call.recv().unwrap();
+            let begun = Arc::new(AtomicBool::new(false));
+            let teardown = std::thread::spawn({
+                let (q, begun) = (q.clone(), begun.clone());
+                move || {
+                    q.context_teardown_begin(0xc1);
+                    begun.store(true, SeqCst);
+                }
+            });
+            // The teardown has set the records aside, or waits for this allocation.
+            until_done_or_waiting(&q, &begun);
+            go.send(()).unwrap();
+            teardown.join().unwrap();
+            assert_eq!(alloc.join().unwrap(), CUresult::CUDA_SUCCESS, "made before the driver's teardown");
+            // The driver's teardown.
+            live.store(!gone, SeqCst);
+            q.context_teardown_end(0xc1, gone);
+            if gone {
+                assert_eq!(q.used(), 0, "an allocation on its way when the teardown began stayed counted after the driver freed it");
+                assert_eq!(q.tracked(Kind::DevicePtr, 0x2000), None);
+            } else {
+                assert_eq!(q.release_context(0xc1), 900, "kept: the context's, with the rest");
+            }
+
+            // Begun during the teardown, between the records set aside and the driver's call.
+            let q = Arc::new(two_in_context_c1());
+            let live = Arc::new(AtomicBool::new(true));
+            q.context_teardown_begin(0xc1);
+            let done = Arc::new(AtomicBool::new(false));
+            let alloc = std::thread::spawn({
+                let (q, live, done) = (q.clone(), live.clone(), done.clone());
+                move || {
+                    CUR.with(|c| c.set(0xc1));
+                    let driver = || if live.load(SeqCst) { CUresult::CUDA_SUCCESS } else { destroyed };
+                    let rc = counted(&q, Kind::DevicePtr, 200, driver, || 0x2000, |_| {});
+                    done.store(true, SeqCst);
+                    rc
+                }
+            });
+            // Made (and recorded), or waiting for the teardown's end.
+            until_done_or_waiting(&q, &done);
+            live.store(!gone, SeqCst);
+            q.context_teardown_end(0xc1, gone);
+            let rc = alloc.join().unwrap();
+            if gone {
+                assert_eq!(q.used(), 0, "an allocation made during the teardown stayed counted after the driver freed it");
+                assert_eq!(rc, destroyed, "made once the context was gone");
+            } else {
+                assert_eq!(rc, CUresult::CUDA_SUCCESS, "the context kept: made, not refused");
+                assert_eq!(q.tracked(Kind::DevicePtr, 0x2000), Some(200));
+                assert_eq!(q.release_context(0xc1), 900, "counted under the context");
+            }
+
+            // A free the driver refuses while the teardown begins: its record, out of the
+            // table when the records were set aside, goes back set aside with them.
+            let q = two_in_context_c1();
+            let refused = crate::memory::freed(&q, Kind::DevicePtr, 0x1000, || {
+                q.context_teardown_begin(0xc1);
+                CUresult::CUDA_ERROR_INVALID_VALUE
+            });
+            assert_eq!(refused, CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(q.context_teardown_end(0xc1, gone), if gone { 700 } else { 0 }, "a refused free's record set aside with the rest");
+            assert_eq!(q.used(), if gone { 0 } else { 700 });
+        }
     }
 
     /// Issue 8 obs. 6: a neighbour of the group that died holding quota (here: its ledger
