@@ -64,7 +64,12 @@ impl Default for ThrottleConfig {
             stale_after_ms: 500,
             fallback_rate: 50.0,
             min_rate: 5.0,
-            max_rate: 100_000.0,
+            // Far above what a GPU runs, so that it binds only as "never unlimited": a wave is
+            // one block per SM whatever the block's length, and a 65,536-block elementwise
+            // kernel of 28 us on an H200 costs 496 waves (100,000 a second allowed 201 such
+            // kernels a second on an idle GPU, 0.6 % of it). The controller's ceiling keeps
+            // the rate near what a process uses (`Throttle::control_with_part`).
+            max_rate: 100_000_000.0,
             burst: 4.0,
             graph_launch_waves: 8.0,
             hold_below_clock: 0.85,

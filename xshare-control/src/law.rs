@@ -50,17 +50,33 @@ impl Pid {
     /// One step: `err` = target - load (positive = room to launch more), `dt` seconds since
     /// the previous step. Returns the new rate in waves per second.
     pub fn step(&mut self, err: f64, dt: f64) -> f64 {
+        self.step_within(err, dt, f64::INFINITY)
+    }
+
+    /// [`Pid::step`] with the rate held to `ceiling` on this step as well (the throttle's: an
+    /// eighth above what the process used lately, [`crate::Throttle::control_with_part`]). The integral
+    /// never winds up past the ceiling, and a controller asked to come down (`err` < 0) from
+    /// above it starts from the ceiling: the rate in force, not a level it never delivered
+    /// (wound up on an idle GPU by a process using a fiftieth of it, or above a highest rate
+    /// lowered since). Without that, a rate at its highest took seconds to bind once the online
+    /// workload's load came (3 s for a budget lowered, 16 s for load over the target).
+    pub fn step_within(&mut self, err: f64, dt: f64, ceiling: f64) -> f64 {
         let dt = dt.max(1e-4);
         let d = self.prev_err.map_or(0.0, |p| (err - p) / dt);
         self.prev_err = Some(err);
+        let hi = if ceiling > 0.0 { self.hi_log2.min(ceiling.log2()).max(self.lo_log2) } else { self.lo_log2 };
+        let fixed = self.base_log2 + self.kp * err + self.kd * d;
+        let u = |i: f64| fixed + self.ki * i;
+        if err < 0.0 && self.ki > 0.0 && u(self.integral) > hi {
+            self.integral = (hi - fixed) / self.ki;
+        }
         let candidate = self.integral + err * dt;
-        let u = |i: f64| self.base_log2 + self.kp * err + self.ki * i + self.kd * d;
         // Anti-windup: integrate only while the output is not pinned in the error's direction.
         let out = u(candidate);
-        if (out < self.hi_log2 || err < 0.0) && (out > self.lo_log2 || err > 0.0) {
+        if (out < hi || err < 0.0) && (out > self.lo_log2 || err > 0.0) {
             self.integral = candidate;
         }
-        u(self.integral).clamp(self.lo_log2, self.hi_log2).exp2()
+        u(self.integral).clamp(self.lo_log2, hi).exp2()
     }
 
     /// Lowers the highest rate to `max_rate` and the rate it starts from to `base_rate` where

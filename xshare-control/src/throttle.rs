@@ -13,6 +13,8 @@ pub const HOLD_MAX_OWN_SHARE: f64 = 0.5;
 pub const MPS_ENFORCED_TARGET: f64 = 1.0;
 /// Token level while frozen: far below zero so that every launch waits.
 const FROZEN_LEVEL: i64 = i64::MIN / 4;
+/// The controller's ceiling over what a process took lately ([`Throttle::control_with_part`]).
+const CEILING_OVER_USE: f64 = 1.125;
 
 fn q16_per_block(sm_count: u32) -> u64 {
     (1000u64 << 16).div_ceil(u64::from(sm_count.max(1)))
@@ -46,6 +48,12 @@ pub struct Throttle {
     /// ([`Throttle::law`]); the launch path reads them with one relaxed load.
     graph_cost: AtomicI64,
     burst: AtomicI64,
+    /// Tokens right after the last refill (controller only): what the process took since is
+    /// that less the tokens now.
+    after_refill: AtomicI64,
+    /// What the process took lately, waves per second (`f64` bits; controller only): the
+    /// highest per-tick figure, halving each second since ([`Throttle::recent_use`]).
+    recent_use: AtomicU64,
     /// The configuration this throttle was built with (the process's own).
     cfg: ThrottleConfig,
     /// `cfg`'s control law held to the shipped one ([`ThrottleConfig::law_within`]), in force
@@ -126,6 +134,8 @@ impl Throttle {
             hold_left_us: AtomicU64::new(0),
             graph_cost: AtomicI64::new((cfg.graph_launch_waves * MILLI) as i64),
             burst: AtomicI64::new(burst),
+            after_refill: AtomicI64::new(burst),
+            recent_use: AtomicU64::new(0f64.to_bits()),
             cfg: cfg.clone(),
             held_law: cfg.law_within(&ThrottleConfig::default()),
             law_held: AtomicBool::new(false),
@@ -270,7 +280,30 @@ impl Throttle {
         let add = (rate * dt) as i64;
         let period_s = self.law().period_ms as f64 / 1000.0;
         let depth = self.burst.load(Relaxed).max((rate * period_s) as i64);
-        let _ = self.tokens.fetch_update(AcqRel, Acquire, |t| Some(t.saturating_add(add).min(depth)));
+        let after = match self.tokens.fetch_update(AcqRel, Acquire, |t| Some(t.saturating_add(add).min(depth))) {
+            Ok(before) | Err(before) => before.saturating_add(add).min(depth),
+        };
+        self.after_refill.store(after, Relaxed);
+    }
+
+    /// What the process took lately, waves per second: the tokens taken since the last refill
+    /// over `dt`, or the figure before halved for each second since, whichever is more (a
+    /// pause for data loading or a hold does not make the process look idle at once). At most
+    /// what the rate and the bucket's depth allowed (a freeze, a floor emptying the bucket).
+    /// Called once a tick, by the controller, before it refills.
+    fn recent_use(&self, dt: f64) -> f64 {
+        let before = f64::from_bits(self.recent_use.load(Relaxed));
+        if self.frozen.load(Acquire) {
+            return before;
+        }
+        let dt = dt.max(1e-4);
+        let rate = self.rate_milli.load(Relaxed) as f64;
+        let depth = self.burst.load(Relaxed).max((rate * self.law().period_ms as f64 / 1000.0) as i64);
+        let taken = self.after_refill.load(Relaxed).saturating_sub(self.tokens.load(Acquire)).max(0) as f64;
+        let now = taken.min(rate * dt + depth as f64) / MILLI / dt;
+        let used = now.max(before * 0.5f64.powf(dt));
+        self.recent_use.store(used.to_bits(), Relaxed);
+        used
     }
 
     /// Tokens in the bucket, milli-waves (negative: launches owe that much).
@@ -454,6 +487,12 @@ impl Throttle {
                 held: true,
             };
         }
+        // The controller's ceiling: an eighth above what the process took lately (never below
+        // the fallback rate), so that its rate never winds up past what is used and binds
+        // within a fraction of a second when the load comes ([`Pid::step_within`]). A process
+        // taking all its rate lifts the ceiling by 1/8 each tick (17 doublings a second at
+        // 10 ms), far quicker than the controller climbs (1.6 a second at the shipped gains).
+        let ceiling = (CEILING_OVER_USE * self.recent_use(dt)).max(fallback_rate).min(max_rate);
         let (rate, load) = match sample {
             None => {
                 pid.reset();
@@ -466,7 +505,7 @@ impl Throttle {
             }
             Some(s) => {
                 let load = self.load_of(&s);
-                (pid.step(target - load, dt), Some(load))
+                (pid.step_within(target - load, dt, ceiling), Some(load))
             }
         };
         let rate = rate.clamp(min_rate, max_rate);
@@ -511,6 +550,16 @@ mod tests {
         ThrottleConfig::default()
     }
 
+    /// One controller tick as the shim's makes it (decision, then refill) for a process that
+    /// takes all its rate: the bucket emptied in 1-milli-wave launches.
+    fn tick_taking_all(t: &Throttle, decide: impl FnOnce() -> Decision, dt: f64) -> f64 {
+        let d = decide();
+        t.refill(dt);
+        let n = t.tokens().max(0);
+        assert!(n == 0 || t.take(n), "a full bucket gives what it holds");
+        d.rate
+    }
+
     #[test]
     fn stale_data_gives_fixed_rate_never_unlimited() {
         let t = Throttle::new(&cfg(), 100);
@@ -537,7 +586,7 @@ mod tests {
         };
         let mut r = c.fallback_rate;
         for _ in 0..100 {
-            r = t.control(&mut pid, Some(busy), 0.01).rate;
+            r = tick_taking_all(&t, || t.control(&mut pid, Some(busy), 0.01), 0.01);
         }
         assert!(r < c.fallback_rate / 2.0, "rate {r}");
         let idle = Sample {
@@ -546,7 +595,7 @@ mod tests {
             c_h: 1500.0,
         };
         for _ in 0..300 {
-            r = t.control(&mut pid, Some(idle), 0.01).rate;
+            r = tick_taking_all(&t, || t.control(&mut pid, Some(idle), 0.01), 0.01);
         }
         assert!(r > c.fallback_rate * 2.0, "rate {r}");
         assert!(r <= c.max_rate);
@@ -563,17 +612,8 @@ mod tests {
             // Each kernel: `sms` blocks (one wave) lasting 1 ms => load share = rate * 1e-3.
             let mut load = base;
             for _ in 0..2000 {
-                let r = t
-                    .control(
-                        &mut pid,
-                        Some(Sample {
-                            u_sm: load,
-                            c_sm: 1400.0,
-                            c_h: 1500.0,
-                        }),
-                        0.01,
-                    )
-                    .rate;
+                let s = Sample { u_sm: load, c_sm: 1400.0, c_h: 1500.0 };
+                let r = tick_taking_all(&t, || t.control(&mut pid, Some(s), 0.01), 0.01);
                 load = (base + r * 1e-3).min(1.0);
             }
             let a_c = clock_factor(1400.0, c.t_sm_mhz, 1500.0, c.a_l, c.a_h);
@@ -703,6 +743,115 @@ mod tests {
         assert!(through <= 1000 + 4, "never past rate x time + burst: {through}");
         t.refill(10.0);
         assert_eq!(t.tokens(), 10_000, "a long gap refills one period's worth, not ten seconds'");
+    }
+
+    /// A launcher as the shim's: takes 1-wave launches up to `demand` a tick, and a launch the
+    /// bucket refuses waits (its cost owed) until `must_wait` lets it go.
+    #[derive(Default)]
+    struct Launcher {
+        held: bool,
+    }
+
+    impl Launcher {
+        /// Launches of this tick (after the controller's decision and refill).
+        fn tick(&mut self, t: &Throttle, cost: i64, demand: u64) -> u64 {
+            if self.held && t.must_wait() {
+                return 0;
+            }
+            let mut n = u64::from(std::mem::take(&mut self.held));
+            while !self.held && n < demand {
+                if t.take(cost) {
+                    n += 1;
+                } else {
+                    self.held = true;
+                }
+            }
+            n
+        }
+    }
+
+    /// A process using 5,000 waves a second of an idle GPU (1 % of its load): its rate stays
+    /// near what it uses instead of winding up to the highest rate, so that once the online
+    /// workload's load passes the target (no online-pressure hold: the clock stays high) its
+    /// launches are held within a second, and within a second of its budget being lowered.
+    /// Fails without the ceiling of `Pid::step_within`: the first launch held after 16 s and
+    /// 3.2 s (a review's simulation, 2026-11-29).
+    #[test]
+    fn a_rate_wound_up_on_an_idle_gpu_binds_within_a_second_of_the_load() {
+        let run = |own_share: Option<f64>, busy: Sample, budget: (f64, f64)| {
+            let c = cfg();
+            let t = Throttle::new(&c, 132);
+            if let Some(s) = own_share {
+                t.set_own_share(s);
+            }
+            let mut pid = Pid::new(&c);
+            let mut l = Launcher::default();
+            let idle = Sample { u_sm: 0.25, c_sm: 1980.0, c_h: 1980.0 };
+            for _ in 0..1000 {
+                t.control_with_budget(&mut pid, Some(idle), Some(budget.0), 0.01);
+                t.refill(0.01);
+                l.tick(&t, 1000, 50);
+            }
+            for tick in 0..10_000 {
+                let d = t.control_with_budget(&mut pid, Some(busy), Some(budget.1), 0.01);
+                assert!(!d.held, "no online-pressure hold in this scenario");
+                t.refill(0.01);
+                if l.tick(&t, 1000, 50) < 50 {
+                    return tick as f64 * 0.01;
+                }
+            }
+            f64::INFINITY
+        };
+        let over_target = run(None, Sample { u_sm: 1.0, c_sm: 1500.0, c_h: 1980.0 }, (1.0, 1.0));
+        assert!(over_target <= 1.0, "load over the target: first launch held after {over_target} s");
+        let lowered = run(Some(0.4), Sample { u_sm: 0.9, c_sm: 1750.0, c_h: 1980.0 }, (0.4, 0.2));
+        assert!(lowered <= 1.0, "budget lowered to 20 %: first launch held after {lowered} s");
+    }
+
+    /// An offline job alone on an idle GPU whose kernels have big grids of short blocks (a
+    /// 65,536-block elementwise kernel of 28 us on an H200: 496 waves) reaches its target: the
+    /// highest rate binds only as "never unlimited". Fails at the former highest rate of
+    /// 100,000 waves a second: 201 kernels a second, the GPU 0.6 % busy.
+    #[test]
+    fn a_big_grid_job_alone_on_an_idle_gpu_reaches_its_target() {
+        let c = cfg();
+        let t = Throttle::new(&c, 132);
+        let mut pid = Pid::new(&c);
+        let mut l = Launcher::default();
+        let (cost, kernel_s) = (t.kernel_cost(65_536), 28e-6);
+        let capacity = (0.01 / kernel_s) as u64;
+        let (mut u, mut busy) = (0.0, 0.0);
+        for tick in 0..3000 {
+            t.control(&mut pid, Some(Sample { u_sm: u, c_sm: 1980.0, c_h: 1980.0 }), 0.01);
+            t.refill(0.01);
+            u = (l.tick(&t, cost, capacity) as f64 * kernel_s / 0.01).min(1.0);
+            if tick >= 2900 {
+                busy += u / 100.0;
+            }
+        }
+        assert!(busy >= 0.5, "alone on an idle GPU after 30 s: busy {busy:.4}, rate {}", t.rate());
+    }
+
+    /// A highest rate lowered by a floor while the rate sat at the old one: once the load is
+    /// over the target the rate comes below the new highest at once (the integral is taken
+    /// back to it), not after the controller unwound what it had integrated above it (25 s).
+    #[test]
+    fn a_lowered_highest_rate_leaves_no_wound_up_rate() {
+        let c = cfg();
+        let t = Throttle::new(&c, 132);
+        let mut pid = Pid::new(&c);
+        let idle = Sample { u_sm: 0.2, c_sm: 1980.0, c_h: 1980.0 };
+        for _ in 0..1000 {
+            tick_taking_all(&t, || t.control(&mut pid, Some(idle), 0.01), 0.01);
+        }
+        assert!(t.rate() > 10_000.0, "climbed on an idle GPU: {}", t.rate());
+        t.tighten(false, None, Some(1000.0), None);
+        let busy = Sample { u_sm: 1.0, c_sm: 1500.0, c_h: 1980.0 };
+        let mut ticks = 0;
+        while tick_taking_all(&t, || t.control(&mut pid, Some(busy), 0.01), 0.01) >= 1000.0 - 1e-6 {
+            ticks += 1;
+            assert!(ticks < 100, "pinned at the lowered highest rate for {ticks} ticks");
+        }
     }
 
     /// An operator's floor holds a process that turned its throttle off or loosened it: the
@@ -942,9 +1091,7 @@ mod tests {
             let mut pid = Pid::new(&c);
             let mut r = 0.0;
             for _ in 0..100 {
-                r = t
-                    .control_with_budget(&mut pid, Some(full_clock), Some(budget), 0.01)
-                    .rate;
+                r = tick_taking_all(&t, || t.control_with_budget(&mut pid, Some(full_clock), Some(budget), 0.01), 0.01);
             }
             r
         };
