@@ -92,6 +92,14 @@ impl Pid {
         self.lo_log2 = self.lo_log2.min(self.hi_log2).min(self.base_log2);
     }
 
+    /// Lowers the lowest rate to `min_rate` where it is above (the law in force's, an
+    /// operator's floor holding a process's own `min_rate` to the shipped one); never raises it.
+    pub fn lower_floor(&mut self, min_rate: f64) {
+        if min_rate > 0.0 {
+            self.lo_log2 = self.lo_log2.min(min_rate.log2());
+        }
+    }
+
     /// Takes `law`'s gains (a throttle whose law an operator's floor holds,
     /// [`crate::Throttle::law`]); the state is kept.
     pub fn hold_gains(&mut self, law: &ThrottleConfig) {

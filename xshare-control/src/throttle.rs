@@ -15,6 +15,8 @@ pub const MPS_ENFORCED_TARGET: f64 = 1.0;
 const FROZEN_LEVEL: i64 = i64::MIN / 4;
 /// The controller's ceiling over what a process took lately ([`Throttle::control_with_part`]).
 const CEILING_OVER_USE: f64 = 1.125;
+/// The longest refill the bucket holds, in controller periods ([`Throttle::depth`]).
+const LATE_TICK_PERIODS: f64 = 10.0;
 
 fn q16_per_block(sm_count: u32) -> u64 {
     (1000u64 << 16).div_ceil(u64::from(sm_count.max(1)))
@@ -266,9 +268,20 @@ impl Throttle {
         frozen || (self.enabled.load(Relaxed) && self.tokens.load(Acquire) < 0)
     }
 
+    /// Depth of the bucket at `rate` milli-waves a second for a refill after `dt` seconds: the
+    /// burst, or the refill's worth at the rate where that is more, the refill counted as one
+    /// controller period at least and [`LATE_TICK_PERIODS`] at most (a controller thread woken
+    /// late, in a container whose CPU quota ran out, gives the process what the rate allowed
+    /// meanwhile: at 100 ms instead of 10, 109 of 1000 launches went in a second).
+    fn depth(&self, rate: f64, dt: f64) -> i64 {
+        let period_s = self.law().period_ms as f64 / 1000.0;
+        let window = dt.max(period_s).min(LATE_TICK_PERIODS * period_s);
+        self.burst.load(Relaxed).max((rate * window) as i64)
+    }
+
     /// Refills for `dt` seconds at the current rate (controller), capped at the bucket's
-    /// depth: the burst, or one controller period's worth at the current rate where that is
-    /// more. The bucket is refilled once a period, so a depth below a period's worth would cap
+    /// depth ([`Throttle::depth`]): the burst, or the refill's worth at the current rate
+    /// where that is more. The bucket is refilled once a period, so a depth below a period's worth would cap
     /// the rate at burst/period whatever the controller decided (the shipped 4 waves every
     /// 10 ms: 400 waves/s against a highest rate of 100,000; on an H200, 1-block kernels held
     /// to 57k launches/s on an idle GPU where they ran at 242k/s direct).
@@ -278,8 +291,7 @@ impl Throttle {
         }
         let rate = self.rate_milli.load(Relaxed) as f64;
         let add = (rate * dt) as i64;
-        let period_s = self.law().period_ms as f64 / 1000.0;
-        let depth = self.burst.load(Relaxed).max((rate * period_s) as i64);
+        let depth = self.depth(rate, dt);
         let after = match self.tokens.fetch_update(AcqRel, Acquire, |t| Some(t.saturating_add(add).min(depth))) {
             Ok(before) | Err(before) => before.saturating_add(add).min(depth),
         };
@@ -298,7 +310,7 @@ impl Throttle {
         }
         let dt = dt.max(1e-4);
         let rate = self.rate_milli.load(Relaxed) as f64;
-        let depth = self.burst.load(Relaxed).max((rate * self.law().period_ms as f64 / 1000.0) as i64);
+        let depth = self.depth(rate, dt);
         let taken = self.after_refill.load(Relaxed).saturating_sub(self.tokens.load(Acquire)).max(0) as f64;
         let now = taken.min(rate * dt + depth as f64) / MILLI / dt;
         let used = now.max(before * 0.5f64.powf(dt));
@@ -318,8 +330,11 @@ impl Throttle {
     }
 
     /// Lets launches go again.
+    /// Launches held for online pressure stay held ([`Decision::held`]): the bucket is left
+    /// empty then, not filled to the burst.
     pub fn unfreeze(&self) {
-        self.tokens.store(self.burst.load(Relaxed), Release);
+        let held = self.hold_left_us.load(Relaxed) > 0;
+        self.tokens.store(if held { 0 } else { self.burst.load(Relaxed) }, Release);
         self.frozen.store(false, Release);
     }
 
@@ -460,6 +475,7 @@ impl Throttle {
         // lift a floor's fallback rate: it is held to that.
         let min_rate = c.min_rate.min(fallback_rate).min(max_rate);
         pid.cap(max_rate, fallback_rate);
+        pid.lower_floor(min_rate);
         let target = self.target_for_part(budget, part);
         let open_loop_target = match budget {
             Some(b) if b.is_finite() && target < MPS_ENFORCED_TARGET => {
@@ -476,6 +492,10 @@ impl Throttle {
         };
         self.hold_left_us.store(left, Relaxed);
         if left > 0 {
+            // Held: what the process used before is no measure of what the GPU has room for
+            // now, so the controller's ceiling starts again from the fallback rate and the
+            // release ramps back (an eighth a tick) instead of jumping to the rate before.
+            self.recent_use.store(0f64.to_bits(), Relaxed);
             self.rate_milli.store(0, Relaxed);
             let _ = self
                 .tokens
@@ -709,7 +729,7 @@ mod tests {
         assert_eq!(t.delayed.load(Relaxed), 1);
         assert!(t.must_wait());
         t.refill(1.0);
-        assert_eq!(t.tokens(), 2000, "capped at burst");
+        assert_eq!(t.tokens(), 5000, "capped at the depth: ten periods' worth at 50 waves/s, above the burst");
         assert!(!t.must_wait());
     }
 
@@ -742,7 +762,19 @@ mod tests {
         assert!(through >= 990, "the rate is reached: {through} of 1000 launches in 1 s");
         assert!(through <= 1000 + 4, "never past rate x time + burst: {through}");
         t.refill(10.0);
-        assert_eq!(t.tokens(), 10_000, "a long gap refills one period's worth, not ten seconds'");
+        assert_eq!(t.tokens(), 100_000, "a long gap refills ten periods' worth at most, not ten seconds'");
+        // A controller woken every 100 ms instead of every 10 (a container out of CPU quota)
+        // still gives the process its rate: 10 ticks of 100 ms, 1000 launches in 1 s (109
+        // before the depth counted the late tick).
+        let t = Throttle::new(&c, 10);
+        let mut pid = Pid::new(&c);
+        let (mut l, mut through) = (Launcher::default(), 0);
+        for _ in 0..10 {
+            t.control(&mut pid, None, 0.1);
+            t.refill(0.1);
+            through += l.tick(&t, 1000, u64::MAX);
+        }
+        assert!(through >= 990, "1 s at 1000 waves/s ticked every 100 ms: {through} launches");
     }
 
     /// A launcher as the shim's: takes 1-wave launches up to `demand` a tick, and a launch the
@@ -806,6 +838,69 @@ mod tests {
         assert!(over_target <= 1.0, "load over the target: first launch held after {over_target} s");
         let lowered = run(Some(0.4), Sample { u_sm: 0.9, c_sm: 1750.0, c_h: 1980.0 }, (0.4, 0.2));
         assert!(lowered <= 1.0, "budget lowered to 20 %: first launch held after {lowered} s");
+    }
+
+    /// After an online-pressure hold the rate ramps back from the fallback rate (by an eighth
+    /// over what the process takes, a tick) instead of jumping to where it was before the hold
+    /// (83,000 waves/s, 840 waves in one period onto the online workload, in a review's
+    /// simulation): a release starts at most an eighth above the fallback rate. And a bucket
+    /// unfrozen during a hold stays empty.
+    #[test]
+    fn a_released_hold_ramps_back_and_an_unfreeze_during_it_lets_nothing_through() {
+        let c = cfg();
+        let t = Throttle::new(&c, 132);
+        t.set_own_share(0.4);
+        let mut pid = Pid::new(&c);
+        let mut l = Launcher::default();
+        for _ in 0..1000 {
+            t.control(&mut pid, Some(Sample { u_sm: 0.3, c_sm: 1980.0, c_h: 1980.0 }), 0.01);
+            t.refill(0.01);
+            l.tick(&t, 1000, 100);
+        }
+        let rate_before = t.rate();
+        assert!(rate_before > 10.0 * c.fallback_rate, "climbed: {rate_before}");
+        // One sample of online pressure (the clock pulled down): held for hold_ms, then the
+        // GPU quiet again.
+        assert!(t.control(&mut pid, Some(Sample { u_sm: 0.9, c_sm: 990.0, c_h: 1980.0 }), 0.01).held);
+        t.refill(0.01);
+        l.tick(&t, 1000, 100);
+        let quiet = Sample { u_sm: 0.3, c_sm: 1980.0, c_h: 1980.0 };
+        let mut rates = Vec::new();
+        while rates.len() < 20 {
+            let d = t.control(&mut pid, Some(quiet), 0.01);
+            t.refill(0.01);
+            l.tick(&t, 1000, 100);
+            if !d.held {
+                rates.push(d.rate);
+            }
+        }
+        assert!(rates[0] <= c.fallback_rate * CEILING_OVER_USE + 1e-6, "released at {} waves/s (before the hold {rate_before})", rates[0]);
+        assert!(rates.windows(2).all(|w| w[1] >= w[0]) && rates[19] > rates[0], "ramping back: {rates:?}");
+        assert!(rates[19] < rate_before / 10.0, "no jump back: {rates:?}, before the hold {rate_before}");
+        assert!(t.control(&mut pid, Some(Sample { u_sm: 0.5, c_sm: 990.0, c_h: 1980.0 }), 0.01).held);
+        t.freeze();
+        t.unfreeze();
+        assert!(!t.take(1000), "held for online pressure: an unfreeze lets nothing through");
+    }
+
+    /// An operator's floor holds the controller's lowest rate to the law's too: a process's own
+    /// `min_rate` of 50 (its fallback rate) or 10^5 (with a floor whose fallback rate is its
+    /// highest) stayed the controller's lowest rate, 10 to 20,000 times the shipped 5, however
+    /// loaded the GPU.
+    #[test]
+    fn a_floor_holds_the_controllers_lowest_rate_to_the_laws() {
+        for (own_min, floor_fallback) in [(50.0, 50.0), (1e5, 1e5)] {
+            let own = ThrottleConfig { min_rate: own_min, fallback_rate: own_min, max_rate: own_min.max(1e5), ..cfg() };
+            let t = Throttle::new(&own, 132);
+            let mut pid = Pid::new(&own);
+            assert!(t.tighten(true, Some(0.8), Some(1e5), Some(floor_fallback)).law);
+            let busy = Sample { u_sm: 1.0, c_sm: 900.0, c_h: 1500.0 };
+            let mut r = 0.0;
+            for _ in 0..3000 {
+                r = tick_taking_all(&t, || t.control(&mut pid, Some(busy), 0.01), 0.01);
+            }
+            assert!(r < 2.0 * ThrottleConfig::default().min_rate, "own min_rate {own_min}: rate {r} at load 1.5");
+        }
     }
 
     /// An offline job alone on an idle GPU whose kernels have big grids of short blocks (a
