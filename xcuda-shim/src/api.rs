@@ -1309,14 +1309,7 @@ launch_graph!(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
 /// handle after the call took the allocations of a context another thread created meanwhile
 /// under the same handle value. Returns the driver's answer.
 fn context_teardown(ctx: u64, call: impl FnOnce() -> CUresult, gone: impl FnOnce(CUresult) -> bool) -> CUresult {
-    let st = state();
-    st.quotas().for_each(|q| q.context_teardown_begin(ctx));
-    let rc = call();
-    let gone = gone(rc);
-    st.quotas().for_each(|q| {
-        q.context_teardown_end(ctx, gone);
-    });
-    rc
+    crate::quota::context_teardown(|| state().quotas(), ctx, call, gone)
 }
 
 /// `cuCtxDestroy*`: on success the driver freed every allocation of the context.

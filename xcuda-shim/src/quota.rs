@@ -901,6 +901,42 @@ impl Quota {
     }
 }
 
+/// A teardown of context `ctx` by `call` (the driver's) on every quota `quotas` gives: the
+/// context's records set aside before the call ([`Quota::context_teardown_begin`]), their
+/// bytes given back after it if `gone` says the driver freed the context's allocations, put
+/// back otherwise. The teardown is ended on every path: a panic in the driver call or in
+/// `gone` (caught at the C boundary) left it begun for good, and every later allocation in a
+/// context of that handle waiting for its end; ended so, the records are put back (counted:
+/// the conservative side). Returns the driver's answer.
+pub fn context_teardown<'q, I: Iterator<Item = &'q Quota>>(
+    quotas: impl Fn() -> I,
+    ctx: u64,
+    call: impl FnOnce() -> cuda_abi::CUresult,
+    gone: impl FnOnce(cuda_abi::CUresult) -> bool,
+) -> cuda_abi::CUresult {
+    struct End<'q, I: Iterator<Item = &'q Quota>, F: Fn() -> I> {
+        quotas: F,
+        ctx: u64,
+        gone: bool,
+    }
+    impl<'q, I: Iterator<Item = &'q Quota>, F: Fn() -> I> Drop for End<'q, I, F> {
+        fn drop(&mut self) {
+            // No second panic while a first unwinds (that would abort the process).
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (self.quotas)().for_each(|q| {
+                    q.context_teardown_end(self.ctx, self.gone);
+                })
+            }));
+        }
+    }
+    quotas().for_each(|q| q.context_teardown_begin(ctx));
+    let mut end = End { quotas, ctx, gone: false };
+    let rc = call();
+    end.gone = gone(rc);
+    drop(end);
+    rc
+}
+
 /// Registers this process in group `id` of `ledger`, found or created with `quota` bytes
 /// ([`Ledger::group`]: the tighter quota wins), recording MPS percentage `mps_pct`. A full group
 /// table lets a newcomer take over an unused group's slot: one taken over between the lookup
@@ -1203,6 +1239,31 @@ mod tests {
     /// driver has answered: destroyed, its call fails; kept (a primary context's release that
     /// was not the last), it is counted under the context. The driver here: context 0xc1
     /// allocates while `live`, else answers CUDA_ERROR_CONTEXT_IS_DESTROYED.
+    /// A driver call that panics inside a teardown (caught at the C boundary) still ends it:
+    /// the records are put back (counted), and a later allocation in a context of that handle
+    /// goes through instead of waiting for an end that never comes.
+    #[test]
+    fn a_teardown_whose_driver_call_panics_is_ended() {
+        use crate::memory::counted;
+        use cuda_abi::CUresult;
+        let q = Arc::new(two_in_context_c1());
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            context_teardown(|| std::iter::once(&*q), 0xc1, || panic!("a driver call that panics"), |_| true)
+        }));
+        assert!(r.is_err());
+        assert_eq!(q.used(), 700, "put back: still counted");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn({
+            let q = q.clone();
+            move || {
+                CUR.with(|c| c.set(0xc1));
+                let _ = tx.send(counted(&q, Kind::DevicePtr, 200, || CUresult::CUDA_SUCCESS, || 0x2000, |_| {}));
+            }
+        });
+        let rc = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("an allocation waited for a teardown that had ended in a panic");
+        assert_eq!((rc, q.used()), (CUresult::CUDA_SUCCESS, 900));
+    }
+
     #[test]
     fn allocations_made_in_a_context_during_its_teardown_are_not_left_counted() {
         use crate::memory::counted;
