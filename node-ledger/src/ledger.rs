@@ -1098,6 +1098,17 @@ impl Ledger {
         if !got {
             return Ok(false);
         }
+        if !fd_names(desc.as_raw_fd(), self.dev_ino) {
+            // The application closed the pass's fd and opened another file under its number:
+            // a lock "taken" there says nothing of the slot's owner (every live process would
+            // be reclaimed, its usage given back). Let go of it; the next pass opens its own.
+            let _ = slot_lock(desc.as_raw_fd(), i, libc::F_UNLCK);
+            return Err(LedgerError::Io {
+                path: self.path.clone(),
+                op: "reclaim pass",
+                source: io::Error::other("the pass's descriptor no longer names the ledger (an fd the application closed and reused)"),
+            });
+        }
         // Under the lock: re-read what may have changed before we got it.
         let o = p.owner.load(Acquire);
         let keep = match p.liveness.load(Acquire) {
@@ -1184,6 +1195,14 @@ impl Ledger {
             && range_lock_held(self.file.as_raw_fd(), start, len).unwrap_or(false)
     }
 
+    /// The fd of this process's reclaim pass description, once a pass opened it (tests that
+    /// play an application closing it).
+    #[doc(hidden)]
+    pub fn reclaim_pass_fd(&self) -> Option<RawFd> {
+        let g = self.reclaim_desc.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().map(|(_, f)| f.as_raw_fd())
+    }
+
     /// The fd holding registration `h`'s slot lock (tests that play an application closing it).
     #[doc(hidden)]
     pub fn slot_lock_fd(&self, h: ProcHandle) -> Option<RawFd> {
@@ -1265,6 +1284,13 @@ impl Ledger {
     /// pass.
     fn pass_description<'a>(&self, pass: &'a mut Option<(u32, File)>) -> Result<&'a File, LedgerError> {
         let pid = std::process::id();
+        if pass.as_ref().is_some_and(|(p, f)| *p == pid && !fd_names(f.as_raw_fd(), self.dev_ino)) {
+            // Its fd number was closed by the application and names another file now, which
+            // is the application's to close: forgotten, not dropped.
+            if let Some((_, f)) = pass.take() {
+                std::mem::forget(f);
+            }
+        }
         if pass.as_ref().is_none_or(|(p, _)| *p != pid) {
             *pass = Some((pid, self.new_description()?));
         }
@@ -2576,6 +2602,36 @@ mod tests {
         assert_eq!(l.group_used(g), 0);
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// An application that closes the fd of the shim's reclaim pass and opens another file
+    /// under its number: a pass no longer takes slot locks there (granted on any other file,
+    /// every live process was "dead" and its usage given back: the quota wide open); it opens
+    /// a description of its own and leaves the application's file open. (A reuse between that
+    /// check and a lock fails the pass loudly: `take_slot_lock`.)
+    #[test]
+    fn a_reclaim_pass_whose_fd_the_application_reused_reclaims_nobody() {
+        let (d, monitor) = fresh();
+        let g = monitor.group(1, 1000).unwrap();
+        let holder = Ledger::open_existing(monitor.path()).unwrap();
+        let h = holder.register(std::process::id(), g).unwrap();
+        holder.try_reserve(h, 300).unwrap();
+        let shim = Ledger::open_existing(monitor.path()).unwrap();
+        let other = shim.register(std::process::id(), g).unwrap();
+        assert!(shim.reclaim_dead().unwrap().is_empty(), "both alive");
+        let fd = shim.reclaim_pass_fd().expect("opened by the pass");
+        let theirs = File::create(d.path().join("the application's")).unwrap();
+        // SAFETY: dup2 onto a descriptor of this test's own ledger handle, as an application
+        // closing and reusing it would; the handle's File is forgotten by the code under test.
+        assert_eq!(unsafe { libc::dup2(theirs.as_raw_fd(), fd) }, fd);
+        assert!(shim.reclaim_dead().unwrap().is_empty(), "a pass takes no lock on the application's file: both alive");
+        assert_eq!(monitor.group_used(g), 300, "the live holder's usage kept");
+        let m = std::os::unix::fs::MetadataExt::ino(&theirs.metadata().unwrap());
+        let dev = std::os::unix::fs::MetadataExt::dev(&theirs.metadata().unwrap());
+        assert!(fd_names(fd, (dev, m)), "the application's fd left open, still naming its file");
+        assert_ne!(shim.reclaim_pass_fd(), Some(fd), "the pass opened a description of its own");
+        assert_eq!(monitor.group_used(g), 300);
+        shim.unregister(other);
     }
 
     /// Observation 6: liveness is the slot lock, whatever the pid fields say. A holder whose
