@@ -341,12 +341,14 @@ impl Throttle {
     }
 
     /// Lets launches go again.
-    /// Launches held for online pressure stay held ([`Decision::held`]): the bucket is left
-    /// in debt then (a launch waiting in [`Throttle::must_wait`] keeps waiting), not filled to
-    /// the burst.
+    /// The bucket is filled to the burst, also during an online-pressure hold: the shim
+    /// unfreezes after the application's own handler of SIGTERM/SIGINT ran, and a launch left
+    /// waiting through a hold (seconds, while the online workload keeps the clock down) kept
+    /// the application from reaching its exit (an evicted job that could not leave until its
+    /// SIGKILL: e2e `node_colocated`). At most the burst goes; the next tick empties the
+    /// bucket again while the hold lasts.
     pub fn unfreeze(&self) {
-        let held = self.hold_left_us.load(Relaxed) > 0;
-        let level = if held { -1 } else { self.burst.load(Relaxed) };
+        let level = self.burst.load(Relaxed);
         self.tokens.store(level, Release);
         self.after_refill.store(level, Relaxed);
         self.frozen.store(false, Release);
@@ -857,10 +859,9 @@ mod tests {
     /// After an online-pressure hold the rate ramps back from the fallback rate (by an eighth
     /// over what the process takes, a tick) instead of jumping to where it was before the hold
     /// (83,000 waves/s, 840 waves in one period onto the online workload, in a review's
-    /// simulation): a release starts at most an eighth above the fallback rate. And a bucket
-    /// unfrozen during a hold stays empty.
+    /// simulation): a release starts at most an eighth above the fallback rate.
     #[test]
-    fn a_released_hold_ramps_back_and_an_unfreeze_during_it_lets_nothing_through() {
+    fn a_released_hold_ramps_back_from_the_fallback_rate() {
         let c = cfg();
         let t = Throttle::new(&c, 132);
         t.set_own_share(0.4);
@@ -891,11 +892,6 @@ mod tests {
         assert!(rates[0] <= c.fallback_rate * CEILING_OVER_USE + 1e-6, "released at {} waves/s (before the hold {rate_before})", rates[0]);
         assert!(rates.windows(2).all(|w| w[1] >= w[0]) && rates[19] > rates[0], "ramping back: {rates:?}");
         assert!(rates[19] < rate_before / 5.0, "no jump back: {rates:?}, before the hold {rate_before}");
-        assert!(t.control(&mut pid, Some(Sample { u_sm: 0.5, c_sm: 990.0, c_h: 1980.0 }), 0.01).held);
-        t.freeze();
-        t.unfreeze();
-        assert!(t.must_wait(), "held for online pressure: a launch waiting through the freeze keeps waiting");
-        assert!(!t.take(1000), "held for online pressure: an unfreeze lets nothing through");
     }
 
     /// An operator's floor holds the controller's lowest rate to the law's too: a process's own
