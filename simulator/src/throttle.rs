@@ -88,9 +88,26 @@ impl ThrottleState {
             let sample = sample_of(&v, s.c_h_mhz);
             self.throttle
                 .control_with_budget(&mut self.pid, Some(sample), Some(budget), dt);
+            self.launch(dt, share, s.wave_s);
             sum.add(&v);
         }
         sum.mean_of(n)
+    }
+
+    /// The offline job's launches over `dt` after its controller's step: back to back, it
+    /// takes the rate's worth over the step, up to what its kernels can run (`share` of the
+    /// SMs, a wave in `wave_s`). The controller measures this use and holds its rate near it
+    /// (`xshare_control::Throttle::control_with_part`). The shim refills its bucket every 10 ms
+    /// and the job takes each refill; the simulator's step is coarser (seconds), so the step's
+    /// whole worth is taken after one refill (what the bucket's depth, a few periods' worth,
+    /// does not hold is owed and paid by the next refill).
+    fn launch(&self, dt: f64, share: f64, wave_s: f64) {
+        self.throttle.refill(dt);
+        let can = share / wave_s.max(1e-9) * dt * 1000.0;
+        let n = (self.throttle.rate() * 1000.0 * dt).min(can) as i64;
+        if n > 0 {
+            self.throttle.take(n);
+        }
     }
 
     /// Current launch budget, waves per second.
@@ -156,8 +173,9 @@ pub fn settle_multi(
         let (v, pr) = evaluate_multi_capped(load, &jobs);
         if s.config.enabled {
             let sample = sample_of(&v, s.c_h_mhz);
-            for (st, part) in states.iter_mut().zip(&parts) {
+            for ((st, part), p) in states.iter_mut().zip(&parts).zip(pairs) {
                 st.throttle.control_with_part(&mut st.pid, Some(sample), Some(budget), *part, dt);
+                st.launch(dt, p.d_off.min(st.own_cap).max(1e-3), s.wave_s);
             }
         }
         sum.add(&v);

@@ -71,10 +71,17 @@ impl Pid {
             self.integral = (hi - fixed) / self.ki;
         }
         let candidate = self.integral + err * dt;
-        // Anti-windup: integrate only while the output is not pinned in the error's direction.
+        // Anti-windup: integrate only while the output is not pinned in the error's direction,
+        // and a step that would cross a bound integrates up to it (skipped whole, a coarse
+        // step, or a ceiling just above, left the rate below it for good: the simulator's
+        // 1.5 s steps against a ceiling an eighth above the use).
         let out = u(candidate);
         if (out < hi || err < 0.0) && (out > self.lo_log2 || err > 0.0) {
             self.integral = candidate;
+        } else if self.ki > 0.0 && err > 0.0 {
+            self.integral = self.integral.max((hi - fixed) / self.ki);
+        } else if self.ki > 0.0 && err < 0.0 {
+            self.integral = self.integral.min((self.lo_log2 - fixed) / self.ki);
         }
         u(self.integral).clamp(self.lo_log2, hi).exp2()
     }
