@@ -1118,7 +1118,9 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
     rec_outcome="" rec_max="" rec_req="" rec_why=""
     "${as_user[@]}" "$bin_dir/online" --rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
     on=$!; pids+=($on)
-    "${as_user[@]}" "$@" "$bin_dir/offline" --duration $(( secs + 10 )) --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
+    # Four kernels queued per synchronisation: the kill finds one in flight unless it lands in
+    # the gap between a sync's return and the next launch, which a loaded host can stretch.
+    "${as_user[@]}" "$@" "$bin_dir/offline" --duration $(( secs + 10 )) --kernels 4 --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
     off=$!; pids+=($off)
     # Its first progress report: context made, kernels running (a loaded host may take a while;
     # a client that never got that far is a run that proves nothing, not a pass).

@@ -760,20 +760,10 @@ mod tests {
         let mut pid = Pid::new(&c);
         assert_eq!(t.control(&mut pid, None, 0.01).rate, 1000.0, "stale: the fallback rate");
         // A launch `take` refuses is held (its cost already owed) until `must_wait` lets it go.
-        let (mut through, mut held) = (0u64, false);
+        let (mut l, mut through) = (Launcher::default(), 0);
         for _ in 0..100 {
             t.refill(0.01);
-            if held && t.must_wait() {
-                continue;
-            }
-            through += u64::from(std::mem::take(&mut held));
-            while !held {
-                if t.take(1000) {
-                    through += 1;
-                } else {
-                    held = true;
-                }
-            }
+            through += l.tick(&t, 1000, u64::MAX);
         }
         assert!(through >= 990, "the rate is reached: {through} of 1000 launches in 1 s");
         assert!(through <= 1000 + 4, "never past rate x time + burst: {through}");

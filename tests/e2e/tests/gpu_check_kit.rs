@@ -44,11 +44,12 @@ fn kit_with(profile: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String
 /// `recovery` check reports the online client torn down (not hung, not passed); with
 /// `terminate_client` before the SIGKILL (`GPU_CHECK_RECOVERY_TERMINATE_FIRST=1`) it passes.
 /// The offline client runs without the shim (`GPU_CHECK_RECOVERY_NO_SHIM=1`): its kernels back
-/// to back, one is in flight nearly whenever it is killed (a throttled one may be between
-/// kernels, and then the kill harms nobody, on the H200 as here). Nearly: on a loaded machine
-/// the client may sit descheduled between its sync and its next launch when the kill comes
-/// (seen once in CI, 2026-11-27: the online client went on, no teardown). Such a miss (a PASS
-/// row: nobody harmed) is tried again, three times at most; any other outcome is judged.
+/// to back, four queued per synchronisation, one is in flight nearly whenever it is killed (a
+/// throttled one may be between kernels, and then the kill harms nobody, on the H200 as here).
+/// Nearly: on a loaded machine the client may sit descheduled between its sync and its next
+/// launch when the kill comes (seen once in CI, 2026-11-27, with one kernel a sync: the online
+/// client went on, no teardown). Such a miss (a PASS row: nobody harmed) is tried again, three
+/// times at most; any other outcome is judged.
 #[test]
 fn the_recovery_check_tells_a_torn_down_online_client_and_terminate_first_prevents_it() {
     let teardown = ("GPUEMU_MPS_KILL", "teardown");
