@@ -42,6 +42,19 @@ pub struct PodPlan {
     pub mps_percent: u32,
     /// The shim's GPU memory limit (`xshare.io/memory-quota-bytes`).
     pub memory_quota_bytes: u64,
+    /// How long the kubelet waits after a SIGTERM before it SIGKILLs the pod's containers, ms
+    /// ([`kill_grace_ms`]); the shim drains the GPU just before (`XCUDA_KILL_GRACE_MS`). `None`
+    /// for a plan frozen before node-agent recorded it: no drain.
+    pub kill_grace_ms: Option<u64>,
+}
+
+/// The kubelet's wait between a container's SIGTERM and its SIGKILL for `pod`, ms: the pod's
+/// `spec.terminationGracePeriodSeconds` (the API server's default is 30 s), at least the 2 s
+/// the kubelet itself never goes below. A deletion may ask for a shorter grace than the spec's;
+/// the shim's drain is then late, not wrong.
+pub fn kill_grace_ms(pod: &Pod) -> u64 {
+    let s = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
+    (s.max(2) as u64).saturating_mul(1000)
 }
 
 /// Why no pod could be matched or its plan read; the kubelet fails the pod's admission with it.
@@ -202,6 +215,7 @@ pub fn pod_plan(pod: &Pod) -> Result<PodPlan, AllocError> {
         gpu,
         mps_percent,
         memory_quota_bytes,
+        kill_grace_ms: Some(kill_grace_ms(pod)),
     })
 }
 
@@ -424,7 +438,7 @@ pub fn pod_ledger_mount(cfg: &AgentConfig, gpu: u32, pod: node_ledger::PodUid) -
 
 /// Env that depends on the pod's plan.
 pub fn plan_env(plan: &PodPlan) -> BTreeMap<String, String> {
-    BTreeMap::from([
+    let mut env = BTreeMap::from([
         ("XCUDA_GROUP".to_string(), group_name(&plan.uid)),
         (
             "XCUDA_QUOTA_BYTES".to_string(),
@@ -434,7 +448,11 @@ pub fn plan_env(plan: &PodPlan) -> BTreeMap<String, String> {
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
             plan.mps_percent.to_string(),
         ),
-    ])
+    ]);
+    if let Some(ms) = plan.kill_grace_ms {
+        env.insert("XCUDA_KILL_GRACE_MS".to_string(), ms.to_string());
+    }
+    env
 }
 
 /// CDI device name of GPU `gpu` in this agent's spec (`<resource_name>=gpu<N>`).
@@ -552,6 +570,31 @@ mod tests {
             "status": {"phase": "Pending"}
         }))
         .unwrap()
+    }
+
+    /// The plan carries the kubelet's SIGTERM-to-SIGKILL wait from the pod's spec (the API
+    /// server's 30 s when unset; the kubelet's floor of 2 s), and Allocate hands it to the shim.
+    #[test]
+    fn the_plan_carries_the_pods_kill_grace() {
+        let mut p = pod("a", "u1", "2026-01-01T00:00:00Z", Some("0"), &[1]);
+        assert_eq!(pod_plan(&p).unwrap().kill_grace_ms, Some(30_000));
+        for (spec, ms) in [(120, 120_000), (0, 2000), (-5, 2000)] {
+            p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(spec);
+            let plan = pod_plan(&p).unwrap();
+            assert_eq!(plan.kill_grace_ms, Some(ms), "{spec} s");
+            assert_eq!(plan_env(&plan)["XCUDA_KILL_GRACE_MS"], ms.to_string());
+        }
+        let frozen = crate::plans::FrozenPlan::from_annotations(&p, crate::plans::Source::Watch);
+        assert_eq!(frozen.plan().unwrap().kill_grace_ms, Some(2000));
+        // A plan frozen before the wait was recorded has none: no drain, never a wrong one.
+        let old: crate::plans::FrozenPlan = serde_json::from_value(serde_json::json!({
+            "uid": "u1", "namespace": "ml", "name": "a", "gpu": 0, "mps_percent": 36,
+            "memory_quota_bytes": 5, "source": "watch", "unix_ms": 1
+        }))
+        .unwrap();
+        let plan = old.plan().unwrap();
+        assert_eq!(plan.kill_grace_ms, None);
+        assert!(!plan_env(&plan).contains_key("XCUDA_KILL_GRACE_MS"));
     }
 
     #[test]
@@ -673,9 +716,11 @@ mod tests {
             gpu: 1,
             mps_percent: 36,
             memory_quota_bytes: 5,
+            kill_grace_ms: Some(45_000),
         };
         let r = container_response(&c, &plan).unwrap();
         assert_eq!(r.envs["CUDA_VISIBLE_DEVICES"], "GPU-b");
+        assert_eq!(r.envs["XCUDA_KILL_GRACE_MS"], "45000", "the shim drains the GPU before the kubelet's SIGKILL");
         assert_eq!(
             r.envs["CUDA_MPS_PIPE_DIRECTORY"],
             "/run/xshare/gpu1/mps-pipe"
@@ -759,7 +804,7 @@ mod tests {
         let mut c = cfg();
         c.ledger_dir = d.path().to_owned();
         let uid = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b";
-        let plan = PodPlan { namespace: "ml".into(), name: "a".into(), uid: uid.into(), gpu: 1, mps_percent: 36, memory_quota_bytes: 5 };
+        let plan = PodPlan { namespace: "ml".into(), name: "a".into(), uid: uid.into(), gpu: 1, mps_percent: 36, memory_quota_bytes: 5, kill_grace_ms: None };
         let pod = node_ledger::PodUid::parse(uid).unwrap();
         let host = node_ledger::pods::pod_ledger_path(d.path(), pod, 1);
         for cdi in [false, true] {

@@ -70,6 +70,10 @@ pub struct FrozenPlan {
     pub mps_percent: Option<u32>,
     /// `xshare.io/memory-quota-bytes`.
     pub memory_quota_bytes: Option<u64>,
+    /// The kubelet's SIGTERM-to-SIGKILL wait for the pod, ms ([`allocate::kill_grace_ms`];
+    /// absent from plans frozen before it was recorded).
+    #[serde(default)]
+    pub kill_grace_ms: Option<u64>,
     /// Where it was frozen.
     pub source: Source,
     /// When, Unix ms.
@@ -87,6 +91,7 @@ impl FrozenPlan {
             gpu: ann(ANN_GPU).and_then(allocate::parse_gpu),
             mps_percent: ann(ANN_SM_PERCENT).and_then(allocate::parse_sm_percent),
             memory_quota_bytes: ann(ANN_MEMORY_QUOTA_BYTES).and_then(allocate::parse_memory_quota),
+            kill_grace_ms: Some(allocate::kill_grace_ms(pod)),
             source,
             unix_ms: node_daemon::clock::unix_ms(),
         }
@@ -101,6 +106,7 @@ impl FrozenPlan {
             gpu: Some(plan.gpu),
             mps_percent: Some(plan.mps_percent),
             memory_quota_bytes: Some(plan.memory_quota_bytes),
+            kill_grace_ms: plan.kill_grace_ms,
             source: Source::Allocate,
             unix_ms: node_daemon::clock::unix_ms(),
         }
@@ -116,6 +122,7 @@ impl FrozenPlan {
             gpu: self.gpu.ok_or_else(|| missing(ANN_GPU))?,
             mps_percent: self.mps_percent.ok_or_else(|| missing(ANN_SM_PERCENT))?,
             memory_quota_bytes: self.memory_quota_bytes.ok_or_else(|| missing(ANN_MEMORY_QUOTA_BYTES))?,
+            kill_grace_ms: self.kill_grace_ms,
         })
     }
 }

@@ -29,6 +29,7 @@ fn check(cdi: bool, pod_ledgers: bool) {
         gpu: 3,
         mps_percent: 35,
         memory_quota_bytes: 3 << 30,
+        kill_grace_ms: Some(90_000),
     };
     let resp = container_response(&cfg, &plan).unwrap();
     let mut env = resp.envs.clone();
@@ -78,6 +79,7 @@ fn check(cdi: bool, pod_ledgers: bool) {
         group_id_for(&group_name(&plan.uid))
     );
     assert_eq!(shim.gpu_index, 3);
+    assert_eq!(shim.exit.kill_grace_ms, 90_000, "the shim drains the GPU before the kubelet's SIGKILL");
     // The shim's ledger path is a mounted file (the pod's own ledger, made by Allocate), or lies
     // inside a mounted directory (the GPU's, shared).
     let ledger = shim.ledger().ledger_path();

@@ -7,6 +7,7 @@
 //! Environment overrides (applied after the file):
 //! `XCUDA_GROUP` (quota group / container id), `XCUDA_QUOTA_BYTES`, `XCUDA_QUOTA_FRACTION`,
 //! `XCUDA_THROTTLE` (`0`/`1`), `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`,
+//! `XCUDA_KILL_GRACE_MS`, `XCUDA_DRAIN_BEFORE_KILL_MS` (see [`ExitConfig`]),
 //! `XSHARE_LEDGER_DIR`, `XSHARE_GPU_INDEX`, `XSHARE_GPUS` (several GPUs: `<host index>=<UUID>,...`,
 //! see [`node_ledger::config::ENV_GPUS`]), `XCUDA_REAL_LIBCUDA` (path of the real driver),
 //! `XCUDA_REAL_LIBNVML` (path of the real NVML),
@@ -90,6 +91,17 @@ pub struct ExitConfig {
     pub release_at_exit: bool,
     /// Longest wait for synchronise + release (a hung driver must not keep the process alive), ms.
     pub release_timeout_ms: u64,
+    /// When the SIGKILL is expected after a SIGTERM the process survives (an application that
+    /// ignores it, or whose handler keeps it running), ms: the pod's
+    /// `terminationGracePeriodSeconds`, which the kubelet waits before it SIGKILLs (node-agent
+    /// passes it as `XCUDA_KILL_GRACE_MS`). 0: unknown, no drain.
+    pub kill_grace_ms: u64,
+    /// How long before that SIGKILL launches stop for good and the GPU is drained
+    /// (synchronised), ms: under MPS, a client killed with kernels in flight can take its
+    /// neighbours' contexts down with it (an H200, driver 580: 12 of 20 kills), one killed
+    /// between kernels harms nobody. At least the longest kernel the job runs. 0: no drain;
+    /// at least `kill_grace_ms`: launches stop at the SIGTERM.
+    pub drain_before_kill_ms: u64,
     /// Fault injection for tests only: pause this long inside a context release (0 = never).
     pub test_release_pause_ms: u64,
     /// Fault injection for tests only: delay the signal helper's re-raise after the release by
@@ -150,7 +162,17 @@ impl Default for MemoryConfig {
 
 impl Default for ExitConfig {
     fn default() -> Self {
-        Self { handle_signals: true, release_at_exit: true, release_timeout_ms: 5000, test_release_pause_ms: 0, test_raise_delay_ms: 0, test_install_pause_ms: 0, test_sigaction_hold_ms: 0 }
+        Self {
+            handle_signals: true,
+            release_at_exit: true,
+            release_timeout_ms: 5000,
+            kill_grace_ms: 0,
+            drain_before_kill_ms: 2000,
+            test_release_pause_ms: 0,
+            test_raise_delay_ms: 0,
+            test_install_pause_ms: 0,
+            test_sigaction_hold_ms: 0,
+        }
     }
 }
 
@@ -291,6 +313,17 @@ impl Config {
                 match v.trim().parse::<f64>() {
                     Ok(x) if x >= lo && x <= hi && x.is_finite() => *slot = x,
                     _ => errs.push(env_err(var, format!("`{v}` must be a number in [{lo}, {hi}]"))),
+                }
+            }
+        }
+        for (var, slot) in [
+            ("XCUDA_KILL_GRACE_MS", &mut self.exit.kill_grace_ms),
+            ("XCUDA_DRAIN_BEFORE_KILL_MS", &mut self.exit.drain_before_kill_ms),
+        ] {
+            if let Some(v) = get(var) {
+                match v.trim().parse::<u64>() {
+                    Ok(ms) => *slot = ms,
+                    Err(_) => errs.push(env_err(var, format!("`{v}` is not a whole number of milliseconds"))),
                 }
             }
         }
@@ -462,6 +495,8 @@ mod tests {
             ("XCUDA_THROTTLE", "maybe"),
             ("XCUDA_TARGET_LOAD", "-1"),
             ("XCUDA_FALLBACK_RATE", "fast"),
+            ("XCUDA_KILL_GRACE_MS", "30s"),
+            ("XCUDA_DRAIN_BEFORE_KILL_MS", "-1"),
             ("XSHARE_GPU_INDEX", "first"),
         ] {
             let (c, errs) = Config::load(&|k| match k {
@@ -502,9 +537,11 @@ mod tests {
             "XCUDA_GROUP" => Some("ctr".into()),
             "XCUDA_THROTTLE" => Some("maybe".into()),
             "XCUDA_TARGET_LOAD" => Some("-1".into()),
+            "XCUDA_KILL_GRACE_MS" => Some(" 45000".into()),
             _ => None,
         });
         assert_eq!(c.memory.quota_bytes, Some(4096));
+        assert_eq!((c.exit.kill_grace_ms, c.exit.drain_before_kill_ms), (45000, 2000));
         assert_eq!(c.group, "ctr");
         assert!(c.throttle.enabled);
         assert_eq!(c.throttle.target_load, 0.8);

@@ -341,6 +341,68 @@ static PROCESS_HOOKS: Once = Once::new();
 /// so the re-raised signal comes back through the shim and is handled with the new action.
 static FORWARDING: AtomicI32 = AtomicI32::new(0);
 
+/// When the drain before an expected SIGKILL is due ([`crate::config::ExitConfig::drain_before_kill_ms`]):
+/// monotonic ns, armed by the first SIGTERM the process survives; 0 = none.
+static DRAIN_AT_NS: AtomicU64 = AtomicU64::new(0);
+/// The drain has begun: launches stay frozen for the rest of the process's life (the SIGKILL is
+/// coming), whatever a later signal's handling would unfreeze.
+static DRAINED: AtomicBool = AtomicBool::new(false);
+
+/// Arms the drain after SIGTERM `sig` (the first one: the kubelet's grace runs from it), when
+/// the expected SIGKILL's time is known (`exit.kill_grace_ms`, node-agent's
+/// `XCUDA_KILL_GRACE_MS`) and a drain is wanted (`exit.drain_before_kill_ms`).
+fn arm_drain(sig: c_int) {
+    if sig != libc::SIGTERM || DRAIN_AT_NS.load(Acquire) != 0 {
+        return;
+    }
+    let e = &state::config().exit;
+    let Some(at) = drain_at(node_ledger::clock::now_ns(), e) else { return };
+    if DRAIN_AT_NS.compare_exchange(0, at, AcqRel, Acquire).is_ok() {
+        let in_ms = e.kill_grace_ms.saturating_sub(e.drain_before_kill_ms);
+        tracing::info!(kill_grace_ms = e.kill_grace_ms, drain_in_ms = in_ms, "xcuda: SIGTERM: should the process still run then, launches stop and the GPU is drained before the expected SIGKILL");
+    }
+}
+
+/// When a drain armed by a SIGTERM at `now_ns` is due (monotonic ns, never 0): `drain_before_kill_ms`
+/// before the SIGKILL expected `kill_grace_ms` after it, or at once when the drain asks for
+/// more than the grace. `None`: no drain (the grace is unknown, or the drain is off).
+fn drain_at(now_ns: u64, e: &crate::config::ExitConfig) -> Option<u64> {
+    if e.kill_grace_ms == 0 || e.drain_before_kill_ms == 0 {
+        return None;
+    }
+    let in_ms = e.kill_grace_ms.saturating_sub(e.drain_before_kill_ms);
+    Some(now_ns.saturating_add(in_ms.saturating_mul(1_000_000)).max(1))
+}
+
+/// Whether launches are stopped for good (the drain before an expected SIGKILL began).
+pub fn drained() -> bool {
+    DRAINED.load(Acquire)
+}
+
+/// The controller's check, every tick (one atomic load until a SIGTERM armed it): once the
+/// drain is due, every GPU's launches are frozen for good and the process's contexts
+/// synchronised (at most `exit.release_timeout_ms`), so that the SIGKILL finds no kernel of
+/// this process in flight. Under MPS a client killed mid-kernel can take the server's other
+/// clients down (the online workload); one killed between kernels harms nobody. Contexts are
+/// kept: the application may still copy its state out (copies are not throttled).
+pub fn drain_if_due(st: &'static state::State, now_ns: u64) {
+    let at = DRAIN_AT_NS.load(Acquire);
+    if at == 0 || now_ns < at || DRAINED.swap(true, AcqRel) {
+        return;
+    }
+    st.throttles().for_each(|t| t.freeze());
+    let e = &state::config().exit;
+    tracing::warn!(
+        kill_grace_ms = e.kill_grace_ms,
+        drain_before_kill_ms = e.drain_before_kill_ms,
+        "xcuda: the process still runs after its SIGTERM: kernel launches stopped for good, draining the GPU before the expected SIGKILL"
+    );
+    if !release_started() {
+        let done = with_deadline("drain the GPU before the expected SIGKILL", move || st.contexts.synchronize_all());
+        tracing::warn!(drained = done.is_some(), "xcuda: GPU drained; launches stay stopped until the process ends");
+    }
+}
+
 /// The application's actions for SIGS behind a small lock of our own (not a std `Mutex`): the
 /// fork hooks take it in the prepare handler and release it in the parent and child handlers,
 /// so a child always reads a complete copy. (The child handler used to `try_lock` a std Mutex
@@ -661,6 +723,7 @@ fn handle_signal(sig: c_int) {
     let Some(i) = sig_index(sig) else { return };
     let st = state::get();
     tracing::warn!(sig, "xcuda: signal received; launches frozen");
+    arm_drain(sig);
     if let Some(st) = st {
         // Nothing to synchronise once a release has begun (and retaining a primary context
         // then could bring it back to life).
@@ -669,7 +732,8 @@ fn handle_signal(sig: c_int) {
         }
     }
     let unfreeze = || {
-        if let Some(st) = st {
+        // Once drained (the SIGKILL is coming), never again.
+        if let (Some(st), false) = (st, drained()) {
             st.throttles().for_each(|t| t.unfreeze());
         }
     };
@@ -829,6 +893,14 @@ fn on_fork_child_inner() {
         state::controller_lost();
         RELEASE.store(IDLE, Release);
         DYING_OF.store(0, SeqCst);
+        // The parent's SIGTERM and its expected SIGKILL are not the child's (nor its launches
+        // stopped for good).
+        DRAIN_AT_NS.store(0, Release);
+        if DRAINED.swap(false, AcqRel) {
+            if let Some(st) = state::get() {
+                st.throttles().for_each(|t| t.unfreeze());
+            }
+        }
         // Only the forking thread survives: no creation is in progress in the child.
         CREATING.store(0, SeqCst);
         // Nor does any holder of the shim's locks.
@@ -1003,6 +1075,19 @@ pub fn app_sigset(sig: c_int, disp: libc::sighandler_t) -> Option<libc::sighandl
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_drain_comes_its_margin_before_the_expected_kill_and_only_when_the_grace_is_known() {
+        use crate::config::ExitConfig;
+        let e = |kill_grace_ms, drain_before_kill_ms| ExitConfig { kill_grace_ms, drain_before_kill_ms, ..ExitConfig::default() };
+        let s = 1_000_000_000;
+        assert_eq!(super::drain_at(s, &e(30_000, 2000)), Some(s + 28_000_000_000));
+        assert_eq!(super::drain_at(s, &e(0, 2000)), None, "grace unknown: no drain (an application's long checkpoint is not cut short)");
+        assert_eq!(super::drain_at(s, &e(30_000, 0)), None, "drain off");
+        assert_eq!(super::drain_at(s, &e(1000, 5000)), Some(s), "a margin over the grace: at once");
+        assert_eq!(super::drain_at(0, &e(1000, 1000)), Some(1), "never 0 (0 is 'not armed')");
+        assert_eq!(super::drain_at(u64::MAX - 5, &e(u64::MAX, 1)), Some(u64::MAX), "saturates");
+    }
+
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::sync::{Arc, Mutex};
