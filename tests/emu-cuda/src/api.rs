@@ -1294,7 +1294,8 @@ unsafe fn generic_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgra
 
 /// `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`: "not supported for node types
 /// CU_GRAPH_NODE_TYPE_MEM_ALLOC and CU_GRAPH_NODE_TYPE_MEM_FREE" (cuda.h), so a memory node's
-/// size never changes after it was added; the emulator changes no other node either
+/// size never changes after it was added; the emulator changes no other node either, but for
+/// an exec's kernel node (`cuGraphExecNodeSetParams`, handled before this)
 /// (`CUDA_ERROR_NOT_SUPPORTED`, stricter than a driver).
 ///
 /// # Safety
