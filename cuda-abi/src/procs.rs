@@ -311,6 +311,16 @@ proc_table! {
     PFN_cuGraphAddNode_v12030 = cuGraphAddNode @ 12030 Plain => cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams);
     PFN_cuGraphNodeSetParams_v12020 = cuGraphNodeSetParams @ 12020 Plain => cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
     PFN_cuGraphExecNodeSetParams_v12020 = cuGraphExecNodeSetParams @ 12020 Plain => cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
+    PFN_cuGraphGetNodes_v10000 = cuGraphGetNodes @ 10000 Plain => cuGraphGetNodes(hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize);
+    PFN_cuGraphNodeGetType_v10000 = cuGraphNodeGetType @ 10000 Plain => cuGraphNodeGetType(hNode: CUgraphNode, type_: *mut CUgraphNodeType);
+    PFN_cuGraphKernelNodeGetParams_v10000 = cuGraphKernelNodeGetParams @ 10000 Plain => cuGraphKernelNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1);
+    PFN_cuGraphKernelNodeGetParams_v12000 = cuGraphKernelNodeGetParams @ 12000 Plain => cuGraphKernelNodeGetParams_v2(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v2);
+    PFN_cuGraphChildGraphNodeGetGraph_v10000 = cuGraphChildGraphNodeGetGraph @ 10000 Plain => cuGraphChildGraphNodeGetGraph(hNode: CUgraphNode, phGraph: *mut CUgraph);
+    PFN_cuGraphExecKernelNodeSetParams_v10010 = cuGraphExecKernelNodeSetParams @ 10010 Plain => cuGraphExecKernelNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
+    PFN_cuGraphExecKernelNodeSetParams_v12000 = cuGraphExecKernelNodeSetParams @ 12000 Plain => cuGraphExecKernelNodeSetParams_v2(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v2);
+    PFN_cuGraphExecChildGraphNodeSetParams_v11010 = cuGraphExecChildGraphNodeSetParams @ 11010 Plain => cuGraphExecChildGraphNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph);
+    PFN_cuGraphExecUpdate_v10020 = cuGraphExecUpdate @ 10020 Plain => cuGraphExecUpdate(hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult);
+    PFN_cuGraphExecUpdate_v12000 = cuGraphExecUpdate @ 12000 Plain => cuGraphExecUpdate_v2(hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo);
     PFN_cuGraphAddMemFreeNode_v11040 = cuGraphAddMemFreeNode @ 11040 Plain => cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr);
     PFN_cuDeviceGraphMemTrim_v11040 = cuDeviceGraphMemTrim @ 11040 Plain => cuDeviceGraphMemTrim(device: CUdevice);
     PFN_cuDeviceGetGraphMemAttribute_v11040 = cuDeviceGetGraphMemAttribute @ 11040 Plain => cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);

@@ -223,9 +223,30 @@ c_enums! {
     }
     CUgraphNodeType {
         CU_GRAPH_NODE_TYPE_KERNEL = 0,
+        CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+        CU_GRAPH_NODE_TYPE_MEMSET = 2,
+        CU_GRAPH_NODE_TYPE_HOST = 3,
         CU_GRAPH_NODE_TYPE_GRAPH = 4,
+        CU_GRAPH_NODE_TYPE_EMPTY = 5,
+        CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6,
+        CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7,
+        CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL = 8,
+        CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT = 9,
         CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
         CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+        CU_GRAPH_NODE_TYPE_BATCH_MEM_OP = 12,
+        CU_GRAPH_NODE_TYPE_CONDITIONAL = 13,
+    }
+    CUgraphExecUpdateResult {
+        CU_GRAPH_EXEC_UPDATE_SUCCESS = 0,
+        CU_GRAPH_EXEC_UPDATE_ERROR = 1,
+        CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 2,
+        CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED = 3,
+        CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED = 4,
+        CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED = 5,
+        CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED = 6,
+        CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE = 7,
+        CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED = 8,
     }
     CUgraphChildGraphNodeOwnership {
         CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0,
@@ -556,6 +577,18 @@ pub struct CUgraphNodeParams {
     pub u: CUgraphNodeParamsUnion,
     pub reserved2: i64,
 }
+
+/// `CUgraphExecUpdateResultInfo` (`_v1`, CUDA 12.0): why `cuGraphExecUpdate_v2` refused an
+/// update, and the node it refused.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUgraphExecUpdateResultInfo {
+    pub result: CUgraphExecUpdateResult,
+    pub errorNode: CUgraphNode,
+    pub errorFromNode: CUgraphNode,
+}
+/// `CUgraphExecUpdateResultInfo_v1`.
+pub type CUgraphExecUpdateResultInfo_v1 = CUgraphExecUpdateResultInfo;
 
 /// `CUgraphEdgeData` (CUDA 12.3): the ports and type of a graph edge.
 #[repr(C)]

@@ -92,6 +92,9 @@ fn struct_layouts() -> Vec<Layout> {
             "Width" => Width, "Height" => Height, "Depth" => Depth, "Format" => Format,
             "NumChannels" => NumChannels, "Flags" => Flags,
         ]),
+        layout!("CUgraphExecUpdateResultInfo", CUgraphExecUpdateResultInfo, [
+            "result" => result, "errorNode" => errorNode, "errorFromNode" => errorFromNode,
+        ]),
         layout!("CUgraphEdgeData", CUgraphEdgeData, [
             "from_port" => from_port, "to_port" => to_port, "type" => type_, "reserved" => reserved,
         ]),

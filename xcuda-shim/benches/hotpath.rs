@@ -60,6 +60,37 @@ unsafe extern "C" fn stub_launch(
     CUresult::CUDA_SUCCESS
 }
 
+unsafe extern "C" fn stub_graph_launch(_: CUgraphExec, _: CUstream) -> CUresult {
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_instantiate(e: *mut CUgraphExec, _: CUgraph, _: u64) -> CUresult {
+    // SAFETY: the shim passes a valid out-pointer.
+    unsafe { *e = 0x6000 as CUgraphExec };
+    CUresult::CUDA_SUCCESS
+}
+/// A graph of 200 kernel nodes (handles 0x10000 + i * 0x10).
+unsafe extern "C" fn stub_get_nodes(_: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) -> CUresult {
+    // SAFETY (this and the writes below): the shim passes a valid count and a buffer of that many.
+    let room = if nodes.is_null() { 0 } else { unsafe { *n } };
+    for i in 0..room.min(200) {
+        // SAFETY: i < room, the buffer's length.
+        unsafe { *nodes.add(i) = (0x10000 + i * 0x10) as CUgraphNode };
+    }
+    // SAFETY: as above.
+    unsafe { *n = if nodes.is_null() { 200 } else { room.min(200) } };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_node_type(_: CUgraphNode, t: *mut CUgraphNodeType) -> CUresult {
+    // SAFETY: the shim passes a valid out-pointer.
+    unsafe { *t = CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL };
+    CUresult::CUDA_SUCCESS
+}
+unsafe extern "C" fn stub_kernel_params(_: CUgraphNode, p: *mut CUDA_KERNEL_NODE_PARAMS_v2) -> CUresult {
+    // SAFETY: the shim passes a valid, zeroed parameter block.
+    unsafe { (*p).gridDimX = 132 * 50; (*p).gridDimY = 1; (*p).gridDimZ = 1 };
+    CUresult::CUDA_SUCCESS
+}
+
 fn per_op(iters: u64, mut f: impl FnMut()) -> f64 {
     for _ in 0..iters / 10 {
         f();
@@ -99,6 +130,11 @@ fn main() {
         (Sym::cuMemFree_v2, p(stub_free as *const ())),
         (Sym::cuCtxGetCurrent, p(stub_ctx_get_current as *const ())),
         (Sym::cuLaunchKernel, p(stub_launch as *const ())),
+        (Sym::cuGraphLaunch, p(stub_graph_launch as *const ())),
+        (Sym::cuGraphInstantiateWithFlags, p(stub_instantiate as *const ())),
+        (Sym::cuGraphGetNodes, p(stub_get_nodes as *const ())),
+        (Sym::cuGraphNodeGetType, p(stub_node_type as *const ())),
+        (Sym::cuGraphKernelNodeGetParams_v2, p(stub_kernel_params as *const ())),
     ]);
     let st = xcuda::state::state();
     assert!(st.gpus[0].quota.ledger().is_some(), "bench must use the shared ledger");
@@ -159,6 +195,17 @@ fn main() {
         best(&l, |p| p.1) - best(&l, |p| p.0),
         best(&a, |p| p.1) - best(&a, |p| p.0)
     );
+    // A graph launch of an exec priced at instantiation (200 kernel nodes of 50 waves).
+    let mut exec: CUgraphExec = null();
+    // SAFETY: the shim's hook with a valid out-pointer; the stub ignores the graph.
+    assert_eq!(unsafe { xcuda::api::cuGraphInstantiateWithFlags(&mut exec, null(), 0) }, CUresult::CUDA_SUCCESS);
+    assert_eq!(st.graph_cost.price_of(exec as u64), Some((200 * 132 * 50, true)));
+    // SAFETY: stub and shim entry points; the stub ignores its arguments.
+    let graph_direct = || unsafe { black_box(stub_graph_launch(black_box(exec), null())); };
+    // SAFETY: as above; `exec` is the shim's priced exec.
+    let graph_shim = || unsafe { black_box(xcuda::api::cuGraphLaunch(black_box(exec), null())); };
+    let g: Vec<(f64, f64)> = (0..7).map(|_| (per_op(n_pair, graph_direct), per_op(n_pair, graph_shim))).collect();
+    println!("graph launch: direct {:6.1} ns  shim {:6.1} ns  added {:6.1} ns (priced exec: one map lookup)", base(&g), shim(&g), added(&g));
     let t = &st.gpus[0].throttle;
     let acquire = median((0..5).map(|_| per_op(n_launch, || t.acquire(black_box(1000)))).collect());
     println!("  launch: throttle acquire alone {acquire:.1} ns (the rest is the FFI entry + catch_unwind)");

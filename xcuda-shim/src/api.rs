@@ -1039,7 +1039,7 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LA
 
 macro_rules! launch_graph {
     ($name:ident, $pfn:ty) => {
-        #[doc = concat!("Hooked `", stringify!($name), "`: graph memory reserved (or refused) and the throttle taken first.")]
+        #[doc = concat!("Hooked `", stringify!($name), "`: graph memory reserved (or refused) and the exec's price (see `graphcost`) taken from the throttle first.")]
         #[no_mangle]
         pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
             guard(|| {
@@ -1048,7 +1048,7 @@ macro_rules! launch_graph {
                 // Graph memory is mapped at launch: counted (or refused) first.
                 crate::graphmem::mapping(st, exec as u64, || {
                     let t = &st.current().throttle;
-                    t.acquire(t.graph_cost());
+                    t.acquire(st.graph_cost.launch_cost(exec as u64, t));
                     // SAFETY: forwarding the caller's arguments.
                     unsafe { launch(exec, stream) }
                 })
@@ -1060,14 +1060,19 @@ macro_rules! launch_graph {
 // ---- graph memory nodes (see graphmem) -------------------------------------------------------
 
 /// After a successful instantiation: the exec (`*exec`) inherits `graph`'s memory-node bytes,
-/// counted (or refused) when it is launched or uploaded. With no room to record them (its
-/// launches would go unreserved) the exec is destroyed and the call fails with
+/// counted (or refused) when it is launched or uploaded, and is priced by `graph`'s kernel
+/// nodes (see `graphcost`). With no room to record either (its launches would go unreserved,
+/// or pay the flat graph cost whatever they run) the exec is destroyed and the call fails with
 /// `CUDA_ERROR_OUT_OF_MEMORY` (fail closed).
 fn instantiated(graph: CUgraph, exec: *mut CUgraphExec) -> CUresult {
     let st = state();
     let e: CUgraphExec = out!(exec);
-    if st.graph_mem.instantiated(graph as u64, e as u64, st.gpus.len()) {
-        return CUresult::CUDA_SUCCESS;
+    let devices = st.gpus.len();
+    if st.graph_mem.instantiated(graph as u64, e as u64, devices) {
+        if st.graph_cost.instantiated(e as u64, graph as u64, &crate::graphcost::Driver) {
+            return CUresult::CUDA_SUCCESS;
+        }
+        st.graph_mem.exec_destroyed(e as u64, devices);
     }
     let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
     // SAFETY: the exec this call created, never handed out; `exec` is the caller's out-pointer
@@ -1087,6 +1092,68 @@ forward_then! {
     fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v10000 => instantiated(graph, exec);
     /// Hooked `cuGraphInstantiate_v2` (CUDA 11.0, the same 5 arguments): counted like `cuGraphInstantiateWithFlags`.
     fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, size: usize): PFN_cuGraphInstantiate_v11000 => instantiated(graph, exec);
+}
+
+// ---- graph exec changes (see graphcost: the exec's price follows what its launches run) ------
+
+/// `exec` was updated from `graph`: priced again from it.
+fn repriced(exec: CUgraphExec, graph: CUgraph) {
+    state().graph_cost.updated(exec as u64, graph as u64, &crate::graphcost::Driver);
+}
+
+/// Kernel node `node` of `exec` runs a grid of `x` x `y` x `z` blocks from now on.
+fn kernel_set(exec: CUgraphExec, node: CUgraphNode, (x, y, z): (c_uint, c_uint, c_uint)) {
+    state().graph_cost.node_set(exec as u64, node as u64, crate::graphcost::Price::kernel(crate::graphcost::grid_blocks(x, y, z)));
+}
+
+/// Child graph node `node` of `exec` runs `child`'s work from now on.
+fn child_set(exec: CUgraphExec, node: CUgraphNode, child: CUgraph) {
+    let p = crate::graphcost::walk(&crate::graphcost::Driver, child as u64, &mut |_, _| {});
+    state().graph_cost.node_set(exec as u64, node as u64, p);
+}
+
+/// The grid of the kernel node parameters `p` (either ABI: v1 is v2's prefix) the driver has
+/// just accepted.
+macro_rules! grid_of {
+    ($p:expr) => {{
+        // SAFETY: the driver returned CUDA_SUCCESS for these parameters: non-null and readable.
+        let p = unsafe { &*$p };
+        (p.gridDimX, p.gridDimY, p.gridDimZ)
+    }};
+}
+
+forward_then! {
+    /// Hooked `cuGraphExecUpdate_v2` (CUDA 12.0): the exec is priced again from its new graph.
+    fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut CUgraphExecUpdateResultInfo): PFN_cuGraphExecUpdate_v12000 => repriced(exec, graph);
+    /// Hooked `cuGraphExecUpdate` (CUDA 10.2 ABI): like `cuGraphExecUpdate_v2`.
+    fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, result: *mut CUgraphExecUpdateResult): PFN_cuGraphExecUpdate_v10020 => repriced(exec, graph);
+    /// Hooked `cuGraphExecKernelNodeSetParams` (CUDA 10.1 ABI): the node's new grid replaces its old one in the exec's price.
+    fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v1): PFN_cuGraphExecKernelNodeSetParams_v10010
+        => kernel_set(exec, node, grid_of!(params));
+    /// Hooked `cuGraphExecKernelNodeSetParams_v2` (CUDA 12.0): like `cuGraphExecKernelNodeSetParams`.
+    fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v2): PFN_cuGraphExecKernelNodeSetParams_v12000
+        => kernel_set(exec, node, grid_of!(params));
+    /// Hooked `cuGraphExecChildGraphNodeSetParams`: the new child graph's blocks replace the node's old ones in the exec's price.
+    fn cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph): PFN_cuGraphExecChildGraphNodeSetParams_v11010
+        => child_set(exec, node, child);
+    /// Hooked `cuGraphExecNodeSetParams` (CUDA 12.2): a kernel or child graph node's new work
+    /// replaces its old in the exec's price; other node types run no kernel (a conditional
+    /// node's parameters cannot change: cuda.h).
+    fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams): PFN_cuGraphExecNodeSetParams_v12020
+        => exec_node_set(exec, node, params);
+}
+
+/// After a successful `cuGraphExecNodeSetParams`: see the hook.
+fn exec_node_set(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams) {
+    // SAFETY: the driver accepted these parameters (non-null); the tag names the union member.
+    let ty = unsafe { (*params).type_ };
+    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+        // The tag says `kernel` (grid_of! reads it under its SAFETY).
+        kernel_set(exec, node, grid_of!(std::ptr::addr_of!((*params).u.kernel)));
+    } else if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
+        // SAFETY: as above: the tag says `graph`.
+        child_set(exec, node, unsafe { (*params).u.graph.graph });
+    }
 }
 
 /// Hooked `cuGraphAddMemAllocNode`: the node's bytes recorded for the graph (counted at
@@ -1182,12 +1249,27 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
     })
 }
 
-forward_then! {
-    /// Hooked `cuGraphExecDestroy`: forgets the exec's memory-node bytes.
-    fn cuGraphExecDestroy(exec: CUgraphExec): PFN_cuGraphExecDestroy_v10000 => {
+/// Hooked `cuGraphExecDestroy`: forgets the exec's memory-node bytes and its price (the price
+/// before the driver frees the handle, which another thread's instantiation may get at once;
+/// put back if the driver refuses).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
+    guard(|| {
+        let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
         let st = state();
-        st.graph_mem.exec_destroyed(exec as u64, st.gpus.len());
-    };
+        let taken = st.graph_cost.destroying(exec as u64);
+        // SAFETY: forwarding the caller's argument.
+        let rc = unsafe { destroy(exec) };
+        if rc == CUresult::CUDA_SUCCESS {
+            st.graph_mem.exec_destroyed(exec as u64, st.gpus.len());
+        } else {
+            st.graph_cost.not_destroyed(exec as u64, taken);
+        }
+        rc
+    })
+}
+
+forward_then! {
     /// Hooked `cuGraphDestroy`: forgets the graph's memory-node bytes.
     fn cuGraphDestroy(graph: CUgraph): PFN_cuGraphDestroy_v10000 => {
         let st = state();
@@ -1253,6 +1335,7 @@ macro_rules! instantiate_with_params {
                 let rc = unsafe { counted_upload(st, e, p.hUploadStream, upload) };
                 if rc != CUresult::CUDA_SUCCESS {
                     let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
+                    let _ = st.graph_cost.destroying(e as u64);
                     // SAFETY: the exec this call created, never handed out.
                     unsafe { destroy(e) };
                     st.graph_mem.exec_destroyed(e as u64, st.gpus.len());

@@ -908,6 +908,7 @@ fn on_fork_child_inner() {
         crate::limits::CHANGES.reset_after_fork();
         if let Some(st) = state::get() {
             st.graph_mem.update.reset_after_fork();
+            st.graph_cost.update.reset_after_fork();
         }
         if let Some(st) = state::get() {
             st.contexts.clear();

@@ -56,6 +56,8 @@ hooked_symbols! {
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
         cuGraphAddMemAllocNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
         cuGraphExecDestroy, cuGraphDestroy,
+        cuGraphExecUpdate, cuGraphExecUpdate_v2, cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams_v2,
+        cuGraphExecNodeSetParams, cuGraphExecChildGraphNodeSetParams,
         cuDeviceGraphMemTrim,
         cuCtxSetLimit,
         cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphUpload, cuGraphUpload_ptsz,
@@ -68,6 +70,7 @@ hooked_symbols! {
         cuDeviceGetCount, cuDeviceGetUuid, cuCtxGetDevice, cuDeviceGetGraphMemAttribute, cuCtxGetLimit,
         cuMemPoolGetAttribute, cuDeviceGetMemPool, cuDeviceGetDefaultMemPool, cuStreamGetCaptureInfo_v2,
         cuStreamGetDevice, cuStreamGetCtx, cuMemGetAllocationPropertiesFromHandle,
+        cuGraphGetNodes, cuGraphNodeGetType, cuGraphKernelNodeGetParams, cuGraphKernelNodeGetParams_v2, cuGraphChildGraphNodeGetGraph,
     ],
 }
 
@@ -264,12 +267,18 @@ mod tests {
             assert_eq!(proc_address_override(b"cuMemUnmap", v, 0), ours(Sym::cuMemUnmap));
             assert_eq!(proc_address_override(b"cuLaunchKernelEx", v, 2), ours(Sym::cuLaunchKernelEx_ptsz));
             assert_eq!(proc_address_override(b"cuDevicePrimaryCtxReset", v, 0), ours(Sym::cuDevicePrimaryCtxReset_v2));
+            assert_eq!(proc_address_override(b"cuGraphExecUpdate", v, 0), ours(Sym::cuGraphExecUpdate_v2));
+            assert_eq!(proc_address_override(b"cuGraphExecKernelNodeSetParams", v, 0), ours(Sym::cuGraphExecKernelNodeSetParams_v2));
             // CUDA 12.0 gave the name to cuGraphInstantiateWithFlags.
             assert_eq!(proc_address_override(b"cuGraphInstantiate", v, 0), ours(Sym::cuGraphInstantiateWithFlags));
         }
         // The 5-argument ABIs of older callers.
         assert_eq!(proc_address_override(b"cuGraphInstantiate", 10000, 0), ours(Sym::cuGraphInstantiate));
         assert_eq!(proc_address_override(b"cuGraphInstantiate", 11080, 2), ours(Sym::cuGraphInstantiate_v2));
+        // The CUDA 10.x ABIs of the exec changes.
+        assert_eq!(proc_address_override(b"cuGraphExecUpdate", 11080, 0), ours(Sym::cuGraphExecUpdate));
+        assert_eq!(proc_address_override(b"cuGraphExecKernelNodeSetParams", 11080, 0), ours(Sym::cuGraphExecKernelNodeSetParams));
+        assert_eq!(proc_address_override(b"cuGraphKernelNodeGetParams", 12000, 0), None, "internal-only");
         // CUDA 13.0's new ABI of cuCtxSynchronize (a context argument).
         assert_eq!(proc_address_override(b"cuCtxSynchronize", 13000, 0), ours(Sym::cuCtxSynchronize_v2));
     }
@@ -339,6 +348,11 @@ mod tests {
                     || n.starts_with("cuGraphLaunch")
                     || n.starts_with("cuGraphUpload")
                     || n.starts_with("cuGraphInstantiate")
+                    // What an exec's launches run (its price, see graphcost).
+                    || n.starts_with("cuGraphExecUpdate")
+                    || n.starts_with("cuGraphExecKernelNodeSetParams")
+                    || n.starts_with("cuGraphExecChildGraphNodeSetParams")
+                    || n.starts_with("cuGraphExecNodeSetParams")
                     || n.starts_with("cuGraphAddMemAllocNode")
                     // Any node type, memory allocation nodes included (CUDA 12.2).
                     || n.starts_with("cuGraphAddNode"))

@@ -198,6 +198,14 @@ impl PtrMap {
         None
     }
 
+    /// Replaces the value of the live entry for `key` (the first on its chain); `false` if
+    /// there is none. One store: a concurrent [`PtrMap::get`] sees the old value or the new one.
+    /// The caller serialises it with inserts and removes of `key` (a remove taking the entry
+    /// meanwhile may return either value).
+    pub fn set(&self, key: u64, val: u64) -> bool {
+        self.find(key).map(|(i, _)| self.entries[i].val.store(val, Release)).is_some()
+    }
+
     /// Bytes recorded for `key`, if live.
     pub fn get(&self, key: u64) -> Option<u64> {
         self.find(key).map(|(i, _)| self.entries[i].val.load(Acquire))
@@ -293,6 +301,17 @@ mod tests {
         assert_eq!(m.remove(0xdead), None);
         assert_eq!(m.remove(0), Some(5));
         assert!(!m.insert(u64::MAX, 1));
+    }
+
+    #[test]
+    fn set_replaces_a_live_value_only() {
+        let m = PtrMap::new(16);
+        assert!(!m.set(0x1000, 7), "no entry");
+        assert!(m.insert_owned(0x1000, 5, 0xa));
+        assert!(m.set(0x1000, 7));
+        assert_eq!(m.get_owned(0x1000), Some((7, 0xa)), "the owner word stays");
+        assert_eq!(m.remove(0x1000), Some(7));
+        assert!(!m.set(0x1000, 9), "removed");
     }
 
     #[test]

@@ -104,6 +104,8 @@ pub struct State {
     unmapped: Gpu,
     /// Graph memory nodes' sizes per graph and exec.
     pub graph_mem: crate::graphmem::GraphMem,
+    /// The throttle price of each graph exec (see `graphcost`).
+    pub graph_cost: crate::graphcost::GraphCost,
     /// The stream-ordered pools this process allocated from, and its allocations' pools.
     pub stream_pools: crate::streampool::StreamPools,
 }
@@ -525,7 +527,7 @@ fn build() -> State {
     let n = facts.len();
     let gpus: Box<[Gpu]> = facts.iter().enumerate().map(|(ord, f)| build_gpu(cfg, ord, n, f)).collect();
     let unmapped = Gpu::new(Quota::local(0), Throttle::new(&cfg.clone().fail_closed().throttle, 1), 0, None, String::new());
-    let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default(), stream_pools: Default::default() };
+    let st = State { gpus, contexts: Contexts::new(), unmapped, graph_mem: Default::default(), graph_cost: Default::default(), stream_pools: Default::default() };
     crate::exit::install_process_hooks(cfg);
     start_controller_when_ready();
     st

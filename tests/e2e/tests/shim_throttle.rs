@@ -168,8 +168,8 @@ fn every_launch_path_is_throttled() {
     let _one = serial();
     let host = EmuHost::new();
     let sms = host.device().info().sm_count.to_string();
-    // 12 one-wave kernels, or 3 graph launches (8 waves each by default), against a 4-wave
-    // bucket refilled at 5 waves/s (no monitor data).
+    // 12 one-wave kernels, or 12 launches of a graph of one such kernel (a graph costs its
+    // kernels' waves), against a 4-wave bucket refilled at 5 waves/s (no monitor data).
     // The deprecated entry points too (CUDA 2.0's cuLaunchGrid of 1 x BLOCKS and
     // cuLaunchGridAsync of BLOCKS x 1, CUDA 9.0's multi-device cooperative launch with one
     // entry): before they were hooked, they reached the driver unthrottled (0 delayed).
@@ -177,7 +177,7 @@ fn every_launch_path_is_throttled() {
         ("launch", 12),
         ("launchex", 12),
         ("launchcoop", 12),
-        ("launchgraph", 3),
+        ("launchgraph", 12),
         ("launchgrid", 12),
         ("launchgridasync", 12),
         ("launchmulti", 12),

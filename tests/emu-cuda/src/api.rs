@@ -995,8 +995,92 @@ export! {
         set_node_params(nodeParams)
     }
     fn cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) {
-        let _ = (hGraphExec, hNode);
+        // A kernel node's new parameters, as cuGraphExecKernelNodeSetParams_v2 sets them (the
+        // reserved bytes must be zero); other node types are not emulated.
+        if !nodeParams.is_null() && (*nodeParams).type_ == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+            let p = &*nodeParams;
+            if p.reserved0 != [0; 3] || p.reserved2 != 0 {
+                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+            }
+            let k = std::ptr::addr_of!(p.u.kernel);
+            return driver::graph_exec_kernel_set(h(hGraphExec), h(hNode), kernel_node!(k));
+        }
         set_node_params(nodeParams)
+    }
+    fn cuGraphGetNodes(hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize) {
+        if numNodes.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let all = driver::graph_nodes(h(hGraph))?;
+        if nodes.is_null() {
+            return put(numNodes, all.len());
+        }
+        // cuda.h: `*numNodes` entries are filled in, those past the graph's nodes with NULL, and
+        // the number of nodes actually obtained is returned (a short buffer: its length).
+        let room = *numNodes;
+        let out = std::slice::from_raw_parts_mut(nodes, room);
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = all.get(i).map_or(std::ptr::null_mut(), |n| ptr(*n));
+        }
+        put(numNodes, room.min(all.len()))
+    }
+    fn cuGraphNodeGetType(hNode: CUgraphNode, type_: *mut CUgraphNodeType) {
+        if type_.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        put(type_, CUgraphNodeType(driver::graph_node_type(h(hNode))?))
+    }
+    fn cuGraphKernelNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1) {
+        let k = driver::graph_kernel_node(h(hNode))?;
+        put(nodeParams, kernel_params_v1(&k))
+    }
+    fn cuGraphKernelNodeGetParams_v2(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v2) {
+        let k = driver::graph_kernel_node(h(hNode))?;
+        let v1 = kernel_params_v1(&k);
+        put(nodeParams, CUDA_KERNEL_NODE_PARAMS {
+            func: v1.func, gridDimX: v1.gridDimX, gridDimY: v1.gridDimY, gridDimZ: v1.gridDimZ,
+            blockDimX: v1.blockDimX, blockDimY: v1.blockDimY, blockDimZ: v1.blockDimZ,
+            sharedMemBytes: v1.sharedMemBytes, kernelParams: v1.kernelParams, extra: v1.extra,
+            kern: std::ptr::null_mut(), ctx: std::ptr::null_mut(),
+        })
+    }
+    fn cuGraphChildGraphNodeGetGraph(hNode: CUgraphNode, phGraph: *mut CUgraph) {
+        // The emulator has no child graph nodes: no node is one.
+        let _ = (hNode, phGraph);
+        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+    }
+    fn cuGraphExecKernelNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) {
+        driver::graph_exec_kernel_set(h(hGraphExec), h(hNode), kernel_node!(nodeParams))
+    }
+    fn cuGraphExecKernelNodeSetParams_v2(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v2) {
+        driver::graph_exec_kernel_set(h(hGraphExec), h(hNode), kernel_node!(nodeParams))
+    }
+    fn cuGraphExecChildGraphNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph) {
+        // No child graph nodes (see cuGraphChildGraphNodeGetGraph).
+        let _ = (hGraphExec, hNode, childGraph);
+        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+    }
+    fn cuGraphExecUpdate(hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult) {
+        if hErrorNode_out.is_null() || updateResult_out.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (rc, why, node) = match driver::graph_exec_update(h(hGraphExec), h(hGraph)) {
+            Ok(()) => (CUresult::CUDA_SUCCESS, CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS, 0),
+            Err(e) => e,
+        };
+        (*hErrorNode_out, *updateResult_out) = (ptr(node), why);
+        if rc == CUresult::CUDA_SUCCESS { Ok(()) } else { Err(rc) }
+    }
+    fn cuGraphExecUpdate_v2(hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo) {
+        if resultInfo.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (rc, why, node) = match driver::graph_exec_update(h(hGraphExec), h(hGraph)) {
+            Ok(()) => (CUresult::CUDA_SUCCESS, CUgraphExecUpdateResult::CU_GRAPH_EXEC_UPDATE_SUCCESS, 0),
+            Err(e) => e,
+        };
+        *resultInfo = CUgraphExecUpdateResultInfo { result: why, errorNode: ptr(node), errorFromNode: std::ptr::null_mut() };
+        if rc == CUresult::CUDA_SUCCESS { Ok(()) } else { Err(rc) }
     }
     fn cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr) {
         if phGraphNode.is_null() || (numDependencies > 0 && dependencies.is_null()) {
@@ -1127,6 +1211,23 @@ unsafe fn graph_node(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], share
     Ok(driver::GraphNode { f: h(f), grid, block, shared_mem, cycles })
 }
 
+/// The `CUDA_KERNEL_NODE_PARAMS_v1` fields of graph kernel node `k`. The emulator keeps no
+/// argument buffers of its own: `kernelParams` and `extra` come back null.
+fn kernel_params_v1(k: &driver::GraphNode) -> CUDA_KERNEL_NODE_PARAMS_v1 {
+    CUDA_KERNEL_NODE_PARAMS_v1 {
+        func: ptr(k.f),
+        gridDimX: k.grid[0],
+        gridDimY: k.grid[1],
+        gridDimZ: k.grid[2],
+        blockDimX: k.block[0],
+        blockDimY: k.block[1],
+        blockDimZ: k.block[2],
+        sharedMemBytes: k.shared_mem,
+        kernelParams: std::ptr::null_mut(),
+        extra: std::ptr::null_mut(),
+    }
+}
+
 /// `cuGraphAddMemAllocNode` (and a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node of `cuGraphAddNode`):
 /// the node's fixed address written to `params->dptr`.
 ///
@@ -1193,7 +1294,8 @@ unsafe fn generic_node(out: *mut CUgraphNode, graph: CUgraph, deps: *const CUgra
 
 /// `cuGraphNodeSetParams` / `cuGraphExecNodeSetParams`: "not supported for node types
 /// CU_GRAPH_NODE_TYPE_MEM_ALLOC and CU_GRAPH_NODE_TYPE_MEM_FREE" (cuda.h), so a memory node's
-/// size never changes after it was added; the emulator changes no other node either
+/// size never changes after it was added; the emulator changes no other node either, but for
+/// an exec's kernel node (`cuGraphExecNodeSetParams`, handled before this)
 /// (`CUDA_ERROR_NOT_SUPPORTED`, stricter than a driver).
 ///
 /// # Safety

@@ -227,8 +227,13 @@ struct Inner {
     arrays: HashMap<u64, (usize, u64)>,
     /// Stream-ordered memory pools ([`crate::pools`]).
     pools: crate::pools::Pools,
-    graphs: HashMap<u64, Vec<GraphNode>>,
-    execs: HashMap<u64, Vec<GraphNode>>,
+    /// Kernel nodes of each graph, (node handle, node), in the order added.
+    graphs: HashMap<u64, Vec<(u64, GraphNode)>>,
+    /// Kernel nodes of each exec: (handle of the graph node it was instantiated from, the
+    /// node as the exec runs it: `cuGraphExecKernelNodeSetParams` / `cuGraphExecUpdate` change it).
+    execs: HashMap<u64, Vec<(u64, GraphNode)>>,
+    /// Memory nodes' handles: node -> (graph, `CUgraphNodeType` value); stale once the graph is gone.
+    mem_nodes: HashMap<u64, (u64, u32)>,
     /// Memory nodes of each graph (and of each instantiation: exec -> (graph, nodes)).
     graph_mem: HashMap<u64, Vec<MemNode>>,
     exec_mem: HashMap<u64, (u64, Vec<MemNode>)>,
@@ -1464,8 +1469,86 @@ pub fn graph_add_kernel(graph: u64, node: GraphNode) -> R<u64> {
     if !g.funcs.contains_key(&node.f) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
-    g.graphs.get_mut(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.push(node);
-    Ok(g.handle())
+    let h = g.handle();
+    g.graphs.get_mut(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?.push((h, node));
+    Ok(h)
+}
+
+/// `cuGraphGetNodes`: `graph`'s node handles (kernel nodes, then memory nodes, each in the
+/// order added); `CUDA_ERROR_INVALID_VALUE` for an unknown graph.
+pub fn graph_nodes(graph: u64) -> R<Vec<u64>> {
+    let g = drv()?.lock();
+    let kernels = g.graphs.get(&graph).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let mut mem: Vec<u64> = g.mem_nodes.iter().filter(|(_, (gr, _))| *gr == graph).map(|(n, _)| *n).collect();
+    mem.sort_unstable();
+    Ok(kernels.iter().map(|(n, _)| *n).chain(mem).collect())
+}
+
+/// The kernel node `node` of a live graph, if it is one.
+fn kernel_node_of(g: &Inner, node: u64) -> Option<GraphNode> {
+    g.graphs.values().flatten().find(|(n, _)| *n == node).map(|(_, k)| *k)
+}
+
+/// `cuGraphNodeGetType`: the `CUgraphNodeType` value of `node` (kernel, memory allocation or
+/// memory free: the emulator's node types); `CUDA_ERROR_INVALID_VALUE` for a node of no live graph.
+pub fn graph_node_type(node: u64) -> R<u32> {
+    let g = drv()?.lock();
+    if kernel_node_of(&g, node).is_some() {
+        return Ok(cuda_abi::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL.0);
+    }
+    match g.mem_nodes.get(&node) {
+        Some((graph, ty)) if g.graphs.contains_key(graph) => Ok(*ty),
+        _ => Err(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuGraphKernelNodeGetParams[_v2]`: the parameters of kernel node `node` in its graph (never
+/// changed by an exec's updates); `CUDA_ERROR_INVALID_VALUE` for anything else.
+pub fn graph_kernel_node(node: u64) -> R<GraphNode> {
+    kernel_node_of(&drv()?.lock(), node).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuGraphExecKernelNodeSetParams[_v2]`: kernel node `node` (of the graph `exec` was
+/// instantiated from, still in it) runs as `new` in `exec`'s later launches; the graph node is
+/// unchanged. `CUDA_ERROR_INVALID_VALUE` for an unknown exec, a node not of its graph, or one
+/// removed with its graph (stricter than cuda.h, which only says it must not have been removed).
+pub fn graph_exec_kernel_set(exec: u64, node: u64, new: GraphNode) -> R {
+    let mut g = drv()?.lock();
+    if kernel_node_of(&g, node).is_none() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    let nodes = g.execs.get_mut(&exec).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let slot = nodes.iter_mut().find(|(n, _)| *n == node).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    slot.1 = new;
+    Ok(())
+}
+
+/// Why [`graph_exec_update`] refused: the call's result, the `CUgraphExecUpdateResult`, the
+/// node of the new graph it refused (0: none).
+pub type UpdateRefusal = (CUresult, cuda_abi::CUgraphExecUpdateResult, u64);
+
+/// `cuGraphExecUpdate[_v2]`: `exec`'s kernel nodes take the parameters of `graph`'s, paired in
+/// order (the emulator's graphs are chains); the exec keeps its node handles (those of the graph
+/// it was instantiated from). Refused as cuda.h says: unknown handles (`CUDA_ERROR_INVALID_VALUE`,
+/// `CU_GRAPH_EXEC_UPDATE_ERROR`), another node count (`CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`,
+/// `TOPOLOGY_CHANGED`, no error node); memory nodes on either side are refused
+/// (`NOT_SUPPORTED`: stricter than a driver, which pairs them when unchanged).
+pub fn graph_exec_update(exec: u64, graph: u64) -> Result<(), UpdateRefusal> {
+    use cuda_abi::CUgraphExecUpdateResult as U;
+    let invalid = (CUresult::CUDA_ERROR_INVALID_VALUE, U::CU_GRAPH_EXEC_UPDATE_ERROR, 0);
+    let failed = |why, node| (CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, why, node);
+    let mut g = drv().map_err(|e| (e, U::CU_GRAPH_EXEC_UPDATE_ERROR, 0))?.lock();
+    let new = g.graphs.get(&graph).ok_or(invalid)?.clone();
+    let old = g.execs.get(&exec).ok_or(invalid)?;
+    if g.exec_mem.contains_key(&exec) || g.mem_nodes.values().any(|(gr, _)| *gr == graph) {
+        return Err(failed(U::CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED, 0));
+    }
+    if old.len() != new.len() {
+        return Err(failed(U::CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, 0));
+    }
+    let updated = old.iter().zip(&new).map(|((h, _), (_, k))| (*h, *k)).collect();
+    g.execs.insert(exec, updated);
+    Ok(())
 }
 
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_*` (cuda.h `CUgraphInstantiate_flags`).
@@ -1566,7 +1649,7 @@ pub fn graph_launch(exec: u64, stream: u64) -> R {
     let d = drv()?;
     let nodes = d.lock().execs.get(&exec).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     graph_mem_launch(d, exec)?;
-    for n in nodes {
+    for (_, n) in nodes {
         launch(LaunchReq { f: n.f, grid: n.grid, block: n.block, shared_mem: n.shared_mem, stream, cycles: n.cycles, cooperative: false })?;
     }
     Ok(())
@@ -1606,7 +1689,9 @@ pub fn graph_add_mem_alloc(graph: u64, size: u64, ord: i32) -> R<(u64, u64)> {
     let gp = d.gpu(ord);
     let addr = gp.dev.reserve_address(size, 512).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)? | ((gp.phys as u64) << ADDR_PHYS_SHIFT);
     g.graph_mem.entry(graph).or_default().push(MemNode::Alloc { addr, size, ord });
-    Ok((g.handle(), addr))
+    let node = g.handle();
+    g.mem_nodes.insert(node, (graph, cuda_abi::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC.0));
+    Ok((node, addr))
 }
 
 /// `cuGraphAddMemFreeNode`: frees an allocation of the same graph, once
@@ -1624,7 +1709,9 @@ pub fn graph_add_mem_free(graph: u64, addr: u64) -> R<u64> {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     nodes.push(MemNode::Free { addr });
-    Ok(g.handle())
+    let node = g.handle();
+    g.mem_nodes.insert(node, (graph, cuda_abi::CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE.0));
+    Ok(node)
 }
 
 /// Maps the graph memory an exec needs before its launch: each alloc node's bytes come from the

@@ -6,7 +6,8 @@
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
 //! `vmm N` | `vmmon DEV N` | `array W H` | `array3d W H D` | `arrayv1 W H` / `array3dv1 W H D` (the CUDA 2.0 ABI) | `mipmap W H LEVELS` | `mipmaplayered W H LAYERS LEVELS` | `free` (last) | `freeall` |
-//! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph|launchlegacy|launchgrid|launchgridasync|launchmulti BLOCKS CYCLES COUNT` | `legacychecks CYCLES` | `where NAME VERSION` | `next SYMBOL`
+//! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph|launchlegacy|launchgrid|launchgridasync|launchmulti BLOCKS CYCLES COUNT` |
+//! `graphnodes NODES BLOCKS CYCLES COUNT GROW` (see the step) | `legacychecks CYCLES` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
 //! thread sets SIGINT's action; the child is sent SIGINT, see the step) | `nvmlmem` (NVML via dlopen) | `ready` |
 //! `eventwaitnoctx BLOCKS CYCLES` (see the step) |
@@ -365,6 +366,7 @@ fn main() {
         11040
     );
     let graph_launch = get!(cu, "cuGraphLaunch", PFN_cuGraphLaunch_v10000, 10000);
+    let graph_exec_kernel_set = get!(cu, "cuGraphExecKernelNodeSetParams", PFN_cuGraphExecKernelNodeSetParams_v12000, 12000);
     let graph_add_alloc = get!(cu, "cuGraphAddMemAllocNode", PFN_cuGraphAddMemAllocNode_v11040, 11040);
     let graph_add_node = get!(cu, "cuGraphAddNode", PFN_cuGraphAddNode_v12030, 12030);
     let graph_add_free = get!(cu, "cuGraphAddMemFreeNode", PFN_cuGraphAddMemFreeNode_v11040, 11040);
@@ -1120,6 +1122,62 @@ fn main() {
                         r.0,
                         wall.elapsed().as_secs_f64() * 1e3
                     ));
+                }
+                // One graph of NODES spin kernel nodes (BLOCKS x CYCLES each), launched COUNT
+                // times; with GROW > 1, then (after a second for the bucket to fill again) every
+                // node's grid in the exec set to BLOCKS * GROW (cuGraphExecKernelNodeSetParams)
+                // and the graph launched once more. Prints `graphnodes=RC grown=RC`.
+                "graphnodes" => {
+                    let (nodes, blocks, mut cycles, count, grow) = (num(1, i), num(2, i) as c_uint, num(3, i) as u64, num(4, i), num(5, i) as c_uint);
+                    i += 5;
+                    if spin_fn.is_null() {
+                        spin_fn = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
+                    }
+                    let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let mut r = graph_create(&mut g, 0);
+                    let mut handles: Vec<CUgraphNode> = Vec::new();
+                    let node_params = spin_node_params(spin_fn, blocks, params.as_mut_ptr());
+                    let mut prev: CUgraphNode = std::ptr::null_mut();
+                    for _ in 0..nodes {
+                        if !r.is_success() {
+                            break;
+                        }
+                        let mut node: CUgraphNode = std::ptr::null_mut();
+                        let deps = if prev.is_null() { 0 } else { 1 };
+                        r = graph_add_kernel(&mut node, g, &prev, deps, &node_params);
+                        handles.push(node);
+                        prev = node;
+                    }
+                    let mut exec: CUgraphExec = std::ptr::null_mut();
+                    if r.is_success() {
+                        r = graph_instantiate(&mut exec, g, 0);
+                    }
+                    for _ in 0..count {
+                        if r.is_success() {
+                            r = graph_launch(exec, stream);
+                        }
+                    }
+                    if r.is_success() {
+                        r = sync();
+                    }
+                    let mut grown = CUresult::CUDA_SUCCESS;
+                    if r.is_success() && grow > 1 {
+                        std::thread::sleep(std::time::Duration::from_millis(1000));
+                        let bigger = spin_node_params(spin_fn, blocks * grow, params.as_mut_ptr());
+                        for n in &handles {
+                            if grown.is_success() {
+                                grown = graph_exec_kernel_set(exec, *n, &bigger);
+                            }
+                        }
+                        if grown.is_success() {
+                            grown = graph_launch(exec, stream);
+                        }
+                        if grown.is_success() {
+                            grown = sync();
+                        }
+                    }
+                    out(format!("graphnodes={} grown={}", r.0, grown.0));
                 }
                 // A spin kernel (BLOCKS x CYCLES) on the current context's stream, an event
                 // recorded after it, and cuEventSynchronize of that event from a new thread,
