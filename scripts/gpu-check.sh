@@ -85,8 +85,10 @@
 # monitor-cpu and nvml-cost); GPU_CHECK_EXIT_RUNS sets the exit check's signals (default 20),
 # GPU_CHECK_RECOVERY_RUNS the recovery check's kills (default 1; GPU_CHECK_RECOVERY_NO_SHIM=1 runs
 # its offline client without the shim, GPU_CHECK_RECOVERY_TERMINATE_FIRST=1 has MPS
-# `terminate_client` it 0.3 s before the SIGKILL), GPU_CHECK_MPS_CLIENTS the most
-# clients mps-clients starts (default 64).
+# `terminate_client` it 0.3 s before the SIGKILL, GPU_CHECK_RECOVERY_SIGTERM_FIRST=<ms> ends it
+# as the kubelet does: started with --ignore-sigterm and env XCUDA_KILL_GRACE_MS=<ms>, it gets
+# SIGTERM, then SIGKILL <ms> later), GPU_CHECK_MPS_CLIENTS the most clients mps-clients starts
+# (default 64).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 top="$(dirname "$here")"
@@ -106,6 +108,10 @@ while [[ $# -gt 0 ]]; do
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+if [[ -n "${GPU_CHECK_RECOVERY_SIGTERM_FIRST:-}" && ! $GPU_CHECK_RECOVERY_SIGTERM_FIRST =~ ^[0-9]+$ ]]; then
+    echo "gpu-check: GPU_CHECK_RECOVERY_SIGTERM_FIRST takes whole milliseconds (the grace before the SIGKILL)" >&2
+    exit 2
+fi
 all_checks=(monitor-cpu nvml-cost quota torch-quota pool-keep stack-limit capture-mem throttle mps-server
     throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients launch-cost)
 mps_checks=(mps-server throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients)
@@ -1111,16 +1117,20 @@ PY
 
 recovery_run() { # run $1 of the recovery check, the offline client started with env "${@:2}"
     # Online at 30 % of the SMs beside an offline client that is SIGKILLed mid-run (once it has
-    # made progress: its context and kernels are live). Sets rec_outcome (ok, hung or died),
+    # made progress: its context and kernels are live); with term_ms set (check_recovery's
+    # GPU_CHECK_RECOVERY_SIGTERM_FIRST) it gets SIGTERM first, ignores it and runs on, and the
+    # SIGKILL comes term_ms later. Sets rec_outcome (ok, hung, died or notrun),
     # rec_max and rec_req (the online client's slowest request in ms and its request count)
     # and rec_why. Globals, not output: its processes must reach the cleanup list.
-    local r=$1 on off st; shift
+    local r=$1 on off st term_s=0 off_args=(); shift
     rec_outcome="" rec_max="" rec_req="" rec_why=""
-    "${as_user[@]}" "$bin_dir/online" --rate 50 --duration "$secs" --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
+    # Both clients outlast the grace: the SIGKILL must find them running.
+    [[ -n $term_ms ]] && term_s=$(( (term_ms + 999) / 1000 )) off_args=(--ignore-sigterm)
+    "${as_user[@]}" "$bin_dir/online" --rate 50 --duration $(( secs + term_s )) --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
     on=$!; pids+=($on)
     # Four kernels queued per synchronisation: the kill finds one in flight unless it lands in
     # the gap between a sync's return and the next launch, which a loaded host can stretch.
-    "${as_user[@]}" "$@" "$bin_dir/offline" --duration $(( secs + 10 )) --kernels 4 --json --report-interval 0.5 >"$root/off-recovery-$r.out" 2>&1 &
+    "${as_user[@]}" "$@" "$bin_dir/offline" --duration $(( secs + 10 + term_s )) --kernels 4 --json --report-interval 0.5 "${off_args[@]}" >"$root/off-recovery-$r.out" 2>&1 &
     off=$!; pids+=($off)
     # Its first progress report: context made, kernels running (a loaded host may take a while;
     # a client that never got that far is a run that proves nothing, not a pass).
@@ -1132,6 +1142,20 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
         return
     fi
     sleep "1.$(( RANDOM % 10 ))"
+    if [[ -n $term_ms ]]; then
+        # The kubelet's way: SIGTERM, the grace period, SIGKILL. The client ignores the SIGTERM
+        # and its kernels go on; a shimmed one knows the grace (XCUDA_KILL_GRACE_MS) and can
+        # drain its kernels before the kill. One that ended meanwhile proves nothing.
+        kill -TERM $off 2>/dev/null
+        sleep "$(( term_ms / 1000 )).$(printf '%03d' $(( term_ms % 1000 )))"
+        if ! kill -0 $off 2>/dev/null; then
+            wait "$off" 2>/dev/null; st=$?
+            kill -KILL $on 2>/dev/null; wait "$on" 2>/dev/null
+            rec_outcome=notrun
+            rec_why="run $r: the offline client ended (status $st) within ${term_ms} ms of its SIGTERM, before the SIGKILL ($(tail -n 1 "$root/off-recovery-$r.out" | plain 100))"
+            return
+        fi
+    fi
     if [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]]; then
         # MPS's own way to end one client's GPU work (nvidia-cuda-mps-control(1)), then the kill.
         local srv; srv=$(echo get_server_list | mpsctl 2>/dev/null | head -1)
@@ -1163,13 +1187,19 @@ check_recovery() {
     # own handling of a fatal GPU error (its log says which client it blamed). The monitor's
     # state is checked before each kill: a run on a GPU the monitor disabled proves nothing (its
     # offline client is evicted). GPU_CHECK_RECOVERY_RUNS repeats it (default 1); the row gives
-    # the worst run.
+    # the worst run. GPU_CHECK_RECOVERY_SIGTERM_FIRST=<ms>: the kubelet's end of a container
+    # that outlives its terminationGracePeriodSeconds, SIGTERM (the client ignores it), then
+    # SIGKILL <ms> later; the shim, told the grace by XCUDA_KILL_GRACE_MS, may drain the
+    # kernels before the kill (a plain kill tore an H200's online neighbour down in 12 of 20).
     local secs=$(( quick ? 4 : 8 )) runs=${GPU_CHECK_RECOVERY_RUNS:-1} r ev
+    local term_ms=${GPU_CHECK_RECOVERY_SIGTERM_FIRST:-}
     local worst="" hung=0 died=0 disabled=0 total_req=0 all=() why=""
     local slog="$root/mps-log/server.log" fatal0 fatal off_env=("${shim_env[@]}")
     local rec_outcome rec_max rec_req rec_why
     # GPU_CHECK_RECOVERY_NO_SHIM=1: the offline client without the shim (is a fault the shim's?)
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && off_env=(env)
+    # Through the same env as the shim's settings: read by a shimmed client, by no other.
+    [[ -n $term_ms ]] && off_env+=(XCUDA_KILL_GRACE_MS="$term_ms")
     fatal0=$(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null)
     need_manager recovery || return
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
@@ -1194,6 +1224,7 @@ check_recovery() {
     fatal=$(( $(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null) - ${fatal0:-0} ))
     local what="$runs offline client(s) SIGKILLed holding a context under MPS"
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && what="$what (without the shim)"
+    [[ -n $term_ms ]] && what="$what (SIGTERM, then SIGKILL after $term_ms ms)"
     [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]] && what="$what (terminate_client first)"
     local each="slowest request per run (ms): ${all[*]}; $total_req requests; mps-manager recoveries: $ev; MPS server fatal GPU errors: $fatal${why:+; $why}"
     if [[ $hung != 0 ]]; then

@@ -39,6 +39,29 @@ fn kit_with(profile: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String
     (out.status.success(), text)
 }
 
+/// Runs the kit's `recovery` check alone on t4 with `env`, again while its row is PASS, three
+/// times at most: the kill may land between two of the offline client's kernels (nobody is
+/// harmed then, on the H200 as here), which proves nothing about a kill with one in flight.
+/// Whether the last run exited 0, its output, and how many runs missed before it.
+fn recovery_until_a_kill_in_flight(env: &[(&str, &str)]) -> (bool, String, usize) {
+    let mut missed = 0;
+    loop {
+        let (ok, out) = kit_with("t4", &["--only", "recovery"], env);
+        if ok && row(table_of(&out), "recovery")[1] == "PASS" && missed < 2 {
+            missed += 1;
+            continue;
+        }
+        return (ok, out, missed);
+    }
+}
+
+/// The kit's table in its output.
+fn table_of(out: &str) -> &str {
+    out.split("GPU check kit on")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no table in\n{out}"))
+}
+
 /// On an emulated device that tears an MPS server's clients down when one is killed with
 /// kernels in flight (`GPUEMU_MPS_KILL=teardown`, what an H200 did in 12 of 20 kills), the
 /// `recovery` check reports the online client torn down (not hung, not passed); with
@@ -54,19 +77,10 @@ fn kit_with(profile: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String
 fn the_recovery_check_tells_a_torn_down_online_client_and_terminate_first_prevents_it() {
     let teardown = ("GPUEMU_MPS_KILL", "teardown");
     let no_shim = ("GPU_CHECK_RECOVERY_NO_SHIM", "1");
-    let mut missed = Vec::new();
-    let (ok, out) = loop {
-        let (ok, out) = kit_with("t4", &["--only", "recovery"], &[teardown, no_shim]);
-        let table = out.split("GPU check kit on").nth(1).unwrap_or_else(|| panic!("no table in\n{out}"));
-        if ok && row(table, "recovery")[1] == "PASS" && missed.len() < 2 {
-            missed.push(out);
-            continue;
-        }
-        break (ok, out);
-    };
-    let table = out.split("GPU check kit on").nth(1).unwrap_or_else(|| panic!("no table in\n{out}"));
+    let (ok, out, missed) = recovery_until_a_kill_in_flight(&[teardown, no_shim]);
+    let table = table_of(&out);
     let r = row(table, "recovery");
-    assert!(!ok, "a FAIL row fails the kit (after {} runs that killed between kernels):\n{out}", missed.len());
+    assert!(!ok, "a FAIL row fails the kit (after {missed} runs that killed between kernels):\n{out}");
     assert_eq!(r[1], "FAIL", "{table}");
     assert!(table.contains("online torn down in 1 of 1"), "{table}");
     assert!(table.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{table}");
@@ -75,9 +89,50 @@ fn the_recovery_check_tells_a_torn_down_online_client_and_terminate_first_preven
         &["--only", "recovery"],
         &[teardown, no_shim, ("GPU_CHECK_RECOVERY_TERMINATE_FIRST", "1")],
     );
-    let table = out.split("GPU check kit on").nth(1).unwrap_or_else(|| panic!("no table in\n{out}"));
+    let table = table_of(&out);
     assert!(ok, "{out}");
     assert_eq!(row(table, "recovery")[1], "PASS", "{table}");
+}
+
+/// The kubelet's way to end an offline container (`GPU_CHECK_RECOVERY_SIGTERM_FIRST=3000`:
+/// SIGTERM, which the offline client ignores, then SIGKILL 3 s later) on the same tearing-down
+/// device, the client without the shim: nothing drains its kernels in the grace period, the
+/// SIGKILL finds one in flight and the online neighbour is torn down as by a plain kill (the
+/// same retry on a miss).
+#[test]
+fn the_recovery_check_with_sigterm_first_and_no_shim_tells_a_torn_down_online_client() {
+    let (ok, out, missed) = recovery_until_a_kill_in_flight(&[
+        ("GPUEMU_MPS_KILL", "teardown"),
+        ("GPU_CHECK_RECOVERY_SIGTERM_FIRST", "3000"),
+        ("GPU_CHECK_RECOVERY_NO_SHIM", "1"),
+    ]);
+    let table = table_of(&out);
+    assert!(!ok, "a FAIL row fails the kit (after {missed} runs that killed between kernels):\n{out}");
+    assert_eq!(row(table, "recovery")[1], "FAIL", "{table}");
+    assert!(table.contains("online torn down in 1 of 1"), "{table}");
+    assert!(table.contains("SIGTERM, then SIGKILL after 3000 ms"), "{table}");
+    assert!(table.contains("without the shim"), "{table}");
+}
+
+/// The same under the shim: told the grace (`XCUDA_KILL_GRACE_MS`, which the kit passes), the
+/// shim freezes launches after the ignored SIGTERM and synchronises the device before the
+/// SIGKILL (`XCUDA_DRAIN_BEFORE_KILL_MS`), so the kill finds no kernel in flight and the online
+/// neighbour goes on. A PASS here is the expected outcome, so there is no retry.
+#[test]
+#[ignore = "needs the shim's drain before the kill (in progress)"]
+fn the_recovery_check_with_sigterm_first_passes_under_the_shim() {
+    let (ok, out) = kit_with(
+        "t4",
+        &["--only", "recovery"],
+        &[
+            ("GPUEMU_MPS_KILL", "teardown"),
+            ("GPU_CHECK_RECOVERY_SIGTERM_FIRST", "3000"),
+        ],
+    );
+    let table = table_of(&out);
+    assert!(ok, "{out}");
+    assert_eq!(row(table, "recovery")[1], "PASS", "{table}");
+    assert!(table.contains("SIGTERM, then SIGKILL after 3000 ms"), "{table}");
 }
 
 /// A misspelled `--only` name stops the kit before it starts anything (it used to print an

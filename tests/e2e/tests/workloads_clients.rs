@@ -21,6 +21,22 @@ fn online(host: &Host, args: &[&str]) -> serde_json::Value {
     last_json(&out.stdout)
 }
 
+/// Sends `sig` to the offline client `p`, which must exit 0 with a summary naming `sig`; the
+/// summary.
+fn stop_for_summary(p: &mut Proc, sig: i32) -> serde_json::Value {
+    let (st, lines) = p.stop(sig, Duration::from_secs(30));
+    assert!(st.success(), "{st:?} {lines:?}");
+    let fin = json(
+        lines
+            .iter()
+            .rev()
+            .find(|l| l.contains("\"final\":true"))
+            .expect("summary line"),
+    );
+    assert_eq!(fin["signal"], sig, "{fin}");
+    fin
+}
+
 #[test]
 fn online_reports_latency_of_emulated_kernels() {
     let host = host("t4");
@@ -78,16 +94,7 @@ fn offline_checkpoints_and_releases_its_context_on_sigterm() {
         ],
     );
     p.wait_line("iters_per_s", Duration::from_secs(60));
-    let (st, lines) = p.stop(libc::SIGTERM, Duration::from_secs(30));
-    assert!(st.success(), "{st:?} {lines:?}");
-    let fin = json(
-        lines
-            .iter()
-            .rev()
-            .find(|l| l.contains("\"final\":true"))
-            .expect("summary line"),
-    );
-    assert_eq!(fin["signal"], libc::SIGTERM);
+    let fin = stop_for_summary(&mut p, libc::SIGTERM);
     assert_eq!(fin["checkpoint_bytes"], 4 << 20);
     assert!(fin["iterations"].as_u64().unwrap() >= 1);
     let bytes = std::fs::read(&ckpt).expect("checkpoint file");
@@ -114,6 +121,43 @@ fn offline_checkpoints_and_releases_its_context_on_sigterm() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `offline --ignore-sigterm` (the GPU check kit's stand-in for an application that ignores the
+/// kubelet's SIGTERM): SIGTERM's disposition is SIG_IGN, the kernels go on through one, and
+/// SIGINT still ends the run with its checkpoint.
+#[test]
+fn offline_ignoring_sigterm_runs_on_until_sigint() {
+    let host = host("t4");
+    let mut p = offline(
+        &host,
+        &["--ignore-sigterm", "--state-mb", "1", "--kernel-us", "5000"],
+    );
+    p.wait_line("iters_per_s", Duration::from_secs(60));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", p.pid())).unwrap();
+    let ign = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+        .expect("SigIgn line");
+    assert_ne!(
+        ign & (1 << (libc::SIGTERM - 1)),
+        0,
+        "SIGTERM ignored: {status}"
+    );
+    assert_eq!(
+        ign & (1 << (libc::SIGINT - 1)),
+        0,
+        "SIGINT handled: {status}"
+    );
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(p.pid() as i32, libc::SIGTERM) };
+    for _ in 0..3 {
+        p.wait_line("iters_per_s", Duration::from_secs(30));
+    }
+    assert!(p.child.try_wait().unwrap().is_none(), "{:?}", p.seen);
+    let fin = stop_for_summary(&mut p, libc::SIGINT);
+    assert_eq!(fin["checkpoint_bytes"], 1 << 20);
 }
 
 use std::path::PathBuf;

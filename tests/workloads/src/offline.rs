@@ -30,13 +30,20 @@ OPTIONS:
   --report-interval <s>   progress line period, 0 = none               [default: 1]
   --device <n>            CUDA device ordinal                          [default: 0]
   --json                  progress lines and summary as JSON objects (one per line)
+  --ignore-sigterm        ignore SIGTERM (SIG_IGN, set before the driver is loaded): the
+                          kernels go on until SIGINT, a limit or SIGKILL
   --help                  this text
 
 On SIGTERM or SIGINT the client completes the running iteration, copies its state to the host
 (cuMemcpyDtoH, the checkpoint), frees its memory and releases its context before exiting 0,
-so it never leaves MPS with a dead client holding a context.
+so it never leaves MPS with a dead client holding a context. With --ignore-sigterm only SIGINT
+does: the client stands for an application that ignores the kubelet's SIGTERM and is SIGKILLed
+at the end of the grace period (the GPU check kit's GPU_CHECK_RECOVERY_SIGTERM_FIRST).
 Environment: WORKLOADS_LIBCUDA=<path> loads that driver file instead of libcuda.so.1.
 Example: offline --kernel-us 50000 --blocks 264 --checkpoint /tmp/ckpt.bin";
+
+/// The options of `offline` that take no value.
+pub const FLAGS: &[&str] = &["json", "ignore-sigterm"];
 
 /// Offline client settings.
 #[derive(Debug, Clone)]
@@ -63,6 +70,8 @@ pub struct OfflineConfig {
     pub device: i32,
     /// JSON output.
     pub json: bool,
+    /// SIGTERM ignored (set before the driver is loaded); SIGINT still stops the run.
+    pub ignore_sigterm: bool,
 }
 
 impl OfflineConfig {
@@ -85,6 +94,7 @@ impl OfflineConfig {
             report_interval: (interval > 0.0).then(|| Duration::from_secs_f64(interval)),
             device: a.get("device", 0)?,
             json: a.flag("json"),
+            ignore_sigterm: a.flag("ignore-sigterm"),
         };
         a.finish()?;
         Ok(c)
@@ -249,14 +259,28 @@ mod tests {
 
     #[test]
     fn config_defaults_and_errors() {
-        let c = OfflineConfig::from_args(Args::parse(Vec::<String>::new(), &["json"]).unwrap())
-            .unwrap();
+        let c =
+            OfflineConfig::from_args(Args::parse(Vec::<String>::new(), FLAGS).unwrap()).unwrap();
         assert_eq!((c.duration, c.kernels, c.state_mb), (None, 1, 64));
         assert_eq!(c.report_interval, Some(Duration::from_secs(1)));
-        let bad = Args::parse(["--threads".to_string(), "4096".to_string()], &["json"]).unwrap();
+        assert!(!c.ignore_sigterm);
+        let bad = Args::parse(["--threads".to_string(), "4096".to_string()], FLAGS).unwrap();
         assert!(OfflineConfig::from_args(bad)
             .unwrap_err()
             .contains("--threads 4096"));
+    }
+
+    #[test]
+    fn ignore_sigterm_is_a_flag_without_a_value() {
+        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let c =
+            OfflineConfig::from_args(Args::parse(argv("--ignore-sigterm --json"), FLAGS).unwrap())
+                .unwrap();
+        assert!(c.ignore_sigterm && c.json);
+        assert!(Args::parse(argv("--ignore-sigterm=1"), FLAGS)
+            .unwrap_err()
+            .contains("takes no value"));
+        assert!(HELP.contains("--ignore-sigterm"));
     }
 
     #[test]

@@ -30,6 +30,24 @@ pub fn install() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Sets SIGTERM to SIG_IGN (replacing [`install`]'s handler): the process keeps running through
+/// a SIGTERM, as an application that ignores the kubelet's does until its SIGKILL. Call it
+/// before the driver is loaded, so that anything set up then (an LD_PRELOADed shim) finds
+/// SIGTERM ignored. SIGINT keeps its handler.
+pub fn ignore_sigterm() -> std::io::Result<()> {
+    // SAFETY: sigaction is zero-initialisable; SIG_IGN is a valid disposition for SIGTERM.
+    let rc = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_IGN;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// True once SIGTERM or SIGINT arrived.
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
