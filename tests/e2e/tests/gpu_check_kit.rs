@@ -117,9 +117,10 @@ fn the_recovery_check_with_sigterm_first_and_no_shim_tells_a_torn_down_online_cl
 /// The same under the shim: told the grace (`XCUDA_KILL_GRACE_MS`, which the kit passes), the
 /// shim freezes launches after the ignored SIGTERM and synchronises the device before the
 /// SIGKILL (`XCUDA_DRAIN_BEFORE_KILL_MS`), so the kill finds no kernel in flight and the online
-/// neighbour goes on. A PASS here is the expected outcome, so there is no retry.
+/// neighbour goes on. A PASS here is the expected outcome, so there is no retry (without the
+/// drain the row was FAIL "online torn down", CUDA_ERROR_ILLEGAL_ADDRESS, the shim's log
+/// showing the SIGTERM and the kernels running on).
 #[test]
-#[ignore = "needs the shim's drain before the kill (in progress)"]
 fn the_recovery_check_with_sigterm_first_passes_under_the_shim() {
     let (ok, out) = kit_with(
         "t4",
