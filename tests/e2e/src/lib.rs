@@ -17,7 +17,6 @@ use std::time::Duration;
 pub mod client;
 pub mod nvml_sampler;
 
-
 pub use emu_device;
 pub use workloads::host::{
     artifact, chmod, forge_slot, helper_main, hold_ledger, is_root, lacks_root, manager_compute_mode, monitor_state, register, target_dir,
@@ -185,6 +184,26 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// A shell script making node-agent's Allocate `mounts` (host path, container path,
+/// read-only) that lie under `under` (the ledger
+/// directory, where the tests give the container paths equal to the host paths) as a container
+/// runtime makes them: bind mounts, parents before children, the read-only ones remounted
+/// read-only; run it in a mount namespace of its own (`unshare -m --propagation private`).
+/// Exits 90/91 when a mount fails.
+pub fn allocate_mounts_script<'a>(mounts: impl IntoIterator<Item = (&'a str, &'a str, bool)>, under: &std::path::Path) -> String {
+    let under = under.to_string_lossy();
+    let mut ours: Vec<_> = mounts.into_iter().filter(|(_, ctr, _)| ctr.starts_with(under.as_ref())).collect();
+    ours.sort_by_key(|(_, ctr, _)| ctr.matches('/').count());
+    let mut script = String::from("set -u\n");
+    for (host, ctr, ro) in ours {
+        script += &format!("mount --bind '{host}' '{ctr}' || exit 90\n");
+        if ro {
+            script += &format!("mount -o remount,bind,ro '{ctr}' || exit 91\n");
+        }
+    }
+    script
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,24 +256,4 @@ mod tests {
         assert_eq!(num(l, "emulated_ms"), 12.5);
         assert_eq!(field(l, "nope"), None);
     }
-}
-
-/// A shell script making node-agent's Allocate `mounts` (host path, container path,
-/// read-only) that lie under `under` (the ledger
-/// directory, where the tests give the container paths equal to the host paths) as a container
-/// runtime makes them: bind mounts, parents before children, the read-only ones remounted
-/// read-only; run it in a mount namespace of its own (`unshare -m --propagation private`).
-/// Exits 90/91 when a mount fails.
-pub fn allocate_mounts_script<'a>(mounts: impl IntoIterator<Item = (&'a str, &'a str, bool)>, under: &std::path::Path) -> String {
-    let under = under.to_string_lossy();
-    let mut ours: Vec<_> = mounts.into_iter().filter(|(_, ctr, _)| ctr.starts_with(under.as_ref())).collect();
-    ours.sort_by_key(|(_, ctr, _)| ctr.matches('/').count());
-    let mut script = String::from("set -u\n");
-    for (host, ctr, ro) in ours {
-        script += &format!("mount --bind '{host}' '{ctr}' || exit 90\n");
-        if ro {
-            script += &format!("mount -o remount,bind,ro '{ctr}' || exit 91\n");
-        }
-    }
-    script
 }

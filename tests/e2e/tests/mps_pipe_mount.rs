@@ -19,8 +19,7 @@ fn helper_entry() {
 /// container runtime makes them (parents first, read-only ones remounted read-only), then what a
 /// root tenant tries in the pipe directory, each attempt's exit status printed as `name=rc`.
 fn tenant_script(n: &EmuHost, read_only_pipe: bool) -> String {
-    let mut cfg = node_agent::config::AgentConfig::default();
-    cfg.ledger_dir = n.ledger_dir().to_path_buf();
+    let mut cfg = node_agent::config::AgentConfig { ledger_dir: n.ledger_dir().to_path_buf(), ..Default::default() };
     cfg.inject.ledger_container_dir = n.ledger_dir().to_path_buf();
     cfg.inject.mps_pipe_read_only = read_only_pipe;
     let (env, mounts) = node_agent::allocate::static_edits(&cfg, 0);

@@ -72,8 +72,7 @@ fn a_root_tenant_cannot_write_the_status_files_through_the_mounts_node_agent_giv
     node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
     let sample = node_ledger::MonitorSample { sm_active_permille: 500, ..Default::default() }.with_health(HealthState::Overlimit);
     writer.publish(&sample);
-    let mut cfg = node_agent::config::AgentConfig::default();
-    cfg.ledger_dir = n.ledger_dir().to_path_buf();
+    let mut cfg = node_agent::config::AgentConfig { ledger_dir: n.ledger_dir().to_path_buf(), ..Default::default() };
     cfg.inject.ledger_container_dir = n.ledger_dir().to_path_buf();
     let (_env, mounts) = node_agent::allocate::static_edits(&cfg, 0);
     // Containers see the ledger directory's mounts only (the shim's and /dev/shm are not
