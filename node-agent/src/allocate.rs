@@ -50,8 +50,9 @@ pub struct PodPlan {
 
 /// The kubelet's wait between a container's SIGTERM and its SIGKILL for `pod`, ms: the pod's
 /// `spec.terminationGracePeriodSeconds` (the API server's default is 30 s), at least the 2 s
-/// the kubelet itself never goes below. A deletion may ask for a shorter grace than the spec's;
-/// the shim's drain is then late, not wrong.
+/// the kubelet itself never goes below. A deletion that asks for a shorter grace than the
+/// spec's, or a `preStop` hook that uses part of it, brings the kill before the shim's drain:
+/// then nothing is drained (xcuda-shim/README.md, "Drain before the kubelet's SIGKILL").
 pub fn kill_grace_ms(pod: &Pod) -> u64 {
     let s = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
     (s.max(2) as u64).saturating_mul(1000)

@@ -341,37 +341,63 @@ static PROCESS_HOOKS: Once = Once::new();
 /// so the re-raised signal comes back through the shim and is handled with the new action.
 static FORWARDING: AtomicI32 = AtomicI32::new(0);
 
-/// When the drain before an expected SIGKILL is due ([`crate::config::ExitConfig::drain_before_kill_ms`]):
-/// monotonic ns, armed by the first SIGTERM the process survives; 0 = none.
-static DRAIN_AT_NS: AtomicU64 = AtomicU64::new(0);
-/// The drain has begun: launches stay frozen for the rest of the process's life (the SIGKILL is
-/// coming), whatever a later signal's handling would unfreeze.
+/// When the first SIGTERM arrived (monotonic ns, set in the signal handler:
+/// `clock_gettime` is async-signal-safe); 0 = none yet. The kubelet's grace runs from it, not
+/// from when the helper thread got to it (behind an earlier signal's synchronisation).
+static SIGTERM_AT_NS: AtomicU64 = AtomicU64::new(0);
+/// The drain before an expected SIGKILL has been armed ([`crate::config::ExitConfig::drain_before_kill_ms`]).
+static DRAIN_ARMED: AtomicBool = AtomicBool::new(false);
+/// The drain has begun: launches stay frozen (the SIGKILL is coming), whatever a later signal's
+/// handling would unfreeze, until the drain gives up waiting for the kill ([`drain_thread`]).
 static DRAINED: AtomicBool = AtomicBool::new(false);
+/// How long after the expected SIGKILL a drained process gives up on it and launches again, ms:
+/// the SIGTERM was not the kubelet's (a launcher's, an application's own), or its grace was
+/// longer than the pod's spec said.
+const RESUME_AFTER_KILL_MS: u64 = 10_000;
 
 /// Arms the drain after SIGTERM `sig` (the first one: the kubelet's grace runs from it), when
 /// the expected SIGKILL's time is known (`exit.kill_grace_ms`, node-agent's
-/// `XCUDA_KILL_GRACE_MS`) and a drain is wanted (`exit.drain_before_kill_ms`).
+/// `XCUDA_KILL_GRACE_MS`) and a drain is wanted (`exit.drain_before_kill_ms`): a thread of its
+/// own waits for the drain's time (the controller thread ends when a daemon asks the process to
+/// leave, so it cannot be the one).
 fn arm_drain(sig: c_int) {
-    if sig != libc::SIGTERM || DRAIN_AT_NS.load(Acquire) != 0 {
+    if sig != libc::SIGTERM || DRAIN_ARMED.load(Acquire) {
         return;
     }
     let e = &state::config().exit;
-    let Some(at) = drain_at(node_ledger::clock::now_ns(), e) else { return };
-    if DRAIN_AT_NS.compare_exchange(0, at, AcqRel, Acquire).is_ok() {
-        let in_ms = e.kill_grace_ms.saturating_sub(e.drain_before_kill_ms);
-        tracing::info!(kill_grace_ms = e.kill_grace_ms, drain_in_ms = in_ms, "xcuda: SIGTERM: should the process still run then, launches stop and the GPU is drained before the expected SIGKILL");
+    let term_ns = match SIGTERM_AT_NS.load(Acquire) {
+        0 => node_ledger::clock::now_ns(),
+        t => t,
+    };
+    let Some(at) = drain_at(term_ns, e) else { return };
+    if DRAIN_ARMED.swap(true, AcqRel) {
+        return;
+    }
+    let kill_ns = term_ns.saturating_add(e.kill_grace_ms.saturating_mul(1_000_000));
+    let in_ms = at.saturating_sub(node_ledger::clock::now_ns()) / 1_000_000;
+    tracing::info!(kill_grace_ms = e.kill_grace_ms, drain_in_ms = in_ms, "xcuda: SIGTERM: should the process still run then, launches stop and the GPU is drained before the expected SIGKILL");
+    if let Err(err) = spawn_shim_thread("xcuda-drain", move || drain_thread(at, kill_ns)) {
+        DRAIN_ARMED.store(false, Release);
+        tracing::error!("xcuda: cannot start a thread to drain the GPU before the expected SIGKILL: {err}");
     }
 }
 
-/// When a drain armed by a SIGTERM at `now_ns` is due (monotonic ns, never 0): `drain_before_kill_ms`
+/// When a drain armed by a SIGTERM at `term_ns` is due (monotonic ns, never 0): `drain_before_kill_ms`
 /// before the SIGKILL expected `kill_grace_ms` after it, or at once when the drain asks for
 /// more than the grace. `None`: no drain (the grace is unknown, or the drain is off).
-fn drain_at(now_ns: u64, e: &crate::config::ExitConfig) -> Option<u64> {
+fn drain_at(term_ns: u64, e: &crate::config::ExitConfig) -> Option<u64> {
     if e.kill_grace_ms == 0 || e.drain_before_kill_ms == 0 {
         return None;
     }
     let in_ms = e.kill_grace_ms.saturating_sub(e.drain_before_kill_ms);
-    Some(now_ns.saturating_add(in_ms.saturating_mul(1_000_000)).max(1))
+    Some(term_ns.saturating_add(in_ms.saturating_mul(1_000_000)).max(1))
+}
+
+/// Sleeps until monotonic `ns` (absolute; a signal's interruption sleeps on).
+fn sleep_until_ns(ns: u64) {
+    let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    // SAFETY: a valid timespec; no remainder is asked for (absolute sleep).
+    while unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) } == libc::EINTR {}
 }
 
 /// Whether launches are stopped for good (the drain before an expected SIGKILL began).
@@ -379,15 +405,18 @@ pub fn drained() -> bool {
     DRAINED.load(Acquire)
 }
 
-/// The controller's check, every tick (one atomic load until a SIGTERM armed it): once the
-/// drain is due, every GPU's launches are frozen for good and the process's contexts
-/// synchronised (at most `exit.release_timeout_ms`), so that the SIGKILL finds no kernel of
-/// this process in flight. Under MPS a client killed mid-kernel can take the server's other
-/// clients down (the online workload); one killed between kernels harms nobody. Contexts are
-/// kept: the application may still copy its state out (copies are not throttled).
-pub fn drain_if_due(st: &'static state::State, now_ns: u64) {
-    let at = DRAIN_AT_NS.load(Acquire);
-    if at == 0 || now_ns < at || DRAINED.swap(true, AcqRel) {
+/// The drain thread: at `at`, every GPU's launches are frozen and the process's contexts
+/// synchronised (at most `exit.release_timeout_ms`), so that the SIGKILL expected at `kill_ns`
+/// finds no kernel of this process in flight. Under MPS a client killed mid-kernel can take the
+/// server's other clients down (the online workload); one killed between kernels harms nobody.
+/// Contexts are kept: the application may still copy its state out (copies are not throttled).
+/// Should the kill not come within [`RESUME_AFTER_KILL_MS`] of its time, launches resume (the
+/// prediction was wrong; a process frozen for ever would hold its quota for ever).
+fn drain_thread(at: u64, kill_ns: u64) {
+    let _log = state::log_on_this_thread();
+    sleep_until_ns(at);
+    let Some(st) = state::get() else { return };
+    if DRAINED.swap(true, AcqRel) {
         return;
     }
     st.throttles().for_each(|t| t.freeze());
@@ -395,12 +424,18 @@ pub fn drain_if_due(st: &'static state::State, now_ns: u64) {
     tracing::warn!(
         kill_grace_ms = e.kill_grace_ms,
         drain_before_kill_ms = e.drain_before_kill_ms,
-        "xcuda: the process still runs after its SIGTERM: kernel launches stopped for good, draining the GPU before the expected SIGKILL"
+        "xcuda: the process still runs after its SIGTERM: kernel launches stopped, draining the GPU before the expected SIGKILL"
     );
     if !release_started() {
         let done = with_deadline("drain the GPU before the expected SIGKILL", move || st.contexts.synchronize_all());
-        tracing::warn!(drained = done.is_some(), "xcuda: GPU drained; launches stay stopped until the process ends");
+        tracing::warn!(drained = done.is_some(), "xcuda: GPU drained; launches stay stopped until the SIGKILL");
     }
+    sleep_until_ns(kill_ns.saturating_add(RESUME_AFTER_KILL_MS * 1_000_000));
+    if release_started() || !DRAINED.swap(false, AcqRel) {
+        return;
+    }
+    st.throttles().for_each(|t| t.unfreeze());
+    tracing::warn!(waited_ms = RESUME_AFTER_KILL_MS, "xcuda: the expected SIGKILL did not come: launches resume (the SIGTERM was not the kubelet's, or its grace was longer than XCUDA_KILL_GRACE_MS)");
 }
 
 /// The application's actions for SIGS behind a small lock of our own (not a std `Mutex`): the
@@ -669,6 +704,10 @@ fn test_install_pause(ms: u64, sig: c_int) {
 
 /// Signal context: freeze launches and wake the helper. Atomics and write(2) only.
 fn on_signal(sig: c_int) {
+    if sig == libc::SIGTERM && SIGTERM_AT_NS.load(Relaxed) == 0 {
+        // clock_gettime is async-signal-safe; the first SIGTERM's time stays.
+        let _ = SIGTERM_AT_NS.compare_exchange(0, node_ledger::clock::now_ns().max(1), AcqRel, Relaxed);
+    }
     if let Some(st) = state::get() {
         // Every GPU's throttle (a slice walk: no allocation, no lock).
         st.throttles().for_each(|t| t.freeze());
@@ -732,9 +771,13 @@ fn handle_signal(sig: c_int) {
         }
     }
     let unfreeze = || {
-        // Once drained (the SIGKILL is coming), never again.
+        // Once drained (the SIGKILL is coming), not before the drain gives up. A drain that
+        // begins between the check and the unfreeze freezes again after it.
         if let (Some(st), false) = (st, drained()) {
             st.throttles().for_each(|t| t.unfreeze());
+            if drained() {
+                st.throttles().for_each(|t| t.freeze());
+            }
         }
     };
     let Some(real_sigaction) = crate::real::sigaction_fn() else { return };
@@ -895,7 +938,8 @@ fn on_fork_child_inner() {
         DYING_OF.store(0, SeqCst);
         // The parent's SIGTERM and its expected SIGKILL are not the child's (nor its launches
         // stopped for good).
-        DRAIN_AT_NS.store(0, Release);
+        SIGTERM_AT_NS.store(0, Release);
+        DRAIN_ARMED.store(false, Release);
         if DRAINED.swap(false, AcqRel) {
             if let Some(st) = state::get() {
                 st.throttles().for_each(|t| t.unfreeze());

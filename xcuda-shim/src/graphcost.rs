@@ -264,8 +264,15 @@ impl GraphCost {
         let p = walk(src, graph, &mut |n, b| top.push((n, b)));
         let _one = self.update.lock();
         // A handle the driver hands out again: nothing of the old exec is left (its destroy
-        // took it), but a second entry would shadow the new price.
-        while self.execs.remove(exec).is_some() {}
+        // took it), but a second entry would shadow the new price. An exec that went without
+        // our destroy (with its context) leaves its node records too: they go with it.
+        let mut stale = false;
+        while self.execs.remove(exec).is_some() {
+            stale = true;
+        }
+        if stale {
+            self.nodes.remove_owned_by(exec);
+        }
         if !self.execs.insert_owned(exec, p.word(), p.kernels) {
             table_full();
             return false;

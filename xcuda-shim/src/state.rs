@@ -685,7 +685,6 @@ fn controller(st: &'static State, cfg: &'static Config) {
         if house {
             last_house = now;
         }
-        crate::exit::drain_if_due(st, node_ledger::clock::now_ns());
         for (ord, (g, lp)) in st.gpus.iter().zip(loops.iter_mut()).enumerate() {
             tick(ord, g, lp, dt);
             crate::graphmem::tick(st, g, ord as CUdevice);
