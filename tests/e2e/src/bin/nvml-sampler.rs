@@ -37,9 +37,22 @@ fn bytes(s: &str, what: &str) -> u64 {
     })
 }
 
-/// Alive (not a zombie) after the process list was read, so alive while it was read.
+/// The kernel's flag of a task whose exit has begun (`include/linux/sched.h`): it has closed,
+/// or is closing, its files (the ledger's, whose close gives its quota back, among them) while
+/// NVML still lists it and `/proc` does not yet call it a zombie.
+const PF_EXITING: u64 = 0x4;
+
+/// Alive (not a zombie, its exit not begun) after the process list was read, so alive while
+/// it was read. A SIGKILLed process on a loaded machine can sit for milliseconds between
+/// closing its files and becoming a zombie; counted alive then, its memory NVML still lists
+/// was counted beside the allocation another process made with the quota its close gave back.
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"))
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // After the command's closing parenthesis: state, ppid, pgrp, session, tty, tpgid, flags.
+    let mut f = s.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace();
+    let state = f.next().unwrap_or("Z");
+    let flags = f.nth(5).and_then(|v| v.parse::<u64>().ok()).unwrap_or(PF_EXITING);
+    state != "Z" && state != "X" && flags & PF_EXITING == 0
 }
 
 /// What the processes of `list` among `watched` that pass `keep` hold, less `ctx` each.
