@@ -54,9 +54,11 @@ pub enum Source {
 }
 
 /// One pod's frozen plan (the file's JSON). A part the annotations lacked or gave malformed
-/// when it was frozen is `None`, and stays so.
+/// when it was frozen is `None`, and stays so. Fields this version does not know (a later
+/// node-agent's, such as `kill_grace_ms` was to an earlier one) are ignored, not taken for
+/// damage: a rolled-back agent keeps the pod's frozen plan instead of freezing again from the
+/// annotations as they are now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct FrozenPlan {
     /// The pod's UID.
     pub uid: String,
@@ -410,6 +412,22 @@ mod tests {
         let again = PlanStore::open(d.path());
         assert_eq!(again.memory_quota_bytes(&planned("85899345920")), Some(2 << 30));
         assert_eq!(again.get(UID).unwrap().source, Source::Watch);
+    }
+
+    /// A record written by a later node-agent (a field this one does not know) is the pod's
+    /// frozen plan still, not a damaged file frozen again from today's annotations.
+    #[test]
+    fn a_later_agents_record_keeps_its_frozen_plan() {
+        let d = tempfile::tempdir().unwrap();
+        let s = PlanStore::open(d.path());
+        assert_eq!(s.memory_quota_bytes(&planned("2147483648")), Some(2 << 30));
+        let file = s.dir().join(format!("{UID}.json"));
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        v["a_later_field"] = serde_json::json!({"any": 1});
+        std::fs::write(&file, v.to_string()).unwrap();
+        let again = PlanStore::open(d.path());
+        assert_eq!(again.memory_quota_bytes(&planned("85899345920")), Some(2 << 30), "the frozen quota, not the raised annotation");
+        assert_eq!(again.ignored_changes(), 1);
     }
 
     /// Allocate freezes what it allocated; a pod first seen with no plan stays unplanned and
