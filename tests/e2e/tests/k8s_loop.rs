@@ -414,7 +414,7 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     assert!(burst.status.success(), "{}", String::from_utf8_lossy(&burst.stderr));
     let (st, lines) = off.stop(0, T);
     assert!(st.success(), "offline exits through its SIGTERM path: {st:?} {lines:?}");
-    let fin = json(lines.iter().rev().find(|l| l.contains("\"final\":true")).expect("offline summary"));
+    let fin = final_summary(&lines);
     assert_eq!(fin["signal"], libc::SIGTERM, "{fin}");
     let v = read_state(&run);
     assert_eq!(v["evictions"]["overlimit"], 1, "{v:#}");

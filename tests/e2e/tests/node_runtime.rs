@@ -126,13 +126,7 @@ fn node_online_burst_evicts_offline_after_overlimit_healthy_after_hold() {
         status.success(),
         "offline exits cleanly through its SIGTERM path: {status:?} {lines:?}"
     );
-    let fin = json(
-        lines
-            .iter()
-            .rev()
-            .find(|l| l.contains("\"final\":true"))
-            .expect("offline summary"),
-    );
+    let fin = final_summary(&lines);
     assert_eq!(fin["signal"], libc::SIGTERM, "evicted with SIGTERM: {fin}");
     let v = node.state("eviction recorded", |v| v["evictions"]["overlimit"] == 1);
     // Eviction happened because of (after) the Overlimit decision, not before it. Read from

@@ -26,13 +26,7 @@ fn online(host: &Host, args: &[&str]) -> serde_json::Value {
 fn stop_for_summary(p: &mut Proc, sig: i32) -> serde_json::Value {
     let (st, lines) = p.stop(sig, Duration::from_secs(30));
     assert!(st.success(), "{st:?} {lines:?}");
-    let fin = json(
-        lines
-            .iter()
-            .rev()
-            .find(|l| l.contains("\"final\":true"))
-            .expect("summary line"),
-    );
+    let fin = final_summary(&lines);
     assert_eq!(fin["signal"], sig, "{fin}");
     fin
 }

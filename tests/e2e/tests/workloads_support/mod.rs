@@ -182,6 +182,11 @@ pub fn json(line: &str) -> serde_json::Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
 }
 
+/// The offline client's summary (its last `"final":true` line) among `lines`, parsed.
+pub fn final_summary(lines: &[String]) -> serde_json::Value {
+    json(lines.iter().rev().find(|l| l.contains("\"final\":true")).unwrap_or_else(|| panic!("no offline summary in {lines:?}")))
+}
+
 /// Sends `commands` to the host's `nvidia-cuda-mps-control` client; returns stdout.
 pub fn mps(host: &Host, commands: &str) -> String {
     let out = run_bounded(
