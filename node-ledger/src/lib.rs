@@ -22,6 +22,7 @@ pub mod procinfo;
 pub mod sample;
 pub mod sigbus;
 pub mod status;
+pub mod termination;
 
 /// Unit tests that spawn a child take this lock around the spawn; the proptests that watch slot
 /// locks hold it for their whole run. Between fork and exec a child holds duplicates of every
