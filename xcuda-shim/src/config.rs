@@ -7,7 +7,7 @@
 //! Environment overrides (applied after the file):
 //! `XCUDA_GROUP` (quota group / container id), `XCUDA_QUOTA_BYTES`, `XCUDA_QUOTA_FRACTION`,
 //! `XCUDA_THROTTLE` (`0`/`1`), `XCUDA_TARGET_LOAD`, `XCUDA_FALLBACK_RATE`,
-//! `XCUDA_KILL_GRACE_MS`, `XCUDA_DRAIN_BEFORE_KILL_MS` (see [`ExitConfig`]),
+//! `XCUDA_KILL_GRACE_MS`, `XCUDA_DRAIN_BEFORE_KILL_MS`, `XCUDA_TERMINATION_FILE` (see [`ExitConfig`]),
 //! `XSHARE_LEDGER_DIR`, `XSHARE_GPU_INDEX`, `XSHARE_GPUS` (several GPUs: `<host index>=<UUID>,...`,
 //! see [`node_ledger::config::ENV_GPUS`]), `XCUDA_REAL_LIBCUDA` (path of the real driver),
 //! `XCUDA_REAL_LIBNVML` (path of the real NVML),
@@ -102,6 +102,11 @@ pub struct ExitConfig {
     /// between kernels harms nobody. At least the longest kernel the job runs. 0: no drain;
     /// at least `kill_grace_ms`: launches stop at the SIGTERM.
     pub drain_before_kill_ms: u64,
+    /// The pod's deletion as node-agent writes it when it sees one (`node_ledger::termination`;
+    /// node-agent mounts it read-only and passes its path as `XCUDA_TERMINATION_FILE`): read
+    /// after a SIGTERM, it brings the drain forward when the deletion gave a shorter grace than
+    /// `kill_grace_ms` or a `preStop` hook spent part of it. `None`: the grace alone decides.
+    pub termination_file: Option<PathBuf>,
     /// Fault injection for tests only: pause this long inside a context release (0 = never).
     pub test_release_pause_ms: u64,
     /// Fault injection for tests only: delay the signal helper's re-raise after the release by
@@ -168,6 +173,7 @@ impl Default for ExitConfig {
             release_timeout_ms: 5000,
             kill_grace_ms: 0,
             drain_before_kill_ms: 2000,
+            termination_file: None,
             test_release_pause_ms: 0,
             test_raise_delay_ms: 0,
             test_install_pause_ms: 0,
@@ -327,6 +333,9 @@ impl Config {
                 }
             }
         }
+        if let Some(p) = get("XCUDA_TERMINATION_FILE").filter(|p| !p.is_empty()) {
+            self.exit.termination_file = Some(PathBuf::from(p));
+        }
         if let Some(p) = get("XCUDA_REAL_LIBCUDA").filter(|p| !p.is_empty()) {
             self.real_libcuda = p;
         }
@@ -348,7 +357,13 @@ impl Config {
         Self {
             memory: MemoryConfig { quota_bytes: Some(0), ..MemoryConfig::default() },
             throttle: ThrottleConfig { enabled: true, fallback_rate: d.min_rate, max_rate: d.min_rate, ..d },
-            exit: ExitConfig::default(),
+            // The drain before an expected SIGKILL stays: it only ever stops launches.
+            exit: ExitConfig {
+                kill_grace_ms: self.exit.kill_grace_ms,
+                drain_before_kill_ms: self.exit.drain_before_kill_ms,
+                termination_file: self.exit.termination_file.clone(),
+                ..ExitConfig::default()
+            },
             failed_closed: true,
             ..self
         }
@@ -529,6 +544,21 @@ mod tests {
         }
     }
 
+    /// A config that failed closed still drains before the kubelet's SIGKILL: the drain only
+    /// ever stops launches.
+    #[test]
+    fn failing_closed_keeps_the_drain_before_the_kill() {
+        let (c, errs) = Config::load(&|k| match k {
+            "XCUDA_THROTTLE" => Some("maybe".into()),
+            "XCUDA_KILL_GRACE_MS" => Some("45000".into()),
+            "XCUDA_TERMINATION_FILE" => Some("/run/xshare/termination".into()),
+            _ => None,
+        });
+        assert!(c.failed_closed && errs.len() == 1, "{errs:?}");
+        assert_eq!((c.exit.kill_grace_ms, c.exit.drain_before_kill_ms), (45000, 2000));
+        assert_eq!(c.exit.termination_file.as_deref(), Some(Path::new("/run/xshare/termination")));
+    }
+
     #[test]
     fn env_overrides_apply_and_bad_ones_are_reported() {
         let mut c = Config::default();
@@ -538,8 +568,10 @@ mod tests {
             "XCUDA_THROTTLE" => Some("maybe".into()),
             "XCUDA_TARGET_LOAD" => Some("-1".into()),
             "XCUDA_KILL_GRACE_MS" => Some(" 45000".into()),
+            "XCUDA_TERMINATION_FILE" => Some("/run/xshare/termination".into()),
             _ => None,
         });
+        assert_eq!(c.exit.termination_file.as_deref(), Some(Path::new("/run/xshare/termination")));
         assert_eq!(c.memory.quota_bytes, Some(4096));
         assert_eq!((c.exit.kill_grace_ms, c.exit.drain_before_kill_ms), (45000, 2000));
         assert_eq!(c.group, "ctr");

@@ -355,42 +355,102 @@ static DRAINED: AtomicBool = AtomicBool::new(false);
 /// longer than the pod's spec said.
 const RESUME_AFTER_KILL_MS: u64 = 10_000;
 
+/// How often the drain thread reads the pod's termination file while it waits
+/// ([`crate::config::ExitConfig::termination_file`]): node-agent writes it when its watch sees
+/// the deletion, about when the kubelet's SIGTERM comes.
+const TERMINATION_POLL_MS: u64 = 100;
+/// How long the drain thread reads a termination file that says nothing, when no grace is
+/// known either (a SIGTERM that was not the kubelet's, or a node-agent that never writes).
+const TERMINATION_WAIT_MS: u64 = 600_000;
+
 /// Arms the drain after SIGTERM `sig` (the first one: the kubelet's grace runs from it), when
-/// the expected SIGKILL's time is known (`exit.kill_grace_ms`, node-agent's
-/// `XCUDA_KILL_GRACE_MS`) and a drain is wanted (`exit.drain_before_kill_ms`): a thread of its
-/// own waits for the drain's time (the controller thread ends when a daemon asks the process to
-/// leave, so it cannot be the one).
+/// a drain is wanted (`exit.drain_before_kill_ms`) and the expected SIGKILL's time is known
+/// (`exit.kill_grace_ms`, node-agent's `XCUDA_KILL_GRACE_MS`) or may become known (the pod's
+/// termination file, `XCUDA_TERMINATION_FILE`): a thread of its own waits for the drain's time
+/// (the controller thread ends when a daemon asks the process to leave, so it cannot be the
+/// one).
 fn arm_drain(sig: c_int) {
     if sig != libc::SIGTERM || DRAIN_ARMED.load(Acquire) {
         return;
     }
     let e = &state::config().exit;
+    if e.drain_before_kill_ms == 0 || (e.kill_grace_ms == 0 && e.termination_file.is_none()) {
+        return;
+    }
     let term_ns = match SIGTERM_AT_NS.load(Acquire) {
         0 => node_ledger::clock::now_ns(),
         t => t,
     };
-    let Some(at) = drain_at(term_ns, e) else { return };
     if DRAIN_ARMED.swap(true, AcqRel) {
         return;
     }
-    let kill_ns = term_ns.saturating_add(e.kill_grace_ms.saturating_mul(1_000_000));
-    let in_ms = at.saturating_sub(node_ledger::clock::now_ns()) / 1_000_000;
-    tracing::info!(kill_grace_ms = e.kill_grace_ms, drain_in_ms = in_ms, "xcuda: SIGTERM: should the process still run then, launches stop and the GPU is drained before the expected SIGKILL");
-    if let Err(err) = spawn_shim_thread("xcuda-drain", move || drain_thread(at, kill_ns)) {
+    tracing::info!(
+        kill_grace_ms = e.kill_grace_ms,
+        termination_file = ?e.termination_file,
+        "xcuda: SIGTERM: should the process still run then, launches stop and the GPU is drained before the expected SIGKILL"
+    );
+    if let Err(err) = spawn_shim_thread("xcuda-drain", move || drain_thread(term_ns)) {
         DRAIN_ARMED.store(false, Release);
         tracing::error!("xcuda: cannot start a thread to drain the GPU before the expected SIGKILL: {err}");
     }
 }
 
-/// When a drain armed by a SIGTERM at `term_ns` is due (monotonic ns, never 0): `drain_before_kill_ms`
-/// before the SIGKILL expected `kill_grace_ms` after it, or at once when the drain asks for
-/// more than the grace. `None`: no drain (the grace is unknown, or the drain is off).
-fn drain_at(term_ns: u64, e: &crate::config::ExitConfig) -> Option<u64> {
-    if e.kill_grace_ms == 0 || e.drain_before_kill_ms == 0 {
-        return None;
+/// When a drain is due (monotonic ns) for a SIGKILL expected at `kill_ns`: `drain_before_kill_ms`
+/// before it, or at once when that is before the SIGTERM at `term_ns`.
+fn drain_at(term_ns: u64, kill_ns: u64, e: &crate::config::ExitConfig) -> u64 {
+    kill_ns.saturating_sub(e.drain_before_kill_ms.saturating_mul(1_000_000)).max(term_ns)
+}
+
+/// The SIGKILL the drain waits for, as known so far after a SIGTERM at `term_ns` (monotonic
+/// ns): the pod's grace from it (`exit.kill_grace_ms`), brought forward by what the pod's
+/// termination file says ([`node_ledger::termination::Termination::kill_ns`]; a reading that
+/// does not parse is a write in progress and read again later). `None`: nothing known yet.
+struct KillClock {
+    term_ns: u64,
+    kill_ns: Option<u64>,
+    read: Option<node_ledger::termination::Termination>,
+    said_error: bool,
+}
+
+impl KillClock {
+    fn new(term_ns: u64, e: &crate::config::ExitConfig) -> Self {
+        let kill_ns = (e.kill_grace_ms != 0).then(|| term_ns.saturating_add(e.kill_grace_ms.saturating_mul(1_000_000)));
+        KillClock { term_ns, kill_ns, read: None, said_error: false }
     }
-    let in_ms = e.kill_grace_ms.saturating_sub(e.drain_before_kill_ms);
-    Some(term_ns.saturating_add(in_ms.saturating_mul(1_000_000)).max(1))
+
+    /// Takes reading `r` of the termination file made at monotonic `now_ns` = `now_unix_ms`:
+    /// the expected kill only ever comes earlier (a second deletion may shorten the grace,
+    /// never lengthen it).
+    fn take(&mut self, r: Result<Option<node_ledger::termination::Termination>, String>, now_ns: u64, now_unix_ms: u64) {
+        match r {
+            Ok(Some(t)) if self.read != Some(t) => {
+                self.read = Some(t);
+                let k = t.kill_ns(self.term_ns, now_ns, now_unix_ms, self.kill_ns);
+                let earlier = self.kill_ns.is_none_or(|old| k < old);
+                if earlier {
+                    self.kill_ns = Some(k);
+                }
+                tracing::warn!(
+                    grace_ms = t.grace_ms,
+                    deletion_unix_ms = t.deletion_unix_ms,
+                    kill_in_ms = self.kill_ns.map(|k| k.saturating_sub(now_ns) / 1_000_000),
+                    earlier,
+                    "xcuda: the pod is being deleted: the SIGKILL is expected then"
+                );
+            }
+            Ok(_) => {}
+            Err(err) => {
+                if !std::mem::replace(&mut self.said_error, true) {
+                    tracing::warn!("xcuda: the pod's termination file does not read (a write in progress is read again): {err}");
+                }
+            }
+        }
+    }
+}
+
+/// The wall clock, ms since the epoch.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Sleeps until monotonic `ns` (absolute; a signal's interruption sleeps on).
@@ -405,24 +465,44 @@ pub fn drained() -> bool {
     DRAINED.load(Acquire)
 }
 
-/// The drain thread: at `at`, every GPU's launches are frozen and the process's contexts
-/// synchronised (at most `exit.release_timeout_ms`), so that the SIGKILL expected at `kill_ns`
-/// finds no kernel of this process in flight. Under MPS a client killed mid-kernel can take the
-/// server's other clients down (the online workload); one killed between kernels harms nobody.
-/// Contexts are kept: the application may still copy its state out (copies are not throttled).
-/// Should the kill not come within [`RESUME_AFTER_KILL_MS`] of its time, launches resume (the
-/// prediction was wrong; a process frozen for ever would hold its quota for ever).
-fn drain_thread(at: u64, kill_ns: u64) {
+/// The drain thread of a SIGTERM at `term_ns`: it waits for the drain's time, reading the pod's
+/// termination file every [`TERMINATION_POLL_MS`] meanwhile when there is one (a deletion
+/// with a shorter grace, or a `preStop` hook, brings the SIGKILL forward), then every GPU's
+/// launches are frozen and the process's contexts synchronised (at most
+/// `exit.release_timeout_ms`), so that the SIGKILL finds no kernel of this process in flight.
+/// Under MPS a client killed mid-kernel can take the server's other clients down (the online
+/// workload); one killed between kernels harms nobody. Contexts are kept: the application may
+/// still copy its state out (copies are not throttled). Should the kill not come within
+/// [`RESUME_AFTER_KILL_MS`] of its time, launches resume (the prediction was wrong; a process
+/// frozen for ever would hold its quota for ever).
+fn drain_thread(term_ns: u64) {
     let _log = state::log_on_this_thread();
-    sleep_until_ns(at);
+    let e = &state::config().exit;
+    let mut clock = KillClock::new(term_ns, e);
+    let poll_ns = TERMINATION_POLL_MS * 1_000_000;
+    let kill_ns = loop {
+        let now = node_ledger::clock::now_ns();
+        if let Some(path) = &e.termination_file {
+            clock.take(node_ledger::termination::read(path), now, unix_ms());
+        }
+        match (clock.kill_ns, &e.termination_file) {
+            (Some(k), _) if now >= drain_at(term_ns, k, e) => break k,
+            (Some(k), None) => sleep_until_ns(drain_at(term_ns, k, e)),
+            (Some(k), Some(_)) => sleep_until_ns(drain_at(term_ns, k, e).min(now.saturating_add(poll_ns))),
+            (None, _) if now.saturating_sub(term_ns) > TERMINATION_WAIT_MS * 1_000_000 => {
+                DRAIN_ARMED.store(false, Release);
+                return;
+            }
+            (None, _) => sleep_until_ns(now.saturating_add(poll_ns)),
+        }
+    };
     let Some(st) = state::get() else { return };
     if DRAINED.swap(true, AcqRel) {
         return;
     }
     st.throttles().for_each(|t| t.freeze());
-    let e = &state::config().exit;
     tracing::warn!(
-        kill_grace_ms = e.kill_grace_ms,
+        kill_in_ms = kill_ns.saturating_sub(node_ledger::clock::now_ns()) / 1_000_000,
         drain_before_kill_ms = e.drain_before_kill_ms,
         "xcuda: the process still runs after its SIGTERM: kernel launches stopped, draining the GPU before the expected SIGKILL"
     );
@@ -1121,16 +1201,41 @@ pub fn app_sigset(sig: c_int, disp: libc::sighandler_t) -> Option<libc::sighandl
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_drain_comes_its_margin_before_the_expected_kill_and_only_when_the_grace_is_known() {
+    fn the_drain_comes_its_margin_before_the_expected_kill() {
         use crate::config::ExitConfig;
-        let e = |kill_grace_ms, drain_before_kill_ms| ExitConfig { kill_grace_ms, drain_before_kill_ms, ..ExitConfig::default() };
+        let e = |drain_before_kill_ms| ExitConfig { drain_before_kill_ms, ..ExitConfig::default() };
         let s = 1_000_000_000;
-        assert_eq!(super::drain_at(s, &e(30_000, 2000)), Some(s + 28_000_000_000));
-        assert_eq!(super::drain_at(s, &e(0, 2000)), None, "grace unknown: no drain (an application's long checkpoint is not cut short)");
-        assert_eq!(super::drain_at(s, &e(30_000, 0)), None, "drain off");
-        assert_eq!(super::drain_at(s, &e(1000, 5000)), Some(s), "a margin over the grace: at once");
-        assert_eq!(super::drain_at(0, &e(1000, 1000)), Some(1), "never 0 (0 is 'not armed')");
-        assert_eq!(super::drain_at(u64::MAX - 5, &e(u64::MAX, 1)), Some(u64::MAX), "saturates");
+        assert_eq!(super::drain_at(s, 31 * s, &e(2000)), 29 * s);
+        assert_eq!(super::drain_at(s, 2 * s, &e(5000)), s, "a margin over the grace: at once");
+        assert_eq!(super::drain_at(s, u64::MAX, &e(0)), u64::MAX, "saturates");
+    }
+
+    /// What the drain waits for: the pod's grace from the SIGTERM, brought forward by the
+    /// termination file's reading, never pushed back by a later one; a reading that does not
+    /// parse changes nothing.
+    #[test]
+    fn the_termination_file_brings_the_kill_forward_never_back() {
+        use crate::config::ExitConfig;
+        use node_ledger::termination::Termination;
+        let s = 1_000_000_000u64;
+        let e = ExitConfig { kill_grace_ms: 30_000, ..ExitConfig::default() };
+        let (term, now, unix) = (100 * s, 101 * s, 1_796_000_000_000u64);
+        let mut k = super::KillClock::new(term, &e);
+        assert_eq!(k.kill_ns, Some(130 * s), "the pod's grace");
+        k.take(Ok(None), now, unix);
+        k.take(Err("cut".into()), now, unix);
+        assert_eq!(k.kill_ns, Some(130 * s), "nothing read yet");
+        // `kubectl delete --grace-period=5` a second before the SIGTERM came.
+        k.take(Ok(Some(Termination { deletion_unix_ms: unix + 4000, grace_ms: 5000 })), now, unix);
+        assert_eq!(k.kill_ns, Some(105 * s));
+        // A reading with a longer grace (the file rewritten by an older event) is not taken.
+        k.take(Ok(Some(Termination { deletion_unix_ms: unix + 29_000, grace_ms: 30_000 })), now, unix);
+        assert_eq!(k.kill_ns, Some(105 * s));
+        // Without a known grace the file alone decides.
+        let mut k = super::KillClock::new(term, &ExitConfig::default());
+        assert_eq!(k.kill_ns, None);
+        k.take(Ok(Some(Termination { deletion_unix_ms: unix + 4000, grace_ms: 5000 })), now, unix);
+        assert_eq!(k.kill_ns, Some(105 * s));
     }
 
     use super::*;

@@ -325,3 +325,33 @@ fn a_drained_trainer_stops_launching_and_resumes_when_no_kill_comes() {
     trainer.signal(libc::SIGINT);
     assert!(trainer.wait_timeout(T).is_some_and(|s| s.success()), "SIGINT still ends it: {}", trainer.stderr());
 }
+
+/// A deletion with a shorter grace than the pod's (`kubectl delete --grace-period=3`): the
+/// trainer, told a 10-minute grace (`XCUDA_KILL_GRACE_MS`), ignores its SIGTERM; node-agent
+/// then writes the deletion into the pod's termination file (`XCUDA_TERMINATION_FILE`, written
+/// here as node-agent writes it, a moment after the SIGTERM as its watch would), and the shim
+/// drains by it, before the 3 s kill, instead of 10 minutes on. Without the file's reading no
+/// drain comes within the test's minute.
+#[test]
+fn a_shortened_deletion_grace_brings_the_drain_forward() {
+    let host = EmuHost::new();
+    let file = host.path("termination");
+    node_ledger::termination::create(&file).unwrap();
+    let mut c = limited(&host, "offline", 1 << 30, "trainer");
+    c.env("XCUDA_KILL_GRACE_MS", "600000").env("XCUDA_DRAIN_BEFORE_KILL_MS", "1000").env("XCUDA_TERMINATION_FILE", &file);
+    c.args(["--ignore-sigterm", "--kernel-us", "5000", "--state-mb", "1", "--report-interval", "0.1", "--json"]);
+    let mut trainer = host.spawn(&mut c);
+    assert!(trainer.wait_for_line("{", T).is_some(), "trainer progress: {}", trainer.stderr());
+    trainer.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let t = node_ledger::termination::Termination { deletion_unix_ms: unix_ms + 2700, grace_ms: 3000 };
+    assert!(node_ledger::termination::write(&file, &t).unwrap());
+    e2e::wait_until("the drain by the termination file", Duration::from_secs(60), || trainer.stderr().contains("GPU drained").then_some(()));
+    let log = trainer.stderr();
+    assert!(log.contains("the pod is being deleted"), "the reading is said: {log}");
+    assert!(trainer.alive(), "SIGTERM ignored: {log}");
+    // The kubelet's SIGKILL.
+    trainer.signal(libc::SIGKILL);
+    assert!(trainer.wait_timeout(T).is_some(), "killed");
+}
