@@ -68,7 +68,7 @@ impl Then for CUresult {
 macro_rules! forward_then {
     ($(
         $(#[$doc:meta])*
-        fn $name:ident($($a:ident : $t:ty),* $(,)?) : $pfn:ty $([$gated:ident])? => $after:expr;
+        fn $name:ident($($a:ident : $t:ty),* $(,)?) : $pfn:ty $([$gated:ident])? $(, under $lock:expr)? => $after:expr;
     )*) => {
         $(
             $(#[$doc])*
@@ -77,6 +77,8 @@ macro_rules! forward_then {
                 guard(|| {
                     let real_fn = real!($name: $pfn);
                     $(creation_gate!($gated);)?
+                    // `under`: held from before the call until its record is made.
+                    $(let _held = $lock;)?
                     // SAFETY: forwarding the caller's arguments.
                     let rc = unsafe { real_fn($($a),*) };
                     if rc == CUresult::CUDA_SUCCESS {
@@ -1096,18 +1098,36 @@ forward_then! {
 
 // ---- graph exec changes (see graphcost: the exec's price follows what its launches run) ------
 
+/// The lock an exec change holds across its driver call and its record ([`crate::graphcost::GraphCost::change`]).
+fn changing() -> crate::spin::SpinGuard<'static> {
+    state().graph_cost.change.lock()
+}
+
+/// Fault injection (`memory.test_graph_change_pause_ms`): the process's first exec change
+/// pauses between the driver's answer and its record.
+fn change_recorded_after_pause() {
+    static PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let ms = crate::state::config().memory.test_graph_change_pause_ms;
+    if ms > 0 && !PAUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// `exec` was updated from `graph`: priced again from it.
 fn repriced(exec: CUgraphExec, graph: CUgraph) {
+    change_recorded_after_pause();
     state().graph_cost.updated(exec as u64, graph as u64, &crate::graphcost::Driver);
 }
 
 /// Kernel node `node` of `exec` runs a grid of `x` x `y` x `z` blocks from now on.
 fn kernel_set(exec: CUgraphExec, node: CUgraphNode, (x, y, z): (c_uint, c_uint, c_uint)) {
+    change_recorded_after_pause();
     state().graph_cost.node_set(exec as u64, node as u64, crate::graphcost::Price::kernel(crate::graphcost::grid_blocks(x, y, z)));
 }
 
 /// Child graph node `node` of `exec` runs `child`'s work from now on.
 fn child_set(exec: CUgraphExec, node: CUgraphNode, child: CUgraph) {
+    change_recorded_after_pause();
     let p = crate::graphcost::walk(&crate::graphcost::Driver, child as u64, &mut |_, _| {});
     state().graph_cost.node_set(exec as u64, node as u64, p);
 }
@@ -1124,22 +1144,22 @@ macro_rules! grid_of {
 
 forward_then! {
     /// Hooked `cuGraphExecUpdate_v2` (CUDA 12.0): the exec is priced again from its new graph.
-    fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut CUgraphExecUpdateResultInfo): PFN_cuGraphExecUpdate_v12000 => repriced(exec, graph);
+    fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut CUgraphExecUpdateResultInfo): PFN_cuGraphExecUpdate_v12000, under changing() => repriced(exec, graph);
     /// Hooked `cuGraphExecUpdate` (CUDA 10.2 ABI): like `cuGraphExecUpdate_v2`.
-    fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, result: *mut CUgraphExecUpdateResult): PFN_cuGraphExecUpdate_v10020 => repriced(exec, graph);
+    fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, result: *mut CUgraphExecUpdateResult): PFN_cuGraphExecUpdate_v10020, under changing() => repriced(exec, graph);
     /// Hooked `cuGraphExecKernelNodeSetParams` (CUDA 10.1 ABI): the node's new grid replaces its old one in the exec's price.
-    fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v1): PFN_cuGraphExecKernelNodeSetParams_v10010
+    fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v1): PFN_cuGraphExecKernelNodeSetParams_v10010, under changing()
         => kernel_set(exec, node, grid_of!(params));
     /// Hooked `cuGraphExecKernelNodeSetParams_v2` (CUDA 12.0): like `cuGraphExecKernelNodeSetParams`.
-    fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v2): PFN_cuGraphExecKernelNodeSetParams_v12000
+    fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v2): PFN_cuGraphExecKernelNodeSetParams_v12000, under changing()
         => kernel_set(exec, node, grid_of!(params));
     /// Hooked `cuGraphExecChildGraphNodeSetParams`: the new child graph's blocks replace the node's old ones in the exec's price.
-    fn cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph): PFN_cuGraphExecChildGraphNodeSetParams_v11010
+    fn cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph): PFN_cuGraphExecChildGraphNodeSetParams_v11010, under changing()
         => child_set(exec, node, child);
     /// Hooked `cuGraphExecNodeSetParams` (CUDA 12.2): a kernel or child graph node's new work
     /// replaces its old in the exec's price; other node types run no kernel (a conditional
     /// node's parameters cannot change: cuda.h).
-    fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams): PFN_cuGraphExecNodeSetParams_v12020
+    fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams): PFN_cuGraphExecNodeSetParams_v12020, under changing()
         => exec_node_set(exec, node, params);
 }
 

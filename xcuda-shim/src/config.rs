@@ -76,6 +76,11 @@ pub struct MemoryConfig {
     /// it read the driver's graph-pool figures, before it reserves its growth (0 = never), so
     /// launches on several threads all read the pool before any of them reserves.
     pub test_graph_launch_pause_ms: u64,
+    /// Fault injection for tests only: pause the process's first change of a graph exec
+    /// (`cuGraphExecUpdate`, a node's new parameters) this long between the driver's answer
+    /// and the new price's record (0 = never), so a second change on another thread always
+    /// lands inside.
+    pub test_graph_change_pause_ms: u64,
 }
 
 /// Launch-throttle settings (MuxFlow eq. 1-2 + PID): defined beside the control law.
@@ -161,7 +166,7 @@ impl Default for Config {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { quota_fraction: 0.4, quota_bytes: None, test_ledger_check_pause_ms: 0, test_graph_launch_pause_ms: 0 }
+        Self { quota_fraction: 0.4, quota_bytes: None, test_ledger_check_pause_ms: 0, test_graph_launch_pause_ms: 0, test_graph_change_pause_ms: 0 }
     }
 }
 

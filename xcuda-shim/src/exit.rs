@@ -1033,6 +1033,7 @@ fn on_fork_child_inner() {
         if let Some(st) = state::get() {
             st.graph_mem.update.reset_after_fork();
             st.graph_cost.update.reset_after_fork();
+            st.graph_cost.change.reset_after_fork();
         }
         if let Some(st) = state::get() {
             st.contexts.clear();

@@ -23,7 +23,9 @@
 //!   (no room for it, or nested in a child graph) is taken to have had none: the exec pays its
 //!   new blocks on top (more, never less).
 //! - CUDA forbids using one exec from two threads at once (graph objects are not thread-safe):
-//!   a launch concurrent with a change of its exec pays the old price or the new one.
+//!   a launch concurrent with a change of its exec pays the old price or the new one. Changes
+//!   are serialised with their records ([`GraphCost::change`]), so two of one exec on two
+//!   threads leave the price of the one the driver applied last.
 //! - Not seen: graphs launched from the device (`cudaGraphLaunch` in a kernel) and kernel node
 //!   updates made from the device.
 
@@ -222,6 +224,12 @@ pub struct GraphCost {
     nodes: PtrMap,
     /// Held while the maps change (never on the launch path; freed in a fork child).
     pub update: crate::spin::SpinLock,
+    /// Held across an exec change's driver call and the record of its new price (the hooks in
+    /// `api`; taken before `update`; freed in a fork child). Two changes of one exec on two
+    /// threads (which CUDA forbids, and a tenant may do anyway) would otherwise record in
+    /// another order than the driver applied them: the exec priced by the smaller grid while
+    /// it runs the bigger one.
+    pub change: crate::spin::SpinLock,
 }
 
 impl Default for GraphCost {
@@ -233,7 +241,7 @@ impl Default for GraphCost {
 impl GraphCost {
     /// Empty maps with room for `execs` execs and `nodes` node records.
     pub fn with_capacity(execs: usize, nodes: usize) -> Self {
-        Self { execs: PtrMap::new(execs), nodes: PtrMap::new(nodes), update: crate::spin::SpinLock::new() }
+        Self { execs: PtrMap::new(execs), nodes: PtrMap::new(nodes), update: crate::spin::SpinLock::new(), change: crate::spin::SpinLock::new() }
     }
 
     /// Milli-waves a launch of `exec` takes from `t`: its kernels' blocks at `t`'s price per

@@ -7,7 +7,8 @@
 //! A graph of 20 one-wave kernels costs 20 waves (delayed, as 20 one-wave kernel launches are);
 //! one of 5 costs 5 (not delayed). Before, both cost the flat 8 waves: neither was delayed, and
 //! the 20-kernel graph escaped the throttle by its size. An exec whose 5 nodes are set to grids
-//! 4 times bigger (`cuGraphExecKernelNodeSetParams`) costs 20 waves from then on.
+//! 4 times bigger (`cuGraphExecKernelNodeSetParams`) costs 20 waves from then on, also when
+//! two threads race to change it.
 
 mod shim_support;
 
@@ -17,8 +18,14 @@ use shim_support::*;
 /// The `(launches, launches delayed)` of a shimmed client running `steps` (then `sleep 600`
 /// so that its housekeeping tick reports them), with its stdout.
 fn counted(host: &EmuHost, group: &str, steps: &[&str]) -> (u64, u64, Vec<String>) {
+    counted_with(host, group, "", steps)
+}
+
+/// [`counted`] with `memory` as the config's memory section (fault injection).
+fn counted_with(host: &EmuHost, group: &str, memory: &str, steps: &[&str]) -> (u64, u64, Vec<String>) {
     let cfg = host.root().join(format!("xcuda-{group}.json"));
-    std::fs::write(&cfg, r#"{"throttle": {"burst": 10.0, "graph_launch_waves": 8.0}}"#).unwrap();
+    let memory = if memory.is_empty() { String::new() } else { format!(r#", "memory": {memory}"#) };
+    std::fs::write(&cfg, format!(r#"{{"throttle": {{"burst": 10.0, "graph_launch_waves": 8.0}}{memory}}}"#)).unwrap();
     let mut c = limited(host, "shim_client", 1 << 30, group);
     c.env("XCUDA_CONFIG", &cfg).env("XCUDA_THROTTLE", "1").env("XCUDA_FALLBACK_RATE", "50");
     c.arg("ctx").args(steps).args(["sleep", "600", "ready", "wait"]);
@@ -57,4 +64,19 @@ fn an_exec_whose_kernels_grow_costs_their_new_waves() {
     assert_eq!(e2e::field(lines.iter().find(|l| l.starts_with("graphnodes=")).expect("printed"), "grown"), Some("0"), "{lines:?}");
     assert_eq!(n, 2, "two graph launches");
     assert_eq!(delayed, 1, "the launch after the nodes grew to 20 waves waits (it kept the 5-wave price before)");
+}
+
+/// Two threads change one exec's node (which CUDA forbids; a tenant may do it anyway): the
+/// first sets a one-wave grid and is held between the driver's answer and its record
+/// (`memory.test_graph_change_pause_ms`), the second sets 20 waves meanwhile. The driver ends
+/// with 20 waves, and so must the price: the launch waits for the bucket. Without the change
+/// lock the first thread's late record priced the exec at one wave (not delayed).
+#[test]
+fn racing_changes_of_one_exec_leave_the_price_of_the_grid_it_runs() {
+    let host = EmuHost::new();
+    let sms = host.device().info().sm_count;
+    let (big, small) = ((20 * sms).to_string(), sms.to_string());
+    let (n, delayed, lines) = counted_with(&host, "race", r#"{"test_graph_change_pause_ms": 600}"#, &["graphrace", &small, &big, "1000"]);
+    assert_eq!(rc_of(&lines, "graphrace="), ["0"], "{lines:?}");
+    assert_eq!((n, delayed), (1, 1), "the launch of a 20-wave exec waits for a 10-wave bucket");
 }

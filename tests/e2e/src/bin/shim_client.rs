@@ -1179,6 +1179,53 @@ fn main() {
                     }
                     out(format!("graphnodes={} grown={}", r.0, grown.0));
                 }
+                // One spin kernel node (SMALL blocks x CYCLES) in a graph, instantiated; then two
+                // threads set the node's grid in the exec (cuGraphExecKernelNodeSetParams): the
+                // first to SMALL, the second, 200 ms later, to BIG. After a second for the bucket
+                // to fill, the exec is launched once (it runs BIG). Prints `graphrace=RC`.
+                "graphrace" => {
+                    let (small, big, mut cycles) = (num(1, i) as c_uint, num(2, i) as c_uint, num(3, i) as u64);
+                    i += 3;
+                    if spin_fn.is_null() {
+                        spin_fn = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
+                    }
+                    let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let mut r = graph_create(&mut g, 0);
+                    let mut node: CUgraphNode = std::ptr::null_mut();
+                    if r.is_success() {
+                        r = graph_add_kernel(&mut node, g, std::ptr::null(), 0, &spin_node_params(spin_fn, small, params.as_mut_ptr()));
+                    }
+                    let mut exec: CUgraphExec = std::ptr::null_mut();
+                    if r.is_success() {
+                        r = graph_instantiate(&mut exec, g, 0);
+                    }
+                    if r.is_success() {
+                        let (c, e, n, f, pp) = (ctx as usize, exec as usize, node as usize, spin_fn as usize, params.as_mut_ptr() as usize);
+                        let set = move |blocks: c_uint| {
+                            // (Inside the unsafe block above; the handles are this process's, the
+                            // parameters outlive both threads: scoped.)
+                            let r = set_current(c as CUcontext);
+                            let p = spin_node_params(f as CUfunction, blocks, pp as *mut *mut c_void);
+                            if r.is_success() { graph_exec_kernel_set(e as CUgraphExec, n as CUgraphNode, &p) } else { r }
+                        };
+                        let (a, b) = std::thread::scope(|sc| {
+                            let a = sc.spawn(move || set(small));
+                            std::thread::sleep(std::time::Duration::from_millis(200));
+                            let b = sc.spawn(move || set(big));
+                            (a.join().unwrap(), b.join().unwrap())
+                        });
+                        r = if a.is_success() { b } else { a };
+                    }
+                    if r.is_success() {
+                        std::thread::sleep(std::time::Duration::from_millis(1000));
+                        r = graph_launch(exec, stream);
+                    }
+                    if r.is_success() {
+                        r = sync();
+                    }
+                    out(format!("graphrace={}", r.0));
+                }
                 // A spin kernel (BLOCKS x CYCLES) on the current context's stream, an event
                 // recorded after it, and cuEventSynchronize of that event from a new thread,
                 // which has no current context: prints `eventwaiting` before the wait and
