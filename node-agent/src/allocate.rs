@@ -141,6 +141,17 @@ pub enum AllocError {
         /// What failed.
         why: String,
     },
+    /// The pod's termination file (`node_ledger::termination`) could not be made: refused as
+    /// a pod ledger failure is, rather than started with a drain blind to a shortened grace.
+    #[error("pod {ns}/{name}: no termination file: {why}")]
+    TerminationFile {
+        /// The pod's namespace.
+        ns: String,
+        /// The pod's name.
+        name: String,
+        /// What failed (names the file).
+        why: String,
+    },
     /// The plan frozen for the pod when this agent first saw it (`crate::plans`) is not a
     /// complete one: plan annotations added or changed later are not followed.
     #[error("pod {ns}/{name}: the plan frozen when this node first saw it is incomplete ({why}); plan annotations added or changed since are not followed")]
@@ -437,6 +448,36 @@ pub fn pod_ledger_mount(cfg: &AgentConfig, gpu: u32, pod: node_ledger::PodUid) -
     }
 }
 
+/// The env naming the pod's termination file in its containers (read by the shim after a
+/// SIGTERM: `node_ledger::termination`).
+pub const ENV_TERMINATION_FILE: &str = "XCUDA_TERMINATION_FILE";
+
+/// Where a container sees its pod's termination file: `<inject.ledger_container_dir>/termination`.
+pub fn termination_container_path(cfg: &AgentConfig) -> std::path::PathBuf {
+    cfg.inject.ledger_container_dir.join(node_ledger::termination::FILE_NAME)
+}
+
+/// Creates pod `pod`'s termination file empty (`node_ledger::termination::create`: kept as it
+/// is for the pod's next container), in the pod's directory [`create_pod_ledger`] made; returns
+/// its host path. node-agent writes the pod's deletion into it when its watch sees it
+/// (`crate::offline_pods`).
+pub fn create_termination_file(cfg: &AgentConfig, pod: node_ledger::PodUid) -> Result<std::path::PathBuf, String> {
+    let path = node_ledger::termination::termination_path(&cfg.ledger_dir, pod);
+    node_ledger::termination::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// The mount of pod `pod`'s termination file (host: [`create_termination_file`]'s path) at
+/// [`termination_container_path`], **read-only**: node-agent alone writes it, and a tenant must
+/// not be able to move its own drain (nor can it unlink or replace a mount point).
+pub fn termination_mount(cfg: &AgentConfig, pod: node_ledger::PodUid) -> pb::Mount {
+    pb::Mount {
+        container_path: termination_container_path(cfg).display().to_string(),
+        host_path: node_ledger::termination::termination_path(&cfg.ledger_dir, pod).display().to_string(),
+        read_only: true,
+    }
+}
+
 /// Env that depends on the pod's plan.
 pub fn plan_env(plan: &PodPlan) -> BTreeMap<String, String> {
     let mut env = BTreeMap::from([
@@ -463,9 +504,10 @@ pub fn cdi_device_name(cfg: &AgentConfig, gpu: u32) -> String {
 
 /// The container's response: in CDI mode the static edits come from the CDI spec (named
 /// devices) and only the plan's env is returned; otherwise everything inline. With
-/// `inject.pod_ledgers`, the pod's ledger of its GPU is created here and mounted inline in
-/// either mode (a CDI spec is the same for every pod). Fails only when that ledger cannot be
-/// made: the container is then refused rather than given a shared one.
+/// `inject.pod_ledgers`, the pod's ledger of its GPU and its termination file are created here
+/// and mounted inline in either mode (a CDI spec is the same for every pod), the file named by
+/// `XCUDA_TERMINATION_FILE`. Fails only when either cannot be made: the container is then
+/// refused rather than given a shared ledger or a drain that misses a shortened grace.
 pub fn container_response(cfg: &AgentConfig, plan: &PodPlan) -> Result<pb::ContainerAllocateResponse, AllocError> {
     let mut envs: HashMap<String, String> = plan_env(plan).into_iter().collect();
     let mut resp = pb::ContainerAllocateResponse::default();
@@ -490,6 +532,14 @@ pub fn container_response(cfg: &AgentConfig, plan: &PodPlan) -> Result<pb::Conta
         // After the status and pipe mounts: a runtime mounts parents first, and the ledger
         // lies beside the pipe directory, under no other mount.
         resp.mounts.push(pod_ledger_mount(cfg, plan.gpu, uid));
+        // The pod's termination file, after its ledger (the pod's directory exists then):
+        // read-only, directly under the ledger's container directory, which no mount covers
+        // with pod ledgers (only the status and GPU directories below it are mounted).
+        create_termination_file(cfg, uid)
+            .map_err(|why| AllocError::TerminationFile { ns: plan.namespace.clone(), name: plan.name.clone(), why })?;
+        let m = termination_mount(cfg, uid);
+        envs.insert(ENV_TERMINATION_FILE.to_string(), m.container_path.clone());
+        resp.mounts.push(m);
     }
     resp.envs = envs;
     Ok(resp)
@@ -747,6 +797,9 @@ mod tests {
             r.mounts
         );
         assert!(r.cdi_devices.is_empty());
+        // No pod ledgers, no pod directory: no termination file, mounted or named.
+        assert!(!r.envs.contains_key(ENV_TERMINATION_FILE), "{:?}", r.envs);
+        assert!(!r.mounts.iter().any(|m| m.container_path.ends_with("/termination")), "{:?}", r.mounts);
         // The pipe directory read-only: a mount of its own over the read-write ledger
         // directory's, after it (parents first).
         c.inject.mps_pipe_read_only = true;
@@ -798,9 +851,11 @@ mod tests {
     /// With pod ledgers (the default) Allocate makes the pod's own ledger of its GPU and mounts
     /// that file alone where the shim looks for the GPU's ledger, in inline and CDI mode; the
     /// GPU's shared ledger directory is mounted nowhere, the pipe directory read-only; a pod
-    /// whose UID is not one is refused.
+    /// whose UID is not one is refused. Beside it the pod's termination file, read-only
+    /// (`XCUDA_TERMINATION_FILE`); one that cannot be made refuses the container.
     #[test]
     fn each_pod_gets_a_ledger_of_its_own_and_no_shared_one() {
+        use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
         let mut c = cfg();
         c.ledger_dir = d.path().to_owned();
@@ -808,17 +863,41 @@ mod tests {
         let plan = PodPlan { namespace: "ml".into(), name: "a".into(), uid: uid.into(), gpu: 1, mps_percent: 36, memory_quota_bytes: 5, kill_grace_ms: None };
         let pod = node_ledger::PodUid::parse(uid).unwrap();
         let host = node_ledger::pods::pod_ledger_path(d.path(), pod, 1);
+        let termination_host = node_ledger::termination::termination_path(d.path(), pod);
         for cdi in [false, true] {
             c.cdi.enabled = cdi;
             let r = container_response(&c, &plan).unwrap();
             let m = r.mounts.iter().find(|m| m.container_path == "/run/xshare/gpu1/ledger").expect("the ledger file's mount");
             assert!(!m.read_only && Path::new(&m.host_path) == host, "{m:?}");
-            assert!(r.mounts.last() == Some(m), "after the pipe directory's mount: {:?}", r.mounts);
+            let at = |p: &str| r.mounts.iter().position(|m| m.container_path == p);
+            assert!(at("/run/xshare/gpu1/ledger") > at("/run/xshare/gpu1/mps-pipe"), "after the pipe directory's mount: {:?}", r.mounts);
             let gpu_dir = d.path().join("gpu1");
             assert!(!r.mounts.iter().any(|m| Path::new(&m.host_path) == gpu_dir), "{:?}", r.mounts);
             let l = node_ledger::Ledger::open_existing(&host).unwrap();
             assert_eq!((l.gpu_index(), l.access().unwrap().0), (1, POD_LEDGER_MODE));
+            // The pod's termination file: made empty beside its ledger, mounted read-only
+            // under no read-write mount, named to the shim.
+            let t = r.mounts.iter().find(|m| m.container_path == "/run/xshare/termination").expect("the termination file's mount");
+            assert!(t.read_only && Path::new(&t.host_path) == termination_host, "{t:?}");
+            assert!(
+                r.mounts.iter().filter(|m| !m.read_only).all(|m| !Path::new(&t.container_path).starts_with(&m.container_path)),
+                "no read-write mount covers the termination file: {:?}",
+                r.mounts
+            );
+            assert_eq!(std::fs::metadata(&termination_host).unwrap().permissions().mode() & 0o777, 0o644);
+            assert_eq!(node_ledger::termination::read(&termination_host), Ok(None), "empty: no deletion yet");
+            assert_eq!(r.envs[ENV_TERMINATION_FILE], "/run/xshare/termination");
         }
+        // The pod's next container keeps what node-agent wrote (a deletion seen meanwhile).
+        let seen = node_ledger::termination::Termination { deletion_unix_ms: 1_796_012_345_000, grace_ms: 5000 };
+        assert!(node_ledger::termination::write(&termination_host, &seen).unwrap());
+        container_response(&c, &plan).unwrap();
+        assert_eq!(node_ledger::termination::read(&termination_host), Ok(Some(seen)));
+        // A termination file that cannot be made refuses the container, naming the pod and file.
+        let other = node_ledger::PodUid::parse("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5c").unwrap();
+        std::fs::create_dir_all(node_ledger::termination::termination_path(d.path(), other)).unwrap();
+        let e = container_response(&c, &PodPlan { uid: other.to_string(), ..plan.clone() }).unwrap_err();
+        assert!(matches!(e, AllocError::TerminationFile { .. }) && e.to_string().contains("ml/a") && e.to_string().contains("termination"), "{e}");
         c.cdi.enabled = false;
         let r = container_response(&c, &plan).unwrap();
         let pipe = r.mounts.iter().find(|m| m.container_path == "/run/xshare/gpu1/mps-pipe").expect("the pipe directory, a mount of its own");

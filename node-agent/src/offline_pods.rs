@@ -15,6 +15,13 @@
 //! (`Succeeded`, `Failed`) are left out; pods being deleted stay in until they are gone (their
 //! processes still run). A failing watch leaves the file as it was: the monitors keep judging by
 //! the last list written, and a relist after the failure replaces what it missed whole.
+//!
+//! The same watch carries an offline pod's deletion to its processes: at the first event that
+//! shows `metadata.deletionTimestamp` (a list's included, before the first list completes) the
+//! deletion's time and grace are written into the pod's termination file
+//! (`node_ledger::termination`, made and mounted read-only by Allocate), which the shim reads
+//! after its SIGTERM to drain the GPU before a SIGKILL that a shortened grace or a `preStop` hook
+//! brings early ([`termination`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,6 +61,20 @@ pub fn offline_pod(pod: &Pod, resource: &str) -> Option<OfflinePod> {
 /// The offline pods of `pods` (asking for `resource`, not finished).
 pub fn offline_pods(pods: &[Pod], resource: &str) -> Vec<OfflinePod> {
     pods.iter().filter_map(|p| offline_pod(p, resource)).collect()
+}
+
+/// The deletion `pod`'s metadata records, as its termination file says it
+/// (`node_ledger::termination`): `deletionTimestamp` in ms since the epoch (a time before the
+/// epoch: 0), and `deletionGracePeriodSeconds` in ms (negative: 0), or the pod's spec grace
+/// ([`crate::allocate::kill_grace_ms`]) when the API server gave none. `None` while the pod is
+/// not being deleted.
+pub fn termination(pod: &Pod) -> Option<node_ledger::termination::Termination> {
+    let at = pod.metadata.deletion_timestamp.as_ref()?;
+    let grace_ms = match pod.metadata.deletion_grace_period_seconds {
+        Some(s) => (s.max(0) as u64).saturating_mul(1000),
+        None => crate::allocate::kill_grace_ms(pod),
+    };
+    Some(node_ledger::termination::Termination { deletion_unix_ms: u64::try_from(at.0.as_millisecond()).unwrap_or(0), grace_ms })
 }
 
 /// Offline pods by UID.
@@ -104,6 +125,10 @@ pub struct Publisher {
     plans: Arc<crate::plans::PlanStore>,
     /// Frozen plans removed (their pods gone from the node).
     pub plans_removed: u64,
+    /// Pod deletions written into their termination files (changes only).
+    pub terminations_written: u64,
+    /// A failed termination file write was said (until one succeeds).
+    termination_errors_logged: bool,
 }
 
 /// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
@@ -172,6 +197,8 @@ impl Publisher {
             errors_logged: false,
             plans: Arc::new(crate::plans::PlanStore::open(ledger_dir)),
             plans_removed: 0,
+            terminations_written: 0,
+            termination_errors_logged: false,
         }
     }
 
@@ -187,7 +214,8 @@ impl Publisher {
     }
 
     /// One event of the watch of this node's pods; returns whether the file was written.
-    /// Nothing is written before the first list completes.
+    /// Nothing is written before the first list completes, except a pod's termination file
+    /// ([`Self::note_termination`]): a pod being deleted reaches its processes at once.
     pub fn apply(&mut self, event: &watcher::Event<Pod>) -> bool {
         self.recovered();
         match event {
@@ -197,6 +225,7 @@ impl Publisher {
                 false
             }
             watcher::Event::InitApply(p) => {
+                self.note_termination(p);
                 if let Some(l) = &mut self.listing {
                     note(l, p, &self.resource, &self.plans);
                 }
@@ -210,6 +239,7 @@ impl Publisher {
                 self.publish()
             }
             watcher::Event::Apply(p) => {
+                self.note_termination(p);
                 note(&mut self.pods, p, &self.resource, &self.plans);
                 self.synced && self.publish()
             }
@@ -218,6 +248,44 @@ impl Publisher {
                     self.pods.remove(uid);
                 }
                 self.synced && self.publish()
+            }
+        }
+    }
+
+    /// Writes the deletion of `pod`, an offline pod being deleted, into its termination file
+    /// ([`termination`]), in place, if the file exists (Allocate made it: the pod's containers
+    /// run here with it mounted); a pod allocated without one, elsewhere, or not at all gets
+    /// none. A later deletion with a shorter grace rewrites it; the same reading is not written
+    /// again. Returns whether the file changed; a failure is counted and said until a write
+    /// succeeds.
+    pub fn note_termination(&mut self, pod: &Pod) -> bool {
+        if !crate::evict::asks_for(pod, &self.resource) {
+            return false;
+        }
+        let Some(t) = termination(pod) else { return false };
+        let Some(uid) = pod.metadata.uid.as_deref().and_then(node_ledger::PodUid::parse) else { return false };
+        let path = node_ledger::termination::termination_path(&self.ledger_dir, uid);
+        let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""));
+        match node_ledger::termination::write(&path, &t) {
+            Ok(changed) => {
+                if std::mem::take(&mut self.termination_errors_logged) {
+                    tracing::info!(path = %path.display(), "termination files are written again");
+                }
+                if changed {
+                    self.terminations_written += 1;
+                    let at = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+                    tracing::info!(pod = %format!("{ns}/{name}"), grace_ms = t.grace_ms, deletion = %at, path = %path.display(),
+                        "the pod's deletion written for its offline processes (the shim drains before the SIGKILL)");
+                }
+                changed
+            }
+            Err(e) => {
+                self.errors += 1;
+                if !std::mem::replace(&mut self.termination_errors_logged, true) {
+                    tracing::warn!(pod = %format!("{ns}/{name}"), path = %path.display(), error = %e,
+                        "cannot write the pod's deletion into its termination file: its shim drains by the pod's spec grace only");
+                }
+                false
             }
         }
     }
@@ -276,14 +344,15 @@ impl Publisher {
         }
     }
 
-    /// Prometheus text: pods in the list in force, lists written, failures.
+    /// Prometheus text: pods in the list in force, lists written, failures, termination files
+    /// written.
     pub fn metrics(&self) -> String {
         let pods = self.last.as_ref().map_or(0, Vec::len);
         format!(
             "# HELP xshare_node_agent_offline_pods Offline pods in the list the monitors read\n\
              # TYPE xshare_node_agent_offline_pods gauge\n\
              xshare_node_agent_offline_pods{{node=\"{n}\"}} {pods}\n\
-             # HELP xshare_node_agent_offline_pod_list_errors_total Failed refreshes of the offline pod list (pod watch or write)\n\
+             # HELP xshare_node_agent_offline_pod_list_errors_total Failed refreshes of the offline pod list (pod watch or write) and failed termination file writes\n\
              # TYPE xshare_node_agent_offline_pod_list_errors_total counter\n\
              xshare_node_agent_offline_pod_list_errors_total{{node=\"{n}\"}} {e}\n\
              # HELP xshare_node_agent_offline_pod_lists_total Lists of this node's pods the watch made (the first and every relist)\n\
@@ -291,11 +360,15 @@ impl Publisher {
              xshare_node_agent_offline_pod_lists_total{{node=\"{n}\"}} {l}\n\
              # HELP xshare_node_agent_pod_ledgers_removed_total Pod ledger directories removed after their pods left the node\n\
              # TYPE xshare_node_agent_pod_ledgers_removed_total counter\n\
-             xshare_node_agent_pod_ledgers_removed_total{{node=\"{n}\"}} {r}\n",
+             xshare_node_agent_pod_ledgers_removed_total{{node=\"{n}\"}} {r}\n\
+             # HELP xshare_node_agent_pod_terminations_written_total Offline pods' deletions written into their termination files (for the shim's drain)\n\
+             # TYPE xshare_node_agent_pod_terminations_written_total counter\n\
+             xshare_node_agent_pod_terminations_written_total{{node=\"{n}\"}} {t}\n",
             n = self.node,
             e = self.errors,
             l = self.lists,
-            r = self.pod_ledgers_removed
+            r = self.pod_ledgers_removed,
+            t = self.terminations_written
         )
     }
 }
@@ -389,5 +462,128 @@ mod tests {
         // The registered process leaves: its pod's ledgers go at the next pass.
         l.unregister(h);
         assert_eq!(remove_gone_pod_ledgers(d.path(), &keep, Duration::ZERO), [busy]);
+    }
+
+    const RES: &str = "xshare.io/offline-gpu";
+    /// 2026-11-30T10:00:05Z and 10:00:01Z, ms since the epoch.
+    const AT_05_MS: u64 = 1_796_032_805_000;
+    const AT_01_MS: u64 = 1_796_032_801_000;
+
+    /// An offline pod bound to n1 as the API server sends it, deleted at `deletion` (RFC 3339)
+    /// with `grace` s when given (`kubectl delete --grace-period`).
+    fn deleted_pod(uid: &str, deletion: Option<&str>, grace: Option<i64>) -> Pod {
+        let mut meta = serde_json::json!({"name": "train-0", "namespace": "ml", "uid": uid,
+            "creationTimestamp": "2026-11-30T09:00:00Z", "resourceVersion": "4711"});
+        if let Some(t) = deletion {
+            meta["deletionTimestamp"] = t.into();
+        }
+        if let Some(g) = grace {
+            meta["deletionGracePeriodSeconds"] = g.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 30, "containers": [{"name": "c", "image": "trainer:1",
+                "resources": {"limits": {RES: "1"}, "requests": {RES: "1"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap()
+    }
+
+    fn terminations_metric(p: &Publisher) -> String {
+        p.metrics().lines().find(|l| l.starts_with("xshare_node_agent_pod_terminations_written_total{")).unwrap().to_string()
+    }
+
+    /// The deletion's time is `deletionTimestamp` to the ms; its grace
+    /// `deletionGracePeriodSeconds` (negative: 0), or the pod's spec grace when absent.
+    #[test]
+    fn a_deletion_is_read_off_the_pods_metadata() {
+        let u = "0000000a-0000-4000-8000-000000000000";
+        assert_eq!(termination(&deleted_pod(u, None, None)), None);
+        let t = |d: &str, g| termination(&deleted_pod(u, Some(d), g)).unwrap();
+        assert_eq!(t("2026-11-30T10:00:05Z", Some(5)), node_ledger::termination::Termination { deletion_unix_ms: AT_05_MS, grace_ms: 5000 });
+        assert_eq!(t("2026-11-30T10:00:05.250Z", Some(0)).deletion_unix_ms, AT_05_MS + 250);
+        assert_eq!(t("2026-11-30T10:00:05Z", Some(-3)).grace_ms, 0);
+        assert_eq!(t("2026-11-30T10:00:05Z", None).grace_ms, 30_000, "the spec's grace");
+    }
+
+    /// (a) An Apply of a terminating offline pod whose termination file Allocate made writes
+    /// the deletion into it, also before the first list, and also from a list; (b) a second
+    /// deletion with a shorter grace rewrites it in place; the same reading is not counted
+    /// again; (d) the metric counts the writes.
+    #[test]
+    fn a_pods_deletion_is_written_into_its_termination_file_and_a_shorter_one_rewrites_it() {
+        use std::os::unix::fs::MetadataExt;
+        use node_ledger::termination::{read, Termination};
+        let d = tempfile::tempdir().unwrap();
+        let u = "0000000a-0000-4000-8000-000000000000";
+        let path = node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap());
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        node_ledger::termination::create(&path).unwrap();
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        let mut p = Publisher::new("n1", RES, d.path());
+        assert_eq!(terminations_metric(&p), "xshare_node_agent_pod_terminations_written_total{node=\"n1\"} 0");
+        // Not synced yet: the termination file is written all the same.
+        assert!(!p.apply(&watcher::Event::Apply(deleted_pod(u, None, None))));
+        assert_eq!(read(&path), Ok(None), "not being deleted: nothing written");
+        p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5))));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 5000 })));
+        assert_eq!(p.terminations_written, 1);
+        // The same deletion again (a status update while the pod terminates): unchanged.
+        p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5))));
+        assert_eq!(p.terminations_written, 1);
+        // `kubectl delete --grace-period=1` a second later: earlier end, shorter grace.
+        p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:01Z"), Some(1))));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_01_MS, grace_ms: 1000 })));
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), ino, "in place: the container's mount names this inode");
+        assert_eq!(p.terminations_written, 2);
+        assert_eq!(terminations_metric(&p), "xshare_node_agent_pod_terminations_written_total{node=\"n1\"} 2");
+        assert!(p.metrics().contains("# TYPE xshare_node_agent_pod_terminations_written_total counter\n"));
+        // A relist (the watch restarted) that finds the pod deleted with another grace.
+        std::fs::write(&path, "").unwrap();
+        p.apply(&watcher::Event::Init);
+        p.apply(&watcher::Event::InitApply(deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5))));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 5000 })));
+        assert_eq!(p.terminations_written, 3);
+        assert_eq!(p.errors, 0);
+    }
+
+    /// (c) A pod not being deleted, one whose termination file does not exist (not allocated
+    /// here), one asking for no offline slot, and one whose UID is not one get nothing written
+    /// and nothing made.
+    #[test]
+    fn no_deletion_no_file_or_no_offline_pod_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let (allocated, elsewhere) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000");
+        let path = |u: &str| node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap());
+        std::fs::create_dir_all(path(allocated).parent().unwrap()).unwrap();
+        node_ledger::termination::create(&path(allocated)).unwrap();
+        let mut p = Publisher::new("n1", RES, d.path());
+        for e in [watcher::Event::Init, watcher::Event::InitApply(deleted_pod(allocated, None, None)), watcher::Event::InitDone] {
+            p.apply(&e);
+        }
+        p.apply(&watcher::Event::Apply(deleted_pod(allocated, None, None)));
+        p.apply(&watcher::Event::Apply(deleted_pod(elsewhere, Some("2026-11-30T10:00:05Z"), Some(5))));
+        assert!(!path(elsewhere).exists() && !node_ledger::pods::pod_dir(d.path(), node_ledger::PodUid::parse(elsewhere).unwrap()).exists());
+        // The resource is another's: not an offline pod of this agent.
+        let mut online = deleted_pod(allocated, Some("2026-11-30T10:00:05Z"), Some(5));
+        online.spec.as_mut().unwrap().containers[0].resources = None;
+        p.apply(&watcher::Event::Apply(online));
+        p.apply(&watcher::Event::Apply(deleted_pod("u1", Some("2026-11-30T10:00:05Z"), Some(5))));
+        assert_eq!(std::fs::read(path(allocated)).unwrap(), b"", "nothing written");
+        assert_eq!((p.terminations_written, p.errors), (0, 0));
+        assert!(p.metrics().contains("xshare_node_agent_pod_terminations_written_total{node=\"n1\"} 0\n"));
+    }
+
+    /// A termination file that cannot be written (here a directory in its place) is counted
+    /// as an error, and the watch goes on.
+    #[test]
+    fn a_termination_file_that_cannot_be_written_is_counted() {
+        let d = tempfile::tempdir().unwrap();
+        let u = "0000000a-0000-4000-8000-000000000000";
+        std::fs::create_dir_all(node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap())).unwrap();
+        let mut p = Publisher::new("n1", RES, d.path());
+        p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5))));
+        p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5))));
+        assert_eq!((p.terminations_written, p.errors), (0, 2));
     }
 }

@@ -137,7 +137,10 @@ pub fn write(path: &Path, t: &Termination) -> io::Result<bool> {
 }
 
 /// Reads the file at `path`: `Ok(None)` when it is empty (no deletion seen) or absent, an error
-/// naming the file when it does not parse (a write in progress: read again later).
+/// naming the file when it does not parse (a write in progress: read again later). A rewrite
+/// (a second deletion) truncates before it writes, so a reader may meet an empty file or a
+/// prefix of the new text between two readings, never old and new digits mixed: a reader keeps
+/// its last reading over an empty one (the shim's only ever moves the kill earlier).
 pub fn read(path: &Path) -> Result<Option<Termination>, String> {
     let f = match File::open(path) {
         Ok(f) => f,

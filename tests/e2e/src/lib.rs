@@ -187,15 +187,18 @@ pub fn python() -> PathBuf {
 /// A shell script making node-agent's Allocate `mounts` (host path, container path,
 /// read-only) that lie under `under` (the ledger
 /// directory, where the tests give the container paths equal to the host paths) as a container
-/// runtime makes them: bind mounts, parents before children, the read-only ones remounted
-/// read-only; run it in a mount namespace of its own (`unshare -m --propagation private`).
-/// Exits 90/91 when a mount fails.
+/// runtime makes them: bind mounts, parents before children, a missing mount point made first
+/// (a directory for a directory, an empty file for a file: the pod's termination file), the
+/// read-only ones remounted read-only; run it in a mount namespace of its own
+/// (`unshare -m --propagation private`). Exits 89 when a mount point cannot be made, 90/91 when
+/// a mount fails.
 pub fn allocate_mounts_script<'a>(mounts: impl IntoIterator<Item = (&'a str, &'a str, bool)>, under: &std::path::Path) -> String {
     let under = under.to_string_lossy();
     let mut ours: Vec<_> = mounts.into_iter().filter(|(_, ctr, _)| ctr.starts_with(under.as_ref())).collect();
     ours.sort_by_key(|(_, ctr, _)| ctr.matches('/').count());
     let mut script = String::from("set -u\n");
     for (host, ctr, ro) in ours {
+        script += &format!("[ -e '{ctr}' ] || {{ if [ -d '{host}' ]; then mkdir -p '{ctr}'; else touch '{ctr}'; fi; }} || exit 89\n");
         script += &format!("mount --bind '{host}' '{ctr}' || exit 90\n");
         if ro {
             script += &format!("mount -o remount,bind,ro '{ctr}' || exit 91\n");

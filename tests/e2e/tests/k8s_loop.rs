@@ -352,6 +352,12 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     let pod_ledger = node_ledger::pods::pod_ledger_path(&run, pod_uid, 0);
     assert!(resp.mounts.iter().any(|m| Path::new(&m.host_path) == pod_ledger && Path::new(&m.container_path) == run.join("gpu0/ledger") && !m.read_only), "{:?}", resp.mounts);
     assert!(!resp.mounts.iter().any(|m| Path::new(&m.host_path) == run.join("gpu0")), "{:?}", resp.mounts);
+    // Beside it the pod's termination file, empty until node-agent sees the pod's deletion,
+    // mounted read-only and named to the shim.
+    let termination = node_ledger::termination::termination_path(&run, pod_uid);
+    assert_eq!(node_ledger::termination::read(&termination), Ok(None));
+    assert!(resp.mounts.iter().any(|m| Path::new(&m.host_path) == termination && Path::new(&m.container_path) == run.join("termination") && m.read_only), "{:?}", resp.mounts);
+    assert_eq!(env["XCUDA_TERMINATION_FILE"], run.join("termination").display().to_string());
     // Its only container allocated, node-agent gave the lock back.
     eventually("node-agent gives the bind lock back", || lock(&cluster).is_none().then_some(()));
     cluster.set_pod_phase("ml", "train-x7k2p", "Running");
@@ -435,6 +441,12 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     let terminating = cluster.pod("ml", "train-x7k2p").expect("the evicted pod stays while Terminating");
     assert!(terminating["metadata"]["deletionTimestamp"].is_string(), "{terminating}");
     assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 30, "{terminating}");
+    // node-agent's pod watch writes the deletion into the pod's termination file.
+    let deletion: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(terminating["metadata"]["deletionTimestamp"].clone()).unwrap();
+    let written = eventually("node-agent writes the pod's deletion into its termination file", || {
+        node_ledger::termination::read(&termination).ok().flatten()
+    });
+    assert_eq!(written, node_ledger::termination::Termination { deletion_unix_ms: deletion.0.as_millisecond() as u64, grace_ms: 30_000 });
     let events: Vec<Event> = cluster
         .events()
         .into_iter()
