@@ -381,13 +381,43 @@ fn arm_drain(sig: c_int) {
         0 => node_ledger::clock::now_ns(),
         t => t,
     };
+    start_drain_thread(term_ns, "SIGTERM");
+}
+
+/// Checks the pod's termination file (the controller's housekeeping, every 250 ms: one
+/// `stat` while it is empty): a deletion written there arms the drain whether or not a SIGTERM
+/// reaches this process. The kubelet signals the container's PID 1 only: a GPU process behind
+/// a PID 1 that does not forward SIGTERM (`sh -c`, a launcher), or under a `STOPSIGNAL` other
+/// than SIGTERM, gets no SIGTERM, and the SIGKILL still comes at the deletion's end. The
+/// deletion's grace then runs from when it is seen here, close to when the kubelet saw it.
+pub fn watch_termination_file() {
+    if DRAIN_ARMED.load(Acquire) {
+        return;
+    }
+    let e = &state::config().exit;
+    let Some(path) = e.termination_file.as_deref() else { return };
+    if e.drain_before_kill_ms == 0 || !std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        return;
+    }
+    // A write in progress is read again at the next housekeeping.
+    if !matches!(node_ledger::termination::read(path), Ok(Some(_))) {
+        return;
+    }
+    start_drain_thread(node_ledger::clock::now_ns(), "the pod's deletion");
+}
+
+/// Starts the drain thread of a kill whose grace runs from `term_ns` (monotonic), once per
+/// process (`DRAIN_ARMED`), saying what armed it.
+fn start_drain_thread(term_ns: u64, by: &'static str) {
     if DRAIN_ARMED.swap(true, AcqRel) {
         return;
     }
+    let e = &state::config().exit;
     tracing::info!(
+        armed_by = by,
         kill_grace_ms = e.kill_grace_ms,
         termination_file = ?e.termination_file,
-        "xcuda: SIGTERM: should the process still run then, launches stop and the GPU is drained before the expected SIGKILL"
+        "xcuda: should the process still run then, launches stop and the GPU is drained before the expected SIGKILL"
     );
     if let Err(err) = spawn_shim_thread("xcuda-drain", move || drain_thread(term_ns)) {
         DRAIN_ARMED.store(false, Release);
@@ -465,7 +495,7 @@ pub fn drained() -> bool {
     DRAINED.load(Acquire)
 }
 
-/// The drain thread of a SIGTERM at `term_ns`: it waits for the drain's time, reading the pod's
+/// The drain thread of a SIGTERM (or a deletion seen, [`watch_termination_file`]) at `term_ns`: it waits for the drain's time, reading the pod's
 /// termination file every [`TERMINATION_POLL_MS`] meanwhile when there is one (a deletion
 /// with a shorter grace, or a `preStop` hook, brings the SIGKILL forward), then every GPU's
 /// launches are frozen and the process's contexts synchronised (at most

@@ -684,6 +684,7 @@ fn controller(st: &'static State, cfg: &'static Config) {
         let house = now.duration_since(last_house) >= Duration::from_millis(250);
         if house {
             last_house = now;
+            crate::exit::watch_termination_file();
         }
         for (ord, (g, lp)) in st.gpus.iter().zip(loops.iter_mut()).enumerate() {
             tick(ord, g, lp, dt);

@@ -326,6 +326,38 @@ fn a_drained_trainer_stops_launching_and_resumes_when_no_kill_comes() {
     assert!(trainer.wait_timeout(T).is_some_and(|s| s.success()), "SIGINT still ends it: {}", trainer.stderr());
 }
 
+/// A shimmed trainer of a pod whose termination file (`XCUDA_TERMINATION_FILE`, created empty
+/// as Allocate makes it) is returned beside it, told a grace of `grace_ms` with a 1 s margin,
+/// making progress; `extra` are its further arguments.
+fn trainer_with_termination_file(host: &EmuHost, grace_ms: &str, extra: &[&str]) -> (EmuChild, std::path::PathBuf) {
+    let file = host.path("termination");
+    node_ledger::termination::create(&file).unwrap();
+    let mut c = limited(host, "offline", 1 << 30, "trainer");
+    c.env("XCUDA_KILL_GRACE_MS", grace_ms).env("XCUDA_DRAIN_BEFORE_KILL_MS", "1000").env("XCUDA_TERMINATION_FILE", &file);
+    c.args(["--kernel-us", "5000", "--state-mb", "1", "--report-interval", "0.1", "--json"]).args(extra);
+    let mut trainer = host.spawn(&mut c);
+    assert!(trainer.wait_for_line("{", T).is_some(), "trainer progress: {}", trainer.stderr());
+    (trainer, file)
+}
+
+/// Writes, as node-agent does, a deletion ending `in_ms` from now with a grace of `grace_ms`.
+fn write_deletion(file: &std::path::Path, in_ms: u64, grace_ms: u64) {
+    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let t = node_ledger::termination::Termination { deletion_unix_ms: unix_ms + in_ms, grace_ms };
+    assert!(node_ledger::termination::write(file, &t).unwrap());
+}
+
+/// Waits (a minute at most) until `trainer` says its GPU was drained, then SIGKILLs it as the
+/// kubelet would; returns its log.
+fn drained_then_killed(trainer: &mut EmuChild, what: &str) -> String {
+    e2e::wait_until(what, Duration::from_secs(60), || trainer.stderr().contains("GPU drained").then_some(()));
+    let log = trainer.stderr();
+    assert!(trainer.alive(), "{log}");
+    trainer.signal(libc::SIGKILL);
+    assert!(trainer.wait_timeout(T).is_some(), "killed");
+    log
+}
+
 /// A deletion with a shorter grace than the pod's (`kubectl delete --grace-period=3`): the
 /// trainer, told a 10-minute grace (`XCUDA_KILL_GRACE_MS`), ignores its SIGTERM; node-agent
 /// then writes the deletion into the pod's termination file (`XCUDA_TERMINATION_FILE`, written
@@ -335,23 +367,25 @@ fn a_drained_trainer_stops_launching_and_resumes_when_no_kill_comes() {
 #[test]
 fn a_shortened_deletion_grace_brings_the_drain_forward() {
     let host = EmuHost::new();
-    let file = host.path("termination");
-    node_ledger::termination::create(&file).unwrap();
-    let mut c = limited(&host, "offline", 1 << 30, "trainer");
-    c.env("XCUDA_KILL_GRACE_MS", "600000").env("XCUDA_DRAIN_BEFORE_KILL_MS", "1000").env("XCUDA_TERMINATION_FILE", &file);
-    c.args(["--ignore-sigterm", "--kernel-us", "5000", "--state-mb", "1", "--report-interval", "0.1", "--json"]);
-    let mut trainer = host.spawn(&mut c);
-    assert!(trainer.wait_for_line("{", T).is_some(), "trainer progress: {}", trainer.stderr());
+    let (mut trainer, file) = trainer_with_termination_file(&host, "600000", &["--ignore-sigterm"]);
     trainer.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));
-    let unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let t = node_ledger::termination::Termination { deletion_unix_ms: unix_ms + 2700, grace_ms: 3000 };
-    assert!(node_ledger::termination::write(&file, &t).unwrap());
-    e2e::wait_until("the drain by the termination file", Duration::from_secs(60), || trainer.stderr().contains("GPU drained").then_some(()));
-    let log = trainer.stderr();
+    write_deletion(&file, 2700, 3000);
+    let log = drained_then_killed(&mut trainer, "the drain by the termination file");
     assert!(log.contains("the pod is being deleted"), "the reading is said: {log}");
-    assert!(trainer.alive(), "SIGTERM ignored: {log}");
-    // The kubelet's SIGKILL.
-    trainer.signal(libc::SIGKILL);
-    assert!(trainer.wait_timeout(T).is_some(), "killed");
+}
+
+/// A process that no SIGTERM reaches (behind a PID 1 that does not forward it, or under
+/// another `STOPSIGNAL`) still drains before the kubelet's SIGKILL: node-agent writes the pod's
+/// deletion into its termination file and the shim's housekeeping sees it. Without that watch
+/// nothing arms the drain: no `GPU drained` within the test's minute.
+#[test]
+fn a_deletion_seen_in_the_termination_file_drains_without_a_sigterm() {
+    let host = EmuHost::new();
+    let (mut trainer, file) = trainer_with_termination_file(&host, "30000", &[]);
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(!trainer.stderr().contains("GPU drained"), "no deletion yet, no drain: {}", trainer.stderr());
+    write_deletion(&file, 3000, 3000);
+    let log = drained_then_killed(&mut trainer, "the drain by the deletion alone");
+    assert!(log.contains("armed_by=the pod's deletion") || log.contains("armed_by=\"the pod's deletion\""), "armed by the file: {log}");
 }
