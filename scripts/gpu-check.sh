@@ -87,8 +87,10 @@
 # its offline client without the shim, GPU_CHECK_RECOVERY_TERMINATE_FIRST=1 has MPS
 # `terminate_client` it 0.3 s before the SIGKILL, GPU_CHECK_RECOVERY_SIGTERM_FIRST=<ms> ends it
 # as the kubelet does: started with --ignore-sigterm and env XCUDA_KILL_GRACE_MS=<ms>, it gets
-# SIGTERM, then SIGKILL <ms> later), GPU_CHECK_MPS_CLIENTS the most clients mps-clients starts
-# (default 64).
+# SIGTERM, then SIGKILL <ms> later; GPU_CHECK_RECOVERY_DELETION=<ms> ends it as the kubelet ends
+# a process behind a PID 1 that does not forward SIGTERM: no signal, the pod's deletion written
+# into its termination file as node-agent writes it (XCUDA_TERMINATION_FILE), SIGKILL <ms> later),
+# GPU_CHECK_MPS_CLIENTS the most clients mps-clients starts (default 64).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 top="$(dirname "$here")"
@@ -110,6 +112,14 @@ while [[ $# -gt 0 ]]; do
 done
 if [[ -n "${GPU_CHECK_RECOVERY_SIGTERM_FIRST:-}" && ! $GPU_CHECK_RECOVERY_SIGTERM_FIRST =~ ^[0-9]+$ ]]; then
     echo "gpu-check: GPU_CHECK_RECOVERY_SIGTERM_FIRST takes whole milliseconds (the grace before the SIGKILL)" >&2
+    exit 2
+fi
+if [[ -n "${GPU_CHECK_RECOVERY_DELETION:-}" && ! $GPU_CHECK_RECOVERY_DELETION =~ ^[0-9]+$ ]]; then
+    echo "gpu-check: GPU_CHECK_RECOVERY_DELETION takes whole milliseconds (the deletion's grace before the SIGKILL)" >&2
+    exit 2
+fi
+if [[ -n "${GPU_CHECK_RECOVERY_DELETION:-}" && -n "${GPU_CHECK_RECOVERY_SIGTERM_FIRST:-}" ]]; then
+    echo "gpu-check: GPU_CHECK_RECOVERY_DELETION and GPU_CHECK_RECOVERY_SIGTERM_FIRST are two ways to end the client: one at a time" >&2
     exit 2
 fi
 all_checks=(monitor-cpu nvml-cost quota torch-quota pool-keep stack-limit capture-mem throttle mps-server
@@ -1126,6 +1136,9 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
     rec_outcome="" rec_max="" rec_req="" rec_why=""
     # Both clients outlast the grace: the SIGKILL must find them running.
     [[ -n $term_ms ]] && term_s=$(( (term_ms + 999) / 1000 )) off_args=(--ignore-sigterm)
+    [[ -n $del_ms ]] && term_s=$(( (del_ms + 999) / 1000 ))
+    # The pod's termination file as Allocate makes it: empty until the deletion.
+    [[ -n $del_ms ]] && : >"$root/termination" && chmod 644 "$root/termination"
     "${as_user[@]}" "$bin_dir/online" --rate 50 --duration $(( secs + term_s )) --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
     on=$!; pids+=($on)
     # Four kernels queued per synchronisation: the kill finds one in flight unless it lands in
@@ -1153,6 +1166,20 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
             kill -KILL $on 2>/dev/null; wait "$on" 2>/dev/null
             rec_outcome=notrun
             rec_why="run $r: the offline client ended (status $st) within ${term_ms} ms of its SIGTERM, before the SIGKILL ($(tail -n 1 "$root/off-recovery-$r.out" | plain 100))"
+            return
+        fi
+    fi
+    if [[ -n $del_ms ]]; then
+        # A deletion that no SIGTERM announces to the client (its PID 1 keeps it): node-agent
+        # writes it into the pod's termination file, in place, and the SIGKILL comes at its end.
+        local now_ms; now_ms=$(( $(date +%s%N) / 1000000 ))
+        printf 'xshare-termination 1\ndeletion_unix_ms %s\ngrace_ms %s\nend\n' $(( now_ms + del_ms )) "$del_ms" >"$root/termination"
+        sleep "$(( del_ms / 1000 )).$(printf '%03d' $(( del_ms % 1000 )))"
+        if ! kill -0 $off 2>/dev/null; then
+            wait "$off" 2>/dev/null; st=$?
+            kill -KILL $on 2>/dev/null; wait "$on" 2>/dev/null
+            rec_outcome=notrun
+            rec_why="run $r: the offline client ended (status $st) within ${del_ms} ms of its pod's deletion, before the SIGKILL ($(tail -n 1 "$root/off-recovery-$r.out" | plain 100))"
             return
         fi
     fi
@@ -1192,7 +1219,7 @@ check_recovery() {
     # SIGKILL <ms> later; the shim, told the grace by XCUDA_KILL_GRACE_MS, may drain the
     # kernels before the kill (a plain kill tore an H200's online neighbour down in 12 of 20).
     local secs=$(( quick ? 4 : 8 )) runs=${GPU_CHECK_RECOVERY_RUNS:-1} r ev
-    local term_ms=${GPU_CHECK_RECOVERY_SIGTERM_FIRST:-}
+    local term_ms=${GPU_CHECK_RECOVERY_SIGTERM_FIRST:-} del_ms=${GPU_CHECK_RECOVERY_DELETION:-}
     local worst="" hung=0 died=0 disabled=0 total_req=0 all=() why=""
     local slog="$root/mps-log/server.log" fatal0 fatal off_env=("${shim_env[@]}")
     local rec_outcome rec_max rec_req rec_why
@@ -1200,6 +1227,8 @@ check_recovery() {
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && off_env=(env)
     # Through the same env as the shim's settings: read by a shimmed client, by no other.
     [[ -n $term_ms ]] && off_env+=(XCUDA_KILL_GRACE_MS="$term_ms")
+    # A pod's spec grace far longer than its deletion's, and the file the deletion is written to.
+    [[ -n $del_ms ]] && off_env+=(XCUDA_KILL_GRACE_MS=600000 XCUDA_TERMINATION_FILE="$root/termination")
     fatal0=$(grep -c 'encountered a fatal GPU error' "$slog" 2>/dev/null)
     need_manager recovery || return
     echo '{ "group": "gpu-check" }' >"$root/xcuda.json"
@@ -1225,6 +1254,7 @@ check_recovery() {
     local what="$runs offline client(s) SIGKILLed holding a context under MPS"
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && what="$what (without the shim)"
     [[ -n $term_ms ]] && what="$what (SIGTERM, then SIGKILL after $term_ms ms)"
+    [[ -n $del_ms ]] && what="$what (no SIGTERM: the pod's deletion written, then SIGKILL after $del_ms ms)"
     [[ -n "${GPU_CHECK_RECOVERY_TERMINATE_FIRST:-}" ]] && what="$what (terminate_client first)"
     local each="slowest request per run (ms): ${all[*]}; $total_req requests; mps-manager recoveries: $ev; MPS server fatal GPU errors: $fatal${why:+; $why}"
     if [[ $hung != 0 ]]; then

@@ -136,6 +136,28 @@ fn the_recovery_check_with_sigterm_first_passes_under_the_shim() {
     assert!(table.contains("SIGTERM, then SIGKILL after 3000 ms"), "{table}");
 }
 
+/// A process that no SIGTERM reaches (its PID 1 keeps it): the kit writes the pod's deletion
+/// into the termination file the shim is told of (`XCUDA_TERMINATION_FILE`, as node-agent
+/// mounts it) and SIGKILLs the client 3 s later, with no signal before. The shim's
+/// housekeeping sees the deletion and drains before the kill: the online neighbour goes on
+/// (without the file's watch nothing drains, and the emulated MPS tears the neighbour down as
+/// in the test above).
+#[test]
+fn the_recovery_check_by_deletion_alone_passes_under_the_shim() {
+    let (ok, out) = kit_with(
+        "t4",
+        &["--only", "recovery"],
+        &[
+            ("GPUEMU_MPS_KILL", "teardown"),
+            ("GPU_CHECK_RECOVERY_DELETION", "3000"),
+        ],
+    );
+    let table = table_of(&out);
+    assert!(ok, "{out}");
+    assert_eq!(row(table, "recovery")[1], "PASS", "{table}");
+    assert!(table.contains("no SIGTERM: the pod's deletion written, then SIGKILL after 3000 ms"), "{table}");
+}
+
 /// A misspelled `--only` name stops the kit before it starts anything (it used to print an
 /// empty table and exit 0), naming the checks there are.
 #[test]
