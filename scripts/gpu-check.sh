@@ -1155,31 +1155,29 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
         return
     fi
     sleep "1.$(( RANDOM % 10 ))"
+    # The kubelet's ways before its SIGKILL; `warned` says which, `wait_ms` how long before it.
+    local warned="" wait_ms=""
     if [[ -n $term_ms ]]; then
-        # The kubelet's way: SIGTERM, the grace period, SIGKILL. The client ignores the SIGTERM
-        # and its kernels go on; a shimmed one knows the grace (XCUDA_KILL_GRACE_MS) and can
-        # drain its kernels before the kill. One that ended meanwhile proves nothing.
+        # SIGTERM, the grace period, SIGKILL. The client ignores the SIGTERM and its kernels go
+        # on; a shimmed one knows the grace (XCUDA_KILL_GRACE_MS) and can drain its kernels
+        # before the kill.
         kill -TERM $off 2>/dev/null
-        sleep "$(( term_ms / 1000 )).$(printf '%03d' $(( term_ms % 1000 )))"
-        if ! kill -0 $off 2>/dev/null; then
-            wait "$off" 2>/dev/null; st=$?
-            kill -KILL $on 2>/dev/null; wait "$on" 2>/dev/null
-            rec_outcome=notrun
-            rec_why="run $r: the offline client ended (status $st) within ${term_ms} ms of its SIGTERM, before the SIGKILL ($(tail -n 1 "$root/off-recovery-$r.out" | plain 100))"
-            return
-        fi
-    fi
-    if [[ -n $del_ms ]]; then
+        warned="its SIGTERM" wait_ms=$term_ms
+    elif [[ -n $del_ms ]]; then
         # A deletion that no SIGTERM announces to the client (its PID 1 keeps it): node-agent
         # writes it into the pod's termination file, in place, and the SIGKILL comes at its end.
         local now_ms; now_ms=$(( $(date +%s%N) / 1000000 ))
         printf 'xshare-termination 1\ndeletion_unix_ms %s\ngrace_ms %s\nend\n' $(( now_ms + del_ms )) "$del_ms" >"$root/termination"
-        sleep "$(( del_ms / 1000 )).$(printf '%03d' $(( del_ms % 1000 )))"
+        warned="its pod's deletion" wait_ms=$del_ms
+    fi
+    if [[ -n $warned ]]; then
+        sleep "$(( wait_ms / 1000 )).$(printf '%03d' $(( wait_ms % 1000 )))"
+        # One that ended meanwhile proves nothing.
         if ! kill -0 $off 2>/dev/null; then
             wait "$off" 2>/dev/null; st=$?
             kill -KILL $on 2>/dev/null; wait "$on" 2>/dev/null
             rec_outcome=notrun
-            rec_why="run $r: the offline client ended (status $st) within ${del_ms} ms of its pod's deletion, before the SIGKILL ($(tail -n 1 "$root/off-recovery-$r.out" | plain 100))"
+            rec_why="run $r: the offline client ended (status $st) within ${wait_ms} ms of $warned, before the SIGKILL ($(tail -n 1 "$root/off-recovery-$r.out" | plain 100))"
             return
         fi
     fi
