@@ -43,16 +43,18 @@ pub struct PodPlan {
     /// The shim's GPU memory limit (`xshare.io/memory-quota-bytes`).
     pub memory_quota_bytes: u64,
     /// How long the kubelet waits after a SIGTERM before it SIGKILLs the pod's containers, ms
-    /// ([`kill_grace_ms`]); the shim drains the GPU just before (`XCUDA_KILL_GRACE_MS`). `None`
-    /// for a plan frozen before node-agent recorded it: no drain.
+    /// ([`kill_grace_ms`]); the shim drains the GPU just before (`XCUDA_KILL_GRACE_MS`), unless
+    /// the pod's deletion in its termination file says otherwise. `None` for a plan frozen
+    /// before node-agent recorded it: drained by a deletion alone.
     pub kill_grace_ms: Option<u64>,
 }
 
 /// The kubelet's wait between a container's SIGTERM and its SIGKILL for `pod`, ms: the pod's
 /// `spec.terminationGracePeriodSeconds` (the API server's default is 30 s), at least the 2 s
-/// the kubelet itself never goes below. A deletion that asks for a shorter grace than the
-/// spec's, or a `preStop` hook that uses part of it, brings the kill before the shim's drain:
-/// then nothing is drained (xcuda-shim/README.md, "Drain before the kubelet's SIGKILL").
+/// the kubelet itself never goes below. A deletion's own grace (shorter or longer than the
+/// spec's) and a `preStop` hook that uses part of it move the kill: the shim learns them from
+/// the pod's termination file (`crate::offline_pods`; xcuda-shim/README.md, "Drain before the
+/// kubelet's SIGKILL").
 pub fn kill_grace_ms(pod: &Pod) -> u64 {
     let s = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
     (s.max(2) as u64).saturating_mul(1000)

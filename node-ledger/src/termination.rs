@@ -92,26 +92,34 @@ impl Termination {
         }
     }
 
-    /// When the kubelet's SIGKILL is due (monotonic ns) for a process whose SIGTERM came at
-    /// monotonic `term_ns`, read at monotonic `now_ns` = `now_unix_ms` on the wall clock: the
-    /// earlier of the SIGTERM plus the deletion's grace and the deletion's end on this clock
-    /// (a `preStop` hook spent part of the grace before the SIGTERM), and of `spec_kill_ns`
-    /// (the pod's own grace, if known); never before the SIGTERM plus
-    /// [`KUBELET_MIN_GRACE_MS`]. Earlier is the safe side: a drain too early costs the job
-    /// its last seconds on the GPU, one too late kills it mid-kernel.
-    pub fn kill_ns(&self, term_ns: u64, now_ns: u64, now_unix_ms: u64, spec_kill_ns: Option<u64>) -> u64 {
+    /// When the kubelet's SIGKILL is due (monotonic ns) by this reading, seen at monotonic
+    /// `seen_ns` = `seen_unix_ms` on the wall clock, for a process whose grace runs from
+    /// monotonic `from_ns` (its SIGTERM, or when it first saw a deletion): the kubelet kills by
+    /// the deletion's grace whatever the pod's spec says (`deletionGracePeriodSeconds` comes
+    /// first in its choice), counted from when it saw the deletion, about when this reading was
+    /// made (a `preStop` hook spends part of it before the SIGTERM); the deletion's end on this
+    /// clock when that comes first (this reading made late); never before `from_ns` plus
+    /// [`KUBELET_MIN_GRACE_MS`]. A second, shorter deletion keeps the first request's time in
+    /// `deletionTimestamp` while the kubelet counts the new grace from when it sees it: its
+    /// end on the clock may be past, and the kill comes later than it says. A reader that
+    /// drains by the earliest reading must therefore not take a kill that did not come by then
+    /// for a wrong guess: with a deletion recorded, the kill is certain.
+    pub fn kill_ns(&self, seen_ns: u64, seen_unix_ms: u64, from_ns: u64) -> u64 {
         let ms = |v: u64| v.saturating_mul(1_000_000);
-        let by_grace = term_ns.saturating_add(ms(self.grace_ms));
-        let by_clock = now_ns.saturating_add(ms(self.deletion_unix_ms.saturating_sub(now_unix_ms)));
-        let kill = spec_kill_ns.map_or(by_grace, |s| s.min(by_grace)).min(by_clock);
-        kill.max(term_ns.saturating_add(ms(KUBELET_MIN_GRACE_MS)))
+        let by_grace = seen_ns.saturating_add(ms(self.grace_ms));
+        let by_clock = seen_ns.saturating_add(ms(self.deletion_unix_ms.saturating_sub(seen_unix_ms)));
+        by_grace.min(by_clock).max(from_ns.saturating_add(ms(KUBELET_MIN_GRACE_MS)))
     }
 }
 
 /// Creates the file at `path` empty if it does not exist (mode [`FILE_MODE`]), keeping what an
 /// existing one says (the pod's next container).
 pub fn create(path: &Path) -> io::Result<()> {
-    let f = OpenOptions::new().write(true).create(true).truncate(false).mode(FILE_MODE).open(path)?;
+    // Never through a link, and only a regular file: the creator is root.
+    let f = OpenOptions::new().write(true).create(true).truncate(false).mode(FILE_MODE).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a regular file", path.display())));
+    }
     f.set_permissions(Permissions::from_mode(FILE_MODE))
 }
 
@@ -179,23 +187,24 @@ mod tests {
         }
     }
 
-    /// The SIGKILL's time is the earliest reading, never before the kubelet's 2 s floor.
+    /// The SIGKILL's time is the deletion's grace from when it was seen, or its end on the
+    /// clock when that comes first, never before the kubelet's 2 s floor.
     #[test]
-    fn the_kill_is_the_earliest_reading_and_never_inside_the_kubelets_floor() {
+    fn the_kill_is_the_deletions_and_never_inside_the_kubelets_floor() {
         let s = 1_000_000_000u64;
-        let (term, now, now_unix) = (100 * s, 101 * s, 1_796_012_341_000u64);
-        // The deletion's grace from the SIGTERM (105 s) against its end on the wall clock
-        // (4 s after now: 105 s too) and a longer spec grace (130 s).
-        assert_eq!(T.kill_ns(term, now, now_unix, Some(130 * s)), 105 * s);
-        // A preStop hook spent part of the grace before the SIGTERM
-        // (the SIGTERM came 1.5 s into the grace): the end on the wall clock comes first.
-        assert_eq!(T.kill_ns(term, now, now_unix + 1500, Some(130 * s)), 103 * s + s / 2);
-        // A spec grace shorter than the deletion's (the file is older than a new deletion).
-        assert_eq!(T.kill_ns(term, now, now_unix, Some(103 * s)), 103 * s);
-        // A deadline already past, or a grace of 0: the kubelet's 2 s floor.
-        assert_eq!(T.kill_ns(term, now, now_unix + 60_000, None), 102 * s);
+        let (from, seen, seen_unix) = (100 * s, 101 * s, 1_796_012_341_000u64);
+        // Read a second after the SIGTERM: its grace from then (106 s) against its end on the
+        // wall clock (4 s after the reading: 105 s).
+        assert_eq!(T.kill_ns(seen, seen_unix, from), 105 * s);
+        // The API server's clock behind the node's (its end 7 s after the reading): the grace
+        // from the reading decides.
+        assert_eq!(T.kill_ns(seen, seen_unix - 3000, from), 106 * s);
+        // A preStop hook spent part of the grace before the SIGTERM (read 1.5 s into it).
+        assert_eq!(T.kill_ns(seen, seen_unix + 1500, from), 103 * s + s / 2);
+        // A deadline already past (a second, shorter deletion), or a grace of 0: the floor.
+        assert_eq!(T.kill_ns(seen, seen_unix + 60_000, from), 102 * s);
         let zero = Termination { grace_ms: 0, ..T };
-        assert_eq!(zero.kill_ns(term, now, now_unix, None), 102 * s);
+        assert_eq!(zero.kill_ns(seen, seen_unix, from), 102 * s);
     }
 
     /// node-agent's write keeps the inode (a container's mount names it), changes nothing when
@@ -220,6 +229,11 @@ mod tests {
         assert_eq!(std::fs::metadata(&p).unwrap().ino(), ino, "written in place");
         create(&p).unwrap();
         assert_eq!(read(&p), Ok(Some(shorter)), "a second create keeps the reading");
+        // Never made through a link, nor over something that is not a regular file.
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(d.path().join("elsewhere"), &link).unwrap();
+        assert!(create(&link).is_err() && !d.path().join("elsewhere").exists());
+        assert!(create(d.path()).is_err(), "a directory");
         std::fs::write(&p, "xshare-termination 1\ndeletion_unix_ms 1\n").unwrap();
         assert!(read(&p).unwrap_err().contains(FILE_NAME));
     }

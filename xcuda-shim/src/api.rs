@@ -1098,9 +1098,9 @@ forward_then! {
 
 // ---- graph exec changes (see graphcost: the exec's price follows what its launches run) ------
 
-/// The lock an exec change holds across its driver call and its record ([`crate::graphcost::GraphCost::change`]).
-fn changing() -> crate::spin::SpinGuard<'static> {
-    state().graph_cost.change.lock()
+/// The lock a change of `exec` holds across its driver call and its record ([`crate::graphcost::GraphCost::changing`]).
+fn changing(exec: CUgraphExec) -> crate::spin::SpinGuard<'static> {
+    state().graph_cost.changing(exec as u64)
 }
 
 /// Fault injection (`memory.test_graph_change_pause_ms`): the process's first exec change
@@ -1144,22 +1144,22 @@ macro_rules! grid_of {
 
 forward_then! {
     /// Hooked `cuGraphExecUpdate_v2` (CUDA 12.0): the exec is priced again from its new graph.
-    fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut CUgraphExecUpdateResultInfo): PFN_cuGraphExecUpdate_v12000, under changing() => repriced(exec, graph);
+    fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut CUgraphExecUpdateResultInfo): PFN_cuGraphExecUpdate_v12000, under changing(exec) => repriced(exec, graph);
     /// Hooked `cuGraphExecUpdate` (CUDA 10.2 ABI): like `cuGraphExecUpdate_v2`.
-    fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, result: *mut CUgraphExecUpdateResult): PFN_cuGraphExecUpdate_v10020, under changing() => repriced(exec, graph);
+    fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, result: *mut CUgraphExecUpdateResult): PFN_cuGraphExecUpdate_v10020, under changing(exec) => repriced(exec, graph);
     /// Hooked `cuGraphExecKernelNodeSetParams` (CUDA 10.1 ABI): the node's new grid replaces its old one in the exec's price.
-    fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v1): PFN_cuGraphExecKernelNodeSetParams_v10010, under changing()
+    fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v1): PFN_cuGraphExecKernelNodeSetParams_v10010, under changing(exec)
         => kernel_set(exec, node, grid_of!(params));
     /// Hooked `cuGraphExecKernelNodeSetParams_v2` (CUDA 12.0): like `cuGraphExecKernelNodeSetParams`.
-    fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v2): PFN_cuGraphExecKernelNodeSetParams_v12000, under changing()
+    fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v2): PFN_cuGraphExecKernelNodeSetParams_v12000, under changing(exec)
         => kernel_set(exec, node, grid_of!(params));
     /// Hooked `cuGraphExecChildGraphNodeSetParams`: the new child graph's blocks replace the node's old ones in the exec's price.
-    fn cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph): PFN_cuGraphExecChildGraphNodeSetParams_v11010, under changing()
+    fn cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph): PFN_cuGraphExecChildGraphNodeSetParams_v11010, under changing(exec)
         => child_set(exec, node, child);
     /// Hooked `cuGraphExecNodeSetParams` (CUDA 12.2): a kernel or child graph node's new work
     /// replaces its old in the exec's price; other node types run no kernel (a conditional
     /// node's parameters cannot change: cuda.h).
-    fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams): PFN_cuGraphExecNodeSetParams_v12020, under changing()
+    fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams): PFN_cuGraphExecNodeSetParams_v12020, under changing(exec)
         => exec_node_set(exec, node, params);
 }
 
@@ -1277,6 +1277,8 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard(|| {
         let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
         let st = state();
+        // Until the driver has freed the handle: a change of it in flight records first.
+        let _held = st.graph_cost.changing(exec as u64);
         let taken = st.graph_cost.destroying(exec as u64);
         // SAFETY: forwarding the caller's argument.
         let rc = unsafe { destroy(exec) };

@@ -99,7 +99,8 @@ pub struct ExitConfig {
     /// When the SIGKILL is expected after a SIGTERM the process survives (an application that
     /// ignores it, or whose handler keeps it running), ms: the pod's
     /// `terminationGracePeriodSeconds`, which the kubelet waits before it SIGKILLs (node-agent
-    /// passes it as `XCUDA_KILL_GRACE_MS`). 0: unknown, no drain.
+    /// passes it as `XCUDA_KILL_GRACE_MS`). 0: unknown: drained only by a deletion read from
+    /// `termination_file`.
     pub kill_grace_ms: u64,
     /// How long before that SIGKILL launches stop for good and the GPU is drained
     /// (synchronised), ms: under MPS, a client killed with kernels in flight can take its
@@ -109,8 +110,11 @@ pub struct ExitConfig {
     pub drain_before_kill_ms: u64,
     /// The pod's deletion as node-agent writes it when it sees one (`node_ledger::termination`;
     /// node-agent mounts it read-only and passes its path as `XCUDA_TERMINATION_FILE`): read
-    /// after a SIGTERM, it brings the drain forward when the deletion gave a shorter grace than
-    /// `kill_grace_ms` or a `preStop` hook spent part of it. `None`: the grace alone decides.
+    /// after a SIGTERM and by the controller's housekeeping, a deletion there decides when the
+    /// SIGKILL comes (the kubelet kills by the deletion's grace, shorter or longer than
+    /// `kill_grace_ms`, and a `preStop` hook spends part of it), arms the drain even when no
+    /// SIGTERM reaches the process, and keeps launches stopped until the kill. `None`: the
+    /// grace alone decides.
     pub termination_file: Option<PathBuf>,
     /// Fault injection for tests only: pause this long inside a context release (0 = never).
     pub test_release_pause_ms: u64,

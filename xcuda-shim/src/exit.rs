@@ -245,6 +245,17 @@ static CREATING: AtomicU32 = AtomicU32::new(0);
 pub struct CreationGate(());
 
 impl CreationGate {
+    /// Enters the gate, or None at once if a release has started (no wait: for work that is
+    /// simply skipped then, such as a synchronisation).
+    pub fn try_enter() -> Option<Self> {
+        CREATING.fetch_add(1, SeqCst);
+        if RELEASE.load(SeqCst) != IDLE {
+            CREATING.fetch_sub(1, SeqCst);
+            return None;
+        }
+        Some(Self(()))
+    }
+
     /// Enters the gate, or None once a release has started (the caller must refuse).
     ///
     /// A refused caller first waits (bounded by `exit.release_timeout_ms`) for the release to
@@ -431,41 +442,51 @@ fn drain_at(term_ns: u64, kill_ns: u64, e: &crate::config::ExitConfig) -> u64 {
     kill_ns.saturating_sub(e.drain_before_kill_ms.saturating_mul(1_000_000)).max(term_ns)
 }
 
-/// The SIGKILL the drain waits for, as known so far after a SIGTERM at `term_ns` (monotonic
-/// ns): the pod's grace from it (`exit.kill_grace_ms`), brought forward by what the pod's
-/// termination file says ([`node_ledger::termination::Termination::kill_ns`]; a reading that
-/// does not parse is a write in progress and read again later). `None`: nothing known yet.
+/// The SIGKILL the drain waits for, as known so far after a SIGTERM (or a deletion seen) at
+/// `term_ns` (monotonic ns): the pod's grace from it (`exit.kill_grace_ms`) until the pod's
+/// termination file says how the kubelet kills it, which then decides, shorter or longer than
+/// the spec's (the kubelet takes the deletion's grace first:
+/// [`node_ledger::termination::Termination::kill_ns`]); a later reading only brings it
+/// earlier. A reading that does not parse is a write in progress and is read again later.
 struct KillClock {
     term_ns: u64,
-    kill_ns: Option<u64>,
+    /// By the pod's spec grace, if known.
+    spec_ns: Option<u64>,
+    /// By the deletion readings (the earliest), once one was read.
+    deletion_ns: Option<u64>,
     read: Option<node_ledger::termination::Termination>,
     said_error: bool,
 }
 
 impl KillClock {
     fn new(term_ns: u64, e: &crate::config::ExitConfig) -> Self {
-        let kill_ns = (e.kill_grace_ms != 0).then(|| term_ns.saturating_add(e.kill_grace_ms.saturating_mul(1_000_000)));
-        KillClock { term_ns, kill_ns, read: None, said_error: false }
+        let spec_ns = (e.kill_grace_ms != 0).then(|| term_ns.saturating_add(e.kill_grace_ms.saturating_mul(1_000_000)));
+        KillClock { term_ns, spec_ns, deletion_ns: None, read: None, said_error: false }
     }
 
-    /// Takes reading `r` of the termination file made at monotonic `now_ns` = `now_unix_ms`:
-    /// the expected kill only ever comes earlier (a second deletion may shorten the grace,
-    /// never lengthen it).
+    /// The expected kill, if known.
+    fn kill_ns(&self) -> Option<u64> {
+        self.deletion_ns.or(self.spec_ns)
+    }
+
+    /// Whether a deletion was read: the kill is certain, however late it comes.
+    fn deletion_seen(&self) -> bool {
+        self.deletion_ns.is_some()
+    }
+
+    /// Takes reading `r` of the termination file made at monotonic `now_ns` = `now_unix_ms`.
     fn take(&mut self, r: Result<Option<node_ledger::termination::Termination>, String>, now_ns: u64, now_unix_ms: u64) {
         match r {
             Ok(Some(t)) if self.read != Some(t) => {
                 self.read = Some(t);
-                let k = t.kill_ns(self.term_ns, now_ns, now_unix_ms, self.kill_ns);
-                let earlier = self.kill_ns.is_none_or(|old| k < old);
-                if earlier {
-                    self.kill_ns = Some(k);
-                }
+                let k = t.kill_ns(now_ns, now_unix_ms, self.term_ns);
+                self.deletion_ns = Some(self.deletion_ns.map_or(k, |old| old.min(k)));
                 tracing::warn!(
                     grace_ms = t.grace_ms,
                     deletion_unix_ms = t.deletion_unix_ms,
-                    kill_in_ms = self.kill_ns.map(|k| k.saturating_sub(now_ns) / 1_000_000),
-                    earlier,
-                    "xcuda: the pod is being deleted: the SIGKILL is expected then"
+                    kill_in_ms = self.deletion_ns.map(|k| k.saturating_sub(now_ns) / 1_000_000),
+                    spec_kill_in_ms = self.spec_ns.map(|k| k.saturating_sub(now_ns) / 1_000_000),
+                    "xcuda: the pod is being deleted: the SIGKILL is expected then, by the deletion's grace"
                 );
             }
             Ok(_) => {}
@@ -474,6 +495,13 @@ impl KillClock {
                     tracing::warn!("xcuda: the pod's termination file does not read (a write in progress is read again): {err}");
                 }
             }
+        }
+    }
+
+    /// Reads the termination file at `path`, if there is one.
+    fn poll(&mut self, path: Option<&std::path::Path>) {
+        if let Some(path) = path {
+            self.take(node_ledger::termination::read(path), node_ledger::clock::now_ns(), unix_ms());
         }
     }
 }
@@ -495,35 +523,37 @@ pub fn drained() -> bool {
     DRAINED.load(Acquire)
 }
 
-/// The drain thread of a SIGTERM (or a deletion seen, [`watch_termination_file`]) at `term_ns`: it waits for the drain's time, reading the pod's
-/// termination file every [`TERMINATION_POLL_MS`] meanwhile when there is one (a deletion
-/// with a shorter grace, or a `preStop` hook, brings the SIGKILL forward), then every GPU's
-/// launches are frozen and the process's contexts synchronised (at most
-/// `exit.release_timeout_ms`), so that the SIGKILL finds no kernel of this process in flight.
-/// Under MPS a client killed mid-kernel can take the server's other clients down (the online
-/// workload); one killed between kernels harms nobody. Contexts are kept: the application may
-/// still copy its state out (copies are not throttled). Should the kill not come within
-/// [`RESUME_AFTER_KILL_MS`] of its time, launches resume (the prediction was wrong; a process
-/// frozen for ever would hold its quota for ever).
+/// The drain thread of a SIGTERM (or a deletion seen, [`watch_termination_file`]) at `term_ns`: it waits
+/// for the drain's time, reading the pod's termination file every [`TERMINATION_POLL_MS`]
+/// meanwhile when there is one (the kubelet kills by a deletion's grace, shorter or longer
+/// than the spec's), then every GPU's launches are frozen and the process's contexts
+/// synchronised (at most `exit.release_timeout_ms`), so that the SIGKILL finds no kernel of
+/// this process in flight. Under MPS a client killed mid-kernel can take the server's other
+/// clients down (the online workload); one killed between kernels harms nobody. Contexts are
+/// kept: the application may still copy its state out (copies are not throttled). Should the
+/// kill not come within [`RESUME_AFTER_KILL_MS`] of the time the spec's grace gave, launches
+/// resume (the SIGTERM was not the kubelet's: a process frozen for ever would hold its quota
+/// for ever) — never once the file recorded a deletion, whose kill is certain however late.
 fn drain_thread(term_ns: u64) {
     let _log = state::log_on_this_thread();
     let e = &state::config().exit;
+    let file = e.termination_file.as_deref();
     let mut clock = KillClock::new(term_ns, e);
     let poll_ns = TERMINATION_POLL_MS * 1_000_000;
     let kill_ns = loop {
+        clock.poll(file);
         let now = node_ledger::clock::now_ns();
-        if let Some(path) = &e.termination_file {
-            clock.take(node_ledger::termination::read(path), now, unix_ms());
-        }
-        match (clock.kill_ns, &e.termination_file) {
-            (Some(k), _) if now >= drain_at(term_ns, k, e) => break k,
-            (Some(k), None) => sleep_until_ns(drain_at(term_ns, k, e)),
-            (Some(k), Some(_)) => sleep_until_ns(drain_at(term_ns, k, e).min(now.saturating_add(poll_ns))),
-            (None, _) if now.saturating_sub(term_ns) > TERMINATION_WAIT_MS * 1_000_000 => {
+        match clock.kill_ns() {
+            Some(k) if now >= drain_at(term_ns, k, e) => break k,
+            Some(k) if file.is_none() => sleep_until_ns(drain_at(term_ns, k, e)),
+            Some(k) => sleep_until_ns(drain_at(term_ns, k, e).min(now.saturating_add(poll_ns))),
+            None if now.saturating_sub(term_ns) > TERMINATION_WAIT_MS * 1_000_000 => {
+                // Nothing came: a later SIGTERM arms again, from its own time.
+                let _ = SIGTERM_AT_NS.compare_exchange(term_ns, 0, AcqRel, Acquire);
                 DRAIN_ARMED.store(false, Release);
                 return;
             }
-            (None, _) => sleep_until_ns(now.saturating_add(poll_ns)),
+            None => sleep_until_ns(now.saturating_add(poll_ns)),
         }
     };
     let Some(st) = state::get() else { return };
@@ -534,18 +564,48 @@ fn drain_thread(term_ns: u64) {
     tracing::warn!(
         kill_in_ms = kill_ns.saturating_sub(node_ledger::clock::now_ns()) / 1_000_000,
         drain_before_kill_ms = e.drain_before_kill_ms,
-        "xcuda: the process still runs after its SIGTERM: kernel launches stopped, draining the GPU before the expected SIGKILL"
+        by_deletion = clock.deletion_seen(),
+        "xcuda: the process still runs before its expected SIGKILL: kernel launches stopped, draining the GPU"
     );
-    if !release_started() {
-        let done = with_deadline("drain the GPU before the expected SIGKILL", move || st.contexts.synchronize_all());
-        tracing::warn!(drained = done.is_some(), "xcuda: GPU drained; launches stay stopped until the SIGKILL");
+    if let Some(done) = synchronize_unless_released(st, "drain the GPU before the expected SIGKILL") {
+        tracing::warn!(drained = done, "xcuda: GPU drained; launches stay stopped until the SIGKILL");
     }
-    sleep_until_ns(kill_ns.saturating_add(RESUME_AFTER_KILL_MS * 1_000_000));
-    if release_started() || !DRAINED.swap(false, AcqRel) {
+    // Until the spec's kill is long past, still looking for a deletion (which keeps the drain).
+    loop {
+        clock.poll(file);
+        if release_started() || clock.deletion_seen() {
+            return;
+        }
+        let now = node_ledger::clock::now_ns();
+        let resume = kill_ns.saturating_add(RESUME_AFTER_KILL_MS * 1_000_000);
+        if now >= resume {
+            break;
+        }
+        sleep_until_ns(if file.is_some() { resume.min(now.saturating_add(poll_ns)) } else { resume });
+    }
+    if !DRAINED.swap(false, AcqRel) {
         return;
     }
     st.throttles().for_each(|t| t.unfreeze());
     tracing::warn!(waited_ms = RESUME_AFTER_KILL_MS, "xcuda: the expected SIGKILL did not come: launches resume (the SIGTERM was not the kubelet's, or its grace was longer than XCUDA_KILL_GRACE_MS)");
+}
+
+/// Synchronises every context of `st` (at most `exit.release_timeout_ms`) unless a release has
+/// begun, as a creation in progress ([`CreationGate`]): the sync retains each primary context,
+/// which after a release would bring it back to life (a new MPS client), and a release that
+/// begins meanwhile waits for it instead of destroying the contexts it is synchronising.
+/// `None`: a release had begun; else whether it completed in time.
+fn synchronize_unless_released(st: &'static state::State, what: &str) -> Option<bool> {
+    let entered = with_deadline(what, move || {
+        let Some(_gate) = CreationGate::try_enter() else { return false };
+        st.contexts.synchronize_all();
+        true
+    });
+    match entered {
+        Some(false) => None,
+        Some(true) => Some(true),
+        None => Some(false),
+    }
 }
 
 /// The application's actions for SIGS behind a small lock of our own (not a std `Mutex`): the
@@ -876,9 +936,7 @@ fn handle_signal(sig: c_int) {
     if let Some(st) = st {
         // Nothing to synchronise once a release has begun (and retaining a primary context
         // then could bring it back to life).
-        if !release_started() {
-            with_deadline("synchronise contexts", move || st.contexts.synchronize_all());
-        }
+        let _ = synchronize_unless_released(st, "synchronise contexts");
     }
     let unfreeze = || {
         // Once drained (the SIGKILL is coming), not before the drain gives up. A drain that
@@ -1062,8 +1120,7 @@ fn on_fork_child_inner() {
         crate::limits::CHANGES.reset_after_fork();
         if let Some(st) = state::get() {
             st.graph_mem.update.reset_after_fork();
-            st.graph_cost.update.reset_after_fork();
-            st.graph_cost.change.reset_after_fork();
+            st.graph_cost.reset_after_fork();
         }
         if let Some(st) = state::get() {
             st.contexts.clear();
@@ -1241,32 +1298,43 @@ mod tests {
         assert_eq!(super::drain_at(s, u64::MAX, &e(0)), u64::MAX, "saturates");
     }
 
-    /// What the drain waits for: the pod's grace from the SIGTERM, brought forward by the
-    /// termination file's reading, never pushed back by a later one; a reading that does not
-    /// parse changes nothing.
+    /// What the drain waits for: the pod's grace from the SIGTERM until the termination file
+    /// says how the kubelet kills (its grace decides, shorter or longer than the spec's), then
+    /// only ever earlier; a reading that does not parse changes nothing.
     #[test]
-    fn the_termination_file_brings_the_kill_forward_never_back() {
+    fn the_termination_file_decides_the_kill_and_only_brings_it_earlier() {
         use crate::config::ExitConfig;
         use node_ledger::termination::Termination;
         let s = 1_000_000_000u64;
         let e = ExitConfig { kill_grace_ms: 30_000, ..ExitConfig::default() };
         let (term, now, unix) = (100 * s, 101 * s, 1_796_000_000_000u64);
         let mut k = super::KillClock::new(term, &e);
-        assert_eq!(k.kill_ns, Some(130 * s), "the pod's grace");
+        assert_eq!((k.kill_ns(), k.deletion_seen()), (Some(130 * s), false), "the pod's grace");
         k.take(Ok(None), now, unix);
         k.take(Err("cut".into()), now, unix);
-        assert_eq!(k.kill_ns, Some(130 * s), "nothing read yet");
+        assert_eq!((k.kill_ns(), k.deletion_seen()), (Some(130 * s), false), "nothing read yet");
         // `kubectl delete --grace-period=5` a second before the SIGTERM came.
         k.take(Ok(Some(Termination { deletion_unix_ms: unix + 4000, grace_ms: 5000 })), now, unix);
-        assert_eq!(k.kill_ns, Some(105 * s));
-        // A reading with a longer grace (the file rewritten by an older event) is not taken.
+        assert_eq!((k.kill_ns(), k.deletion_seen()), (Some(105 * s), true));
+        // A reading with a longer grace (an older event) does not push it back.
         k.take(Ok(Some(Termination { deletion_unix_ms: unix + 29_000, grace_ms: 30_000 })), now, unix);
-        assert_eq!(k.kill_ns, Some(105 * s));
+        assert_eq!(k.kill_ns(), Some(105 * s));
+        // A deletion grace longer than the spec's (`kubectl drain --grace-period=600`): the
+        // kubelet waits the deletion's.
+        let mut k = super::KillClock::new(term, &e);
+        k.take(Ok(Some(Termination { deletion_unix_ms: unix + 600_000, grace_ms: 600_000 })), term, unix);
+        assert_eq!(k.kill_ns(), Some(700 * s));
+        // A second, shorter deletion read 300 s on: `deletionTimestamp` keeps the first
+        // request's time (already past), so the drain is due at once, and with a deletion
+        // seen the drain never gives up on the kill.
+        k.take(Ok(Some(Termination { deletion_unix_ms: unix + 60_000, grace_ms: 60_000 })), term + 300 * s, unix + 300_000);
+        assert_eq!(k.kill_ns(), Some(400 * s), "the time it was read");
+        assert!(k.deletion_seen());
         // Without a known grace the file alone decides.
         let mut k = super::KillClock::new(term, &ExitConfig::default());
-        assert_eq!(k.kill_ns, None);
+        assert_eq!(k.kill_ns(), None);
         k.take(Ok(Some(Termination { deletion_unix_ms: unix + 4000, grace_ms: 5000 })), now, unix);
-        assert_eq!(k.kill_ns, Some(105 * s));
+        assert_eq!(k.kill_ns(), Some(105 * s));
     }
 
     use super::*;
@@ -1366,6 +1434,25 @@ mod tests {
             .unwrap();
             libc::sigaction(libc::SIGUSR2, &prev, std::ptr::null_mut());
         }
+    }
+
+    /// A drain's synchronisation enters the creation gate without waiting: refused once a
+    /// release has begun (it would retain a released primary context), and while it is inside
+    /// a release waits for it (`wait_for_creations`) instead of destroying what it syncs.
+    #[test]
+    fn a_synchronisation_is_skipped_after_a_release_and_waited_for_during_one() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        RELEASE.store(IDLE, SeqCst);
+        let before = CREATING.load(SeqCst);
+        let gate = CreationGate::try_enter().expect("no release: entered");
+        assert_eq!(CREATING.load(SeqCst), before + 1, "a release now waits for it");
+        drop(gate);
+        RELEASE.store(RELEASING, SeqCst);
+        assert!(CreationGate::try_enter().is_none(), "refused during a release");
+        assert_eq!(CREATING.load(SeqCst), before);
+        RELEASE.store(RELEASED, SeqCst);
+        assert!(CreationGate::try_enter().is_none(), "refused after it");
+        RELEASE.store(IDLE, SeqCst);
     }
 
     /// The exit path and the signal helper racing: exactly one releases, the other returns

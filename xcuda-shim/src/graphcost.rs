@@ -24,8 +24,9 @@
 //!   new blocks on top (more, never less).
 //! - CUDA forbids using one exec from two threads at once (graph objects are not thread-safe):
 //!   a launch concurrent with a change of its exec pays the old price or the new one. Changes
-//!   are serialised with their records ([`GraphCost::change`]), so two of one exec on two
-//!   threads leave the price of the one the driver applied last.
+//!   and the destruction of an exec are serialised with their records
+//!   ([`GraphCost::changing`]), so two changes of one exec on two threads leave the price of
+//!   the one the driver applied last.
 //! - Not seen: graphs launched from the device (`cudaGraphLaunch` in a kernel) and kernel node
 //!   updates made from the device.
 
@@ -223,14 +224,20 @@ pub struct GraphCost {
     /// top-level node -> its blocks in the exec of the owner word.
     nodes: PtrMap,
     /// Held while the maps change (never on the launch path; freed in a fork child).
-    pub update: crate::spin::SpinLock,
-    /// Held across an exec change's driver call and the record of its new price (the hooks in
-    /// `api`; taken before `update`; freed in a fork child). Two changes of one exec on two
-    /// threads (which CUDA forbids, and a tenant may do anyway) would otherwise record in
-    /// another order than the driver applied them: the exec priced by the smaller grid while
-    /// it runs the bigger one.
-    pub change: crate::spin::SpinLock,
+    update: crate::spin::SpinLock,
+    /// One of these, chosen by the exec's handle ([`GraphCost::changing`]), is held across an
+    /// exec change's driver call and the record of its new price, and across an exec's
+    /// destruction (the hooks in `api`; taken before `update`; freed in a fork child). Two
+    /// changes of one exec on two threads (which CUDA forbids, and a tenant may do anyway)
+    /// would otherwise record in another order than the driver applied them (the exec priced
+    /// by the smaller grid while it runs the bigger one), and a change recorded after the exec
+    /// was destroyed and its handle handed to a new exec would price the new one. Striped, so
+    /// that changes of different execs do not wait for each other's driver calls and walks.
+    change: [crate::spin::SpinLock; CHANGE_STRIPES],
 }
+
+/// Stripes of [`GraphCost::changing`]'s lock.
+const CHANGE_STRIPES: usize = 64;
 
 impl Default for GraphCost {
     fn default() -> Self {
@@ -241,7 +248,7 @@ impl Default for GraphCost {
 impl GraphCost {
     /// Empty maps with room for `execs` execs and `nodes` node records.
     pub fn with_capacity(execs: usize, nodes: usize) -> Self {
-        Self { execs: PtrMap::new(execs), nodes: PtrMap::new(nodes), update: crate::spin::SpinLock::new(), change: crate::spin::SpinLock::new() }
+        Self { execs: PtrMap::new(execs), nodes: PtrMap::new(nodes), update: crate::spin::SpinLock::new(), change: [const { crate::spin::SpinLock::new() }; CHANGE_STRIPES] }
     }
 
     /// Milli-waves a launch of `exec` takes from `t`: its kernels' blocks at `t`'s price per
@@ -297,6 +304,20 @@ impl GraphCost {
                 break;
             }
         }
+    }
+
+    /// The lock that serialises the changes and the destruction of `exec` with their records
+    /// (see the field `change`).
+    pub fn changing(&self, exec: u64) -> crate::spin::SpinGuard<'_> {
+        // Handles are pointers: their low bits are alignment.
+        let i = ((exec >> 4) ^ (exec >> 12)) as usize % CHANGE_STRIPES;
+        self.change[i].lock()
+    }
+
+    /// In a fork child: whoever held a change lock is not there.
+    pub fn reset_after_fork(&self) {
+        self.update.reset_after_fork();
+        self.change.iter().for_each(crate::spin::SpinLock::reset_after_fork);
     }
 
     /// `exec` is about to be destroyed: its price and records go now, before the driver frees

@@ -299,9 +299,6 @@ fn a_drained_trainer_stops_launching_and_resumes_when_no_kill_comes() {
     c.args(["--ignore-sigterm", "--kernel-us", "5000", "--state-mb", "1", "--report-interval", "0.1", "--json"]);
     let mut trainer = host.spawn(&mut c);
     assert!(trainer.wait_for_line("{", T).is_some(), "trainer progress: {}", trainer.stderr());
-    let iterations = |t: &EmuChild| {
-        t.lines("{").iter().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter_map(|v| v["iterations"].as_u64()).max().unwrap_or(0)
-    };
     let wait_log = |t: &EmuChild, what: &str| {
         let end = std::time::Instant::now() + Duration::from_secs(60);
         while !t.stderr().contains(what) {
@@ -324,6 +321,11 @@ fn a_drained_trainer_stops_launching_and_resumes_when_no_kill_comes() {
     }
     trainer.signal(libc::SIGINT);
     assert!(trainer.wait_timeout(T).is_some_and(|s| s.success()), "SIGINT still ends it: {}", trainer.stderr());
+}
+
+/// The most iterations `t` has reported.
+fn iterations(t: &EmuChild) -> u64 {
+    t.lines("{").iter().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).filter_map(|v| v["iterations"].as_u64()).max().unwrap_or(0)
 }
 
 /// A shimmed trainer of a pod whose termination file (`XCUDA_TERMINATION_FILE`, created empty
@@ -388,4 +390,30 @@ fn a_deletion_seen_in_the_termination_file_drains_without_a_sigterm() {
     write_deletion(&file, 3000, 3000);
     let log = drained_then_killed(&mut trainer, "the drain by the deletion alone");
     assert!(log.contains("armed_by=the pod's deletion") || log.contains("armed_by=\"the pod's deletion\""), "armed by the file: {log}");
+}
+
+/// A deletion that gives more time than the pod's spec (`kubectl drain --grace-period=8` of a
+/// pod with a 3 s spec grace): the kubelet kills by the deletion's grace, so the shim drains by
+/// it, not 3 s after the SIGTERM, and once a deletion is recorded it never takes the kill's
+/// lateness for a wrong guess: launches stay stopped past the expected kill and its 10 s.
+/// Before, the spec's earlier kill drained at once and launches resumed 10 s later, before the
+/// kubelet's SIGKILL. Counts and log lines, with seconds of slack on each side.
+#[test]
+fn a_deletion_grace_longer_than_the_specs_is_drained_by_and_never_resumed() {
+    let host = EmuHost::new();
+    let (mut trainer, file) = trainer_with_termination_file(&host, "3000", &["--ignore-sigterm"]);
+    write_deletion(&file, 8000, 8000);
+    trainer.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(4000));
+    assert!(!trainer.stderr().contains("GPU drained"), "drained by the spec's 3 s, not the deletion's 8 s: {}", trainer.stderr());
+    e2e::wait_until("the drain by the deletion", Duration::from_secs(60), || trainer.stderr().contains("GPU drained").then_some(()));
+    let at_drain = iterations(&trainer);
+    // Past the expected kill (8 s) and the 10 s after it that a guess from the spec waits.
+    std::thread::sleep(Duration::from_millis(12_000));
+    let log = trainer.stderr();
+    assert!(!log.contains("launches resume"), "a recorded deletion's kill is certain: {log}");
+    assert!(iterations(&trainer) <= at_drain + 1, "launches stay stopped: {log}");
+    assert!(trainer.alive(), "{log}");
+    trainer.signal(libc::SIGKILL);
+    assert!(trainer.wait_timeout(T).is_some(), "killed");
 }

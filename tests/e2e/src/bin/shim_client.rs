@@ -1209,8 +1209,17 @@ fn main() {
                             let p = spin_node_params(f as CUfunction, blocks, pp as *mut *mut c_void);
                             if r.is_success() { graph_exec_kernel_set(e as CUgraphExec, n as CUgraphNode, &p) } else { r }
                         };
+                        // The second thread starts once the first is about to call (200 ms
+                        // on): the first's change is the one the shim pauses.
+                        let calling = &std::sync::atomic::AtomicBool::new(false);
                         let (a, b) = std::thread::scope(|sc| {
-                            let a = sc.spawn(move || set(small));
+                            let a = sc.spawn(move || {
+                                calling.store(true, std::sync::atomic::Ordering::Release);
+                                set(small)
+                            });
+                            while !calling.load(std::sync::atomic::Ordering::Acquire) {
+                                std::thread::yield_now();
+                            }
                             std::thread::sleep(std::time::Duration::from_millis(200));
                             let b = sc.spawn(move || set(big));
                             (a.join().unwrap(), b.join().unwrap())
