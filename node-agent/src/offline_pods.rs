@@ -127,8 +127,13 @@ pub struct Publisher {
     pub plans_removed: u64,
     /// Pod deletions written into their termination files (changes only).
     pub terminations_written: u64,
+    /// Failed termination file writes (each try).
+    pub termination_errors: u64,
     /// A failed termination file write was said (until one succeeds).
     termination_errors_logged: bool,
+    /// Deletions whose write failed, retried at every check ([`Publisher::refresh`]): a pod
+    /// being deleted may see no further event before its SIGKILL.
+    pending_terminations: BTreeMap<node_ledger::PodUid, (node_ledger::termination::Termination, String)>,
 }
 
 /// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
@@ -198,7 +203,9 @@ impl Publisher {
             plans: Arc::new(crate::plans::PlanStore::open(ledger_dir)),
             plans_removed: 0,
             terminations_written: 0,
+            termination_errors: 0,
             termination_errors_logged: false,
+            pending_terminations: BTreeMap::new(),
         }
     }
 
@@ -256,35 +263,42 @@ impl Publisher {
     /// ([`termination`]), in place, if the file exists (Allocate made it: the pod's containers
     /// run here with it mounted); a pod allocated without one, elsewhere, or not at all gets
     /// none. A later deletion with a shorter grace rewrites it; the same reading is not written
-    /// again. Returns whether the file changed; a failure is counted and said until a write
-    /// succeeds.
+    /// again. Returns whether the file changed; a failure is counted, said until a write
+    /// succeeds, and retried at every check.
     pub fn note_termination(&mut self, pod: &Pod) -> bool {
         if !crate::evict::asks_for(pod, &self.resource) {
             return false;
         }
         let Some(t) = termination(pod) else { return false };
         let Some(uid) = pod.metadata.uid.as_deref().and_then(node_ledger::PodUid::parse) else { return false };
-        let path = node_ledger::termination::termination_path(&self.ledger_dir, uid);
         let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""));
+        self.write_termination(uid, t, format!("{ns}/{name}"))
+    }
+
+    /// Writes deletion `t` of pod `uid` (`who`: namespace/name, for the log); see
+    /// [`Publisher::note_termination`].
+    fn write_termination(&mut self, uid: node_ledger::PodUid, t: node_ledger::termination::Termination, who: String) -> bool {
+        let path = node_ledger::termination::termination_path(&self.ledger_dir, uid);
         match node_ledger::termination::write(&path, &t) {
             Ok(changed) => {
+                self.pending_terminations.remove(&uid);
                 if std::mem::take(&mut self.termination_errors_logged) {
                     tracing::info!(path = %path.display(), "termination files are written again");
                 }
                 if changed {
                     self.terminations_written += 1;
-                    let at = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
-                    tracing::info!(pod = %format!("{ns}/{name}"), grace_ms = t.grace_ms, deletion = %at, path = %path.display(),
+                    tracing::info!(pod = %who, grace_ms = t.grace_ms, deletion_unix_ms = t.deletion_unix_ms, path = %path.display(),
                         "the pod's deletion written for its offline processes (the shim drains before the SIGKILL)");
                 }
                 changed
             }
             Err(e) => {
-                self.errors += 1;
+                self.termination_errors += 1;
                 if !std::mem::replace(&mut self.termination_errors_logged, true) {
-                    tracing::warn!(pod = %format!("{ns}/{name}"), path = %path.display(), error = %e,
-                        "cannot write the pod's deletion into its termination file: its shim drains by the pod's spec grace only");
+                    tracing::warn!(pod = %who, path = %path.display(), error = %e,
+                        "cannot write the pod's deletion into its termination file (retried at every check): meanwhile its shim drains by the pod's spec grace only");
                 }
+                self.pending_terminations.insert(uid, (t, who));
                 false
             }
         }
@@ -296,9 +310,12 @@ impl Publisher {
         self.failed(&format!("watching the pods on this node: {error}"));
     }
 
-    /// The periodic check: writes the list again if the file was removed (one `stat`); nothing
-    /// before the first list.
+    /// The periodic check: writes again the termination files whose write failed, and the list
+    /// if its file was removed (one `stat`; nothing before the first list).
     pub fn refresh(&mut self) -> bool {
+        for (uid, (t, who)) in std::mem::take(&mut self.pending_terminations) {
+            self.write_termination(uid, t, who);
+        }
         if self.synced {
             // The pods of a complete list only: a pod missed while the watch was down would
             // lose its ledger under its running processes (they keep it: checked there too).
@@ -352,7 +369,7 @@ impl Publisher {
             "# HELP xshare_node_agent_offline_pods Offline pods in the list the monitors read\n\
              # TYPE xshare_node_agent_offline_pods gauge\n\
              xshare_node_agent_offline_pods{{node=\"{n}\"}} {pods}\n\
-             # HELP xshare_node_agent_offline_pod_list_errors_total Failed refreshes of the offline pod list (pod watch or write) and failed termination file writes\n\
+             # HELP xshare_node_agent_offline_pod_list_errors_total Failed refreshes of the offline pod list (pod watch or write)\n\
              # TYPE xshare_node_agent_offline_pod_list_errors_total counter\n\
              xshare_node_agent_offline_pod_list_errors_total{{node=\"{n}\"}} {e}\n\
              # HELP xshare_node_agent_offline_pod_lists_total Lists of this node's pods the watch made (the first and every relist)\n\
@@ -363,7 +380,11 @@ impl Publisher {
              xshare_node_agent_pod_ledgers_removed_total{{node=\"{n}\"}} {r}\n\
              # HELP xshare_node_agent_pod_terminations_written_total Offline pods' deletions written into their termination files (for the shim's drain)\n\
              # TYPE xshare_node_agent_pod_terminations_written_total counter\n\
-             xshare_node_agent_pod_terminations_written_total{{node=\"{n}\"}} {t}\n",
+             xshare_node_agent_pod_terminations_written_total{{node=\"{n}\"}} {t}\n\
+             # HELP xshare_node_agent_pod_termination_write_errors_total Failed writes of an offline pod's deletion into its termination file (each retried at every check)\n\
+             # TYPE xshare_node_agent_pod_termination_write_errors_total counter\n\
+             xshare_node_agent_pod_termination_write_errors_total{{node=\"{n}\"}} {te}\n",
+            te = self.termination_errors,
             n = self.node,
             e = self.errors,
             l = self.lists,
@@ -577,13 +598,23 @@ mod tests {
     /// A termination file that cannot be written (here a directory in its place) is counted
     /// as an error, and the watch goes on.
     #[test]
-    fn a_termination_file_that_cannot_be_written_is_counted() {
+    fn a_termination_file_that_cannot_be_written_is_counted_and_retried_at_the_next_check() {
         let d = tempfile::tempdir().unwrap();
         let u = "0000000a-0000-4000-8000-000000000000";
         std::fs::create_dir_all(node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap())).unwrap();
         let mut p = Publisher::new("n1", RES, d.path());
         p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5))));
         p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5))));
-        assert_eq!((p.terminations_written, p.errors), (0, 2));
+        assert_eq!((p.terminations_written, p.termination_errors, p.errors), (0, 2, 0), "counted apart from the list's errors");
+        assert!(p.metrics().contains("xshare_node_agent_pod_termination_write_errors_total{node=\"n1\"} 2"), "{}", p.metrics());
+        // The cause goes; no further event comes for the pod: the next check writes it.
+        let path = node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap());
+        std::fs::remove_dir(&path).unwrap();
+        node_ledger::termination::create(&path).unwrap();
+        p.refresh();
+        assert_eq!(p.terminations_written, 1, "written at the check");
+        assert_eq!(node_ledger::termination::read(&path).unwrap().map(|t| t.grace_ms), Some(5000));
+        p.refresh();
+        assert_eq!((p.terminations_written, p.termination_errors), (1, 2), "nothing left to retry");
     }
 }
