@@ -129,10 +129,9 @@ pub struct Publisher {
     pub terminations_written: u64,
     /// Failed termination file writes (each try).
     pub termination_errors: u64,
-    /// A failed termination file write was said (until one succeeds).
-    termination_errors_logged: bool,
-    /// Deletions whose write failed, retried at every check ([`Publisher::refresh`]): a pod
-    /// being deleted may see no further event before its SIGKILL.
+    /// Deletions whose write failed, retried every [`TERMINATION_RETRY`] and at every check
+    /// ([`Publisher::retry_terminations`]): a pod being deleted may see no further event before
+    /// its SIGKILL. Each pod's failure is said when it enters, its recovery when it leaves.
     pending_terminations: BTreeMap<node_ledger::PodUid, (node_ledger::termination::Termination, String)>,
 }
 
@@ -204,7 +203,6 @@ impl Publisher {
             plans_removed: 0,
             terminations_written: 0,
             termination_errors: 0,
-            termination_errors_logged: false,
             pending_terminations: BTreeMap::new(),
         }
     }
@@ -253,6 +251,10 @@ impl Publisher {
             watcher::Event::Delete(p) => {
                 if let Some(uid) = p.metadata.uid.as_deref() {
                     self.pods.remove(uid);
+                    // Gone: its containers are, too.
+                    if let Some(u) = node_ledger::PodUid::parse(uid) {
+                        self.pending_terminations.remove(&u);
+                    }
                 }
                 self.synced && self.publish()
             }
@@ -281,9 +283,8 @@ impl Publisher {
         let path = node_ledger::termination::termination_path(&self.ledger_dir, uid);
         match node_ledger::termination::write(&path, &t) {
             Ok(changed) => {
-                self.pending_terminations.remove(&uid);
-                if std::mem::take(&mut self.termination_errors_logged) {
-                    tracing::info!(path = %path.display(), "termination files are written again");
+                if self.pending_terminations.remove(&uid).is_some() {
+                    tracing::info!(pod = %who, path = %path.display(), "the pod's termination file is written again");
                 }
                 if changed {
                     self.terminations_written += 1;
@@ -294,14 +295,23 @@ impl Publisher {
             }
             Err(e) => {
                 self.termination_errors += 1;
-                if !std::mem::replace(&mut self.termination_errors_logged, true) {
+                if !self.pending_terminations.contains_key(&uid) {
                     tracing::warn!(pod = %who, path = %path.display(), error = %e,
-                        "cannot write the pod's deletion into its termination file (retried at every check): meanwhile its shim drains by the pod's spec grace only");
+                        "cannot write the pod's deletion into its termination file (retried): meanwhile its shim drains by the pod's spec grace only");
                 }
                 self.pending_terminations.insert(uid, (t, who));
                 false
             }
         }
+    }
+
+    /// Writes again the deletions whose write failed; returns whether any is still pending.
+    pub fn retry_terminations(&mut self) -> bool {
+        let pending: Vec<_> = self.pending_terminations.iter().map(|(u, (t, w))| (*u, *t, w.clone())).collect();
+        for (uid, t, who) in pending {
+            self.write_termination(uid, t, who);
+        }
+        !self.pending_terminations.is_empty()
     }
 
     /// A watch error (the watch goes on by itself): counted and said once; the monitors keep
@@ -310,12 +320,12 @@ impl Publisher {
         self.failed(&format!("watching the pods on this node: {error}"));
     }
 
-    /// The periodic check: writes again the termination files whose write failed, and the list
-    /// if its file was removed (one `stat`; nothing before the first list).
+    /// The periodic check: writes again the termination files whose write failed
+    /// ([`Publisher::retry_terminations`], also every [`TERMINATION_RETRY`] while any is
+    /// pending), and the list if its file was removed (one `stat`; nothing before the first
+    /// list).
     pub fn refresh(&mut self) -> bool {
-        for (uid, (t, who)) in std::mem::take(&mut self.pending_terminations) {
-            self.write_termination(uid, t, who);
-        }
+        self.retry_terminations();
         if self.synced {
             // The pods of a complete list only: a pod missed while the watch was down would
             // lose its ledger under its running processes (they keep it: checked there too).
@@ -394,6 +404,10 @@ impl Publisher {
     }
 }
 
+/// How often a failed termination file write is tried again (a pod's deletion matters within
+/// its grace, seconds; the list's check is slower).
+pub const TERMINATION_RETRY: Duration = Duration::from_millis(250);
+
 /// Seconds the API server keeps one watch request open (it ends it then; the watch resumes
 /// from its last version).
 pub const WATCH_TIMEOUT_S: u32 = 290;
@@ -438,9 +452,20 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
             render(&p);
         }
     };
+    let retries = async {
+        loop {
+            tokio::time::sleep(TERMINATION_RETRY).await;
+            let mut p = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !p.pending_terminations.is_empty() {
+                p.retry_terminations();
+                render(&p);
+            }
+        }
+    };
     tokio::select! {
         _ = watch => {}
         _ = checks => {}
+        _ = retries => {}
         _ = stop.changed() => {}
     }
 }
@@ -598,7 +623,7 @@ mod tests {
     /// A termination file that cannot be written (here a directory in its place) is counted
     /// as an error, and the watch goes on.
     #[test]
-    fn a_termination_file_that_cannot_be_written_is_counted_and_retried_at_the_next_check() {
+    fn a_termination_file_that_cannot_be_written_is_counted_and_retried() {
         let d = tempfile::tempdir().unwrap();
         let u = "0000000a-0000-4000-8000-000000000000";
         std::fs::create_dir_all(node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap())).unwrap();
@@ -611,10 +636,17 @@ mod tests {
         let path = node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap());
         std::fs::remove_dir(&path).unwrap();
         node_ledger::termination::create(&path).unwrap();
-        p.refresh();
-        assert_eq!(p.terminations_written, 1, "written at the check");
+        assert!(!p.retry_terminations(), "written at the retry");
+        assert_eq!(p.terminations_written, 1);
         assert_eq!(node_ledger::termination::read(&path).unwrap().map(|t| t.grace_ms), Some(5000));
         p.refresh();
         assert_eq!((p.terminations_written, p.termination_errors), (1, 2), "nothing left to retry");
+        // A pod whose write keeps failing leaves the retries when it is gone.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:04Z"), Some(4))));
+        assert!(p.retry_terminations(), "still failing");
+        p.apply(&watcher::Event::Delete(deleted_pod(u, Some("2026-11-30T10:00:04Z"), Some(4))));
+        assert!(!p.retry_terminations(), "the pod is gone");
     }
 }

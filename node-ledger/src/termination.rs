@@ -92,21 +92,21 @@ impl Termination {
         }
     }
 
-    /// When the kubelet's SIGKILL is due (monotonic ns) by this reading, seen at monotonic
+    /// When the kubelet's SIGKILL is due (monotonic ns) by this reading, made at monotonic
     /// `seen_ns` = `seen_unix_ms` on the wall clock, for a process whose grace runs from
     /// monotonic `from_ns` (its SIGTERM, or when it first saw a deletion): the kubelet kills by
     /// the deletion's grace whatever the pod's spec says (`deletionGracePeriodSeconds` comes
-    /// first in its choice), counted from when it saw the deletion, about when this reading was
-    /// made (a `preStop` hook spends part of it before the SIGTERM); the deletion's end on this
-    /// clock when that comes first (this reading made late); never before `from_ns` plus
+    /// first in its choice), counted from when it saw the deletion, at or before its SIGTERM (a
+    /// `preStop` hook spends part of the grace before the SIGTERM): so the grace from `from_ns`,
+    /// or the deletion's end on this clock when that comes first; never before `from_ns` plus
     /// [`KUBELET_MIN_GRACE_MS`]. A second, shorter deletion keeps the first request's time in
-    /// `deletionTimestamp` while the kubelet counts the new grace from when it sees it: its
-    /// end on the clock may be past, and the kill comes later than it says. A reader that
-    /// drains by the earliest reading must therefore not take a kill that did not come by then
-    /// for a wrong guess: with a deletion recorded, the kill is certain.
+    /// `deletionTimestamp` while the kubelet counts the new grace from when it sees it: both
+    /// readings then say earlier than the kill comes. A reader that drains by the earliest
+    /// reading must therefore not take a kill that did not come by then for a wrong guess:
+    /// with a deletion recorded, the kill is certain.
     pub fn kill_ns(&self, seen_ns: u64, seen_unix_ms: u64, from_ns: u64) -> u64 {
         let ms = |v: u64| v.saturating_mul(1_000_000);
-        let by_grace = seen_ns.saturating_add(ms(self.grace_ms));
+        let by_grace = from_ns.saturating_add(ms(self.grace_ms));
         let by_clock = seen_ns.saturating_add(ms(self.deletion_unix_ms.saturating_sub(seen_unix_ms)));
         by_grace.min(by_clock).max(from_ns.saturating_add(ms(KUBELET_MIN_GRACE_MS)))
     }
@@ -117,21 +117,30 @@ impl Termination {
 pub fn create(path: &Path) -> io::Result<()> {
     // Never through a link, and only a regular file: the creator is root.
     let f = OpenOptions::new().write(true).create(true).truncate(false).mode(FILE_MODE).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a regular file", path.display())));
-    }
+    regular(&f, path)?;
     f.set_permissions(Permissions::from_mode(FILE_MODE))
+}
+
+/// An error unless `f` (opened at `path` without blocking) is a regular file: a FIFO or a
+/// device there would block its reader.
+fn regular(f: &File, path: &Path) -> io::Result<()> {
+    if f.metadata()?.is_file() {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a regular file", path.display())))
+    }
 }
 
 /// Writes `t` into the existing file at `path`, in place; returns whether it changed. A file
 /// that does not exist is left so (the pod was allocated by a node-agent that made none, or
 /// elsewhere: no container reads one).
 pub fn write(path: &Path, t: &Termination) -> io::Result<bool> {
-    let mut f = match OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW).open(path) {
+    let mut f = match OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
     };
+    regular(&f, path)?;
     let text = t.render();
     let mut old = String::new();
     let _ = (&f).take(MAX_LEN).read_to_string(&mut old);
@@ -150,11 +159,12 @@ pub fn write(path: &Path, t: &Termination) -> io::Result<bool> {
 /// prefix of the new text between two readings, never old and new digits mixed: a reader keeps
 /// its last reading over an empty one (the shim's only ever moves the kill earlier).
 pub fn read(path: &Path) -> Result<Option<Termination>, String> {
-    let f = match File::open(path) {
+    let f = match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
+    regular(&f, path).map_err(|e| e.to_string())?;
     let mut text = String::new();
     f.take(MAX_LEN).read_to_string(&mut text).map_err(|e| format!("{}: {e}", path.display()))?;
     if text.is_empty() {
@@ -187,18 +197,19 @@ mod tests {
         }
     }
 
-    /// The SIGKILL's time is the deletion's grace from when it was seen, or its end on the
-    /// clock when that comes first, never before the kubelet's 2 s floor.
+    /// The SIGKILL's time is the deletion's grace from the SIGTERM, or its end on the clock
+    /// when that comes first, never before the kubelet's 2 s floor.
     #[test]
     fn the_kill_is_the_deletions_and_never_inside_the_kubelets_floor() {
         let s = 1_000_000_000u64;
         let (from, seen, seen_unix) = (100 * s, 101 * s, 1_796_012_341_000u64);
-        // Read a second after the SIGTERM: its grace from then (106 s) against its end on the
-        // wall clock (4 s after the reading: 105 s).
+        // Read a second after the SIGTERM: its grace from the SIGTERM (105 s), its end on the
+        // wall clock 4 s after the reading (105 s).
         assert_eq!(T.kill_ns(seen, seen_unix, from), 105 * s);
-        // The API server's clock behind the node's (its end 7 s after the reading): the grace
-        // from the reading decides.
-        assert_eq!(T.kill_ns(seen, seen_unix - 3000, from), 106 * s);
+        // Read late (node-agent's watch lagged 4 s): still the grace from the SIGTERM.
+        assert_eq!(T.kill_ns(105 * s, seen_unix + 4000, from), 105 * s);
+        // The API server's clock behind the node's (its end 7 s after the reading): the grace.
+        assert_eq!(T.kill_ns(seen, seen_unix - 3000, from), 105 * s);
         // A preStop hook spent part of the grace before the SIGTERM (read 1.5 s into it).
         assert_eq!(T.kill_ns(seen, seen_unix + 1500, from), 103 * s + s / 2);
         // A deadline already past (a second, shorter deletion), or a grace of 0: the floor.
@@ -234,6 +245,12 @@ mod tests {
         std::os::unix::fs::symlink(d.path().join("elsewhere"), &link).unwrap();
         assert!(create(&link).is_err() && !d.path().join("elsewhere").exists());
         assert!(create(d.path()).is_err(), "a directory");
+        // A FIFO in its place: refused at once, never a blocked reader or writer.
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path of this test's own directory.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        assert!(read(&fifo).is_err() && write(&fifo, &T).is_err());
         std::fs::write(&p, "xshare-termination 1\ndeletion_unix_ms 1\n").unwrap();
         assert!(read(&p).unwrap_err().contains(FILE_NAME));
     }

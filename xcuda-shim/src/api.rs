@@ -1070,6 +1070,10 @@ fn instantiated(graph: CUgraph, exec: *mut CUgraphExec) -> CUresult {
     let st = state();
     let e: CUgraphExec = out!(exec);
     let devices = st.gpus.len();
+    // A handle the driver just freed in another thread's cuGraphExecDestroy: that thread holds
+    // the handle's lock until it has forgotten the old exec's records, so they go before these
+    // are made, never after.
+    let _held = st.graph_cost.changing(e as u64);
     if st.graph_mem.instantiated(graph as u64, e as u64, devices) {
         if st.graph_cost.instantiated(e as u64, graph as u64, &crate::graphcost::Driver) {
             return CUresult::CUDA_SUCCESS;
@@ -1277,7 +1281,8 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard(|| {
         let destroy = real!(cuGraphExecDestroy: PFN_cuGraphExecDestroy_v10000);
         let st = state();
-        // Until the driver has freed the handle: a change of it in flight records first.
+        // Until the driver has freed the handle and its records are gone: a change of it in
+        // flight records first, and an instantiation that gets the handle back records after.
         let _held = st.graph_cost.changing(exec as u64);
         let taken = st.graph_cost.destroying(exec as u64);
         // SAFETY: forwarding the caller's argument.

@@ -410,9 +410,18 @@ pub fn watch_termination_file() {
     if e.drain_before_kill_ms == 0 || !std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
         return;
     }
-    // A write in progress is read again at the next housekeeping.
-    if !matches!(node_ledger::termination::read(path), Ok(Some(_))) {
-        return;
+    // A write in progress is read again at the next housekeeping; a file that never reads is
+    // said once.
+    match node_ledger::termination::read(path) {
+        Ok(Some(_)) => {}
+        Ok(None) => return,
+        Err(err) => {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Relaxed) {
+                tracing::warn!("xcuda: the pod's termination file does not read (read again every 250 ms; until it does, only a SIGTERM arms the drain): {err}");
+            }
+            return;
+        }
     }
     start_drain_thread(node_ledger::clock::now_ns(), "the pod's deletion");
 }
@@ -548,9 +557,8 @@ fn drain_thread(term_ns: u64) {
             Some(k) if file.is_none() => sleep_until_ns(drain_at(term_ns, k, e)),
             Some(k) => sleep_until_ns(drain_at(term_ns, k, e).min(now.saturating_add(poll_ns))),
             None if now.saturating_sub(term_ns) > TERMINATION_WAIT_MS * 1_000_000 => {
-                // Nothing came: a later SIGTERM arms again, from its own time.
-                let _ = SIGTERM_AT_NS.compare_exchange(term_ns, 0, AcqRel, Acquire);
-                DRAIN_ARMED.store(false, Release);
+                // Nothing came.
+                disarm(term_ns);
                 return;
             }
             None => sleep_until_ns(now.saturating_add(poll_ns)),
@@ -588,6 +596,15 @@ fn drain_thread(term_ns: u64) {
     }
     st.throttles().for_each(|t| t.unfreeze());
     tracing::warn!(waited_ms = RESUME_AFTER_KILL_MS, "xcuda: the expected SIGKILL did not come: launches resume (the SIGTERM was not the kubelet's, or its grace was longer than XCUDA_KILL_GRACE_MS)");
+    disarm(term_ns);
+}
+
+/// The drain armed at `term_ns` is over without a kill: the next SIGTERM arms it again from its
+/// own time, and the housekeeping on a deletion in the termination file (one written while
+/// this drain ended included).
+fn disarm(term_ns: u64) {
+    let _ = SIGTERM_AT_NS.compare_exchange(term_ns, 0, AcqRel, Acquire);
+    DRAIN_ARMED.store(false, Release);
 }
 
 /// Synchronises every context of `st` (at most `exit.release_timeout_ms`) unless a release has
@@ -1328,7 +1345,7 @@ mod tests {
         // request's time (already past), so the drain is due at once, and with a deletion
         // seen the drain never gives up on the kill.
         k.take(Ok(Some(Termination { deletion_unix_ms: unix + 60_000, grace_ms: 60_000 })), term + 300 * s, unix + 300_000);
-        assert_eq!(k.kill_ns(), Some(400 * s), "the time it was read");
+        assert_eq!(k.kill_ns(), Some(160 * s), "past when it was read");
         assert!(k.deletion_seen());
         // Without a known grace the file alone decides.
         let mut k = super::KillClock::new(term, &ExitConfig::default());

@@ -290,37 +290,39 @@ fn an_exit_racing_the_signal_helper_still_ends_by_the_signal() {
 /// trainer that ignores SIGTERM, told a 1.5 s grace with a 1 s margin (`XCUDA_KILL_GRACE_MS`,
 /// `XCUDA_DRAIN_BEFORE_KILL_MS`), stops launching once drained (at most the iteration in
 /// flight then completes), and 10 s after the kill it expected resumes (the SIGTERM was not the
-/// kubelet's). Counts of iterations, never times: the freeze holds however slow the machine.
+/// kubelet's). Then the pod is deleted for real: the drain arms again (it stayed armed after
+/// the resume, and the deletion was ignored: a mid-kernel SIGKILL). Counts of iterations and
+/// log lines, never times: the freeze holds however slow the machine.
 #[test]
 fn a_drained_trainer_stops_launching_and_resumes_when_no_kill_comes() {
     let host = EmuHost::new();
-    let mut c = limited(&host, "offline", 1 << 30, "trainer");
-    c.env("XCUDA_KILL_GRACE_MS", "1500").env("XCUDA_DRAIN_BEFORE_KILL_MS", "1000");
-    c.args(["--ignore-sigterm", "--kernel-us", "5000", "--state-mb", "1", "--report-interval", "0.1", "--json"]);
-    let mut trainer = host.spawn(&mut c);
-    assert!(trainer.wait_for_line("{", T).is_some(), "trainer progress: {}", trainer.stderr());
-    let wait_log = |t: &EmuChild, what: &str| {
+    let (mut trainer, file) = trainer_with_termination_file(&host, "1500", &["--ignore-sigterm"]);
+    let wait_log = |t: &EmuChild, what: &str, n: usize| {
         let end = std::time::Instant::now() + Duration::from_secs(60);
-        while !t.stderr().contains(what) {
-            assert!(std::time::Instant::now() < end, "no `{what}` in the shim's log: {}", t.stderr());
+        while t.stderr().matches(what).count() < n {
+            assert!(std::time::Instant::now() < end, "no {n} `{what}` in the shim's log: {}", t.stderr());
             std::thread::sleep(Duration::from_millis(50));
         }
     };
     trainer.signal(libc::SIGTERM);
-    wait_log(&trainer, "GPU drained");
+    wait_log(&trainer, "GPU drained", 1);
     let at_drain = iterations(&trainer);
     std::thread::sleep(Duration::from_millis(1500));
     let later = iterations(&trainer);
     assert!(trainer.alive(), "SIGTERM ignored: {}", trainer.stderr());
     assert!(later <= at_drain + 1, "launches stopped once drained: {at_drain} -> {later} iterations");
-    wait_log(&trainer, "the expected SIGKILL did not come: launches resume");
+    wait_log(&trainer, "the expected SIGKILL did not come: launches resume", 1);
     let end = std::time::Instant::now() + Duration::from_secs(60);
     while iterations(&trainer) <= later + 1 {
         assert!(std::time::Instant::now() < end, "iterations again after the resume: {}", trainer.stderr());
         std::thread::sleep(Duration::from_millis(50));
     }
-    trainer.signal(libc::SIGINT);
-    assert!(trainer.wait_timeout(T).is_some_and(|s| s.success()), "SIGINT still ends it: {}", trainer.stderr());
+    // The kubelet's deletion, later: drained again, by it.
+    write_deletion(&file, 3000, 3000);
+    wait_log(&trainer, "GPU drained", 2);
+    assert!(trainer.alive(), "{}", trainer.stderr());
+    trainer.signal(libc::SIGKILL);
+    assert!(trainer.wait_timeout(T).is_some(), "killed");
 }
 
 /// The most iterations `t` has reported.
