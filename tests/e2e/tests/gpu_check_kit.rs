@@ -122,18 +122,17 @@ fn the_recovery_check_with_sigterm_first_and_no_shim_tells_a_torn_down_online_cl
 /// showing the SIGTERM and the kernels running on).
 #[test]
 fn the_recovery_check_with_sigterm_first_passes_under_the_shim() {
-    let (ok, out) = kit_with(
-        "t4",
-        &["--only", "recovery"],
-        &[
-            ("GPUEMU_MPS_KILL", "teardown"),
-            ("GPU_CHECK_RECOVERY_SIGTERM_FIRST", "3000"),
-        ],
-    );
+    recovery_passes_under_the_shim(("GPU_CHECK_RECOVERY_SIGTERM_FIRST", "3000"), "SIGTERM, then SIGKILL after 3000 ms");
+}
+
+/// The recovery check on the emulated T4 in MPS's teardown mode, the offline client ended the
+/// way `how` (a kit knob) says: PASS, its row saying `what`.
+fn recovery_passes_under_the_shim(how: (&str, &str), what: &str) {
+    let (ok, out) = kit_with("t4", &["--only", "recovery"], &[("GPUEMU_MPS_KILL", "teardown"), how]);
     let table = table_of(&out);
     assert!(ok, "{out}");
     assert_eq!(row(table, "recovery")[1], "PASS", "{table}");
-    assert!(table.contains("SIGTERM, then SIGKILL after 3000 ms"), "{table}");
+    assert!(table.contains(what), "{table}");
 }
 
 /// A process that no SIGTERM reaches (its PID 1 keeps it): the kit writes the pod's deletion
@@ -144,18 +143,7 @@ fn the_recovery_check_with_sigterm_first_passes_under_the_shim() {
 /// in the test above).
 #[test]
 fn the_recovery_check_by_deletion_alone_passes_under_the_shim() {
-    let (ok, out) = kit_with(
-        "t4",
-        &["--only", "recovery"],
-        &[
-            ("GPUEMU_MPS_KILL", "teardown"),
-            ("GPU_CHECK_RECOVERY_DELETION", "3000"),
-        ],
-    );
-    let table = table_of(&out);
-    assert!(ok, "{out}");
-    assert_eq!(row(table, "recovery")[1], "PASS", "{table}");
-    assert!(table.contains("no SIGTERM: the pod's deletion written, then SIGKILL after 3000 ms"), "{table}");
+    recovery_passes_under_the_shim(("GPU_CHECK_RECOVERY_DELETION", "3000"), "no SIGTERM: the pod's deletion written, then SIGKILL after 3000 ms");
 }
 
 /// A misspelled `--only` name stops the kit before it starts anything (it used to print an

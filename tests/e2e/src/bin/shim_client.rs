@@ -415,6 +415,29 @@ fn main() {
                 Held::Mip(m) => mip_destroy(m),
             }
         };
+        // A graph of NODES kernel nodes (`p` each), one after another, instantiated: the first
+        // failure (or success), the nodes, the exec.
+        let spin_chain = |nodes: usize, p: &CUDA_KERNEL_NODE_PARAMS| -> (CUresult, Vec<CUgraphNode>, CUgraphExec) {
+            let mut g: CUgraph = std::ptr::null_mut();
+            let mut r = graph_create(&mut g, 0);
+            let mut handles: Vec<CUgraphNode> = Vec::new();
+            let mut prev: CUgraphNode = std::ptr::null_mut();
+            for _ in 0..nodes {
+                if !r.is_success() {
+                    break;
+                }
+                let mut node: CUgraphNode = std::ptr::null_mut();
+                let deps = if prev.is_null() { 0 } else { 1 };
+                r = graph_add_kernel(&mut node, g, &prev, deps, p);
+                handles.push(node);
+                prev = node;
+            }
+            let mut exec: CUgraphExec = std::ptr::null_mut();
+            if r.is_success() {
+                r = graph_instantiate(&mut exec, g, 0);
+            }
+            (r, handles, exec)
+        };
         while i < args.len() {
             let step = args[i].clone();
             match step.as_str() {
@@ -1018,16 +1041,7 @@ fn main() {
                     // `launchgraph`: one graph holding one spin kernel node, launched COUNT times.
                     let mut exec: CUgraphExec = std::ptr::null_mut();
                     if step == "launchgraph" {
-                        let mut g: CUgraph = std::ptr::null_mut();
-                        r = graph_create(&mut g, 0);
-                        let node_params = spin_node_params(spin_fn, blocks, params.as_mut_ptr());
-                        let mut node: CUgraphNode = std::ptr::null_mut();
-                        if r.is_success() {
-                            r = graph_add_kernel(&mut node, g, std::ptr::null(), 0, &node_params);
-                        }
-                        if r.is_success() {
-                            r = graph_instantiate(&mut exec, g, 0);
-                        }
+                        (r, _, exec) = spin_chain(1, &spin_node_params(spin_fn, blocks, params.as_mut_ptr()));
                         if !r.is_success() {
                             die(&format!("graph build {r}"));
                         }
@@ -1134,25 +1148,7 @@ fn main() {
                         spin_fn = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
                     }
                     let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
-                    let mut g: CUgraph = std::ptr::null_mut();
-                    let mut r = graph_create(&mut g, 0);
-                    let mut handles: Vec<CUgraphNode> = Vec::new();
-                    let node_params = spin_node_params(spin_fn, blocks, params.as_mut_ptr());
-                    let mut prev: CUgraphNode = std::ptr::null_mut();
-                    for _ in 0..nodes {
-                        if !r.is_success() {
-                            break;
-                        }
-                        let mut node: CUgraphNode = std::ptr::null_mut();
-                        let deps = if prev.is_null() { 0 } else { 1 };
-                        r = graph_add_kernel(&mut node, g, &prev, deps, &node_params);
-                        handles.push(node);
-                        prev = node;
-                    }
-                    let mut exec: CUgraphExec = std::ptr::null_mut();
-                    if r.is_success() {
-                        r = graph_instantiate(&mut exec, g, 0);
-                    }
+                    let (mut r, handles, exec) = spin_chain(nodes, &spin_node_params(spin_fn, blocks, params.as_mut_ptr()));
                     for _ in 0..count {
                         if r.is_success() {
                             r = graph_launch(exec, stream);
@@ -1190,18 +1186,9 @@ fn main() {
                         spin_fn = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
                     }
                     let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
-                    let mut g: CUgraph = std::ptr::null_mut();
-                    let mut r = graph_create(&mut g, 0);
-                    let mut node: CUgraphNode = std::ptr::null_mut();
+                    let (mut r, nodes, exec) = spin_chain(1, &spin_node_params(spin_fn, small, params.as_mut_ptr()));
                     if r.is_success() {
-                        r = graph_add_kernel(&mut node, g, std::ptr::null(), 0, &spin_node_params(spin_fn, small, params.as_mut_ptr()));
-                    }
-                    let mut exec: CUgraphExec = std::ptr::null_mut();
-                    if r.is_success() {
-                        r = graph_instantiate(&mut exec, g, 0);
-                    }
-                    if r.is_success() {
-                        let (c, e, n, f, pp) = (ctx as usize, exec as usize, node as usize, spin_fn as usize, params.as_mut_ptr() as usize);
+                        let (c, e, n, f, pp) = (ctx as usize, exec as usize, nodes[0] as usize, spin_fn as usize, params.as_mut_ptr() as usize);
                         let set = move |blocks: c_uint| {
                             // (Inside the unsafe block above; the handles are this process's, the
                             // parameters outlive both threads: scoped.)
