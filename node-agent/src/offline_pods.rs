@@ -21,7 +21,9 @@
 //! deletion's time and grace are written into the pod's termination file
 //! (`node_ledger::termination`, made and mounted read-only by Allocate), which the shim reads
 //! after its SIGTERM to drain the GPU before a SIGKILL that a shortened grace or a `preStop` hook
-//! brings early ([`termination`]).
+//! brings early ([`termination`]). So is a termination the kubelet begins on its own, with no
+//! deletion (node-pressure eviction, graceful node shutdown), which only the pod's status shows
+//! ([`kubelet_termination`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -75,6 +77,43 @@ pub fn termination(pod: &Pod) -> Option<node_ledger::termination::Termination> {
         None => crate::allocate::kill_grace_ms(pod),
     };
     Some(node_ledger::termination::Termination { deletion_unix_ms: u64::try_from(at.0.as_millisecond()).unwrap_or(0), grace_ms })
+}
+
+/// A termination the kubelet began on its own, as the pod's status says it: node-pressure
+/// eviction (`status.reason` `Evicted`, and since Kubernetes 1.26 a `DisruptionTarget`
+/// condition with reason `TerminationByKubelet`), graceful node shutdown and the kubelet's
+/// preemption for a critical pod (the same condition). No deletion comes first: the kubelet
+/// kills by its own grace (a hard eviction threshold: at once, which its 2 s minimum makes 2 s;
+/// a soft one: `evictionMaxPodGracePeriod`; a shutdown: its `shutdownGracePeriod` share), which
+/// the API never shows, so the operator says the shortest this node's kubelet gives:
+/// `grace_cap_ms` (`offline_pods.kubelet_termination_grace_ms`, default 0: drain at once).
+/// Returns when it began (the condition's `lastTransitionTime`, ms since the epoch, at second
+/// precision so never later than it was; `None` when the status carries no time) and its
+/// grace, the shorter of the pod's spec grace and `grace_cap_ms`. `None` when the kubelet is
+/// not terminating the pod, or when every container already ended (nothing left to warn: a
+/// relist of a pod evicted long ago writes nothing).
+pub fn kubelet_termination(pod: &Pod, grace_cap_ms: u64) -> Option<(Option<u64>, u64)> {
+    let status = pod.status.as_ref()?;
+    let condition = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "DisruptionTarget" && c.status == "True" && c.reason.as_deref() == Some("TerminationByKubelet")
+    });
+    if condition.is_none() && status.reason.as_deref() != Some("Evicted") {
+        return None;
+    }
+    let statuses: Vec<_> = status.container_statuses.iter().flatten().collect();
+    if !statuses.is_empty() && statuses.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some())) {
+        return None;
+    }
+    let since = condition.and_then(|c| c.last_transition_time.as_ref()).map(|t| u64::try_from(t.0.as_millisecond()).unwrap_or(0));
+    Some((since, crate::allocate::kill_grace_ms(pod).min(grace_cap_ms)))
+}
+
+/// The earlier-ending of two terminations (by when their graces end).
+fn earliest(a: Option<node_ledger::termination::Termination>, b: Option<node_ledger::termination::Termination>) -> Option<node_ledger::termination::Termination> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.deletion_unix_ms < a.deletion_unix_ms { b } else { a }),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Offline pods by UID.
@@ -133,6 +172,13 @@ pub struct Publisher {
     /// ([`Publisher::retry_terminations`]): a pod being deleted may see no further event before
     /// its SIGKILL. Each pod's failure is said when it enters, its recovery when it leaves.
     pending_terminations: BTreeMap<node_ledger::PodUid, (node_ledger::termination::Termination, String)>,
+    /// The shortest grace this node's kubelet gives a pod it terminates on its own, ms
+    /// ([`kubelet_termination`]).
+    kubelet_grace_ms: u64,
+    /// When this agent first saw each kubelet termination whose status carries no time (ms
+    /// since the epoch), so that every event of it writes the same reading; forgotten with
+    /// the pod.
+    kubelet_seen: BTreeMap<node_ledger::PodUid, u64>,
 }
 
 /// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
@@ -204,7 +250,16 @@ impl Publisher {
             terminations_written: 0,
             termination_errors: 0,
             pending_terminations: BTreeMap::new(),
+            kubelet_grace_ms: 0,
+            kubelet_seen: BTreeMap::new(),
         }
+    }
+
+    /// The same publisher taking `ms` for the shortest grace this node's kubelet gives a pod
+    /// it terminates on its own ([`kubelet_termination`]; 0 by default).
+    pub fn with_kubelet_grace_ms(mut self, ms: u64) -> Self {
+        self.kubelet_grace_ms = ms;
+        self
     }
 
     /// The same publisher reading and freezing plans in `plans` (the store Allocate uses).
@@ -254,6 +309,7 @@ impl Publisher {
                     // Gone: its containers are, too.
                     if let Some(u) = node_ledger::PodUid::parse(uid) {
                         self.pending_terminations.remove(&u);
+                        self.kubelet_seen.remove(&u);
                     }
                 }
                 self.synced && self.publish()
@@ -264,15 +320,21 @@ impl Publisher {
     /// Writes the deletion of `pod`, an offline pod being deleted, into its termination file
     /// ([`termination`]), in place, if the file exists (Allocate made it: the pod's containers
     /// run here with it mounted); a pod allocated without one, elsewhere, or not at all gets
-    /// none. A later deletion with a shorter grace rewrites it; the same reading is not written
-    /// again. Returns whether the file changed; a failure is counted, said until a write
-    /// succeeds, and retried at every check.
+    /// none. A termination the kubelet began on its own ([`kubelet_termination`]) is written
+    /// the same way, as a deletion ending its grace after it began (when both, the one that
+    /// ends first). A later deletion with a shorter grace rewrites it; the same reading is not
+    /// written again. Returns whether the file changed; a failure is counted, said until a
+    /// write succeeds, and retried at every check.
     pub fn note_termination(&mut self, pod: &Pod) -> bool {
         if !crate::evict::asks_for(pod, &self.resource) {
             return false;
         }
-        let Some(t) = termination(pod) else { return false };
         let Some(uid) = pod.metadata.uid.as_deref().and_then(node_ledger::PodUid::parse) else { return false };
+        let by_kubelet = kubelet_termination(pod, self.kubelet_grace_ms).map(|(since, grace_ms)| {
+            let since = since.unwrap_or_else(|| *self.kubelet_seen.entry(uid).or_insert_with(node_daemon::clock::unix_ms));
+            node_ledger::termination::Termination { deletion_unix_ms: since.saturating_add(grace_ms), grace_ms }
+        });
+        let Some(t) = earliest(termination(pod), by_kubelet) else { return false };
         let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""));
         self.write_termination(uid, t, format!("{ns}/{name}"))
     }
@@ -289,7 +351,7 @@ impl Publisher {
                 if changed {
                     self.terminations_written += 1;
                     tracing::info!(pod = %who, grace_ms = t.grace_ms, deletion_unix_ms = t.deletion_unix_ms, path = %path.display(),
-                        "the pod's deletion written for its offline processes (the shim drains before the SIGKILL)");
+                        "the pod's termination (its deletion, or one the kubelet began) written for its offline processes (the shim drains before the SIGKILL)");
                 }
                 changed
             }
@@ -535,6 +597,14 @@ mod tests {
         .unwrap()
     }
 
+    /// Pod `uid`'s termination file in `ledger_dir`, made empty as Allocate makes it.
+    fn allocated_termination_file(ledger_dir: &std::path::Path, uid: &str) -> std::path::PathBuf {
+        let path = node_ledger::termination::termination_path(ledger_dir, node_ledger::PodUid::parse(uid).unwrap());
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        node_ledger::termination::create(&path).unwrap();
+        path
+    }
+
     fn terminations_metric(p: &Publisher) -> String {
         p.metrics().lines().find(|l| l.starts_with("xshare_node_agent_pod_terminations_written_total{")).unwrap().to_string()
     }
@@ -562,9 +632,7 @@ mod tests {
         use node_ledger::termination::{read, Termination};
         let d = tempfile::tempdir().unwrap();
         let u = "0000000a-0000-4000-8000-000000000000";
-        let path = node_ledger::termination::termination_path(d.path(), node_ledger::PodUid::parse(u).unwrap());
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        node_ledger::termination::create(&path).unwrap();
+        let path = allocated_termination_file(d.path(), u);
         let ino = std::fs::metadata(&path).unwrap().ino();
         let mut p = Publisher::new("n1", RES, d.path());
         assert_eq!(terminations_metric(&p), "xshare_node_agent_pod_terminations_written_total{node=\"n1\"} 0");
@@ -618,6 +686,103 @@ mod tests {
         assert_eq!(std::fs::read(path(allocated)).unwrap(), b"", "nothing written");
         assert_eq!((p.terminations_written, p.errors), (0, 0));
         assert!(p.metrics().contains("xshare_node_agent_pod_terminations_written_total{node=\"n1\"} 0\n"));
+    }
+
+    /// `pod` as the kubelet's status shows it once the kubelet began terminating it on its own:
+    /// `reason` and `message` on the status and, when `condition_at` (RFC 3339) is given, the
+    /// `DisruptionTarget` condition (reason `TerminationByKubelet`, Kubernetes 1.26 and later)
+    /// beside `Ready`; the container still running.
+    fn kubelet_terminating(mut pod: Pod, reason: &str, message: &str, condition_at: Option<&str>) -> Pod {
+        let mut conditions = vec![serde_json::json!({"type": "Ready", "status": "True", "lastProbeTime": null,
+            "lastTransitionTime": "2026-11-30T09:00:10Z"})];
+        if let Some(at) = condition_at {
+            conditions.insert(0, serde_json::json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
+                "lastTransitionTime": at, "reason": "TerminationByKubelet", "message": message}));
+        }
+        pod.status = Some(serde_json::from_value(serde_json::json!({
+            "phase": "Running", "reason": reason, "message": message, "conditions": conditions,
+            "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "trainer:1", "imageID": "",
+                "containerID": "containerd://4b8e", "state": {"running": {"startedAt": "2026-11-30T09:00:09Z"}}}]
+        })).unwrap());
+        pod
+    }
+
+    const PRESSURE: &str = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ";
+    const SHUTDOWN: &str = "Pod was terminated in response to imminent node shutdown.";
+
+    /// The kubelet's own terminations are read off the pod's status: a node-pressure eviction
+    /// (the condition, or `Evicted` alone as before 1.26: no time), a node shutdown (the
+    /// condition); the grace is the spec's or the operator's cap, the shorter. Other
+    /// disruption reasons (a deletion follows them), a condition not True, a pod whose
+    /// containers all ended and a pod the kubelet is not terminating read as none.
+    #[test]
+    fn the_kubelets_own_terminations_are_read_off_the_pods_status() {
+        let u = "0000000a-0000-4000-8000-000000000000";
+        let running = deleted_pod(u, None, None);
+        assert_eq!(kubelet_termination(&running, 0), None);
+        let evicted = kubelet_terminating(running.clone(), "Evicted", PRESSURE, Some("2026-11-30T10:00:05Z"));
+        assert_eq!(kubelet_termination(&evicted, 0), Some((Some(AT_05_MS), 0)), "drain at once by default");
+        assert_eq!(kubelet_termination(&evicted, 5000), Some((Some(AT_05_MS), 5000)));
+        assert_eq!(kubelet_termination(&evicted, 600_000), Some((Some(AT_05_MS), 30_000)), "never past the spec's grace");
+        assert_eq!(kubelet_termination(&kubelet_terminating(running.clone(), "Evicted", PRESSURE, None), 0), Some((None, 0)));
+        assert_eq!(kubelet_termination(&kubelet_terminating(running.clone(), "Terminated", SHUTDOWN, Some("2026-11-30T10:00:01Z")), 9000), Some((Some(AT_01_MS), 9000)));
+        // The same condition for another cause: the scheduler's preemption deletes the pod next.
+        let mut preempted = kubelet_terminating(running.clone(), "", "", Some("2026-11-30T10:00:05Z"));
+        preempted.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason = Some("PreemptionByScheduler".into());
+        assert_eq!(kubelet_termination(&preempted, 0), None);
+        let mut off = evicted.clone();
+        off.status.as_mut().unwrap().reason = None;
+        off.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert_eq!(kubelet_termination(&off, 0), None);
+        // Its container ended (the kubelet reports it, then the phase Failed): nothing to warn.
+        let mut ended = evicted.clone();
+        let st = ended.status.as_mut().unwrap();
+        st.phase = Some("Failed".into());
+        st.container_statuses.as_mut().unwrap()[0].state = Some(serde_json::from_value(serde_json::json!({"terminated": {"exitCode": 137,
+            "reason": "Error", "startedAt": "2026-11-30T09:00:09Z", "finishedAt": "2026-11-30T10:00:07Z"}})).unwrap());
+        assert_eq!(kubelet_termination(&ended, 0), None);
+        assert!(termination(&evicted).is_none(), "no deletion in its metadata");
+    }
+
+    /// A termination the kubelet began is written into the pod's termination file as a
+    /// deletion ending its grace after it began; a status without a time takes the first
+    /// sight's, the same at every later event; with a deletion too, the one ending first.
+    #[test]
+    fn a_termination_the_kubelet_began_is_written_as_a_deletion_ending_its_grace_after_it() {
+        use node_ledger::termination::{read, Termination};
+        let d = tempfile::tempdir().unwrap();
+        let u = "0000000a-0000-4000-8000-000000000000";
+        let path = allocated_termination_file(d.path(), u);
+        let mut p = Publisher::new("n1", RES, d.path()).with_kubelet_grace_ms(5000);
+        let evicted = kubelet_terminating(deleted_pod(u, None, None), "Evicted", PRESSURE, Some("2026-11-30T10:00:01Z"));
+        p.apply(&watcher::Event::Apply(evicted.clone()));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_01_MS + 5000, grace_ms: 5000 })));
+        assert_eq!(p.terminations_written, 1);
+        // A deletion of the same pod ending later (its spec's 30 s from 10:00:05) changes nothing;
+        // one ending earlier (a 0 s deletion at 10:00:05 ends before 10:00:06) is written.
+        let mut deleted = kubelet_terminating(deleted_pod(u, Some("2026-11-30T10:00:35Z"), Some(30)), "Evicted", PRESSURE, Some("2026-11-30T10:00:01Z"));
+        p.apply(&watcher::Event::Apply(deleted.clone()));
+        assert_eq!(p.terminations_written, 1);
+        deleted.metadata.deletion_timestamp = Some(serde_json::from_value(serde_json::json!("2026-11-30T10:00:05Z")).unwrap());
+        deleted.metadata.deletion_grace_period_seconds = Some(0);
+        p.apply(&watcher::Event::Apply(deleted));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 0 })));
+        // `Evicted` with no condition (before 1.26): timed from the first sight, kept at every event.
+        std::fs::write(&path, "").unwrap();
+        let mut p = Publisher::new("n1", RES, d.path());
+        let bare = kubelet_terminating(deleted_pod(u, None, None), "Evicted", PRESSURE, None);
+        let before = node_daemon::clock::unix_ms();
+        p.apply(&watcher::Event::Apply(bare.clone()));
+        let first = read(&path).unwrap().expect("written");
+        assert!(first.deletion_unix_ms >= before && first.deletion_unix_ms <= node_daemon::clock::unix_ms(), "{first:?}");
+        assert_eq!(first.grace_ms, 0);
+        std::thread::sleep(Duration::from_millis(5));
+        p.apply(&watcher::Event::Apply(bare.clone()));
+        assert_eq!(read(&path).unwrap(), Some(first));
+        assert_eq!(p.terminations_written, 1, "the same reading is not written again");
+        // Gone: forgotten with the pod.
+        p.apply(&watcher::Event::Delete(bare));
+        assert!(p.kubelet_seen.is_empty());
     }
 
     /// A termination file that cannot be written (here a directory in its place) is counted

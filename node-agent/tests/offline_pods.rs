@@ -59,8 +59,12 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 /// The publisher's watch against `url`, its file checked every `check`; returns the stop
 /// sender (dropping it stops nothing: send `true`) and the metrics text it keeps.
 async fn start(url: String, dir: &std::path::Path, check: Duration) -> (tokio::sync::watch::Sender<bool>, Arc<Mutex<String>>) {
+    start_with(url, Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, dir), dir, check).await
+}
+
+/// [`start`] with publisher `p` (of `dir`).
+async fn start_with(url: String, p: Publisher, dir: &std::path::Path, check: Duration) -> (tokio::sync::watch::Sender<bool>, Arc<Mutex<String>>) {
     let client = node_agent::kube::watch_client(&KubeConfig { api_url: url, timeout_ms: 2000 }, WATCH_TIMEOUT_S).await.unwrap();
-    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, dir);
     assert_eq!(p.path(), path(dir));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let metrics = Arc::new(Mutex::new(String::new()));
@@ -233,4 +237,48 @@ fn ignored_plan_changes_are_counted_on_the_shared_store() {
     assert_eq!(quotas(tmp.path()), [Some(2 << 30)]);
     assert_eq!(plans.ignored_changes(), 2, "memory and SM share");
     assert!(plans.metrics("node-a").contains("xshare_node_agent_plan_annotation_changes_ignored_total{node=\"node-a\"} 2"));
+}
+
+/// A node-pressure eviction or a node shutdown is the kubelet's own: no deletion comes first,
+/// only the pod's status says it (a `DisruptionTarget` condition, `TerminationByKubelet`). The
+/// watch writes it into the pod's termination file at that event, so its shim drains before
+/// the kubelet's kill: by the operator's `kubelet_termination_grace_ms` (here 4 s, shorter than
+/// the pod's spec 30 s) from the condition's time. A pod the kubelet is not terminating gets
+/// nothing; the kubelet's later report that the containers ended rewrites nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_termination_the_kubelet_begins_on_its_own_reaches_the_pods_termination_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = FakeCluster::start();
+    c.add_pod(pod("train", RUNNING, "Running"));
+    c.add_pod(pod("later", LATER, "Running"));
+    let file = |u: &str| node_ledger::termination::termination_path(tmp.path(), node_ledger::PodUid::parse(u).unwrap());
+    for u in [RUNNING, LATER] {
+        std::fs::create_dir_all(file(u).parent().unwrap()).unwrap();
+        node_ledger::termination::create(&file(u)).unwrap();
+    }
+    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path()).with_kubelet_grace_ms(4000);
+    let (stop, metrics) = start_with(c.url(), p, tmp.path(), Duration::from_secs(3600)).await;
+    eventually("the first list written", || uids(tmp.path()) == [RUNNING, LATER]).await;
+    eventually("a watch after the list", || !c.api.watches(PODS).is_empty()).await;
+    assert_eq!(node_ledger::termination::read(&file(RUNNING)), Ok(None));
+
+    let before_s = fake_kube::objects::now_ms() / 1000 * 1000;
+    c.kubelet_terminate("batch", "train", "Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ");
+    eventually("the kubelet's termination written", || node_ledger::termination::read(&file(RUNNING)).is_ok_and(|t| t.is_some())).await;
+    let t = node_ledger::termination::read(&file(RUNNING)).unwrap().unwrap();
+    let since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(
+        c.pod("batch", "train").unwrap()["status"]["conditions"][0]["lastTransitionTime"].clone(),
+    )
+    .unwrap();
+    let since_ms = since.0.as_millisecond() as u64;
+    assert!(since_ms >= before_s, "the condition is dated now");
+    assert_eq!(t, node_ledger::termination::Termination { deletion_unix_ms: since_ms + 4000, grace_ms: 4000 });
+    assert_eq!(node_ledger::termination::read(&file(LATER)), Ok(None), "the other pod goes on");
+    eventually("the write counted", || metrics.lock().unwrap().contains("xshare_node_agent_pod_terminations_written_total{node=\"node-a\"} 1")).await;
+    // The kubelet reports the containers ended, then the phase: nothing more is written.
+    c.set_pod_phase("batch", "train", "Failed");
+    eventually("the failed pod left out of the list", || uids(tmp.path()) == [LATER]).await;
+    assert_eq!(node_ledger::termination::read(&file(RUNNING)), Ok(Some(t)));
+    assert!(metrics.lock().unwrap().contains("xshare_node_agent_pod_terminations_written_total{node=\"node-a\"} 1"));
+    let _ = stop.send(true);
 }

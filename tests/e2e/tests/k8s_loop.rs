@@ -17,7 +17,9 @@
 //! the pod Terminating (deletionTimestamp, its grace period) and the Job controller makes a
 //! new one at once → the extender replans and binds the new one while the old one is still
 //! Terminating (no second eviction, not planned twice) → the kubelet confirms, the old pod
-//! goes.
+//! goes → the replacement is admitted and runs; the kubelet evicts it on its own (node
+//! pressure: only its status says so) → node-agent writes it into the pod's termination file →
+//! the shim drains the GPU with no SIGTERM sent.
 
 mod workloads_support;
 
@@ -322,7 +324,7 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
 
     // --- 2. The kubelet admits the pod: ListAndWatch, then Allocate one slot.
     let sock = dp.join("xshare-offline-gpu.sock");
-    let alloc = rt.block_on(async {
+    let allocate = || rt.block_on(async {
         let ch = node_agent::plugin::unix_channel(sock.clone()).await.unwrap();
         let mut cl = pb::device_plugin_client::DevicePluginClient::new(ch);
         let mut devs = cl.list_and_watch(pb::Empty {}).await.unwrap().into_inner();
@@ -336,6 +338,7 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         };
         cl.allocate(req).await.unwrap().into_inner()
     });
+    let alloc = allocate();
     let resp = &alloc.container_responses[0];
     let env = &resp.envs;
     let want_mps = (sm.ceil() as u32).clamp(1, 100).to_string();
@@ -366,10 +369,11 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     // a runtime makes them in a mount namespace of its own (container paths are host paths
     // here): the pod's ledger file over the GPU's. The runtime's part: the emulator.
     let mounted = !e2e::lacks_root("make mount namespaces: the container sees the GPU's ledger, not its pod's");
-    let mounts_script = e2e::allocate_mounts_script(resp.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)), &run);
-    let container = |program: &str| {
+    let container_of = |resp: &pb::ContainerAllocateResponse, program: &str| {
+        let env = &resp.envs;
         let mut c = if mounted {
             // The shim is preloaded into the container's program only, after the mounts.
+            let mounts_script = e2e::allocate_mounts_script(resp.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only)), &run);
             let prog = host.command(program).get_program().to_owned();
             let mut c = host.command("unshare");
             let script = format!("{mounts_script}export LD_PRELOAD='{}'\nexec \"$@\"\n", env["LD_PRELOAD"]);
@@ -381,8 +385,15 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         for (k, v) in env.iter().filter(|(k, _)| !mounted || k.as_str() != "LD_PRELOAD") {
             c.env(k, v);
         }
+        if !mounted {
+            // No mounts: the pod's own files where they lie on the host.
+            for m in resp.mounts.iter().filter(|m| m.container_path == run.join("termination").display().to_string()) {
+                c.env("XCUDA_TERMINATION_FILE", &m.host_path);
+            }
+        }
         c
     };
+    let container = |program: &str| container_of(resp, program);
     let mut off = {
         let mut c = container("offline");
         c.args(["--json", "--blocks", "40", "--kernel-us", "20000", "--report-interval", "0.2", "--state-mb", "64"]);
@@ -489,6 +500,42 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         .map(name_of)
         .collect();
     assert_eq!(train_pods, [name_of(&next)]);
+
+    // --- 7. The replacement is admitted and runs; then the kubelet evicts it on its own (node
+    // pressure): no deletion, only the pod's status says so (a `DisruptionTarget` condition,
+    // `TerminationByKubelet`). node-agent writes it into the pod's termination file and the
+    // shim drains the GPU at once (`kubelet_termination_grace_ms` 0: a hard threshold kills 2 s
+    // later), with no SIGTERM sent: the kubelet's signal may reach PID 1 only.
+    let next_name = name_of(&next);
+    eventually("the GPU Healthy for the replacement", || (read_state(&run)["state"] == "healthy").then_some(()));
+    let alloc2 = allocate();
+    let resp2 = &alloc2.container_responses[0];
+    assert_eq!(resp2.envs["XCUDA_GROUP"], format!("k8s-pod-{}", uid_of(&next)));
+    let termination2 = node_ledger::termination::termination_path(&run, node_ledger::PodUid::parse(&uid_of(&next)).unwrap());
+    assert_eq!(node_ledger::termination::read(&termination2), Ok(None));
+    cluster.set_pod_phase("ml", &next_name, "Running");
+    let shim_log = root.join("replacement-shim.log");
+    let mut off2 = {
+        let mut c = container_of(resp2, "offline");
+        c.args(["--json", "--blocks", "40", "--kernel-us", "20000", "--report-interval", "0.2", "--state-mb", "64"]);
+        c.env("XCUDA_LOG", "info").stderr(std::fs::File::create(&shim_log).unwrap());
+        Proc::spawn(c)
+    };
+    off2.wait_line("iters_per_s", T);
+    assert!(!std::fs::read_to_string(&shim_log).unwrap().contains("GPU drained"), "nothing to drain for yet");
+    cluster.kubelet_terminate("ml", &next_name, "Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ");
+    let by_kubelet = eventually("node-agent writes the kubelet's eviction into the termination file", || {
+        node_ledger::termination::read(&termination2).ok().flatten()
+    });
+    assert_eq!(by_kubelet.grace_ms, 0, "{by_kubelet:?}");
+    assert!(cluster.pod("ml", &next_name).unwrap()["metadata"]["deletionTimestamp"].is_null(), "no deletion");
+    let log = eventually("the replacement's shim drains by the kubelet's eviction", || {
+        std::fs::read_to_string(&shim_log).ok().filter(|l| l.contains("GPU drained"))
+    });
+    assert!(log.contains("armed_by=the pod's deletion") || log.contains("armed_by=\"the pod's deletion\""), "armed by the file: {log}");
+    // The kubelet's SIGKILL finds it drained.
+    let (st, _) = off2.stop(libc::SIGKILL, T);
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "{st:?}");
 
     // The eviction was posted once, never again.
     std::thread::sleep(Duration::from_millis(500));

@@ -572,6 +572,29 @@ impl FakeCluster {
         st.pods.insert((ns.to_string(), name.to_string()), p);
     }
 
+    /// The kubelet begins terminating pod `ns/name` on its own (a node-pressure eviction, a
+    /// graceful node shutdown), as its status shows it from Kubernetes 1.26 on: `reason` and
+    /// `message` on the status and a `DisruptionTarget` condition (reason
+    /// `TerminationByKubelet`) dated now, to the second; no deletion in its metadata, and the
+    /// phase kept until its containers ended ([`FakeCluster::set_pod_phase`]).
+    pub fn kubelet_terminate(&self, ns: &str, name: &str, reason: &str, message: &str) {
+        let mut st = self.state.lock().unwrap();
+        let Some(mut p) = st.pods.get(&(ns.to_string(), name.to_string())).cloned() else {
+            panic!("no pod {ns}/{name}");
+        };
+        let old = p.clone();
+        p["status"]["reason"] = reason.into();
+        p["status"]["message"] = message.into();
+        let condition = serde_json::json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
+            "lastTransitionTime": now_rfc3339(), "reason": "TerminationByKubelet", "message": message});
+        match p["status"]["conditions"].as_array_mut() {
+            Some(c) => c.push(condition),
+            None => p["status"]["conditions"] = serde_json::json!([condition]),
+        }
+        st.change(Kind::Pod, Some(old), Some(&mut p));
+        st.pods.insert((ns.to_string(), name.to_string()), p);
+    }
+
     /// The Eviction bodies accepted (201), in order.
     pub fn evictions(&self) -> Vec<Value> {
         self.state.lock().unwrap().evictions.clone()
