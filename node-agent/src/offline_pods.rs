@@ -89,7 +89,10 @@ pub fn termination(pod: &Pod) -> Option<node_ledger::termination::Termination> {
 /// `grace_cap_ms` (`offline_pods.kubelet_termination_grace_ms`, default 0: drain at once).
 /// Returns when it began (the condition's `lastTransitionTime`, ms since the epoch, at second
 /// precision so never later than it was; `None` when the status carries no time) and its
-/// grace, the shorter of the pod's spec grace and `grace_cap_ms`. `None` when the kubelet is
+/// grace, the shorter of the pod's spec grace and `grace_cap_ms`; 0 for `Evicted` without the
+/// condition, which a kubelet sends for an eviction over a pod's or container's ephemeral
+/// storage limit or an `emptyDir` size limit (always at once) and a kubelet older than 1.26
+/// for every eviction (a hard threshold's at once too). `None` when the kubelet is
 /// not terminating the pod, or when every container already ended (nothing left to warn: a
 /// relist of a pod evicted long ago writes nothing).
 pub fn kubelet_termination(pod: &Pod, grace_cap_ms: u64) -> Option<(Option<u64>, u64)> {
@@ -105,7 +108,8 @@ pub fn kubelet_termination(pod: &Pod, grace_cap_ms: u64) -> Option<(Option<u64>,
         return None;
     }
     let since = condition.and_then(|c| c.last_transition_time.as_ref()).map(|t| u64::try_from(t.0.as_millisecond()).unwrap_or(0));
-    Some((since, crate::allocate::kill_grace_ms(pod).min(grace_cap_ms)))
+    let grace_ms = if condition.is_some() { crate::allocate::kill_grace_ms(pod).min(grace_cap_ms) } else { 0 };
+    Some((since, grace_ms))
 }
 
 /// The earlier-ending of two terminations (by when their graces end).
@@ -724,7 +728,9 @@ mod tests {
         assert_eq!(kubelet_termination(&evicted, 0), Some((Some(AT_05_MS), 0)), "drain at once by default");
         assert_eq!(kubelet_termination(&evicted, 5000), Some((Some(AT_05_MS), 5000)));
         assert_eq!(kubelet_termination(&evicted, 600_000), Some((Some(AT_05_MS), 30_000)), "never past the spec's grace");
-        assert_eq!(kubelet_termination(&kubelet_terminating(running.clone(), "Evicted", PRESSURE, None), 0), Some((None, 0)));
+        let bare = kubelet_terminating(running.clone(), "Evicted", "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ", None);
+        assert_eq!(kubelet_termination(&bare, 0), Some((None, 0)));
+        assert_eq!(kubelet_termination(&bare, 5000), Some((None, 0)), "a storage limit's eviction kills at once whatever the cap");
         assert_eq!(kubelet_termination(&kubelet_terminating(running.clone(), "Terminated", SHUTDOWN, Some("2026-11-30T10:00:01Z")), 9000), Some((Some(AT_01_MS), 9000)));
         // The same condition for another cause: the scheduler's preemption deletes the pod next.
         let mut preempted = kubelet_terminating(running.clone(), "", "", Some("2026-11-30T10:00:05Z"));
