@@ -66,8 +66,7 @@ pub fn kill_grace_ms(pod: &Pod) -> u64 {
 /// when shorter (the kubelet restarts a container whose probe failed by the probe's grace,
 /// Kubernetes 1.25 and later), at least the kubelet's 2 s. Every container's probes count,
 /// init and sidecar containers' too: the plan is the pod's, and a shorter guess only drains
-/// earlier (a deletion in the pod's termination file then decides; without the file,
-/// `inject.pod_ledgers` off, a deletion's later kill finds launches resumed 10 s after it).
+/// earlier (a deletion in the pod's termination file then decides).
 pub fn shortest_kill_grace_ms(pod: &Pod) -> u64 {
     let Some(spec) = pod.spec.as_ref() else { return kill_grace_ms(pod) };
     spec.containers
