@@ -43,7 +43,7 @@ pub struct PodPlan {
     /// The shim's GPU memory limit (`xshare.io/memory-quota-bytes`).
     pub memory_quota_bytes: u64,
     /// How long the kubelet waits after a SIGTERM before it SIGKILLs the pod's containers, ms
-    /// (the shortest it may: [`shortest_kill_grace_ms`]); the shim drains the GPU just before (`XCUDA_KILL_GRACE_MS`), unless
+    /// ([`kill_grace_ms`]); the shim drains the GPU just before (`XCUDA_KILL_GRACE_MS`), unless
     /// the pod's deletion in its termination file says otherwise. `None` for a plan frozen
     /// before node-agent recorded it: drained by a deletion alone.
     pub kill_grace_ms: Option<u64>,
@@ -58,24 +58,6 @@ pub struct PodPlan {
 pub fn kill_grace_ms(pod: &Pod) -> u64 {
     let s = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
     (s.max(2) as u64).saturating_mul(1000)
-}
-
-/// The shortest wait the kubelet may give a container of `pod` between a SIGTERM and the
-/// SIGKILL that no deletion announces, ms, as the shim's guess (`XCUDA_KILL_GRACE_MS`):
-/// [`kill_grace_ms`], or a liveness or startup probe's own `terminationGracePeriodSeconds`
-/// when shorter (the kubelet restarts a container whose probe failed by the probe's grace,
-/// Kubernetes 1.25 and later), at least the kubelet's 2 s. Every container's probes count,
-/// init and sidecar containers' too: the plan is the pod's, and a shorter guess only drains
-/// earlier (a deletion in the pod's termination file then decides).
-pub fn shortest_kill_grace_ms(pod: &Pod) -> u64 {
-    let Some(spec) = pod.spec.as_ref() else { return kill_grace_ms(pod) };
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .flat_map(|c| [c.liveness_probe.as_ref(), c.startup_probe.as_ref()])
-        .filter_map(|p| p?.termination_grace_period_seconds)
-        .map(|s| (s.max(2) as u64).saturating_mul(1000))
-        .fold(kill_grace_ms(pod), u64::min)
 }
 
 /// Why no pod could be matched or its plan read; the kubelet fails the pod's admission with it.
@@ -247,7 +229,7 @@ pub fn pod_plan(pod: &Pod) -> Result<PodPlan, AllocError> {
         gpu,
         mps_percent,
         memory_quota_bytes,
-        kill_grace_ms: Some(shortest_kill_grace_ms(pod)),
+        kill_grace_ms: Some(kill_grace_ms(pod)),
     })
 }
 
@@ -657,25 +639,6 @@ mod tests {
         }
         let frozen = crate::plans::FrozenPlan::from_annotations(&p, crate::plans::Source::Watch);
         assert_eq!(frozen.plan().unwrap().kill_grace_ms, Some(2000));
-        // A liveness or startup probe with a grace of its own, shorter than the pod's: the
-        // kubelet restarts its container by that, with no deletion first.
-        p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(120);
-        let probe = |tgps: i64| -> k8s_openapi::api::core::v1::Probe {
-            serde_json::from_value(serde_json::json!({"exec": {"command": ["/healthz"]}, "periodSeconds": 10,
-                "failureThreshold": 3, "terminationGracePeriodSeconds": tgps})).unwrap()
-        };
-        p.spec.as_mut().unwrap().containers[0].liveness_probe = Some(probe(300));
-        assert_eq!(pod_plan(&p).unwrap().kill_grace_ms, Some(120_000), "a longer probe grace: the pod's");
-        p.spec.as_mut().unwrap().containers[0].startup_probe = Some(probe(15));
-        assert_eq!(pod_plan(&p).unwrap().kill_grace_ms, Some(15_000));
-        assert_eq!(crate::plans::FrozenPlan::from_annotations(&p, crate::plans::Source::Watch).plan().unwrap().kill_grace_ms, Some(15_000));
-        let mut sidecar = p.spec.as_ref().unwrap().containers[0].clone();
-        sidecar.name = "proxy".into();
-        sidecar.startup_probe = None;
-        sidecar.liveness_probe = Some(probe(0));
-        p.spec.as_mut().unwrap().init_containers = Some(vec![sidecar]);
-        assert_eq!(pod_plan(&p).unwrap().kill_grace_ms, Some(2000), "any container's, at least the kubelet's 2 s");
-        assert_eq!(kill_grace_ms(&p), 120_000, "the pod's own grace is unchanged");
         // A plan frozen before the wait was recorded has none: no drain, never a wrong one.
         let old: crate::plans::FrozenPlan = serde_json::from_value(serde_json::json!({
             "uid": "u1", "namespace": "ml", "name": "a", "gpu": 0, "mps_percent": 36,

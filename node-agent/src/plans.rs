@@ -72,8 +72,8 @@ pub struct FrozenPlan {
     pub mps_percent: Option<u32>,
     /// `xshare.io/memory-quota-bytes`.
     pub memory_quota_bytes: Option<u64>,
-    /// The kubelet's SIGTERM-to-SIGKILL wait for the pod, ms, the shortest it may give
-    /// ([`allocate::shortest_kill_grace_ms`]; absent from plans frozen before it was recorded).
+    /// The kubelet's SIGTERM-to-SIGKILL wait for the pod, ms ([`allocate::kill_grace_ms`];
+    /// absent from plans frozen before it was recorded).
     #[serde(default)]
     pub kill_grace_ms: Option<u64>,
     /// Where it was frozen.
@@ -93,7 +93,7 @@ impl FrozenPlan {
             gpu: ann(ANN_GPU).and_then(allocate::parse_gpu),
             mps_percent: ann(ANN_SM_PERCENT).and_then(allocate::parse_sm_percent),
             memory_quota_bytes: ann(ANN_MEMORY_QUOTA_BYTES).and_then(allocate::parse_memory_quota),
-            kill_grace_ms: Some(allocate::shortest_kill_grace_ms(pod)),
+            kill_grace_ms: Some(allocate::kill_grace_ms(pod)),
             source,
             unix_ms: node_daemon::clock::unix_ms(),
         }
