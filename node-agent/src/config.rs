@@ -189,14 +189,13 @@ pub struct OfflinePodsConfig {
     /// How often the written file is checked, ms (at least 1000), and written again if it was
     /// removed. The pods themselves come from a watch of this node's pods, as they change.
     pub poll_ms: u64,
-    /// The shortest grace, ms, this node's kubelet gives a pod it terminates on its own, with
-    /// no deletion first (node-pressure eviction, graceful node shutdown, its preemption for a
-    /// critical pod): the shim of such a pod drains its GPU work by it, or by the pod's spec
-    /// grace when shorter. 0 (the default) drains at once, right for any kubelet with a hard
-    /// eviction threshold (its defaults have them: the pod is killed after 2 s). A node whose
-    /// kubelet has soft thresholds only may say its `evictionMaxPodGracePeriod`, in ms, and
-    /// nothing longer than the `shutdownGracePeriod` it gives non-critical pods.
-    pub kubelet_termination_grace_ms: u64,
+    /// The grace, ms, this node's kubelet gives a pod it evicts for node pressure: the shim of
+    /// an offline pod the kubelet evicts (seen in its `Evicted` Event) drains its GPU work by
+    /// it, or by the pod's spec grace when shorter. 0 (the default) drains at once, right for
+    /// any kubelet with a hard eviction threshold (its defaults have them: such an eviction
+    /// kills after the kubelet's 2 s minimum). A kubelet with soft thresholds only may say its
+    /// `evictionMaxPodGracePeriod`, in ms. An eviction over a storage limit always drains at once.
+    pub kubelet_eviction_grace_ms: u64,
 }
 
 /// The GPU heartbeat published on this node's Node object.
@@ -301,7 +300,7 @@ impl Default for OfflinePodsConfig {
         Self {
             enabled: true,
             poll_ms: 5000,
-            kubelet_termination_grace_ms: 0,
+            kubelet_eviction_grace_ms: 0,
         }
     }
 }
@@ -632,9 +631,9 @@ mod tests {
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "heartbeat": {"interval_ms": 1000}}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("heartbeat.interval_ms"));
-        assert_eq!((c.offline_pods.enabled, c.offline_pods.poll_ms, c.offline_pods.kubelet_termination_grace_ms), (true, 5000, 0));
-        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"kubelet_termination_grace_ms": 30000}}"#;
-        assert_eq!(AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap().offline_pods.kubelet_termination_grace_ms, 30_000);
+        assert_eq!((c.offline_pods.enabled, c.offline_pods.poll_ms, c.offline_pods.kubelet_eviction_grace_ms), (true, 5000, 0));
+        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"kubelet_eviction_grace_ms": 30000}}"#;
+        assert_eq!(AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap().offline_pods.kubelet_eviction_grace_ms, 30_000);
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"poll_ms": 10}}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("offline_pods.poll_ms"));

@@ -21,9 +21,9 @@
 //! deletion's time and grace are written into the pod's termination file
 //! (`node_ledger::termination`, made and mounted read-only by Allocate), which the shim reads
 //! after its SIGTERM to drain the GPU before a SIGKILL that a shortened grace or a `preStop` hook
-//! brings early ([`termination`]). So is a termination the kubelet begins on its own, with no
-//! deletion (node-pressure eviction, graceful node shutdown), which only the pod's status shows
-//! ([`kubelet_termination`]).
+//! brings early ([`termination`]). So is an eviction the kubelet begins on its own, with no
+//! deletion (node pressure, a storage limit), which a watch of the kubelet's `Evicted` Events
+//! sees before the kill ([`kubelet_eviction`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -79,49 +79,77 @@ pub fn termination(pod: &Pod) -> Option<node_ledger::termination::Termination> {
     Some(node_ledger::termination::Termination { deletion_unix_ms: u64::try_from(at.0.as_millisecond()).unwrap_or(0), grace_ms })
 }
 
-/// A termination the kubelet began on its own, as the pod's status says it: node-pressure
-/// eviction (`status.reason` `Evicted`, and since Kubernetes 1.26 a `DisruptionTarget`
-/// condition with reason `TerminationByKubelet`), graceful node shutdown and the kubelet's
-/// preemption for a critical pod (the same condition). No deletion comes first: the kubelet
-/// kills by its own grace (a hard eviction threshold: at once, which its 2 s minimum makes 2 s;
-/// a soft one: `evictionMaxPodGracePeriod`; a shutdown: its `shutdownGracePeriod` share), which
-/// the API never shows, so the operator says the shortest this node's kubelet gives:
-/// `grace_cap_ms` (`offline_pods.kubelet_termination_grace_ms`, default 0: drain at once).
-/// Returns when it began (the condition's `lastTransitionTime`, ms since the epoch, at second
-/// precision so never later than it was; `None` when the status carries no time) and its
-/// grace, the shorter of the pod's spec grace and `grace_cap_ms`; 0 for `Evicted` without the
-/// condition, which a kubelet sends for an eviction over a pod's or container's ephemeral
-/// storage limit or an `emptyDir` size limit (always at once) and a kubelet older than 1.26
-/// for every eviction (a hard threshold's at once too). `None` when the kubelet is
-/// not terminating the pod, or when every container already ended (nothing left to warn: a
-/// relist of a pod evicted long ago writes nothing).
-pub fn kubelet_termination(pod: &Pod, grace_cap_ms: u64) -> Option<(Option<u64>, u64)> {
-    let status = pod.status.as_ref()?;
-    let condition = status.conditions.iter().flatten().find(|c| {
-        c.type_ == "DisruptionTarget" && c.status == "True" && c.reason.as_deref() == Some("TerminationByKubelet")
-    });
-    if condition.is_none() && status.reason.as_deref() != Some("Evicted") {
-        return None;
-    }
-    let statuses: Vec<_> = status.container_statuses.iter().flatten().collect();
-    if !statuses.is_empty() && statuses.iter().all(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some())) {
-        return None;
-    }
-    let since = condition.and_then(|c| c.last_transition_time.as_ref()).map(|t| u64::try_from(t.0.as_millisecond()).unwrap_or(0));
-    let grace_ms = if condition.is_some() { crate::allocate::kill_grace_ms(pod).min(grace_cap_ms) } else { 0 };
-    Some((since, grace_ms))
+/// The field selector of the watch of the kubelet's pod evictions: core/v1 Events of every
+/// namespace (an API field selector cannot name the node: [`kubelet_eviction`] keeps this
+/// node's), `source` being the reporting component.
+pub const KUBELET_EVICTION_EVENTS: &str = "involvedObject.kind=Pod,reason=Evicted,source=kubelet";
+
+/// How the kubelet's eviction message for node pressure begins (`nodeLowMessageFmt`); its
+/// evictions over a storage limit say otherwise.
+const NODE_PRESSURE_MESSAGE: &str = "The node was low on resource:";
+
+/// An eviction's Event whose kill was due longer ago than this is not acted on (a list brings
+/// the past hour's Events; their pods ended long ago).
+pub const STALE_EVICTION: Duration = Duration::from_secs(60);
+
+/// A pod eviction the kubelet of a node began, as its `Evicted` Event says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletEviction {
+    /// The pod's UID, as the API gives it.
+    pub uid: String,
+    /// `namespace/name`, for the log.
+    pub who: String,
+    /// When the kubelet recorded it (`eventTime`, else `firstTimestamp`, to the second: never
+    /// later than it was), ms since the epoch; `None` when the Event carries no time.
+    pub since_unix_ms: Option<u64>,
+    /// For node pressure (its grace: `evictionMaxPodGracePeriod` or, past a hard threshold, at
+    /// once), not over a storage limit (always at once).
+    pub node_pressure: bool,
 }
 
-/// The earlier-ending of two terminations (by when their graces end).
-fn earliest(a: Option<node_ledger::termination::Termination>, b: Option<node_ledger::termination::Termination>) -> Option<node_ledger::termination::Termination> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(if b.deletion_unix_ms < a.deletion_unix_ms { b } else { a }),
-        (a, b) => a.or(b),
+/// The eviction `e` tells, if the kubelet of `node` is evicting a pod. The kubelet's eviction
+/// manager kills by its own decision, with no deletion first, and its status manager holds the
+/// pod's new status (phase `Failed`, reason `Evicted`, the `DisruptionTarget` condition) back
+/// until every container ended: the Event it records just before it kills is the only word of
+/// it that comes in time. An Event of another component, node, reason or kind is `None`.
+pub fn kubelet_eviction(e: &k8s_openapi::api::core::v1::Event, node: &str) -> Option<KubeletEviction> {
+    if e.reason.as_deref() != Some("Evicted") {
+        return None;
     }
+    let source = e.source.as_ref();
+    let component = source.and_then(|s| s.component.as_deref()).filter(|c| !c.is_empty()).or(e.reporting_component.as_deref());
+    let host = source.and_then(|s| s.host.as_deref()).filter(|h| !h.is_empty()).or(e.reporting_instance.as_deref());
+    let o = &e.involved_object;
+    if component != Some("kubelet") || host != Some(node) || o.kind.as_deref() != Some("Pod") {
+        return None;
+    }
+    let ms = |t: i64| u64::try_from(t).unwrap_or(0);
+    let since_unix_ms = e.event_time.as_ref().map(|t| ms(t.0.as_millisecond())).or_else(|| e.first_timestamp.as_ref().map(|t| ms(t.0.as_millisecond())));
+    Some(KubeletEviction {
+        uid: o.uid.clone()?,
+        who: format!("{}/{}", o.namespace.as_deref().unwrap_or(""), o.name.as_deref().unwrap_or("")),
+        since_unix_ms,
+        node_pressure: e.message.as_deref().is_some_and(|m| m.starts_with(NODE_PRESSURE_MESSAGE)),
+    })
+}
+
+/// What a shim reading both of two terminations of one pod would expect: the SIGKILL by the
+/// earlier end and by the shorter grace ([`node_ledger::termination::Termination::kill_ns`]
+/// takes the earlier of the two), so the file only ever moves the kill earlier.
+fn combine(a: node_ledger::termination::Termination, b: node_ledger::termination::Termination) -> node_ledger::termination::Termination {
+    node_ledger::termination::Termination { deletion_unix_ms: a.deletion_unix_ms.min(b.deletion_unix_ms), grace_ms: a.grace_ms.min(b.grace_ms) }
+}
+
+/// An offline pod as the publisher knows it: as listed, and its spec's kill grace.
+#[derive(Debug, Clone)]
+struct Known {
+    pod: OfflinePod,
+    /// [`crate::allocate::kill_grace_ms`].
+    kill_grace_ms: u64,
 }
 
 /// Offline pods by UID.
-type ByUid = BTreeMap<String, OfflinePod>;
+type ByUid = BTreeMap<String, Known>;
 
 /// Puts `pod` in `set` if it is an offline pod now, with its frozen plan's memory (frozen now
 /// at first sight: `crate::plans`), takes it out if it is not (finished, or its resources
@@ -131,7 +159,7 @@ fn note(set: &mut ByUid, pod: &Pod, resource: &str, plans: &crate::plans::PlanSt
     match offline_pod(pod, resource) {
         Some(mut p) => {
             p.memory_quota_bytes = plans.memory_quota_bytes(pod);
-            set.insert(uid.to_string(), p);
+            set.insert(uid.to_string(), Known { pod: p, kill_grace_ms: crate::allocate::kill_grace_ms(pod) });
         }
         None => {
             set.remove(uid);
@@ -176,13 +204,13 @@ pub struct Publisher {
     /// ([`Publisher::retry_terminations`]): a pod being deleted may see no further event before
     /// its SIGKILL. Each pod's failure is said when it enters, its recovery when it leaves.
     pending_terminations: BTreeMap<node_ledger::PodUid, (node_ledger::termination::Termination, String)>,
-    /// The shortest grace this node's kubelet gives a pod it terminates on its own, ms
-    /// ([`kubelet_termination`]).
+    /// The grace this node's kubelet gives a pod it evicts for node pressure, ms
+    /// ([`Publisher::note_kubelet_event`]).
     kubelet_grace_ms: u64,
-    /// When this agent first saw each kubelet termination whose status carries no time (ms
-    /// since the epoch), so that every event of it writes the same reading; forgotten with
-    /// the pod.
-    kubelet_seen: BTreeMap<node_ledger::PodUid, u64>,
+    /// Evictions of this node's offline pods the kubelet began, seen in its Events.
+    pub kubelet_evictions: u64,
+    /// Failed requests of the watch of the kubelet's eviction Events.
+    pub event_watch_errors: u64,
 }
 
 /// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
@@ -255,12 +283,13 @@ impl Publisher {
             termination_errors: 0,
             pending_terminations: BTreeMap::new(),
             kubelet_grace_ms: 0,
-            kubelet_seen: BTreeMap::new(),
+            kubelet_evictions: 0,
+            event_watch_errors: 0,
         }
     }
 
-    /// The same publisher taking `ms` for the shortest grace this node's kubelet gives a pod
-    /// it terminates on its own ([`kubelet_termination`]; 0 by default).
+    /// The same publisher taking `ms` for the grace this node's kubelet gives a pod it evicts
+    /// for node pressure ([`Publisher::note_kubelet_event`]; 0 by default).
     pub fn with_kubelet_grace_ms(mut self, ms: u64) -> Self {
         self.kubelet_grace_ms = ms;
         self
@@ -313,7 +342,6 @@ impl Publisher {
                     // Gone: its containers are, too.
                     if let Some(u) = node_ledger::PodUid::parse(uid) {
                         self.pending_terminations.remove(&u);
-                        self.kubelet_seen.remove(&u);
                     }
                 }
                 self.synced && self.publish()
@@ -324,29 +352,61 @@ impl Publisher {
     /// Writes the deletion of `pod`, an offline pod being deleted, into its termination file
     /// ([`termination`]), in place, if the file exists (Allocate made it: the pod's containers
     /// run here with it mounted); a pod allocated without one, elsewhere, or not at all gets
-    /// none. A termination the kubelet began on its own ([`kubelet_termination`]) is written
-    /// the same way, as a deletion ending its grace after it began (when both, the one that
-    /// ends first). A later deletion with a shorter grace rewrites it; the same reading is not
+    /// none. A later deletion with a shorter grace rewrites it; the same reading is not
     /// written again. Returns whether the file changed; a failure is counted, said until a
     /// write succeeds, and retried at every check.
     pub fn note_termination(&mut self, pod: &Pod) -> bool {
         if !crate::evict::asks_for(pod, &self.resource) {
             return false;
         }
+        let Some(t) = termination(pod) else { return false };
         let Some(uid) = pod.metadata.uid.as_deref().and_then(node_ledger::PodUid::parse) else { return false };
-        let by_kubelet = kubelet_termination(pod, self.kubelet_grace_ms).map(|(since, grace_ms)| {
-            let since = since.unwrap_or_else(|| *self.kubelet_seen.entry(uid).or_insert_with(node_daemon::clock::unix_ms));
-            node_ledger::termination::Termination { deletion_unix_ms: since.saturating_add(grace_ms), grace_ms }
-        });
-        let Some(t) = earliest(termination(pod), by_kubelet) else { return false };
         let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""));
         self.write_termination(uid, t, format!("{ns}/{name}"))
     }
 
-    /// Writes deletion `t` of pod `uid` (`who`: namespace/name, for the log); see
+    /// Writes an eviction the kubelet of this node began ([`kubelet_eviction`]) into the pod's
+    /// termination file, as a deletion ending its grace after the Event's time: the grace this
+    /// node's kubelet gives for node pressure (`offline_pods.kubelet_eviction_grace_ms`, at most
+    /// the pod's spec grace; 0 by default: at once, as past a hard threshold, which the
+    /// kubelet's defaults have), 0 for a storage limit's. Acted on for an offline pod of this
+    /// node's list, or for any pod before the first list completed (its spec unknown: grace 0);
+    /// not for one whose kill was due over [`STALE_EVICTION`] ago. Returns whether the file
+    /// changed.
+    pub fn note_kubelet_event(&mut self, e: &k8s_openapi::api::core::v1::Event) -> bool {
+        let Some(ev) = kubelet_eviction(e, &self.node) else { return false };
+        let Some(uid) = node_ledger::PodUid::parse(&ev.uid) else { return false };
+        let spec_grace_ms = match self.pods.get(&ev.uid) {
+            Some(k) => Some(k.kill_grace_ms),
+            // Finished, not an offline pod, or not on this node.
+            None if self.synced => return false,
+            None => None,
+        };
+        let grace_ms = match (ev.node_pressure, spec_grace_ms) {
+            (true, Some(spec)) => spec.min(self.kubelet_grace_ms),
+            _ => 0,
+        };
+        let now = node_daemon::clock::unix_ms();
+        let since = ev.since_unix_ms.unwrap_or(now).min(now);
+        let t = node_ledger::termination::Termination { deletion_unix_ms: since.saturating_add(grace_ms), grace_ms };
+        if t.deletion_unix_ms.saturating_add(STALE_EVICTION.as_millis() as u64) < now {
+            return false;
+        }
+        self.kubelet_evictions += 1;
+        tracing::warn!(pod = %ev.who, grace_ms, node_pressure = ev.node_pressure, message = e.message.as_deref().unwrap_or(""),
+            "the kubelet evicts an offline pod of this node (its Event): its shim drains the GPU before the kill");
+        self.write_termination(uid, t, ev.who)
+    }
+
+    /// Writes termination `t` of pod `uid` (`who`: namespace/name, for the log), combined with
+    /// what the file says already ([`combine`]: only ever earlier); see
     /// [`Publisher::note_termination`].
     fn write_termination(&mut self, uid: node_ledger::PodUid, t: node_ledger::termination::Termination, who: String) -> bool {
         let path = node_ledger::termination::termination_path(&self.ledger_dir, uid);
+        let t = match node_ledger::termination::read(&path) {
+            Ok(Some(written)) => combine(written, t),
+            _ => t,
+        };
         match node_ledger::termination::write(&path, &t) {
             Ok(changed) => {
                 if self.pending_terminations.remove(&uid).is_some() {
@@ -355,7 +415,7 @@ impl Publisher {
                 if changed {
                     self.terminations_written += 1;
                     tracing::info!(pod = %who, grace_ms = t.grace_ms, deletion_unix_ms = t.deletion_unix_ms, path = %path.display(),
-                        "the pod's termination (its deletion, or one the kubelet began) written for its offline processes (the shim drains before the SIGKILL)");
+                        "the pod's termination (its deletion, or the kubelet's eviction) written for its offline processes (the shim drains before the SIGKILL)");
                 }
                 changed
             }
@@ -363,7 +423,7 @@ impl Publisher {
                 self.termination_errors += 1;
                 if !self.pending_terminations.contains_key(&uid) {
                     tracing::warn!(pod = %who, path = %path.display(), error = %e,
-                        "cannot write the pod's deletion into its termination file (retried): meanwhile its shim drains by the pod's spec grace only");
+                        "cannot write the pod's termination into its termination file (retried): meanwhile its shim drains by the pod's spec grace only");
                 }
                 self.pending_terminations.insert(uid, (t, who));
                 false
@@ -384,6 +444,12 @@ impl Publisher {
     /// the last list written.
     pub fn watch_failed(&mut self, error: &str) {
         self.failed(&format!("watching the pods on this node: {error}"));
+    }
+
+    /// An error of the watch of the kubelet's eviction Events (it goes on by itself; the watch
+    /// loop logs each): counted.
+    pub fn event_watch_failed(&mut self) {
+        self.event_watch_errors += 1;
     }
 
     /// The periodic check: writes again the termination files whose write failed
@@ -407,7 +473,7 @@ impl Publisher {
 
     /// Writes the offline set if it differs from the last list written or the file is gone.
     fn publish(&mut self) -> bool {
-        let list = OfflinePods::new(&self.node, node_daemon::clock::unix_ms(), self.pods.values().cloned().collect());
+        let list = OfflinePods::new(&self.node, node_daemon::clock::unix_ms(), self.pods.values().map(|k| k.pod.clone()).collect());
         // Unchanged and still there (one `stat`): nothing to write. A file removed meanwhile
         // is written again.
         if self.last.as_ref() == Some(&list.pods) && self.path.exists() {
@@ -454,13 +520,21 @@ impl Publisher {
              # HELP xshare_node_agent_pod_ledgers_removed_total Pod ledger directories removed after their pods left the node\n\
              # TYPE xshare_node_agent_pod_ledgers_removed_total counter\n\
              xshare_node_agent_pod_ledgers_removed_total{{node=\"{n}\"}} {r}\n\
-             # HELP xshare_node_agent_pod_terminations_written_total Offline pods' deletions written into their termination files (for the shim's drain)\n\
+             # HELP xshare_node_agent_pod_terminations_written_total Offline pods' terminations (deletions, the kubelet's evictions) written into their termination files (for the shim's drain)\n\
              # TYPE xshare_node_agent_pod_terminations_written_total counter\n\
              xshare_node_agent_pod_terminations_written_total{{node=\"{n}\"}} {t}\n\
-             # HELP xshare_node_agent_pod_termination_write_errors_total Failed writes of an offline pod's deletion into its termination file (each retried at every check)\n\
+             # HELP xshare_node_agent_pod_termination_write_errors_total Failed writes of an offline pod's termination into its termination file (each retried at every check)\n\
              # TYPE xshare_node_agent_pod_termination_write_errors_total counter\n\
-             xshare_node_agent_pod_termination_write_errors_total{{node=\"{n}\"}} {te}\n",
+             xshare_node_agent_pod_termination_write_errors_total{{node=\"{n}\"}} {te}\n\
+             # HELP xshare_node_agent_kubelet_evictions_total Evictions of this node's offline pods the kubelet began, seen in its Events\n\
+             # TYPE xshare_node_agent_kubelet_evictions_total counter\n\
+             xshare_node_agent_kubelet_evictions_total{{node=\"{n}\"}} {ke}\n\
+             # HELP xshare_node_agent_kubelet_event_watch_errors_total Failed requests of the watch of the kubelet's eviction Events\n\
+             # TYPE xshare_node_agent_kubelet_event_watch_errors_total counter\n\
+             xshare_node_agent_kubelet_event_watch_errors_total{{node=\"{n}\"}} {ee}\n",
             te = self.termination_errors,
+            ke = self.kubelet_evictions,
+            ee = self.event_watch_errors,
             n = self.node,
             e = self.errors,
             l = self.lists,
@@ -497,7 +571,7 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
     }
     let mut cfg = watcher::Config::default().fields(&fields).timeout(WATCH_TIMEOUT_S);
     cfg.bookmarks = true;
-    let api: Api<Pod> = Api::all(client);
+    let api: Api<Pod> = Api::all(client.clone());
     let p = shared.clone();
     let watch = kube_contract::watch::run(api, cfg, "offline pods", MAX_BACKOFF, |seen| {
         // A poisoned lock (a panic elsewhere) stops nothing here: the state is plain data.
@@ -507,6 +581,22 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
                 p.apply(e);
             }
             Seen::Error(e, _) => p.watch_failed(&e.to_string()),
+        }
+        render(&p);
+    });
+    // The kubelet's evictions: its Events, every namespace's, kept to this node's offline pods.
+    let mut ecfg = watcher::Config::default().fields(KUBELET_EVICTION_EVENTS).timeout(WATCH_TIMEOUT_S);
+    ecfg.bookmarks = true;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    let p = shared.clone();
+    let event_watch = kube_contract::watch::run(events, ecfg, "kubelet evictions", MAX_BACKOFF, |seen| {
+        let mut p = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match seen {
+            Seen::Event(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) => {
+                p.note_kubelet_event(e);
+            }
+            Seen::Event(_) => {}
+            Seen::Error(..) => p.event_watch_failed(),
         }
         render(&p);
     });
@@ -530,6 +620,7 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
     };
     tokio::select! {
         _ = watch => {}
+        _ = event_watch => {}
         _ = checks => {}
         _ = retries => {}
         _ = stop.changed() => {}
@@ -692,103 +783,99 @@ mod tests {
         assert!(p.metrics().contains("xshare_node_agent_pod_terminations_written_total{node=\"n1\"} 0\n"));
     }
 
-    /// `pod` as the kubelet's status shows it once the kubelet began terminating it on its own:
-    /// `reason` and `message` on the status and, when `condition_at` (RFC 3339) is given, the
-    /// `DisruptionTarget` condition (reason `TerminationByKubelet`, Kubernetes 1.26 and later)
-    /// beside `Ready`; the container still running.
-    fn kubelet_terminating(mut pod: Pod, reason: &str, message: &str, condition_at: Option<&str>) -> Pod {
-        let mut conditions = vec![serde_json::json!({"type": "Ready", "status": "True", "lastProbeTime": null,
-            "lastTransitionTime": "2026-11-30T09:00:10Z"})];
-        if let Some(at) = condition_at {
-            conditions.insert(0, serde_json::json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
-                "lastTransitionTime": at, "reason": "TerminationByKubelet", "message": message}));
-        }
-        pod.status = Some(serde_json::from_value(serde_json::json!({
-            "phase": "Running", "reason": reason, "message": message, "conditions": conditions,
-            "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "trainer:1", "imageID": "",
-                "containerID": "containerd://4b8e", "state": {"running": {"startedAt": "2026-11-30T09:00:09Z"}}}]
-        })).unwrap());
-        pod
+    /// The `Evicted` Event the kubelet of `host` records just before it kills pod `uid`
+    /// (`train-0` in `ml`), as its legacy recorder sends it, dated `at` (RFC 3339).
+    fn eviction_event(uid: &str, host: &str, message: &str, at: &str) -> k8s_openapi::api::core::v1::Event {
+        serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "train-0.187c4e2a9b1f0d3e", "namespace": "ml", "resourceVersion": "90211",
+                "creationTimestamp": at},
+            "involvedObject": {"kind": "Pod", "namespace": "ml", "name": "train-0", "uid": uid, "apiVersion": "v1",
+                "resourceVersion": "4711"},
+            "reason": "Evicted", "message": message, "source": {"component": "kubelet", "host": host},
+            "firstTimestamp": at, "lastTimestamp": at, "count": 1, "type": "Warning", "eventTime": null,
+            "reportingComponent": "kubelet", "reportingInstance": host}))
+        .unwrap()
     }
 
-    const PRESSURE: &str = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ";
-    const SHUTDOWN: &str = "Pod was terminated in response to imminent node shutdown.";
+    const PRESSURE: &str = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. Container c was using 7Gi, request is 0, has larger consumption of memory. ";
+    const STORAGE: &str = "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ";
 
-    /// The kubelet's own terminations are read off the pod's status: a node-pressure eviction
-    /// (the condition, or `Evicted` alone as before 1.26: no time), a node shutdown (the
-    /// condition); the grace is the spec's or the operator's cap, the shorter. Other
-    /// disruption reasons (a deletion follows them), a condition not True, a pod whose
-    /// containers all ended and a pod the kubelet is not terminating read as none.
+    /// The kubelet's eviction is read off its Event: this node's kubelet, a pod, dated by
+    /// `firstTimestamp` (or `eventTime`), node pressure told from a storage limit by the message;
+    /// another node's, another component's or another reason's Event is none.
     #[test]
-    fn the_kubelets_own_terminations_are_read_off_the_pods_status() {
+    fn the_kubelets_eviction_is_read_off_its_event() {
         let u = "0000000a-0000-4000-8000-000000000000";
-        let running = deleted_pod(u, None, None);
-        assert_eq!(kubelet_termination(&running, 0), None);
-        let evicted = kubelet_terminating(running.clone(), "Evicted", PRESSURE, Some("2026-11-30T10:00:05Z"));
-        assert_eq!(kubelet_termination(&evicted, 0), Some((Some(AT_05_MS), 0)), "drain at once by default");
-        assert_eq!(kubelet_termination(&evicted, 5000), Some((Some(AT_05_MS), 5000)));
-        assert_eq!(kubelet_termination(&evicted, 600_000), Some((Some(AT_05_MS), 30_000)), "never past the spec's grace");
-        let bare = kubelet_terminating(running.clone(), "Evicted", "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ", None);
-        assert_eq!(kubelet_termination(&bare, 0), Some((None, 0)));
-        assert_eq!(kubelet_termination(&bare, 5000), Some((None, 0)), "a storage limit's eviction kills at once whatever the cap");
-        assert_eq!(kubelet_termination(&kubelet_terminating(running.clone(), "Terminated", SHUTDOWN, Some("2026-11-30T10:00:01Z")), 9000), Some((Some(AT_01_MS), 9000)));
-        // The same condition for another cause: the scheduler's preemption deletes the pod next.
-        let mut preempted = kubelet_terminating(running.clone(), "", "", Some("2026-11-30T10:00:05Z"));
-        preempted.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason = Some("PreemptionByScheduler".into());
-        assert_eq!(kubelet_termination(&preempted, 0), None);
-        let mut off = evicted.clone();
-        off.status.as_mut().unwrap().reason = None;
-        off.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
-        assert_eq!(kubelet_termination(&off, 0), None);
-        // Its container ended (the kubelet reports it, then the phase Failed): nothing to warn.
-        let mut ended = evicted.clone();
-        let st = ended.status.as_mut().unwrap();
-        st.phase = Some("Failed".into());
-        st.container_statuses.as_mut().unwrap()[0].state = Some(serde_json::from_value(serde_json::json!({"terminated": {"exitCode": 137,
-            "reason": "Error", "startedAt": "2026-11-30T09:00:09Z", "finishedAt": "2026-11-30T10:00:07Z"}})).unwrap());
-        assert_eq!(kubelet_termination(&ended, 0), None);
-        assert!(termination(&evicted).is_none(), "no deletion in its metadata");
+        let e = eviction_event(u, "n1", PRESSURE, "2026-11-30T10:00:05Z");
+        let want = KubeletEviction { uid: u.into(), who: "ml/train-0".into(), since_unix_ms: Some(AT_05_MS), node_pressure: true };
+        assert_eq!(kubelet_eviction(&e, "n1"), Some(want.clone()));
+        assert_eq!(kubelet_eviction(&eviction_event(u, "n1", STORAGE, "2026-11-30T10:00:05Z"), "n1").map(|k| k.node_pressure), Some(false));
+        assert_eq!(kubelet_eviction(&e, "n2"), None, "another node's kubelet");
+        let mut other = e.clone();
+        other.source.as_mut().unwrap().component = Some("taint-eviction-controller".into());
+        other.reporting_component = Some("taint-eviction-controller".into());
+        assert_eq!(kubelet_eviction(&other, "n1"), None);
+        let mut killing = e.clone();
+        killing.reason = Some("Killing".into());
+        assert_eq!(kubelet_eviction(&killing, "n1"), None);
+        let mut node = e.clone();
+        node.involved_object.kind = Some("Node".into());
+        assert_eq!(kubelet_eviction(&node, "n1"), None);
+        // An events.k8s.io-style Event: no `source`, the reporter and a micro-time instead.
+        let mut new_style = e.clone();
+        new_style.source = None;
+        new_style.first_timestamp = None;
+        new_style.event_time = Some(serde_json::from_value(serde_json::json!("2026-11-30T10:00:01.250000Z")).unwrap());
+        assert_eq!(kubelet_eviction(&new_style, "n1").unwrap().since_unix_ms, Some(AT_01_MS + 250));
+        new_style.event_time = None;
+        assert_eq!(kubelet_eviction(&new_style, "n1").unwrap().since_unix_ms, None);
     }
 
-    /// A termination the kubelet began is written into the pod's termination file as a
-    /// deletion ending its grace after it began; a status without a time takes the first
-    /// sight's, the same at every later event; with a deletion too, the one ending first.
+    /// The kubelet's eviction of an offline pod of this node is written into the pod's
+    /// termination file as a deletion ending its grace after the Event: the operator's grace for
+    /// node pressure (at most the spec's), 0 for a storage limit, 0 before the first list (the
+    /// spec unknown). A pod not in the list once it is complete, and an Event whose kill is long
+    /// past, write nothing. A later deletion never moves the kill later.
     #[test]
-    fn a_termination_the_kubelet_began_is_written_as_a_deletion_ending_its_grace_after_it() {
+    fn the_kubelets_eviction_is_written_as_a_deletion_ending_its_grace_after_the_event() {
         use node_ledger::termination::{read, Termination};
         let d = tempfile::tempdir().unwrap();
         let u = "0000000a-0000-4000-8000-000000000000";
         let path = allocated_termination_file(d.path(), u);
+        let now = node_daemon::clock::unix_ms();
+        let at = |ms: u64| k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64).unwrap().to_string();
+        let recent = at(now / 1000 * 1000);
         let mut p = Publisher::new("n1", RES, d.path()).with_kubelet_grace_ms(5000);
-        let evicted = kubelet_terminating(deleted_pod(u, None, None), "Evicted", PRESSURE, Some("2026-11-30T10:00:01Z"));
-        p.apply(&watcher::Event::Apply(evicted.clone()));
-        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_01_MS + 5000, grace_ms: 5000 })));
-        assert_eq!(p.terminations_written, 1);
-        // A deletion of the same pod ending later (its spec's 30 s from 10:00:05) changes nothing;
-        // one ending earlier (a 0 s deletion at 10:00:05 ends before 10:00:06) is written.
-        let mut deleted = kubelet_terminating(deleted_pod(u, Some("2026-11-30T10:00:35Z"), Some(30)), "Evicted", PRESSURE, Some("2026-11-30T10:00:01Z"));
-        p.apply(&watcher::Event::Apply(deleted.clone()));
-        assert_eq!(p.terminations_written, 1);
-        deleted.metadata.deletion_timestamp = Some(serde_json::from_value(serde_json::json!("2026-11-30T10:00:05Z")).unwrap());
-        deleted.metadata.deletion_grace_period_seconds = Some(0);
-        p.apply(&watcher::Event::Apply(deleted));
-        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 0 })));
-        // `Evicted` with no condition (before 1.26): timed from the first sight, kept at every event.
+        // Before the first list: the spec is unknown, drained at once.
+        assert!(p.note_kubelet_event(&eviction_event(u, "n1", PRESSURE, &recent)));
+        let since = now / 1000 * 1000;
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
+        assert_eq!(p.kubelet_evictions, 1);
+        // Listed (spec 30 s): the operator's 5 s; the file keeps the earlier reading.
         std::fs::write(&path, "").unwrap();
-        let mut p = Publisher::new("n1", RES, d.path());
-        let bare = kubelet_terminating(deleted_pod(u, None, None), "Evicted", PRESSURE, None);
-        let before = node_daemon::clock::unix_ms();
-        p.apply(&watcher::Event::Apply(bare.clone()));
-        let first = read(&path).unwrap().expect("written");
-        assert!(first.deletion_unix_ms >= before && first.deletion_unix_ms <= node_daemon::clock::unix_ms(), "{first:?}");
-        assert_eq!(first.grace_ms, 0);
-        std::thread::sleep(Duration::from_millis(5));
-        p.apply(&watcher::Event::Apply(bare.clone()));
-        assert_eq!(read(&path).unwrap(), Some(first));
-        assert_eq!(p.terminations_written, 1, "the same reading is not written again");
-        // Gone: forgotten with the pod.
-        p.apply(&watcher::Event::Delete(bare));
-        assert!(p.kubelet_seen.is_empty());
+        for e in [watcher::Event::Init, watcher::Event::InitApply(deleted_pod(u, None, None)), watcher::Event::InitDone] {
+            p.apply(&e);
+        }
+        assert!(p.note_kubelet_event(&eviction_event(u, "n1", PRESSURE, &recent)));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since + 5000, grace_ms: 5000 })));
+        // A storage limit's: at once.
+        assert!(p.note_kubelet_event(&eviction_event(u, "n1", STORAGE, &recent)));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
+        // A deletion afterwards (the pod GC, or a user) ends later: the file stays.
+        assert!(!p.apply(&watcher::Event::Apply(deleted_pod(u, Some(&at(since + 30_000)), Some(30)))));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
+        assert_eq!((p.kubelet_evictions, p.terminations_written), (3, 3));
+        // Long past (a list brings the past hour's Events): nothing.
+        std::fs::write(&path, "").unwrap();
+        assert!(!p.note_kubelet_event(&eviction_event(u, "n1", PRESSURE, &at(now - 3_600_000))));
+        // Another node's, or a pod not in the complete list: nothing.
+        assert!(!p.note_kubelet_event(&eviction_event(u, "n2", PRESSURE, &recent)));
+        let gone = "0000000b-0000-4000-8000-000000000000";
+        let gone_path = allocated_termination_file(d.path(), gone);
+        assert!(!p.note_kubelet_event(&eviction_event(gone, "n1", PRESSURE, &recent)));
+        assert_eq!((read(&path), read(&gone_path)), (Ok(None), Ok(None)));
+        assert_eq!(p.kubelet_evictions, 3);
+        assert!(p.metrics().contains("xshare_node_agent_kubelet_evictions_total{node=\"n1\"} 3\n"), "{}", p.metrics());
     }
 
     /// A termination file that cannot be written (here a directory in its place) is counted

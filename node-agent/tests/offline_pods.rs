@@ -239,14 +239,15 @@ fn ignored_plan_changes_are_counted_on_the_shared_store() {
     assert!(plans.metrics("node-a").contains("xshare_node_agent_plan_annotation_changes_ignored_total{node=\"node-a\"} 2"));
 }
 
-/// A node-pressure eviction or a node shutdown is the kubelet's own: no deletion comes first,
-/// only the pod's status says it (a `DisruptionTarget` condition, `TerminationByKubelet`). The
-/// watch writes it into the pod's termination file at that event, so its shim drains before
-/// the kubelet's kill: by the operator's `kubelet_termination_grace_ms` (here 4 s, shorter than
-/// the pod's spec 30 s) from the condition's time. A pod the kubelet is not terminating gets
-/// nothing; the kubelet's later report that the containers ended rewrites nothing.
+/// A node-pressure eviction is the kubelet's own: no deletion comes first, and the kubelet's
+/// status manager holds the pod's new status back until its containers ended. The Event it
+/// records just before the kill is the word that comes in time: node-agent's watch of the
+/// kubelet's `Evicted` Events writes it into the pod's termination file at once, so its shim
+/// drains before the kill, by the operator's `kubelet_eviction_grace_ms` (here 4 s, shorter than
+/// the pod's spec 30 s) from the Event's time. Another pod is left alone; the status the
+/// kubelet reports once the containers ended writes nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_termination_the_kubelet_begins_on_its_own_reaches_the_pods_termination_file() {
+async fn the_kubelets_eviction_event_reaches_the_pods_termination_file_before_its_status() {
     let tmp = tempfile::tempdir().unwrap();
     let c = FakeCluster::start();
     c.add_pod(pod("train", RUNNING, "Running"));
@@ -259,26 +260,27 @@ async fn a_termination_the_kubelet_begins_on_its_own_reaches_the_pods_terminatio
     let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path()).with_kubelet_grace_ms(4000);
     let (stop, metrics) = start_with(c.url(), p, tmp.path(), Duration::from_secs(3600)).await;
     eventually("the first list written", || uids(tmp.path()) == [RUNNING, LATER]).await;
-    eventually("a watch after the list", || !c.api.watches(PODS).is_empty()).await;
-    assert_eq!(node_ledger::termination::read(&file(RUNNING)), Ok(None));
+    const EVENTS: &str = "/api/v1/events";
+    eventually("a watch of the kubelet's evictions", || !c.api.watches(EVENTS).is_empty()).await;
+    let w = c.api.watches(EVENTS);
+    assert_eq!(w[0].query.get("fieldSelector").map(String::as_str), Some("involvedObject.kind=Pod,reason=Evicted,source=kubelet"), "{:?}", w[0].query);
 
-    let before_s = fake_kube::objects::now_ms() / 1000 * 1000;
-    c.kubelet_terminate("batch", "train", "Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ");
-    eventually("the kubelet's termination written", || node_ledger::termination::read(&file(RUNNING)).is_ok_and(|t| t.is_some())).await;
+    const MESSAGE: &str = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ";
+    c.kubelet_evict("batch", "train", MESSAGE);
+    eventually("the kubelet's eviction written", || node_ledger::termination::read(&file(RUNNING)).is_ok_and(|t| t.is_some())).await;
     let t = node_ledger::termination::read(&file(RUNNING)).unwrap().unwrap();
-    let since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(
-        c.pod("batch", "train").unwrap()["status"]["conditions"][0]["lastTransitionTime"].clone(),
-    )
-    .unwrap();
-    let since_ms = since.0.as_millisecond() as u64;
-    assert!(since_ms >= before_s, "the condition is dated now");
-    assert_eq!(t, node_ledger::termination::Termination { deletion_unix_ms: since_ms + 4000, grace_ms: 4000 });
+    let event = c.events().into_iter().find(|e| e["reason"] == "Evicted").unwrap();
+    let since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(event["firstTimestamp"].clone()).unwrap();
+    assert_eq!(t, node_ledger::termination::Termination { deletion_unix_ms: since.0.as_millisecond() as u64 + 4000, grace_ms: 4000 });
+    assert!(c.pod("batch", "train").unwrap()["status"]["reason"].is_null(), "the status says nothing yet");
     assert_eq!(node_ledger::termination::read(&file(LATER)), Ok(None), "the other pod goes on");
-    eventually("the write counted", || metrics.lock().unwrap().contains("xshare_node_agent_pod_terminations_written_total{node=\"node-a\"} 1")).await;
-    // The kubelet reports the containers ended, then the phase: nothing more is written.
-    c.set_pod_phase("batch", "train", "Failed");
+    eventually("the eviction counted", || metrics.lock().unwrap().contains("xshare_node_agent_kubelet_evictions_total{node=\"node-a\"} 1")).await;
+    // The containers ended: the kubelet reports phase, reason and condition together.
+    c.kubelet_evicted_pod_stopped("batch", "train", MESSAGE);
     eventually("the failed pod left out of the list", || uids(tmp.path()) == [LATER]).await;
     assert_eq!(node_ledger::termination::read(&file(RUNNING)), Ok(Some(t)));
-    assert!(metrics.lock().unwrap().contains("xshare_node_agent_pod_terminations_written_total{node=\"node-a\"} 1"));
+    let m = metrics.lock().unwrap().clone();
+    assert!(m.contains("xshare_node_agent_pod_terminations_written_total{node=\"node-a\"} 1"), "{m}");
+    assert!(m.contains("xshare_node_agent_kubelet_event_watch_errors_total{node=\"node-a\"} 0"), "{m}");
     let _ = stop.send(true);
 }

@@ -423,7 +423,7 @@ pub fn watch_termination_file() {
             return;
         }
     }
-    start_drain_thread(node_ledger::clock::now_ns(), "the pod's deletion");
+    start_drain_thread(node_ledger::clock::now_ns(), "the pod's termination file");
 }
 
 /// Starts the drain thread of a kill whose grace runs from `term_ns` (monotonic), once per
@@ -495,7 +495,7 @@ impl KillClock {
                     deletion_unix_ms = t.deletion_unix_ms,
                     kill_in_ms = self.deletion_ns.map(|k| k.saturating_sub(now_ns) / 1_000_000),
                     spec_kill_in_ms = self.spec_ns.map(|k| k.saturating_sub(now_ns) / 1_000_000),
-                    "xcuda: the pod is being deleted: the SIGKILL is expected then, by the deletion's grace"
+                    "xcuda: the pod is being deleted or evicted (its termination file): the SIGKILL is expected then, by that grace"
                 );
             }
             Ok(_) => {}

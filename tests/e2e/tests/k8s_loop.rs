@@ -18,8 +18,8 @@
 //! new one at once → the extender replans and binds the new one while the old one is still
 //! Terminating (no second eviction, not planned twice) → the kubelet confirms, the old pod
 //! goes → the replacement is admitted and runs; the kubelet evicts it on its own (node
-//! pressure: only its status says so) → node-agent writes it into the pod's termination file →
-//! the shim drains the GPU with no SIGTERM sent.
+//! pressure: only its `Evicted` Event says so in time) → node-agent writes it into the pod's
+//! termination file → the shim drains the GPU with no SIGTERM sent.
 
 mod workloads_support;
 
@@ -502,10 +502,11 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     assert_eq!(train_pods, [name_of(&next)]);
 
     // --- 7. The replacement is admitted and runs; then the kubelet evicts it on its own (node
-    // pressure): no deletion, only the pod's status says so (a `DisruptionTarget` condition,
-    // `TerminationByKubelet`). node-agent writes it into the pod's termination file and the
-    // shim drains the GPU at once (`kubelet_termination_grace_ms` 0: a hard threshold kills 2 s
-    // later), with no SIGTERM sent: the kubelet's signal may reach PID 1 only.
+    // pressure): no deletion, and the pod's status says nothing until its containers ended;
+    // only the kubelet's `Evicted` Event, recorded just before the kill, does. node-agent's
+    // watch of those writes it into the pod's termination file and the shim drains the GPU at
+    // once (`kubelet_eviction_grace_ms` 0: a hard threshold kills 2 s later), with no SIGTERM
+    // sent: the kubelet's signal may reach PID 1 only.
     let next_name = name_of(&next);
     eventually("the GPU Healthy for the replacement", || (read_state(&run)["state"] == "healthy").then_some(()));
     let alloc2 = allocate();
@@ -523,7 +524,8 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     };
     off2.wait_line("iters_per_s", T);
     assert!(!std::fs::read_to_string(&shim_log).unwrap().contains("GPU drained"), "nothing to drain for yet");
-    cluster.kubelet_terminate("ml", &next_name, "Evicted", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ");
+    const PRESSURE: &str = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ";
+    cluster.kubelet_evict("ml", &next_name, PRESSURE);
     let by_kubelet = eventually("node-agent writes the kubelet's eviction into the termination file", || {
         node_ledger::termination::read(&termination2).ok().flatten()
     });
@@ -532,10 +534,12 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     let log = eventually("the replacement's shim drains by the kubelet's eviction", || {
         std::fs::read_to_string(&shim_log).ok().filter(|l| l.contains("GPU drained"))
     });
-    assert!(log.contains("armed_by=the pod's deletion") || log.contains("armed_by=\"the pod's deletion\""), "armed by the file: {log}");
-    // The kubelet's SIGKILL finds it drained.
+    assert!(log.contains("armed_by=\"the pod's termination file\"") || log.contains("armed_by=the pod's termination file"), "armed by the file: {log}");
+    // The kubelet's SIGKILL finds it drained; then the pod's status says it.
     let (st, _) = off2.stop(libc::SIGKILL, T);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "{st:?}");
+    cluster.kubelet_evicted_pod_stopped("ml", &next_name, PRESSURE);
+    assert_eq!(node_ledger::termination::read(&termination2), Ok(Some(by_kubelet)), "nothing more written");
 
     // The eviction was posted once, never again.
     std::thread::sleep(Duration::from_millis(500));

@@ -376,7 +376,7 @@ fn a_shortened_deletion_grace_brings_the_drain_forward() {
     std::thread::sleep(Duration::from_millis(300));
     write_deletion(&file, 2700, 3000);
     let log = drained_then_killed(&mut trainer, "the drain by the termination file");
-    assert!(log.contains("the pod is being deleted"), "the reading is said: {log}");
+    assert!(log.contains("the pod is being deleted or evicted"), "the reading is said: {log}");
 }
 
 /// A process that no SIGTERM reaches (behind a PID 1 that does not forward it, or under
@@ -391,7 +391,7 @@ fn a_deletion_seen_in_the_termination_file_drains_without_a_sigterm() {
     assert!(!trainer.stderr().contains("GPU drained"), "no deletion yet, no drain: {}", trainer.stderr());
     write_deletion(&file, 3000, 3000);
     let log = drained_then_killed(&mut trainer, "the drain by the deletion alone");
-    assert!(log.contains("armed_by=the pod's deletion") || log.contains("armed_by=\"the pod's deletion\""), "armed by the file: {log}");
+    assert!(log.contains("armed_by=\"the pod's termination file\"") || log.contains("armed_by=the pod's termination file"), "armed by the file: {log}");
 }
 
 /// A deletion that gives more time than the pod's spec (`kubectl drain --grace-period=8` of a

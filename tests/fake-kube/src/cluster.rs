@@ -33,6 +33,7 @@ const JOB_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
 enum Kind {
     Pod,
     Node,
+    Event,
 }
 
 struct Watcher {
@@ -223,7 +224,7 @@ impl Watcher {
         });
         ns_ok
             && labels_match(&obj["metadata"]["labels"], &self.labels)
-            && fields_match(obj, &self.fields)
+            && fields_match(&selectable(self.kind, obj), &self.fields)
     }
 
     /// The event this watch gets for a change (objects entering or leaving the selector are
@@ -248,10 +249,23 @@ impl Watcher {
     }
 }
 
+/// `obj` as field selectors see it: an Event's `source` is its `source.component` (else its
+/// `reportingComponent`), as the API server's event strategy selects it; other fields as stored.
+fn selectable(kind: Kind, obj: &Value) -> std::borrow::Cow<'_, Value> {
+    if kind != Kind::Event {
+        return std::borrow::Cow::Borrowed(obj);
+    }
+    let mut o = obj.clone();
+    let source = obj["source"]["component"].as_str().filter(|c| !c.is_empty()).or(obj["reportingComponent"].as_str()).unwrap_or("");
+    o["source"] = source.into();
+    std::borrow::Cow::Owned(o)
+}
+
 fn typed(kind: Kind, mut o: Value) -> Value {
     let k = match kind {
         Kind::Pod => "Pod",
         Kind::Node => "Node",
+        Kind::Event => "Event",
     };
     o["kind"] = k.into();
     o["apiVersion"] = "v1".into();
@@ -280,6 +294,18 @@ impl State {
         self.watchers
             .retain(|w| w.event(&c).is_none_or(|e| w.tx.send(e).is_ok()));
         self.history.push(c);
+    }
+
+    /// Stores a new Event (named `<generateName or "ev.">`+hex when unnamed), told to the
+    /// watches of events; returns it as stored.
+    fn put_event(&mut self, mut e: Value) -> Value {
+        if e["metadata"]["name"].as_str().is_none() {
+            let g = e["metadata"]["generateName"].as_str().unwrap_or("ev.").to_string();
+            e["metadata"]["name"] = format!("{g}{:x}", self.rv + 1).into();
+        }
+        self.change(Kind::Event, None, Some(&mut e));
+        self.events.push(e.clone());
+        e
     }
 
     fn put_pod(&mut self, mut pod: Value) -> Value {
@@ -572,25 +598,52 @@ impl FakeCluster {
         st.pods.insert((ns.to_string(), name.to_string()), p);
     }
 
-    /// The kubelet begins terminating pod `ns/name` on its own (a node-pressure eviction, a
-    /// graceful node shutdown), as its status shows it from Kubernetes 1.26 on: `reason` and
-    /// `message` on the status and a `DisruptionTarget` condition (reason
-    /// `TerminationByKubelet`) dated now, to the second; no deletion in its metadata, and the
-    /// phase kept until its containers ended ([`FakeCluster::set_pod_phase`]).
-    pub fn kubelet_terminate(&self, ns: &str, name: &str, reason: &str, message: &str) {
+    /// The kubelet of the pod's node evicts pod `ns/name` for node pressure or a storage limit,
+    /// as its eviction manager does before it kills: a Warning Event, reason `Evicted`, from
+    /// source `kubelet` on that host, with `message`, dated now (to the second). The pod's status
+    /// does not change yet: the kubelet's status manager holds the terminal phase, its reason and
+    /// the `DisruptionTarget` condition back until every container ended
+    /// ([`FakeCluster::kubelet_evicted_pod_stopped`]).
+    pub fn kubelet_evict(&self, ns: &str, name: &str, message: &str) {
+        let mut st = self.state.lock().unwrap();
+        let Some(p) = st.pods.get(&(ns.to_string(), name.to_string())).cloned() else {
+            panic!("no pod {ns}/{name}");
+        };
+        let host = p["spec"]["nodeName"].as_str().expect("the pod is bound").to_string();
+        let now = now_rfc3339();
+        let e = serde_json::json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("{name}.{:x}", now_unix()), "namespace": ns},
+            "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": p["metadata"]["uid"], "apiVersion": "v1",
+                "resourceVersion": p["metadata"]["resourceVersion"]},
+            "reason": "Evicted", "message": message, "source": {"component": "kubelet", "host": host},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1, "type": "Warning", "eventTime": null,
+            "reportingComponent": "kubelet", "reportingInstance": host});
+        st.put_event(e);
+    }
+
+    /// The kubelet reports pod `ns/name`, evicted ([`FakeCluster::kubelet_evict`]), stopped: its
+    /// containers terminated, then, in the same update, phase `Failed`, reason `Evicted`, the
+    /// eviction's `message` and the `DisruptionTarget` condition (reason `TerminationByKubelet`).
+    pub fn kubelet_evicted_pod_stopped(&self, ns: &str, name: &str, message: &str) {
         let mut st = self.state.lock().unwrap();
         let Some(mut p) = st.pods.get(&(ns.to_string(), name.to_string())).cloned() else {
             panic!("no pod {ns}/{name}");
         };
         let old = p.clone();
-        p["status"]["reason"] = reason.into();
+        let now = now_rfc3339();
+        p["status"]["phase"] = "Failed".into();
+        p["status"]["reason"] = "Evicted".into();
         p["status"]["message"] = message.into();
         let condition = serde_json::json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
-            "lastTransitionTime": now_rfc3339(), "reason": "TerminationByKubelet", "message": message});
+            "lastTransitionTime": now, "reason": "TerminationByKubelet", "message": message});
         match p["status"]["conditions"].as_array_mut() {
             Some(c) => c.push(condition),
             None => p["status"]["conditions"] = serde_json::json!([condition]),
         }
+        let containers: Vec<Value> = p["spec"]["containers"].as_array().into_iter().flatten().map(|c| serde_json::json!({
+            "name": c["name"], "ready": false, "restartCount": 0, "image": c["image"], "imageID": "",
+            "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now}}})).collect();
+        p["status"]["containerStatuses"] = containers.into();
         st.change(Kind::Pod, Some(old), Some(&mut p));
         st.pods.insert((ns.to_string(), name.to_string()), p);
     }
@@ -620,6 +673,10 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
             list_or_watch(&mut st, Kind::Pod, Some(ns.to_string()), r)
         }
         ("GET", ["api", "v1", "nodes"]) => list_or_watch(&mut st, Kind::Node, None, r),
+        ("GET", ["api", "v1", "events"]) => list_or_watch(&mut st, Kind::Event, None, r),
+        ("GET", ["api", "v1", "namespaces", ns, "events"]) => {
+            list_or_watch(&mut st, Kind::Event, Some(ns.to_string()), r)
+        }
         ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
             match st.pods.get(&(ns.to_string(), name.to_string())) {
                 Some(pod) => Answer::Json(200, typed(Kind::Pod, pod.clone()), vec![]),
@@ -778,15 +835,8 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
             if e["kind"] != "Event" || e["involvedObject"]["name"].as_str().is_none() {
                 return bad("a v1 Event with an involvedObject is expected");
             }
-            let n = st.next_rv();
-            if e["metadata"]["name"].as_str().is_none() {
-                let g = e["metadata"]["generateName"].as_str().unwrap_or("ev.").to_string();
-                e["metadata"]["name"] = format!("{g}{n:x}").into();
-            }
             e["metadata"]["namespace"] = ns.to_string().into();
-            e["metadata"]["resourceVersion"] = n.to_string().into();
-            st.events.push(e.clone());
-            Answer::Json(201, e, vec![])
+            Answer::Json(201, st.put_event(e), vec![])
         }
         _ => not_found(&format!("{} {}", r.method, r.path)),
     }
@@ -827,12 +877,14 @@ fn list_or_watch(st: &mut State, kind: Kind, namespace: Option<String>, r: &Req)
     let objects: Vec<Value> = match kind {
         Kind::Pod => st.pods.values().cloned().collect(),
         Kind::Node => st.nodes.values().cloned().collect(),
+        Kind::Event => st.events.clone(),
     };
     if !r.is_watch() {
         let items: Vec<Value> = objects.into_iter().filter(|o| w.sees(o)).collect();
         let k = match kind {
             Kind::Pod => "PodList",
             Kind::Node => "NodeList",
+            Kind::Event => "EventList",
         };
         return Answer::Json(200, list(k, &st.rv.to_string(), items), vec![]);
     }
@@ -875,6 +927,18 @@ mod tests {
         assert!(fields_match(&p, "spec.nodeName=n1,status.phase=Pending"));
         assert!(!fields_match(&p, "spec.nodeName=n2"));
         assert!(fields_match(&json!({}), "spec.nodeName="));
+    }
+
+    /// An Event's `source` selects on its component, as the API server's event strategy does.
+    #[test]
+    fn event_source_selects_on_its_component() {
+        let e = json!({"reason": "Evicted", "source": {"component": "kubelet", "host": "n1"}, "involvedObject": {"kind": "Pod"}});
+        let sel = "involvedObject.kind=Pod,reason=Evicted,source=kubelet";
+        assert!(fields_match(&selectable(Kind::Event, &e), sel));
+        assert!(!fields_match(&e, sel), "stored, `source` is an object");
+        let reported = json!({"reason": "Evicted", "reportingComponent": "kubelet", "involvedObject": {"kind": "Pod"}});
+        assert!(fields_match(&selectable(Kind::Event, &reported), sel));
+        assert!(!fields_match(&selectable(Kind::Event, &e), "source=default-scheduler"));
     }
 
     #[test]
