@@ -204,9 +204,9 @@ pub struct Publisher {
     /// ([`Publisher::retry_terminations`]): a pod being deleted may see no further event before
     /// its SIGKILL. Each pod's failure is said when it enters, its recovery when it leaves.
     pending_terminations: BTreeMap<node_ledger::PodUid, (node_ledger::termination::Termination, String)>,
-    /// The grace this node's kubelet gives a pod it evicts for node pressure, ms
-    /// ([`Publisher::note_kubelet_event`]).
-    kubelet_grace_ms: u64,
+    /// The kubelet's evictions are watched for, with the grace this node's kubelet gives a pod
+    /// it evicts for node pressure, ms ([`Publisher::note_kubelet_event`]); `None`: not watched.
+    kubelet_grace_ms: Option<u64>,
     /// Evictions of this node's offline pods the kubelet began, seen in its Events.
     pub kubelet_evictions: u64,
     /// Failed requests of the watch of the kubelet's eviction Events.
@@ -282,16 +282,17 @@ impl Publisher {
             terminations_written: 0,
             termination_errors: 0,
             pending_terminations: BTreeMap::new(),
-            kubelet_grace_ms: 0,
+            kubelet_grace_ms: None,
             kubelet_evictions: 0,
             event_watch_errors: 0,
         }
     }
 
-    /// The same publisher taking `ms` for the grace this node's kubelet gives a pod it evicts
-    /// for node pressure ([`Publisher::note_kubelet_event`]; 0 by default).
-    pub fn with_kubelet_grace_ms(mut self, ms: u64) -> Self {
-        self.kubelet_grace_ms = ms;
+    /// The same publisher watching for the kubelet's evictions when `grace_ms` is given, the
+    /// grace this node's kubelet gives a pod it evicts for node pressure
+    /// ([`Publisher::note_kubelet_event`]; not watched by default).
+    pub fn with_kubelet_evictions(mut self, grace_ms: Option<u64>) -> Self {
+        self.kubelet_grace_ms = grace_ms;
         self
     }
 
@@ -383,7 +384,7 @@ impl Publisher {
             None => None,
         };
         let grace_ms = match (ev.node_pressure, spec_grace_ms) {
-            (true, Some(spec)) => spec.min(self.kubelet_grace_ms),
+            (true, Some(spec)) => spec.min(self.kubelet_grace_ms.unwrap_or(0)),
             _ => 0,
         };
         let now = node_daemon::clock::unix_ms();
@@ -392,10 +393,15 @@ impl Publisher {
         if t.deletion_unix_ms.saturating_add(STALE_EVICTION.as_millis() as u64) < now {
             return false;
         }
-        self.kubelet_evictions += 1;
-        tracing::warn!(pod = %ev.who, grace_ms, node_pressure = ev.node_pressure, message = e.message.as_deref().unwrap_or(""),
-            "the kubelet evicts an offline pod of this node (its Event): its shim drains the GPU before the kill");
-        self.write_termination(uid, t, ev.who)
+        let who = ev.who.clone();
+        let changed = self.write_termination(uid, t, ev.who);
+        // Counted and said once per file changed: not a relist's replay, nor a pod with no file.
+        if changed {
+            self.kubelet_evictions += 1;
+            tracing::warn!(pod = %who, grace_ms, node_pressure = ev.node_pressure, message = e.message.as_deref().unwrap_or(""),
+                "the kubelet evicts an offline pod of this node (its Event): its shim drains the GPU before the kill");
+        }
+        changed
     }
 
     /// Writes termination `t` of pod `uid` (`who`: namespace/name, for the log), combined with
@@ -560,6 +566,7 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// [`WATCH_TIMEOUT_S`] (`crate::kube::watch_client`).
 pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop: signal::Receiver<bool>, metrics: Arc<Mutex<String>>) {
     let fields = format!("spec.nodeName={}", publisher.node);
+    let publisher_watches_evictions = publisher.kubelet_grace_ms.is_some();
     let shared = Arc::new(Mutex::new(publisher));
     let render = |p: &Publisher| {
         if let Ok(mut m) = metrics.lock() {
@@ -584,12 +591,18 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
         }
         render(&p);
     });
-    // The kubelet's evictions: its Events, every namespace's, kept to this node's offline pods.
+    // The kubelet's evictions, where watched: its Events, every namespace's, kept to this node's
+    // offline pods.
+    let watch_evictions = publisher_watches_evictions;
     let mut ecfg = watcher::Config::default().fields(KUBELET_EVICTION_EVENTS).timeout(WATCH_TIMEOUT_S);
     ecfg.bookmarks = true;
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
     let p = shared.clone();
-    let event_watch = kube_contract::watch::run(events, ecfg, "kubelet evictions", MAX_BACKOFF, |seen| {
+    let event_watch = async {
+        if !watch_evictions {
+            return std::future::pending().await;
+        }
+        kube_contract::watch::run(events, ecfg, "kubelet evictions", MAX_BACKOFF, |seen| {
         let mut p = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match seen {
             Seen::Event(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) => {
@@ -599,7 +612,9 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
             Seen::Error(..) => p.event_watch_failed(),
         }
         render(&p);
-    });
+        })
+        .await
+    };
     let checks = async {
         loop {
             tokio::time::sleep(check).await;
@@ -845,7 +860,7 @@ mod tests {
         let now = node_daemon::clock::unix_ms();
         let at = |ms: u64| k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64).unwrap().to_string();
         let recent = at(now / 1000 * 1000);
-        let mut p = Publisher::new("n1", RES, d.path()).with_kubelet_grace_ms(5000);
+        let mut p = Publisher::new("n1", RES, d.path()).with_kubelet_evictions(Some(5000));
         // Before the first list: the spec is unknown, drained at once.
         assert!(p.note_kubelet_event(&eviction_event(u, "n1", PRESSURE, &recent)));
         let since = now / 1000 * 1000;

@@ -109,6 +109,7 @@ async fn the_list_follows_this_nodes_pods_at_each_event_not_at_a_poll() {
     let m = metrics.lock().unwrap().clone();
     assert!(m.contains("xshare_node_agent_offline_pod_lists_total{node=\"node-a\"} 1"), "one list, then events only: {m}");
     assert_eq!(c.api.lists(PODS).len(), 1, "no list a poll");
+    assert!(c.api.requests("/api/v1/events").is_empty(), "the kubelet's evictions are not watched unless asked");
     let _ = stop.send(true);
 }
 
@@ -257,7 +258,7 @@ async fn the_kubelets_eviction_event_reaches_the_pods_termination_file_before_it
         std::fs::create_dir_all(file(u).parent().unwrap()).unwrap();
         node_ledger::termination::create(&file(u)).unwrap();
     }
-    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path()).with_kubelet_grace_ms(4000);
+    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path()).with_kubelet_evictions(Some(4000));
     let (stop, metrics) = start_with(c.url(), p, tmp.path(), Duration::from_secs(3600)).await;
     eventually("the first list written", || uids(tmp.path()) == [RUNNING, LATER]).await;
     const EVENTS: &str = "/api/v1/events";

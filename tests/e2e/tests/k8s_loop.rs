@@ -247,7 +247,8 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         .unwrap();
     let dp = root.join("device-plugins");
     let shim = bins.join("libxcuda.so");
-    let (_agent, reg) = start_node_agent(&host, &rt, &cluster, json!({}));
+    // Watching for the kubelet's evictions (step 7).
+    let (_agent, reg) = start_node_agent(&host, &rt, &cluster, json!({"offline_pods": {"watch_kubelet_evictions": true}}));
     assert_eq!(reg.resource_name, "xshare.io/offline-gpu");
 
     // Its heartbeat reaches the Node: GPU 0 Healthy, with NVML's UUID.
@@ -505,7 +506,8 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     // pressure): no deletion, and the pod's status says nothing until its containers ended;
     // only the kubelet's `Evicted` Event, recorded just before the kill, does. node-agent's
     // watch of those writes it into the pod's termination file and the shim drains the GPU at
-    // once (`kubelet_eviction_grace_ms` 0: a hard threshold kills 2 s later), with no SIGTERM
+    // once (`watch_kubelet_evictions` on, `kubelet_eviction_grace_ms` 0: a hard threshold kills
+    // 2 s later), with no SIGTERM
     // sent: the kubelet's signal may reach PID 1 only.
     let next_name = name_of(&next);
     eventually("the GPU Healthy for the replacement", || (read_state(&run)["state"] == "healthy").then_some(()));
