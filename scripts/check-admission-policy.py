@@ -43,6 +43,9 @@ cases=[("create plain", run("CREATE", pod({"a":"b"}), None), [True]*3),
 ("online create with quota", run("CREATE", {"metadata":{"annotations":{"xshare.io/memory-quota-bytes":"1"}},"spec":{"containers":[{"name":"c"}]}}, None), [False,True,True]),
 ("init container asks", run("CREATE", {"metadata":{"annotations":{"xshare.io/gpu":"1"}},"spec":{"schedulerName":"xshare-scheduler","initContainers":[{"name":"i","resources":{"requests":{"xshare.io/offline-gpu":"1"}}}],"containers":[{"name":"c"}]}}, None), [False,True,True]),
 ("extender update", run("UPDATE", pod(plan), pod({}), user="system:serviceaccount:kube-system:xshare-extender"), "skipped"),
+("tenant adds kubelet eviction", run("UPDATE", pod(dict(plan, **{"xshare.io/kubelet-eviction":'{"node":"n1","since_unix_ms":1,"node_pressure":true}'})), pod(plan)), [False,True,True]),
+("create with kubelet eviction", run("CREATE", pod({"xshare.io/kubelet-eviction":"{}"}), None), [False,True,True]),
+("extender adds kubelet eviction", run("UPDATE", pod(dict(plan, **{"xshare.io/kubelet-eviction":"{}"})), pod(plan), user="system:serviceaccount:kube-system:xshare-extender"), "skipped"),
 ]
 bad=0
 for name, got, want in cases:

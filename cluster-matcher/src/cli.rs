@@ -265,6 +265,12 @@ pub struct ServeArgs {
     /// Label selector of the watched GPU nodes [default: every node].
     #[arg(long, requires = "watch")]
     pub node_selector: Option<String>,
+    /// Do not watch the kubelet's `Evicted` Events (one watch for the cluster). With it, each
+    /// kubelet eviction of a watched offline pod is written onto the pod
+    /// (`xshare.io/kubelet-eviction`) so its node agent tells the pod's shim to drain the GPU
+    /// before the kill; RBAC `list`/`watch` on events.
+    #[arg(long, requires = "watch")]
+    pub no_kubelet_evictions: bool,
     /// Seconds to wait for the first list of pods and nodes before serving.
     #[arg(long, default_value_t = 60, requires = "watch")]
     pub watch_sync_timeout_s: u64,
@@ -429,6 +435,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                     node_selector: a.node_selector.clone(),
                     stale_after: std::time::Duration::from_secs(cluster.stale_after_s),
                     max_clock_skew: std::time::Duration::from_millis(a.max_clock_skew_ms),
+                    kubelet_evictions: !a.no_kubelet_evictions,
                     ..Default::default()
                 };
                 let slot: Arc<OnceLock<Weak<extender::Extender>>> = Arc::default();

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::Api;
@@ -51,6 +51,10 @@ pub struct WatchSettings {
     pub max_backoff: Duration,
     /// Seconds the API server keeps one watch request open.
     pub watch_timeout_s: u32,
+    /// Watch the kubelet's `Evicted` Events and write each eviction of a watched offline pod
+    /// onto it ([`kube_contract::kubelet_eviction`]), so its node agent tells its shim before
+    /// the kill.
+    pub kubelet_evictions: bool,
 }
 
 impl Default for WatchSettings {
@@ -63,6 +67,7 @@ impl Default for WatchSettings {
             max_clock_skew: heartbeat::DEFAULT_MAX_CLOCK_SKEW,
             max_backoff: Duration::from_secs(30),
             watch_timeout_s: 290,
+            kubelet_evictions: true,
         }
     }
 }
@@ -78,6 +83,10 @@ pub struct WatchStats {
     pub retry_after_waits: AtomicU64,
     /// Watchers started afresh after a `410 Gone` on a watch request.
     pub gone_restarts: AtomicU64,
+    /// Kubelet evictions written onto their offline pods ([`annotate_kubelet_evictions`]).
+    pub kubelet_evictions_annotated: AtomicU64,
+    /// Failed writes of a kubelet eviction onto its pod.
+    pub kubelet_eviction_errors: AtomicU64,
 }
 
 /// A cheap handle on what the watches have seen.
@@ -180,7 +189,7 @@ impl ClusterWatch {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let nodes: Api<Node> = Api::all(client);
+        let nodes: Api<Node> = Api::all(client.clone());
         let mut pod_cfg = watcher::Config::default()
             .labels(&settings.pod_selector)
             .timeout(settings.watch_timeout_s);
@@ -200,7 +209,17 @@ impl ClusterWatch {
             on_change.clone(),
             max,
         ));
-        rt.spawn(run_watch(nodes, node_cfg, node_writer, "nodes", stats, on_change, max));
+        rt.spawn(run_watch(nodes, node_cfg, node_writer, "nodes", stats.clone(), on_change, max));
+        if settings.kubelet_evictions {
+            let events: Api<Event> = match &settings.namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            };
+            let cfg = watcher::Config::default()
+                .fields(kube_contract::kubelet_eviction::EVENTS_FIELD_SELECTOR)
+                .timeout(settings.watch_timeout_s);
+            rt.spawn(annotate_kubelet_evictions(events, cfg, client, view.pods.clone(), stats, max));
+        }
         Ok(Self { view, rt: Some(rt) })
     }
 
@@ -267,6 +286,73 @@ async fn run_watch<K>(
         }
     })
     .await;
+}
+
+/// A kubelet eviction whose Event is older than this is not written (a list brings the past
+/// hour's Events; their pods ended long ago, and the kubelet's grace is never this long).
+pub const STALE_KUBELET_EVICTION: Duration = Duration::from_secs(600);
+
+/// Watches the kubelet's `Evicted` Events (once for the cluster: the API server keeps no watch
+/// cache of events by default, so not once per node) and writes each eviction of a watched
+/// offline pod onto it as [`kube_contract::kubelet_eviction::ANNOTATION`], which its node
+/// agent's pod watch carries to the pod's shim ([`kubelet_eviction_patch`] decides).
+async fn annotate_kubelet_evictions(events: Api<Event>, cfg: watcher::Config, client: kube::Client, pods: Store<Pod>, stats: Arc<WatchStats>, max_backoff: Duration) {
+    use kube_contract::kubelet_eviction::{EvictedPod, KubeletEviction};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(EvictedPod, KubeletEviction)>();
+    let errors = stats.clone();
+    let watch = kube_contract::watch::run(events, cfg, "kubelet evictions", max_backoff, move |seen| match seen {
+        Seen::Event(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) => {
+            if let Some(x) = KubeletEviction::from_event(e) {
+                let _ = tx.send(x);
+            }
+        }
+        Seen::Event(_) => {}
+        Seen::Error(..) => {
+            errors.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let annotate = async {
+        while let Some((evicted, eviction)) = rx.recv().await {
+            let pod = pods.get(&reflector::ObjectRef::new(&evicted.name).within(&evicted.namespace));
+            let Some(patch) = kubelet_eviction_patch(pod.as_deref(), &evicted, &eviction, now_unix_ms()) else { continue };
+            let api: Api<Pod> = Api::namespaced(client.clone(), &evicted.namespace);
+            match api.patch(&evicted.name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    stats.kubelet_evictions_annotated.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(pod = %format!("{}/{}", evicted.namespace, evicted.name), node = %eviction.node, node_pressure = eviction.node_pressure,
+                        "the kubelet evicts an offline pod: written onto it for its node agent (its shim drains the GPU before the kill)");
+                }
+                Err(e) => {
+                    stats.kubelet_eviction_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(pod = %format!("{}/{}", evicted.namespace, evicted.name), error = %e, "cannot write the kubelet's eviction onto the pod");
+                }
+            }
+        }
+    };
+    tokio::join!(watch, annotate);
+}
+
+/// The merge patch that writes `eviction` of `evicted` onto `pod` (as watched), if it is to be
+/// written: `pod` is the Event's (same UID), an offline pod, bound to the evicting kubelet's
+/// node, not finished, not annotated yet, and the Event is not older than
+/// [`STALE_KUBELET_EVICTION`] at `now_unix_ms`.
+pub fn kubelet_eviction_patch(
+    pod: Option<&Pod>,
+    evicted: &kube_contract::kubelet_eviction::EvictedPod,
+    eviction: &kube_contract::kubelet_eviction::KubeletEviction,
+    now_unix_ms: u64,
+) -> Option<serde_json::Value> {
+    let pod = pod?;
+    let ann = kube_contract::kubelet_eviction::ANNOTATION;
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let fresh = eviction.since_unix_ms.saturating_add(STALE_KUBELET_EVICTION.as_millis() as u64) >= now_unix_ms;
+    let ok = pod.metadata.uid.as_deref() == Some(evicted.uid.as_str())
+        && contract::role(pod.metadata.labels.as_ref()) == Some(Role::Offline)
+        && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(eviction.node.as_str())
+        && !matches!(phase, Some("Succeeded" | "Failed"))
+        && !pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ann))
+        && fresh;
+    ok.then(|| serde_json::json!({"metadata": {"annotations": {ann: eviction.render()}}}))
 }
 
 /// This host's wall clock, ms since the Unix epoch (0 before it).
@@ -611,5 +697,44 @@ impl ClusterSnapshot {
             .filter(|p| contract::role(p.metadata.labels.as_ref()) == Some(Role::Offline) && evicted_by_api(p))
             .map(|p| &**p)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_contract::kubelet_eviction::{EvictedPod, KubeletEviction, ANNOTATION};
+
+    const NOW: u64 = 1_796_032_805_000;
+
+    fn offline(node: &str, phase: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "train-0", "namespace": "ml", "uid": "u1",
+            "labels": {"xshare.io/role": "offline"}},
+            "spec": {"nodeName": node, "containers": [{"name": "c"}]}, "status": {"phase": phase}}))
+        .unwrap()
+    }
+
+    /// Written onto a watched offline pod of the evicting kubelet's node, still running, not
+    /// annotated yet, for an Event of the last ten minutes; never onto another pod (UID, role,
+    /// node), a finished one, twice, or for an old Event.
+    #[test]
+    fn an_eviction_is_written_only_onto_the_running_offline_pod_of_the_evicting_node() {
+        let evicted = EvictedPod { namespace: "ml".into(), name: "train-0".into(), uid: "u1".into() };
+        let e = KubeletEviction { node: "n1".into(), since_unix_ms: NOW - 1000, node_pressure: true };
+        let patch = kubelet_eviction_patch(Some(&offline("n1", "Running")), &evicted, &e, NOW).unwrap();
+        assert_eq!(patch["metadata"]["annotations"][ANNOTATION], e.render());
+        assert!(kubelet_eviction_patch(None, &evicted, &e, NOW).is_none(), "not watched");
+        assert!(kubelet_eviction_patch(Some(&offline("n2", "Running")), &evicted, &e, NOW).is_none(), "another node's kubelet");
+        assert!(kubelet_eviction_patch(Some(&offline("n1", "Failed")), &evicted, &e, NOW).is_none(), "finished");
+        let mut online = offline("n1", "Running");
+        online.metadata.labels.as_mut().unwrap().insert("xshare.io/role".into(), "online".into());
+        assert!(kubelet_eviction_patch(Some(&online), &evicted, &e, NOW).is_none(), "not an offline pod");
+        let other = EvictedPod { uid: "u2".into(), ..evicted.clone() };
+        assert!(kubelet_eviction_patch(Some(&offline("n1", "Running")), &other, &e, NOW).is_none(), "a pod of the same name before");
+        let mut done = offline("n1", "Running");
+        done.metadata.annotations = Some([(ANNOTATION.to_string(), e.render())].into());
+        assert!(kubelet_eviction_patch(Some(&done), &evicted, &e, NOW).is_none(), "written already");
+        let old = KubeletEviction { since_unix_ms: NOW - STALE_KUBELET_EVICTION.as_millis() as u64 - 1, ..e.clone() };
+        assert!(kubelet_eviction_patch(Some(&offline("n1", "Running")), &evicted, &old, NOW).is_none(), "an Event from long ago");
     }
 }

@@ -14,6 +14,8 @@
 //! - [`bind_lock`]: the Node annotation that lets one offline pod at a time through from the
 //!   extender's bind to the device plugin's Allocate, so Allocate never has to guess which
 //!   Pending pod a container belongs to.
+//! - [`kubelet_eviction`]: a node-pressure eviction the kubelet began, read off its Event by
+//!   the cluster side and carried to the node agent as a pod annotation.
 //! - [`watch`]: how either side watches the API server and goes on after an error (relist on
 //!   `410 Gone`, the server's Retry-After, exponential backoff), in one loop.
 //!
@@ -52,6 +54,7 @@
 
 pub mod bind_lock;
 pub mod heartbeat;
+pub mod kubelet_eviction;
 pub mod node;
 pub mod pod;
 pub mod watch;

@@ -189,22 +189,16 @@ pub struct OfflinePodsConfig {
     /// How often the written file is checked, ms (at least 1000), and written again if it was
     /// removed. The pods themselves come from a watch of this node's pods, as they change.
     pub poll_ms: u64,
-    /// Whether the kubelet's evictions of this node's offline pods are watched for (its
-    /// `Evicted` Events, every namespace's: the only word of a node-pressure eviction before its
-    /// kill), so that their shims drain the GPU before it. Off by default: the API server keeps
-    /// no watch cache of events unless told (`--watch-cache-sizes=events#<n>`), so each
-    /// node's watch then reads etcd; turn it on with that cache, or on a cluster of a few tens
-    /// of nodes.
-    pub watch_kubelet_evictions: bool,
     /// The grace, ms, this node's kubelet gives a pod it evicts for node pressure: the shim of
-    /// an offline pod the kubelet evicts (seen in its `Evicted` Event) drains its GPU work by
-    /// it, or by the pod's spec grace when shorter. 0 (the default) drains at once, right for
-    /// any kubelet with a hard eviction threshold (its defaults have them: such an eviction
-    /// kills after the kubelet's 2 s minimum; the Event does not tell a hard threshold's from a soft
+    /// an offline pod the kubelet evicts (written onto the pod by the extender from the
+    /// kubelet's `Evicted` Event, `xshare.io/kubelet-eviction`) drains its GPU work by it, or
+    /// by the pod's spec grace when shorter. 0 (the default) drains at once, right for any
+    /// kubelet with a hard eviction threshold (its defaults have them: such an eviction kills
+    /// after the kubelet's 2 s minimum; the Event does not tell a hard threshold's from a soft
     /// one's). Only a kubelet with no hard threshold (`evictionHard` emptied) may say its
-    /// `evictionMaxPodGracePeriod`, in ms; else the drain comes after the kill. The cost of 0: a
-    /// job's checkpoint that still launches kernels after a soft eviction's SIGTERM is frozen.
-    /// An eviction over a storage limit always drains at once.
+    /// `evictionMaxPodGracePeriod`, in ms; else the drain comes after the kill. The cost of 0:
+    /// a job's checkpoint that still launches kernels after a soft eviction's SIGTERM is
+    /// frozen. An eviction over a storage limit always drains at once.
     pub kubelet_eviction_grace_ms: u64,
 }
 
@@ -310,7 +304,6 @@ impl Default for OfflinePodsConfig {
         Self {
             enabled: true,
             poll_ms: 5000,
-            watch_kubelet_evictions: false,
             kubelet_eviction_grace_ms: 0,
         }
     }
@@ -455,12 +448,6 @@ impl AgentConfig {
             return bad(
                 "eviction.retry_ms",
                 "poll_ms and retry_ms must be positive".into(),
-            );
-        }
-        if self.offline_pods.kubelet_eviction_grace_ms > 0 && !self.offline_pods.watch_kubelet_evictions {
-            return bad(
-                "offline_pods.kubelet_eviction_grace_ms",
-                "has no effect unless offline_pods.watch_kubelet_evictions is on".into(),
             );
         }
         if self.offline_pods.poll_ms < 1000 {
@@ -648,13 +635,9 @@ mod tests {
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "heartbeat": {"interval_ms": 1000}}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("heartbeat.interval_ms"));
-        let o = &c.offline_pods;
-        assert_eq!((o.enabled, o.poll_ms, o.watch_kubelet_evictions, o.kubelet_eviction_grace_ms), (true, 5000, false, 0));
-        let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"watch_kubelet_evictions": true, "kubelet_eviction_grace_ms": 30000}}"#;
-        assert_eq!(AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap().offline_pods.kubelet_eviction_grace_ms, 30_000);
+        assert_eq!((c.offline_pods.enabled, c.offline_pods.poll_ms, c.offline_pods.kubelet_eviction_grace_ms), (true, 5000, 0));
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"kubelet_eviction_grace_ms": 30000}}"#;
-        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("offline_pods.kubelet_eviction_grace_ms"), "a grace with no watch: said, not ignored");
+        assert_eq!(AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap().offline_pods.kubelet_eviction_grace_ms, 30_000);
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"poll_ms": 10}}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("offline_pods.poll_ms"));

@@ -230,7 +230,7 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             &cfg.ledger_dir,
         )
         .with_plans(plans.clone())
-        .with_kubelet_evictions(cfg.offline_pods.watch_kubelet_evictions.then_some(cfg.offline_pods.kubelet_eviction_grace_ms));
+        .with_kubelet_grace_ms(cfg.offline_pods.kubelet_eviction_grace_ms);
         let watch_client = node_agent::kube::watch_client(&cfg.kube, node_agent::offline_pods::WATCH_TIMEOUT_S).await?;
         let check = Duration::from_millis(cfg.offline_pods.poll_ms);
         tasks.push(tokio::spawn(node_agent::offline_pods::run(

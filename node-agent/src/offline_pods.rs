@@ -21,9 +21,9 @@
 //! deletion's time and grace are written into the pod's termination file
 //! (`node_ledger::termination`, made and mounted read-only by Allocate), which the shim reads
 //! after its SIGTERM to drain the GPU before a SIGKILL that a shortened grace or a `preStop` hook
-//! brings early ([`termination`]). So is an eviction the kubelet begins on its own, with no
-//! deletion (node pressure, a storage limit), which a watch of the kubelet's `Evicted` Events
-//! sees before the kill ([`kubelet_eviction`]).
+//! brings early ([`termination`]). So is a node-pressure eviction the kubelet of this node
+//! began, which has no deletion: the extender writes it onto the pod from the kubelet's Event
+//! (`kube_contract::kubelet_eviction`), and this watch sees it ([`kubelet_eviction`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -79,58 +79,21 @@ pub fn termination(pod: &Pod) -> Option<node_ledger::termination::Termination> {
     Some(node_ledger::termination::Termination { deletion_unix_ms: u64::try_from(at.0.as_millisecond()).unwrap_or(0), grace_ms })
 }
 
-/// The field selector of the watch of the kubelet's pod evictions: core/v1 Events of every
-/// namespace (an API field selector cannot name the node: [`kubelet_eviction`] keeps this
-/// node's), `source` being the reporting component.
-pub const KUBELET_EVICTION_EVENTS: &str = "involvedObject.kind=Pod,reason=Evicted,source=kubelet";
-
-/// How the kubelet's eviction message for node pressure begins (`nodeLowMessageFmt`); its
-/// evictions over a storage limit say otherwise.
-const NODE_PRESSURE_MESSAGE: &str = "The node was low on resource:";
-
-/// An eviction's Event whose kill was due longer ago than this is not acted on (a list brings
-/// the past hour's Events; their pods ended long ago).
-pub const STALE_EVICTION: Duration = Duration::from_secs(60);
-
-/// A pod eviction the kubelet of a node began, as its `Evicted` Event says it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubeletEviction {
-    /// The pod's UID, as the API gives it.
-    pub uid: String,
-    /// `namespace/name`, for the log.
-    pub who: String,
-    /// When the kubelet recorded it (`eventTime`, else `firstTimestamp`, to the second: never
-    /// later than it was), ms since the epoch; `None` when the Event carries no time.
-    pub since_unix_ms: Option<u64>,
-    /// For node pressure (its grace: `evictionMaxPodGracePeriod` or, past a hard threshold, at
-    /// once), not over a storage limit (always at once).
-    pub node_pressure: bool,
-}
-
-/// The eviction `e` tells, if the kubelet of `node` is evicting a pod. The kubelet's eviction
-/// manager kills by its own decision, with no deletion first, and its status manager holds the
-/// pod's new status (phase `Failed`, reason `Evicted`, the `DisruptionTarget` condition) back
-/// until every container ended: the Event it records just before it kills is the only word of
-/// it that comes in time. An Event of another component, node, reason or kind is `None`.
-pub fn kubelet_eviction(e: &k8s_openapi::api::core::v1::Event, node: &str) -> Option<KubeletEviction> {
-    if e.reason.as_deref() != Some("Evicted") {
-        return None;
+/// The eviction this node's kubelet began of `pod`, as the extender wrote it onto the pod
+/// (`kube_contract::kubelet_eviction`), written as a deletion ending its grace after the
+/// kubelet's Event: the grace this node's kubelet gives for node pressure (`grace_cap_ms`,
+/// `offline_pods.kubelet_eviction_grace_ms`, at most the pod's spec grace; 0 by default: at
+/// once, as past a hard threshold), 0 for a storage limit's. `Ok(None)`: none, or another
+/// node's; `Err`: the annotation does not parse (only the extender may write it).
+pub fn kubelet_eviction(pod: &Pod, node: &str, grace_cap_ms: u64) -> Result<Option<node_ledger::termination::Termination>, String> {
+    use kube_contract::kubelet_eviction::{KubeletEviction, ANNOTATION};
+    let Some(v) = pod.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else { return Ok(None) };
+    let e = KubeletEviction::parse(v)?;
+    if e.node != node {
+        return Ok(None);
     }
-    let source = e.source.as_ref();
-    let component = source.and_then(|s| s.component.as_deref()).filter(|c| !c.is_empty()).or(e.reporting_component.as_deref());
-    let host = source.and_then(|s| s.host.as_deref()).filter(|h| !h.is_empty()).or(e.reporting_instance.as_deref());
-    let o = &e.involved_object;
-    if component != Some("kubelet") || host != Some(node) || o.kind.as_deref() != Some("Pod") {
-        return None;
-    }
-    let ms = |t: i64| u64::try_from(t).unwrap_or(0);
-    let since_unix_ms = e.event_time.as_ref().map(|t| ms(t.0.as_millisecond())).or_else(|| e.first_timestamp.as_ref().map(|t| ms(t.0.as_millisecond())));
-    Some(KubeletEviction {
-        uid: o.uid.clone()?,
-        who: format!("{}/{}", o.namespace.as_deref().unwrap_or(""), o.name.as_deref().unwrap_or("")),
-        since_unix_ms,
-        node_pressure: e.message.as_deref().is_some_and(|m| m.starts_with(NODE_PRESSURE_MESSAGE)),
-    })
+    let grace_ms = if e.node_pressure { crate::allocate::kill_grace_ms(pod).min(grace_cap_ms) } else { 0 };
+    Ok(Some(node_ledger::termination::Termination { deletion_unix_ms: e.since_unix_ms.saturating_add(grace_ms), grace_ms }))
 }
 
 /// What a shim reading both of two terminations of one pod would expect: the SIGKILL by the
@@ -140,16 +103,8 @@ fn combine(a: node_ledger::termination::Termination, b: node_ledger::termination
     node_ledger::termination::Termination { deletion_unix_ms: a.deletion_unix_ms.min(b.deletion_unix_ms), grace_ms: a.grace_ms.min(b.grace_ms) }
 }
 
-/// An offline pod as the publisher knows it: as listed, and its spec's kill grace.
-#[derive(Debug, Clone)]
-struct Known {
-    pod: OfflinePod,
-    /// [`crate::allocate::kill_grace_ms`].
-    kill_grace_ms: u64,
-}
-
 /// Offline pods by UID.
-type ByUid = BTreeMap<String, Known>;
+type ByUid = BTreeMap<String, OfflinePod>;
 
 /// Puts `pod` in `set` if it is an offline pod now, with its frozen plan's memory (frozen now
 /// at first sight: `crate::plans`), takes it out if it is not (finished, or its resources
@@ -159,7 +114,7 @@ fn note(set: &mut ByUid, pod: &Pod, resource: &str, plans: &crate::plans::PlanSt
     match offline_pod(pod, resource) {
         Some(mut p) => {
             p.memory_quota_bytes = plans.memory_quota_bytes(pod);
-            set.insert(uid.to_string(), Known { pod: p, kill_grace_ms: crate::allocate::kill_grace_ms(pod) });
+            set.insert(uid.to_string(), p);
         }
         None => {
             set.remove(uid);
@@ -204,13 +159,9 @@ pub struct Publisher {
     /// ([`Publisher::retry_terminations`]): a pod being deleted may see no further event before
     /// its SIGKILL. Each pod's failure is said when it enters, its recovery when it leaves.
     pending_terminations: BTreeMap<node_ledger::PodUid, (node_ledger::termination::Termination, String)>,
-    /// The kubelet's evictions are watched for, with the grace this node's kubelet gives a pod
-    /// it evicts for node pressure, ms ([`Publisher::note_kubelet_event`]); `None`: not watched.
-    kubelet_grace_ms: Option<u64>,
-    /// Evictions of this node's offline pods the kubelet began, seen in its Events.
-    pub kubelet_evictions: u64,
-    /// Failed requests of the watch of the kubelet's eviction Events.
-    pub event_watch_errors: u64,
+    /// The grace this node's kubelet gives a pod it evicts for node pressure, ms
+    /// ([`kubelet_eviction`]).
+    kubelet_grace_ms: u64,
 }
 
 /// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
@@ -282,17 +233,14 @@ impl Publisher {
             terminations_written: 0,
             termination_errors: 0,
             pending_terminations: BTreeMap::new(),
-            kubelet_grace_ms: None,
-            kubelet_evictions: 0,
-            event_watch_errors: 0,
+            kubelet_grace_ms: 0,
         }
     }
 
-    /// The same publisher watching for the kubelet's evictions when `grace_ms` is given, the
-    /// grace this node's kubelet gives a pod it evicts for node pressure
-    /// ([`Publisher::note_kubelet_event`]; not watched by default).
-    pub fn with_kubelet_evictions(mut self, grace_ms: Option<u64>) -> Self {
-        self.kubelet_grace_ms = grace_ms;
+    /// The same publisher taking `ms` for the grace this node's kubelet gives a pod it evicts
+    /// for node pressure ([`kubelet_eviction`]; 0 by default).
+    pub fn with_kubelet_grace_ms(mut self, ms: u64) -> Self {
+        self.kubelet_grace_ms = ms;
         self
     }
 
@@ -353,55 +301,29 @@ impl Publisher {
     /// Writes the deletion of `pod`, an offline pod being deleted, into its termination file
     /// ([`termination`]), in place, if the file exists (Allocate made it: the pod's containers
     /// run here with it mounted); a pod allocated without one, elsewhere, or not at all gets
-    /// none. A later deletion with a shorter grace rewrites it; the same reading is not
+    /// none. An eviction this node's kubelet began ([`kubelet_eviction`]) is written the same
+    /// way; with a deletion too, both as one ([`combine`]). A later deletion with a shorter
+    /// grace rewrites it, a later one never moves the kill later; the same reading is not
     /// written again. Returns whether the file changed; a failure is counted, said until a
     /// write succeeds, and retried at every check.
     pub fn note_termination(&mut self, pod: &Pod) -> bool {
         if !crate::evict::asks_for(pod, &self.resource) {
             return false;
         }
-        let Some(t) = termination(pod) else { return false };
-        let Some(uid) = pod.metadata.uid.as_deref().and_then(node_ledger::PodUid::parse) else { return false };
         let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""));
+        let evicted = kubelet_eviction(pod, &self.node, self.kubelet_grace_ms).unwrap_or_else(|e| {
+            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "the pod's kubelet eviction annotation is ignored");
+            None
+        });
+        let t = match (termination(pod), evicted) {
+            (Some(a), Some(b)) => combine(a, b),
+            (a, b) => match a.or(b) {
+                Some(t) => t,
+                None => return false,
+            },
+        };
+        let Some(uid) = pod.metadata.uid.as_deref().and_then(node_ledger::PodUid::parse) else { return false };
         self.write_termination(uid, t, format!("{ns}/{name}"))
-    }
-
-    /// Writes an eviction the kubelet of this node began ([`kubelet_eviction`]) into the pod's
-    /// termination file, as a deletion ending its grace after the Event's time: the grace this
-    /// node's kubelet gives for node pressure (`offline_pods.kubelet_eviction_grace_ms`, at most
-    /// the pod's spec grace; 0 by default: at once, as past a hard threshold, which the
-    /// kubelet's defaults have), 0 for a storage limit's. Acted on for an offline pod of this
-    /// node's list, or for any pod before the first list completed (its spec unknown: grace 0);
-    /// not for one whose kill was due over [`STALE_EVICTION`] ago. Returns whether the file
-    /// changed.
-    pub fn note_kubelet_event(&mut self, e: &k8s_openapi::api::core::v1::Event) -> bool {
-        let Some(ev) = kubelet_eviction(e, &self.node) else { return false };
-        let Some(uid) = node_ledger::PodUid::parse(&ev.uid) else { return false };
-        let spec_grace_ms = match self.pods.get(&ev.uid) {
-            Some(k) => Some(k.kill_grace_ms),
-            // Finished, not an offline pod, or not on this node.
-            None if self.synced => return false,
-            None => None,
-        };
-        let grace_ms = match (ev.node_pressure, spec_grace_ms) {
-            (true, Some(spec)) => spec.min(self.kubelet_grace_ms.unwrap_or(0)),
-            _ => 0,
-        };
-        let now = node_daemon::clock::unix_ms();
-        let since = ev.since_unix_ms.unwrap_or(now).min(now);
-        let t = node_ledger::termination::Termination { deletion_unix_ms: since.saturating_add(grace_ms), grace_ms };
-        if t.deletion_unix_ms.saturating_add(STALE_EVICTION.as_millis() as u64) < now {
-            return false;
-        }
-        let who = ev.who.clone();
-        let changed = self.write_termination(uid, t, ev.who);
-        // Counted and said once per file changed: not a relist's replay, nor a pod with no file.
-        if changed {
-            self.kubelet_evictions += 1;
-            tracing::warn!(pod = %who, grace_ms, node_pressure = ev.node_pressure, message = e.message.as_deref().unwrap_or(""),
-                "the kubelet evicts an offline pod of this node (its Event): its shim drains the GPU before the kill");
-        }
-        changed
     }
 
     /// Writes termination `t` of pod `uid` (`who`: namespace/name, for the log), combined with
@@ -421,7 +343,7 @@ impl Publisher {
                 if changed {
                     self.terminations_written += 1;
                     tracing::info!(pod = %who, grace_ms = t.grace_ms, deletion_unix_ms = t.deletion_unix_ms, path = %path.display(),
-                        "the pod's termination (its deletion, or the kubelet's eviction) written for its offline processes (the shim drains before the SIGKILL)");
+                        "the pod's termination (its deletion, or its kubelet's eviction) written for its offline processes (the shim drains before the SIGKILL)");
                 }
                 changed
             }
@@ -452,12 +374,6 @@ impl Publisher {
         self.failed(&format!("watching the pods on this node: {error}"));
     }
 
-    /// An error of the watch of the kubelet's eviction Events (it goes on by itself; the watch
-    /// loop logs each): counted.
-    pub fn event_watch_failed(&mut self) {
-        self.event_watch_errors += 1;
-    }
-
     /// The periodic check: writes again the termination files whose write failed
     /// ([`Publisher::retry_terminations`], also every [`TERMINATION_RETRY`] while any is
     /// pending), and the list if its file was removed (one `stat`; nothing before the first
@@ -479,7 +395,7 @@ impl Publisher {
 
     /// Writes the offline set if it differs from the last list written or the file is gone.
     fn publish(&mut self) -> bool {
-        let list = OfflinePods::new(&self.node, node_daemon::clock::unix_ms(), self.pods.values().map(|k| k.pod.clone()).collect());
+        let list = OfflinePods::new(&self.node, node_daemon::clock::unix_ms(), self.pods.values().cloned().collect());
         // Unchanged and still there (one `stat`): nothing to write. A file removed meanwhile
         // is written again.
         if self.last.as_ref() == Some(&list.pods) && self.path.exists() {
@@ -526,21 +442,13 @@ impl Publisher {
              # HELP xshare_node_agent_pod_ledgers_removed_total Pod ledger directories removed after their pods left the node\n\
              # TYPE xshare_node_agent_pod_ledgers_removed_total counter\n\
              xshare_node_agent_pod_ledgers_removed_total{{node=\"{n}\"}} {r}\n\
-             # HELP xshare_node_agent_pod_terminations_written_total Offline pods' terminations (deletions, the kubelet's evictions) written into their termination files (for the shim's drain)\n\
+             # HELP xshare_node_agent_pod_terminations_written_total Offline pods' terminations (deletions, their kubelets' evictions) written into their termination files (for the shim's drain)\n\
              # TYPE xshare_node_agent_pod_terminations_written_total counter\n\
              xshare_node_agent_pod_terminations_written_total{{node=\"{n}\"}} {t}\n\
              # HELP xshare_node_agent_pod_termination_write_errors_total Failed writes of an offline pod's termination into its termination file (each retried at every check)\n\
              # TYPE xshare_node_agent_pod_termination_write_errors_total counter\n\
-             xshare_node_agent_pod_termination_write_errors_total{{node=\"{n}\"}} {te}\n\
-             # HELP xshare_node_agent_kubelet_evictions_total Evictions of this node's offline pods the kubelet began, seen in its Events\n\
-             # TYPE xshare_node_agent_kubelet_evictions_total counter\n\
-             xshare_node_agent_kubelet_evictions_total{{node=\"{n}\"}} {ke}\n\
-             # HELP xshare_node_agent_kubelet_event_watch_errors_total Failed requests of the watch of the kubelet's eviction Events\n\
-             # TYPE xshare_node_agent_kubelet_event_watch_errors_total counter\n\
-             xshare_node_agent_kubelet_event_watch_errors_total{{node=\"{n}\"}} {ee}\n",
+             xshare_node_agent_pod_termination_write_errors_total{{node=\"{n}\"}} {te}\n",
             te = self.termination_errors,
-            ke = self.kubelet_evictions,
-            ee = self.event_watch_errors,
             n = self.node,
             e = self.errors,
             l = self.lists,
@@ -566,7 +474,6 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// [`WATCH_TIMEOUT_S`] (`crate::kube::watch_client`).
 pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop: signal::Receiver<bool>, metrics: Arc<Mutex<String>>) {
     let fields = format!("spec.nodeName={}", publisher.node);
-    let publisher_watches_evictions = publisher.kubelet_grace_ms.is_some();
     let shared = Arc::new(Mutex::new(publisher));
     let render = |p: &Publisher| {
         if let Ok(mut m) = metrics.lock() {
@@ -578,7 +485,7 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
     }
     let mut cfg = watcher::Config::default().fields(&fields).timeout(WATCH_TIMEOUT_S);
     cfg.bookmarks = true;
-    let api: Api<Pod> = Api::all(client.clone());
+    let api: Api<Pod> = Api::all(client);
     let p = shared.clone();
     let watch = kube_contract::watch::run(api, cfg, "offline pods", MAX_BACKOFF, |seen| {
         // A poisoned lock (a panic elsewhere) stops nothing here: the state is plain data.
@@ -591,30 +498,6 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
         }
         render(&p);
     });
-    // The kubelet's evictions, where watched: its Events, every namespace's, kept to this node's
-    // offline pods.
-    let watch_evictions = publisher_watches_evictions;
-    let mut ecfg = watcher::Config::default().fields(KUBELET_EVICTION_EVENTS).timeout(WATCH_TIMEOUT_S);
-    ecfg.bookmarks = true;
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
-    let p = shared.clone();
-    let event_watch = async {
-        if !watch_evictions {
-            return std::future::pending().await;
-        }
-        kube_contract::watch::run(events, ecfg, "kubelet evictions", MAX_BACKOFF, |seen| {
-        let mut p = p.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match seen {
-            Seen::Event(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) => {
-                p.note_kubelet_event(e);
-            }
-            Seen::Event(_) => {}
-            Seen::Error(..) => p.event_watch_failed(),
-        }
-        render(&p);
-        })
-        .await
-    };
     let checks = async {
         loop {
             tokio::time::sleep(check).await;
@@ -635,7 +518,6 @@ pub async fn run(client: Client, publisher: Publisher, check: Duration, mut stop
     };
     tokio::select! {
         _ = watch => {}
-        _ = event_watch => {}
         _ = checks => {}
         _ = retries => {}
         _ = stop.changed() => {}
@@ -798,99 +680,67 @@ mod tests {
         assert!(p.metrics().contains("xshare_node_agent_pod_terminations_written_total{node=\"n1\"} 0\n"));
     }
 
-    /// The `Evicted` Event the kubelet of `host` records just before it kills pod `uid`
-    /// (`train-0` in `ml`), as its legacy recorder sends it, dated `at` (RFC 3339).
-    fn eviction_event(uid: &str, host: &str, message: &str, at: &str) -> k8s_openapi::api::core::v1::Event {
-        serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": "train-0.187c4e2a9b1f0d3e", "namespace": "ml", "resourceVersion": "90211",
-                "creationTimestamp": at},
-            "involvedObject": {"kind": "Pod", "namespace": "ml", "name": "train-0", "uid": uid, "apiVersion": "v1",
-                "resourceVersion": "4711"},
-            "reason": "Evicted", "message": message, "source": {"component": "kubelet", "host": host},
-            "firstTimestamp": at, "lastTimestamp": at, "count": 1, "type": "Warning", "eventTime": null,
-            "reportingComponent": "kubelet", "reportingInstance": host}))
-        .unwrap()
+    /// `pod` with the eviction the extender wrote onto it from the kubelet's Event.
+    fn evicted(mut pod: Pod, node: &str, since: &str, node_pressure: bool) -> Pod {
+        let since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(serde_json::json!(since)).unwrap();
+        let e = kube_contract::kubelet_eviction::KubeletEviction { node: node.into(), since_unix_ms: since.0.as_millisecond() as u64, node_pressure };
+        pod.metadata.annotations.get_or_insert_with(Default::default).insert(kube_contract::kubelet_eviction::ANNOTATION.into(), e.render());
+        pod
     }
 
-    const PRESSURE: &str = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. Container c was using 7Gi, request is 0, has larger consumption of memory. ";
-    const STORAGE: &str = "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ";
-
-    /// The kubelet's eviction is read off its Event: this node's kubelet, a pod, dated by
-    /// `firstTimestamp` (or `eventTime`), node pressure told from a storage limit by the message;
-    /// another node's, another component's or another reason's Event is none.
+    /// The eviction this node's kubelet began is read off the extender's annotation: a deletion
+    /// ending the node's grace for node pressure (at most the spec's) after the Event, at once
+    /// for a storage limit; another node's is none, a damaged one an error.
     #[test]
-    fn the_kubelets_eviction_is_read_off_its_event() {
+    fn the_kubelets_eviction_is_read_off_the_extenders_annotation() {
+        use node_ledger::termination::Termination;
         let u = "0000000a-0000-4000-8000-000000000000";
-        let e = eviction_event(u, "n1", PRESSURE, "2026-11-30T10:00:05Z");
-        let want = KubeletEviction { uid: u.into(), who: "ml/train-0".into(), since_unix_ms: Some(AT_05_MS), node_pressure: true };
-        assert_eq!(kubelet_eviction(&e, "n1"), Some(want.clone()));
-        assert_eq!(kubelet_eviction(&eviction_event(u, "n1", STORAGE, "2026-11-30T10:00:05Z"), "n1").map(|k| k.node_pressure), Some(false));
-        assert_eq!(kubelet_eviction(&e, "n2"), None, "another node's kubelet");
-        let mut other = e.clone();
-        other.source.as_mut().unwrap().component = Some("taint-eviction-controller".into());
-        other.reporting_component = Some("taint-eviction-controller".into());
-        assert_eq!(kubelet_eviction(&other, "n1"), None);
-        let mut killing = e.clone();
-        killing.reason = Some("Killing".into());
-        assert_eq!(kubelet_eviction(&killing, "n1"), None);
-        let mut node = e.clone();
-        node.involved_object.kind = Some("Node".into());
-        assert_eq!(kubelet_eviction(&node, "n1"), None);
-        // An events.k8s.io-style Event: no `source`, the reporter and a micro-time instead.
-        let mut new_style = e.clone();
-        new_style.source = None;
-        new_style.first_timestamp = None;
-        new_style.event_time = Some(serde_json::from_value(serde_json::json!("2026-11-30T10:00:01.250000Z")).unwrap());
-        assert_eq!(kubelet_eviction(&new_style, "n1").unwrap().since_unix_ms, Some(AT_01_MS + 250));
-        new_style.event_time = None;
-        assert_eq!(kubelet_eviction(&new_style, "n1").unwrap().since_unix_ms, None);
+        let pod = evicted(deleted_pod(u, None, None), "n1", "2026-11-30T10:00:05Z", true);
+        assert_eq!(kubelet_eviction(&deleted_pod(u, None, None), "n1", 0), Ok(None));
+        assert_eq!(kubelet_eviction(&pod, "n1", 0), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 0 })), "at once by default");
+        assert_eq!(kubelet_eviction(&pod, "n1", 5000), Ok(Some(Termination { deletion_unix_ms: AT_05_MS + 5000, grace_ms: 5000 })));
+        assert_eq!(kubelet_eviction(&pod, "n1", 600_000).unwrap().unwrap().grace_ms, 30_000, "never past the spec's grace");
+        let storage = evicted(deleted_pod(u, None, None), "n1", "2026-11-30T10:00:05Z", false);
+        assert_eq!(kubelet_eviction(&storage, "n1", 5000).unwrap().unwrap().grace_ms, 0, "a storage limit's: at once");
+        assert_eq!(kubelet_eviction(&pod, "n2", 0), Ok(None), "another node's kubelet");
+        let mut damaged = pod.clone();
+        damaged.metadata.annotations.as_mut().unwrap().insert(kube_contract::kubelet_eviction::ANNOTATION.into(), "soon".into());
+        assert!(kubelet_eviction(&damaged, "n1", 0).is_err());
     }
 
-    /// The kubelet's eviction of an offline pod of this node is written into the pod's
-    /// termination file as a deletion ending its grace after the Event: the operator's grace for
-    /// node pressure (at most the spec's), 0 for a storage limit, 0 before the first list (the
-    /// spec unknown). A pod not in the list once it is complete, and an Event whose kill is long
-    /// past, write nothing. A later deletion never moves the kill later.
+    /// Written into the pod's termination file, combined with a deletion and with what the
+    /// file says: the kill only ever moves earlier. A damaged annotation leaves the deletion.
     #[test]
-    fn the_kubelets_eviction_is_written_as_a_deletion_ending_its_grace_after_the_event() {
+    fn the_kubelets_eviction_is_written_and_the_file_only_moves_the_kill_earlier() {
         use node_ledger::termination::{read, Termination};
         let d = tempfile::tempdir().unwrap();
         let u = "0000000a-0000-4000-8000-000000000000";
         let path = allocated_termination_file(d.path(), u);
-        let now = node_daemon::clock::unix_ms();
-        let at = |ms: u64| k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64).unwrap().to_string();
-        let recent = at(now / 1000 * 1000);
-        let mut p = Publisher::new("n1", RES, d.path()).with_kubelet_evictions(Some(5000));
-        // Before the first list: the spec is unknown, drained at once.
-        assert!(p.note_kubelet_event(&eviction_event(u, "n1", PRESSURE, &recent)));
-        let since = now / 1000 * 1000;
-        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
-        assert_eq!(p.kubelet_evictions, 1);
-        // Listed (spec 30 s): the operator's 5 s; the file keeps the earlier reading.
+        let mut p = Publisher::new("n1", RES, d.path()).with_kubelet_grace_ms(5000);
+        let pod = evicted(deleted_pod(u, None, None), "n1", "2026-11-30T10:00:01Z", true);
+        p.apply(&watcher::Event::Apply(pod.clone()));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_01_MS + 5000, grace_ms: 5000 })));
+        // A deletion ending later (the spec's 30 s from 10:00:05, the pod GC's or a user's): the
+        // file keeps the eviction.
+        let mut deleted = evicted(deleted_pod(u, Some("2026-11-30T10:00:35Z"), Some(30)), "n1", "2026-11-30T10:00:01Z", true);
+        p.apply(&watcher::Event::Apply(deleted.clone()));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_01_MS + 5000, grace_ms: 5000 })));
+        assert_eq!(p.terminations_written, 1);
+        // One ending earlier, with a shorter grace: both as one.
+        deleted.metadata.deletion_timestamp = Some(serde_json::from_value(serde_json::json!("2026-11-30T10:00:05Z")).unwrap());
+        deleted.metadata.deletion_grace_period_seconds = Some(0);
+        p.apply(&watcher::Event::Apply(deleted));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 0 })));
+        // A relist's reading of the eviction alone: the file keeps the earlier kill.
+        p.apply(&watcher::Event::Apply(pod));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 0 })));
+        assert_eq!(p.terminations_written, 2);
+        // A damaged annotation: ignored, the deletion still written.
         std::fs::write(&path, "").unwrap();
-        for e in [watcher::Event::Init, watcher::Event::InitApply(deleted_pod(u, None, None)), watcher::Event::InitDone] {
-            p.apply(&e);
-        }
-        assert!(p.note_kubelet_event(&eviction_event(u, "n1", PRESSURE, &recent)));
-        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since + 5000, grace_ms: 5000 })));
-        // A storage limit's: at once.
-        assert!(p.note_kubelet_event(&eviction_event(u, "n1", STORAGE, &recent)));
-        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
-        // A deletion afterwards (the pod GC, or a user) ends later: the file stays.
-        assert!(!p.apply(&watcher::Event::Apply(deleted_pod(u, Some(&at(since + 30_000)), Some(30)))));
-        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
-        assert_eq!((p.kubelet_evictions, p.terminations_written), (3, 3));
-        // Long past (a list brings the past hour's Events): nothing.
-        std::fs::write(&path, "").unwrap();
-        assert!(!p.note_kubelet_event(&eviction_event(u, "n1", PRESSURE, &at(now - 3_600_000))));
-        // Another node's, or a pod not in the complete list: nothing.
-        assert!(!p.note_kubelet_event(&eviction_event(u, "n2", PRESSURE, &recent)));
-        let gone = "0000000b-0000-4000-8000-000000000000";
-        let gone_path = allocated_termination_file(d.path(), gone);
-        assert!(!p.note_kubelet_event(&eviction_event(gone, "n1", PRESSURE, &recent)));
-        assert_eq!((read(&path), read(&gone_path)), (Ok(None), Ok(None)));
-        assert_eq!(p.kubelet_evictions, 3);
-        assert!(p.metrics().contains("xshare_node_agent_kubelet_evictions_total{node=\"n1\"} 3\n"), "{}", p.metrics());
+        let mut damaged = deleted_pod(u, Some("2026-11-30T10:00:05Z"), Some(5));
+        damaged.metadata.annotations.get_or_insert_with(Default::default).insert(kube_contract::kubelet_eviction::ANNOTATION.into(), "soon".into());
+        p.apply(&watcher::Event::Apply(damaged));
+        assert_eq!(read(&path), Ok(Some(Termination { deletion_unix_ms: AT_05_MS, grace_ms: 5000 })));
     }
 
     /// A termination file that cannot be written (here a directory in its place) is counted

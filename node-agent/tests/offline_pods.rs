@@ -59,12 +59,8 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 /// The publisher's watch against `url`, its file checked every `check`; returns the stop
 /// sender (dropping it stops nothing: send `true`) and the metrics text it keeps.
 async fn start(url: String, dir: &std::path::Path, check: Duration) -> (tokio::sync::watch::Sender<bool>, Arc<Mutex<String>>) {
-    start_with(url, Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, dir), dir, check).await
-}
-
-/// [`start`] with publisher `p` (of `dir`).
-async fn start_with(url: String, p: Publisher, dir: &std::path::Path, check: Duration) -> (tokio::sync::watch::Sender<bool>, Arc<Mutex<String>>) {
     let client = node_agent::kube::watch_client(&KubeConfig { api_url: url, timeout_ms: 2000 }, WATCH_TIMEOUT_S).await.unwrap();
+    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, dir);
     assert_eq!(p.path(), path(dir));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let metrics = Arc::new(Mutex::new(String::new()));
@@ -109,7 +105,6 @@ async fn the_list_follows_this_nodes_pods_at_each_event_not_at_a_poll() {
     let m = metrics.lock().unwrap().clone();
     assert!(m.contains("xshare_node_agent_offline_pod_lists_total{node=\"node-a\"} 1"), "one list, then events only: {m}");
     assert_eq!(c.api.lists(PODS).len(), 1, "no list a poll");
-    assert!(c.api.requests("/api/v1/events").is_empty(), "the kubelet's evictions are not watched unless asked");
     let _ = stop.send(true);
 }
 
@@ -240,48 +235,37 @@ fn ignored_plan_changes_are_counted_on_the_shared_store() {
     assert!(plans.metrics("node-a").contains("xshare_node_agent_plan_annotation_changes_ignored_total{node=\"node-a\"} 2"));
 }
 
-/// A node-pressure eviction is the kubelet's own: no deletion comes first, and the kubelet's
-/// status manager holds the pod's new status back until its containers ended. The Event it
-/// records just before the kill is the word that comes in time: node-agent's watch of the
-/// kubelet's `Evicted` Events writes it into the pod's termination file at once, so its shim
-/// drains before the kill, by the operator's `kubelet_eviction_grace_ms` (here 4 s, shorter than
-/// the pod's spec 30 s) from the Event's time. Another pod is left alone; the status the
-/// kubelet reports once the containers ended writes nothing more.
+/// A node-pressure eviction has no deletion, and the kubelet's status says nothing until the
+/// containers ended: the extender writes the kubelet's Event onto the pod
+/// (`xshare.io/kubelet-eviction`), and this watch writes it into the pod's termination file at
+/// that event, at once by default (a hard threshold kills 2 s later). Another node's eviction
+/// and another pod are left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_kubelets_eviction_event_reaches_the_pods_termination_file_before_its_status() {
+async fn the_kubelets_eviction_written_onto_the_pod_reaches_its_termination_file() {
+    use kube_contract::kubelet_eviction::{KubeletEviction, ANNOTATION};
+    use node_ledger::termination::{read, termination_path, Termination};
     let tmp = tempfile::tempdir().unwrap();
     let c = FakeCluster::start();
     c.add_pod(pod("train", RUNNING, "Running"));
     c.add_pod(pod("later", LATER, "Running"));
-    let file = |u: &str| node_ledger::termination::termination_path(tmp.path(), node_ledger::PodUid::parse(u).unwrap());
+    let file = |u: &str| termination_path(tmp.path(), node_ledger::PodUid::parse(u).unwrap());
     for u in [RUNNING, LATER] {
         std::fs::create_dir_all(file(u).parent().unwrap()).unwrap();
         node_ledger::termination::create(&file(u)).unwrap();
     }
-    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path()).with_kubelet_evictions(Some(4000));
-    let (stop, metrics) = start_with(c.url(), p, tmp.path(), Duration::from_secs(3600)).await;
+    let (stop, metrics) = start(c.url(), tmp.path(), Duration::from_secs(3600)).await;
     eventually("the first list written", || uids(tmp.path()) == [RUNNING, LATER]).await;
-    const EVENTS: &str = "/api/v1/events";
-    eventually("a watch of the kubelet's evictions", || !c.api.watches(EVENTS).is_empty()).await;
-    let w = c.api.watches(EVENTS);
-    assert_eq!(w[0].query.get("fieldSelector").map(String::as_str), Some("involvedObject.kind=Pod,reason=Evicted,source=kubelet"), "{:?}", w[0].query);
-
-    const MESSAGE: &str = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ";
-    c.kubelet_evict("batch", "train", MESSAGE);
-    eventually("the kubelet's eviction written", || node_ledger::termination::read(&file(RUNNING)).is_ok_and(|t| t.is_some())).await;
-    let t = node_ledger::termination::read(&file(RUNNING)).unwrap().unwrap();
-    let event = c.events().into_iter().find(|e| e["reason"] == "Evicted").unwrap();
-    let since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(event["firstTimestamp"].clone()).unwrap();
-    assert_eq!(t, node_ledger::termination::Termination { deletion_unix_ms: since.0.as_millisecond() as u64 + 4000, grace_ms: 4000 });
-    assert!(c.pod("batch", "train").unwrap()["status"]["reason"].is_null(), "the status says nothing yet");
-    assert_eq!(node_ledger::termination::read(&file(LATER)), Ok(None), "the other pod goes on");
-    eventually("the eviction counted", || metrics.lock().unwrap().contains("xshare_node_agent_kubelet_evictions_total{node=\"node-a\"} 1")).await;
-    // The containers ended: the kubelet reports phase, reason and condition together.
-    c.kubelet_evicted_pod_stopped("batch", "train", MESSAGE);
-    eventually("the failed pod left out of the list", || uids(tmp.path()) == [LATER]).await;
-    assert_eq!(node_ledger::termination::read(&file(RUNNING)), Ok(Some(t)));
-    let m = metrics.lock().unwrap().clone();
-    assert!(m.contains("xshare_node_agent_pod_terminations_written_total{node=\"node-a\"} 1"), "{m}");
-    assert!(m.contains("xshare_node_agent_kubelet_event_watch_errors_total{node=\"node-a\"} 0"), "{m}");
+    let annotate = |name: &str, e: &KubeletEviction| {
+        let mut p = c.pod("batch", name).unwrap();
+        p["metadata"]["annotations"][ANNOTATION] = e.render().into();
+        c.add_pod(p);
+    };
+    let since = fake_kube::objects::now_ms() / 1000 * 1000;
+    annotate("later", &KubeletEviction { node: "node-b".into(), since_unix_ms: since, node_pressure: true });
+    annotate("train", &KubeletEviction { node: "node-a".into(), since_unix_ms: since, node_pressure: true });
+    eventually("the eviction written", || read(&file(RUNNING)).is_ok_and(|t| t.is_some())).await;
+    assert_eq!(read(&file(RUNNING)), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
+    assert_eq!(read(&file(LATER)), Ok(None), "another node's kubelet");
+    eventually("counted", || metrics.lock().unwrap().contains("xshare_node_agent_pod_terminations_written_total{node=\"node-a\"} 1")).await;
     let _ = stop.send(true);
 }

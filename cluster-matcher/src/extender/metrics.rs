@@ -50,6 +50,8 @@ pub const FAMILIES: &[&str] = &[
     "xshare_watch_errors_total",
     "xshare_watch_retry_after_waits_total",
     "xshare_watch_gone_restarts_total",
+    "xshare_kubelet_evictions_annotated_total",
+    "xshare_kubelet_eviction_annotation_errors_total",
 ];
 
 /// Health states exported by `xshare_gpu_health_state` (one series each, value 1 for the
@@ -328,6 +330,16 @@ pub fn render(ext: &Extender) -> String {
             "xshare_watch_gone_restarts_total",
             &st.gone_restarts,
             "Watches started afresh after 410 Gone.",
+        ),
+        (
+            "xshare_kubelet_evictions_annotated_total",
+            &st.kubelet_evictions_annotated,
+            "Kubelet evictions of offline pods written onto them for their node agents.",
+        ),
+        (
+            "xshare_kubelet_eviction_annotation_errors_total",
+            &st.kubelet_eviction_errors,
+            "Failed writes of a kubelet eviction onto its pod.",
         ),
     ] {
         o.family(name, "counter", help);

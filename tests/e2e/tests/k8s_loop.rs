@@ -18,8 +18,9 @@
 //! new one at once → the extender replans and binds the new one while the old one is still
 //! Terminating (no second eviction, not planned twice) → the kubelet confirms, the old pod
 //! goes → the replacement is admitted and runs; the kubelet evicts it on its own (node
-//! pressure: only its `Evicted` Event says so in time) → node-agent writes it into the pod's
-//! termination file → the shim drains the GPU with no SIGTERM sent.
+//! pressure: only its `Evicted` Event says so in time) → the extender writes it onto the pod →
+//! node-agent writes it into the pod's termination file → the shim drains the GPU with no
+//! SIGTERM sent.
 
 mod workloads_support;
 
@@ -247,8 +248,7 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         .unwrap();
     let dp = root.join("device-plugins");
     let shim = bins.join("libxcuda.so");
-    // Watching for the kubelet's evictions (step 7).
-    let (_agent, reg) = start_node_agent(&host, &rt, &cluster, json!({"offline_pods": {"watch_kubelet_evictions": true}}));
+    let (_agent, reg) = start_node_agent(&host, &rt, &cluster, json!({}));
     assert_eq!(reg.resource_name, "xshare.io/offline-gpu");
 
     // Its heartbeat reaches the Node: GPU 0 Healthy, with NVML's UUID.
@@ -504,11 +504,11 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
 
     // --- 7. The replacement is admitted and runs; then the kubelet evicts it on its own (node
     // pressure): no deletion, and the pod's status says nothing until its containers ended;
-    // only the kubelet's `Evicted` Event, recorded just before the kill, does. node-agent's
-    // watch of those writes it into the pod's termination file and the shim drains the GPU at
-    // once (`watch_kubelet_evictions` on, `kubelet_eviction_grace_ms` 0: a hard threshold kills
-    // 2 s later), with no SIGTERM
-    // sent: the kubelet's signal may reach PID 1 only.
+    // only the kubelet's `Evicted` Event, recorded just before the kill, does. The extender's
+    // watch of those writes it onto the pod (`xshare.io/kubelet-eviction`), node-agent's pod
+    // watch into the pod's termination file, and the shim drains the GPU at once
+    // (`kubelet_eviction_grace_ms` 0: a hard threshold kills 2 s later), with no SIGTERM sent:
+    // the kubelet's signal may reach PID 1 only.
     let next_name = name_of(&next);
     eventually("the GPU Healthy for the replacement", || (read_state(&run)["state"] == "healthy").then_some(()));
     let alloc2 = allocate();
@@ -532,7 +532,9 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         node_ledger::termination::read(&termination2).ok().flatten()
     });
     assert_eq!(by_kubelet.grace_ms, 0, "{by_kubelet:?}");
-    assert!(cluster.pod("ml", &next_name).unwrap()["metadata"]["deletionTimestamp"].is_null(), "no deletion");
+    let evicted = cluster.pod("ml", &next_name).unwrap();
+    assert!(evicted["metadata"]["deletionTimestamp"].is_null(), "no deletion");
+    assert!(evicted["metadata"]["annotations"][kube_contract::kubelet_eviction::ANNOTATION].is_string(), "{evicted}");
     let log = eventually("the replacement's shim drains by the kubelet's eviction", || {
         std::fs::read_to_string(&shim_log).ok().filter(|l| l.contains("GPU drained"))
     });
