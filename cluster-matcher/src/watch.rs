@@ -87,6 +87,9 @@ pub struct WatchStats {
     pub kubelet_evictions_annotated: AtomicU64,
     /// Failed writes of a kubelet eviction onto its pod.
     pub kubelet_eviction_errors: AtomicU64,
+    /// Kubelet evictions not written onto a pod ([`Skip`]: not an offline pod of the watch,
+    /// another node's, finished, written already, stale).
+    pub kubelet_evictions_skipped: AtomicU64,
 }
 
 /// A cheap handle on what the watches have seen.
@@ -215,10 +218,7 @@ impl ClusterWatch {
                 Some(ns) => Api::namespaced(client.clone(), ns),
                 None => Api::all(client.clone()),
             };
-            let cfg = watcher::Config::default()
-                .fields(kube_contract::kubelet_eviction::EVENTS_FIELD_SELECTOR)
-                .timeout(settings.watch_timeout_s);
-            rt.spawn(annotate_kubelet_evictions(events, cfg, client, view.pods.clone(), stats, max));
+            rt.spawn(annotate_kubelet_evictions(events, settings.watch_timeout_s, client, view.pods.clone(), stats, max));
         }
         Ok(Self { view, rt: Some(rt) })
     }
@@ -292,67 +292,217 @@ async fn run_watch<K>(
 /// hour's Events; their pods ended long ago, and the kubelet's grace is never this long).
 pub const STALE_KUBELET_EVICTION: Duration = Duration::from_secs(600);
 
+/// How long one write of an eviction onto its pod may take before it is tried again (a hard
+/// eviction kills 2 s after its Event).
+pub const KUBELET_EVICTION_PATCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How many times a write of an eviction is tried (a failed write, or a pod the watch has not
+/// shown yet), 100 ms apart and doubling, up to 2 s: about 20 s in all.
+pub const KUBELET_EVICTION_TRIES: u32 = 12;
+
 /// Watches the kubelet's `Evicted` Events (once for the cluster: the API server keeps no watch
 /// cache of events by default, so not once per node) and writes each eviction of a watched
 /// offline pod onto it as [`kube_contract::kubelet_eviction::ANNOTATION`], which its node
-/// agent's pod watch carries to the pod's shim ([`kubelet_eviction_patch`] decides).
-async fn annotate_kubelet_evictions(events: Api<Event>, cfg: watcher::Config, client: kube::Client, pods: Store<Pod>, stats: Arc<WatchStats>, max_backoff: Duration) {
+/// agent's pod watch carries to the pod's shim ([`kubelet_eviction_patch`] decides). Each
+/// eviction is written by a task of its own, tried again on failure ([`KUBELET_EVICTION_TRIES`],
+/// each at most [`KUBELET_EVICTION_PATCH_TIMEOUT`]).
+async fn annotate_kubelet_evictions(events: Api<Event>, timeout_s: u32, client: kube::Client, pods: Store<Pod>, stats: Arc<WatchStats>, max_backoff: Duration) {
     use kube_contract::kubelet_eviction::{EvictedPod, KubeletEviction};
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(EvictedPod, KubeletEviction)>();
-    let errors = stats.clone();
-    let watch = kube_contract::watch::run(events, cfg, "kubelet evictions", max_backoff, move |seen| match seen {
-        Seen::Event(watcher::Event::Apply(e) | watcher::Event::InitApply(e)) => {
-            if let Some(x) = KubeletEviction::from_event(e) {
-                let _ = tx.send(x);
-            }
-        }
-        Seen::Event(_) => {}
-        Seen::Error(..) => {
-            errors.errors.fetch_add(1, Ordering::Relaxed);
-        }
-    });
+    let watch = watch_kubelet_evictions(events, timeout_s, tx, stats.clone(), max_backoff);
     let annotate = async {
+        // Not `pods.wait_until_ready()`: a second waiter beside `ClusterWatch::wait_synced`'s
+        // held that one up to its timeout. A pod the watch does not show yet is looked for
+        // again ([`KUBELET_EVICTION_TRIES`]).
         while let Some((evicted, eviction)) = rx.recv().await {
-            let pod = pods.get(&reflector::ObjectRef::new(&evicted.name).within(&evicted.namespace));
-            let Some(patch) = kubelet_eviction_patch(pod.as_deref(), &evicted, &eviction, now_unix_ms()) else { continue };
-            let api: Api<Pod> = Api::namespaced(client.clone(), &evicted.namespace);
-            match api.patch(&evicted.name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
-                Ok(_) => {
-                    stats.kubelet_evictions_annotated.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(pod = %format!("{}/{}", evicted.namespace, evicted.name), node = %eviction.node, node_pressure = eviction.node_pressure,
-                        "the kubelet evicts an offline pod: written onto it for its node agent (its shim drains the GPU before the kill)");
-                }
-                Err(e) => {
-                    stats.kubelet_eviction_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(pod = %format!("{}/{}", evicted.namespace, evicted.name), error = %e, "cannot write the kubelet's eviction onto the pod");
-                }
-            }
+            tokio::spawn(annotate_one(client.clone(), pods.clone(), stats.clone(), evicted, eviction));
         }
     };
     tokio::join!(watch, annotate);
 }
 
+/// Writes one eviction onto its pod ([`annotate_kubelet_evictions`]).
+async fn annotate_one(client: kube::Client, pods: Store<Pod>, stats: Arc<WatchStats>, evicted: kube_contract::kubelet_eviction::EvictedPod, eviction: kube_contract::kubelet_eviction::KubeletEviction) {
+    let who = format!("{}/{}", evicted.namespace, evicted.name);
+    let api: Api<Pod> = Api::namespaced(client, &evicted.namespace);
+    let mut wait = Duration::from_millis(100);
+    for attempt in 1..=KUBELET_EVICTION_TRIES {
+        let pod = pods.get(&reflector::ObjectRef::new(&evicted.name).within(&evicted.namespace));
+        let last = attempt == KUBELET_EVICTION_TRIES;
+        match kubelet_eviction_patch(pod.as_deref(), &evicted, &eviction, now_unix_ms()) {
+            Ok(patch) => {
+                let params = kube::api::PatchParams::default();
+                let sent = tokio::time::timeout(KUBELET_EVICTION_PATCH_TIMEOUT, api.patch(&evicted.name, &params, &kube::api::Patch::Merge(&patch))).await;
+                match sent {
+                    Ok(Ok(_)) => {
+                        stats.kubelet_evictions_annotated.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(pod = %who, node = %eviction.node, node_pressure = eviction.node_pressure,
+                            "the kubelet evicts an offline pod: written onto it for its node agent (its shim drains the GPU before the kill)");
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        stats.kubelet_eviction_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(pod = %who, attempt, error = %e, "cannot write the kubelet's eviction onto the pod");
+                    }
+                    Err(_) => {
+                        stats.kubelet_eviction_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(pod = %who, attempt, timeout_ms = KUBELET_EVICTION_PATCH_TIMEOUT.as_millis() as u64, "writing the kubelet's eviction onto the pod timed out");
+                    }
+                }
+            }
+            // The watch may not have shown the pod yet: looked for again.
+            Err(why @ Skip::NotWatched) if !last => tracing::debug!(pod = %who, attempt, why = why.as_str(), "kubelet eviction not written yet"),
+            Err(why) => {
+                stats.kubelet_evictions_skipped.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(pod = %who, why = why.as_str(), "kubelet eviction not written onto the pod");
+                return;
+            }
+        }
+        if !last {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+/// Watches the kubelet's `Evicted` Events from now on, sending each to `tx`. Not a list and
+/// watch (kube-runtime's watcher): the API server keeps no watch cache of events by default, so
+/// it sends no bookmarks, a watch whose selector matched nothing resumes from a version etcd
+/// compacts away within minutes, and each `410 Gone` would list every Event of the cluster
+/// again. Here a watch starts at the version a one-item list of Events (no selector: one etcd
+/// read) gives, resumes from the last Event it saw, and takes a fresh version after a `410`.
+/// An extender (re)started during a soft eviction's grace therefore misses that eviction.
+async fn watch_kubelet_evictions(
+    events: Api<Event>,
+    timeout_s: u32,
+    tx: tokio::sync::mpsc::UnboundedSender<(kube_contract::kubelet_eviction::EvictedPod, kube_contract::kubelet_eviction::KubeletEviction)>,
+    stats: Arc<WatchStats>,
+    max_backoff: Duration,
+) {
+    use futures::StreamExt;
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    use kube_contract::kubelet_eviction::{KubeletEviction, EVENTS_FIELD_SELECTOR};
+    let mut version: Option<String> = None;
+    let mut backoff = kube_contract::watch::MIN_BACKOFF;
+    loop {
+        let from = match version.clone() {
+            Some(v) => Ok(v),
+            None => events
+                .list(&ListParams::default().limit(1))
+                .await
+                .map_err(|e| format!("cannot read the events' version: {e}"))
+                .and_then(|l| l.metadata.resource_version.filter(|v| !v.is_empty()).ok_or_else(|| "a list of events came without a version".to_string())),
+        };
+        let params = WatchParams::default().fields(EVENTS_FIELD_SELECTOR).timeout(timeout_s);
+        let broke = match from {
+            Err(e) => Some(e),
+            Ok(from) => match events.watch(&params, &from).await {
+                // Compacted past our version: from now on again (not an error).
+                Err(kube::Error::Api(s)) if s.code == 410 => {
+                    version = None;
+                    None
+                }
+                Err(e) => Some(format!("cannot watch the kubelets' evictions: {e}")),
+                Ok(stream) => {
+                    let mut stream = std::pin::pin!(stream);
+                    version = Some(from);
+                    let mut broke = None;
+                    while let Some(item) = stream.next().await {
+                        match item {
+                            Ok(WatchEvent::Added(e) | WatchEvent::Modified(e)) => {
+                                backoff = kube_contract::watch::MIN_BACKOFF;
+                                if let Some(v) = e.metadata.resource_version.clone() {
+                                    version = Some(v);
+                                }
+                                if let Some(x) = KubeletEviction::from_event(&e) {
+                                    let _ = tx.send(x);
+                                }
+                            }
+                            Ok(WatchEvent::Bookmark(b)) => version = Some(b.metadata.resource_version),
+                            Ok(WatchEvent::Deleted(_)) => {}
+                            Ok(WatchEvent::Error(s)) if s.code == 410 => {
+                                version = None;
+                                break;
+                            }
+                            Ok(WatchEvent::Error(s)) => {
+                                broke = Some(format!("the kubelets' evictions watch ended: {}", s.message));
+                                break;
+                            }
+                            Err(e) => {
+                                broke = Some(format!("the kubelets' evictions watch broke: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    broke
+                }
+            },
+        };
+        if let Some(e) = broke {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(watch = "kubelet evictions", error = %e, delay_ms = backoff.as_millis() as u64, "watch error");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(max_backoff.max(kube_contract::watch::MIN_BACKOFF));
+        }
+    }
+}
+
+/// Why an eviction is not written onto its pod ([`kubelet_eviction_patch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// The pod is not (yet) in the watch: not an xshare pod, outside `--watch-namespace`, or
+    /// not listed yet.
+    NotWatched,
+    /// Another pod of that name (not the Event's UID).
+    OtherPod,
+    /// Not an offline pod.
+    NotOffline,
+    /// Bound to another node than the evicting kubelet's.
+    OtherNode,
+    /// Finished already.
+    Finished,
+    /// Written already.
+    Written,
+    /// The Event is older than [`STALE_KUBELET_EVICTION`].
+    Stale,
+}
+
+impl Skip {
+    /// A short name for the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::NotWatched => "not_watched",
+            Skip::OtherPod => "other_pod",
+            Skip::NotOffline => "not_offline",
+            Skip::OtherNode => "other_node",
+            Skip::Finished => "finished",
+            Skip::Written => "written",
+            Skip::Stale => "stale",
+        }
+    }
+}
+
 /// The merge patch that writes `eviction` of `evicted` onto `pod` (as watched), if it is to be
-/// written: `pod` is the Event's (same UID), an offline pod, bound to the evicting kubelet's
-/// node, not finished, not annotated yet, and the Event is not older than
+/// written: `pod` is the Event's (same UID, which the patch also carries: the API server
+/// refuses it for a pod of the same name made since), an offline pod, bound to the evicting
+/// kubelet's node, not finished, not annotated yet, and the Event is not older than
 /// [`STALE_KUBELET_EVICTION`] at `now_unix_ms`.
 pub fn kubelet_eviction_patch(
     pod: Option<&Pod>,
     evicted: &kube_contract::kubelet_eviction::EvictedPod,
     eviction: &kube_contract::kubelet_eviction::KubeletEviction,
     now_unix_ms: u64,
-) -> Option<serde_json::Value> {
-    let pod = pod?;
+) -> Result<serde_json::Value, Skip> {
+    let pod = pod.ok_or(Skip::NotWatched)?;
     let ann = kube_contract::kubelet_eviction::ANNOTATION;
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    let fresh = eviction.since_unix_ms.saturating_add(STALE_KUBELET_EVICTION.as_millis() as u64) >= now_unix_ms;
-    let ok = pod.metadata.uid.as_deref() == Some(evicted.uid.as_str())
-        && contract::role(pod.metadata.labels.as_ref()) == Some(Role::Offline)
-        && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(eviction.node.as_str())
-        && !matches!(phase, Some("Succeeded" | "Failed"))
-        && !pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ann))
-        && fresh;
-    ok.then(|| serde_json::json!({"metadata": {"annotations": {ann: eviction.render()}}}))
+    let check = |ok: bool, why: Skip| if ok { Ok(()) } else { Err(why) };
+    check(pod.metadata.uid.as_deref() == Some(evicted.uid.as_str()), Skip::OtherPod)?;
+    check(contract::role(pod.metadata.labels.as_ref()) == Some(Role::Offline), Skip::NotOffline)?;
+    check(pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(eviction.node.as_str()), Skip::OtherNode)?;
+    check(!matches!(phase, Some("Succeeded" | "Failed")), Skip::Finished)?;
+    check(!pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ann)), Skip::Written)?;
+    check(eviction.since_unix_ms.saturating_add(STALE_KUBELET_EVICTION.as_millis() as u64) >= now_unix_ms, Skip::Stale)?;
+    Ok(serde_json::json!({"metadata": {"uid": evicted.uid, "annotations": {ann: eviction.render()}}}))
 }
 
 /// This host's wall clock, ms since the Unix epoch (0 before it).
@@ -720,21 +870,22 @@ mod tests {
     #[test]
     fn an_eviction_is_written_only_onto_the_running_offline_pod_of_the_evicting_node() {
         let evicted = EvictedPod { namespace: "ml".into(), name: "train-0".into(), uid: "u1".into() };
-        let e = KubeletEviction { node: "n1".into(), since_unix_ms: NOW - 1000, node_pressure: true };
+        let e = KubeletEviction { uid: "u1".into(), node: "n1".into(), since_unix_ms: NOW - 1000, node_pressure: true };
         let patch = kubelet_eviction_patch(Some(&offline("n1", "Running")), &evicted, &e, NOW).unwrap();
         assert_eq!(patch["metadata"]["annotations"][ANNOTATION], e.render());
-        assert!(kubelet_eviction_patch(None, &evicted, &e, NOW).is_none(), "not watched");
-        assert!(kubelet_eviction_patch(Some(&offline("n2", "Running")), &evicted, &e, NOW).is_none(), "another node's kubelet");
-        assert!(kubelet_eviction_patch(Some(&offline("n1", "Failed")), &evicted, &e, NOW).is_none(), "finished");
+        assert_eq!(patch["metadata"]["uid"], "u1", "a precondition: refused for a pod of the same name made since");
+        assert_eq!(kubelet_eviction_patch(None, &evicted, &e, NOW), Err(Skip::NotWatched));
+        assert_eq!(kubelet_eviction_patch(Some(&offline("n2", "Running")), &evicted, &e, NOW), Err(Skip::OtherNode), "another node's kubelet");
+        assert_eq!(kubelet_eviction_patch(Some(&offline("n1", "Failed")), &evicted, &e, NOW), Err(Skip::Finished));
         let mut online = offline("n1", "Running");
         online.metadata.labels.as_mut().unwrap().insert("xshare.io/role".into(), "online".into());
-        assert!(kubelet_eviction_patch(Some(&online), &evicted, &e, NOW).is_none(), "not an offline pod");
+        assert_eq!(kubelet_eviction_patch(Some(&online), &evicted, &e, NOW), Err(Skip::NotOffline));
         let other = EvictedPod { uid: "u2".into(), ..evicted.clone() };
-        assert!(kubelet_eviction_patch(Some(&offline("n1", "Running")), &other, &e, NOW).is_none(), "a pod of the same name before");
+        assert_eq!(kubelet_eviction_patch(Some(&offline("n1", "Running")), &other, &e, NOW), Err(Skip::OtherPod), "a pod of the same name before");
         let mut done = offline("n1", "Running");
         done.metadata.annotations = Some([(ANNOTATION.to_string(), e.render())].into());
-        assert!(kubelet_eviction_patch(Some(&done), &evicted, &e, NOW).is_none(), "written already");
+        assert_eq!(kubelet_eviction_patch(Some(&done), &evicted, &e, NOW), Err(Skip::Written));
         let old = KubeletEviction { since_unix_ms: NOW - STALE_KUBELET_EVICTION.as_millis() as u64 - 1, ..e.clone() };
-        assert!(kubelet_eviction_patch(Some(&offline("n1", "Running")), &evicted, &old, NOW).is_none(), "an Event from long ago");
+        assert_eq!(kubelet_eviction_patch(Some(&offline("n1", "Running")), &evicted, &old, NOW), Err(Skip::Stale), "an Event from long ago");
     }
 }

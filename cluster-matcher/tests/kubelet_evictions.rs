@@ -53,7 +53,14 @@ fn the_kubelets_eviction_of_an_offline_pod_is_written_onto_it_once() {
     let e = eviction_of(&c, "train-a").unwrap();
     let event = c.events().into_iter().find(|e| e["reason"] == "Evicted").unwrap();
     let since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(event["firstTimestamp"].clone()).unwrap();
-    assert_eq!(e, KubeletEviction { node: "gpu-node-1".into(), since_unix_ms: since.0.as_millisecond() as u64, node_pressure: true });
+    let uid = c.pod("ml", "train-a").unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(e, KubeletEviction { uid, node: "gpu-node-1".into(), since_unix_ms: since.0.as_millisecond() as u64, node_pressure: true });
+    // A second Event for it (the kubelet's eviction manager tried again): written already.
+    eventually("the watch shows the annotation", || {
+        v.pod("ml", "train-a").is_some_and(|p| p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANNOTATION)))
+    });
+    c.kubelet_evict("ml", "train-a", PRESSURE);
+    eventually("the second Event skipped", || v.stats.kubelet_evictions_skipped.load(std::sync::atomic::Ordering::Relaxed) == 1);
     // Not an offline pod: nothing written.
     c.kubelet_evict("prod", "svc-0", PRESSURE);
     // Its containers ended: the kubelet reports the status; nothing written again.
@@ -63,6 +70,8 @@ fn the_kubelets_eviction_of_an_offline_pod_is_written_onto_it_once() {
     assert_eq!(eviction_of(&c, "train-b"), None, "the other offline pod goes on");
     let patches = c.api.all().into_iter().filter(|r| r.method == "PATCH" && r.path.ends_with("/pods/train-a")).count();
     assert_eq!(patches, 1, "written once");
+    // The online pod's Event: looked for again while the watch might lag, then skipped.
+    eventually("the online pod's Event skipped", || v.stats.kubelet_evictions_skipped.load(std::sync::atomic::Ordering::Relaxed) == 2);
     assert_eq!(v.stats.kubelet_evictions_annotated.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(v.stats.kubelet_eviction_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
 }

@@ -41,6 +41,8 @@ const NODE_PRESSURE_MESSAGE: &str = "The node was low on resource:";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubeletEviction {
+    /// The evicted pod's UID (a pod of the same name made later is another pod).
+    pub uid: String,
     /// The node whose kubelet evicts the pod.
     pub node: String,
     /// When it recorded the eviction (the Event's `eventTime`, else `firstTimestamp`, to the
@@ -84,6 +86,7 @@ impl KubeletEviction {
             .or_else(|| e.first_timestamp.as_ref().map(|t| ms(t.0.as_millisecond())))?;
         let pod = EvictedPod { namespace: o.namespace.clone()?, name: o.name.clone()?, uid: o.uid.clone()? };
         let eviction = KubeletEviction {
+            uid: pod.uid.clone(),
             node: host?.to_string(),
             since_unix_ms,
             node_pressure: e.message.as_deref().is_some_and(|m| m.starts_with(NODE_PRESSURE_MESSAGE)),
@@ -132,7 +135,7 @@ mod tests {
     fn the_kubelets_eviction_is_read_off_its_event_and_round_trips() {
         let (pod, ev) = KubeletEviction::from_event(&eviction_event("n1", PRESSURE)).unwrap();
         assert_eq!(pod, EvictedPod { namespace: "ml".into(), name: "train-0".into(), uid: "0000000a-0000-4000-8000-000000000000".into() });
-        assert_eq!(ev, KubeletEviction { node: "n1".into(), since_unix_ms: AT_05_MS, node_pressure: true });
+        assert_eq!(ev, KubeletEviction { uid: pod.uid.clone(), node: "n1".into(), since_unix_ms: AT_05_MS, node_pressure: true });
         let storage = eviction_event("n1", "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ");
         assert!(!KubeletEviction::from_event(&storage).unwrap().1.node_pressure);
         let mut other = eviction_event("n1", PRESSURE);
@@ -154,7 +157,8 @@ mod tests {
         new_style.event_time = None;
         assert_eq!(KubeletEviction::from_event(&new_style), None, "no time: nothing to time a kill by");
         assert_eq!(KubeletEviction::parse(&ev.render()), Ok(ev.clone()));
-        assert!(KubeletEviction::parse(r#"{"node":"n1","since_unix_ms":1,"node_pressure":true,"grace_ms":9}"#).is_err());
+        assert!(KubeletEviction::parse(r#"{"uid":"u1","node":"n1","since_unix_ms":1,"node_pressure":true,"grace_ms":9}"#).is_err());
+        assert!(KubeletEviction::parse(r#"{"node":"n1","since_unix_ms":1,"node_pressure":true}"#).is_err(), "no UID");
         assert!(KubeletEviction::parse("1796032805000").is_err());
     }
 }

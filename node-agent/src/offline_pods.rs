@@ -83,13 +83,14 @@ pub fn termination(pod: &Pod) -> Option<node_ledger::termination::Termination> {
 /// (`kube_contract::kubelet_eviction`), written as a deletion ending its grace after the
 /// kubelet's Event: the grace this node's kubelet gives for node pressure (`grace_cap_ms`,
 /// `offline_pods.kubelet_eviction_grace_ms`, at most the pod's spec grace; 0 by default: at
-/// once, as past a hard threshold), 0 for a storage limit's. `Ok(None)`: none, or another
-/// node's; `Err`: the annotation does not parse (only the extender may write it).
+/// once, as past a hard threshold), 0 for a storage limit's. `Ok(None)`: none, another node's,
+/// or another pod's (a pod of the same name before it); `Err`: the annotation does not parse
+/// (only the extender may write it).
 pub fn kubelet_eviction(pod: &Pod, node: &str, grace_cap_ms: u64) -> Result<Option<node_ledger::termination::Termination>, String> {
     use kube_contract::kubelet_eviction::{KubeletEviction, ANNOTATION};
     let Some(v) = pod.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else { return Ok(None) };
     let e = KubeletEviction::parse(v)?;
-    if e.node != node {
+    if e.node != node || pod.metadata.uid.as_deref() != Some(e.uid.as_str()) {
         return Ok(None);
     }
     let grace_ms = if e.node_pressure { crate::allocate::kill_grace_ms(pod).min(grace_cap_ms) } else { 0 };
@@ -683,7 +684,8 @@ mod tests {
     /// `pod` with the eviction the extender wrote onto it from the kubelet's Event.
     fn evicted(mut pod: Pod, node: &str, since: &str, node_pressure: bool) -> Pod {
         let since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time = serde_json::from_value(serde_json::json!(since)).unwrap();
-        let e = kube_contract::kubelet_eviction::KubeletEviction { node: node.into(), since_unix_ms: since.0.as_millisecond() as u64, node_pressure };
+        let uid = pod.metadata.uid.clone().unwrap();
+        let e = kube_contract::kubelet_eviction::KubeletEviction { uid, node: node.into(), since_unix_ms: since.0.as_millisecond() as u64, node_pressure };
         pod.metadata.annotations.get_or_insert_with(Default::default).insert(kube_contract::kubelet_eviction::ANNOTATION.into(), e.render());
         pod
     }
@@ -703,6 +705,9 @@ mod tests {
         let storage = evicted(deleted_pod(u, None, None), "n1", "2026-11-30T10:00:05Z", false);
         assert_eq!(kubelet_eviction(&storage, "n1", 5000).unwrap().unwrap().grace_ms, 0, "a storage limit's: at once");
         assert_eq!(kubelet_eviction(&pod, "n2", 0), Ok(None), "another node's kubelet");
+        let mut successor = pod.clone();
+        successor.metadata.uid = Some("0000000b-0000-4000-8000-000000000000".into());
+        assert_eq!(kubelet_eviction(&successor, "n1", 0), Ok(None), "a pod of the same name made after the evicted one");
         let mut damaged = pod.clone();
         damaged.metadata.annotations.as_mut().unwrap().insert(kube_contract::kubelet_eviction::ANNOTATION.into(), "soon".into());
         assert!(kubelet_eviction(&damaged, "n1", 0).is_err());

@@ -261,8 +261,8 @@ async fn the_kubelets_eviction_written_onto_the_pod_reaches_its_termination_file
         c.add_pod(p);
     };
     let since = fake_kube::objects::now_ms() / 1000 * 1000;
-    annotate("later", &KubeletEviction { node: "node-b".into(), since_unix_ms: since, node_pressure: true });
-    annotate("train", &KubeletEviction { node: "node-a".into(), since_unix_ms: since, node_pressure: true });
+    annotate("later", &KubeletEviction { uid: LATER.into(), node: "node-b".into(), since_unix_ms: since, node_pressure: true });
+    annotate("train", &KubeletEviction { uid: RUNNING.into(), node: "node-a".into(), since_unix_ms: since, node_pressure: true });
     eventually("the eviction written", || read(&file(RUNNING)).is_ok_and(|t| t.is_some())).await;
     assert_eq!(read(&file(RUNNING)), Ok(Some(Termination { deletion_unix_ms: since, grace_ms: 0 })));
     assert_eq!(read(&file(LATER)), Ok(None), "another node's kubelet");

@@ -104,11 +104,18 @@ impl Termination {
     /// readings then say earlier than the kill comes. A reader that drains by the earliest
     /// reading must therefore not take a kill that did not come by then for a wrong guess:
     /// with a deletion recorded, the kill is certain.
+    ///
+    /// The floor counts from the earlier of `from_ns` and the termination's start by this
+    /// reading (its end less its grace, on this clock): a process that saw the file before any
+    /// SIGTERM (`from_ns` its reading) may see it well after the kubelet began (an eviction
+    /// reaches the file through the extender and node-agent), and the kubelet's SIGTERM, from
+    /// which its 2 s count, comes at or after that start.
     pub fn kill_ns(&self, seen_ns: u64, seen_unix_ms: u64, from_ns: u64) -> u64 {
         let ms = |v: u64| v.saturating_mul(1_000_000);
         let by_grace = from_ns.saturating_add(ms(self.grace_ms));
         let by_clock = seen_ns.saturating_add(ms(self.deletion_unix_ms.saturating_sub(seen_unix_ms)));
-        by_grace.min(by_clock).max(from_ns.saturating_add(ms(KUBELET_MIN_GRACE_MS)))
+        let start_ns = seen_ns.saturating_sub(ms(seen_unix_ms.saturating_sub(self.deletion_unix_ms.saturating_sub(self.grace_ms))));
+        by_grace.min(by_clock).max(from_ns.min(start_ns).saturating_add(ms(KUBELET_MIN_GRACE_MS)))
     }
 }
 
@@ -212,10 +219,16 @@ mod tests {
         assert_eq!(T.kill_ns(seen, seen_unix - 3000, from), 105 * s);
         // A preStop hook spent part of the grace before the SIGTERM (read 1.5 s into it).
         assert_eq!(T.kill_ns(seen, seen_unix + 1500, from), 103 * s + s / 2);
-        // A deadline already past (a second, shorter deletion), or a grace of 0: the floor.
-        assert_eq!(T.kill_ns(seen, seen_unix + 60_000, from), 102 * s);
+        // A deadline already past (a second, shorter deletion): at once (its start, 61 s before
+        // the reading, puts the floor long past).
+        assert_eq!(T.kill_ns(seen, seen_unix + 60_000, from), 101 * s);
+        // A grace of 0 ending after the reading: the floor from the SIGTERM.
         let zero = Termination { grace_ms: 0, ..T };
         assert_eq!(zero.kill_ns(seen, seen_unix, from), 102 * s);
+        // An eviction (grace 0) the process read 1.5 s after the kubelet began, before any
+        // SIGTERM (`from` is the reading): the floor from the kubelet's start, not the reading.
+        let evicted = Termination { deletion_unix_ms: seen_unix - 1500, grace_ms: 0 };
+        assert_eq!(evicted.kill_ns(seen, seen_unix, seen), seen + s / 2);
     }
 
     /// node-agent's write keeps the inode (a container's mount names it), changes nothing when

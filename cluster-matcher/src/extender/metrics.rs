@@ -52,6 +52,7 @@ pub const FAMILIES: &[&str] = &[
     "xshare_watch_gone_restarts_total",
     "xshare_kubelet_evictions_annotated_total",
     "xshare_kubelet_eviction_annotation_errors_total",
+    "xshare_kubelet_evictions_skipped_total",
 ];
 
 /// Health states exported by `xshare_gpu_health_state` (one series each, value 1 for the
@@ -340,6 +341,11 @@ pub fn render(ext: &Extender) -> String {
             "xshare_kubelet_eviction_annotation_errors_total",
             &st.kubelet_eviction_errors,
             "Failed writes of a kubelet eviction onto its pod.",
+        ),
+        (
+            "xshare_kubelet_evictions_skipped_total",
+            &st.kubelet_evictions_skipped,
+            "Kubelet evictions not written onto a pod (not an offline pod of the watch, another node's, finished, written, stale).",
         ),
     ] {
         o.family(name, "counter", help);
