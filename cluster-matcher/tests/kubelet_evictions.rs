@@ -87,3 +87,55 @@ fn the_watch_of_the_kubelets_evictions_can_be_left_off() {
     assert!(c.api.requests("/api/v1/events").is_empty());
     assert_eq!(eviction_of(&c, "train-a"), None);
 }
+
+/// The Events watch starts at the version of a one-Event list with no selector (one etcd read,
+/// not a list of every Event), and a `410 Gone` inside it (etcd compacted past a version no
+/// matching Event moved on) takes a fresh version the same way: not counted as an error, never
+/// a list of the cluster's Events. An eviction then seen is written onto its pod, with its UID
+/// as the patch's precondition.
+#[test]
+fn the_events_watch_starts_from_now_and_a_gone_version_takes_a_fresh_one_without_a_list() {
+    use fake_kube::{fake_api, Answer};
+    use serde_json::json;
+    const EVENTS: &str = "/api/v1/events";
+    let pod = bound_job_pod("a", "gpu-node-1");
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let evicted = json!({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "train-a.1", "namespace": "ml", "resourceVersion": "201"},
+        "involvedObject": {"kind": "Pod", "namespace": "ml", "name": "train-a", "uid": uid, "apiVersion": "v1"},
+        "reason": "Evicted", "message": PRESSURE, "source": {"component": "kubelet", "host": "gpu-node-1"},
+        "firstTimestamp": k8s_openapi::jiff::Timestamp::from_millisecond(now_ms() as i64).unwrap().to_string(),
+        "count": 1, "type": "Warning"}});
+    let served_pod = pod.clone();
+    let api = fake_api(move |r, before| match (r.path.as_str(), r.is_watch()) {
+        ("/api/v1/pods", false) => Answer::Json(200, list("PodList", "10", vec![served_pod.clone()]), vec![]),
+        ("/api/v1/nodes", false) => Answer::Json(200, list("NodeList", "10", vec![]), vec![]),
+        (EVENTS, false) => {
+            let rv = if before.iter().any(|b| !b.is_watch()) { "200" } else { "100" };
+            Answer::Json(200, list("EventList", rv, vec![]), vec![])
+        }
+        (EVENTS, true) if r.rv() == "100" => Answer::Stream(vec![json!({"type": "ERROR", "object": gone("100")})], false),
+        (EVENTS, true) if r.rv() == "200" => Answer::Stream(vec![evicted.clone()], true),
+        ("/api/v1/namespaces/ml/pods/train-a", false) if r.method == "PATCH" => Answer::Json(200, served_pod.clone(), vec![]),
+        (_, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = ClusterWatch::start(&ApiSource::Url(api.url.clone()), WatchSettings::default(), Arc::new(|| {})).unwrap();
+    assert!(w.wait_synced(Duration::from_secs(30)));
+    let v = w.view();
+    eventually("the eviction written", || v.stats.kubelet_evictions_annotated.load(std::sync::atomic::Ordering::Relaxed) == 1);
+    let lists: Vec<_> = api.lists(EVENTS);
+    assert_eq!(lists.len(), 2, "one version at the start, one after the 410");
+    for l in &lists {
+        assert_eq!(l.query.get("limit").map(String::as_str), Some("1"), "{:?}", l.query);
+        assert!(!l.query.contains_key("fieldSelector"), "never a selected list (it reads every Event): {:?}", l.query);
+    }
+    let from: Vec<_> = api.watches(EVENTS).iter().map(|r| r.rv().to_string()).collect();
+    assert_eq!(&from[..2], ["100", "200"]);
+    assert_eq!(v.stats.errors.load(std::sync::atomic::Ordering::Relaxed), 0, "a 410 is not an error here");
+    let patch = api.requests("/api/v1/namespaces/ml/pods/train-a").into_iter().find(|r| r.method == "PATCH").unwrap();
+    let body = patch.json();
+    assert_eq!(body["metadata"]["uid"], uid.as_str(), "{body}");
+    let e = KubeletEviction::parse(body["metadata"]["annotations"][ANNOTATION].as_str().unwrap()).unwrap();
+    assert_eq!((e.uid.as_str(), e.node.as_str(), e.node_pressure), (uid.as_str(), "gpu-node-1", true));
+}
