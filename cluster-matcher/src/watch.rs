@@ -339,6 +339,13 @@ async fn annotate_one(client: kube::Client, pods: Store<Pod>, stats: Arc<WatchSt
                             "the kubelet evicts an offline pod: written onto it for its node agent (its shim drains the GPU before the kill)");
                         return;
                     }
+                    // The UID precondition failed: a pod of that name made since, not the one
+                    // the kubelet evicts. Nothing to write, ever.
+                    Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                        stats.kubelet_evictions_skipped.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(pod = %who, why = Skip::OtherPod.as_str(), error = %s.message, "kubelet eviction not written onto the pod");
+                        return;
+                    }
                     Ok(Err(e)) => {
                         stats.kubelet_eviction_errors.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(pod = %who, attempt, error = %e, "cannot write the kubelet's eviction onto the pod");

@@ -31,6 +31,17 @@ fn bound_job_pod(suffix: &str, node: &str) -> serde_json::Value {
     p
 }
 
+/// The watch event of the kubelet of gpu-node-1 evicting pod ml/train-a (`uid`) now, at
+/// resource version `rv`.
+fn added_eviction_event(uid: &str, rv: &str) -> serde_json::Value {
+    serde_json::json!({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "train-a.1", "namespace": "ml", "resourceVersion": rv},
+        "involvedObject": {"kind": "Pod", "namespace": "ml", "name": "train-a", "uid": uid, "apiVersion": "v1"},
+        "reason": "Evicted", "message": PRESSURE, "source": {"component": "kubelet", "host": "gpu-node-1"},
+        "firstTimestamp": k8s_openapi::jiff::Timestamp::from_millisecond(now_ms() as i64).unwrap().to_string(),
+        "count": 1, "type": "Warning"}})
+}
+
 fn eviction_of(c: &FakeCluster, name: &str) -> Option<KubeletEviction> {
     c.pod("ml", name)?["metadata"]["annotations"][ANNOTATION].as_str().map(|v| KubeletEviction::parse(v).unwrap())
 }
@@ -100,12 +111,7 @@ fn the_events_watch_starts_from_now_and_a_gone_version_takes_a_fresh_one_without
     const EVENTS: &str = "/api/v1/events";
     let pod = bound_job_pod("a", "gpu-node-1");
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
-    let evicted = json!({"type": "ADDED", "object": {"apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": "train-a.1", "namespace": "ml", "resourceVersion": "201"},
-        "involvedObject": {"kind": "Pod", "namespace": "ml", "name": "train-a", "uid": uid, "apiVersion": "v1"},
-        "reason": "Evicted", "message": PRESSURE, "source": {"component": "kubelet", "host": "gpu-node-1"},
-        "firstTimestamp": k8s_openapi::jiff::Timestamp::from_millisecond(now_ms() as i64).unwrap().to_string(),
-        "count": 1, "type": "Warning"}});
+    let evicted = added_eviction_event(&uid, "201");
     let served_pod = pod.clone();
     let api = fake_api(move |r, before| match (r.path.as_str(), r.is_watch()) {
         ("/api/v1/pods", false) => Answer::Json(200, list("PodList", "10", vec![served_pod.clone()]), vec![]),
@@ -138,4 +144,38 @@ fn the_events_watch_starts_from_now_and_a_gone_version_takes_a_fresh_one_without
     assert_eq!(body["metadata"]["uid"], uid.as_str(), "{body}");
     let e = KubeletEviction::parse(body["metadata"]["annotations"][ANNOTATION].as_str().unwrap()).unwrap();
     assert_eq!((e.uid.as_str(), e.node.as_str(), e.node_pressure), (uid.as_str(), "gpu-node-1", true));
+}
+
+/// A write refused for its UID precondition (`409`: the pod of that name was made again since
+/// the kubelet evicted the old one) is not tried again: that pod is not the evicted one.
+#[test]
+fn a_write_refused_for_its_uid_is_not_tried_again() {
+    use fake_kube::{fake_api, Answer};
+    use serde_json::json;
+    const EVENTS: &str = "/api/v1/events";
+    const POD: &str = "/api/v1/namespaces/ml/pods/train-a";
+    let pod = bound_job_pod("a", "gpu-node-1");
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let evicted = added_eviction_event(&uid, "101");
+    let served_pod = pod.clone();
+    let api = fake_api(move |r, _| match (r.path.as_str(), r.is_watch()) {
+        ("/api/v1/pods", false) => Answer::Json(200, list("PodList", "10", vec![served_pod.clone()]), vec![]),
+        ("/api/v1/nodes", false) => Answer::Json(200, list("NodeList", "10", vec![]), vec![]),
+        (EVENTS, false) => Answer::Json(200, list("EventList", "100", vec![]), vec![]),
+        (EVENTS, true) if r.rv() == "100" => Answer::Stream(vec![evicted.clone()], true),
+        (POD, false) if r.method == "PATCH" => Answer::Json(
+            409,
+            status(409, "Conflict", "Operation cannot be fulfilled on pods \"train-a\": Precondition failed: UID in precondition", json!({})),
+            vec![],
+        ),
+        (_, true) => Answer::Stream(vec![], true),
+        _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
+    });
+    let w = ClusterWatch::start(&ApiSource::Url(api.url.clone()), WatchSettings::default(), Arc::new(|| {})).unwrap();
+    assert!(w.wait_synced(Duration::from_secs(30)));
+    let v = w.view();
+    eventually("the refused write skipped", || v.stats.kubelet_evictions_skipped.load(std::sync::atomic::Ordering::Relaxed) == 1);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(api.requests(POD).iter().filter(|r| r.method == "PATCH").count(), 1, "not tried again");
+    assert_eq!(v.stats.kubelet_eviction_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
