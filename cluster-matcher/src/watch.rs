@@ -306,18 +306,14 @@ pub const KUBELET_EVICTION_TRIES: u32 = 12;
 /// eviction is written by a task of its own, tried again on failure ([`KUBELET_EVICTION_TRIES`],
 /// each at most [`KUBELET_EVICTION_PATCH_TIMEOUT`]).
 async fn annotate_kubelet_evictions(events: Api<Event>, timeout_s: u32, client: kube::Client, pods: Store<Pod>, stats: Arc<WatchStats>, max_backoff: Duration) {
-    use kube_contract::kubelet_eviction::{EvictedPod, KubeletEviction};
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(EvictedPod, KubeletEviction)>();
-    let watch = watch_kubelet_evictions(events, timeout_s, tx, stats.clone(), max_backoff);
-    let annotate = async {
-        // Not `pods.wait_until_ready()`: a second waiter beside `ClusterWatch::wait_synced`'s
-        // held that one up to its timeout. A pod the watch does not show yet is looked for
-        // again ([`KUBELET_EVICTION_TRIES`]).
-        while let Some((evicted, eviction)) = rx.recv().await {
-            tokio::spawn(annotate_one(client.clone(), pods.clone(), stats.clone(), evicted, eviction));
-        }
-    };
-    tokio::join!(watch, annotate);
+    // Not `pods.wait_until_ready()` first: a second waiter beside `ClusterWatch::wait_synced`'s
+    // held that one up to its timeout. A pod the watch does not show yet is looked for again
+    // ([`KUBELET_EVICTION_TRIES`]).
+    let s = stats.clone();
+    watch_kubelet_evictions(events, timeout_s, stats, max_backoff, move |evicted, eviction| {
+        tokio::spawn(annotate_one(client.clone(), pods.clone(), s.clone(), evicted, eviction));
+    })
+    .await;
 }
 
 /// Writes one eviction onto its pod ([`annotate_kubelet_evictions`]).
@@ -371,7 +367,7 @@ async fn annotate_one(client: kube::Client, pods: Store<Pod>, stats: Arc<WatchSt
     }
 }
 
-/// Watches the kubelet's `Evicted` Events from now on, sending each to `tx`. Not a list and
+/// Watches the kubelet's `Evicted` Events from now on, calling `on_eviction` with each. Not a list and
 /// watch (kube-runtime's watcher): the API server keeps no watch cache of events by default, so
 /// it sends no bookmarks, a watch whose selector matched nothing resumes from a version etcd
 /// compacts away within minutes, and each `410 Gone` would list every Event of the cluster
@@ -381,9 +377,9 @@ async fn annotate_one(client: kube::Client, pods: Store<Pod>, stats: Arc<WatchSt
 async fn watch_kubelet_evictions(
     events: Api<Event>,
     timeout_s: u32,
-    tx: tokio::sync::mpsc::UnboundedSender<(kube_contract::kubelet_eviction::EvictedPod, kube_contract::kubelet_eviction::KubeletEviction)>,
     stats: Arc<WatchStats>,
     max_backoff: Duration,
+    on_eviction: impl Fn(kube_contract::kubelet_eviction::EvictedPod, kube_contract::kubelet_eviction::KubeletEviction),
 ) {
     use futures::StreamExt;
     use kube::api::{ListParams, WatchEvent, WatchParams};
@@ -420,8 +416,8 @@ async fn watch_kubelet_evictions(
                                 if let Some(v) = e.metadata.resource_version.clone() {
                                     version = Some(v);
                                 }
-                                if let Some(x) = KubeletEviction::from_event(&e) {
-                                    let _ = tx.send(x);
+                                if let Some((evicted, eviction)) = KubeletEviction::from_event(&e) {
+                                    on_eviction(evicted, eviction);
                                 }
                             }
                             Ok(WatchEvent::Bookmark(b)) => version = Some(b.metadata.resource_version),

@@ -316,13 +316,7 @@ impl Publisher {
             tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "the pod's kubelet eviction annotation is ignored");
             None
         });
-        let t = match (termination(pod), evicted) {
-            (Some(a), Some(b)) => combine(a, b),
-            (a, b) => match a.or(b) {
-                Some(t) => t,
-                None => return false,
-            },
-        };
+        let Some(t) = [termination(pod), evicted].into_iter().flatten().reduce(combine) else { return false };
         let Some(uid) = pod.metadata.uid.as_deref().and_then(node_ledger::PodUid::parse) else { return false };
         self.write_termination(uid, t, format!("{ns}/{name}"))
     }
