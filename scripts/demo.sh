@@ -3,7 +3,8 @@
 #   1. host-demo: the online client alone, beside an unrestrained offline client, and beside an
 #      offline client held to a static MPS share -- the problem and the blunt fix;
 #   2. node-demo: the node runtime (sysmonitor + mps-manager + the shim in the offline client)
-#      sharing the GPU live, through an online burst that forces an eviction.
+#      sharing the GPU live, through an online burst that forces an eviction; its timeline is
+#      drawn into target/demo/node-demo.svg.
 # Builds what it needs first. Arguments go to host-demo (see `target/debug/host-demo --help`),
 # e.g. ./scripts/demo.sh --profile h100 --duration 10. DEMO_NODE=0 skips part 2.
 set -euo pipefail

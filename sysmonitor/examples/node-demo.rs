@@ -1,7 +1,8 @@
 //! `node-demo`: the node-runtime phase of the demo. On an emulated GPU host it runs
 //! sysmonitor + mps-manager, an online client, and an offline client under the shim, then
 //! prints one table row per second (health state, online p99 vs alone, offline it/s, SM budget)
-//! through an online burst that forces an eviction, and a summary at the end.
+//! through an online burst that forces an eviction, and a summary at the end, and draws the
+//! same windows as one SVG timeline (`--plot`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -20,10 +21,13 @@ to Overlimit: the monitor evicts the offline client (SIGTERM, it checkpoints and
 GPU goes back to Healthy only after the hold, and the demo (acting as the job controller)
 restarts the offline client once the GPU admits offline work again.
 
-USAGE: node-demo [--windows N] [--burst-at N] [--scratch DIR]
+USAGE: node-demo [--windows N] [--burst-at N] [--scratch DIR] [--plot FILE]
   --windows N    one-second measurement windows beside the offline client   [default: 16]
   --burst-at N   window of the online burst                                 [default: 5]
   --scratch DIR  where the emulated host is laid out                        [default: $TMPDIR]
+  --plot FILE    the windows as an SVG timeline: online p99 against alone, offline it/s,
+                 the SM budget over the GPU's health state, the eviction and re-admission
+                                                            [default: target/demo/node-demo.svg]
 
 Build first: cargo build -p sysmonitor -p mps-manager -p xcuda-shim -p workloads -p emu-cuda \\
              -p emu-nvml -p emu-mps-control && cargo build -p sysmonitor --example node-demo";
@@ -32,6 +36,7 @@ struct Opts {
     windows: usize,
     burst_at: usize,
     scratch: PathBuf,
+    plot: PathBuf,
 }
 
 fn opts() -> Result<Opts, String> {
@@ -39,6 +44,7 @@ fn opts() -> Result<Opts, String> {
         windows: 16,
         burst_at: 5,
         scratch: std::env::temp_dir(),
+        plot: bin_dir().parent().map_or_else(|| PathBuf::from("demo"), |t| t.join("demo")).join("node-demo.svg"),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -59,6 +65,7 @@ fn opts() -> Result<Opts, String> {
                     .map_err(|_| "--burst-at: not a number")?
             }
             "--scratch" => o.scratch = val("--scratch")?.into(),
+            "--plot" => o.plot = val("--plot")?.into(),
             other => return Err(format!("unknown argument {other} (see --help)")),
         }
     }
@@ -316,6 +323,7 @@ fn run() -> Result<(), String> {
     let (mut restarts, mut evicted_at, mut healthy_again_at, mut total_iters) =
         (0u32, None, None, 0u64);
     let (mut steady_p99, mut burst_p99) = (Vec::new(), 0.0f64);
+    let mut rows: Vec<Window> = Vec::new();
     let t0 = Instant::now();
     println!(
         "{:>5}  {:<7} {:<10} {:>12} {:>10} {:>13} {:>11} {:>9}",
@@ -330,6 +338,7 @@ fn run() -> Result<(), String> {
     );
     for w in 0..o.windows {
         let is_burst = w == o.burst_at;
+        let began = t0.elapsed().as_secs_f64();
         let r = online(if is_burst { &burst } else { &steady })?;
         let p99 = r["p99_ms"].as_f64().unwrap_or(f64::NAN);
         if is_burst {
@@ -360,6 +369,18 @@ fn run() -> Result<(), String> {
         let ev: u64 = ms["evictions"]
             .as_object()
             .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+        rows.push(Window {
+            began,
+            t: t0.elapsed().as_secs_f64(),
+            burst: is_burst,
+            state: state.clone(),
+            p99,
+            offline_rate: off
+                .as_ref()
+                .filter(|_| rate != "restarted")
+                .map(|of| of.last_rate),
+            budget_pct: mm["offline_budget_pct"].as_f64(),
+        });
         println!(
             "{:>5.1}  {:<7} {:<10} {:>9.2} ms {:>9.1}x {:>13} {:>10} {:>9}",
             t0.elapsed().as_secs_f64(),
@@ -413,6 +434,10 @@ fn run() -> Result<(), String> {
     }
     println!("  offline iterations completed        {total_iters} ({restarts} restart(s) after eviction)");
     drop(guard);
+    match plot(&o.plot, &rows, p99_alone, evicted_at, healthy_again_at) {
+        Ok(()) => println!("  timeline plot                       {}", o.plot.display()),
+        Err(e) => eprintln!("node-demo: plot {}: {e}", o.plot.display()),
+    }
     println!("\nsysmonitor log (transitions and evictions):");
     let log = std::fs::read_to_string(root.join("sysmonitor.log")).unwrap_or_default();
     for l in log
@@ -438,5 +463,149 @@ fn run() -> Result<(), String> {
                 .map_or(clean.as_str(), |(_, r)| r.trim())
         );
     }
+    Ok(())
+}
+
+/// One measurement window, as the table prints it.
+struct Window {
+    /// Seconds since the first window began, at its start.
+    began: f64,
+    /// Seconds since the first window began, at its end.
+    t: f64,
+    burst: bool,
+    /// sysmonitor's health state at the window's end.
+    state: String,
+    /// Online p99 latency in the window, ms.
+    p99: f64,
+    /// The offline client's last reported iterations/s (`None`: none running).
+    offline_rate: Option<f64>,
+    /// mps-manager's offline SM budget, percent.
+    budget_pct: Option<f64>,
+}
+
+/// The health state's band colour.
+fn state_color(state: &str) -> plotters::style::RGBColor {
+    use plotters::style::RGBColor;
+    match state {
+        "healthy" => RGBColor(200, 235, 200),
+        "unhealthy" => RGBColor(250, 230, 170),
+        "overlimit" => RGBColor(245, 180, 175),
+        "disabled" => RGBColor(205, 205, 205),
+        _ => RGBColor(235, 235, 250),
+    }
+}
+
+/// Draws `rows` as three stacked panels sharing the time axis, one step per window: online p99
+/// (log scale) against its alone value and 1.10x of it; the offline client's iterations/s; the
+/// offline SM budget over bands of the GPU's health state. Red line: the window the eviction
+/// was seen in; green: re-admission.
+fn plot(
+    path: &Path,
+    rows: &[Window],
+    p99_alone: f64,
+    evicted_at: Option<f64>,
+    admitted_at: Option<f64>,
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|x| e(&x))?;
+    }
+    let t_end = rows.last().map_or(1.0, |r| r.t).max(1.0) + 0.5;
+    let root = SVGBackend::new(path, (960, 720)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let root = root
+        .titled(
+            "node-demo: the node runtime sharing one emulated H100 (one step per measurement window)",
+            ("sans-serif", 20),
+        )
+        .map_err(|x| e(&x))?;
+    let panels = root.split_evenly((3, 1));
+    let marks = |t: Option<f64>, color: RGBColor, lo: f64, hi: f64| {
+        t.map(move |t| PathElement::new(vec![(t, lo), (t, hi)], color.stroke_width(2)))
+    };
+    let (red, green) = (RGBColor(214, 39, 40), RGBColor(44, 160, 44));
+
+    // Online p99, log scale: the burst is three orders of magnitude above the rest.
+    let finite = rows.iter().map(|r| r.p99).filter(|v| v.is_finite() && *v > 0.0);
+    let (lo, hi) = finite.fold((p99_alone, p99_alone), |(a, b), v| (a.min(v), b.max(v)));
+    let (lo, hi) = ((lo * 0.7).max(1e-3), (hi * 1.5).max(lo * 2.0));
+    let mut c = ChartBuilder::on(&panels[0])
+        .caption("online p99 latency (ms, log)", ("sans-serif", 16))
+        .margin(8)
+        .x_label_area_size(28)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..t_end, (lo..hi).log_scale())
+        .map_err(|x| e(&x))?;
+    c.configure_mesh().x_desc("s").draw().map_err(|x| e(&x))?;
+    for (f, label, color) in [(1.0, "alone", BLACK), (1.1, "1.10x alone", RGBColor(127, 127, 127))] {
+        c.draw_series(std::iter::once(PathElement::new(
+            vec![(0.0, p99_alone * f), (t_end, p99_alone * f)],
+            color.stroke_width(1),
+        )))
+        .map_err(|x| e(&x))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    let blue = RGBColor(31, 119, 180);
+    // One step per window: the p99 of the requests of that window.
+    let steps = |f: &dyn Fn(&Window) -> Option<f64>| -> Vec<Vec<(f64, f64)>> {
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+        for r in rows {
+            match f(r).filter(|v| v.is_finite()) {
+                Some(v) => runs.last_mut().unwrap().extend([(r.began, v), (r.t, v)]),
+                None => runs.push(Vec::new()),
+            }
+        }
+        runs.into_iter().filter(|r| !r.is_empty()).collect()
+    };
+    for (i, pts) in steps(&|r| Some(r.p99)).into_iter().enumerate() {
+        let s = c.draw_series(LineSeries::new(pts, blue.stroke_width(2))).map_err(|x| e(&x))?;
+        if i == 0 {
+            s.label("online p99 per window beside offline work (red: the online burst's window)")
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], blue));
+        }
+    }
+    c.draw_series(rows.iter().filter(|r| r.burst && r.p99.is_finite()).map(|r| {
+        PathElement::new(vec![(r.began, r.p99), (r.t, r.p99)], red.stroke_width(4))
+    }))
+    .map_err(|x| e(&x))?;
+    c.draw_series(marks(evicted_at, red, lo, hi)).map_err(|x| e(&x))?;
+    c.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw().map_err(|x| e(&x))?;
+
+    // Offline progress: a gap while it is evicted.
+    let top = rows.iter().filter_map(|r| r.offline_rate).fold(1.0, f64::max) * 1.2;
+    let mut c = ChartBuilder::on(&panels[1])
+        .caption("offline client, iterations/s (red: seen evicted at the end of that window; green: admitted again)", ("sans-serif", 16))
+        .margin(8)
+        .x_label_area_size(28)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..t_end, 0.0..top)
+        .map_err(|x| e(&x))?;
+    c.configure_mesh().x_desc("s").draw().map_err(|x| e(&x))?;
+    for pts in steps(&|r| r.offline_rate) {
+        c.draw_series(LineSeries::new(pts, blue.stroke_width(2))).map_err(|x| e(&x))?;
+    }
+    c.draw_series(marks(evicted_at, red, 0.0, top)).map_err(|x| e(&x))?;
+    c.draw_series(marks(admitted_at, green, 0.0, top)).map_err(|x| e(&x))?;
+
+    // The SM budget mps-manager gives offline work, over the monitor's health state.
+    let mut c = ChartBuilder::on(&panels[2])
+        .caption(
+            "offline SM budget % and the GPU state at each window's end (green healthy, yellow unhealthy, red overlimit)",
+            ("sans-serif", 16),
+        )
+        .margin(8)
+        .x_label_area_size(28)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..t_end, 0.0..100.0)
+        .map_err(|x| e(&x))?;
+    c.configure_mesh().x_desc("s").draw().map_err(|x| e(&x))?;
+    c.draw_series(rows.iter().map(|r| Rectangle::new([(r.began, 0.0), (r.t, 100.0)], state_color(&r.state).filled())))
+        .map_err(|x| e(&x))?;
+    for pts in steps(&|r| r.budget_pct) {
+        c.draw_series(LineSeries::new(pts, BLACK.stroke_width(2))).map_err(|x| e(&x))?;
+    }
+    root.present().map_err(|x| e(&x))?;
     Ok(())
 }
