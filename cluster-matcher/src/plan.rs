@@ -231,7 +231,8 @@ struct Candidate<'a> {
     sm_percent: f64,
     memory_free_mib: u64,
     quota_cap_mib: u64,
-    /// Running jobs kept on this GPU (`keep_running`), and their memory.
+    /// Running jobs kept on this GPU (`keep_running`), and the memory they hold there (each
+    /// its quota, else its need).
     held: usize,
     held_mib: u64,
 }
@@ -511,7 +512,7 @@ pub(crate) fn plan_core(
             match at_index.get(cur) {
                 Some(&gi) if candidates[gi].held < k => {
                     candidates[gi].held += 1;
-                    candidates[gi].held_mib += job.memory_mib;
+                    candidates[gi].held_mib += job.held_memory_quota_mib.unwrap_or(job.memory_mib);
                     pinned[j] = Some(gi);
                     frozen[j] = true;
                 }
@@ -717,9 +718,15 @@ pub(crate) fn plan_core(
     let mut placed: HashMap<usize, usize> = HashMap::new();
     for (gi, jobs) in chosen.into_iter().enumerate() {
         let c = &candidates[gi];
-        let need: u64 = jobs.iter().map(|&j| workloads.offline[j].memory_mib).sum();
-        let room = c.memory_free_mib.min(c.quota_cap_mib.saturating_mul(jobs.len() as u64));
-        let spare = room.saturating_sub(need) / jobs.len().max(1) as u64;
+        // A kept job keeps the quota it runs with (its shim enforces it for the pod's life):
+        // the others share what is left of the GPU's room. Sharing the whole room again gave
+        // a newcomer part of what a running job still held (GPU memory promised twice).
+        let fixed = |j: usize| workloads.offline[j].held_memory_quota_mib.filter(|_| pinned[j] == Some(gi));
+        let held: u64 = jobs.iter().filter_map(|&j| fixed(j)).fold(0, u64::saturating_add);
+        let shared: Vec<usize> = jobs.iter().copied().filter(|&j| fixed(j).is_none()).collect();
+        let need: u64 = shared.iter().map(|&j| workloads.offline[j].memory_mib).sum();
+        let room = c.memory_free_mib.min(c.quota_cap_mib.saturating_mul(jobs.len() as u64)).saturating_sub(held);
+        let spare = room.saturating_sub(need) / shared.len().max(1) as u64;
         for &j in &jobs {
             let job = &workloads.offline[j];
             let w = kept_w.get(&j).copied().unwrap_or_else(|| weight_of(gi, j));
@@ -732,7 +739,7 @@ pub(crate) fn plan_core(
                 gpu_type: c.node.gpu_type.clone(),
                 online: c.online.name.clone(),
                 sm_percent: c.sm_percent / jobs.len() as f64,
-                memory_quota_mib: job.memory_mib + spare,
+                memory_quota_mib: fixed(j).unwrap_or(job.memory_mib + spare),
                 predicted_normalized: w,
                 kept: job.current.as_ref() == Some(&c.at),
             });

@@ -219,6 +219,7 @@ mod tests {
             gpu_types: vec![],
             profile: None,
             current: None,
+            held_memory_quota_mib: None,
             feedback: JobFeedback::default(),
         }
     }

@@ -809,6 +809,12 @@ impl ClusterSnapshot {
                         memory_mib,
                         gpu_types: contract::gpu_types(ann),
                         profile,
+                        // What a running pod was bound with (its shim's limit), in whole MiB.
+                        held_memory_quota_mib: at_known.as_ref().and_then(|_| {
+                            get(contract::ANN_MEMORY_QUOTA_BYTES)
+                                .and_then(contract::parse_memory_quota)
+                                .map(|b| b.div_ceil(1 << 20))
+                        }),
                         current: at_known,
                         feedback: Default::default(),
                     };

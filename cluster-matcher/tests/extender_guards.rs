@@ -205,3 +205,43 @@ fn pods_the_watch_no_longer_shows_are_forgotten() {
     assert_ne!(ext.decide(&replacement), PodDecision::NotOurs);
     assert_eq!(ext.pods_remembered(), 1);
 }
+
+/// Two jobs per GPU: a job bound alone holds the quota it was bound with for its pod's life
+/// (node-agent freezes the plan a pod started with; its shim enforces it), so a later round
+/// gives a newcomer beside it only the GPU memory it does not hold. Before, the round shared
+/// the whole room again between the two as if the running job held only its need: the
+/// newcomer's quota and the running one's together promised 4000 MiB more than the GPU has.
+#[test]
+fn a_newcomer_beside_a_running_job_gets_only_the_memory_it_does_not_hold() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let w = ClusterWatch::start(&ApiSource::Url(c.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
+    assert!(w.wait_synced(Duration::from_secs(30)));
+    let v = w.view();
+    eventually("pods listed", || v.snapshot().pods.len() == 2);
+    let api = KubeApi::connect(&ApiSource::Url(c.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
+    // 32768 MiB GPU, 8000 for the online service: 24768 MiB of room, at most half the GPU
+    // (16384) a job.
+    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 0.5, "max_offline_per_gpu": 2, "nodes": []}))
+    .unwrap();
+    let ext = Arc::new(Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view()).with_api(api));
+    let _pl = ext.spawn_planner();
+    let quota_mib = |name: &str| -> u64 {
+        let p = c.pod("ml", name).unwrap();
+        p["metadata"]["annotations"]["xshare.io/memory-quota-bytes"].as_str().expect("bound with a quota").parse::<u64>().unwrap() >> 20
+    };
+    assert_eq!(bind(&c, &ext, "a-x", "n1"), "");
+    assert_eq!(quota_mib("a-x"), 16384, "alone: its cap");
+    eventually("a seen bound", || v.pod("ml", "a-x").is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("n1")));
+    c.add_pod(job_pod("ml", "b", "y", "1", 4000));
+    eventually("b listed", || v.pod("ml", "b-y").is_some());
+    let round = ext.snapshot().round;
+    ext.replan();
+    eventually("replanned", || ext.snapshot().round > round);
+    assert_eq!(ext.decide(&pod(&c, "ml", "b-y")), PodDecision::Placed(at("n1", 0)));
+    assert_eq!(bind(&c, &ext, "b-y", "n1"), "");
+    assert_eq!(quota_mib("a-x") + quota_mib("b-y"), 24768, "the GPU's room, not more: a {} b {}", quota_mib("a-x"), quota_mib("b-y"));
+}

@@ -236,3 +236,31 @@ fn rounds_keeping_running_jobs_never_move_them() {
     let used: u64 = kept.assignments.iter().filter(|x| x.at == n1).map(|x| x.memory_quota_mib).sum();
     assert!(used <= 24000, "{kept:?}");
 }
+
+/// A kept job keeps the quota it runs with (`held_memory_quota_mib`, what its pod was bound
+/// with): the round charges its GPU that, reports it unchanged, and gives a newcomer only
+/// the rest of the room; a newcomer needing more than the rest is not placed there.
+#[test]
+fn a_kept_jobs_held_quota_is_charged_and_never_shared_again() {
+    use cluster_matcher::plan::{Planner, SolverChoice};
+    let mut c = cluster(&[("n1", "V100", 1, 32000)]);
+    c.max_offline_per_gpu = 2;
+    c.max_offline_memory_fraction = 0.5;
+    let n1 = GpuRef { node: "n1".into(), gpu: 0 };
+    let mut a = offline("a", 4000, 4.0);
+    a.current = Some(n1.clone());
+    a.held_memory_quota_mib = Some(16000);
+    let w = |b_mem: u64| Workloads {
+        online: vec![online("s1", "n1", 0, 8000, 30.0, 5.0)],
+        offline: vec![a.clone(), offline("b", b_mem, 4.0)],
+    };
+    for solver in [SolverChoice::Pairwise, SolverChoice::Classes] {
+        // 24000 MiB of room, 16000 held by a: b (4000) gets the 8000 left.
+        let p = Planner::new(solver).keeping_running().plan_round(&c, &w(4000), &similarity_predictor(), &healthy, 1);
+        let q = |n: &str| p.assignments.iter().find(|x| x.offline == n).map(|x| x.memory_quota_mib);
+        assert_eq!((q("a"), q("b")), (Some(16000), Some(8000)), "{solver:?}: {p:?}");
+        // b needing 9000 does not fit in what a leaves.
+        let p = Planner::new(solver).keeping_running().plan_round(&c, &w(9000), &similarity_predictor(), &healthy, 1);
+        assert_eq!(p.unplaced, vec!["b".to_string()], "{solver:?}: {p:?}");
+    }
+}

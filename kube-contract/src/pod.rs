@@ -57,6 +57,11 @@ pub const ANN_GPU: &str = "xshare.io/gpu";
 pub const ANN_SM_PERCENT: &str = "xshare.io/sm-percent";
 /// Annotation (extender): GPU memory quota in bytes (the shim's limit).
 pub const ANN_MEMORY_QUOTA_BYTES: &str = "xshare.io/memory-quota-bytes";
+/// `xshare.io/memory-quota-bytes`'s value as a positive byte count (what node-agent gives the
+/// pod's shim, and what the extender charges a running pod's GPU).
+pub fn parse_memory_quota(v: &str) -> Option<u64> {
+    v.trim().parse::<u64>().ok().filter(|q| *q > 0)
+}
 /// Annotation (extender): the online workload the pod shares its GPU with.
 pub const ANN_COLOCATED_WITH: &str = "xshare.io/colocated-with";
 /// Annotation (extender): the plan round that made the decision.

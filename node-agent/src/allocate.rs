@@ -198,10 +198,7 @@ pub fn parse_sm_percent(v: &str) -> Option<u32> {
     Some((sm.ceil() as u32).clamp(1, 100))
 }
 
-/// `xshare.io/memory-quota-bytes`'s value as a positive byte count.
-pub fn parse_memory_quota(v: &str) -> Option<u64> {
-    v.trim().parse::<u64>().ok().filter(|q| *q > 0)
-}
+pub use kube_contract::pod::parse_memory_quota;
 
 /// Reads the plan's annotations off `pod`; every one must be there and well formed.
 pub fn pod_plan(pod: &Pod) -> Result<PodPlan, AllocError> {

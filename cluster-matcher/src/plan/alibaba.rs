@@ -462,6 +462,7 @@ pub fn replay(
                 gpu_types: p.gpu_spec.clone(),
                 profile: profile_of(&p.name),
                 current: offline_at.get(&p.name).cloned(),
+                held_memory_quota_mib: None,
                 feedback: Default::default(),
             })
             .collect();

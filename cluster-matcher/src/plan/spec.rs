@@ -277,6 +277,12 @@ pub struct OfflineJob {
     /// Where it runs now, if it was placed in an earlier round.
     #[serde(default)]
     pub current: Option<GpuRef>,
+    /// The GPU memory quota it runs with where it runs now (`current`), MiB: what its pod was
+    /// bound with and its shim enforces for the pod's life (node-agent freezes the plan a pod
+    /// started with). A round that keeps the job there charges the GPU this, not
+    /// `memory_mib`, and gives the job no other; `None`: `memory_mib` is charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_memory_quota_mib: Option<u64>,
     /// What was observed of it (remaining work, measured speed), for the policies that use it.
     #[serde(default, skip_serializing_if = "JobFeedback::is_empty")]
     pub feedback: JobFeedback,

@@ -119,6 +119,7 @@ mod tests {
             gpu_types: vec![],
             profile: None,
             current: None,
+            held_memory_quota_mib: None,
             feedback: JobFeedback::default(),
         };
         let mut jobs: Vec<OfflineJob> = (0..12).map(|i| mk(i, "a", 12_000)).collect();

@@ -90,6 +90,7 @@ pub fn offline(name: &str, mem: u64, iso: f64) -> OfflineJob {
         gpu_types: vec![],
         profile: Some(profile(iso)),
         current: None,
+        held_memory_quota_mib: None,
         feedback: Default::default(),
     }
 }
