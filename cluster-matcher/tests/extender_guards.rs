@@ -33,12 +33,17 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// The extender on `c`'s watches (no bind lock), its first plan made from what they list.
 fn ext_on(c: &FakeCluster, per_gpu: usize, pods: usize) -> (ClusterWatch, Arc<Extender>) {
+    ext_with(c, open_cluster(per_gpu), pods)
+}
+
+/// The extender of `cluster` on `c`'s watches (no bind lock), once they list `pods` pods.
+fn ext_with(c: &FakeCluster, cluster: ClusterSpec, pods: usize) -> (ClusterWatch, Arc<Extender>) {
     let w = ClusterWatch::start(&ApiSource::Url(c.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
     assert!(w.wait_synced(Duration::from_secs(30)));
     let v = w.view();
     eventually("pods listed", || v.snapshot().pods.len() == pods);
     let api = KubeApi::connect(&ApiSource::Url(c.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
-    let ext = Extender::watched(open_cluster(per_gpu), plan_support::similarity_predictor(), None, w.view());
+    let ext = Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view());
     (w, Arc::new(ext.with_api(api)))
 }
 
@@ -217,17 +222,13 @@ fn a_newcomer_beside_a_running_job_gets_only_the_memory_it_does_not_hold() {
     c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
     c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
     c.add_pod(job_pod("ml", "a", "x", "1", 4000));
-    let w = ClusterWatch::start(&ApiSource::Url(c.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
-    assert!(w.wait_synced(Duration::from_secs(30)));
-    let v = w.view();
-    eventually("pods listed", || v.snapshot().pods.len() == 2);
-    let api = KubeApi::connect(&ApiSource::Url(c.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
     // 32768 MiB GPU, 8000 for the online service: 24768 MiB of room, at most half the GPU
     // (16384) a job.
     let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
         "max_offline_memory_fraction": 0.5, "max_offline_per_gpu": 2, "nodes": []}))
     .unwrap();
-    let ext = Arc::new(Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view()).with_api(api));
+    let (w, ext) = ext_with(&c, cluster, 2);
+    let v = w.view();
     let _pl = ext.spawn_planner();
     let quota_mib = |name: &str| -> u64 {
         let p = c.pod("ml", name).unwrap();
