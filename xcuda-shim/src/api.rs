@@ -1494,6 +1494,10 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult
 }
 
 forward_then! {
+    /// Hooked `cuCtxCreate` (the CUDA 2.0 ABI, still exported): the context is tracked for
+    /// release before the process dies.
+    fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v2000 [gated]
+        => state().contexts.created(out!(pctx));
     /// Hooked `cuCtxCreate_v2`: the context is tracked for release before the process dies.
     fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v3020 [gated]
         => state().contexts.created(out!(pctx));

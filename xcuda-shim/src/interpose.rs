@@ -51,7 +51,7 @@ hooked_symbols! {
         cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
         cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
         cuLaunch, cuLaunchGrid, cuLaunchGridAsync, cuLaunchCooperativeKernelMultiDevice,
-        cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
+        cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
         cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
         cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
         cuGraphAddMemAllocNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
@@ -279,6 +279,10 @@ mod tests {
         assert_eq!(proc_address_override(b"cuGraphExecUpdate", 11080, 0), ours(Sym::cuGraphExecUpdate));
         assert_eq!(proc_address_override(b"cuGraphExecKernelNodeSetParams", 11080, 0), ours(Sym::cuGraphExecKernelNodeSetParams));
         assert_eq!(proc_address_override(b"cuGraphKernelNodeGetParams", 12000, 0), None, "internal-only");
+        // The CUDA 2.0 ABI of cuCtxCreate, still exported (ctypes code, cuGetProcAddress below
+        // 3020): its context is released before the process dies like any other.
+        assert_eq!(proc_address_override(b"cuCtxCreate", 3000, 0), ours(Sym::cuCtxCreate));
+        assert_eq!(hook_for_symbol(b"cuCtxCreate"), Some(our_fn(Sym::cuCtxCreate)));
         // CUDA 13.0's new ABI of cuCtxSynchronize (a context argument).
         assert_eq!(proc_address_override(b"cuCtxSynchronize", 13000, 0), ours(Sym::cuCtxSynchronize_v2));
     }

@@ -43,8 +43,29 @@ fn stored(key: u64) -> Option<u64> {
     key.checked_add(3)
 }
 
+/// `n` slots of keys and entries, all zero (EMPTY), from zeroed memory: a big table costs no
+/// resident memory until its slots are used (the allocator maps fresh zero pages for it), so
+/// tables sized for the largest jobs (65,536 VMM pages of PyTorch's expandable segments) cost
+/// small ones nothing.
 fn zeroed(n: usize) -> (Box<[AtomicU64]>, Box<[Entry]>) {
-    ((0..n).map(|_| AtomicU64::new(0)).collect(), (0..n).map(|_| Entry { val: AtomicU64::new(0), owner: AtomicU64::new(0) }).collect())
+    // SAFETY: `AtomicU64` and `Entry` (two `AtomicU64`) are valid when all bytes are zero.
+    unsafe { (zeroed_slice(n), zeroed_slice(n)) }
+}
+
+/// `n` zeroed `T`s (`Box::new_zeroed_slice`, which needs Rust 1.92).
+///
+/// # Safety
+/// All-zero bytes must be a valid `T`, and `T` not zero-sized.
+unsafe fn zeroed_slice<T>(n: usize) -> Box<[T]> {
+    let layout = std::alloc::Layout::array::<T>(n.max(1)).expect("table size fits in memory");
+    // SAFETY: the layout has a non-zero size (`n.max(1)` elements of a sized, non-zero T).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `p` is a fresh global-allocator block of `n` (at least 1) zeroed, valid `T`s, laid
+    // out as `Box<[T]>` frees it (`Layout::array::<T>(n)`) when n >= 1.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n.max(1))) }
 }
 
 impl PtrMap {

@@ -142,6 +142,12 @@ impl Drop for Flight<'_> {
     }
 }
 
+/// Live VMM handles (`cuMemCreate`) and live mappings one [`Quota`] (one GPU) records. PyTorch's
+/// expandable segments create and map one handle per 20 MiB page (2 MiB in its small pool) and
+/// keep them while mapped: 4096 stopped a job at 80 GiB whatever its quota (an H200 has 141).
+/// A full table refuses the allocation (`CUDA_ERROR_OUT_OF_MEMORY`), never counts it short.
+pub const VMM_CAPACITY: usize = 1 << 16;
+
 /// How many contexts' concurrent teardowns one [`Quota`] tells apart; past them a teardown
 /// ends on its own, as if alone.
 const TEARDOWNS: usize = 16;
@@ -230,7 +236,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(1 << 12), vmm_maps: PtrMap::new(1 << 12), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0), teardowns: [const { Teardown::new() }; TEARDOWNS], teardown_lock: crate::spin::SpinLock::new(), flights: [AtomicU32::new(0), AtomicU32::new(0)], flight_phase: AtomicU32::new(0), tearing: AtomicU32::new(0), teardown_waits: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(VMM_CAPACITY), vmm_maps: PtrMap::new(VMM_CAPACITY), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0), teardowns: [const { Teardown::new() }; TEARDOWNS], teardown_lock: crate::spin::SpinLock::new(), flights: [AtomicU32::new(0), AtomicU32::new(0)], flight_phase: AtomicU32::new(0), tearing: AtomicU32::new(0), teardown_waits: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -1043,7 +1049,28 @@ mod tests {
         assert_eq!(q.vmm_export_begin(0xd), None, "not a handle of this quota");
     }
 
-    /// `cuMemRetainAllocationHandle` takes a reference the driver keeps the memory for: the
+    /// PyTorch's expandable segments: one handle created and mapped per 20 MiB page, kept while
+    /// mapped. 8192 pages (160 GiB, past an H200) are all counted and given back; before, the
+    /// 4097th page was refused at 80 GiB whatever the quota.
+    #[test]
+    fn expandable_segments_past_80_gib_are_counted_page_by_page() {
+        const PAGE: u64 = 20 << 20;
+        let q = Quota::local(200 << 30);
+        let (handle, addr) = (|i: u64| 0x10_0000 + i * 16, |i: u64| 0x7f00_0000_0000 + i * PAGE);
+        for i in 0..8192 {
+            assert!(q.try_reserve(PAGE) && q.track(Kind::Vmm, handle(i), PAGE), "page {i} created");
+            assert!(q.vmm_map_begin(handle(i)) && q.vmm_mapped(addr(i), PAGE, handle(i)), "page {i} mapped");
+        }
+        assert_eq!(q.used(), 8192 * PAGE);
+        for i in 0..8192 {
+            assert_eq!(q.vmm_unmap_take(addr(i)), Some((PAGE, handle(i))));
+            assert_eq!(q.vmm_unmapped(handle(i)), None, "still held by its handle");
+            assert_eq!(q.vmm_release(handle(i)), Some(PAGE));
+        }
+        assert_eq!(q.used(), 0);
+    }
+
+
     /// bytes stay counted until the handle is released once more than it was retained and no
     /// mapping holds it. NVIDIA's idiom (create, map, release at once), then a retain, an
     /// unmap, and a map of the retained handle: without the retain counted, the unmap gave the

@@ -36,6 +36,10 @@ use crate::state::{call_real, Gpu, State};
 
 /// Pools one process can allocate from with the shim counting them.
 const MAX_POOLS: usize = 64;
+/// Live stream-ordered pointers one process records (all GPUs). PyTorch's `cudaMallocAsync`
+/// backend makes every live tensor one: a big model's parameters, optimizer state and
+/// activations run to tens of thousands. A full table refuses the allocation.
+pub const STREAM_PTR_CAPACITY: usize = 1 << 18;
 
 /// A slot's state: unused.
 const FREE: u8 = 0;
@@ -83,7 +87,7 @@ fn reserved_of(pool: u64) -> Option<u64> {
 impl StreamPools {
     /// An empty table.
     pub fn new() -> Self {
-        Self { seen: AtomicBool::new(false), slots: (0..MAX_POOLS).map(|_| Slot::default()).collect(), lock: crate::spin::SpinLock::new(), ptrs: PtrMap::new(1 << 16) }
+        Self { seen: AtomicBool::new(false), slots: (0..MAX_POOLS).map(|_| Slot::default()).collect(), lock: crate::spin::SpinLock::new(), ptrs: PtrMap::new(STREAM_PTR_CAPACITY) }
     }
 
     /// Whether the process ever allocated from a counted pool (or created one).
