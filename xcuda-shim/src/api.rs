@@ -407,12 +407,14 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, 
         let (create, release) = (real!(cuMemCreate: PFN_cuMemCreate_v10020), real!(cuMemRelease: PFN_cuMemRelease_v10020));
         // The physical memory lives on the device the properties name (not the current one's).
         let st = state();
-        let gpu = if prop.is_null() {
-            st.current()
-        } else {
-            // SAFETY: non-null properties supplied by the caller per the API contract.
-            let p = unsafe { &*prop };
-            if p.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+        // One read of the caller's properties, and the driver gets that copy: a thread changing
+        // them in between could otherwise have one GPU charged and memory made on another.
+        // SAFETY: null or the caller's properties per the API contract.
+        let own: Option<CUmemAllocationProp> = (!prop.is_null()).then(|| unsafe { *prop });
+        let prop = own.as_ref().map_or(prop, |p| p as *const CUmemAllocationProp);
+        let gpu = match &own {
+            None => st.current(),
+            Some(p) => if p.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
                 st.current()
             } else if usize::try_from(p.location.id).is_ok_and(|i| i < st.gpus.len()) {
                 st.gpu(p.location.id)
@@ -420,10 +422,10 @@ pub unsafe extern "C" fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, 
                 // No such device: refused as the driver refuses it, without asking it (memory
                 // on a device this process cannot see would have no quota to count against).
                 return CUresult::CUDA_ERROR_INVALID_VALUE;
-            }
+            },
         };
         counted(&gpu.quota, Kind::Vmm, size as u64,
-            // SAFETY: forwarding the caller's arguments.
+            // SAFETY: the caller's arguments, its properties as read above.
             || unsafe { create(handle, size, prop, flags) }, || out!(handle),
             // SAFETY: undoing our own allocation.
             |k| { unsafe { release(k) }; })
@@ -449,9 +451,12 @@ macro_rules! array_create {
                     }
                     // SAFETY: non-null descriptor supplied by the caller per the API contract.
                     let $d = unsafe { *desc };
+                    // The driver gets the descriptor that was counted: a thread growing the
+                    // caller's in between would otherwise get a big array counted small.
+                    let counted_desc: $desc = &$d;
                     counted(&state().current().quota, Kind::Array, $bytes,
-                        // SAFETY: forwarding the caller's arguments.
-                        || unsafe { create(handle, desc $(, $extra)?) }, || out!(handle) as u64,
+                        // SAFETY: the caller's arguments, its descriptor as read above.
+                        || unsafe { create(handle, counted_desc $(, $extra)?) }, || out!(handle) as u64,
                         // SAFETY: undoing our own allocation.
                         |k| { unsafe { destroy(k as $h) }; })
                 })
@@ -955,14 +960,17 @@ macro_rules! launch_ex {
         pub unsafe extern "C" fn $name(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
             guard(|| {
                 let launch = real!($name: $pfn);
-                if !config.is_null() {
-                    // SAFETY: non-null config supplied by the caller per the API contract.
-                    let c = unsafe { &*config };
-                    let t = &state().current().throttle;
-                    t.acquire(t.kernel_cost(blocks(c.gridDimX, c.gridDimY, c.gridDimZ)));
+                if config.is_null() {
+                    // SAFETY: the driver refuses the null config itself.
+                    return unsafe { launch(config, f, params, extra) };
                 }
-                // SAFETY: forwarding the caller's arguments.
-                unsafe { launch(config, f, params, extra) }
+                // SAFETY: non-null config supplied by the caller per the API contract. The
+                // driver gets this copy: the grid it launches is the grid priced.
+                let c: CUlaunchConfig = unsafe { *config };
+                let t = &state().current().throttle;
+                t.acquire(t.kernel_cost(blocks(c.gridDimX, c.gridDimY, c.gridDimZ)));
+                // SAFETY: the caller's arguments, its config as read above.
+                unsafe { launch(&c, f, params, extra) }
             })
         }
     };
@@ -1193,17 +1201,34 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
 ) -> CUresult {
     guard(|| {
         let add = real!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode_v11040);
-        // SAFETY: forwarding the caller's arguments.
-        mem_node_added(graph, params, || unsafe { add(node, graph, deps, ndeps, params) })
+        if params.is_null() {
+            // SAFETY: the driver refuses null parameters itself.
+            return unsafe { add(node, graph, deps, ndeps, params) };
+        }
+        // One read of the caller's parameters; the driver gets that copy (the size recorded is
+        // the size added) and its answer (the address) goes back to the caller.
+        // SAFETY: non-null, the caller's parameter block per the API contract.
+        let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { *params };
+        let sized = alloc_node_size(&p);
+        // SAFETY: the caller's arguments, its parameters as read above.
+        let rc = mem_node_added(graph, sized, || unsafe { add(node, graph, deps, ndeps, &mut p) });
+        // SAFETY: as above; the driver's out-field, written back.
+        unsafe { (*params).dptr = p.dptr };
+        rc
     })
 }
 
-/// A memory allocation node of `params` added to `graph` by `add` (the real driver's call):
+/// The device ordinal and bytes of a memory allocation node's parameters (a copy the caller
+/// can no longer change, which is what the driver is given).
+fn alloc_node_size(p: &CUDA_MEM_ALLOC_NODE_PARAMS) -> Option<(usize, u64)> {
+    Some((p.poolProps.location.id.max(0) as usize, p.bytesize as u64))
+}
+
+/// A memory allocation node of `sized` (its device ordinal and bytes, from [`alloc_node_size`])
+/// added to `graph` by `add` (the real driver's call):
 /// its bytes recorded for the graph first; with no room to record them, refused with
 /// `CUDA_ERROR_OUT_OF_MEMORY` and never added; forgotten again when the driver refuses it.
-fn mem_node_added(graph: CUgraph, params: *const CUDA_MEM_ALLOC_NODE_PARAMS, add: impl FnOnce() -> CUresult) -> CUresult {
-    // SAFETY: null or the caller's parameter block (the driver refuses null itself).
-    let sized = (!params.is_null()).then(|| unsafe { ((*params).poolProps.location.id.max(0) as usize, (*params).bytesize as u64) });
+fn mem_node_added(graph: CUgraph, sized: Option<(usize, u64)>, add: impl FnOnce() -> CUresult) -> CUresult {
     let gm = &state().graph_mem;
     if let Some((ord, bytes)) = sized {
         if !gm.node_added(graph as u64, ord, bytes) {
@@ -1225,25 +1250,38 @@ fn mem_node_added(graph: CUgraph, params: *const CUDA_MEM_ALLOC_NODE_PARAMS, add
 /// (A memory node's parameters cannot change afterwards: cuda.h, `cuGraphNodeSetParams` /
 /// `cuGraphExecNodeSetParams`: "not supported for node types CU_GRAPH_NODE_TYPE_MEM_ALLOC";
 /// `cuGraphAddChildGraphNode` clones, and refuses a child with memory nodes.)
-fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl FnOnce() -> CUresult) -> CUresult {
+///
+/// The caller's parameters are read once and the driver is given that copy (`add` gets a
+/// pointer to it), its answer written back whole: a thread changing the caller's block in
+/// between (a kernel node turned into a memory node, a size grown) would otherwise add memory
+/// the shim never recorded.
+fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl FnOnce(*mut CUgraphNodeParams) -> CUresult) -> CUresult {
     if params.is_null() {
-        return add();
+        return add(params);
     }
-    // SAFETY: the caller's parameter block, whose tag says which union member it holds.
-    let ty = unsafe { (*params).type_ };
-    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
-        // SAFETY: as above: the tag says `alloc`.
-        return mem_node_added(graph, unsafe { std::ptr::addr_of!((*params).u.alloc) }, add);
-    }
-    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
-        // SAFETY: as above: the tag says `graph`.
-        let child = unsafe { (*params).u.graph };
+    // SAFETY: non-null, the caller's parameter block per the API contract (a plain C struct).
+    let mut p: CUgraphNodeParams = unsafe { *params };
+    let own: *mut CUgraphNodeParams = &mut p;
+    let rc = if p.type_ == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+        // SAFETY: the tag says `alloc`.
+        let sized = alloc_node_size(unsafe { &p.u.alloc });
+        mem_node_added(graph, sized, || add(own))
+    } else if p.type_ == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
+        // SAFETY: the tag says `graph`.
+        let child = unsafe { p.u.graph };
         if child.ownership == CUgraphChildGraphNodeOwnership::CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE && !child.graph.is_null() {
             let st = state();
-            return crate::graphmem::child_moved(&st.graph_mem, graph as u64, child.graph as u64, st.gpus.len(), add);
+            crate::graphmem::child_moved(&st.graph_mem, graph as u64, child.graph as u64, st.gpus.len(), || add(own))
+        } else {
+            add(own)
         }
-    }
-    add()
+    } else {
+        add(own)
+    };
+    // SAFETY: the caller's block (non-null): the driver's answer (out-fields such as a memory
+    // node's address or a conditional node's body graphs) goes back.
+    unsafe { *params = p };
+    rc
 }
 
 /// Hooked `cuGraphAddNode` (CUDA 12.2): see [`generic_node_added`].
@@ -1251,8 +1289,8 @@ fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl 
 pub unsafe extern "C" fn cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUgraphNodeParams) -> CUresult {
     guard(|| {
         let add = real!(cuGraphAddNode: PFN_cuGraphAddNode_v12020);
-        // SAFETY: forwarding the caller's arguments.
-        generic_node_added(graph, params, || unsafe { add(node, graph, deps, ndeps, params) })
+        // SAFETY: the caller's arguments, its parameters as `generic_node_added` read them.
+        generic_node_added(graph, params, |p| unsafe { add(node, graph, deps, ndeps, p) })
     })
 }
 
@@ -1268,8 +1306,8 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
 ) -> CUresult {
     guard(|| {
         let add = real!(cuGraphAddNode_v2: PFN_cuGraphAddNode_v12030);
-        // SAFETY: forwarding the caller's arguments.
-        generic_node_added(graph, params, || unsafe { add(node, graph, deps, edges, ndeps, params) })
+        // SAFETY: the caller's arguments, its parameters as `generic_node_added` read them.
+        generic_node_added(graph, params, |p| unsafe { add(node, graph, deps, edges, ndeps, p) })
     })
 }
 
@@ -1325,18 +1363,28 @@ macro_rules! instantiate_with_params {
             guard(|| {
                 let inst = real!($name: $pfn);
                 let upload_flag = CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64;
-                // SAFETY: null or the caller's parameter block (the driver refuses null itself).
-                let wants_upload = !params.is_null() && unsafe { (*params).flags } & upload_flag != 0;
+                if params.is_null() {
+                    // SAFETY: the driver refuses null parameters itself.
+                    return unsafe { inst(exec, graph, params) };
+                }
+                // SAFETY: non-null, the caller's parameter block. Read once: the driver gets
+                // copies, so flags the caller's block gains in between (UPLOAD, which maps the
+                // graph's memory at once) are not acted on unreserved.
+                let wants_upload = unsafe { (*params).flags } & upload_flag != 0;
                 if !wants_upload {
-                    // SAFETY: forwarding the caller's arguments.
-                    let rc = unsafe { inst(exec, graph, params) };
+                    // SAFETY: as above.
+                    let caller = unsafe { &mut *params };
+                    let mut p = *caller;
+                    p.flags &= !upload_flag;
+                    // SAFETY: the caller's out-pointer and graph, our copy of its parameters.
+                    let rc = unsafe { inst(exec, graph, &mut p) };
+                    (caller.hErrNode_out, caller.result_out) = (p.hErrNode_out, p.result_out);
                     if rc != CUresult::CUDA_SUCCESS {
                         return rc;
                     }
                     let rc = instantiated(graph, exec);
-                    if rc != CUresult::CUDA_SUCCESS && !params.is_null() {
-                        // SAFETY: the caller's parameter block (non-null: checked).
-                        unsafe { (*params).result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR };
+                    if rc != CUresult::CUDA_SUCCESS {
+                        caller.result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR;
                     }
                     return rc;
                 }

@@ -464,3 +464,35 @@ fn a_program_linked_with_lcuda_is_limited_through_exported_symbols() {
     );
     assert_eq!(rc_of(&lines, "alloc="), ["0", "0"], "control: {lines:?}");
 }
+
+/// A tenant's thread widens an array descriptor after the shim has read (and counted) it and
+/// before the driver reads it (the emulator's test hook runs "the other thread" at the shim's
+/// next `cuCtxGetCurrent`, inside that window). The driver is given the shim's copy, so the
+/// array made is the array counted. Before, the driver read the caller's descriptor again:
+/// a 256 MiB array was made, 4 MiB of it counted, under a 64 MiB quota (a 2D array through
+/// `cuArray3DCreate_v2`, depth 0).
+#[test]
+fn a_descriptor_changed_after_the_shims_read_is_not_what_the_driver_makes() {
+    let host = EmuHost::new();
+    let dev = host.device();
+    let mut h = host.spawn(limited(&host, "shim_client", QUOTA, "raced").args([
+        "ctx",
+        "array3draced",
+        "1024",
+        "1024",
+        "0",
+        "65536",
+        "ready",
+        "hang",
+    ]));
+    let line = h.wait_for_line("array3draced", T).unwrap_or_else(|| panic!("{} {}", h.stdout(), h.stderr()));
+    assert_eq!(line, "array3draced=0 width_now=65536", "the caller's descriptor was widened meanwhile");
+    assert!(h.wait_for_line("ready", T).is_some(), "{}", h.stderr());
+    let l = ledger(&host);
+    let counted = l.group_used(group_of(&l, "raced"));
+    assert_eq!(counted, 4 * MIB, "1024 x 1024 floats counted");
+    let snap = dev.snapshot();
+    let p = snap.processes.iter().find(|p| p.pid == h.pid()).expect("the client on the GPU");
+    assert_eq!(p.used_memory - p.context_memory, counted, "what the driver made is what was counted");
+    h.kill9();
+}

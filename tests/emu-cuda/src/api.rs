@@ -468,7 +468,12 @@ export! {
         Ok(())
     }
     fn cuCtxSetCurrent(ctx: CUcontext) { driver::ctx_set_current(h(ctx)) }
-    fn cuCtxGetCurrent(pctx: *mut CUcontext) { put(pctx, ptr(driver::ctx_get_current()?)) }
+    fn cuCtxGetCurrent(pctx: *mut CUcontext) {
+        if let Some(f) = take_next_ctx_get_current_hook() {
+            f();
+        }
+        put(pctx, ptr(driver::ctx_get_current()?))
+    }
     fn cuCtxGetDevice(device: *mut CUdevice) {
         put(device, driver::current_ord()? as CUdevice)
     }
@@ -1474,4 +1479,23 @@ unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Option<u64>
     // SAFETY: the caller's host buffer has room for `n` bytes.
     let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };
     driver::memcpy_dtoh(out, src)
+}
+
+/// Test instrumentation, not driver behaviour: a callback the next `cuCtxGetCurrent` runs once
+/// before it answers. It stands in for another thread of the application acting between an
+/// interposer's read of the caller's arguments and its call into the driver (the shim asks
+/// for the current context in that window), a race a test cannot otherwise time.
+static NEXT_CTX_GET_CURRENT_HOOK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn take_next_ctx_get_current_hook() -> Option<extern "C" fn()> {
+    let f = NEXT_CTX_GET_CURRENT_HOOK.swap(0, std::sync::atomic::Ordering::AcqRel);
+    // SAFETY: only `gpuemu_test_on_next_ctx_get_current` stores here, from an `extern "C" fn()`.
+    (f != 0).then(|| unsafe { std::mem::transmute::<usize, extern "C" fn()>(f) })
+}
+
+/// Arms (or, with `None`, disarms) the callback the next `cuCtxGetCurrent` runs once (see
+/// `NEXT_CTX_GET_CURRENT_HOOK`). Exported for the e2e test clients only.
+#[no_mangle]
+pub extern "C" fn gpuemu_test_on_next_ctx_get_current(f: Option<extern "C" fn()>) {
+    NEXT_CTX_GET_CURRENT_HOOK.store(f.map_or(0, |f| f as usize), std::sync::atomic::Ordering::Release);
 }

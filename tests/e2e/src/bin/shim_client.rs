@@ -5,7 +5,9 @@
 //! stdin before anything else (the shim's library constructor has run, no driver call yet).
 //!
 //! Steps: `ctx` | `primary` | `alloc N` | `pitch W H` | `managed N` | `async N` | `pool N` |
-//! `vmm N` | `vmmon DEV N` | `array W H` | `array3d W H D` | `arrayv1 W H` / `array3dv1 W H D` (the CUDA 2.0 ABI) | `mipmap W H LEVELS` | `mipmaplayered W H LAYERS LEVELS` | `free` (last) | `freeall` |
+//! `vmm N` | `vmmon DEV N` | `array W H` | `array3d W H D` | `array3draced W H D W2` (cuArray3DCreate_v2
+//! of W x H x D floats while "another thread" widens the caller's descriptor to W2 at the
+//! emulator's next cuCtxGetCurrent, after the shim read it) | `arrayv1 W H` / `array3dv1 W H D` (the CUDA 2.0 ABI) | `mipmap W H LEVELS` | `mipmaplayered W H LAYERS LEVELS` | `free` (last) | `freeall` |
 //! `meminfo` | `totalmem` | `launch|launchex|launchcoop|launchgraph|launchlegacy|launchgrid|launchgridasync|launchmulti BLOCKS CYCLES COUNT` |
 //! `graphnodes NODES BLOCKS CYCLES COUNT GROW` (see the step) | `legacychecks CYCLES` | `where NAME VERSION` | `next SYMBOL`
 //! (dlsym(RTLD_NEXT)) | `fork` (child sleeps 30 s, no CUDA) | `forksig MS` (fork while another
@@ -45,6 +47,24 @@ enum Mode {
     Gpa(u64),
     /// cuGetProcAddress (the CUDA 11.3 ABI, no symbolStatus) with these flags.
     GpaV1(u64),
+}
+
+/// The descriptor `array3draced` hands the driver, and the width "another thread" gives it.
+static RACED_DESC: std::sync::atomic::AtomicPtr<CUDA_ARRAY3D_DESCRIPTOR> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static RACED_WIDTH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A `w` x `h` x `d` array of one float channel.
+fn float_desc3d(w: usize, h: usize, d: usize) -> CUDA_ARRAY3D_DESCRIPTOR {
+    CUDA_ARRAY3D_DESCRIPTOR { Width: w, Height: h, Depth: d, Format: CUarray_format::CU_AD_FORMAT_FLOAT, NumChannels: 1, Flags: 0 }
+}
+
+/// The emulator's test hook for `array3draced`: widens the caller's descriptor.
+extern "C" fn widen_raced_desc() {
+    let p = RACED_DESC.load(std::sync::atomic::Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: the leaked descriptor of `array3draced`, alive for the process.
+        unsafe { (*p).Width = RACED_WIDTH.load(std::sync::atomic::Ordering::Acquire) };
+    }
 }
 
 struct Cuda {
@@ -922,6 +942,27 @@ fn main() {
                     }
                     out(format!("{step}={}", r.0));
                 }
+                "array3draced" => {
+                    let (w, h, d, w2) = (num(1, i), num(2, i), num(3, i), num(4, i));
+                    i += 4;
+                    let desc = Box::leak(Box::new(float_desc3d(w, h, d)));
+                    RACED_DESC.store(desc as *mut CUDA_ARRAY3D_DESCRIPTOR, std::sync::atomic::Ordering::Release);
+                    RACED_WIDTH.store(w2, std::sync::atomic::Ordering::Release);
+                    let arm = cu.dlsym("gpuemu_test_on_next_ctx_get_current");
+                    if arm.is_null() {
+                        die("the driver is not the emulator (no gpuemu_test_on_next_ctx_get_current)");
+                    }
+                    // SAFETY: the emulator's exported test hook has this ABI.
+                    let arm = std::mem::transmute::<*mut c_void, extern "C" fn(Option<extern "C" fn()>)>(arm);
+                    arm(Some(widen_raced_desc));
+                    let mut a: CUarray = std::ptr::null_mut();
+                    let r = array3d_create(&mut a, desc);
+                    arm(None);
+                    if r.is_success() {
+                        held.push(Held::Array(a));
+                    }
+                    out(format!("{step}={} width_now={}", r.0, desc.Width));
+                }
                 "array" | "array3d" | "mipmap" => {
                     let (w, h) = (num(1, i), num(2, i));
                     let d = if step == "array" { 0 } else { num(3, i) };
@@ -941,14 +982,7 @@ fn main() {
                         r
                     } else if step == "array3d" {
                         i += 3;
-                        let desc = CUDA_ARRAY3D_DESCRIPTOR {
-                            Width: w,
-                            Height: h,
-                            Depth: d,
-                            Format: CUarray_format::CU_AD_FORMAT_FLOAT,
-                            NumChannels: 1,
-                            Flags: 0,
-                        };
+                        let desc = float_desc3d(w, h, d);
                         let mut a: CUarray = std::ptr::null_mut();
                         let r = array3d_create(&mut a, &desc);
                         if r.is_success() {
