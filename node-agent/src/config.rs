@@ -109,8 +109,22 @@ pub struct InjectConfig {
     /// (for a manager with `shm_dir` = `host`; the container then shares all of it). Mounted
     /// read-write into every offline container of the GPU, so `/`, `..`, `ledger_dir` (or above
     /// or inside it), the kubelet's, CDI's and the shim's directories and system directories
-    /// (outside `/dev/shm`) are refused.
+    /// (outside `/dev/shm`) are refused. Not mounted with `mps_shm: "private"`.
     pub mps_shm_dir: String,
+    /// What an offline container gets as its `/dev/shm`. `shared` (the default): `mps_shm_dir`,
+    /// the MPS server's, read-write, as NVIDIA's device plugin shares the MPS daemon's: what
+    /// drivers whose MPS serves only clients with the server's `/dev/shm` need. Every offline
+    /// tenant of the GPU then shares it with the online service and its neighbours: it can
+    /// fill it (a directory on the host's `/dev/shm` tmpfs by default, half the host's RAM,
+    /// shared by every GPU's MPS server, the online pods and the host), read or unlink the
+    /// other MPS clients' files there (one uid per MPS GPU), and its files outlive the pod.
+    /// `private`: no `/dev/shm` mount from this agent; the container keeps the runtime's own
+    /// (a tmpfs of its pod, 64 MiB under containerd's and CRI-O's defaults, its pages charged
+    /// to the pod's memory): for drivers whose MPS serves
+    /// such a client (the GPU check kit's `shm` row says `own /dev/shm: MPS client`, as on an
+    /// H200 with driver 580; `CUresult 805` there: keep `shared`). Allocate then no longer
+    /// checks `mps_shm_dir` against mps-manager's `shm_dir`.
+    pub mps_shm: MpsShm,
     /// Mount the MPS pipe directory read-only (a mount of its own, over the read-write ledger
     /// directory when it is inside it). Read-write, a tenant that is root in its container can
     /// unlink the control daemon's `control` socket and bind one of its own there: every MPS
@@ -130,6 +144,18 @@ pub struct InjectConfig {
     /// allocations refused) or write a neighbour's group into its slot. On by default; off
     /// only for daemons older than pod ledgers (they would not see the pods' processes).
     pub pod_ledgers: bool,
+}
+
+/// What an offline container gets as its `/dev/shm` ([`InjectConfig::mps_shm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpsShm {
+    /// The MPS server's (`inject.mps_shm_dir`), read-write, shared with every MPS client of
+    /// the GPU.
+    #[default]
+    Shared,
+    /// The container runtime's own, private to the pod: no mount from this agent.
+    Private,
 }
 
 /// CDI (Container Device Interface) mode: the static edits go into a CDI spec file and
@@ -275,6 +301,7 @@ impl Default for InjectConfig {
             ledger_container_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
             mps_pipe_dir: String::new(),
             mps_shm_dir: String::new(),
+            mps_shm: MpsShm::Shared,
             mps_pipe_read_only: true,
             pod_ledgers: true,
         }
@@ -810,6 +837,25 @@ mod tests {
             assert!(e.to_string().contains("a.json"), "{e}");
         }
         assert!(cfg(r#""deleted_pod_linger_ms": -1"#).is_err());
+    }
+
+    /// `inject.mps_shm`: `shared` by default, `private` or `shared` as written; anything else
+    /// refused naming the field and its line.
+    #[test]
+    fn the_mps_shm_is_shared_by_default_private_when_asked_and_nothing_else() {
+        let c = AgentConfig::from_text(Path::new("a.json"), OK, |_| None).unwrap();
+        assert_eq!(c.inject.mps_shm, MpsShm::Shared);
+        let cfg = |v: &str| {
+            let t = format!("{{\"node_name\": \"n\",\n \"gpus\": [{{\"index\": 0}}],\n \"inject\": {{\"mps_shm\": {v}}}}}");
+            AgentConfig::from_text(Path::new("a.json"), &t, |_| None)
+        };
+        assert_eq!(cfg("\"private\"").unwrap().inject.mps_shm, MpsShm::Private);
+        assert_eq!(cfg("\"shared\"").unwrap().inject.mps_shm, MpsShm::Shared);
+        for bad in ["\"none\"", "\"Private\"", "true", "\"\""] {
+            let e = cfg(bad).expect_err(bad);
+            assert_eq!((e.field.as_deref(), e.line), (Some("inject.mps_shm"), Some(3)), "{bad}: {e}");
+            assert!(e.to_string().contains("a.json"), "{e}");
+        }
     }
 
     /// mps-manager's state file: its default beside the GPU's ledger, or the template given.
