@@ -137,7 +137,7 @@ struct Deleted {
 type ByUid = BTreeMap<String, Entry>;
 
 /// The longest grace a pod deleted from the API is kept in the list for
-/// ([`Publisher::linger`]), whatever its `terminationGracePeriodSeconds`: a tenant's pods of a
+/// ([`Publisher::apply_at`]), whatever its `terminationGracePeriodSeconds`: a tenant's pods of a
 /// year's grace, deleted over and over, would otherwise fill the list.
 pub const DELETED_POD_GRACE_CAP: Duration = Duration::from_secs(3600);
 
@@ -306,7 +306,7 @@ impl Publisher {
     }
 
     /// The same publisher keeping a pod deleted from the API in the list for `linger` past its
-    /// grace ([`Publisher::linger`]; [`DEFAULT_DELETED_POD_LINGER`] by default).
+    /// grace ([`Publisher::apply_at`]; [`DEFAULT_DELETED_POD_LINGER`] by default).
     pub fn with_deleted_pod_linger(mut self, linger: Duration) -> Self {
         self.deleted_linger = linger;
         self
@@ -350,7 +350,7 @@ impl Publisher {
     ///
     /// A pod gone from the API (its `DELETED` event, or missing from a relist) stays in the
     /// list, with its plan and its termination file, until its processes are gone
-    /// ([`Publisher::linger`]), unless its last status says every container of it stopped
+    /// (`Publisher::linger`), unless its last status says every container of it stopped
     /// ([`containers_stopped`], which the kubelet reports before it confirms a graceful
     /// deletion): `kubectl delete --grace-period=0 --force` removes the pod from the API at
     /// once, and its containers may run on until the kubelet kills them, with its full spec
@@ -565,7 +565,7 @@ impl Publisher {
     }
 
     /// [`Publisher::refresh`] at monotonic time `now`; also takes out of the list the pods
-    /// deleted from the API whose processes are gone ([`Publisher::expire_deleted`]).
+    /// deleted from the API whose processes are gone (`Publisher::expire_deleted`).
     pub fn refresh_at(&mut self, now: Instant) -> bool {
         self.retry_terminations();
         self.expire_deleted(now);
