@@ -414,11 +414,15 @@ pub fn static_edits(cfg: &AgentConfig, gpu: u32) -> (BTreeMap<String, String>, V
     // The MPS server's /dev/shm as the container's: its clients attach to the shared memory
     // it keeps there, as NVIDIA's device plugin shares the MPS daemon's (the emulator refuses a
     // client with a /dev/shm of its own; an H200's MPS with driver 580 served one: kit `shm`).
-    mounts.push(pb::Mount {
-        container_path: "/dev/shm".to_string(),
-        host_path: s(&cfg.mps_shm_host_dir(gpu)),
-        read_only: false,
-    });
+    // `inject.mps_shm: "private"` leaves the container the runtime's own, which no other
+    // tenant, the online service or the host shares.
+    if inj.mps_shm == crate::config::MpsShm::Shared {
+        mounts.push(pb::Mount {
+            container_path: "/dev/shm".to_string(),
+            host_path: s(&cfg.mps_shm_host_dir(gpu)),
+            read_only: false,
+        });
+    }
     (env, mounts)
 }
 
@@ -845,6 +849,39 @@ mod tests {
             mounts.iter().any(|m| m["containerPath"] == "/dev/shm" && m["hostPath"] == "/run/mps-shm-1"),
             "the CDI spec mounts the MPS server's /dev/shm too: {mounts:?}"
         );
+    }
+
+    /// `inject.mps_shm: "private"`: no `/dev/shm` mount at all, inline or in the CDI spec (the
+    /// container keeps the runtime's own); the other mounts are as shared. Fails without the
+    /// option: the MPS shm directory was always mounted.
+    #[test]
+    fn a_private_mps_shm_mounts_no_dev_shm() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = cfg();
+        c.ledger_dir = d.path().to_owned();
+        let plan = PodPlan {
+            namespace: "ml".into(),
+            name: "a".into(),
+            uid: "0000000a-0000-4000-8000-000000000000".into(),
+            gpu: 1,
+            mps_percent: 36,
+            memory_quota_bytes: 5,
+            kill_grace_ms: None,
+        };
+        let shared = container_response(&c, &plan).unwrap();
+        assert!(shared.mounts.iter().any(|m| m.container_path == "/dev/shm"), "shared by default: {:?}", shared.mounts);
+        c.inject.mps_shm = crate::config::MpsShm::Private;
+        let private = container_response(&c, &plan).unwrap();
+        assert!(!private.mounts.iter().any(|m| m.container_path == "/dev/shm" || m.host_path.starts_with("/dev/shm")), "{:?}", private.mounts);
+        let others = |r: &pb::ContainerAllocateResponse| {
+            r.mounts.iter().filter(|m| m.container_path != "/dev/shm").map(|m| (m.container_path.clone(), m.host_path.clone(), m.read_only)).collect::<Vec<_>>()
+        };
+        assert_eq!(others(&private), others(&shared), "nothing else changes");
+        assert_eq!(private.envs, shared.envs);
+        c.cdi.enabled = true;
+        let spec = cdi_spec(&c);
+        let mounts = spec["devices"][1]["containerEdits"]["mounts"].as_array().unwrap();
+        assert!(!mounts.iter().any(|m| m["containerPath"] == "/dev/shm"), "{mounts:?}");
     }
 
     /// With pod ledgers (the default) Allocate makes the pod's own ledger of its GPU and mounts

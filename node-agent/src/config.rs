@@ -10,6 +10,9 @@ use serde::Deserialize;
 /// Env var the DaemonSet sets from the downward API (`spec.nodeName`).
 pub const ENV_NODE_NAME: &str = "NODE_NAME";
 
+/// The largest `offline_pods.deleted_pod_linger_ms` (10 min past the pod's grace).
+pub const MAX_DELETED_POD_LINGER_MS: u64 = 600_000;
+
 /// Everything `node-agent run` reads from its JSON config file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -106,8 +109,22 @@ pub struct InjectConfig {
     /// (for a manager with `shm_dir` = `host`; the container then shares all of it). Mounted
     /// read-write into every offline container of the GPU, so `/`, `..`, `ledger_dir` (or above
     /// or inside it), the kubelet's, CDI's and the shim's directories and system directories
-    /// (outside `/dev/shm`) are refused.
+    /// (outside `/dev/shm`) are refused. Not mounted with `mps_shm: "private"`.
     pub mps_shm_dir: String,
+    /// What an offline container gets as its `/dev/shm`. `shared` (the default): `mps_shm_dir`,
+    /// the MPS server's, read-write, as NVIDIA's device plugin shares the MPS daemon's: what
+    /// drivers whose MPS serves only clients with the server's `/dev/shm` need. Every offline
+    /// tenant of the GPU then shares it with the online service and its neighbours: it can
+    /// fill it (a directory on the host's `/dev/shm` tmpfs by default, half the host's RAM,
+    /// shared by every GPU's MPS server, the online pods and the host), read or unlink the
+    /// other MPS clients' files there (one uid per MPS GPU), and its files outlive the pod.
+    /// `private`: no `/dev/shm` mount from this agent; the container keeps the runtime's own
+    /// (a tmpfs of its pod, 64 MiB under containerd's and CRI-O's defaults, its pages charged
+    /// to the pod's memory): for drivers whose MPS serves
+    /// such a client (the GPU check kit's `shm` row says `own /dev/shm: MPS client`, as on an
+    /// H200 with driver 580; `CUresult 805` there: keep `shared`). Allocate then no longer
+    /// checks `mps_shm_dir` against mps-manager's `shm_dir`.
+    pub mps_shm: MpsShm,
     /// Mount the MPS pipe directory read-only (a mount of its own, over the read-write ledger
     /// directory when it is inside it). Read-write, a tenant that is root in its container can
     /// unlink the control daemon's `control` socket and bind one of its own there: every MPS
@@ -127,6 +144,18 @@ pub struct InjectConfig {
     /// allocations refused) or write a neighbour's group into its slot. On by default; off
     /// only for daemons older than pod ledgers (they would not see the pods' processes).
     pub pod_ledgers: bool,
+}
+
+/// What an offline container gets as its `/dev/shm` ([`InjectConfig::mps_shm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpsShm {
+    /// The MPS server's (`inject.mps_shm_dir`), read-write, shared with every MPS client of
+    /// the GPU.
+    #[default]
+    Shared,
+    /// The container runtime's own, private to the pod: no mount from this agent.
+    Private,
 }
 
 /// CDI (Container Device Interface) mode: the static edits go into a CDI spec file and
@@ -200,6 +229,23 @@ pub struct OfflinePodsConfig {
     /// a job's checkpoint that still launches kernels after a soft eviction's SIGTERM is
     /// frozen. An eviction over a storage limit always drains at once.
     pub kubelet_eviction_grace_ms: u64,
+    /// How long, ms, past its grace a pod deleted from the API while its containers may still
+    /// run stays in the list (with its plan: the monitors go on judging its processes):
+    /// `kubectl delete --grace-period=0 --force` removes a pod from the API at once, and the
+    /// kubelet kills its containers later, on kubelets hit by kubernetes/kubernetes#115819
+    /// after its full spec grace. Such a pod stays until its cgroup says no process is left
+    /// (`cgroup_root`), at the latest its grace (its spec's or a longer deletion's, at most
+    /// 1 h) and this after its deletion was seen. A pod whose last status says every container
+    /// stopped (the kubelet's confirmed graceful deletion) leaves at once. 30000 by default, at
+    /// most 600000.
+    pub deleted_pod_linger_ms: u64,
+    /// The host's cgroup v2 mount, where the pod cgroups of the kubelet (either driver) show
+    /// that a pod deleted from the API has no process left, so it leaves the list before its
+    /// linger ends (`deleted_pod_linger_ms`). `/sys/fs/cgroup` by default: the host's for a
+    /// systemd unit; in a container with a cgroup namespace of its own (the shipped DaemonSet)
+    /// it shows no kubelet pods and only the linger applies, unless the host's is mounted
+    /// (read-only) and named here. Empty: not looked at. An absolute path.
+    pub cgroup_root: String,
 }
 
 /// The GPU heartbeat published on this node's Node object.
@@ -255,6 +301,7 @@ impl Default for InjectConfig {
             ledger_container_dir: PathBuf::from(node_ledger::config::DEFAULT_LEDGER_DIR),
             mps_pipe_dir: String::new(),
             mps_shm_dir: String::new(),
+            mps_shm: MpsShm::Shared,
             mps_pipe_read_only: true,
             pod_ledgers: true,
         }
@@ -305,6 +352,8 @@ impl Default for OfflinePodsConfig {
             enabled: true,
             poll_ms: 5000,
             kubelet_eviction_grace_ms: 0,
+            deleted_pod_linger_ms: 30_000,
+            cgroup_root: "/sys/fs/cgroup".into(),
         }
     }
 }
@@ -455,6 +504,16 @@ impl AgentConfig {
                 "offline_pods.poll_ms",
                 "must be at least 1000 (how often the offline pod file is checked; the pods come from a watch)".into(),
             );
+        }
+        if self.offline_pods.deleted_pod_linger_ms > MAX_DELETED_POD_LINGER_MS {
+            return bad(
+                "offline_pods.deleted_pod_linger_ms",
+                format!("must be at most {MAX_DELETED_POD_LINGER_MS} (past the pod's grace, which is counted apart)"),
+            );
+        }
+        let root = &self.offline_pods.cgroup_root;
+        if !(root.is_empty() || Path::new(root).is_absolute()) {
+            return bad("offline_pods.cgroup_root", "must be an absolute path (the host's cgroup v2 mount) or empty (not looked at)".into());
         }
         let min = kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS;
         if self.heartbeat.interval_ms < min {
@@ -641,6 +700,7 @@ mod tests {
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}], "offline_pods": {"poll_ms": 10}}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("offline_pods.poll_ms"));
+        assert_eq!((c.offline_pods.deleted_pod_linger_ms, c.offline_pods.cgroup_root.as_str()), (30_000, "/sys/fs/cgroup"));
         assert_eq!(
             c.mps_pipe_host_dir(0),
             PathBuf::from("/run/xshare/gpu0/mps-pipe")
@@ -754,6 +814,47 @@ mod tests {
         for good in ["", "host", "/dev/shm", "/dev/shm/xshare-gpu{gpu}", "/run/mps-shm-{gpu}", "/srv/mps/shm{gpu}"] {
             let c = cfg(good).unwrap_or_else(|e| panic!("{good}: {e}"));
             assert!(c.mps_shm_host_dir(1).starts_with("/"), "{good}");
+        }
+    }
+
+    /// A deleted pod's linger is bounded, and the cgroup root is absolute or empty; each bad
+    /// value named with its field and line.
+    #[test]
+    fn the_deleted_pod_linger_is_bounded_and_the_cgroup_root_absolute() {
+        let cfg = |op: &str| {
+            let t = format!("{{\"node_name\": \"n\",\n \"gpus\": [{{\"index\": 0}}],\n \"offline_pods\": {{{op}}}}}");
+            AgentConfig::from_text(Path::new("a.json"), &t, |_| None)
+        };
+        let c = cfg(r#""deleted_pod_linger_ms": 600000, "cgroup_root": "/host/sys/fs/cgroup""#).unwrap();
+        assert_eq!((c.offline_pods.deleted_pod_linger_ms, c.offline_pods.cgroup_root.as_str()), (600_000, "/host/sys/fs/cgroup"));
+        assert_eq!(cfg(r#""deleted_pod_linger_ms": 0, "cgroup_root": """#).unwrap().offline_pods.deleted_pod_linger_ms, 0);
+        for (bad, field) in [
+            (r#""deleted_pod_linger_ms": 600001"#, "offline_pods.deleted_pod_linger_ms"),
+            (r#""cgroup_root": "sys/fs/cgroup""#, "offline_pods.cgroup_root"),
+        ] {
+            let e = cfg(bad).expect_err(bad);
+            assert_eq!((e.field.as_deref(), e.line), (Some(field), Some(3)), "{bad}: {e}");
+            assert!(e.to_string().contains("a.json"), "{e}");
+        }
+        assert!(cfg(r#""deleted_pod_linger_ms": -1"#).is_err());
+    }
+
+    /// `inject.mps_shm`: `shared` by default, `private` or `shared` as written; anything else
+    /// refused naming the field and its line.
+    #[test]
+    fn the_mps_shm_is_shared_by_default_private_when_asked_and_nothing_else() {
+        let c = AgentConfig::from_text(Path::new("a.json"), OK, |_| None).unwrap();
+        assert_eq!(c.inject.mps_shm, MpsShm::Shared);
+        let cfg = |v: &str| {
+            let t = format!("{{\"node_name\": \"n\",\n \"gpus\": [{{\"index\": 0}}],\n \"inject\": {{\"mps_shm\": {v}}}}}");
+            AgentConfig::from_text(Path::new("a.json"), &t, |_| None)
+        };
+        assert_eq!(cfg("\"private\"").unwrap().inject.mps_shm, MpsShm::Private);
+        assert_eq!(cfg("\"shared\"").unwrap().inject.mps_shm, MpsShm::Shared);
+        for bad in ["\"none\"", "\"Private\"", "true", "\"\""] {
+            let e = cfg(bad).expect_err(bad);
+            assert_eq!((e.field.as_deref(), e.line), (Some("inject.mps_shm"), Some(3)), "{bad}: {e}");
+            assert!(e.to_string().contains("a.json"), "{e}");
         }
     }
 

@@ -230,7 +230,9 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             &cfg.ledger_dir,
         )
         .with_plans(plans.clone())
-        .with_kubelet_grace_ms(cfg.offline_pods.kubelet_eviction_grace_ms);
+        .with_kubelet_grace_ms(cfg.offline_pods.kubelet_eviction_grace_ms)
+        .with_deleted_pod_linger(Duration::from_millis(cfg.offline_pods.deleted_pod_linger_ms))
+        .with_cgroup_root((!cfg.offline_pods.cgroup_root.is_empty()).then(|| cfg.offline_pods.cgroup_root.clone().into()));
         let watch_client = node_agent::kube::watch_client(&cfg.kube, node_agent::offline_pods::WATCH_TIMEOUT_S).await?;
         let check = Duration::from_millis(cfg.offline_pods.poll_ms);
         tasks.push(tokio::spawn(node_agent::offline_pods::run(

@@ -124,7 +124,11 @@ fn no_outside_holder(state: &Value, path: &Path) -> Result<(), String> {
 /// directory the daemon was checked to see as its `/dev/shm`, `null` when it does not see the
 /// configured one). A container with another `/dev/shm` reaches the daemon but cannot connect
 /// to its server (`CUDA_ERROR_MPS_CONNECTION_FAILED`).
+/// With `inject.mps_shm: "private"` containers get no MPS shm directory: nothing to match.
 fn shm_matches(cfg: &AgentConfig, gpu: u32, state: &Value, path: &Path) -> Result<(), String> {
+    if cfg.inject.mps_shm == crate::config::MpsShm::Private {
+        return Ok(());
+    }
     let ours = cfg.mps_shm_host_dir(gpu);
     match state.get("shm_dir") {
         // A manager from before `shm_dir` (its daemon keeps the host's /dev/shm).
@@ -296,5 +300,8 @@ mod tests {
         std::fs::write(d.path().join("mgr1.json"), json!({"daemon_pid": 7, "shm_dir": "/dev/shm/xshare-gpu1"}).to_string()).unwrap();
         let e = offline_ready(&c, 1, NOW, STALE).unwrap_err();
         assert!(e.contains("mgr1.json") && e.contains("would mount /dev/shm"), "{e}");
+        // `inject.mps_shm: "private"`: containers get no MPS shm directory, nothing to match.
+        c.inject.mps_shm = crate::config::MpsShm::Private;
+        assert_eq!(offline_ready(&c, 1, NOW, STALE), Ok(()));
     }
 }

@@ -13,8 +13,15 @@
 //! cgroup names one of them for offline work without the shim and evicts it; its eviction log
 //! record names the pod, which `crate::evict` evicts through the API. Pods that finished
 //! (`Succeeded`, `Failed`) are left out; pods being deleted stay in until they are gone (their
-//! processes still run). A failing watch leaves the file as it was: the monitors keep judging by
-//! the last list written, and a relist after the failure replaces what it missed whole.
+//! processes still run), and so does a pod gone from the API while its containers may still run
+//! (a `DELETED` event whose pod's status does not say every container stopped, as
+//! `kubectl delete --grace-period=0 --force` gives one; or a pod missing from a relist): with
+//! its plan and its termination file (which then records the deletion, the mark that it is
+//! gone from the API), until its cgroup says no process is left or, at the latest, its grace
+//! (at most [`DELETED_POD_GRACE_CAP`]) and `offline_pods.deleted_pod_linger_ms` after its
+//! deletion was seen ([`Publisher::apply_at`]). A failing watch leaves the file as it was: the
+//! monitors keep judging by the last list written, and a relist after the failure replaces what
+//! it missed whole, but for the pods it no longer has, kept as deleted ones.
 //!
 //! The same watch carries an offline pod's deletion to its processes: at the first event that
 //! shows `metadata.deletionTimestamp` (a list's included, before the first list completes) the
@@ -28,7 +35,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
@@ -104,8 +111,56 @@ fn combine(a: node_ledger::termination::Termination, b: node_ledger::termination
     node_ledger::termination::Termination { deletion_unix_ms: a.deletion_unix_ms.min(b.deletion_unix_ms), grace_ms: a.grace_ms.min(b.grace_ms) }
 }
 
+/// One offline pod of the list, as the watch last told it.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// As published.
+    pod: OfflinePod,
+    /// The longest the kubelet may wait to kill its containers once told to, ms: its spec
+    /// grace ([`crate::allocate::kill_grace_ms`]) or a longer deletion grace it was given.
+    grace_ms: u64,
+    /// Deleted from the API while its processes may still run ([`Publisher::apply`]).
+    deleted: Option<Deleted>,
+}
+
+/// A pod gone from the API, kept in the list until its processes are ([`Publisher::linger`]).
+#[derive(Debug, Clone, Copy)]
+struct Deleted {
+    /// When it leaves the list whatever its cgroup says.
+    until: Instant,
+    /// Its cgroup was seen ([`node_daemon::offline_pods::pod_cgroup`]): when it is no longer
+    /// there, the kubelet removed it.
+    cgroup_seen: bool,
+}
+
 /// Offline pods by UID.
-type ByUid = BTreeMap<String, OfflinePod>;
+type ByUid = BTreeMap<String, Entry>;
+
+/// The longest grace a pod deleted from the API is kept in the list for
+/// ([`Publisher::apply_at`]), whatever its `terminationGracePeriodSeconds`: a tenant's pods of a
+/// year's grace, deleted over and over, would otherwise fill the list.
+pub const DELETED_POD_GRACE_CAP: Duration = Duration::from_secs(3600);
+
+/// The grace the kubelet may give `pod`'s containers, ms: its spec's, or its deletion's when
+/// longer (`kubectl delete --grace-period` may give more than the spec).
+fn longest_grace_ms(pod: &Pod) -> u64 {
+    let deletion = pod.metadata.deletion_grace_period_seconds.map_or(0, |s| (s.max(0) as u64).saturating_mul(1000));
+    crate::allocate::kill_grace_ms(pod).max(deletion)
+}
+
+/// Whether `pod`'s status says every container of it stopped (each of its containers'
+/// `state.terminated`, no init or ephemeral container running): what the kubelet reports
+/// before it confirms a graceful deletion. A pod force-deleted (`--grace-period=0 --force`)
+/// while its containers run says they run.
+pub fn containers_stopped(pod: &Pod) -> bool {
+    let (Some(spec), Some(st)) = (&pod.spec, &pod.status) else { return false };
+    let statuses = st.container_statuses.as_deref().unwrap_or_default();
+    let terminated = |name: &str| statuses.iter().any(|c| c.name == name && c.state.as_ref().is_some_and(|s| s.terminated.is_some()));
+    let running = |l: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+        l.iter().flatten().any(|c| c.state.as_ref().is_none_or(|s| s.running.is_some()))
+    };
+    spec.containers.iter().all(|c| terminated(&c.name)) && !running(&st.init_container_statuses) && !running(&st.ephemeral_container_statuses)
+}
 
 /// Puts `pod` in `set` if it is an offline pod now, with its frozen plan's memory (frozen now
 /// at first sight: `crate::plans`), takes it out if it is not (finished, or its resources
@@ -115,7 +170,7 @@ fn note(set: &mut ByUid, pod: &Pod, resource: &str, plans: &crate::plans::PlanSt
     match offline_pod(pod, resource) {
         Some(mut p) => {
             p.memory_quota_bytes = plans.memory_quota_bytes(pod);
-            set.insert(uid.to_string(), p);
+            set.insert(uid.to_string(), Entry { pod: p, grace_ms: longest_grace_ms(pod), deleted: None });
         }
         None => {
             set.remove(uid);
@@ -131,8 +186,8 @@ pub struct Publisher {
     path: PathBuf,
     /// The offline pods as of the last event (complete once `synced`).
     pods: ByUid,
-    /// A list in progress (`Init` .. `InitDone`): swapped in whole at its end, so a pod deleted
-    /// while the watch was down leaves the set.
+    /// A list in progress (`Init` .. `InitDone`): swapped in whole at its end, but for the pods
+    /// it no longer has, kept as deleted ([`Publisher::linger`]).
     listing: Option<ByUid>,
     /// A first list has completed.
     synced: bool,
@@ -163,6 +218,15 @@ pub struct Publisher {
     /// The grace this node's kubelet gives a pod it evicts for node pressure, ms
     /// ([`kubelet_eviction`]).
     kubelet_grace_ms: u64,
+    /// How long past its grace a pod deleted from the API is kept in the list
+    /// ([`Publisher::linger`]).
+    deleted_linger: Duration,
+    /// The host's cgroup v2 mount, where a pod deleted from the API is seen to have no process
+    /// left ([`node_daemon::offline_pods::pod_cgroup`]); `None`: not looked at.
+    cgroup_root: Option<PathBuf>,
+    /// Pods deleted from the API taken out of the list: their cgroup empty or gone, or their
+    /// grace and the linger passed.
+    pub deleted_pods_dropped: u64,
 }
 
 /// How long a pod's ledger directory (`node_ledger::pods`) may lie without its pod in this
@@ -235,7 +299,26 @@ impl Publisher {
             termination_errors: 0,
             pending_terminations: BTreeMap::new(),
             kubelet_grace_ms: 0,
+            deleted_linger: DEFAULT_DELETED_POD_LINGER,
+            cgroup_root: None,
+            deleted_pods_dropped: 0,
         }
+    }
+
+    /// The same publisher keeping a pod deleted from the API in the list for `linger` past its
+    /// grace ([`Publisher::apply_at`]; [`DEFAULT_DELETED_POD_LINGER`] by default).
+    pub fn with_deleted_pod_linger(mut self, linger: Duration) -> Self {
+        self.deleted_linger = linger;
+        self
+    }
+
+    /// The same publisher dropping a pod deleted from the API as soon as its cgroup under
+    /// `root` (the host's cgroup v2 mount) says no process of it is left
+    /// ([`node_daemon::offline_pods::pod_cgroup`]); `None` (the default): only at the end of
+    /// its linger.
+    pub fn with_cgroup_root(mut self, root: Option<PathBuf>) -> Self {
+        self.cgroup_root = root;
+        self
     }
 
     /// The same publisher taking `ms` for the grace this node's kubelet gives a pod it evicts
@@ -260,6 +343,19 @@ impl Publisher {
     /// Nothing is written before the first list completes, except a pod's termination file
     /// ([`Self::note_termination`]): a pod being deleted reaches its processes at once.
     pub fn apply(&mut self, event: &watcher::Event<Pod>) -> bool {
+        self.apply_at(event, Instant::now())
+    }
+
+    /// [`Publisher::apply`] at monotonic time `now`.
+    ///
+    /// A pod gone from the API (its `DELETED` event, or missing from a relist) stays in the
+    /// list, with its plan and its termination file, until its processes are gone
+    /// (`Publisher::linger`), unless its last status says every container of it stopped
+    /// ([`containers_stopped`], which the kubelet reports before it confirms a graceful
+    /// deletion): `kubectl delete --grace-period=0 --force` removes the pod from the API at
+    /// once, and its containers may run on until the kubelet kills them, with its full spec
+    /// grace on kubelets hit by kubernetes/kubernetes#115819.
+    pub fn apply_at(&mut self, event: &watcher::Event<Pod>, now: Instant) -> bool {
         self.recovered();
         match event {
             watcher::Event::Init => {
@@ -275,10 +371,24 @@ impl Publisher {
                 false
             }
             watcher::Event::InitDone => {
-                if let Some(l) = self.listing.take() {
+                if let Some(mut l) = self.listing.take() {
+                    // Pods deleted while the watch was down, their last word unknown: kept
+                    // as any pod deleted (only a first list has none).
+                    let missed: Vec<_> = self.pods.keys().filter(|u| !l.contains_key(*u)).cloned().collect();
+                    for uid in missed {
+                        if let Some(mut e) = self.pods.remove(&uid) {
+                            if e.deleted.is_none() {
+                                e.deleted = Some(self.linger(&e, now));
+                                tracing::info!(pod = %format!("{}/{}", e.pod.namespace, e.pod.name), uid = %uid,
+                                    "an offline pod deleted while the pod watch was down is kept in the offline pod list until its processes are gone");
+                            }
+                            l.insert(uid, e);
+                        }
+                    }
                     self.pods = l;
                 }
                 self.synced = true;
+                self.expire_deleted(now);
                 self.publish()
             }
             watcher::Event::Apply(p) => {
@@ -288,13 +398,90 @@ impl Publisher {
             }
             watcher::Event::Delete(p) => {
                 if let Some(uid) = p.metadata.uid.as_deref() {
-                    self.pods.remove(uid);
-                    // Gone: its containers are, too.
-                    if let Some(u) = node_ledger::PodUid::parse(uid) {
-                        self.pending_terminations.remove(&u);
+                    if containers_stopped(p) || !self.pods.contains_key(uid) {
+                        // The kubelet said every container stopped before it let the pod go
+                        // (or it was no offline pod of the list).
+                        self.drop_pod(uid);
+                    } else if let Some(mut e) = self.pods.remove(uid) {
+                        e.grace_ms = e.grace_ms.max(longest_grace_ms(p));
+                        let d = e.deleted.unwrap_or_else(|| self.linger(&e, now));
+                        e.deleted = Some(d);
+                        let who = format!("{}/{}", e.pod.namespace, e.pod.name);
+                        tracing::info!(pod = %who, uid, grace_ms = e.grace_ms, linger_ms = d.until.saturating_duration_since(now).as_millis() as u64,
+                            "an offline pod deleted from the API while its containers may still run (force-deleted?) stays in the offline pod list until its processes are gone");
+                        self.pods.insert(uid.to_string(), e);
+                        self.note_deleted(p, uid, who);
+                        self.expire_deleted(now);
                     }
                 }
                 self.synced && self.publish()
+            }
+        }
+    }
+
+    /// How long pod `e`, deleted from the API at `now` while its containers may still run, stays
+    /// in the list: its grace (its spec's, or a longer deletion's; at most
+    /// [`DELETED_POD_GRACE_CAP`]), which the kubelet may still give its containers, and
+    /// `offline_pods.deleted_pod_linger_ms` past it; less once its cgroup says no process of it
+    /// is left ([`Publisher::expire_deleted`]).
+    fn linger(&self, e: &Entry, now: Instant) -> Deleted {
+        let grace = Duration::from_millis(e.grace_ms).min(DELETED_POD_GRACE_CAP);
+        Deleted { until: now + grace + self.deleted_linger, cgroup_seen: false }
+    }
+
+    /// Takes pod `uid` out of the list and out of the termination retries; returns whether it
+    /// was in the list.
+    fn drop_pod(&mut self, uid: &str) -> bool {
+        if let Some(u) = node_ledger::PodUid::parse(uid) {
+            self.pending_terminations.remove(&u);
+        }
+        self.pods.remove(uid).is_some()
+    }
+
+    /// Takes out of the list the pods deleted from the API whose processes are gone at `now`:
+    /// their cgroup under `cgroup_root` holds none, or is gone after it was seen
+    /// ([`node_daemon::offline_pods::pod_cgroup`]); or, whatever it says (or where it cannot
+    /// be read: the shipped DaemonSet has its own cgroup namespace), their linger is over.
+    fn expire_deleted(&mut self, now: Instant) {
+        use node_daemon::offline_pods::{pod_cgroup, PodCgroup};
+        let mut gone = Vec::new();
+        for (uid, e) in self.pods.iter_mut() {
+            let Some(d) = &mut e.deleted else { continue };
+            let cgroup = match (&self.cgroup_root, node_ledger::PodUid::parse(uid)) {
+                (Some(root), Some(u)) => pod_cgroup(root, u),
+                _ => PodCgroup::Unknown,
+            };
+            d.cgroup_seen |= matches!(cgroup, PodCgroup::Populated | PodCgroup::Empty);
+            let why = match cgroup {
+                PodCgroup::Empty => Some("its cgroup holds no process"),
+                PodCgroup::Absent if d.cgroup_seen => Some("its cgroup is gone"),
+                _ if now >= d.until => Some("its grace and offline_pods.deleted_pod_linger_ms passed"),
+                _ => None,
+            };
+            if let Some(why) = why {
+                tracing::info!(pod = %format!("{}/{}", e.pod.namespace, e.pod.name), uid = %uid, why,
+                    "an offline pod deleted from the API leaves the offline pod list");
+                gone.push(uid.clone());
+            }
+        }
+        for uid in gone {
+            if self.drop_pod(&uid) {
+                self.deleted_pods_dropped += 1;
+            }
+        }
+    }
+
+    /// Records in pod `uid`'s termination file (if Allocate made one) that `pod`, as its
+    /// `DELETED` event shows it, is gone from the API: its deletion and its kubelet's eviction
+    /// ([`Publisher::note_termination`]), or, when it shows no deletion (removed at once), a
+    /// deletion now with no grace: its containers are to be killed, its shim drains at once.
+    /// So the file says why a pod deleted from the API is still in the list.
+    fn note_deleted(&mut self, pod: &Pod, uid: &str, who: String) {
+        self.note_termination(pod);
+        if termination(pod).is_none() {
+            if let Some(u) = node_ledger::PodUid::parse(uid) {
+                let now = node_ledger::termination::Termination { deletion_unix_ms: node_daemon::clock::unix_ms(), grace_ms: 0 };
+                self.write_termination(u, now, who);
             }
         }
     }
@@ -374,7 +561,14 @@ impl Publisher {
     /// pending), and the list if its file was removed (one `stat`; nothing before the first
     /// list).
     pub fn refresh(&mut self) -> bool {
+        self.refresh_at(Instant::now())
+    }
+
+    /// [`Publisher::refresh`] at monotonic time `now`; also takes out of the list the pods
+    /// deleted from the API whose processes are gone (`Publisher::expire_deleted`).
+    pub fn refresh_at(&mut self, now: Instant) -> bool {
         self.retry_terminations();
+        self.expire_deleted(now);
         if self.synced {
             // The pods of a complete list only: a pod missed while the watch was down would
             // lose its ledger under its running processes (they keep it: checked there too).
@@ -390,7 +584,7 @@ impl Publisher {
 
     /// Writes the offline set if it differs from the last list written or the file is gone.
     fn publish(&mut self) -> bool {
-        let list = OfflinePods::new(&self.node, node_daemon::clock::unix_ms(), self.pods.values().cloned().collect());
+        let list = OfflinePods::new(&self.node, node_daemon::clock::unix_ms(), self.pods.values().map(|e| e.pod.clone()).collect());
         // Unchanged and still there (one `stat`): nothing to write. A file removed meanwhile
         // is written again.
         if self.last.as_ref() == Some(&list.pods) && self.path.exists() {
@@ -421,9 +615,10 @@ impl Publisher {
     }
 
     /// Prometheus text: pods in the list in force, lists written, failures, termination files
-    /// written.
+    /// written, pods deleted from the API kept in the list.
     pub fn metrics(&self) -> String {
         let pods = self.last.as_ref().map_or(0, Vec::len);
+        let deleted = self.pods.values().filter(|e| e.deleted.is_some()).count();
         format!(
             "# HELP xshare_node_agent_offline_pods Offline pods in the list the monitors read\n\
              # TYPE xshare_node_agent_offline_pods gauge\n\
@@ -442,7 +637,14 @@ impl Publisher {
              xshare_node_agent_pod_terminations_written_total{{node=\"{n}\"}} {t}\n\
              # HELP xshare_node_agent_pod_termination_write_errors_total Failed writes of an offline pod's termination into its termination file (each retried at every check)\n\
              # TYPE xshare_node_agent_pod_termination_write_errors_total counter\n\
-             xshare_node_agent_pod_termination_write_errors_total{{node=\"{n}\"}} {te}\n",
+             xshare_node_agent_pod_termination_write_errors_total{{node=\"{n}\"}} {te}\n\
+             # HELP xshare_node_agent_offline_pods_deleted Offline pods deleted from the API kept in the list while their processes may still run (force-deleted)\n\
+             # TYPE xshare_node_agent_offline_pods_deleted gauge\n\
+             xshare_node_agent_offline_pods_deleted{{node=\"{n}\"}} {deleted}\n\
+             # HELP xshare_node_agent_offline_pods_deleted_dropped_total Offline pods deleted from the API taken out of the list (cgroup empty or gone, or grace and linger passed)\n\
+             # TYPE xshare_node_agent_offline_pods_deleted_dropped_total counter\n\
+             xshare_node_agent_offline_pods_deleted_dropped_total{{node=\"{n}\"}} {dd}\n",
+            dd = self.deleted_pods_dropped,
             te = self.termination_errors,
             n = self.node,
             e = self.errors,
@@ -452,6 +654,10 @@ impl Publisher {
         )
     }
 }
+
+/// How long past its grace a pod deleted from the API while its containers may still run stays
+/// in the list by default (`offline_pods.deleted_pod_linger_ms`).
+pub const DEFAULT_DELETED_POD_LINGER: Duration = Duration::from_secs(30);
 
 /// How often a failed termination file write is tried again (a pod's deletion matters within
 /// its grace, seconds; the list's check is slower).
@@ -768,7 +974,167 @@ mod tests {
         std::fs::create_dir(&path).unwrap();
         p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:04Z"), Some(4))));
         assert!(p.retry_terminations(), "still failing");
-        p.apply(&watcher::Event::Delete(deleted_pod(u, Some("2026-11-30T10:00:04Z"), Some(4))));
+        // Deleted from the API with its containers said running: it stays, and so does its
+        // retry, until it leaves the list.
+        let t0 = Instant::now();
+        p.apply_at(&watcher::Event::Delete(deleted_pod(u, Some("2026-11-30T10:00:04Z"), Some(4))), t0);
+        assert!(p.retry_terminations(), "its processes may still run");
+        p.refresh_at(t0 + Duration::from_secs(30) + DEFAULT_DELETED_POD_LINGER);
         assert!(!p.retry_terminations(), "the pod is gone");
+        // One whose containers its kubelet said stopped leaves the retries at its DELETED event.
+        p.apply(&watcher::Event::Apply(deleted_pod(u, Some("2026-11-30T10:00:04Z"), Some(4))));
+        assert!(p.retry_terminations());
+        p.apply(&watcher::Event::Delete(stopped(deleted_pod(u, Some("2026-11-30T10:00:04Z"), Some(0)))));
+        assert!(!p.retry_terminations(), "the pod is gone");
+    }
+
+    /// `pod` as its kubelet reports it before it confirms a graceful deletion: every container
+    /// terminated.
+    fn stopped(mut pod: Pod) -> Pod {
+        let st: k8s_openapi::api::core::v1::ContainerStatus = serde_json::from_value(serde_json::json!({
+            "name": "c", "image": "trainer:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}
+        }))
+        .unwrap();
+        pod.status.get_or_insert_with(Default::default).container_statuses = Some(vec![st]);
+        pod
+    }
+
+    /// An offline pod of plan memory 2 GiB and spec grace `grace_s`, running, `deletion` (RFC
+    /// 3339, grace s) when being deleted.
+    fn planned_pod(uid: &str, grace_s: i64, deletion: Option<(&str, i64)>) -> Pod {
+        let mut pod = deleted_pod(uid, deletion.map(|d| d.0), deletion.map(|d| d.1));
+        pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(grace_s);
+        pod.metadata.annotations.get_or_insert_with(Default::default).insert(kube_contract::pod::ANN_MEMORY_QUOTA_BYTES.into(), (2u64 << 30).to_string());
+        pod
+    }
+
+    /// The pods of the file written, with their plan memory.
+    fn listed(p: &Publisher) -> Vec<(String, Option<u64>)> {
+        node_daemon::offline_pods::read(p.path()).unwrap().unwrap().pods.into_iter().map(|o| (o.uid, o.memory_quota_bytes)).collect()
+    }
+
+    /// A pod force-deleted (`kubectl delete --grace-period=0 --force`) is gone from the API
+    /// while its containers run on (on kubelets hit by kubernetes/kubernetes#115819, for its
+    /// full spec grace): it stays listed, with its plan memory, so the monitors go on judging
+    /// its processes, and its termination file records the deletion; it leaves the list once
+    /// its spec grace and the linger passed after its deletion was seen. Failed before: the
+    /// pod left the list at its DELETED event.
+    #[test]
+    fn a_force_deleted_pod_stays_listed_with_its_plan_until_its_grace_and_the_linger_passed() {
+        let d = tempfile::tempdir().unwrap();
+        let u = "0000000a-0000-4000-8000-000000000000";
+        let term = allocated_termination_file(d.path(), u);
+        let mut p = Publisher::new("n1", RES, d.path());
+        let t0 = Instant::now();
+        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 3600, None)), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        let planned = vec![(u.to_string(), Some(2u64 << 30))];
+        assert_eq!(listed(&p), planned);
+        let forced = planned_pod(u, 3600, Some(("2026-11-30T10:00:05Z", 0)));
+        p.apply_at(&watcher::Event::Apply(forced.clone()), t0);
+        p.apply_at(&watcher::Event::Delete(forced), t0);
+        assert_eq!(listed(&p), planned, "deleted from the API, its processes may still run: still judged against its plan");
+        assert_eq!(
+            node_ledger::termination::read(&term),
+            Ok(Some(node_ledger::termination::Termination { deletion_unix_ms: AT_05_MS, grace_ms: 0 })),
+            "its termination file says it is deleted"
+        );
+        assert!(p.metrics().contains("xshare_node_agent_offline_pods_deleted{node=\"n1\"} 1\n"), "{}", p.metrics());
+        let bound = t0 + Duration::from_secs(3600) + DEFAULT_DELETED_POD_LINGER;
+        assert!(!p.refresh_at(bound - Duration::from_millis(1)));
+        assert_eq!(listed(&p), planned, "within its spec grace and the linger");
+        assert!(p.refresh_at(bound), "written without it");
+        assert_eq!(listed(&p), []);
+        assert!(p.metrics().contains("xshare_node_agent_offline_pods_deleted_dropped_total{node=\"n1\"} 1\n"), "{}", p.metrics());
+    }
+
+    /// A pod whose last status says every container stopped (the kubelet confirmed a graceful
+    /// deletion) leaves the list at its DELETED event; one deleted with no deletion shown (removed
+    /// at once) stays, its termination file written as a deletion now with no grace; the grace
+    /// counted is at most [`DELETED_POD_GRACE_CAP`], and the linger is the configured one.
+    #[test]
+    fn a_pod_whose_kubelet_said_its_containers_stopped_leaves_at_once_and_the_linger_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000");
+        let term = allocated_termination_file(d.path(), b);
+        let mut p = Publisher::new("n1", RES, d.path()).with_deleted_pod_linger(Duration::from_secs(5));
+        let t0 = Instant::now();
+        let year = 365 * 24 * 3600;
+        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 30, None)), watcher::Event::InitApply(planned_pod(b, year, None)), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        p.apply_at(&watcher::Event::Delete(stopped(planned_pod(a, 30, Some(("2026-11-30T10:00:05Z", 0))))), t0);
+        assert_eq!(listed(&p).len(), 1, "the kubelet said its containers stopped");
+        assert!(node_ledger::termination::read(&term).unwrap().is_none());
+        let before = node_daemon::clock::unix_ms();
+        p.apply_at(&watcher::Event::Delete(planned_pod(b, year, None)), t0);
+        assert_eq!(listed(&p), [(b.to_string(), Some(2u64 << 30))]);
+        let t = node_ledger::termination::read(&term).unwrap().expect("written");
+        assert!(t.grace_ms == 0 && t.deletion_unix_ms >= before, "{t:?}");
+        let bound = t0 + DELETED_POD_GRACE_CAP + Duration::from_secs(5);
+        p.refresh_at(bound - Duration::from_millis(1));
+        assert_eq!(listed(&p).len(), 1);
+        p.refresh_at(bound);
+        assert_eq!(listed(&p), []);
+    }
+
+    /// A relist without a pod the watch had (deleted while it was down, its last word unknown)
+    /// keeps it as a deleted pod, from the list's end; one deleted before keeps its bound.
+    #[test]
+    fn a_relist_without_a_pod_keeps_it_as_deleted() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000");
+        let mut p = Publisher::new("n1", RES, d.path());
+        let t0 = Instant::now();
+        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 60, None)), watcher::Event::InitApply(planned_pod(b, 60, None)), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        p.apply_at(&watcher::Event::Delete(planned_pod(a, 60, None)), t0);
+        let t1 = t0 + Duration::from_secs(20);
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            p.apply_at(&e, t1);
+        }
+        assert_eq!(listed(&p).len(), 2, "both kept");
+        p.refresh_at(t0 + Duration::from_secs(60) + DEFAULT_DELETED_POD_LINGER);
+        assert_eq!(listed(&p), [(b.to_string(), Some(2u64 << 30))], "the one deleted first keeps its own bound");
+        p.refresh_at(t1 + Duration::from_secs(60) + DEFAULT_DELETED_POD_LINGER);
+        assert_eq!(listed(&p), []);
+    }
+
+    /// Where the host's cgroups are seen, a deleted pod leaves the list as soon as its cgroup
+    /// holds no process, or is gone after it was seen; a cgroup never seen (the kubelet's tree
+    /// is there, the pod's not: perhaps another layout) or one still populated keeps it.
+    #[test]
+    fn a_deleted_pod_leaves_once_its_cgroup_is_empty_or_gone() {
+        let d = tempfile::tempdir().unwrap();
+        let cg = tempfile::tempdir().unwrap();
+        let (a, b, c) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000", "0000000c-0000-4000-8000-000000000000");
+        let dir = |u: &str| cg.path().join("kubepods/besteffort").join(format!("pod{u}"));
+        let populated = |u: &str, v: u8| {
+            std::fs::create_dir_all(dir(u)).unwrap();
+            std::fs::write(dir(u).join("cgroup.events"), format!("populated {v}\nfrozen 0\n")).unwrap();
+        };
+        populated(a, 1);
+        populated(b, 1);
+        let mut p = Publisher::new("n1", RES, d.path()).with_cgroup_root(Some(cg.path().to_owned()));
+        let t0 = Instant::now();
+        let mut events = vec![watcher::Event::Init];
+        events.extend([a, b, c].map(|u| watcher::Event::InitApply(planned_pod(u, 600, None))));
+        events.push(watcher::Event::InitDone);
+        for e in &events {
+            p.apply_at(e, t0);
+        }
+        for u in [a, b, c] {
+            p.apply_at(&watcher::Event::Delete(planned_pod(u, 600, None)), t0);
+        }
+        assert_eq!(listed(&p).len(), 3, "a and b populated, c's cgroup never seen");
+        populated(a, 0);
+        std::fs::remove_dir_all(dir(b)).unwrap();
+        p.refresh_at(t0);
+        assert_eq!(listed(&p), [(c.to_string(), Some(2u64 << 30))], "a empty, b gone");
+        p.refresh_at(t0 + Duration::from_secs(600) + DEFAULT_DELETED_POD_LINGER);
+        assert_eq!(listed(&p), []);
     }
 }

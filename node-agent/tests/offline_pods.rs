@@ -15,7 +15,7 @@ use fake_kube::{fake_api, Answer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 use node_agent::config::KubeConfig;
-use node_agent::offline_pods::{run, Publisher, WATCH_TIMEOUT_S};
+use node_agent::offline_pods::{run, Publisher, DEFAULT_DELETED_POD_LINGER, WATCH_TIMEOUT_S};
 use node_daemon::offline_pods::{path, read};
 
 const RUNNING: &str = "11111111-1111-4111-8111-111111111111";
@@ -31,6 +31,14 @@ fn pod(name: &str, uid: &str, phase: &str) -> serde_json::Value {
     let mut p = common::offline_pod(name, uid, "node-a", Some(0), "2026-01-01T00:00:00Z");
     p["status"]["phase"] = phase.into();
     p
+}
+
+/// `pod` as its kubelet reports it before it confirms a graceful deletion: its container
+/// terminated.
+fn stopped(mut pod: serde_json::Value) -> serde_json::Value {
+    pod["status"]["containerStatuses"] = serde_json::json!([{"name": "main", "image": "trainer:1", "imageID": "", "ready": false,
+        "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]);
+    pod
 }
 
 fn online(uid: &str) -> serde_json::Value {
@@ -59,8 +67,18 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 /// The publisher's watch against `url`, its file checked every `check`; returns the stop
 /// sender (dropping it stops nothing: send `true`) and the metrics text it keeps.
 async fn start(url: String, dir: &std::path::Path, check: Duration) -> (tokio::sync::watch::Sender<bool>, Arc<Mutex<String>>) {
+    start_with(url, dir, check, |p| p).await
+}
+
+/// [`start`] with the publisher as `with` makes it.
+async fn start_with(
+    url: String,
+    dir: &std::path::Path,
+    check: Duration,
+    with: impl FnOnce(Publisher) -> Publisher,
+) -> (tokio::sync::watch::Sender<bool>, Arc<Mutex<String>>) {
     let client = node_agent::kube::watch_client(&KubeConfig { api_url: url, timeout_ms: 2000 }, WATCH_TIMEOUT_S).await.unwrap();
-    let p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, dir);
+    let p = with(Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, dir));
     assert_eq!(p.path(), path(dir));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let metrics = Arc::new(Mutex::new(String::new()));
@@ -98,13 +116,43 @@ async fn the_list_follows_this_nodes_pods_at_each_event_not_at_a_poll() {
     eventually("a new offline pod at its ADDED event", || uids(tmp.path()) == [RUNNING, DELETING, LATER]).await;
     c.set_pod_phase("batch", "later", "Succeeded");
     eventually("a finished pod left out at its MODIFIED event", || uids(tmp.path()) == [RUNNING, DELETING]).await;
+    // The kubelet reports its containers stopped, then confirms the deletion.
+    c.add_pod(stopped(c.pod("batch", "deleting").unwrap()));
     assert!(c.kubelet_confirm_stopped("batch", "deleting", DELETING));
-    eventually("a deleted pod left out at its DELETED event", || uids(tmp.path()) == [RUNNING]).await;
+    eventually("a deleted pod whose containers stopped left out at its DELETED event", || uids(tmp.path()) == [RUNNING]).await;
     // The metrics text is rendered just after the file is written.
     eventually("the metrics of the list in force", || metrics.lock().unwrap().contains("xshare_node_agent_offline_pods{node=\"node-a\"} 1")).await;
     let m = metrics.lock().unwrap().clone();
     assert!(m.contains("xshare_node_agent_offline_pod_lists_total{node=\"node-a\"} 1"), "one list, then events only: {m}");
     assert_eq!(c.api.lists(PODS).len(), 1, "no list a poll");
+    let _ = stop.send(true);
+}
+
+/// `kubectl delete pod --grace-period=0 --force` of a running offline pod: the API server
+/// deletes it at once, its containers run on; it stays in the list past its DELETED event,
+/// with its plan, until its cgroup (here a pod-shaped tree of the test's own) holds no process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_deleted_pod_stays_listed_until_its_cgroup_is_empty() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cg = tempfile::tempdir().unwrap();
+    let events = cg.path().join(format!("kubepods/besteffort/pod{DELETING}/cgroup.events"));
+    std::fs::create_dir_all(events.parent().unwrap()).unwrap();
+    std::fs::write(&events, "populated 1\nfrozen 0\n").unwrap();
+    let c = FakeCluster::start();
+    c.add_pod(pod("train", RUNNING, "Running"));
+    let mut forced = pod("forced", DELETING, "Running");
+    forced["spec"]["terminationGracePeriodSeconds"] = 3600.into();
+    c.add_pod(forced);
+    let root = cg.path().to_owned();
+    let (stop, metrics) = start_with(c.url(), tmp.path(), Duration::from_millis(100), |p| p.with_cgroup_root(Some(root))).await;
+    eventually("the first list written", || uids(tmp.path()) == [RUNNING, DELETING]).await;
+    c.delete_pod("batch", "forced", Some(0));
+    assert!(c.pod("batch", "forced").is_none(), "gone from the API at once");
+    eventually("its DELETED event seen", || metrics.lock().unwrap().contains("xshare_node_agent_offline_pods_deleted{node=\"node-a\"} 1")).await;
+    assert_eq!(quotas(tmp.path()), [Some(2 << 30), Some(2 << 30)], "still listed with its plan");
+    std::fs::write(&events, "populated 0\nfrozen 0\n").unwrap();
+    eventually("out once its cgroup holds no process", || uids(tmp.path()) == [RUNNING]).await;
+    eventually("counted", || metrics.lock().unwrap().contains("xshare_node_agent_offline_pods_deleted_dropped_total{node=\"node-a\"} 1")).await;
     let _ = stop.send(true);
 }
 
@@ -149,7 +197,7 @@ fn typed(v: serde_json::Value) -> Pod {
 }
 
 #[test]
-fn nothing_is_written_before_the_first_list_completes_and_a_relist_replaces_the_set_whole() {
+fn nothing_is_written_before_the_first_list_completes_and_a_relist_replaces_the_set_keeping_what_it_lost_as_deleted() {
     let tmp = tempfile::tempdir().unwrap();
     let mut p = Publisher::new("node-a", kube_contract::OFFLINE_GPU_RESOURCE, tmp.path());
     assert!(!p.apply(&Event::Init));
@@ -161,14 +209,21 @@ fn nothing_is_written_before_the_first_list_completes_and_a_relist_replaces_the_
     assert!(!p.apply(&Event::Apply(typed(online(ONLINE)))), "an online pod changes nothing");
     assert!(p.apply(&Event::Apply(typed(pod("later", LATER, "Pending")))));
     assert_eq!(uids(tmp.path()), [RUNNING, LATER]);
-    // A relist (after the watch was down) that no longer has `train`: it leaves at InitDone,
-    // not before (the monitors keep the whole last list until the new one is complete).
-    assert!(!p.apply(&Event::Init));
-    assert!(!p.apply(&Event::InitApply(typed(pod("later", LATER, "Running")))));
+    // A relist (after the watch was down) that no longer has `train`: the set is replaced at
+    // InitDone, not before (the monitors keep the whole last list until the new one is
+    // complete), but `train`, deleted meanwhile with its last word unknown (its containers may
+    // still run: a forced deletion), stays as a deleted pod.
+    let t1 = Instant::now();
+    assert!(!p.apply_at(&Event::Init, t1));
+    assert!(!p.apply_at(&Event::InitApply(typed(pod("later", LATER, "Running"))), t1));
     assert_eq!(uids(tmp.path()), [RUNNING, LATER]);
-    assert!(p.apply(&Event::InitDone));
-    assert_eq!(uids(tmp.path()), [LATER]);
-    assert!(p.apply(&Event::Delete(typed(pod("later", LATER, "Running")))));
+    assert!(!p.apply_at(&Event::InitDone, t1), "the same list");
+    assert_eq!(uids(tmp.path()), [RUNNING, LATER]);
+    // Its kubelet said `later`'s containers stopped before it let it go: out at its DELETED event.
+    assert!(p.apply(&Event::Delete(typed(stopped(pod("later", LATER, "Running"))))));
+    assert_eq!(uids(tmp.path()), [RUNNING]);
+    // `train` once its grace (the default 30 s) and the linger passed.
+    assert!(p.refresh_at(t1 + Duration::from_secs(30) + DEFAULT_DELETED_POD_LINGER));
     assert_eq!(uids(tmp.path()), Vec::<String>::new());
     assert_eq!((p.writes, p.lists, p.errors), (4, 2, 0));
 }

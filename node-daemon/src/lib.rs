@@ -14,7 +14,7 @@
 //! - [`instance`]: the single-instance lock (a POSIX write lock; the error names the holder);
 //! - [`monitor_state`]: the monitor's state file, one writer and several readers;
 //! - [`offline_pods`]: the offline pods on this node (node-agent writes, the monitors read) and
-//!   a process's pod from its cgroup;
+//!   a process's pod from its cgroup, and whether a pod's cgroup still holds a process;
 //! - [`procns`]: a host pid as the ledger knows the process (its pid namespace, its pid there),
 //!   only for a process that holds the ledger open;
 //! - [`run`]: the run/reload loop.

@@ -180,6 +180,57 @@ pub fn pod_of_live(host_pid: u32, start_time: u64) -> Option<node_ledger::PodUid
     node_ledger::PodUid::parse(&uid)
 }
 
+/// What the kubelet's cgroup tree says of a pod's processes ([`pod_cgroup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodCgroup {
+    /// The pod's cgroup holds a process (cgroup v2 `cgroup.events`: `populated 1`).
+    Populated,
+    /// The pod's cgroup is there and holds no process, in it or below (`populated 0`).
+    Empty,
+    /// The kubelet's pod tree is there, the pod's cgroup is not: the kubelet removed it after
+    /// its processes ended, or made it elsewhere (a layout not read here).
+    Absent,
+    /// No kubelet pod tree under the root (a container's own cgroup namespace, cgroup v1, a
+    /// kubelet `--cgroup-root` of its own, no QoS cgroups), or the pod's cgroup cannot be read.
+    Unknown,
+}
+
+/// Whether pod `uid` has a process left, as its cgroup under `root` (the host's cgroup v2
+/// mount, `/sys/fs/cgroup`) says: the kubelet's pod cgroup of either driver and any QoS
+/// class, as [`pod_uid_from_cgroup`] reads them (systemd:
+/// `kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_with_underscores>.slice`, and
+/// `kubepods.slice/kubepods-pod<..>.slice` for Guaranteed; cgroupfs:
+/// `kubepods/<qos>/pod<uid>`, `kubepods/pod<uid>`). A few `stat`s and one small read.
+pub fn pod_cgroup(root: &Path, uid: node_ledger::PodUid) -> PodCgroup {
+    let dashed = uid.to_string();
+    let under = dashed.replace('-', "_");
+    let systemd = root.join("kubepods.slice");
+    let cgroupfs = root.join("kubepods");
+    let mut candidates = Vec::new();
+    if systemd.is_dir() {
+        candidates.push(systemd.join(format!("kubepods-pod{under}.slice")));
+        for qos in ["burstable", "besteffort"] {
+            candidates.push(systemd.join(format!("kubepods-{qos}.slice")).join(format!("kubepods-{qos}-pod{under}.slice")));
+        }
+    }
+    if cgroupfs.is_dir() {
+        candidates.push(cgroupfs.join(format!("pod{dashed}")));
+        for qos in ["burstable", "besteffort"] {
+            candidates.push(cgroupfs.join(qos).join(format!("pod{dashed}")));
+        }
+    }
+    if candidates.is_empty() {
+        return PodCgroup::Unknown;
+    }
+    let Some(dir) = candidates.into_iter().find(|d| d.is_dir()) else { return PodCgroup::Absent };
+    let Ok(events) = std::fs::read_to_string(dir.join("cgroup.events")) else { return PodCgroup::Unknown };
+    match events.lines().find_map(|l| l.strip_prefix("populated ")).map(str::trim) {
+        Some("0") => PodCgroup::Empty,
+        Some("1") => PodCgroup::Populated,
+        _ => PodCgroup::Unknown,
+    }
+}
+
 /// What [`Watch::refresh`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -336,6 +387,37 @@ mod tests {
         assert_eq!(pod_uid_from_cgroup("0::/kubepods/podnotauid/x\n"), None);
         assert_eq!(pod_uid_from_cgroup("0::/kubepods/pod0f1e2d3c4b5a69788a9b0c1d2e3f4a5b0000/x\n"), None);
         assert_eq!(pod_uid_from_cgroup(""), None);
+    }
+
+    /// A pod's cgroup of either driver and any QoS class is found and its `populated` read;
+    /// a tree without the kubelet's pods (a container's own cgroup namespace) says nothing,
+    /// one with them but not the pod's says it is absent; no `cgroup.events` (v1): unknown.
+    #[test]
+    fn a_pods_cgroup_of_either_driver_says_whether_a_process_is_left() {
+        let uid = node_ledger::PodUid::parse(A).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(pod_cgroup(d.path(), uid), PodCgroup::Unknown, "no kubelet pod tree here");
+        let events = |dir: &Path, populated: &str| {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join("cgroup.events"), format!("populated {populated}\nfrozen 0\n")).unwrap();
+        };
+        let sd = d.path().join("kubepods.slice");
+        std::fs::create_dir_all(sd.join("kubepods-burstable.slice")).unwrap();
+        assert_eq!(pod_cgroup(d.path(), uid), PodCgroup::Absent);
+        let pod = sd.join("kubepods-besteffort.slice/kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice");
+        events(&pod, "1");
+        assert_eq!(pod_cgroup(d.path(), uid), PodCgroup::Populated);
+        events(&pod, "0");
+        assert_eq!(pod_cgroup(d.path(), uid), PodCgroup::Empty);
+        std::fs::remove_file(pod.join("cgroup.events")).unwrap();
+        assert_eq!(pod_cgroup(d.path(), uid), PodCgroup::Unknown, "cgroup v1: no populated file");
+        let other = node_ledger::PodUid::parse(B).unwrap();
+        assert_eq!(pod_cgroup(d.path(), other), PodCgroup::Absent);
+        let d = tempfile::tempdir().unwrap();
+        events(&d.path().join(format!("kubepods/pod{A}")), "1");
+        assert_eq!(pod_cgroup(d.path(), uid), PodCgroup::Populated, "cgroupfs, Guaranteed");
+        events(&d.path().join(format!("kubepods/burstable/pod{B}")), "0");
+        assert_eq!(pod_cgroup(d.path(), other), PodCgroup::Empty, "cgroupfs, Burstable");
     }
 
     #[test]
