@@ -68,8 +68,9 @@ fn top_level<'a>(doc: &'a str, key: &str) -> Option<&'a str> {
 
 /// kube-scheduler stops filtering after max(100, N x pct %) feasible nodes and only those
 /// reach the extender: the embedded KubeSchedulerConfiguration must filter every node, so
-/// the planned node is always among those offered. Top-level is the xshare profile's: it is
-/// the only profile.
+/// the planned node is always among those offered (the extender reads its absence as
+/// kube-scheduler's own filters refusing it). Top-level is the xshare profile's: it is the
+/// only profile.
 #[test]
 fn the_scheduler_filters_every_node_so_the_extender_sees_the_planned_one() {
     let config = block_scalar(&read("scheduler-config.yaml"), "xshare-scheduler-config.yaml");
