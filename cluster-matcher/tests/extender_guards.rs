@@ -200,6 +200,9 @@ fn pods_the_watch_no_longer_shows_are_forgotten() {
     c.delete_pod("ml", "b-y", Some(0));
     let v = w.view();
     eventually("pod gone from the watch", || v.pod("ml", "b-y").is_none());
+    // The rounds below must see the Job's replacement (its own watch event, maybe later):
+    // else they no longer know job ml/b at all, and forget b-y for that instead.
+    eventually("the Job's new pod in the watch", || v.snapshot().pods.iter().any(|p| p.metadata.namespace.as_deref() == Some("ml")));
     for _ in 0..2 {
         let round = ext.snapshot().round;
         ext.replan();
