@@ -171,6 +171,15 @@ pub enum PodDecision {
     Placed(GpuRef),
     /// A known offline job the plan does not place this round.
     Waiting(String),
+    /// An offline pod (watched inputs) whose job the plan does not know: why (a missing or
+    /// bad annotation the plan needs, or not yet in a round), and whether the next round
+    /// would plan it (the planner is then woken).
+    Unplanned {
+        /// What keeps it out of the plan.
+        why: String,
+        /// Well formed and in the watch: the next round plans it.
+        next_round: bool,
+    },
 }
 
 fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -244,12 +253,20 @@ impl Extender {
         // Nothing here moves a running job (binds only): rounds keep each one where it runs.
         let warm = Mutex::new(plan::Planner::default().keeping_running());
         let (b, v, bd, ev, rf) = (base.clone(), view.clone(), bound.clone(), evicted.clone(), refusals.clone());
+        // Pods left out of the plan already said at WARN: (UID, why).
+        let warned: Mutex<BTreeSet<(String, String)>> = Mutex::default();
         let planner: Planner = Box::new(move |_: &Workloads, round: u64| {
             let snap = v.snapshot();
             let cluster = snap.cluster_spec(&b);
             let (mut workloads, skipped) = snap.workloads(&cluster);
-            for why in &skipped {
-                tracing::debug!(round, %why, "pod left out of the plan");
+            // Once per pod and reason, not every round: a mis-annotated pod waits forever.
+            let new = first_sightings(&mut relock(&warned), &skipped);
+            for s in &skipped {
+                if new.contains(&s) {
+                    tracing::warn!(round, pod = %s.what, why = %s.why, "pod left out of the plan (said once per pod and reason)");
+                } else {
+                    tracing::debug!(round, pod = %s.what, why = %s.why, "pod left out of the plan");
+                }
             }
             {
                 // A bind the watch has not shown yet still counts as where the job runs.
@@ -437,7 +454,12 @@ impl Extender {
         {
             let mut i = relock(&self.inputs);
             if !self.knows_job(&i, &snap, &job) {
-                return PodDecision::NotOurs;
+                return match &self.watched {
+                    // An offline pod (its role says so) the plan left out: not another
+                    // scheduler's business, and no bind of it can succeed.
+                    Some(w) => self.unplanned(w, pod),
+                    None => PodDecision::NotOurs,
+                };
             }
             if let Some(name) = &pod.metadata.name {
                 let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -449,6 +471,33 @@ impl Extender {
             None => PodDecision::Waiting(job),
         }
     }
+    /// Why the plan does not know offline pod `pod` (watched inputs): the pod's own memory
+    /// annotation as the plan's inputs read it, else whether the watch shows it yet.
+    fn unplanned(&self, w: &Watched, pod: &Pod) -> PodDecision {
+        if let Err(why) = crate::watch::offline_memory_mib(pod.metadata.annotations.as_ref()) {
+            return PodDecision::Unplanned {
+                why: format!(
+                    "{why}: the plan leaves this offline pod out until {} names the GPU memory its job needs (MiB)",
+                    kube_contract::pod::ANN_MEMORY_MIB
+                ),
+                next_round: false,
+            };
+        }
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let shown = pod.metadata.name.as_deref().is_some_and(|n| w.view.pod(ns, n).is_some());
+        if shown {
+            PodDecision::Unplanned {
+                why: "not yet in a plan round: the next round plans it".into(),
+                next_round: true,
+            }
+        } else {
+            PodDecision::Unplanned {
+                why: "not in the extender's pod watch (yet, or outside its --watch-namespace / --pod-selector): planned once the watch shows it".into(),
+                next_round: false,
+            }
+        }
+    }
+
     /// Whether `job` is an offline job of the plan's inputs.
     fn knows_job(&self, i: &Inputs, snap: &Snapshot, job: &str) -> bool {
         match &self.watched {
@@ -491,6 +540,9 @@ impl Extender {
             }
             _ => false,
         };
+        if let PodDecision::Unplanned { next_round: true, .. } = &decision {
+            self.replan();
+        }
         let keep = |n: &str| match &decision {
             PodDecision::NotOurs => Ok(()),
             PodDecision::Placed(_) if below.is_some() => Err(below.clone().unwrap_or_default()),
@@ -501,6 +553,7 @@ impl Extender {
             )),
             PodDecision::Placed(at) => Err(format!("plan places this offline job on {}/{}", at.node, at.gpu)),
             PodDecision::Waiting(job) => Err(format!("no Healthy GPU pairing for `{job}` this round")),
+            PodDecision::Unplanned { why, .. } => Err(why.clone()),
         };
         let mut passed = Vec::new();
         for n in &names {
@@ -603,7 +656,19 @@ impl Extender {
                 (None, None) => args.pod_name.clone(),
             };
             if !self.knows_job(&i, &snap, &job) {
-                return fail(format!("pod {}/{} is not an offline job of the plan", args.pod_namespace, args.pod_name));
+                let why = self.watched.as_ref().and_then(|w| {
+                    let pod = w.view.pod(&args.pod_namespace, &args.pod_name)?;
+                    match self.unplanned(w, &pod) {
+                        PodDecision::Unplanned { why, .. } => Some(format!(": {why}")),
+                        _ => None,
+                    }
+                });
+                return fail(format!(
+                    "pod {}/{} is not an offline job of the plan{}",
+                    args.pod_namespace,
+                    args.pod_name,
+                    why.unwrap_or_default()
+                ));
             }
             job
         };
@@ -753,6 +818,26 @@ impl Drop for Extender {
     }
 }
 
+/// The pods left out of this round that were not left out for the same reason last round
+/// (`warned`: (UID, or what was left out, and why), replaced by this round's); routine ones
+/// (a pod terminating) never.
+fn first_sightings<'a>(
+    warned: &mut BTreeSet<(String, String)>,
+    skipped: &'a [crate::watch::SkippedPod],
+) -> Vec<&'a crate::watch::SkippedPod> {
+    let mut now = BTreeSet::new();
+    let mut new = Vec::new();
+    for s in skipped.iter().filter(|s| !s.routine) {
+        let key = (s.uid.clone().unwrap_or_else(|| s.what.clone()), s.why.clone());
+        if !warned.contains(&key) {
+            new.push(s);
+        }
+        now.insert(key);
+    }
+    *warned = now;
+    new
+}
+
 /// The offline job a pod runs: its `xshare.io/offline-job` label or annotation, else its name.
 pub fn job_name(pod: &Pod) -> Option<String> {
     let m = &pod.metadata;
@@ -845,5 +930,27 @@ mod tests {
         assert!(off.note("ml/a", "n1", at(0), Duration::ZERO));
         assert!(off.note("ml/a", "n1", at(0), Duration::ZERO));
         assert!(off.active(at(0), Duration::ZERO).is_empty());
+    }
+
+    /// A pod left out of the plan is said at WARN the first round it is, not the next ones
+    /// while the reason stays; again when the reason changes or after it was fixed and broke
+    /// again; a terminating pod never.
+    #[test]
+    fn a_pod_left_out_is_warned_about_once_per_reason() {
+        use crate::watch::SkippedPod;
+        let pod = |uid: &str, why: &str, routine: bool| SkippedPod {
+            what: format!("pod ml/{uid}"),
+            uid: Some(uid.into()),
+            why: why.into(),
+            routine,
+        };
+        let mut warned = BTreeSet::new();
+        let round1 = [pod("a", "offline pod without xshare.io/memory-mib", false), pod("t", "terminating", true)];
+        assert_eq!(first_sightings(&mut warned, &round1), vec![&round1[0]]);
+        assert!(first_sightings(&mut warned, &round1).is_empty(), "the same again: not said again");
+        let round3 = [pod("a", "bad xshare.io/memory-mib `x`", false)];
+        assert_eq!(first_sightings(&mut warned, &round3), vec![&round3[0]], "another reason");
+        assert!(first_sightings(&mut warned, &[]).is_empty(), "fixed");
+        assert_eq!(first_sightings(&mut warned, &round3), vec![&round3[0]], "broken again");
     }
 }

@@ -296,3 +296,50 @@ fn a_node_the_schedulers_own_filters_leave_out_is_planned_no_more() {
     assert_eq!(node_of(&c, "a-x"), other);
     assert!(metrics::render(&ext).contains("xshare_extender_scheduler_refusals_total 1\n"));
 }
+
+/// An offline pod whose `xshare.io/memory-mib` is missing or not a number cannot be planned.
+/// Filter passes it no node, with the annotation named (kube-scheduler puts the reason in the
+/// pod's FailedScheduling event), and prioritize scores it 0. Fails without it: the pod was
+/// "not ours", passed every node, and every bind failed with "not an offline job of the plan".
+#[test]
+fn an_offline_pod_without_a_usable_memory_annotation_passes_no_node_and_says_why() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    let mut missing = job_pod("ml", "a", "x", "1", 4000);
+    missing["metadata"]["annotations"].as_object_mut().unwrap().remove("xshare.io/memory-mib");
+    c.add_pod(missing);
+    let mut bad = job_pod("ml", "b", "y", "1", 4000);
+    bad["metadata"]["annotations"]["xshare.io/memory-mib"] = "4GiB".into();
+    c.add_pod(bad);
+    let (_w, ext) = ext_on(&c, 1, 3);
+    for (name, what) in [("a-x", "without xshare.io/memory-mib"), ("b-y", "bad xshare.io/memory-mib `4GiB`")] {
+        let f = filter(&c, &ext, name, &["n1"]);
+        assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+        assert!(f.failed_and_unresolvable_nodes["n1"].contains(what), "{f:?}");
+        assert_eq!(prioritize(&c, &ext, name, &["n1"]), vec![0]);
+        let e = bind(&c, &ext, name, "n1");
+        assert!(e.contains(what), "{e}");
+        assert!(node_of(&c, name).is_null());
+    }
+}
+
+/// A well-formed offline pod the latest round did not see (created after it) passes no node
+/// yet, says so, and wakes the planner, whose next round plans it (the rounds here are an
+/// hour apart and the watch's changes wake nothing: only the filter call can have).
+#[test]
+fn an_offline_pod_newer_than_the_plan_waits_for_the_round_its_filter_call_starts() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    let (w, ext) = ext_on(&c, 1, 1);
+    let _pl = ext.spawn_planner();
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let v = w.view();
+    eventually("a listed", || v.pod("ml", "a-x").is_some());
+    let f = filter(&c, &ext, "a-x", &["n1"]);
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    assert!(f.failed_and_unresolvable_nodes["n1"].contains("not yet in a plan round"), "{f:?}");
+    eventually("planned", || ext.decide(&pod(&c, "ml", "a-x")) == PodDecision::Placed(at("n1", 0)));
+    assert_eq!(filter(&c, &ext, "a-x", &["n1"]).node_names, Some(vec!["n1".to_string()]));
+}
