@@ -155,6 +155,7 @@ fn build(gpus: usize, jobs_per_gpu: usize, per_gpu: usize) -> (ClusterSpec, Work
         cells_state: None,
         max_offline_per_gpu: per_gpu,
         policy: Default::default(),
+        scheduler_refusal_ttl_s: 300,
         nodes,
         tenants,
     };

@@ -63,6 +63,8 @@ pub struct Extender {
     placing: Mutex<BTreeMap<String, Placing>>,
     /// Binds refused by the guards below the plan: (GPU full, job has a pod).
     guard_refusals: [std::sync::atomic::AtomicU64; 2],
+    /// (job, node) pairs newly seen refused by kube-scheduler's own filters.
+    scheduler_refusals: std::sync::atomic::AtomicU64,
 }
 
 /// A pod being bound (or bound, not yet seen so by the watch), keyed by UID.
@@ -108,6 +110,45 @@ pub struct Watched {
     bound: Arc<Mutex<BTreeMap<String, GpuRef>>>,
     /// UIDs of offline pods seen evicted through the Eviction API (a counter's memory).
     evicted: Arc<Mutex<BTreeSet<String>>>,
+    /// Nodes kube-scheduler's own filters kept jobs' pods off (see [`SchedulerRefusals`]).
+    refusals: Arc<Mutex<SchedulerRefusals>>,
+    /// How long such a refusal is remembered (`scheduler_refusal_ttl_s`).
+    refusal_ttl: Duration,
+}
+
+/// The (job, node) pairs kube-scheduler's own filters refused: the plan placed the job on
+/// the node, and a filter call for the job's pod did not offer that node (NodeResourcesFit,
+/// taints, node selector or affinity run before extenders, and a node they reject is not in
+/// `NodeNames`). Each is remembered for `ttl` from when it was first seen, so the rounds plan
+/// the job elsewhere meanwhile and try the node again after it (its CPU may have freed up).
+#[derive(Debug, Default)]
+pub struct SchedulerRefusals {
+    since: BTreeMap<(String, String), Instant>,
+}
+
+impl SchedulerRefusals {
+    /// Records that the scheduler kept `job`'s pod off `node` at `now`; true when the pair
+    /// is new (not remembered, or its refusal expired). With a `ttl` of 0 nothing is
+    /// remembered and every call is new.
+    pub fn note(&mut self, job: &str, node: &str, now: Instant, ttl: Duration) -> bool {
+        if ttl.is_zero() {
+            return true;
+        }
+        let key = (job.to_string(), node.to_string());
+        match self.since.get(&key) {
+            Some(t) if now.saturating_duration_since(*t) < ttl => false,
+            _ => {
+                self.since.insert(key, now);
+                true
+            }
+        }
+    }
+
+    /// The (job, node) pairs still refused at `now`; expired ones are forgotten.
+    pub fn active(&mut self, now: Instant, ttl: Duration) -> Vec<(String, String)> {
+        self.since.retain(|_, t| now.saturating_duration_since(*t) < ttl);
+        self.since.keys().cloned().collect()
+    }
 }
 
 struct Inputs {
@@ -130,6 +171,15 @@ pub enum PodDecision {
     Placed(GpuRef),
     /// A known offline job the plan does not place this round.
     Waiting(String),
+    /// An offline pod (watched inputs) whose job the plan does not know: why (a missing or
+    /// bad annotation the plan needs, or not yet in a round), and whether the next round
+    /// would plan it (the planner is then woken).
+    Unplanned {
+        /// What keeps it out of the plan.
+        why: String,
+        /// Well formed and in the watch: the next round plans it.
+        next_round: bool,
+    },
 }
 
 fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -180,6 +230,7 @@ impl Extender {
             per_gpu: usize::MAX,
             placing: Mutex::default(),
             guard_refusals: Default::default(),
+            scheduler_refusals: Default::default(),
         }
     }
 
@@ -196,16 +247,26 @@ impl Extender {
         let period = Duration::from_secs(base.round_period_s.max(1));
         let bound: Arc<Mutex<BTreeMap<String, GpuRef>>> = Arc::default();
         let evicted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let refusals: Arc<Mutex<SchedulerRefusals>> = Arc::default();
+        let refusal_ttl = Duration::from_secs(base.scheduler_refusal_ttl_s);
         let cells = cells.map(Mutex::new);
         // Nothing here moves a running job (binds only): rounds keep each one where it runs.
         let warm = Mutex::new(plan::Planner::default().keeping_running());
-        let (b, v, bd, ev) = (base.clone(), view.clone(), bound.clone(), evicted.clone());
+        let (b, v, bd, ev, rf) = (base.clone(), view.clone(), bound.clone(), evicted.clone(), refusals.clone());
+        // Pods left out of the plan already said at WARN: (UID, why).
+        let warned: Mutex<BTreeSet<(String, String)>> = Mutex::default();
         let planner: Planner = Box::new(move |_: &Workloads, round: u64| {
             let snap = v.snapshot();
             let cluster = snap.cluster_spec(&b);
             let (mut workloads, skipped) = snap.workloads(&cluster);
-            for why in &skipped {
-                tracing::debug!(round, %why, "pod left out of the plan");
+            // Once per pod and reason, not every round: a mis-annotated pod waits forever.
+            let new = first_sightings(&mut relock(&warned), &skipped);
+            for s in &skipped {
+                if new.contains(&s) {
+                    tracing::warn!(round, pod = %s.what, why = %s.why, "pod left out of the plan (said once per pod and reason)");
+                } else {
+                    tracing::debug!(round, pod = %s.what, why = %s.why, "pod left out of the plan");
+                }
             }
             {
                 // A bind the watch has not shown yet still counts as where the job runs.
@@ -228,12 +289,28 @@ impl Extender {
                     }
                 }
             }
+            // The nodes kube-scheduler's own filters keep jobs' pods off: every GPU of the
+            // node refused to the job until the refusal expires.
+            let refused: BTreeSet<(String, GpuRef)> = {
+                let jobs: BTreeSet<&str> = workloads.offline.iter().map(|o| o.name.as_str()).collect();
+                let active = relock(&rf).active(Instant::now(), refusal_ttl);
+                let mut refused = BTreeSet::new();
+                for (job, node) in active.into_iter().filter(|(job, _)| jobs.contains(job.as_str())) {
+                    let gpus: u32 = cluster.nodes.iter().filter(|n| n.name == node).map(|n| n.gpus).sum();
+                    for gpu in 0..gpus {
+                        refused.insert((job.clone(), GpuRef { node: node.clone(), gpu }));
+                    }
+                }
+                refused
+            };
             let health = |g: &GpuRef| snap.health(g);
             let mut cells = cells.as_ref().map(|c| relock(c));
             match cells.as_deref_mut() {
                 Some(st) => {
                     st.keep_running = true;
-                    let plan = plan::with_cells::plan_round_with_cells(&cluster, &workloads, &predictor, &health, round, st);
+                    let plan = plan::with_cells::plan_round_with_cells_refusing(
+                        &cluster, &workloads, &predictor, &health, round, st, &refused,
+                    );
                     if let Some(p) = &cluster.cells_state {
                         if let Err(e) = st.save(p) {
                             tracing::error!(error = %e, "cells state not saved");
@@ -241,12 +318,12 @@ impl Extender {
                     }
                     plan
                 }
-                None => relock(&warm).plan_round(&cluster, &workloads, &predictor, &health, round),
+                None => relock(&warm).plan_round_refusing(&cluster, &workloads, &predictor, &health, round, &refused),
             }
         });
         let mut ext = Self::with_planner(Workloads::default(), period, planner);
         ext.per_gpu = base.max_offline_per_gpu.max(1);
-        ext.watched = Some(Watched { view, base, bound, evicted });
+        ext.watched = Some(Watched { view, base, bound, evicted, refusals, refusal_ttl });
         ext
     }
 
@@ -377,7 +454,12 @@ impl Extender {
         {
             let mut i = relock(&self.inputs);
             if !self.knows_job(&i, &snap, &job) {
-                return PodDecision::NotOurs;
+                return match &self.watched {
+                    // An offline pod (its role says so) the plan left out: not another
+                    // scheduler's business, and no bind of it can succeed.
+                    Some(w) => self.unplanned(w, pod),
+                    None => PodDecision::NotOurs,
+                };
             }
             if let Some(name) = &pod.metadata.name {
                 let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -389,6 +471,33 @@ impl Extender {
             None => PodDecision::Waiting(job),
         }
     }
+    /// Why the plan does not know offline pod `pod` (watched inputs): the pod's own memory
+    /// annotation as the plan's inputs read it, else whether the watch shows it yet.
+    fn unplanned(&self, w: &Watched, pod: &Pod) -> PodDecision {
+        if let Err(why) = crate::watch::offline_memory_mib(pod.metadata.annotations.as_ref()) {
+            return PodDecision::Unplanned {
+                why: format!(
+                    "{why}: the plan leaves this offline pod out until {} names the GPU memory its job needs (MiB)",
+                    kube_contract::pod::ANN_MEMORY_MIB
+                ),
+                next_round: false,
+            };
+        }
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let shown = pod.metadata.name.as_deref().is_some_and(|n| w.view.pod(ns, n).is_some());
+        if shown {
+            PodDecision::Unplanned {
+                why: "not yet in a plan round: the next round plans it".into(),
+                next_round: true,
+            }
+        } else {
+            PodDecision::Unplanned {
+                why: "not in the extender's pod watch (yet, or outside its --watch-namespace / --pod-selector): planned once the watch shows it".into(),
+                next_round: false,
+            }
+        }
+    }
+
     /// Whether `job` is an offline job of the plan's inputs.
     fn knows_job(&self, i: &Inputs, snap: &Snapshot, job: &str) -> bool {
         match &self.watched {
@@ -415,12 +524,36 @@ impl Extender {
             }),
             _ => None,
         };
+        // kube-scheduler's own filters ran first: the planned node missing from the nodes
+        // it asks about is a node they refuse (its CPU, taints, the pod's node selector or
+        // affinity). Remembered, so the next rounds plan the job elsewhere. Not a call about
+        // the pod's nominated node alone: kube-scheduler tries that one first, by itself, and
+        // then all nodes if it fails.
+        let nominated = args.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
+        let nominated_only = names.len() == 1 && nominated == Some(names[0].as_str());
+        let scheduler_refused = match (&decision, &self.watched, &below) {
+            (PodDecision::Placed(at), Some(w), None)
+                if !names.is_empty() && !names.contains(&at.node) && !nominated_only =>
+            {
+                self.note_scheduler_refusal(w, &args.pod, at);
+                true
+            }
+            _ => false,
+        };
+        if let PodDecision::Unplanned { next_round: true, .. } = &decision {
+            self.replan();
+        }
         let keep = |n: &str| match &decision {
             PodDecision::NotOurs => Ok(()),
             PodDecision::Placed(_) if below.is_some() => Err(below.clone().unwrap_or_default()),
             PodDecision::Placed(at) if at.node == n => Ok(()),
+            PodDecision::Placed(at) if scheduler_refused => Err(format!(
+                "plan places this offline job on {}/{}, which kube-scheduler's own filters left out: planned again without it",
+                at.node, at.gpu
+            )),
             PodDecision::Placed(at) => Err(format!("plan places this offline job on {}/{}", at.node, at.gpu)),
             PodDecision::Waiting(job) => Err(format!("no Healthy GPU pairing for `{job}` this round")),
+            PodDecision::Unplanned { why, .. } => Err(why.clone()),
         };
         let mut passed = Vec::new();
         for n in &names {
@@ -445,6 +578,34 @@ impl Extender {
             None => out.node_names = Some(passed),
         }
         out
+    }
+
+    /// Remembers that kube-scheduler's own filters kept `pod` off the node the plan places
+    /// its job on (see [`SchedulerRefusals`]); a new refusal is said at WARN, counted, and
+    /// wakes the planner (when remembered at all: `scheduler_refusal_ttl_s` > 0).
+    fn note_scheduler_refusal(&self, w: &Watched, pod: &Pod, at: &GpuRef) {
+        let Some(job) = crate::watch::offline_job_key(pod) else { return };
+        if !relock(&w.refusals).note(&job, &at.node, Instant::now(), w.refusal_ttl) {
+            return;
+        }
+        self.scheduler_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (_, key) = pod_id(pod);
+        tracing::warn!(
+            pod = %key,
+            %job,
+            node = %at.node,
+            gpu = at.gpu,
+            ttl_s = w.refusal_ttl.as_secs(),
+            "kube-scheduler's own filters (resources, taints, node selector, affinity) keep this pod off the node the plan places its job on: the node is refused to the job for scheduler_refusal_ttl_s and the job planned again (0: not remembered, the pod waits)"
+        );
+        if !w.refusal_ttl.is_zero() {
+            self.replan();
+        }
+    }
+
+    /// (job, node) pairs newly seen refused by kube-scheduler's own filters since start.
+    pub fn scheduler_refusal_count(&self) -> u64 {
+        self.scheduler_refusals.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The prioritize verb: the planned node scores the maximum, scaled by the pair's
@@ -495,7 +656,19 @@ impl Extender {
                 (None, None) => args.pod_name.clone(),
             };
             if !self.knows_job(&i, &snap, &job) {
-                return fail(format!("pod {}/{} is not an offline job of the plan", args.pod_namespace, args.pod_name));
+                let why = self.watched.as_ref().and_then(|w| {
+                    let pod = w.view.pod(&args.pod_namespace, &args.pod_name)?;
+                    match self.unplanned(w, &pod) {
+                        PodDecision::Unplanned { why, .. } => Some(format!(": {why}")),
+                        _ => None,
+                    }
+                });
+                return fail(format!(
+                    "pod {}/{} is not an offline job of the plan{}",
+                    args.pod_namespace,
+                    args.pod_name,
+                    why.unwrap_or_default()
+                ));
             }
             job
         };
@@ -645,6 +818,26 @@ impl Drop for Extender {
     }
 }
 
+/// The pods left out of this round that were not left out for the same reason last round
+/// (`warned`: (UID, or what was left out, and why), replaced by this round's); routine ones
+/// (a pod terminating) never.
+fn first_sightings<'a>(
+    warned: &mut BTreeSet<(String, String)>,
+    skipped: &'a [crate::watch::SkippedPod],
+) -> Vec<&'a crate::watch::SkippedPod> {
+    let mut now = BTreeSet::new();
+    let mut new = Vec::new();
+    for s in skipped.iter().filter(|s| !s.routine) {
+        let key = (s.uid.clone().unwrap_or_else(|| s.what.clone()), s.why.clone());
+        if !warned.contains(&key) {
+            new.push(s);
+        }
+        now.insert(key);
+    }
+    *warned = now;
+    new
+}
+
 /// The offline job a pod runs: its `xshare.io/offline-job` label or annotation, else its name.
 pub fn job_name(pod: &Pod) -> Option<String> {
     let m = &pod.metadata;
@@ -708,5 +901,56 @@ pub fn handle(ext: &Extender, method: &str, path: &str, body: &[u8]) -> (u16, St
             tracing::warn!(endpoint = path, error = %e, "rejected request");
             (400, error_body(&e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused (job, node) pair is new once, stays refused for the TTL from when it was
+    /// first seen (seeing it again does not extend it), is planned again after it, and is new
+    /// again if the scheduler still refuses it then. A TTL of 0 remembers nothing.
+    #[test]
+    fn scheduler_refusals_expire_after_their_ttl() {
+        let ttl = Duration::from_secs(300);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut r = SchedulerRefusals::default();
+        assert!(r.note("ml/a", "n1", at(0), ttl));
+        assert!(!r.note("ml/a", "n1", at(100), ttl), "seen again within the TTL: not new");
+        assert!(r.note("ml/b", "n1", at(100), ttl), "another job: new");
+        assert_eq!(r.active(at(299), ttl), vec![("ml/a".to_string(), "n1".to_string()), ("ml/b".into(), "n1".into())]);
+        assert_eq!(r.active(at(300), ttl), vec![("ml/b".to_string(), "n1".to_string())], "ml/a expired, not extended by the second sighting");
+        assert!(r.note("ml/a", "n1", at(301), ttl), "refused again after expiry: new again");
+        assert_eq!(r.active(at(401), ttl), vec![("ml/a".to_string(), "n1".to_string())]);
+        assert!(r.active(at(601), ttl).is_empty());
+
+        let mut off = SchedulerRefusals::default();
+        assert!(off.note("ml/a", "n1", at(0), Duration::ZERO));
+        assert!(off.note("ml/a", "n1", at(0), Duration::ZERO));
+        assert!(off.active(at(0), Duration::ZERO).is_empty());
+    }
+
+    /// A pod left out of the plan is said at WARN the first round it is, not the next ones
+    /// while the reason stays; again when the reason changes or after it was fixed and broke
+    /// again; a terminating pod never.
+    #[test]
+    fn a_pod_left_out_is_warned_about_once_per_reason() {
+        use crate::watch::SkippedPod;
+        let pod = |uid: &str, why: &str, routine: bool| SkippedPod {
+            what: format!("pod ml/{uid}"),
+            uid: Some(uid.into()),
+            why: why.into(),
+            routine,
+        };
+        let mut warned = BTreeSet::new();
+        let round1 = [pod("a", "offline pod without xshare.io/memory-mib", false), pod("t", "terminating", true)];
+        assert_eq!(first_sightings(&mut warned, &round1), vec![&round1[0]]);
+        assert!(first_sightings(&mut warned, &round1).is_empty(), "the same again: not said again");
+        let round3 = [pod("a", "bad xshare.io/memory-mib `x`", false)];
+        assert_eq!(first_sightings(&mut warned, &round3), vec![&round3[0]], "another reason");
+        assert!(first_sightings(&mut warned, &[]).is_empty(), "fixed");
+        assert_eq!(first_sightings(&mut warned, &round3), vec![&round3[0]], "broken again");
     }
 }

@@ -549,6 +549,37 @@ pub fn offline_job_key(pod: &Pod) -> Option<String> {
     Some(format!("{}/{job}", m.namespace.as_deref().unwrap_or("default")))
 }
 
+/// The GPU memory (MiB) an offline pod's job needs, from its `xshare.io/memory-mib`
+/// annotation; `Err` says what is wrong with it (missing, or not a whole number). The one
+/// reading of it: the plan's inputs ([`ClusterSnapshot::workloads`]) and the extender's
+/// answer for a pod the plan left out both use it.
+pub fn offline_memory_mib(annotations: Option<&BTreeMap<String, String>>) -> Result<u64, String> {
+    match annotations.and_then(|a| a.get(contract::ANN_MEMORY_MIB)) {
+        Some(v) => v.parse::<u64>().map_err(|e| format!("bad {} `{v}`: {e}", contract::ANN_MEMORY_MIB)),
+        None => Err(format!("offline pod without {}", contract::ANN_MEMORY_MIB)),
+    }
+}
+
+/// A pod [`ClusterSnapshot::workloads`] left out of the plan (or planned without a part of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedPod {
+    /// What was left out: `pod namespace/name`, or `offline job namespace/job` (a job over
+    /// `max_offline_per_gpu`).
+    pub what: String,
+    /// The pod's UID, when it has one.
+    pub uid: Option<String>,
+    /// Why.
+    pub why: String,
+    /// An ordinary state (a pod terminating), not a mistake to report.
+    pub routine: bool,
+}
+
+impl std::fmt::Display for SkippedPod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.why)
+    }
+}
+
 /// Whether the API server marked the pod as being evicted through the Eviction API (the
 /// `DisruptionTarget` condition, reason `EvictionByEvictionAPI`).
 pub fn evicted_by_api(pod: &Pod) -> bool {
@@ -682,7 +713,7 @@ impl ClusterSnapshot {
 
     /// Online and offline workloads from the watched pods, checked against `cluster`; the
     /// second value names each pod left out and why.
-    pub fn workloads(&self, cluster: &ClusterSpec) -> (Workloads, Vec<String>) {
+    pub fn workloads(&self, cluster: &ClusterSpec) -> (Workloads, Vec<SkippedPod>) {
         let mut w = Workloads::default();
         let mut skipped = Vec::new();
         let mut online_gpus = BTreeSet::new();
@@ -705,13 +736,19 @@ impl ClusterSnapshot {
             // A Terminating offline pod (evicted or deleted, `deletionTimestamp` set) is
             // leaving: not a live placement to keep or replan. Its Job's replacement pod is
             // the job now (the Job controller makes it while this one terminates).
+            let skipped_pod = |why: String, routine: bool| SkippedPod {
+                what: format!("pod {ns}/{pod_name}"),
+                uid: m.uid.clone(),
+                why,
+                routine,
+            };
             if role == Role::Offline && m.deletion_timestamp.is_some() {
-                skipped.push(format!("pod {ns}/{pod_name}: terminating"));
+                skipped.push(skipped_pod("terminating".into(), true));
                 continue;
             }
             let ann = m.annotations.as_ref();
             let get = |k: &str| ann.and_then(|a| a.get(k)).map(String::as_str);
-            let mut skip = |why: String| skipped.push(format!("pod {ns}/{pod_name}: {why}"));
+            let mut skip = |why: String| skipped.push(skipped_pod(why, false));
             let profile = match get(contract::ANN_PROFILE).map(serde_json::from_str::<JobProfile>) {
                 None => None,
                 Some(Ok(p)) => Some(p),
@@ -730,7 +767,6 @@ impl ClusterSnapshot {
                 _ => None,
             };
             let at_known = at.as_ref().filter(|a| cluster.node_for(a).is_some()).cloned();
-            let memory = get(contract::ANN_MEMORY_MIB).map(|v| v.parse::<u64>());
             let tenant = contract::tenant(m.labels.as_ref(), ns);
             match role {
                 Role::Online => {
@@ -755,7 +791,7 @@ impl ClusterSnapshot {
                             continue;
                         }
                     }
-                    let memory_mib = match memory {
+                    let memory_mib = match get(contract::ANN_MEMORY_MIB).map(|v| v.parse::<u64>()) {
                         Some(Ok(v)) => v,
                         Some(Err(e)) => {
                             skip(format!("bad {}: {e}", contract::ANN_MEMORY_MIB));
@@ -792,14 +828,10 @@ impl ClusterSnapshot {
                 }
                 Role::Offline => {
                     let Some(key) = offline_job_key(pod) else { continue };
-                    let memory_mib = match memory {
-                        Some(Ok(v)) => v,
-                        Some(Err(e)) => {
-                            skip(format!("bad {}: {e}", contract::ANN_MEMORY_MIB));
-                            continue;
-                        }
-                        None => {
-                            skip(format!("offline pod without {}", contract::ANN_MEMORY_MIB));
+                    let memory_mib = match offline_memory_mib(ann) {
+                        Ok(v) => v,
+                        Err(why) => {
+                            skip(why);
                             continue;
                         }
                     };
@@ -838,10 +870,12 @@ impl ClusterSnapshot {
                 let n = per_gpu.entry(c.clone()).or_default();
                 *n += 1;
                 if *n > cluster.max_offline_per_gpu {
-                    skipped.push(format!(
-                        "offline job {} on {}/{}: over max_offline_per_gpu",
-                        j.name, c.node, c.gpu
-                    ));
+                    skipped.push(SkippedPod {
+                        what: format!("offline job {}", j.name),
+                        uid: None,
+                        why: format!("on {}/{}: over max_offline_per_gpu", c.node, c.gpu),
+                        routine: false,
+                    });
                     j.current = None;
                 }
             }

@@ -48,3 +48,37 @@ fn the_extender_is_replaced_never_overlapped() {
     let strategy = deployment.split("strategy:").nth(1).expect("a strategy");
     assert_eq!(value_of(strategy, "type:"), Some("Recreate"), "{strategy}");
 }
+
+/// The text of the block scalar `key: |` in `text` (a ConfigMap's file), its indentation
+/// removed: the embedded document as kube-scheduler reads it.
+fn block_scalar(text: &str, key: &str) -> String {
+    let mut lines = text.lines().skip_while(|l| l.trim() != format!("{key}: |"));
+    let head = lines.next().unwrap_or_else(|| panic!("no `{key}: |`"));
+    let outer = head.len() - head.trim_start().len();
+    let body: Vec<&str> =
+        lines.take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > outer).collect();
+    let indent = body.iter().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min().unwrap();
+    body.iter().map(|l| l.get(indent..).unwrap_or("")).collect::<Vec<_>>().join("\n")
+}
+
+/// The value of a top-level (unindented) `key:` of a YAML document.
+fn top_level<'a>(doc: &'a str, key: &str) -> Option<&'a str> {
+    doc.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')).map(|v| v.split('#').next().unwrap().trim())
+}
+
+/// kube-scheduler stops filtering after max(100, N x pct %) feasible nodes and only those
+/// reach the extender: the embedded KubeSchedulerConfiguration must filter every node, so
+/// the planned node is always among those offered (the extender reads its absence as
+/// kube-scheduler's own filters refusing it). Top-level is the xshare profile's: it is the
+/// only profile.
+#[test]
+fn the_scheduler_filters_every_node_so_the_extender_sees_the_planned_one() {
+    let config = block_scalar(&read("scheduler-config.yaml"), "xshare-scheduler-config.yaml");
+    assert_eq!(top_level(&config, "kind"), Some("KubeSchedulerConfiguration"), "{config}");
+    assert_eq!(top_level(&config, "apiVersion"), Some("kubescheduler.config.k8s.io/v1"), "{config}");
+    assert_eq!(top_level(&config, "percentageOfNodesToScore"), Some("100"), "{config}");
+    let profiles = config.split("\nprofiles:\n").nth(1).expect("profiles");
+    let entries: Vec<&str> = profiles.lines().take_while(|l| l.starts_with(' ')).filter(|l| l.trim_start().starts_with("- ")).collect();
+    assert_eq!(entries, vec!["  - schedulerName: xshare-scheduler"], "one profile, xshare's");
+    assert!(!profiles.lines().take_while(|l| l.starts_with(' ')).any(|l| l.contains("percentageOfNodesToScore")), "no profile overrides it");
+}

@@ -200,6 +200,9 @@ fn pods_the_watch_no_longer_shows_are_forgotten() {
     c.delete_pod("ml", "b-y", Some(0));
     let v = w.view();
     eventually("pod gone from the watch", || v.pod("ml", "b-y").is_none());
+    // The rounds below must see the Job's replacement (its own watch event, maybe later):
+    // else they no longer know job ml/b at all, and forget b-y for that instead.
+    eventually("the Job's new pod in the watch", || v.snapshot().pods.iter().any(|p| p.metadata.namespace.as_deref() == Some("ml")));
     for _ in 0..2 {
         let round = ext.snapshot().round;
         ext.replan();
@@ -245,4 +248,98 @@ fn a_newcomer_beside_a_running_job_gets_only_the_memory_it_does_not_hold() {
     assert_eq!(ext.decide(&pod(&c, "ml", "b-y")), PodDecision::Placed(at("n1", 0)));
     assert_eq!(bind(&c, &ext, "b-y", "n1"), "");
     assert_eq!(quota_mib("a-x") + quota_mib("b-y"), 24768, "the GPU's room, not more: a {} b {}", quota_mib("a-x"), quota_mib("b-y"));
+}
+
+fn prioritize(c: &FakeCluster, ext: &Extender, name: &str, nodes: &[&str]) -> Vec<i64> {
+    let args = ExtenderArgs { pod: pod(c, "ml", name), nodes: None, node_names: Some(nodes.iter().map(|s| s.to_string()).collect()) };
+    ext.prioritize(args).into_iter().map(|h| h.score).collect()
+}
+
+/// kube-scheduler runs its own filters (NodeResourcesFit, taints, node selector, affinity)
+/// before the extender: a node they reject is not among the nodes the filter call names.
+/// When that is the node the plan places the job on, the extender remembers the refusal,
+/// counts it once, and the next round plans the job on a node the scheduler does offer.
+/// Fails without it: every round planned the same node and the pod stayed Pending.
+#[test]
+fn a_node_the_schedulers_own_filters_leave_out_is_planned_no_more() {
+    let now = now_ms();
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now, &["Healthy"]))));
+    c.add_node(node("n2", "1", Some(heartbeat_json("n2", now, &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    c.add_pod(online_pod("prod", "svc-2", "1", "n2", 0));
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let (_w, ext) = ext_on(&c, 1, 3);
+    let PodDecision::Placed(planned) = ext.decide(&pod(&c, "ml", "a-x")) else { panic!("a placed: {:?}", ext.plan()) };
+    let other = if planned.node == "n1" { "n2" } else { "n1" };
+    // kube-scheduler first tries a pod's nominated node alone: no refusal of the planned one.
+    let mut nominated = pod(&c, "ml", "a-x");
+    nominated.status.get_or_insert_with(Default::default).nominated_node_name = Some(other.into());
+    let f = ext.filter(ExtenderArgs { pod: nominated, nodes: None, node_names: Some(vec![other.into()]) });
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    assert!(metrics::render(&ext).contains("xshare_extender_scheduler_refusals_total 0\n"));
+    // The scheduler offers only the other node (the planned one has no CPU left, say).
+    for _ in 0..2 {
+        let f = filter(&c, &ext, "a-x", &[other]);
+        assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+        assert!(f.failed_and_unresolvable_nodes[other].contains("left out"), "{f:?}");
+    }
+    assert!(metrics::render(&ext).contains("xshare_extender_scheduler_refusals_total 1\n"), "one new (job, node) pair, counted once");
+    // The filter call woke the planner: its first round runs at once.
+    let _pl = ext.spawn_planner();
+    eventually("replanned", || ext.snapshot().round >= 1);
+    assert_eq!(ext.decide(&pod(&c, "ml", "a-x")), PodDecision::Placed(at(other, 0)), "{:?}", ext.plan());
+    let f = filter(&c, &ext, "a-x", &[other]);
+    assert_eq!(f.node_names, Some(vec![other.to_string()]), "{f:?}");
+    assert!(prioritize(&c, &ext, "a-x", &[other])[0] > 0);
+    assert_eq!(bind(&c, &ext, "a-x", other), "");
+    assert_eq!(node_of(&c, "a-x"), other);
+    assert!(metrics::render(&ext).contains("xshare_extender_scheduler_refusals_total 1\n"));
+}
+
+/// An offline pod whose `xshare.io/memory-mib` is missing or not a number cannot be planned.
+/// Filter passes it no node, with the annotation named (kube-scheduler puts the reason in the
+/// pod's FailedScheduling event), and prioritize scores it 0. Fails without it: the pod was
+/// "not ours", passed every node, and every bind failed with "not an offline job of the plan".
+#[test]
+fn an_offline_pod_without_a_usable_memory_annotation_passes_no_node_and_says_why() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    let mut missing = job_pod("ml", "a", "x", "1", 4000);
+    missing["metadata"]["annotations"].as_object_mut().unwrap().remove("xshare.io/memory-mib");
+    c.add_pod(missing);
+    let mut bad = job_pod("ml", "b", "y", "1", 4000);
+    bad["metadata"]["annotations"]["xshare.io/memory-mib"] = "4GiB".into();
+    c.add_pod(bad);
+    let (_w, ext) = ext_on(&c, 1, 3);
+    for (name, what) in [("a-x", "without xshare.io/memory-mib"), ("b-y", "bad xshare.io/memory-mib `4GiB`")] {
+        let f = filter(&c, &ext, name, &["n1"]);
+        assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+        assert!(f.failed_and_unresolvable_nodes["n1"].contains(what), "{f:?}");
+        assert_eq!(prioritize(&c, &ext, name, &["n1"]), vec![0]);
+        let e = bind(&c, &ext, name, "n1");
+        assert!(e.contains(what), "{e}");
+        assert!(node_of(&c, name).is_null());
+    }
+}
+
+/// A well-formed offline pod the latest round did not see (created after it) passes no node
+/// yet, says so, and wakes the planner, whose next round plans it (the rounds here are an
+/// hour apart and the watch's changes wake nothing: only the filter call can have).
+#[test]
+fn an_offline_pod_newer_than_the_plan_waits_for_the_round_its_filter_call_starts() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    let (w, ext) = ext_on(&c, 1, 1);
+    let _pl = ext.spawn_planner();
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let v = w.view();
+    eventually("a listed", || v.pod("ml", "a-x").is_some());
+    let f = filter(&c, &ext, "a-x", &["n1"]);
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    assert!(f.failed_and_unresolvable_nodes["n1"].contains("not yet in a plan round"), "{f:?}");
+    eventually("planned", || ext.decide(&pod(&c, "ml", "a-x")) == PodDecision::Placed(at("n1", 0)));
+    assert_eq!(filter(&c, &ext, "a-x", &["n1"]).node_names, Some(vec!["n1".to_string()]));
 }

@@ -63,3 +63,19 @@ fn two_offline_jobs_current_on_one_gpu_need_max_offline_per_gpu_two() {
     spec.max_offline_per_gpu = 2;
     w.check(Path::new("w.json"), &spec).unwrap();
 }
+
+/// `scheduler_refusal_ttl_s`: 300 s when absent, 0 (never remembered) accepted, more than a
+/// day refused with the key named.
+#[test]
+fn scheduler_refusal_ttl_defaults_to_five_minutes_and_is_bounded() {
+    use cluster_matcher::plan::ClusterSpec;
+    let parse = |extra: &str| -> ClusterSpec { serde_json::from_str(&format!("{{\"nodes\": []{extra}}}")).unwrap() };
+    let p = Path::new("cluster.json");
+    let default = parse("");
+    assert_eq!(default.scheduler_refusal_ttl_s, 300);
+    default.check(p).unwrap();
+    parse(", \"scheduler_refusal_ttl_s\": 0").check(p).unwrap();
+    parse(", \"scheduler_refusal_ttl_s\": 86400").check(p).unwrap();
+    let err = parse(", \"scheduler_refusal_ttl_s\": 86401").check(p).unwrap_err().to_string();
+    assert!(err.contains("scheduler_refusal_ttl_s") && err.contains("0..=86400"), "{err}");
+}

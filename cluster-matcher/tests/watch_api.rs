@@ -429,7 +429,7 @@ fn a_terminating_offline_pod_is_not_a_placement_and_its_replacement_is_planned()
     assert_eq!(workloads.offline.len(), 1, "{workloads:?}");
     assert_eq!(workloads.offline[0].name, "ml/train");
     assert_eq!(workloads.offline[0].current, None, "the terminating pod is no placement");
-    assert!(skipped.iter().any(|s| s.contains("train-old") && s.contains("terminating")), "{skipped:?}");
+    assert!(skipped.iter().any(|s| s.what.contains("train-old") && s.why == "terminating" && s.routine), "{skipped:?}");
 
     let api = fixed_cluster(pods, nodes);
     let w = start(&api);

@@ -369,6 +369,7 @@ impl<'a> Sim<'a> {
             cells_state: None,
             max_offline_per_gpu: cfg.offline_per_gpu() as usize,
             policy: cfg.policy,
+            scheduler_refusal_ttl_s: 300,
             nodes,
             tenants: Default::default(),
         };

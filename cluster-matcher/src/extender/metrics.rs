@@ -42,6 +42,7 @@ pub const FAMILIES: &[&str] = &[
     "xshare_extender_bind_lock_refusals_total",
     "xshare_extender_bind_lock_takeovers_total",
     "xshare_extender_bind_refusals_total",
+    "xshare_extender_scheduler_refusals_total",
     "xshare_gpu_health_state",
     "xshare_gpu_offline_sm_budget_ratio",
     "xshare_gpu_heartbeat_age_seconds",
@@ -161,6 +162,12 @@ pub fn render(ext: &Extender) -> String {
     );
     o.sample("xshare_extender_bind_refusals_total", &labels(&[("reason", "gpu_full")]), gpu_full as f64);
     o.sample("xshare_extender_bind_refusals_total", &labels(&[("reason", "job_has_pod")]), job_has_pod as f64);
+    o.family(
+        "xshare_extender_scheduler_refusals_total",
+        "counter",
+        "Planned nodes kube-scheduler's own filters (resources, taints, node selector, affinity) left out of a filter call for the job's pod: (job, node) pairs, each counted again only after scheduler_refusal_ttl_s.",
+    );
+    o.sample("xshare_extender_scheduler_refusals_total", "", ext.scheduler_refusal_count() as f64);
 
     let Some(w) = ext.watched_inputs() else { return o.0 };
     let cs = w.view.snapshot();

@@ -331,6 +331,7 @@ pub fn replay(
         unprofiled_weight: 0.3,
         max_offline_per_gpu: 1,
         policy: Default::default(),
+        scheduler_refusal_ttl_s: 300,
         nodes: trace
             .nodes
             .iter()

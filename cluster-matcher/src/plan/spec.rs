@@ -86,6 +86,12 @@ pub struct ClusterSpec {
     /// `gavel-max-min`, `drf`, `optimus` or `gandiva` (see [`crate::policy`]).
     #[serde(default)]
     pub policy: Policy,
+    /// Scheduler extender, watched inputs: how long a node kube-scheduler's own filters
+    /// kept from an offline job (the plan's node missing from the nodes it asked about) stays
+    /// refused to that job in the rounds' plans, seconds; then it is planned again (its CPU or
+    /// memory may have freed up). 0: never remembered (the plan keeps offering that node).
+    #[serde(default = "default_refusal_ttl")]
+    pub scheduler_refusal_ttl_s: u64,
     /// GPU hosts of the cluster.
     pub nodes: Vec<NodeSpec>,
     /// Per-tenant sharing rules, by tenant (virtual cluster) name.
@@ -114,6 +120,11 @@ fn default_weight() -> f64 {
 fn default_per_gpu() -> usize {
     1
 }
+fn default_refusal_ttl() -> u64 {
+    300
+}
+/// Longest `scheduler_refusal_ttl_s` accepted: a day.
+pub const MAX_SCHEDULER_REFUSAL_TTL_S: u64 = 86_400;
 
 /// One GPU host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -342,6 +353,13 @@ impl ClusterSpec {
         }
         if self.max_offline_per_gpu == 0 {
             return Err(invalid(path, "max_offline_per_gpu", "must be at least 1"));
+        }
+        if self.scheduler_refusal_ttl_s > MAX_SCHEDULER_REFUSAL_TTL_S {
+            return Err(invalid(
+                path,
+                "scheduler_refusal_ttl_s",
+                format!("must be within 0..={MAX_SCHEDULER_REFUSAL_TTL_S} (a day): a node freed later is planned again only after it"),
+            ));
         }
         let mut seen = BTreeSet::new();
         for (i, n) in self.nodes.iter().enumerate() {

@@ -53,6 +53,7 @@ pub fn cluster(nodes: &[(&str, &str, u32, u64)]) -> ClusterSpec {
         unprofiled_weight: 0.3,
         max_offline_per_gpu: 1,
         policy: Default::default(),
+        scheduler_refusal_ttl_s: 300,
         nodes: nodes
             .iter()
             .map(|(name, ty, gpus, mem)| NodeSpec {
