@@ -15,13 +15,15 @@
 //! (`Succeeded`, `Failed`) are left out; pods being deleted stay in until they are gone (their
 //! processes still run), and so does a pod gone from the API while its containers may still run
 //! (a `DELETED` event whose pod's status does not say every container stopped, as
-//! `kubectl delete --grace-period=0 --force` gives one; or a pod missing from a relist): with
-//! its plan and its termination file (which then records the deletion, the mark that it is
-//! gone from the API), until its cgroup says no process is left or, at the latest, its grace
-//! (at most [`DELETED_POD_GRACE_CAP`]) and `offline_pods.deleted_pod_linger_ms` after its
-//! deletion was seen ([`Publisher::apply_at`]). A failing watch leaves the file as it was: the
-//! monitors keep judging by the last list written, and a relist after the failure replaces what
-//! it missed whole, but for the pods it no longer has, kept as deleted ones.
+//! `kubectl delete --grace-period=0 --force` gives one; or a pod missing from a relist, or
+//! from the first list after a restart against the file the previous node-agent wrote): with
+//! its plan (a `DELETED` event's pod also has its termination file record the deletion), until
+//! its cgroup says no process is left or, where the cgroup cannot say, its grace (at most
+//! [`DELETED_POD_GRACE_CAP`]) and `offline_pods.deleted_pod_linger_ms` after its deletion was
+//! seen ([`Publisher::apply_at`]); a cgroup holding a process keeps it listed. A failing watch
+//! leaves the file as it was: the monitors keep judging by the last list written, and a relist
+//! after the failure replaces what it missed whole, but for the pods it no longer has, kept as
+//! deleted ones (a pod it shows finished leaves).
 //!
 //! The same watch carries an offline pod's deletion to its processes: at the first event that
 //! shows `metadata.deletionTimestamp` (a list's included, before the first list completes) the
@@ -126,11 +128,16 @@ struct Entry {
 /// A pod gone from the API, kept in the list until its processes are ([`Publisher::linger`]).
 #[derive(Debug, Clone, Copy)]
 struct Deleted {
-    /// When it leaves the list whatever its cgroup says.
+    /// When it leaves the list, unless its cgroup shows a process of it left.
     until: Instant,
     /// Its cgroup was seen ([`node_daemon::offline_pods::pod_cgroup`]): when it is no longer
     /// there, the kubelet removed it.
     cgroup_seen: bool,
+    /// Its cgroup was seen holding a process: an empty one after that means they ended.
+    populated_seen: bool,
+    /// Looks that found its cgroup empty without a process seen before: one is not enough (a
+    /// container the kubelet was still starting may come up in it).
+    empty_looks: u8,
 }
 
 /// Offline pods by UID.
@@ -189,6 +196,13 @@ pub struct Publisher {
     /// A list in progress (`Init` .. `InitDone`): swapped in whole at its end, but for the pods
     /// it no longer has, kept as deleted ([`Publisher::linger`]).
     listing: Option<ByUid>,
+    /// The UIDs the list in progress has shown, offline pods or not (a pod that finished while
+    /// the watch was down is in the list, finished: it leaves, it is not kept as deleted).
+    listing_seen: std::collections::BTreeSet<String>,
+    /// The pods of the list a previous node-agent left in the file, until the first list
+    /// completes: those the list no longer has are kept as deleted ones (a restart would
+    /// otherwise forget the pods it kept).
+    inherited: Vec<OfflinePod>,
     /// A first list has completed.
     synced: bool,
     /// The pods of the last list written (sorted), `None` before the first.
@@ -285,6 +299,11 @@ impl Publisher {
             path: node_daemon::offline_pods::path(ledger_dir),
             pods: ByUid::new(),
             listing: None,
+            listing_seen: std::collections::BTreeSet::new(),
+            inherited: match node_daemon::offline_pods::read(&node_daemon::offline_pods::path(ledger_dir)) {
+                Ok(Some(f)) if f.node == node => f.pods,
+                _ => Vec::new(),
+            },
             synced: false,
             last: None,
             writes: 0,
@@ -361,20 +380,33 @@ impl Publisher {
             watcher::Event::Init => {
                 self.lists += 1;
                 self.listing = Some(ByUid::new());
+                self.listing_seen.clear();
                 false
             }
             watcher::Event::InitApply(p) => {
                 self.note_termination(p);
                 if let Some(l) = &mut self.listing {
                     note(l, p, &self.resource, &self.plans);
+                    if let Some(uid) = &p.metadata.uid {
+                        self.listing_seen.insert(uid.clone());
+                    }
                 }
                 false
             }
             watcher::Event::InitDone => {
                 if let Some(mut l) = self.listing.take() {
+                    // A first list after a restart: the pods the previous node-agent listed
+                    // are known again (as of its file), so those this list lacks are kept too.
+                    for p in std::mem::take(&mut self.inherited) {
+                        if !self.pods.contains_key(&p.uid) {
+                            let uid = p.uid.clone();
+                            self.pods.insert(uid, Entry { pod: p, grace_ms: u64::MAX, deleted: None });
+                        }
+                    }
                     // Pods deleted while the watch was down, their last word unknown: kept
-                    // as any pod deleted (only a first list has none).
-                    let missed: Vec<_> = self.pods.keys().filter(|u| !l.contains_key(*u)).cloned().collect();
+                    // as any pod deleted. A pod the list shows, finished, leaves.
+                    let seen = std::mem::take(&mut self.listing_seen);
+                    let missed: Vec<_> = self.pods.keys().filter(|u| !seen.contains(*u)).cloned().collect();
                     for uid in missed {
                         if let Some(mut e) = self.pods.remove(&uid) {
                             if e.deleted.is_none() {
@@ -426,7 +458,7 @@ impl Publisher {
     /// is left ([`Publisher::expire_deleted`]).
     fn linger(&self, e: &Entry, now: Instant) -> Deleted {
         let grace = Duration::from_millis(e.grace_ms).min(DELETED_POD_GRACE_CAP);
-        Deleted { until: now + grace + self.deleted_linger, cgroup_seen: false }
+        Deleted { until: now + grace + self.deleted_linger, cgroup_seen: false, populated_seen: false, empty_looks: 0 }
     }
 
     /// Takes pod `uid` out of the list and out of the termination retries; returns whether it
@@ -439,9 +471,10 @@ impl Publisher {
     }
 
     /// Takes out of the list the pods deleted from the API whose processes are gone at `now`:
-    /// their cgroup under `cgroup_root` holds none, or is gone after it was seen
-    /// ([`node_daemon::offline_pods::pod_cgroup`]); or, whatever it says (or where it cannot
-    /// be read: the shipped DaemonSet has its own cgroup namespace), their linger is over.
+    /// their cgroup under `cgroup_root` holds none (after it held one, or at two looks), or is
+    /// gone after it was seen ([`node_daemon::offline_pods::pod_cgroup`]); or, where it cannot
+    /// be read (the shipped DaemonSet has its own cgroup namespace) or is not there, their
+    /// linger is over. A cgroup holding a process keeps its pod listed past its linger.
     fn expire_deleted(&mut self, now: Instant) {
         use node_daemon::offline_pods::{pod_cgroup, PodCgroup};
         let mut gone = Vec::new();
@@ -452,8 +485,16 @@ impl Publisher {
                 _ => PodCgroup::Unknown,
             };
             d.cgroup_seen |= matches!(cgroup, PodCgroup::Populated | PodCgroup::Empty);
+            d.populated_seen |= cgroup == PodCgroup::Populated;
             let why = match cgroup {
-                PodCgroup::Empty => Some("its cgroup holds no process"),
+                // A process of it still runs: judged, however long the tenant's grace (a pod
+                // of a day's grace force-deleted would otherwise run a day unjudged).
+                PodCgroup::Populated => None,
+                PodCgroup::Empty if d.populated_seen || d.empty_looks >= 1 => Some("its cgroup holds no process"),
+                PodCgroup::Empty => {
+                    d.empty_looks += 1;
+                    None
+                }
                 PodCgroup::Absent if d.cgroup_seen => Some("its cgroup is gone"),
                 _ if now >= d.until => Some("its grace and offline_pods.deleted_pod_linger_ms passed"),
                 _ => None,
@@ -1136,5 +1177,102 @@ mod tests {
         assert_eq!(listed(&p), [(c.to_string(), Some(2u64 << 30))], "a empty, b gone");
         p.refresh_at(t0 + Duration::from_secs(600) + DEFAULT_DELETED_POD_LINGER);
         assert_eq!(listed(&p), []);
+    }
+
+    /// A deleted pod whose cgroup still holds a process stays listed past its bound, whatever
+    /// grace its tenant gave it (a day's grace, force-deleted, its processes running on unjudged
+    /// after the 1 h cap, before); it leaves once the cgroup is empty.
+    #[test]
+    fn a_deleted_pod_whose_cgroup_holds_a_process_stays_past_its_bound() {
+        let d = tempfile::tempdir().unwrap();
+        let cg = tempfile::tempdir().unwrap();
+        let u = "0000000a-0000-4000-8000-000000000000";
+        let dir = cg.path().join("kubepods/besteffort").join(format!("pod{u}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        let mut p = Publisher::new("n1", RES, d.path()).with_cgroup_root(Some(cg.path().to_owned()));
+        let t0 = Instant::now();
+        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 86_400, None)), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        p.apply_at(&watcher::Event::Delete(planned_pod(u, 86_400, Some(("2026-11-30T10:00:05Z", 0)))), t0);
+        p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER + Duration::from_secs(60));
+        assert_eq!(listed(&p).len(), 1, "a process of it still runs");
+        std::fs::write(dir.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER + Duration::from_secs(61));
+        assert_eq!(listed(&p), [], "empty after it held a process: gone at the first look");
+    }
+
+    /// A cgroup empty at the first look, never seen holding a process (a pod force-deleted
+    /// while its containers were still being made), is looked at once more before its pod
+    /// leaves the list.
+    #[test]
+    fn an_empty_cgroup_never_seen_populated_needs_a_second_look() {
+        let d = tempfile::tempdir().unwrap();
+        let cg = tempfile::tempdir().unwrap();
+        let u = "0000000a-0000-4000-8000-000000000000";
+        let dir = cg.path().join("kubepods/besteffort").join(format!("pod{u}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        let mut p = Publisher::new("n1", RES, d.path()).with_cgroup_root(Some(cg.path().to_owned()));
+        let t0 = Instant::now();
+        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 600, None)), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        p.apply_at(&watcher::Event::Delete(planned_pod(u, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0);
+        assert_eq!(listed(&p).len(), 1, "one look at an empty cgroup is not enough");
+        p.refresh_at(t0 + Duration::from_secs(1));
+        assert_eq!(listed(&p), [], "empty at the second look");
+    }
+
+    /// A relist that shows a pod finished (it ended while the watch was down) drops it at once:
+    /// it is not a pod deleted from the API whose processes may run on.
+    #[test]
+    fn a_relist_showing_a_pod_finished_drops_it_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let u = "0000000a-0000-4000-8000-000000000000";
+        let mut p = Publisher::new("n1", RES, d.path());
+        let t0 = Instant::now();
+        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 600, None)), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        let mut done = planned_pod(u, 600, None);
+        done.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
+        for e in [watcher::Event::Init, watcher::Event::InitApply(done), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        assert_eq!(listed(&p), []);
+        assert!(p.metrics().contains("xshare_node_agent_offline_pods_deleted{node=\"n1\"} 0\n"), "{}", p.metrics());
+    }
+
+    /// A node-agent restarted while a force-deleted pod was kept: the first list lacks the pod,
+    /// and the file the previous agent wrote names it, so it is kept as deleted again (before,
+    /// the restart rewrote the list without it at once).
+    #[test]
+    fn a_restarted_agent_keeps_the_deleted_pods_the_previous_one_listed() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000");
+        let t0 = Instant::now();
+        {
+            let mut p = Publisher::new("n1", RES, d.path());
+            for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 600, None)), watcher::Event::InitApply(planned_pod(b, 600, None)), watcher::Event::InitDone] {
+                p.apply_at(&e, t0);
+            }
+            p.apply_at(&watcher::Event::Delete(planned_pod(a, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0);
+            assert_eq!(listed(&p).len(), 2);
+        }
+        let mut p = Publisher::new("n1", RES, d.path());
+        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(b, 600, None)), watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        assert_eq!(listed(&p), [(a.to_string(), Some(2u64 << 30)), (b.to_string(), Some(2u64 << 30))], "a kept, with its plan");
+        p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER);
+        assert_eq!(listed(&p), [(b.to_string(), Some(2u64 << 30))], "at most its capped grace and the linger");
+        // Another node's file is not this node's list.
+        let mut q = Publisher::new("n2", RES, d.path());
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            q.apply_at(&e, t0);
+        }
+        assert_eq!(listed(&q), []);
     }
 }
