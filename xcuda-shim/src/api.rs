@@ -535,12 +535,15 @@ freeing! {
 pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult {
     guard(|| {
         let create = real!(cuMemPoolCreate: PFN_cuMemPoolCreate_v11020);
-        // SAFETY: forwarding the caller's arguments.
+        // Read once, the driver given the copy: the pool is counted on the GPU it is made on.
+        // SAFETY: null or the caller's properties per the API contract.
+        let own: Option<CUmemPoolProps> = (!props.is_null()).then(|| unsafe { *props });
+        let props = own.as_ref().map_or(props, |p| p as *const CUmemPoolProps);
+        // SAFETY: the caller's out-pointer, its properties as read above.
         let rc = unsafe { create(pool, props) };
         if rc == CUresult::CUDA_SUCCESS {
             let st = state();
-            // SAFETY: the driver accepted these properties (non-null, valid per its contract).
-            let on = (!props.is_null()).then(|| unsafe { (*props).location }).filter(|l| l.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
+            let on = own.map(|p| p.location).filter(|l| l.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
             let ord = on.map_or_else(|| st.current_ordinal(), |l| usize::try_from(l.id).unwrap_or(usize::MAX));
             crate::streampool::created(st, out!(pool), ord);
         }
@@ -1031,19 +1034,28 @@ pub unsafe extern "C" fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, gri
 pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS_v1, n: c_uint, flags: c_uint) -> CUresult {
     guard(|| {
         let launch = real!(cuLaunchCooperativeKernelMultiDevice: PFN_cuLaunchCooperativeKernelMultiDevice_v9000);
-        if !list.is_null() {
-            let st = state();
-            let read = (n as usize).min(st.gpus.len().max(1));
-            // SAFETY: the caller's array of `n` >= `read` entries (the driver reads them too).
-            let entries = unsafe { std::slice::from_raw_parts(list, read) };
-            for e in entries {
-                let ord = st.stream_ordinal(e.hStream as u64).unwrap_or_else(|_| st.current_ordinal());
-                let t = &st.gpu(CUdevice::try_from(ord).unwrap_or(CUdevice::MAX)).throttle;
-                t.acquire(t.kernel_cost(blocks(e.gridDimX, e.gridDimY, e.gridDimZ)));
-            }
+        if list.is_null() {
+            // SAFETY: the driver refuses the null list itself.
+            return unsafe { launch(list, n, flags) };
         }
-        // SAFETY: forwarding the caller's arguments.
-        unsafe { launch(list, n, flags) }
+        let st = state();
+        let read = (n as usize).min(st.gpus.len().max(1));
+        // SAFETY: the caller's array of `n` >= `read` entries (the driver reads them too).
+        // Copied (a deprecated entry point, rarely called: the allocation is off any hot path),
+        // and the driver given the copy: the grids it launches are the grids priced.
+        let mut entries: Vec<CUDA_LAUNCH_PARAMS_v1> = unsafe { std::slice::from_raw_parts(list, read) }.to_vec();
+        for e in &entries {
+            let ord = st.stream_ordinal(e.hStream as u64).unwrap_or_else(|_| st.current_ordinal());
+            let t = &st.gpu(CUdevice::try_from(ord).unwrap_or(CUdevice::MAX)).throttle;
+            t.acquire(t.kernel_cost(blocks(e.gridDimX, e.gridDimY, e.gridDimZ)));
+        }
+        if read < n as usize {
+            // More devices than this process has: the driver refuses the list.
+            // SAFETY: forwarding the caller's arguments.
+            return unsafe { launch(list, n, flags) };
+        }
+        // SAFETY: the caller's count and flags, its entries as read above.
+        unsafe { launch(entries.as_mut_ptr(), n, flags) }
     })
 }
 
@@ -1144,48 +1156,86 @@ fn child_set(exec: CUgraphExec, node: CUgraphNode, child: CUgraph) {
     state().graph_cost.node_set(exec as u64, node as u64, p);
 }
 
-/// The grid of the kernel node parameters `p` (either ABI: v1 is v2's prefix) the driver has
-/// just accepted.
-macro_rules! grid_of {
-    ($p:expr) => {{
-        // SAFETY: the driver returned CUDA_SUCCESS for these parameters: non-null and readable.
-        let p = unsafe { &*$p };
-        (p.gridDimX, p.gridDimY, p.gridDimZ)
-    }};
-}
-
 forward_then! {
     /// Hooked `cuGraphExecUpdate_v2` (CUDA 12.0): the exec is priced again from its new graph.
     fn cuGraphExecUpdate_v2(exec: CUgraphExec, graph: CUgraph, info: *mut CUgraphExecUpdateResultInfo): PFN_cuGraphExecUpdate_v12000, under changing(exec) => repriced(exec, graph);
     /// Hooked `cuGraphExecUpdate` (CUDA 10.2 ABI): like `cuGraphExecUpdate_v2`.
     fn cuGraphExecUpdate(exec: CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, result: *mut CUgraphExecUpdateResult): PFN_cuGraphExecUpdate_v10020, under changing(exec) => repriced(exec, graph);
-    /// Hooked `cuGraphExecKernelNodeSetParams` (CUDA 10.1 ABI): the node's new grid replaces its old one in the exec's price.
-    fn cuGraphExecKernelNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v1): PFN_cuGraphExecKernelNodeSetParams_v10010, under changing(exec)
-        => kernel_set(exec, node, grid_of!(params));
-    /// Hooked `cuGraphExecKernelNodeSetParams_v2` (CUDA 12.0): like `cuGraphExecKernelNodeSetParams`.
-    fn cuGraphExecKernelNodeSetParams_v2(exec: CUgraphExec, node: CUgraphNode, params: *const CUDA_KERNEL_NODE_PARAMS_v2): PFN_cuGraphExecKernelNodeSetParams_v12000, under changing(exec)
-        => kernel_set(exec, node, grid_of!(params));
     /// Hooked `cuGraphExecChildGraphNodeSetParams`: the new child graph's blocks replace the node's old ones in the exec's price.
     fn cuGraphExecChildGraphNodeSetParams(exec: CUgraphExec, node: CUgraphNode, child: CUgraph): PFN_cuGraphExecChildGraphNodeSetParams_v11010, under changing(exec)
         => child_set(exec, node, child);
-    /// Hooked `cuGraphExecNodeSetParams` (CUDA 12.2): a kernel or child graph node's new work
-    /// replaces its old in the exec's price; other node types run no kernel (a conditional
-    /// node's parameters cannot change: cuda.h).
-    fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams): PFN_cuGraphExecNodeSetParams_v12020, under changing(exec)
-        => exec_node_set(exec, node, params);
 }
 
-/// After a successful `cuGraphExecNodeSetParams`: see the hook.
-fn exec_node_set(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams) {
-    // SAFETY: the driver accepted these parameters (non-null); the tag names the union member.
-    let ty = unsafe { (*params).type_ };
-    if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
-        // The tag says `kernel` (grid_of! reads it under its SAFETY).
-        kernel_set(exec, node, grid_of!(std::ptr::addr_of!((*params).u.kernel)));
-    } else if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
-        // SAFETY: as above: the tag says `graph`.
-        child_set(exec, node, unsafe { (*params).u.graph.graph });
-    }
+/// An exec's kernel node given new parameters: the caller's read once, the driver given that
+/// copy, and on success its grid replaces the node's old one in the exec's price (the grid the
+/// driver runs is the grid priced: a thread shrinking the caller's struct after the driver's
+/// answer would otherwise price every later replay small).
+macro_rules! exec_kernel_set {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident(params: *const $ty:ty) : $pfn:ty;
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[no_mangle]
+            pub unsafe extern "C" fn $name(exec: CUgraphExec, node: CUgraphNode, params: *const $ty) -> CUresult {
+                guard(|| {
+                    let set = real!($name: $pfn);
+                    let _held = changing(exec);
+                    if params.is_null() {
+                        // SAFETY: the driver refuses null parameters itself.
+                        return unsafe { set(exec, node, params) };
+                    }
+                    // SAFETY: non-null, the caller's parameters per the API contract.
+                    let p: $ty = unsafe { *params };
+                    // SAFETY: the caller's exec and node, its parameters as read above.
+                    let rc = unsafe { set(exec, node, &p) };
+                    if rc == CUresult::CUDA_SUCCESS {
+                        kernel_set(exec, node, (p.gridDimX, p.gridDimY, p.gridDimZ));
+                    }
+                    rc
+                })
+            }
+        )*
+    };
+}
+
+exec_kernel_set! {
+    /// Hooked `cuGraphExecKernelNodeSetParams` (CUDA 10.1 ABI): the node's new grid replaces its old one in the exec's price.
+    fn cuGraphExecKernelNodeSetParams(params: *const CUDA_KERNEL_NODE_PARAMS_v1): PFN_cuGraphExecKernelNodeSetParams_v10010;
+    /// Hooked `cuGraphExecKernelNodeSetParams_v2` (CUDA 12.0): like `cuGraphExecKernelNodeSetParams`.
+    fn cuGraphExecKernelNodeSetParams_v2(params: *const CUDA_KERNEL_NODE_PARAMS_v2): PFN_cuGraphExecKernelNodeSetParams_v12000;
+}
+
+/// Hooked `cuGraphExecNodeSetParams` (CUDA 12.2): a kernel or child graph node's new work
+/// replaces its old in the exec's price; other node types run no kernel (a conditional node's
+/// parameters cannot change: cuda.h). The caller's parameters are read once and the driver
+/// given that copy (see `exec_kernel_set!`); the function has no out-fields.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecNodeSetParams(exec: CUgraphExec, node: CUgraphNode, params: *mut CUgraphNodeParams) -> CUresult {
+    guard(|| {
+        let set = real!(cuGraphExecNodeSetParams: PFN_cuGraphExecNodeSetParams_v12020);
+        let _held = changing(exec);
+        if params.is_null() {
+            // SAFETY: the driver refuses null parameters itself.
+            return unsafe { set(exec, node, params) };
+        }
+        // SAFETY: non-null, the caller's parameter block per the API contract.
+        let mut p: CUgraphNodeParams = unsafe { *params };
+        // SAFETY: the caller's exec and node, its parameters as read above.
+        let rc = unsafe { set(exec, node, &mut p) };
+        if rc == CUresult::CUDA_SUCCESS {
+            if p.type_ == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+                // SAFETY: the tag says `kernel`.
+                let k = unsafe { p.u.kernel };
+                kernel_set(exec, node, (k.gridDimX, k.gridDimY, k.gridDimZ));
+            } else if p.type_ == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
+                // SAFETY: the tag says `graph`.
+                child_set(exec, node, unsafe { p.u.graph.graph });
+            }
+        }
+        rc
+    })
 }
 
 /// Hooked `cuGraphAddMemAllocNode`: the node's bytes recorded for the graph (counted at
@@ -1212,8 +1262,10 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         let sized = alloc_node_size(&p);
         // SAFETY: the caller's arguments, its parameters as read above.
         let rc = mem_node_added(graph, sized, || unsafe { add(node, graph, deps, ndeps, &mut p) });
-        // SAFETY: as above; the driver's out-field, written back.
-        unsafe { (*params).dptr = p.dptr };
+        if rc == CUresult::CUDA_SUCCESS {
+            // SAFETY: as above; the driver's out-field, written back.
+            unsafe { (*params).dptr = p.dptr };
+        }
         rc
     })
 }
@@ -1252,7 +1304,7 @@ fn mem_node_added(graph: CUgraph, sized: Option<(usize, u64)>, add: impl FnOnce(
 /// `cuGraphAddChildGraphNode` clones, and refuses a child with memory nodes.)
 ///
 /// The caller's parameters are read once and the driver is given that copy (`add` gets a
-/// pointer to it), its answer written back whole: a thread changing the caller's block in
+/// pointer to it), its out-fields written back on success: a thread changing the caller's block in
 /// between (a kernel node turned into a memory node, a size grown) would otherwise add memory
 /// the shim never recorded.
 fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl FnOnce(*mut CUgraphNodeParams) -> CUresult) -> CUresult {
@@ -1278,9 +1330,19 @@ fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl 
     } else {
         add(own)
     };
-    // SAFETY: the caller's block (non-null): the driver's answer (out-fields such as a memory
-    // node's address or a conditional node's body graphs) goes back.
-    unsafe { *params = p };
+    if rc == CUresult::CUDA_SUCCESS {
+        // The driver's answer goes back, and only its out-fields: a memory node's address, a
+        // conditional node's body graphs (the driver sets `phGraph_out` in the block). Nothing
+        // is stored into other nodes' blocks (a template in read-only memory, or shared by
+        // threads, is the caller's to keep as it was).
+        if p.type_ == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+            // SAFETY: the caller's block (non-null); the tag says `alloc`.
+            unsafe { (*params).u.alloc.dptr = p.u.alloc.dptr };
+        } else if p.type_ == CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL {
+            // SAFETY: the caller's block (non-null), whose union the driver writes for this type.
+            unsafe { (*params).u = p.u };
+        }
+    }
     rc
 }
 

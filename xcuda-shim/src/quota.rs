@@ -236,7 +236,7 @@ impl Quota {
     }
 
     fn new(backend: Backend) -> Self {
-        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(VMM_CAPACITY), vmm_maps: PtrMap::new(VMM_CAPACITY), import_maps: PtrMap::new(1 << 12), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0), teardowns: [const { Teardown::new() }; TEARDOWNS], teardown_lock: crate::spin::SpinLock::new(), flights: [AtomicU32::new(0), AtomicU32::new(0)], flight_phase: AtomicU32::new(0), tearing: AtomicU32::new(0), teardown_waits: AtomicU64::new(0) }
+        Self { backend, dptrs: PtrMap::new(1 << 16), vmm: PtrMap::new(VMM_CAPACITY), vmm_maps: PtrMap::new(VMM_CAPACITY), import_maps: PtrMap::new(VMM_CAPACITY), arrays: PtrMap::new(1 << 12), limits: PtrMap::new(1 << 10), last_reclaim_ns: AtomicU64::new(0), fork_group: AtomicU64::new(0), fork_quota: AtomicU64::new(0), owner_source: no_owner, damaged: AtomicBool::new(false), group_id: 0, mps_pct: 0, test_check_pause_ms: AtomicU64::new(0), test_check_pauses: AtomicU64::new(0), teardowns: [const { Teardown::new() }; TEARDOWNS], teardown_lock: crate::spin::SpinLock::new(), flights: [AtomicU32::new(0), AtomicU32::new(0)], flight_phase: AtomicU32::new(0), tearing: AtomicU32::new(0), teardown_waits: AtomicU64::new(0) }
     }
 
     /// Records each new allocation's owner as `f` answers (the current CUDA context), so that
@@ -699,6 +699,11 @@ impl Quota {
     pub fn vmm_handle_at(&self, addr: u64) -> Option<u64> {
         let (start, _) = self.vmm_maps.entries().into_iter().find(|&(start, size)| start <= addr && addr - start < size)?;
         self.vmm_maps.get_owned(start).map(|(_, h)| h)
+    }
+
+    /// The recorded mapping that starts at `addr`: (size, handle). One lookup.
+    pub fn vmm_mapping_at(&self, addr: u64) -> Option<(u64, u64)> {
+        self.vmm_maps.get_owned(addr)
     }
 
     /// The recorded mapping at `addr`, taken out: (size, handle).

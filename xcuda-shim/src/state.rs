@@ -232,6 +232,12 @@ impl State {
     /// saw its handle) may lie among them, and the known ones after it must not stay counted
     /// (not a hot path: the mapping table is scanned).
     pub fn vmm_unmap_take(&self, addr: u64, size: u64) -> Vec<(&Quota, u64, u64, u64)> {
+        if let Some(q) = self.exact_mapping(addr, size) {
+            // One mapping starts at `addr` and covers the range (PyTorch's expandable segments
+            // unmap page by page); mappings never overlap, so no other starts in it: no scan
+            // of every GPU's table (65,536 slots each) per unmap.
+            return q.vmm_unmap_take(addr).map(|(len, h)| vec![(q, addr, len, h)]).unwrap_or_default();
+        }
         let end = addr.saturating_add(size);
         let mut taken = Vec::new();
         for q in self.quotas() {
@@ -248,6 +254,13 @@ impl State {
     /// ([`crate::quota::Kind::VmmImportMap`]) that start in the range, each with its quota:
     /// (quota, address, bytes counted).
     pub fn import_unmap_take(&self, addr: u64, size: u64) -> Vec<(&Quota, u64, u64)> {
+        if self.exact_mapping(addr, size).is_some() || self.exact_import(addr, size).is_some() {
+            // As in `vmm_unmap_take`: one mapping covers the range, only it can be taken.
+            return self
+                .exact_import(addr, size)
+                .and_then(|q| q.take(crate::quota::Kind::VmmImportMap, addr).map(|(bytes, _)| vec![(q, addr, bytes)]))
+                .unwrap_or_default();
+        }
         let end = addr.saturating_add(size);
         let mut taken = Vec::new();
         for q in self.quotas() {
@@ -275,7 +288,23 @@ impl State {
     /// The handle of the recorded mapping that holds `addr` (any address in it), with the
     /// quota that counts it (not a hot path: the mapping tables are scanned).
     pub fn vmm_handle_at(&self, addr: u64) -> Option<(&Quota, u64)> {
+        // A mapping's start (what applications pass): one lookup per GPU, no scan.
+        if let Some(found) = self.quotas().find_map(|q| q.vmm_mapping_at(addr).map(|(_, h)| (q, h))) {
+            return Some(found);
+        }
         self.quotas().find_map(|q| q.vmm_handle_at(addr).map(|h| (q, h)))
+    }
+
+    /// The quota with a recorded mapping of a handle it counts that starts at `addr` and
+    /// covers `size` bytes (one lookup per GPU).
+    fn exact_mapping(&self, addr: u64, size: u64) -> Option<&Quota> {
+        self.quotas().find(|q| q.vmm_mapping_at(addr).is_some_and(|(len, _)| len >= size))
+    }
+
+    /// The quota with a recorded mapping of an imported handle that starts at `addr` and covers
+    /// `size` bytes.
+    fn exact_import(&self, addr: u64, size: u64) -> Option<&Quota> {
+        self.quotas().find(|q| q.tracked(crate::quota::Kind::VmmImportMap, addr).is_some_and(|len| len >= size))
     }
 
     /// Context `ctx` is gone: gives back what it held, on every GPU (it held memory on one).
@@ -847,6 +876,41 @@ mod tests {
         let mut c = Config::default();
         assert!(c.apply_env(&|k| (k == "XSHARE_GPUS").then(|| gpus.to_string())).is_empty());
         c
+    }
+
+    /// Unmaps find their mappings on any GPU: a whole mapping by its start (one lookup per
+    /// GPU, the common case: PyTorch unmaps page by page), a range over several mappings, or a
+    /// range that starts at no mapping, by the scan; a retain finds the handle at a mapping's
+    /// start or inside it.
+    #[test]
+    fn unmaps_and_retains_find_their_mappings_on_any_gpu() {
+        use crate::quota::Kind;
+        const PAGE: u64 = 20 << 20;
+        let st = State {
+            gpus: vec![Gpu::for_test(1 << 40), Gpu::for_test(1 << 40)].into_boxed_slice(),
+            contexts: crate::exit::Contexts::new(),
+            unmapped: Gpu::for_test(0),
+            graph_mem: Default::default(),
+            graph_cost: Default::default(),
+            stream_pools: Default::default(),
+        };
+        let base = 0x7f00_0000_0000u64;
+        let q = &st.gpus[1].quota;
+        for i in 0..4u64 {
+            let h = 0x1000 + i * 16;
+            assert!(q.try_reserve(PAGE) && q.track(Kind::Vmm, h, PAGE));
+            assert!(q.vmm_map_begin(h) && q.vmm_mapped(base + i * PAGE, PAGE, h));
+        }
+        assert!(std::ptr::eq(st.vmm_handle_at(base).unwrap().0, q));
+        assert_eq!(st.vmm_handle_at(base + PAGE + 5).map(|(_, h)| h), Some(0x1010), "inside a mapping");
+        let one = st.vmm_unmap_take(base, PAGE);
+        assert_eq!(one.iter().map(|t| (t.1, t.2, t.3)).collect::<Vec<_>>(), [(base, PAGE, 0x1000)]);
+        let two = st.vmm_unmap_take(base + PAGE, 2 * PAGE);
+        assert_eq!(two.iter().map(|t| t.1).collect::<std::collections::BTreeSet<_>>(), [base + PAGE, base + 2 * PAGE].into());
+        assert!(st.vmm_unmap_take(base, PAGE).is_empty(), "taken already");
+        let last = st.vmm_unmap_take(base + 3 * PAGE - 4096, 2 * PAGE);
+        assert_eq!(last.iter().map(|t| t.1).collect::<Vec<_>>(), [base + 3 * PAGE], "a range starting at no mapping: the scan");
+        assert!(st.import_unmap_take(base, PAGE).is_empty());
     }
 
     /// A launch counter that stepped back (a lost update between two launching threads) reads
