@@ -28,7 +28,7 @@ def run(op, obj, old, user="alice"):
         r=ev(x['expression'], act); out.append(bool(r))
         if not r and 'messageExpression' in x: print("   msg:", ev(x['messageExpression'], act))
     return out
-pod=lambda ann,node=None,sched="xshare-scheduler": {"metadata":{"annotations":ann} if ann is not None else {}, "spec":dict({"schedulerName":sched,"containers":[{"name":"c","resources":{"limits":{"xshare.io/offline-gpu":"1"}}}]}, **({"nodeName":node} if node else {}))}
+pod=lambda ann,node=None,sched="xshare-scheduler",labels=None: {"metadata":dict({"annotations":ann} if ann is not None else {}, **({"labels":labels} if labels is not None else {})), "spec":dict({"schedulerName":sched,"containers":[{"name":"c","resources":{"limits":{"xshare.io/offline-gpu":"1"}}}]}, **({"nodeName":node} if node else {}))}
 plan={"xshare.io/gpu":"0","xshare.io/sm-percent":"40","xshare.io/memory-quota-bytes":"2147483648"}
 cases=[("create plain", run("CREATE", pod({"a":"b"}), None), [True]*3),
 ("create preset plan", run("CREATE", pod(plan), None), [False,True,True]),
@@ -46,6 +46,15 @@ cases=[("create plain", run("CREATE", pod({"a":"b"}), None), [True]*3),
 ("tenant adds kubelet eviction", run("UPDATE", pod(dict(plan, **{"xshare.io/kubelet-eviction":'{"node":"n1","since_unix_ms":1,"node_pressure":true}'})), pod(plan)), [False,True,True]),
 ("create with kubelet eviction", run("CREATE", pod({"xshare.io/kubelet-eviction":"{}"}), None), [False,True,True]),
 ("extender adds kubelet eviction", run("UPDATE", pod(dict(plan, **{"xshare.io/kubelet-eviction":"{}"})), pod(plan), user="system:serviceaccount:kube-system:xshare-extender"), "skipped"),
+]
+# Once bound, the plan's view of the job is frozen (4th validation).
+ident=dict(plan, **{"xshare.io/memory-mib":"4000"}); role={"xshare.io/role":"offline"}
+cases=[(n, g if g=="skipped" else g, (w+[True]) if isinstance(w, list) else w) for n, g, w in cases]
+cases+=[("bound: memory-mib edited", run("UPDATE", pod(dict(ident, **{"xshare.io/memory-mib":"x"}),"n1",labels=role), pod(ident,"n1",labels=role)), [True,True,True,False]),
+("bound: role label removed", run("UPDATE", pod(ident,"n1",labels={}), pod(ident,"n1",labels=role)), [True,True,True,False]),
+("bound: offline-job label added", run("UPDATE", pod(ident,"n1",labels=dict(role, **{"xshare.io/offline-job":"other"})), pod(ident,"n1",labels=role)), [True,True,True,False]),
+("bound: other label changed", run("UPDATE", pod(ident,"n1",labels=dict(role, team="b")), pod(ident,"n1",labels=dict(role, team="a"))), [True]*4),
+("pending: memory-mib edited", run("UPDATE", pod(dict(ident, **{"xshare.io/memory-mib":"5000"}),labels=role), pod(ident,labels=role)), [True]*4),
 ]
 bad=0
 for name, got, want in cases:

@@ -106,8 +106,9 @@ pub struct Watched {
     pub view: WatchView,
     /// cluster.json: round settings, tenants, nodes the watches do not describe.
     pub base: ClusterSpec,
-    /// Jobs bound through this extender, by job key, until the watch shows them bound.
-    bound: Arc<Mutex<BTreeMap<String, GpuRef>>>,
+    /// Jobs bound through this extender, by job key, until the watch shows them bound: the GPU
+    /// and the memory quota (MiB) the pod was bound with, which rounds charge the GPU.
+    bound: Arc<Mutex<BTreeMap<String, (GpuRef, u64)>>>,
     /// UIDs of offline pods seen evicted through the Eviction API (a counter's memory).
     evicted: Arc<Mutex<BTreeSet<String>>>,
     /// Nodes kube-scheduler's own filters kept jobs' pods off (see [`SchedulerRefusals`]).
@@ -245,7 +246,7 @@ impl Extender {
         view: WatchView,
     ) -> Self {
         let period = Duration::from_secs(base.round_period_s.max(1));
-        let bound: Arc<Mutex<BTreeMap<String, GpuRef>>> = Arc::default();
+        let bound: Arc<Mutex<BTreeMap<String, (GpuRef, u64)>>> = Arc::default();
         let evicted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let refusals: Arc<Mutex<SchedulerRefusals>> = Arc::default();
         let refusal_ttl = Duration::from_secs(base.scheduler_refusal_ttl_s);
@@ -275,7 +276,13 @@ impl Extender {
                 bound.retain(|k, _| present.contains(k));
                 for job in &mut workloads.offline {
                     if job.current.is_none() {
-                        job.current = bound.get(&job.name).cloned();
+                        // The quota it was bound with, as the watch would read it off the pod:
+                        // a round run before the watch shows the bind (the one the bind itself
+                        // starts) charged only the job's need, and gave a newcomer the rest.
+                        if let Some((at, quota_mib)) = bound.get(&job.name) {
+                            job.current = Some(at.clone());
+                            job.held_memory_quota_mib = Some(*quota_mib);
+                        }
                     } else {
                         bound.remove(&job.name);
                     }
@@ -724,7 +731,7 @@ impl Extender {
                 job.current = Some(a.at.clone());
             }
             if let Some(w) = &self.watched {
-                relock(&w.bound).insert(job_name.clone(), a.at.clone());
+                relock(&w.bound).insert(job_name.clone(), (a.at.clone(), a.memory_quota_mib));
             }
             i.dirty = true;
         }

@@ -828,9 +828,21 @@ impl ClusterSnapshot {
                 }
                 Role::Offline => {
                     let Some(key) = offline_job_key(pod) else { continue };
-                    let memory_mib = match offline_memory_mib(ann) {
-                        Ok(v) => v,
-                        Err(why) => {
+                    // What a running pod was bound with (its shim's limit), in whole MiB.
+                    let held_memory_quota_mib = at_known.as_ref().and_then(|_| {
+                        get(contract::ANN_MEMORY_QUOTA_BYTES).and_then(contract::parse_memory_quota).map(|b| b.div_ceil(1 << 20))
+                    });
+                    let memory_mib = match (offline_memory_mib(ann), held_memory_quota_mib) {
+                        (Ok(v), _) => v,
+                        // A running pod whose need no longer parses (edited after its bind,
+                        // where the admission policy is not installed) still holds its GPU and
+                        // its quota: charged by the quota, never left out of the plan (its GPU
+                        // would be given to another job, its memory promised again).
+                        (Err(why), Some(q)) => {
+                            skip(format!("{why}; it runs with a quota of {q} MiB, which the plan charges its GPU"));
+                            q
+                        }
+                        (Err(why), None) => {
                             skip(why);
                             continue;
                         }
@@ -841,12 +853,7 @@ impl ClusterSnapshot {
                         memory_mib,
                         gpu_types: contract::gpu_types(ann),
                         profile,
-                        // What a running pod was bound with (its shim's limit), in whole MiB.
-                        held_memory_quota_mib: at_known.as_ref().and_then(|_| {
-                            get(contract::ANN_MEMORY_QUOTA_BYTES)
-                                .and_then(contract::parse_memory_quota)
-                                .map(|b| b.div_ceil(1 << 20))
-                        }),
+                        held_memory_quota_mib,
                         current: at_known,
                         feedback: Default::default(),
                     };

@@ -343,3 +343,44 @@ fn an_offline_pod_newer_than_the_plan_waits_for_the_round_its_filter_call_starts
     eventually("planned", || ext.decide(&pod(&c, "ml", "a-x")) == PodDecision::Placed(at("n1", 0)));
     assert_eq!(filter(&c, &ext, "a-x", &["n1"]).node_names, Some(vec!["n1".to_string()]));
 }
+
+/// The round a bind starts usually runs before the watch shows the pod bound: the job's GPU
+/// then comes from the extender's own record of the bind, and so must the quota it was bound
+/// with. Here the watch never shows the bind (it watches a copy of the cluster the binds do not
+/// reach): before, that round charged the running job only its need, and a newcomer bound from
+/// it got part of what the first still held (16384 + 12384 MiB against 24768 of room).
+#[test]
+fn a_newcomer_planned_before_the_watch_shows_a_bind_gets_only_what_the_bound_job_leaves() {
+    let (watched, api_side) = (FakeCluster::start(), FakeCluster::start());
+    for c in [&watched, &api_side] {
+        c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+        c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+        c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    }
+    let w = ClusterWatch::start(&ApiSource::Url(watched.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
+    assert!(w.wait_synced(Duration::from_secs(30)));
+    let v = w.view();
+    eventually("pods listed", || v.snapshot().pods.len() == 2);
+    let api = KubeApi::connect(&ApiSource::Url(api_side.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
+    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 0.5, "max_offline_per_gpu": 2, "nodes": []}))
+    .unwrap();
+    let ext = Arc::new(Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view()).with_api(api));
+    let _pl = ext.spawn_planner();
+    let quota_mib = |name: &str| -> u64 {
+        let p = api_side.pod("ml", name).unwrap();
+        p["metadata"]["annotations"]["xshare.io/memory-quota-bytes"].as_str().expect("bound with a quota").parse::<u64>().unwrap() >> 20
+    };
+    assert_eq!(bind(&api_side, &ext, "a-x", "n1"), "");
+    assert_eq!(quota_mib("a-x"), 16384);
+    for c in [&watched, &api_side] {
+        c.add_pod(job_pod("ml", "b", "y", "1", 4000));
+    }
+    eventually("b listed", || v.pod("ml", "b-y").is_some());
+    let round = ext.snapshot().round;
+    ext.replan();
+    eventually("replanned", || ext.snapshot().round > round);
+    assert!(v.pod("ml", "a-x").is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()), "the watch never saw a bound");
+    assert_eq!(bind(&api_side, &ext, "b-y", "n1"), "");
+    assert_eq!(quota_mib("a-x") + quota_mib("b-y"), 24768, "a {} b {}", quota_mib("a-x"), quota_mib("b-y"));
+}

@@ -445,6 +445,33 @@ fn a_terminating_offline_pod_is_not_a_placement_and_its_replacement_is_planned()
     );
 }
 
+/// A running offline pod whose `xshare.io/memory-mib` no longer parses (edited after its bind
+/// where the admission policy is not installed) still holds its GPU and its bound quota: the
+/// plan charges its GPU that quota and keeps the job where it runs, instead of leaving it out
+/// (its GPU was then given to another job, its memory promised again).
+#[test]
+fn a_running_pod_with_a_broken_need_is_charged_its_bound_quota() {
+    let now = now_ms();
+    let nodes = [node("gpu-n", "1", Some(heartbeat_json("gpu-n", now, &["Healthy"])))];
+    let mut run = job_pod("ml", "train", "a", "1", 1000);
+    run["spec"]["nodeName"] = "gpu-n".into();
+    run["metadata"]["annotations"]["xshare.io/gpu"] = "0".into();
+    run["metadata"]["annotations"]["xshare.io/memory-quota-bytes"] = (6000u64 << 20).to_string().into();
+    run["metadata"]["annotations"]["xshare.io/memory-mib"] = "x".into();
+    run["status"]["phase"] = "Running".into();
+    let pods = [online_pod("prod", "svc-0", "1", "gpu-n", 0), run];
+    let typed: Vec<Pod> = pods.iter().map(|p| serde_json::from_value(p.clone()).unwrap()).collect();
+    let nodes_t: Vec<Node> = nodes.iter().map(|n| serde_json::from_value(n.clone()).unwrap()).collect();
+    let snap = ClusterSnapshot::new(typed, nodes_t, now, WatchSettings::default());
+    let spec = snap.cluster_spec(&open_cluster());
+    let (workloads, skipped) = snap.workloads(&spec);
+    assert_eq!(workloads.offline.len(), 1, "{workloads:?}");
+    let j = &workloads.offline[0];
+    assert_eq!((j.memory_mib, j.held_memory_quota_mib), (6000, Some(6000)), "{j:?}");
+    assert_eq!(j.current, Some(GpuRef { node: "gpu-n".into(), gpu: 0 }));
+    assert!(skipped.iter().any(|s| s.what.contains("train-a") && s.why.contains("quota of 6000 MiB")), "{skipped:?}");
+}
+
 // ---------------------------------------------------------------- metrics and dashboard
 
 fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {

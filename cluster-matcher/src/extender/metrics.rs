@@ -165,7 +165,7 @@ pub fn render(ext: &Extender) -> String {
     o.family(
         "xshare_extender_scheduler_refusals_total",
         "counter",
-        "Planned nodes kube-scheduler's own filters (resources, taints, node selector, affinity) left out of a filter call for the job's pod: (job, node) pairs, each counted again only after scheduler_refusal_ttl_s.",
+        "Planned nodes kube-scheduler's own filters (resources, taints, node selector, affinity) left out of a filter call for the job's pod: (job, node) pairs, each counted again only after scheduler_refusal_ttl_s (with 0, at every such call).",
     );
     o.sample("xshare_extender_scheduler_refusals_total", "", ext.scheduler_refusal_count() as f64);
 
