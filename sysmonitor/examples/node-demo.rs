@@ -559,14 +559,14 @@ fn plot(
         }
         runs.into_iter().filter(|r| !r.is_empty()).collect()
     };
-    for (i, pts) in steps(&|r| Some(r.p99)).into_iter().enumerate() {
+    for (i, pts) in steps(&|r| Some(r.p99).filter(|v| *v > 0.0)).into_iter().enumerate() {
         let s = c.draw_series(LineSeries::new(pts, blue.stroke_width(2))).map_err(|x| e(&x))?;
         if i == 0 {
             s.label("online p99 per window beside offline work (red: the online burst's window)")
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], blue));
         }
     }
-    c.draw_series(rows.iter().filter(|r| r.burst && r.p99.is_finite()).map(|r| {
+    c.draw_series(rows.iter().filter(|r| r.burst && r.p99.is_finite() && r.p99 > 0.0).map(|r| {
         PathElement::new(vec![(r.began, r.p99), (r.t, r.p99)], red.stroke_width(4))
     }))
     .map_err(|x| e(&x))?;
