@@ -131,6 +131,7 @@ fn build(gpus: usize, jobs_per_gpu: usize, per_gpu: usize) -> (ClusterSpec, Work
                 profile: Some(profiles[p].clone()),
                 current: None,
                 held_memory_quota_mib: None,
+                allowed_nodes: None,
                 feedback: Default::default(),
             }
         })

@@ -120,18 +120,23 @@ pub struct Watched {
 /// The (job, node) pairs kube-scheduler's own filters refused: the plan placed the job on
 /// the node, and a filter call for the job's pod did not offer that node (NodeResourcesFit,
 /// taints, node selector or affinity run before extenders, and a node they reject is not in
-/// `NodeNames`). Each is remembered for `ttl` from when it was first seen, so the rounds plan
-/// the job elsewhere meanwhile and try the node again after it (its CPU may have freed up).
+/// `NodeNames`). Each is remembered for `ttl` from when it was first seen, with the nodes that
+/// call did offer: the rounds plan the job only on those meanwhile (every node the filters
+/// rule out at once, not one per attempt: a job whose pods may run only in a small pool used
+/// to be planned on the next best node outside it at each attempt), and try again after it
+/// (the node's CPU may have freed up).
 #[derive(Debug, Default)]
 pub struct SchedulerRefusals {
     since: BTreeMap<(String, String), Instant>,
+    /// Per job, the nodes offered by the call of its latest new refusal, and when.
+    offered: BTreeMap<String, (BTreeSet<String>, Instant)>,
 }
 
 impl SchedulerRefusals {
     /// Records that the scheduler kept `job`'s pod off `node` at `now`; true when the pair
     /// is new (not remembered, or its refusal expired). With a `ttl` of 0 nothing is
     /// remembered and every call is new.
-    pub fn note(&mut self, job: &str, node: &str, now: Instant, ttl: Duration) -> bool {
+    pub fn note(&mut self, job: &str, node: &str, offered: &[String], now: Instant, ttl: Duration) -> bool {
         if ttl.is_zero() {
             return true;
         }
@@ -140,15 +145,18 @@ impl SchedulerRefusals {
             Some(t) if now.saturating_duration_since(*t) < ttl => false,
             _ => {
                 self.since.insert(key, now);
+                self.offered.insert(job.to_string(), (offered.iter().cloned().collect(), now));
                 true
             }
         }
     }
 
-    /// The (job, node) pairs still refused at `now`; expired ones are forgotten.
-    pub fn active(&mut self, now: Instant, ttl: Duration) -> Vec<(String, String)> {
+    /// The jobs still refused at `now`, each with the only nodes it may be planned on (those
+    /// its latest refusal's call offered); expired ones are forgotten.
+    pub fn active(&mut self, now: Instant, ttl: Duration) -> BTreeMap<String, BTreeSet<String>> {
         self.since.retain(|_, t| now.saturating_duration_since(*t) < ttl);
-        self.since.keys().cloned().collect()
+        self.offered.retain(|_, (_, t)| now.saturating_duration_since(*t) < ttl);
+        self.offered.iter().map(|(j, (nodes, _))| (j.clone(), nodes.clone())).collect()
     }
 }
 
@@ -296,20 +304,17 @@ impl Extender {
                     }
                 }
             }
-            // The nodes kube-scheduler's own filters keep jobs' pods off: every GPU of the
-            // node refused to the job until the refusal expires.
-            let refused: BTreeSet<(String, GpuRef)> = {
-                let jobs: BTreeSet<&str> = workloads.offline.iter().map(|o| o.name.as_str()).collect();
-                let active = relock(&rf).active(Instant::now(), refusal_ttl);
-                let mut refused = BTreeSet::new();
-                for (job, node) in active.into_iter().filter(|(job, _)| jobs.contains(job.as_str())) {
-                    let gpus: u32 = cluster.nodes.iter().filter(|n| n.name == node).map(|n| n.gpus).sum();
-                    for gpu in 0..gpus {
-                        refused.insert((job.clone(), GpuRef { node: node.clone(), gpu }));
+            // The nodes kube-scheduler's own filters keep jobs' pods off: a refused job is
+            // planned only on the nodes they last offered, until the refusal expires.
+            {
+                let mut active = relock(&rf).active(Instant::now(), refusal_ttl);
+                for job in &mut workloads.offline {
+                    if let Some(nodes) = active.remove(&job.name) {
+                        job.allowed_nodes = Some(nodes);
                     }
                 }
-                refused
-            };
+            }
+            let refused: BTreeSet<(String, GpuRef)> = BTreeSet::new();
             let health = |g: &GpuRef| snap.health(g);
             let mut cells = cells.as_ref().map(|c| relock(c));
             match cells.as_deref_mut() {
@@ -542,7 +547,7 @@ impl Extender {
             (PodDecision::Placed(at), Some(w), None)
                 if !names.is_empty() && !names.contains(&at.node) && !nominated_only =>
             {
-                self.note_scheduler_refusal(w, &args.pod, at);
+                self.note_scheduler_refusal(w, &args.pod, at, &names);
                 true
             }
             _ => false,
@@ -590,9 +595,9 @@ impl Extender {
     /// Remembers that kube-scheduler's own filters kept `pod` off the node the plan places
     /// its job on (see [`SchedulerRefusals`]); a new refusal is said at WARN, counted, and
     /// wakes the planner (when remembered at all: `scheduler_refusal_ttl_s` > 0).
-    fn note_scheduler_refusal(&self, w: &Watched, pod: &Pod, at: &GpuRef) {
+    fn note_scheduler_refusal(&self, w: &Watched, pod: &Pod, at: &GpuRef, offered: &[String]) {
         let Some(job) = crate::watch::offline_job_key(pod) else { return };
-        if !relock(&w.refusals).note(&job, &at.node, Instant::now(), w.refusal_ttl) {
+        if !relock(&w.refusals).note(&job, &at.node, offered, Instant::now(), w.refusal_ttl) {
             return;
         }
         self.scheduler_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -603,7 +608,8 @@ impl Extender {
             node = %at.node,
             gpu = at.gpu,
             ttl_s = w.refusal_ttl.as_secs(),
-            "kube-scheduler's own filters (resources, taints, node selector, affinity) keep this pod off the node the plan places its job on: the node is refused to the job for scheduler_refusal_ttl_s and the job planned again (0: not remembered, the pod waits)"
+            offered = offered.len(),
+            "kube-scheduler's own filters (resources, taints, node selector, affinity) keep this pod off the node the plan places its job on: for scheduler_refusal_ttl_s the job is planned only on the nodes they offered (0: not remembered, the pod waits)"
         );
         if !w.refusal_ttl.is_zero() {
             self.replan();
@@ -923,19 +929,23 @@ mod tests {
         let ttl = Duration::from_secs(300);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
+        let offered = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        let set = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
         let mut r = SchedulerRefusals::default();
-        assert!(r.note("ml/a", "n1", at(0), ttl));
-        assert!(!r.note("ml/a", "n1", at(100), ttl), "seen again within the TTL: not new");
-        assert!(r.note("ml/b", "n1", at(100), ttl), "another job: new");
-        assert_eq!(r.active(at(299), ttl), vec![("ml/a".to_string(), "n1".to_string()), ("ml/b".into(), "n1".into())]);
-        assert_eq!(r.active(at(300), ttl), vec![("ml/b".to_string(), "n1".to_string())], "ml/a expired, not extended by the second sighting");
-        assert!(r.note("ml/a", "n1", at(301), ttl), "refused again after expiry: new again");
-        assert_eq!(r.active(at(401), ttl), vec![("ml/a".to_string(), "n1".to_string())]);
+        assert!(r.note("ml/a", "n1", &offered(&["n2", "n3"]), at(0), ttl));
+        assert!(!r.note("ml/a", "n1", &offered(&["n2"]), at(100), ttl), "seen again within the TTL: not new");
+        assert!(r.note("ml/b", "n1", &offered(&["n4"]), at(100), ttl), "another job: new");
+        let active = r.active(at(299), ttl);
+        assert_eq!(active.get("ml/a"), Some(&set(&["n2", "n3"])), "planned only on the nodes the first refusal's call offered");
+        assert_eq!(active.get("ml/b"), Some(&set(&["n4"])));
+        assert_eq!(r.active(at(300), ttl).keys().collect::<Vec<_>>(), ["ml/b"], "ml/a expired, not extended by the second sighting");
+        assert!(r.note("ml/a", "n1", &offered(&["n5"]), at(301), ttl), "refused again after expiry: new again");
+        assert_eq!(r.active(at(401), ttl).get("ml/a"), Some(&set(&["n5"])));
         assert!(r.active(at(601), ttl).is_empty());
 
         let mut off = SchedulerRefusals::default();
-        assert!(off.note("ml/a", "n1", at(0), Duration::ZERO));
-        assert!(off.note("ml/a", "n1", at(0), Duration::ZERO));
+        assert!(off.note("ml/a", "n1", &offered(&["n2"]), at(0), Duration::ZERO));
+        assert!(off.note("ml/a", "n1", &offered(&["n2"]), at(0), Duration::ZERO));
         assert!(off.active(at(0), Duration::ZERO).is_empty());
     }
 

@@ -267,6 +267,9 @@ fn forbidden(cluster: &ClusterSpec, c: &Candidate, job: &OfflineJob) -> Option<&
     if job.memory_mib > c.free_for_new().min(c.quota_cap_mib) {
         return Some("memory will not fit");
     }
+    if job.allowed_nodes.as_ref().is_some_and(|a| !a.contains(&c.at.node)) {
+        return Some("kube-scheduler's own filters keep its pod off this node");
+    }
     if let Some(rule) = cluster.tenants.get(&c.online.tenant) {
         if rule.no_offline_sharing || rule.deny_offline_from.contains(&job.tenant) {
             return Some("tenant rule");
@@ -278,8 +281,9 @@ fn forbidden(cluster: &ClusterSpec, c: &Candidate, job: &OfflineJob) -> Option<&
 /// GPUs and jobs grouped into classes of interchangeable members: two GPUs share a class
 /// when every job sees the same weight and the same constraints on both (predictor model,
 /// GPU type, SM key, online profile, tenant when it has a rule, which job memory sizes
-/// fit), two jobs when every GPU does (profile, tenant when a rule names it, allowed GPU
-/// types, which GPU memory caps they fit). A GPU or job named in a refused pair is a class of its own.
+/// fit, which jobs' allowed-node sets hold its node), two jobs when every GPU does (profile,
+/// tenant when a rule names it, allowed GPU types, which GPU memory caps they fit, their
+/// allowed-node set). A GPU or job named in a refused pair is a class of its own.
 struct Classes {
     gpu_class: Vec<u32>,
     job_class: Vec<u32>,
@@ -346,13 +350,29 @@ fn classify<'a>(
     let named: HashSet<&str> =
         cluster.tenants.values().flat_map(|r| r.deny_offline_from.iter().map(String::as_str)).collect();
     let mut profiles = ProfileIds::default();
+    // The distinct allowed-node sets of the round's jobs: a job's class names its set, a GPU's
+    // the sets its node is in (so every job sees the members of a GPU class alike).
+    let mut allowed_sets: Vec<&BTreeSet<String>> = Vec::new();
+    let allowed_id: Vec<u32> = jobs
+        .iter()
+        .map(|j| match &j.allowed_nodes {
+            None => u32::MAX,
+            Some(a) => match allowed_sets.iter().position(|s| *s == a) {
+                Some(i) => i as u32,
+                None => {
+                    allowed_sets.push(a);
+                    (allowed_sets.len() - 1) as u32
+                }
+            },
+        })
+        .collect();
     let gpu_keys: Vec<_> = candidates
         .iter()
         .enumerate()
         .map(|(i, c)| {
             // GPUs kept full by running jobs share one class that matches nothing.
             if full[i] {
-                return (u32::MAX, None, 0, None, u32::MAX, 0, usize::MAX - 1);
+                return (u32::MAX, None, 0, None, u32::MAX, 0, usize::MAX - 1, Vec::new());
             }
             let own = if refused_gpus.contains(&c.at) { i } else { usize::MAX };
             (
@@ -366,6 +386,7 @@ fn classify<'a>(
                 // Which job memory sizes fit: exact for every job of the round.
                 job_mems.partition_point(|&m| m <= cap(c)),
                 own,
+                allowed_sets.iter().enumerate().filter(|(_, a)| a.contains(&c.at.node)).map(|(i, _)| i as u32).collect::<Vec<u32>>(),
             )
         })
         .collect();
@@ -375,7 +396,7 @@ fn classify<'a>(
         .map(|(i, j)| {
             // Jobs kept where they run share one class that matches nothing.
             if frozen[i] {
-                return (None, u32::MAX, Vec::new(), 0, usize::MAX - 1);
+                return (None, u32::MAX, Vec::new(), 0, usize::MAX - 1, u32::MAX);
             }
             let own = if refused_jobs.contains(j.name.as_str()) { i } else { usize::MAX };
             (
@@ -385,6 +406,7 @@ fn classify<'a>(
                 // Which GPU caps it fits under: exact for every GPU of the round.
                 caps.partition_point(|&c| c < j.memory_mib),
                 own,
+                allowed_id[i],
             )
         })
         .collect();

@@ -220,6 +220,7 @@ mod tests {
             profile: None,
             current: None,
             held_memory_quota_mib: None,
+            allowed_nodes: None,
             feedback: JobFeedback::default(),
         }
     }

@@ -854,6 +854,7 @@ impl ClusterSnapshot {
                         gpu_types: contract::gpu_types(ann),
                         profile,
                         held_memory_quota_mib,
+                        allowed_nodes: None,
                         current: at_known,
                         feedback: Default::default(),
                     };

@@ -297,6 +297,33 @@ fn a_node_the_schedulers_own_filters_leave_out_is_planned_no_more() {
     assert!(metrics::render(&ext).contains("xshare_extender_scheduler_refusals_total 1\n"));
 }
 
+/// A job whose pods kube-scheduler's own filters allow on one node of forty (a node selector
+/// to a pool, say): the first filter call after the planned node is left out offers only that
+/// node, and the next round plans the job there, not on the next best of the 39 others (one
+/// node learnt per attempt, about 10 s each, before; and with more such nodes ahead than
+/// refusals alive in `scheduler_refusal_ttl_s`, never).
+#[test]
+fn a_job_the_schedulers_filters_allow_on_one_node_of_forty_is_planned_there_at_once() {
+    let now = now_ms();
+    let c = FakeCluster::start();
+    for i in 1..=40 {
+        let n = format!("n{i}");
+        c.add_node(node(&n, "1", Some(heartbeat_json(&n, now, &["Healthy"]))));
+        c.add_pod(online_pod("prod", &format!("svc-{i}"), "1", &n, 0));
+    }
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let (_w, ext) = ext_on(&c, 1, 41);
+    let PodDecision::Placed(planned) = ext.decide(&pod(&c, "ml", "a-x")) else { panic!("a placed: {:?}", ext.plan()) };
+    let pool = if planned.node == "n40" { "n39" } else { "n40" };
+    let f = filter(&c, &ext, "a-x", &[pool]);
+    assert_eq!(f.node_names, Some(vec![]), "{f:?}");
+    let _pl = ext.spawn_planner();
+    eventually("replanned", || ext.snapshot().round >= 1);
+    assert_eq!(ext.decide(&pod(&c, "ml", "a-x")), PodDecision::Placed(at(pool, 0)), "{:?}", ext.plan());
+    assert_eq!(filter(&c, &ext, "a-x", &[pool]).node_names, Some(vec![pool.to_string()]));
+    assert!(metrics::render(&ext).contains("xshare_extender_scheduler_refusals_total 1\n"));
+}
+
 /// An offline pod whose `xshare.io/memory-mib` is missing or not a number cannot be planned.
 /// Filter passes it no node, with the annotation named (kube-scheduler puts the reason in the
 /// pod's FailedScheduling event), and prioritize scores it 0. Fails without it: the pod was

@@ -264,3 +264,29 @@ fn a_kept_jobs_held_quota_is_charged_and_never_shared_again() {
         assert_eq!(p.unplaced, vec!["b".to_string()], "{solver:?}: {p:?}");
     }
 }
+
+/// A job's allowed nodes (those kube-scheduler's own filters offered its pod) bind both
+/// solvers: GPUs that are alike but for which allowed sets hold their node are told apart, so
+/// the class solver never places a job outside its set.
+#[test]
+fn allowed_nodes_bind_both_solvers() {
+    use cluster_matcher::plan::{Planner, SolverChoice};
+    let c = cluster(&[("n1", "V100", 1, 32000), ("n2", "V100", 1, 32000), ("n3", "V100", 1, 32000), ("n4", "V100", 1, 32000)]);
+    let set = |n: &[&str]| Some(n.iter().map(|s| s.to_string()).collect::<std::collections::BTreeSet<String>>());
+    let mut a = offline("a", 4000, 4.0);
+    a.allowed_nodes = set(&["n3"]);
+    let mut b = offline("b", 4000, 4.0);
+    b.allowed_nodes = set(&["n3", "n4"]);
+    let w = Workloads {
+        online: (1..=4).map(|i| online(&format!("s{i}"), &format!("n{i}"), 0, 8000, 30.0, 5.0)).collect(),
+        offline: vec![a, b, offline("c", 4000, 4.0), offline("d", 4000, 4.0)],
+    };
+    for solver in [SolverChoice::Pairwise, SolverChoice::Classes] {
+        let p = Planner::new(solver).plan_round(&c, &w, &similarity_predictor(), &healthy, 1);
+        let at = |n: &str| p.assignments.iter().find(|x| x.offline == n).map(|x| x.at.node.clone());
+        assert_eq!((at("a").as_deref(), at("b").as_deref()), (Some("n3"), Some("n4")), "{solver:?}: {p:?}");
+        for j in ["c", "d"] {
+            assert!(matches!(at(j).as_deref(), Some("n1" | "n2")), "{solver:?}: {p:?}");
+        }
+    }
+}

@@ -994,6 +994,7 @@ impl<'a> Sim<'a> {
                 profile: matching.then(|| self.types.profiles[jb.job_type].clone()),
                 current: jb.gpu.map(|g| self.gpus[g].at.clone()),
                 held_memory_quota_mib: None,
+                allowed_nodes: None,
                 feedback: JobFeedback {
                     remaining_s: Some((jb.duration - jb.done).max(1.0)),
                     measured_normalized: jb.gpu.map(|_| jb.rate),

@@ -464,6 +464,7 @@ pub fn replay(
                 profile: profile_of(&p.name),
                 current: offline_at.get(&p.name).cloned(),
                 held_memory_quota_mib: None,
+                allowed_nodes: None,
                 feedback: Default::default(),
             })
             .collect();

@@ -294,6 +294,12 @@ pub struct OfflineJob {
     /// `memory_mib`, and gives the job no other; `None`: `memory_mib` is charged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_memory_quota_mib: Option<u64>,
+    /// The only nodes it may be placed on, when known: those kube-scheduler's own filters
+    /// (resources, taints, node selector, affinity) last offered for its pod, after they left
+    /// out the node a round had planned (the extender's `scheduler_refusal_ttl_s`). `None`:
+    /// any node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_nodes: Option<std::collections::BTreeSet<String>>,
     /// What was observed of it (remaining work, measured speed), for the policies that use it.
     #[serde(default, skip_serializing_if = "JobFeedback::is_empty")]
     pub feedback: JobFeedback,

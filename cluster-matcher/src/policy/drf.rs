@@ -120,6 +120,7 @@ mod tests {
             profile: None,
             current: None,
             held_memory_quota_mib: None,
+            allowed_nodes: None,
             feedback: JobFeedback::default(),
         };
         let mut jobs: Vec<OfflineJob> = (0..12).map(|i| mk(i, "a", 12_000)).collect();

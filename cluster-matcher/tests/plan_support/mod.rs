@@ -92,6 +92,7 @@ pub fn offline(name: &str, mem: u64, iso: f64) -> OfflineJob {
         profile: Some(profile(iso)),
         current: None,
         held_memory_quota_mib: None,
+        allowed_nodes: None,
         feedback: Default::default(),
     }
 }
