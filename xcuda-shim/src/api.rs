@@ -741,8 +741,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         let _one = VMM_UNMAP_RETAIN.lock();
         // Taken out before the driver unmaps: once it has, another thread may map the range
         // again, and its record must not be mistaken for ours.
-        let taken = st.vmm_unmap_take(ptr, size as u64);
-        let imports = st.import_unmap_take(ptr, size as u64);
+        let (taken, imports) = st.unmap_take(ptr, size as u64);
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { unmap(ptr, size) };
         for (q, at, bytes) in imports {

@@ -37,6 +37,12 @@ pub struct PtrMap {
     max_probe: AtomicUsize,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Whole-table scans ([`PtrMap::entries`]) made by this thread (tests of what avoids them).
+    pub static SCANS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn stored(key: u64) -> Option<u64> {
     // Shift keys by 3 so that 0, 1 and 2 stay free for EMPTY/TOMB/BUSY; the three keys that
     // would wrap onto them cannot be tracked (callers treat that like a full table).
@@ -298,6 +304,8 @@ impl PtrMap {
 
     /// Every live `(key, bytes)`; O(capacity), off the hot path.
     pub fn entries(&self) -> Vec<(u64, u64)> {
+        #[cfg(test)]
+        SCANS.with(|n| n.set(n.get() + 1));
         self.keys
             .iter()
             .zip(self.entries.iter())

@@ -226,51 +226,40 @@ impl State {
         self.quotas().find(|q| q.vmm_map_begin(h))
     }
 
-    /// Before `cuMemUnmap(addr, size)`: takes out the recorded mappings the range covers, each
-    /// with the quota that counts its handle. Every recorded mapping that starts in the range,
-    /// not only those end to end from `addr`: a mapping the shim does not know (made before it
-    /// saw its handle) may lie among them, and the known ones after it must not stay counted
-    /// (not a hot path: the mapping table is scanned).
-    pub fn vmm_unmap_take(&self, addr: u64, size: u64) -> Vec<(&Quota, u64, u64, u64)> {
+    /// Before `cuMemUnmap(addr, size)`: takes out the recorded mappings the range covers,
+    /// those of handles the shim counts (quota, address, size, handle) and those of imported
+    /// handles (quota, address, bytes counted). One mapping of either kind that starts at
+    /// `addr` and covers the range (PyTorch's expandable segments unmap page by page) is the
+    /// only one that can start in it (mappings never overlap): one lookup per GPU in each
+    /// table, decided before anything is taken out. Otherwise every recorded mapping that
+    /// starts in the range, not only those end to end from `addr`: a mapping the shim does not
+    /// know (made before it saw its handle) may lie among them, and the known ones after it
+    /// must not stay counted (the tables are scanned).
+    #[allow(clippy::type_complexity)]
+    pub fn unmap_take(&self, addr: u64, size: u64) -> (Vec<(&Quota, u64, u64, u64)>, Vec<(&Quota, u64, u64)>) {
         if let Some(q) = self.exact_mapping(addr, size) {
-            // One mapping starts at `addr` and covers the range (PyTorch's expandable segments
-            // unmap page by page); mappings never overlap, so no other starts in it: no scan
-            // of every GPU's table (65,536 slots each) per unmap.
-            return q.vmm_unmap_take(addr).map(|(len, h)| vec![(q, addr, len, h)]).unwrap_or_default();
+            return (q.vmm_unmap_take(addr).map(|(len, h)| vec![(q, addr, len, h)]).unwrap_or_default(), Vec::new());
+        }
+        if let Some(q) = self.exact_import(addr, size) {
+            let taken = q.take(crate::quota::Kind::VmmImportMap, addr).map(|(bytes, _)| vec![(q, addr, bytes)]);
+            return (Vec::new(), taken.unwrap_or_default());
         }
         let end = addr.saturating_add(size);
         let mut taken = Vec::new();
+        let mut imports = Vec::new();
         for q in self.quotas() {
             for at in q.vmm_mapping_starts().into_iter().filter(|a| (addr..end).contains(a)) {
                 if let Some((len, h)) = q.vmm_unmap_take(at) {
                     taken.push((q, at, len, h));
                 }
             }
-        }
-        taken
-    }
-
-    /// Before `cuMemUnmap(addr, size)`: takes out the recorded mappings of imported handles
-    /// ([`crate::quota::Kind::VmmImportMap`]) that start in the range, each with its quota:
-    /// (quota, address, bytes counted).
-    pub fn import_unmap_take(&self, addr: u64, size: u64) -> Vec<(&Quota, u64, u64)> {
-        if self.exact_mapping(addr, size).is_some() || self.exact_import(addr, size).is_some() {
-            // As in `vmm_unmap_take`: one mapping covers the range, only it can be taken.
-            return self
-                .exact_import(addr, size)
-                .and_then(|q| q.take(crate::quota::Kind::VmmImportMap, addr).map(|(bytes, _)| vec![(q, addr, bytes)]))
-                .unwrap_or_default();
-        }
-        let end = addr.saturating_add(size);
-        let mut taken = Vec::new();
-        for q in self.quotas() {
             for at in q.import_mapping_starts().into_iter().filter(|a| (addr..end).contains(a)) {
                 if let Some((bytes, _)) = q.take(crate::quota::Kind::VmmImportMap, at) {
-                    taken.push((q, at, bytes));
+                    imports.push((q, at, bytes));
                 }
             }
         }
-        taken
+        (taken, imports)
     }
 
     /// Before `cuMemRelease(h)`: the quota that counts `h`, with `h` marked released
@@ -878,10 +867,11 @@ mod tests {
         c
     }
 
-    /// Unmaps find their mappings on any GPU: a whole mapping by its start (one lookup per
-    /// GPU, the common case: PyTorch unmaps page by page), a range over several mappings, or a
-    /// range that starts at no mapping, by the scan; a retain finds the handle at a mapping's
-    /// start or inside it.
+    /// Unmaps find their mappings on any GPU: a whole mapping (of a counted or an imported
+    /// handle) by its start, with no table scanned (the common case: PyTorch unmaps page by
+    /// page; before, every unmap scanned every GPU's 65,536-slot tables), a range over several
+    /// mappings, or a range that starts at no mapping, by the scan; a retain finds the handle
+    /// at a mapping's start or inside it.
     #[test]
     fn unmaps_and_retains_find_their_mappings_on_any_gpu() {
         use crate::quota::Kind;
@@ -903,14 +893,25 @@ mod tests {
         }
         assert!(std::ptr::eq(st.vmm_handle_at(base).unwrap().0, q));
         assert_eq!(st.vmm_handle_at(base + PAGE + 5).map(|(_, h)| h), Some(0x1010), "inside a mapping");
-        let one = st.vmm_unmap_take(base, PAGE);
+        crate::ptrmap::SCANS.with(|n| n.set(0));
+        let (one, none) = st.unmap_take(base, PAGE);
         assert_eq!(one.iter().map(|t| (t.1, t.2, t.3)).collect::<Vec<_>>(), [(base, PAGE, 0x1000)]);
-        let two = st.vmm_unmap_take(base + PAGE, 2 * PAGE);
+        assert!(none.is_empty());
+        assert_eq!(crate::ptrmap::SCANS.with(|n| n.get()), 0, "a whole mapping: no table scanned");
+        let (two, _) = st.unmap_take(base + PAGE, 2 * PAGE);
         assert_eq!(two.iter().map(|t| t.1).collect::<std::collections::BTreeSet<_>>(), [base + PAGE, base + 2 * PAGE].into());
-        assert!(st.vmm_unmap_take(base, PAGE).is_empty(), "taken already");
-        let last = st.vmm_unmap_take(base + 3 * PAGE - 4096, 2 * PAGE);
+        assert!(crate::ptrmap::SCANS.with(|n| n.get()) > 0, "a range over several: scanned");
+        assert!(st.unmap_take(base, PAGE).0.is_empty(), "taken already");
+        let (last, _) = st.unmap_take(base + 3 * PAGE - 4096, 2 * PAGE);
         assert_eq!(last.iter().map(|t| t.1).collect::<Vec<_>>(), [base + 3 * PAGE], "a range starting at no mapping: the scan");
-        assert!(st.import_unmap_take(base, PAGE).is_empty());
+        // An imported mapping, whole: found by its start, no scan either.
+        let imp = base + 8 * PAGE;
+        assert!(q.try_reserve(PAGE) && q.track(Kind::VmmImportMap, imp, PAGE));
+        crate::ptrmap::SCANS.with(|n| n.set(0));
+        let (vmm, imports) = st.unmap_take(imp, PAGE);
+        assert!(vmm.is_empty());
+        assert_eq!(imports.iter().map(|t| (t.1, t.2)).collect::<Vec<_>>(), [(imp, PAGE)]);
+        assert_eq!(crate::ptrmap::SCANS.with(|n| n.get()), 0);
     }
 
     /// A launch counter that stepped back (a lost update between two launching threads) reads
