@@ -54,6 +54,8 @@ cases+=[("bound: memory-mib edited", run("UPDATE", pod(dict(ident, **{"xshare.io
 ("bound: role label removed", run("UPDATE", pod(ident,"n1",labels={}), pod(ident,"n1",labels=role)), [True,True,True,False]),
 ("bound: offline-job label added", run("UPDATE", pod(ident,"n1",labels=dict(role, **{"xshare.io/offline-job":"other"})), pod(ident,"n1",labels=role)), [True,True,True,False]),
 ("bound: other label changed", run("UPDATE", pod(ident,"n1",labels=dict(role, team="b")), pod(ident,"n1",labels=dict(role, team="a"))), [True]*4),
+("bound: Job controller's job-name label edited", run("UPDATE", pod(ident,"n1",labels=dict(role, **{"batch.kubernetes.io/job-name":"j1"})), pod(ident,"n1",labels=dict(role, **{"batch.kubernetes.io/job-name":"j2"}))), [True,True,True,False]),
+("bound: tenant label added", run("UPDATE", pod(ident,"n1",labels=dict(role, **{"xshare.io/tenant":"other"})), pod(ident,"n1",labels=role)), [True,True,True,False]),
 ("pending: memory-mib edited", run("UPDATE", pod(dict(ident, **{"xshare.io/memory-mib":"5000"}),labels=role), pod(ident,labels=role)), [True]*4),
 ]
 bad=0

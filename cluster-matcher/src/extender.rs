@@ -151,6 +151,23 @@ impl SchedulerRefusals {
         }
     }
 
+    /// A later filter call for a refused `job` offers `offered`: the job's allowed nodes become
+    /// those (a node cordoned for a moment is offered again, one planned meanwhile may be left
+    /// out); true when they changed (the planner should run). Its refusal keeps its start.
+    pub fn refresh(&mut self, job: &str, offered: &[String], now: Instant, ttl: Duration) -> bool {
+        match self.offered.get_mut(job) {
+            Some((nodes, since)) if now.saturating_duration_since(*since) < ttl => {
+                let fresh: BTreeSet<String> = offered.iter().cloned().collect();
+                if *nodes == fresh {
+                    return false;
+                }
+                *nodes = fresh;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The jobs still refused at `now`, each with the only nodes it may be planned on (those
     /// its latest refusal's call offered); expired ones are forgotten.
     pub fn active(&mut self, now: Instant, ttl: Duration) -> BTreeMap<String, BTreeSet<String>> {
@@ -552,6 +569,18 @@ impl Extender {
             }
             _ => false,
         };
+        // A job planned only on the nodes a refusal's call offered: every later call (placed
+        // or waiting) brings the nodes the filters offer now, so a node they offer again is
+        // planned again, and one they leave out is left out, without waiting for the TTL.
+        if let (Some(w), PodDecision::Placed(_) | PodDecision::Waiting(_)) = (&self.watched, &decision) {
+            if !names.is_empty() && !nominated_only {
+                if let Some(job) = crate::watch::offline_job_key(&args.pod) {
+                    if relock(&w.refusals).refresh(&job, &names, Instant::now(), w.refusal_ttl) {
+                        self.replan();
+                    }
+                }
+            }
+        }
         if let PodDecision::Unplanned { next_round: true, .. } = &decision {
             self.replan();
         }

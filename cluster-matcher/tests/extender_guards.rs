@@ -324,6 +324,33 @@ fn a_job_the_schedulers_filters_allow_on_one_node_of_forty_is_planned_there_at_o
     assert!(metrics::render(&ext).contains("xshare_extender_scheduler_refusals_total 1\n"));
 }
 
+/// The nodes a refused job may be planned on follow what kube-scheduler's filters offer at
+/// each later call: offered only a full node, the job waits; offered a free one too (a node
+/// uncordoned, a terminating pod's CPU freed), the next round places it there, without
+/// waiting for the refusal's TTL (before, the first call's nodes held for 300 s).
+#[test]
+fn a_refused_jobs_allowed_nodes_follow_the_nodes_later_calls_offer() {
+    let now = now_ms();
+    let c = FakeCluster::start();
+    for n in ["n1", "n2", "n3"] {
+        c.add_node(node(n, "1", Some(heartbeat_json(n, now, &["Healthy"]))));
+        c.add_pod(online_pod("prod", &format!("svc-{n}"), "1", n, 0));
+    }
+    c.add_pod(running("z", "1", "n2", 0));
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let (_w, ext) = ext_on(&c, 1, 5);
+    let PodDecision::Placed(planned) = ext.decide(&pod(&c, "ml", "a-x")) else { panic!("a placed: {:?}", ext.plan()) };
+    assert_ne!(planned.node, "n2", "n2 is full");
+    let free = if planned.node == "n1" { "n3" } else { "n1" };
+    let _pl = ext.spawn_planner();
+    // Only the full node offered: planned nowhere.
+    let _ = filter(&c, &ext, "a-x", &["n2"]);
+    eventually("waiting", || matches!(ext.decide(&pod(&c, "ml", "a-x")), PodDecision::Waiting(_)));
+    // The free node offered again: placed there at the next round.
+    let _ = filter(&c, &ext, "a-x", &["n2", free]);
+    eventually("placed on the node offered again", || ext.decide(&pod(&c, "ml", "a-x")) == PodDecision::Placed(at(free, 0)));
+}
+
 /// An offline pod whose `xshare.io/memory-mib` is missing or not a number cannot be planned.
 /// Filter passes it no node, with the annotation named (kube-scheduler puts the reason in the
 /// pod's FailedScheduling event), and prioritize scores it 0. Fails without it: the pod was

@@ -135,9 +135,10 @@ struct Deleted {
     cgroup_seen: bool,
     /// Its cgroup was seen holding a process: an empty one after that means they ended.
     populated_seen: bool,
-    /// Looks that found its cgroup empty without a process seen before: one is not enough (a
-    /// container the kubelet was still starting may come up in it).
-    empty_looks: u8,
+    /// When a look first found its cgroup empty without a process seen before: one look is not
+    /// enough (a container the kubelet was still starting may come up in it), nor a second
+    /// one at once (events of a mass deletion each look): [`EMPTY_LOOKS_APART`] later.
+    first_empty: Option<Instant>,
 }
 
 /// Offline pods by UID.
@@ -147,6 +148,10 @@ type ByUid = BTreeMap<String, Entry>;
 /// ([`Publisher::apply_at`]), whatever its `terminationGracePeriodSeconds`: a tenant's pods of a
 /// year's grace, deleted over and over, would otherwise fill the list.
 pub const DELETED_POD_GRACE_CAP: Duration = Duration::from_secs(3600);
+
+/// How far apart two looks must be that find the cgroup of a pod deleted from the API empty,
+/// with no process seen in it before, for the pod to leave the list.
+pub const EMPTY_LOOKS_APART: Duration = Duration::from_secs(1);
 
 /// The grace the kubelet may give `pod`'s containers, ms: its spec's, or its deletion's when
 /// longer (`kubectl delete --grace-period` may give more than the spec).
@@ -458,7 +463,7 @@ impl Publisher {
     /// is left ([`Publisher::expire_deleted`]).
     fn linger(&self, e: &Entry, now: Instant) -> Deleted {
         let grace = Duration::from_millis(e.grace_ms).min(DELETED_POD_GRACE_CAP);
-        Deleted { until: now + grace + self.deleted_linger, cgroup_seen: false, populated_seen: false, empty_looks: 0 }
+        Deleted { until: now + grace + self.deleted_linger, cgroup_seen: false, populated_seen: false, first_empty: None }
     }
 
     /// Takes pod `uid` out of the list and out of the termination retries; returns whether it
@@ -471,7 +476,8 @@ impl Publisher {
     }
 
     /// Takes out of the list the pods deleted from the API whose processes are gone at `now`:
-    /// their cgroup under `cgroup_root` holds none (after it held one, or at two looks), or is
+    /// their cgroup under `cgroup_root` holds none (after it held one, or at two looks
+    /// [`EMPTY_LOOKS_APART`] apart), or is
     /// gone after it was seen ([`node_daemon::offline_pods::pod_cgroup`]); or, where it cannot
     /// be read (the shipped DaemonSet has its own cgroup namespace) or is not there, their
     /// linger is over. A cgroup holding a process keeps its pod listed past its linger.
@@ -490,9 +496,11 @@ impl Publisher {
                 // A process of it still runs: judged, however long the tenant's grace (a pod
                 // of a day's grace force-deleted would otherwise run a day unjudged).
                 PodCgroup::Populated => None,
-                PodCgroup::Empty if d.populated_seen || d.empty_looks >= 1 => Some("its cgroup holds no process"),
+                PodCgroup::Empty if d.populated_seen || d.first_empty.is_some_and(|t| now.saturating_duration_since(t) >= EMPTY_LOOKS_APART) => {
+                    Some("its cgroup holds no process")
+                }
                 PodCgroup::Empty => {
-                    d.empty_looks += 1;
+                    d.first_empty.get_or_insert(now);
                     None
                 }
                 PodCgroup::Absent if d.cgroup_seen => Some("its cgroup is gone"),
@@ -1204,8 +1212,8 @@ mod tests {
     }
 
     /// A cgroup empty at the first look, never seen holding a process (a pod force-deleted
-    /// while its containers were still being made), is looked at once more before its pod
-    /// leaves the list.
+    /// while its containers were still being made), is looked at once more, at least
+    /// [`EMPTY_LOOKS_APART`] later, before its pod leaves the list.
     #[test]
     fn an_empty_cgroup_never_seen_populated_needs_a_second_look() {
         let d = tempfile::tempdir().unwrap();
@@ -1221,8 +1229,13 @@ mod tests {
         }
         p.apply_at(&watcher::Event::Delete(planned_pod(u, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0);
         assert_eq!(listed(&p).len(), 1, "one look at an empty cgroup is not enough");
-        p.refresh_at(t0 + Duration::from_secs(1));
-        assert_eq!(listed(&p), [], "empty at the second look");
+        // Another pod's forced deletion at once (a mass deletion) looks again: too soon.
+        let v = "0000000b-0000-4000-8000-000000000000";
+        p.apply_at(&watcher::Event::Apply(planned_pod(v, 600, None)), t0);
+        p.apply_at(&watcher::Event::Delete(planned_pod(v, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0 + Duration::from_millis(5));
+        assert!(listed(&p).iter().any(|(x, _)| x == u), "a second look 5 ms later is not enough either");
+        p.refresh_at(t0 + EMPTY_LOOKS_APART);
+        assert_eq!(listed(&p), [(v.to_string(), Some(2u64 << 30))], "u empty at a second look a second later; v's cgroup never seen");
     }
 
     /// A relist that shows a pod finished (it ended while the watch was down) drops it at once:
