@@ -405,7 +405,9 @@ impl Publisher {
                     for p in std::mem::take(&mut self.inherited) {
                         if !self.pods.contains_key(&p.uid) {
                             let uid = p.uid.clone();
-                            self.pods.insert(uid, Entry { pod: p, grace_ms: u64::MAX, deleted: None });
+                            let mut e = Entry { pod: p, grace_ms: u64::MAX, deleted: None };
+                            e.deleted = Some(self.inherited_linger(&e, now));
+                            self.pods.insert(uid, e);
                         }
                     }
                     // Pods deleted while the watch was down, their last word unknown: kept
@@ -464,6 +466,25 @@ impl Publisher {
     fn linger(&self, e: &Entry, now: Instant) -> Deleted {
         let grace = Duration::from_millis(e.grace_ms).min(DELETED_POD_GRACE_CAP);
         Deleted { until: now + grace + self.deleted_linger, cgroup_seen: false, populated_seen: false, first_empty: None }
+    }
+
+    /// How long pod `e`, listed by the previous node-agent and missing from this one's first
+    /// list, stays: counted from its deletion where its termination file records one (a pod
+    /// force-deleted before the restart: the restart does not start its bound again), else
+    /// from now; at most [`DELETED_POD_GRACE_CAP`] and the linger either way. Used only if the
+    /// first list does not have it.
+    fn inherited_linger(&self, e: &Entry, now: Instant) -> Deleted {
+        let mut d = self.linger(e, now);
+        let deleted_ms = node_ledger::PodUid::parse(&e.pod.uid)
+            .and_then(|u| node_ledger::termination::read(&node_ledger::termination::termination_path(&self.ledger_dir, u)).ok().flatten())
+            .map(|t| t.deletion_unix_ms)
+            .filter(|&ms| ms > 0);
+        if let Some(ms) = deleted_ms {
+            let bound = (DELETED_POD_GRACE_CAP + self.deleted_linger).as_millis() as u64;
+            let left = ms.saturating_add(bound).saturating_sub(node_daemon::clock::unix_ms());
+            d.until = d.until.min(now + Duration::from_millis(left));
+        }
+        d
     }
 
     /// Takes pod `uid` out of the list and out of the termination retries; returns whether it
@@ -1287,5 +1308,38 @@ mod tests {
             q.apply_at(&e, t0);
         }
         assert_eq!(listed(&q), []);
+    }
+
+    /// A pod the previous node-agent kept as deleted, whose termination file records its
+    /// deletion longer ago than the bound, is not kept again by a restarted agent (a restart
+    /// used to start its bound again, so an agent restarting more often than hourly kept it
+    /// for ever); one deleted recently keeps what is left of its bound.
+    #[test]
+    fn a_restarted_agent_counts_an_inherited_pods_bound_from_its_recorded_deletion() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000");
+        let (ta, tb) = (allocated_termination_file(d.path(), a), allocated_termination_file(d.path(), b));
+        let t0 = Instant::now();
+        {
+            let mut p = Publisher::new("n1", RES, d.path());
+            for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 600, None)), watcher::Event::InitApply(planned_pod(b, 600, None)), watcher::Event::InitDone] {
+                p.apply_at(&e, t0);
+            }
+            for u in [a, b] {
+                p.apply_at(&watcher::Event::Delete(planned_pod(u, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0);
+            }
+            assert_eq!(listed(&p).len(), 2);
+        }
+        // As the files would read: a deleted two hours ago, b a minute ago.
+        let now_ms = node_daemon::clock::unix_ms();
+        node_ledger::termination::write(&ta, &node_ledger::termination::Termination { deletion_unix_ms: now_ms - 2 * 3600 * 1000, grace_ms: 0 }).unwrap();
+        node_ledger::termination::write(&tb, &node_ledger::termination::Termination { deletion_unix_ms: now_ms - 60 * 1000, grace_ms: 0 }).unwrap();
+        let mut p = Publisher::new("n1", RES, d.path());
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            p.apply_at(&e, t0);
+        }
+        assert_eq!(listed(&p), [(b.to_string(), Some(2u64 << 30))], "a's bound passed before the restart");
+        p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER - Duration::from_secs(60));
+        assert_eq!(listed(&p), [], "b's bound counted from its deletion, not from the restart");
     }
 }
