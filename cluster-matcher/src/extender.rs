@@ -331,15 +331,12 @@ impl Extender {
                     }
                 }
             }
-            let refused: BTreeSet<(String, GpuRef)> = BTreeSet::new();
             let health = |g: &GpuRef| snap.health(g);
             let mut cells = cells.as_ref().map(|c| relock(c));
             match cells.as_deref_mut() {
                 Some(st) => {
                     st.keep_running = true;
-                    let plan = plan::with_cells::plan_round_with_cells_refusing(
-                        &cluster, &workloads, &predictor, &health, round, st, &refused,
-                    );
+                    let plan = plan::with_cells::plan_round_with_cells(&cluster, &workloads, &predictor, &health, round, st);
                     if let Some(p) = &cluster.cells_state {
                         if let Err(e) = st.save(p) {
                             tracing::error!(error = %e, "cells state not saved");
@@ -347,7 +344,7 @@ impl Extender {
                     }
                     plan
                 }
-                None => relock(&warm).plan_round_refusing(&cluster, &workloads, &predictor, &health, round, &refused),
+                None => relock(&warm).plan_round(&cluster, &workloads, &predictor, &health, round),
             }
         });
         let mut ext = Self::with_planner(Workloads::default(), period, planner);

@@ -205,21 +205,6 @@ impl Planner {
         health: &dyn Fn(&GpuRef) -> GpuHealth,
         round: u64,
     ) -> Plan {
-        self.plan_round_refusing(cluster, workloads, predictor, health, round, &BTreeSet::new())
-    }
-
-    /// [`Planner::plan_round`] with `refused` (job, GPU) pairs never matched (and a job
-    /// whose pair with its current GPU is refused not kept there): e.g. the nodes
-    /// kube-scheduler's own filters keep a job's pod off.
-    pub fn plan_round_refusing(
-        &mut self,
-        cluster: &ClusterSpec,
-        workloads: &Workloads,
-        predictor: &SpeedPredictor,
-        health: &dyn Fn(&GpuRef) -> GpuHealth,
-        round: u64,
-        refused: &BTreeSet<(String, GpuRef)>,
-    ) -> Plan {
         let plan = plan_core(
             cluster,
             workloads,
@@ -227,7 +212,7 @@ impl Planner {
             health,
             round,
             &|_| None,
-            refused,
+            &BTreeSet::new(),
             cluster.max_offline_per_gpu,
             self.solver,
             Some(&self.last),

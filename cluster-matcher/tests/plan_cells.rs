@@ -8,7 +8,7 @@ use std::path::Path;
 
 use cluster_matcher::cells::Cluster;
 use cluster_matcher::cells::Sharing;
-use cluster_matcher::plan::with_cells::{CellsState, plan_round_with_cells, plan_round_with_cells_refusing};
+use cluster_matcher::plan::with_cells::{CellsState, plan_round_with_cells};
 use cluster_matcher::plan::{GpuHealth, GpuRef, OnlineWorkload, Workloads};
 use plan_support::*;
 
@@ -488,22 +488,21 @@ fn a_restart_on_a_changed_config_downgrades_what_no_longer_fits_instead_of_faili
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Pairs refused before the round (the extender's: nodes kube-scheduler's own filters keep a
-/// job's pod off) are never matched in cells mode either: the job goes to its next GPU.
+/// A job's allowed nodes (the extender's: those kube-scheduler's own filters offered its pod)
+/// bind cells mode too: allowed only on a node with no online GPU to pair with, the job is
+/// placed nowhere (it was placed when any node was allowed).
 #[test]
-fn pairs_refused_before_the_round_are_not_matched_in_cells_mode() {
+fn allowed_nodes_bind_cells_mode() {
     let spec = spec4();
-    let w = Workloads {
+    let mut w = Workloads {
         online: vec![unplaced_online("a0", "tenant-a", 10.0), unplaced_online("a1", "tenant-a", 20.0)],
         offline: vec![offline("job0", 4_000, 10.0)],
     };
     let healthy = |_: &GpuRef| GpuHealth::Healthy;
     let first = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut CellsState::new(fig3()));
     let planned = first.assignments.iter().find(|a| a.offline == "job0").expect("job0 placed").at.clone();
-    let refused = [("job0".to_string(), planned.clone())].into();
-    let plan = plan_round_with_cells_refusing(
-        &spec, &w, &similarity_predictor(), &healthy, 0, &mut CellsState::new(fig3()), &refused,
-    );
-    let at = &plan.assignments.iter().find(|a| a.offline == "job0").unwrap_or_else(|| panic!("job0 placed elsewhere: {plan:#?}")).at;
-    assert_ne!(at, &planned, "{plan:#?}");
+    w.offline[0].allowed_nodes = Some(["not-".to_string() + &planned.node].into());
+    let plan = plan_round_with_cells(&spec, &w, &similarity_predictor(), &healthy, 0, &mut CellsState::new(fig3()));
+    assert!(plan.assignments.iter().all(|a| a.offline != "job0"), "{plan:#?}");
+    assert!(plan.unplaced.contains(&"job0".to_string()), "{plan:#?}");
 }

@@ -321,21 +321,6 @@ pub fn plan_round_with_cells(
     round: u64,
     state: &mut CellsState,
 ) -> Plan {
-    plan_round_with_cells_refusing(cluster, workloads, predictor, health, round, state, &BTreeSet::new())
-}
-
-/// [`plan_round_with_cells`] with `refused` (job, GPU) pairs forbidden from the start (e.g.
-/// the nodes kube-scheduler's own filters keep a job's pod off); the pairs the cells refuse
-/// during the round are added to them.
-pub fn plan_round_with_cells_refusing(
-    cluster: &ClusterSpec,
-    workloads: &Workloads,
-    predictor: &SpeedPredictor,
-    health: &dyn Fn(&GpuRef) -> GpuHealth,
-    round: u64,
-    state: &mut CellsState,
-    refused: &BTreeSet<(String, GpuRef)>,
-) -> Plan {
     let mut placed = workloads.clone();
     // A job the ledger holds a cell for runs there unless the workloads say otherwise.
     for j in placed.offline.iter_mut().filter(|j| j.current.is_none()) {
@@ -562,7 +547,7 @@ pub fn plan_round_with_cells_refusing(
     let per_gpu = cluster
         .max_offline_per_gpu
         .min(state.cells.colocated_per_gpu().max(1));
-    let mut refused_pairs: BTreeSet<(String, GpuRef)> = refused.clone();
+    let mut refused_pairs: BTreeSet<(String, GpuRef)> = BTreeSet::new();
     let mut plan;
     loop {
         plan = plan_core(
