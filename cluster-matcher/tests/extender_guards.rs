@@ -17,6 +17,14 @@ use fake_kube::objects::*;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
+/// Two offline jobs a GPU, each at most half of it: on the fake nodes' 32768 MiB GPUs beside
+/// an 8000 MiB online service, 24768 MiB of room, at most 16384 a job.
+fn half_gpu_two_per_gpu() -> ClusterSpec {
+    serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
+        "max_offline_memory_fraction": 0.5, "max_offline_per_gpu": 2, "nodes": []}))
+    .unwrap()
+}
+
 fn open_cluster(per_gpu: usize) -> ClusterSpec {
     serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
         "max_offline_memory_fraction": 1.0, "max_offline_per_gpu": per_gpu, "nodes": []}))
@@ -38,11 +46,17 @@ fn ext_on(c: &FakeCluster, per_gpu: usize, pods: usize) -> (ClusterWatch, Arc<Ex
 
 /// The extender of `cluster` on `c`'s watches (no bind lock), once they list `pods` pods.
 fn ext_with(c: &FakeCluster, cluster: ClusterSpec, pods: usize) -> (ClusterWatch, Arc<Extender>) {
-    let w = ClusterWatch::start(&ApiSource::Url(c.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
+    ext_split(c, c, cluster, pods)
+}
+
+/// The extender of `cluster` watching `watched` and binding through `api_side` (the same
+/// cluster but for a test of a watch that never shows the binds), once the watches list `pods`.
+fn ext_split(watched: &FakeCluster, api_side: &FakeCluster, cluster: ClusterSpec, pods: usize) -> (ClusterWatch, Arc<Extender>) {
+    let w = ClusterWatch::start(&ApiSource::Url(watched.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
     assert!(w.wait_synced(Duration::from_secs(30)));
     let v = w.view();
     eventually("pods listed", || v.snapshot().pods.len() == pods);
-    let api = KubeApi::connect(&ApiSource::Url(c.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
+    let api = KubeApi::connect(&ApiSource::Url(api_side.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
     let ext = Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view());
     (w, Arc::new(ext.with_api(api)))
 }
@@ -225,12 +239,7 @@ fn a_newcomer_beside_a_running_job_gets_only_the_memory_it_does_not_hold() {
     c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
     c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
     c.add_pod(job_pod("ml", "a", "x", "1", 4000));
-    // 32768 MiB GPU, 8000 for the online service: 24768 MiB of room, at most half the GPU
-    // (16384) a job.
-    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
-        "max_offline_memory_fraction": 0.5, "max_offline_per_gpu": 2, "nodes": []}))
-    .unwrap();
-    let (w, ext) = ext_with(&c, cluster, 2);
+    let (w, ext) = ext_with(&c, half_gpu_two_per_gpu(), 2);
     let v = w.view();
     let _pl = ext.spawn_planner();
     let quota_mib = |name: &str| -> u64 {
@@ -411,15 +420,8 @@ fn a_newcomer_planned_before_the_watch_shows_a_bind_gets_only_what_the_bound_job
         c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
         c.add_pod(job_pod("ml", "a", "x", "1", 4000));
     }
-    let w = ClusterWatch::start(&ApiSource::Url(watched.url()), WatchSettings::default(), Arc::new(|| {})).unwrap();
-    assert!(w.wait_synced(Duration::from_secs(30)));
+    let (w, ext) = ext_split(&watched, &api_side, half_gpu_two_per_gpu(), 2);
     let v = w.view();
-    eventually("pods listed", || v.snapshot().pods.len() == 2);
-    let api = KubeApi::connect(&ApiSource::Url(api_side.url()), Duration::from_secs(5)).unwrap().with_bind_lock(None);
-    let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "memory_headroom_mib": 0,
-        "max_offline_memory_fraction": 0.5, "max_offline_per_gpu": 2, "nodes": []}))
-    .unwrap();
-    let ext = Arc::new(Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view()).with_api(api));
     let _pl = ext.spawn_planner();
     let quota_mib = |name: &str| -> u64 {
         let p = api_side.pod("ml", name).unwrap();

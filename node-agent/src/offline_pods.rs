@@ -1084,6 +1084,24 @@ mod tests {
         node_daemon::offline_pods::read(p.path()).unwrap().unwrap().pods.into_iter().map(|o| (o.uid, o.memory_quota_bytes)).collect()
     }
 
+    /// A complete list of `pods` fed to `p` at `t` (`Init`, one `InitApply` each, `InitDone`).
+    fn list(p: &mut Publisher, pods: impl IntoIterator<Item = Pod>, t: Instant) {
+        p.apply_at(&watcher::Event::Init, t);
+        for pod in pods {
+            p.apply_at(&watcher::Event::InitApply(pod), t);
+        }
+        p.apply_at(&watcher::Event::InitDone, t);
+    }
+
+    /// Pod `u`'s cgroup (cgroupfs layout, BestEffort) under `root`, made if missing, its
+    /// `cgroup.events` saying `populated <v>`; returns its directory.
+    fn pod_cgroup_events(root: &std::path::Path, u: &str, populated: u8) -> std::path::PathBuf {
+        let dir = root.join("kubepods/besteffort").join(format!("pod{u}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.events"), format!("populated {populated}\nfrozen 0\n")).unwrap();
+        dir
+    }
+
     /// A pod force-deleted (`kubectl delete --grace-period=0 --force`) is gone from the API
     /// while its containers run on (on kubelets hit by kubernetes/kubernetes#115819, for its
     /// full spec grace): it stays listed, with its plan memory, so the monitors go on judging
@@ -1097,9 +1115,7 @@ mod tests {
         let term = allocated_termination_file(d.path(), u);
         let mut p = Publisher::new("n1", RES, d.path());
         let t0 = Instant::now();
-        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 3600, None)), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [planned_pod(u, 3600, None)], t0);
         let planned = vec![(u.to_string(), Some(2u64 << 30))];
         assert_eq!(listed(&p), planned);
         let forced = planned_pod(u, 3600, Some(("2026-11-30T10:00:05Z", 0)));
@@ -1132,9 +1148,7 @@ mod tests {
         let mut p = Publisher::new("n1", RES, d.path()).with_deleted_pod_linger(Duration::from_secs(5));
         let t0 = Instant::now();
         let year = 365 * 24 * 3600;
-        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 30, None)), watcher::Event::InitApply(planned_pod(b, year, None)), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [planned_pod(a, 30, None), planned_pod(b, year, None)], t0);
         p.apply_at(&watcher::Event::Delete(stopped(planned_pod(a, 30, Some(("2026-11-30T10:00:05Z", 0))))), t0);
         assert_eq!(listed(&p).len(), 1, "the kubelet said its containers stopped");
         assert!(node_ledger::termination::read(&term).unwrap().is_none());
@@ -1158,14 +1172,10 @@ mod tests {
         let (a, b) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000");
         let mut p = Publisher::new("n1", RES, d.path());
         let t0 = Instant::now();
-        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 60, None)), watcher::Event::InitApply(planned_pod(b, 60, None)), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [planned_pod(a, 60, None), planned_pod(b, 60, None)], t0);
         p.apply_at(&watcher::Event::Delete(planned_pod(a, 60, None)), t0);
         let t1 = t0 + Duration::from_secs(20);
-        for e in [watcher::Event::Init, watcher::Event::InitDone] {
-            p.apply_at(&e, t1);
-        }
+        list(&mut p, [], t1);
         assert_eq!(listed(&p).len(), 2, "both kept");
         p.refresh_at(t0 + Duration::from_secs(60) + DEFAULT_DELETED_POD_LINGER);
         assert_eq!(listed(&p), [(b.to_string(), Some(2u64 << 30))], "the one deleted first keeps its own bound");
@@ -1181,27 +1191,17 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let cg = tempfile::tempdir().unwrap();
         let (a, b, c) = ("0000000a-0000-4000-8000-000000000000", "0000000b-0000-4000-8000-000000000000", "0000000c-0000-4000-8000-000000000000");
-        let dir = |u: &str| cg.path().join("kubepods/besteffort").join(format!("pod{u}"));
-        let populated = |u: &str, v: u8| {
-            std::fs::create_dir_all(dir(u)).unwrap();
-            std::fs::write(dir(u).join("cgroup.events"), format!("populated {v}\nfrozen 0\n")).unwrap();
-        };
-        populated(a, 1);
-        populated(b, 1);
+        pod_cgroup_events(cg.path(), a, 1);
+        let b_dir = pod_cgroup_events(cg.path(), b, 1);
         let mut p = Publisher::new("n1", RES, d.path()).with_cgroup_root(Some(cg.path().to_owned()));
         let t0 = Instant::now();
-        let mut events = vec![watcher::Event::Init];
-        events.extend([a, b, c].map(|u| watcher::Event::InitApply(planned_pod(u, 600, None))));
-        events.push(watcher::Event::InitDone);
-        for e in &events {
-            p.apply_at(e, t0);
-        }
+        list(&mut p, [a, b, c].map(|u| planned_pod(u, 600, None)), t0);
         for u in [a, b, c] {
             p.apply_at(&watcher::Event::Delete(planned_pod(u, 600, None)), t0);
         }
         assert_eq!(listed(&p).len(), 3, "a and b populated, c's cgroup never seen");
-        populated(a, 0);
-        std::fs::remove_dir_all(dir(b)).unwrap();
+        pod_cgroup_events(cg.path(), a, 0);
+        std::fs::remove_dir_all(b_dir).unwrap();
         p.refresh_at(t0);
         assert_eq!(listed(&p), [(c.to_string(), Some(2u64 << 30))], "a empty, b gone");
         p.refresh_at(t0 + Duration::from_secs(600) + DEFAULT_DELETED_POD_LINGER);
@@ -1216,18 +1216,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let cg = tempfile::tempdir().unwrap();
         let u = "0000000a-0000-4000-8000-000000000000";
-        let dir = cg.path().join("kubepods/besteffort").join(format!("pod{u}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        pod_cgroup_events(cg.path(), u, 1);
         let mut p = Publisher::new("n1", RES, d.path()).with_cgroup_root(Some(cg.path().to_owned()));
         let t0 = Instant::now();
-        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 86_400, None)), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [planned_pod(u, 86_400, None)], t0);
         p.apply_at(&watcher::Event::Delete(planned_pod(u, 86_400, Some(("2026-11-30T10:00:05Z", 0)))), t0);
         p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER + Duration::from_secs(60));
         assert_eq!(listed(&p).len(), 1, "a process of it still runs");
-        std::fs::write(dir.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        pod_cgroup_events(cg.path(), u, 0);
         p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER + Duration::from_secs(61));
         assert_eq!(listed(&p), [], "empty after it held a process: gone at the first look");
     }
@@ -1240,14 +1236,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let cg = tempfile::tempdir().unwrap();
         let u = "0000000a-0000-4000-8000-000000000000";
-        let dir = cg.path().join("kubepods/besteffort").join(format!("pod{u}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        pod_cgroup_events(cg.path(), u, 0);
         let mut p = Publisher::new("n1", RES, d.path()).with_cgroup_root(Some(cg.path().to_owned()));
         let t0 = Instant::now();
-        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 600, None)), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [planned_pod(u, 600, None)], t0);
         p.apply_at(&watcher::Event::Delete(planned_pod(u, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0);
         assert_eq!(listed(&p).len(), 1, "one look at an empty cgroup is not enough");
         // Another pod's forced deletion at once (a mass deletion) looks again: too soon.
@@ -1267,14 +1259,10 @@ mod tests {
         let u = "0000000a-0000-4000-8000-000000000000";
         let mut p = Publisher::new("n1", RES, d.path());
         let t0 = Instant::now();
-        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(u, 600, None)), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [planned_pod(u, 600, None)], t0);
         let mut done = planned_pod(u, 600, None);
         done.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
-        for e in [watcher::Event::Init, watcher::Event::InitApply(done), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [done], t0);
         assert_eq!(listed(&p), []);
         assert!(p.metrics().contains("xshare_node_agent_offline_pods_deleted{node=\"n1\"} 0\n"), "{}", p.metrics());
     }
@@ -1289,16 +1277,12 @@ mod tests {
         let t0 = Instant::now();
         {
             let mut p = Publisher::new("n1", RES, d.path());
-            for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 600, None)), watcher::Event::InitApply(planned_pod(b, 600, None)), watcher::Event::InitDone] {
-                p.apply_at(&e, t0);
-            }
+            list(&mut p, [planned_pod(a, 600, None), planned_pod(b, 600, None)], t0);
             p.apply_at(&watcher::Event::Delete(planned_pod(a, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0);
             assert_eq!(listed(&p).len(), 2);
         }
         let mut p = Publisher::new("n1", RES, d.path());
-        for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(b, 600, None)), watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [planned_pod(b, 600, None)], t0);
         assert_eq!(listed(&p), [(a.to_string(), Some(2u64 << 30)), (b.to_string(), Some(2u64 << 30))], "a kept, with its plan");
         p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER);
         assert_eq!(listed(&p), [(b.to_string(), Some(2u64 << 30))], "at most its capped grace and the linger");
@@ -1322,9 +1306,7 @@ mod tests {
         let t0 = Instant::now();
         {
             let mut p = Publisher::new("n1", RES, d.path());
-            for e in [watcher::Event::Init, watcher::Event::InitApply(planned_pod(a, 600, None)), watcher::Event::InitApply(planned_pod(b, 600, None)), watcher::Event::InitDone] {
-                p.apply_at(&e, t0);
-            }
+            list(&mut p, [planned_pod(a, 600, None), planned_pod(b, 600, None)], t0);
             for u in [a, b] {
                 p.apply_at(&watcher::Event::Delete(planned_pod(u, 600, Some(("2026-11-30T10:00:05Z", 0)))), t0);
             }
@@ -1335,9 +1317,7 @@ mod tests {
         node_ledger::termination::write(&ta, &node_ledger::termination::Termination { deletion_unix_ms: now_ms - 2 * 3600 * 1000, grace_ms: 0 }).unwrap();
         node_ledger::termination::write(&tb, &node_ledger::termination::Termination { deletion_unix_ms: now_ms - 60 * 1000, grace_ms: 0 }).unwrap();
         let mut p = Publisher::new("n1", RES, d.path());
-        for e in [watcher::Event::Init, watcher::Event::InitDone] {
-            p.apply_at(&e, t0);
-        }
+        list(&mut p, [], t0);
         assert_eq!(listed(&p), [(b.to_string(), Some(2u64 << 30))], "a's bound passed before the restart");
         p.refresh_at(t0 + DELETED_POD_GRACE_CAP + DEFAULT_DELETED_POD_LINGER - Duration::from_secs(60));
         assert_eq!(listed(&p), [], "b's bound counted from its deletion, not from the restart");

@@ -1038,12 +1038,15 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LA
             return unsafe { launch(list, n, flags) };
         }
         let st = state();
-        let read = (n as usize).min(st.gpus.len().max(1));
+        let read = (n as usize).min(st.gpus.len().max(1)).min(crate::exit::MAX_DEVICES);
+        // Copied onto the stack (no allocation on a launch), and the driver given the copy:
+        // the grids it launches are the grids priced.
+        // SAFETY: all-zero is a valid CUDA_LAUNCH_PARAMS_v1 (integers and null pointers).
+        let mut copy: [CUDA_LAUNCH_PARAMS_v1; crate::exit::MAX_DEVICES] = unsafe { std::mem::zeroed() };
         // SAFETY: the caller's array of `n` >= `read` entries (the driver reads them too).
-        // Copied (a deprecated entry point, rarely called: the allocation is off any hot path),
-        // and the driver given the copy: the grids it launches are the grids priced.
-        let mut entries: Vec<CUDA_LAUNCH_PARAMS_v1> = unsafe { std::slice::from_raw_parts(list, read) }.to_vec();
-        for e in &entries {
+        copy[..read].copy_from_slice(unsafe { std::slice::from_raw_parts(list, read) });
+        let entries = &mut copy[..read];
+        for e in entries.iter() {
             let ord = st.stream_ordinal(e.hStream as u64).unwrap_or_else(|_| st.current_ordinal());
             let t = &st.gpu(CUdevice::try_from(ord).unwrap_or(CUdevice::MAX)).throttle;
             t.acquire(t.kernel_cost(blocks(e.gridDimX, e.gridDimY, e.gridDimZ)));
