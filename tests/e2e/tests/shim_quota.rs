@@ -473,22 +473,17 @@ fn a_program_linked_with_lcuda_is_limited_through_exported_symbols() {
 /// `cuArray3DCreate_v2`, depth 0).
 #[test]
 fn a_descriptor_changed_after_the_shims_read_is_not_what_the_driver_makes() {
-    let host = EmuHost::new();
+    let host = host_for_users();
     let dev = host.device();
-    let mut h = host.spawn(limited(&host, "shim_client", QUOTA, "raced").args([
-        "ctx",
-        "array3draced",
-        "1024",
-        "1024",
-        "0",
-        "65536",
-        "ready",
-        "hang",
-    ]));
+    // The ledger as the monitor makes it (its mode open to the container's users), before the
+    // client: as offline containers run, not root.
+    let l = ledger(&host);
+    let mut c = limited(&host, "shim_client", QUOTA, "raced");
+    as_nobody(&mut c).args(["ctx", "array3draced", "1024", "1024", "0", "65536", "ready", "hang"]);
+    let mut h = host.spawn(&mut c);
     let line = h.wait_for_line("array3draced", T).unwrap_or_else(|| panic!("{} {}", h.stdout(), h.stderr()));
     assert_eq!(line, "array3draced=0 width_now=65536", "the caller's descriptor was widened meanwhile");
     assert!(h.wait_for_line("ready", T).is_some(), "{}", h.stderr());
-    let l = ledger(&host);
     let counted = l.group_used(group_of(&l, "raced"));
     assert_eq!(counted, 4 * MIB, "1024 x 1024 floats counted");
     let snap = dev.snapshot();
