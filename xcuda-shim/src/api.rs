@@ -924,6 +924,43 @@ pub unsafe extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
     })
 }
 
+// ---- stream captures (see capture) ----------------------------------------------------------
+
+macro_rules! begin_capture {
+    ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: the capture counted as in progress (see `capture`), after any synchronisation of the exit path now running.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(stream: CUstream, mode: CUstreamCaptureMode) -> CUresult {
+            guard(|| {
+                let f = real!($name: $pfn);
+                let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
+                // SAFETY: forwarding the caller's arguments.
+                crate::capture::begin(limit, || unsafe { f(stream, mode) })
+            })
+        }
+    };
+}
+begin_capture!(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010);
+begin_capture!(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz);
+
+macro_rules! end_capture {
+    ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "`: a capture it ends is no longer counted (see `capture`).")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+            guard(|| {
+                let f = real!($name: $pfn);
+                // SAFETY: forwarding the caller's arguments.
+                let rc = unsafe { f(stream, graph) };
+                crate::capture::ended(rc);
+                rc
+            })
+        }
+    };
+}
+end_capture!(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000);
+end_capture!(cuStreamEndCapture_ptsz, PFN_cuStreamEndCapture_v10000_ptsz);
+
 // ---- launches --------------------------------------------------------------------------------
 
 #[inline(always)]
@@ -943,7 +980,7 @@ macro_rules! launch_kernel {
             guard(|| {
                 let launch = real!($name: $pfn);
                 let t = &state().current().throttle;
-                t.acquire(t.kernel_cost(blocks(gx, gy, gz)));
+                t.acquire_on(t.kernel_cost(blocks(gx, gy, gz)), stream, stringify!($name).ends_with("_ptsz"));
                 // SAFETY: forwarding the caller's arguments.
                 unsafe { launch(f, gx, gy, gz, bx, by, bz, shared, stream, params $(, $extra)?) }
             })
@@ -970,7 +1007,7 @@ macro_rules! launch_ex {
                 // driver gets this copy: the grid it launches is the grid priced.
                 let c: CUlaunchConfig = unsafe { *config };
                 let t = &state().current().throttle;
-                t.acquire(t.kernel_cost(blocks(c.gridDimX, c.gridDimY, c.gridDimZ)));
+                t.acquire_on(t.kernel_cost(blocks(c.gridDimX, c.gridDimY, c.gridDimZ)), c.hStream, stringify!($name).ends_with("_ptsz"));
                 // SAFETY: the caller's arguments, its config as read above.
                 unsafe { launch(&c, f, params, extra) }
             })
@@ -1072,7 +1109,7 @@ macro_rules! launch_graph {
                 // Graph memory is mapped at launch: counted (or refused) first.
                 crate::graphmem::mapping(st, exec as u64, || {
                     let t = &st.current().throttle;
-                    t.acquire(st.graph_cost.launch_cost(exec as u64, t));
+                    t.acquire_on(st.graph_cost.launch_cost(exec as u64, t), stream, stringify!($name).ends_with("_ptsz"));
                     // SAFETY: forwarding the caller's arguments.
                     unsafe { launch(exec, stream) }
                 })

@@ -96,6 +96,10 @@ pub struct ExitConfig {
     pub release_at_exit: bool,
     /// Longest wait for synchronise + release (a hung driver must not keep the process alive), ms.
     pub release_timeout_ms: u64,
+    /// Longest wait, before synchronising the contexts on a signal or at the drain, for the
+    /// stream captures in progress to end (a synchronisation invalidates them), ms; at most
+    /// half of `release_timeout_ms` is used.
+    pub capture_wait_ms: u64,
     /// When the SIGKILL is expected after a SIGTERM the process survives (an application that
     /// ignores it, or whose handler keeps it running), ms: the pod's
     /// `terminationGracePeriodSeconds`, which the kubelet waits before it SIGKILLs (node-agent
@@ -180,6 +184,7 @@ impl Default for ExitConfig {
             handle_signals: true,
             release_at_exit: true,
             release_timeout_ms: 5000,
+            capture_wait_ms: 2000,
             kill_grace_ms: 0,
             drain_before_kill_ms: 2000,
             termination_file: None,
@@ -263,6 +268,9 @@ impl Config {
         }
         if self.exit.release_timeout_ms == 0 {
             return bad("exit.release_timeout_ms", "must be positive");
+        }
+        if self.exit.capture_wait_ms > 60_000 {
+            return bad("exit.capture_wait_ms", "must be at most 60000");
         }
         Ok(())
     }

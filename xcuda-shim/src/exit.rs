@@ -192,7 +192,9 @@ pub fn release_once(what: &str) -> ReleaseOutcome {
     release_once_with(what, move || {
         wait_for_creations();
         let Some(st) = state::get() else { return 0 };
-        let n = st.contexts.release_all();
+        // Each context is synchronised before it goes: a capture in progress would make that
+        // synchronisation a refusal that waits for nothing.
+        let (n, _) = crate::capture::quiesced(crate::capture::wait_limit(), || st.contexts.release_all());
         st.quotas().for_each(|q| q.retire());
         n
     })
@@ -615,7 +617,9 @@ fn disarm(term_ns: u64) {
 fn synchronize_unless_released(st: &'static state::State, what: &str) -> Option<bool> {
     let entered = with_deadline(what, move || {
         let Some(_gate) = CreationGate::try_enter() else { return false };
-        st.contexts.synchronize_all();
+        // After the captures in progress end: a synchronisation would break them (CUDA forbids
+        // synchronising a context while a stream of it captures) and wait for nothing.
+        crate::capture::quiesced(crate::capture::wait_limit(), || st.contexts.synchronize_all());
         true
     });
     match entered {

@@ -3,7 +3,7 @@
 //! Modules, one job each: `api` (the exported C surface), `interpose` (which symbols we own,
 //! `dlsym` and `cuGetProcAddress` rewriting), `real` (finding the real functions), `quota` +
 //! `ptrmap` + `memory` (device-memory accounting), `nvml` (NVML memory view), `throttle` (eq. 1-2 + PID + token bucket),
-//! `graphmem` (graph memory nodes), `graphcost` (graph launch prices), `streampool` (stream-ordered pools), `poolcount` (the
+//! `graphmem` (graph memory nodes), `capture` (stream captures in progress, which the exit path's synchronisations wait for), `graphcost` (graph launch prices), `streampool` (stream-ordered pools), `poolcount` (the
 //! settled count both keep in the quota), `limits` (context limits that hold device memory),
 //! `spin` (fork-safe locks),
 //! `exit` (signals, exit, fork, context release), `budget` (the dynamic SM budget: MPS percentage
@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod budget;
+pub mod capture;
 pub mod config;
 pub mod exit;
 pub mod graphcost;

@@ -286,6 +286,29 @@ fn an_exit_racing_the_signal_helper_still_ends_by_the_signal() {
     );
 }
 
+/// An application that handles SIGTERM itself and is capturing a graph when the signal comes
+/// (a trainer at a `torch.cuda.graph` warm-up), run as an offline container runs it: the
+/// shim's synchronisation waits for the capture to end instead of breaking it (CUDA forbids
+/// synchronising a context while a stream of it captures: the call is refused and the capture
+/// invalidated), and the launches recorded into the capture pass the frozen throttle, so the
+/// capture ends, its graph runs and the application's handler runs. Before, the capture ended
+/// with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (901).
+#[test]
+fn a_sigterm_during_a_graph_capture_leaves_the_capture_whole() {
+    let host = host_for_users();
+    let _ledger = ledger(&host);
+    let mut c = limited(&host, "shim_client", 1 << 30, "capturer");
+    as_nobody(&mut c).args(["primary", "capturesig", "30"]);
+    let mut v = host.spawn(&mut c);
+    v.wait_for_line("capturing", T).unwrap_or_else(|| panic!("{} {}", v.stdout(), v.stderr()));
+    std::thread::sleep(Duration::from_millis(100));
+    v.signal(libc::SIGTERM);
+    let line = v.wait_for_line("capturesig", T).unwrap_or_else(|| panic!("{} {}", v.stdout(), v.stderr()));
+    assert_eq!(line, "capturesig end=0 launch=0 handled=1", "{}", v.stderr());
+    let st = v.wait_timeout(T).expect("client exits");
+    assert!(st.success(), "{st:?} {}", v.stderr());
+}
+
 /// The drain before the kubelet's SIGKILL, and its way back when no kill comes: a shimmed
 /// trainer that ignores SIGTERM, told a 1.5 s grace with a 1 s margin (`XCUDA_KILL_GRACE_MS`,
 /// `XCUDA_DRAIN_BEFORE_KILL_MS`), stops launching once drained (at most the iteration in

@@ -304,6 +304,20 @@ fn the_emulator_invalidates_a_capture_a_prohibited_call_breaks() {
     assert_eq!(field_of(&out, "capturebreak", "graph_null"), "1", "{out:?}");
 }
 
+/// A capture not begun in relaxed mode must be ended from the thread that began it (cuda.h,
+/// `cuStreamBeginCapture`): from another one the emulator refuses with
+/// CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD and the capture goes on, as the driver does (the
+/// shim counts a capture as over only when its end succeeded or found it invalidated).
+#[test]
+fn the_emulator_refuses_to_end_a_capture_from_another_thread() {
+    let host = EmuHost::new();
+    let mut c = unlimited(&host, "shim_client");
+    c.args(["ctx", "capturethread"]);
+    let out = run(&host, &mut c);
+    assert_eq!(field_of(&out, "capturethread", "capturethread"), "908", "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: {out:?}");
+    assert_eq!(field_of(&out, "capturethread", "own"), "0", "the capture went on: {out:?}");
+}
+
 /// The per-thread default stream captures (only the legacy stream may not), and while it does
 /// the legacy stream is unusable: its capture query answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 /// (cuda.h, `cuStreamIsCapturing`: "When a blocking stream is capturing, the legacy stream is

@@ -54,6 +54,8 @@ pub const SPIN: &str = "spin";
 
 const CU_STREAM_LEGACY: u64 = 1;
 const CU_STREAM_PER_THREAD: u64 = 2;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h): a capture any thread may end.
+const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 /// `CUstream_flags`: `CU_STREAM_NON_BLOCKING`.
 const CU_STREAM_NON_BLOCKING: u32 = 1;
 
@@ -1302,7 +1304,11 @@ pub fn capture_begin(h: u64, mode: u32) -> R {
 
 /// `cuStreamEndCapture`: the graph of the capture on `h` (the caller owns it). A capture a
 /// prohibited call invalidated ends with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`, its graph
-/// gone; a stream not capturing is `CUDA_ERROR_ILLEGAL_STATE`.
+/// gone; a stream not capturing is `CUDA_ERROR_ILLEGAL_STATE`; a capture not begun in relaxed
+/// mode, ended from another thread than the one that began it, is refused with
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` and goes on (cuda.h, `cuStreamBeginCapture`: "If
+/// mode is not CU_STREAM_CAPTURE_MODE_RELAXED, cuStreamEndCapture must be called on this
+/// stream from the same thread").
 pub fn capture_end(h: u64) -> R<u64> {
     let ctx = current()?;
     let d = drv()?;
@@ -1311,7 +1317,14 @@ pub fn capture_end(h: u64) -> R<u64> {
         g.pt_captures.remove(&(std::thread::current().id(), ctx)).ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?
     } else {
         match g.streams.get_mut(&h) {
-            Some(s) if s.ctx == ctx => s.capture.take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?,
+            Some(s) if s.ctx == ctx => {
+                let c = s.capture.ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+                if c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != std::thread::current().id() {
+                    return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+                }
+                s.capture = None;
+                c
+            }
             _ => return Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
         }
     };

@@ -21,7 +21,9 @@
 //! PRE bytes then allocated with cuMemAlloc, the graph launched COUNT times; `capturememnull` the
 //! same on the null stream: the per-thread default stream under `--resolve gpa2`). `capturept` (a
 //! global-mode capture begun on CU_STREAM_PER_THREAD and left running; capture queries on the
-//! legacy and per-thread streams).
+//! legacy and per-thread streams). `capturethread` (a global-mode capture ended first from
+//! another thread, then from its own). `capturesig N` (a SIGTERM handler, then a capture of N
+//! launches 20 ms apart; see the step).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
 //! created on device DEV, N bytes allocated from it) | `asyncon DEV N` (cuMemAllocAsync of N bytes on a
@@ -683,6 +685,76 @@ fn main() {
                     let mut pst = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
                     let p = is_capturing(pt, &mut pst);
                     out(format!("capturept={} legacy={} pt={} pt_status={}", b.0, q.0, p.0, pst.0));
+                }
+                // An application that handles SIGTERM itself (its handler counts) and captures
+                // a graph when the signal comes, as a trainer does at a `torch.cuda.graph`
+                // warm-up: a global-mode capture on a stream of its own, N spin launches 20 ms
+                // apart in it (`capturing` printed once it began), then the graph instantiated,
+                // launched and synchronised. Prints `capturesig end=RC launch=RC handled=H`.
+                "capturesig" => {
+                    let n = num(1, i);
+                    i += 1;
+                    static HANDLED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                    extern "C" fn on_term(_: c_int) {
+                        HANDLED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    // An async-signal-safe handler (one atomic add), inside the steps' unsafe block.
+                    libc::signal(libc::SIGTERM, on_term as extern "C" fn(c_int) as libc::sighandler_t);
+                    if spin_fn.is_null() {
+                        spin_fn = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
+                    }
+                    let mut s: CUstream = std::ptr::null_mut();
+                    let r = stream_create(&mut s, 1);
+                    let r = if r.is_success() { capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) } else { r };
+                    if !r.is_success() {
+                        die(&format!("capture begin {r}"));
+                    }
+                    out("capturing".to_string());
+                    let mut cycles = 1000u64;
+                    for _ in 0..n {
+                        let mut params = [(&mut cycles as *mut u64).cast::<c_void>()];
+                        let r = launch(spin_fn, 1, 1, 1, 32, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut());
+                        if !r.is_success() {
+                            out(format!("capturedlaunch={}", r.0));
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let end = capture_end(s, &mut g);
+                    let mut exec: CUgraphExec = std::ptr::null_mut();
+                    let mut l = if end.is_success() { graph_instantiate(&mut exec, g, 0) } else { end };
+                    if l.is_success() {
+                        l = graph_launch(exec, s);
+                    }
+                    if l.is_success() {
+                        l = stream_sync(s);
+                    }
+                    out(format!("capturesig end={} launch={} handled={}", end.0, l.0, HANDLED.load(std::sync::atomic::Ordering::SeqCst)));
+                }
+                // A global-mode capture on a stream of its own, ended first from another thread
+                // (with the same context current there), then from the thread that began it.
+                // Prints `capturethread=RC own=RC` (RC: the other thread's end).
+                "capturethread" => {
+                    let mut s: CUstream = std::ptr::null_mut();
+                    let r = stream_create(&mut s, 1);
+                    let r = if r.is_success() { capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) } else { r };
+                    if !r.is_success() {
+                        die(&format!("capture begin {r}"));
+                    }
+                    let (sv, cv) = (s as usize, ctx as usize);
+                    // The driver's entry points (inside the steps' unsafe block), with a stream
+                    // and context that outlive the thread (joined here).
+                    let other = std::thread::spawn(move || {
+                        let _ = set_current(cv as CUcontext);
+                        let mut g: CUgraph = std::ptr::null_mut();
+                        capture_end(sv as CUstream, &mut g)
+                    })
+                    .join()
+                    .unwrap_or_else(|_| die("the ending thread panicked"));
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let own = capture_end(s, &mut g);
+                    out(format!("capturethread={} own={}", other.0, own.0));
                 }
                 "graphtrim" => out(format!("graphtrim={}", graph_trim(0).0)),
                 "setlimit" => {

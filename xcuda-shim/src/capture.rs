@@ -1,0 +1,199 @@
+//! Stream captures in progress, so that the exit path's context synchronisations wait for
+//! them to end instead of breaking them.
+//!
+//! CUDA forbids synchronising a context while a stream of it captures a graph
+//! (`cuCtxSynchronize` would wait on a stream whose work is recorded, not run): the call is
+//! refused and the capture invalidated. The signal helper and the drain synchronise every
+//! context, so an application that handles SIGTERM and was capturing at that moment
+//! (`torch.cuda.graph`, a `reduce-overhead` recompile) saw its capture fail with
+//! `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` instead of finishing its checkpoint, and the
+//! synchronisation, refused, waited for nothing. Now the capture entry points count the
+//! captures begun through them, and a synchronisation first waits (bounded) until none is in
+//! progress, holding new ones off while it runs ([`quiesced`]); launches into a capturing
+//! stream, which record and run nothing, pass a frozen throttle ([`stream_capturing`]), so a
+//! capture can end while launches are stopped.
+//!
+//! Protocol (Dekker-style, both sides store then load, `SeqCst`): a beginning capture counts
+//! itself in [`ACTIVE`] and then checks [`SYNCING`]; a synchronisation counts itself in
+//! [`SYNCING`] and then checks [`ACTIVE`]. So either the capture sees the synchronisation
+//! (and waits for it to finish before beginning) or the synchronisation sees the capture (and
+//! lets go, waits, tries again): never both running. Not a hot path: captures and the exit
+//! path only; a launch reads [`ACTIVE`] only when it has to wait.
+
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use cuda_abi::{CUresult, CUstream, CUstreamCaptureStatus};
+
+use crate::state::call_real;
+
+/// Captures begun through the shim's entry points and not yet ended (saturating: a capture
+/// begun through an entry point the shim does not hook, `cuStreamBeginCaptureToGraph`, is not
+/// counted, and its end never takes the count below zero).
+static ACTIVE: AtomicU32 = AtomicU32::new(0);
+/// Context synchronisations of the exit path running now (the helper's and the drain's may
+/// overlap).
+static SYNCING: AtomicU32 = AtomicU32::new(0);
+
+/// Whether a capture begun through the shim may be in progress (one atomic load).
+#[inline]
+pub fn any_active() -> bool {
+    ACTIVE.load(SeqCst) != 0
+}
+
+/// `cuStreamBeginCapture*` through `begin` (the real call): counted as in progress from before
+/// the call, uncounted if the driver refuses it. While a synchronisation of the exit path
+/// runs the capture waits for it (at most `limit`, then begins anyway: a synchronisation the
+/// driver never finishes must not stop the application).
+pub fn begin(limit: Duration, begin: impl FnOnce() -> CUresult) -> CUresult {
+    let start = Instant::now();
+    loop {
+        ACTIVE.fetch_add(1, SeqCst);
+        if SYNCING.load(SeqCst) == 0 || start.elapsed() >= limit {
+            break;
+        }
+        uncount();
+        while SYNCING.load(SeqCst) != 0 && start.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let rc = begin();
+    if rc != CUresult::CUDA_SUCCESS {
+        uncount();
+    }
+    rc
+}
+
+/// After `cuStreamEndCapture*` answered `rc`: the capture is over when it succeeded or ended
+/// invalidated (cuda.h: the graph is then null); any other answer (a stream that was not
+/// capturing, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, whose capture goes on,
+/// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`) ended nothing.
+pub fn ended(rc: CUresult) {
+    if rc == CUresult::CUDA_SUCCESS || rc == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
+        uncount();
+    }
+}
+
+/// Whether the driver says `stream` (a `CUstream`'s value, only passed to the driver) captures (or captured until a prohibited call invalidated
+/// it): a launch there records a node and runs nothing, so it need not wait for the throttle.
+/// `ptsz`: the launch came through a per-thread entry point, whose null stream is the calling
+/// thread's default stream. Any refusal (a stream the driver does not know, the legacy stream
+/// beside a capture) answers false: the launch waits as any other.
+#[cold]
+pub fn stream_capturing(stream: u64, ptsz: bool) -> bool {
+    let stream = stream as CUstream;
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let rc = if ptsz {
+        call_real!(cuStreamIsCapturing_ptsz: cuda_abi::PFN_cuStreamIsCapturing_v10000_ptsz, stream, &mut status)
+    } else {
+        call_real!(cuStreamIsCapturing: cuda_abi::PFN_cuStreamIsCapturing_v10000, stream, &mut status)
+    };
+    rc == CUresult::CUDA_SUCCESS && status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// How long a synchronisation of the exit path waits for captures in progress:
+/// `exit.capture_wait_ms`, at most half of `exit.release_timeout_ms` (the synchronisation
+/// itself must fit in what is left).
+pub fn wait_limit() -> Duration {
+    let e = &crate::state::config().exit;
+    Duration::from_millis(e.capture_wait_ms.min(e.release_timeout_ms / 2))
+}
+
+fn uncount() {
+    let _ = ACTIVE.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+}
+
+/// Runs `sync` (a synchronisation of contexts) once no capture begun through the shim is in
+/// progress and none can begin until it returns; waits at most `wait` for the captures in
+/// progress to end, then runs it anyway (a capture left open for ever, or by a thread that
+/// died, must not keep the process from draining; the driver then refuses the synchronisation
+/// and invalidates that capture, as it did before). Returns `sync`'s result and whether it
+/// had to give up waiting.
+pub fn quiesced<T>(wait: Duration, sync: impl FnOnce() -> T) -> (T, bool) {
+    let start = Instant::now();
+    let mut logged = false;
+    let gave_up = loop {
+        SYNCING.fetch_add(1, SeqCst);
+        if ACTIVE.load(SeqCst) == 0 {
+            break false;
+        }
+        if start.elapsed() >= wait {
+            break true;
+        }
+        SYNCING.fetch_sub(1, SeqCst);
+        if !logged {
+            tracing::info!(captures = ACTIVE.load(SeqCst), "xcuda: waiting for the stream captures in progress to end before synchronising");
+            logged = true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    if gave_up {
+        tracing::warn!(
+            waited_ms = wait.as_millis() as u64,
+            captures = ACTIVE.load(SeqCst),
+            "xcuda: a stream capture is still in progress: synchronising anyway (the driver refuses the synchronisation and invalidates the capture)"
+        );
+    }
+    let r = sync();
+    SYNCING.fetch_sub(1, SeqCst);
+    (r, gave_up)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    // One test owns the process-wide counters (tests in this module run one after another in
+    // one function), so no other test's captures interfere.
+    #[test]
+    fn a_synchronisation_waits_for_the_capture_and_holds_new_ones_off() {
+        // Refused begin: not counted.
+        assert_eq!(begin(Duration::from_secs(1), || CUresult::CUDA_ERROR_ILLEGAL_STATE), CUresult::CUDA_ERROR_ILLEGAL_STATE);
+        assert!(!any_active());
+        // An end that ended nothing (wrong thread): the capture still counts.
+        assert_eq!(begin(Duration::from_secs(1), || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+        assert!(any_active());
+        // The synchronisation waits until the capture ends on another thread.
+        let ended_at = Arc::new(AtomicBool::new(false));
+        let e = ended_at.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            e.store(true, SeqCst);
+            ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        });
+        let e = ended_at.clone();
+        let (saw_end, gave_up) = quiesced(Duration::from_secs(30), move || e.load(SeqCst));
+        t.join().unwrap();
+        assert!(saw_end && !gave_up, "the synchronisation ran only after the capture ended");
+        // While a synchronisation runs, a capture waits for it to finish.
+        let syncing = Arc::new(AtomicBool::new(false));
+        let (s, s2) = (syncing.clone(), syncing.clone());
+        let sync = std::thread::spawn(move || {
+            quiesced(Duration::from_secs(30), move || {
+                s.store(true, SeqCst);
+                std::thread::sleep(Duration::from_millis(150));
+                s.store(false, SeqCst);
+            })
+        });
+        while !syncing.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        let rc = begin(Duration::from_secs(30), move || {
+            assert!(!s2.load(SeqCst), "the capture began while the synchronisation ran");
+            CUresult::CUDA_SUCCESS
+        });
+        assert_eq!(rc, CUresult::CUDA_SUCCESS);
+        sync.join().unwrap();
+        // A capture never ended: the synchronisation gives up after its wait and runs.
+        let (ran, gave_up) = quiesced(Duration::from_millis(50), || true);
+        assert!(ran && gave_up);
+        ended(CUresult::CUDA_SUCCESS);
+        assert!(!any_active());
+        // Ends beyond the count never wrap it.
+        ended(CUresult::CUDA_SUCCESS);
+        assert!(!any_active());
+    }
+}
