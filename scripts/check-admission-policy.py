@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compiles and evaluates deploy/admission-policy.yaml's CEL on sample pods, without an API server.
+"""Compiles and evaluates deploy/admission-policy.yaml's CEL (both policies) on sample pods, without an API server.
 
 Needs PyYAML and cel-python (`pip install pyyaml cel-python`); Kubernetes' own CEL environment
 (types from the OpenAPI schema, its extension libraries) is only approximated: a real cluster
@@ -15,11 +15,13 @@ spec=docs[0]['spec']
 # Kubernetes CEL has the strings extension (list.join); cel-python does not.
 JOIN={"join": lambda l, sep: celtypes.StringType(str(sep).join(str(x) for x in l))}
 def ev(expr, act): return env.program(env.compile(expr), functions=JOIN).evaluate(act)
-def run(op, obj, old, user="alice"):
-    act={"object":celpy.json_to_cel(obj),"oldObject":celpy.json_to_cel(old),"request":celpy.json_to_cel({"operation":op,"userInfo":{"username":user}})}
+def run(op, obj, old, user="alice", spec=spec, extra=None, sub=""):
+    info={"username":user}
+    if extra is not None: info["extra"]=extra
+    act={"object":celpy.json_to_cel(obj),"oldObject":celpy.json_to_cel(old),"request":celpy.json_to_cel({"operation":op,"subResource":sub,"userInfo":info})}
     if not all(ev(m['expression'], act) for m in spec['matchConditions']): return "skipped"
     v={}
-    for var in spec['variables']:
+    for var in spec.get('variables', []):
         act["variables"]=celtypes.MapType({celtypes.StringType(k):x for k,x in v.items()})
         v[var['name']]=ev(var['expression'], act)
     act["variables"]=celtypes.MapType({celtypes.StringType(k):x for k,x in v.items()})
@@ -57,6 +59,24 @@ cases+=[("bound: memory-mib edited", run("UPDATE", pod(dict(ident, **{"xshare.io
 ("bound: Job controller's job-name label edited", run("UPDATE", pod(ident,"n1",labels=dict(role, **{"batch.kubernetes.io/job-name":"j1"})), pod(ident,"n1",labels=dict(role, **{"batch.kubernetes.io/job-name":"j2"}))), [True,True,True,False]),
 ("bound: tenant label added", run("UPDATE", pod(ident,"n1",labels=dict(role, **{"xshare.io/tenant":"other"})), pod(ident,"n1",labels=role)), [True,True,True,False]),
 ("pending: memory-mib edited", run("UPDATE", pod(dict(ident, **{"xshare.io/memory-mib":"5000"}),labels=role), pod(ident,labels=role)), [True]*4),
+]
+# What node-agent may change (the second policy): an online pod's xshare.io/gpu on its own node.
+agent_spec=docs[2]['spec']; AGENT="system:serviceaccount:kube-system:xshare-node-agent"
+on_node={"authentication.kubernetes.io/node-name":["n1"]}
+online=lambda ann,node="n1",labels=None,image="svc:1": {"metadata":{"annotations":ann,"labels":labels if labels is not None else {"xshare.io/role":"online","app":"svc"}},"spec":{"nodeName":node,"containers":[{"name":"c","image":image,"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}
+agent=lambda op, obj, old, extra=on_node, sub="": run(op, obj, old, user=AGENT, spec=agent_spec, extra=extra, sub=sub)
+cases+=[("agent writes the online pod's gpu", agent("UPDATE", online({"a":"b","xshare.io/gpu":"0"}), online({"a":"b"})), [True,True]),
+("agent corrects the online pod's gpu", agent("UPDATE", online({"xshare.io/gpu":"1"}), online({"xshare.io/gpu":"0"})), [True,True]),
+("agent on another node's pod", agent("UPDATE", online({"xshare.io/gpu":"0"},"n2"), online({},"n2")), [False,True]),
+("agent token without node name", agent("UPDATE", online({"xshare.io/gpu":"0"}), online({}), extra={}), [False,True]),
+("agent on an offline pod", agent("UPDATE", online({"xshare.io/gpu":"0"},labels={"xshare.io/role":"offline"}), online({},labels={"xshare.io/role":"offline"})), [False,True]),
+("agent changes an image", agent("UPDATE", online({"xshare.io/gpu":"0"},image="evil:1"), online({})), [True,False]),
+("agent changes a label", agent("UPDATE", online({},labels={"xshare.io/role":"online","app":"x"}), online({})), [True,False]),
+("agent changes another annotation", agent("UPDATE", online({"a":"c"}), online({"a":"b"})), [True,False]),
+("agent removes another annotation", agent("UPDATE", online({}), online({"a":"b"})), [True,False]),
+("agent creates a pod", agent("CREATE", online({}), None), [False,False]),
+("agent patches status", agent("UPDATE", online({"xshare.io/gpu":"0"}), online({}), sub="status"), [False,True]),
+("someone else, agent policy", run("UPDATE", online({"xshare.io/gpu":"0"}), online({}), spec=agent_spec), "skipped"),
 ]
 bad=0
 for name, got, want in cases:

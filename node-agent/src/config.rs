@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub offline_pods: OfflinePodsConfig,
     /// The Node heartbeat annotation.
     pub heartbeat: HeartbeatConfig,
+    /// The GPU of each online pod on this node, from the kubelet, written on the pod.
+    pub online_gpus: OnlineGpusConfig,
     /// `host:port` serving Prometheus text on `/metrics`; empty: off.
     pub metrics_listen: String,
     /// mps-manager's state file of each GPU, read at Allocate for the `/dev/shm` its MPS daemon
@@ -248,6 +250,25 @@ pub struct OfflinePodsConfig {
     pub cgroup_root: String,
 }
 
+/// The GPU of each online pod (label `xshare.io/role=online`) on this node, as the kubelet
+/// assigned it: read from the kubelet's PodResources API and written on the pod as the
+/// `xshare.io/gpu` annotation (the GPU's index), by which the extender's plan pairs offline work
+/// with the online service (`node_agent::online_gpus`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OnlineGpusConfig {
+    /// Whether the annotation is written (off: the operator writes it).
+    pub enabled: bool,
+    /// The kubelet's PodResources socket (an absolute path; the DaemonSet mounts its directory).
+    pub pod_resources_socket: PathBuf,
+    /// The extended resources whose devices are GPUs (device IDs: a GPU's UUID, `UUID::N`
+    /// for a time-sliced replica, or its index with the NVIDIA device plugin's
+    /// `deviceIDStrategy: index`). At least one.
+    pub resources: Vec<String>,
+    /// How often the kubelet is asked and the pods compared, ms (1000..=600000).
+    pub poll_ms: u64,
+}
+
 /// The GPU heartbeat published on this node's Node object.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -274,6 +295,7 @@ impl Default for AgentConfig {
             eviction: EvictionConfig::default(),
             offline_pods: OfflinePodsConfig::default(),
             heartbeat: HeartbeatConfig::default(),
+            online_gpus: OnlineGpusConfig::default(),
             metrics_listen: String::new(),
             mps_manager_state_file: String::new(),
             allow_unverified_uuids: false,
@@ -354,6 +376,17 @@ impl Default for OfflinePodsConfig {
             kubelet_eviction_grace_ms: 0,
             deleted_pod_linger_ms: 30_000,
             cgroup_root: "/sys/fs/cgroup".into(),
+        }
+    }
+}
+
+impl Default for OnlineGpusConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            resources: vec!["nvidia.com/gpu".into()],
+            poll_ms: 5000,
         }
     }
 }
@@ -514,6 +547,16 @@ impl AgentConfig {
         let root = &self.offline_pods.cgroup_root;
         if !(root.is_empty() || Path::new(root).is_absolute()) {
             return bad("offline_pods.cgroup_root", "must be an absolute path (the host's cgroup v2 mount) or empty (not looked at)".into());
+        }
+        let o = &self.online_gpus;
+        if !o.pod_resources_socket.is_absolute() {
+            return bad("online_gpus.pod_resources_socket", "must be an absolute path (the kubelet's PodResources socket)".into());
+        }
+        if o.resources.is_empty() || o.resources.iter().any(|r| r.trim().is_empty()) {
+            return bad("online_gpus.resources", "must name at least one extended resource (e.g. nvidia.com/gpu), none empty".into());
+        }
+        if !(1_000..=600_000).contains(&o.poll_ms) {
+            return bad("online_gpus.poll_ms", "must be in 1000..=600000".into());
         }
         let min = kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS;
         if self.heartbeat.interval_ms < min {
@@ -732,6 +775,24 @@ mod tests {
         let t = r#"{"node_name": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 0, "uuid": "GPU-b"}]}"#;
         let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
         assert!(e.message.contains("twice"), "{e}");
+    }
+
+    /// `online_gpus`: an absolute socket, at least one resource, a bounded poll; each refusal
+    /// names its field.
+    #[test]
+    fn online_gpus_settings_are_checked() {
+        let cfg = |o: &str| AgentConfig::from_text(Path::new("a.json"), &format!("{{\"node_name\": \"n\", \"gpus\": [{{\"index\": 0}}], \"online_gpus\": {{{o}}}}}"), |_| None);
+        let c = cfg("").unwrap().online_gpus;
+        assert_eq!((c.enabled, c.poll_ms, c.resources.as_slice()), (true, 5000, ["nvidia.com/gpu".to_string()].as_slice()));
+        for (o, field) in [
+            (r#""pod_resources_socket": "kubelet.sock""#, "online_gpus.pod_resources_socket"),
+            (r#""resources": []"#, "online_gpus.resources"),
+            (r#""resources": [" "]"#, "online_gpus.resources"),
+            (r#""poll_ms": 999"#, "online_gpus.poll_ms"),
+            (r#""poll_ms": 600001"#, "online_gpus.poll_ms"),
+        ] {
+            assert_eq!(cfg(o).unwrap_err().field.as_deref(), Some(field), "{o}");
+        }
     }
 
     /// The MPS pipe directory is mounted into every offline container of its GPU: one that

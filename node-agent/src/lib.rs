@@ -10,6 +10,8 @@
 //!   `xshare.io/gpu-heartbeat` (format: `kube-contract`).
 //! - [`health`]: each GPU's health from the monitor block of its status file.
 //! - [`gpus`]: each GPU's UUID and name from NVML.
+//! - [`online_gpus`]: the GPU each online pod on this node holds, from the kubelet's
+//!   PodResources API, written on the pod (`xshare.io/gpu`) for the extender's plan.
 //! - [`plans`]: each offline pod's plan, frozen per pod UID at first sight (what Allocate gives
 //!   and the monitors enforce); later annotation changes are counted, not followed.
 
@@ -23,6 +25,7 @@ pub mod kube;
 pub mod metrics;
 pub mod mps;
 pub mod offline_pods;
+pub mod online_gpus;
 pub mod plans;
 pub mod plugin;
 #[cfg(feature = "test-support")]
@@ -32,4 +35,10 @@ pub mod test_support;
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
     tonic::include_proto!("v1beta1");
+}
+
+/// The part of the kubelet's PodResources API (v1) the agent calls, generated from `proto/`.
+#[allow(clippy::all, missing_docs)]
+pub mod podresources_pb {
+    tonic::include_proto!("v1");
 }

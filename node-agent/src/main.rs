@@ -222,6 +222,15 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
             ev.metrics()
         })));
     }
+    let online_metrics = Arc::new(Mutex::new(String::new()));
+    if cfg.online_gpus.enabled {
+        let mut w = node_agent::online_gpus::OnlineGpus::new(client.clone(), &cfg);
+        let period = Duration::from_millis(cfg.online_gpus.poll_ms);
+        tasks.push(tokio::spawn(every(period, stop_rx.clone(), online_metrics.clone(), async move || {
+            w.tick().await;
+            w.metrics()
+        })));
+    }
     let list_metrics = Arc::new(Mutex::new(String::new()));
     if cfg.offline_pods.enabled {
         let publisher = node_agent::offline_pods::Publisher::new(
@@ -247,13 +256,14 @@ async fn run(cfg: Arc<AgentConfig>) -> Result<(), String> {
         let l = tokio::net::TcpListener::bind(&cfg.metrics_listen)
             .await
             .map_err(|e| format!("metrics_listen {}: {e}", cfg.metrics_listen))?;
-        let (c, m, lm, dp, pl) = (cfg.clone(), metrics.clone(), list_metrics.clone(), plugin_view, plans.clone());
+        let (c, m, lm, om, dp, pl) = (cfg.clone(), metrics.clone(), list_metrics.clone(), online_metrics.clone(), plugin_view, plans.clone());
         let render = Arc::new(move || {
             let mut o = node_agent::metrics::gpu_metrics(&c, &health_view.borrow());
             o.push_str(&dp.metrics());
             o.push_str(&pl.metrics(&c.node_name));
             o.push_str(&m.lock().map(|g| g.clone()).unwrap_or_default());
             o.push_str(&lm.lock().map(|g| g.clone()).unwrap_or_default());
+            o.push_str(&om.lock().map(|g| g.clone()).unwrap_or_default());
             o
         });
         tasks.push(tokio::spawn(node_agent::metrics::serve(

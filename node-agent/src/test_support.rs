@@ -1,6 +1,6 @@
-//! Test support (feature `test-support`): the kubelet's side of device-plugin registration,
-//! for this crate's tests and the end-to-end tests that run node-agent against a fake kubelet;
-//! the agent's reading of a real mps-manager's state file.
+//! Test support (feature `test-support`): the kubelet's side of device-plugin registration and
+//! of its PodResources API, for this crate's tests and the end-to-end tests that run node-agent
+//! against a fake kubelet; the agent's reading of a real mps-manager's state file.
 
 use std::path::Path;
 
@@ -38,6 +38,34 @@ pub fn serve_kubelet(dir: &Path, on_register: impl Fn(pb::RegisterRequest) + Sen
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(FakeKubelet(on_register)))
+            .serve_with_incoming(UnixListenerStream::new(l)),
+    );
+}
+
+/// The kubelet's PodResources `List`, answering what `pods` holds at each call.
+struct FakePodResources(std::sync::Arc<std::sync::Mutex<Vec<crate::podresources_pb::PodResources>>>);
+
+#[tonic::async_trait]
+impl crate::podresources_pb::pod_resources_lister_server::PodResourcesLister for FakePodResources {
+    async fn list(
+        &self,
+        _: tonic::Request<crate::podresources_pb::ListPodResourcesRequest>,
+    ) -> Result<tonic::Response<crate::podresources_pb::ListPodResourcesResponse>, tonic::Status> {
+        let pod_resources = self.0.lock().map_err(|_| tonic::Status::internal("poisoned"))?.clone();
+        Ok(tonic::Response::new(crate::podresources_pb::ListPodResourcesResponse { pod_resources }))
+    }
+}
+
+/// Serves the kubelet's PodResources socket at `socket` on the current tokio runtime (call it
+/// inside one), answering `List` with what `pods` holds at the time of the call.
+pub fn serve_pod_resources(
+    socket: &Path,
+    pods: std::sync::Arc<std::sync::Mutex<Vec<crate::podresources_pb::PodResources>>>,
+) {
+    let l = tokio::net::UnixListener::bind(socket).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(crate::podresources_pb::pod_resources_lister_server::PodResourcesListerServer::new(FakePodResources(pods)))
             .serve_with_incoming(UnixListenerStream::new(l)),
     );
 }

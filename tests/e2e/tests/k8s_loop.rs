@@ -8,7 +8,8 @@
 //! the kubelet (Register / ListAndWatch / Allocate over the device-plugin unix socket, then
 //! starting the container's process with exactly what Allocate returned).
 //!
-//! Steps, each asserted: an offline Job pod appears → filter/prioritize/bind → the node's bind
+//! Steps, each asserted: node-agent writes the online service's GPU on its pod from the
+//! kubelet's PodResources API (the test plays it too) → an offline Job pod appears → filter/prioritize/bind → the node's bind
 //! lock taken, Binding posted and the plan's decision on the pod → Allocate injects the shim
 //! and the planned quota and gives the lock back → the offline process runs under the shim on
 //! the emulated GPU and the quota holds → an online burst (the online service's own full-GPU
@@ -235,10 +236,16 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     let _monitor = host.start_monitor("sysmonitor.json", &node_monitor_config(HOLD_MS));
     eventually("sysmonitor Healthy", || (read_state(&run)["state"] == "healthy").then_some(()));
 
-    // --- the API server, with the GPU node and the online service already running on GPU 0.
+    // --- the API server, with the GPU node and the online service already running on GPU 0,
+    // which the kubelet gave it through NVIDIA's device plugin: no `xshare.io/gpu` on the pod
+    // (nobody can write it before the kubelet picks the GPU); node-agent writes it from the
+    // kubelet's PodResources API, else the extender plans nothing beside the service.
     let cluster = FakeCluster::start();
     cluster.add_node(node_object());
-    cluster.add_pod(online_pod());
+    let mut online = online_pod();
+    online["metadata"]["annotations"].as_object_mut().unwrap().remove("xshare.io/gpu");
+    online["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    cluster.add_pod(online);
 
     // --- the kubelet's registration socket, then node-agent.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -248,7 +255,15 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
         .unwrap();
     let dp = root.join("device-plugins");
     let shim = bins.join("libxcuda.so");
-    let (_agent, reg) = start_node_agent(&host, &rt, &cluster, json!({}));
+    // The kubelet's PodResources API: what it lists is filled in once NVML's UUID is known.
+    let pod_resources = root.join("pod-resources.sock");
+    let kubelet_pods = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let _g = rt.enter();
+        node_agent::test_support::serve_pod_resources(&pod_resources, kubelet_pods.clone());
+    }
+    let online_gpus = json!({"pod_resources_socket": pod_resources, "poll_ms": 1000});
+    let (_agent, reg) = start_node_agent(&host, &rt, &cluster, json!({"online_gpus": online_gpus}));
     assert_eq!(reg.resource_name, "xshare.io/offline-gpu");
 
     // Its heartbeat reaches the Node: GPU 0 Healthy, with NVML's UUID.
@@ -263,6 +278,22 @@ fn offline_pod_is_planned_bound_allocated_run_evicted_through_the_api_and_replan
     .unwrap();
     let uuid = hb["gpus"][0]["uuid"].as_str().unwrap().to_string();
     assert!(uuid.starts_with("GPU-"), "{hb}");
+    // The kubelet admitted the online service on GPU 0 (device ID: the GPU's UUID); node-agent
+    // writes it on the pod.
+    kubelet_pods.lock().unwrap().push(node_agent::podresources_pb::PodResources {
+        name: "svc-0".into(),
+        namespace: "prod".into(),
+        containers: vec![node_agent::podresources_pb::ContainerResources {
+            name: "svc".into(),
+            devices: vec![node_agent::podresources_pb::ContainerDevices {
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec![uuid.clone()],
+            }],
+        }],
+    });
+    eventually("node-agent writes the online pod's GPU from the kubelet's PodResources", || {
+        (cluster.pod("prod", "svc-0").unwrap()["metadata"]["annotations"]["xshare.io/gpu"] == "0").then_some(())
+    });
 
     // --- the extender, watching the API server.
     let cm_cluster = root.join("cluster.json");
