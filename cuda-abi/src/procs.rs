@@ -253,6 +253,8 @@ proc_table! {
     PFN_cuStreamQuery_v7000_ptsz = cuStreamQuery @ 7000 Ptsz => cuStreamQuery_ptsz(hStream: CUstream);
     PFN_cuStreamBeginCapture_v10010 = cuStreamBeginCapture @ 10010 Plain => cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode);
     PFN_cuStreamBeginCapture_v10010_ptsz = cuStreamBeginCapture @ 10010 Ptsz => cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode);
+    PFN_cuStreamBeginCaptureToGraph_v12030 = cuStreamBeginCaptureToGraph @ 12030 Plain => cuStreamBeginCaptureToGraph(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode);
+    PFN_cuStreamBeginCaptureToGraph_v12030_ptsz = cuStreamBeginCaptureToGraph @ 12030 Ptsz => cuStreamBeginCaptureToGraph_ptsz(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode);
     PFN_cuStreamEndCapture_v10000 = cuStreamEndCapture @ 10000 Plain => cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph);
     PFN_cuStreamEndCapture_v10000_ptsz = cuStreamEndCapture @ 10000 Ptsz => cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph);
     PFN_cuStreamIsCapturing_v10000 = cuStreamIsCapturing @ 10000 Plain => cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);

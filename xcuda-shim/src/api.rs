@@ -943,6 +943,25 @@ macro_rules! begin_capture {
 begin_capture!(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010);
 begin_capture!(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz);
 
+macro_rules! begin_capture_to_graph {
+    ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "` (CUDA 12.3): counted as `cuStreamBeginCapture_v2` is (see `capture`).")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const CUgraphEdgeData, n: usize, mode: CUstreamCaptureMode,
+        ) -> CUresult {
+            guard(|| {
+                let f = real!($name: $pfn);
+                let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
+                // SAFETY: forwarding the caller's arguments.
+                crate::capture::begin(limit, || unsafe { f(stream, graph, deps, edges, n, mode) })
+            })
+        }
+    };
+}
+begin_capture_to_graph!(cuStreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030);
+begin_capture_to_graph!(cuStreamBeginCaptureToGraph_ptsz, PFN_cuStreamBeginCaptureToGraph_v12030_ptsz);
+
 macro_rules! end_capture {
     ($name:ident, $pfn:ty) => {
         #[doc = concat!("Hooked `", stringify!($name), "`: a capture it ends is no longer counted (see `capture`).")]

@@ -297,16 +297,19 @@ fn an_exit_racing_the_signal_helper_still_ends_by_the_signal() {
 fn a_sigterm_during_a_graph_capture_leaves_the_capture_whole() {
     let host = host_for_users();
     let _ledger = ledger(&host);
-    let mut c = limited(&host, "shim_client", 1 << 30, "capturer");
-    as_nobody(&mut c).args(["primary", "capturesig", "30"]);
-    let mut v = host.spawn(&mut c);
-    v.wait_for_line("capturing", T).unwrap_or_else(|| panic!("{} {}", v.stdout(), v.stderr()));
-    std::thread::sleep(Duration::from_millis(100));
-    v.signal(libc::SIGTERM);
-    let line = v.wait_for_line("capturesig", T).unwrap_or_else(|| panic!("{} {}", v.stdout(), v.stderr()));
-    assert_eq!(line, "capturesig end=0 launch=0 handled=1", "{}", v.stderr());
-    let st = v.wait_timeout(T).expect("client exits");
-    assert!(st.success(), "{st:?} {}", v.stderr());
+    // A capture of its own graph, and one into a graph made first (cuStreamBeginCaptureToGraph).
+    for to_graph in ["0", "1"] {
+        let mut c = limited(&host, "shim_client", 1 << 30, "capturer");
+        as_nobody(&mut c).args(["primary", "capturesig", "30", to_graph]);
+        let mut v = host.spawn(&mut c);
+        v.wait_for_line("capturing", T).unwrap_or_else(|| panic!("{} {}", v.stdout(), v.stderr()));
+        std::thread::sleep(Duration::from_millis(100));
+        v.signal(libc::SIGTERM);
+        let line = v.wait_for_line("capturesig", T).unwrap_or_else(|| panic!("{} {}", v.stdout(), v.stderr()));
+        assert_eq!(line, "capturesig end=0 launch=0 handled=1", "to graph: {to_graph}; {}", v.stderr());
+        let st = v.wait_timeout(T).expect("client exits");
+        assert!(st.success(), "{st:?} {}", v.stderr());
+    }
 }
 
 /// The drain before the kubelet's SIGKILL, and its way back when no kill comes: a shimmed

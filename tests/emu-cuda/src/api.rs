@@ -834,6 +834,14 @@ export! {
     fn cuStreamDestroy(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
     fn cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(hStream), mode.0) }
     fn cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(pts(hStream)), mode.0) }
+    fn cuStreamBeginCaptureToGraph(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode) {
+        let _ = (dependencies, dependencyData, numDependencies);
+        driver::capture_begin_to_graph(h(hStream), hGraph as u64, mode.0)
+    }
+    fn cuStreamBeginCaptureToGraph_ptsz(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode) {
+        let _ = (dependencies, dependencyData, numDependencies);
+        driver::capture_begin_to_graph(h(pts(hStream)), hGraph as u64, mode.0)
+    }
     fn cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph) { end_capture(hStream, phGraph) }
     fn cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph) { end_capture(pts(hStream), phGraph) }
     fn cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) {

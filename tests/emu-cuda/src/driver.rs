@@ -160,6 +160,9 @@ struct Capture {
     thread: std::thread::ThreadId,
     /// A prohibited call invalidated it: `cuStreamEndCapture` fails.
     invalidated: bool,
+    /// The capture made its graph (`cuStreamBeginCapture`), which goes when the capture fails;
+    /// false: the caller's (`cuStreamBeginCaptureToGraph`), which stays the caller's.
+    owned: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -567,8 +570,8 @@ fn destroy_ctx(d: &Driver, g: &mut Inner, ctx: u64) {
         .streams
         .values()
         .filter(|s| s.ctx == ctx)
-        .filter_map(|s| s.capture.map(|c| c.graph))
-        .chain(g.pt_captures.iter().filter(|((_, c), _)| *c == ctx).map(|(_, cap)| cap.graph))
+        .filter_map(|s| s.capture.filter(|c| c.owned).map(|c| c.graph))
+        .chain(g.pt_captures.iter().filter(|((_, c), cap)| *c == ctx && cap.owned).map(|(_, cap)| cap.graph))
         .collect();
     g.pt_captures.retain(|(_, c), _| *c != ctx);
     for graph in dead {
@@ -1268,6 +1271,21 @@ fn capture_forbids(call: Forbid) -> R {
 /// already capturing. The per-thread default stream (`CU_STREAM_PER_THREAD`, or a `_ptsz`
 /// entry's null stream) captures, one capture per thread and context.
 pub fn capture_begin(h: u64, mode: u32) -> R {
+    capture_begin_into(h, mode, None)
+}
+
+/// `cuStreamBeginCaptureToGraph` (CUDA 12.3): as [`capture_begin`], the work recorded into the
+/// caller's existing `graph` (which must exist: else `CUDA_ERROR_INVALID_VALUE`), which stays
+/// the caller's however the capture ends (the emulator's graphs keep no edges: the
+/// dependencies given are not checked).
+pub fn capture_begin_to_graph(h: u64, graph: u64, mode: u32) -> R {
+    if !drv()?.lock().graphs.contains_key(&graph) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    capture_begin_into(h, mode, Some(graph))
+}
+
+fn capture_begin_into(h: u64, mode: u32, into: Option<u64>) -> R {
     let ctx = current()?;
     if mode > 2 {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -1276,29 +1294,41 @@ pub fn capture_begin(h: u64, mode: u32) -> R {
         return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     let me = std::thread::current().id();
-    let graph = graph_create()?;
+    let owned = into.is_none();
+    let graph = match into {
+        Some(g) => g,
+        None => graph_create()?,
+    };
     let d = drv()?;
     let mut g = d.lock();
+    let drop_made = |g: &mut Inner| {
+        if owned {
+            g.graphs.remove(&graph);
+        }
+    };
+    let cap = Capture { graph, mode, thread: me, invalidated: false, owned };
     if h == CU_STREAM_PER_THREAD {
         if g.pt_captures.contains_key(&(me, ctx)) {
-            g.graphs.remove(&graph);
+            drop_made(&mut g);
             return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
         }
-        g.pt_captures.insert((me, ctx), Capture { graph, mode, thread: me, invalidated: false });
+        g.pt_captures.insert((me, ctx), cap);
         return Ok(());
     }
-    let s = match g.streams.get_mut(&h) {
-        Some(s) if s.ctx == ctx => s,
+    let busy = match g.streams.get(&h) {
+        Some(s) if s.ctx == ctx => s.capture.is_some(),
         _ => {
-            g.graphs.remove(&graph);
+            drop_made(&mut g);
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
         }
     };
-    if s.capture.is_some() {
-        g.graphs.remove(&graph);
+    if busy {
+        drop_made(&mut g);
         return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
     }
-    s.capture = Some(Capture { graph, mode, thread: me, invalidated: false });
+    if let Some(s) = g.streams.get_mut(&h) {
+        s.capture = Some(cap);
+    }
     Ok(())
 }
 
@@ -1330,7 +1360,9 @@ pub fn capture_end(h: u64) -> R<u64> {
     };
     if c.invalidated {
         drop(g);
-        let _ = graph_destroy(c.graph);
+        if c.owned {
+            let _ = graph_destroy(c.graph);
+        }
         return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }
     Ok(c.graph)

@@ -138,6 +138,8 @@ exports! {
     cuStreamQuery_ptsz: PFN_cuStreamQuery_v7000_ptsz,
     cuStreamBeginCapture_v2: PFN_cuStreamBeginCapture_v10010,
     cuStreamBeginCapture_v2_ptsz: PFN_cuStreamBeginCapture_v10010_ptsz,
+    cuStreamBeginCaptureToGraph: PFN_cuStreamBeginCaptureToGraph_v12030,
+    cuStreamBeginCaptureToGraph_ptsz: PFN_cuStreamBeginCaptureToGraph_v12030_ptsz,
     cuStreamEndCapture: PFN_cuStreamEndCapture_v10000,
     cuStreamEndCapture_ptsz: PFN_cuStreamEndCapture_v10000_ptsz,
     cuStreamIsCapturing: PFN_cuStreamIsCapturing_v10000,

@@ -22,8 +22,8 @@
 //! same on the null stream: the per-thread default stream under `--resolve gpa2`). `capturept` (a
 //! global-mode capture begun on CU_STREAM_PER_THREAD and left running; capture queries on the
 //! legacy and per-thread streams). `capturethread` (a global-mode capture ended first from
-//! another thread, then from its own). `capturesig N` (a SIGTERM handler, then a capture of N
-//! launches 20 ms apart; see the step).
+//! another thread, then from its own). `capturesig N TO_GRAPH` (a SIGTERM handler, then a capture
+//! of N launches 20 ms apart, into a graph of its own when TO_GRAPH is 1; see the step).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
 //! created on device DEV, N bytes allocated from it) | `asyncon DEV N` (cuMemAllocAsync of N bytes on a
@@ -401,6 +401,7 @@ fn main() {
     let stream_sync = get!(cu, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, 2000);
     let capture_begin = get!(cu, "cuStreamBeginCapture", PFN_cuStreamBeginCapture_v10010, 10010);
     let capture_end = get!(cu, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000, 10000);
+    let capture_to_graph = get!(cu, "cuStreamBeginCaptureToGraph", PFN_cuStreamBeginCaptureToGraph_v12030, 12030);
     let is_capturing = get!(cu, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000, 10000);
     let event_create = get!(cu, "cuEventCreate", PFN_cuEventCreate_v2000, 2000);
     let event_record = get!(cu, "cuEventRecord", PFN_cuEventRecord_v2000, 2000);
@@ -690,10 +691,11 @@ fn main() {
                 // a graph when the signal comes, as a trainer does at a `torch.cuda.graph`
                 // warm-up: a global-mode capture on a stream of its own, N spin launches 20 ms
                 // apart in it (`capturing` printed once it began), then the graph instantiated,
-                // launched and synchronised. Prints `capturesig end=RC launch=RC handled=H`.
+                // launched and synchronised. TO_GRAPH 1: the capture recorded into a graph made
+                // first (cuStreamBeginCaptureToGraph). Prints `capturesig end=RC launch=RC handled=H`.
                 "capturesig" => {
-                    let n = num(1, i);
-                    i += 1;
+                    let (n, to_graph) = (num(1, i), num(2, i) == 1);
+                    i += 2;
                     static HANDLED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                     extern "C" fn on_term(_: c_int) {
                         HANDLED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -705,7 +707,16 @@ fn main() {
                     }
                     let mut s: CUstream = std::ptr::null_mut();
                     let r = stream_create(&mut s, 1);
-                    let r = if r.is_success() { capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) } else { r };
+                    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+                    let r = if !r.is_success() {
+                        r
+                    } else if to_graph {
+                        let mut into: CUgraph = std::ptr::null_mut();
+                        let r = graph_create(&mut into, 0);
+                        if r.is_success() { capture_to_graph(s, into, std::ptr::null(), std::ptr::null(), 0, mode) } else { r }
+                    } else {
+                        capture_begin(s, mode)
+                    };
                     if !r.is_success() {
                         die(&format!("capture begin {r}"));
                     }
