@@ -1089,10 +1089,11 @@ mod tests {
     /// on, and every eviction refused a process with a request: nothing was ever sent to it.
     /// The grace is the longest mps-manager may give, not the monitor's own (default 10 s): the
     /// manager escalates its requests itself, after its `evict_grace_ms` (up to 10 min), and a
-    /// job it gave minutes to checkpoint was SIGKILLed by the monitor after 10 s.
+    /// job it gave minutes to checkpoint was SIGKILLed by the monitor after 10 s. (The monitor's
+    /// own eviction of such a process keeps the monitor's grace: the next test.)
     #[test]
     fn a_running_monitor_escalates_a_request_mps_manager_made_after_the_managers_longest_grace() {
-        let mut m = one_offline(vec![gs(10.0), gs(10.0), gs(99.5), gs(99.5), gs(99.5), gs(99.5), gs(99.5)]);
+        let mut m = one_offline(vec![gs(10.0)]);
         m.cfg.evictor.grace_ms = node_daemon::evictor::EvictorConfig::default().grace_ms;
         m.tick(0);
         assert_eq!(m.evictor.in_flight(), 0);
@@ -1102,7 +1103,7 @@ mod tests {
         for t in [10, 20, 30] {
             m.tick(t);
         }
-        assert_eq!(m.machine.state(), State::Overlimit);
+        assert_eq!(m.machine.state(), State::Healthy);
         assert!(m.evictor.signaller().0.is_empty(), "no second SIGTERM: the manager sent one");
         let long = node_ledger::MANAGER_MAX_EVICT_GRACE_MS;
         for t in [10 + m.cfg.evictor.grace_ms, 10 + 2 * m.cfg.evictor.grace_ms, 10 + long - 1] {
@@ -1111,6 +1112,31 @@ mod tests {
         assert!(m.evictor.signaller().0.is_empty(), "not at the monitor's grace: the manager's may be longer");
         m.tick(10 + long);
         assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "the manager's longest grace from 10 is over");
+    }
+
+    /// A process mps-manager asked to leave (its request taken on with the manager's longest
+    /// grace, 10 min) that the monitor then evicts itself, the GPU going Overlimit: SIGKILL
+    /// after the monitor's grace from its eviction, as for any process it evicts, with its
+    /// request recorded as the monitor's. Before, the eviction was refused (a request was in
+    /// flight): a process ignoring SIGTERM stayed 10 min beside the overloaded online service.
+    #[test]
+    fn the_monitors_own_eviction_of_a_process_the_manager_asked_to_leave_sigkills_after_its_grace() {
+        let mut m = one_offline(vec![gs(10.0), gs(10.0), gs(99.5)]);
+        m.cfg.evictor.grace_ms = node_daemon::evictor::EvictorConfig::default().grace_ms;
+        m.tick(0);
+        m.ledger.procs[0].evict_requested_ms = Some(10);
+        m.ledger.procs[0].evict_by_manager = true;
+        m.tick(10);
+        m.tick(20);
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert_eq!(m.evictor.in_flight(), 1);
+        assert_eq!(m.ledger.marks, vec![(500, EvictReason::Overlimit)], "the monitor's request recorded");
+        assert_eq!(m.evictor.counts()[&EvictReason::Overlimit], 1);
+        let grace = m.cfg.evictor.grace_ms;
+        m.tick(20 + grace - 1);
+        assert!(m.evictor.signaller().0.is_empty(), "no second SIGTERM, no SIGKILL inside the grace");
+        m.tick(20 + grace);
+        assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "the monitor's grace from its eviction at 20");
     }
 
     /// The operator's eviction command is waited for once it exits, even when the eviction it
