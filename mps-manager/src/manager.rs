@@ -439,7 +439,7 @@ impl Manager {
     /// before the control daemon starts: `Err` when it cannot (the manager then does not
     /// start MPS: a GPU without the fence is a looser limit than configured).
     pub fn hold_compute_mode(&mut self) -> Result<(), String> {
-        let changed = self.modes.hold(self.cfg.compute_mode)?;
+        let changed = self.hold_mode()?;
         if let Some(from) = changed {
             tracing::info!(
                 gpu = self.cfg.gpu_index,
@@ -451,13 +451,56 @@ impl Manager {
         Ok(())
     }
 
+    /// [`Keeper::hold`], with the mode found, when none was found before, written to the state
+    /// file (`compute_mode_found`) before the mode is changed: a restarted manager takes it
+    /// over ([`Manager::adopt_previous`]) to put it back with `quit_on_exit`. Before, it reached
+    /// the file only at the first check: a manager whose control daemon failed to start, or
+    /// that was killed before its first check, left its successor finding EXCLUSIVE_PROCESS,
+    /// and the mode found (DEFAULT) was never put back. A change that fails takes it back out
+    /// (nothing was changed: an operator may set the mode by hand before the next start).
+    fn hold_mode(&mut self) -> Result<Option<nvml_wrapper::enum_wrappers::device::ComputeMode>, String> {
+        let noted = self.modes.note_found(self.cfg.compute_mode)?;
+        if noted {
+            self.note_modes();
+            self.write_found_mode();
+        }
+        let held = self.modes.hold(self.cfg.compute_mode);
+        if held.is_err() && noted {
+            self.modes.forget_found();
+            self.note_modes();
+            self.write_found_mode();
+        }
+        held
+    }
+
+    /// Writes `compute_mode_found` as it stands to the state file ([`Manager::hold_mode`]).
+    fn write_found_mode(&mut self) {
+        let path = self.cfg.state_file.clone();
+        if self.state.updated_unix_ms != 0 {
+            // This manager has written its state already: the file is its own.
+            self.write_state(&path);
+            return;
+        }
+        // At start, before the control daemon is started or adopted: the previous manager's
+        // file (what it says of the daemon stays until this manager knows better) with the
+        // mode found in it; this manager's own state when there is none.
+        let mut s = match Self::read_previous(&path) {
+            Ok(Some(prev)) if prev.gpu == self.state.gpu => prev,
+            _ => self.state.clone(),
+        };
+        s.compute_mode_found.clone_from(&self.state.compute_mode_found);
+        s.updated_unix_ms = unix_ms();
+        let written = node_daemon::state_file::write_json_pretty(&path, &s);
+        node_daemon::state_file::log_write(&mut self.state_write, mono_ms(), &path, written, "node-agent and mps-manager status");
+    }
+
     /// At each check: the compute mode is still what the config asks, else set back (an
     /// operator's `nvidia-smi -c`, another tool), loudly.
     fn keep_compute_mode(&mut self) {
         // Never held before (the config was `leave` at start and is `exclusive_process` since a
         // reload): a first setting, not a change to undo.
         let first = self.modes.last().is_none();
-        match self.modes.hold(self.cfg.compute_mode) {
+        match self.hold_mode() {
             Ok(Some(from)) if first => {
                 tracing::info!(gpu = self.cfg.gpu_index, from = compute_mode::name(from), "GPU compute mode set to exclusive_process (config reloaded)");
                 self.mode_failing = false;
@@ -2127,6 +2170,43 @@ mod tests {
         }
     }
 
+    /// The mode found is in the state file before the mode is changed: a manager whose control
+    /// daemon then fails to start (or that is killed before its first check) leaves it to its
+    /// successor, which puts it back with `quit_on_exit`. What the previous manager's file says
+    /// of the daemon is kept meanwhile. Before, the mode found reached the file only at the
+    /// first check, and the successor found EXCLUSIVE_PROCESS: DEFAULT was never put back.
+    #[test]
+    fn the_mode_found_is_in_the_state_file_before_the_mode_is_changed() {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode;
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
+        let file = dir.path().join("mps-manager.json");
+        // A previous manager's file, written before any mode was changed.
+        let before = ManagerState { manager_pid: 1, daemon_pid: Some(4242), daemon_start_time: Some(7), ..Default::default() };
+        std::fs::write(&file, serde_json::to_string(&before).unwrap()).unwrap();
+        let mut m = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
+        m.adopt_previous(&Manager::read_previous(&file).unwrap().unwrap());
+        m.hold_compute_mode().unwrap();
+        assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess);
+        // Killed here, or its control daemon fails to start: no state written by this manager.
+        drop(m);
+        let left = Manager::read_previous(&file).unwrap().expect("the state file");
+        assert_eq!(left.compute_mode_found.as_deref(), Some("default"), "{left:?}");
+        assert_eq!((left.manager_pid, left.daemon_pid, left.daemon_start_time), (1, Some(4242), Some(7)), "the rest as it was");
+        let mut next = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
+        next.adopt_previous(&left);
+        next.hold_compute_mode().unwrap();
+        next.cfg.quit_on_exit = true;
+        next.shutdown();
+        assert_eq!(gpu.mode(), ComputeMode::Default, "the mode the first manager found is back");
+        // With no previous file, the manager's own state carries it.
+        std::fs::remove_file(&file).unwrap();
+        let mut m = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
+        m.hold_compute_mode().unwrap();
+        let left = Manager::read_previous(&file).unwrap().expect("the state file");
+        assert_eq!((left.compute_mode_found.as_deref(), left.daemon_pid), (Some("default"), None));
+    }
+
     /// MPS recovery asks every offline process to leave: the request names the pod its cgroup
     /// path names (node-agent evicts that pod), not the neighbour pod whose group its slot
     /// claims. A real process in a pod-shaped cgroup; needs root and a writable cgroup
@@ -2338,6 +2418,9 @@ mod tests {
         let e = m.hold_compute_mode().unwrap_err();
         assert!(e.contains("nvidia-smi -i 0 -c EXCLUSIVE_PROCESS"), "{e}");
         assert_eq!(gpu.mode(), ComputeMode::Default);
+        // Nothing changed, nothing to put back (an operator may set the mode by hand next).
+        let left = Manager::read_previous(&m.cfg.state_file).unwrap().expect("the state file");
+        assert_eq!(left.compute_mode_found, None);
         // At a check the failure is recorded for the operator, not fatal.
         m.check(0);
         assert!(m.state.last_error.as_deref().is_some_and(|l| l.contains("exclusive_process")), "{:?}", m.state.last_error);
