@@ -56,6 +56,26 @@ pub struct Terminating {
     pub server: u32,
 }
 
+/// One Disabled-by-XID episode of the monitor's, as its state file tells it: the XID, since
+/// when the GPU is Disabled by it and the boot those monotonic ms belong to. A restarted
+/// monitor keeps both, so the episode is the same across restarts of either daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandledXid {
+    /// The XID code.
+    pub code: u64,
+    /// The monitor's `disabled_since_mono_ms` (absent in files of monitors before it).
+    pub disabled_since_mono_ms: Option<u64>,
+    /// The monitor's `boot_id`.
+    pub boot_id: String,
+}
+
+impl HandledXid {
+    /// The episode of the XID the monitor's state `m` holds the GPU Disabled by, if any.
+    pub fn of(m: &node_daemon::monitor_state::MonitorState) -> Option<HandledXid> {
+        Some(HandledXid { code: m.disabling_xid()?, disabled_since_mono_ms: m.disabled_since_mono_ms, boot_id: m.boot_id.clone() })
+    }
+}
+
 /// The manager's state file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ManagerState {
@@ -160,6 +180,12 @@ pub struct ManagerState {
     /// alone kept admitting containers to a daemon that served none.
     #[serde(default)]
     pub daemon_not_answering: Option<String>,
+    /// The critical XID whose recovery (a full MPS reset) this manager, or an earlier run of
+    /// it, has made: taken over at start ([`Manager::adopt_previous`]), so that a restarted
+    /// manager does not reset MPS again for an XID the monitor still reports (the GPU stays
+    /// Disabled by it until an operator acts).
+    #[serde(default)]
+    pub xid_handled: Option<HandledXid>,
     /// The last error talking to MPS.
     pub last_error: Option<String>,
     /// Wall-clock ms of this snapshot.
@@ -798,6 +824,8 @@ impl Manager {
         // Kept in this manager's state file too, until finished: killed again before it gets
         // to them, this manager passes them on.
         self.state.terminating = self.inherited.clone();
+        // An XID the previous manager recovered from is not recovered from again.
+        self.state.xid_handled.clone_from(&prev.xid_handled);
         // The compute mode found before the first manager changed it is the one to put back.
         if let Some(found) = prev.compute_mode_found.as_deref().and_then(compute_mode::from_name) {
             self.modes.adopt_found(found);
@@ -1064,7 +1092,10 @@ impl Manager {
             .map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
         // One read of the monitor's state file: its XID, and the evictions it will SIGKILL.
         let mon = self.read_monitor_state();
-        o.xid = mon.as_ref().and_then(|m| m.disabling_xid());
+        // An XID episode recovered from already (by this run or, from the state file, an
+        // earlier one) is no fault again.
+        let xid = mon.as_ref().and_then(HandledXid::of);
+        o.xid = xid.as_ref().filter(|&x| self.state.xid_handled.as_ref() != Some(x)).map(|x| x.code);
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
         self.kill_after_grace();
@@ -1072,6 +1103,9 @@ impl Manager {
         self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending), &raw, &offline);
         self.daemon_seen_alive = o.daemon_alive;
         let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
+        if faults.iter().any(|f| matches!(f, Fault::Xid { .. })) {
+            self.state.xid_handled = xid;
+        }
         // Every server's clients seen, and nothing wrong with MPS: a client missing from the
         // lists is not one a fault took off them.
         let complete = o.daemon_alive
@@ -2456,6 +2490,47 @@ mod tests {
         node_daemon::monitor_state::write(&p, &good).unwrap();
         m.check(2000);
         assert_eq!(m.state.monitor_state_error, None);
+    }
+
+    /// A critical XID keeps the GPU Disabled until an operator acts, and the monitor's state
+    /// file says so all along: it is recovered from (a full MPS reset) once. A restarted
+    /// manager takes the XID it recovered from over from its state file and does not reset MPS
+    /// again for it, which would end the online service's context for nothing; a new episode
+    /// (Disabled again later, or after a reboot) is a fault again. Before, the XID handled
+    /// was kept in memory only, and every restart of the manager reset MPS again.
+    #[test]
+    fn a_restarted_manager_does_not_recover_again_from_an_xid_it_recovered_from() {
+        use node_daemon::monitor_state::{write, MonitorState};
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let daemon = m.ensure_daemon().unwrap();
+        let p = m.cfg.monitor_state_file.clone();
+        let xid = MonitorState::example();
+        assert_eq!((xid.disabling_xid(), xid.disabled_since_mono_ms), (Some(79), Some(4)));
+        write(&p, &xid).unwrap();
+        assert_eq!(m.check(0), vec![Fault::Xid { code: 79 }]);
+        assert!(m.check(100).is_empty(), "once");
+        let prev: ManagerState = serde_json::from_str(&serde_json::to_string(&m.state).unwrap()).unwrap();
+        let restarted = |prev: Option<&ManagerState>| {
+            let mut m = manager(d.path());
+            if let Some(prev) = prev {
+                m.adopt_previous(prev);
+            }
+            assert_eq!(m.ensure_daemon().unwrap(), daemon, "the daemon adopted");
+            m
+        };
+        let mut m2 = restarted(Some(&prev));
+        assert!(m2.check(0).is_empty(), "recovered from already, by the manager before");
+        assert!(m2.check(100).is_empty());
+        // Without its predecessor's state file, the XID is new to a manager.
+        assert_eq!(restarted(None).check(0), vec![Fault::Xid { code: 79 }]);
+        // Disabled by the same XID again later, or after a reboot: a new episode.
+        write(&p, &MonitorState { disabled_since_mono_ms: Some(9), ..xid.clone() }).unwrap();
+        assert_eq!(m2.check(200), vec![Fault::Xid { code: 79 }]);
+        assert!(m2.check(300).is_empty());
+        write(&p, &MonitorState { disabled_since_mono_ms: Some(9), boot_id: "c".into(), ..xid }).unwrap();
+        assert_eq!(m2.check(400), vec![Fault::Xid { code: 79 }]);
+        kill(daemon);
     }
 
     /// A state file that cannot be written (its directory is a file) is a run of failures the

@@ -549,6 +549,46 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
     assert_eq!(xid_recoveries(&again), 1, "{again:#}");
 }
 
+/// After a critical XID the GPU stays Disabled by it until an operator acts, and the monitor's
+/// state file says so all along. The manager that reset MPS for it is restarted (SIGKILL, as
+/// the OOM killer does; an upgrade alike): the new one adopts the control daemon and does not
+/// reset MPS again, so the online client, relaunched once by the reset, keeps its new context.
+/// Before, the XID handled was known to the manager's memory only: every restart was a fresh
+/// `xid` fault and a full reset.
+#[test]
+fn a_restarted_manager_does_not_reset_mps_again_for_an_xid_it_recovered_from() {
+    let n = EmuHost::node();
+    let (_mon, mut manager, klog, daemon, load, mut off) = node_with_xid_log(&n);
+    kernel_log(&klog, "NVRM: Xid (PCI:0000:01:00): 48, pid=1, An uncorrectable double bit error");
+    let v = mstate(&n, "the xid recovery and MPS running again", |v| {
+        v["recoveries"].as_array().is_some_and(|r| r.iter().any(|x| x["fault"]["xid"]["code"] == 48))
+            && v["daemon_pid"].as_u64().is_some_and(|p| p != daemon)
+    });
+    let reset_daemon = v["daemon_pid"].as_u64().unwrap();
+    assert!(off.wait_exit(T).is_some(), "offline client evicted");
+    online_progresses(&load, "online kernels after the reset");
+    let dev = n.device();
+    let generation = dev.snapshot().mps.generation;
+    let relaunches = load.relaunches.load(Ordering::Relaxed);
+    assert!(relaunches >= 1, "a full reset costs the online client a relaunch");
+    manager.signal(libc::SIGKILL);
+    assert!(manager.wait_exit(T).is_some());
+    let manager = start_manager(&n);
+    let mp = manager.pid();
+    let v = mstate(&n, "the restarted manager's state", |v| v["manager_pid"] == mp && v["daemon_pid"].is_u64());
+    assert_eq!(v["daemon_pid"].as_u64(), Some(reset_daemon), "the daemon adopted: {v:#}");
+    // A few checks later (every 100 ms; the state file is written after each).
+    let t = v["updated_unix_ms"].as_u64().unwrap();
+    let v = mstate(&n, "later checks", |v| v["manager_pid"] == mp && v["updated_unix_ms"].as_u64() > Some(t + 500));
+    assert_eq!(v["recoveries"], serde_json::json!([]), "recovered again: {v:#}");
+    assert_eq!(v["daemon_pid"].as_u64(), Some(reset_daemon), "{v:#}");
+    assert_eq!(v["xid_handled"]["code"], 48, "{v:#}");
+    online_progresses(&load, "online kernels after the manager's restart");
+    assert_eq!(dev.snapshot().mps.generation, generation, "MPS reset again");
+    assert_eq!(load.relaunches.load(Ordering::Relaxed), relaunches, "the online client relaunched again");
+    load.stop();
+}
+
 /// An application XID (one process's page fault, as an H200 reported for an online client
 /// right after its offline neighbour was SIGKILLed under MPS; or an offline job's own bug) is
 /// the faulting process's: MPS tears that client down itself. With the shipped defaults the
