@@ -332,6 +332,21 @@ pub fn stuck_episode_ms(cfg: &Config) -> u64 {
     cfg.detect.stuck_after_ms.saturating_mul(2).saturating_add(cfg.check_every_ms)
 }
 
+/// The order in which the faults of one check are recovered from
+/// ([`Manager::handle_faults`]): what needs a new MPS first (a dead daemon before the others:
+/// its recovery may start a new one past the rate limit), then crashed servers, dead clients,
+/// and stuck clients last.
+pub fn recovery_order(f: &Fault) -> u8 {
+    match f {
+        Fault::DaemonDead => 0,
+        Fault::DaemonHang { .. } => 1,
+        Fault::Xid { .. } => 2,
+        Fault::ServerCrash { .. } => 3,
+        Fault::ClientDied { .. } => 4,
+        Fault::ClientsStuck { .. } => 5,
+    }
+}
+
 /// Builds the control client for a config.
 pub fn control_for(cfg: &Config) -> MpsControl {
     MpsControl {
@@ -1424,7 +1439,20 @@ impl Manager {
     }
 
     /// Counts every fault (the `faults` counters), logs each fault once per episode (while it
-    /// keeps being seen it is counted, not logged again) and runs one recovery for them.
+    /// keeps being seen it is counted, not logged again) and recovers from each.
+    ///
+    /// Most sweeping first ([`recovery_order`]): a dead or hung daemon or an XID (a new MPS),
+    /// then crashed servers (one recovery for all of them), then dead clients (one targeted
+    /// recovery terminating all of them), then stuck clients. A recovery that ended every
+    /// client's connection (all servers or MPS restarted), or that the rate limit held back, is
+    /// the last of the check; after a targeted one, or crashed servers ended alone, the next
+    /// fault gets its recovery too, but a
+    /// stuck fault only when nothing else was recovered from (it may have been the other
+    /// fault's doing; still stuck, it is reported again). Before, the first fault alone was
+    /// recovered from and the others were lost: dead registrations came first, and one a
+    /// tenant rewrote with a new start time at every check kept a dead client its server
+    /// listed (the one hanging the online client) and a crashed server from ever being
+    /// recovered.
     pub fn handle_faults(&mut self, now_ms: u64, faults: Vec<Fault>) {
         let keys: HashSet<String> = faults.iter().map(|f| format!("{f:?}")).collect();
         for f in &faults {
@@ -1438,8 +1466,24 @@ impl Manager {
             self.limited_logged = false;
             self.stuck_unlisted_logged = false;
         }
-        if let Some(f) = faults.into_iter().next() {
-            self.recover(now_ms, f);
+        let mut faults = faults;
+        faults.sort_by_key(recovery_order);
+        let dead: Vec<u32> = faults.iter().filter_map(|f| if let Fault::ClientDied { pid } = f { Some(*pid) } else { None }).collect();
+        let crashed: Vec<u32> = faults.iter().filter_map(|f| if let Fault::ServerCrash { server } = f { Some(*server) } else { None }).collect();
+        let mut recovered = false;
+        for f in faults {
+            let also = match &f {
+                Fault::ClientDied { pid } if dead.first() == Some(pid) => &dead[1..],
+                Fault::ServerCrash { server } if crashed.first() == Some(server) => &crashed[1..],
+                // Recovered from with the first of their kind.
+                Fault::ClientDied { .. } | Fault::ServerCrash { .. } => continue,
+                Fault::ClientsStuck { .. } if recovered => continue,
+                _ => &[][..],
+            };
+            recovered = true;
+            if !self.recover_with(now_ms, f, also) {
+                break;
+            }
         }
     }
 
@@ -1453,7 +1497,13 @@ impl Manager {
     /// that would not end. Both cost every client its context and both are rate-limited; a
     /// dead daemon with no server left is replaced past the limit
     /// ([`Manager::restart_dead_daemon`]: that ends nothing).
-    fn recover(&mut self, now_ms: u64, fault: Fault) {
+    ///
+    /// `also`: more faults of `fault`'s kind seen at the same check, other dead clients
+    /// (terminated in the same targeted recovery) or other crashed servers (ended in the same
+    /// server restart). Returns whether the other faults of the check still call for their
+    /// recovery: after a targeted one (or none needed), or crashed servers ended alone; `false`
+    /// when it ended every client's connection, or the rate limit held it back.
+    fn recover_with(&mut self, now_ms: u64, fault: Fault, also: &[u32]) -> bool {
         let started = mono_ms();
         let targeted = match &fault {
             Fault::ClientDied { pid } => {
@@ -1469,8 +1519,10 @@ impl Manager {
                     })
                     .map(|p| p.pid)
                     .collect();
-                if !pids.contains(pid) {
-                    pids.push(*pid);
+                for p in std::iter::once(pid).chain(also) {
+                    if !pids.contains(p) {
+                        pids.push(*p);
+                    }
                 }
                 // A pid known only from a server's list that no server lists any more has left
                 // MPS (its connection closed): nothing of it hangs, no reset for it.
@@ -1500,7 +1552,7 @@ impl Manager {
                             "clients_stuck names no offline process found here that an MPS server lists (gone, another pid namespace's, or not an MPS client): nothing terminated, MPS servers left running"
                         );
                     }
-                    return;
+                    return true;
                 }
                 if self.escalate_stuck_until.is_some_and(|t| now_ms <= t) {
                     // Stuck again within the episode: the targeted step did not help.
@@ -1525,21 +1577,21 @@ impl Manager {
             Some(Ok(outcome)) => {
                 tracing::warn!(fault = fault.kind(), %outcome, took_ms = mono_ms() - started, "targeted recovery done; MPS and online clients untouched");
                 self.record(fault, Vec::new(), outcome);
-                return;
+                return true;
             }
             Some(Err(e)) => format!("targeted recovery failed: {e}"),
             None => format!("{} needs a new MPS", fault.kind()),
         };
         if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
             if fault == Fault::DaemonDead && self.restart_dead_daemon(now_ms, &why) {
-                return;
+                return false;
             }
             self.state.suppressed_recoveries += 1;
             if !self.limited_logged {
                 self.limited_logged = true;
                 tracing::error!(fault = fault.kind(), %why, "full MPS reset rate-limited; counting in suppressed_recoveries");
             }
-            return;
+            return false;
         }
         let servers_only = !fault.needs_new_daemon() && self.live_daemon().is_some();
         if servers_only {
@@ -1550,11 +1602,14 @@ impl Manager {
         let evicted = self.evict_offline(fault.kind());
         // A crashed server is gone already, its clients with it: the other servers (a new one
         // a relaunched online client may have got meanwhile) are left alone.
-        let only = match &fault {
-            Fault::ServerCrash { server } => Some(*server),
+        let only: Option<Vec<u32>> = match &fault {
+            Fault::ServerCrash { server } => Some(std::iter::once(*server).chain(also.iter().copied()).collect()),
             _ => None,
         };
-        let restarted = servers_only.then(|| self.restart_servers(only));
+        let restarted = servers_only.then(|| self.restart_servers(only.as_deref()));
+        // Crashed servers ended alone: the other servers' clients keep their connections, and
+        // the other faults of the check (a dead client another server lists) their recovery.
+        let others_kept = only.is_some() && matches!(restarted, Some(Ok(_)));
         let outcome = match restarted {
             Some(Ok(o)) => format!("{o} ({why_full})"),
             not_restarted => {
@@ -1575,6 +1630,7 @@ impl Manager {
         self.escalate_stuck_until = None;
         self.record(fault, evicted, outcome);
         self.detector.reset();
+        others_kept
     }
 
     /// While the rate limit holds a [`Fault::DaemonDead`] recovery back: starts a new control
@@ -1897,15 +1953,17 @@ impl Manager {
     /// `Err` (the caller then resets MPS whole) when the daemon does not answer, refuses, or a
     /// server is still there `command_timeout_ms` after it was told.
     ///
-    /// `only`: end that server alone (if still listed), not every one.
-    fn restart_servers(&mut self, only: Option<u32>) -> Result<String, String> {
+    /// `only`: end those servers alone (those still listed), not every one.
+    fn restart_servers(&mut self, only: Option<&[u32]>) -> Result<String, String> {
         let daemon = self.live_daemon().map(|d| d.pid).ok_or_else(|| MpsError::NoDaemon.to_string())?;
         let mut servers = self.ctl.server_list().map_err(|e| e.to_string())?;
         if let Some(s) = only {
-            servers.retain(|&p| p == s);
+            servers.retain(|p| s.contains(p));
             if servers.is_empty() {
+                let s: Vec<String> = s.iter().map(u32::to_string).collect();
                 return Ok(format!(
-                    "MPS server {s} gone; control daemon {daemon} kept, a new server starts for the next client"
+                    "MPS server {} gone; control daemon {daemon} kept, a new server starts for the next client",
+                    s.join(", ")
                 ));
             }
         }
@@ -2106,6 +2164,13 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
     use std::process::{Child, Command};
+
+    impl Manager {
+        /// [`Manager::recover_with`] of `fault` alone.
+        fn recover(&mut self, now_ms: u64, fault: Fault) -> bool {
+            self.recover_with(now_ms, fault, &[])
+        }
+    }
 
     /// A manager whose control program is a stand-in: `-d` starts a sleeper named as the real
     /// daemon is ([`crate::control::mps_named_sleeper`]) as "the daemon"
@@ -2802,6 +2867,28 @@ mod tests {
         if let Some(p) = m.ctl.daemon_pid() {
             kill(p);
         }
+    }
+
+    /// Every fault of one check is recovered from, not only the first: a crashed server (its
+    /// servers ended alone, the others' clients kept) and then a dead client another server
+    /// still lists (terminated). Before, the first fault of the list (a dead client) alone got
+    /// a recovery and the crash was lost.
+    #[test]
+    fn every_fault_of_a_check_is_recovered_from_not_only_the_first() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_with_a_server(d.path());
+        m.cfg.evict_grace_ms = 100;
+        let daemon = m.ensure_daemon().unwrap();
+        let mut dead = Command::new("true").spawn().unwrap();
+        let pid = dead.id();
+        dead.wait().unwrap();
+        std::fs::write(d.path().join("pipe").join("clients"), format!("{pid}\n")).unwrap();
+        m.handle_faults(mono_ms(), vec![Fault::ClientDied { pid }, Fault::ServerCrash { server: 1 }]);
+        let r: Vec<(String, String)> = m.state.recoveries.iter().map(|r| (r.fault.kind().to_string(), r.outcome.clone())).collect();
+        kill(daemon);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(r[0].0 == "server_crash" && r[0].1.contains("MPS server 1 gone"), "{r:?}");
+        assert!(r[1].0 == "client_died" && r[1].1.contains(&format!("terminate_client [(4242, {pid})]")), "{r:?}");
     }
 
     /// The pipe directory is in offline containers' mounts: a root tenant can remove the pid
