@@ -135,6 +135,11 @@ pub struct ManagerState {
     /// was about to SIGKILL them (`terminate_before_kill_ms`).
     #[serde(default)]
     pub terminated_before_kill: u64,
+    /// Registered offline processes whose owner this manager has seen holding the slot's lock
+    /// (alive then; some may have died since): the registrations it takes for offline clients,
+    /// and the only ones whose death it recovers from as a dead client.
+    #[serde(default)]
+    pub offline_seen: usize,
     /// Offline processes found doing GPU work outside MPS (see the config's `outside_mps`).
     #[serde(default)]
     pub outside_mps: u64,
@@ -295,6 +300,10 @@ pub struct Manager {
     outside: Outside,
     /// Pids here of offline processes registered from other pid namespaces (containers).
     host_pids: node_daemon::procns::HostPids,
+    /// Registrations (pid namespace, pid, start time, as the ledger names them) whose owner
+    /// this manager saw alive holding the slot's lock ([`Manager::owner_seen`]): only such a
+    /// registration, once its process is dead, is a dead client to recover.
+    owners_seen: BTreeSet<(u64, u32, u64)>,
     /// `terminating` of the previous manager's state file ([`Manager::adopt_previous`]):
     /// clients it was terminating when it died.
     inherited: Vec<Terminating>,
@@ -462,6 +471,7 @@ impl Manager {
             evicted: BTreeMap::new(),
             outside: Outside::default(),
             host_pids: node_daemon::procns::HostPids::default(),
+            owners_seen: BTreeSet::new(),
             inherited: Vec::new(),
             terminated_before_kill: BTreeSet::new(),
             modes,
@@ -913,19 +923,49 @@ impl Manager {
 
     /// [`Manager::offline`] of registrations already read (`raw`, [`Manager::registered`]):
     /// the same processes in the same order.
+    ///
+    /// A registration whose process is dead is taken only if this manager saw its owner, alive,
+    /// holding the slot's lock ([`Manager::owner_seen`]), or the previous manager was
+    /// terminating it (`terminating`). A slot naming a pid that no process has (now, or ever)
+    /// proves nothing: any ledger client can write one, with a new start time at every check,
+    /// and each was a dead client whose recovery waited [`LISTING_GRACE_MS`] for it. A client
+    /// that died before this manager saw it is still caught when its server lists it
+    /// ([`crate::detect::Observation::dead_listed`]).
     fn in_my_terms(&mut self, raw: &[node_ledger::ProcSnapshot]) -> Vec<node_ledger::ProcSnapshot> {
-        self.host_pids.retain(|r| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
-        raw.iter()
+        let current = |r: &(u64, u32, u64)| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r);
+        self.host_pids.retain(current);
+        self.owners_seen.retain(current);
+        let here = raw
+            .iter()
             .map(|p| {
                 let mut p = p.clone();
                 match self.host_pids.of(&p) {
-                    Some(h) => (p.pid, p.pid_ns) = (h, self.own_ns),
-                    None if p.pid_ns == self.own_ns => p.pid_ns = NOT_FOUND_NS,
-                    None => {}
+                    Some(h) if self.owner_seen(&p, h) => (p.pid, p.pid_ns) = (h, self.own_ns),
+                    _ if p.pid_ns == self.own_ns => p.pid_ns = NOT_FOUND_NS,
+                    _ => {}
                 }
                 p
             })
-            .collect()
+            .collect();
+        self.state.offline_seen = self.owners_seen.len();
+        here
+    }
+
+    /// Whether registration `p` (as the ledger names it), whose process is `host` here, is one
+    /// whose owner this manager saw alive holding the slot's lock (checked once, then
+    /// remembered while it stays registered), or one the previous manager was terminating.
+    fn owner_seen(&mut self, p: &node_ledger::ProcSnapshot, host: u32) -> bool {
+        let r = (p.pid_ns, p.pid, p.start_time);
+        if self.owners_seen.contains(&r) {
+            return true;
+        }
+        if node_ledger::procinfo::is_alive(host, p.start_time)
+            && node_daemon::procns::holds_lock(host, &p.ledger_file, p.owner_lock)
+        {
+            self.owners_seen.insert(r);
+            return true;
+        }
+        self.inherited_termination(host, p.start_time)
     }
 
     /// Asks the process `id` names (as the ledger names it, [`Manager::registered`]) to leave:
@@ -2867,6 +2907,40 @@ mod tests {
         if let Some(p) = m.ctl.daemon_pid() {
             kill(p);
         }
+    }
+
+    /// A dead registration is a dead client only if this manager saw its owner, alive, holding
+    /// the slot's lock. A slot naming a pid nobody has any more, written by another ledger
+    /// client (never holding its lock) and rewritten with a new start time at every check, is
+    /// no fault; before, each rewrite was a new `client_died`, first of every check, whose
+    /// recovery waited 500 ms for it and left every other fault of the check unrecovered. A
+    /// real offline client seen alive that dies is one, once.
+    #[test]
+    fn a_dead_registration_is_a_client_only_if_its_owner_was_seen_holding_its_lock() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let daemon = m.ensure_daemon().unwrap();
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let mut gone = sleeper();
+        let h = m.ledger.register(gone.id(), g).unwrap();
+        gone.kill().unwrap();
+        gone.wait().unwrap();
+        let start = m.ledger.layout().procs[h.slot].start_time.load(Relaxed);
+        for i in 1..=5 {
+            m.ledger.layout().procs[h.slot].start_time.store(start + i, Relaxed);
+            let faults = m.check(i * 100);
+            assert!(faults.is_empty(), "rewrite {i}: {faults:?}");
+        }
+        let (mut c, _) = offline_client(&m);
+        let pid = c.id();
+        assert!(m.check(600).is_empty(), "seen alive");
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert_eq!(m.check(700), vec![Fault::ClientDied { pid }]);
+        assert!(m.check(800).is_empty(), "once");
+        m.ledger.unregister(h);
+        kill(daemon);
     }
 
     /// Every fault of one check is recovered from, not only the first: a crashed server (its
