@@ -308,8 +308,9 @@ pub struct Manager {
     /// clients it was terminating when it died.
     inherited: Vec<Terminating>,
     /// Evictions in flight whose client was already terminated before the monitor's SIGKILL
-    /// (pid, start time); forgotten once the monitor no longer lists them.
-    terminated_before_kill: BTreeSet<(u32, u64)>,
+    /// (pid namespace, pid, start time, as the ledger names it); forgotten once the monitor no
+    /// longer lists them.
+    terminated_before_kill: BTreeSet<(u64, u32, u64)>,
     /// The GPU's compute mode, held to the config's `compute_mode`.
     modes: Keeper,
     /// The compute mode could not be held at the last check (logged once until it can).
@@ -1282,7 +1283,7 @@ impl Manager {
         let handled = |r: &node_ledger::ProcSnapshot, pid: u32| {
             self.state.restart_requested.iter().any(|q| q.pid == pid && q.start_time == r.start_time)
                 || self.evicted.contains_key(&(pid, r.start_time))
-                || self.terminated_before_kill.contains(&(r.pid, r.start_time))
+                || self.terminated_before_kill.contains(&(r.pid_ns, r.pid, r.start_time))
                 || self.inherited_termination(pid, r.start_time)
         };
         let candidates: Vec<Candidate> = raw
@@ -1349,9 +1350,10 @@ impl Manager {
     /// (driver 580) a SIGKILL with kernels in flight was followed, in 12 of 20 kills, by a fatal
     /// GPU error the MPS server blamed on the online neighbour, which it tore down
     /// (CUDA_ERROR_ILLEGAL_ADDRESS); with `terminate_client` 0.3 s before the SIGKILL, in none of 12.
-    /// Only a process registered in the ledger with the same start time whose pid here is
-    /// known (its own, or found by its pid namespace), alive, and listed by a server under that
-    /// pid: the pid is never mistaken for another process.
+    /// Only a process registered in the ledger with the same pid namespace, pid and start time
+    /// whose pid here is known (its own, or found by its pid namespace), alive, and listed by a
+    /// server under that pid: the pid is never mistaken for another process, not even another
+    /// container's with the same pid and start time.
     fn terminate_before_kill(
         &mut self,
         clients: &BTreeMap<u32, Vec<u32>>,
@@ -1363,32 +1365,43 @@ impl Manager {
         if lead == 0 {
             return;
         }
-        let pending: Vec<(u32, u64, u64)> = evictions
-            .iter()
-            .filter_map(|e| Some((e.pid, e.start_time, e.kill_at_mono_ms?)))
-            .collect();
-        self.terminated_before_kill
-            .retain(|k| pending.iter().any(|&(p, st, _)| (p, st) == *k));
+        let pending: Vec<(&node_daemon::monitor_state::PendingEviction, u64)> =
+            evictions.iter().filter_map(|e| Some((e, e.kill_at_mono_ms?))).collect();
+        // The registration an eviction names: its pid namespace, pid and start time. An entry
+        // without the namespace (a monitor before it published it) names one only where no
+        // other registration has its pid and start time: two containers' processes can (pid 1
+        // each, started in the same clock tick), and the other's MPS work must not be ended.
+        let named = |e: &node_daemon::monitor_state::PendingEviction| {
+            let mut m = raw
+                .iter()
+                .zip(offline)
+                .filter(|(r, _)| r.pid == e.pid && r.start_time == e.start_time && e.pid_ns.is_none_or(|ns| ns == r.pid_ns));
+            match (m.next(), m.next()) {
+                (Some(one), None) => Some(one),
+                _ => None,
+            }
+        };
+        let live: Vec<(u64, u32, u64)> =
+            pending.iter().filter_map(|(e, _)| named(e)).map(|(r, _)| (r.pid_ns, r.pid, r.start_time)).collect();
+        self.terminated_before_kill.retain(|k| live.contains(k));
         let now = mono_ms();
         // The monitor names processes as the ledger does (`raw`); MPS and signals by their pid
         // here (`offline`, in the same order).
-        for (ledger_pid, st, kill_at) in pending {
-            if now.saturating_add(lead) < kill_at || self.terminated_before_kill.contains(&(ledger_pid, st)) {
+        for (e, kill_at) in pending {
+            let Some((r, p)) = named(e) else { continue };
+            let key = (r.pid_ns, r.pid, r.start_time);
+            if now.saturating_add(lead) < kill_at || self.terminated_before_kill.contains(&key) {
                 continue;
             }
-            let here = raw
-                .iter()
-                .zip(offline)
-                .find(|(r, _)| r.pid == ledger_pid && r.start_time == st)
-                .filter(|(_, p)| p.pid_ns == self.own_ns)
-                .map(|(_, p)| p.pid);
+            let st = r.start_time;
+            let here = (p.pid_ns == self.own_ns).then_some(p.pid);
             let Some(pid) = here.filter(|&h| node_ledger::procinfo::is_alive(h, st)) else {
                 continue;
             };
             let Some((&srv, _)) = clients.iter().find(|(_, c)| c.contains(&pid)) else {
                 continue;
             };
-            self.terminated_before_kill.insert((ledger_pid, st));
+            self.terminated_before_kill.insert(key);
             match self.ctl.command(&format!("terminate_client {srv} {pid}")) {
                 Ok(_) => {
                     self.state.terminated_before_kill += 1;
@@ -2941,6 +2954,62 @@ mod tests {
         assert!(m.check(800).is_empty(), "once");
         m.ledger.unregister(h);
         kill(daemon);
+    }
+
+    /// Two containers' processes with the same pid in their namespaces (1) and the same start
+    /// time (started in one clock tick), both MPS clients: the monitor's eviction of one has its
+    /// MPS work ended before the SIGKILL, never the other's. Before, the eviction named pid and
+    /// start time only, and the first registration with both was taken: the other container's
+    /// client was terminated. An entry without the namespace (an older monitor) names neither.
+    #[test]
+    fn terminate_before_kill_ends_the_evicted_containers_client_not_its_twins() {
+        use node_daemon::monitor_state::PendingEviction;
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("commands");
+        let mut m = manager_answering(d.path(), &format!("cat >> '{}'\n", log.display()));
+        // Two processes that started in the same clock tick (10 ms): back to back, most tries.
+        let (mut a, mut b, st) = loop {
+            let (mut a, mut b) = (sleeper(), sleeper());
+            let (sa, sb) = (node_ledger::procinfo::start_time(a.id()), node_ledger::procinfo::start_time(b.id()));
+            if let Some(st) = sa.filter(|_| sa == sb) {
+                break (a, b, st);
+            }
+            for c in [&mut a, &mut b] {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        };
+        let snap = |pid: u32, pid_ns: u64| node_ledger::ProcSnapshot {
+            slot: 0,
+            pid,
+            start_time: st,
+            pid_ns,
+            group_id: 1,
+            mem_bytes: 0,
+            launches: 0,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            syncs: (0, 0),
+            mps_pct: 0,
+            ledger_file: Default::default(),
+            owner_lock: (0, 0),
+        };
+        let (ns_a, ns_b) = (m.own_ns ^ 1, m.own_ns ^ 2);
+        // As the ledgers name them (pid 1 of each container), and as the manager found them here.
+        let raw = [snap(1, ns_a), snap(1, ns_b)];
+        let here = [snap(a.id(), m.own_ns), snap(b.id(), m.own_ns)];
+        let clients = BTreeMap::from([(9, vec![a.id(), b.id()])]);
+        let evict = |pid_ns| PendingEviction { pid: 1, pid_ns, start_time: st, requested_mono_ms: 0, kill_at_mono_ms: Some(mono_ms()) };
+        m.terminate_before_kill(&clients, &[evict(None)], &raw, &here);
+        m.terminate_before_kill(&clients, &[evict(Some(ns_b))], &raw, &here);
+        m.terminate_before_kill(&clients, &[evict(Some(ns_b))], &raw, &here);
+        let sent = std::fs::read_to_string(&log).unwrap_or_default();
+        for c in [&mut a, &mut b] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert_eq!(sent, format!("terminate_client 9 {}\n", b.id()), "once, the evicted container's client alone");
+        assert_eq!(m.state.terminated_before_kill, 1);
     }
 
     /// Every fault of one check is recovered from, not only the first: a crashed server (its

@@ -198,7 +198,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     let Some(asked) = p.evict_requested_ms else { continue };
                     let earlier = pending
                         .iter()
-                        .find(|e| (e.pid, e.start_time) == (p.pid, p.start_time))
+                        .find(|e| (e.pid, e.start_time) == (p.pid, p.start_time) && e.pid_ns.is_none_or(|ns| ns == p.pid_ns))
                         .map(|e| e.requested_mono_ms.min(asked));
                     p.evict_requested_ms = Some(earlier.unwrap_or(asked));
                     tracing::info!(
@@ -845,6 +845,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 .pending()
                 .map(|(p, t, kill)| PendingEviction {
                     pid: p.pid,
+                    pid_ns: Some(p.pid_ns),
                     start_time: p.start_time,
                     requested_mono_ms: t,
                     kill_at_mono_ms: kill.filter(|_| !self.cfg.evictor.dry_run),
@@ -1540,37 +1541,39 @@ mod tests {
 
     /// A restarted monitor finishes the grace of a request the state file dates (990 ms,
     /// grace 30 ms: SIGKILL at 1020, not 30 ms after it found the request at 1000); a request
-    /// the file does not name (another start time: another process) gets a full grace.
+    /// the file does not name (another start time, or another pid namespace: another process)
+    /// gets a full grace.
     #[test]
     fn a_resumed_eviction_finishes_the_grace_of_the_earlier_request() {
         let pending = [PendingEviction {
             pid: 800,
+            pid_ns: Some(off(800).pid_ns),
             start_time: 7,
             requested_mono_ms: 990,
             kill_at_mono_ms: None,
         }];
-        for (start_time, kill_at) in [(7, 1020), (8, 1030)] {
+        for (start_time, pid_ns, kill_at) in [(7, 0, 1020), (8, 0, 1030), (7, 5, 1030)] {
             let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![], paces: vec![] };
             // The ledger keeps the request, not its time: it dates it when it is read.
-            let p = OfflineProc { start_time, evict_requested_ms: Some(1000), ..off(800) };
+            let p = OfflineProc { start_time, pid_ns, evict_requested_ms: Some(1000), ..off(800) };
             let ledger = MemLedger { procs: vec![p], ..Default::default() };
             let mut m = Monitor::resume(cfg(), gpu, ledger, Rec::default(), vec![], &pending);
             m.tick(kill_at - 1);
-            assert!(m.evictor.signaller().0.is_empty(), "start time {start_time}");
-            let want = if start_time == 7 { 990 } else { 1000 };
+            assert!(m.evictor.signaller().0.is_empty(), "start time {start_time}, pid namespace {pid_ns}");
+            let want = if kill_at == 1020 { 990 } else { 1000 };
             // Before the SIGKILL the state file says when it comes (mps-manager terminates the
             // process's MPS work first); once sent, it says none will.
             let before = m.snapshot(kill_at - 1, &[], None, 0);
             assert_eq!(
                 before.evictions_pending,
-                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want, kill_at_mono_ms: Some(kill_at) }],
+                vec![PendingEviction { pid: 800, pid_ns: Some(pid_ns), start_time, requested_mono_ms: want, kill_at_mono_ms: Some(kill_at) }],
             );
             m.tick(kill_at);
-            assert_eq!(m.evictor.signaller().0, vec![(800, libc::SIGKILL)], "start time {start_time}");
+            assert_eq!(m.evictor.signaller().0, vec![(800, libc::SIGKILL)], "start time {start_time}, pid namespace {pid_ns}");
             let s = m.snapshot(kill_at, &[], None, 0);
             assert_eq!(
                 s.evictions_pending,
-                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want, kill_at_mono_ms: None }],
+                vec![PendingEviction { pid: 800, pid_ns: Some(pid_ns), start_time, requested_mono_ms: want, kill_at_mono_ms: None }],
                 "the state file dates the request for the next restart"
             );
         }
