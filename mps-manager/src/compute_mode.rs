@@ -158,6 +158,30 @@ impl Keeper {
         Ok(Some(now))
     }
 
+    /// Reads the mode and, when `policy` calls for a change (it is not EXCLUSIVE_PROCESS),
+    /// records it as the mode found unless one is already: changes nothing. Returns whether a
+    /// mode found was recorded now, so that the caller can make it durable before
+    /// [`Keeper::hold`] changes the mode (a manager killed in between, or one whose control
+    /// daemon then fails to start, must not leave its successor finding only
+    /// EXCLUSIVE_PROCESS: the mode to put back would be lost).
+    pub fn note_found(&mut self, policy: ComputeModePolicy) -> Result<bool, String> {
+        if policy == ComputeModePolicy::Leave || self.found.is_some() {
+            return Ok(false);
+        }
+        let index = self.index;
+        let now = self.gpu()?.get().map_err(|e| format!("reading GPU {index}'s compute mode: {e}"))?;
+        if now == ComputeMode::ExclusiveProcess {
+            return Ok(false);
+        }
+        self.found = Some(now);
+        Ok(true)
+    }
+
+    /// Forgets the mode [`Keeper::note_found`] recorded (the change it was for failed).
+    pub fn forget_found(&mut self) {
+        self.found = None;
+    }
+
     /// Takes over the mode a previous manager of this GPU found before it changed it (its state
     /// file's `compute_mode_found`): that is the one to put back, not the EXCLUSIVE_PROCESS
     /// this manager finds.

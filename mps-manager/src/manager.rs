@@ -56,6 +56,26 @@ pub struct Terminating {
     pub server: u32,
 }
 
+/// One Disabled-by-XID episode of the monitor's, as its state file tells it: the XID, since
+/// when the GPU is Disabled by it and the boot those monotonic ms belong to. A restarted
+/// monitor keeps both, so the episode is the same across restarts of either daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandledXid {
+    /// The XID code.
+    pub code: u64,
+    /// The monitor's `disabled_since_mono_ms` (absent in files of monitors before it).
+    pub disabled_since_mono_ms: Option<u64>,
+    /// The monitor's `boot_id`.
+    pub boot_id: String,
+}
+
+impl HandledXid {
+    /// The episode of the XID the monitor's state `m` holds the GPU Disabled by, if any.
+    pub fn of(m: &node_daemon::monitor_state::MonitorState) -> Option<HandledXid> {
+        Some(HandledXid { code: m.disabling_xid()?, disabled_since_mono_ms: m.disabled_since_mono_ms, boot_id: m.boot_id.clone() })
+    }
+}
+
 /// The manager's state file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ManagerState {
@@ -115,6 +135,11 @@ pub struct ManagerState {
     /// was about to SIGKILL them (`terminate_before_kill_ms`).
     #[serde(default)]
     pub terminated_before_kill: u64,
+    /// Registered offline processes whose owner this manager has seen holding the slot's lock
+    /// (alive then; some may have died since): the registrations it takes for offline clients,
+    /// and the only ones whose death it recovers from as a dead client.
+    #[serde(default)]
+    pub offline_seen: usize,
     /// Offline processes found doing GPU work outside MPS (see the config's `outside_mps`).
     #[serde(default)]
     pub outside_mps: u64,
@@ -160,6 +185,12 @@ pub struct ManagerState {
     /// alone kept admitting containers to a daemon that served none.
     #[serde(default)]
     pub daemon_not_answering: Option<String>,
+    /// The critical XID whose recovery (a full MPS reset) this manager, or an earlier run of
+    /// it, has made: taken over at start ([`Manager::adopt_previous`]), so that a restarted
+    /// manager does not reset MPS again for an XID the monitor still reports (the GPU stays
+    /// Disabled by it until an operator acts).
+    #[serde(default)]
+    pub xid_handled: Option<HandledXid>,
     /// The last error talking to MPS.
     pub last_error: Option<String>,
     /// Wall-clock ms of this snapshot.
@@ -269,12 +300,17 @@ pub struct Manager {
     outside: Outside,
     /// Pids here of offline processes registered from other pid namespaces (containers).
     host_pids: node_daemon::procns::HostPids,
+    /// Registrations (pid namespace, pid, start time, as the ledger names them) whose owner
+    /// this manager saw alive holding the slot's lock ([`Manager::owner_seen`]): only such a
+    /// registration, once its process is dead, is a dead client to recover.
+    owners_seen: BTreeSet<(u64, u32, u64)>,
     /// `terminating` of the previous manager's state file ([`Manager::adopt_previous`]):
     /// clients it was terminating when it died.
     inherited: Vec<Terminating>,
     /// Evictions in flight whose client was already terminated before the monitor's SIGKILL
-    /// (pid, start time); forgotten once the monitor no longer lists them.
-    terminated_before_kill: BTreeSet<(u32, u64)>,
+    /// (pid namespace, pid, start time, as the ledger names it); forgotten once the monitor no
+    /// longer lists them.
+    terminated_before_kill: BTreeSet<(u64, u32, u64)>,
     /// The GPU's compute mode, held to the config's `compute_mode`.
     modes: Keeper,
     /// The compute mode could not be held at the last check (logged once until it can).
@@ -304,6 +340,21 @@ pub const LISTING_RETRY_MS: u64 = 25;
 /// a new episode, met with the targeted step again.
 pub fn stuck_episode_ms(cfg: &Config) -> u64 {
     cfg.detect.stuck_after_ms.saturating_mul(2).saturating_add(cfg.check_every_ms)
+}
+
+/// The order in which the faults of one check are recovered from
+/// ([`Manager::handle_faults`]): what needs a new MPS first (a dead daemon before the others:
+/// its recovery may start a new one past the rate limit), then crashed servers, dead clients,
+/// and stuck clients last.
+pub fn recovery_order(f: &Fault) -> u8 {
+    match f {
+        Fault::DaemonDead => 0,
+        Fault::DaemonHang { .. } => 1,
+        Fault::Xid { .. } => 2,
+        Fault::ServerCrash { .. } => 3,
+        Fault::ClientDied { .. } => 4,
+        Fault::ClientsStuck { .. } => 5,
+    }
 }
 
 /// Builds the control client for a config.
@@ -421,6 +472,7 @@ impl Manager {
             evicted: BTreeMap::new(),
             outside: Outside::default(),
             host_pids: node_daemon::procns::HostPids::default(),
+            owners_seen: BTreeSet::new(),
             inherited: Vec::new(),
             terminated_before_kill: BTreeSet::new(),
             modes,
@@ -439,7 +491,7 @@ impl Manager {
     /// before the control daemon starts: `Err` when it cannot (the manager then does not
     /// start MPS: a GPU without the fence is a looser limit than configured).
     pub fn hold_compute_mode(&mut self) -> Result<(), String> {
-        let changed = self.modes.hold(self.cfg.compute_mode)?;
+        let changed = self.hold_mode()?;
         if let Some(from) = changed {
             tracing::info!(
                 gpu = self.cfg.gpu_index,
@@ -451,13 +503,56 @@ impl Manager {
         Ok(())
     }
 
+    /// [`Keeper::hold`], with the mode found, when none was found before, written to the state
+    /// file (`compute_mode_found`) before the mode is changed: a restarted manager takes it
+    /// over ([`Manager::adopt_previous`]) to put it back with `quit_on_exit`. Before, it reached
+    /// the file only at the first check: a manager whose control daemon failed to start, or
+    /// that was killed before its first check, left its successor finding EXCLUSIVE_PROCESS,
+    /// and the mode found (DEFAULT) was never put back. A change that fails takes it back out
+    /// (nothing was changed: an operator may set the mode by hand before the next start).
+    fn hold_mode(&mut self) -> Result<Option<nvml_wrapper::enum_wrappers::device::ComputeMode>, String> {
+        let noted = self.modes.note_found(self.cfg.compute_mode)?;
+        if noted {
+            self.note_modes();
+            self.write_found_mode();
+        }
+        let held = self.modes.hold(self.cfg.compute_mode);
+        if held.is_err() && noted {
+            self.modes.forget_found();
+            self.note_modes();
+            self.write_found_mode();
+        }
+        held
+    }
+
+    /// Writes `compute_mode_found` as it stands to the state file ([`Manager::hold_mode`]).
+    fn write_found_mode(&mut self) {
+        let path = self.cfg.state_file.clone();
+        if self.state.updated_unix_ms != 0 {
+            // This manager has written its state already: the file is its own.
+            self.write_state(&path);
+            return;
+        }
+        // At start, before the control daemon is started or adopted: the previous manager's
+        // file (what it says of the daemon stays until this manager knows better) with the
+        // mode found in it; this manager's own state when there is none.
+        let mut s = match Self::read_previous(&path) {
+            Ok(Some(prev)) if prev.gpu == self.state.gpu => prev,
+            _ => self.state.clone(),
+        };
+        s.compute_mode_found.clone_from(&self.state.compute_mode_found);
+        s.updated_unix_ms = unix_ms();
+        let written = node_daemon::state_file::write_json_pretty(&path, &s);
+        node_daemon::state_file::log_write(&mut self.state_write, mono_ms(), &path, written, "node-agent and mps-manager status");
+    }
+
     /// At each check: the compute mode is still what the config asks, else set back (an
     /// operator's `nvidia-smi -c`, another tool), loudly.
     fn keep_compute_mode(&mut self) {
         // Never held before (the config was `leave` at start and is `exclusive_process` since a
         // reload): a first setting, not a change to undo.
         let first = self.modes.last().is_none();
-        match self.modes.hold(self.cfg.compute_mode) {
+        match self.hold_mode() {
             Ok(Some(from)) if first => {
                 tracing::info!(gpu = self.cfg.gpu_index, from = compute_mode::name(from), "GPU compute mode set to exclusive_process (config reloaded)");
                 self.mode_failing = false;
@@ -755,6 +850,8 @@ impl Manager {
         // Kept in this manager's state file too, until finished: killed again before it gets
         // to them, this manager passes them on.
         self.state.terminating = self.inherited.clone();
+        // An XID the previous manager recovered from is not recovered from again.
+        self.state.xid_handled.clone_from(&prev.xid_handled);
         // The compute mode found before the first manager changed it is the one to put back.
         if let Some(found) = prev.compute_mode_found.as_deref().and_then(compute_mode::from_name) {
             self.modes.adopt_found(found);
@@ -827,19 +924,49 @@ impl Manager {
 
     /// [`Manager::offline`] of registrations already read (`raw`, [`Manager::registered`]):
     /// the same processes in the same order.
+    ///
+    /// A registration whose process is dead is taken only if this manager saw its owner, alive,
+    /// holding the slot's lock ([`Manager::owner_seen`]), or the previous manager was
+    /// terminating it (`terminating`). A slot naming a pid that no process has (now, or ever)
+    /// proves nothing: any ledger client can write one, with a new start time at every check,
+    /// and each was a dead client whose recovery waited [`LISTING_GRACE_MS`] for it. A client
+    /// that died before this manager saw it is still caught when its server lists it
+    /// ([`crate::detect::Observation::dead_listed`]).
     fn in_my_terms(&mut self, raw: &[node_ledger::ProcSnapshot]) -> Vec<node_ledger::ProcSnapshot> {
-        self.host_pids.retain(|r| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
-        raw.iter()
+        let current = |r: &(u64, u32, u64)| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r);
+        self.host_pids.retain(current);
+        self.owners_seen.retain(current);
+        let here = raw
+            .iter()
             .map(|p| {
                 let mut p = p.clone();
                 match self.host_pids.of(&p) {
-                    Some(h) => (p.pid, p.pid_ns) = (h, self.own_ns),
-                    None if p.pid_ns == self.own_ns => p.pid_ns = NOT_FOUND_NS,
-                    None => {}
+                    Some(h) if self.owner_seen(&p, h) => (p.pid, p.pid_ns) = (h, self.own_ns),
+                    _ if p.pid_ns == self.own_ns => p.pid_ns = NOT_FOUND_NS,
+                    _ => {}
                 }
                 p
             })
-            .collect()
+            .collect();
+        self.state.offline_seen = self.owners_seen.len();
+        here
+    }
+
+    /// Whether registration `p` (as the ledger names it), whose process is `host` here, is one
+    /// whose owner this manager saw alive holding the slot's lock (checked once, then
+    /// remembered while it stays registered), or one the previous manager was terminating.
+    fn owner_seen(&mut self, p: &node_ledger::ProcSnapshot, host: u32) -> bool {
+        let r = (p.pid_ns, p.pid, p.start_time);
+        if self.owners_seen.contains(&r) {
+            return true;
+        }
+        if node_ledger::procinfo::is_alive(host, p.start_time)
+            && node_daemon::procns::holds_lock(host, &p.ledger_file, p.owner_lock)
+        {
+            self.owners_seen.insert(r);
+            return true;
+        }
+        self.inherited_termination(host, p.start_time)
     }
 
     /// Asks the process `id` names (as the ledger names it, [`Manager::registered`]) to leave:
@@ -1021,7 +1148,10 @@ impl Manager {
             .map_or(0.0, |s| s.sample.sm_active_permille as f64 / 10.0);
         // One read of the monitor's state file: its XID, and the evictions it will SIGKILL.
         let mon = self.read_monitor_state();
-        o.xid = mon.as_ref().and_then(|m| m.disabling_xid());
+        // An XID episode recovered from already (by this run or, from the state file, an
+        // earlier one) is no fault again.
+        let xid = mon.as_ref().and_then(HandledXid::of);
+        o.xid = xid.as_ref().filter(|&x| self.state.xid_handled.as_ref() != Some(x)).map(|x| x.code);
         self.state.servers = o.servers.clone().unwrap_or_default();
         self.state.clients = o.clients.values().map(|c| c.len()).sum();
         self.kill_after_grace();
@@ -1029,6 +1159,9 @@ impl Manager {
         self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending), &raw, &offline);
         self.daemon_seen_alive = o.daemon_alive;
         let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
+        if faults.iter().any(|f| matches!(f, Fault::Xid { .. })) {
+            self.state.xid_handled = xid;
+        }
         // Every server's clients seen, and nothing wrong with MPS: a client missing from the
         // lists is not one a fault took off them.
         let complete = o.daemon_alive
@@ -1150,7 +1283,7 @@ impl Manager {
         let handled = |r: &node_ledger::ProcSnapshot, pid: u32| {
             self.state.restart_requested.iter().any(|q| q.pid == pid && q.start_time == r.start_time)
                 || self.evicted.contains_key(&(pid, r.start_time))
-                || self.terminated_before_kill.contains(&(r.pid, r.start_time))
+                || self.terminated_before_kill.contains(&(r.pid_ns, r.pid, r.start_time))
                 || self.inherited_termination(pid, r.start_time)
         };
         let candidates: Vec<Candidate> = raw
@@ -1217,9 +1350,10 @@ impl Manager {
     /// (driver 580) a SIGKILL with kernels in flight was followed, in 12 of 20 kills, by a fatal
     /// GPU error the MPS server blamed on the online neighbour, which it tore down
     /// (CUDA_ERROR_ILLEGAL_ADDRESS); with `terminate_client` 0.3 s before the SIGKILL, in none of 12.
-    /// Only a process registered in the ledger with the same start time whose pid here is
-    /// known (its own, or found by its pid namespace), alive, and listed by a server under that
-    /// pid: the pid is never mistaken for another process.
+    /// Only a process registered in the ledger with the same pid namespace, pid and start time
+    /// whose pid here is known (its own, or found by its pid namespace), alive, and listed by a
+    /// server under that pid: the pid is never mistaken for another process, not even another
+    /// container's with the same pid and start time.
     fn terminate_before_kill(
         &mut self,
         clients: &BTreeMap<u32, Vec<u32>>,
@@ -1231,32 +1365,43 @@ impl Manager {
         if lead == 0 {
             return;
         }
-        let pending: Vec<(u32, u64, u64)> = evictions
-            .iter()
-            .filter_map(|e| Some((e.pid, e.start_time, e.kill_at_mono_ms?)))
-            .collect();
-        self.terminated_before_kill
-            .retain(|k| pending.iter().any(|&(p, st, _)| (p, st) == *k));
+        let pending: Vec<(&node_daemon::monitor_state::PendingEviction, u64)> =
+            evictions.iter().filter_map(|e| Some((e, e.kill_at_mono_ms?))).collect();
+        // The registration an eviction names: its pid namespace, pid and start time. An entry
+        // without the namespace (a monitor before it published it) names one only where no
+        // other registration has its pid and start time: two containers' processes can (pid 1
+        // each, started in the same clock tick), and the other's MPS work must not be ended.
+        let named = |e: &node_daemon::monitor_state::PendingEviction| {
+            let mut m = raw
+                .iter()
+                .zip(offline)
+                .filter(|(r, _)| r.pid == e.pid && r.start_time == e.start_time && e.pid_ns.is_none_or(|ns| ns == r.pid_ns));
+            match (m.next(), m.next()) {
+                (Some(one), None) => Some(one),
+                _ => None,
+            }
+        };
+        let live: Vec<(u64, u32, u64)> =
+            pending.iter().filter_map(|(e, _)| named(e)).map(|(r, _)| (r.pid_ns, r.pid, r.start_time)).collect();
+        self.terminated_before_kill.retain(|k| live.contains(k));
         let now = mono_ms();
         // The monitor names processes as the ledger does (`raw`); MPS and signals by their pid
         // here (`offline`, in the same order).
-        for (ledger_pid, st, kill_at) in pending {
-            if now.saturating_add(lead) < kill_at || self.terminated_before_kill.contains(&(ledger_pid, st)) {
+        for (e, kill_at) in pending {
+            let Some((r, p)) = named(e) else { continue };
+            let key = (r.pid_ns, r.pid, r.start_time);
+            if now.saturating_add(lead) < kill_at || self.terminated_before_kill.contains(&key) {
                 continue;
             }
-            let here = raw
-                .iter()
-                .zip(offline)
-                .find(|(r, _)| r.pid == ledger_pid && r.start_time == st)
-                .filter(|(_, p)| p.pid_ns == self.own_ns)
-                .map(|(_, p)| p.pid);
+            let st = r.start_time;
+            let here = (p.pid_ns == self.own_ns).then_some(p.pid);
             let Some(pid) = here.filter(|&h| node_ledger::procinfo::is_alive(h, st)) else {
                 continue;
             };
             let Some((&srv, _)) = clients.iter().find(|(_, c)| c.contains(&pid)) else {
                 continue;
             };
-            self.terminated_before_kill.insert((ledger_pid, st));
+            self.terminated_before_kill.insert(key);
             match self.ctl.command(&format!("terminate_client {srv} {pid}")) {
                 Ok(_) => {
                     self.state.terminated_before_kill += 1;
@@ -1347,7 +1492,20 @@ impl Manager {
     }
 
     /// Counts every fault (the `faults` counters), logs each fault once per episode (while it
-    /// keeps being seen it is counted, not logged again) and runs one recovery for them.
+    /// keeps being seen it is counted, not logged again) and recovers from each.
+    ///
+    /// Most sweeping first ([`recovery_order`]): a dead or hung daemon or an XID (a new MPS),
+    /// then crashed servers (one recovery for all of them), then dead clients (one targeted
+    /// recovery terminating all of them), then stuck clients. A recovery that ended every
+    /// client's connection (all servers or MPS restarted), or that the rate limit held back, is
+    /// the last of the check; after a targeted one, or crashed servers ended alone, the next
+    /// fault gets its recovery too, but a
+    /// stuck fault only when nothing else was recovered from (it may have been the other
+    /// fault's doing; still stuck, it is reported again). Before, the first fault alone was
+    /// recovered from and the others were lost: dead registrations came first, and one a
+    /// tenant rewrote with a new start time at every check kept a dead client its server
+    /// listed (the one hanging the online client) and a crashed server from ever being
+    /// recovered.
     pub fn handle_faults(&mut self, now_ms: u64, faults: Vec<Fault>) {
         let keys: HashSet<String> = faults.iter().map(|f| format!("{f:?}")).collect();
         for f in &faults {
@@ -1361,8 +1519,24 @@ impl Manager {
             self.limited_logged = false;
             self.stuck_unlisted_logged = false;
         }
-        if let Some(f) = faults.into_iter().next() {
-            self.recover(now_ms, f);
+        let mut faults = faults;
+        faults.sort_by_key(recovery_order);
+        let dead: Vec<u32> = faults.iter().filter_map(|f| if let Fault::ClientDied { pid } = f { Some(*pid) } else { None }).collect();
+        let crashed: Vec<u32> = faults.iter().filter_map(|f| if let Fault::ServerCrash { server } = f { Some(*server) } else { None }).collect();
+        let mut recovered = false;
+        for f in faults {
+            let also = match &f {
+                Fault::ClientDied { pid } if dead.first() == Some(pid) => &dead[1..],
+                Fault::ServerCrash { server } if crashed.first() == Some(server) => &crashed[1..],
+                // Recovered from with the first of their kind.
+                Fault::ClientDied { .. } | Fault::ServerCrash { .. } => continue,
+                Fault::ClientsStuck { .. } if recovered => continue,
+                _ => &[][..],
+            };
+            recovered = true;
+            if !self.recover_with(now_ms, f, also) {
+                break;
+            }
         }
     }
 
@@ -1376,7 +1550,13 @@ impl Manager {
     /// that would not end. Both cost every client its context and both are rate-limited; a
     /// dead daemon with no server left is replaced past the limit
     /// ([`Manager::restart_dead_daemon`]: that ends nothing).
-    fn recover(&mut self, now_ms: u64, fault: Fault) {
+    ///
+    /// `also`: more faults of `fault`'s kind seen at the same check, other dead clients
+    /// (terminated in the same targeted recovery) or other crashed servers (ended in the same
+    /// server restart). Returns whether the other faults of the check still call for their
+    /// recovery: after a targeted one (or none needed), or crashed servers ended alone; `false`
+    /// when it ended every client's connection, or the rate limit held it back.
+    fn recover_with(&mut self, now_ms: u64, fault: Fault, also: &[u32]) -> bool {
         let started = mono_ms();
         let targeted = match &fault {
             Fault::ClientDied { pid } => {
@@ -1392,8 +1572,10 @@ impl Manager {
                     })
                     .map(|p| p.pid)
                     .collect();
-                if !pids.contains(pid) {
-                    pids.push(*pid);
+                for p in std::iter::once(pid).chain(also) {
+                    if !pids.contains(p) {
+                        pids.push(*p);
+                    }
                 }
                 // A pid known only from a server's list that no server lists any more has left
                 // MPS (its connection closed): nothing of it hangs, no reset for it.
@@ -1423,7 +1605,7 @@ impl Manager {
                             "clients_stuck names no offline process found here that an MPS server lists (gone, another pid namespace's, or not an MPS client): nothing terminated, MPS servers left running"
                         );
                     }
-                    return;
+                    return true;
                 }
                 if self.escalate_stuck_until.is_some_and(|t| now_ms <= t) {
                     // Stuck again within the episode: the targeted step did not help.
@@ -1448,21 +1630,21 @@ impl Manager {
             Some(Ok(outcome)) => {
                 tracing::warn!(fault = fault.kind(), %outcome, took_ms = mono_ms() - started, "targeted recovery done; MPS and online clients untouched");
                 self.record(fault, Vec::new(), outcome);
-                return;
+                return true;
             }
             Some(Err(e)) => format!("targeted recovery failed: {e}"),
             None => format!("{} needs a new MPS", fault.kind()),
         };
         if let Err(why) = self.limiter.allow(&self.cfg.recovery, now_ms) {
             if fault == Fault::DaemonDead && self.restart_dead_daemon(now_ms, &why) {
-                return;
+                return false;
             }
             self.state.suppressed_recoveries += 1;
             if !self.limited_logged {
                 self.limited_logged = true;
                 tracing::error!(fault = fault.kind(), %why, "full MPS reset rate-limited; counting in suppressed_recoveries");
             }
-            return;
+            return false;
         }
         let servers_only = !fault.needs_new_daemon() && self.live_daemon().is_some();
         if servers_only {
@@ -1473,11 +1655,14 @@ impl Manager {
         let evicted = self.evict_offline(fault.kind());
         // A crashed server is gone already, its clients with it: the other servers (a new one
         // a relaunched online client may have got meanwhile) are left alone.
-        let only = match &fault {
-            Fault::ServerCrash { server } => Some(*server),
+        let only: Option<Vec<u32>> = match &fault {
+            Fault::ServerCrash { server } => Some(std::iter::once(*server).chain(also.iter().copied()).collect()),
             _ => None,
         };
-        let restarted = servers_only.then(|| self.restart_servers(only));
+        let restarted = servers_only.then(|| self.restart_servers(only.as_deref()));
+        // Crashed servers ended alone: the other servers' clients keep their connections, and
+        // the other faults of the check (a dead client another server lists) their recovery.
+        let others_kept = only.is_some() && matches!(restarted, Some(Ok(_)));
         let outcome = match restarted {
             Some(Ok(o)) => format!("{o} ({why_full})"),
             not_restarted => {
@@ -1498,6 +1683,7 @@ impl Manager {
         self.escalate_stuck_until = None;
         self.record(fault, evicted, outcome);
         self.detector.reset();
+        others_kept
     }
 
     /// While the rate limit holds a [`Fault::DaemonDead`] recovery back: starts a new control
@@ -1820,15 +2006,17 @@ impl Manager {
     /// `Err` (the caller then resets MPS whole) when the daemon does not answer, refuses, or a
     /// server is still there `command_timeout_ms` after it was told.
     ///
-    /// `only`: end that server alone (if still listed), not every one.
-    fn restart_servers(&mut self, only: Option<u32>) -> Result<String, String> {
+    /// `only`: end those servers alone (those still listed), not every one.
+    fn restart_servers(&mut self, only: Option<&[u32]>) -> Result<String, String> {
         let daemon = self.live_daemon().map(|d| d.pid).ok_or_else(|| MpsError::NoDaemon.to_string())?;
         let mut servers = self.ctl.server_list().map_err(|e| e.to_string())?;
         if let Some(s) = only {
-            servers.retain(|&p| p == s);
+            servers.retain(|p| s.contains(p));
             if servers.is_empty() {
+                let s: Vec<String> = s.iter().map(u32::to_string).collect();
                 return Ok(format!(
-                    "MPS server {s} gone; control daemon {daemon} kept, a new server starts for the next client"
+                    "MPS server {} gone; control daemon {daemon} kept, a new server starts for the next client",
+                    s.join(", ")
                 ));
             }
         }
@@ -2030,6 +2218,13 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::process::{Child, Command};
 
+    impl Manager {
+        /// [`Manager::recover_with`] of `fault` alone.
+        fn recover(&mut self, now_ms: u64, fault: Fault) -> bool {
+            self.recover_with(now_ms, fault, &[])
+        }
+    }
+
     /// A manager whose control program is a stand-in: `-d` starts a sleeper named as the real
     /// daemon is ([`crate::control::mps_named_sleeper`]) as "the daemon"
     /// and writes its pid file; every command is answered with nothing, so `quit` "succeeds"
@@ -2125,6 +2320,43 @@ mod tests {
         if let Some(d) = m.recorded_daemon() {
             kill(d.pid);
         }
+    }
+
+    /// The mode found is in the state file before the mode is changed: a manager whose control
+    /// daemon then fails to start (or that is killed before its first check) leaves it to its
+    /// successor, which puts it back with `quit_on_exit`. What the previous manager's file says
+    /// of the daemon is kept meanwhile. Before, the mode found reached the file only at the
+    /// first check, and the successor found EXCLUSIVE_PROCESS: DEFAULT was never put back.
+    #[test]
+    fn the_mode_found_is_in_the_state_file_before_the_mode_is_changed() {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode;
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = crate::compute_mode::testing::Fake::new(ComputeMode::Default);
+        let file = dir.path().join("mps-manager.json");
+        // A previous manager's file, written before any mode was changed.
+        let before = ManagerState { manager_pid: 1, daemon_pid: Some(4242), daemon_start_time: Some(7), ..Default::default() };
+        std::fs::write(&file, serde_json::to_string(&before).unwrap()).unwrap();
+        let mut m = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
+        m.adopt_previous(&Manager::read_previous(&file).unwrap().unwrap());
+        m.hold_compute_mode().unwrap();
+        assert_eq!(gpu.mode(), ComputeMode::ExclusiveProcess);
+        // Killed here, or its control daemon fails to start: no state written by this manager.
+        drop(m);
+        let left = Manager::read_previous(&file).unwrap().expect("the state file");
+        assert_eq!(left.compute_mode_found.as_deref(), Some("default"), "{left:?}");
+        assert_eq!((left.manager_pid, left.daemon_pid, left.daemon_start_time), (1, Some(4242), Some(7)), "the rest as it was");
+        let mut next = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
+        next.adopt_previous(&left);
+        next.hold_compute_mode().unwrap();
+        next.cfg.quit_on_exit = true;
+        next.shutdown();
+        assert_eq!(gpu.mode(), ComputeMode::Default, "the mode the first manager found is back");
+        // With no previous file, the manager's own state carries it.
+        std::fs::remove_file(&file).unwrap();
+        let mut m = manager_on(dir.path(), ComputeModePolicy::ExclusiveProcess, &gpu);
+        m.hold_compute_mode().unwrap();
+        let left = Manager::read_previous(&file).unwrap().expect("the state file");
+        assert_eq!((left.compute_mode_found.as_deref(), left.daemon_pid), (Some("default"), None));
     }
 
     /// MPS recovery asks every offline process to leave: the request names the pod its cgroup
@@ -2338,6 +2570,9 @@ mod tests {
         let e = m.hold_compute_mode().unwrap_err();
         assert!(e.contains("nvidia-smi -i 0 -c EXCLUSIVE_PROCESS"), "{e}");
         assert_eq!(gpu.mode(), ComputeMode::Default);
+        // Nothing changed, nothing to put back (an operator may set the mode by hand next).
+        let left = Manager::read_previous(&m.cfg.state_file).unwrap().expect("the state file");
+        assert_eq!(left.compute_mode_found, None);
         // At a check the failure is recorded for the operator, not fatal.
         m.check(0);
         assert!(m.state.last_error.as_deref().is_some_and(|l| l.contains("exclusive_process")), "{:?}", m.state.last_error);
@@ -2373,6 +2608,47 @@ mod tests {
         node_daemon::monitor_state::write(&p, &good).unwrap();
         m.check(2000);
         assert_eq!(m.state.monitor_state_error, None);
+    }
+
+    /// A critical XID keeps the GPU Disabled until an operator acts, and the monitor's state
+    /// file says so all along: it is recovered from (a full MPS reset) once. A restarted
+    /// manager takes the XID it recovered from over from its state file and does not reset MPS
+    /// again for it, which would end the online service's context for nothing; a new episode
+    /// (Disabled again later, or after a reboot) is a fault again. Before, the XID handled
+    /// was kept in memory only, and every restart of the manager reset MPS again.
+    #[test]
+    fn a_restarted_manager_does_not_recover_again_from_an_xid_it_recovered_from() {
+        use node_daemon::monitor_state::{write, MonitorState};
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let daemon = m.ensure_daemon().unwrap();
+        let p = m.cfg.monitor_state_file.clone();
+        let xid = MonitorState::example();
+        assert_eq!((xid.disabling_xid(), xid.disabled_since_mono_ms), (Some(79), Some(4)));
+        write(&p, &xid).unwrap();
+        assert_eq!(m.check(0), vec![Fault::Xid { code: 79 }]);
+        assert!(m.check(100).is_empty(), "once");
+        let prev: ManagerState = serde_json::from_str(&serde_json::to_string(&m.state).unwrap()).unwrap();
+        let restarted = |prev: Option<&ManagerState>| {
+            let mut m = manager(d.path());
+            if let Some(prev) = prev {
+                m.adopt_previous(prev);
+            }
+            assert_eq!(m.ensure_daemon().unwrap(), daemon, "the daemon adopted");
+            m
+        };
+        let mut m2 = restarted(Some(&prev));
+        assert!(m2.check(0).is_empty(), "recovered from already, by the manager before");
+        assert!(m2.check(100).is_empty());
+        // Without its predecessor's state file, the XID is new to a manager.
+        assert_eq!(restarted(None).check(0), vec![Fault::Xid { code: 79 }]);
+        // Disabled by the same XID again later, or after a reboot: a new episode.
+        write(&p, &MonitorState { disabled_since_mono_ms: Some(9), ..xid.clone() }).unwrap();
+        assert_eq!(m2.check(200), vec![Fault::Xid { code: 79 }]);
+        assert!(m2.check(300).is_empty());
+        write(&p, &MonitorState { disabled_since_mono_ms: Some(9), boot_id: "c".into(), ..xid }).unwrap();
+        assert_eq!(m2.check(400), vec![Fault::Xid { code: 79 }]);
+        kill(daemon);
     }
 
     /// A state file that cannot be written (its directory is a file) is a run of failures the
@@ -2644,6 +2920,118 @@ mod tests {
         if let Some(p) = m.ctl.daemon_pid() {
             kill(p);
         }
+    }
+
+    /// A dead registration is a dead client only if this manager saw its owner, alive, holding
+    /// the slot's lock. A slot naming a pid nobody has any more, written by another ledger
+    /// client (never holding its lock) and rewritten with a new start time at every check, is
+    /// no fault; before, each rewrite was a new `client_died`, first of every check, whose
+    /// recovery waited 500 ms for it and left every other fault of the check unrecovered. A
+    /// real offline client seen alive that dies is one, once.
+    #[test]
+    fn a_dead_registration_is_a_client_only_if_its_owner_was_seen_holding_its_lock() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let daemon = m.ensure_daemon().unwrap();
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let mut gone = sleeper();
+        let h = m.ledger.register(gone.id(), g).unwrap();
+        gone.kill().unwrap();
+        gone.wait().unwrap();
+        let start = m.ledger.layout().procs[h.slot].start_time.load(Relaxed);
+        for i in 1..=5 {
+            m.ledger.layout().procs[h.slot].start_time.store(start + i, Relaxed);
+            let faults = m.check(i * 100);
+            assert!(faults.is_empty(), "rewrite {i}: {faults:?}");
+        }
+        let (mut c, _) = offline_client(&m);
+        let pid = c.id();
+        assert!(m.check(600).is_empty(), "seen alive");
+        c.kill().unwrap();
+        c.wait().unwrap();
+        assert_eq!(m.check(700), vec![Fault::ClientDied { pid }]);
+        assert!(m.check(800).is_empty(), "once");
+        m.ledger.unregister(h);
+        kill(daemon);
+    }
+
+    /// Two containers' processes with the same pid in their namespaces (1) and the same start
+    /// time (started in one clock tick), both MPS clients: the monitor's eviction of one has its
+    /// MPS work ended before the SIGKILL, never the other's. Before, the eviction named pid and
+    /// start time only, and the first registration with both was taken: the other container's
+    /// client was terminated. An entry without the namespace (an older monitor) names neither.
+    #[test]
+    fn terminate_before_kill_ends_the_evicted_containers_client_not_its_twins() {
+        use node_daemon::monitor_state::PendingEviction;
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("commands");
+        let mut m = manager_answering(d.path(), &format!("cat >> '{}'\n", log.display()));
+        // Two processes that started in the same clock tick (10 ms): back to back, most tries.
+        let (mut a, mut b, st) = loop {
+            let (mut a, mut b) = (sleeper(), sleeper());
+            let (sa, sb) = (node_ledger::procinfo::start_time(a.id()), node_ledger::procinfo::start_time(b.id()));
+            if let Some(st) = sa.filter(|_| sa == sb) {
+                break (a, b, st);
+            }
+            for c in [&mut a, &mut b] {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        };
+        let snap = |pid: u32, pid_ns: u64| node_ledger::ProcSnapshot {
+            slot: 0,
+            pid,
+            start_time: st,
+            pid_ns,
+            group_id: 1,
+            mem_bytes: 0,
+            launches: 0,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            syncs: (0, 0),
+            mps_pct: 0,
+            ledger_file: Default::default(),
+            owner_lock: (0, 0),
+        };
+        let (ns_a, ns_b) = (m.own_ns ^ 1, m.own_ns ^ 2);
+        // As the ledgers name them (pid 1 of each container), and as the manager found them here.
+        let raw = [snap(1, ns_a), snap(1, ns_b)];
+        let here = [snap(a.id(), m.own_ns), snap(b.id(), m.own_ns)];
+        let clients = BTreeMap::from([(9, vec![a.id(), b.id()])]);
+        let evict = |pid_ns| PendingEviction { pid: 1, pid_ns, start_time: st, requested_mono_ms: 0, kill_at_mono_ms: Some(mono_ms()) };
+        m.terminate_before_kill(&clients, &[evict(None)], &raw, &here);
+        m.terminate_before_kill(&clients, &[evict(Some(ns_b))], &raw, &here);
+        m.terminate_before_kill(&clients, &[evict(Some(ns_b))], &raw, &here);
+        let sent = std::fs::read_to_string(&log).unwrap_or_default();
+        for c in [&mut a, &mut b] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert_eq!(sent, format!("terminate_client 9 {}\n", b.id()), "once, the evicted container's client alone");
+        assert_eq!(m.state.terminated_before_kill, 1);
+    }
+
+    /// Every fault of one check is recovered from, not only the first: a crashed server (its
+    /// servers ended alone, the others' clients kept) and then a dead client another server
+    /// still lists (terminated). Before, the first fault of the list (a dead client) alone got
+    /// a recovery and the crash was lost.
+    #[test]
+    fn every_fault_of_a_check_is_recovered_from_not_only_the_first() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_with_a_server(d.path());
+        m.cfg.evict_grace_ms = 100;
+        let daemon = m.ensure_daemon().unwrap();
+        let mut dead = Command::new("true").spawn().unwrap();
+        let pid = dead.id();
+        dead.wait().unwrap();
+        std::fs::write(d.path().join("pipe").join("clients"), format!("{pid}\n")).unwrap();
+        m.handle_faults(mono_ms(), vec![Fault::ClientDied { pid }, Fault::ServerCrash { server: 1 }]);
+        let r: Vec<(String, String)> = m.state.recoveries.iter().map(|r| (r.fault.kind().to_string(), r.outcome.clone())).collect();
+        kill(daemon);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(r[0].0 == "server_crash" && r[0].1.contains("MPS server 1 gone"), "{r:?}");
+        assert!(r[1].0 == "client_died" && r[1].1.contains(&format!("terminate_client [(4242, {pid})]")), "{r:?}");
     }
 
     /// The pipe directory is in offline containers' mounts: a root tenant can remove the pid

@@ -397,7 +397,30 @@ impl<S: Signaller> Evictor<S> {
         out: &mut Vec<Event>,
         record: impl FnOnce(),
     ) -> bool {
-        if self.pending.contains_key(&p.key()) || p.evict_requested_ms.is_some() {
+        if let Some(e) = self.pending.get_mut(&p.key()) {
+            // In flight already, e.g. mps-manager's request taken on with the manager's longest
+            // grace ([`OfflineProc::adopted_grace_ms`]): this eviction is the monitor's own, and
+            // its process is SIGKILLed no later than the monitor's grace from now (no second
+            // SIGTERM: one was sent). Its request is recorded as the monitor's, so that a
+            // restarted monitor also gives it the monitor's grace.
+            let by = now_ms.saturating_add(cfg.grace_ms);
+            if e.dry || e.killed || cfg.dry_run || e.kill_at_ms <= by {
+                return false;
+            }
+            tracing::warn!(
+                pid = p.pid,
+                reason = reason.as_str(),
+                why,
+                grace_ms = cfg.grace_ms,
+                was_due_in_ms = e.kill_at_ms.saturating_sub(now_ms),
+                "evicting offline process already asked to leave: SIGKILL after the monitor's grace if it stays"
+            );
+            (e.reason, e.requested_ms, e.kill_at_ms) = (reason, now_ms, by);
+            *self.counts.entry(reason).or_default() += 1;
+            record();
+            return true;
+        }
+        if p.evict_requested_ms.is_some() {
             return false;
         }
         if p.host_pid.is_some_and(|h| h <= 1 || h == std::process::id()) {
@@ -810,6 +833,30 @@ mod tests {
             ev.counts().is_empty(),
             "a resumed eviction is not counted again"
         );
+    }
+
+    /// A request of mps-manager's taken on with the manager's longest grace (10 min), then the
+    /// monitor's own eviction (Overlimit, Disabled) of that process: SIGKILL after the
+    /// monitor's grace from its eviction, not the manager's. Before, the eviction was refused
+    /// (a request was in flight) and a process ignoring SIGTERM stayed 10 min.
+    #[test]
+    fn the_monitors_own_eviction_of_a_process_the_manager_asked_to_leave_keeps_its_grace() {
+        let mut ev = Evictor::new(Rec::default(), 0);
+        let mut out = vec![];
+        let asked = OfflineProc { evict_requested_ms: Some(1000), evict_by_manager: true, ..p(17) };
+        ev.adopt(&cfg(), &[asked], &mut out);
+        let long = node_ledger::MANAGER_MAX_EVICT_GRACE_MS;
+        assert!(ev.pending().any(|(q, _, kill)| q.pid == 17 && kill == Some(1000 + long)));
+        let recorded = std::cell::Cell::new(false);
+        assert!(ev.evict_recorded(&cfg(), 2000, &asked, EvictReason::Disabled, "x", &mut out, || recorded.set(true)));
+        assert!(recorded.get(), "the monitor's request is recorded");
+        assert!(ev.pending().any(|(q, at, kill)| q.pid == 17 && at == 2000 && kill == Some(2050)));
+        ev.tick(&cfg(), 2049, &mut out);
+        assert!(ev.sig.sent.is_empty(), "no second SIGTERM, no SIGKILL inside the grace");
+        ev.tick(&cfg(), 2050, &mut out);
+        assert_eq!(ev.sig.sent, vec![(17, libc::SIGKILL)], "the monitor's grace from its eviction");
+        assert_eq!(out.last(), Some(&Event::Kill { pid: 17, reason: EvictReason::Disabled }));
+        assert!(!ev.evict(&cfg(), 2060, &asked, EvictReason::Overlimit, "x", &mut out), "killed already");
     }
 
     #[test]

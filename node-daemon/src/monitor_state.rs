@@ -147,6 +147,13 @@ pub struct OfflinePodsState {
 pub struct PendingEviction {
     /// Pid of the process (in the pid namespace it registered from).
     pub pid: u32,
+    /// Inode of the pid namespace it registered from: with `pid` and `start_time`, the process
+    /// as its ledger slot names it. Two containers' processes can share a pid and a start time
+    /// (pid 1 each, started in the same clock tick); readers match all three (absent in files
+    /// written before this field existed: such an entry is matched only where its pid and start
+    /// time name one registration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<u64>,
     /// Its start time (clock ticks since boot): with `pid`, the process.
     pub start_time: u64,
     /// Monotonic ms of the request (SIGTERM or ledger request): the grace runs from here.

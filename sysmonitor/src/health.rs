@@ -813,6 +813,9 @@ impl Machine {
     fn reset_to_init(&mut self, why: &str, out: &mut Step) {
         self.over_since_ms = None;
         self.disabled_by = None;
+        // Served (the recovery path takes it first) or waived: an operator's enable puts the
+        // GPU back in service at once, and a later Disabled must not serve this old hold.
+        self.hold_interrupted = false;
         self.nvml_errors = 0;
         self.good_samples = 0;
         self.go(State::Init, why.to_string(), out);

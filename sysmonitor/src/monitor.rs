@@ -198,7 +198,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                     let Some(asked) = p.evict_requested_ms else { continue };
                     let earlier = pending
                         .iter()
-                        .find(|e| (e.pid, e.start_time) == (p.pid, p.start_time))
+                        .find(|e| (e.pid, e.start_time) == (p.pid, p.start_time) && e.pid_ns.is_none_or(|ns| ns == p.pid_ns))
                         .map(|e| e.requested_mono_ms.min(asked));
                     p.evict_requested_ms = Some(earlier.unwrap_or(asked));
                     tracing::info!(
@@ -845,6 +845,7 @@ impl<G: GpuSource, L: LedgerPort, S: Signaller> Monitor<G, L, S> {
                 .pending()
                 .map(|(p, t, kill)| PendingEviction {
                     pid: p.pid,
+                    pid_ns: Some(p.pid_ns),
                     start_time: p.start_time,
                     requested_mono_ms: t,
                     kill_at_mono_ms: kill.filter(|_| !self.cfg.evictor.dry_run),
@@ -1089,10 +1090,11 @@ mod tests {
     /// on, and every eviction refused a process with a request: nothing was ever sent to it.
     /// The grace is the longest mps-manager may give, not the monitor's own (default 10 s): the
     /// manager escalates its requests itself, after its `evict_grace_ms` (up to 10 min), and a
-    /// job it gave minutes to checkpoint was SIGKILLed by the monitor after 10 s.
+    /// job it gave minutes to checkpoint was SIGKILLed by the monitor after 10 s. (The monitor's
+    /// own eviction of such a process keeps the monitor's grace: the next test.)
     #[test]
     fn a_running_monitor_escalates_a_request_mps_manager_made_after_the_managers_longest_grace() {
-        let mut m = one_offline(vec![gs(10.0), gs(10.0), gs(99.5), gs(99.5), gs(99.5), gs(99.5), gs(99.5)]);
+        let mut m = one_offline(vec![gs(10.0)]);
         m.cfg.evictor.grace_ms = node_daemon::evictor::EvictorConfig::default().grace_ms;
         m.tick(0);
         assert_eq!(m.evictor.in_flight(), 0);
@@ -1102,7 +1104,7 @@ mod tests {
         for t in [10, 20, 30] {
             m.tick(t);
         }
-        assert_eq!(m.machine.state(), State::Overlimit);
+        assert_eq!(m.machine.state(), State::Healthy);
         assert!(m.evictor.signaller().0.is_empty(), "no second SIGTERM: the manager sent one");
         let long = node_ledger::MANAGER_MAX_EVICT_GRACE_MS;
         for t in [10 + m.cfg.evictor.grace_ms, 10 + 2 * m.cfg.evictor.grace_ms, 10 + long - 1] {
@@ -1111,6 +1113,31 @@ mod tests {
         assert!(m.evictor.signaller().0.is_empty(), "not at the monitor's grace: the manager's may be longer");
         m.tick(10 + long);
         assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "the manager's longest grace from 10 is over");
+    }
+
+    /// A process mps-manager asked to leave (its request taken on with the manager's longest
+    /// grace, 10 min) that the monitor then evicts itself, the GPU going Overlimit: SIGKILL
+    /// after the monitor's grace from its eviction, as for any process it evicts, with its
+    /// request recorded as the monitor's. Before, the eviction was refused (a request was in
+    /// flight): a process ignoring SIGTERM stayed 10 min beside the overloaded online service.
+    #[test]
+    fn the_monitors_own_eviction_of_a_process_the_manager_asked_to_leave_sigkills_after_its_grace() {
+        let mut m = one_offline(vec![gs(10.0), gs(10.0), gs(99.5)]);
+        m.cfg.evictor.grace_ms = node_daemon::evictor::EvictorConfig::default().grace_ms;
+        m.tick(0);
+        m.ledger.procs[0].evict_requested_ms = Some(10);
+        m.ledger.procs[0].evict_by_manager = true;
+        m.tick(10);
+        m.tick(20);
+        assert_eq!(m.machine.state(), State::Overlimit);
+        assert_eq!(m.evictor.in_flight(), 1);
+        assert_eq!(m.ledger.marks, vec![(500, EvictReason::Overlimit)], "the monitor's request recorded");
+        assert_eq!(m.evictor.counts()[&EvictReason::Overlimit], 1);
+        let grace = m.cfg.evictor.grace_ms;
+        m.tick(20 + grace - 1);
+        assert!(m.evictor.signaller().0.is_empty(), "no second SIGTERM, no SIGKILL inside the grace");
+        m.tick(20 + grace);
+        assert_eq!(m.evictor.signaller().0, [(500, libc::SIGKILL)], "the monitor's grace from its eviction at 20");
     }
 
     /// The operator's eviction command is waited for once it exits, even when the eviction it
@@ -1514,37 +1541,39 @@ mod tests {
 
     /// A restarted monitor finishes the grace of a request the state file dates (990 ms,
     /// grace 30 ms: SIGKILL at 1020, not 30 ms after it found the request at 1000); a request
-    /// the file does not name (another start time: another process) gets a full grace.
+    /// the file does not name (another start time, or another pid namespace: another process)
+    /// gets a full grace.
     #[test]
     fn a_resumed_eviction_finishes_the_grace_of_the_earlier_request() {
         let pending = [PendingEviction {
             pid: 800,
+            pid_ns: Some(off(800).pid_ns),
             start_time: 7,
             requested_mono_ms: 990,
             kill_at_mono_ms: None,
         }];
-        for (start_time, kill_at) in [(7, 1020), (8, 1030)] {
+        for (start_time, pid_ns, kill_at) in [(7, 0, 1020), (8, 0, 1030), (7, 5, 1030)] {
             let gpu = Script { next: vec![Ok(gs(99.5))], procs: vec![], xids: vec![], paces: vec![] };
             // The ledger keeps the request, not its time: it dates it when it is read.
-            let p = OfflineProc { start_time, evict_requested_ms: Some(1000), ..off(800) };
+            let p = OfflineProc { start_time, pid_ns, evict_requested_ms: Some(1000), ..off(800) };
             let ledger = MemLedger { procs: vec![p], ..Default::default() };
             let mut m = Monitor::resume(cfg(), gpu, ledger, Rec::default(), vec![], &pending);
             m.tick(kill_at - 1);
-            assert!(m.evictor.signaller().0.is_empty(), "start time {start_time}");
-            let want = if start_time == 7 { 990 } else { 1000 };
+            assert!(m.evictor.signaller().0.is_empty(), "start time {start_time}, pid namespace {pid_ns}");
+            let want = if kill_at == 1020 { 990 } else { 1000 };
             // Before the SIGKILL the state file says when it comes (mps-manager terminates the
             // process's MPS work first); once sent, it says none will.
             let before = m.snapshot(kill_at - 1, &[], None, 0);
             assert_eq!(
                 before.evictions_pending,
-                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want, kill_at_mono_ms: Some(kill_at) }],
+                vec![PendingEviction { pid: 800, pid_ns: Some(pid_ns), start_time, requested_mono_ms: want, kill_at_mono_ms: Some(kill_at) }],
             );
             m.tick(kill_at);
-            assert_eq!(m.evictor.signaller().0, vec![(800, libc::SIGKILL)], "start time {start_time}");
+            assert_eq!(m.evictor.signaller().0, vec![(800, libc::SIGKILL)], "start time {start_time}, pid namespace {pid_ns}");
             let s = m.snapshot(kill_at, &[], None, 0);
             assert_eq!(
                 s.evictions_pending,
-                vec![PendingEviction { pid: 800, start_time, requested_mono_ms: want, kill_at_mono_ms: None }],
+                vec![PendingEviction { pid: 800, pid_ns: Some(pid_ns), start_time, requested_mono_ms: want, kill_at_mono_ms: None }],
                 "the state file dates the request for the next restart"
             );
         }

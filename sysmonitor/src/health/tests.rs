@@ -859,3 +859,22 @@ fn a_resumed_xid_disabled_machine_serves_the_hold_it_interrupted() {
     }
     assert_ne!(m.state(), State::Disabled, "quiet and calm for the hold: back in service");
 }
+
+/// An operator's disable in an Overlimit hold, then enable: the enable puts the GPU back in
+/// service and waives that hold. A later Disabled by NVML errors recovers after its good
+/// samples, as any Disabled from Healthy does; before, the hold the operator's Disabled had
+/// interrupted was still marked and was served then (Disabled until calm for it).
+#[test]
+fn an_operator_enable_waives_the_hold_its_disable_interrupted() {
+    run(&[
+        (0, s(OVER), State::Overlimit),
+        (10, Input::OperatorDisable, State::Disabled),
+        (20, Input::OperatorEnable, State::Init),
+        (21, s(CALM), State::Healthy),
+        (22, Input::SampleError, State::Healthy),
+        (23, Input::SampleError, State::Disabled),
+        (24, s(CALM), State::Disabled),
+        (25, s(CALM), State::Init),
+        (26, s(CALM), State::Healthy),
+    ]);
+}

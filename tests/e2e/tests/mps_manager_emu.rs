@@ -549,6 +549,46 @@ fn xid_reported_by_the_monitor_resets_mps_and_online_continues() {
     assert_eq!(xid_recoveries(&again), 1, "{again:#}");
 }
 
+/// After a critical XID the GPU stays Disabled by it until an operator acts, and the monitor's
+/// state file says so all along. The manager that reset MPS for it is restarted (SIGKILL, as
+/// the OOM killer does; an upgrade alike): the new one adopts the control daemon and does not
+/// reset MPS again, so the online client, relaunched once by the reset, keeps its new context.
+/// Before, the XID handled was known to the manager's memory only: every restart was a fresh
+/// `xid` fault and a full reset.
+#[test]
+fn a_restarted_manager_does_not_reset_mps_again_for_an_xid_it_recovered_from() {
+    let n = EmuHost::node();
+    let (_mon, mut manager, klog, daemon, load, mut off) = node_with_xid_log(&n);
+    kernel_log(&klog, "NVRM: Xid (PCI:0000:01:00): 48, pid=1, An uncorrectable double bit error");
+    let v = mstate(&n, "the xid recovery and MPS running again", |v| {
+        v["recoveries"].as_array().is_some_and(|r| r.iter().any(|x| x["fault"]["xid"]["code"] == 48))
+            && v["daemon_pid"].as_u64().is_some_and(|p| p != daemon)
+    });
+    let reset_daemon = v["daemon_pid"].as_u64().unwrap();
+    assert!(off.wait_exit(T).is_some(), "offline client evicted");
+    online_progresses(&load, "online kernels after the reset");
+    let dev = n.device();
+    let generation = dev.snapshot().mps.generation;
+    let relaunches = load.relaunches.load(Ordering::Relaxed);
+    assert!(relaunches >= 1, "a full reset costs the online client a relaunch");
+    manager.signal(libc::SIGKILL);
+    assert!(manager.wait_exit(T).is_some());
+    let manager = start_manager(&n);
+    let mp = manager.pid();
+    let v = mstate(&n, "the restarted manager's state", |v| v["manager_pid"] == mp && v["daemon_pid"].is_u64());
+    assert_eq!(v["daemon_pid"].as_u64(), Some(reset_daemon), "the daemon adopted: {v:#}");
+    // A few checks later (every 100 ms; the state file is written after each).
+    let t = v["updated_unix_ms"].as_u64().unwrap();
+    let v = mstate(&n, "later checks", |v| v["manager_pid"] == mp && v["updated_unix_ms"].as_u64() > Some(t + 500));
+    assert_eq!(v["recoveries"], serde_json::json!([]), "recovered again: {v:#}");
+    assert_eq!(v["daemon_pid"].as_u64(), Some(reset_daemon), "{v:#}");
+    assert_eq!(v["xid_handled"]["code"], 48, "{v:#}");
+    online_progresses(&load, "online kernels after the manager's restart");
+    assert_eq!(dev.snapshot().mps.generation, generation, "MPS reset again");
+    assert_eq!(load.relaunches.load(Ordering::Relaxed), relaunches, "the online client relaunched again");
+    load.stop();
+}
+
 /// An application XID (one process's page fault, as an H200 reported for an online client
 /// right after its offline neighbour was SIGKILLed under MPS; or an offline job's own bug) is
 /// the faulting process's: MPS tears that client down itself. With the shipped defaults the
@@ -943,26 +983,87 @@ fn without_client_uid_another_users_process_is_left_alone() {
 
 
 /// A registration can outlive its process: a forked child (a data-loader worker) inherits the
-/// slot lock and holds the slot while the registered parent is dead (here the test process
-/// plays that child, holding a slot that names a dead pid). The dead client is a fault once:
-/// its recovery finds no server listing it ("left MPS"), and it is not recovered again at
-/// every check while the slot stays (before: a recovery, with its 500 ms of listing, every
-/// ~0.6 s, each with a WARN line).
+/// slot lock and holds the slot while the registered parent is dead. The dead client is a
+/// fault once: its recovery finds no server listing it ("left MPS"), and it is not recovered
+/// again at every check while the slot stays (before: a recovery, with its 500 ms of listing,
+/// every ~0.6 s, each with a WARN line). The manager saw the parent alive holding the slot's
+/// lock (`offline_seen`) before it died: a dead registration it never saw so is no dead client
+/// (`a_forged_dead_registration_rewritten_at_every_check_does_not_starve_a_dead_listed_client`).
 #[test]
 fn a_dead_registration_kept_by_its_slot_lock_is_one_fault_not_one_per_check() {
     let n = EmuHost::node();
     let _manager = start_manager(&n);
     mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
-    let mut dead = Command::new("true").spawn().unwrap();
-    let pid = dead.id();
-    let start = node_ledger::procinfo::start_time(pid).unwrap_or(1);
-    dead.wait().unwrap();
-    let _kept = e2e::forge_slot(&ledger, pid, start, 0);
+    let child_pid = n.path("child.pid");
+    let mut parent = n.spawn_sh_offline(&format!("sleep 60 & echo $! > '{}'; exec sleep 60", child_pid.display()));
+    let _slot = register(&ledger, parent.pid(), 0);
+    mstate(&n, "the registered process seen holding its slot's lock", |v| v["offline_seen"].as_u64() >= Some(1));
+    wait_until("the child forked", || std::fs::read_to_string(&child_pid).is_ok_and(|s| s.ends_with('\n')));
+    let child: i32 = std::fs::read_to_string(&child_pid).unwrap().trim().parse().unwrap();
+    parent.signal(libc::SIGKILL);
+    assert!(parent.wait_exit(T).is_some());
     let v = mstate(&n, "the dead client's recovery", |v| v["recoveries"].as_array().is_some_and(|r| !r.is_empty()));
-    assert!(v["recoveries"][0]["outcome"].as_str().unwrap().contains("left MPS"), "{v:#}");
+    let outcome = v["recoveries"][0]["outcome"].as_str().unwrap().to_string();
     // Several checks (every 100 ms) and recoveries' worth of time with the slot still there.
     std::thread::sleep(Duration::from_secs(2));
     let v = mstate(&n, "a fresh state", |_| true);
+    // SAFETY: kill(2) of the child this test's shell forked (still running: it holds the slot).
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert!(outcome.contains("left MPS"), "{v:#}");
     assert_eq!(v["recoveries"].as_array().unwrap().len(), 1, "recovered again and again: {v:#}");
+}
+
+/// A tenant writes a slot naming a pid nobody has (a dead client, as it reads) and rewrites its
+/// start time at every check, while an online neighbour's real dead client, killed holding its
+/// context, stays on its server's list and hangs it. The forged slot is no dead client (the
+/// manager never saw its owner holding its lock): the listed dead client is terminated, MPS is
+/// not reset. Before, each rewrite was a new `client_died`, first of every check, whose
+/// recovery waited 500 ms for a pid no server listed and was the only one of the check: the
+/// listed dead client was never terminated and the online client stayed hung.
+#[test]
+fn a_forged_dead_registration_rewritten_at_every_check_does_not_starve_a_dead_listed_client() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let n = EmuHost::node();
+    let _manager = start_manager(&n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
+    let load = Load::start(&n, 0.5, 2.0);
+    let dev = n.device();
+    let _quit = QuitOnPanic(n.device());
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    let start = node_ledger::procinfo::start_time(gone_pid).unwrap_or(1);
+    gone.wait().unwrap();
+    let forged = e2e::forge_slot(&ledger, gone_pid, start, 0);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let forger = {
+        let (stop, path) = (stop.clone(), n.ledger_path());
+        std::thread::spawn(move || {
+            let ledger = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
+            let mut st = start;
+            while !stop.load(SeqCst) {
+                st += 1;
+                ledger.layout().procs[forged.slot].start_time.store(st, SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut off = n.spawn_helper("gpu-mem", "64");
+    let op = off.pid();
+    wait_until("the client on MPS", || dev.snapshot().processes.iter().any(|p| p.pid == op && p.mps_client));
+    mstate(&n, "both clients listed on their server", |v| v["clients"].as_u64() >= Some(2));
+    let generation = dev.snapshot().mps.generation;
+    let v = kill_until_recovered(&n, &mut off);
+    stop.store(true, SeqCst);
+    forger.join().unwrap();
+    let r = v["recoveries"].as_array().unwrap().last().unwrap();
+    assert!(r["outcome"].as_str().unwrap().contains("terminate_client"), "{v:#}");
+    assert!(
+        v["recoveries"].as_array().unwrap().iter().all(|r| r["fault"]["client_died"]["pid"] != gone_pid),
+        "the forged slot made a recovery: {v:#}"
+    );
+    wait_until("MPS no longer hung", || !dev.snapshot().mps.poisoned);
+    online_kept_its_context(&load, &dev, generation, "terminating the dead listed client");
+    load.stop();
 }

@@ -86,6 +86,8 @@ fn kill_a_registered_client(list_from: u64) -> (Value, String, String, String, u
     let mut off = n.spawn_sh_offline("exec sleep 600");
     let pid = off.pid();
     register(&ledger, pid, 64 << 20);
+    // Seen alive holding its slot's lock: only then is its dead registration a dead client.
+    mstate(&n, "the client seen holding its slot's lock", |v| v["offline_seen"].as_u64() >= Some(1));
     std::fs::write(pipe.join("list_from"), list_from.to_string()).unwrap();
     off.signal(libc::SIGKILL);
     off.wait_exit(Duration::from_secs(10)).expect("killed");

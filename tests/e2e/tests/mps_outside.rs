@@ -236,6 +236,35 @@ fn in_exclusive_process_mode_a_job_that_misses_mps_gets_no_context() {
     assert_eq!(compute_mode(&n), cm::DEFAULT, "put back after quit: {}", n.log("mps.json"));
 }
 
+/// A manager that sets EXCLUSIVE_PROCESS and then cannot start MPS (its control program fails)
+/// exits, and the next manager finds EXCLUSIVE_PROCESS: the mode found (DEFAULT) must reach it
+/// through the state file, written before the mode is changed, so that `quit_on_exit` puts it
+/// back. Before, the state file was first written at the first check, which such a manager never
+/// reached: the GPU stayed EXCLUSIVE_PROCESS after the last manager quit MPS.
+#[test]
+fn a_manager_that_cannot_start_mps_leaves_the_mode_found_to_the_next() {
+    use emu_device::layout::compute_mode as cm;
+    if e2e::lacks_root("set the GPU's compute mode") {
+        return;
+    }
+    let n = node();
+    assert_eq!(compute_mode(&n), cm::DEFAULT);
+    let cfg = e2e::fast_manager_config(Some(true));
+    let broken = cfg.replace(&artifact("emu-mps-control").display().to_string(), "/nonexistent/nvidia-cuda-mps-control");
+    assert_ne!(broken, cfg);
+    let mut first = n.start_manager("mps-broken.json", &broken);
+    let status = first.wait_timeout(T).expect("the manager that cannot start MPS never exited");
+    assert!(!status.success(), "{}", n.log("mps-broken.json"));
+    assert!(n.log("mps-broken.json").contains("cannot start MPS"), "{}", n.log("mps-broken.json"));
+    assert_eq!(compute_mode(&n), cm::EXCLUSIVE_PROCESS, "set before the daemon would start");
+    let mut m = n.start_manager("mps.json", &cfg);
+    let v = n.wait_manager_state(T, "mps.json", "daemon started", |v| v["daemon_pid"].is_u64());
+    assert_eq!(v["compute_mode_found"].as_str(), Some("default"), "{v:#}");
+    m.signal(libc::SIGTERM);
+    assert!(m.wait_exit(T).is_some(), "the manager never stopped");
+    assert_eq!(compute_mode(&n), cm::DEFAULT, "put back after quit: {}", n.log("mps.json"));
+}
+
 /// A process that held the GPU before MPS started (here the online workload, no offline job:
 /// not in the ledger) keeps any MPS server from starting in EXCLUSIVE_PROCESS mode: the manager
 /// reports it (ERROR line, state file `outside_holders`) and an MPS client is refused until
