@@ -102,7 +102,7 @@ pub fn defaults_without_base(base: &Path) -> Result<bool, ConfigError> {
     if base.exists() {
         return Ok(false);
     }
-    match crate::layered::override_files(base).into_iter().next() {
+    match crate::layered::override_files(base)?.into_iter().next() {
         None => Ok(true),
         Some(first) => Err(ConfigError {
             file: first,

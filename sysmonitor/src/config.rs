@@ -560,9 +560,11 @@ impl Config {
         Ok(())
     }
 
-    /// Loads `base` and its `<stem>.d/*.json` overrides.
+    /// Loads `base` and its `<stem>.d/*.json` overrides, merged over the built-in defaults: a
+    /// block given in part keeps the defaults of the keys it leaves out (`{"machine":
+    /// {"gpu_util": {"enabled": false}}}` keeps gpu_util's thresholds).
     pub fn load(base: &Path) -> Result<(Config, Vec<PathBuf>), ConfigError> {
-        layered::load_with_overrides(base, Config::validate)
+        layered::load_with_overrides_over(base, &Config::default(), Config::validate)
     }
 
     /// Applies `$XSHARE_LEDGER_DIR`, a `--gpu` override, and fills derived paths.
@@ -653,6 +655,22 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--help` lists `machine.<metric>.enabled`, yet `{"gpu_util": {"enabled": false}}` was
+    /// refused ("missing field `healthy`"): a metric's block given in part keeps the defaults
+    /// of the rest, as every other block does.
+    #[test]
+    fn a_metric_block_given_in_part_keeps_its_default_thresholds() {
+        let c = load_text(r#"{"machine": {"gpu_util": {"enabled": false}, "sm_clock": {"overlimit": 50}}}"#).unwrap();
+        let d = MachineConfig::default();
+        assert!(!c.machine.gpu_util.enabled);
+        assert_eq!(c.machine.gpu_util, crate::health::Threshold { enabled: false, ..d.gpu_util });
+        assert_eq!(c.machine.sm_clock, crate::health::Threshold { overlimit: 50.0, ..d.sm_clock });
+        assert_eq!((c.machine.sm_activity, c.machine.hold_base_ms), (d.sm_activity, d.hold_base_ms));
+        assert_eq!(load_text("{}").unwrap(), Config::default());
+        let e = load_text("{\"machine\": {\n\"gpu_util\": {\"healthy\": 95}}}").unwrap_err();
+        assert_eq!((e.field.as_deref(), e.line), (Some("machine.gpu_util"), Some(2)), "still checked whole: {e}");
+    }
 
     #[test]
     fn ledger_access_is_checked() {
