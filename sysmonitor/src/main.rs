@@ -19,14 +19,16 @@ CONFIG:
     (log, state file `config_error`, metric xshare_config_error).
 
     Main keys: interval_ms (>= 1), idle_interval_ms (100: the pace while no offline process is
-    registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir ($XSHARE_LEDGER_DIR overrides),
+    registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir (absolute; $XSHARE_LEDGER_DIR overrides),
     state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (one per GPU: \"127.0.0.1:9400+{gpu}\" is port 9400 plus
     the GPU index, or \"unix:/run/xshare/metrics-{gpu}.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled}
     (percentages; Overlimit is strictly past `overlimit`: at 100 (0 for direction \"below\") the
     metric never causes Overlimit, said as a warning),
-    machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
+    machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms}
+    (nvml_error_limit: 1..=100 failed samples in a row),
     host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run}
+    (grace_ms: 1000..=600000 between SIGTERM and SIGKILL)
     (command: argv with {pid} (pid here, checked by its start time; never run without one),
     {start_time}, {reason}, {gpu}),
     verify.{tolerance_mib,context_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
