@@ -26,8 +26,9 @@ CONFIG:
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
     evict_grace_ms, terminate_before_kill_ms, client_uid, compute_mode, shm_dir, outside_mps,
     outside_mps_after_ms,
-    budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
+    budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct,saturated_hold_readings},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
+    evict_grace_ms is 1000..=600000; unsafe_pct at most min_pct; paths absolute, without `..`.
     In pipe_dir, log_dir, monitor_state_file, state_file and shm_dir `{gpu}` is the GPU index:
     one file serves every GPU's manager (a second manager on another's state_file is refused).
     `mps-manager check-config` prints the effective config.
@@ -137,8 +138,8 @@ fn main() -> ExitCode {
     };
     let mut cfg = loaded.config;
     cfg.finalize(cli.cfg.gpu);
-    if let Err((field, why)) = cfg.check_paths() {
-        return fail(&format!("config error: field `{field}`: {why}"), 2);
+    if let Err(e) = cfg.check_paths_in(&loaded.files) {
+        return fail(&format!("config error: {e}"), 2);
     }
     let r = match cli.cmd.unwrap_or(Cmd::Run) {
         Cmd::CheckConfig => out(&format!(
