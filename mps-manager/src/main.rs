@@ -19,7 +19,8 @@ CONFIG:
     FILE defaults to $XSHARE_MPS_MANAGER_CONFIG, else /etc/xshare/mps-manager.json, plus
     <stem>.d/*.json overrides merged in name order. Errors name file, line and field; SIGHUP
     reloads and keeps the previous config when the new one is broken (log, state file
-    `last_error`). A missing default file means built-in defaults. ledger_dir, control_bin,
+    `last_error`). A missing default file means built-in defaults; a file named by -c or the
+    variable must exist. ledger_dir, control_bin,
     pipe_dir, log_dir, state_file and shm_dir take effect at the next start: a reload keeps them
     and says so (WARN, state file `last_error`).
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
@@ -145,7 +146,8 @@ fn main() -> ExitCode {
         Cmd::CheckConfig => out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&cfg).unwrap_or_default()
-        )),
+        ))
+        .map(|()| eprintln!("{}", node_daemon::cli::config_ok_line(&loaded.files, &loaded.base))),
         Cmd::Status => node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file)
             .and_then(|s| {
                 // The manager of this GPU runs while its single-instance lock is held.

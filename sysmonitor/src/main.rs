@@ -14,8 +14,9 @@ const AFTER_HELP: &str = "\
 CONFIG:
     FILE defaults to $XSHARE_SYSMONITOR_CONFIG, else /etc/xshare/sysmonitor.json. Every
     <stem>.d/*.json beside it (e.g. /etc/xshare/sysmonitor.d/50-local.json) is merged over it in
-    name order, key by key. Errors name the file, line and field. A missing default file means
-    built-in defaults. SIGHUP reloads; a broken reload keeps the previous config and says why
+    name order, key by key, over the built-in defaults (a block given in part keeps the defaults
+    of the rest). Errors name the file, line and field; a key given twice is one. A missing
+    default file means built-in defaults; a file named by -c or the variable must exist. SIGHUP reloads; a broken reload keeps the previous config and says why
     (log, state file `config_error`, metric xshare_config_error).
 
     Main keys: interval_ms (>= 1), idle_interval_ms (100: the pace while no offline process is
@@ -145,14 +146,7 @@ fn main() -> ExitCode {
                 for w in cfg.machine.never_overlimit() {
                     eprintln!("warning: {w}");
                 }
-                eprintln!(
-                    "config ok: {}",
-                    files
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(" + ")
-                )
+                eprintln!("{}", node_daemon::cli::config_ok_line(&files, &base))
             })
         }
         Cmd::Status { json } => monitor_state::read_for(&cfg.state_file, cfg.gpu_index)
@@ -250,6 +244,19 @@ mod tests {
         assert_eq!(c.cmd, Some(Cmd::Status { json: true }));
         let e = Cli::try_parse_from(["sysmonitor", "stauts"]).unwrap_err();
         assert_eq!(e.exit_code(), 2, "a typo is a usage error, not a run");
+    }
+
+    /// A subcommand's --help said "see CONFIG below" and had no CONFIG section.
+    #[test]
+    fn subcommand_help_points_at_a_config_section_it_has() {
+        let mut c = Cli::command();
+        // The global options reach the subcommands when the command is built, as at parsing.
+        c.build();
+        for name in ["run", "check-config", "status"] {
+            let h = c.find_subcommand_mut(name).unwrap().render_long_help().to_string();
+            assert!(!h.contains("see CONFIG below"), "{name} --help:\n{h}");
+            assert!(h.contains("--config <FILE>") && h.contains("CONFIG in the daemon's own --help"), "{name} --help:\n{h}");
+        }
     }
 
     #[test]
