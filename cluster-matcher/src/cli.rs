@@ -323,14 +323,29 @@ fn profile_arg(spec: &str, data: &DataArgs) -> Result<JobProfile, Error> {
     })
 }
 
-fn print_reports(split: Split, reports: &[eval::GpuReport]) {
-    println!("held-out MAPE, split {split:?}:");
-    println!(
+/// Writes `text` to stdout. A reader that closed it (`plan | head -1`) is not an error: the
+/// rest is not wanted, and the command ends quietly (`println!` panicked, exit 101).
+fn out(text: &str) -> Result<(), Error> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing to stdout: {e}").into()),
+        _ => Ok(()),
+    }
+}
+
+fn print_reports(split: Split, reports: &[eval::GpuReport]) -> Result<(), Error> {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(o, "held-out MAPE, split {split:?}:");
+    let _ = writeln!(
+        o,
         "{:<6} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>12}",
         "GPU", "train", "test", "model %", "MLP %", "3-NN %", "mean %", "job-mean %"
     );
     for r in reports {
-        println!(
+        let _ = writeln!(
+            o,
             "{:<6} {:>7} {:>7} {:>9.1} {:>9} {:>9.1} {:>9.1} {:>12.1}",
             r.gpu,
             r.train_samples,
@@ -342,6 +357,7 @@ fn print_reports(split: Split, reports: &[eval::GpuReport]) {
             r.mape_job_mean
         );
     }
+    out(&o)
 }
 
 /// Runs one parsed command line.
@@ -360,7 +376,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 KindArg::Mlp => SpeedPredictor::train(&samples, &a.opts.config())?,
             };
             model.save(&a.out)?;
-            println!("wrote {} ({} GPU types, {} samples)", a.out.display(), model.models.len(), samples.len());
+            out(&format!("wrote {} ({} GPU types, {} samples)\n", a.out.display(), model.models.len(), samples.len()))?;
         }
         Command::Evaluate(a) => {
             if a.folds < 2 && !matches!(a.split, SplitArg::Family) {
@@ -386,12 +402,12 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 let r = eval::cross_validate(&data, s, folds, &cfg)?;
                 tracing::info!(split = ?s, secs = t.elapsed().as_secs_f64(), "cross-validation done");
                 if !a.json {
-                    print_reports(s, &r);
+                    print_reports(s, &r)?;
                 }
                 all.push((s, r));
             }
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&all)?);
+                out(&format!("{}\n", serde_json::to_string_pretty(&all)?))?;
             }
         }
         Command::Predict(a) => {
@@ -399,7 +415,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             let off = profile_arg(&a.offline, &a.data)?;
             let on = profile_arg(&a.online, &a.data)?;
             match model.predict(&a.gpu, &off, &on, a.sm)? {
-                Some(v) => println!("{v:.4}"),
+                Some(v) => out(&format!("{v:.4}\n"))?,
                 None => return Err(format!("a job has no isolated profile on `{}`", a.gpu).into()),
             }
         }
@@ -407,11 +423,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             let (cluster, workloads, model) = a.inputs.load()?;
             let mut cells = plan::load_cells(&cluster)?;
             let p = plan::run_round(&cluster, &workloads, &model, cells.as_mut(), a.round);
-            if !a.json {
-                print!("{p}");
-                println!();
-            }
-            println!("{}", serde_json::to_string_pretty(&p)?);
+            let json = serde_json::to_string_pretty(&p)?;
+            out(&if a.json { format!("{json}\n") } else { format!("{p}\n{json}\n") })?;
         }
         Command::Serve(a) => {
             let (cluster, workloads, model) = a.inputs.load()?;
@@ -488,7 +501,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 return Err(body.into());
             }
             let v: serde_json::Value = serde_json::from_str(&body)?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            out(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
         }
         Command::Alibaba(a) => {
             let dir = a.trace.clone().unwrap_or_else(|| gavel::data_dir().join("alibaba-gpu-v2023"));
@@ -505,9 +518,9 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             let asm = alibaba::Assumptions { online_sm_scale: a.online_sm_scale, ..Default::default() };
             let report = alibaba::replay(&trace, &data, &model, a.rounds, mode, asm);
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                out(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
             } else {
-                print!("{report}");
+                out(&format!("{report}"))?;
             }
         }
     }

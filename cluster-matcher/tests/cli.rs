@@ -76,6 +76,31 @@ fn plan_prints_a_table_then_json() {
     serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("--json prints only JSON");
 }
 
+/// `cluster-matcher plan ... | head -1`: the reader is gone before the output is written. The
+/// command panicked on the broken pipe (exit 101); it ends quietly now. The pipe's reading end
+/// is closed before the command starts, so every write fails, whatever the timing.
+#[test]
+fn plan_into_a_closed_pipe_ends_quietly() {
+    for json in [false, true] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut c = bin();
+        c.arg("plan");
+        if json {
+            c.arg("--json");
+        }
+        let out = c
+            .args(["--cluster", example("cluster.json").to_str().unwrap()])
+            .args(["--workloads", example("workloads.json").to_str().unwrap()])
+            .args(["--model", example("speed-predictor.json").to_str().unwrap()])
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(out.status.success() && !err.contains("panicked"), "json {json}: {:?}: {err}", out.status);
+    }
+}
+
 #[test]
 fn bad_inputs_fail_with_the_place_named() {
     let bad = tmp("cluster.json");

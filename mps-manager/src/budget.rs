@@ -29,7 +29,7 @@ pub struct BudgetConfig {
     /// Weight of the newest measurement in the moving average of online activity (0..=1].
     pub smoothing: f64,
     /// Budget while the GPU is not Healthy/Unhealthy (Overlimit, Disabled, Init, no monitor);
-    /// at most `max_pct` (an unsafe GPU never gets more than a safe one).
+    /// at most `min_pct` (an unsafe GPU never gets more than a safe one, however busy).
     pub unsafe_pct: f64,
     /// How many saturated readings in a row (total SM activity at least [`SATURATED_PCT`]
     /// beside offline work, which says nothing of the online share) keep the last online
@@ -90,14 +90,15 @@ impl BudgetConfig {
                 format!("must be <= max_pct ({})", self.max_pct),
             ));
         }
-        // The state that calls for less offline work must never publish more than the safe cap.
-        if self.unsafe_pct > self.max_pct {
+        // The state that calls for less offline work must never publish more than a safe GPU
+        // does at its busiest: a safe GPU's budget goes down to min_pct.
+        if self.unsafe_pct > self.min_pct {
             return Err((
                 "budget.unsafe_pct".into(),
                 format!(
-                    "must be <= max_pct ({}): it is the budget while the GPU is Overlimit, Disabled or \
-                     unknown, which must never exceed the cap of a safe GPU, got {}",
-                    self.max_pct, self.unsafe_pct
+                    "must be <= min_pct ({}): it is the budget while the GPU is Overlimit, Disabled or \
+                     unknown, which must never exceed what a safe but busy GPU gets, got {}",
+                    self.min_pct, self.unsafe_pct
                 ),
             ));
         }
@@ -288,11 +289,13 @@ mod tests {
     #[test]
     fn unsafe_state_drops_to_the_unsafe_budget_at_once() {
         let mut a = Allocator::default();
-        a.update(&cfg(), 30.0, true);
         let c = BudgetConfig {
+            min_pct: 58.0,
             unsafe_pct: 58.0,
             ..cfg()
         };
+        assert!(c.validate().is_ok());
+        assert_eq!(a.update(&c, 30.0, true), Some(60.0));
         assert_eq!(
             a.update(&c, 30.0, false),
             Some(58.0),
@@ -398,17 +401,17 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.validate().unwrap_err().0, "budget.max_pct");
-        // An unsafe GPU's budget above the safe cap: Overlimit would RAISE the offline budget.
-        let c = BudgetConfig {
-            unsafe_pct: 50.0,
-            max_pct: 42.0,
-            ..Default::default()
-        };
-        let (field, why) = c.validate().unwrap_err();
-        assert_eq!(field, "budget.unsafe_pct");
-        assert!(why.contains("max_pct (42)") && why.contains("got 50"), "{why}");
-        let c = BudgetConfig { unsafe_pct: 42.0, ..Default::default() };
-        assert!(c.validate().is_ok(), "equal to the cap is fine");
+        // An unsafe GPU's budget above a safe busy GPU's (min_pct): Overlimit would publish
+        // more for offline work than a safe GPU under load (fails without the min_pct bound:
+        // only max_pct was checked).
+        for unsafe_pct in [50.0, 42.0, 10.5] {
+            let c = BudgetConfig { unsafe_pct, max_pct: 42.0, ..Default::default() };
+            let (field, why) = c.validate().unwrap_err();
+            assert_eq!(field, "budget.unsafe_pct");
+            assert!(why.contains("min_pct (10)") && why.contains(&format!("got {unsafe_pct}")), "{why}");
+        }
+        let c = BudgetConfig { unsafe_pct: 10.0, ..Default::default() };
+        assert!(c.validate().is_ok(), "equal to min_pct is fine");
     }
 
     proptest! {

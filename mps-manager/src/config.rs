@@ -173,7 +173,9 @@ impl Config {
             ("check_every_ms", self.check_every_ms, 1, MAX_PERIOD_MS),
             // Bounded by the constant sysmonitor's backstop waits for (a request of ours it adopts
             // is escalated no sooner than this): raising one without the other makes it kill early.
-            ("evict_grace_ms", self.evict_grace_ms, 0, node_ledger::MANAGER_MAX_EVICT_GRACE_MS),
+            // At least node_ledger::MIN_EVICT_GRACE_MS: 0 SIGKILLed at the check after the
+            // SIGTERM, a process still leaving MPS.
+            ("evict_grace_ms", self.evict_grace_ms, node_ledger::MIN_EVICT_GRACE_MS, node_ledger::MANAGER_MAX_EVICT_GRACE_MS),
             ("outside_mps_after_ms", self.outside_mps_after_ms, 0, MAX_WINDOW_MS),
             (
                 "detect.stuck_after_ms",
@@ -189,10 +191,12 @@ impl Config {
             ),
         ] {
             if !(min..=max).contains(&v) {
-                let why = if f == "command_timeout_ms" && v < min {
-                    " (a shorter wait than the control program's round trip would make every look a daemon hang, and each a full MPS reset)"
-                } else {
-                    ""
+                let why = match f {
+                    "command_timeout_ms" if v < min => {
+                        " (a shorter wait than the control program's round trip would make every look a daemon hang, and each a full MPS reset)"
+                    }
+                    "evict_grace_ms" if v < min => " (a shorter grace SIGKILLs a process that is still leaving MPS)",
+                    _ => "",
                 };
                 return Err((
                     f.into(),
@@ -219,7 +223,16 @@ impl Config {
         }
         // Relative, they would be resolved against whatever directory the manager was started
         // in (systemd: `/`), and the daemon, its clients and node-agent would not agree on them.
+        // `..` is refused: the paths are judged as written (`check_paths`: a `log_dir` that
+        // names the tenants' `gpu<N>/` through `daemons/../` would pass it).
+        if !self.ledger_dir.is_absolute() {
+            return Err((
+                "ledger_dir".into(),
+                format!("must be an absolute directory (default {}), got {:?}", node_ledger::config::DEFAULT_LEDGER_DIR, self.ledger_dir),
+            ));
+        }
         for (f, p) in [
+            ("ledger_dir", &self.ledger_dir),
             ("pipe_dir", &self.pipe_dir),
             ("log_dir", &self.log_dir),
             ("monitor_state_file", &self.monitor_state_file),
@@ -227,6 +240,9 @@ impl Config {
         ] {
             if !(p.as_os_str().is_empty() || p.is_absolute()) {
                 return Err((f.into(), format!("must be an absolute path or empty (the default below ledger_dir), got {p:?}")));
+            }
+            if p.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err((f.into(), format!("must not contain `..` (paths are judged as written), got {p:?}")));
             }
         }
         if !(self.shm_dir.as_os_str().is_empty() || self.shm_dir == Path::new(SHM_HOST) || self.shm_dir.is_absolute()) {
@@ -326,6 +342,13 @@ impl Config {
         Ok(())
     }
 
+    /// [`Config::check_paths`] with the error located in the files the config came from
+    /// (`files`, base first, as [`Config::load`] returns them; empty for built-in defaults):
+    /// file, line and field.
+    pub fn check_paths_in(&self, files: &[PathBuf]) -> Result<(), ConfigError> {
+        self.check_paths().map_err(|(field, why)| layered::locate_in_files(files, &field, why))
+    }
+
     /// Puts this config's settings read only at start into `new` (a reloaded config, finalized
     /// as this one was): the directories and program of the running control daemon and this
     /// manager's files. Returns those `new` had changed, for the reload to report.
@@ -419,6 +442,73 @@ mod tests {
             c.finalize(Some(3));
             assert!(c.check_paths().is_ok(), "{dir}");
         }
+    }
+
+    /// `/run/xshare/daemons/../gpu{gpu}/mps-log` names the tenants' directory through the
+    /// daemons' one: `check_paths`, which judges paths as written, let it through. `..` is
+    /// refused in every path of the config, naming file, line and field; and what
+    /// `check_paths` refuses names file, line and field too.
+    #[test]
+    fn a_log_dir_reaching_the_tenants_directory_through_dotdot_is_refused_naming_file_line() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("mps-manager.json");
+        for (f, v) in [
+            ("log_dir", "/run/xshare/daemons/../gpu{gpu}/mps-log"),
+            ("pipe_dir", "/run/xshare/gpu{gpu}/../status"),
+            ("state_file", "/run/xshare/daemons/gpu{gpu}/../../gpu{gpu}/m.json"),
+            ("ledger_dir", "/run/xshare/../xshare"),
+        ] {
+            std::fs::write(&p, format!("{{\n  \"period_ms\": 100,\n  \"{f}\": \"{v}\"\n}}\n")).unwrap();
+            let e = Config::load(&p).unwrap_err();
+            assert_eq!((e.file.as_path(), e.line, e.field.as_deref()), (p.as_path(), Some(3), Some(f)), "{v}: {e}");
+            assert!(e.message.contains("`..`"), "{e}");
+        }
+        std::fs::write(&p, "{\n  \"ledger_dir\": \"/run/x\",\n  \"log_dir\": \"/run/x/gpu{gpu}/mps-log\"\n}\n").unwrap();
+        let (mut c, files) = Config::load(&p).unwrap();
+        c.finalize(Some(2));
+        let e = c.check_paths_in(&files).unwrap_err();
+        assert_eq!((e.file.as_path(), e.line, e.field.as_deref()), (p.as_path(), Some(3), Some("log_dir")), "{e}");
+        assert!(e.to_string().contains("mps-manager.json:3") && e.message.contains("symbolic link"), "{e}");
+    }
+
+    /// An empty or relative ledger_dir was accepted and resolved against the manager's working
+    /// directory: the manager, the monitor and the shims then disagree on the ledger.
+    #[test]
+    fn a_relative_or_empty_ledger_dir_is_refused() {
+        for v in ["", "run/xshare", "./xshare"] {
+            let e = load_text(&format!("{{\n  \"ledger_dir\": \"{v}\"\n}}\n"));
+            assert_eq!((e.field.as_deref(), e.line), (Some("ledger_dir"), Some(2)), "{v}: {e}");
+            assert!(e.message.contains("absolute"), "{e}");
+        }
+    }
+
+    /// `evict_grace_ms: 0` passed check-config: the SIGKILL came at the check after the
+    /// SIGTERM. Refused under node_ledger::MIN_EVICT_GRACE_MS.
+    #[test]
+    fn an_evict_grace_under_the_floor_is_refused() {
+        let min = node_ledger::MIN_EVICT_GRACE_MS;
+        for v in [0, min - 1] {
+            let e = load_text(&format!("{{\n  \"evict_grace_ms\": {v}\n}}\n"));
+            assert_eq!((e.field.as_deref(), e.line), (Some("evict_grace_ms"), Some(2)), "{v}: {e}");
+            assert!(e.message.contains(&format!("got {v}")) && e.message.contains("leaving MPS"), "{e}");
+        }
+        assert!(Config { evict_grace_ms: min, ..Config::default() }.validate().is_ok());
+    }
+
+    /// `unsafe_pct` was checked against max_pct only: an Overlimit or Disabled GPU published
+    /// more for offline work (42 %) than a safe but busy one (min_pct, 5 %).
+    #[test]
+    fn unsafe_pct_above_min_pct_is_refused() {
+        let e = load_text("{\n  \"budget\": {\n    \"min_pct\": 5,\n    \"max_pct\": 42,\n    \"unsafe_pct\": 42\n  }\n}\n");
+        assert_eq!((e.field.as_deref(), e.line), (Some("budget.unsafe_pct"), Some(5)), "{e}");
+        assert!(e.message.contains("min_pct (5)"), "{e}");
+        // Lowering min_pct under the default unsafe_pct (10) is refused too, blamed on the block.
+        let e = load_text("{\n  \"budget\": {\n    \"min_pct\": 5\n  }\n}\n");
+        assert_eq!((e.field.as_deref(), e.line), (Some("budget.unsafe_pct"), Some(2)), "{e}");
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.json");
+        std::fs::write(&p, r#"{"budget": {"min_pct": 5, "unsafe_pct": 5}}"#).unwrap();
+        assert!(Config::load(&p).is_ok());
     }
 
     #[test]

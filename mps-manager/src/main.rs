@@ -19,15 +19,17 @@ CONFIG:
     FILE defaults to $XSHARE_MPS_MANAGER_CONFIG, else /etc/xshare/mps-manager.json, plus
     <stem>.d/*.json overrides merged in name order. Errors name file, line and field; SIGHUP
     reloads and keeps the previous config when the new one is broken (log, state file
-    `last_error`). A missing default file means built-in defaults. ledger_dir, control_bin,
+    `last_error`). A missing default file means built-in defaults; a file named by -c or the
+    variable must exist. ledger_dir, control_bin,
     pipe_dir, log_dir, state_file and shm_dir take effect at the next start: a reload keeps them
     and says so (WARN, state file `last_error`).
     Keys: gpu_index, ledger_dir ($XSHARE_LEDGER_DIR), control_bin, pipe_dir, log_dir,
     command_timeout_ms, period_ms, check_every_ms, quit_on_exit, monitor_state_file, state_file,
     evict_grace_ms, terminate_before_kill_ms, client_uid, compute_mode, shm_dir, outside_mps,
     outside_mps_after_ms,
-    budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct},
+    budget.{headroom_pct,min_pct,max_pct,min_step_pct,smoothing,unsafe_pct,saturated_hold_readings},
     detect.{stuck_after_ms,idle_sm_pct}, recovery.{min_interval_ms,max_per_hour}.
+    evict_grace_ms is 1000..=600000; unsafe_pct at most min_pct; paths absolute, without `..`.
     In pipe_dir, log_dir, monitor_state_file, state_file and shm_dir `{gpu}` is the GPU index:
     one file serves every GPU's manager (a second manager on another's state_file is refused).
     `mps-manager check-config` prints the effective config.
@@ -137,14 +139,15 @@ fn main() -> ExitCode {
     };
     let mut cfg = loaded.config;
     cfg.finalize(cli.cfg.gpu);
-    if let Err((field, why)) = cfg.check_paths() {
-        return fail(&format!("config error: field `{field}`: {why}"), 2);
+    if let Err(e) = cfg.check_paths_in(&loaded.files) {
+        return fail(&format!("config error: {e}"), 2);
     }
     let r = match cli.cmd.unwrap_or(Cmd::Run) {
         Cmd::CheckConfig => out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&cfg).unwrap_or_default()
-        )),
+        ))
+        .map(|()| eprintln!("{}", node_daemon::cli::config_ok_line(&loaded.files, &loaded.base))),
         Cmd::Status => node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file)
             .and_then(|s| {
                 // The manager of this GPU runs while its single-instance lock is held.

@@ -12,6 +12,16 @@ pub const ENV_NODE_NAME: &str = "NODE_NAME";
 
 /// The largest `offline_pods.deleted_pod_linger_ms` (10 min past the pod's grace).
 pub const MAX_DELETED_POD_LINGER_MS: u64 = 600_000;
+/// The longest accepted poll period (`health.poll_ms`, `eviction.poll_ms`) and retry wait
+/// (`eviction.retry_ms`): 1 minute.
+pub const MAX_POLL_MS: u64 = 60_000;
+/// The largest `health.stale_after_ms`: 10 minutes. Past it a monitor (or an mps-manager) that
+/// stopped writing is no longer trusted: its last Healthy would otherwise admit offline work
+/// on a GPU nobody watches for as long as the value says.
+pub const MAX_STALE_AFTER_MS: u64 = 600_000;
+/// The longest accepted period or wait of the other durations (`offline_pods.poll_ms`,
+/// `offline_pods.kubelet_eviction_grace_ms`, `heartbeat.interval_ms`, `kube.timeout_ms`): 1 hour.
+pub const MAX_PERIOD_MS: u64 = 3_600_000;
 
 /// Everything `node-agent run` reads from its JSON config file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -265,7 +275,7 @@ pub struct OnlineGpusConfig {
     /// for a time-sliced replica, or its index with the NVIDIA device plugin's
     /// `deviceIDStrategy: index`). At least one.
     pub resources: Vec<String>,
-    /// How often the kubelet is asked and the pods compared, ms (1000..=600000).
+    /// How often the kubelet is asked and the pods compared, ms (1000..=60000).
     pub poll_ms: u64,
 }
 
@@ -416,6 +426,7 @@ impl AgentConfig {
         text: &str,
         get_env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
+        node_daemon::layered::refuse_duplicate_keys(path, text)?;
         let mut c: Self = parse_json(path, text)?;
         c.finish(path, text, get_env)?;
         Ok(c)
@@ -520,23 +531,27 @@ impl AgentConfig {
                 return bad("inject.mps_shm_dir", why);
             }
         }
-        if self.health.poll_ms == 0 || self.health.stale_after_ms == 0 {
-            return bad(
-                "health.stale_after_ms",
-                "poll_ms and stale_after_ms must be positive".into(),
-            );
-        }
-        if self.eviction.poll_ms == 0 || self.eviction.retry_ms == 0 {
-            return bad(
-                "eviction.retry_ms",
-                "poll_ms and retry_ms must be positive".into(),
-            );
-        }
-        if self.offline_pods.poll_ms < 1000 {
-            return bad(
-                "offline_pods.poll_ms",
-                "must be at least 1000 (how often the offline pod file is checked; the pods come from a watch)".into(),
-            );
+        // Durations: bounded, so that none silently means "never" (a dead monitor's last
+        // Healthy trusted for decades) and none overflows a clock.
+        for (field, v, min, max) in [
+            ("health.poll_ms", self.health.poll_ms, 1, MAX_POLL_MS),
+            ("health.stale_after_ms", self.health.stale_after_ms, 1, MAX_STALE_AFTER_MS),
+            ("eviction.poll_ms", self.eviction.poll_ms, 1, MAX_POLL_MS),
+            ("eviction.retry_ms", self.eviction.retry_ms, 1, MAX_POLL_MS),
+            ("offline_pods.poll_ms", self.offline_pods.poll_ms, 1000, MAX_PERIOD_MS),
+            ("offline_pods.kubelet_eviction_grace_ms", self.offline_pods.kubelet_eviction_grace_ms, 0, MAX_PERIOD_MS),
+            ("heartbeat.interval_ms", self.heartbeat.interval_ms, kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS, MAX_PERIOD_MS),
+            ("kube.timeout_ms", self.kube.timeout_ms, 1, MAX_PERIOD_MS),
+            ("online_gpus.poll_ms", self.online_gpus.poll_ms, 1000, MAX_POLL_MS),
+        ] {
+            if !(min..=max).contains(&v) {
+                let why = match field {
+                    "offline_pods.poll_ms" if v < min => " (how often the offline pod file is checked; the pods come from a watch)",
+                    "heartbeat.interval_ms" if v < min => " (every write reaches every Node watcher)",
+                    _ => "",
+                };
+                return bad(field, format!("must be within {min}..={max} ms, got {v}{why}"));
+            }
         }
         if self.offline_pods.deleted_pod_linger_ms > MAX_DELETED_POD_LINGER_MS {
             return bad(
@@ -555,16 +570,6 @@ impl AgentConfig {
         if o.resources.is_empty() || o.resources.iter().any(|r| r.trim().is_empty()) {
             return bad("online_gpus.resources", "must name at least one extended resource (e.g. nvidia.com/gpu), none empty".into());
         }
-        if !(1_000..=600_000).contains(&o.poll_ms) {
-            return bad("online_gpus.poll_ms", "must be in 1000..=600000".into());
-        }
-        let min = kube_contract::heartbeat::MIN_PUBLISH_INTERVAL_MS;
-        if self.heartbeat.interval_ms < min {
-            return bad(
-                "heartbeat.interval_ms",
-                format!("must be at least {min} (every write reaches every Node watcher)"),
-            );
-        }
         if !self.metrics_listen.is_empty()
             && self.metrics_listen.parse::<std::net::SocketAddr>().is_err()
         {
@@ -575,9 +580,6 @@ impl AgentConfig {
                     self.metrics_listen
                 ),
             );
-        }
-        if self.kube.timeout_ms == 0 {
-            return bad("kube.timeout_ms", "must be positive".into());
         }
         Ok(())
     }
@@ -789,7 +791,7 @@ mod tests {
             (r#""resources": []"#, "online_gpus.resources"),
             (r#""resources": [" "]"#, "online_gpus.resources"),
             (r#""poll_ms": 999"#, "online_gpus.poll_ms"),
-            (r#""poll_ms": 600001"#, "online_gpus.poll_ms"),
+            (r#""poll_ms": 60001"#, "online_gpus.poll_ms"),
         ] {
             assert_eq!(cfg(o).unwrap_err().field.as_deref(), Some(field), "{o}");
         }
@@ -875,6 +877,50 @@ mod tests {
         for good in ["", "host", "/dev/shm", "/dev/shm/xshare-gpu{gpu}", "/run/mps-shm-{gpu}", "/srv/mps/shm{gpu}"] {
             let c = cfg(good).unwrap_or_else(|e| panic!("{good}: {e}"));
             assert!(c.mps_shm_host_dir(1).starts_with("/"), "{good}");
+        }
+    }
+
+    /// A key given twice: the later value counted, and an error in it was blamed on the first's
+    /// line. Refused, at the second's line.
+    #[test]
+    fn a_key_given_twice_is_refused_at_its_second_line() {
+        let t = "{\"node_name\": \"n\",\n \"gpus\": [{\"index\": 0}],\n \"health\": {\"poll_ms\": 1000},\n \"health\": {\"poll_ms\": 0}}";
+        let e = AgentConfig::from_text(Path::new("a.json"), t, |_| None).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("`health` given twice") && e.to_string().contains("a.json:4"), "{e}");
+    }
+
+    /// Durations had no upper bound: `health.stale_after_ms: 10^12` trusted a dead monitor's
+    /// last Healthy for decades. Each is bounded, named with its field and line; the bounds
+    /// themselves are accepted.
+    #[test]
+    fn durations_are_bounded_naming_field_and_line() {
+        let cfg = |block: &str, key: &str, v: u64| {
+            let t = format!("{{\"node_name\": \"n\",\n \"gpus\": [{{\"index\": 0}}],\n \"{block}\": {{\"{key}\": {v}}}}}");
+            AgentConfig::from_text(Path::new("a.json"), &t, |_| None)
+        };
+        for (block, key, max) in [
+            ("health", "poll_ms", MAX_POLL_MS),
+            ("health", "stale_after_ms", MAX_STALE_AFTER_MS),
+            ("eviction", "poll_ms", MAX_POLL_MS),
+            ("eviction", "retry_ms", MAX_POLL_MS),
+            ("offline_pods", "poll_ms", MAX_PERIOD_MS),
+            ("offline_pods", "kubelet_eviction_grace_ms", MAX_PERIOD_MS),
+            ("heartbeat", "interval_ms", MAX_PERIOD_MS),
+            ("kube", "timeout_ms", MAX_PERIOD_MS),
+        ] {
+            let field = format!("{block}.{key}");
+            for v in [max + 1, 1_000_000_000_000, u64::MAX] {
+                let e = cfg(block, key, v).expect_err(&field);
+                assert_eq!((e.field.as_deref(), e.line), (Some(field.as_str()), Some(3)), "{v}: {e}");
+                assert!(e.message.contains(&format!("got {v}")), "{e}");
+            }
+            assert!(cfg(block, key, max).is_ok(), "{field} = {max}");
+        }
+        // The lower bounds name their own field (poll_ms was blamed on stale_after_ms).
+        for (block, key) in [("health", "poll_ms"), ("eviction", "poll_ms"), ("kube", "timeout_ms")] {
+            let e = cfg(block, key, 0).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some(format!("{block}.{key}").as_str()), "{e}");
         }
     }
 

@@ -47,19 +47,20 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        // Logs on stderr: `cdi-spec` prints the spec on stdout.
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    // Logs on stderr (`cdi-spec` prints the spec on stdout) at $RUST_LOG (default info),
+    // coloured only on a terminal: the daemons' setup, shared.
+    node_daemon::cli::init_logging();
     let cli = Cli::parse();
     let path = match &cli.cmd {
         Cmd::Run { config } | Cmd::CdiSpec { config } | Cmd::Status { config } => config.clone(),
     };
-    let mut cfg = match AgentConfig::load(&path, |k| std::env::var(k).ok()) {
+    let status = matches!(cli.cmd, Cmd::Status { .. });
+    let env = |k: &str| {
+        // `status` reads files only and never names the node: it runs from an operator's shell,
+        // where $NODE_NAME (the DaemonSet's downward API) is not set.
+        std::env::var(k).ok().or_else(|| (status && k == node_agent::config::ENV_NODE_NAME).then(|| "(status)".to_string()))
+    };
+    let mut cfg = match AgentConfig::load(&path, env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("node-agent: config error: {e}");

@@ -190,6 +190,9 @@ fn run_without_nvml_and_with_configured_uuids_exits_2_naming_the_fix() {
     );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["cdi-spec", "--config"]).arg(&cfg).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Its WARN went into a pipe: plain text, no terminal colour codes (they were there).
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NVML unavailable") && !err.contains('\x1b'), "{err:?}");
 }
 
 #[test]
@@ -274,4 +277,12 @@ fn status_says_which_gpus_take_offline_work_and_why_not() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["status", "--config"]).arg(&cfg).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("offline pod list: 1 pods, listed ") && text.contains("s ago (") && text.contains("offline-pods.json"), "{text}");
+    // From an operator's shell: no $NODE_NAME, and a config that leaves node_name to it (as the
+    // DaemonSet's does). `status` reads files only: it needs no node name (it required one).
+    std::fs::write(&cfg, serde_json::json!({"ledger_dir": run, "gpus": [{"index": 0, "uuid": "GPU-a"}]}).to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["status", "--config"]).arg(&cfg).env_remove("NODE_NAME").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).lines().any(|l| l.starts_with("0 ") && l.contains("Healthy")), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["run", "--config"]).arg(&cfg).env_remove("NODE_NAME").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "run still needs the node's name");
 }

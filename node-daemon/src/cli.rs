@@ -11,8 +11,9 @@ pub struct ConfigArgs {
     /// Base config file (JSON), plus the `<stem>.d/*.json` overrides beside it.
     ///
     /// Overrides are merged over the base in name order, key by key. Default: the daemon's
-    /// environment variable, else its file under /etc/xshare (see CONFIG below); a missing
-    /// default file means built-in defaults.
+    /// environment variable, else its file under /etc/xshare (see CONFIG in the daemon's own
+    /// --help). A missing default file means built-in defaults; a file named here or by the
+    /// variable must exist.
     #[arg(short = 'c', long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Index of the GPU this instance serves (overrides the config's `gpu_index`).
@@ -102,7 +103,7 @@ pub fn defaults_without_base(base: &Path) -> Result<bool, ConfigError> {
     if base.exists() {
         return Ok(false);
     }
-    match crate::layered::override_files(base).into_iter().next() {
+    match crate::layered::override_files(base)?.into_iter().next() {
         None => Ok(true),
         Some(first) => Err(ConfigError {
             file: first,
@@ -115,6 +116,16 @@ pub fn defaults_without_base(base: &Path) -> Result<bool, ConfigError> {
             ),
         }),
     }
+}
+
+/// The line `check-config` ends with: the files in force, base first, or, with none, that the
+/// built-in defaults are (no file at the default path `base`).
+pub fn config_ok_line(files: &[PathBuf], base: &Path) -> String {
+    if files.is_empty() {
+        return format!("config ok: built-in defaults (no config file at {})", base.display());
+    }
+    let names: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    format!("config ok: {}", names.join(" + "))
 }
 
 /// What both daemons apply to a loaded config before using it: `$XSHARE_LEDGER_DIR` (when set
@@ -247,6 +258,15 @@ mod tests {
         std::env::set_var(var, "/tmp/x.json");
         assert_eq!(a.base(var, "/etc/xshare/x.json"), (PathBuf::from("/tmp/x.json"), true));
         std::env::remove_var(var);
+    }
+
+    /// `check-config` on the built-in defaults said `config ok: ` and named nothing.
+    #[test]
+    fn the_config_ok_line_names_the_files_or_the_built_in_defaults() {
+        let base = Path::new("/etc/xshare/x.json");
+        assert_eq!(config_ok_line(&[], base), "config ok: built-in defaults (no config file at /etc/xshare/x.json)");
+        let files = [base.to_path_buf(), PathBuf::from("/etc/xshare/x.d/50-a.json")];
+        assert_eq!(config_ok_line(&files, base), "config ok: /etc/xshare/x.json + /etc/xshare/x.d/50-a.json");
     }
 
     #[test]

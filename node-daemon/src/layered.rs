@@ -14,21 +14,36 @@ struct Layer {
     text: String,
 }
 
-/// Lists the override files for `base`: `<base stem>.d/*.json` beside it, sorted by name.
-pub fn override_files(base: &Path) -> Vec<PathBuf> {
+/// Lists the override files for `base`: `<base stem>.d/*.json` beside it, sorted by name. No
+/// such directory: none. A directory that cannot be listed (its permissions, not a directory,
+/// an I/O error) is an error naming it: its overrides are never silently skipped (an
+/// override file that cannot be read is refused when [`load`] reads it).
+pub fn override_files(base: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let Some(stem) = base.file_stem() else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
     let dir = base.with_file_name(format!("{}.d", stem.to_string_lossy()));
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        return Vec::new();
+    let err = |e: std::io::Error| ConfigError {
+        file: dir.clone(),
+        line: None,
+        column: None,
+        field: None,
+        message: format!("cannot list the override directory: {e}; refusing to run without its overrides"),
     };
-    let mut v: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(err(e)),
+    };
+    let mut v = Vec::new();
+    for e in rd {
+        let p = e.map_err(err)?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            v.push(p);
+        }
+    }
     v.sort();
-    v
+    Ok(v)
 }
 
 /// Loads `base` and its `<stem>.d/*.json` overrides ([`override_files`]) with [`load`];
@@ -38,8 +53,30 @@ pub fn load_with_overrides<T: DeserializeOwned>(
     validate: impl Fn(&T) -> Result<(), (String, String)>,
 ) -> Result<(T, Vec<PathBuf>), ConfigError> {
     let mut files = vec![base.to_path_buf()];
-    files.extend(override_files(base));
+    files.extend(override_files(base)?);
     let cfg = load(&files, validate)?;
+    Ok((cfg, files))
+}
+
+/// [`load_with_overrides`] over `defaults` (serialized): the files are merged key by key over
+/// the built-in defaults, so a block given in part (`{"machine": {"gpu_util": {"enabled":
+/// false}}}`) keeps the defaults of the keys it leaves out, also inside a block whose type
+/// has no defaults of its own.
+pub fn load_with_overrides_over<T: DeserializeOwned + serde::Serialize>(
+    base: &Path,
+    defaults: &T,
+    validate: impl Fn(&T) -> Result<(), (String, String)>,
+) -> Result<(T, Vec<PathBuf>), ConfigError> {
+    let mut files = vec![base.to_path_buf()];
+    files.extend(override_files(base)?);
+    let start = serde_json::to_value(defaults).map_err(|e| ConfigError {
+        file: base.to_path_buf(),
+        line: None,
+        column: None,
+        field: None,
+        message: format!("the built-in defaults do not serialize: {e}"),
+    })?;
+    let cfg = load_over(start, &files, validate)?;
     Ok((cfg, files))
 }
 
@@ -97,11 +134,22 @@ pub fn load<T: DeserializeOwned>(
     files: &[PathBuf],
     validate: impl Fn(&T) -> Result<(), (String, String)>,
 ) -> Result<T, ConfigError> {
+    load_over(Value::Object(Default::default()), files, validate)
+}
+
+/// [`load`] with the files merged over `start` (an object).
+fn load_over<T: DeserializeOwned>(
+    start: Value,
+    files: &[PathBuf],
+    validate: impl Fn(&T) -> Result<(), (String, String)>,
+) -> Result<T, ConfigError> {
     let mut layers = Vec::new();
-    let mut merged = Value::Object(Default::default());
+    let mut merged = start;
     for p in files {
         let text = read_bounded(p)?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError {
+        // A key given twice in one object is refused: serde_json keeps the later value, and
+        // an error in it would be blamed on the line of the first.
+        let v: Value = serde_json::from_str::<Unique>(&text).map(|u| u.0).map_err(|e| ConfigError {
             file: p.clone(),
             line: Some(e.line()),
             column: Some(e.column()),
@@ -132,21 +180,40 @@ pub fn load<T: DeserializeOwned>(
     Ok(cfg)
 }
 
-/// Blames the last layer that mentions the field's deepest known key.
+/// Locates `field` (dotted) in `files` (base first) for an error found after loading them (a
+/// check of the finalized config): as [`load`] locates its own errors. A file that cannot be
+/// read now is passed over.
+pub fn locate_in_files(files: &[PathBuf], field: &str, message: String) -> ConfigError {
+    let layers: Vec<Layer> = files
+        .iter()
+        .filter_map(|p| read_bounded(p).ok().map(|text| Layer { path: p.clone(), text }))
+        .collect();
+    let mut e = locate(&layers, field, message);
+    if layers.is_empty() {
+        // Built-in defaults: no file to name.
+        e.file = PathBuf::from("(built-in defaults)");
+    }
+    e
+}
+
+/// Blames the last layer that mentions the field's deepest key; when none mentions it (a
+/// default the files left as it is), the last that mentions its nearest enclosing block.
 fn locate(layers: &[Layer], field: &str, message: String) -> ConfigError {
     let segs: Vec<&str> = field
         .split('.')
         .filter(|s| !s.is_empty() && *s != "?")
         .collect();
-    for l in layers.iter().rev() {
-        if let Some(line) = find_key_line(&l.text, &segs) {
-            return ConfigError {
-                file: l.path.clone(),
-                line: Some(line),
-                column: None,
-                field: Some(field.into()),
-                message,
-            };
+    for n in (1..=segs.len()).rev() {
+        for l in layers.iter().rev() {
+            if let Some(line) = find_key_line(&l.text, &segs[..n]) {
+                return ConfigError {
+                    file: l.path.clone(),
+                    line: Some(line),
+                    column: None,
+                    field: Some(field.into()),
+                    message,
+                };
+            }
         }
     }
     let file = layers.last().map(|l| l.path.clone()).unwrap_or_default();
@@ -172,6 +239,85 @@ fn find_key_line(text: &str, segs: &[&str]) -> Option<usize> {
         pos += text[pos..].find(&needle)?;
     }
     Some(text[..pos].matches('\n').count() + 1)
+}
+
+/// Refuses JSON `text` (attributed to `path`) that is not JSON or gives a key twice in one
+/// object, naming the line: serde_json keeps the later value, and an error in it would be
+/// blamed on the line of the first. For configs read whole by other means (node-agent's).
+pub fn refuse_duplicate_keys(path: &Path, text: &str) -> Result<(), ConfigError> {
+    serde_json::from_str::<Unique>(text).map(|_| ()).map_err(|e| ConfigError {
+        file: path.to_path_buf(),
+        line: Some(e.line()),
+        column: Some(e.column()),
+        field: None,
+        message: format!("invalid JSON: {e}"),
+    })
+}
+
+/// A JSON value whose objects have no key twice (serde_json's `Value` keeps the last).
+struct Unique(Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueVisitor).map(Unique)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some(Unique(e)) = a.next_element()? {
+            v.push(e);
+        }
+        Ok(Value::Array(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut m = serde_json::Map::new();
+        while let Some(k) = a.next_key::<String>()? {
+            if m.contains_key(&k) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "key `{k}` given twice in one object (only one value can count)"
+                )));
+            }
+            let Unique(v) = a.next_value()?;
+            m.insert(k, v);
+        }
+        Ok(Value::Object(m))
+    }
 }
 
 fn merge(into: &mut Value, from: Value) {
@@ -341,6 +487,87 @@ mod tests {
         assert!(e.message.contains("not a regular file"), "{e}");
     }
 
+    /// An override directory that cannot be listed was taken for none: the daemon ran without
+    /// the operator's overrides, and `check-config` said the config was fine. Now an error
+    /// naming the directory (here a file in its place, which fails to list as root too; an
+    /// unreadable directory fails alike for a user without the right to read it).
+    #[test]
+    fn an_override_directory_that_cannot_be_listed_is_an_error_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        let base = write(d.path(), "sysmonitor.json", "{}");
+        assert_eq!(override_files(&base).unwrap(), Vec::<PathBuf>::new(), "no directory: no overrides");
+        let dir = write(d.path(), "sysmonitor.d", "{}");
+        let e = override_files(&base).unwrap_err();
+        assert_eq!(e.file, dir);
+        assert!(e.message.contains("cannot list"), "{e}");
+        let e = load_with_overrides::<serde_json::Value>(&base, |_| Ok(())).unwrap_err();
+        assert_eq!(e.file, dir, "{e}");
+        // SAFETY: geteuid(2) has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            std::fs::remove_file(&dir).unwrap();
+            std::fs::create_dir(&dir).unwrap();
+            write(&dir, "50-x.json", "{}");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o000)).unwrap();
+            let e = override_files(&base);
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            assert_eq!(e.unwrap_err().file, dir);
+        }
+    }
+
+    /// A key given twice: serde_json kept the later value, and an error in it was blamed on
+    /// the first's line. Now refused, at the second's line.
+    #[test]
+    fn a_key_given_twice_is_refused_at_the_second() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.json", "{\"name\": \"x\",\n\"inner\": {\"a\": 1,\n \"b\": 2,\n \"a\": 3}}");
+        let e = load::<Top>(std::slice::from_ref(&a), ok).unwrap_err();
+        assert_eq!((e.file.clone(), e.line), (a, Some(4)), "{e}");
+        assert!(e.message.contains("`a` given twice"), "{e}");
+        // The same key in two objects, and in two files, is no repetition.
+        let b = write(d.path(), "b.json", "{\"name\": \"y\", \"inner\": {\"a\": 2, \"b\": [{\"a\": 1}, {\"a\": 1}]}}");
+        let t = load::<serde_json::Value>(&[b.clone(), b], |_| Ok(())).unwrap();
+        assert_eq!(t["inner"]["b"][1]["a"], 1);
+    }
+
+    /// A default a file left as it is, found wrong beside the values the files gave (another
+    /// field's limit), is blamed on the block it belongs to, not on no line at all.
+    #[test]
+    fn an_error_in_a_default_is_blamed_on_its_block() {
+        let d = tempfile::tempdir().unwrap();
+        let a = write(d.path(), "a.json", "{\"name\": \"x\",\n\"inner\": {\n\"a\": 7}}");
+        let e = load::<Top>(std::slice::from_ref(&a), |_: &Top| Err(("inner.b".into(), "too small".into()))).unwrap_err();
+        assert_eq!((e.line, e.field.as_deref()), (Some(2), Some("inner.b")), "{e}");
+        let e = locate_in_files(std::slice::from_ref(&a), "inner.a", "bad".into());
+        assert_eq!((e.file, e.line), (a, Some(3)));
+        assert_eq!(locate_in_files(&[], "x", "bad".into()).file, PathBuf::from("(built-in defaults)"));
+    }
+
+    /// Merged over the defaults, a block given in part keeps the defaults of the rest, also in
+    /// a type whose fields have no defaults of their own.
+    #[test]
+    fn a_partial_block_keeps_the_defaults_of_the_rest() {
+        #[derive(Debug, Deserialize, serde::Serialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        struct Strict {
+            a: u32,
+            b: u32,
+        }
+        #[derive(Debug, Deserialize, serde::Serialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        struct Cfg {
+            s: Strict,
+            v: Vec<u32>,
+        }
+        let d = tempfile::tempdir().unwrap();
+        let base = write(d.path(), "c.json", r#"{"s": {"b": 5}, "v": [9]}"#);
+        let defaults = Cfg { s: Strict { a: 1, b: 2 }, v: vec![1, 2, 3] };
+        let (c, _) = load_with_overrides_over(&base, &defaults, |_: &Cfg| Ok(())).unwrap();
+        assert_eq!(c, Cfg { s: Strict { a: 1, b: 5 }, v: vec![9] }, "arrays are replaced whole");
+        write(d.path(), "c.json", r#"{"s": {"c": 5}}"#);
+        assert!(load_with_overrides_over(&base, &defaults, |_: &Cfg| Ok(())).is_err(), "unknown keys still refused");
+    }
+
     #[test]
     fn override_dir_is_sorted_json_only() {
         let d = tempfile::tempdir().unwrap();
@@ -350,6 +577,7 @@ mod tests {
         write(&d.path().join("sysmonitor.d"), "10-a.json", "{}");
         write(&d.path().join("sysmonitor.d"), "README", "");
         let names: Vec<_> = override_files(&base)
+            .unwrap()
             .iter()
             .map(|p| p.file_name().unwrap().to_owned())
             .collect();

@@ -186,6 +186,15 @@ const _: () = assert!(SIZE == 32 + 88 + 24 + 8 + 2 * 40 * EVICT_ENTRIES + 24 + 1
 /// manager that died, never quicker than the manager.
 pub const MANAGER_MAX_EVICT_GRACE_MS: u64 = 600_000;
 
+/// The shortest grace either daemon gives a process between its SIGTERM and its SIGKILL
+/// (sysmonitor's `evictor.grace_ms`, mps-manager's `evict_grace_ms`; a shorter one is refused):
+/// the SIGKILL must not follow the SIGTERM at the next tick. The shim stops launching at the
+/// SIGTERM and synchronises its contexts before it exits, and under MPS a client killed with
+/// kernels in flight can take its neighbours' contexts down with it; mps-manager, which looks
+/// every `check_every_ms` (500 by default), ends a process's MPS work with `terminate_client`
+/// before the monitor's SIGKILL only if it sees the eviction in time.
+pub const MIN_EVICT_GRACE_MS: u64 = 1_000;
+
 /// Which daemon's eviction table: each writes its own only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Requester {

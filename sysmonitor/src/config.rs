@@ -20,6 +20,13 @@ pub const MAX_HOLD_MS: u64 = 86_400_000;
 pub const MAX_WINDOW_MS: u64 = 7 * 86_400_000;
 /// Longest accepted `evictor.grace_ms` (SIGTERM to SIGKILL): 10 minutes.
 pub const MAX_GRACE_MS: u64 = 600_000;
+/// Shortest accepted `evictor.grace_ms`: [`node_ledger::MIN_EVICT_GRACE_MS`] (1 s), so that
+/// the SIGKILL never follows the SIGTERM at the next tick.
+pub const MIN_GRACE_MS: u64 = node_ledger::MIN_EVICT_GRACE_MS;
+/// Largest accepted `machine.nvml_error_limit` (consecutive failed samples before Disabled):
+/// 1 s of samples at the default 10 ms interval, 10 s at the idle pace. A larger one would
+/// keep a GPU whose NVML keeps failing Healthy (admitting offline work) for as long.
+pub const MAX_NVML_ERROR_LIMIT: u32 = 100;
 /// Longest accepted `history_secs`: one day.
 pub const MAX_HISTORY_SECS: u64 = 86_400;
 /// Longest accepted `interval_ms`: one minute.
@@ -457,14 +464,42 @@ impl Config {
                 ),
             ));
         }
-        if self.evictor.grace_ms > MAX_GRACE_MS {
+        if !(MIN_GRACE_MS..=MAX_GRACE_MS).contains(&self.evictor.grace_ms) {
             return Err((
                 "evictor.grace_ms".into(),
                 format!(
-                    "must be <= {MAX_GRACE_MS} (10 min) between SIGTERM and SIGKILL, got {}",
+                    "must be within {MIN_GRACE_MS}..={MAX_GRACE_MS} ms (1 s to 10 min) between SIGTERM and SIGKILL \
+                     (a shorter grace SIGKILLs a process that is still leaving MPS), got {}",
                     self.evictor.grace_ms
                 ),
             ));
+        }
+        if self.machine.nvml_error_limit > MAX_NVML_ERROR_LIMIT {
+            return Err((
+                "machine.nvml_error_limit".into(),
+                format!(
+                    "must be within 1..={MAX_NVML_ERROR_LIMIT} consecutive failed samples (a larger limit keeps a GPU \
+                     whose NVML fails Healthy for as long), got {}",
+                    self.machine.nvml_error_limit
+                ),
+            ));
+        }
+        // Relative, a path would be resolved against whatever directory the daemon was
+        // started in (systemd: `/`), and the monitor, the shims, mps-manager and node-agent
+        // would not agree on it.
+        if !self.ledger_dir.is_absolute() {
+            return Err((
+                "ledger_dir".into(),
+                format!("must be an absolute directory (default {}), got {:?}", node_ledger::config::DEFAULT_LEDGER_DIR, self.ledger_dir),
+            ));
+        }
+        for (f, p) in [("state_file", &self.state_file), ("verify.offline_pods_file", &self.verify.offline_pods_file)] {
+            if !(p.as_os_str().is_empty() || p.is_absolute()) {
+                return Err((f.into(), format!("must be an absolute path or empty (the default below ledger_dir), got {p:?}")));
+            }
+        }
+        if let Some(p) = self.xid_log.as_ref().filter(|p| !p.is_absolute()) {
+            return Err(("xid_log".into(), format!("must be an absolute path (\"/dev/kmsg\") or null, got {p:?}")));
         }
         self.machine
             .validate()
@@ -560,9 +595,11 @@ impl Config {
         Ok(())
     }
 
-    /// Loads `base` and its `<stem>.d/*.json` overrides.
+    /// Loads `base` and its `<stem>.d/*.json` overrides, merged over the built-in defaults: a
+    /// block given in part keeps the defaults of the keys it leaves out (`{"machine":
+    /// {"gpu_util": {"enabled": false}}}` keeps gpu_util's thresholds).
     pub fn load(base: &Path) -> Result<(Config, Vec<PathBuf>), ConfigError> {
-        layered::load_with_overrides(base, Config::validate)
+        layered::load_with_overrides_over(base, &Config::default(), Config::validate)
     }
 
     /// Applies `$XSHARE_LEDGER_DIR`, a `--gpu` override, and fills derived paths.
@@ -653,6 +690,22 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--help` lists `machine.<metric>.enabled`, yet `{"gpu_util": {"enabled": false}}` was
+    /// refused ("missing field `healthy`"): a metric's block given in part keeps the defaults
+    /// of the rest, as every other block does.
+    #[test]
+    fn a_metric_block_given_in_part_keeps_its_default_thresholds() {
+        let c = load_text(r#"{"machine": {"gpu_util": {"enabled": false}, "sm_clock": {"overlimit": 50}}}"#).unwrap();
+        let d = MachineConfig::default();
+        assert!(!c.machine.gpu_util.enabled);
+        assert_eq!(c.machine.gpu_util, crate::health::Threshold { enabled: false, ..d.gpu_util });
+        assert_eq!(c.machine.sm_clock, crate::health::Threshold { overlimit: 50.0, ..d.sm_clock });
+        assert_eq!((c.machine.sm_activity, c.machine.hold_base_ms), (d.sm_activity, d.hold_base_ms));
+        assert_eq!(load_text("{}").unwrap(), Config::default());
+        let e = load_text("{\"machine\": {\n\"gpu_util\": {\"healthy\": 95}}}").unwrap_err();
+        assert_eq!((e.field.as_deref(), e.line), (Some("machine.gpu_util"), Some(2)), "still checked whole: {e}");
+    }
 
     #[test]
     fn ledger_access_is_checked() {
@@ -808,6 +861,49 @@ mod tests {
         assert!(e.to_string().contains("sysmonitor.json"), "{e}");
         assert!(load_text(r#"{"evictor": {"grace_ms": 600000}}"#).is_ok());
         assert!(load_text(r#"{"evictor": {"grace_ms": 600001}}"#).is_err());
+    }
+
+    /// `grace_ms: 0` passed check-config, and the SIGKILL came at the tick after the SIGTERM:
+    /// the process was killed while leaving MPS. Refused under [`MIN_GRACE_MS`].
+    #[test]
+    fn a_grace_under_the_floor_is_refused_naming_file_line_field() {
+        for v in [0, 1, MIN_GRACE_MS - 1] {
+            let e = load_text(&format!("{{\n\"evictor\": {{\n \"grace_ms\": {v}}}}}")).unwrap_err();
+            assert_eq!((e.field.as_deref(), e.line), (Some("evictor.grace_ms"), Some(3)), "{v}: {e}");
+            assert!(e.to_string().contains("sysmonitor.json") && e.message.contains(&format!("got {v}")), "{e}");
+        }
+        assert!(load_text(&format!(r#"{{"evictor": {{"grace_ms": {MIN_GRACE_MS}}}}}"#)).is_ok());
+        assert!(Config::default().evictor.grace_ms >= MIN_GRACE_MS);
+    }
+
+    /// `nvml_error_limit: 4294967295` kept a GPU whose NVML failed at every sample Healthy for
+    /// ever: bounded.
+    #[test]
+    fn the_nvml_error_limit_is_bounded() {
+        let e = load_text("{\n\"machine\": {\n \"nvml_error_limit\": 4294967295}}").unwrap_err();
+        assert_eq!((e.field.as_deref(), e.line), (Some("machine.nvml_error_limit"), Some(3)), "{e}");
+        assert!(load_text(&format!(r#"{{"machine": {{"nvml_error_limit": {}}}}}"#, MAX_NVML_ERROR_LIMIT + 1)).is_err());
+        assert!(load_text(&format!(r#"{{"machine": {{"nvml_error_limit": {MAX_NVML_ERROR_LIMIT}}}}}"#)).is_ok());
+    }
+
+    /// A relative or empty `ledger_dir` (or state file, pod list, XID log) was accepted and
+    /// resolved against the daemon's working directory: the monitor, the shims and mps-manager
+    /// then disagree on where the ledger is. Refused naming file, line and field.
+    #[test]
+    fn relative_paths_are_refused_naming_file_line_field() {
+        for (text, field) in [
+            ("\"ledger_dir\": \"\"", "ledger_dir"),
+            ("\"ledger_dir\": \"run/xshare\"", "ledger_dir"),
+            ("\"state_file\": \"state-{gpu}.json\"", "state_file"),
+            ("\"verify\": {\"offline_pods_file\": \"pods.json\"}", "verify.offline_pods_file"),
+            ("\"xid_log\": \"kern.log\"", "xid_log"),
+        ] {
+            let e = load_text(&format!("{{\n \"interval_ms\": 10,\n {text}}}")).unwrap_err();
+            assert_eq!((e.field.as_deref(), e.line), (Some(field), Some(3)), "{text}: {e}");
+            assert!(e.to_string().contains("sysmonitor.json") && e.message.contains("absolute"), "{e}");
+        }
+        let ok = r#"{"ledger_dir": "/run/x", "state_file": "/var/lib/x/{gpu}.json", "xid_log": "/dev/kmsg", "verify": {"offline_pods_file": "/run/x/p.json"}}"#;
+        assert!(load_text(ok).is_ok());
     }
 
     /// Periods and holds the daemon adds to its clock: u64::MAX passed `check-config` and

@@ -14,19 +14,22 @@ const AFTER_HELP: &str = "\
 CONFIG:
     FILE defaults to $XSHARE_SYSMONITOR_CONFIG, else /etc/xshare/sysmonitor.json. Every
     <stem>.d/*.json beside it (e.g. /etc/xshare/sysmonitor.d/50-local.json) is merged over it in
-    name order, key by key. Errors name the file, line and field. A missing default file means
-    built-in defaults. SIGHUP reloads; a broken reload keeps the previous config and says why
+    name order, key by key, over the built-in defaults (a block given in part keeps the defaults
+    of the rest). Errors name the file, line and field; a key given twice is one. A missing
+    default file means built-in defaults; a file named by -c or the variable must exist. SIGHUP reloads; a broken reload keeps the previous config and says why
     (log, state file `config_error`, metric xshare_config_error).
 
     Main keys: interval_ms (>= 1), idle_interval_ms (100: the pace while no offline process is
-    registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir ($XSHARE_LEDGER_DIR overrides),
+    registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir (absolute; $XSHARE_LEDGER_DIR overrides),
     state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (one per GPU: \"127.0.0.1:9400+{gpu}\" is port 9400 plus
     the GPU index, or \"unix:/run/xshare/metrics-{gpu}.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled}
     (percentages; Overlimit is strictly past `overlimit`: at 100 (0 for direction \"below\") the
     metric never causes Overlimit, said as a warning),
-    machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms},
+    machine.{overlimit_sustain_ms,hold_base_ms,hold_factor,hold_max_ms,overlimit_window_ms,nvml_error_limit,xid_disable_ms}
+    (nvml_error_limit: 1..=100 failed samples in a row),
     host_memory.{min_available_pct,psi_some_avg10_pct,psi_sustain_ms}, evictor.{grace_ms,command,dry_run}
+    (grace_ms: 1000..=600000 between SIGTERM and SIGKILL)
     (command: argv with {pid} (pid here, checked by its start time; never run without one),
     {start_time}, {reason}, {gpu}),
     verify.{tolerance_mib,context_mib,strikes,every_ms}, xid_critical, xid_log (\"/dev/kmsg\": XIDs from the
@@ -143,14 +146,7 @@ fn main() -> ExitCode {
                 for w in cfg.machine.never_overlimit() {
                     eprintln!("warning: {w}");
                 }
-                eprintln!(
-                    "config ok: {}",
-                    files
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(" + ")
-                )
+                eprintln!("{}", node_daemon::cli::config_ok_line(&files, &base))
             })
         }
         Cmd::Status { json } => monitor_state::read_for(&cfg.state_file, cfg.gpu_index)
@@ -248,6 +244,19 @@ mod tests {
         assert_eq!(c.cmd, Some(Cmd::Status { json: true }));
         let e = Cli::try_parse_from(["sysmonitor", "stauts"]).unwrap_err();
         assert_eq!(e.exit_code(), 2, "a typo is a usage error, not a run");
+    }
+
+    /// A subcommand's --help said "see CONFIG below" and had no CONFIG section.
+    #[test]
+    fn subcommand_help_points_at_a_config_section_it_has() {
+        let mut c = Cli::command();
+        // The global options reach the subcommands when the command is built, as at parsing.
+        c.build();
+        for name in ["run", "check-config", "status"] {
+            let h = c.find_subcommand_mut(name).unwrap().render_long_help().to_string();
+            assert!(!h.contains("see CONFIG below"), "{name} --help:\n{h}");
+            assert!(h.contains("--config <FILE>") && h.contains("CONFIG in the daemon's own --help"), "{name} --help:\n{h}");
+        }
     }
 
     #[test]

@@ -52,6 +52,38 @@ fn units_are_notify_with_watchdog_ordered_and_hardened() {
     assert!(mps.contains("Before=kubelet.service"), "pods start once MPS runs");
 }
 
+/// What the units allow matches what the documented configs need: the monitor sets the ledger
+/// file's group (`ledger_group`, fchown: CAP_CHOWN; without it the monitor exited at start and
+/// crash-looped), reads XIDs from /dev/kmsg under DevicePolicy=closed (DeviceAllow), and
+/// neither unit overrides the config's `ledger_dir` through the environment (`check-config`
+/// run from a shell showed another value than the service used).
+#[test]
+fn units_allow_what_the_documented_configs_need() {
+    let mon = unit("xshare-sysmonitor@.service");
+    let caps = |u: &str| -> Vec<String> {
+        u.lines()
+            .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+            .flat_map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect()
+    };
+    assert!(!mon.lines().any(|l| l.starts_with("User=")), "runs as root: the bounding set is what it keeps");
+    assert!(caps(&mon).iter().any(|c| c == "CAP_CHOWN"), "ledger_group needs CAP_CHOWN: {:?}", caps(&mon));
+    if mon.lines().any(|l| l == "DevicePolicy=closed") {
+        assert!(mon.lines().any(|l| l == "DeviceAllow=/dev/kmsg r"), "xid_log /dev/kmsg under DevicePolicy=closed");
+        assert!(caps(&mon).iter().any(|c| c == "CAP_SYSLOG"));
+    }
+    assert!(!mon.contains("ProtectKernelLogs=yes"), "it would hide /dev/kmsg");
+    let readme = std::fs::read_to_string(root().join("systemd/README.md")).unwrap();
+    assert!(readme.contains("\"ledger_group\": \"<group>\""), "the README still documents ledger_group");
+    for name in ["xshare-sysmonitor@.service", "xshare-mps-manager@.service"] {
+        let u = unit(name);
+        assert!(!u.lines().any(|l| l.starts_with("Environment=XSHARE_LEDGER_DIR")), "{name} overrides ledger_dir unseen");
+        if u.lines().any(|l| l == "DevicePolicy=closed") {
+            assert!(u.contains("DeviceAllow=/dev/nvidiactl"), "{name}");
+        }
+    }
+}
+
 /// systemd itself parses both units without a complaint: no unknown or misplaced key, no bad
 /// value (`systemd-analyze verify` exits 0 on unknown keys, so its output must be empty too).
 /// `ExecStart` must name an executable file, so the units are checked with it pointing at the

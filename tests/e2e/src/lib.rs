@@ -161,7 +161,7 @@ pub fn fast_manager_config(quit_on_exit: Option<bool>) -> String {
   "command_timeout_ms": 1000,
   "period_ms": 50,
   "check_every_ms": 100,
-  "evict_grace_ms": 500,{quit}
+  "evict_grace_ms": 1000,{quit}
   "compute_mode": "{mode}",
   "shm_dir": "host",
   "budget": {{ "headroom_pct": 10, "min_pct": 10, "max_pct": 90, "min_step_pct": 5, "smoothing": 1.0, "unsafe_pct": 10 }},

@@ -574,7 +574,7 @@ fn a_container_job_ignoring_sigterm_is_sigkilled_by_its_host_pid_after_grace() {
         return;
     }
     let n = EmuHost::node();
-    let (_mon, ledger) = healthy(&n, &config(400, 500));
+    let (_mon, ledger) = healthy(&n, &config(400, 1000));
     let empty = n.path("xcuda-empty.json");
     std::fs::write(&empty, "{}").unwrap();
     let mut c = n.command("unshare");

@@ -65,7 +65,7 @@ fn offline_sleeper(n: &EmuHost) -> EmuChild {
 fn restart_during_the_hold_keeps_holding(sig: i32) {
     let n = t4();
     let hold = 4000;
-    let mut m1 = n.start_monitor("mon.json", &config(hold, 500));
+    let mut m1 = n.start_monitor("mon.json", &config(hold, 1000));
     state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
     let load = Load::start(&n, 1.0, 5.0);
     state_of(&n, m1.pid(), "overlimit", |v| state(v) == "overlimit");
@@ -158,7 +158,7 @@ fn monitor_sigtermed_during_the_overlimit_hold_keeps_holding_after_restart() {
 fn monitor_restarted_during_an_overload_counts_it_once() {
     let n = t4();
     let hold = 1000;
-    let mut m1 = n.start_monitor("mon.json", &config(hold, 500));
+    let mut m1 = n.start_monitor("mon.json", &config(hold, 1000));
     state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
     let load = Load::start(&n, 1.0, 5.0);
     let v = state_of(&n, m1.pid(), "overlimit", |v| state(v) == "overlimit");
@@ -276,7 +276,7 @@ fn monitor_restarted_after_a_critical_xid_keeps_the_gpu_disabled_until_enabled()
     let n = t4();
     let klog = n.path("kern.log");
     std::fs::write(&klog, "").unwrap();
-    let cfg = config(1000, 500).replace(
+    let cfg = config(1000, 1000).replace(
         r#""verify":"#,
         &format!(r#""xid_log": "{}", "verify":"#, klog.display()),
     );
@@ -398,7 +398,7 @@ impl Published {
 #[test]
 fn monitor_restarted_on_an_operator_disabled_gpu_never_publishes_it_healthy() {
     let n = t4();
-    let mut m1 = n.start_monitor("mon.json", &config(1000, 500));
+    let mut m1 = n.start_monitor("mon.json", &config(1000, 1000));
     state_of(&n, m1.pid(), "healthy", |v| state(v) == "healthy");
     std::fs::write(node_ledger::config::daemon_dir(n.ledger_dir(), 0).join("disabled"), "").unwrap();
     state_of(&n, m1.pid(), "disabled", |v| state(v) == "disabled");

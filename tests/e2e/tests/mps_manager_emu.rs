@@ -928,14 +928,12 @@ fn an_offline_process_of_another_user_is_refused_loudly_when_client_uid_is_set()
     }
     let n = EmuHost::node();
     let cfg = n.path("mps.json");
-    std::fs::write(
-        &cfg,
-        manager_config().replace(
-            "\"evict_grace_ms\": 500,",
-            "\"evict_grace_ms\": 500, \"client_uid\": 0,",
-        ),
-    )
-    .unwrap();
+    let text = manager_config().replace(
+        "\"evict_grace_ms\": 1000,",
+        "\"evict_grace_ms\": 1000, \"client_uid\": 0,",
+    );
+    assert!(text.contains("\"client_uid\": 0"), "the config sets client_uid: {text}");
+    std::fs::write(&cfg, text).unwrap();
     let (_manager, ledger, load) = manager_with_roots_online_client(&n);
     let mut nobody = sleep_as_nobody(&n);
     let pid = nobody.id();

@@ -57,7 +57,7 @@ fn start_with_script(n: &EmuHost, script: &str) -> (std::path::PathBuf, e2e::Emu
         n.path("mps.json"),
         format!(
             r#"{{"control_bin": "{}", "pipe_dir": "{}", "log_dir": "{}", "command_timeout_ms": 2000,
-                "period_ms": 50, "check_every_ms": 100, "evict_grace_ms": 200,
+                "period_ms": 50, "check_every_ms": 100, "evict_grace_ms": 1000,
                 "compute_mode": "{}", "shm_dir": "host",
                 "detect": {{ "stuck_after_ms": 0 }},
                 "recovery": {{ "min_interval_ms": 0, "max_per_hour": 20 }}}}"#,
