@@ -828,7 +828,8 @@ impl Manager {
     /// [`Manager::offline`] of registrations already read (`raw`, [`Manager::registered`]):
     /// the same processes in the same order.
     fn in_my_terms(&mut self, raw: &[node_ledger::ProcSnapshot]) -> Vec<node_ledger::ProcSnapshot> {
-        self.host_pids.retain(|r| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r));
+        let keys: std::collections::HashSet<_> = raw.iter().map(node_daemon::procns::HostPids::key_of).collect();
+        self.host_pids.retain(|k| keys.contains(k));
         raw.iter()
             .map(|p| {
                 let mut p = p.clone();

@@ -142,23 +142,32 @@ fn names_file(path: &std::path::Path, file: &LedgerFile) -> bool {
 /// A process as the ledger names it: pid namespace inode, pid there, start time.
 pub type Registered = (u64, u32, u64);
 
+/// One slot's registration: the ledger file, the slot's lock range (`(start, len)`,
+/// [`node_ledger::ProcSnapshot::owner_lock`]) and the process it names. [`HostPids`] keeps
+/// what it found by this, never by the identity alone: any ledger client can copy another
+/// process's identity into a slot of its own, and only the holder of a slot's lock owns it.
+pub type SlotKey = (LedgerFile, (u64, u64), Registered);
+
 /// Host pids of registered processes: [`find_host_pid`] (the pid itself in this namespace,
 /// with its start time checked), kept only for a process that holds its slot's lock in its
 /// ledger file ([`holds_lock`]). Any ledger client can write any slot, and a slot's pid and
 /// start time are all it says of its owner; a process that holds no such lock (an online
 /// service, or a daemon, which holds every ledger open but no slot's lock) is nobody's
 /// offline process, whatever a slot says: without a host pid it is never signalled, never
-/// terminated on MPS and never counted as offline work. Each is found once
-/// and kept while it is asked for; one not found, or found not holding the file, is looked
-/// for again after a back-off (1 s doubling to 64 s), so a process the daemon cannot see
-/// costs it a `/proc` walk a minute at most.
+/// terminated on MPS and never counted as offline work. Everything is kept by slot
+/// ([`SlotKey`]: ledger file, slot's lock range, identity), so a copy of a process's identity
+/// in another slot or another ledger is checked for its own lock (it fails), and a copy that
+/// fails does not hold back the genuine slot. Each is found once and kept while it is asked
+/// for; one not found, or found not holding the slot's lock, is looked for again after a
+/// back-off (1 s doubling to 64 s), so a process the daemon cannot see costs it a `/proc`
+/// walk a minute at most.
 #[derive(Debug)]
 pub struct HostPids {
     own_ns: u64,
-    found: HashMap<Registered, u32>,
-    missed: HashMap<Registered, (Instant, Duration)>,
-    /// Registrations already reported as naming a process that holds no ledger file.
-    refused: HashSet<Registered>,
+    found: HashMap<SlotKey, u32>,
+    missed: HashMap<SlotKey, (Instant, Duration)>,
+    /// Registrations already reported as naming a process that holds no lock on their slot.
+    refused: HashSet<SlotKey>,
 }
 
 impl Default for HostPids {
@@ -173,6 +182,11 @@ impl Default for HostPids {
 }
 
 impl HostPids {
+    /// The slot key of registration `p` ([`SlotKey`]).
+    pub fn key_of(p: &node_ledger::ProcSnapshot) -> SlotKey {
+        (p.ledger_file, p.owner_lock, (p.pid_ns, p.pid, p.start_time))
+    }
+
     /// The host pid of the process registration `p` names, if that process holds its slot's
     /// lock ([`node_ledger::ProcSnapshot::owner_lock`] in
     /// [`node_ledger::ProcSnapshot::ledger_file`]); `None` while no such process is found
@@ -187,11 +201,12 @@ impl HostPids {
     /// `(start, len)` of `file`.
     pub fn get(&mut self, r: Registered, file: &LedgerFile, lock: (u64, u64)) -> Option<u32> {
         let (pid_ns, pid, start_time) = r;
-        if let Some(&h) = self.found.get(&r) {
+        let key = (*file, lock, r);
+        if let Some(&h) = self.found.get(&key) {
             return Some(h);
         }
         let now = Instant::now();
-        if let Some(&(at, wait)) = self.missed.get(&r) {
+        if let Some(&(at, wait)) = self.missed.get(&key) {
             if now < at + wait {
                 return None;
             }
@@ -209,13 +224,13 @@ impl HostPids {
         };
         match host {
             Some(h) if holds_lock(h, file, lock) => {
-                self.missed.remove(&r);
-                self.found.insert(r, h);
+                self.missed.remove(&key);
+                self.found.insert(key, h);
                 Some(h)
             }
             _ => {
                 if let Some(h) = host {
-                    if self.refused.insert(r) {
+                    if self.refused.insert(key) {
                         let comm = std::fs::read_to_string(format!("/proc/{h}/comm")).unwrap_or_default();
                         tracing::warn!(
                             pid,
@@ -223,24 +238,25 @@ impl HostPids {
                             host_pid = h,
                             comm = comm.trim(),
                             ledger_ino = file.ino,
+                            lock_start = lock.0,
                             "a ledger slot names a process that holds no lock on that slot: it is not \
                              treated as offline work and is never signalled (a slot written by another \
                              ledger client, or a process that closed its ledger files)"
                         );
                     }
                 }
-                let wait = self.missed.get(&r).map_or(Duration::from_secs(1), |&(_, w)| (w * 2).min(Duration::from_secs(64)));
-                self.missed.insert(r, (now, wait));
+                let wait = self.missed.get(&key).map_or(Duration::from_secs(1), |&(_, w)| (w * 2).min(Duration::from_secs(64)));
+                self.missed.insert(key, (now, wait));
                 None
             }
         }
     }
 
-    /// Forgets every process but those `keep` names (call with the registrations of the moment).
-    pub fn retain(&mut self, keep: impl Fn(&Registered) -> bool) {
-        self.found.retain(|r, _| keep(r));
-        self.missed.retain(|r, _| keep(r));
-        self.refused.retain(|r| keep(r));
+    /// Forgets every slot but those `keep` names (call with the registrations of the moment).
+    pub fn retain(&mut self, keep: impl Fn(&SlotKey) -> bool) {
+        self.found.retain(|k, _| keep(k));
+        self.missed.retain(|k, _| keep(k));
+        self.refused.retain(|k| keep(k));
     }
 }
 
@@ -414,6 +430,60 @@ mod tests {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// A tenant copies a found offline process's identity (pid namespace, pid, start time: what
+    /// it can read of a neighbour) into another slot, or into a slot of its own pod's ledger:
+    /// the copy is checked for its own slot's lock and gets no host pid, however long the
+    /// genuine slot has been found. Before, what was found was kept by the identity alone, so
+    /// the copy got the victim's host pid unchecked (the monitor signalled the victim for the
+    /// copy's word, node-agent evicted the victim's pod for a request about the copy).
+    #[test]
+    fn a_copy_of_a_found_process_in_another_slot_or_ledger_gets_no_host_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let other = dir.path().join("pod-ledger");
+        std::fs::write(&other, b"x").unwrap();
+        let pod_file = LedgerFile::of_path(&other).unwrap();
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        let mut victim = with_slot_lock(sleep, &path, SLOT).spawn().unwrap();
+        let v = victim.id();
+        assert!(wait_holding(v, &file));
+        let id = (ns, v, node_ledger::procinfo::start_time(v).unwrap());
+        let mut h = HostPids::default();
+        assert_eq!(h.get(id, &file, SLOT), Some(v), "the genuine slot");
+        assert_eq!(h.get(id, &file, (SLOT.0 + SLOT.1, SLOT.1)), None, "a copy in another slot of its ledger");
+        assert_eq!(h.get(id, &pod_file, SLOT), None, "a copy in another ledger, same range");
+        assert_eq!(h.get(id, &file, SLOT), Some(v), "the genuine slot still");
+        let _ = victim.kill();
+        let _ = victim.wait();
+    }
+
+    /// A tenant writes a copy of its own identity into a lower slot than its genuine one
+    /// (looked up first): the copy fails its lock check and is backed off, and the genuine
+    /// slot is still found, at once. Before, the back-off was kept by identity, so the genuine
+    /// slot got no host pid for as long as the copy was rewritten: never verified, never
+    /// signalled.
+    #[test]
+    fn a_copy_failing_its_lock_check_does_not_hold_back_the_genuine_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let genuine = (SLOT.0 + SLOT.1, SLOT.1);
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        let mut tenant = with_slot_lock(sleep, &path, genuine).spawn().unwrap();
+        let t = tenant.id();
+        assert!(wait_holding(t, &file));
+        let id = (ns, t, node_ledger::procinfo::start_time(t).unwrap());
+        let mut h = HostPids::default();
+        assert_eq!(h.get(id, &file, SLOT), None, "the copy in the lower slot");
+        assert_eq!(h.get(id, &file, genuine), Some(t), "the genuine slot, during the copy's back-off");
+        assert_eq!(h.get(id, &file, SLOT), None, "the copy, still");
+        let _ = tenant.kill();
+        let _ = tenant.wait();
     }
 
     /// A daemon holds every ledger open (mps-manager maps the GPU's and every pod's): a slot

@@ -506,7 +506,8 @@ impl LedgerPort for LedgerAdapter {
         }
         let asked = self.asked_by();
         let host_pids = &mut self.host_pids;
-        host_pids.retain(|r| procs.iter().any(|(_, p)| (p.pid_ns, p.pid, p.start_time) == *r));
+        let keys: std::collections::HashSet<_> = procs.iter().map(|(_, p)| node_daemon::procns::HostPids::key_of(p)).collect();
+        host_pids.retain(|k| keys.contains(k));
         Ok(procs
             .into_iter()
             .map(|(pod, p)| {
