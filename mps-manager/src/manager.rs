@@ -828,8 +828,7 @@ impl Manager {
     /// [`Manager::offline`] of registrations already read (`raw`, [`Manager::registered`]):
     /// the same processes in the same order.
     fn in_my_terms(&mut self, raw: &[node_ledger::ProcSnapshot]) -> Vec<node_ledger::ProcSnapshot> {
-        let keys: std::collections::HashSet<_> = raw.iter().map(node_daemon::procns::HostPids::key_of).collect();
-        self.host_pids.retain(|k| keys.contains(k));
+        self.host_pids_keep(raw);
         raw.iter()
             .map(|p| {
                 let mut p = p.clone();
@@ -841,6 +840,12 @@ impl Manager {
                 p
             })
             .collect()
+    }
+
+    /// Keeps what `host_pids` found of the registrations `raw` alone.
+    fn host_pids_keep(&mut self, raw: &[node_ledger::ProcSnapshot]) {
+        let keys: std::collections::HashSet<_> = raw.iter().map(node_daemon::procns::HostPids::key_of).collect();
+        self.host_pids.retain(|k| keys.contains(k));
     }
 
     /// Asks the process `id` names (as the ledger names it, [`Manager::registered`]) to leave:
@@ -877,13 +882,18 @@ impl Manager {
         if let Some(w) = self.status.current() {
             w.retain_evictions(node_ledger::Requester::Manager, |id| raw.iter().any(|p| node_ledger::ProcId::of(p) == id));
         }
-        let offline = self.in_my_terms(&raw);
+        self.host_pids_keep(&raw);
+        // Offline work is what runs: registrations whose owner was found holding its slot's
+        // lock (`HostPids::holder`). Any ledger client can write any slot of its ledgers: a
+        // slot no process holds the lock of, claiming 100 %, took that much more off the
+        // reading as offline, so the online estimate fell and the budget rose.
+        let running: Vec<_> = raw.iter().filter(|p| self.host_pids.holder(p).is_some()).cloned().collect();
         let current = self.alloc.applied().unwrap_or(self.cfg.budget.max_pct);
         // The offline side holds at most its jobs' MPS percentages (each fixed at its start),
         // at most the budget; the budget alone when a job's percentage is unknown.
-        let held = node_ledger::jobs::offline_cap_pct(Some(current), &node_ledger::jobs::jobs_of(&offline))
+        let held = node_ledger::jobs::offline_cap_pct(Some(current), &node_ledger::jobs::jobs_of(&running))
             .unwrap_or(current);
-        let online = Allocator::online_estimate(total, !offline.is_empty(), held);
+        let online = Allocator::online_estimate(total, !running.is_empty(), held);
         let safe = fresh && matches!(health, Some(HealthState::Healthy | HealthState::Unhealthy));
         self.state.gpu_health = health.map(|h| format!("{h:?}").to_lowercase());
         self.state.sm_activity_pct = total;
@@ -2581,6 +2591,30 @@ mod tests {
         m.budget_tick();
         assert_eq!(m.published_budget_permille(), 220);
         m.ledger.unregister(h);
+    }
+
+    /// Only registrations whose owner holds its slot's lock count as offline work in the
+    /// online estimate: a slot any ledger client wrote claiming 100 % (naming a process that
+    /// holds no lock on it) took the whole budget off the reading as offline, so the budget
+    /// stayed at its 42 % maximum beside a 60 % reading instead of falling to 22 %.
+    #[test]
+    fn a_slot_whose_owner_holds_no_lock_takes_nothing_off_the_online_estimate() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let h = m.ledger.register_with_mps(std::process::id(), g, 10).unwrap();
+        let mut online = sleeper();
+        let g2 = m.ledger.group(8, 1 << 30).unwrap();
+        let _forged = m.ledger.register_with_mps(online.id(), g2, 100).unwrap();
+        node_ledger::Status::open_or_create(&m.cfg.status_path(), 0).unwrap().publish(
+            &node_ledger::MonitorSample { sm_active_permille: 600, ..Default::default() }
+                .with_health(HealthState::Healthy),
+        );
+        m.budget_tick();
+        assert_eq!(m.published_budget_permille(), 220, "the genuine job's 10 % off the reading, not 42 %");
+        m.ledger.unregister(h);
+        let _ = online.kill();
+        let _ = online.wait();
     }
 
     /// A server fault with a sound control daemon: its servers are ended with

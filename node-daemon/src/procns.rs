@@ -148,6 +148,15 @@ pub type Registered = (u64, u32, u64);
 /// process's identity into a slot of its own, and only the holder of a slot's lock owns it.
 pub type SlotKey = (LedgerFile, (u64, u64), Registered);
 
+/// How a registration's process was resolved ([`HostPids::get`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// Found, holding the slot's lock: its host pid.
+    Holder(u32),
+    /// A pid of this namespace no live process has (dead before it was seen here).
+    Gone(u32),
+}
+
 /// Host pids of registered processes: [`find_host_pid`] (the pid itself in this namespace,
 /// with its start time checked), kept only for a process that holds its slot's lock in its
 /// ledger file ([`holds_lock`]). Any ledger client can write any slot, and a slot's pid and
@@ -197,13 +206,29 @@ impl HostPids {
         self.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file, p.owner_lock)
     }
 
+    /// [`HostPids::of`] for a slot whose owner was found holding its lock only: `None` for a
+    /// pid no live process has too, which [`HostPids::of`] takes for its own. What may count a
+    /// slot's word (its MPS percentage) for a running process: a slot no process holds the
+    /// lock of was written by any ledger client.
+    pub fn holder(&mut self, p: &node_ledger::ProcSnapshot) -> Option<u32> {
+        match self.resolve(Self::key_of(p)) {
+            Some(Owner::Holder(h)) => Some(h),
+            _ => None,
+        }
+    }
+
     /// [`HostPids::of`] for the registration `r` whose owner holds a lock within `lock` =
     /// `(start, len)` of `file`.
     pub fn get(&mut self, r: Registered, file: &LedgerFile, lock: (u64, u64)) -> Option<u32> {
-        let (pid_ns, pid, start_time) = r;
-        let key = (*file, lock, r);
+        match self.resolve((*file, lock, r))? {
+            Owner::Holder(h) | Owner::Gone(h) => Some(h),
+        }
+    }
+
+    fn resolve(&mut self, key: SlotKey) -> Option<Owner> {
+        let (file, lock, (pid_ns, pid, start_time)) = key;
         if let Some(&h) = self.found.get(&key) {
-            return Some(h);
+            return Some(Owner::Holder(h));
         }
         let now = Instant::now();
         if let Some(&(at, wait)) = self.missed.get(&key) {
@@ -215,7 +240,7 @@ impl HostPids {
             // Dead before it was ever seen here (or a slot naming a pid nobody has): no live
             // process has this pid, so what is done to it reaches nobody else (MPS may still
             // list a dead client by it). Not kept: the pid may be reused.
-            return Some(pid);
+            return Some(Owner::Gone(pid));
         }
         let host = if pid_ns == self.own_ns {
             (node_ledger::procinfo::start_time(pid) == Some(start_time)).then_some(pid)
@@ -223,10 +248,10 @@ impl HostPids {
             find_host_pid(pid_ns, pid, start_time)
         };
         match host {
-            Some(h) if holds_lock(h, file, lock) => {
+            Some(h) if holds_lock(h, &file, lock) => {
                 self.missed.remove(&key);
                 self.found.insert(key, h);
-                Some(h)
+                Some(Owner::Holder(h))
             }
             _ => {
                 if let Some(h) = host {
@@ -484,6 +509,42 @@ mod tests {
         assert_eq!(h.get(id, &file, SLOT), None, "the copy, still");
         let _ = tenant.kill();
         let _ = tenant.wait();
+    }
+
+    /// [`HostPids::holder`] answers for a process found holding its slot's lock only: a pid of
+    /// this namespace that no live process has is its own host pid for [`HostPids::of`] (MPS
+    /// may list a dead client by it), but nobody's running work.
+    #[test]
+    fn a_holder_is_a_process_found_holding_its_slots_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        let mut job = with_slot_lock(sleep, &path, SLOT).spawn().unwrap();
+        let j = job.id();
+        assert!(wait_holding(j, &file));
+        let slot = |pid: u32, start_time: u64| node_ledger::ProcSnapshot {
+            slot: 0,
+            pid,
+            start_time,
+            pid_ns: node_ledger::procinfo::own_pid_ns(),
+            group_id: 1,
+            mem_bytes: 0,
+            launches: 0,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            syncs: (0, 0),
+            mps_pct: 100,
+            ledger_file: file,
+            owner_lock: SLOT,
+        };
+        let genuine = slot(j, node_ledger::procinfo::start_time(j).unwrap());
+        let mut h = HostPids::default();
+        assert_eq!((h.of(&genuine), h.holder(&genuine)), (Some(j), Some(j)));
+        let _ = job.kill();
+        let _ = job.wait();
+        let dead = slot(j, 1);
+        assert_eq!((h.of(&dead), h.holder(&dead)), (Some(j), None), "a pid nobody has");
     }
 
     /// A daemon holds every ledger open (mps-manager maps the GPU's and every pod's): a slot
