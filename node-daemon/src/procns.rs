@@ -83,44 +83,51 @@ pub fn holds_open(pid: u32, file: &LedgerFile) -> bool {
 /// process, and the daemons hold every ledger open themselves, but nobody can make another
 /// process hold a lock.
 pub fn holds_lock(pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    dir.flatten().any(|e| {
-        if !names_file(&e.path(), file) {
-            return false;
-        }
-        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy()));
-        info.is_ok_and(|t| t.lines().any(|l| ofd_lock_within(l, file, lock)))
-    })
+    held_locks(pid, file).iter().any(|&held| within(held, lock))
 }
 
-/// Whether one `lock:` line of an fdinfo file is an OFD write lock on `file` within `lock`:
-/// `lock:\t1: OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 4099` (device major:minor in
-/// hex, inode, first and last byte; `EOF` for a lock to the end).
-fn ofd_lock_within(line: &str, file: &LedgerFile, lock: (u64, u64)) -> bool {
-    let Some(rest) = line.strip_prefix("lock:") else {
-        return false;
+/// The OFD write locks, `(first, last)` byte, that process `pid` holds on `file` through its
+/// fds that name it ([`holds_lock`]); none when its fds cannot be read.
+fn held_locks(pid: u32, file: &LedgerFile) -> Vec<(u64, u64)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
     };
+    let mut held = Vec::new();
+    for e in dir.flatten().filter(|e| names_file(&e.path(), file)) {
+        if let Ok(t) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy())) {
+            held.extend(t.lines().filter_map(|l| ofd_lock(l, file)));
+        }
+    }
+    held
+}
+
+/// Whether a lock on bytes `first..=last` lies within `lock` = `(start, len)`.
+fn within((first, last): (u64, u64), lock: (u64, u64)) -> bool {
+    first >= lock.0 && last < lock.0.saturating_add(lock.1)
+}
+
+/// Whether one `lock:` line of an fdinfo file is an OFD write lock on `file` within `lock`.
+#[cfg(test)]
+fn ofd_lock_within(line: &str, file: &LedgerFile, lock: (u64, u64)) -> bool {
+    ofd_lock(line, file).is_some_and(|held| within(held, lock))
+}
+
+/// The bytes `(first, last)` of one `lock:` line of an fdinfo file if it is an OFD write lock
+/// on `file`: `lock:\t1: OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 4099` (device
+/// major:minor in hex, inode, first and last byte; `EOF` for a lock to the end, never within
+/// a slot).
+fn ofd_lock(line: &str, file: &LedgerFile) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("lock:")?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // A blocked waiter's line has `->` after the number: not a lock held.
     if f.len() < 8 || f[1] != "OFDLCK" || f[3] != "WRITE" {
-        return false;
+        return None;
     }
     let mut id = f[5].split(':');
-    let (Some(maj), Some(min), Some(ino)) = (id.next(), id.next(), id.next()) else {
-        return false;
-    };
-    let (Ok(maj), Ok(min), Ok(ino)) = (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16), ino.parse::<u64>()) else {
-        return false;
-    };
-    let (Ok(first), Ok(last)) = (f[6].parse::<u64>(), f[7].parse::<u64>()) else {
-        return false;
-    };
-    libc::makedev(maj, min) == file.dev
-        && ino == file.ino
-        && first >= lock.0
-        && last < lock.0.saturating_add(lock.1)
+    let (maj, min, ino) = (id.next()?, id.next()?, id.next()?);
+    let (maj, min, ino) = (u32::from_str_radix(maj, 16).ok()?, u32::from_str_radix(min, 16).ok()?, ino.parse::<u64>().ok()?);
+    let (first, last) = (f[6].parse::<u64>().ok()?, f[7].parse::<u64>().ok()?);
+    (libc::makedev(maj, min) == file.dev && ino == file.ino).then_some((first, last))
 }
 
 /// Whether the fd at `/proc/<pid>/fd/<n>` names `file` (see [`holds_open`]).
@@ -148,6 +155,48 @@ pub type Registered = (u64, u32, u64);
 /// process's identity into a slot of its own, and only the holder of a slot's lock owns it.
 pub type SlotKey = (LedgerFile, (u64, u64), Registered);
 
+/// One walk of `/proc`, shared by every lookup of a round ([`HostPids::retain`] starts the
+/// next): each process's pid namespace (one `stat`), and for the namespaces a lookup asks
+/// about, each of their processes' pid there (its status, read once). However many slots
+/// name other pid namespaces, a round costs one walk. A process that started after the walk
+/// is found in a later round (its slot is backed off meanwhile).
+#[derive(Debug)]
+struct ProcWalk {
+    by_ns: HashMap<u64, Vec<u32>>,
+    /// `(pid namespace, pid there)` to host pid, for the namespaces in `read`.
+    inner: HashMap<(u64, u32), u32>,
+    read: HashSet<u64>,
+}
+
+impl ProcWalk {
+    fn new() -> Self {
+        let mut by_ns: HashMap<u64, Vec<u32>> = HashMap::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(host) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(ns) = pid_ns(host) {
+                by_ns.entry(ns).or_default().push(host);
+            }
+        }
+        ProcWalk { by_ns, inner: HashMap::new(), read: HashSet::new() }
+    }
+
+    /// [`find_host_pid`] from this walk (the start time read now).
+    fn find(&mut self, pid_ns: u64, pid: u32, start_time: u64) -> Option<u32> {
+        if self.read.insert(pid_ns) {
+            for &h in self.by_ns.get(&pid_ns).into_iter().flatten() {
+                let status = std::fs::read_to_string(format!("/proc/{h}/status"));
+                if let Some(inner) = status.ok().as_deref().and_then(innermost_pid) {
+                    self.inner.insert((pid_ns, inner), h);
+                }
+            }
+        }
+        let h = *self.inner.get(&(pid_ns, pid))?;
+        (node_ledger::procinfo::start_time(h) == Some(start_time)).then_some(h)
+    }
+}
+
 /// How a registration's process was resolved ([`HostPids::get`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {
@@ -168,8 +217,11 @@ enum Owner {
 /// in another slot or another ledger is checked for its own lock (it fails), and a copy that
 /// fails does not hold back the genuine slot. Each is found once and kept while it is asked
 /// for; one not found, or found not holding the slot's lock, is looked for again after a
-/// back-off (1 s doubling to 64 s), so a process the daemon cannot see costs it a `/proc`
-/// walk a minute at most.
+/// back-off (1 s doubling to 64 s). The back-off is a slot's: slots naming ever new
+/// processes of other pid namespaces would each cost a `/proc` walk, so lookups share one
+/// walk per round ([`ProcWalk`]; [`HostPids::retain`] starts a round), and a process's locks
+/// on a ledger file are read once per round too. However many slots a tenant writes, a
+/// round costs the daemon one walk and one read of each named process's fds.
 #[derive(Debug)]
 pub struct HostPids {
     own_ns: u64,
@@ -177,6 +229,12 @@ pub struct HostPids {
     missed: HashMap<SlotKey, (Instant, Duration)>,
     /// Registrations already reported as naming a process that holds no lock on their slot.
     refused: HashSet<SlotKey>,
+    /// This round's walk of `/proc`, once a lookup needed one.
+    walk: Option<ProcWalk>,
+    /// This round's OFD write locks (first, last byte) of a process on a ledger file.
+    locks: HashMap<(u32, LedgerFile), Vec<(u64, u64)>>,
+    /// Walks of `/proc` made so far (tests).
+    walks: u64,
 }
 
 impl Default for HostPids {
@@ -186,6 +244,9 @@ impl Default for HostPids {
             found: HashMap::new(),
             missed: HashMap::new(),
             refused: HashSet::new(),
+            walk: None,
+            locks: HashMap::new(),
+            walks: 0,
         }
     }
 }
@@ -245,10 +306,10 @@ impl HostPids {
         let host = if pid_ns == self.own_ns {
             (node_ledger::procinfo::start_time(pid) == Some(start_time)).then_some(pid)
         } else {
-            find_host_pid(pid_ns, pid, start_time)
+            self.walk().find(pid_ns, pid, start_time)
         };
         match host {
-            Some(h) if holds_lock(h, &file, lock) => {
+            Some(h) if self.holds_lock(h, &file, lock) => {
                 self.missed.remove(&key);
                 self.found.insert(key, h);
                 Some(Owner::Holder(h))
@@ -277,11 +338,29 @@ impl HostPids {
         }
     }
 
-    /// Forgets every slot but those `keep` names (call with the registrations of the moment).
+    /// This round's walk of `/proc`, made now if there is none ([`ProcWalk`]).
+    fn walk(&mut self) -> &mut ProcWalk {
+        if self.walk.is_none() {
+            self.walks += 1;
+        }
+        self.walk.get_or_insert_with(ProcWalk::new)
+    }
+
+    /// [`holds_lock`], from the locks `pid` holds on `file` as read once this round.
+    fn holds_lock(&mut self, pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
+        let held = self.locks.entry((pid, *file)).or_insert_with(|| held_locks(pid, file));
+        held.iter().any(|&h| within(h, lock))
+    }
+
+    /// Forgets every slot but those `keep` names (call with the registrations of the moment,
+    /// once per round of lookups), and starts a round: the next lookup that needs a `/proc`
+    /// walk makes a fresh one, and processes' locks are read again.
     pub fn retain(&mut self, keep: impl Fn(&SlotKey) -> bool) {
         self.found.retain(|k, _| keep(k));
         self.missed.retain(|k, _| keep(k));
         self.refused.retain(|k| keep(k));
+        self.walk = None;
+        self.locks.clear();
     }
 }
 
@@ -545,6 +624,26 @@ mod tests {
         let _ = job.wait();
         let dead = slot(j, 1);
         assert_eq!((h.of(&dead), h.holder(&dead)), (Some(j), None), "a pid nobody has");
+    }
+
+    /// Slots naming processes of other pid namespaces, each a fresh one (so no back-off
+    /// applies), share one walk of `/proc` a round: 256 of them cost one walk, where each used
+    /// to cost its own and a tenant rewriting its slots could stall the monitor's tick; the
+    /// next round (after `retain`) walks again.
+    #[test]
+    fn lookups_in_other_pid_namespaces_share_one_walk_of_proc_a_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_path, file) = ledger_file(&dir);
+        let own = node_ledger::procinfo::own_pid_ns();
+        let mut h = HostPids::default();
+        for i in 0..256u64 {
+            let (ns, slot) = (own.wrapping_sub(1 + i), (SLOT.0 + i * SLOT.1, SLOT.1));
+            assert_eq!(h.get((ns, 1 + i as u32, 1), &file, slot), None);
+        }
+        assert_eq!(h.walks, 1, "one walk for the round's 256 slots");
+        h.retain(|_| true);
+        assert_eq!(h.get((own.wrapping_sub(1000), 1, 1), &file, SLOT), None);
+        assert_eq!(h.walks, 2, "a walk in the next round");
     }
 
     /// A daemon holds every ledger open (mps-manager maps the GPU's and every pod's): a slot
