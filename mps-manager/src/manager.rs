@@ -1013,7 +1013,11 @@ impl Manager {
             .filter(|&pid| node_ledger::procinfo::is_gone(pid))
             .collect();
         o.offline_registered = offline.len();
-        o.offline_launches = offline.iter().map(|p| p.launches).sum();
+        // Each slot's count is its writer's word (u64::MAX from a tenant overflowed `sum`: a
+        // panic in a debug build). Wrapping, as a release build's sum did: the total is only
+        // compared with the last one, and any change of a slot's count still changes it
+        // (saturating would freeze it at the maximum, hiding every other job's progress).
+        o.offline_launches = offline.iter().fold(0u64, |n, p| n.wrapping_add(p.launches));
         // A slot's sync counts are its writer's word (pod ledgers are tenant-writable): waiting
         // counts only for a process found here and listed by a server as its client. Before, a
         // slot of another namespace (or naming a process no server lists) with one sync begun
@@ -2615,6 +2619,24 @@ mod tests {
         m.ledger.unregister(h);
         let _ = online.kill();
         let _ = online.wait();
+    }
+
+    /// A slot's launch count is its writer's word: one at `u64::MAX` beside another's count
+    /// is no panic at a check (`sum` overflowed in a debug build, ending the manager).
+    #[test]
+    fn launch_counts_that_overflow_their_sum_are_no_panic() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let hs = [m.ledger.register(std::process::id(), g).unwrap(), m.ledger.register(std::process::id(), g).unwrap()];
+        for (h, n) in hs.iter().zip([u64::MAX, 2]) {
+            m.ledger.layout().procs[h.slot].launches.store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        m.check(0);
+        m.check(500);
+        for h in hs {
+            m.ledger.unregister(h);
+        }
     }
 
     /// A server fault with a sound control daemon: its servers are ended with
