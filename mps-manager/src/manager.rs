@@ -933,8 +933,8 @@ impl Manager {
     /// that died before this manager saw it is still caught when its server lists it
     /// ([`crate::detect::Observation::dead_listed`]).
     fn in_my_terms(&mut self, raw: &[node_ledger::ProcSnapshot]) -> Vec<node_ledger::ProcSnapshot> {
+        self.host_pids_keep(raw);
         let current = |r: &(u64, u32, u64)| raw.iter().any(|p| (p.pid_ns, p.pid, p.start_time) == *r);
-        self.host_pids.retain(current);
         self.owners_seen.retain(current);
         let here = raw
             .iter()
@@ -967,6 +967,12 @@ impl Manager {
             return true;
         }
         self.inherited_termination(host, p.start_time)
+    }
+
+    /// Keeps what `host_pids` found of the registrations `raw` alone.
+    fn host_pids_keep(&mut self, raw: &[node_ledger::ProcSnapshot]) {
+        let keys: std::collections::HashSet<_> = raw.iter().map(node_daemon::procns::HostPids::key_of).collect();
+        self.host_pids.retain(|k| keys.contains(k));
     }
 
     /// Asks the process `id` names (as the ledger names it, [`Manager::registered`]) to leave:
@@ -1003,13 +1009,18 @@ impl Manager {
         if let Some(w) = self.status.current() {
             w.retain_evictions(node_ledger::Requester::Manager, |id| raw.iter().any(|p| node_ledger::ProcId::of(p) == id));
         }
-        let offline = self.in_my_terms(&raw);
+        self.host_pids_keep(&raw);
+        // Offline work is what runs: registrations whose owner was found holding its slot's
+        // lock (`HostPids::holder`). Any ledger client can write any slot of its ledgers: a
+        // slot no process holds the lock of, claiming 100 %, took that much more off the
+        // reading as offline, so the online estimate fell and the budget rose.
+        let running: Vec<_> = raw.iter().filter(|p| self.host_pids.holder(p).is_some()).cloned().collect();
         let current = self.alloc.applied().unwrap_or(self.cfg.budget.max_pct);
         // The offline side holds at most its jobs' MPS percentages (each fixed at its start),
         // at most the budget; the budget alone when a job's percentage is unknown.
-        let held = node_ledger::jobs::offline_cap_pct(Some(current), &node_ledger::jobs::jobs_of(&offline))
+        let held = node_ledger::jobs::offline_cap_pct(Some(current), &node_ledger::jobs::jobs_of(&running))
             .unwrap_or(current);
-        let online = Allocator::online_estimate(total, !offline.is_empty(), held);
+        let online = Allocator::online_estimate(total, !running.is_empty(), held);
         let safe = fresh && matches!(health, Some(HealthState::Healthy | HealthState::Unhealthy));
         self.state.gpu_health = health.map(|h| format!("{h:?}").to_lowercase());
         self.state.sm_activity_pct = total;
@@ -1129,7 +1140,11 @@ impl Manager {
             .filter(|&pid| node_ledger::procinfo::is_gone(pid))
             .collect();
         o.offline_registered = offline.len();
-        o.offline_launches = offline.iter().map(|p| p.launches).sum();
+        // Each slot's count is its writer's word (u64::MAX from a tenant overflowed `sum`: a
+        // panic in a debug build). Wrapping, as a release build's sum did: the total is only
+        // compared with the last one, and any change of a slot's count still changes it
+        // (saturating would freeze it at the maximum, hiding every other job's progress).
+        o.offline_launches = offline.iter().fold(0u64, |n, p| n.wrapping_add(p.launches));
         // A slot's sync counts are its writer's word (pod ledgers are tenant-writable): waiting
         // counts only for a process found here and listed by a server as its client. Before, a
         // slot of another namespace (or naming a process no server lists) with one sync begun
@@ -2856,6 +2871,48 @@ mod tests {
         m.budget_tick();
         assert_eq!(m.published_budget_permille(), 220);
         m.ledger.unregister(h);
+    }
+
+    /// Only registrations whose owner holds its slot's lock count as offline work in the
+    /// online estimate: a slot any ledger client wrote claiming 100 % (naming a process that
+    /// holds no lock on it) took the whole budget off the reading as offline, so the budget
+    /// stayed at its 42 % maximum beside a 60 % reading instead of falling to 22 %.
+    #[test]
+    fn a_slot_whose_owner_holds_no_lock_takes_nothing_off_the_online_estimate() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let h = m.ledger.register_with_mps(std::process::id(), g, 10).unwrap();
+        let mut online = sleeper();
+        let g2 = m.ledger.group(8, 1 << 30).unwrap();
+        let _forged = m.ledger.register_with_mps(online.id(), g2, 100).unwrap();
+        node_ledger::Status::open_or_create(&m.cfg.status_path(), 0).unwrap().publish(
+            &node_ledger::MonitorSample { sm_active_permille: 600, ..Default::default() }
+                .with_health(HealthState::Healthy),
+        );
+        m.budget_tick();
+        assert_eq!(m.published_budget_permille(), 220, "the genuine job's 10 % off the reading, not 42 %");
+        m.ledger.unregister(h);
+        let _ = online.kill();
+        let _ = online.wait();
+    }
+
+    /// A slot's launch count is its writer's word: one at `u64::MAX` beside another's count
+    /// is no panic at a check (`sum` overflowed in a debug build, ending the manager).
+    #[test]
+    fn launch_counts_that_overflow_their_sum_are_no_panic() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let hs = [m.ledger.register(std::process::id(), g).unwrap(), m.ledger.register(std::process::id(), g).unwrap()];
+        for (h, n) in hs.iter().zip([u64::MAX, 2]) {
+            m.ledger.layout().procs[h.slot].launches.store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        m.check(0);
+        m.check(500);
+        for h in hs {
+            m.ledger.unregister(h);
+        }
     }
 
     /// A server fault with a sound control daemon: its servers are ended with

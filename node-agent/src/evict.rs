@@ -539,8 +539,10 @@ impl Evictor {
                 }
             }
         }
-        self.host_pids
-            .retain(|&(ns, pid, st)| reqs.iter().any(|r| (r.pid_ns, r.pid, r.start_time) == (ns, pid, st)));
+        let registry = node_ledger::layout::registry_lock_range();
+        self.host_pids.retain(|&(file, lock, (ns, pid, st))| {
+            lock == registry && reqs.iter().any(|r| r.ledger_file == file && (r.pid_ns, r.pid, r.start_time) == (ns, pid, st))
+        });
         self.mismatch_seen
             .retain(|&(ns, pid, st)| reqs.iter().any(|r| (r.pid_ns, r.pid, r.start_time) == (ns, pid, st)));
         let mut seen = std::collections::HashSet::new();

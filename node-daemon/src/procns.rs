@@ -83,44 +83,51 @@ pub fn holds_open(pid: u32, file: &LedgerFile) -> bool {
 /// process, and the daemons hold every ledger open themselves, but nobody can make another
 /// process hold a lock.
 pub fn holds_lock(pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    dir.flatten().any(|e| {
-        if !names_file(&e.path(), file) {
-            return false;
-        }
-        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy()));
-        info.is_ok_and(|t| t.lines().any(|l| ofd_lock_within(l, file, lock)))
-    })
+    held_locks(pid, file).iter().any(|&held| within(held, lock))
 }
 
-/// Whether one `lock:` line of an fdinfo file is an OFD write lock on `file` within `lock`:
-/// `lock:\t1: OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 4099` (device major:minor in
-/// hex, inode, first and last byte; `EOF` for a lock to the end).
-fn ofd_lock_within(line: &str, file: &LedgerFile, lock: (u64, u64)) -> bool {
-    let Some(rest) = line.strip_prefix("lock:") else {
-        return false;
+/// The OFD write locks, `(first, last)` byte, that process `pid` holds on `file` through its
+/// fds that name it ([`holds_lock`]); none when its fds cannot be read.
+fn held_locks(pid: u32, file: &LedgerFile) -> Vec<(u64, u64)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
     };
+    let mut held = Vec::new();
+    for e in dir.flatten().filter(|e| names_file(&e.path(), file)) {
+        if let Ok(t) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy())) {
+            held.extend(t.lines().filter_map(|l| ofd_lock(l, file)));
+        }
+    }
+    held
+}
+
+/// Whether a lock on bytes `first..=last` lies within `lock` = `(start, len)`.
+fn within((first, last): (u64, u64), lock: (u64, u64)) -> bool {
+    first >= lock.0 && last < lock.0.saturating_add(lock.1)
+}
+
+/// Whether one `lock:` line of an fdinfo file is an OFD write lock on `file` within `lock`.
+#[cfg(test)]
+fn ofd_lock_within(line: &str, file: &LedgerFile, lock: (u64, u64)) -> bool {
+    ofd_lock(line, file).is_some_and(|held| within(held, lock))
+}
+
+/// The bytes `(first, last)` of one `lock:` line of an fdinfo file if it is an OFD write lock
+/// on `file`: `lock:\t1: OFDLCK ADVISORY  WRITE -1 fe:00:10010904 4099 4099` (device
+/// major:minor in hex, inode, first and last byte; `EOF` for a lock to the end, never within
+/// a slot).
+fn ofd_lock(line: &str, file: &LedgerFile) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("lock:")?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // A blocked waiter's line has `->` after the number: not a lock held.
     if f.len() < 8 || f[1] != "OFDLCK" || f[3] != "WRITE" {
-        return false;
+        return None;
     }
     let mut id = f[5].split(':');
-    let (Some(maj), Some(min), Some(ino)) = (id.next(), id.next(), id.next()) else {
-        return false;
-    };
-    let (Ok(maj), Ok(min), Ok(ino)) = (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16), ino.parse::<u64>()) else {
-        return false;
-    };
-    let (Ok(first), Ok(last)) = (f[6].parse::<u64>(), f[7].parse::<u64>()) else {
-        return false;
-    };
-    libc::makedev(maj, min) == file.dev
-        && ino == file.ino
-        && first >= lock.0
-        && last < lock.0.saturating_add(lock.1)
+    let (maj, min, ino) = (id.next()?, id.next()?, id.next()?);
+    let (maj, min, ino) = (u32::from_str_radix(maj, 16).ok()?, u32::from_str_radix(min, 16).ok()?, ino.parse::<u64>().ok()?);
+    let (first, last) = (f[6].parse::<u64>().ok()?, f[7].parse::<u64>().ok()?);
+    (libc::makedev(maj, min) == file.dev && ino == file.ino).then_some((first, last))
 }
 
 /// Whether the fd at `/proc/<pid>/fd/<n>` names `file` (see [`holds_open`]).
@@ -142,23 +149,92 @@ fn names_file(path: &std::path::Path, file: &LedgerFile) -> bool {
 /// A process as the ledger names it: pid namespace inode, pid there, start time.
 pub type Registered = (u64, u32, u64);
 
+/// One slot's registration: the ledger file, the slot's lock range (`(start, len)`,
+/// [`node_ledger::ProcSnapshot::owner_lock`]) and the process it names. [`HostPids`] keeps
+/// what it found by this, never by the identity alone: any ledger client can copy another
+/// process's identity into a slot of its own, and only the holder of a slot's lock owns it.
+pub type SlotKey = (LedgerFile, (u64, u64), Registered);
+
+/// One walk of `/proc`, shared by every lookup of a round ([`HostPids::retain`] starts the
+/// next): each process's pid namespace (one `stat`), and for the namespaces a lookup asks
+/// about, each of their processes' pid there (its status, read once). However many slots
+/// name other pid namespaces, a round costs one walk. A process that started after the walk
+/// is found in a later round (its slot is backed off meanwhile).
+#[derive(Debug)]
+struct ProcWalk {
+    by_ns: HashMap<u64, Vec<u32>>,
+    /// `(pid namespace, pid there)` to host pid, for the namespaces in `read`.
+    inner: HashMap<(u64, u32), u32>,
+    read: HashSet<u64>,
+}
+
+impl ProcWalk {
+    fn new() -> Self {
+        let mut by_ns: HashMap<u64, Vec<u32>> = HashMap::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(host) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(ns) = pid_ns(host) {
+                by_ns.entry(ns).or_default().push(host);
+            }
+        }
+        ProcWalk { by_ns, inner: HashMap::new(), read: HashSet::new() }
+    }
+
+    /// [`find_host_pid`] from this walk (the start time read now).
+    fn find(&mut self, pid_ns: u64, pid: u32, start_time: u64) -> Option<u32> {
+        if self.read.insert(pid_ns) {
+            for &h in self.by_ns.get(&pid_ns).into_iter().flatten() {
+                let status = std::fs::read_to_string(format!("/proc/{h}/status"));
+                if let Some(inner) = status.ok().as_deref().and_then(innermost_pid) {
+                    self.inner.insert((pid_ns, inner), h);
+                }
+            }
+        }
+        let h = *self.inner.get(&(pid_ns, pid))?;
+        (node_ledger::procinfo::start_time(h) == Some(start_time)).then_some(h)
+    }
+}
+
+/// How a registration's process was resolved ([`HostPids::get`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// Found, holding the slot's lock: its host pid.
+    Holder(u32),
+    /// A pid of this namespace no live process has (dead before it was seen here).
+    Gone(u32),
+}
+
 /// Host pids of registered processes: [`find_host_pid`] (the pid itself in this namespace,
 /// with its start time checked), kept only for a process that holds its slot's lock in its
 /// ledger file ([`holds_lock`]). Any ledger client can write any slot, and a slot's pid and
 /// start time are all it says of its owner; a process that holds no such lock (an online
 /// service, or a daemon, which holds every ledger open but no slot's lock) is nobody's
 /// offline process, whatever a slot says: without a host pid it is never signalled, never
-/// terminated on MPS and never counted as offline work. Each is found once
-/// and kept while it is asked for; one not found, or found not holding the file, is looked
-/// for again after a back-off (1 s doubling to 64 s), so a process the daemon cannot see
-/// costs it a `/proc` walk a minute at most.
+/// terminated on MPS and never counted as offline work. Everything is kept by slot
+/// ([`SlotKey`]: ledger file, slot's lock range, identity), so a copy of a process's identity
+/// in another slot or another ledger is checked for its own lock (it fails), and a copy that
+/// fails does not hold back the genuine slot. Each is found once and kept while it is asked
+/// for; one not found, or found not holding the slot's lock, is looked for again after a
+/// back-off (1 s doubling to 64 s). The back-off is a slot's: slots naming ever new
+/// processes of other pid namespaces would each cost a `/proc` walk, so lookups share one
+/// walk per round ([`ProcWalk`]; [`HostPids::retain`] starts a round), and a process's locks
+/// on a ledger file are read once per round too. However many slots a tenant writes, a
+/// round costs the daemon one walk and one read of each named process's fds.
 #[derive(Debug)]
 pub struct HostPids {
     own_ns: u64,
-    found: HashMap<Registered, u32>,
-    missed: HashMap<Registered, (Instant, Duration)>,
-    /// Registrations already reported as naming a process that holds no ledger file.
-    refused: HashSet<Registered>,
+    found: HashMap<SlotKey, u32>,
+    missed: HashMap<SlotKey, (Instant, Duration)>,
+    /// Registrations already reported as naming a process that holds no lock on their slot.
+    refused: HashSet<SlotKey>,
+    /// This round's walk of `/proc`, once a lookup needed one.
+    walk: Option<ProcWalk>,
+    /// This round's OFD write locks (first, last byte) of a process on a ledger file.
+    locks: HashMap<(u32, LedgerFile), Vec<(u64, u64)>>,
+    /// Walks of `/proc` made so far (tests).
+    walks: u64,
 }
 
 impl Default for HostPids {
@@ -168,11 +244,19 @@ impl Default for HostPids {
             found: HashMap::new(),
             missed: HashMap::new(),
             refused: HashSet::new(),
+            walk: None,
+            locks: HashMap::new(),
+            walks: 0,
         }
     }
 }
 
 impl HostPids {
+    /// The slot key of registration `p` ([`SlotKey`]).
+    pub fn key_of(p: &node_ledger::ProcSnapshot) -> SlotKey {
+        (p.ledger_file, p.owner_lock, (p.pid_ns, p.pid, p.start_time))
+    }
+
     /// The host pid of the process registration `p` names, if that process holds its slot's
     /// lock ([`node_ledger::ProcSnapshot::owner_lock`] in
     /// [`node_ledger::ProcSnapshot::ledger_file`]); `None` while no such process is found
@@ -183,15 +267,32 @@ impl HostPids {
         self.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file, p.owner_lock)
     }
 
+    /// [`HostPids::of`] for a slot whose owner was found holding its lock only: `None` for a
+    /// pid no live process has too, which [`HostPids::of`] takes for its own. What may count a
+    /// slot's word (its MPS percentage) for a running process: a slot no process holds the
+    /// lock of was written by any ledger client.
+    pub fn holder(&mut self, p: &node_ledger::ProcSnapshot) -> Option<u32> {
+        match self.resolve(Self::key_of(p)) {
+            Some(Owner::Holder(h)) => Some(h),
+            _ => None,
+        }
+    }
+
     /// [`HostPids::of`] for the registration `r` whose owner holds a lock within `lock` =
     /// `(start, len)` of `file`.
     pub fn get(&mut self, r: Registered, file: &LedgerFile, lock: (u64, u64)) -> Option<u32> {
-        let (pid_ns, pid, start_time) = r;
-        if let Some(&h) = self.found.get(&r) {
-            return Some(h);
+        match self.resolve((*file, lock, r))? {
+            Owner::Holder(h) | Owner::Gone(h) => Some(h),
+        }
+    }
+
+    fn resolve(&mut self, key: SlotKey) -> Option<Owner> {
+        let (file, lock, (pid_ns, pid, start_time)) = key;
+        if let Some(&h) = self.found.get(&key) {
+            return Some(Owner::Holder(h));
         }
         let now = Instant::now();
-        if let Some(&(at, wait)) = self.missed.get(&r) {
+        if let Some(&(at, wait)) = self.missed.get(&key) {
             if now < at + wait {
                 return None;
             }
@@ -200,22 +301,22 @@ impl HostPids {
             // Dead before it was ever seen here (or a slot naming a pid nobody has): no live
             // process has this pid, so what is done to it reaches nobody else (MPS may still
             // list a dead client by it). Not kept: the pid may be reused.
-            return Some(pid);
+            return Some(Owner::Gone(pid));
         }
         let host = if pid_ns == self.own_ns {
             (node_ledger::procinfo::start_time(pid) == Some(start_time)).then_some(pid)
         } else {
-            find_host_pid(pid_ns, pid, start_time)
+            self.walk().find(pid_ns, pid, start_time)
         };
         match host {
-            Some(h) if holds_lock(h, file, lock) => {
-                self.missed.remove(&r);
-                self.found.insert(r, h);
-                Some(h)
+            Some(h) if self.holds_lock(h, &file, lock) => {
+                self.missed.remove(&key);
+                self.found.insert(key, h);
+                Some(Owner::Holder(h))
             }
             _ => {
                 if let Some(h) = host {
-                    if self.refused.insert(r) {
+                    if self.refused.insert(key) {
                         let comm = std::fs::read_to_string(format!("/proc/{h}/comm")).unwrap_or_default();
                         tracing::warn!(
                             pid,
@@ -223,24 +324,43 @@ impl HostPids {
                             host_pid = h,
                             comm = comm.trim(),
                             ledger_ino = file.ino,
+                            lock_start = lock.0,
                             "a ledger slot names a process that holds no lock on that slot: it is not \
                              treated as offline work and is never signalled (a slot written by another \
                              ledger client, or a process that closed its ledger files)"
                         );
                     }
                 }
-                let wait = self.missed.get(&r).map_or(Duration::from_secs(1), |&(_, w)| (w * 2).min(Duration::from_secs(64)));
-                self.missed.insert(r, (now, wait));
+                let wait = self.missed.get(&key).map_or(Duration::from_secs(1), |&(_, w)| (w * 2).min(Duration::from_secs(64)));
+                self.missed.insert(key, (now, wait));
                 None
             }
         }
     }
 
-    /// Forgets every process but those `keep` names (call with the registrations of the moment).
-    pub fn retain(&mut self, keep: impl Fn(&Registered) -> bool) {
-        self.found.retain(|r, _| keep(r));
-        self.missed.retain(|r, _| keep(r));
-        self.refused.retain(|r| keep(r));
+    /// This round's walk of `/proc`, made now if there is none ([`ProcWalk`]).
+    fn walk(&mut self) -> &mut ProcWalk {
+        if self.walk.is_none() {
+            self.walks += 1;
+        }
+        self.walk.get_or_insert_with(ProcWalk::new)
+    }
+
+    /// [`holds_lock`], from the locks `pid` holds on `file` as read once this round.
+    fn holds_lock(&mut self, pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
+        let held = self.locks.entry((pid, *file)).or_insert_with(|| held_locks(pid, file));
+        held.iter().any(|&h| within(h, lock))
+    }
+
+    /// Forgets every slot but those `keep` names (call with the registrations of the moment,
+    /// once per round of lookups), and starts a round: the next lookup that needs a `/proc`
+    /// walk makes a fresh one, and processes' locks are read again.
+    pub fn retain(&mut self, keep: impl Fn(&SlotKey) -> bool) {
+        self.found.retain(|k, _| keep(k));
+        self.missed.retain(|k, _| keep(k));
+        self.refused.retain(|k| keep(k));
+        self.walk = None;
+        self.locks.clear();
     }
 }
 
@@ -414,6 +534,116 @@ mod tests {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// A tenant copies a found offline process's identity (pid namespace, pid, start time: what
+    /// it can read of a neighbour) into another slot, or into a slot of its own pod's ledger:
+    /// the copy is checked for its own slot's lock and gets no host pid, however long the
+    /// genuine slot has been found. Before, what was found was kept by the identity alone, so
+    /// the copy got the victim's host pid unchecked (the monitor signalled the victim for the
+    /// copy's word, node-agent evicted the victim's pod for a request about the copy).
+    #[test]
+    fn a_copy_of_a_found_process_in_another_slot_or_ledger_gets_no_host_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let other = dir.path().join("pod-ledger");
+        std::fs::write(&other, b"x").unwrap();
+        let pod_file = LedgerFile::of_path(&other).unwrap();
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        let mut victim = with_slot_lock(sleep, &path, SLOT).spawn().unwrap();
+        let v = victim.id();
+        assert!(wait_holding(v, &file));
+        let id = (ns, v, node_ledger::procinfo::start_time(v).unwrap());
+        let mut h = HostPids::default();
+        assert_eq!(h.get(id, &file, SLOT), Some(v), "the genuine slot");
+        assert_eq!(h.get(id, &file, (SLOT.0 + SLOT.1, SLOT.1)), None, "a copy in another slot of its ledger");
+        assert_eq!(h.get(id, &pod_file, SLOT), None, "a copy in another ledger, same range");
+        assert_eq!(h.get(id, &file, SLOT), Some(v), "the genuine slot still");
+        let _ = victim.kill();
+        let _ = victim.wait();
+    }
+
+    /// A tenant writes a copy of its own identity into a lower slot than its genuine one
+    /// (looked up first): the copy fails its lock check and is backed off, and the genuine
+    /// slot is still found, at once. Before, the back-off was kept by identity, so the genuine
+    /// slot got no host pid for as long as the copy was rewritten: never verified, never
+    /// signalled.
+    #[test]
+    fn a_copy_failing_its_lock_check_does_not_hold_back_the_genuine_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let genuine = (SLOT.0 + SLOT.1, SLOT.1);
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        let mut tenant = with_slot_lock(sleep, &path, genuine).spawn().unwrap();
+        let t = tenant.id();
+        assert!(wait_holding(t, &file));
+        let id = (ns, t, node_ledger::procinfo::start_time(t).unwrap());
+        let mut h = HostPids::default();
+        assert_eq!(h.get(id, &file, SLOT), None, "the copy in the lower slot");
+        assert_eq!(h.get(id, &file, genuine), Some(t), "the genuine slot, during the copy's back-off");
+        assert_eq!(h.get(id, &file, SLOT), None, "the copy, still");
+        let _ = tenant.kill();
+        let _ = tenant.wait();
+    }
+
+    /// [`HostPids::holder`] answers for a process found holding its slot's lock only: a pid of
+    /// this namespace that no live process has is its own host pid for [`HostPids::of`] (MPS
+    /// may list a dead client by it), but nobody's running work.
+    #[test]
+    fn a_holder_is_a_process_found_holding_its_slots_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let mut sleep = std::process::Command::new("sleep");
+        sleep.arg("30");
+        let mut job = with_slot_lock(sleep, &path, SLOT).spawn().unwrap();
+        let j = job.id();
+        assert!(wait_holding(j, &file));
+        let slot = |pid: u32, start_time: u64| node_ledger::ProcSnapshot {
+            slot: 0,
+            pid,
+            start_time,
+            pid_ns: node_ledger::procinfo::own_pid_ns(),
+            group_id: 1,
+            mem_bytes: 0,
+            launches: 0,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            syncs: (0, 0),
+            mps_pct: 100,
+            ledger_file: file,
+            owner_lock: SLOT,
+        };
+        let genuine = slot(j, node_ledger::procinfo::start_time(j).unwrap());
+        let mut h = HostPids::default();
+        assert_eq!((h.of(&genuine), h.holder(&genuine)), (Some(j), Some(j)));
+        let _ = job.kill();
+        let _ = job.wait();
+        let dead = slot(j, 1);
+        assert_eq!((h.of(&dead), h.holder(&dead)), (Some(j), None), "a pid nobody has");
+    }
+
+    /// Slots naming processes of other pid namespaces, each a fresh one (so no back-off
+    /// applies), share one walk of `/proc` a round: 256 of them cost one walk, where each used
+    /// to cost its own and a tenant rewriting its slots could stall the monitor's tick; the
+    /// next round (after `retain`) walks again.
+    #[test]
+    fn lookups_in_other_pid_namespaces_share_one_walk_of_proc_a_round() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_path, file) = ledger_file(&dir);
+        let own = node_ledger::procinfo::own_pid_ns();
+        let mut h = HostPids::default();
+        for i in 0..256u64 {
+            let (ns, slot) = (own.wrapping_sub(1 + i), (SLOT.0 + i * SLOT.1, SLOT.1));
+            assert_eq!(h.get((ns, 1 + i as u32, 1), &file, slot), None);
+        }
+        assert_eq!(h.walks, 1, "one walk for the round's 256 slots");
+        h.retain(|_| true);
+        assert_eq!(h.get((own.wrapping_sub(1000), 1, 1), &file, SLOT), None);
+        assert_eq!(h.walks, 2, "a walk in the next round");
     }
 
     /// A daemon holds every ledger open (mps-manager maps the GPU's and every pod's): a slot

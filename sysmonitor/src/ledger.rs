@@ -481,11 +481,16 @@ impl LedgerPort for LedgerAdapter {
         let budget = fresh.then(|| f64::from(m.offline_sm_budget_permille) / 10.0);
         // Processes asked to leave count as online in the occupancy (fail closed): not here either.
         let asked = self.asked_to_leave();
-        let procs: Vec<_> = self
-            .all_procs()
+        let all = self.all_procs();
+        // Only a slot whose owner was found holding its lock counts (`HostPids::holder`): any
+        // ledger client can write any slot of its ledgers, and a slot claiming 100 % (a copy,
+        // or one naming a process that holds no lock) raised the cap, so less of the reading
+        // was judged online. What a process holds is at most the published budget
+        // (`offline_cap_pct`).
+        let procs: Vec<_> = all
             .into_iter()
             .map(|(_, p)| p)
-            .filter(|p| !asked.contains(&ProcId::of(p)))
+            .filter(|p| p.start_time != 0 && !asked.contains(&ProcId::of(p)) && self.host_pids.holder(p).is_some())
             .collect();
         offline_cap_pct(budget, &node_ledger::jobs::jobs_of(&procs))
     }
@@ -506,7 +511,8 @@ impl LedgerPort for LedgerAdapter {
         }
         let asked = self.asked_by();
         let host_pids = &mut self.host_pids;
-        host_pids.retain(|r| procs.iter().any(|(_, p)| (p.pid_ns, p.pid, p.start_time) == *r));
+        let keys: std::collections::HashSet<_> = procs.iter().map(|(_, p)| node_daemon::procns::HostPids::key_of(p)).collect();
+        host_pids.retain(|k| keys.contains(k));
         Ok(procs
             .into_iter()
             .map(|(pod, p)| {
@@ -915,9 +921,11 @@ mod tests {
         let (p1, p2, p3) = (Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap(), Ledger::open_existing(&path).unwrap());
         let _h1 = p1.register_with_mps(me, g1, 25).unwrap();
         let _h1b = p3.register_with_mps(me, g1, 25).unwrap();
-        // The second job is another process (requests name a process, not a slot).
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let _h2 = p2.register_with_mps(child.id(), g2, 15).unwrap();
+        // The second job is another process (requests name a process, not a slot), holding its
+        // slot's lock as a shimmed process does.
+        let mut child = workloads::host::spawn_holding(&path);
+        let h2 = p2.register_with_mps(child.id(), g2, 15).unwrap();
+        assert!(workloads::host::hold_slot_lock(child.id(), h2.slot));
         let mut a = LedgerAdapter::new(l, status.clone());
         a.publish(&Published::default()).unwrap();
         assert_eq!(a.offline_sm_cap_pct(), Some(40.0), "25 (one job, two processes) + 15");
@@ -932,6 +940,37 @@ mod tests {
         assert!(o.evict_requested_ms.is_some() && !o.evict_by_manager, "the monitor's too: its own grace");
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// Only slots whose owner holds their lock count toward the offline cap: a slot any ledger
+    /// client wrote claiming 100 % (naming a process that holds no lock on it, or a copy of a
+    /// found process's identity in another slot) raised the cap to the budget, so less of the
+    /// reading was judged online and an online overload went unjudged.
+    #[test]
+    fn a_slot_whose_owner_holds_no_lock_adds_nothing_to_the_offline_cap() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("gpu0/ledger");
+        let l = Ledger::open_or_create(&path, 0).unwrap();
+        let status = node_ledger::config::status_path(d.path(), 0);
+        Status::open_or_create(&status, 0).unwrap().publish_sm_budget(600);
+        let (g1, g2, g3) = (l.group(1, 1 << 30).unwrap(), l.group(2, 1 << 30).unwrap(), l.group(3, 1 << 30).unwrap());
+        let mut job = workloads::host::spawn_holding(&path);
+        let h = l.register_with_mps(job.id(), g1, 20).unwrap();
+        assert!(workloads::host::hold_slot_lock(job.id(), h.slot));
+        let mut online = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let _forged = l.register_with_mps(online.id(), g2, 100).unwrap();
+        // A copy of the genuine job's identity, under another group, claiming 100 %.
+        let copy = l.register_with_mps(job.id(), g3, 100).unwrap();
+        let mut a = LedgerAdapter::new(l, status);
+        a.publish(&Published::default()).unwrap();
+        let found: Vec<_> = a.offline(0).unwrap().into_iter().filter(|p| p.host_pid.is_some()).map(|p| p.slot).collect();
+        assert_eq!(found, [h.slot], "only the genuine slot is found");
+        assert_eq!(a.offline_sm_cap_pct(), Some(20.0), "the genuine job's 20 %, not the 60 % budget");
+        assert!(copy.slot != h.slot);
+        for c in [&mut job, &mut online] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// A slot another ledger client wrote naming a daemon (mps-manager holds the GPU's

@@ -237,6 +237,64 @@ fn a_slot_naming_a_process_that_holds_no_ledger_never_gets_it_signalled() {
     });
 }
 
+/// A tenant copies a registered offline process's identity (its pid namespace, pid and start
+/// time, which any ledger client can read from its slot) into a slot of its own reporting
+/// none of the memory the process holds: the copy is no slot of that process (it holds no lock
+/// there), so the honest process is never evicted for it, and the monitor says so. Before,
+/// the monitor kept a found process by its identity alone: the copy, looked up after the
+/// genuine slot, got the victim's host pid unchecked and the victim was SIGTERMed as
+/// under-reporting. The control: a real under-reporter registered after the copy is evicted.
+#[test]
+fn a_copy_of_an_offline_processs_identity_in_another_slot_never_gets_it_signalled() {
+    let n = EmuHost::node();
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let mut victim = n.spawn_helper_offline("gpu-mem", "1024");
+    let mut liar = n.spawn_helper_offline("gpu-mem", "1024");
+    let dev = n.device();
+    let (vp, lp) = (victim.pid(), liar.pid());
+    e2e::wait_until("both helpers on the device", T, || {
+        let s = dev.snapshot();
+        (s.processes.iter().any(|p| p.pid == vp) && s.processes.iter().any(|p| p.pid == lp)).then_some(())
+    });
+    register(&ledger, vp, 1024 << 20);
+    let start = node_ledger::procinfo::start_time(vp).unwrap();
+    let _copy = e2e::forge_slot(&ledger, vp, start, 0);
+    register(&ledger, lp, 0);
+    let sig = liar.wait_exit(T).expect("the under-reporting offline process was not evicted");
+    assert_eq!(sig, Some(libc::SIGTERM));
+    n.wait_state(T, "under_report counted", |v| v["evictions"]["under_report"].as_u64() >= Some(1));
+    // Several more verification periods (50 ms each) in which the copy could be acted on.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(victim.alive(), "the process whose identity was copied was evicted:\n{}", n.log("mon.json"));
+    let v = n.wait_state(T, "a fresh state", |_| true);
+    assert_eq!(v["evictions"]["under_report"], 1, "{v:#}");
+    n.wait_log(T, "the copy reported", "mon.json", |l| {
+        l.contains("holds no lock on that slot") && l.contains(&format!("host_pid={vp}"))
+    });
+}
+
+/// A tenant's under-reporting process writes a copy of its own identity into a lower slot
+/// than its genuine one (looked up first): the copy fails its lock check, and the genuine
+/// slot is still verified, so the process is evicted. Before, the copy's failure backed the
+/// identity off (1 s doubling to 64 s) and the genuine slot got no host pid for as long as
+/// the copy was there: the process was never verified nor signalled.
+#[test]
+fn a_copy_of_its_own_identity_in_a_lower_slot_does_not_hide_an_under_reporter() {
+    let n = EmuHost::node();
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let mut liar = n.spawn_helper_offline("gpu-mem", "1024");
+    let dev = n.device();
+    let lp = liar.pid();
+    e2e::wait_until("the helper on the device", T, || dev.snapshot().processes.iter().any(|p| p.pid == lp).then_some(()));
+    let start = node_ledger::procinfo::start_time(lp).unwrap();
+    let copy = e2e::forge_slot(&ledger, lp, start, 0);
+    let genuine = register(&ledger, lp, 0);
+    assert!(copy.slot < genuine.slot, "the copy is looked up first");
+    let sig = liar.wait_exit(T).expect("the under-reporting process hidden behind a copy was not evicted");
+    assert_eq!(sig, Some(libc::SIGTERM));
+    n.wait_state(T, "under_report counted", |v| v["evictions"]["under_report"].as_u64() >= Some(1));
+}
+
 /// Offline work that escapes the shim (a launcher that sanitises its children's environment,
 /// a static CUDA runtime) has no registration: no memory quota, no launch throttle, and the
 /// monitor took it for online load, so an overload it caused evicted its registered
