@@ -270,6 +270,10 @@ pub struct Manager {
     /// A `ClientsStuck` naming no process an MPS server lists was already logged in this
     /// episode ([`Manager::stuck_on_mps`]).
     stuck_unlisted_logged: bool,
+    /// The XID episode a check found as a fault: recorded as handled (`xid_handled`, kept
+    /// across restarts) once its recovery ran, not when it was found, so that a recovery the
+    /// rate limit held back is tried again by a restarted manager.
+    xid_pending: Option<HandledXid>,
     /// Until when (monotonic ms) a `ClientsStuck` ends the servers instead of the targeted
     /// step: set by a targeted recovery of stuck clients ([`stuck_episode_ms`] on, or for good
     /// when it failed), cleared by a full recovery. Never for a fault naming no process an MPS
@@ -460,6 +464,7 @@ impl Manager {
             dead_reported: BTreeSet::new(),
             limited_logged: false,
             stuck_unlisted_logged: false,
+            xid_pending: None,
             escalate_stuck_until: None,
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon_seen_alive: false,
@@ -1175,7 +1180,7 @@ impl Manager {
         self.daemon_seen_alive = o.daemon_alive;
         let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
         if faults.iter().any(|f| matches!(f, Fault::Xid { .. })) {
-            self.state.xid_handled = xid;
+            self.xid_pending = xid;
         }
         // Every server's clients seen, and nothing wrong with MPS: a client missing from the
         // lists is not one a fault took off them.
@@ -1382,15 +1387,19 @@ impl Manager {
         }
         let pending: Vec<(&node_daemon::monitor_state::PendingEviction, u64)> =
             evictions.iter().filter_map(|e| Some((e, e.kill_at_mono_ms?))).collect();
-        // The registration an eviction names: its pid namespace, pid and start time. An entry
-        // without the namespace (a monitor before it published it) names one only where no
-        // other registration has its pid and start time: two containers' processes can (pid 1
-        // each, started in the same clock tick), and the other's MPS work must not be ended.
+        // The registration an eviction names: its pid namespace, pid and start time, among the
+        // registrations whose process was found here (its slot's owner holding the slot's lock:
+        // a copy of its identity in another slot, which any ledger client can write, is not, and
+        // must not make the genuine one ambiguous, leaving it to a SIGKILL with kernels in
+        // flight). An entry without the namespace (a monitor before it published it) names one
+        // only where no other such registration has its pid and start time: two containers'
+        // processes can (pid 1 each, started in the same clock tick), and the other's MPS work
+        // must not be ended.
+        let own_ns = self.own_ns;
         let named = |e: &node_daemon::monitor_state::PendingEviction| {
-            let mut m = raw
-                .iter()
-                .zip(offline)
-                .filter(|(r, _)| r.pid == e.pid && r.start_time == e.start_time && e.pid_ns.is_none_or(|ns| ns == r.pid_ns));
+            let mut m = raw.iter().zip(offline).filter(|(r, o)| {
+                o.pid_ns == own_ns && r.pid == e.pid && r.start_time == e.start_time && e.pid_ns.is_none_or(|ns| ns == r.pid_ns)
+            });
             match (m.next(), m.next()) {
                 (Some(one), None) => Some(one),
                 _ => None,
@@ -1695,6 +1704,11 @@ impl Manager {
             }
         };
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
+        if matches!(fault, Fault::Xid { .. }) {
+            if let Some(x) = self.xid_pending.take() {
+                self.state.xid_handled = Some(x);
+            }
+        }
         self.escalate_stuck_until = None;
         self.record(fault, evicted, outcome);
         self.detector.reset();
@@ -2630,19 +2644,25 @@ mod tests {
     /// manager takes the XID it recovered from over from its state file and does not reset MPS
     /// again for it, which would end the online service's context for nothing; a new episode
     /// (Disabled again later, or after a reboot) is a fault again. Before, the XID handled
-    /// was kept in memory only, and every restart of the manager reset MPS again.
+    /// was kept in memory only, and every restart of the manager reset MPS again. It counts as
+    /// handled once its recovery ran, not when it was found: a recovery the rate limit held
+    /// back is tried again by a restarted manager (found in review).
     #[test]
     fn a_restarted_manager_does_not_recover_again_from_an_xid_it_recovered_from() {
         use node_daemon::monitor_state::{write, MonitorState};
         let d = tempfile::tempdir().unwrap();
         let mut m = manager(d.path());
-        let daemon = m.ensure_daemon().unwrap();
+        m.ensure_daemon().unwrap();
         let p = m.cfg.monitor_state_file.clone();
         let xid = MonitorState::example();
         assert_eq!((xid.disabling_xid(), xid.disabled_since_mono_ms), (Some(79), Some(4)));
         write(&p, &xid).unwrap();
         assert_eq!(m.check(0), vec![Fault::Xid { code: 79 }]);
         assert!(m.check(100).is_empty(), "once");
+        assert_eq!(m.state.xid_handled, None, "found, not yet recovered from");
+        m.recover(mono_ms(), Fault::Xid { code: 79 });
+        assert!(m.state.xid_handled.is_some(), "recovered from");
+        let daemon = m.ensure_daemon().unwrap();
         let prev: ManagerState = serde_json::from_str(&serde_json::to_string(&m.state).unwrap()).unwrap();
         let restarted = |prev: Option<&ManagerState>| {
             let mut m = manager(d.path());
@@ -2660,10 +2680,13 @@ mod tests {
         // Disabled by the same XID again later, or after a reboot: a new episode.
         write(&p, &MonitorState { disabled_since_mono_ms: Some(9), ..xid.clone() }).unwrap();
         assert_eq!(m2.check(200), vec![Fault::Xid { code: 79 }]);
+        m2.recover(mono_ms(), Fault::Xid { code: 79 });
         assert!(m2.check(300).is_empty());
         write(&p, &MonitorState { disabled_since_mono_ms: Some(9), boot_id: "c".into(), ..xid }).unwrap();
         assert_eq!(m2.check(400), vec![Fault::Xid { code: 79 }]);
+        let now = m2.ensure_daemon().unwrap();
         kill(daemon);
+        kill(now);
     }
 
     /// A state file that cannot be written (its directory is a file) is a run of failures the
@@ -3067,6 +3090,46 @@ mod tests {
         }
         assert_eq!(sent, format!("terminate_client 9 {}\n", b.id()), "once, the evicted container's client alone");
         assert_eq!(m.state.terminated_before_kill, 1);
+    }
+
+    /// A copy of an evicted process's identity in another slot (any ledger client can write
+    /// one) is not found here, and leaves the genuine registration the one the eviction names:
+    /// it is terminated on MPS before its kill. Before (found in review), the two matches made
+    /// the eviction ambiguous, and the process was SIGKILLed with its kernels in flight.
+    #[test]
+    fn a_copied_identity_does_not_keep_the_evicted_client_from_terminate_before_kill() {
+        use node_daemon::monitor_state::PendingEviction;
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("commands");
+        let mut m = manager_answering(d.path(), &format!("cat >> '{}'\n", log.display()));
+        let mut a = sleeper();
+        let st = node_ledger::procinfo::start_time(a.id()).unwrap();
+        let ns = m.own_ns ^ 1;
+        let snap = |slot: usize, pid: u32, pid_ns: u64| node_ledger::ProcSnapshot {
+            slot,
+            pid,
+            start_time: st,
+            pid_ns,
+            group_id: 1,
+            mem_bytes: 0,
+            launches: 0,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            syncs: (0, 0),
+            mps_pct: 0,
+            ledger_file: Default::default(),
+            owner_lock: (0, 0),
+        };
+        // The genuine slot (found here) and a copy in slot 5 (not found: its own namespace kept).
+        let raw = [snap(0, 1, ns), snap(5, 1, ns)];
+        let here = [snap(0, a.id(), m.own_ns), snap(5, 1, ns)];
+        let clients = BTreeMap::from([(9, vec![a.id()])]);
+        let evict = PendingEviction { pid: 1, pid_ns: Some(ns), start_time: st, requested_mono_ms: 0, kill_at_mono_ms: Some(mono_ms()) };
+        m.terminate_before_kill(&clients, &[evict], &raw, &here);
+        let sent = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = a.kill();
+        let _ = a.wait();
+        assert_eq!(sent, format!("terminate_client 9 {}\n", a.id()));
     }
 
     /// Every fault of one check is recovered from, not only the first: a crashed server (its

@@ -19,7 +19,8 @@
 //! time-sliced replica of it (`GPU-...::N`), or its index (`deviceIDStrategy: index`). A pod
 //! holding devices of several GPUs, or one this agent does not serve, gets no annotation (one
 //! GPU per online pod is what the plan pairs), said once per pod; a pod holding none keeps
-//! whatever its operator wrote.
+//! whatever its operator wrote, and so does a pod whose name the kubelet lists twice (its
+//! answer carries no UID). A patch the API refuses is tried again after 2, 4 … 64 rounds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -133,6 +134,13 @@ pub struct OnlineGpus {
     errors: u64,
     /// The refusal last said for each pod (by UID): said again only when it changes.
     refused: BTreeMap<String, String>,
+    /// Pods (by UID) whose last patches failed: (failures in a row, the round to try again,
+    /// the error last said). A patch the API keeps refusing (an old ClusterRole, the admission
+    /// policy on a cluster whose tokens name no node) is tried again after 2, 4 … 64 rounds,
+    /// and said again only when its error changes.
+    failing: BTreeMap<String, (u32, u64, String)>,
+    /// Rounds run.
+    round: u64,
     /// The last error reaching the kubelet or the API (said again only when it changes).
     last_error: Option<String>,
 }
@@ -149,6 +157,8 @@ impl OnlineGpus {
             written: 0,
             errors: 0,
             refused: BTreeMap::new(),
+            failing: BTreeMap::new(),
+            round: 0,
             last_error: None,
         }
     }
@@ -163,21 +173,33 @@ impl OnlineGpus {
 
     /// One round: the kubelet's devices, this node's online pods, the patches they need.
     pub async fn tick(&mut self) {
+        self.round += 1;
         let listed = match list(&self.socket).await {
             Ok(l) => l,
             Err(e) => return self.failed(format!("kubelet PodResources API: {e}")),
         };
         let pods: Api<Pod> = Api::all(self.client.clone());
+        // Any resource version (`resourceVersion=0`): served from the API server's watch cache,
+        // not a consistent read of every pod from etcd, from every node every few seconds. A
+        // stale answer costs at most a patch that changes nothing (the UID guards the pod).
         let lp = ListParams::default()
             .labels(&format!("{}={}", kube_contract::pod::LABEL_ROLE, kube_contract::pod::ROLE_ONLINE))
-            .fields(&format!("spec.nodeName={}", self.node));
+            .fields(&format!("spec.nodeName={}", self.node))
+            .match_any();
         let pods = match pods.list(&lp).await {
             Ok(l) => l.items,
             Err(e) => return self.failed(format!("listing this node's online pods: {e}")),
         };
         self.last_error = None;
-        let by_name: BTreeMap<(&str, &str), &pb::PodResources> =
-            listed.iter().map(|p| ((p.namespace.as_str(), p.name.as_str()), p)).collect();
+        // The kubelet names pods without their UID: a name it lists twice (a pod gone and one
+        // of the same name admitted) says nothing certain about either.
+        let mut by_name: BTreeMap<(&str, &str), Option<&pb::PodResources>> = BTreeMap::new();
+        for p in &listed {
+            by_name
+                .entry((p.namespace.as_str(), p.name.as_str()))
+                .and_modify(|e| *e = None)
+                .or_insert(Some(p));
+        }
         let mut seen = BTreeSet::new();
         for pod in &pods {
             let (Some(ns), Some(name), Some(uid)) =
@@ -189,7 +211,10 @@ impl OnlineGpus {
                 continue;
             }
             seen.insert(uid.to_string());
-            match decide(pod, by_name.get(&(ns, name)).copied(), &self.resources, &self.gpus) {
+            if self.failing.get(uid).is_some_and(|(_, next, _)| self.round < *next) {
+                continue;
+            }
+            match decide(pod, by_name.get(&(ns, name)).copied().flatten(), &self.resources, &self.gpus) {
                 Decision::Keep => {
                     self.refused.remove(uid);
                 }
@@ -207,6 +232,7 @@ impl OnlineGpus {
                     let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
                     match api.patch(name, &pp, &Patch::Merge(&patch)).await {
                         Ok(_) => {
+                            self.failing.remove(uid);
                             self.written += 1;
                             match was {
                                 None => tracing::info!(pod = %format!("{ns}/{name}"), gpu, "online pod's GPU written, as the kubelet assigned it"),
@@ -215,13 +241,21 @@ impl OnlineGpus {
                         }
                         Err(e) => {
                             self.errors += 1;
-                            tracing::warn!(pod = %format!("{ns}/{name}"), gpu, error = %e, "writing the online pod's GPU failed (next round tries again)");
+                            let e = e.to_string();
+                            let (n, said) = self.failing.get(uid).map_or((0, None), |(n, _, m)| (*n, Some(m.clone())));
+                            let n = n.saturating_add(1);
+                            let wait = 1u64 << n.min(6);
+                            if said.as_ref() != Some(&e) {
+                                tracing::warn!(pod = %format!("{ns}/{name}"), gpu, error = %e, retry_in_rounds = wait, "writing the online pod's GPU failed (check the agent's RBAC `patch` on pods and the admission policy xshare-node-agent-pods)");
+                            }
+                            self.failing.insert(uid.to_string(), (n, self.round + wait, e));
                         }
                     }
                 }
             }
         }
         self.refused.retain(|uid, _| seen.contains(uid));
+        self.failing.retain(|uid, _| seen.contains(uid));
     }
 
     /// Prometheus text: annotations written and failed rounds/patches.

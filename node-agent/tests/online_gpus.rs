@@ -68,6 +68,9 @@ async fn each_online_pod_gets_the_gpu_the_kubelet_gave_it() {
         listed("api", &["GPU-aaa"]),
         listed("ok", &["1"]),
         listed("multi", &["GPU-aaa", "GPU-bbb"]),
+        // A name the kubelet lists twice (one pod gone, one admitted): no UID tells which.
+        listed("dup", &["GPU-aaa"]),
+        listed("dup", &["GPU-bbb"]),
     ]));
     node_agent::test_support::serve_pod_resources(&socket, kubelet.clone());
     let pods = vec![
@@ -76,6 +79,7 @@ async fn each_online_pod_gets_the_gpu_the_kubelet_gave_it() {
         online_pod("ok", "u-ok", Some("1")),
         online_pod("multi", "u-multi", None),
         online_pod("new", "u-new", None),
+        online_pod("dup", "u-dup", None),
     ];
     let api = FakeApi::start(Arc::new(move |r: &Recorded| match r.method.as_str() {
         "GET" if r.path == "/api/v1/pods" => (200, pod_list(pods.clone())),
@@ -88,6 +92,8 @@ async fn each_online_pod_gets_the_gpu_the_kubelet_gave_it() {
     let list = api.requests.lock().unwrap().iter().find(|r| r.method == "GET").cloned().expect("a list");
     let q = &list.query;
     assert!(q.contains("labelSelector=xshare.io%2Frole%3Donline") && q.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{q}");
+    // From the API server's cache, not a consistent read of every pod, every round, every node.
+    assert!(q.contains("resourceVersion=0"), "{q}");
     let mut got: Vec<(String, serde_json::Value)> = patches(&api).iter().map(|r| (r.path.clone(), r.json())).collect();
     got.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
@@ -116,4 +122,28 @@ async fn no_kubelet_answer_writes_nothing_and_is_counted() {
     w.tick().await;
     assert!(patches(&api).is_empty());
     assert!(w.metrics().contains("xshare_node_agent_online_gpu_errors_total 1"), "{}", w.metrics());
+}
+
+/// A patch the API keeps refusing (an old ClusterRole without `patch`, or the admission policy
+/// on a cluster whose tokens name no node) is tried again after 2, 4 … 64 rounds, not every
+/// round: 2 patches in 3 rounds, 3 in 7.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_patch_backs_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("kubelet.sock");
+    node_agent::test_support::serve_pod_resources(&socket, Arc::new(Mutex::new(vec![listed("web", &["GPU-aaa"])])));
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| match r.method.as_str() {
+        "GET" => (200, pod_list(vec![online_pod("web", "u-web", None)])),
+        _ => (403, status(403, "Forbidden", "pods \"web\" is forbidden: User \"system:serviceaccount:kube-system:xshare-node-agent\" cannot patch resource \"pods\"")),
+    }))
+    .await;
+    let mut w = worker(api.url(), &socket).await;
+    for _ in 0..3 {
+        w.tick().await;
+    }
+    assert_eq!(patches(&api).len(), 2, "rounds 1 and 3");
+    for _ in 0..4 {
+        w.tick().await;
+    }
+    assert_eq!(patches(&api).len(), 3, "then round 7");
 }

@@ -935,7 +935,7 @@ macro_rules! begin_capture {
                 let f = real!($name: $pfn);
                 let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
                 // SAFETY: forwarding the caller's arguments.
-                crate::capture::begin(limit, || unsafe { f(stream, mode) })
+                crate::capture::begin(limit, mode.0, || unsafe { f(stream, mode) })
             })
         }
     };
@@ -954,7 +954,7 @@ macro_rules! begin_capture_to_graph {
                 let f = real!($name: $pfn);
                 let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
                 // SAFETY: forwarding the caller's arguments.
-                crate::capture::begin(limit, || unsafe { f(stream, graph, deps, edges, n, mode) })
+                crate::capture::begin(limit, mode.0, || unsafe { f(stream, graph, deps, edges, n, mode) })
             })
         }
     };

@@ -15,10 +15,19 @@
 //!
 //! Protocol (Dekker-style, both sides store then load, `SeqCst`): a beginning capture counts
 //! itself in [`ACTIVE`] and then checks [`SYNCING`]; a synchronisation counts itself in
-//! [`SYNCING`] and then checks [`ACTIVE`]. So either the capture sees the synchronisation
-//! (and waits for it to finish before beginning) or the synchronisation sees the capture (and
-//! lets go, waits, tries again): never both running. Not a hot path: captures and the exit
-//! path only; a launch reads [`ACTIVE`] only when it has to wait.
+//! [`SYNCING`] and then waits until [`ACTIVE`] reads 0. So either the capture sees the
+//! synchronisation (and waits for it to finish before beginning) or the synchronisation sees
+//! the capture (and waits for it to end, new captures held off meanwhile, so that overlapping
+//! captures of several threads cannot starve it): never both running. Not a hot path:
+//! captures and the exit path only; a launch reads its thread's count only when it has to
+//! wait.
+//!
+//! Only a capture the launching thread itself began in a mode other than relaxed lets its
+//! launches pass: such a capture can be ended only by that thread (cuda.h), so the stream
+//! cannot stop capturing between the driver's answer and the launch, which then records
+//! rather than runs. (A relaxed capture may be ended by another thread in that window: a
+//! tenant looping begin/end on one thread would have run its other thread's kernels past a
+//! frozen throttle.)
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::time::{Duration, Instant};
@@ -36,9 +45,32 @@ static ACTIVE: AtomicU32 = AtomicU32::new(0);
 /// overlap).
 static SYNCING: AtomicU32 = AtomicU32::new(0);
 
-/// Whether a capture begun through the shim may be in progress (one atomic load).
+thread_local! {
+    /// Captures this thread began in a mode other than relaxed, not yet ended by it.
+    static OWN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h): a capture any thread may end.
+const MODE_RELAXED: u32 = 2;
+
+/// Whether this thread has a capture of its own in progress that no other thread can end
+/// (one thread-local read).
 #[inline]
-pub fn any_active() -> bool {
+pub fn own_active() -> bool {
+    OWN.with(|c| c.get() != 0)
+}
+
+/// In a fork child: only the forking thread lives on, and the captures and synchronisations
+/// counted were the parent's (of contexts the child does not have).
+pub fn reset_after_fork() {
+    ACTIVE.store(0, SeqCst);
+    SYNCING.store(0, SeqCst);
+    OWN.with(|c| c.set(0));
+}
+
+/// Whether a capture begun through the shim may be in progress (one atomic load).
+#[cfg(test)]
+fn any_active() -> bool {
     ACTIVE.load(SeqCst) != 0
 }
 
@@ -46,7 +78,7 @@ pub fn any_active() -> bool {
 /// the call, uncounted if the driver refuses it. While a synchronisation of the exit path
 /// runs the capture waits for it (at most `limit`, then begins anyway: a synchronisation the
 /// driver never finishes must not stop the application).
-pub fn begin(limit: Duration, begin: impl FnOnce() -> CUresult) -> CUresult {
+pub fn begin(limit: Duration, mode: u32, begin: impl FnOnce() -> CUresult) -> CUresult {
     let start = Instant::now();
     loop {
         ACTIVE.fetch_add(1, SeqCst);
@@ -61,6 +93,8 @@ pub fn begin(limit: Duration, begin: impl FnOnce() -> CUresult) -> CUresult {
     let rc = begin();
     if rc != CUresult::CUDA_SUCCESS {
         uncount();
+    } else if mode != MODE_RELAXED {
+        OWN.with(|c| c.set(c.get().saturating_add(1)));
     }
     rc
 }
@@ -72,6 +106,7 @@ pub fn begin(limit: Duration, begin: impl FnOnce() -> CUresult) -> CUresult {
 pub fn ended(rc: CUresult) {
     if rc == CUresult::CUDA_SUCCESS || rc == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
         uncount();
+        OWN.with(|c| c.set(c.get().saturating_sub(1)));
     }
 }
 
@@ -112,16 +147,16 @@ fn uncount() {
 /// had to give up waiting.
 pub fn quiesced<T>(wait: Duration, sync: impl FnOnce() -> T) -> (T, bool) {
     let start = Instant::now();
+    // Raised for the whole wait: the captures in progress end, and no new one begins.
+    SYNCING.fetch_add(1, SeqCst);
     let mut logged = false;
     let gave_up = loop {
-        SYNCING.fetch_add(1, SeqCst);
         if ACTIVE.load(SeqCst) == 0 {
             break false;
         }
         if start.elapsed() >= wait {
             break true;
         }
-        SYNCING.fetch_sub(1, SeqCst);
         if !logged {
             tracing::info!(captures = ACTIVE.load(SeqCst), "xcuda: waiting for the stream captures in progress to end before synchronising");
             logged = true;
@@ -151,10 +186,10 @@ mod tests {
     #[test]
     fn a_synchronisation_waits_for_the_capture_and_holds_new_ones_off() {
         // Refused begin: not counted.
-        assert_eq!(begin(Duration::from_secs(1), || CUresult::CUDA_ERROR_ILLEGAL_STATE), CUresult::CUDA_ERROR_ILLEGAL_STATE);
+        assert_eq!(begin(Duration::from_secs(1), 0, || CUresult::CUDA_ERROR_ILLEGAL_STATE), CUresult::CUDA_ERROR_ILLEGAL_STATE);
         assert!(!any_active());
         // An end that ended nothing (wrong thread): the capture still counts.
-        assert_eq!(begin(Duration::from_secs(1), || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        assert_eq!(begin(Duration::from_secs(1), 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
         ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
         assert!(any_active());
         // The synchronisation waits until the capture ends on another thread.
@@ -182,7 +217,7 @@ mod tests {
         while !syncing.load(SeqCst) {
             std::thread::yield_now();
         }
-        let rc = begin(Duration::from_secs(30), move || {
+        let rc = begin(Duration::from_secs(30), 2, move || {
             assert!(!s2.load(SeqCst), "the capture began while the synchronisation ran");
             CUresult::CUDA_SUCCESS
         });
@@ -196,5 +231,18 @@ mod tests {
         // Ends beyond the count never wrap it.
         ended(CUresult::CUDA_SUCCESS);
         assert!(!any_active());
+        // Only this thread's own non-relaxed captures let its launches pass.
+        std::thread::spawn(|| {
+            assert_eq!(begin(Duration::from_secs(1), 2, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+            assert!(!own_active(), "a relaxed capture: another thread may end it");
+            assert_eq!(begin(Duration::from_secs(1), 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+            assert!(own_active());
+            std::thread::spawn(|| assert!(!own_active(), "not another thread's")).join().unwrap();
+            ended(CUresult::CUDA_SUCCESS);
+            ended(CUresult::CUDA_SUCCESS);
+            assert!(!own_active() && !any_active());
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -577,7 +577,10 @@ fn drain_thread(term_ns: u64) {
         by_deletion = clock.deletion_seen(),
         "xcuda: the process still runs before its expected SIGKILL: kernel launches stopped, draining the GPU"
     );
-    if let Some(done) = synchronize_unless_released(st, "drain the GPU before the expected SIGKILL") {
+    // The captures in progress get half the drain's margin at most: the synchronisation must
+    // be done before the SIGKILL it drains for.
+    let capture_wait = crate::capture::wait_limit().min(std::time::Duration::from_millis(e.drain_before_kill_ms / 2));
+    if let Some(done) = synchronize_unless_released(st, "drain the GPU before the expected SIGKILL", capture_wait) {
         tracing::warn!(drained = done, "xcuda: GPU drained; launches stay stopped until the SIGKILL");
     }
     // Until the spec's kill is long past, still looking for a deletion (which keeps the drain).
@@ -614,12 +617,12 @@ fn disarm(term_ns: u64) {
 /// which after a release would bring it back to life (a new MPS client), and a release that
 /// begins meanwhile waits for it instead of destroying the contexts it is synchronising.
 /// `None`: a release had begun; else whether it completed in time.
-fn synchronize_unless_released(st: &'static state::State, what: &str) -> Option<bool> {
+fn synchronize_unless_released(st: &'static state::State, what: &str, capture_wait: std::time::Duration) -> Option<bool> {
     let entered = with_deadline(what, move || {
         let Some(_gate) = CreationGate::try_enter() else { return false };
         // After the captures in progress end: a synchronisation would break them (CUDA forbids
         // synchronising a context while a stream of it captures) and wait for nothing.
-        crate::capture::quiesced(crate::capture::wait_limit(), || st.contexts.synchronize_all());
+        crate::capture::quiesced(capture_wait, || st.contexts.synchronize_all());
         true
     });
     match entered {
@@ -957,7 +960,7 @@ fn handle_signal(sig: c_int) {
     if let Some(st) = st {
         // Nothing to synchronise once a release has begun (and retaining a primary context
         // then could bring it back to life).
-        let _ = synchronize_unless_released(st, "synchronise contexts");
+        let _ = synchronize_unless_released(st, "synchronise contexts", crate::capture::wait_limit());
     }
     let unfreeze = || {
         // Once drained (the SIGKILL is coming), not before the drain gives up. A drain that
@@ -1134,8 +1137,11 @@ fn on_fork_child_inner() {
                 st.throttles().for_each(|t| t.unfreeze());
             }
         }
-        // Only the forking thread survives: no creation is in progress in the child.
+        // Only the forking thread survives: no creation is in progress in the child, and no
+        // capture or exit-path synchronisation of another thread (the forking thread's own
+        // captures are of the parent's contexts, which the child does not have).
         CREATING.store(0, SeqCst);
+        crate::capture::reset_after_fork();
         // Nor does any holder of the shim's locks.
         crate::api::VMM_UNMAP_RETAIN.reset_after_fork();
         crate::limits::CHANGES.reset_after_fork();

@@ -42,14 +42,15 @@ impl Throttle {
     }
 
     /// [`Self::acquire`] for a kernel launched on `stream` (`ptsz`: through a per-thread entry
-    /// point): a launch into a capturing stream records a graph node and runs nothing, so it
-    /// never waits, frozen or in debt (a capture must be able to end while launches are
-    /// stopped; the graph pays when it is launched). Asked of the driver only when the launch
-    /// would wait and a capture is in progress.
+    /// point): a launch into a stream this thread captures records a graph node and runs
+    /// nothing, so it never waits, frozen or in debt (a capture must be able to end while
+    /// launches are stopped; the graph pays when it is launched). Asked of the driver only when
+    /// the launch would wait and this thread has a capture of its own in progress, one no other
+    /// thread can end meanwhile (see `capture`).
     #[inline]
     pub fn acquire_on(&self, cost: i64, stream: cuda_abi::CUstream, ptsz: bool) {
         if !self.0.take(cost) {
-            if crate::capture::any_active() && crate::capture::stream_capturing(stream as u64, ptsz) {
+            if crate::capture::own_active() && crate::capture::stream_capturing(stream as u64, ptsz) {
                 return;
             }
             self.wait_for_budget();
