@@ -3059,21 +3059,7 @@ mod tests {
                 let _ = c.wait();
             }
         };
-        let snap = |pid: u32, pid_ns: u64| node_ledger::ProcSnapshot {
-            slot: 0,
-            pid,
-            start_time: st,
-            pid_ns,
-            group_id: 1,
-            mem_bytes: 0,
-            launches: 0,
-            launches_delayed: 0,
-            heartbeat_ns: 0,
-            syncs: (0, 0),
-            mps_pct: 0,
-            ledger_file: Default::default(),
-            owner_lock: (0, 0),
-        };
+        let snap = |pid: u32, pid_ns: u64| registration(0, pid, pid_ns, st);
         let (ns_a, ns_b) = (m.own_ns ^ 1, m.own_ns ^ 2);
         // As the ledgers name them (pid 1 of each container), and as the manager found them here.
         let raw = [snap(1, ns_a), snap(1, ns_b)];
@@ -3092,6 +3078,25 @@ mod tests {
         assert_eq!(m.state.terminated_before_kill, 1);
     }
 
+    /// A registration of group 1 in `slot`, as a ledger names it (nothing else reported).
+    fn registration(slot: usize, pid: u32, pid_ns: u64, start_time: u64) -> node_ledger::ProcSnapshot {
+        node_ledger::ProcSnapshot {
+            slot,
+            pid,
+            start_time,
+            pid_ns,
+            group_id: 1,
+            mem_bytes: 0,
+            launches: 0,
+            launches_delayed: 0,
+            heartbeat_ns: 0,
+            syncs: (0, 0),
+            mps_pct: 0,
+            ledger_file: Default::default(),
+            owner_lock: (0, 0),
+        }
+    }
+
     /// A copy of an evicted process's identity in another slot (any ledger client can write
     /// one) is not found here, and leaves the genuine registration the one the eviction names:
     /// it is terminated on MPS before its kill. Before (found in review), the two matches made
@@ -3105,21 +3110,7 @@ mod tests {
         let mut a = sleeper();
         let st = node_ledger::procinfo::start_time(a.id()).unwrap();
         let ns = m.own_ns ^ 1;
-        let snap = |slot: usize, pid: u32, pid_ns: u64| node_ledger::ProcSnapshot {
-            slot,
-            pid,
-            start_time: st,
-            pid_ns,
-            group_id: 1,
-            mem_bytes: 0,
-            launches: 0,
-            launches_delayed: 0,
-            heartbeat_ns: 0,
-            syncs: (0, 0),
-            mps_pct: 0,
-            ledger_file: Default::default(),
-            owner_lock: (0, 0),
-        };
+        let snap = |slot: usize, pid: u32, pid_ns: u64| registration(slot, pid, pid_ns, st);
         // The genuine slot (found here) and a copy in slot 5 (not found: its own namespace kept).
         let raw = [snap(0, 1, ns), snap(5, 1, ns)];
         let here = [snap(0, a.id(), m.own_ns), snap(5, 1, ns)];
