@@ -935,7 +935,7 @@ macro_rules! begin_capture {
                 let f = real!($name: $pfn);
                 let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
                 // SAFETY: forwarding the caller's arguments.
-                crate::capture::begin(limit, mode.0, || unsafe { f(stream, mode) })
+                crate::capture::begin(limit, mode.0, stream as u64, || unsafe { f(stream, mode) })
             })
         }
     };
@@ -954,7 +954,9 @@ macro_rules! begin_capture_to_graph {
                 let f = real!($name: $pfn);
                 let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
                 // SAFETY: forwarding the caller's arguments.
-                crate::capture::begin(limit, mode.0, || unsafe { f(stream, graph, deps, edges, n, mode) })
+                crate::capture::begin(limit, mode.0, stream as u64, || unsafe {
+                    f(stream, graph, deps, edges, n, mode)
+                })
             })
         }
     };
@@ -970,9 +972,7 @@ macro_rules! end_capture {
             guard(|| {
                 let f = real!($name: $pfn);
                 // SAFETY: forwarding the caller's arguments.
-                let rc = unsafe { f(stream, graph) };
-                crate::capture::ended(rc);
-                rc
+                crate::capture::end(stream as u64, || unsafe { f(stream, graph) })
             })
         }
     };
@@ -1596,6 +1596,7 @@ fn context_destroy(ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult 
         let ok = rc == CUresult::CUDA_SUCCESS;
         if ok {
             state().contexts.destroyed(ctx);
+            crate::capture::context_gone(ctx as u64);
         }
         ok
     })
@@ -1605,18 +1606,30 @@ fn context_destroy(ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult 
 /// context and its allocations.
 fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let st = state();
-    context_teardown(st.contexts.primary_handle(dev), call, |rc| {
+    let handle = st.contexts.primary_handle(dev);
+    context_teardown(handle, call, |rc| {
         let ok = rc == CUresult::CUDA_SUCCESS;
         if ok {
             st.contexts.released(dev);
         }
-        ok && !crate::exit::primary_active(dev)
+        let gone = ok && !crate::exit::primary_active(dev);
+        if gone {
+            crate::capture::context_gone(handle);
+        }
+        gone
     })
 }
 
 /// A primary-context reset on `dev`: on success every allocation of the primary context is gone.
 fn primary_reset(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
-    context_teardown(state().contexts.primary_handle(dev), call, |rc| rc == CUresult::CUDA_SUCCESS)
+    let handle = state().contexts.primary_handle(dev);
+    context_teardown(handle, call, |rc| {
+        let ok = rc == CUresult::CUDA_SUCCESS;
+        if ok {
+            crate::capture::context_gone(handle);
+        }
+        ok
+    })
 }
 
 /// Hooked context teardowns (`cuCtxDestroy*`, `cuDevicePrimaryCtxRelease*`,

@@ -13,6 +13,9 @@
 //! stream, which record and run nothing, pass a frozen throttle ([`stream_capturing`]), so a
 //! capture can end while launches are stopped.
 //!
+//! A capture its context's destruction ends (`cuCtxDestroy`, a primary context's reset or last
+//! release, mid-capture) leaves the count with its context ([`context_gone`]).
+//!
 //! Protocol (Dekker-style, both sides store then load, `SeqCst`): a beginning capture counts
 //! itself in [`ACTIVE`] and then checks [`SYNCING`]; a synchronisation counts itself in
 //! [`SYNCING`] and then waits until [`ACTIVE`] reads 0. So either the capture sees the
@@ -29,7 +32,7 @@
 //! tenant looping begin/end on one thread would have run its other thread's kernels past a
 //! frozen throttle.)
 
-use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use cuda_abi::{CUresult, CUstream, CUstreamCaptureStatus};
@@ -44,6 +47,17 @@ static ACTIVE: AtomicU32 = AtomicU32::new(0);
 /// Context synchronisations of the exit path running now (the helper's and the drain's may
 /// overlap).
 static SYNCING: AtomicU32 = AtomicU32::new(0);
+
+/// The captures in progress of each context (its handle; 0: a free slot), so that those its
+/// context's destruction ends leave [`ACTIVE`] with it (`cuCtxDestroy` mid-capture; the driver
+/// drops the capture, and no `cuStreamEndCapture` will come). Read and written under
+/// [`BY_CTX_LOCK`]. A capture of a context that finds no slot free (more than [`CTX_SLOTS`]
+/// contexts capturing at once) is counted in [`ACTIVE`] alone: should its context be
+/// destroyed, the exit path waits its bound for it, as it would without the table.
+const CTX_SLOTS: usize = 16;
+static BY_CTX_LOCK: crate::spin::SpinLock = crate::spin::SpinLock::new();
+static CTXS: [AtomicU64; CTX_SLOTS] = [const { AtomicU64::new(0) }; CTX_SLOTS];
+static COUNTS: [AtomicU32; CTX_SLOTS] = [const { AtomicU32::new(0) }; CTX_SLOTS];
 
 thread_local! {
     /// Captures this thread began in a mode other than relaxed, not yet ended by it.
@@ -66,6 +80,75 @@ pub fn reset_after_fork() {
     ACTIVE.store(0, SeqCst);
     SYNCING.store(0, SeqCst);
     OWN.with(|c| c.set(0));
+    BY_CTX_LOCK.reset_after_fork();
+    for (c, n) in CTXS.iter().zip(&COUNTS) {
+        c.store(0, Relaxed);
+        n.store(0, Relaxed);
+    }
+}
+
+/// Adds `delta` (+1 or -1) to context `ctx`'s captures in progress (0: unknown, nothing kept).
+fn tally(ctx: u64, delta: i32) {
+    if ctx == 0 {
+        return;
+    }
+    let _held = BY_CTX_LOCK.lock();
+    let at = CTXS.iter().position(|c| c.load(Relaxed) == ctx);
+    match (at, delta > 0) {
+        (Some(i), true) => {
+            COUNTS[i].fetch_add(1, Relaxed);
+        }
+        (Some(i), false) => {
+            let n = COUNTS[i].load(Relaxed).saturating_sub(1);
+            COUNTS[i].store(n, Relaxed);
+            if n == 0 {
+                CTXS[i].store(0, Relaxed);
+            }
+        }
+        (None, true) => {
+            if let Some(i) = CTXS.iter().position(|c| c.load(Relaxed) == 0) {
+                CTXS[i].store(ctx, Relaxed);
+                COUNTS[i].store(1, Relaxed);
+            }
+        }
+        (None, false) => {}
+    }
+}
+
+/// Context `ctx` is gone (destroyed, its primary reset or last released): the captures in
+/// progress in it ended with it.
+pub fn context_gone(ctx: u64) {
+    if ctx == 0 {
+        return;
+    }
+    let n = {
+        let _held = BY_CTX_LOCK.lock();
+        match CTXS.iter().position(|c| c.load(Relaxed) == ctx) {
+            Some(i) => {
+                CTXS[i].store(0, Relaxed);
+                COUNTS[i].swap(0, Relaxed)
+            }
+            None => 0,
+        }
+    };
+    if n > 0 {
+        let _ = ACTIVE.fetch_update(SeqCst, SeqCst, |a| Some(a.saturating_sub(n)));
+        crate::state::logged(|| tracing::info!(ctx, captures = n, "xcuda: stream captures ended with their context"));
+    }
+}
+
+/// The context of the capture on `stream`: the stream's, or the current one for the legacy and
+/// per-thread default streams (0: unknown).
+fn stream_ctx(stream: u64) -> u64 {
+    // 0 (the null stream of either kind), CU_STREAM_LEGACY (1), CU_STREAM_PER_THREAD (2).
+    if stream <= 2 {
+        return crate::exit::current_context();
+    }
+    let mut ctx: cuda_abi::CUcontext = std::ptr::null_mut();
+    match call_real!(cuStreamGetCtx: cuda_abi::PFN_cuStreamGetCtx_v9020, stream as CUstream, &mut ctx) {
+        CUresult::CUDA_SUCCESS => ctx as u64,
+        _ => 0,
+    }
 }
 
 /// Whether a capture begun through the shim may be in progress (one atomic load).
@@ -78,7 +161,7 @@ fn any_active() -> bool {
 /// the call, uncounted if the driver refuses it. While a synchronisation of the exit path
 /// runs the capture waits for it (at most `limit`, then begins anyway: a synchronisation the
 /// driver never finishes must not stop the application).
-pub fn begin(limit: Duration, mode: u32, begin: impl FnOnce() -> CUresult) -> CUresult {
+pub fn begin(limit: Duration, mode: u32, stream: u64, begin: impl FnOnce() -> CUresult) -> CUresult {
     let start = Instant::now();
     loop {
         ACTIVE.fetch_add(1, SeqCst);
@@ -93,20 +176,33 @@ pub fn begin(limit: Duration, mode: u32, begin: impl FnOnce() -> CUresult) -> CU
     let rc = begin();
     if rc != CUresult::CUDA_SUCCESS {
         uncount();
-    } else if mode != MODE_RELAXED {
+        return rc;
+    }
+    if mode != MODE_RELAXED {
         OWN.with(|c| c.set(c.get().saturating_add(1)));
     }
+    tally(stream_ctx(stream), 1);
     rc
 }
 
-/// After `cuStreamEndCapture*` answered `rc`: the capture is over when it succeeded or ended
-/// invalidated (cuda.h: the graph is then null); any other answer (a stream that was not
-/// capturing, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, whose capture goes on,
-/// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`) ended nothing.
-pub fn ended(rc: CUresult) {
+/// `cuStreamEndCapture*` on `stream` through `end` (the real call): the capture is over when
+/// it succeeded or ended invalidated (cuda.h: the graph is then null); any other answer (a
+/// stream that was not capturing, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, whose capture goes
+/// on, `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`) ended nothing.
+pub fn end(stream: u64, end: impl FnOnce() -> CUresult) -> CUresult {
+    // The stream's context, asked while the capture still holds it.
+    let ctx = if ACTIVE.load(SeqCst) != 0 { stream_ctx(stream) } else { 0 };
+    let rc = end();
+    ended(rc, ctx);
+    rc
+}
+
+/// [`end`]'s bookkeeping once the driver answered `rc` for a capture of context `ctx`.
+fn ended(rc: CUresult, ctx: u64) {
     if rc == CUresult::CUDA_SUCCESS || rc == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
         uncount();
         OWN.with(|c| c.set(c.get().saturating_sub(1)));
+        tally(ctx, -1);
     }
 }
 
@@ -186,11 +282,11 @@ mod tests {
     #[test]
     fn a_synchronisation_waits_for_the_capture_and_holds_new_ones_off() {
         // Refused begin: not counted.
-        assert_eq!(begin(Duration::from_secs(1), 0, || CUresult::CUDA_ERROR_ILLEGAL_STATE), CUresult::CUDA_ERROR_ILLEGAL_STATE);
+        assert_eq!(begin(Duration::from_secs(1), 0, 0, || CUresult::CUDA_ERROR_ILLEGAL_STATE), CUresult::CUDA_ERROR_ILLEGAL_STATE);
         assert!(!any_active());
         // An end that ended nothing (wrong thread): the capture still counts.
-        assert_eq!(begin(Duration::from_secs(1), 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
-        ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+        assert_eq!(begin(Duration::from_secs(1), 0, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, 0);
         assert!(any_active());
         // The synchronisation waits until the capture ends on another thread.
         let ended_at = Arc::new(AtomicBool::new(false));
@@ -198,7 +294,7 @@ mod tests {
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             e.store(true, SeqCst);
-            ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+            ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, 0);
         });
         let e = ended_at.clone();
         let (saw_end, gave_up) = quiesced(Duration::from_secs(30), move || e.load(SeqCst));
@@ -217,7 +313,7 @@ mod tests {
         while !syncing.load(SeqCst) {
             std::thread::yield_now();
         }
-        let rc = begin(Duration::from_secs(30), 2, move || {
+        let rc = begin(Duration::from_secs(30), 2, 0, move || {
             assert!(!s2.load(SeqCst), "the capture began while the synchronisation ran");
             CUresult::CUDA_SUCCESS
         });
@@ -226,20 +322,32 @@ mod tests {
         // A capture never ended: the synchronisation gives up after its wait and runs.
         let (ran, gave_up) = quiesced(Duration::from_millis(50), || true);
         assert!(ran && gave_up);
-        ended(CUresult::CUDA_SUCCESS);
+        ended(CUresult::CUDA_SUCCESS, 0);
         assert!(!any_active());
         // Ends beyond the count never wrap it.
-        ended(CUresult::CUDA_SUCCESS);
+        ended(CUresult::CUDA_SUCCESS, 0);
         assert!(!any_active());
+        // Captures of a context that is destroyed end with it; another context's stay.
+        for ctx in [0xA0, 0xA0, 0xB0] {
+            assert_eq!(begin(Duration::from_secs(1), 2, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+            tally(ctx, 1);
+        }
+        context_gone(0xA0);
+        assert_eq!(ACTIVE.load(SeqCst), 1, "the other context's capture");
+        context_gone(0xA0);
+        assert_eq!(ACTIVE.load(SeqCst), 1, "gone once");
+        ended(CUresult::CUDA_SUCCESS, 0xB0);
+        context_gone(0xB0);
+        assert!(!any_active() && CTXS.iter().all(|c| c.load(Relaxed) == 0));
         // Only this thread's own non-relaxed captures let its launches pass.
         std::thread::spawn(|| {
-            assert_eq!(begin(Duration::from_secs(1), 2, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+            assert_eq!(begin(Duration::from_secs(1), 2, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
             assert!(!own_active(), "a relaxed capture: another thread may end it");
-            assert_eq!(begin(Duration::from_secs(1), 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+            assert_eq!(begin(Duration::from_secs(1), 0, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
             assert!(own_active());
             std::thread::spawn(|| assert!(!own_active(), "not another thread's")).join().unwrap();
-            ended(CUresult::CUDA_SUCCESS);
-            ended(CUresult::CUDA_SUCCESS);
+            ended(CUresult::CUDA_SUCCESS, 0);
+            ended(CUresult::CUDA_SUCCESS, 0);
             assert!(!own_active() && !any_active());
         })
         .join()

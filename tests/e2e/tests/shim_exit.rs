@@ -312,6 +312,28 @@ fn a_sigterm_during_a_graph_capture_leaves_the_capture_whole() {
     }
 }
 
+/// A capture its context's destruction ended (`cuCtxDestroy` mid-capture: the driver drops the
+/// capture, no `cuStreamEndCapture` comes) is no longer counted: a SIGTERM then releases at
+/// once. Before, the release's synchronisation waited `exit.capture_wait_ms` for a capture
+/// that no longer existed, said at WARN (read here; no time is measured).
+#[test]
+fn a_capture_that_ended_with_its_context_is_not_waited_for() {
+    use std::os::unix::process::ExitStatusExt;
+    let host = host_for_users();
+    let _ledger = ledger(&host);
+    let mut c = limited(&host, "shim_client", 1 << 30, "capturer");
+    as_nobody(&mut c).args(["ctx", "capturebegin", "destroy", "ready", "hang"]);
+    let mut v = host.spawn(&mut c);
+    v.wait_for_line("ready", T).unwrap_or_else(|| panic!("{} {}", v.stdout(), v.stderr()));
+    assert!(v.stdout().contains("capturebegin=0"), "{}", v.stdout());
+    v.signal(libc::SIGTERM);
+    let st = v.wait_timeout(T).expect("client exits");
+    assert_eq!(st.signal(), Some(libc::SIGTERM), "{}", v.stderr());
+    let err = v.stderr();
+    assert!(err.contains("stream captures ended with their context"), "{err}");
+    assert!(!err.contains("a stream capture is still in progress"), "{err}");
+}
+
 /// The drain before the kubelet's SIGKILL, and its way back when no kill comes: a shimmed
 /// trainer that ignores SIGTERM, told a 1.5 s grace with a 1 s margin (`XCUDA_KILL_GRACE_MS`,
 /// `XCUDA_DRAIN_BEFORE_KILL_MS`), stops launching once drained (at most the iteration in

@@ -21,7 +21,8 @@
 //! PRE bytes then allocated with cuMemAlloc, the graph launched COUNT times; `capturememnull` the
 //! same on the null stream: the per-thread default stream under `--resolve gpa2`). `capturept` (a
 //! global-mode capture begun on CU_STREAM_PER_THREAD and left running; capture queries on the
-//! legacy and per-thread streams). `capturethread` (a global-mode capture ended first from
+//! legacy and per-thread streams). `capturebegin` (a global-mode capture begun on a new stream
+//! and left running). `capturethread` (a global-mode capture ended first from
 //! another thread, then from its own). `capturesig N TO_GRAPH` (a SIGTERM handler, then a capture
 //! of N launches 20 ms apart, into a graph of its own when TO_GRAPH is 1; see the step).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
@@ -766,6 +767,14 @@ fn main() {
                     let mut g: CUgraph = std::ptr::null_mut();
                     let own = capture_end(s, &mut g);
                     out(format!("capturethread={} own={}", other.0, own.0));
+                }
+                // A global-mode capture begun on a new stream of the current context and left
+                // running. Prints `capturebegin=RC`.
+                "capturebegin" => {
+                    let mut s: CUstream = std::ptr::null_mut();
+                    let r = stream_create(&mut s, 1);
+                    let r = if r.is_success() { capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) } else { r };
+                    out(format!("capturebegin={}", r.0));
                 }
                 "graphtrim" => out(format!("graphtrim={}", graph_trim(0).0)),
                 "setlimit" => {
