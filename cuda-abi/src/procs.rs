@@ -251,6 +251,8 @@ proc_table! {
     PFN_cuStreamWaitEvent_v7000_ptsz = cuStreamWaitEvent @ 7000 Ptsz => cuStreamWaitEvent_ptsz(hStream: CUstream, hEvent: CUevent, Flags: c_uint);
     PFN_cuStreamQuery_v2000 = cuStreamQuery @ 2000 Plain => cuStreamQuery(hStream: CUstream);
     PFN_cuStreamQuery_v7000_ptsz = cuStreamQuery @ 7000 Ptsz => cuStreamQuery_ptsz(hStream: CUstream);
+    PFN_cuStreamBeginCapture_v10000 = cuStreamBeginCapture @ 10000 Plain => cuStreamBeginCapture(hStream: CUstream);
+    PFN_cuStreamBeginCapture_v10000_ptsz = cuStreamBeginCapture @ 10000 Ptsz => cuStreamBeginCapture_ptsz(hStream: CUstream);
     PFN_cuStreamBeginCapture_v10010 = cuStreamBeginCapture @ 10010 Plain => cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode);
     PFN_cuStreamBeginCapture_v10010_ptsz = cuStreamBeginCapture @ 10010 Ptsz => cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode);
     PFN_cuStreamBeginCaptureToGraph_v12030 = cuStreamBeginCaptureToGraph @ 12030 Plain => cuStreamBeginCaptureToGraph(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode);

@@ -943,6 +943,24 @@ macro_rules! begin_capture {
 begin_capture!(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010);
 begin_capture!(cuStreamBeginCapture_v2_ptsz, PFN_cuStreamBeginCapture_v10010_ptsz);
 
+macro_rules! begin_capture_legacy {
+    ($name:ident, $pfn:ty) => {
+        #[doc = concat!("Hooked `", stringify!($name), "` (the CUDA 10.0 ABI, no mode: a capture in global mode, cuda.h's default): counted as `cuStreamBeginCapture_v2` is (see `capture`).")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(stream: CUstream) -> CUresult {
+            guard(|| {
+                let f = real!($name: $pfn);
+                let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
+                let global = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL.0;
+                // SAFETY: forwarding the caller's argument.
+                crate::capture::begin(limit, global, stream as u64, || unsafe { f(stream) })
+            })
+        }
+    };
+}
+begin_capture_legacy!(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10000);
+begin_capture_legacy!(cuStreamBeginCapture_ptsz, PFN_cuStreamBeginCapture_v10000_ptsz);
+
 macro_rules! begin_capture_to_graph {
     ($name:ident, $pfn:ty) => {
         #[doc = concat!("Hooked `", stringify!($name), "` (CUDA 12.3): counted as `cuStreamBeginCapture_v2` is (see `capture`).")]

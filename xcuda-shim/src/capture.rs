@@ -39,10 +39,9 @@ use cuda_abi::{CUresult, CUstream, CUstreamCaptureStatus};
 
 use crate::state::call_real;
 
-/// Captures begun through the shim's entry points (`cuStreamBeginCapture_v2`,
-/// `cuStreamBeginCaptureToGraph`, each with its per-thread twin) and not yet ended (saturating:
-/// the legacy CUDA 10.0 `cuStreamBeginCapture` is not hooked, so its capture is not counted, and
-/// its end never takes the count below zero).
+/// Captures begun through the shim's entry points (`cuStreamBeginCapture_v2`, the CUDA 10.0
+/// `cuStreamBeginCapture`, `cuStreamBeginCaptureToGraph`, each with its per-thread twin) and
+/// not yet ended (saturating: an end never takes the count below zero).
 static ACTIVE: AtomicU32 = AtomicU32::new(0);
 /// Context synchronisations of the exit path running now (the helper's and the drain's may
 /// overlap).

@@ -62,7 +62,7 @@ hooked_symbols! {
         cuCtxSetLimit,
         cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphUpload, cuGraphUpload_ptsz,
         cuCtxSynchronize, cuCtxSynchronize_v2, cuStreamSynchronize, cuStreamSynchronize_ptsz, cuEventSynchronize,
-        cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz,
+        cuStreamBeginCapture, cuStreamBeginCapture_ptsz, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz,
         cuStreamEndCapture, cuStreamEndCapture_ptsz,
     ],
     internal: [

@@ -297,8 +297,9 @@ fn an_exit_racing_the_signal_helper_still_ends_by_the_signal() {
 fn a_sigterm_during_a_graph_capture_leaves_the_capture_whole() {
     let host = host_for_users();
     let _ledger = ledger(&host);
-    // A capture of its own graph, and one into a graph made first (cuStreamBeginCaptureToGraph).
-    for to_graph in ["0", "1"] {
+    // A capture of its own graph, one into a graph made first (cuStreamBeginCaptureToGraph),
+    // and one begun through the CUDA 10.0 entry point (`cuStreamBeginCapture`, no mode).
+    for to_graph in ["0", "1", "2"] {
         let mut c = limited(&host, "shim_client", 1 << 30, "capturer");
         as_nobody(&mut c).args(["primary", "capturesig", "30", to_graph]);
         let mut v = host.spawn(&mut c);

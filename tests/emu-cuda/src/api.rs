@@ -832,6 +832,9 @@ export! {
     fn cuStreamSynchronize(hStream: CUstream) { driver::stream_sync(h(hStream)) }
     fn cuStreamSynchronize_ptsz(hStream: CUstream) { driver::stream_sync(h(pts(hStream))) }
     fn cuStreamDestroy(hStream: CUstream) { driver::stream_destroy(h(hStream)) }
+    // The CUDA 10.0 ABI (no mode argument): a capture in global mode, cuda.h's default.
+    fn cuStreamBeginCapture(hStream: CUstream) { driver::capture_begin(h(hStream), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL.0) }
+    fn cuStreamBeginCapture_ptsz(hStream: CUstream) { driver::capture_begin(h(pts(hStream)), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL.0) }
     fn cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(hStream), mode.0) }
     fn cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode) { driver::capture_begin(h(pts(hStream)), mode.0) }
     fn cuStreamBeginCaptureToGraph(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode) {

@@ -136,6 +136,8 @@ exports! {
     cuStreamWaitEvent_ptsz: PFN_cuStreamWaitEvent_v7000_ptsz,
     cuStreamQuery: PFN_cuStreamQuery_v2000,
     cuStreamQuery_ptsz: PFN_cuStreamQuery_v7000_ptsz,
+    cuStreamBeginCapture: PFN_cuStreamBeginCapture_v10000,
+    cuStreamBeginCapture_ptsz: PFN_cuStreamBeginCapture_v10000_ptsz,
     cuStreamBeginCapture_v2: PFN_cuStreamBeginCapture_v10010,
     cuStreamBeginCapture_v2_ptsz: PFN_cuStreamBeginCapture_v10010_ptsz,
     cuStreamBeginCaptureToGraph: PFN_cuStreamBeginCaptureToGraph_v12030,

@@ -24,7 +24,8 @@
 //! legacy and per-thread streams). `capturebegin` (a global-mode capture begun on a new stream
 //! and left running). `capturethread` (a global-mode capture ended first from
 //! another thread, then from its own). `capturesig N TO_GRAPH` (a SIGTERM handler, then a capture
-//! of N launches 20 ms apart, into a graph of its own when TO_GRAPH is 1; see the step).
+//! of N launches 20 ms apart, into a graph of its own when TO_GRAPH is 1, through the CUDA 10.0
+//! `cuStreamBeginCapture` (no mode) when it is 2; see the step).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
 //! pool) | `pooltrim N` (cuMemPoolTrimTo of device 0's current pool) | `poolon DEV N` (a pool
 //! created on device DEV, N bytes allocated from it) | `asyncon DEV N` (cuMemAllocAsync of N bytes on a
@@ -401,6 +402,7 @@ fn main() {
     let stream_create = get!(cu, "cuStreamCreate", PFN_cuStreamCreate_v2000, 2000);
     let stream_sync = get!(cu, "cuStreamSynchronize", PFN_cuStreamSynchronize_v2000, 2000);
     let capture_begin = get!(cu, "cuStreamBeginCapture", PFN_cuStreamBeginCapture_v10010, 10010);
+    let capture_begin_legacy = get!(cu, "cuStreamBeginCapture", PFN_cuStreamBeginCapture_v10000, 10000);
     let capture_end = get!(cu, "cuStreamEndCapture", PFN_cuStreamEndCapture_v10000, 10000);
     let capture_to_graph = get!(cu, "cuStreamBeginCaptureToGraph", PFN_cuStreamBeginCaptureToGraph_v12030, 12030);
     let is_capturing = get!(cu, "cuStreamIsCapturing", PFN_cuStreamIsCapturing_v10000, 10000);
@@ -693,9 +695,10 @@ fn main() {
                 // warm-up: a global-mode capture on a stream of its own, N spin launches 20 ms
                 // apart in it (`capturing` printed once it began), then the graph instantiated,
                 // launched and synchronised. TO_GRAPH 1: the capture recorded into a graph made
-                // first (cuStreamBeginCaptureToGraph). Prints `capturesig end=RC launch=RC handled=H`.
+                // first (cuStreamBeginCaptureToGraph); 2: begun through the CUDA 10.0 entry
+                // point, which has no mode. Prints `capturesig end=RC launch=RC handled=H`.
                 "capturesig" => {
-                    let (n, to_graph) = (num(1, i), num(2, i) == 1);
+                    let (n, how) = (num(1, i), num(2, i));
                     i += 2;
                     static HANDLED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                     extern "C" fn on_term(_: c_int) {
@@ -711,7 +714,9 @@ fn main() {
                     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
                     let r = if !r.is_success() {
                         r
-                    } else if to_graph {
+                    } else if how == 2 {
+                        capture_begin_legacy(s)
+                    } else if how == 1 {
                         let mut into: CUgraph = std::ptr::null_mut();
                         let r = graph_create(&mut into, 0);
                         if r.is_success() { capture_to_graph(s, into, std::ptr::null(), std::ptr::null(), 0, mode) } else { r }
