@@ -14,7 +14,7 @@
 //! matrix is first solved on a small candidate graph (each row's best columns) whose
 //! optimality is then certified against every pair by dual feasibility; contested
 //! matrices where that does not pay fall back to dense Dijkstra scans. [`multi`] extends
-//! matching to up to `k` jobs per GPU; [`reference`] holds exhaustive solvers for tests.
+//! matching to up to `k` jobs per GPU; `reference` holds exhaustive solvers for tests.
 //! [`classes`] solves exactly on classes of identical rows and columns (a transportation
 //! problem), and [`classes::max_weight_matching_auto`] picks it or the pairwise solver.
 //!

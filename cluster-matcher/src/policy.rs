@@ -13,7 +13,7 @@
 //!   share is largest; the round's matching then realizes those time shares (Gavel's
 //!   round-based mechanism, without its received-time history).
 //! * [`Policy::Drf`]: Dominant Resource Fairness (Ghodsi et al., NSDI'11) across offline
-//!   tenants over (SM share, GPU memory) of the round's shared GPUs ([`drf`]): each tenant may
+//!   tenants over (SM share, GPU memory) of the round's shared GPUs (`drf`): each tenant may
 //!   place as many jobs as DRF's progressive filling gives it (its oldest jobs, running ones
 //!   first); the matching maximizes throughput within those quotas.
 //! * [`Policy::Optimus`]: Optimus-style marginal gain (Peng et al., EuroSys'18): a pair is

@@ -83,7 +83,7 @@ pub struct WatchStats {
     pub retry_after_waits: AtomicU64,
     /// Watchers started afresh after a `410 Gone` on a watch request.
     pub gone_restarts: AtomicU64,
-    /// Kubelet evictions written onto their offline pods ([`annotate_kubelet_evictions`]).
+    /// Kubelet evictions written onto their offline pods (`annotate_kubelet_evictions`).
     pub kubelet_evictions_annotated: AtomicU64,
     /// Failed writes of a kubelet eviction onto its pod.
     pub kubelet_eviction_errors: AtomicU64,

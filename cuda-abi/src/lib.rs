@@ -1,7 +1,7 @@
 //! CUDA driver API declarations (types, enum values, struct layouts, entry-point versions) as published in NVIDIA's `cuda.h` / `cudaTypedefs.h`.
 //!
 //! Shared by the emulator (`emu-cuda`) and the interposer (`xcuda-shim`): both answer
-//! `cuGetProcAddress` from [`resolve`] over the one [`PROC_TABLE`], so they cannot disagree about
+//! `cuGetProcAddress` from `resolve` over the one [`PROC_TABLE`], so they cannot disagree about
 //! which exported symbol implements which (name, version, flags).
 
 pub mod procs;

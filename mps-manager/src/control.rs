@@ -397,7 +397,7 @@ impl MpsControl {
         Some(DaemonId { pid, start_time })
     }
 
-    /// The control daemon named by the pid file ([`MpsControl::daemon_of_this_pipe_dir`]), if
+    /// The control daemon named by the pid file (`MpsControl::daemon_of_this_pipe_dir`), if
     /// it started before the file was written: a process that started later holds a recycled
     /// pid and is not the daemon.
     pub fn pid_file_daemon(&self) -> Option<DaemonId> {
@@ -421,7 +421,7 @@ impl MpsControl {
     /// listening socket bound at `pipe_dir/control` (a socket file is there; `/proc/net/unix`
     /// lists the listeners by the path they were bound at) and is this pipe directory's daemon
     /// by name, pid namespace (a container's process, a tenant's socket put in the daemon's
-    /// place, is never taken), environment and parent ([`MpsControl::daemon_of_this_pipe_dir`]). `None` when no process, or more than one,
+    /// place, is never taken), environment and parent (`MpsControl::daemon_of_this_pipe_dir`). `None` when no process, or more than one,
     /// qualifies: a daemon is never guessed.
     pub fn socket_daemon(&self) -> Option<DaemonId> {
         let inodes = listening_socket_inodes(self.control_socket_id()?);

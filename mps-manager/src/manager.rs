@@ -120,7 +120,7 @@ pub struct ManagerState {
     pub suppressed_recoveries: u64,
     /// Control daemons started in place of a dead one while the rate limit held the recovery
     /// back: with no MPS server left running there is no client to lose, and while no daemon
-    /// runs a process initialising CUDA takes the bare GPU ([`Manager::restart_dead_daemon`]).
+    /// runs a process initialising CUDA takes the bare GPU (`Manager::restart_dead_daemon`).
     #[serde(default)]
     pub daemons_started_past_limit: u64,
     /// Offline processes evicted for their owners to restart.
@@ -201,7 +201,7 @@ pub struct ManagerState {
 pub const POD_SCAN_EVERY_MS: u64 = 250;
 
 /// The wait before a second control daemon is started past the recovery rate limit
-/// ([`Manager::restart_dead_daemon`]); each further start doubles it up to
+/// (`Manager::restart_dead_daemon`); each further start doubles it up to
 /// [`PAST_LIMIT_BACKOFF_MAX_MS`].
 pub const PAST_LIMIT_BACKOFF_FIRST_MS: u64 = 1_000;
 /// The longest wait between two control daemons started past the rate limit.
@@ -326,7 +326,7 @@ pub struct Manager {
     state_write: ErrorRun,
 }
 
-/// The pid namespace [`Manager::offline`] gives a registration naming a process of this
+/// The pid namespace `Manager::offline` gives a registration naming a process of this
 /// namespace that is not found holding the ledger open: no namespace's inode (inodes of
 /// `nsfs` never reach it), so no pid of this namespace ever matches it.
 pub const NOT_FOUND_NS: u64 = u64::MAX;
@@ -637,7 +637,7 @@ impl Manager {
     }
 
     /// Starts the control daemon unless one already runs for this pipe directory
-    /// ([`Manager::live_daemon`]); records it as pid + start time.
+    /// (`Manager::live_daemon`); records it as pid + start time.
     pub fn ensure_daemon(&mut self) -> Result<u32, MpsError> {
         if let Some(id) = self.live_daemon() {
             return Ok(id.pid);

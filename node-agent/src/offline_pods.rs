@@ -560,7 +560,7 @@ impl Publisher {
     /// ([`termination`]), in place, if the file exists (Allocate made it: the pod's containers
     /// run here with it mounted); a pod allocated without one, elsewhere, or not at all gets
     /// none. An eviction this node's kubelet began ([`kubelet_eviction`]) is written the same
-    /// way; with a deletion too, both as one ([`combine`]). A later deletion with a shorter
+    /// way; with a deletion too, both as one (`combine`). A later deletion with a shorter
     /// grace rewrites it, a later one never moves the kill later; the same reading is not
     /// written again. Returns whether the file changed; a failure is counted, said until a
     /// write succeeds, and retried at every check.

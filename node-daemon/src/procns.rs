@@ -219,7 +219,7 @@ enum Owner {
 /// for; one not found, or found not holding the slot's lock, is looked for again after a
 /// back-off (1 s doubling to 64 s). The back-off is a slot's: slots naming ever new
 /// processes of other pid namespaces would each cost a `/proc` walk, so lookups share one
-/// walk per round ([`ProcWalk`]; [`HostPids::retain`] starts a round), and a process's locks
+/// walk per round (`ProcWalk`; [`HostPids::retain`] starts a round), and a process's locks
 /// on a ledger file are read once per round too. However many slots a tenant writes, a
 /// round costs the daemon one walk and one read of each named process's fds.
 #[derive(Debug)]

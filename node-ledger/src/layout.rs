@@ -90,7 +90,7 @@ pub struct ProcSlot {
     /// `generation << 32 | pid`; pid 0 = free. The pid is the owner's in its own namespace
     /// (for signalling and reports only, never for liveness).
     pub owner: AtomicU64,
-    /// Start time from /proc/<pid>/stat (clock ticks since boot); 0 until registration completes.
+    /// Start time from `/proc/<pid>/stat` (clock ticks since boot); 0 until registration completes.
     /// With `pid` and `pid_ns`, names the process for eviction signals.
     pub start_time: AtomicU64,
     /// Pid-namespace inode of the owner: its pid may be signalled only from that namespace.

@@ -19,7 +19,7 @@
 //! `<ledger_dir>/pods/<pod-uid>/termination` ([`termination_path`]): node-agent creates it
 //! empty when it allocates the pod a GPU ([`create`]) and mounts it **read-only** into the
 //! pod's containers (`XCUDA_TERMINATION_FILE` names it there); it writes it in place (a mount
-//! names the inode) when it sees the pod's deletion ([`write`]), and it goes with the pod's
+//! names the inode) when it sees the pod's deletion (`write`), and it goes with the pod's
 //! directory. Only node-agent writes it; the shim reads it ([`read`]) after a SIGTERM. Text,
 //! four lines, the last one `end`, so a read that meets a write half done is refused, never
 //! taken for a later deadline:

@@ -16,7 +16,7 @@
 //!   side pays its residual whenever both run; the online side pays `r_on ^ x`, `x` the
 //!   offline job's SM pressure relative to unrestricted (so a capped or throttled offline job
 //!   interferes less). At `cap = 1`, duty 1 the model gives Gavel's pair back exactly (unless
-//!   clamped): [`tests::full_colocation_reproduces_gavel`].
+//!   clamped): `tests::full_colocation_reproduces_gavel`.
 //!
 //! Time within a tick: the online service is busy a fraction `rho` of the time (requests
 //! arrive at `qps`, each needs `s0` alone); the offline job has kernels in flight a fraction

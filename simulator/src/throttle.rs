@@ -137,7 +137,7 @@ pub fn jobs_of<'a>(states: impl IntoIterator<Item = &'a ThrottleState>) -> Vec<O
 
 /// Several offline processes on one GPU over one tick (`max_offline_per_gpu` > 1): each has
 /// its own throttle (the shim runs one per process) and all see the same GPU-wide sample, as
-/// on a real GPU; [`evaluate_multi`] gives the GPU and each job's progress. One process is
+/// on a real GPU; `evaluate_multi` gives the GPU and each job's progress. One process is
 /// exactly [`ThrottleState::settle`]. Returns the mean view and each job's mean progress.
 pub fn settle_multi(
     states: &mut [ThrottleState],

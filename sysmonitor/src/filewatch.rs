@@ -79,7 +79,7 @@ fn count_event() {
 
 /// Blocks `SIGIO` in the calling thread, so that the watches' signals are taken by the thread
 /// that looks (the main loop), where the handler cannot run between a look's steps. For
-/// threads a daemon spawns beside its loop (the metrics server); [`HANDLER_STEPS`] keeps the
+/// threads a daemon spawns beside its loop (the metrics server); `HANDLER_STEPS` keeps the
 /// watches right wherever the signal lands, this keeps it off threads that never look.
 pub fn block_sigio_in_this_thread() {
     // SAFETY: sigset and pthread_sigmask(3) on local, initialised sets.

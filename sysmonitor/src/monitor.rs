@@ -69,7 +69,7 @@ impl Occupancy {
     }
 }
 
-/// How often a Healthy <-> Unhealthy transition is logged at most, ms (see [`FlapLog`]).
+/// How often a Healthy <-> Unhealthy transition is logged at most, ms (see `FlapLog`).
 pub const FLAP_LOG_MS: u64 = 1000;
 
 

@@ -169,7 +169,7 @@ macro_rules! creation_gate {
 forward_then! {
     /// Hooked `cuInit`: initialises the driver, then this process's shim state (quota, throttle, controller).
     /// `[init]`: an MPS connection that fails here (`CUDA_ERROR_MPS_CONNECTION_FAILED`) is
-    /// explained (see [`mps_connection_failed`]).
+    /// explained (see `mps_connection_failed`).
     fn cuInit(flags: c_uint): PFN_cuInit_v2000 [init] => { state(); };
 }
 
@@ -1422,7 +1422,7 @@ fn generic_node_added(graph: CUgraph, params: *mut CUgraphNodeParams, add: impl 
     rc
 }
 
-/// Hooked `cuGraphAddNode` (CUDA 12.2): see [`generic_node_added`].
+/// Hooked `cuGraphAddNode` (CUDA 12.2): see `generic_node_added`.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUgraphNodeParams) -> CUresult {
     guard(|| {
@@ -1432,7 +1432,7 @@ pub unsafe extern "C" fn cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, 
     })
 }
 
-/// Hooked `cuGraphAddNode_v2` (CUDA 12.3, edge data; `cuGraphAddNode` in 13.0): see [`generic_node_added`].
+/// Hooked `cuGraphAddNode_v2` (CUDA 12.3, edge data; `cuGraphAddNode` in 13.0): see `generic_node_added`.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddNode_v2(
     node: *mut CUgraphNode,

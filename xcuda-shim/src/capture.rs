@@ -17,8 +17,8 @@
 //! release, mid-capture) leaves the count with its context ([`context_gone`]).
 //!
 //! Protocol (Dekker-style, both sides store then load, `SeqCst`): a beginning capture counts
-//! itself in [`ACTIVE`] and then checks [`SYNCING`]; a synchronisation counts itself in
-//! [`SYNCING`] and then waits until [`ACTIVE`] reads 0. So either the capture sees the
+//! itself in `ACTIVE` and then checks `SYNCING`; a synchronisation counts itself in
+//! `SYNCING` and then waits until `ACTIVE` reads 0. So either the capture sees the
 //! synchronisation (and waits for it to finish before beginning) or the synchronisation sees
 //! the capture (and waits for it to end, new captures held off meanwhile, so that overlapping
 //! captures of several threads cannot starve it): never both running. Not a hot path:

@@ -222,8 +222,8 @@ fn table_full(what: &'static str) {
     }
 }
 
-/// The GPUs a launch with memory nodes counted itself in flight on ([`before_launch`]), with
-/// its footprint on each, for [`after_launch`] to end exactly those (an exec destroyed meanwhile
+/// The GPUs a launch with memory nodes counted itself in flight on (`before_launch`), with
+/// its footprint on each, for `after_launch` to end exactly those (an exec destroyed meanwhile
 /// has no footprint left to find them by).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]

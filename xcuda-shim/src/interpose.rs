@@ -172,7 +172,7 @@ pub fn proc_answer(
 
 /// Exported `dlsym`. RTLD_NEXT ((void*)-1) tail-jumps to glibc's dlsym with the stack untouched,
 /// so glibc sees our caller's return address and "next" keeps its meaning; every other handle
-/// goes to [`dlsym_entry`].
+/// goes to `dlsym_entry`.
 ///
 /// # Safety
 /// Same contract as glibc's `dlsym`.

@@ -279,7 +279,7 @@ impl Quota {
     /// group. Returns the damage the first time it is found; from then on new reservations are
     /// refused. A body overwritten under a valid header is marked in the header, so that no
     /// newcomer re-creates the group with a fresh 0 usage and the monitor reports it. A slot
-    /// lock this process lost is no damage: it registers again ([`Quota::register_again`]),
+    /// lock this process lost is no damage: it registers again (`Quota::register_again`),
     /// and only if that fails is it returned and are reservations refused.
     pub fn check_ledger(&self) -> Option<String> {
         let Backend::Ledger { ledger, handle, held } = &self.backend else { return None };
@@ -553,7 +553,7 @@ impl Quota {
 
     /// Before the driver tears context `ctx` down (destroy, reset, a primary context's
     /// release): the records of what it holds are set aside (their owner word marked, see
-    /// [`context_marked`]), so that the allocations of another context the driver hands the
+    /// `context_marked`), so that the allocations of another context the driver hands the
     /// same handle value to once `ctx` is gone are never taken for `ctx`'s. Ended by
     /// [`Quota::context_teardown_end`]; concurrent teardowns of one context (two threads
     /// releasing its primary context) are counted, and only the last to end ends them.

@@ -223,7 +223,7 @@ fn settle_ord(st: &State, dev: usize) {
     }
 }
 
-/// The device whose memory backs `pool`: its slot's, else as [`device_of`] finds it.
+/// The device whose memory backs `pool`: its slot's, else as `device_of` finds it.
 pub fn pool_device(st: &State, pool: u64) -> usize {
     match st.stream_pools.find(pool) {
         Some(i) => st.stream_pools.ord(i),

@@ -282,7 +282,7 @@ impl Throttle {
     }
 
     /// Refills for `dt` seconds at the current rate (controller), capped at the bucket's
-    /// depth ([`Throttle::depth`]): the burst, or the refill's worth at the current rate
+    /// depth (`Throttle::depth`): the burst, or the refill's worth at the current rate
     /// where that is more. The bucket is refilled once a period, so a depth below a period's worth would cap
     /// the rate at burst/period whatever the controller decided (the shipped 4 waves every
     /// 10 ms: 400 waves/s against a highest rate of 100,000; on an H200, 1-block kernels held

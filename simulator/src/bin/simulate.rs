@@ -53,13 +53,13 @@ struct Args {
     /// Seed for every random choice (job types, service parameters, QPS curves, copies).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Alibaba trace directory (default: <data>/alibaba-gpu-v2023).
+    /// Alibaba trace directory (default: `<data>/alibaba-gpu-v2023`).
     #[arg(long)]
     trace_dir: Option<PathBuf>,
     /// Pod list inside the trace directory.
     #[arg(long, default_value = "openb_pod_list_default.csv")]
     pods: String,
-    /// Gavel throughput file (default: <data>/gavel/simulation_throughputs.json).
+    /// Gavel throughput file (default: `<data>/gavel/simulation_throughputs.json`).
     #[arg(long)]
     gavel: Option<PathBuf>,
     /// Speed predictor model (default: cluster-matcher/examples/speed-predictor.json).

@@ -868,7 +868,7 @@ fn legacy_usable(g: &Inner, ctx: u64) -> R {
 }
 
 /// A stream a stream-ordered allocation or free may name: any context's ([`stream_ctx`]), the
-/// legacy default stream only while it is usable ([`legacy_usable`]).
+/// legacy default stream only while it is usable (`legacy_usable`).
 pub fn check_stream_ordered(h: u64) -> R {
     let ctx = stream_ctx(h)?;
     if h == 0 || h == CU_STREAM_LEGACY {
@@ -2312,7 +2312,7 @@ fn watch_exported() {
 }
 
 /// `cuMemExportToShareableHandle` to a POSIX file descriptor: one end of a socket pair whose
-/// other end the emulator keeps and watches ([`watch_exported`]).
+/// other end the emulator keeps and watches (`watch_exported`).
 /// Only for a handle whose `cuMemCreate` asked for that type in `requestedHandleTypes`
 /// ("Device supports exporting memory to a posix file descriptor with
 /// ::cuMemExportToShareableHandle, if requested via ::cuMemCreate").

@@ -539,7 +539,7 @@ impl Host {
         self.spawn(&mut c)
     }
 
-    /// [`EmuHost::spawn_sh`] for a process to [`register`] as offline work: it holds GPU 0's
+    /// `EmuHost::spawn_sh` for a process to [`register`] as offline work: it holds GPU 0's
     /// ledger open ([`hold_ledger`]), as a shimmed offline process does.
     pub fn spawn_sh_offline(&self, script: &str) -> EmuChild {
         let mut c = self.node_command("sh");
@@ -556,7 +556,7 @@ impl Host {
         self.spawn(&mut c)
     }
 
-    /// [`EmuHost::spawn_helper`] for a process to [`register`] as offline work: it holds GPU
+    /// `EmuHost::spawn_helper` for a process to [`register`] as offline work: it holds GPU
     /// 0's ledger open ([`hold_ledger`]), as a shimmed offline process does.
     pub fn spawn_helper_offline(&self, role: &str, arg: &str) -> EmuChild {
         let mut c = self.helper_command(role, arg);
@@ -1003,7 +1003,7 @@ pub fn spawn_holding(ledger: &Path) -> std::process::Child {
 /// Registers `pid` in `ledger` as an offline process (group `offline-test`, 64 GiB quota)
 /// reporting `bytes`, on its behalf: the daemons take it for offline work only if `pid`
 /// holds its slot's lock, which it gets here ([`hold_slot_lock`]) when it holds the ledger
-/// open (spawn it with [`EmuHost::spawn_sh_offline`], [`EmuHost::spawn_helper_offline`] or
+/// open (spawn it with `EmuHost::spawn_sh_offline`, `EmuHost::spawn_helper_offline` or
 /// [`hold_ledger`]).
 pub fn register(ledger: &node_ledger::Ledger, pid: u32, bytes: u64) -> node_ledger::ProcHandle {
     let g = ledger
