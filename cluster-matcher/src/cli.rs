@@ -42,7 +42,7 @@ pub enum Command {
     /// Compute one placement round and print the plan (a table, or JSON with --json).
     Plan(PlanArgs),
     /// Run the Kubernetes scheduler extender (filter / prioritize / bind) over HTTP.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Replay placement rounds on the Alibaba 2023 GPU trace and report timings.
     Alibaba(AlibabaArgs),
     /// Print the HiveD cells status as JSON, as HiveD's inspect API shows it: the cluster,
@@ -222,9 +222,30 @@ pub struct PlanArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub inputs: PlanInputs,
-    /// Address to listen on (kube-scheduler's extender `urlPrefix` points here).
+    /// Address to listen on (kube-scheduler's extender `urlPrefix` points here). An address
+    /// other than loopback needs --tls-cert, --tls-key and --client-ca (or --insecure-http):
+    /// whoever reaches `bind` binds pods.
     #[arg(long, default_value = "127.0.0.1:8888")]
     pub listen: String,
+    /// PEM certificate chain to serve TLS with (kube-scheduler's extender `tlsConfig.caFile`
+    /// verifies it; `enableHTTPS: true`, an `https://` urlPrefix).
+    #[arg(long, requires_all = ["tls_key", "client_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires_all = ["tls_cert", "client_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) a client's certificate must chain to: kube-scheduler presents
+    /// one (`tlsConfig.certFile`/`keyFile`); a client without one is refused at the handshake.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub client_ca: Option<PathBuf>,
+    /// Serve plain HTTP on an address other than loopback: anyone who reaches the port may
+    /// then ask for filters and binds (a network policy or the host must keep others out).
+    #[arg(long, conflicts_with = "tls_cert")]
+    pub insecure_http: bool,
+    /// Also serve `GET /metrics` and `GET /healthz`, and nothing else, over plain HTTP here
+    /// (for Prometheus and the kubelet's probes, e.g. 0.0.0.0:9888).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// Kubeconfig for the API server [default: in-cluster service account, else $KUBECONFIG
     /// or ~/.kube/config].
     #[arg(long, conflicts_with = "kube_api")]
@@ -427,6 +448,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             out(&if a.json { format!("{json}\n") } else { format!("{p}\n{json}\n") })?;
         }
         Command::Serve(a) => {
+            let transport = serve_transport(&a)?;
             let (cluster, workloads, model) = a.inputs.load()?;
             let cells = plan::load_cells(&cluster)?;
             use cluster_matcher::{extender, kube_api};
@@ -479,8 +501,17 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 max_body: a.max_body_bytes,
                 read_timeout: std::time::Duration::from_millis(a.read_timeout_ms),
             };
-            let http = extender::HttpServer::start(&a.listen, ext, limits)?;
-            eprintln!("cluster-matcher: extender listening on http://{}", http.local_addr());
+            let _metrics = match &a.metrics_listen {
+                Some(m) => {
+                    let s = extender::HttpServer::start_with(m, ext.clone(), limits, extender::Transport::Plain, extender::Scope::Metrics)?;
+                    eprintln!("cluster-matcher: metrics on http://{}/metrics", s.local_addr());
+                    Some(s)
+                }
+                None => None,
+            };
+            let scheme = if matches!(transport, extender::Transport::Tls(_)) { "https" } else { "http" };
+            let http = extender::HttpServer::start_with(&a.listen, ext, limits, transport, extender::Scope::All)?;
+            eprintln!("cluster-matcher: extender listening on {scheme}://{}", http.local_addr());
             http.wait();
         }
         Command::Inspect(a) => {
@@ -525,4 +556,29 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// The extender's transport from `serve`'s flags: TLS with client certificates when given;
+/// plain HTTP only on a loopback address or with `--insecure-http` (said at WARN), since
+/// whoever reaches the scheduler verbs places and binds pods.
+fn serve_transport(a: &ServeArgs) -> Result<cluster_matcher::extender::Transport, String> {
+    use cluster_matcher::extender::{tls, Transport};
+    if let (Some(cert), Some(key), Some(client_ca)) = (&a.tls_cert, &a.tls_key, &a.client_ca) {
+        return tls::server_config(&tls::TlsFiles { cert, key, client_ca }).map(Transport::Tls);
+    }
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(a.listen.as_str())
+        .map_err(|e| format!("--listen {}: {e}", a.listen))?
+        .collect();
+    if !addrs.is_empty() && addrs.iter().all(|s| s.ip().is_loopback()) {
+        return Ok(Transport::Plain);
+    }
+    if a.insecure_http {
+        tracing::warn!(listen = %a.listen, "serving filter, prioritize and bind over plain HTTP to anyone who reaches the port (--insecure-http)");
+        return Ok(Transport::Plain);
+    }
+    Err(format!(
+        "--listen {}: not a loopback address, and no TLS: whoever reaches it could bind pods. Give --tls-cert, --tls-key and --client-ca \
+         (kube-scheduler's extender tlsConfig then presents a client certificate; deploy/README.md, \"TLS\"), or --insecure-http",
+        a.listen
+    ))
 }

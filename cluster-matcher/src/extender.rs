@@ -8,6 +8,7 @@
 
 pub mod metrics;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,7 +21,7 @@ use crate::kube_api::{KubeApi, PodPlacement};
 use crate::plan::{self, ClusterSpec, GpuRef, Plan, Workloads};
 use crate::predictor::SpeedPredictor;
 use crate::watch::WatchView;
-pub use server::{HttpServer, ServerLimits};
+pub use server::{HttpServer, Scope, ServerLimits, Transport};
 pub use wire::{
     ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult, HostPriority, MAX_EXTENDER_PRIORITY,
 };

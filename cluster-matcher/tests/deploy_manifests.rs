@@ -82,3 +82,28 @@ fn the_scheduler_filters_every_node_so_the_extender_sees_the_planned_one() {
     assert_eq!(entries, vec!["  - schedulerName: xshare-scheduler"], "one profile, xshare's");
     assert!(!profiles.lines().take_while(|l| l.starts_with(' ')).any(|l| l.contains("percentageOfNodesToScore")), "no profile overrides it");
 }
+
+/// The extender serves its verbs over TLS with the scheduler's client certificate required,
+/// and the scheduler's configuration speaks to it that way: https, `enableHTTPS`, a client
+/// certificate and the CA of the extender's. The probes and Prometheus use the plain
+/// metrics port, which is the one the annotations name.
+#[test]
+fn the_scheduler_reaches_the_extender_over_tls_with_a_client_certificate() {
+    let ext = read("extender.yaml");
+    for arg in ["--tls-cert=", "--tls-key=", "--client-ca=", "--metrics-listen=0.0.0.0:9888"] {
+        assert!(ext.contains(&format!("- {arg}")), "extender.yaml lacks {arg}");
+    }
+    assert!(!ext.contains("--insecure-http"), "extender.yaml serves plain HTTP");
+    assert_eq!(value_of(&ext, "prometheus.io/port:"), Some("9888"));
+    assert!(ext.contains("httpGet: {path: /healthz, port: metrics}"), "probes on the metrics port");
+    assert!(ext.contains("secretName: xshare-extender-tls"), "the TLS Secret is mounted");
+    let config = block_scalar(&read("scheduler-config.yaml"), "xshare-scheduler-config.yaml");
+    let url = value_of(&config, "- urlPrefix:").expect("urlPrefix");
+    assert!(url.starts_with("https://"), "{url}");
+    assert_eq!(value_of(&config, "enableHTTPS:"), Some("true"));
+    for key in ["certFile:", "keyFile:", "caFile:", "serverName:"] {
+        assert!(value_of(&config, key).is_some_and(|v| !v.is_empty()), "tlsConfig lacks {key}");
+    }
+    let host = url.trim_start_matches("https://").split([':', '/']).next().unwrap();
+    assert_eq!(value_of(&config, "serverName:"), Some(host), "serverName is the Service's name");
+}

@@ -2,6 +2,10 @@
 //! idle keep-alive connection holds no thread); headers and bodies must arrive within a read
 //! deadline (408 otherwise); bodies over the cap get 413 without being read; the verbs run on
 //! blocking threads, so one slow request (a bind waiting on the API server) delays no other.
+//! Over TLS ([`Transport::Tls`]) a client must present a certificate the client CA signed
+//! (the handshake, too, within the read deadline); a metrics-only listener ([`Scope::Metrics`])
+//! answers `GET /metrics` and `GET /healthz` (the kubelet's probes present no client
+//! certificate) and 404 to everything else.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -33,6 +37,26 @@ impl Default for ServerLimits {
     }
 }
 
+/// How clients reach the server.
+#[derive(Clone)]
+pub enum Transport {
+    /// Plain HTTP: for a loopback address, a metrics-only listener, or an operator's explicit
+    /// `--insecure-http`.
+    Plain,
+    /// TLS; every client presents a certificate the configured client CA signed.
+    Tls(Arc<rustls::ServerConfig>),
+}
+
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every endpoint: the scheduler verbs, `/plan`, `/inspect`, `/metrics`.
+    All,
+    /// `GET /metrics` and `GET /healthz` only (for Prometheus and the kubelet's probes, on a
+    /// port of their own).
+    Metrics,
+}
+
 /// A running server; stops when dropped.
 pub struct HttpServer {
     addr: SocketAddr,
@@ -41,8 +65,15 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Listens on `addr` and starts serving `ext`.
+    /// Listens on `addr` and starts serving every endpoint of `ext` over plain HTTP.
     pub fn start(addr: &str, ext: Arc<Extender>, limits: ServerLimits) -> Result<Self, String> {
+        Self::start_with(addr, ext, limits, Transport::Plain, Scope::All)
+    }
+
+    /// Listens on `addr` and starts serving `scope` of `ext` over `transport`.
+    pub fn start_with(
+        addr: &str, ext: Arc<Extender>, limits: ServerLimits, transport: Transport, scope: Scope,
+    ) -> Result<Self, String> {
         let cannot = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
         let sock_addr = std::net::ToSocketAddrs::to_socket_addrs(addr)
             .map_err(cannot)?
@@ -68,7 +99,7 @@ impl HttpServer {
         };
         let local = listener.local_addr().map_err(cannot)?;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        rt.spawn(accept_loop(listener, ext, limits, rx));
+        rt.spawn(accept_loop(listener, ext, limits, transport, scope, rx));
         Ok(Self { addr: local, shutdown: Some(tx), rt: Some(rt) })
     }
 
@@ -100,8 +131,14 @@ async fn accept_loop(
     listener: tokio::net::TcpListener,
     ext: Arc<Extender>,
     limits: ServerLimits,
+    transport: Transport,
+    scope: Scope,
     mut shutdown: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let tls = match transport {
+        Transport::Plain => None,
+        Transport::Tls(config) => Some(tokio_rustls::TlsAcceptor::from(config)),
+    };
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
@@ -116,19 +153,35 @@ async fn accept_loop(
             _ = &mut shutdown => return,
         };
         let ext = ext.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let ext = ext.clone();
-                async move { Ok::<_, Infallible>(respond(ext, req, limits).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.read_timeout)
-                .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended");
+            let Some(tls) = tls else { return serve(stream, ext, limits, scope).await };
+            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            match tokio::time::timeout(limits.read_timeout, tls.accept(stream)).await {
+                Ok(Ok(stream)) => serve(stream, ext, limits, scope).await,
+                // A client without a certificate the client CA signed, or no TLS at all.
+                Ok(Err(e)) => tracing::warn!(%peer, error = %e, "TLS handshake refused"),
+                Err(_) => tracing::warn!(%peer, "TLS handshake not done within the read deadline"),
             }
         });
+    }
+}
+
+/// Serves one connection's requests.
+async fn serve<IO>(io: IO, ext: Arc<Extender>, limits: ServerLimits, scope: Scope)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| {
+        let ext = ext.clone();
+        async move { Ok::<_, Infallible>(respond(ext, req, limits, scope).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.read_timeout)
+        .serve_connection(TokioIo::new(io), svc);
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "connection ended");
     }
 }
 
@@ -139,9 +192,12 @@ fn json(status: u16, body: String) -> Response<Full<Bytes>> {
     r
 }
 
-async fn respond(ext: Arc<Extender>, req: Request<Incoming>, limits: ServerLimits) -> Response<Full<Bytes>> {
+async fn respond(ext: Arc<Extender>, req: Request<Incoming>, limits: ServerLimits, scope: Scope) -> Response<Full<Bytes>> {
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
+    if scope == Scope::Metrics && !(method == "GET" && ["/metrics", "/healthz"].contains(&path.trim_end_matches('/'))) {
+        return json(404, error_body("this listener serves GET /metrics and GET /healthz only"));
+    }
     if method == "GET" && path.contains("/inspect/") {
         // HiveD's inspect API over the latest round's cells status (cells mode).
         let (status, body) = crate::plan::with_cells::inspect(ext.snapshot().plan.cells_status.as_deref(), &path);

@@ -1,0 +1,91 @@
+//! TLS for the extender's server, with client certificates required: the scheduler verbs
+//! (`filter`, `prioritize`, `bind`) place and bind pods, so only kube-scheduler, presenting a
+//! certificate the operator's client CA signed (its extender `tlsConfig.certFile`/`keyFile`),
+//! may reach them; every other client is refused at the handshake.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// The files the server's TLS is made of (PEM).
+#[derive(Debug, Clone)]
+pub struct TlsFiles<'a> {
+    /// The server's certificate chain, leaf first.
+    pub cert: &'a Path,
+    /// The server certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: &'a Path,
+    /// The CA certificates a client's certificate must chain to.
+    pub client_ca: &'a Path,
+}
+
+fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bad = |e: rustls_pki_types::pem::Error| format!("{what} {}: {e}", path.display());
+    let certs = CertificateDer::pem_file_iter(path).map_err(bad)?.collect::<Result<Vec<_>, _>>().map_err(bad)?;
+    if certs.is_empty() {
+        return Err(format!("{what} {}: no PEM certificate in it", path.display()));
+    }
+    Ok(certs)
+}
+
+/// The server's TLS configuration: its certificate and key, and a verifier that requires
+/// every client to present a certificate chaining to `client_ca` (TLS 1.2 and 1.3, ring).
+/// Each error names the file and what is wrong with it.
+pub fn server_config(files: &TlsFiles<'_>) -> Result<Arc<ServerConfig>, String> {
+    let chain = certs(files.cert, "--tls-cert")?;
+    let key = PrivateKeyDer::from_pem_file(files.key).map_err(|e| format!("--tls-key {}: {e}", files.key.display()))?;
+    let mut roots = RootCertStore::empty();
+    for c in certs(files.client_ca, "--client-ca")? {
+        roots.add(c).map_err(|e| format!("--client-ca {}: {e}", files.client_ca.display()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| format!("--client-ca {}: {e}", files.client_ca.display()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("--tls-cert {} with --tls-key {}: {e}", files.cert.display(), files.key.display()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls").join(name)
+    }
+
+    #[test]
+    fn the_fixtures_make_a_config() {
+        let (cert, key, ca) = (fixture("server.crt"), fixture("server.key"), fixture("client-ca.crt"));
+        server_config(&TlsFiles { cert: &cert, key: &key, client_ca: &ca }).unwrap();
+    }
+
+    #[test]
+    fn each_bad_file_is_named() {
+        let (cert, key, ca) = (fixture("server.crt"), fixture("server.key"), fixture("client-ca.crt"));
+        let missing = fixture("nothing-here.pem");
+        let err = |files: TlsFiles<'_>| server_config(&files).map(|_| ()).unwrap_err();
+        let e = err(TlsFiles { cert: &missing, key: &key, client_ca: &ca });
+        assert!(e.starts_with("--tls-cert ") && e.contains("nothing-here.pem"), "{e}");
+        // A key file given as the certificate: no certificate in it.
+        let e = err(TlsFiles { cert: &key, key: &key, client_ca: &ca });
+        assert!(e.contains("no PEM certificate"), "{e}");
+        let e = err(TlsFiles { cert: &cert, key: &cert, client_ca: &ca });
+        assert!(e.starts_with("--tls-key "), "{e}");
+        let e = err(TlsFiles { cert: &cert, key: &key, client_ca: &missing });
+        assert!(e.starts_with("--client-ca "), "{e}");
+        // The key of another certificate.
+        let other = fixture("scheduler.key");
+        let e = err(TlsFiles { cert: &cert, key: &other, client_ca: &ca });
+        assert!(e.contains("--tls-cert") && e.contains("--tls-key"), "{e}");
+    }
+}
