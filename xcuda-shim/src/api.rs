@@ -352,15 +352,8 @@ macro_rules! alloc_async {
                         Err(rc) => return rc,
                     },
                 };
-                if let Some(graph) = crate::graphmem::capture_graph(capturing as u64) {
-                    let ord = match explicit {
-                        Some(p) if !p.is_null() => crate::streampool::pool_device(st, p as u64),
-                        Some(_) => st.current_ordinal(),
-                        None => stream_dev,
-                    };
-                    return crate::graphmem::captured_alloc(st, graph, ord, bytesize as u64, call);
-                }
-                match crate::streampool::pool_for(st, explicit, stream_dev) {
+                // `record`: the pointer recorded as the pool's (false: a capture's node, maybe).
+                let counted_alloc = |record: bool| match crate::streampool::pool_for(st, explicit, stream_dev) {
                     // The current pool is asked for by name: the memory comes from the pool
                     // counted, even if another thread makes another pool current (or swaps the
                     // stream) between the shim's question and the driver's allocation.
@@ -368,14 +361,37 @@ macro_rules! alloc_async {
                         let from_pool = real!($from_pool: $from_pool_pfn);
                         // SAFETY: the caller's arguments, with the pool the driver named current.
                         let named = || unsafe { from_pool(dptr, bytesize, pool, stream) };
-                        crate::streampool::counted_alloc(st, slot, bytesize as u64, named, || out!(dptr), undo)
+                        if record {
+                            crate::streampool::counted_alloc(st, slot, bytesize as u64, named, || out!(dptr), undo)
+                        } else {
+                            crate::streampool::reserved_alloc(st, slot, bytesize as u64, named)
+                        }
                     }
-                    Ok((slot, _)) => crate::streampool::counted_alloc(st, slot, bytesize as u64, call, || out!(dptr), undo),
+                    Ok((slot, _)) if record => crate::streampool::counted_alloc(st, slot, bytesize as u64, &call, || out!(dptr), undo),
+                    Ok((slot, _)) => crate::streampool::reserved_alloc(st, slot, bytesize as u64, &call),
                     // The driver refuses it (nothing allocated); its own answer is passed on.
                     Err(NoSlot::NullPool) => call(),
-                    Err(NoSlot::Unknown) => counted(&st.gpu(stream_dev as CUdevice).quota, Kind::StreamOrdered, bytesize as u64, call, || out!(dptr), undo),
+                    Err(NoSlot::Unknown) => counted(&st.gpu(stream_dev as CUdevice).quota, Kind::StreamOrdered, bytesize as u64, &call, || out!(dptr), undo),
                     Err(NoSlot::TableFull) => CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+                };
+                if let Some(graph) = crate::graphmem::capture_graph(capturing as u64) {
+                    let ord = match explicit {
+                        Some(p) if !p.is_null() => crate::streampool::pool_device(st, p as u64),
+                        Some(_) => st.current_ordinal(),
+                        None => stream_dev,
+                    };
+                    if crate::capture::owns(capturing as u64, false) {
+                        // This thread's own capture, which no other thread can end before the
+                        // driver's call: a node, no memory now.
+                        return crate::graphmem::captured_alloc(st, graph, ord, bytesize as u64, &call);
+                    }
+                    // Another thread's capture, or a relaxed one: it may end before the
+                    // driver's call, which then allocates. Counted both ways: the node in the
+                    // graph's footprint and the size reserved as an allocation (settled to
+                    // what the pool reserves once the driver answered).
+                    return crate::graphmem::captured_alloc(st, graph, ord, bytesize as u64, || counted_alloc(false));
                 }
+                counted_alloc(true)
             })
         }
     };
@@ -935,7 +951,8 @@ macro_rules! begin_capture {
                 let f = real!($name: $pfn);
                 let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
                 // SAFETY: forwarding the caller's arguments.
-                crate::capture::begin(limit, mode.0, stream as u64, || unsafe { f(stream, mode) })
+                let ptsz = stringify!($name).ends_with("_ptsz");
+                crate::capture::begin(limit, mode.0, stream as u64, ptsz, || unsafe { f(stream, mode) })
             })
         }
     };
@@ -953,7 +970,8 @@ macro_rules! begin_capture_legacy {
                 let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
                 let global = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL.0;
                 // SAFETY: forwarding the caller's argument.
-                crate::capture::begin(limit, global, stream as u64, || unsafe { f(stream) })
+                let ptsz = stringify!($name).ends_with("_ptsz");
+                crate::capture::begin(limit, global, stream as u64, ptsz, || unsafe { f(stream) })
             })
         }
     };
@@ -972,7 +990,8 @@ macro_rules! begin_capture_to_graph {
                 let f = real!($name: $pfn);
                 let limit = std::time::Duration::from_millis(crate::state::config().exit.release_timeout_ms);
                 // SAFETY: forwarding the caller's arguments.
-                crate::capture::begin(limit, mode.0, stream as u64, || unsafe {
+                let ptsz = stringify!($name).ends_with("_ptsz");
+                crate::capture::begin(limit, mode.0, stream as u64, ptsz, || unsafe {
                     f(stream, graph, deps, edges, n, mode)
                 })
             })
@@ -990,7 +1009,8 @@ macro_rules! end_capture {
             guard(|| {
                 let f = real!($name: $pfn);
                 // SAFETY: forwarding the caller's arguments.
-                crate::capture::end(stream as u64, || unsafe { f(stream, graph) })
+                let ptsz = stringify!($name).ends_with("_ptsz");
+                crate::capture::end(stream as u64, ptsz, || unsafe { f(stream, graph) })
             })
         }
     };

@@ -10,7 +10,7 @@
 //! synchronisation, refused, waited for nothing. Now the capture entry points count the
 //! captures begun through them, and a synchronisation first waits (bounded) until none is in
 //! progress, holding new ones off while it runs ([`quiesced`]); launches into a capturing
-//! stream, which record and run nothing, pass a frozen throttle ([`stream_capturing`]), so a
+//! stream, which record and run nothing, pass a frozen throttle ([`owns`]), so a
 //! capture can end while launches are stopped.
 //!
 //! A capture its context's destruction ends (`cuCtxDestroy`, a primary context's reset or last
@@ -26,11 +26,13 @@
 //! wait.
 //!
 //! Only a capture the launching thread itself began in a mode other than relaxed lets its
-//! launches pass: such a capture can be ended only by that thread (cuda.h), so the stream
-//! cannot stop capturing between the driver's answer and the launch, which then records
-//! rather than runs. (A relaxed capture may be ended by another thread in that window: a
+//! launches pass, known by the capture's id (`cuStreamGetCaptureInfo_v2`, asked when it
+//! began): such a capture can be ended only by that thread (cuda.h), so the stream cannot
+//! stop capturing between the driver's answer and the launch, which then records rather than
+//! runs. A stream another thread captures, or a relaxed capture, may end in that window (a
 //! tenant looping begin/end on one thread would have run its other thread's kernels past a
-//! frozen throttle.)
+//! frozen throttle): its launches wait, and its stream-ordered allocations are counted both
+//! as a graph node and as an allocation ([`owns`]).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::{Duration, Instant};
@@ -58,19 +60,93 @@ static BY_CTX_LOCK: crate::spin::SpinLock = crate::spin::SpinLock::new();
 static CTXS: [AtomicU64; CTX_SLOTS] = [const { AtomicU64::new(0) }; CTX_SLOTS];
 static COUNTS: [AtomicU32; CTX_SLOTS] = [const { AtomicU32::new(0) }; CTX_SLOTS];
 
+/// Captures of its own one thread keeps track of at once (past them a capture is not known as
+/// the thread's: its launches wait, as another thread's would).
+const OWN_SLOTS: usize = 8;
+
 thread_local! {
-    /// Captures this thread began in a mode other than relaxed, not yet ended by it.
-    static OWN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The ids of the captures this thread began in a mode other than relaxed and has not
+    /// ended (0: a free slot).
+    static OWN: std::cell::Cell<[u64; OWN_SLOTS]> = const { std::cell::Cell::new([0; OWN_SLOTS]) };
 }
 
 /// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h): a capture any thread may end.
 const MODE_RELAXED: u32 = 2;
 
+/// `CU_STREAM_PER_THREAD` (cuda.h `((CUstream)0x2)`).
+const STREAM_PER_THREAD: u64 = 0x2;
+
 /// Whether this thread has a capture of its own in progress that no other thread can end
 /// (one thread-local read).
 #[inline]
 pub fn own_active() -> bool {
-    OWN.with(|c| c.get() != 0)
+    OWN.with(|c| c.get().iter().any(|&id| id != 0))
+}
+
+fn own_add(id: u64) {
+    if id == 0 {
+        return;
+    }
+    OWN.with(|c| {
+        let mut ids = c.get();
+        if let Some(free) = ids.iter_mut().find(|i| **i == 0) {
+            *free = id;
+            c.set(ids);
+        }
+    });
+}
+
+fn own_remove(id: u64) {
+    OWN.with(|c| {
+        let mut ids = c.get();
+        if let Some(at) = ids.iter_mut().find(|i| id != 0 && **i == id) {
+            *at = 0;
+            c.set(ids);
+        }
+    });
+}
+
+fn own_has(id: u64) -> bool {
+    id != 0 && OWN.with(|c| c.get().contains(&id))
+}
+
+/// The stream a call names: a per-thread entry point's null stream is the calling thread's
+/// default stream, which a plain query names `CU_STREAM_PER_THREAD`.
+fn effective(stream: u64, ptsz: bool) -> u64 {
+    if ptsz && stream == 0 {
+        STREAM_PER_THREAD
+    } else {
+        stream
+    }
+}
+
+/// The capture status of `stream` and its capture's id (`cuStreamGetCaptureInfo_v2`); `None`
+/// when the driver cannot say.
+fn capture_info(stream: u64) -> Option<(CUstreamCaptureStatus, u64)> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: u64 = 0;
+    let rc = call_real!(
+        cuStreamGetCaptureInfo_v2: cuda_abi::PFN_cuStreamGetCaptureInfo_v11030,
+        stream as CUstream,
+        &mut status,
+        &mut id,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut()
+    );
+    (rc == CUresult::CUDA_SUCCESS).then_some((status, id))
+}
+
+/// Whether `stream` (`ptsz`: named through a per-thread entry point) captures for a capture
+/// this thread began in a mode other than relaxed: one no other thread can end, so work
+/// queued there now is recorded, not run. Asks the driver when this thread has such a
+/// capture; otherwise false at the cost of one thread-local read.
+pub fn owns(stream: u64, ptsz: bool) -> bool {
+    if !own_active() {
+        return false;
+    }
+    matches!(capture_info(effective(stream, ptsz)), Some((status, id))
+        if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE && own_has(id))
 }
 
 /// In a fork child: only the forking thread lives on, and the captures and synchronisations
@@ -78,7 +154,7 @@ pub fn own_active() -> bool {
 pub fn reset_after_fork() {
     ACTIVE.store(0, SeqCst);
     SYNCING.store(0, SeqCst);
-    OWN.with(|c| c.set(0));
+    OWN.with(|c| c.set([0; OWN_SLOTS]));
     BY_CTX_LOCK.reset_after_fork();
     for (c, n) in CTXS.iter().zip(&COUNTS) {
         c.store(0, Relaxed);
@@ -156,11 +232,23 @@ fn any_active() -> bool {
     ACTIVE.load(SeqCst) != 0
 }
 
-/// `cuStreamBeginCapture*` through `begin` (the real call): counted as in progress from before
-/// the call, uncounted if the driver refuses it. While a synchronisation of the exit path
-/// runs the capture waits for it (at most `limit`, then begins anyway: a synchronisation the
-/// driver never finishes must not stop the application).
-pub fn begin(limit: Duration, mode: u32, stream: u64, begin: impl FnOnce() -> CUresult) -> CUresult {
+/// `cuStreamBeginCapture*` on `stream` (`ptsz`: through a per-thread entry point) through
+/// `begin` (the real call): counted as in progress from before the call, uncounted if the
+/// driver refuses it; a capture in a mode other than relaxed is then known as this thread's by
+/// its id. While a synchronisation of the exit path runs the capture waits for it (at most
+/// `limit`, then begins anyway: a synchronisation the driver never finishes must not stop the
+/// application).
+pub fn begin(limit: Duration, mode: u32, stream: u64, ptsz: bool, begin: impl FnOnce() -> CUresult) -> CUresult {
+    let s = effective(stream, ptsz);
+    let rc = begin_with(limit, mode, begin, || capture_info(s).map_or(0, |(_, id)| id));
+    if rc == CUresult::CUDA_SUCCESS {
+        tally(stream_ctx(s), 1);
+    }
+    rc
+}
+
+/// [`begin`] with the capture's id asked of `id` once the driver began it.
+fn begin_with(limit: Duration, mode: u32, begin: impl FnOnce() -> CUresult, id: impl FnOnce() -> u64) -> CUresult {
     let start = Instant::now();
     loop {
         ACTIVE.fetch_add(1, SeqCst);
@@ -178,48 +266,41 @@ pub fn begin(limit: Duration, mode: u32, stream: u64, begin: impl FnOnce() -> CU
         return rc;
     }
     if mode != MODE_RELAXED {
-        OWN.with(|c| c.set(c.get().saturating_add(1)));
+        own_add(id());
     }
-    tally(stream_ctx(stream), 1);
     rc
 }
 
-/// `cuStreamEndCapture*` on `stream` through `end` (the real call): the capture is over when
-/// it succeeded or ended invalidated (cuda.h: the graph is then null); any other answer (a
-/// stream that was not capturing, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, whose capture goes
-/// on, `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`) ended nothing.
-pub fn end(stream: u64, end: impl FnOnce() -> CUresult) -> CUresult {
+/// `cuStreamEndCapture*` on `stream` (`ptsz`: through a per-thread entry point) through `end`
+/// (the real call): the capture is over when it succeeded or ended invalidated (cuda.h: the
+/// graph is then null), or when the stream no longer captures after a refusal (an unjoined
+/// fork); a refusal that leaves it capturing (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`) or
+/// an end of a stream that did not capture (`CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`) ended
+/// nothing.
+pub fn end(stream: u64, ptsz: bool, end: impl FnOnce() -> CUresult) -> CUresult {
+    let s = effective(stream, ptsz);
+    let before = capture_info(s);
+    if before.is_some_and(|(status, _)| status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) {
+        return end();
+    }
     // The stream's context, asked while the capture still holds it.
-    let ctx = if ACTIVE.load(SeqCst) != 0 { stream_ctx(stream) } else { 0 };
+    let ctx = stream_ctx(s);
     let rc = end();
-    ended(rc, ctx);
+    let over = rc == CUresult::CUDA_SUCCESS
+        || rc == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        || (before.is_some()
+            && capture_info(s).is_some_and(|(status, _)| status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE));
+    if over {
+        ended(ctx, before.map_or(0, |(_, id)| id));
+    }
     rc
 }
 
-/// [`end`]'s bookkeeping once the driver answered `rc` for a capture of context `ctx`.
-fn ended(rc: CUresult, ctx: u64) {
-    if rc == CUresult::CUDA_SUCCESS || rc == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
-        uncount();
-        OWN.with(|c| c.set(c.get().saturating_sub(1)));
-        tally(ctx, -1);
-    }
-}
-
-/// Whether the driver says `stream` (a `CUstream`'s value, only passed to the driver) captures (or captured until a prohibited call invalidated
-/// it): a launch there records a node and runs nothing, so it need not wait for the throttle.
-/// `ptsz`: the launch came through a per-thread entry point, whose null stream is the calling
-/// thread's default stream. Any refusal (a stream the driver does not know, the legacy stream
-/// beside a capture) answers false: the launch waits as any other.
-#[cold]
-pub fn stream_capturing(stream: u64, ptsz: bool) -> bool {
-    let stream = stream as CUstream;
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let rc = if ptsz {
-        call_real!(cuStreamIsCapturing_ptsz: cuda_abi::PFN_cuStreamIsCapturing_v10000_ptsz, stream, &mut status)
-    } else {
-        call_real!(cuStreamIsCapturing: cuda_abi::PFN_cuStreamIsCapturing_v10000, stream, &mut status)
-    };
-    rc == CUresult::CUDA_SUCCESS && status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+/// [`end`]'s bookkeeping once a capture of context `ctx` with id `id` ended.
+fn ended(ctx: u64, id: u64) {
+    uncount();
+    own_remove(id);
+    tally(ctx, -1);
 }
 
 /// How long a synchronisation of the exit path waits for captures in progress:
@@ -280,20 +361,19 @@ mod tests {
     // one function), so no other test's captures interfere.
     #[test]
     fn a_synchronisation_waits_for_the_capture_and_holds_new_ones_off() {
-        // Refused begin: not counted.
-        assert_eq!(begin(Duration::from_secs(1), 0, 0, || CUresult::CUDA_ERROR_ILLEGAL_STATE), CUresult::CUDA_ERROR_ILLEGAL_STATE);
-        assert!(!any_active());
-        // An end that ended nothing (wrong thread): the capture still counts.
-        assert_eq!(begin(Duration::from_secs(1), 0, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
-        ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, 0);
-        assert!(any_active());
+        let ok = || CUresult::CUDA_SUCCESS;
+        // Refused begin: not counted, not this thread's.
+        assert_eq!(begin_with(Duration::from_secs(1), 0, || CUresult::CUDA_ERROR_ILLEGAL_STATE, || 7), CUresult::CUDA_ERROR_ILLEGAL_STATE);
+        assert!(!any_active() && !own_active());
+        assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || 0x11), CUresult::CUDA_SUCCESS);
+        assert!(any_active() && own_has(0x11));
         // The synchronisation waits until the capture ends on another thread.
         let ended_at = Arc::new(AtomicBool::new(false));
         let e = ended_at.clone();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
             e.store(true, SeqCst);
-            ended(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, 0);
+            ended(0, 0x11);
         });
         let e = ended_at.clone();
         let (saw_end, gave_up) = quiesced(Duration::from_secs(30), move || e.load(SeqCst));
@@ -312,41 +392,55 @@ mod tests {
         while !syncing.load(SeqCst) {
             std::thread::yield_now();
         }
-        let rc = begin(Duration::from_secs(30), 2, 0, move || {
+        let rc = begin_with(Duration::from_secs(30), 2, move || {
             assert!(!s2.load(SeqCst), "the capture began while the synchronisation ran");
             CUresult::CUDA_SUCCESS
-        });
+        }, || 0x12);
         assert_eq!(rc, CUresult::CUDA_SUCCESS);
         sync.join().unwrap();
         // A capture never ended: the synchronisation gives up after its wait and runs.
         let (ran, gave_up) = quiesced(Duration::from_millis(50), || true);
         assert!(ran && gave_up);
-        ended(CUresult::CUDA_SUCCESS, 0);
-        assert!(!any_active());
+        // Ended on the thread that began it: this thread's capture 0x11 is no longer its own
+        // once ended (by the other thread above, the driver allowing it: a relaxed capture).
+        own_remove(0x11);
+        ended(0, 0x12);
+        assert!(!any_active() && !own_active());
         // Ends beyond the count never wrap it.
-        ended(CUresult::CUDA_SUCCESS, 0);
+        ended(0, 0x12);
         assert!(!any_active());
         // Captures of a context that is destroyed end with it; another context's stay.
         for ctx in [0xA0, 0xA0, 0xB0] {
-            assert_eq!(begin(Duration::from_secs(1), 2, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+            assert_eq!(begin_with(Duration::from_secs(1), 2, ok, || 0), CUresult::CUDA_SUCCESS);
             tally(ctx, 1);
         }
         context_gone(0xA0);
         assert_eq!(ACTIVE.load(SeqCst), 1, "the other context's capture");
         context_gone(0xA0);
         assert_eq!(ACTIVE.load(SeqCst), 1, "gone once");
-        ended(CUresult::CUDA_SUCCESS, 0xB0);
+        ended(0xB0, 0);
         context_gone(0xB0);
         assert!(!any_active() && CTXS.iter().all(|c| c.load(Relaxed) == 0));
-        // Only this thread's own non-relaxed captures let its launches pass.
-        std::thread::spawn(|| {
-            assert_eq!(begin(Duration::from_secs(1), 2, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
+        // Only this thread's own non-relaxed captures, by id, let its launches pass.
+        std::thread::spawn(move || {
+            assert_eq!(begin_with(Duration::from_secs(1), 2, ok, || 0x21), CUresult::CUDA_SUCCESS);
             assert!(!own_active(), "a relaxed capture: another thread may end it");
-            assert_eq!(begin(Duration::from_secs(1), 0, 0, || CUresult::CUDA_SUCCESS), CUresult::CUDA_SUCCESS);
-            assert!(own_active());
-            std::thread::spawn(|| assert!(!own_active(), "not another thread's")).join().unwrap();
-            ended(CUresult::CUDA_SUCCESS, 0);
-            ended(CUresult::CUDA_SUCCESS, 0);
+            assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || 0x22), CUresult::CUDA_SUCCESS);
+            assert!(own_active() && own_has(0x22) && !own_has(0x21));
+            std::thread::spawn(|| assert!(!own_active() && !own_has(0x22), "not another thread's")).join().unwrap();
+            // Another thread's end of the relaxed capture leaves this thread's own one.
+            std::thread::spawn(|| ended(0, 0x21)).join().unwrap();
+            assert!(own_has(0x22));
+            ended(0, 0x22);
+            assert!(!own_active() && !any_active());
+            // Past its slots a capture is not known as the thread's (its launches wait).
+            for id in 1..=(OWN_SLOTS as u64 + 1) {
+                assert_eq!(begin_with(Duration::from_secs(1), 1, ok, || 0x100 + id), CUresult::CUDA_SUCCESS);
+            }
+            assert!(own_has(0x100 + OWN_SLOTS as u64) && !own_has(0x101 + OWN_SLOTS as u64));
+            for id in 1..=(OWN_SLOTS as u64 + 1) {
+                ended(0, 0x100 + id);
+            }
             assert!(!own_active() && !any_active());
         })
         .join()

@@ -292,6 +292,25 @@ pub fn pool_for(st: &State, explicit: Option<CUmemoryPool>, stream_dev: usize) -
 /// then the driver's `alloc`, then the count settled to what the GPU's pools reserve. An
 /// allocation that cannot be recorded is undone.
 pub fn counted_alloc(st: &State, i: usize, bytes: u64, alloc: impl FnOnce() -> CUresult, key: impl FnOnce() -> u64, undo: impl FnOnce(u64)) -> CUresult {
+    reserved_alloc(st, i, bytes, || {
+        let mut rc = alloc();
+        if rc == CUresult::CUDA_SUCCESS {
+            let k = key();
+            if !st.stream_pools.allocated(k, i) {
+                crate::state::logged(|| tracing::error!(key = k, bytes, "xcuda: allocation table full; undoing allocation"));
+                undo(k);
+                rc = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        rc
+    })
+}
+
+/// [`counted_alloc`] without recording the pointer: `bytes` reserved in the quota of the GPU
+/// of slot `i`'s pool around the driver's `alloc`, then the count settled to what the GPU's
+/// pools reserve. For an allocation that may be a capture's memory node rather than memory
+/// (a capture another thread may end meanwhile): whichever it was, the pool's figure says.
+pub fn reserved_alloc(st: &State, i: usize, bytes: u64, alloc: impl FnOnce() -> CUresult) -> CUresult {
     let dev = st.stream_pools.ord(i);
     let g = st.gpu(dev as CUdevice);
     let pc = &g.stream_pools;
@@ -306,15 +325,7 @@ pub fn counted_alloc(st: &State, i: usize, bytes: u64, alloc: impl FnOnce() -> C
             return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
-    let mut rc = alloc();
-    if rc == CUresult::CUDA_SUCCESS {
-        let k = key();
-        if !st.stream_pools.allocated(k, i) {
-            crate::state::logged(|| tracing::error!(key = k, bytes, "xcuda: allocation table full; undoing allocation"));
-            undo(k);
-            rc = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    }
+    let rc = alloc();
     settle(st, g, dev, 1);
     pc.end();
     rc

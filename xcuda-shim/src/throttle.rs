@@ -42,17 +42,18 @@ impl Throttle {
     }
 
     /// [`Self::acquire`] for a kernel launched on `stream` (`ptsz`: through a per-thread entry
-    /// point): a launch into a stream this thread captures records a graph node and runs
-    /// nothing, so it never waits, frozen or in debt (a capture must be able to end while
-    /// launches are stopped; the graph pays when it is launched). Asked of the driver only when
-    /// the launch would wait and this thread has a capture of its own in progress, one no other
-    /// thread can end meanwhile (see `capture`).
+    /// point): a launch into a capture of this thread's own records a graph node and runs
+    /// nothing, so it takes nothing from the bucket and never waits, frozen or in debt (a
+    /// capture must be able to end while launches are stopped; the graph pays when it is
+    /// launched). Asked of the driver only while this thread has a capture of its own in
+    /// progress, one no other thread can end meanwhile (see `capture`); otherwise one
+    /// thread-local read.
     #[inline]
     pub fn acquire_on(&self, cost: i64, stream: cuda_abi::CUstream, ptsz: bool) {
+        if crate::capture::own_active() && crate::capture::owns(stream as u64, ptsz) {
+            return;
+        }
         if !self.0.take(cost) {
-            if crate::capture::own_active() && crate::capture::stream_capturing(stream as u64, ptsz) {
-                return;
-            }
             self.wait_for_budget();
         }
     }

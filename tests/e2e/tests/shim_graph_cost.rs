@@ -80,3 +80,18 @@ fn racing_changes_of_one_exec_leave_the_price_of_the_grid_it_runs() {
     assert_eq!(rc_of(&lines, "graphrace="), ["0"], "{lines:?}");
     assert_eq!((n, delayed), (1, 1), "the launch of a 20-wave exec waits for a 10-wave bucket");
 }
+
+/// Launches recorded into a capture run nothing and cost nothing: 20 one-wave kernels captured
+/// (global mode, the capturing thread's own) and then one run for real against the 10-wave
+/// bucket: the real one is the only launch counted and is not delayed. Before, each captured
+/// launch took its wave from the bucket, and the real launch after the capture waited for
+/// that debt (a warm-up capturing thousands of kernels stalled the next real launch seconds).
+#[test]
+fn captured_launches_leave_no_debt() {
+    let host = EmuHost::new();
+    let sms = host.device().info().sm_count.to_string();
+    let (n, delayed, lines) = counted(&host, "captured", &["capturelaunch", "20", &sms, "1000"]);
+    let line = lines.iter().find(|l| l.starts_with("capturelaunch")).expect("printed");
+    assert_eq!(line, "capturelaunch end=0 launch=0", "{lines:?}");
+    assert_eq!((n, delayed), (1, 0), "only the real launch is counted, and it fits the full bucket");
+}

@@ -491,3 +491,30 @@ fn a_descriptor_changed_after_the_shims_read_is_not_what_the_driver_makes() {
     assert_eq!(p.used_memory - p.context_memory, counted, "what the driver made is what was counted");
     h.kill9();
 }
+
+/// Stream-ordered allocations on a stream another thread keeps capturing (relaxed mode, each
+/// capture open ~100 us), as offline containers run (uid 65534): an allocation the shim saw
+/// inside the capture may reach the driver just after the capture ended, and is then memory.
+/// Such an allocation is counted both as the capture's node and as memory, so what the
+/// process holds on the GPU, measured outside the shim, stays within its quota. Before, it was
+/// taken for a node and not counted: the emulated T4 filled (1 GiB quota, 15 GiB held).
+#[test]
+fn allocations_racing_another_threads_capture_stay_within_the_quota() {
+    let host = host_for_users();
+    let dev = host.device();
+    let l = ledger(&host);
+    let quota = 256 * MIB;
+    let mut c = limited(&host, "shim_client", quota, "capturerace");
+    as_nobody(&mut c).args(["ctx", "capturerace", "100000", &(16 * MIB).to_string(), "ready", "hang"]);
+    let mut h = host.spawn(&mut c);
+    let line = h.wait_for_line("capturerace", T).unwrap_or_else(|| panic!("{} {}", h.stdout(), h.stderr()));
+    assert!(h.wait_for_line("ready", T).is_some(), "{}", h.stderr());
+    let ok = e2e::num(&line, "ok") as u64;
+    assert!(ok > 0, "some allocations went through: {line}");
+    let snap = dev.snapshot();
+    let p = snap.processes.iter().find(|p| p.pid == h.pid()).expect("the client on the GPU");
+    let held = p.used_memory - p.context_memory;
+    assert!(held <= quota, "{} MiB held on the GPU against a {} MiB quota ({line})", held / MIB, quota / MIB);
+    assert!(l.group_used(group_of(&l, "capturerace")) <= quota);
+    h.kill9();
+}

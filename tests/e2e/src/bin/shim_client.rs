@@ -23,7 +23,9 @@
 //! global-mode capture begun on CU_STREAM_PER_THREAD and left running; capture queries on the
 //! legacy and per-thread streams). `capturebegin` (a global-mode capture begun on a new stream
 //! and left running). `capturethread` (a global-mode capture ended first from
-//! another thread, then from its own). `capturesig N TO_GRAPH` (a SIGTERM handler, then a capture
+//! another thread, then from its own). `capturelaunch N BLOCKS CYCLES` (N launches recorded in
+//! a capture, then one run). `capturerace N BYTES` (stream-ordered allocations racing another
+//! thread's captures). `capturesig N TO_GRAPH` (a SIGTERM handler, then a capture
 //! of N launches 20 ms apart, into a graph of its own when TO_GRAPH is 1, through the CUDA 10.0
 //! `cuStreamBeginCapture` (no mode) when it is 2; see the step).
 //! Stream-ordered pools: `poolthreshold N|max` (the release threshold of device 0's current
@@ -748,6 +750,78 @@ fn main() {
                         l = stream_sync(s);
                     }
                     out(format!("capturesig end={} launch={} handled={}", end.0, l.0, HANDLED.load(std::sync::atomic::Ordering::SeqCst)));
+                }
+                // A global-mode capture on a stream of its own with N spin launches of BLOCKS
+                // blocks of CYCLES in it, ended, then one such launch run for real on that
+                // stream and synchronised. Prints `capturelaunch end=RC launch=RC`.
+                "capturelaunch" => {
+                    let (n, blocks, cycles) = (num(1, i), num(2, i) as c_uint, num(3, i));
+                    i += 3;
+                    if spin_fn.is_null() {
+                        spin_fn = kernels.load_spin().unwrap_or_else(|_| die("loading the spin kernel"));
+                    }
+                    let mut s: CUstream = std::ptr::null_mut();
+                    let r = stream_create(&mut s, 1);
+                    let r = if r.is_success() { capture_begin(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) } else { r };
+                    if !r.is_success() {
+                        die(&format!("capture begin {r}"));
+                    }
+                    let mut c = cycles as u64;
+                    for _ in 0..n {
+                        let mut params = [(&mut c as *mut u64).cast::<c_void>()];
+                        let r = launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut());
+                        if !r.is_success() {
+                            die(&format!("captured launch {r}"));
+                        }
+                    }
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    let end = capture_end(s, &mut g);
+                    let mut params = [(&mut c as *mut u64).cast::<c_void>()];
+                    let mut l = launch(spin_fn, blocks, 1, 1, 32, 1, 1, 0, s, params.as_mut_ptr(), std::ptr::null_mut());
+                    if l.is_success() {
+                        l = stream_sync(s);
+                    }
+                    out(format!("capturelaunch end={} launch={}", end.0, l.0));
+                }
+                // N stream-ordered allocations of BYTES on a stream another thread keeps
+                // beginning and ending relaxed-mode captures on (each open about 100 us), never
+                // freed: each is a memory node of that thread's capture, or, when the capture
+                // ended just before, memory. Prints `capturerace ok=N oom=N other=N`.
+                "capturerace" => {
+                    let (n, bytes) = (num(1, i), num(2, i));
+                    i += 2;
+                    let mut s: CUstream = std::ptr::null_mut();
+                    let r = stream_create(&mut s, 1);
+                    if !r.is_success() {
+                        die(&format!("stream {r}"));
+                    }
+                    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let (sv, cv, stop2) = (s as usize, ctx as usize, stop.clone());
+                    // The driver's entry points (inside the steps' unsafe block), with a stream
+                    // and context that outlive the thread (joined here).
+                    let toggler = std::thread::spawn(move || {
+                        set_current(cv as CUcontext);
+                        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                            if capture_begin(sv as CUstream, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).is_success() {
+                                std::thread::sleep(std::time::Duration::from_micros(100));
+                                let mut g: CUgraph = std::ptr::null_mut();
+                                let _ = capture_end(sv as CUstream, &mut g);
+                            }
+                        }
+                    });
+                    let (mut ok, mut oom, mut other) = (0, 0, 0);
+                    for _ in 0..n {
+                        let mut p: CUdeviceptr = 0;
+                        match alloc_async(&mut p, bytes, s) {
+                            r if r.is_success() => ok += 1,
+                            CUresult::CUDA_ERROR_OUT_OF_MEMORY => oom += 1,
+                            _ => other += 1,
+                        }
+                    }
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    toggler.join().unwrap_or_else(|_| die("toggler"));
+                    let _ = stream_sync(s);
+                    out(format!("capturerace ok={ok} oom={oom} other={other}"));
                 }
                 // A global-mode capture on a stream of its own, ended first from another thread
                 // (with the same context current there), then from the thread that began it.
