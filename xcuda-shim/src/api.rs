@@ -828,9 +828,13 @@ forward_then! {
 /// The GPU (quota) an NVML device handle is, matched by UUID: NVML numbers devices its own way
 /// (every GPU of the host, or of the container), never by `CUDA_VISIBLE_DEVICES`. A device this
 /// process cannot use through CUDA is answered as it is. One GPU whose UUID (NVML's or the
-/// driver's) is unknown: that GPU, as before.
+/// driver's) is unknown: that GPU, as before. Before the process's first CUDA call: none (NVML
+/// answers as it is). Building the shim's state initialises CUDA (`cuInit`), which an
+/// NVML-only query must not do: a child the process forks afterwards could not use CUDA
+/// (`CUDA_ERROR_NOT_INITIALIZED`), and under MPS the query would connect to the server. The
+/// view is what the application sees; the quota holds at its allocations either way.
 fn gpu_of_nvml(device: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Option<&'static crate::state::Gpu> {
-    let st = state();
+    let st = crate::state::get()?;
     let only = (st.gpus.len() == 1).then(|| &st.gpus[0]);
     // SAFETY: `device` is the handle the application passed to this NVML call; the real NVML
     // receives it just as the application's call would have.

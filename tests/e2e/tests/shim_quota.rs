@@ -518,3 +518,62 @@ fn allocations_racing_another_threads_capture_stay_within_the_quota() {
     assert!(l.group_used(group_of(&l, "capturerace")) <= quota);
     h.kill9();
 }
+
+/// A program that asks NVML for a GPU's memory before any CUDA call (vLLM's NVML platform, a
+/// "pick the freest GPU" helper), then forks, and whose child initialises CUDA.
+const NVML_THEN_FORK_C: &str = r#"
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/wait.h>
+typedef int CUresult;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+CUresult cuInit(unsigned int flags);
+CUresult cuDeviceGetCount(int *count);
+int nvmlInit_v2(void);
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device);
+int nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *memory);
+int main(void) {
+    void *dev = 0; nvmlMemory_t m = {0};
+    if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &dev)) return 3;
+    printf("nvml=%d\n", nvmlDeviceGetMemoryInfo(dev, &m));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = -1, rc = cuInit(0);
+        if (rc == 0) rc = cuDeviceGetCount(&n);
+        printf("child=%d count=%d\n", rc, n);
+        fflush(stdout);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return 0;
+}
+"#;
+
+/// NVML's memory query answers without initialising CUDA in the process: a child forked after
+/// it initialises CUDA itself. Before, the shim's NVML hook built its state for the quota view
+/// (`cuInit`, registration, threads) and the child's `cuInit` failed with
+/// `CUDA_ERROR_NOT_INITIALIZED` (3), as CUDA does in the child of an initialised parent.
+#[test]
+fn an_nvml_memory_query_does_not_initialise_cuda_for_a_forked_child() {
+    let host = host_for_users();
+    let _l = ledger(&host);
+    let src = host.root().join("nvmlfork.c");
+    let exe = host.root().join("nvmlfork");
+    std::fs::write(&src, NVML_THEN_FORK_C).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(&cc)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", host.lib_dir().display()))
+        .args(["-l:libcuda.so.1", "-l:libnvidia-ml.so.1"])
+        .status()
+        .unwrap_or_else(|e| panic!("{cc} (the C compiler rustc links with) is needed: {e}"));
+    assert!(st.success(), "compiling the NVML client failed");
+    let mut c = limited(&host, exe.to_str().unwrap(), QUOTA, "nvmlfork");
+    let lines = run(&host, as_nobody(&mut c));
+    assert_eq!(rc_of(&lines, "nvml="), ["0"], "{lines:?}");
+    assert_eq!(rc_of(&lines, "child="), ["0"], "the child's cuInit: {lines:?}");
+}
