@@ -1720,19 +1720,32 @@ forward_then! {
     /// Hooked `cuCtxCreate` (the CUDA 2.0 ABI, still exported): the context is tracked for
     /// release before the process dies.
     fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v2000 [gated]
-        => state().contexts.created(out!(pctx));
+        => track_created(out!(pctx));
     /// Hooked `cuCtxCreate_v2`: the context is tracked for release before the process dies.
     fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v3020 [gated]
-        => state().contexts.created(out!(pctx));
+        => track_created(out!(pctx));
     /// Hooked `cuCtxCreate_v3`: the context is tracked for release before the process dies.
     fn cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v11040 [gated]
-        => state().contexts.created(out!(pctx));
+        => track_created(out!(pctx));
     /// Hooked `cuCtxCreate_v4`: the context is tracked for release before the process dies.
     fn cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice): PFN_cuCtxCreate_v12050 [gated]
-        => state().contexts.created(out!(pctx));
+        => track_created(out!(pctx));
     /// Hooked `cuDevicePrimaryCtxRetain`: the primary context is tracked for release before exit.
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice): PFN_cuDevicePrimaryCtxRetain_v7000 [gated]
         => state().contexts.retained(dev, out!(pctx));
+}
+
+/// A context the driver created, recorded for release before the process dies; one the
+/// registry has no room for (256 live contexts) is destroyed again and refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`: a context the shim could not release could hang MPS neighbours
+/// when the process is killed.
+fn track_created(ctx: CUcontext) -> CUresult {
+    if state().contexts.created(ctx) {
+        return CUresult::CUDA_SUCCESS;
+    }
+    let rc = crate::state::call_real!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v4000, ctx);
+    crate::state::logged(|| tracing::error!(destroy_rc = rc.0, "xcuda: context registry full (256 live contexts): the new context is destroyed and refused"));
+    CUresult::CUDA_ERROR_OUT_OF_MEMORY
 }
 
 // ---- signals (the application's SIGINT/SIGTERM actions are kept behind ours) ----------------

@@ -41,9 +41,11 @@ impl Contexts {
         }
     }
 
-    /// A context from cuCtxCreate*.
-    pub fn created(&self, ctx: CUcontext) {
-        self.created.insert(ctx as u64, 1);
+    /// A context from cuCtxCreate*: false when the registry is full (256 live contexts), so it
+    /// could not be released before the process dies.
+    #[must_use]
+    pub fn created(&self, ctx: CUcontext) -> bool {
+        self.created.insert(ctx as u64, 1)
     }
 
     /// A context destroyed by the application.
@@ -833,6 +835,14 @@ fn install_signal_handlers(install_pause_ms: u64) -> std::io::Result<()> {
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    // The handler's end never blocks: a storm of signals while the helper is busy (a sibling's
+    // `kill` loop during a long synchronisation) would otherwise fill the pipe and hang the
+    // application's threads inside the handler. A byte that does not fit is dropped: the
+    // ones before it already wake the helper for that signal.
+    // SAFETY: fcntl on the descriptor just made.
+    if unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     PIPE_WR.store(fds[1], Release);
     PIPE_RD.store(fds[0], Release);
     let rd = fds[0];
@@ -918,13 +928,22 @@ fn on_signal(sig: c_int) {
 fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
     let (tx, rx) = std::sync::mpsc::channel();
+    // Held here until the thread takes it: if no thread can start (a pod at its pids.max), `f`
+    // runs on this thread instead, without the deadline; a release skipped would leave the
+    // process to die with its contexts live, which can hang its MPS neighbours.
+    let job = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
+    let theirs = job.clone();
     let spawned = spawn_shim_thread("xcuda-release", move || {
         let _log = state::log_on_this_thread();
-        let _ = tx.send(f());
+        let f = theirs.lock().ok().and_then(|mut j| j.take());
+        if let Some(f) = f {
+            let _ = tx.send(f());
+        }
     });
-    if spawned.is_err() {
-        tracing::error!("xcuda: cannot start a thread to {what}");
-        return None;
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "xcuda: cannot start a thread to {what}: doing it on this thread, without a deadline");
+        let f = job.lock().ok().and_then(|mut j| j.take());
+        return f.map(|f| f());
     }
     let r = rx.recv_timeout(limit).ok();
     if r.is_none() {
@@ -1315,6 +1334,19 @@ pub fn app_sigset(sig: c_int, disp: libc::sighandler_t) -> Option<libc::sighandl
 
 #[cfg(test)]
 mod tests {
+    /// The registry says when it has no room, so the creation can be refused (a context it
+    /// does not hold is never released before the process dies); a destroyed one frees room.
+    #[test]
+    fn a_full_context_registry_refuses_the_next_context() {
+        let c = super::Contexts::new();
+        for i in 1..=256u64 {
+            assert!(c.created((i << 4) as cuda_abi::CUcontext), "context {i} recorded");
+        }
+        assert!(!c.created((257u64 << 4) as cuda_abi::CUcontext), "the 257th live context");
+        c.destroyed((7u64 << 4) as cuda_abi::CUcontext);
+        assert!(c.created((257u64 << 4) as cuda_abi::CUcontext), "room again once one is destroyed");
+    }
+
     #[test]
     fn the_drain_comes_its_margin_before_the_expected_kill() {
         use crate::config::ExitConfig;
