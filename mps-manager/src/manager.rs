@@ -1145,21 +1145,19 @@ impl Manager {
             .filter(|&pid| node_ledger::procinfo::is_gone(pid))
             .collect();
         o.offline_registered = offline.len();
-        // Each slot's count is its writer's word (u64::MAX from a tenant overflowed `sum`: a
-        // panic in a debug build). Wrapping, as a release build's sum did: the total is only
-        // compared with the last one, and any change of a slot's count still changes it
-        // (saturating would freeze it at the maximum, hiding every other job's progress).
-        o.offline_launches = offline.iter().fold(0u64, |n, p| n.wrapping_add(p.launches));
-        // A slot's sync counts are its writer's word (pod ledgers are tenant-writable): waiting
-        // counts only for a process found here and listed by a server as its client. Before, a
-        // slot of another namespace (or naming a process no server lists) with one sync begun
-        // made a quiet GPU "stuck", and the recovery, with nothing it could terminate, ended
-        // every MPS server, the online service's context with them.
+        // A slot's sync and launch counts are its writer's word (pod ledgers are
+        // tenant-writable): waiting counts only for a process found here (its owner seen holding
+        // the slot's lock) and listed by a server as its client, and each one's progress is its
+        // own counts alone. Before, a slot of another namespace (or naming a process no server
+        // lists) with one sync begun made a quiet GPU "stuck", and the recovery, with nothing it
+        // could terminate, ended every MPS server, the online service's context with them; and
+        // the launches of every slot, summed, were the GPU's progress, so one slot whose count
+        // rose at every check (a tenant's, or one nobody holds) hid every hung client.
         let listed: BTreeSet<u32> = o.clients.values().flatten().copied().collect();
         o.offline_waiting = offline
             .iter()
             .filter(|p| p.syncs.0 > p.syncs.1 && p.pid_ns == self.own_ns && listed.contains(&p.pid))
-            .map(|p| crate::detect::Waiting { pid: p.pid, start_time: p.start_time, ended: p.syncs.1 })
+            .map(|p| crate::detect::Waiting { pid: p.pid, start_time: p.start_time, ended: p.syncs.1, launches: p.launches })
             .collect();
         o.sm_activity_pct = self
             .status
@@ -2920,22 +2918,45 @@ mod tests {
         let _ = online.wait();
     }
 
-    /// A slot's launch count is its writer's word: one at `u64::MAX` beside another's count
-    /// is no panic at a check (`sum` overflowed in a debug build, ending the manager).
+    /// A slot's launch count is its writer's word: a slot whose count rises at every check,
+    /// whether nobody holds its lock (any ledger client can write one) or a genuine listed
+    /// client's (its tenant writes its own slot), does not hide a found, listed client that
+    /// waits with nothing returning on a quiet GPU: it is stuck after `stuck_after_ms`. Before,
+    /// the launches of every registration were summed into one progress for the GPU, and the
+    /// fault never came while any count moved. A count at `u64::MAX` is no panic either.
     #[test]
-    fn launch_counts_that_overflow_their_sum_are_no_panic() {
+    fn another_slots_rising_launch_count_does_not_hide_a_stuck_client() {
+        use std::sync::atomic::Ordering::Relaxed;
         let d = tempfile::tempdir().unwrap();
-        let mut m = manager(d.path());
-        let g = m.ledger.group(7, 1 << 30).unwrap();
-        let hs = [m.ledger.register(std::process::id(), g).unwrap(), m.ledger.register(std::process::id(), g).unwrap()];
-        for (h, n) in hs.iter().zip([u64::MAX, 2]) {
-            m.ledger.layout().procs[h.slot].launches.store(n, std::sync::atomic::Ordering::Relaxed);
+        let mut m = manager_with_a_server(d.path());
+        let daemon = m.ensure_daemon().unwrap();
+        let (mut waiting, hw) = offline_client(&m);
+        let (mut busy, hb) = offline_client(&m);
+        let mut nobody = sleeper();
+        let g = m.ledger.group(8, 1 << 30).unwrap();
+        let forged = m.ledger.register(nobody.id(), g).unwrap();
+        std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n{}\n", waiting.id(), busy.id())).unwrap();
+        m.ledger.set_syncs(hw, 1, 0);
+        m.ledger.layout().procs[forged.slot].launches.store(u64::MAX, Relaxed);
+        let t0 = mono_ms();
+        let step = m.cfg.detect.stuck_after_ms / 4;
+        let mut faults = Vec::new();
+        for i in 0..=5 {
+            m.ledger.count_launches(forged, 1, 0);
+            m.ledger.count_launches(hb, 1, 0);
+            faults.extend(m.check(t0 + i * step));
         }
-        m.check(0);
-        m.check(500);
-        for h in hs {
-            m.ledger.unregister(h);
+        for c in [&mut waiting, &mut busy, &mut nobody] {
+            let _ = c.kill();
+            let _ = c.wait();
         }
+        kill(daemon);
+        assert_eq!(
+            faults.iter().map(|f| f.kind()).collect::<Vec<_>>(),
+            ["clients_stuck"],
+            "{faults:?}"
+        );
+        assert!(matches!(&faults[0], Fault::ClientsStuck { pids, .. } if pids == &[waiting.id()]), "{faults:?}");
     }
 
     /// A server fault with a sound control daemon: its servers are ended with
