@@ -295,24 +295,32 @@ impl RateLimiter {
         {
             self.history.pop_front();
         }
+        if let Some(why) = self.refusal(cfg, now_ms) {
+            return Err(why);
+        }
+        self.history.push_back(now_ms);
+        Ok(())
+    }
+
+    /// Whether [`RateLimiter::allow`] at `now_ms` would let a recovery start (nothing recorded).
+    pub fn would_allow(&self, cfg: &RateConfig, now_ms: u64) -> bool {
+        self.refusal(cfg, now_ms).is_none()
+    }
+
+    /// Why a recovery may not start at `now_ms`, if it may not.
+    fn refusal(&self, cfg: &RateConfig, now_ms: u64) -> Option<String> {
         if let Some(&last) = self.history.back() {
             if now_ms.saturating_sub(last) < cfg.min_interval_ms {
-                return Err(format!(
+                return Some(format!(
                     "last recovery {} ms ago (min_interval_ms {})",
                     now_ms - last,
                     cfg.min_interval_ms
                 ));
             }
         }
-        if self.history.len() >= cfg.max_per_hour {
-            return Err(format!(
-                "{} recoveries in the last hour (max_per_hour {})",
-                self.history.len(),
-                cfg.max_per_hour
-            ));
-        }
-        self.history.push_back(now_ms);
-        Ok(())
+        let in_hour = self.history.iter().filter(|&&t| now_ms.saturating_sub(t) < 3_600_000).count();
+        (in_hour >= cfg.max_per_hour)
+            .then(|| format!("{in_hour} recoveries in the last hour (max_per_hour {})", cfg.max_per_hour))
     }
 }
 
@@ -521,9 +529,13 @@ mod tests {
         };
         let mut r = RateLimiter::default();
         assert!(r.allow(&c, 0).is_ok());
+        assert!(!r.would_allow(&c, 50));
         assert!(r.allow(&c, 50).unwrap_err().contains("min_interval_ms"));
+        assert!(r.would_allow(&c, 100) && r.would_allow(&c, 100), "asking records nothing");
         assert!(r.allow(&c, 100).is_ok());
+        assert!(!r.would_allow(&c, 1000));
         assert!(r.allow(&c, 1000).unwrap_err().contains("max_per_hour"));
+        assert!(r.would_allow(&c, 3_600_001));
         assert!(r.allow(&c, 3_600_001).is_ok());
     }
 }

@@ -271,9 +271,14 @@ pub struct Manager {
     /// episode ([`Manager::stuck_on_mps`]).
     stuck_unlisted_logged: bool,
     /// The XID episode a check found as a fault: recorded as handled (`xid_handled`, kept
-    /// across restarts) once its recovery ran, not when it was found, so that a recovery the
-    /// rate limit held back is tried again by a restarted manager.
+    /// across restarts) once a full MPS reset ran after it was found (its own recovery, or
+    /// another fault's that came first in the check), not when it was found. While it is owed
+    /// (the rate limit held its recovery back, or another fault's refused recovery came first)
+    /// each check asks for it again once the limit allows ([`Manager::check`]); a restarted
+    /// manager finds it anew.
     xid_pending: Option<HandledXid>,
+    /// The owed XID's hold by the rate limit was said (ERROR once, until it runs or ends).
+    xid_held_said: bool,
     /// Until when (monotonic ms) a `ClientsStuck` ends the servers instead of the targeted
     /// step: set by a targeted recovery of stuck clients ([`stuck_episode_ms`] on, or for good
     /// when it failed), cleared by a full recovery. Never for a fault naming no process an MPS
@@ -465,6 +470,7 @@ impl Manager {
             limited_logged: false,
             stuck_unlisted_logged: false,
             xid_pending: None,
+            xid_held_said: false,
             escalate_stuck_until: None,
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon_seen_alive: false,
@@ -1176,9 +1182,28 @@ impl Manager {
         self.check_users(&o.clients, &offline);
         self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending), &raw, &offline);
         self.daemon_seen_alive = o.daemon_alive;
-        let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
+        let mut faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
         if faults.iter().any(|f| matches!(f, Fault::Xid { .. })) {
             self.xid_pending = xid;
+        } else if self.xid_pending.is_some() {
+            // Found, and no full reset since: its recovery is owed. The detector reports an
+            // episode once, so it is asked for here once the rate limit allows it. Before, a
+            // recovery the limit held back was never tried again in this run: MPS stayed as
+            // the XID left it until the manager restarted. `o.xid` is an episode not handled.
+            match (o.xid, xid) {
+                (Some(code), Some(x)) => {
+                    self.xid_pending = Some(x);
+                    if self.limiter.would_allow(&self.cfg.recovery, now_ms) {
+                        tracing::warn!(gpu = self.cfg.gpu_index, code, "critical XID recovery held back by the rate limit: the limit allows it now");
+                        faults.push(Fault::Xid { code });
+                    }
+                }
+                _ => {
+                    tracing::info!(gpu = self.cfg.gpu_index, "the XID whose recovery was held back is no longer reported by the monitor: nothing owed");
+                    self.xid_pending = None;
+                    self.xid_held_said = false;
+                }
+            }
         }
         // Every server's clients seen, and nothing wrong with MPS: a client missing from the
         // lists is not one a fault took off them.
@@ -1666,6 +1691,16 @@ impl Manager {
                 self.limited_logged = true;
                 tracing::error!(fault = fault.kind(), %why, "full MPS reset rate-limited; counting in suppressed_recoveries");
             }
+            if let Some(x) = self.xid_pending.as_ref().filter(|_| !self.xid_held_said) {
+                self.xid_held_said = true;
+                tracing::error!(
+                    gpu = self.cfg.gpu_index,
+                    code = x.code,
+                    fault = fault.kind(),
+                    %why,
+                    "critical XID recovery (a full MPS reset) held back by the rate limit: MPS stays as the XID left it until the limit allows it, then it runs"
+                );
+            }
             return false;
         }
         let servers_only = !fault.needs_new_daemon() && self.live_daemon().is_some();
@@ -1685,6 +1720,7 @@ impl Manager {
         // Crashed servers ended alone: the other servers' clients keep their connections, and
         // the other faults of the check (a dead client another server lists) their recovery.
         let others_kept = only.is_some() && matches!(restarted, Some(Ok(_)));
+        let new_daemon = !matches!(restarted, Some(Ok(_)));
         let outcome = match restarted {
             Some(Ok(o)) => format!("{o} ({why_full})"),
             not_restarted => {
@@ -1702,9 +1738,16 @@ impl Manager {
             }
         };
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
-        if matches!(fault, Fault::Xid { .. }) {
+        // A full reset is the XID's recovery whichever fault asked for it: a dead or hung
+        // daemon sorts first in a check and ends it. Before, only the XID's own recovery
+        // recorded it, so a restarted manager reset MPS a second time for the same episode.
+        if new_daemon {
             if let Some(x) = self.xid_pending.take() {
+                if !matches!(fault, Fault::Xid { .. }) {
+                    tracing::info!(gpu = self.cfg.gpu_index, code = x.code, fault = fault.kind(), "this full MPS reset was also the recovery from the critical XID found");
+                }
                 self.state.xid_handled = Some(x);
+                self.xid_held_said = false;
             }
         }
         self.escalate_stuck_until = None;
@@ -2656,7 +2699,7 @@ mod tests {
         assert_eq!((xid.disabling_xid(), xid.disabled_since_mono_ms), (Some(79), Some(4)));
         write(&p, &xid).unwrap();
         assert_eq!(m.check(0), vec![Fault::Xid { code: 79 }]);
-        assert!(m.check(100).is_empty(), "once");
+        assert_eq!(m.check(100), vec![Fault::Xid { code: 79 }], "asked again while its recovery is owed");
         assert_eq!(m.state.xid_handled, None, "found, not yet recovered from");
         m.recover(mono_ms(), Fault::Xid { code: 79 });
         assert!(m.state.xid_handled.is_some(), "recovered from");
@@ -2685,6 +2728,82 @@ mod tests {
         let now = m2.ensure_daemon().unwrap();
         kill(daemon);
         kill(now);
+    }
+
+    /// A critical XID whose recovery the rate limit holds back is owed, not dropped: checks
+    /// while the limit holds ask nothing (an ERROR line once), and the first check it allows
+    /// asks for the recovery again, which runs and records the episode handled. Before, the
+    /// detector had reported the episode once, and MPS stayed as the XID left it for the rest
+    /// of the run.
+    #[test]
+    fn an_xid_recovery_the_rate_limit_held_back_runs_once_the_limit_allows() {
+        use node_daemon::monitor_state::{write, MonitorState};
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let first = m.ensure_daemon().unwrap();
+        let limit = m.cfg.recovery.min_interval_ms;
+        m.limiter.allow(&m.cfg.recovery, 0).unwrap(); // a recovery just ran
+        write(&m.cfg.monitor_state_file, &MonitorState::example()).unwrap();
+        let faults = m.check(1);
+        assert_eq!(faults, vec![Fault::Xid { code: 79 }]);
+        let (_, said) = logs_of(|| m.handle_faults(1, faults));
+        assert!(said.contains("held back by the rate limit"), "{said}");
+        assert_eq!((m.state.xid_handled.as_ref(), m.state.suppressed_recoveries), (None, 1));
+        let (faults, said) = logs_of(|| m.check(limit / 2));
+        assert!(faults.is_empty(), "the limit still holds: {faults:?}");
+        m.handle_faults(limit / 2, faults);
+        assert!(!said.contains("held back"), "said once: {said}");
+        let faults = m.check(limit);
+        assert_eq!(faults, vec![Fault::Xid { code: 79 }], "owed, and the limit allows it");
+        m.handle_faults(limit, faults);
+        let handled = m.state.xid_handled.clone();
+        let last = m.state.recoveries.last().map(|r| (r.fault.clone(), r.outcome.clone()));
+        let faults = m.check(limit + 1);
+        kill(first);
+        if let Some(p) = m.recorded_daemon() {
+            kill(p.pid);
+        }
+        assert!(matches!(&last, Some((Fault::Xid { code: 79 }, o)) if o.contains("MPS reset")), "{last:?}");
+        assert_eq!(handled, HandledXid::of(&MonitorState::example()), "recorded as handled");
+        assert!(faults.is_empty(), "once: {faults:?}");
+    }
+
+    /// A dead control daemon and a critical XID seen at one check: the dead daemon's full
+    /// reset, first, is the XID's recovery too, recorded as such, so a restarted manager does
+    /// not reset MPS again for the same episode (ending the online service's new context).
+    /// Before, `xid_handled` was written by the XID's own recovery only, which the full reset
+    /// before it left unrun.
+    #[test]
+    fn a_full_reset_for_another_fault_of_the_check_counts_as_the_xids_recovery() {
+        use node_daemon::monitor_state::{write, MonitorState};
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let first = m.ensure_daemon().unwrap();
+        assert!(m.check(0).is_empty());
+        let id = m.recorded_daemon().unwrap();
+        kill(first);
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while node_ledger::procinfo::is_alive(id.pid, id.start_time) {
+            assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        write(&m.cfg.monitor_state_file, &MonitorState::example()).unwrap();
+        let faults = m.check(100);
+        assert_eq!(faults, vec![Fault::Xid { code: 79 }, Fault::DaemonDead]);
+        m.handle_faults(100, faults);
+        let kinds: Vec<&str> = m.state.recoveries.iter().map(|r| r.fault.kind()).collect();
+        let prev: ManagerState = serde_json::from_str(&serde_json::to_string(&m.state).unwrap()).unwrap();
+        let now = m.recorded_daemon().map(|d| d.pid);
+        let mut m2 = manager(d.path());
+        m2.adopt_previous(&prev);
+        let adopted = m2.ensure_daemon();
+        let faults = m2.check(0);
+        for p in now.into_iter().chain(adopted.ok()) {
+            kill(p);
+        }
+        assert_eq!(kinds, ["daemon_dead"], "one full reset");
+        assert_eq!(prev.xid_handled, HandledXid::of(&MonitorState::example()));
+        assert!(faults.is_empty(), "no second reset for the episode: {faults:?}");
     }
 
     /// A state file that cannot be written (its directory is a file) is a run of failures the
