@@ -990,18 +990,21 @@ impl Manager {
     /// a request addressed to its pid namespace, pid and start time in this manager's table of
     /// the status file, which the process's shim acts on whatever its pid namespace, and which
     /// no tenant can write (a slot's word could be written by any ledger client). `host`: its
-    /// pid here, when found; the request names the pod its cgroup path names, which node-agent
-    /// evicts (never the group its slot claims, the process's own word).
-    fn request_evict_id(&mut self, id: node_ledger::ProcId, host: Option<u32>) {
+    /// pid here, when found holding its slot's lock; the request names the pod its cgroup path
+    /// names, which node-agent evicts (never the group its slot claims, the process's own word).
+    /// One not found takes no entry of the table's reserve
+    /// ([`node_ledger::status::EVICT_RESERVED_FOR_FOUND`]): slots nobody holds, which any ledger
+    /// client can write by the hundred, filled this manager's table, and the genuine processes
+    /// of a recovery got no request. `Err`: why none was written (the caller says it).
+    fn request_evict_id(&mut self, id: node_ledger::ProcId, host: Option<u32>) -> Result<(), String> {
         // The pod its cgroup names, else the pod whose ledger it is registered in (mounted into
         // that pod alone). Requests are rare: the pod ledgers' slots are read for each.
         let pod = host.and_then(|h| node_daemon::offline_pods::pod_of_live(h, id.start_time)).or_else(|| {
             self.pods.iter().find(|pl| pl.ledger.procs().iter().any(|p| node_ledger::ProcId::of(p) == id)).map(|pl| pl.pod)
         });
-        let written = self.status.get(mono_ms()).is_some_and(|w| w.request_evict(node_ledger::Requester::Manager, id, pod, libc::SIGTERM as u32));
-        if !written {
-            tracing::warn!(pid = id.pid, pid_ns = id.pid_ns, "no eviction request written (status file not open, or its table full): the process is only signalled where it can be");
-        }
+        let w = self.status.get(mono_ms()).ok_or("the status file is not open (its error is logged)")?;
+        w.request_evict_for(node_ledger::Requester::Manager, id, pod, libc::SIGTERM as u32, host.is_some())
+            .map_err(|e| e.to_string())
     }
 
     /// Recomputes the offline SM budget, applies it to offline MPS clients and publishes it in
@@ -1294,9 +1297,10 @@ impl Manager {
     }
 
     /// Finds offline processes doing GPU work outside MPS ([`crate::outside`]) and evicts them
-    /// for a restart under MPS, or reports them (`outside_mps`). Only processes the manager has
-    /// not evicted or terminated itself are judged; a listed client is matched to its ledger
-    /// registration by pid namespace and pid there, so containers are judged too.
+    /// for a restart under MPS, or reports them (`outside_mps`). Only processes found here
+    /// holding their slot's lock that the manager has not evicted or terminated itself are
+    /// judged; a listed client is matched to its ledger registration by pid namespace and pid
+    /// there, so containers are judged too.
     /// `raw` and `here`: the registrations as the ledger names them and in this manager's
     /// terms ([`Manager::in_my_terms`]), in one order.
     fn check_outside(
@@ -1329,10 +1333,13 @@ impl Manager {
                 || self.terminated_before_kill.contains(&(r.pid_ns, r.pid, r.start_time))
                 || self.inherited_termination(pid, r.start_time)
         };
+        // Only processes found here holding their slot's lock: a slot nobody holds says nothing
+        // of a process (any ledger client writes one, its launches too), and each it named
+        // "outside MPS" took an entry of the eviction table.
         let candidates: Vec<Candidate> = raw
             .iter()
             .zip(here)
-            .filter(|(r, p)| !handled(r, p.pid))
+            .filter(|(r, p)| p.pid_ns == self.own_ns && !handled(r, p.pid))
             .map(|(r, _)| Candidate { pid_ns: r.pid_ns, pid: r.pid, start_time: r.start_time, launches: r.launches })
             .collect();
         // Keyed by the process's identity as its ledger names it (what a candidate carries):
@@ -1368,7 +1375,9 @@ impl Manager {
             }
             // Addressed by pid namespace, pid and start time; the process's own shim acts on the
             // request, whatever its pid namespace.
-            self.request_evict_id(node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time }, host);
+            if let Err(e) = self.request_evict_id(node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time }, host) {
+                tracing::warn!(pid = c.pid, pid_ns = c.pid_ns, error = %e, "no eviction request written: the process is only signalled");
+            }
             if let Some(h) = host {
                 if PidfdSignaller.signal(h, c.start_time, libc::SIGTERM).unwrap_or(false) {
                     self.evicted.insert((h, c.start_time), mono_ms());
@@ -2027,8 +2036,11 @@ impl Manager {
         let raw = self.registered();
         let offline = self.in_my_terms(&raw);
         let mut out = Vec::new();
+        let mut unwritten: Vec<(u64, u32, String)> = Vec::new();
         for (r, p) in raw.iter().zip(&offline) {
-            self.request_evict_id(node_ledger::ProcId::of(r), (p.pid_ns == self.own_ns).then_some(p.pid));
+            if let Err(e) = self.request_evict_id(node_ledger::ProcId::of(r), (p.pid_ns == self.own_ns).then_some(p.pid)) {
+                unwritten.push((r.pid_ns, r.pid, e));
+            }
             if p.pid_ns == self.own_ns
                 && sig
                     .signal(p.pid, p.start_time, libc::SIGTERM)
@@ -2042,6 +2054,17 @@ impl Manager {
                 reason: format!("MPS recovery ({why})"),
                 at_unix_ms: unix_ms(),
             });
+        }
+        // One line for them all: a ledger client can write a slot for each entry of the table.
+        if let Some((pid_ns, pid, error)) = unwritten.first() {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                unwritten = unwritten.len(),
+                first_pid = pid,
+                first_pid_ns = pid_ns,
+                %error,
+                "offline processes evicted for an MPS recovery got no eviction request: they are only signalled where found"
+            );
         }
         let deadline = mono_ms() + self.cfg.evict_grace_ms;
         while mono_ms() < deadline
@@ -2464,16 +2487,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut m = manager(dir.path());
         m.cfg.evict_grace_ms = 0;
-        let pod = node_ledger::PodUid::parse("66666666-6666-4666-8666-666666666666").unwrap();
-        let path = node_ledger::pods::pod_ledger_path(&m.cfg.ledger_dir, pod, 0);
-        let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
-        let mut cmd = std::process::Command::new("sleep");
-        cmd.arg("30");
-        workloads::host::hold_ledger(&mut cmd, &path);
-        let mut child = cmd.spawn().unwrap();
-        let g = l.group(node_ledger::ledger::group_id_for("x"), 1 << 30).unwrap();
-        let h = l.register(child.id(), g).unwrap();
-        assert!(workloads::host::hold_slot_lock(child.id(), h.slot), "the stand-in holds its slot's lock");
+        let (mut child, pod, _l) = pod_client(&m);
         let signalled = m.evict_offline("test");
         let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
         let _ = child.kill();
@@ -2484,6 +2498,74 @@ mod tests {
         if node_daemon::offline_pods::pod_uid_of(std::process::id()).is_none() {
             assert_eq!(reqs[0].pod, Some(pod), "no pod in the cgroup path: the ledger's pod");
         }
+    }
+
+    /// Slots nobody holds the lock of (any ledger client writes them, here every slot of the
+    /// GPU's ledger naming processes of a pid namespace nobody has) take at most the manager's
+    /// eviction table but [`node_ledger::status::EVICT_RESERVED_FOR_FOUND`] entries in a
+    /// recovery's evictions: the genuine process of a pod ledger read after them still gets its
+    /// request. Before, the forged slots took all 256 entries.
+    #[test]
+    fn slots_nobody_holds_cannot_fill_the_managers_eviction_table() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.evict_grace_ms = 0;
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let forged: Vec<_> = (0..node_ledger::layout::MAX_PROCS as u64)
+            .map(|i| {
+                let h = m.ledger.register(std::process::id(), g).unwrap();
+                m.ledger.layout().procs[h.slot].pid_ns.store(m.own_ns ^ (i + 1), Relaxed);
+                h
+            })
+            .collect();
+        let (mut child, _, _l) = pod_client(&m);
+        let signalled = m.evict_offline("test");
+        let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
+        let _ = child.kill();
+        let _ = child.wait();
+        for h in forged {
+            m.ledger.unregister(h);
+        }
+        assert_eq!(signalled, [child.id()]);
+        assert!(reqs.iter().any(|r| r.id.pid == child.id()), "the genuine process is asked");
+        let room = node_ledger::status::EVICT_ENTRIES - node_ledger::status::EVICT_RESERVED_FOR_FOUND;
+        assert_eq!(reqs.len(), room + 1, "the forged slots take all but the reserve");
+    }
+
+    /// Only a registration whose owner was found holding its slot's lock is judged outside MPS:
+    /// a slot naming a live process that holds no lock on it (any ledger client can write one,
+    /// and its launch count) is never reported nor asked to leave, where a found process
+    /// launching with no server listing it is. Before, every registration was a candidate, and
+    /// each forged slot reported took an entry of the eviction table.
+    #[test]
+    fn only_a_process_found_holding_its_slot_is_judged_outside_mps() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_with_a_server(d.path());
+        m.cfg.evict_grace_ms = 1_000;
+        let daemon = m.ensure_daemon().unwrap();
+        let mut online = sleeper();
+        std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n", online.id())).unwrap();
+        let mut nobody = sleeper();
+        let forged = m.ledger.register(nobody.id(), m.ledger.group(8, 1 << 30).unwrap()).unwrap();
+        let (mut found, hf) = offline_client(&m);
+        let after = m.cfg.outside_mps_after_ms;
+        let mut faults = Vec::new();
+        for now in [0, after / 2, after + 1] {
+            m.ledger.count_launches(forged, 10, 0);
+            m.ledger.count_launches(hf, 10, 0);
+            faults.extend(m.check(now));
+        }
+        let reqs = node_ledger::Status::open(&m.cfg.status_path()).unwrap().evict_requests();
+        let asked: Vec<u32> = reqs.iter().map(|r| r.id.pid).collect();
+        for c in [&mut online, &mut nobody, &mut found] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        kill(daemon);
+        assert!(faults.is_empty(), "{faults:?}");
+        assert_eq!(m.state.outside_mps, 1, "the found process alone");
+        assert_eq!(asked, [found.id()]);
     }
 
     /// A process this manager asked to leave that ignores SIGTERM is SIGKILLed after the grace
@@ -2507,7 +2589,7 @@ mod tests {
         {
             // The earlier run: its request written, SIGTERM sent (ignored), then it stops.
             let mut first = manager(dir.path());
-            first.request_evict_id(id, Some(child.id()));
+            first.request_evict_id(id, Some(child.id())).unwrap();
             first.budget_tick();
         }
         let alive = |c: &mut Child| c.try_wait().unwrap().is_none();
@@ -2532,9 +2614,10 @@ mod tests {
     }
 
     /// Every pod ledger numbers its slots from 0: a process found outside MPS in one pod's
-    /// ledger (in a container's pid namespace, its pid here unknown) is never taken for another
-    /// ledger's process of this namespace in the same slot with the same start time, which an
-    /// MPS server lists: that one is left alone, and the request names the process found.
+    /// ledger (in a container's pid namespace, found here under another pid) is never taken for
+    /// another ledger's process of this namespace in the same slot with the same start time,
+    /// which an MPS server lists: that one is left alone, and the request names the process
+    /// found, as its ledger names it.
     #[test]
     fn a_process_outside_mps_is_never_taken_for_another_ledgers_in_the_same_slot() {
         let dir = tempfile::tempdir().unwrap();
@@ -2559,10 +2642,13 @@ mod tests {
             owner_lock: (0, 0),
         };
         let container_ns = m.own_ns ^ 1;
+        // Its pid here: one no process has (nothing is signalled by it).
+        let host = 4_000_007;
         let clients = BTreeMap::from([(1, vec![listed.id()])]);
         for (t, launches) in [(0, 10), (500, 20)] {
             let raw = [snap(7, container_ns, launches), snap(listed.id(), m.own_ns, launches)];
-            m.check_outside(t, &clients, &raw, &raw);
+            let here = [snap(host, m.own_ns, launches), raw[1].clone()];
+            m.check_outside(t, &clients, &raw, &here);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
         let alive = listed.try_wait().unwrap().is_none();
@@ -2571,7 +2657,10 @@ mod tests {
         assert_eq!(m.state.outside_mps, 1, "the container's process, found on the second look");
         assert!(alive, "the listed process of the other ledger was signalled");
         let r = m.state.restart_requested.last().expect("a restart requested");
-        assert_eq!((r.pid, r.start_time), (7, st), "named as its ledger names it (its pid here is unknown)");
+        assert_eq!((r.pid, r.start_time), (host, st), "named by its pid here");
+        let reqs = node_ledger::Status::open(&m.cfg.status_path()).unwrap().evict_requests();
+        let asked: Vec<_> = reqs.iter().map(|r| (r.id.pid_ns, r.id.pid)).collect();
+        assert_eq!(asked, [(container_ns, 7)], "asked as its ledger names it");
     }
 
     /// A reload from `leave` to `exclusive_process` sets the mode at the next check, as a first
@@ -2986,6 +3075,22 @@ mod tests {
         let h = m.ledger.register(c.id(), g).unwrap();
         assert!(workloads::host::hold_slot_lock(c.id(), h.slot), "the stand-in holds its slot's lock");
         (c, h)
+    }
+
+    /// A registered offline process of a pod's ledger that the manager finds: a sleeper holding
+    /// the pod's ledger open and its slot's lock; with the pod and the ledger.
+    fn pod_client(m: &Manager) -> (Child, node_ledger::PodUid, node_ledger::Ledger) {
+        let pod = node_ledger::PodUid::parse("66666666-6666-4666-8666-666666666666").unwrap();
+        let path = node_ledger::pods::pod_ledger_path(&m.cfg.ledger_dir, pod, 0);
+        let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        workloads::host::hold_ledger(&mut cmd, &path);
+        let child = cmd.spawn().unwrap();
+        let g = l.group(node_ledger::ledger::group_id_for("x"), 1 << 30).unwrap();
+        let h = l.register(child.id(), g).unwrap();
+        assert!(workloads::host::hold_slot_lock(child.id(), h.slot), "the stand-in holds its slot's lock");
+        (child, pod, l)
     }
 
     fn kill(pid: u32) {
