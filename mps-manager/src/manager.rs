@@ -1188,6 +1188,7 @@ impl Manager {
         let mut faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
         if faults.iter().any(|f| matches!(f, Fault::Xid { .. })) {
             self.xid_pending = xid;
+            self.xid_held_said = false;
         } else if self.xid_pending.is_some() {
             // Found, and no full reset since: its recovery is owed. The detector reports an
             // episode once, so it is asked for here once the rate limit allows it. Before, a
@@ -1195,6 +1196,9 @@ impl Manager {
             // the XID left it until the manager restarted. `o.xid` is an episode not handled.
             match (o.xid, xid) {
                 (Some(code), Some(x)) => {
+                    if self.xid_pending.as_ref() != Some(&x) {
+                        self.xid_held_said = false; // another episode: its hold is said again
+                    }
                     self.xid_pending = Some(x);
                     if self.limiter.would_allow(&self.cfg.recovery, now_ms) {
                         tracing::warn!(gpu = self.cfg.gpu_index, code, "critical XID recovery held back by the rate limit: the limit allows it now");
@@ -2842,6 +2846,13 @@ mod tests {
         assert!(faults.is_empty(), "the limit still holds: {faults:?}");
         m.handle_faults(limit / 2, faults);
         assert!(!said.contains("held back"), "said once: {said}");
+        // Disabled again meanwhile (another episode, the same code): owed in its turn, and its
+        // hold said when a recovery is held back again.
+        let again = MonitorState { disabled_since_mono_ms: Some(9), ..MonitorState::example() };
+        write(&m.cfg.monitor_state_file, &again).unwrap();
+        assert!(m.check(limit / 2 + 1).is_empty());
+        let (_, said) = logs_of(|| m.recover(limit / 2 + 1, Fault::DaemonHang { command: "get_server_list".into() }));
+        assert!(said.contains("critical XID recovery (a full MPS reset) held back"), "{said}");
         let faults = m.check(limit);
         assert_eq!(faults, vec![Fault::Xid { code: 79 }], "owed, and the limit allows it");
         m.handle_faults(limit, faults);
@@ -2853,7 +2864,7 @@ mod tests {
             kill(p.pid);
         }
         assert!(matches!(&last, Some((Fault::Xid { code: 79 }, o)) if o.contains("MPS reset")), "{last:?}");
-        assert_eq!(handled, HandledXid::of(&MonitorState::example()), "recorded as handled");
+        assert_eq!(handled, HandledXid::of(&again), "recorded as handled");
         assert!(faults.is_empty(), "once: {faults:?}");
     }
 
