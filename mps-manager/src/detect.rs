@@ -21,9 +21,9 @@ pub enum Fault {
         /// Pid of the server that disappeared.
         server: u32,
     },
-    /// Clients are connected but nothing progresses (no launches, no SM activity) while an
-    /// offline process has waited for the GPU all along (a synchronizing call entered and none
-    /// returned). An idle client, one that calls nothing, is not stuck.
+    /// Clients are connected, the GPU is idle (no SM activity) and an offline process has
+    /// waited for the GPU all along: a synchronizing call entered, none returned and no kernel
+    /// launched by that process. An idle client, one that calls nothing, is not stuck.
     ClientsStuck {
         /// How long nothing has progressed, ms.
         for_ms: u64,
@@ -79,11 +79,11 @@ pub struct Observation {
     pub servers: Option<Vec<u32>>,
     /// Clients per server, for the servers that answered.
     pub clients: BTreeMap<u32, Vec<u32>>,
-    /// Sum of kernel launches of registered offline processes.
-    pub offline_launches: u64,
     /// Registered offline processes with a thread in a synchronizing driver call (more entered
-    /// than returned, `node_ledger::ProcSnapshot::syncs`), found here and listed by an MPS
-    /// server as its client (a slot's counts are its writer's word: no other process's count).
+    /// than returned, `node_ledger::ProcSnapshot::syncs`), found here holding their slot's lock
+    /// and listed by an MPS server as its client. A slot's counts are its writer's word (pod
+    /// ledgers are tenant-writable): each process's wait is judged by its own counts alone,
+    /// never by another slot's.
     pub offline_waiting: Vec<Waiting>,
     /// Offline processes registered in the ledger.
     pub offline_registered: usize,
@@ -108,6 +108,9 @@ pub struct Waiting {
     pub start_time: u64,
     /// Its synchronizing calls returned so far: unchanged between observations, none returned.
     pub ended: u64,
+    /// Its kernel launches so far (the shim's count in its slot): unchanged between
+    /// observations, it launched nothing.
+    pub launches: u64,
 }
 
 /// Detection thresholds.
@@ -133,11 +136,11 @@ impl Default for DetectConfig {
 #[derive(Debug, Default)]
 pub struct Detector {
     last_clients: BTreeMap<u32, usize>,
-    last_launches: u64,
+    /// Since when (ms) the GPU has been idle with clients connected.
     stalled_since: Option<u64>,
-    /// Offline processes waiting for the GPU: (pid, start time) → (syncs returned, waiting
-    /// with none returned since when, ms).
-    waiting: BTreeMap<(u32, u64), (u64, u64)>,
+    /// Offline processes waiting for the GPU: (pid, start time) → ((syncs returned, launches),
+    /// waiting with none returned and nothing launched since when, ms).
+    waiting: BTreeMap<(u32, u64), ((u64, u64), u64)>,
     xid_reported: Option<u64>,
     /// The last observation's [`Observation::dead_listed`]: a listing can lag a clean exit
     /// by a moment, so a dead listed client is a fault only when seen twice in a row.
@@ -216,19 +219,23 @@ impl Detector {
         self.last_clients.extend(kept);
 
         let connected: usize = o.clients.values().map(|c| c.len()).sum();
-        let progressing =
-            o.offline_launches != self.last_launches || o.sm_activity_pct >= cfg.idle_sm_pct;
-        self.last_launches = o.offline_launches;
-        // Each waiting process since when it has waited with none of its calls returning.
+        // SM activity is the monitor's reading; launch counts are each slot's writer's word, so
+        // a process's launches speak for that process alone. Before, one sum over every slot
+        // was the GPU's progress: a tenant raising its own slot's count at every check (or a
+        // slot nobody holds) kept a hung client from ever being stuck.
+        let progressing = o.sm_activity_pct >= cfg.idle_sm_pct;
+        // Each waiting process since when it has waited with none of its calls returning and
+        // no kernel launched.
         self.waiting = o
             .offline_waiting
             .iter()
             .map(|w| {
+                let counts = (w.ended, w.launches);
                 let since = match self.waiting.get(&(w.pid, w.start_time)) {
-                    Some(&(ended, since)) if ended == w.ended => since,
+                    Some(&(last, since)) if last == counts => since,
                     _ => now_ms,
                 };
-                ((w.pid, w.start_time), (w.ended, since))
+                ((w.pid, w.start_time), (counts, since))
             })
             .collect();
         if cfg.stuck_after_ms > 0 && connected > 0 && o.offline_registered > 0 && !progressing {
@@ -288,24 +295,32 @@ impl RateLimiter {
         {
             self.history.pop_front();
         }
+        if let Some(why) = self.refusal(cfg, now_ms) {
+            return Err(why);
+        }
+        self.history.push_back(now_ms);
+        Ok(())
+    }
+
+    /// Whether [`RateLimiter::allow`] at `now_ms` would let a recovery start (nothing recorded).
+    pub fn would_allow(&self, cfg: &RateConfig, now_ms: u64) -> bool {
+        self.refusal(cfg, now_ms).is_none()
+    }
+
+    /// Why a recovery may not start at `now_ms`, if it may not.
+    fn refusal(&self, cfg: &RateConfig, now_ms: u64) -> Option<String> {
         if let Some(&last) = self.history.back() {
             if now_ms.saturating_sub(last) < cfg.min_interval_ms {
-                return Err(format!(
+                return Some(format!(
                     "last recovery {} ms ago (min_interval_ms {})",
                     now_ms - last,
                     cfg.min_interval_ms
                 ));
             }
         }
-        if self.history.len() >= cfg.max_per_hour {
-            return Err(format!(
-                "{} recoveries in the last hour (max_per_hour {})",
-                self.history.len(),
-                cfg.max_per_hour
-            ));
-        }
-        self.history.push_back(now_ms);
-        Ok(())
+        let in_hour = self.history.iter().filter(|&&t| now_ms.saturating_sub(t) < 3_600_000).count();
+        (in_hour >= cfg.max_per_hour)
+            .then(|| format!("{in_hour} recoveries in the last hour (max_per_hour {})", cfg.max_per_hour))
     }
 }
 
@@ -376,30 +391,57 @@ mod tests {
         );
     }
 
-    #[test]
-    fn stuck_needs_connected_clients_no_launches_and_idle_sm_for_long_enough() {
-        let mut d = Detector::default();
+    /// A detector that calls 100 ms of waiting stuck, and a look at server 10 with `clients`
+    /// on an idle GPU.
+    fn quiet(clients: &[u32]) -> (Detector, DetectConfig, Observation) {
         let c = DetectConfig {
             stuck_after_ms: 100,
             idle_sm_pct: 1.0,
         };
-        let mut o = obs(&[(10, &[1])]);
+        let mut o = obs(&[(10, clients)]);
         o.sm_activity_pct = 0.0;
-        o.offline_launches = 5;
-        o.offline_waiting = vec![Waiting { pid: 1, start_time: 9, ended: 3 }];
+        (Detector::default(), c, o)
+    }
+
+    #[test]
+    fn stuck_needs_connected_clients_no_launches_and_idle_sm_for_long_enough() {
+        let (mut d, c, mut o) = quiet(&[1]);
+        o.offline_waiting = vec![Waiting { pid: 1, start_time: 9, ended: 3, launches: 5 }];
         assert!(d.observe(&c, 0, &o).is_empty());
         assert!(d.observe(&c, 50, &o).is_empty());
-        o.offline_launches = 6; // progress resets the timer
+        o.offline_waiting[0].launches = 6; // its own launch: progress, the timer starts again
         assert!(d.observe(&c, 60, &o).is_empty());
         assert!(d.observe(&c, 100, &o).is_empty());
-        assert!(d.observe(&c, 160, &o).is_empty());
+        assert!(d.observe(&c, 150, &o).is_empty());
         assert_eq!(
-            d.observe(&c, 200, &o),
-            vec![Fault::ClientsStuck { for_ms: 100, pids: vec![1] }]
+            d.observe(&c, 160, &o),
+            vec![Fault::ClientsStuck { for_ms: 160, pids: vec![1] }],
+            "idle since 0, its wait since 60"
         );
         let mut busy = o.clone();
         busy.sm_activity_pct = 40.0;
         assert!(d.observe(&c, 400, &busy).is_empty());
+        assert!(d.observe(&c, 450, &o).is_empty(), "SM activity starts the idle time again");
+        assert!(d.observe(&c, 500, &o).is_empty());
+        assert!(!d.observe(&c, 550, &o).is_empty());
+    }
+
+    /// A slot's launch count is its writer's word: a waiting process's progress is its own
+    /// launches and returns alone. Another waiting process whose count rises at every look (a
+    /// tenant writing its own slot) does not hide the first one's hang. Before, the launches of
+    /// every slot were summed into one GPU-wide progress.
+    #[test]
+    fn a_waiting_processs_progress_is_its_own_counts_not_anothers() {
+        let (mut d, c, mut o) = quiet(&[1, 2]);
+        let mut faults = Vec::new();
+        for (i, t) in (0..=200).step_by(50).enumerate() {
+            o.offline_waiting = vec![
+                Waiting { pid: 1, start_time: 9, ended: 3, launches: 5 },
+                Waiting { pid: 2, start_time: 9, ended: 0, launches: i as u64 },
+            ];
+            faults.extend(d.observe(&c, t, &o));
+        }
+        assert_eq!(faults, vec![Fault::ClientsStuck { for_ms: 100, pids: vec![1] }], "pid 2 launches: not stuck");
     }
 
     /// An offline job that calls nothing on the GPU (a checkpoint being written, a quiet night)
@@ -408,27 +450,20 @@ mod tests {
     /// ended the MPS servers, the online client's context with them.
     #[test]
     fn an_idle_client_is_not_stuck_only_one_waiting_with_nothing_returning() {
-        let mut d = Detector::default();
-        let c = DetectConfig {
-            stuck_after_ms: 100,
-            idle_sm_pct: 1.0,
-        };
-        let mut o = obs(&[(10, &[1, 2])]);
-        o.sm_activity_pct = 0.0;
-        o.offline_launches = 5;
+        let (mut d, c, mut o) = quiet(&[1, 2]);
         for t in (0..=1000).step_by(50) {
             assert!(d.observe(&c, t, &o).is_empty(), "idle at {t} ms");
         }
         // Syncs that keep returning are progress of a kind: nobody has waited all along.
         for (i, t) in (1050..=1500).step_by(50).enumerate() {
-            o.offline_waiting = vec![Waiting { pid: 2, start_time: 9, ended: i as u64 }];
+            o.offline_waiting = vec![Waiting { pid: 2, start_time: 9, ended: i as u64, launches: 5 }];
             assert!(d.observe(&c, t, &o).is_empty(), "returning at {t} ms");
         }
         // Process 2's call now waits with none returning: stuck once it has for 100 ms.
         assert!(d.observe(&c, 1550, &o).is_empty());
         assert_eq!(
             d.observe(&c, 1600, &o),
-            vec![Fault::ClientsStuck { for_ms: 1550, pids: vec![2] }]
+            vec![Fault::ClientsStuck { for_ms: 1600, pids: vec![2] }]
         );
         // Another process (same pid, another start time) starts its wait afresh.
         o.offline_waiting[0].start_time = 10;
@@ -494,9 +529,13 @@ mod tests {
         };
         let mut r = RateLimiter::default();
         assert!(r.allow(&c, 0).is_ok());
+        assert!(!r.would_allow(&c, 50));
         assert!(r.allow(&c, 50).unwrap_err().contains("min_interval_ms"));
+        assert!(r.would_allow(&c, 100) && r.would_allow(&c, 100), "asking records nothing");
         assert!(r.allow(&c, 100).is_ok());
+        assert!(!r.would_allow(&c, 1000));
         assert!(r.allow(&c, 1000).unwrap_err().contains("max_per_hour"));
+        assert!(r.would_allow(&c, 3_600_001));
         assert!(r.allow(&c, 3_600_001).is_ok());
     }
 }

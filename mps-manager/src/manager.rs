@@ -271,9 +271,14 @@ pub struct Manager {
     /// episode ([`Manager::stuck_on_mps`]).
     stuck_unlisted_logged: bool,
     /// The XID episode a check found as a fault: recorded as handled (`xid_handled`, kept
-    /// across restarts) once its recovery ran, not when it was found, so that a recovery the
-    /// rate limit held back is tried again by a restarted manager.
+    /// across restarts) once a full MPS reset ran after it was found (its own recovery, or
+    /// another fault's that came first in the check), not when it was found. While it is owed
+    /// (the rate limit held its recovery back, or another fault's refused recovery came first)
+    /// each check asks for it again once the limit allows ([`Manager::check`]); a restarted
+    /// manager finds it anew.
     xid_pending: Option<HandledXid>,
+    /// The owed XID's hold by the rate limit was said (ERROR once, until it runs or ends).
+    xid_held_said: bool,
     /// Until when (monotonic ms) a `ClientsStuck` ends the servers instead of the targeted
     /// step: set by a targeted recovery of stuck clients ([`stuck_episode_ms`] on, or for good
     /// when it failed), cleared by a full recovery. Never for a fault naming no process an MPS
@@ -465,6 +470,7 @@ impl Manager {
             limited_logged: false,
             stuck_unlisted_logged: false,
             xid_pending: None,
+            xid_held_said: false,
             escalate_stuck_until: None,
             own_ns: node_ledger::procinfo::own_pid_ns(),
             daemon_seen_alive: false,
@@ -984,18 +990,21 @@ impl Manager {
     /// a request addressed to its pid namespace, pid and start time in this manager's table of
     /// the status file, which the process's shim acts on whatever its pid namespace, and which
     /// no tenant can write (a slot's word could be written by any ledger client). `host`: its
-    /// pid here, when found; the request names the pod its cgroup path names, which node-agent
-    /// evicts (never the group its slot claims, the process's own word).
-    fn request_evict_id(&mut self, id: node_ledger::ProcId, host: Option<u32>) {
+    /// pid here, when found holding its slot's lock; the request names the pod its cgroup path
+    /// names, which node-agent evicts (never the group its slot claims, the process's own word).
+    /// One not found takes no entry of the table's reserve
+    /// ([`node_ledger::status::EVICT_RESERVED_FOR_FOUND`]): slots nobody holds, which any ledger
+    /// client can write by the hundred, filled this manager's table, and the genuine processes
+    /// of a recovery got no request. `Err`: why none was written (the caller says it).
+    fn request_evict_id(&mut self, id: node_ledger::ProcId, host: Option<u32>) -> Result<(), String> {
         // The pod its cgroup names, else the pod whose ledger it is registered in (mounted into
         // that pod alone). Requests are rare: the pod ledgers' slots are read for each.
         let pod = host.and_then(|h| node_daemon::offline_pods::pod_of_live(h, id.start_time)).or_else(|| {
             self.pods.iter().find(|pl| pl.ledger.procs().iter().any(|p| node_ledger::ProcId::of(p) == id)).map(|pl| pl.pod)
         });
-        let written = self.status.get(mono_ms()).is_some_and(|w| w.request_evict(node_ledger::Requester::Manager, id, pod, libc::SIGTERM as u32));
-        if !written {
-            tracing::warn!(pid = id.pid, pid_ns = id.pid_ns, "no eviction request written (status file not open, or its table full): the process is only signalled where it can be");
-        }
+        let w = self.status.get(mono_ms()).ok_or("the status file is not open (its error is logged)")?;
+        w.request_evict_for(node_ledger::Requester::Manager, id, pod, libc::SIGTERM as u32, host.is_some())
+            .map_err(|e| e.to_string())
     }
 
     /// Recomputes the offline SM budget, applies it to offline MPS clients and publishes it in
@@ -1145,21 +1154,19 @@ impl Manager {
             .filter(|&pid| node_ledger::procinfo::is_gone(pid))
             .collect();
         o.offline_registered = offline.len();
-        // Each slot's count is its writer's word (u64::MAX from a tenant overflowed `sum`: a
-        // panic in a debug build). Wrapping, as a release build's sum did: the total is only
-        // compared with the last one, and any change of a slot's count still changes it
-        // (saturating would freeze it at the maximum, hiding every other job's progress).
-        o.offline_launches = offline.iter().fold(0u64, |n, p| n.wrapping_add(p.launches));
-        // A slot's sync counts are its writer's word (pod ledgers are tenant-writable): waiting
-        // counts only for a process found here and listed by a server as its client. Before, a
-        // slot of another namespace (or naming a process no server lists) with one sync begun
-        // made a quiet GPU "stuck", and the recovery, with nothing it could terminate, ended
-        // every MPS server, the online service's context with them.
+        // A slot's sync and launch counts are its writer's word (pod ledgers are
+        // tenant-writable): waiting counts only for a process found here (its owner seen holding
+        // the slot's lock) and listed by a server as its client, and each one's progress is its
+        // own counts alone. Before, a slot of another namespace (or naming a process no server
+        // lists) with one sync begun made a quiet GPU "stuck", and the recovery, with nothing it
+        // could terminate, ended every MPS server, the online service's context with them; and
+        // the launches of every slot, summed, were the GPU's progress, so one slot whose count
+        // rose at every check (a tenant's, or one nobody holds) hid every hung client.
         let listed: BTreeSet<u32> = o.clients.values().flatten().copied().collect();
         o.offline_waiting = offline
             .iter()
             .filter(|p| p.syncs.0 > p.syncs.1 && p.pid_ns == self.own_ns && listed.contains(&p.pid))
-            .map(|p| crate::detect::Waiting { pid: p.pid, start_time: p.start_time, ended: p.syncs.1 })
+            .map(|p| crate::detect::Waiting { pid: p.pid, start_time: p.start_time, ended: p.syncs.1, launches: p.launches })
             .collect();
         o.sm_activity_pct = self
             .status
@@ -1178,9 +1185,32 @@ impl Manager {
         self.check_users(&o.clients, &offline);
         self.terminate_before_kill(&o.clients, mon.as_ref().map_or(&[][..], |m| &m.evictions_pending), &raw, &offline);
         self.daemon_seen_alive = o.daemon_alive;
-        let faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
+        let mut faults = self.detector.observe(&self.cfg.detect, now_ms, &o);
         if faults.iter().any(|f| matches!(f, Fault::Xid { .. })) {
             self.xid_pending = xid;
+            self.xid_held_said = false;
+        } else if self.xid_pending.is_some() {
+            // Found, and no full reset since: its recovery is owed. The detector reports an
+            // episode once, so it is asked for here once the rate limit allows it. Before, a
+            // recovery the limit held back was never tried again in this run: MPS stayed as
+            // the XID left it until the manager restarted. `o.xid` is an episode not handled.
+            match (o.xid, xid) {
+                (Some(code), Some(x)) => {
+                    if self.xid_pending.as_ref() != Some(&x) {
+                        self.xid_held_said = false; // another episode: its hold is said again
+                    }
+                    self.xid_pending = Some(x);
+                    if self.limiter.would_allow(&self.cfg.recovery, now_ms) {
+                        tracing::warn!(gpu = self.cfg.gpu_index, code, "critical XID recovery held back by the rate limit: the limit allows it now");
+                        faults.push(Fault::Xid { code });
+                    }
+                }
+                _ => {
+                    tracing::info!(gpu = self.cfg.gpu_index, "the XID whose recovery was held back is no longer reported by the monitor: nothing owed");
+                    self.xid_pending = None;
+                    self.xid_held_said = false;
+                }
+            }
         }
         // Every server's clients seen, and nothing wrong with MPS: a client missing from the
         // lists is not one a fault took off them.
@@ -1271,9 +1301,10 @@ impl Manager {
     }
 
     /// Finds offline processes doing GPU work outside MPS ([`crate::outside`]) and evicts them
-    /// for a restart under MPS, or reports them (`outside_mps`). Only processes the manager has
-    /// not evicted or terminated itself are judged; a listed client is matched to its ledger
-    /// registration by pid namespace and pid there, so containers are judged too.
+    /// for a restart under MPS, or reports them (`outside_mps`). Only processes found here
+    /// holding their slot's lock that the manager has not evicted or terminated itself are
+    /// judged; a listed client is matched to its ledger registration by pid namespace and pid
+    /// there, so containers are judged too.
     /// `raw` and `here`: the registrations as the ledger names them and in this manager's
     /// terms ([`Manager::in_my_terms`]), in one order.
     fn check_outside(
@@ -1306,10 +1337,13 @@ impl Manager {
                 || self.terminated_before_kill.contains(&(r.pid_ns, r.pid, r.start_time))
                 || self.inherited_termination(pid, r.start_time)
         };
+        // Only processes found here holding their slot's lock: a slot nobody holds says nothing
+        // of a process (any ledger client writes one, its launches too), and each it named
+        // "outside MPS" took an entry of the eviction table.
         let candidates: Vec<Candidate> = raw
             .iter()
             .zip(here)
-            .filter(|(r, p)| !handled(r, p.pid))
+            .filter(|(r, p)| p.pid_ns == self.own_ns && !handled(r, p.pid))
             .map(|(r, _)| Candidate { pid_ns: r.pid_ns, pid: r.pid, start_time: r.start_time, launches: r.launches })
             .collect();
         // Keyed by the process's identity as its ledger names it (what a candidate carries):
@@ -1345,7 +1379,9 @@ impl Manager {
             }
             // Addressed by pid namespace, pid and start time; the process's own shim acts on the
             // request, whatever its pid namespace.
-            self.request_evict_id(node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time }, host);
+            if let Err(e) = self.request_evict_id(node_ledger::ProcId { pid_ns: c.pid_ns, pid: c.pid, start_time: c.start_time }, host) {
+                tracing::warn!(pid = c.pid, pid_ns = c.pid_ns, error = %e, "no eviction request written: the process is only signalled");
+            }
             if let Some(h) = host {
                 if PidfdSignaller.signal(h, c.start_time, libc::SIGTERM).unwrap_or(false) {
                     self.evicted.insert((h, c.start_time), mono_ms());
@@ -1668,6 +1704,16 @@ impl Manager {
                 self.limited_logged = true;
                 tracing::error!(fault = fault.kind(), %why, "full MPS reset rate-limited; counting in suppressed_recoveries");
             }
+            if let Some(x) = self.xid_pending.as_ref().filter(|_| !self.xid_held_said) {
+                self.xid_held_said = true;
+                tracing::error!(
+                    gpu = self.cfg.gpu_index,
+                    code = x.code,
+                    fault = fault.kind(),
+                    %why,
+                    "critical XID recovery (a full MPS reset) held back by the rate limit: MPS stays as the XID left it until the limit allows it, then it runs"
+                );
+            }
             return false;
         }
         let servers_only = !fault.needs_new_daemon() && self.live_daemon().is_some();
@@ -1687,6 +1733,7 @@ impl Manager {
         // Crashed servers ended alone: the other servers' clients keep their connections, and
         // the other faults of the check (a dead client another server lists) their recovery.
         let others_kept = only.is_some() && matches!(restarted, Some(Ok(_)));
+        let new_daemon = !matches!(restarted, Some(Ok(_)));
         let outcome = match restarted {
             Some(Ok(o)) => format!("{o} ({why_full})"),
             not_restarted => {
@@ -1704,9 +1751,16 @@ impl Manager {
             }
         };
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
-        if matches!(fault, Fault::Xid { .. }) {
+        // A full reset is the XID's recovery whichever fault asked for it: a dead or hung
+        // daemon sorts first in a check and ends it. Before, only the XID's own recovery
+        // recorded it, so a restarted manager reset MPS a second time for the same episode.
+        if new_daemon {
             if let Some(x) = self.xid_pending.take() {
+                if !matches!(fault, Fault::Xid { .. }) {
+                    tracing::info!(gpu = self.cfg.gpu_index, code = x.code, fault = fault.kind(), "this full MPS reset was also the recovery from the critical XID found");
+                }
                 self.state.xid_handled = Some(x);
+                self.xid_held_said = false;
             }
         }
         self.escalate_stuck_until = None;
@@ -1986,8 +2040,11 @@ impl Manager {
         let raw = self.registered();
         let offline = self.in_my_terms(&raw);
         let mut out = Vec::new();
+        let mut unwritten: Vec<(u64, u32, String)> = Vec::new();
         for (r, p) in raw.iter().zip(&offline) {
-            self.request_evict_id(node_ledger::ProcId::of(r), (p.pid_ns == self.own_ns).then_some(p.pid));
+            if let Err(e) = self.request_evict_id(node_ledger::ProcId::of(r), (p.pid_ns == self.own_ns).then_some(p.pid)) {
+                unwritten.push((r.pid_ns, r.pid, e));
+            }
             if p.pid_ns == self.own_ns
                 && sig
                     .signal(p.pid, p.start_time, libc::SIGTERM)
@@ -2001,6 +2058,17 @@ impl Manager {
                 reason: format!("MPS recovery ({why})"),
                 at_unix_ms: unix_ms(),
             });
+        }
+        // One line for them all: a ledger client can write a slot for each entry of the table.
+        if let Some((pid_ns, pid, error)) = unwritten.first() {
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                unwritten = unwritten.len(),
+                first_pid = pid,
+                first_pid_ns = pid_ns,
+                %error,
+                "offline processes evicted for an MPS recovery got no eviction request: they are only signalled where found"
+            );
         }
         let deadline = mono_ms() + self.cfg.evict_grace_ms;
         while mono_ms() < deadline
@@ -2423,16 +2491,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut m = manager(dir.path());
         m.cfg.evict_grace_ms = 0;
-        let pod = node_ledger::PodUid::parse("66666666-6666-4666-8666-666666666666").unwrap();
-        let path = node_ledger::pods::pod_ledger_path(&m.cfg.ledger_dir, pod, 0);
-        let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
-        let mut cmd = std::process::Command::new("sleep");
-        cmd.arg("30");
-        workloads::host::hold_ledger(&mut cmd, &path);
-        let mut child = cmd.spawn().unwrap();
-        let g = l.group(node_ledger::ledger::group_id_for("x"), 1 << 30).unwrap();
-        let h = l.register(child.id(), g).unwrap();
-        assert!(workloads::host::hold_slot_lock(child.id(), h.slot), "the stand-in holds its slot's lock");
+        let (mut child, pod, _l) = pod_client(&m);
         let signalled = m.evict_offline("test");
         let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
         let _ = child.kill();
@@ -2443,6 +2502,74 @@ mod tests {
         if node_daemon::offline_pods::pod_uid_of(std::process::id()).is_none() {
             assert_eq!(reqs[0].pod, Some(pod), "no pod in the cgroup path: the ledger's pod");
         }
+    }
+
+    /// Slots nobody holds the lock of (any ledger client writes them, here every slot of the
+    /// GPU's ledger naming processes of a pid namespace nobody has) take at most the manager's
+    /// eviction table but [`node_ledger::status::EVICT_RESERVED_FOR_FOUND`] entries in a
+    /// recovery's evictions: the genuine process of a pod ledger read after them still gets its
+    /// request. Before, the forged slots took all 256 entries.
+    #[test]
+    fn slots_nobody_holds_cannot_fill_the_managers_eviction_table() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = manager(dir.path());
+        m.cfg.evict_grace_ms = 0;
+        let g = m.ledger.group(7, 1 << 30).unwrap();
+        let forged: Vec<_> = (0..node_ledger::layout::MAX_PROCS as u64)
+            .map(|i| {
+                let h = m.ledger.register(std::process::id(), g).unwrap();
+                m.ledger.layout().procs[h.slot].pid_ns.store(m.own_ns ^ (i + 1), Relaxed);
+                h
+            })
+            .collect();
+        let (mut child, _, _l) = pod_client(&m);
+        let signalled = m.evict_offline("test");
+        let reqs = node_ledger::Status::open(&node_ledger::config::status_path(&m.cfg.ledger_dir, 0)).unwrap().evict_requests();
+        let _ = child.kill();
+        let _ = child.wait();
+        for h in forged {
+            m.ledger.unregister(h);
+        }
+        assert_eq!(signalled, [child.id()]);
+        assert!(reqs.iter().any(|r| r.id.pid == child.id()), "the genuine process is asked");
+        let room = node_ledger::status::EVICT_ENTRIES - node_ledger::status::EVICT_RESERVED_FOR_FOUND;
+        assert_eq!(reqs.len(), room + 1, "the forged slots take all but the reserve");
+    }
+
+    /// Only a registration whose owner was found holding its slot's lock is judged outside MPS:
+    /// a slot naming a live process that holds no lock on it (any ledger client can write one,
+    /// and its launch count) is never reported nor asked to leave, where a found process
+    /// launching with no server listing it is. Before, every registration was a candidate, and
+    /// each forged slot reported took an entry of the eviction table.
+    #[test]
+    fn only_a_process_found_holding_its_slot_is_judged_outside_mps() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager_with_a_server(d.path());
+        m.cfg.evict_grace_ms = 1_000;
+        let daemon = m.ensure_daemon().unwrap();
+        let mut online = sleeper();
+        std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n", online.id())).unwrap();
+        let mut nobody = sleeper();
+        let forged = m.ledger.register(nobody.id(), m.ledger.group(8, 1 << 30).unwrap()).unwrap();
+        let (mut found, hf) = offline_client(&m);
+        let after = m.cfg.outside_mps_after_ms;
+        let mut faults = Vec::new();
+        for now in [0, after / 2, after + 1] {
+            m.ledger.count_launches(forged, 10, 0);
+            m.ledger.count_launches(hf, 10, 0);
+            faults.extend(m.check(now));
+        }
+        let reqs = node_ledger::Status::open(&m.cfg.status_path()).unwrap().evict_requests();
+        let asked: Vec<u32> = reqs.iter().map(|r| r.id.pid).collect();
+        for c in [&mut online, &mut nobody, &mut found] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        kill(daemon);
+        assert!(faults.is_empty(), "{faults:?}");
+        assert_eq!(m.state.outside_mps, 1, "the found process alone");
+        assert_eq!(asked, [found.id()]);
     }
 
     /// A process this manager asked to leave that ignores SIGTERM is SIGKILLed after the grace
@@ -2466,7 +2593,7 @@ mod tests {
         {
             // The earlier run: its request written, SIGTERM sent (ignored), then it stops.
             let mut first = manager(dir.path());
-            first.request_evict_id(id, Some(child.id()));
+            first.request_evict_id(id, Some(child.id())).unwrap();
             first.budget_tick();
         }
         let alive = |c: &mut Child| c.try_wait().unwrap().is_none();
@@ -2491,9 +2618,10 @@ mod tests {
     }
 
     /// Every pod ledger numbers its slots from 0: a process found outside MPS in one pod's
-    /// ledger (in a container's pid namespace, its pid here unknown) is never taken for another
-    /// ledger's process of this namespace in the same slot with the same start time, which an
-    /// MPS server lists: that one is left alone, and the request names the process found.
+    /// ledger (in a container's pid namespace, found here under another pid) is never taken for
+    /// another ledger's process of this namespace in the same slot with the same start time,
+    /// which an MPS server lists: that one is left alone, and the request names the process
+    /// found, as its ledger names it.
     #[test]
     fn a_process_outside_mps_is_never_taken_for_another_ledgers_in_the_same_slot() {
         let dir = tempfile::tempdir().unwrap();
@@ -2518,10 +2646,13 @@ mod tests {
             owner_lock: (0, 0),
         };
         let container_ns = m.own_ns ^ 1;
+        // Its pid here: one no process has (nothing is signalled by it).
+        let host = 4_000_007;
         let clients = BTreeMap::from([(1, vec![listed.id()])]);
         for (t, launches) in [(0, 10), (500, 20)] {
             let raw = [snap(7, container_ns, launches), snap(listed.id(), m.own_ns, launches)];
-            m.check_outside(t, &clients, &raw, &raw);
+            let here = [snap(host, m.own_ns, launches), raw[1].clone()];
+            m.check_outside(t, &clients, &raw, &here);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
         let alive = listed.try_wait().unwrap().is_none();
@@ -2530,7 +2661,10 @@ mod tests {
         assert_eq!(m.state.outside_mps, 1, "the container's process, found on the second look");
         assert!(alive, "the listed process of the other ledger was signalled");
         let r = m.state.restart_requested.last().expect("a restart requested");
-        assert_eq!((r.pid, r.start_time), (7, st), "named as its ledger names it (its pid here is unknown)");
+        assert_eq!((r.pid, r.start_time), (host, st), "named by its pid here");
+        let reqs = node_ledger::Status::open(&m.cfg.status_path()).unwrap().evict_requests();
+        let asked: Vec<_> = reqs.iter().map(|r| (r.id.pid_ns, r.id.pid)).collect();
+        assert_eq!(asked, [(container_ns, 7)], "asked as its ledger names it");
     }
 
     /// A reload from `leave` to `exclusive_process` sets the mode at the next check, as a first
@@ -2658,7 +2792,7 @@ mod tests {
         assert_eq!((xid.disabling_xid(), xid.disabled_since_mono_ms), (Some(79), Some(4)));
         write(&p, &xid).unwrap();
         assert_eq!(m.check(0), vec![Fault::Xid { code: 79 }]);
-        assert!(m.check(100).is_empty(), "once");
+        assert_eq!(m.check(100), vec![Fault::Xid { code: 79 }], "asked again while its recovery is owed");
         assert_eq!(m.state.xid_handled, None, "found, not yet recovered from");
         m.recover(mono_ms(), Fault::Xid { code: 79 });
         assert!(m.state.xid_handled.is_some(), "recovered from");
@@ -2687,6 +2821,89 @@ mod tests {
         let now = m2.ensure_daemon().unwrap();
         kill(daemon);
         kill(now);
+    }
+
+    /// A critical XID whose recovery the rate limit holds back is owed, not dropped: checks
+    /// while the limit holds ask nothing (an ERROR line once), and the first check it allows
+    /// asks for the recovery again, which runs and records the episode handled. Before, the
+    /// detector had reported the episode once, and MPS stayed as the XID left it for the rest
+    /// of the run.
+    #[test]
+    fn an_xid_recovery_the_rate_limit_held_back_runs_once_the_limit_allows() {
+        use node_daemon::monitor_state::{write, MonitorState};
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let first = m.ensure_daemon().unwrap();
+        let limit = m.cfg.recovery.min_interval_ms;
+        m.limiter.allow(&m.cfg.recovery, 0).unwrap(); // a recovery just ran
+        write(&m.cfg.monitor_state_file, &MonitorState::example()).unwrap();
+        let faults = m.check(1);
+        assert_eq!(faults, vec![Fault::Xid { code: 79 }]);
+        let (_, said) = logs_of(|| m.handle_faults(1, faults));
+        assert!(said.contains("held back by the rate limit"), "{said}");
+        assert_eq!((m.state.xid_handled.as_ref(), m.state.suppressed_recoveries), (None, 1));
+        let (faults, said) = logs_of(|| m.check(limit / 2));
+        assert!(faults.is_empty(), "the limit still holds: {faults:?}");
+        m.handle_faults(limit / 2, faults);
+        assert!(!said.contains("held back"), "said once: {said}");
+        // Disabled again meanwhile (another episode, the same code): owed in its turn, and its
+        // hold said when a recovery is held back again.
+        let again = MonitorState { disabled_since_mono_ms: Some(9), ..MonitorState::example() };
+        write(&m.cfg.monitor_state_file, &again).unwrap();
+        assert!(m.check(limit / 2 + 1).is_empty());
+        let (_, said) = logs_of(|| m.recover(limit / 2 + 1, Fault::DaemonHang { command: "get_server_list".into() }));
+        assert!(said.contains("critical XID recovery (a full MPS reset) held back"), "{said}");
+        let faults = m.check(limit);
+        assert_eq!(faults, vec![Fault::Xid { code: 79 }], "owed, and the limit allows it");
+        m.handle_faults(limit, faults);
+        let handled = m.state.xid_handled.clone();
+        let last = m.state.recoveries.last().map(|r| (r.fault.clone(), r.outcome.clone()));
+        let faults = m.check(limit + 1);
+        kill(first);
+        if let Some(p) = m.recorded_daemon() {
+            kill(p.pid);
+        }
+        assert!(matches!(&last, Some((Fault::Xid { code: 79 }, o)) if o.contains("MPS reset")), "{last:?}");
+        assert_eq!(handled, HandledXid::of(&again), "recorded as handled");
+        assert!(faults.is_empty(), "once: {faults:?}");
+    }
+
+    /// A dead control daemon and a critical XID seen at one check: the dead daemon's full
+    /// reset, first, is the XID's recovery too, recorded as such, so a restarted manager does
+    /// not reset MPS again for the same episode (ending the online service's new context).
+    /// Before, `xid_handled` was written by the XID's own recovery only, which the full reset
+    /// before it left unrun.
+    #[test]
+    fn a_full_reset_for_another_fault_of_the_check_counts_as_the_xids_recovery() {
+        use node_daemon::monitor_state::{write, MonitorState};
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manager(d.path());
+        let first = m.ensure_daemon().unwrap();
+        assert!(m.check(0).is_empty());
+        let id = m.recorded_daemon().unwrap();
+        kill(first);
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while node_ledger::procinfo::is_alive(id.pid, id.start_time) {
+            assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        write(&m.cfg.monitor_state_file, &MonitorState::example()).unwrap();
+        let faults = m.check(100);
+        assert_eq!(faults, vec![Fault::Xid { code: 79 }, Fault::DaemonDead]);
+        m.handle_faults(100, faults);
+        let kinds: Vec<&str> = m.state.recoveries.iter().map(|r| r.fault.kind()).collect();
+        let prev: ManagerState = serde_json::from_str(&serde_json::to_string(&m.state).unwrap()).unwrap();
+        let now = m.recorded_daemon().map(|d| d.pid);
+        let mut m2 = manager(d.path());
+        m2.adopt_previous(&prev);
+        let adopted = m2.ensure_daemon();
+        let faults = m2.check(0);
+        for p in now.into_iter().chain(adopted.ok()) {
+            kill(p);
+        }
+        assert_eq!(kinds, ["daemon_dead"], "one full reset");
+        assert_eq!(prev.xid_handled, HandledXid::of(&MonitorState::example()));
+        assert!(faults.is_empty(), "no second reset for the episode: {faults:?}");
     }
 
     /// A state file that cannot be written (its directory is a file) is a run of failures the
@@ -2871,6 +3088,22 @@ mod tests {
         (c, h)
     }
 
+    /// A registered offline process of a pod's ledger that the manager finds: a sleeper holding
+    /// the pod's ledger open and its slot's lock; with the pod and the ledger.
+    fn pod_client(m: &Manager) -> (Child, node_ledger::PodUid, node_ledger::Ledger) {
+        let pod = node_ledger::PodUid::parse("66666666-6666-4666-8666-666666666666").unwrap();
+        let path = node_ledger::pods::pod_ledger_path(&m.cfg.ledger_dir, pod, 0);
+        let l = node_ledger::Ledger::open_or_create(&path, 0).unwrap();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        workloads::host::hold_ledger(&mut cmd, &path);
+        let child = cmd.spawn().unwrap();
+        let g = l.group(node_ledger::ledger::group_id_for("x"), 1 << 30).unwrap();
+        let h = l.register(child.id(), g).unwrap();
+        assert!(workloads::host::hold_slot_lock(child.id(), h.slot), "the stand-in holds its slot's lock");
+        (child, pod, l)
+    }
+
     fn kill(pid: u32) {
         if let Some(st) = node_ledger::procinfo::start_time(pid) {
             let _ = PidfdSignaller.signal(pid, st, libc::SIGKILL);
@@ -2920,22 +3153,45 @@ mod tests {
         let _ = online.wait();
     }
 
-    /// A slot's launch count is its writer's word: one at `u64::MAX` beside another's count
-    /// is no panic at a check (`sum` overflowed in a debug build, ending the manager).
+    /// A slot's launch count is its writer's word: a slot whose count rises at every check,
+    /// whether nobody holds its lock (any ledger client can write one) or a genuine listed
+    /// client's (its tenant writes its own slot), does not hide a found, listed client that
+    /// waits with nothing returning on a quiet GPU: it is stuck after `stuck_after_ms`. Before,
+    /// the launches of every registration were summed into one progress for the GPU, and the
+    /// fault never came while any count moved. A count at `u64::MAX` is no panic either.
     #[test]
-    fn launch_counts_that_overflow_their_sum_are_no_panic() {
+    fn another_slots_rising_launch_count_does_not_hide_a_stuck_client() {
+        use std::sync::atomic::Ordering::Relaxed;
         let d = tempfile::tempdir().unwrap();
-        let mut m = manager(d.path());
-        let g = m.ledger.group(7, 1 << 30).unwrap();
-        let hs = [m.ledger.register(std::process::id(), g).unwrap(), m.ledger.register(std::process::id(), g).unwrap()];
-        for (h, n) in hs.iter().zip([u64::MAX, 2]) {
-            m.ledger.layout().procs[h.slot].launches.store(n, std::sync::atomic::Ordering::Relaxed);
+        let mut m = manager_with_a_server(d.path());
+        let daemon = m.ensure_daemon().unwrap();
+        let (mut waiting, hw) = offline_client(&m);
+        let (mut busy, hb) = offline_client(&m);
+        let mut nobody = sleeper();
+        let g = m.ledger.group(8, 1 << 30).unwrap();
+        let forged = m.ledger.register(nobody.id(), g).unwrap();
+        std::fs::write(d.path().join("pipe").join("clients"), format!("{}\n{}\n", waiting.id(), busy.id())).unwrap();
+        m.ledger.set_syncs(hw, 1, 0);
+        m.ledger.layout().procs[forged.slot].launches.store(u64::MAX, Relaxed);
+        let t0 = mono_ms();
+        let step = m.cfg.detect.stuck_after_ms / 4;
+        let mut faults = Vec::new();
+        for i in 0..=5 {
+            m.ledger.count_launches(forged, 1, 0);
+            m.ledger.count_launches(hb, 1, 0);
+            faults.extend(m.check(t0 + i * step));
         }
-        m.check(0);
-        m.check(500);
-        for h in hs {
-            m.ledger.unregister(h);
+        for c in [&mut waiting, &mut busy, &mut nobody] {
+            let _ = c.kill();
+            let _ = c.wait();
         }
+        kill(daemon);
+        assert_eq!(
+            faults.iter().map(|f| f.kind()).collect::<Vec<_>>(),
+            ["clients_stuck"],
+            "{faults:?}"
+        );
+        assert!(matches!(&faults[0], Fault::ClientsStuck { pids, .. } if pids == &[waiting.id()]), "{faults:?}");
     }
 
     /// A server fault with a sound control daemon: its servers are ended with

@@ -61,4 +61,4 @@ pub use ledger::{Ledger, LedgerError, LedgerFile, ProcHandle, ProcSnapshot, Rese
 pub use manager::ManagerSnapshot;
 pub use monitor::{JobsSnapshot, MonitorSample, MonitorSnapshot, ThrottleFloor};
 pub use sample::{GpuSample, SmSource};
-pub use status::{EvictRequest, MANAGER_MAX_EVICT_GRACE_MS, MIN_EVICT_GRACE_MS, PodUid, ProcId, Requester, Status, StatusReader, StatusWriter};
+pub use status::{EvictRefused, EvictRequest, MANAGER_MAX_EVICT_GRACE_MS, MIN_EVICT_GRACE_MS, PodUid, ProcId, Requester, Status, StatusReader, StatusWriter};

@@ -122,6 +122,39 @@ struct EvictEntry {
 /// Entries of one eviction table: one for every process a ledger can register.
 pub const EVICT_ENTRIES: usize = crate::layout::MAX_PROCS;
 
+/// Entries of each daemon's eviction table (one table for the GPU's ledger and every pod
+/// ledger) that a request for a process no pid here was found for may not take: only processes
+/// found holding their slot's lock get them ([`StatusWriter::request_evict_for`]). Such a
+/// slot is one no visible process owns, which any ledger client can write by the hundred:
+/// without the reserve, one pod's forged slots filled a table, and the real processes of every
+/// other ledger got no request.
+pub const EVICT_RESERVED_FOR_FOUND: usize = EVICT_ENTRIES / 4;
+
+/// Why [`StatusWriter::request_evict_for`] wrote no request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictRefused {
+    /// No signal, no pid, or every entry of the table holds a request.
+    Full,
+    /// Only the entries kept for processes found holding their slot's lock
+    /// ([`EVICT_RESERVED_FOR_FOUND`]) are free: `free` of them.
+    KeptForFound {
+        /// Free entries left in the table.
+        free: usize,
+    },
+}
+
+impl std::fmt::Display for EvictRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EvictRefused::Full => write!(f, "the status file's eviction table is full"),
+            EvictRefused::KeptForFound { free } => write!(
+                f,
+                "no process here holds its slot's lock, and the {free} free entries of the eviction table are kept for processes found"
+            ),
+        }
+    }
+}
+
 /// One daemon's eviction requests.
 #[repr(C)]
 struct EvictTable {
@@ -801,6 +834,22 @@ impl StatusWriter {
         true
     }
 
+    /// [`StatusWriter::request_evict`], with the reserve: `found` says whether the requesting
+    /// daemon found the process holding its slot's lock. One not found (the slot's word is all
+    /// there is of it) gets a new entry only while more than [`EVICT_RESERVED_FOR_FOUND`] are
+    /// free; its entry, if it has one, is updated.
+    pub fn request_evict_for(&self, by: Requester, id: ProcId, pod: Option<PodUid>, signal: u32, found: bool) -> Result<(), EvictRefused> {
+        if !found {
+            let (t, _) = self.table(by);
+            let held = t.entries.iter().any(|e| read_entry(e).is_some_and(|(p, _, _)| p == id));
+            let free = t.entries.iter().filter(|e| e.pid_signal.load(Relaxed) == 0).count();
+            if !held && free <= EVICT_RESERVED_FOR_FOUND {
+                return Err(EvictRefused::KeptForFound { free });
+            }
+        }
+        self.request_evict(by, id, pod, signal).then_some(()).ok_or(EvictRefused::Full)
+    }
+
     /// Withdraws `by`'s requests of the processes `keep` no longer wants asked (gone from the
     /// ledger, or a request taken back); returns how many.
     pub fn retain_evictions(&self, by: Requester, mut keep: impl FnMut(ProcId) -> bool) -> usize {
@@ -1012,6 +1061,26 @@ mod tests {
         assert!(mon.request_evict(Requester::Monitor, me, None, 15));
         assert_eq!(r.evict_request(me), 15);
         assert_eq!(mon.layout().evict_counts.monitor.load(Relaxed) as usize, EVICT_ENTRIES);
+        // A process no pid was found for takes no entry of the reserve; its own is updated, and
+        // one found takes the reserve.
+        mon.retain_evictions(Requester::Monitor, |_| false);
+        let unfound = |pid: u32| ProcId { pid, pid_ns: 2, start_time: 1 };
+        let room = EVICT_ENTRIES - EVICT_RESERVED_FOR_FOUND;
+        for pid in 1..=room as u32 {
+            assert_eq!(mon.request_evict_for(Requester::Monitor, unfound(pid), None, 15, false), Ok(()));
+        }
+        let kept = Err(EvictRefused::KeptForFound { free: EVICT_RESERVED_FOR_FOUND });
+        assert_eq!(mon.request_evict_for(Requester::Monitor, unfound(room as u32 + 1), None, 15, false), kept);
+        assert_eq!(mon.request_evict_for(Requester::Monitor, unfound(1), None, 9, false), Ok(()), "its entry updated");
+        assert_eq!(r.evict_request(unfound(1)), 9);
+        for pid in 0..EVICT_RESERVED_FOR_FOUND as u32 {
+            let found = ProcId { pid: 10_000 + pid, pid_ns: 3, start_time: 1 };
+            assert_eq!(mon.request_evict_for(Requester::Monitor, found, None, 15, true), Ok(()));
+        }
+        assert_eq!(mon.request_evict_for(Requester::Monitor, me, None, 15, true), Err(EvictRefused::Full));
+        assert_eq!(mon.request_evict_for(Requester::Monitor, unfound(room as u32 + 1), None, 15, false), Err(EvictRefused::KeptForFound { free: 0 }));
+        assert_eq!(mon.request_evict_for(Requester::Monitor, unfound(2), None, 9, false), Ok(()), "a full table still updates its entry");
+        assert!(mon.request_evict_for(Requester::Monitor, unfound(1), None, 0, false).is_err(), "no signal is no request");
         // A damaged header: no request reads (the writer rewrites it, empty).
         std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&p).unwrap(), &[0; 8], 0).unwrap();
         assert_eq!(r.evict_request(me), 0);

@@ -127,14 +127,11 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 /// that way (`node_ledger::claims`), and reaches other pods within a tick or two.
 pub const JOBS_EVERY_MS: u64 = 100;
 
-/// Entries of the monitor's eviction table (`node_ledger::status::EVICT_ENTRIES`, one table for
-/// the GPU's ledger and every pod ledger) that a request for a process no pid here was found
-/// for may not take: only processes found holding their slot's lock get them. Such a slot is
-/// one no visible process owns (the monitor sees every process and may read their locks), which
-/// any ledger client can write by the hundred: without the reserve, one pod's forged slots
-/// filled the table at an Overlimit, and the real processes of every other ledger got no
+/// Entries of the monitor's eviction table that a request for a process no pid here was found
+/// for may not take (shared with mps-manager's table): without the reserve, one pod's forged
+/// slots filled the table at an Overlimit, and the real processes of every other ledger got no
 /// request and no eviction-log record.
-pub const EVICT_RESERVED_FOR_FOUND: usize = node_ledger::status::EVICT_ENTRIES / 4;
+pub use node_ledger::status::EVICT_RESERVED_FOR_FOUND;
 
 /// How often the pods directory is read (pod ledgers come and go with pods), and the longest
 /// time between two reclaims of the pod ledgers' dead processes whatever their watches say
@@ -572,19 +569,11 @@ impl LedgerPort for LedgerAdapter {
         let Some(w) = self.status.get(now_ms) else {
             return Err("no status file to write the request into (its error is logged): the process is only signalled".into());
         };
-        if p.host_pid.is_none() {
-            let mine: Vec<ProcId> = w.evict_requests().into_iter().filter(|r| r.by == Requester::Monitor).map(|r| r.id).collect();
-            let free = node_ledger::status::EVICT_ENTRIES.saturating_sub(mine.len());
-            if !mine.contains(&id) && free <= EVICT_RESERVED_FOR_FOUND {
-                return Err(format!(
-                    "no request written for pid {} (pid namespace {}, slot {}, pod ledger {:?}): no process here holds its \
-                     slot's lock, and the {free} free entries of the eviction table are kept for processes found",
-                    p.pid, p.pid_ns, p.slot, p.pod_ledger
-                ));
-            }
-        }
-        if !w.request_evict(Requester::Monitor, id, pod, libc::SIGTERM as u32) {
-            return Err(format!("the status file's eviction table is full: no request written for pid {}", p.pid));
+        if let Err(e) = w.request_evict_for(Requester::Monitor, id, pod, libc::SIGTERM as u32, p.host_pid.is_some()) {
+            return Err(format!(
+                "no request written for pid {} (pid namespace {}, slot {}, pod ledger {:?}): {e}",
+                p.pid, p.pid_ns, p.slot, p.pod_ledger
+            ));
         }
         // The durable record node-agent reports from (the request ends with the process).
         let Some(ledger) = self.ledger_of(p.pod_ledger) else {
