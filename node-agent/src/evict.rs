@@ -299,13 +299,7 @@ impl PodRef {
 /// Whether pod `p` asks for `resource` (the device plugin's offline slots) in any container's
 /// limits or requests, init containers included: offline work.
 pub fn asks_for(p: &Pod, resource: &str) -> bool {
-    let Some(spec) = p.spec.as_ref() else { return false };
-    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
-        c.resources.as_ref().is_some_and(|r| {
-            r.limits.as_ref().is_some_and(|m| m.contains_key(resource))
-                || r.requests.as_ref().is_some_and(|m| m.contains_key(resource))
-        })
-    })
+    kube_contract::pod::asks_for(p, resource)
 }
 
 /// What happened to a pod's eviction.

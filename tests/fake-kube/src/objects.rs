@@ -77,7 +77,8 @@ pub fn online_pod(ns: &str, name: &str, rv: &str, node: &str, gpu: u32) -> Value
                                    "xshare.io/profile": "{\"isolated\": {\"v100\": 5.0}}"},
                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "svc-5d8c7b",
                                         "uid": "uid-rs", "controller": true, "blockOwnerDeletion": true}]},
-      "spec": {"nodeName": node, "containers": [{"name": "svc", "image": "registry.local/svc:1"}]},
+      "spec": {"nodeName": node, "containers": [{"name": "svc", "image": "registry.local/svc:1",
+                                                     "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}]},
       "status": {"phase": "Running", "qosClass": "Guaranteed"}})
 }
 
