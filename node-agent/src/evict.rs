@@ -378,7 +378,20 @@ pub struct Evictor {
     pub log_damaged: u64,
     /// Damaged lines already counted (a blocked cursor reads them again).
     damaged_seen: std::collections::BTreeSet<(u32, Pos)>,
+    /// The pod list's pace and backoff: a request naming a pod the last list did not map
+    /// (a process of no pod of this node, or of a pod not yet listed) lists again at most every
+    /// `list_pace`, and a failing list waits (doubling, or the server's wait) before the next,
+    /// its error said once: not a consistent LIST and a warning every tick.
+    list_backoff: kube_contract::retry::Backoff<Instant>,
+    list_pace: Duration,
+    /// Pod lists sent (`xshare_node_agent_eviction_pod_lists_total`).
+    pub pod_lists: u64,
 }
+
+/// Shortest time between two lists of this node's pods for eviction requests no list mapped.
+pub const DEFAULT_LIST_PACE: Duration = Duration::from_secs(3);
+/// Longest wait after failed lists (and cap on the server's wait).
+pub const MAX_LIST_BACKOFF: Duration = Duration::from_secs(60);
 
 impl Evictor {
     /// A worker for the GPUs `gpus` of node `node`, reading `ledger_dir`, evicting only pods
@@ -422,7 +435,17 @@ impl Evictor {
             log_ends: BTreeMap::new(),
             log_damaged: 0,
             damaged_seen: Default::default(),
+            list_backoff: kube_contract::retry::Backoff::new(retry_first, MAX_LIST_BACKOFF),
+            list_pace: DEFAULT_LIST_PACE,
+            pod_lists: 0,
         }
+    }
+
+    /// Lists this node's pods for unmapped requests at most every `pace` (default
+    /// [`DEFAULT_LIST_PACE`]).
+    pub fn with_list_pace(mut self, pace: Duration) -> Self {
+        self.list_pace = pace;
+        self
     }
 
     /// Why GPU `gpu`'s eviction log is not being read, if it is not.
@@ -525,11 +548,21 @@ impl Evictor {
             .iter()
             .any(|r| !r.names_nothing() && (r.pod_uid.is_some() || r.group_id != 0) && self.known_pod(r).is_none());
         let mut listed = false;
-        if unknown || self.groups.is_empty() {
+        if (unknown || self.groups.is_empty()) && self.list_backoff.ready(Instant::now()) {
+            self.pod_lists += 1;
             match self.refresh_pods().await {
-                Ok(()) => listed = true,
+                Ok(()) => {
+                    listed = true;
+                    if self.list_backoff.succeeded() {
+                        tracing::info!("listing pods on this node works again");
+                    }
+                    self.list_backoff.hold_until(Instant::now() + self.list_pace);
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "listing pods on this node failed; the monitor's local signal still applies")
+                    let f = self.list_backoff.failed(Instant::now(), &e.to_string(), kube_contract::retry::retry_after(&e));
+                    if f.say {
+                        tracing::warn!(error = %e, retry_in_ms = f.delay.as_millis() as u64, server_asked = f.server_asked, "listing pods on this node failed; retrying with backoff, this error said once (the monitor's local signal still applies)")
+                    }
                 }
             }
         }
@@ -724,6 +757,7 @@ impl Evictor {
         o.push_str(&format!("# HELP xshare_node_agent_eviction_log_damaged_total Damaged eviction log lines skipped\n# TYPE xshare_node_agent_eviction_log_damaged_total counter\nxshare_node_agent_eviction_log_damaged_total{{node=\"{}\"}} {}\n", self.node, self.log_damaged));
         o.push_str(&format!("# HELP xshare_node_agent_eviction_unmapped_total Eviction requests with no pod found\n# TYPE xshare_node_agent_eviction_unmapped_total counter\nxshare_node_agent_eviction_unmapped_total{{node=\"{}\"}} {}\n", self.node, self.unmapped));
         o.push_str(&format!("# HELP xshare_node_agent_eviction_group_mismatch_total Processes asked to leave whose ledger slot claimed another pod's group than the pod their cgroup names (the claim is ignored)\n# TYPE xshare_node_agent_eviction_group_mismatch_total counter\nxshare_node_agent_eviction_group_mismatch_total{{node=\"{}\"}} {}\n", self.node, self.group_mismatch));
+        o.push_str(&format!("# HELP xshare_node_agent_eviction_pod_lists_total Lists of this node's pods sent to map eviction requests (paced, backed off after errors)\n# TYPE xshare_node_agent_eviction_pod_lists_total counter\nxshare_node_agent_eviction_pod_lists_total{{node=\"{}\"}} {}\n", self.node, self.pod_lists));
         o
     }
 }
