@@ -42,9 +42,10 @@
 //!
 //! Answers: 201 evicted; 429 refused by a PodDisruptionBudget or API Priority and Fairness
 //! (Event once, retried after the server's `Retry-After` header, else its
-//! `details.retryAfterSeconds`, else our backoff); 404 pod gone, 409 UID precondition failed
-//! (pod replaced): done, never retried; other errors and timeouts: retried likewise. A pod is
-//! evicted at most once.
+//! `details.retryAfterSeconds`, else our backoff); 404 pod gone, 409 whose message says the
+//! UID precondition failed (pod replaced): done, never retried; any other 409 (the
+//! resourceVersion precondition the API server sets on a Pending pod's deletion, failed after
+//! its retries), other errors and timeouts: retried likewise. A pod is evicted at most once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -300,6 +301,16 @@ impl PodRef {
 /// limits or requests, init containers included: offline work.
 pub fn asks_for(p: &Pod, resource: &str) -> bool {
     kube_contract::pod::asks_for(p, resource)
+}
+
+/// Whether a `409 Conflict` answer to an Eviction (its `Status` message) says the UID
+/// precondition failed: the pod of that name is another one now (the store's "Precondition
+/// failed: UID in precondition: …", or the eviction's own "the UID in the precondition (…) does
+/// not match the UID in record (…)"). The API server answers 409 too when the resourceVersion
+/// precondition it sets on a Pending pod's deletion fails after its retries (eviction.go
+/// `shouldEnforceResourceVersion`): that pod is still this one, to evict again.
+pub fn uid_precondition_failed(message: &str) -> bool {
+    message.contains("UID in precondition") || message.contains("the UID in the precondition")
 }
 
 /// What happened to a pod's eviction.
@@ -667,7 +678,14 @@ impl Evictor {
                 match e.code {
                     Some(429) => Outcome::Blocked,
                     Some(404) => Outcome::Gone,
-                    Some(409) => Outcome::Replaced,
+                    Some(409) if uid_precondition_failed(&e.message) => Outcome::Replaced,
+                    Some(409) => {
+                        // The API server also answers 409 when the resourceVersion precondition
+                        // it sets itself on a Pending pod's deletion kept failing (the pod
+                        // changed meanwhile, after its retries): not final, the pod is still ours.
+                        tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "Eviction conflicted with a change of the pod; retrying (the monitor's local signal still applies)");
+                        Outcome::Failed
+                    }
                     _ => {
                         tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "Eviction failed; retrying (the monitor's local signal still applies)");
                         Outcome::Failed
@@ -886,6 +904,17 @@ pub fn event_for(pod: &PodRef, node: &str, reason: &str, message: &str) -> Event
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_failed_uid_precondition_is_a_replaced_pod() {
+        // The store's precondition check, and the eviction's own (PodDisruptionConditions).
+        assert!(uid_precondition_failed("Precondition failed: UID in precondition: 4444, UID in object meta: 9999"));
+        assert!(uid_precondition_failed("Operation cannot be fulfilled on Pod \"train-0\": the UID in the precondition (4444) does not match the UID in record (9999). The object might have been deleted and then recreated"));
+        // The resourceVersion precondition the API server sets on a Pending pod's deletion.
+        assert!(!uid_precondition_failed("Precondition failed: ResourceVersion in precondition: 41, ResourceVersion in object meta: 42"));
+        assert!(!uid_precondition_failed("Operation cannot be fulfilled on Pod \"train-0\": the ResourceVersion in the precondition (41) does not match the ResourceVersion in record (42). The object might have been modified"));
+        assert!(!uid_precondition_failed(""));
+    }
 
     #[test]
     fn retry_after_header_wins_over_the_body() {

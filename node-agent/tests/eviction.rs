@@ -686,3 +686,44 @@ async fn unmapped_requests_and_failing_lists_do_not_list_at_every_tick() {
         assert_eq!(lists(&api), 1, "listed again before the backoff after a {code}");
     }
 }
+
+/// A 409 that is not the UID precondition (the resourceVersion precondition the API server sets
+/// on a Pending pod's deletion failed after its retries: the pod changed meanwhile) leaves the
+/// pod to evict: retried, then evicted. Before, every 409 was final (`Replaced`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_on_the_resource_version_is_retried_not_taken_for_a_replaced_pod() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = ledger_with_requests(tmp.path(), &["ok"]);
+    let conflicts = Arc::new(AtomicU32::new(1));
+    let c = conflicts.clone();
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
+        ("GET", "/api/v1/pods") => {
+            let mut p = running_pod("ok", UIDS[0].1);
+            p["status"]["phase"] = "Pending".into();
+            (200, pod_list(vec![p]))
+        }
+        ("POST", "/api/v1/namespaces/batch/pods/ok/eviction") => {
+            if c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                (409, status(409, "Conflict", "Operation cannot be fulfilled on Pod \"ok\": the ResourceVersion in the precondition (41) does not match the ResourceVersion in record (42). The object might have been modified"))
+            } else {
+                (201, success())
+            }
+        }
+        _ => events_or_not_found(r),
+    }))
+    .await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert_eq!(outcomes(&mut ev).await, [("ok".to_string(), Outcome::Failed)]);
+    assert_eq!(ev.outcome(UIDS[0].1), None, "not final");
+    let t0 = std::time::Instant::now();
+    loop {
+        let got = outcomes(&mut ev).await;
+        if got == [("ok".to_string(), Outcome::Evicted)] {
+            break;
+        }
+        assert!(got.is_empty(), "{got:?}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "never evicted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(evicted_names(&api).len(), 2, "one conflict, one accepted, no more");
+}
