@@ -371,7 +371,8 @@ impl KubeApi {
     async fn patch_and_bind(&self, pods: &Api<Pod>, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {
         let mut meta = serde_json::json!({ "annotations": placement.annotations() });
         if !uid.is_empty() {
-            // A merge patch carrying metadata.uid fails with 409 if the pod was replaced.
+            // A merge patch carrying metadata.uid is refused if the pod was replaced: no
+            // storage precondition, but the UID is immutable (422 Invalid, `metadata.uid`).
             meta["uid"] = serde_json::Value::String(uid.to_string());
         }
         let patch = serde_json::json!({ "metadata": meta });

@@ -371,11 +371,12 @@ async fn annotate_one(client: kube::Client, pods: Store<Pod>, stats: Arc<WatchSt
                             "the kubelet evicts an offline pod: written onto it for its node agent (its shim drains the GPU before the kill)");
                         return;
                     }
-                    // The UID precondition failed: a pod of that name made since, not the one
-                    // the kubelet evicts. Nothing to write, ever.
-                    Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                    // The patch's UID is not the pod's (422 Invalid, metadata.uid immutable): a
+                    // pod of that name made since, not the one the kubelet evicts. Nothing to
+                    // write, ever.
+                    Ok(Err(e)) if contract::uid_change_refused(&e) => {
                         stats.kubelet_evictions_skipped.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(pod = %who, why = Skip::OtherPod.as_str(), error = %s.message, "kubelet eviction not written onto the pod");
+                        tracing::debug!(pod = %who, why = Skip::OtherPod.as_str(), error = %e, "kubelet eviction not written onto the pod");
                         return;
                     }
                     Ok(Err(e)) => {
@@ -1020,7 +1021,7 @@ mod tests {
         let e = KubeletEviction { uid: "u1".into(), node: "n1".into(), since_unix_ms: NOW - 1000, node_pressure: true };
         let patch = kubelet_eviction_patch(Some(&offline("n1", "Running")), &evicted, &e, NOW).unwrap();
         assert_eq!(patch["metadata"]["annotations"][ANNOTATION], e.render());
-        assert_eq!(patch["metadata"]["uid"], "u1", "a precondition: refused for a pod of the same name made since");
+        assert_eq!(patch["metadata"]["uid"], "u1", "refused (422, metadata.uid immutable) by a pod of the same name made since");
         assert_eq!(kubelet_eviction_patch(None, &evicted, &e, NOW), Err(Skip::NotWatched));
         assert_eq!(kubelet_eviction_patch(Some(&offline("n2", "Running")), &evicted, &e, NOW), Err(Skip::OtherNode), "another node's kubelet");
         assert_eq!(kubelet_eviction_patch(Some(&offline("n1", "Failed")), &evicted, &e, NOW), Err(Skip::Finished));

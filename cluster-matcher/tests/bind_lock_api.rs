@@ -147,9 +147,10 @@ fn a_lock_whose_pod_no_longer_waits_for_allocate_or_that_expired_is_taken_over()
 #[test]
 fn a_bind_that_fails_after_taking_the_lock_gives_it_back() {
     let (c, api) = cluster(&["a", "b"]);
-    // The pod was replaced since kube-scheduler read it: its UID precondition fails (409).
+    // The pod was replaced since kube-scheduler read it: the plan's patch carrying the UID read
+    // is refused (422 Invalid: metadata.uid is immutable).
     let e = api.bind_pod("ml", "a", "not-the-uid", &placement()).unwrap_err();
-    assert_eq!(e.code(), Some(409), "{e}");
+    assert_eq!(e.code(), Some(422), "{e}");
     assert!(lock_on(&c).is_none(), "given back");
     bind(&c, &api, "b").unwrap();
 }

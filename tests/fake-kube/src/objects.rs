@@ -113,6 +113,22 @@ pub fn status(code: u16, reason: &str, message: &str, details: Value) -> Value {
            "message": message, "reason": reason, "details": details, "code": code})
 }
 
+/// The API server's answer to an update or patch that changes `metadata.uid` (say, a merge
+/// patch carrying the UID the client read, of a pod replaced since under the same name): a
+/// patch carries no storage precondition (the handler's `DefaultUpdatedObjectInfo(nil, …)` has
+/// no object to take a UID from), so the patched object reaches validation
+/// (`ValidateObjectMetaUpdate`: the UID is immutable) and is refused `422 Invalid`, naming the
+/// field. Only a `resourceVersion` in it is a precondition (`409 Conflict`).
+pub fn uid_immutable(kind: &str, name: &str, uid: &str) -> Value {
+    status(
+        422,
+        "Invalid",
+        &format!("{kind} \"{name}\" is invalid: metadata.uid: Invalid value: \"{uid}\": field is immutable"),
+        json!({"name": name, "kind": kind,
+               "causes": [{"reason": "FieldValueInvalid", "message": format!("Invalid value: \"{uid}\": field is immutable"), "field": "metadata.uid"}]}),
+    )
+}
+
 pub fn gone(rv: &str) -> Value {
     status(
         410,
