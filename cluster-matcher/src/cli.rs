@@ -292,6 +292,12 @@ pub struct ServeArgs {
     /// before the kill; RBAC `list`/`watch` on events.
     #[arg(long, requires = "watch")]
     pub no_kubelet_evictions: bool,
+    /// Extended resource that gives an online service its GPU (repeat for several: MIG
+    /// resources, a renamed time-sliced `nvidia.com/gpu.shared`). A pod labelled
+    /// `xshare.io/role=online` that asks for none of them is left out of the plan (said once
+    /// at WARN): it holds no GPU, whatever its `xshare.io/gpu` says.
+    #[arg(long = "online-gpu-resource", default_values_t = [cluster_matcher::watch::DEFAULT_ONLINE_GPU_RESOURCE.to_string()], requires = "watch")]
+    pub online_gpu_resources: Vec<String>,
     /// Seconds to wait for the first list of pods and nodes before serving.
     #[arg(long, default_value_t = 60, requires = "watch")]
     pub watch_sync_timeout_s: u64,
@@ -471,6 +477,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                     stale_after: std::time::Duration::from_secs(cluster.stale_after_s),
                     max_clock_skew: std::time::Duration::from_millis(a.max_clock_skew_ms),
                     kubelet_evictions: !a.no_kubelet_evictions,
+                    online_gpu_resources: a.online_gpu_resources.clone(),
                     ..Default::default()
                 };
                 let slot: Arc<OnceLock<Weak<extender::Extender>>> = Arc::default();

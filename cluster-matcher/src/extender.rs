@@ -80,12 +80,13 @@ struct Placing {
 /// How long a bind made is still counted when the watch does not show its pod bound.
 const PLACING_KEPT: Duration = Duration::from_secs(120);
 
-/// Whether an offline pod still runs or is about to: not ended, not Terminating.
+/// Whether an offline pod (labelled so and asking for `xshare.io/offline-gpu`:
+/// [`crate::watch::planned_role`]) still runs or is about to: not ended, not Terminating.
 fn live_offline(p: &Pod) -> bool {
     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     !matches!(phase, "Succeeded" | "Failed")
         && p.metadata.deletion_timestamp.is_none()
-        && kube_contract::pod::role(p.metadata.labels.as_ref()) == Some(kube_contract::pod::Role::Offline)
+        && crate::watch::planned_role(p, &[]) == Ok(Some(kube_contract::pod::Role::Offline))
 }
 
 fn pod_id(p: &Pod) -> (String, String) {

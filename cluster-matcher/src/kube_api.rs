@@ -199,6 +199,8 @@ impl KubeApi {
     pub fn bind_pod(&self, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let lock_uid = if uid.is_empty() { format!("{namespace}/{name}") } else { uid.to_string() };
+        // Set once this bind holds the node's lock (whether or not the write's answer came).
+        let lock_taken = std::sync::atomic::AtomicBool::new(false);
         let fut = async {
             if let Some(ttl) = self.bind_lock_ttl {
                 let lock = BindLock {
@@ -207,7 +209,12 @@ impl KubeApi {
                     name: name.to_string(),
                     since_unix_ms: crate::watch::now_unix_ms(),
                 };
-                self.take_lock(&placement.node, &lock, ttl).await?;
+                // From the write on: a deadline inside the write may still have let it land.
+                lock_taken.store(true, std::sync::atomic::Ordering::SeqCst);
+                if let Err(e) = self.take_lock(&placement.node, &lock, ttl).await {
+                    lock_taken.store(false, std::sync::atomic::Ordering::SeqCst);
+                    return Err(e);
+                }
             }
             let mut r = self.patch_and_bind(&pods, namespace, name, uid, placement).await;
             if let Err(e) = &r {
@@ -216,7 +223,7 @@ impl KubeApi {
                 // `409 ... already assigned`; an answer lost after the Binding was made looks
                 // like any failure. Either way the pod is bound here and still needs the
                 // node's lock until its Allocate: keep it, and report the bind as done.
-                match self.bound_to(&pods, name, uid, &placement.node).await {
+                match Self::pod_bound_to(&pods, name, uid, &placement.node).await {
                     Ok(true) => {
                         tracing::info!(node = %placement.node, pod = %format!("{namespace}/{name}"), error = %e,
                             "pod already bound to this node (a retried bind): bind done, the bind lock kept");
@@ -242,13 +249,46 @@ impl KubeApi {
             r
         };
         // Under kube-scheduler's extender httpTimeout: each call takes milliseconds when the
-        // API server is well; a lock taken before the deadline and not given back lapses.
-        let timeout = self.timeout * 2;
-        self.rt().block_on(async {
-            tokio::time::timeout(timeout, fut).await.unwrap_or_else(|_| {
+        // API server is well.
+        let timeout = self.bind_deadline();
+        let r = self.rt().block_on(async { tokio::time::timeout(timeout, fut).await });
+        match r {
+            Ok(r) => r,
+            Err(_) => {
+                // The deadline cut the bind short, maybe after it took the node's lock (a
+                // lock its pod never comes to Allocate with would refuse every offline bind to
+                // the node until its TTL): give it back, unless the pod reads back bound there
+                // (its Binding landed: it keeps the lock until its Allocate). In the
+                // background, so kube-scheduler hears of the failure now; bounded too.
+                if lock_taken.load(std::sync::atomic::Ordering::SeqCst) {
+                    let (client, node, pod) = (self.client.clone(), placement.node.clone(), format!("{namespace}/{name}"));
+                    let (ns, n, u) = (namespace.to_string(), name.to_string(), uid.to_string());
+                    self.rt().spawn(async move {
+                        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+                        let work = async {
+                            if Self::pod_bound_to(&pods, &n, &u, &node).await? {
+                                return Ok::<_, ApiError>(false);
+                            }
+                            bind_lock::release(&client, &node, &lock_uid, FIELD_MANAGER)
+                                .await
+                                .map_err(|e| ApiError::from_kube("giving back the bind lock", e))
+                        };
+                        match tokio::time::timeout(timeout, work).await {
+                            Ok(Ok(true)) => tracing::warn!(node = %node, pod = %pod, "bind timed out: the bind lock it took was given back"),
+                            Ok(Ok(false)) => tracing::info!(node = %node, pod = %pod, "bind timed out, but the pod is bound here (or the lock names another pod): the lock kept"),
+                            Ok(Err(e)) => tracing::warn!(node = %node, pod = %pod, error = %e, "bind timed out and its bind lock could not be given back; the next bind to the node takes it over once it is older than the bind deadline"),
+                            Err(_) => tracing::warn!(node = %node, pod = %pod, "bind timed out and giving back its bind lock timed out too; the next bind to the node takes it over once it is older than the bind deadline"),
+                        }
+                    });
+                }
                 Err(ApiError::Transport { step: "binding", why: format!("no answer within {timeout:?}") })
-            })
-        })
+            }
+        }
+    }
+
+    /// How long one bind may take (the lock, the plan, the Binding) before it is given up.
+    fn bind_deadline(&self) -> Duration {
+        self.timeout * 2
     }
 
     /// Takes the bind lock of `node` for `lock`'s pod: refused ([`ApiError::Locked`]) while
@@ -298,6 +338,11 @@ impl KubeApi {
     /// it yet (`status.startTime`, which the kubelet sets when it first syncs an admitted pod:
     /// admission, where Allocate runs, came before; an image pull may keep it Pending long
     /// after).
+    ///
+    /// A holder bound to no node yet, whose lock is older than a bind may last (this
+    /// extender's bind deadline and as long again for clocks and the lock's own write), no
+    /// longer waits either: the bind that took the lock ended without a Binding (it failed or
+    /// timed out and its give-back was lost, or the extender stopped), so no Allocate will come.
     async fn waits_for_allocate(&self, held: &BindLock, node: &str) -> Result<bool, ApiError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &held.namespace);
         let Some(p) = pods.get_opt(&held.name).await.map_err(|e| ApiError::from_kube("reading the bind lock's pod", e))? else {
@@ -307,12 +352,15 @@ impl KubeApi {
             || held.uid == format!("{}/{}", held.namespace, held.name);
         let pending = p.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|ph| ph == "Pending");
         let started = p.status.as_ref().is_some_and(|s| s.start_time.is_some());
-        let elsewhere = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| n != node);
-        Ok(uid_ok && pending && !started && !elsewhere && p.metadata.deletion_timestamp.is_none())
+        let bound_node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).filter(|n| !n.is_empty());
+        let elsewhere = bound_node.is_some_and(|n| n != node);
+        let age = Duration::from_millis(crate::watch::now_unix_ms().saturating_sub(held.since_unix_ms));
+        let bind_over = bound_node.is_none() && age > self.bind_deadline() * 2;
+        Ok(uid_ok && pending && !started && !elsewhere && !bind_over && p.metadata.deletion_timestamp.is_none())
     }
 
     /// Whether pod `name` (with `uid`, when given) is bound to `node`.
-    async fn bound_to(&self, pods: &Api<Pod>, name: &str, uid: &str, node: &str) -> Result<bool, ApiError> {
+    async fn pod_bound_to(pods: &Api<Pod>, name: &str, uid: &str, node: &str) -> Result<bool, ApiError> {
         let Some(p) = pods.get_opt(name).await.map_err(|e| ApiError::from_kube("reading the pod back", e))? else {
             return Ok(false);
         };
@@ -323,7 +371,8 @@ impl KubeApi {
     async fn patch_and_bind(&self, pods: &Api<Pod>, namespace: &str, name: &str, uid: &str, placement: &PodPlacement) -> Result<(), ApiError> {
         let mut meta = serde_json::json!({ "annotations": placement.annotations() });
         if !uid.is_empty() {
-            // A merge patch carrying metadata.uid fails with 409 if the pod was replaced.
+            // A merge patch carrying metadata.uid is refused if the pod was replaced: no
+            // storage precondition, but the UID is immutable (422 Invalid, `metadata.uid`).
             meta["uid"] = serde_json::Value::String(uid.to_string());
         }
         let patch = serde_json::json!({ "metadata": meta });

@@ -34,6 +34,36 @@ pub const LABEL_NODE_PREDICTOR_GPU_TYPE: &str = kube_contract::node::LABEL_PREDI
 /// GPU feature discovery's product label (the GPU type when `xshare.io/gpu-type` is absent).
 pub const LABEL_GFD_PRODUCT: &str = "nvidia.com/gpu.product";
 
+/// The extended resource an online service's GPU comes with by default (NVIDIA's device plugin).
+pub const DEFAULT_ONLINE_GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// The role the plan gives `pod`: its `xshare.io/role` label, believed only on a pod that asks
+/// for the GPU that role implies. A pod's labels and annotations are its owner's to write (the
+/// built-in `edit` role), and anyone who may create pods may set `spec.nodeName`: a pause pod
+/// labelled `offline` (or `online`) with another tenant's `xshare.io/tenant`, an
+/// `xshare.io/gpu` and a huge `xshare.io/memory-mib`, bound by hand to a GPU node, would
+/// otherwise be planned as a running job (or service) holding that GPU: real jobs refused
+/// there (`gpu_full`), its memory and the other tenant's cells charged. So an offline pod must
+/// ask for `xshare.io/offline-gpu`, an online one for one of `online_resources`; `Ok(None)`:
+/// not xshare's; `Err(why)`: labelled, left out of the plan.
+pub fn planned_role(pod: &Pod, online_resources: &[String]) -> Result<Option<Role>, String> {
+    match contract::role(pod.metadata.labels.as_ref()) {
+        Some(Role::Offline) if !contract::asks_for(pod, kube_contract::OFFLINE_GPU_RESOURCE) => Err(format!(
+            "labelled {}={} but asks for no {}: no offline job of the plan (it holds no GPU slot; its labels and annotations are not believed)",
+            contract::LABEL_ROLE,
+            contract::ROLE_OFFLINE,
+            kube_contract::OFFLINE_GPU_RESOURCE
+        )),
+        Some(Role::Online) if !online_resources.iter().any(|r| contract::asks_for(pod, r)) => Err(format!(
+            "labelled {}={} but asks for none of {} (--online-gpu-resource): no online service of the plan (it holds no GPU; its labels and annotations are not believed)",
+            contract::LABEL_ROLE,
+            contract::ROLE_ONLINE,
+            online_resources.join(", ")
+        )),
+        r => Ok(r),
+    }
+}
+
 /// What to watch and how to judge heartbeats.
 #[derive(Debug, Clone)]
 pub struct WatchSettings {
@@ -55,6 +85,11 @@ pub struct WatchSettings {
     /// onto it ([`kube_contract::kubelet_eviction`]), so its node agent tells its shim before
     /// the kill.
     pub kubelet_evictions: bool,
+    /// Extended resources that give an online service its GPU (`nvidia.com/gpu`, a MIG or
+    /// renamed time-sliced resource): a pod labelled `xshare.io/role=online` counts as the
+    /// online service of its `xshare.io/gpu` only when it asks for one of them
+    /// ([`planned_role`]).
+    pub online_gpu_resources: Vec<String>,
 }
 
 impl Default for WatchSettings {
@@ -68,6 +103,7 @@ impl Default for WatchSettings {
             max_backoff: Duration::from_secs(30),
             watch_timeout_s: 290,
             kubelet_evictions: true,
+            online_gpu_resources: vec![DEFAULT_ONLINE_GPU_RESOURCE.to_string()],
         }
     }
 }
@@ -335,11 +371,12 @@ async fn annotate_one(client: kube::Client, pods: Store<Pod>, stats: Arc<WatchSt
                             "the kubelet evicts an offline pod: written onto it for its node agent (its shim drains the GPU before the kill)");
                         return;
                     }
-                    // The UID precondition failed: a pod of that name made since, not the one
-                    // the kubelet evicts. Nothing to write, ever.
-                    Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                    // The patch's UID is not the pod's (422 Invalid, metadata.uid immutable): a
+                    // pod of that name made since, not the one the kubelet evicts. Nothing to
+                    // write, ever.
+                    Ok(Err(e)) if contract::uid_change_refused(&e) => {
                         stats.kubelet_evictions_skipped.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(pod = %who, why = Skip::OtherPod.as_str(), error = %s.message, "kubelet eviction not written onto the pod");
+                        tracing::debug!(pod = %who, why = Skip::OtherPod.as_str(), error = %e, "kubelet eviction not written onto the pod");
                         return;
                     }
                     Ok(Err(e)) => {
@@ -500,7 +537,7 @@ pub fn kubelet_eviction_patch(
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let check = |ok: bool, why: Skip| if ok { Ok(()) } else { Err(why) };
     check(pod.metadata.uid.as_deref() == Some(evicted.uid.as_str()), Skip::OtherPod)?;
-    check(contract::role(pod.metadata.labels.as_ref()) == Some(Role::Offline), Skip::NotOffline)?;
+    check(planned_role(pod, &[]) == Ok(Some(Role::Offline)), Skip::NotOffline)?;
     check(pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(eviction.node.as_str()), Skip::OtherNode)?;
     check(!matches!(phase, Some("Succeeded" | "Failed")), Skip::Finished)?;
     check(!pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ann)), Skip::Written)?;
@@ -523,10 +560,12 @@ fn pod_key(p: &Pod) -> (String, String) {
 }
 
 /// The plan's name for the offline job a pod runs: `namespace/job` (see
-/// [`kube_contract::pod::job_name`]); `None` for pods that are not offline xshare pods.
+/// [`kube_contract::pod::job_name`]); `None` for pods that are not offline xshare pods
+/// (labelled so and asking for `xshare.io/offline-gpu`: [`planned_role`]).
 pub fn offline_job_key(pod: &Pod) -> Option<String> {
     let m = &pod.metadata;
-    if contract::role(m.labels.as_ref()) != Some(Role::Offline) {
+    // Online resources do not matter for an offline pod's role.
+    if planned_role(pod, &[]) != Ok(Some(Role::Offline)) {
         return None;
     }
     let owners: Vec<contract::Owner<'_>> = m
@@ -730,8 +769,18 @@ impl ClusterSnapshot {
             if matches!(phase, "Succeeded" | "Failed") {
                 continue;
             }
-            let Some(role) = contract::role(m.labels.as_ref()) else {
-                continue;
+            let role = match planned_role(pod, &self.settings.online_gpu_resources) {
+                Ok(Some(role)) => role,
+                Ok(None) => continue,
+                Err(why) => {
+                    skipped.push(SkippedPod {
+                        what: format!("pod {ns}/{pod_name}"),
+                        uid: m.uid.clone(),
+                        why,
+                        routine: false,
+                    });
+                    continue;
+                }
             };
             // A Terminating offline pod (evicted or deleted, `deletionTimestamp` set) is
             // leaving: not a live placement to keep or replan. Its Job's replacement pod is
@@ -895,7 +944,7 @@ impl ClusterSnapshot {
     pub fn evicted_offline_pods(&self) -> Vec<&Pod> {
         self.pods
             .iter()
-            .filter(|p| contract::role(p.metadata.labels.as_ref()) == Some(Role::Offline) && evicted_by_api(p))
+            .filter(|p| planned_role(p, &[]) == Ok(Some(Role::Offline)) && evicted_by_api(p))
             .map(|p| &**p)
             .collect()
     }
@@ -911,8 +960,56 @@ mod tests {
     fn offline(node: &str, phase: &str) -> Pod {
         serde_json::from_value(serde_json::json!({"metadata": {"name": "train-0", "namespace": "ml", "uid": "u1",
             "labels": {"xshare.io/role": "offline"}},
-            "spec": {"nodeName": node, "containers": [{"name": "c"}]}, "status": {"phase": phase}}))
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"xshare.io/offline-gpu": "1"}}}]},
+            "status": {"phase": phase}}))
         .unwrap()
+    }
+
+    /// A pod bound to n1 as its labels, annotations and resource limits say.
+    fn bound(name: &str, role: &str, tenant: &str, gpu: u32, memory_mib: u64, limits: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+            "labels": {"xshare.io/role": role, "xshare.io/tenant": tenant},
+            "annotations": {"xshare.io/gpu": gpu.to_string(), "xshare.io/memory-mib": memory_mib.to_string(),
+                            "xshare.io/sm-activity-percent": "30"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {"limits": limits}}]},
+            "status": {"phase": "Running"}}))
+        .unwrap()
+    }
+
+    /// A pod's role label is believed only with the GPU resource it implies: a pause pod
+    /// labelled offline (or online) by hand, bound to a GPU with another tenant's label and a
+    /// huge memory annotation, holds no GPU in the plan and is said once, by name.
+    #[test]
+    fn a_role_label_without_its_gpu_resource_is_no_workload_of_the_plan() {
+        let cluster: crate::plan::ClusterSpec = serde_json::from_value(serde_json::json!({"nodes": [
+            {"name": "n1", "gpu_type": "V100M32", "gpus": 2, "gpu_memory_mib": 32768}]})).unwrap();
+        let offline_gpu = serde_json::json!({"xshare.io/offline-gpu": "1"});
+        let nvidia = serde_json::json!({"nvidia.com/gpu": "1"});
+        let pods = vec![
+            // The fakes come first: each would take its GPU's one place.
+            bound("fake-svc", "online", "vc-b", 0, 1, serde_json::json!({})),
+            bound("fake-job", "offline", "vc-b", 1, 80000, serde_json::json!({})),
+            bound("svc", "online", "vc-a", 0, 8000, nvidia.clone()),
+            bound("job", "offline", "vc-a", 1, 4000, offline_gpu.clone()),
+        ];
+        let snap = ClusterSnapshot::new(pods, vec![], NOW, WatchSettings::default());
+        let (w, skipped) = snap.workloads(&cluster);
+        let online: Vec<_> = w.online.iter().map(|o| (o.name.as_str(), o.memory_mib)).collect();
+        assert_eq!(online, vec![("ml/svc", 8000)], "{skipped:?}");
+        let offline: Vec<_> = w.offline.iter().map(|o| (o.name.as_str(), o.tenant.as_str(), o.current.clone())).collect();
+        assert_eq!(offline, vec![("ml/job", "vc-a", Some(GpuRef { node: "n1".into(), gpu: 1 }))], "{skipped:?}");
+        for fake in ["fake-svc", "fake-job"] {
+            let s = skipped.iter().find(|s| s.what == format!("pod ml/{fake}")).unwrap_or_else(|| panic!("{fake} not said: {skipped:?}"));
+            assert!(!s.routine && s.why.contains("asks for no") || s.why.contains("asks for none"), "{s:?}");
+        }
+        // Neither is an offline job the extender's guards or eviction writes would count.
+        let fake_job = bound("fake-job", "offline", "vc-b", 1, 80000, serde_json::json!({}));
+        assert_eq!(offline_job_key(&fake_job), None);
+        assert!(planned_role(&fake_job, &[]).is_err());
+        // The online resources are the operator's: a MIG resource counts when named.
+        let mig = bound("mig-svc", "online", "vc-a", 0, 8000, serde_json::json!({"nvidia.com/mig-3g.40gb": "1"}));
+        assert!(planned_role(&mig, &[DEFAULT_ONLINE_GPU_RESOURCE.to_string()]).is_err());
+        assert_eq!(planned_role(&mig, &["nvidia.com/mig-3g.40gb".to_string()]), Ok(Some(Role::Online)));
     }
 
     /// Written onto a watched offline pod of the evicting kubelet's node, still running, not
@@ -924,13 +1021,16 @@ mod tests {
         let e = KubeletEviction { uid: "u1".into(), node: "n1".into(), since_unix_ms: NOW - 1000, node_pressure: true };
         let patch = kubelet_eviction_patch(Some(&offline("n1", "Running")), &evicted, &e, NOW).unwrap();
         assert_eq!(patch["metadata"]["annotations"][ANNOTATION], e.render());
-        assert_eq!(patch["metadata"]["uid"], "u1", "a precondition: refused for a pod of the same name made since");
+        assert_eq!(patch["metadata"]["uid"], "u1", "refused (422, metadata.uid immutable) by a pod of the same name made since");
         assert_eq!(kubelet_eviction_patch(None, &evicted, &e, NOW), Err(Skip::NotWatched));
         assert_eq!(kubelet_eviction_patch(Some(&offline("n2", "Running")), &evicted, &e, NOW), Err(Skip::OtherNode), "another node's kubelet");
         assert_eq!(kubelet_eviction_patch(Some(&offline("n1", "Failed")), &evicted, &e, NOW), Err(Skip::Finished));
         let mut online = offline("n1", "Running");
         online.metadata.labels.as_mut().unwrap().insert("xshare.io/role".into(), "online".into());
         assert_eq!(kubelet_eviction_patch(Some(&online), &evicted, &e, NOW), Err(Skip::NotOffline));
+        let mut no_resource = offline("n1", "Running");
+        no_resource.spec.as_mut().unwrap().containers[0].resources = None;
+        assert_eq!(kubelet_eviction_patch(Some(&no_resource), &evicted, &e, NOW), Err(Skip::NotOffline), "labelled offline, asking for no offline GPU");
         let other = EvictedPod { uid: "u2".into(), ..evicted.clone() };
         assert_eq!(kubelet_eviction_patch(Some(&offline("n1", "Running")), &other, &e, NOW), Err(Skip::OtherPod), "a pod of the same name before");
         let mut done = offline("n1", "Running");

@@ -147,9 +147,10 @@ fn a_lock_whose_pod_no_longer_waits_for_allocate_or_that_expired_is_taken_over()
 #[test]
 fn a_bind_that_fails_after_taking_the_lock_gives_it_back() {
     let (c, api) = cluster(&["a", "b"]);
-    // The pod was replaced since kube-scheduler read it: its UID precondition fails (409).
+    // The pod was replaced since kube-scheduler read it: the plan's patch carrying the UID read
+    // is refused (422 Invalid: metadata.uid is immutable).
     let e = api.bind_pod("ml", "a", "not-the-uid", &placement()).unwrap_err();
-    assert_eq!(e.code(), Some(409), "{e}");
+    assert_eq!(e.code(), Some(422), "{e}");
     assert!(lock_on(&c).is_none(), "given back");
     bind(&c, &api, "b").unwrap();
 }
@@ -211,4 +212,92 @@ fn a_node_changed_between_read_and_write_is_read_again() {
     assert_eq!(patches.load(std::sync::atomic::Ordering::SeqCst), 2);
     let gets = api.reqs.lock().unwrap().iter().filter(|r| r.method == "GET").count();
     assert_eq!(gets, 2, "read again after the conflict");
+}
+
+/// A bind cut short by its deadline (twice the client's timeout) after taking the node's lock:
+/// every answer comes within the client's timeout, but the node read, the plan write and the
+/// Binding together take longer. The lock is given back (its pod reads back unbound), so the
+/// node does not refuse every offline bind until the lock's TTL. Before, nothing gave it back.
+#[test]
+fn a_bind_that_times_out_after_taking_the_lock_gives_it_back() {
+    const SLOW: Duration = Duration::from_millis(1500);
+    let lock: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let binding_started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (l2, b2) = (lock.clone(), binding_started.clone());
+    let api = fake_api(move |r, before| {
+        let node = |ann: &Option<String>| {
+            let mut annotations = json!({});
+            if let Some(v) = ann {
+                annotations[ANNOTATION] = v.clone().into();
+            }
+            json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE, "resourceVersion": "11", "annotations": annotations}})
+        };
+        match (r.method.as_str(), r.path.as_str()) {
+            ("GET", "/api/v1/nodes/gpu-b") => {
+                if before.is_empty() {
+                    std::thread::sleep(SLOW);
+                }
+                Answer::Json(200, node(&l2.lock().unwrap()), vec![])
+            }
+            ("PATCH", "/api/v1/nodes/gpu-b") => {
+                let v = &r.json()["metadata"]["annotations"][ANNOTATION];
+                *l2.lock().unwrap() = v.as_str().map(str::to_string);
+                Answer::Json(200, node(&l2.lock().unwrap()), vec![])
+            }
+            ("PATCH", "/api/v1/namespaces/ml/pods/a") => {
+                std::thread::sleep(SLOW);
+                Answer::Json(200, json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "a", "namespace": "ml"}}), vec![])
+            }
+            ("POST", "/api/v1/namespaces/ml/pods/a/binding") => {
+                b2.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::thread::sleep(SLOW);
+                // Too late: the extender gave up; this Binding is not made.
+                Answer::Json(504, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Timeout", "code": 504}), vec![])
+            }
+            ("GET", "/api/v1/namespaces/ml/pods/a") => Answer::Json(200, json!({"kind": "Pod", "apiVersion": "v1",
+                "metadata": {"name": "a", "namespace": "ml", "uid": "uid-a"}, "spec": {"containers": []}, "status": {"phase": "Pending"}}), vec![]),
+            _ => Answer::Json(404, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404}), vec![]),
+        }
+    });
+    let k = KubeApi::connect(&ApiSource::Url(api.url.clone()), Duration::from_secs(2)).unwrap().with_bind_lock(Some(TTL));
+    let e = k.bind_pod("ml", "a", "uid-a", &placement()).unwrap_err();
+    assert!(e.to_string().contains("no answer within"), "the bind's deadline, not a call's: {e}");
+    assert!(binding_started.load(std::sync::atomic::Ordering::SeqCst), "cut short while posting the Binding");
+    let t0 = std::time::Instant::now();
+    while lock.lock().unwrap().is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the timed-out bind's lock was never given back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A lock whose pod is still unbound long after any bind could have lasted (its bind timed
+/// out and the give-back was lost, or the extender stopped mid-bind) no longer holds the node,
+/// whatever its TTL: that pod will never reach Allocate through it.
+#[test]
+fn a_lock_of_a_pod_never_bound_is_taken_over_after_the_bind_deadline() {
+    let c = FakeCluster::start();
+    let held = BindLock {
+        uid: String::new(),
+        namespace: "ml".into(),
+        name: "a".into(),
+        // Well inside the TTL, well past the bind deadline (4 x 1 s).
+        since_unix_ms: fake_kube::objects::now_ms() - 10_000,
+    };
+    c.add_pod(pending_pod("a"));
+    c.add_pod(pending_pod("b"));
+    let held = BindLock { uid: uid(&c, "a"), ..held };
+    c.add_node(json!({"metadata": {"name": NODE, "annotations": {"xshare.io/gpu-heartbeat": "{}", ANNOTATION: held.encode()}}}));
+    let api = KubeApi::connect(&ApiSource::Url(c.url()), Duration::from_secs(1)).unwrap().with_bind_lock(Some(TTL));
+    bind(&c, &api, "b").unwrap();
+    assert_eq!(lock_on(&c).unwrap().name, "b");
+    assert_eq!(api.bind_lock_counts(), (0, 1));
+    // A lock of an unbound pod younger than that still holds the node.
+    let young = BindLock { uid: uid(&c, "b"), since_unix_ms: fake_kube::objects::now_ms(), namespace: "ml".into(), name: "b".into() };
+    let c2 = FakeCluster::start();
+    c2.add_pod(pending_pod("b"));
+    c2.add_pod(pending_pod("x"));
+    let young = BindLock { uid: uid(&c2, "b"), ..young };
+    c2.add_node(json!({"metadata": {"name": NODE, "annotations": {"xshare.io/gpu-heartbeat": "{}", ANNOTATION: young.encode()}}}));
+    let api2 = KubeApi::connect(&ApiSource::Url(c2.url()), Duration::from_secs(60)).unwrap().with_bind_lock(Some(TTL));
+    assert!(matches!(bind(&c2, &api2, "x"), Err(ApiError::Locked { .. })));
 }

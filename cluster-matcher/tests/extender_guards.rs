@@ -159,6 +159,29 @@ fn a_bind_to_a_gpu_the_watch_shows_full_is_refused() {
     assert_eq!(node_of(&c, "a-x"), "n1");
 }
 
+/// A pause pod a tenant labelled offline (another tenant's, with a GPU and a huge memory
+/// annotation) and bound by hand to n1/0 asks for no `xshare.io/offline-gpu`: it holds no GPU
+/// slot. The plan places the real job there and the bind guard does not count the fake.
+#[test]
+fn a_pod_labelled_offline_without_the_resource_holds_no_gpu() {
+    let c = FakeCluster::start();
+    c.add_node(node("n1", "1", Some(heartbeat_json("n1", now_ms(), &["Healthy"]))));
+    c.add_pod(online_pod("prod", "svc-1", "1", "n1", 0));
+    let mut fake = running("squat", "1", "n1", 0);
+    fake["metadata"]["labels"]["xshare.io/tenant"] = "vc-other".into();
+    fake["metadata"]["annotations"]["xshare.io/memory-mib"] = "80000".into();
+    fake["spec"]["containers"][0]["resources"] = json!({});
+    c.add_pod(fake);
+    c.add_pod(job_pod("ml", "a", "x", "1", 4000));
+    let (_w, ext) = ext_on(&c, 1, 3);
+    assert_eq!(ext.decide(&pod(&c, "ml", "a-x")), PodDecision::Placed(at("n1", 0)), "{:?}", ext.plan());
+    let f = filter(&c, &ext, "a-x", &["n1"]);
+    assert_eq!(f.node_names, Some(vec!["n1".to_string()]), "{f:?}");
+    assert_eq!(bind(&c, &ext, "a-x", "n1"), "");
+    assert_eq!(node_of(&c, "a-x"), "n1");
+    assert_eq!(ext.guard_refusal_counts(), (0, 0));
+}
+
 /// A Job with parallelism 2: the plan gives the job one GPU slot, so its second pod waits
 /// while the first runs (here on a GPU with room for two offline pods, so only the job's
 /// own rule stops it).

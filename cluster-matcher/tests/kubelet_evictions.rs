@@ -163,11 +163,8 @@ fn a_write_refused_for_its_uid_is_not_tried_again() {
         ("/api/v1/nodes", false) => Answer::Json(200, list("NodeList", "10", vec![]), vec![]),
         (EVENTS, false) => Answer::Json(200, list("EventList", "100", vec![]), vec![]),
         (EVENTS, true) if r.rv() == "100" => Answer::Stream(vec![evicted.clone()], true),
-        (POD, false) if r.method == "PATCH" => Answer::Json(
-            409,
-            status(409, "Conflict", "Operation cannot be fulfilled on pods \"train-a\": Precondition failed: UID in precondition", json!({})),
-            vec![],
-        ),
+        // As the API server answers a merge patch carrying another UID than the pod's.
+        (POD, false) if r.method == "PATCH" => Answer::Json(422, uid_immutable("Pod", "train-a", &uid), vec![]),
         (_, true) => Answer::Stream(vec![], true),
         _ => Answer::Json(404, status(404, "NotFound", "no", json!({})), vec![]),
     });

@@ -32,8 +32,11 @@
 //!    over: its holder's Allocate never came (the kubelet is down, the pod was deleted before
 //!    admission) or its give-back was lost. The extender also takes over a lock whose pod is
 //!    gone, replaced (other UID), bound to another node, no longer Pending, or started by the
-//!    kubelet (`status.startTime`: admitted, so past Allocate). A lock it cannot parse is
-//!    taken over, with a warning: nothing else writes the key.
+//!    kubelet (`status.startTime`: admitted, so past Allocate), or bound to no node while the
+//!    lock is older than twice the extender's bind deadline (the bind that took it ended
+//!    without a Binding; a bind cut short by its deadline gives its lock back in the
+//!    background). A lock it cannot parse is taken over, with a warning: nothing else writes
+//!    the key.
 //!
 //! Two writers share this one key by design (a lock has a taker and a giver); both write it
 //! only through this module's patches, and every write is conditional on what was read.

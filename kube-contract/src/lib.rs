@@ -57,6 +57,7 @@ pub mod heartbeat;
 pub mod kubelet_eviction;
 pub mod node;
 pub mod pod;
+pub mod retry;
 pub mod watch;
 
 /// The extended resource the node agent's device plugin advertises: one unit per offline slot

@@ -95,6 +95,36 @@ pub fn role(labels: Option<&BTreeMap<String, String>>) -> Option<Role> {
     }
 }
 
+/// Whether `pod` asks for the extended resource `resource` in any container's or init
+/// container's limits or requests. A pod's labels are its owner's to write (the built-in
+/// `edit` role): only the resources it asks for bring it a GPU, so an `xshare.io/role` label
+/// counts only on a pod that asks for the GPU its role implies (see the extender's plan
+/// inputs).
+pub fn asks_for(pod: &k8s_openapi::api::core::v1::Pod, resource: &str) -> bool {
+    let Some(spec) = pod.spec.as_ref() else { return false };
+    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            r.limits.as_ref().is_some_and(|m| m.contains_key(resource))
+                || r.requests.as_ref().is_some_and(|m| m.contains_key(resource))
+        })
+    })
+}
+
+/// Whether `e` is the API server refusing a patch that carried a pod's `metadata.uid` because
+/// the pod of that name has another UID now (replaced since it was read): the UID is immutable,
+/// so validation answers `422 Invalid` naming the field `metadata.uid`. (A patch carries no
+/// storage precondition: unlike a Binding's, an Eviction's or a deletion's UID precondition,
+/// this is not a `409 Conflict`.)
+pub fn uid_change_refused(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) if s.code == 422 => {
+            s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+                || s.message.contains("metadata.uid")
+        }
+        _ => false,
+    }
+}
+
 /// The fields of a pod's `ownerReference` that [`job_name`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owner<'a> {

@@ -42,9 +42,10 @@
 //!
 //! Answers: 201 evicted; 429 refused by a PodDisruptionBudget or API Priority and Fairness
 //! (Event once, retried after the server's `Retry-After` header, else its
-//! `details.retryAfterSeconds`, else our backoff); 404 pod gone, 409 UID precondition failed
-//! (pod replaced): done, never retried; other errors and timeouts: retried likewise. A pod is
-//! evicted at most once.
+//! `details.retryAfterSeconds`, else our backoff); 404 pod gone, 409 whose message says the
+//! UID precondition failed (pod replaced): done, never retried; any other 409 (the
+//! resourceVersion precondition the API server sets on a Pending pod's deletion, failed after
+//! its retries), other errors and timeouts: retried likewise. A pod is evicted at most once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -299,13 +300,17 @@ impl PodRef {
 /// Whether pod `p` asks for `resource` (the device plugin's offline slots) in any container's
 /// limits or requests, init containers included: offline work.
 pub fn asks_for(p: &Pod, resource: &str) -> bool {
-    let Some(spec) = p.spec.as_ref() else { return false };
-    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
-        c.resources.as_ref().is_some_and(|r| {
-            r.limits.as_ref().is_some_and(|m| m.contains_key(resource))
-                || r.requests.as_ref().is_some_and(|m| m.contains_key(resource))
-        })
-    })
+    kube_contract::pod::asks_for(p, resource)
+}
+
+/// Whether a `409 Conflict` answer to an Eviction (its `Status` message) says the UID
+/// precondition failed: the pod of that name is another one now (the store's "Precondition
+/// failed: UID in precondition: …", or the eviction's own "the UID in the precondition (…) does
+/// not match the UID in record (…)"). The API server answers 409 too when the resourceVersion
+/// precondition it sets on a Pending pod's deletion fails after its retries (eviction.go
+/// `shouldEnforceResourceVersion`): that pod is still this one, to evict again.
+pub fn uid_precondition_failed(message: &str) -> bool {
+    message.contains("UID in precondition") || message.contains("the UID in the precondition")
 }
 
 /// What happened to a pod's eviction.
@@ -384,7 +389,20 @@ pub struct Evictor {
     pub log_damaged: u64,
     /// Damaged lines already counted (a blocked cursor reads them again).
     damaged_seen: std::collections::BTreeSet<(u32, Pos)>,
+    /// The pod list's pace and backoff: a request naming a pod the last list did not map
+    /// (a process of no pod of this node, or of a pod not yet listed) lists again at most every
+    /// `list_pace`, and a failing list waits (doubling, or the server's wait) before the next,
+    /// its error said once: not a consistent LIST and a warning every tick.
+    list_backoff: kube_contract::retry::Backoff<Instant>,
+    list_pace: Duration,
+    /// Pod lists sent (`xshare_node_agent_eviction_pod_lists_total`).
+    pub pod_lists: u64,
 }
+
+/// Shortest time between two lists of this node's pods for eviction requests no list mapped.
+pub const DEFAULT_LIST_PACE: Duration = Duration::from_secs(3);
+/// Longest wait after failed lists (and cap on the server's wait).
+pub const MAX_LIST_BACKOFF: Duration = Duration::from_secs(60);
 
 impl Evictor {
     /// A worker for the GPUs `gpus` of node `node`, reading `ledger_dir`, evicting only pods
@@ -428,7 +446,17 @@ impl Evictor {
             log_ends: BTreeMap::new(),
             log_damaged: 0,
             damaged_seen: Default::default(),
+            list_backoff: kube_contract::retry::Backoff::new(retry_first, MAX_LIST_BACKOFF),
+            list_pace: DEFAULT_LIST_PACE,
+            pod_lists: 0,
         }
+    }
+
+    /// Lists this node's pods for unmapped requests at most every `pace` (default
+    /// [`DEFAULT_LIST_PACE`]).
+    pub fn with_list_pace(mut self, pace: Duration) -> Self {
+        self.list_pace = pace;
+        self
     }
 
     /// Why GPU `gpu`'s eviction log is not being read, if it is not.
@@ -531,11 +559,21 @@ impl Evictor {
             .iter()
             .any(|r| !r.names_nothing() && (r.pod_uid.is_some() || r.group_id != 0) && self.known_pod(r).is_none());
         let mut listed = false;
-        if unknown || self.groups.is_empty() {
+        if (unknown || self.groups.is_empty()) && self.list_backoff.ready(Instant::now()) {
+            self.pod_lists += 1;
             match self.refresh_pods().await {
-                Ok(()) => listed = true,
+                Ok(()) => {
+                    listed = true;
+                    if self.list_backoff.succeeded() {
+                        tracing::info!("listing pods on this node works again");
+                    }
+                    self.list_backoff.hold_until(Instant::now() + self.list_pace);
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "listing pods on this node failed; the monitor's local signal still applies")
+                    let f = self.list_backoff.failed(Instant::now(), &e.to_string(), kube_contract::retry::retry_after(&e));
+                    if f.say {
+                        tracing::warn!(error = %e, retry_in_ms = f.delay.as_millis() as u64, server_asked = f.server_asked, "listing pods on this node failed; retrying with backoff, this error said once (the monitor's local signal still applies)")
+                    }
                 }
             }
         }
@@ -640,7 +678,14 @@ impl Evictor {
                 match e.code {
                     Some(429) => Outcome::Blocked,
                     Some(404) => Outcome::Gone,
-                    Some(409) => Outcome::Replaced,
+                    Some(409) if uid_precondition_failed(&e.message) => Outcome::Replaced,
+                    Some(409) => {
+                        // The API server also answers 409 when the resourceVersion precondition
+                        // it sets itself on a Pending pod's deletion kept failing (the pod
+                        // changed meanwhile, after its retries): not final, the pod is still ours.
+                        tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "Eviction conflicted with a change of the pod; retrying (the monitor's local signal still applies)");
+                        Outcome::Failed
+                    }
                     _ => {
                         tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e, "Eviction failed; retrying (the monitor's local signal still applies)");
                         Outcome::Failed
@@ -730,6 +775,7 @@ impl Evictor {
         o.push_str(&format!("# HELP xshare_node_agent_eviction_log_damaged_total Damaged eviction log lines skipped\n# TYPE xshare_node_agent_eviction_log_damaged_total counter\nxshare_node_agent_eviction_log_damaged_total{{node=\"{}\"}} {}\n", self.node, self.log_damaged));
         o.push_str(&format!("# HELP xshare_node_agent_eviction_unmapped_total Eviction requests with no pod found\n# TYPE xshare_node_agent_eviction_unmapped_total counter\nxshare_node_agent_eviction_unmapped_total{{node=\"{}\"}} {}\n", self.node, self.unmapped));
         o.push_str(&format!("# HELP xshare_node_agent_eviction_group_mismatch_total Processes asked to leave whose ledger slot claimed another pod's group than the pod their cgroup names (the claim is ignored)\n# TYPE xshare_node_agent_eviction_group_mismatch_total counter\nxshare_node_agent_eviction_group_mismatch_total{{node=\"{}\"}} {}\n", self.node, self.group_mismatch));
+        o.push_str(&format!("# HELP xshare_node_agent_eviction_pod_lists_total Lists of this node's pods sent to map eviction requests (paced, backed off after errors)\n# TYPE xshare_node_agent_eviction_pod_lists_total counter\nxshare_node_agent_eviction_pod_lists_total{{node=\"{}\"}} {}\n", self.node, self.pod_lists));
         o
     }
 }
@@ -858,6 +904,17 @@ pub fn event_for(pod: &PodRef, node: &str, reason: &str, message: &str) -> Event
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_failed_uid_precondition_is_a_replaced_pod() {
+        // The store's precondition check, and the eviction's own (PodDisruptionConditions).
+        assert!(uid_precondition_failed("Precondition failed: UID in precondition: 4444, UID in object meta: 9999"));
+        assert!(uid_precondition_failed("Operation cannot be fulfilled on Pod \"train-0\": the UID in the precondition (4444) does not match the UID in record (9999). The object might have been deleted and then recreated"));
+        // The resourceVersion precondition the API server sets on a Pending pod's deletion.
+        assert!(!uid_precondition_failed("Precondition failed: ResourceVersion in precondition: 41, ResourceVersion in object meta: 42"));
+        assert!(!uid_precondition_failed("Operation cannot be fulfilled on Pod \"train-0\": the ResourceVersion in the precondition (41) does not match the ResourceVersion in record (42). The object might have been modified"));
+        assert!(!uid_precondition_failed(""));
+    }
 
     #[test]
     fn retry_after_header_wins_over_the_body() {

@@ -98,9 +98,10 @@ impl Schedule {
     }
 }
 
-/// Merge-patches the annotation onto Node `hb.node`.
-pub async fn publish(client: &Client, hb: &GpuHeartbeat) -> Result<(), String> {
-    let patch = hb.node_merge_patch().map_err(|e| e.to_string())?;
+/// Merge-patches the annotation onto Node `hb.node`. `Err`: what failed, and the server's wait
+/// if its answer gave one.
+pub async fn publish(client: &Client, hb: &GpuHeartbeat) -> Result<(), (String, Option<Duration>)> {
+    let patch = hb.node_merge_patch().map_err(|e| (e.to_string(), None))?;
     let nodes: Api<Node> = Api::all(client.clone());
     let pp = PatchParams {
         field_manager: Some(kube_contract::NODE_AGENT_FIELD_MANAGER.into()),
@@ -109,9 +110,13 @@ pub async fn publish(client: &Client, hb: &GpuHeartbeat) -> Result<(), String> {
     nodes
         .patch(&hb.node, &pp, &Patch::Merge(&patch))
         .await
-        .map_err(|e| format!("patching Node {}: {e}", hb.node))?;
+        .map_err(|e| (format!("patching Node {}: {e}", hb.node), kube_contract::retry::retry_after(&e)))?;
     Ok(())
 }
+
+/// Longest wait between heartbeat attempts after errors (and cap on the server's wait): a
+/// heartbeat older than the cluster side's `stale_after_s` already reads as not Healthy.
+pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Publishes on every health update that makes it due (and at least each health poll checks).
 pub async fn run(
@@ -122,7 +127,9 @@ pub async fn run(
 ) {
     let mut sched = Schedule::default();
     let start = tokio::time::Instant::now();
-    let mut failing = false;
+    // After a failed patch: no attempt before its backoff (from one health poll, doubling, or
+    // the server's wait), whatever polls and state changes come meanwhile.
+    let mut backoff = kube_contract::retry::Backoff::new(Duration::from_millis(cfg.health.poll_ms), MAX_RETRY_BACKOFF);
     loop {
         let h = health.borrow_and_update().clone();
         if !h.is_empty() {
@@ -132,20 +139,19 @@ pub async fn run(
                 .map(|g| (g.index, state_of(h.get(&g.index))))
                 .collect();
             let now = start.elapsed().as_millis() as u64;
-            if sched.due(now, cfg.heartbeat.interval_ms, &states) {
+            if sched.due(now, cfg.heartbeat.interval_ms, &states) && backoff.ready(tokio::time::Instant::now()) {
                 match publish(&client, &build(&cfg, &h, unix_ms())).await {
                     Ok(()) => {
-                        if failing {
+                        if backoff.succeeded() {
                             tracing::info!("heartbeat published again");
                         }
-                        failing = false;
                         sched.published(now, states);
                     }
-                    Err(e) => {
-                        if !failing {
-                            tracing::warn!(error = %e, "heartbeat not published; retrying at each health poll (the cluster side reads a stale heartbeat as not Healthy)");
+                    Err((e, asked)) => {
+                        let f = backoff.failed(tokio::time::Instant::now(), &e, asked);
+                        if f.say {
+                            tracing::warn!(error = %e, retry_in_ms = f.delay.as_millis() as u64, server_asked = f.server_asked, "heartbeat not published; retrying with backoff, this error said once (the cluster side reads a stale heartbeat as not Healthy)");
                         }
-                        failing = true;
                     }
                 }
             }

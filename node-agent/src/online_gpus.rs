@@ -8,8 +8,9 @@
 //! online service outside cells mode. Every `online_gpus.poll_ms` the agent asks the kubelet's
 //! PodResources API (`List`) which devices each container got, maps them to this node's GPUs
 //! and, for each online pod (`xshare.io/role=online`) on this node whose annotation is missing
-//! or says another GPU, writes the index with a JSON merge patch carrying the pod's UID (a
-//! precondition: a new pod under the same name is never given the old one's GPU). The
+//! or says another GPU, writes the index with a JSON merge patch carrying the pod's UID (no
+//! storage precondition, but the UID is immutable: a new pod under the same name refuses the
+//! patch, `422 Invalid`, and is never given the old one's GPU). The
 //! kubelet's assignment is the truth: an annotation that disagrees is corrected, said at WARN.
 //! The agent is the one writer of this annotation on online pods (the extender writes it on
 //! offline pods, at bind); `deploy/admission-policy.yaml` lets the agent's ServiceAccount change

@@ -77,7 +77,10 @@ async fn evictor(url: String, dir: &Path) -> Evictor {
     })
     .await
     .unwrap();
+    // No pace between lists: these tests read each tick's list (the pace has its own test,
+    // `unmapped_requests_and_failing_lists_do_not_list_at_every_tick`).
     Evictor::new(client, "node-a", dir, vec![0], kube_contract::OFFLINE_GPU_RESOURCE, Duration::from_millis(200))
+        .with_list_pace(Duration::ZERO)
 }
 
 /// One tick of `ev`: the pods it settled, by name, and how.
@@ -634,4 +637,93 @@ async fn a_slot_claiming_a_neighbours_group_gets_only_its_own_pod_evicted() {
         "{}",
         ev.metrics()
     );
+}
+
+/// A request naming a pod no list maps (a process of no pod of this node) does not make every
+/// tick a consistent LIST of the node's pods: after a list, the next one waits for the pace;
+/// after a failed list (403, 429, 500), for its backoff (doubling from the retry delay, or the
+/// server's `retryAfterSeconds`). Before, each 100 ms tick listed (and warned) again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmapped_requests_and_failing_lists_do_not_list_at_every_tick() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = ledger_with_requests(tmp.path(), &["ok"]);
+    let client = |url: String| async move {
+        node_agent::kube::client(&KubeConfig { api_url: url, timeout_ms: 2000 }).await.unwrap()
+    };
+    let lists = |api: &FakeApi| api.take().iter().filter(|r| r.method == "GET" && r.path == "/api/v1/pods").count();
+    // The list works but shows no pod of the request's group.
+    let api = FakeApi::start(Arc::new(|r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
+        ("GET", "/api/v1/pods") => (200, pod_list(vec![])),
+        _ => events_or_not_found(r),
+    }))
+    .await;
+    let mut ev = Evictor::new(client(api.url()).await, "node-a", tmp.path(), vec![0], kube_contract::OFFLINE_GPU_RESOURCE, Duration::from_millis(200))
+        .with_list_pace(Duration::from_secs(600));
+    for _ in 0..20 {
+        assert!(ev.tick().await.is_empty());
+    }
+    assert_eq!(lists(&api), 1, "listed again before the pace");
+    assert_eq!(ev.pod_lists, 1);
+    // The list fails (500, then a 429 with the server's wait): one attempt per backoff.
+    for code in [500u16, 429] {
+        let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
+            ("GET", "/api/v1/pods") => {
+                let mut st = status(code, "InternalError", "etcdserver: request timed out");
+                if code == 429 {
+                    st["details"] = serde_json::json!({"retryAfterSeconds": 600});
+                }
+                (code, st)
+            }
+            _ => events_or_not_found(r),
+        }))
+        .await;
+        let retry_first = if code == 429 { Duration::from_millis(1) } else { Duration::from_secs(600) };
+        let mut ev = Evictor::new(client(api.url()).await, "node-a", tmp.path(), vec![0], kube_contract::OFFLINE_GPU_RESOURCE, retry_first)
+            .with_list_pace(Duration::ZERO);
+        for _ in 0..20 {
+            assert!(ev.tick().await.is_empty());
+        }
+        assert_eq!(lists(&api), 1, "listed again before the backoff after a {code}");
+    }
+}
+
+/// A 409 that is not the UID precondition (the resourceVersion precondition the API server sets
+/// on a Pending pod's deletion failed after its retries: the pod changed meanwhile) leaves the
+/// pod to evict: retried, then evicted. Before, every 409 was final (`Replaced`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_on_the_resource_version_is_retried_not_taken_for_a_replaced_pod() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _l = ledger_with_requests(tmp.path(), &["ok"]);
+    let conflicts = Arc::new(AtomicU32::new(1));
+    let c = conflicts.clone();
+    let api = FakeApi::start(Arc::new(move |r: &Recorded| match (r.method.as_str(), r.path.as_str()) {
+        ("GET", "/api/v1/pods") => {
+            let mut p = running_pod("ok", UIDS[0].1);
+            p["status"]["phase"] = "Pending".into();
+            (200, pod_list(vec![p]))
+        }
+        ("POST", "/api/v1/namespaces/batch/pods/ok/eviction") => {
+            if c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                (409, status(409, "Conflict", "Operation cannot be fulfilled on Pod \"ok\": the ResourceVersion in the precondition (41) does not match the ResourceVersion in record (42). The object might have been modified"))
+            } else {
+                (201, success())
+            }
+        }
+        _ => events_or_not_found(r),
+    }))
+    .await;
+    let mut ev = evictor(api.url(), tmp.path()).await;
+    assert_eq!(outcomes(&mut ev).await, [("ok".to_string(), Outcome::Failed)]);
+    assert_eq!(ev.outcome(UIDS[0].1), None, "not final");
+    let t0 = std::time::Instant::now();
+    loop {
+        let got = outcomes(&mut ev).await;
+        if got == [("ok".to_string(), Outcome::Evicted)] {
+            break;
+        }
+        assert!(got.is_empty(), "{got:?}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "never evicted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(evicted_names(&api).len(), 2, "one conflict, one accepted, no more");
 }

@@ -159,3 +159,46 @@ async fn publishes_the_node_annotation_and_again_on_a_state_change() {
         .unwrap()
         .unwrap();
 }
+
+/// A refused heartbeat is not retried at every health change: the API server's 429 asks for a
+/// wait (`details.retryAfterSeconds`, capped at `MAX_RETRY_BACKOFF`, 30 s), and the agent sends
+/// nothing before it, however many state changes come meanwhile (before, each health poll sent
+/// a patch: one a second per node while the API server was refusing them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_heartbeat_waits_for_the_servers_retry_after_whatever_the_health_changes() {
+    let api = FakeApi::start(Arc::new(|r: &Recorded| {
+        if r.method == "PATCH" {
+            let mut st = common::status(429, "TooManyRequests", "too many requests, please try again later");
+            st["details"] = serde_json::json!({"retryAfterSeconds": 3600});
+            (429, st)
+        } else {
+            (404, common::status(404, "NotFound", "no such path"))
+        }
+    }))
+    .await;
+    let text = serde_json::json!({
+        "node_name": "node-a", "ledger_dir": "/nonexistent",
+        "gpus": [{"index": 0, "uuid": "GPU-aaaa"}],
+        "health": {"poll_ms": 20, "stale_after_ms": 60000},
+        "heartbeat": {"interval_ms": 60000},
+        "kube": {"api_url": api.url()},
+    })
+    .to_string();
+    let cfg = Arc::new(AgentConfig::from_text(Path::new("t.json"), &text, |_| None).unwrap());
+    let client = node_agent::kube::client(&cfg.kube).await.unwrap();
+    let health = |s: HealthState| {
+        BTreeMap::from([(0, node_agent::health::GpuHealth { index: 0, state: Some(s), why: String::new(), snapshot: None, budget_permille: None })])
+    };
+    let (htx, hrx) = watch::channel(health(HealthState::Healthy));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(node_agent::heartbeat::run(cfg.clone(), client, hrx, stop_rx));
+    assert_eq!(patches(&api, 1).await.len(), 1);
+    // Twenty state changes, each of which would be published at once if the API took it.
+    for i in 0..20 {
+        htx.send(health(if i % 2 == 0 { HealthState::Overlimit } else { HealthState::Healthy })).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(patches(&api, 1).await.len(), 1, "a patch was sent before the server's Retry-After");
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+}

@@ -177,7 +177,7 @@ pub fn render(ext: &Extender) -> String {
     let mut pods_on: BTreeMap<GpuRef, Vec<(String, String)>> = BTreeMap::new();
     for p in &cs.pods {
         let m = &p.metadata;
-        if contract::role(m.labels.as_ref()).is_none() {
+        if !matches!(crate::watch::planned_role(p, &cs.settings.online_gpu_resources), Ok(Some(_))) {
             continue;
         }
         let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");

@@ -696,17 +696,16 @@ fn answer(state: &Mutex<State>, r: &Req) -> Answer {
                 return not_found(&format!("pods \"{name}\""));
             };
             let patch = r.json();
-            // A uid in a merge patch is a precondition: the API server refuses to change it.
-            if let Some(uid) = patch["metadata"]["uid"].as_str() {
-                if Some(uid) != pod["metadata"]["uid"].as_str() {
-                    return conflict(&format!(
-                        "Operation cannot be fulfilled on pods \"{name}\": Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                        pod["metadata"]["uid"].as_str().unwrap_or("")
-                    ));
-                }
-            }
+            // A resourceVersion in a merge patch is a precondition (409, checked first); a uid
+            // is not, but the UID is immutable: a patch changing it is invalid (422), as the
+            // API server's validation answers (`objects::uid_immutable`).
             if let Some(a) = stale_version("pods", name, &pod, &patch) {
                 return a;
+            }
+            if let Some(uid) = patch["metadata"]["uid"].as_str() {
+                if Some(uid) != pod["metadata"]["uid"].as_str() {
+                    return Answer::Json(422, crate::objects::uid_immutable("Pod", name, uid), vec![]);
+                }
             }
             let old = pod.clone();
             merge_patch(&mut pod, &patch);
@@ -990,6 +989,26 @@ mod tests {
         let stale = json!({"metadata": {"resourceVersion": "1", "annotations": {"k": "v"}}});
         assert_ne!(p["metadata"]["resourceVersion"], "1");
         assert_eq!(post(&c, merge("/api/v1/namespaces/ml/pods/train-a", stale)).0, 409);
+    }
+
+    /// A uid in a merge patch is no storage precondition: the patched object changing it is
+    /// refused by validation, `422 Invalid` naming `metadata.uid`, and nothing changes; the
+    /// pod's own UID applies.
+    #[test]
+    fn a_patch_changing_the_uid_is_invalid() {
+        let c = FakeCluster::start();
+        let p = c.add_pod(job_pod("train-a", None, None));
+        let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+        let set = |uid: &str, v: &str| merge("/api/v1/namespaces/ml/pods/train-a", json!({"metadata": {"uid": uid, "annotations": {"k": v}}}));
+        let (code, e) = post(&c, set("another-uid", "a"));
+        assert_eq!(code, 422, "{e}");
+        assert_eq!(e["reason"], "Invalid");
+        assert_eq!(e["details"]["causes"][0]["field"], "metadata.uid");
+        assert!(e["message"].as_str().unwrap().contains("field is immutable"), "{e}");
+        assert!(c.pod("ml", "train-a").unwrap()["metadata"]["annotations"]["k"].is_null());
+        let (code, p) = post(&c, set(&uid, "b"));
+        assert_eq!(code, 200);
+        assert_eq!(p["metadata"]["annotations"]["k"], "b");
     }
 
     fn eviction(name: &str, uid: &str) -> Value {

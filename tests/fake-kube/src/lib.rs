@@ -5,7 +5,8 @@
 //! - [`cluster::FakeCluster`]: a stateful API server on top of it: pods and nodes with
 //!   resourceVersions, list and watch (label/field selectors, replay from a resourceVersion,
 //!   ADDED/MODIFIED/DELETED as objects enter and leave a selector), JSON merge patches (a
-//!   `metadata.resourceVersion` in one is a precondition: `409 Conflict` when stale), the
+//!   `metadata.resourceVersion` in one is a precondition: `409 Conflict` when stale; a
+//!   `metadata.uid` other than the object's is refused by validation, `422 Invalid`), the
 //!   `binding` and `eviction` subresources with their UID preconditions, Events, and a Job
 //!   controller that re-creates an evicted Job pod.
 //! - [`objects`]: real-shaped objects (lists, events, Status failures, Nodes, Job pods).

@@ -77,7 +77,8 @@ pub fn online_pod(ns: &str, name: &str, rv: &str, node: &str, gpu: u32) -> Value
                                    "xshare.io/profile": "{\"isolated\": {\"v100\": 5.0}}"},
                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "svc-5d8c7b",
                                         "uid": "uid-rs", "controller": true, "blockOwnerDeletion": true}]},
-      "spec": {"nodeName": node, "containers": [{"name": "svc", "image": "registry.local/svc:1"}]},
+      "spec": {"nodeName": node, "containers": [{"name": "svc", "image": "registry.local/svc:1",
+                                                     "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}]},
       "status": {"phase": "Running", "qosClass": "Guaranteed"}})
 }
 
@@ -110,6 +111,22 @@ pub fn bookmark(kind: &str, rv: &str) -> Value {
 pub fn status(code: u16, reason: &str, message: &str, details: Value) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "details": details, "code": code})
+}
+
+/// The API server's answer to an update or patch that changes `metadata.uid` (say, a merge
+/// patch carrying the UID the client read, of a pod replaced since under the same name): a
+/// patch carries no storage precondition (the handler's `DefaultUpdatedObjectInfo(nil, …)` has
+/// no object to take a UID from), so the patched object reaches validation
+/// (`ValidateObjectMetaUpdate`: the UID is immutable) and is refused `422 Invalid`, naming the
+/// field. Only a `resourceVersion` in it is a precondition (`409 Conflict`).
+pub fn uid_immutable(kind: &str, name: &str, uid: &str) -> Value {
+    status(
+        422,
+        "Invalid",
+        &format!("{kind} \"{name}\" is invalid: metadata.uid: Invalid value: \"{uid}\": field is immutable"),
+        json!({"name": name, "kind": kind,
+               "causes": [{"reason": "FieldValueInvalid", "message": format!("Invalid value: \"{uid}\": field is immutable"), "field": "metadata.uid"}]}),
+    )
 }
 
 pub fn gone(rv: &str) -> Value {
