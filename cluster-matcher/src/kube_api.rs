@@ -259,11 +259,16 @@ impl KubeApi {
                 // lock its pod never comes to Allocate with would refuse every offline bind to
                 // the node until its TTL): give it back, unless the pod reads back bound there
                 // (its Binding landed: it keeps the lock until its Allocate). In the
-                // background, so kube-scheduler hears of the failure now; bounded too.
+                // background, so kube-scheduler hears of the failure now, after one more bind
+                // deadline (for a Binding in flight to land); bounded too.
                 if lock_taken.load(std::sync::atomic::Ordering::SeqCst) {
                     let (client, node, pod) = (self.client.clone(), placement.node.clone(), format!("{namespace}/{name}"));
                     let (ns, n, u) = (namespace.to_string(), name.to_string(), uid.to_string());
                     self.rt().spawn(async move {
+                        // A Binding already sent is not cancelled by the deadline: read the pod
+                        // back only once such a request has had the deadline again to land, or
+                        // an unbound read could give back the lock of a pod then bound.
+                        tokio::time::sleep(timeout).await;
                         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
                         let work = async {
                             if Self::pod_bound_to(&pods, &n, &u, &node).await? {

@@ -54,14 +54,23 @@ pub fn planned_role(pod: &Pod, online_resources: &[String]) -> Result<Option<Rol
             contract::ROLE_OFFLINE,
             kube_contract::OFFLINE_GPU_RESOURCE
         )),
-        Some(Role::Online) if !online_resources.iter().any(|r| contract::asks_for(pod, r)) => Err(format!(
-            "labelled {}={} but asks for none of {} (--online-gpu-resource): no online service of the plan (it holds no GPU; its labels and annotations are not believed)",
+        Some(Role::Online) if !online_resources.iter().any(|r| contract::asks_for(pod, r)) && !claims_devices(pod) => Err(format!(
+            "labelled {}={} but asks for none of {} (--online-gpu-resource) and claims no device (spec.resourceClaims): no online service of the plan (it holds no GPU; its labels and annotations are not believed)",
             contract::LABEL_ROLE,
             contract::ROLE_ONLINE,
             online_resources.join(", ")
         )),
         r => Ok(r),
     }
+}
+
+/// Whether the pod claims devices through dynamic resource allocation (`spec.resourceClaims`,
+/// the way a GPU reaches a service with NVIDIA's DRA driver): the extender cannot tell a GPU
+/// claim from another from the pod alone, so an online service with any claim is believed.
+/// Leaving a real service out is the worse error: its GPU would look free and offline work be
+/// sized as if it were not there.
+fn claims_devices(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty())
 }
 
 /// What to watch and how to judge heartbeats.
@@ -1000,7 +1009,7 @@ mod tests {
         assert_eq!(offline, vec![("ml/job", "vc-a", Some(GpuRef { node: "n1".into(), gpu: 1 }))], "{skipped:?}");
         for fake in ["fake-svc", "fake-job"] {
             let s = skipped.iter().find(|s| s.what == format!("pod ml/{fake}")).unwrap_or_else(|| panic!("{fake} not said: {skipped:?}"));
-            assert!(!s.routine && s.why.contains("asks for no") || s.why.contains("asks for none"), "{s:?}");
+            assert!(!s.routine && (s.why.contains("asks for no ") || s.why.contains("asks for none")), "{s:?}");
         }
         // Neither is an offline job the extender's guards or eviction writes would count.
         let fake_job = bound("fake-job", "offline", "vc-b", 1, 80000, serde_json::json!({}));
@@ -1010,6 +1019,12 @@ mod tests {
         let mig = bound("mig-svc", "online", "vc-a", 0, 8000, serde_json::json!({"nvidia.com/mig-3g.40gb": "1"}));
         assert!(planned_role(&mig, &[DEFAULT_ONLINE_GPU_RESOURCE.to_string()]).is_err());
         assert_eq!(planned_role(&mig, &["nvidia.com/mig-3g.40gb".to_string()]), Ok(Some(Role::Online)));
+        // A service whose GPU comes through a DRA claim is believed (left out, its GPU would
+        // look free beside it).
+        let mut dra = bound("dra-svc", "online", "vc-a", 0, 8000, serde_json::json!({}));
+        dra.spec.as_mut().unwrap().resource_claims =
+            Some(vec![serde_json::from_value(serde_json::json!({"name": "gpu", "resourceClaimTemplateName": "single-gpu"})).unwrap()]);
+        assert_eq!(planned_role(&dra, &[DEFAULT_ONLINE_GPU_RESOURCE.to_string()]), Ok(Some(Role::Online)));
     }
 
     /// Written onto a watched offline pod of the evicting kubelet's node, still running, not

@@ -214,17 +214,18 @@ fn a_node_changed_between_read_and_write_is_read_again() {
     assert_eq!(gets, 2, "read again after the conflict");
 }
 
-/// A bind cut short by its deadline (twice the client's timeout) after taking the node's lock:
-/// every answer comes within the client's timeout, but the node read, the plan write and the
-/// Binding together take longer. The lock is given back (its pod reads back unbound), so the
-/// node does not refuse every offline bind until the lock's TTL. Before, nothing gave it back.
-#[test]
-fn a_bind_that_times_out_after_taking_the_lock_gives_it_back() {
-    const SLOW: Duration = Duration::from_millis(1500);
-    let lock: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
-    let binding_started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (l2, b2) = (lock.clone(), binding_started.clone());
-    let api = fake_api(move |r, before| {
+/// Each slowed call of [`slow_bind_api`]: within the client's 2 s timeout, but the node
+/// read, the plan write and the Binding together take longer than the bind's deadline (4 s).
+const SLOW_CALL: Duration = Duration::from_millis(1500);
+
+/// A fake API server whose first node read and plan write each take [`SLOW_CALL`], keeping the
+/// node's bind lock in `lock`; `binding` answers the Binding's POST, `pod` the pod's GET.
+fn slow_bind_api(
+    lock: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    binding: impl Fn() -> Answer + Send + Sync + 'static,
+    pod: impl Fn() -> Answer + Send + Sync + 'static,
+) -> fake_kube::FakeApi {
+    fake_api(move |r, before| {
         let node = |ann: &Option<String>| {
             let mut annotations = json!({});
             if let Some(v) = ann {
@@ -235,30 +236,55 @@ fn a_bind_that_times_out_after_taking_the_lock_gives_it_back() {
         match (r.method.as_str(), r.path.as_str()) {
             ("GET", "/api/v1/nodes/gpu-b") => {
                 if before.is_empty() {
-                    std::thread::sleep(SLOW);
+                    std::thread::sleep(SLOW_CALL);
                 }
-                Answer::Json(200, node(&l2.lock().unwrap()), vec![])
+                Answer::Json(200, node(&lock.lock().unwrap()), vec![])
             }
             ("PATCH", "/api/v1/nodes/gpu-b") => {
                 let v = &r.json()["metadata"]["annotations"][ANNOTATION];
-                *l2.lock().unwrap() = v.as_str().map(str::to_string);
-                Answer::Json(200, node(&l2.lock().unwrap()), vec![])
+                *lock.lock().unwrap() = v.as_str().map(str::to_string);
+                Answer::Json(200, node(&lock.lock().unwrap()), vec![])
             }
             ("PATCH", "/api/v1/namespaces/ml/pods/a") => {
-                std::thread::sleep(SLOW);
+                std::thread::sleep(SLOW_CALL);
                 Answer::Json(200, json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "a", "namespace": "ml"}}), vec![])
             }
-            ("POST", "/api/v1/namespaces/ml/pods/a/binding") => {
-                b2.store(true, std::sync::atomic::Ordering::SeqCst);
-                std::thread::sleep(SLOW);
-                // Too late: the extender gave up; this Binding is not made.
-                Answer::Json(504, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Timeout", "code": 504}), vec![])
-            }
-            ("GET", "/api/v1/namespaces/ml/pods/a") => Answer::Json(200, json!({"kind": "Pod", "apiVersion": "v1",
-                "metadata": {"name": "a", "namespace": "ml", "uid": "uid-a"}, "spec": {"containers": []}, "status": {"phase": "Pending"}}), vec![]),
+            ("POST", "/api/v1/namespaces/ml/pods/a/binding") => binding(),
+            ("GET", "/api/v1/namespaces/ml/pods/a") => pod(),
             _ => Answer::Json(404, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404}), vec![]),
         }
-    });
+    })
+}
+
+/// Pod `ml/a`, Pending, bound to the node or not yet.
+fn pod_a(bound: bool) -> Answer {
+    let mut spec = json!({"containers": []});
+    if bound {
+        spec["nodeName"] = NODE.into();
+    }
+    Answer::Json(200, json!({"kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": "a", "namespace": "ml", "uid": "uid-a"}, "spec": spec, "status": {"phase": "Pending"}}), vec![])
+}
+
+/// A bind cut short by its deadline (twice the client's timeout) after taking the node's lock:
+/// every answer comes within the client's timeout, but the node read, the plan write and the
+/// Binding together take longer. The lock is given back (its pod reads back unbound), so the
+/// node does not refuse every offline bind until the lock's TTL. Before, nothing gave it back.
+#[test]
+fn a_bind_that_times_out_after_taking_the_lock_gives_it_back() {
+    let lock: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let binding_started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (l2, b2) = (lock.clone(), binding_started.clone());
+    let api = slow_bind_api(
+        l2,
+        move || {
+            b2.store(true, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(SLOW_CALL);
+            // Too late: the extender gave up; this Binding is not made.
+            Answer::Json(504, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Timeout", "code": 504}), vec![])
+        },
+        || pod_a(false),
+    );
     let k = KubeApi::connect(&ApiSource::Url(api.url.clone()), Duration::from_secs(2)).unwrap().with_bind_lock(Some(TTL));
     let e = k.bind_pod("ml", "a", "uid-a", &placement()).unwrap_err();
     assert!(e.to_string().contains("no answer within"), "the bind's deadline, not a call's: {e}");
@@ -268,6 +294,52 @@ fn a_bind_that_times_out_after_taking_the_lock_gives_it_back() {
         assert!(t0.elapsed() < Duration::from_secs(30), "the timed-out bind's lock was never given back");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A bind cut short by its deadline while its Binding is still being made: the Binding lands
+/// half a second after the extender gave up, and the pod is then bound to the node, on its
+/// way to Allocate, which gives the lock back. The lock is kept: the give-back reads the pod
+/// only after a Binding in flight has had time to land. Before, the read came at once, found
+/// the pod unbound and gave the lock back, so a second pod could be bound to the node before
+/// the first one's Allocate (node-agent then refuses both as ambiguous).
+#[test]
+fn a_bind_whose_binding_lands_after_the_deadline_keeps_the_lock() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let lock: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let bound = std::sync::Arc::new(AtomicBool::new(false));
+    let read_bound = std::sync::Arc::new(AtomicBool::new(false));
+    let (l2, b2, r2) = (lock.clone(), bound.clone(), read_bound.clone());
+    let b3 = b2.clone();
+    let api = slow_bind_api(
+        l2,
+        move || {
+            std::thread::sleep(SLOW_CALL);
+            // Made, after the extender's deadline.
+            b2.store(true, SeqCst);
+            Answer::Json(201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}), vec![])
+        },
+        move || {
+            let is_bound = b3.load(SeqCst);
+            if is_bound {
+                r2.store(true, SeqCst);
+            }
+            pod_a(is_bound)
+        },
+    );
+    let k = KubeApi::connect(&ApiSource::Url(api.url.clone()), Duration::from_secs(2)).unwrap().with_bind_lock(Some(TTL));
+    let e = k.bind_pod("ml", "a", "uid-a", &placement()).unwrap_err();
+    assert!(e.to_string().contains("no answer within"), "the bind's deadline: {e}");
+    assert!(lock.lock().unwrap().is_some(), "the lock was taken");
+    // Until the give-back has read the pod (or has given the lock back without a read that
+    // found it bound).
+    let t0 = std::time::Instant::now();
+    while !read_bound.load(SeqCst) && lock.lock().unwrap().is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the give-back never read the pod back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A release would follow the read at once.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(lock.lock().unwrap().is_some(), "the bound pod's lock was given back before its Allocate");
 }
 
 /// A lock whose pod is still unbound long after any bind could have lasted (its bind timed

@@ -1733,7 +1733,7 @@ impl Manager {
         // Crashed servers ended alone: the other servers' clients keep their connections, and
         // the other faults of the check (a dead client another server lists) their recovery.
         let others_kept = only.is_some() && matches!(restarted, Some(Ok(_)));
-        let new_daemon = !matches!(restarted, Some(Ok(_)));
+        let mut new_daemon = false;
         let outcome = match restarted {
             Some(Ok(o)) => format!("{o} ({why_full})"),
             not_restarted => {
@@ -1745,7 +1745,10 @@ impl Manager {
                     _ => why_full.clone(),
                 };
                 match self.reset_mps() {
-                    Ok(pid) => format!("MPS reset ({why}); control daemon {pid} running"),
+                    Ok(pid) => {
+                        new_daemon = true;
+                        format!("MPS reset ({why}); control daemon {pid} running")
+                    }
                     Err(e) => format!("MPS reset ({why}) failed: {e}"),
                 }
             }
@@ -1753,7 +1756,8 @@ impl Manager {
         tracing::warn!(fault = fault.kind(), evicted = ?evicted, %outcome, "recovery done");
         // A full reset is the XID's recovery whichever fault asked for it: a dead or hung
         // daemon sorts first in a check and ends it. Before, only the XID's own recovery
-        // recorded it, so a restarted manager reset MPS a second time for the same episode.
+        // recorded it, so a restarted manager reset MPS a second time for the same episode. A
+        // reset that failed recovered nothing: the XID stays owed, tried again.
         if new_daemon {
             if let Some(x) = self.xid_pending.take() {
                 if !matches!(fault, Fault::Xid { .. }) {
@@ -2868,16 +2872,10 @@ mod tests {
         assert!(faults.is_empty(), "once: {faults:?}");
     }
 
-    /// A dead control daemon and a critical XID seen at one check: the dead daemon's full
-    /// reset, first, is the XID's recovery too, recorded as such, so a restarted manager does
-    /// not reset MPS again for the same episode (ending the online service's new context).
-    /// Before, `xid_handled` was written by the XID's own recovery only, which the full reset
-    /// before it left unrun.
-    #[test]
-    fn a_full_reset_for_another_fault_of_the_check_counts_as_the_xids_recovery() {
-        use node_daemon::monitor_state::{write, MonitorState};
-        let d = tempfile::tempdir().unwrap();
-        let mut m = manager(d.path());
+    /// A manager whose control daemon died after its first check, with the monitor reporting
+    /// a critical XID (`MonitorState::example`): its next check finds both.
+    fn daemon_dead_with_an_xid(dir: &Path) -> Manager {
+        let mut m = manager(dir);
         let first = m.ensure_daemon().unwrap();
         assert!(m.check(0).is_empty());
         let id = m.recorded_daemon().unwrap();
@@ -2887,7 +2885,20 @@ mod tests {
             assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
             std::thread::sleep(Duration::from_millis(5));
         }
-        write(&m.cfg.monitor_state_file, &MonitorState::example()).unwrap();
+        node_daemon::monitor_state::write(&m.cfg.monitor_state_file, &node_daemon::monitor_state::MonitorState::example()).unwrap();
+        m
+    }
+
+    /// A dead control daemon and a critical XID seen at one check: the dead daemon's full
+    /// reset, first, is the XID's recovery too, recorded as such, so a restarted manager does
+    /// not reset MPS again for the same episode (ending the online service's new context).
+    /// Before, `xid_handled` was written by the XID's own recovery only, which the full reset
+    /// before it left unrun.
+    #[test]
+    fn a_full_reset_for_another_fault_of_the_check_counts_as_the_xids_recovery() {
+        use node_daemon::monitor_state::MonitorState;
+        let d = tempfile::tempdir().unwrap();
+        let mut m = daemon_dead_with_an_xid(d.path());
         let faults = m.check(100);
         assert_eq!(faults, vec![Fault::Xid { code: 79 }, Fault::DaemonDead]);
         m.handle_faults(100, faults);
@@ -2904,6 +2915,23 @@ mod tests {
         assert_eq!(kinds, ["daemon_dead"], "one full reset");
         assert_eq!(prev.xid_handled, HandledXid::of(&MonitorState::example()));
         assert!(faults.is_empty(), "no second reset for the episode: {faults:?}");
+    }
+
+    /// A full reset that failed (no control daemon could be started) recovered nothing: the
+    /// XID found in that check stays owed, not recorded handled (a restarted manager would
+    /// otherwise never reset MPS for it).
+    #[test]
+    fn a_failed_full_reset_leaves_the_xid_owed() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = daemon_dead_with_an_xid(d.path());
+        // The control binary now starts no daemon: every reset fails.
+        std::fs::write(&m.cfg.control_bin, "#!/bin/sh\nexit 1\n").unwrap();
+        let faults = m.check(100);
+        assert_eq!(faults, vec![Fault::Xid { code: 79 }, Fault::DaemonDead]);
+        m.handle_faults(100, faults);
+        let outcome = m.state.recoveries.last().map(|r| r.outcome.clone()).unwrap_or_default();
+        assert!(outcome.contains("failed"), "{outcome}");
+        assert_eq!(m.state.xid_handled, None, "a failed reset is no recovery from the XID");
     }
 
     /// A state file that cannot be written (its directory is a file) is a run of failures the

@@ -115,8 +115,9 @@ pub async fn publish(client: &Client, hb: &GpuHeartbeat) -> Result<(), (String, 
 }
 
 /// Longest wait between heartbeat attempts after errors (and cap on the server's wait): a
-/// heartbeat older than the cluster side's `stale_after_s` already reads as not Healthy.
-pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(30);
+/// third of the cluster side's default staleness (30 s), so that once the API server is back
+/// the next heartbeat lands well before the node's GPUs read stale for the wait alone.
+pub const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Publishes on every health update that makes it due (and at least each health poll checks).
 pub async fn run(

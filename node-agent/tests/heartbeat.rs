@@ -161,7 +161,7 @@ async fn publishes_the_node_annotation_and_again_on_a_state_change() {
 }
 
 /// A refused heartbeat is not retried at every health change: the API server's 429 asks for a
-/// wait (`details.retryAfterSeconds`, capped at `MAX_RETRY_BACKOFF`, 30 s), and the agent sends
+/// wait (`details.retryAfterSeconds`, capped at `MAX_RETRY_BACKOFF`, 10 s), and the agent sends
 /// nothing before it, however many state changes come meanwhile (before, each health poll sent
 /// a patch: one a second per node while the API server was refusing them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,9 +66,19 @@ const OWN_SLOTS: usize = 8;
 
 thread_local! {
     /// The ids of the captures this thread began in a mode other than relaxed and has not
-    /// ended (0: a free slot).
-    static OWN: std::cell::Cell<[u64; OWN_SLOTS]> = const { std::cell::Cell::new([0; OWN_SLOTS]) };
+    /// ended (0: a free slot), each with its context.
+    static OWN: std::cell::Cell<[(u64, u64); OWN_SLOTS]> = const { std::cell::Cell::new([(0, 0); OWN_SLOTS]) };
+    /// [`GONE_SEQ`] when this thread last dropped the captures of contexts gone.
+    static GONE_SEEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
+
+/// Contexts gone lately ([`context_gone`]): another thread's own captures in them ended with
+/// them, which only that thread can forget (its [`OWN`] is thread-local): it does at its next
+/// [`owns`]. A ring of the last 16; past them a thread keeps an ended capture's id (its
+/// launches ask the driver, which says the stream no longer captures).
+const GONE_RING: usize = 16;
+static GONE: [AtomicU64; GONE_RING] = [const { AtomicU64::new(0) }; GONE_RING];
+static GONE_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h): a capture any thread may end.
 const MODE_RELAXED: u32 = 2;
@@ -80,17 +90,17 @@ const STREAM_PER_THREAD: u64 = 0x2;
 /// (one thread-local read).
 #[inline]
 pub fn own_active() -> bool {
-    OWN.with(|c| c.get().iter().any(|&id| id != 0))
+    OWN.with(|c| c.get().iter().any(|&(id, _)| id != 0))
 }
 
-fn own_add(id: u64) {
+fn own_add(id: u64, ctx: u64) {
     if id == 0 {
         return;
     }
     OWN.with(|c| {
         let mut ids = c.get();
-        if let Some(free) = ids.iter_mut().find(|i| **i == 0) {
-            *free = id;
+        if let Some(free) = ids.iter_mut().find(|i| i.0 == 0) {
+            *free = (id, ctx);
             c.set(ids);
         }
     });
@@ -99,15 +109,33 @@ fn own_add(id: u64) {
 fn own_remove(id: u64) {
     OWN.with(|c| {
         let mut ids = c.get();
-        if let Some(at) = ids.iter_mut().find(|i| id != 0 && **i == id) {
-            *at = 0;
+        if let Some(at) = ids.iter_mut().find(|i| id != 0 && i.0 == id) {
+            *at = (0, 0);
             c.set(ids);
         }
     });
 }
 
 fn own_has(id: u64) -> bool {
-    id != 0 && OWN.with(|c| c.get().contains(&id))
+    id != 0 && OWN.with(|c| c.get().iter().any(|i| i.0 == id))
+}
+
+/// Forgets this thread's own captures of contexts gone since it last looked.
+fn own_prune() {
+    let seq = GONE_SEQ.load(SeqCst);
+    if GONE_SEEN.with(|g| g.get()) == seq {
+        return;
+    }
+    GONE_SEEN.with(|g| g.set(seq));
+    OWN.with(|c| {
+        let mut ids = c.get();
+        for i in ids.iter_mut().filter(|i| i.0 != 0 && i.1 != 0) {
+            if GONE.iter().any(|g| g.load(SeqCst) == i.1) {
+                *i = (0, 0);
+            }
+        }
+        c.set(ids);
+    });
 }
 
 /// The stream a call names: a per-thread entry point's null stream is the calling thread's
@@ -145,6 +173,10 @@ pub fn owns(stream: u64, ptsz: bool) -> bool {
     if !own_active() {
         return false;
     }
+    own_prune();
+    if !own_active() {
+        return false;
+    }
     matches!(capture_info(effective(stream, ptsz)), Some((status, id))
         if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE && own_has(id))
 }
@@ -154,7 +186,8 @@ pub fn owns(stream: u64, ptsz: bool) -> bool {
 pub fn reset_after_fork() {
     ACTIVE.store(0, SeqCst);
     SYNCING.store(0, SeqCst);
-    OWN.with(|c| c.set([0; OWN_SLOTS]));
+    OWN.with(|c| c.set([(0, 0); OWN_SLOTS]));
+    GONE_SEEN.with(|g| g.set(GONE_SEQ.load(SeqCst)));
     BY_CTX_LOCK.reset_after_fork();
     for (c, n) in CTXS.iter().zip(&COUNTS) {
         c.store(0, Relaxed);
@@ -206,6 +239,9 @@ pub fn context_gone(ctx: u64) {
             None => 0,
         }
     };
+    let at = GONE_SEQ.load(SeqCst) as usize % GONE_RING;
+    GONE[at].store(ctx, SeqCst);
+    GONE_SEQ.fetch_add(1, SeqCst);
     if n > 0 {
         let _ = ACTIVE.fetch_update(SeqCst, SeqCst, |a| Some(a.saturating_sub(n)));
         crate::state::logged(|| tracing::info!(ctx, captures = n, "xcuda: stream captures ended with their context"));
@@ -240,15 +276,38 @@ fn any_active() -> bool {
 /// application).
 pub fn begin(limit: Duration, mode: u32, stream: u64, ptsz: bool, begin: impl FnOnce() -> CUresult) -> CUresult {
     let s = effective(stream, ptsz);
-    let rc = begin_with(limit, mode, begin, || capture_info(s).map_or(0, |(_, id)| id));
+    let mut ctx = 0;
+    let rc = begin_with(limit, mode, begin, || {
+        ctx = stream_ctx(s);
+        let id = capture_info(s).map_or(0, |(_, id)| id);
+        if id == 0 && mode != MODE_RELAXED {
+            id_unknown();
+        }
+        (id, ctx)
+    });
     if rc == CUresult::CUDA_SUCCESS {
-        tally(stream_ctx(s), 1);
+        if mode == MODE_RELAXED {
+            ctx = stream_ctx(s);
+        }
+        tally(ctx, 1);
     }
     rc
 }
 
+/// Said once: the driver gave no id for a capture of this process's own (it predates
+/// `cuStreamGetCaptureInfo_v2`, CUDA 11.3), so launches into such a capture wait while
+/// launches are frozen, and a signal's synchronisation may then wait its bound for it.
+fn id_unknown() {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        crate::state::logged(|| tracing::warn!("xcuda: the driver gives no stream capture id (cuStreamGetCaptureInfo_v2): launches recorded into a capture wait while launches are frozen"));
+    }
+}
+
 /// [`begin`] with the capture's id asked of `id` once the driver began it.
-fn begin_with(limit: Duration, mode: u32, begin: impl FnOnce() -> CUresult, id: impl FnOnce() -> u64) -> CUresult {
+/// `id`: the capture's id and context, asked once the driver began it (for a mode other than
+/// relaxed).
+fn begin_with(limit: Duration, mode: u32, begin: impl FnOnce() -> CUresult, id: impl FnOnce() -> (u64, u64)) -> CUresult {
     let start = Instant::now();
     loop {
         ACTIVE.fetch_add(1, SeqCst);
@@ -266,7 +325,8 @@ fn begin_with(limit: Duration, mode: u32, begin: impl FnOnce() -> CUresult, id: 
         return rc;
     }
     if mode != MODE_RELAXED {
-        own_add(id());
+        let (id, ctx) = id();
+        own_add(id, ctx);
     }
     rc
 }
@@ -363,9 +423,9 @@ mod tests {
     fn a_synchronisation_waits_for_the_capture_and_holds_new_ones_off() {
         let ok = || CUresult::CUDA_SUCCESS;
         // Refused begin: not counted, not this thread's.
-        assert_eq!(begin_with(Duration::from_secs(1), 0, || CUresult::CUDA_ERROR_ILLEGAL_STATE, || 7), CUresult::CUDA_ERROR_ILLEGAL_STATE);
+        assert_eq!(begin_with(Duration::from_secs(1), 0, || CUresult::CUDA_ERROR_ILLEGAL_STATE, || (7, 0)), CUresult::CUDA_ERROR_ILLEGAL_STATE);
         assert!(!any_active() && !own_active());
-        assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || 0x11), CUresult::CUDA_SUCCESS);
+        assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || (0x11, 0)), CUresult::CUDA_SUCCESS);
         assert!(any_active() && own_has(0x11));
         // The synchronisation waits until the capture ends on another thread.
         let ended_at = Arc::new(AtomicBool::new(false));
@@ -395,7 +455,7 @@ mod tests {
         let rc = begin_with(Duration::from_secs(30), 2, move || {
             assert!(!s2.load(SeqCst), "the capture began while the synchronisation ran");
             CUresult::CUDA_SUCCESS
-        }, || 0x12);
+        }, || (0x12, 0));
         assert_eq!(rc, CUresult::CUDA_SUCCESS);
         sync.join().unwrap();
         // A capture never ended: the synchronisation gives up after its wait and runs.
@@ -411,7 +471,7 @@ mod tests {
         assert!(!any_active());
         // Captures of a context that is destroyed end with it; another context's stay.
         for ctx in [0xA0, 0xA0, 0xB0] {
-            assert_eq!(begin_with(Duration::from_secs(1), 2, ok, || 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(begin_with(Duration::from_secs(1), 2, ok, || (0, 0)), CUresult::CUDA_SUCCESS);
             tally(ctx, 1);
         }
         context_gone(0xA0);
@@ -423,9 +483,9 @@ mod tests {
         assert!(!any_active() && CTXS.iter().all(|c| c.load(Relaxed) == 0));
         // Only this thread's own non-relaxed captures, by id, let its launches pass.
         std::thread::spawn(move || {
-            assert_eq!(begin_with(Duration::from_secs(1), 2, ok, || 0x21), CUresult::CUDA_SUCCESS);
+            assert_eq!(begin_with(Duration::from_secs(1), 2, ok, || (0x21, 0)), CUresult::CUDA_SUCCESS);
             assert!(!own_active(), "a relaxed capture: another thread may end it");
-            assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || 0x22), CUresult::CUDA_SUCCESS);
+            assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || (0x22, 0)), CUresult::CUDA_SUCCESS);
             assert!(own_active() && own_has(0x22) && !own_has(0x21));
             std::thread::spawn(|| assert!(!own_active() && !own_has(0x22), "not another thread's")).join().unwrap();
             // Another thread's end of the relaxed capture leaves this thread's own one.
@@ -435,12 +495,24 @@ mod tests {
             assert!(!own_active() && !any_active());
             // Past its slots a capture is not known as the thread's (its launches wait).
             for id in 1..=(OWN_SLOTS as u64 + 1) {
-                assert_eq!(begin_with(Duration::from_secs(1), 1, ok, || 0x100 + id), CUresult::CUDA_SUCCESS);
+                assert_eq!(begin_with(Duration::from_secs(1), 1, ok, || (0x100 + id, 0)), CUresult::CUDA_SUCCESS);
             }
             assert!(own_has(0x100 + OWN_SLOTS as u64) && !own_has(0x101 + OWN_SLOTS as u64));
             for id in 1..=(OWN_SLOTS as u64 + 1) {
                 ended(0, 0x100 + id);
             }
+            assert!(!own_active() && !any_active());
+            // An own capture of a context another thread destroyed (the capture ended with it)
+            // is forgotten at this thread's next look; one of another context stays.
+            assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || (0x31, 0xC1)), CUresult::CUDA_SUCCESS);
+            tally(0xC1, 1);
+            assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || (0x32, 0xC2)), CUresult::CUDA_SUCCESS);
+            tally(0xC2, 1);
+            std::thread::spawn(|| context_gone(0xC1)).join().unwrap();
+            assert!(own_has(0x31));
+            own_prune();
+            assert!(!own_has(0x31) && own_has(0x32), "the gone context's capture forgotten, not the other's");
+            ended(0xC2, 0x32);
             assert!(!own_active() && !any_active());
         })
         .join()

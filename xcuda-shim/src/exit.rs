@@ -208,7 +208,8 @@ fn release_once_with(what: &str, release: impl FnOnce() -> usize + Send + 'stati
     // creator sees RELEASING and refuses, or wait_for_creations sees it in flight.
     match RELEASE.compare_exchange(IDLE, RELEASING, SeqCst, SeqCst) {
         Ok(_) => {
-            let n = with_deadline(what, move || {
+            // No thread to run it on: released on this thread anyway (see `with_deadline`).
+            let n = with_deadline(what, true, move || {
                 let n = release();
                 RELEASE.store(RELEASED, Release);
                 n
@@ -620,7 +621,9 @@ fn disarm(term_ns: u64) {
 /// begins meanwhile waits for it instead of destroying the contexts it is synchronising.
 /// `None`: a release had begun; else whether it completed in time.
 fn synchronize_unless_released(st: &'static state::State, what: &str, capture_wait: std::time::Duration) -> Option<bool> {
-    let entered = with_deadline(what, move || {
+    // No thread to run it on: skipped (unbounded here, it could keep the signal's own
+    // handling waiting for ever behind a hung kernel).
+    let entered = with_deadline(what, false, move || {
         let Some(_gate) = CreationGate::try_enter() else { return false };
         // After the captures in progress end: a synchronisation would break them (CUDA forbids
         // synchronising a context while a stream of it captures) and wait for nothing.
@@ -924,13 +927,14 @@ fn on_signal(sig: c_int) {
     }
 }
 
-/// Runs `f` on a fresh thread and waits at most the configured release timeout for it.
-fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+/// Runs `f` on a fresh thread and waits at most the configured release timeout for it. When
+/// no thread can start, `inline` runs `f` on this thread without the deadline, else gives up.
+fn with_deadline<T: Send + 'static>(what: &str, inline: bool, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let limit = std::time::Duration::from_millis(state::config().exit.release_timeout_ms);
     let (tx, rx) = std::sync::mpsc::channel();
-    // Held here until the thread takes it: if no thread can start (a pod at its pids.max), `f`
-    // runs on this thread instead, without the deadline; a release skipped would leave the
-    // process to die with its contexts live, which can hang its MPS neighbours.
+    // Held here until the thread takes it: if no thread can start (a pod at its pids.max), a
+    // release (`inline`) runs on this thread instead, without the deadline: skipped, it would
+    // leave the process to die with its contexts live, which can hang its MPS neighbours.
     let job = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
     let theirs = job.clone();
     let spawned = spawn_shim_thread("xcuda-release", move || {
@@ -941,6 +945,10 @@ fn with_deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + '
         }
     });
     if let Err(e) = spawned {
+        if !inline {
+            tracing::error!(error = %e, "xcuda: cannot start a thread to {what}: skipped");
+            return None;
+        }
         tracing::error!(error = %e, "xcuda: cannot start a thread to {what}: doing it on this thread, without a deadline");
         let f = job.lock().ok().and_then(|mut j| j.take());
         return f.map(|f| f());
