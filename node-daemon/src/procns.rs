@@ -264,7 +264,19 @@ impl HostPids {
     /// pid (a registered process that died before it was found); one a live process with
     /// another start time has now is not (that process is someone else).
     pub fn of(&mut self, p: &node_ledger::ProcSnapshot) -> Option<u32> {
-        self.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file, p.owner_lock)
+        self.of_checked(p).0
+    }
+
+    /// [`HostPids::of`] with whether its owner was found holding the slot's lock (`true`
+    /// only where [`HostPids::holder`] would answer the same pid): a slot naming a pid no
+    /// live process has gets that pid (`Some(pid), false`), and proves nothing about who
+    /// wrote it (any ledger client can write one).
+    pub fn of_checked(&mut self, p: &node_ledger::ProcSnapshot) -> (Option<u32>, bool) {
+        match self.resolve(Self::key_of(p)) {
+            Some(Owner::Holder(h)) => (Some(h), true),
+            Some(Owner::Gone(h)) => (Some(h), false),
+            None => (None, false),
+        }
     }
 
     /// [`HostPids::of`] for a slot whose owner was found holding its lock only: `None` for a
@@ -620,10 +632,12 @@ mod tests {
         let genuine = slot(j, node_ledger::procinfo::start_time(j).unwrap());
         let mut h = HostPids::default();
         assert_eq!((h.of(&genuine), h.holder(&genuine)), (Some(j), Some(j)));
+        assert_eq!(h.of_checked(&genuine), (Some(j), true));
         let _ = job.kill();
         let _ = job.wait();
         let dead = slot(j, 1);
         assert_eq!((h.of(&dead), h.holder(&dead)), (Some(j), None), "a pid nobody has");
+        assert_eq!(h.of_checked(&dead), (Some(j), false), "a pid nobody has: not found holding the lock");
     }
 
     /// Slots naming processes of other pid namespaces, each a fresh one (so no back-off

@@ -18,6 +18,11 @@ pub struct LedgerAdapter {
     pub ledger: Ledger,
     /// Pids here of processes registered from other pid namespaces (containers).
     host_pids: node_daemon::procns::HostPids,
+    /// The slots (ledger, slot, identity) whose owner the last [`LedgerPort::offline`] found
+    /// holding the slot's lock: only those may take the eviction table's last
+    /// [`EVICT_RESERVED_FOR_FOUND`] entries. Not every slot with a host pid: one naming a pid
+    /// no live process has gets that pid too, and proves nothing.
+    found: std::collections::HashSet<(Option<PodUid>, usize, ProcId)>,
     /// Set once the mapped header stops validating: the mapping is no longer read or written
     /// (a truncated file would fault), offline processes fail closed on their own check.
     damage: Option<String>,
@@ -128,12 +133,13 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 pub const JOBS_EVERY_MS: u64 = 100;
 
 /// Entries of the monitor's eviction table (`node_ledger::status::EVICT_ENTRIES`, one table for
-/// the GPU's ledger and every pod ledger) that a request for a process no pid here was found
-/// for may not take: only processes found holding their slot's lock get them. Such a slot is
-/// one no visible process owns (the monitor sees every process and may read their locks), which
-/// any ledger client can write by the hundred: without the reserve, one pod's forged slots
-/// filled the table at an Overlimit, and the real processes of every other ledger got no
-/// request and no eviction-log record.
+/// the GPU's ledger and every pod ledger) that a request for a slot whose owner was not found
+/// holding its lock may not take: only processes found holding their slot's lock get them.
+/// Such a slot is one no visible process owns (the monitor sees every process and may read
+/// their locks), which any ledger client can write by the hundred: without the reserve, one
+/// pod's forged slots filled the table at an Overlimit, and the real processes of every other
+/// ledger got no request and no eviction-log record. A slot naming a pid no live process has
+/// is one of them, though it gets that pid as its host pid (`HostPids::of`).
 pub const EVICT_RESERVED_FOR_FOUND: usize = node_ledger::status::EVICT_ENTRIES / 4;
 
 /// How often the pods directory is read (pod ledgers come and go with pods), and the longest
@@ -286,6 +292,7 @@ impl LedgerAdapter {
             ),
             gpu: ledger.gpu_index(),
             host_pids: node_daemon::procns::HostPids::default(),
+            found: Default::default(),
             damage: None,
             previous: Vec::new(),
             reclaim_error_logged: false,
@@ -513,16 +520,22 @@ impl LedgerPort for LedgerAdapter {
         let host_pids = &mut self.host_pids;
         let keys: std::collections::HashSet<_> = procs.iter().map(|(_, p)| node_daemon::procns::HostPids::key_of(p)).collect();
         host_pids.retain(|k| keys.contains(k));
+        let found = &mut self.found;
+        found.clear();
         Ok(procs
             .into_iter()
             .map(|(pod, p)| {
                 let manager_only = asked.get(&ProcId::of(&p)).copied();
+                let (host_pid, holder) = host_pids.of_checked(&p);
+                if holder {
+                    found.insert((pod, p.slot, ProcId::of(&p)));
+                }
                 OfflineProc {
                     slot: p.slot,
                     pod_ledger: pod,
                     pid: p.pid,
                     pid_ns: p.pid_ns,
-                    host_pid: host_pids.of(&p),
+                    host_pid,
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
                     group_id: p.group_id,
@@ -572,13 +585,16 @@ impl LedgerPort for LedgerAdapter {
         let Some(w) = self.status.get(now_ms) else {
             return Err("no status file to write the request into (its error is logged): the process is only signalled".into());
         };
-        if p.host_pid.is_none() {
+        // Every slot whose owner was not found holding its lock, with a host pid or not: a
+        // slot naming a pid no live process has gets that pid (`HostPids::of`), and any
+        // ledger client can write hundreds of them.
+        if !self.found.contains(&(p.pod_ledger, p.slot, id)) {
             let mine: Vec<ProcId> = w.evict_requests().into_iter().filter(|r| r.by == Requester::Monitor).map(|r| r.id).collect();
             let free = node_ledger::status::EVICT_ENTRIES.saturating_sub(mine.len());
             if !mine.contains(&id) && free <= EVICT_RESERVED_FOR_FOUND {
                 return Err(format!(
-                    "no request written for pid {} (pid namespace {}, slot {}, pod ledger {:?}): no process here holds its \
-                     slot's lock, and the {free} free entries of the eviction table are kept for processes found",
+                    "no request written for pid {} (pid namespace {}, slot {}, pod ledger {:?}): no process here was found \
+                     holding its slot's lock, and the {free} free entries of the eviction table are kept for processes found",
                     p.pid, p.pid_ns, p.slot, p.pod_ledger
                 ));
             }
@@ -759,14 +775,22 @@ mod tests {
             pl.register(c.id(), g).unwrap();
             named.0.push(c);
         }
-        // The real process: this one, in the GPU's own ledger, holding its slot's lock.
+        forged_slots_leave_the_reserve(&d, &mut a, pod, |p| p.host_pid.is_none());
+    }
+
+    /// Registers this process in the GPU's own ledger (the real process, holding its slot's
+    /// lock), reads the registry, checks that `pod`'s ledger has a full registry of forged
+    /// slots each as `forged` says, asks all of them to leave at an Overlimit, and checks that
+    /// they took the eviction table but [`EVICT_RESERVED_FOR_FOUND`] entries and that the real
+    /// process still got its request and its eviction-log record.
+    fn forged_slots_leave_the_reserve(d: &tempfile::TempDir, a: &mut LedgerAdapter, pod: PodUid, forged: impl Fn(&OfflineProc) -> bool) {
         let mine = a.ledger.group(8, 1 << 30).unwrap();
         let _h = a.ledger.register(std::process::id(), mine).unwrap();
         let procs = a.offline(0).unwrap();
-        let (forged, real): (Vec<&OfflineProc>, Vec<&OfflineProc>) = procs.iter().partition(|p| p.pod_ledger == Some(pod));
-        assert_eq!((forged.len(), real.len()), (node_ledger::layout::MAX_PROCS, 1));
-        assert!(forged.iter().all(|p| p.host_pid.is_none()), "nobody holds their locks");
-        let written = forged.iter().filter(|p| a.mark_evicting(p, EvictReason::Overlimit, 0).is_ok()).count();
+        let (in_pod, real): (Vec<&OfflineProc>, Vec<&OfflineProc>) = procs.iter().partition(|p| p.pod_ledger == Some(pod));
+        assert_eq!((in_pod.len(), real.len()), (node_ledger::layout::MAX_PROCS, 1));
+        assert!(in_pod.iter().all(|p| forged(p)), "{in_pod:?}");
+        let written = in_pod.iter().filter(|p| a.mark_evicting(p, EvictReason::Overlimit, 0).is_ok()).count();
         assert_eq!(written, node_ledger::status::EVICT_ENTRIES - EVICT_RESERVED_FOR_FOUND);
         a.mark_evicting(real[0], EvictReason::Overlimit, 0).unwrap();
         let reader = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
@@ -774,6 +798,29 @@ mod tests {
         assert_eq!(reader.evict_request(me), libc::SIGTERM as u32, "the real process is asked");
         let log = std::fs::read_to_string(d.path().join("evict-log/gpu0.jsonl")).unwrap();
         assert!(log.contains(&format!("\"pid\":{}", std::process::id())), "{log}");
+    }
+
+    /// Slots naming pids no live process has, in this pid namespace (a tenant holds their
+    /// locks and writes the host's pid namespace and pids past `pid_max` into them), get
+    /// those pids as host pids, but their owners were not found holding their locks: they
+    /// too take at most the eviction table's entries but [`EVICT_RESERVED_FOR_FOUND`], and a
+    /// real process of another ledger still gets its request. Before, a host pid was taken
+    /// for a found owner and the 256 slots filled the table.
+    #[test]
+    fn slots_naming_dead_pids_cannot_fill_the_eviction_table() {
+        let (d, _path, mut a) = fresh_adapter();
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555555").unwrap();
+        let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
+        let g = pl.group(7, 1 << 30).unwrap();
+        // This process holds every slot's lock, as the tenant's helper would.
+        let held: Vec<_> = (0..node_ledger::layout::MAX_PROCS).map(|_| pl.register(std::process::id(), g).unwrap()).collect();
+        for (i, p) in pl.layout().procs.iter().enumerate() {
+            let o = p.owner.load(Acquire);
+            p.owner.store(node_ledger::layout::owner_word(node_ledger::layout::owner_gen(o), 4_000_000_000 + i as u32), std::sync::atomic::Ordering::Release);
+        }
+        // A pid nobody has is its own host pid.
+        forged_slots_leave_the_reserve(&d, &mut a, pod, |p| p.host_pid == Some(p.pid));
+        drop(held);
     }
 
     /// A pod's ledger (`node_ledger::pods`) is read beside the GPU's own: its processes are
