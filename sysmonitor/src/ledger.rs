@@ -367,6 +367,7 @@ impl LedgerAdapter {
             self.watch = watch(&fresh);
             let deleted = std::mem::replace(&mut self.ledger, fresh);
             self.previous.push(deleted);
+            self.trust_previous();
             return;
         }
         tracing::error!(
@@ -395,6 +396,14 @@ impl LedgerAdapter {
             }
             _ => None,
         }
+    }
+
+    /// Tells the ledger in use which deleted ledgers it was restored from (those kept open in
+    /// [`Self::previous`]): only a slot naming one of them has its owner's lock elsewhere than
+    /// in the ledger itself (`Ledger::set_restored_from`).
+    fn trust_previous(&mut self) {
+        let inos = self.previous.iter().filter_map(|l| l.inode().ok()).collect();
+        self.ledger.set_restored_from(inos);
     }
 
     /// Reclaim scans run so far (a pass over the registry each).
@@ -432,12 +441,16 @@ impl LedgerAdapter {
             errors.push(e.to_string());
         }
         let current = &self.ledger;
+        let kept = self.previous.len();
         self.previous.retain(|deleted| {
             if let Err(e) = current.reclaim_through(deleted) {
                 errors.push(e.to_string());
             }
             deleted.inode().is_ok_and(|ino| current.depends_on(ino))
         });
+        if self.previous.len() != kept {
+            self.trust_previous();
+        }
         // Liveness that no close of this file reports: keep polling while there is some.
         self.reclaim_polls = !self.previous.is_empty()
             || self.ledger.layout().procs.iter().any(|p| {
@@ -1125,6 +1138,54 @@ mod tests {
         a.reclaim(0);
         assert_eq!(a.ledger.group_used(g), 0);
         assert!(a.previous.is_empty(), "nothing depends on the deleted file any more");
+    }
+
+    /// Rewrites occupied slot `slot` of `l` to name this process (its pid, start time and pid
+    /// namespace) with liveness word `liveness`, as any ledger client can.
+    fn forge_slot_naming_me(l: &Ledger, slot: usize, liveness: u64) {
+        use std::sync::atomic::Ordering::Release;
+        let p = &l.layout().procs[slot];
+        let gen = node_ledger::layout::owner_gen(p.owner.load(Acquire));
+        p.start_time.store(node_ledger::procinfo::own_start_time().unwrap(), Release);
+        p.pid_ns.store(node_ledger::procinfo::own_pid_ns(), Release);
+        p.liveness.store(liveness, Release);
+        p.owner.store(node_ledger::layout::owner_word(gen, std::process::id()), Release);
+    }
+
+    /// A slot's liveness word names a deleted ledger only for the monitor that restored its
+    /// copy from that ledger, and only at the slot's own range: this process, holding slot 0's
+    /// lock in the deleted GPU ledger, is the restored slot 0's owner, but not that of a pod
+    /// ledger's slot 0 whose word names the deleted file (a tenant's forgery: the pod ledger
+    /// was never restored), nor of the copy's slot 1 naming it. Before, any word but lock or
+    /// proxy named a deleted file, and the lock was looked for in its whole registry: both
+    /// forgeries resolved to this process, and a forged group got it evicted.
+    #[test]
+    fn a_slot_names_a_deleted_ledger_only_as_its_restore_left_it() {
+        let (d, path, mut a) = fresh_adapter();
+        let g = a.ledger.group(7, 1 << 30).unwrap();
+        let holder = Ledger::open_existing(&path).unwrap();
+        let h = holder.register(std::process::id(), g).unwrap();
+        assert_eq!(h.slot, 0);
+        let deleted = a.ledger.inode().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(a.check(0).is_none(), "deleted ledger restored");
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555555").unwrap();
+        let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
+        let mut stand_in = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let forged = pl.register(stand_in.id(), pl.group(8, 1 << 30).unwrap()).unwrap();
+        assert_eq!(forged.slot, 0);
+        forge_slot_naming_me(&pl, 0, deleted);
+        let copied = a.ledger.register(stand_in.id(), g).unwrap();
+        assert_eq!(copied.slot, 1);
+        forge_slot_naming_me(&a.ledger, 1, deleted);
+        let procs = a.offline(0).unwrap();
+        let _ = stand_in.kill();
+        let _ = stand_in.wait();
+        let host = |pod_ledger: Option<PodUid>, slot: usize| procs.iter().find(|p| (p.pod_ledger, p.slot) == (pod_ledger, slot)).unwrap().host_pid;
+        assert_eq!(host(None, 0), Some(std::process::id()), "the restored slot: its lock is in the deleted file");
+        assert_eq!(host(Some(pod), 0), None, "a pod ledger's word naming the deleted file");
+        assert_eq!(host(None, 1), None, "another slot of the copy: its owner's lock would be at its own range");
+        drop(holder);
     }
 
     /// A deleted or truncated ledger is still found at the next check, though quiet checks
