@@ -26,6 +26,13 @@ pub struct LedgerAdapter {
     /// Set once the mapped header stops validating: the mapping is no longer read or written
     /// (a truncated file would fault), offline processes fail closed on their own check.
     damage: Option<String>,
+    /// The GPU ledger's registrations as last read while it was usable. Once it is damaged
+    /// (any local user may write a word of it), these stay the GPU ledger's offline processes
+    /// while their owners are found alive holding their slots' locks (in the damaged file,
+    /// where the kernel keeps them): their load is still offline load and they are still
+    /// evicted (signalled) at an Overlimit, Disabled or host-memory eviction, until they exit.
+    /// Before, a damaged ledger listed nobody: eviction was off for all of them.
+    gpu_procs: Vec<ProcSnapshot>,
     /// Deleted ledgers this monitor restored a copy of, kept open: their processes' slot locks
     /// are there (dropped once no slot of the copy depends on them).
     previous: Vec<Ledger>,
@@ -167,9 +174,12 @@ impl LedgerAdapter {
     }
 
     /// Every registered process of the GPU with the pod ledger it is in (`None`: the GPU's own
-    /// ledger, read only while usable).
-    fn all_procs(&self) -> Vec<(Option<PodUid>, ProcSnapshot)> {
-        let mut v: Vec<_> = if self.usable() { self.ledger.procs().into_iter().map(|p| (None, p)).collect() } else { Vec::new() };
+    /// ledger, read only while usable; once damaged, as last read: [`Self::gpu_procs`]).
+    fn all_procs(&mut self) -> Vec<(Option<PodUid>, ProcSnapshot)> {
+        if self.usable() {
+            self.gpu_procs = self.ledger.procs();
+        }
+        let mut v: Vec<_> = self.gpu_procs.iter().map(|p| (None, p.clone())).collect();
         for pl in self.pods.iter() {
             v.extend(pl.ledger.procs().into_iter().map(|p| (Some(pl.pod), p)));
         }
@@ -294,6 +304,7 @@ impl LedgerAdapter {
             host_pids: node_daemon::procns::HostPids::default(),
             found: Default::default(),
             damage: None,
+            gpu_procs: Vec::new(),
             previous: Vec::new(),
             reclaim_error_logged: false,
             next_reclaim_ms: 0,
@@ -373,8 +384,10 @@ impl LedgerAdapter {
         tracing::error!(
             ledger = %self.ledger.path().display(),
             error = %e,
-            "ledger damaged while running: offline processes refuse new allocations; \
-             restart sysmonitor to move it aside and create a fresh one"
+            registered = self.gpu_procs.len(),
+            "ledger damaged while running: offline processes refuse new allocations; its registered processes as \
+             last read stay offline work, evicted as before, while they hold their slots' locks; restart sysmonitor \
+             to move it aside and create a fresh one"
         );
         self.damage = Some(e.to_string());
     }
@@ -517,6 +530,16 @@ impl LedgerPort for LedgerAdapter {
 
     fn offline(&mut self, now: u64) -> Result<Vec<OfflineProc>, String> {
         self.scan_pods(now);
+        if !self.usable() {
+            // The damaged GPU ledger's registrations as last read: those whose owner is still
+            // found alive holding its slot's lock (a dead one's lock is gone, so is a slot
+            // nobody held: nothing to evict).
+            let host_pids = &mut self.host_pids;
+            self.gpu_procs.retain(|p| match host_pids.of_checked(p) {
+                (Some(h), true) => node_ledger::procinfo::is_alive(h, p.start_time),
+                _ => false,
+            });
+        }
         let procs: Vec<_> = self
             .all_procs()
             .into_iter()
@@ -1186,6 +1209,43 @@ mod tests {
         assert_eq!(host(Some(pod), 0), None, "a pod ledger's word naming the deleted file");
         assert_eq!(host(None, 1), None, "another slot of the copy: its owner's lock would be at its own range");
         drop(holder);
+    }
+
+    /// A GPU ledger damaged under the monitor (a wrong magic, a truncation: any local user may
+    /// write the shared file) keeps its registered processes as last read: each is still listed
+    /// with its host pid, so evicted at an Overlimit, while it lives holding its slot's lock; a
+    /// dead one leaves the list. Before, a damaged ledger listed nobody: eviction reached none
+    /// of its processes until the monitor restarted, and their load counted as online.
+    #[test]
+    fn a_damaged_gpu_ledgers_processes_stay_offline_work_while_they_live() {
+        for truncate in [false, true] {
+            let (_d, path, mut a) = fresh_adapter();
+            let mut child = workloads::host::spawn_holding(&path);
+            let l = Ledger::open_existing(&path).unwrap();
+            let g = l.group(7, 1 << 30).unwrap();
+            let h = l.register(child.id(), g).unwrap();
+            assert!(workloads::host::hold_slot_lock(child.id(), h.slot));
+            let _mine = l.register(std::process::id(), g).unwrap();
+            let me = std::process::id();
+            let hosts = |a: &mut LedgerAdapter| {
+                let mut v: Vec<_> = a.offline(0).unwrap().into_iter().map(|p| p.host_pid).collect();
+                v.sort();
+                v
+            };
+            let mut both = vec![Some(child.id()), Some(me)];
+            both.sort();
+            assert_eq!(hosts(&mut a), both);
+            if truncate {
+                std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+            } else {
+                a.ledger.layout().header.magic.store(0, std::sync::atomic::Ordering::Release);
+            }
+            assert!(a.check(FULL_CHECK_EVERY_MS).is_some(), "damage found");
+            assert_eq!(hosts(&mut a), both, "still offline work (truncated: {truncate})");
+            let _ = child.kill();
+            let _ = child.wait();
+            assert_eq!(hosts(&mut a), vec![Some(me)], "a dead one leaves the list (truncated: {truncate})");
+        }
     }
 
     /// A deleted or truncated ledger is still found at the next check, though quiet checks
