@@ -442,6 +442,10 @@ impl HostPids {
             // list a dead client by it). Not kept: the pid may be reused.
             return Some(Owner::Gone(pid));
         }
+        if !self.budget_left(&file, now) {
+            // Put off (no back-off, no walk of `/proc`) to the file's next window.
+            return None;
+        }
         let host = if pid_ns == self.own_ns {
             (node_ledger::procinfo::start_time(pid) == Some(start_time)).then_some(pid)
         } else {
@@ -484,26 +488,13 @@ impl HostPids {
     /// is spent.
     fn holds_lock(&mut self, pid: u32, file: &LedgerFile, lock: (u64, u64)) -> Option<bool> {
         if !self.locks.contains_key(&(pid, *file)) {
-            let now = Instant::now();
-            let (start, spent) = self.budget.entry(*file).or_insert((now, 0));
-            if now >= *start + BUDGET_WINDOW {
-                (*start, *spent) = (now, 0);
-            }
-            if *spent >= self.fd_budget {
-                if self.deferred_said.is_none_or(|at| now >= at + SAY_EVERY) {
-                    self.deferred_said = Some(now);
-                    tracing::warn!(
-                        ledger_ino = file.ino,
-                        host_pid = pid,
-                        fds_per_window = self.fd_budget,
-                        "the lock checks of a ledger's slots examined as many fds as they may this second: its \
-                         slots not yet found are looked at later (slots naming ever other processes with many fds)"
-                    );
-                }
+            if !self.budget_left(file, Instant::now()) {
                 return None;
             }
             let (held, scan) = held_locks(pid, file);
-            *spent += scan.examined;
+            if let Some((_, spent)) = self.budget.get_mut(file) {
+                *spent += scan.examined;
+            }
             self.locks.insert((pid, *file), (held, scan.cut));
         }
         let (held, cut) = &self.locks[&(pid, *file)];
@@ -512,6 +503,29 @@ impl HostPids {
             say_too_many_fds(pid, file);
         }
         Some(holds)
+    }
+
+    /// Whether the lookups of `file`'s slots may still examine fds in its current window
+    /// ([`FDS_PER_LEDGER_WINDOW`]), starting a new window at `now` if the last one ended; said
+    /// (at most once per [`SAY_EVERY`]) when they may not.
+    fn budget_left(&mut self, file: &LedgerFile, now: Instant) -> bool {
+        let (start, spent) = self.budget.entry(*file).or_insert((now, 0));
+        if now >= *start + BUDGET_WINDOW {
+            (*start, *spent) = (now, 0);
+        }
+        if *spent < self.fd_budget {
+            return true;
+        }
+        if self.deferred_said.is_none_or(|at| now >= at + SAY_EVERY) {
+            self.deferred_said = Some(now);
+            tracing::warn!(
+                ledger_ino = file.ino,
+                fds_per_window = self.fd_budget,
+                "the lock checks of a ledger's slots examined as many fds as they may this second: its \
+                 slots not yet found are looked at later (slots naming ever other processes with many fds)"
+            );
+        }
+        false
     }
 
     /// Says that a slot names a process (`host` here) holding no lock on it; at most once per
