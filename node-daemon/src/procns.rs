@@ -291,7 +291,8 @@ impl ProcWalk {
 const BUDGET_WINDOW: Duration = Duration::from_secs(1);
 
 /// Fds that the lock checks of one ledger file's slots ([`HostPids`]) may examine per
-/// [`BUDGET_WINDOW`], whatever processes the slots name: a process is looked at once a round
+/// [`BUDGET_WINDOW`] (a look at a process's fds begun within it finishes: at most
+/// [`MAX_FDS_EXAMINED`] more), whatever processes the slots name: a process is looked at once a round
 /// whatever number of slots name it, but slots naming ever other processes, each with
 /// [`MAX_FDS_EXAMINED`] fds, cost that much each. A lookup past it is put off (no back-off)
 /// to the next window: only the slots of that ledger wait (a pod's own ledger: that tenant's),
@@ -330,8 +331,8 @@ enum Owner {
 /// walk per round (`ProcWalk`; [`HostPids::retain`] starts a round), and a process's locks
 /// on a ledger file are read once per round too. However many slots a tenant writes, a
 /// round costs the daemon one walk and one read of each named process's fds, each of at most
-/// [`MAX_FDS_EXAMINED`] fds, and the lookups of one ledger file's slots examine at most
-/// [`FDS_PER_LEDGER_WINDOW`] fds a second (past it, put off to the next second).
+/// [`MAX_FDS_EXAMINED`] fds, and the lookups of one ledger file's slots start no new look once
+/// they examined [`FDS_PER_LEDGER_WINDOW`] fds in the current second (put off to the next).
 #[derive(Debug)]
 pub struct HostPids {
     own_ns: u64,

@@ -45,7 +45,10 @@
 //! restored in place of a deleted ledger marks its occupied slots with the deleted file's
 //! inode, where their owners' locks still are (see [`Ledger::reclaim_through`]); a monitor
 //! restarted before those owners died can no longer test them, and their usage stays counted
-//! (conservative) until the operator recreates the ledger.
+//! (conservative) until the operator recreates the ledger. Only the monitor that restored the
+//! copy takes such a word for a deleted file ([`Ledger::set_restored_from`]): to any other
+//! reader, a restarted monitor included, the slot's owner must hold its lock in the copy,
+//! which nobody does (any ledger client can write the word: it proves nothing).
 //!
 //! The start-claims block has a lock of its own on its own byte range, after every slot's
 //! (`crate::claims`); a registering process takes it briefly to withdraw its start claim.
