@@ -291,7 +291,7 @@ impl ProcWalk {
 const BUDGET_WINDOW: Duration = Duration::from_secs(1);
 
 /// Fds that the lock checks of one ledger file's slots ([`HostPids`]) may examine per
-/// [`BUDGET_WINDOW`] (a look at a process's fds begun within it finishes: at most
+/// second (a look at a process's fds begun within it finishes: at most
 /// [`MAX_FDS_EXAMINED`] more), whatever processes the slots name: a process is looked at once a round
 /// whatever number of slots name it, but slots naming ever other processes, each with
 /// [`MAX_FDS_EXAMINED`] fds, cost that much each. A lookup past it is put off (no back-off)
