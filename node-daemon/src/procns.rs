@@ -709,10 +709,11 @@ mod tests {
         cmd
     }
 
-    /// The fd limit this test process may raise its children's to, if it fits `n` fds.
+    /// Whether the hard fd limit lets this test's children hold `n` fds (said when not).
     fn fds_fit(n: usize) -> bool {
-        // SAFETY: getrlimit(2) writing into a zeroed plain-data struct.
+        // SAFETY: an all-zero rlimit is a valid plain-data value.
         let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: getrlimit(2) writing into that struct, which we own.
         let fit = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_max as usize >= n + 64;
         if !fit {
             eprintln!("the hard fd limit is below {n}: skipped");
