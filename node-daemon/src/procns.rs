@@ -63,42 +63,132 @@ pub fn find_host_pid(pid_ns: u64, pid: u32, start_time: u64) -> Option<u32> {
     })
 }
 
-/// Whether process `pid` (in this process's pid namespace) holds `file` open: one of its fds
-/// names it (`stat` through `/proc/<pid>/fd/<n>`, so bind mounts do not matter; with
-/// `AT_STATX_DONT_SYNC`, so a hung network or FUSE file system among its fds cannot stall the
-/// caller), and for a deleted file that fd's link says so. `false` when its fds cannot be read
-/// (gone, or another user's process without `CAP_SYS_PTRACE`).
+/// The most fds of one process examined for a ledger file ([`holds_open`], [`holds_lock`]), in
+/// the ascending order `/proc/<pid>/fd` lists them. Each costs a `statx` (and an fdinfo read
+/// for one that names the file), and a process may hold a million fds (`dup` of one): read
+/// whole, one process stalled the root daemon that looked at it for seconds. A shim's ledger
+/// descriptions are opened at its first reservation, at the lowest free fd, so a process busy
+/// with thousands of fds is still proven; past the cap, one whose ledger fd was not among the
+/// first is not (said once, with its pid), and is then no ledger client: its GPU work is
+/// judged as work without the shim.
+pub const MAX_FDS_EXAMINED: usize = 4096;
+
+/// The most bytes of one fd's `/proc/<pid>/fdinfo` read: a description holding thousands of
+/// locks lists each; a slot's owner holds one or two on the file.
+const MAX_FDINFO_BYTES: u64 = 64 * 1024;
+
+/// The most distinct locks on one ledger file kept for one process ([`HostPids`]'s cache of a
+/// round): a genuine owner holds one per slot it registered in, the claims lock at times.
+const MAX_LOCKS_KEPT: usize = 1024;
+
+/// What a look at `pid`'s fds found of `file`: through how many of them, and whether the look
+/// stopped at [`MAX_FDS_EXAMINED`] with fds left unexamined.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct FdScan {
+    examined: usize,
+    cut: bool,
+}
+
+/// Calls `on` with the fd number of each of `pid`'s first [`MAX_FDS_EXAMINED`] fds that names
+/// `file` ([`names_file`]) until it returns `true`. `None` when its fds cannot be read (gone,
+/// or another user's process without `CAP_SYS_PTRACE`).
+fn scan_fds(pid: u32, file: &LedgerFile, mut on: impl FnMut(&std::ffi::OsStr) -> bool) -> Option<FdScan> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut scan = FdScan::default();
+    for e in dir.flatten() {
+        if scan.examined == MAX_FDS_EXAMINED {
+            scan.cut = true;
+            break;
+        }
+        scan.examined += 1;
+        if names_file(&e.path(), file) && on(&e.file_name()) {
+            break;
+        }
+    }
+    Some(scan)
+}
+
+/// Says, once per process (by pid, the last few hundred remembered), that `pid` was not
+/// proven to hold `file` because it has more fds than [`MAX_FDS_EXAMINED`].
+fn say_too_many_fds(pid: u32, file: &LedgerFile) {
+    static SAID: std::sync::Mutex<std::collections::VecDeque<u32>> = std::sync::Mutex::new(std::collections::VecDeque::new());
+    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if said.contains(&pid) {
+        return;
+    }
+    if said.len() == 256 {
+        said.pop_front();
+    }
+    said.push_back(pid);
+    drop(said);
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    tracing::error!(
+        pid,
+        comm = comm.trim(),
+        ledger_ino = file.ino,
+        max_fds = MAX_FDS_EXAMINED,
+        "a process has more fds than the daemons examine and none of its first ones holds the ledger: it is not \
+         taken for a ledger client (not proven to own a slot, nor to hold the ledger open)"
+    );
+}
+
+/// Whether process `pid` (in this process's pid namespace) holds `file` open: one of its first
+/// [`MAX_FDS_EXAMINED`] fds names it (`stat` through `/proc/<pid>/fd/<n>`, so bind mounts do
+/// not matter; with `AT_STATX_DONT_SYNC`, so a hung network or FUSE file system among its fds
+/// cannot stall the caller), and for a deleted file that fd's link says so. `false` when its
+/// fds cannot be read (gone, or another user's process without `CAP_SYS_PTRACE`), and when
+/// none of the fds examined names it (said once if fds were left unexamined).
 pub fn holds_open(pid: u32, file: &LedgerFile) -> bool {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    dir.flatten().any(|e| names_file(&e.path(), file))
+    let mut open = false;
+    let scan = scan_fds(pid, file, |_| {
+        open = true;
+        true
+    });
+    if !open && scan.is_some_and(|s| s.cut) {
+        say_too_many_fds(pid, file);
+    }
+    open
 }
 
 /// Whether process `pid` holds an `F_OFD_SETLK` write lock on `file` within the byte range
 /// `lock` = `(start, len)` (its ledger slot's: [`node_ledger::ProcSnapshot::owner_lock`]), on
-/// one of its fds that names `file` as [`holds_open`] judges it. Read from
-/// `/proc/<pid>/fdinfo/<n>`, whose `lock:` lines list the locks held through that open file
-/// description. What only a slot's owner has: every ledger client can write a slot naming any
-/// process, and the daemons hold every ledger open themselves, but nobody can make another
-/// process hold a lock.
+/// one of its fds that names `file` as [`holds_open`] judges it (among its first
+/// [`MAX_FDS_EXAMINED`]). Read from `/proc/<pid>/fdinfo/<n>`, whose `lock:` lines list the
+/// locks held through that open file description. What only a slot's owner has: every ledger
+/// client can write a slot naming any process, and the daemons hold every ledger open
+/// themselves, but nobody can make another process hold a lock.
 pub fn holds_lock(pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
-    held_locks(pid, file).iter().any(|&held| within(held, lock))
+    let (held, scan) = held_locks(pid, file);
+    let holds = held.iter().any(|&h| within(h, lock));
+    if !holds && scan.cut {
+        say_too_many_fds(pid, file);
+    }
+    holds
 }
 
 /// The OFD write locks, `(first, last)` byte, that process `pid` holds on `file` through its
-/// fds that name it ([`holds_lock`]); none when its fds cannot be read.
-fn held_locks(pid: u32, file: &LedgerFile) -> Vec<(u64, u64)> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
-    };
-    let mut held = Vec::new();
-    for e in dir.flatten().filter(|e| names_file(&e.path(), file)) {
-        if let Ok(t) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy())) {
-            held.extend(t.lines().filter_map(|l| ofd_lock(l, file)));
+/// fds that name it ([`holds_lock`]; at most [`MAX_LOCKS_KEPT`] distinct ones), with what the
+/// look at its fds did; none when its fds cannot be read.
+fn held_locks(pid: u32, file: &LedgerFile) -> (Vec<(u64, u64)>, FdScan) {
+    use std::io::Read;
+    let mut held = HashSet::new();
+    let scan = scan_fds(pid, file, |fd| {
+        let mut t = String::new();
+        let read = std::fs::File::open(format!("/proc/{pid}/fdinfo/{}", fd.to_string_lossy()))
+            .and_then(|f| f.take(MAX_FDINFO_BYTES).read_to_string(&mut t));
+        if read.is_ok() {
+            // A cut read ends in part of a line, whose numbers would be others: left out.
+            let whole = if t.len() as u64 == MAX_FDINFO_BYTES { &t[..t.rfind('\n').map_or(0, |i| i + 1)] } else { &t[..] };
+            for l in whole.lines().filter_map(|l| ofd_lock(l, file)) {
+                if held.len() == MAX_LOCKS_KEPT {
+                    return true;
+                }
+                held.insert(l);
+            }
         }
-    }
-    held
+        false
+    });
+    (held.into_iter().collect(), scan.unwrap_or_default())
 }
 
 /// Whether a lock on bytes `first..=last` lies within `lock` = `(start, len)`.
@@ -197,6 +287,25 @@ impl ProcWalk {
     }
 }
 
+/// The window of [`FDS_PER_LEDGER_WINDOW`].
+const BUDGET_WINDOW: Duration = Duration::from_secs(1);
+
+/// Fds that the lock checks of one ledger file's slots ([`HostPids`]) may examine per
+/// second (a look at a process's fds begun within it finishes: at most
+/// [`MAX_FDS_EXAMINED`] more), whatever processes the slots name: a process is looked at once a round
+/// whatever number of slots name it, but slots naming ever other processes, each with
+/// [`MAX_FDS_EXAMINED`] fds, cost that much each. A lookup past it is put off (no back-off)
+/// to the next window: only the slots of that ledger wait (a pod's own ledger: that tenant's),
+/// and processes already found are not looked at again.
+pub const FDS_PER_LEDGER_WINDOW: usize = 4 * MAX_FDS_EXAMINED;
+
+/// How often a refused registration or a put-off lookup is said at most (with how many were
+/// not said since): any ledger client can write ever new slots.
+const SAY_EVERY: Duration = Duration::from_secs(10);
+
+/// A process's OFD write locks on a ledger file, and whether fds of it were left unexamined.
+type HeldLocks = (Vec<(u64, u64)>, bool);
+
 /// How a registration's process was resolved ([`HostPids::get`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {
@@ -221,7 +330,9 @@ enum Owner {
 /// processes of other pid namespaces would each cost a `/proc` walk, so lookups share one
 /// walk per round (`ProcWalk`; [`HostPids::retain`] starts a round), and a process's locks
 /// on a ledger file are read once per round too. However many slots a tenant writes, a
-/// round costs the daemon one walk and one read of each named process's fds.
+/// round costs the daemon one walk and one read of each named process's fds, each of at most
+/// [`MAX_FDS_EXAMINED`] fds, and the lookups of one ledger file's slots start no new look once
+/// they examined [`FDS_PER_LEDGER_WINDOW`] fds in the current second (put off to the next).
 #[derive(Debug)]
 pub struct HostPids {
     own_ns: u64,
@@ -231,8 +342,20 @@ pub struct HostPids {
     refused: HashSet<SlotKey>,
     /// This round's walk of `/proc`, once a lookup needed one.
     walk: Option<ProcWalk>,
-    /// This round's OFD write locks (first, last byte) of a process on a ledger file.
-    locks: HashMap<(u32, LedgerFile), Vec<(u64, u64)>>,
+    /// This round's OFD write locks (first, last byte) of a process on a ledger file, and
+    /// whether fds of it were left unexamined ([`MAX_FDS_EXAMINED`]).
+    locks: HashMap<(u32, LedgerFile), HeldLocks>,
+    /// Per ledger file: when its current [`BUDGET_WINDOW`] began, and the fds examined in it
+    /// for lookups of its slots.
+    budget: HashMap<LedgerFile, (Instant, usize)>,
+    /// Fds that lookups of one ledger file's slots may examine per [`BUDGET_WINDOW`]
+    /// ([`FDS_PER_LEDGER_WINDOW`]; smaller in tests).
+    fd_budget: usize,
+    /// When a lookup was last put off for a spent budget, said (rate-limited).
+    deferred_said: Option<Instant>,
+    /// When a refused registration was last said, and those not said since.
+    refused_said: Option<Instant>,
+    refused_unsaid: u64,
     /// Walks of `/proc` made so far (tests).
     walks: u64,
 }
@@ -246,6 +369,11 @@ impl Default for HostPids {
             refused: HashSet::new(),
             walk: None,
             locks: HashMap::new(),
+            budget: HashMap::new(),
+            fd_budget: FDS_PER_LEDGER_WINDOW,
+            deferred_said: None,
+            refused_said: None,
+            refused_unsaid: 0,
             walks: 0,
         }
     }
@@ -264,7 +392,19 @@ impl HostPids {
     /// pid (a registered process that died before it was found); one a live process with
     /// another start time has now is not (that process is someone else).
     pub fn of(&mut self, p: &node_ledger::ProcSnapshot) -> Option<u32> {
-        self.get((p.pid_ns, p.pid, p.start_time), &p.ledger_file, p.owner_lock)
+        self.of_checked(p).0
+    }
+
+    /// [`HostPids::of`] with whether its owner was found holding the slot's lock (`true`
+    /// only where [`HostPids::holder`] would answer the same pid): a slot naming a pid no
+    /// live process has gets that pid (`Some(pid), false`), and proves nothing about who
+    /// wrote it (any ledger client can write one).
+    pub fn of_checked(&mut self, p: &node_ledger::ProcSnapshot) -> (Option<u32>, bool) {
+        match self.resolve(Self::key_of(p)) {
+            Some(Owner::Holder(h)) => (Some(h), true),
+            Some(Owner::Gone(h)) => (Some(h), false),
+            None => (None, false),
+        }
     }
 
     /// [`HostPids::of`] for a slot whose owner was found holding its lock only: `None` for a
@@ -303,13 +443,22 @@ impl HostPids {
             // list a dead client by it). Not kept: the pid may be reused.
             return Some(Owner::Gone(pid));
         }
+        if !self.budget_left(&file, now) {
+            // Put off (no back-off, no walk of `/proc`) to the file's next window.
+            return None;
+        }
         let host = if pid_ns == self.own_ns {
             (node_ledger::procinfo::start_time(pid) == Some(start_time)).then_some(pid)
         } else {
             self.walk().find(pid_ns, pid, start_time)
         };
+        let holds = match host {
+            // `None`: this ledger's budget of fd looks is spent, looked at in a later window.
+            Some(h) => self.holds_lock(h, &file, lock)?,
+            None => false,
+        };
         match host {
-            Some(h) if self.holds_lock(h, &file, lock) => {
+            Some(h) if holds => {
                 self.missed.remove(&key);
                 self.found.insert(key, h);
                 Some(Owner::Holder(h))
@@ -317,18 +466,7 @@ impl HostPids {
             _ => {
                 if let Some(h) = host {
                     if self.refused.insert(key) {
-                        let comm = std::fs::read_to_string(format!("/proc/{h}/comm")).unwrap_or_default();
-                        tracing::warn!(
-                            pid,
-                            pid_ns,
-                            host_pid = h,
-                            comm = comm.trim(),
-                            ledger_ino = file.ino,
-                            lock_start = lock.0,
-                            "a ledger slot names a process that holds no lock on that slot: it is not \
-                             treated as offline work and is never signalled (a slot written by another \
-                             ledger client, or a process that closed its ledger files)"
-                        );
+                        self.say_refused(pid, pid_ns, h, &file, lock);
                     }
                 }
                 let wait = self.missed.get(&key).map_or(Duration::from_secs(1), |&(_, w)| (w * 2).min(Duration::from_secs(64)));
@@ -346,10 +484,73 @@ impl HostPids {
         self.walk.get_or_insert_with(ProcWalk::new)
     }
 
-    /// [`holds_lock`], from the locks `pid` holds on `file` as read once this round.
-    fn holds_lock(&mut self, pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
-        let held = self.locks.entry((pid, *file)).or_insert_with(|| held_locks(pid, file));
-        held.iter().any(|&h| within(h, lock))
+    /// [`holds_lock`], from the locks `pid` holds on `file` as read once this round; `None`
+    /// when they are not read yet and `file`'s budget of fd looks ([`FDS_PER_LEDGER_WINDOW`])
+    /// is spent.
+    fn holds_lock(&mut self, pid: u32, file: &LedgerFile, lock: (u64, u64)) -> Option<bool> {
+        if !self.locks.contains_key(&(pid, *file)) {
+            if !self.budget_left(file, Instant::now()) {
+                return None;
+            }
+            let (held, scan) = held_locks(pid, file);
+            if let Some((_, spent)) = self.budget.get_mut(file) {
+                *spent += scan.examined;
+            }
+            self.locks.insert((pid, *file), (held, scan.cut));
+        }
+        let (held, cut) = &self.locks[&(pid, *file)];
+        let holds = held.iter().any(|&h| within(h, lock));
+        if !holds && *cut {
+            say_too_many_fds(pid, file);
+        }
+        Some(holds)
+    }
+
+    /// Whether the lookups of `file`'s slots may still examine fds in its current window
+    /// ([`FDS_PER_LEDGER_WINDOW`]), starting a new window at `now` if the last one ended; said
+    /// (at most once per [`SAY_EVERY`]) when they may not.
+    fn budget_left(&mut self, file: &LedgerFile, now: Instant) -> bool {
+        let (start, spent) = self.budget.entry(*file).or_insert((now, 0));
+        if now >= *start + BUDGET_WINDOW {
+            (*start, *spent) = (now, 0);
+        }
+        if *spent < self.fd_budget {
+            return true;
+        }
+        if self.deferred_said.is_none_or(|at| now >= at + SAY_EVERY) {
+            self.deferred_said = Some(now);
+            tracing::warn!(
+                ledger_ino = file.ino,
+                fds_per_window = self.fd_budget,
+                "the lock checks of a ledger's slots examined as many fds as they may this second: its \
+                 slots not yet found are looked at later (slots naming ever other processes with many fds)"
+            );
+        }
+        false
+    }
+
+    /// Says that a slot names a process (`host` here) holding no lock on it; at most once per
+    /// [`SAY_EVERY`], with how many were not said since.
+    fn say_refused(&mut self, pid: u32, pid_ns: u64, host: u32, file: &LedgerFile, lock: (u64, u64)) {
+        let now = Instant::now();
+        if self.refused_said.is_some_and(|at| now < at + SAY_EVERY) {
+            self.refused_unsaid += 1;
+            return;
+        }
+        self.refused_said = Some(now);
+        let comm = std::fs::read_to_string(format!("/proc/{host}/comm")).unwrap_or_default();
+        tracing::warn!(
+            pid,
+            pid_ns,
+            host_pid = host,
+            comm = comm.trim(),
+            ledger_ino = file.ino,
+            lock_start = lock.0,
+            not_said_since = std::mem::take(&mut self.refused_unsaid),
+            "a ledger slot names a process that holds no lock on that slot: it is not \
+             treated as offline work and is never signalled (a slot written by another \
+             ledger client, or a process that closed its ledger files)"
+        );
     }
 
     /// Forgets every slot but those `keep` names (call with the registrations of the moment,
@@ -361,6 +562,7 @@ impl HostPids {
         self.refused.retain(|k| keep(k));
         self.walk = None;
         self.locks.clear();
+        self.budget.retain(|_, (start, _)| start.elapsed() < BUDGET_WINDOW);
     }
 }
 
@@ -474,6 +676,143 @@ mod tests {
         cmd
     }
 
+    /// `cmd` made to start holding `path` as fd `at` with a write lock on `range`, and
+    /// `/dev/null` as every fd of `nulls` (its fd limit raised to fit them).
+    fn with_fds(mut cmd: std::process::Command, path: &std::path::Path, range: (u64, u64), at: i32, nulls: std::ops::Range<i32>) -> std::process::Command {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+        lock(&f, range);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let want = (nulls.end.max(at) + 16) as libc::rlim_t;
+        // SAFETY: the closure runs in the forked child before exec and only calls getrlimit(2),
+        // setrlimit(2) and dup2(2), async-signal-safe, on a zeroed plain-data struct and on
+        // fds that `f` and `null` (moved in) keep open until the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut lim: libc::rlimit = std::mem::zeroed();
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < want {
+                    lim.rlim_cur = want.min(lim.rlim_max);
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                }
+                for n in nulls.clone() {
+                    if libc::dup2(null.as_raw_fd(), n) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if libc::dup2(f.as_raw_fd(), at) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Whether the hard fd limit lets this test's children hold `n` fds (said when not).
+    fn fds_fit(n: usize) -> bool {
+        // SAFETY: an all-zero rlimit is a valid plain-data value.
+        let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: getrlimit(2) writing into that struct, which we own.
+        let fit = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_max as usize >= n + 64;
+        if !fit {
+            eprintln!("the hard fd limit is below {n}: skipped");
+        }
+        fit
+    }
+
+    /// A process with more fds than [`MAX_FDS_EXAMINED`] holding its slot's lock on a low fd
+    /// (a busy process: its shim registered early) is proven; one whose ledger fd lies past
+    /// the first [`MAX_FDS_EXAMINED`] is not, and the look at it stops there. Before, every
+    /// fd was examined: a tenant's process with a million fds, named by slots, stalled the
+    /// daemon for seconds at each lookup.
+    #[test]
+    fn fds_past_the_first_examined_ones_are_not_looked_at() {
+        let n = MAX_FDS_EXAMINED as i32;
+        if !fds_fit(MAX_FDS_EXAMINED + 200) {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let mut busy = with_fds(sleep30(), &path, SLOT, 9, 10..n + 100).spawn().unwrap();
+        let theirs = (SLOT.0 + SLOT.1, SLOT.1);
+        let mut hidden = with_fds(sleep30(), &path, theirs, n + 100, 10..n + 100).spawn().unwrap();
+        let (b, h) = (busy.id(), hidden.id());
+        assert!(wait_holding(b, &file), "the busy stand-in never held the file");
+        let (held, scan) = held_locks(b, &file);
+        assert_eq!(held, vec![(SLOT.0, SLOT.0 + SLOT.1 - 1)]);
+        assert!(scan.cut && scan.examined == MAX_FDS_EXAMINED, "{scan:?}");
+        assert!(holds_lock(b, &file, SLOT), "a busy process is proven by its first fds");
+        // The hidden one's ledger fd is its last: wait until its exec is done.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{h}/comm")).unwrap_or_default().trim() != "sleep" && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(std::fs::symlink_metadata(format!("/proc/{h}/fd/{}", n + 100)).is_ok(), "the stand-in holds its ledger fd");
+        let (held, scan) = held_locks(h, &file);
+        assert!(held.is_empty() && scan.cut && scan.examined == MAX_FDS_EXAMINED, "{held:?} {scan:?}");
+        assert!(!holds_lock(h, &file, theirs), "its lock lies past the fds examined");
+        assert!(!holds_open(h, &file));
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let st = node_ledger::procinfo::start_time(h).unwrap();
+        assert_eq!(HostPids::default().get((ns, h, st), &file, theirs), None, "not proven");
+        for c in [&mut busy, &mut hidden] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Slots of one ledger naming ever other processes: once the lookups of that ledger's slots
+    /// examined [`FDS_PER_LEDGER_WINDOW`] fds (here 1), its next slot is put off, with no
+    /// back-off, to the next window; another ledger's slots are not held back, nor is a
+    /// process already found.
+    #[test]
+    fn a_ledger_whose_slots_cost_its_fd_budget_waits_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let (other, pod_file) = pod_ledger_file(&dir);
+        let ns = node_ledger::procinfo::own_pid_ns();
+        let second = (SLOT.0 + SLOT.1, SLOT.1);
+        let mut kids = [
+            with_slot_lock(sleep30(), &path, SLOT).spawn().unwrap(),
+            with_slot_lock(sleep30(), &path, second).spawn().unwrap(),
+            with_slot_lock(sleep30(), &other, SLOT).spawn().unwrap(),
+        ];
+        let ids: Vec<_> = kids.iter().map(|c| c.id()).collect();
+        for (&k, f) in ids.iter().zip([&file, &file, &pod_file]) {
+            assert!(wait_holding(k, f));
+        }
+        let id = |k: u32| (ns, k, node_ledger::procinfo::start_time(k).unwrap());
+        let mut h = HostPids { fd_budget: 1, ..HostPids::default() };
+        assert_eq!(h.get(id(ids[0]), &file, SLOT), Some(ids[0]), "the first lookup of the window");
+        assert_eq!(h.get(id(ids[1]), &file, second), None, "the ledger's budget is spent");
+        assert_eq!(h.get(id(ids[2]), &pod_file, SLOT), Some(ids[2]), "another ledger's slots are not held back");
+        h.retain(|_| true);
+        assert_eq!(h.get(id(ids[0]), &file, SLOT), Some(ids[0]), "found: not looked at again");
+        // The next window (what a second's wait would bring).
+        h.budget.clear();
+        assert_eq!(h.get(id(ids[1]), &file, second), Some(ids[1]), "put off, not backed off");
+        for c in &mut kids {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `sleep 30`, to be made to hold a file.
+    fn sleep30() -> std::process::Command {
+        let mut c = std::process::Command::new("sleep");
+        c.arg("30");
+        c
+    }
+
+    /// A second file to play a pod's ledger: its path and identity.
+    fn pod_ledger_file(dir: &tempfile::TempDir) -> (std::path::PathBuf, LedgerFile) {
+        let path = dir.path().join("pod-ledger");
+        std::fs::write(&path, b"x").unwrap();
+        let file = LedgerFile::of_path(&path).unwrap();
+        (path, file)
+    }
+
     /// A file to play the ledger: its path and identity.
     fn ledger_file(dir: &tempfile::TempDir) -> (std::path::PathBuf, LedgerFile) {
         let path = dir.path().join("ledger");
@@ -546,9 +885,7 @@ mod tests {
     fn a_copy_of_a_found_process_in_another_slot_or_ledger_gets_no_host_pid() {
         let dir = tempfile::tempdir().unwrap();
         let (path, file) = ledger_file(&dir);
-        let other = dir.path().join("pod-ledger");
-        std::fs::write(&other, b"x").unwrap();
-        let pod_file = LedgerFile::of_path(&other).unwrap();
+        let (_other, pod_file) = pod_ledger_file(&dir);
         let ns = node_ledger::procinfo::own_pid_ns();
         let mut sleep = std::process::Command::new("sleep");
         sleep.arg("30");
@@ -620,10 +957,12 @@ mod tests {
         let genuine = slot(j, node_ledger::procinfo::start_time(j).unwrap());
         let mut h = HostPids::default();
         assert_eq!((h.of(&genuine), h.holder(&genuine)), (Some(j), Some(j)));
+        assert_eq!(h.of_checked(&genuine), (Some(j), true));
         let _ = job.kill();
         let _ = job.wait();
         let dead = slot(j, 1);
         assert_eq!((h.of(&dead), h.holder(&dead)), (Some(j), None), "a pid nobody has");
+        assert_eq!(h.of_checked(&dead), (Some(j), false), "a pid nobody has: not found holding the lock");
     }
 
     /// Slots naming processes of other pid namespaces, each a fresh one (so no back-off

@@ -101,7 +101,9 @@ pub struct ProcSlot {
     /// `start_time` lives in `pid_ns` (judged only from that namespace); any other value = the
     /// inode number of a deleted ledger whose slot lock the owner still holds (set in the copy
     /// the monitor puts in its place): only that monitor, which keeps the deleted file open to
-    /// test the lock there, may free the slot.
+    /// test the lock there, may free the slot, and only that monitor's handle takes the value
+    /// for a deleted file (`Ledger::set_restored_from`): to every other reader, as any value
+    /// no restore wrote, it names this file.
     pub liveness: AtomicU64,
     /// Index of the owner's group slot.
     pub group_slot: AtomicU32,

@@ -45,7 +45,10 @@
 //! restored in place of a deleted ledger marks its occupied slots with the deleted file's
 //! inode, where their owners' locks still are (see [`Ledger::reclaim_through`]); a monitor
 //! restarted before those owners died can no longer test them, and their usage stays counted
-//! (conservative) until the operator recreates the ledger.
+//! (conservative) until the operator recreates the ledger. Only the monitor that restored the
+//! copy takes such a word for a deleted file ([`Ledger::set_restored_from`]): to any other
+//! reader, a restarted monitor included, the slot's owner must hold its lock in the copy,
+//! which nobody does (any ledger client can write the word: it proves nothing).
 //!
 //! The start-claims block has a lock of its own on its own byte range, after every slot's
 //! (`crate::claims`); a registering process takes it briefly to withdraw its start claim.
@@ -200,14 +203,17 @@ pub struct ProcSnapshot {
     /// MPS active-thread percentage the process started with (1..=100); 0 = none known.
     pub mps_pct: u32,
     /// The ledger file a genuine owner holds open: this ledger, or for a slot carried over
-    /// from a deleted ledger ([`Ledger::restore_deleted`]) that file. Any ledger client can
+    /// from a deleted ledger ([`Ledger::restore_deleted`]) that file, taken only if the handle
+    /// that read it was told it restored the file from that ledger
+    /// ([`Ledger::set_restored_from`]; a slot's liveness word naming any other deleted file
+    /// is a word any ledger client can write, and names this ledger). Any ledger client can
     /// write any slot, so a slot's pid alone names nobody reliably: the daemons act on the
     /// process it names only if that process holds this file open
     /// (`node_daemon::procns::HostPids`), which an online service never does.
     pub ledger_file: LedgerFile,
     /// The byte range `(start, len)` of `ledger_file` within which a genuine owner holds an
-    /// `F_OFD_SETLK` write lock: its slot's own range; for a slot carried over from a deleted
-    /// ledger, that file's whole registry (the slot it had there is not recorded). The daemons
+    /// `F_OFD_SETLK` write lock: its slot's own range, also for a slot carried over from a
+    /// deleted ledger (the copy keeps each slot where it was). The daemons
     /// signal the process a slot names only if it holds such a lock (`/proc/<pid>/fdinfo`):
     /// holding the file open is not enough, as the daemons themselves hold every ledger open,
     /// and a slot written by another ledger client naming a daemon would otherwise have the
@@ -278,6 +284,10 @@ pub struct Ledger {
     /// `IN_CLOSE_WRITE` on the ledger, which the monitor's reclaim watch takes for a process
     /// that left (a pass per pass, for ever).
     reclaim_desc: std::sync::Mutex<Option<(u32, File)>>,
+    /// Inodes of the deleted ledgers this file was restored from by this handle's owner
+    /// ([`Ledger::set_restored_from`]): the only ones a slot's liveness word may name as where
+    /// its owner's lock is ([`ProcSnapshot::ledger_file`]).
+    restored_from: Vec<u64>,
 }
 
 impl Drop for Ledger {
@@ -548,6 +558,7 @@ impl Ledger {
             slot_locks: (0..MAX_PROCS).map(|_| AtomicI32::new(-1)).collect(),
             dev_ino,
             reclaim_desc: std::sync::Mutex::new(None),
+            restored_from: Vec::new(),
         })
     }
 
@@ -1458,6 +1469,15 @@ impl Ledger {
         Ok(out)
     }
 
+    /// Tells [`Ledger::procs`] that this file was restored from the deleted ledgers with inodes
+    /// `inos` (the monitor's, [`Ledger::restore_deleted`], those it keeps open): a slot whose
+    /// liveness word names one of them has its owner's lock there. Any other value is no
+    /// restore's: a ledger client wrote it (a slot naming a process that holds a lock in some
+    /// deleted ledger got that process signalled for the slot's word).
+    pub fn set_restored_from(&mut self, inos: Vec<u64>) {
+        self.restored_from = inos;
+    }
+
     /// Whether some occupied slot still has its owner's lock in the file with inode `ino`.
     pub fn depends_on(&self, ino: u64) -> bool {
         self.layout()
@@ -1517,9 +1537,12 @@ impl Ledger {
                 let group = p.group_slot.load(Relaxed) as usize;
                 let (dev, ino) = self.dev_ino;
                 let ledger_file = match p.liveness.load(Acquire) {
-                    LIVENESS_LOCK | LIVENESS_PROXY => LedgerFile { dev, ino, deleted: false },
                     // The deleted ledger lay in this one's directory: same file system.
-                    ino => LedgerFile { dev, ino, deleted: true },
+                    deleted if self.restored_from.contains(&deleted) => LedgerFile { dev, ino: deleted, deleted: true },
+                    // Lock, proxy, or a value no restore of this handle's owner wrote (any
+                    // ledger client can write any slot's word): its owner holds the slot's
+                    // lock in this file or is nobody.
+                    _ => LedgerFile { dev, ino, deleted: false },
                 };
                 Some(ProcSnapshot {
                     slot,
@@ -1534,11 +1557,8 @@ impl Ledger {
                     syncs: (p.syncs_begun.load(Relaxed), p.syncs_ended.load(Relaxed)),
                     // A hostile file's out-of-range value reads as none known (fail closed).
                     mps_pct: Some(p.mps_pct.load(Relaxed)).filter(|v| *v <= 100).unwrap_or(0),
-                    owner_lock: if ledger_file.deleted {
-                        crate::layout::registry_lock_range()
-                    } else {
-                        (crate::layout::proc_slot_offset(slot), crate::layout::PROC_SLOT_LEN)
-                    },
+                    // A restored copy keeps every slot where it was (`restore_deleted`).
+                    owner_lock: (crate::layout::proc_slot_offset(slot), crate::layout::PROC_SLOT_LEN),
                     ledger_file,
                 })
             })
@@ -2768,6 +2788,13 @@ mod tests {
         assert!(l.restore_deleted().unwrap());
         let copy = Ledger::open_existing(l.path()).unwrap();
         assert_eq!(copy.group_used(g), 250);
+        // Only a handle told of the restore reads the slot's word as the deleted file.
+        let range = (proc_slot_offset(h.slot), PROC_SLOT_LEN);
+        let slot = |l: &Ledger| l.procs().into_iter().find(|p| p.slot == h.slot).map(|p| (p.ledger_file, p.owner_lock));
+        assert_eq!(slot(&copy), Some((copy.file_id(), range)), "a word no restore of this handle's owner wrote");
+        let mut restorer = Ledger::open_existing(l.path()).unwrap();
+        restorer.set_restored_from(vec![l.inode().unwrap()]);
+        assert_eq!(slot(&restorer), Some((LedgerFile { deleted: true, ..l.file_id() }, range)), "its own range there");
         // Nobody on the copy may take or reclaim the slot: its lock is in the deleted file.
         assert!(copy.reclaim_dead().unwrap().is_empty());
         let newcomer = Ledger::open_existing(l.path()).unwrap();

@@ -18,9 +18,21 @@ pub struct LedgerAdapter {
     pub ledger: Ledger,
     /// Pids here of processes registered from other pid namespaces (containers).
     host_pids: node_daemon::procns::HostPids,
+    /// The slots (ledger, slot, identity) whose owner the last [`LedgerPort::offline`] found
+    /// holding the slot's lock: only those may take the eviction table's last
+    /// [`EVICT_RESERVED_FOR_FOUND`] entries. Not every slot with a host pid: one naming a pid
+    /// no live process has gets that pid too, and proves nothing.
+    found: std::collections::HashSet<(Option<PodUid>, usize, ProcId)>,
     /// Set once the mapped header stops validating: the mapping is no longer read or written
     /// (a truncated file would fault), offline processes fail closed on their own check.
     damage: Option<String>,
+    /// The GPU ledger's registrations as last read while it was usable. Once it is damaged
+    /// (any local user may write a word of it), these stay the GPU ledger's offline processes
+    /// while their owners are found alive holding their slots' locks (in the damaged file,
+    /// where the kernel keeps them): their load is still offline load and they are still
+    /// evicted (signalled) at an Overlimit, Disabled or host-memory eviction, until they exit.
+    /// Before, a damaged ledger listed nobody: eviction was off for all of them.
+    gpu_procs: Vec<ProcSnapshot>,
     /// Deleted ledgers this monitor restored a copy of, kept open: their processes' slot locks
     /// are there (dropped once no slot of the copy depends on them).
     previous: Vec<Ledger>,
@@ -127,10 +139,14 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 /// that way (`node_ledger::claims`), and reaches other pods within a tick or two.
 pub const JOBS_EVERY_MS: u64 = 100;
 
-/// Entries of the monitor's eviction table that a request for a process no pid here was found
-/// for may not take (shared with mps-manager's table): without the reserve, one pod's forged
-/// slots filled the table at an Overlimit, and the real processes of every other ledger got no
-/// request and no eviction-log record.
+/// Entries of the monitor's eviction table (`node_ledger::status::EVICT_ENTRIES`, one table for
+/// the GPU's ledger and every pod ledger, shared with mps-manager's) that a request for a slot
+/// whose owner was not found holding its lock may not take: only processes found holding their
+/// slot's lock get them. Such a slot is one no visible process owns (the monitor sees every
+/// process and may read their locks), which any ledger client can write by the hundred: without
+/// the reserve, one pod's forged slots filled the table at an Overlimit, and the real processes
+/// of every other ledger got no request and no eviction-log record. A slot naming a pid no live
+/// process has is one of them, though it gets that pid as its host pid (`HostPids::of`).
 pub use node_ledger::status::EVICT_RESERVED_FOR_FOUND;
 
 /// How often the pods directory is read (pod ledgers come and go with pods), and the longest
@@ -158,9 +174,12 @@ impl LedgerAdapter {
     }
 
     /// Every registered process of the GPU with the pod ledger it is in (`None`: the GPU's own
-    /// ledger, read only while usable).
-    fn all_procs(&self) -> Vec<(Option<PodUid>, ProcSnapshot)> {
-        let mut v: Vec<_> = if self.usable() { self.ledger.procs().into_iter().map(|p| (None, p)).collect() } else { Vec::new() };
+    /// ledger, read only while usable; once damaged, as last read: [`Self::gpu_procs`]).
+    fn all_procs(&mut self) -> Vec<(Option<PodUid>, ProcSnapshot)> {
+        if self.usable() {
+            self.gpu_procs = self.ledger.procs();
+        }
+        let mut v: Vec<_> = self.gpu_procs.iter().map(|p| (None, p.clone())).collect();
         for pl in self.pods.iter() {
             v.extend(pl.ledger.procs().into_iter().map(|p| (Some(pl.pod), p)));
         }
@@ -283,7 +302,9 @@ impl LedgerAdapter {
             ),
             gpu: ledger.gpu_index(),
             host_pids: node_daemon::procns::HostPids::default(),
+            found: Default::default(),
             damage: None,
+            gpu_procs: Vec::new(),
             previous: Vec::new(),
             reclaim_error_logged: false,
             next_reclaim_ms: 0,
@@ -357,13 +378,16 @@ impl LedgerAdapter {
             self.watch = watch(&fresh);
             let deleted = std::mem::replace(&mut self.ledger, fresh);
             self.previous.push(deleted);
+            self.trust_previous();
             return;
         }
         tracing::error!(
             ledger = %self.ledger.path().display(),
             error = %e,
-            "ledger damaged while running: offline processes refuse new allocations; \
-             restart sysmonitor to move it aside and create a fresh one"
+            registered = self.gpu_procs.len(),
+            "ledger damaged while running: offline processes refuse new allocations; its registered processes as \
+             last read stay offline work, evicted as before, while they hold their slots' locks; restart sysmonitor \
+             to move it aside and create a fresh one"
         );
         self.damage = Some(e.to_string());
     }
@@ -385,6 +409,14 @@ impl LedgerAdapter {
             }
             _ => None,
         }
+    }
+
+    /// Tells the ledger in use which deleted ledgers it was restored from (those kept open in
+    /// [`Self::previous`]): only a slot naming one of them has its owner's lock elsewhere than
+    /// in the ledger itself (`Ledger::set_restored_from`).
+    fn trust_previous(&mut self) {
+        let inos = self.previous.iter().filter_map(|l| l.inode().ok()).collect();
+        self.ledger.set_restored_from(inos);
     }
 
     /// Reclaim scans run so far (a pass over the registry each).
@@ -422,12 +454,16 @@ impl LedgerAdapter {
             errors.push(e.to_string());
         }
         let current = &self.ledger;
+        let kept = self.previous.len();
         self.previous.retain(|deleted| {
             if let Err(e) = current.reclaim_through(deleted) {
                 errors.push(e.to_string());
             }
             deleted.inode().is_ok_and(|ino| current.depends_on(ino))
         });
+        if self.previous.len() != kept {
+            self.trust_previous();
+        }
         // Liveness that no close of this file reports: keep polling while there is some.
         self.reclaim_polls = !self.previous.is_empty()
             || self.ledger.layout().procs.iter().any(|p| {
@@ -494,6 +530,16 @@ impl LedgerPort for LedgerAdapter {
 
     fn offline(&mut self, now: u64) -> Result<Vec<OfflineProc>, String> {
         self.scan_pods(now);
+        if !self.usable() {
+            // The damaged GPU ledger's registrations as last read: those whose owner is still
+            // found alive holding its slot's lock (a dead one's lock is gone, so is a slot
+            // nobody held: nothing to evict).
+            let host_pids = &mut self.host_pids;
+            self.gpu_procs.retain(|p| match host_pids.of_checked(p) {
+                (Some(h), true) => node_ledger::procinfo::is_alive(h, p.start_time),
+                _ => false,
+            });
+        }
         let procs: Vec<_> = self
             .all_procs()
             .into_iter()
@@ -510,16 +556,22 @@ impl LedgerPort for LedgerAdapter {
         let host_pids = &mut self.host_pids;
         let keys: std::collections::HashSet<_> = procs.iter().map(|(_, p)| node_daemon::procns::HostPids::key_of(p)).collect();
         host_pids.retain(|k| keys.contains(k));
+        let found = &mut self.found;
+        found.clear();
         Ok(procs
             .into_iter()
             .map(|(pod, p)| {
                 let manager_only = asked.get(&ProcId::of(&p)).copied();
+                let (host_pid, holder) = host_pids.of_checked(&p);
+                if holder {
+                    found.insert((pod, p.slot, ProcId::of(&p)));
+                }
                 OfflineProc {
                     slot: p.slot,
                     pod_ledger: pod,
                     pid: p.pid,
                     pid_ns: p.pid_ns,
-                    host_pid: host_pids.of(&p),
+                    host_pid,
                     start_time: p.start_time,
                     reported_bytes: p.mem_bytes,
                     group_id: p.group_id,
@@ -569,7 +621,11 @@ impl LedgerPort for LedgerAdapter {
         let Some(w) = self.status.get(now_ms) else {
             return Err("no status file to write the request into (its error is logged): the process is only signalled".into());
         };
-        if let Err(e) = w.request_evict_for(Requester::Monitor, id, pod, libc::SIGTERM as u32, p.host_pid.is_some()) {
+        // Every slot whose owner was not found holding its lock, with a host pid or not: a
+        // slot naming a pid no live process has gets that pid (`HostPids::of`), and any
+        // ledger client can write hundreds of them.
+        let found = self.found.contains(&(p.pod_ledger, p.slot, id));
+        if let Err(e) = w.request_evict_for(Requester::Monitor, id, pod, libc::SIGTERM as u32, found) {
             return Err(format!(
                 "no request written for pid {} (pid namespace {}, slot {}, pod ledger {:?}): {e}",
                 p.pid, p.pid_ns, p.slot, p.pod_ledger
@@ -748,14 +804,22 @@ mod tests {
             pl.register(c.id(), g).unwrap();
             named.0.push(c);
         }
-        // The real process: this one, in the GPU's own ledger, holding its slot's lock.
+        forged_slots_leave_the_reserve(&d, &mut a, pod, |p| p.host_pid.is_none());
+    }
+
+    /// Registers this process in the GPU's own ledger (the real process, holding its slot's
+    /// lock), reads the registry, checks that `pod`'s ledger has a full registry of forged
+    /// slots each as `forged` says, asks all of them to leave at an Overlimit, and checks that
+    /// they took the eviction table but [`EVICT_RESERVED_FOR_FOUND`] entries and that the real
+    /// process still got its request and its eviction-log record.
+    fn forged_slots_leave_the_reserve(d: &tempfile::TempDir, a: &mut LedgerAdapter, pod: PodUid, forged: impl Fn(&OfflineProc) -> bool) {
         let mine = a.ledger.group(8, 1 << 30).unwrap();
         let _h = a.ledger.register(std::process::id(), mine).unwrap();
         let procs = a.offline(0).unwrap();
-        let (forged, real): (Vec<&OfflineProc>, Vec<&OfflineProc>) = procs.iter().partition(|p| p.pod_ledger == Some(pod));
-        assert_eq!((forged.len(), real.len()), (node_ledger::layout::MAX_PROCS, 1));
-        assert!(forged.iter().all(|p| p.host_pid.is_none()), "nobody holds their locks");
-        let written = forged.iter().filter(|p| a.mark_evicting(p, EvictReason::Overlimit, 0).is_ok()).count();
+        let (in_pod, real): (Vec<&OfflineProc>, Vec<&OfflineProc>) = procs.iter().partition(|p| p.pod_ledger == Some(pod));
+        assert_eq!((in_pod.len(), real.len()), (node_ledger::layout::MAX_PROCS, 1));
+        assert!(in_pod.iter().all(|p| forged(p)), "{in_pod:?}");
+        let written = in_pod.iter().filter(|p| a.mark_evicting(p, EvictReason::Overlimit, 0).is_ok()).count();
         assert_eq!(written, node_ledger::status::EVICT_ENTRIES - EVICT_RESERVED_FOR_FOUND);
         a.mark_evicting(real[0], EvictReason::Overlimit, 0).unwrap();
         let reader = Status::open(&node_ledger::config::status_path(d.path(), 0)).unwrap();
@@ -763,6 +827,29 @@ mod tests {
         assert_eq!(reader.evict_request(me), libc::SIGTERM as u32, "the real process is asked");
         let log = std::fs::read_to_string(d.path().join("evict-log/gpu0.jsonl")).unwrap();
         assert!(log.contains(&format!("\"pid\":{}", std::process::id())), "{log}");
+    }
+
+    /// Slots naming pids no live process has, in this pid namespace (a tenant holds their
+    /// locks and writes the host's pid namespace and pids past `pid_max` into them), get
+    /// those pids as host pids, but their owners were not found holding their locks: they
+    /// too take at most the eviction table's entries but [`EVICT_RESERVED_FOR_FOUND`], and a
+    /// real process of another ledger still gets its request. Before, a host pid was taken
+    /// for a found owner and the 256 slots filled the table.
+    #[test]
+    fn slots_naming_dead_pids_cannot_fill_the_eviction_table() {
+        let (d, _path, mut a) = fresh_adapter();
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555555").unwrap();
+        let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
+        let g = pl.group(7, 1 << 30).unwrap();
+        // This process holds every slot's lock, as the tenant's helper would.
+        let held: Vec<_> = (0..node_ledger::layout::MAX_PROCS).map(|_| pl.register(std::process::id(), g).unwrap()).collect();
+        for (i, p) in pl.layout().procs.iter().enumerate() {
+            let o = p.owner.load(Acquire);
+            p.owner.store(node_ledger::layout::owner_word(node_ledger::layout::owner_gen(o), 4_000_000_000 + i as u32), std::sync::atomic::Ordering::Release);
+        }
+        // A pid nobody has is its own host pid.
+        forged_slots_leave_the_reserve(&d, &mut a, pod, |p| p.host_pid == Some(p.pid));
+        drop(held);
     }
 
     /// A pod's ledger (`node_ledger::pods`) is read beside the GPU's own: its processes are
@@ -1067,6 +1154,91 @@ mod tests {
         a.reclaim(0);
         assert_eq!(a.ledger.group_used(g), 0);
         assert!(a.previous.is_empty(), "nothing depends on the deleted file any more");
+    }
+
+    /// Rewrites occupied slot `slot` of `l` to name this process (its pid, start time and pid
+    /// namespace) with liveness word `liveness`, as any ledger client can.
+    fn forge_slot_naming_me(l: &Ledger, slot: usize, liveness: u64) {
+        use std::sync::atomic::Ordering::Release;
+        let p = &l.layout().procs[slot];
+        let gen = node_ledger::layout::owner_gen(p.owner.load(Acquire));
+        p.start_time.store(node_ledger::procinfo::own_start_time().unwrap(), Release);
+        p.pid_ns.store(node_ledger::procinfo::own_pid_ns(), Release);
+        p.liveness.store(liveness, Release);
+        p.owner.store(node_ledger::layout::owner_word(gen, std::process::id()), Release);
+    }
+
+    /// A slot's liveness word names a deleted ledger only for the monitor that restored its
+    /// copy from that ledger, and only at the slot's own range: this process, holding slot 0's
+    /// lock in the deleted GPU ledger, is the restored slot 0's owner, but not that of a pod
+    /// ledger's slot 0 whose word names the deleted file (a tenant's forgery: the pod ledger
+    /// was never restored), nor of the copy's slot 1 naming it. Before, any word but lock or
+    /// proxy named a deleted file, and the lock was looked for in its whole registry: both
+    /// forgeries resolved to this process, and a forged group got it evicted.
+    #[test]
+    fn a_slot_names_a_deleted_ledger_only_as_its_restore_left_it() {
+        let (d, path, mut a) = fresh_adapter();
+        let g = a.ledger.group(7, 1 << 30).unwrap();
+        let holder = Ledger::open_existing(&path).unwrap();
+        let h = holder.register(std::process::id(), g).unwrap();
+        assert_eq!(h.slot, 0);
+        let deleted = a.ledger.inode().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(a.check(0).is_none(), "deleted ledger restored");
+        let pod = PodUid::parse("11111111-2222-4333-8444-555555555555").unwrap();
+        let pl = Ledger::open_or_create(&node_ledger::pods::pod_ledger_path(d.path(), pod, 0), 0).unwrap();
+        let mut stand_in = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let forged = pl.register(stand_in.id(), pl.group(8, 1 << 30).unwrap()).unwrap();
+        assert_eq!(forged.slot, 0);
+        forge_slot_naming_me(&pl, 0, deleted);
+        let copied = a.ledger.register(stand_in.id(), g).unwrap();
+        assert_eq!(copied.slot, 1);
+        forge_slot_naming_me(&a.ledger, 1, deleted);
+        let procs = a.offline(0).unwrap();
+        let _ = stand_in.kill();
+        let _ = stand_in.wait();
+        let host = |pod_ledger: Option<PodUid>, slot: usize| procs.iter().find(|p| (p.pod_ledger, p.slot) == (pod_ledger, slot)).unwrap().host_pid;
+        assert_eq!(host(None, 0), Some(std::process::id()), "the restored slot: its lock is in the deleted file");
+        assert_eq!(host(Some(pod), 0), None, "a pod ledger's word naming the deleted file");
+        assert_eq!(host(None, 1), None, "another slot of the copy: its owner's lock would be at its own range");
+        drop(holder);
+    }
+
+    /// A GPU ledger damaged under the monitor (a wrong magic, a truncation: any local user may
+    /// write the shared file) keeps its registered processes as last read: each is still listed
+    /// with its host pid, so evicted at an Overlimit, while it lives holding its slot's lock; a
+    /// dead one leaves the list. Before, a damaged ledger listed nobody: eviction reached none
+    /// of its processes until the monitor restarted, and their load counted as online.
+    #[test]
+    fn a_damaged_gpu_ledgers_processes_stay_offline_work_while_they_live() {
+        for truncate in [false, true] {
+            let (_d, path, mut a) = fresh_adapter();
+            let mut child = workloads::host::spawn_holding(&path);
+            let l = Ledger::open_existing(&path).unwrap();
+            let g = l.group(7, 1 << 30).unwrap();
+            let h = l.register(child.id(), g).unwrap();
+            assert!(workloads::host::hold_slot_lock(child.id(), h.slot));
+            let _mine = l.register(std::process::id(), g).unwrap();
+            let me = std::process::id();
+            let hosts = |a: &mut LedgerAdapter| {
+                let mut v: Vec<_> = a.offline(0).unwrap().into_iter().map(|p| p.host_pid).collect();
+                v.sort();
+                v
+            };
+            let mut both = vec![Some(child.id()), Some(me)];
+            both.sort();
+            assert_eq!(hosts(&mut a), both);
+            if truncate {
+                std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+            } else {
+                a.ledger.layout().header.magic.store(0, std::sync::atomic::Ordering::Release);
+            }
+            assert!(a.check(FULL_CHECK_EVERY_MS).is_some(), "damage found");
+            assert_eq!(hosts(&mut a), both, "still offline work (truncated: {truncate})");
+            let _ = child.kill();
+            let _ = child.wait();
+            assert_eq!(hosts(&mut a), vec![Some(me)], "a dead one leaves the list (truncated: {truncate})");
+        }
     }
 
     /// A deleted or truncated ledger is still found at the next check, though quiet checks

@@ -621,6 +621,28 @@ fn operator_disable_evicts_and_enable_goes_back_through_init() {
     );
 }
 
+/// The GPU's shared ledger damaged under a running monitor (its magic overwritten: any local
+/// user can, the file is `0666`): its registered offline process is still offline work, and
+/// the operator's `disable` still evicts it. Before, a damaged ledger's processes were listed
+/// no more: no eviction reached them until the monitor restarted.
+#[test]
+fn a_damaged_ledgers_offline_process_is_still_evicted() {
+    let n = EmuHost::node();
+    let (_mon, ledger) = healthy(&n, &config(400, 5000));
+    let mut offline = offline_sleeper(&n, &ledger);
+    n.wait_state(T, "registered", |v| v["offline_registered"] == 1);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(n.ledger_path())
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"NOTLEDGR"))
+        .unwrap();
+    n.wait_state(T, "damage found", |v| v["ledger_error"].is_string());
+    let out = n.node_command("sysmonitor").args(["disable", "--config"]).arg(n.path("mon.json")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(offline.wait_exit(T).expect("not evicted"), Some(libc::SIGTERM));
+    n.wait_state(T, "evicted, gone", |v| v["evictions"]["disabled"] == 1 && v["offline_registered"] == 0);
+}
+
 /// An offline job in a pid namespace of its own (a container: the job is its pid 1) that
 /// ignores SIGTERM: the operator's `disable` evicts it, and after the grace the monitor
 /// SIGKILLs it by its host pid, found from its namespace and pid there. Before, a process of
