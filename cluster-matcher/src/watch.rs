@@ -137,11 +137,38 @@ pub struct WatchStats {
     pub kubelet_evictions_skipped: AtomicU64,
 }
 
+/// When this extender saw a node's heartbeat take its current value, by its own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeenHeartbeat {
+    /// The heartbeat's `updated_unix_ms` (the node's clock).
+    pub updated_unix_ms: u64,
+    /// This host's wall clock when that value was first seen.
+    pub seen_unix_ms: u64,
+    /// The value replaced another one seen before (so `seen_unix_ms` is when the node wrote
+    /// it, within the watch's delay); false for the value found at the first look, whose age
+    /// only the node's own date can tell.
+    pub changed: bool,
+}
+
+/// Records that node `node`'s heartbeat reads `updated_unix_ms` at `now_unix_ms` (this host's
+/// clock): a new value is seen now, a known one keeps when it was first seen.
+pub fn observe(seen: &mut BTreeMap<String, SeenHeartbeat>, node: &str, updated_unix_ms: u64, now_unix_ms: u64) {
+    match seen.get_mut(node) {
+        Some(s) if s.updated_unix_ms == updated_unix_ms => {}
+        Some(s) => *s = SeenHeartbeat { updated_unix_ms, seen_unix_ms: now_unix_ms, changed: true },
+        None => {
+            seen.insert(node.to_string(), SeenHeartbeat { updated_unix_ms, seen_unix_ms: now_unix_ms, changed: false });
+        }
+    }
+}
+
 /// A cheap handle on what the watches have seen.
 #[derive(Clone)]
 pub struct WatchView {
     pods: Store<Pod>,
     nodes: Store<Node>,
+    /// When each node's heartbeat was seen to change, by this host's clock.
+    seen: Arc<std::sync::Mutex<BTreeMap<String, SeenHeartbeat>>>,
     /// Selectors and staleness limits the watches were started with.
     pub settings: Arc<WatchSettings>,
     /// Counters the watchers update (lists, errors, restarts), shared with them.
@@ -164,12 +191,21 @@ impl WatchView {
         pods.sort_by_key(|p| pod_key(p));
         let mut nodes = self.nodes.state();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        ClusterSnapshot {
-            pods,
-            nodes,
-            now_unix_ms: now_unix_ms(),
-            settings: self.settings.clone(),
+        let now = now_unix_ms();
+        let mut snap = ClusterSnapshot { pods, nodes, now_unix_ms: now, settings: self.settings.clone(), seen: BTreeMap::new() };
+        // Each heartbeat write is a node event that asks for a plan round, which takes a
+        // snapshot: a change is seen here within a round of its event.
+        if let Ok(mut seen) = self.seen.lock() {
+            let names: Vec<String> = snap.nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
+            seen.retain(|n, _| names.contains(n));
+            for name in &names {
+                if let Ok(hb) = snap.heartbeat(name) {
+                    observe(&mut seen, name, hb.updated_unix_ms, now);
+                }
+            }
+            snap.seen = seen.clone();
         }
+        snap
     }
 
     /// Whether both watches finished their first list.
@@ -230,6 +266,7 @@ impl ClusterWatch {
         let view = WatchView {
             pods: pod_store,
             nodes: node_store,
+            seen: Arc::default(),
             settings: settings.clone(),
             stats: stats.clone(),
         };
@@ -647,6 +684,9 @@ pub struct ClusterSnapshot {
     pub now_unix_ms: u64,
     /// Settings of the watches (staleness and clock-skew limits among them).
     pub settings: Arc<WatchSettings>,
+    /// When each node's heartbeat was seen to take its value ([`WatchView::snapshot`]; empty
+    /// in a snapshot made of given objects).
+    pub seen: BTreeMap<String, SeenHeartbeat>,
 }
 
 /// Why a node's heartbeat cannot be used.
@@ -668,6 +708,7 @@ impl ClusterSnapshot {
             nodes: nodes.into_iter().map(Arc::new).collect(),
             now_unix_ms,
             settings: Arc::new(settings),
+            seen: BTreeMap::new(),
         }
     }
 
@@ -698,11 +739,21 @@ impl ClusterSnapshot {
             Err(HeartbeatProblem::NodeNotWatched | HeartbeatProblem::Missing) => return GpuHealth::Missing,
             Err(HeartbeatProblem::Invalid(why)) => return GpuHealth::Unreadable { why },
         };
-        match hb.freshness(
-            self.now_unix_ms,
-            self.settings.stale_after,
-            self.settings.max_clock_skew,
-        ) {
+        // A value seen to replace another is judged by when this host saw it, whatever the
+        // node's clock says: a node clock ahead by more than the skew allowed read as
+        // `FromFuture`, one behind by more than the staleness as `Stale`, with the node's
+        // agent writing every few seconds. The value found at the first look (no change seen
+        // yet) has only the node's date to go by.
+        let freshness = match self.seen.get(&at.node) {
+            Some(s) if s.changed && s.updated_unix_ms == hb.updated_unix_ms => heartbeat::freshness(
+                s.seen_unix_ms,
+                self.now_unix_ms,
+                self.settings.stale_after,
+                self.settings.max_clock_skew,
+            ),
+            _ => hb.freshness(self.now_unix_ms, self.settings.stale_after, self.settings.max_clock_skew),
+        };
+        match freshness {
             Freshness::Fresh { .. } => {}
             Freshness::Stale { age_ms } => return GpuHealth::Stale { age_s: age_ms / 1000 },
             Freshness::FromFuture { ahead_ms } => return GpuHealth::FromFuture { ahead_ms },

@@ -359,6 +359,44 @@ fn missing_stale_future_dated_or_unknown_heartbeats_are_not_healthy() {
     assert!(matches!(snap.health(&g("liar", 0)), GpuHealth::Unreadable { ref why } if why.contains("someone-else")));
 }
 
+/// A heartbeat seen to replace another is judged by when this extender saw it, not by the
+/// node's clock: a node whose clock runs an hour ahead, or a minute behind, is Healthy while
+/// its agent keeps writing. Before, the first read `FromFuture` and the second `Stale` for as
+/// long as the clocks disagreed. A value found at the first look, or one seen to change long
+/// ago, is judged as before.
+#[test]
+fn a_heartbeat_seen_to_change_is_judged_by_this_hosts_clock() {
+    use cluster_matcher::watch::{observe, SeenHeartbeat};
+    let now = now_ms();
+    let g = |n: &str| GpuRef { node: n.into(), gpu: 0 };
+    let (ahead, behind) = (now + 3_600_000, now - 60_000);
+    let mut snap = snapshot_with(
+        vec![
+            node("ahead", "1", Some(heartbeat_json("ahead", ahead, &["Healthy"]))),
+            node("behind", "1", Some(heartbeat_json("behind", behind, &["Healthy"]))),
+            node("first", "1", Some(heartbeat_json("first", ahead, &["Healthy"]))),
+            node("quiet", "1", Some(heartbeat_json("quiet", now, &["Healthy"]))),
+        ],
+        now,
+    );
+    let mut seen = std::collections::BTreeMap::new();
+    // Each node's previous value, seen a while ago, then its current one.
+    for (n, updated) in [("ahead", ahead), ("behind", behind), ("quiet", now)] {
+        observe(&mut seen, n, updated - 10_000, now - 70_000);
+        observe(&mut seen, n, updated, if n == "quiet" { now - 60_000 } else { now - 1_000 });
+    }
+    observe(&mut seen, "first", ahead, now - 1_000);
+    assert_eq!(seen["first"], SeenHeartbeat { updated_unix_ms: ahead, seen_unix_ms: now - 1_000, changed: false });
+    // The same value again keeps when it was first seen.
+    observe(&mut seen, "ahead", ahead, now);
+    assert_eq!(seen["ahead"].seen_unix_ms, now - 1_000);
+    snap.seen = seen;
+    assert_eq!(snap.health(&g("ahead")), GpuHealth::Healthy);
+    assert_eq!(snap.health(&g("behind")), GpuHealth::Healthy);
+    assert_eq!(snap.health(&g("first")), GpuHealth::FromFuture { ahead_ms: 3_600_000 }, "no change seen yet: the node's date");
+    assert_eq!(snap.health(&g("quiet")), GpuHealth::Stale { age_s: 60 }, "seen to change a minute ago, nothing since");
+}
+
 #[test]
 fn the_planner_places_offline_work_only_beside_fresh_healthy_heartbeats() {
     let now = now_ms();
