@@ -54,23 +54,14 @@ pub fn planned_role(pod: &Pod, online_resources: &[String]) -> Result<Option<Rol
             contract::ROLE_OFFLINE,
             kube_contract::OFFLINE_GPU_RESOURCE
         )),
-        Some(Role::Online) if !online_resources.iter().any(|r| contract::asks_for(pod, r)) && !claims_devices(pod) => Err(format!(
-            "labelled {}={} but asks for none of {} (--online-gpu-resource) and claims no device (spec.resourceClaims): no online service of the plan (it holds no GPU; its labels and annotations are not believed)",
+        Some(Role::Online) if !online_resources.iter().any(|r| contract::asks_for(pod, r)) => Err(format!(
+            "labelled {}={} but asks for none of {} (--online-gpu-resource): no online service of the plan (it holds no GPU; its labels and annotations are not believed)",
             contract::LABEL_ROLE,
             contract::ROLE_ONLINE,
             online_resources.join(", ")
         )),
         r => Ok(r),
     }
-}
-
-/// Whether the pod claims devices through dynamic resource allocation (`spec.resourceClaims`,
-/// the way a GPU reaches a service with NVIDIA's DRA driver): the extender cannot tell a GPU
-/// claim from another from the pod alone, so an online service with any claim is believed.
-/// Leaving a real service out is the worse error: its GPU would look free and offline work be
-/// sized as if it were not there.
-fn claims_devices(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty())
 }
 
 /// What to watch and how to judge heartbeats.
@@ -1070,12 +1061,12 @@ mod tests {
         let mig = bound("mig-svc", "online", "vc-a", 0, 8000, serde_json::json!({"nvidia.com/mig-3g.40gb": "1"}));
         assert!(planned_role(&mig, &[DEFAULT_ONLINE_GPU_RESOURCE.to_string()]).is_err());
         assert_eq!(planned_role(&mig, &["nvidia.com/mig-3g.40gb".to_string()]), Ok(Some(Role::Online)));
-        // A service whose GPU comes through a DRA claim is believed (left out, its GPU would
-        // look free beside it).
+        // A DRA claim is not believed: any tenant may claim a device of any class, and the
+        // online pod's `xshare.io/gpu` is its own to write.
         let mut dra = bound("dra-svc", "online", "vc-a", 0, 8000, serde_json::json!({}));
         dra.spec.as_mut().unwrap().resource_claims =
             Some(vec![serde_json::from_value(serde_json::json!({"name": "gpu", "resourceClaimTemplateName": "single-gpu"})).unwrap()]);
-        assert_eq!(planned_role(&dra, &[DEFAULT_ONLINE_GPU_RESOURCE.to_string()]), Ok(Some(Role::Online)));
+        assert!(planned_role(&dra, &[DEFAULT_ONLINE_GPU_RESOURCE.to_string()]).is_err());
     }
 
     /// Written onto a watched offline pod of the evicting kubelet's node, still running, not

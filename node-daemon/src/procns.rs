@@ -81,12 +81,21 @@ const MAX_FDINFO_BYTES: u64 = 64 * 1024;
 /// round): a genuine owner holds one per slot it registered in, the claims lock at times.
 const MAX_LOCKS_KEPT: usize = 1024;
 
+/// The most fdinfo files of one process read for one ledger file: the kernel writes each in
+/// whole (a description's every lock, and the walk of the file's lock list) whatever part is
+/// read, and fds that `dup` one description all list the same locks, so a process with
+/// thousands of such fds cost thousands of reads within [`MAX_FDS_EXAMINED`]. A shim holds
+/// its locks through the one description it opened.
+const MAX_FDINFO_READS: usize = 8;
+
 /// What a look at `pid`'s fds found of `file`: through how many of them, and whether the look
 /// stopped at [`MAX_FDS_EXAMINED`] with fds left unexamined.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct FdScan {
     examined: usize,
     cut: bool,
+    /// fdinfo files read ([`held_locks`]).
+    fdinfo_reads: usize,
 }
 
 /// Calls `on` with the fd number of each of `pid`'s first [`MAX_FDS_EXAMINED`] fds that names
@@ -172,7 +181,12 @@ pub fn holds_lock(pid: u32, file: &LedgerFile, lock: (u64, u64)) -> bool {
 fn held_locks(pid: u32, file: &LedgerFile) -> (Vec<(u64, u64)>, FdScan) {
     use std::io::Read;
     let mut held = HashSet::new();
+    let mut reads = 0;
     let scan = scan_fds(pid, file, |fd| {
+        if reads == MAX_FDINFO_READS {
+            return true;
+        }
+        reads += 1;
         let mut t = String::new();
         let read = std::fs::File::open(format!("/proc/{pid}/fdinfo/{}", fd.to_string_lossy()))
             .and_then(|f| f.take(MAX_FDINFO_BYTES).read_to_string(&mut t));
@@ -186,8 +200,13 @@ fn held_locks(pid: u32, file: &LedgerFile) -> (Vec<(u64, u64)>, FdScan) {
                 held.insert(l);
             }
         }
-        false
+        // The first description holding locks on the file is the one a shim holds all its
+        // slots' locks through: the look ends there, so a busy process (its ledger fd low
+        // among thousands) costs the fds up to it, not thousands. A process that keeps its
+        // locks behind another description only goes unproven itself.
+        !held.is_empty()
     });
+    let scan = scan.map(|s| FdScan { fdinfo_reads: reads, ..s });
     (held.into_iter().collect(), scan.unwrap_or_default())
 }
 
@@ -741,7 +760,7 @@ mod tests {
         assert!(wait_holding(b, &file), "the busy stand-in never held the file");
         let (held, scan) = held_locks(b, &file);
         assert_eq!(held, vec![(SLOT.0, SLOT.0 + SLOT.1 - 1)]);
-        assert!(scan.cut && scan.examined == MAX_FDS_EXAMINED, "{scan:?}");
+        assert!(!scan.cut && scan.examined < 64, "the look ends at its ledger fd: {scan:?}");
         assert!(holds_lock(b, &file, SLOT), "a busy process is proven by its first fds");
         // The hidden one's ledger fd is its last: wait until its exec is done.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -760,6 +779,43 @@ mod tests {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// A process whose one ledger description is `dup`ed to 64 fds: each fd's fdinfo lists the
+    /// same locks, and at most [`MAX_FDINFO_READS`] are read whatever is asked of them (a lock
+    /// it does not hold here). Before, every one was read: a tenant's dups cost the daemons an
+    /// fdinfo read each (the kernel writes each whole) within the fds examined.
+    #[test]
+    fn dups_of_one_description_cost_a_bounded_number_of_fdinfo_reads() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = ledger_file(&dir);
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        lock(&f, SLOT);
+        let mut cmd = sleep30();
+        // SAFETY: the closure runs in the forked child before exec and only calls dup2(2),
+        // async-signal-safe, on the fd `f` (moved in) keeps open until the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                for n in 9..73 {
+                    if libc::dup2(f.as_raw_fd(), n) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut c = cmd.spawn().unwrap();
+        let pid = c.id();
+        assert!(wait_holding(pid, &file), "the stand-in never held the file");
+        let (held, scan) = held_locks(pid, &file);
+        assert_eq!(held, vec![(SLOT.0, SLOT.0 + SLOT.1 - 1)], "its lock is seen");
+        assert!(scan.fdinfo_reads >= 1 && scan.fdinfo_reads <= MAX_FDINFO_READS, "{scan:?}");
+        assert!(holds_lock(pid, &file, SLOT));
+        assert!(!holds_lock(pid, &file, (SLOT.0 + SLOT.1, SLOT.1)), "a lock it does not hold");
+        let _ = c.kill();
+        let _ = c.wait();
     }
 
     /// Slots of one ledger naming ever other processes: once the lookups of that ledger's slots

@@ -140,7 +140,7 @@ pub const RECLAIM_FALLBACK_MS: u64 = 1000;
 pub const JOBS_EVERY_MS: u64 = 100;
 
 /// Entries of the monitor's eviction table (`node_ledger::status::EVICT_ENTRIES`, one table for
-/// the GPU's ledger and every pod ledger, shared with mps-manager's) that a request for a slot
+/// the GPU's ledger and every pod ledger; the reserve is shared with mps-manager's own table) that a request for a slot
 /// whose owner was not found holding its lock may not take: only processes found holding their
 /// slot's lock get them. Such a slot is one no visible process owns (the monitor sees every
 /// process and may read their locks), which any ledger client can write by the hundred: without
@@ -531,13 +531,17 @@ impl LedgerPort for LedgerAdapter {
     fn offline(&mut self, now: u64) -> Result<Vec<OfflineProc>, String> {
         self.scan_pods(now);
         if !self.usable() {
-            // The damaged GPU ledger's registrations as last read: those whose owner is still
-            // found alive holding its slot's lock (a dead one's lock is gone, so is a slot
-            // nobody held: nothing to evict).
+            // The damaged GPU ledger's registrations as last read, until their owner is known
+            // gone: one found holding its slot's lock stays while it lives; one whose slot names
+            // a pid nobody has goes. One not found this round (its lookup put off by the fd
+            // budget or a back-off, or a process of another pid namespace started after the
+            // round's walk) stays: the file is never read again, so dropped it would never come
+            // back, and its work would count as online.
             let host_pids = &mut self.host_pids;
             self.gpu_procs.retain(|p| match host_pids.of_checked(p) {
                 (Some(h), true) => node_ledger::procinfo::is_alive(h, p.start_time),
-                _ => false,
+                (Some(_), false) => false,
+                (None, _) => true,
             });
         }
         let procs: Vec<_> = self
@@ -1207,7 +1211,8 @@ mod tests {
     /// A GPU ledger damaged under the monitor (a wrong magic, a truncation: any local user may
     /// write the shared file) keeps its registered processes as last read: each is still listed
     /// with its host pid, so evicted at an Overlimit, while it lives holding its slot's lock; a
-    /// dead one leaves the list. Before, a damaged ledger listed nobody: eviction reached none
+    /// dead one leaves the list; one not found this round stays listed (the file is never read
+    /// again: dropped, it would be gone for good). Before, a damaged ledger listed nobody: eviction reached none
     /// of its processes until the monitor restarted, and their load counted as online.
     #[test]
     fn a_damaged_gpu_ledgers_processes_stay_offline_work_while_they_live() {
@@ -1220,12 +1225,16 @@ mod tests {
             assert!(workloads::host::hold_slot_lock(child.id(), h.slot));
             let _mine = l.register(std::process::id(), g).unwrap();
             let me = std::process::id();
+            // A live process whose owner is not found this round (it holds no lock yet: its
+            // lookup backs off): kept while the ledger is damaged, not dropped for good.
+            let mut unproven = workloads::host::spawn_holding(&path);
+            l.register(unproven.id(), g).unwrap();
             let hosts = |a: &mut LedgerAdapter| {
                 let mut v: Vec<_> = a.offline(0).unwrap().into_iter().map(|p| p.host_pid).collect();
                 v.sort();
                 v
             };
-            let mut both = vec![Some(child.id()), Some(me)];
+            let mut both = vec![Some(child.id()), Some(me), None];
             both.sort();
             assert_eq!(hosts(&mut a), both);
             if truncate {
@@ -1237,7 +1246,9 @@ mod tests {
             assert_eq!(hosts(&mut a), both, "still offline work (truncated: {truncate})");
             let _ = child.kill();
             let _ = child.wait();
-            assert_eq!(hosts(&mut a), vec![Some(me)], "a dead one leaves the list (truncated: {truncate})");
+            assert_eq!(hosts(&mut a), vec![None, Some(me)], "a dead one leaves the list (truncated: {truncate})");
+            let _ = unproven.kill();
+            let _ = unproven.wait();
         }
     }
 

@@ -66,8 +66,8 @@ const OWN_SLOTS: usize = 8;
 
 thread_local! {
     /// The ids of the captures this thread began in a mode other than relaxed and has not
-    /// ended (0: a free slot), each with its context.
-    static OWN: std::cell::Cell<[(u64, u64); OWN_SLOTS]> = const { std::cell::Cell::new([(0, 0); OWN_SLOTS]) };
+    /// ended (0: a free slot), each with its context and [`GONE_SEQ`] when it began.
+    static OWN: std::cell::Cell<[(u64, u64, u64); OWN_SLOTS]> = const { std::cell::Cell::new([(0, 0, 0); OWN_SLOTS]) };
     /// [`GONE_SEQ`] when this thread last dropped the captures of contexts gone.
     static GONE_SEEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
@@ -77,7 +77,11 @@ thread_local! {
 /// [`owns`]. A ring of the last 16; past them a thread keeps an ended capture's id (its
 /// launches ask the driver, which says the stream no longer captures).
 const GONE_RING: usize = 16;
+/// Each gone context and the sequence number of its going (a context handle may come back: a
+/// primary context's is its device's for good, a created one may be reused, so a capture is
+/// forgotten only for a going after it began).
 static GONE: [AtomicU64; GONE_RING] = [const { AtomicU64::new(0) }; GONE_RING];
+static GONE_AT: [AtomicU64; GONE_RING] = [const { AtomicU64::new(0) }; GONE_RING];
 static GONE_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h): a capture any thread may end.
@@ -90,7 +94,7 @@ const STREAM_PER_THREAD: u64 = 0x2;
 /// (one thread-local read).
 #[inline]
 pub fn own_active() -> bool {
-    OWN.with(|c| c.get().iter().any(|&(id, _)| id != 0))
+    OWN.with(|c| c.get().iter().any(|&(id, _, _)| id != 0))
 }
 
 fn own_add(id: u64, ctx: u64) {
@@ -100,7 +104,7 @@ fn own_add(id: u64, ctx: u64) {
     OWN.with(|c| {
         let mut ids = c.get();
         if let Some(free) = ids.iter_mut().find(|i| i.0 == 0) {
-            *free = (id, ctx);
+            *free = (id, ctx, GONE_SEQ.load(SeqCst));
             c.set(ids);
         }
     });
@@ -110,7 +114,7 @@ fn own_remove(id: u64) {
     OWN.with(|c| {
         let mut ids = c.get();
         if let Some(at) = ids.iter_mut().find(|i| id != 0 && i.0 == id) {
-            *at = (0, 0);
+            *at = (0, 0, 0);
             c.set(ids);
         }
     });
@@ -120,7 +124,7 @@ fn own_has(id: u64) -> bool {
     id != 0 && OWN.with(|c| c.get().iter().any(|i| i.0 == id))
 }
 
-/// Forgets this thread's own captures of contexts gone since it last looked.
+/// Forgets this thread's own captures of contexts gone since they began.
 fn own_prune() {
     let seq = GONE_SEQ.load(SeqCst);
     if GONE_SEEN.with(|g| g.get()) == seq {
@@ -130,8 +134,8 @@ fn own_prune() {
     OWN.with(|c| {
         let mut ids = c.get();
         for i in ids.iter_mut().filter(|i| i.0 != 0 && i.1 != 0) {
-            if GONE.iter().any(|g| g.load(SeqCst) == i.1) {
-                *i = (0, 0);
+            if GONE.iter().zip(&GONE_AT).any(|(g, at)| g.load(SeqCst) == i.1 && at.load(SeqCst) >= i.2) {
+                *i = (0, 0, 0);
             }
         }
         c.set(ids);
@@ -186,7 +190,7 @@ pub fn owns(stream: u64, ptsz: bool) -> bool {
 pub fn reset_after_fork() {
     ACTIVE.store(0, SeqCst);
     SYNCING.store(0, SeqCst);
-    OWN.with(|c| c.set([(0, 0); OWN_SLOTS]));
+    OWN.with(|c| c.set([(0, 0, 0); OWN_SLOTS]));
     GONE_SEEN.with(|g| g.set(GONE_SEQ.load(SeqCst)));
     BY_CTX_LOCK.reset_after_fork();
     for (c, n) in CTXS.iter().zip(&COUNTS) {
@@ -239,9 +243,11 @@ pub fn context_gone(ctx: u64) {
             None => 0,
         }
     };
-    let at = GONE_SEQ.load(SeqCst) as usize % GONE_RING;
+    let seq = GONE_SEQ.fetch_add(1, SeqCst);
+    let at = seq as usize % GONE_RING;
+    GONE[at].store(0, SeqCst);
+    GONE_AT[at].store(seq, SeqCst);
     GONE[at].store(ctx, SeqCst);
-    GONE_SEQ.fetch_add(1, SeqCst);
     if n > 0 {
         let _ = ACTIVE.fetch_update(SeqCst, SeqCst, |a| Some(a.saturating_sub(n)));
         crate::state::logged(|| tracing::info!(ctx, captures = n, "xcuda: stream captures ended with their context"));
@@ -513,6 +519,14 @@ mod tests {
             own_prune();
             assert!(!own_has(0x31) && own_has(0x32), "the gone context's capture forgotten, not the other's");
             ended(0xC2, 0x32);
+            // The same handle back (a primary context's is its device's for good): a capture
+            // begun in it after its going is not forgotten for that going.
+            assert_eq!(begin_with(Duration::from_secs(1), 0, ok, || (0x33, 0xC1)), CUresult::CUDA_SUCCESS);
+            tally(0xC1, 1);
+            GONE_SEEN.with(|g| g.set(0));
+            own_prune();
+            assert!(own_has(0x33), "a capture begun after its context's handle went and came back");
+            ended(0xC1, 0x33);
             assert!(!own_active() && !any_active());
         })
         .join()
