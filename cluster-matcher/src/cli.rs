@@ -238,6 +238,11 @@ pub struct ServeArgs {
     /// one (`tlsConfig.certFile`/`keyFile`); a client without one is refused at the handshake.
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
     pub client_ca: Option<PathBuf>,
+    /// A DNS name (subject alternative name) a client certificate must carry, e.g.
+    /// `xshare-scheduler` (repeat for several; any one will do): then a CA that also signs for
+    /// others gives them no way in [default: any certificate --client-ca signed].
+    #[arg(long, requires = "client_ca")]
+    pub client_name: Vec<String>,
     /// Serve plain HTTP on an address other than loopback: anyone who reaches the port may
     /// then ask for filters and binds (a network policy or the host must keep others out).
     #[arg(long, conflicts_with = "tls_cert")]
@@ -571,7 +576,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
 fn serve_transport(a: &ServeArgs) -> Result<cluster_matcher::extender::Transport, String> {
     use cluster_matcher::extender::{tls, Transport};
     if let (Some(cert), Some(key), Some(client_ca)) = (&a.tls_cert, &a.tls_key, &a.client_ca) {
-        return tls::server_config(&tls::TlsFiles { cert, key, client_ca }).map(Transport::Tls);
+        let client_names = &a.client_name;
+        return tls::server_config(&tls::TlsFiles { cert, key, client_ca, client_names }).map(Transport::Tls);
     }
     let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(a.listen.as_str())
         .map_err(|e| format!("--listen {}: {e}", a.listen))?

@@ -91,7 +91,7 @@ fn the_scheduler_filters_every_node_so_the_extender_sees_the_planned_one() {
 fn the_scheduler_reaches_the_extender_over_tls_with_a_client_certificate() {
     let ext = read("extender.yaml");
     // The keys a cert-manager Secret has (tls.crt, tls.key, ca.crt): no other.
-    for arg in ["--tls-cert=/etc/xshare-tls/tls.crt", "--tls-key=/etc/xshare-tls/tls.key", "--client-ca=/etc/xshare-tls/ca.crt", "--metrics-listen=0.0.0.0:9888"] {
+    for arg in ["--tls-cert=/etc/xshare-tls/tls.crt", "--tls-key=/etc/xshare-tls/tls.key", "--client-ca=/etc/xshare-tls/ca.crt", "--client-name=xshare-scheduler", "--metrics-listen=0.0.0.0:9888"] {
         assert!(ext.contains(&format!("- {arg}")), "extender.yaml lacks {arg}");
     }
     assert!(!ext.contains("--insecure-http"), "extender.yaml serves plain HTTP");

@@ -28,8 +28,13 @@ fn extender() -> Arc<Extender> {
 }
 
 fn tls_server(scope: Scope) -> extender::HttpServer {
+    tls_server_for(scope, &[])
+}
+
+/// [`tls_server`] answering only client certificates that name one of `names`.
+fn tls_server_for(scope: Scope, names: &[String]) -> extender::HttpServer {
     let (cert, key, ca) = (tls_file("server.crt"), tls_file("server.key"), tls_file("client-ca.crt"));
-    let config = tls::server_config(&tls::TlsFiles { cert: &cert, key: &key, client_ca: &ca }).unwrap();
+    let config = tls::server_config(&tls::TlsFiles { cert: &cert, key: &key, client_ca: &ca, client_names: names }).unwrap();
     extender::HttpServer::start_with("127.0.0.1:0", extender(), ServerLimits::default(), Transport::Tls(config), scope)
         .unwrap()
 }
@@ -117,6 +122,23 @@ fn the_schedulers_certificate_is_answered_and_no_other_client() {
     // Plain HTTP to the TLS port: no HTTP answer.
     let plain = std::panic::catch_unwind(|| fake_kube::http::request(addr, "GET", "/metrics", b"").status_json());
     assert!(plain.is_err() || plain.as_ref().is_ok_and(|(code, _)| *code != 200), "plain HTTP answered: {plain:?}");
+}
+
+/// With `--client-name`, a certificate the client CA signed is answered only when it names the
+/// scheduler: `other-client` (same CA, another name, as a shared issuer would sign for a
+/// tenant) gets no answer.
+#[test]
+fn a_client_name_keeps_other_certificates_of_the_same_ca_out() {
+    let server = tls_server_for(Scope::All, &["xshare-scheduler".to_string()]);
+    let addr = server.local_addr();
+    let ok = https(addr, Some("scheduler"), METRICS).unwrap();
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let r = https(addr, Some("other-client"), &bind_request());
+    assert!(r.is_err(), "a certificate of the client CA naming someone else was answered: {r:?}");
+    // Without the name check, the same certificate is answered (the CA signed it).
+    let open = tls_server(Scope::All);
+    let ok = https(open.local_addr(), Some("other-client"), METRICS).unwrap();
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
 }
 
 #[test]

@@ -6,14 +6,65 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
-/// The files the server's TLS is made of (PEM).
+/// A client verifier that also requires the certificate to name one of `names` (a DNS subject
+/// alternative name): a CA that signs for others too (a shared issuer) then gives them no way
+/// to `bind`.
+#[derive(Debug)]
+struct NamedClients {
+    inner: Arc<dyn ClientCertVerifier>,
+    names: Vec<ServerName<'static>>,
+}
+
+impl ClientCertVerifier for NamedClients {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self, end_entity: &CertificateDer<'_>, intermediates: &[CertificateDer<'_>], now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|e| rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(e)))))?;
+        if self.names.iter().any(|n| cert.verify_is_valid_for_subject_name(n).is_ok()) {
+            Ok(verified)
+        } else {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
+        }
+    }
+    fn verify_tls12_signature(
+        &self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The files the server's TLS is made of (PEM), and the names a client certificate must carry.
 #[derive(Debug, Clone)]
 pub struct TlsFiles<'a> {
+    /// DNS names (subject alternative names) of which a client's certificate must carry one
+    /// (`--client-name`); empty: any certificate `client_ca` signed.
+    pub client_names: &'a [String],
     /// The server's certificate chain, leaf first.
     pub cert: &'a Path,
     /// The server certificate's private key (PKCS#8, PKCS#1 or SEC1).
@@ -42,9 +93,16 @@ pub fn server_config(files: &TlsFiles<'_>) -> Result<Arc<ServerConfig>, String> 
         roots.add(c).map_err(|e| format!("--client-ca {}: {e}", files.client_ca.display()))?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+    let chain_verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(|e| format!("--client-ca {}: {e}", files.client_ca.display()))?;
+    let names = files
+        .client_names
+        .iter()
+        .map(|n| ServerName::try_from(n.clone()).map_err(|e| format!("--client-name {n:?}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let verifier: Arc<dyn ClientCertVerifier> =
+        if names.is_empty() { chain_verifier } else { Arc::new(NamedClients { inner: chain_verifier, names }) };
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?
@@ -66,7 +124,9 @@ mod tests {
     #[test]
     fn the_fixtures_make_a_config() {
         let (cert, key, ca) = (fixture("server.crt"), fixture("server.key"), fixture("client-ca.crt"));
-        server_config(&TlsFiles { cert: &cert, key: &key, client_ca: &ca }).unwrap();
+        server_config(&TlsFiles { cert: &cert, key: &key, client_ca: &ca, client_names: &[] }).unwrap();
+        let names = ["xshare-scheduler".to_string()];
+        server_config(&TlsFiles { cert: &cert, key: &key, client_ca: &ca, client_names: &names }).unwrap();
     }
 
     #[test]
@@ -74,18 +134,21 @@ mod tests {
         let (cert, key, ca) = (fixture("server.crt"), fixture("server.key"), fixture("client-ca.crt"));
         let missing = fixture("nothing-here.pem");
         let err = |files: TlsFiles<'_>| server_config(&files).map(|_| ()).unwrap_err();
-        let e = err(TlsFiles { cert: &missing, key: &key, client_ca: &ca });
+        let e = err(TlsFiles { cert: &missing, key: &key, client_ca: &ca, client_names: &[] });
         assert!(e.starts_with("--tls-cert ") && e.contains("nothing-here.pem"), "{e}");
         // A key file given as the certificate: no certificate in it.
-        let e = err(TlsFiles { cert: &key, key: &key, client_ca: &ca });
+        let e = err(TlsFiles { cert: &key, key: &key, client_ca: &ca, client_names: &[] });
         assert!(e.contains("no PEM certificate"), "{e}");
-        let e = err(TlsFiles { cert: &cert, key: &cert, client_ca: &ca });
+        let e = err(TlsFiles { cert: &cert, key: &cert, client_ca: &ca, client_names: &[] });
         assert!(e.starts_with("--tls-key "), "{e}");
-        let e = err(TlsFiles { cert: &cert, key: &key, client_ca: &missing });
+        let e = err(TlsFiles { cert: &cert, key: &key, client_ca: &missing, client_names: &[] });
         assert!(e.starts_with("--client-ca "), "{e}");
         // The key of another certificate.
         let other = fixture("scheduler.key");
-        let e = err(TlsFiles { cert: &cert, key: &other, client_ca: &ca });
+        let e = err(TlsFiles { cert: &cert, key: &other, client_ca: &ca, client_names: &[] });
         assert!(e.contains("--tls-cert") && e.contains("--tls-key"), "{e}");
+        let bad = ["not a name!".to_string()];
+        let e = err(TlsFiles { cert: &cert, key: &key, client_ca: &ca, client_names: &bad });
+        assert!(e.starts_with("--client-name"), "{e}");
     }
 }

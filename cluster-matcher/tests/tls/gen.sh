@@ -2,7 +2,8 @@
 # Regenerates the extender's TLS test fixtures (never used outside tests): a CA for the server,
 # a server certificate for 127.0.0.1 and xshare-extender.kube-system.svc, a CA for clients
 # (what kube-scheduler's extender tlsConfig presents), a client certificate it signed, and a
-# client certificate of another CA (which the extender must refuse). Valid for 100 years.
+# client certificate of another CA (which the extender must refuse), and one of the client CA
+# naming someone else (refused under --client-name). Valid for 100 years.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 days=36500
@@ -24,6 +25,7 @@ ca client-ca "xshare test client CA"
 ca other-ca "another CA"
 leaf server server-ca "xshare-extender.kube-system.svc" serverAuth \
     "subjectAltName=DNS:xshare-extender.kube-system.svc,IP:127.0.0.1"
-leaf scheduler client-ca "xshare-scheduler" clientAuth ""
-leaf stranger other-ca "xshare-scheduler" clientAuth ""
+leaf scheduler client-ca "xshare-scheduler" clientAuth "subjectAltName=DNS:xshare-scheduler"
+leaf other-client client-ca "tenant" clientAuth "subjectAltName=DNS:tenant.example"
+leaf stranger other-ca "xshare-scheduler" clientAuth "subjectAltName=DNS:xshare-scheduler"
 rm -f ./*.srl server-ca.key client-ca.key other-ca.key
