@@ -2876,15 +2876,9 @@ mod tests {
     /// a critical XID (`MonitorState::example`): its next check finds both.
     fn daemon_dead_with_an_xid(dir: &Path) -> Manager {
         let mut m = manager(dir);
-        let first = m.ensure_daemon().unwrap();
+        m.ensure_daemon().unwrap();
         assert!(m.check(0).is_empty());
-        let id = m.recorded_daemon().unwrap();
-        kill(first);
-        let end = std::time::Instant::now() + Duration::from_secs(5);
-        while node_ledger::procinfo::is_alive(id.pid, id.start_time) {
-            assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        kill_recorded_daemon(&m);
         node_daemon::monitor_state::write(&m.cfg.monitor_state_file, &node_daemon::monitor_state::MonitorState::example()).unwrap();
         m
     }
@@ -3138,6 +3132,18 @@ mod tests {
         }
     }
 
+    /// SIGKILLs the daemon `m` recorded and waits until it is gone; returns it.
+    fn kill_recorded_daemon(m: &Manager) -> DaemonId {
+        let daemon = m.recorded_daemon().unwrap();
+        kill(daemon.pid);
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while node_ledger::procinfo::is_alive(daemon.pid, daemon.start_time) {
+            assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        daemon
+    }
+
     /// The online estimate takes off what the offline jobs hold (their MPS percentages, fixed
     /// at their start), not the whole budget: one job holding 10 % beside a 60 % reading is
     /// 50 % online, so the budget falls to 100 - 50 - 28 = 22 % (before: 60 - 42 = 18 %
@@ -3364,21 +3370,7 @@ mod tests {
 
     /// A registration of group 1 in `slot`, as a ledger names it (nothing else reported).
     fn registration(slot: usize, pid: u32, pid_ns: u64, start_time: u64) -> node_ledger::ProcSnapshot {
-        node_ledger::ProcSnapshot {
-            slot,
-            pid,
-            start_time,
-            pid_ns,
-            group_id: 1,
-            mem_bytes: 0,
-            launches: 0,
-            launches_delayed: 0,
-            heartbeat_ns: 0,
-            syncs: (0, 0),
-            mps_pct: 0,
-            ledger_file: Default::default(),
-            owner_lock: (0, 0),
-        }
+        node_ledger::ProcSnapshot { slot, pid, start_time, pid_ns, group_id: 1, ..Default::default() }
     }
 
     /// A copy of an evicted process's identity in another slot (any ledger client can write
@@ -3648,14 +3640,8 @@ mod tests {
         // One recovery uses up the limiter (and starts a new daemon).
         m.recover(t0, Fault::DaemonHang { command: "get_server_list".into() });
         let dead_and_checked = |m: &mut Manager, now: u64| {
-            let daemon = m.recorded_daemon().unwrap();
-            assert_eq!(m.state.daemon_pid, Some(daemon.pid));
-            kill(daemon.pid);
-            let end = std::time::Instant::now() + Duration::from_secs(5);
-            while node_ledger::procinfo::is_alive(daemon.pid, daemon.start_time) {
-                assert!(std::time::Instant::now() < end, "the stand-in daemon never died");
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            assert_eq!(m.state.daemon_pid, m.recorded_daemon().map(|d| d.pid));
+            let daemon = kill_recorded_daemon(m);
             let faults = m.check(now);
             assert_eq!(faults, vec![Fault::DaemonDead]);
             let path = m.cfg.state_file.clone();

@@ -1001,14 +1001,10 @@ mod tests {
             start_time,
             pid_ns: node_ledger::procinfo::own_pid_ns(),
             group_id: 1,
-            mem_bytes: 0,
-            launches: 0,
-            launches_delayed: 0,
-            heartbeat_ns: 0,
-            syncs: (0, 0),
             mps_pct: 100,
             ledger_file: file,
             owner_lock: SLOT,
+            ..Default::default()
         };
         let genuine = slot(j, node_ledger::procinfo::start_time(j).unwrap());
         let mut h = HostPids::default();

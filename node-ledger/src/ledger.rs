@@ -176,8 +176,8 @@ pub struct ProcHandle {
     pub gen: u32,
 }
 
-/// A point-in-time copy of one registry slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A point-in-time copy of one registry slot (`Default`: a free slot 0, nothing reported).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcSnapshot {
     /// Registry slot index.
     pub slot: usize,

@@ -411,6 +411,25 @@ fn dlsym_and_proc_address_clients_are_both_intercepted() {
     );
 }
 
+/// The C program `src` built as `name` in the host's directory, linked against the emulator's
+/// libraries with `libs` (`-l:libcuda.so.1` ...).
+fn compile_c(host: &EmuHost, name: &str, src: &str, libs: &[&str]) -> std::path::PathBuf {
+    let c = host.root().join(format!("{name}.c"));
+    let exe = host.root().join(name);
+    std::fs::write(&c, src).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(&cc)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&c)
+        .arg(format!("-L{}", host.lib_dir().display()))
+        .args(libs)
+        .status()
+        .unwrap_or_else(|e| panic!("{cc} (the C compiler rustc links with) is needed: {e}"));
+    assert!(st.success(), "compiling {name} failed");
+    exe
+}
+
 /// A C program linked with `-lcuda` (no dlopen, no cuGetProcAddress): the shim's exported
 /// symbols are what it binds to.
 const LINKED_C: &str = r#"
@@ -439,19 +458,7 @@ int main(int argc, char **argv) {
 #[test]
 fn a_program_linked_with_lcuda_is_limited_through_exported_symbols() {
     let host = EmuHost::new();
-    let src = host.root().join("linked.c");
-    let exe = host.root().join("linked");
-    std::fs::write(&src, LINKED_C).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = std::process::Command::new(&cc)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", host.lib_dir().display()))
-        .arg("-l:libcuda.so.1")
-        .status()
-        .unwrap_or_else(|e| panic!("{cc} (the C compiler rustc links with) is needed: {e}"));
-    assert!(st.success(), "compiling the -lcuda client failed");
+    let exe = compile_c(&host, "linked", LINKED_C, &["-l:libcuda.so.1"]);
     let (a, b) = ((40 * MIB).to_string(), (30 * MIB).to_string());
     let lines = run(
         &host,
@@ -559,19 +566,7 @@ int main(void) {
 fn an_nvml_memory_query_does_not_initialise_cuda_for_a_forked_child() {
     let host = host_for_users();
     let _l = ledger(&host);
-    let src = host.root().join("nvmlfork.c");
-    let exe = host.root().join("nvmlfork");
-    std::fs::write(&src, NVML_THEN_FORK_C).unwrap();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = std::process::Command::new(&cc)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", host.lib_dir().display()))
-        .args(["-l:libcuda.so.1", "-l:libnvidia-ml.so.1"])
-        .status()
-        .unwrap_or_else(|e| panic!("{cc} (the C compiler rustc links with) is needed: {e}"));
-    assert!(st.success(), "compiling the NVML client failed");
+    let exe = compile_c(&host, "nvmlfork", NVML_THEN_FORK_C, &["-l:libcuda.so.1", "-l:libnvidia-ml.so.1"]);
     let mut c = limited(&host, exe.to_str().unwrap(), QUOTA, "nvmlfork");
     let lines = run(&host, as_nobody(&mut c));
     assert_eq!(rc_of(&lines, "nvml="), ["0"], "{lines:?}");
