@@ -244,16 +244,27 @@ impl LedgerFile {
 
     /// The ledger file at `path` and the damaged ones [`Ledger::open_or_recreate`] moved aside
     /// beside it (`<ledger>.damaged-*`), whose shims still hold them open.
+    ///
+    /// A name counts only as what the monitor itself leaves there: a regular file (a link is
+    /// not followed), one name for it, owned by the caller (the monitor, which created and
+    /// moved it). Holding such a file exempts a process from the unshimmed check; a tenant who
+    /// can write the directory must not exempt every process by naming `/dev/null` there.
     pub fn with_damaged_copies(path: &Path) -> Vec<Self> {
+        use std::os::unix::fs::MetadataExt;
         let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
             return Vec::new();
         };
         let aside = format!("{name}{DAMAGED_SUFFIX}");
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
         std::fs::read_dir(dir)
             .map(|d| {
                 d.flatten()
                     .filter(|e| e.file_name().to_str().is_some_and(|n| n == name || n.starts_with(&aside)))
-                    .filter_map(|e| Self::of_path(&e.path()).ok())
+                    // DirEntry::metadata is lstat(2): a symbolic link is judged as itself.
+                    .filter_map(|e| e.metadata().ok())
+                    .filter(|m| m.file_type().is_file() && m.nlink() == 1 && m.uid() == me)
+                    .map(|m| LedgerFile { dev: m.dev(), ino: m.ino(), deleted: false })
                     .collect()
             })
             .unwrap_or_default()
@@ -757,6 +768,18 @@ impl Ledger {
             for (f, t) in from.iter().zip(to) {
                 t.store(f.load(Acquire), Relaxed);
             }
+            // A truncation of the deleted file (through a descriptor a shim still holds) while
+            // or before we copied reads as zeros from there on: registrations past that point
+            // would vanish from the copy, their processes' load then read as online work. No
+            // copy is linked; the caller reports the error and keeps what it had.
+            let len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+            if self.fault_guard.faulted() || len < LAYOUT_SIZE as u64 {
+                return Err(corrupt(
+                    &self.path,
+                    "total_size",
+                    format!("deleted ledger shrank to {len} bytes while it was copied; not restored"),
+                ));
+            }
             // The owners' slot locks stay in the deleted file: say so in the copy, so that
             // nobody takes those slots for free ones (see `reclaim_through`).
             for p in &layout_of(m).procs {
@@ -764,6 +787,7 @@ impl Ledger {
                     p.liveness.store(ino, Relaxed);
                 }
             }
+            Ok(())
         })
     }
 
@@ -1606,14 +1630,23 @@ impl Ledger {
 
     /// Creates a fresh, fully initialised ledger beside `path` and puts it in place.
     fn create_fresh(path: &Path, gpu_index: u32, place: Place<'_>) -> Result<(), LedgerError> {
-        build_beside(path, DEFAULT_FILE_MODE, place, |m| init_layout(layout_of(m), gpu_index)).map(|_| ())
+        build_beside(path, DEFAULT_FILE_MODE, place, |m| {
+            init_layout(layout_of(m), gpu_index);
+            Ok(())
+        })
+        .map(|_| ())
     }
 }
 
 /// Builds a whole ledger file in a temporary file beside `path` (`fill` writes the mapping),
 /// gives it `mode` and puts it in place; whether it was put there (`IfAbsent`: another
 /// process may have linked its own first, and then that one is the ledger).
-fn build_beside(path: &Path, mode: u32, place: Place<'_>, fill: impl FnOnce(&MmapMut)) -> Result<bool, LedgerError> {
+fn build_beside(
+    path: &Path,
+    mode: u32,
+    place: Place<'_>,
+    fill: impl FnOnce(&MmapMut) -> Result<(), LedgerError>,
+) -> Result<bool, LedgerError> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map_or("ledger".into(), |n| n.to_string_lossy().into_owned());
@@ -1629,7 +1662,7 @@ fn build_beside(path: &Path, mode: u32, place: Place<'_>, fill: impl FnOnce(&Mma
     let made = (|| {
         file.set_len(LAYOUT_SIZE as u64).map_err(|e| io_err(&tmp, "set_len", e))?;
         let m = map(&file, &tmp)?;
-        fill(&m);
+        fill(&m)?;
         m.flush().map_err(|e| io_err(&tmp, "msync", e))?;
         set_mode(&file, &tmp, mode)?;
         match place {
@@ -1938,6 +1971,43 @@ mod tests {
         want.sort_unstable();
         assert_eq!(got, want);
         assert!(LedgerFile::with_damaged_copies(&d.path().join("nope/ledger")).is_empty());
+    }
+
+    /// Names a tenant who can write the directory might leave there: a link to a file every
+    /// process holds (`/dev/null`), a second name of another file. Neither is a copy the
+    /// monitor moved aside; counted, holding them would exempt any process from the check for
+    /// unshimmed GPU work.
+    #[test]
+    fn a_link_named_like_a_damaged_copy_is_no_copy() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("ledger"), b"x").unwrap();
+        std::os::unix::fs::symlink("/dev/null", d.path().join("ledger.damaged-1")).unwrap();
+        std::fs::write(d.path().join("other"), b"x").unwrap();
+        std::fs::hard_link(d.path().join("other"), d.path().join("ledger.damaged-2")).unwrap();
+        let got: Vec<u64> = LedgerFile::with_damaged_copies(&d.path().join("ledger")).iter().map(|f| f.ino).collect();
+        assert_eq!(got, vec![std::fs::metadata(d.path().join("ledger")).unwrap().ino()]);
+    }
+
+    /// A deleted ledger truncated (through a descriptor a shim still holds) before the monitor
+    /// copies it reads as zeros past the end: a copy would lose every registration there, and
+    /// those processes' load would read as online work. Nothing is linked into place.
+    #[test]
+    fn a_deleted_ledger_shrunk_before_its_copy_is_not_restored() {
+        let (_d, l) = fresh();
+        if !l.fault_guard.protected() {
+            return;
+        }
+        let g = l.group(1, 1000).unwrap();
+        let holder = Ledger::open_existing(l.path()).unwrap();
+        let h = holder.register(std::process::id(), g).unwrap();
+        holder.try_reserve(h, 250).unwrap();
+        let keep = OpenOptions::new().write(true).open(l.path()).unwrap();
+        std::fs::remove_file(l.path()).unwrap();
+        keep.set_len(4096).unwrap();
+        let e = l.restore_deleted().unwrap_err();
+        assert!(matches!(e, LedgerError::Corrupt { field: "total_size", .. }), "{e}");
+        assert!(!l.path().exists(), "a copy with zeroed registrations was linked into place");
     }
 
     #[test]

@@ -407,7 +407,11 @@ impl LedgerAdapter {
                 tracing::error!(ledger = %path.display(), "ledger deleted while in use: restored a copy with every group's usage; processes that used the deleted file refuse new allocations");
                 Some(fresh)
             }
-            _ => None,
+            Ok(false) => None,
+            Err(why) => {
+                tracing::error!(ledger = %path.display(), error = %why, "ledger deleted while in use: no copy restored");
+                None
+            }
         }
     }
 
