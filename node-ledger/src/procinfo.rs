@@ -42,11 +42,27 @@ pub fn own_pid_ns() -> u64 {
 }
 
 /// Whether the process `pid` started at `start` is still alive (a zombie counts as dead).
+///
+/// Only a process `/proc` says is missing is dead: a read that fails for another reason (out
+/// of descriptors or memory, EMFILE/ENFILE/ENOMEM) says nothing, and the process is taken as
+/// alive. Callers decide reclaims and the end of evictions on this answer; an error must keep
+/// a quota counted and an eviction pending, never drop them.
 pub fn is_alive(pid: u32, start: u64) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    !exited(&stat) && parse_start_time(&stat) == Some(start)
+    alive_from(fs::read_to_string(format!("/proc/{pid}/stat")), start)
+}
+
+/// [`is_alive`] from the result of reading the process's `stat`.
+fn alive_from(stat: std::io::Result<String>, start: u64) -> bool {
+    match stat {
+        Ok(stat) => !exited(&stat) && parse_start_time(&stat) == Some(start),
+        Err(e) => !missing(&e),
+    }
+}
+
+/// Whether a failed read of `/proc/<pid>/...` means the process is not there: no such entry,
+/// or it went away between the open and the read (ESRCH).
+fn missing(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
 /// Whether a `/proc/<pid>/stat` line is that of a process that has exited (zombie or dead).
@@ -58,8 +74,13 @@ fn exited(stat: &str) -> bool {
 
 /// Whether no live process has pid `pid` (none, or a zombie): for a pid known without its
 /// start time, such as one an MPS server lists.
+/// A read that fails for another reason than the process missing says it is there, as in
+/// [`is_alive`].
 pub fn is_gone(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| exited(&stat))
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => exited(&stat),
+        Err(e) => missing(&e),
+    }
 }
 
 #[cfg(test)]
@@ -86,6 +107,18 @@ mod tests {
         assert!(is_alive(pid, st));
         assert!(!is_alive(pid, st + 1));
         assert!(!is_alive(u32::MAX - 1, st));
+    }
+
+    /// A read of `/proc` that fails for want of descriptors or memory is no death: taken as
+    /// one, an eviction would be dropped before its SIGKILL and a live process's quota freed.
+    #[test]
+    fn a_proc_read_that_fails_for_another_reason_than_absence_is_no_death() {
+        let err = |code| Err(std::io::Error::from_raw_os_error(code));
+        for code in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EACCES] {
+            assert!(alive_from(err(code), 1), "errno {code}");
+        }
+        assert!(!alive_from(err(libc::ENOENT), 1));
+        assert!(!alive_from(err(libc::ESRCH), 1));
     }
 
     #[test]
