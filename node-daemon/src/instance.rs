@@ -1,8 +1,10 @@
-//! One instance per GPU: a POSIX write lock (`fcntl(F_SETLK)`) on a lock file, held for the
-//! life of the returned [`File`] and released by the kernel when the process dies, however it
-//! dies (SIGKILL, OOM killer), so a restart never finds a stale lock. A second instance gets an
-//! error naming the holder's pid (from `F_GETLK`, as the kernel sees it: 0 when the holder is
-//! in another pid namespace).
+//! One instance per GPU: an open-file-description write lock (`fcntl(F_OFD_SETLK)`) on a lock
+//! file, held for the life of the returned [`File`] and released by the kernel when the process
+//! dies, however it dies (SIGKILL, OOM killer), so a restart never finds a stale lock. Being the
+//! description's, not the process's, the lock is not dropped when the process closes some other
+//! descriptor of the same file (a classic POSIX lock is), and a second `lock` in the same
+//! process is refused too. A second instance gets an error naming the holder's pid, as the
+//! holder wrote it into the file.
 
 use std::fs::File;
 use std::io::Write as _;
@@ -28,7 +30,7 @@ pub fn lock(path: &Path, what: &str) -> Result<File, String> {
     fl.l_type = libc::F_WRLCK as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
     // SAFETY: valid open fd and a valid flock struct for the duration of the call.
-    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &fl) } == 0 {
         let _ = f.set_len(0);
         let _ = (&f).write_all(format!("{}\n", std::process::id()).as_bytes());
         return Ok(f);
@@ -37,14 +39,12 @@ pub fn lock(path: &Path, what: &str) -> Result<File, String> {
     if !matches!(err.raw_os_error(), Some(libc::EACCES) | Some(libc::EAGAIN)) {
         return Err(format!("lock file {}: {err}", path.display()));
     }
-    // SAFETY: as above; F_GETLK fills `fl` with the conflicting lock and its owner.
-    let holder = if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) } == 0
-        && fl.l_type != libc::F_UNLCK as libc::c_short
-    {
-        fl.l_pid.to_string()
-    } else {
-        "unknown".into()
-    };
+    // The kernel names no owner of a description's lock (F_OFD_GETLK gives pid -1, and a
+    // classic lock's pid is 0 across pid namespaces): the holder wrote its pid into the file.
+    let holder = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .map_or_else(|| "unknown".into(), |p| p.to_string());
     Err(format!(
         "another {what} (pid {holder}) already runs (lock {}); refusing to start a second one",
         path.display()
@@ -53,8 +53,8 @@ pub fn lock(path: &Path, what: &str) -> Result<File, String> {
 
 /// Whether another process holds the lock on `path` (a daemon of that GPU runs), as `F_GETLK`
 /// tells without taking it: what a `status` command says of a state file whose writer is gone.
-/// A missing or unreadable lock file is no holder. (The caller's own lock is not seen: POSIX
-/// locks never conflict with their owner.)
+/// A missing or unreadable lock file is no holder. (A lock this process took through another
+/// descriptor is seen too: description locks conflict within a process.)
 pub fn held(path: &Path) -> bool {
     let Ok(f) = File::open(path) else { return false };
     // SAFETY: flock is plain data; an all-zero value is valid before the fields are set.
@@ -62,7 +62,7 @@ pub fn held(path: &Path) -> bool {
     fl.l_type = libc::F_WRLCK as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
     // SAFETY: valid open fd and a valid flock struct for the duration of the call.
-    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) == 0 && fl.l_type != libc::F_UNLCK as libc::c_short }
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) == 0 && fl.l_type != libc::F_UNLCK as libc::c_short }
 }
 
 #[cfg(test)]
@@ -88,13 +88,25 @@ mod tests {
         let child = unsafe { libc::fork() };
         assert!(child >= 0);
         if child == 0 {
-            // SAFETY: plain syscalls on a valid C string, flock struct and pipe fd.
+            // SAFETY: plain syscalls on a valid C string, flock struct, stack buffer and pipe fd.
             unsafe {
                 let fd = libc::open(c.as_ptr(), libc::O_RDWR);
                 let mut fl: libc::flock = std::mem::zeroed();
                 fl.l_type = libc::F_WRLCK as libc::c_short;
                 fl.l_whence = libc::SEEK_SET as libc::c_short;
-                let ok: u8 = if fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &fl) == 0 {
+                let ok: u8 = if fd >= 0 && libc::fcntl(fd, libc::F_OFD_SETLK, &fl) == 0 {
+                    // Its pid into the file, as `lock` writes it (digits on the stack).
+                    let (mut buf, mut i, mut pid) = ([b'\n'; 12], 11, libc::getpid() as u32);
+                    loop {
+                        i -= 1;
+                        buf[i] = b'0' + (pid % 10) as u8;
+                        pid /= 10;
+                        if pid == 0 {
+                            break;
+                        }
+                    }
+                    libc::ftruncate(fd, 0);
+                    libc::pwrite(fd, buf[i..].as_ptr().cast(), 12 - i, 0);
                     1
                 } else {
                     0
@@ -129,5 +141,22 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.trim(), std::process::id().to_string());
         drop(again);
+    }
+
+    /// The lock belongs to its descriptor: the daemon opening and closing the same file again
+    /// (a second reader of it, a metrics lock configured at the same path) keeps it, and a
+    /// second `lock` in the same process is refused. A classic POSIX lock was dropped by that
+    /// close and never conflicted within the process.
+    #[test]
+    fn closing_another_descriptor_of_the_file_keeps_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.lock");
+        let mine = lock(&path, "x for GPU 0").unwrap();
+        drop(File::open(&path).unwrap());
+        assert!(held(&path));
+        let e = lock(&path, "x for GPU 0").unwrap_err();
+        assert!(e.contains(&format!("(pid {})", std::process::id())), "{e}");
+        drop(mine);
+        assert!(!held(&path));
     }
 }

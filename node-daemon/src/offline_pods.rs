@@ -109,11 +109,9 @@ impl OfflinePods {
 
 /// Writes `pods` to `path` whole (temp file and rename), readable by all (0644).
 pub fn write(path: &Path, pods: &OfflinePods) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
     let mut v = serde_json::to_vec(pods).map_err(std::io::Error::other)?;
     v.push(b'\n');
-    crate::state_file::write_atomic(path, &v)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+    crate::state_file::write_atomic_mode(path, &v, 0o644)
 }
 
 /// The list at `path`: `Ok(None)` when there is no file (no node-agent has written one), an

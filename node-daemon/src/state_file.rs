@@ -7,18 +7,41 @@ use std::path::Path;
 use crate::errlog::{ErrorRun, Say};
 
 /// Writes `bytes` to `path` through a temp file beside it and a rename, so readers never see
-/// half a file (and a crash mid-write leaves the previous file in place).
+/// half a file (and a crash mid-write leaves the previous file in place). The file is made
+/// readable by all, writable by the owner (0644), whatever the umask.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    write_atomic_mode(path, bytes, 0o644)
+}
+
+/// [`write_atomic`] with the file's mode `mode`, set on the temp file before the rename: no
+/// reader ever sees the file with other permissions.
+///
+/// The temp file is a fresh name (pid and a counter) created exclusively and never through a
+/// symbolic link: a name someone else placed in the directory fails the write instead of
+/// being followed or truncated.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let name = path.file_name().map_or("state".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.tmp.{}.{}", std::process::id(), SEQ.fetch_add(1, Relaxed)));
     let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 /// Serializes `value` as one line of JSON and writes it with [`write_atomic`].
@@ -90,6 +113,30 @@ mod tests {
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
     }
 
+    /// The mode is the one asked for whatever the umask (a unit's `UMask=0077` made the
+    /// offline-pods list unreadable to the shims' readers until a chmod after the rename), and
+    /// the temp file is a fresh name: a link left in the directory is not followed.
+    #[test]
+    fn the_file_has_its_mode_from_the_start_and_no_planted_link_is_followed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        // The name the previous version wrote through.
+        std::os::unix::fs::symlink(&victim, p.with_extension(format!("tmp.{}", std::process::id()))).unwrap();
+        // SAFETY: umask(2) only changes this process's file-creation mask; restored below.
+        let old = unsafe { libc::umask(0o077) };
+        let r = write_atomic(&p, b"1\n");
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        r.unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o644);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        write_atomic_mode(&p, b"2\n", 0o600).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
     #[test]
     fn a_missing_file_is_none_a_damaged_one_an_error_naming_it() {
         let d = tempfile::tempdir().unwrap();
@@ -115,10 +162,17 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("s.json");
         write_json(&p, &1u32).unwrap();
-        // The temp file's name is taken by a directory: creating it fails.
-        std::fs::create_dir(p.with_extension(format!("tmp.{}", std::process::id()))).unwrap();
-        assert!(write_json(&p, &2u32).is_err());
+        // A value that cannot be written (a map with non-string keys): the file stays.
+        let bad: std::collections::BTreeMap<Vec<u8>, u32> = [(vec![1], 1)].into();
+        assert!(write_json(&p, &bad).is_err());
         assert_eq!(read_json::<u32>(&p).unwrap(), 1);
+        // The rename fails (the name is a directory with something in it): no temp file left.
+        let q = d.path().join("q.json");
+        std::fs::create_dir_all(q.join("x")).unwrap();
+        assert!(write_json(&q, &2u32).is_err());
+        let mut names: Vec<_> = std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["q.json", "s.json"]);
     }
 
     #[test]

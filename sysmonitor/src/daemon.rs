@@ -672,13 +672,20 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
         assert!(path.exists(), "a dead monitor's socket");
         spawn_metrics(&listen, Arc::new(Mutex::new("first".into()))).expect("a stale socket is replaced");
+        // The second is refused by the first's lock on `<path>.lock` (a description's lock:
+        // refused within one process too).
         let e = spawn_metrics(&listen, Arc::new(Mutex::new("second".into()))).unwrap_err();
-        assert!(e.contains("listens"), "{e}");
+        assert!(e.contains("already runs"), "{e}");
         let mut s = std::os::unix::net::UnixStream::connect(&path).expect("the first monitor's socket is still there");
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         assert!(body.ends_with("first"), "{body}");
+        // A socket some other process listens on, with no lock beside it: left alone too.
+        let other = d.path().join("other.sock");
+        let _listening = std::os::unix::net::UnixListener::bind(&other).unwrap();
+        let e = spawn_metrics(&format!("unix:{}", other.display()), Arc::new(Mutex::new("x".into()))).unwrap_err();
+        assert!(e.contains("listens"), "{e}");
     }
 
     #[test]
