@@ -98,7 +98,9 @@ impl Tightened {
 fn lower(slot: &AtomicU64, limit: Option<f64>) -> Option<f64> {
     let limit = limit.filter(|l| *l > 0.0 && l.is_finite())?;
     let now = f64::from_bits(slot.load(Relaxed));
-    (limit < now).then(|| {
+    // A value that is no number (a NaN no validation caught) is above every limit: the floor
+    // lands on it rather than being compared away.
+    (!(limit >= now)).then(|| {
         slot.store(limit.to_bits(), Relaxed);
         limit
     })
@@ -581,6 +583,18 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A throttle built from values no validation checked (a NaN target or highest rate) is
+    /// still held to an operator's floor: `NaN > limit` is false, and the floor used to be
+    /// compared away.
+    #[test]
+    fn a_floor_lands_on_a_value_that_is_no_number() {
+        let cfg = ThrottleConfig { target_load: f64::NAN, max_rate: f64::NAN, ..ThrottleConfig::default() };
+        let t = Throttle::new(&cfg, 40);
+        let got = t.tighten(true, Some(0.4), Some(100.0), None);
+        assert_eq!((got.target_load, got.max_rate), (Some(0.4), Some(100.0)));
+        assert_eq!((t.target_load(), t.max_rate()), (0.4, 100.0));
+    }
 
     fn cfg() -> ThrottleConfig {
         ThrottleConfig::default()
