@@ -963,6 +963,12 @@ impl Device {
             // A process already connected keeps its connection for further contexts.
             let connected = cl.mps_gen == h.mps_generation && cl.contexts > 0;
             if !connected {
+                // NVIDIA's MPS docs (troubleshooting, "Server Recovery"): after a fatal GPU
+                // error the server waits for every client it tore down to exit, and refuses
+                // new clients (CUDA_ERROR_MPS_SERVER_NOT_READY) until they have.
+                if recovering_from_fatal(&g) {
+                    return Err(EmuError::MpsServerNotReady);
+                }
                 mps_join(&mut g, me, euid)?;
             }
             // NVIDIA's MPS docs count client CUDA *contexts* per device (48 on Volta and
@@ -1476,6 +1482,14 @@ fn reap_dead(st: &mut State, since: u64, now: u64) {
         }
         release_client(st, c, now);
     }
+}
+
+/// Whether the running MPS server is recovering from a fatal GPU error: a client it tore down
+/// ([`tear_down_others`]) has not exited yet. (A torn-down client that destroys its contexts
+/// still counts: MPS waits for the process.)
+fn recovering_from_fatal(st: &State) -> bool {
+    let generation = st.header.mps_generation;
+    st.clients.iter().any(|c| c.used != 0 && c.terminated == 2 && c.mps_gen == generation && c.mps_gen != 0)
 }
 
 /// XID 31, "GPU memory page fault" (an MMU fault): what NVML reported on the H200 for each

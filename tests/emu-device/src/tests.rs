@@ -453,6 +453,42 @@ fn in_teardown_mode_a_client_killed_mid_kernel_takes_its_neighbours_down() {
     std::fs::remove_file(&p).unwrap();
 }
 
+/// After a fatal error the server refuses new clients until every client it tore down has
+/// exited (NVIDIA's MPS docs, "Server Recovery": CUDA_ERROR_MPS_SERVER_NOT_READY). A torn-down
+/// client that lingers keeps the online service's relaunch out; once it exits, newcomers
+/// connect.
+#[test]
+fn in_teardown_mode_no_new_client_connects_while_a_torn_down_one_lives() {
+    let p = tmp("teardown-ready");
+    let d = Device::open(&p, &profile::T4).unwrap();
+    d.set_mps_kill_teardown(true);
+    mps_on(&d, 1);
+    let srv = FakeServer::start(&d, euid());
+    let mut lingering = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, lingering.id(), 1, true);
+    let mut killed = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    fake_client(&d, killed.id(), 1, true);
+    let slot = {
+        let g = d.shm.lock();
+        (0..MAX_CLIENTS).find(|&c| g.clients[c].pid == killed.id()).unwrap() as u32
+    };
+    let c = Client { slot, pid: killed.id(), start_time: procinfo::start_time(killed.id()).unwrap() };
+    d.launch(&c, Launch { blocks: 40, cycles_per_block: 20_000_000_000, after: 0 }).unwrap();
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    wait_reaped(&d, killed.id());
+    assert_eq!(d.mps_status().fatal_errors, 1);
+    let me = d.attach().unwrap();
+    serve(&d, &me, &srv);
+    let e = d.context_created(&me, None).unwrap_err();
+    assert!(matches!(e, EmuError::MpsServerNotReady), "{e}");
+    lingering.kill().unwrap();
+    lingering.wait().unwrap();
+    wait_reaped(&d, lingering.id());
+    d.context_created(&me, None).expect("every torn-down client has exited: the server takes clients again");
+    std::fs::remove_file(&p).unwrap();
+}
+
 /// Every client that dies holding a context stays connected (listed with the uid it connected
 /// with) and keeps the server hung until each one is terminated: terminating the first of two
 /// dead clients is not enough.
