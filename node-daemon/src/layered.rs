@@ -14,7 +14,9 @@ struct Layer {
     text: String,
 }
 
-/// Lists the override files for `base`: `<base stem>.d/*.json` beside it, sorted by name. No
+/// Lists the override files for `base`: `<base stem>.d/*.json` beside it, sorted by name, but
+/// not hidden names (`.#50-local.json`, an editor's lock link while an operator edits that
+/// file; `.50-local.json.swp`): skipped as systemd skips them in its drop-in directories. No
 /// such directory: none. A directory that cannot be listed (its permissions, not a directory,
 /// an I/O error) is an error naming it: its overrides are never silently skipped (an
 /// override file that cannot be read is refused when [`load`] reads it).
@@ -38,7 +40,8 @@ pub fn override_files(base: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let mut v = Vec::new();
     for e in rd {
         let p = e.map_err(err)?.path();
-        if p.extension().is_some_and(|x| x == "json") {
+        let hidden = p.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+        if p.extension().is_some_and(|x| x == "json") && !hidden {
             v.push(p);
         }
     }
@@ -576,6 +579,9 @@ mod tests {
         write(&d.path().join("sysmonitor.d"), "20-b.json", "{}");
         write(&d.path().join("sysmonitor.d"), "10-a.json", "{}");
         write(&d.path().join("sysmonitor.d"), "README", "");
+        // An editor's lock link (Emacs) to nowhere, and a hidden file: neither is an override.
+        std::os::unix::fs::symlink("root@host.1234:1700000000", d.path().join("sysmonitor.d/.#20-b.json")).unwrap();
+        write(&d.path().join("sysmonitor.d"), ".hidden.json", "{");
         let names: Vec<_> = override_files(&base)
             .unwrap()
             .iter()
