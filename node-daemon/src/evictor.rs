@@ -24,6 +24,48 @@ pub struct EvictorConfig {
     pub dry_run: bool,
 }
 
+/// The placeholders [`EvictorConfig::command`] substitutes.
+pub const COMMAND_PLACEHOLDERS: [&str; 4] = ["{pid}", "{start_time}", "{reason}", "{gpu}"];
+
+impl EvictorConfig {
+    /// Checks [`EvictorConfig::command`]: a program, `{pid}` passed somewhere (the command
+    /// must know which process to end), and no other `{word}` than the placeholders (a
+    /// misspelt `{starttime}` or `{pod}` would reach the command literally). Braces around
+    /// anything but a bare word (a shell's `{ a; }`, awk's `{print $1}`, `${VAR}`) are left
+    /// alone. Returns what is wrong.
+    pub fn check_command(&self) -> Result<(), String> {
+        let Some(c) = &self.command else { return Ok(()) };
+        if c.first().is_none_or(|p| p.is_empty()) {
+            return Err("must name a program (or be null for signals)".into());
+        }
+        for a in c {
+            let mut rest = a.as_str();
+            while let Some(i) = rest.find('{') {
+                let after = &rest[i + 1..];
+                let word = after.split('}').next().filter(|w| after.len() > w.len());
+                let bare = word.filter(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+                let dollar = rest[..i].ends_with('$');
+                if let (Some(w), false) = (bare, dollar) {
+                    let token = format!("{{{w}}}");
+                    if !COMMAND_PLACEHOLDERS.contains(&token.as_str()) {
+                        return Err(format!(
+                            "unknown placeholder {token} in {a:?} (known: {})",
+                            COMMAND_PLACEHOLDERS.join(" ")
+                        ));
+                    }
+                }
+                rest = after;
+            }
+        }
+        if !c.iter().any(|a| a.contains("{pid}")) {
+            return Err(format!(
+                "never passes {{pid}}: the command would not know which process to end (pass {{pid}} and {{start_time}}, which lets it check that the pid is still that process)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for EvictorConfig {
     fn default() -> Self {
         EvictorConfig {
@@ -668,6 +710,25 @@ impl<S: Signaller> Evictor<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A misspelt placeholder reached the command literally and `check-config` said ok.
+    #[test]
+    fn an_eviction_command_names_known_placeholders_and_the_pid() {
+        let check = |argv: &[&str]| EvictorConfig { command: Some(argv.iter().map(|a| a.to_string()).collect()), ..Default::default() }.check_command();
+        assert_eq!(check(&["/bin/evict", "{pid}", "{start_time}", "{reason}", "--gpu={gpu}"]), Ok(()));
+        assert_eq!(check(&["sh", "-c", "echo {pid} | awk '{print $1}'; { true; }; echo ${HOME} ${x_y}"]), Ok(()));
+        for (argv, want) in [
+            (&["/bin/evict", "{pid}", "{starttime}"][..], "{starttime}"),
+            (&["/bin/evict", "--pod={pod}", "{pid}"][..], "{pod}"),
+            (&["/bin/evict", "{reason}"][..], "never passes {pid}"),
+            (&[][..], "must name a program"),
+            (&[""][..], "must name a program"),
+        ] {
+            let e = check(argv).unwrap_err();
+            assert!(e.contains(want), "{argv:?}: {e}");
+        }
+        assert_eq!(EvictorConfig::default().check_command(), Ok(()));
+    }
 
     #[derive(Default)]
     struct Rec {

@@ -545,14 +545,7 @@ impl Config {
                 ),
             ));
         }
-        if let Some(c) = &self.evictor.command {
-            if c.is_empty() {
-                return Err((
-                    "evictor.command".into(),
-                    "must name a program (or be null for signals)".into(),
-                ));
-            }
-        }
+        self.evictor.check_command().map_err(|m| ("evictor.command".to_string(), m))?;
         self.evict_log
             .validate()
             .map_err(|(f, m)| (format!("evict_log.{f}"), m))?;
