@@ -221,6 +221,21 @@ impl Config {
                 "must name the MPS control program (nvidia-cuda-mps-control, searched in PATH, or an absolute path), got an empty path".into(),
             ));
         }
+        // A bare name is searched in PATH; anything with a slash is a path, and then it must be
+        // absolute and without `..` (relative to wherever the manager was started, systemd: `/`).
+        let bare = self.control_bin.components().count() == 1 && !self.control_bin.is_absolute();
+        if !bare
+            && (!self.control_bin.is_absolute()
+                || self.control_bin.components().any(|c| c == std::path::Component::ParentDir))
+        {
+            return Err((
+                "control_bin".into(),
+                format!(
+                    "must be a program name searched in PATH (nvidia-cuda-mps-control) or an absolute path without `..`, got {:?}",
+                    self.control_bin
+                ),
+            ));
+        }
         // Relative, they would be resolved against whatever directory the manager was started
         // in (systemd: `/`), and the daemon, its clients and node-agent would not agree on them.
         // `..` is refused: the paths are judged as written (`check_paths`: a `log_dir` that
@@ -382,6 +397,17 @@ impl Config {
     pub fn status_path(&self) -> PathBuf {
         node_ledger::config::status_path(&self.ledger_dir, self.gpu_index)
     }
+}
+
+/// Whether `bin` names an executable regular file: an absolute path as is, a bare name
+/// searched in `$PATH` as the manager's spawn searches it.
+pub fn runnable(bin: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let exec = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if bin.is_absolute() {
+        return exec(bin);
+    }
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| exec(&d.join(bin))))
 }
 
 #[cfg(test)]
@@ -612,6 +638,11 @@ mod tests {
                 4,
             ),
             ("{\n  \"control_bin\": \"\"\n}\n", "control_bin", 2),
+            // A path is judged as written: relative to wherever the manager started, or
+            // climbing out through `..`.
+            ("{\n  \"control_bin\": \"../../bin/sh\"\n}\n", "control_bin", 2),
+            ("{\n  \"control_bin\": \"bin/nvidia-cuda-mps-control\"\n}\n", "control_bin", 2),
+            ("{\n  \"control_bin\": \"/usr/bin/../bin/sh\"\n}\n", "control_bin", 2),
             ("{\n  \"period_ms\": 100,\n  \"pipe_dir\": \"mps-pipe\"\n}\n", "pipe_dir", 3),
             ("{\n  \"log_dir\": \"./log\"\n}\n", "log_dir", 2),
             ("{\n  \"state_file\": \"mps-{gpu}.json\"\n}\n", "state_file", 2),
@@ -637,6 +668,22 @@ mod tests {
         assert!(c.validate().is_ok());
     }
 
+    /// `check-config` said ok for a control program that was not there; the manager then
+    /// exited at every restart.
+    #[test]
+    fn a_control_program_is_runnable_only_as_an_executable_file() {
+        assert!(runnable(Path::new("/bin/sh")));
+        assert!(runnable(Path::new("sh")), "a bare name is searched in PATH");
+        assert!(!runnable(Path::new("/nonexistent/nvidia-cuda-mps-control")));
+        let d = tempfile::tempdir().unwrap();
+        let plain = d.path().join("plain");
+        std::fs::write(&plain, "").unwrap();
+        std::fs::set_permissions(&plain, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        assert!(!runnable(&plain), "not executable");
+        assert!(!runnable(Path::new("/bin")), "a directory");
+        assert!(!runnable(Path::new("no-such-program-xshare")));
+    }
+
     #[test]
     fn an_oversized_file_is_refused_unread() {
         let big = format!(
@@ -648,3 +695,4 @@ mod tests {
         assert_eq!(e.field, None);
     }
 }
+

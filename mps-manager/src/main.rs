@@ -147,7 +147,12 @@ fn main() -> ExitCode {
             "{}\n",
             serde_json::to_string_pretty(&cfg).unwrap_or_default()
         ))
-        .map(|()| eprintln!("{}", node_daemon::cli::config_ok_line(&loaded.files, &loaded.base))),
+        .map(|()| {
+            for w in check_config_warnings(&cfg) {
+                eprintln!("warning: {w}");
+            }
+            eprintln!("{}", node_daemon::cli::config_ok_line(&loaded.files, &loaded.base))
+        }),
         Cmd::Status => node_daemon::state_file::read_json::<ManagerState>(&cfg.state_file)
             .and_then(|s| {
                 // The manager of this GPU runs while its single-instance lock is held.
@@ -160,6 +165,26 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e, 1),
     }
+}
+
+/// What `check-config` warns of beyond the config's own validity: paths the shipped unit does
+/// not let the manager write, and a control program that is not there to run (the manager
+/// would exit at start, again at every restart).
+fn check_config_warnings(cfg: &Config) -> Vec<String> {
+    let mut w = node_daemon::cli::unit_write_warnings(&[
+        ("ledger_dir", cfg.ledger_dir.as_path()),
+        ("pipe_dir", cfg.pipe_dir.as_path()),
+        ("log_dir", cfg.log_dir.as_path()),
+        ("state_file", cfg.state_file.as_path()),
+    ]);
+    if !mps_manager::config::runnable(&cfg.control_bin) {
+        w.push(format!(
+            "control_bin {} is not an executable file{}: the manager cannot start MPS",
+            cfg.control_bin.display(),
+            if cfg.control_bin.is_absolute() { "" } else { " in PATH" }
+        ));
+    }
+    w
 }
 
 fn fail(msg: &str, code: u8) -> ExitCode {

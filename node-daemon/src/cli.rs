@@ -118,6 +118,29 @@ pub fn defaults_without_base(base: &Path) -> Result<bool, ConfigError> {
     }
 }
 
+/// The one directory the shipped units let the daemons write (`ReadWritePaths=` under
+/// `ProtectSystem=strict`).
+pub const UNIT_WRITABLE_DIR: &str = "/run/xshare";
+
+/// `check-config`'s warnings for the paths a daemon writes (`(field, path)`, after
+/// defaults are filled in) that lie outside [`UNIT_WRITABLE_DIR`]: the shipped unit would
+/// start the daemon on a read-only file system there, and it would exit at once, again at
+/// every restart. A check run outside the unit cannot see that; it says so instead.
+pub fn unit_write_warnings(paths: &[(&str, &Path)]) -> Vec<String> {
+    paths
+        .iter()
+        .filter(|(_, p)| !p.as_os_str().is_empty() && !p.starts_with(UNIT_WRITABLE_DIR))
+        .map(|(f, p)| {
+            format!(
+                "{f} {} is outside {UNIT_WRITABLE_DIR}, the only directory the shipped unit lets the daemon write \
+                 (ProtectSystem=strict): add ReadWritePaths={} in a drop-in (systemctl edit), or the daemon exits at start",
+                p.display(),
+                p.parent().unwrap_or(p).display()
+            )
+        })
+        .collect()
+}
+
 /// The line `check-config` ends with: the files in force, base first, or, with none, that the
 /// built-in defaults are (no file at the default path `base`).
 pub fn config_ok_line(files: &[PathBuf], base: &Path) -> String {
@@ -258,6 +281,21 @@ mod tests {
         std::env::set_var(var, "/tmp/x.json");
         assert_eq!(a.base(var, "/etc/xshare/x.json"), (PathBuf::from("/tmp/x.json"), true));
         std::env::remove_var(var);
+    }
+
+    /// A state file put under /var/lib passed `check-config` and then failed on the unit's
+    /// read-only file system at every restart.
+    #[test]
+    fn a_written_path_outside_the_units_writable_directory_is_warned_of() {
+        let w = unit_write_warnings(&[
+            ("state_file", Path::new("/var/lib/xshare/monitor-gpu0.json")),
+            ("ledger_dir", Path::new("/run/xshare")),
+            ("log_dir", Path::new("/run/xshare/daemons/gpu0/mps-log")),
+            ("pipe_dir", Path::new("")),
+        ]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("state_file /var/lib/xshare/monitor-gpu0.json is outside /run/xshare") && w[0].contains("ReadWritePaths=/var/lib/xshare"), "{w:?}");
+        assert!(unit_write_warnings(&[("x", Path::new("/run/xshare-other/f"))]).len() == 1, "a sibling directory is outside");
     }
 
     /// `check-config` on the built-in defaults said `config ok: ` and named nothing.

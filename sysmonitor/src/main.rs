@@ -146,6 +146,15 @@ fn main() -> ExitCode {
                 for w in cfg.machine.never_overlimit() {
                     eprintln!("warning: {w}");
                 }
+                let ledger_dir = cfg.ledger_dir.clone();
+                let socket = cfg.metrics_listen.as_deref().and_then(|l| l.strip_prefix("unix:")).map(std::path::PathBuf::from);
+                let mut written = vec![("ledger_dir", ledger_dir.as_path()), ("state_file", cfg.state_file.as_path())];
+                if let Some(s) = &socket {
+                    written.push(("metrics_listen", s.as_path()));
+                }
+                for w in node_daemon::cli::unit_write_warnings(&written) {
+                    eprintln!("warning: {w}");
+                }
                 eprintln!("{}", node_daemon::cli::config_ok_line(&files, &base))
             })
         }
