@@ -432,7 +432,15 @@ pub const POD_LEDGER_MODE: u32 = 0o666;
 
 /// Creates (or opens, for the pod's next container) pod `pod`'s ledger of GPU `gpu`
 /// (`node_ledger::pods`), mode [`POD_LEDGER_MODE`]; returns its host path.
+///
+/// The pods' directory (`<ledger_dir>/pods`) is made the daemons' alone (0700) first: a pod
+/// reaches its ledger through the file mounted into it, and a user of the host must not reach
+/// every pod's 0666 ledger through the host's path.
 pub fn create_pod_ledger(cfg: &AgentConfig, gpu: u32, pod: node_ledger::PodUid) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let pods = node_ledger::pods::pods_dir(&cfg.ledger_dir);
+    std::fs::create_dir_all(&pods).map_err(|e| format!("{}: {e}", pods.display()))?;
+    std::fs::set_permissions(&pods, std::fs::Permissions::from_mode(0o700)).map_err(|e| format!("{}: {e}", pods.display()))?;
     let path = node_ledger::pods::pod_ledger_path(&cfg.ledger_dir, pod, gpu);
     let l = node_ledger::Ledger::open_or_create(&path, gpu).map_err(|e| e.to_string())?;
     l.set_access(POD_LEDGER_MODE, None).map_err(|e| e.to_string())?;
@@ -649,6 +657,20 @@ mod tests {
         let plan = old.plan().unwrap();
         assert_eq!(plan.kill_grace_ms, None);
         assert!(!plan_env(&plan).contains_key("XCUDA_KILL_GRACE_MS"));
+    }
+
+    /// Pod ledgers are 0666 (a pod's processes may be of any user); the directory holding
+    /// them was made with the umask's 0755, and any user of the host could write every pod's.
+    #[test]
+    fn pod_ledgers_are_reached_through_a_directory_only_the_daemons_enter() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let cfg = AgentConfig { ledger_dir: d.path().to_owned(), ..cfg() };
+        let pod = node_ledger::PodUid::parse("0000000a-0000-4000-8000-00000000000a").unwrap();
+        let path = create_pod_ledger(&cfg, 0, pod).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), POD_LEDGER_MODE);
+        assert_eq!(mode(&node_ledger::pods::pods_dir(d.path())), 0o700);
     }
 
     #[test]
