@@ -58,9 +58,7 @@ impl EvictorConfig {
             }
         }
         if !c.iter().any(|a| a.contains("{pid}")) {
-            return Err(format!(
-                "never passes {{pid}}: the command would not know which process to end (pass {{pid}} and {{start_time}}, which lets it check that the pid is still that process)"
-            ));
+            return Err("never passes {pid}: the command would not know which process to end (pass {pid} and {start_time}, which lets it check that the pid is still that process)".into());
         }
         Ok(())
     }

@@ -100,7 +100,7 @@ fn lower(slot: &AtomicU64, limit: Option<f64>) -> Option<f64> {
     let now = f64::from_bits(slot.load(Relaxed));
     // A value that is no number (a NaN no validation caught) is above every limit: the floor
     // lands on it rather than being compared away.
-    (!(limit >= now)).then(|| {
+    (now.is_nan() || limit < now).then(|| {
         slot.store(limit.to_bits(), Relaxed);
         limit
     })
