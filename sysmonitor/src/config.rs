@@ -87,8 +87,8 @@ pub struct Config {
     pub state_file_every_ms: u64,
     /// Prometheus endpoint: `host:port`, or `unix:/path`; absent for none. Every GPU's
     /// monitor needs its own: `{gpu}` is replaced by the GPU index (`unix:/run/xshare/metrics-{gpu}.sock`),
-    /// and a port written `PORT+{gpu}` is PORT plus the index (`127.0.0.1:9400+{gpu}`: 9400
-    /// for GPU 0, 9401 for GPU 1). [`metrics_address`] resolves it.
+    /// and a port written `PORT+{gpu}` is PORT plus the index (`127.0.0.1:9410+{gpu}`: 9410
+    /// for GPU 0, 9411 for GPU 1). [`metrics_address`] resolves it.
     #[serde(default)]
     pub metrics_listen: Option<String>,
     /// Thresholds and timing of the health machine.
@@ -408,7 +408,7 @@ impl Default for Config {
 }
 
 /// `metrics_listen` for GPU `gpu`: `{gpu}` replaced by the index and a TCP port written
-/// `PORT+N` summed (`127.0.0.1:9400+{gpu}` is `127.0.0.1:9401` for GPU 1); `unix:/path` or
+/// `PORT+N` summed (`127.0.0.1:9410+{gpu}` is `127.0.0.1:9411` for GPU 1); `unix:/path` or
 /// `host:port` out, or why not.
 pub fn metrics_address(listen: &str, gpu: u32) -> Result<String, String> {
     let l = listen.replace(node_daemon::cli::GPU_PLACEHOLDER, &gpu.to_string());

@@ -21,7 +21,7 @@ CONFIG:
 
     Main keys: interval_ms (>= 1), idle_interval_ms (100: the pace while no offline process is
     registered and the GPU is healthy; 0 = always interval_ms), history_secs, ledger_dir (absolute; $XSHARE_LEDGER_DIR overrides),
-    state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (one per GPU: \"127.0.0.1:9400+{gpu}\" is port 9400 plus
+    state_file (`{gpu}`: the GPU index; each GPU's monitor needs its own), metrics_listen (one per GPU: \"127.0.0.1:9410+{gpu}\" is port 9410 plus
     the GPU index, or \"unix:/run/xshare/metrics-{gpu}.sock\"),
     machine.{gpu_util,sm_activity,sm_clock,mem_used}.{healthy,unhealthy,overlimit,direction,enabled}
     (percentages; Overlimit is strictly past `overlimit`: at 100 (0 for direction \"below\") the
