@@ -251,6 +251,12 @@ pub struct ServeArgs {
     /// (for Prometheus and the kubelet's probes, e.g. 0.0.0.0:9888).
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Also export the node heartbeats' GPU memory under dcgm-exporter's names and labels
+    /// (DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_FB_FREE), for a cluster with no dcgm-exporter. Off
+    /// by default: beside dcgm-exporter (the GPU Operator's default) each GPU would have two
+    /// series of one name, from two sources, in every query that averages them.
+    #[arg(long)]
+    pub dcgm_metrics: bool,
     /// Kubeconfig for the API server [default: in-cluster service account, else $KUBECONFIG
     /// or ~/.kube/config].
     #[arg(long, conflicts_with = "kube_api")]
@@ -501,12 +507,12 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                     .into());
                 }
                 drop(workloads);
-                let ext = Arc::new(extender::Extender::watched(cluster, model, cells, w.view()).with_api(api));
+                let ext = Arc::new(extender::Extender::watched(cluster, model, cells, w.view()).with_api(api).with_dcgm_metrics(a.dcgm_metrics));
                 let _ = slot.set(Arc::downgrade(&ext));
                 _watch = Some(w);
                 ext
             } else {
-                std::sync::Arc::new(extender::Extender::new(cluster, workloads, model, cells).with_api(api))
+                std::sync::Arc::new(extender::Extender::new(cluster, workloads, model, cells).with_api(api).with_dcgm_metrics(a.dcgm_metrics))
             };
             let _planner = ext.spawn_planner();
             let limits = extender::ServerLimits {

@@ -60,6 +60,8 @@ pub struct Extender {
     watched: Option<Watched>,
     /// Offline pods per GPU (`max_offline_per_gpu`; unlimited without a cluster).
     per_gpu: usize,
+    /// Also export GPU memory under dcgm-exporter's names (`serve --dcgm-metrics`).
+    dcgm_metrics: bool,
     /// Binds in flight and binds made that the watch has not shown bound yet.
     placing: Mutex<BTreeMap<String, Placing>>,
     /// Binds refused by the guards below the plan: (GPU full, job has a pod).
@@ -256,6 +258,7 @@ impl Extender {
             api: None,
             watched: None,
             per_gpu: usize::MAX,
+            dcgm_metrics: false,
             placing: Mutex::default(),
             guard_refusals: Default::default(),
             scheduler_refusals: Default::default(),
@@ -365,6 +368,18 @@ impl Extender {
     pub fn with_api(mut self, api: KubeApi) -> Self {
         self.api = Some(api);
         self
+    }
+
+    /// Also exports the heartbeats' GPU memory under dcgm-exporter's names and labels
+    /// ([`metrics::DCGM_FAMILIES`]), for a cluster that runs no dcgm-exporter.
+    pub fn with_dcgm_metrics(mut self, on: bool) -> Self {
+        self.dcgm_metrics = on;
+        self
+    }
+
+    /// Whether [`Extender::with_dcgm_metrics`] is on.
+    pub fn dcgm_metrics(&self) -> bool {
+        self.dcgm_metrics
     }
 
     /// Starts the background planner: recomputes the plan when the inputs change (a bind)

@@ -525,8 +525,12 @@ fn metric_names(expr: &str) -> Vec<String> {
         .collect()
 }
 
+/// GPU series carry dcgm-exporter's labels under xshare's own names (the heartbeat's SM
+/// activity is no DCGM field, and beside dcgm-exporter, DCGM's names would give each GPU two
+/// series of one name); DCGM's memory names only with `--dcgm-metrics`. The planner's health
+/// states are its own family, not sysmonitor's `xshare_gpu_health_state`.
 #[test]
-fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_series() {
+fn metrics_use_dcgm_labels_and_the_dashboard_charts_only_exported_series() {
     let now = now_ms();
     let nodes = vec![
         node(
@@ -553,13 +557,17 @@ fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_seri
     let w = start(&api);
     let cluster: ClusterSpec = serde_json::from_value(json!({"round_period_s": 3600, "nodes": []})).unwrap();
     let ext = Arc::new(Extender::watched(
-        cluster,
+        cluster.clone(),
         plan_support::similarity_predictor(),
         None,
         w.view(),
     ));
     let server = cluster_matcher::extender::HttpServer::start("127.0.0.1:0", ext, Default::default()).unwrap();
     let (head, body) = http_get(server.local_addr(), "/metrics");
+    assert!(!body.contains("DCGM_"), "no DCGM names unless asked: {body}");
+    let with_dcgm = Arc::new(Extender::watched(cluster, plan_support::similarity_predictor(), None, w.view()).with_dcgm_metrics(true));
+    let dcgm_server = cluster_matcher::extender::HttpServer::start("127.0.0.1:0", with_dcgm, Default::default()).unwrap();
+    let (_, dcgm_body) = http_get(dcgm_server.local_addr(), "/metrics");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
         head.to_ascii_lowercase()
@@ -578,35 +586,41 @@ fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_seri
     let gpu0 = r#"gpu="0",UUID="GPU-gpu-a-0",device="nvidia0",modelName="Tesla V100-SXM2-32GB",Hostname="gpu-a""#;
     for (pod, ns) in [("svc-0", "prod"), ("train-k2", "ml")] {
         let l = format!(r#"{{{gpu0},pod="{pod}",namespace="{ns}"}}"#);
-        assert_eq!(samples.get(&format!("DCGM_FI_DEV_GPU_UTIL{l}")), Some(&30.0), "{body}");
-        assert_eq!(samples.get(&format!("DCGM_FI_DEV_FB_USED{l}")), Some(&8192.0));
-        assert_eq!(samples.get(&format!("DCGM_FI_DEV_FB_FREE{l}")), Some(&24576.0));
-        assert_eq!(samples.get(&format!("DCGM_FI_PROF_SM_ACTIVE{l}")), Some(&0.3));
+        assert_eq!(samples.get(&format!("xshare_gpu_sm_activity_ratio{l}")), Some(&0.3), "{body}");
+        assert_eq!(samples.get(&format!("xshare_gpu_memory_used_bytes{l}")), Some(&(8192.0 * 1048576.0)));
+        assert_eq!(samples.get(&format!("xshare_gpu_memory_free_bytes{l}")), Some(&(24576.0 * 1048576.0)));
+        assert!(dcgm_body.contains(&format!("DCGM_FI_DEV_FB_USED{l} 8192\n")), "{dcgm_body}");
+        assert!(dcgm_body.contains(&format!("DCGM_FI_DEV_FB_FREE{l} 24576\n")), "{dcgm_body}");
     }
+    for f in cluster_matcher::extender::metrics::DCGM_FAMILIES {
+        assert!(dcgm_body.contains(&format!("# TYPE {f} gauge")), "{f}");
+    }
+    assert!(!dcgm_body.contains("DCGM_FI_DEV_GPU_UTIL") && !dcgm_body.contains("DCGM_FI_PROF_SM_ACTIVE"), "SM activity is no DCGM field");
     // A GPU no pod uses: one series with empty pod/namespace.
     let gpu1 = r#"gpu="1",UUID="GPU-gpu-a-1",device="nvidia1",modelName="Tesla V100-SXM2-32GB",Hostname="gpu-a""#;
-    assert!(samples.contains_key(&format!(r#"DCGM_FI_DEV_GPU_UTIL{{{gpu1},pod="",namespace=""}}"#)));
+    assert!(samples.contains_key(&format!(r#"xshare_gpu_sm_activity_ratio{{{gpu1},pod="",namespace=""}}"#)));
+    assert!(!samples.keys().any(|k| k.starts_with("xshare_gpu_health_state")), "sysmonitor's family, not the planner's");
     assert_eq!(
-        samples.get(&format!(r#"xshare_gpu_health_state{{{gpu0},state="Healthy"}}"#)),
+        samples.get(&format!(r#"xshare_planner_gpu_health_state{{{gpu0},state="Healthy"}}"#)),
         Some(&1.0)
     );
     assert_eq!(
-        samples.get(&format!(r#"xshare_gpu_health_state{{{gpu0},state="Stale"}}"#)),
+        samples.get(&format!(r#"xshare_planner_gpu_health_state{{{gpu0},state="Stale"}}"#)),
         Some(&0.0)
     );
     assert_eq!(
-        samples.get(&format!(r#"xshare_gpu_health_state{{{gpu1},state="Overlimit"}}"#)),
+        samples.get(&format!(r#"xshare_planner_gpu_health_state{{{gpu1},state="Overlimit"}}"#)),
         Some(&1.0)
     );
     let old = r#"gpu="0",UUID="GPU-gpu-old-0",device="nvidia0",modelName="Tesla V100-SXM2-32GB",Hostname="gpu-old""#;
     assert_eq!(
-        samples.get(&format!(r#"xshare_gpu_health_state{{{old},state="Stale"}}"#)),
+        samples.get(&format!(r#"xshare_planner_gpu_health_state{{{old},state="Stale"}}"#)),
         Some(&1.0)
     );
     // A stale heartbeat's load is not exported as if current.
     assert!(!samples
         .keys()
-        .any(|k| k.starts_with("DCGM_") && k.contains(r#"Hostname="gpu-old""#)));
+        .any(|k| ["xshare_gpu_sm_activity_ratio", "xshare_gpu_memory_"].iter().any(|f| k.starts_with(f)) && k.contains(r#"Hostname="gpu-old""#)));
     assert_eq!(samples.get("xshare_offline_evictions_total"), Some(&1.0));
     assert_eq!(samples.get("xshare_plan_round"), Some(&0.0));
     assert!(samples.contains_key("xshare_plan_round_duration_seconds"));
@@ -648,10 +662,9 @@ fn metrics_use_dcgm_names_and_labels_and_the_dashboard_charts_only_exported_seri
         }
     }
     for must in [
-        "DCGM_FI_DEV_GPU_UTIL",
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_PROF_SM_ACTIVE",
-        "xshare_gpu_health_state",
+        "xshare_gpu_sm_activity_ratio",
+        "xshare_gpu_memory_used_bytes",
+        "xshare_planner_gpu_health_state",
         "xshare_plan_round_duration_seconds",
         "xshare_plan_placed_jobs",
         "xshare_plan_waiting_jobs",

@@ -1,16 +1,21 @@
 //! `GET /metrics`: Prometheus text exposition (format 0.0.4).
 //!
-//! GPU series use dcgm-exporter's names, units and labels, so dashboards built on it chart
-//! xshare's view as they are: `DCGM_FI_DEV_GPU_UTIL` (percent), `DCGM_FI_DEV_FB_USED` and
-//! `DCGM_FI_DEV_FB_FREE` (MiB), `DCGM_FI_PROF_SM_ACTIVE` (ratio), labelled `gpu`, `UUID`,
-//! `device`, `modelName`, `Hostname`, and, like dcgm-exporter's Kubernetes mapping, one series
-//! per pod on the GPU with `pod`, `namespace` (both empty for a GPU no xshare pod uses). Their
-//! source is each node's heartbeat (the node agent's NVML samples; utilization and SM
-//! activity are the same sample there), exported only while the heartbeat is fresh.
+//! GPU series from each node's heartbeat (the node agent's NVML samples), exported only while
+//! the heartbeat is fresh, labelled as dcgm-exporter labels its own (`gpu`, `UUID`, `device`,
+//! `modelName`, `Hostname`, and one series per pod on the GPU with `pod`, `namespace`, both
+//! empty for a GPU no xshare pod uses): `xshare_gpu_sm_activity_ratio`,
+//! `xshare_gpu_memory_used_bytes`, `xshare_gpu_memory_free_bytes`. The SM activity is the
+//! monitor's (GPM's spatial SM activity on Hopper and later, the utilization rate before): it is
+//! neither dcgm-exporter's `DCGM_FI_DEV_GPU_UTIL` nor its `DCGM_FI_PROF_SM_ACTIVE` everywhere, so
+//! it is exported under neither name. Memory is the same quantity as dcgm-exporter's, and with
+//! [`super::Extender::with_dcgm_metrics`] (`serve --dcgm-metrics`, for a cluster without
+//! dcgm-exporter) also goes out under its names ([`DCGM_FAMILIES`]); by default not, since
+//! beside dcgm-exporter each GPU would have two series of one name.
 //!
 //! `xshare_*` series: the plan (round, its duration, jobs placed and waiting, breaks, GPUs
-//! skipped), each GPU's health state as the planner sees it (stale, missing and unreadable
-//! heartbeats included), evictions seen through the Eviction API, and the watches' own
+//! skipped), each GPU's health state as the planner sees it (`xshare_planner_gpu_health_state`:
+//! stale, missing and unreadable heartbeats included; not sysmonitor's own
+//! `xshare_gpu_health_state`), evictions seen through the Eviction API, and the watches' own
 //! counters.
 
 use std::collections::BTreeMap;
@@ -29,10 +34,9 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Every metric family this endpoint can export (the Grafana dashboard's test checks its
 /// panels against this list).
 pub const FAMILIES: &[&str] = &[
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_DEV_FB_FREE",
-    "DCGM_FI_PROF_SM_ACTIVE",
+    "xshare_gpu_sm_activity_ratio",
+    "xshare_gpu_memory_used_bytes",
+    "xshare_gpu_memory_free_bytes",
     "xshare_plan_round",
     "xshare_plan_round_duration_seconds",
     "xshare_plan_placed_jobs",
@@ -43,7 +47,7 @@ pub const FAMILIES: &[&str] = &[
     "xshare_extender_bind_lock_takeovers_total",
     "xshare_extender_bind_refusals_total",
     "xshare_extender_scheduler_refusals_total",
-    "xshare_gpu_health_state",
+    "xshare_planner_gpu_health_state",
     "xshare_gpu_offline_sm_budget_ratio",
     "xshare_gpu_heartbeat_age_seconds",
     "xshare_offline_evictions_total",
@@ -56,7 +60,11 @@ pub const FAMILIES: &[&str] = &[
     "xshare_kubelet_evictions_skipped_total",
 ];
 
-/// Health states exported by `xshare_gpu_health_state` (one series each, value 1 for the
+/// The families [`super::Extender::with_dcgm_metrics`] adds: dcgm-exporter's names for the
+/// same memory figures, in its unit (MiB).
+pub const DCGM_FAMILIES: &[&str] = &["DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"];
+
+/// Health states exported by `xshare_planner_gpu_health_state` (one series each, value 1 for the
 /// current one).
 pub const HEALTH_STATES: &[&str] = &[
     "Init",
@@ -199,7 +207,7 @@ pub fn render(ext: &Extender) -> String {
     }
 
     let mut health_lines = Vec::new();
-    let mut dcgm: BTreeMap<&str, Vec<(String, f64)>> = BTreeMap::new();
+    let mut gpu_series: BTreeMap<&str, Vec<(String, f64)>> = BTreeMap::new();
     let mut budget = Vec::new();
     let mut age = Vec::new();
     for node in &cluster.nodes {
@@ -250,54 +258,42 @@ pub fn render(ext: &Extender) -> String {
                 l.push(("pod", pod.as_str()));
                 l.push(("namespace", ns.as_str()));
                 let l = labels(&l);
-                let used_mib = (r.memory_used_bytes >> 20) as f64;
-                let free_mib = (r.memory_total_bytes.saturating_sub(r.memory_used_bytes) >> 20) as f64;
-                dcgm.entry("DCGM_FI_DEV_GPU_UTIL")
-                    .or_default()
-                    .push((l.clone(), f64::from(r.sm_activity_permille) / 10.0));
-                dcgm.entry("DCGM_FI_DEV_FB_USED")
-                    .or_default()
-                    .push((l.clone(), used_mib));
-                dcgm.entry("DCGM_FI_DEV_FB_FREE")
-                    .or_default()
-                    .push((l.clone(), free_mib));
-                dcgm.entry("DCGM_FI_PROF_SM_ACTIVE")
-                    .or_default()
-                    .push((l, f64::from(r.sm_activity_permille) / 1000.0));
+                let used = r.memory_used_bytes;
+                let free = r.memory_total_bytes.saturating_sub(r.memory_used_bytes);
+                let mut put = |name: &'static str, v: f64| gpu_series.entry(name).or_default().push((l.clone(), v));
+                put("xshare_gpu_sm_activity_ratio", f64::from(r.sm_activity_permille) / 1000.0);
+                put("xshare_gpu_memory_used_bytes", used as f64);
+                put("xshare_gpu_memory_free_bytes", free as f64);
+                if ext.dcgm_metrics() {
+                    put("DCGM_FI_DEV_FB_USED", (used >> 20) as f64);
+                    put("DCGM_FI_DEV_FB_FREE", (free >> 20) as f64);
+                }
             }
         }
     }
-    let dcgm_help = [
-        (
-            "DCGM_FI_DEV_GPU_UTIL",
-            "GPU utilization (in %), from the node heartbeat.",
-        ),
-        (
-            "DCGM_FI_DEV_FB_USED",
-            "Framebuffer memory used (in MiB), from the node heartbeat.",
-        ),
-        (
-            "DCGM_FI_DEV_FB_FREE",
-            "Framebuffer memory free (in MiB), from the node heartbeat.",
-        ),
-        (
-            "DCGM_FI_PROF_SM_ACTIVE",
-            "Ratio of cycles an SM has at least 1 warp assigned, from the node heartbeat.",
-        ),
+    let gpu_help = [
+        ("xshare_gpu_sm_activity_ratio", "SM activity over the node monitor's last window, 0..1 (GPM's spatial SM activity on Hopper and later, the utilization rate before), from the node heartbeat."),
+        ("xshare_gpu_memory_used_bytes", "Device memory in use by all processes, from the node heartbeat."),
+        ("xshare_gpu_memory_free_bytes", "Device memory not in use, from the node heartbeat."),
+        ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB), from the node heartbeat (xshare, --dcgm-metrics)."),
+        ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB), from the node heartbeat (xshare, --dcgm-metrics)."),
     ];
-    for (name, help) in dcgm_help {
+    for (name, help) in gpu_help {
+        if name.starts_with("DCGM_") && !ext.dcgm_metrics() {
+            continue;
+        }
         o.family(name, "gauge", help);
-        for (l, v) in dcgm.get(name).into_iter().flatten() {
+        for (l, v) in gpu_series.get(name).into_iter().flatten() {
             o.sample(name, l, *v);
         }
     }
     o.family(
-        "xshare_gpu_health_state",
+        "xshare_planner_gpu_health_state",
         "gauge",
         "1 for the GPU's health state as the planner sees it, 0 for the others.",
     );
     for (l, v) in &health_lines {
-        o.sample("xshare_gpu_health_state", l, *v);
+        o.sample("xshare_planner_gpu_health_state", l, *v);
     }
     o.family(
         "xshare_gpu_offline_sm_budget_ratio",
