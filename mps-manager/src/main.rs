@@ -121,7 +121,8 @@ node_daemon::daemon_cli! {
 enum Cmd {
     /// Run until SIGTERM (systemd: Type=notify, watchdog); SIGHUP reloads the config.
     Run,
-    /// Print the manager's state file: MPS daemon, budget, faults, recoveries.
+    /// Print the manager's state file: MPS daemon, budget, faults, recoveries; exit 3 when no
+    /// manager runs for the GPU (the file is then how the last one left it).
     Status,
     /// Validate the config (base + overrides) and print the effective config.
     CheckConfig,
@@ -142,6 +143,9 @@ fn main() -> ExitCode {
     if let Err(e) = cfg.check_paths_in(&loaded.files) {
         return fail(&format!("config error: {e}"), 2);
     }
+    // `status` of a GPU whose manager is not running: printed, then exit 3.
+    let mut not_running = false;
+    let gpu = cfg.gpu_index;
     let r = match cli.cmd.unwrap_or(Cmd::Run) {
         Cmd::CheckConfig => out(&format!(
             "{}\n",
@@ -157,11 +161,13 @@ fn main() -> ExitCode {
             .and_then(|s| {
                 // The manager of this GPU runs while its single-instance lock is held.
                 let running = node_daemon::instance::held(&mps_manager::manager::lock_file(&cfg));
+                not_running = !running;
                 out(&status_text(&s, node_daemon::clock::unix_ms(), running))
             }),
         Cmd::Run => run(cfg, loaded.base, loaded.files),
     };
     match r {
+        Ok(()) if not_running => fail(&format!("the manager of GPU {gpu} is not running (exit 3)"), 3),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e, 1),
     }

@@ -83,7 +83,8 @@ node_daemon::daemon_cli! {
 enum Cmd {
     /// Run the monitor until SIGTERM (systemd: Type=notify, watchdog); SIGHUP reloads the config.
     Run,
-    /// Print the GPU's state from the state file the running monitor writes.
+    /// Print the GPU's state from the state file the running monitor writes; exit 3 when no
+    /// monitor runs for the GPU (the file is then how the last one left it).
     Status {
         /// The whole state file as JSON, for scripts.
         #[arg(long)]
@@ -135,6 +136,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // `status` of a GPU whose monitor is not running: printed, then exit 3 (as `systemctl
+    // status` says a unit is not running), so a script or probe sees what a person reads.
+    let mut not_running = false;
+    let gpu = cfg.gpu_index;
     let r = match cmd {
         Cmd::Run => daemon::run(cfg, &base, files),
         Cmd::CheckConfig => {
@@ -161,11 +166,12 @@ fn main() -> ExitCode {
         Cmd::Status { json } => monitor_state::read_for(&cfg.state_file, cfg.gpu_index)
             .map_err(|e| format!("{e}\n(is `sysmonitor run` running for GPU {} with the same ledger_dir / $XSHARE_LEDGER_DIR?)", cfg.gpu_index))
             .and_then(|s| {
+                // The monitor of this GPU runs while its single-instance lock is held.
+                let running = node_daemon::instance::held(&daemon::lock_file(&cfg));
+                not_running = !running;
                 if json {
                     out(&format!("{}\n", serde_json::to_string_pretty(&s).unwrap_or_default()))
                 } else {
-                    // The monitor of this GPU runs while its single-instance lock is held.
-                    let running = node_daemon::instance::held(&daemon::lock_file(&cfg));
                     out(&report::status_table(&s, clock::unix_ms(), running))
                 }
             }),
@@ -181,9 +187,25 @@ fn main() -> ExitCode {
         }),
         Cmd::Disable => {
             let f = daemon::operator_file(&cfg);
+            let running = node_daemon::instance::held(&daemon::lock_file(&cfg));
             std::fs::write(&f, b"disabled by operator\n")
-                .map_err(|e| format!("{}: {e}", f.display()))
+                .map_err(|e| match f.parent().filter(|d| !d.exists()) {
+                    Some(d) => format!(
+                        "no monitor has run for GPU {} on this host ({} does not exist): is it the right --gpu and ledger_dir?",
+                        cfg.gpu_index,
+                        d.display()
+                    ),
+                    None => format!("{}: {e}", f.display()),
+                })
                 .and_then(|_| {
+                    if !running {
+                        eprintln!(
+                            "warning: no monitor runs for GPU {}: it is Disabled when one starts; the file lives in {} \
+                             (a tmpfs under /run: a reboot ends the disable)",
+                            cfg.gpu_index,
+                            f.parent().unwrap_or(&f).display()
+                        );
+                    }
                     out(&format!(
                         "GPU {} will be Disabled at the monitor's next report ({})\n",
                         cfg.gpu_index,
@@ -231,6 +253,10 @@ fn main() -> ExitCode {
         }
     };
     match r {
+        Ok(()) if not_running => {
+            eprintln!("sysmonitor: the monitor of GPU {gpu} is not running (exit 3)");
+            ExitCode::from(3)
+        }
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sysmonitor: {e}");

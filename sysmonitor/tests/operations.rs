@@ -115,9 +115,13 @@ fn second_run_for_the_same_gpu_exits_naming_the_holder_and_logs_are_plain_text()
         first.0.id()
     );
     assert!(first.0.try_wait().unwrap().is_none(), "first keeps running");
-    let status = |d: &Dir| String::from_utf8_lossy(&d.cmd(&["status"]).output().unwrap().stdout).into_owned();
-    let s = status(&d);
+    let status = |d: &Dir| {
+        let o = d.cmd(&["status"]).output().unwrap();
+        (String::from_utf8_lossy(&o.stdout).into_owned(), o.status.code())
+    };
+    let (s, code) = status(&d);
     assert!(s.contains(&format!("(monitor pid {}, updated", first.0.id())), "{s}");
+    assert_eq!(code, Some(0), "the monitor runs");
 
     // SIGTERM the first and read its log: no ANSI escape when stderr is a pipe.
     // SAFETY: kill(2) on our own live child.
@@ -132,8 +136,10 @@ fn second_run_for_the_same_gpu_exits_naming_the_holder_and_logs_are_plain_text()
         .unwrap();
     assert!(log.contains("sysmonitor running"), "{log}");
     let _ = first.0.wait();
-    let s = status(&d);
+    let (s, code) = status(&d);
     assert!(s.contains("is not running: its state as it left it"), "{s}");
+    // A script or probe sees it too: exit 3, as `systemctl status` says of a stopped unit.
+    assert_eq!(code, Some(3), "{s}");
     // No NVML here: every sample fails, with the same error. A run of failures is logged when
     // it starts (and changes, and once a minute), not at every 20 ms sample.
     let failed = log.matches("GPU sample failed").count();
@@ -223,4 +229,27 @@ fn check_config_and_status_into_a_closed_pipe_exit_quietly() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
         assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
     }
+}
+
+/// `disable` for a GPU no monitor has run for said only "No such file or directory"; for one
+/// whose monitor is down it said the GPU "will be Disabled at the monitor's next report" and
+/// nothing of there being none, nor that /run does not outlive a reboot.
+#[test]
+fn disable_says_when_no_monitor_runs_or_has_run_for_the_gpu() {
+    let d = Dir::new();
+    let out = d.cmd(&["disable", "--gpu", "7"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no monitor has run for GPU 7"), "{err}");
+
+    let mon = Running(d.cmd(&["run"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    wait_for(&d.state_file());
+    let out = d.cmd(&["disable"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("warning"), "{err}");
+    drop(mon);
+    let out = d.cmd(&["enable"]).output().unwrap();
+    assert!(out.status.success());
+    let out = d.cmd(&["disable"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("warning: no monitor runs for GPU 0") && err.contains("reboot"), "{err}");
 }
