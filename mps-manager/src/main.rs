@@ -370,6 +370,9 @@ impl Service for ManagerService {
     fn stop(&mut self) {
         self.m.shutdown();
         self.m.write_state(&self.state_file);
+        // As sysmonitor says it: the journal shows the manager ended on purpose (the MPS
+        // daemon kept for the next one unless quit_on_exit, said by shutdown above).
+        tracing::info!(quit_mps = self.m.cfg.quit_on_exit, "mps-manager stopped");
     }
 }
 

@@ -83,6 +83,24 @@ pub fn load_with_overrides_over<T: DeserializeOwned + serde::Serialize>(
     Ok((cfg, files))
 }
 
+/// [`load`] of `files` merged key by key over `defaults` (serialized), as
+/// [`load_with_overrides_over`] does for a daemon's base file and its overrides: for a tool
+/// that takes one config block from a file of its own (`simulate --health`).
+pub fn load_files_over<T: DeserializeOwned + serde::Serialize>(
+    files: &[PathBuf],
+    defaults: &T,
+    validate: impl Fn(&T) -> Result<(), (String, String)>,
+) -> Result<T, ConfigError> {
+    let start = serde_json::to_value(defaults).map_err(|e| ConfigError {
+        file: files.first().cloned().unwrap_or_default(),
+        line: None,
+        column: None,
+        field: None,
+        message: format!("the built-in defaults do not serialize: {e}"),
+    })?;
+    load_over(start, files, validate)
+}
+
 /// Largest config file accepted (a config is a few KiB; a huge file is a mistake or an attack).
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
@@ -113,10 +131,20 @@ pub fn read_bounded(p: &Path) -> Result<String, ConfigError> {
         .map_err(|e| err(format!("cannot read: {e}")))?;
     let m = f.metadata().map_err(|e| err(format!("cannot read: {e}")))?;
     if !m.is_file() {
-        return Err(err(format!(
-            "not a regular file ({:?}); refusing to read it",
-            m.file_type()
-        )));
+        use std::os::unix::fs::FileTypeExt as _;
+        let t = m.file_type();
+        let what = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a named pipe"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            "not a regular file"
+        };
+        return Err(err(format!("is {what}, not a regular file; refusing to read it")));
     }
     if m.len() > MAX_FILE_BYTES {
         return Err(too_big());
@@ -459,7 +487,10 @@ mod tests {
         assert!(e.message.contains("larger than"), "{e}");
         // An endless device is refused as well, without reading it.
         let e = load::<serde_json::Value>(&["/dev/zero".into()], |_| Ok(())).unwrap_err();
-        assert!(e.message.contains("not a regular file"), "{e}");
+        assert!(e.message.contains("is a device, not a regular file"), "{e}");
+        // A directory is named as one (not Rust's `FileType { .. }` debug form).
+        let e = load::<serde_json::Value>(&[d.path().to_owned()], |_| Ok(())).unwrap_err();
+        assert!(e.message.contains("is a directory, not a regular file"), "{e}");
         // Just under the limit is fine.
         let ok = format!(
             "{{\"pad\": \"{}\"}}",
@@ -487,7 +518,7 @@ mod tests {
         std::thread::spawn(move || tx.send(load_with_overrides::<serde_json::Value>(&b, |_| Ok(())).map(|_| ())));
         let e = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the load returns").unwrap_err();
         assert_eq!(e.file, fifo);
-        assert!(e.message.contains("not a regular file"), "{e}");
+        assert!(e.message.contains("is a named pipe, not a regular file"), "{e}");
     }
 
     /// An override directory that cannot be listed was taken for none: the daemon ran without
@@ -569,6 +600,32 @@ mod tests {
         assert_eq!(c, Cfg { s: Strict { a: 1, b: 5 }, v: vec![9] }, "arrays are replaced whole");
         write(d.path(), "c.json", r#"{"s": {"c": 5}}"#);
         assert!(load_with_overrides_over(&base, &defaults, |_: &Cfg| Ok(())).is_err(), "unknown keys still refused");
+    }
+
+    /// A tool's one-block file (`simulate --health`) in part keeps the defaults of the keys it
+    /// leaves out, and its errors name file, line and field.
+    #[test]
+    fn a_partial_block_file_is_merged_over_the_defaults() {
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inner {
+            healthy: f64,
+            unhealthy: f64,
+        }
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Block {
+            gpu_util: Inner,
+            window_ms: u64,
+        }
+        let defaults = Block { gpu_util: Inner { healthy: 50.0, unhealthy: 80.0 }, window_ms: 100 };
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "h.json", "{\"gpu_util\": {\"unhealthy\": 90}}");
+        let got: Block = load_files_over(std::slice::from_ref(&p), &defaults, |_| Ok(())).unwrap();
+        assert_eq!(got, Block { gpu_util: Inner { healthy: 50.0, unhealthy: 90.0 }, window_ms: 100 });
+        let bad = write(d.path(), "bad.json", "{\n  \"window_ms\": \"soon\"\n}");
+        let e = load_files_over::<Block>(std::slice::from_ref(&bad), &defaults, |_| Ok(())).unwrap_err();
+        assert_eq!((e.file.clone(), e.line, e.field.as_deref()), (bad, Some(2), Some("window_ms")), "{e}");
     }
 
     #[test]

@@ -162,14 +162,15 @@ fn run(a: Args) -> Result<(), String> {
     let pred_path = a.predictor.unwrap_or_else(simulator::default_predictor);
     let predictor = SpeedPredictor::load(&pred_path).map_err(|e| e.to_string())?;
     let health = match &a.health {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let cfg: sysmonitor::health::MachineConfig =
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-            cfg.validate()
-                .map_err(|(f, m)| format!("{}: {f}: {m}", p.display()))?;
-            cfg
-        }
+        // Merged over the defaults, as sysmonitor merges its `machine` block: a file that
+        // changes one threshold keeps the others (a partial block was refused here, accepted
+        // by the monitor). Errors name file, line and field.
+        Some(p) => node_daemon::layered::load_files_over(
+            std::slice::from_ref(p),
+            &sysmonitor::health::MachineConfig::default(),
+            sysmonitor::health::MachineConfig::validate,
+        )
+        .map_err(|e| e.to_string())?,
         None => Default::default(),
     };
     let mut policies = Vec::new();
