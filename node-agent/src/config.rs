@@ -19,6 +19,10 @@ pub const MAX_POLL_MS: u64 = 60_000;
 /// stopped writing is no longer trusted: its last Healthy would otherwise admit offline work
 /// on a GPU nobody watches for as long as the value says.
 pub const MAX_STALE_AFTER_MS: u64 = 600_000;
+/// The smallest `health.stale_after_ms`: 1 s. A monitor writes its block at every sample (100 ms
+/// at its idle pace); below a second a scheduling pause of the monitor, or of this agent between
+/// its reads, reads as a dead monitor, and the slots flap Unhealthy (at 1 ms they never left it).
+pub const MIN_STALE_AFTER_MS: u64 = 1_000;
 /// The longest accepted period or wait of the other durations (`offline_pods.poll_ms`,
 /// `offline_pods.kubelet_eviction_grace_ms`, `heartbeat.interval_ms`, `kube.timeout_ms`): 1 hour.
 pub const MAX_PERIOD_MS: u64 = 3_600_000;
@@ -498,10 +502,20 @@ impl AgentConfig {
                 &self.inject.ledger_container_dir,
             ),
             ("ledger_dir", &self.ledger_dir),
+            ("device_plugin.dir", &self.device_plugin.dir),
+            ("cdi.spec_dir", &self.cdi.spec_dir),
         ] {
             if !p.is_absolute() {
                 return bad(field, format!("`{}` must be an absolute path", p.display()));
             }
+        }
+        // Containers get `<ledger_container_dir>/gpu<N>/ledger` mounted: the directory must be
+        // one of the product's own inside the container, not its root.
+        if self.inject.ledger_container_dir.parent().is_none() {
+            return bad(
+                "inject.ledger_container_dir",
+                "must be a directory of its own inside the container (default /run/xshare), not /".into(),
+            );
         }
         if !self.inject.mps_pipe_dir.is_empty() && !self.inject.mps_pipe_dir.starts_with('/') {
             return bad("inject.mps_pipe_dir", "must be an absolute path".into());
@@ -535,7 +549,7 @@ impl AgentConfig {
         // Healthy trusted for decades) and none overflows a clock.
         for (field, v, min, max) in [
             ("health.poll_ms", self.health.poll_ms, 1, MAX_POLL_MS),
-            ("health.stale_after_ms", self.health.stale_after_ms, 1, MAX_STALE_AFTER_MS),
+            ("health.stale_after_ms", self.health.stale_after_ms, MIN_STALE_AFTER_MS, MAX_STALE_AFTER_MS),
             ("eviction.poll_ms", self.eviction.poll_ms, 1, MAX_POLL_MS),
             ("eviction.retry_ms", self.eviction.retry_ms, 1, MAX_POLL_MS),
             ("offline_pods.poll_ms", self.offline_pods.poll_ms, 1000, MAX_PERIOD_MS),
@@ -548,6 +562,7 @@ impl AgentConfig {
                 let why = match field {
                     "offline_pods.poll_ms" if v < min => " (how often the offline pod file is checked; the pods come from a watch)",
                     "heartbeat.interval_ms" if v < min => " (every write reaches every Node watcher)",
+                    "health.stale_after_ms" if v < min => " (below a second a pause of the monitor reads as its death: the slots flap Unhealthy)",
                     _ => "",
                 };
                 return bad(field, format!("must be within {min}..={max} ms, got {v}{why}"));
@@ -922,6 +937,31 @@ mod tests {
             let e = cfg(block, key, 0).unwrap_err();
             assert_eq!(e.field.as_deref(), Some(format!("{block}.{key}").as_str()), "{e}");
         }
+        // A staleness under a second made every monitor read as dead (at 1 ms, always).
+        let e = cfg("health", "stale_after_ms", 1).unwrap_err();
+        assert!(e.field.as_deref() == Some("health.stale_after_ms") && e.message.contains("flap"), "{e}");
+        assert!(cfg("health", "stale_after_ms", MIN_STALE_AFTER_MS).is_ok());
+    }
+
+    /// A relative device-plugin or CDI directory (resolved against wherever the agent runs) and
+    /// `/` as the containers' ledger directory were accepted; `[]` as the whole file too.
+    #[test]
+    fn directories_are_absolute_and_the_file_is_one_object() {
+        let with = |extra: &str| {
+            let t = format!("{{\"node_name\": \"n\",\n \"gpus\": [{{\"index\": 0}}],\n {extra}}}");
+            AgentConfig::from_text(Path::new("a.json"), &t, |_| None)
+        };
+        for (extra, field) in [
+            (r#""device_plugin": {"dir": "device-plugins"}"#, "device_plugin.dir"),
+            (r#""cdi": {"spec_dir": "cdi"}"#, "cdi.spec_dir"),
+            (r#""inject": {"ledger_container_dir": "/"}"#, "inject.ledger_container_dir"),
+        ] {
+            let e = with(extra).unwrap_err();
+            assert_eq!((e.field.as_deref(), e.line), (Some(field), Some(3)), "{extra}: {e}");
+        }
+        assert!(with(r#""inject": {"ledger_container_dir": "/run/xshare"}"#).is_ok());
+        let e = AgentConfig::from_text(Path::new("a.json"), "[]", |_| Some("n".into())).unwrap_err();
+        assert!(e.message.contains("one JSON object"), "{e}");
     }
 
     /// A deleted pod's linger is bounded, and the cgroup root is absolute or empty; each bad

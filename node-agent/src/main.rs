@@ -27,6 +27,12 @@ enum Cmd {
         #[arg(long, default_value = "/etc/xshare/node-agent.json")]
         config: PathBuf,
     },
+    /// Check a config file, as the other daemons' `check-config` does: `config ok: FILE`, or
+    /// the error naming file, line and field (exit 2). Needs no $NODE_NAME, NVML or API.
+    CheckConfig {
+        #[arg(long, default_value = "/etc/xshare/node-agent.json")]
+        config: PathBuf,
+    },
     /// Check a config file and print the CDI spec it would write.
     CdiSpec {
         #[arg(long, default_value = "/etc/xshare/node-agent.json")]
@@ -52,12 +58,12 @@ fn main() -> ExitCode {
     node_daemon::cli::init_logging();
     let cli = Cli::parse();
     let path = match &cli.cmd {
-        Cmd::Run { config } | Cmd::CdiSpec { config } | Cmd::Status { config } => config.clone(),
+        Cmd::Run { config } | Cmd::CdiSpec { config } | Cmd::Status { config } | Cmd::CheckConfig { config } => config.clone(),
     };
-    let status = matches!(cli.cmd, Cmd::Status { .. });
+    let status = matches!(cli.cmd, Cmd::Status { .. } | Cmd::CheckConfig { .. });
     let env = |k: &str| {
-        // `status` reads files only and never names the node: it runs from an operator's shell,
-        // where $NODE_NAME (the DaemonSet's downward API) is not set.
+        // `status` and `check-config` read files only and never name the node: they run from an
+        // operator's shell, where $NODE_NAME (the DaemonSet's downward API) is not set.
         std::env::var(k).ok().or_else(|| (status && k == node_agent::config::ENV_NODE_NAME).then(|| "(status)".to_string()))
     };
     let mut cfg = match AgentConfig::load(&path, env) {
@@ -67,6 +73,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Cmd::CheckConfig { .. } = cli.cmd {
+        // The placeholder `env` gave: no node_name in the file and no $NODE_NAME here.
+        let from_env = if cfg.node_name == "(status)" { " (node_name from $NODE_NAME where the DaemonSet runs it)" } else { "" };
+        eprintln!("config ok: {}{from_env}", path.display());
+        return ExitCode::SUCCESS;
+    }
     if let Cmd::Status { .. } = cli.cmd {
         // A closed stdout (`| head`) is not worth a panic.
         let _ = write!(std::io::stdout(), "{}", status_table(&cfg));
@@ -81,7 +93,7 @@ fn main() -> ExitCode {
     }
     match cli.cmd {
         // Answered above, before NVML.
-        Cmd::Status { .. } => ExitCode::SUCCESS,
+        Cmd::Status { .. } | Cmd::CheckConfig { .. } => ExitCode::SUCCESS,
         Cmd::CdiSpec { .. } => {
             let text = serde_json::to_string_pretty(&node_agent::allocate::cdi_spec(&cfg))
                 .unwrap_or_default();

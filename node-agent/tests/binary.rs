@@ -286,3 +286,21 @@ fn status_says_which_gpus_take_offline_work_and_why_not() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["run", "--config"]).arg(&cfg).env_remove("NODE_NAME").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "run still needs the node's name");
 }
+
+/// `check-config`, as sysmonitor and mps-manager have it: from an operator's shell (no
+/// $NODE_NAME, no NVML), `config ok` naming the file, or the error naming file and line, exit 2.
+#[test]
+fn check_config_checks_a_file_from_an_operators_shell() {
+    let d = tempfile::tempdir().unwrap();
+    let cfg = d.path().join("node-agent.json");
+    let run = |text: &str| {
+        std::fs::write(&cfg, text).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_node-agent")).args(["check-config", "--config"]).arg(&cfg).env_remove("NODE_NAME").output().unwrap()
+    };
+    let out = run(r#"{"gpus": [{"index": 0}]}"#);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("config ok: ") && err.contains("node-agent.json"), "{err}");
+    let out = run("{\"gpus\": [{\"index\": 0}],\n \"health\": {\"stale_after_ms\": 1}}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("node-agent.json:2") && err.contains("health.stale_after_ms"), "{err}");
+}

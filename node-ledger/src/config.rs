@@ -196,8 +196,21 @@ fn line_of_key(text: &str, key: &str) -> Option<usize> {
         .map(|i| i + 1)
 }
 
-/// Parses JSON text attributed to `path`; errors carry line, column and field path.
+/// Parses JSON text attributed to `path`; errors carry line, column and field path. The text
+/// must be one JSON object: serde would read a struct from an array too (`[]` as a config of
+/// all defaults, `[1, 2]` as its first fields in order).
 pub fn parse_json<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    let first = text.trim_start_matches(|c: char| c.is_ascii_whitespace()).chars().next();
+    if first.is_some_and(|c| c != '{') {
+        let line = text[..text.len() - text.trim_start_matches(|c: char| c.is_ascii_whitespace()).len()].matches('\n').count() + 1;
+        return Err(ConfigError {
+            file: path.to_owned(),
+            line: Some(line),
+            column: None,
+            field: None,
+            message: "a config is one JSON object (`{ ... }`)".into(),
+        });
+    }
     let de = &mut serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
@@ -222,6 +235,23 @@ fn strip_position(msg: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[]` was taken as a config of all defaults (serde reads a struct from an array).
+    #[test]
+    fn a_config_that_is_no_object_is_refused() {
+        #[derive(Debug, serde::Deserialize, Default)]
+        #[serde(default)]
+        struct C {
+            #[allow(dead_code)]
+            a: u32,
+        }
+        for t in ["[]", "\n  [1]", "1", "\"x\"", "null"] {
+            let e = parse_json::<C>(Path::new("c.json"), t).unwrap_err();
+            assert!(e.message.contains("one JSON object"), "{t}: {e}");
+        }
+        assert_eq!(parse_json::<C>(Path::new("c.json"), "\n\n  [").unwrap_err().line, Some(3));
+        assert!(parse_json::<C>(Path::new("c.json"), " {\"a\": 1}").is_ok());
+    }
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
